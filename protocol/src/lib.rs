@@ -1,0 +1,16 @@
+//! The Monad protocol: what travels between agents, the server and attached clients.
+//!
+//! This crate holds data and pure functions only, no I/O:
+//!
+//! - [`tools`]: the tool contract. [`tools::ToolName`] names every tool and gives its approval
+//!   class ([`tools::ToolClass`]), a description for models and the JSON Schema of its
+//!   arguments, generated from the typed argument structs so schema and code never drift.
+//! - [`error`]: the wire error, a stable [`error::ErrorCode`] plus a sentence, kept apart from
+//!   the internal error types of the other crates.
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod tools;
+
+pub use error::{ErrorCode, ToolError};
+pub use tools::{ToolClass, ToolName};

@@ -1,0 +1,658 @@
+//! The tool contract: names, approval classes, typed arguments and results, and JSON Schemas.
+//!
+//! Argument types refuse unknown fields, so a misspelt argument is an `invalid_arguments` error
+//! instead of being silently ignored. Every argument type carries the optional `workspace` that
+//! routing reads; the tool implementations ignore it.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What approving a tool call lets it do. Restricted workspaces ask their user per class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolClass {
+    /// Looks at files; changes nothing.
+    Read,
+    /// Creates or changes files.
+    Write,
+    /// Runs a program.
+    Exec,
+    /// Session-level bookkeeping on the server (workspaces, memory).
+    System,
+}
+
+impl ToolClass {
+    /// The class as written in flags and config (`read`, `write`, `exec`, `system`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolClass::Read => "read",
+            ToolClass::Write => "write",
+            ToolClass::Exec => "exec",
+            ToolClass::System => "system",
+        }
+    }
+}
+
+/// Every tool Monad offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolName {
+    /// Read a text file, whole or by lines.
+    ReadFile,
+    /// List a directory.
+    ListDir,
+    /// Describe one path.
+    Stat,
+    /// Search file contents with a regular expression.
+    Search,
+    /// Find paths matching a glob.
+    Glob,
+    /// Create or replace a file.
+    WriteFile,
+    /// Replace text in a file.
+    EditFile,
+    /// Run a program.
+    RunCommand,
+    /// List the session's workspaces.
+    Workspaces,
+    /// Keep a note in the session's memory.
+    MemoryStore,
+    /// Read notes back from the session's memory.
+    MemoryRecall,
+}
+
+impl ToolName {
+    /// All tools, in the order they are listed to agents.
+    pub const ALL: [ToolName; 11] = [
+        ToolName::ReadFile,
+        ToolName::ListDir,
+        ToolName::Stat,
+        ToolName::Search,
+        ToolName::Glob,
+        ToolName::WriteFile,
+        ToolName::EditFile,
+        ToolName::RunCommand,
+        ToolName::Workspaces,
+        ToolName::MemoryStore,
+        ToolName::MemoryRecall,
+    ];
+
+    /// The tools a workspace runs (everything but the session-level ones).
+    pub const WORKSPACE_TOOLS: [ToolName; 8] = [
+        ToolName::ReadFile,
+        ToolName::ListDir,
+        ToolName::Stat,
+        ToolName::Search,
+        ToolName::Glob,
+        ToolName::WriteFile,
+        ToolName::EditFile,
+        ToolName::RunCommand,
+    ];
+
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolName::ReadFile => "read_file",
+            ToolName::ListDir => "list_dir",
+            ToolName::Stat => "stat",
+            ToolName::Search => "search",
+            ToolName::Glob => "glob",
+            ToolName::WriteFile => "write_file",
+            ToolName::EditFile => "edit_file",
+            ToolName::RunCommand => "run_command",
+            ToolName::Workspaces => "workspaces",
+            ToolName::MemoryStore => "memory_store",
+            ToolName::MemoryRecall => "memory_recall",
+        }
+    }
+
+    /// Looks a tool up by its wire name.
+    pub fn parse(name: &str) -> Option<ToolName> {
+        ToolName::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
+    /// The approval class of the tool.
+    pub fn class(self) -> ToolClass {
+        match self {
+            ToolName::ReadFile
+            | ToolName::ListDir
+            | ToolName::Stat
+            | ToolName::Search
+            | ToolName::Glob => ToolClass::Read,
+            ToolName::WriteFile | ToolName::EditFile => ToolClass::Write,
+            ToolName::RunCommand => ToolClass::Exec,
+            ToolName::Workspaces | ToolName::MemoryStore | ToolName::MemoryRecall => {
+                ToolClass::System
+            }
+        }
+    }
+
+    /// Whether the tool's main argument names an existing path, which routing uses to pick the
+    /// workspace that contains it.
+    pub fn reads_existing_path(self) -> bool {
+        matches!(
+            self,
+            ToolName::ReadFile | ToolName::Stat | ToolName::EditFile
+        )
+    }
+
+    /// The JSON Schema of the tool's arguments, generated from the Rust type.
+    pub fn input_schema(self) -> serde_json::Value {
+        let schema = match self {
+            ToolName::ReadFile => schemars::schema_for!(ReadFileArgs),
+            ToolName::ListDir => schemars::schema_for!(ListDirArgs),
+            ToolName::Stat => schemars::schema_for!(StatArgs),
+            ToolName::Search => schemars::schema_for!(SearchArgs),
+            ToolName::Glob => schemars::schema_for!(GlobArgs),
+            ToolName::WriteFile => schemars::schema_for!(WriteFileArgs),
+            ToolName::EditFile => schemars::schema_for!(EditFileArgs),
+            ToolName::RunCommand => schemars::schema_for!(RunCommandArgs),
+            ToolName::Workspaces => schemars::schema_for!(WorkspacesArgs),
+            ToolName::MemoryStore => schemars::schema_for!(MemoryStoreArgs),
+            ToolName::MemoryRecall => schemars::schema_for!(MemoryRecallArgs),
+        };
+        schema.to_value()
+    }
+
+    /// A description written for a model: what the tool does, where, and its limits.
+    pub fn description(self) -> &'static str {
+        match self {
+            ToolName::ReadFile => {
+                "Read a UTF-8 text file in a workspace. Returns its lines, numbered from 1; use \
+                 `offset` (first line, 1-based) and `limit` (number of lines) to page through \
+                 large files. Output is capped in bytes and lines: when `truncated` is true, \
+                 `next_offset` says where to continue. Binary files are reported, not dumped."
+            }
+            ToolName::ListDir => {
+                "List a directory in a workspace (default: its root), `depth` levels deep \
+                 (default 1). Hidden entries are left out unless `include_hidden` is true. \
+                 Entries are capped; `truncated` says when some were left out."
+            }
+            ToolName::Stat => {
+                "Describe one path in a workspace: its kind, size, permissions and modification \
+                 time, and the target of a symbolic link."
+            }
+            ToolName::Search => {
+                "Search file contents in a workspace with a regular expression (Rust regex \
+                 syntax), honouring .gitignore and skipping hidden and binary files. Restrict \
+                 with `path` (a directory or file) and `glob` (e.g. `*.rs`). Returns matching \
+                 lines with their paths and line numbers, capped at `max_results`."
+            }
+            ToolName::Glob => {
+                "Find paths in a workspace matching a glob pattern such as `**/*.rs` or \
+                 `src/*.toml`, honouring .gitignore. Returns paths relative to the workspace \
+                 root, capped."
+            }
+            ToolName::WriteFile => {
+                "Create or replace a file in a workspace with the given UTF-8 content, \
+                 atomically. Set `create_parents` to create missing parent directories. Returns \
+                 a unified diff of the change."
+            }
+            ToolName::EditFile => {
+                "Replace `old_string` with `new_string` in a text file in a workspace. Fails, \
+                 changing nothing, when `old_string` does not occur or occurs more than once \
+                 (unless `replace_all` is true); include enough surrounding text to make it \
+                 unique. Returns a unified diff of the change."
+            }
+            ToolName::RunCommand => {
+                "Run a program in a workspace: `argv` is the program and its arguments (no \
+                 shell; pass [\"sh\", \"-c\", \"...\"] for one). It runs sandboxed: it can \
+                 read and write only the workspace and read the system's runtime directories, \
+                 with a time limit (`timeout_ms`) and capped output. Returns the exit code, \
+                 stdout and stderr."
+            }
+            ToolName::Workspaces => {
+                "List the session's workspaces: their short names, URIs, trust levels, hosts, \
+                 and whether they are online."
+            }
+            ToolName::MemoryStore => {
+                "Keep a note under `key` in the session's memory, replacing any note with the \
+                 same key."
+            }
+            ToolName::MemoryRecall => {
+                "Read notes back from the session's memory: those whose key or text contains \
+                 `query`, or all of them without one."
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ToolName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Arguments of `read_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileArgs {
+    /// Path of the file, relative to the workspace root (an absolute path inside the root is
+    /// accepted too).
+    pub path: String,
+    /// First line to return, counting from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// How many lines to return at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// Workspace to run in: a short name or URI. Default: the first workspace that has the path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Why a result is shorter than what was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Truncation {
+    /// The byte cap was reached.
+    Bytes,
+    /// The line cap (or the caller's `limit`) was reached.
+    Lines,
+    /// The entry cap of a listing was reached.
+    Entries,
+    /// The result cap of a search or glob was reached.
+    Results,
+}
+
+/// Result of `read_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ReadFileResult {
+    /// The path as resolved inside the workspace, relative to its root.
+    pub path: String,
+    /// The returned lines, joined, each with its line ending as in the file. Empty for a binary
+    /// file.
+    pub content: String,
+    /// The number of the first returned line (1-based).
+    pub start_line: u64,
+    /// How many lines `content` holds.
+    pub lines: u64,
+    /// Total lines in the file, when the whole file was scanned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_lines: Option<u64>,
+    /// Size of the file in bytes.
+    pub size: u64,
+    /// True when the file is not UTF-8 text; `content` is then empty.
+    pub binary: bool,
+    /// True when the content stops before the end of the file.
+    pub truncated: bool,
+    /// What cut the content short, when `truncated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncation: Option<Truncation>,
+    /// The `offset` to pass to read on, when `truncated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+}
+
+/// Arguments of `list_dir`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListDirArgs {
+    /// Directory to list, relative to the workspace root. Default: the root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// How many levels to descend; 1 lists only the directory itself. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+    /// Include entries whose name starts with a dot. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_hidden: Option<bool>,
+    /// Workspace to run in: a short name or URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// The kind of a directory entry. Symbolic links are reported as links, never followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// A device, FIFO or socket.
+    Other,
+}
+
+/// One entry of a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct DirEntry {
+    /// Path relative to the workspace root.
+    pub path: String,
+    /// What the entry is.
+    pub kind: EntryKind,
+}
+
+/// Result of `list_dir`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ListDirResult {
+    /// The listed directory, relative to the workspace root (`.` for the root).
+    pub path: String,
+    /// Entries sorted by path, directories listed before their contents.
+    pub entries: Vec<DirEntry>,
+    /// True when the entry cap left some out.
+    pub truncated: bool,
+}
+
+/// Arguments of `stat`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatArgs {
+    /// Path to describe, relative to the workspace root.
+    pub path: String,
+    /// Workspace to run in: a short name or URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Result of `stat`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StatResult {
+    /// The path, relative to the workspace root.
+    pub path: String,
+    /// What the path is (a symbolic link is described, not followed).
+    pub kind: EntryKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits, as an octal string such as `0644`.
+    pub mode: String,
+    /// True when no write permission bit is set.
+    pub readonly: bool,
+    /// Last modification, in seconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified_unix: Option<i64>,
+    /// For a symbolic link, the path it points to, as stored in the link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+/// Arguments of `search`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchArgs {
+    /// Regular expression to look for (Rust regex syntax), matched line by line.
+    pub pattern: String,
+    /// Directory or file to search, relative to the workspace root. Default: the root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Only search files whose path matches this glob, e.g. `*.rs` or `src/**/*.ts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub glob: Option<String>,
+    /// Match without regard to case. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub case_insensitive: Option<bool>,
+    /// Stop after this many matching lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_results: Option<u32>,
+    /// Also search hidden files and directories. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_hidden: Option<bool>,
+    /// Workspace to run in: a short name or URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// One matching line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SearchMatch {
+    /// File path relative to the workspace root.
+    pub path: String,
+    /// Line number, from 1.
+    pub line_number: u64,
+    /// The line, without its line ending; cut at a fixed length for very long lines.
+    pub line: String,
+}
+
+/// Result of `search`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SearchResult {
+    /// Matching lines, grouped by file in path order.
+    pub matches: Vec<SearchMatch>,
+    /// How many files were searched.
+    pub files_searched: u64,
+    /// True when `max_results` (or the workspace's cap) stopped the search early.
+    pub truncated: bool,
+}
+
+/// Arguments of `glob`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GlobArgs {
+    /// Glob pattern matched against paths relative to `path`, e.g. `**/*.rs`.
+    pub pattern: String,
+    /// Directory to search under, relative to the workspace root. Default: the root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Workspace to run in: a short name or URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Result of `glob`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GlobResult {
+    /// Matching paths relative to the workspace root, sorted.
+    pub paths: Vec<String>,
+    /// True when the result cap left some out.
+    pub truncated: bool,
+}
+
+/// Arguments of `write_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileArgs {
+    /// Path of the file to create or replace, relative to the workspace root.
+    pub path: String,
+    /// The complete new content.
+    pub content: String,
+    /// Create missing parent directories. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_parents: Option<bool>,
+    /// Workspace to run in: a short name or URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Result of `write_file` and `edit_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WriteResult {
+    /// The path written, relative to the workspace root.
+    pub path: String,
+    /// True when the file did not exist before.
+    pub created: bool,
+    /// Size of the new content in bytes.
+    pub bytes_written: u64,
+    /// How many replacements `edit_file` made (absent for `write_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacements: Option<u64>,
+    /// Unified diff from the old content to the new.
+    pub diff: String,
+    /// True when the diff was cut at the workspace's cap.
+    pub diff_truncated: bool,
+}
+
+/// Arguments of `edit_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EditFileArgs {
+    /// Path of the file to edit, relative to the workspace root.
+    pub path: String,
+    /// The exact text to replace; must occur exactly once unless `replace_all` is true.
+    pub old_string: String,
+    /// The text to put in its place.
+    pub new_string: String,
+    /// Replace every occurrence. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_all: Option<bool>,
+    /// Workspace to run in: a short name or URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Arguments of `run_command`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunCommandArgs {
+    /// The program and its arguments. The program is looked up in the sandbox's PATH when it has
+    /// no slash.
+    pub argv: Vec<String>,
+    /// Working directory, relative to the workspace root. Default: the root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Time limit in milliseconds; the whole process group is killed when it runs out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Text to pass on standard input. Default: none (standard input is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Workspace to run in: a short name or URI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Result of `run_command`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RunCommandResult {
+    /// Exit code, when the program exited by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended the program, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// True when the time limit ran out and the process group was killed.
+    pub timed_out: bool,
+    /// Standard output (lossy UTF-8), capped.
+    pub stdout: String,
+    /// Standard error (lossy UTF-8), capped.
+    pub stderr: String,
+    /// True when standard output went over the cap; the rest was read and dropped.
+    pub stdout_truncated: bool,
+    /// True when standard error went over the cap; the rest was read and dropped.
+    pub stderr_truncated: bool,
+    /// Wall-clock time from start to exit, in milliseconds.
+    pub duration_ms: u64,
+    /// How the command was confined: `landlock` or `none` (only when the operator allowed
+    /// unsandboxed execution on a kernel without landlock).
+    pub sandbox: String,
+}
+
+/// Arguments of `workspaces` (none besides the usual optional `workspace`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspacesArgs {
+    /// Ignored: `workspaces` always describes the whole session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Arguments of `memory_store`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryStoreArgs {
+    /// Name of the note.
+    pub key: String,
+    /// The note.
+    pub text: String,
+    /// Ignored: memory lives in the primary workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Arguments of `memory_recall`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryRecallArgs {
+    /// Text to look for in keys and notes. Default: return every note.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// Ignored: memory lives in the primary workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_round_trip_and_classes_match_the_design() {
+        for tool in ToolName::ALL {
+            assert_eq!(ToolName::parse(tool.as_str()), Some(tool));
+            let json = serde_json::to_value(tool).unwrap();
+            assert_eq!(json, json!(tool.as_str()));
+        }
+        assert_eq!(ToolName::parse("rm_rf"), None);
+        assert_eq!(ToolName::ReadFile.class(), ToolClass::Read);
+        assert_eq!(ToolName::Glob.class(), ToolClass::Read);
+        assert_eq!(ToolName::EditFile.class(), ToolClass::Write);
+        assert_eq!(ToolName::RunCommand.class(), ToolClass::Exec);
+        assert_eq!(ToolName::MemoryStore.class(), ToolClass::System);
+    }
+
+    #[test]
+    fn every_schema_is_an_object_with_the_required_arguments_and_workspace() {
+        let required: &[(ToolName, &[&str])] = &[
+            (ToolName::ReadFile, &["path"]),
+            (ToolName::ListDir, &[]),
+            (ToolName::Stat, &["path"]),
+            (ToolName::Search, &["pattern"]),
+            (ToolName::Glob, &["pattern"]),
+            (ToolName::WriteFile, &["content", "path"]),
+            (ToolName::EditFile, &["new_string", "old_string", "path"]),
+            (ToolName::RunCommand, &["argv"]),
+            (ToolName::Workspaces, &[]),
+            (ToolName::MemoryStore, &["key", "text"]),
+            (ToolName::MemoryRecall, &[]),
+        ];
+        for (tool, want) in required {
+            let schema = tool.input_schema();
+            assert_eq!(schema["type"], "object", "{tool}");
+            assert_eq!(schema["additionalProperties"], false, "{tool}");
+            assert!(schema["properties"]["workspace"].is_object(), "{tool}");
+            let mut got: Vec<String> = schema
+                .get("required")
+                .and_then(|r| r.as_array())
+                .map(|r| r.iter().map(|v| v.as_str().unwrap().to_owned()).collect())
+                .unwrap_or_default();
+            got.sort();
+            assert_eq!(got, *want, "{tool}");
+            assert!(!tool.description().is_empty());
+        }
+    }
+
+    #[test]
+    fn unknown_arguments_are_refused() {
+        let bad = json!({"path": "a", "pth": "b"});
+        assert!(serde_json::from_value::<ReadFileArgs>(bad).is_err());
+        let ok = json!({"path": "a", "offset": 3});
+        let args: ReadFileArgs = serde_json::from_value(ok).unwrap();
+        assert_eq!(args.offset, Some(3));
+    }
+
+    #[test]
+    fn args_round_trip() {
+        let run = RunCommandArgs {
+            argv: vec!["ls".into(), "-l".into()],
+            cwd: Some("src".into()),
+            timeout_ms: Some(1000),
+            stdin: None,
+            workspace: Some("primary".into()),
+        };
+        let back: RunCommandArgs =
+            serde_json::from_value(serde_json::to_value(&run).unwrap()).unwrap();
+        assert_eq!(back, run);
+        let edit = EditFileArgs {
+            path: "a".into(),
+            old_string: "x".into(),
+            new_string: "y".into(),
+            replace_all: Some(true),
+            workspace: None,
+        };
+        let back: EditFileArgs =
+            serde_json::from_value(serde_json::to_value(&edit).unwrap()).unwrap();
+        assert_eq!(back, edit);
+    }
+}

@@ -1,0 +1,171 @@
+//! The sandbox's error type, and how each kind maps to a wire [`ErrorCode`].
+
+use std::io;
+
+use monad_protocol::{ErrorCode, ToolError};
+
+/// Why a path was refused by the jail. Every refusal is one [`SandboxError::Escape`] with one of
+/// these reasons, so there is a single message format for every escape attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscapeReason {
+    /// `..` would climb above the workspace root.
+    ParentTraversal,
+    /// An absolute path that is not inside the workspace root.
+    AbsoluteOutside,
+    /// Resolution left the root through a symbolic link or a magic link (`/proc/self/...`).
+    LinkOutside,
+    /// The path names a device, FIFO or socket, which the jail never opens.
+    SpecialFile,
+}
+
+impl EscapeReason {
+    fn explain(self) -> &'static str {
+        match self {
+            EscapeReason::ParentTraversal => "`..` would climb above the workspace root",
+            EscapeReason::AbsoluteOutside => "it is an absolute path outside the workspace root",
+            EscapeReason::LinkOutside => {
+                "it resolves outside the workspace root through a symbolic link"
+            }
+            EscapeReason::SpecialFile => {
+                "it is a device, FIFO or socket, which the workspace never opens"
+            }
+        }
+    }
+}
+
+/// Everything that can go wrong in the sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The jail refused a path; nothing was read or changed.
+    #[error("refused `{path}`: {}", reason.explain())]
+    Escape {
+        /// The path as the caller gave it.
+        path: String,
+        /// Why it was refused.
+        reason: EscapeReason,
+    },
+    /// The path is malformed (a NUL byte, an empty name where one is needed).
+    #[error("invalid path `{path}`: {why}")]
+    InvalidPath {
+        /// The path as the caller gave it (NUL bytes shown escaped).
+        path: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The arguments do not fit the tool or each other.
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// Nothing exists at the path; the message names it.
+    #[error("{0}")]
+    NotFound(String),
+    /// The path exists but is the wrong kind of thing for this operation.
+    #[error("`{path}` {what}")]
+    WrongFileType {
+        /// The path as the caller gave it.
+        path: String,
+        /// What it is, or is not (`is a directory`, `is not a directory`, ...).
+        what: &'static str,
+    },
+    /// A symbolic link loop, or a chain of links too long to follow.
+    #[error("`{0}` has too many levels of symbolic links (a link loop?)")]
+    LinkLoop(String),
+    /// `edit_file` could not find a unique `old_string`.
+    #[error("{0}")]
+    NoMatch(String),
+    /// A hard limit was hit.
+    #[error("{0}")]
+    LimitExceeded(String),
+    /// Commands cannot be sandboxed on this kernel and the operator did not allow running them
+    /// unsandboxed.
+    #[error(
+        "commands cannot run here: {0}; the operator can set `allow_unsandboxed_exec = true` \
+         to run them without a sandbox"
+    )]
+    SandboxUnavailable(String),
+    /// The operating system failed an operation.
+    #[error("{op} `{path}`: {source}")]
+    Io {
+        /// What was being done (`read`, `write`, `list`, ...).
+        op: &'static str,
+        /// The path as the caller gave it.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SandboxError {
+    /// The wire code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SandboxError::Escape { .. } => ErrorCode::OutsideWorkspace,
+            SandboxError::InvalidPath { .. } | SandboxError::InvalidArguments(_) => {
+                ErrorCode::InvalidArguments
+            }
+            SandboxError::NotFound(_) => ErrorCode::NotFound,
+            SandboxError::WrongFileType { .. } | SandboxError::LinkLoop(_) => {
+                ErrorCode::WrongFileType
+            }
+            SandboxError::NoMatch(_) => ErrorCode::NoMatch,
+            SandboxError::LimitExceeded(_) => ErrorCode::LimitExceeded,
+            SandboxError::SandboxUnavailable(_) => ErrorCode::SandboxUnavailable,
+            SandboxError::Io { .. } => ErrorCode::Io,
+        }
+    }
+
+    /// The error as it travels on the wire.
+    pub fn to_tool_error(&self) -> ToolError {
+        ToolError::new(self.code(), self.to_string())
+    }
+
+    /// Classifies an I/O error from an operation on `path` inside the jail.
+    ///
+    /// cap-std reports an escape as `PermissionDenied` with no OS error code (or `EXDEV` from
+    /// `openat2` with `RESOLVE_BENEATH`); both become [`SandboxError::Escape`].
+    pub(crate) fn from_io(op: &'static str, path: &str, err: io::Error) -> SandboxError {
+        let path = path.to_owned();
+        match err.raw_os_error() {
+            Some(nix::libc::EXDEV) => {
+                return SandboxError::Escape {
+                    path,
+                    reason: EscapeReason::LinkOutside,
+                };
+            }
+            Some(nix::libc::ELOOP) => return SandboxError::LinkLoop(path),
+            Some(nix::libc::ENOTDIR) => {
+                return SandboxError::WrongFileType {
+                    path,
+                    what: "has a component that is not a directory",
+                };
+            }
+            Some(nix::libc::EISDIR) => {
+                return SandboxError::WrongFileType {
+                    path,
+                    what: "is a directory",
+                };
+            }
+            _ => {}
+        }
+        match err.kind() {
+            io::ErrorKind::NotFound => SandboxError::NotFound(format!("`{path}` does not exist")),
+            io::ErrorKind::PermissionDenied if err.raw_os_error().is_none() => {
+                SandboxError::Escape {
+                    path,
+                    reason: EscapeReason::LinkOutside,
+                }
+            }
+            _ => SandboxError::Io {
+                op,
+                path,
+                source: err,
+            },
+        }
+    }
+}
+
+impl From<SandboxError> for ToolError {
+    fn from(err: SandboxError) -> ToolError {
+        err.to_tool_error()
+    }
+}

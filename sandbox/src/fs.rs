@@ -1,0 +1,561 @@
+//! The file tools: `read_file`, `list_dir`, `stat`, `write_file`, `edit_file`.
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+use cap_fs_ext::DirExt;
+use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
+use monad_protocol::tools::{
+    DirEntry, EditFileArgs, EntryKind, ListDirArgs, ListDirResult, ReadFileArgs, ReadFileResult,
+    StatArgs, StatResult, Truncation, WriteFileArgs, WriteResult,
+};
+
+use crate::error::{EscapeReason, SandboxError};
+use crate::jail::{Jail, JailPath, read_capped};
+use crate::limits::Limits;
+
+/// How far into a file `read_file` looks for a NUL byte to call it binary.
+const BINARY_SNIFF_BYTES: usize = 8 * 1024;
+
+pub(crate) fn read_file(
+    jail: &Jail,
+    limits: &Limits,
+    args: &ReadFileArgs,
+) -> Result<ReadFileResult, SandboxError> {
+    let offset = args.offset.unwrap_or(1);
+    if offset == 0 {
+        return Err(SandboxError::InvalidArguments(
+            "`offset` counts lines from 1; 0 is not a line".into(),
+        ));
+    }
+    if args.limit == Some(0) {
+        return Err(SandboxError::InvalidArguments(
+            "`limit` must be at least 1".into(),
+        ));
+    }
+    let path = jail.resolve(&args.path)?;
+    let (file, meta) = jail.open_regular(&path)?;
+    let size = meta.len();
+    let max_lines = args.limit.unwrap_or(limits.read_default_lines);
+    let max_bytes = limits.read_max_bytes as usize;
+
+    let capacity = (size as usize).clamp(1, 64 * 1024);
+    let mut reader = BufReader::with_capacity(capacity, file.into_std());
+    let given = path.given().to_owned();
+    let io_err = |e| SandboxError::from_io("read", &given, e);
+
+    let head = reader.fill_buf().map_err(io_err)?;
+    let binary_head = head[..head.len().min(BINARY_SNIFF_BYTES)].contains(&0);
+    let mut result = ReadFileResult {
+        path: path.display(),
+        content: String::new(),
+        start_line: offset,
+        lines: 0,
+        total_lines: None,
+        size,
+        binary: binary_head,
+        truncated: false,
+        truncation: None,
+        next_offset: None,
+    };
+    if binary_head {
+        return Ok(result);
+    }
+
+    let mut line_no: u64 = 0; // lines consumed so far
+    let mut scratch = Vec::new();
+    while line_no + 1 < offset {
+        scratch.clear();
+        let n = reader.read_until(b'\n', &mut scratch).map_err(io_err)?;
+        if n == 0 {
+            result.total_lines = Some(line_no);
+            return Ok(result);
+        }
+        line_no += 1;
+    }
+
+    let mut content: Vec<u8> = Vec::with_capacity(capacity.min(max_bytes));
+    loop {
+        if result.lines == max_lines {
+            if reader.fill_buf().map_err(io_err)?.is_empty() {
+                result.total_lines = Some(line_no);
+            } else {
+                result.truncated = true;
+                result.truncation = Some(Truncation::Lines);
+                result.next_offset = Some(line_no + 1);
+            }
+            break;
+        }
+        let before = content.len();
+        let n = reader.read_until(b'\n', &mut content).map_err(io_err)?;
+        if n == 0 {
+            result.total_lines = Some(line_no);
+            break;
+        }
+        if content.len() > max_bytes {
+            result.truncated = true;
+            result.truncation = Some(Truncation::Bytes);
+            if result.lines == 0 {
+                // A single line longer than the cap: return its head, continue after it.
+                content.truncate(max_bytes);
+                result.lines = 1;
+                result.next_offset = Some(line_no + 2);
+            } else {
+                content.truncate(before);
+                result.next_offset = Some(line_no + 1);
+            }
+            break;
+        }
+        line_no += 1;
+        result.lines += 1;
+    }
+
+    match String::from_utf8(content) {
+        Ok(text) => result.content = text,
+        Err(err) => {
+            // A cut in the middle of a multi-byte character is not binary: drop the partial
+            // character. Anything else that is not UTF-8 is.
+            let valid = err.utf8_error().valid_up_to();
+            let bytes = err.into_bytes();
+            let tail_is_partial_char = result.truncation == Some(Truncation::Bytes)
+                && bytes.len() - valid < 4
+                && std::str::from_utf8(&bytes[valid..]).is_err_and(|e| e.error_len().is_none());
+            if tail_is_partial_char {
+                result.content = String::from_utf8_lossy(&bytes[..valid]).into_owned();
+            } else {
+                result.binary = true;
+                result.lines = 0;
+                result.truncated = false;
+                result.truncation = None;
+                result.next_offset = None;
+            }
+        }
+    }
+    Ok(result)
+}
+
+pub(crate) fn list_dir(
+    jail: &Jail,
+    limits: &Limits,
+    args: &ListDirArgs,
+) -> Result<ListDirResult, SandboxError> {
+    let depth = args.depth.unwrap_or(1);
+    if depth == 0 || depth > limits.list_max_depth {
+        return Err(SandboxError::InvalidArguments(format!(
+            "`depth` must be between 1 and {}",
+            limits.list_max_depth
+        )));
+    }
+    let path = jail.resolve(args.path.as_deref().unwrap_or(""))?;
+    let dir = jail.open_dir(&path)?;
+    let mut out = ListDirResult {
+        path: path.display(),
+        entries: Vec::new(),
+        truncated: false,
+    };
+    let walk = ListWalk {
+        include_hidden: args.include_hidden.unwrap_or(false),
+        max: limits.list_max_entries,
+        given: path.given(),
+    };
+    let prefix = if path.is_root() {
+        String::new()
+    } else {
+        format!("{}/", path.display())
+    };
+    walk.list(&dir, &prefix, depth, &mut out)?;
+    Ok(out)
+}
+
+struct ListWalk<'a> {
+    include_hidden: bool,
+    max: usize,
+    given: &'a str,
+}
+
+impl ListWalk<'_> {
+    fn list(
+        &self,
+        dir: &Dir,
+        prefix: &str,
+        depth: u32,
+        out: &mut ListDirResult,
+    ) -> Result<(), SandboxError> {
+        let mut entries = Vec::new();
+        for entry in dir
+            .entries()
+            .map_err(|e| SandboxError::from_io("list", self.given, e))?
+        {
+            let entry = entry.map_err(|e| SandboxError::from_io("list", self.given, e))?;
+            let name = entry.file_name();
+            if !self.include_hidden && name.as_encoded_bytes().first() == Some(&b'.') {
+                continue;
+            }
+            let kind = match entry.file_type() {
+                Ok(t) => entry_kind(&t),
+                Err(_) => continue, // vanished while listing
+            };
+            entries.push((name, kind));
+        }
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (name, kind) in entries {
+            if out.entries.len() >= self.max {
+                out.truncated = true;
+                return Ok(());
+            }
+            let path = format!("{prefix}{}", name.to_string_lossy());
+            out.entries.push(DirEntry {
+                path: path.clone(),
+                kind,
+            });
+            if kind == EntryKind::Dir && depth > 1 {
+                // Never follow a link: a directory swapped for one since the listing is skipped.
+                let Ok(sub) = dir.open_dir_nofollow(&name) else {
+                    continue;
+                };
+                self.list(&sub, &format!("{path}/"), depth - 1, out)?;
+                if out.truncated {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn entry_kind(t: &cap_std::fs::FileType) -> EntryKind {
+    if t.is_symlink() {
+        EntryKind::Symlink
+    } else if t.is_dir() {
+        EntryKind::Dir
+    } else if t.is_file() {
+        EntryKind::File
+    } else {
+        EntryKind::Other
+    }
+}
+
+pub(crate) fn stat(jail: &Jail, args: &StatArgs) -> Result<StatResult, SandboxError> {
+    let path = jail.resolve(&args.path)?;
+    let meta = jail
+        .dir()
+        .symlink_metadata(path.rel())
+        .map_err(|e| SandboxError::from_io("stat", path.given(), e))?;
+    let kind = entry_kind(&meta.file_type());
+    let link_target = if kind == EntryKind::Symlink {
+        // `read_link_contents` returns the stored target without judging it; it is only shown.
+        jail.dir()
+            .read_link_contents(path.rel())
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    let mode = cap_std::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+    let modified_unix = meta.modified().ok().and_then(|t| {
+        t.into_std()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs() as i64)
+    });
+    Ok(StatResult {
+        path: path.display(),
+        kind,
+        size: meta.len(),
+        mode: format!("{mode:04o}"),
+        readonly: mode & 0o222 == 0,
+        modified_unix,
+        link_target,
+    })
+}
+
+pub(crate) fn write_file(
+    jail: &Jail,
+    limits: &Limits,
+    args: &WriteFileArgs,
+) -> Result<WriteResult, SandboxError> {
+    if args.content.len() as u64 > limits.write_max_bytes {
+        return Err(SandboxError::LimitExceeded(format!(
+            "content is {} bytes, over the {}-byte write limit",
+            args.content.len(),
+            limits.write_max_bytes
+        )));
+    }
+    let path = jail.resolve(&args.path)?;
+    let target = Target::locate(jail, &path, args.create_parents.unwrap_or(false), limits)?;
+    let old = target.old_text();
+    target.replace(args.content.as_bytes())?;
+    let (diff, diff_truncated) = unified_diff(
+        &target.path.display(),
+        old.as_deref(),
+        &args.content,
+        limits,
+    );
+    Ok(WriteResult {
+        path: target.path.display(),
+        created: target.old.is_none(),
+        bytes_written: args.content.len() as u64,
+        replacements: None,
+        diff,
+        diff_truncated,
+    })
+}
+
+pub(crate) fn edit_file(
+    jail: &Jail,
+    limits: &Limits,
+    args: &EditFileArgs,
+) -> Result<WriteResult, SandboxError> {
+    if args.old_string.is_empty() {
+        return Err(SandboxError::InvalidArguments(
+            "`old_string` is empty; use write_file to create or replace a whole file".into(),
+        ));
+    }
+    if args.old_string == args.new_string {
+        return Err(SandboxError::InvalidArguments(
+            "`old_string` and `new_string` are the same; nothing would change".into(),
+        ));
+    }
+    let path = jail.resolve(&args.path)?;
+    let target = Target::locate(jail, &path, false, limits)?;
+    let Some(old) = target.old.as_ref() else {
+        return Err(SandboxError::NotFound(format!(
+            "`{}` does not exist",
+            path.given()
+        )));
+    };
+    let Ok(old_text) = std::str::from_utf8(&old.bytes) else {
+        return Err(SandboxError::WrongFileType {
+            path: path.given().to_owned(),
+            what: "is not UTF-8 text",
+        });
+    };
+    let count = old_text.matches(args.old_string.as_str()).count();
+    let replace_all = args.replace_all.unwrap_or(false);
+    match count {
+        0 => {
+            return Err(SandboxError::NoMatch(format!(
+                "`old_string` does not occur in `{}`; read the file again and copy the text \
+                 exactly, including white space",
+                path.display()
+            )));
+        }
+        n if n > 1 && !replace_all => {
+            return Err(SandboxError::NoMatch(format!(
+                "`old_string` occurs {n} times in `{}`; add surrounding text to make it unique, \
+                 or set `replace_all` to replace every occurrence",
+                path.display()
+            )));
+        }
+        _ => {}
+    }
+    let new_text = if replace_all {
+        old_text.replace(args.old_string.as_str(), &args.new_string)
+    } else {
+        old_text.replacen(args.old_string.as_str(), &args.new_string, 1)
+    };
+    if new_text.len() as u64 > limits.write_max_bytes {
+        return Err(SandboxError::LimitExceeded(format!(
+            "the edited file would be {} bytes, over the {}-byte write limit",
+            new_text.len(),
+            limits.write_max_bytes
+        )));
+    }
+    target.replace(new_text.as_bytes())?;
+    let (diff, diff_truncated) =
+        unified_diff(&target.path.display(), Some(old_text), &new_text, limits);
+    Ok(WriteResult {
+        path: target.path.display(),
+        created: false,
+        bytes_written: new_text.len() as u64,
+        replacements: Some(if replace_all { count as u64 } else { 1 }),
+        diff,
+        diff_truncated,
+    })
+}
+
+/// The existing content of a file about to be replaced.
+struct OldFile {
+    bytes: Vec<u8>,
+    mode: u32,
+}
+
+/// Where a write lands: the parent directory handle, the final name, and what is there now.
+struct Target {
+    parent: Dir,
+    name: std::ffi::OsString,
+    path: JailPath,
+    old: Option<OldFile>,
+}
+
+impl Target {
+    /// Finds the directory and name a write to `path` replaces. A final symbolic link is
+    /// resolved through the jail and the write goes to its target, which must be inside the
+    /// root; the link itself is never written through.
+    fn locate(
+        jail: &Jail,
+        path: &JailPath,
+        create_parents: bool,
+        limits: &Limits,
+    ) -> Result<Target, SandboxError> {
+        let mut path = path.clone();
+        // Resolve a final link once: the canonical path has no links left in it.
+        if let Ok(meta) = jail.dir().symlink_metadata(path.rel())
+            && meta.file_type().is_symlink()
+        {
+            let resolved = jail.dir().canonicalize(path.rel()).map_err(|e| {
+                match SandboxError::from_io("resolve", path.given(), e) {
+                    SandboxError::NotFound(_) => SandboxError::WrongFileType {
+                        path: path.given().to_owned(),
+                        what: "is a symbolic link whose target does not exist",
+                    },
+                    other => other,
+                }
+            })?;
+            let given = path.given().to_owned();
+            path = jail.resolve(&resolved.to_string_lossy())?;
+            path.set_given(given);
+        }
+        let Some((parent_path, name)) = path.split() else {
+            return Err(SandboxError::WrongFileType {
+                path: path.given().to_owned(),
+                what: "is the workspace root, not a file",
+            });
+        };
+        let name = name.to_owned();
+        let parent = match jail.open_dir(&parent_path) {
+            Ok(dir) => dir,
+            Err(SandboxError::NotFound(_)) if create_parents => {
+                jail.dir()
+                    .create_dir_all(parent_path.rel())
+                    .map_err(|e| SandboxError::from_io("create directory", path.given(), e))?;
+                jail.open_dir(&parent_path)?
+            }
+            Err(SandboxError::NotFound(_)) => {
+                return Err(SandboxError::NotFound(format!(
+                    "the parent directory `{}` of `{}` does not exist; pass \
+                     `create_parents: true` to create it",
+                    parent_path.display(),
+                    path.given(),
+                )));
+            }
+            Err(e) => return Err(e),
+        };
+        let old = match parent.symlink_metadata(&name) {
+            Ok(meta) if meta.is_file() => {
+                let (file, meta) =
+                    crate::jail::open_regular_nofollow(&parent, Path::new(&name), path.given())?;
+                let bytes = read_capped(file, meta.len(), limits.write_max_bytes, path.given())?;
+                Some(OldFile {
+                    bytes,
+                    mode: PermissionsExt::mode(&meta.permissions()) & 0o7777,
+                })
+            }
+            Ok(meta) if meta.is_dir() => {
+                return Err(SandboxError::WrongFileType {
+                    path: path.given().to_owned(),
+                    what: "is a directory",
+                });
+            }
+            Ok(meta) if meta.file_type().is_symlink() => {
+                // Swapped for a link since it was resolved above: refuse rather than chase it.
+                return Err(SandboxError::Escape {
+                    path: path.given().to_owned(),
+                    reason: EscapeReason::LinkOutside,
+                });
+            }
+            Ok(_) => {
+                return Err(SandboxError::Escape {
+                    path: path.given().to_owned(),
+                    reason: EscapeReason::SpecialFile,
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(SandboxError::from_io("stat", path.given(), e)),
+        };
+        Ok(Target {
+            parent,
+            name,
+            path,
+            old,
+        })
+    }
+
+    fn old_text(&self) -> Option<String> {
+        self.old
+            .as_ref()
+            .map(|old| String::from_utf8_lossy(&old.bytes).into_owned())
+    }
+
+    /// Writes `content` to a new temporary file beside the target, syncs it, and renames it over
+    /// the target. `rename` replaces a directory entry and never follows a link, so whatever was
+    /// swapped in at the final name, nothing outside the root is written.
+    fn replace(&self, content: &[u8]) -> Result<(), SandboxError> {
+        let given = self.path.given();
+        let mode = self.old.as_ref().map_or(0o644, |old| old.mode);
+        let mut attempt = 0u32;
+        let (tmp_name, mut file) = loop {
+            let tmp_name = temp_name(&self.name, attempt);
+            let mut options = OpenOptions::new();
+            options.write(true).create_new(true).mode(0o600);
+            match self.parent.open_with(&tmp_name, &options) {
+                Ok(file) => break (tmp_name, file),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(SandboxError::from_io("write", given, e)),
+            }
+        };
+        let written = file
+            .write_all(content)
+            .and_then(|()| file.set_permissions(Permissions::from_mode(mode)))
+            .and_then(|()| file.sync_all());
+        drop(file);
+        let renamed =
+            written.and_then(|()| self.parent.rename(&tmp_name, &self.parent, &self.name));
+        if let Err(e) = renamed {
+            let _ = self.parent.remove_file(&tmp_name);
+            return Err(SandboxError::from_io("write", given, e));
+        }
+        Ok(())
+    }
+}
+
+fn temp_name(name: &OsStr, attempt: u32) -> std::ffi::OsString {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let mut tmp = std::ffi::OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!(
+        ".monad-{}-{nanos:x}-{attempt}.tmp",
+        std::process::id()
+    ));
+    tmp
+}
+
+/// A unified diff from `old` (absent for a new file) to `new`, cut at the diff cap.
+fn unified_diff(path: &str, old: Option<&str>, new: &str, limits: &Limits) -> (String, bool) {
+    let old_text = old.unwrap_or("");
+    let old_header = if old.is_some() {
+        format!("a/{path}")
+    } else {
+        "/dev/null".to_owned()
+    };
+    let mut diff = similar::TextDiff::from_lines(old_text, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(&old_header, &format!("b/{path}"))
+        .to_string();
+    if diff.len() > limits.diff_max_bytes {
+        let mut cut = limits.diff_max_bytes;
+        while !diff.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        diff.truncate(cut);
+        return (diff, true);
+    }
+    (diff, false)
+}

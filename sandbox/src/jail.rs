@@ -1,0 +1,358 @@
+//! The jail: a workspace root held as an open directory handle.
+//!
+//! Every path a tool receives goes through [`Jail::resolve`] (a pure, lexical check that turns it
+//! into a clean path relative to the root) and is then opened through the root's
+//! [`cap_std::fs::Dir`], which resolves it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
+//! or cap-std's own component-by-component walk. Symbolic links are followed only while they stay
+//! beneath the root, so a link swapped in by another process at any moment cannot lead out.
+
+use std::io::{self, Read};
+use std::path::{Component, Path, PathBuf};
+
+use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, File, OpenOptions, OpenOptionsExt};
+
+use crate::error::{EscapeReason, SandboxError};
+
+/// A workspace root. The only way to build one is [`Jail::open_ambient`], the single place where
+/// Monad uses ambient authority on a path; everything else goes through the handle.
+#[derive(Debug)]
+pub struct Jail {
+    dir: Dir,
+    /// The root as the operator gave it, made absolute.
+    root: PathBuf,
+    /// The root with every symbolic link resolved; absolute tool paths may use either form.
+    canonical_root: PathBuf,
+}
+
+/// A path checked by [`Jail::resolve`]: relative to the root, with no `.`, `..`, or empty
+/// components. The empty path is the root itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JailPath {
+    rel: PathBuf,
+    /// The path as the caller gave it, for messages.
+    given: String,
+}
+
+impl JailPath {
+    /// The path relative to the root, `.` for the root itself, ready for the [`Dir`] methods.
+    pub fn rel(&self) -> &Path {
+        if self.rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            &self.rel
+        }
+    }
+
+    /// The path relative to the root as shown to callers (`.` for the root).
+    pub fn display(&self) -> String {
+        if self.rel.as_os_str().is_empty() {
+            ".".to_owned()
+        } else {
+            self.rel.to_string_lossy().into_owned()
+        }
+    }
+
+    /// The path as the caller gave it.
+    pub fn given(&self) -> &str {
+        &self.given
+    }
+
+    /// Replaces the caller's spelling kept for messages.
+    pub(crate) fn set_given(&mut self, given: String) {
+        self.given = given;
+    }
+
+    /// True for the root itself.
+    pub fn is_root(&self) -> bool {
+        self.rel.as_os_str().is_empty()
+    }
+
+    /// The parent directory and the final name; `None` for the root.
+    pub fn split(&self) -> Option<(JailPath, &std::ffi::OsStr)> {
+        let name = self.rel.file_name()?;
+        let parent = self.rel.parent().unwrap_or(Path::new("")).to_path_buf();
+        Some((
+            JailPath {
+                rel: parent,
+                given: self.given.clone(),
+            },
+            name,
+        ))
+    }
+
+    /// This path with `name` appended.
+    pub fn join(&self, name: &std::ffi::OsStr) -> JailPath {
+        JailPath {
+            rel: self.rel.join(name),
+            given: self.given.clone(),
+        }
+    }
+}
+
+impl Jail {
+    /// Opens `root` as a workspace root.
+    ///
+    /// # Ambient authority
+    ///
+    /// This is the one call that opens a path with the process's full authority. The path must
+    /// come from the operator or the user (a command line, a config file), never from a tool
+    /// argument.
+    pub fn open_ambient(root: &Path) -> io::Result<Jail> {
+        let absolute = std::path::absolute(root)?;
+        let canonical_root = absolute.canonicalize()?;
+        let dir = Dir::open_ambient_dir(&canonical_root, ambient_authority())?;
+        Ok(Jail {
+            dir,
+            root: absolute,
+            canonical_root,
+        })
+    }
+
+    /// The root directory handle.
+    pub fn dir(&self) -> &Dir {
+        &self.dir
+    }
+
+    /// The root's absolute path with symbolic links resolved (for display, and for placing a
+    /// command's sandbox; never used to open tool paths).
+    pub fn root_path(&self) -> &Path {
+        &self.canonical_root
+    }
+
+    /// Checks `raw` lexically and turns it into a clean path relative to the root.
+    ///
+    /// Refuses NUL bytes, absolute paths outside the root (either spelling of the root is
+    /// accepted as a prefix), and `..` that would climb above the root. `..` inside the root is
+    /// folded lexically (`a/../b` is `b`). `~`, backslashes and `%2e` are ordinary characters.
+    /// This check does not look at the disk: links are handled when the path is opened.
+    pub fn resolve(&self, raw: &str) -> Result<JailPath, SandboxError> {
+        if raw.contains('\0') {
+            return Err(SandboxError::InvalidPath {
+                path: raw.replace('\0', "\\0"),
+                why: "it contains a NUL byte",
+            });
+        }
+        let path = Path::new(raw);
+        let relative = if path.is_absolute() {
+            [&self.canonical_root, &self.root]
+                .iter()
+                .find_map(|root| path.strip_prefix(root).ok())
+                .ok_or_else(|| SandboxError::Escape {
+                    path: raw.to_owned(),
+                    reason: EscapeReason::AbsoluteOutside,
+                })?
+        } else {
+            path
+        };
+        let mut rel = PathBuf::new();
+        for component in relative.components() {
+            match component {
+                Component::Normal(name) => rel.push(name),
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    if !rel.pop() {
+                        return Err(SandboxError::Escape {
+                            path: raw.to_owned(),
+                            reason: EscapeReason::ParentTraversal,
+                        });
+                    }
+                }
+                // An absolute path was stripped of the root above, so a root or prefix component
+                // can only mean a path such as `//x` that is not inside the root.
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(SandboxError::Escape {
+                        path: raw.to_owned(),
+                        reason: EscapeReason::AbsoluteOutside,
+                    });
+                }
+            }
+        }
+        Ok(JailPath {
+            rel,
+            given: raw.to_owned(),
+        })
+    }
+
+    /// Opens a regular file for reading. Devices, FIFOs and sockets are refused without blocking:
+    /// the file is opened with `O_NONBLOCK | O_NOCTTY` and checked with `fstat` on the open
+    /// descriptor, so a file swapped for a FIFO between a check and the open cannot hang us.
+    pub fn open_regular(
+        &self,
+        path: &JailPath,
+    ) -> Result<(File, cap_std::fs::Metadata), SandboxError> {
+        open_regular_in(&self.dir, path.rel(), path.given())
+    }
+
+    /// Opens a directory inside the root (following links only while they stay inside).
+    pub fn open_dir(&self, path: &JailPath) -> Result<Dir, SandboxError> {
+        if path.is_root() {
+            return self
+                .dir
+                .try_clone()
+                .map_err(|e| SandboxError::from_io("open", path.given(), e));
+        }
+        self.dir
+            .open_dir(path.rel())
+            .map_err(|e| SandboxError::from_io("open directory", path.given(), e))
+    }
+}
+
+/// Opens `name` (relative to `dir`) as a regular file for reading, refusing anything else.
+pub(crate) fn open_regular_in(
+    dir: &Dir,
+    rel: &Path,
+    given: &str,
+) -> Result<(File, cap_std::fs::Metadata), SandboxError> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY);
+    let file = dir
+        .open_with(rel, &options)
+        .map_err(|e| SandboxError::from_io("open", given, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| SandboxError::from_io("stat", given, e))?;
+    check_regular(&meta, given)?;
+    Ok((file, meta))
+}
+
+/// Opens `name` in `dir` as a regular file without following a final symbolic link.
+pub(crate) fn open_regular_nofollow(
+    dir: &Dir,
+    name: &Path,
+    given: &str,
+) -> Result<(File, cap_std::fs::Metadata), SandboxError> {
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .follow(FollowSymlinks::No)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY);
+    let file = dir
+        .open_with(name, &options)
+        .map_err(|e| SandboxError::from_io("open", given, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| SandboxError::from_io("stat", given, e))?;
+    check_regular(&meta, given)?;
+    Ok((file, meta))
+}
+
+fn check_regular(meta: &cap_std::fs::Metadata, given: &str) -> Result<(), SandboxError> {
+    let kind = meta.file_type();
+    if kind.is_file() {
+        Ok(())
+    } else if kind.is_dir() {
+        Err(SandboxError::WrongFileType {
+            path: given.to_owned(),
+            what: "is a directory",
+        })
+    } else {
+        Err(SandboxError::Escape {
+            path: given.to_owned(),
+            reason: EscapeReason::SpecialFile,
+        })
+    }
+}
+
+/// Reads a whole regular file, refusing one larger than `cap` bytes.
+pub(crate) fn read_capped(
+    mut file: File,
+    size_hint: u64,
+    cap: u64,
+    given: &str,
+) -> Result<Vec<u8>, SandboxError> {
+    if size_hint > cap {
+        return Err(SandboxError::LimitExceeded(format!(
+            "`{given}` is {size_hint} bytes, over the {cap}-byte limit for this operation"
+        )));
+    }
+    let mut buf = Vec::with_capacity(size_hint as usize + 1);
+    (&mut file)
+        .take(cap + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| SandboxError::from_io("read", given, e))?;
+    if buf.len() as u64 > cap {
+        return Err(SandboxError::LimitExceeded(format!(
+            "`{given}` grew past the {cap}-byte limit for this operation while being read"
+        )));
+    }
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jail() -> (tempfile::TempDir, Jail) {
+        let tmp = tempfile::tempdir().unwrap();
+        let jail = Jail::open_ambient(tmp.path()).unwrap();
+        (tmp, jail)
+    }
+
+    #[test]
+    fn resolve_folds_dots_inside_the_root() {
+        let (_tmp, jail) = jail();
+        assert_eq!(jail.resolve("a/./b/../c").unwrap().display(), "a/c");
+        assert_eq!(jail.resolve("").unwrap().display(), ".");
+        assert_eq!(jail.resolve(".").unwrap().display(), ".");
+        assert_eq!(jail.resolve("a/..").unwrap().display(), ".");
+        assert!(jail.resolve("a/..").unwrap().is_root());
+    }
+
+    #[test]
+    fn resolve_refuses_parent_traversal_in_any_position() {
+        let (_tmp, jail) = jail();
+        for raw in ["..", "../x", "a/../../x", "./..", "a/b/../../..", "x/.."] {
+            let result = jail.resolve(raw);
+            if raw == "x/.." {
+                assert!(result.is_ok());
+                continue;
+            }
+            match result {
+                Err(SandboxError::Escape { reason, .. }) => {
+                    assert_eq!(reason, EscapeReason::ParentTraversal, "{raw}")
+                }
+                other => panic!("{raw}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn resolve_accepts_absolute_paths_inside_the_root_only() {
+        let (tmp, jail) = jail();
+        let inside = tmp.path().join("a/b");
+        assert_eq!(
+            jail.resolve(inside.to_str().unwrap()).unwrap().display(),
+            "a/b"
+        );
+        let sibling = format!("{}_evil/x", tmp.path().display());
+        assert!(matches!(
+            jail.resolve(&sibling),
+            Err(SandboxError::Escape {
+                reason: EscapeReason::AbsoluteOutside,
+                ..
+            })
+        ));
+        assert!(jail.resolve("/etc/passwd").is_err());
+        let climbing = format!("{}/../x", tmp.path().display());
+        assert!(jail.resolve(&climbing).is_err());
+    }
+
+    #[test]
+    fn resolve_takes_tilde_backslash_and_percent_literally() {
+        let (_tmp, jail) = jail();
+        assert_eq!(jail.resolve("~/x").unwrap().display(), "~/x");
+        assert_eq!(jail.resolve("..\\x").unwrap().display(), "..\\x");
+        assert_eq!(jail.resolve("%2e%2e/x").unwrap().display(), "%2e%2e/x");
+    }
+
+    #[test]
+    fn resolve_refuses_nul_bytes() {
+        let (_tmp, jail) = jail();
+        let err = jail.resolve("a\0b").unwrap_err();
+        assert!(err.to_string().contains("NUL"), "{err}");
+    }
+}

@@ -1,0 +1,94 @@
+//! Limits and the command-execution policy: plain values, set by the operator.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Bounds on what one tool call may read, list, find, write or print. Going over a bound truncates
+/// the result and says so (`truncated: true`); it never fails silently.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Bytes of content `read_file` returns at most.
+    pub read_max_bytes: u64,
+    /// Lines `read_file` returns when the caller gives no `limit`.
+    pub read_default_lines: u64,
+    /// Entries `list_dir` returns at most.
+    pub list_max_entries: usize,
+    /// Deepest `depth` `list_dir` accepts.
+    pub list_max_depth: u32,
+    /// Matching lines `search` returns at most (a caller's `max_results` is capped by this).
+    pub search_max_results: usize,
+    /// Characters of one matching line `search` returns; longer lines are cut.
+    pub search_max_line_chars: usize,
+    /// Paths `glob` returns at most.
+    pub glob_max_results: usize,
+    /// Size of a file `write_file` writes or `edit_file` edits at most.
+    pub write_max_bytes: u64,
+    /// Bytes of unified diff a write or edit reports; the rest is cut.
+    pub diff_max_bytes: usize,
+    /// Bytes of standard output and, separately, of standard error that `run_command` keeps.
+    pub output_max_bytes: usize,
+    /// Time limit of a command when the caller gives none, in milliseconds.
+    pub command_default_timeout_ms: u64,
+    /// Longest time limit a caller may ask for, in milliseconds.
+    pub command_max_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            read_max_bytes: 256 * 1024,
+            read_default_lines: 2000,
+            list_max_entries: 5000,
+            list_max_depth: 32,
+            search_max_results: 1000,
+            search_max_line_chars: 500,
+            glob_max_results: 5000,
+            write_max_bytes: 16 * 1024 * 1024,
+            diff_max_bytes: 64 * 1024,
+            output_max_bytes: 1024 * 1024,
+            command_default_timeout_ms: 120_000,
+            command_max_timeout_ms: 600_000,
+        }
+    }
+}
+
+/// How `run_command` confines the programs it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecPolicy {
+    /// Run commands without a sandbox when the kernel cannot enforce landlock. Off by default:
+    /// without it, such a kernel refuses every command.
+    pub allow_unsandboxed_exec: bool,
+    /// Extra directories a command may read (besides the workspace and the system's runtime
+    /// directories), e.g. a toolchain under `/opt`.
+    pub extra_read_paths: Vec<PathBuf>,
+    /// Extra directories a command may read and write.
+    pub extra_write_paths: Vec<PathBuf>,
+    /// `PATH` inside the sandbox.
+    pub path_env: String,
+    /// Extra environment variables for commands (the environment is otherwise scrubbed).
+    pub env: Vec<(String, String)>,
+    /// Address space limit (`RLIMIT_AS`) in bytes; 0 for none.
+    pub max_memory_bytes: u64,
+    /// Largest file a command may write (`RLIMIT_FSIZE`) in bytes.
+    pub max_file_bytes: u64,
+    /// Open files per process (`RLIMIT_NOFILE`).
+    pub max_open_files: u64,
+}
+
+impl Default for ExecPolicy {
+    fn default() -> Self {
+        ExecPolicy {
+            allow_unsandboxed_exec: false,
+            extra_read_paths: Vec::new(),
+            extra_write_paths: Vec::new(),
+            path_env: "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".to_owned(),
+            env: Vec::new(),
+            max_memory_bytes: 0,
+            max_file_bytes: 4 * 1024 * 1024 * 1024,
+            max_open_files: 1024,
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! `search` and `glob`: a directory walk through the jail's handles, with ripgrep's matchers.
+//!
+//! The walk is written here rather than taken from `ignore::WalkBuilder` on purpose: that walker
+//! opens directories and files by path with the process's ambient authority, so a directory
+//! swapped for a symbolic link mid-walk would lead it outside the root. This walk opens every
+//! directory with `O_NOFOLLOW` relative to its already-open parent and every file with
+//! `O_NOFOLLOW | O_NONBLOCK`, so it can only ever see what is beneath the root. Matching still
+//! uses ripgrep's crates: `ignore`'s gitignore and override matchers, `globset`, `grep-regex` and
+//! `grep-searcher`.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use cap_fs_ext::DirExt;
+use cap_std::fs::Dir;
+use grep_regex::RegexMatcherBuilder;
+use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch};
+use ignore::Match;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use monad_protocol::tools::{GlobArgs, GlobResult, SearchArgs, SearchMatch, SearchResult};
+
+use crate::error::SandboxError;
+use crate::jail::{Jail, JailPath, open_regular_nofollow};
+use crate::limits::Limits;
+
+/// Directories deeper than this below the starting point are not entered.
+const MAX_DEPTH: usize = 256;
+/// Ignore files larger than this are not read.
+const MAX_IGNORE_FILE_BYTES: u64 = 1024 * 1024;
+
+/// What a visitor tells the walk.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Options of one walk.
+struct Walk<'a> {
+    include_hidden: bool,
+    visit: &'a mut dyn FnMut(&Dir, &OsStr, &str) -> Flow,
+}
+
+impl Walk<'_> {
+    /// Walks the files under `start` (a directory or a single file) in path order.
+    fn run(&mut self, jail: &Jail, start: &JailPath) -> Result<(), SandboxError> {
+        let meta = jail
+            .dir()
+            .metadata(start.rel())
+            .map_err(|e| SandboxError::from_io("search", start.given(), e))?;
+        if meta.is_file() {
+            // A file named explicitly is searched even when an ignore file would skip it.
+            let (parent, name) = start.split().expect("a file is never the root");
+            let dir = jail.open_dir(&parent)?;
+            (self.visit)(&dir, name, &start.display());
+            return Ok(());
+        }
+        let dir = jail.open_dir(start)?;
+        // Ignore files of the directories above the start apply too.
+        let mut stack = Vec::new();
+        let mut ancestor = JailPath::clone(start);
+        let mut ancestors = Vec::new();
+        while let Some((parent, _)) = ancestor.split() {
+            ancestors.push(parent.clone());
+            ancestor = parent;
+        }
+        for dir_path in ancestors.iter().rev() {
+            if let Ok(d) = jail.open_dir(dir_path) {
+                stack.extend(load_ignore(&d, dir_path_rel(dir_path)));
+            }
+        }
+        let prefix = if start.is_root() {
+            String::new()
+        } else {
+            format!("{}/", start.display())
+        };
+        self.dir(&dir, &prefix, &mut stack, 0);
+        Ok(())
+    }
+
+    /// Walks one directory; returns `Flow::Stop` when the visitor asked to stop.
+    fn dir(&mut self, dir: &Dir, prefix: &str, stack: &mut Vec<Gitignore>, depth: usize) -> Flow {
+        let pushed = match load_ignore(dir, prefix.trim_end_matches('/')) {
+            Some(gi) => {
+                stack.push(gi);
+                true
+            }
+            None => false,
+        };
+        let flow = self.entries(dir, prefix, stack, depth);
+        if pushed {
+            stack.pop();
+        }
+        flow
+    }
+
+    fn entries(
+        &mut self,
+        dir: &Dir,
+        prefix: &str,
+        stack: &mut Vec<Gitignore>,
+        depth: usize,
+    ) -> Flow {
+        let Ok(read) = dir.entries() else {
+            return Flow::Continue;
+        };
+        let mut entries: Vec<(std::ffi::OsString, cap_std::fs::FileType)> = read
+            .filter_map(|e| e.ok())
+            .filter_map(|e| Some((e.file_name(), e.file_type().ok()?)))
+            .collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (name, kind) in entries {
+            let bytes = name.as_encoded_bytes();
+            if bytes == b".git" || (!self.include_hidden && bytes.first() == Some(&b'.')) {
+                continue;
+            }
+            if kind.is_symlink() {
+                continue; // never followed
+            }
+            let rel = format!("{prefix}{}", name.to_string_lossy());
+            let is_dir = kind.is_dir();
+            if !(is_dir || kind.is_file()) {
+                continue;
+            }
+            if ignored(stack, &rel, is_dir) {
+                continue;
+            }
+            if is_dir {
+                if depth + 1 >= MAX_DEPTH {
+                    continue;
+                }
+                let Ok(sub) = dir.open_dir_nofollow(&name) else {
+                    continue;
+                };
+                if self.dir(&sub, &format!("{rel}/"), stack, depth + 1) == Flow::Stop {
+                    return Flow::Stop;
+                }
+            } else if (self.visit)(dir, &name, &rel) == Flow::Stop {
+                return Flow::Stop;
+            }
+        }
+        Flow::Continue
+    }
+}
+
+fn dir_path_rel(path: &JailPath) -> &str {
+    let rel = path.rel().to_str().unwrap_or("");
+    if rel == "." { "" } else { rel }
+}
+
+/// The matcher for `.gitignore` and `.ignore` in `dir` (whose path relative to the root is
+/// `rel`), or `None` when it has neither.
+fn load_ignore(dir: &Dir, rel: &str) -> Option<Gitignore> {
+    let mut builder: Option<GitignoreBuilder> = None;
+    for name in [".gitignore", ".ignore"] {
+        let Ok((mut file, meta)) = open_regular_nofollow(dir, Path::new(name), name) else {
+            continue;
+        };
+        if meta.len() > MAX_IGNORE_FILE_BYTES {
+            continue;
+        }
+        let mut text = String::new();
+        if (&mut file)
+            .take(MAX_IGNORE_FILE_BYTES)
+            .read_to_string(&mut text)
+            .is_err()
+        {
+            continue;
+        }
+        let builder = builder.get_or_insert_with(|| GitignoreBuilder::new(virtual_path(rel)));
+        let from = Some(virtual_path(rel).join(name));
+        for line in text.lines() {
+            // A malformed line is skipped, as git does.
+            let _ = builder.add_line(from.clone(), line);
+        }
+    }
+    builder.and_then(|b| b.build().ok())
+}
+
+/// Paths are matched as if the root were `/`, so each matcher strips its own directory.
+fn virtual_path(rel: &str) -> PathBuf {
+    Path::new("/").join(rel)
+}
+
+fn ignored(stack: &[Gitignore], rel: &str, is_dir: bool) -> bool {
+    if stack.is_empty() {
+        return false;
+    }
+    let path = virtual_path(rel);
+    for gi in stack.iter().rev() {
+        match gi.matched(&path, is_dir) {
+            Match::Ignore(_) => return true,
+            Match::Whitelist(_) => return false,
+            Match::None => {}
+        }
+    }
+    false
+}
+
+pub(crate) fn search(
+    jail: &Jail,
+    limits: &Limits,
+    args: &SearchArgs,
+) -> Result<SearchResult, SandboxError> {
+    let max = match args.max_results {
+        Some(0) => {
+            return Err(SandboxError::InvalidArguments(
+                "`max_results` must be at least 1".into(),
+            ));
+        }
+        Some(n) => (n as usize).min(limits.search_max_results),
+        None => limits.search_max_results,
+    };
+    let matcher = RegexMatcherBuilder::new()
+        .case_insensitive(args.case_insensitive.unwrap_or(false))
+        .line_terminator(Some(b'\n'))
+        .build(&args.pattern)
+        .map_err(|e| SandboxError::InvalidArguments(format!("invalid regular expression: {e}")))?;
+    let start = jail.resolve(args.path.as_deref().unwrap_or(""))?;
+    let filter = match &args.glob {
+        Some(glob) => {
+            let mut builder =
+                ignore::overrides::OverrideBuilder::new(virtual_path(dir_path_rel(&start)));
+            builder
+                .add(glob)
+                .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?;
+            Some(
+                builder
+                    .build()
+                    .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?,
+            )
+        }
+        None => None,
+    };
+    let mut searcher = SearcherBuilder::new()
+        .line_number(true)
+        .binary_detection(BinaryDetection::quit(0))
+        .build();
+    let mut sink = Collect {
+        path: String::new(),
+        matches: Vec::new(),
+        max,
+        max_line_chars: limits.search_max_line_chars,
+        truncated: false,
+    };
+    let mut files_searched = 0u64;
+    let mut visit = |dir: &Dir, name: &OsStr, rel: &str| {
+        if let Some(filter) = &filter
+            && filter.matched(virtual_path(rel), false).is_ignore()
+        {
+            return Flow::Continue;
+        }
+        let Ok((file, _)) = open_regular_nofollow(dir, Path::new(name), rel) else {
+            return Flow::Continue;
+        };
+        files_searched += 1;
+        sink.path.clear();
+        sink.path.push_str(rel);
+        // An unreadable file is skipped like ripgrep does; its matches so far are kept.
+        let _ = search_one(&mut searcher, &matcher, &file.into_std(), &mut sink);
+        if sink.truncated {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    };
+    Walk {
+        include_hidden: args.include_hidden.unwrap_or(false),
+        visit: &mut visit,
+    }
+    .run(jail, &start)?;
+    Ok(SearchResult {
+        matches: sink.matches,
+        files_searched,
+        truncated: sink.truncated,
+    })
+}
+
+fn search_one(
+    searcher: &mut Searcher,
+    matcher: &grep_regex::RegexMatcher,
+    file: &std::fs::File,
+    sink: &mut Collect,
+) -> Result<(), std::io::Error> {
+    searcher.search_file(matcher, file, sink)
+}
+
+/// Collects matching lines up to a cap.
+struct Collect {
+    path: String,
+    matches: Vec<SearchMatch>,
+    max: usize,
+    max_line_chars: usize,
+    truncated: bool,
+}
+
+impl Sink for &mut Collect {
+    type Error = std::io::Error;
+
+    fn matched(&mut self, _: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
+        if self.matches.len() >= self.max {
+            self.truncated = true;
+            return Ok(false);
+        }
+        let mut line = String::from_utf8_lossy(mat.bytes()).into_owned();
+        let trimmed = line.trim_end_matches(['\n', '\r']).len();
+        line.truncate(trimmed);
+        if let Some((cut, _)) = line.char_indices().nth(self.max_line_chars) {
+            line.truncate(cut);
+            line.push('…');
+        }
+        self.matches.push(SearchMatch {
+            path: self.path.clone(),
+            line_number: mat.line_number().unwrap_or(0),
+            line,
+        });
+        Ok(true)
+    }
+}
+
+pub(crate) fn glob(
+    jail: &Jail,
+    limits: &Limits,
+    args: &GlobArgs,
+) -> Result<GlobResult, SandboxError> {
+    let matcher = globset::GlobBuilder::new(&args.pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?
+        .compile_matcher();
+    let start = jail.resolve(args.path.as_deref().unwrap_or(""))?;
+    let base = if start.is_root() {
+        0
+    } else {
+        start.display().len() + 1
+    };
+    // Hidden files are found only by a pattern that names them (`.github/**`, `**/.env`).
+    let include_hidden = args.pattern.starts_with('.') || args.pattern.contains("/.");
+    let mut paths = Vec::new();
+    let mut truncated = false;
+    let max = limits.glob_max_results;
+    let mut visit = |_: &Dir, _: &OsStr, rel: &str| {
+        if matcher.is_match(&rel[base.min(rel.len())..]) {
+            if paths.len() >= max {
+                truncated = true;
+                return Flow::Stop;
+            }
+            paths.push(rel.to_owned());
+        }
+        Flow::Continue
+    };
+    Walk {
+        include_hidden,
+        visit: &mut visit,
+    }
+    .run(jail, &start)?;
+    Ok(GlobResult { paths, truncated })
+}

@@ -1,0 +1,102 @@
+//! Shared fixtures: a workspace root beside an "outside" directory, both in one temp dir.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use monad_sandbox::{ExecPolicy, Limits, Sandbox};
+
+/// A temp dir holding `root/` (the workspace) and `outside/` (what must never be touched),
+/// plus `root_evil/`, a sibling whose name has the root as a string prefix.
+pub struct Fixture {
+    pub tmp: tempfile::TempDir,
+    pub sandbox: Arc<Sandbox>,
+}
+
+/// The secret every escape test tries to reach.
+pub const SECRET: &str = "top secret outside the root\n";
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        Fixture::with_limits(Limits::default())
+    }
+
+    pub fn with_limits(limits: Limits) -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        for dir in ["root", "outside", "root_evil"] {
+            std::fs::create_dir(tmp.path().join(dir)).unwrap();
+        }
+        std::fs::write(tmp.path().join("outside/secret.txt"), SECRET).unwrap();
+        std::fs::write(tmp.path().join("root_evil/secret.txt"), SECRET).unwrap();
+        let sandbox =
+            Sandbox::open(&tmp.path().join("root"), limits, ExecPolicy::default()).unwrap();
+        Fixture {
+            tmp,
+            sandbox: Arc::new(sandbox),
+        }
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.tmp.path().join("root")
+    }
+
+    pub fn outside(&self) -> PathBuf {
+        self.tmp.path().join("outside")
+    }
+
+    /// Writes a file inside the root (test setup uses std::fs on fixed paths, never tool input).
+    pub fn put(&self, rel: &str, content: &str) {
+        let path = self.root().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.root().join(rel)).unwrap()
+    }
+
+    pub fn symlink(&self, target: impl AsRef<Path>, link: &str) {
+        let path = self.root().join(link);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(target, path).unwrap();
+    }
+
+    /// A snapshot of everything outside the root (names, contents), to compare after an attack.
+    pub fn outside_snapshot(&self) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        for dir in ["outside", "root_evil"] {
+            snapshot(&self.tmp.path().join(dir), &mut out);
+        }
+        out.sort();
+        out
+    }
+}
+
+fn snapshot(dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let path = entry.path();
+        let kind = entry.file_type().unwrap();
+        if kind.is_dir() {
+            out.push((path.clone(), Vec::new()));
+            snapshot(&path, out);
+        } else if kind.is_symlink() {
+            out.push((
+                path.clone(),
+                std::fs::read_link(&path)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes(),
+            ));
+        } else {
+            out.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
