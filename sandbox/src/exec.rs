@@ -337,6 +337,8 @@ pub(crate) async fn run_command(
     let started = Instant::now();
     let mut child = command.spawn().map_err(|e| spawn_error(program, e))?;
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    // If this future is dropped (the call was cancelled), the whole group dies with it.
+    let mut group = GroupGuard(pgid);
 
     let stdout = Arc::new(Mutex::new(Captured::default()));
     let stderr = Arc::new(Mutex::new(Captured::default()));
@@ -358,16 +360,13 @@ pub(crate) async fn run_command(
         Ok(status) => (status, false),
         Err(_) => {
             // The leader is not reaped yet, so its process group id cannot have been reused.
-            if let Some(pgid) = pgid {
-                let _ = killpg(pgid, Signal::SIGKILL);
-            }
+            group.kill();
             (child.wait().await, true)
         }
     };
     // Anything the program left running in its group goes too.
-    if let Some(pgid) = pgid {
-        let _ = killpg(pgid, Signal::SIGKILL);
-    }
+    group.kill();
+    group.0 = None;
     let duration = started.elapsed();
     // Readers end when the last writer of each pipe is gone; a process that left the group
     // (setsid) may keep one open, so they get a short grace and are then abandoned.
@@ -395,6 +394,24 @@ pub(crate) async fn run_command(
         duration_ms: duration.as_millis() as u64,
         sandbox: sandbox.to_owned(),
     })
+}
+
+/// Kills a process group with `SIGKILL` when told to, and when dropped while still armed.
+struct GroupGuard(Option<Pid>);
+
+impl GroupGuard {
+    fn kill(&self) {
+        if let Some(pgid) = self.0 {
+            // ESRCH (the group is already gone) is the normal case after a clean exit.
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 fn spawn_error(program: &str, err: std::io::Error) -> SandboxError {
