@@ -36,6 +36,14 @@ pub enum ErrorCode {
     SandboxUnavailable,
     /// The operating system refused or failed the operation.
     Io,
+    /// The token is missing, unknown or revoked, or the session belongs to another user.
+    Unauthorized,
+    /// The peer speaks a protocol version or feature this side does not.
+    Unsupported,
+    /// A message could not be read: bad framing, bad JSON, an unknown type, an oversized frame.
+    Malformed,
+    /// The caller cancelled the request.
+    Cancelled,
     /// A bug or an unexpected state on the side that answered.
     Internal,
 }
@@ -57,6 +65,10 @@ impl ErrorCode {
             ErrorCode::Timeout => "timeout",
             ErrorCode::SandboxUnavailable => "sandbox_unavailable",
             ErrorCode::Io => "io",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Malformed => "malformed",
+            ErrorCode::Cancelled => "cancelled",
             ErrorCode::Internal => "internal",
         }
     }
@@ -116,6 +128,10 @@ mod tests {
             ErrorCode::Timeout,
             ErrorCode::SandboxUnavailable,
             ErrorCode::Io,
+            ErrorCode::Unauthorized,
+            ErrorCode::Unsupported,
+            ErrorCode::Malformed,
+            ErrorCode::Cancelled,
             ErrorCode::Internal,
         ];
         for code in all {

@@ -7,10 +7,17 @@
 //!   arguments, generated from the typed argument structs so schema and code never drift.
 //! - [`error`]: the wire error, a stable [`error::ErrorCode`] plus a sentence, kept apart from
 //!   the internal error types of the other crates.
+//! - [`wire`]: the messages of the QUIC protocol ([`wire::Message`]), the ALPN and versions.
+//! - [`frame`]: how messages are cut into length-prefixed frames, as pure functions on byte
+//!   slices; [`io`] (feature `tokio`) reads and writes them on async streams.
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod frame;
+#[cfg(feature = "tokio")]
+pub mod io;
 pub mod tools;
+pub mod wire;
 
 pub use error::{ErrorCode, ToolError};
 pub use tools::{ToolClass, ToolName};
