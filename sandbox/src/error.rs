@@ -122,7 +122,8 @@ impl SandboxError {
     /// Classifies an I/O error from an operation on `path` inside the jail.
     ///
     /// cap-std reports an escape as `PermissionDenied` with no OS error code (or `EXDEV` from
-    /// `openat2` with `RESOLVE_BENEATH`); both become [`SandboxError::Escape`].
+    /// `openat2` with `RESOLVE_BENEATH`); both become [`SandboxError::Escape`]. `ENXIO`, which
+    /// `open` returns for a socket or a device with no driver, is refused as a special file.
     pub(crate) fn from_io(op: &'static str, path: &str, err: io::Error) -> SandboxError {
         let path = path.to_owned();
         match err.raw_os_error() {
@@ -143,6 +144,13 @@ impl SandboxError {
                 return SandboxError::WrongFileType {
                     path,
                     what: "is a directory",
+                };
+            }
+            // Opening a socket, or a device with no driver behind it.
+            Some(nix::libc::ENXIO) => {
+                return SandboxError::Escape {
+                    path,
+                    reason: EscapeReason::SpecialFile,
                 };
             }
             _ => {}

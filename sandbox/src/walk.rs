@@ -20,7 +20,7 @@ use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use monad_protocol::tools::{GlobArgs, GlobResult, SearchArgs, SearchMatch, SearchResult};
 
-use crate::error::SandboxError;
+use crate::error::{EscapeReason, SandboxError};
 use crate::jail::{Jail, JailPath, open_regular_nofollow};
 use crate::limits::Limits;
 
@@ -55,6 +55,12 @@ impl Walk<'_> {
             let dir = jail.open_dir(&parent)?;
             (self.visit)(&dir, name, &start.display());
             return Ok(());
+        }
+        if !meta.is_dir() {
+            return Err(SandboxError::Escape {
+                path: start.given().to_owned(),
+                reason: EscapeReason::SpecialFile,
+            });
         }
         let dir = jail.open_dir(start)?;
         // Ignore files of the directories above the start apply too.

@@ -1,3 +1,6 @@
 mod support;
 
+mod escape;
 mod exec;
+mod race;
+mod tools;

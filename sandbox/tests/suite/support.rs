@@ -87,8 +87,11 @@ fn snapshot(dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
                     .into_os_string()
                     .into_encoded_bytes(),
             ));
-        } else {
+        } else if kind.is_file() {
             out.push((path.clone(), std::fs::read(&path).unwrap()));
+        } else {
+            // A FIFO, device or socket: reading it could block; its presence is what counts.
+            out.push((path.clone(), b"<special file>".to_vec()));
         }
     }
 }
@@ -99,4 +102,73 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+impl Fixture {
+    /// Replaces `{tmp}`, `{root}` and `{outside}` in a path template with the fixture's paths.
+    pub fn expand(&self, template: &str) -> String {
+        template
+            .replace("{tmp}", &self.tmp.path().to_string_lossy())
+            .replace("{root}", &self.root().to_string_lossy())
+            .replace("{outside}", &self.outside().to_string_lossy())
+    }
+
+    /// A snapshot of everything inside the root, like [`Fixture::outside_snapshot`].
+    pub fn root_snapshot(&self) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        snapshot(&self.root(), &mut out);
+        out.sort();
+        out
+    }
+
+    /// Makes a FIFO inside the root.
+    pub fn fifo(&self, rel: &str) {
+        let mode = nix::sys::stat::Mode::from_bits_truncate(0o644);
+        nix::unistd::mkfifo(&self.root().join(rel), mode).unwrap();
+    }
+
+    /// Makes a character (`block == false`) or block device node inside the root.
+    pub fn device(&self, rel: &str, block: bool, major: u64, minor: u64) {
+        use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+        let kind = if block {
+            SFlag::S_IFBLK
+        } else {
+            SFlag::S_IFCHR
+        };
+        let path = self.root().join(rel);
+        mknod(
+            &path,
+            kind,
+            Mode::from_bits_truncate(0o666),
+            makedev(major, minor),
+        )
+        .unwrap();
+    }
+
+    /// Makes a Unix socket inside the root (the file stays after the listener is dropped).
+    pub fn socket(&self, rel: &str) {
+        std::os::unix::net::UnixListener::bind(self.root().join(rel)).unwrap();
+    }
+
+    /// Regular files inside the root (links not followed, special files skipped) whose content
+    /// contains `needle`: where a leak into the workspace would show.
+    pub fn root_files_containing(&self, needle: &str) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut dirs = vec![self.root()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let entry = entry.unwrap();
+                let kind = entry.file_type().unwrap();
+                if kind.is_dir() {
+                    dirs.push(entry.path());
+                } else if kind.is_file() {
+                    let bytes = std::fs::read(entry.path()).unwrap();
+                    if String::from_utf8_lossy(&bytes).contains(needle) {
+                        found.push(entry.path());
+                    }
+                }
+            }
+        }
+        found
+    }
 }

@@ -1,0 +1,303 @@
+//! A symbolic-link swap race: while the tools run through `root/d`, another thread swaps that
+//! directory for a link to the outside directory and back, atomically (`renameat2` with
+//! `RENAME_EXCHANGE`), thousands of times. A jail that checks a path and then opens it by name
+//! would, now and then, open the outside; one that resolves through its handle never does.
+//!
+//! The outside directory holds files named like the inside ones (`f.txt`, with the text the
+//! edits look for), so any read, write or edit that lands outside shows: as the secret in a
+//! result, or as a change in the outside snapshot.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use monad_protocol::ErrorCode;
+use monad_protocol::tools::{
+    EditFileArgs, GlobArgs, ListDirArgs, ReadFileArgs, SearchArgs, StatArgs, WriteFileArgs,
+};
+use monad_sandbox::SandboxError;
+use nix::fcntl::{RenameFlags, renameat2};
+
+use super::support::Fixture;
+
+/// The swapper stops by itself after this many swaps...
+const MAX_SWAPS: u64 = 200_000;
+/// ...or after this long, whichever comes first; or sooner, when the main loop has seen enough.
+const MAX_SWAP_TIME: Duration = Duration::from_secs(5);
+/// The main loop asks the swapper to stop once it has run this many rounds and seen every
+/// operation both succeed inside and be refused.
+const ENOUGH_ROUNDS: u64 = 150;
+
+const INSIDE_PING: &str = "inside f: ping\n";
+const INSIDE_PONG: &str = "inside f: pong\n";
+const OUTSIDE_F: &str = "top secret outside f: ping\n";
+const MARK: &str = "top secret";
+
+/// How often one operation ended inside the root and how often it was refused.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    inside: u64,
+    refused: u64,
+}
+
+#[derive(Default)]
+struct Observed {
+    tallies: Vec<(&'static str, Tally)>,
+    /// Results that showed something from outside.
+    leaks: Vec<String>,
+    /// Errors other than the two expected outcomes.
+    unexpected: Vec<String>,
+}
+
+impl Observed {
+    fn tally(&mut self, op: &'static str) -> &mut Tally {
+        let at = match self.tallies.iter().position(|(name, _)| *name == op) {
+            Some(at) => at,
+            None => {
+                self.tallies.push((op, Tally::default()));
+                self.tallies.len() - 1
+            }
+        };
+        &mut self.tallies[at].1
+    }
+
+    /// Records an outcome: `Ok(true)` ended inside, a refusal (`outside_workspace`) counts as
+    /// refused, `also_inside` lists error codes that also show the call looked inside
+    /// (`not_found` for a name only the outside has). Anything else is unexpected.
+    fn record<T: std::fmt::Debug>(
+        &mut self,
+        op: &'static str,
+        result: &Result<T, SandboxError>,
+        also_inside: &[ErrorCode],
+    ) {
+        match result {
+            Ok(_) => self.tally(op).inside += 1,
+            Err(e) if e.code() == ErrorCode::OutsideWorkspace => self.tally(op).refused += 1,
+            Err(e) if also_inside.contains(&e.code()) => self.tally(op).inside += 1,
+            Err(e) => {
+                let note = format!("{op}: `{}`: {e}", e.code());
+                if self.unexpected.len() < 20 {
+                    self.unexpected.push(note);
+                }
+            }
+        }
+        if let Ok(value) = result {
+            let shown = format!("{value:?}");
+            if shown.contains(MARK) && self.leaks.len() < 20 {
+                self.leaks.push(format!("{op}: {shown}"));
+            }
+        }
+    }
+
+    fn leak(&mut self, what: String) {
+        if self.leaks.len() < 20 {
+            self.leaks.push(what);
+        }
+    }
+
+    fn saw_both_everywhere(&self) -> bool {
+        self.tallies
+            .iter()
+            .all(|(_, t)| t.inside > 0 && t.refused > 0)
+    }
+}
+
+#[test]
+fn swapping_a_directory_for_a_link_to_outside_never_leaks_or_writes_outside() {
+    let fx = Fixture::new();
+    fx.put("d/f.txt", INSIDE_PING);
+    std::fs::write(fx.outside().join("f.txt"), OUTSIDE_F).unwrap();
+    // `d` and `d_swap` trade places: one is the directory, the other the link to outside.
+    fx.symlink(fx.outside(), "d_swap");
+    let before = fx.outside_snapshot();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let root = std::fs::File::open(fx.root()).unwrap();
+    let swapper = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut swaps = 0u64;
+            while swaps < MAX_SWAPS
+                && started.elapsed() < MAX_SWAP_TIME
+                && !stop.load(Ordering::Relaxed)
+            {
+                renameat2(&root, "d", &root, "d_swap", RenameFlags::RENAME_EXCHANGE).unwrap();
+                swaps += 1;
+            }
+            if swaps % 2 == 1 {
+                // Leave `d` the directory it started as.
+                renameat2(&root, "d", &root, "d_swap", RenameFlags::RENAME_EXCHANGE).unwrap();
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+
+    let sandbox = Arc::clone(&fx.sandbox);
+    let mut seen = Observed::default();
+    let mut inside_text = INSIDE_PING;
+    let mut rounds = 0u64;
+    while !swapper.is_finished() {
+        rounds += 1;
+
+        let read = sandbox.read_file(&read_args("d/f.txt"));
+        if let Ok(r) = &read
+            && r.content != inside_text
+        {
+            seen.leak(format!("read d/f.txt gave {:?}", r.content));
+        }
+        seen.record("read_file d/f.txt", &read, &[]);
+
+        // Only the outside has a `secret.txt`: success would be a leak, `not_found` looked inside.
+        let secret = sandbox.read_file(&read_args("d/secret.txt"));
+        if let Ok(r) = &secret {
+            seen.leak(format!("read d/secret.txt gave {:?}", r.content));
+        }
+        seen.record("read_file d/secret.txt", &secret, &[ErrorCode::NotFound]);
+
+        let write = sandbox.write_file(&WriteFileArgs {
+            path: "d/new.txt".into(),
+            content: format!("inside new {rounds}\n"),
+            create_parents: None,
+            workspace: None,
+        });
+        seen.record("write_file d/new.txt", &write, &[]);
+
+        let (old, new) = if inside_text == INSIDE_PING {
+            ("ping", "pong")
+        } else {
+            ("pong", "ping")
+        };
+        let edit = sandbox.edit_file(&EditFileArgs {
+            path: "d/f.txt".into(),
+            old_string: old.into(),
+            new_string: new.into(),
+            replace_all: None,
+            workspace: None,
+        });
+        if edit.is_ok() {
+            inside_text = if inside_text == INSIDE_PING {
+                INSIDE_PONG
+            } else {
+                INSIDE_PING
+            };
+        }
+        seen.record("edit_file d/f.txt", &edit, &[]);
+
+        let list = sandbox.list_dir(&ListDirArgs {
+            path: Some("d".into()),
+            depth: Some(2),
+            include_hidden: None,
+            workspace: None,
+        });
+        if let Ok(l) = &list
+            && let Some(stray) = l
+                .entries
+                .iter()
+                .find(|e| e.path != "d/f.txt" && e.path != "d/new.txt")
+        {
+            seen.leak(format!("list_dir d showed {}", stray.path));
+        }
+        seen.record("list_dir d", &list, &[]);
+
+        let search = sandbox.search(&SearchArgs {
+            pattern: "ping|pong|secret".into(),
+            path: Some("d".into()),
+            glob: None,
+            case_insensitive: None,
+            max_results: None,
+            include_hidden: None,
+            workspace: None,
+        });
+        if let Ok(s) = &search
+            && let Some(stray) = s.matches.iter().find(|m| m.path != "d/f.txt")
+        {
+            seen.leak(format!("search in d matched {stray:?}"));
+        }
+        seen.record("search d", &search, &[]);
+
+        let stat = sandbox.stat(&StatArgs {
+            path: "d/f.txt".into(),
+            workspace: None,
+        });
+        if let Ok(s) = &stat
+            && s.size != INSIDE_PING.len() as u64
+        {
+            seen.leak(format!("stat d/f.txt described another file: {s:?}"));
+        }
+        seen.record("stat d/f.txt", &stat, &[]);
+
+        // Walks from the root never refuse; they must simply never show the outside.
+        let glob = sandbox.glob(&GlobArgs {
+            pattern: "**".into(),
+            path: None,
+            workspace: None,
+        });
+        match &glob {
+            Ok(g) => {
+                if let Some(stray) = g.paths.iter().find(|p| p.contains("secret")) {
+                    seen.leak(format!("glob ** found {stray}"));
+                }
+            }
+            Err(e) => seen.unexpected.push(format!("glob **: {e}")),
+        }
+        let whole = sandbox.search(&SearchArgs {
+            pattern: MARK.into(),
+            path: None,
+            glob: None,
+            case_insensitive: None,
+            max_results: None,
+            include_hidden: Some(true),
+            workspace: None,
+        });
+        match &whole {
+            Ok(s) if !s.matches.is_empty() => seen.leak(format!("search of the root: {s:?}")),
+            Ok(_) => {}
+            Err(e) => seen.unexpected.push(format!("search of the root: {e}")),
+        }
+
+        if rounds >= ENOUGH_ROUNDS && seen.saw_both_everywhere() {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+    let swaps = swapper.join().unwrap();
+
+    assert!(
+        seen.leaks.is_empty(),
+        "the outside leaked: {:#?}",
+        seen.leaks
+    );
+    assert_eq!(
+        fx.outside_snapshot(),
+        before,
+        "something outside was created or modified"
+    );
+    assert!(
+        seen.unexpected.is_empty(),
+        "errors other than success or refusal: {:#?}",
+        seen.unexpected
+    );
+    assert!(
+        swaps >= 1000,
+        "only {swaps} swaps ran; the race was not exercised"
+    );
+    for (op, tally) in &seen.tallies {
+        assert!(
+            tally.inside > 0 && tally.refused > 0,
+            "{op} never hit both outcomes in {rounds} rounds and {swaps} swaps: {tally:?}"
+        );
+    }
+    // The inside file holds one of the two inside texts, and `d` is a directory again.
+    assert_eq!(fx.read("d/f.txt"), inside_text);
+    assert!(fx.root().join("d").symlink_metadata().unwrap().is_dir());
+}
+
+fn read_args(path: &str) -> ReadFileArgs {
+    ReadFileArgs {
+        path: path.into(),
+        offset: None,
+        limit: None,
+        workspace: None,
+    }
+}

@@ -1,0 +1,578 @@
+//! Positive controls: the file tools do their job inside the root, with limits and clear errors.
+
+use std::os::unix::fs::PermissionsExt;
+
+use monad_protocol::tools::*;
+use monad_protocol::{ErrorCode, ToolName};
+use monad_sandbox::Limits;
+use serde_json::json;
+
+use super::support::{Fixture, runtime};
+
+fn read(path: &str) -> ReadFileArgs {
+    ReadFileArgs {
+        path: path.into(),
+        offset: None,
+        limit: None,
+        workspace: None,
+    }
+}
+
+fn search(pattern: &str) -> SearchArgs {
+    SearchArgs {
+        pattern: pattern.into(),
+        path: None,
+        glob: None,
+        case_insensitive: None,
+        max_results: None,
+        include_hidden: None,
+        workspace: None,
+    }
+}
+
+fn write(path: &str, content: &str) -> WriteFileArgs {
+    WriteFileArgs {
+        path: path.into(),
+        content: content.into(),
+        create_parents: None,
+        workspace: None,
+    }
+}
+
+fn edit(path: &str, old: &str, new: &str) -> EditFileArgs {
+    EditFileArgs {
+        path: path.into(),
+        old_string: old.into(),
+        new_string: new.into(),
+        replace_all: None,
+        workspace: None,
+    }
+}
+
+fn list(path: Option<&str>, depth: Option<u32>) -> ListDirArgs {
+    ListDirArgs {
+        path: path.map(Into::into),
+        depth,
+        include_hidden: None,
+        workspace: None,
+    }
+}
+
+fn paths(result: &ListDirResult) -> Vec<&str> {
+    result.entries.iter().map(|e| e.path.as_str()).collect()
+}
+
+fn temp_leftovers(fx: &Fixture, dir: &str) -> Vec<String> {
+    std::fs::read_dir(fx.root().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".monad-"))
+        .collect()
+}
+
+#[test]
+fn read_file_returns_the_whole_small_file() {
+    let fx = Fixture::new();
+    fx.put("a.txt", "one\ntwo\nthree\n");
+    let out = fx.sandbox.read_file(&read("a.txt")).unwrap();
+    assert_eq!(out.content, "one\ntwo\nthree\n");
+    assert_eq!(
+        (out.start_line, out.lines, out.total_lines),
+        (1, 3, Some(3))
+    );
+    assert_eq!(out.size, 14);
+    assert!(!out.truncated && !out.binary);
+}
+
+#[test]
+fn read_file_pages_by_offset_and_limit() {
+    let fx = Fixture::new();
+    let text: String = (1..=10).map(|i| format!("line {i}\n")).collect();
+    fx.put("ten.txt", &text);
+    let mut args = read("ten.txt");
+    args.offset = Some(4);
+    args.limit = Some(3);
+    let out = fx.sandbox.read_file(&args).unwrap();
+    assert_eq!(out.content, "line 4\nline 5\nline 6\n");
+    assert_eq!(out.start_line, 4);
+    assert!(out.truncated);
+    assert_eq!(out.truncation, Some(Truncation::Lines));
+    assert_eq!(out.next_offset, Some(7));
+    args.offset = Some(8);
+    let out = fx.sandbox.read_file(&args).unwrap();
+    assert_eq!(out.content, "line 8\nline 9\nline 10\n");
+    assert!(!out.truncated);
+    assert_eq!(out.total_lines, Some(10));
+    args.offset = Some(50);
+    let out = fx.sandbox.read_file(&args).unwrap();
+    assert_eq!(
+        (out.content.as_str(), out.lines, out.total_lines),
+        ("", 0, Some(10))
+    );
+}
+
+#[test]
+fn read_file_caps_bytes_and_says_where_to_continue() {
+    let limits = Limits {
+        read_max_bytes: 20,
+        ..Limits::default()
+    };
+    let fx = Fixture::with_limits(limits);
+    fx.put("long.txt", "0123456789\nabcdefghij\nKLMNOPQRST\n");
+    let out = fx.sandbox.read_file(&read("long.txt")).unwrap();
+    assert_eq!(out.content, "0123456789\n");
+    assert!(out.truncated);
+    assert_eq!(out.truncation, Some(Truncation::Bytes));
+    assert_eq!(out.next_offset, Some(2));
+    // One line longer than the cap: its head, then the next line.
+    fx.put("one.txt", &format!("{}\nnext\n", "é".repeat(30)));
+    let out = fx.sandbox.read_file(&read("one.txt")).unwrap();
+    assert!(out.truncated && !out.binary);
+    assert_eq!(out.content, "é".repeat(10), "cut on a character boundary");
+    assert_eq!(out.next_offset, Some(2));
+}
+
+#[test]
+fn read_file_reports_binary_files_without_dumping_them() {
+    let fx = Fixture::new();
+    std::fs::write(fx.root().join("bin.dat"), b"\x7fELF\0\0\x01binary").unwrap();
+    std::fs::write(fx.root().join("latin1.txt"), b"caf\xe9\n").unwrap();
+    for path in ["bin.dat", "latin1.txt"] {
+        let out = fx.sandbox.read_file(&read(path)).unwrap();
+        assert!(out.binary, "{path}");
+        assert_eq!(out.content, "", "{path}");
+        assert!(out.size > 0);
+    }
+}
+
+#[test]
+fn read_file_of_an_empty_file_is_empty() {
+    let fx = Fixture::new();
+    fx.put("empty", "");
+    let out = fx.sandbox.read_file(&read("empty")).unwrap();
+    assert_eq!(
+        (out.content.as_str(), out.lines, out.total_lines),
+        ("", 0, Some(0))
+    );
+}
+
+#[test]
+fn read_file_refuses_bad_arguments_and_wrong_kinds_clearly() {
+    let fx = Fixture::new();
+    fx.put("d/a.txt", "x");
+    let mut args = read("d/a.txt");
+    args.offset = Some(0);
+    assert_eq!(
+        fx.sandbox.read_file(&args).unwrap_err().code(),
+        ErrorCode::InvalidArguments
+    );
+    args.offset = None;
+    args.limit = Some(0);
+    assert_eq!(
+        fx.sandbox.read_file(&args).unwrap_err().code(),
+        ErrorCode::InvalidArguments
+    );
+    let err = fx.sandbox.read_file(&read("d")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::WrongFileType);
+    assert!(err.to_string().contains("is a directory"), "{err}");
+    let err = fx.sandbox.read_file(&read("missing.txt")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert!(err.to_string().contains("missing.txt"), "{err}");
+    let err = fx.sandbox.read_file(&read("d/a.txt/x")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::WrongFileType, "{err}");
+}
+
+#[test]
+fn absolute_paths_inside_the_root_are_read_as_relative() {
+    let fx = Fixture::new();
+    fx.put("src/lib.rs", "fn main() {}\n");
+    let abs = fx.root().join("src/lib.rs");
+    let out = fx.sandbox.read_file(&read(abs.to_str().unwrap())).unwrap();
+    assert_eq!(out.path, "src/lib.rs");
+    assert_eq!(out.content, "fn main() {}\n");
+}
+
+#[test]
+fn list_dir_lists_sorted_entries_with_kinds_and_hides_dotfiles() {
+    let fx = Fixture::new();
+    fx.put("b.txt", "");
+    fx.put("a/inner.txt", "");
+    fx.put(".hidden", "");
+    fx.symlink("b.txt", "link");
+    let out = fx.sandbox.list_dir(&list(None, None)).unwrap();
+    assert_eq!(out.path, ".");
+    assert_eq!(paths(&out), ["a", "b.txt", "link"]);
+    let kinds: Vec<EntryKind> = out.entries.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [EntryKind::Dir, EntryKind::File, EntryKind::Symlink]);
+    let mut args = list(None, Some(2));
+    args.include_hidden = Some(true);
+    let out = fx.sandbox.list_dir(&args).unwrap();
+    assert_eq!(
+        paths(&out),
+        [".hidden", "a", "a/inner.txt", "b.txt", "link"]
+    );
+    assert!(!out.truncated);
+    let out = fx.sandbox.list_dir(&list(Some("a"), None)).unwrap();
+    assert_eq!(paths(&out), ["a/inner.txt"]);
+}
+
+#[test]
+fn list_dir_truncates_at_the_entry_cap() {
+    let limits = Limits {
+        list_max_entries: 3,
+        ..Limits::default()
+    };
+    let fx = Fixture::with_limits(limits);
+    for i in 0..10 {
+        fx.put(&format!("f{i}"), "");
+    }
+    let out = fx.sandbox.list_dir(&list(None, None)).unwrap();
+    assert_eq!(paths(&out), ["f0", "f1", "f2"]);
+    assert!(out.truncated);
+    let err = fx.sandbox.list_dir(&list(None, Some(0))).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments);
+    let err = fx.sandbox.list_dir(&list(Some("f0"), None)).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::WrongFileType, "{err}");
+}
+
+#[test]
+fn stat_describes_files_dirs_and_links() {
+    let fx = Fixture::new();
+    fx.put("f.txt", "12345");
+    std::fs::set_permissions(
+        fx.root().join("f.txt"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    fx.symlink("f.txt", "l");
+    let st = |p: &str| {
+        fx.sandbox
+            .stat(&StatArgs {
+                path: p.into(),
+                workspace: None,
+            })
+            .unwrap()
+    };
+    let f = st("f.txt");
+    assert_eq!(
+        (f.kind, f.size, f.mode.as_str(), f.readonly),
+        (EntryKind::File, 5, "0640", false)
+    );
+    assert!(f.modified_unix.unwrap() > 1_600_000_000);
+    assert_eq!(st(".").kind, EntryKind::Dir);
+    let l = st("l");
+    assert_eq!(l.kind, EntryKind::Symlink);
+    assert_eq!(l.link_target.as_deref(), Some("f.txt"));
+}
+
+#[test]
+fn search_finds_lines_and_honours_gitignore_hidden_and_binary() {
+    let fx = Fixture::new();
+    fx.put("src/a.rs", "fn alpha() {}\nlet needle = 1;\n");
+    fx.put("src/b.txt", "NEEDLE in caps\n");
+    fx.put(".gitignore", "target/\n*.log\n!keep.log\n");
+    fx.put("target/out.rs", "needle in build output\n");
+    fx.put("debug.log", "needle in a log\n");
+    fx.put("keep.log", "needle kept\n");
+    fx.put("sub/.gitignore", "local.rs\n");
+    fx.put("sub/local.rs", "needle local\n");
+    fx.put("sub/other.rs", "needle other\n");
+    fx.put(".hidden/h.rs", "needle hidden\n");
+    fx.put(".git/config", "needle in git\n");
+    std::fs::write(fx.root().join("bin.dat"), b"needle\0\x01\x02").unwrap();
+    let out = fx.sandbox.search(&search("needle")).unwrap();
+    let found: Vec<(&str, u64)> = out
+        .matches
+        .iter()
+        .map(|m| (m.path.as_str(), m.line_number))
+        .collect();
+    assert_eq!(
+        found,
+        [("keep.log", 1), ("src/a.rs", 2), ("sub/other.rs", 1)]
+    );
+    assert_eq!(out.matches[1].line, "let needle = 1;");
+    assert!(!out.truncated);
+
+    let mut args = search("needle");
+    args.case_insensitive = Some(true);
+    args.path = Some("src".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches.len(), 2);
+    assert_eq!(out.files_searched, 2);
+
+    let mut args = search("needle");
+    args.include_hidden = Some(true);
+    let out = fx.sandbox.search(&args).unwrap();
+    assert!(out.matches.iter().any(|m| m.path == ".hidden/h.rs"));
+    assert!(!out.matches.iter().any(|m| m.path.starts_with(".git/")));
+
+    // The root's .gitignore applies when searching a subdirectory too.
+    fx.put("sub/deep.log", "needle in a nested log\n");
+    let mut args = search("needle");
+    args.path = Some("sub".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    let found: Vec<&str> = out.matches.iter().map(|m| m.path.as_str()).collect();
+    assert_eq!(found, ["sub/other.rs"]);
+    // A directory named explicitly is searched even when ignored, as ripgrep does.
+    args.path = Some("target".into());
+    assert_eq!(fx.sandbox.search(&args).unwrap().matches.len(), 1);
+}
+
+#[test]
+fn search_filters_by_glob_caps_results_and_rejects_bad_patterns() {
+    let fx = Fixture::new();
+    for i in 0..5 {
+        fx.put(&format!("d/f{i}.rs"), "hit\nhit\n");
+        fx.put(&format!("d/f{i}.md"), "hit\n");
+    }
+    let mut args = search("hit");
+    args.glob = Some("*.md".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches.len(), 5);
+    assert!(out.matches.iter().all(|m| m.path.ends_with(".md")));
+
+    let mut args = search("hit");
+    args.max_results = Some(3);
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches.len(), 3);
+    assert!(out.truncated);
+
+    let err = fx.sandbox.search(&search("(unclosed")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments);
+    assert!(err.to_string().contains("regular expression"), "{err}");
+    let mut args = search("hit");
+    args.glob = Some("[".into());
+    assert_eq!(
+        fx.sandbox.search(&args).unwrap_err().code(),
+        ErrorCode::InvalidArguments
+    );
+}
+
+#[test]
+fn search_of_a_single_file_and_long_lines_are_cut() {
+    let limits = Limits {
+        search_max_line_chars: 10,
+        ..Limits::default()
+    };
+    let fx = Fixture::with_limits(limits);
+    fx.put("one.txt", &format!("needle{}\n", "x".repeat(100)));
+    let mut args = search("needle");
+    args.path = Some("one.txt".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches.len(), 1);
+    assert_eq!(out.matches[0].line, "needlexxxx…");
+}
+
+#[test]
+fn glob_matches_paths_relative_to_its_base() {
+    let fx = Fixture::new();
+    fx.put("Cargo.toml", "");
+    fx.put("src/lib.rs", "");
+    fx.put("src/deep/mod.rs", "");
+    fx.put("target/gen.rs", "");
+    fx.put(".gitignore", "target\n");
+    fx.put(".github/ci.yml", "");
+    let g = |pattern: &str, path: Option<&str>| {
+        fx.sandbox
+            .glob(&GlobArgs {
+                pattern: pattern.into(),
+                path: path.map(Into::into),
+                workspace: None,
+            })
+            .unwrap()
+            .paths
+    };
+    assert_eq!(g("**/*.rs", None), ["src/deep/mod.rs", "src/lib.rs"]);
+    assert_eq!(g("*.toml", None), ["Cargo.toml"]);
+    assert_eq!(
+        g("*.rs", None),
+        Vec::<String>::new(),
+        "`*` does not cross `/`"
+    );
+    assert_eq!(g("*.rs", Some("src")), ["src/lib.rs"]);
+    assert_eq!(g(".github/*", None), [".github/ci.yml"]);
+}
+
+#[test]
+fn write_file_creates_replaces_and_reports_a_diff() {
+    let fx = Fixture::new();
+    let out = fx.sandbox.write_file(&write("new.txt", "a\nb\n")).unwrap();
+    assert!(out.created);
+    assert_eq!(out.bytes_written, 4);
+    assert!(
+        out.diff.contains("+++ b/new.txt") && out.diff.contains("+a\n"),
+        "{}",
+        out.diff
+    );
+    assert_eq!(fx.read("new.txt"), "a\nb\n");
+
+    std::fs::set_permissions(
+        fx.root().join("new.txt"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let out = fx.sandbox.write_file(&write("new.txt", "a\nc\n")).unwrap();
+    assert!(!out.created);
+    assert!(
+        out.diff.contains("-b\n") && out.diff.contains("+c\n"),
+        "{}",
+        out.diff
+    );
+    assert_eq!(fx.read("new.txt"), "a\nc\n");
+    let mode = std::fs::metadata(fx.root().join("new.txt"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o755, "the old mode is kept");
+    assert!(temp_leftovers(&fx, ".").is_empty());
+}
+
+#[test]
+fn write_file_creates_parents_only_when_asked() {
+    let fx = Fixture::new();
+    let err = fx.sandbox.write_file(&write("a/b/c.txt", "x")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert!(err.to_string().contains("create_parents"), "{err}");
+    assert!(!fx.root().join("a").exists());
+    let mut args = write("a/b/c.txt", "x");
+    args.create_parents = Some(true);
+    fx.sandbox.write_file(&args).unwrap();
+    assert_eq!(fx.read("a/b/c.txt"), "x");
+}
+
+#[test]
+fn write_file_through_a_link_inside_the_root_writes_its_target() {
+    let fx = Fixture::new();
+    fx.put("real/target.txt", "old\n");
+    fx.symlink("real/target.txt", "alias.txt");
+    let out = fx.sandbox.write_file(&write("alias.txt", "new\n")).unwrap();
+    assert_eq!(out.path, "real/target.txt");
+    assert_eq!(fx.read("real/target.txt"), "new\n");
+    assert!(
+        std::fs::symlink_metadata(fx.root().join("alias.txt"))
+            .unwrap()
+            .is_symlink()
+    );
+}
+
+#[test]
+fn write_file_refuses_directories_the_root_and_oversized_content() {
+    let limits = Limits {
+        write_max_bytes: 8,
+        ..Limits::default()
+    };
+    let fx = Fixture::with_limits(limits);
+    fx.put("d/x", "");
+    assert_eq!(
+        fx.sandbox.write_file(&write("d", "x")).unwrap_err().code(),
+        ErrorCode::WrongFileType
+    );
+    assert_eq!(
+        fx.sandbox.write_file(&write(".", "x")).unwrap_err().code(),
+        ErrorCode::WrongFileType
+    );
+    let err = fx
+        .sandbox
+        .write_file(&write("big", "123456789"))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LimitExceeded);
+    assert!(!fx.root().join("big").exists());
+}
+
+#[test]
+fn edit_file_replaces_a_unique_string_and_reports_a_diff() {
+    let fx = Fixture::new();
+    fx.put("m.rs", "fn a() {}\nfn b() {}\n");
+    let out = fx
+        .sandbox
+        .edit_file(&edit("m.rs", "fn b()", "fn beta()"))
+        .unwrap();
+    assert_eq!(out.replacements, Some(1));
+    assert!(
+        out.diff.contains("-fn b() {}") && out.diff.contains("+fn beta() {}"),
+        "{}",
+        out.diff
+    );
+    assert_eq!(fx.read("m.rs"), "fn a() {}\nfn beta() {}\n");
+    assert!(temp_leftovers(&fx, ".").is_empty());
+}
+
+#[test]
+fn edit_file_changes_nothing_when_old_string_is_missing_or_ambiguous() {
+    let fx = Fixture::new();
+    fx.put("m.txt", "x = 1\nx = 1\n");
+    let err = fx
+        .sandbox
+        .edit_file(&edit("m.txt", "y = 2", "z"))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NoMatch);
+    assert!(err.to_string().contains("does not occur"), "{err}");
+    let err = fx
+        .sandbox
+        .edit_file(&edit("m.txt", "x = 1", "x = 2"))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NoMatch);
+    assert!(err.to_string().contains("2 times"), "{err}");
+    assert_eq!(fx.read("m.txt"), "x = 1\nx = 1\n");
+    let mut args = edit("m.txt", "x = 1", "x = 2");
+    args.replace_all = Some(true);
+    let out = fx.sandbox.edit_file(&args).unwrap();
+    assert_eq!(out.replacements, Some(2));
+    assert_eq!(fx.read("m.txt"), "x = 2\nx = 2\n");
+    for (old, new) in [("", "a"), ("same", "same")] {
+        let err = fx.sandbox.edit_file(&edit("m.txt", old, new)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArguments);
+    }
+    assert_eq!(
+        fx.sandbox
+            .edit_file(&edit("nope.txt", "a", "b"))
+            .unwrap_err()
+            .code(),
+        ErrorCode::NotFound
+    );
+    std::fs::write(fx.root().join("bin"), b"\xff\xfe a").unwrap();
+    assert_eq!(
+        fx.sandbox
+            .edit_file(&edit("bin", "a", "b"))
+            .unwrap_err()
+            .code(),
+        ErrorCode::WrongFileType
+    );
+}
+
+#[test]
+fn call_dispatches_json_and_refuses_unknown_arguments() {
+    let fx = Fixture::new();
+    fx.put("a.txt", "hello\n");
+    let rt = runtime();
+    let out = rt
+        .block_on(
+            fx.sandbox
+                .call(ToolName::ReadFile, json!({"path": "a.txt"})),
+        )
+        .unwrap();
+    assert_eq!(out["content"], "hello\n");
+    let err = rt
+        .block_on(
+            fx.sandbox
+                .call(ToolName::ReadFile, json!({"path": "a.txt", "bogus": 1})),
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments);
+    assert!(err.to_string().contains("bogus"), "{err}");
+    let err = rt
+        .block_on(fx.sandbox.call(ToolName::ReadFile, json!({"offset": 1})))
+        .unwrap_err();
+    assert!(err.to_string().contains("path"), "{err}");
+    let err = rt
+        .block_on(fx.sandbox.call(ToolName::Workspaces, json!({})))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments);
+    let out = rt
+        .block_on(
+            fx.sandbox
+                .call(ToolName::RunCommand, json!({"argv": ["echo", "hi"]})),
+        )
+        .unwrap();
+    assert_eq!(out["stdout"], "hi\n");
+}
