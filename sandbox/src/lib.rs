@@ -104,6 +104,20 @@ impl Sandbox {
         fs::edit_file(&self.jail, &self.limits, args)
     }
 
+    /// The unified diff a `write_file` or `edit_file` call would make, without making it (for
+    /// approval prompts); `None` for other tools and for calls that would fail.
+    pub fn preview(&self, tool: ToolName, args: &serde_json::Value) -> Option<String> {
+        fs::preview(&self.jail, &self.limits, tool, args)
+    }
+
+    /// Whether `path` names something that exists inside the root (links are not followed at
+    /// the last component). Used for routing probes; reveals nothing but existence.
+    pub fn exists(&self, path: &str) -> bool {
+        self.jail
+            .resolve(path)
+            .is_ok_and(|p| self.jail.dir().symlink_metadata(p.rel()).is_ok())
+    }
+
     /// `run_command`: a sandboxed program, with a time limit and capped output.
     pub async fn run_command(
         &self,
