@@ -1,8 +1,77 @@
-//! The Monad client: it attaches a folder on this machine to a session as a restricted
-//! workspace, asks its user to approve what agents do there, and bridges agents to the server.
+//! The Monad client: it attaches folders on this machine to sessions as restricted
+//! workspaces, asks its user to approve what agents do there, and lets agents call tools.
 //!
-//! So far it holds no behaviour of its own: attached folders will run their tools in
-//! [`monad_sandbox::Sandbox`], with approvals enforced here, on the client.
+//! - [`config::ClientConfig`]: the server, its pinned certificate fingerprint, the token and this
+//!   device's id, saved by `login`.
+//! - [`connect`]: QUIC with the pinned certificate ([`connect::connect`]), then the hello.
+//! - [`attach::attach`]: serve a folder ([`monad_sandbox::Sandbox`]) until stopped, reconnecting
+//!   with backoff and re-attaching by itself.
+//! - [`approval`]: the approval policy, enforced here on the client, and the [`approval::Approver`]s
+//!   that ask ([`terminal::TerminalApprover`] on the attach terminal,
+//!   [`approval::ScriptedApprover`] for tests and automation).
+//! - [`agent::Agent`]: call tools and list sessions, as `monad-client call` and the MCP bridge do.
 #![deny(missing_docs)]
 
-pub use monad_sandbox::Sandbox;
+use std::path::PathBuf;
+
+use monad_protocol::{ErrorCode, ToolError};
+
+pub mod agent;
+pub mod approval;
+pub mod attach;
+pub mod config;
+pub mod connect;
+pub mod terminal;
+
+/// What can go wrong in the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// `monad-client login` has not been run.
+    #[error("not logged in (no {}); run `monad-client login --server HOST:PORT --token TOKEN --fingerprint SHA256` first", .0.display())]
+    NotLoggedIn(PathBuf),
+    /// The client configuration is unreadable or invalid.
+    #[error("config: {0}")]
+    Config(String),
+    /// The server presented a certificate other than the pinned one.
+    #[error(
+        "the server at {server} presented a certificate with fingerprint {presented}, but this \
+         client trusts {expected}. If the server was reinstalled or its certificate replaced, \
+         log in again with the fingerprint it prints at start-up (`monad-client login ... \
+         --fingerprint NEW`); otherwise something may be impersonating it"
+    )]
+    FingerprintMismatch {
+        /// The server address.
+        server: String,
+        /// The pinned fingerprint.
+        expected: String,
+        /// The fingerprint presented.
+        presented: String,
+    },
+    /// The server refused (bad token, another user's session, bad request).
+    #[error("the server refused: {}", .0.message)]
+    Refused(ToolError),
+    /// The server could not be reached, or the connection broke.
+    #[error("cannot reach the server: {0}")]
+    Unreachable(String),
+    /// The server broke the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The folder to attach cannot be used.
+    #[error("folder: {0}")]
+    Folder(String),
+}
+
+impl ClientError {
+    /// Errors that retrying cannot fix.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            ClientError::Unreachable(_) => false,
+            ClientError::Refused(e) => !matches!(e.code, ErrorCode::Internal),
+            ClientError::NotLoggedIn(_)
+            | ClientError::Config(_)
+            | ClientError::FingerprintMismatch { .. }
+            | ClientError::Protocol(_)
+            | ClientError::Folder(_) => true,
+        }
+    }
+}

@@ -21,6 +21,12 @@ pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
 pub const PROTOCOL_MINOR: u32 = 0;
 
+/// The minor version both sides speak: the lower of the two.
+#[allow(clippy::unnecessary_min_or_max)] // PROTOCOL_MINOR is 0 today; it will not stay so
+pub fn negotiate_minor(peer: u32) -> u32 {
+    peer.min(PROTOCOL_MINOR)
+}
+
 /// What the connecting side is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,8 +1,69 @@
 //! The Monad server: it owns each session's primary workspace and routes agents' tool calls.
 //!
-//! This crate is the home of the QUIC endpoint, authentication, the session registry, the
-//! `ToolExecutor` and the storage backends. So far it holds no behaviour of its own: the
-//! workspace tools it will route run in [`monad_sandbox::Sandbox`].
+//! - [`server::Server`] binds the QUIC endpoint ([`tls`]: a self-signed certificate made on first
+//!   start, whose SHA-256 clients pin), authenticates each connection's hello with a token
+//!   ([`auth::TokenStore`], hashed in `tokens.toml`), and serves one request per stream.
+//! - [`session::Registry`] holds the sessions: each has a primary workspace (a
+//!   [`monad_sandbox::Sandbox`] at `sessions/<id>/workspace`) and the folders clients attached.
+//! - [`executor::Executor`] routes a call ([`route::plan`], a pure function) and runs it in the
+//!   primary workspace or on the attached client, relaying progress; it also answers the session
+//!   tools (`workspaces`, `memory_store`, `memory_recall`).
 #![deny(missing_docs)]
 
-pub use monad_sandbox::Sandbox;
+use std::path::{Path, PathBuf};
+
+pub mod auth;
+pub mod config;
+pub mod executor;
+pub mod fsutil;
+pub mod route;
+pub mod server;
+pub mod session;
+pub mod tls;
+
+pub use config::ServerConfig;
+pub use server::{FirstStart, Server};
+
+/// What can go wrong in the server outside a tool call.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A file or socket operation failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A configuration or data file is malformed.
+    #[error("{}: {message}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with line and key where known.
+        message: String,
+    },
+    /// The certificate could not be made or loaded.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// A value given on the command line or in a request is not acceptable.
+    #[error("{0}")]
+    Invalid(String),
+    /// A peer broke the protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+impl ServerError {
+    /// An I/O error on `path`.
+    pub fn io(op: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> ServerError {
+        ServerError::Io {
+            op,
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+}

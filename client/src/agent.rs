@@ -1,0 +1,125 @@
+//! Calling tools as an agent: `monad-client call`, `sessions`, and the library path the MCP
+//! bridge uses.
+
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::wire::{Message, Outcome, Role, SessionInfo, WorkspaceRef};
+use serde_json::Value;
+
+use crate::ClientError;
+use crate::config::ClientConfig;
+use crate::connect::{Connection, connect};
+
+/// Largest answer accepted (a 64 MiB file as JSON fits).
+const MAX_ANSWER: usize = 256 * 1024 * 1024;
+
+/// The answer to a call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallReply {
+    /// The workspace that ran it, when one was reached.
+    pub workspace: Option<WorkspaceRef>,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+/// An agent's connection: one QUIC connection, one stream per request.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    connection: Connection,
+}
+
+impl Agent {
+    /// Connects and authenticates as an agent.
+    pub async fn connect(config: &ClientConfig) -> Result<Agent, ClientError> {
+        Ok(Agent {
+            connection: connect(config, Role::Agent).await?,
+        })
+    }
+
+    /// The user the token authenticated as.
+    pub fn user(&self) -> &str {
+        &self.connection.user
+    }
+
+    async fn request(
+        &self,
+        request: &Message,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream), ClientError> {
+        let (mut send, recv) = self
+            .connection
+            .conn
+            .open_bi()
+            .await
+            .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        write_message(&mut send, request)
+            .await
+            .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        let _ = send.finish();
+        Ok((send, recv))
+    }
+
+    /// Runs `tool` with `args` in `session` (`None`: the default). `progress` sees each progress
+    /// line while the call waits (for an approval, say). Dropping the future cancels the call:
+    /// the stream is reset, and the server withdraws the prompt or kills the command.
+    pub async fn call(
+        &self,
+        session: Option<&str>,
+        tool: &str,
+        args: Value,
+        mut progress: impl FnMut(&str),
+    ) -> Result<CallReply, ClientError> {
+        let (_send, mut recv) = self
+            .request(&Message::Call {
+                id: 1,
+                session: session.map(str::to_owned),
+                tool: tool.to_owned(),
+                args,
+            })
+            .await?;
+        loop {
+            match read_message(&mut recv, MAX_ANSWER).await {
+                Ok(Some(Message::Progress { message, .. })) => progress(&message),
+                Ok(Some(Message::Result {
+                    workspace, outcome, ..
+                })) => return Ok(CallReply { workspace, outcome }),
+                Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
+                Ok(Some(other)) => {
+                    return Err(ClientError::Protocol(format!(
+                        "unexpected `{}` in answer to a call",
+                        other.kind()
+                    )));
+                }
+                Ok(None) => {
+                    return Err(ClientError::Unreachable(
+                        "the server closed the call without an answer".into(),
+                    ));
+                }
+                Err(e) => return Err(ClientError::Unreachable(e.to_string())),
+            }
+        }
+    }
+
+    /// The user's sessions.
+    pub async fn sessions(&self) -> Result<Vec<SessionInfo>, ClientError> {
+        let (_send, mut recv) = self.request(&Message::ListSessions { id: 1 }).await?;
+        match read_message(&mut recv, MAX_ANSWER).await {
+            Ok(Some(Message::Sessions { sessions, .. })) => Ok(sessions),
+            Ok(Some(Message::Error { error, .. })) => Err(ClientError::Refused(error)),
+            Ok(Some(other)) => Err(ClientError::Protocol(format!(
+                "unexpected `{}` in answer to list_sessions",
+                other.kind()
+            ))),
+            Ok(None) => Err(ClientError::Unreachable("no answer".into())),
+            Err(e) => Err(ClientError::Unreachable(e.to_string())),
+        }
+    }
+
+    /// The underlying QUIC connection (for tests that misbehave on purpose).
+    pub fn quic(&self) -> &quinn::Connection {
+        &self.connection.conn
+    }
+}
+
+/// Checks a login: connects with the given fingerprint and token, and returns the user.
+pub async fn check_login(config: &ClientConfig) -> Result<String, ClientError> {
+    Ok(connect(config, Role::Agent).await?.user)
+}

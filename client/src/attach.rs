@@ -1,0 +1,406 @@
+//! `monad-client attach`: keep a folder attached to a session, run what the server asks there
+//! once the user allows it, and reconnect (re-attaching by itself) when the connection drops.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::wire::{Message, Outcome, Role, Trust, WorkspaceInfo};
+use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
+use monad_sandbox::{ExecPolicy, Limits, Sandbox};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::ClientError;
+use crate::approval::{ApprovalRequest, Approver, Policy, Rule, Verdict, nobody_to_ask};
+use crate::config::ClientConfig;
+use crate::connect::connect;
+
+/// Largest request accepted from the server (a 16 MiB write as JSON fits).
+const MAX_REQUEST: usize = 128 * 1024 * 1024;
+/// The attach request's id on each connection; `Run` and `Probe` name it.
+const ATTACHMENT_ID: u64 = 1;
+
+/// How to attach a folder.
+#[derive(Debug, Clone)]
+pub struct AttachOptions {
+    /// The folder.
+    pub dir: PathBuf,
+    /// The folder as the user typed it (for the workspace URI).
+    pub shown_path: String,
+    /// The session; `None` for the device's bound session, else `default`.
+    pub session: Option<String>,
+    /// Short name wanted; `None` for the folder's base name.
+    pub name: Option<String>,
+    /// Trust level.
+    pub trust: Trust,
+    /// Classes pre-approved with `--allow`.
+    pub allow: Vec<ToolClass>,
+    /// How long a prompt waits before it denies.
+    pub prompt_timeout: Duration,
+    /// Limits of the folder's tools.
+    pub limits: Limits,
+    /// Command policy of the folder.
+    pub exec: ExecPolicy,
+    /// The tools offered.
+    pub tools: Vec<ToolName>,
+    /// First and longest wait between reconnection attempts.
+    pub backoff: (Duration, Duration),
+}
+
+impl AttachOptions {
+    /// Restricted, nothing pre-approved, every workspace tool offered.
+    pub fn new(dir: PathBuf) -> AttachOptions {
+        AttachOptions {
+            shown_path: dir.to_string_lossy().into_owned(),
+            dir,
+            session: None,
+            name: None,
+            trust: Trust::Restricted,
+            allow: Vec::new(),
+            prompt_timeout: Duration::from_secs(120),
+            limits: Limits::default(),
+            exec: ExecPolicy::default(),
+            tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+            backoff: (Duration::from_millis(200), Duration::from_secs(10)),
+        }
+    }
+}
+
+/// What happens to an attachment, for the terminal and for tests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttachEvent {
+    /// Attached (again) to a session.
+    Attached {
+        /// The session.
+        session: String,
+        /// The workspace as the session lists it.
+        workspace: WorkspaceInfo,
+    },
+    /// The connection dropped; reconnecting after `retry_in`.
+    Disconnected {
+        /// Why.
+        reason: String,
+        /// The wait before the next attempt.
+        retry_in: Duration,
+    },
+    /// A call ran (or was refused).
+    Ran {
+        /// The tool.
+        tool: ToolName,
+        /// Whether it was allowed.
+        allowed: bool,
+    },
+}
+
+/// Everything a request handler needs, shared across reconnects.
+struct Folder {
+    sandbox: Arc<Sandbox>,
+    policy: Policy,
+    approver: Option<Arc<dyn Approver>>,
+    options: AttachOptions,
+    events: Option<mpsc::UnboundedSender<AttachEvent>>,
+}
+
+impl Folder {
+    fn emit(&self, event: AttachEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
+}
+
+/// Attaches `options.dir` and serves it until a fatal error (a refused token, a changed
+/// certificate, a folder that cannot be opened); network failures are retried with backoff.
+/// Dropping the future detaches.
+pub async fn attach(
+    config: &ClientConfig,
+    options: AttachOptions,
+    approver: Option<Arc<dyn Approver>>,
+    events: Option<mpsc::UnboundedSender<AttachEvent>>,
+) -> Result<(), ClientError> {
+    let sandbox = Sandbox::open(&options.dir, options.limits.clone(), options.exec.clone())
+        .map_err(|e| ClientError::Folder(format!("{}: {e}", options.dir.display())))?;
+    if !sandbox
+        .jail()
+        .dir()
+        .dir_metadata()
+        .is_ok_and(|m| m.is_dir())
+    {
+        return Err(ClientError::Folder(format!(
+            "{} is not a directory",
+            options.dir.display()
+        )));
+    }
+    let folder = Arc::new(Folder {
+        sandbox: Arc::new(sandbox),
+        policy: Policy::new(options.trust, options.allow.clone()),
+        approver,
+        events,
+        options,
+    });
+    let (first_wait, max_wait) = folder.options.backoff;
+    let mut wait = first_wait;
+    loop {
+        let reason = match serve_once(config, &folder).await {
+            Ok(reason) => {
+                wait = first_wait; // it was attached: start the backoff afresh
+                reason
+            }
+            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) => e.to_string(),
+        };
+        warn!("{reason}; reconnecting in {} ms", wait.as_millis());
+        folder.emit(AttachEvent::Disconnected {
+            reason,
+            retry_in: wait,
+        });
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(max_wait);
+    }
+}
+
+/// One connection's life: connect, attach, serve requests until the connection ends. `Ok` means
+/// it was attached and then lost (the reason), `Err` that it never got attached.
+async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<String, ClientError> {
+    let connection = connect(config, Role::Client).await?;
+    let conn = connection.conn.clone();
+    let (mut send, mut recv) = conn
+        .open_bi()
+        .await
+        .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+    let o = &folder.options;
+    write_message(
+        &mut send,
+        &Message::Attach {
+            id: ATTACHMENT_ID,
+            session: o.session.clone(),
+            name: o.name.clone(),
+            path: o.shown_path.clone(),
+            trust: o.trust,
+            tools: o.tools.clone(),
+        },
+    )
+    .await
+    .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+    match read_message(&mut recv, 64 * 1024).await {
+        Ok(Some(Message::Attached {
+            session, workspace, ..
+        })) => {
+            info!(%session, workspace = %workspace.name, uri = %workspace.uri, "attached");
+            folder.emit(AttachEvent::Attached { session, workspace });
+        }
+        Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
+        Ok(Some(other)) => {
+            return Err(ClientError::Protocol(format!(
+                "the server answered attach with `{}`",
+                other.kind()
+            )));
+        }
+        Ok(None) | Err(_) => {
+            return Err(ClientError::Unreachable(
+                "the server closed the attach stream".into(),
+            ));
+        }
+    }
+    // `send` stays open: finishing it would detach.
+    let mut requests = tokio::task::JoinSet::new();
+    let reason = loop {
+        tokio::select! {
+            accepted = conn.accept_bi() => match accepted {
+                Ok((send, recv)) => {
+                    let folder = folder.clone();
+                    requests.spawn(async move { handle_request(&folder, send, recv).await });
+                }
+                Err(e) => break format!("connection lost: {e}"),
+            },
+            Some(_) = requests.join_next(), if !requests.is_empty() => {}
+        }
+    };
+    drop(send);
+    Ok(reason)
+}
+
+/// One request from the server: run a tool (after approval), or answer a probe.
+async fn handle_request(folder: &Folder, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let request = match read_message(&mut recv, MAX_REQUEST).await {
+        Ok(Some(m)) => m,
+        Ok(None) => return,
+        Err(e) => {
+            let _ = write_message(
+                &mut send,
+                &Message::Error {
+                    id: 0,
+                    error: e.to_tool_error(),
+                },
+            )
+            .await;
+            let _ = send.finish();
+            return;
+        }
+    };
+    match request {
+        Message::Probe { id, path, .. } => {
+            let sandbox = folder.sandbox.clone();
+            let exists = tokio::task::spawn_blocking(move || sandbox.exists(&path))
+                .await
+                .unwrap_or(false);
+            let _ = write_message(&mut send, &Message::Probed { id, exists }).await;
+            let _ = send.finish();
+        }
+        Message::Run {
+            id,
+            session,
+            tool,
+            args,
+            ..
+        } => {
+            let stopped = send.stopped();
+            let run = run(folder, &mut send, id, &session, tool, args);
+            let outcome = tokio::select! {
+                outcome = run => outcome,
+                // The server stopped reading: the agent cancelled. Dropping `run` withdraws a
+                // pending prompt and kills a running command.
+                _ = stopped => return,
+            };
+            let _ = write_message(
+                &mut send,
+                &Message::Result {
+                    id,
+                    workspace: None,
+                    outcome,
+                },
+            )
+            .await;
+            let _ = send.finish();
+        }
+        other => {
+            let _ = write_message(
+                &mut send,
+                &Message::Error {
+                    id: 0,
+                    error: ToolError::new(
+                        ErrorCode::Malformed,
+                        format!("a server cannot send `{}` to a client", other.kind()),
+                    ),
+                },
+            )
+            .await;
+            let _ = send.finish();
+        }
+    }
+}
+
+/// Approves, then runs, one tool call.
+async fn run(
+    folder: &Folder,
+    send: &mut quinn::SendStream,
+    id: u64,
+    session: &str,
+    tool: ToolName,
+    args: Value,
+) -> Outcome {
+    let o = &folder.options;
+    if !o.tools.contains(&tool) {
+        return error(
+            ErrorCode::Denied,
+            format!("this folder does not offer `{tool}`"),
+        );
+    }
+    let verdict = match folder.policy.check(session, tool, &args) {
+        Some(verdict) => verdict,
+        None => match &folder.approver {
+            None => Verdict::Deny(nobody_to_ask(tool, &o.shown_path)),
+            Some(approver) => {
+                let _ = write_message(
+                    send,
+                    &Message::Progress {
+                        id,
+                        message: format!(
+                            "waiting for the user of {} to approve `{tool}`",
+                            o.shown_path
+                        ),
+                    },
+                )
+                .await;
+                let sandbox = folder.sandbox.clone();
+                let preview_args = args.clone();
+                let diff =
+                    tokio::task::spawn_blocking(move || sandbox.preview(tool, &preview_args))
+                        .await
+                        .ok()
+                        .flatten();
+                let request = ApprovalRequest {
+                    session: session.to_owned(),
+                    workspace: o.name.clone().unwrap_or_else(|| o.shown_path.clone()),
+                    tool,
+                    target: describe(tool, &args),
+                    diff,
+                    scope: Rule::of(tool, &args).describe(),
+                };
+                match tokio::time::timeout(o.prompt_timeout, approver.decide(request)).await {
+                    Ok(decision) => folder.policy.record(session, tool, &args, decision),
+                    Err(_) => Verdict::Deny(format!(
+                        "the user of {} did not answer within {} s, so it was denied",
+                        o.shown_path,
+                        o.prompt_timeout.as_secs()
+                    )),
+                }
+            }
+        },
+    };
+    if let Verdict::Deny(reason) = verdict {
+        debug!(%tool, "denied");
+        folder.emit(AttachEvent::Ran {
+            tool,
+            allowed: false,
+        });
+        return error(ErrorCode::Denied, reason);
+    }
+    let outcome = match folder.sandbox.clone().call(tool, args).await {
+        Ok(result) => Outcome::Ok { result },
+        Err(e) => Outcome::Error {
+            error: e.to_tool_error(),
+        },
+    };
+    folder.emit(AttachEvent::Ran {
+        tool,
+        allowed: true,
+    });
+    outcome
+}
+
+fn error(code: ErrorCode, message: String) -> Outcome {
+    Outcome::Error {
+        error: ToolError::new(code, message),
+    }
+}
+
+/// The call in one line: its path, or its command line.
+fn describe(tool: ToolName, args: &Value) -> String {
+    if tool == ToolName::RunCommand {
+        let argv: Vec<String> = args
+            .get("argv")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().unwrap_or("?").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cwd = args.get("cwd").and_then(Value::as_str).unwrap_or(".");
+        return format!("$ {}   (in {cwd})", argv.join(" "));
+    }
+    let key = if matches!(tool, ToolName::Search | ToolName::Glob) {
+        "pattern"
+    } else {
+        "path"
+    };
+    let main = args.get(key).and_then(Value::as_str).unwrap_or(".");
+    match args.get("path").and_then(Value::as_str) {
+        Some(path) if key == "pattern" => format!("{key} `{main}` under `{path}`"),
+        _ => format!("{key} `{main}`"),
+    }
+}

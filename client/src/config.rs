@@ -1,0 +1,153 @@
+//! The client's configuration: which server, its pinned fingerprint, the token, the device id.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ClientError;
+
+/// What `monad-client login` saves in `<config dir>/config.toml` (mode 0600: it holds a token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    /// `HOST:PORT` of the server.
+    pub server: String,
+    /// The bearer token.
+    pub token: String,
+    /// SHA-256 of the server's certificate, 64 hex digits: anything else is refused.
+    pub fingerprint: String,
+    /// This installation's stable id.
+    pub device_id: String,
+    /// This machine's name, used in workspace URIs.
+    pub client_name: String,
+}
+
+impl ClientConfig {
+    /// A config for `server` with a fresh device id and this machine's name.
+    pub fn new(server: &str, token: &str, fingerprint: &str) -> Result<ClientConfig, ClientError> {
+        Ok(ClientConfig {
+            server: server.to_owned(),
+            token: token.to_owned(),
+            fingerprint: normalize_fingerprint(fingerprint)?,
+            device_id: uuid::Uuid::new_v4().to_string(),
+            client_name: machine_name(),
+        })
+    }
+
+    /// Loads `<dir>/config.toml`.
+    pub fn load(dir: &Path) -> Result<ClientConfig, ClientError> {
+        let path = dir.join("config.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                ClientError::NotLoggedIn(path.clone())
+            } else {
+                ClientError::Config(format!("{}: {e}", path.display()))
+            }
+        })?;
+        let config: ClientConfig = toml::from_str(&text)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        normalize_fingerprint(&config.fingerprint)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        Ok(config)
+    }
+
+    /// Saves atomically to `<dir>/config.toml`, mode 0600.
+    pub fn save(&self, dir: &Path) -> Result<(), ClientError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", dir.display())))?;
+        let path = dir.join("config.toml");
+        let tmp = dir.join(".config.toml.tmp");
+        let text = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))
+    }
+}
+
+/// `MONAD_CONFIG_DIR`, else the platform config dir + `monad`.
+pub fn default_config_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("MONAD_CONFIG_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    directories::BaseDirs::new().map(|d| d.config_dir().join("monad"))
+}
+
+/// Accepts `sha256:AB:CD...`, `AB CD ...` or plain hex; returns 64 lowercase hex digits.
+pub fn normalize_fingerprint(raw: &str) -> Result<String, ClientError> {
+    let trimmed = raw.trim();
+    let body = trimmed
+        .strip_prefix("sha256:")
+        .or_else(|| trimmed.strip_prefix("SHA256:"))
+        .unwrap_or(trimmed);
+    let hex: String = body
+        .chars()
+        .filter(|c| !matches!(c, ':' | ' '))
+        .collect::<String>()
+        .to_ascii_lowercase();
+    if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(hex)
+    } else {
+        Err(ClientError::Config(format!(
+            "`{raw}` is not a certificate fingerprint: expected the 64 hex digits that \
+             monad-server prints at start-up"
+        )))
+    }
+}
+
+fn machine_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "client".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_are_normalized_or_refused() {
+        let hex = "ab".repeat(32);
+        assert_eq!(normalize_fingerprint(&hex).unwrap(), hex);
+        assert_eq!(
+            normalize_fingerprint(&format!("SHA256:{}", hex.to_uppercase())).unwrap(),
+            hex
+        );
+        let colons: Vec<&str> = std::iter::repeat_n("AB", 32).collect();
+        assert_eq!(normalize_fingerprint(&colons.join(":")).unwrap(), hex);
+        assert!(normalize_fingerprint("abc").is_err());
+        assert!(normalize_fingerprint(&"zz".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn config_round_trips_with_mode_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig::new("127.0.0.1:4433", "mnd_x", &"0".repeat(64)).unwrap();
+        config.save(dir.path()).unwrap();
+        assert_eq!(ClientConfig::load(dir.path()).unwrap(), config);
+        let mode = std::fs::metadata(dir.path().join("config.toml"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            ClientConfig::load(empty.path()),
+            Err(ClientError::NotLoggedIn(_))
+        ));
+    }
+}

@@ -1,0 +1,210 @@
+//! Connecting to the server: QUIC with the certificate pinned by fingerprint, then the hello.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::wire::{self, Message, Role};
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+use crate::ClientError;
+use crate::config::ClientConfig;
+
+/// How long connecting and the hello may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits.
+pub fn fingerprint(cert_der: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, cert_der);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Accepts exactly one certificate: the one whose SHA-256 the user pinned at login (trust on
+/// first use, like ssh's known_hosts). The handshake signature is still verified, so only the
+/// holder of that certificate's key can pass.
+#[derive(Debug)]
+struct PinnedVerifier {
+    pinned: String,
+    provider: Arc<CryptoProvider>,
+    /// The fingerprint the server presented, to explain a mismatch.
+    seen: Mutex<Option<String>>,
+}
+
+impl ServerCertVerifier for PinnedVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let presented = fingerprint(end_entity);
+        let matches = presented == self.pinned;
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(presented);
+        if matches {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// An authenticated connection to the server.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// The QUIC connection.
+    pub conn: quinn::Connection,
+    /// The user the token authenticated as.
+    pub user: String,
+    /// Keeps the local endpoint (its UDP socket) alive as long as the connection is used.
+    _endpoint: quinn::Endpoint,
+}
+
+/// Connects to the configured server, pins its certificate and says hello as `role`.
+pub async fn connect(config: &ClientConfig, role: Role) -> Result<Connection, ClientError> {
+    tokio::time::timeout(CONNECT_TIMEOUT, connect_inner(config, role))
+        .await
+        .map_err(|_| {
+            ClientError::Unreachable(format!(
+                "{}: no answer within {} s",
+                config.server,
+                CONNECT_TIMEOUT.as_secs()
+            ))
+        })?
+}
+
+async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, ClientError> {
+    let addr = tokio::net::lookup_host(&config.server)
+        .await
+        .map_err(|e| ClientError::Unreachable(format!("{}: {e}", config.server)))?
+        .next()
+        .ok_or_else(|| ClientError::Unreachable(format!("{}: no address", config.server)))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(PinnedVerifier {
+        pinned: crate::config::normalize_fingerprint(&config.fingerprint)?,
+        provider: provider.clone(),
+        seen: Mutex::new(None),
+    });
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| ClientError::Protocol(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier.clone())
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![wire::ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(Duration::from_secs(2)));
+    transport.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
+    ));
+    client.transport_config(Arc::new(transport));
+    let bind = if addr.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    let mut endpoint = quinn::Endpoint::client(bind.parse().expect("valid address"))
+        .map_err(|e| ClientError::Unreachable(format!("cannot open a UDP socket: {e}")))?;
+    endpoint.set_default_client_config(client);
+    let connecting = endpoint
+        .connect(addr, "localhost")
+        .map_err(|e| ClientError::Unreachable(format!("{}: {e}", config.server)))?;
+    let conn = match connecting.await {
+        Ok(conn) => conn,
+        Err(e) => {
+            let seen = verifier
+                .seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            return Err(match seen {
+                Some(presented) if presented != verifier.pinned => {
+                    ClientError::FingerprintMismatch {
+                        server: config.server.clone(),
+                        expected: verifier.pinned.clone(),
+                        presented,
+                    }
+                }
+                _ => ClientError::Unreachable(format!("{}: {e}", config.server)),
+            });
+        }
+    };
+    let (mut send, mut recv) = conn
+        .open_bi()
+        .await
+        .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+    write_message(
+        &mut send,
+        &Message::Hello {
+            protocol: wire::PROTOCOL_MAJOR,
+            minor: wire::PROTOCOL_MINOR,
+            role,
+            token: config.token.clone(),
+            device_id: config.device_id.clone(),
+            client_name: config.client_name.clone(),
+            capabilities: vec!["progress".into()],
+        },
+    )
+    .await
+    .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+    let _ = send.finish();
+    match read_message(&mut recv, 64 * 1024).await {
+        Ok(Some(Message::Welcome { user, .. })) => Ok(Connection {
+            conn,
+            user,
+            _endpoint: endpoint,
+        }),
+        Ok(Some(Message::Refused { error })) => Err(ClientError::Refused(error)),
+        Ok(Some(other)) => Err(ClientError::Protocol(format!(
+            "the server answered the hello with `{}`",
+            other.kind()
+        ))),
+        Ok(None) => Err(ClientError::Protocol(
+            "the server closed the hello stream".into(),
+        )),
+        Err(e) => Err(ClientError::Unreachable(e.to_string())),
+    }
+}

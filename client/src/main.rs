@@ -1,0 +1,301 @@
+//! `monad-client`: argument parsing and wiring; the behaviour lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use monad_client::agent::{Agent, check_login};
+use monad_client::approval::Approver;
+use monad_client::attach::{AttachEvent, AttachOptions, attach};
+use monad_client::config::{ClientConfig, default_config_dir};
+use monad_client::terminal::TerminalApprover;
+use monad_protocol::ToolClass;
+use monad_protocol::wire::{Outcome, Trust};
+
+#[derive(Parser)]
+#[command(
+    name = "monad-client",
+    version,
+    about = "Monad client: attach folders to AI sessions, approve what agents do, call tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TrustArg {
+    Restricted,
+    Full,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ClassArg {
+    Read,
+    Write,
+    Exec,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Save the server, token and certificate fingerprint (checked by connecting).
+    Login {
+        /// HOST:PORT of the server.
+        #[arg(long)]
+        server: String,
+        /// A token from `monad-server token create` (or the first start).
+        #[arg(long)]
+        token: String,
+        /// The certificate fingerprint the server printed at start-up.
+        #[arg(long)]
+        fingerprint: String,
+    },
+    /// Attach a folder to a session and approve what agents do in it.
+    Attach {
+        /// The folder.
+        dir: PathBuf,
+        /// Session id (default: `default`).
+        #[arg(long)]
+        session: Option<String>,
+        /// Short name in the session (default: the folder's name).
+        #[arg(long)]
+        name: Option<String>,
+        /// `restricted` asks before each action; `full` runs everything at once.
+        #[arg(long, value_enum, default_value = "restricted")]
+        trust: TrustArg,
+        /// Pre-approve a class of actions (repeatable): read, write, exec.
+        #[arg(long, value_enum)]
+        allow: Vec<ClassArg>,
+        /// Never prompt: anything not pre-approved is denied.
+        #[arg(long)]
+        non_interactive: bool,
+        /// Seconds a prompt waits before it denies.
+        #[arg(long, default_value_t = 120)]
+        prompt_timeout: u64,
+    },
+    /// Call a tool as an agent and print its result.
+    Call {
+        /// Tool name (read_file, list_dir, stat, search, glob, write_file, edit_file,
+        /// run_command, workspaces, memory_store, memory_recall).
+        tool: String,
+        /// The arguments, as a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        /// Session id (default: `default`).
+        #[arg(long)]
+        session: Option<String>,
+        /// Workspace to run in (short name or URI).
+        #[arg(long)]
+        workspace: Option<String>,
+        /// Print the whole answer as JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List your sessions.
+    Sessions {
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "monad_client=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("monad-client: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(Cli::parse())) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("monad-client: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_dir() -> Result<PathBuf> {
+    default_config_dir().context("no config directory: set MONAD_CONFIG_DIR")
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Login {
+            server,
+            token,
+            fingerprint,
+        } => {
+            let dir = config_dir()?;
+            let mut config = ClientConfig::new(&server, &token, &fingerprint)?;
+            // Keep the device id across logins, so bindings and workspace records stay.
+            if let Ok(old) = ClientConfig::load(&dir) {
+                config.device_id = old.device_id;
+            }
+            let user = check_login(&config).await?;
+            config.save(&dir)?;
+            eprintln!(
+                "logged in to {server} as {user}; saved in {}",
+                dir.join("config.toml").display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Attach {
+            dir,
+            session,
+            name,
+            trust,
+            allow,
+            non_interactive,
+            prompt_timeout,
+        } => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            let canonical = dir
+                .canonicalize()
+                .with_context(|| format!("cannot open {}", dir.display()))?;
+            if !canonical.is_dir() {
+                bail!("{} is not a directory", dir.display());
+            }
+            let mut options = AttachOptions::new(canonical.clone());
+            options.shown_path = dir.to_string_lossy().into_owned();
+            options.session = session;
+            options.name = name.or_else(|| {
+                canonical
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            });
+            options.trust = match trust {
+                TrustArg::Restricted => Trust::Restricted,
+                TrustArg::Full => Trust::Full,
+            };
+            options.allow = allow
+                .into_iter()
+                .map(|c| match c {
+                    ClassArg::Read => ToolClass::Read,
+                    ClassArg::Write => ToolClass::Write,
+                    ClassArg::Exec => ToolClass::Exec,
+                })
+                .collect();
+            options.prompt_timeout = Duration::from_secs(prompt_timeout.max(1));
+            let approver: Option<Arc<dyn Approver>> = if non_interactive {
+                None
+            } else {
+                match TerminalApprover::start(options.prompt_timeout) {
+                    Some(a) => Some(Arc::new(a)),
+                    None => {
+                        eprintln!(
+                            "no terminal: actions that are not pre-approved (--allow) will be denied"
+                        );
+                        None
+                    }
+                }
+            };
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let printer = tokio::spawn(async move {
+                while let Some(event) = rx.recv().await {
+                    match event {
+                        AttachEvent::Attached { session, workspace } => eprintln!(
+                            "attached {} as `{}` to session {session} ({}); Ctrl-C detaches",
+                            workspace.uri,
+                            workspace.name,
+                            workspace.trust.as_str()
+                        ),
+                        AttachEvent::Disconnected { reason, retry_in } => {
+                            eprintln!("{reason}; reconnecting in {:.1} s", retry_in.as_secs_f64())
+                        }
+                        AttachEvent::Ran { .. } => {}
+                    }
+                }
+            });
+            let result = tokio::select! {
+                r = attach(&config, options, approver, Some(tx)) => r.map_err(anyhow::Error::from),
+                _ = tokio::signal::ctrl_c() => {
+                    eprintln!("detached");
+                    Ok(())
+                }
+            };
+            printer.abort();
+            result.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Call {
+            tool,
+            args,
+            session,
+            workspace,
+            json,
+        } => {
+            let mut args: serde_json::Value = serde_json::from_str(&args)
+                .with_context(|| format!("--args is not valid JSON: {args}"))?;
+            let Some(map) = args.as_object_mut() else {
+                bail!("--args must be a JSON object, like '{{\"path\": \"README.md\"}}'");
+            };
+            if let Some(w) = workspace {
+                map.insert("workspace".into(), w.into());
+            }
+            let config = ClientConfig::load(&config_dir()?)?;
+            let agent = Agent::connect(&config).await?;
+            let reply = agent
+                .call(session.as_deref(), &tool, args, |p| eprintln!("… {p}"))
+                .await?;
+            if json {
+                let out = serde_json::json!({
+                    "workspace": reply.workspace,
+                    "outcome": reply.outcome,
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            }
+            match reply.outcome {
+                Outcome::Ok { result } => {
+                    if !json {
+                        if let Some(w) = &reply.workspace {
+                            eprintln!("[{}] {}", w.name, w.uri);
+                        }
+                        println!("{}", serde_json::to_string_pretty(&result)?);
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Outcome::Error { error } => {
+                    if !json {
+                        eprintln!("monad-client: {}: {}", error.code, error.message);
+                    }
+                    Ok(ExitCode::from(2))
+                }
+            }
+        }
+        Command::Sessions { json } => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            let agent = Agent::connect(&config).await?;
+            let sessions = agent.sessions().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&sessions)?);
+            } else {
+                for s in sessions {
+                    let names: Vec<String> = s
+                        .workspaces
+                        .iter()
+                        .map(|w| {
+                            if w.online {
+                                w.name.clone()
+                            } else {
+                                format!("{} (offline)", w.name)
+                            }
+                        })
+                        .collect();
+                    println!("{}\t{}\t{}", s.id, s.created_at, names.join(", "));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Tokens: created by the operator, stored hashed in `tokens.toml`, each belonging to a user.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ServerError;
+use crate::fsutil::{now_rfc3339, write_atomic};
+
+/// One stored token. The token itself is never stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRecord {
+    /// Short public id, for `token list` and `token revoke`.
+    pub id: String,
+    /// The user the token authenticates as.
+    pub user: String,
+    /// SHA-256 of the token, hex.
+    pub hash: String,
+    /// When it was created, RFC 3339.
+    pub created_at: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    #[serde(default, rename = "token")]
+    tokens: Vec<TokenRecord>,
+}
+
+/// The token file. Every operation reads it afresh, so tokens created or revoked with
+/// `monad-server token ...` take effect on a running server at the next connection.
+#[derive(Debug, Clone)]
+pub struct TokenStore {
+    path: PathBuf,
+}
+
+impl TokenStore {
+    /// The store at `<data_dir>/tokens.toml`.
+    pub fn new(data_dir: &Path) -> TokenStore {
+        TokenStore {
+            path: data_dir.join("tokens.toml"),
+        }
+    }
+
+    fn load(&self) -> Result<TokenFile, ServerError> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => toml::from_str(&text).map_err(|e| ServerError::Config {
+                path: self.path.clone(),
+                message: e.to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TokenFile::default()),
+            Err(e) => Err(ServerError::io("read", &self.path, e)),
+        }
+    }
+
+    fn save(&self, file: &TokenFile) -> Result<(), ServerError> {
+        let text = toml::to_string(file).map_err(|e| ServerError::Config {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        write_atomic(&self.path, text.as_bytes(), 0o600)
+    }
+
+    /// Creates a token for `user` and returns its record and the token, shown once.
+    pub fn create(&self, user: &str) -> Result<(TokenRecord, String), ServerError> {
+        validate_user(user)?;
+        let mut file = self.load()?;
+        let id = hex(&random_bytes::<4>()?);
+        let token = format!("mnd_{id}_{}", hex(&random_bytes::<24>()?));
+        let record = TokenRecord {
+            id,
+            user: user.to_owned(),
+            hash: hash(&token),
+            created_at: now_rfc3339(),
+        };
+        file.tokens.push(record.clone());
+        self.save(&file)?;
+        Ok((record, token))
+    }
+
+    /// Every token record.
+    pub fn list(&self) -> Result<Vec<TokenRecord>, ServerError> {
+        Ok(self.load()?.tokens)
+    }
+
+    /// Revokes the token with this id; false when there is none.
+    pub fn revoke(&self, id: &str) -> Result<bool, ServerError> {
+        let mut file = self.load()?;
+        let before = file.tokens.len();
+        file.tokens.retain(|t| t.id != id);
+        if file.tokens.len() == before {
+            return Ok(false);
+        }
+        self.save(&file)?;
+        Ok(true)
+    }
+
+    /// The user a token belongs to, or `None` for an unknown or revoked token.
+    pub fn verify(&self, token: &str) -> Result<Option<String>, ServerError> {
+        let presented = hash(token);
+        let file = self.load()?;
+        // The stored value is a hash, so comparing hashes leaks nothing useful through timing:
+        // an attacker cannot choose the bytes of the hash it makes.
+        let user = file
+            .tokens
+            .iter()
+            .find(|record| record.hash == presented)
+            .map(|record| record.user.clone());
+        Ok(user)
+    }
+}
+
+/// A user name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+pub fn validate_user(user: &str) -> Result<(), ServerError> {
+    let ok = !user.is_empty()
+        && user.len() <= 64
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ServerError::Invalid(format!(
+            "user name `{user}` must be 1 to 64 letters, digits, `.`, `_` or `-`"
+        )))
+    }
+}
+
+fn hash(token: &str) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], ServerError> {
+    use ring::rand::SecureRandom;
+    let mut out = [0u8; N];
+    ring::rand::SystemRandom::new()
+        .fill(&mut out)
+        .map_err(|_| ServerError::Invalid("the system random generator failed".into()))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_verify_until_revoked_and_are_stored_hashed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::new(dir.path());
+        let (record, token) = store.create("ana").unwrap();
+        let (_, other) = store.create("ben").unwrap();
+        assert_eq!(store.verify(&token).unwrap().as_deref(), Some("ana"));
+        assert_eq!(store.verify(&other).unwrap().as_deref(), Some("ben"));
+        assert_eq!(store.verify("mnd_nope").unwrap(), None);
+        let text = std::fs::read_to_string(dir.path().join("tokens.toml")).unwrap();
+        assert!(!text.contains(&token), "the token itself is never stored");
+        assert!(store.revoke(&record.id).unwrap());
+        assert!(!store.revoke(&record.id).unwrap());
+        assert_eq!(store.verify(&token).unwrap(), None);
+        assert_eq!(store.list().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn bad_user_names_and_corrupt_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::new(dir.path());
+        assert!(store.create("a b").is_err());
+        assert!(store.create("").is_err());
+        std::fs::write(dir.path().join("tokens.toml"), "[[token]]\nid = 3\n").unwrap();
+        let err = store.verify("x").unwrap_err().to_string();
+        assert!(err.contains("tokens.toml"), "{err}");
+    }
+}

@@ -1,0 +1,393 @@
+//! The `ToolExecutor`: routes a call to a workspace and runs it there, or runs a session tool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::tools::{MemoryRecallArgs, MemoryStoreArgs, WorkspacesArgs};
+use monad_protocol::wire::{Message, Outcome, WorkspaceRef};
+use monad_protocol::{ErrorCode, ToolError, ToolName};
+use serde_json::{Value, json};
+
+use crate::route::{self, Plan, View};
+use crate::session::{ClientLink, Session, Snapshot, Target};
+
+/// Largest answer accepted from a client (a 64 MiB file as JSON fits).
+const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
+/// How long a client has to answer a probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest memory key.
+const MAX_KEY_LEN: usize = 100;
+
+/// Something that shows a caller how a call is going while it waits.
+pub trait ProgressSink: Send + Sync {
+    /// One line of progress.
+    fn progress(&self, message: &str);
+}
+
+impl<F: Fn(&str) + Send + Sync> ProgressSink for F {
+    fn progress(&self, message: &str) {
+        self(message)
+    }
+}
+
+/// Routes and runs tool calls. Stateless: everything it needs is in the session.
+#[derive(Debug, Clone, Default)]
+pub struct Executor {
+    /// Longest a call may take end to end.
+    pub call_timeout: Option<Duration>,
+}
+
+/// The answer to one call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallOutput {
+    /// The workspace that ran it, when one was reached.
+    pub workspace: Option<WorkspaceRef>,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+impl CallOutput {
+    fn error(workspace: Option<WorkspaceRef>, error: ToolError) -> CallOutput {
+        CallOutput {
+            workspace,
+            outcome: Outcome::Error { error },
+        }
+    }
+}
+
+impl Executor {
+    /// Runs `tool` with `args` in `session`.
+    pub async fn call(
+        &self,
+        session: &Arc<Session>,
+        tool: &str,
+        args: Value,
+        progress: &dyn ProgressSink,
+    ) -> CallOutput {
+        let run = self.call_inner(session, tool, args, progress);
+        match self.call_timeout {
+            Some(limit) => match tokio::time::timeout(limit, run).await {
+                Ok(out) => out,
+                Err(_) => CallOutput::error(
+                    None,
+                    ToolError::new(
+                        ErrorCode::Timeout,
+                        format!("the call did not finish within {} s", limit.as_secs()),
+                    ),
+                ),
+            },
+            None => run.await,
+        }
+    }
+
+    async fn call_inner(
+        &self,
+        session: &Arc<Session>,
+        tool: &str,
+        args: Value,
+        progress: &dyn ProgressSink,
+    ) -> CallOutput {
+        let Some(tool) = ToolName::parse(tool) else {
+            let known: Vec<&str> = ToolName::ALL.iter().map(|t| t.as_str()).collect();
+            return CallOutput::error(
+                None,
+                ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    format!("unknown tool `{tool}`; the tools are: {}", known.join(", ")),
+                ),
+            );
+        };
+        let Value::Object(map) = &args else {
+            return CallOutput::error(
+                None,
+                ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    format!("the arguments of `{tool}` must be a JSON object"),
+                ),
+            );
+        };
+        let string_arg = |key: &str| -> Result<Option<String>, ToolError> {
+            match map.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    format!("`{key}` must be a string"),
+                )),
+            }
+        };
+        let (target, path) = match (string_arg("workspace"), string_arg("path")) {
+            (Ok(t), Ok(p)) => (t, p),
+            (Err(e), _) | (_, Err(e)) => return CallOutput::error(None, e),
+        };
+        let primary = WorkspaceRef {
+            name: "primary".into(),
+            uri: session.primary_uri(),
+        };
+        match tool {
+            ToolName::Workspaces => {
+                return session_tool(primary, workspaces(session, &args));
+            }
+            ToolName::MemoryStore => {
+                return session_tool(primary, memory_store(session, args).await);
+            }
+            ToolName::MemoryRecall => {
+                return session_tool(primary, memory_recall(session, args).await);
+            }
+            _ => {}
+        }
+
+        let snapshots = session.workspaces();
+        let views: Vec<View<'_>> = snapshots
+            .iter()
+            .map(|s| View {
+                name: &s.info.name,
+                uri: &s.info.uri,
+                online: s.info.online,
+                offers: s.info.tools.contains(&tool),
+            })
+            .collect();
+        let index = match route::plan(tool, target.as_deref(), path.as_deref(), &views) {
+            Ok(Plan::Run(i)) => i,
+            Ok(Plan::FirstContaining { candidates, path }) => {
+                let mut tried = Vec::new();
+                let mut found = None;
+                for i in candidates {
+                    tried.push(snapshots[i].info.name.as_str());
+                    if contains(&snapshots[i], &path).await {
+                        found = Some(i);
+                        break;
+                    }
+                }
+                match found {
+                    Some(i) => i,
+                    None => return CallOutput::error(None, route::not_in_any(&path, &tried)),
+                }
+            }
+            Err(e) => return CallOutput::error(None, e),
+        };
+        let snapshot = &snapshots[index];
+        let workspace = Some(WorkspaceRef {
+            name: snapshot.info.name.clone(),
+            uri: snapshot.info.uri.clone(),
+        });
+        let result = match &snapshot.target {
+            Target::Primary(sandbox) => sandbox
+                .call(tool, args)
+                .await
+                .map_err(|e| e.to_tool_error()),
+            Target::Attached(Some(link)) => {
+                run_on_client(link, &session.id, &snapshot.info.name, tool, args, progress).await
+            }
+            Target::Attached(None) => Err(disconnected(&snapshot.info.name)),
+        };
+        match result {
+            Ok(result) => CallOutput {
+                workspace,
+                outcome: Outcome::Ok { result },
+            },
+            Err(error) => CallOutput::error(workspace, error),
+        }
+    }
+}
+
+fn session_tool(primary: WorkspaceRef, result: Result<Value, ToolError>) -> CallOutput {
+    match result {
+        Ok(result) => CallOutput {
+            workspace: Some(primary),
+            outcome: Outcome::Ok { result },
+        },
+        Err(error) => CallOutput::error(Some(primary), error),
+    }
+}
+
+fn disconnected(name: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::WorkspaceDisconnected,
+        format!("workspace `{name}` disconnected; its client must reconnect"),
+    )
+}
+
+/// Whether `path` exists in the workspace: locally for the primary, by a probe for a client.
+async fn contains(snapshot: &Snapshot, path: &str) -> bool {
+    match &snapshot.target {
+        Target::Primary(sandbox) => {
+            let sandbox = sandbox.clone();
+            let path = path.to_owned();
+            tokio::task::spawn_blocking(move || {
+                sandbox
+                    .jail()
+                    .resolve(&path)
+                    .is_ok_and(|p| sandbox.jail().dir().symlink_metadata(p.rel()).is_ok())
+            })
+            .await
+            .unwrap_or(false)
+        }
+        Target::Attached(Some(link)) => tokio::time::timeout(PROBE_TIMEOUT, probe(link, path))
+            .await
+            .unwrap_or(Ok(false))
+            .unwrap_or(false),
+        Target::Attached(None) => false,
+    }
+}
+
+async fn probe(link: &ClientLink, path: &str) -> Result<bool, ToolError> {
+    let (mut send, mut recv) = link.conn.open_bi().await.map_err(|_| disconnected("?"))?;
+    let id = 1;
+    write_message(
+        &mut send,
+        &Message::Probe {
+            id,
+            attachment: link.attachment,
+            path: path.to_owned(),
+        },
+    )
+    .await
+    .map_err(|_| disconnected("?"))?;
+    let _ = send.finish();
+    match read_message(&mut recv, 64 * 1024).await {
+        Ok(Some(Message::Probed { exists, .. })) => Ok(exists),
+        _ => Ok(false),
+    }
+}
+
+/// Runs a tool in an attached folder: one stream to the client, progress relayed, the result
+/// read back. A connection that drops mid-call is `workspace_disconnected`, at once.
+async fn run_on_client(
+    link: &ClientLink,
+    session: &str,
+    name: &str,
+    tool: ToolName,
+    args: Value,
+    progress: &dyn ProgressSink,
+) -> Result<Value, ToolError> {
+    let (mut send, mut recv) = link.conn.open_bi().await.map_err(|_| disconnected(name))?;
+    let id = 1;
+    write_message(
+        &mut send,
+        &Message::Run {
+            id,
+            attachment: link.attachment,
+            session: session.to_owned(),
+            tool,
+            args,
+        },
+    )
+    .await
+    .map_err(|_| disconnected(name))?;
+    let _ = send.finish();
+    loop {
+        match read_message(&mut recv, MAX_CLIENT_MESSAGE).await {
+            Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
+            Ok(Some(Message::Result { outcome, .. })) => {
+                return match outcome {
+                    Outcome::Ok { result } => Ok(result),
+                    Outcome::Error { error } => Err(error),
+                };
+            }
+            Ok(Some(other)) => {
+                return Err(ToolError::new(
+                    ErrorCode::Malformed,
+                    format!("the client of `{name}` answered with a `{}`", other.kind()),
+                ));
+            }
+            Ok(None) | Err(_) => return Err(disconnected(name)),
+        }
+    }
+}
+
+fn parse<A: serde::de::DeserializeOwned>(tool: ToolName, args: Value) -> Result<A, ToolError> {
+    serde_json::from_value(args)
+        .map_err(|e| ToolError::new(ErrorCode::InvalidArguments, format!("{tool}: {e}")))
+}
+
+fn workspaces(session: &Session, args: &Value) -> Result<Value, ToolError> {
+    let _: WorkspacesArgs = parse(ToolName::Workspaces, args.clone())?;
+    let list: Vec<_> = session.workspaces().into_iter().map(|s| s.info).collect();
+    Ok(json!({ "session": session.id, "workspaces": list }))
+}
+
+/// A memory key: 1 to 100 of `A-Z a-z 0-9 . _ -`, not starting with a dot.
+fn check_key(key: &str) -> Result<(), ToolError> {
+    let ok = !key.is_empty()
+        && key.len() <= MAX_KEY_LEN
+        && !key.starts_with('.')
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ToolError::new(
+            ErrorCode::InvalidArguments,
+            format!(
+                "memory key `{key}` must be 1 to {MAX_KEY_LEN} letters, digits, `.`, `_` or `-`, \
+                 not starting with `.`"
+            ),
+        ))
+    }
+}
+
+async fn memory_store(session: &Session, args: Value) -> Result<Value, ToolError> {
+    let args: MemoryStoreArgs = parse(ToolName::MemoryStore, args)?;
+    check_key(&args.key)?;
+    let write = json!({
+        "path": format!("memory/{}.md", args.key),
+        "content": args.text,
+        "create_parents": true,
+    });
+    session
+        .primary
+        .call(ToolName::WriteFile, write)
+        .await
+        .map_err(|e| e.to_tool_error())?;
+    Ok(json!({ "key": args.key, "stored": true }))
+}
+
+async fn memory_recall(session: &Session, args: Value) -> Result<Value, ToolError> {
+    let args: MemoryRecallArgs = parse(ToolName::MemoryRecall, args)?;
+    let sandbox = session.primary.clone();
+    let query = args.query.map(|q| q.to_lowercase());
+    tokio::task::spawn_blocking(move || {
+        let listing = match sandbox.list_dir(&monad_protocol::tools::ListDirArgs {
+            path: Some("memory".into()),
+            depth: None,
+            include_hidden: None,
+            workspace: None,
+        }) {
+            Ok(listing) => listing,
+            Err(e) if e.code() == ErrorCode::NotFound => {
+                return Ok(json!({ "notes": [] }));
+            }
+            Err(e) => return Err(e.to_tool_error()),
+        };
+        let mut notes = Vec::new();
+        for entry in listing.entries {
+            let Some(key) = entry
+                .path
+                .strip_prefix("memory/")
+                .and_then(|n| n.strip_suffix(".md"))
+            else {
+                continue;
+            };
+            let Ok(file) = sandbox.read_file(&monad_protocol::tools::ReadFileArgs {
+                path: entry.path.clone(),
+                offset: None,
+                limit: None,
+                workspace: None,
+            }) else {
+                continue;
+            };
+            let matches = query.as_deref().is_none_or(|q| {
+                key.to_lowercase().contains(q) || file.content.to_lowercase().contains(q)
+            });
+            if matches {
+                notes.push(json!({ "key": key, "text": file.content }));
+            }
+        }
+        Ok(json!({ "notes": notes }))
+    })
+    .await
+    .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?
+}

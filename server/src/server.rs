@@ -1,0 +1,481 @@
+//! The QUIC endpoint: hello and authentication, then one task per request stream.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::wire::{self, Message, Role};
+use monad_protocol::{ErrorCode, ToolError};
+use tokio::sync::{Semaphore, watch};
+use tracing::{debug, info, warn};
+
+use crate::ServerError;
+use crate::auth::TokenStore;
+use crate::config::ServerConfig;
+use crate::executor::Executor;
+use crate::session::{Attached, ClientLink, DEFAULT_SESSION, Registry, Session};
+use crate::tls;
+
+/// Largest hello accepted.
+const MAX_HELLO: usize = 64 * 1024;
+/// Largest request accepted from an agent (a write of 16 MiB of awkward JSON fits).
+const MAX_REQUEST: usize = 128 * 1024 * 1024;
+/// QUIC application close codes.
+const CLOSE_REFUSED: u32 = 1;
+const CLOSE_SHUTDOWN: u32 = 2;
+
+/// What the first start made: the first token, shown once.
+#[derive(Debug, Clone)]
+pub struct FirstStart {
+    /// The user the token belongs to.
+    pub user: String,
+    /// The token.
+    pub token: String,
+}
+
+/// Shared state of a running server.
+#[derive(Debug)]
+pub struct State {
+    /// Server settings.
+    pub config: ServerConfig,
+    /// Tokens.
+    pub tokens: TokenStore,
+    /// Sessions.
+    pub registry: Registry,
+    /// Routing and execution.
+    pub executor: Executor,
+    generations: AtomicU64,
+}
+
+/// A bound server, ready to run.
+#[derive(Debug)]
+pub struct Server {
+    endpoint: quinn::Endpoint,
+    state: Arc<State>,
+    fingerprint: String,
+}
+
+impl Server {
+    /// Prepares the data dir (certificate, first token on first start) and binds the endpoint.
+    pub fn bind(config: ServerConfig) -> Result<(Server, Option<FirstStart>), ServerError> {
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|e| ServerError::io("create", &config.data_dir, e))?;
+        let (identity, _created) = tls::load_or_create(&config.data_dir.join("tls"))?;
+        let tokens = TokenStore::new(&config.data_dir);
+        let first = if tokens.list()?.is_empty() {
+            let (record, token) = tokens.create("admin")?;
+            Some(FirstStart {
+                user: record.user,
+                token,
+            })
+        } else {
+            None
+        };
+        let quic = tls::quic_config(&identity, &config.transport)?;
+        let endpoint = quinn::Endpoint::server(quic, config.listen)
+            .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
+        let state = Arc::new(State {
+            registry: Registry::new(&config.data_dir, config.limits.clone(), config.exec.clone()),
+            executor: Executor {
+                call_timeout: Some(config.call_timeout),
+            },
+            tokens,
+            config,
+            generations: AtomicU64::new(1),
+        });
+        Ok((
+            Server {
+                endpoint,
+                state,
+                fingerprint: identity.fingerprint,
+            },
+            first,
+        ))
+    }
+
+    /// The address the endpoint is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.endpoint
+            .local_addr()
+            .expect("a bound endpoint has an address")
+    }
+
+    /// SHA-256 of the server's certificate, hex: what clients pin.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The shared state (sessions, tokens), for embedding and tests.
+    pub fn state(&self) -> &Arc<State> {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, lets in-flight requests finish
+    /// for the configured grace, and closes every connection.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut connections = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                incoming = self.endpoint.accept() => {
+                    let Some(incoming) = incoming else { break };
+                    let state = self.state.clone();
+                    let stop = stop_rx.clone();
+                    connections.spawn(async move {
+                        match incoming.await {
+                            Ok(conn) => handle_connection(state, conn, stop).await,
+                            Err(e) => debug!("handshake failed: {e}"),
+                        }
+                    });
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                () = &mut shutdown => break,
+            }
+        }
+        info!("shutting down: no new connections; letting in-flight calls finish");
+        self.endpoint.set_server_config(None);
+        let _ = stop_tx.send(true);
+        let grace = self.state.config.shutdown_grace;
+        let drained = tokio::time::timeout(grace, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!(
+                "in-flight calls still running after {} s; closing",
+                grace.as_secs()
+            );
+        }
+        self.endpoint
+            .close(CLOSE_SHUTDOWN.into(), b"server shutting down");
+        connections.shutdown().await;
+        self.endpoint.wait_idle().await;
+    }
+}
+
+/// One connection: hello, then requests until it closes or the server stops.
+async fn handle_connection(
+    state: Arc<State>,
+    conn: quinn::Connection,
+    mut stop: watch::Receiver<bool>,
+) {
+    let remote = conn.remote_address();
+    let hello = tokio::time::timeout(state.config.hello_timeout, accept_hello(&state, &conn)).await;
+    let (role, user, device_id, client_name) = match hello {
+        Ok(Ok(who)) => who,
+        Ok(Err(e)) => {
+            debug!(%remote, "refused: {e}");
+            return;
+        }
+        Err(_) => {
+            conn.close(CLOSE_REFUSED.into(), b"no hello in time");
+            return;
+        }
+    };
+    info!(%remote, %user, ?role, "connected");
+    let limit = Arc::new(Semaphore::new(state.config.max_calls_per_connection));
+    let mut streams = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = conn.accept_bi() => {
+                let Ok((send, recv)) = accepted else { break };
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    // Over the per-connection bound: refuse this request, keep the connection.
+                    let mut send = send;
+                    let _ = write_message(&mut send, &Message::Error {
+                        id: 0,
+                        error: ToolError::new(ErrorCode::LimitExceeded, "too many requests in flight on this connection"),
+                    }).await;
+                    let _ = send.finish();
+                    continue;
+                };
+                let ctx = Ctx {
+                    state: state.clone(),
+                    conn: conn.clone(),
+                    user: user.clone(),
+                    device_id: device_id.clone(),
+                    client_name: client_name.clone(),
+                };
+                streams.spawn(async move {
+                    match role {
+                        Role::Agent => agent_request(&ctx, send, recv).await,
+                        Role::Client => client_request(&ctx, send, recv).await,
+                    }
+                    drop(permit);
+                });
+            }
+            Some(_) = streams.join_next(), if !streams.is_empty() => {}
+            _ = stop.changed() => {
+                // Shutting down: finish what is in flight (the server bounds how long).
+                while streams.join_next().await.is_some() {}
+                conn.close(CLOSE_SHUTDOWN.into(), b"server shutting down");
+                return;
+            }
+        }
+    }
+    streams.shutdown().await;
+    debug!(%remote, "connection closed");
+}
+
+/// Reads and checks the hello; answers welcome or refused.
+async fn accept_hello(
+    state: &State,
+    conn: &quinn::Connection,
+) -> Result<(Role, String, String, String), ServerError> {
+    let (mut send, mut recv) = conn
+        .accept_bi()
+        .await
+        .map_err(|e| ServerError::Protocol(e.to_string()))?;
+    let checked = check_hello(state, read_message(&mut recv, MAX_HELLO).await);
+    let (reply, result) = match checked {
+        Ok((role, user, device_id, client_name, minor)) => (
+            Message::Welcome {
+                protocol: wire::PROTOCOL_MAJOR,
+                minor: wire::negotiate_minor(minor),
+                user: user.clone(),
+                server: format!("monad-server {}", env!("CARGO_PKG_VERSION")),
+            },
+            Ok((role, user, device_id, client_name)),
+        ),
+        Err(error) => {
+            let message = error.message.clone();
+            (Message::Refused { error }, Err(message))
+        }
+    };
+    write_message(&mut send, &reply)
+        .await
+        .map_err(|e| ServerError::Protocol(e.to_string()))?;
+    let _ = send.finish();
+    match result {
+        Ok(who) => Ok(who),
+        Err(message) => {
+            // Let the refusal reach the peer before the connection goes.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), send.stopped()).await;
+            conn.close(CLOSE_REFUSED.into(), b"refused");
+            Err(ServerError::Protocol(message))
+        }
+    }
+}
+
+type Who = (Role, String, String, String, u32);
+
+fn check_hello(
+    state: &State,
+    hello: Result<Option<Message>, monad_protocol::io::ReadError>,
+) -> Result<Who, ToolError> {
+    let hello = match hello {
+        Ok(Some(hello)) => hello,
+        Ok(None) => return Err(ToolError::new(ErrorCode::Malformed, "no hello")),
+        Err(e) => return Err(e.to_tool_error()),
+    };
+    let Message::Hello {
+        protocol,
+        minor,
+        role,
+        token,
+        device_id,
+        client_name,
+        ..
+    } = hello
+    else {
+        return Err(ToolError::new(
+            ErrorCode::Malformed,
+            format!("expected hello, got {}", hello.kind()),
+        ));
+    };
+    if protocol != wire::PROTOCOL_MAJOR {
+        return Err(ToolError::new(
+            ErrorCode::Unsupported,
+            format!(
+                "protocol version {protocol} is not supported; this server speaks {}",
+                wire::PROTOCOL_MAJOR
+            ),
+        ));
+    }
+    match state.tokens.verify(&token) {
+        Ok(Some(user)) => Ok((role, user, device_id, client_name, minor)),
+        Ok(None) => Err(ToolError::new(
+            ErrorCode::Unauthorized,
+            "the token is unknown or revoked; create one with `monad-server token create` and \
+             log in again with `monad-client login`",
+        )),
+        Err(e) => {
+            warn!("cannot read tokens: {e}");
+            Err(ToolError::new(
+                ErrorCode::Internal,
+                "the server cannot read its tokens",
+            ))
+        }
+    }
+}
+
+/// What a request handler knows about its connection.
+struct Ctx {
+    state: Arc<State>,
+    conn: quinn::Connection,
+    user: String,
+    device_id: String,
+    client_name: String,
+}
+
+impl Ctx {
+    fn session(&self, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
+        self.state
+            .registry
+            .open(id.unwrap_or(DEFAULT_SESSION), &self.user)
+    }
+}
+
+async fn send_error(send: &mut quinn::SendStream, id: u64, error: ToolError) {
+    let _ = write_message(send, &Message::Error { id, error }).await;
+    let _ = send.finish();
+}
+
+/// One agent request: a call, or a listing.
+async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let request = match read_message(&mut recv, MAX_REQUEST).await {
+        Ok(Some(m)) => m,
+        Ok(None) => return,
+        Err(e) => {
+            // Malformed or oversized: answer if the stream still can, then close it.
+            send_error(&mut send, 0, e.to_tool_error()).await;
+            let _ = recv.stop(1u32.into());
+            return;
+        }
+    };
+    match request {
+        Message::Call {
+            id,
+            session,
+            tool,
+            args,
+        } => {
+            let session = match ctx.session(session.as_deref()) {
+                Ok(s) => s,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
+            let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let sink = move |m: &str| {
+                let _ = progress_tx.send(m.to_owned());
+            };
+            let call = ctx.state.executor.call(&session, &tool, args, &sink);
+            tokio::pin!(call);
+            let output = loop {
+                tokio::select! {
+                    output = &mut call => break output,
+                    Some(message) = progress_rx.recv() => {
+                        let _ = write_message(&mut send, &Message::Progress { id, message }).await;
+                    }
+                    // The agent reset its stream: it cancelled; dropping the call cancels it
+                    // everywhere (a client run, a prompt, a command).
+                    _ = send.stopped() => return,
+                }
+            };
+            let _ = write_message(
+                &mut send,
+                &Message::Result {
+                    id,
+                    workspace: output.workspace,
+                    outcome: output.outcome,
+                },
+            )
+            .await;
+            let _ = send.finish();
+        }
+        Message::ListSessions { id } => {
+            let sessions = ctx.state.registry.list(&ctx.user);
+            let _ = write_message(&mut send, &Message::Sessions { id, sessions }).await;
+            let _ = send.finish();
+        }
+        other => {
+            send_error(
+                &mut send,
+                0,
+                ToolError::new(
+                    ErrorCode::Malformed,
+                    format!("an agent cannot send `{}`", other.kind()),
+                ),
+            )
+            .await;
+        }
+    }
+}
+
+/// One client request: an attachment, held for as long as its stream stays open.
+async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let request = match read_message(&mut recv, MAX_HELLO).await {
+        Ok(Some(m)) => m,
+        Ok(None) => return,
+        Err(e) => {
+            send_error(&mut send, 0, e.to_tool_error()).await;
+            let _ = recv.stop(1u32.into());
+            return;
+        }
+    };
+    let Message::Attach {
+        id,
+        session,
+        name,
+        path,
+        trust,
+        tools,
+    } = request
+    else {
+        return send_error(
+            &mut send,
+            0,
+            ToolError::new(
+                ErrorCode::Malformed,
+                format!("a client cannot send `{}`", request.kind()),
+            ),
+        )
+        .await;
+    };
+    let session = match ctx.session(session.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return send_error(&mut send, id, e).await,
+    };
+    let generation = ctx.state.generations.fetch_add(1, Ordering::Relaxed);
+    let base = path
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .filter(|b| !b.is_empty() && *b != "~" && *b != ".")
+        .unwrap_or("folder")
+        .to_owned();
+    let workspace = session.attach(
+        Attached {
+            name: base,
+            uri: format!("{}:{}", ctx.client_name, path),
+            trust,
+            tools,
+            device_id: ctx.device_id.clone(),
+            path,
+            link: Some(ClientLink {
+                conn: ctx.conn.clone(),
+                attachment: id,
+                generation,
+            }),
+        },
+        name.as_deref(),
+    );
+    info!(session = %session.id, workspace = %workspace.name, "attached");
+    let ok = write_message(
+        &mut send,
+        &Message::Attached {
+            id,
+            session: session.id.clone(),
+            workspace: workspace.clone(),
+        },
+    )
+    .await;
+    if ok.is_ok() {
+        // Held until the client finishes or resets the stream, or the connection drops.
+        let mut sink = [0u8; 64];
+        while let Ok(Some(_)) = recv.read(&mut sink).await {}
+    }
+    session.detach(generation);
+    info!(session = %session.id, workspace = %workspace.name, "detached");
+}
