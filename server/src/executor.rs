@@ -215,14 +215,9 @@ async fn contains(snapshot: &Snapshot, path: &str) -> bool {
         Target::Primary(sandbox) => {
             let sandbox = sandbox.clone();
             let path = path.to_owned();
-            tokio::task::spawn_blocking(move || {
-                sandbox
-                    .jail()
-                    .resolve(&path)
-                    .is_ok_and(|p| sandbox.jail().dir().symlink_metadata(p.rel()).is_ok())
-            })
-            .await
-            .unwrap_or(false)
+            tokio::task::spawn_blocking(move || sandbox.exists(&path))
+                .await
+                .unwrap_or(false)
         }
         Target::Attached(Some(link)) => tokio::time::timeout(PROBE_TIMEOUT, probe(link, path))
             .await
