@@ -2,7 +2,7 @@
 //! bridge uses.
 
 use monad_protocol::io::{read_message, write_message};
-use monad_protocol::wire::{Message, Outcome, Role, SessionInfo, WorkspaceRef};
+use monad_protocol::wire::{Message, Outcome, Role, SessionInfo, WorkspaceInfo, WorkspaceRef};
 use serde_json::Value;
 
 use crate::ClientError;
@@ -113,9 +113,73 @@ impl Agent {
         }
     }
 
+    /// The workspaces of `session` (`None`: the default).
+    pub async fn workspaces(
+        &self,
+        session: Option<&str>,
+    ) -> Result<(String, Vec<WorkspaceInfo>), ClientError> {
+        let (_send, mut recv) = self
+            .request(&Message::ListWorkspaces {
+                id: 1,
+                session: session.map(str::to_owned),
+            })
+            .await?;
+        read_workspaces(&mut recv).await
+    }
+
+    /// Watches the workspaces of `session`: the receiver gets the list at once and after every
+    /// change (a folder attached, detached, gone offline). Dropping the receiver ends the watch.
+    pub async fn watch(
+        &self,
+        session: Option<&str>,
+    ) -> Result<tokio::sync::mpsc::Receiver<(String, Vec<WorkspaceInfo>)>, ClientError> {
+        let (mut send, mut recv) = self
+            .request(&Message::Watch {
+                id: 1,
+                session: session.map(str::to_owned),
+            })
+            .await?;
+        let first = read_workspaces(&mut recv).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let _ = tx.send(first).await;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    next = read_workspaces(&mut recv) => match next {
+                        Ok(update) => if tx.send(update).await.is_err() { break },
+                        Err(_) => break,
+                    },
+                    () = tx.closed() => break,
+                }
+            }
+            let _ = send.reset(0u32.into());
+            let _ = recv.stop(0u32.into());
+        });
+        Ok(rx)
+    }
+
     /// The underlying QUIC connection (for tests that misbehave on purpose).
     pub fn quic(&self) -> &quinn::Connection {
         &self.connection.conn
+    }
+}
+
+async fn read_workspaces(
+    recv: &mut quinn::RecvStream,
+) -> Result<(String, Vec<WorkspaceInfo>), ClientError> {
+    match read_message(recv, MAX_ANSWER).await {
+        Ok(Some(Message::Workspaces {
+            session,
+            workspaces,
+            ..
+        })) => Ok((session, workspaces)),
+        Ok(Some(Message::Error { error, .. })) => Err(ClientError::Refused(error)),
+        Ok(Some(other)) => Err(ClientError::Protocol(format!(
+            "unexpected `{}` in answer to a workspace listing",
+            other.kind()
+        ))),
+        Ok(None) => Err(ClientError::Unreachable("no answer".into())),
+        Err(e) => Err(ClientError::Unreachable(e.to_string())),
     }
 }
 

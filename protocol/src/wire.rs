@@ -205,6 +205,33 @@ pub enum Message {
         /// The sessions the user owns.
         sessions: Vec<SessionInfo>,
     },
+    /// Agent to server: the workspaces of a session.
+    ListWorkspaces {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// Agent to server: the workspaces of a session now and after every change (a folder
+    /// attached, detached, gone offline). The server answers with [`Message::Workspaces`] at
+    /// once and again on each change, until the agent closes the stream.
+    Watch {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// The answer to [`Message::ListWorkspaces`], and each update of a [`Message::Watch`].
+    Workspaces {
+        /// The request id.
+        id: u64,
+        /// The session (its id resolved).
+        session: String,
+        /// Primary first, then attached in attach order.
+        workspaces: Vec<WorkspaceInfo>,
+    },
     /// A request failed as a whole (bad session, malformed request).
     Error {
         /// The request id (0 when it could not be read).
@@ -294,6 +321,9 @@ impl Message {
             Message::Result { .. } => "result",
             Message::ListSessions { .. } => "list_sessions",
             Message::Sessions { .. } => "sessions",
+            Message::ListWorkspaces { .. } => "list_workspaces",
+            Message::Watch { .. } => "watch",
+            Message::Workspaces { .. } => "workspaces",
             Message::Error { .. } => "error",
             Message::Attach { .. } => "attach",
             Message::Attached { .. } => "attached",
@@ -378,6 +408,19 @@ mod tests {
                     workspaces: vec![workspace()],
                 }],
             },
+            Message::ListWorkspaces {
+                id: 4,
+                session: None,
+            },
+            Message::Watch {
+                id: 5,
+                session: Some("default".into()),
+            },
+            Message::Workspaces {
+                id: 4,
+                session: "default".into(),
+                workspaces: vec![workspace()],
+            },
             Message::Error {
                 id: 0,
                 error: ToolError::new(ErrorCode::Malformed, "x"),
@@ -418,7 +461,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 14, "one case per message type");
+        assert_eq!(kinds.len(), 17, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

@@ -384,6 +384,33 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             .await;
             let _ = send.finish();
         }
+        Message::ListWorkspaces { id, session } => {
+            let session = match ctx.session(session.as_deref()) {
+                Ok(s) => s,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
+            let _ = write_message(&mut send, &workspaces_message(id, &session)).await;
+            let _ = send.finish();
+        }
+        Message::Watch { id, session } => {
+            let session = match ctx.session(session.as_deref()) {
+                Ok(s) => s,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
+            let mut changes = session.subscribe();
+            loop {
+                if write_message(&mut send, &workspaces_message(id, &session))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    _ = send.stopped() => return,
+                }
+            }
+        }
         Message::ListSessions { id } => {
             let sessions = ctx.state.registry.list(&ctx.user);
             let _ = write_message(&mut send, &Message::Sessions { id, sessions }).await;
@@ -400,6 +427,14 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             )
             .await;
         }
+    }
+}
+
+fn workspaces_message(id: u64, session: &Session) -> Message {
+    Message::Workspaces {
+        id,
+        session: session.id.clone(),
+        workspaces: session.workspaces().into_iter().map(|w| w.info).collect(),
     }
 }
 
