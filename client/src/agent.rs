@@ -2,7 +2,10 @@
 //! bridge uses.
 
 use monad_protocol::io::{read_message, write_message};
-use monad_protocol::wire::{Message, Outcome, Role, SessionInfo, WorkspaceInfo, WorkspaceRef};
+use monad_protocol::wire::{
+    History, HistoryMessage, Message, Outcome, Role, SessionInfo, WorkspaceInfo, WorkspaceRecord,
+    WorkspaceRef, WorkspaceSession,
+};
 use serde_json::Value;
 
 use crate::ClientError;
@@ -158,6 +161,120 @@ impl Agent {
         Ok(rx)
     }
 
+    /// Sends a request and reads its one answer; an `error` answer becomes `Refused`.
+    async fn ask(&self, request: &Message) -> Result<Message, ClientError> {
+        let (_send, mut recv) = self.request(request).await?;
+        match read_message(&mut recv, MAX_ANSWER).await {
+            Ok(Some(Message::Error { error, .. })) => Err(ClientError::Refused(error)),
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => Err(ClientError::Unreachable("no answer".into())),
+            Err(e) => Err(ClientError::Unreachable(e.to_string())),
+        }
+    }
+
+    /// Opens a session (resuming or creating it); `None` creates a new one with a fresh id.
+    /// The device is bound to it.
+    pub async fn open_session(&self, session: Option<&str>) -> Result<SessionInfo, ClientError> {
+        match self
+            .ask(&Message::OpenSession {
+                id: 1,
+                session: session.map(str::to_owned),
+            })
+            .await?
+        {
+            Message::SessionOpened { session, .. } => Ok(session),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Appends a message to a session's conversation; returns the session's id.
+    pub async fn history_append(
+        &self,
+        session: Option<&str>,
+        message: HistoryMessage,
+    ) -> Result<String, ClientError> {
+        done(
+            self.ask(&Message::HistoryAppend {
+                id: 1,
+                session: session.map(str::to_owned),
+                message,
+            })
+            .await?,
+        )
+    }
+
+    /// A session's conversation, with the session's id.
+    pub async fn history(&self, session: Option<&str>) -> Result<(String, History), ClientError> {
+        match self
+            .ask(&Message::HistoryGet {
+                id: 1,
+                session: session.map(str::to_owned),
+            })
+            .await?
+        {
+            Message::HistoryIs {
+                session, history, ..
+            } => Ok((session, history)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Replaces a session's conversation with a snapshot.
+    pub async fn history_replace(
+        &self,
+        session: Option<&str>,
+        history: History,
+    ) -> Result<String, ClientError> {
+        done(
+            self.ask(&Message::HistoryReplace {
+                id: 1,
+                session: session.map(str::to_owned),
+                history,
+            })
+            .await?,
+        )
+    }
+
+    /// Clears a session's conversation (its frontmatter and workspace stay).
+    pub async fn history_clear(&self, session: Option<&str>) -> Result<String, ClientError> {
+        done(
+            self.ask(&Message::HistoryClear {
+                id: 1,
+                session: session.map(str::to_owned),
+            })
+            .await?,
+        )
+    }
+
+    /// The user's workspace records, most recently active first.
+    pub async fn records(&self) -> Result<Vec<WorkspaceRecord>, ClientError> {
+        match self.ask(&Message::ListRecords { id: 1 }).await? {
+            Message::Records { records, .. } => Ok(records),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One page of the sessions a workspace record was used in, and the next page's token.
+    pub async fn record_sessions(
+        &self,
+        record: &str,
+        limit: Option<u32>,
+        next: Option<&str>,
+    ) -> Result<(Vec<WorkspaceSession>, Option<String>), ClientError> {
+        match self
+            .ask(&Message::RecordSessions {
+                id: 1,
+                record: record.to_owned(),
+                limit,
+                next: next.map(str::to_owned),
+            })
+            .await?
+        {
+            Message::RecordSessionsPage { sessions, next, .. } => Ok((sessions, next)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// The underlying QUIC connection (for tests that misbehave on purpose).
     pub fn quic(&self) -> &quinn::Connection {
         &self.connection.conn
@@ -180,6 +297,17 @@ async fn read_workspaces(
         ))),
         Ok(None) => Err(ClientError::Unreachable("no answer".into())),
         Err(e) => Err(ClientError::Unreachable(e.to_string())),
+    }
+}
+
+fn unexpected(answer: &Message) -> ClientError {
+    ClientError::Protocol(format!("unexpected `{}` in the answer", answer.kind()))
+}
+
+fn done(answer: Message) -> Result<String, ClientError> {
+    match answer {
+        Message::Done { session, .. } => Ok(session),
+        other => Err(unexpected(&other)),
     }
 }
 

@@ -309,11 +309,20 @@ async fn run(
             format!("this folder does not offer `{tool}`"),
         );
     }
+    let mut by = if o.trust == Trust::Full {
+        "trust"
+    } else {
+        "policy"
+    };
     let verdict = match folder.policy.check(session, tool, &args) {
         Some(verdict) => verdict,
         None => match &folder.approver {
-            None => Verdict::Deny(nobody_to_ask(tool, &o.shown_path)),
+            None => {
+                by = "no_terminal";
+                Verdict::Deny(nobody_to_ask(tool, &o.shown_path))
+            }
             Some(approver) => {
+                by = "user";
                 let _ = write_message(
                     send,
                     &Message::Progress {
@@ -342,15 +351,29 @@ async fn run(
                 };
                 match tokio::time::timeout(o.prompt_timeout, approver.decide(request)).await {
                     Ok(decision) => folder.policy.record(session, tool, &args, decision),
-                    Err(_) => Verdict::Deny(format!(
-                        "the user of {} did not answer within {} s, so it was denied",
-                        o.shown_path,
-                        o.prompt_timeout.as_secs()
-                    )),
+                    Err(_) => {
+                        by = "timeout";
+                        Verdict::Deny(format!(
+                            "the user of {} did not answer within {} s, so it was denied",
+                            o.shown_path,
+                            // Not `as_secs`: a time-out under a second would read "within 0 s".
+                            o.prompt_timeout.as_secs_f64()
+                        ))
+                    }
                 }
             }
         },
     };
+    // For the server's audit log: who decided. The server cannot change the decision.
+    let _ = write_message(
+        send,
+        &Message::Decided {
+            id,
+            allowed: verdict == Verdict::Allow,
+            by: by.to_owned(),
+        },
+    )
+    .await;
     if let Verdict::Deny(reason) = verdict {
         debug!(%tool, "denied");
         folder.emit(AttachEvent::Ran {

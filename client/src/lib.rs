@@ -10,6 +10,7 @@
 //!   that ask ([`terminal::TerminalApprover`] on the attach terminal,
 //!   [`approval::ScriptedApprover`] for tests and automation).
 //! - [`agent::Agent`]: call tools and list sessions, as `monad-client call` and the MCP bridge do.
+//! - [`mcp`]: `monad-client mcp`, MCP over stdio for AI hosts, bridged to the server.
 #![deny(missing_docs)]
 
 use std::path::PathBuf;
@@ -21,6 +22,7 @@ pub mod approval;
 pub mod attach;
 pub mod config;
 pub mod connect;
+pub mod mcp;
 pub mod terminal;
 
 /// What can go wrong in the client.

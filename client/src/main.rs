@@ -13,7 +13,7 @@ use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::{ClientConfig, default_config_dir};
 use monad_client::terminal::TerminalApprover;
 use monad_protocol::ToolClass;
-use monad_protocol::wire::{Outcome, Trust};
+use monad_protocol::wire::{HistoryMessage, HistoryRole, Outcome, Trust};
 
 #[derive(Parser)]
 #[command(
@@ -94,12 +94,102 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve MCP on stdin/stdout for an AI host (Claude, an IDE...), bridged to the server.
+    Mcp {
+        /// Session used when the host's `initialize` names none in `_meta.sessionId`
+        /// (default: `default`).
+        #[arg(long)]
+        session: Option<String>,
+    },
     /// List your sessions.
     Sessions {
         /// Print JSON (stable for scripts).
         #[arg(long)]
         json: bool,
+        /// Create a new session (a fresh id), bind this device to it, and print its id.
+        #[arg(long)]
+        new: bool,
     },
+    /// The session's conversation (`session.md`): append, show, clear.
+    #[command(subcommand)]
+    History(HistoryCommand),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RoleArg {
+    User,
+    Assistant,
+    System,
+}
+
+#[derive(Subcommand)]
+enum HistoryCommand {
+    /// Append a message.
+    Append {
+        /// Who said it.
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// What was said.
+        #[arg(long)]
+        text: String,
+        /// Session id (default: this device's last session, else `default`).
+        #[arg(long)]
+        session: Option<String>,
+    },
+    /// Show the conversation.
+    Show {
+        /// Session id (default: this device's last session, else `default`).
+        #[arg(long)]
+        session: Option<String>,
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Clear the conversation; the session keeps its id, workspace and attachments.
+    Clear {
+        /// Session id (default: this device's last session, else `default`).
+        #[arg(long)]
+        session: Option<String>,
+    },
+}
+
+async fn history(command: HistoryCommand) -> Result<ExitCode> {
+    let config = ClientConfig::load(&config_dir()?)?;
+    let agent = Agent::connect(&config).await?;
+    match command {
+        HistoryCommand::Append {
+            role,
+            text,
+            session,
+        } => {
+            let role = match role {
+                RoleArg::User => HistoryRole::User,
+                RoleArg::Assistant => HistoryRole::Assistant,
+                RoleArg::System => HistoryRole::System,
+            };
+            let id = agent
+                .history_append(session.as_deref(), HistoryMessage { role, text })
+                .await?;
+            eprintln!("appended to session {id}");
+        }
+        HistoryCommand::Show { session, json } => {
+            let (id, history) = agent.history(session.as_deref()).await?;
+            if json {
+                let out = serde_json::json!({ "session": id, "history": history });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                eprintln!("session {id}, created {}", history.created_at);
+                for m in &history.messages {
+                    println!("## {}\n\n{}\n", m.role.header(), m.text);
+                }
+            }
+        }
+        HistoryCommand::Clear { session } => {
+            let id = agent.history_clear(session.as_deref()).await?;
+            eprintln!("cleared the conversation of session {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -273,7 +363,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
         }
-        Command::Sessions { json } => {
+        Command::Mcp { session } => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            monad_client::mcp::serve_stdio(config, session).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::History(command) => history(command).await,
+        Command::Sessions { json, new: true } => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            let agent = Agent::connect(&config).await?;
+            let session = agent.open_session(None).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&session)?);
+            } else {
+                println!("{}", session.id);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sessions { json, new: false } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
             let sessions = agent.sessions().await?;

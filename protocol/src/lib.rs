@@ -10,12 +10,16 @@
 //! - [`wire`]: the messages of the QUIC protocol ([`wire::Message`]), the ALPN and versions.
 //! - [`frame`]: how messages are cut into length-prefixed frames, as pure functions on byte
 //!   slices; [`io`] (feature `tokio`) reads and writes them on async streams.
+//! - `mcp` (feature `mcp`): the MCP front both transports share: tool descriptors, results,
+//!   and the rmcp handler over a transport's backend.
 #![deny(missing_docs)]
 
 pub mod error;
 pub mod frame;
 #[cfg(feature = "tokio")]
 pub mod io;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod tools;
 pub mod wire;
 

@@ -95,8 +95,105 @@ pub struct SessionInfo {
     pub owner: String,
     /// Creation time, RFC 3339.
     pub created_at: String,
+    /// Last activity, RFC 3339.
+    #[serde(default)]
+    pub last_active: String,
     /// Its workspaces, primary first, then attached in attach order.
     pub workspaces: Vec<WorkspaceInfo>,
+}
+
+/// Who said a message of the conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryRole {
+    /// The person.
+    User,
+    /// The model.
+    Assistant,
+    /// A system prompt.
+    System,
+}
+
+impl HistoryRole {
+    /// The header word of `session.md`: `User`, `Assistant`, `System`.
+    pub fn header(self) -> &'static str {
+        match self {
+            HistoryRole::User => "User",
+            HistoryRole::Assistant => "Assistant",
+            HistoryRole::System => "System",
+        }
+    }
+
+    /// Parses `user`, `assistant` or `system` (any case).
+    pub fn parse(s: &str) -> Option<HistoryRole> {
+        match s.to_ascii_lowercase().as_str() {
+            "user" => Some(HistoryRole::User),
+            "assistant" => Some(HistoryRole::Assistant),
+            "system" => Some(HistoryRole::System),
+            _ => None,
+        }
+    }
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryMessage {
+    /// Who said it.
+    pub role: HistoryRole,
+    /// What was said (markdown).
+    pub text: String,
+}
+
+/// A session's conversation: what `session.md` holds. Tool calls are never part of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct History {
+    /// The model provider, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The model, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// When the session was created, RFC 3339.
+    pub created_at: String,
+    /// The messages, oldest first.
+    pub messages: Vec<HistoryMessage>,
+}
+
+/// A workspace record: an attached folder, resolved by (user, device, path) and reused by every
+/// session it is attached to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceRecord {
+    /// A UUID.
+    pub id: String,
+    /// The owner.
+    pub user: String,
+    /// The device that attached it.
+    pub device_id: String,
+    /// The folder as the user gave it.
+    pub path: String,
+    /// Its URI at the last attach.
+    pub uri: String,
+    /// First attach, RFC 3339.
+    pub created_at: String,
+    /// Last activity in any session, RFC 3339.
+    pub last_active: String,
+}
+
+/// A session as seen from a workspace record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSession {
+    /// The session id.
+    pub session: String,
+    /// When the folder was first used in it, RFC 3339.
+    pub first_at: String,
+    /// The folder's last activity in it, RFC 3339.
+    pub last_active: String,
+    /// How many calls ran in the folder for this session.
+    pub calls: u64,
 }
 
 /// Which workspace ran a call.
@@ -232,6 +329,122 @@ pub enum Message {
         /// Primary first, then attached in attach order.
         workspaces: Vec<WorkspaceInfo>,
     },
+    /// Client to server, before its [`Message::Result`]: how the call was decided, for the
+    /// audit log.
+    Decided {
+        /// The request id.
+        id: u64,
+        /// Whether it ran.
+        allowed: bool,
+        /// Who decided: `trust`, `policy` (pre-approved or remembered), `user`, `timeout`,
+        /// `no_terminal`.
+        by: String,
+    },
+    /// Agent to server: open a session (resuming it when it exists, creating it when it does
+    /// not); without an id, create a new session with a fresh UUID. Binds the device to it.
+    OpenSession {
+        /// Request id.
+        id: u64,
+        /// The session id, or `None` for a new session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// The answer to [`Message::OpenSession`].
+    SessionOpened {
+        /// The request id.
+        id: u64,
+        /// The session.
+        session: SessionInfo,
+    },
+    /// Agent to server: append a message to the session's conversation.
+    HistoryAppend {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+        /// The message.
+        message: HistoryMessage,
+    },
+    /// Agent to server: the session's conversation.
+    HistoryGet {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// Agent to server: replace the conversation with a snapshot (overwrite semantics; it is
+    /// also kept as the session's `session_history` artifact).
+    HistoryReplace {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+        /// The new conversation.
+        history: History,
+    },
+    /// Agent to server: clear the conversation (the frontmatter and the workspace stay).
+    HistoryClear {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// The answer to [`Message::HistoryGet`].
+    HistoryIs {
+        /// The request id.
+        id: u64,
+        /// The session (its id resolved).
+        session: String,
+        /// The conversation.
+        history: History,
+    },
+    /// A request without a result of its own succeeded.
+    Done {
+        /// The request id.
+        id: u64,
+        /// The session it applied to (its id resolved).
+        session: String,
+    },
+    /// Agent to server: the user's workspace records.
+    ListRecords {
+        /// Request id.
+        id: u64,
+    },
+    /// The answer to [`Message::ListRecords`].
+    Records {
+        /// The request id.
+        id: u64,
+        /// Most recently active first.
+        records: Vec<WorkspaceRecord>,
+    },
+    /// Agent to server: one page of the sessions a workspace record was used in, most recent
+    /// first.
+    RecordSessions {
+        /// Request id.
+        id: u64,
+        /// The record id.
+        record: String,
+        /// Page size, 1 to 100 (default 20).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+        /// The `next` token of the previous page.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
+    },
+    /// The answer to [`Message::RecordSessions`].
+    RecordSessionsPage {
+        /// The request id.
+        id: u64,
+        /// This page.
+        sessions: Vec<WorkspaceSession>,
+        /// Token for the next page; absent on the last.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
+    },
     /// A request failed as a whole (bad session, malformed request).
     Error {
         /// The request id (0 when it could not be read).
@@ -324,6 +537,19 @@ impl Message {
             Message::ListWorkspaces { .. } => "list_workspaces",
             Message::Watch { .. } => "watch",
             Message::Workspaces { .. } => "workspaces",
+            Message::Decided { .. } => "decided",
+            Message::OpenSession { .. } => "open_session",
+            Message::SessionOpened { .. } => "session_opened",
+            Message::HistoryAppend { .. } => "history_append",
+            Message::HistoryGet { .. } => "history_get",
+            Message::HistoryReplace { .. } => "history_replace",
+            Message::HistoryClear { .. } => "history_clear",
+            Message::HistoryIs { .. } => "history_is",
+            Message::Done { .. } => "done",
+            Message::ListRecords { .. } => "list_records",
+            Message::Records { .. } => "records",
+            Message::RecordSessions { .. } => "record_sessions",
+            Message::RecordSessionsPage { .. } => "record_sessions_page",
             Message::Error { .. } => "error",
             Message::Attach { .. } => "attach",
             Message::Attached { .. } => "attached",
@@ -348,6 +574,28 @@ mod tests {
             host: Host::Client,
             online: true,
             tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+        }
+    }
+
+    fn session() -> SessionInfo {
+        SessionInfo {
+            id: "default".into(),
+            owner: "ana".into(),
+            created_at: "2026-11-26T00:00:00Z".into(),
+            last_active: "2026-11-26T00:00:00Z".into(),
+            workspaces: vec![workspace()],
+        }
+    }
+
+    fn history() -> History {
+        History {
+            provider: Some("claude".into()),
+            model: None,
+            created_at: "t".into(),
+            messages: vec![HistoryMessage {
+                role: HistoryRole::Assistant,
+                text: "hello".into(),
+            }],
         }
     }
 
@@ -405,6 +653,7 @@ mod tests {
                     id: "default".into(),
                     owner: "ana".into(),
                     created_at: "2026-11-26T00:00:00Z".into(),
+                    last_active: "2026-11-26T00:00:00Z".into(),
                     workspaces: vec![workspace()],
                 }],
             },
@@ -420,6 +669,78 @@ mod tests {
                 id: 4,
                 session: "default".into(),
                 workspaces: vec![workspace()],
+            },
+            Message::Decided {
+                id: 9,
+                allowed: true,
+                by: "user".into(),
+            },
+            Message::OpenSession {
+                id: 11,
+                session: None,
+            },
+            Message::SessionOpened {
+                id: 11,
+                session: session(),
+            },
+            Message::HistoryAppend {
+                id: 12,
+                session: None,
+                message: HistoryMessage {
+                    role: HistoryRole::User,
+                    text: "hi".into(),
+                },
+            },
+            Message::HistoryGet {
+                id: 13,
+                session: Some("default".into()),
+            },
+            Message::HistoryReplace {
+                id: 14,
+                session: None,
+                history: history(),
+            },
+            Message::HistoryClear {
+                id: 15,
+                session: None,
+            },
+            Message::HistoryIs {
+                id: 13,
+                session: "default".into(),
+                history: history(),
+            },
+            Message::Done {
+                id: 15,
+                session: "default".into(),
+            },
+            Message::ListRecords { id: 16 },
+            Message::Records {
+                id: 16,
+                records: vec![WorkspaceRecord {
+                    id: "r".into(),
+                    user: "ana".into(),
+                    device_id: "d".into(),
+                    path: "~/p".into(),
+                    uri: "lap:~/p".into(),
+                    created_at: "t".into(),
+                    last_active: "t".into(),
+                }],
+            },
+            Message::RecordSessions {
+                id: 17,
+                record: "r".into(),
+                limit: Some(20),
+                next: None,
+            },
+            Message::RecordSessionsPage {
+                id: 17,
+                sessions: vec![WorkspaceSession {
+                    session: "default".into(),
+                    first_at: "t".into(),
+                    last_active: "t".into(),
+                    calls: 3,
+                }],
+                next: Some("abc".into()),
             },
             Message::Error {
                 id: 0,
@@ -461,7 +782,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 17, "one case per message type");
+        assert_eq!(kinds.len(), 30, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

@@ -193,7 +193,7 @@ fn fixtures(root: &Path) {
                 "// file {index}\nuse std::collections::HashMap;\n\n\
                  pub fn helper_{index}(x: u64) -> u64 {{\n    x.wrapping_mul({index}) ^ 0x5f\n}}\n"
             );
-            if index % SEARCH_MATCH_EVERY == 0 {
+            if index.is_multiple_of(SEARCH_MATCH_EVERY) {
                 body.push_str(&format!("fn needle_{index}() {{}}\n"));
             }
             write(&dir.join(format!("src_{f:02}.rs")), body.as_bytes());

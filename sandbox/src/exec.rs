@@ -444,17 +444,17 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let jail = Jail::open_ambient(tmp.path()).unwrap();
         let policy = ExecPolicy {
-            env: vec![
-                ("LANG".into(), "en_GB.UTF-8".into()),
-                ("CI".into(), "1".into()),
-            ],
+            env: [("LANG", "en_GB.UTF-8"), ("CI", "1")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
             ..ExecPolicy::default()
         };
         let plan = SandboxPlan::new(&jail, &policy, "/tmp/x".into(), Duration::from_secs(5));
         let keys: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             keys,
-            ["PATH", "HOME", "PWD", "TMPDIR", "TERM", "LANG", "CI"]
+            ["PATH", "HOME", "PWD", "TMPDIR", "TERM", "CI", "LANG"]
         );
         assert!(plan.env.contains(&("LANG".into(), "en_GB.UTF-8".into())));
         assert_eq!(plan.write_dirs, [PathBuf::from("/tmp/x")]);

@@ -69,7 +69,7 @@ pub struct ExecPolicy {
     /// `PATH` inside the sandbox.
     pub path_env: String,
     /// Extra environment variables for commands (the environment is otherwise scrubbed).
-    pub env: Vec<(String, String)>,
+    pub env: std::collections::BTreeMap<String, String>,
     /// Address space limit (`RLIMIT_AS`) in bytes; 0 for none.
     pub max_memory_bytes: u64,
     /// Largest file a command may write (`RLIMIT_FSIZE`) in bytes.
@@ -85,7 +85,7 @@ impl Default for ExecPolicy {
             extra_read_paths: Vec::new(),
             extra_write_paths: Vec::new(),
             path_env: "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".to_owned(),
-            env: Vec::new(),
+            env: std::collections::BTreeMap::new(),
             max_memory_bytes: 0,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             max_open_files: 1024,

@@ -11,6 +11,9 @@ use monad_sandbox::{ExecPolicy, Limits};
 pub struct ServerConfig {
     /// QUIC address to listen on.
     pub listen: SocketAddr,
+    /// Address of the MCP over HTTP endpoint (`http://<it>/mcp`); `None` turns it off (the
+    /// library default; the `monad-server` command line turns it on at 127.0.0.1:4480).
+    pub http: Option<SocketAddr>,
     /// Where tokens, certificates and sessions live.
     pub data_dir: PathBuf,
     /// Connection bounds.
@@ -34,6 +37,7 @@ impl ServerConfig {
     pub fn new(data_dir: PathBuf) -> ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 4433)),
+            http: None,
             data_dir,
             transport: Transport::default(),
             limits: Limits::default(),

@@ -9,8 +9,11 @@ use monad_protocol::wire::{Message, Outcome, WorkspaceRef};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
 
+use crate::fsutil::now_rfc3339;
+use crate::recorder::Recorder;
 use crate::route::{self, Plan, View};
 use crate::session::{ClientLink, Session, Snapshot, Target};
+use crate::store::{ArtifactKind, ArtifactMeta, AuditRecord};
 
 /// Largest answer accepted from a client (a 64 MiB file as JSON fits).
 const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
@@ -36,6 +39,8 @@ impl<F: Fn(&str) + Send + Sync> ProgressSink for F {
 pub struct Executor {
     /// Longest a call may take end to end.
     pub call_timeout: Option<Duration>,
+    /// Where audit records and artifacts go; `None` records nothing.
+    pub recorder: Option<Recorder>,
 }
 
 /// The answer to one call.
@@ -57,7 +62,9 @@ impl CallOutput {
 }
 
 impl Executor {
-    /// Runs `tool` with `args` in `session`.
+    /// Runs `tool` with `args` in `session`, and records it: an audit line, a `tool_output`
+    /// artifact, and a `file_diff` for a write or edit (written after the answer, off the hot
+    /// path).
     pub async fn call(
         &self,
         session: &Arc<Session>,
@@ -65,46 +72,78 @@ impl Executor {
         args: Value,
         progress: &dyn ProgressSink,
     ) -> CallOutput {
+        let started = std::time::Instant::now();
+        let time = now_rfc3339();
+        let target = describe_target(&args);
         let run = self.call_inner(session, tool, args, progress);
-        match self.call_timeout {
+        let (output, decided_by) = match self.call_timeout {
             Some(limit) => match tokio::time::timeout(limit, run).await {
                 Ok(out) => out,
-                Err(_) => CallOutput::error(
-                    None,
-                    ToolError::new(
-                        ErrorCode::Timeout,
-                        format!("the call did not finish within {} s", limit.as_secs()),
+                Err(_) => (
+                    CallOutput::error(
+                        None,
+                        ToolError::new(
+                            ErrorCode::Timeout,
+                            format!("the call did not finish within {} s", limit.as_secs()),
+                        ),
                     ),
+                    "server",
                 ),
             },
             None => run.await,
+        };
+        if let Some(recorder) = &self.recorder {
+            if let Some(meta) = session.touch() {
+                recorder.save_meta(meta);
+            }
+            record(
+                recorder,
+                session,
+                tool,
+                &output,
+                Record {
+                    time,
+                    target,
+                    decided_by,
+                    duration: started.elapsed(),
+                },
+            );
         }
+        output
     }
 
+    /// Runs the call; also says who decided it ran (`trust`, `policy`, `user`, ... as the
+    /// client reported, `server` when no workspace was reached, `session` for session tools).
     async fn call_inner(
         &self,
         session: &Arc<Session>,
         tool: &str,
         args: Value,
         progress: &dyn ProgressSink,
-    ) -> CallOutput {
+    ) -> (CallOutput, &'static str) {
         let Some(tool) = ToolName::parse(tool) else {
             let known: Vec<&str> = ToolName::ALL.iter().map(|t| t.as_str()).collect();
-            return CallOutput::error(
-                None,
-                ToolError::new(
-                    ErrorCode::InvalidArguments,
-                    format!("unknown tool `{tool}`; the tools are: {}", known.join(", ")),
+            return (
+                CallOutput::error(
+                    None,
+                    ToolError::new(
+                        ErrorCode::InvalidArguments,
+                        format!("unknown tool `{tool}`; the tools are: {}", known.join(", ")),
+                    ),
                 ),
+                "server",
             );
         };
         let Value::Object(map) = &args else {
-            return CallOutput::error(
-                None,
-                ToolError::new(
-                    ErrorCode::InvalidArguments,
-                    format!("the arguments of `{tool}` must be a JSON object"),
+            return (
+                CallOutput::error(
+                    None,
+                    ToolError::new(
+                        ErrorCode::InvalidArguments,
+                        format!("the arguments of `{tool}` must be a JSON object"),
+                    ),
                 ),
+                "server",
             );
         };
         let string_arg = |key: &str| -> Result<Option<String>, ToolError> {
@@ -119,7 +158,7 @@ impl Executor {
         };
         let (target, path) = match (string_arg("workspace"), string_arg("path")) {
             (Ok(t), Ok(p)) => (t, p),
-            (Err(e), _) | (_, Err(e)) => return CallOutput::error(None, e),
+            (Err(e), _) | (_, Err(e)) => return (CallOutput::error(None, e), "server"),
         };
         let primary = WorkspaceRef {
             name: "primary".into(),
@@ -127,13 +166,19 @@ impl Executor {
         };
         match tool {
             ToolName::Workspaces => {
-                return session_tool(primary, workspaces(session, &args));
+                return (session_tool(primary, workspaces(session, &args)), "session");
             }
             ToolName::MemoryStore => {
-                return session_tool(primary, memory_store(session, args).await);
+                return (
+                    session_tool(primary, memory_store(session, args).await),
+                    "session",
+                );
             }
             ToolName::MemoryRecall => {
-                return session_tool(primary, memory_recall(session, args).await);
+                return (
+                    session_tool(primary, memory_recall(session, args).await),
+                    "session",
+                );
             }
             _ => {}
         }
@@ -162,33 +207,48 @@ impl Executor {
                 }
                 match found {
                     Some(i) => i,
-                    None => return CallOutput::error(None, route::not_in_any(&path, &tried)),
+                    None => {
+                        return (
+                            CallOutput::error(None, route::not_in_any(&path, &tried)),
+                            "server",
+                        );
+                    }
                 }
             }
-            Err(e) => return CallOutput::error(None, e),
+            Err(e) => return (CallOutput::error(None, e), "server"),
         };
         let snapshot = &snapshots[index];
         let workspace = Some(WorkspaceRef {
             name: snapshot.info.name.clone(),
             uri: snapshot.info.uri.clone(),
         });
-        let result = match &snapshot.target {
-            Target::Primary(sandbox) => sandbox
-                .call(tool, args)
-                .await
-                .map_err(|e| e.to_tool_error()),
+        let (result, decided_by) = match &snapshot.target {
+            Target::Primary(sandbox) => (
+                sandbox
+                    .call(tool, args)
+                    .await
+                    .map_err(|e| e.to_tool_error()),
+                "trust",
+            ),
             Target::Attached(Some(link)) => {
-                run_on_client(link, &session.id, &snapshot.info.name, tool, args, progress).await
+                let ran =
+                    run_on_client(link, &session.id, &snapshot.info.name, tool, args, progress)
+                        .await;
+                if let (Some(recorder), Some(record)) = (&self.recorder, &snapshot.record) {
+                    recorder.touch(record, &session.id);
+                }
+                ran
             }
-            Target::Attached(None) => Err(disconnected(&snapshot.info.name)),
+            Target::Attached(None) => (Err(disconnected(&snapshot.info.name)), "server"),
         };
-        match result {
+        let output = match result {
             Ok(result) => CallOutput {
                 workspace,
                 outcome: Outcome::Ok { result },
             },
             Err(error) => CallOutput::error(workspace, error),
-        }
+        };
+        (output, decided_by)
     }
 }
 
@@ -221,34 +281,38 @@ async fn contains(snapshot: &Snapshot, path: &str) -> bool {
         }
         Target::Attached(Some(link)) => tokio::time::timeout(PROBE_TIMEOUT, probe(link, path))
             .await
-            .unwrap_or(Ok(false))
             .unwrap_or(false),
         Target::Attached(None) => false,
     }
 }
 
-async fn probe(link: &ClientLink, path: &str) -> Result<bool, ToolError> {
-    let (mut send, mut recv) = link.conn.open_bi().await.map_err(|_| disconnected("?"))?;
-    let id = 1;
-    write_message(
+/// Asks a client whether `path` exists in its folder; any failure counts as "no".
+async fn probe(link: &ClientLink, path: &str) -> bool {
+    let Ok((mut send, mut recv)) = link.conn.open_bi().await else {
+        return false;
+    };
+    let asked = write_message(
         &mut send,
         &Message::Probe {
-            id,
+            id: 1,
             attachment: link.attachment,
             path: path.to_owned(),
         },
     )
-    .await
-    .map_err(|_| disconnected("?"))?;
-    let _ = send.finish();
-    match read_message(&mut recv, 64 * 1024).await {
-        Ok(Some(Message::Probed { exists, .. })) => Ok(exists),
-        _ => Ok(false),
+    .await;
+    if asked.is_err() {
+        return false;
     }
+    let _ = send.finish();
+    matches!(
+        read_message(&mut recv, 64 * 1024).await,
+        Ok(Some(Message::Probed { exists: true, .. }))
+    )
 }
 
 /// Runs a tool in an attached folder: one stream to the client, progress relayed, the result
-/// read back. A connection that drops mid-call is `workspace_disconnected`, at once.
+/// read back. A connection that drops mid-call is `workspace_disconnected`, at once. Also says who
+/// decided, as the client reported it.
 async fn run_on_client(
     link: &ClientLink,
     session: &str,
@@ -256,10 +320,12 @@ async fn run_on_client(
     tool: ToolName,
     args: Value,
     progress: &dyn ProgressSink,
-) -> Result<Value, ToolError> {
-    let (mut send, mut recv) = link.conn.open_bi().await.map_err(|_| disconnected(name))?;
+) -> (Result<Value, ToolError>, &'static str) {
+    let Ok((mut send, mut recv)) = link.conn.open_bi().await else {
+        return (Err(disconnected(name)), "server");
+    };
     let id = 1;
-    write_message(
+    let sent = write_message(
         &mut send,
         &Message::Run {
             id,
@@ -269,27 +335,132 @@ async fn run_on_client(
             args,
         },
     )
-    .await
-    .map_err(|_| disconnected(name))?;
+    .await;
+    if sent.is_err() {
+        return (Err(disconnected(name)), "server");
+    }
     let _ = send.finish();
+    let mut decided_by = "client";
     loop {
         match read_message(&mut recv, MAX_CLIENT_MESSAGE).await {
             Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
+            Ok(Some(Message::Decided { by, .. })) => decided_by = decider(&by),
             Ok(Some(Message::Result { outcome, .. })) => {
                 return match outcome {
-                    Outcome::Ok { result } => Ok(result),
-                    Outcome::Error { error } => Err(error),
+                    Outcome::Ok { result } => (Ok(result), decided_by),
+                    Outcome::Error { error } => (Err(error), decided_by),
                 };
             }
             Ok(Some(other)) => {
-                return Err(ToolError::new(
-                    ErrorCode::Malformed,
-                    format!("the client of `{name}` answered with a `{}`", other.kind()),
-                ));
+                return (
+                    Err(ToolError::new(
+                        ErrorCode::Malformed,
+                        format!("the client of `{name}` answered with a `{}`", other.kind()),
+                    )),
+                    decided_by,
+                );
             }
-            Ok(None) | Err(_) => return Err(disconnected(name)),
+            Ok(None) | Err(_) => return (Err(disconnected(name)), decided_by),
         }
     }
+}
+
+/// The client's word for who decided, as one of the audit log's fixed words.
+fn decider(by: &str) -> &'static str {
+    match by {
+        "trust" => "trust",
+        "policy" => "policy",
+        "user" => "user",
+        "timeout" => "timeout",
+        "no_terminal" => "no_terminal",
+        _ => "client",
+    }
+}
+
+/// What the recorder needs besides the call itself.
+struct Record {
+    time: String,
+    target: String,
+    decided_by: &'static str,
+    duration: Duration,
+}
+
+/// Sends a call's audit line and artifacts to the recorder.
+fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutput, r: Record) {
+    let call_id = uuid::Uuid::new_v4().to_string();
+    let workspace = output.workspace.as_ref().map(|w| w.name.clone());
+    let (decision, outcome) = match &output.outcome {
+        Outcome::Ok { .. } => ("allowed", "ok".to_owned()),
+        Outcome::Error { error } if error.code == ErrorCode::Denied => {
+            ("denied", error.code.as_str().to_owned())
+        }
+        Outcome::Error { error } => ("allowed", error.code.as_str().to_owned()),
+    };
+    recorder.audit(
+        &session.id,
+        AuditRecord {
+            time: r.time.clone(),
+            call_id: call_id.clone(),
+            tool: tool.to_owned(),
+            workspace: workspace.clone(),
+            target: r.target,
+            decision: decision.to_owned(),
+            decided_by: r.decided_by.to_owned(),
+            outcome,
+            duration_ms: r.duration.as_millis() as u64,
+        },
+    );
+    let retention = &session.settings.retention;
+    if !retention.keep_artifacts {
+        return;
+    }
+    let artifact = |kind: ArtifactKind, content_type: &str, mut bytes: Vec<u8>| {
+        let original_size = bytes.len() as u64;
+        let truncated = original_size > retention.artifact_max_bytes;
+        bytes.truncate(retention.artifact_max_bytes as usize);
+        let meta = ArtifactMeta {
+            id: uuid::Uuid::new_v4().to_string(),
+            session: session.id.clone(),
+            kind,
+            workspace: workspace.clone(),
+            tool: Some(tool.to_owned()),
+            call_id: Some(call_id.clone()),
+            created_at: r.time.clone(),
+            content_type: content_type.to_owned(),
+            size: bytes.len() as u64,
+            truncated,
+            original_size,
+        };
+        recorder.artifact(meta, bytes);
+    };
+    artifact(
+        ArtifactKind::ToolOutput,
+        "application/json",
+        serde_json::to_vec(&output.outcome).unwrap_or_default(),
+    );
+    if let Outcome::Ok { result } = &output.outcome
+        && matches!(tool, "write_file" | "edit_file")
+        && let Some(diff) = result.get("diff").and_then(Value::as_str)
+    {
+        artifact(
+            ArtifactKind::FileDiff,
+            "text/x-diff",
+            diff.as_bytes().to_vec(),
+        );
+    }
+}
+
+/// The path, pattern or command line a call acts on, in one line for the audit log.
+fn describe_target(args: &Value) -> String {
+    if let Some(argv) = args.get("argv").and_then(Value::as_array) {
+        let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
+        return words.join(" ");
+    }
+    ["path", "pattern", "key"]
+        .iter()
+        .filter_map(|k| args.get(k).and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn parse<A: serde::de::DeserializeOwned>(tool: ToolName, args: Value) -> Result<A, ToolError> {

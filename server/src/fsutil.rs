@@ -14,7 +14,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ServerEr
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // Unique per write, not only per process: two threads replacing the same file at once
+    // (a snapshot and a metadata save, say) must not share, truncate or rename each other's
+    // temporary file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
     let result = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)

@@ -8,17 +8,25 @@
 //! - [`executor::Executor`] routes a call ([`route::plan`], a pure function) and runs it in the
 //!   primary workspace or on the attached client, relaying progress; it also answers the session
 //!   tools (`workspaces`, `memory_store`, `memory_recall`).
+//! - [`mcp`] serves MCP over Streamable HTTP at `http://<--http>/mcp` for AI hosts, with the
+//!   same tokens, calling the executor directly.
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod executor;
 pub mod fsutil;
+pub mod mcp;
+pub mod recorder;
+mod requests;
 pub mod route;
 pub mod server;
 pub mod session;
+pub mod settings;
+pub mod store;
 pub mod tls;
 
 pub use config::ServerConfig;
@@ -34,8 +42,7 @@ pub enum ServerError {
         op: &'static str,
         /// On what.
         path: PathBuf,
-        /// The underlying error.
-        #[source]
+        /// The underlying error (in the message, so it is not also a `source`).
         source: std::io::Error,
     },
     /// A configuration or data file is malformed.

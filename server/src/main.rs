@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use monad_server::admin::Admin;
 use monad_server::auth::TokenStore;
 use monad_server::{Server, ServerConfig};
 
@@ -31,6 +32,12 @@ struct ServeArgs {
     /// QUIC address to listen on.
     #[arg(long, default_value = "127.0.0.1:4433")]
     listen: SocketAddr,
+    /// Address of the MCP over HTTP endpoint for AI hosts (http://ADDR/mcp, bearer tokens).
+    #[arg(long, default_value = "127.0.0.1:4480")]
+    http: SocketAddr,
+    /// Do not serve MCP over HTTP.
+    #[arg(long, conflicts_with = "http")]
+    no_http: bool,
 }
 
 #[derive(Subcommand)]
@@ -40,6 +47,210 @@ enum Command {
     /// Manage tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Inspect and clean up sessions.
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// Inspect workspace records (attached folders).
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
+}
+
+#[derive(Subcommand)]
+enum SessionCommand {
+    /// List sessions, most recently active first.
+    List {
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a session: owner, times, counts, attached folders.
+    Show {
+        /// The session id.
+        id: String,
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a session with its workspace, history and artifacts (server stopped).
+    Delete {
+        /// The session id.
+        id: String,
+    },
+    /// Delete sessions unused for DAYS days, never `default` (server stopped).
+    Gc {
+        /// Age in days.
+        #[arg(long)]
+        max_age: u64,
+    },
+    /// Print a session's conversation (session.md).
+    History {
+        /// The session id.
+        id: String,
+    },
+    /// List a session's artifacts.
+    Artifacts {
+        /// The session id.
+        id: String,
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print one artifact's content.
+    Artifact {
+        /// The session id.
+        id: String,
+        /// The artifact id (from `session artifacts`).
+        artifact: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum WorkspaceCommand {
+    /// List workspace records, most recently active first.
+    List {
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a record and a page of the sessions it was used in, most recent first.
+    Show {
+        /// The record id.
+        id: String,
+        /// Page size, 1 to 100.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// The `next` token printed with the previous page.
+        #[arg(long)]
+        next: Option<String>,
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
+    match cmd {
+        SessionCommand::List { json } => {
+            let sessions = admin.sessions()?;
+            if json {
+                return print_json(&sessions);
+            }
+            for s in sessions {
+                println!("{}\t{}\t{}\t{}", s.id, s.owner, s.created_at, s.last_active);
+            }
+        }
+        SessionCommand::Show { id, json } => {
+            let report = admin.show(&id)?;
+            if json {
+                return print_json(&report);
+            }
+            let m = &report.meta;
+            println!("session     {}", m.id);
+            println!("owner       {}", m.owner);
+            println!("created     {}", m.created_at);
+            println!("last active {}", m.last_active);
+            if let Some(p) = &m.provider {
+                println!("provider    {p}");
+            }
+            if let Some(model) = &m.model {
+                println!("model       {model}");
+            }
+            println!("messages    {}", report.messages);
+            println!("tool calls  {} ({} denied)", report.calls, report.denied);
+            println!("artifacts   {}", report.artifacts);
+            println!("devices     {} bound", report.bound_devices);
+            println!("workspaces  primary (server:/sessions/{})", m.id);
+            for w in &report.workspaces {
+                println!("            {} ({})", w.uri, w.id);
+            }
+        }
+        SessionCommand::Delete { id } => {
+            admin.delete(&id).map_err(anyhow::Error::msg)?;
+            eprintln!("deleted session {id}");
+        }
+        SessionCommand::Gc { max_age } => {
+            let deleted = admin.gc(max_age).map_err(anyhow::Error::msg)?;
+            for id in &deleted {
+                println!("{id}");
+            }
+            eprintln!(
+                "deleted {} sessions unused for {max_age} days",
+                deleted.len()
+            );
+        }
+        SessionCommand::History { id } => {
+            let history = admin.history(&id)?;
+            print!("{}", monad_server::store::history::render(&history));
+        }
+        SessionCommand::Artifacts { id, json } => {
+            let artifacts = admin.artifacts(&id)?;
+            if json {
+                return print_json(&artifacts);
+            }
+            for a in artifacts {
+                println!(
+                    "{}\t{}\t{}\t{}\t{} bytes{}",
+                    a.id,
+                    a.kind.as_str(),
+                    a.tool.as_deref().unwrap_or("-"),
+                    a.created_at,
+                    a.size,
+                    if a.truncated { " (truncated)" } else { "" }
+                );
+            }
+        }
+        SessionCommand::Artifact { id, artifact } => {
+            let (_, content) = admin.artifact(&id, &artifact)?;
+            use std::io::Write;
+            std::io::stdout().write_all(&content)?;
+        }
+    }
+    Ok(())
+}
+
+fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
+    match cmd {
+        WorkspaceCommand::List { json } => {
+            let records = admin.workspaces()?;
+            if json {
+                return print_json(&records);
+            }
+            for r in records {
+                println!("{}\t{}\t{}\t{}", r.id, r.user, r.uri, r.last_active);
+            }
+        }
+        WorkspaceCommand::Show {
+            id,
+            limit,
+            next,
+            json,
+        } => {
+            let (record, page) = admin.workspace(&id, limit, next.as_deref())?;
+            if json {
+                return print_json(&serde_json::json!({
+                    "record": record,
+                    "sessions": page.items,
+                    "next": page.next,
+                }));
+            }
+            println!(
+                "{} ({}) of {}, device {}",
+                record.uri, record.id, record.user, record.device_id
+            );
+            for s in &page.items {
+                println!("{}\t{}\t{} calls", s.session, s.last_active, s.calls);
+            }
+            if let Some(next) = page.next {
+                println!("more: --next {next}");
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -89,6 +300,8 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         None => serve(dir, cli.serve),
         Some(Command::Serve(args)) => serve(dir, args),
+        Some(Command::Session(cmd)) => session_command(&Admin::new(&dir), cmd),
+        Some(Command::Workspace(cmd)) => workspace_command(&Admin::new(&dir), cmd),
         Some(Command::Token(cmd)) => {
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -122,6 +335,7 @@ fn run(cli: Cli) -> Result<()> {
 fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     let mut config = ServerConfig::new(dir);
     config.listen = args.listen;
+    config.http = (!args.no_http).then_some(args.http);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;
@@ -131,6 +345,12 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
             config.data_dir.display()
         );
         eprintln!("certificate fingerprint: {}", server.fingerprint());
+        if let Some(http) = server.http_addr() {
+            eprintln!(
+                "MCP for AI hosts: http://{http}/mcp (header `Authorization: Bearer TOKEN`), or \
+                 `monad-client mcp` on stdio"
+            );
+        }
         match first {
             Some(first) => {
                 eprintln!();

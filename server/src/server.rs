@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use monad_protocol::io::{read_message, write_message};
-use monad_protocol::wire::{self, Message, Role};
+use monad_protocol::wire::{self, Message, Role, Trust};
 use monad_protocol::{ErrorCode, ToolError};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
@@ -14,13 +14,18 @@ use crate::ServerError;
 use crate::auth::TokenStore;
 use crate::config::ServerConfig;
 use crate::executor::Executor;
-use crate::session::{Attached, ClientLink, DEFAULT_SESSION, Registry, Session};
+use crate::recorder::Recorder;
+use crate::session::{Attached, ClientLink, Registry, Session};
+use crate::settings::{Layers, ServerSettings, Settings};
+use crate::store::{FsStore, Store};
 use crate::tls;
 
 /// Largest hello accepted.
 const MAX_HELLO: usize = 64 * 1024;
 /// Largest request accepted from an agent (a write of 16 MiB of awkward JSON fits).
 const MAX_REQUEST: usize = 128 * 1024 * 1024;
+/// Longest wait for the peer to acknowledge an answer before its stream is left behind.
+const ANSWER_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// QUIC application close codes.
 const CLOSE_REFUSED: u32 = 1;
 const CLOSE_SHUTDOWN: u32 = 2;
@@ -46,6 +51,8 @@ pub struct State {
     /// Routing and execution.
     pub executor: Executor,
     generations: AtomicU64,
+    /// Agents' calls in flight; on shutdown, attached clients stay until it is zero.
+    calls: watch::Sender<usize>,
 }
 
 /// A bound server, ready to run.
@@ -54,6 +61,10 @@ pub struct Server {
     endpoint: quinn::Endpoint,
     state: Arc<State>,
     fingerprint: String,
+    /// The MCP over HTTP listener, when `config.http` asks for one.
+    http: Option<std::net::TcpListener>,
+    /// The data directory's lock, held while the server lives.
+    _lock: crate::admin::DataLock,
 }
 
 impl Server {
@@ -61,6 +72,7 @@ impl Server {
     pub fn bind(config: ServerConfig) -> Result<(Server, Option<FirstStart>), ServerError> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| ServerError::io("create", &config.data_dir, e))?;
+        let lock = crate::admin::DataLock::take(&config.data_dir).map_err(ServerError::Invalid)?;
         let (identity, _created) = tls::load_or_create(&config.data_dir.join("tls"))?;
         let tokens = TokenStore::new(&config.data_dir);
         let first = if tokens.list()?.is_empty() {
@@ -75,20 +87,28 @@ impl Server {
         let quic = tls::quic_config(&identity, &config.transport)?;
         let endpoint = quinn::Endpoint::server(quic, config.listen)
             .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
+        let http = config.http.map(crate::mcp::bind).transpose()?;
+        let (config, layers) = load_settings(config)?;
+        let store: Arc<dyn Store> = Arc::new(FsStore::new(&config.data_dir));
+        let recorder = Recorder::start(store.clone());
         let state = Arc::new(State {
-            registry: Registry::new(&config.data_dir, config.limits.clone(), config.exec.clone()),
+            registry: Registry::new(&config.data_dir, store, layers),
             executor: Executor {
                 call_timeout: Some(config.call_timeout),
+                recorder: Some(recorder),
             },
             tokens,
             config,
             generations: AtomicU64::new(1),
+            calls: watch::channel(0).0,
         });
         Ok((
             Server {
                 endpoint,
                 state,
                 fingerprint: identity.fingerprint,
+                http,
+                _lock: lock,
             },
             first,
         ))
@@ -99,6 +119,11 @@ impl Server {
         self.endpoint
             .local_addr()
             .expect("a bound endpoint has an address")
+    }
+
+    /// The address of the MCP over HTTP endpoint (`http://<it>/mcp`), when enabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// SHA-256 of the server's certificate, hex: what clients pin.
@@ -115,6 +140,30 @@ impl Server {
     /// for the configured grace, and closes every connection.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let http = self.http.and_then(|listener| {
+            crate::mcp::Http::spawn(listener, self.state.clone())
+                .inspect_err(|e| warn!("MCP over HTTP is off: {e}"))
+                .ok()
+        });
+        // Sessions idle past the retention setting leave memory (they stay on disk).
+        let reaper = {
+            let state = self.state.clone();
+            tokio::spawn(async move {
+                let idle = state.registry.idle_limit();
+                let every = (idle / 4).clamp(
+                    std::time::Duration::from_secs(1),
+                    std::time::Duration::from_secs(600),
+                );
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    let dropped = state.registry.unload_idle(idle);
+                    if dropped > 0 {
+                        info!("dropped {dropped} idle sessions from memory");
+                    }
+                }
+            })
+        };
         let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -134,10 +183,12 @@ impl Server {
                 () = &mut shutdown => break,
             }
         }
+        reaper.abort();
         info!("shutting down: no new connections; letting in-flight calls finish");
         self.endpoint.set_server_config(None);
         let _ = stop_tx.send(true);
         let grace = self.state.config.shutdown_grace;
+        let http = http.map(|http| tokio::spawn(http.shutdown(grace)));
         let drained = tokio::time::timeout(grace, async {
             while connections.join_next().await.is_some() {}
         })
@@ -151,8 +202,59 @@ impl Server {
         self.endpoint
             .close(CLOSE_SHUTDOWN.into(), b"server shutting down");
         connections.shutdown().await;
+        if let Some(http) = http {
+            let _ = http.await;
+        }
         self.endpoint.wait_idle().await;
+        self.state.registry.flush();
+        if let Some(recorder) = &self.state.executor.recorder {
+            recorder.flush();
+        }
     }
+}
+
+/// Applies `<data_dir>/config.toml` and the `MONAD_*` environment over the programmatic
+/// settings in `config`; returns the updated config and the layers sessions merge their own
+/// `config.toml` into.
+fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), ServerError> {
+    let path = config.data_dir.join("config.toml");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(ServerError::io("read", &path, e)),
+    };
+    let name = path.display().to_string();
+    let base = Settings {
+        limits: config.limits.clone(),
+        exec: config.exec.clone(),
+        server: ServerSettings {
+            call_timeout_secs: config.call_timeout.as_secs(),
+            hello_timeout_secs: config.hello_timeout.as_secs(),
+            shutdown_grace_secs: config.shutdown_grace.as_secs(),
+            max_calls_per_connection: config.max_calls_per_connection,
+            keep_alive_ms: config.transport.keep_alive.as_millis() as u64,
+            idle_timeout_ms: config.transport.idle_timeout.as_millis() as u64,
+        },
+        ..Settings::default()
+    };
+    let layers = Layers::new(
+        text.as_deref().map(|t| (name.as_str(), t)),
+        std::env::vars(),
+    )
+    // The error names its own source (this file, or an environment variable) and line.
+    .map_err(|e| ServerError::Invalid(e.to_string()))?
+    .with_base(&base);
+    let settings = layers.global();
+    let [call, hello, grace, keep_alive, idle] = settings.server.durations();
+    config.limits = settings.limits;
+    config.exec = settings.exec;
+    config.call_timeout = call;
+    config.hello_timeout = hello;
+    config.shutdown_grace = grace;
+    config.max_calls_per_connection = settings.server.max_calls_per_connection.max(1);
+    config.transport.keep_alive = keep_alive;
+    config.transport.idle_timeout = idle;
+    Ok((config, layers))
 }
 
 /// One connection: hello, then requests until it closes or the server stops.
@@ -197,6 +299,7 @@ async fn handle_connection(
                     user: user.clone(),
                     device_id: device_id.clone(),
                     client_name: client_name.clone(),
+                    stop: stop.clone(),
                 };
                 streams.spawn(async move {
                     match role {
@@ -318,19 +421,28 @@ struct Ctx {
     user: String,
     device_id: String,
     client_name: String,
+    /// Turns true when the server shuts down.
+    stop: watch::Receiver<bool>,
 }
 
 impl Ctx {
     fn session(&self, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
-        self.state
-            .registry
-            .open(id.unwrap_or(DEFAULT_SESSION), &self.user)
+        self.state.registry.resolve(id, &self.user, &self.device_id)
     }
 }
 
 async fn send_error(send: &mut quinn::SendStream, id: u64, error: ToolError) {
     let _ = write_message(send, &Message::Error { id, error }).await;
-    let _ = send.finish();
+    finish(send).await;
+}
+
+/// Finishes an answer's stream and waits (bounded) until the peer has acknowledged it: on
+/// shutdown the connection is closed as soon as its requests are done, and closing drops
+/// whatever the peer has not acknowledged yet, such as the answer to an in-flight call.
+async fn finish(send: &mut quinn::SendStream) {
+    if send.finish().is_ok() {
+        let _ = tokio::time::timeout(ANSWER_ACK_WAIT, send.stopped()).await;
+    }
 }
 
 /// One agent request: a call, or a listing.
@@ -339,9 +451,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
         Ok(Some(m)) => m,
         Ok(None) => return,
         Err(e) => {
-            // Malformed or oversized: answer if the stream still can, then close it.
-            send_error(&mut send, 0, e.to_tool_error()).await;
+            // Malformed or oversized: close it, and answer if the stream still can.
             let _ = recv.stop(1u32.into());
+            send_error(&mut send, 0, e.to_tool_error()).await;
             return;
         }
     };
@@ -356,6 +468,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
+            ctx.state.calls.send_modify(|n| *n += 1);
+            let _in_flight = CallInFlight(&ctx.state);
             let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
             let sink = move |m: &str| {
                 let _ = progress_tx.send(m.to_owned());
@@ -373,6 +487,10 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                     _ = send.stopped() => return,
                 }
             };
+            // Progress sent just before the end loses the race above: relay it before the result.
+            while let Ok(message) = progress_rx.try_recv() {
+                let _ = write_message(&mut send, &Message::Progress { id, message }).await;
+            }
             let _ = write_message(
                 &mut send,
                 &Message::Result {
@@ -382,7 +500,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 },
             )
             .await;
-            let _ = send.finish();
+            finish(&mut send).await;
         }
         Message::ListWorkspaces { id, session } => {
             let session = match ctx.session(session.as_deref()) {
@@ -390,7 +508,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 Err(e) => return send_error(&mut send, id, e).await,
             };
             let _ = write_message(&mut send, &workspaces_message(id, &session)).await;
-            let _ = send.finish();
+            finish(&mut send).await;
         }
         Message::Watch { id, session } => {
             let session = match ctx.session(session.as_deref()) {
@@ -398,6 +516,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 Err(e) => return send_error(&mut send, id, e).await,
             };
             let mut changes = session.subscribe();
+            let mut stop = ctx.stop.clone();
             loop {
                 if write_message(&mut send, &workspaces_message(id, &session))
                     .await
@@ -405,28 +524,55 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 {
                     return;
                 }
-                tokio::select! {
-                    changed = changes.changed() => if changed.is_err() { return },
+                let stopping = tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return } else { false },
                     _ = send.stopped() => return,
+                    // A watch never ends by itself: let the shutdown close its connection.
+                    _ = stop.wait_for(|stopping| *stopping) => true,
+                };
+                if stopping {
+                    return finish(&mut send).await;
                 }
             }
         }
         Message::ListSessions { id } => {
             let sessions = ctx.state.registry.list(&ctx.user);
             let _ = write_message(&mut send, &Message::Sessions { id, sessions }).await;
-            let _ = send.finish();
+            finish(&mut send).await;
         }
         other => {
-            send_error(
-                &mut send,
-                0,
-                ToolError::new(
-                    ErrorCode::Malformed,
-                    format!("an agent cannot send `{}`", other.kind()),
-                ),
-            )
-            .await;
+            let kind = other.kind();
+            let caller = crate::requests::Caller {
+                user: &ctx.user,
+                device_id: &ctx.device_id,
+            };
+            match crate::requests::answer(&ctx.state, &caller, other).await {
+                Some(answer) => {
+                    let _ = write_message(&mut send, &answer).await;
+                    finish(&mut send).await;
+                }
+                None => {
+                    send_error(
+                        &mut send,
+                        0,
+                        ToolError::new(
+                            ErrorCode::Malformed,
+                            format!("an agent cannot send `{kind}`"),
+                        ),
+                    )
+                    .await;
+                }
+            }
         }
+    }
+}
+
+/// Counts an agent's call out of [`State::calls`] when dropped.
+struct CallInFlight<'a>(&'a State);
+
+impl Drop for CallInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.calls.send_modify(|n| *n -= 1);
     }
 }
 
@@ -472,6 +618,37 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         Ok(s) => s,
         Err(e) => return send_error(&mut send, id, e).await,
     };
+    if trust == Trust::Full && !session.settings.attach.allow_full_trust {
+        return send_error(
+            &mut send,
+            id,
+            ToolError::new(
+                ErrorCode::Denied,
+                "this server does not accept folders attached with full trust \
+                 (attach.allow_full_trust = false); attach it restricted",
+            ),
+        )
+        .await;
+    }
+    let uri = format!("{}:{}", ctx.client_name, path);
+    let record = {
+        let store = ctx.state.registry.store().clone();
+        let (user, device, path, uri) = (
+            ctx.user.clone(),
+            ctx.device_id.clone(),
+            path.clone(),
+            uri.clone(),
+        );
+        let session_id = session.id.clone();
+        tokio::task::spawn_blocking(move || {
+            let record = store.resolve_record(&user, &device, &path, &uri)?;
+            store.touch_record(&record.id, &session_id, 0)?;
+            Ok::<_, crate::store::StoreError>(record.id)
+        })
+        .await
+        .ok()
+        .and_then(|r| r.inspect_err(|e| warn!("workspace record: {e}")).ok())
+    };
     let generation = ctx.state.generations.fetch_add(1, Ordering::Relaxed);
     let base = path
         .trim_end_matches('/')
@@ -483,11 +660,12 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     let workspace = session.attach(
         Attached {
             name: base,
-            uri: format!("{}:{}", ctx.client_name, path),
+            uri,
             trust,
             tools,
             device_id: ctx.device_id.clone(),
             path,
+            record,
             link: Some(ClientLink {
                 conn: ctx.conn.clone(),
                 attachment: id,
@@ -497,6 +675,14 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         name.as_deref(),
     );
     info!(session = %session.id, workspace = %workspace.name, "attached");
+    // Detaches however this task ends: when the connection drops, its handler may abort this
+    // task before the read below fails, and a folder left online with a dead link would stay
+    // listed (and keep the connection, and the endpoint's socket, alive).
+    let _detach = DetachOnDrop {
+        session: session.clone(),
+        generation,
+        name: workspace.name.clone(),
+    };
     let ok = write_message(
         &mut send,
         &Message::Attached {
@@ -507,10 +693,31 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     )
     .await;
     if ok.is_ok() {
-        // Held until the client finishes or resets the stream, or the connection drops.
+        // Held until the client finishes or resets the stream, or the connection drops, or the
+        // server shuts down and no agent's call (which might run here) is in flight any more.
         let mut sink = [0u8; 64];
-        while let Ok(Some(_)) = recv.read(&mut sink).await {}
+        let mut stop = ctx.stop.clone();
+        let mut calls = ctx.state.calls.subscribe();
+        tokio::select! {
+            () = async { while let Ok(Some(_)) = recv.read(&mut sink).await {} } => {}
+            _ = async {
+                let _ = stop.wait_for(|stopping| *stopping).await;
+                let _ = calls.wait_for(|n| *n == 0).await;
+            } => {}
+        }
     }
-    session.detach(generation);
-    info!(session = %session.id, workspace = %workspace.name, "detached");
+}
+
+/// Marks an attachment disconnected when dropped.
+struct DetachOnDrop {
+    session: Arc<Session>,
+    generation: u64,
+    name: String,
+}
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        self.session.detach(self.generation);
+        info!(session = %self.session.id, workspace = %self.name, "detached");
+    }
 }

@@ -3,28 +3,22 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use monad_protocol::wire::{Host, SessionInfo, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
-use monad_sandbox::{ExecPolicy, Limits, Sandbox};
-use serde::{Deserialize, Serialize};
+use monad_sandbox::Sandbox;
+use tracing::warn;
 
-use crate::fsutil::{now_rfc3339, write_atomic};
+use crate::fsutil::now_rfc3339;
+use crate::settings::{Layers, Settings};
+use crate::store::{SessionMeta, Store, StoreError};
 
 /// The id of the well-known session.
 pub const DEFAULT_SESSION: &str = "default";
 
-/// What `session.toml` holds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionMeta {
-    /// `default` or a UUID.
-    pub id: String,
-    /// The user who owns it.
-    pub owner: String,
-    /// Creation time, RFC 3339.
-    pub created_at: String,
-}
+/// How often a session's `last_active` reaches the disk at most (it is kept in memory between).
+const META_SAVE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A live connection to the client that attached a folder.
 #[derive(Debug, Clone)]
@@ -52,6 +46,8 @@ pub struct Attached {
     pub device_id: String,
     /// The path as the user gave it.
     pub path: String,
+    /// Its workspace record.
+    pub record: Option<String>,
     /// The connection to its client; `None` while disconnected.
     pub link: Option<ClientLink>,
 }
@@ -67,8 +63,18 @@ pub struct Session {
     pub created_at: String,
     /// The primary workspace (`sessions/<id>/workspace`, trust full).
     pub primary: Arc<Sandbox>,
+    /// The session's settings (global < session file < environment).
+    pub settings: Settings,
+    meta: Mutex<SessionMeta>,
+    activity: Mutex<Activity>,
     attached: Mutex<Vec<Attached>>,
     changes: tokio::sync::watch::Sender<u64>,
+}
+
+#[derive(Debug)]
+struct Activity {
+    last_used: Instant,
+    last_saved: Instant,
 }
 
 /// What routing and listing see of a workspace at one moment.
@@ -87,6 +93,8 @@ pub struct Snapshot {
     pub info: WorkspaceInfo,
     /// How to run tools there.
     pub target: Target,
+    /// Its workspace record (attached folders).
+    pub record: Option<String>,
 }
 
 impl Session {
@@ -98,15 +106,9 @@ impl Session {
     /// Every workspace, primary first, then attached in attach order.
     pub fn workspaces(&self) -> Vec<Snapshot> {
         let mut out = vec![Snapshot {
-            info: WorkspaceInfo {
-                name: "primary".into(),
-                uri: self.primary_uri(),
-                trust: Trust::Full,
-                host: Host::Server,
-                online: true,
-                tools: ToolName::WORKSPACE_TOOLS.to_vec(),
-            },
+            info: primary_info(&self.id),
             target: Target::Primary(self.primary.clone()),
+            record: None,
         }];
         let attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
         out.extend(attached.iter().map(|a| Snapshot {
@@ -119,6 +121,7 @@ impl Session {
                 tools: a.tools.clone(),
             },
             target: Target::Attached(a.link.clone()),
+            record: a.record.clone(),
         }));
         out
     }
@@ -129,8 +132,70 @@ impl Session {
             id: self.id.clone(),
             owner: self.owner.clone(),
             created_at: self.created_at.clone(),
+            last_active: self.meta().last_active,
             workspaces: self.workspaces().into_iter().map(|s| s.info).collect(),
         }
+    }
+
+    /// The current metadata (with the in-memory `last_active`).
+    pub fn meta(&self) -> SessionMeta {
+        self.meta.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Notes activity now. Returns the metadata to save when it is due (at most once a
+    /// minute), so the caller writes it off the hot path.
+    pub fn touch(&self) -> Option<SessionMeta> {
+        let now = Instant::now();
+        let mut activity = self.activity.lock().unwrap_or_else(|p| p.into_inner());
+        activity.last_used = now;
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        meta.last_active = now_rfc3339();
+        if now.duration_since(activity.last_saved) >= META_SAVE_INTERVAL {
+            activity.last_saved = now;
+            Some(meta.clone())
+        } else {
+            None
+        }
+    }
+
+    /// Records who the model is, when an agent host says.
+    pub fn set_model(&self, provider: Option<String>, model: Option<String>) -> SessionMeta {
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        if provider.is_some() {
+            meta.provider = provider;
+        }
+        if model.is_some() {
+            meta.model = model;
+        }
+        meta.clone()
+    }
+
+    /// How long since the session was last used.
+    pub fn idle(&self) -> Duration {
+        self.activity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_used
+            .elapsed()
+    }
+
+    /// Whether a client folder is attached and online.
+    pub fn has_online_attachments(&self) -> bool {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|a| a.link.is_some())
+    }
+
+    /// The workspace record of an attached folder, by short name.
+    pub fn record_of(&self, name: &str) -> Option<String> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|a| a.name == name)
+            .and_then(|a| a.record.clone())
     }
 
     /// Attaches a folder (or re-attaches it after a reconnect: same device and path get their
@@ -142,6 +207,7 @@ impl Session {
             .find(|a| a.device_id == folder.device_id && a.path == folder.path)
         {
             existing.link = folder.link;
+            existing.record = folder.record;
             existing.trust = folder.trust;
             existing.tools = folder.tools;
             existing.uri = folder.uri;
@@ -214,101 +280,311 @@ fn sanitize_name(raw: &str) -> String {
     }
 }
 
-/// All sessions, loaded from disk on first use.
-#[derive(Debug)]
+/// All sessions: loaded from the store on first use, dropped from memory when idle.
 pub struct Registry {
-    dir: PathBuf,
-    limits: Limits,
-    exec: ExecPolicy,
+    store: Arc<dyn Store>,
+    layers: Layers,
+    sessions_dir: PathBuf,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
 }
 
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("sessions_dir", &self.sessions_dir)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Registry {
-    /// Sessions under `<data_dir>/sessions`, whose primary workspaces get these limits and policy.
-    pub fn new(data_dir: &Path, limits: Limits, exec: ExecPolicy) -> Registry {
+    /// Sessions kept in `store`, with primary workspaces under `<data_dir>/sessions/<id>/workspace`
+    /// and settings from `layers`.
+    pub fn new(data_dir: &Path, store: Arc<dyn Store>, layers: Layers) -> Registry {
         Registry {
-            dir: data_dir.join("sessions"),
-            limits,
-            exec,
+            store,
+            layers,
+            sessions_dir: data_dir.join("sessions"),
             sessions: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Opens session `id` for `user`: loads it, or creates it when no session has that id yet.
-    /// A session of another user is refused.
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Opens session `id` for `user`: from memory, else from the store, else creates it (seed
+    /// 001: opening an id that does not exist yet creates the session under that id). A session
+    /// of another user is refused. A corrupt `session.toml` is kept aside by the store and the
+    /// session is re-created around its workspace, owned by `user`.
     pub fn open(&self, id: &str, user: &str) -> Result<Arc<Session>, ToolError> {
         let id = normalize_id(id)?;
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(session) = sessions.get(&id) {
-            return owned_by(session, user).map(|()| session.clone());
+            owned_by(session, user)?;
+            return Ok(session.clone());
         }
-        let dir = self.dir.join(&id);
-        let meta_path = dir.join("session.toml");
-        let meta = match std::fs::read_to_string(&meta_path) {
-            Ok(text) => toml::from_str::<SessionMeta>(&text).map_err(|e| {
-                ToolError::new(ErrorCode::Internal, format!("{}: {e}", meta_path.display()))
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let meta = SessionMeta {
-                    id: id.clone(),
-                    owner: user.to_owned(),
-                    created_at: now_rfc3339(),
-                };
-                std::fs::create_dir_all(dir.join("workspace")).map_err(internal)?;
-                let text = toml::to_string(&meta).map_err(internal)?;
-                write_atomic(&meta_path, text.as_bytes(), 0o644)
-                    .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?;
+        let fresh = || {
+            let now = now_rfc3339();
+            SessionMeta {
+                id: id.clone(),
+                name: None,
+                owner: user.to_owned(),
+                created_at: now.clone(),
+                last_active: now,
+                provider: None,
+                model: None,
+            }
+        };
+        let meta = match self.store.load(&id) {
+            Ok(Some(meta)) => meta,
+            Ok(None) => {
+                let meta = fresh();
+                self.store.create(&meta).map_err(store_error)?;
                 meta
             }
-            Err(e) => return Err(internal(e)),
+            Err(StoreError::Invalid(why)) => {
+                warn!("session {id}: {why}; re-creating its metadata for {user}");
+                let meta = fresh();
+                self.store.save(&meta).map_err(store_error)?;
+                meta
+            }
+            Err(e) => return Err(store_error(e)),
         };
-        std::fs::create_dir_all(dir.join("workspace")).map_err(internal)?;
-        let primary = Sandbox::open(
-            &dir.join("workspace"),
-            self.limits.clone(),
-            self.exec.clone(),
-        )
-        .map_err(internal)?;
+        if meta.owner != user {
+            return Err(not_yours(&id));
+        }
+        let file = self.store.config_text(&id).map_err(store_error)?;
+        let settings = self
+            .layers
+            .session(
+                file.as_ref()
+                    .map(|(name, text)| (name.as_str(), text.as_str())),
+            )
+            .map_err(|e| ToolError::new(ErrorCode::Internal, format!("bad configuration: {e}")))?;
+        let root = self.sessions_dir.join(&id).join("workspace");
+        std::fs::create_dir_all(&root).map_err(internal)?;
+        let primary = Sandbox::open(&root, settings.limits.clone(), settings.exec.clone())
+            .map_err(internal)?;
+        let now = Instant::now();
         let session = Arc::new(Session {
-            id: meta.id,
-            owner: meta.owner,
-            created_at: meta.created_at,
+            id: meta.id.clone(),
+            owner: meta.owner.clone(),
+            created_at: meta.created_at.clone(),
             primary: Arc::new(primary),
+            settings,
+            meta: Mutex::new(meta),
+            activity: Mutex::new(Activity {
+                last_used: now,
+                last_saved: now,
+            }),
             attached: Mutex::new(Vec::new()),
             changes: tokio::sync::watch::channel(0).0,
         });
-        owned_by(&session, user)?;
         sessions.insert(id, session.clone());
         Ok(session)
     }
 
-    /// The sessions `user` owns, on disk or in memory.
-    pub fn list(&self, user: &str) -> Vec<SessionInfo> {
-        let mut ids: Vec<String> = std::fs::read_dir(&self.dir)
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| e.path().join("session.toml").is_file())
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        ids.sort();
-        ids.into_iter()
-            .filter_map(|id| self.open(&id, user).ok())
-            .map(|s| s.info())
-            .collect()
+    /// The session a request means: the one it names (binding the device to it), else the one
+    /// the device is bound to, else `default`.
+    pub fn resolve(
+        &self,
+        requested: Option<&str>,
+        user: &str,
+        device_id: &str,
+    ) -> Result<Arc<Session>, ToolError> {
+        match requested {
+            Some(id) => {
+                let session = self.open(id, user)?;
+                self.bind(device_id, &session.id);
+                Ok(session)
+            }
+            None => self.open(&self.bound(device_id), user),
+        }
     }
+
+    /// Creates a new session with a fresh UUID.
+    pub fn create(&self, user: &str) -> Result<Arc<Session>, ToolError> {
+        self.open(&uuid::Uuid::new_v4().to_string(), user)
+    }
+
+    /// The session a device is bound to (when it still exists), else `default`.
+    pub fn bound(&self, device_id: &str) -> String {
+        match self.store.bound_session(device_id) {
+            Ok(Some(id)) if self.exists(&id) => id,
+            _ => DEFAULT_SESSION.to_owned(),
+        }
+    }
+
+    /// Binds a device to a session (a no-op when it already is).
+    pub fn bind(&self, device_id: &str, session: &str) {
+        if let Err(e) = self.store.bind(device_id, session) {
+            warn!("cannot bind device {device_id} to {session}: {e}");
+        }
+    }
+
+    fn exists(&self, id: &str) -> bool {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id)
+            || matches!(self.store.load(id), Ok(Some(_)))
+    }
+
+    /// The sessions `user` owns, most recently active first.
+    pub fn list(&self, user: &str) -> Vec<SessionInfo> {
+        let stored = self.store.all_sessions().unwrap_or_else(|e| {
+            warn!("cannot list sessions: {e}");
+            Vec::new()
+        });
+        let live = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut out: Vec<SessionInfo> = stored
+            .into_iter()
+            .filter(|m| m.owner == user)
+            .map(|m| match live.get(&m.id) {
+                Some(session) => session.info(),
+                None => SessionInfo {
+                    workspaces: vec![primary_info(&m.id)],
+                    id: m.id,
+                    owner: m.owner,
+                    created_at: m.created_at,
+                    last_active: m.last_active,
+                },
+            })
+            .collect();
+        out.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    /// Deletes a session with its workspace, history, artifacts, bindings and its place in
+    /// workspace records.
+    pub fn delete(&self, id: &str) -> Result<(), ToolError> {
+        let id = normalize_id(id)?;
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        self.store.delete(&id).map_err(store_error)?;
+        self.store.unbind_session(&id).map_err(store_error)?;
+        self.store.forget_session(&id).map_err(store_error)?;
+        Ok(())
+    }
+
+    /// Deletes every session unused for `max_age` (never `default`); returns their ids.
+    pub fn gc(&self, max_age: Duration) -> Result<Vec<String>, ToolError> {
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(max_age)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| crate::fsutil::rfc3339(d.as_secs()))
+            .unwrap_or_default();
+        let mut deleted = Vec::new();
+        for meta in self.store.all_sessions().map_err(store_error)? {
+            let live = self
+                .sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&meta.id)
+                .map(|s| s.meta().last_active);
+            let last = live.unwrap_or(meta.last_active);
+            if meta.id != DEFAULT_SESSION && last < cutoff {
+                self.delete(&meta.id)?;
+                deleted.push(meta.id);
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Drops from memory the sessions idle for `max_idle` that have no folder online; their
+    /// metadata is saved first. Returns how many were dropped.
+    pub fn unload_idle(&self, max_idle: Duration) -> usize {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let idle: Vec<String> = sessions
+            .values()
+            .filter(|s| s.idle() >= max_idle && !s.has_online_attachments())
+            .map(|s| s.id.clone())
+            .collect();
+        for id in &idle {
+            if let Some(session) = sessions.remove(id)
+                && let Err(e) = self.store.save(&session.meta())
+            {
+                warn!("cannot save session {id}: {e}");
+            }
+        }
+        idle.len()
+    }
+
+    /// Saves every loaded session's metadata (on shutdown).
+    pub fn flush(&self) {
+        let sessions = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for session in sessions.values() {
+            if let Err(e) = self.store.save(&session.meta()) {
+                warn!("cannot save session {}: {e}", session.id);
+            }
+        }
+    }
+
+    /// How long a session may sit idle before it is dropped from memory (global setting).
+    pub fn idle_limit(&self) -> Duration {
+        Duration::from_secs(
+            self.layers
+                .global()
+                .retention
+                .idle_unload_hours
+                .saturating_mul(3600),
+        )
+    }
+
+    /// How many sessions are in memory.
+    pub fn loaded(&self) -> usize {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+}
+
+fn primary_info(id: &str) -> WorkspaceInfo {
+    WorkspaceInfo {
+        name: "primary".into(),
+        uri: format!("server:/sessions/{id}"),
+        trust: Trust::Full,
+        host: Host::Server,
+        online: true,
+        tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+    }
+}
+
+/// A store error as the wire error an agent sees.
+pub(crate) fn store_error(e: StoreError) -> ToolError {
+    match e {
+        StoreError::NotFound(what) => {
+            ToolError::new(ErrorCode::NotFound, format!("{what} does not exist"))
+        }
+        StoreError::Invalid(why) => ToolError::new(ErrorCode::InvalidArguments, why),
+        other => ToolError::new(ErrorCode::Internal, other.to_string()),
+    }
+}
+
+fn not_yours(id: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::Unauthorized,
+        format!("session `{id}` belongs to another user"),
+    )
 }
 
 fn owned_by(session: &Session, user: &str) -> Result<(), ToolError> {
     if session.owner == user {
         Ok(())
     } else {
-        Err(ToolError::new(
-            ErrorCode::Unauthorized,
-            format!("session `{}` belongs to another user", session.id),
-        ))
+        Err(not_yours(&session.id))
     }
 }
 
@@ -334,24 +610,25 @@ fn internal(e: impl std::fmt::Display) -> ToolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::FsStore;
 
-    fn registry() -> (tempfile::TempDir, Registry) {
-        let dir = tempfile::tempdir().unwrap();
-        let reg = Registry::new(dir.path(), Limits::default(), ExecPolicy::default());
-        (dir, reg)
+    fn registry(dir: &Path) -> Registry {
+        Registry::new(dir, Arc::new(FsStore::new(dir)), Layers::default())
     }
 
     #[test]
     fn sessions_are_created_reused_and_owned() {
-        let (dir, reg) = registry();
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
         let s = reg.open("default", "ana").unwrap();
         assert!(dir.path().join("sessions/default/workspace").is_dir());
         assert!(dir.path().join("sessions/default/session.toml").is_file());
+        assert!(dir.path().join("sessions/default/session.md").is_file());
         assert!(Arc::ptr_eq(&s, &reg.open("default", "ana").unwrap()));
         let err = reg.open("default", "ben").unwrap_err();
         assert_eq!(err.code, ErrorCode::Unauthorized);
         // After a restart (a new registry), ownership still holds.
-        let reg2 = Registry::new(dir.path(), Limits::default(), ExecPolicy::default());
+        let reg2 = registry(dir.path());
         assert_eq!(
             reg2.open("default", "ben").unwrap_err().code,
             ErrorCode::Unauthorized
@@ -362,7 +639,8 @@ mod tests {
 
     #[test]
     fn session_ids_must_be_default_or_uuids() {
-        let (_dir, reg) = registry();
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
         for bad in ["../x", "", "abc", "default/../../etc"] {
             assert_eq!(
                 reg.open(bad, "ana").unwrap_err().code,
@@ -373,11 +651,45 @@ mod tests {
         let upper = "6F9619FF-8B86-D011-B42D-00C04FC964FF";
         let s = reg.open(upper, "ana").unwrap();
         assert_eq!(s.id, upper.to_lowercase());
+        let fresh = reg.create("ana").unwrap();
+        assert!(uuid::Uuid::parse_str(&fresh.id).is_ok());
+    }
+
+    #[test]
+    fn bindings_gc_delete_and_unloading() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        assert_eq!(reg.bound("dev"), "default");
+        let s = reg.create("ana").unwrap();
+        reg.bind("dev", &s.id);
+        assert_eq!(reg.bound("dev"), s.id);
+        reg.open("default", "ana").unwrap();
+        assert_eq!(reg.unload_idle(Duration::ZERO), 2);
+        assert_eq!(reg.loaded(), 0);
+        assert_eq!(reg.list("ana").len(), 2, "unloaded sessions stay on disk");
+        // Nothing is older than a day; everything but default is older than "now".
+        assert!(reg.gc(Duration::from_secs(86_400)).unwrap().is_empty());
+        std::thread::sleep(Duration::from_millis(1100));
+        let deleted = reg.gc(Duration::ZERO).unwrap();
+        assert_eq!(deleted, vec![s.id.clone()]);
+        assert_eq!(
+            reg.bound("dev"),
+            "default",
+            "the binding went with the session"
+        );
+        assert!(!dir.path().join("sessions").join(&s.id).exists());
+        assert!(
+            dir.path().join("sessions/default").exists(),
+            "never default"
+        );
+        reg.delete("default").unwrap();
+        assert!(reg.list("ana").is_empty());
     }
 
     #[test]
     fn attach_names_are_unique_and_reconnects_keep_theirs() {
-        let (_dir, reg) = registry();
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
         let s = reg.open("default", "ana").unwrap();
         let folder = |device: &str, path: &str| Attached {
             name: "monad".into(),
@@ -386,6 +698,7 @@ mod tests {
             tools: vec![ToolName::ReadFile],
             device_id: device.into(),
             path: path.into(),
+            record: None,
             link: None,
         };
         assert_eq!(s.attach(folder("d1", "~/a/monad"), None).name, "monad");

@@ -1,5 +1,685 @@
 //! Workspace-level integration tests: the real server and the real client over loopback QUIC.
 //!
-//! The end-to-end suites live in `tests/tests/`; the sandbox's own suites (escapes, races,
-//! tools, commands) live in `sandbox/tests/`.
+//! The end-to-end suite lives in `tests/tests/` (one binary, `all`, with its cases in
+//! `tests/tests/suite/`); the sandbox's own suites (escapes, races, tools, commands) live in
+//! `sandbox/tests/`. This library is what the suite stands on:
+//!
+//! - [`TestServer`]: an in-process `monad-server` on `127.0.0.1:0` with a temporary data dir and
+//!   short timeouts; [`TestServer::stop`] shuts it down gracefully and gives back a
+//!   [`StoppedServer`], which [`StoppedServer::restart`]s on the same port and data dir.
+//! - [`Attachment`]: a folder attached through the client library ([`monad_client::attach`]),
+//!   with its events, started once the server has confirmed the attachment; dropping it detaches.
+//! - [`folder`]: a temporary folder with files in it; [`call`] and friends: an agent's call with
+//!   a deadline; [`binary`] and [`command`]: the real `monad-server` and `monad-client` binaries,
+//!   built when missing or older than their sources, and killed when their handle drops.
+//!
+//! Every wait is bounded: a test that would hang fails with a message saying what it waited for.
 #![deny(missing_docs)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use monad_client::ClientError;
+use monad_client::agent::{Agent, CallReply};
+use monad_client::approval::Approver;
+use monad_client::attach::{AttachEvent, AttachOptions, attach};
+use monad_client::config::ClientConfig;
+use monad_protocol::wire::{Outcome, WorkspaceInfo};
+use monad_protocol::{ErrorCode, ToolError};
+use monad_server::server::State;
+use monad_server::{Server, ServerConfig};
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// The longest any single step of a test may wait for something that should happen at once
+/// (a connection, an attachment, a reply). Generous, so a loaded machine does not fail tests;
+/// a hang still fails instead of blocking the suite.
+pub const STEP: Duration = Duration::from_secs(20);
+
+/// Awaits `future` for at most `limit`; panics naming `what` when it does not finish in time.
+pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// A server configuration for tests: loopback, an ephemeral port, and short transport timeouts
+/// so that a killed peer is noticed in about two seconds.
+pub fn test_config(data_dir: PathBuf) -> ServerConfig {
+    let mut config = ServerConfig::new(data_dir);
+    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.transport.keep_alive = Duration::from_millis(300);
+    config.transport.idle_timeout = Duration::from_secs(2);
+    config.hello_timeout = Duration::from_secs(5);
+    config.call_timeout = Duration::from_secs(60);
+    config.shutdown_grace = Duration::from_secs(10);
+    config
+}
+
+/// A server running in this process, on its own runtime task.
+#[derive(Debug)]
+pub struct TestServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its certificate's SHA-256, hex.
+    pub fingerprint: String,
+    /// The first token, made on first start for user `admin`.
+    pub token: String,
+    state: Arc<State>,
+    config: ServerConfig,
+    data: TempDir,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl TestServer {
+    /// Starts a server with [`test_config`] in a fresh temporary data dir.
+    pub async fn start() -> TestServer {
+        TestServer::start_with(|_| {}).await
+    }
+
+    /// Starts a server with [`test_config`] as changed by `tune`.
+    pub async fn start_with(tune: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        let data = tempfile::tempdir().expect("temporary data dir");
+        let mut config = test_config(data.path().to_path_buf());
+        tune(&mut config);
+        let (server, first) = Server::bind(config.clone()).expect("the server binds");
+        let first = first.expect("a fresh data dir makes a first token");
+        TestServer::run(server, config, data, first.token)
+    }
+
+    fn run(server: Server, mut config: ServerConfig, data: TempDir, token: String) -> TestServer {
+        let addr = server.local_addr();
+        // A restart must come back on the same port.
+        config.listen = addr;
+        let fingerprint = server.fingerprint().to_owned();
+        let state = server.state().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        TestServer {
+            addr,
+            fingerprint,
+            token,
+            state,
+            config,
+            data,
+            stop,
+            task,
+        }
+    }
+
+    /// The server's shared state: its tokens and sessions.
+    pub fn state(&self) -> &Arc<State> {
+        &self.state
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// The data dir.
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
+    /// The root of the primary workspace of session `id` on disk.
+    pub fn primary_dir(&self, id: &str) -> PathBuf {
+        self.data_dir().join("sessions").join(id).join("workspace")
+    }
+
+    /// A client configuration for user `admin` (the first token), with a fresh device id.
+    pub fn client_config(&self) -> ClientConfig {
+        self.client_config_with(&self.token)
+    }
+
+    /// A client configuration with `token`, with a fresh device id.
+    pub fn client_config_with(&self, token: &str) -> ClientConfig {
+        ClientConfig::new(&self.addr.to_string(), token, &self.fingerprint)
+            .expect("the server's fingerprint is well-formed")
+    }
+
+    /// A token for `user`, made through the server's token store.
+    pub fn create_token(&self, user: &str) -> String {
+        self.state.tokens.create(user).expect("token created").1
+    }
+
+    /// An agent connected as `admin`.
+    pub async fn agent(&self) -> Agent {
+        connect_agent(&self.client_config()).await
+    }
+
+    /// Shuts the server down gracefully and waits (bounded) until it has stopped. The data dir
+    /// and port are kept for [`StoppedServer::restart`].
+    pub async fn stop(self) -> StoppedServer {
+        let TestServer {
+            addr,
+            fingerprint,
+            token,
+            state,
+            config,
+            data,
+            stop,
+            task,
+        } = self;
+        // The state holds the attached clients' connections; they must go with the server.
+        drop(state);
+        let _ = stop.send(());
+        let limit = config.shutdown_grace + STEP;
+        within(limit, "the server to shut down", task)
+            .await
+            .expect("the server task does not panic");
+        StoppedServer {
+            addr,
+            fingerprint,
+            token,
+            config,
+            data,
+        }
+    }
+
+    /// Starts the shutdown and returns at once; the returned handle resolves when the server
+    /// has stopped.
+    pub fn begin_shutdown(self) -> JoinHandle<StoppedServer> {
+        tokio::spawn(self.stop())
+    }
+}
+
+/// A server that was shut down; its data dir (tokens, certificate, sessions) is kept.
+#[derive(Debug)]
+pub struct StoppedServer {
+    /// The address it listened on.
+    pub addr: SocketAddr,
+    /// Its certificate's SHA-256, hex (unchanged by a restart).
+    pub fingerprint: String,
+    /// The first token.
+    pub token: String,
+    config: ServerConfig,
+    data: TempDir,
+}
+
+impl StoppedServer {
+    /// Starts a new server on the same address and data dir.
+    pub async fn restart(self) -> TestServer {
+        // The old endpoint's socket is released by its driver task, just after the server's
+        // run ends: retry briefly while the port is still taken.
+        let bind = async {
+            loop {
+                match Server::bind(self.config.clone()) {
+                    Err(monad_server::ServerError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::AddrInUse =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    other => return other,
+                }
+            }
+        };
+        let (server, first) = within(STEP, "the old server's port to be free", bind)
+            .await
+            .expect("the server binds again");
+        assert!(first.is_none(), "a restart makes no new first token");
+        assert_eq!(server.fingerprint(), self.fingerprint, "same certificate");
+        TestServer::run(server, self.config, self.data, self.token)
+    }
+}
+
+/// Connects an agent, panicking with the error when it cannot.
+pub async fn connect_agent(config: &ClientConfig) -> Agent {
+    within(STEP, "an agent to connect", Agent::connect(config))
+        .await
+        .unwrap_or_else(|e| panic!("the agent cannot connect: {e}"))
+}
+
+/// A temporary folder holding `files` (`(relative path, content)`; parents are created).
+pub fn folder(files: &[(&str, &str)]) -> TempDir {
+    let dir = tempfile::tempdir().expect("temporary folder");
+    for (path, content) in files {
+        let path = dir.path().join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("parent dirs");
+        }
+        std::fs::write(&path, content).expect("file written");
+    }
+    dir
+}
+
+/// Attach options for tests: the short name `name`, restricted, a short prompt time-out and a
+/// fast reconnect backoff.
+pub fn attach_options(dir: &Path, name: &str) -> AttachOptions {
+    let mut options = AttachOptions::new(dir.to_path_buf());
+    options.name = Some(name.to_owned());
+    options.prompt_timeout = Duration::from_secs(10);
+    options.backoff = (Duration::from_millis(50), Duration::from_millis(500));
+    options
+}
+
+/// A folder attached through the client library, running on its own task.
+#[derive(Debug)]
+pub struct Attachment {
+    /// The session it joined.
+    pub session: String,
+    /// The workspace as the session lists it.
+    pub workspace: WorkspaceInfo,
+    events: mpsc::UnboundedReceiver<AttachEvent>,
+    task: JoinHandle<Result<(), ClientError>>,
+}
+
+impl Attachment {
+    /// Attaches with `options` and waits (bounded) until the server confirms it.
+    pub async fn start(
+        config: &ClientConfig,
+        options: AttachOptions,
+        approver: Option<Arc<dyn Approver>>,
+    ) -> Attachment {
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let config = config.clone();
+        let mut task =
+            tokio::spawn(async move { attach(&config, options, approver, Some(tx)).await });
+        let (session, workspace) = next_attached(&mut events, &mut task).await;
+        Attachment {
+            session,
+            workspace,
+            events,
+            task,
+        }
+    }
+
+    /// Waits (bounded) for the next `Attached` event (after a reconnect), skipping others;
+    /// records and returns the workspace.
+    pub async fn wait_attached(&mut self) -> WorkspaceInfo {
+        let (session, workspace) = next_attached(&mut self.events, &mut self.task).await;
+        self.session = session;
+        self.workspace = workspace.clone();
+        workspace
+    }
+
+    /// Waits (bounded) for the next event.
+    pub async fn next_event(&mut self) -> AttachEvent {
+        within(STEP, "an attach event", self.events.recv())
+            .await
+            .expect("attach is still running")
+    }
+}
+
+/// The next `Attached` event; panics with attach's result if it ends first.
+async fn next_attached(
+    events: &mut mpsc::UnboundedReceiver<AttachEvent>,
+    task: &mut JoinHandle<Result<(), ClientError>>,
+) -> (String, WorkspaceInfo) {
+    within(STEP, "the folder to be attached", async {
+        loop {
+            match events.recv().await {
+                Some(AttachEvent::Attached { session, workspace }) => break (session, workspace),
+                Some(_) => {}
+                None => panic!("attach ended before attaching: {:?}", task.await),
+            }
+        }
+    })
+    .await
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Calls `tool` in the default session with a deadline; panics when the request itself fails
+/// (a refused or broken connection), so tests see the tool's outcome.
+pub async fn call(agent: &Agent, tool: &str, args: Value) -> CallReply {
+    call_in(agent, None, tool, args).await
+}
+
+/// Like [`call`], in `session`.
+pub async fn call_in(agent: &Agent, session: Option<&str>, tool: &str, args: Value) -> CallReply {
+    within(
+        STEP,
+        &format!("`{tool}` to answer"),
+        agent.call(session, tool, args, |_| {}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("`{tool}` failed as a request: {e}"))
+}
+
+/// The result of a call that must succeed, and the name of the workspace that ran it.
+pub fn ok(reply: CallReply) -> (Value, String) {
+    let workspace = reply.workspace.map(|w| w.name).unwrap_or_default();
+    match reply.outcome {
+        Outcome::Ok { result } => (result, workspace),
+        Outcome::Error { error } => panic!("expected success, got {error} (in `{workspace}`)"),
+    }
+}
+
+/// The error of a call that must fail.
+pub fn err(reply: CallReply) -> ToolError {
+    match reply.outcome {
+        Outcome::Error { error } => error,
+        Outcome::Ok { result } => panic!("expected an error, got {result}"),
+    }
+}
+
+/// Asserts that a call failed with `code`, and returns its message.
+pub fn expect_code(reply: CallReply, code: ErrorCode) -> String {
+    let error = err(reply);
+    assert_eq!(error.code, code, "wrong code: {error}");
+    error.message
+}
+
+/// The binaries [`binary`] knows, and the crates their code comes from.
+const BINARIES: [&str; 2] = ["monad-server", "monad-client"];
+const BINARY_SOURCES: [&str; 4] = ["protocol", "sandbox", "server", "client"];
+
+/// The path of one of the workspace's binaries (`monad-server`, `monad-client`) in the target
+/// dir the tests run from. `cargo test --workspace` builds them; otherwise (`cargo test -p
+/// monad-tests`) they are built here, once per run, when missing or older than their sources.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    assert!(BINARIES.contains(&name), "unknown binary {name}");
+    let exe = std::env::current_exe().expect("the test executable's path");
+    // <target>/<profile>/deps/<test binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in <target>/<profile>/deps");
+    let built = BUILT.get_or_init(|| {
+        if binaries_are_stale(profile_dir) {
+            build_binaries(profile_dir)
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = built {
+        panic!(
+            "cannot build the binaries the tests run ({e}); try `cargo build --workspace --bins`"
+        );
+    }
+    profile_dir.join(name)
+}
+
+/// Whether a binary is missing or older than a source file it is built from (the way cargo
+/// decides, by modification time).
+fn binaries_are_stale(profile_dir: &Path) -> bool {
+    fn newest(path: &Path, newest_seen: &mut std::time::SystemTime) {
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return;
+        };
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+                newest(&entry.path(), newest_seen);
+            }
+        } else if let Ok(modified) = meta.modified() {
+            *newest_seen = (*newest_seen).max(modified);
+        }
+    }
+    let built = BINARIES
+        .iter()
+        .map(|b| std::fs::metadata(profile_dir.join(b)).and_then(|m| m.modified()))
+        .collect::<Result<Vec<_>, _>>();
+    let Some(oldest_binary) = built.ok().and_then(|times| times.into_iter().min()) else {
+        return true;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    let mut sources = std::time::SystemTime::UNIX_EPOCH;
+    newest(&root.join("Cargo.toml"), &mut sources);
+    newest(&root.join("Cargo.lock"), &mut sources);
+    for krate in BINARY_SOURCES {
+        newest(&root.join(krate).join("Cargo.toml"), &mut sources);
+        newest(&root.join(krate).join("build.rs"), &mut sources);
+        newest(&root.join(krate).join("src"), &mut sources);
+    }
+    sources > oldest_binary
+}
+
+/// Runs `cargo build --bins` for the server and the client into the profile dir the tests run
+/// from. Cargo's own variables for this test run are removed from the environment: build
+/// scripts watch some of them, and a difference would rebuild half the dependency tree.
+fn build_binaries(profile_dir: &Path) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let target_dir = profile_dir.parent().ok_or("no target dir")?;
+    let profile = profile_dir
+        .file_name()
+        .and_then(|p| p.to_str())
+        .ok_or("no profile")?;
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args([
+        "build",
+        "--quiet",
+        "-p",
+        "monad-server",
+        "-p",
+        "monad-client",
+        "--bins",
+    ])
+    .arg("--target-dir")
+    .arg(target_dir)
+    .current_dir(env!("CARGO_MANIFEST_DIR"));
+    match profile {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || matches!(
+                &*key,
+                "OUT_DIR" | "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR"
+            )
+        {
+            cmd.env_remove(&*key);
+        }
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run cargo: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "cargo build failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// A command for one of the workspace's binaries: no stdin, stdout and stderr piped, the
+/// `MONAD_*` variables of this process removed, and the process killed when its handle drops.
+pub fn command(name: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(binary(name));
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_remove("MONAD_CONFIG_DIR")
+        .env_remove("MONAD_DATA_DIR")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Reads lines from a child's output until one satisfies `wanted`; panics (with what was read)
+/// on end of output or after `limit`.
+pub async fn wait_for_line<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut tokio::io::Lines<R>,
+    limit: Duration,
+    what: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> String {
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(limit, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if wanted(&line) {
+                return Some(line);
+            }
+            seen.push(line);
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(line)) => line,
+        Ok(None) => panic!("output ended before {what}; it said:\n{}", seen.join("\n")),
+        Err(_) => panic!(
+            "no {what} within {limit:?}; output so far:\n{}",
+            seen.join("\n")
+        ),
+    }
+}
+
+/// A real `monad-server` process serving a data dir: loopback, an ephemeral port, MCP over HTTP
+/// off. Its standard error is collected (see [`ServerProcess::stderr`]) so tests can look for
+/// warnings; it is killed when dropped.
+#[derive(Debug)]
+pub struct ServerProcess {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its certificate's SHA-256, hex.
+    pub fingerprint: String,
+    /// The token printed at the first start, when this start was the first.
+    pub first_token: Option<String>,
+    child: tokio::process::Child,
+    stderr: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ServerProcess {
+    /// Starts `monad-server --data-dir DIR` with the extra environment variables `envs` and
+    /// waits (bounded) until it listens; panics with its output when it does not.
+    pub async fn start(data_dir: &Path, envs: &[(&str, &str)]) -> ServerProcess {
+        use tokio::io::AsyncBufReadExt;
+        let mut cmd = command("monad-server");
+        cmd.arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0", "--no-http"]);
+        for (key, value) in envs {
+            cmd.env(key, value);
+        }
+        let mut child = cmd.spawn().expect("monad-server starts");
+        let mut err_lines = tokio::io::BufReader::new(child.stderr.take().expect("piped")).lines();
+        let mut out_lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        let mut seen = Vec::new();
+        let mut addr = None;
+        let mut fingerprint = None;
+        let mut first = false;
+        let started = within(STEP, "monad-server to start listening", async {
+            while let Ok(Some(line)) = err_lines.next_line().await {
+                if let Some(rest) = line.strip_prefix("monad-server listening on ") {
+                    addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+                }
+                if let Some(rest) = line.strip_prefix("certificate fingerprint: ") {
+                    fingerprint = Some(rest.trim().to_owned());
+                }
+                let done = line.starts_with("First start") || line.starts_with("create a token");
+                first |= line.starts_with("First start");
+                seen.push(line);
+                if done {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        let (Some(addr), Some(fingerprint), true) = (addr, fingerprint, started) else {
+            panic!("monad-server did not start; it said:\n{}", seen.join("\n"));
+        };
+        let first_token = if first {
+            let login = wait_for_line(&mut out_lines, STEP, "the login line", |l| {
+                l.starts_with("monad-client login ")
+            })
+            .await;
+            let words: Vec<&str> = login.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "--token").expect("a token");
+            Some(words[at + 1].to_owned())
+        } else {
+            None
+        };
+        let stderr = Arc::new(std::sync::Mutex::new(seen));
+        let sink = stderr.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = err_lines.next_line().await {
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        tokio::spawn(async move { while let Ok(Some(_)) = out_lines.next_line().await {} });
+        ServerProcess {
+            addr,
+            fingerprint,
+            first_token,
+            child,
+            stderr,
+        }
+    }
+
+    /// A client configuration for `token`, with a fresh device id.
+    pub fn client_config(&self, token: &str) -> ClientConfig {
+        ClientConfig::new(&self.addr.to_string(), token, &self.fingerprint)
+            .expect("the server's fingerprint is well-formed")
+    }
+
+    /// `config` pointed at this server (same token and device id), e.g. after a restart on
+    /// another port.
+    pub fn retarget(&self, config: &ClientConfig) -> ClientConfig {
+        let mut config = config.clone();
+        config.server = self.addr.to_string();
+        config.fingerprint = self.fingerprint.clone();
+        config
+    }
+
+    /// What it has written to standard error so far.
+    pub fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .join("\n")
+    }
+
+    /// Kills it with SIGKILL and waits (bounded) until it is gone.
+    pub async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL sent");
+        within(STEP, "monad-server to die", self.child.wait())
+            .await
+            .expect("monad-server is reaped");
+    }
+
+    /// Stops it with SIGTERM (a graceful shutdown) and waits (bounded); panics unless it exits
+    /// successfully. Returns what it wrote to standard error.
+    pub async fn stop(mut self) -> String {
+        let pid = self.child.id().expect("still running") as i32;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM sent");
+        let status = within(STEP, "monad-server to stop", self.child.wait())
+            .await
+            .expect("monad-server is reaped");
+        // Let the collector take the last lines.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let said = self.stderr();
+        assert!(
+            status.success(),
+            "monad-server exited with {status}:\n{said}"
+        );
+        said
+    }
+}
+
+/// Runs `monad-server` with `args` to completion (bounded) and returns its output.
+pub async fn server_command(args: &[&str]) -> std::process::Output {
+    let output = command("monad-server").args(args).output();
+    within(STEP, &format!("`monad-server {}`", args.join(" ")), output)
+        .await
+        .expect("monad-server runs")
+}

@@ -1,0 +1,187 @@
+//! `monad-client mcp`: an MCP server on stdio for AI hosts that launch a command, bridged to the
+//! Monad server over QUIC as an agent.
+//!
+//! What hosts see is [`monad_protocol::mcp::McpFront`], shared with the server's HTTP endpoint;
+//! this module provides its [`Backend`] over an [`Agent`]: calls and listings go to the server,
+//! workspace changes come from a watch (re-established after a reconnect), and a host's
+//! cancellation drops the call, which resets its QUIC stream and cancels it on every hop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use monad_protocol::mcp::{Backend, McpFront, ProgressSender};
+use monad_protocol::wire::{Outcome, WorkspaceInfo, WorkspaceRef};
+use monad_protocol::{ErrorCode, ToolError, ToolName};
+use rmcp::ServiceExt;
+use rmcp::model::Extensions;
+use rmcp::service::RoleServer;
+use rmcp::transport::IntoTransport;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+use crate::ClientError;
+use crate::agent::Agent;
+use crate::config::ClientConfig;
+
+/// Longest wait between attempts to re-establish a lost watch.
+const MAX_RETRY: Duration = Duration::from_secs(10);
+
+/// The stdio bridge's backend: one agent connection to the server, re-made when it drops.
+#[derive(Debug)]
+pub struct AgentBackend {
+    config: ClientConfig,
+    agent: tokio::sync::Mutex<Option<Agent>>,
+}
+
+impl AgentBackend {
+    /// A backend that connects with `config` when first needed.
+    pub fn new(config: ClientConfig) -> AgentBackend {
+        AgentBackend {
+            config,
+            agent: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The live agent, connecting (again) if there is none or its connection closed.
+    async fn agent(&self) -> Result<Agent, ToolError> {
+        let mut agent = self.agent.lock().await;
+        if let Some(live) = agent.as_ref().filter(|a| a.quic().close_reason().is_none()) {
+            return Ok(live.clone());
+        }
+        let fresh = Agent::connect(&self.config)
+            .await
+            .map_err(|e| to_tool_error(&self.config, e))?;
+        info!(server = %self.config.server, "connected to the Monad server");
+        *agent = Some(fresh.clone());
+        Ok(fresh)
+    }
+}
+
+/// A client failure outside any tool, as a sentence for a model and its user.
+fn to_tool_error(config: &ClientConfig, error: ClientError) -> ToolError {
+    match error {
+        ClientError::Refused(error) => error,
+        ClientError::Unreachable(why) => ToolError::new(
+            ErrorCode::Io,
+            format!(
+                "cannot reach the Monad server at {} ({why}); is it running? The call may be \
+                 retried once it is back",
+                config.server
+            ),
+        ),
+        other => ToolError::new(ErrorCode::Internal, other.to_string()),
+    }
+}
+
+impl Backend for AgentBackend {
+    async fn open(
+        &self,
+        _caller: &Extensions,
+        session: Option<&str>,
+    ) -> Result<(String, Vec<WorkspaceInfo>), ToolError> {
+        self.agent()
+            .await?
+            .workspaces(session)
+            .await
+            .map_err(|e| to_tool_error(&self.config, e))
+    }
+
+    async fn call(
+        &self,
+        _caller: &Extensions,
+        session: &str,
+        tool: ToolName,
+        args: Value,
+        progress: ProgressSender,
+    ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
+        let reply = self
+            .agent()
+            .await?
+            .call(Some(session), tool.as_str(), args, |line| {
+                let _ = progress.send(line.to_owned());
+            })
+            .await
+            .map_err(|e| to_tool_error(&self.config, e))?;
+        Ok((reply.workspace, reply.outcome))
+    }
+
+    async fn watch(
+        &self,
+        _caller: &Extensions,
+        session: &str,
+    ) -> Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError> {
+        let agent = self.agent().await?;
+        let mut updates = agent
+            .watch(Some(session))
+            .await
+            .map_err(|e| to_tool_error(&self.config, e))?;
+        let (tx, rx) = mpsc::channel(8);
+        let config = self.config.clone();
+        let session = session.to_owned();
+        tokio::spawn(async move {
+            let mut retry = Duration::from_millis(200);
+            loop {
+                loop {
+                    tokio::select! {
+                        update = updates.recv() => match update {
+                            Some((_, list)) => if tx.send(list).await.is_err() { return },
+                            None => break,
+                        },
+                        () = tx.closed() => return,
+                    }
+                }
+                // The watch ended: the connection dropped. Watch again on a new one; its first
+                // list reaches the host as a change (folders may have come and gone meanwhile).
+                loop {
+                    debug!("workspace watch lost; retrying in {} ms", retry.as_millis());
+                    tokio::select! {
+                        () = tokio::time::sleep(retry) => {}
+                        () = tx.closed() => return,
+                    }
+                    retry = (retry * 2).min(MAX_RETRY);
+                    let renewed = match Agent::connect(&config).await {
+                        Ok(agent) => agent.watch(Some(&session)).await.ok(),
+                        Err(_) => None,
+                    };
+                    if let Some(renewed) = renewed {
+                        updates = renewed;
+                        retry = Duration::from_millis(200);
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+/// Serves MCP on `transport` (stdio for `monad-client mcp`) until the host closes it. `session`
+/// is the session used when the host's `initialize` names none in `_meta.sessionId` (`None`: the
+/// server's default for this device).
+pub async fn serve<T, E, A>(
+    config: ClientConfig,
+    session: Option<String>,
+    transport: T,
+) -> Result<(), ClientError>
+where
+    T: IntoTransport<RoleServer, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let backend = Arc::new(AgentBackend::new(config));
+    let front = McpFront::new(backend, session);
+    let running = front
+        .serve(transport)
+        .await
+        .map_err(|e| ClientError::Protocol(format!("MCP initialization failed: {e}")))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| ClientError::Protocol(format!("the MCP service stopped: {e}")))?;
+    Ok(())
+}
+
+/// `monad-client mcp`: MCP over this process's stdin and stdout.
+pub async fn serve_stdio(config: ClientConfig, session: Option<String>) -> Result<(), ClientError> {
+    serve(config, session, rmcp::transport::stdio()).await
+}

@@ -1,0 +1,598 @@
+//! The MCP front (feature `mcp`): what AI hosts see of Monad through the Model Context Protocol.
+//!
+//! One implementation serves both transports: `monad-client mcp` (stdio, bridged to the server
+//! over QUIC) and the server's Streamable HTTP endpoint (which calls its executor directly). They
+//! differ only in their [`Backend`]; everything a host sees is decided here:
+//!
+//! - [`tools`]: every tool with its schemars schema, a description for a model, annotations
+//!   ([`annotations`]) and a `workspace` argument whose description lists the session's current
+//!   workspaces ([`describe_workspaces`]).
+//! - [`call_result`]: a tool's outcome as a `CallToolResult`; a tool failure (not found, denied,
+//!   outside the root, limits) is a result with `isError: true` and the error's sentence, never
+//!   a protocol error.
+//! - [`McpFront`]: the rmcp [`ServerHandler`]. `initialize` selects the session (`_meta.sessionId`,
+//!   else the transport's default) and starts watching it, so that attaching or detaching a folder
+//!   sends `notifications/tools/list_changed`; `tools/call` relays progress (progress
+//!   notifications when the host sent a token, and a log message) and a host's cancellation drops
+//!   the call, which cancels it on every hop.
+
+#![allow(deprecated)] // rmcp marks logging deprecated (SEP-2577); the protocol versions we speak have it.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Extensions,
+    Implementation, InitializeRequestParams, InitializeResult, JsonObject, ListToolsResult,
+    LoggingLevel, LoggingMessageNotificationParam, MetaObject, PaginatedRequestParams,
+    ProgressNotificationParam, ProtocolVersion, ServerCapabilities, ServerConfig,
+    SetLevelRequestParams, Tool, ToolAnnotations,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::error::{ErrorCode, ToolError};
+use crate::tools::{ToolClass, ToolName};
+use crate::wire::{Host, Outcome, Trust, WorkspaceInfo, WorkspaceRef};
+
+/// The `_meta` key of a request that names the session to use (seed 001: resume by id).
+pub const SESSION_META_KEY: &str = "sessionId";
+
+/// The newest MCP version Monad speaks. Later versions drop `initialize`, which selects the
+/// session here; hosts that probe for them fall back to this one.
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// The tool annotations: hints for hosts that decide what to confirm or run in parallel.
+pub fn annotations(tool: ToolName) -> ToolAnnotations {
+    let (read_only, destructive, idempotent) = match tool {
+        ToolName::ReadFile
+        | ToolName::ListDir
+        | ToolName::Stat
+        | ToolName::Search
+        | ToolName::Glob
+        | ToolName::Workspaces
+        | ToolName::MemoryRecall => (true, false, true),
+        // Replaces the file with the given content: repeating it changes nothing more.
+        ToolName::WriteFile => (false, true, true),
+        // A second identical edit finds no match (or edits again with `replace_all`).
+        ToolName::EditFile => (false, true, false),
+        ToolName::RunCommand => (false, true, false),
+        // Replaces the note under the key: repeating it changes nothing more.
+        ToolName::MemoryStore => (false, false, true),
+    };
+    ToolAnnotations::new()
+        .read_only(read_only)
+        .destructive(destructive)
+        .idempotent(idempotent)
+        // Every tool stays inside the session's workspaces.
+        .open_world(false)
+}
+
+/// Where a tool runs, in words for a model.
+fn where_it_runs(tool: ToolName) -> &'static str {
+    match tool.class() {
+        ToolClass::System => "It runs on the Monad server, for the whole session.",
+        _ => {
+            "It runs in one of the session's workspaces (see `workspace`), confined to that \
+             workspace's folder; in a restricted workspace each call first waits for its user's \
+             approval and may be denied."
+        }
+    }
+}
+
+/// The description of the `workspace` argument of `tool`: what it does and the session's
+/// current workspaces that offer the tool.
+pub fn describe_workspaces(tool: ToolName, workspaces: &[WorkspaceInfo]) -> String {
+    if tool.class() == ToolClass::System {
+        return "Ignored: this tool works on the whole session.".to_owned();
+    }
+    let mut out = String::from(
+        "Workspace to run in: its short name or URI. Default: the first workspace, in the order \
+         below, that offers the tool and (for a path that must exist) contains the path.",
+    );
+    let offering: Vec<&WorkspaceInfo> = workspaces
+        .iter()
+        .filter(|w| w.tools.contains(&tool))
+        .collect();
+    if offering.is_empty() {
+        out.push_str(" No workspace of this session offers this tool right now.");
+        return out;
+    }
+    out.push_str(" This session's workspaces:");
+    for w in offering {
+        let host = match w.host {
+            Host::Server => "on the server",
+            Host::Client => "a folder attached from a user's machine",
+        };
+        let trust = match w.trust {
+            Trust::Full => "trusted, runs at once",
+            Trust::Restricted => "restricted, each action needs its user's approval",
+        };
+        let online = if w.online { "" } else { ", offline" };
+        out.push_str(&format!(
+            " `{}` ({}; {host}; {trust}{online});",
+            w.name, w.uri
+        ));
+    }
+    out.pop();
+    out.push('.');
+    out
+}
+
+/// The MCP descriptor of one tool, for a session with these workspaces.
+pub fn tool(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Tool {
+    let mut schema = match tool.input_schema() {
+        Value::Object(map) => map,
+        _ => JsonObject::new(),
+    };
+    // The Rust type's name means nothing to a model.
+    schema.remove("title");
+    if let Some(Value::Object(workspace)) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("workspace"))
+    {
+        workspace.insert(
+            "description".into(),
+            describe_workspaces(tool, workspaces).into(),
+        );
+    }
+    let description = format!("{} {}", tool.description(), where_it_runs(tool));
+    Tool::new(tool.as_str(), description, schema).with_annotations(annotations(tool))
+}
+
+/// Every tool, in the order [`ToolName::ALL`] lists them.
+pub fn tools(workspaces: &[WorkspaceInfo]) -> Vec<Tool> {
+    ToolName::ALL.iter().map(|t| tool(*t, workspaces)).collect()
+}
+
+/// A call's answer as an MCP result: `structuredContent` is `{"workspace", "result"}` (or
+/// `{"workspace", "error"}`), and the text content says the same for hosts that read only text.
+/// A tool failure is `isError: true` with a sentence a model can act on.
+pub fn call_result(workspace: Option<WorkspaceRef>, outcome: Outcome) -> CallToolResult {
+    match outcome {
+        Outcome::Ok { result } => {
+            CallToolResult::structured(json!({ "workspace": workspace, "result": result }))
+        }
+        Outcome::Error { error } => error_result(workspace, &error),
+    }
+}
+
+/// A failure as an MCP result with `isError: true`.
+pub fn error_result(workspace: Option<WorkspaceRef>, error: &ToolError) -> CallToolResult {
+    let place = match &workspace {
+        Some(w) => format!(" (in workspace `{}`, {})", w.name, w.uri),
+        None => String::new(),
+    };
+    let text = format!("{}: {}{place}", error.code, error.message);
+    let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(json!({ "workspace": workspace, "error": error }));
+    result
+}
+
+/// The session a request names in its `_meta`, if any.
+pub fn session_from_meta(meta: &JsonObject) -> Option<String> {
+    meta.get(SESSION_META_KEY)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// Lines of progress a backend reports while a call waits (for an approval, say).
+pub type ProgressSender = mpsc::UnboundedSender<String>;
+
+/// What a transport provides: sessions, calls and change notifications. The `caller` is the
+/// request's extensions: the HTTP transport finds the authenticated user there; the stdio bridge,
+/// which authenticated once with its own token, ignores it.
+pub trait Backend: Send + Sync + 'static {
+    /// Opens `session` (`None`: the transport's default), creating it on first use, and returns
+    /// its id and current workspaces. A session of another user, or an id that is neither
+    /// `default` nor a UUID, is an error.
+    fn open(
+        &self,
+        caller: &Extensions,
+        session: Option<&str>,
+    ) -> impl Future<Output = Result<(String, Vec<WorkspaceInfo>), ToolError>> + Send;
+
+    /// Runs `tool` in `session`, sending progress lines to `progress`. Dropping the future
+    /// cancels the call (and any approval prompt it waits on).
+    fn call(
+        &self,
+        caller: &Extensions,
+        session: &str,
+        tool: ToolName,
+        args: Value,
+        progress: ProgressSender,
+    ) -> impl Future<Output = Result<(Option<WorkspaceRef>, Outcome), ToolError>> + Send;
+
+    /// Watches `session`: the receiver gets its workspaces now and after every change.
+    /// Dropping the receiver ends the watch.
+    fn watch(
+        &self,
+        caller: &Extensions,
+        session: &str,
+    ) -> impl Future<Output = Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError>> + Send;
+}
+
+/// Per-connection state of the front.
+#[derive(Debug)]
+struct State {
+    /// The session chosen at `initialize`.
+    session: Option<String>,
+    /// Log messages below this level are not sent.
+    log_level: LoggingLevel,
+    /// The task that turns workspace changes into `tools/list_changed`.
+    watcher: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        if let Some(watcher) = self.watcher.take() {
+            watcher.abort();
+        }
+    }
+}
+
+/// The MCP server handler: one per MCP connection (stdio process, HTTP session).
+#[derive(Debug)]
+pub struct McpFront<B> {
+    backend: Arc<B>,
+    default_session: Option<String>,
+    state: Mutex<State>,
+}
+
+impl<B: Backend> McpFront<B> {
+    /// A front over `backend`; `default_session` is used when `initialize` names none
+    /// (`None`: the backend's default).
+    pub fn new(backend: Arc<B>, default_session: Option<String>) -> McpFront<B> {
+        McpFront {
+            backend,
+            default_session,
+            state: Mutex::new(State {
+                session: None,
+                log_level: LoggingLevel::Info,
+                watcher: None,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session a request runs in: its own `_meta.sessionId`, else the connection's.
+    fn session_for(&self, meta: &JsonObject) -> Option<String> {
+        session_from_meta(meta)
+            .or_else(|| self.state().session.clone())
+            .or_else(|| self.default_session.clone())
+    }
+
+    /// Sends a log message unless the host asked for less. Sent from the request's own task,
+    /// so that over HTTP it travels on the request's stream, like its progress.
+    async fn log(&self, peer: &rmcp::Peer<RoleServer>, level: LoggingLevel, message: &str) {
+        if rank(level) < rank(self.state().log_level) {
+            return;
+        }
+        let param = LoggingMessageNotificationParam::new(level, Value::String(message.to_owned()))
+            .with_logger("monad");
+        let _ = peer.notify_logging_message(param).await;
+    }
+}
+
+fn rank(level: LoggingLevel) -> u8 {
+    match level {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
+}
+
+/// A failure of the backend outside any tool (an unreachable server, a refused session) as a
+/// JSON-RPC error, for requests that have no tool result to carry it.
+fn protocol_error(error: ToolError) -> ErrorData {
+    match error.code {
+        ErrorCode::InvalidArguments | ErrorCode::Unauthorized | ErrorCode::NotFound => {
+            ErrorData::invalid_params(error.message, None)
+        }
+        _ => ErrorData::internal_error(error.message, None),
+    }
+}
+
+impl<B: Backend> ServerHandler for McpFront<B> {
+    fn get_info(&self) -> ServerConfig {
+        let capabilities = ServerCapabilities::builder()
+            .enable_logging()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build();
+        ServerConfig::new(capabilities)
+            .with_protocol_version(PROTOCOL_VERSION)
+            .with_server_info(
+                Implementation::new("monad", env!("CARGO_PKG_VERSION"))
+                    .with_title("Monad: sandboxed tools in a session's workspaces"),
+            )
+            .with_instructions(
+                "Monad runs file and command tools in the workspaces of one session: the \
+                 session's own folder on the server (`primary`) and folders that people attach \
+                 from their machines. Call `workspaces` to see them; pass `workspace` to choose \
+                 one, or let Monad pick the first that has the path. Every result names the \
+                 workspace that ran it. Actions in a restricted workspace wait for its user's \
+                 approval and may be denied: a denial is a tool error that says why and how the \
+                 user can allow it.",
+            )
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(&PROTOCOL_VERSION))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let wanted = self.session_for(&context.meta);
+        let (session, _) = self
+            .backend
+            .open(&context.extensions, wanted.as_deref())
+            .await
+            .map_err(protocol_error)?;
+        let mut changes = self
+            .backend
+            .watch(&context.extensions, &session)
+            .await
+            .map_err(protocol_error)?;
+        let peer = context.peer.clone();
+        let watcher = tokio::spawn(async move {
+            // The first list is the current one; every later one is a change.
+            let _ = changes.recv().await;
+            while changes.recv().await.is_some() {
+                if peer.is_transport_closed() || peer.notify_tool_list_changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        {
+            let mut state = self.state();
+            state.session = Some(session.clone());
+            if let Some(old) = state.watcher.replace(watcher.abort_handle()) {
+                old.abort();
+            }
+        }
+        let mut result = self.negotiate_initialize(&request)?;
+        let mut meta = MetaObject::new();
+        meta.insert(SESSION_META_KEY.into(), session.clone().into());
+        result.meta = Some(meta);
+        if let Some(instructions) = &mut result.instructions {
+            instructions.push_str(&format!(
+                " This connection works in session `{session}`; send `_meta.sessionId` in \
+                 `initialize` to resume it later."
+            ));
+        }
+        Ok(result)
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.state().log_level = request.level;
+        Ok(())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let session = self.session_for(&context.meta);
+        let (_, workspaces) = self
+            .backend
+            .open(&context.extensions, session.as_deref())
+            .await
+            .map_err(protocol_error)?;
+        Ok(ListToolsResult::with_all_items(tools(&workspaces)))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        ToolName::parse(name).map(|t| tool(t, &[]))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Some(name) = ToolName::parse(&request.name) else {
+            let known: Vec<&str> = ToolName::ALL.iter().map(|t| t.as_str()).collect();
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool `{}`; the tools are: {}",
+                    request.name,
+                    known.join(", ")
+                ),
+                None,
+            ));
+        };
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        let session = match self.session_for(&context.meta) {
+            Some(session) => session,
+            // No session chosen anywhere (no `initialize`): the backend's default.
+            None => match self.backend.open(&context.extensions, None).await {
+                Ok((session, _)) => session,
+                Err(e) => return Ok(error_result(None, &e).into()),
+            },
+        };
+        self.run(name, args, &session, &context).await
+    }
+}
+
+impl<B: Backend> McpFront<B> {
+    async fn run(
+        &self,
+        tool: ToolName,
+        args: Value,
+        session: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let token = context.meta.get_progress_token();
+        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
+        let call = self
+            .backend
+            .call(&context.extensions, session, tool, args, progress_tx);
+        tokio::pin!(call);
+        let mut step = 0u32;
+        let reply = loop {
+            tokio::select! {
+                reply = &mut call => break reply,
+                Some(message) = progress_rx.recv() => {
+                    step += 1;
+                    if let Some(token) = &token {
+                        let param = ProgressNotificationParam::new(token.clone(), f64::from(step))
+                            .with_message(message.clone());
+                        let _ = context.peer.notify_progress(param).await;
+                    }
+                    self.log(&context.peer, LoggingLevel::Info, &message).await;
+                }
+                // The host cancelled: dropping the call cancels it on every hop (the QUIC
+                // stream is reset, the client withdraws its prompt or kills the command).
+                () = context.ct.cancelled() => {
+                    return Ok(error_result(None, &ToolError::new(
+                        ErrorCode::Cancelled,
+                        "the call was cancelled by the host",
+                    )).into());
+                }
+            }
+        };
+        Ok(match reply {
+            Ok((workspace, outcome)) => call_result(workspace, outcome),
+            Err(error) => error_result(None, &error),
+        }
+        .into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Host;
+
+    fn workspaces() -> Vec<WorkspaceInfo> {
+        vec![
+            WorkspaceInfo {
+                name: "primary".into(),
+                uri: "server:/sessions/default".into(),
+                trust: Trust::Full,
+                host: Host::Server,
+                online: true,
+                tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+            },
+            WorkspaceInfo {
+                name: "monad".into(),
+                uri: "laptop:~/dev/monad".into(),
+                trust: Trust::Restricted,
+                host: Host::Client,
+                online: false,
+                tools: vec![ToolName::ReadFile],
+            },
+        ]
+    }
+
+    #[test]
+    fn every_tool_is_listed_with_schema_annotations_and_workspaces() {
+        let listed = tools(&workspaces());
+        assert_eq!(listed.len(), ToolName::ALL.len());
+        for (t, name) in listed.iter().zip(ToolName::ALL) {
+            assert_eq!(t.name, name.as_str());
+            assert!(t.input_schema.get("title").is_none());
+            assert_eq!(t.input_schema["type"], "object");
+            let a = t.annotations.as_ref().unwrap();
+            assert_eq!(
+                a.read_only_hint,
+                Some(
+                    name.class() == ToolClass::Read
+                        || matches!(name, ToolName::Workspaces | ToolName::MemoryRecall)
+                ),
+                "{name}"
+            );
+            assert!(a.destructive_hint.is_some() && a.idempotent_hint.is_some());
+            assert!(t.description.as_ref().unwrap().contains(name.description()));
+        }
+        let read = &listed[0].input_schema["properties"]["workspace"]["description"];
+        let read = read.as_str().unwrap();
+        assert!(read.contains("`primary` (server:/sessions/default; on the server; trusted"));
+        assert!(read.contains("`monad` (laptop:~/dev/monad;"), "{read}");
+        assert!(read.contains("offline"), "{read}");
+        let write = tool(ToolName::WriteFile, &workspaces());
+        let write = write.input_schema["properties"]["workspace"]["description"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            !write.contains("monad"),
+            "monad offers only read_file: {write}"
+        );
+    }
+
+    #[test]
+    fn annotations_follow_what_each_tool_does() {
+        let a = annotations(ToolName::ReadFile);
+        assert_eq!(
+            (a.read_only_hint, a.destructive_hint),
+            (Some(true), Some(false))
+        );
+        let a = annotations(ToolName::RunCommand);
+        assert_eq!(
+            (a.read_only_hint, a.destructive_hint, a.idempotent_hint),
+            (Some(false), Some(true), Some(false))
+        );
+        let a = annotations(ToolName::WriteFile);
+        assert_eq!(a.idempotent_hint, Some(true));
+    }
+
+    #[test]
+    fn failures_are_tool_errors_with_a_sentence_and_the_workspace() {
+        let ws = WorkspaceRef {
+            name: "monad".into(),
+            uri: "laptop:~/dev/monad".into(),
+        };
+        let r = call_result(
+            Some(ws.clone()),
+            Outcome::Error {
+                error: ToolError::new(ErrorCode::Denied, "the user denied it"),
+            },
+        );
+        assert_eq!(r.is_error, Some(true));
+        let text = serde_json::to_value(&r.content[0]).unwrap();
+        assert_eq!(
+            text["text"],
+            "denied: the user denied it (in workspace `monad`, laptop:~/dev/monad)"
+        );
+        assert_eq!(r.structured_content.unwrap()["error"]["code"], "denied");
+        let ok = call_result(
+            Some(ws),
+            Outcome::Ok {
+                result: json!({"content": "x"}),
+            },
+        );
+        assert_eq!(ok.is_error, Some(false));
+        let s = ok.structured_content.unwrap();
+        assert_eq!(s["workspace"]["name"], "monad");
+        assert_eq!(s["result"]["content"], "x");
+    }
+
+    #[test]
+    fn the_session_comes_from_meta() {
+        let mut meta = JsonObject::new();
+        assert_eq!(session_from_meta(&meta), None);
+        meta.insert("sessionId".into(), "default".into());
+        assert_eq!(session_from_meta(&meta).as_deref(), Some("default"));
+    }
+}

@@ -1,0 +1,195 @@
+//! Agent requests about sessions rather than tools: opening sessions, the conversation
+//! (`session.md`), and workspace records.
+
+use std::sync::Arc;
+
+use monad_protocol::wire::{History, Message};
+use monad_protocol::{ErrorCode, ToolError};
+
+use crate::fsutil::now_rfc3339;
+use crate::server::State;
+use crate::session::{Session, store_error};
+use crate::store::{ArtifactKind, ArtifactMeta, history};
+
+/// Default page size of session lists.
+const DEFAULT_PAGE: u32 = 20;
+
+/// Who asks.
+pub(crate) struct Caller<'a> {
+    pub user: &'a str,
+    pub device_id: &'a str,
+}
+
+/// Answers a session, history or record request; `None` when `request` is none of those.
+pub(crate) async fn answer(
+    state: &Arc<State>,
+    caller: &Caller<'_>,
+    request: Message,
+) -> Option<Message> {
+    let id = request_id(&request)?;
+    let state = state.clone();
+    let user = caller.user.to_owned();
+    let device = caller.device_id.to_owned();
+    // Store calls block (fsync); they run on the blocking pool.
+    let answer = tokio::task::spawn_blocking(move || handle(&state, &user, &device, request))
+        .await
+        .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
+    Some(answer.unwrap_or_else(|error| Message::Error { id, error }))
+}
+
+fn request_id(request: &Message) -> Option<u64> {
+    match request {
+        Message::OpenSession { id, .. }
+        | Message::HistoryAppend { id, .. }
+        | Message::HistoryGet { id, .. }
+        | Message::HistoryReplace { id, .. }
+        | Message::HistoryClear { id, .. }
+        | Message::ListRecords { id }
+        | Message::RecordSessions { id, .. } => Some(*id),
+        _ => None,
+    }
+}
+
+fn handle(state: &State, user: &str, device: &str, request: Message) -> Result<Message, ToolError> {
+    let registry = &state.registry;
+    let store = registry.store();
+    let session = |requested: Option<String>| registry.resolve(requested.as_deref(), user, device);
+    let done = |id: u64, session: &Session| {
+        touch(state, session);
+        Message::Done {
+            id,
+            session: session.id.clone(),
+        }
+    };
+    match request {
+        Message::OpenSession { id, session: None } => {
+            let s = registry.create(user)?;
+            registry.bind(device, &s.id);
+            Ok(Message::SessionOpened {
+                id,
+                session: s.info(),
+            })
+        }
+        Message::OpenSession {
+            id,
+            session: Some(requested),
+        } => {
+            let s = session(Some(requested))?;
+            Ok(Message::SessionOpened {
+                id,
+                session: s.info(),
+            })
+        }
+        Message::HistoryAppend {
+            id,
+            session: requested,
+            message,
+        } => {
+            let s = session(requested)?;
+            store.append(&s.id, &message).map_err(store_error)?;
+            Ok(done(id, &s))
+        }
+        Message::HistoryGet {
+            id,
+            session: requested,
+        } => {
+            let s = session(requested)?;
+            let history = store.history(&s.id).map_err(store_error)?;
+            Ok(Message::HistoryIs {
+                id,
+                session: s.id.clone(),
+                history,
+            })
+        }
+        Message::HistoryReplace {
+            id,
+            session: requested,
+            history,
+        } => {
+            let s = session(requested)?;
+            let meta = s.set_model(history.provider.clone(), history.model.clone());
+            store.save(&meta).map_err(store_error)?;
+            let history = History {
+                created_at: meta.created_at.clone(),
+                ..history
+            };
+            store.replace(&s.id, &history).map_err(store_error)?;
+            let snapshot = serde_json::to_vec_pretty(&history).unwrap_or_default();
+            let size = snapshot.len() as u64;
+            store
+                .put_artifact(
+                    &ArtifactMeta {
+                        id: "session_history".into(),
+                        session: s.id.clone(),
+                        kind: ArtifactKind::SessionHistory,
+                        workspace: None,
+                        tool: None,
+                        call_id: None,
+                        created_at: now_rfc3339(),
+                        content_type: "application/json".into(),
+                        size,
+                        truncated: false,
+                        original_size: size,
+                    },
+                    &snapshot,
+                )
+                .map_err(store_error)?;
+            Ok(done(id, &s))
+        }
+        Message::HistoryClear {
+            id,
+            session: requested,
+        } => {
+            let s = session(requested)?;
+            let meta = s.meta();
+            let cleared = history::empty(meta.created_at, meta.provider, meta.model);
+            store.replace(&s.id, &cleared).map_err(store_error)?;
+            Ok(done(id, &s))
+        }
+        Message::ListRecords { id } => Ok(Message::Records {
+            id,
+            records: store.records(Some(user)).map_err(store_error)?,
+        }),
+        Message::RecordSessions {
+            id,
+            record,
+            limit,
+            next,
+        } => {
+            let owned = store
+                .record(&record)
+                .map_err(store_error)?
+                .is_some_and(|r| r.user == user);
+            if !owned {
+                return Err(ToolError::new(
+                    ErrorCode::NotFound,
+                    format!("you have no workspace record `{record}`"),
+                ));
+            }
+            let page = store
+                .record_sessions(
+                    &record,
+                    limit.unwrap_or(DEFAULT_PAGE) as usize,
+                    next.as_deref(),
+                )
+                .map_err(store_error)?;
+            Ok(Message::RecordSessionsPage {
+                id,
+                sessions: page.items,
+                next: page.next,
+            })
+        }
+        other => Err(ToolError::new(
+            ErrorCode::Malformed,
+            format!("`{}` is not a session request", other.kind()),
+        )),
+    }
+}
+
+fn touch(state: &State, session: &Session) {
+    if let Some(meta) = session.touch()
+        && let Some(recorder) = &state.executor.recorder
+    {
+        recorder.save_meta(meta);
+    }
+}

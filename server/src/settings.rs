@@ -1,0 +1,389 @@
+//! `config.toml`: settings in three layers, global < session < environment, merged key by key.
+//!
+//! - global: `<data_dir>/config.toml`
+//! - session: `<data_dir>/sessions/<id>/config.toml` (only what differs)
+//! - environment: `MONAD_<SECTION>_<KEY>`, e.g. `MONAD_LIMITS_READ_MAX_BYTES=1048576`
+//!
+//! Each layer is checked on its own first, so a mistake is reported with the file (or variable),
+//! the line and the key. Every key is documented in `docs/operations.md`.
+
+use std::time::Duration;
+
+use monad_sandbox::{ExecPolicy, Limits};
+use serde::{Deserialize, Serialize};
+
+/// Every setting. All keys are optional; missing ones keep their defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Tool limits of the primary workspaces.
+    pub limits: Limits,
+    /// Command policy of the primary workspaces.
+    pub exec: ExecPolicy,
+    /// Connections and time-outs (global layer and environment only).
+    pub server: ServerSettings,
+    /// What attached folders may do.
+    pub attach: AttachSettings,
+    /// How long things are kept.
+    pub retention: Retention,
+}
+
+/// Connection bounds and time-outs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Longest a routed call may take end to end, approval included, in seconds.
+    pub call_timeout_secs: u64,
+    /// How long a new connection has to say hello, in seconds.
+    pub hello_timeout_secs: u64,
+    /// How long in-flight calls get to finish on shutdown, in seconds.
+    pub shutdown_grace_secs: u64,
+    /// Requests one connection may have in flight.
+    pub max_calls_per_connection: usize,
+    /// Keep-alive interval, in milliseconds.
+    pub keep_alive_ms: u64,
+    /// A connection silent this long is closed, in milliseconds.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            call_timeout_secs: 900,
+            hello_timeout_secs: 10,
+            shutdown_grace_secs: 10,
+            max_calls_per_connection: 64,
+            keep_alive_ms: 2000,
+            idle_timeout_ms: 8000,
+        }
+    }
+}
+
+/// What attached folders may do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AttachSettings {
+    /// Accept folders attached with `--trust full`. When false, such an attach is refused and the
+    /// user must attach restricted. (The server can only make trust stricter: approvals are
+    /// enforced by the client.)
+    pub allow_full_trust: bool,
+}
+
+impl Default for AttachSettings {
+    fn default() -> Self {
+        AttachSettings {
+            allow_full_trust: true,
+        }
+    }
+}
+
+/// Retention.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Retention {
+    /// Sessions idle this long are dropped from memory (they stay on disk), in hours.
+    pub idle_unload_hours: u64,
+    /// Bytes of a tool's output kept in its `tool_output` artifact; the rest is cut and the cut
+    /// recorded.
+    pub artifact_max_bytes: u64,
+    /// Keep `tool_output` and `file_diff` artifacts at all.
+    pub keep_artifacts: bool,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            idle_unload_hours: 24,
+            artifact_max_bytes: 256 * 1024,
+            keep_artifacts: true,
+        }
+    }
+}
+
+impl ServerSettings {
+    /// As durations: (call, hello, shutdown grace, keep-alive, idle).
+    pub fn durations(&self) -> [Duration; 5] {
+        [
+            Duration::from_secs(self.call_timeout_secs.max(1)),
+            Duration::from_secs(self.hello_timeout_secs.max(1)),
+            Duration::from_secs(self.shutdown_grace_secs),
+            Duration::from_millis(self.keep_alive_ms.max(100)),
+            Duration::from_millis(self.idle_timeout_ms.max(1000)),
+        ]
+    }
+}
+
+/// A setting that cannot be used; says where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}{}: {message}", line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct ConfigError {
+    /// The file, or `environment variable NAME`.
+    pub source_name: String,
+    /// The line, for files.
+    pub line: Option<usize>,
+    /// What is wrong, naming the key.
+    pub message: String,
+}
+
+/// The checked layers: the global file and the environment, ready to merge a session's file
+/// between them.
+#[derive(Debug, Clone, Default)]
+pub struct Layers {
+    global: toml::Table,
+    env: toml::Table,
+}
+
+const SECTIONS: [&str; 5] = ["limits", "exec", "server", "attach", "retention"];
+
+impl Layers {
+    /// Checks the global file (`None` when absent) and the `MONAD_*` variables in `vars`.
+    pub fn new(
+        global: Option<(&str, &str)>,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Layers, ConfigError> {
+        let global = match global {
+            Some((name, text)) => parse_layer(name, text)?,
+            None => toml::Table::new(),
+        };
+        let env = env_layer(vars)?;
+        Ok(Layers { global, env })
+    }
+
+    /// Puts `base` (the embedding program's own settings) under every layer: files and the
+    /// environment override it key by key.
+    pub fn with_base(mut self, base: &Settings) -> Layers {
+        let mut table = match toml::Value::try_from(base) {
+            Ok(toml::Value::Table(t)) => t,
+            _ => toml::Table::new(),
+        };
+        deep_merge(&mut table, std::mem::take(&mut self.global));
+        self.global = table;
+        self
+    }
+
+    /// The settings with no session file: global < environment.
+    pub fn global(&self) -> Settings {
+        self.merge(None)
+            .expect("both layers were checked on their own")
+    }
+
+    /// The settings of a session: global < the session's file < environment.
+    pub fn session(&self, file: Option<(&str, &str)>) -> Result<Settings, ConfigError> {
+        let table = match file {
+            Some((name, text)) => Some(parse_layer(name, text)?),
+            None => None,
+        };
+        self.merge(table)
+    }
+
+    fn merge(&self, session: Option<toml::Table>) -> Result<Settings, ConfigError> {
+        let mut merged = self.global.clone();
+        if let Some(session) = session {
+            deep_merge(&mut merged, session);
+        }
+        deep_merge(&mut merged, self.env.clone());
+        toml::Value::Table(merged)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError {
+                source_name: "merged configuration".into(),
+                line: None,
+                message: e.message().to_owned(),
+            })
+    }
+}
+
+/// Parses one file and checks it alone against [`Settings`].
+fn parse_layer(name: &str, text: &str) -> Result<toml::Table, ConfigError> {
+    let located = |e: toml::de::Error| {
+        let mut message = e.message().trim().to_owned();
+        // Type errors name only the value ("invalid type: string, expected u64"): add its key.
+        if let Some(key) = e.span().and_then(|span| key_at(text, span.start))
+            && !message.contains(key.rsplit('.').next().unwrap_or(&key))
+        {
+            message = format!("`{key}`: {message}");
+        }
+        ConfigError {
+            source_name: name.to_owned(),
+            line: e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1),
+            message,
+        }
+    };
+    let table: toml::Table = toml::from_str(text).map_err(located)?;
+    toml::from_str::<Settings>(text).map_err(located)?;
+    Ok(table)
+}
+
+/// The dotted key (`section.key`) assigned on the line that holds byte `offset` of `text`.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(text.len());
+    let start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
+    let end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
+    let (key, _) = text[start..end].split_once('=')?;
+    let key = key.trim().trim_matches('"');
+    if key.is_empty() {
+        return None;
+    }
+    let section = text[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    Some(match section {
+        Some(section) => format!("{section}.{key}"),
+        None => key.to_owned(),
+    })
+}
+
+/// `MONAD_<SECTION>_<KEY>=value` as a table. Values are read as TOML (numbers, booleans, arrays,
+/// inline tables) and otherwise taken as strings. `MONAD_DATA_DIR` and `MONAD_CONFIG_DIR` are not
+/// settings and are left alone; any other `MONAD_<SECTION>_...` must name a real key.
+fn env_layer(vars: impl IntoIterator<Item = (String, String)>) -> Result<toml::Table, ConfigError> {
+    let mut table = toml::Table::new();
+    for (name, value) in vars {
+        let Some(rest) = name.strip_prefix("MONAD_") else {
+            continue;
+        };
+        let rest = rest.to_ascii_lowercase();
+        let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
+            continue;
+        };
+        let key = &rest[section.len() + 1..];
+        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.clone()));
+        let mut one = toml::Table::new();
+        let mut inner = toml::Table::new();
+        inner.insert(key.to_owned(), parsed);
+        one.insert((*section).to_owned(), toml::Value::Table(inner));
+        toml::Value::Table(one.clone())
+            .try_into::<Settings>()
+            .map_err(|e| ConfigError {
+                source_name: format!("environment variable {name}"),
+                line: None,
+                message: e.message().trim().to_owned(),
+            })?;
+        deep_merge(&mut table, one);
+    }
+    Ok(table)
+}
+
+/// Merges `over` into `base`, key by key, tables recursively.
+fn deep_merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => deep_merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn layers_merge_key_by_key_with_environment_last() {
+        let global = "[limits]\nread_max_bytes = 100\nlist_max_entries = 7\n[exec]\nallow_unsandboxed_exec = true\n";
+        let layers = Layers::new(
+            Some(("config.toml", global)),
+            vars(&[
+                ("MONAD_LIMITS_LIST_MAX_ENTRIES", "9"),
+                ("MONAD_DATA_DIR", "/x"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .unwrap();
+        let g = layers.global();
+        assert_eq!(g.limits.read_max_bytes, 100);
+        assert_eq!(g.limits.list_max_entries, 9, "environment beats the file");
+        assert!(g.exec.allow_unsandboxed_exec);
+        assert_eq!(
+            g.limits.search_max_results,
+            Limits::default().search_max_results
+        );
+        let s = layers
+            .session(Some((
+                "sessions/x/config.toml",
+                "[limits]\nread_max_bytes = 5\n",
+            )))
+            .unwrap();
+        assert_eq!(s.limits.read_max_bytes, 5, "session beats global");
+        assert_eq!(s.limits.list_max_entries, 9, "environment beats session");
+        assert!(s.exec.allow_unsandboxed_exec, "untouched keys inherit");
+    }
+
+    #[test]
+    fn mistakes_name_the_file_line_and_key() {
+        let e = Layers::new(
+            Some(("/d/config.toml", "[limits]\n\nread_max_byts = 1\n")),
+            vec![],
+        )
+        .unwrap_err();
+        assert_eq!(e.source_name, "/d/config.toml");
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("read_max_byts"), "{e}");
+        assert!(e.to_string().starts_with("/d/config.toml:3: "), "{e}");
+        let e = Layers::new(
+            Some(("c.toml", "[limits]\nread_max_bytes = \"big\"\n")),
+            vec![],
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("`limits.read_max_bytes`"), "{e}");
+        let e = Layers::new(Some(("c.toml", "[limits\n")), vec![]).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        let e = Layers::new(None, vars(&[("MONAD_LIMITS_NOPE", "1")])).unwrap_err();
+        assert!(e.to_string().contains("MONAD_LIMITS_NOPE"), "{e}");
+        let e = Layers::new(None, vars(&[("MONAD_LIMITS_READ_MAX_BYTES", "lots")])).unwrap_err();
+        assert!(e.to_string().contains("MONAD_LIMITS_READ_MAX_BYTES"), "{e}");
+        let layers = Layers::new(None, vec![]).unwrap();
+        let e = layers
+            .session(Some(("s.toml", "[exec]\nenv = 3\n")))
+            .unwrap_err();
+        assert_eq!((e.source_name.as_str(), e.line), ("s.toml", Some(2)));
+    }
+
+    #[test]
+    fn a_base_sits_under_the_files() {
+        let mut base = Settings::default();
+        base.limits.read_max_bytes = 42;
+        base.limits.list_max_entries = 43;
+        let layers = Layers::new(Some(("c.toml", "[limits]\nlist_max_entries = 1\n")), vec![])
+            .unwrap()
+            .with_base(&base);
+        let g = layers.global();
+        assert_eq!(
+            (g.limits.read_max_bytes, g.limits.list_max_entries),
+            (42, 1)
+        );
+    }
+
+    #[test]
+    fn environment_values_take_toml_syntax_or_strings() {
+        let layers = Layers::new(
+            None,
+            vars(&[
+                ("MONAD_EXEC_EXTRA_READ_PATHS", "[\"/opt\"]"),
+                ("MONAD_EXEC_PATH_ENV", "/bin:/usr/bin"),
+                ("MONAD_ATTACH_ALLOW_FULL_TRUST", "false"),
+            ]),
+        )
+        .unwrap();
+        let g = layers.global();
+        assert_eq!(g.exec.extra_read_paths, [std::path::PathBuf::from("/opt")]);
+        assert_eq!(g.exec.path_env, "/bin:/usr/bin");
+        assert!(!g.attach.allow_full_trust);
+    }
+}

@@ -1,0 +1,863 @@
+//! The filesystem store: the embedded default.
+//!
+//! Metadata files are replaced atomically (write, fsync, rename, fsync the directory). Logs
+//! (`session.md`, `audit.jsonl`, the artifact index) are appended with one `write` per record
+//! and fsynced before the call returns; a crash can at worst leave a torn last record, which
+//! readers skip (a torn `session.md` block reads as a shorter message).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::history::{self, History, HistoryMessage, render_message};
+use super::*;
+use crate::fsutil::{now_rfc3339, write_atomic};
+
+/// The filesystem store rooted at the data directory.
+#[derive(Debug)]
+pub struct FsStore {
+    root: PathBuf,
+    session_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Sessions whose `session.md` this store has read whole (and kept aside if corrupt), so
+    /// appends can go straight to the end of the file.
+    checked: Mutex<std::collections::HashSet<String>>,
+    bindings: Mutex<Option<BTreeMap<String, String>>>,
+    workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkspaceFile {
+    record: WorkspaceRecord,
+    sessions: Vec<WorkspaceSession>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BindingsFile {
+    #[serde(default)]
+    bindings: BTreeMap<String, String>,
+}
+
+fn map_io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |e| StoreError::io(op, path, e)
+}
+
+fn atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_atomic(path, bytes, 0o644).map_err(|e| StoreError::Io {
+        op: "write",
+        path: path.display().to_string(),
+        source: std::io::Error::other(e.to_string()),
+    })
+}
+
+/// Appends `bytes` with one write, then fsyncs.
+fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .open(path)
+        .map_err(map_io("open", path))?;
+    file.write_all(bytes).map_err(map_io("append to", path))?;
+    file.sync_data().map_err(map_io("sync", path))
+}
+
+/// Moves a corrupt file aside as `<name>.corrupt-<time>` so nothing is lost.
+fn keep_aside(path: &Path, why: &str) {
+    let stamp = now_rfc3339().replace(':', "");
+    let ext = path
+        .extension()
+        .map(|e| format!("{}.", e.to_string_lossy()))
+        .unwrap_or_default();
+    let mut aside = path.with_extension(format!("{ext}corrupt-{stamp}"));
+    // Never over an earlier copy kept aside in the same second.
+    let mut n = 2;
+    while aside.exists() {
+        aside = path.with_extension(format!("{ext}corrupt-{stamp}-{n}"));
+        n += 1;
+    }
+    warn!(
+        "{} is corrupt ({why}); kept aside as {}",
+        path.display(),
+        aside.display()
+    );
+    if let Err(e) = std::fs::rename(path, &aside) {
+        warn!("cannot keep {} aside: {e}", path.display());
+    }
+}
+
+/// Session ids (`default` or a UUID) and artifact ids (`session_history`, UUIDs): letters,
+/// digits, `-` and `_` only, so an id never names anything but one entry of its directory.
+fn check_id(id: &str) -> Result<(), StoreError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!("`{id}` is not a session id")))
+    }
+}
+
+impl FsStore {
+    /// A store in `data_dir` (created as needed).
+    pub fn new(data_dir: &Path) -> FsStore {
+        FsStore {
+            root: data_dir.to_path_buf(),
+            session_locks: Mutex::new(HashMap::new()),
+            checked: Mutex::new(std::collections::HashSet::new()),
+            bindings: Mutex::new(None),
+            workspaces: Mutex::new(None),
+        }
+    }
+
+    /// `sessions/<id>`.
+    pub fn session_dir(&self, id: &str) -> PathBuf {
+        self.root.join("sessions").join(id)
+    }
+
+    fn lock(&self, id: &str) -> Arc<Mutex<()>> {
+        self.session_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    fn history_path(&self, id: &str) -> PathBuf {
+        self.session_dir(id).join("session.md")
+    }
+
+    fn fresh_history(&self, id: &str) -> Result<History, StoreError> {
+        let meta = self.load(id)?;
+        Ok(history::empty(
+            meta.as_ref()
+                .map(|m| m.created_at.clone())
+                .unwrap_or_else(now_rfc3339),
+            meta.as_ref().and_then(|m| m.provider.clone()),
+            meta.as_ref().and_then(|m| m.model.clone()),
+        ))
+    }
+
+    fn is_checked(&self, id: &str) -> bool {
+        self.checked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
+    }
+
+    fn mark_checked(&self, id: &str, checked: bool) {
+        let mut set = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+        if checked {
+            set.insert(id.to_owned());
+        } else {
+            set.remove(id);
+        }
+    }
+
+    /// Reads `session.md` whole, with the session's lock held. A corrupt file is kept aside and
+    /// replaced by the frontmatter; a missing one is written with it when `write_missing`.
+    fn read_history(&self, id: &str, write_missing: bool) -> Result<History, StoreError> {
+        let path = self.history_path(id);
+        let parsed = match std::fs::read_to_string(&path) {
+            Ok(text) => history::parse(&text).map_err(|e| e.to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let fresh = self.fresh_history(id)?;
+                if write_missing {
+                    atomic(&path, history::render_frontmatter(&fresh).as_bytes())?;
+                    self.mark_checked(id, true);
+                }
+                return Ok(fresh);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                Err("it is not UTF-8".to_owned())
+            }
+            Err(e) => return Err(StoreError::io("read", &path, e)),
+        };
+        let history = match parsed {
+            Ok(history) => history,
+            Err(why) => {
+                keep_aside(&path, &why);
+                let fresh = self.fresh_history(id)?;
+                atomic(&path, history::render_frontmatter(&fresh).as_bytes())?;
+                fresh
+            }
+        };
+        self.mark_checked(id, true);
+        Ok(history)
+    }
+
+    fn workspaces_dir(&self) -> PathBuf {
+        self.root.join("workspaces")
+    }
+
+    /// Runs `f` on the workspace cache, loading it from disk on first use.
+    fn with_workspaces<R>(
+        &self,
+        f: impl FnOnce(&mut HashMap<String, WorkspaceFile>, &Path) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let mut guard = self.workspaces.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = self.workspaces_dir();
+        if guard.is_none() {
+            let mut map = HashMap::new();
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                for entry in entries.flatten() {
+                    let path = entry.path();
+                    if path.extension().is_none_or(|e| e != "json") {
+                        continue;
+                    }
+                    match std::fs::read(&path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|b| {
+                            serde_json::from_slice::<WorkspaceFile>(&b).map_err(|e| e.to_string())
+                        }) {
+                        Ok(file) => {
+                            map.insert(file.record.id.clone(), file);
+                        }
+                        Err(why) => keep_aside(&path, &why),
+                    }
+                }
+            }
+            *guard = Some(map);
+        }
+        f(guard.as_mut().expect("loaded above"), &dir)
+    }
+
+    fn write_workspace(dir: &Path, file: &WorkspaceFile) -> Result<(), StoreError> {
+        std::fs::create_dir_all(dir).map_err(map_io("create", dir))?;
+        let bytes = serde_json::to_vec_pretty(file).expect("records serialize");
+        atomic(&dir.join(format!("{}.json", file.record.id)), &bytes)
+    }
+
+    fn with_bindings<R>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<String, String>) -> R,
+    ) -> Result<(R, bool), StoreError> {
+        let mut guard = self.bindings.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.root.join("bindings.toml");
+        if guard.is_none() {
+            let map = match std::fs::read_to_string(&path) {
+                Ok(text) => match toml::from_str::<BindingsFile>(&text) {
+                    Ok(file) => file.bindings,
+                    Err(e) => {
+                        keep_aside(&path, &e.to_string());
+                        BTreeMap::new()
+                    }
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+                Err(e) => return Err(StoreError::io("read", &path, e)),
+            };
+            *guard = Some(map);
+        }
+        let map = guard.as_mut().expect("loaded above");
+        let before = map.clone();
+        let out = f(map);
+        let changed = *map != before;
+        if changed {
+            let text = toml::to_string(&BindingsFile {
+                bindings: map.clone(),
+            })
+            .expect("bindings serialize");
+            std::fs::create_dir_all(&self.root).map_err(map_io("create", &self.root))?;
+            atomic(&path, text.as_bytes())?;
+        }
+        Ok((out, changed))
+    }
+}
+
+impl SessionStore for FsStore {
+    fn create(&self, meta: &SessionMeta) -> Result<(), StoreError> {
+        check_id(&meta.id)?;
+        let dir = self.session_dir(&meta.id);
+        let toml_path = dir.join("session.toml");
+        if toml_path.exists() {
+            return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
+        }
+        std::fs::create_dir_all(dir.join("workspace")).map_err(map_io("create", &dir))?;
+        let history = history::empty(
+            meta.created_at.clone(),
+            meta.provider.clone(),
+            meta.model.clone(),
+        );
+        atomic(
+            &dir.join("session.md"),
+            history::render_frontmatter(&history).as_bytes(),
+        )?;
+        // session.toml last: a session exists once its metadata does.
+        self.save(meta)
+    }
+
+    fn load(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+        check_id(id)?;
+        let path = self.session_dir(id).join("session.toml");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("read", &path, e)),
+        };
+        match toml::from_str::<SessionMeta>(&text) {
+            Ok(meta) if meta.id == id => Ok(Some(meta)),
+            Ok(meta) => {
+                let why = format!("it names session {}", meta.id);
+                keep_aside(&path, &why);
+                Err(StoreError::Invalid(format!("{}: {why}", path.display())))
+            }
+            Err(e) => {
+                keep_aside(&path, &e.to_string());
+                Err(StoreError::Invalid(format!("{}: {e}", path.display())))
+            }
+        }
+    }
+
+    fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
+        check_id(&meta.id)?;
+        let dir = self.session_dir(&meta.id);
+        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
+        let text = toml::to_string(meta).expect("metadata serializes");
+        atomic(&dir.join("session.toml"), text.as_bytes())
+    }
+
+    fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
+        let dir = self.root.join("sessions");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(StoreError::io("list", &dir, e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let Ok(id) = entry.file_name().into_string() else {
+                continue;
+            };
+            if check_id(&id).is_err() {
+                continue;
+            }
+            match self.load(&id) {
+                Ok(Some(meta)) => out.push(meta),
+                Ok(None) => {}
+                Err(e) => warn!("skipping session {id}: {e}"),
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete(&self, id: &str) -> Result<(), StoreError> {
+        check_id(id)?;
+        let lock = self.lock(id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = self.session_dir(id);
+        self.mark_checked(id, false);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound(format!("session {id}")))
+            }
+            Err(e) => Err(StoreError::io("delete", &dir, e)),
+        }
+    }
+
+    fn history(&self, id: &str) -> Result<History, StoreError> {
+        check_id(id)?;
+        let lock = self.lock(id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.read_history(id, false)
+    }
+
+    fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
+        check_id(id)?;
+        let lock = self.lock(id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.history_path(id);
+        if !self.is_checked(id) {
+            // Read it whole once: appending to a corrupt file would bury the new message in
+            // what is kept aside at the next read. (Also writes a missing file's frontmatter.)
+            self.read_history(id, true)?;
+        }
+        append_durable(&path, render_message(message).as_bytes())
+    }
+
+    fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
+        check_id(id)?;
+        let lock = self.lock(id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        atomic(&self.history_path(id), history::render(history).as_bytes())?;
+        self.mark_checked(id, true);
+        Ok(())
+    }
+
+    fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError> {
+        check_id(id)?;
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut bytes = Vec::new();
+        for r in records {
+            serde_json::to_writer(&mut bytes, r).expect("records serialize");
+            bytes.push(b'\n');
+        }
+        append_durable(&self.session_dir(id).join("audit.jsonl"), &bytes)
+    }
+
+    fn audit_log(&self, id: &str) -> Result<Vec<AuditRecord>, StoreError> {
+        check_id(id)?;
+        read_jsonl(&self.session_dir(id).join("audit.jsonl"))
+    }
+
+    fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
+        check_id(id)?;
+        let path = self.session_dir(id).join("config.toml");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(Some((path.display().to_string(), text))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io("read", &path, e)),
+        }
+    }
+}
+
+/// Reads a JSON-lines file; a line that does not parse (a torn last record) is skipped.
+fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, StoreError> {
+    let text = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::io("read", path, e)),
+    };
+    Ok(text
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| match serde_json::from_slice(l) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                warn!("{}: skipping an unreadable record: {e}", path.display());
+                None
+            }
+        })
+        .collect())
+}
+
+impl WorkspaceStore for FsStore {
+    fn resolve_record(
+        &self,
+        user: &str,
+        device_id: &str,
+        path: &str,
+        uri: &str,
+    ) -> Result<WorkspaceRecord, StoreError> {
+        self.with_workspaces(|map, dir| {
+            if let Some(file) = map.values_mut().find(|f| {
+                f.record.user == user && f.record.device_id == device_id && f.record.path == path
+            }) {
+                if file.record.uri != uri {
+                    file.record.uri = uri.to_owned();
+                    FsStore::write_workspace(dir, file)?;
+                }
+                return Ok(file.record.clone());
+            }
+            let now = now_rfc3339();
+            let file = WorkspaceFile {
+                record: WorkspaceRecord {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    user: user.to_owned(),
+                    device_id: device_id.to_owned(),
+                    path: path.to_owned(),
+                    uri: uri.to_owned(),
+                    created_at: now.clone(),
+                    last_active: now,
+                },
+                sessions: Vec::new(),
+            };
+            FsStore::write_workspace(dir, &file)?;
+            let record = file.record.clone();
+            map.insert(record.id.clone(), file);
+            Ok(record)
+        })
+    }
+
+    fn record(&self, id: &str) -> Result<Option<WorkspaceRecord>, StoreError> {
+        self.with_workspaces(|map, _| Ok(map.get(id).map(|f| f.record.clone())))
+    }
+
+    fn records(&self, user: Option<&str>) -> Result<Vec<WorkspaceRecord>, StoreError> {
+        self.with_workspaces(|map, _| {
+            let mut out: Vec<WorkspaceRecord> = map
+                .values()
+                .filter(|f| user.is_none_or(|u| f.record.user == u))
+                .map(|f| f.record.clone())
+                .collect();
+            out.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
+            Ok(out)
+        })
+    }
+
+    fn touch_record(&self, id: &str, session: &str, calls: u64) -> Result<(), StoreError> {
+        self.with_workspaces(|map, dir| {
+            let Some(file) = map.get_mut(id) else {
+                return Err(StoreError::NotFound(format!("workspace record {id}")));
+            };
+            let now = now_rfc3339();
+            file.record.last_active = now.clone();
+            match file.sessions.iter_mut().find(|s| s.session == session) {
+                Some(s) => {
+                    s.last_active = now;
+                    s.calls += calls;
+                }
+                None => file.sessions.push(WorkspaceSession {
+                    session: session.to_owned(),
+                    first_at: now.clone(),
+                    last_active: now,
+                    calls,
+                }),
+            }
+            FsStore::write_workspace(dir, file)
+        })
+    }
+
+    fn record_sessions(
+        &self,
+        id: &str,
+        limit: usize,
+        next: Option<&str>,
+    ) -> Result<Page<WorkspaceSession>, StoreError> {
+        if !(1..=100).contains(&limit) {
+            return Err(StoreError::Invalid(format!(
+                "limit {limit} is out of range: 1 to 100"
+            )));
+        }
+        let after = next.map(decode_cursor).transpose()?;
+        self.with_workspaces(|map, _| {
+            let Some(file) = map.get(id) else {
+                return Err(StoreError::NotFound(format!("workspace record {id}")));
+            };
+            Ok(page(&file.sessions, limit, after.as_ref()))
+        })
+    }
+
+    fn forget_session(&self, session: &str) -> Result<(), StoreError> {
+        self.with_workspaces(|map, dir| {
+            for file in map.values_mut() {
+                let before = file.sessions.len();
+                file.sessions.retain(|s| s.session != session);
+                if file.sessions.len() != before {
+                    FsStore::write_workspace(dir, file)?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The order of a session list: most recent first, then by id, so the order is total and a
+/// cursor names a position exactly.
+fn order_key(s: &WorkspaceSession) -> (std::cmp::Reverse<&str>, &str) {
+    (
+        std::cmp::Reverse(s.last_active.as_str()),
+        s.session.as_str(),
+    )
+}
+
+/// A keyset page: the `limit` items after `after` in the list order.
+pub(crate) fn page(
+    all: &[WorkspaceSession],
+    limit: usize,
+    after: Option<&(String, String)>,
+) -> Page<WorkspaceSession> {
+    let mut sorted: Vec<&WorkspaceSession> = all.iter().collect();
+    sorted.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+    let start = match after {
+        Some((last_active, session)) => {
+            let key = (std::cmp::Reverse(last_active.as_str()), session.as_str());
+            sorted.partition_point(|s| order_key(s) <= key)
+        }
+        None => 0,
+    };
+    let items: Vec<WorkspaceSession> = sorted[start..]
+        .iter()
+        .take(limit)
+        .map(|s| (*s).clone())
+        .collect();
+    let next = (start + items.len() < sorted.len())
+        .then(|| {
+            items
+                .last()
+                .map(|s| encode_cursor(&s.last_active, &s.session))
+        })
+        .flatten();
+    Page { items, next }
+}
+
+/// An opaque cursor: the hex of `last_active \n session`.
+fn encode_cursor(last_active: &str, session: &str) -> String {
+    format!("{last_active}\n{session}")
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn decode_cursor(token: &str) -> Result<(String, String), StoreError> {
+    let bad = || StoreError::Invalid(format!("`{token}` is not a page token from this server"));
+    if !token.len().is_multiple_of(2) || token.len() > 512 {
+        return Err(bad());
+    }
+    let bytes: Vec<u8> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (a, s) = text.split_once('\n').ok_or_else(bad)?;
+    Ok((a.to_owned(), s.to_owned()))
+}
+
+impl BindingStore for FsStore {
+    fn bound_session(&self, device_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.with_bindings(|map| map.get(device_id).cloned())?.0)
+    }
+
+    fn bind(&self, device_id: &str, session: &str) -> Result<(), StoreError> {
+        self.with_bindings(|map| {
+            map.insert(device_id.to_owned(), session.to_owned());
+        })?;
+        Ok(())
+    }
+
+    fn unbind_session(&self, session: &str) -> Result<(), StoreError> {
+        self.with_bindings(|map| map.retain(|_, s| s != session))?;
+        Ok(())
+    }
+
+    fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .with_bindings(|map| map.values().filter(|s| *s == session).count())?
+            .0)
+    }
+}
+
+impl ArtifactStore for FsStore {
+    fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError> {
+        check_id(&meta.session)?;
+        check_id(&meta.id)?;
+        let dir = self.session_dir(&meta.session).join("artifacts");
+        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
+        atomic(&dir.join(format!("{}.bin", meta.id)), content)?;
+        let mut line = serde_json::to_vec(meta).expect("metadata serializes");
+        line.push(b'\n');
+        append_durable(&dir.join("index.jsonl"), &line)
+    }
+
+    fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
+        check_id(session)?;
+        let all: Vec<ArtifactMeta> =
+            read_jsonl(&self.session_dir(session).join("artifacts/index.jsonl"))?;
+        // A replaced artifact (the history snapshot) keeps its place; its latest metadata wins.
+        let mut order: Vec<String> = Vec::new();
+        let mut latest: HashMap<String, ArtifactMeta> = HashMap::new();
+        for meta in all {
+            if !latest.contains_key(&meta.id) {
+                order.push(meta.id.clone());
+            }
+            latest.insert(meta.id.clone(), meta);
+        }
+        Ok(order
+            .into_iter()
+            .filter_map(|id| latest.remove(&id))
+            .collect())
+    }
+
+    fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
+        check_id(session)?;
+        check_id(id).map_err(|_| StoreError::NotFound(format!("artifact {id}")))?;
+        let meta = self
+            .artifacts(session)?
+            .into_iter()
+            .find(|m| m.id == id)
+            .ok_or_else(|| StoreError::NotFound(format!("artifact {id} in session {session}")))?;
+        let path = self
+            .session_dir(session)
+            .join("artifacts")
+            .join(format!("{id}.bin"));
+        let content = std::fs::read(&path).map_err(map_io("read", &path))?;
+        Ok((meta, content))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(id: &str) -> SessionMeta {
+        SessionMeta {
+            id: id.into(),
+            name: None,
+            owner: "ana".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_active: "2026-01-01T00:00:00Z".into(),
+            provider: Some("claude".into()),
+            model: None,
+        }
+    }
+
+    #[test]
+    fn sessions_history_and_audit_survive_a_new_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        assert!(store.create(&meta("default")).is_err());
+        let msg = HistoryMessage {
+            role: Role::User,
+            text: "hi".into(),
+        };
+        store.append("default", &msg).unwrap();
+        let record = AuditRecord {
+            time: "t".into(),
+            call_id: "c".into(),
+            tool: "read_file".into(),
+            workspace: None,
+            target: "a".into(),
+            decision: "allowed".into(),
+            decided_by: "trust".into(),
+            outcome: "ok".into(),
+            duration_ms: 1,
+        };
+        store
+            .audit("default", std::slice::from_ref(&record))
+            .unwrap();
+        let again = FsStore::new(dir.path());
+        assert_eq!(again.load("default").unwrap().unwrap(), meta("default"));
+        let h = again.history("default").unwrap();
+        assert_eq!(h.messages, vec![msg]);
+        assert_eq!(h.provider.as_deref(), Some("claude"));
+        assert_eq!(again.audit_log("default").unwrap(), vec![record]);
+        assert_eq!(again.all_sessions().unwrap().len(), 1);
+        assert!(again.load("../etc").is_err());
+    }
+
+    #[test]
+    fn corrupt_files_are_kept_aside_and_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let sdir = dir.path().join("sessions/default");
+        std::fs::write(sdir.join("session.md"), "garbage without frontmatter").unwrap();
+        let h = store.history("default").unwrap();
+        assert!(h.messages.is_empty());
+        let names: Vec<String> = std::fs::read_dir(&sdir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.starts_with("session.md.corrupt-")),
+            "{names:?}"
+        );
+        std::fs::write(sdir.join("session.toml"), "id = [").unwrap();
+        assert!(matches!(store.load("default"), Err(StoreError::Invalid(_))));
+        assert!(store.load("default").unwrap().is_none(), "kept aside");
+        std::fs::write(dir.path().join("bindings.toml"), "[[[").unwrap();
+        assert_eq!(store.bound_session("d").unwrap(), None);
+    }
+
+    #[test]
+    fn torn_audit_lines_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let path = dir.path().join("sessions/default/audit.jsonl");
+        std::fs::write(&path, "{\"time\":\"t\",\"call_i").unwrap();
+        assert!(store.audit_log("default").unwrap().is_empty());
+    }
+
+    #[test]
+    fn pages_have_no_duplicates_and_no_gaps() {
+        let all: Vec<WorkspaceSession> = (0..250)
+            .map(|i| WorkspaceSession {
+                session: format!("s{i:03}"),
+                first_at: "x".into(),
+                // Many ties on purpose.
+                last_active: format!("2026-01-{:02}T00:00:00Z", 1 + i % 7),
+                calls: 1,
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let mut next: Option<(String, String)> = None;
+        loop {
+            let p = page(&all, 20, next.as_ref());
+            assert!(p.items.len() <= 20);
+            seen.extend(p.items.iter().map(|s| s.session.clone()));
+            match p.next {
+                Some(token) => next = Some(decode_cursor(&token).unwrap()),
+                None => break,
+            }
+        }
+        let mut sorted = seen.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 250, "no duplicates");
+        assert_eq!(seen.len(), 250, "no gaps");
+        assert!(decode_cursor("zz").is_err());
+    }
+
+    #[test]
+    fn workspace_records_resolve_idempotently() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let a = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
+        let b = store
+            .resolve_record("ana", "d1", "~/p", "lap2:~/p")
+            .unwrap();
+        assert_eq!(a.id, b.id);
+        assert_eq!(b.uri, "lap2:~/p");
+        let c = store.resolve_record("ana", "d2", "~/p", "x:~/p").unwrap();
+        assert_ne!(a.id, c.id);
+        store.touch_record(&a.id, "default", 2).unwrap();
+        let again = FsStore::new(dir.path());
+        let page = again.record_sessions(&a.id, 20, None).unwrap();
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(page.items[0].calls, 2);
+        assert!(again.record_sessions(&a.id, 0, None).is_err());
+        assert!(again.record_sessions(&a.id, 101, None).is_err());
+    }
+
+    #[test]
+    fn artifacts_round_trip_and_history_snapshots_replace() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let art = |id: &str, kind| ArtifactMeta {
+            id: id.into(),
+            session: "default".into(),
+            kind,
+            workspace: None,
+            tool: None,
+            call_id: None,
+            created_at: "t".into(),
+            content_type: "application/json".into(),
+            size: 2,
+            truncated: false,
+            original_size: 2,
+        };
+        store
+            .put_artifact(&art("a1", ArtifactKind::ToolOutput), b"{}")
+            .unwrap();
+        store
+            .put_artifact(&art("session_history", ArtifactKind::SessionHistory), b"v1")
+            .unwrap();
+        store
+            .put_artifact(&art("session_history", ArtifactKind::SessionHistory), b"v2")
+            .unwrap();
+        let list = store.artifacts("default").unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(
+            store.artifact("default", "session_history").unwrap().1,
+            b"v2"
+        );
+        assert!(store.artifact("default", "nope").is_err());
+        assert!(store.artifact("default", "../../x").is_err());
+    }
+}

@@ -1,0 +1,254 @@
+//! Storage: what a session keeps, behind four traits with the filesystem as the embedded default.
+//!
+//! | trait | keeps | filesystem layout |
+//! |---|---|---|
+//! | [`SessionStore`] | session metadata, `session.md`, `audit.jsonl`, per-session config | `sessions/<id>/` |
+//! | [`WorkspaceStore`] | workspace records: attached folders by (user, device, path), with their sessions | `workspaces/<id>.json` |
+//! | [`BindingStore`] | device id → last session | `bindings.toml` |
+//! | [`ArtifactStore`] | `tool_output`, `file_diff`, `session_history` artifacts and their index | `sessions/<id>/artifacts/` |
+//!
+//! The traits are synchronous and `Send + Sync`; async callers run them on the blocking pool.
+//! Every method is one logical operation on keyed records or blobs, so a PostgreSQL + S3 backend
+//! implements them without changing callers: session metadata, audit records, workspace records,
+//! bindings and artifact metadata become rows (keyed by session id, workspace id, device id,
+//! artifact id; listings become indexed queries, pagination a keyset cursor on
+//! `(last_active, session_id)`), and artifact bodies become objects under
+//! `<session>/<artifact>`. See `docs/operations.md`.
+
+mod fs;
+pub mod history;
+
+use serde::{Deserialize, Serialize};
+
+pub use fs::FsStore;
+pub use history::{History, HistoryMessage, Role};
+pub use monad_protocol::wire::{WorkspaceRecord, WorkspaceSession};
+
+/// What can go wrong in a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A file operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On what.
+        path: String,
+        /// The underlying error (in the message, so it is not also a `source`).
+        source: std::io::Error,
+    },
+    /// A record does not exist.
+    #[error("{0} does not exist")]
+    NotFound(String),
+    /// A value is not acceptable (a bad page token, a bad id).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    pub(crate) fn io(
+        op: &'static str,
+        path: &std::path::Path,
+        source: std::io::Error,
+    ) -> StoreError {
+        StoreError::Io {
+            op,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// What `session.toml` holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionMeta {
+    /// `default` or a UUID.
+    pub id: String,
+    /// Human name, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The owning user.
+    pub owner: String,
+    /// Creation time, RFC 3339.
+    pub created_at: String,
+    /// Last activity (a call, a history change), RFC 3339.
+    pub last_active: String,
+    /// Model provider, when an agent host said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model, when an agent host said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// One line of `audit.jsonl`: a tool call and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditRecord {
+    /// When the call started, RFC 3339.
+    pub time: String,
+    /// The call's id, shared with its artifacts.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The workspace that ran it (absent when none was reached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// The path, pattern or command line it acted on.
+    pub target: String,
+    /// `allowed` or `denied`.
+    pub decision: String,
+    /// Who decided: `trust` (a full-trust workspace), `policy` (pre-approved or remembered),
+    /// `user` (a prompt), `timeout`, `no_terminal`, `server` (refused before reaching a workspace).
+    pub decided_by: String,
+    /// `ok`, or the error code.
+    pub outcome: String,
+    /// Wall time of the call in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// The kinds of artifact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArtifactKind {
+    /// The output of a tool call (its JSON result or error), capped.
+    ToolOutput,
+    /// The unified diff of a write or edit.
+    FileDiff,
+    /// The session's history snapshot; one per session, each upload replaces it.
+    SessionHistory,
+}
+
+impl ArtifactKind {
+    /// The kind as written (`tool_output`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactKind::ToolOutput => "tool_output",
+            ArtifactKind::FileDiff => "file_diff",
+            ArtifactKind::SessionHistory => "session_history",
+        }
+    }
+}
+
+/// An artifact's metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactMeta {
+    /// Id, unique in the session.
+    pub id: String,
+    /// The session.
+    pub session: String,
+    /// What it is.
+    pub kind: ArtifactKind,
+    /// The workspace of the call, for tool outputs and diffs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// The tool, for tool outputs and diffs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The call it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// When it was stored, RFC 3339.
+    pub created_at: String,
+    /// `application/json` or `text/x-diff`.
+    pub content_type: String,
+    /// Bytes stored.
+    pub size: u64,
+    /// True when the content was cut at the artifact cap.
+    pub truncated: bool,
+    /// The size before the cut.
+    pub original_size: u64,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Page<T> {
+    /// The items of this page.
+    pub items: Vec<T>,
+    /// Opaque token for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// Sessions: metadata, history, audit log, per-session config.
+pub trait SessionStore: Send + Sync {
+    /// Creates a session; fails if the id exists.
+    fn create(&self, meta: &SessionMeta) -> Result<(), StoreError>;
+    /// Loads a session's metadata; `None` when there is no such session. A corrupt record is
+    /// kept aside (renamed) and reported as [`StoreError::Invalid`].
+    fn load(&self, id: &str) -> Result<Option<SessionMeta>, StoreError>;
+    /// Replaces a session's metadata (atomically).
+    fn save(&self, meta: &SessionMeta) -> Result<(), StoreError>;
+    /// Every session's metadata (unreadable ones are skipped with a warning).
+    fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError>;
+    /// Deletes a session and everything it keeps (workspace, history, audit, artifacts).
+    fn delete(&self, id: &str) -> Result<(), StoreError>;
+    /// The conversation. A corrupt `session.md` is kept aside and an empty one takes its place.
+    fn history(&self, id: &str) -> Result<History, StoreError>;
+    /// Appends one message (durable when this returns).
+    fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError>;
+    /// Replaces the whole conversation (atomically).
+    fn replace(&self, id: &str, history: &History) -> Result<(), StoreError>;
+    /// Appends audit records.
+    fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError>;
+    /// The audit log (a torn last line, from a crash, is skipped).
+    fn audit_log(&self, id: &str) -> Result<Vec<AuditRecord>, StoreError>;
+    /// The per-session config overrides (`config.toml`), raw, with its path for messages.
+    fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError>;
+}
+
+/// Workspace records.
+pub trait WorkspaceStore: Send + Sync {
+    /// The record of (user, device, path), created on first use; `uri` is updated.
+    fn resolve_record(
+        &self,
+        user: &str,
+        device_id: &str,
+        path: &str,
+        uri: &str,
+    ) -> Result<WorkspaceRecord, StoreError>;
+    /// One record.
+    fn record(&self, id: &str) -> Result<Option<WorkspaceRecord>, StoreError>;
+    /// Every record (of one user, when given), most recently active first.
+    fn records(&self, user: Option<&str>) -> Result<Vec<WorkspaceRecord>, StoreError>;
+    /// Notes activity of the folder in a session (`calls` new calls).
+    fn touch_record(&self, id: &str, session: &str, calls: u64) -> Result<(), StoreError>;
+    /// The sessions the folder was used in, most recent first, `limit` (1-100) a page.
+    fn record_sessions(
+        &self,
+        id: &str,
+        limit: usize,
+        next: Option<&str>,
+    ) -> Result<Page<WorkspaceSession>, StoreError>;
+    /// Forgets a deleted session in every record.
+    fn forget_session(&self, session: &str) -> Result<(), StoreError>;
+}
+
+/// Device bindings: each device's last session.
+pub trait BindingStore: Send + Sync {
+    /// The session a device last used.
+    fn bound_session(&self, device_id: &str) -> Result<Option<String>, StoreError>;
+    /// Binds a device to a session.
+    fn bind(&self, device_id: &str, session: &str) -> Result<(), StoreError>;
+    /// Removes every binding to a session.
+    fn unbind_session(&self, session: &str) -> Result<(), StoreError>;
+    /// How many devices are bound to a session.
+    fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError>;
+}
+
+/// Artifacts and their index.
+pub trait ArtifactStore: Send + Sync {
+    /// Stores an artifact. For `session_history`, replaces the session's previous one.
+    fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError>;
+    /// A session's artifacts, oldest first.
+    fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError>;
+    /// One artifact with its content.
+    fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
+}
+
+/// The four stores a server runs on.
+pub trait Store: SessionStore + WorkspaceStore + BindingStore + ArtifactStore {}
+
+impl<T: SessionStore + WorkspaceStore + BindingStore + ArtifactStore> Store for T {}

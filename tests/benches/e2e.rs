@@ -1,0 +1,800 @@
+//! Monad end to end against raw QUIC, timed in the same run on the same machine.
+//!
+//! `cargo bench -p monad-tests --bench e2e` (add `-- --quick`, or set `MONAD_BENCH_QUICK=1`, for
+//! a smoke run). The server is the real `monad-server` binary in its own process (built on first
+//! use, like the end-to-end suite does); the agent and the attached clients run in this process.
+//! The raw QUIC peer is this same executable re-run as `--echo-server`, also in its own process,
+//! with the same rustls (ring, TLS 1.3) and quinn transport settings as Monad. See
+//! `docs/benchmarks.md`.
+//!
+//! Figures:
+//! - (a) `read_file` of a 4 KiB file, agent → server → attached client and back, p50 and p99,
+//!   against a raw QUIC round trip of the same payload (fresh bidirectional stream per request).
+//!   Target: p50 at most 3x the raw echo's p50.
+//! - (b) `read_file` of a 64 MiB text file through the same path, in MiB/s, against one raw QUIC
+//!   stream carrying 64 MiB. Target: at least 50% of the raw throughput.
+//! - (c) 200 clients attached at once to a fresh server process, calls running on all of them
+//!   concurrently (every one must succeed). Target: at most 100 KiB of server RSS per attached
+//!   client.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use monad_client::agent::Agent;
+use monad_client::attach::{AttachEvent, AttachOptions, attach};
+use monad_client::config::ClientConfig;
+use monad_protocol::wire::{Outcome, Trust};
+use monad_sandbox::Limits;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Size of the small file (figure a).
+const SMALL: usize = 4096;
+/// Size of the large file (figure b).
+const LARGE: usize = 64 * 1024 * 1024;
+/// Length of every line of both files, newline included.
+const LINE: usize = 64;
+/// Attached clients (figure c).
+const CLIENTS: usize = 200;
+/// Agents sharing the concurrent calls of figure c: each connection takes at most 64 requests
+/// in flight, so 200 concurrent calls need several.
+const AGENTS: usize = 8;
+/// The raw peer's request header value that asks for the payload back.
+const ECHO: u32 = u32::MAX;
+/// ALPN of the raw peer.
+const RAW_ALPN: &[u8] = b"bench-echo";
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and output
+
+/// Median and 99th percentile of a set of timings.
+#[derive(Clone, Copy)]
+struct Stats {
+    median: Duration,
+    p99: Duration,
+}
+
+impl Stats {
+    fn of(samples: &mut [Duration]) -> Stats {
+        assert!(!samples.is_empty());
+        samples.sort_unstable();
+        // Nearest rank: the smallest sample with at least q of all samples at or below it.
+        let rank = (0.99 * samples.len() as f64).ceil() as usize;
+        let n = samples.len();
+        let median = if n % 2 == 1 {
+            samples[n / 2]
+        } else {
+            (samples[n / 2 - 1] + samples[n / 2]) / 2
+        };
+        Stats {
+            median,
+            p99: samples[rank.clamp(1, n) - 1],
+        }
+    }
+}
+
+fn fmt_dur(d: Duration) -> String {
+    let ns = d.as_nanos() as f64;
+    if ns < 1_000.0 {
+        format!("{ns:.0} ns")
+    } else if ns < 1_000_000.0 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if ns < 1_000_000_000.0 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+fn mib_per_s(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / d.as_secs_f64()
+}
+
+fn header() {
+    println!(
+        "{:<34} {:>30} {:>30} {:>8} {:>11}  verdict",
+        "figure", "monad", "raw quic", "ratio", "target"
+    );
+    println!("{}", "-".repeat(126));
+}
+
+fn line(figure: &str, monad: &str, raw: &str, ratio: &str, target: &str, verdict: &str) {
+    println!("{figure:<34} {monad:>30} {raw:>30} {ratio:>8} {target:>11}  {verdict}");
+}
+
+fn verdict(pass: bool) -> &'static str {
+    if pass { "PASS" } else { "OVER" }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+/// `len` bytes of text in lines of [`LINE`] bytes, the first characters of each line being its
+/// number (so that files differ and a wrong answer is caught).
+fn text(len: usize, tag: usize) -> String {
+    assert_eq!(len % LINE, 0);
+    let mut text = String::with_capacity(len);
+    for i in 0..len / LINE {
+        let line = format!("{tag:04} {i:08} the quick brown fox jumps over the lazy dog");
+        text.push_str(&format!("{line:<width$}\n", width = LINE - 1));
+    }
+    assert_eq!(text.len(), len);
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes
+
+/// A child process killed (and reaped) when this handle drops.
+struct Proc {
+    child: Child,
+    /// Kept open: the child may still write to it, and the echo server exits when its stdin
+    /// closes.
+    _stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads stdout lines until one starts with `prefix`; panics with what was read otherwise.
+fn read_until_line(out: &mut BufReader<std::process::ChildStdout>, prefix: &str) -> String {
+    let mut seen = String::new();
+    loop {
+        let mut l = String::new();
+        match out.read_line(&mut l) {
+            Ok(0) | Err(_) => {
+                panic!("the child ended before printing `{prefix}…`; it said:\n{seen}")
+            }
+            Ok(_) if l.starts_with(prefix) => return l.trim_end().to_owned(),
+            Ok(_) => seen.push_str(&l),
+        }
+    }
+}
+
+/// The real `monad-server` in a fresh data dir, and what its first start printed.
+struct MonadServer {
+    proc: Proc,
+    addr: String,
+    token: String,
+    fingerprint: String,
+    _data: tempfile::TempDir,
+}
+
+impl MonadServer {
+    fn start(binary: &Path) -> MonadServer {
+        let data = tempfile::Builder::new()
+            .prefix("monad-bench-server-")
+            .tempdir()
+            .expect("temporary data dir");
+        let mut child = Command::new(binary)
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(["--listen", "127.0.0.1:0"])
+            .env_remove("MONAD_DATA_DIR")
+            .env_remove("MONAD_CONFIG_DIR")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let login = read_until_line(&mut stdout, "monad-client login");
+        // monad-client login --server ADDR --token TOKEN --fingerprint HEX
+        let words: Vec<&str> = login.split_whitespace().collect();
+        let after = |flag: &str| {
+            let at = words.iter().position(|w| *w == flag).expect("flag printed");
+            words[at + 1].to_owned()
+        };
+        MonadServer {
+            addr: after("--server"),
+            token: after("--token"),
+            fingerprint: after("--fingerprint"),
+            proc: Proc {
+                child,
+                _stdout: stdout,
+            },
+            _data: data,
+        }
+    }
+
+    /// A client configuration with a fresh device id.
+    fn client_config(&self) -> ClientConfig {
+        ClientConfig::new(&self.addr, &self.token, &self.fingerprint).expect("valid login line")
+    }
+
+    /// Resident set size and its peak, in KiB.
+    fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.proc.pid()))
+            .expect("the server's /proc status");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {name} in /proc status"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+/// The raw QUIC peer: this executable with `--echo-server`.
+struct EchoServer {
+    _proc: Proc,
+    addr: SocketAddr,
+    cert: CertificateDer<'static>,
+}
+
+impl EchoServer {
+    fn start() -> EchoServer {
+        let exe = std::env::current_exe().expect("the bench executable");
+        let mut child = Command::new(exe)
+            .arg("--echo-server")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the echo server");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let ready = read_until_line(&mut stdout, "ECHO ");
+        let mut words = ready.split_whitespace().skip(1);
+        let addr = words.next().expect("address").parse().expect("an address");
+        let hex = words.next().expect("certificate");
+        let der: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect();
+        EchoServer {
+            _proc: Proc {
+                child,
+                _stdout: stdout,
+            },
+            addr,
+            cert: CertificateDer::from(der),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The raw QUIC peer
+
+/// Runs the echo server: prints `ECHO <addr> <certificate DER as hex>`, then serves until its
+/// stdin closes (the bench ended or died). Each request is one bidirectional stream: a
+/// big-endian `u32` and a payload, up to the end of the stream. The answer is the payload itself
+/// when the `u32` is [`ECHO`], else that many bytes.
+fn echo_server_main() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let generated =
+            rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("certificate");
+        let cert = generated.cert.der().clone();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+            generated.signing_key.serialize_der(),
+        ));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .expect("certificate and key");
+        tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).expect("QUIC TLS");
+        let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        // Monad's server transport, exactly.
+        config.transport_config(Arc::new(monad_server::config::Transport::default().quinn()));
+        let endpoint =
+            quinn::Endpoint::server(config, SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
+        let hex: String = cert.iter().map(|b| format!("{b:02x}")).collect();
+        println!("ECHO {} {hex}", endpoint.local_addr().expect("address"));
+        std::io::stdout().flush().expect("stdout");
+        std::thread::spawn(|| {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            std::process::exit(0);
+        });
+        let big: Arc<Vec<u8>> = Arc::new(text(LARGE, 0).into_bytes());
+        while let Some(incoming) = endpoint.accept().await {
+            let big = big.clone();
+            tokio::spawn(async move {
+                let Ok(conn) = incoming.await else { return };
+                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    let big = big.clone();
+                    tokio::spawn(async move {
+                        let Ok(request) = recv.read_to_end(1 << 20).await else {
+                            return;
+                        };
+                        let want = u32::from_be_bytes(request[..4].try_into().expect("header"));
+                        let answer = if want == ECHO {
+                            &request[4..]
+                        } else {
+                            &big[..want as usize]
+                        };
+                        let _ = send.write_all(answer).await;
+                        let _ = send.finish();
+                    });
+                }
+            });
+        }
+    });
+}
+
+/// Accepts exactly the echo server's certificate (the same shape as Monad's pinned verifier);
+/// the handshake signature is still checked.
+#[derive(Debug)]
+struct Pinned {
+    cert: CertificateDer<'static>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_ref() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A raw QUIC connection to the echo server, with the client transport Monad's client uses.
+struct RawClient {
+    conn: quinn::Connection,
+    _endpoint: quinn::Endpoint,
+}
+
+impl RawClient {
+    async fn connect(server: &EchoServer) -> RawClient {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = Arc::new(Pinned {
+            cert: server.cert.clone(),
+            provider: provider.clone(),
+        });
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
+        let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+        // As in monad-client's `connect`.
+        let mut transport = quinn::TransportConfig::default();
+        transport.keep_alive_interval(Some(Duration::from_secs(2)));
+        transport.max_idle_timeout(Some(
+            quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
+        ));
+        client.transport_config(Arc::new(transport));
+        let mut endpoint =
+            quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0))).expect("UDP socket");
+        endpoint.set_default_client_config(client);
+        let conn = endpoint
+            .connect(server.addr, "localhost")
+            .expect("connect")
+            .await
+            .expect("handshake with the echo server");
+        RawClient {
+            conn,
+            _endpoint: endpoint,
+        }
+    }
+
+    /// One request on a fresh stream: sends `request` (header included), reads the answer to
+    /// the end, checks its length.
+    async fn round_trip(&self, request: &[u8], answer_len: usize) -> Vec<u8> {
+        let (mut send, mut recv) = self.conn.open_bi().await.expect("open a stream");
+        send.write_all(request).await.expect("send");
+        send.finish().expect("finish");
+        let answer = recv.read_to_end(usize::MAX).await.expect("answer");
+        assert_eq!(answer.len(), answer_len, "raw answer length");
+        answer
+    }
+}
+
+/// A raw request: `want` (or [`ECHO`]) then `payload_len` bytes.
+fn raw_request(want: u32, payload_len: usize) -> Vec<u8> {
+    let mut request = want.to_be_bytes().to_vec();
+    request.resize(4 + payload_len, b'x');
+    request
+}
+
+// ---------------------------------------------------------------------------------------------
+// Monad helpers
+
+/// A folder attached on its own task; dropping it detaches.
+struct Attached {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Attaches `dir` as `name` (full trust: no prompts) and waits until the server confirms it.
+async fn attach_folder(config: ClientConfig, dir: &Path, name: &str, limits: Limits) -> Attached {
+    let mut options = AttachOptions::new(dir.to_path_buf());
+    options.name = Some(name.to_owned());
+    options.trust = Trust::Full;
+    options.limits = limits;
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        if let Err(e) = attach(&config, options, None, Some(tx)).await {
+            panic!("attach failed: {e}");
+        }
+    });
+    let attached = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match events.recv().await {
+                Some(AttachEvent::Attached { workspace, .. }) => break workspace,
+                Some(AttachEvent::Disconnected { reason, .. }) => {
+                    panic!("`{name}` disconnected while attaching: {reason}")
+                }
+                Some(_) => {}
+                None => panic!("attach of `{name}` ended before attaching"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("`{name}` not attached within 60 s"));
+    assert_eq!(attached.name, name, "the workspace got the name asked for");
+    // Keep draining events so the channel does not grow.
+    tokio::spawn(async move { while events.recv().await.is_some() {} });
+    Attached { task }
+}
+
+/// Calls `read_file` on `path` in workspace `workspace` of the default session; returns the
+/// content, panicking on any failure.
+async fn read_file(agent: &Agent, workspace: &str, path: &str) -> String {
+    let reply = agent
+        .call(
+            Some("default"),
+            "read_file",
+            json!({"path": path, "workspace": workspace}),
+            |_| {},
+        )
+        .await
+        .unwrap_or_else(|e| panic!("read_file in `{workspace}` failed as a request: {e}"));
+    let name = reply.workspace.map(|w| w.name).unwrap_or_default();
+    assert_eq!(name, workspace, "the call ran where it was sent");
+    match reply.outcome {
+        Outcome::Ok { result } => match result {
+            Value::Object(mut map) => {
+                assert_eq!(
+                    map.get("truncated"),
+                    Some(&Value::Bool(false)),
+                    "whole file"
+                );
+                match map.remove("content") {
+                    Some(Value::String(content)) => content,
+                    other => panic!("no content in the result: {other:?}"),
+                }
+            }
+            other => panic!("result is not an object: {other}"),
+        },
+        Outcome::Error { error } => panic!("read_file in `{workspace}` failed: {error}"),
+    }
+}
+
+/// Limits of the attached folder of figures a and b: the 64 MiB file fits whole.
+fn big_limits() -> Limits {
+    Limits {
+        read_max_bytes: 2 * LARGE as u64,
+        read_default_lines: 2 * (LARGE / LINE) as u64,
+        ..Limits::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figures
+
+/// Figures a and b: one server, one attached folder, one agent connection.
+async fn latency_and_throughput(quick: bool, binary: &Path) {
+    let server = MonadServer::start(binary);
+    let echo = EchoServer::start();
+    let folder = tempfile::Builder::new()
+        .prefix("monad-bench-folder-")
+        .tempdir()
+        .expect("temporary folder");
+    let small = text(SMALL, 1);
+    let large = text(LARGE, 0);
+    std::fs::write(folder.path().join("small.txt"), &small).expect("write small.txt");
+    std::fs::write(folder.path().join("large.txt"), &large).expect("write large.txt");
+    let _attached =
+        attach_folder(server.client_config(), folder.path(), "bench", big_limits()).await;
+    let agent = Agent::connect(&server.client_config())
+        .await
+        .expect("agent connects");
+    let raw = RawClient::connect(&echo).await;
+
+    // (a) 4 KiB: alternate Monad and raw, swapping which goes first every iteration.
+    let (warmup, iters) = if quick { (50, 500) } else { (500, 5000) };
+    assert_eq!(read_file(&agent, "bench", "small.txt").await, small);
+    let echo_request = raw_request(ECHO, SMALL);
+    let mut m = Vec::with_capacity(iters);
+    let mut r = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let monad_first = i % 2 == 0;
+        let mut monad_t = Duration::ZERO;
+        let mut raw_t = Duration::ZERO;
+        for side in [monad_first, !monad_first] {
+            let t = Instant::now();
+            if side {
+                let content = read_file(&agent, "bench", "small.txt").await;
+                monad_t = t.elapsed();
+                assert_eq!(content.len(), SMALL);
+            } else {
+                raw.round_trip(&echo_request, SMALL).await;
+                raw_t = t.elapsed();
+            }
+        }
+        if i >= warmup {
+            m.push(monad_t);
+            r.push(raw_t);
+        }
+    }
+    let (m, r) = (Stats::of(&mut m), Stats::of(&mut r));
+    let ratio = m.median.as_secs_f64() / r.median.as_secs_f64();
+    line(
+        "(a) read_file 4 KiB p50 / p99",
+        &format!("{} / {}", fmt_dur(m.median), fmt_dur(m.p99)),
+        &format!("{} / {}", fmt_dur(r.median), fmt_dur(r.p99)),
+        &format!("{ratio:.2}x"),
+        "<= 3.00x",
+        verdict(ratio <= 3.0),
+    );
+
+    // (b) 64 MiB: the same alternation; the first Monad answer is checked byte for byte.
+    let (warmup, iters) = if quick { (1, 2) } else { (2, 10) };
+    assert!(read_file(&agent, "bench", "large.txt").await == large);
+    drop(large);
+    let large_request = raw_request(LARGE as u32, 0);
+    let mut m = Vec::with_capacity(iters);
+    let mut r = Vec::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let monad_first = i % 2 == 0;
+        let mut monad_t = Duration::ZERO;
+        let mut raw_t = Duration::ZERO;
+        for side in [monad_first, !monad_first] {
+            let t = Instant::now();
+            if side {
+                let content = read_file(&agent, "bench", "large.txt").await;
+                monad_t = t.elapsed();
+                assert_eq!(content.len(), LARGE);
+            } else {
+                raw.round_trip(&large_request, LARGE).await;
+                raw_t = t.elapsed();
+            }
+        }
+        if i >= warmup {
+            m.push(monad_t);
+            r.push(raw_t);
+        }
+    }
+    let (m, r) = (Stats::of(&mut m), Stats::of(&mut r));
+    let (mt, rt) = (mib_per_s(LARGE, m.median), mib_per_s(LARGE, r.median));
+    let share = mt / rt;
+    line(
+        "(b) read_file 64 MiB throughput",
+        &format!("{mt:.0} MiB/s ({})", fmt_dur(m.median)),
+        &format!("{rt:.0} MiB/s ({})", fmt_dur(r.median)),
+        &format!("{:.0}%", share * 100.0),
+        ">= 50%",
+        verdict(share >= 0.5),
+    );
+}
+
+/// Figure c: a fresh server; its RSS with agents connected, then with 200 folders attached,
+/// then after calls on all of them at once.
+async fn many_clients(quick: bool, binary: &Path) {
+    let server = MonadServer::start(binary);
+    let mut agents = Vec::new();
+    for _ in 0..AGENTS {
+        agents.push(Arc::new(
+            Agent::connect(&server.client_config())
+                .await
+                .expect("agent connects"),
+        ));
+    }
+    // Warm the server up on its primary workspace (threads, first allocations) before the
+    // baseline, so that one-time costs are not charged to the clients.
+    for (i, agent) in agents.iter().enumerate() {
+        for _ in 0..20 {
+            let reply = agent
+                .call(
+                    Some("default"),
+                    "write_file",
+                    json!({"path": format!("warm{i}.txt"), "content": text(SMALL, i), "workspace": "primary"}),
+                    |_| {},
+                )
+                .await
+                .expect("write_file");
+            assert!(matches!(reply.outcome, Outcome::Ok { .. }), "{reply:?}");
+            assert_eq!(
+                read_file(agent, "primary", &format!("warm{i}.txt"))
+                    .await
+                    .len(),
+                SMALL
+            );
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (before, _) = server.rss_kib();
+
+    let root = tempfile::Builder::new()
+        .prefix("monad-bench-clients-")
+        .tempdir()
+        .expect("temporary folder");
+    let mut contents = Vec::new();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for i in 0..CLIENTS {
+        let dir = root.path().join(format!("c{i:03}"));
+        std::fs::create_dir(&dir).expect("client folder");
+        let content = text(SMALL, i);
+        std::fs::write(dir.join("small.txt"), &content).expect("write");
+        contents.push(content);
+        dirs.push(dir);
+    }
+    let started = Instant::now();
+    let attaching: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            // Its own configuration: a separate device id, connection and UDP socket.
+            let config = server.client_config();
+            let dir = dir.clone();
+            tokio::spawn(async move {
+                attach_folder(config, &dir, &format!("c{i:03}"), Limits::default()).await
+            })
+        })
+        .collect();
+    let mut attached = Vec::new();
+    for a in attaching {
+        attached.push(a.await.expect("attach task"));
+    }
+    let attach_time = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (after_attach, _) = server.rss_kib();
+
+    // Every client serves calls at the same time: one task per client, AGENTS connections.
+    let rounds = if quick { 2 } else { 10 };
+    let contents = Arc::new(contents);
+    let started = Instant::now();
+    let calls: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let agent = agents[i % AGENTS].clone();
+            let contents = contents.clone();
+            tokio::spawn(async move {
+                let name = format!("c{i:03}");
+                for _ in 0..rounds {
+                    let content = read_file(&agent, &name, "small.txt").await;
+                    assert!(
+                        content == contents[i],
+                        "`{name}` answered with its own file"
+                    );
+                }
+            })
+        })
+        .collect();
+    for c in calls {
+        c.await.expect("every call succeeds");
+    }
+    let call_time = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (after_calls, peak) = server.rss_kib();
+
+    let per_client = after_attach.saturating_sub(before) as f64 / CLIENTS as f64;
+    let per_client_calls = after_calls.saturating_sub(before) as f64 / CLIENTS as f64;
+    line(
+        "(c) server RSS per attached client",
+        &format!("{per_client:.1} KiB"),
+        "-",
+        "-",
+        "<= 100 KiB",
+        verdict(per_client <= 100.0),
+    );
+    line(
+        "    same, after concurrent calls",
+        &format!("{per_client_calls:.1} KiB"),
+        "-",
+        "-",
+        "-",
+        "INFO",
+    );
+    println!(
+        "    server RSS: {before} KiB with {AGENTS} agents, {after_attach} KiB with {CLIENTS} \
+         clients attached (in {}), {after_calls} KiB after {} calls ({CLIENTS} at a time, in {}); \
+         peak {peak} KiB",
+        fmt_dur(attach_time),
+        CLIENTS * rounds,
+        fmt_dur(call_time),
+    );
+    drop(attached);
+}
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--echo-server") {
+        return echo_server_main();
+    }
+    let quick = std::env::args().any(|a| a == "--quick")
+        || std::env::var("MONAD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let started = Instant::now();
+    let binary = monad_tests::binary("monad-server");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    println!(
+        "monad end-to-end bench{} (server: {}, built or checked in {})",
+        if quick { " --quick" } else { "" },
+        binary.display(),
+        fmt_dur(started.elapsed()),
+    );
+    header();
+    runtime.block_on(async {
+        latency_and_throughput(quick, &binary).await;
+        many_clients(quick, &binary).await;
+    });
+    println!("total {}", fmt_dur(started.elapsed()));
+}

@@ -1,0 +1,326 @@
+//! Approvals in a restricted workspace, enforced by the client (DESIGN.md, "The jail" and
+//! "Security model"): a scripted user answers, or nobody does.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_protocol::wire::Trust;
+use monad_protocol::{ErrorCode, ToolClass, ToolName};
+use monad_tests::{
+    Attachment, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
+};
+use serde_json::json;
+use tempfile::TempDir;
+
+/// A server, an agent and a folder attached as `lap` whose user answers from `script`.
+async fn scripted(
+    script: impl IntoIterator<Item = Option<Decision>>,
+    files: &[(&str, &str)],
+) -> (
+    TestServer,
+    monad_client::agent::Agent,
+    TempDir,
+    Attachment,
+    Arc<ScriptedApprover>,
+) {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(files);
+    let approver = Arc::new(ScriptedApprover::new(script));
+    let attachment = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    (server, agent, dir, attachment, approver)
+}
+
+fn read(path: &str) -> serde_json::Value {
+    json!({"path": path, "workspace": "lap"})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_once_runs_and_asks_again_next_time() {
+    let (_server, agent, _dir, _a, approver) = scripted(
+        [Some(Decision::AllowOnce), Some(Decision::Deny)],
+        &[("a.txt", "alpha\n")],
+    )
+    .await;
+    let (result, ran_in) = ok(call(&agent, "read_file", read("a.txt")).await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("alpha\n"), "lap")
+    );
+    // Asked again: this time the user denies.
+    expect_code(
+        call(&agent, "read_file", read("a.txt")).await,
+        ErrorCode::Denied,
+    );
+    let seen = approver.seen();
+    assert_eq!(seen.len(), 2, "asked twice: {seen:?}");
+    assert_eq!(seen[0].tool, ToolName::ReadFile);
+    assert_eq!(seen[0].session, "default");
+    assert!(seen[0].target.contains("a.txt"), "{}", seen[0].target);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_always_is_not_asked_again_for_the_same_class() {
+    let (_server, agent, dir, _a, approver) =
+        scripted([Some(Decision::AllowAlways)], &[("a.txt", "alpha\n")]).await;
+    for _ in 0..3 {
+        ok(call(&agent, "read_file", read("a.txt")).await);
+    }
+    ok(call(&agent, "list_dir", json!({"workspace": "lap"})).await);
+    assert_eq!(approver.seen().len(), 1, "only the first read was asked");
+    // A write is another class: asked (and the exhausted script denies).
+    expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "a.txt", "content": "x", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    assert_eq!(approver.seen().len(), 2);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_refuses_and_leaves_the_file_unchanged() {
+    let (_server, agent, dir, _a, approver) =
+        scripted([Some(Decision::Deny)], &[("a.txt", "alpha\n")]).await;
+    let message = expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "a.txt", "content": "overwritten\n", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("denied"), "{message}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    assert_eq!(approver.seen().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_always_refuses_later_calls_without_asking() {
+    let (_server, agent, dir, _a, approver) = scripted(
+        [Some(Decision::DenyAlways), Some(Decision::AllowOnce)],
+        &[("a.txt", "alpha\n")],
+    )
+    .await;
+    expect_code(
+        call(
+            &agent,
+            "edit_file",
+            json!({"path": "a.txt", "old_string": "alpha", "new_string": "beta", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    // Same class (write), not asked: the AllowOnce left in the script is never used.
+    let message = expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "b.txt", "content": "b", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("chose to deny"), "{message}");
+    assert_eq!(approver.seen().len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    assert!(!dir.path().join("b.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_prompt_times_out_to_deny() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    let approver = Arc::new(ScriptedApprover::new([None]));
+    let mut options = attach_options(dir.path(), "lap");
+    options.prompt_timeout = Duration::from_millis(300);
+    let _a = Attachment::start(
+        &server.client_config(),
+        options,
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let started = Instant::now();
+    let message = expect_code(
+        call(&agent, "read_file", read("a.txt")).await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("did not answer"), "{message}");
+    assert!(
+        message.contains("0.3 s"),
+        "says how long it waited: {message}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(approver.seen().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_and_edit_prompts_carry_the_diff() {
+    let (_server, agent, dir, _a, approver) = scripted(
+        [Some(Decision::Deny), Some(Decision::AllowOnce)],
+        &[("a.txt", "old line\nkeep\n")],
+    )
+    .await;
+    expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "new.txt", "content": "brand new\n", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    ok(call(
+        &agent,
+        "edit_file",
+        json!({"path": "a.txt", "old_string": "old line", "new_string": "new line", "workspace": "lap"}),
+    )
+    .await);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "new line\nkeep\n"
+    );
+    let seen = approver.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].tool, ToolName::WriteFile);
+    let diff = seen[0].diff.as_deref().expect("a write carries its diff");
+    assert!(diff.contains("+brand new"), "{diff}");
+    assert_eq!(seen[1].tool, ToolName::EditFile);
+    let diff = seen[1].diff.as_deref().expect("an edit carries its diff");
+    assert!(diff.contains("-old line"), "{diff}");
+    assert!(diff.contains("+new line"), "{diff}");
+    assert!(seen[1].scope.contains("write"), "{}", seen[1].scope);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_reaches_the_agent_while_it_waits_for_approval() {
+    let (_server, agent, _dir, _a, _approver) =
+        scripted([Some(Decision::AllowOnce)], &[("a.txt", "alpha\n")]).await;
+    let mut progress = Vec::new();
+    let reply = within(
+        STEP,
+        "the approved read",
+        agent.call(None, "read_file", read("a.txt"), |p| {
+            progress.push(p.to_owned())
+        }),
+    )
+    .await
+    .expect("the call is answered");
+    ok(reply);
+    assert!(
+        progress.iter().any(|p| p.contains("waiting for the user")),
+        "progress: {progress:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_interactive_denies_saying_how_to_pre_approve() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        None,
+    )
+    .await;
+    let message = expect_code(
+        call(&agent, "read_file", read("a.txt")).await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("--allow read"), "{message}");
+    let message = expect_code(
+        call(
+            &agent,
+            "run_command",
+            json!({"argv": ["true"], "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("--allow exec"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_read_lets_reads_through_but_not_writes() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    let mut options = attach_options(dir.path(), "lap");
+    options.allow = vec![ToolClass::Read];
+    let _a = Attachment::start(&server.client_config(), options, None).await;
+    ok(call(&agent, "read_file", read("a.txt")).await);
+    ok(call(
+        &agent,
+        "search",
+        json!({"pattern": "alp", "workspace": "lap"}),
+    )
+    .await);
+    let message = expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "a.txt", "content": "x", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("--allow write"), "{message}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_trust_runs_writes_without_asking() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    let approver = Arc::new(ScriptedApprover::new([]));
+    let mut options = attach_options(dir.path(), "lap");
+    options.trust = Trust::Full;
+    let attached = Attachment::start(
+        &server.client_config(),
+        options,
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    assert_eq!(attached.workspace.trust, Trust::Full);
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "a.txt", "content": "rewritten\n", "workspace": "lap"}),
+    )
+    .await);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+        "rewritten\n"
+    );
+    assert!(approver.seen().is_empty(), "full trust never asks");
+}

@@ -1,0 +1,157 @@
+//! Authentication and ownership (DESIGN.md, "Security model"): tokens, users' sessions, and the
+//! pinned certificate.
+
+use monad_client::ClientError;
+use monad_client::agent::Agent;
+use monad_client::attach::attach;
+use monad_protocol::ErrorCode;
+use monad_tests::{
+    STEP, TestServer, attach_options, call, call_in, connect_agent, folder, ok, within,
+};
+use serde_json::json;
+
+/// Connecting must fail; returns the error.
+async fn refused(config: &monad_client::config::ClientConfig) -> ClientError {
+    match within(STEP, "the connection to be refused", Agent::connect(config)).await {
+        Ok(_) => panic!("the connection was accepted"),
+        Err(e) => e,
+    }
+}
+
+fn assert_unauthorized(error: &ClientError) {
+    match error {
+        ClientError::Refused(e) => assert_eq!(e.code, ErrorCode::Unauthorized, "{e}"),
+        other => panic!("expected an unauthorized refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_token_is_refused_as_unauthorized() {
+    let server = TestServer::start().await;
+    let error = refused(&server.client_config_with("mnd_00000000_not_a_real_token")).await;
+    assert_unauthorized(&error);
+    let message = error.to_string();
+    assert!(
+        message.contains("monad-server token create"),
+        "says what to do: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_token_is_refused() {
+    let server = TestServer::start().await;
+    let token = server.create_token("carol");
+    let config = server.client_config_with(&token);
+    assert_eq!(connect_agent(&config).await.user(), "carol");
+    let record = server
+        .state()
+        .tokens
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|t| t.user == "carol")
+        .expect("carol's token is listed");
+    assert!(server.state().tokens.revoke(&record.id).unwrap());
+    assert_unauthorized(&refused(&config).await);
+    // Other tokens still work.
+    assert_eq!(server.agent().await.user(), "admin");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_session_is_refused_and_not_listed() {
+    let server = TestServer::start().await;
+    let admin = server.agent().await;
+    ok(call(
+        &admin,
+        "write_file",
+        json!({"path": "secret.txt", "content": "admin's\n"}),
+    )
+    .await);
+    let ben_token = server.create_token("ben");
+    let ben_config = server.client_config_with(&ben_token);
+    let ben = connect_agent(&ben_config).await;
+    assert_eq!(ben.user(), "ben");
+
+    // Ben in admin's `default` session: refused, for a call and for an attachment.
+    for session in [None, Some("default")] {
+        match within(
+            STEP,
+            "ben's call",
+            ben.call(session, "read_file", json!({"path": "secret.txt"}), |_| {}),
+        )
+        .await
+        {
+            Err(ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::Unauthorized, "{e}"),
+            other => panic!("ben reached admin's session: {other:?}"),
+        }
+    }
+    let dir = folder(&[]);
+    let attached = within(
+        STEP,
+        "ben's attachment to be refused",
+        attach(&ben_config, attach_options(dir.path(), "ben"), None, None),
+    )
+    .await;
+    match attached {
+        Err(ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::Unauthorized, "{e}"),
+        other => panic!("ben attached to admin's session: {other:?}"),
+    }
+
+    // Ben's own session works.
+    let own = "6f9619ff-8b86-4011-b42d-00c04fc964ff";
+    ok(call_in(
+        &ben,
+        Some(own),
+        "write_file",
+        json!({"path": "b.txt", "content": "ben's\n"}),
+    )
+    .await);
+    let (result, _) = ok(call_in(&ben, Some(own), "read_file", json!({"path": "b.txt"})).await);
+    assert_eq!(result["content"], "ben's\n");
+    // And admin cannot use it.
+    assert!(matches!(
+        within(STEP, "admin's call", admin.call(Some(own), "workspaces", json!({}), |_| {})).await,
+        Err(ClientError::Refused(e)) if e.code == ErrorCode::Unauthorized
+    ));
+
+    // Each lists only their own sessions.
+    let ids = |sessions: Vec<monad_protocol::wire::SessionInfo>| -> Vec<(String, String)> {
+        sessions.into_iter().map(|s| (s.id, s.owner)).collect()
+    };
+    let bens = within(STEP, "ben's sessions", ben.sessions())
+        .await
+        .unwrap();
+    assert_eq!(ids(bens), [(own.to_owned(), "ben".to_owned())]);
+    let admins = within(STEP, "admin's sessions", admin.sessions())
+        .await
+        .unwrap();
+    assert_eq!(ids(admins), [("default".to_owned(), "admin".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_certificate_is_refused_saying_what_to_do() {
+    let server = TestServer::start().await;
+    let mut config = server.client_config();
+    config.fingerprint = "ab".repeat(32);
+    match refused(&config).await {
+        ClientError::FingerprintMismatch {
+            server: addr,
+            expected,
+            presented,
+        } => {
+            assert_eq!(addr, server.addr.to_string());
+            assert_eq!(expected, "ab".repeat(32));
+            assert_eq!(presented, server.fingerprint);
+            let message = ClientError::FingerprintMismatch {
+                server: addr,
+                expected,
+                presented,
+            }
+            .to_string();
+            assert!(message.contains("log in again"), "{message}");
+            assert!(message.contains("--fingerprint"), "{message}");
+            assert!(message.contains(&server.fingerprint), "{message}");
+        }
+        other => panic!("expected a fingerprint mismatch, got {other:?}"),
+    }
+}

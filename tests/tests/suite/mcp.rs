@@ -1,0 +1,491 @@
+//! The MCP front, driven by rmcp's own client over both transports: `monad-client mcp` (the real
+//! binary, over stdio) and the server's Streamable HTTP endpoint (with a bearer token).
+//! `python` drives both with the official MCP Python SDK.
+
+// rmcp marks logging deprecated (SEP-2577); the protocol versions Monad speaks still have it.
+#![allow(deprecated)]
+
+mod conformance;
+mod python;
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use monad_client::approval::{ApprovalRequest, Approver, Decision};
+use monad_protocol::ToolClass;
+use monad_tests::{Attachment, STEP, TestServer, attach_options, binary, folder, within};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, InitializeRequestParams,
+    LoggingMessageNotificationParam, ProgressNotificationParam, RequestMetaObject, Tool,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RoleClient, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ServiceExt};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::sync::mpsc;
+
+/// What the host saw besides answers.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    ListChanged,
+    Progress(String),
+    Log(String),
+}
+
+/// An rmcp client handler that records notifications, and may name a session in `initialize`.
+#[derive(Debug, Clone)]
+struct Host {
+    seen: mpsc::UnboundedSender<Seen>,
+    session: Option<String>,
+}
+
+impl ClientHandler for Host {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.seen.send(Seen::ListChanged);
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self
+            .seen
+            .send(Seen::Progress(params.message.unwrap_or_default()));
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let text = params.data.as_str().unwrap_or_default().to_owned();
+        let _ = self.seen.send(Seen::Log(text));
+    }
+
+    fn get_info(&self) -> InitializeRequestParams {
+        let mut info = InitializeRequestParams::default();
+        if let Some(session) = &self.session {
+            let mut meta = RequestMetaObject::new();
+            meta.insert("sessionId".into(), session.clone().into());
+            info.meta = Some(meta);
+        }
+        info
+    }
+}
+
+/// Which transport a case runs over.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Via {
+    Stdio,
+    Http,
+}
+
+/// A connected MCP host and what it sees.
+struct Connected {
+    client: RunningService<RoleClient, Host>,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    _config_dir: Option<TempDir>,
+}
+
+impl Connected {
+    /// Waits (bounded) for a notification that `wanted` accepts, skipping others.
+    async fn expect(&mut self, what: &str, wanted: impl Fn(&Seen) -> bool) -> Seen {
+        within(STEP, what, async {
+            loop {
+                let seen = self.seen.recv().await.expect("the client is running");
+                if wanted(&seen) {
+                    break seen;
+                }
+            }
+        })
+        .await
+    }
+
+    async fn tools(&self) -> Vec<Tool> {
+        within(STEP, "tools/list", self.client.list_all_tools())
+            .await
+            .expect("tools/list answers")
+    }
+
+    async fn call(&self, tool: &str, args: Value) -> CallToolResult {
+        self.try_call(tool, args).await.expect("tools/call answers")
+    }
+
+    async fn try_call(
+        &self,
+        tool: &str,
+        args: Value,
+    ) -> Result<CallToolResult, rmcp::ServiceError> {
+        let params = CallToolRequestParams::new(tool.to_owned())
+            .with_arguments(args.as_object().cloned().unwrap_or_default());
+        within(STEP, "tools/call", self.client.call_tool(params)).await
+    }
+}
+
+/// A server with its HTTP endpoint on a free loopback port.
+async fn server() -> (TestServer, SocketAddr) {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let http = free.local_addr().expect("its address");
+    drop(free);
+    let server = TestServer::start_with(|c| c.http = Some(http)).await;
+    (server, http)
+}
+
+/// Connects an rmcp client over `via`, naming `session` in `initialize` if given.
+async fn connect(
+    server: &TestServer,
+    http: SocketAddr,
+    via: Via,
+    session: Option<&str>,
+) -> Result<Connected, rmcp::service::ClientInitializeError> {
+    let (tx, seen) = mpsc::unbounded_channel();
+    let host = Host {
+        seen: tx,
+        session: session.map(str::to_owned),
+    };
+    let (client, config_dir) = match via {
+        Via::Stdio => {
+            let dir = tempfile::tempdir().expect("config dir");
+            server
+                .client_config()
+                .save(dir.path())
+                .expect("config saved");
+            let mut cmd = tokio::process::Command::new(binary("monad-client"));
+            cmd.arg("mcp")
+                .env("MONAD_CONFIG_DIR", dir.path())
+                .env("RUST_LOG", "warn")
+                .kill_on_drop(true);
+            let transport = TokioChildProcess::new(cmd).expect("monad-client mcp starts");
+            let client = within(STEP, "initialize over stdio", host.serve(transport)).await?;
+            (client, Some(dir))
+        }
+        Via::Http => {
+            let config =
+                StreamableHttpClientTransportConfig::with_uri(format!("http://{http}/mcp"))
+                    .auth_header(server.token.clone());
+            let transport = StreamableHttpClientTransport::from_config(config);
+            let client = within(STEP, "initialize over HTTP", host.serve(transport)).await?;
+            (client, None)
+        }
+    };
+    Ok(Connected {
+        client,
+        seen,
+        _config_dir: config_dir,
+    })
+}
+
+fn text(result: &CallToolResult) -> String {
+    serde_json::to_value(&result.content[0]).expect("content serializes")["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn workspace_description(tool: &Tool) -> String {
+    tool.input_schema["properties"]["workspace"]["description"]
+        .as_str()
+        .expect("workspace has a description")
+        .to_owned()
+}
+
+/// Lists, calls, fails and follows a folder attaching and detaching, over `via`.
+async fn tools_calls_and_list_changed(via: Via) {
+    let (server, http) = server().await;
+    let mut host = connect(&server, http, via, None)
+        .await
+        .expect("the host connects");
+    let tools = host.tools().await;
+    assert_eq!(tools.len(), monad_protocol::ToolName::ALL.len(), "{via:?}");
+    let read = tools.iter().find(|t| t.name == "read_file").unwrap();
+    let hints = read.annotations.clone().expect("annotations");
+    assert_eq!(hints.read_only_hint, Some(true));
+    let run = tools.iter().find(|t| t.name == "run_command").unwrap();
+    assert_eq!(
+        run.annotations.clone().unwrap().destructive_hint,
+        Some(true)
+    );
+    let described = workspace_description(read);
+    assert!(described.contains("`primary`"), "{described}");
+    assert!(!described.contains("`laptop`"), "{described}");
+
+    let dir = folder(&[("notes.txt", "hello from the laptop\n")]);
+    let mut options = attach_options(dir.path(), "laptop");
+    options.allow = vec![ToolClass::Read];
+    let attached = Attachment::start(&server.client_config(), options, None).await;
+    host.expect("tools/list_changed after attach", |s| {
+        *s == Seen::ListChanged
+    })
+    .await;
+    let tools = host.tools().await;
+    let read = tools.iter().find(|t| t.name == "read_file").unwrap();
+    let described = workspace_description(read);
+    assert!(described.contains("`laptop`"), "{described}");
+    assert!(described.contains("restricted"), "{described}");
+
+    // Routed like any call: the path exists only in the attached folder.
+    let result = host.call("read_file", json!({"path": "notes.txt"})).await;
+    assert_eq!(result.is_error, Some(false), "{}", text(&result));
+    let structured = result.structured_content.clone().unwrap();
+    assert_eq!(structured["workspace"]["name"], "laptop");
+    assert_eq!(structured["result"]["content"], "hello from the laptop\n");
+    assert!(text(&result).contains("hello from the laptop"));
+
+    // Tool failures are results with isError and a sentence, not protocol errors.
+    let missing = host
+        .call(
+            "read_file",
+            json!({"path": "nope.txt", "workspace": "laptop"}),
+        )
+        .await;
+    assert_eq!(missing.is_error, Some(true));
+    assert!(
+        text(&missing).starts_with("not_found:"),
+        "{}",
+        text(&missing)
+    );
+    let denied = host
+        .call(
+            "write_file",
+            json!({"path": "x.txt", "content": "x", "workspace": "laptop"}),
+        )
+        .await;
+    assert_eq!(denied.is_error, Some(true));
+    assert!(text(&denied).starts_with("denied:"), "{}", text(&denied));
+    assert!(text(&denied).contains("--allow write"), "{}", text(&denied));
+    let outside = host
+        .call(
+            "read_file",
+            json!({"path": "../../etc/passwd", "workspace": "laptop"}),
+        )
+        .await;
+    assert!(
+        text(&outside).starts_with("outside_workspace:"),
+        "{}",
+        text(&outside)
+    );
+    let bad_args = host.call("read_file", json!({"pth": "x"})).await;
+    assert!(
+        text(&bad_args).starts_with("invalid_arguments:"),
+        "{}",
+        text(&bad_args)
+    );
+    // An unknown tool is a protocol error.
+    assert!(host.try_call("rm_rf", json!({})).await.is_err());
+
+    drop(attached);
+    host.expect("tools/list_changed after detach", |s| {
+        *s == Seen::ListChanged
+    })
+    .await;
+    let _ = host.client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_lists_calls_and_follows_attachments() {
+    tools_calls_and_list_changed(Via::Stdio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_http_lists_calls_and_follows_attachments() {
+    tools_calls_and_list_changed(Via::Http).await;
+}
+
+/// An approver that never answers, and says when it is asked and when the question is withdrawn.
+struct Hanging {
+    asked: mpsc::UnboundedSender<ApprovalRequest>,
+    withdrawn: mpsc::UnboundedSender<()>,
+}
+
+struct Withdrawn(mpsc::UnboundedSender<()>);
+
+impl Drop for Withdrawn {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+impl Approver for Hanging {
+    fn decide(&self, request: ApprovalRequest) -> Pin<Box<dyn Future<Output = Decision> + Send>> {
+        let _ = self.asked.send(request);
+        let guard = Withdrawn(self.withdrawn.clone());
+        Box::pin(async move {
+            let _guard = guard;
+            std::future::pending().await
+        })
+    }
+}
+
+/// While a call waits for approval the host sees progress and a log line; cancelling the
+/// request withdraws the prompt on the laptop.
+async fn approval_progress_and_cancel(via: Via) {
+    let (server, http) = server().await;
+    let mut host = connect(&server, http, via, None)
+        .await
+        .expect("the host connects");
+    let (asked_tx, mut asked) = mpsc::unbounded_channel();
+    let (withdrawn_tx, mut withdrawn) = mpsc::unbounded_channel();
+    let approver = Hanging {
+        asked: asked_tx,
+        withdrawn: withdrawn_tx,
+    };
+    let dir = folder(&[("notes.txt", "x\n")]);
+    let _attached = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "laptop"),
+        Some(Arc::new(approver)),
+    )
+    .await;
+
+    let params = CallToolRequestParams::new("read_file")
+        .with_arguments(json!({"path": "notes.txt"}).as_object().cloned().unwrap());
+    let handle = host
+        .client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("the call is sent");
+    let request = within(STEP, "the approval prompt", asked.recv())
+        .await
+        .expect("asked");
+    assert_eq!(request.target, "path `notes.txt`");
+    // Progress travels with the call, the log line on the host's standalone stream (over
+    // HTTP): they may come in either order.
+    let (mut progress, mut log) = (false, false);
+    while !(progress && log) {
+        match host
+            .expect("progress and a log line", |s| {
+                !matches!(s, Seen::ListChanged)
+            })
+            .await
+        {
+            Seen::Progress(m) => progress |= m.contains("waiting for the user"),
+            Seen::Log(m) => log |= m.contains("to approve `read_file`"),
+            Seen::ListChanged => {}
+        }
+    }
+
+    handle
+        .cancel(Some("the user changed their mind".into()))
+        .await
+        .expect("cancel is sent");
+    within(STEP, "the prompt to be withdrawn", withdrawn.recv())
+        .await
+        .expect("withdrawn");
+    let _ = host.client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_reports_approval_progress_and_cancel_withdraws_the_prompt() {
+    approval_progress_and_cancel(Via::Stdio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_http_reports_approval_progress_and_cancel_withdraws_the_prompt() {
+    approval_progress_and_cancel(Via::Http).await;
+}
+
+async fn session_meta_resumes_the_session(via: Via) {
+    let (server, http) = server().await;
+    let id = "6f9619ff-8b86-d011-b42d-00c04fc964ff";
+    let first = connect(&server, http, via, Some(id))
+        .await
+        .expect("the host connects");
+    let info = first.client.peer_info().expect("server info");
+    let meta = info.meta.clone().expect("initialize answers with _meta");
+    assert_eq!(meta.get("sessionId"), Some(&Value::from(id)));
+    let stored = first
+        .call("memory_store", json!({"key": "plan", "text": "ship it"}))
+        .await;
+    assert_eq!(stored.is_error, Some(false), "{}", text(&stored));
+    let _ = first.client.cancel().await;
+    assert!(server.primary_dir(id).join("memory/plan.md").is_file());
+
+    // A later connection naming the same id works in the same session...
+    let again = connect(&server, http, via, Some(id))
+        .await
+        .expect("resumed");
+    let recalled = again.call("memory_recall", json!({})).await;
+    let notes = &recalled.structured_content.clone().unwrap()["result"]["notes"];
+    assert_eq!(notes[0]["text"], "ship it", "{notes}");
+    // ... and one without it works in `default`, which has no such note.
+    let other = connect(&server, http, via, None).await.expect("default");
+    let recalled = other.call("memory_recall", json!({})).await;
+    let notes = &recalled.structured_content.clone().unwrap()["result"]["notes"];
+    assert_eq!(notes, &json!([]));
+
+    // A session id that is neither `default` nor a UUID fails initialize.
+    assert!(connect(&server, http, via, Some("../etc")).await.is_err());
+    let _ = again.client.cancel().await;
+    let _ = other.client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_initialize_meta_session_id_resumes_that_session() {
+    session_meta_resumes_the_session(Via::Stdio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_http_initialize_meta_session_id_resumes_that_session() {
+    session_meta_resumes_the_session(Via::Http).await;
+}
+
+/// One raw HTTP/1.1 POST to the MCP endpoint; returns the status line and headers.
+fn post(addr: SocketAddr, authorization: Option<&str>) -> String {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if let Some(value) = authorization {
+        request.push_str(&format!("Authorization: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    let mut stream = std::net::TcpStream::connect(addr).expect("connects");
+    stream.set_read_timeout(Some(STEP)).expect("read time-out");
+    stream.write_all(request.as_bytes()).expect("sent");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_http_refuses_requests_without_a_valid_token() {
+    let (server, http) = server().await;
+    let revoked = server.create_token("ben");
+    let id = server.state().tokens.list().unwrap()[1].id.clone();
+    assert!(server.state().tokens.revoke(&id).unwrap());
+    let answers = tokio::task::spawn_blocking(move || {
+        [
+            post(http, None),
+            post(http, Some("Bearer mnd_not_a_token")),
+            post(http, Some(&format!("Bearer {revoked}"))),
+            post(http, Some("Basic YWRtaW46YWRtaW4=")),
+        ]
+    })
+    .await
+    .unwrap();
+    for answer in answers {
+        assert!(answer.starts_with("http/1.1 401"), "{answer}");
+        assert!(answer.contains("www-authenticate: bearer"), "{answer}");
+    }
+    let token = server.token.clone();
+    let ok = tokio::task::spawn_blocking(move || post(http, Some(&format!("Bearer {token}"))))
+        .await
+        .unwrap();
+    assert!(!ok.starts_with("http/1.1 401"), "{ok}");
+}

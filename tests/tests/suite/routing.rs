@@ -1,0 +1,203 @@
+//! Routing: which workspace runs a call (DESIGN.md, "Routing").
+//!
+//! Folders here are attached with reads pre-approved, so no prompt is involved.
+
+use monad_protocol::ErrorCode;
+use monad_protocol::ToolClass;
+use monad_tests::{Attachment, TestServer, attach_options, call, expect_code, folder, ok};
+use serde_json::json;
+
+/// Attaches `dir` as `name`, reads pre-approved, nobody to ask for anything else.
+async fn attach_readable(server: &TestServer, dir: &std::path::Path, name: &str) -> Attachment {
+    let mut options = attach_options(dir, name);
+    options.allow = vec![ToolClass::Read];
+    Attachment::start(&server.client_config(), options, None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_in_attached_folder_returns_content_and_names_the_workspace() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("notes/todo.md", "ship it\n")]);
+    let attached = attach_readable(&server, laptop.path(), "lap").await;
+    assert_eq!(attached.session, "default");
+    assert_eq!(attached.workspace.name, "lap");
+    assert!(attached.workspace.online);
+
+    let reply = call(&agent, "read_file", json!({"path": "notes/todo.md"})).await;
+    let uri = reply.workspace.as_ref().map(|w| w.uri.clone());
+    let (result, ran_in) = ok(reply);
+    assert_eq!(result["content"], "ship it\n");
+    assert_eq!(ran_in, "lap");
+    assert_eq!(uri.as_deref(), Some(attached.workspace.uri.as_str()));
+    assert!(
+        attached
+            .workspace
+            .uri
+            .ends_with(&laptop.path().to_string_lossy().into_owned()),
+        "the URI names the folder as given: {}",
+        attached.workspace.uri
+    );
+
+    // A file only the primary workspace has is read there.
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "plan.md", "content": "primary plan\n"}),
+    )
+    .await);
+    let (result, ran_in) = ok(call(&agent, "read_file", json!({"path": "plan.md"})).await);
+    assert_eq!(result["content"], "primary plan\n");
+    assert_eq!(ran_in, "primary");
+    assert!(
+        server.primary_dir("default").join("plan.md").is_file(),
+        "writes without a workspace go to the primary workspace"
+    );
+    assert!(!laptop.path().join("plan.md").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_in_both_goes_to_primary_unless_a_workspace_is_named() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("both.txt", "laptop copy\n"), ("only-lap.txt", "lap\n")]);
+    let attached = attach_readable(&server, laptop.path(), "lap").await;
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "both.txt", "content": "primary copy\n"}),
+    )
+    .await);
+
+    let (result, ran_in) = ok(call(&agent, "read_file", json!({"path": "both.txt"})).await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("primary copy\n"), "primary")
+    );
+
+    let (result, ran_in) = ok(call(&agent, "read_file", json!({"path": "only-lap.txt"})).await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("lap\n"), "lap")
+    );
+
+    // By short name and by URI.
+    for target in ["lap", attached.workspace.uri.as_str()] {
+        let (result, ran_in) = ok(call(
+            &agent,
+            "read_file",
+            json!({"path": "both.txt", "workspace": target}),
+        )
+        .await);
+        assert_eq!(result["content"], "laptop copy\n", "workspace {target}");
+        assert_eq!(ran_in, "lap");
+    }
+    let (result, ran_in) = ok(call(
+        &agent,
+        "read_file",
+        json!({"path": "both.txt", "workspace": "primary"}),
+    )
+    .await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("primary copy\n"), "primary")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_workspace_and_missing_path_fail_saying_what_exists() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("a.txt", "a\n")]);
+    let _attached = attach_readable(&server, laptop.path(), "lap").await;
+
+    let message = expect_code(
+        call(
+            &agent,
+            "read_file",
+            json!({"path": "a.txt", "workspace": "desktop"}),
+        )
+        .await,
+        ErrorCode::WorkspaceNotFound,
+    );
+    assert!(message.contains("desktop"), "{message}");
+    assert!(
+        message.contains("primary, lap"),
+        "lists the workspaces: {message}"
+    );
+
+    let message = expect_code(
+        call(&agent, "read_file", json!({"path": "nowhere.txt"})).await,
+        ErrorCode::NotFound,
+    );
+    assert!(message.contains("nowhere.txt"), "{message}");
+    assert!(
+        message.contains("tried: primary, lap"),
+        "lists what was tried: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspaces_tool_lists_primary_and_attached() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let attached = attach_readable(&server, laptop.path(), "lap").await;
+
+    let (result, ran_in) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(ran_in, "primary");
+    assert_eq!(result["session"], "default");
+    let list = result["workspaces"].as_array().expect("a list");
+    let names: Vec<&str> = list.iter().filter_map(|w| w["name"].as_str()).collect();
+    assert_eq!(names, ["primary", "lap"]);
+    assert_eq!(list[0]["uri"], "server:/sessions/default");
+    assert_eq!(list[0]["host"], "server");
+    assert_eq!(list[0]["trust"], "full");
+    assert_eq!(list[1]["uri"], attached.workspace.uri);
+    assert_eq!(list[1]["host"], "client");
+    assert_eq!(list[1]["trust"], "restricted");
+    assert_eq!(list[1]["online"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_attached_folders_are_tried_in_attach_order() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let first = folder(&[("shared.txt", "from first\n")]);
+    let second = folder(&[
+        ("shared.txt", "from second\n"),
+        ("own.txt", "second's own\n"),
+    ]);
+    let _a = attach_readable(&server, first.path(), "first").await;
+    let _b = attach_readable(&server, second.path(), "second").await;
+
+    let (result, ran_in) = ok(call(&agent, "read_file", json!({"path": "shared.txt"})).await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("from first\n"), "first")
+    );
+    let (result, ran_in) = ok(call(&agent, "read_file", json!({"path": "own.txt"})).await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("second's own\n"), "second")
+    );
+    let (result, ran_in) = ok(call(
+        &agent,
+        "read_file",
+        json!({"path": "shared.txt", "workspace": "second"}),
+    )
+    .await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("from second\n"), "second")
+    );
+
+    let message = expect_code(
+        call(&agent, "stat", json!({"path": "missing"})).await,
+        ErrorCode::NotFound,
+    );
+    assert!(
+        message.contains("tried: primary, first, second"),
+        "{message}"
+    );
+}
