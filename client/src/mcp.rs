@@ -65,8 +65,7 @@ fn to_tool_error(config: &ClientConfig, error: ClientError) -> ToolError {
         ClientError::Unreachable(why) => ToolError::new(
             ErrorCode::Io,
             format!(
-                "cannot reach the Monad server at {} ({why}); is it running? The call may be \
-                 retried once it is back",
+                "cannot reach the Monad server at {} ({why}); is it running?",
                 config.server
             ),
         ),

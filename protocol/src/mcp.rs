@@ -401,10 +401,6 @@ impl<B: Backend> ServerHandler for McpFront<B> {
         Ok(ListToolsResult::with_all_items(tools(&workspaces)))
     }
 
-    fn get_tool(&self, name: &str) -> Option<Tool> {
-        ToolName::parse(name).map(|t| tool(t, &[]))
-    }
-
     async fn call_tool(
         &self,
         request: CallToolRequestParams,

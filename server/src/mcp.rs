@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State as Shared};
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use monad_protocol::mcp::{Backend, McpFront, ProgressSender};
@@ -169,6 +169,18 @@ async fn authenticate(
     }
 }
 
+/// rmcp answers a session's `DELETE` with `202 Accepted`; hosts expect `200` or `204` (the
+/// Python SDK logs a warning at every disconnect otherwise). The session is gone at once, so
+/// `204 No Content` is the honest answer.
+async fn delete_answers_no_content(request: Request, next: Next) -> Response {
+    let delete = request.method() == Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
+}
+
 /// The HTTP application: the MCP endpoint at [`PATH`] behind token authentication.
 /// `local` is the address it is served on: on a loopback address only loopback `Host` headers
 /// are accepted (against DNS rebinding); elsewhere any host is, since every request needs a
@@ -186,6 +198,7 @@ pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken)
     );
     axum::Router::new()
         .route_service(PATH, service)
+        .layer(middleware::from_fn(delete_answers_no_content))
         .layer(middleware::from_fn_with_state(state, authenticate))
 }
 

@@ -489,3 +489,33 @@ async fn mcp_over_http_refuses_requests_without_a_valid_token() {
         .unwrap();
     assert!(!ok.starts_with("http/1.1 401"), "{ok}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_reconnects_after_a_server_restart_and_keeps_following_the_session() {
+    let (server, http) = server().await;
+    let mut host = connect(&server, http, Via::Stdio, None)
+        .await
+        .expect("the host connects");
+    host.tools().await;
+    let server = server.stop().await.restart().await;
+    // The bridge watches again on a new connection and tells the host to list again.
+    host.expect("tools/list_changed after the reconnect", |s| {
+        *s == Seen::ListChanged
+    })
+    .await;
+    let dir = folder(&[("notes.txt", "back again\n")]);
+    let mut options = attach_options(dir.path(), "laptop");
+    options.allow = vec![ToolClass::Read];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    host.expect("tools/list_changed after attach", |s| {
+        *s == Seen::ListChanged
+    })
+    .await;
+    let result = host.call("read_file", json!({"path": "notes.txt"})).await;
+    assert_eq!(result.is_error, Some(false), "{}", text(&result));
+    assert_eq!(
+        result.structured_content.unwrap()["result"]["content"],
+        "back again\n"
+    );
+    let _ = host.client.cancel().await;
+}
