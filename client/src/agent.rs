@@ -101,11 +101,26 @@ impl Agent {
         }
     }
 
-    /// The user's sessions.
+    /// The user's sessions, most recently active first, all of them.
     pub async fn sessions(&self) -> Result<Vec<SessionInfo>, ClientError> {
-        let (_send, mut recv) = self.request(&Message::ListSessions { id: 1 }).await?;
+        Ok(self.sessions_page(None, None).await?.0)
+    }
+
+    /// One page of the user's sessions (`limit` 1-100; `None`: all of them), most recently
+    /// active first, and the next page's token.
+    pub async fn sessions_page(
+        &self,
+        limit: Option<u32>,
+        next: Option<&str>,
+    ) -> Result<(Vec<SessionInfo>, Option<String>), ClientError> {
+        let request = Message::ListSessions {
+            id: 1,
+            limit,
+            next: next.map(str::to_owned),
+        };
+        let (_send, mut recv) = self.request(&request).await?;
         match read_message(&mut recv, MAX_ANSWER).await {
-            Ok(Some(Message::Sessions { sessions, .. })) => Ok(sessions),
+            Ok(Some(Message::Sessions { sessions, next, .. })) => Ok((sessions, next)),
             Ok(Some(Message::Error { error, .. })) => Err(ClientError::Refused(error)),
             Ok(Some(other)) => Err(ClientError::Protocol(format!(
                 "unexpected `{}` in answer to list_sessions",

@@ -290,17 +290,27 @@ pub enum Message {
         /// How it ended.
         outcome: Outcome,
     },
-    /// Agent to server: the user's sessions.
+    /// Agent to server: the user's sessions, most recently active first: all of them, or one
+    /// page when `limit` is given.
     ListSessions {
         /// Request id.
         id: u64,
+        /// Page size, 1 to 100; absent: every session in one answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+        /// The `next` token of the previous page.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
     },
     /// The answer to [`Message::ListSessions`].
     Sessions {
         /// The request id.
         id: u64,
-        /// The sessions the user owns.
+        /// The sessions the user owns (this page of them).
         sessions: Vec<SessionInfo>,
+        /// Token for the next page; absent on the last (and when no `limit` was given).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
     },
     /// Agent to server: the workspaces of a session.
     ListWorkspaces {
@@ -646,7 +656,16 @@ mod tests {
                     error: ToolError::new(ErrorCode::NotFound, "nope"),
                 },
             },
-            Message::ListSessions { id: 1 },
+            Message::ListSessions {
+                id: 1,
+                limit: None,
+                next: None,
+            },
+            Message::ListSessions {
+                id: 1,
+                limit: Some(20),
+                next: Some("00ff".into()),
+            },
             Message::Sessions {
                 id: 1,
                 sessions: vec![SessionInfo {
@@ -656,6 +675,7 @@ mod tests {
                     last_active: "2026-11-26T00:00:00Z".into(),
                     workspaces: vec![workspace()],
                 }],
+                next: Some("00ff".into()),
             },
             Message::ListWorkspaces {
                 id: 4,

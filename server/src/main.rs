@@ -333,6 +333,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
+    raise_open_files_limit();
     let mut config = ServerConfig::new(dir);
     config.listen = args.listen;
     config.http = (!args.no_http).then_some(args.http);
@@ -380,6 +381,19 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
         server.run(shutdown_signal()).await;
         Ok(())
     })
+}
+
+/// Raises the soft limit on open files to the hard limit: every loaded session holds its
+/// primary workspace's directory open (and every connection a socket), and the usual soft limit
+/// of 1,024 would cap a server at about a thousand sessions in use within a day.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+    {
+        tracing::warn!("cannot raise the open-files limit from {soft} to {hard}: {e}");
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -90,6 +90,16 @@ impl Server {
         let http = config.http.map(crate::mcp::bind).transpose()?;
         let (config, layers) = load_settings(config)?;
         let store: Arc<dyn Store> = Arc::new(FsStore::new(&config.data_dir));
+        // Read every session's metadata now, off the start-up path, so that the first listing
+        // does not read thousands of files while an agent waits.
+        let warm = store.clone();
+        let _ = std::thread::Builder::new()
+            .name("sessions-index".into())
+            .spawn(move || {
+                if let Err(e) = warm.all_sessions() {
+                    warn!("cannot list sessions: {e}");
+                }
+            });
         let recorder = Recorder::start(store.clone());
         let state = Arc::new(State {
             registry: Registry::new(&config.data_dir, store, layers),
@@ -157,7 +167,12 @@ impl Server {
                 let mut tick = tokio::time::interval(every);
                 loop {
                     tick.tick().await;
-                    let dropped = state.registry.unload_idle(idle);
+                    // Saving metadata blocks (fsync): off the async workers.
+                    let state = state.clone();
+                    let dropped =
+                        tokio::task::spawn_blocking(move || state.registry.unload_idle(idle))
+                            .await
+                            .unwrap_or(0);
                     if dropped > 0 {
                         info!("dropped {dropped} idle sessions from memory");
                     }
@@ -535,9 +550,21 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 }
             }
         }
-        Message::ListSessions { id } => {
-            let sessions = ctx.state.registry.list(&ctx.user);
-            let _ = write_message(&mut send, &Message::Sessions { id, sessions }).await;
+        Message::ListSessions { id, limit, next } => {
+            let page = match limit {
+                None => Ok((ctx.state.registry.list(&ctx.user), None)),
+                Some(limit) => {
+                    ctx.state
+                        .registry
+                        .list_page(&ctx.user, limit as usize, next.as_deref())
+                }
+            };
+            let (sessions, next) = match page {
+                Ok(page) => page,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
+            let answer = Message::Sessions { id, sessions, next };
+            let _ = write_message(&mut send, &answer).await;
             finish(&mut send).await;
         }
         other => {

@@ -75,6 +75,8 @@ pub struct Session {
 struct Activity {
     last_used: Instant,
     last_saved: Instant,
+    /// The in-memory `last_active` is newer than the one on disk.
+    dirty: bool,
 }
 
 /// What routing and listing see of a workspace at one moment.
@@ -152,10 +154,19 @@ impl Session {
         meta.last_active = now_rfc3339();
         if now.duration_since(activity.last_saved) >= META_SAVE_INTERVAL {
             activity.last_saved = now;
+            activity.dirty = false;
             Some(meta.clone())
         } else {
+            activity.dirty = true;
             None
         }
+    }
+
+    /// The metadata to save when memory holds activity the disk does not; `None` when the disk
+    /// is up to date. Either way the session counts as saved afterwards.
+    fn unsaved(&self) -> Option<SessionMeta> {
+        let mut activity = self.activity.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut activity.dirty).then(|| self.meta())
     }
 
     /// Records who the model is, when an agent host says.
@@ -377,6 +388,7 @@ impl Registry {
             activity: Mutex::new(Activity {
                 last_used: now,
                 last_saved: now,
+                dirty: false,
             }),
             attached: Mutex::new(Vec::new()),
             changes: tokio::sync::watch::channel(0).0,
@@ -433,6 +445,49 @@ impl Registry {
 
     /// The sessions `user` owns, most recently active first.
     pub fn list(&self, user: &str) -> Vec<SessionInfo> {
+        let (owned, live) = self.owned(user);
+        owned.into_iter().map(|m| info_of(m, &live)).collect()
+    }
+
+    /// One page of the sessions `user` owns, most recently active first (ties by id): `limit`
+    /// (1 to 100) sessions after the position the token `next` names, and the token of the
+    /// page after this one (absent on the last).
+    pub fn list_page(
+        &self,
+        user: &str,
+        limit: usize,
+        next: Option<&str>,
+    ) -> Result<(Vec<SessionInfo>, Option<String>), ToolError> {
+        if !(1..=100).contains(&limit) {
+            return Err(ToolError::new(
+                ErrorCode::InvalidArguments,
+                format!("limit {limit} is out of range: 1 to 100"),
+            ));
+        }
+        let after = next
+            .map(crate::store::decode_cursor)
+            .transpose()
+            .map_err(store_error)?;
+        let (owned, live) = self.owned(user);
+        let start = match &after {
+            Some((last_active, id)) => owned.partition_point(|m| {
+                (std::cmp::Reverse(m.last_active.as_str()), m.id.as_str())
+                    <= (std::cmp::Reverse(last_active.as_str()), id.as_str())
+            }),
+            None => 0,
+        };
+        let more = owned.len() > start + limit;
+        let page: Vec<SessionMeta> = owned.into_iter().skip(start).take(limit).collect();
+        let token = page
+            .last()
+            .filter(|_| more)
+            .map(|m| crate::store::encode_cursor(&m.last_active, &m.id));
+        Ok((page.into_iter().map(|m| info_of(m, &live)).collect(), token))
+    }
+
+    /// The metadata of the sessions `user` owns, with the activity of loaded sessions, most
+    /// recently active first (ties by id); and the loaded sessions.
+    fn owned(&self, user: &str) -> (Vec<SessionMeta>, HashMap<String, Arc<Session>>) {
         let stored = self.store.all_sessions().unwrap_or_else(|e| {
             warn!("cannot list sessions: {e}");
             Vec::new()
@@ -442,22 +497,16 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let mut out: Vec<SessionInfo> = stored
+        let mut owned: Vec<SessionMeta> = stored
             .into_iter()
             .filter(|m| m.owner == user)
             .map(|m| match live.get(&m.id) {
-                Some(session) => session.info(),
-                None => SessionInfo {
-                    workspaces: vec![primary_info(&m.id)],
-                    id: m.id,
-                    owner: m.owner,
-                    created_at: m.created_at,
-                    last_active: m.last_active,
-                },
+                Some(session) => session.meta(),
+                None => m,
             })
             .collect();
-        out.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
-        out
+        owned.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
+        (owned, live)
     }
 
     /// Deletes a session with its workspace, history, artifacts, bindings and its place in
@@ -498,26 +547,26 @@ impl Registry {
         Ok(deleted)
     }
 
-    /// Drops from memory the sessions idle for `max_idle` that have no folder online; their
-    /// metadata is saved first. Returns how many were dropped.
+    /// Drops from memory the sessions idle for `max_idle` that have no folder online; the
+    /// metadata of those with unsaved activity is saved (after the registry's lock is released:
+    /// saving is an fsync, and requests wait on that lock). Returns how many were dropped.
     pub fn unload_idle(&self, max_idle: Duration) -> usize {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let idle: Vec<String> = sessions
-            .values()
-            .filter(|s| s.idle() >= max_idle && !s.has_online_attachments())
-            .map(|s| s.id.clone())
-            .collect();
-        for id in &idle {
-            if let Some(session) = sessions.remove(id)
-                && let Err(e) = self.store.save(&session.meta())
-            {
-                warn!("cannot save session {id}: {e}");
-            }
+        let dropped: Vec<Arc<Session>> = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            let idle: Vec<String> = sessions
+                .values()
+                .filter(|s| s.idle() >= max_idle && !s.has_online_attachments())
+                .map(|s| s.id.clone())
+                .collect();
+            idle.iter().filter_map(|id| sessions.remove(id)).collect()
+        };
+        for session in &dropped {
+            self.save_unsaved(session);
         }
-        idle.len()
+        dropped.len()
     }
 
-    /// Saves every loaded session's metadata (on shutdown).
+    /// Saves the metadata of every loaded session with unsaved activity (on shutdown).
     pub fn flush(&self) {
         let sessions = self
             .sessions
@@ -525,9 +574,15 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         for session in sessions.values() {
-            if let Err(e) = self.store.save(&session.meta()) {
-                warn!("cannot save session {}: {e}", session.id);
-            }
+            self.save_unsaved(session);
+        }
+    }
+
+    fn save_unsaved(&self, session: &Session) {
+        if let Some(meta) = session.unsaved()
+            && let Err(e) = self.store.save(&meta)
+        {
+            warn!("cannot save session {}: {e}", session.id);
         }
     }
 
@@ -548,6 +603,21 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
+    }
+}
+
+/// A session as listed: from memory when it is loaded (with its attached folders), else from
+/// its metadata.
+fn info_of(meta: SessionMeta, live: &HashMap<String, Arc<Session>>) -> SessionInfo {
+    match live.get(&meta.id) {
+        Some(session) => session.info(),
+        None => SessionInfo {
+            workspaces: vec![primary_info(&meta.id)],
+            id: meta.id,
+            owner: meta.owner,
+            created_at: meta.created_at,
+            last_active: meta.last_active,
+        },
     }
 }
 
@@ -684,6 +754,46 @@ mod tests {
         );
         reg.delete("default").unwrap();
         assert!(reg.list("ana").is_empty());
+    }
+
+    #[test]
+    fn session_lists_page_by_recent_activity() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        for i in 0..45u64 {
+            let s = reg.create("ana").unwrap();
+            let mut meta = s.meta();
+            // Many ties on purpose.
+            meta.last_active = crate::fsutil::rfc3339(1_700_000_000 + i % 6);
+            reg.store().save(&meta).unwrap();
+        }
+        reg.create("ben").unwrap();
+        assert_eq!(reg.unload_idle(Duration::ZERO), 46);
+        let busy = reg.create("ana").unwrap();
+        busy.touch();
+        let all = reg.list("ana");
+        assert_eq!(all.len(), 46);
+        assert_eq!(all[0].id, busy.id, "live activity counts");
+        for limit in [1, 7, 46, 100] {
+            let mut walked = Vec::new();
+            let mut next = None;
+            loop {
+                let (page, token) = reg.list_page("ana", limit, next.as_deref()).unwrap();
+                assert!(page.len() <= limit);
+                walked.extend(page);
+                match token {
+                    Some(token) => next = Some(token),
+                    None => break,
+                }
+            }
+            assert_eq!(walked, all, "limit {limit}");
+        }
+        for (limit, token) in [(0, None), (101, None), (5, Some("zz")), (5, Some("00"))] {
+            assert_eq!(
+                reg.list_page("ana", limit, token).unwrap_err().code,
+                ErrorCode::InvalidArguments
+            );
+        }
     }
 
     #[test]

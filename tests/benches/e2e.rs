@@ -48,8 +48,6 @@ const CLIENTS: usize = 200;
 /// Agents sharing the concurrent calls of figure c: each connection takes at most 64 requests
 /// in flight, so 200 concurrent calls need several.
 const AGENTS: usize = 8;
-/// The raw peer's request header value that asks for the payload back.
-const ECHO: u32 = u32::MAX;
 /// ALPN of the raw peer.
 const RAW_ALPN: &[u8] = b"bench-echo";
 
@@ -115,6 +113,14 @@ fn verdict(pass: bool) -> &'static str {
     if pass { "PASS" } else { "OVER" }
 }
 
+/// `MONAD_BENCH_ITERS`, when set, else `default`: the timed iterations of figures a and b.
+fn iters_or(default: usize) -> usize {
+    std::env::var("MONAD_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fixtures
 
@@ -176,7 +182,7 @@ struct MonadServer {
     addr: String,
     token: String,
     fingerprint: String,
-    _data: tempfile::TempDir,
+    data: tempfile::TempDir,
 }
 
 impl MonadServer {
@@ -185,16 +191,23 @@ impl MonadServer {
             .prefix("monad-bench-server-")
             .tempdir()
             .expect("temporary data dir");
+        // MONAD_BENCH_SERVER_TOML, when set, is the server's `config.toml` (for experiments).
+        if let Ok(toml) = std::env::var("MONAD_BENCH_SERVER_TOML") {
+            std::fs::create_dir_all(data.path().join("data")).expect("data dir");
+            std::fs::write(data.path().join("data/config.toml"), toml).expect("config.toml");
+        }
+        // Its log (warnings and up) goes to a file beside the data dir, shown if not empty.
+        let log = std::fs::File::create(data.path().join("server.log")).expect("log file");
         let mut child = Command::new(binary)
             .arg("--data-dir")
-            .arg(data.path())
-            .args(["--listen", "127.0.0.1:0"])
+            .arg(data.path().join("data"))
+            .args(["--listen", "127.0.0.1:0", "--no-http"])
             .env_remove("MONAD_DATA_DIR")
             .env_remove("MONAD_CONFIG_DIR")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
@@ -213,7 +226,19 @@ impl MonadServer {
                 child,
                 _stdout: stdout,
             },
-            _data: data,
+            data,
+        }
+    }
+
+    /// Prints the warnings and errors the server logged so far, if any.
+    fn show_log(&self) {
+        let log = std::fs::read_to_string(self.data.path().join("server.log")).unwrap_or_default();
+        let noted: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        if !noted.is_empty() {
+            println!("    the server logged:\n      {}", noted.join("\n      "));
         }
     }
 
@@ -238,7 +263,7 @@ impl MonadServer {
     }
 }
 
-/// The raw QUIC peer: this executable with `--echo-server`.
+/// The raw QUIC peer in its own process: this executable with `--echo-server`.
 struct EchoServer {
     _proc: Proc,
     addr: SocketAddr,
@@ -259,87 +284,217 @@ impl EchoServer {
         let ready = read_until_line(&mut stdout, "ECHO ");
         let mut words = ready.split_whitespace().skip(1);
         let addr = words.next().expect("address").parse().expect("an address");
-        let hex = words.next().expect("certificate");
-        let der: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-            .collect();
+        let cert = from_hex(words.next().expect("certificate"));
         EchoServer {
             _proc: Proc {
                 child,
                 _stdout: stdout,
             },
             addr,
-            cert: CertificateDer::from(der),
+            cert: CertificateDer::from(cert),
         }
     }
 }
 
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // The raw QUIC peer
+//
+// A request is one bidirectional stream: a mode byte, a big-endian `u32` length and a payload,
+// up to the end of the stream. The answer depends on the mode:
 
-/// Runs the echo server: prints `ECHO <addr> <certificate DER as hex>`, then serves until its
-/// stdin closes (the bench ended or died). Each request is one bidirectional stream: a
-/// big-endian `u32` and a payload, up to the end of the stream. The answer is the payload itself
-/// when the `u32` is [`ECHO`], else that many bytes.
+/// Answer with the payload.
+const MODE_ECHO: u8 = 0;
+/// Answer with `length` bytes of text.
+const MODE_SEND: u8 = 1;
+/// Relay, store and forward: fetch `length` bytes from the origin peer named by the payload
+/// (`ADDR CERT-HEX`) with a `MODE_SEND` request, read all of it, then answer with it. The
+/// shape of Monad's path (agent → server → client and back) with nothing but QUIC in it.
+const MODE_RELAY_STORE: u8 = 2;
+/// Relay, cut through: the same, forwarding each chunk as it arrives.
+const MODE_RELAY_STREAM: u8 = 3;
+
+/// A raw peer's state.
+struct RawPeer {
+    /// [`LARGE`] bytes of text to answer `MODE_SEND` from.
+    big: Vec<u8>,
+    /// This peer's own endpoint (also used to connect to an origin when relaying).
+    endpoint: quinn::Endpoint,
+    /// The connection to the origin, made by the first relayed request.
+    origin: tokio::sync::OnceCell<quinn::Connection>,
+}
+
+/// A raw peer's endpoint on loopback: a fresh self-signed certificate (rcgen), rustls with
+/// ring and TLS 1.3, and Monad's server transport settings exactly.
+fn raw_endpoint() -> (quinn::Endpoint, CertificateDer<'static>) {
+    let generated =
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("certificate");
+    let cert = generated.cert.der().clone();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+        generated.signing_key.serialize_der(),
+    ));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.clone()], key)
+        .expect("certificate and key");
+    tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).expect("QUIC TLS");
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(Arc::new(monad_server::config::Transport::default().quinn()));
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(config),
+        udp_socket(SocketAddr::from(([127, 0, 0, 1], 0))),
+        Arc::new(quinn::TokioRuntime),
+    )
+    .expect("bind");
+    (endpoint, cert)
+}
+
+/// EXPERIMENT: a UDP socket with MONAD_BENCH_RCVBUF.
+fn udp_socket(addr: SocketAddr) -> std::net::UdpSocket {
+    let socket = std::net::UdpSocket::bind(addr).expect("bind");
+    if let Some(n) = std::env::var("MONAD_BENCH_RCVBUF")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        let state = quinn::udp::UdpSocketState::new((&socket).into()).expect("state");
+        state
+            .set_recv_buffer_size((&socket).into(), n)
+            .expect("rcvbuf");
+        state
+            .set_send_buffer_size((&socket).into(), n)
+            .expect("sndbuf");
+    }
+    socket
+}
+
+/// Serves raw requests on `peer.endpoint` until it closes.
+async fn serve_raw(peer: Arc<RawPeer>) {
+    while let Some(incoming) = peer.endpoint.accept().await {
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            let Ok(conn) = incoming.await else { return };
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                tokio::spawn(answer_raw(peer.clone(), send, recv));
+            }
+        });
+    }
+}
+
+async fn answer_raw(peer: Arc<RawPeer>, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let Ok(request) = recv.read_to_end(1 << 20).await else {
+        return;
+    };
+    let (mode, len, payload) = (
+        request[0],
+        u32::from_be_bytes(request[1..5].try_into().expect("length")) as usize,
+        &request[5..],
+    );
+    match mode {
+        MODE_ECHO => {
+            let _ = send.write_all(payload).await;
+        }
+        MODE_SEND => {
+            let _ = send.write_all(&peer.big[..len]).await;
+        }
+        MODE_RELAY_STORE | MODE_RELAY_STREAM => {
+            let origin = peer
+                .origin
+                .get_or_init(|| async {
+                    let named = std::str::from_utf8(payload).expect("origin");
+                    let (addr, cert) = named.split_once(' ').expect("ADDR CERT");
+                    let config = raw_client_config(CertificateDer::from(from_hex(cert)));
+                    peer.endpoint
+                        .connect_with(config, addr.parse().expect("address"), "localhost")
+                        .expect("connect")
+                        .await
+                        .expect("handshake with the origin")
+                })
+                .await;
+            let (mut o_send, mut o_recv) = origin.open_bi().await.expect("open a stream");
+            o_send
+                .write_all(&raw_request(MODE_SEND, len, &[]))
+                .await
+                .expect("send");
+            let _ = o_send.finish();
+            if mode == MODE_RELAY_STORE {
+                let all = o_recv.read_to_end(usize::MAX).await.expect("origin answer");
+                let _ = send.write_all(&all).await;
+            } else {
+                while let Some(chunk) = o_recv
+                    .read_chunk(usize::MAX, true)
+                    .await
+                    .expect("origin answer")
+                {
+                    if send.write_chunk(chunk.bytes).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        other => panic!("unknown raw mode {other}"),
+    }
+    let _ = send.finish();
+}
+
+/// `--echo-server`: prints `ECHO <addr> <certificate DER as hex>`, then serves raw requests
+/// until its stdin closes (the bench ended or died).
 fn echo_server_main() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let generated =
-            rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("certificate");
-        let cert = generated.cert.der().clone();
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
-            generated.signing_key.serialize_der(),
-        ));
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .expect("TLS 1.3")
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.clone()], key)
-            .expect("certificate and key");
-        tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).expect("QUIC TLS");
-        let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-        // Monad's server transport, exactly.
-        config.transport_config(Arc::new(monad_server::config::Transport::default().quinn()));
-        let endpoint =
-            quinn::Endpoint::server(config, SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
-        let hex: String = cert.iter().map(|b| format!("{b:02x}")).collect();
-        println!("ECHO {} {hex}", endpoint.local_addr().expect("address"));
+        let (endpoint, cert) = raw_endpoint();
+        println!(
+            "ECHO {} {}",
+            endpoint.local_addr().expect("address"),
+            to_hex(&cert)
+        );
         std::io::stdout().flush().expect("stdout");
         std::thread::spawn(|| {
             let _ = std::io::stdin().read_to_end(&mut Vec::new());
             std::process::exit(0);
         });
-        let big: Arc<Vec<u8>> = Arc::new(text(LARGE, 0).into_bytes());
-        while let Some(incoming) = endpoint.accept().await {
-            let big = big.clone();
-            tokio::spawn(async move {
-                let Ok(conn) = incoming.await else { return };
-                while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                    let big = big.clone();
-                    tokio::spawn(async move {
-                        let Ok(request) = recv.read_to_end(1 << 20).await else {
-                            return;
-                        };
-                        let want = u32::from_be_bytes(request[..4].try_into().expect("header"));
-                        let answer = if want == ECHO {
-                            &request[4..]
-                        } else {
-                            &big[..want as usize]
-                        };
-                        let _ = send.write_all(answer).await;
-                        let _ = send.finish();
-                    });
-                }
-            });
-        }
+        serve_raw(Arc::new(RawPeer {
+            big: text(LARGE, 0).into_bytes(),
+            endpoint,
+            origin: tokio::sync::OnceCell::new(),
+        }))
+        .await;
     });
 }
 
-/// Accepts exactly the echo server's certificate (the same shape as Monad's pinned verifier);
-/// the handshake signature is still checked.
+/// The origin of relayed raw requests, in this process (where Monad's attached client is):
+/// `ADDR CERT-HEX`, as a relay request's payload names it.
+fn start_origin() -> String {
+    let (endpoint, cert) = raw_endpoint();
+    let named = format!(
+        "{} {}",
+        endpoint.local_addr().expect("address"),
+        to_hex(&cert)
+    );
+    tokio::spawn(serve_raw(Arc::new(RawPeer {
+        big: text(LARGE, 0).into_bytes(),
+        endpoint,
+        origin: tokio::sync::OnceCell::new(),
+    })));
+    named
+}
+
+/// Accepts exactly one certificate (the same shape as Monad's pinned verifier); the handshake
+/// signature is still checked.
 #[derive(Debug)]
 struct Pinned {
     cert: CertificateDer<'static>,
@@ -399,7 +554,33 @@ impl ServerCertVerifier for Pinned {
     }
 }
 
-/// A raw QUIC connection to the echo server, with the client transport Monad's client uses.
+/// A client configuration that pins `cert`, with the transport settings of monad-client's
+/// `connect` (keep-alive 2 s, idle time-out 8 s, quinn's defaults otherwise).
+fn raw_client_config(cert: CertificateDer<'static>) -> quinn::ClientConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(Pinned {
+        cert,
+        provider: provider.clone(),
+    });
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(Duration::from_secs(2)));
+    transport.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
+    ));
+    client.transport_config(Arc::new(transport));
+    client
+}
+
+/// A raw QUIC connection to the echo server.
 struct RawClient {
     conn: quinn::Connection,
     _endpoint: quinn::Endpoint,
@@ -407,30 +588,14 @@ struct RawClient {
 
 impl RawClient {
     async fn connect(server: &EchoServer) -> RawClient {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = Arc::new(Pinned {
-            cert: server.cert.clone(),
-            provider: provider.clone(),
-        });
-        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .expect("TLS 1.3")
-            .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_no_client_auth();
-        tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
-        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
-        let mut client = quinn::ClientConfig::new(Arc::new(crypto));
-        // As in monad-client's `connect`.
-        let mut transport = quinn::TransportConfig::default();
-        transport.keep_alive_interval(Some(Duration::from_secs(2)));
-        transport.max_idle_timeout(Some(
-            quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
-        ));
-        client.transport_config(Arc::new(transport));
-        let mut endpoint =
-            quinn::Endpoint::client(SocketAddr::from(([0, 0, 0, 0], 0))).expect("UDP socket");
-        endpoint.set_default_client_config(client);
+        let mut endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            None,
+            udp_socket(SocketAddr::from(([0, 0, 0, 0], 0))),
+            Arc::new(quinn::TokioRuntime),
+        )
+        .expect("UDP socket");
+        endpoint.set_default_client_config(raw_client_config(server.cert.clone()));
         let conn = endpoint
             .connect(server.addr, "localhost")
             .expect("connect")
@@ -442,8 +607,8 @@ impl RawClient {
         }
     }
 
-    /// One request on a fresh stream: sends `request` (header included), reads the answer to
-    /// the end, checks its length.
+    /// One request on a fresh stream: sends `request`, reads the answer to the end, checks its
+    /// length.
     async fn round_trip(&self, request: &[u8], answer_len: usize) -> Vec<u8> {
         let (mut send, mut recv) = self.conn.open_bi().await.expect("open a stream");
         send.write_all(request).await.expect("send");
@@ -454,10 +619,11 @@ impl RawClient {
     }
 }
 
-/// A raw request: `want` (or [`ECHO`]) then `payload_len` bytes.
-fn raw_request(want: u32, payload_len: usize) -> Vec<u8> {
-    let mut request = want.to_be_bytes().to_vec();
-    request.resize(4 + payload_len, b'x');
+/// A raw request: the mode, the length, then `payload`.
+fn raw_request(mode: u8, len: usize, payload: &[u8]) -> Vec<u8> {
+    let mut request = vec![mode];
+    request.extend_from_slice(&(len as u32).to_be_bytes());
+    request.extend_from_slice(payload);
     request
 }
 
@@ -552,10 +718,12 @@ fn big_limits() -> Limits {
 // ---------------------------------------------------------------------------------------------
 // Figures
 
-/// Figures a and b: one server, one attached folder, one agent connection.
-async fn latency_and_throughput(quick: bool, binary: &Path) {
+/// Figures a and b: one server, one attached folder, one agent connection; the raw peer and
+/// the raw origin (for the relay rows) beside them.
+async fn latency_and_throughput(quick: bool, binary: &Path, only: &str) {
     let server = MonadServer::start(binary);
     let echo = EchoServer::start();
+    let origin = start_origin();
     let folder = tempfile::Builder::new()
         .prefix("monad-bench-folder-")
         .tempdir()
@@ -570,82 +738,147 @@ async fn latency_and_throughput(quick: bool, binary: &Path) {
         .await
         .expect("agent connects");
     let raw = RawClient::connect(&echo).await;
+    let ctx = Ctx { agent, raw, origin };
+    if only.contains('a') {
+        small_round_trips(quick, &ctx, &small).await;
+    }
+    if only.contains('b') {
+        large_reads(quick, &ctx, large).await;
+    }
+    server.show_log();
+}
 
-    // (a) 4 KiB: alternate Monad and raw, swapping which goes first every iteration.
-    let (warmup, iters) = if quick { (50, 500) } else { (500, 5000) };
-    assert_eq!(read_file(&agent, "bench", "small.txt").await, small);
-    let echo_request = raw_request(ECHO, SMALL);
-    let mut m = Vec::with_capacity(iters);
-    let mut r = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        let monad_first = i % 2 == 0;
-        let mut monad_t = Duration::ZERO;
-        let mut raw_t = Duration::ZERO;
-        for side in [monad_first, !monad_first] {
-            let t = Instant::now();
-            if side {
-                let content = read_file(&agent, "bench", "small.txt").await;
-                monad_t = t.elapsed();
-                assert_eq!(content.len(), SMALL);
-            } else {
-                raw.round_trip(&echo_request, SMALL).await;
-                raw_t = t.elapsed();
+/// What figures a and b call.
+struct Ctx {
+    agent: Agent,
+    raw: RawClient,
+    /// The raw origin, as relay requests name it.
+    origin: String,
+}
+
+/// One of the operations figures a and b compare.
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    /// Monad's `read_file` of this file, of this size.
+    Monad(&'static str, usize),
+    /// A raw request with this mode, answered with this many bytes.
+    Raw(u8, usize),
+}
+
+impl Ctx {
+    async fn run(&self, op: Op) {
+        match op {
+            Op::Monad(path, len) => {
+                let content = read_file(&self.agent, "bench", path).await;
+                assert_eq!(content.len(), len);
+            }
+            Op::Raw(mode, len) => {
+                let request = match mode {
+                    MODE_ECHO => raw_request(mode, len, &vec![b'x'; len]),
+                    MODE_SEND => raw_request(mode, len, &[]),
+                    _ => raw_request(mode, len, self.origin.as_bytes()),
+                };
+                self.raw.round_trip(&request, len).await;
             }
         }
-        if i >= warmup {
-            m.push(monad_t);
-            r.push(raw_t);
-        }
     }
-    let (m, r) = (Stats::of(&mut m), Stats::of(&mut r));
-    let ratio = m.median.as_secs_f64() / r.median.as_secs_f64();
+
+    /// Times each of `ops` `iters` times after `warmup` untimed rounds. Every round runs each
+    /// operation once, the order rotating from round to round, so drift in machine load
+    /// affects all alike.
+    async fn time(&self, ops: &[Op], warmup: usize, iters: usize) -> Vec<Stats> {
+        let mut samples = vec![Vec::with_capacity(iters); ops.len()];
+        for round in 0..warmup + iters {
+            for k in 0..ops.len() {
+                let at = (round + k) % ops.len();
+                let t = Instant::now();
+                self.run(ops[at]).await;
+                if round >= warmup {
+                    samples[at].push(t.elapsed());
+                }
+            }
+        }
+        samples.iter_mut().map(|s| Stats::of(s)).collect()
+    }
+}
+
+/// Figure a: the 4 KiB read against the raw echo (the target) and, for information, the same
+/// bytes through a raw relay (two hops, like Monad's).
+async fn small_round_trips(quick: bool, ctx: &Ctx, small: &str) {
+    let (warmup, iters) = if quick {
+        (50, 500)
+    } else {
+        (500, iters_or(5000))
+    };
+    assert_eq!(read_file(&ctx.agent, "bench", "small.txt").await, small);
+    let ops = [
+        Op::Monad("small.txt", SMALL),
+        Op::Raw(MODE_ECHO, SMALL),
+        Op::Raw(MODE_RELAY_STORE, SMALL),
+    ];
+    let stats = ctx.time(&ops, warmup, iters).await;
+    let (m, echo, relay) = (stats[0], stats[1], stats[2]);
+    let ratio = m.median.as_secs_f64() / echo.median.as_secs_f64();
+    let p = |s: Stats| format!("{} / {}", fmt_dur(s.median), fmt_dur(s.p99));
     line(
-        "(a) read_file 4 KiB p50 / p99",
-        &format!("{} / {}", fmt_dur(m.median), fmt_dur(m.p99)),
-        &format!("{} / {}", fmt_dur(r.median), fmt_dur(r.p99)),
+        "(a) read_file 4 KiB, p50 / p99",
+        &p(m),
+        &format!("echo {}", p(echo)),
         &format!("{ratio:.2}x"),
         "<= 3.00x",
         verdict(ratio <= 3.0),
     );
-
-    // (b) 64 MiB: the same alternation; the first Monad answer is checked byte for byte.
-    let (warmup, iters) = if quick { (1, 2) } else { (2, 10) };
-    assert!(read_file(&agent, "bench", "large.txt").await == large);
-    drop(large);
-    let large_request = raw_request(LARGE as u32, 0);
-    let mut m = Vec::with_capacity(iters);
-    let mut r = Vec::with_capacity(iters);
-    for i in 0..warmup + iters {
-        let monad_first = i % 2 == 0;
-        let mut monad_t = Duration::ZERO;
-        let mut raw_t = Duration::ZERO;
-        for side in [monad_first, !monad_first] {
-            let t = Instant::now();
-            if side {
-                let content = read_file(&agent, "bench", "large.txt").await;
-                monad_t = t.elapsed();
-                assert_eq!(content.len(), LARGE);
-            } else {
-                raw.round_trip(&large_request, LARGE).await;
-                raw_t = t.elapsed();
-            }
-        }
-        if i >= warmup {
-            m.push(monad_t);
-            r.push(raw_t);
-        }
-    }
-    let (m, r) = (Stats::of(&mut m), Stats::of(&mut r));
-    let (mt, rt) = (mib_per_s(LARGE, m.median), mib_per_s(LARGE, r.median));
-    let share = mt / rt;
     line(
-        "(b) read_file 64 MiB throughput",
-        &format!("{mt:.0} MiB/s ({})", fmt_dur(m.median)),
-        &format!("{rt:.0} MiB/s ({})", fmt_dur(r.median)),
+        "    against a raw 2-hop relay",
+        &p(m),
+        &format!("relay {}", p(relay)),
+        &format!(
+            "{:.2}x",
+            m.median.as_secs_f64() / relay.median.as_secs_f64()
+        ),
+        "-",
+        "INFO",
+    );
+}
+
+/// Figure b: the 64 MiB read against one raw stream (the target) and, for information, the
+/// same bytes through a raw relay, stored and forwarded (as Monad's server does with a
+/// message) or cut through. The first Monad answer is checked byte for byte.
+async fn large_reads(quick: bool, ctx: &Ctx, large: String) {
+    let (warmup, iters) = if quick { (1, 2) } else { (2, iters_or(10)) };
+    assert!(read_file(&ctx.agent, "bench", "large.txt").await == large);
+    drop(large);
+    let ops = [
+        Op::Monad("large.txt", LARGE),
+        Op::Raw(MODE_SEND, LARGE),
+        Op::Raw(MODE_RELAY_STORE, LARGE),
+        Op::Raw(MODE_RELAY_STREAM, LARGE),
+    ];
+    let stats = ctx.time(&ops, warmup, iters).await;
+    let rate = |s: Stats| mib_per_s(LARGE, s.median);
+    let shown = |s: Stats| format!("{:.0} MiB/s ({})", rate(s), fmt_dur(s.median));
+    let share = rate(stats[0]) / rate(stats[1]);
+    line(
+        "(b) read_file 64 MiB, throughput",
+        &shown(stats[0]),
+        &format!("stream {}", shown(stats[1])),
         &format!("{:.0}%", share * 100.0),
         ">= 50%",
         verdict(share >= 0.5),
     );
+    for (name, s) in [
+        ("    against a raw relay, stored", stats[2]),
+        ("    against a raw relay, cut through", stats[3]),
+    ] {
+        line(
+            name,
+            &shown(stats[0]),
+            &format!("relay {}", shown(s)),
+            &format!("{:.0}%", rate(stats[0]) / rate(s) * 100.0),
+            "-",
+            "INFO",
+        );
+    }
 }
 
 /// Figure c: a fresh server; its RSS with agents connected, then with 200 folders attached,
@@ -774,6 +1007,7 @@ async fn many_clients(quick: bool, binary: &Path) {
         fmt_dur(call_time),
     );
     drop(attached);
+    server.show_log();
 }
 
 fn main() {
@@ -783,7 +1017,12 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick")
         || std::env::var("MONAD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     let started = Instant::now();
-    let binary = monad_tests::binary("monad-server");
+    // MONAD_BENCH_SERVER names a server binary to use as it is; by default the workspace's is
+    // built (or checked) first, in the profile this bench runs in.
+    let binary = match std::env::var_os("MONAD_BENCH_SERVER") {
+        Some(path) => PathBuf::from(path),
+        None => monad_tests::binary("monad-server"),
+    };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     println!(
         "monad end-to-end bench{} (server: {}, built or checked in {})",
@@ -792,9 +1031,15 @@ fn main() {
         fmt_dur(started.elapsed()),
     );
     header();
+    // MONAD_BENCH_ONLY=ab (or c, …) runs a subset of the figures.
+    let only = std::env::var("MONAD_BENCH_ONLY").unwrap_or_else(|_| "abc".into());
     runtime.block_on(async {
-        latency_and_throughput(quick, &binary).await;
-        many_clients(quick, &binary).await;
+        if only.contains('a') || only.contains('b') {
+            latency_and_throughput(quick, &binary, &only).await;
+        }
+        if only.contains('c') {
+            many_clients(quick, &binary).await;
+        }
     });
     println!("total {}", fmt_dur(started.elapsed()));
 }

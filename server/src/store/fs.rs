@@ -26,6 +26,10 @@ pub struct FsStore {
     /// Sessions whose `session.md` this store has read whole (and kept aside if corrupt), so
     /// appends can go straight to the end of the file.
     checked: Mutex<std::collections::HashSet<String>>,
+    /// Every session's metadata, read from disk at the first listing and kept in step with
+    /// every write through this store since (a running server is the data dir's only writer:
+    /// it holds the lock), so listings do not read thousands of files.
+    metas: Mutex<Option<HashMap<String, SessionMeta>>>,
     bindings: Mutex<Option<BTreeMap<String, String>>>,
     workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
 }
@@ -114,6 +118,7 @@ impl FsStore {
             root: data_dir.to_path_buf(),
             session_locks: Mutex::new(HashMap::new()),
             checked: Mutex::new(std::collections::HashSet::new()),
+            metas: Mutex::new(None),
             bindings: Mutex::new(None),
             workspaces: Mutex::new(None),
         }
@@ -194,6 +199,66 @@ impl FsStore {
         };
         self.mark_checked(id, true);
         Ok(history)
+    }
+
+    /// Reads `session.toml`; a corrupt one is kept aside and reported as invalid.
+    fn load_from_disk(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+        let path = self.session_dir(id).join("session.toml");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io("read", &path, e)),
+        };
+        match toml::from_str::<SessionMeta>(&text) {
+            Ok(meta) if meta.id == id => Ok(Some(meta)),
+            Ok(meta) => {
+                let why = format!("it names session {}", meta.id);
+                keep_aside(&path, &why);
+                Err(StoreError::Invalid(format!("{}: {why}", path.display())))
+            }
+            Err(e) => {
+                keep_aside(&path, &e.to_string());
+                Err(StoreError::Invalid(format!("{}: {e}", path.display())))
+            }
+        }
+    }
+
+    fn cache_meta(&self, meta: &SessionMeta) {
+        if let Some(metas) = self
+            .metas
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            metas.insert(meta.id.clone(), meta.clone());
+        }
+    }
+
+    /// Every session's metadata, from disk (unreadable ones are skipped with a warning).
+    fn scan_sessions(&self) -> Result<HashMap<String, SessionMeta>, StoreError> {
+        let dir = self.root.join("sessions");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(HashMap::new()),
+            Err(e) => return Err(StoreError::io("list", &dir, e)),
+        };
+        let mut out = HashMap::new();
+        for entry in entries.flatten() {
+            let Ok(id) = entry.file_name().into_string() else {
+                continue;
+            };
+            if check_id(&id).is_err() {
+                continue;
+            }
+            match self.load_from_disk(&id) {
+                Ok(Some(meta)) => {
+                    out.insert(id, meta);
+                }
+                Ok(None) => {}
+                Err(e) => warn!("skipping session {id}: {e}"),
+            }
+        }
+        Ok(out)
     }
 
     fn workspaces_dir(&self) -> PathBuf {
@@ -283,71 +348,62 @@ impl SessionStore for FsStore {
             return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
         }
         std::fs::create_dir_all(dir.join("workspace")).map_err(map_io("create", &dir))?;
-        let history = history::empty(
-            meta.created_at.clone(),
-            meta.provider.clone(),
-            meta.model.clone(),
-        );
-        atomic(
-            &dir.join("session.md"),
-            history::render_frontmatter(&history).as_bytes(),
-        )?;
+        // A session whose metadata was lost (kept aside as corrupt) keeps its conversation.
+        let md = dir.join("session.md");
+        if !md.exists() {
+            let history = history::empty(
+                meta.created_at.clone(),
+                meta.provider.clone(),
+                meta.model.clone(),
+            );
+            atomic(&md, history::render_frontmatter(&history).as_bytes())?;
+        }
         // session.toml last: a session exists once its metadata does.
         self.save(meta)
     }
 
     fn load(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         check_id(id)?;
-        let path = self.session_dir(id).join("session.toml");
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StoreError::io("read", &path, e)),
-        };
-        match toml::from_str::<SessionMeta>(&text) {
-            Ok(meta) if meta.id == id => Ok(Some(meta)),
-            Ok(meta) => {
-                let why = format!("it names session {}", meta.id);
-                keep_aside(&path, &why);
-                Err(StoreError::Invalid(format!("{}: {why}", path.display())))
-            }
-            Err(e) => {
-                keep_aside(&path, &e.to_string());
-                Err(StoreError::Invalid(format!("{}: {e}", path.display())))
-            }
+        if let Some(metas) = self
+            .metas
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            && let Some(meta) = metas.get(id)
+        {
+            return Ok(Some(meta.clone()));
         }
+        let meta = self.load_from_disk(id)?;
+        if let Some(meta) = &meta {
+            self.cache_meta(meta);
+        }
+        Ok(meta)
     }
 
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.id);
+        // Under the session's lock, so the cache ends up holding what the disk holds.
+        let lock = self.lock(&meta.id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
         let text = toml::to_string(meta).expect("metadata serializes");
-        atomic(&dir.join("session.toml"), text.as_bytes())
+        atomic(&dir.join("session.toml"), text.as_bytes())?;
+        self.cache_meta(meta);
+        Ok(())
     }
 
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
-        let dir = self.root.join("sessions");
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(StoreError::io("list", &dir, e)),
-        };
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let Ok(id) = entry.file_name().into_string() else {
-                continue;
-            };
-            if check_id(&id).is_err() {
-                continue;
-            }
-            match self.load(&id) {
-                Ok(Some(meta)) => out.push(meta),
-                Ok(None) => {}
-                Err(e) => warn!("skipping session {id}: {e}"),
-            }
+        let mut guard = self.metas.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.scan_sessions()?);
         }
-        Ok(out)
+        Ok(guard
+            .as_ref()
+            .expect("loaded above")
+            .values()
+            .cloned()
+            .collect())
     }
 
     fn delete(&self, id: &str) -> Result<(), StoreError> {
@@ -356,6 +412,14 @@ impl SessionStore for FsStore {
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         let dir = self.session_dir(id);
         self.mark_checked(id, false);
+        if let Some(metas) = self
+            .metas
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            metas.remove(id);
+        }
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -594,14 +658,14 @@ pub(crate) fn page(
 }
 
 /// An opaque cursor: the hex of `last_active \n session`.
-fn encode_cursor(last_active: &str, session: &str) -> String {
+pub(crate) fn encode_cursor(last_active: &str, session: &str) -> String {
     format!("{last_active}\n{session}")
         .bytes()
         .map(|b| format!("{b:02x}"))
         .collect()
 }
 
-fn decode_cursor(token: &str) -> Result<(String, String), StoreError> {
+pub(crate) fn decode_cursor(token: &str) -> Result<(String, String), StoreError> {
     let bad = || StoreError::Invalid(format!("`{token}` is not a page token from this server"));
     if !token.len().is_multiple_of(2) || token.len() > 512 {
         return Err(bad());
@@ -761,6 +825,53 @@ mod tests {
         assert!(store.load("default").unwrap().is_none(), "kept aside");
         std::fs::write(dir.path().join("bindings.toml"), "[[[").unwrap();
         assert_eq!(store.bound_session("d").unwrap(), None);
+    }
+
+    #[test]
+    fn listings_follow_every_write_after_the_first_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        assert_eq!(store.all_sessions().unwrap().len(), 1, "scanned from disk");
+        let mut other = meta("6f9619ff-8b86-4011-b42d-00c04fc964ff");
+        store.create(&other).unwrap();
+        other.last_active = "2027-01-01T00:00:00Z".into();
+        store.save(&other).unwrap();
+        let sorted = |store: &FsStore| {
+            let mut all = store.all_sessions().unwrap();
+            all.sort_by(|a, b| a.id.cmp(&b.id));
+            all
+        };
+        assert_eq!(sorted(&store), vec![other.clone(), meta("default")]);
+        assert_eq!(store.load(&other.id).unwrap(), Some(other.clone()));
+        store.delete("default").unwrap();
+        assert_eq!(store.load("default").unwrap(), None);
+        assert_eq!(sorted(&store), vec![other]);
+        assert_eq!(
+            sorted(&FsStore::new(dir.path())),
+            sorted(&store),
+            "the disk agrees"
+        );
+    }
+
+    #[test]
+    fn a_session_recreated_after_its_metadata_was_lost_keeps_its_conversation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let msg = HistoryMessage {
+            role: Role::User,
+            text: "keep me".into(),
+        };
+        store.append("default", &msg).unwrap();
+        std::fs::write(dir.path().join("sessions/default/session.toml"), "id = [").unwrap();
+        let again = FsStore::new(dir.path());
+        assert!(
+            again.all_sessions().unwrap().is_empty(),
+            "skipped, kept aside"
+        );
+        again.create(&meta("default")).unwrap();
+        assert_eq!(again.history("default").unwrap().messages, vec![msg]);
     }
 
     #[test]

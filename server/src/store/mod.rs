@@ -21,6 +21,7 @@ pub mod history;
 use serde::{Deserialize, Serialize};
 
 pub use fs::FsStore;
+pub(crate) use fs::{decode_cursor, encode_cursor};
 pub use history::{History, HistoryMessage, Role};
 pub use monad_protocol::wire::{WorkspaceRecord, WorkspaceSession};
 

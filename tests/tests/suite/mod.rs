@@ -3,6 +3,10 @@
 mod approvals;
 mod auth;
 mod binaries;
+mod crash;
 mod mcp;
+mod records;
 mod resilience;
+mod retention;
 mod routing;
+mod storage;

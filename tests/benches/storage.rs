@@ -1,0 +1,542 @@
+//! What a session's storage costs (issue 4, item 10), timed on the machine in use.
+//!
+//! `cargo bench -p monad-tests --bench storage` (add `-- --quick`, or set `MONAD_BENCH_QUICK=1`,
+//! for a smoke run). Everything runs in this process: the filesystem store and the registry
+//! directly, and an in-process server with an agent over loopback QUIC for the protocol figures.
+//! Data dirs are on the disk (`std::env::temp_dir()`, normally `/tmp`), so every fsync is real.
+//! See `docs/benchmarks.md`.
+//!
+//! Figures:
+//! - (a) appending 10,000 messages to one `session.md` with `FsStore::append` (one write and one
+//!   fdatasync each), per append, against the floor: the same bytes appended with `write` +
+//!   `fdatasync` on a plain file. Then the same through the protocol (`Agent::history_append`,
+//!   fewer messages: each is a round trip plus the same fsync). Information: there is no target.
+//! - (b) listing sessions with 10,000 sessions on disk: `Registry::list` on a fresh store (which
+//!   reads every `session.toml` once to build its index; a server does that in the background
+//!   at start) and warm; through the server, `Agent::sessions()` (the whole list in one answer)
+//!   and the first page of 20 (`Agent::sessions_page`). Target for the warm listing and the
+//!   first page: < 50 ms.
+//! - (c) the first page (20) of a workspace record's session list, the record used by 10,000
+//!   sessions: `WorkspaceStore::record_sessions` on a fresh store (which loads the record) and
+//!   warm, and `Agent::record_sessions` through the server. Target: < 50 ms.
+//! - (d) 10,000 idle sessions loaded in a `Registry`: resident memory and file descriptors per
+//!   session. Information: there is no target.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use monad_protocol::wire::{HistoryMessage, HistoryRole, WorkspaceRecord, WorkspaceSession};
+use monad_server::fsutil::rfc3339;
+use monad_server::session::Registry;
+use monad_server::settings::Layers;
+use monad_server::store::{FsStore, SessionMeta, SessionStore, Store, WorkspaceStore, history};
+use monad_tests::TestServer;
+
+/// Sessions on disk for figures b to d.
+const SESSIONS: usize = 10_000;
+/// Messages appended directly (figure a).
+const APPENDS: usize = 10_000;
+/// Messages appended through the protocol (figure a), full run.
+const PROTOCOL_APPENDS: usize = 2_000;
+/// Target of the listings (figures b and c).
+const LIST_TARGET: Duration = Duration::from_millis(50);
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and output
+
+#[derive(Clone, Copy)]
+struct Stats {
+    median: Duration,
+    p99: Duration,
+    mean: Duration,
+}
+
+impl Stats {
+    fn of(samples: &mut [Duration]) -> Stats {
+        assert!(!samples.is_empty());
+        samples.sort_unstable();
+        let n = samples.len();
+        // Nearest rank: the smallest sample with at least 99% of all samples at or below it.
+        let rank = (0.99 * n as f64).ceil() as usize;
+        let median = if n % 2 == 1 {
+            samples[n / 2]
+        } else {
+            (samples[n / 2 - 1] + samples[n / 2]) / 2
+        };
+        Stats {
+            median,
+            p99: samples[rank.clamp(1, n) - 1],
+            mean: samples.iter().sum::<Duration>() / n as u32,
+        }
+    }
+
+    fn show(&self) -> String {
+        format!("{} / {}", fmt_dur(self.median), fmt_dur(self.p99))
+    }
+}
+
+fn fmt_dur(d: Duration) -> String {
+    let ns = d.as_nanos() as f64;
+    if ns < 1_000.0 {
+        format!("{ns:.0} ns")
+    } else if ns < 1_000_000.0 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if ns < 1_000_000_000.0 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+fn header() {
+    println!(
+        "{:<48} {:>26} {:>26} {:>9}  verdict",
+        "figure", "median / p99", "baseline / note", "target"
+    );
+    println!("{}", "-".repeat(122));
+}
+
+fn row(figure: &str, value: &str, baseline: &str, target: &str, verdict: &str) {
+    println!("{figure:<48} {value:>26} {baseline:>26} {target:>9}  {verdict}");
+}
+
+fn verdict(d: Duration) -> &'static str {
+    if d < LIST_TARGET { "PASS" } else { "OVER" }
+}
+
+/// Times `f` once.
+fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
+    let start = Instant::now();
+    let out = f();
+    (start.elapsed(), out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+/// The `i`th session id.
+fn session_id(i: usize) -> String {
+    format!("{:08x}-0000-4000-8000-{:012x}", i as u32, i)
+}
+
+/// Writes `n` sessions owned by `admin` straight to disk, in the store's format (no fsync: the
+/// fixture is not what is measured). Session `i` was last active `i` seconds after a fixed
+/// instant, so the most recent is the last.
+fn write_sessions(data: &Path, n: usize) {
+    let base = 1_780_000_000u64;
+    for i in 0..n {
+        let id = session_id(i);
+        let dir = data.join("sessions").join(&id);
+        std::fs::create_dir_all(dir.join("workspace")).unwrap();
+        let meta = SessionMeta {
+            id: id.clone(),
+            name: None,
+            owner: "admin".into(),
+            created_at: rfc3339(base),
+            last_active: rfc3339(base + i as u64),
+            provider: None,
+            model: None,
+        };
+        std::fs::write(dir.join("session.toml"), toml::to_string(&meta).unwrap()).unwrap();
+        let empty = history::empty(meta.created_at.clone(), None, None);
+        std::fs::write(dir.join("session.md"), history::render_frontmatter(&empty)).unwrap();
+    }
+}
+
+/// Writes one workspace record of `admin` used by `n` sessions; returns its id.
+fn write_record(data: &Path, n: usize) -> String {
+    let base = 1_780_000_000u64;
+    let id = "7d3c2b1a-0000-4000-8000-00000000beef".to_owned();
+    let record = WorkspaceRecord {
+        id: id.clone(),
+        user: "admin".into(),
+        device_id: "bench-device".into(),
+        path: "~/dev/project".into(),
+        uri: "laptop:~/dev/project".into(),
+        created_at: rfc3339(base),
+        last_active: rfc3339(base + n as u64),
+    };
+    // In attach order (oldest first), as the store keeps them.
+    let sessions: Vec<WorkspaceSession> = (0..n)
+        .map(|i| WorkspaceSession {
+            session: session_id(i),
+            first_at: rfc3339(base + i as u64),
+            last_active: rfc3339(base + i as u64),
+            calls: i as u64 % 17,
+        })
+        .collect();
+    let dir = data.join("workspaces");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = serde_json::json!({ "record": record, "sessions": sessions });
+    std::fs::write(
+        dir.join(format!("{id}.json")),
+        serde_json::to_vec_pretty(&file).unwrap(),
+    )
+    .unwrap();
+    id
+}
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Figures
+
+/// (a) Appends, directly and through the protocol.
+fn appends(rt: &tokio::runtime::Runtime, quick: bool) {
+    let n = if quick { 500 } else { APPENDS };
+    let data = tempfile::tempdir().unwrap();
+    let store = FsStore::new(data.path());
+    let meta = SessionMeta {
+        id: "default".into(),
+        name: None,
+        owner: "admin".into(),
+        created_at: rfc3339(1_780_000_000),
+        last_active: rfc3339(1_780_000_000),
+        provider: Some("anthropic".into()),
+        model: Some("claude".into()),
+    };
+    store.create(&meta).unwrap();
+    let message = |i: usize| HistoryMessage {
+        role: if i.is_multiple_of(2) {
+            HistoryRole::User
+        } else {
+            HistoryRole::Assistant
+        },
+        text: format!(
+            "Message {i}. A typical turn of a conversation, a few lines long.\n\nIt has a \
+             paragraph or two, maybe a list:\n- one\n- two"
+        ),
+    };
+    // The floor: the same bytes, appended with one write and one fdatasync each.
+    let floor_path = data.path().join("floor.md");
+    let mut floor = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&floor_path)
+        .unwrap();
+    let mut direct = Vec::with_capacity(n);
+    let mut raw = Vec::with_capacity(n);
+    let total = Instant::now();
+    // Alternate, so drift in disk load affects both alike.
+    for i in 0..n {
+        let m = message(i);
+        let (d, r) = time(|| store.append("default", &m));
+        r.unwrap();
+        direct.push(d);
+        let bytes = history::render_message(&m);
+        let (d, ()) = time(|| {
+            floor.write_all(bytes.as_bytes()).unwrap();
+            floor.sync_data().unwrap();
+        });
+        raw.push(d);
+    }
+    let wall = total.elapsed();
+    let (read, h) = time(|| store.history("default").unwrap());
+    assert_eq!(h.messages.len(), n);
+    assert_eq!(h.messages[n - 1], message(n - 1));
+    let direct = Stats::of(&mut direct);
+    let raw = Stats::of(&mut raw);
+    row(
+        &format!("(a) FsStore::append x {n} (fsync each)"),
+        &direct.show(),
+        &format!("write+fdatasync {}", raw.show()),
+        "-",
+        "INFO",
+    );
+    row(
+        "    mean per append / floor mean",
+        &fmt_dur(direct.mean),
+        &fmt_dur(raw.mean),
+        "-",
+        "INFO",
+    );
+    println!(
+        "    ({n} appends and {n} floor writes in {}; reading back {n} messages: {})",
+        fmt_dur(wall),
+        fmt_dur(read)
+    );
+
+    // Through the protocol: an agent appends to `default` on an in-process server.
+    let n = if quick { 200 } else { PROTOCOL_APPENDS };
+    rt.block_on(async {
+        let server = TestServer::start().await;
+        let agent = server.agent().await;
+        let mut samples = Vec::with_capacity(n);
+        for i in 0..n {
+            let start = Instant::now();
+            agent
+                .history_append(Some("default"), message(i))
+                .await
+                .unwrap();
+            samples.push(start.elapsed());
+        }
+        let (_, h) = agent.history(Some("default")).await.unwrap();
+        assert_eq!(h.messages.len(), n);
+        let stats = Stats::of(&mut samples);
+        row(
+            &format!("(a) Agent::history_append x {n}"),
+            &stats.show(),
+            &format!("mean {}", fmt_dur(stats.mean)),
+            "-",
+            "INFO",
+        );
+        server.stop().await;
+    });
+}
+
+/// (b) and (c): listings over 10,000 sessions.
+fn listings(rt: &tokio::runtime::Runtime, quick: bool) {
+    let data = tempfile::tempdir().unwrap();
+    let (made, ()) = time(|| write_sessions(data.path(), SESSIONS));
+    let record = write_record(data.path(), SESSIONS);
+    println!(
+        "    (fixture: {SESSIONS} sessions and a record of {SESSIONS} sessions written in {})",
+        fmt_dur(made)
+    );
+    let reps = if quick { 5 } else { 30 };
+
+    // (b) The session list, in the registry.
+    let fresh = || {
+        let store: Arc<dyn Store> = Arc::new(FsStore::new(data.path()));
+        Registry::new(data.path(), store, Layers::default())
+    };
+    let mut cold = Vec::new();
+    for _ in 0..if quick { 2 } else { 5 } {
+        let registry = fresh();
+        let (d, list) = time(|| registry.list("admin"));
+        assert_eq!(list.len(), SESSIONS);
+        assert_eq!(list[0].id, session_id(SESSIONS - 1), "most recent first");
+        cold.push(d);
+    }
+    let cold = Stats::of(&mut cold);
+    row(
+        &format!("(b) Registry::list, {SESSIONS} sessions, cold"),
+        &cold.show(),
+        "builds the index, once",
+        "-",
+        "INFO",
+    );
+    let registry = fresh();
+    registry.list("admin");
+    let mut warm: Vec<Duration> = (0..reps)
+        .map(|_| time(|| registry.list("admin")).0)
+        .collect();
+    let warm = Stats::of(&mut warm);
+    row(
+        &format!("(b) Registry::list, {SESSIONS} sessions, warm"),
+        &warm.show(),
+        "",
+        "< 50 ms",
+        verdict(warm.median),
+    );
+
+    // (c) A record's first page, in the store.
+    let mut cold = Vec::new();
+    for _ in 0..if quick { 2 } else { 5 } {
+        let store = FsStore::new(data.path());
+        let (d, page) = time(|| store.record_sessions(&record, 20, None).unwrap());
+        assert_eq!(page.items.len(), 20);
+        assert_eq!(page.items[0].session, session_id(SESSIONS - 1));
+        cold.push(d);
+    }
+    let cold = Stats::of(&mut cold);
+    row(
+        &format!("(c) record_sessions 1st page, {SESSIONS}, fresh"),
+        &cold.show(),
+        "loads the record",
+        "< 50 ms",
+        verdict(cold.median),
+    );
+    let store = FsStore::new(data.path());
+    let mut warm: Vec<Duration> = (0..reps * 10)
+        .map(|_| time(|| store.record_sessions(&record, 20, None).unwrap()).0)
+        .collect();
+    let warm = Stats::of(&mut warm);
+    row(
+        &format!("(c) record_sessions 1st page, {SESSIONS}, warm"),
+        &warm.show(),
+        "",
+        "< 50 ms",
+        verdict(warm.median),
+    );
+
+    // Both through the protocol, from an agent, on an in-process server on this data dir.
+    rt.block_on(async {
+        let dir = data.path().to_path_buf();
+        let server = TestServer::start_with(|config| config.data_dir = dir).await;
+        let agent = server.agent().await;
+        let (first, sessions) = {
+            let start = Instant::now();
+            let sessions = agent.sessions().await.unwrap();
+            (start.elapsed(), sessions)
+        };
+        assert_eq!(sessions.len(), SESSIONS);
+        let mut samples = Vec::new();
+        for _ in 0..reps {
+            let start = Instant::now();
+            let sessions = agent.sessions().await.unwrap();
+            samples.push(start.elapsed());
+            assert_eq!(sessions.len(), SESSIONS);
+        }
+        let stats = Stats::of(&mut samples);
+        row(
+            &format!("(b) Agent::sessions(), all {SESSIONS}"),
+            &stats.show(),
+            &format!("first call {}", fmt_dur(first)),
+            "-",
+            "INFO",
+        );
+        // Where the whole list's time goes: one answer of every session, as JSON.
+        let answer = monad_protocol::wire::Message::Sessions {
+            id: 1,
+            sessions,
+            next: None,
+        };
+        let mut encode = Vec::new();
+        let mut decode = Vec::new();
+        let mut size = 0;
+        for _ in 0..5 {
+            let (d, bytes) = time(|| serde_json::to_vec(&answer).unwrap());
+            encode.push(d);
+            size = bytes.len();
+            decode.push(
+                time(|| serde_json::from_slice::<monad_protocol::wire::Message>(&bytes).unwrap()).0,
+            );
+        }
+        println!(
+            "    (that answer is {:.1} MB of JSON: encoding {}, decoding {} (medians))",
+            size as f64 / 1e6,
+            fmt_dur(Stats::of(&mut encode).median),
+            fmt_dur(Stats::of(&mut decode).median)
+        );
+        let first = {
+            let start = Instant::now();
+            agent.sessions_page(Some(20), None).await.unwrap();
+            start.elapsed()
+        };
+        let mut samples = Vec::new();
+        for _ in 0..reps * 10 {
+            let start = Instant::now();
+            let (page, next) = agent.sessions_page(Some(20), None).await.unwrap();
+            samples.push(start.elapsed());
+            assert_eq!((page.len(), next.is_some()), (20, true));
+            assert_eq!(page[0].id, session_id(SESSIONS - 1));
+        }
+        let stats = Stats::of(&mut samples);
+        row(
+            &format!("(b) Agent::sessions_page 1st page (20), {SESSIONS}"),
+            &stats.show(),
+            &format!("first call {}", fmt_dur(first)),
+            "< 50 ms",
+            verdict(stats.median),
+        );
+        let first = {
+            let start = Instant::now();
+            agent
+                .record_sessions(&record, Some(20), None)
+                .await
+                .unwrap();
+            start.elapsed()
+        };
+        let mut samples = Vec::new();
+        for _ in 0..reps * 10 {
+            let start = Instant::now();
+            let (page, next) = agent
+                .record_sessions(&record, Some(20), None)
+                .await
+                .unwrap();
+            samples.push(start.elapsed());
+            assert_eq!((page.len(), next.is_some()), (20, true));
+        }
+        let stats = Stats::of(&mut samples);
+        row(
+            &format!("(c) Agent::record_sessions 1st page, {SESSIONS}"),
+            &stats.show(),
+            &format!("first call {}", fmt_dur(first)),
+            "< 50 ms",
+            verdict(stats.median),
+        );
+        server.stop().await;
+    });
+}
+
+/// (d) Memory of idle sessions loaded in a registry.
+fn idle_sessions(quick: bool) {
+    let n = if quick { 2_000 } else { SESSIONS };
+    let data = tempfile::tempdir().unwrap();
+    write_sessions(data.path(), n);
+    let store: Arc<dyn Store> = Arc::new(FsStore::new(data.path()));
+    let registry = Registry::new(data.path(), store, Layers::default());
+    // Warm up the allocator and the code paths on a few sessions, not counted.
+    let ids: Vec<String> = (0..n).map(session_id).collect();
+    let (rss, fds) = (resident_bytes(), open_fds());
+    let (took, ()) = time(|| {
+        for id in &ids {
+            registry.open(id, "admin").unwrap();
+        }
+    });
+    assert_eq!(registry.loaded(), n);
+    let (rss_after, fds_after) = (resident_bytes(), open_fds());
+    let per = rss_after.saturating_sub(rss) as f64 / n as f64;
+    row(
+        &format!("(d) {n} idle sessions loaded: RSS per session"),
+        &format!("{:.1} KiB", per / 1024.0),
+        &format!(
+            "total {:.1} MiB",
+            rss_after.saturating_sub(rss) as f64 / 1048576.0
+        ),
+        "-",
+        "INFO",
+    );
+    row(
+        &format!("(d) {n} idle sessions loaded: fds per session"),
+        &format!("{:.2}", (fds_after - fds) as f64 / n as f64),
+        &format!("load {} each", fmt_dur(took / n as u32)),
+        "-",
+        "INFO",
+    );
+    let (unload, dropped) = time(|| registry.unload_idle(Duration::ZERO));
+    assert_eq!(dropped, n);
+    println!(
+        "    (unloading them: {}; fds afterwards: {})",
+        fmt_dur(unload),
+        open_fds()
+    );
+}
+
+fn main() {
+    // Each loaded session holds its workspace's directory open, as in the server.
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let quick = std::env::args().any(|a| a == "--quick")
+        || std::env::var_os("MONAD_BENCH_QUICK").is_some_and(|v| v != "0");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "storage bench ({}; data dirs in {})",
+        if quick { "quick" } else { "full" },
+        std::env::temp_dir().display()
+    );
+    header();
+    // Memory first, while the process is small and the allocator has not grown for others.
+    idle_sessions(quick);
+    listings(&rt, quick);
+    appends(&rt, quick);
+}
