@@ -18,8 +18,9 @@ use crate::approval::{ApprovalRequest, Approver, Policy, Rule, Verdict, nobody_t
 use crate::config::ClientConfig;
 use crate::connect::connect;
 
-/// Largest request accepted from the server (a 16 MiB write as JSON fits).
-const MAX_REQUEST: usize = 128 * 1024 * 1024;
+/// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
+/// for escapes. Requests are buffered whole, so this bounds memory per request.
+const MAX_REQUEST: usize = 40 * 1024 * 1024;
 /// The attach request's id on each connection; `Run` and `Probe` name it.
 const ATTACHMENT_ID: u64 = 1;
 

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use monad_sandbox::{ExecPolicy, Limits};
 use serde::{Deserialize, Serialize};
 
 use crate::ClientError;
@@ -22,6 +23,14 @@ pub struct ClientConfig {
     pub device_id: String,
     /// This machine's name, used in workspace URIs.
     pub client_name: String,
+    /// Limits of attached folders' tools (`[limits]`, same keys as the server's); absent keys
+    /// keep their defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// How commands in attached folders are confined (`[exec]`, same keys as the server's):
+    /// e.g. `extra_read_paths = ["/home/me/.cargo", "/home/me/.rustup"]` so `cargo` can run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecPolicy>,
 }
 
 impl ClientConfig {
@@ -33,6 +42,8 @@ impl ClientConfig {
             fingerprint: normalize_fingerprint(fingerprint)?,
             device_id: uuid::Uuid::new_v4().to_string(),
             client_name: machine_name(),
+            limits: None,
+            exec: None,
         })
     }
 
@@ -130,6 +141,28 @@ mod tests {
         assert_eq!(normalize_fingerprint(&colons.join(":")).unwrap(), hex);
         assert!(normalize_fingerprint("abc").is_err());
         assert!(normalize_fingerprint(&"zz".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn limits_and_exec_policy_are_read_from_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig::new("127.0.0.1:4433", "mnd_x", &"0".repeat(64)).unwrap();
+        config.save(dir.path()).unwrap();
+        let path = dir.path().join("config.toml");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(
+            "\n[exec]\nextra_read_paths = [\"/opt/tools\"]\n[limits]\nread_max_bytes = 10\n",
+        );
+        std::fs::write(&path, text).unwrap();
+        let loaded = ClientConfig::load(dir.path()).unwrap();
+        assert_eq!(loaded.limits.unwrap().read_max_bytes, 10);
+        assert_eq!(
+            loaded.exec.unwrap().extra_read_paths,
+            [std::path::PathBuf::from("/opt/tools")]
+        );
+        std::fs::write(&path, "server = 1\n").unwrap();
+        let err = ClientConfig::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("config.toml"), "{err}");
     }
 
     #[test]

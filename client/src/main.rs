@@ -13,7 +13,7 @@ use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::{ClientConfig, default_config_dir};
 use monad_client::terminal::TerminalApprover;
 use monad_protocol::ToolClass;
-use monad_protocol::wire::{HistoryMessage, HistoryRole, Outcome, Trust};
+use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Outcome, Trust};
 
 #[derive(Parser)]
 #[command(
@@ -66,8 +66,9 @@ enum Command {
         /// `restricted` asks before each action; `full` runs everything at once.
         #[arg(long, value_enum, default_value = "restricted")]
         trust: TrustArg,
-        /// Pre-approve a class of actions (repeatable): read, write, exec.
-        #[arg(long, value_enum)]
+        /// Pre-approve classes of actions: read, write, exec (`--allow read write`, or repeat
+        /// the flag).
+        #[arg(long, value_enum, num_args = 1..)]
         allow: Vec<ClassArg>,
         /// Never prompt: anything not pre-approved is denied.
         #[arg(long)]
@@ -145,6 +146,17 @@ enum HistoryCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Replace the conversation with a snapshot (overwrite semantics): a JSON file holding a
+    /// history (`{"created_at": ..., "messages": [{"role": "user", "text": ...}]}`, optionally
+    /// `provider` and `model`), or what `history show --json` prints. `-` reads stdin.
+    Replace {
+        /// The snapshot file, or `-` for standard input.
+        #[arg(long)]
+        file: PathBuf,
+        /// Session id (default: this device's last session, else your default).
+        #[arg(long)]
+        session: Option<String>,
+    },
     /// Clear the conversation; the session keeps its id, workspace and attachments.
     Clear {
         /// Session id (default: this device's last session, else `default`).
@@ -183,6 +195,28 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
                     println!("## {}\n\n{}\n", m.role.header(), m.text);
                 }
             }
+        }
+        HistoryCommand::Replace { file, session } => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {}", file.display()))?
+            };
+            let value: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            // Accept `history show --json` output as well as a bare history.
+            let history = value.get("history").cloned().unwrap_or(value);
+            let history: History = serde_json::from_value(history).with_context(|| {
+                format!(
+                    "{} is not a history: expected {{\"created_at\": ..., \"messages\": \
+                     [{{\"role\": \"user\", \"text\": ...}}]}}",
+                    file.display()
+                )
+            })?;
+            let count = history.messages.len();
+            let id = agent.history_replace(session.as_deref(), history).await?;
+            eprintln!("replaced the conversation of session {id} ({count} messages)");
         }
         HistoryCommand::Clear { session } => {
             let id = agent.history_clear(session.as_deref()).await?;
@@ -232,6 +266,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             // Keep the device id across logins, so bindings and workspace records stay.
             if let Ok(old) = ClientConfig::load(&dir) {
                 config.device_id = old.device_id;
+                config.limits = old.limits;
+                config.exec = old.exec;
             }
             let user = check_login(&config).await?;
             config.save(&dir)?;
@@ -258,6 +294,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 bail!("{} is not a directory", dir.display());
             }
             let mut options = AttachOptions::new(canonical.clone());
+            options.limits = config.limits.clone().unwrap_or_default();
+            options.exec = config.exec.clone().unwrap_or_default();
             options.shown_path = dir.to_string_lossy().into_owned();
             options.session = session;
             options.name = name.or_else(|| {

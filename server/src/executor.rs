@@ -394,6 +394,10 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
         Outcome::Error { error } if error.code == ErrorCode::Denied => {
             ("denied", error.code.as_str().to_owned())
         }
+        // Refused before any workspace (or anyone) decided: routing failed, bad arguments.
+        Outcome::Error { error } if r.decided_by == "server" => {
+            ("none", error.code.as_str().to_owned())
+        }
         Outcome::Error { error } => ("allowed", error.code.as_str().to_owned()),
     };
     recorder.audit(

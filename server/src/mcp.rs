@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::ServerError;
 use crate::server::State;
-use crate::session::{DEFAULT_SESSION, Session};
+use crate::session::Session;
 
 /// The path of the MCP endpoint.
 pub const PATH: &str = "/mcp";
@@ -54,9 +54,11 @@ impl ExecutorBackend {
             .get::<axum::http::request::Parts>()
             .and_then(|parts| parts.extensions.get::<McpUser>())
             .ok_or_else(|| ToolError::new(ErrorCode::Unauthorized, "no authenticated user"))?;
-        self.state
-            .registry
-            .open(id.unwrap_or(DEFAULT_SESSION), &user.0)
+        match id {
+            Some(id) => self.state.registry.open(id, &user.0),
+            // HTTP has no device to bind: the user's default session.
+            None => self.state.registry.resolve(None, &user.0, ""),
+        }
     }
 }
 

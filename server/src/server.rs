@@ -22,8 +22,9 @@ use crate::tls;
 
 /// Largest hello accepted.
 const MAX_HELLO: usize = 64 * 1024;
-/// Largest request accepted from an agent (a write of 16 MiB of awkward JSON fits).
-const MAX_REQUEST: usize = 128 * 1024 * 1024;
+/// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
+/// for escapes. Requests are buffered whole, so this bounds memory per request.
+const MAX_REQUEST: usize = 40 * 1024 * 1024;
 /// Longest wait for the peer to acknowledge an answer before its stream is left behind.
 const ANSWER_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// QUIC application close codes.

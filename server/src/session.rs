@@ -190,6 +190,12 @@ impl Session {
             .elapsed()
     }
 
+    /// Whether something still depends on this session object: a folder attached and online,
+    /// or a watcher (an MCP host, `watch`) waiting for its changes.
+    pub fn in_use(&self) -> bool {
+        self.changes.receiver_count() > 0 || self.has_online_attachments()
+    }
+
     /// Whether a client folder is attached and online.
     pub fn has_online_attachments(&self) -> bool {
         self.attached
@@ -411,7 +417,10 @@ impl Registry {
                 self.bind(device_id, &session.id);
                 Ok(session)
             }
-            None => self.open(&self.bound(device_id), user),
+            None => {
+                let id = self.bound(device_id, user)?;
+                self.open(&id, user)
+            }
         }
     }
 
@@ -420,12 +429,44 @@ impl Registry {
         self.open(&uuid::Uuid::new_v4().to_string(), user)
     }
 
-    /// The session a device is bound to (when it still exists), else `default`.
-    pub fn bound(&self, device_id: &str) -> String {
-        match self.store.bound_session(device_id) {
-            Ok(Some(id)) if self.exists(&id) => id,
-            _ => DEFAULT_SESSION.to_owned(),
+    /// The session a request without one means: the one the device last used (when it still
+    /// exists and belongs to `user`), else the user's default. The well-known `default` is the
+    /// default of the user who first used it; every other user gets a default of their own, a
+    /// session created on first need and remembered under the binding key `user:<name>`, so
+    /// `monad-client attach DIR` works for each person on a shared server.
+    pub fn bound(&self, device_id: &str, user: &str) -> Result<String, ToolError> {
+        if let Ok(Some(id)) = self.store.bound_session(device_id)
+            && self.owner_of(&id).as_deref() == Some(user)
+        {
+            return Ok(id);
         }
+        match self.owner_of(DEFAULT_SESSION) {
+            None => return Ok(DEFAULT_SESSION.to_owned()),
+            Some(owner) if owner == user => return Ok(DEFAULT_SESSION.to_owned()),
+            Some(_) => {}
+        }
+        let key = format!("user:{user}");
+        if let Ok(Some(id)) = self.store.bound_session(&key)
+            && self.owner_of(&id).as_deref() == Some(user)
+        {
+            return Ok(id);
+        }
+        let own = self.create(user)?;
+        self.bind(&key, &own.id);
+        Ok(own.id.clone())
+    }
+
+    /// The owner of a session, when it exists.
+    fn owner_of(&self, id: &str) -> Option<String> {
+        if let Some(session) = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+        {
+            return Some(session.owner.clone());
+        }
+        self.store.load(id).ok().flatten().map(|m| m.owner)
     }
 
     /// Binds a device to a session (a no-op when it already is).
@@ -433,14 +474,6 @@ impl Registry {
         if let Err(e) = self.store.bind(device_id, session) {
             warn!("cannot bind device {device_id} to {session}: {e}");
         }
-    }
-
-    fn exists(&self, id: &str) -> bool {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(id)
-            || matches!(self.store.load(id), Ok(Some(_)))
     }
 
     /// The sessions `user` owns, most recently active first.
@@ -555,7 +588,7 @@ impl Registry {
             let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
             let idle: Vec<String> = sessions
                 .values()
-                .filter(|s| s.idle() >= max_idle && !s.has_online_attachments())
+                .filter(|s| s.idle() >= max_idle && !s.in_use())
                 .map(|s| s.id.clone())
                 .collect();
             idle.iter().filter_map(|id| sessions.remove(id)).collect()
@@ -708,6 +741,31 @@ mod tests {
     }
 
     #[test]
+    fn every_user_gets_a_default_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let ana = reg.resolve(None, "ana", "ana-laptop").unwrap();
+        assert_eq!(
+            ana.id, "default",
+            "the first user gets the well-known default"
+        );
+        let ben = reg.resolve(None, "ben", "ben-laptop").unwrap();
+        assert_ne!(ben.id, "default");
+        assert_eq!(ben.owner, "ben");
+        // Stable: the same default next time, from any device, and after a restart.
+        assert_eq!(reg.resolve(None, "ben", "ben-phone").unwrap().id, ben.id);
+        let again = registry(dir.path());
+        assert_eq!(again.resolve(None, "ben", "other").unwrap().id, ben.id);
+        // A device bound to someone else's session falls back to the user's own default.
+        reg.bind("shared", &ana.id);
+        assert_eq!(reg.resolve(None, "ben", "shared").unwrap().id, ben.id);
+        assert_eq!(
+            reg.resolve(Some("default"), "ben", "x").unwrap_err().code,
+            ErrorCode::Unauthorized
+        );
+    }
+
+    #[test]
     fn session_ids_must_be_default_or_uuids() {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
@@ -729,10 +787,10 @@ mod tests {
     fn bindings_gc_delete_and_unloading() {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
-        assert_eq!(reg.bound("dev"), "default");
+        assert_eq!(reg.bound("dev", "ana").unwrap(), "default");
         let s = reg.create("ana").unwrap();
         reg.bind("dev", &s.id);
-        assert_eq!(reg.bound("dev"), s.id);
+        assert_eq!(reg.bound("dev", "ana").unwrap(), s.id);
         reg.open("default", "ana").unwrap();
         assert_eq!(reg.unload_idle(Duration::ZERO), 2);
         assert_eq!(reg.loaded(), 0);
@@ -743,7 +801,7 @@ mod tests {
         let deleted = reg.gc(Duration::ZERO).unwrap();
         assert_eq!(deleted, vec![s.id.clone()]);
         assert_eq!(
-            reg.bound("dev"),
+            reg.bound("dev", "ana").unwrap(),
             "default",
             "the binding went with the session"
         );

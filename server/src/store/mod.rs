@@ -98,7 +98,8 @@ pub struct AuditRecord {
     pub workspace: Option<String>,
     /// The path, pattern or command line it acted on.
     pub target: String,
-    /// `allowed` or `denied`.
+    /// `allowed`, `denied`, or `none` (refused before reaching a workspace: routing failed,
+    /// bad arguments).
     pub decision: String,
     /// Who decided: `trust` (a full-trust workspace), `policy` (pre-approved or remembered),
     /// `user` (a prompt), `timeout`, `no_terminal`, `server` (refused before reaching a workspace).

@@ -6,7 +6,7 @@ use monad_client::agent::Agent;
 use monad_client::attach::attach;
 use monad_protocol::ErrorCode;
 use monad_tests::{
-    STEP, TestServer, attach_options, call, call_in, connect_agent, folder, ok, within,
+    STEP, TestServer, attach_options, call, call_in, connect_agent, expect_code, folder, ok, within,
 };
 use serde_json::json;
 
@@ -72,24 +72,37 @@ async fn another_users_session_is_refused_and_not_listed() {
     let ben = connect_agent(&ben_config).await;
     assert_eq!(ben.user(), "ben");
 
-    // Ben in admin's `default` session: refused, for a call and for an attachment.
-    for session in [None, Some("default")] {
-        match within(
-            STEP,
-            "ben's call",
-            ben.call(session, "read_file", json!({"path": "secret.txt"}), |_| {}),
-        )
-        .await
-        {
-            Err(ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::Unauthorized, "{e}"),
-            other => panic!("ben reached admin's session: {other:?}"),
-        }
+    // Ben naming admin's `default` session: refused, for a call and for an attachment.
+    match within(
+        STEP,
+        "ben's call",
+        ben.call(
+            Some("default"),
+            "read_file",
+            json!({"path": "secret.txt"}),
+            |_| {},
+        ),
+    )
+    .await
+    {
+        Err(ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::Unauthorized, "{e}"),
+        other => panic!("ben reached admin's session: {other:?}"),
     }
+    // Naming no session, ben gets a default of his own, where admin's file is not.
+    let (own_default, _) = ok(call_in(&ben, None, "workspaces", json!({})).await);
+    let own_default = own_default["session"].as_str().unwrap().to_owned();
+    assert_ne!(own_default, "default");
+    expect_code(
+        call_in(&ben, None, "read_file", json!({"path": "secret.txt"})).await,
+        ErrorCode::NotFound,
+    );
     let dir = folder(&[]);
+    let mut options = attach_options(dir.path(), "ben");
+    options.session = Some("default".into());
     let attached = within(
         STEP,
         "ben's attachment to be refused",
-        attach(&ben_config, attach_options(dir.path(), "ben"), None, None),
+        attach(&ben_config, options, None, None),
     )
     .await;
     match attached {
@@ -121,7 +134,14 @@ async fn another_users_session_is_refused_and_not_listed() {
     let bens = within(STEP, "ben's sessions", ben.sessions())
         .await
         .unwrap();
-    assert_eq!(ids(bens), [(own.to_owned(), "ben".to_owned())]);
+    let mut bens = ids(bens);
+    bens.sort();
+    let mut want = [
+        (own.to_owned(), "ben".to_owned()),
+        (own_default.clone(), "ben".to_owned()),
+    ];
+    want.sort();
+    assert_eq!(bens, want);
     let admins = within(STEP, "admin's sessions", admin.sessions())
         .await
         .unwrap();
