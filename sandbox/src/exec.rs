@@ -1,15 +1,18 @@
-//! `run_command`: a program run in its own process group, confined by landlock and rlimits.
+//! `run_command`: a program run in its own process group, confined by landlock, a seccomp filter
+//! and rlimits.
 //!
 //! The policy (which paths, which rights, which limits) is computed in the parent as plain data
-//! ([`SandboxPlan`]) and the landlock ruleset is built there too; the child only applies it, in
-//! `pre_exec`, between `fork` and `exec`: `setrlimit`, `fchdir` into the working directory
-//! (opened through the jail, so no path race), `PR_SET_NO_NEW_PRIVS` and
-//! `landlock_restrict_self`. Anything less than full enforcement fails the spawn: the program
-//! never runs half-confined. The calling process is never restricted.
+//! ([`SandboxPlan`]); the landlock ruleset and the seccomp filter ([`seccomp_filter`]) are built
+//! there too. The child only applies them, in `pre_exec`, between `fork` and `exec`: `setrlimit`,
+//! `fchdir` into the working directory (opened through the jail, so no path race),
+//! `PR_SET_NO_NEW_PRIVS`, `landlock_restrict_self` and `PR_SET_SECCOMP`. Anything less than full
+//! enforcement fails the spawn: the program never runs half-confined. The calling process is
+//! never restricted.
 //!
 //! This is the one module with `unsafe` code: `CommandExt::pre_exec` is unsafe because the
 //! closure runs in a forked child of a multi-threaded process, where only async-signal-safe
-//! work is allowed. The closure makes system calls only; it allocates nothing on its success path.
+//! work is allowed, and `prctl` is called through `libc`. The closure makes system calls only; it
+//! allocates nothing on its success path.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
@@ -23,6 +26,7 @@ use landlock::{
     RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use monad_protocol::tools::{RunCommandArgs, RunCommandResult};
+use nix::libc;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -52,6 +56,111 @@ const MIN_ABI: ABI = ABI::V3;
 
 /// Grace given to output readers after the program and its group are gone.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
+
+/// errno the child reports when landlock is not fully enforced. Neither this nor
+/// [`SECCOMP_FAILED`] is ever returned by `execve`, so [`spawn_error`] can tell them apart.
+const LANDLOCK_FAILED: i32 = libc::ENOTRECOVERABLE;
+/// errno the child reports when the seccomp filter could not be installed.
+const SECCOMP_FAILED: i32 = libc::EOWNERDEAD;
+
+/// The audit architecture (`AUDIT_ARCH_*` in `linux/audit.h`) whose system calls the seccomp
+/// filter knows, or `None` where commands cannot be sandboxed.
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: Option<u32> = Some(0xc000_003e); // AUDIT_ARCH_X86_64
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+const AUDIT_ARCH: Option<u32> = Some(0xc000_00b7); // AUDIT_ARCH_AARCH64
+#[cfg(not(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_endian = "little")
+)))]
+const AUDIT_ARCH: Option<u32> = None;
+
+/// On x86_64, x32 system calls share the architecture but have this bit set in their number;
+/// they would bypass a filter written for x86_64 numbers.
+#[cfg(target_arch = "x86_64")]
+const X32_SYSCALL_BIT: Option<u32> = Some(0x4000_0000);
+#[cfg(not(target_arch = "x86_64"))]
+const X32_SYSCALL_BIT: Option<u32> = None;
+
+/// The seccomp filter every sandboxed command runs under, as classic BPF over
+/// `struct seccomp_data`; `None` on architectures it does not know (commands are then refused
+/// like on a kernel without landlock). Built in the parent; the child only hands it to `prctl`.
+///
+/// landlock (up to ABI 7) does not control connecting to a filesystem Unix socket, so any socket
+/// the user can write to (an ssh-agent, the D-Bus bus, `docker.sock`) would be a way out. The
+/// filter closes that by refusing to create Unix sockets at all:
+///
+/// 1. a system call of another architecture (the i386 entry of an x86_64 kernel) kills the
+///    process, and so does an x32 call on x86_64: their numbers mean other calls;
+/// 2. `socket(AF_UNIX, ...)` fails with `EACCES`;
+/// 3. `socketpair` fails with `EACCES` unless the type is `SOCK_STREAM` or `SOCK_SEQPACKET`: a
+///    datagram socketpair's socket can `sendto` (or `connect` to) any datagram socket by path
+///    (`SOCK_RAW` is a datagram socket for `AF_UNIX`). Stream and seqpacket pairs are connected to
+///    each other for good and reach nothing else;
+/// 4. `io_uring_setup`, `io_uring_enter` and `io_uring_register` fail with `EPERM`: io_uring
+///    creates and connects sockets without the `socket` system call;
+/// 5. everything else is allowed (landlock, rlimits and the process group do the rest).
+pub fn seccomp_filter() -> Option<Vec<libc::sock_filter>> {
+    use std::mem::offset_of;
+
+    let arch = AUDIT_ARCH?;
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | code | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = |offset: usize| stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, offset as u32);
+    let ret = |action: u32| stmt(libc::BPF_RET | libc::BPF_K, action);
+    // The low 32 bits of an argument (both supported architectures are little-endian); the
+    // kernel reads `int` arguments from those bits only, so the high ones cannot hide a value.
+    let arg = |n: usize| offset_of!(libc::seccomp_data, args) + 8 * n;
+    let nr = |sys: libc::c_long| sys as u32;
+    let kill = libc::SECCOMP_RET_KILL_PROCESS;
+    let allow = libc::SECCOMP_RET_ALLOW;
+    let eacces = libc::SECCOMP_RET_ERRNO | libc::EACCES as u32;
+    let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+
+    let mut filter = vec![
+        load(offset_of!(libc::seccomp_data, arch)),
+        jump(libc::BPF_JEQ, arch, 1, 0),
+        ret(kill),
+        load(offset_of!(libc::seccomp_data, nr)),
+    ];
+    if let Some(x32) = X32_SYSCALL_BIT {
+        filter.extend([jump(libc::BPF_JGE, x32, 0, 1), ret(kill)]);
+    }
+    // Offsets below are relative to the first instruction of this block.
+    filter.extend([
+        // 0..=5: dispatch on the system call number.
+        jump(libc::BPF_JEQ, nr(libc::SYS_io_uring_setup), 5, 0), // -> 6
+        jump(libc::BPF_JEQ, nr(libc::SYS_io_uring_enter), 4, 0), // -> 6
+        jump(libc::BPF_JEQ, nr(libc::SYS_io_uring_register), 3, 0), // -> 6
+        jump(libc::BPF_JEQ, nr(libc::SYS_socket), 3, 0),         // -> 7
+        jump(libc::BPF_JEQ, nr(libc::SYS_socketpair), 4, 0),     // -> 9
+        ret(allow),
+        // 6: io_uring.
+        ret(eperm),
+        // 7: socket(domain, type, protocol).
+        load(arg(0)),
+        jump(libc::BPF_JEQ, libc::AF_UNIX as u32, 4, 5), // -> 13, 14
+        // 9: socketpair(domain, type, protocol, sv); the type without SOCK_NONBLOCK/CLOEXEC.
+        load(arg(1)),
+        stmt(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K, 0xf),
+        jump(libc::BPF_JEQ, libc::SOCK_STREAM as u32, 2, 0), // -> 14
+        jump(libc::BPF_JEQ, libc::SOCK_SEQPACKET as u32, 1, 0), // -> 14
+        // 13, 14.
+        ret(eacces),
+        ret(allow),
+    ]);
+    Some(filter)
+}
 
 /// The landlock ABI this kernel enforces, probed once. `None` when landlock is unavailable.
 pub fn landlock_abi() -> Option<ABI> {
@@ -271,21 +380,32 @@ pub(crate) async fn run_command(
             source: e,
         })?;
     let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout);
-    let ruleset = match landlock_abi() {
-        Some(abi) if abi >= MIN_ABI => Some(plan.ruleset(jail, abi).map_err(|e| {
-            SandboxError::SandboxUnavailable(format!("the landlock ruleset failed: {e}"))
-        })?),
-        Some(abi) if !policy.allow_unsandboxed_exec => {
-            return Err(SandboxError::SandboxUnavailable(format!(
-                "the kernel's landlock ABI {abi:?} is older than {MIN_ABI:?}"
-            )));
+    // Both or neither: the landlock ruleset and the seccomp filter are one sandbox.
+    let (ruleset, filter) = match (landlock_abi(), seccomp_filter()) {
+        (Some(abi), Some(filter)) if abi >= MIN_ABI => {
+            let ruleset = plan.ruleset(jail, abi).map_err(|e| {
+                SandboxError::SandboxUnavailable(format!("the landlock ruleset failed: {e}"))
+            })?;
+            (Some(ruleset), Some(filter))
         }
-        None if !policy.allow_unsandboxed_exec => {
+        _ if policy.allow_unsandboxed_exec => (None, None),
+        (None, _) => {
             return Err(SandboxError::SandboxUnavailable(
                 "landlock is not available in this kernel".into(),
             ));
         }
-        _ => None,
+        (Some(abi), Some(_)) => {
+            return Err(SandboxError::SandboxUnavailable(format!(
+                "the kernel's landlock ABI {abi:?} is older than {MIN_ABI:?}"
+            )));
+        }
+        (Some(_), None) => {
+            return Err(SandboxError::SandboxUnavailable(format!(
+                "commands are sandboxed on x86_64 and aarch64 only, not on {}: there is no \
+                 seccomp filter for this architecture",
+                std::env::consts::ARCH
+            )));
+        }
     };
     let sandbox = if ruleset.is_some() {
         "landlock"
@@ -311,8 +431,9 @@ pub(crate) async fn run_command(
     let mut ruleset = ruleset;
     // SAFETY: the closure runs between fork and exec. It makes system calls only (setrlimit,
     // fchdir, prctl, landlock_restrict_self) and builds errors from raw errno values, so it
-    // neither allocates nor takes locks on its success path. The ruleset and the directory
-    // descriptor were created in the parent and stay alive until `spawn` returns.
+    // neither allocates nor takes locks on its success path. The ruleset, the seccomp filter and
+    // the directory descriptor were created in the parent and stay alive until `spawn` returns;
+    // the filter is only borrowed here, never freed in the child.
     #[allow(unsafe_code)]
     unsafe {
         command.pre_exec(move || {
@@ -323,12 +444,12 @@ pub(crate) async fn run_command(
                     Ok(status)
                         if status.ruleset == RulesetStatus::FullyEnforced
                             && status.no_new_privs => {}
-                    _ => {
-                        return Err(std::io::Error::from_raw_os_error(
-                            nix::libc::ENOTRECOVERABLE,
-                        ));
-                    }
+                    _ => return Err(std::io::Error::from_raw_os_error(LANDLOCK_FAILED)),
                 }
+            }
+            if let Some(filter) = &filter {
+                install_seccomp_filter(filter)
+                    .map_err(|_| std::io::Error::from_raw_os_error(SECCOMP_FAILED))?;
             }
             Ok(())
         });
@@ -396,6 +517,36 @@ pub(crate) async fn run_command(
     })
 }
 
+/// Installs `filter` for the calling thread and its descendants: `PR_SET_NO_NEW_PRIVS` first
+/// (landlock's `restrict_self` already set it; it is required for an unprivileged filter, so it
+/// is set again rather than assumed), then `PR_SET_SECCOMP`. Async-signal-safe: two system calls,
+/// no allocation. An error is the errno of the call that failed.
+fn install_seccomp_filter(filter: &[libc::sock_filter]) -> nix::Result<()> {
+    let len = u16::try_from(filter.len()).map_err(|_| nix::errno::Errno::EINVAL)?;
+    let program = libc::sock_fprog {
+        len,
+        // The kernel copies the program and never writes through this pointer.
+        filter: filter.as_ptr().cast_mut(),
+    };
+    // prctl is variadic; every argument is passed as the `unsigned long` the kernel reads.
+    let one: libc::c_ulong = 1;
+    let zero: libc::c_ulong = 0;
+    // SAFETY: plain integer arguments.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, one, zero, zero, zero) };
+    nix::errno::Errno::result(rc)?;
+    // SAFETY: `program` points at `len` valid instructions, both alive for the whole call.
+    #[allow(unsafe_code)]
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            &program as *const libc::sock_fprog,
+        )
+    };
+    nix::errno::Errno::result(rc).map(drop)
+}
+
 /// Kills a process group with `SIGKILL` when told to, and when dropped while still armed.
 struct GroupGuard(Option<Pid>);
 
@@ -416,16 +567,20 @@ impl Drop for GroupGuard {
 
 fn spawn_error(program: &str, err: std::io::Error) -> SandboxError {
     match err.raw_os_error() {
-        Some(nix::libc::ENOENT) => SandboxError::NotFound(format!(
+        Some(libc::ENOENT) => SandboxError::NotFound(format!(
             "program `{program}` was not found (looked up in the sandbox's PATH when it has no \
              slash)"
         )),
-        Some(nix::libc::EACCES) => SandboxError::InvalidArguments(format!(
+        Some(libc::EACCES) => SandboxError::InvalidArguments(format!(
             "`{program}` cannot be executed here: it is not executable, or it lies outside the \
              workspace and the system directories the sandbox allows"
         )),
-        Some(nix::libc::ENOTRECOVERABLE) => SandboxError::SandboxUnavailable(
+        Some(LANDLOCK_FAILED) => SandboxError::SandboxUnavailable(
             "the kernel did not fully enforce the landlock ruleset".into(),
+        ),
+        Some(SECCOMP_FAILED) => SandboxError::SandboxUnavailable(
+            "the kernel refused the seccomp filter that keeps commands away from Unix sockets"
+                .into(),
         ),
         _ => SandboxError::Io {
             op: "start",
@@ -466,5 +621,180 @@ mod tests {
                 .any(|p| p.starts_with("/proc") || p.starts_with("/home"))
         );
         assert_eq!(plan.cpu_seconds, 6);
+    }
+
+    /// Runs a classic-BPF seccomp program the way the kernel would, for the instructions the
+    /// filter uses; panics on anything else (an unknown opcode, a jump or load out of range).
+    fn evaluate(filter: &[libc::sock_filter], nr: i64, arch: u32, args: [u64; 6]) -> u32 {
+        let mut data = Vec::with_capacity(std::mem::size_of::<libc::seccomp_data>());
+        data.extend_from_slice(&(nr as i32).to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        for arg in args {
+            data.extend_from_slice(&arg.to_ne_bytes());
+        }
+        assert_eq!(data.len(), std::mem::size_of::<libc::seccomp_data>());
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let ins = filter[pc];
+            let code = u32::from(ins.code);
+            let (jt, jf) = (usize::from(ins.jt), usize::from(ins.jf));
+            pc += 1;
+            match code {
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                    let at = ins.k as usize;
+                    assert!(at.is_multiple_of(4), "unaligned load at {}", pc - 1);
+                    a = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
+                }
+                c if c == libc::BPF_ALU | libc::BPF_AND | libc::BPF_K => a &= ins.k,
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
+                    pc += if a == ins.k { jt } else { jf };
+                }
+                c if c == libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K => {
+                    pc += if a >= ins.k { jt } else { jf };
+                }
+                c if c == libc::BPF_RET | libc::BPF_K => return ins.k,
+                c => panic!("unexpected opcode {c:#x} at {}", pc - 1),
+            }
+        }
+    }
+
+    #[test]
+    fn a_sandbox_that_fails_in_the_child_is_reported_as_unavailable() {
+        use monad_protocol::ErrorCode;
+        for errno in [LANDLOCK_FAILED, SECCOMP_FAILED] {
+            let err = spawn_error("x", std::io::Error::from_raw_os_error(errno));
+            assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
+        }
+        assert!(
+            spawn_error("x", std::io::Error::from_raw_os_error(SECCOMP_FAILED))
+                .to_string()
+                .contains("seccomp")
+        );
+    }
+
+    #[test]
+    fn the_seccomp_filter_is_well_formed() {
+        let Some(filter) = seccomp_filter() else {
+            assert!(AUDIT_ARCH.is_none());
+            return;
+        };
+        assert!(filter.len() < 64, "{} instructions", filter.len());
+        // What the kernel's checker requires: jumps land inside the program, loads are aligned
+        // and inside `struct seccomp_data`, the last instruction returns.
+        let ret = (libc::BPF_RET | libc::BPF_K) as u16;
+        assert_eq!(filter.last().map(|i| i.code), Some(ret));
+        for (pc, ins) in filter.iter().enumerate() {
+            if u32::from(ins.code) & 0x07 == libc::BPF_JMP {
+                let furthest = pc + 1 + usize::from(ins.jt.max(ins.jf));
+                assert!(furthest < filter.len(), "jump out of range at {pc}");
+            }
+            if u32::from(ins.code) == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS {
+                let at = ins.k as usize;
+                assert!(
+                    at.is_multiple_of(4) && at + 4 <= std::mem::size_of::<libc::seccomp_data>()
+                );
+            }
+        }
+        // It starts by checking the architecture, before looking at any system call number.
+        assert_eq!(
+            (filter[0].code, filter[0].k),
+            ((libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, 4)
+        );
+        assert_eq!(filter[1].k, AUDIT_ARCH.unwrap());
+        assert_eq!(filter[2].k, libc::SECCOMP_RET_KILL_PROCESS);
+    }
+
+    #[test]
+    fn the_seccomp_filter_refuses_unix_sockets_and_io_uring_only() {
+        let Some(filter) = seccomp_filter() else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let run = |nr: libc::c_long, args: [u64; 6]| evaluate(&filter, nr, arch, args);
+        let kill = libc::SECCOMP_RET_KILL_PROCESS;
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let eacces = libc::SECCOMP_RET_ERRNO | libc::EACCES as u32;
+        let eperm = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let unix = libc::AF_UNIX as u64;
+        let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
+        let stream = libc::SOCK_STREAM as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        let seqpacket = libc::SOCK_SEQPACKET as u64;
+        let raw = libc::SOCK_RAW as u64;
+
+        // Another architecture's system calls are killed whatever their number.
+        for foreign in [0x4000_0003u32, 0xc000_003e ^ 0xc000_00b7 ^ arch, 0] {
+            assert_eq!(evaluate(&filter, libc::SYS_read, foreign, [0; 6]), kill);
+            assert_eq!(
+                evaluate(&filter, libc::SYS_socket, foreign, [unix, 1, 0, 0, 0, 0]),
+                kill
+            );
+        }
+        if let Some(x32) = X32_SYSCALL_BIT {
+            let x32 = libc::c_long::from(x32);
+            assert_eq!(
+                run(x32 | libc::SYS_socket, [unix, stream, 0, 0, 0, 0]),
+                kill
+            );
+            assert_eq!(run(x32, [0; 6]), kill);
+        }
+
+        // socket(AF_UNIX, ...) is refused whatever the type and whatever the high bits say.
+        for args in [
+            [unix, stream, 0, 0, 0, 0],
+            [unix, dgram | flags, 0, 0, 0, 0],
+            [unix, seqpacket, 0, 0, 0, 0],
+            [unix | 0xffff_ffff_0000_0000, stream, 0, 0, 0, 0],
+        ] {
+            assert_eq!(run(libc::SYS_socket, args), eacces, "{args:?}");
+        }
+        for domain in [libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK] {
+            let args = [domain as u64, stream, 0, 0, 0, 0];
+            assert_eq!(run(libc::SYS_socket, args), allow, "{args:?}");
+        }
+        // 0x1_0000_0001 is AF_INET-sized in the high half and AF_UNIX in the low: refused.
+        assert_eq!(
+            run(libc::SYS_socket, [0x1_0000_0001, stream, 0, 0, 0, 0]),
+            eacces
+        );
+
+        // socketpair: stream and seqpacket pairs are fine, datagram pairs are not.
+        for (ty, want) in [
+            (stream, allow),
+            (stream | flags, allow),
+            (seqpacket | flags, allow),
+            (dgram, eacces),
+            (dgram | flags, eacces),
+            (raw, eacces),
+            (0, eacces),
+            (0xffff_ffff_0000_0000 | stream, allow),
+        ] {
+            assert_eq!(
+                run(libc::SYS_socketpair, [unix, ty, 0, 0, 0, 0]),
+                want,
+                "{ty:#x}"
+            );
+        }
+
+        for nr in [
+            libc::SYS_io_uring_setup,
+            libc::SYS_io_uring_enter,
+            libc::SYS_io_uring_register,
+        ] {
+            assert_eq!(run(nr, [8, 0, 0, 0, 0, 0]), eperm, "{nr}");
+        }
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_openat,
+            libc::SYS_execve,
+            libc::SYS_connect,
+            libc::SYS_sendto,
+            libc::SYS_prctl,
+            libc::SYS_clone,
+        ] {
+            assert_eq!(run(nr, [unix, dgram, 0, 0, 0, 0]), allow, "{nr}");
+        }
     }
 }
