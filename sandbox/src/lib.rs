@@ -135,7 +135,15 @@ impl Sandbox {
         args: serde_json::Value,
     ) -> Result<serde_json::Value, SandboxError> {
         match tool {
-            ToolName::ReadFile => self.blocking(tool, args, Sandbox::read_file).await,
+            ToolName::ReadFile => {
+                // The content is moved into the JSON value, not copied: a 64 MiB read would
+                // otherwise be copied once more here.
+                let mut result = self.run_blocking(tool, args, Sandbox::read_file).await?;
+                let content = std::mem::take(&mut result.content);
+                let mut value = to_json(result)?;
+                value["content"] = serde_json::Value::String(content);
+                Ok(value)
+            }
             ToolName::ListDir => self.blocking(tool, args, Sandbox::list_dir).await,
             ToolName::Stat => self.blocking(tool, args, Sandbox::stat).await,
             ToolName::Search => self.blocking(tool, args, Sandbox::search).await,
@@ -164,16 +172,28 @@ impl Sandbox {
         A: DeserializeOwned + Send + 'static,
         R: Serialize + Send + 'static,
     {
+        to_json(self.run_blocking(tool, args, run).await?)
+    }
+
+    async fn run_blocking<A, R>(
+        self: &Arc<Self>,
+        tool: ToolName,
+        args: serde_json::Value,
+        run: fn(&Sandbox, &A) -> Result<R, SandboxError>,
+    ) -> Result<R, SandboxError>
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Send + 'static,
+    {
         let args: A = parse_args(tool, args)?;
         let this = Arc::clone(self);
-        let result = tokio::task::spawn_blocking(move || run(&this, &args))
+        tokio::task::spawn_blocking(move || run(&this, &args))
             .await
             .map_err(|e| SandboxError::Io {
                 op: "run",
                 path: String::new(),
                 source: std::io::Error::other(e.to_string()),
-            })??;
-        to_json(result)
+            })?
     }
 }
 

@@ -418,8 +418,7 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
     if !retention.keep_artifacts {
         return;
     }
-    let artifact = |kind: ArtifactKind, content_type: &str, mut bytes: Vec<u8>| {
-        let original_size = bytes.len() as u64;
+    let artifact = |kind: ArtifactKind, content_type: &str, mut bytes: Vec<u8>, original_size| {
         let truncated = original_size > retention.artifact_max_bytes;
         bytes.truncate(retention.artifact_max_bytes as usize);
         let meta = ArtifactMeta {
@@ -437,10 +436,22 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
         };
         recorder.artifact(meta, bytes);
     };
+    // Only the kept head of the output is serialized into memory; the rest is only counted.
+    // (Serializing all of it and truncating made a copy of a 64 MiB read on the answer's path,
+    // held until the recorder had written the artifact.)
+    let mut head = CappedWriter::new(retention.artifact_max_bytes);
+    let (bytes, original_size) = match serde_json::to_writer(&mut head, &output.outcome) {
+        Ok(()) => {
+            head.bytes.shrink_to_fit();
+            (head.bytes, head.total)
+        }
+        Err(_) => (Vec::new(), 0),
+    };
     artifact(
         ArtifactKind::ToolOutput,
         "application/json",
-        serde_json::to_vec(&output.outcome).unwrap_or_default(),
+        bytes,
+        original_size,
     );
     if let Outcome::Ok { result } = &output.outcome
         && matches!(tool, "write_file" | "edit_file")
@@ -450,7 +461,38 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
             ArtifactKind::FileDiff,
             "text/x-diff",
             diff.as_bytes().to_vec(),
+            diff.len() as u64,
         );
+    }
+}
+
+/// Keeps the first `cap` bytes written to it and counts them all.
+struct CappedWriter {
+    bytes: Vec<u8>,
+    cap: usize,
+    total: u64,
+}
+
+impl CappedWriter {
+    fn new(cap: u64) -> CappedWriter {
+        CappedWriter {
+            bytes: Vec::new(),
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            total: 0,
+        }
+    }
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = self.cap.saturating_sub(self.bytes.len());
+        self.bytes.extend_from_slice(&buf[..buf.len().min(room)]);
+        self.total += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -560,4 +602,23 @@ async fn memory_recall(session: &Session, args: Value) -> Result<Value, ToolErro
     })
     .await
     .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_writer_keeps_the_head_and_counts_everything() {
+        let outcome = Outcome::Ok {
+            result: json!({"content": "a line with \"quotes\"\n".repeat(20_000)}),
+        };
+        let full = serde_json::to_vec(&outcome).unwrap();
+        for cap in [0, 1, 1000, full.len() - 1, full.len(), full.len() + 1] {
+            let mut head = CappedWriter::new(cap as u64);
+            serde_json::to_writer(&mut head, &outcome).unwrap();
+            assert_eq!(head.total, full.len() as u64);
+            assert_eq!(head.bytes, full[..cap.min(full.len())]);
+        }
+    }
 }
