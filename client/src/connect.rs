@@ -113,15 +113,31 @@ pub async fn connect(config: &ClientConfig, role: Role) -> Result<Connection, Cl
         })?
 }
 
-async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, ClientError> {
-    let addr = tokio::net::lookup_host(&config.server)
-        .await
-        .map_err(|e| ClientError::Unreachable(format!("{}: {e}", config.server)))?
-        .next()
-        .ok_or_else(|| ClientError::Unreachable(format!("{}: no address", config.server)))?;
+/// Which certificate a server presented during a handshake made with [`pinned_config`].
+#[derive(Debug, Clone)]
+pub struct Presented(Arc<PinnedVerifier>);
+
+impl Presented {
+    /// The SHA-256 of the certificate the server presented, once a handshake reached it.
+    pub fn fingerprint(&self) -> Option<String> {
+        self.0
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A QUIC client configuration that accepts exactly one server certificate, the one whose
+/// SHA-256 is `fingerprint`, speaks TLS 1.3 (ring) with ALPN `alpn`, and uses the client's
+/// transport settings (keep-alive 2 s, idle time-out 8 s).
+pub fn pinned_config(
+    fingerprint: &str,
+    alpn: &[u8],
+) -> Result<(quinn::ClientConfig, Presented), ClientError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = Arc::new(PinnedVerifier {
-        pinned: crate::config::normalize_fingerprint(&config.fingerprint)?,
+        pinned: crate::config::normalize_fingerprint(fingerprint)?,
         provider: provider.clone(),
         seen: Mutex::new(None),
     });
@@ -131,7 +147,7 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
         .dangerous()
         .with_custom_certificate_verifier(verifier.clone())
         .with_no_client_auth();
-    tls.alpn_protocols = vec![wire::ALPN.to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
         .map_err(|e| ClientError::Protocol(e.to_string()))?;
     let mut client = quinn::ClientConfig::new(Arc::new(crypto));
@@ -141,6 +157,16 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
         quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
     ));
     client.transport_config(Arc::new(transport));
+    Ok((client, Presented(verifier)))
+}
+
+async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, ClientError> {
+    let addr = tokio::net::lookup_host(&config.server)
+        .await
+        .map_err(|e| ClientError::Unreachable(format!("{}: {e}", config.server)))?
+        .next()
+        .ok_or_else(|| ClientError::Unreachable(format!("{}: no address", config.server)))?;
+    let (client, presented) = pinned_config(&config.fingerprint, wire::ALPN)?;
     let bind = if addr.is_ipv6() {
         "[::]:0"
     } else {
@@ -155,19 +181,13 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
     let conn = match connecting.await {
         Ok(conn) => conn,
         Err(e) => {
-            let seen = verifier
-                .seen
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            return Err(match seen {
-                Some(presented) if presented != verifier.pinned => {
-                    ClientError::FingerprintMismatch {
-                        server: config.server.clone(),
-                        expected: verifier.pinned.clone(),
-                        presented,
-                    }
-                }
+            let expected = crate::config::normalize_fingerprint(&config.fingerprint)?;
+            return Err(match presented.fingerprint() {
+                Some(presented) if presented != expected => ClientError::FingerprintMismatch {
+                    server: config.server.clone(),
+                    expected,
+                    presented,
+                },
                 _ => ClientError::Unreachable(format!("{}: {e}", config.server)),
             });
         }

@@ -33,10 +33,7 @@ use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::ClientConfig;
 use monad_protocol::wire::{Outcome, Trust};
 use monad_sandbox::Limits;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -504,91 +501,12 @@ fn start_origin() -> String {
     named
 }
 
-/// Accepts exactly one certificate (the same shape as Monad's pinned verifier); the handshake
-/// signature is still checked.
-#[derive(Debug)]
-struct Pinned {
-    cert: CertificateDer<'static>,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if end_entity.as_ref() == self.cert.as_ref() {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// A client configuration that pins `cert`, with the transport settings of monad-client's
-/// `connect` (keep-alive 2 s, idle time-out 8 s, quinn's defaults otherwise).
+/// A client configuration that pins `cert` by its fingerprint, exactly as monad-client does
+/// (same verifier, same transport settings), with the raw echo's ALPN.
 fn raw_client_config(cert: CertificateDer<'static>) -> quinn::ClientConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = Arc::new(Pinned {
-        cert,
-        provider: provider.clone(),
-    });
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("TLS 1.3")
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("QUIC TLS");
-    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
-    let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(Duration::from_secs(2)));
-    transport.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
-    ));
-    client.transport_config(Arc::new(transport));
-    client
+    monad_client::connect::pinned_config(&monad_client::connect::fingerprint(&cert), RAW_ALPN)
+        .expect("a valid pinned configuration")
+        .0
 }
 
 /// A raw QUIC connection to the echo server.
