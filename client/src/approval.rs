@@ -41,6 +41,9 @@ pub struct ApprovalRequest {
     pub diff: Option<String>,
     /// What "always" would cover, in words (`every read`, `every run of cargo`).
     pub scope: String,
+    /// When the question stops waiting and the call is denied (a request that waited in the
+    /// queue behind others has less time left than the full time-out).
+    pub deadline: std::time::Instant,
 }
 
 /// Something that asks the user. Concurrent requests may arrive; implementations queue them.

@@ -349,6 +349,7 @@ async fn run(
                     target: describe(tool, &args),
                     diff,
                     scope: Rule::of(tool, &args).describe(),
+                    deadline: std::time::Instant::now() + o.prompt_timeout,
                 };
                 match tokio::time::timeout(o.prompt_timeout, approver.decide(request)).await {
                     Ok(decision) => folder.policy.record(session, tool, &args, decision),

@@ -147,12 +147,14 @@ fn prompt(job: &Job, timeout: Duration) -> Decision {
         "  [y] allow once  [a] allow always ({})  [n] deny  [d] deny always",
         printable(&r.scope)
     );
-    let _ = write!(out, "  answer within {} s: ", timeout.as_secs());
+    // A request that waited behind others has less than the full time-out left.
+    let deadline = r.deadline.min(Instant::now() + timeout);
+    let left = deadline.saturating_duration_since(Instant::now());
+    let _ = write!(out, "  answer within {} s: ", left.as_secs_f64().ceil());
     let _ = out.flush();
     drop(out);
 
     let _raw = RawMode::enter();
-    let deadline = Instant::now() + timeout;
     let answer = loop {
         if job.reply.is_closed() {
             break Err("withdrawn: the call was cancelled");
