@@ -21,6 +21,7 @@
 //! fetching them from an origin in this process, like Monad's server from the attached client):
 //! the floor of any design with two hops, on this machine.
 
+use monad_tests::bench::{Stats, fmt_dur};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -54,45 +55,6 @@ const RAW_ALPN: &[u8] = b"bench-echo";
 
 // ---------------------------------------------------------------------------------------------
 // Statistics and output
-
-/// Median and 99th percentile of a set of timings.
-#[derive(Clone, Copy)]
-struct Stats {
-    median: Duration,
-    p99: Duration,
-}
-
-impl Stats {
-    fn of(samples: &mut [Duration]) -> Stats {
-        assert!(!samples.is_empty());
-        samples.sort_unstable();
-        // Nearest rank: the smallest sample with at least q of all samples at or below it.
-        let rank = (0.99 * samples.len() as f64).ceil() as usize;
-        let n = samples.len();
-        let median = if n % 2 == 1 {
-            samples[n / 2]
-        } else {
-            (samples[n / 2 - 1] + samples[n / 2]) / 2
-        };
-        Stats {
-            median,
-            p99: samples[rank.clamp(1, n) - 1],
-        }
-    }
-}
-
-fn fmt_dur(d: Duration) -> String {
-    let ns = d.as_nanos() as f64;
-    if ns < 1_000.0 {
-        format!("{ns:.0} ns")
-    } else if ns < 1_000_000.0 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if ns < 1_000_000_000.0 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
-    }
-}
 
 fn mib_per_s(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / (1024.0 * 1024.0) / d.as_secs_f64()

@@ -22,6 +22,7 @@
 //! - (d) 10,000 idle sessions loaded in a `Registry`: resident memory and file descriptors per
 //!   session. Information: there is no target.
 
+use monad_tests::bench::{Stats, fmt_dur};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -45,50 +46,6 @@ const LIST_TARGET: Duration = Duration::from_millis(50);
 
 // ---------------------------------------------------------------------------------------------
 // Statistics and output
-
-#[derive(Clone, Copy)]
-struct Stats {
-    median: Duration,
-    p99: Duration,
-    mean: Duration,
-}
-
-impl Stats {
-    fn of(samples: &mut [Duration]) -> Stats {
-        assert!(!samples.is_empty());
-        samples.sort_unstable();
-        let n = samples.len();
-        // Nearest rank: the smallest sample with at least 99% of all samples at or below it.
-        let rank = (0.99 * n as f64).ceil() as usize;
-        let median = if n % 2 == 1 {
-            samples[n / 2]
-        } else {
-            (samples[n / 2 - 1] + samples[n / 2]) / 2
-        };
-        Stats {
-            median,
-            p99: samples[rank.clamp(1, n) - 1],
-            mean: samples.iter().sum::<Duration>() / n as u32,
-        }
-    }
-
-    fn show(&self) -> String {
-        format!("{} / {}", fmt_dur(self.median), fmt_dur(self.p99))
-    }
-}
-
-fn fmt_dur(d: Duration) -> String {
-    let ns = d.as_nanos() as f64;
-    if ns < 1_000.0 {
-        format!("{ns:.0} ns")
-    } else if ns < 1_000_000.0 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if ns < 1_000_000_000.0 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
-    }
-}
 
 fn header() {
     println!(

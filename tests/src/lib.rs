@@ -683,3 +683,82 @@ pub async fn server_command(args: &[&str]) -> std::process::Output {
         .await
         .expect("monad-server runs")
 }
+
+/// Timing statistics and formatting shared by the benches in `tests/benches/`.
+pub mod bench {
+    use std::time::Duration;
+
+    /// Median, 99th percentile (nearest rank) and mean of a set of timings.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Stats {
+        /// The median (the mean of the middle two for an even count).
+        pub median: Duration,
+        /// The smallest sample with at least 99% of all samples at or below it.
+        pub p99: Duration,
+        /// The arithmetic mean.
+        pub mean: Duration,
+    }
+
+    impl Stats {
+        /// The statistics of `samples` (sorted in place). Panics on an empty set.
+        pub fn of(samples: &mut [Duration]) -> Stats {
+            assert!(!samples.is_empty(), "no samples");
+            samples.sort_unstable();
+            let n = samples.len();
+            let rank = (0.99 * n as f64).ceil() as usize;
+            let median = if n % 2 == 1 {
+                samples[n / 2]
+            } else {
+                (samples[n / 2 - 1] + samples[n / 2]) / 2
+            };
+            Stats {
+                median,
+                p99: samples[rank.clamp(1, n) - 1],
+                mean: samples.iter().sum::<Duration>() / n as u32,
+            }
+        }
+
+        /// `median / p99`, human-readable.
+        pub fn show(&self) -> String {
+            format!("{} / {}", fmt_dur(self.median), fmt_dur(self.p99))
+        }
+    }
+
+    /// A duration in the unit that reads best (ns, µs, ms, s).
+    pub fn fmt_dur(d: Duration) -> String {
+        let ns = d.as_nanos() as f64;
+        if ns < 1_000.0 {
+            format!("{ns:.0} ns")
+        } else if ns < 1_000_000.0 {
+            format!("{:.1} µs", ns / 1e3)
+        } else if ns < 1_000_000_000.0 {
+            format!("{:.2} ms", ns / 1e6)
+        } else {
+            format!("{:.2} s", ns / 1e9)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn median_p99_and_mean_by_nearest_rank() {
+            let mut odd: Vec<Duration> = (1..=5).rev().map(Duration::from_micros).collect();
+            let s = Stats::of(&mut odd);
+            assert_eq!(
+                (s.median, s.p99, s.mean),
+                (
+                    Duration::from_micros(3),
+                    Duration::from_micros(5),
+                    Duration::from_micros(3)
+                )
+            );
+            let mut hundred: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+            let s = Stats::of(&mut hundred);
+            assert_eq!(s.p99, Duration::from_micros(99));
+            assert_eq!(s.median, Duration::from_nanos(50_500));
+            assert_eq!(fmt_dur(Duration::from_nanos(1_500)), "1.5 µs");
+        }
+    }
+}
