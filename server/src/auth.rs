@@ -128,7 +128,12 @@ pub fn validate_user(user: &str) -> Result<(), ServerError> {
 }
 
 fn hash(token: &str) -> String {
-    hex(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref())
+    sha256_hex(token.as_bytes())
+}
+
+/// SHA-256 of `bytes` as 64 lowercase hex digits (token hashes, certificate fingerprints).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
 fn hex(bytes: &[u8]) -> String {

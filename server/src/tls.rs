@@ -22,8 +22,7 @@ pub struct Identity {
 
 /// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits.
 pub fn fingerprint(cert_der: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, cert_der);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    crate::auth::sha256_hex(cert_der)
 }
 
 /// Loads `tls/cert.pem` and `tls/key.pem`, creating them (key mode 0600) when absent.
