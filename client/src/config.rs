@@ -82,7 +82,11 @@ impl ClientConfig {
             f.sync_all()?;
             std::fs::rename(&tmp, &path)
         };
-        write().map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))
+        write().map_err(|e| {
+            // Leave no half-written copy beside the config (it may hold the token).
+            let _ = std::fs::remove_file(&tmp);
+            ClientError::Config(format!("{}: {e}", path.display()))
+        })
     }
 }
 
