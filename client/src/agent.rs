@@ -1,11 +1,12 @@
 //! Calling tools as an agent: `monad-client call`, `sessions`, and the library path the MCP
 //! bridge uses.
 
-use monad_protocol::io::{read_message, write_message};
+use monad_protocol::io::{ReadError, read_body, read_message, write_message};
 use monad_protocol::wire::{
     History, HistoryMessage, Message, Outcome, Role, SessionInfo, WorkspaceInfo, WorkspaceRecord,
-    WorkspaceRef, WorkspaceSession,
+    WorkspaceRef, WorkspaceSession, reset,
 };
+use monad_protocol::{ErrorCode, ToolError};
 use serde_json::Value;
 
 use crate::ClientError;
@@ -22,6 +23,40 @@ pub struct CallReply {
     pub workspace: Option<WorkspaceRef>,
     /// How it ended.
     pub outcome: Outcome,
+}
+
+/// The call's error when the server reset the answer's stream with a code that says why: it does
+/// so when a result's body fails mid-way (the result message has already gone, so no error
+/// message can follow). The reset can overtake the result message itself, hence `workspace` may
+/// be unknown.
+fn reset_error(e: &ReadError, workspace: Option<&WorkspaceRef>) -> Option<ToolError> {
+    let ReadError::Io(io) = e else {
+        return None;
+    };
+    let code = match io.get_ref()?.downcast_ref::<quinn::ReadError>()? {
+        quinn::ReadError::Reset(code) => code.into_inner(),
+        _ => return None,
+    };
+    let name = workspace.map_or_else(
+        || "the workspace".to_owned(),
+        |w| format!("workspace `{}`", w.name),
+    );
+    let (code, message) = match u32::try_from(code).ok()? {
+        reset::WORKSPACE_DISCONNECTED => (
+            ErrorCode::WorkspaceDisconnected,
+            format!("{name} disconnected while sending the result; its client must reconnect"),
+        ),
+        reset::TIMEOUT => (
+            ErrorCode::Timeout,
+            format!("the result from {name} did not arrive within the call's time limit"),
+        ),
+        reset::MALFORMED => (
+            ErrorCode::Malformed,
+            format!("{name} sent a result whose body is not UTF-8 text"),
+        ),
+        _ => return None,
+    };
+    Some(ToolError::new(code, message))
 }
 
 /// An agent's connection: one QUIC connection, one stream per request.
@@ -82,8 +117,26 @@ impl Agent {
             match read_message(&mut recv, MAX_ANSWER).await {
                 Ok(Some(Message::Progress { message, .. })) => progress(&message),
                 Ok(Some(Message::Result {
-                    workspace, outcome, ..
-                })) => return Ok(CallReply { workspace, outcome }),
+                    workspace,
+                    mut outcome,
+                    body,
+                    ..
+                })) => {
+                    if let Some(body) = body
+                        && let Err(e) = read_body(&mut recv, &mut outcome, &body, MAX_ANSWER).await
+                    {
+                        let error = match (reset_error(&e, workspace.as_ref()), &e) {
+                            (Some(error), _) => error,
+                            (None, ReadError::Body(_) | ReadError::Frame(_)) => ToolError::new(
+                                ErrorCode::Malformed,
+                                format!("the result's body is malformed: {e}"),
+                            ),
+                            (None, _) => return Err(ClientError::Unreachable(e.to_string())),
+                        };
+                        outcome = Outcome::Error { error };
+                    }
+                    return Ok(CallReply { workspace, outcome });
+                }
                 Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
                 Ok(Some(other)) => {
                     return Err(ClientError::Protocol(format!(
@@ -96,7 +149,15 @@ impl Agent {
                         "the server closed the call without an answer".into(),
                     ));
                 }
-                Err(e) => return Err(ClientError::Unreachable(e.to_string())),
+                Err(e) => {
+                    return match reset_error(&e, None) {
+                        Some(error) => Ok(CallReply {
+                            workspace: None,
+                            outcome: Outcome::Error { error },
+                        }),
+                        None => Err(ClientError::Unreachable(e.to_string())),
+                    };
+                }
             }
         }
     }
@@ -170,8 +231,8 @@ impl Agent {
                     () = tx.closed() => break,
                 }
             }
-            let _ = send.reset(0u32.into());
-            let _ = recv.stop(0u32.into());
+            let _ = send.reset(reset::CANCELLED.into());
+            let _ = recv.stop(reset::CANCELLED.into());
         });
         Ok(rx)
     }

@@ -266,15 +266,7 @@ async fn handle_request(folder: &Folder, mut send: quinn::SendStream, mut recv: 
                 // pending prompt and kills a running command.
                 _ = stopped => return,
             };
-            let _ = write_message(
-                &mut send,
-                &Message::Result {
-                    id,
-                    workspace: None,
-                    outcome,
-                },
-            )
-            .await;
+            let _ = send_result(&mut send, id, outcome).await;
             let _ = send.finish();
         }
         other => {
@@ -292,6 +284,27 @@ async fn handle_request(folder: &Folder, mut send: quinn::SendStream, mut recv: 
             let _ = send.finish();
         }
     }
+}
+
+/// Sends a run's result: a large `content` as a raw body after the message, moved into one
+/// chunk that quinn sends without copying it again.
+async fn send_result(
+    send: &mut quinn::SendStream,
+    id: u64,
+    mut outcome: Outcome,
+) -> std::io::Result<()> {
+    let body = outcome.split_body();
+    let head = Message::Result {
+        id,
+        workspace: None,
+        outcome,
+        body: body.as_ref().map(|(body, _)| body.clone()),
+    };
+    write_message(send, &head).await?;
+    if let Some((_, bytes)) = body {
+        send.write_chunk(bytes::Bytes::from(bytes)).await?;
+    }
+    Ok(())
 }
 
 /// Approves, then runs, one tool call.

@@ -6,7 +6,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{ErrorCode, ToolError};
 use crate::frame::{self, FrameError, HEADER_LEN, MAX_FRAME_PAYLOAD};
-use crate::wire::Message;
+use crate::wire::{Body, BodyError, Message, Outcome};
 
 /// Why a message could not be read.
 #[derive(Debug)]
@@ -17,6 +17,8 @@ pub enum ReadError {
     Frame(FrameError),
     /// The message is not valid JSON for any message type.
     Json(serde_json::Error),
+    /// A result's body does not fit its result.
+    Body(BodyError),
 }
 
 impl std::fmt::Display for ReadError {
@@ -25,6 +27,7 @@ impl std::fmt::Display for ReadError {
             ReadError::Io(e) => write!(f, "stream failed: {e}"),
             ReadError::Frame(e) => write!(f, "bad frame: {e}"),
             ReadError::Json(e) => write!(f, "bad message: {e}"),
+            ReadError::Body(e) => write!(f, "bad body: {e}"),
         }
     }
 }
@@ -86,6 +89,33 @@ pub async fn read_message<R: AsyncRead + Unpin>(
     }
 }
 
+/// Reads the [`Body`] announced by a result and puts it into `outcome`. A body longer than
+/// `max` is refused before anything is read; one that ends early is an I/O error.
+pub async fn read_body<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    outcome: &mut Outcome,
+    body: &Body,
+    max: usize,
+) -> Result<(), ReadError> {
+    let len = usize::try_from(body.len)
+        .ok()
+        .filter(|&len| len <= max)
+        .ok_or(ReadError::Frame(FrameError::MessageTooLarge(max)))?;
+    if !matches!(outcome, Outcome::Ok { .. }) {
+        return Err(ReadError::Body(BodyError::NotAnObject));
+    }
+    let mut bytes = Vec::with_capacity(len);
+    let got = (&mut *reader)
+        .take(len as u64)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(ReadError::Io)?;
+    if got < len {
+        return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    outcome.join_body(body, bytes).map_err(ReadError::Body)
+}
+
 /// Writes one message, cut into frames.
 pub async fn write_message<W: AsyncWrite + Unpin>(
     writer: &mut W,
@@ -145,6 +175,56 @@ mod tests {
             read_message(&mut b, 1024).await.unwrap().is_none(),
             "clean end"
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_follows_its_result_and_is_checked() {
+        let content = "0123456789abcde\n".repeat(crate::wire::BODY_THRESHOLD / 8);
+        let mut outcome = Outcome::Ok {
+            result: json!({"path": "big.txt", "content": content}),
+        };
+        let original = outcome.clone();
+        let (body, bytes) = outcome.split_body().unwrap();
+        let (mut a, mut b) = tokio::io::duplex(64 * 1024);
+        let head = Message::Result {
+            id: 1,
+            workspace: None,
+            outcome,
+            body: Some(body.clone()),
+        };
+        let writer = tokio::spawn(async move {
+            write_message(&mut a, &head).await.unwrap();
+            a.write_all(&bytes).await.unwrap();
+            a
+        });
+        let Some(Message::Result {
+            mut outcome,
+            body: Some(got),
+            ..
+        }) = read_message(&mut b, 1024).await.unwrap()
+        else {
+            panic!("expected a result with a body");
+        };
+        assert_eq!(got, body);
+        read_body(&mut b, &mut outcome, &got, content.len())
+            .await
+            .unwrap();
+        assert_eq!(outcome, original);
+        let mut a = writer.await.unwrap();
+
+        // Over the cap: refused before reading; short: an error, not a hang.
+        let mut empty = Outcome::Ok { result: json!({}) };
+        assert!(matches!(
+            read_body(&mut b, &mut empty, &body, content.len() - 1).await,
+            Err(ReadError::Frame(FrameError::MessageTooLarge(_)))
+        ));
+        a.write_all(b"short").await.unwrap();
+        drop(a);
+        assert!(matches!(
+            read_body(&mut b, &mut empty, &body, content.len()).await,
+            Err(ReadError::Io(_))
+        ));
+        assert_eq!(empty, Outcome::Ok { result: json!({}) });
     }
 
     #[tokio::test]

@@ -222,6 +222,151 @@ pub enum Outcome {
     },
 }
 
+/// A field of a result that travels after its [`Message::Result`] as raw bytes instead of inside
+/// the JSON: the `content` of a large `read_file`. The bytes come right after the message's last
+/// frame, exactly `len` of them, unframed (the length is already known), and are the field's
+/// UTF-8 text. Nothing follows them on the stream.
+///
+/// Raw bytes cost no escaping on the way out and no parsing on the way in, and a server relays
+/// them chunk by chunk as they arrive instead of holding the whole result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Body {
+    /// The top-level string field of the result the bytes are the value of.
+    pub field: String,
+    /// How many bytes follow.
+    pub len: u64,
+}
+
+/// Stream reset codes: the QUIC application error code a side resets a stream (or stops reading
+/// it) with. A reset is how a request is cancelled, and how a [`Body`] that cannot be finished
+/// ends: its result message has already gone out, so no error message can follow it.
+pub mod reset {
+    /// The request is cancelled, or the stream is no longer wanted.
+    pub const CANCELLED: u32 = 0;
+    /// The workspace sending a body went away mid-body: the call failed with
+    /// `workspace_disconnected`.
+    pub const WORKSPACE_DISCONNECTED: u32 = 1;
+    /// The body did not arrive within the call's time limit: the call failed with `timeout`.
+    pub const TIMEOUT: u32 = 2;
+    /// The request was malformed or too large, and the receiver stopped reading it; or, on a
+    /// relayed [`Body`](super::Body), its bytes are not UTF-8 text.
+    pub const MALFORMED: u32 = 3;
+}
+
+/// Results whose `content` is at least this long send it as a [`Body`].
+pub const BODY_THRESHOLD: usize = 64 * 1024;
+
+/// Why a [`Body`] cannot be put back into its result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyError {
+    /// The outcome is an error, or its result is not a JSON object.
+    NotAnObject,
+    /// The result already has the field the body claims.
+    FieldPresent(String),
+    /// The bytes are not UTF-8 text.
+    NotText(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::NotAnObject => write!(f, "a body follows a result that is not an object"),
+            BodyError::FieldPresent(field) => {
+                write!(
+                    f,
+                    "a body for `{field}` follows a result that has `{field}`"
+                )
+            }
+            BodyError::NotText(field) => write!(f, "the body for `{field}` is not UTF-8 text"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+impl Outcome {
+    /// Takes a large `content` string out of a successful result, to be sent as a [`Body`]:
+    /// `None` (and the outcome untouched) when there is none of at least [`BODY_THRESHOLD`]
+    /// bytes. The string's buffer is moved, not copied.
+    pub fn split_body(&mut self) -> Option<(Body, Vec<u8>)> {
+        let Outcome::Ok {
+            result: Value::Object(map),
+        } = self
+        else {
+            return None;
+        };
+        match map.get("content") {
+            Some(Value::String(s)) if s.len() >= BODY_THRESHOLD => {}
+            _ => return None,
+        }
+        let Some(Value::String(content)) = map.remove("content") else {
+            unreachable!("checked just above")
+        };
+        let body = Body {
+            field: "content".into(),
+            len: content.len() as u64,
+        };
+        Some((body, content.into_bytes()))
+    }
+
+    /// Puts a received [`Body`] back into its result, the inverse of [`Outcome::split_body`].
+    /// Changes nothing on error.
+    pub fn join_body(&mut self, body: &Body, bytes: Vec<u8>) -> Result<(), BodyError> {
+        let Outcome::Ok {
+            result: Value::Object(map),
+        } = self
+        else {
+            return Err(BodyError::NotAnObject);
+        };
+        if map.contains_key(&body.field) {
+            return Err(BodyError::FieldPresent(body.field.clone()));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| BodyError::NotText(body.field.clone()))?;
+        map.insert(body.field.clone(), Value::String(text));
+        Ok(())
+    }
+}
+
+/// Checks that bytes arriving in pieces are UTF-8 text, without holding them: a character cut
+/// between two pieces is carried over (at most 3 bytes).
+#[derive(Debug, Default)]
+pub struct Utf8Stream {
+    carry: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Checks the next piece; `false` once the bytes so far cannot be UTF-8 text.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> bool {
+        // First finish the character the last piece cut, a byte at a time (at most 3).
+        while !self.carry.is_empty() {
+            let Some((&first, rest)) = bytes.split_first() else {
+                return true;
+            };
+            self.carry.push(first);
+            bytes = rest;
+            match std::str::from_utf8(&self.carry) {
+                Ok(_) => self.carry.clear(),
+                Err(e) if e.error_len().is_some() => return false,
+                Err(_) => {}
+            }
+        }
+        match std::str::from_utf8(bytes) {
+            Ok(_) => true,
+            Err(e) if e.error_len().is_none() => {
+                self.carry.extend_from_slice(&bytes[e.valid_up_to()..]);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether the bytes fed, all of them, are UTF-8 text (no character left unfinished).
+    pub fn finish(&self) -> bool {
+        self.carry.is_empty()
+    }
+}
+
 /// Every message of the protocol. The `type` field names the variant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -289,6 +434,10 @@ pub enum Message {
         workspace: Option<WorkspaceRef>,
         /// How it ended.
         outcome: Outcome,
+        /// When present, one string field of the result is not in `outcome`: its bytes follow
+        /// this message on the stream, raw (see [`Body`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        body: Option<Body>,
     },
     /// Agent to server: the user's sessions, most recently active first: all of them, or one
     /// page when `limit` is given.
@@ -648,6 +797,18 @@ mod tests {
                 outcome: Outcome::Ok {
                     result: json!({"content": "x"}),
                 },
+                body: None,
+            },
+            Message::Result {
+                id: 7,
+                workspace: None,
+                outcome: Outcome::Ok {
+                    result: json!({"path": "big.txt", "lines": 2}),
+                },
+                body: Some(Body {
+                    field: "content".into(),
+                    len: 70_000,
+                }),
             },
             Message::Result {
                 id: 8,
@@ -655,6 +816,7 @@ mod tests {
                 outcome: Outcome::Error {
                     error: ToolError::new(ErrorCode::NotFound, "nope"),
                 },
+                body: None,
             },
             Message::ListSessions {
                 id: 1,
@@ -818,5 +980,127 @@ mod tests {
         assert!(Message::from_json(br#"{"type":"list_sessions","id":1,"extra":true}"#).is_err());
         assert!(Message::from_json(br#"{"type":"list_sessions"}"#).is_err());
         assert!(Message::from_json(b"not json").is_err());
+    }
+
+    #[test]
+    fn large_content_splits_into_a_body_and_joins_back() {
+        let content = "line of text\n".repeat(BODY_THRESHOLD / 10);
+        let original = Outcome::Ok {
+            result: json!({"path": "a.txt", "content": content, "lines": 1}),
+        };
+        let mut outcome = original.clone();
+        let (body, bytes) = outcome.split_body().expect("large content splits");
+        assert_eq!(body.field, "content");
+        assert_eq!(body.len, bytes.len() as u64);
+        assert_eq!(bytes, content.as_bytes());
+        assert!(outcome_result(&outcome).get("content").is_none());
+        assert!(outcome.split_body().is_none(), "nothing left to split");
+        outcome.join_body(&body, bytes).unwrap();
+        assert_eq!(outcome, original);
+    }
+
+    #[test]
+    fn small_content_and_errors_do_not_split() {
+        let mut small = Outcome::Ok {
+            result: json!({"content": "x".repeat(BODY_THRESHOLD - 1)}),
+        };
+        let before = small.clone();
+        assert!(small.split_body().is_none());
+        assert_eq!(small, before);
+        let mut error = Outcome::Error {
+            error: ToolError::new(ErrorCode::NotFound, "nope"),
+        };
+        assert!(error.split_body().is_none());
+        let mut not_text = Outcome::Ok {
+            result: json!({"content": 5}),
+        };
+        assert!(not_text.split_body().is_none());
+    }
+
+    #[test]
+    fn bad_bodies_are_refused_and_change_nothing() {
+        let body = Body {
+            field: "content".into(),
+            len: 2,
+        };
+        let mut present = Outcome::Ok {
+            result: json!({"content": "already"}),
+        };
+        let before = present.clone();
+        assert_eq!(
+            present.join_body(&body, b"ab".to_vec()),
+            Err(BodyError::FieldPresent("content".into()))
+        );
+        assert_eq!(present, before);
+        let mut ok = Outcome::Ok { result: json!({}) };
+        assert_eq!(
+            ok.join_body(&body, vec![0xff, 0xfe]),
+            Err(BodyError::NotText("content".into()))
+        );
+        assert_eq!(ok, Outcome::Ok { result: json!({}) });
+        let mut error = Outcome::Error {
+            error: ToolError::new(ErrorCode::NotFound, "nope"),
+        };
+        assert_eq!(
+            error.join_body(&body, b"ab".to_vec()),
+            Err(BodyError::NotAnObject)
+        );
+    }
+
+    fn outcome_result(outcome: &Outcome) -> &Value {
+        match outcome {
+            Outcome::Ok { result } => result,
+            Outcome::Error { .. } => panic!("not ok"),
+        }
+    }
+
+    #[test]
+    fn utf8_checked_in_pieces_agrees_with_checking_it_whole() {
+        let text = "aé✓🦀\u{1}z".repeat(3);
+        let bytes = text.as_bytes();
+        // Every way to cut it in two or three pieces.
+        for i in 0..=bytes.len() {
+            for j in i..=bytes.len() {
+                let mut check = Utf8Stream::default();
+                assert!(check.feed(&bytes[..i]) && check.feed(&bytes[i..j]));
+                assert!(check.feed(&bytes[j..]) && check.finish(), "cut at {i}, {j}");
+            }
+        }
+        // One byte at a time.
+        let mut check = Utf8Stream::default();
+        assert!(bytes.iter().all(|b| check.feed(std::slice::from_ref(b))));
+        assert!(check.finish());
+        // Not text: a bad byte, a bad continuation across a cut, a character left unfinished.
+        let mut check = Utf8Stream::default();
+        assert!(!check.feed(&[b'a', 0xff]));
+        let mut check = Utf8Stream::default();
+        assert!(check.feed(&[0xe2, 0x9c]));
+        assert!(!check.feed(b"x"));
+        let mut check = Utf8Stream::default();
+        assert!(check.feed(&[b'a', 0xf0, 0x9f]));
+        assert!(!check.finish());
+        // Whole-vs-pieces agreement on many generated byte strings.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..5_000 {
+            let len = (seed % 12) as usize;
+            let mut bytes = Vec::new();
+            for _ in 0..len {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                bytes.push(
+                    *[
+                        b'a', 0xc3, 0xa9, 0xe2, 0x9c, 0x93, 0xf0, 0x9f, 0xa6, 0x80, 0xff,
+                    ]
+                    .get((seed % 11) as usize)
+                    .unwrap(),
+                );
+            }
+            let whole = std::str::from_utf8(&bytes).is_ok();
+            let cut = (seed as usize) % (bytes.len() + 1);
+            let mut check = Utf8Stream::default();
+            let pieces = check.feed(&bytes[..cut]) && check.feed(&bytes[cut..]) && check.finish();
+            assert_eq!(pieces, whole, "{bytes:02x?} cut at {cut}");
+        }
     }
 }

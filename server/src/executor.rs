@@ -1,11 +1,11 @@
 //! The `ToolExecutor`: routes a call to a workspace and runs it there, or runs a session tool.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use monad_protocol::io::{read_message, write_message};
+use monad_protocol::io::{ReadError, read_body, read_message, write_message};
 use monad_protocol::tools::{MemoryRecallArgs, MemoryStoreArgs, WorkspacesArgs};
-use monad_protocol::wire::{Message, Outcome, WorkspaceRef};
+use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, WorkspaceRef, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
 
@@ -44,12 +44,15 @@ pub struct Executor {
 }
 
 /// The answer to one call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct CallOutput {
     /// The workspace that ran it, when one was reached.
     pub workspace: Option<WorkspaceRef>,
     /// How it ended.
     pub outcome: Outcome,
+    /// A large field of the result still on its way from the attached client: relay it with
+    /// [`PendingBody::relay`] or wait for it with [`CallOutput::complete`].
+    pub body: Option<PendingBody>,
 }
 
 impl CallOutput {
@@ -57,7 +60,279 @@ impl CallOutput {
         CallOutput {
             workspace,
             outcome: Outcome::Error { error },
+            body: None,
         }
+    }
+
+    /// The whole answer, with a pending body read and put into the result (for callers that
+    /// need the result as one value, such as the MCP front).
+    pub async fn complete(self) -> (Option<WorkspaceRef>, Outcome) {
+        let CallOutput {
+            workspace,
+            mut outcome,
+            body,
+        } = self;
+        if let Some(mut pending) = body {
+            let announced = pending.body.clone();
+            let deadline = pending.deadline;
+            let read = {
+                let mut tapped = Tapped(&mut pending);
+                let read = read_body(&mut tapped, &mut outcome, &announced, MAX_CLIENT_MESSAGE);
+                match deadline {
+                    Some(deadline) => tokio::time::timeout_at(deadline, read)
+                        .await
+                        .unwrap_or(Err(ReadError::Io(std::io::ErrorKind::TimedOut.into()))),
+                    None => read.await,
+                }
+            };
+            if let Err(e) = read {
+                let error = match e {
+                    ReadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
+                        call_timed_out()
+                    }
+                    ReadError::Io(_) => disconnected(&pending.name),
+                    other => ToolError::new(
+                        ErrorCode::Malformed,
+                        format!(
+                            "the client of `{}` sent a bad result: {other}",
+                            pending.name
+                        ),
+                    ),
+                };
+                pending.fail(error.clone());
+                outcome = Outcome::Error { error };
+            }
+        }
+        (workspace, outcome)
+    }
+}
+
+/// The body of a client's result, not read yet: the client's stream, positioned just after the
+/// result message. Relaying it chunk by chunk keeps a 64 MiB read from being held whole on the
+/// server, and lets both hops run at once. The call is recorded when the body is done with,
+/// relayed or not (on drop).
+pub struct PendingBody {
+    /// What follows.
+    pub body: Body,
+    recv: quinn::RecvStream,
+    name: String,
+    deadline: Option<tokio::time::Instant>,
+    received: u64,
+    tap: Option<Tap>,
+}
+
+impl std::fmt::Debug for PendingBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingBody")
+            .field("body", &self.body)
+            .field("workspace", &self.name)
+            .field("received", &self.received)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a relay stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayError {
+    /// The attached client went away or sent less than it announced; the agent's stream is
+    /// reset with [`reset::WORKSPACE_DISCONNECTED`].
+    Source,
+    /// The call's time ran out; the agent's stream is reset with [`reset::TIMEOUT`].
+    Timeout,
+    /// The bytes are not UTF-8 text; the agent's stream is reset with [`reset::MALFORMED`].
+    NotText,
+    /// The agent stopped reading (it cancelled); the client's stream is stopped.
+    Sink,
+}
+
+impl PendingBody {
+    /// Relays the body to an agent's stream as it arrives, chunk by chunk, without copying or
+    /// parsing it. On failure the side that is still there is told (see [`RelayError`]).
+    pub async fn relay(mut self, send: &mut quinn::SendStream) -> Result<(), RelayError> {
+        let result = self.relay_inner(send).await;
+        if let Err(e) = result {
+            let (code, error) = match e {
+                RelayError::Source => (
+                    Some(reset::WORKSPACE_DISCONNECTED),
+                    disconnected(&self.name),
+                ),
+                RelayError::Timeout => (Some(reset::TIMEOUT), call_timed_out()),
+                RelayError::NotText => (
+                    Some(reset::MALFORMED),
+                    ToolError::new(
+                        ErrorCode::Malformed,
+                        format!(
+                            "the client of `{}` sent a result whose `{}` is not UTF-8 text",
+                            self.name, self.body.field
+                        ),
+                    ),
+                ),
+                RelayError::Sink => (
+                    None,
+                    ToolError::new(ErrorCode::Cancelled, "the agent cancelled the call"),
+                ),
+            };
+            if let Some(code) = code {
+                let _ = send.reset(code.into());
+            }
+            let _ = self.recv.stop(reset::CANCELLED.into());
+            self.fail(error);
+        }
+        result
+    }
+
+    async fn relay_inner(&mut self, send: &mut quinn::SendStream) -> Result<(), RelayError> {
+        // Checked as it passes, so that what reaches the agent, and the audit log, is what the
+        // agent will make of it.
+        let mut text = Utf8Stream::default();
+        while self.received < self.body.len {
+            let want = usize::try_from(self.body.len - self.received).unwrap_or(usize::MAX);
+            let next = self.recv.read_chunk(want, true);
+            let chunk = tokio::select! {
+                chunk = next => chunk,
+                _ = send.stopped() => return Err(RelayError::Sink),
+                () = sleep_until(self.deadline) => return Err(RelayError::Timeout),
+            };
+            let bytes = match chunk {
+                Ok(Some(chunk)) => chunk.bytes,
+                Ok(None) | Err(_) => return Err(RelayError::Source),
+            };
+            if !text.feed(&bytes) {
+                return Err(RelayError::NotText);
+            }
+            self.see(&bytes);
+            send.write_chunk(bytes)
+                .await
+                .map_err(|_| RelayError::Sink)?;
+        }
+        if text.finish() {
+            Ok(())
+        } else {
+            Err(RelayError::NotText)
+        }
+    }
+
+    /// Counts received bytes and keeps the head of them for the call's artifact.
+    fn see(&mut self, bytes: &[u8]) {
+        self.received += bytes.len() as u64;
+        if let Some(tap) = &mut self.tap {
+            let room = tap.cap.saturating_sub(tap.head.len());
+            tap.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
+    }
+
+    /// Records the call as failed with `error` (instead of as it was announced).
+    fn fail(&mut self, error: ToolError) {
+        if let Some(tap) = &mut self.tap {
+            tap.failed = Some(error);
+        }
+    }
+}
+
+impl Drop for PendingBody {
+    fn drop(&mut self) {
+        if let Some(tap) = self.tap.take() {
+            tap.finish(&self.body, self.received);
+        }
+    }
+}
+
+fn call_timed_out() -> ToolError {
+    ToolError::new(
+        ErrorCode::Timeout,
+        "the call did not finish within its time limit",
+    )
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads a pending body through its tap, so that [`CallOutput::complete`] keeps the same head
+/// for the artifact as a relay.
+struct Tapped<'a>(&'a mut PendingBody);
+
+impl tokio::io::AsyncRead for Tapped<'_> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let pending = &mut *self.0;
+        let polled = std::pin::Pin::new(&mut pending.recv).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            pending.see(&buf.filled()[before..]);
+        }
+        polled
+    }
+}
+
+/// What a call with a pending body needs to be recorded once the body is done.
+struct Tap {
+    recorder: Recorder,
+    session: Arc<Session>,
+    tool: String,
+    time: String,
+    target: String,
+    decided_by: &'static str,
+    started: Instant,
+    workspace: Option<WorkspaceRef>,
+    /// The announced outcome, without the body's field.
+    outcome: Outcome,
+    /// The first `cap` bytes of the body.
+    head: Vec<u8>,
+    cap: usize,
+    failed: Option<ToolError>,
+}
+
+impl Tap {
+    fn finish(self, body: &Body, received: u64) {
+        let complete = received == body.len && self.failed.is_none();
+        let (outcome, rest) = match (self.failed, complete) {
+            (Some(error), _) => (Outcome::Error { error }, 0),
+            (None, false) => (
+                Outcome::Error {
+                    error: ToolError::new(
+                        ErrorCode::Cancelled,
+                        "the call was dropped before its result was relayed",
+                    ),
+                },
+                0,
+            ),
+            (None, true) => {
+                let mut outcome = self.outcome;
+                let kept = String::from_utf8_lossy(&self.head).into_owned();
+                if let Outcome::Ok {
+                    result: Value::Object(map),
+                } = &mut outcome
+                {
+                    map.insert(body.field.clone(), Value::String(kept));
+                }
+                (outcome, body.len.saturating_sub(self.head.len() as u64))
+            }
+        };
+        let output = CallOutput {
+            workspace: self.workspace,
+            outcome,
+            body: None,
+        };
+        record(
+            &self.recorder,
+            &self.session,
+            &self.tool,
+            &output,
+            Record {
+                time: self.time,
+                target: self.target,
+                decided_by: self.decided_by,
+                duration: self.started.elapsed(),
+                unseen: rest,
+            },
+        );
     }
 }
 
@@ -72,11 +347,14 @@ impl Executor {
         args: Value,
         progress: &dyn ProgressSink,
     ) -> CallOutput {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let time = now_rfc3339();
         let target = describe_target(&args);
+        let deadline = self
+            .call_timeout
+            .map(|limit| tokio::time::Instant::now() + limit);
         let run = self.call_inner(session, tool, args, progress);
-        let (output, decided_by) = match self.call_timeout {
+        let (mut output, decided_by) = match self.call_timeout {
             Some(limit) => match tokio::time::timeout(limit, run).await {
                 Ok(out) => out,
                 Err(_) => (
@@ -92,22 +370,51 @@ impl Executor {
             },
             None => run.await,
         };
+        if let Some(pending) = &mut output.body {
+            pending.deadline = deadline;
+        }
         if let Some(recorder) = &self.recorder {
             if let Some(meta) = session.touch() {
                 recorder.save_meta(meta);
             }
-            record(
-                recorder,
-                session,
-                tool,
-                &output,
-                Record {
-                    time,
-                    target,
-                    decided_by,
-                    duration: started.elapsed(),
-                },
-            );
+            match &mut output.body {
+                // Recorded when the body is done with, so that the record says how it ended.
+                Some(pending) => {
+                    let retention = &session.settings.retention;
+                    let cap = if retention.keep_artifacts {
+                        usize::try_from(retention.artifact_max_bytes).unwrap_or(usize::MAX)
+                    } else {
+                        0
+                    };
+                    pending.tap = Some(Tap {
+                        recorder: recorder.clone(),
+                        session: Arc::clone(session),
+                        tool: tool.to_owned(),
+                        time,
+                        target,
+                        decided_by,
+                        started,
+                        workspace: output.workspace.clone(),
+                        outcome: output.outcome.clone(),
+                        head: Vec::new(),
+                        cap,
+                        failed: None,
+                    });
+                }
+                None => record(
+                    recorder,
+                    session,
+                    tool,
+                    &output,
+                    Record {
+                        time,
+                        target,
+                        decided_by,
+                        duration: started.elapsed(),
+                        unseen: 0,
+                    },
+                ),
+            }
         }
         output
     }
@@ -222,12 +529,13 @@ impl Executor {
             name: snapshot.info.name.clone(),
             uri: snapshot.info.uri.clone(),
         });
-        let (result, decided_by) = match &snapshot.target {
+        let (result, body, decided_by) = match &snapshot.target {
             Target::Primary(sandbox) => (
                 sandbox
                     .call(tool, args)
                     .await
                     .map_err(|e| e.to_tool_error()),
+                None,
                 "trust",
             ),
             Target::Attached(Some(link)) => {
@@ -239,12 +547,13 @@ impl Executor {
                 }
                 ran
             }
-            Target::Attached(None) => (Err(disconnected(&snapshot.info.name)), "server"),
+            Target::Attached(None) => (Err(disconnected(&snapshot.info.name)), None, "server"),
         };
         let output = match result {
             Ok(result) => CallOutput {
                 workspace,
                 outcome: Outcome::Ok { result },
+                body,
             },
             Err(error) => CallOutput::error(workspace, error),
         };
@@ -257,6 +566,7 @@ fn session_tool(primary: WorkspaceRef, result: Result<Value, ToolError>) -> Call
         Ok(result) => CallOutput {
             workspace: Some(primary),
             outcome: Outcome::Ok { result },
+            body: None,
         },
         Err(error) => CallOutput::error(Some(primary), error),
     }
@@ -311,8 +621,9 @@ async fn probe(link: &ClientLink, path: &str) -> bool {
 }
 
 /// Runs a tool in an attached folder: one stream to the client, progress relayed, the result
-/// read back. A connection that drops mid-call is `workspace_disconnected`, at once. Also says who
-/// decided, as the client reported it.
+/// read back; a large field of it is left on the stream as a [`PendingBody`]. A connection that
+/// drops mid-call is `workspace_disconnected`, at once. Also says who decided, as the client
+/// reported it.
 async fn run_on_client(
     link: &ClientLink,
     session: &str,
@@ -320,9 +631,9 @@ async fn run_on_client(
     tool: ToolName,
     args: Value,
     progress: &dyn ProgressSink,
-) -> (Result<Value, ToolError>, &'static str) {
+) -> (Result<Value, ToolError>, Option<PendingBody>, &'static str) {
     let Ok((mut send, mut recv)) = link.conn.open_bi().await else {
-        return (Err(disconnected(name)), "server");
+        return (Err(disconnected(name)), None, "server");
     };
     let id = 1;
     let sent = write_message(
@@ -337,30 +648,64 @@ async fn run_on_client(
     )
     .await;
     if sent.is_err() {
-        return (Err(disconnected(name)), "server");
+        return (Err(disconnected(name)), None, "server");
     }
     let _ = send.finish();
     let mut decided_by = "client";
+    let malformed = |what: String| {
+        ToolError::new(
+            ErrorCode::Malformed,
+            format!("the client of `{name}` answered with {what}"),
+        )
+    };
     loop {
         match read_message(&mut recv, MAX_CLIENT_MESSAGE).await {
             Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
             Ok(Some(Message::Decided { by, .. })) => decided_by = decider(&by),
-            Ok(Some(Message::Result { outcome, .. })) => {
-                return match outcome {
-                    Outcome::Ok { result } => (Ok(result), decided_by),
-                    Outcome::Error { error } => (Err(error), decided_by),
+            Ok(Some(Message::Result { outcome, body, .. })) => {
+                return match (outcome, body) {
+                    (Outcome::Ok { result }, None) => (Ok(result), None, decided_by),
+                    (Outcome::Error { error }, None) => (Err(error), None, decided_by),
+                    (Outcome::Ok { result }, Some(body)) => {
+                        if !result.is_object() || result.get(&body.field).is_some() {
+                            let error = malformed(format!(
+                                "a body for `{}` that does not fit its result",
+                                body.field
+                            ));
+                            return (Err(error), None, decided_by);
+                        }
+                        if body.len > MAX_CLIENT_MESSAGE as u64 {
+                            let error = ToolError::new(
+                                ErrorCode::LimitExceeded,
+                                format!(
+                                    "the result from `{name}` is {} bytes, over the {MAX_CLIENT_MESSAGE}-byte maximum",
+                                    body.len
+                                ),
+                            );
+                            return (Err(error), None, decided_by);
+                        }
+                        let pending = PendingBody {
+                            body,
+                            recv,
+                            name: name.to_owned(),
+                            deadline: None,
+                            received: 0,
+                            tap: None,
+                        };
+                        (Ok(result), Some(pending), decided_by)
+                    }
+                    (Outcome::Error { .. }, Some(_)) => (
+                        Err(malformed("a body after an error".into())),
+                        None,
+                        decided_by,
+                    ),
                 };
             }
             Ok(Some(other)) => {
-                return (
-                    Err(ToolError::new(
-                        ErrorCode::Malformed,
-                        format!("the client of `{name}` answered with a `{}`", other.kind()),
-                    )),
-                    decided_by,
-                );
+                let error = malformed(format!("a `{}`", other.kind()));
+                return (Err(error), None, decided_by);
             }
-            Ok(None) | Err(_) => return (Err(disconnected(name)), decided_by),
+            Ok(None) | Err(_) => return (Err(disconnected(name)), None, decided_by),
         }
     }
 }
@@ -383,6 +728,8 @@ struct Record {
     target: String,
     decided_by: &'static str,
     duration: Duration,
+    /// Bytes of the output that were not kept for the record (the rest of a relayed body).
+    unseen: u64,
 }
 
 /// Sends a call's audit line and artifacts to the recorder.
@@ -443,7 +790,7 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
     let (bytes, original_size) = match serde_json::to_writer(&mut head, &output.outcome) {
         Ok(()) => {
             head.bytes.shrink_to_fit();
-            (head.bytes, head.total)
+            (head.bytes, head.total + r.unseen)
         }
         Err(_) => (Vec::new(), 0),
     };

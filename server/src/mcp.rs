@@ -93,7 +93,7 @@ impl Backend for ExecutorBackend {
             .executor
             .call(&session, tool.as_str(), args, &sink)
             .await;
-        Ok((output.workspace, output.outcome))
+        Ok(output.complete().await)
     }
 
     async fn watch(

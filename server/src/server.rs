@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use monad_protocol::io::{read_message, write_message};
-use monad_protocol::wire::{self, Message, Role, Trust};
+use monad_protocol::wire::{self, Message, Role, Trust, reset};
 use monad_protocol::{ErrorCode, ToolError};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use crate::ServerError;
 use crate::auth::TokenStore;
 use crate::config::ServerConfig;
-use crate::executor::Executor;
+use crate::executor::{CallOutput, Executor};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, ServerSettings, Settings};
@@ -468,7 +468,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
         Ok(None) => return,
         Err(e) => {
             // Malformed or oversized: close it, and answer if the stream still can.
-            let _ = recv.stop(1u32.into());
+            let _ = recv.stop(reset::MALFORMED.into());
             send_error(&mut send, 0, e.to_tool_error()).await;
             return;
         }
@@ -507,15 +507,38 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             while let Ok(message) = progress_rx.try_recv() {
                 let _ = write_message(&mut send, &Message::Progress { id, message }).await;
             }
-            let _ = write_message(
-                &mut send,
-                &Message::Result {
-                    id,
-                    workspace: output.workspace,
-                    outcome: output.outcome,
+            let CallOutput {
+                workspace,
+                mut outcome,
+                body,
+            } = output;
+            // A large `content` goes after the result as raw bytes: relayed as it arrives from
+            // an attached client, or moved out of a primary workspace's result.
+            let (announced, local) = match &body {
+                Some(pending) => (Some(pending.body.clone()), None),
+                None => match outcome.split_body() {
+                    Some((announced, bytes)) => (Some(announced), Some(bytes)),
+                    None => (None, None),
                 },
-            )
-            .await;
+            };
+            let head = Message::Result {
+                id,
+                workspace,
+                outcome,
+                body: announced,
+            };
+            if write_message(&mut send, &head).await.is_err() {
+                return;
+            }
+            if let Some(pending) = body {
+                if pending.relay(&mut send).await.is_err() {
+                    return;
+                }
+            } else if let Some(bytes) = local
+                && send.write_chunk(bytes::Bytes::from(bytes)).await.is_err()
+            {
+                return;
+            }
             finish(&mut send).await;
         }
         Message::ListWorkspaces { id, session } => {
@@ -619,7 +642,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         Ok(None) => return,
         Err(e) => {
             send_error(&mut send, 0, e.to_tool_error()).await;
-            let _ = recv.stop(1u32.into());
+            let _ = recv.stop(reset::MALFORMED.into());
             return;
         }
     };

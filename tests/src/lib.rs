@@ -239,6 +239,86 @@ pub async fn connect_agent(config: &ClientConfig) -> Agent {
         .unwrap_or_else(|e| panic!("the agent cannot connect: {e}"))
 }
 
+/// An attached client driven by hand: it attaches over a real connection, then the test answers
+/// each request from the server itself, so it can send what the real client never would (a body
+/// cut short, bytes that are not text, a stream that stalls).
+#[derive(Debug)]
+pub struct FakeClient {
+    /// The client's connection.
+    pub connection: monad_client::connect::Connection,
+    /// The workspace as the session lists it.
+    pub workspace: WorkspaceInfo,
+    /// The attach stream; dropping it detaches.
+    _attach: quinn::SendStream,
+}
+
+impl FakeClient {
+    /// Connects as a client and attaches a workspace called `name` (full trust, offering
+    /// `tools`) to the default session.
+    pub async fn attach(
+        config: &ClientConfig,
+        name: &str,
+        tools: Vec<monad_protocol::ToolName>,
+    ) -> FakeClient {
+        use monad_protocol::io::{read_message, write_message};
+        use monad_protocol::wire::{Message, Role, Trust};
+        let connection = within(
+            STEP,
+            "a client to connect",
+            monad_client::connect::connect(config, Role::Client),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("the client cannot connect: {e}"));
+        let (mut send, mut recv) = connection.conn.open_bi().await.expect("a stream");
+        let attach = Message::Attach {
+            id: 1,
+            session: None,
+            name: Some(name.to_owned()),
+            path: format!("/fake/{name}"),
+            trust: Trust::Full,
+            tools,
+        };
+        write_message(&mut send, &attach)
+            .await
+            .expect("attach sent");
+        let workspace = match within(STEP, "attached", read_message(&mut recv, 1 << 20)).await {
+            Ok(Some(Message::Attached { workspace, .. })) => workspace,
+            other => panic!("the server answered attach with {other:?}"),
+        };
+        FakeClient {
+            connection,
+            workspace,
+            _attach: send,
+        }
+    }
+
+    /// Waits (bounded) for the server's next request; returns it with its stream.
+    pub async fn next_request(
+        &self,
+    ) -> (
+        monad_protocol::wire::Message,
+        quinn::SendStream,
+        quinn::RecvStream,
+    ) {
+        let (send, mut recv) = within(
+            STEP,
+            "a request from the server",
+            self.connection.conn.accept_bi(),
+        )
+        .await
+        .expect("the server opens a stream");
+        let message = within(
+            STEP,
+            "the request",
+            monad_protocol::io::read_message(&mut recv, 1 << 20),
+        )
+        .await
+        .expect("a readable request")
+        .expect("a request, not an empty stream");
+        (message, send, recv)
+    }
+}
+
 /// A temporary folder holding `files` (`(relative path, content)`; parents are created).
 pub fn folder(files: &[(&str, &str)]) -> TempDir {
     let dir = tempfile::tempdir().expect("temporary folder");

@@ -297,6 +297,51 @@ async fn mcp_over_http_lists_calls_and_follows_attachments() {
     tools_calls_and_list_changed(Via::Http).await;
 }
 
+/// A result large enough to travel as a raw body (from the attached client to the server, and
+/// from the server to `monad-client mcp`) reaches the host whole.
+async fn large_read_arrives_whole(via: Via) {
+    let (server, http) = server().await;
+    let line = "{\"k\": \"v\\n\"}\tlíne ✓\n";
+    let content = line.repeat(1024 * 1024 / line.len());
+    let dir = folder(&[("big.json", &content)]);
+    let mut options = attach_options(dir.path(), "laptop");
+    options.allow = vec![ToolClass::Read];
+    options.limits.read_max_bytes = 2 * 1024 * 1024;
+    options.limits.read_default_lines = 100_000;
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let host = connect(&server, http, via, None)
+        .await
+        .expect("the host connects");
+    let result = host
+        .call(
+            "read_file",
+            json!({"path": "big.json", "workspace": "laptop"}),
+        )
+        .await;
+    assert_eq!(
+        result.is_error,
+        Some(false),
+        "{via:?}: {:.300}",
+        text(&result)
+    );
+    let structured = result.structured_content.clone().unwrap();
+    assert!(
+        structured["result"]["content"] == content.as_str(),
+        "{via:?}: the content differs"
+    );
+    let _ = host.client.cancel().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_large_read_arrives_whole() {
+    large_read_arrives_whole(Via::Stdio).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_http_large_read_arrives_whole() {
+    large_read_arrives_whole(Via::Http).await;
+}
+
 /// An approver that never answers, and says when it is asked and when the question is withdrawn.
 struct Hanging {
     asked: mpsc::UnboundedSender<ApprovalRequest>,

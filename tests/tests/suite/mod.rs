@@ -3,6 +3,7 @@
 mod approvals;
 mod auth;
 mod binaries;
+mod bodies;
 mod crash;
 mod mcp;
 mod records;
