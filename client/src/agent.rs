@@ -52,7 +52,10 @@ fn reset_error(e: &ReadError, workspace: Option<&WorkspaceRef>) -> Option<ToolEr
         ),
         reset::MALFORMED => (
             ErrorCode::Malformed,
-            format!("{name} sent a result whose body is not UTF-8 text"),
+            format!(
+                "{name} sent a result whose body is not what it announced \
+                 (shorter, longer, or not UTF-8 text)"
+            ),
         ),
         _ => return None,
     };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use monad_protocol::io::{read_message, write_message};
-use monad_protocol::wire::{Message, Outcome, Role, Trust, WorkspaceInfo};
+use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, Sandbox};
 use serde_json::Value;
@@ -207,13 +207,14 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
         }
     }
     // `send` stays open: finishing it would detach.
+    let bodies = connection.minor >= BODY_MINOR;
     let mut requests = tokio::task::JoinSet::new();
     let reason = loop {
         tokio::select! {
             accepted = conn.accept_bi() => match accepted {
                 Ok((send, recv)) => {
                     let folder = folder.clone();
-                    requests.spawn(async move { handle_request(&folder, send, recv).await });
+                    requests.spawn(async move { handle_request(&folder, bodies, send, recv).await });
                 }
                 Err(e) => break format!("connection lost: {e}"),
             },
@@ -224,8 +225,14 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
     Ok(reason)
 }
 
-/// One request from the server: run a tool (after approval), or answer a probe.
-async fn handle_request(folder: &Folder, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+/// One request from the server: run a tool (after approval), or answer a probe. `bodies`: the
+/// server takes large results as bodies.
+async fn handle_request(
+    folder: &Folder,
+    bodies: bool,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
     let request = match read_message(&mut recv, MAX_REQUEST).await {
         Ok(Some(m)) => m,
         Ok(None) => return,
@@ -266,7 +273,7 @@ async fn handle_request(folder: &Folder, mut send: quinn::SendStream, mut recv: 
                 // pending prompt and kills a running command.
                 _ = stopped => return,
             };
-            let _ = send_result(&mut send, id, outcome).await;
+            let _ = send_result(&mut send, id, outcome, bodies).await;
             let _ = send.finish();
         }
         other => {
@@ -286,14 +293,15 @@ async fn handle_request(folder: &Folder, mut send: quinn::SendStream, mut recv: 
     }
 }
 
-/// Sends a run's result: a large `content` as a raw body after the message, moved into one
-/// chunk that quinn sends without copying it again.
+/// Sends a run's result: a large `content` as a raw body after the message (when `bodies`),
+/// moved into one chunk that quinn sends without copying it again.
 async fn send_result(
     send: &mut quinn::SendStream,
     id: u64,
     mut outcome: Outcome,
+    bodies: bool,
 ) -> std::io::Result<()> {
-    let body = outcome.split_body();
+    let body = if bodies { outcome.split_body() } else { None };
     let head = Message::Result {
         id,
         workspace: None,

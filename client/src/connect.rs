@@ -96,6 +96,8 @@ pub struct Connection {
     pub conn: quinn::Connection,
     /// The user the token authenticated as.
     pub user: String,
+    /// The protocol's minor version on this connection (the lower of both sides').
+    pub minor: u32,
     /// Keeps the local endpoint (its UDP socket) alive as long as the connection is used.
     _endpoint: quinn::Endpoint,
 }
@@ -212,9 +214,10 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
     .map_err(|e| ClientError::Unreachable(e.to_string()))?;
     let _ = send.finish();
     match read_message(&mut recv, 64 * 1024).await {
-        Ok(Some(Message::Welcome { user, .. })) => Ok(Connection {
+        Ok(Some(Message::Welcome { user, minor, .. })) => Ok(Connection {
             conn,
             user,
+            minor: minor.min(wire::PROTOCOL_MINOR),
             _endpoint: endpoint,
         }),
         Ok(Some(Message::Refused { error })) => Err(ClientError::Refused(error)),

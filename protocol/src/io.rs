@@ -104,7 +104,9 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     if !matches!(outcome, Outcome::Ok { .. }) {
         return Err(ReadError::Body(BodyError::NotAnObject));
     }
-    let mut bytes = Vec::with_capacity(len);
+    // Grown as bytes arrive, not reserved from the announcement: a peer that announces 256 MiB
+    // and sends nothing holds no memory.
+    let mut bytes = Vec::with_capacity(len.min(MAX_FRAME_PAYLOAD));
     let got = (&mut *reader)
         .take(len as u64)
         .read_to_end(&mut bytes)

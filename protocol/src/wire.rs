@@ -19,10 +19,12 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 0;
+pub const PROTOCOL_MINOR: u32 = 1;
+/// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
+/// whose negotiated minor version is lower, and sends the field inline instead.
+pub const BODY_MINOR: u32 = 1;
 
 /// The minor version both sides speak: the lower of the two.
-#[allow(clippy::unnecessary_min_or_max)] // PROTOCOL_MINOR is 0 today; it will not stay so
 pub fn negotiate_minor(peer: u32) -> u32 {
     peer.min(PROTOCOL_MINOR)
 }
@@ -228,7 +230,8 @@ pub enum Outcome {
 /// UTF-8 text. Nothing follows them on the stream.
 ///
 /// Raw bytes cost no escaping on the way out and no parsing on the way in, and a server relays
-/// them chunk by chunk as they arrive instead of holding the whole result.
+/// them chunk by chunk as they arrive instead of holding the whole result. Only on connections
+/// of minor version [`BODY_MINOR`] or later.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Body {
@@ -244,13 +247,14 @@ pub struct Body {
 pub mod reset {
     /// The request is cancelled, or the stream is no longer wanted.
     pub const CANCELLED: u32 = 0;
-    /// The workspace sending a body went away mid-body: the call failed with
+    /// The workspace sending a body went away (or gave up) mid-body: the call failed with
     /// `workspace_disconnected`.
     pub const WORKSPACE_DISCONNECTED: u32 = 1;
     /// The body did not arrive within the call's time limit: the call failed with `timeout`.
     pub const TIMEOUT: u32 = 2;
     /// The request was malformed or too large, and the receiver stopped reading it; or, on a
-    /// relayed [`Body`](super::Body), its bytes are not UTF-8 text.
+    /// relayed [`Body`](super::Body), the body is not what its result announced: it ended short,
+    /// ran long, or is not UTF-8 text. The call failed with `malformed`.
     pub const MALFORMED: u32 = 3;
 }
 

@@ -90,6 +90,16 @@ impl CallOutput {
                     ReadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => {
                         call_timed_out()
                     }
+                    ReadError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        ToolError::new(
+                            ErrorCode::Malformed,
+                            format!(
+                                "the client of `{}` sent a result whose `{}` ended before its \
+                                 announced length",
+                                pending.name, announced.field
+                            ),
+                        )
+                    }
                     ReadError::Io(_) => disconnected(&pending.name),
                     other => ToolError::new(
                         ErrorCode::Malformed,
@@ -134,42 +144,58 @@ impl std::fmt::Debug for PendingBody {
 /// Why a relay stopped early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RelayError {
-    /// The attached client went away or sent less than it announced; the agent's stream is
-    /// reset with [`reset::WORKSPACE_DISCONNECTED`].
+    /// The attached client went away, or reset its stream; the agent's stream is reset with
+    /// [`reset::WORKSPACE_DISCONNECTED`].
     Source,
+    /// The body is not what the result announced: it ended short, ran long, or is not UTF-8
+    /// text; the agent's stream is reset with [`reset::MALFORMED`].
+    Malformed(&'static str),
     /// The call's time ran out; the agent's stream is reset with [`reset::TIMEOUT`].
     Timeout,
-    /// The bytes are not UTF-8 text; the agent's stream is reset with [`reset::MALFORMED`].
-    NotText,
-    /// The agent stopped reading (it cancelled); the client's stream is stopped.
+    /// The agent stopped reading (it cancelled) or went away; the client's stream is stopped.
     Sink,
+    /// The server is shutting down and closed the connections.
+    Shutdown,
 }
+
+/// Chunks taken from the client's stream per step: each is one received QUIC frame.
+const RELAY_BATCH: usize = 32;
 
 impl PendingBody {
     /// Relays the body to an agent's stream as it arrives, chunk by chunk, without copying or
-    /// parsing it. On failure the side that is still there is told (see [`RelayError`]).
+    /// parsing it, within the call's time limit. On failure the side that is still there is
+    /// told (see [`RelayError`]).
     pub async fn relay(mut self, send: &mut quinn::SendStream) -> Result<(), RelayError> {
-        let result = self.relay_inner(send).await;
+        let result = match self.deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.relay_inner(send))
+                .await
+                .unwrap_or(Err(RelayError::Timeout)),
+            None => self.relay_inner(send).await,
+        };
         if let Err(e) = result {
             let (code, error) = match e {
                 RelayError::Source => (
                     Some(reset::WORKSPACE_DISCONNECTED),
                     disconnected(&self.name),
                 ),
-                RelayError::Timeout => (Some(reset::TIMEOUT), call_timed_out()),
-                RelayError::NotText => (
+                RelayError::Malformed(why) => (
                     Some(reset::MALFORMED),
                     ToolError::new(
                         ErrorCode::Malformed,
                         format!(
-                            "the client of `{}` sent a result whose `{}` is not UTF-8 text",
+                            "the client of `{}` sent a result whose `{}` {why}",
                             self.name, self.body.field
                         ),
                     ),
                 ),
+                RelayError::Timeout => (Some(reset::TIMEOUT), call_timed_out()),
                 RelayError::Sink => (
                     None,
                     ToolError::new(ErrorCode::Cancelled, "the agent cancelled the call"),
+                ),
+                RelayError::Shutdown => (
+                    None,
+                    ToolError::new(ErrorCode::Cancelled, "the server shut down"),
                 ),
             };
             if let Some(code) = code {
@@ -185,30 +211,43 @@ impl PendingBody {
         // Checked as it passes, so that what reaches the agent, and the audit log, is what the
         // agent will make of it.
         let mut text = Utf8Stream::default();
+        let stopped = send.stopped();
+        tokio::pin!(stopped);
+        let mut chunks: [bytes::Bytes; RELAY_BATCH] = Default::default();
         while self.received < self.body.len {
-            let want = usize::try_from(self.body.len - self.received).unwrap_or(usize::MAX);
-            let next = self.recv.read_chunk(want, true);
-            let chunk = tokio::select! {
-                chunk = next => chunk,
-                _ = send.stopped() => return Err(RelayError::Sink),
-                () = sleep_until(self.deadline) => return Err(RelayError::Timeout),
+            let read = tokio::select! {
+                read = self.recv.read_chunks(&mut chunks) => read,
+                _ = &mut stopped => return Err(RelayError::Sink),
             };
-            let bytes = match chunk {
-                Ok(Some(chunk)) => chunk.bytes,
-                Ok(None) | Err(_) => return Err(RelayError::Source),
+            let n = match read {
+                Ok(Some(n)) => n,
+                Ok(None) => return Err(RelayError::Malformed("ended before its announced length")),
+                Err(quinn::ReadError::ConnectionLost(quinn::ConnectionError::LocallyClosed)) => {
+                    return Err(RelayError::Shutdown);
+                }
+                Err(_) => return Err(RelayError::Source),
             };
-            if !text.feed(&bytes) {
-                return Err(RelayError::NotText);
+            for chunk in &chunks[..n] {
+                if self.received + chunk.len() as u64 > self.body.len {
+                    return Err(RelayError::Malformed("runs past its announced length"));
+                }
+                if !text.feed(chunk) {
+                    return Err(RelayError::Malformed("is not UTF-8 text"));
+                }
+                self.see(chunk);
             }
-            self.see(&bytes);
-            send.write_chunk(bytes)
-                .await
-                .map_err(|_| RelayError::Sink)?;
+            match send.write_all_chunks(&mut chunks[..n]).await {
+                Ok(()) => {}
+                Err(quinn::WriteError::ConnectionLost(quinn::ConnectionError::LocallyClosed)) => {
+                    return Err(RelayError::Shutdown);
+                }
+                Err(_) => return Err(RelayError::Sink),
+            }
         }
         if text.finish() {
             Ok(())
         } else {
-            Err(RelayError::NotText)
+            Err(RelayError::Malformed("is not UTF-8 text"))
         }
     }
 
@@ -242,13 +281,6 @@ fn call_timed_out() -> ToolError {
         ErrorCode::Timeout,
         "the call did not finish within its time limit",
     )
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Reads a pending body through its tap, so that [`CallOutput::complete`] keeps the same head

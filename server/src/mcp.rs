@@ -85,6 +85,9 @@ impl Backend for ExecutorBackend {
         progress: ProgressSender,
     ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
         let session = self.session(caller, Some(session))?;
+        // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
+        // the call needs until it is done.
+        let _in_flight = self.state.call_in_flight();
         let sink = move |line: &str| {
             let _ = progress.send(line.to_owned());
         };

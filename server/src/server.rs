@@ -281,7 +281,7 @@ async fn handle_connection(
 ) {
     let remote = conn.remote_address();
     let hello = tokio::time::timeout(state.config.hello_timeout, accept_hello(&state, &conn)).await;
-    let (role, user, device_id, client_name) = match hello {
+    let (role, user, device_id, client_name, minor) = match hello {
         Ok(Ok(who)) => who,
         Ok(Err(e)) => {
             debug!(%remote, "refused: {e}");
@@ -315,6 +315,7 @@ async fn handle_connection(
                     user: user.clone(),
                     device_id: device_id.clone(),
                     client_name: client_name.clone(),
+                    minor,
                     stop: stop.clone(),
                 };
                 streams.spawn(async move {
@@ -342,7 +343,7 @@ async fn handle_connection(
 async fn accept_hello(
     state: &State,
     conn: &quinn::Connection,
-) -> Result<(Role, String, String, String), ServerError> {
+) -> Result<(Role, String, String, String, u32), ServerError> {
     let (mut send, mut recv) = conn
         .accept_bi()
         .await
@@ -356,7 +357,13 @@ async fn accept_hello(
                 user: user.clone(),
                 server: format!("monad-server {}", env!("CARGO_PKG_VERSION")),
             },
-            Ok((role, user, device_id, client_name)),
+            Ok((
+                role,
+                user,
+                device_id,
+                client_name,
+                wire::negotiate_minor(minor),
+            )),
         ),
         Err(error) => {
             let message = error.message.clone();
@@ -437,8 +444,19 @@ struct Ctx {
     user: String,
     device_id: String,
     client_name: String,
+    /// The protocol's minor version on this connection.
+    minor: u32,
     /// Turns true when the server shuts down.
     stop: watch::Receiver<bool>,
+}
+
+impl State {
+    /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
+    /// attached clients stay connected while calls still need them.
+    pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {
+        self.calls.send_modify(|n| *n += 1);
+        CallInFlight(self)
+    }
 }
 
 impl Ctx {
@@ -484,8 +502,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            ctx.state.calls.send_modify(|n| *n += 1);
-            let _in_flight = CallInFlight(&ctx.state);
+            let _in_flight = ctx.state.call_in_flight();
             let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
             let sink = move |m: &str| {
                 let _ = progress_tx.send(m.to_owned());
@@ -510,16 +527,28 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             let CallOutput {
                 workspace,
                 mut outcome,
-                body,
+                mut body,
             } = output;
             // A large `content` goes after the result as raw bytes: relayed as it arrives from
-            // an attached client, or moved out of a primary workspace's result.
+            // an attached client, or moved out of a primary workspace's result. An agent of an
+            // older minor version gets it inline.
+            let bodies = ctx.minor >= wire::BODY_MINOR;
+            if !bodies && body.is_some() {
+                (_, outcome) = CallOutput {
+                    workspace: None,
+                    outcome,
+                    body: body.take(),
+                }
+                .complete()
+                .await;
+            }
             let (announced, local) = match &body {
                 Some(pending) => (Some(pending.body.clone()), None),
-                None => match outcome.split_body() {
+                None if bodies => match outcome.split_body() {
                     Some((announced, bytes)) => (Some(announced), Some(bytes)),
                     None => (None, None),
                 },
+                None => (None, None),
             };
             let head = Message::Result {
                 id,
@@ -619,7 +648,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
 }
 
 /// Counts an agent's call out of [`State::calls`] when dropped.
-struct CallInFlight<'a>(&'a State);
+pub(crate) struct CallInFlight<'a>(&'a State);
 
 impl Drop for CallInFlight<'_> {
     fn drop(&mut self) {

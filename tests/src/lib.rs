@@ -239,6 +239,47 @@ pub async fn connect_agent(config: &ClientConfig) -> Agent {
         .unwrap_or_else(|e| panic!("the agent cannot connect: {e}"))
 }
 
+/// A connection that says hello by hand, announcing protocol minor version `minor` (to play an
+/// older peer). Returns the endpoint (keep it alive), the connection, and the minor version the
+/// server's welcome settled on.
+pub async fn connect_speaking(
+    config: &ClientConfig,
+    role: monad_protocol::wire::Role,
+    minor: u32,
+) -> (quinn::Endpoint, quinn::Connection, u32) {
+    use monad_protocol::io::{read_message, write_message};
+    use monad_protocol::wire::{self, Message};
+    let (client, _) = monad_client::connect::pinned_config(&config.fingerprint, wire::ALPN)
+        .expect("a client configuration");
+    let mut endpoint =
+        quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("a UDP socket");
+    endpoint.set_default_client_config(client);
+    let addr: SocketAddr = config.server.parse().expect("a loopback address");
+    let conn = within(
+        STEP,
+        "the handshake",
+        endpoint.connect(addr, "localhost").expect("connecting"),
+    )
+    .await
+    .expect("the handshake succeeds");
+    let (mut send, mut recv) = conn.open_bi().await.expect("a stream");
+    let hello = Message::Hello {
+        protocol: wire::PROTOCOL_MAJOR,
+        minor,
+        role,
+        token: config.token.clone(),
+        device_id: config.device_id.clone(),
+        client_name: config.client_name.clone(),
+        capabilities: Vec::new(),
+    };
+    write_message(&mut send, &hello).await.expect("hello sent");
+    let _ = send.finish();
+    match within(STEP, "the welcome", read_message(&mut recv, 1 << 20)).await {
+        Ok(Some(Message::Welcome { minor, .. })) => (endpoint, conn, minor),
+        other => panic!("the server answered the hello with {other:?}"),
+    }
+}
+
 /// An attached client driven by hand: it attaches over a real connection, then the test answers
 /// each request from the server itself, so it can send what the real client never would (a body
 /// cut short, bytes that are not text, a stream that stalls).

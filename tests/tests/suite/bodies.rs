@@ -5,13 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use monad_protocol::io::write_message;
-use monad_protocol::wire::{Body, Message, Outcome};
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::wire::{BODY_MINOR, Body, Message, Outcome, Role};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_server::admin::Admin;
 use monad_server::store::ArtifactKind;
 use monad_tests::{
-    Attachment, FakeClient, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
+    Attachment, FakeClient, STEP, TestServer, attach_options, call, connect_speaking, expect_code,
+    folder, ok, within,
 };
 use serde_json::{Value, json};
 
@@ -155,6 +156,57 @@ async fn large_reads_arrive_whole_from_attached_and_primary_workspaces_and_are_r
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_of_an_older_minor_version_gets_large_results_inline() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    ok(call(&agent, "workspaces", json!({})).await);
+    let text = awkward_text(1024 * 1024);
+    let dir = folder(&[("big.txt", &text)]);
+    let mut options = attach_options(dir.path(), "lap");
+    options.allow = vec![ToolClass::Read];
+    options.limits.read_max_bytes = 2 * 1024 * 1024;
+    options.limits.read_default_lines = 1_000_000;
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let primary_text = awkward_text(80 * 1024);
+    std::fs::write(server.primary_dir("default").join("big.txt"), &primary_text).unwrap();
+
+    let (_endpoint, conn, minor) =
+        connect_speaking(&server.client_config(), Role::Agent, BODY_MINOR - 1).await;
+    assert_eq!(minor, BODY_MINOR - 1, "the server speaks the older version");
+    for (workspace, expected) in [("lap", &text), ("primary", &primary_text)] {
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let request = Message::Call {
+            id: 5,
+            session: None,
+            tool: "read_file".into(),
+            args: json!({"path": "big.txt", "workspace": workspace}),
+        };
+        write_message(&mut send, &request).await.unwrap();
+        send.finish().unwrap();
+        let answer = within(STEP, "the answer", read_message(&mut recv, 64 << 20)).await;
+        let Ok(Some(Message::Result {
+            outcome: Outcome::Ok { result },
+            body: None,
+            ..
+        })) = answer
+        else {
+            panic!("{workspace}: expected a whole result with no body, got {answer:?}");
+        };
+        assert!(
+            result["content"] == expected.as_str(),
+            "{workspace}: content differs"
+        );
+        // Nothing follows the result.
+        let rest = recv.read_to_end(1 << 20).await.unwrap();
+        assert!(
+            rest.is_empty(),
+            "{workspace}: {} bytes after the result",
+            rest.len()
+        );
+    }
+}
+
 /// Starts a `read_file` of `big.txt` in the fake workspace, on its own task.
 fn read_big(
     agent: &monad_client::agent::Agent,
@@ -223,16 +275,20 @@ async fn a_body_its_client_fails_to_send_fails_the_call_cleanly() {
     );
     assert!(message.contains("fake"), "{message}");
 
-    // The client ends its stream before the announced length.
+    // The client ends its stream before the announced length, or sends more than it announced.
     let reading = read_big(&agent);
     let (_, mut send, _recv) = fake.next_request().await;
     head(&mut send, ok_head(), MIB).await;
     send.write_all(&chunk).await.unwrap();
     send.finish().unwrap();
-    expect_code(
-        reply(reading, "a short body").await,
-        ErrorCode::WorkspaceDisconnected,
-    );
+    let message = expect_code(reply(reading, "a short body").await, ErrorCode::Malformed);
+    assert!(message.contains("shorter"), "{message}");
+    let reading = read_big(&agent);
+    let (_, mut send, _recv) = fake.next_request().await;
+    head(&mut send, ok_head(), 10).await;
+    send.write_all(b"0123456789 and more").await.unwrap();
+    send.finish().unwrap();
+    expect_code(reply(reading, "a long body").await, ErrorCode::Malformed);
 
     // Bytes that are not text: the relay stops at the first bad byte.
     let reading = read_big(&agent);
@@ -287,6 +343,42 @@ async fn a_body_its_client_fails_to_send_fails_the_call_cleanly() {
         started.elapsed()
     );
     drop(send);
+
+    // An agent that takes the result but stops reading its body does not hold the relay (nor
+    // the client's stream) past the call's time limit.
+    let started = Instant::now();
+    let (_endpoint, conn, _) =
+        connect_speaking(&server.client_config(), Role::Agent, BODY_MINOR).await;
+    let (mut agent_send, mut agent_recv) = conn.open_bi().await.unwrap();
+    let request = Message::Call {
+        id: 9,
+        session: None,
+        tool: "read_file".into(),
+        args: json!({"path": "big.txt", "workspace": "fake"}),
+    };
+    write_message(&mut agent_send, &request).await.unwrap();
+    agent_send.finish().unwrap();
+    let (_, mut send, _recv) = fake.next_request().await;
+    const BIG: usize = 16 * 1024 * 1024;
+    head(&mut send, ok_head(), BIG as u64).await;
+    let answer = within(STEP, "the head", read_message(&mut agent_recv, 1 << 20)).await;
+    assert!(
+        matches!(answer, Ok(Some(Message::Result { body: Some(_), .. }))),
+        "{answer:?}"
+    );
+    let wrote = within(
+        Duration::from_secs(10),
+        "the relay to give up on a stalled agent",
+        send.write_all(&vec![b'y'; BIG]),
+    )
+    .await;
+    assert!(wrote.is_err(), "the client's stream is stopped");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop((agent_recv, conn));
 
     // The whole-value path (the MCP front's) fails the same way, and keeps nothing half-read.
     let session = server
@@ -348,11 +440,13 @@ async fn a_body_its_client_fails_to_send_fails_the_call_cleanly() {
         outcomes,
         [
             "workspace_disconnected",
-            "workspace_disconnected",
+            "malformed",
+            "malformed",
             "malformed",
             "malformed",
             "malformed",
             "limit_exceeded",
+            "timeout",
             "timeout",
             "workspace_disconnected",
             "workspace_disconnected",
