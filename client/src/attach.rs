@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use monad_protocol::io::{read_message, write_message};
+use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, Sandbox};
@@ -267,13 +267,13 @@ async fn handle_request(
         } => {
             let stopped = send.stopped();
             let run = run(folder, &mut send, id, &session, tool, args);
-            let outcome = tokio::select! {
-                outcome = run => outcome,
+            let (outcome, decided) = tokio::select! {
+                ran = run => ran,
                 // The server stopped reading: the agent cancelled. Dropping `run` withdraws a
                 // pending prompt and kills a running command.
                 _ = stopped => return,
             };
-            let _ = send_result(&mut send, id, outcome, bodies).await;
+            let _ = send_result(&mut send, id, decided, outcome, bodies).await;
             let _ = send.finish();
         }
         other => {
@@ -293,11 +293,13 @@ async fn handle_request(
     }
 }
 
-/// Sends a run's result: a large `content` as a raw body after the message (when `bodies`),
-/// moved into one chunk that quinn sends without copying it again.
+/// Sends a run's `decided` (if it got that far) and result in one write: a large `content` as a
+/// raw body after them (when `bodies`), moved into one chunk that quinn sends without copying it
+/// again.
 async fn send_result(
     send: &mut quinn::SendStream,
     id: u64,
+    decided: Option<Message>,
     mut outcome: Outcome,
     bodies: bool,
 ) -> std::io::Result<()> {
@@ -308,14 +310,19 @@ async fn send_result(
         outcome,
         body: body.as_ref().map(|(body, _)| body.clone()),
     };
-    write_message(send, &head).await?;
+    match &decided {
+        Some(decided) => write_messages(send, &[decided, &head]).await?,
+        None => write_message(send, &head).await?,
+    }
     if let Some((_, bytes)) = body {
         send.write_chunk(bytes::Bytes::from(bytes)).await?;
     }
     Ok(())
 }
 
-/// Approves, then runs, one tool call.
+/// Approves, then runs, one tool call. Returns its outcome and, once a decision was made, the
+/// `decided` message for the server's audit log (sent with the result, so that both share a
+/// packet).
 async fn run(
     folder: &Folder,
     send: &mut quinn::SendStream,
@@ -323,13 +330,14 @@ async fn run(
     session: &str,
     tool: ToolName,
     args: Value,
-) -> Outcome {
+) -> (Outcome, Option<Message>) {
     let o = &folder.options;
     if !o.tools.contains(&tool) {
-        return error(
+        let outcome = error(
             ErrorCode::Denied,
             format!("this folder does not offer `{tool}`"),
         );
+        return (outcome, None);
     }
     let mut by = if o.trust == Trust::Full {
         "trust"
@@ -388,22 +396,18 @@ async fn run(
         },
     };
     // For the server's audit log: who decided. The server cannot change the decision.
-    let _ = write_message(
-        send,
-        &Message::Decided {
-            id,
-            allowed: verdict == Verdict::Allow,
-            by: by.to_owned(),
-        },
-    )
-    .await;
+    let decided = Message::Decided {
+        id,
+        allowed: verdict == Verdict::Allow,
+        by: by.to_owned(),
+    };
     if let Verdict::Deny(reason) = verdict {
         debug!(%tool, "denied");
         folder.emit(AttachEvent::Ran {
             tool,
             allowed: false,
         });
-        return error(ErrorCode::Denied, reason);
+        return (error(ErrorCode::Denied, reason), Some(decided));
     }
     let outcome = match folder.sandbox.clone().call(tool, args).await {
         Ok(result) => Outcome::Ok { result },
@@ -415,7 +419,7 @@ async fn run(
         tool,
         allowed: true,
     });
-    outcome
+    (outcome, Some(decided))
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {

@@ -137,6 +137,24 @@ pub async fn write_message<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Writes several messages in one write, so that small ones share a packet (a `decided` and
+/// the `result` after it).
+pub async fn write_messages<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    messages: &[&Message],
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    for message in messages {
+        let json = message.to_json();
+        buf.reserve(json.len() + HEADER_LEN);
+        for (header, chunk) in frame::frames(&json) {
+            buf.extend_from_slice(&header);
+            buf.extend_from_slice(chunk);
+        }
+    }
+    writer.write_all(&buf).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,8 +182,12 @@ mod tests {
             for m in &sent {
                 write_message(&mut a, m).await.unwrap();
             }
+            // The same again, in one write.
+            write_messages(&mut a, &sent.iter().collect::<Vec<_>>())
+                .await
+                .unwrap();
         });
-        for m in &messages {
+        for m in messages.iter().chain(&messages) {
             let got = read_message(&mut b, frame::DEFAULT_MAX_MESSAGE)
                 .await
                 .unwrap()
