@@ -23,8 +23,31 @@ pub(crate) fn read_file(
     limits: &Limits,
     args: &ReadFileArgs,
 ) -> Result<ReadFileResult, SandboxError> {
-    let offset = args.offset.unwrap_or(1);
-    if offset == 0 {
+    read_opened(open_for_read(jail, args)?, limits, args)
+}
+
+/// A file `read_file` has opened (through the jail) and not read yet.
+pub(crate) struct OpenedFile {
+    path: JailPath,
+    file: cap_std::fs::File,
+    size: u64,
+}
+
+impl OpenedFile {
+    /// The file's size when it was opened.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The open file.
+    pub(crate) fn file(&self) -> &cap_std::fs::File {
+        &self.file
+    }
+}
+
+/// The first half of `read_file`: checks the arguments, resolves the path and opens the file.
+pub(crate) fn open_for_read(jail: &Jail, args: &ReadFileArgs) -> Result<OpenedFile, SandboxError> {
+    if args.offset == Some(0) {
         return Err(SandboxError::InvalidArguments(
             "`offset` counts lines from 1; 0 is not a line".into(),
         ));
@@ -36,7 +59,21 @@ pub(crate) fn read_file(
     }
     let path = jail.resolve(&args.path)?;
     let (file, meta) = jail.open_regular(&path)?;
-    let size = meta.len();
+    Ok(OpenedFile {
+        path,
+        file,
+        size: meta.len(),
+    })
+}
+
+/// The second half of `read_file`: reads what [`open_for_read`] opened.
+pub(crate) fn read_opened(
+    opened: OpenedFile,
+    limits: &Limits,
+    args: &ReadFileArgs,
+) -> Result<ReadFileResult, SandboxError> {
+    let OpenedFile { path, file, size } = opened;
+    let offset = args.offset.unwrap_or(1);
     let max_lines = args.limit.unwrap_or(limits.read_default_lines);
     let max_bytes = limits.read_max_bytes as usize;
 

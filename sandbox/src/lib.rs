@@ -47,13 +47,48 @@ pub struct Sandbox {
     jail: Jail,
     limits: Limits,
     exec: ExecPolicy,
+    /// The root is on a local disk: small reads may run on the calling task.
+    local: bool,
+}
+
+/// Largest file [`Sandbox::call`] reads on the calling task rather than on tokio's blocking pool
+/// (see [`Sandbox::call`]).
+pub const INLINE_READ_MAX: u64 = 64 * 1024;
+
+/// Whether `fd` is on a filesystem known to be a local disk (or memory), where opening and
+/// reading a small file takes microseconds. Network and user-space filesystems (NFS,
+/// SMB, FUSE, ...) and anything unknown are not: a read there can stall for as long as the
+/// network does.
+fn on_local_disk(fd: impl std::os::fd::AsFd) -> bool {
+    use nix::sys::statfs::{
+        BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC,
+        XFS_SUPER_MAGIC, fstatfs,
+    };
+    /// ZFS, which nix has no constant for.
+    const ZFS_SUPER_MAGIC: u64 = 0x2fc1_2fc1;
+    let Ok(stat) = fstatfs(fd) else {
+        return false;
+    };
+    let kind = stat.filesystem_type();
+    [
+        EXT4_SUPER_MAGIC, // also ext2 and ext3
+        XFS_SUPER_MAGIC,
+        BTRFS_SUPER_MAGIC,
+        F2FS_SUPER_MAGIC,
+        TMPFS_MAGIC,
+        OVERLAYFS_SUPER_MAGIC,
+    ]
+    .contains(&kind)
+        || kind.0 as u64 == ZFS_SUPER_MAGIC
 }
 
 impl Sandbox {
     /// Opens `root` as a workspace (see [`Jail::open_ambient`] on ambient authority).
     pub fn open(root: &Path, limits: Limits, exec: ExecPolicy) -> std::io::Result<Sandbox> {
+        let jail = Jail::open_ambient(root)?;
         Ok(Sandbox {
-            jail: Jail::open_ambient(root)?,
+            local: on_local_disk(jail.dir()),
+            jail,
             limits,
             exec,
         })
@@ -127,7 +162,8 @@ impl Sandbox {
     }
 
     /// Runs a workspace tool by name with JSON arguments and returns its JSON result. File tools
-    /// run on tokio's blocking pool. Session-level tools (`workspaces`, `memory_*`) are not
+    /// run on tokio's blocking pool, except small reads of a local disk (see
+    /// [`INLINE_READ_MAX`]). Session-level tools (`workspaces`, `memory_*`) are not
     /// workspace tools and are refused here.
     pub async fn call(
         self: &Arc<Self>,
@@ -136,9 +172,10 @@ impl Sandbox {
     ) -> Result<serde_json::Value, SandboxError> {
         match tool {
             ToolName::ReadFile => {
+                let args: ReadFileArgs = parse_args(tool, args)?;
+                let mut result = self.read_file_async(args).await?;
                 // The content is moved into the JSON value, not copied: a 64 MiB read would
                 // otherwise be copied once more here.
-                let mut result = self.run_blocking(tool, args, Sandbox::read_file).await?;
                 let content = std::mem::take(&mut result.content);
                 let mut value = to_json(result)?;
                 value["content"] = serde_json::Value::String(content);
@@ -160,6 +197,43 @@ impl Sandbox {
                 )))
             }
         }
+    }
+
+    /// `read_file` from async code. On a local disk a file of at most [`INLINE_READ_MAX`] bytes
+    /// is opened and read right here: from the page cache that takes a few microseconds, less
+    /// than the two thread hand-offs of tokio's blocking pool (about 40 µs of a 270 µs remote
+    /// read, `docs/benchmarks.md`); a cold read of 64 KiB holds the task for one disk access.
+    /// Larger files, and any file elsewhere, are read on the blocking pool.
+    async fn read_file_async(
+        self: &Arc<Self>,
+        args: ReadFileArgs,
+    ) -> Result<ReadFileResult, SandboxError> {
+        if !self.local {
+            return self
+                .on_blocking_pool(move |this| this.read_file(&args))
+                .await;
+        }
+        let opened = fs::open_for_read(&self.jail, &args)?;
+        // The root's filesystem is local; a mount inside it may not be.
+        if opened.size() <= INLINE_READ_MAX && on_local_disk(opened.file()) {
+            return fs::read_opened(opened, &self.limits, &args);
+        }
+        self.on_blocking_pool(move |this| fs::read_opened(opened, &this.limits, &args))
+            .await
+    }
+
+    async fn on_blocking_pool<R: Send + 'static>(
+        self: &Arc<Self>,
+        run: impl FnOnce(&Sandbox) -> Result<R, SandboxError> + Send + 'static,
+    ) -> Result<R, SandboxError> {
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || run(&this))
+            .await
+            .map_err(|e| SandboxError::Io {
+                op: "run",
+                path: String::new(),
+                source: std::io::Error::other(e.to_string()),
+            })?
     }
 
     async fn blocking<A, R>(
@@ -186,14 +260,7 @@ impl Sandbox {
         R: Send + 'static,
     {
         let args: A = parse_args(tool, args)?;
-        let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || run(&this, &args))
-            .await
-            .map_err(|e| SandboxError::Io {
-                op: "run",
-                path: String::new(),
-                source: std::io::Error::other(e.to_string()),
-            })?
+        self.on_blocking_pool(move |this| run(this, &args)).await
     }
 }
 
@@ -210,4 +277,17 @@ fn to_json<R: Serialize>(result: R) -> Result<serde_json::Value, SandboxError> {
         path: String::new(),
         source: std::io::Error::other(e),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_filesystems_are_not_local_disks() {
+        let proc = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(!on_local_disk(&proc));
+        let sys = std::fs::File::open("/sys/kernel").unwrap();
+        assert!(!on_local_disk(&sys));
+    }
 }

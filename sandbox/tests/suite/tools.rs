@@ -576,3 +576,78 @@ fn call_dispatches_json_and_refuses_unknown_arguments() {
         .unwrap();
     assert_eq!(out["stdout"], "hi\n");
 }
+
+/// `call` reads small files of a local disk on the calling task and others on the blocking
+/// pool; both give what `read_file` gives, refuse what it refuses, and never hang on a FIFO.
+#[test]
+fn call_reads_inline_and_on_the_pool_alike() {
+    let fx = Fixture::with_limits(Limits {
+        read_max_bytes: 4 * 1024 * 1024,
+        read_default_lines: 1_000_000,
+        ..Limits::default()
+    });
+    let max = monad_sandbox::INLINE_READ_MAX as usize;
+    let line = "0123456789abcdé\n"; // 17 bytes
+    let sizes = [0, 17, max - 1, max, max + 1, 3 * 1024 * 1024];
+    for size in sizes {
+        let mut content = line.repeat(size / line.len());
+        content.push_str(&"x".repeat(size - content.len()));
+        let name = format!("f{size}.txt");
+        fx.put(&name, &content);
+        let direct = fx.sandbox.read_file(&read(&name)).unwrap();
+        let rt = runtime();
+        let called = rt
+            .block_on(fx.sandbox.call(ToolName::ReadFile, json!({"path": name})))
+            .unwrap();
+        assert_eq!(
+            called,
+            serde_json::to_value(&direct).unwrap(),
+            "size {size}"
+        );
+        assert!(called["content"] == content.as_str(), "size {size}");
+        // Windows of it too.
+        let called = rt
+            .block_on(fx.sandbox.call(
+                ToolName::ReadFile,
+                json!({"path": name, "offset": 2, "limit": 3}),
+            ))
+            .unwrap();
+        let direct = fx
+            .sandbox
+            .read_file(&ReadFileArgs {
+                offset: Some(2),
+                limit: Some(3),
+                ..read(&name)
+            })
+            .unwrap();
+        assert_eq!(
+            called,
+            serde_json::to_value(&direct).unwrap(),
+            "size {size}"
+        );
+    }
+    let rt = runtime();
+    let code = |args: serde_json::Value| {
+        rt.block_on(fx.sandbox.call(ToolName::ReadFile, args))
+            .unwrap_err()
+            .code()
+    };
+    std::fs::write(fx.outside().join("secret.txt"), "secret\n").unwrap();
+    fx.symlink(fx.outside().join("secret.txt"), "link.txt");
+    assert_eq!(
+        code(json!({"path": "link.txt"})),
+        ErrorCode::OutsideWorkspace
+    );
+    assert_eq!(
+        code(json!({"path": "../secret.txt"})),
+        ErrorCode::OutsideWorkspace
+    );
+    assert_eq!(code(json!({"path": "missing.txt"})), ErrorCode::NotFound);
+    assert_eq!(
+        code(json!({"path": "f17.txt", "offset": 0})),
+        ErrorCode::InvalidArguments
+    );
+    fx.fifo("pipe");
+    let direct = fx.sandbox.read_file(&read("pipe")).unwrap_err().code();
+    assert_eq!(code(json!({"path": "pipe"})), direct);
+}
