@@ -582,13 +582,22 @@ fn call_dispatches_json_and_refuses_unknown_arguments() {
 #[test]
 fn call_reads_inline_and_on_the_pool_alike() {
     let fx = Fixture::with_limits(Limits {
-        read_max_bytes: 4 * 1024 * 1024,
+        read_max_bytes: 16 * 1024 * 1024,
         read_default_lines: 1_000_000,
         ..Limits::default()
     });
     let max = monad_sandbox::INLINE_READ_MAX as usize;
     let line = "0123456789abcdé\n"; // 17 bytes
-    let sizes = [0, 17, max - 1, max, max + 1, 3 * 1024 * 1024];
+    // The last is read whole by two threads.
+    let sizes = [
+        0,
+        17,
+        max - 1,
+        max,
+        max + 1,
+        3 * 1024 * 1024,
+        9 * 1024 * 1024 + 5,
+    ];
     for size in sizes {
         let mut content = line.repeat(size / line.len());
         content.push_str(&"x".repeat(size - content.len()));
@@ -605,6 +614,7 @@ fn call_reads_inline_and_on_the_pool_alike() {
             "size {size}"
         );
         assert!(called["content"] == content.as_str(), "size {size}");
+        assert_eq!(direct.total_lines, Some(content.lines().count() as u64));
         // Windows of it too.
         let called = rt
             .block_on(fx.sandbox.call(
