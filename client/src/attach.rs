@@ -320,9 +320,9 @@ async fn send_result(
     Ok(())
 }
 
-/// Approves, then runs, one tool call. Returns its outcome and, once a decision was made, the
-/// `decided` message for the server's audit log (sent with the result, so that both share a
-/// packet).
+/// Approves, then runs, one tool call. Returns its outcome and, when a decision was made and not
+/// sent yet, the `decided` message for the server's audit log (sent with the result, so that
+/// both share a packet).
 async fn run(
     folder: &Folder,
     send: &mut quinn::SendStream,
@@ -409,6 +409,15 @@ async fn run(
         });
         return (error(ErrorCode::Denied, reason), Some(decided));
     }
+    // A command may run long, and a user's answer deserves to be on record: the decision goes
+    // out now, so the audit log keeps it even if the connection is lost before the result.
+    // Otherwise it goes with the result, in the same packet.
+    let decided = if by == "user" || tool == ToolName::RunCommand {
+        let _ = write_message(send, &decided).await;
+        None
+    } else {
+        Some(decided)
+    };
     let outcome = match folder.sandbox.clone().call(tool, args).await {
         Ok(result) => Outcome::Ok { result },
         Err(e) => Outcome::Error {
@@ -419,7 +428,7 @@ async fn run(
         tool,
         allowed: true,
     });
-    (outcome, Some(decided))
+    (outcome, decided)
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {

@@ -137,20 +137,28 @@ pub async fn write_message<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Writes several messages in one write, so that small ones share a packet (a `decided` and
-/// the `result` after it).
+/// Writes several messages, in one write when each fits one frame, so that small ones share a
+/// packet (a `decided` and the `result` after it); larger ones are written one by one, without
+/// copying them into a common buffer.
 pub async fn write_messages<W: AsyncWrite + Unpin>(
     writer: &mut W,
     messages: &[&Message],
 ) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    for message in messages {
-        let json = message.to_json();
-        buf.reserve(json.len() + HEADER_LEN);
-        for (header, chunk) in frame::frames(&json) {
-            buf.extend_from_slice(&header);
-            buf.extend_from_slice(chunk);
+    let encoded: Vec<Vec<u8>> = messages.iter().map(|m| m.to_json()).collect();
+    if encoded.iter().any(|json| json.len() > MAX_FRAME_PAYLOAD) {
+        for json in &encoded {
+            for (header, chunk) in frame::frames(json) {
+                writer.write_all(&header).await?;
+                writer.write_all(chunk).await?;
+            }
         }
+        return Ok(());
+    }
+    let total = encoded.iter().map(|json| json.len() + HEADER_LEN).sum();
+    let mut buf = Vec::with_capacity(total);
+    for json in &encoded {
+        buf.extend_from_slice(&frame::encode_header(json.len(), true));
+        buf.extend_from_slice(json);
     }
     writer.write_all(&buf).await
 }
@@ -182,12 +190,18 @@ mod tests {
             for m in &sent {
                 write_message(&mut a, m).await.unwrap();
             }
-            // The same again, in one write.
+            // The same again, through write_messages (the large one framed alone)...
             write_messages(&mut a, &sent.iter().collect::<Vec<_>>())
                 .await
                 .unwrap();
+            // ...and two small ones in one buffer.
+            write_messages(&mut a, &[&sent[0], &sent[0]]).await.unwrap();
         });
-        for m in messages.iter().chain(&messages) {
+        for m in messages
+            .iter()
+            .chain(&messages)
+            .chain([&messages[0], &messages[0]])
+        {
             let got = read_message(&mut b, frame::DEFAULT_MAX_MESSAGE)
                 .await
                 .unwrap()

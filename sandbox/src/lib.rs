@@ -47,8 +47,9 @@ pub struct Sandbox {
     jail: Jail,
     limits: Limits,
     exec: ExecPolicy,
-    /// The root is on a local disk: small reads may run on the calling task.
-    local: bool,
+    /// The root's device, when the root is on a local disk: small reads of files on that same
+    /// device may run on the calling task.
+    local_device: Option<u64>,
 }
 
 /// Largest file [`Sandbox::call`] reads on the calling task rather than on tokio's blocking pool
@@ -86,8 +87,13 @@ impl Sandbox {
     /// Opens `root` as a workspace (see [`Jail::open_ambient`] on ambient authority).
     pub fn open(root: &Path, limits: Limits, exec: ExecPolicy) -> std::io::Result<Sandbox> {
         let jail = Jail::open_ambient(root)?;
+        let local_device = if on_local_disk(jail.dir()) {
+            Some(cap_std::fs::MetadataExt::dev(&jail.dir().dir_metadata()?))
+        } else {
+            None
+        };
         Ok(Sandbox {
-            local: on_local_disk(jail.dir()),
+            local_device,
             jail,
             limits,
             exec,
@@ -199,23 +205,25 @@ impl Sandbox {
         }
     }
 
-    /// `read_file` from async code. On a local disk a file of at most [`INLINE_READ_MAX`] bytes
-    /// is opened and read right here: from the page cache that takes a few microseconds, less
-    /// than the two thread hand-offs of tokio's blocking pool (about 40 µs of a 270 µs remote
-    /// read, `docs/benchmarks.md`); a cold read of 64 KiB holds the task for one disk access.
-    /// Larger files, and any file elsewhere, are read on the blocking pool.
+    /// `read_file` from async code. When the root is on a local disk, the file is opened right
+    /// here, and read here too when it is at most [`INLINE_READ_MAX`] bytes and on the root's
+    /// own filesystem (not on a mount inside the root): from the page cache that takes a few
+    /// microseconds, less than the two thread hand-offs of tokio's blocking pool (about 40 µs of
+    /// a 270 µs remote read, `docs/benchmarks.md`); a cold read holds the task for one disk
+    /// access. Other reads, and every read of a root elsewhere (NFS, SMB, FUSE, ...), run on the
+    /// blocking pool. Known limit: the open itself crosses into a mount inside a local root on
+    /// the calling task.
     async fn read_file_async(
         self: &Arc<Self>,
         args: ReadFileArgs,
     ) -> Result<ReadFileResult, SandboxError> {
-        if !self.local {
+        let Some(root_device) = self.local_device else {
             return self
                 .on_blocking_pool(move |this| this.read_file(&args))
                 .await;
-        }
+        };
         let opened = fs::open_for_read(&self.jail, &args)?;
-        // The root's filesystem is local; a mount inside it may not be.
-        if opened.size() <= INLINE_READ_MAX && on_local_disk(opened.file()) {
+        if opened.size() <= INLINE_READ_MAX && opened.device() == root_device {
             return fs::read_opened(opened, &self.limits, &args);
         }
         self.on_blocking_pool(move |this| fs::read_opened(opened, &this.limits, &args))

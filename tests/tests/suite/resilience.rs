@@ -87,6 +87,20 @@ async fn killed_client_mid_call_is_workspace_disconnected_promptly() {
     .expect("the server answers the call");
     let message = expect_code(reply, ErrorCode::WorkspaceDisconnected);
     assert!(message.contains("lap"), "{message}");
+    // The audit log still says who let the command run: the client sent its decision before
+    // running it.
+    if let Some(recorder) = &server.state().executor.recorder {
+        recorder.flush();
+    }
+    let audit = std::fs::read_to_string(server.data_dir().join("sessions/default/audit.jsonl"))
+        .expect("an audit log");
+    let line: serde_json::Value = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .find(|l: &serde_json::Value| l["tool"] == "run_command")
+        .expect("the command is in the audit log");
+    assert_eq!(line["decided_by"], "policy", "{line}");
+    assert_eq!(line["outcome"], "workspace_disconnected", "{line}");
     assert!(
         killed.elapsed() < Duration::from_secs(10),
         "noticed after {:?}",
