@@ -220,11 +220,7 @@ fn read_serially(
             if tail_is_partial_char {
                 result.content = String::from_utf8_lossy(&bytes[..valid]).into_owned();
             } else {
-                result.binary = true;
-                result.lines = 0;
-                result.truncated = false;
-                result.truncation = None;
-                result.next_offset = None;
+                mark_binary(&mut result);
             }
         }
     }
@@ -360,12 +356,7 @@ fn whole_file_result(
     if in_halves(&content, |part| (0, std::str::from_utf8(part).is_ok())).1 {
         result.content = String::from_utf8(content).unwrap_or_default();
     } else {
-        // As the line-by-line reader reports it: the line count of a whole file stays.
-        result.binary = true;
-        result.lines = 0;
-        result.truncated = false;
-        result.truncation = None;
-        result.next_offset = None;
+        mark_binary(&mut result);
     }
     result
 }
@@ -385,6 +376,17 @@ fn in_halves(bytes: &[u8], f: impl Fn(&[u8]) -> (u64, bool) + Sync) -> (u64, boo
         Some(b) => (a.0 + b.0, a.1 && b.1),
         None => (a.0, false),
     }
+}
+
+/// Reports a read's content as not text: no content, no lines, nothing cut. `total_lines`, when
+/// the whole file was counted, stays.
+fn mark_binary(result: &mut ReadFileResult) {
+    result.content = String::new();
+    result.binary = true;
+    result.lines = 0;
+    result.truncated = false;
+    result.truncation = None;
+    result.next_offset = None;
 }
 
 /// Whether `bytes` holds a NUL byte. Unlike `contains`, a branch-free fold the compiler turns

@@ -30,6 +30,24 @@ fn awkward_text(len: usize) -> String {
     text
 }
 
+/// Puts `big.txt` holding `attached` in a folder attached as `lap` (reads allowed, caps raised to
+/// fit it), and holding `primary` in the default session's primary workspace, whose default caps
+/// (256 KiB, 2,000 lines) it must fit. Keep the returned pair alive.
+async fn big_files(
+    server: &TestServer,
+    attached: &str,
+    primary: &str,
+) -> (tempfile::TempDir, Attachment) {
+    let dir = folder(&[("big.txt", attached)]);
+    let mut options = attach_options(dir.path(), "lap");
+    options.allow = vec![ToolClass::Read];
+    options.limits.read_max_bytes = 2 * attached.len() as u64;
+    options.limits.read_default_lines = 1_000_000;
+    let attachment = Attachment::start(&server.client_config(), options, None).await;
+    std::fs::write(server.primary_dir("default").join("big.txt"), primary).unwrap();
+    (dir, attachment)
+}
+
 fn audit(server: &TestServer) -> Vec<Value> {
     if let Some(recorder) = &server.state().executor.recorder {
         recorder.flush();
@@ -49,16 +67,8 @@ async fn large_reads_arrive_whole_from_attached_and_primary_workspaces_and_are_r
     ok(call(&agent, "workspaces", json!({})).await);
 
     let attached_text = awkward_text(3 * 1024 * 1024);
-    let dir = folder(&[("big.txt", &attached_text)]);
-    let mut options = attach_options(dir.path(), "lap");
-    options.allow = vec![ToolClass::Read];
-    options.limits.read_max_bytes = 4 * 1024 * 1024;
-    options.limits.read_default_lines = 1_000_000;
-    let _attached = Attachment::start(&server.client_config(), options, None).await;
-
-    // Under the primary's default caps (256 KiB, 2,000 lines), over the 64 KiB of a body.
     let primary_text = awkward_text(80 * 1024);
-    std::fs::write(server.primary_dir("default").join("big.txt"), &primary_text).unwrap();
+    let _attached = big_files(&server, &attached_text, &primary_text).await;
 
     for (workspace, text) in [("lap", &attached_text), ("primary", &primary_text)] {
         let (result, ran_in) = ok(call(
@@ -162,14 +172,8 @@ async fn an_agent_of_an_older_minor_version_gets_large_results_inline() {
     let agent = server.agent().await;
     ok(call(&agent, "workspaces", json!({})).await);
     let text = awkward_text(1024 * 1024);
-    let dir = folder(&[("big.txt", &text)]);
-    let mut options = attach_options(dir.path(), "lap");
-    options.allow = vec![ToolClass::Read];
-    options.limits.read_max_bytes = 2 * 1024 * 1024;
-    options.limits.read_default_lines = 1_000_000;
-    let _attached = Attachment::start(&server.client_config(), options, None).await;
     let primary_text = awkward_text(80 * 1024);
-    std::fs::write(server.primary_dir("default").join("big.txt"), &primary_text).unwrap();
+    let _attached = big_files(&server, &text, &primary_text).await;
 
     let (_endpoint, conn, minor) =
         connect_speaking(&server.client_config(), Role::Agent, BODY_MINOR - 1).await;
