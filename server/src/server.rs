@@ -90,13 +90,19 @@ impl Server {
             .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
         let http = config.http.map(crate::mcp::bind).transpose()?;
         let (config, layers) = load_settings(config)?;
-        let store: Arc<dyn Store> = Arc::new(FsStore::new(&config.data_dir));
-        // Read every session's metadata now, off the start-up path, so that the first listing
-        // does not read thousands of files while an agent waits.
+        let fs_store = Arc::new(FsStore::new(&config.data_dir));
+        let store: Arc<dyn Store> = fs_store.clone();
+        // Off the start-up path: remove what writes cut short by a crash left behind, and read
+        // every session's metadata now, so that the first listing does not read thousands of
+        // files while an agent waits.
         let warm = store.clone();
         let _ = std::thread::Builder::new()
             .name("sessions-index".into())
             .spawn(move || {
+                let removed = fs_store.remove_stale_temp_files();
+                if removed > 0 {
+                    info!("removed {removed} temporary files left by an interrupted write");
+                }
                 if let Err(e) = warm.all_sessions() {
                     warn!("cannot list sessions: {e}");
                 }

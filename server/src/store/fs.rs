@@ -72,6 +72,21 @@ fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     file.sync_data().map_err(map_io("sync", path))
 }
 
+/// Whether `name` is a temporary file of an atomic write by a process other than `own_pid`:
+/// `.<name>.<pid>.<n>.tmp`.
+fn is_stale_temp(name: &str, own_pid: u32) -> bool {
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    let mut parts = inner.rsplitn(3, '.');
+    let (Some(n), Some(pid), Some(base)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    !base.is_empty()
+        && n.parse::<u64>().is_ok()
+        && pid.parse::<u32>().is_ok_and(|pid| pid != own_pid)
+}
+
 /// Moves a corrupt file aside as `<name>.corrupt-<time>` so nothing is lost.
 fn keep_aside(path: &Path, why: &str) {
     let stamp = now_rfc3339().replace(':', "");
@@ -127,6 +142,45 @@ impl FsStore {
     /// `sessions/<id>`.
     pub fn session_dir(&self, id: &str) -> PathBuf {
         self.root.join("sessions").join(id)
+    }
+
+    /// Removes the temporary files that atomic writes leave behind when the process dies between
+    /// writing one and renaming it (`.<name>.<pid>.<n>.tmp`, see `fsutil::write_atomic`), in
+    /// the directories the server writes: the data dir, `tls/`, `workspaces/`, and each
+    /// session's directory and `artifacts/`. Never inside a primary workspace (its files belong
+    /// to the tools), never a file of this process (a write may be under way). Returns how many
+    /// it removed. Meant for start-up, under the data-dir lock.
+    pub fn remove_stale_temp_files(&self) -> usize {
+        let mut dirs = vec![
+            self.root.clone(),
+            self.root.join("tls"),
+            self.workspaces_dir(),
+        ];
+        if let Ok(sessions) = std::fs::read_dir(self.root.join("sessions")) {
+            for session in sessions.flatten() {
+                if session.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(session.path().join("artifacts"));
+                    dirs.push(session.path());
+                }
+            }
+        }
+        let mut removed = 0;
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+                if is_file && is_stale_temp(&name.to_string_lossy(), std::process::id()) {
+                    match std::fs::remove_file(entry.path()) {
+                        Ok(()) => removed += 1,
+                        Err(e) => warn!("cannot remove {}: {e}", entry.path().display()),
+                    }
+                }
+            }
+        }
+        removed
     }
 
     fn lock(&self, id: &str) -> Arc<Mutex<()>> {
@@ -970,5 +1024,49 @@ mod tests {
         );
         assert!(store.artifact("default", "nope").is_err());
         assert!(store.artifact("default", "../../x").is_err());
+    }
+
+    #[test]
+    fn stale_temporary_files_go_and_nothing_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let session = root.join("sessions/default");
+        for d in [
+            "tls",
+            "workspaces",
+            "sessions/default/artifacts",
+            "sessions/default/workspace",
+        ] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let own = format!(".tokens.toml.{}.3.tmp", std::process::id());
+        let stale = [
+            root.join(".tokens.toml.4294967.0.tmp"),
+            root.join("tls/.key.pem.4294967.1.tmp"),
+            root.join("workspaces/.abc.json.4294967.2.tmp"),
+            session.join(".session.toml.4294967.3.tmp"),
+            session.join("artifacts/.0f.bin.4294967.4.tmp"),
+        ];
+        let kept = [
+            root.join(&own),
+            root.join("tokens.toml"),
+            root.join(".notes.tmp"),
+            root.join("x.toml.4294967.0.tmp"),
+            root.join(".x.toml.pid.0.tmp"),
+            session.join("session.toml.corrupt-20261126T000000Z"),
+            session.join("workspace/.draft.md.4294967.0.tmp"),
+        ];
+        for path in stale.iter().chain(&kept) {
+            std::fs::write(path, b"x").unwrap();
+        }
+        let store = FsStore::new(root);
+        assert_eq!(store.remove_stale_temp_files(), stale.len());
+        for path in &stale {
+            assert!(!path.exists(), "{} should be gone", path.display());
+        }
+        for path in &kept {
+            assert!(path.exists(), "{} should stay", path.display());
+        }
+        assert_eq!(store.remove_stale_temp_files(), 0);
     }
 }

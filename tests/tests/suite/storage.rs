@@ -145,8 +145,18 @@ async fn a_restart_keeps_sessions_history_artifacts_bindings_and_workspace_recor
     let before = ask("sessions", a.sessions()).await;
     drop(attachment);
 
-    // A graceful restart on the same data dir.
+    // A graceful restart on the same data dir, with the temporary file a write cut short by a
+    // crash would leave (of a pid above Linux's largest, so never this process's): the new
+    // server removes it.
+    let leftover = server.data_dir().join(".bindings.toml.4294967.0.tmp");
+    std::fs::write(&leftover, "half a write").unwrap();
     let server = server.stop().await.restart().await;
+    within(STEP, "the leftover temporary file to go", async {
+        while leftover.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let a = connect_agent(&config_a).await;
     let b = connect_agent(&config_b).await;
 
