@@ -336,35 +336,30 @@ impl Registry {
     /// session is re-created around its workspace, owned by `user`.
     pub fn open(&self, id: &str, user: &str) -> Result<Arc<Session>, ToolError> {
         let id = normalize_id(id)?;
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(session) = sessions.get(&id) {
-            owned_by(session, user)?;
-            return Ok(session.clone());
+        if let Some(session) = self.in_memory(&id) {
+            owned_by(&session, user)?;
+            return Ok(session);
         }
-        let fresh = || {
-            let now = now_rfc3339();
-            SessionMeta {
-                id: id.clone(),
-                name: None,
-                owner: user.to_owned(),
-                created_at: now.clone(),
-                last_active: now,
-                provider: None,
-                model: None,
-            }
-        };
+        // Not in memory: load or create it without holding the registry's lock, so that one
+        // session's disk work (a creation fsyncs) does not hold up every other request. Two
+        // opens of the same session may race here; the store lets only one create it, and the
+        // first to insert it below is the one every caller gets.
         let meta = match self.store.load(&id) {
             Ok(Some(meta)) => meta,
-            Ok(None) => {
-                let meta = fresh();
-                self.store.create(&meta).map_err(store_error)?;
-                meta
-            }
-            Err(StoreError::Invalid(why)) => {
-                warn!("session {id}: {why}; re-creating its metadata for {user}");
-                let meta = fresh();
-                self.store.save(&meta).map_err(store_error)?;
-                meta
+            missing @ (Ok(None) | Err(StoreError::Invalid(_))) => {
+                if let Err(StoreError::Invalid(why)) = missing {
+                    // The corrupt file is kept aside; the conversation stays.
+                    warn!("session {id}: {why}; re-creating its metadata for {user}");
+                }
+                let meta = fresh_meta(&id, user);
+                match self.store.create(&meta) {
+                    Ok(()) => meta,
+                    // Created meanwhile by a racing open: use what it made.
+                    Err(e) => match self.store.load(&id) {
+                        Ok(Some(meta)) => meta,
+                        _ => return Err(store_error(e)),
+                    },
+                }
             }
             Err(e) => return Err(store_error(e)),
         };
@@ -399,8 +394,20 @@ impl Registry {
             attached: Mutex::new(Vec::new()),
             changes: tokio::sync::watch::channel(0).0,
         });
-        sessions.insert(id, session.clone());
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let session = sessions.entry(id).or_insert(session).clone();
+        drop(sessions);
+        owned_by(&session, user)?;
         Ok(session)
+    }
+
+    /// The session, when it is in memory.
+    fn in_memory(&self, id: &str) -> Option<Arc<Session>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
     }
 
     /// The session a request means: the one it names (binding the device to it), else the one
@@ -691,6 +698,20 @@ fn owned_by(session: &Session, user: &str) -> Result<(), ToolError> {
     }
 }
 
+/// The metadata of a session `user` creates now.
+fn fresh_meta(id: &str, user: &str) -> SessionMeta {
+    let now = now_rfc3339();
+    SessionMeta {
+        id: id.to_owned(),
+        name: None,
+        owner: user.to_owned(),
+        created_at: now.clone(),
+        last_active: now,
+        provider: None,
+        model: None,
+    }
+}
+
 /// `default`, or a UUID in its canonical lowercase hyphenated form.
 pub fn normalize_id(id: &str) -> Result<String, ToolError> {
     if id == DEFAULT_SESSION {
@@ -738,6 +759,39 @@ mod tests {
         );
         assert_eq!(reg2.list("ana").len(), 1);
         assert!(reg2.list("ben").is_empty());
+    }
+
+    #[test]
+    fn racing_opens_of_a_new_session_all_get_the_same_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = registry(dir.path());
+        let id = "aaaaaaaa-0000-4000-8000-0000000000aa";
+        let barrier = std::sync::Barrier::new(8);
+        let opened: Vec<Result<Arc<Session>, ToolError>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|i| {
+                    let (registry, barrier) = (&registry, &barrier);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        registry.open(id, if i < 4 { "ana" } else { "bo" })
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let winners: Vec<&Arc<Session>> = opened.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let owner = winners[0].owner.clone();
+        for session in &winners {
+            assert!(Arc::ptr_eq(session, winners[0]), "one session in memory");
+            assert_eq!(session.owner, owner);
+        }
+        // Exactly the first creator's callers get it; the other user's are refused.
+        assert_eq!(winners.len(), 4, "{opened:?}");
+        for refused in opened.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(refused.message.contains("another user"), "{refused}");
+        }
+        let on_disk = registry.store.load(id).unwrap().unwrap();
+        assert_eq!(on_disk.owner, owner);
     }
 
     #[test]

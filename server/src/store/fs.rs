@@ -183,6 +183,16 @@ impl FsStore {
         removed
     }
 
+    /// Writes `session.toml` and caches it; the caller holds the session's lock.
+    fn save_locked(&self, meta: &SessionMeta) -> Result<(), StoreError> {
+        let dir = self.session_dir(&meta.id);
+        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
+        let text = toml::to_string(meta).expect("metadata serializes");
+        atomic(&dir.join("session.toml"), text.as_bytes())?;
+        self.cache_meta(meta);
+        Ok(())
+    }
+
     fn lock(&self, id: &str) -> Arc<Mutex<()>> {
         self.session_locks
             .lock()
@@ -398,6 +408,10 @@ impl SessionStore for FsStore {
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.id);
         let toml_path = dir.join("session.toml");
+        // Under the session's lock from the check to the write: of two racing creations, one
+        // makes the session and the other is told it exists.
+        let lock = self.lock(&meta.id);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         if toml_path.exists() {
             return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
         }
@@ -413,7 +427,7 @@ impl SessionStore for FsStore {
             atomic(&md, history::render_frontmatter(&history).as_bytes())?;
         }
         // session.toml last: a session exists once its metadata does.
-        self.save(meta)
+        self.save_locked(meta)
     }
 
     fn load(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
@@ -436,15 +450,10 @@ impl SessionStore for FsStore {
 
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
-        let dir = self.session_dir(&meta.id);
         // Under the session's lock, so the cache ends up holding what the disk holds.
         let lock = self.lock(&meta.id);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
-        let text = toml::to_string(meta).expect("metadata serializes");
-        atomic(&dir.join("session.toml"), text.as_bytes())?;
-        self.cache_meta(meta);
-        Ok(())
+        self.save_locked(meta)
     }
 
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
