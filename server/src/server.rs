@@ -65,7 +65,7 @@ pub struct Server {
     /// The MCP over HTTP listener, when `config.http` asks for one.
     http: Option<std::net::TcpListener>,
     /// The data directory's lock, held while the server lives.
-    _lock: crate::admin::DataLock,
+    _lock: Arc<crate::admin::DataLock>,
 }
 
 impl Server {
@@ -96,16 +96,20 @@ impl Server {
         // every session's metadata now, so that the first listing does not read thousands of
         // files while an agent waits.
         let warm = store.clone();
+        let lock = Arc::new(lock);
+        let held = lock.clone();
         let _ = std::thread::Builder::new()
             .name("sessions-index".into())
             .spawn(move || {
+                if let Err(e) = warm.all_sessions() {
+                    warn!("cannot list sessions: {e}");
+                }
                 let removed = fs_store.remove_stale_temp_files();
                 if removed > 0 {
                     info!("removed {removed} temporary files left by an interrupted write");
                 }
-                if let Err(e) = warm.all_sessions() {
-                    warn!("cannot list sessions: {e}");
-                }
+                // The data dir stays this server's until the cleanup is done.
+                drop(held);
             });
         let recorder = Recorder::start(store.clone());
         let state = Arc::new(State {

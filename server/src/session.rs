@@ -357,7 +357,12 @@ impl Registry {
                     // Created meanwhile by a racing open: use what it made.
                     Err(e) => match self.store.load(&id) {
                         Ok(Some(meta)) => meta,
-                        _ => return Err(store_error(e)),
+                        _ => {
+                            return Err(ToolError::new(
+                                ErrorCode::Internal,
+                                format!("cannot create session {id}: {e}"),
+                            ));
+                        }
                     },
                 }
             }

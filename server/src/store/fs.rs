@@ -72,9 +72,12 @@ fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     file.sync_data().map_err(map_io("sync", path))
 }
 
-/// Whether `name` is a temporary file of an atomic write by a process other than `own_pid`:
-/// `.<name>.<pid>.<n>.tmp`.
-fn is_stale_temp(name: &str, own_pid: u32) -> bool {
+/// How long a temporary file must have been left alone before start-up removes it: far longer
+/// than any atomic write takes.
+pub const STALE_TEMP_AGE: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// Whether `name` is the name of an atomic write's temporary file: `.<name>.<pid>.<n>.tmp`.
+fn is_temp_name(name: &str) -> bool {
     let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
         return false;
     };
@@ -82,9 +85,7 @@ fn is_stale_temp(name: &str, own_pid: u32) -> bool {
     let (Some(n), Some(pid), Some(base)) = (parts.next(), parts.next(), parts.next()) else {
         return false;
     };
-    !base.is_empty()
-        && n.parse::<u64>().is_ok()
-        && pid.parse::<u32>().is_ok_and(|pid| pid != own_pid)
+    !base.is_empty() && n.parse::<u64>().is_ok() && pid.parse::<u32>().is_ok()
 }
 
 /// Moves a corrupt file aside as `<name>.corrupt-<time>` so nothing is lost.
@@ -148,8 +149,9 @@ impl FsStore {
     /// writing one and renaming it (`.<name>.<pid>.<n>.tmp`, see `fsutil::write_atomic`), in
     /// the directories the server writes: the data dir, `tls/`, `workspaces/`, and each
     /// session's directory and `artifacts/`. Never inside a primary workspace (its files belong
-    /// to the tools), never a file of this process (a write may be under way). Returns how many
-    /// it removed. Meant for start-up, under the data-dir lock.
+    /// to the tools), and never one modified in the last [`STALE_TEMP_AGE`]: a write may be
+    /// under way, by this process or by a command that works beside a running server
+    /// (`monad-server token create`). Returns how many it removed.
     pub fn remove_stale_temp_files(&self) -> usize {
         let mut dirs = vec![
             self.root.clone(),
@@ -172,7 +174,13 @@ impl FsStore {
             for entry in entries.flatten() {
                 let name = entry.file_name();
                 let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-                if is_file && is_stale_temp(&name.to_string_lossy(), std::process::id()) {
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age >= STALE_TEMP_AGE);
+                if is_file && old && is_temp_name(&name.to_string_lossy()) {
                     match std::fs::remove_file(entry.path()) {
                         Ok(()) => removed += 1,
                         Err(e) => warn!("cannot remove {}: {e}", entry.path().display()),
@@ -266,25 +274,24 @@ impl FsStore {
     }
 
     /// Reads `session.toml`; a corrupt one is kept aside and reported as invalid.
-    fn load_from_disk(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+    /// Reads a session's `session.toml`. A corrupt one is an `Invalid` error, and is kept aside
+    /// when `aside` is set (the caller then holds the session's lock, or is the start-up scan).
+    fn load_from_disk(&self, id: &str, aside: bool) -> Result<Option<SessionMeta>, StoreError> {
         let path = self.session_dir(id).join("session.toml");
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::io("read", &path, e)),
         };
-        match toml::from_str::<SessionMeta>(&text) {
-            Ok(meta) if meta.id == id => Ok(Some(meta)),
-            Ok(meta) => {
-                let why = format!("it names session {}", meta.id);
-                keep_aside(&path, &why);
-                Err(StoreError::Invalid(format!("{}: {why}", path.display())))
-            }
-            Err(e) => {
-                keep_aside(&path, &e.to_string());
-                Err(StoreError::Invalid(format!("{}: {e}", path.display())))
-            }
+        let why = match toml::from_str::<SessionMeta>(&text) {
+            Ok(meta) if meta.id == id => return Ok(Some(meta)),
+            Ok(meta) => format!("it names session {}", meta.id),
+            Err(e) => e.to_string(),
+        };
+        if aside {
+            keep_aside(&path, &why);
         }
+        Err(StoreError::Invalid(format!("{}: {why}", path.display())))
     }
 
     fn cache_meta(&self, meta: &SessionMeta) {
@@ -314,7 +321,9 @@ impl FsStore {
             if check_id(&id).is_err() {
                 continue;
             }
-            match self.load_from_disk(&id) {
+            // Kept aside without the session's lock: the scan holds the listing cache, which
+            // writers take while holding their session's lock.
+            match self.load_from_disk(&id, true) {
                 Ok(Some(meta)) => {
                     out.insert(id, meta);
                 }
@@ -441,7 +450,16 @@ impl SessionStore for FsStore {
         {
             return Ok(Some(meta.clone()));
         }
-        let meta = self.load_from_disk(id)?;
+        let meta = match self.load_from_disk(id, false) {
+            // Corrupt: look again under the session's lock before keeping it aside, since a
+            // racing creation may have replaced it with a good one meanwhile.
+            Err(StoreError::Invalid(_)) => {
+                let lock = self.lock(id);
+                let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                self.load_from_disk(id, true)?
+            }
+            other => other?,
+        };
         if let Some(meta) = &meta {
             self.cache_meta(meta);
         }
@@ -1048,7 +1066,6 @@ mod tests {
         ] {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
-        let own = format!(".tokens.toml.{}.3.tmp", std::process::id());
         let stale = [
             root.join(".tokens.toml.4294967.0.tmp"),
             root.join("tls/.key.pem.4294967.1.tmp"),
@@ -1057,7 +1074,6 @@ mod tests {
             session.join("artifacts/.0f.bin.4294967.4.tmp"),
         ];
         let kept = [
-            root.join(&own),
             root.join("tokens.toml"),
             root.join(".notes.tmp"),
             root.join("x.toml.4294967.0.tmp"),
@@ -1065,15 +1081,21 @@ mod tests {
             session.join("session.toml.corrupt-20261126T000000Z"),
             session.join("workspace/.draft.md.4294967.0.tmp"),
         ];
+        let long_ago = std::time::SystemTime::now() - STALE_TEMP_AGE * 2;
         for path in stale.iter().chain(&kept) {
             std::fs::write(path, b"x").unwrap();
+            let file = std::fs::File::options().write(true).open(path).unwrap();
+            file.set_modified(long_ago).unwrap();
         }
+        // A write that may still be under way: too recent to touch.
+        let recent = root.join(".bindings.toml.4294967.9.tmp");
+        std::fs::write(&recent, b"x").unwrap();
         let store = FsStore::new(root);
         assert_eq!(store.remove_stale_temp_files(), stale.len());
         for path in &stale {
             assert!(!path.exists(), "{} should be gone", path.display());
         }
-        for path in &kept {
+        for path in kept.iter().chain([&recent]) {
             assert!(path.exists(), "{} should stay", path.display());
         }
         assert_eq!(store.remove_stale_temp_files(), 0);

@@ -146,10 +146,15 @@ async fn a_restart_keeps_sessions_history_artifacts_bindings_and_workspace_recor
     drop(attachment);
 
     // A graceful restart on the same data dir, with the temporary file a write cut short by a
-    // crash would leave (of a pid above Linux's largest, so never this process's): the new
-    // server removes it.
+    // crash an hour ago would leave: the new server removes it.
     let leftover = server.data_dir().join(".bindings.toml.4294967.0.tmp");
     std::fs::write(&leftover, "half a write").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&leftover)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600))
+        .unwrap();
     let server = server.stop().await.restart().await;
     within(STEP, "the leftover temporary file to go", async {
         while leftover.exists() {
