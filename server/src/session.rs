@@ -598,9 +598,12 @@ impl Registry {
     pub fn unload_idle(&self, max_idle: Duration) -> usize {
         let dropped: Vec<Arc<Session>> = {
             let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            // A session some request holds (the registry's reference is the only other one) is
+            // in use even when idle: an `attach` between opening the session and registering on
+            // it must not find it dropped from memory.
             let idle: Vec<String> = sessions
                 .values()
-                .filter(|s| s.idle() >= max_idle && !s.in_use())
+                .filter(|s| s.idle() >= max_idle && !s.in_use() && Arc::strong_count(s) == 1)
                 .map(|s| s.id.clone())
                 .collect();
             idle.iter().filter_map(|id| sessions.remove(id)).collect()
@@ -851,20 +854,25 @@ mod tests {
         reg.bind("dev", &s.id);
         assert_eq!(reg.bound("dev", "ana").unwrap(), s.id);
         reg.open("default", "ana").unwrap();
-        assert_eq!(reg.unload_idle(Duration::ZERO), 2);
+        // A session a caller still holds (a request between opening it and using it) stays.
+        assert_eq!(reg.unload_idle(Duration::ZERO), 1);
+        assert_eq!(reg.loaded(), 1);
+        let id = s.id.clone();
+        drop(s);
+        assert_eq!(reg.unload_idle(Duration::ZERO), 1);
         assert_eq!(reg.loaded(), 0);
         assert_eq!(reg.list("ana").len(), 2, "unloaded sessions stay on disk");
         // Nothing is older than a day; everything but default is older than "now".
         assert!(reg.gc(Duration::from_secs(86_400)).unwrap().is_empty());
         std::thread::sleep(Duration::from_millis(1100));
         let deleted = reg.gc(Duration::ZERO).unwrap();
-        assert_eq!(deleted, vec![s.id.clone()]);
+        assert_eq!(deleted, vec![id.clone()]);
         assert_eq!(
             reg.bound("dev", "ana").unwrap(),
             "default",
             "the binding went with the session"
         );
-        assert!(!dir.path().join("sessions").join(&s.id).exists());
+        assert!(!dir.path().join("sessions").join(&id).exists());
         assert!(
             dir.path().join("sessions/default").exists(),
             "never default"
