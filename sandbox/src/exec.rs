@@ -92,7 +92,8 @@ const X32_SYSCALL_BIT: Option<u32> = None;
 ///
 /// 1. a system call of another architecture (the i386 entry of an x86_64 kernel) kills the
 ///    process, and so does an x32 call on x86_64: their numbers mean other calls;
-/// 2. `socket(AF_UNIX, ...)` fails with `EACCES`;
+/// 2. `socket(AF_UNIX, ...)` fails with `EACCES`, and so does every `socket()` when
+///    `allow_network` is false ([`ExecPolicy::allow_network`]);
 /// 3. `socketpair` fails with `EACCES` unless the type is `SOCK_STREAM` or `SOCK_SEQPACKET`: a
 ///    datagram socketpair's socket can `sendto` (or `connect` to) any datagram socket by path
 ///    (`SOCK_RAW` is a datagram socket for `AF_UNIX`). Stream and seqpacket pairs are connected to
@@ -100,7 +101,7 @@ const X32_SYSCALL_BIT: Option<u32> = None;
 /// 4. `io_uring_setup`, `io_uring_enter` and `io_uring_register` fail with `EPERM`: io_uring
 ///    creates and connects sockets without the `socket` system call;
 /// 5. everything else is allowed (landlock, rlimits and the process group do the rest).
-pub fn seccomp_filter() -> Option<Vec<libc::sock_filter>> {
+pub fn seccomp_filter(allow_network: bool) -> Option<Vec<libc::sock_filter>> {
     use std::mem::offset_of;
 
     let arch = AUDIT_ARCH?;
@@ -147,9 +148,15 @@ pub fn seccomp_filter() -> Option<Vec<libc::sock_filter>> {
         ret(allow),
         // 6: io_uring.
         ret(eperm),
-        // 7: socket(domain, type, protocol).
+        // 7: socket(domain, type, protocol): refused for AF_UNIX, and for every domain when
+        // the network is not allowed.
         load(arg(0)),
-        jump(libc::BPF_JEQ, libc::AF_UNIX as u32, 4, 5), // -> 13, 14
+        jump(
+            libc::BPF_JEQ,
+            libc::AF_UNIX as u32,
+            4,
+            if allow_network { 5 } else { 4 },
+        ), // -> 13, 14 (or 13)
         // 9: socketpair(domain, type, protocol, sv); the type without SOCK_NONBLOCK/CLOEXEC.
         load(arg(1)),
         stmt(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K, 0xf),
@@ -381,7 +388,7 @@ pub(crate) async fn run_command(
         })?;
     let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout);
     // Both or neither: the landlock ruleset and the seccomp filter are one sandbox.
-    let (ruleset, filter) = match (landlock_abi(), seccomp_filter()) {
+    let (ruleset, filter) = match (landlock_abi(), seccomp_filter(policy.allow_network)) {
         (Some(abi), Some(filter)) if abi >= MIN_ABI => {
             let ruleset = plan.ruleset(jail, abi).map_err(|e| {
                 SandboxError::SandboxUnavailable(format!("the landlock ruleset failed: {e}"))
@@ -675,10 +682,16 @@ mod tests {
 
     #[test]
     fn the_seccomp_filter_is_well_formed() {
-        let Some(filter) = seccomp_filter() else {
-            assert!(AUDIT_ARCH.is_none());
-            return;
-        };
+        for allow_network in [true, false] {
+            let Some(filter) = seccomp_filter(allow_network) else {
+                assert!(AUDIT_ARCH.is_none());
+                return;
+            };
+            check_well_formed(&filter);
+        }
+    }
+
+    fn check_well_formed(filter: &[libc::sock_filter]) {
         assert!(filter.len() < 64, "{} instructions", filter.len());
         // What the kernel's checker requires: jumps land inside the program, loads are aligned
         // and inside `struct seccomp_data`, the last instruction returns.
@@ -707,7 +720,7 @@ mod tests {
 
     #[test]
     fn the_seccomp_filter_refuses_unix_sockets_and_io_uring_only() {
-        let Some(filter) = seccomp_filter() else {
+        let Some(filter) = seccomp_filter(true) else {
             return;
         };
         let arch = AUDIT_ARCH.unwrap();
@@ -796,5 +809,57 @@ mod tests {
         ] {
             assert_eq!(run(nr, [unix, dgram, 0, 0, 0, 0]), allow, "{nr}");
         }
+    }
+
+    #[test]
+    fn without_network_every_socket_is_refused_and_nothing_else_changes() {
+        let (Some(open), Some(closed)) = (seccomp_filter(true), seccomp_filter(false)) else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let eacces = libc::SECCOMP_RET_ERRNO | libc::EACCES as u32;
+        let allow = libc::SECCOMP_RET_ALLOW;
+        let stream = libc::SOCK_STREAM as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        for domain in [
+            libc::AF_INET,
+            libc::AF_INET6,
+            libc::AF_NETLINK,
+            libc::AF_PACKET,
+            libc::AF_UNIX,
+        ] {
+            for ty in [stream, dgram, libc::SOCK_RAW as u64] {
+                let args = [domain as u64, ty, 0, 0, 0, 0];
+                assert_eq!(
+                    evaluate(&closed, libc::SYS_socket, arch, args),
+                    eacces,
+                    "{args:?}"
+                );
+            }
+        }
+        // Every other call is judged as with the network allowed.
+        let unix = libc::AF_UNIX as u64;
+        for (nr, args) in [
+            (libc::SYS_socketpair, [unix, stream, 0, 0, 0, 0]),
+            (libc::SYS_socketpair, [unix, dgram, 0, 0, 0, 0]),
+            (libc::SYS_io_uring_setup, [8, 0, 0, 0, 0, 0]),
+            (libc::SYS_read, [0; 6]),
+            (libc::SYS_connect, [3, 0, 0, 0, 0, 0]),
+        ] {
+            assert_eq!(
+                evaluate(&closed, nr, arch, args),
+                evaluate(&open, nr, arch, args),
+                "{nr} {args:?}"
+            );
+        }
+        assert_eq!(
+            evaluate(
+                &open,
+                libc::SYS_socket,
+                arch,
+                [libc::AF_INET as u64, stream, 0, 0, 0, 0]
+            ),
+            allow
+        );
     }
 }

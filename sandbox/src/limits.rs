@@ -76,6 +76,10 @@ pub struct ExecPolicy {
     pub max_file_bytes: u64,
     /// Open files per process (`RLIMIT_NOFILE`).
     pub max_open_files: u64,
+    /// Whether commands may open network sockets (TCP, UDP, raw, netlink: any `socket()`).
+    /// When false, `socket()` fails with `EACCES` for every address family; connected
+    /// `socketpair`s between a command's own processes still work.
+    pub allow_network: bool,
 }
 
 impl Default for ExecPolicy {
@@ -89,6 +93,7 @@ impl Default for ExecPolicy {
             max_memory_bytes: 0,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             max_open_files: 1024,
+            allow_network: true,
         }
     }
 }

@@ -528,3 +528,38 @@ fn io_uring_is_refused_inside_the_sandbox() {
         eprintln!("io_uring is disabled on this host; the unsandboxed control was not run");
     }
 }
+
+/// A TCP connection to a listener on this machine, from bash (`/dev/tcp`), with the network
+/// allowed (the default) and not.
+#[test]
+fn allow_network_false_refuses_every_socket() {
+    if !std::path::Path::new("/bin/bash").exists() {
+        eprintln!("SKIPPED: no /bin/bash");
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let script = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
+    let open = Fixture::new();
+    let out = run(&open, &["/bin/bash", "-c", &script]);
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "connected\n");
+
+    let closed = Fixture::with(
+        Limits::default(),
+        monad_sandbox::ExecPolicy {
+            allow_network: false,
+            ..Default::default()
+        },
+    );
+    let out = run(&closed, &["/bin/bash", "-c", &script]);
+    assert_ne!(out.exit_code, Some(0), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(out.stderr.contains("Permission denied"), "{out:?}");
+    // Everything else still works: files, pipes, processes.
+    let out = run(
+        &closed,
+        &["/bin/bash", "-c", "echo hi > f && cat f | tr a-z A-Z"],
+    );
+    assert_eq!(out.stdout, "HI\n", "{out:?}");
+}

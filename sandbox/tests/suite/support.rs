@@ -21,14 +21,17 @@ impl Fixture {
     }
 
     pub fn with_limits(limits: Limits) -> Fixture {
+        Fixture::with(limits, ExecPolicy::default())
+    }
+
+    pub fn with(limits: Limits, exec: ExecPolicy) -> Fixture {
         let tmp = tempfile::tempdir().unwrap();
         for dir in ["root", "outside", "root_evil"] {
             std::fs::create_dir(tmp.path().join(dir)).unwrap();
         }
         std::fs::write(tmp.path().join("outside/secret.txt"), SECRET).unwrap();
         std::fs::write(tmp.path().join("root_evil/secret.txt"), SECRET).unwrap();
-        let sandbox =
-            Sandbox::open(&tmp.path().join("root"), limits, ExecPolicy::default()).unwrap();
+        let sandbox = Sandbox::open(&tmp.path().join("root"), limits, exec).unwrap();
         Fixture {
             tmp,
             sandbox: Arc::new(sandbox),
