@@ -123,18 +123,7 @@ pub async fn write_message<W: AsyncWrite + Unpin>(
     writer: &mut W,
     message: &Message,
 ) -> std::io::Result<()> {
-    let json = message.to_json();
-    if json.len() <= MAX_FRAME_PAYLOAD {
-        let mut buf = Vec::with_capacity(HEADER_LEN + json.len());
-        buf.extend_from_slice(&frame::encode_header(json.len(), true));
-        buf.extend_from_slice(&json);
-        return writer.write_all(&buf).await;
-    }
-    for (header, chunk) in frame::frames(&json) {
-        writer.write_all(&header).await?;
-        writer.write_all(chunk).await?;
-    }
-    Ok(())
+    write_messages(writer, &[message]).await
 }
 
 /// Writes several messages, in one write when each fits one frame, so that small ones share a

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use crate::ServerError;
 use crate::auth::TokenStore;
 use crate::config::ServerConfig;
-use crate::executor::{CallOutput, Executor};
+use crate::executor::Executor;
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, ServerSettings, Settings};
@@ -534,24 +534,16 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             while let Ok(message) = progress_rx.try_recv() {
                 let _ = write_message(&mut send, &Message::Progress { id, message }).await;
             }
-            let CallOutput {
-                workspace,
-                mut outcome,
-                mut body,
-            } = output;
             // A large `content` goes after the result as raw bytes: relayed as it arrives from
             // an attached client, or moved out of a primary workspace's result. An agent of an
             // older minor version gets it inline.
             let bodies = ctx.minor >= wire::BODY_MINOR;
-            if !bodies && body.is_some() {
-                (_, outcome) = CallOutput {
-                    workspace: None,
-                    outcome,
-                    body: body.take(),
-                }
-                .complete()
-                .await;
-            }
+            let (workspace, mut outcome, body) = if bodies {
+                (output.workspace, output.outcome, output.body)
+            } else {
+                let (workspace, outcome) = output.complete().await;
+                (workspace, outcome, None)
+            };
             let (announced, local) = match &body {
                 Some(pending) => (Some(pending.body.clone()), None),
                 None if bodies => match outcome.split_body() {
