@@ -53,7 +53,11 @@ pub fn annotations(tool: ToolName) -> ToolAnnotations {
         | ToolName::Search
         | ToolName::Glob
         | ToolName::Workspaces
-        | ToolName::MemoryRecall => (true, false, true),
+        | ToolName::MemoryRecall
+        | ToolName::ProcessList => (true, false, true),
+        // Consumes the output it returns: a second read returns what came after.
+        ToolName::ProcessRead => (true, false, false),
+        ToolName::ProcessWrite | ToolName::ProcessKill => (false, true, false),
         // Replaces the file with the given content: repeating it changes nothing more.
         ToolName::WriteFile => (false, true, true),
         // A second identical edit finds no match (or edits again with `replace_all`).

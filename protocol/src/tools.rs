@@ -59,11 +59,19 @@ pub enum ToolName {
     MemoryStore,
     /// Read notes back from the session's memory.
     MemoryRecall,
+    /// Read the new output of a background process, and whether it exited.
+    ProcessRead,
+    /// Write to a background process's standard input.
+    ProcessWrite,
+    /// Send a signal to a background process.
+    ProcessKill,
+    /// List the session's background processes in a workspace.
+    ProcessList,
 }
 
 impl ToolName {
     /// All tools, in the order they are listed to agents.
-    pub const ALL: [ToolName; 11] = [
+    pub const ALL: [ToolName; 15] = [
         ToolName::ReadFile,
         ToolName::ListDir,
         ToolName::Stat,
@@ -72,13 +80,17 @@ impl ToolName {
         ToolName::WriteFile,
         ToolName::EditFile,
         ToolName::RunCommand,
+        ToolName::ProcessRead,
+        ToolName::ProcessWrite,
+        ToolName::ProcessKill,
+        ToolName::ProcessList,
         ToolName::Workspaces,
         ToolName::MemoryStore,
         ToolName::MemoryRecall,
     ];
 
     /// The tools a workspace runs (everything but the session-level ones).
-    pub const WORKSPACE_TOOLS: [ToolName; 8] = [
+    pub const WORKSPACE_TOOLS: [ToolName; 12] = [
         ToolName::ReadFile,
         ToolName::ListDir,
         ToolName::Stat,
@@ -87,6 +99,17 @@ impl ToolName {
         ToolName::WriteFile,
         ToolName::EditFile,
         ToolName::RunCommand,
+        ToolName::ProcessRead,
+        ToolName::ProcessWrite,
+        ToolName::ProcessKill,
+        ToolName::ProcessList,
+    ];
+
+    /// The tools that act on a background process named by its `process` argument.
+    pub const PROCESS_TOOLS: [ToolName; 3] = [
+        ToolName::ProcessRead,
+        ToolName::ProcessWrite,
+        ToolName::ProcessKill,
     ];
 
     /// The name on the wire.
@@ -103,6 +126,10 @@ impl ToolName {
             ToolName::Workspaces => "workspaces",
             ToolName::MemoryStore => "memory_store",
             ToolName::MemoryRecall => "memory_recall",
+            ToolName::ProcessRead => "process_read",
+            ToolName::ProcessWrite => "process_write",
+            ToolName::ProcessKill => "process_kill",
+            ToolName::ProcessList => "process_list",
         }
     }
 
@@ -118,9 +145,13 @@ impl ToolName {
             | ToolName::ListDir
             | ToolName::Stat
             | ToolName::Search
-            | ToolName::Glob => ToolClass::Read,
+            | ToolName::Glob
+            | ToolName::ProcessRead
+            | ToolName::ProcessList => ToolClass::Read,
             ToolName::WriteFile | ToolName::EditFile => ToolClass::Write,
-            ToolName::RunCommand => ToolClass::Exec,
+            ToolName::RunCommand | ToolName::ProcessWrite | ToolName::ProcessKill => {
+                ToolClass::Exec
+            }
             ToolName::Workspaces | ToolName::MemoryStore | ToolName::MemoryRecall => {
                 ToolClass::System
             }
@@ -150,6 +181,10 @@ impl ToolName {
             ToolName::Workspaces => schemars::schema_for!(WorkspacesArgs),
             ToolName::MemoryStore => schemars::schema_for!(MemoryStoreArgs),
             ToolName::MemoryRecall => schemars::schema_for!(MemoryRecallArgs),
+            ToolName::ProcessRead => schemars::schema_for!(ProcessReadArgs),
+            ToolName::ProcessWrite => schemars::schema_for!(ProcessWriteArgs),
+            ToolName::ProcessKill => schemars::schema_for!(ProcessKillArgs),
+            ToolName::ProcessList => schemars::schema_for!(ProcessListArgs),
         };
         schema.to_value()
     }
@@ -198,8 +233,30 @@ impl ToolName {
                 "Run a program in a workspace: `argv` is the program and its arguments (no \
                  shell; pass [\"sh\", \"-c\", \"...\"] for one). It runs sandboxed: it can \
                  read and write only the workspace and read the system's runtime directories, \
-                 with a time limit (`timeout_ms`) and capped output. Returns the exit code, \
-                 stdout and stderr."
+                 without privileges, with no network unless the workspace's policy allows some, \
+                 with a time limit (`timeout_ms`) and capped output; everything it starts ends \
+                 with it. Returns the exit code, stdout and stderr. For builds, test suites and \
+                 servers that run long, set `background: true` to get a process id at once, or \
+                 `background_after_ms` to wait that long and then leave it running; then use \
+                 `process_read`, `process_write` and `process_kill`."
+            }
+            ToolName::ProcessRead => {
+                "Read what a background process (from `run_command` with `background`) wrote \
+                 since the last read, waiting up to `wait_ms` for more when there is none yet. \
+                 Says whether it is still running, and how it ended when it has. Output stays \
+                 readable after the process exits, until it has been read."
+            }
+            ToolName::ProcessWrite => {
+                "Write `text` to a background process's standard input; `close_stdin` closes it \
+                 afterwards (end of input)."
+            }
+            ToolName::ProcessKill => {
+                "Send a signal to a background process and everything it started: `TERM` \
+                 (default), `INT`, `HUP`, `QUIT`, `USR1`, `USR2` or `KILL`."
+            }
+            ToolName::ProcessList => {
+                "List the session's background processes in a workspace: their ids, command \
+                 lines, and whether they are still running."
             }
             ToolName::Workspaces => {
                 "List the session's workspaces: their short names, URIs, trust levels, hosts, \
@@ -492,7 +549,7 @@ pub struct EditFileArgs {
 }
 
 /// Arguments of `run_command`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunCommandArgs {
     /// The program and its arguments. The program is looked up in the sandbox's PATH when it has
@@ -507,6 +564,16 @@ pub struct RunCommandArgs {
     /// Text to pass on standard input. Default: none (standard input is empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// Start it in the background and answer at once with its process id (read its output
+    /// with `process_read`). Default false. A background command has no time limit unless
+    /// `timeout_ms` gives one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background: Option<bool>,
+    /// When it still runs after this many milliseconds, answer with what it printed so far and
+    /// its process id, and leave it running in the background instead of waiting (or killing it
+    /// at its time limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_after_ms: Option<u64>,
     /// Workspace to run in: a short name or URI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
@@ -536,6 +603,182 @@ pub struct RunCommandResult {
     /// How the command was confined: `landlock` or `none` (only when the operator allowed
     /// unsandboxed execution on a kernel without landlock).
     pub sandbox: String,
+    /// When it runs on in the background (started with `background`, or still running after
+    /// `background_after_ms`): its process id, for `process_read`, `process_write` and
+    /// `process_kill`. `exit_code` and `signal` are then absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    /// Network connections it asked the workspace's proxy for (with `network = "allowlist"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network: Vec<NetworkEvent>,
+}
+
+/// Arguments of `process_read`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessReadArgs {
+    /// The process id `run_command` returned.
+    pub process: String,
+    /// When there is no new output yet, wait up to this many milliseconds for some (or for the
+    /// process to exit). Default 0: answer at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// Workspace to run in: a short name or URI. Default: the workspace that started the
+    /// process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Result of `process_read`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessReadResult {
+    /// The process id.
+    pub process: String,
+    /// True while the process (or anything it started) still runs.
+    pub running: bool,
+    /// Exit code, once it exited by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// True when its time limit ran out and it was killed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    /// Standard output written since the last read (lossy UTF-8).
+    pub stdout: String,
+    /// Standard error written since the last read (lossy UTF-8).
+    pub stderr: String,
+    /// Bytes of standard output dropped, oldest first, because more than the cap piled up
+    /// between two reads.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stdout_dropped: u64,
+    /// Bytes of standard error dropped likewise.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stderr_dropped: u64,
+    /// Milliseconds since it started (until it exited, once it has).
+    pub duration_ms: u64,
+    /// Network connections it asked the workspace's proxy for since the last read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network: Vec<NetworkEvent>,
+}
+
+/// Arguments of `process_write`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessWriteArgs {
+    /// The process id `run_command` returned.
+    pub process: String,
+    /// Text to write to its standard input (may be empty, e.g. to only close it).
+    pub text: String,
+    /// Close its standard input after writing (end of input). Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub close_stdin: Option<bool>,
+    /// Workspace to run in: a short name or URI. Default: the workspace that started the
+    /// process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Result of `process_write`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessWriteResult {
+    /// The process id.
+    pub process: String,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// True when its standard input is closed now.
+    pub stdin_closed: bool,
+}
+
+/// Arguments of `process_kill`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessKillArgs {
+    /// The process id `run_command` returned.
+    pub process: String,
+    /// `TERM` (default), `INT`, `HUP`, `QUIT`, `USR1`, `USR2` or `KILL` (with or without a
+    /// `SIG` prefix). `KILL` ends it and everything it started at once; the others are
+    /// delivered to the process, which may handle them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// Workspace to run in: a short name or URI. Default: the workspace that started the
+    /// process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// Result of `process_kill`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessKillResult {
+    /// The process id.
+    pub process: String,
+    /// The signal sent, e.g. `TERM`.
+    pub signal: String,
+    /// False when it had already exited (nothing was sent).
+    pub delivered: bool,
+}
+
+/// Arguments of `process_list`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessListArgs {
+    /// Workspace to list: a short name or URI. Default: the workspace of the session's most
+    /// recently started process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+/// One background process, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessInfo {
+    /// Its id.
+    pub process: String,
+    /// The command line it was started with.
+    pub argv: Vec<String>,
+    /// Its working directory, relative to the workspace root.
+    pub cwd: String,
+    /// True while it runs.
+    pub running: bool,
+    /// Exit code, once it exited by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Milliseconds since it started (until it exited, once it has).
+    pub duration_ms: u64,
+    /// Bytes of output waiting to be read.
+    pub unread_bytes: u64,
+}
+
+/// Result of `process_list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ProcessListResult {
+    /// The processes, oldest first: those running, and those that exited with output not read
+    /// yet.
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// A connection a command asked the workspace's network proxy for, and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NetworkEvent {
+    /// The host name (or address) the command asked for.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// Whether the connection was let through.
+    pub allowed: bool,
+    /// The address it was made to, when allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Why it was refused, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Arguments of `workspaces` (none besides the usual optional `workspace`).
@@ -606,6 +849,10 @@ mod tests {
             (ToolName::Workspaces, &[]),
             (ToolName::MemoryStore, &["key", "text"]),
             (ToolName::MemoryRecall, &[]),
+            (ToolName::ProcessRead, &["process"]),
+            (ToolName::ProcessWrite, &["process", "text"]),
+            (ToolName::ProcessKill, &["process"]),
+            (ToolName::ProcessList, &[]),
         ];
         for (tool, want) in required {
             let schema = tool.input_schema();
@@ -639,6 +886,8 @@ mod tests {
             cwd: Some("src".into()),
             timeout_ms: Some(1000),
             stdin: None,
+            background: Some(true),
+            background_after_ms: None,
             workspace: Some("primary".into()),
         };
         let back: RunCommandArgs =

@@ -399,6 +399,8 @@ fn bench_run_command(quick: bool, root: &Path) {
         cwd: None,
         timeout_ms: None,
         stdin: None,
+        background: None,
+        background_after_ms: None,
         workspace: None,
     };
     let mut sandbox = Sandbox::open(root, Limits::default(), ExecPolicy::default()).unwrap();

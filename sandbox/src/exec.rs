@@ -388,7 +388,13 @@ pub(crate) async fn run_command(
         })?;
     let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout);
     // Both or neither: the landlock ruleset and the seccomp filter are one sandbox.
-    let (ruleset, filter) = match (landlock_abi(), seccomp_filter(policy.allow_network)) {
+    if policy.network == crate::NetworkMode::Allowlist {
+        return Err(SandboxError::SandboxUnavailable(
+            "`network = \"allowlist\"` is not supported yet".into(),
+        ));
+    }
+    let allow_network = policy.network == crate::NetworkMode::Host;
+    let (ruleset, filter) = match (landlock_abi(), seccomp_filter(allow_network)) {
         (Some(abi), Some(filter)) if abi >= MIN_ABI => {
             let ruleset = plan.ruleset(jail, abi).map_err(|e| {
                 SandboxError::SandboxUnavailable(format!("the landlock ruleset failed: {e}"))
@@ -521,6 +527,8 @@ pub(crate) async fn run_command(
         stderr_truncated,
         duration_ms: duration.as_millis() as u64,
         sandbox: sandbox.to_owned(),
+        process: None,
+        network: Vec::new(),
     })
 }
 

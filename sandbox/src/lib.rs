@@ -39,7 +39,7 @@ use serde::de::DeserializeOwned;
 
 pub use error::{EscapeReason, SandboxError};
 pub use jail::{Jail, JailPath};
-pub use limits::{ExecPolicy, Limits};
+pub use limits::{ExecPolicy, Limits, NetworkMode};
 
 /// A workspace's jail with its limits and command policy: what runs the workspace tools.
 #[derive(Debug)]
@@ -197,6 +197,12 @@ impl Sandbox {
                 let args: RunCommandArgs = parse_args(tool, args)?;
                 to_json(self.run_command(&args).await?)
             }
+            ToolName::ProcessRead
+            | ToolName::ProcessWrite
+            | ToolName::ProcessKill
+            | ToolName::ProcessList => Err(SandboxError::InvalidArguments(format!(
+                "`{tool}` is not available in this workspace yet"
+            ))),
             ToolName::Workspaces | ToolName::MemoryStore | ToolName::MemoryRecall => {
                 Err(SandboxError::InvalidArguments(format!(
                     "`{tool}` is a session tool, not a workspace tool"

@@ -76,10 +76,45 @@ pub struct ExecPolicy {
     pub max_file_bytes: u64,
     /// Open files per process (`RLIMIT_NOFILE`).
     pub max_open_files: u64,
-    /// Whether commands may open network sockets (TCP, UDP, raw, netlink: any `socket()`).
-    /// When false, `socket()` fails with `EACCES` for every address family; connected
-    /// `socketpair`s between a command's own processes still work.
-    pub allow_network: bool,
+    /// What network commands get: `off` (the default), `allowlist` (only the hosts in
+    /// [`ExecPolicy::allow`], through Monad's proxy) or `host` (the host's network).
+    pub network: NetworkMode,
+    /// With `network = "allowlist"`: the destinations commands may reach: `host`, `*.domain`
+    /// (any name under it), `host:port`, an IP address, or a CIDR range (`10.1.0.0/16`).
+    /// Private, loopback and link-local addresses are refused unless listed as an address or
+    /// range.
+    pub allow: Vec<String>,
+    /// With `network = "allowlist"`: destinations refused even when `allow` lists them (same
+    /// forms as `allow`); deny wins.
+    pub deny: Vec<String>,
+}
+
+/// What network a command gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// No network: only a loopback of its own.
+    #[default]
+    Off,
+    /// Only the destinations the policy lists, through Monad's proxy.
+    Allowlist,
+    /// The host's network, unrestricted.
+    Host,
+}
+
+impl ExecPolicy {
+    /// The network a command gets under this policy, in a few words for a person (approval
+    /// prompts): `no network`, `network to pypi.org, *.github.com only`, `full network`.
+    pub fn network_summary(&self) -> String {
+        match self.network {
+            NetworkMode::Off => "no network".to_owned(),
+            NetworkMode::Host => "full network (the host's)".to_owned(),
+            NetworkMode::Allowlist if self.allow.is_empty() => {
+                "no network (the allowlist is empty)".to_owned()
+            }
+            NetworkMode::Allowlist => format!("network to {} only", self.allow.join(", ")),
+        }
+    }
 }
 
 impl Default for ExecPolicy {
@@ -93,7 +128,9 @@ impl Default for ExecPolicy {
             max_memory_bytes: 0,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             max_open_files: 1024,
-            allow_network: true,
+            network: NetworkMode::Off,
+            allow: Vec::new(),
+            deny: Vec::new(),
         }
     }
 }

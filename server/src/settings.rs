@@ -378,7 +378,7 @@ mod tests {
                 ("MONAD_EXEC_EXTRA_READ_PATHS", "[\"/opt\"]"),
                 ("MONAD_EXEC_PATH_ENV", "/bin:/usr/bin"),
                 ("MONAD_ATTACH_ALLOW_FULL_TRUST", "false"),
-                ("MONAD_EXEC_ALLOW_NETWORK", "false"),
+                ("MONAD_EXEC_NETWORK", "host"),
             ]),
         )
         .unwrap();
@@ -386,10 +386,11 @@ mod tests {
         assert_eq!(g.exec.extra_read_paths, [std::path::PathBuf::from("/opt")]);
         assert_eq!(g.exec.path_env, "/bin:/usr/bin");
         assert!(!g.attach.allow_full_trust);
-        assert!(!g.exec.allow_network);
-        assert!(
-            Layers::default().global().exec.allow_network,
-            "allowed by default"
+        assert_eq!(g.exec.network, monad_sandbox::NetworkMode::Host);
+        assert_eq!(
+            Layers::default().global().exec.network,
+            monad_sandbox::NetworkMode::Off,
+            "off by default"
         );
     }
 }

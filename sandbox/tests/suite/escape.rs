@@ -511,6 +511,8 @@ fn perform(sandbox: &Sandbox, call: &Call, shown: &mut String) -> Outcome {
             cwd: cwd.clone(),
             timeout_ms: Some(10_000),
             stdin: None,
+            background: None,
+            background_after_ms: None,
             workspace: None,
         }))),
         Call::Seq(calls) => {

@@ -12,6 +12,8 @@ fn args(argv: &[&str]) -> RunCommandArgs {
         cwd: None,
         timeout_ms: Some(20_000),
         stdin: None,
+        background: None,
+        background_after_ms: None,
         workspace: None,
     }
 }
@@ -471,7 +473,13 @@ fn socketpairs_and_ip_sockets_still_work_inside_the_sandbox() {
     if !have_python("socketpairs_and_ip_sockets_still_work_inside_the_sandbox") {
         return;
     }
-    let fx = Fixture::new();
+    let fx = Fixture::with(
+        Limits::default(),
+        monad_sandbox::ExecPolicy {
+            network: monad_sandbox::NetworkMode::Host,
+            ..Default::default()
+        },
+    );
     let out = run(
         &fx,
         &[
@@ -529,10 +537,10 @@ fn io_uring_is_refused_inside_the_sandbox() {
     }
 }
 
-/// A TCP connection to a listener on this machine, from bash (`/dev/tcp`), with the network
-/// allowed (the default) and not.
+/// A TCP connection to a listener on this machine, from bash (`/dev/tcp`), with the host's
+/// network and without (the default).
 #[test]
-fn allow_network_false_refuses_every_socket() {
+fn network_off_refuses_every_socket() {
     if !std::path::Path::new("/bin/bash").exists() {
         eprintln!("SKIPPED: no /bin/bash");
         return;
@@ -540,18 +548,18 @@ fn allow_network_false_refuses_every_socket() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let script = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
-    let open = Fixture::new();
+    let open = Fixture::with(
+        Limits::default(),
+        monad_sandbox::ExecPolicy {
+            network: monad_sandbox::NetworkMode::Host,
+            ..Default::default()
+        },
+    );
     let out = run(&open, &["/bin/bash", "-c", &script]);
     assert_eq!(out.exit_code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "connected\n");
 
-    let closed = Fixture::with(
-        Limits::default(),
-        monad_sandbox::ExecPolicy {
-            allow_network: false,
-            ..Default::default()
-        },
-    );
+    let closed = Fixture::new();
     let out = run(&closed, &["/bin/bash", "-c", &script]);
     assert_ne!(out.exit_code, Some(0), "{out:?}");
     assert!(out.stdout.is_empty(), "{out:?}");
