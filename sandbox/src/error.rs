@@ -77,11 +77,11 @@ pub enum SandboxError {
     LimitExceeded(String),
     /// Commands cannot be sandboxed on this kernel and the operator did not allow running them
     /// unsandboxed.
-    #[error(
-        "commands cannot run here: {0}; the operator can set `allow_unsandboxed_exec = true` \
-         to run them without a sandbox"
-    )]
+    #[error("commands cannot run here: {0}")]
     SandboxUnavailable(String),
+    /// A process did not do something in time (take its input, ...).
+    #[error("{0}")]
+    Timeout(String),
     /// The operating system failed an operation.
     #[error("{op} `{path}`: {source}")]
     Io {
@@ -110,6 +110,7 @@ impl SandboxError {
             SandboxError::NoMatch(_) => ErrorCode::NoMatch,
             SandboxError::LimitExceeded(_) => ErrorCode::LimitExceeded,
             SandboxError::SandboxUnavailable(_) => ErrorCode::SandboxUnavailable,
+            SandboxError::Timeout(_) => ErrorCode::Timeout,
             SandboxError::Io { .. } => ErrorCode::Io,
         }
     }

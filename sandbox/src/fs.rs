@@ -663,6 +663,25 @@ pub(crate) fn edit_file(
 struct OldFile {
     bytes: Vec<u8>,
     mode: u32,
+    /// Its owner (uid, gid), kept when a write replaces it.
+    owner: (u32, u32),
+}
+
+/// When Monad runs as root, what its tools create belongs to whoever owns the place it is
+/// created in (the file it replaces, else its directory), so that commands, which never run as
+/// root, can still change it; nothing is handed to root itself. Does nothing otherwise.
+fn give_to(file: &impl std::os::fd::AsFd, owner: (u32, u32)) -> std::io::Result<()> {
+    if !nix::unistd::geteuid().is_root() || owner.0 == 0 {
+        return Ok(());
+    }
+    nix::unistd::fchown(file.as_fd(), Some(owner.0.into()), Some(owner.1.into()))
+        .map_err(std::io::Error::from)
+}
+
+/// The (uid, gid) of a directory or file.
+fn owner_of(meta: &cap_std::fs::Metadata) -> (u32, u32) {
+    use cap_std::fs::MetadataExt;
+    (meta.uid(), meta.gid())
 }
 
 /// Where a write lands: the parent directory handle, the final name, and what is there now.
@@ -714,6 +733,33 @@ impl Target {
                 jail.dir()
                     .create_dir_all(parent_path.rel())
                     .map_err(|e| SandboxError::from_io("create directory", path.given(), e))?;
+                // Each directory made belongs to the owner of the one it was made in. Each is
+                // changed through its parent's handle (opened beneath the root), by its name
+                // alone and without following it: never a path a link could lead out.
+                if nix::unistd::geteuid().is_root() {
+                    let fail = |e| SandboxError::from_io("create directory", path.given(), e);
+                    let mut prefix = std::path::PathBuf::new();
+                    for component in parent_path.rel().components() {
+                        let above = if prefix.as_os_str().is_empty() {
+                            jail.dir().try_clone().map_err(fail)?
+                        } else {
+                            jail.dir().open_dir(&prefix).map_err(fail)?
+                        };
+                        prefix.push(component);
+                        let theirs = above.symlink_metadata(component).map_err(fail)?;
+                        let ours = owner_of(&above.dir_metadata().map_err(fail)?);
+                        if theirs.is_dir() && owner_of(&theirs).0 == 0 && ours.0 != 0 {
+                            nix::unistd::fchownat(
+                                &above,
+                                component.as_os_str(),
+                                Some(ours.0.into()),
+                                Some(ours.1.into()),
+                                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                            )
+                            .map_err(|e| fail(e.into()))?;
+                        }
+                    }
+                }
                 jail.open_dir(&parent_path)?
             }
             Err(SandboxError::NotFound(_)) => {
@@ -734,6 +780,7 @@ impl Target {
                 Some(OldFile {
                     bytes,
                     mode: PermissionsExt::mode(&meta.permissions()) & 0o7777,
+                    owner: owner_of(&meta),
                 })
             }
             Ok(meta) if meta.is_dir() => {
@@ -791,8 +838,13 @@ impl Target {
                 Err(e) => return Err(SandboxError::from_io("write", given, e)),
             }
         };
-        let written = file
-            .write_all(content)
+        let owner = match &self.old {
+            Some(old) => Ok(old.owner),
+            None => self.parent.dir_metadata().map(|m| owner_of(&m)),
+        };
+        let written = owner
+            .and_then(|owner| give_to(&file, owner))
+            .and_then(|()| file.write_all(content))
             .and_then(|()| file.set_permissions(Permissions::from_mode(mode)))
             .and_then(|()| file.sync_all());
         drop(file);

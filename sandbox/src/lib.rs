@@ -18,7 +18,6 @@
 #![deny(missing_docs)]
 
 mod error;
-#[allow(unsafe_code)]
 pub mod exec;
 mod fs;
 mod jail;
@@ -30,7 +29,8 @@ use std::sync::Arc;
 
 use monad_protocol::ToolName;
 use monad_protocol::tools::{
-    EditFileArgs, GlobArgs, GlobResult, ListDirArgs, ListDirResult, ReadFileArgs, ReadFileResult,
+    EditFileArgs, GlobArgs, GlobResult, ListDirArgs, ListDirResult, ProcessKillArgs,
+    ProcessListArgs, ProcessReadArgs, ProcessWriteArgs, ReadFileArgs, ReadFileResult,
     RunCommandArgs, RunCommandResult, SearchArgs, SearchResult, StatArgs, StatResult,
     WriteFileArgs, WriteResult,
 };
@@ -39,7 +39,7 @@ use serde::de::DeserializeOwned;
 
 pub use error::{EscapeReason, SandboxError};
 pub use jail::{Jail, JailPath};
-pub use limits::{ExecPolicy, Limits, NetworkMode};
+pub use limits::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
 
 /// A workspace's jail with its limits and command policy: what runs the workspace tools.
 #[derive(Debug)]
@@ -50,6 +50,8 @@ pub struct Sandbox {
     /// The root's device, when the root is on a local disk: small reads of files on that same
     /// device may run on the calling task.
     local_device: Option<u64>,
+    /// Background processes (dropped with the sandbox: they are killed).
+    processes: exec::process::Table,
 }
 
 /// Largest file [`Sandbox::call`] reads on the calling task rather than on tokio's blocking pool
@@ -94,6 +96,7 @@ impl Sandbox {
         };
         Ok(Sandbox {
             local_device,
+            processes: exec::process::Table::new(exec.max_background),
             jail,
             limits,
             exec,
@@ -159,12 +162,31 @@ impl Sandbox {
             .is_ok_and(|p| self.jail.dir().symlink_metadata(p.rel()).is_ok())
     }
 
-    /// `run_command`: a sandboxed program, with a time limit and capped output.
+    /// The command policy in force.
+    pub fn exec_policy(&self) -> &ExecPolicy {
+        &self.exec
+    }
+
+    /// `run_command`: a sandboxed program, with a time limit and capped output; in the
+    /// background when asked (see [`exec`]).
     pub async fn run_command(
         &self,
         args: &RunCommandArgs,
     ) -> Result<RunCommandResult, SandboxError> {
-        exec::run_command(&self.jail, &self.limits, &self.exec, args).await
+        exec::process::run(
+            &self.jail,
+            &self.limits,
+            &self.exec,
+            &self.processes,
+            args,
+            None,
+        )
+        .await
+    }
+
+    /// Whether a background process of this workspace still runs.
+    pub fn has_running_processes(&self) -> bool {
+        self.processes.any_running()
     }
 
     /// Runs a workspace tool by name with JSON arguments and returns its JSON result. File tools
@@ -175,6 +197,17 @@ impl Sandbox {
         self: &Arc<Self>,
         tool: ToolName,
         args: serde_json::Value,
+    ) -> Result<serde_json::Value, SandboxError> {
+        self.call_with_progress(tool, args, None).await
+    }
+
+    /// [`Sandbox::call`], with `progress` told how a long foreground command is going (every
+    /// few seconds: how long it has run and its latest output line).
+    pub async fn call_with_progress(
+        self: &Arc<Self>,
+        tool: ToolName,
+        args: serde_json::Value,
+        progress: Option<&exec::process::Progress>,
     ) -> Result<serde_json::Value, SandboxError> {
         match tool {
             ToolName::ReadFile => {
@@ -195,14 +228,33 @@ impl Sandbox {
             ToolName::EditFile => self.blocking(tool, args, Sandbox::edit_file).await,
             ToolName::RunCommand => {
                 let args: RunCommandArgs = parse_args(tool, args)?;
-                to_json(self.run_command(&args).await?)
+                let result = exec::process::run(
+                    &self.jail,
+                    &self.limits,
+                    &self.exec,
+                    &self.processes,
+                    &args,
+                    progress,
+                )
+                .await?;
+                to_json(result)
             }
-            ToolName::ProcessRead
-            | ToolName::ProcessWrite
-            | ToolName::ProcessKill
-            | ToolName::ProcessList => Err(SandboxError::InvalidArguments(format!(
-                "`{tool}` is not available in this workspace yet"
-            ))),
+            ToolName::ProcessRead => {
+                let args: ProcessReadArgs = parse_args(tool, args)?;
+                to_json(exec::process::read(&self.processes, &args).await?)
+            }
+            ToolName::ProcessWrite => {
+                let args: ProcessWriteArgs = parse_args(tool, args)?;
+                to_json(exec::process::write(&self.processes, &args).await?)
+            }
+            ToolName::ProcessKill => {
+                let args: ProcessKillArgs = parse_args(tool, args)?;
+                to_json(exec::process::kill(&self.processes, &args)?)
+            }
+            ToolName::ProcessList => {
+                let _: ProcessListArgs = parse_args(tool, args)?;
+                to_json(exec::process::list(&self.processes))
+            }
             ToolName::Workspaces | ToolName::MemoryStore | ToolName::MemoryRecall => {
                 Err(SandboxError::InvalidArguments(format!(
                     "`{tool}` is a session tool, not a workspace tool"

@@ -70,8 +70,25 @@ pub struct ExecPolicy {
     pub path_env: String,
     /// Extra environment variables for commands (the environment is otherwise scrubbed).
     pub env: std::collections::BTreeMap<String, String>,
-    /// Address space limit (`RLIMIT_AS`) in bytes; 0 for none.
+    /// Address space limit (`RLIMIT_AS`) of each process of a command, in bytes; 0 for none.
     pub max_memory_bytes: u64,
+    /// Processes (and threads) one command may have at once (`RLIMIT_NPROC`, counted in the
+    /// command's own user namespace); 0 for no limit. Not applied without namespaces, where
+    /// the kernel would count every process of the user.
+    pub max_processes: u64,
+    /// Size of the command's private `/dev/shm` (shared memory, POSIX semaphores), in bytes.
+    pub shm_max_bytes: u64,
+    /// Background processes a workspace keeps at once (running, or exited with output not read
+    /// yet).
+    pub max_background: usize,
+    /// When Monad runs as root, the user commands run as (a name or a numeric uid; never root).
+    /// Unset: the owner of the workspace's folder when that is not root, else `nobody`.
+    /// Ignored when Monad runs as an ordinary user: commands run as that user.
+    pub user: Option<String>,
+    /// Whether commands run in namespaces of their own (user, PID, mount, IPC, network):
+    /// `auto` (when the kernel allows it, else the fallback: a subreaper, seccomp for the
+    /// network), `required` (refuse commands when it does not) or `off` (always the fallback).
+    pub namespaces: NamespacePolicy,
     /// Largest file a command may write (`RLIMIT_FSIZE`) in bytes.
     pub max_file_bytes: u64,
     /// Open files per process (`RLIMIT_NOFILE`).
@@ -87,6 +104,20 @@ pub struct ExecPolicy {
     /// With `network = "allowlist"`: destinations refused even when `allow` lists them (same
     /// forms as `allow`); deny wins.
     pub deny: Vec<String>,
+}
+
+/// Whether commands get namespaces of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NamespacePolicy {
+    /// When the kernel allows them; else the fallback.
+    #[default]
+    Auto,
+    /// Always; commands are refused where the kernel does not allow them.
+    Required,
+    /// Never: the fallback (a child subreaper kills what a command leaves; no private
+    /// `/dev/shm`; the network can only be all or nothing).
+    Off,
 }
 
 /// What network a command gets.
@@ -126,6 +157,11 @@ impl Default for ExecPolicy {
             path_env: "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin".to_owned(),
             env: std::collections::BTreeMap::new(),
             max_memory_bytes: 0,
+            max_processes: 1024,
+            shm_max_bytes: 256 * 1024 * 1024,
+            max_background: 16,
+            user: None,
+            namespaces: NamespacePolicy::Auto,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             max_open_files: 1024,
             network: NetworkMode::Off,

@@ -381,6 +381,8 @@ impl Registry {
             .map_err(|e| ToolError::new(ErrorCode::Internal, format!("bad configuration: {e}")))?;
         let root = self.sessions_dir.join(&id).join("workspace");
         std::fs::create_dir_all(&root).map_err(internal)?;
+        // Run as root, the server's commands run as an unprivileged user: the folder is theirs.
+        monad_sandbox::exec::give_to_command_user(&root, &settings.exec).map_err(internal)?;
         let primary = Sandbox::open(&root, settings.limits.clone(), settings.exec.clone())
             .map_err(internal)?;
         let now = Instant::now();

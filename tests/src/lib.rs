@@ -370,7 +370,26 @@ pub fn folder(files: &[(&str, &str)]) -> TempDir {
         }
         std::fs::write(&path, content).expect("file written");
     }
+    give_to_command_user(dir.path());
     dir
+}
+
+/// The user commands run as when the tests run as root: a folder it owns is one whose commands
+/// run as that user (a folder root owns would have them run as `nobody`, who could not write it).
+pub const COMMAND_UID: u32 = 65534;
+
+/// Gives `path` and everything under it to [`COMMAND_UID`] when the tests run as root, as a
+/// person's folder belongs to them; does nothing otherwise.
+pub fn give_to_command_user(path: &Path) {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    std::os::unix::fs::lchown(path, Some(COMMAND_UID), Some(COMMAND_UID)).expect("chown");
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        for entry in std::fs::read_dir(path).expect("read_dir") {
+            give_to_command_user(&entry.expect("entry").path());
+        }
+    }
 }
 
 /// Attach options for tests: the short name `name`, restricted, a short prompt time-out and a

@@ -57,11 +57,13 @@ const WHY_NUL: &str = "NUL byte";
 const WHY_LOOP: &str = "too many levels of symbolic links (a link loop?)";
 const WHY_MISSING: &str = "does not exist";
 
-/// What a command says when landlock stops it.
+/// What a command says when landlock (or, in namespaces, the read-only mounts around the
+/// workspace) stops it.
 const DENIED: &[&str] = &[
     "permission denied",
     "operation not permitted",
     "invalid cross-device link",
+    "read-only file system",
 ];
 
 /// Puts the traps every case runs against into a fresh fixture's root, and a program outside.
@@ -350,6 +352,11 @@ impl Case {
 
 /// Runs every case and fails once, naming each case that went wrong and how.
 fn run_cases(group: &str, cases: Vec<Case>) {
+    run_cases_with(group, cases, &monad_sandbox::ExecPolicy::default());
+}
+
+/// [`run_cases`] with commands under `exec`.
+fn run_cases_with(group: &str, cases: Vec<Case>, exec: &monad_sandbox::ExecPolicy) {
     let mut names = std::collections::HashSet::new();
     for case in &cases {
         assert!(names.insert(case.name), "duplicate case name {}", case.name);
@@ -357,7 +364,7 @@ fn run_cases(group: &str, cases: Vec<Case>) {
     let failures: Vec<String> = cases
         .iter()
         .filter_map(|case| {
-            run_case(case)
+            run_case(case, exec)
                 .err()
                 .map(|e| format!("- {}: {e}", case.name))
         })
@@ -371,8 +378,8 @@ fn run_cases(group: &str, cases: Vec<Case>) {
     );
 }
 
-fn run_case(case: &Case) -> Result<(), String> {
-    let fx = Fixture::new();
+fn run_case(case: &Case, exec: &monad_sandbox::ExecPolicy) -> Result<(), String> {
+    let fx = Fixture::with(monad_sandbox::Limits::default(), exec.clone());
     plant_traps(&fx);
     if let Some(setup) = case.setup {
         setup(&fx);
@@ -1250,9 +1257,23 @@ fn nul_bytes_are_refused_by_every_tool() {
 
 #[test]
 fn commands_cannot_read_or_modify_outside() {
+    run_cases("command", command_cases());
+}
+
+/// The same attacks where commands have no namespaces (the fallback): landlock and seccomp
+/// alone stop them.
+#[test]
+fn commands_cannot_read_or_modify_outside_without_namespaces() {
+    let exec = monad_sandbox::ExecPolicy {
+        namespaces: monad_sandbox::NamespacePolicy::Off,
+        ..Default::default()
+    };
+    run_cases_with("command (no namespaces)", command_cases(), &exec);
+}
+
+fn command_cases() -> Vec<Case> {
     let d = |name, call| command_fails(name, call, DENIED);
-    run_cases(
-        "command",
+    {
         vec![
             d("cat an outside file", run(&["cat", "{outside}/secret.txt"])),
             d(
@@ -1325,9 +1346,14 @@ fn commands_cannot_read_or_modify_outside() {
                 "mv an in-root file out",
                 run(&["mv", "inside.txt", "{outside}/inside.txt"]),
             ),
-            d(
+            command_fails(
                 "bind-mount the outside in",
                 run(&["mount", "--bind", "{outside}", "sub"]),
+                &[
+                    "permission denied",
+                    "operation not permitted",
+                    "must be superuser",
+                ],
             ),
             command_fails(
                 "sh runs an outside script",
@@ -1372,8 +1398,8 @@ fn commands_cannot_read_or_modify_outside() {
                     root_file_is(fx, "made.txt", "made\n")
                 },
             ),
-        ],
-    );
+        ]
+    }
 }
 
 #[test]

@@ -32,15 +32,23 @@ fn sh(fx: &Fixture, script: &str) -> RunCommandResult {
 
 /// True once `pid` is gone or a zombie (killed, waiting for its reaper). SIGKILL is delivered
 /// asynchronously, so this polls for up to five seconds instead of sleeping a fixed time.
-fn dies(pid: i32) -> bool {
-    (0..500).any(|_| {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let done = stat.is_empty() || stat.contains(") Z ");
-        if !done {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        done
-    })
+/// A script that starts an escapee that leaves the command's process group and session
+/// (`setsid`, double fork) and holds a lock on `held.lock` while it sleeps; the script returns
+/// once the lock is held. `then` runs after that.
+fn escapee_then(then: &str) -> String {
+    format!(
+        "(setsid sh -c 'exec 9>>held.lock; flock 9; echo held > held.ready; exec sleep 60' &); \
+         while [ ! -s held.ready ]; do sleep 0.01; done; {then}"
+    )
+}
+
+/// Whether a process still holds the escapee's lock: it is released only when the last process
+/// holding it is gone. Checked once, right after the call returned: the tree must be gone by
+/// then.
+fn escapee_alive(fx: &Fixture) -> bool {
+    assert_eq!(fx.read("held.ready"), "held\n", "the escapee got its lock");
+    let file = std::fs::File::open(fx.root().join("held.lock")).expect("the escapee's lock");
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
 }
 
 #[test]
@@ -125,26 +133,44 @@ fn the_private_temp_dir_is_writable_and_removed_afterwards() {
 }
 
 #[test]
-fn a_timeout_kills_the_whole_process_group() {
+fn a_timeout_kills_everything_the_command_started() {
     let fx = Fixture::new();
-    // The grandchild writes its pid, then sleeps; after the kill it must be gone.
-    let mut a = args(&["sh", "-c", "sleep 30 & echo $! > bg.pid; wait"]);
-    a.timeout_ms = Some(500);
+    let mut a = args(&["sh", "-c", &escapee_then("sleep 30")]);
+    a.timeout_ms = Some(2_000);
     let out = try_run(&fx, &a).unwrap();
     assert!(out.timed_out, "{out:?}");
     assert_eq!(out.signal, Some(9));
     assert!(out.duration_ms < 10_000, "{out:?}");
-    let pid: i32 = fx.read("bg.pid").trim().parse().unwrap();
-    assert!(dies(pid), "background process {pid} survived the timeout");
+    assert!(
+        !escapee_alive(&fx),
+        "a setsid escapee survived the time-out"
+    );
 }
 
 #[test]
-fn background_processes_are_killed_when_the_command_ends() {
+fn a_setsid_escapee_dies_with_its_command() {
     let fx = Fixture::new();
-    let out = sh(&fx, "sleep 30 > /dev/null 2>&1 & echo $! > bg.pid");
-    assert_eq!(out.exit_code, Some(0));
-    let pid: i32 = fx.read("bg.pid").trim().parse().unwrap();
-    assert!(dies(pid), "background process {pid} survived its command");
+    let out = sh(&fx, &escapee_then("echo done"));
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "done\n");
+    assert!(!escapee_alive(&fx), "a setsid escapee survived its command");
+}
+
+#[test]
+fn a_setsid_escapee_dies_with_its_command_without_namespaces() {
+    let fx = Fixture::with(
+        Limits::default(),
+        monad_sandbox::ExecPolicy {
+            namespaces: monad_sandbox::NamespacePolicy::Off,
+            ..Default::default()
+        },
+    );
+    let out = sh(&fx, &escapee_then("echo done"));
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert!(
+        !escapee_alive(&fx),
+        "a setsid escapee outlived the subreaper"
+    );
 }
 
 #[test]
@@ -236,9 +262,9 @@ fn landlock_is_enforced_at_abi_3_or_newer() {
 }
 
 #[test]
-fn cancelling_the_call_kills_the_whole_process_group() {
+fn cancelling_the_call_kills_everything_the_command_started() {
     let fx = Fixture::new();
-    let a = args(&["sh", "-c", "sleep 30 & echo $! > bg.pid; wait"]);
+    let a = args(&["sh", "-c", &escapee_then("echo ready > bg.pid; sleep 30")]);
     let rt = runtime();
     let pid_file = fx.root().join("bg.pid");
     rt.block_on(async {
@@ -255,11 +281,16 @@ fn cancelling_the_call_kills_the_whole_process_group() {
             }
         }
     });
-    let pid: i32 = fx.read("bg.pid").trim().parse().unwrap();
-    assert!(
-        dies(pid),
-        "background process {pid} survived the cancelled call"
-    );
+    // The cancellation asks the supervisor to end the tree; it is gone within moments, not at
+    // once (nothing waits for it), so this polls, bounded.
+    let gone = (0..500).any(|_| {
+        let alive = escapee_alive(&fx);
+        if alive {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        !alive
+    });
+    assert!(gone, "a setsid escapee survived the cancelled call");
 }
 
 // Unix sockets. landlock (up to ABI 7) does not control `connect(2)` to a filesystem Unix socket,
@@ -559,15 +590,31 @@ fn network_off_refuses_every_socket() {
     assert_eq!(out.exit_code, Some(0), "{out:?}");
     assert_eq!(out.stdout, "connected\n");
 
+    // Off (the default): a network namespace with only a loopback of its own; the host's
+    // loopback is another network.
     let closed = Fixture::new();
     let out = run(&closed, &["/bin/bash", "-c", &script]);
     assert_ne!(out.exit_code, Some(0), "{out:?}");
     assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(out.stderr.contains("Connection refused"), "{out:?}");
+    // Without namespaces: no socket at all.
+    let bare = Fixture::with(
+        Limits::default(),
+        monad_sandbox::ExecPolicy {
+            namespaces: monad_sandbox::NamespacePolicy::Off,
+            ..Default::default()
+        },
+    );
+    let out = run(&bare, &["/bin/bash", "-c", &script]);
+    assert_ne!(out.exit_code, Some(0), "{out:?}");
     assert!(out.stderr.contains("Permission denied"), "{out:?}");
     // Everything else still works: files, pipes, processes.
-    let out = run(
-        &closed,
-        &["/bin/bash", "-c", "echo hi > f && cat f | tr a-z A-Z"],
-    );
-    assert_eq!(out.stdout, "HI\n", "{out:?}");
+    for fx in [&closed, &bare] {
+        let out = run(
+            fx,
+            &["/bin/bash", "-c", "echo hi > f && cat f | tr a-z A-Z"],
+        );
+        assert_eq!(out.stdout, "HI\n", "{out:?}");
+    }
+    drop(listener);
 }

@@ -31,6 +31,9 @@ impl Fixture {
         }
         std::fs::write(tmp.path().join("outside/secret.txt"), SECRET).unwrap();
         std::fs::write(tmp.path().join("root_evil/secret.txt"), SECRET).unwrap();
+        // Run as root (as CI does), commands run as `nobody`: the workspace is theirs (the way
+        // to it, a 0700 temporary directory, is not: the sandbox masks it).
+        give_to_command_user(&tmp.path().join("root"));
         let sandbox = Sandbox::open(&tmp.path().join("root"), limits, exec).unwrap();
         Fixture {
             tmp,
@@ -51,6 +54,7 @@ impl Fixture {
         let path = self.root().join(rel);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, content).unwrap();
+        give_to_command_user(&self.root());
     }
 
     pub fn read(&self, rel: &str) -> String {
@@ -61,6 +65,7 @@ impl Fixture {
         let path = self.root().join(link);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::os::unix::fs::symlink(target, path).unwrap();
+        give_to_command_user(&self.root());
     }
 
     /// A snapshot of everything outside the root (names, contents), to compare after an attack.
@@ -71,6 +76,26 @@ impl Fixture {
         }
         out.sort();
         out
+    }
+}
+
+/// The user commands run as when the tests run as root (`nobody`, as the sandbox picks for a
+/// folder that root owns).
+pub const COMMAND_UID: u32 = 65534;
+
+/// Gives `dir` and everything in it to [`COMMAND_UID`] when the tests run as root (fixed test
+/// paths, never tool input). Does nothing otherwise.
+pub fn give_to_command_user(dir: &Path) {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    std::os::unix::fs::lchown(dir, Some(COMMAND_UID), Some(COMMAND_UID)).unwrap();
+    if !std::fs::symlink_metadata(dir).unwrap().is_dir() {
+        return;
+    }
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        give_to_command_user(&path);
     }
 }
 

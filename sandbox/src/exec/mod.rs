@@ -1,0 +1,1118 @@
+//! `run_command` and background processes: programs confined by namespaces, an unprivileged
+//! identity, landlock, a seccomp filter and rlimits, whose whole process tree ends with them.
+//!
+//! The policy is computed in the parent as plain data ([`SandboxPlan`]: paths and rights, the
+//! environment, who the command runs as, which namespaces, which sockets); the landlock ruleset
+//! and the seccomp filter ([`seccomp::filter`]) are built there too. The child only applies them,
+//! between `fork` and `exec` ([`child`], the one module with `unsafe` code). Anything less than
+//! full enforcement fails the spawn: the program never runs half-confined. The calling process is
+//! never restricted.
+//!
+//! - [`process`]: every command is a [`process::Proc`] whose output is pumped into buffers by a
+//!   task; a foreground `run_command` waits for it, a background one (or one still running after
+//!   `background_after_ms`) is kept in the workspace's [`process::Table`] for `process_read`,
+//!   `process_write`, `process_kill` and `process_list`.
+//! - [`netpolicy`] decides which destinations `network = "allowlist"` lets through (pure), and
+//!   [`proxy`] is the HTTP CONNECT and SOCKS5 proxy that enforces it.
+
+#[allow(unsafe_code)]
+pub(crate) mod child;
+pub mod netpolicy;
+pub(crate) mod process;
+mod proxy;
+pub mod seccomp;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+pub use child::Identity;
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, Scope,
+};
+use monad_protocol::tools::RunCommandArgs;
+use nix::libc;
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+pub use seccomp::Sockets;
+
+use crate::error::SandboxError;
+use crate::jail::Jail;
+use crate::limits::{ExecPolicy, NamespacePolicy, NetworkMode};
+
+/// Directories a sandboxed program may read and execute from.
+pub const SYSTEM_READ_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
+/// Device files a sandboxed program may read and write.
+pub const DEVICE_FILES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// The loopback port, inside a command's own network namespace, where Monad's proxy listens
+/// when `network = "allowlist"`.
+pub const PROXY_PORT: u16 = 3128;
+
+/// The oldest landlock ABI Monad accepts: ABI 3 is the first that controls `truncate(2)`, without
+/// which a command could empty any file outside the workspace.
+const MIN_ABI: ABI = ABI::V3;
+
+/// What the operator can do where commands cannot be sandboxed at all.
+const UNSANDBOXED_HINT: &str = "; the operator can set `allow_unsandboxed_exec = true` to run \
+                                them without a sandbox";
+
+/// The user commands run as when Monad runs as root and nothing else is said.
+const FALLBACK_USER: &str = "nobody";
+
+/// The landlock ABI this kernel enforces, probed once. `None` when landlock is unavailable.
+pub fn landlock_abi() -> Option<ABI> {
+    static ABI_CACHE: OnceLock<Option<ABI>> = OnceLock::new();
+    *ABI_CACHE.get_or_init(|| {
+        // Restricting a throwaway thread is the crate's way of reporting the kernel's ABI;
+        // landlock restricts only the calling thread, so the rest of the process is untouched.
+        std::thread::spawn(|| {
+            let status = Ruleset::default()
+                .handle_access(AccessFs::Execute)
+                .ok()?
+                .create()
+                .ok()?
+                .restrict_self()
+                .ok()?;
+            match ABI::from(status.landlock) {
+                ABI::Unsupported => None,
+                abi => Some(abi),
+            }
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
+}
+
+/// Set once a namespaced spawn failed because the kernel refused the namespaces: from then on,
+/// with `namespaces = "auto"`, commands go straight to the fallback.
+static NAMESPACES_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// How a command is isolated, as decided for one spawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Isolation {
+    /// In namespaces of its own (else the fallback tree).
+    pub namespaced: bool,
+    /// Who it runs as, when not as the caller.
+    pub identity: Option<Identity>,
+}
+
+/// What a command's sandbox allows, as data: computed by [`SandboxPlan::new`], applied in the
+/// child. Unit tests inspect it directly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxPlan {
+    /// Directories readable (and executable) besides the workspace.
+    pub read_dirs: Vec<PathBuf>,
+    /// Directories readable and writable besides the workspace (the private temp dir first).
+    pub write_dirs: Vec<PathBuf>,
+    /// Device files readable and writable.
+    pub devices: Vec<PathBuf>,
+    /// The environment the program gets; nothing else from the caller's leaks through.
+    pub env: Vec<(String, String)>,
+    /// `RLIMIT_CPU` in seconds, when the command has a time limit.
+    pub cpu_seconds: Option<u64>,
+    /// How it is isolated.
+    pub isolation: Isolation,
+    /// Which `socket()` calls the seccomp filter lets through.
+    pub sockets: Sockets,
+    /// A network namespace of its own (namespaced, unless `network = "host"`).
+    pub own_network: bool,
+    /// The loopback port of Monad's proxy inside the command's network namespace
+    /// (`network = "allowlist"`).
+    pub proxy_port: Option<u16>,
+    /// landlock refuses every TCP bind and connect (ABI 4 and later): the second layer of
+    /// `network = "off"` where there is no network namespace.
+    pub deny_tcp: bool,
+}
+
+impl SandboxPlan {
+    /// The plan for a command in `jail`, with `tmp` as its private temporary directory.
+    /// `Err` when the policy cannot be enforced with this isolation (`network = "allowlist"`
+    /// without a network namespace).
+    pub fn new(
+        jail: &Jail,
+        policy: &ExecPolicy,
+        tmp: PathBuf,
+        timeout: Option<Duration>,
+        isolation: Isolation,
+    ) -> Result<SandboxPlan, SandboxError> {
+        let root = jail.root_path().to_string_lossy().into_owned();
+        let mut path = String::new();
+        let mut env = vec![
+            ("HOME".to_owned(), root.clone()),
+            ("PWD".to_owned(), root.clone()),
+            ("TMPDIR".to_owned(), tmp.to_string_lossy().into_owned()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            ("TERM".to_owned(), "dumb".to_owned()),
+        ];
+        // The workspace's own toolchains first: a project virtualenv, node_modules/.bin.
+        let mut venv = None;
+        for dir in TOOLCHAIN_DIRS {
+            if jail.dir().is_dir(dir) {
+                path.push_str(&format!("{root}/{dir}:"));
+                if let Some(env) = dir.strip_suffix("/bin").filter(|d| d.ends_with("venv")) {
+                    venv.get_or_insert(format!("{root}/{env}"));
+                }
+            }
+        }
+        if let Some(venv) = venv {
+            env.push(("VIRTUAL_ENV".to_owned(), venv));
+        }
+        path.push_str(&policy.path_env);
+        env.insert(0, ("PATH".to_owned(), path));
+        let (sockets, own_network, proxy_port, deny_tcp) =
+            match (policy.network, isolation.namespaced) {
+                (NetworkMode::Host, _) => (Sockets::Inet, false, None, false),
+                (NetworkMode::Off, true) => (Sockets::Inet, true, None, false),
+                (NetworkMode::Off, false) => (Sockets::None, false, None, true),
+                (NetworkMode::Allowlist, true) => (Sockets::Inet, true, Some(PROXY_PORT), false),
+                (NetworkMode::Allowlist, false) => {
+                    return Err(SandboxError::SandboxUnavailable(
+                        "`network = \"allowlist\"` needs a network namespace of the command's \
+                         own, and this kernel (or its configuration) refuses user namespaces; \
+                         use `network = \"off\"` or `\"host\"`"
+                            .into(),
+                    ));
+                }
+            };
+        if let Some(port) = proxy_port {
+            let http = format!("http://127.0.0.1:{port}");
+            let socks = format!("socks5h://127.0.0.1:{port}");
+            for (key, value) in [
+                ("HTTP_PROXY", &http),
+                ("HTTPS_PROXY", &http),
+                ("http_proxy", &http),
+                ("https_proxy", &http),
+                ("ALL_PROXY", &socks),
+                ("all_proxy", &socks),
+            ] {
+                env.push((key.to_owned(), value.clone()));
+            }
+            for key in ["NO_PROXY", "no_proxy"] {
+                env.push((key.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+            }
+            // Node's own fetch ignores the proxy variables unless told.
+            env.push(("NODE_USE_ENV_PROXY".to_owned(), "1".to_owned()));
+        }
+        for (key, value) in &policy.env {
+            env.retain(|(k, _)| k != key);
+            env.push((key.clone(), value.clone()));
+        }
+        let mut read_dirs: Vec<PathBuf> = SYSTEM_READ_DIRS.iter().map(PathBuf::from).collect();
+        read_dirs.extend(policy.extra_read_paths.iter().cloned());
+        let mut write_dirs = vec![tmp];
+        write_dirs.extend(policy.extra_write_paths.iter().cloned());
+        Ok(SandboxPlan {
+            read_dirs,
+            write_dirs,
+            devices: DEVICE_FILES.iter().map(PathBuf::from).collect(),
+            env,
+            cpu_seconds: timeout.map(|t| t.as_secs() + 1),
+            isolation,
+            sockets,
+            own_network,
+            proxy_port,
+            deny_tcp,
+        })
+    }
+
+    /// Builds the landlock ruleset: every filesystem right the ABI knows is handled (so denied
+    /// unless granted), the workspace and write dirs get all of them, the read dirs read and
+    /// execute, the devices read and write; signals and abstract sockets are scoped to the
+    /// sandbox where the ABI can; TCP bind and connect are handled without any rule when
+    /// [`SandboxPlan::deny_tcp`] (and the ABI has them). Missing system directories (no
+    /// `/lib32` here) are skipped.
+    fn ruleset(&self, jail: &Jail, abi: ABI) -> Result<OwnedFd, String> {
+        self.build_ruleset(jail, abi)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "the kernel gave no ruleset".to_owned())
+    }
+
+    fn build_ruleset(
+        &self,
+        jail: &Jail,
+        abi: ABI,
+    ) -> Result<Option<OwnedFd>, landlock::RulesetError> {
+        let all = AccessFs::from_all(abi);
+        let read = AccessFs::from_read(abi);
+        let device = (AccessFs::ReadFile | AccessFs::WriteFile) & AccessFs::from_file(abi);
+        let mut ruleset = Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(all)?;
+        let scopes = Scope::from_all(abi);
+        if !scopes.is_empty() {
+            ruleset = ruleset.scope(scopes)?;
+        }
+        let tcp = AccessNet::from_all(abi);
+        if self.deny_tcp && !tcp.is_empty() {
+            ruleset = ruleset.handle_access(tcp)?;
+        }
+        let mut created = ruleset
+            .create()?
+            .add_rule(PathBeneath::new(jail.dir(), all))?;
+        for (paths, access) in [
+            (&self.write_dirs, all),
+            (&self.read_dirs, read),
+            (&self.devices, device),
+        ] {
+            for path in paths {
+                let Ok(fd) = PathFd::new(path) else { continue };
+                let access = if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+                    access & AccessFs::from_file(abi)
+                } else {
+                    access
+                };
+                created = created.add_rule(PathBeneath::new(fd, access))?;
+            }
+        }
+        Ok(created.into())
+    }
+}
+
+/// Toolchain directories inside a workspace, put first in a command's `PATH` when they exist (a
+/// virtualenv also sets `VIRTUAL_ENV`).
+pub const TOOLCHAIN_DIRS: &[&str] = &[".venv/bin", "venv/bin", "node_modules/.bin"];
+
+/// Rlimits to set in the child, resolved against the current hard limits in the parent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rlimits {
+    cpu: Option<u64>,
+    core: u64,
+    nofile: u64,
+    fsize: u64,
+    address_space: Option<u64>,
+}
+
+impl Rlimits {
+    fn new(policy: &ExecPolicy, cpu_seconds: Option<u64>) -> Rlimits {
+        let cap = |resource, want: u64| match getrlimit(resource) {
+            Ok((_, hard)) => want.min(hard),
+            Err(_) => want,
+        };
+        Rlimits {
+            cpu: cpu_seconds.map(|s| cap(Resource::RLIMIT_CPU, s)),
+            core: 0,
+            nofile: cap(Resource::RLIMIT_NOFILE, policy.max_open_files),
+            fsize: cap(Resource::RLIMIT_FSIZE, policy.max_file_bytes),
+            address_space: (policy.max_memory_bytes > 0)
+                .then(|| cap(Resource::RLIMIT_AS, policy.max_memory_bytes)),
+        }
+    }
+
+    /// Async-signal-safe: system calls only.
+    pub(crate) fn apply(&self) -> nix::Result<()> {
+        if let Some(cpu) = self.cpu {
+            setrlimit(Resource::RLIMIT_CPU, cpu, cpu)?;
+        }
+        setrlimit(Resource::RLIMIT_CORE, self.core, self.core)?;
+        setrlimit(Resource::RLIMIT_NOFILE, self.nofile, self.nofile)?;
+        setrlimit(Resource::RLIMIT_FSIZE, self.fsize, self.fsize)?;
+        if let Some(bytes) = self.address_space {
+            setrlimit(Resource::RLIMIT_AS, bytes, bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Who a command in `jail` runs as: `None` (as the caller) unless the caller is root; then the
+/// operator's `user`, else the owner of the workspace's folder when that is not root, else
+/// `nobody`. Never root.
+pub fn identity(jail: &Jail, policy: &ExecPolicy) -> Result<Option<Identity>, SandboxError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    if let Some(user) = &policy.user {
+        return named_identity(user).map(Some);
+    }
+    let owner = jail
+        .dir()
+        .dir_metadata()
+        .map(|m| cap_std::fs::MetadataExt::uid(&m))
+        .unwrap_or(0);
+    if owner != 0 {
+        let gid = nix::unistd::User::from_uid(owner.into())
+            .ok()
+            .flatten()
+            .map(|u| u.gid.as_raw())
+            .or_else(|| {
+                jail.dir()
+                    .dir_metadata()
+                    .ok()
+                    .map(|m| cap_std::fs::MetadataExt::gid(&m))
+            })
+            .unwrap_or(owner);
+        return Ok(Some(Identity { uid: owner, gid }));
+    }
+    named_identity(FALLBACK_USER).map(Some)
+}
+
+/// The identity of a user name (or numeric uid) from the operator's configuration.
+fn named_identity(user: &str) -> Result<Identity, SandboxError> {
+    let found = match user.parse::<u32>() {
+        Ok(uid) => nix::unistd::User::from_uid(uid.into())
+            .ok()
+            .flatten()
+            .map(|u| Identity {
+                uid,
+                gid: u.gid.as_raw(),
+            })
+            .or(Some(Identity { uid, gid: uid })),
+        Err(_) => nix::unistd::User::from_name(user)
+            .ok()
+            .flatten()
+            .map(|u| Identity {
+                uid: u.uid.as_raw(),
+                gid: u.gid.as_raw(),
+            }),
+    };
+    match found {
+        // The well-known nobody exists nearly everywhere; where it does not, its usual ids.
+        None if user == FALLBACK_USER => Ok(Identity {
+            uid: 65534,
+            gid: 65534,
+        }),
+        None => Err(SandboxError::SandboxUnavailable(format!(
+            "commands would run as user `{user}` ([exec] user), which does not exist"
+        ))),
+        Some(identity) if identity.uid == 0 || identity.gid == 0 => {
+            Err(SandboxError::SandboxUnavailable(format!(
+                "[exec] user = `{user}` is root (uid or gid 0); commands never run as root: \
+                 name an unprivileged user"
+            )))
+        }
+        Some(identity) => Ok(identity),
+    }
+}
+
+/// Gives a primary workspace's folder to the user its commands will run as, when the server runs
+/// as root and the folder belongs to root: the commands (unprivileged) must be able to write it.
+/// Does nothing otherwise.
+pub fn give_to_command_user(root: &std::path::Path, policy: &ExecPolicy) -> std::io::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let meta = std::fs::symlink_metadata(root)?;
+    if std::os::unix::fs::MetadataExt::uid(&meta) != 0 {
+        return Ok(());
+    }
+    let who = named_identity(policy.user.as_deref().unwrap_or(FALLBACK_USER))
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    std::os::unix::fs::lchown(root, Some(who.uid), Some(who.gid))
+}
+
+/// The isolation for the next command under `policy`.
+fn isolation(policy: &ExecPolicy, identity: Option<Identity>) -> Isolation {
+    let namespaced = match policy.namespaces {
+        NamespacePolicy::Off => false,
+        NamespacePolicy::Required => true,
+        NamespacePolicy::Auto => !NAMESPACES_REFUSED.load(Ordering::Relaxed),
+    };
+    Isolation {
+        namespaced,
+        identity,
+    }
+}
+
+/// A started command: its supervisor, pipes and what must live as long as it does.
+pub(crate) struct Started {
+    pub child: tokio::process::Child,
+    pub supervisor: process::Supervisor,
+    pub tmp: tempfile::TempDir,
+    /// The proxy's listening socket, inside the command's network namespace.
+    pub proxy: Option<std::net::TcpListener>,
+    /// `landlock`, or `none` when the operator allowed unsandboxed commands here.
+    pub sandbox: &'static str,
+}
+
+/// Checks `args` and starts the command (see the module documentation). `timeout`: its time
+/// limit, if any (for `RLIMIT_CPU`; the caller enforces the wall-clock limit).
+pub(crate) fn start(
+    jail: &Jail,
+    policy: &ExecPolicy,
+    args: &RunCommandArgs,
+    timeout: Option<Duration>,
+    pipe_stdin: bool,
+) -> Result<Started, SandboxError> {
+    let Some(program) = args.argv.first() else {
+        return Err(SandboxError::InvalidArguments(
+            "`argv` is empty; give the program and its arguments".into(),
+        ));
+    };
+    if program.is_empty() {
+        return Err(SandboxError::InvalidArguments(
+            "`argv[0]` is empty; name a program".into(),
+        ));
+    }
+    if args.argv.iter().any(|a| a.contains('\0')) {
+        return Err(SandboxError::InvalidArguments(
+            "`argv` contains a NUL byte".into(),
+        ));
+    }
+    let identity = identity(jail, policy)?;
+    let first = isolation(policy, identity);
+    match spawn(jail, policy, args, timeout, pipe_stdin, first) {
+        Err(SpawnFailure::Namespaces(why))
+            if first.namespaced && policy.namespaces == NamespacePolicy::Auto =>
+        {
+            if !NAMESPACES_REFUSED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "commands run without namespaces of their own from now on: {why} \
+                     (see [exec] namespaces in docs/operations.md)"
+                );
+            }
+            let fallback = Isolation {
+                namespaced: false,
+                identity,
+            };
+            spawn(jail, policy, args, timeout, pipe_stdin, fallback).map_err(|e| e.into_error())
+        }
+        other => other.map_err(|e| e.into_error()),
+    }
+}
+
+/// Why a spawn failed: the namespaces (the caller may fall back), or anything else.
+enum SpawnFailure {
+    Namespaces(String),
+    Other(SandboxError),
+}
+
+impl SpawnFailure {
+    fn into_error(self) -> SandboxError {
+        match self {
+            SpawnFailure::Namespaces(why) => SandboxError::SandboxUnavailable(format!(
+                "the kernel refused the namespaces commands run in: {why} ([exec] namespaces = \
+                 \"required\"; \"auto\" falls back to running without them)"
+            )),
+            SpawnFailure::Other(e) => e,
+        }
+    }
+}
+
+impl From<SandboxError> for SpawnFailure {
+    fn from(e: SandboxError) -> Self {
+        SpawnFailure::Other(e)
+    }
+}
+
+fn spawn(
+    jail: &Jail,
+    policy: &ExecPolicy,
+    args: &RunCommandArgs,
+    timeout: Option<Duration>,
+    pipe_stdin: bool,
+    isolation: Isolation,
+) -> Result<Started, SpawnFailure> {
+    let program = &args.argv[0];
+    let cwd_path = jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
+    let cwd: OwnedFd = jail.open_dir(&cwd_path)?.into();
+    let tmp = tempfile::Builder::new()
+        .prefix("monad-exec-")
+        .tempdir()
+        .map_err(|e| SandboxError::Io {
+            op: "create temporary directory for",
+            path: program.clone(),
+            source: e,
+        })?;
+    if let Some(who) = isolation.identity {
+        std::os::unix::fs::chown(tmp.path(), Some(who.uid), Some(who.gid)).map_err(|e| {
+            SandboxError::Io {
+                op: "give the temporary directory to the user of",
+                path: program.clone(),
+                source: e,
+            }
+        })?;
+    }
+    let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout, isolation)?;
+    // Both or neither: the landlock ruleset and the seccomp filter are one sandbox.
+    let (ruleset, filter, abi) = match (landlock_abi(), seccomp::filter(plan.sockets)) {
+        (Some(abi), Some(filter)) if abi >= MIN_ABI => {
+            let ruleset = plan.ruleset(jail, abi).map_err(|e| {
+                SandboxError::SandboxUnavailable(format!("the landlock ruleset failed: {e}"))
+            })?;
+            (Some(ruleset), Some(filter), Some(abi))
+        }
+        _ if policy.allow_unsandboxed_exec => (None, None, None),
+        (None, _) => {
+            return Err(SandboxError::SandboxUnavailable(format!(
+                "landlock is not available in this kernel{UNSANDBOXED_HINT}"
+            ))
+            .into());
+        }
+        (Some(abi), Some(_)) => {
+            return Err(SandboxError::SandboxUnavailable(format!(
+                "the kernel's landlock ABI {abi:?} is older than {MIN_ABI:?}{UNSANDBOXED_HINT}"
+            ))
+            .into());
+        }
+        (Some(_), None) => {
+            return Err(SandboxError::SandboxUnavailable(format!(
+                "commands are sandboxed on x86_64 and aarch64 only, not on {}: there is no \
+                 seccomp filter for this architecture{UNSANDBOXED_HINT}",
+                std::env::consts::ARCH
+            ))
+            .into());
+        }
+    };
+    let sandbox = if ruleset.is_some() {
+        "landlock"
+    } else {
+        "none"
+    };
+    let (proxy_ours, proxy_theirs) = match plan.proxy_port {
+        Some(_) => {
+            let (ours, theirs) = nix::sys::socket::socketpair(
+                nix::sys::socket::AddressFamily::Unix,
+                nix::sys::socket::SockType::Stream,
+                None,
+                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            )
+            .map_err(|e| SandboxError::Io {
+                op: "make the proxy's channel for",
+                path: program.clone(),
+                source: e.into(),
+            })?;
+            (Some(ours), Some(theirs))
+        }
+        None => (None, None),
+    };
+    let (uid, gid) = match isolation.identity {
+        Some(who) => (who.uid, who.gid),
+        None => (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        ),
+    };
+    let cstring = |path: &std::path::Path| {
+        std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            SandboxError::SandboxUnavailable(format!(
+                "the path {} holds a NUL byte",
+                path.display()
+            ))
+        })
+    };
+    let root_meta = jail.dir().dir_metadata().map_err(|e| SandboxError::Io {
+        op: "inspect the workspace of",
+        path: program.clone(),
+        source: e,
+    })?;
+    let root_id = (
+        cap_std::fs::MetadataExt::dev(&root_meta),
+        cap_std::fs::MetadataExt::ino(&root_meta),
+    );
+    let cwd_rel = match cwd_path.rel().as_os_str() {
+        rel if rel.is_empty() => std::ffi::CString::from(c"."),
+        rel => cstring(std::path::Path::new(rel))?,
+    };
+    let (binds, masks) = if isolation.namespaced {
+        view(jail, &plan, isolation.identity)?
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let root = cstring(jail.root_path())?;
+    let namespaces = isolation.namespaced.then(|| child::Namespaces {
+        binds,
+        masks,
+        root,
+        root_id,
+        cwd: cwd_rel,
+        net: plan.own_network,
+        uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+        gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        shm_options: std::ffi::CString::new(format!(
+            "size={},mode=1777",
+            policy.shm_max_bytes.max(4096)
+        ))
+        .expect("no NUL in numbers"),
+        proxy: proxy_theirs.zip(plan.proxy_port),
+    });
+    let (proc_access, shm_access) = abi
+        .map(|abi| {
+            (
+                (AccessFs::ReadFile | AccessFs::ReadDir).bits(),
+                AccessFs::from_all(abi).bits(),
+            )
+        })
+        .unwrap_or((0, 0));
+    let spec = child::Spec {
+        rlimits: Rlimits::new(policy, plan.cpu_seconds),
+        nproc: (isolation.namespaced && policy.max_processes > 0).then_some(policy.max_processes),
+        cwd,
+        identity: isolation.identity,
+        namespaces,
+        ruleset,
+        proc_access,
+        shm_access,
+        filter,
+        parent: nix::unistd::getpid().as_raw(),
+        cap_last: cap_last(),
+    };
+
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(&args.argv[1..])
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .process_group(0)
+        .stdin(if pipe_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Ended through its supervisor (see `process::Supervisor`), which takes the whole tree.
+        .kill_on_drop(false);
+    child::install(&mut command, spec);
+    let child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) if e.raw_os_error() == Some(child::NAMESPACES_FAILED) && isolation.namespaced => {
+            return Err(SpawnFailure::Namespaces(
+                "unshare or the namespace setup failed (unprivileged user namespaces may be \
+                 disabled)"
+                    .into(),
+            ));
+        }
+        Err(e) => return Err(spawn_error(program, e, isolation).into()),
+    };
+    let pid = child.id().ok_or_else(|| SandboxError::Io {
+        op: "start",
+        path: program.clone(),
+        source: std::io::Error::other("the command exited before it could be watched"),
+    })?;
+    let supervisor = process::Supervisor::new(pid);
+    let proxy = match proxy_ours {
+        Some(ours) => Some(receive_listener(ours.as_fd()).map_err(|e| {
+            supervisor.kill_tree();
+            SandboxError::Io {
+                op: "receive the proxy's socket for",
+                path: program.clone(),
+                source: e,
+            }
+        })?),
+        None => None,
+    };
+    Ok(Started {
+        child,
+        supervisor,
+        tmp,
+        proxy,
+        sandbox,
+    })
+}
+
+/// What a namespaced command sees besides the read-only rest: binds of the directories it may
+/// write (the workspace first) and of those it may read that lie under a directory its user
+/// cannot search, and the masks over such directories ([`masks_for`]). Paths are canonical;
+/// missing ones are skipped.
+fn view(
+    jail: &Jail,
+    plan: &SandboxPlan,
+    identity: Option<Identity>,
+) -> Result<(Vec<child::Bind>, Vec<std::ffi::CString>), SandboxError> {
+    let mut wanted: Vec<(PathBuf, bool)> = vec![(jail.root_path().to_path_buf(), true)];
+    for (dirs, writable) in [(&plan.write_dirs, true), (&plan.read_dirs, false)] {
+        for dir in dirs {
+            if let Ok(canonical) = std::fs::canonicalize(dir)
+                && !wanted.iter().any(|(p, _)| *p == canonical)
+            {
+                wanted.push((canonical, writable));
+            }
+        }
+    }
+    let searchable = |dir: &std::path::Path| match identity {
+        None => true,
+        Some(who) => std::fs::metadata(dir).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            let bit = if m.uid() == who.uid {
+                0o100
+            } else if m.gid() == who.gid {
+                0o010
+            } else {
+                0o001
+            };
+            m.mode() & bit != 0
+        }),
+    };
+    let paths: Vec<&std::path::Path> = wanted.iter().map(|(p, _)| p.as_path()).collect();
+    let masks = masks_for(&paths, searchable);
+    let under_mask = |path: &std::path::Path| masks.iter().any(|m| path.starts_with(m));
+    let mut binds = Vec::new();
+    for (path, writable) in wanted {
+        let masked = under_mask(&path);
+        if !writable && !masked {
+            continue;
+        }
+        let dir = std::fs::metadata(&path).is_ok_and(|m| m.is_dir());
+        let target = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+            SandboxError::InvalidArguments(format!("{} holds a NUL", path.display()))
+        })?;
+        binds.push((
+            path,
+            child::Bind {
+                target,
+                writable,
+                dir,
+                masked,
+            },
+        ));
+    }
+    // Parents before what lies under them.
+    binds.sort_by_key(|(path, _)| path.components().count());
+    if binds.len() > child::MAX_BINDS {
+        return Err(SandboxError::SandboxUnavailable(format!(
+            "a command may see at most {} extra paths ([exec] extra_read_paths and \
+             extra_write_paths)",
+            child::MAX_BINDS
+        )));
+    }
+    let masks = masks
+        .iter()
+        .map(|m| std::ffi::CString::new(m.as_os_str().as_encoded_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| SandboxError::InvalidArguments("a path holds a NUL".into()))?;
+    Ok((binds.into_iter().map(|(_, b)| b).collect(), masks))
+}
+
+/// The directories to mask so that `paths` can be reached: for each path, its highest strict
+/// ancestor that `searchable` says no to (not `/`); none under another. Pure, for tests.
+pub fn masks_for(
+    paths: &[&std::path::Path],
+    searchable: impl Fn(&std::path::Path) -> bool,
+) -> Vec<PathBuf> {
+    let mut masks: Vec<PathBuf> = Vec::new();
+    for path in paths {
+        let blocked = path
+            .ancestors()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .filter(|a| a.parent().is_some())
+            .find(|a| !searchable(a));
+        if let Some(blocked) = blocked
+            && !masks.iter().any(|m| blocked.starts_with(m))
+        {
+            masks.retain(|m| !m.starts_with(blocked));
+            masks.push(blocked.to_path_buf());
+        }
+    }
+    masks.sort();
+    masks
+}
+
+/// The proxy's listening socket, sent by the supervisor from inside the command's network
+/// namespace before the command was started (so it is there once `spawn` has returned).
+fn receive_listener(
+    channel: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<std::net::TcpListener> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!(std::os::fd::RawFd);
+    let message = recvmsg::<()>(
+        channel.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(std::io::Error::from)?;
+    for cmsg in message.cmsgs().map_err(std::io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg
+            && let Some(&fd) = fds.first()
+        {
+            let listener = std::net::TcpListener::from(child::received(fd));
+            for extra in &fds[1..] {
+                drop(child::received(*extra));
+            }
+            listener.set_nonblocking(true)?;
+            return Ok(listener);
+        }
+    }
+    Err(std::io::Error::other("no socket came"))
+}
+
+/// The highest capability number this kernel knows (`/proc/sys/kernel/cap_last_cap`), read once.
+fn cap_last() -> u32 {
+    static LAST: OnceLock<u32> = OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(63)
+    })
+}
+
+fn spawn_error(program: &str, err: std::io::Error, isolation: Isolation) -> SandboxError {
+    let user = isolation
+        .identity
+        .map(|who| format!("uid {}", who.uid))
+        .unwrap_or_else(|| "the command's user".into());
+    match err.raw_os_error() {
+        Some(libc::ENOENT) => SandboxError::NotFound(format!(
+            "program `{program}` was not found (looked up in the sandbox's PATH when it has no \
+             slash)"
+        )),
+        Some(libc::EACCES) => SandboxError::InvalidArguments(format!(
+            "`{program}` cannot be executed here: it is not executable, or it lies outside the \
+             workspace and the system directories the sandbox allows"
+        )),
+        Some(child::LANDLOCK_FAILED) => SandboxError::SandboxUnavailable(
+            "the kernel did not fully enforce the landlock ruleset".into(),
+        ),
+        Some(child::SECCOMP_FAILED) => SandboxError::SandboxUnavailable(
+            "the kernel refused the seccomp filter that keeps commands away from sockets and \
+             namespaces"
+                .into(),
+        ),
+        Some(child::NAMESPACES_FAILED) => SandboxError::SandboxUnavailable(
+            "the command could not be contained (a child subreaper was refused)".into(),
+        ),
+        Some(child::VIEW_FAILED) => SandboxError::SandboxUnavailable(
+            "the command's view of the filesystem (the workspace and temporary directory bound \
+             writable, the rest read-only) could not be mounted"
+                .into(),
+        ),
+        Some(child::IDENTITY_FAILED) => SandboxError::SandboxUnavailable(format!(
+            "the command could not take on its unprivileged user ({user})"
+        )),
+        Some(child::CAPABILITIES_FAILED) => SandboxError::SandboxUnavailable(
+            "the command's capabilities could not all be cleared".into(),
+        ),
+        Some(child::CWD_DENIED) => SandboxError::SandboxUnavailable(format!(
+            "commands here run as {user} (Monad runs as root, and commands never do), and that \
+             user cannot enter the working directory; give the folder to that user, or set \
+             [exec] user to one that can"
+        )),
+        _ => SandboxError::Io {
+            op: "start",
+            path: program.to_owned(),
+            source: err,
+        },
+    }
+}
+
+/// Parses a signal name for `process_kill` (`TERM`, `SIGTERM`, `term`, ...).
+pub(crate) fn parse_signal(name: Option<&str>) -> Result<(c_signal, &'static str), SandboxError> {
+    let name = name.unwrap_or("TERM").trim();
+    let bare = name
+        .strip_prefix("SIG")
+        .or_else(|| name.strip_prefix("sig"))
+        .unwrap_or(name)
+        .to_ascii_uppercase();
+    let found = [
+        (libc::SIGTERM, "TERM"),
+        (libc::SIGINT, "INT"),
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGQUIT, "QUIT"),
+        (libc::SIGUSR1, "USR1"),
+        (libc::SIGUSR2, "USR2"),
+        (libc::SIGKILL, "KILL"),
+    ]
+    .into_iter()
+    .find(|(_, n)| *n == bare);
+    found.ok_or_else(|| {
+        SandboxError::InvalidArguments(format!(
+            "signal `{name}` is not one of TERM, INT, HUP, QUIT, USR1, USR2, KILL"
+        ))
+    })
+}
+
+/// A signal number.
+#[allow(non_camel_case_types)]
+pub(crate) type c_signal = libc::c_int;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(policy: &ExecPolicy, namespaced: bool) -> Result<SandboxPlan, SandboxError> {
+        let tmp = tempfile::tempdir().unwrap();
+        let jail = Jail::open_ambient(tmp.path()).unwrap();
+        SandboxPlan::new(
+            &jail,
+            policy,
+            "/tmp/x".into(),
+            Some(Duration::from_secs(5)),
+            Isolation {
+                namespaced,
+                identity: None,
+            },
+        )
+    }
+
+    #[test]
+    fn plan_scrubs_the_environment_and_lets_the_operator_override() {
+        let policy = ExecPolicy {
+            env: [("LANG", "en_GB.UTF-8"), ("CI", "1")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            ..ExecPolicy::default()
+        };
+        let plan = plan(&policy, true).unwrap();
+        let keys: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["PATH", "HOME", "PWD", "TMPDIR", "TERM", "CI", "LANG"]
+        );
+        assert!(plan.env.contains(&("LANG".into(), "en_GB.UTF-8".into())));
+        assert_eq!(plan.write_dirs, [PathBuf::from("/tmp/x")]);
+        assert!(plan.read_dirs.contains(&PathBuf::from("/usr")));
+        assert!(
+            !plan
+                .read_dirs
+                .iter()
+                .any(|p| p.starts_with("/proc") || p.starts_with("/home"))
+        );
+        assert_eq!(plan.cpu_seconds, Some(6));
+    }
+
+    #[test]
+    fn the_network_mode_decides_namespaces_sockets_and_the_proxy() {
+        let with = |network, namespaced| {
+            plan(
+                &ExecPolicy {
+                    network,
+                    ..ExecPolicy::default()
+                },
+                namespaced,
+            )
+        };
+        let off = with(NetworkMode::Off, true).unwrap();
+        assert_eq!(
+            (off.sockets, off.own_network, off.proxy_port, off.deny_tcp),
+            (Sockets::Inet, true, None, false)
+        );
+        let off = with(NetworkMode::Off, false).unwrap();
+        assert_eq!(
+            (off.sockets, off.own_network, off.deny_tcp),
+            (Sockets::None, false, true),
+            "without a network namespace, off means no socket at all"
+        );
+        let host = with(NetworkMode::Host, true).unwrap();
+        assert_eq!((host.sockets, host.own_network), (Sockets::Inet, false));
+        let listed = with(NetworkMode::Allowlist, true).unwrap();
+        assert_eq!(listed.proxy_port, Some(PROXY_PORT));
+        assert!(listed.own_network);
+        assert!(listed.env.contains(&(
+            "HTTPS_PROXY".into(),
+            format!("http://127.0.0.1:{PROXY_PORT}")
+        )));
+        let err = with(NetworkMode::Allowlist, false).unwrap_err();
+        assert_eq!(
+            err.code(),
+            monad_protocol::ErrorCode::SandboxUnavailable,
+            "fails closed: {err}"
+        );
+    }
+
+    #[test]
+    fn a_workspace_toolchain_comes_first_in_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join(".venv/bin")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("node_modules/.bin")).unwrap();
+        let jail = Jail::open_ambient(tmp.path()).unwrap();
+        let plan = SandboxPlan::new(
+            &jail,
+            &ExecPolicy::default(),
+            "/tmp/x".into(),
+            None,
+            Isolation {
+                namespaced: true,
+                identity: None,
+            },
+        )
+        .unwrap();
+        let root = jail.root_path().display().to_string();
+        let path = &plan.env.iter().find(|(k, _)| k == "PATH").unwrap().1;
+        assert!(
+            path.starts_with(&format!("{root}/.venv/bin:{root}/node_modules/.bin:/usr")),
+            "{path}"
+        );
+        assert!(
+            plan.env
+                .contains(&("VIRTUAL_ENV".into(), format!("{root}/.venv")))
+        );
+        assert_eq!(plan.cpu_seconds, None, "no time limit, no CPU limit");
+    }
+
+    #[test]
+    fn a_sandbox_that_fails_in_the_child_is_reported_as_unavailable() {
+        use monad_protocol::ErrorCode;
+        let isolation = Isolation {
+            namespaced: true,
+            identity: Some(Identity {
+                uid: 65534,
+                gid: 65534,
+            }),
+        };
+        for errno in [
+            child::LANDLOCK_FAILED,
+            child::SECCOMP_FAILED,
+            child::IDENTITY_FAILED,
+            child::CAPABILITIES_FAILED,
+            child::CWD_DENIED,
+        ] {
+            let err = spawn_error("x", std::io::Error::from_raw_os_error(errno), isolation);
+            assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
+        }
+        let cwd = spawn_error(
+            "x",
+            std::io::Error::from_raw_os_error(child::CWD_DENIED),
+            isolation,
+        );
+        assert!(cwd.to_string().contains("uid 65534"), "{cwd}");
+    }
+
+    #[test]
+    fn masks_cover_the_highest_directory_a_user_cannot_search() {
+        use std::path::Path;
+        let closed = [Path::new("/root"), Path::new("/data/private")];
+        let searchable = |p: &Path| !closed.contains(&p);
+        let paths = [
+            Path::new("/root/.local/share/monad/sessions/a/workspace"),
+            Path::new("/root/.cargo"),
+            Path::new("/data/private/x/y"),
+            Path::new("/data/open"),
+            Path::new("/tmp/monad-exec-1"),
+        ];
+        assert_eq!(
+            masks_for(&paths, searchable),
+            [PathBuf::from("/data/private"), PathBuf::from("/root")]
+        );
+        // A closed path itself is no ancestor: binding it would not let anyone in.
+        assert!(masks_for(&[Path::new("/root")], searchable).is_empty());
+        assert!(masks_for(&paths, |_| true).is_empty());
+    }
+
+    #[test]
+    fn root_is_never_the_command_user() {
+        assert!(named_identity("root").is_err());
+        assert!(named_identity("0").is_err());
+        assert!(named_identity("no-such-user-here").is_err());
+        assert_eq!(named_identity("nobody").unwrap().uid, 65534);
+    }
+
+    #[test]
+    fn signals_parse_with_or_without_their_prefix() {
+        assert_eq!(parse_signal(None).unwrap(), (libc::SIGTERM, "TERM"));
+        assert_eq!(parse_signal(Some("sigint")).unwrap().1, "INT");
+        assert_eq!(parse_signal(Some("KILL")).unwrap().0, libc::SIGKILL);
+        assert!(parse_signal(Some("STOP")).is_err());
+        assert!(parse_signal(Some("9")).is_err());
+    }
+}

@@ -1,0 +1,847 @@
+//! Commands as processes: every `run_command` starts a [`Proc`] whose output a task pumps into
+//! buffers. A foreground call waits for it; a background one (`background: true`, or still
+//! running after `background_after_ms`) stays in the workspace's [`Table`], where
+//! `process_read`, `process_write`, `process_kill` and `process_list` find it.
+//!
+//! A process is ended through its [`Supervisor`], which takes the whole tree (see
+//! [`super::child`]): when its time runs out, when `process_kill` says so, when a foreground call
+//! is cancelled, and when the table is dropped (the workspace detached, the session unloaded).
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use monad_protocol::tools::{
+    NetworkEvent, ProcessInfo, ProcessKillArgs, ProcessKillResult, ProcessListResult,
+    ProcessReadArgs, ProcessReadResult, ProcessWriteArgs, ProcessWriteResult, RunCommandArgs,
+    RunCommandResult,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use super::{child, netpolicy, proxy};
+use crate::error::SandboxError;
+use crate::jail::Jail;
+use crate::limits::{ExecPolicy, Limits};
+
+/// A callback that shows a caller how a foreground command is going.
+pub type Progress = dyn Fn(&str) + Send + Sync;
+
+/// Grace given to output readers after the command's tree is gone.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+/// How long a supervisor gets to end its tree before it is killed itself.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How often a foreground command reports progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// Longest `wait_ms` of `process_read`.
+const MAX_READ_WAIT: Duration = Duration::from_secs(300);
+/// Longest a `process_write` waits for the process to take its input.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Network events kept between two reads; more are counted, not kept.
+const MAX_NETWORK_EVENTS: usize = 1000;
+/// Characters of the latest output line shown in progress.
+const PROGRESS_LINE_CHARS: usize = 200;
+
+/// The process the caller's `Child` names (the supervisor of the command's tree), reached
+/// through a pidfd so that a signal never lands on a recycled pid.
+#[derive(Debug, Clone)]
+pub(crate) struct Supervisor {
+    pid: i32,
+    pidfd: Option<Arc<OwnedFd>>,
+}
+
+impl Supervisor {
+    /// Takes hold of the supervisor `pid`, which must not have been reaped yet.
+    pub(crate) fn new(pid: u32) -> Supervisor {
+        let pid = pid as i32;
+        Supervisor {
+            pid,
+            pidfd: child::pidfd_open(pid).ok().map(Arc::new),
+        }
+    }
+
+    /// Sends `signal`; false when the supervisor is gone.
+    fn signal(&self, signal: i32) -> bool {
+        match &self.pidfd {
+            Some(fd) => child::pidfd_signal(fd, signal).is_ok(),
+            None => nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid),
+                nix::sys::signal::Signal::try_from(signal).ok(),
+            )
+            .is_ok(),
+        }
+    }
+
+    /// Asks the supervisor to kill the whole tree now.
+    pub(crate) fn kill_tree(&self) {
+        self.signal(child::KILL_TREE);
+    }
+
+    fn kill_hard(&self) {
+        self.signal(nix::libc::SIGKILL);
+    }
+}
+
+/// Kills the tree when dropped while armed (a cancelled call, an aborted task).
+struct TreeGuard(Option<Supervisor>);
+
+impl Drop for TreeGuard {
+    fn drop(&mut self) {
+        if let Some(supervisor) = self.0.take() {
+            supervisor.kill_tree();
+        }
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Exit {
+    code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: bool,
+    duration: Duration,
+}
+
+/// One output stream's unread bytes.
+#[derive(Debug)]
+struct Output {
+    bytes: VecDeque<u8>,
+    cap: usize,
+    /// Keep the newest bytes (background) rather than the first ones (foreground).
+    keep_tail: bool,
+    /// Foreground: bytes past the cap were dropped.
+    truncated: bool,
+    /// Background: bytes dropped, oldest first, since the last read.
+    dropped: u64,
+}
+
+impl Output {
+    fn new(cap: usize) -> Output {
+        Output {
+            bytes: VecDeque::new(),
+            cap,
+            keep_tail: false,
+            truncated: false,
+            dropped: 0,
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        if self.keep_tail {
+            self.bytes.extend(data);
+            let over = self.bytes.len().saturating_sub(self.cap);
+            if over > 0 {
+                self.bytes.drain(..over);
+                self.dropped += over as u64;
+            }
+        } else {
+            let room = self.cap.saturating_sub(self.bytes.len());
+            if data.len() > room {
+                self.truncated = true;
+            }
+            self.bytes.extend(&data[..data.len().min(room)]);
+        }
+    }
+
+    /// Takes what is there as text. While the process runs, a character cut in the middle
+    /// stays for the next read instead of becoming a replacement character.
+    fn take(&mut self, finished: bool) -> String {
+        let mut bytes: Vec<u8> = self.bytes.drain(..).collect();
+        if !finished
+            && let Err(e) = std::str::from_utf8(&bytes)
+            && e.error_len().is_none()
+        {
+            let rest = bytes.split_off(e.valid_up_to());
+            self.bytes.extend(rest);
+        }
+        match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    stdout: Output,
+    stderr: Output,
+    exit: Option<Exit>,
+    network: Vec<NetworkEvent>,
+    /// The last bytes written to either stream, for progress lines.
+    tail: VecDeque<u8>,
+}
+
+/// A running (or exited, not yet read) command.
+pub(crate) struct Proc {
+    id: String,
+    argv: Vec<String>,
+    cwd: String,
+    started: Instant,
+    sandbox: &'static str,
+    supervisor: Supervisor,
+    state: Mutex<State>,
+    /// Ticks on every change: output, network, exit.
+    activity: watch::Sender<u64>,
+    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
+    task: Mutex<Option<AbortHandle>>,
+}
+
+impl std::fmt::Debug for Proc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proc")
+            .field("id", &self.id)
+            .field("argv", &self.argv)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Proc {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn touched(&self) {
+        self.activity.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn output(&self, stderr: bool, data: &[u8]) {
+        let mut state = self.lock();
+        if stderr {
+            state.stderr.push(data);
+        } else {
+            state.stdout.push(data);
+        }
+        let keep = data.len().min(PROGRESS_LINE_CHARS * 4);
+        state.tail.extend(&data[data.len() - keep..]);
+        let over = state.tail.len().saturating_sub(PROGRESS_LINE_CHARS * 4);
+        state.tail.drain(..over);
+        drop(state);
+        self.touched();
+    }
+
+    fn network(&self, event: NetworkEvent) {
+        tracing::info!(
+            process = %self.id,
+            host = %event.host,
+            port = event.port,
+            allowed = event.allowed,
+            reason = event.reason.as_deref().unwrap_or(""),
+            "network"
+        );
+        let mut state = self.lock();
+        if state.network.len() < MAX_NETWORK_EVENTS {
+            state.network.push(event);
+        }
+        drop(state);
+        self.touched();
+    }
+
+    fn exit(&self) -> Option<Exit> {
+        self.lock().exit
+    }
+
+    fn elapsed(&self, exit: Option<Exit>) -> Duration {
+        exit.map_or_else(|| self.started.elapsed(), |e| e.duration)
+    }
+
+    /// The latest non-empty output line, cut to a readable length.
+    fn last_line(&self) -> Option<String> {
+        let state = self.lock();
+        let tail: Vec<u8> = state.tail.iter().copied().collect();
+        drop(state);
+        let text = String::from_utf8_lossy(&tail);
+        text.lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(|l| l.chars().take(PROGRESS_LINE_CHARS).collect())
+    }
+
+    /// Kills the tree and stops the task pumping its output.
+    fn abort(&self) {
+        self.supervisor.kill_tree();
+        if let Some(task) = self.task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+/// A workspace's background processes, oldest first; bounded. Dropping it kills them all.
+#[derive(Debug)]
+pub(crate) struct Table {
+    procs: Mutex<Vec<Arc<Proc>>>,
+    max: usize,
+}
+
+impl Table {
+    /// An empty table for at most `max` processes.
+    pub(crate) fn new(max: usize) -> Table {
+        Table {
+            procs: Mutex::new(Vec::new()),
+            max,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Proc>>> {
+        self.procs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn full(&self) -> Result<(), SandboxError> {
+        if self.lock().len() >= self.max {
+            return Err(SandboxError::LimitExceeded(format!(
+                "this workspace already keeps {} background processes (running, or exited with \
+                 output not read yet); read the finished ones with `process_read` or end some \
+                 with `process_kill`",
+                self.max
+            )));
+        }
+        Ok(())
+    }
+
+    fn adopt(&self, proc: Arc<Proc>) -> Result<(), SandboxError> {
+        let mut procs = self.lock();
+        if procs.len() >= self.max {
+            return Err(SandboxError::LimitExceeded(format!(
+                "this workspace already keeps {} background processes",
+                self.max
+            )));
+        }
+        procs.push(proc);
+        Ok(())
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
+        self.lock()
+            .iter()
+            .find(|p| p.id == id)
+            .cloned()
+            .ok_or_else(|| {
+                SandboxError::NotFound(format!(
+                    "there is no background process `{id}` in this workspace (an exited one \
+                     goes once its output has been read; `process_list` lists them)"
+                ))
+            })
+    }
+
+    fn remove(&self, id: &str) {
+        self.lock().retain(|p| p.id != id);
+    }
+
+    /// A fresh id, unique in this table.
+    fn new_id(&self) -> String {
+        use std::hash::{BuildHasher, Hasher};
+        loop {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u128(Instant::now().elapsed().as_nanos());
+            let id = format!("proc-{:08x}", hasher.finish() as u32);
+            if self.lock().iter().all(|p| p.id != id) {
+                return id;
+            }
+        }
+    }
+
+    /// Whether a background process still runs (a workspace with one is in use).
+    pub(crate) fn any_running(&self) -> bool {
+        self.lock().iter().any(|p| p.exit().is_none())
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        for proc in self.lock().drain(..) {
+            proc.abort();
+        }
+    }
+}
+
+/// Kills the foreground process when the call waiting for it is dropped (cancelled), unless it
+/// finished or moved to the background.
+struct Foreground(Option<Arc<Proc>>);
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        if let Some(proc) = self.0.take() {
+            proc.abort();
+        }
+    }
+}
+
+/// `run_command`: starts the command, then answers at once (`background`), when it exits, or
+/// when `background_after_ms` has passed (leaving it in `table`).
+pub(crate) async fn run(
+    jail: &Jail,
+    limits: &Limits,
+    policy: &ExecPolicy,
+    table: &Table,
+    args: &RunCommandArgs,
+    progress: Option<&Progress>,
+) -> Result<RunCommandResult, SandboxError> {
+    let background = args.background.unwrap_or(false);
+    let max = limits.command_max_timeout_ms;
+    let timeout_ms = match (args.timeout_ms, background) {
+        (Some(ms), _) => Some(ms),
+        (None, false) => Some(limits.command_default_timeout_ms),
+        (None, true) => None,
+    };
+    if let Some(ms) = timeout_ms
+        && (ms == 0 || ms > max)
+    {
+        return Err(SandboxError::InvalidArguments(format!(
+            "`timeout_ms` must be between 1 and {max}"
+        )));
+    }
+    let after = match args.background_after_ms {
+        Some(0) => {
+            return Err(SandboxError::InvalidArguments(
+                "`background_after_ms` must be at least 1 (or use `background: true`)".into(),
+            ));
+        }
+        Some(ms) if background => {
+            return Err(SandboxError::InvalidArguments(format!(
+                "`background_after_ms` ({ms}) makes no sense with `background: true`, which \
+                 answers at once"
+            )));
+        }
+        other => other.map(Duration::from_millis),
+    };
+    if background {
+        table.full()?;
+    }
+    let timeout = timeout_ms.map(Duration::from_millis);
+    let started = super::start(
+        jail,
+        policy,
+        args,
+        timeout,
+        background || args.stdin.is_some(),
+    )?;
+    let mut started = started;
+    let stdin = started.child.stdin.take();
+    let (activity, _) = watch::channel(0u64);
+    let proc = Arc::new(Proc {
+        id: table.new_id(),
+        argv: args.argv.clone(),
+        cwd: args.cwd.clone().unwrap_or_else(|| ".".to_owned()),
+        started: Instant::now(),
+        sandbox: started.sandbox,
+        supervisor: started.supervisor.clone(),
+        state: Mutex::new(State {
+            stdout: Output::new(limits.output_max_bytes),
+            stderr: Output::new(limits.output_max_bytes),
+            exit: None,
+            network: Vec::new(),
+            tail: VecDeque::new(),
+        }),
+        activity,
+        stdin: tokio::sync::Mutex::new(None),
+        task: Mutex::new(None),
+    });
+    // From here on, a failure or a cancellation kills the tree.
+    let mut foreground = Foreground(Some(proc.clone()));
+    let mut changes = proc.activity.subscribe();
+    let net = started
+        .proxy
+        .is_some()
+        .then(|| netpolicy::NetPolicy::parse(&policy.allow, &policy.deny))
+        .transpose()
+        .map_err(SandboxError::InvalidArguments)?;
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let task = tokio::spawn(drive(proc.clone(), started, deadline, net));
+    *proc.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+
+    if let Some(mut pipe) = stdin {
+        let input = args.stdin.clone();
+        if background {
+            // Kept open for `process_write`; the initial text goes first (the writer holds the
+            // lock until it is written).
+            let mut slot = proc.stdin.lock().await;
+            if let Some(input) = input {
+                let proc = proc.clone();
+                tokio::spawn(async move {
+                    let mut slot = proc.stdin.lock().await;
+                    if let Some(pipe) = slot.as_mut()
+                        && pipe.write_all(input.as_bytes()).await.is_err()
+                    {
+                        *slot = None;
+                    }
+                });
+            }
+            *slot = Some(pipe);
+        } else if let Some(input) = input {
+            tokio::spawn(async move {
+                // A program that does not read its input closes the pipe: not an error.
+                let _ = pipe.write_all(input.as_bytes()).await;
+            });
+        }
+    }
+
+    if background {
+        table.adopt(proc.clone())?;
+        foreground.0 = None;
+        return Ok(result_of(&proc, None, Some(proc.id.clone())));
+    }
+    let mut moving_at = after.map(|after| tokio::time::Instant::now() + after);
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    loop {
+        if proc.exit().is_some() {
+            break;
+        }
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            () = async {
+                match moving_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // Still running: leave it in the background, with what it printed so far.
+                let answer = result_of(&proc, None, Some(proc.id.clone()));
+                {
+                    let mut guard = proc.lock();
+                    let state = &mut *guard;
+                    for output in [&mut state.stdout, &mut state.stderr] {
+                        output.keep_tail = true;
+                        output.truncated = false;
+                    }
+                }
+                match table.adopt(proc.clone()) {
+                    Ok(()) => {
+                        foreground.0 = None;
+                        return Ok(answer);
+                    }
+                    // No room: it stays in the foreground; what it printed is put back first.
+                    Err(_) => {
+                        let mut guard = proc.lock();
+                        let state = &mut *guard;
+                        state.stdout.bytes.extend(answer.stdout.bytes());
+                        state.stderr.bytes.extend(answer.stderr.bytes());
+                        for output in [&mut state.stdout, &mut state.stderr] {
+                            output.keep_tail = false;
+                        }
+                        moving_at = None;
+                    }
+                }
+            }
+            _ = tick.tick(), if progress.is_some() => {
+                if let Some(progress) = progress {
+                    let secs = proc.started.elapsed().as_secs();
+                    let line = match proc.last_line() {
+                        Some(line) => format!("`{}` running for {secs} s: {line}", args.argv[0]),
+                        None => format!("`{}` running for {secs} s", args.argv[0]),
+                    };
+                    progress(&line);
+                }
+            }
+        }
+    }
+    foreground.0 = None;
+    let exit = proc.exit();
+    Ok(result_of(&proc, exit, None))
+}
+
+/// The answer of `run_command`: what the process printed (and has not been read), how it ended
+/// when it has, and its id when it goes on in the background.
+fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCommandResult {
+    let mut state = proc.lock();
+    let finished = exit.is_some();
+    let stdout = state.stdout.take(finished);
+    let stderr = state.stderr.take(finished);
+    RunCommandResult {
+        exit_code: exit.and_then(|e| e.code),
+        signal: exit.and_then(|e| e.signal),
+        timed_out: exit.is_some_and(|e| e.timed_out),
+        stdout,
+        stderr,
+        stdout_truncated: state.stdout.truncated,
+        stderr_truncated: state.stderr.truncated,
+        duration_ms: proc.elapsed(exit).as_millis() as u64,
+        sandbox: proc.sandbox.to_owned(),
+        process,
+        network: std::mem::take(&mut state.network),
+    }
+}
+
+/// Pumps the output, runs the proxy, waits for the end (killing the tree at the deadline), and
+/// records how it ended.
+async fn drive(
+    proc: Arc<Proc>,
+    mut started: super::Started,
+    deadline: Option<tokio::time::Instant>,
+    net: Option<netpolicy::NetPolicy>,
+) {
+    let mut guard = TreeGuard(Some(proc.supervisor.clone()));
+    let mut pumps = tokio::task::JoinSet::new();
+    if let Some(out) = started.child.stdout.take() {
+        pumps.spawn(pump(out, proc.clone(), false));
+    }
+    if let Some(err) = started.child.stderr.take() {
+        pumps.spawn(pump(err, proc.clone(), true));
+    }
+    let proxy = match (started.proxy.take(), net) {
+        (Some(listener), Some(net)) => match tokio::net::TcpListener::from_std(listener) {
+            Ok(listener) => {
+                let sink = proc.clone();
+                Some(tokio::spawn(proxy::serve(
+                    listener,
+                    Arc::new(net),
+                    Arc::new(move |event| sink.network(event)),
+                )))
+            }
+            Err(e) => {
+                tracing::warn!("the network proxy cannot listen: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
+    let mut timed_out = false;
+    let status = match deadline {
+        Some(deadline) => match tokio::time::timeout_at(deadline, started.child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                timed_out = true;
+                end(&mut started.child, &proc.supervisor).await
+            }
+        },
+        None => started.child.wait().await,
+    };
+    let duration = proc.started.elapsed();
+    // The tree is gone with its supervisor, and with it every writer of the pipes; the grace
+    // only guards against the unexpected.
+    let _ = tokio::time::timeout(DRAIN_GRACE, async {
+        while pumps.join_next().await.is_some() {}
+    })
+    .await;
+    pumps.abort_all();
+    if let Some(proxy) = proxy {
+        proxy.abort();
+    }
+    guard.0 = None;
+    let exit = match status {
+        Ok(status) => Exit {
+            code: status.code(),
+            signal: status.signal(),
+            timed_out,
+            duration,
+        },
+        Err(e) => {
+            tracing::warn!("cannot wait for process {}: {e}", proc.id);
+            Exit {
+                code: None,
+                signal: None,
+                timed_out,
+                duration,
+            }
+        }
+    };
+    proc.lock().exit = Some(exit);
+    proc.touched();
+    drop(started.tmp);
+}
+
+/// Ends the tree: asks the supervisor, and kills it if it does not answer in time.
+async fn end(
+    child: &mut tokio::process::Child,
+    supervisor: &Supervisor,
+) -> std::io::Result<std::process::ExitStatus> {
+    supervisor.kill_tree();
+    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            supervisor.kill_hard();
+            child.wait().await
+        }
+    }
+}
+
+async fn pump(mut pipe: impl AsyncRead + Unpin, proc: Arc<Proc>, stderr: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => proc.output(stderr, &buf[..n]),
+        }
+    }
+}
+
+/// `process_read`.
+pub(crate) async fn read(
+    table: &Table,
+    args: &ProcessReadArgs,
+) -> Result<ProcessReadResult, SandboxError> {
+    let proc = table.get(&args.process)?;
+    let wait = Duration::from_millis(args.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
+    let mut changes = proc.activity.subscribe();
+    let has_news = |proc: &Proc| {
+        let state = proc.lock();
+        state.exit.is_some()
+            || !state.stdout.bytes.is_empty()
+            || !state.stderr.bytes.is_empty()
+            || !state.network.is_empty()
+    };
+    if !wait.is_zero() && !has_news(&proc) {
+        let _ = tokio::time::timeout(wait, async {
+            while changes.changed().await.is_ok() {
+                if has_news(&proc) {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+    let exit = proc.exit();
+    let mut state = proc.lock();
+    let finished = exit.is_some();
+    let result = ProcessReadResult {
+        process: proc.id.clone(),
+        running: !finished,
+        exit_code: exit.and_then(|e| e.code),
+        signal: exit.and_then(|e| e.signal),
+        timed_out: exit.is_some_and(|e| e.timed_out),
+        stdout: state.stdout.take(finished),
+        stderr: state.stderr.take(finished),
+        stdout_dropped: std::mem::take(&mut state.stdout.dropped),
+        stderr_dropped: std::mem::take(&mut state.stderr.dropped),
+        duration_ms: proc.elapsed(exit).as_millis() as u64,
+        network: std::mem::take(&mut state.network),
+    };
+    drop(state);
+    if finished {
+        // Read to the end: it goes.
+        table.remove(&proc.id);
+    }
+    Ok(result)
+}
+
+/// `process_write`.
+pub(crate) async fn write(
+    table: &Table,
+    args: &ProcessWriteArgs,
+) -> Result<ProcessWriteResult, SandboxError> {
+    let proc = table.get(&args.process)?;
+    if proc.exit().is_some() {
+        return Err(SandboxError::InvalidArguments(format!(
+            "process `{}` has exited; read what is left with `process_read`",
+            proc.id
+        )));
+    }
+    let mut slot = proc.stdin.lock().await;
+    let Some(pipe) = slot.as_mut() else {
+        return Err(SandboxError::InvalidArguments(format!(
+            "the standard input of process `{}` is closed",
+            proc.id
+        )));
+    };
+    let written = tokio::time::timeout(WRITE_TIMEOUT, pipe.write_all(args.text.as_bytes())).await;
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            *slot = None;
+            return Err(SandboxError::InvalidArguments(format!(
+                "process `{}` closed its standard input",
+                proc.id
+            )));
+        }
+        Err(_) => {
+            return Err(SandboxError::Timeout(format!(
+                "process `{}` did not take its input within {} s (it is not reading its \
+                 standard input)",
+                proc.id,
+                WRITE_TIMEOUT.as_secs()
+            )));
+        }
+    }
+    let close = args.close_stdin.unwrap_or(false);
+    if close {
+        *slot = None;
+    }
+    Ok(ProcessWriteResult {
+        process: proc.id.clone(),
+        bytes_written: args.text.len() as u64,
+        stdin_closed: slot.is_none(),
+    })
+}
+
+/// `process_kill`.
+pub(crate) fn kill(
+    table: &Table,
+    args: &ProcessKillArgs,
+) -> Result<ProcessKillResult, SandboxError> {
+    let (signal, name) = super::parse_signal(args.signal.as_deref())?;
+    let proc = table.get(&args.process)?;
+    let delivered = proc.exit().is_none()
+        && if signal == nix::libc::SIGKILL {
+            proc.supervisor.signal(child::KILL_TREE)
+        } else {
+            proc.supervisor.signal(signal)
+        };
+    Ok(ProcessKillResult {
+        process: proc.id.clone(),
+        signal: name.to_owned(),
+        delivered,
+    })
+}
+
+/// `process_list`.
+pub(crate) fn list(table: &Table) -> ProcessListResult {
+    let procs = table.lock().clone();
+    ProcessListResult {
+        processes: procs
+            .iter()
+            .map(|proc| {
+                let exit = proc.exit();
+                let state = proc.lock();
+                ProcessInfo {
+                    process: proc.id.clone(),
+                    argv: proc.argv.clone(),
+                    cwd: proc.cwd.clone(),
+                    running: exit.is_none(),
+                    exit_code: exit.and_then(|e| e.code),
+                    signal: exit.and_then(|e| e.signal),
+                    duration_ms: proc.elapsed(exit).as_millis() as u64,
+                    unread_bytes: (state.stdout.bytes.len() + state.stderr.bytes.len()) as u64,
+                }
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreground_output_keeps_the_head_and_background_the_tail() {
+        let mut head = Output::new(4);
+        head.push(b"abcdef");
+        assert_eq!(head.take(true), "abcd");
+        assert!(head.truncated);
+        let mut tail = Output::new(4);
+        tail.keep_tail = true;
+        tail.push(b"abc");
+        tail.push(b"def");
+        assert_eq!(tail.take(false), "cdef");
+        assert_eq!(tail.dropped, 2);
+    }
+
+    #[test]
+    fn a_character_cut_by_a_read_waits_for_its_end() {
+        let mut out = Output::new(100);
+        let e_acute = "é".as_bytes();
+        out.push(b"caf");
+        out.push(&e_acute[..1]);
+        assert_eq!(out.take(false), "caf");
+        out.push(&e_acute[1..]);
+        assert_eq!(out.take(false), "é");
+        out.push(&[0xff, b'x']);
+        assert_eq!(out.take(true), "\u{fffd}x");
+    }
+}

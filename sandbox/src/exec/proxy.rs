@@ -1,0 +1,440 @@
+//! The network proxy of `network = "allowlist"`: HTTP (`CONNECT`, and plain `http://` requests)
+//! and SOCKS5 on one port, for one command.
+//!
+//! The command has a network namespace of its own with nothing but a loopback, so it cannot
+//! reach anything else; its supervisor makes a listening socket on that loopback and passes it
+//! out (see [`super::child`]). The proxy accepts on it from outside the namespace, so the
+//! connections it makes go out through the host's network, after [`NetPolicy`] has checked the
+//! name and every address it resolved to. Each connection asked for, let through or refused, is
+//! reported to the sink (the command's result, then the audit log).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use monad_protocol::tools::NetworkEvent;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::netpolicy::{Host, NetPolicy};
+
+/// Where the proxy reports what it did.
+pub(crate) type Sink = Arc<dyn Fn(NetworkEvent) + Send + Sync>;
+
+/// Connections one command may have open through the proxy at once.
+const MAX_CONNECTIONS: usize = 64;
+/// Longest a client may take to say where it wants to go.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a name may take to resolve, and a connection to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Largest HTTP request head accepted.
+const MAX_HEAD: usize = 16 * 1024;
+
+/// Serves until dropped (the command ended); dropping it ends every connection too.
+pub(crate) async fn serve(listener: TcpListener, policy: Arc<NetPolicy>, sink: Sink) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                if connections.len() >= MAX_CONNECTIONS {
+                    drop(stream);
+                    continue;
+                }
+                let (policy, sink) = (policy.clone(), sink.clone());
+                connections.spawn(async move { handle(stream, &policy, &sink).await });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// What a client asked for.
+struct Request {
+    host: Host,
+    port: u16,
+    kind: Kind,
+}
+
+enum Kind {
+    Socks,
+    Connect,
+    /// A plain HTTP request: its head rewritten for the origin server, and the bytes of the
+    /// body already read.
+    Http(Vec<u8>),
+}
+
+async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
+    let _ = client.set_nodelay(true);
+    let request = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut client)).await {
+        Ok(Ok(request)) => request,
+        Ok(Err(Refusal {
+            host,
+            port,
+            reason,
+            kind,
+        })) => {
+            if let (Some(host), Some(port)) = (host, port) {
+                sink(NetworkEvent {
+                    host,
+                    port,
+                    allowed: false,
+                    address: None,
+                    reason: Some(reason.clone()),
+                });
+            }
+            answer_refused(&mut client, kind, &reason).await;
+            return;
+        }
+        Err(_) => return,
+    };
+    let event = |allowed: bool, address: Option<SocketAddr>, reason: Option<String>| NetworkEvent {
+        host: request.host.to_string(),
+        port: request.port,
+        allowed,
+        address: address.map(|a| a.to_string()),
+        reason,
+    };
+    let upstream = match connect(policy, &request.host, request.port).await {
+        Ok(upstream) => upstream,
+        Err(reason) => {
+            sink(event(false, None, Some(reason.clone())));
+            answer_refused(&mut client, kind_of(&request.kind), &reason).await;
+            return;
+        }
+    };
+    let (mut upstream, address) = upstream;
+    sink(event(true, Some(address), None));
+    let ready = match &request.kind {
+        Kind::Socks => {
+            // Succeeded; the bound address is not meaningful here.
+            client.write_all(&[5, 0, 0, 1, 0, 0, 0, 0, 0, 0]).await
+        }
+        Kind::Connect => {
+            client
+                .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                .await
+        }
+        Kind::Http(head) => upstream.write_all(head).await,
+    };
+    if ready.is_ok() {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    }
+}
+
+/// Resolves (for a name), checks, and connects to the first address that answers.
+async fn connect(
+    policy: &NetPolicy,
+    host: &Host,
+    port: u16,
+) -> Result<(TcpStream, SocketAddr), String> {
+    policy.check_name(host, port)?;
+    let addresses: Vec<IpAddr> = match host {
+        Host::Address(ip) => vec![*ip],
+        Host::Name(name) => {
+            let resolved = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                tokio::net::lookup_host((name.as_str(), port)),
+            )
+            .await
+            .map_err(|_| format!("{name} did not resolve in time"))?
+            .map_err(|e| format!("{name} does not resolve: {e}"))?;
+            let mut ips: Vec<IpAddr> = Vec::new();
+            for address in resolved {
+                if !ips.contains(&address.ip()) {
+                    ips.push(address.ip());
+                }
+            }
+            ips
+        }
+    };
+    let allowed = policy.check_addresses(host, port, &addresses)?;
+    let mut last = String::new();
+    for address in allowed {
+        match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok((stream, address));
+            }
+            Ok(Err(e)) => last = format!("{address}: {e}"),
+            Err(_) => last = format!("{address}: no answer in time"),
+        }
+    }
+    Err(format!("cannot connect to {host}:{port} ({last})"))
+}
+
+/// A request refused before any connection was tried.
+struct Refusal {
+    host: Option<String>,
+    port: Option<u16>,
+    reason: String,
+    kind: RefusalKind,
+}
+
+#[derive(Clone, Copy)]
+enum RefusalKind {
+    Socks,
+    Http,
+}
+
+fn kind_of(kind: &Kind) -> RefusalKind {
+    match kind {
+        Kind::Socks => RefusalKind::Socks,
+        Kind::Connect | Kind::Http(_) => RefusalKind::Http,
+    }
+}
+
+async fn answer_refused(client: &mut TcpStream, kind: RefusalKind, reason: &str) {
+    let _ = match kind {
+        // "Connection not allowed by ruleset".
+        RefusalKind::Socks => client.write_all(&[5, 2, 0, 1, 0, 0, 0, 0, 0, 0]).await,
+        RefusalKind::Http => {
+            let body = format!("Monad refused this connection: {reason}\n");
+            let answer = format!(
+                "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            client.write_all(answer.as_bytes()).await
+        }
+    };
+    let _ = client.shutdown().await;
+}
+
+fn refuse<T>(kind: RefusalKind, reason: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal {
+        host: None,
+        port: None,
+        reason: reason.into(),
+        kind,
+    })
+}
+
+async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut S,
+) -> Result<Request, Refusal> {
+    let first = client
+        .read_u8()
+        .await
+        .or_else(|_| refuse(RefusalKind::Http, "the connection closed"))?;
+    if first == 5 {
+        read_socks(client).await
+    } else {
+        read_http(client, first).await
+    }
+}
+
+/// SOCKS5 (RFC 1928), no authentication, `CONNECT` only.
+async fn read_socks<S: AsyncRead + AsyncWrite + Unpin>(client: &mut S) -> Result<Request, Refusal> {
+    let io = |_| Refusal {
+        host: None,
+        port: None,
+        reason: "the SOCKS handshake broke off".into(),
+        kind: RefusalKind::Socks,
+    };
+    let count = client.read_u8().await.map_err(io)?;
+    let mut methods = vec![0u8; usize::from(count)];
+    client.read_exact(&mut methods).await.map_err(io)?;
+    if !methods.contains(&0) {
+        let _ = client.write_all(&[5, 0xff]).await;
+        return refuse(
+            RefusalKind::Socks,
+            "the client offered no method without authentication",
+        );
+    }
+    client.write_all(&[5, 0]).await.map_err(io)?;
+    let mut head = [0u8; 4];
+    client.read_exact(&mut head).await.map_err(io)?;
+    let [version, command, _, kind] = head;
+    if version != 5 {
+        return refuse(RefusalKind::Socks, "not SOCKS version 5");
+    }
+    let host = match kind {
+        1 => {
+            let mut ip = [0u8; 4];
+            client.read_exact(&mut ip).await.map_err(io)?;
+            Host::Address(IpAddr::from(ip))
+        }
+        4 => {
+            let mut ip = [0u8; 16];
+            client.read_exact(&mut ip).await.map_err(io)?;
+            Host::Address(IpAddr::from(ip))
+        }
+        3 => {
+            let len = client.read_u8().await.map_err(io)?;
+            let mut name = vec![0u8; usize::from(len)];
+            client.read_exact(&mut name).await.map_err(io)?;
+            let name = String::from_utf8_lossy(&name).into_owned();
+            Host::parse(&name).or_else(|why| refuse(RefusalKind::Socks, why))?
+        }
+        _ => return refuse(RefusalKind::Socks, "an unknown SOCKS address type"),
+    };
+    let port = client.read_u16().await.map_err(io)?;
+    if command != 1 {
+        // "Command not supported": only CONNECT (no BIND, no UDP ASSOCIATE).
+        let _ = client.write_all(&[5, 7, 0, 1, 0, 0, 0, 0, 0, 0]).await;
+        return Err(Refusal {
+            host: Some(host.to_string()),
+            port: Some(port),
+            reason: "only SOCKS CONNECT is supported (no UDP, no BIND)".into(),
+            kind: RefusalKind::Socks,
+        });
+    }
+    Ok(Request {
+        host,
+        port,
+        kind: Kind::Socks,
+    })
+}
+
+/// An HTTP proxy request: `CONNECT host:port`, or a plain request for an `http://` URL.
+async fn read_http<S: AsyncRead + Unpin>(client: &mut S, first: u8) -> Result<Request, Refusal> {
+    let mut buf = vec![first];
+    let end = loop {
+        if let Some(at) = find(&buf, b"\r\n\r\n") {
+            break at + 4;
+        }
+        if buf.len() > MAX_HEAD {
+            return refuse(RefusalKind::Http, "the request head is too large");
+        }
+        let mut chunk = [0u8; 4096];
+        let n = client
+            .read(&mut chunk)
+            .await
+            .or_else(|_| refuse(RefusalKind::Http, "the connection broke"))?;
+        if n == 0 {
+            return refuse(RefusalKind::Http, "the request ended early");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = std::str::from_utf8(&buf[..end])
+        .or_else(|_| refuse(RefusalKind::Http, "the request head is not text"))?;
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default();
+    let mut words = request_line.split(' ');
+    let (Some(method), Some(target), Some(version)) = (words.next(), words.next(), words.next())
+    else {
+        return refuse(RefusalKind::Http, "a malformed request line");
+    };
+    if method.eq_ignore_ascii_case("CONNECT") {
+        let (host, port) =
+            split_host_port(target, None).or_else(|why| refuse(RefusalKind::Http, why))?;
+        return Ok(Request {
+            host,
+            port,
+            kind: Kind::Connect,
+        });
+    }
+    let Some(rest) = target.strip_prefix("http://") else {
+        return refuse(
+            RefusalKind::Http,
+            "this proxy takes `CONNECT host:port` and `http://` URLs (use CONNECT for https)",
+        );
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, "/"),
+    };
+    let (host, port) =
+        split_host_port(authority, Some(80)).or_else(|why| refuse(RefusalKind::Http, why))?;
+    // For the origin server: the path only, no proxy headers, one request per connection (the
+    // next one could be for another host).
+    let mut out = format!("{method} {path} {version}\r\n");
+    for line in lines {
+        if line.is_empty() {
+            continue;
+        }
+        let name = line.split(':').next().unwrap_or_default().trim();
+        let skip = [
+            "proxy-connection",
+            "proxy-authorization",
+            "connection",
+            "keep-alive",
+        ]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h));
+        if !skip {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(&buf[end..]);
+    Ok(Request {
+        host,
+        port,
+        kind: Kind::Http(bytes),
+    })
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `host:port`, `[v6]:port`, or (with a default port) `host`.
+fn split_host_port(text: &str, default: Option<u16>) -> Result<(Host, u16), String> {
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (inside, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("`{text}` is not host:port"))?;
+        (inside, after.strip_prefix(':'))
+    } else {
+        match text.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        }
+    };
+    let port = match (port, default) {
+        (Some(p), _) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("`{text}` has no valid port"))?,
+        (None, Some(d)) => d,
+        (None, None) => return Err(format!("`{text}` has no port")),
+    };
+    Ok((Host::parse(host)?, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn http_requests_are_rewritten_for_the_origin() {
+        let request = b"GET http://example.com:8080/a?b HTTP/1.1\r\nHost: example.com:8080\r\nProxy-Connection: keep-alive\r\nAccept: */*\r\n\r\nbody";
+        let mut reader = &request[1..];
+        let parsed = read_http(&mut reader, request[0]).await.ok().unwrap();
+        assert_eq!(parsed.host, Host::Name("example.com".into()));
+        assert_eq!(parsed.port, 8080);
+        let Kind::Http(head) = parsed.kind else {
+            panic!("a plain request");
+        };
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "GET /a?b HTTP/1.1\r\nHost: example.com:8080\r\nAccept: */*\r\nConnection: close\r\n\r\nbody"
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_and_bad_requests() {
+        let request = b"CONNECT [2001:db8::1]:443 HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut reader = &request[1..];
+        let parsed = read_http(&mut reader, request[0]).await.ok().unwrap();
+        assert_eq!(parsed.port, 443);
+        assert!(matches!(parsed.kind, Kind::Connect));
+        for bad in [
+            &b"GET https://x/ HTTP/1.1\r\n\r\n"[..],
+            b"CONNECT x HTTP/1.1\r\n\r\n",
+            b"CONNECT a b:1 HTTP/1.1\r\n\r\n",
+            b"garbage\r\n\r\n",
+        ] {
+            let mut reader = &bad[1..];
+            assert!(read_http(&mut reader, bad[0]).await.is_err(), "{bad:?}");
+        }
+        let huge = vec![b'a'; MAX_HEAD * 2];
+        let mut reader = &huge[1..];
+        assert!(read_http(&mut reader, huge[0]).await.is_err());
+    }
+}

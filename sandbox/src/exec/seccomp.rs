@@ -1,0 +1,492 @@
+//! The seccomp filter every sandboxed command runs under: classic BPF over `struct seccomp_data`,
+//! built in the parent as plain data and handed to the kernel in the child.
+//!
+//! landlock confines files (and, on ABI 4 and later, TCP ports); namespaces confine processes
+//! and the network. What neither covers is refused here, by system call and argument:
+//!
+//! 1. a system call of another architecture (the i386 entry of an x86_64 kernel) kills the
+//!    process, and so does an x32 call on x86_64: their numbers mean other calls;
+//! 2. `socket()` is allowed for `AF_INET` and `AF_INET6` only, and only when the command may
+//!    have IP sockets at all ([`Sockets::Inet`]); every other family fails with `EACCES`:
+//!    `AF_UNIX` (landlock up to ABI 7 does not control connecting to a filesystem socket, so an
+//!    ssh-agent, the D-Bus bus or `docker.sock` would be a way out), `AF_NETLINK` (the kernel's
+//!    routing, audit and uevent interfaces), `AF_PACKET`, and the rest;
+//! 3. `socketpair` fails with `EACCES` unless the type is `SOCK_STREAM` or `SOCK_SEQPACKET`: a
+//!    datagram socketpair's socket can `sendto` (or `connect` to) any datagram socket by path.
+//!    Stream and seqpacket pairs are connected to each other for good and reach nothing else;
+//! 4. `io_uring_setup`, `io_uring_enter` and `io_uring_register` fail with `EPERM`: io_uring
+//!    creates and connects sockets without the `socket` system call;
+//! 5. new namespaces: `unshare` and `clone` with any `CLONE_NEW*` flag, and `setns`, fail with
+//!    `EPERM`; `clone3`, whose flags live in memory a filter cannot read, fails with `ENOSYS`, so
+//!    that the C library falls back to `clone`. A command cannot make itself a user namespace
+//!    (and with it capabilities over a namespace of its own, a large part of the kernel's attack
+//!    surface) or join another one;
+//! 6. `bpf`, `keyctl`, `add_key` and `request_key` fail with `EPERM`: the kernel's BPF loader and
+//!    the key rings (shared by every process of a user) are not for commands;
+//! 7. everything else is allowed (landlock, namespaces, rlimits and the process tree do the
+//!    rest).
+
+use std::mem::offset_of;
+
+use nix::libc;
+
+/// The audit architecture (`AUDIT_ARCH_*` in `linux/audit.h`) whose system calls the filter
+/// knows, or `None` where commands cannot be sandboxed.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const AUDIT_ARCH: Option<u32> = Some(0xc000_003e); // AUDIT_ARCH_X86_64
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+pub(crate) const AUDIT_ARCH: Option<u32> = Some(0xc000_00b7); // AUDIT_ARCH_AARCH64
+#[cfg(not(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_endian = "little")
+)))]
+pub(crate) const AUDIT_ARCH: Option<u32> = None;
+
+/// On x86_64, x32 system calls share the architecture but have this bit set in their number;
+/// they would bypass a filter written for x86_64 numbers.
+#[cfg(target_arch = "x86_64")]
+const X32_SYSCALL_BIT: Option<u32> = Some(0x4000_0000);
+#[cfg(not(target_arch = "x86_64"))]
+const X32_SYSCALL_BIT: Option<u32> = None;
+
+/// Every `CLONE_NEW*` flag: a new namespace of any kind.
+const CLONE_NEW_ANY: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET) as u32
+    | 0x80; // CLONE_NEWTIME
+
+/// Which `socket()` calls a command may make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sockets {
+    /// None at all (connected `socketpair`s still work): the network is off and there is no
+    /// network namespace to keep it off.
+    None,
+    /// `AF_INET` and `AF_INET6` only: what it can reach is decided by its network namespace (a
+    /// loopback of its own, or the host's network).
+    Inet,
+}
+
+/// A jump target of the assembler below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Label {
+    Allow,
+    Kill,
+    Eacces,
+    Eperm,
+    Enosys,
+    Socket,
+    Socketpair,
+    NamespaceFlags,
+}
+
+/// One instruction, with symbolic jump targets (`None`: the next instruction).
+#[derive(Debug, Clone, Copy)]
+enum Ins {
+    /// Load the 32-bit word at this offset of `struct seccomp_data`.
+    Load(usize),
+    /// `A &= k`.
+    And(u32),
+    /// Jump to `t` if `A == k`, else to `f`.
+    Eq(u32, Option<Label>, Option<Label>),
+    /// Jump to `t` if `A >= k`, else to `f`.
+    Ge(u32, Option<Label>, Option<Label>),
+    /// Jump to `t` if `A & k != 0`, else to `f`.
+    Set(u32, Option<Label>, Option<Label>),
+    /// Return this action.
+    Ret(u32),
+    /// A position, not an instruction.
+    At(Label),
+}
+
+/// Resolves labels into relative jumps. Jumps only go forward, as the kernel requires.
+fn assemble(program: &[Ins]) -> Vec<libc::sock_filter> {
+    let mut positions = Vec::new();
+    let mut pc = 0usize;
+    for ins in program {
+        match ins {
+            Ins::At(label) => positions.push((*label, pc)),
+            _ => pc += 1,
+        }
+    }
+    let at = |label: Label| {
+        positions
+            .iter()
+            .find(|(l, _)| *l == label)
+            .map(|(_, p)| *p)
+            .unwrap_or_else(|| panic!("label {label:?} is not placed"))
+    };
+    let mut out = Vec::with_capacity(pc);
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    for ins in program {
+        let here = out.len();
+        let offset = |target: Option<Label>| -> u8 {
+            match target {
+                None => 0,
+                Some(label) => {
+                    let to = at(label);
+                    assert!(to > here, "jump from {here} back to {label:?}");
+                    u8::try_from(to - here - 1).expect("jump within 255 instructions")
+                }
+            }
+        };
+        let jump = |op: u32, k: u32, t, f| libc::sock_filter {
+            code: (libc::BPF_JMP | op | libc::BPF_K) as u16,
+            jt: offset(t),
+            jf: offset(f),
+            k,
+        };
+        match *ins {
+            Ins::Load(offset) => out.push(stmt(
+                libc::BPF_LD | libc::BPF_W | libc::BPF_ABS,
+                offset as u32,
+            )),
+            Ins::And(k) => out.push(stmt(libc::BPF_ALU | libc::BPF_AND | libc::BPF_K, k)),
+            Ins::Eq(k, t, f) => out.push(jump(libc::BPF_JEQ, k, t, f)),
+            Ins::Ge(k, t, f) => out.push(jump(libc::BPF_JGE, k, t, f)),
+            Ins::Set(k, t, f) => out.push(jump(libc::BPF_JSET, k, t, f)),
+            Ins::Ret(action) => out.push(stmt(libc::BPF_RET | libc::BPF_K, action)),
+            Ins::At(_) => {}
+        }
+    }
+    out
+}
+
+/// The filter for commands that may make the `socket()` calls `sockets` says; `None` on
+/// architectures it does not know (commands are then refused like on a kernel without
+/// landlock). See the module documentation for what it refuses.
+pub fn filter(sockets: Sockets) -> Option<Vec<libc::sock_filter>> {
+    use Ins::*;
+    use Label::*;
+
+    let arch = AUDIT_ARCH?;
+    // The low 32 bits of an argument (both supported architectures are little-endian); the
+    // kernel reads `int` arguments from those bits only, so the high ones cannot hide a value.
+    let arg = |n: usize| offset_of!(libc::seccomp_data, args) + 8 * n;
+    let nr = |sys: libc::c_long| sys as u32;
+    let errno = |e: i32| libc::SECCOMP_RET_ERRNO | e as u32;
+
+    let mut program = vec![
+        Load(offset_of!(libc::seccomp_data, arch)),
+        Eq(arch, None, Some(Kill)),
+        Load(offset_of!(libc::seccomp_data, nr)),
+    ];
+    if let Some(x32) = X32_SYSCALL_BIT {
+        program.push(Ge(x32, Some(Kill), None));
+    }
+    for (call, to) in [
+        (libc::SYS_socket, Socket),
+        (libc::SYS_socketpair, Socketpair),
+        (libc::SYS_io_uring_setup, Eperm),
+        (libc::SYS_io_uring_enter, Eperm),
+        (libc::SYS_io_uring_register, Eperm),
+        (libc::SYS_unshare, NamespaceFlags),
+        (libc::SYS_clone, NamespaceFlags),
+        (libc::SYS_setns, Eperm),
+        (libc::SYS_clone3, Enosys),
+        (libc::SYS_bpf, Eperm),
+        (libc::SYS_keyctl, Eperm),
+        (libc::SYS_add_key, Eperm),
+        (libc::SYS_request_key, Eperm),
+    ] {
+        program.push(Eq(nr(call), Some(to), None));
+    }
+    program.push(Ret(libc::SECCOMP_RET_ALLOW));
+
+    // socket(domain, type, protocol).
+    program.extend([At(Socket), Load(arg(0))]);
+    if sockets == Sockets::Inet {
+        program.extend([
+            Eq(libc::AF_INET as u32, Some(Allow), None),
+            Eq(libc::AF_INET6 as u32, Some(Allow), None),
+        ]);
+    }
+    program.push(Ret(errno(libc::EACCES)));
+
+    // socketpair(domain, type, protocol, sv); the type without SOCK_NONBLOCK/CLOEXEC.
+    program.extend([
+        At(Socketpair),
+        Load(arg(1)),
+        And(0xf),
+        Eq(libc::SOCK_STREAM as u32, Some(Allow), None),
+        Eq(libc::SOCK_SEQPACKET as u32, Some(Allow), None),
+        Ret(errno(libc::EACCES)),
+    ]);
+
+    // unshare(flags) and clone(flags, ...): no new namespace of any kind.
+    program.extend([
+        At(NamespaceFlags),
+        Load(arg(0)),
+        Set(CLONE_NEW_ANY, Some(Eperm), Some(Allow)),
+    ]);
+
+    program.extend([
+        At(Allow),
+        Ret(libc::SECCOMP_RET_ALLOW),
+        At(Kill),
+        Ret(libc::SECCOMP_RET_KILL_PROCESS),
+        At(Eacces),
+        Ret(errno(libc::EACCES)),
+        At(Eperm),
+        Ret(errno(libc::EPERM)),
+        At(Enosys),
+        Ret(errno(libc::ENOSYS)),
+    ]);
+    Some(assemble(&program))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a classic-BPF seccomp program the way the kernel would, for the instructions the
+    /// filter uses; panics on anything else (an unknown opcode, a jump or load out of range).
+    pub(crate) fn evaluate(
+        filter: &[libc::sock_filter],
+        nr: i64,
+        arch: u32,
+        args: [u64; 6],
+    ) -> u32 {
+        let mut data = Vec::with_capacity(std::mem::size_of::<libc::seccomp_data>());
+        data.extend_from_slice(&(nr as i32).to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        for arg in args {
+            data.extend_from_slice(&arg.to_ne_bytes());
+        }
+        assert_eq!(data.len(), std::mem::size_of::<libc::seccomp_data>());
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let ins = filter[pc];
+            let code = u32::from(ins.code);
+            let (jt, jf) = (usize::from(ins.jt), usize::from(ins.jf));
+            pc += 1;
+            match code {
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                    let at = ins.k as usize;
+                    assert!(at.is_multiple_of(4), "unaligned load at {}", pc - 1);
+                    a = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
+                }
+                c if c == libc::BPF_ALU | libc::BPF_AND | libc::BPF_K => a &= ins.k,
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
+                    pc += if a == ins.k { jt } else { jf };
+                }
+                c if c == libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K => {
+                    pc += if a >= ins.k { jt } else { jf };
+                }
+                c if c == libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K => {
+                    pc += if a & ins.k != 0 { jt } else { jf };
+                }
+                c if c == libc::BPF_RET | libc::BPF_K => return ins.k,
+                c => panic!("unexpected opcode {c:#x} at {}", pc - 1),
+            }
+        }
+    }
+
+    fn check_well_formed(filter: &[libc::sock_filter]) {
+        assert!(filter.len() < 128, "{} instructions", filter.len());
+        // What the kernel's checker requires: jumps land inside the program, loads are aligned
+        // and inside `struct seccomp_data`, the last instruction returns.
+        let ret = (libc::BPF_RET | libc::BPF_K) as u16;
+        assert_eq!(filter.last().map(|i| i.code), Some(ret));
+        for (pc, ins) in filter.iter().enumerate() {
+            if u32::from(ins.code) & 0x07 == libc::BPF_JMP {
+                let furthest = pc + 1 + usize::from(ins.jt.max(ins.jf));
+                assert!(furthest < filter.len(), "jump out of range at {pc}");
+            }
+            if u32::from(ins.code) == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS {
+                let at = ins.k as usize;
+                assert!(
+                    at.is_multiple_of(4) && at + 4 <= std::mem::size_of::<libc::seccomp_data>()
+                );
+            }
+        }
+        // It starts by checking the architecture, before looking at any system call number.
+        assert_eq!(
+            (filter[0].code, filter[0].k),
+            ((libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, 4)
+        );
+        assert_eq!(filter[1].k, AUDIT_ARCH.unwrap());
+    }
+
+    #[test]
+    fn the_filter_is_well_formed() {
+        for sockets in [Sockets::None, Sockets::Inet] {
+            let Some(filter) = filter(sockets) else {
+                assert!(AUDIT_ARCH.is_none());
+                return;
+            };
+            check_well_formed(&filter);
+        }
+    }
+
+    const KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
+    const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+    const EACCES: u32 = libc::SECCOMP_RET_ERRNO | libc::EACCES as u32;
+    const EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    const ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+
+    #[test]
+    fn foreign_system_calls_are_killed() {
+        let Some(filter) = filter(Sockets::Inet) else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let unix = libc::AF_UNIX as u64;
+        for foreign in [0x4000_0003u32, 0xc000_003e ^ 0xc000_00b7 ^ arch, 0] {
+            assert_eq!(evaluate(&filter, libc::SYS_read, foreign, [0; 6]), KILL);
+            assert_eq!(
+                evaluate(&filter, libc::SYS_socket, foreign, [unix, 1, 0, 0, 0, 0]),
+                KILL
+            );
+        }
+        if let Some(x32) = X32_SYSCALL_BIT {
+            let x32 = libc::c_long::from(x32);
+            let run = |nr, args| evaluate(&filter, nr, arch, args);
+            assert_eq!(run(x32 | libc::SYS_socket, [unix, 1, 0, 0, 0, 0]), KILL);
+            assert_eq!(run(x32, [0; 6]), KILL);
+        }
+    }
+
+    #[test]
+    fn only_ip_sockets_are_allowed_and_only_when_asked() {
+        let (Some(inet), Some(none)) = (filter(Sockets::Inet), filter(Sockets::None)) else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
+        for ty in [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_RAW] {
+            let ty = ty as u64 | flags;
+            for domain in [libc::AF_INET, libc::AF_INET6] {
+                let args = [domain as u64, ty, 0, 0, 0, 0];
+                assert_eq!(evaluate(&inet, libc::SYS_socket, arch, args), ALLOW);
+                assert_eq!(evaluate(&none, libc::SYS_socket, arch, args), EACCES);
+            }
+            for domain in [
+                libc::AF_UNIX,
+                libc::AF_NETLINK,
+                libc::AF_PACKET,
+                libc::AF_BLUETOOTH,
+                libc::AF_VSOCK,
+                libc::AF_ALG,
+                0,
+            ] {
+                let args = [domain as u64, ty, 0, 0, 0, 0];
+                assert_eq!(
+                    evaluate(&inet, libc::SYS_socket, arch, args),
+                    EACCES,
+                    "{args:?}"
+                );
+                assert_eq!(evaluate(&none, libc::SYS_socket, arch, args), EACCES);
+            }
+        }
+        // The high half of the argument is not read by the kernel, nor by the filter:
+        // 0x1_0000_0001 is AF_UNIX.
+        let sneaky = [0x1_0000_0001, libc::SOCK_STREAM as u64, 0, 0, 0, 0];
+        assert_eq!(evaluate(&inet, libc::SYS_socket, arch, sneaky), EACCES);
+        let sneaky = [0xffff_ffff_0000_0000 | libc::AF_INET as u64, 1, 0, 0, 0, 0];
+        assert_eq!(evaluate(&inet, libc::SYS_socket, arch, sneaky), ALLOW);
+    }
+
+    #[test]
+    fn only_connected_socketpairs_are_allowed() {
+        let Some(filter) = filter(Sockets::None) else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let unix = libc::AF_UNIX as u64;
+        let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
+        let stream = libc::SOCK_STREAM as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        for (ty, want) in [
+            (stream, ALLOW),
+            (stream | flags, ALLOW),
+            (libc::SOCK_SEQPACKET as u64 | flags, ALLOW),
+            (dgram, EACCES),
+            (dgram | flags, EACCES),
+            (libc::SOCK_RAW as u64, EACCES),
+            (0, EACCES),
+            (0xffff_ffff_0000_0000 | stream, ALLOW),
+        ] {
+            let got = evaluate(&filter, libc::SYS_socketpair, arch, [unix, ty, 0, 0, 0, 0]);
+            assert_eq!(got, want, "{ty:#x}");
+        }
+    }
+
+    #[test]
+    fn new_namespaces_io_uring_bpf_and_keys_are_refused() {
+        let Some(filter) = filter(Sockets::Inet) else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let run = |nr, args| evaluate(&filter, nr, arch, args);
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWPID,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+            libc::CLONE_NEWCGROUP,
+            0x80,
+        ] {
+            let flags = flag as u64 | libc::SIGCHLD as u64;
+            assert_eq!(run(libc::SYS_unshare, [flags, 0, 0, 0, 0, 0]), EPERM);
+            assert_eq!(run(libc::SYS_clone, [flags, 0, 0, 0, 0, 0]), EPERM);
+        }
+        // fork and threads are clone without namespace flags.
+        let fork = libc::SIGCHLD as u64;
+        let thread = (libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD
+            | libc::CLONE_SYSVSEM
+            | libc::CLONE_SETTLS
+            | libc::CLONE_PARENT_SETTID
+            | libc::CLONE_CHILD_CLEARTID) as u64;
+        assert_eq!(run(libc::SYS_clone, [fork, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(run(libc::SYS_clone, [thread, 0, 0, 0, 0, 0]), ALLOW);
+        assert_eq!(
+            run(libc::SYS_unshare, [libc::CLONE_FILES as u64, 0, 0, 0, 0, 0]),
+            ALLOW
+        );
+        assert_eq!(run(libc::SYS_clone3, [0; 6]), ENOSYS);
+        for nr in [
+            libc::SYS_setns,
+            libc::SYS_io_uring_setup,
+            libc::SYS_io_uring_enter,
+            libc::SYS_io_uring_register,
+            libc::SYS_bpf,
+            libc::SYS_keyctl,
+            libc::SYS_add_key,
+            libc::SYS_request_key,
+        ] {
+            assert_eq!(run(nr, [8, 0, 0, 0, 0, 0]), EPERM, "{nr}");
+        }
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_openat,
+            libc::SYS_execve,
+            libc::SYS_connect,
+            libc::SYS_sendto,
+            libc::SYS_prctl,
+            libc::SYS_wait4,
+        ] {
+            assert_eq!(
+                run(nr, [libc::AF_UNIX as u64, 2, 0, 0, 0, 0]),
+                ALLOW,
+                "{nr}"
+            );
+        }
+    }
+}
