@@ -160,11 +160,11 @@ pub(crate) struct Spec {
 }
 
 /// Makes `command` run [`run`] with `spec` in its child, between `fork` and `exec`.
-pub(crate) fn install(command: &mut tokio::process::Command, mut spec: Spec) {
+pub(crate) fn install(command: &mut tokio::process::Command, spec: Spec) {
     // SAFETY: the closure runs between fork and exec and calls `run`, which makes system calls
     // only, on data prepared in the parent (see its documentation).
     unsafe {
-        command.pre_exec(move || run(&mut spec));
+        command.pre_exec(move || run(&spec));
     }
 }
 
@@ -182,7 +182,7 @@ pub(crate) fn received(fd: RawFd) -> OwnedFd {
 ///
 /// Must be called between `fork` and `exec` (from `pre_exec`), where only async-signal-safe code
 /// may run: it makes system calls on data prepared in the parent and never allocates.
-unsafe fn run(spec: &mut Spec) -> std::io::Result<()> {
+unsafe fn run(spec: &Spec) -> std::io::Result<()> {
     // SAFETY: every call below is a plain system call on valid pointers to stack or parent-made
     // data that outlives it.
     unsafe {
@@ -190,7 +190,9 @@ unsafe fn run(spec: &mut Spec) -> std::io::Result<()> {
         libc::sigfillset(&mut all);
         libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
         spec.rlimits.apply().map_err(std::io::Error::from)?;
-        match spec.namespaces.take() {
+        // Nothing here is dropped: the child must not free memory, nor close what it does not
+        // own (the parent's descriptors are closed by `exec`, or die with the process).
+        match &spec.namespaces {
             Some(ns) => namespaced(spec, ns),
             None => fallback(spec),
         }
@@ -210,7 +212,7 @@ fn check(rc: libc::c_long, code: c_int) -> std::io::Result<()> {
     if rc == -1 { Err(fail(code)) } else { Ok(()) }
 }
 
-unsafe fn namespaced(spec: &mut Spec, ns: Namespaces) -> std::io::Result<()> {
+unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
     unsafe {
         if let Some(identity) = spec.identity {
             become_user(identity)?;
@@ -247,7 +249,7 @@ unsafe fn namespaced(spec: &mut Spec, ns: Namespaces) -> std::io::Result<()> {
             0 => {
                 libc::close(status_r);
                 libc::close(life_w);
-                init(spec, &ns, status_w, life_r)
+                init(spec, ns, status_w, life_r)
             }
             init_pid => {
                 close_all_but(&[status_r, life_w]);
@@ -260,7 +262,7 @@ unsafe fn namespaced(spec: &mut Spec, ns: Namespaces) -> std::io::Result<()> {
 /// Pid 1 of the new PID namespace: makes the private mounts, starts the command, then reaps
 /// until the command exits and reports its status to the supervisor.
 unsafe fn init(
-    spec: &mut Spec,
+    spec: &Spec,
     ns: &Namespaces,
     status_w: RawFd,
     life_r: RawFd,
@@ -551,7 +553,7 @@ unsafe fn enter_cwd_in_namespace(ns: &Namespaces) -> std::io::Result<()> {
 
 /// The command's process, from its fork to `exec`: drop privileges and confine it.
 unsafe fn command(
-    spec: &mut Spec,
+    spec: &Spec,
     mounted: Mounted,
     namespaces: Option<&Namespaces>,
 ) -> std::io::Result<()> {
@@ -1133,7 +1135,7 @@ unsafe fn exit_like(status: c_int) -> ! {
     }
 }
 
-unsafe fn fallback(spec: &mut Spec) -> std::io::Result<()> {
+unsafe fn fallback(spec: &Spec) -> std::io::Result<()> {
     unsafe {
         check(
             libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0).into(),

@@ -410,6 +410,10 @@ pub(crate) async fn run(
     if background {
         table.full()?;
     }
+    let net = (policy.network == crate::limits::NetworkMode::Allowlist)
+        .then(|| netpolicy::NetPolicy::parse(&policy.allow, &policy.deny))
+        .transpose()
+        .map_err(SandboxError::InvalidArguments)?;
     let timeout = timeout_ms.map(Duration::from_millis);
     let started = super::start(
         jail,
@@ -421,6 +425,12 @@ pub(crate) async fn run(
     let mut started = started;
     let stdin = started.child.stdin.take();
     let (activity, _) = watch::channel(0u64);
+    let output = || {
+        let mut output = Output::new(limits.output_max_bytes);
+        // In the background, the newest output is what matters (the end of a build).
+        output.keep_tail = background;
+        output
+    };
     let proc = Arc::new(Proc {
         id: table.new_id(),
         argv: args.argv.clone(),
@@ -429,8 +439,8 @@ pub(crate) async fn run(
         sandbox: started.sandbox,
         supervisor: started.supervisor.clone(),
         state: Mutex::new(State {
-            stdout: Output::new(limits.output_max_bytes),
-            stderr: Output::new(limits.output_max_bytes),
+            stdout: output(),
+            stderr: output(),
             exit: None,
             network: Vec::new(),
             tail: VecDeque::new(),
@@ -442,12 +452,6 @@ pub(crate) async fn run(
     // From here on, a failure or a cancellation kills the tree.
     let mut foreground = Foreground(Some(proc.clone()));
     let mut changes = proc.activity.subscribe();
-    let net = started
-        .proxy
-        .is_some()
-        .then(|| netpolicy::NetPolicy::parse(&policy.allow, &policy.deny))
-        .transpose()
-        .map_err(SandboxError::InvalidArguments)?;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let task = tokio::spawn(drive(proc.clone(), started, deadline, net));
     *proc.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());

@@ -1,37 +1,11 @@
 //! `run_command`: positive controls, limits, and confinement of real processes.
 
 use monad_protocol::ErrorCode;
-use monad_protocol::tools::{RunCommandArgs, RunCommandResult};
-use monad_sandbox::{Limits, SandboxError};
+use monad_protocol::tools::RunCommandArgs;
+use monad_sandbox::Limits;
 
-use super::support::{Fixture, SECRET, runtime};
+use super::support::{Fixture, SECRET, args, run, runtime, sh, try_run};
 
-fn args(argv: &[&str]) -> RunCommandArgs {
-    RunCommandArgs {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        cwd: None,
-        timeout_ms: Some(20_000),
-        stdin: None,
-        background: None,
-        background_after_ms: None,
-        workspace: None,
-    }
-}
-
-fn try_run(fx: &Fixture, args: &RunCommandArgs) -> Result<RunCommandResult, SandboxError> {
-    runtime().block_on(fx.sandbox.run_command(args))
-}
-
-fn run(fx: &Fixture, argv: &[&str]) -> RunCommandResult {
-    try_run(fx, &args(argv)).unwrap()
-}
-
-fn sh(fx: &Fixture, script: &str) -> RunCommandResult {
-    run(fx, &["sh", "-c", script])
-}
-
-/// True once `pid` is gone or a zombie (killed, waiting for its reaper). SIGKILL is delivered
-/// asynchronously, so this polls for up to five seconds instead of sleeping a fixed time.
 /// A script that starts an escapee that leaves the command's process group and session
 /// (`setsid`, double fork) and holds a lock on `held.lock` while it sleeps; the script returns
 /// once the lock is held. `then` runs after that.

@@ -1,6 +1,9 @@
 mod support;
 
+mod contain;
 mod escape;
 mod exec;
+mod network;
+mod processes;
 mod race;
 mod tools;

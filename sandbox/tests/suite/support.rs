@@ -3,7 +3,29 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use monad_sandbox::{ExecPolicy, Limits, Sandbox};
+use monad_protocol::tools::{RunCommandArgs, RunCommandResult};
+use monad_sandbox::{ExecPolicy, Limits, Sandbox, SandboxError};
+
+/// `run_command` arguments for `argv`, with a 20 s time limit.
+pub fn args(argv: &[&str]) -> RunCommandArgs {
+    RunCommandArgs {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        timeout_ms: Some(20_000),
+        ..Default::default()
+    }
+}
+
+pub fn try_run(fx: &Fixture, args: &RunCommandArgs) -> Result<RunCommandResult, SandboxError> {
+    runtime().block_on(fx.sandbox.run_command(args))
+}
+
+pub fn run(fx: &Fixture, argv: &[&str]) -> RunCommandResult {
+    try_run(fx, &args(argv)).unwrap()
+}
+
+pub fn sh(fx: &Fixture, script: &str) -> RunCommandResult {
+    run(fx, &["sh", "-c", script])
+}
 
 /// A temp dir holding `root/` (the workspace) and `outside/` (what must never be touched),
 /// plus `root_evil/`, a sibling whose name has the root as a string prefix.

@@ -1,0 +1,191 @@
+//! The network a command gets: off (a loopback of its own), an allowlist through Monad's proxy,
+//! or the host's. A real HTTP server on this machine's loopback stands for the network a
+//! command must not reach unless the policy lists it.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+use monad_protocol::ErrorCode;
+use monad_sandbox::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
+
+use super::support::{Fixture, run, sh, try_run};
+
+/// Serves `hello from the host` to every HTTP request on 127.0.0.1, on a thread, until the
+/// test process ends. Returns the port.
+fn http_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                let body = "hello from the host";
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+fn allowlist(allow: &[&str], deny: &[&str]) -> Fixture {
+    Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            network: NetworkMode::Allowlist,
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+    )
+}
+
+/// `curl` through the proxy the sandbox announces (`-x`), also for loopback names that
+/// `NO_PROXY` would otherwise send around it.
+fn curl(fx: &Fixture, how: &[&str], url: &str) -> monad_protocol::tools::RunCommandResult {
+    let mut argv = vec!["curl", "-sS", "--max-time", "10", "--noproxy", ""];
+    argv.extend_from_slice(how);
+    argv.push(url);
+    run(fx, &argv)
+}
+
+#[test]
+fn with_the_network_off_the_hosts_loopback_is_unreachable_and_its_own_works() {
+    let port = http_server();
+    let fx = Fixture::new();
+    let out = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
+    assert_ne!(out.exit_code, Some(0), "{out:?}");
+    assert!(!out.stdout.contains("hello"), "{out:?}");
+    // A server of its own on its own loopback, as a test suite starts.
+    let out = sh(
+        &fx,
+        "python3 -m http.server --bind 127.0.0.1 8000 >/dev/null 2>&1 & \
+         for i in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:8000/ && break; sleep 0.05; done; \
+         curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/",
+    );
+    assert_eq!(out.stdout, "200", "{out:?}");
+}
+
+#[test]
+fn the_allowlist_lets_through_only_what_it_lists() {
+    let port = http_server();
+    let url = format!("http://127.0.0.1:{port}/");
+    let listed = allowlist(&["127.0.0.1"], &[]);
+    for how in [
+        &["-x", "http://127.0.0.1:3128"][..],
+        &["-p", "-x", "http://127.0.0.1:3128"],
+        &["--socks5-hostname", "127.0.0.1:3128"],
+    ] {
+        let out = curl(&listed, how, &url);
+        assert_eq!(out.stdout, "hello from the host", "{how:?}: {out:?}");
+        assert!(
+            out.network.iter().any(|e| e.allowed && e.port == port),
+            "{:?}",
+            out.network
+        );
+    }
+    // The environment points every proxy-aware tool at it.
+    let out = sh(&listed, "echo $HTTPS_PROXY $ALL_PROXY");
+    assert_eq!(
+        out.stdout, "http://127.0.0.1:3128 socks5h://127.0.0.1:3128\n",
+        "{out:?}"
+    );
+
+    let other = allowlist(&["pypi.org"], &[]);
+    for how in [
+        &["-x", "http://127.0.0.1:3128"][..],
+        &["-p", "-x", "http://127.0.0.1:3128"],
+        &["--socks5-hostname", "127.0.0.1:3128"],
+    ] {
+        let out = curl(&other, how, &url);
+        assert!(!out.stdout.contains("hello"), "{how:?}: {out:?}");
+        let refused = out
+            .network
+            .iter()
+            .find(|e| !e.allowed)
+            .unwrap_or_else(|| panic!("no refusal reported: {out:?}"));
+        assert!(
+            refused
+                .reason
+                .as_deref()
+                .unwrap_or("")
+                .contains("not in the allowlist"),
+            "{refused:?}"
+        );
+    }
+    // Going around the proxy goes nowhere: the namespace has no other way out.
+    let out = run(
+        &listed,
+        &["curl", "-sS", "--max-time", "5", "--noproxy", "*", &url],
+    );
+    assert_ne!(out.exit_code, Some(0), "{out:?}");
+}
+
+#[test]
+fn a_listed_name_that_resolves_to_a_private_address_is_refused() {
+    let port = http_server();
+    let fx = allowlist(&["localhost"], &[]);
+    let out = curl(
+        &fx,
+        &["-x", "http://127.0.0.1:3128"],
+        &format!("http://localhost:{port}/"),
+    );
+    assert!(!out.stdout.contains("hello"), "{out:?}");
+    let refused = out.network.iter().find(|e| !e.allowed).expect("a refusal");
+    let reason = refused.reason.as_deref().unwrap_or("");
+    assert!(reason.contains("loopback"), "{reason}");
+    // Deny wins, even over an address listed outright.
+    let fx = allowlist(&["127.0.0.1"], &["127.0.0.0/8"]);
+    let out = curl(
+        &fx,
+        &["-x", "http://127.0.0.1:3128"],
+        &format!("http://127.0.0.1:{port}/"),
+    );
+    assert!(!out.stdout.contains("hello"), "{out:?}");
+}
+
+#[test]
+fn the_allowlist_fails_closed_without_a_network_namespace() {
+    let fx = Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            network: NetworkMode::Allowlist,
+            allow: vec!["pypi.org".into()],
+            namespaces: NamespacePolicy::Off,
+            ..Default::default()
+        },
+    );
+    let err = try_run(&fx, &super::support::args(&["true"])).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
+    assert!(err.to_string().contains("allowlist"), "{err}");
+}
+
+#[test]
+fn a_bad_allowlist_entry_is_a_clear_error() {
+    let fx = allowlist(&["exa mple.com"], &[]);
+    let err = try_run(&fx, &super::support::args(&["true"])).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+    assert!(err.to_string().contains("exa mple.com"), "{err}");
+}
+
+#[test]
+fn with_the_hosts_network_the_loopback_is_reachable() {
+    let port = http_server();
+    let fx = Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            network: NetworkMode::Host,
+            ..Default::default()
+        },
+    );
+    let out = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
+    assert_eq!(out.stdout, "hello from the host", "{out:?}");
+}
