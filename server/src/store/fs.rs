@@ -884,6 +884,26 @@ mod tests {
         assert!(again.load("../etc").is_err());
     }
 
+    proptest::proptest! {
+        // Each case fsyncs a few files: fewer cases than the pure round trips in `history`.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        #[test]
+        fn appended_messages_read_back_through_the_store(
+            messages in proptest::collection::vec(crate::store::history::props::message(), 1..5)
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let store = FsStore::new(dir.path());
+            store.create(&meta("default")).unwrap();
+            for m in &messages {
+                store.append("default", m).unwrap();
+            }
+            proptest::prop_assert_eq!(&store.history("default").unwrap().messages, &messages);
+            // And from the file alone, as a restarted server reads it.
+            let again = FsStore::new(dir.path());
+            proptest::prop_assert_eq!(again.history("default").unwrap().messages, messages);
+        }
+    }
+
     #[test]
     fn corrupt_files_are_kept_aside_and_replaced() {
         let dir = tempfile::tempdir().unwrap();
