@@ -111,6 +111,64 @@ impl TokenStore {
     }
 }
 
+/// A client installation's id, as its hello gives it: a UUID in its canonical lowercase
+/// hyphenated form, nothing else. Bindings are keyed by (user, device), so a device id can name
+/// nothing but a device of the user whose token the connection presented.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(String);
+
+impl DeviceId {
+    /// Checks a device id from a hello.
+    pub fn parse(raw: &str) -> Result<DeviceId, String> {
+        match uuid::Uuid::try_parse(raw) {
+            Ok(uuid) if uuid.hyphenated().to_string() == raw => Ok(DeviceId(raw.to_owned())),
+            _ => Err(format!(
+                "the device id {raw:?} is not a UUID in lowercase hyphenated form;                  `monad-client login` makes one"
+            )),
+        }
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Checks a client name from a hello: it goes into workspace URIs (`<client-name>:<path>`) and
+/// onto terminals, so 1 to 64 characters, none of them a control or Unicode format character
+/// (bidi overrides, zero-width characters), a line or paragraph separator, `:` or `/`.
+pub fn validate_client_name(name: &str) -> Result<(), String> {
+    let count = name.chars().count();
+    let bad = name
+        .chars()
+        .find(|&c| c.is_control() || is_format_char(c) || matches!(c, ':' | '/'));
+    match (count, bad) {
+        (1..=64, None) => Ok(()),
+        (1..=64, Some(c)) => Err(format!(
+            "the client name {name:?} contains {c:?}; a client name has no control or format              characters, `:` or `/`"
+        )),
+        _ => Err(format!(
+            "the client name {name:?} must be 1 to 64 characters ({count} given)"
+        )),
+    }
+}
+
+/// Unicode format characters (general category Cf), and the line and paragraph separators:
+/// invisible, or able to reorder or break what a terminal shows around them.
+pub fn is_format_char(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
+        | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F
+        | 0xFEFF | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F
+        | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F)
+}
+
 /// A user name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
 pub fn validate_user(user: &str) -> Result<(), ServerError> {
     let ok = !user.is_empty()
@@ -168,6 +226,52 @@ mod tests {
         assert!(!store.revoke(&record.id).unwrap());
         assert_eq!(store.verify(&token).unwrap(), None);
         assert_eq!(store.list().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn device_ids_are_canonical_uuids_only() {
+        let id = "6f9619ff-8b86-4011-b42d-00c04fc964ff";
+        assert_eq!(DeviceId::parse(id).unwrap().as_str(), id);
+        for bad in [
+            "user:ana",
+            "",
+            "6F9619FF-8B86-4011-B42D-00C04FC964FF",
+            "6f9619ff8b864011b42d00c04fc964ff",
+            "{6f9619ff-8b86-4011-b42d-00c04fc964ff}",
+            "urn:uuid:6f9619ff-8b86-4011-b42d-00c04fc964ff",
+            " 6f9619ff-8b86-4011-b42d-00c04fc964ff",
+        ] {
+            assert!(DeviceId::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn client_names_refuse_what_would_break_a_uri_or_a_terminal() {
+        for good in [
+            "laptop",
+            "macbook-pro.local",
+            "é",
+            &"x".repeat(64),
+            "my laptop",
+        ] {
+            assert!(validate_client_name(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "",
+            &"x".repeat(65),
+            "a:b",
+            "a/b",
+            "a\u{1b}[2J",
+            "a\nb",
+            "a\u{7f}",
+            "a\u{202e}b",
+            "a\u{200b}b",
+            "a\u{2028}b",
+            "a\u{feff}",
+            "a\u{e0041}",
+        ] {
+            assert!(validate_client_name(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

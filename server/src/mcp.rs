@@ -57,7 +57,7 @@ impl ExecutorBackend {
         match id {
             Some(id) => self.state.registry.open(id, &user.0),
             // HTTP has no device to bind: the user's default session.
-            None => self.state.registry.resolve(None, &user.0, ""),
+            None => self.state.registry.resolve(None, &user.0, None),
         }
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use crate::ServerError;
-use crate::auth::TokenStore;
+use crate::auth::{DeviceId, TokenStore, validate_client_name};
 use crate::config::ServerConfig;
 use crate::executor::Executor;
 use crate::recorder::Recorder;
@@ -350,10 +350,7 @@ async fn handle_connection(
 }
 
 /// Reads and checks the hello; answers welcome or refused.
-async fn accept_hello(
-    state: &State,
-    conn: &quinn::Connection,
-) -> Result<(Role, String, String, String, u32), ServerError> {
+async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<Who, ServerError> {
     let (mut send, mut recv) = conn
         .accept_bi()
         .await
@@ -395,7 +392,8 @@ async fn accept_hello(
     }
 }
 
-type Who = (Role, String, String, String, u32);
+/// Who a hello says it is: role, user, device, client name, protocol minor version.
+type Who = (Role, String, DeviceId, String, u32);
 
 fn check_hello(
     state: &State,
@@ -430,21 +428,30 @@ fn check_hello(
             ),
         ));
     }
-    match state.tokens.verify(&token) {
-        Ok(Some(user)) => Ok((role, user, device_id, client_name, minor)),
-        Ok(None) => Err(ToolError::new(
-            ErrorCode::Unauthorized,
-            "the token is unknown or revoked; create one with `monad-server token create` and \
+
+    let user = match state.tokens.verify(&token) {
+        Ok(Some(user)) => user,
+        Ok(None) => {
+            return Err(ToolError::new(
+                ErrorCode::Unauthorized,
+                "the token is unknown or revoked; create one with `monad-server token create` and \
              log in again with `monad-client login`",
-        )),
+            ));
+        }
         Err(e) => {
             warn!("cannot read tokens: {e}");
-            Err(ToolError::new(
+            return Err(ToolError::new(
                 ErrorCode::Internal,
                 "the server cannot read its tokens",
-            ))
+            ));
         }
-    }
+    };
+    // Checked once the token is: an unauthenticated peer learns nothing else.
+    let device_id =
+        DeviceId::parse(&device_id).map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
+    validate_client_name(&client_name)
+        .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
+    Ok((role, user, device_id, client_name, minor))
 }
 
 /// What a request handler knows about its connection.
@@ -452,7 +459,7 @@ struct Ctx {
     state: Arc<State>,
     conn: quinn::Connection,
     user: String,
-    device_id: String,
+    device_id: DeviceId,
     client_name: String,
     /// The protocol's minor version on this connection.
     minor: u32,
@@ -471,7 +478,9 @@ impl State {
 
 impl Ctx {
     fn session(&self, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
-        self.state.registry.resolve(id, &self.user, &self.device_id)
+        self.state
+            .registry
+            .resolve(id, &self.user, Some(&self.device_id))
     }
 }
 
@@ -626,7 +635,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             let kind = other.kind();
             let caller = crate::requests::Caller {
                 user: &ctx.user,
-                device_id: &ctx.device_id,
+                device: Some(&ctx.device_id),
             };
             match crate::requests::answer(&ctx.state, &caller, other).await {
                 Some(answer) => {
@@ -717,7 +726,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         let store = ctx.state.registry.store().clone();
         let (user, device, path, uri) = (
             ctx.user.clone(),
-            ctx.device_id.clone(),
+            ctx.device_id.to_string(),
             path.clone(),
             uri.clone(),
         );

@@ -10,6 +10,7 @@ use monad_protocol::{ErrorCode, ToolError, ToolName};
 use monad_sandbox::Sandbox;
 use tracing::warn;
 
+use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::settings::{Layers, Settings};
 use crate::store::{SessionMeta, Store, StoreError};
@@ -43,7 +44,7 @@ pub struct Attached {
     /// Tools the client offers for it.
     pub tools: Vec<ToolName>,
     /// The device that attached it.
-    pub device_id: String,
+    pub device_id: DeviceId,
     /// The path as the user gave it.
     pub path: String,
     /// Its workspace record.
@@ -415,22 +416,25 @@ impl Registry {
             .cloned()
     }
 
-    /// The session a request means: the one it names (binding the device to it), else the one
-    /// the device is bound to, else `default`.
+    /// The session a request means: the one it names (binding the device to it, when there
+    /// is one), else the one the device is bound to, else the user's default. MCP over HTTP
+    /// has no device.
     pub fn resolve(
         &self,
         requested: Option<&str>,
         user: &str,
-        device_id: &str,
+        device: Option<&DeviceId>,
     ) -> Result<Arc<Session>, ToolError> {
         match requested {
             Some(id) => {
                 let session = self.open(id, user)?;
-                self.bind(device_id, &session.id);
+                if let Some(device) = device {
+                    self.bind(user, device, &session.id);
+                }
                 Ok(session)
             }
             None => {
-                let id = self.bound(device_id, user)?;
+                let id = self.bound(user, device)?;
                 self.open(&id, user)
             }
         }
@@ -441,13 +445,14 @@ impl Registry {
         self.open(&uuid::Uuid::new_v4().to_string(), user)
     }
 
-    /// The session a request without one means: the one the device last used (when it still
-    /// exists and belongs to `user`), else the user's default. The well-known `default` is the
+    /// The session a request without one means: the one `user` last used from the device (when
+    /// it still exists and is theirs), else the user's default. The well-known `default` is the
     /// default of the user who first used it; every other user gets a default of their own, a
-    /// session created on first need and remembered under the binding key `user:<name>`, so
-    /// `monad-client attach DIR` works for each person on a shared server.
-    pub fn bound(&self, device_id: &str, user: &str) -> Result<String, ToolError> {
-        if let Ok(Some(id)) = self.store.bound_session(device_id)
+    /// session created on first need and kept in the store's per-user defaults (which no device
+    /// id can name), so `monad-client attach DIR` works for each person on a shared server.
+    pub fn bound(&self, user: &str, device: Option<&DeviceId>) -> Result<String, ToolError> {
+        if let Some(device) = device
+            && let Ok(Some(id)) = self.store.bound_session(user, device.as_str())
             && self.owner_of(&id).as_deref() == Some(user)
         {
             return Ok(id);
@@ -457,14 +462,15 @@ impl Registry {
             Some(owner) if owner == user => return Ok(DEFAULT_SESSION.to_owned()),
             Some(_) => {}
         }
-        let key = format!("user:{user}");
-        if let Ok(Some(id)) = self.store.bound_session(&key)
+        if let Ok(Some(id)) = self.store.default_session(user)
             && self.owner_of(&id).as_deref() == Some(user)
         {
             return Ok(id);
         }
         let own = self.create(user)?;
-        self.bind(&key, &own.id);
+        if let Err(e) = self.store.set_default_session(user, &own.id) {
+            warn!("cannot keep {} as the default of {user}: {e}", own.id);
+        }
         Ok(own.id.clone())
     }
 
@@ -481,10 +487,10 @@ impl Registry {
         self.store.load(id).ok().flatten().map(|m| m.owner)
     }
 
-    /// Binds a device to a session (a no-op when it already is).
-    pub fn bind(&self, device_id: &str, session: &str) {
-        if let Err(e) = self.store.bind(device_id, session) {
-            warn!("cannot bind device {device_id} to {session}: {e}");
+    /// Binds `user`'s device to a session (a no-op when it already is).
+    pub fn bind(&self, user: &str, device: &DeviceId, session: &str) {
+        if let Err(e) = self.store.bind(user, device.as_str(), session) {
+            warn!("cannot bind device {device} of {user} to {session}: {e}");
         }
     }
 
@@ -806,23 +812,28 @@ mod tests {
     fn every_user_gets_a_default_of_their_own() {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
-        let ana = reg.resolve(None, "ana", "ana-laptop").unwrap();
+        let dev =
+            |n: u8| DeviceId::parse(&format!("00000000-0000-4000-8000-0000000000{n:02x}")).unwrap();
+        let ana = reg.resolve(None, "ana", Some(&dev(1))).unwrap();
         assert_eq!(
             ana.id, "default",
             "the first user gets the well-known default"
         );
-        let ben = reg.resolve(None, "ben", "ben-laptop").unwrap();
+        let ben = reg.resolve(None, "ben", Some(&dev(2))).unwrap();
         assert_ne!(ben.id, "default");
         assert_eq!(ben.owner, "ben");
         // Stable: the same default next time, from any device, and after a restart.
-        assert_eq!(reg.resolve(None, "ben", "ben-phone").unwrap().id, ben.id);
+        assert_eq!(reg.resolve(None, "ben", Some(&dev(3))).unwrap().id, ben.id);
         let again = registry(dir.path());
-        assert_eq!(again.resolve(None, "ben", "other").unwrap().id, ben.id);
-        // A device bound to someone else's session falls back to the user's own default.
-        reg.bind("shared", &ana.id);
-        assert_eq!(reg.resolve(None, "ben", "shared").unwrap().id, ben.id);
+        assert_eq!(again.resolve(None, "ben", None).unwrap().id, ben.id);
+        // A device id another user bound (to their own session) means nothing to ben.
+        reg.bind("ana", &dev(4), &ana.id);
+        assert_eq!(reg.resolve(None, "ben", Some(&dev(4))).unwrap().id, ben.id);
+        assert_eq!(reg.resolve(None, "ana", Some(&dev(4))).unwrap().id, ana.id);
         assert_eq!(
-            reg.resolve(Some("default"), "ben", "x").unwrap_err().code,
+            reg.resolve(Some("default"), "ben", Some(&dev(5)))
+                .unwrap_err()
+                .code,
             ErrorCode::Unauthorized
         );
     }
@@ -849,10 +860,11 @@ mod tests {
     fn bindings_gc_delete_and_unloading() {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
-        assert_eq!(reg.bound("dev", "ana").unwrap(), "default");
+        let dev = DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap();
+        assert_eq!(reg.bound("ana", Some(&dev)).unwrap(), "default");
         let s = reg.create("ana").unwrap();
-        reg.bind("dev", &s.id);
-        assert_eq!(reg.bound("dev", "ana").unwrap(), s.id);
+        reg.bind("ana", &dev, &s.id);
+        assert_eq!(reg.bound("ana", Some(&dev)).unwrap(), s.id);
         reg.open("default", "ana").unwrap();
         // A session a caller still holds (a request between opening it and using it) stays.
         assert_eq!(reg.unload_idle(Duration::ZERO), 1);
@@ -868,7 +880,7 @@ mod tests {
         let deleted = reg.gc(Duration::ZERO).unwrap();
         assert_eq!(deleted, vec![id.clone()]);
         assert_eq!(
-            reg.bound("dev", "ana").unwrap(),
+            reg.bound("ana", Some(&dev)).unwrap(),
             "default",
             "the binding went with the session"
         );
@@ -931,7 +943,11 @@ mod tests {
             uri: format!("{device}:{path}"),
             trust: Trust::Restricted,
             tools: vec![ToolName::ReadFile],
-            device_id: device.into(),
+            device_id: DeviceId::parse(match device {
+                "d1" => "00000000-0000-4000-8000-0000000000d1",
+                _ => "00000000-0000-4000-8000-0000000000d2",
+            })
+            .unwrap(),
             path: path.into(),
             record: None,
             link: None,

@@ -30,7 +30,7 @@ pub struct FsStore {
     /// every write through this store since (a running server is the data dir's only writer:
     /// it holds the lock), so listings do not read thousands of files.
     metas: Mutex<Option<HashMap<String, SessionMeta>>>,
-    bindings: Mutex<Option<BTreeMap<String, String>>>,
+    bindings: Mutex<Option<BindingsFile>>,
     workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
 }
 
@@ -41,11 +41,50 @@ struct WorkspaceFile {
     sessions: Vec<WorkspaceSession>,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// `bindings.toml`: `[bindings.<user>]` maps device ids to sessions, `[defaults]` users to
+/// their default sessions.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BindingsFile {
     #[serde(default)]
+    bindings: BTreeMap<String, BTreeMap<String, String>>,
+    #[serde(default)]
+    defaults: BTreeMap<String, String>,
+}
+
+/// `bindings.toml` as versions before per-user bindings wrote it: device id -> session, with
+/// each user's default under the key `user:<name>`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OldBindingsFile {
+    #[serde(default)]
     bindings: BTreeMap<String, String>,
+}
+
+impl BindingsFile {
+    /// The old layout in the new one: `user:<name>` becomes the default of `<name>` when the
+    /// session is that user's; a device key becomes a binding of the session's owner. Entries
+    /// of sessions that no longer exist, or a `user:` key naming someone other than the
+    /// session's owner (a device id that claimed it), are dropped. `owner` says who owns a
+    /// session.
+    fn migrate(old: OldBindingsFile, owner: impl Fn(&str) -> Option<String>) -> BindingsFile {
+        let mut new = BindingsFile::default();
+        for (key, session) in old.bindings {
+            let Some(owner) = owner(&session) else {
+                continue;
+            };
+            match key.strip_prefix("user:") {
+                Some(user) if user == owner => {
+                    new.defaults.insert(owner, session);
+                }
+                Some(_) => {}
+                None => {
+                    new.bindings.entry(owner).or_default().insert(key, session);
+                }
+            }
+        }
+        new
+    }
 }
 
 fn map_io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -376,39 +415,47 @@ impl FsStore {
         atomic(&dir.join(format!("{}.json", file.record.id)), &bytes)
     }
 
-    fn with_bindings<R>(
-        &self,
-        f: impl FnOnce(&mut BTreeMap<String, String>) -> R,
-    ) -> Result<(R, bool), StoreError> {
+    fn with_bindings<R>(&self, f: impl FnOnce(&mut BindingsFile) -> R) -> Result<R, StoreError> {
         let mut guard = self.bindings.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.root.join("bindings.toml");
         if guard.is_none() {
-            let map = match std::fs::read_to_string(&path) {
+            let (file, migrated) = match std::fs::read_to_string(&path) {
                 Ok(text) => match toml::from_str::<BindingsFile>(&text) {
-                    Ok(file) => file.bindings,
-                    Err(e) => {
-                        keep_aside(&path, &e.to_string());
-                        BTreeMap::new()
-                    }
+                    Ok(file) => (file, false),
+                    Err(e) => match toml::from_str::<OldBindingsFile>(&text) {
+                        Ok(old) => {
+                            let owner = |id: &str| self.load(id).ok().flatten().map(|m| m.owner);
+                            (BindingsFile::migrate(old, owner), true)
+                        }
+                        Err(_) => {
+                            keep_aside(&path, &e.to_string());
+                            (BindingsFile::default(), false)
+                        }
+                    },
                 },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    (BindingsFile::default(), false)
+                }
                 Err(e) => return Err(StoreError::io("read", &path, e)),
             };
-            *guard = Some(map);
+            if migrated {
+                self.write_bindings(&path, &file)?;
+            }
+            *guard = Some(file);
         }
-        let map = guard.as_mut().expect("loaded above");
-        let before = map.clone();
-        let out = f(map);
-        let changed = *map != before;
-        if changed {
-            let text = toml::to_string(&BindingsFile {
-                bindings: map.clone(),
-            })
-            .expect("bindings serialize");
-            std::fs::create_dir_all(&self.root).map_err(map_io("create", &self.root))?;
-            atomic(&path, text.as_bytes())?;
+        let file = guard.as_mut().expect("loaded above");
+        let before = file.clone();
+        let out = f(file);
+        if *file != before {
+            self.write_bindings(&path, file)?;
         }
-        Ok((out, changed))
+        Ok(out)
+    }
+
+    fn write_bindings(&self, path: &Path, file: &BindingsFile) -> Result<(), StoreError> {
+        let text = toml::to_string(file).expect("bindings serialize");
+        std::fs::create_dir_all(&self.root).map_err(map_io("create", &self.root))?;
+        atomic(path, text.as_bytes())
     }
 }
 
@@ -762,26 +809,52 @@ pub(crate) fn decode_cursor(token: &str) -> Result<(String, String), StoreError>
 }
 
 impl BindingStore for FsStore {
-    fn bound_session(&self, device_id: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.with_bindings(|map| map.get(device_id).cloned())?.0)
+    fn bound_session(&self, user: &str, device_id: &str) -> Result<Option<String>, StoreError> {
+        self.with_bindings(|file| {
+            file.bindings
+                .get(user)
+                .and_then(|devices| devices.get(device_id))
+                .cloned()
+        })
     }
 
-    fn bind(&self, device_id: &str, session: &str) -> Result<(), StoreError> {
-        self.with_bindings(|map| {
-            map.insert(device_id.to_owned(), session.to_owned());
-        })?;
-        Ok(())
+    fn bind(&self, user: &str, device_id: &str, session: &str) -> Result<(), StoreError> {
+        self.with_bindings(|file| {
+            file.bindings
+                .entry(user.to_owned())
+                .or_default()
+                .insert(device_id.to_owned(), session.to_owned());
+        })
+    }
+
+    fn default_session(&self, user: &str) -> Result<Option<String>, StoreError> {
+        self.with_bindings(|file| file.defaults.get(user).cloned())
+    }
+
+    fn set_default_session(&self, user: &str, session: &str) -> Result<(), StoreError> {
+        self.with_bindings(|file| {
+            file.defaults.insert(user.to_owned(), session.to_owned());
+        })
     }
 
     fn unbind_session(&self, session: &str) -> Result<(), StoreError> {
-        self.with_bindings(|map| map.retain(|_, s| s != session))?;
-        Ok(())
+        self.with_bindings(|file| {
+            for devices in file.bindings.values_mut() {
+                devices.retain(|_, s| s != session);
+            }
+            file.bindings.retain(|_, devices| !devices.is_empty());
+            file.defaults.retain(|_, s| s != session);
+        })
     }
 
     fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError> {
-        Ok(self
-            .with_bindings(|map| map.values().filter(|s| *s == session).count())?
-            .0)
+        self.with_bindings(|file| {
+            file.bindings
+                .values()
+                .flat_map(|devices| devices.values())
+                .filter(|s| *s == session)
+                .count()
+        })
     }
 }
 
@@ -925,7 +998,7 @@ mod tests {
         assert!(matches!(store.load("default"), Err(StoreError::Invalid(_))));
         assert!(store.load("default").unwrap().is_none(), "kept aside");
         std::fs::write(dir.path().join("bindings.toml"), "[[[").unwrap();
-        assert_eq!(store.bound_session("d").unwrap(), None);
+        assert_eq!(store.bound_session("ana", "d").unwrap(), None);
     }
 
     #[test]
@@ -973,6 +1046,60 @@ mod tests {
         );
         again.create(&meta("default")).unwrap();
         assert_eq!(again.history("default").unwrap().messages, vec![msg]);
+    }
+
+    #[test]
+    fn bindings_of_the_old_layout_are_migrated_on_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let ana = "6f9619ff-8b86-4011-b42d-00c04fc964f1";
+        let ben = "6f9619ff-8b86-4011-b42d-00c04fc964f2";
+        for (id, owner) in [("default", "ana"), (ana, "ana"), (ben, "ben")] {
+            let mut m = meta(id);
+            m.owner = owner.into();
+            store.create(&m).unwrap();
+        }
+        let old = format!(
+            "[bindings]\n\
+             \"user:ana\" = \"default\"\n\
+             \"user:ben\" = \"{ben}\"\n\
+             \"user:carol\" = \"{ben}\"\n\
+             \"dev-a\" = \"{ana}\"\n\
+             \"dev-b\" = \"{ben}\"\n\
+             \"dev-gone\" = \"aaaaaaaa-8b86-4011-b42d-00c04fc964f3\"\n"
+        );
+        std::fs::write(dir.path().join("bindings.toml"), old).unwrap();
+        let store = FsStore::new(dir.path());
+        assert_eq!(
+            store.default_session("ana").unwrap().as_deref(),
+            Some("default")
+        );
+        assert_eq!(store.default_session("ben").unwrap().as_deref(), Some(ben));
+        assert_eq!(
+            store.default_session("carol").unwrap(),
+            None,
+            "not carol's session"
+        );
+        assert_eq!(
+            store.bound_session("ana", "dev-a").unwrap().as_deref(),
+            Some(ana)
+        );
+        assert_eq!(
+            store.bound_session("ben", "dev-b").unwrap().as_deref(),
+            Some(ben)
+        );
+        assert_eq!(store.bound_session("ana", "dev-b").unwrap(), None);
+        assert_eq!(store.bound_session("ana", "dev-gone").unwrap(), None);
+        // Written back in the new layout, which a new store reads as it is.
+        let text = std::fs::read_to_string(dir.path().join("bindings.toml")).unwrap();
+        assert!(toml::from_str::<BindingsFile>(&text).is_ok(), "{text}");
+        assert!(!text.contains("user:"), "{text}");
+        let again = FsStore::new(dir.path());
+        assert_eq!(again.default_session("ben").unwrap().as_deref(), Some(ben));
+        assert_eq!(again.devices_bound_to(ben).unwrap(), 1);
+        again.unbind_session(ben).unwrap();
+        assert_eq!(again.default_session("ben").unwrap(), None);
+        assert_eq!(again.devices_bound_to(ben).unwrap(), 0);
     }
 
     #[test]

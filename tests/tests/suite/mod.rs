@@ -5,6 +5,7 @@ mod auth;
 mod binaries;
 mod bodies;
 mod crash;
+mod devices;
 mod mcp;
 mod records;
 mod resilience;
