@@ -54,6 +54,8 @@ pub struct State {
     generations: AtomicU64,
     /// Agents' calls in flight; on shutdown, attached clients stay until it is zero.
     calls: watch::Sender<usize>,
+    /// Turns true when the start-up housekeeping of the data dir is done.
+    housekeeping: watch::Sender<bool>,
 }
 
 /// A bound server, ready to run.
@@ -71,9 +73,14 @@ pub struct Server {
 impl Server {
     /// Prepares the data dir (certificate, first token on first start) and binds the endpoint.
     pub fn bind(config: ServerConfig) -> Result<(Server, Option<FirstStart>), ServerError> {
-        std::fs::create_dir_all(&config.data_dir)
+        crate::fsutil::create_private_dir(&config.data_dir)
             .map_err(|e| ServerError::io("create", &config.data_dir, e))?;
         let lock = crate::admin::DataLock::take(&config.data_dir).map_err(ServerError::Invalid)?;
+        // The data dir itself at once (one call: it closes everything below it to others); what
+        // is inside it in the background, below.
+        if let Err(e) = crate::fsutil::tighten_data_dir(&config.data_dir) {
+            warn!("cannot make {} private: {e}", config.data_dir.display());
+        }
         let (identity, _created) = tls::load_or_create(&config.data_dir.join("tls"))?;
         let tokens = TokenStore::new(&config.data_dir);
         let first = if tokens.list()?.is_empty() {
@@ -98,9 +105,18 @@ impl Server {
         let warm = store.clone();
         let lock = Arc::new(lock);
         let held = lock.clone();
+        let housekeeping = watch::channel(false).0;
+        let done = housekeeping.clone();
+        let data_dir = config.data_dir.clone();
         let _ = std::thread::Builder::new()
             .name("sessions-index".into())
             .spawn(move || {
+                let tightened = crate::fsutil::tighten_modes(&data_dir);
+                if tightened > 0 {
+                    info!(
+                        "made {tightened} files and directories of the data dir private (0600/0700)"
+                    );
+                }
                 if let Err(e) = warm.all_sessions() {
                     warn!("cannot list sessions: {e}");
                 }
@@ -110,6 +126,7 @@ impl Server {
                 }
                 // The data dir stays this server's until the cleanup is done.
                 drop(held);
+                done.send_replace(true);
             });
         let recorder = Recorder::start(store.clone());
         let state = Arc::new(State {
@@ -122,6 +139,7 @@ impl Server {
             config,
             generations: AtomicU64::new(1),
             calls: watch::channel(0).0,
+            housekeeping: housekeeping.clone(),
         });
         Ok((
             Server {
@@ -468,6 +486,13 @@ struct Ctx {
 }
 
 impl State {
+    /// Resolves once the start-up housekeeping of the data dir (modes, stale temporary files,
+    /// the session index) is done.
+    pub async fn housekeeping(&self) {
+        let mut done = self.housekeeping.subscribe();
+        let _ = done.wait_for(|done| *done).await;
+    }
+
     /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
     /// attached clients stay connected while calls still need them.
     pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {

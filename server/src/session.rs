@@ -381,7 +381,7 @@ impl Registry {
             )
             .map_err(|e| ToolError::new(ErrorCode::Internal, format!("bad configuration: {e}")))?;
         let root = self.sessions_dir.join(&id).join("workspace");
-        std::fs::create_dir_all(&root).map_err(internal)?;
+        crate::fsutil::create_workspace_root(&root).map_err(internal)?;
         let primary = Sandbox::open(&root, settings.limits.clone(), settings.exec.clone())
             .map_err(internal)?;
         let now = Instant::now();

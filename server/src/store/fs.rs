@@ -16,7 +16,9 @@ use tracing::warn;
 
 use super::history::{self, History, HistoryMessage, render_message};
 use super::*;
-use crate::fsutil::{now_rfc3339, write_atomic};
+use crate::fsutil::{
+    PRIVATE_FILE, create_private_dir, create_workspace_root, now_rfc3339, write_atomic,
+};
 
 /// The filesystem store rooted at the data directory.
 #[derive(Debug)]
@@ -92,7 +94,7 @@ fn map_io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
 }
 
 fn atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    write_atomic(path, bytes, 0o644).map_err(|e| StoreError::Io {
+    write_atomic(path, bytes, PRIVATE_FILE).map_err(|e| StoreError::Io {
         op: "write",
         path: path.display().to_string(),
         source: std::io::Error::other(e.to_string()),
@@ -104,7 +106,7 @@ fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .mode(0o644)
+        .mode(PRIVATE_FILE)
         .open(path)
         .map_err(map_io("open", path))?;
     file.write_all(bytes).map_err(map_io("append to", path))?;
@@ -233,7 +235,7 @@ impl FsStore {
     /// Writes `session.toml` and caches it; the caller holds the session's lock.
     fn save_locked(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         let dir = self.session_dir(&meta.id);
-        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
+        create_private_dir(&dir).map_err(map_io("create", &dir))?;
         let text = toml::to_string(meta).expect("metadata serializes");
         atomic(&dir.join("session.toml"), text.as_bytes())?;
         self.cache_meta(meta);
@@ -410,7 +412,7 @@ impl FsStore {
     }
 
     fn write_workspace(dir: &Path, file: &WorkspaceFile) -> Result<(), StoreError> {
-        std::fs::create_dir_all(dir).map_err(map_io("create", dir))?;
+        create_private_dir(dir).map_err(map_io("create", dir))?;
         let bytes = serde_json::to_vec_pretty(file).expect("records serialize");
         atomic(&dir.join(format!("{}.json", file.record.id)), &bytes)
     }
@@ -454,7 +456,7 @@ impl FsStore {
 
     fn write_bindings(&self, path: &Path, file: &BindingsFile) -> Result<(), StoreError> {
         let text = toml::to_string(file).expect("bindings serialize");
-        std::fs::create_dir_all(&self.root).map_err(map_io("create", &self.root))?;
+        create_private_dir(&self.root).map_err(map_io("create", &self.root))?;
         atomic(path, text.as_bytes())
     }
 }
@@ -471,7 +473,7 @@ impl SessionStore for FsStore {
         if toml_path.exists() {
             return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
         }
-        std::fs::create_dir_all(dir.join("workspace")).map_err(map_io("create", &dir))?;
+        create_workspace_root(&dir.join("workspace")).map_err(map_io("create", &dir))?;
         // A session whose metadata was lost (kept aside as corrupt) keeps its conversation.
         let md = dir.join("session.md");
         if !md.exists() {
@@ -863,7 +865,7 @@ impl ArtifactStore for FsStore {
         check_id(&meta.session)?;
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.session).join("artifacts");
-        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
+        create_private_dir(&dir).map_err(map_io("create", &dir))?;
         atomic(&dir.join(format!("{}.bin", meta.id)), content)?;
         let mut line = serde_json::to_vec(meta).expect("metadata serializes");
         line.push(b'\n');

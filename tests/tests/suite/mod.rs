@@ -5,6 +5,7 @@ mod auth;
 mod binaries;
 mod bodies;
 mod crash;
+mod data_at_rest;
 mod devices;
 mod mcp;
 mod records;
