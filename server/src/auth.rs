@@ -28,11 +28,50 @@ struct TokenFile {
     tokens: Vec<TokenRecord>,
 }
 
-/// The token file. Every operation reads it afresh, so tokens created or revoked with
-/// `monad-server token ...` take effect on a running server at the next connection.
+/// The token file. [`TokenStore::verify`] answers from memory (a map from hash to user) and
+/// reads the file again only when it changed (its inode, size or modification time differ:
+/// every write replaces it by a rename), so tokens created or revoked with
+/// `monad-server token ...` take effect on a running server at the next connection or request,
+/// and a request costs one `stat`, not a read and a parse.
 #[derive(Debug, Clone)]
 pub struct TokenStore {
     path: PathBuf,
+    cache: std::sync::Arc<std::sync::Mutex<Option<Cached>>>,
+}
+
+/// The token file as last read: its stamp, and each token hash's user.
+type Cached = (Stamp, std::collections::HashMap<String, String>);
+
+/// What tells one version of the token file from another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl Stamp {
+    /// The file's stamp, or `None` when there is no file.
+    fn of(path: &Path) -> Result<Option<Stamp>, ServerError> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(path) {
+            Ok(m) => Ok(Some(Stamp {
+                dev: m.dev(),
+                ino: m.ino(),
+                size: m.size(),
+                mtime: m.mtime(),
+                mtime_nsec: m.mtime_nsec(),
+                ctime: m.ctime(),
+                ctime_nsec: m.ctime_nsec(),
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ServerError::io("inspect", path, e)),
+        }
+    }
 }
 
 impl TokenStore {
@@ -40,6 +79,7 @@ impl TokenStore {
     pub fn new(data_dir: &Path) -> TokenStore {
         TokenStore {
             path: data_dir.join("tokens.toml"),
+            cache: Default::default(),
         }
     }
 
@@ -99,15 +139,36 @@ impl TokenStore {
     /// The user a token belongs to, or `None` for an unknown or revoked token.
     pub fn verify(&self, token: &str) -> Result<Option<String>, ServerError> {
         let presented = hash(token);
-        let file = self.load()?;
-        // The stored value is a hash, so comparing hashes leaks nothing useful through timing:
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = Stamp::of(&self.path)?;
+        let fresh = matches!((&*cache, stamp), (Some((cached, _)), Some(now)) if *cached == now);
+        if !fresh {
+            *cache = None;
+            let users = self
+                .load()?
+                .tokens
+                .into_iter()
+                .map(|record| (record.hash, record.user))
+                .collect();
+            // Stamped as of before the read: a change during the read is seen next time.
+            if let Some(stamp) = stamp {
+                *cache = Some((stamp, users));
+            } else {
+                return Ok(None);
+            }
+        }
+        // The stored value is a hash, so looking it up leaks nothing useful through timing:
         // an attacker cannot choose the bytes of the hash it makes.
-        let user = file
-            .tokens
-            .iter()
-            .find(|record| record.hash == presented)
-            .map(|record| record.user.clone());
-        Ok(user)
+        Ok(cache
+            .as_ref()
+            .and_then(|(_, users)| users.get(&presented).cloned()))
+    }
+
+    /// How many tokens the in-memory map holds (tests only).
+    #[cfg(test)]
+    fn cached(&self) -> Option<usize> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.as_ref().map(|(_, users)| users.len())
     }
 }
 
@@ -226,6 +287,27 @@ mod tests {
         assert!(!store.revoke(&record.id).unwrap());
         assert_eq!(store.verify(&token).unwrap(), None);
         assert_eq!(store.list().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn verify_answers_from_memory_and_sees_every_change_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::new(dir.path());
+        assert_eq!(store.verify("x").unwrap(), None);
+        let (_, ana) = store.create("ana").unwrap();
+        assert_eq!(store.verify(&ana).unwrap().as_deref(), Some("ana"));
+        assert_eq!(store.cached(), Some(1));
+        // Another process (`monad-server token create`) changes the file: seen at once.
+        let other = TokenStore::new(dir.path());
+        let (record, ben) = other.create("ben").unwrap();
+        assert_eq!(store.verify(&ben).unwrap().as_deref(), Some("ben"));
+        assert!(other.revoke(&record.id).unwrap());
+        assert_eq!(store.verify(&ben).unwrap(), None);
+        // A corrupt file is an error, not a stale answer.
+        std::fs::write(dir.path().join("tokens.toml"), "[[token]]\nid = 3\n").unwrap();
+        assert!(store.verify(&ana).is_err());
+        std::fs::remove_file(dir.path().join("tokens.toml")).unwrap();
+        assert_eq!(store.verify(&ana).unwrap(), None);
     }
 
     #[test]

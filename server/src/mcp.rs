@@ -50,16 +50,21 @@ impl ExecutorBackend {
     }
 
     fn session(&self, caller: &Extensions, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
-        let user = caller
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<McpUser>())
-            .ok_or_else(|| ToolError::new(ErrorCode::Unauthorized, "no authenticated user"))?;
+        let user = caller_user(caller)?;
         match id {
             Some(id) => self.state.registry.open(id, &user.0),
             // HTTP has no device to bind: the user's default session.
             None => self.state.registry.resolve(None, &user.0, None),
         }
     }
+}
+
+/// The user the authentication layer found for a request.
+fn caller_user(caller: &Extensions) -> Result<&McpUser, ToolError> {
+    caller
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<McpUser>())
+        .ok_or_else(|| ToolError::new(ErrorCode::Unauthorized, "no authenticated user"))
 }
 
 fn listing(session: &Session) -> Vec<WorkspaceInfo> {
@@ -84,6 +89,8 @@ impl Backend for ExecutorBackend {
         args: Value,
         progress: ProgressSender,
     ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
+        let user = caller_user(caller)?;
+        let _user_call = self.state.user_call(&user.0)?;
         let session = self.session(caller, Some(session))?;
         // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
         // the call needs until it is done.

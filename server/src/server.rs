@@ -14,6 +14,7 @@ use crate::ServerError;
 use crate::auth::{DeviceId, TokenStore, validate_client_name};
 use crate::config::ServerConfig;
 use crate::executor::Executor;
+use crate::quota::{PerUser, Slot};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, ServerSettings, Settings};
@@ -56,6 +57,12 @@ pub struct State {
     calls: watch::Sender<usize>,
     /// Turns true when the start-up housekeeping of the data dir is done.
     housekeeping: watch::Sender<bool>,
+    /// QUIC connections per user.
+    connections: Arc<PerUser>,
+    /// Tool calls in flight per user (QUIC and HTTP).
+    user_calls: Arc<PerUser>,
+    /// Connections that have not said hello yet.
+    handshakes: Arc<Semaphore>,
 }
 
 /// A bound server, ready to run.
@@ -130,12 +137,18 @@ impl Server {
             });
         let recorder = Recorder::start(store.clone());
         let state = Arc::new(State {
-            registry: Registry::new(&config.data_dir, store, layers),
+            registry: Registry::new(&config.data_dir, store, layers).with_quotas(
+                config.quotas.max_sessions_in_memory_per_user,
+                config.quotas.max_sessions_per_user,
+            ),
             executor: Executor {
                 call_timeout: Some(config.call_timeout),
                 recorder: Some(recorder),
             },
             tokens,
+            connections: PerUser::new(config.quotas.max_connections_per_user),
+            user_calls: PerUser::new(config.quotas.max_calls_per_user),
+            handshakes: Arc::new(Semaphore::new(config.quotas.max_pending_handshakes)),
             config,
             generations: AtomicU64::new(1),
             calls: watch::channel(0).0,
@@ -214,11 +227,18 @@ impl Server {
             tokio::select! {
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
+                    // Unauthenticated handshakes are bounded over all peers: past the bound a
+                    // new connection is refused before its handshake costs anything.
+                    let Ok(pending) = self.state.handshakes.clone().try_acquire_owned() else {
+                        debug!(remote = %incoming.remote_address(), "refused: too many handshakes in progress");
+                        incoming.refuse();
+                        continue;
+                    };
                     let state = self.state.clone();
                     let stop = stop_rx.clone();
                     connections.spawn(async move {
                         match incoming.await {
-                            Ok(conn) => handle_connection(state, conn, stop).await,
+                            Ok(conn) => handle_connection(state, conn, stop, pending).await,
                             Err(e) => debug!("handshake failed: {e}"),
                         }
                     });
@@ -278,6 +298,16 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_calls_per_connection: config.max_calls_per_connection,
             keep_alive_ms: config.transport.keep_alive.as_millis() as u64,
             idle_timeout_ms: config.transport.idle_timeout.as_millis() as u64,
+            max_sessions_in_memory_per_user: config.quotas.max_sessions_in_memory_per_user,
+            max_sessions_per_user: config.quotas.max_sessions_per_user,
+            max_connections_per_user: config.quotas.max_connections_per_user,
+            max_calls_per_user: config.quotas.max_calls_per_user,
+            max_pending_handshakes: config.quotas.max_pending_handshakes,
+            max_mcp_sessions_per_user: config.quotas.max_mcp_sessions_per_user,
+            http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
+            http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,
+            http_max_connections: config.http_limits.max_connections,
+            http_allowed_origins: config.http_limits.allowed_origins.clone(),
         },
         ..Settings::default()
     };
@@ -298,6 +328,8 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     config.max_calls_per_connection = settings.server.max_calls_per_connection.max(1);
     config.transport.keep_alive = keep_alive;
     config.transport.idle_timeout = idle;
+    config.quotas = settings.server.quotas();
+    config.http_limits = settings.server.http_limits();
     Ok((config, layers))
 }
 
@@ -306,10 +338,13 @@ async fn handle_connection(
     state: Arc<State>,
     conn: quinn::Connection,
     mut stop: watch::Receiver<bool>,
+    pending: tokio::sync::OwnedSemaphorePermit,
 ) {
     let remote = conn.remote_address();
     let hello = tokio::time::timeout(state.config.hello_timeout, accept_hello(&state, &conn)).await;
-    let (role, user, device_id, client_name, minor) = match hello {
+    // Said hello (or not in time): no longer an unauthenticated handshake.
+    drop(pending);
+    let ((role, user, device_id, client_name, minor), _connection_slot) = match hello {
         Ok(Ok(who)) => who,
         Ok(Err(e)) => {
             debug!(%remote, "refused: {e}");
@@ -368,14 +403,28 @@ async fn handle_connection(
 }
 
 /// Reads and checks the hello; answers welcome or refused.
-async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<Who, ServerError> {
+/// The welcome holds one of the user's connection slots, given back when the connection ends.
+async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, Slot), ServerError> {
     let (mut send, mut recv) = conn
         .accept_bi()
         .await
         .map_err(|e| ServerError::Protocol(e.to_string()))?;
-    let checked = check_hello(state, read_message(&mut recv, MAX_HELLO).await);
+    let checked = check_hello(state, read_message(&mut recv, MAX_HELLO).await).and_then(|who| {
+        match state.connections.try_acquire(&who.1) {
+            Some(slot) => Ok((who, slot)),
+            None => Err(ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} connections to this server open, its limit \
+                     (server.max_connections_per_user); close some (detach folders, end \
+                     agents and `monad-client mcp` bridges you no longer use), then retry",
+                    state.connections.limit()
+                ),
+            )),
+        }
+    });
     let (reply, result) = match checked {
-        Ok((role, user, device_id, client_name, minor)) => (
+        Ok(((role, user, device_id, client_name, minor), slot)) => (
             Message::Welcome {
                 protocol: wire::PROTOCOL_MAJOR,
                 minor: wire::negotiate_minor(minor),
@@ -383,11 +432,14 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<Who, Se
                 server: format!("monad-server {}", env!("CARGO_PKG_VERSION")),
             },
             Ok((
-                role,
-                user,
-                device_id,
-                client_name,
-                wire::negotiate_minor(minor),
+                (
+                    role,
+                    user,
+                    device_id,
+                    client_name,
+                    wire::negotiate_minor(minor),
+                ),
+                slot,
             )),
         ),
         Err(error) => {
@@ -493,6 +545,21 @@ impl State {
         let _ = done.wait_for(|done| *done).await;
     }
 
+    /// One of `user`'s slots for a tool call in flight, or `limit_exceeded` when they have
+    /// `server.max_calls_per_user` in flight already (over every connection and HTTP).
+    pub(crate) fn user_call(&self, user: &str) -> Result<Slot, ToolError> {
+        self.user_calls.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} tool calls in flight, this server's limit \
+                     (server.max_calls_per_user); wait for some to finish, then retry",
+                    self.user_calls.limit()
+                ),
+            )
+        })
+    }
+
     /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
     /// attached clients stay connected while calls still need them.
     pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {
@@ -542,6 +609,10 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             tool,
             args,
         } => {
+            let _user_call = match ctx.state.user_call(&ctx.user) {
+                Ok(slot) => slot,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
             let session = match ctx.session(session.as_deref()) {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
@@ -551,8 +622,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             let sink = move |m: &str| {
                 let _ = progress_tx.send(m.to_owned());
             };
-            let call = ctx.state.executor.call(&session, &tool, args, &sink);
-            tokio::pin!(call);
+            let mut call = Box::pin(ctx.state.executor.call(&session, &tool, args, &sink));
             let output = loop {
                 tokio::select! {
                     output = &mut call => break output,
@@ -564,6 +634,10 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                     _ = send.stopped() => return,
                 }
             };
+            // The session is not needed any more (a body's recording holds its own reference):
+            // let it go before the answer, so the agent's next request finds it unused.
+            drop(call);
+            drop(session);
             // Progress sent just before the end loses the race above: relay it before the result.
             while let Ok(message) = progress_rx.try_recv() {
                 let _ = write_message(&mut send, &Message::Progress { id, message }).await;
@@ -611,7 +685,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            let _ = write_message(&mut send, &workspaces_message(id, &session)).await;
+            let answer = workspaces_message(id, &session);
+            drop(session);
+            let _ = write_message(&mut send, &answer).await;
             finish(&mut send).await;
         }
         Message::Watch { id, session } => {

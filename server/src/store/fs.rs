@@ -24,7 +24,9 @@ use crate::fsutil::{
 #[derive(Debug)]
 pub struct FsStore {
     root: PathBuf,
-    session_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// One lock per session while someone holds or waits for it (an entry goes with its last
+    /// holder, so the map does not grow with every session ever touched).
+    session_locks: Mutex<HashMap<String, Arc<Gate>>>,
     /// Sessions whose `session.md` this store has read whole (and kept aside if corrupt), so
     /// appends can go straight to the end of the file.
     checked: Mutex<std::collections::HashSet<String>>,
@@ -34,6 +36,40 @@ pub struct FsStore {
     metas: Mutex<Option<HashMap<String, SessionMeta>>>,
     bindings: Mutex<Option<BindingsFile>>,
     workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
+}
+
+/// Sessions whose `session.md` an [`FsStore`] remembers having read whole, at most.
+const CHECKED_MAX: usize = 4096;
+
+/// A session's lock: busy or free, and a condition to wait on.
+#[derive(Debug, Default)]
+struct Gate {
+    busy: Mutex<bool>,
+    free: std::sync::Condvar,
+}
+
+/// A held session lock; dropping it frees the session and, when nobody else holds or waits
+/// for it, removes its entry from the map.
+struct SessionLock<'a> {
+    store: &'a FsStore,
+    id: String,
+    gate: Arc<Gate>,
+}
+
+impl Drop for SessionLock<'_> {
+    fn drop(&mut self) {
+        *self.gate.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.gate.free.notify_one();
+        let mut locks = self
+            .store
+            .session_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Only the map and this guard hold it, and nobody can take it without the map's lock.
+        if Arc::strong_count(&self.gate) == 2 {
+            locks.remove(&self.id);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -242,13 +278,26 @@ impl FsStore {
         Ok(())
     }
 
-    fn lock(&self, id: &str) -> Arc<Mutex<()>> {
-        self.session_locks
+    /// Takes session `id`'s lock; it is given back when the guard drops.
+    fn lock(&self, id: &str) -> SessionLock<'_> {
+        let gate = self
+            .session_locks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(id.to_owned())
             .or_default()
-            .clone()
+            .clone();
+        let mut busy = gate.busy.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy {
+            busy = gate.free.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+        *busy = true;
+        drop(busy);
+        SessionLock {
+            store: self,
+            id: id.to_owned(),
+            gate,
+        }
     }
 
     fn history_path(&self, id: &str) -> PathBuf {
@@ -276,6 +325,10 @@ impl FsStore {
     fn mark_checked(&self, id: &str, checked: bool) {
         let mut set = self.checked.lock().unwrap_or_else(|p| p.into_inner());
         if checked {
+            // Bounded: forgetting only costs a session one more whole read at its next append.
+            if set.len() >= CHECKED_MAX {
+                set.clear();
+            }
             set.insert(id.to_owned());
         } else {
             set.remove(id);
@@ -468,8 +521,7 @@ impl SessionStore for FsStore {
         let toml_path = dir.join("session.toml");
         // Under the session's lock from the check to the write: of two racing creations, one
         // makes the session and the other is told it exists.
-        let lock = self.lock(&meta.id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(&meta.id);
         if toml_path.exists() {
             return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
         }
@@ -503,8 +555,7 @@ impl SessionStore for FsStore {
             // Corrupt: look again under the session's lock before keeping it aside, since a
             // racing creation may have replaced it with a good one meanwhile.
             Err(StoreError::Invalid(_)) => {
-                let lock = self.lock(id);
-                let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                let _guard = self.lock(id);
                 self.load_from_disk(id, true)?
             }
             other => other?,
@@ -518,8 +569,7 @@ impl SessionStore for FsStore {
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         // Under the session's lock, so the cache ends up holding what the disk holds.
-        let lock = self.lock(&meta.id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(&meta.id);
         self.save_locked(meta)
     }
 
@@ -536,10 +586,22 @@ impl SessionStore for FsStore {
             .collect())
     }
 
+    fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
+        let mut guard = self.metas.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.scan_sessions()?);
+        }
+        Ok(guard
+            .as_ref()
+            .expect("loaded above")
+            .values()
+            .filter(|m| m.owner == owner)
+            .count())
+    }
+
     fn delete(&self, id: &str) -> Result<(), StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         let dir = self.session_dir(id);
         self.mark_checked(id, false);
         if let Some(metas) = self
@@ -561,15 +623,13 @@ impl SessionStore for FsStore {
 
     fn history(&self, id: &str) -> Result<History, StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         self.read_history(id, false)
     }
 
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         let path = self.history_path(id);
         if !self.is_checked(id) {
             // Read it whole once: appending to a corrupt file would bury the new message in
@@ -581,8 +641,7 @@ impl SessionStore for FsStore {
 
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         atomic(&self.history_path(id), history::render(history).as_bytes())?;
         self.mark_checked(id, true);
         Ok(())
@@ -1102,6 +1161,44 @@ mod tests {
         again.unbind_session(ben).unwrap();
         assert_eq!(again.default_session("ben").unwrap(), None);
         assert_eq!(again.devices_bound_to(ben).unwrap(), 0);
+    }
+
+    #[test]
+    fn per_session_memory_does_not_grow_with_every_session_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let msg = HistoryMessage {
+            role: Role::User,
+            text: "hi".into(),
+        };
+        for i in 0..20 {
+            let id = format!("00000000-0000-4000-8000-{i:012}");
+            store.create(&meta(&id)).unwrap();
+            store.append(&id, &msg).unwrap();
+            store.history(&id).unwrap();
+        }
+        assert_eq!(
+            store.session_locks.lock().unwrap().len(),
+            0,
+            "locks go with their holders"
+        );
+        for i in 0..CHECKED_MAX * 2 {
+            store.mark_checked(&format!("s{i}"), true);
+        }
+        assert!(store.checked.lock().unwrap().len() <= CHECKED_MAX);
+        // Still one lock per session: racing appends to one session all land, whole.
+        let id = "00000000-0000-4000-8000-000000000000";
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..10 {
+                        store.append(id, &msg).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(store.history(id).unwrap().messages.len(), 41);
+        assert_eq!(store.session_locks.lock().unwrap().len(), 0);
     }
 
     #[test]

@@ -185,6 +185,14 @@ pub trait SessionStore: Send + Sync {
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError>;
     /// Every session's metadata (unreadable ones are skipped with a warning).
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError>;
+    /// How many sessions `owner` has (a database counts them with an index on the owner).
+    fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .all_sessions()?
+            .iter()
+            .filter(|m| m.owner == owner)
+            .count())
+    }
     /// Deletes a session and everything it keeps (workspace, history, audit, artifacts).
     fn delete(&self, id: &str) -> Result<(), StoreError>;
     /// The conversation. A corrupt `session.md` is kept aside and an empty one takes its place.
