@@ -7,6 +7,7 @@ mod bodies;
 mod crash;
 mod data_at_rest;
 mod devices;
+mod http;
 mod limits;
 mod mcp;
 mod records;
