@@ -6,6 +6,7 @@
 //! (`server.lock`, held by a running server) and refuse when they cannot.
 
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,12 +31,14 @@ pub struct DataLock {
 impl DataLock {
     /// Takes the lock on `<data_dir>/server.lock`, or says who holds it.
     pub fn take(data_dir: &Path) -> Result<DataLock, String> {
-        std::fs::create_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+        crate::fsutil::create_private_dir(data_dir)
+            .map_err(|e| format!("{}: {e}", data_dir.display()))?;
         let path = data_dir.join("server.lock");
         let file = File::options()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(crate::fsutil::PRIVATE_FILE)
             .open(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Flock::lock(file, FlockArg::LockExclusiveNonblock)

@@ -28,11 +28,50 @@ struct TokenFile {
     tokens: Vec<TokenRecord>,
 }
 
-/// The token file. Every operation reads it afresh, so tokens created or revoked with
-/// `monad-server token ...` take effect on a running server at the next connection.
+/// The token file. [`TokenStore::verify`] answers from memory (a map from hash to user) and
+/// reads the file again only when it changed (its inode, size or modification time differ:
+/// every write replaces it by a rename), so tokens created or revoked with
+/// `monad-server token ...` take effect on a running server at the next connection or request,
+/// and a request costs one `stat`, not a read and a parse.
 #[derive(Debug, Clone)]
 pub struct TokenStore {
     path: PathBuf,
+    cache: std::sync::Arc<std::sync::Mutex<Option<Cached>>>,
+}
+
+/// The token file as last read: its stamp, and each token hash's user.
+type Cached = (Stamp, std::collections::HashMap<String, String>);
+
+/// What tells one version of the token file from another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+impl Stamp {
+    /// The file's stamp, or `None` when there is no file.
+    fn of(path: &Path) -> Result<Option<Stamp>, ServerError> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(path) {
+            Ok(m) => Ok(Some(Stamp {
+                dev: m.dev(),
+                ino: m.ino(),
+                size: m.size(),
+                mtime: m.mtime(),
+                mtime_nsec: m.mtime_nsec(),
+                ctime: m.ctime(),
+                ctime_nsec: m.ctime_nsec(),
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ServerError::io("inspect", path, e)),
+        }
+    }
 }
 
 impl TokenStore {
@@ -40,6 +79,7 @@ impl TokenStore {
     pub fn new(data_dir: &Path) -> TokenStore {
         TokenStore {
             path: data_dir.join("tokens.toml"),
+            cache: Default::default(),
         }
     }
 
@@ -99,16 +139,95 @@ impl TokenStore {
     /// The user a token belongs to, or `None` for an unknown or revoked token.
     pub fn verify(&self, token: &str) -> Result<Option<String>, ServerError> {
         let presented = hash(token);
-        let file = self.load()?;
-        // The stored value is a hash, so comparing hashes leaks nothing useful through timing:
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = Stamp::of(&self.path)?;
+        let fresh = matches!((&*cache, stamp), (Some((cached, _)), Some(now)) if *cached == now);
+        if !fresh {
+            *cache = None;
+            let users = self
+                .load()?
+                .tokens
+                .into_iter()
+                .map(|record| (record.hash, record.user))
+                .collect();
+            // Stamped as of before the read: a change during the read is seen next time.
+            if let Some(stamp) = stamp {
+                *cache = Some((stamp, users));
+            } else {
+                return Ok(None);
+            }
+        }
+        // The stored value is a hash, so looking it up leaks nothing useful through timing:
         // an attacker cannot choose the bytes of the hash it makes.
-        let user = file
-            .tokens
-            .iter()
-            .find(|record| record.hash == presented)
-            .map(|record| record.user.clone());
-        Ok(user)
+        Ok(cache
+            .as_ref()
+            .and_then(|(_, users)| users.get(&presented).cloned()))
     }
+
+    /// How many tokens the in-memory map holds (tests only).
+    #[cfg(test)]
+    fn cached(&self) -> Option<usize> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.as_ref().map(|(_, users)| users.len())
+    }
+}
+
+/// A client installation's id, as its hello gives it: a UUID in its canonical lowercase
+/// hyphenated form, nothing else. Bindings are keyed by (user, device), so a device id can name
+/// nothing but a device of the user whose token the connection presented.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceId(String);
+
+impl DeviceId {
+    /// Checks a device id from a hello.
+    pub fn parse(raw: &str) -> Result<DeviceId, String> {
+        match uuid::Uuid::try_parse(raw) {
+            Ok(uuid) if uuid.hyphenated().to_string() == raw => Ok(DeviceId(raw.to_owned())),
+            _ => Err(format!(
+                "the device id {raw:?} is not a UUID in lowercase hyphenated form;                  `monad-client login` makes one"
+            )),
+        }
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Checks a client name from a hello: it goes into workspace URIs (`<client-name>:<path>`) and
+/// onto terminals, so 1 to 64 characters, none of them a control or Unicode format character
+/// (bidi overrides, zero-width characters), a line or paragraph separator, `:` or `/`.
+pub fn validate_client_name(name: &str) -> Result<(), String> {
+    let count = name.chars().count();
+    let bad = name
+        .chars()
+        .find(|&c| c.is_control() || is_format_char(c) || matches!(c, ':' | '/'));
+    match (count, bad) {
+        (1..=64, None) => Ok(()),
+        (1..=64, Some(c)) => Err(format!(
+            "the client name {name:?} contains {c:?}; a client name has no control or format              characters, `:` or `/`"
+        )),
+        _ => Err(format!(
+            "the client name {name:?} must be 1 to 64 characters ({count} given)"
+        )),
+    }
+}
+
+/// Unicode format characters (general category Cf), and the line and paragraph separators:
+/// invisible, or able to reorder or break what a terminal shows around them.
+pub fn is_format_char(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
+        | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F
+        | 0xFEFF | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F
+        | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F)
 }
 
 /// A user name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
@@ -168,6 +287,73 @@ mod tests {
         assert!(!store.revoke(&record.id).unwrap());
         assert_eq!(store.verify(&token).unwrap(), None);
         assert_eq!(store.list().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn verify_answers_from_memory_and_sees_every_change_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TokenStore::new(dir.path());
+        assert_eq!(store.verify("x").unwrap(), None);
+        let (_, ana) = store.create("ana").unwrap();
+        assert_eq!(store.verify(&ana).unwrap().as_deref(), Some("ana"));
+        assert_eq!(store.cached(), Some(1));
+        // Another process (`monad-server token create`) changes the file: seen at once.
+        let other = TokenStore::new(dir.path());
+        let (record, ben) = other.create("ben").unwrap();
+        assert_eq!(store.verify(&ben).unwrap().as_deref(), Some("ben"));
+        assert!(other.revoke(&record.id).unwrap());
+        assert_eq!(store.verify(&ben).unwrap(), None);
+        // A corrupt file is an error, not a stale answer.
+        std::fs::write(dir.path().join("tokens.toml"), "[[token]]\nid = 3\n").unwrap();
+        assert!(store.verify(&ana).is_err());
+        std::fs::remove_file(dir.path().join("tokens.toml")).unwrap();
+        assert_eq!(store.verify(&ana).unwrap(), None);
+    }
+
+    #[test]
+    fn device_ids_are_canonical_uuids_only() {
+        let id = "6f9619ff-8b86-4011-b42d-00c04fc964ff";
+        assert_eq!(DeviceId::parse(id).unwrap().as_str(), id);
+        for bad in [
+            "user:ana",
+            "",
+            "6F9619FF-8B86-4011-B42D-00C04FC964FF",
+            "6f9619ff8b864011b42d00c04fc964ff",
+            "{6f9619ff-8b86-4011-b42d-00c04fc964ff}",
+            "urn:uuid:6f9619ff-8b86-4011-b42d-00c04fc964ff",
+            " 6f9619ff-8b86-4011-b42d-00c04fc964ff",
+        ] {
+            assert!(DeviceId::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn client_names_refuse_what_would_break_a_uri_or_a_terminal() {
+        for good in [
+            "laptop",
+            "macbook-pro.local",
+            "é",
+            &"x".repeat(64),
+            "my laptop",
+        ] {
+            assert!(validate_client_name(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "",
+            &"x".repeat(65),
+            "a:b",
+            "a/b",
+            "a\u{1b}[2J",
+            "a\nb",
+            "a\u{7f}",
+            "a\u{202e}b",
+            "a\u{200b}b",
+            "a\u{2028}b",
+            "a\u{feff}",
+            "a\u{e0041}",
+        ] {
+            assert!(validate_client_name(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -30,6 +30,70 @@ pub struct ServerConfig {
     pub hello_timeout: Duration,
     /// On shutdown, how long in-flight calls get to finish before connections close.
     pub shutdown_grace: Duration,
+    /// What one user may hold at once.
+    pub quotas: Quotas,
+    /// Bounds of the HTTP listener.
+    pub http_limits: HttpLimits,
+}
+
+/// What one user may hold at once, so that no user can take the server from the others. The
+/// defaults are far above what a heavy legitimate user needs (see `docs/operations.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quotas {
+    /// Sessions of one user in memory; opening one more drops the user's least recently used
+    /// session that nothing uses, else is refused with `limit_exceeded`.
+    pub max_sessions_in_memory_per_user: usize,
+    /// Sessions one user may have stored; creating one more is refused with `limit_exceeded`.
+    pub max_sessions_per_user: usize,
+    /// QUIC connections of one user at once; one more is refused at its hello.
+    pub max_connections_per_user: usize,
+    /// Tool calls of one user in flight at once, over every connection and MCP over HTTP.
+    pub max_calls_per_user: usize,
+    /// Connections that have not said hello yet, over all peers; more are refused before their
+    /// handshake.
+    pub max_pending_handshakes: usize,
+    /// MCP over HTTP sessions of one user; opening one more ends the user's least recently
+    /// used one.
+    pub max_mcp_sessions_per_user: usize,
+}
+
+impl Default for Quotas {
+    fn default() -> Self {
+        Quotas {
+            max_sessions_in_memory_per_user: 256,
+            max_sessions_per_user: 10_000,
+            max_connections_per_user: 64,
+            max_calls_per_user: 256,
+            max_pending_handshakes: 256,
+            max_mcp_sessions_per_user: 32,
+        }
+    }
+}
+
+/// Bounds of the HTTP listener (MCP over HTTP).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// A connection must send a whole request head within this long of starting to send it
+    /// (and a new connection within this long of opening).
+    pub header_timeout: Duration,
+    /// A connection with no request in progress is closed after this long.
+    pub idle_timeout: Duration,
+    /// Open HTTP connections at most; further ones are answered `503` and closed at once.
+    pub max_connections: usize,
+    /// Origins accepted on `/mcp` besides the server's own loopback origins (`http://host:port`,
+    /// as browsers send them).
+    pub allowed_origins: Vec<String>,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+            allowed_origins: Vec::new(),
+        }
+    }
 }
 
 impl ServerConfig {
@@ -46,6 +110,8 @@ impl ServerConfig {
             call_timeout: Duration::from_secs(900),
             hello_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
+            quotas: Quotas::default(),
+            http_limits: HttpLimits::default(),
         }
     }
 }

@@ -562,11 +562,14 @@ impl Executor {
             uri: snapshot.info.uri.clone(),
         });
         let (result, body, decided_by) = match &snapshot.target {
-            Target::Primary(sandbox) => (
-                sandbox
-                    .call(tool, args)
-                    .await
-                    .map_err(|e| e.to_tool_error()),
+            Target::Primary(primary) => (
+                match primary.sandbox().await {
+                    Ok(sandbox) => sandbox
+                        .call(tool, args)
+                        .await
+                        .map_err(|e| e.to_tool_error()),
+                    Err(e) => Err(e),
+                },
                 None,
                 "trust",
             ),
@@ -614,8 +617,10 @@ fn disconnected(name: &str) -> ToolError {
 /// Whether `path` exists in the workspace: locally for the primary, by a probe for a client.
 async fn contains(snapshot: &Snapshot, path: &str) -> bool {
     match &snapshot.target {
-        Target::Primary(sandbox) => {
-            let sandbox = sandbox.clone();
+        Target::Primary(primary) => {
+            let Ok(sandbox) = primary.sandbox().await else {
+                return false;
+            };
             let path = path.to_owned();
             tokio::task::spawn_blocking(move || sandbox.exists(&path))
                 .await
@@ -930,6 +935,8 @@ async fn memory_store(session: &Session, args: Value) -> Result<Value, ToolError
     });
     session
         .primary
+        .sandbox()
+        .await?
         .call(ToolName::WriteFile, write)
         .await
         .map_err(|e| e.to_tool_error())?;
@@ -938,7 +945,7 @@ async fn memory_store(session: &Session, args: Value) -> Result<Value, ToolError
 
 async fn memory_recall(session: &Session, args: Value) -> Result<Value, ToolError> {
     let args: MemoryRecallArgs = parse(ToolName::MemoryRecall, args)?;
-    let sandbox = session.primary.clone();
+    let sandbox = session.primary.sandbox().await?;
     let query = args.query.map(|q| q.to_lowercase());
     tokio::task::spawn_blocking(move || {
         let listing = match sandbox.list_dir(&monad_protocol::tools::ListDirArgs {

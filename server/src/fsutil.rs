@@ -1,10 +1,119 @@
 //! Small filesystem helpers for the server's own files (never for tool paths).
+//!
+//! Data at rest is the server user's alone: every directory the server makes in its data dir is
+//! created 0700 ([`create_private_dir`]) and every file 0600 ([`PRIVATE_FILE`]), with the mode
+//! given to `mkdir`/`open` itself, so no umask widens it and no window leaves it readable.
+//! [`tighten_modes`] brings a data dir made by an older version to the same modes.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use crate::ServerError;
+
+/// The mode of every file the server writes in its data dir.
+pub const PRIVATE_FILE: u32 = 0o600;
+/// The mode of every directory the server makes in its data dir.
+pub const PRIVATE_DIR: u32 = 0o700;
+
+/// Creates `path` and its missing parents, each with mode [`PRIVATE_DIR`] (the one place the
+/// server makes its directories). An existing directory is left as it is.
+pub fn create_private_dir(path: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR)
+        .create(path)
+}
+
+/// Creates a session's primary workspace root, `sessions/<id>/workspace`: its parents private,
+/// the root itself with the process's default mode (what tools and the commands they run need
+/// of it is not this module's business). An existing root is left as it is.
+pub fn create_workspace_root(path: &Path) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        create_private_dir(parent)?;
+    }
+    match std::fs::create_dir(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        other => other,
+    }
+}
+
+/// Takes group and other bits off `path` beyond `allowed` (0600 for files, 0700 for
+/// directories); never follows a symbolic link. Returns whether it changed the mode.
+fn tighten(path: &Path, allowed: u32, directory: bool) -> std::io::Result<bool> {
+    let mut flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
+    if directory {
+        flags |= nix::fcntl::OFlag::O_DIRECTORY;
+    }
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)?;
+    let mode = file.metadata()?.permissions().mode() & 0o7777;
+    let tight = mode & allowed;
+    if tight == mode {
+        return Ok(false);
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(tight))?;
+    Ok(true)
+}
+
+/// Takes group and other bits off the data dir itself (following a symbolic link to it: the
+/// operator may keep it elsewhere). Once it is 0700 nobody else reaches anything below it.
+pub fn tighten_data_dir(data_dir: &Path) -> std::io::Result<()> {
+    let mode = std::fs::metadata(data_dir)?.permissions().mode() & 0o7777;
+    if mode & PRIVATE_DIR != mode {
+        std::fs::set_permissions(
+            data_dir,
+            std::fs::Permissions::from_mode(mode & PRIVATE_DIR),
+        )?;
+    }
+    Ok(())
+}
+
+/// Brings a data dir to private modes: the data dir, `tls/`, `workspaces/`, `sessions/`, each
+/// session's directory and `artifacts/` become at most 0700, and the files directly in them at
+/// most 0600. A primary workspace (`sessions/<id>/workspace`) and what is inside it are left
+/// alone. Symbolic links are never followed. Returns how many modes it changed.
+pub fn tighten_modes(data_dir: &Path) -> usize {
+    let mut changed = 0;
+    let dir = |path: &Path, changed: &mut usize| {
+        match tighten(path, PRIVATE_DIR, true) {
+            Ok(true) => *changed += 1,
+            Ok(false) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
+            Err(e) => tracing::warn!("cannot make {} private: {e}", path.display()),
+        }
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return false;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_file()) {
+                match tighten(&entry.path(), PRIVATE_FILE, false) {
+                    Ok(true) => *changed += 1,
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!("cannot make {} private: {e}", entry.path().display()),
+                }
+            }
+        }
+        true
+    };
+    dir(data_dir, &mut changed);
+    dir(&data_dir.join("tls"), &mut changed);
+    dir(&data_dir.join("workspaces"), &mut changed);
+    let sessions = data_dir.join("sessions");
+    if dir(&sessions, &mut changed)
+        && let Ok(entries) = std::fs::read_dir(&sessions)
+    {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                dir(&entry.path(), &mut changed);
+                dir(&entry.path().join("artifacts"), &mut changed);
+            }
+        }
+    }
+    changed
+}
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename,
 /// fsync of the directory. A crash leaves the old or the new version, never a torn file.
@@ -80,6 +189,52 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_795_651_199), "2026-11-25T23:59:59Z");
+    }
+
+    #[test]
+    fn private_dirs_are_0700_with_their_parents_and_tightening_skips_workspaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("data");
+        create_private_dir(&root.join("sessions/s1/artifacts")).unwrap();
+        create_workspace_root(&root.join("sessions/s1/workspace")).unwrap();
+        let mode = |p: &str| {
+            std::fs::symlink_metadata(root.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        for d in ["", "sessions", "sessions/s1", "sessions/s1/artifacts"] {
+            assert_eq!(mode(d), 0o700, "{d}");
+        }
+        let set = |p: &str, m: u32| {
+            std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        std::fs::write(root.join("sessions/s1/session.md"), "x").unwrap();
+        std::fs::write(root.join("sessions/s1/workspace/tool.txt"), "x").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", root.join("link")).unwrap();
+        set("sessions/s1", 0o755);
+        set("sessions/s1/session.md", 0o644);
+        set("sessions/s1/workspace", 0o755);
+        set("sessions/s1/workspace/tool.txt", 0o644);
+        let etc = std::fs::metadata("/etc/hostname").map(|m| m.permissions().mode());
+        assert_eq!(tighten_modes(&root), 2);
+        assert_eq!(mode("sessions/s1"), 0o700);
+        assert_eq!(mode("sessions/s1/session.md"), 0o600);
+        assert_eq!(
+            mode("sessions/s1/workspace"),
+            0o755,
+            "the workspace is not ours"
+        );
+        assert_eq!(mode("sessions/s1/workspace/tool.txt"), 0o644);
+        assert_eq!(
+            std::fs::metadata("/etc/hostname")
+                .map(|m| m.permissions().mode())
+                .ok(),
+            etc.ok(),
+            "links are not followed"
+        );
+        assert_eq!(tighten_modes(&root), 0);
     }
 
     #[test]

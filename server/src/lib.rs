@@ -20,6 +20,7 @@ pub mod config;
 pub mod executor;
 pub mod fsutil;
 pub mod mcp;
+pub mod quota;
 pub mod recorder;
 mod requests;
 pub mod route;

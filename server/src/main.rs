@@ -303,7 +303,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Session(cmd)) => session_command(&Admin::new(&dir), cmd),
         Some(Command::Workspace(cmd)) => workspace_command(&Admin::new(&dir), cmd),
         Some(Command::Token(cmd)) => {
-            std::fs::create_dir_all(&dir)
+            monad_server::fsutil::create_private_dir(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             let store = TokenStore::new(&dir);
             match cmd {

@@ -6,6 +6,7 @@
 //! (tools, results, progress, `tools/list_changed`) is [`monad_protocol::mcp::McpFront`], shared
 //! with `monad-client mcp`; this module only provides its [`Backend`].
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +19,11 @@ use monad_protocol::mcp::{Backend, McpFront, ProgressSender};
 use monad_protocol::wire::{Outcome, WorkspaceInfo, WorkspaceRef};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use rmcp::model::Extensions;
+use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -50,16 +52,21 @@ impl ExecutorBackend {
     }
 
     fn session(&self, caller: &Extensions, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
-        let user = caller
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<McpUser>())
-            .ok_or_else(|| ToolError::new(ErrorCode::Unauthorized, "no authenticated user"))?;
+        let user = caller_user(caller)?;
         match id {
             Some(id) => self.state.registry.open(id, &user.0),
             // HTTP has no device to bind: the user's default session.
-            None => self.state.registry.resolve(None, &user.0, ""),
+            None => self.state.registry.resolve(None, &user.0, None),
         }
     }
+}
+
+/// The user the authentication layer found for a request.
+fn caller_user(caller: &Extensions) -> Result<&McpUser, ToolError> {
+    caller
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<McpUser>())
+        .ok_or_else(|| ToolError::new(ErrorCode::Unauthorized, "no authenticated user"))
 }
 
 fn listing(session: &Session) -> Vec<WorkspaceInfo> {
@@ -84,6 +91,8 @@ impl Backend for ExecutorBackend {
         args: Value,
         progress: ProgressSender,
     ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
+        let user = caller_user(caller)?;
+        let _user_call = self.state.user_call(&user.0)?;
         let session = self.session(caller, Some(session))?;
         // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
         // the call needs until it is done.
@@ -186,26 +195,196 @@ async fn delete_answers_no_content(request: Request, next: Next) -> Response {
     response
 }
 
-/// The HTTP application: the MCP endpoint at [`PATH`] behind token authentication.
+/// The HTTP application: the MCP endpoint at [`PATH`] behind, from the outside in, the `Origin`
+/// check (403), token authentication (401) and MCP session ownership (404).
 /// `local` is the address it is served on: on a loopback address only loopback `Host` headers
-/// are accepted (against DNS rebinding); elsewhere any host is, since every request needs a
-/// token anyway. Cancelling `shutdown` ends every MCP session.
+/// are accepted (against DNS rebinding), and the server's own loopback origins; elsewhere any
+/// host is, since every request needs a token anyway. Cancelling `shutdown` ends every MCP
+/// session.
 pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken) -> axum::Router {
     let mut config = StreamableHttpServerConfig::default().with_cancellation_token(shutdown);
     if !local.ip().is_loopback() {
         config = config.disable_allowed_hosts();
     }
     let backend = Arc::new(ExecutorBackend::new(state.clone()));
+    let manager = Arc::new(LocalSessionManager::default());
+    let sessions = Arc::new(McpSessions {
+        owners: std::sync::Mutex::new(HashMap::new()),
+        manager: manager.clone(),
+        max_per_user: state.config.quotas.max_mcp_sessions_per_user,
+    });
     let service = StreamableHttpService::new(
         move || Ok(McpFront::new(backend.clone(), None)),
-        Arc::new(LocalSessionManager::default()),
+        manager,
         config,
     );
+    let origins = Arc::new(allowed_origins(
+        local,
+        &state.config.http_limits.allowed_origins,
+    ));
     axum::Router::new()
         .route_service(PATH, service)
         .layer(middleware::from_fn(delete_answers_no_content))
+        .layer(middleware::from_fn_with_state(sessions, owned_sessions))
         .layer(middleware::from_fn_with_state(state, authenticate))
+        .layer(middleware::from_fn_with_state(origins, check_origin))
 }
+
+/// The origins `/mcp` accepts: the server's own loopback origins when it is served on a
+/// loopback address, and the configured ones; compared in lowercase, without a final `/`.
+pub fn allowed_origins(local: SocketAddr, configured: &[String]) -> HashSet<String> {
+    let mut allowed: HashSet<String> = configured
+        .iter()
+        .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+        .collect();
+    if local.ip().is_loopback() {
+        let port = local.port();
+        for host in ["127.0.0.1", "localhost", "[::1]"] {
+            allowed.insert(format!("http://{host}:{port}"));
+        }
+    }
+    allowed
+}
+
+/// Whether a request with this `Origin` header (if any) may reach `/mcp`. No header (a program,
+/// not a browser) may; a header must name an allowed origin (the MCP specification asks this
+/// of servers on local addresses, against DNS rebinding).
+pub fn origin_allowed(origin: Option<&[u8]>, allowed: &HashSet<String>) -> bool {
+    match origin {
+        None => true,
+        Some(value) => std::str::from_utf8(value)
+            .is_ok_and(|v| allowed.contains(&v.trim().trim_end_matches('/').to_ascii_lowercase())),
+    }
+}
+
+/// Refuses a request whose `Origin` is not allowed, with 403, before anything else.
+async fn check_origin(
+    Shared(allowed): Shared<Arc<HashSet<String>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let origin = request.headers().get(header::ORIGIN).map(|v| v.as_bytes());
+    if origin_allowed(origin, &allowed) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::FORBIDDEN,
+            "this origin may not use the MCP endpoint; the operator can allow it with \
+             `server.http_allowed_origins`\n",
+        )
+            .into_response()
+    }
+}
+
+/// Which user opened each MCP session (`Mcp-Session-Id`), and when it was last used.
+struct McpSessions {
+    owners: std::sync::Mutex<HashMap<String, (String, std::time::Instant)>>,
+    manager: Arc<LocalSessionManager>,
+    max_per_user: usize,
+}
+
+impl McpSessions {
+    /// Records `id` as `user`'s; forgets sessions that ended or expired (rmcp's session
+    /// manager drops a session when its worker ends: on `DELETE`, on shutdown, after its idle
+    /// keep-alive); and ends the user's least recently used sessions beyond the bound.
+    async fn adopt(&self, id: String, user: String) {
+        let known: Vec<String> = {
+            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+            owners.insert(id.clone(), (user.clone(), std::time::Instant::now()));
+            owners.keys().cloned().collect()
+        };
+        let gone: Vec<String> = {
+            let live = self.manager.sessions.read().await;
+            known
+                .into_iter()
+                .filter(|k| !live.contains_key(k.as_str()))
+                .collect()
+        };
+        let surplus: Vec<String> = {
+            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+            for k in &gone {
+                owners.remove(k);
+            }
+            let mut mine: Vec<(std::time::Instant, String)> = owners
+                .iter()
+                .filter(|(k, (u, _))| *u == user && **k != id)
+                .map(|(k, (_, t))| (*t, k.clone()))
+                .collect();
+            mine.sort();
+            let over = (mine.len() + 1).saturating_sub(self.max_per_user);
+            let surplus: Vec<String> = mine.into_iter().take(over).map(|(_, k)| k).collect();
+            for k in &surplus {
+                owners.remove(k);
+            }
+            surplus
+        };
+        for k in surplus {
+            debug!("ending MCP session {k} of {user}: over server.max_mcp_sessions_per_user");
+            let _ = self.manager.close_session(&k.into()).await;
+        }
+    }
+
+    /// Whether `id` is `user`'s (noting its use).
+    fn is_theirs(&self, id: &str, user: &str) -> bool {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        match owners.get_mut(id) {
+            Some((owner, used)) if owner == user => {
+                *used = std::time::Instant::now();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn forget(&self, id: &str) {
+        self.owners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+}
+
+/// Ties each MCP session to the user who opened it: a request naming a session that is not
+/// the caller's (another user's, or none at all) is answered `404` as if it did not exist, and
+/// never reaches it.
+async fn owned_sessions(
+    Shared(sessions): Shared<Arc<McpSessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(user) = request.extensions().get::<McpUser>().map(|u| u.0.clone()) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let named = request
+        .headers()
+        .get(SESSION_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    match named {
+        Some(id) => {
+            if !sessions.is_theirs(&id, &user) {
+                return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+            }
+            let delete = request.method() == Method::DELETE;
+            let response = next.run(request).await;
+            if delete && response.status().is_success() {
+                sessions.forget(&id);
+            }
+            response
+        }
+        None => {
+            let response = next.run(request).await;
+            if let Some(id) = response.headers().get(SESSION_HEADER)
+                && let Ok(id) = id.to_str()
+            {
+                sessions.adopt(id.to_owned(), user).await;
+            }
+            response
+        }
+    }
+}
+
+/// The header that names an MCP session.
+const SESSION_HEADER: &str = "mcp-session-id";
 
 /// Binds the HTTP listener (at start-up, so that a taken port is a clear error at once).
 pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServerError> {
@@ -225,7 +404,11 @@ pub struct Http {
 }
 
 impl Http {
-    /// Serves the MCP endpoint on `listener` until [`Http::shutdown`].
+    /// Serves the MCP endpoint on `listener` until [`Http::shutdown`]: each connection on its
+    /// own task, at most `http_limits.max_connections` at once (one more is answered `503` and
+    /// closed at once), each cut when a request head takes longer than the header time-out or
+    /// when it sits idle (no request in progress) for the idle time-out. A response in
+    /// progress, such as a server-sent event stream, is neither.
     pub fn spawn(listener: std::net::TcpListener, state: Arc<State>) -> Result<Http, ServerError> {
         let local = listener
             .local_addr()
@@ -233,17 +416,11 @@ impl Http {
         let listener = tokio::net::TcpListener::from_std(listener)
             .map_err(|e| ServerError::io("listen (HTTP) on", local.to_string(), e))?;
         let shutdown = CancellationToken::new();
+        let limits = state.config.http_limits.clone();
         let app = router(state, local, shutdown.clone());
         let stop = shutdown.clone();
         info!("MCP over HTTP on http://{local}{PATH}");
-        let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await;
-            if let Err(e) = served {
-                warn!("HTTP endpoint stopped: {e}");
-            }
-        });
+        let task = tokio::spawn(serve(listener, app, limits, stop));
         Ok(Http { shutdown, task })
     }
 
@@ -257,6 +434,268 @@ impl Http {
                 grace.as_secs()
             );
             task.abort();
+        }
+    }
+}
+
+/// What an HTTP connection is doing, for its time-outs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the rest of a request head (since the first byte, or since it opened).
+    Head(tokio::time::Instant),
+    /// Requests in progress (until their responses are sent whole).
+    Busy(usize),
+    /// Nothing in progress since then.
+    Idle(tokio::time::Instant),
+}
+
+/// The deadline of a phase, if it has one.
+fn deadline(phase: Phase, limits: &crate::config::HttpLimits) -> Option<tokio::time::Instant> {
+    match phase {
+        Phase::Head(since) => Some(since + limits.header_timeout),
+        Phase::Idle(since) => Some(since + limits.idle_timeout),
+        Phase::Busy(_) => None,
+    }
+}
+
+/// Resolves when the connection has stayed in a phase past its deadline.
+async fn watchdog(mut phase: watch::Receiver<Phase>, limits: crate::config::HttpLimits) {
+    loop {
+        let now = *phase.borrow_and_update();
+        match deadline(now, &limits) {
+            None => {
+                if phase.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {
+                        if *phase.borrow() == now {
+                            return;
+                        }
+                    }
+                    changed = phase.changed() => {
+                        if changed.is_err() {
+                            return std::future::pending().await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A connection's socket, noting the first byte of a request head that arrives while idle.
+struct Tracked {
+    stream: tokio::net::TcpStream,
+    phase: Arc<watch::Sender<Phase>>,
+}
+
+impl tokio::io::AsyncRead for Tracked {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.phase.send_if_modified(|phase| match phase {
+                Phase::Idle(_) => {
+                    *phase = Phase::Head(tokio::time::Instant::now());
+                    true
+                }
+                _ => false,
+            });
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// A request in progress: the connection is busy until its response body is sent whole (or
+/// dropped), which is when this goes.
+struct InProgress(Arc<watch::Sender<Phase>>);
+
+impl InProgress {
+    fn start(phase: &Arc<watch::Sender<Phase>>) -> InProgress {
+        phase.send_modify(|p| {
+            *p = match *p {
+                Phase::Busy(n) => Phase::Busy(n + 1),
+                _ => Phase::Busy(1),
+            }
+        });
+        InProgress(phase.clone())
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.send_modify(|p| {
+            *p = match *p {
+                Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
+                _ => Phase::Idle(tokio::time::Instant::now()),
+            }
+        });
+    }
+}
+
+/// A response body that keeps its request [`InProgress`] until it is done.
+struct TrackedBody {
+    body: axum::body::Body,
+    _in_progress: InProgress,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// What a connection over the bound is told before it is closed.
+const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
+Content-Length: 57\r\nConnection: close\r\n\r\n\
+the server has too many HTTP connections open; try again\n";
+
+/// Accepts connections until `stop`, then lets each finish its requests (gracefully) and
+/// returns when all have ended.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: crate::config::HttpLimits,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            () = stop.cancelled() => break,
+        };
+        let (stream, remote) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, say: the listener stays; try again shortly.
+                debug!("HTTP accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(%remote, "refused: too many HTTP connections");
+            let _ = stream.try_write(BUSY);
+            continue;
+        };
+        let (app, limits, stop) = (app.clone(), limits.clone(), stop.clone());
+        connections.spawn(async move {
+            serve_connection(stream, app, limits, stop).await;
+            drop(slot);
+        });
+    }
+    while connections.join_next().await.is_some() {}
+}
+
+/// Serves one connection with its time-outs.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    app: axum::Router,
+    limits: crate::config::HttpLimits,
+    stop: CancellationToken,
+) {
+    let phase = Arc::new(watch::channel(Phase::Head(tokio::time::Instant::now())).0);
+    let dog = watchdog(phase.subscribe(), limits);
+    let io = hyper_util::rt::TokioIo::new(Tracked {
+        stream,
+        phase: phase.clone(),
+    });
+    let inner = hyper_util::service::TowerToHyperService::new(app);
+    let service =
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let in_progress = InProgress::start(&phase);
+            let answer = hyper::service::Service::call(&inner, request);
+            async move {
+                let response = answer.await?;
+                Ok::<_, std::convert::Infallible>(response.map(|body| TrackedBody {
+                    body,
+                    _in_progress: in_progress,
+                }))
+            }
+        });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The time-outs are the watchdog's, which knows a response in progress from an idle wait.
+    builder.timer(hyper_util::rt::TokioTimer::new());
+    builder.header_read_timeout(None);
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    tokio::pin!(dog);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(e) = served {
+                    debug!("HTTP connection: {e}");
+                }
+                return;
+            }
+            () = &mut dog => {
+                debug!("HTTP connection closed: header or idle time-out");
+                return;
+            }
+            () = stop.cancelled(), if !stopping => {
+                stopping = true;
+                connection.as_mut().graceful_shutdown();
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use monad_protocol::wire::{History, Message};
 use monad_protocol::{ErrorCode, ToolError};
 
+use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::server::State;
 use crate::session::{Session, store_error};
@@ -17,7 +18,7 @@ const DEFAULT_PAGE: u32 = 20;
 /// Who asks.
 pub(crate) struct Caller<'a> {
     pub user: &'a str,
-    pub device_id: &'a str,
+    pub device: Option<&'a DeviceId>,
 }
 
 /// Answers a session, history or record request; `None` when `request` is none of those.
@@ -29,11 +30,12 @@ pub(crate) async fn answer(
     let id = request_id(&request)?;
     let state = state.clone();
     let user = caller.user.to_owned();
-    let device = caller.device_id.to_owned();
+    let device = caller.device.cloned();
     // Store calls block (fsync); they run on the blocking pool.
-    let answer = tokio::task::spawn_blocking(move || handle(&state, &user, &device, request))
-        .await
-        .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
+    let answer =
+        tokio::task::spawn_blocking(move || handle(&state, &user, device.as_ref(), request))
+            .await
+            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
     Some(answer.unwrap_or_else(|error| Message::Error { id, error }))
 }
 
@@ -50,7 +52,12 @@ fn request_id(request: &Message) -> Option<u64> {
     }
 }
 
-fn handle(state: &State, user: &str, device: &str, request: Message) -> Result<Message, ToolError> {
+fn handle(
+    state: &State,
+    user: &str,
+    device: Option<&DeviceId>,
+    request: Message,
+) -> Result<Message, ToolError> {
     let registry = &state.registry;
     let store = registry.store();
     let session = |requested: Option<String>| registry.resolve(requested.as_deref(), user, device);
@@ -64,7 +71,9 @@ fn handle(state: &State, user: &str, device: &str, request: Message) -> Result<M
     match request {
         Message::OpenSession { id, session: None } => {
             let s = registry.create(user)?;
-            registry.bind(device, &s.id);
+            if let Some(device) = device {
+                registry.bind(user, device, &s.id);
+            }
             Ok(Message::SessionOpened {
                 id,
                 session: s.info(),

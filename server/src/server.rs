@@ -11,9 +11,10 @@ use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use crate::ServerError;
-use crate::auth::TokenStore;
+use crate::auth::{DeviceId, TokenStore, validate_client_name};
 use crate::config::ServerConfig;
 use crate::executor::Executor;
+use crate::quota::{PerUser, Slot};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, ServerSettings, Settings};
@@ -54,6 +55,14 @@ pub struct State {
     generations: AtomicU64,
     /// Agents' calls in flight; on shutdown, attached clients stay until it is zero.
     calls: watch::Sender<usize>,
+    /// Turns true when the start-up housekeeping of the data dir is done.
+    housekeeping: watch::Sender<bool>,
+    /// QUIC connections per user.
+    connections: Arc<PerUser>,
+    /// Tool calls in flight per user (QUIC and HTTP).
+    user_calls: Arc<PerUser>,
+    /// Connections that have not said hello yet.
+    handshakes: Arc<Semaphore>,
 }
 
 /// A bound server, ready to run.
@@ -71,9 +80,14 @@ pub struct Server {
 impl Server {
     /// Prepares the data dir (certificate, first token on first start) and binds the endpoint.
     pub fn bind(config: ServerConfig) -> Result<(Server, Option<FirstStart>), ServerError> {
-        std::fs::create_dir_all(&config.data_dir)
+        crate::fsutil::create_private_dir(&config.data_dir)
             .map_err(|e| ServerError::io("create", &config.data_dir, e))?;
         let lock = crate::admin::DataLock::take(&config.data_dir).map_err(ServerError::Invalid)?;
+        // The data dir itself at once (one call: it closes everything below it to others); what
+        // is inside it in the background, below.
+        if let Err(e) = crate::fsutil::tighten_data_dir(&config.data_dir) {
+            warn!("cannot make {} private: {e}", config.data_dir.display());
+        }
         let (identity, _created) = tls::load_or_create(&config.data_dir.join("tls"))?;
         let tokens = TokenStore::new(&config.data_dir);
         let first = if tokens.list()?.is_empty() {
@@ -98,9 +112,18 @@ impl Server {
         let warm = store.clone();
         let lock = Arc::new(lock);
         let held = lock.clone();
+        let housekeeping = watch::channel(false).0;
+        let done = housekeeping.clone();
+        let data_dir = config.data_dir.clone();
         let _ = std::thread::Builder::new()
             .name("sessions-index".into())
             .spawn(move || {
+                let tightened = crate::fsutil::tighten_modes(&data_dir);
+                if tightened > 0 {
+                    info!(
+                        "made {tightened} files and directories of the data dir private (0600/0700)"
+                    );
+                }
                 if let Err(e) = warm.all_sessions() {
                     warn!("cannot list sessions: {e}");
                 }
@@ -110,18 +133,26 @@ impl Server {
                 }
                 // The data dir stays this server's until the cleanup is done.
                 drop(held);
+                done.send_replace(true);
             });
         let recorder = Recorder::start(store.clone());
         let state = Arc::new(State {
-            registry: Registry::new(&config.data_dir, store, layers),
+            registry: Registry::new(&config.data_dir, store, layers).with_quotas(
+                config.quotas.max_sessions_in_memory_per_user,
+                config.quotas.max_sessions_per_user,
+            ),
             executor: Executor {
                 call_timeout: Some(config.call_timeout),
                 recorder: Some(recorder),
             },
             tokens,
+            connections: PerUser::new(config.quotas.max_connections_per_user),
+            user_calls: PerUser::new(config.quotas.max_calls_per_user),
+            handshakes: Arc::new(Semaphore::new(config.quotas.max_pending_handshakes)),
             config,
             generations: AtomicU64::new(1),
             calls: watch::channel(0).0,
+            housekeeping: housekeeping.clone(),
         });
         Ok((
             Server {
@@ -196,11 +227,18 @@ impl Server {
             tokio::select! {
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
+                    // Unauthenticated handshakes are bounded over all peers: past the bound a
+                    // new connection is refused before its handshake costs anything.
+                    let Ok(pending) = self.state.handshakes.clone().try_acquire_owned() else {
+                        debug!(remote = %incoming.remote_address(), "refused: too many handshakes in progress");
+                        incoming.refuse();
+                        continue;
+                    };
                     let state = self.state.clone();
                     let stop = stop_rx.clone();
                     connections.spawn(async move {
                         match incoming.await {
-                            Ok(conn) => handle_connection(state, conn, stop).await,
+                            Ok(conn) => handle_connection(state, conn, stop, pending).await,
                             Err(e) => debug!("handshake failed: {e}"),
                         }
                     });
@@ -260,6 +298,16 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_calls_per_connection: config.max_calls_per_connection,
             keep_alive_ms: config.transport.keep_alive.as_millis() as u64,
             idle_timeout_ms: config.transport.idle_timeout.as_millis() as u64,
+            max_sessions_in_memory_per_user: config.quotas.max_sessions_in_memory_per_user,
+            max_sessions_per_user: config.quotas.max_sessions_per_user,
+            max_connections_per_user: config.quotas.max_connections_per_user,
+            max_calls_per_user: config.quotas.max_calls_per_user,
+            max_pending_handshakes: config.quotas.max_pending_handshakes,
+            max_mcp_sessions_per_user: config.quotas.max_mcp_sessions_per_user,
+            http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
+            http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,
+            http_max_connections: config.http_limits.max_connections,
+            http_allowed_origins: config.http_limits.allowed_origins.clone(),
         },
         ..Settings::default()
     };
@@ -280,6 +328,8 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     config.max_calls_per_connection = settings.server.max_calls_per_connection.max(1);
     config.transport.keep_alive = keep_alive;
     config.transport.idle_timeout = idle;
+    config.quotas = settings.server.quotas();
+    config.http_limits = settings.server.http_limits();
     Ok((config, layers))
 }
 
@@ -288,10 +338,13 @@ async fn handle_connection(
     state: Arc<State>,
     conn: quinn::Connection,
     mut stop: watch::Receiver<bool>,
+    pending: tokio::sync::OwnedSemaphorePermit,
 ) {
     let remote = conn.remote_address();
     let hello = tokio::time::timeout(state.config.hello_timeout, accept_hello(&state, &conn)).await;
-    let (role, user, device_id, client_name, minor) = match hello {
+    // Said hello (or not in time): no longer an unauthenticated handshake.
+    drop(pending);
+    let ((role, user, device_id, client_name, minor), _connection_slot) = match hello {
         Ok(Ok(who)) => who,
         Ok(Err(e)) => {
             debug!(%remote, "refused: {e}");
@@ -350,17 +403,28 @@ async fn handle_connection(
 }
 
 /// Reads and checks the hello; answers welcome or refused.
-async fn accept_hello(
-    state: &State,
-    conn: &quinn::Connection,
-) -> Result<(Role, String, String, String, u32), ServerError> {
+/// The welcome holds one of the user's connection slots, given back when the connection ends.
+async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, Slot), ServerError> {
     let (mut send, mut recv) = conn
         .accept_bi()
         .await
         .map_err(|e| ServerError::Protocol(e.to_string()))?;
-    let checked = check_hello(state, read_message(&mut recv, MAX_HELLO).await);
+    let checked = check_hello(state, read_message(&mut recv, MAX_HELLO).await).and_then(|who| {
+        match state.connections.try_acquire(&who.1) {
+            Some(slot) => Ok((who, slot)),
+            None => Err(ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} connections to this server open, its limit \
+                     (server.max_connections_per_user); close some (detach folders, end \
+                     agents and `monad-client mcp` bridges you no longer use), then retry",
+                    state.connections.limit()
+                ),
+            )),
+        }
+    });
     let (reply, result) = match checked {
-        Ok((role, user, device_id, client_name, minor)) => (
+        Ok(((role, user, device_id, client_name, minor), slot)) => (
             Message::Welcome {
                 protocol: wire::PROTOCOL_MAJOR,
                 minor: wire::negotiate_minor(minor),
@@ -368,11 +432,14 @@ async fn accept_hello(
                 server: format!("monad-server {}", env!("CARGO_PKG_VERSION")),
             },
             Ok((
-                role,
-                user,
-                device_id,
-                client_name,
-                wire::negotiate_minor(minor),
+                (
+                    role,
+                    user,
+                    device_id,
+                    client_name,
+                    wire::negotiate_minor(minor),
+                ),
+                slot,
             )),
         ),
         Err(error) => {
@@ -395,7 +462,8 @@ async fn accept_hello(
     }
 }
 
-type Who = (Role, String, String, String, u32);
+/// Who a hello says it is: role, user, device, client name, protocol minor version.
+type Who = (Role, String, DeviceId, String, u32);
 
 fn check_hello(
     state: &State,
@@ -430,21 +498,30 @@ fn check_hello(
             ),
         ));
     }
-    match state.tokens.verify(&token) {
-        Ok(Some(user)) => Ok((role, user, device_id, client_name, minor)),
-        Ok(None) => Err(ToolError::new(
-            ErrorCode::Unauthorized,
-            "the token is unknown or revoked; create one with `monad-server token create` and \
+
+    let user = match state.tokens.verify(&token) {
+        Ok(Some(user)) => user,
+        Ok(None) => {
+            return Err(ToolError::new(
+                ErrorCode::Unauthorized,
+                "the token is unknown or revoked; create one with `monad-server token create` and \
              log in again with `monad-client login`",
-        )),
+            ));
+        }
         Err(e) => {
             warn!("cannot read tokens: {e}");
-            Err(ToolError::new(
+            return Err(ToolError::new(
                 ErrorCode::Internal,
                 "the server cannot read its tokens",
-            ))
+            ));
         }
-    }
+    };
+    // Checked once the token is: an unauthenticated peer learns nothing else.
+    let device_id =
+        DeviceId::parse(&device_id).map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
+    validate_client_name(&client_name)
+        .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
+    Ok((role, user, device_id, client_name, minor))
 }
 
 /// What a request handler knows about its connection.
@@ -452,7 +529,7 @@ struct Ctx {
     state: Arc<State>,
     conn: quinn::Connection,
     user: String,
-    device_id: String,
+    device_id: DeviceId,
     client_name: String,
     /// The protocol's minor version on this connection.
     minor: u32,
@@ -461,6 +538,28 @@ struct Ctx {
 }
 
 impl State {
+    /// Resolves once the start-up housekeeping of the data dir (modes, stale temporary files,
+    /// the session index) is done.
+    pub async fn housekeeping(&self) {
+        let mut done = self.housekeeping.subscribe();
+        let _ = done.wait_for(|done| *done).await;
+    }
+
+    /// One of `user`'s slots for a tool call in flight, or `limit_exceeded` when they have
+    /// `server.max_calls_per_user` in flight already (over every connection and HTTP).
+    pub(crate) fn user_call(&self, user: &str) -> Result<Slot, ToolError> {
+        self.user_calls.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} tool calls in flight, this server's limit \
+                     (server.max_calls_per_user); wait for some to finish, then retry",
+                    self.user_calls.limit()
+                ),
+            )
+        })
+    }
+
     /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
     /// attached clients stay connected while calls still need them.
     pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {
@@ -471,7 +570,9 @@ impl State {
 
 impl Ctx {
     fn session(&self, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
-        self.state.registry.resolve(id, &self.user, &self.device_id)
+        self.state
+            .registry
+            .resolve(id, &self.user, Some(&self.device_id))
     }
 }
 
@@ -508,6 +609,10 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             tool,
             args,
         } => {
+            let _user_call = match ctx.state.user_call(&ctx.user) {
+                Ok(slot) => slot,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
             let session = match ctx.session(session.as_deref()) {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
@@ -517,8 +622,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             let sink = move |m: &str| {
                 let _ = progress_tx.send(m.to_owned());
             };
-            let call = ctx.state.executor.call(&session, &tool, args, &sink);
-            tokio::pin!(call);
+            let mut call = Box::pin(ctx.state.executor.call(&session, &tool, args, &sink));
             let output = loop {
                 tokio::select! {
                     output = &mut call => break output,
@@ -530,6 +634,10 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                     _ = send.stopped() => return,
                 }
             };
+            // The session is not needed any more (a body's recording holds its own reference):
+            // let it go before the answer, so the agent's next request finds it unused.
+            drop(call);
+            drop(session);
             // Progress sent just before the end loses the race above: relay it before the result.
             while let Ok(message) = progress_rx.try_recv() {
                 let _ = write_message(&mut send, &Message::Progress { id, message }).await;
@@ -577,7 +685,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            let _ = write_message(&mut send, &workspaces_message(id, &session)).await;
+            let answer = workspaces_message(id, &session);
+            drop(session);
+            let _ = write_message(&mut send, &answer).await;
             finish(&mut send).await;
         }
         Message::Watch { id, session } => {
@@ -626,7 +736,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             let kind = other.kind();
             let caller = crate::requests::Caller {
                 user: &ctx.user,
-                device_id: &ctx.device_id,
+                device: Some(&ctx.device_id),
             };
             match crate::requests::answer(&ctx.state, &caller, other).await {
                 Some(answer) => {
@@ -717,7 +827,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         let store = ctx.state.registry.store().clone();
         let (user, device, path, uri) = (
             ctx.user.clone(),
-            ctx.device_id.clone(),
+            ctx.device_id.to_string(),
             path.clone(),
             uri.clone(),
         );

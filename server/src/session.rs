@@ -10,6 +10,7 @@ use monad_protocol::{ErrorCode, ToolError, ToolName};
 use monad_sandbox::Sandbox;
 use tracing::warn;
 
+use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::settings::{Layers, Settings};
 use crate::store::{SessionMeta, Store, StoreError};
@@ -43,13 +44,73 @@ pub struct Attached {
     /// Tools the client offers for it.
     pub tools: Vec<ToolName>,
     /// The device that attached it.
-    pub device_id: String,
+    pub device_id: DeviceId,
     /// The path as the user gave it.
     pub path: String,
     /// Its workspace record.
     pub record: Option<String>,
     /// The connection to its client; `None` while disconnected.
     pub link: Option<ClientLink>,
+}
+
+/// A session's primary workspace: its [`Sandbox`] (an open directory) is opened on first use,
+/// once, off the async workers; a session that is only listed or looked at holds no descriptor.
+#[derive(Debug)]
+pub struct PrimaryWorkspace {
+    root: PathBuf,
+    limits: monad_sandbox::Limits,
+    exec: monad_sandbox::ExecPolicy,
+    sandbox: tokio::sync::OnceCell<Arc<Sandbox>>,
+}
+
+impl PrimaryWorkspace {
+    /// The workspace at `root`, not opened yet.
+    pub fn new(
+        root: PathBuf,
+        limits: monad_sandbox::Limits,
+        exec: monad_sandbox::ExecPolicy,
+    ) -> PrimaryWorkspace {
+        PrimaryWorkspace {
+            root,
+            limits,
+            exec,
+            sandbox: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Whether a background process started here still runs (only once the sandbox is open).
+    pub fn has_running_processes(&self) -> bool {
+        self.sandbox
+            .get()
+            .is_some_and(|sandbox| sandbox.has_running_processes())
+    }
+
+    /// The sandbox, opened (and its root created) on the first call; later calls share it.
+    pub async fn sandbox(&self) -> Result<Arc<Sandbox>, ToolError> {
+        self.sandbox
+            .get_or_try_init(|| async {
+                let (root, limits, exec) =
+                    (self.root.clone(), self.limits.clone(), self.exec.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::fsutil::create_workspace_root(&root)?;
+                    // Run as root, the server's commands run as an unprivileged user: the
+                    // folder is theirs.
+                    monad_sandbox::exec::give_to_command_user(&root, &exec)?;
+                    Sandbox::open(&root, limits, exec)
+                })
+                .await
+                .map_err(internal)?
+                .map(Arc::new)
+                .map_err(internal)
+            })
+            .await
+            .cloned()
+    }
+
+    /// Whether the sandbox is open (it holds the root's directory open).
+    pub fn is_open(&self) -> bool {
+        self.sandbox.initialized()
+    }
 }
 
 /// A session: its primary workspace and attached folders.
@@ -61,8 +122,8 @@ pub struct Session {
     pub owner: String,
     /// Creation time, RFC 3339.
     pub created_at: String,
-    /// The primary workspace (`sessions/<id>/workspace`, trust full).
-    pub primary: Arc<Sandbox>,
+    /// The primary workspace (`sessions/<id>/workspace`, trust full), opened on first use.
+    pub primary: Arc<PrimaryWorkspace>,
     /// The session's settings (global < session file < environment).
     pub settings: Settings,
     meta: Mutex<SessionMeta>,
@@ -83,7 +144,7 @@ struct Activity {
 #[derive(Debug, Clone)]
 pub enum Target {
     /// The session's own folder on the server.
-    Primary(Arc<Sandbox>),
+    Primary(Arc<PrimaryWorkspace>),
     /// An attached folder, through its client (`None` while offline).
     Attached(Option<ClientLink>),
 }
@@ -190,10 +251,25 @@ impl Session {
             .elapsed()
     }
 
-    /// Whether something still depends on this session object: a folder attached and online,
-    /// or a watcher (an MCP host, `watch`) waiting for its changes.
-    pub fn in_use(&self) -> bool {
-        self.changes.receiver_count() > 0 || self.has_online_attachments()
+    /// Whether something still depends on this session object, so that it must stay in memory
+    /// (dropping it would split the session in two at its next load): a request or task holding
+    /// it (any reference besides the registry's own, on which this is called), a folder
+    /// attached and online, a watcher (an MCP host, `watch`) waiting for its changes, or a
+    /// background process still running in the primary workspace (unloading would kill it).
+    /// The one predicate for unloading idle sessions and for evicting one to make room.
+    pub fn in_use(self: &Arc<Self>) -> bool {
+        Arc::strong_count(self) > 1
+            || self.changes.receiver_count() > 0
+            || self.has_online_attachments()
+            || self.primary.has_running_processes()
+    }
+
+    /// When the session was last used.
+    fn last_used(&self) -> Instant {
+        self.activity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_used
     }
 
     /// Whether a client folder is attached and online.
@@ -303,6 +379,13 @@ pub struct Registry {
     layers: Layers,
     sessions_dir: PathBuf,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Sessions of one user in memory at most.
+    max_in_memory: usize,
+    /// Sessions one user may have stored.
+    max_stored: usize,
+    /// Per user, creations under way: counted with the stored sessions, so that racing
+    /// creations cannot pass the bound together (an entry goes when its last creation ends).
+    creating: Mutex<HashMap<String, usize>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -322,7 +405,19 @@ impl Registry {
             layers,
             sessions_dir: data_dir.join("sessions"),
             sessions: Mutex::new(HashMap::new()),
+            max_in_memory: usize::MAX,
+            max_stored: usize::MAX,
+            creating: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Bounds each user's sessions: `in_memory` loaded at once (more evict the user's least
+    /// recently used session that is not [in use](Session::in_use), else are refused), `stored`
+    /// in the store (more are refused). Without this, neither is bounded.
+    pub fn with_quotas(mut self, in_memory: usize, stored: usize) -> Registry {
+        self.max_in_memory = in_memory.max(1);
+        self.max_stored = stored.max(1);
+        self
     }
 
     /// The store.
@@ -340,6 +435,9 @@ impl Registry {
             owned_by(&session, user)?;
             return Ok(session);
         }
+        // No room in memory for another of the user's sessions: refused before anything is
+        // read or created (the same check, with eviction, is made again when it is inserted).
+        self.room_for(user)?;
         // Not in memory: load or create it without holding the registry's lock, so that one
         // session's disk work (a creation fsyncs) does not hold up every other request. Two
         // opens of the same session may race here; the store lets only one create it, and the
@@ -352,6 +450,18 @@ impl Registry {
                     warn!("session {id}: {why}; re-creating its metadata for {user}");
                 }
                 let meta = fresh_meta(&id, user);
+                let count = || self.store.count_sessions(user).map_err(store_error);
+                let _creating = Creating::start(&self.creating, user, count, self.max_stored)?
+                    .map_err(|stored| {
+                        ToolError::new(
+                            ErrorCode::LimitExceeded,
+                            format!(
+                                "you have {stored} sessions stored, this server's limit \
+                                 (server.max_sessions_per_user); reuse one, or have old ones \
+                                 deleted (`monad-server session delete ID`, `session gc`)"
+                            ),
+                        )
+                    })?;
                 match self.store.create(&meta) {
                     Ok(()) => meta,
                     // Created meanwhile by a racing open: use what it made.
@@ -379,12 +489,11 @@ impl Registry {
                     .map(|(name, text)| (name.as_str(), text.as_str())),
             )
             .map_err(|e| ToolError::new(ErrorCode::Internal, format!("bad configuration: {e}")))?;
-        let root = self.sessions_dir.join(&id).join("workspace");
-        std::fs::create_dir_all(&root).map_err(internal)?;
-        // Run as root, the server's commands run as an unprivileged user: the folder is theirs.
-        monad_sandbox::exec::give_to_command_user(&root, &settings.exec).map_err(internal)?;
-        let primary = Sandbox::open(&root, settings.limits.clone(), settings.exec.clone())
-            .map_err(internal)?;
+        let primary = PrimaryWorkspace::new(
+            self.sessions_dir.join(&id).join("workspace"),
+            settings.limits.clone(),
+            settings.exec.clone(),
+        );
         let now = Instant::now();
         let session = Arc::new(Session {
             id: meta.id.clone(),
@@ -402,10 +511,63 @@ impl Registry {
             changes: tokio::sync::watch::channel(0).0,
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let session = sessions.entry(id).or_insert(session).clone();
+        if let Some(loaded) = sessions.get(&id) {
+            // Loaded meanwhile by a racing open: every caller gets the one in memory.
+            let loaded = loaded.clone();
+            drop(sessions);
+            owned_by(&loaded, user)?;
+            return Ok(loaded);
+        }
+        let evicted = match Self::evictable(&sessions, user, self.max_in_memory) {
+            Ok(None) => None,
+            Ok(Some(victim)) => sessions.remove(&victim),
+            Err(()) => return Err(self.no_room()),
+        };
+        sessions.insert(id, session.clone());
         drop(sessions);
-        owned_by(&session, user)?;
+        if let Some(evicted) = evicted {
+            self.save_unsaved(&evicted);
+        }
         Ok(session)
+    }
+
+    /// Refuses when `user` has the most sessions in memory they may, all of them in use.
+    fn room_for(&self, user: &str) -> Result<(), ToolError> {
+        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        Self::evictable(&sessions, user, self.max_in_memory)
+            .map(|_| ())
+            .map_err(|()| self.no_room())
+    }
+
+    /// Whether `user` may have one more session in memory: `Ok(None)` with room to spare,
+    /// `Ok(Some(id))` when their least recently used session that is not in use must go to make
+    /// room, `Err` when there is none such.
+    fn evictable(
+        sessions: &HashMap<String, Arc<Session>>,
+        user: &str,
+        max: usize,
+    ) -> Result<Option<String>, ()> {
+        let mine: Vec<&Arc<Session>> = sessions.values().filter(|s| s.owner == user).collect();
+        if mine.len() < max {
+            return Ok(None);
+        }
+        mine.into_iter()
+            .filter(|s| !s.in_use())
+            .min_by_key(|s| s.last_used())
+            .map(|s| Some(s.id.clone()))
+            .ok_or(())
+    }
+
+    fn no_room(&self) -> ToolError {
+        ToolError::new(
+            ErrorCode::LimitExceeded,
+            format!(
+                "you have {} sessions in use at once, this server's limit \
+                 (server.max_sessions_in_memory_per_user); detach folders and end agents' \
+                 connections to sessions you no longer need, then retry",
+                self.max_in_memory
+            ),
+        )
     }
 
     /// The session, when it is in memory.
@@ -417,22 +579,25 @@ impl Registry {
             .cloned()
     }
 
-    /// The session a request means: the one it names (binding the device to it), else the one
-    /// the device is bound to, else `default`.
+    /// The session a request means: the one it names (binding the device to it, when there
+    /// is one), else the one the device is bound to, else the user's default. MCP over HTTP
+    /// has no device.
     pub fn resolve(
         &self,
         requested: Option<&str>,
         user: &str,
-        device_id: &str,
+        device: Option<&DeviceId>,
     ) -> Result<Arc<Session>, ToolError> {
         match requested {
             Some(id) => {
                 let session = self.open(id, user)?;
-                self.bind(device_id, &session.id);
+                if let Some(device) = device {
+                    self.bind(user, device, &session.id);
+                }
                 Ok(session)
             }
             None => {
-                let id = self.bound(device_id, user)?;
+                let id = self.bound(user, device)?;
                 self.open(&id, user)
             }
         }
@@ -443,13 +608,14 @@ impl Registry {
         self.open(&uuid::Uuid::new_v4().to_string(), user)
     }
 
-    /// The session a request without one means: the one the device last used (when it still
-    /// exists and belongs to `user`), else the user's default. The well-known `default` is the
+    /// The session a request without one means: the one `user` last used from the device (when
+    /// it still exists and is theirs), else the user's default. The well-known `default` is the
     /// default of the user who first used it; every other user gets a default of their own, a
-    /// session created on first need and remembered under the binding key `user:<name>`, so
-    /// `monad-client attach DIR` works for each person on a shared server.
-    pub fn bound(&self, device_id: &str, user: &str) -> Result<String, ToolError> {
-        if let Ok(Some(id)) = self.store.bound_session(device_id)
+    /// session created on first need and kept in the store's per-user defaults (which no device
+    /// id can name), so `monad-client attach DIR` works for each person on a shared server.
+    pub fn bound(&self, user: &str, device: Option<&DeviceId>) -> Result<String, ToolError> {
+        if let Some(device) = device
+            && let Ok(Some(id)) = self.store.bound_session(user, device.as_str())
             && self.owner_of(&id).as_deref() == Some(user)
         {
             return Ok(id);
@@ -459,14 +625,15 @@ impl Registry {
             Some(owner) if owner == user => return Ok(DEFAULT_SESSION.to_owned()),
             Some(_) => {}
         }
-        let key = format!("user:{user}");
-        if let Ok(Some(id)) = self.store.bound_session(&key)
+        if let Ok(Some(id)) = self.store.default_session(user)
             && self.owner_of(&id).as_deref() == Some(user)
         {
             return Ok(id);
         }
         let own = self.create(user)?;
-        self.bind(&key, &own.id);
+        if let Err(e) = self.store.set_default_session(user, &own.id) {
+            warn!("cannot keep {} as the default of {user}: {e}", own.id);
+        }
         Ok(own.id.clone())
     }
 
@@ -483,10 +650,10 @@ impl Registry {
         self.store.load(id).ok().flatten().map(|m| m.owner)
     }
 
-    /// Binds a device to a session (a no-op when it already is).
-    pub fn bind(&self, device_id: &str, session: &str) {
-        if let Err(e) = self.store.bind(device_id, session) {
-            warn!("cannot bind device {device_id} to {session}: {e}");
+    /// Binds `user`'s device to a session (a no-op when it already is).
+    pub fn bind(&self, user: &str, device: &DeviceId, session: &str) {
+        if let Err(e) = self.store.bind(user, device.as_str(), session) {
+            warn!("cannot bind device {device} of {user} to {session}: {e}");
         }
     }
 
@@ -605,7 +772,7 @@ impl Registry {
             // it must not find it dropped from memory.
             let idle: Vec<String> = sessions
                 .values()
-                .filter(|s| s.idle() >= max_idle && !s.in_use() && Arc::strong_count(s) == 1)
+                .filter(|s| s.idle() >= max_idle && !s.in_use())
                 .map(|s| s.id.clone())
                 .collect();
             idle.iter().filter_map(|id| sessions.remove(id)).collect()
@@ -653,6 +820,48 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
+    }
+}
+
+/// One creation under way, counted per user until dropped.
+struct Creating<'a> {
+    creating: &'a Mutex<HashMap<String, usize>>,
+    user: String,
+}
+
+impl<'a> Creating<'a> {
+    /// Counts a creation for `user`, or gives back how many sessions they have stored when
+    /// those (`count`, counted under the map's lock so that a creation ending meanwhile is
+    /// counted once) and the creations under way reach `max`.
+    fn start(
+        creating: &'a Mutex<HashMap<String, usize>>,
+        user: &str,
+        count: impl FnOnce() -> Result<usize, ToolError>,
+        max: usize,
+    ) -> Result<Result<Creating<'a>, usize>, ToolError> {
+        let mut map = creating.lock().unwrap_or_else(|p| p.into_inner());
+        let stored = count()?;
+        let under_way = map.get(user).copied().unwrap_or(0);
+        if stored.saturating_add(under_way) >= max {
+            return Ok(Err(stored));
+        }
+        map.insert(user.to_owned(), under_way + 1);
+        Ok(Ok(Creating {
+            creating,
+            user: user.to_owned(),
+        }))
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        let mut map = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.user);
+            }
+        }
     }
 }
 
@@ -808,25 +1017,112 @@ mod tests {
     fn every_user_gets_a_default_of_their_own() {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
-        let ana = reg.resolve(None, "ana", "ana-laptop").unwrap();
+        let dev =
+            |n: u8| DeviceId::parse(&format!("00000000-0000-4000-8000-0000000000{n:02x}")).unwrap();
+        let ana = reg.resolve(None, "ana", Some(&dev(1))).unwrap();
         assert_eq!(
             ana.id, "default",
             "the first user gets the well-known default"
         );
-        let ben = reg.resolve(None, "ben", "ben-laptop").unwrap();
+        let ben = reg.resolve(None, "ben", Some(&dev(2))).unwrap();
         assert_ne!(ben.id, "default");
         assert_eq!(ben.owner, "ben");
         // Stable: the same default next time, from any device, and after a restart.
-        assert_eq!(reg.resolve(None, "ben", "ben-phone").unwrap().id, ben.id);
+        assert_eq!(reg.resolve(None, "ben", Some(&dev(3))).unwrap().id, ben.id);
         let again = registry(dir.path());
-        assert_eq!(again.resolve(None, "ben", "other").unwrap().id, ben.id);
-        // A device bound to someone else's session falls back to the user's own default.
-        reg.bind("shared", &ana.id);
-        assert_eq!(reg.resolve(None, "ben", "shared").unwrap().id, ben.id);
+        assert_eq!(again.resolve(None, "ben", None).unwrap().id, ben.id);
+        // A device id another user bound (to their own session) means nothing to ben.
+        reg.bind("ana", &dev(4), &ana.id);
+        assert_eq!(reg.resolve(None, "ben", Some(&dev(4))).unwrap().id, ben.id);
+        assert_eq!(reg.resolve(None, "ana", Some(&dev(4))).unwrap().id, ana.id);
         assert_eq!(
-            reg.resolve(Some("default"), "ben", "x").unwrap_err().code,
+            reg.resolve(Some("default"), "ben", Some(&dev(5)))
+                .unwrap_err()
+                .code,
             ErrorCode::Unauthorized
         );
+    }
+
+    #[test]
+    fn a_user_over_the_memory_bound_loses_their_least_recently_used_idle_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path()).with_quotas(2, 100);
+        let id = |n: u8| format!("00000000-0000-4000-8000-0000000000{n:02x}");
+        let held = reg.open(&id(1), "ana").unwrap();
+        reg.open(&id(2), "ana").unwrap();
+        reg.open(&id(3), "ana").unwrap();
+        let loaded = |reg: &Registry| {
+            let mut ids: Vec<String> = reg.sessions.lock().unwrap().keys().cloned().collect();
+            ids.sort();
+            ids
+        };
+        // 2 went (1 is held), not 1; ben's sessions are his own count.
+        assert_eq!(loaded(&reg), [id(1), id(3)]);
+        reg.open(&id(4), "ben").unwrap();
+        reg.open(&id(5), "ben").unwrap();
+        assert_eq!(loaded(&reg).len(), 4);
+        // Every session of ana's in use: refused, saying what to do.
+        let other = reg.open(&id(3), "ana").unwrap();
+        let err = reg.open(&id(6), "ana").unwrap_err();
+        assert_eq!(err.code, ErrorCode::LimitExceeded);
+        assert!(
+            err.message.contains("max_sessions_in_memory_per_user"),
+            "{err}"
+        );
+        drop((held, other));
+        reg.open(&id(6), "ana").unwrap();
+        assert!(
+            reg.open(&id(2), "ana").is_ok(),
+            "an evicted session loads again"
+        );
+    }
+
+    #[test]
+    fn a_user_over_the_stored_bound_cannot_create_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path()).with_quotas(100, 3);
+        let ids: Vec<String> = (0..3)
+            .map(|_| reg.create("ana").unwrap().id.clone())
+            .collect();
+        let err = reg.create("ana").unwrap_err();
+        assert_eq!(err.code, ErrorCode::LimitExceeded);
+        assert!(err.message.contains("max_sessions_per_user"), "{err}");
+        for id in &ids {
+            reg.open(id, "ana").unwrap();
+        }
+        reg.create("ben").unwrap();
+        // Racing creations do not pass the bound together.
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path()).with_quotas(100, 5);
+        let made = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..12)
+                .map(|_| scope.spawn(|| reg.create("ana").is_ok()))
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .filter(|ok| *ok)
+                .count()
+        });
+        assert_eq!(made, 5);
+        assert_eq!(reg.store().count_sessions("ana").unwrap(), 5);
+    }
+
+    #[test]
+    fn a_session_that_is_only_listed_or_looked_at_opens_no_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let s = reg.open("default", "ana").unwrap();
+        s.info();
+        reg.list("ana");
+        assert!(!s.primary.is_open());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let sandbox = runtime.block_on(s.primary.sandbox()).unwrap();
+        assert!(s.primary.is_open());
+        let again = runtime.block_on(s.primary.sandbox()).unwrap();
+        assert!(Arc::ptr_eq(&sandbox, &again), "opened once");
     }
 
     #[test]
@@ -851,10 +1147,11 @@ mod tests {
     fn bindings_gc_delete_and_unloading() {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
-        assert_eq!(reg.bound("dev", "ana").unwrap(), "default");
+        let dev = DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap();
+        assert_eq!(reg.bound("ana", Some(&dev)).unwrap(), "default");
         let s = reg.create("ana").unwrap();
-        reg.bind("dev", &s.id);
-        assert_eq!(reg.bound("dev", "ana").unwrap(), s.id);
+        reg.bind("ana", &dev, &s.id);
+        assert_eq!(reg.bound("ana", Some(&dev)).unwrap(), s.id);
         reg.open("default", "ana").unwrap();
         // A session a caller still holds (a request between opening it and using it) stays.
         assert_eq!(reg.unload_idle(Duration::ZERO), 1);
@@ -870,7 +1167,7 @@ mod tests {
         let deleted = reg.gc(Duration::ZERO).unwrap();
         assert_eq!(deleted, vec![id.clone()]);
         assert_eq!(
-            reg.bound("dev", "ana").unwrap(),
+            reg.bound("ana", Some(&dev)).unwrap(),
             "default",
             "the binding went with the session"
         );
@@ -933,7 +1230,11 @@ mod tests {
             uri: format!("{device}:{path}"),
             trust: Trust::Restricted,
             tools: vec![ToolName::ReadFile],
-            device_id: device.into(),
+            device_id: DeviceId::parse(match device {
+                "d1" => "00000000-0000-4000-8000-0000000000d1",
+                _ => "00000000-0000-4000-8000-0000000000d2",
+            })
+            .unwrap(),
             path: path.into(),
             record: None,
             link: None,

@@ -44,10 +44,33 @@ pub struct ServerSettings {
     pub keep_alive_ms: u64,
     /// A connection silent this long is closed, in milliseconds.
     pub idle_timeout_ms: u64,
+    /// Sessions of one user in memory at once.
+    pub max_sessions_in_memory_per_user: usize,
+    /// Sessions one user may have stored.
+    pub max_sessions_per_user: usize,
+    /// QUIC connections of one user at once.
+    pub max_connections_per_user: usize,
+    /// Tool calls of one user in flight at once (QUIC and HTTP together).
+    pub max_calls_per_user: usize,
+    /// Connections that have not said hello yet, over all peers.
+    pub max_pending_handshakes: usize,
+    /// MCP over HTTP sessions of one user.
+    pub max_mcp_sessions_per_user: usize,
+    /// Longest an HTTP request head may take to arrive, in milliseconds.
+    pub http_header_timeout_ms: u64,
+    /// An HTTP connection with no request in progress is closed after this, in milliseconds.
+    pub http_idle_timeout_ms: u64,
+    /// Open HTTP connections at most.
+    pub http_max_connections: usize,
+    /// Origins accepted on `/mcp` besides the server's own loopback origins.
+    pub http_allowed_origins: Vec<String>,
 }
 
 impl Default for ServerSettings {
     fn default() -> Self {
+        // The bounds' defaults have one home: the programmatic configuration.
+        let quotas = crate::config::Quotas::default();
+        let http = crate::config::HttpLimits::default();
         ServerSettings {
             call_timeout_secs: 900,
             hello_timeout_secs: 10,
@@ -55,6 +78,16 @@ impl Default for ServerSettings {
             max_calls_per_connection: 64,
             keep_alive_ms: 2000,
             idle_timeout_ms: 8000,
+            max_sessions_in_memory_per_user: quotas.max_sessions_in_memory_per_user,
+            max_sessions_per_user: quotas.max_sessions_per_user,
+            max_connections_per_user: quotas.max_connections_per_user,
+            max_calls_per_user: quotas.max_calls_per_user,
+            max_pending_handshakes: quotas.max_pending_handshakes,
+            max_mcp_sessions_per_user: quotas.max_mcp_sessions_per_user,
+            http_header_timeout_ms: http.header_timeout.as_millis() as u64,
+            http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
+            http_max_connections: http.max_connections,
+            http_allowed_origins: http.allowed_origins,
         }
     }
 }
@@ -101,6 +134,28 @@ impl Default for Retention {
 }
 
 impl ServerSettings {
+    /// The per-user bounds (each at least 1).
+    pub fn quotas(&self) -> crate::config::Quotas {
+        crate::config::Quotas {
+            max_sessions_in_memory_per_user: self.max_sessions_in_memory_per_user.max(1),
+            max_sessions_per_user: self.max_sessions_per_user.max(1),
+            max_connections_per_user: self.max_connections_per_user.max(1),
+            max_calls_per_user: self.max_calls_per_user.max(1),
+            max_pending_handshakes: self.max_pending_handshakes.max(1),
+            max_mcp_sessions_per_user: self.max_mcp_sessions_per_user.max(1),
+        }
+    }
+
+    /// The HTTP listener's bounds (time-outs at least 100 ms, at least one connection).
+    pub fn http_limits(&self) -> crate::config::HttpLimits {
+        crate::config::HttpLimits {
+            header_timeout: Duration::from_millis(self.http_header_timeout_ms.max(100)),
+            idle_timeout: Duration::from_millis(self.http_idle_timeout_ms.max(100)),
+            max_connections: self.http_max_connections.max(1),
+            allowed_origins: self.http_allowed_origins.clone(),
+        }
+    }
+
     /// As durations: (call, hello, shutdown grace, keep-alive, idle).
     pub fn durations(&self) -> [Duration; 5] {
         [

@@ -33,7 +33,8 @@ pub fn load_or_create(tls_dir: &Path) -> Result<(Identity, bool), ServerError> {
     let created = if cert_path.exists() && key_path.exists() {
         false
     } else {
-        std::fs::create_dir_all(tls_dir).map_err(|e| ServerError::io("create", tls_dir, e))?;
+        crate::fsutil::create_private_dir(tls_dir)
+            .map_err(|e| ServerError::io("create", tls_dir, e))?;
         let mut names = vec![
             "localhost".to_owned(),
             "127.0.0.1".to_owned(),
@@ -52,7 +53,11 @@ pub fn load_or_create(tls_dir: &Path) -> Result<(Identity, bool), ServerError> {
             generated.signing_key.serialize_pem().as_bytes(),
             0o600,
         )?;
-        write_atomic(&cert_path, generated.cert.pem().as_bytes(), 0o644)?;
+        write_atomic(
+            &cert_path,
+            generated.cert.pem().as_bytes(),
+            crate::fsutil::PRIVATE_FILE,
+        )?;
         true
     };
     let cert = CertificateDer::from_pem_file(&cert_path)

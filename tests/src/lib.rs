@@ -207,6 +207,11 @@ pub struct StoppedServer {
 }
 
 impl StoppedServer {
+    /// The data dir.
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
     /// Starts a new server on the same address and data dir.
     pub async fn restart(self) -> TestServer {
         // The old endpoint's socket is released by its driver task, just after the server's
@@ -698,8 +703,38 @@ impl ServerProcess {
     /// Starts `monad-server --data-dir DIR` with the extra environment variables `envs` and
     /// waits (bounded) until it listens; panics with its output when it does not.
     pub async fn start(data_dir: &Path, envs: &[(&str, &str)]) -> ServerProcess {
+        ServerProcess::start_with(data_dir, envs, None).await
+    }
+
+    /// [`ServerProcess::start`], with the process's umask set to `umask` when given (through
+    /// `sh`, which sets it and then becomes `monad-server`).
+    pub async fn start_with(
+        data_dir: &Path,
+        envs: &[(&str, &str)],
+        umask: Option<u32>,
+    ) -> ServerProcess {
         use tokio::io::AsyncBufReadExt;
-        let mut cmd = command("monad-server");
+        let mut cmd = match umask {
+            None => command("monad-server"),
+            Some(mask) => {
+                let mut cmd = command("monad-server");
+                let program = cmd.as_std().get_program().to_owned();
+                let mut sh = tokio::process::Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("umask {mask:03o} && exec \"$0\" \"$@\""))
+                    .arg(program);
+                // The same set-up as `command`.
+                sh.stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .env_remove("MONAD_CONFIG_DIR")
+                    .env_remove("MONAD_DATA_DIR")
+                    .env("RUST_LOG", "warn")
+                    .kill_on_drop(true);
+                cmd = sh;
+                cmd
+            }
+        };
         cmd.arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0", "--no-http"]);
@@ -766,6 +801,11 @@ impl ServerProcess {
     pub fn client_config(&self, token: &str) -> ClientConfig {
         ClientConfig::new(&self.addr.to_string(), token, &self.fingerprint)
             .expect("the server's fingerprint is well-formed")
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
     }
 
     /// `config` pointed at this server (same token and device id), e.g. after a restart on

@@ -16,13 +16,17 @@ use tracing::warn;
 
 use super::history::{self, History, HistoryMessage, render_message};
 use super::*;
-use crate::fsutil::{now_rfc3339, write_atomic};
+use crate::fsutil::{
+    PRIVATE_FILE, create_private_dir, create_workspace_root, now_rfc3339, write_atomic,
+};
 
 /// The filesystem store rooted at the data directory.
 #[derive(Debug)]
 pub struct FsStore {
     root: PathBuf,
-    session_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// One lock per session while someone holds or waits for it (an entry goes with its last
+    /// holder, so the map does not grow with every session ever touched).
+    session_locks: Mutex<HashMap<String, Arc<Gate>>>,
     /// Sessions whose `session.md` this store has read whole (and kept aside if corrupt), so
     /// appends can go straight to the end of the file.
     checked: Mutex<std::collections::HashSet<String>>,
@@ -30,8 +34,42 @@ pub struct FsStore {
     /// every write through this store since (a running server is the data dir's only writer:
     /// it holds the lock), so listings do not read thousands of files.
     metas: Mutex<Option<HashMap<String, SessionMeta>>>,
-    bindings: Mutex<Option<BTreeMap<String, String>>>,
+    bindings: Mutex<Option<BindingsFile>>,
     workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
+}
+
+/// Sessions whose `session.md` an [`FsStore`] remembers having read whole, at most.
+const CHECKED_MAX: usize = 4096;
+
+/// A session's lock: busy or free, and a condition to wait on.
+#[derive(Debug, Default)]
+struct Gate {
+    busy: Mutex<bool>,
+    free: std::sync::Condvar,
+}
+
+/// A held session lock; dropping it frees the session and, when nobody else holds or waits
+/// for it, removes its entry from the map.
+struct SessionLock<'a> {
+    store: &'a FsStore,
+    id: String,
+    gate: Arc<Gate>,
+}
+
+impl Drop for SessionLock<'_> {
+    fn drop(&mut self) {
+        *self.gate.busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.gate.free.notify_one();
+        let mut locks = self
+            .store
+            .session_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Only the map and this guard hold it, and nobody can take it without the map's lock.
+        if Arc::strong_count(&self.gate) == 2 {
+            locks.remove(&self.id);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,11 +79,50 @@ struct WorkspaceFile {
     sessions: Vec<WorkspaceSession>,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// `bindings.toml`: `[bindings.<user>]` maps device ids to sessions, `[defaults]` users to
+/// their default sessions.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BindingsFile {
     #[serde(default)]
+    bindings: BTreeMap<String, BTreeMap<String, String>>,
+    #[serde(default)]
+    defaults: BTreeMap<String, String>,
+}
+
+/// `bindings.toml` as versions before per-user bindings wrote it: device id -> session, with
+/// each user's default under the key `user:<name>`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OldBindingsFile {
+    #[serde(default)]
     bindings: BTreeMap<String, String>,
+}
+
+impl BindingsFile {
+    /// The old layout in the new one: `user:<name>` becomes the default of `<name>` when the
+    /// session is that user's; a device key becomes a binding of the session's owner. Entries
+    /// of sessions that no longer exist, or a `user:` key naming someone other than the
+    /// session's owner (a device id that claimed it), are dropped. `owner` says who owns a
+    /// session.
+    fn migrate(old: OldBindingsFile, owner: impl Fn(&str) -> Option<String>) -> BindingsFile {
+        let mut new = BindingsFile::default();
+        for (key, session) in old.bindings {
+            let Some(owner) = owner(&session) else {
+                continue;
+            };
+            match key.strip_prefix("user:") {
+                Some(user) if user == owner => {
+                    new.defaults.insert(owner, session);
+                }
+                Some(_) => {}
+                None => {
+                    new.bindings.entry(owner).or_default().insert(key, session);
+                }
+            }
+        }
+        new
+    }
 }
 
 fn map_io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -53,7 +130,7 @@ fn map_io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
 }
 
 fn atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    write_atomic(path, bytes, 0o644).map_err(|e| StoreError::Io {
+    write_atomic(path, bytes, PRIVATE_FILE).map_err(|e| StoreError::Io {
         op: "write",
         path: path.display().to_string(),
         source: std::io::Error::other(e.to_string()),
@@ -65,7 +142,7 @@ fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .mode(0o644)
+        .mode(PRIVATE_FILE)
         .open(path)
         .map_err(map_io("open", path))?;
     file.write_all(bytes).map_err(map_io("append to", path))?;
@@ -194,20 +271,33 @@ impl FsStore {
     /// Writes `session.toml` and caches it; the caller holds the session's lock.
     fn save_locked(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         let dir = self.session_dir(&meta.id);
-        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
+        create_private_dir(&dir).map_err(map_io("create", &dir))?;
         let text = toml::to_string(meta).expect("metadata serializes");
         atomic(&dir.join("session.toml"), text.as_bytes())?;
         self.cache_meta(meta);
         Ok(())
     }
 
-    fn lock(&self, id: &str) -> Arc<Mutex<()>> {
-        self.session_locks
+    /// Takes session `id`'s lock; it is given back when the guard drops.
+    fn lock(&self, id: &str) -> SessionLock<'_> {
+        let gate = self
+            .session_locks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(id.to_owned())
             .or_default()
-            .clone()
+            .clone();
+        let mut busy = gate.busy.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy {
+            busy = gate.free.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+        *busy = true;
+        drop(busy);
+        SessionLock {
+            store: self,
+            id: id.to_owned(),
+            gate,
+        }
     }
 
     fn history_path(&self, id: &str) -> PathBuf {
@@ -235,6 +325,10 @@ impl FsStore {
     fn mark_checked(&self, id: &str, checked: bool) {
         let mut set = self.checked.lock().unwrap_or_else(|p| p.into_inner());
         if checked {
+            // Bounded: forgetting only costs a session one more whole read at its next append.
+            if set.len() >= CHECKED_MAX {
+                set.clear();
+            }
             set.insert(id.to_owned());
         } else {
             set.remove(id);
@@ -371,44 +465,52 @@ impl FsStore {
     }
 
     fn write_workspace(dir: &Path, file: &WorkspaceFile) -> Result<(), StoreError> {
-        std::fs::create_dir_all(dir).map_err(map_io("create", dir))?;
+        create_private_dir(dir).map_err(map_io("create", dir))?;
         let bytes = serde_json::to_vec_pretty(file).expect("records serialize");
         atomic(&dir.join(format!("{}.json", file.record.id)), &bytes)
     }
 
-    fn with_bindings<R>(
-        &self,
-        f: impl FnOnce(&mut BTreeMap<String, String>) -> R,
-    ) -> Result<(R, bool), StoreError> {
+    fn with_bindings<R>(&self, f: impl FnOnce(&mut BindingsFile) -> R) -> Result<R, StoreError> {
         let mut guard = self.bindings.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.root.join("bindings.toml");
         if guard.is_none() {
-            let map = match std::fs::read_to_string(&path) {
+            let (file, migrated) = match std::fs::read_to_string(&path) {
                 Ok(text) => match toml::from_str::<BindingsFile>(&text) {
-                    Ok(file) => file.bindings,
-                    Err(e) => {
-                        keep_aside(&path, &e.to_string());
-                        BTreeMap::new()
-                    }
+                    Ok(file) => (file, false),
+                    Err(e) => match toml::from_str::<OldBindingsFile>(&text) {
+                        Ok(old) => {
+                            let owner = |id: &str| self.load(id).ok().flatten().map(|m| m.owner);
+                            (BindingsFile::migrate(old, owner), true)
+                        }
+                        Err(_) => {
+                            keep_aside(&path, &e.to_string());
+                            (BindingsFile::default(), false)
+                        }
+                    },
                 },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    (BindingsFile::default(), false)
+                }
                 Err(e) => return Err(StoreError::io("read", &path, e)),
             };
-            *guard = Some(map);
+            if migrated {
+                self.write_bindings(&path, &file)?;
+            }
+            *guard = Some(file);
         }
-        let map = guard.as_mut().expect("loaded above");
-        let before = map.clone();
-        let out = f(map);
-        let changed = *map != before;
-        if changed {
-            let text = toml::to_string(&BindingsFile {
-                bindings: map.clone(),
-            })
-            .expect("bindings serialize");
-            std::fs::create_dir_all(&self.root).map_err(map_io("create", &self.root))?;
-            atomic(&path, text.as_bytes())?;
+        let file = guard.as_mut().expect("loaded above");
+        let before = file.clone();
+        let out = f(file);
+        if *file != before {
+            self.write_bindings(&path, file)?;
         }
-        Ok((out, changed))
+        Ok(out)
+    }
+
+    fn write_bindings(&self, path: &Path, file: &BindingsFile) -> Result<(), StoreError> {
+        let text = toml::to_string(file).expect("bindings serialize");
+        create_private_dir(&self.root).map_err(map_io("create", &self.root))?;
+        atomic(path, text.as_bytes())
     }
 }
 
@@ -419,12 +521,11 @@ impl SessionStore for FsStore {
         let toml_path = dir.join("session.toml");
         // Under the session's lock from the check to the write: of two racing creations, one
         // makes the session and the other is told it exists.
-        let lock = self.lock(&meta.id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(&meta.id);
         if toml_path.exists() {
             return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
         }
-        std::fs::create_dir_all(dir.join("workspace")).map_err(map_io("create", &dir))?;
+        create_workspace_root(&dir.join("workspace")).map_err(map_io("create", &dir))?;
         // A session whose metadata was lost (kept aside as corrupt) keeps its conversation.
         let md = dir.join("session.md");
         if !md.exists() {
@@ -454,8 +555,7 @@ impl SessionStore for FsStore {
             // Corrupt: look again under the session's lock before keeping it aside, since a
             // racing creation may have replaced it with a good one meanwhile.
             Err(StoreError::Invalid(_)) => {
-                let lock = self.lock(id);
-                let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+                let _guard = self.lock(id);
                 self.load_from_disk(id, true)?
             }
             other => other?,
@@ -469,8 +569,7 @@ impl SessionStore for FsStore {
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         // Under the session's lock, so the cache ends up holding what the disk holds.
-        let lock = self.lock(&meta.id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(&meta.id);
         self.save_locked(meta)
     }
 
@@ -487,10 +586,22 @@ impl SessionStore for FsStore {
             .collect())
     }
 
+    fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
+        let mut guard = self.metas.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(self.scan_sessions()?);
+        }
+        Ok(guard
+            .as_ref()
+            .expect("loaded above")
+            .values()
+            .filter(|m| m.owner == owner)
+            .count())
+    }
+
     fn delete(&self, id: &str) -> Result<(), StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         let dir = self.session_dir(id);
         self.mark_checked(id, false);
         if let Some(metas) = self
@@ -512,15 +623,13 @@ impl SessionStore for FsStore {
 
     fn history(&self, id: &str) -> Result<History, StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         self.read_history(id, false)
     }
 
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         let path = self.history_path(id);
         if !self.is_checked(id) {
             // Read it whole once: appending to a corrupt file would bury the new message in
@@ -532,8 +641,7 @@ impl SessionStore for FsStore {
 
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
         check_id(id)?;
-        let lock = self.lock(id);
-        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _guard = self.lock(id);
         atomic(&self.history_path(id), history::render(history).as_bytes())?;
         self.mark_checked(id, true);
         Ok(())
@@ -762,26 +870,52 @@ pub(crate) fn decode_cursor(token: &str) -> Result<(String, String), StoreError>
 }
 
 impl BindingStore for FsStore {
-    fn bound_session(&self, device_id: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.with_bindings(|map| map.get(device_id).cloned())?.0)
+    fn bound_session(&self, user: &str, device_id: &str) -> Result<Option<String>, StoreError> {
+        self.with_bindings(|file| {
+            file.bindings
+                .get(user)
+                .and_then(|devices| devices.get(device_id))
+                .cloned()
+        })
     }
 
-    fn bind(&self, device_id: &str, session: &str) -> Result<(), StoreError> {
-        self.with_bindings(|map| {
-            map.insert(device_id.to_owned(), session.to_owned());
-        })?;
-        Ok(())
+    fn bind(&self, user: &str, device_id: &str, session: &str) -> Result<(), StoreError> {
+        self.with_bindings(|file| {
+            file.bindings
+                .entry(user.to_owned())
+                .or_default()
+                .insert(device_id.to_owned(), session.to_owned());
+        })
+    }
+
+    fn default_session(&self, user: &str) -> Result<Option<String>, StoreError> {
+        self.with_bindings(|file| file.defaults.get(user).cloned())
+    }
+
+    fn set_default_session(&self, user: &str, session: &str) -> Result<(), StoreError> {
+        self.with_bindings(|file| {
+            file.defaults.insert(user.to_owned(), session.to_owned());
+        })
     }
 
     fn unbind_session(&self, session: &str) -> Result<(), StoreError> {
-        self.with_bindings(|map| map.retain(|_, s| s != session))?;
-        Ok(())
+        self.with_bindings(|file| {
+            for devices in file.bindings.values_mut() {
+                devices.retain(|_, s| s != session);
+            }
+            file.bindings.retain(|_, devices| !devices.is_empty());
+            file.defaults.retain(|_, s| s != session);
+        })
     }
 
     fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError> {
-        Ok(self
-            .with_bindings(|map| map.values().filter(|s| *s == session).count())?
-            .0)
+        self.with_bindings(|file| {
+            file.bindings
+                .values()
+                .flat_map(|devices| devices.values())
+                .filter(|s| *s == session)
+                .count()
+        })
     }
 }
 
@@ -790,7 +924,7 @@ impl ArtifactStore for FsStore {
         check_id(&meta.session)?;
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.session).join("artifacts");
-        std::fs::create_dir_all(&dir).map_err(map_io("create", &dir))?;
+        create_private_dir(&dir).map_err(map_io("create", &dir))?;
         atomic(&dir.join(format!("{}.bin", meta.id)), content)?;
         let mut line = serde_json::to_vec(meta).expect("metadata serializes");
         line.push(b'\n');
@@ -884,6 +1018,26 @@ mod tests {
         assert!(again.load("../etc").is_err());
     }
 
+    proptest::proptest! {
+        // Each case fsyncs a few files: fewer cases than the pure round trips in `history`.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        #[test]
+        fn appended_messages_read_back_through_the_store(
+            messages in proptest::collection::vec(crate::store::history::props::message(), 1..5)
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let store = FsStore::new(dir.path());
+            store.create(&meta("default")).unwrap();
+            for m in &messages {
+                store.append("default", m).unwrap();
+            }
+            proptest::prop_assert_eq!(&store.history("default").unwrap().messages, &messages);
+            // And from the file alone, as a restarted server reads it.
+            let again = FsStore::new(dir.path());
+            proptest::prop_assert_eq!(again.history("default").unwrap().messages, messages);
+        }
+    }
+
     #[test]
     fn corrupt_files_are_kept_aside_and_replaced() {
         let dir = tempfile::tempdir().unwrap();
@@ -905,7 +1059,7 @@ mod tests {
         assert!(matches!(store.load("default"), Err(StoreError::Invalid(_))));
         assert!(store.load("default").unwrap().is_none(), "kept aside");
         std::fs::write(dir.path().join("bindings.toml"), "[[[").unwrap();
-        assert_eq!(store.bound_session("d").unwrap(), None);
+        assert_eq!(store.bound_session("ana", "d").unwrap(), None);
     }
 
     #[test]
@@ -953,6 +1107,98 @@ mod tests {
         );
         again.create(&meta("default")).unwrap();
         assert_eq!(again.history("default").unwrap().messages, vec![msg]);
+    }
+
+    #[test]
+    fn bindings_of_the_old_layout_are_migrated_on_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let ana = "6f9619ff-8b86-4011-b42d-00c04fc964f1";
+        let ben = "6f9619ff-8b86-4011-b42d-00c04fc964f2";
+        for (id, owner) in [("default", "ana"), (ana, "ana"), (ben, "ben")] {
+            let mut m = meta(id);
+            m.owner = owner.into();
+            store.create(&m).unwrap();
+        }
+        let old = format!(
+            "[bindings]\n\
+             \"user:ana\" = \"default\"\n\
+             \"user:ben\" = \"{ben}\"\n\
+             \"user:carol\" = \"{ben}\"\n\
+             \"dev-a\" = \"{ana}\"\n\
+             \"dev-b\" = \"{ben}\"\n\
+             \"dev-gone\" = \"aaaaaaaa-8b86-4011-b42d-00c04fc964f3\"\n"
+        );
+        std::fs::write(dir.path().join("bindings.toml"), old).unwrap();
+        let store = FsStore::new(dir.path());
+        assert_eq!(
+            store.default_session("ana").unwrap().as_deref(),
+            Some("default")
+        );
+        assert_eq!(store.default_session("ben").unwrap().as_deref(), Some(ben));
+        assert_eq!(
+            store.default_session("carol").unwrap(),
+            None,
+            "not carol's session"
+        );
+        assert_eq!(
+            store.bound_session("ana", "dev-a").unwrap().as_deref(),
+            Some(ana)
+        );
+        assert_eq!(
+            store.bound_session("ben", "dev-b").unwrap().as_deref(),
+            Some(ben)
+        );
+        assert_eq!(store.bound_session("ana", "dev-b").unwrap(), None);
+        assert_eq!(store.bound_session("ana", "dev-gone").unwrap(), None);
+        // Written back in the new layout, which a new store reads as it is.
+        let text = std::fs::read_to_string(dir.path().join("bindings.toml")).unwrap();
+        assert!(toml::from_str::<BindingsFile>(&text).is_ok(), "{text}");
+        assert!(!text.contains("user:"), "{text}");
+        let again = FsStore::new(dir.path());
+        assert_eq!(again.default_session("ben").unwrap().as_deref(), Some(ben));
+        assert_eq!(again.devices_bound_to(ben).unwrap(), 1);
+        again.unbind_session(ben).unwrap();
+        assert_eq!(again.default_session("ben").unwrap(), None);
+        assert_eq!(again.devices_bound_to(ben).unwrap(), 0);
+    }
+
+    #[test]
+    fn per_session_memory_does_not_grow_with_every_session_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let msg = HistoryMessage {
+            role: Role::User,
+            text: "hi".into(),
+        };
+        for i in 0..20 {
+            let id = format!("00000000-0000-4000-8000-{i:012}");
+            store.create(&meta(&id)).unwrap();
+            store.append(&id, &msg).unwrap();
+            store.history(&id).unwrap();
+        }
+        assert_eq!(
+            store.session_locks.lock().unwrap().len(),
+            0,
+            "locks go with their holders"
+        );
+        for i in 0..CHECKED_MAX * 2 {
+            store.mark_checked(&format!("s{i}"), true);
+        }
+        assert!(store.checked.lock().unwrap().len() <= CHECKED_MAX);
+        // Still one lock per session: racing appends to one session all land, whole.
+        let id = "00000000-0000-4000-8000-000000000000";
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..10 {
+                        store.append(id, &msg).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(store.history(id).unwrap().messages.len(), 41);
+        assert_eq!(store.session_locks.lock().unwrap().len(), 0);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | [`SessionStore`] | session metadata, `session.md`, `audit.jsonl`, per-session config | `sessions/<id>/` |
 //! | [`WorkspaceStore`] | workspace records: attached folders by (user, device, path), with their sessions | `workspaces/<id>.json` |
-//! | [`BindingStore`] | device id → last session | `bindings.toml` |
+//! | [`BindingStore`] | (user, device id) → last session; user → default session | `bindings.toml` |
 //! | [`ArtifactStore`] | `tool_output`, `file_diff`, `session_history` artifacts and their index | `sessions/<id>/artifacts/` |
 //!
 //! The traits are synchronous and `Send + Sync`; async callers run them on the blocking pool.
@@ -185,6 +185,14 @@ pub trait SessionStore: Send + Sync {
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError>;
     /// Every session's metadata (unreadable ones are skipped with a warning).
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError>;
+    /// How many sessions `owner` has (a database counts them with an index on the owner).
+    fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .all_sessions()?
+            .iter()
+            .filter(|m| m.owner == owner)
+            .count())
+    }
     /// Deletes a session and everything it keeps (workspace, history, audit, artifacts).
     fn delete(&self, id: &str) -> Result<(), StoreError>;
     /// The conversation. A corrupt `session.md` is kept aside and an empty one takes its place.
@@ -228,13 +236,20 @@ pub trait WorkspaceStore: Send + Sync {
     fn forget_session(&self, session: &str) -> Result<(), StoreError>;
 }
 
-/// Device bindings: each device's last session.
+/// Device bindings and per-user defaults. A binding is keyed by (user, device): the session
+/// a user last used from a device. A default is keyed by user alone, in a place no device id
+/// can name. (A database keeps them as `bindings (user, device_id) -> session` and
+/// `defaults (user) -> session` rows.)
 pub trait BindingStore: Send + Sync {
-    /// The session a device last used.
-    fn bound_session(&self, device_id: &str) -> Result<Option<String>, StoreError>;
-    /// Binds a device to a session.
-    fn bind(&self, device_id: &str, session: &str) -> Result<(), StoreError>;
-    /// Removes every binding to a session.
+    /// The session `user` last used from `device_id`.
+    fn bound_session(&self, user: &str, device_id: &str) -> Result<Option<String>, StoreError>;
+    /// Binds `user`'s device to a session.
+    fn bind(&self, user: &str, device_id: &str, session: &str) -> Result<(), StoreError>;
+    /// The default session of `user` (for requests that name none, from no bound device).
+    fn default_session(&self, user: &str) -> Result<Option<String>, StoreError>;
+    /// Sets the default session of `user`.
+    fn set_default_session(&self, user: &str, session: &str) -> Result<(), StoreError>;
+    /// Removes every binding and default that names a session.
     fn unbind_session(&self, session: &str) -> Result<(), StoreError>;
     /// How many devices are bound to a session.
     fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError>;

@@ -103,7 +103,7 @@ async fn large_reads_arrive_whole_from_attached_and_primary_workspaces_and_are_r
     let session = server
         .state()
         .registry
-        .resolve(Some("default"), "admin", "test")
+        .resolve(Some("default"), "admin", None)
         .unwrap();
     let output = server
         .state()
@@ -388,7 +388,7 @@ async fn a_body_its_client_fails_to_send_fails_the_call_cleanly() {
     let session = server
         .state()
         .registry
-        .resolve(Some("default"), "admin", "test")
+        .resolve(Some("default"), "admin", None)
         .unwrap();
     let executor = &server.state().executor;
     let answer = async {

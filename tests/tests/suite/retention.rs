@@ -32,11 +32,13 @@ fn age(data: &Path, id: &str, last_active: &str) {
     std::fs::write(&path, toml::to_string(&meta).unwrap()).unwrap();
 }
 
+/// The device bindings of user `admin` in `bindings.toml`: device id -> session.
 fn bindings(data: &Path) -> toml::Table {
     let text = std::fs::read_to_string(data.join("bindings.toml")).unwrap_or_default();
     let table: toml::Table = toml::from_str(&text).unwrap();
     table
         .get("bindings")
+        .and_then(|b| b.get("admin"))
         .and_then(|b| b.as_table())
         .cloned()
         .unwrap_or_default()

@@ -1,0 +1,138 @@
+//! One user cannot exhaust the server (issue 9, item 12): sessions that are only on disk or
+//! only listed hold no descriptor, and each user's sessions, connections and calls are bounded,
+//! so a second user still works when the first is over their limits.
+
+use std::sync::Arc;
+
+use monad_client::ClientError;
+use monad_client::agent::Agent;
+use monad_protocol::{ErrorCode, ToolName};
+use monad_tests::{
+    FakeClient, STEP, ServerProcess, TestServer, call_in, connect_agent, ok, within,
+};
+use serde_json::json;
+
+/// How many descriptors process `pid` has open.
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the server's descriptors are listed")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_do_not_grow_with_sessions_opened_by_requests() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(data.path(), &[]).await;
+    let token = server.first_token.clone().expect("a first start");
+    let agent = Arc::new(connect_agent(&server.client_config(&token)).await);
+    ok(call_in(&agent, None, "workspaces", json!({})).await);
+    let before = open_descriptors(server.pid());
+    const SESSIONS: usize = 2000;
+    const WORKERS: usize = 16;
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..WORKERS {
+        let agent = agent.clone();
+        workers.spawn(async move {
+            for i in (w..SESSIONS).step_by(WORKERS) {
+                let id = format!("00000000-0000-4000-8000-{i:012}");
+                // Half only listed or looked at, half used: a file written in each.
+                let (tool, args) = if i % 2 == 0 {
+                    ("workspaces", json!({}))
+                } else {
+                    ("write_file", json!({"path": "a.txt", "content": "x"}))
+                };
+                ok(call_in(&agent, Some(&id), tool, args).await);
+            }
+        });
+    }
+    while let Some(done) = workers.join_next().await {
+        done.expect("a worker");
+    }
+    let after = open_descriptors(server.pid());
+    // The default bound on sessions in memory per user is 256; each holds at most its
+    // workspace's directory. Without bounds every session opened kept one.
+    assert!(
+        after <= before + 300,
+        "{before} descriptors before, {after} after opening {SESSIONS} sessions"
+    );
+    server.stop().await;
+}
+
+/// The refusal of a request, which must be `limit_exceeded` saying what to do.
+fn expect_limit<T: std::fmt::Debug>(result: Result<T, ClientError>, setting: &str) {
+    match result {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::LimitExceeded, "{setting}: {e}");
+            assert!(e.message.contains(setting), "names {setting}: {e}");
+        }
+        Ok(answer) => panic!("{setting}: answered {answer:?}"),
+        Err(e) => panic!("{setting}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_over_their_limits_is_refused_while_another_still_works() {
+    let server = TestServer::start_with(|c| {
+        c.quotas.max_connections_per_user = 3;
+        c.quotas.max_calls_per_user = 2;
+        c.quotas.max_sessions_in_memory_per_user = 1;
+    })
+    .await;
+    let config = server.client_config();
+    // admin: a folder attached to `default` that never answers, and two calls waiting on it.
+    let fake = FakeClient::attach(&config, "stuck", vec![ToolName::ReadFile]).await;
+    let agent = Arc::new(connect_agent(&config).await);
+    let mut stuck = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let agent = agent.clone();
+        stuck.spawn(async move {
+            let args = json!({"path": "a.txt", "workspace": "stuck"});
+            let _ = agent.call(None, "read_file", args, |_| {}).await;
+        });
+    }
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(fake.next_request().await);
+    }
+    // A third call: over admin's calls in flight.
+    let third = within(
+        STEP,
+        "the third call",
+        agent.call(None, "workspaces", json!({}), |_| {}),
+    )
+    .await;
+    expect_limit(third, "server.max_calls_per_user");
+    // A second session in memory while `default` is in use: over admin's sessions in memory
+    // (asked with a request that is not a tool call), and not even created.
+    let admins = "00000000-0000-4000-8000-0000000000aa";
+    let second = within(STEP, "a second session", agent.history(Some(admins))).await;
+    expect_limit(second, "server.max_sessions_in_memory_per_user");
+    assert!(!server.data_dir().join("sessions").join(admins).exists());
+    // A third connection is fine, a fourth is refused at its hello.
+    let _third_connection = connect_agent(&config).await;
+    match within(STEP, "a fourth connection", Agent::connect(&config)).await {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::LimitExceeded, "{e}");
+            assert!(e.message.contains("server.max_connections_per_user"), "{e}");
+        }
+        Ok(_) => panic!("a fourth connection was accepted"),
+        Err(e) => panic!("{e}"),
+    }
+
+    // Ben is not affected: he connects, calls, and uses two sessions one after the other
+    // (the first, idle, makes room for the second).
+    let ben = connect_agent(&server.client_config_with(&server.create_token("ben"))).await;
+    let bens = "00000000-0000-4000-8000-0000000000bb";
+    let write = json!({"path": "b.txt", "content": "b"});
+    ok(call_in(&ben, Some(bens), "write_file", write).await);
+    let other = "00000000-0000-4000-8000-0000000000cc";
+    ok(call_in(&ben, Some(other), "workspaces", json!({})).await);
+    let (read, _) = ok(call_in(&ben, Some(bens), "read_file", json!({"path": "b.txt"})).await);
+    assert_eq!(read["content"], "b");
+
+    // When admin's calls end, admin can call again.
+    drop(held);
+    drop(fake);
+    while stuck.join_next().await.is_some() {}
+    ok(call_in(&agent, None, "workspaces", json!({})).await);
+}
