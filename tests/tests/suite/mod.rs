@@ -11,3 +11,4 @@ mod resilience;
 mod retention;
 mod routing;
 mod storage;
+mod trust;
