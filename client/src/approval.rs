@@ -304,7 +304,8 @@ impl Rule {
                 printable(p)
             ),
             Rule::Command { argv, .. } => format!(
-                "exactly this command (same arguments, directory and standard input): `{}` runs                  whatever it is given, so nothing wider is remembered for it",
+                "exactly this command (same arguments, directory and standard input): `{}` runs \
+                 whatever it is given, so nothing wider is remembered for it",
                 printable(argv.first().map_or("", String::as_str))
             ),
             Rule::Exact { tool, .. } => {
