@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use monad_protocol::io::{read_message, write_message, write_messages};
+use monad_protocol::text::printable;
 use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, Sandbox};
@@ -159,7 +160,11 @@ pub async fn attach(
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => e.to_string(),
         };
-        warn!("{reason}; reconnecting in {} ms", wait.as_millis());
+        warn!(
+            "{}; reconnecting in {} ms",
+            printable(&reason),
+            wait.as_millis()
+        );
         folder.emit(AttachEvent::Disconnected {
             reason,
             retry_in: wait,
@@ -196,7 +201,12 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
         Ok(Some(Message::Attached {
             session, workspace, ..
         })) => {
-            info!(%session, workspace = %workspace.name, uri = %workspace.uri, "attached");
+            info!(
+                session = %printable(&session),
+                workspace = %printable(&workspace.name),
+                uri = %printable(&workspace.uri),
+                "attached"
+            );
             folder.emit(AttachEvent::Attached { session, workspace });
         }
         Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
