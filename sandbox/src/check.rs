@@ -158,11 +158,6 @@ impl Sandbox {
                 self.limits.command_max_timeout_ms
             )));
         }
-        if args.background_after_ms == Some(0) {
-            return Err(SandboxError::InvalidArguments(
-                "`background_after_ms` must be at least 1 (or use `background: true`)".into(),
-            ));
-        }
         let cwd = self.jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
         self.jail.open_dir(&cwd)?;
         let lookup = Lookup::new(self);
