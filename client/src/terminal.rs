@@ -247,26 +247,24 @@ fn ask(job: &Job, text: &Prompt, deadline: Instant, guard: Duration) -> Result<D
         );
         let _ = out.flush();
         drop(out);
-        let key = loop {
-            if let Some(key) = next_key(job, deadline, deadline + Duration::from_secs(1))? {
-                break key;
-            }
-        };
-        match key {
-            b'y' | b'Y' | b'o' => return Ok(Decision::AllowOnce),
-            b'a' | b'A' => return Ok(Decision::AllowAlways),
-            b'n' | b'N' => return Ok(Decision::Deny),
-            b'd' | b'D' => return Ok(Decision::DenyAlways),
-            b'v' | b'V' => {
-                if let Some(whole) = &text.whole {
-                    let _ = writeln!(std::io::stderr());
-                    pager(job, whole, deadline)?;
-                } else {
-                    let _ = writeln!(std::io::stderr());
+        // Other keys are ignored; `v` pages, then the question is asked again.
+        loop {
+            let Some(key) = next_key(job, deadline, deadline + Duration::from_secs(1))? else {
+                continue;
+            };
+            match key {
+                b'y' | b'Y' | b'o' => return Ok(Decision::AllowOnce),
+                b'a' | b'A' => return Ok(Decision::AllowAlways),
+                b'n' | b'N' => return Ok(Decision::Deny),
+                b'd' | b'D' => return Ok(Decision::DenyAlways),
+                b'v' | b'V' => {
+                    if let Some(whole) = &text.whole {
+                        let _ = writeln!(std::io::stderr());
+                        pager(job, whole, deadline)?;
+                        break;
+                    }
                 }
-            }
-            _ => {
-                let _ = writeln!(std::io::stderr());
+                _ => {}
             }
         }
     }
