@@ -369,22 +369,21 @@ async fn run(
     // Checked before the policy answers or anyone is asked. For a write or an edit that will be
     // asked about, the check is the preview, whose diff the prompt shows.
     let asking = known.is_none() && folder.approver.is_some();
-    let sandbox = folder.sandbox.clone();
-    let check_args = args.clone();
-    let checked = tokio::task::spawn_blocking(move || {
-        if asking && let diff @ Some(_) = sandbox.preview(tool, &check_args)? {
-            return Ok(diff);
-        }
-        sandbox.check(tool, &check_args).map(|()| None)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        Err(monad_sandbox::SandboxError::Io {
-            op: "check",
-            path: String::new(),
-            source: std::io::Error::other(e.to_string()),
-        })
-    });
+    let checked = if asking && matches!(tool, ToolName::WriteFile | ToolName::EditFile) {
+        let sandbox = folder.sandbox.clone();
+        let preview_args = args.clone();
+        tokio::task::spawn_blocking(move || sandbox.preview(tool, &preview_args))
+            .await
+            .unwrap_or_else(|e| {
+                Err(monad_sandbox::SandboxError::Io {
+                    op: "check",
+                    path: String::new(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
+    } else {
+        folder.sandbox.check_async(tool, &args).await.map(|()| None)
+    };
     let diff = match checked {
         Ok(diff) => diff,
         Err(e) => {
