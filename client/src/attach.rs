@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use monad_protocol::io::{read_message, write_message, write_messages};
+use monad_protocol::text::printable;
 use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, Sandbox};
@@ -14,7 +15,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::ClientError;
-use crate::approval::{ApprovalRequest, Approver, Policy, Rule, Verdict, nobody_to_ask};
+use crate::approval::{
+    ApprovalRequest, Approver, Basis, Policy, Rule, Verdict, describe, nobody_to_ask,
+};
 use crate::config::ClientConfig;
 use crate::connect::connect;
 
@@ -91,8 +94,12 @@ pub enum AttachEvent {
     Ran {
         /// The tool.
         tool: ToolName,
+        /// Its path or command line in one line, escaped (safe to print).
+        target: String,
         /// Whether it was allowed.
         allowed: bool,
+        /// Why: pre-approved, remembered, full trust, the user's answer, no terminal, ...
+        basis: Basis,
     },
 }
 
@@ -153,7 +160,11 @@ pub async fn attach(
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => e.to_string(),
         };
-        warn!("{reason}; reconnecting in {} ms", wait.as_millis());
+        warn!(
+            "{}; reconnecting in {} ms",
+            printable(&reason),
+            wait.as_millis()
+        );
         folder.emit(AttachEvent::Disconnected {
             reason,
             retry_in: wait,
@@ -190,7 +201,12 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
         Ok(Some(Message::Attached {
             session, workspace, ..
         })) => {
-            info!(%session, workspace = %workspace.name, uri = %workspace.uri, "attached");
+            info!(
+                session = %printable(&session),
+                workspace = %printable(&workspace.name),
+                uri = %printable(&workspace.uri),
+                "attached"
+            );
             folder.emit(AttachEvent::Attached { session, workspace });
         }
         Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
@@ -320,9 +336,12 @@ async fn send_result(
     Ok(())
 }
 
-/// Approves, then runs, one tool call. Returns its outcome and, when a decision was made and not
-/// sent yet, the `decided` message for the server's audit log (sent with the result, so that
-/// both share a packet).
+/// Checks, approves, then runs, one tool call. Returns its outcome and, when a decision was made
+/// and not sent yet, the `decided` message for the server's audit log (sent with the result, so
+/// that both share a packet).
+///
+/// A call that cannot run ([`Sandbox::check`]) is refused at once, before the policy and before
+/// anyone is asked; no `decided` goes out for it (nobody decided).
 async fn run(
     folder: &Folder,
     send: &mut quinn::SendStream,
@@ -332,6 +351,13 @@ async fn run(
     args: Value,
 ) -> (Outcome, Option<Message>) {
     let o = &folder.options;
+    let target = describe(tool, &args);
+    let ran = |allowed: bool, basis: Basis| AttachEvent::Ran {
+        tool,
+        target: target.clone(),
+        allowed,
+        basis,
+    };
     if !o.tools.contains(&tool) {
         let outcome = error(
             ErrorCode::Denied,
@@ -339,20 +365,46 @@ async fn run(
         );
         return (outcome, None);
     }
-    let mut by = if o.trust == Trust::Full {
-        "trust"
+    let known = folder.policy.check(session, tool, &args);
+    // Checked before the policy answers or anyone is asked. For a write or an edit that will be
+    // asked about, the check is the preview, whose diff the prompt shows.
+    let asking = known.is_none() && folder.approver.is_some();
+    let checked = if asking && matches!(tool, ToolName::WriteFile | ToolName::EditFile) {
+        let sandbox = folder.sandbox.clone();
+        let preview_args = args.clone();
+        tokio::task::spawn_blocking(move || sandbox.preview(tool, &preview_args))
+            .await
+            .unwrap_or_else(|e| {
+                Err(monad_sandbox::SandboxError::Io {
+                    op: "check",
+                    path: String::new(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+            })
     } else {
-        "policy"
+        folder.sandbox.check_async(tool, &args).await.map(|()| None)
     };
-    let verdict = match folder.policy.check(session, tool, &args) {
-        Some(verdict) => verdict,
+    let diff = match checked {
+        Ok(diff) => diff,
+        Err(e) => {
+            debug!(%tool, "refused before asking: {e}");
+            folder.emit(ran(false, Basis::Invalid));
+            return (
+                Outcome::Error {
+                    error: e.to_tool_error(),
+                },
+                None,
+            );
+        }
+    };
+    let (verdict, basis) = match known {
+        Some(known) => known,
         None => match &folder.approver {
-            None => {
-                by = "no_terminal";
-                Verdict::Deny(nobody_to_ask(tool, &o.shown_path))
-            }
+            None => (
+                Verdict::Deny(nobody_to_ask(tool, &o.shown_path)),
+                Basis::NoTerminal,
+            ),
             Some(approver) => {
-                by = "user";
                 let _ = write_message(
                     send,
                     &Message::Progress {
@@ -364,33 +416,24 @@ async fn run(
                     },
                 )
                 .await;
-                let sandbox = folder.sandbox.clone();
-                let preview_args = args.clone();
-                let diff =
-                    tokio::task::spawn_blocking(move || sandbox.preview(tool, &preview_args))
-                        .await
-                        .ok()
-                        .flatten();
                 let request = ApprovalRequest {
                     session: session.to_owned(),
                     workspace: o.name.clone().unwrap_or_else(|| o.shown_path.clone()),
                     tool,
-                    target: describe(tool, &args),
+                    target: target.clone(),
                     diff,
-                    scope: Rule::of(tool, &args).describe(),
+                    network: o.exec.network_summary(),
+                    default_timeout_ms: o.limits.command_default_timeout_ms,
+                    scope: Rule::of(tool, &args).scope(session),
                     deadline: std::time::Instant::now() + o.prompt_timeout,
+                    args: args.clone(),
                 };
                 match tokio::time::timeout(o.prompt_timeout, approver.decide(request)).await {
-                    Ok(decision) => folder.policy.record(session, tool, &args, decision),
-                    Err(_) => {
-                        by = "timeout";
-                        Verdict::Deny(format!(
-                            "the user of {} did not answer within {} s, so it was denied",
-                            o.shown_path,
-                            // Not `as_secs`: a time-out under a second would read "within 0 s".
-                            o.prompt_timeout.as_secs_f64()
-                        ))
-                    }
+                    Ok(decision) => (
+                        folder.policy.record(session, tool, &args, decision),
+                        Basis::User,
+                    ),
+                    Err(_) => (Verdict::Deny(String::new()), Basis::Timeout),
                 }
             }
         },
@@ -399,20 +442,31 @@ async fn run(
     let decided = Message::Decided {
         id,
         allowed: verdict == Verdict::Allow,
-        by: by.to_owned(),
+        by: basis.decider(),
     };
     if let Verdict::Deny(reason) = verdict {
         debug!(%tool, "denied");
-        folder.emit(AttachEvent::Ran {
-            tool,
-            allowed: false,
-        });
-        return (error(ErrorCode::Denied, reason), Some(decided));
+        folder.emit(ran(false, basis));
+        let outcome = if basis == Basis::Timeout {
+            error(
+                ErrorCode::Timeout,
+                format!(
+                    "nobody answered: the user of {} did not answer the prompt within {} s, so \
+                     the call was not run",
+                    o.shown_path,
+                    // Not `as_secs`: a time-out under a second would read "within 0 s".
+                    o.prompt_timeout.as_secs_f64()
+                ),
+            )
+        } else {
+            error(ErrorCode::Denied, reason)
+        };
+        return (outcome, Some(decided));
     }
     // A command may run long, and a user's answer deserves to be on record: the decision goes
     // out now, so the audit log keeps it even if the connection is lost before the result.
     // Otherwise it goes with the result, in the same packet.
-    let decided = if by == "user" || tool == ToolName::RunCommand {
+    let decided = if basis == Basis::User || tool == ToolName::RunCommand {
         let _ = write_message(send, &decided).await;
         None
     } else {
@@ -424,42 +478,12 @@ async fn run(
             error: e.to_tool_error(),
         },
     };
-    folder.emit(AttachEvent::Ran {
-        tool,
-        allowed: true,
-    });
+    folder.emit(ran(true, basis));
     (outcome, decided)
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {
     Outcome::Error {
         error: ToolError::new(code, message),
-    }
-}
-
-/// The call in one line: its path, or its command line.
-fn describe(tool: ToolName, args: &Value) -> String {
-    if tool == ToolName::RunCommand {
-        let argv: Vec<String> = args
-            .get("argv")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .map(|v| v.as_str().unwrap_or("?").to_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let cwd = args.get("cwd").and_then(Value::as_str).unwrap_or(".");
-        return format!("$ {}   (in {cwd})", argv.join(" "));
-    }
-    let key = if matches!(tool, ToolName::Search | ToolName::Glob) {
-        "pattern"
-    } else {
-        "path"
-    };
-    let main = args.get(key).and_then(Value::as_str).unwrap_or(".");
-    match args.get("path").and_then(Value::as_str) {
-        Some(path) if key == "pattern" => format!("{key} `{main}` under `{path}`"),
-        _ => format!("{key} `{main}`"),
     }
 }

@@ -6,6 +6,8 @@
 //! - [`connect`]: QUIC with the pinned certificate ([`connect::connect`]), then the hello.
 //! - [`attach::attach`]: serve a folder ([`monad_sandbox::Sandbox`]) until stopped, reconnecting
 //!   with backoff and re-attaching by itself.
+//! - [`prompt`]: the text of an approval prompt, a pure function of the request.
+//! - [`login`]: where `login` takes the token from (flag, `MONAD_TOKEN`, standard input).
 //! - [`approval`]: the approval policy, enforced here on the client, and the [`approval::Approver`]s
 //!   that ask ([`terminal::TerminalApprover`] on the attach terminal,
 //!   [`approval::ScriptedApprover`] for tests and automation).
@@ -22,14 +24,16 @@ pub mod approval;
 pub mod attach;
 pub mod config;
 pub mod connect;
+pub mod login;
 pub mod mcp;
+pub mod prompt;
 pub mod terminal;
 
 /// What can go wrong in the client.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// `monad-client login` has not been run.
-    #[error("not logged in (no {}); run `monad-client login --server HOST:PORT --token TOKEN --fingerprint SHA256` first", .0.display())]
+    #[error("not logged in (no {}); run `MONAD_TOKEN=TOKEN monad-client login --server HOST:PORT --fingerprint SHA256` first", .0.display())]
     NotLoggedIn(PathBuf),
     /// The client configuration is unreadable or invalid.
     #[error("config: {0}")]

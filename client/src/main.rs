@@ -1,5 +1,6 @@
 //! `monad-client`: argument parsing and wiring; the behaviour lives in the library.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -8,11 +9,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use monad_client::agent::{Agent, check_login};
-use monad_client::approval::Approver;
+use monad_client::approval::{Approver, Basis};
 use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::{ClientConfig, default_config_dir};
-use monad_client::terminal::TerminalApprover;
+use monad_client::login;
+use monad_client::terminal::{TerminalApprover, guard_from_setting};
 use monad_protocol::ToolClass;
+use monad_protocol::text::{json_safe, printable, printable_lines};
 use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Outcome, Trust};
 
 #[derive(Parser)]
@@ -41,14 +44,17 @@ enum ClassArg {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Save the server, token and certificate fingerprint (checked by connecting).
+    /// Save the server, token and certificate fingerprint (checked by connecting). The token is
+    /// taken from --token, else MONAD_TOKEN, else standard input (its first line, or a prompt
+    /// that does not echo on a terminal), so that it need not be in the command line.
     Login {
         /// HOST:PORT of the server.
         #[arg(long)]
         server: String,
-        /// A token from `monad-server token create` (or the first start).
+        /// A token from `monad-server token create` (or the first start). Prefer MONAD_TOKEN or
+        /// standard input: a command line is visible to other users of the machine.
         #[arg(long)]
-        token: String,
+        token: Option<String>,
         /// The certificate fingerprint the server printed at start-up.
         #[arg(long)]
         fingerprint: String,
@@ -182,17 +188,21 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
             let id = agent
                 .history_append(session.as_deref(), HistoryMessage { role, text })
                 .await?;
-            eprintln!("appended to session {id}");
+            eprintln!("appended to session {}", printable(&id));
         }
         HistoryCommand::Show { session, json } => {
             let (id, history) = agent.history(session.as_deref()).await?;
             if json {
                 let out = serde_json::json!({ "session": id, "history": history });
-                println!("{}", serde_json::to_string_pretty(&out)?);
+                println!("{}", json_safe(&serde_json::to_string_pretty(&out)?));
             } else {
-                eprintln!("session {id}, created {}", history.created_at);
+                eprintln!(
+                    "session {}, created {}",
+                    printable(&id),
+                    printable(&history.created_at)
+                );
                 for m in &history.messages {
-                    println!("## {}\n\n{}\n", m.role.header(), m.text);
+                    println!("## {}\n\n{}\n", m.role.header(), printable_lines(&m.text));
                 }
             }
         }
@@ -216,11 +226,14 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
             })?;
             let count = history.messages.len();
             let id = agent.history_replace(session.as_deref(), history).await?;
-            eprintln!("replaced the conversation of session {id} ({count} messages)");
+            eprintln!(
+                "replaced the conversation of session {} ({count} messages)",
+                printable(&id)
+            );
         }
         HistoryCommand::Clear { session } => {
             let id = agent.history_clear(session.as_deref()).await?;
-            eprintln!("cleared the conversation of session {id}");
+            eprintln!("cleared the conversation of session {}", printable(&id));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -244,7 +257,8 @@ fn main() -> ExitCode {
     match runtime.block_on(run(Cli::parse())) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("monad-client: {e:#}");
+            // Errors may quote the server or a peer: escaped, like everything else.
+            eprintln!("monad-client: {}", printable(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -262,6 +276,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             fingerprint,
         } => {
             let dir = config_dir()?;
+            let source = login::source(
+                token,
+                std::env::var("MONAD_TOKEN").ok(),
+                std::io::stdin().is_terminal(),
+            );
+            let Some(token) = login::read(source).context("cannot read the token")? else {
+                bail!("{}", login::MISSING);
+            };
             let mut config = ClientConfig::new(&server, &token, &fingerprint)?;
             // Keep the device id across logins, so bindings and workspace records stay.
             if let Ok(old) = ClientConfig::load(&dir) {
@@ -272,7 +294,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let user = check_login(&config).await?;
             config.save(&dir)?;
             eprintln!(
-                "logged in to {server} as {user}; saved in {}",
+                "logged in to {} as {}; saved in {}",
+                printable(&server),
+                printable(&user),
                 dir.join("config.toml").display()
             );
             Ok(ExitCode::SUCCESS)
@@ -316,10 +340,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 })
                 .collect();
             options.prompt_timeout = Duration::from_secs(prompt_timeout.max(1));
+            let guard = guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref());
             let approver: Option<Arc<dyn Approver>> = if non_interactive {
                 None
             } else {
-                match TerminalApprover::start(options.prompt_timeout) {
+                match TerminalApprover::start(options.prompt_timeout, guard) {
                     Some(a) => Some(Arc::new(a)),
                     None => {
                         eprintln!(
@@ -334,15 +359,29 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 while let Some(event) = rx.recv().await {
                     match event {
                         AttachEvent::Attached { session, workspace } => eprintln!(
-                            "attached {} as `{}` to session {session} ({}); Ctrl-C detaches",
-                            workspace.uri,
-                            workspace.name,
+                            "attached {} as `{}` to session {} ({}); Ctrl-C detaches",
+                            printable(&workspace.uri),
+                            printable(&workspace.name),
+                            printable(&session),
                             workspace.trust.as_str()
                         ),
-                        AttachEvent::Disconnected { reason, retry_in } => {
-                            eprintln!("{reason}; reconnecting in {:.1} s", retry_in.as_secs_f64())
+                        AttachEvent::Disconnected { reason, retry_in } => eprintln!(
+                            "{}; reconnecting in {:.1} s",
+                            printable(&reason),
+                            retry_in.as_secs_f64()
+                        ),
+                        AttachEvent::Ran {
+                            tool,
+                            target,
+                            allowed,
+                            basis,
+                        } => {
+                            // Prompts show their own answer; these ran or were refused without one.
+                            if !matches!(basis, Basis::User | Basis::Timeout) {
+                                let mark = if allowed { '✓' } else { '✗' };
+                                eprintln!("{mark} {tool} {target} ({})", basis.describe());
+                            }
                         }
-                        AttachEvent::Ran { .. } => {}
                     }
                 }
             });
@@ -364,7 +403,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             json,
         } => {
             let mut args: serde_json::Value = serde_json::from_str(&args)
-                .with_context(|| format!("--args is not valid JSON: {args}"))?;
+                .with_context(|| format!("--args is not valid JSON: {}", printable(&args)))?;
             let Some(map) = args.as_object_mut() else {
                 bail!("--args must be a JSON object, like '{{\"path\": \"README.md\"}}'");
             };
@@ -374,28 +413,34 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
             let reply = agent
-                .call(session.as_deref(), &tool, args, |p| eprintln!("… {p}"))
+                .call(session.as_deref(), &tool, args, |p| {
+                    eprintln!("… {}", printable(p))
+                })
                 .await?;
             if json {
                 let out = serde_json::json!({
                     "workspace": reply.workspace,
                     "outcome": reply.outcome,
                 });
-                println!("{}", serde_json::to_string_pretty(&out)?);
+                println!("{}", json_safe(&serde_json::to_string_pretty(&out)?));
             }
             match reply.outcome {
                 Outcome::Ok { result } => {
                     if !json {
                         if let Some(w) = &reply.workspace {
-                            eprintln!("[{}] {}", w.name, w.uri);
+                            eprintln!("[{}] {}", printable(&w.name), printable(&w.uri));
                         }
-                        println!("{}", serde_json::to_string_pretty(&result)?);
+                        println!("{}", json_safe(&serde_json::to_string_pretty(&result)?));
                     }
                     Ok(ExitCode::SUCCESS)
                 }
                 Outcome::Error { error } => {
                     if !json {
-                        eprintln!("monad-client: {}: {}", error.code, error.message);
+                        eprintln!(
+                            "monad-client: {}: {}",
+                            error.code,
+                            printable(&error.message)
+                        );
                     }
                     Ok(ExitCode::from(2))
                 }
@@ -412,9 +457,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let agent = Agent::connect(&config).await?;
             let session = agent.open_session(None).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&session)?);
+                println!("{}", json_safe(&serde_json::to_string_pretty(&session)?));
             } else {
-                println!("{}", session.id);
+                println!("{}", printable(&session.id));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -423,7 +468,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let agent = Agent::connect(&config).await?;
             let sessions = agent.sessions().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&sessions)?);
+                println!("{}", json_safe(&serde_json::to_string_pretty(&sessions)?));
             } else {
                 for s in sessions {
                     let names: Vec<String> = s
@@ -431,13 +476,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                         .iter()
                         .map(|w| {
                             if w.online {
-                                w.name.clone()
+                                printable(&w.name).into_owned()
                             } else {
-                                format!("{} (offline)", w.name)
+                                format!("{} (offline)", printable(&w.name))
                             }
                         })
                         .collect();
-                    println!("{}\t{}\t{}", s.id, s.created_at, names.join(", "));
+                    println!(
+                        "{}\t{}\t{}",
+                        printable(&s.id),
+                        printable(&s.created_at),
+                        names.join(", ")
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -4,6 +4,12 @@
 //! here must time out to deny and disappear when the agent cancels the call. So this reads keys
 //! itself: stdin in non-canonical mode, `poll` in short slices, checking between slices whether
 //! the question was withdrawn or ran out of time.
+//!
+//! The text comes from [`crate::prompt::render`]; this module only prints it. One key answers
+//! one prompt: a new prompt ignores keys for [`PROMPT_GUARD`] (and says so) before it shows the
+//! answer keys, and discards what was typed meanwhile; a withdrawn prompt says it was withdrawn.
+//! `v` pages through a long diff or standard input whole; keys pressed while paging never
+//! answer.
 
 use std::future::Future;
 use std::io::Write;
@@ -15,14 +21,29 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::termios::{self, LocalFlags, SetArg};
 
-use crate::approval::{ApprovalRequest, Approver, Decision};
+use monad_protocol::text::printable_lines;
 
-/// Longest diff shown in a prompt, in lines.
-const DIFF_LINES: usize = 40;
+use crate::approval::{ApprovalRequest, Approver, Decision};
+use crate::prompt::{PAGE_LINES, Prompt, Whole, page, render};
 
 struct Job {
     request: ApprovalRequest,
     reply: tokio::sync::oneshot::Sender<Decision>,
+}
+
+/// How long a prompt that appears (or replaces a withdrawn one) ignores keys: long enough that a
+/// key pressed for the previous prompt, or typed just as this one appears, cannot answer it;
+/// short enough not to be in the way. Keys typed during it are discarded. Documented in
+/// docs/security.md ("One key answers one prompt").
+pub const PROMPT_GUARD: Duration = Duration::from_millis(750);
+
+/// The guard time to use: [`PROMPT_GUARD`], or longer when `MONAD_PROMPT_GUARD_MS` (`setting`)
+/// asks for more; never shorter.
+pub fn guard_from_setting(setting: Option<&str>) -> Duration {
+    setting
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .map_or(PROMPT_GUARD, |asked| asked.max(PROMPT_GUARD))
 }
 
 /// Asks on this process's terminal. Requests queue; each waits at most `timeout`.
@@ -40,8 +61,9 @@ impl std::fmt::Debug for Job {
 }
 
 impl TerminalApprover {
-    /// Starts the prompt thread. `None` when stdin is not a terminal.
-    pub fn start(timeout: Duration) -> Option<TerminalApprover> {
+    /// Starts the prompt thread, with `guard` as each prompt's guard time (see
+    /// [`PROMPT_GUARD`]). `None` when stdin is not a terminal.
+    pub fn start(timeout: Duration, guard: Duration) -> Option<TerminalApprover> {
         if !nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
             return None;
         }
@@ -53,8 +75,9 @@ impl TerminalApprover {
                     if job.reply.is_closed() {
                         continue; // withdrawn while queued
                     }
-                    let decision = prompt(&job, timeout);
-                    let _ = job.reply.send(decision);
+                    if let Some(decision) = prompt(&job, timeout, guard) {
+                        let _ = job.reply.send(decision);
+                    }
                 }
             })
             .ok()?;
@@ -70,7 +93,12 @@ impl Approver for TerminalApprover {
             if !sent {
                 return Decision::Deny;
             }
-            rx.await.unwrap_or(Decision::Deny)
+            match rx.await {
+                Ok(decision) => decision,
+                // The prompt ran out of time without an answer: stay pending, so that the
+                // caller's own time-out reports it as unanswered, not as a decision.
+                Err(_) => std::future::pending().await,
+            }
         })
     }
 }
@@ -88,8 +116,7 @@ impl RawMode {
         raw.local_flags
             .remove(LocalFlags::ICANON | LocalFlags::ECHO);
         let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw);
-        // Keys typed before the prompt appeared must not answer it.
-        let _ = termios::tcflush(stdin.as_fd(), termios::FlushArg::TCIFLUSH);
+        discard_typed_keys();
         RawMode(Some(saved))
     }
 }
@@ -102,68 +129,39 @@ impl Drop for RawMode {
     }
 }
 
-/// Text from the agent made safe to print: every control character (escape sequences, carriage
-/// returns, backspaces, ...) is shown as a visible `\u{..}` escape, so an argv or a file's
-/// content cannot repaint the prompt and show the user something other than what would run.
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_control() && c != '\t' {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+/// Drops every key typed and not read yet.
+fn discard_typed_keys() {
+    let _ = termios::tcflush(std::io::stdin().as_fd(), termios::FlushArg::TCIFLUSH);
 }
 
-fn prompt(job: &Job, timeout: Duration) -> Decision {
-    let r = &job.request;
-    let mut out = std::io::stderr().lock();
-    let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "── approval needed ───────────────────────────────────────"
-    );
-    let _ = writeln!(
-        out,
-        "  {} in `{}` (session {})",
-        r.tool,
-        printable(&r.workspace),
-        printable(&r.session)
-    );
-    let _ = writeln!(out, "  {}", printable(&r.target));
-    if let Some(diff) = &r.diff {
-        let lines: Vec<&str> = diff.lines().collect();
-        for line in lines.iter().take(DIFF_LINES) {
-            let _ = writeln!(out, "    {}", printable(line));
-        }
-        if lines.len() > DIFF_LINES {
-            let _ = writeln!(out, "    … {} more lines", lines.len() - DIFF_LINES);
-        }
-    }
-    let _ = writeln!(
-        out,
-        "  [y] allow once  [a] allow always ({})  [n] deny  [d] deny always",
-        printable(&r.scope)
-    );
-    // A request that waited behind others has less than the full time-out left.
-    let deadline = r.deadline.min(Instant::now() + timeout);
-    let left = deadline.saturating_duration_since(Instant::now());
-    let _ = write!(out, "  answer within {} s: ", left.as_secs_f64().ceil());
-    let _ = out.flush();
-    drop(out);
+/// Why a prompt ended without an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The agent cancelled the call.
+    Withdrawn,
+    /// The deadline passed.
+    TimedOut,
+    /// The terminal went away.
+    Closed,
+}
 
-    let _raw = RawMode::enter();
-    let answer = loop {
+/// Waits for one key until `until` (or the request's end); `Ok(None)` when `until` passed.
+fn next_key(job: &Job, deadline: Instant, until: Instant) -> Result<Option<u8>, Ended> {
+    loop {
         if job.reply.is_closed() {
-            break Err("withdrawn: the call was cancelled");
+            return Err(Ended::Withdrawn);
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break Err("no answer in time: denied");
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Ended::TimedOut);
         }
-        let slice = left.min(Duration::from_millis(200));
+        if now >= until {
+            return Ok(None);
+        }
+        let slice = until
+            .min(deadline)
+            .saturating_duration_since(now)
+            .min(Duration::from_millis(100));
         let stdin = std::io::stdin();
         let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
         let ready = poll(
@@ -175,30 +173,138 @@ fn prompt(job: &Job, timeout: Duration) -> Decision {
         }
         let mut byte = [0u8; 1];
         match nix::unistd::read(std::io::stdin().as_fd(), &mut byte) {
-            Ok(0) | Err(_) => break Err("the terminal closed: denied"),
-            Ok(_) => match byte[0] {
-                b'y' | b'Y' | b'o' => break Ok(Decision::AllowOnce),
-                b'a' | b'A' => break Ok(Decision::AllowAlways),
-                b'n' | b'N' => break Ok(Decision::Deny),
-                b'd' | b'D' => break Ok(Decision::DenyAlways),
-                _ => {}
-            },
+            Ok(0) | Err(_) => return Err(Ended::Closed),
+            Ok(_) => return Ok(Some(byte[0])),
         }
-    };
-    let (decision, said) = match answer {
-        Ok(d) => (
-            d,
-            match d {
-                Decision::AllowOnce => "allowed once",
-                Decision::AllowAlways => "allowed always",
-                Decision::Deny => "denied",
-                Decision::DenyAlways => "denied always",
-            },
-        ),
-        Err(why) => (Decision::Deny, why),
+    }
+}
+
+/// Asks about one request; `None` when it ran out of time (the caller reports the time-out).
+fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
+    let r = &job.request;
+    let text = render(r);
+    let mut out = std::io::stderr().lock();
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "── approval needed ───────────────────────────────────────"
+    );
+    for line in &text.lines {
+        let _ = writeln!(out, "  {line}");
+    }
+    let _ = writeln!(
+        out,
+        "  [a] allow always covers {}",
+        printable_lines(&r.scope)
+    );
+    let _ = writeln!(
+        out,
+        "  new request — keys are ignored for {} s",
+        guard.as_secs_f64()
+    );
+    let _ = out.flush();
+    drop(out);
+
+    // A request that waited behind others has less than the full time-out left.
+    let deadline = r.deadline.min(Instant::now() + timeout);
+    let _raw = RawMode::enter();
+    let answer = ask(job, &text, deadline, guard);
+    let said = match answer {
+        Ok(Decision::AllowOnce) => "allowed once",
+        Ok(Decision::AllowAlways) => "allowed always",
+        Ok(Decision::Deny) => "denied",
+        Ok(Decision::DenyAlways) => "denied always",
+        Err(Ended::Withdrawn) => "withdrawn: the agent cancelled this request",
+        Err(Ended::TimedOut) => "nobody answered in time: refused",
+        Err(Ended::Closed) => "the terminal closed: denied",
     };
     let _ = writeln!(std::io::stderr(), "{said}");
-    decision
+    match answer {
+        Ok(decision) => Some(decision),
+        Err(Ended::Closed) => Some(Decision::Deny),
+        Err(Ended::Withdrawn | Ended::TimedOut) => None,
+    }
+}
+
+/// The guard, then the question (and the pager) until an answer.
+fn ask(job: &Job, text: &Prompt, deadline: Instant, guard: Duration) -> Result<Decision, Ended> {
+    // Keys typed while the prompt is new are read and dropped, and whatever is left is flushed.
+    let guard_end = Instant::now() + guard;
+    while next_key(job, deadline, guard_end)?.is_some() {}
+    discard_typed_keys();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let view = if text.whole.is_some() {
+            "  [v] view all"
+        } else {
+            ""
+        };
+        let mut out = std::io::stderr().lock();
+        let _ = write!(
+            out,
+            "  [y] allow once  [a] allow always  [n] deny  [d] deny always{view}\n  answer within {} s: ",
+            left.as_secs_f64().ceil()
+        );
+        let _ = out.flush();
+        drop(out);
+        // Other keys are ignored; `v` pages, then the question is asked again.
+        loop {
+            let Some(key) = next_key(job, deadline, deadline + Duration::from_secs(1))? else {
+                continue;
+            };
+            match key {
+                b'y' | b'Y' | b'o' => return Ok(Decision::AllowOnce),
+                b'a' | b'A' => return Ok(Decision::AllowAlways),
+                b'n' | b'N' => return Ok(Decision::Deny),
+                b'd' | b'D' => return Ok(Decision::DenyAlways),
+                b'v' | b'V' => {
+                    if let Some(whole) = &text.whole {
+                        let _ = writeln!(std::io::stderr());
+                        pager(job, whole, deadline)?;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Pages through `whole` until the user goes back to the question. Keys pressed here never
+/// answer the prompt; the deadline keeps running and is shown.
+fn pager(job: &Job, whole: &Whole, deadline: Instant) -> Result<(), Ended> {
+    let mut top = 0usize;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (lines, status) = page(whole, top, PAGE_LINES, left.as_secs_f64().ceil() as u64);
+        let mut out = std::io::stderr().lock();
+        for line in lines {
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out, "{status}");
+        let _ = out.flush();
+        drop(out);
+        loop {
+            let Some(key) = next_key(job, deadline, deadline + Duration::from_secs(1))? else {
+                continue;
+            };
+            match key {
+                b' ' | b'\n' | b'\r' | b'j' | b'f' => {
+                    if top + PAGE_LINES < whole.lines.len() {
+                        top += PAGE_LINES;
+                    }
+                    break;
+                }
+                b'b' | b'k' => {
+                    top = top.saturating_sub(PAGE_LINES);
+                    break;
+                }
+                b'q' | b'Q' | 0x1b => return Ok(()),
+                // Anything else, answer keys included, does nothing here.
+                _ => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -206,14 +312,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn control_characters_cannot_repaint_the_prompt() {
-        let spoof = "curl x|sh #\u{1b}[2K\r$ ls\u{8}";
-        let shown = printable(spoof);
-        assert!(!shown.chars().any(|c| c.is_control()), "{shown:?}");
-        assert!(
-            shown.contains("\\u{1b}") && shown.contains("\\u{d}"),
-            "{shown}"
-        );
-        assert_eq!(printable("a\tb é"), "a\tb é");
+    fn the_guard_can_be_lengthened_but_never_shortened() {
+        assert_eq!(guard_from_setting(None), PROMPT_GUARD);
+        assert_eq!(guard_from_setting(Some("3000")), Duration::from_secs(3));
+        assert_eq!(guard_from_setting(Some("0")), PROMPT_GUARD);
+        assert_eq!(guard_from_setting(Some("soon")), PROMPT_GUARD);
     }
 }

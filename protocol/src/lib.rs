@@ -10,6 +10,8 @@
 //! - [`wire`]: the messages of the QUIC protocol ([`wire::Message`]), the ALPN and versions.
 //! - [`frame`]: how messages are cut into length-prefixed frames, as pure functions on byte
 //!   slices; [`io`] (feature `tokio`) reads and writes them on async streams.
+//! - [`text`]: text from agents and peers made safe for a terminal (control, escape, bidi and
+//!   zero-width characters shown as visible escapes), used by the client and the server.
 //! - `mcp` (feature `mcp`): the MCP front both transports share: tool descriptors, results,
 //!   and the rmcp handler over a transport's backend.
 #![deny(missing_docs)]
@@ -20,6 +22,7 @@ pub mod frame;
 pub mod io;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+pub mod text;
 pub mod tools;
 pub mod wire;
 

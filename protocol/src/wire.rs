@@ -59,6 +59,82 @@ impl Trust {
     }
 }
 
+/// Who decided whether a call ran: in the `decided` message and in the audit log. Serialized as
+/// the words below; a word this version does not know (from a newer or an older peer) reads as
+/// [`Decider::Client`], never as an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decider {
+    /// A workspace of full trust: the primary, or a folder attached with `--trust full`.
+    Trust,
+    /// The client's policy without asking: a class pre-approved with `--allow`, or an "always"
+    /// the user chose earlier.
+    Policy,
+    /// The client's user, at a prompt.
+    User,
+    /// Nobody answered the prompt in time.
+    Timeout,
+    /// The client has no terminal to ask on, and nothing pre-approved the call.
+    NoTerminal,
+    /// The server, before any workspace was reached (routing failed, bad arguments, the call's
+    /// time limit).
+    Server,
+    /// A session tool (`workspaces`, `memory_*`), run by the server for the session.
+    Session,
+    /// The client, without saying more (its checks refused the call, or it is a peer that does
+    /// not say who decided).
+    Client,
+}
+
+impl Decider {
+    /// Every decider, in the order above.
+    pub const ALL: [Decider; 8] = [
+        Decider::Trust,
+        Decider::Policy,
+        Decider::User,
+        Decider::Timeout,
+        Decider::NoTerminal,
+        Decider::Server,
+        Decider::Session,
+        Decider::Client,
+    ];
+
+    /// The word on the wire and in the audit log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decider::Trust => "trust",
+            Decider::Policy => "policy",
+            Decider::User => "user",
+            Decider::Timeout => "timeout",
+            Decider::NoTerminal => "no_terminal",
+            Decider::Server => "server",
+            Decider::Session => "session",
+            Decider::Client => "client",
+        }
+    }
+
+    /// The decider a word names; [`Decider::Client`] for a word this version does not know.
+    pub fn from_word(word: &str) -> Decider {
+        Decider::ALL
+            .into_iter()
+            .find(|d| d.as_str() == word)
+            .unwrap_or(Decider::Client)
+    }
+}
+
+impl std::fmt::Display for Decider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Decider {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Decider, D::Error> {
+        let word = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Ok(Decider::from_word(&word))
+    }
+}
+
 /// Where a workspace lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -499,9 +575,8 @@ pub enum Message {
         id: u64,
         /// Whether it ran.
         allowed: bool,
-        /// Who decided: `trust`, `policy` (pre-approved or remembered), `user`, `timeout`,
-        /// `no_terminal`.
-        by: String,
+        /// Who decided (see [`Decider`]).
+        by: Decider,
     },
     /// Agent to server: open a session (resuming it when it exists, creating it when it does
     /// not); without an id, create a new session with a fresh UUID. Binds the device to it.
@@ -859,7 +934,7 @@ mod tests {
             Message::Decided {
                 id: 9,
                 allowed: true,
-                by: "user".into(),
+                by: Decider::User,
             },
             Message::OpenSession {
                 id: 11,
@@ -1106,5 +1181,25 @@ mod tests {
             let pieces = check.feed(&bytes[..cut]) && check.feed(&bytes[cut..]) && check.finish();
             assert_eq!(pieces, whole, "{bytes:02x?} cut at {cut}");
         }
+    }
+
+    #[test]
+    fn deciders_round_trip_and_unknown_words_fall_back_to_client() {
+        for d in Decider::ALL {
+            let json = serde_json::to_value(d).unwrap();
+            assert_eq!(json, serde_json::json!(d.as_str()));
+            assert_eq!(serde_json::from_value::<Decider>(json).unwrap(), d);
+        }
+        let old: Message = serde_json::from_str(
+            r#"{"type": "decided", "id": 3, "allowed": false, "by": "a_word_from_the_future"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            old,
+            Message::Decided {
+                by: Decider::Client,
+                ..
+            }
+        ));
     }
 }

@@ -11,6 +11,8 @@ use monad_protocol::tools::{
     StatArgs, StatResult, Truncation, WriteFileArgs, WriteResult,
 };
 
+use serde::Deserialize;
+
 use crate::error::{EscapeReason, SandboxError};
 use crate::jail::{Jail, JailPath, read_capped};
 use crate::limits::Limits;
@@ -559,13 +561,7 @@ pub(crate) fn write_file(
     limits: &Limits,
     args: &WriteFileArgs,
 ) -> Result<WriteResult, SandboxError> {
-    if args.content.len() as u64 > limits.write_max_bytes {
-        return Err(SandboxError::LimitExceeded(format!(
-            "content is {} bytes, over the {}-byte write limit",
-            args.content.len(),
-            limits.write_max_bytes
-        )));
-    }
+    check_write_size(limits, args)?;
     let path = jail.resolve(&args.path)?;
     let target = Target::locate(jail, &path, args.create_parents.unwrap_or(false), limits)?;
     let old = target.old_text();
@@ -586,11 +582,50 @@ pub(crate) fn write_file(
     })
 }
 
+fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), SandboxError> {
+    if args.content.len() as u64 > limits.write_max_bytes {
+        return Err(SandboxError::LimitExceeded(format!(
+            "content is {} bytes, over the {}-byte write limit",
+            args.content.len(),
+            limits.write_max_bytes
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn edit_file(
     jail: &Jail,
     limits: &Limits,
     args: &EditFileArgs,
 ) -> Result<WriteResult, SandboxError> {
+    let edit = plan_edit(jail, limits, args)?;
+    edit.target.replace(edit.new_text.as_bytes())?;
+    let (diff, diff_truncated) = unified_diff(
+        &edit.target.path.display(),
+        Some(&edit.old_text),
+        &edit.new_text,
+        limits,
+    );
+    Ok(WriteResult {
+        path: edit.target.path.display(),
+        created: false,
+        bytes_written: edit.new_text.len() as u64,
+        replacements: Some(edit.replacements),
+        diff,
+        diff_truncated,
+    })
+}
+
+/// An edit worked out and not made yet: where, the old and new text, how many replacements.
+struct Edit {
+    target: Target,
+    old_text: String,
+    new_text: String,
+    replacements: u64,
+}
+
+/// Checks an `edit_file` call and works out the new content, changing nothing.
+fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, SandboxError> {
     if args.old_string.is_empty() {
         return Err(SandboxError::InvalidArguments(
             "`old_string` is empty; use write_file to create or replace a whole file".into(),
@@ -646,16 +681,12 @@ pub(crate) fn edit_file(
             limits.write_max_bytes
         )));
     }
-    target.replace(new_text.as_bytes())?;
-    let (diff, diff_truncated) =
-        unified_diff(&target.path.display(), Some(old_text), &new_text, limits);
-    Ok(WriteResult {
-        path: target.path.display(),
-        created: false,
-        bytes_written: new_text.len() as u64,
-        replacements: Some(if replace_all { count as u64 } else { 1 }),
-        diff,
-        diff_truncated,
+    let old_text = old_text.to_owned();
+    Ok(Edit {
+        target,
+        old_text,
+        new_text,
+        replacements: if replace_all { count as u64 } else { 1 },
     })
 }
 
@@ -872,19 +903,24 @@ fn temp_name(name: &OsStr, attempt: u32) -> std::ffi::OsString {
     tmp
 }
 
-/// A unified diff from `old` (absent for a new file) to `new`, cut at the diff cap.
-fn unified_diff(path: &str, old: Option<&str>, new: &str, limits: &Limits) -> (String, bool) {
+/// The whole unified diff from `old` (absent for a new file) to `new`.
+fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
     let old_text = old.unwrap_or("");
     let old_header = if old.is_some() {
         format!("a/{path}")
     } else {
         "/dev/null".to_owned()
     };
-    let mut diff = similar::TextDiff::from_lines(old_text, new)
+    similar::TextDiff::from_lines(old_text, new)
         .unified_diff()
         .context_radius(3)
         .header(&old_header, &format!("b/{path}"))
-        .to_string();
+        .to_string()
+}
+
+/// A unified diff from `old` (absent for a new file) to `new`, cut at the diff cap.
+fn unified_diff(path: &str, old: Option<&str>, new: &str, limits: &Limits) -> (String, bool) {
+    let mut diff = full_diff(path, old, new);
     if diff.len() > limits.diff_max_bytes {
         let mut cut = limits.diff_max_bytes;
         while !diff.is_char_boundary(cut) {
@@ -896,42 +932,72 @@ fn unified_diff(path: &str, old: Option<&str>, new: &str, limits: &Limits) -> (S
     (diff, false)
 }
 
-/// The diff a `write_file` or `edit_file` would make, without making it; `None` when the call
-/// would fail (the call itself then reports why).
+/// Whether a `write_file` or `edit_file` call can be made, without making it and without
+/// computing its diff (see [`preview`] for that).
+pub(crate) fn check_write(
+    jail: &Jail,
+    limits: &Limits,
+    tool: monad_protocol::ToolName,
+    args: &serde_json::Value,
+) -> Result<(), SandboxError> {
+    use monad_protocol::ToolName;
+    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(format!("{tool}: {e}"));
+    match tool {
+        ToolName::WriteFile => {
+            let args = WriteFileArgs::deserialize(args).map_err(parse)?;
+            check_write_size(limits, &args)?;
+            let path = jail.resolve(&args.path)?;
+            match Target::locate(jail, &path, false, limits) {
+                Ok(_) => Ok(()),
+                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(false) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        ToolName::EditFile => {
+            let args = EditFileArgs::deserialize(args).map_err(parse)?;
+            plan_edit(jail, limits, &args).map(drop)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The whole diff a `write_file` or `edit_file` would make, without making it; the error the
+/// call would fail with when it cannot be made; `None` for other tools.
 pub(crate) fn preview(
     jail: &Jail,
     limits: &Limits,
     tool: monad_protocol::ToolName,
     args: &serde_json::Value,
-) -> Option<String> {
+) -> Result<Option<String>, SandboxError> {
     use monad_protocol::ToolName;
+    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(format!("{tool}: {e}"));
     match tool {
         ToolName::WriteFile => {
-            let args: WriteFileArgs = serde_json::from_value(args.clone()).ok()?;
-            let path = jail.resolve(&args.path).ok()?;
-            let old = Target::locate(jail, &path, false, limits)
-                .ok()
-                .and_then(|t| t.old_text());
-            Some(unified_diff(&path.display(), old.as_deref(), &args.content, limits).0)
+            let args = WriteFileArgs::deserialize(args).map_err(parse)?;
+            check_write_size(limits, &args)?;
+            let path = jail.resolve(&args.path)?;
+            let old = match Target::locate(jail, &path, false, limits) {
+                Ok(target) => target.old_text(),
+                // Its parents will be created: a new file (they are checked when created).
+                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(false) => None,
+                Err(e) => return Err(e),
+            };
+            Ok(Some(full_diff(
+                &path.display(),
+                old.as_deref(),
+                &args.content,
+            )))
         }
         ToolName::EditFile => {
-            let args: EditFileArgs = serde_json::from_value(args.clone()).ok()?;
-            let path = jail.resolve(&args.path).ok()?;
-            let target = Target::locate(jail, &path, false, limits).ok()?;
-            let old = String::from_utf8(target.old?.bytes).ok()?;
-            let count = old.matches(args.old_string.as_str()).count();
-            let replace_all = args.replace_all.unwrap_or(false);
-            if args.old_string.is_empty() || count == 0 || (count > 1 && !replace_all) {
-                return None;
-            }
-            let new = if replace_all {
-                old.replace(args.old_string.as_str(), &args.new_string)
-            } else {
-                old.replacen(args.old_string.as_str(), &args.new_string, 1)
-            };
-            Some(unified_diff(&target.path.display(), Some(&old), &new, limits).0)
+            let args = EditFileArgs::deserialize(args).map_err(parse)?;
+            let edit = plan_edit(jail, limits, &args)?;
+            Ok(Some(full_diff(
+                &edit.target.path.display(),
+                Some(&edit.old_text),
+                &edit.new_text,
+            )))
         }
-        _ => None,
+        _ => Ok(None),
     }
 }
 

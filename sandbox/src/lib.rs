@@ -14,9 +14,14 @@
 //!   (see [`exec`]). A kernel that cannot enforce landlock refuses commands unless the operator
 //!   set [`ExecPolicy::allow_unsandboxed_exec`].
 //!
+//! - [`Sandbox::check`] says whether a call can run at all (its arguments parse, what they name
+//!   exists, a command's program can be run), without running it, so that nobody is asked to
+//!   approve a call that cannot run.
+//!
 //! Errors are [`SandboxError`]s; [`SandboxError::to_tool_error`] turns one into the wire error.
 #![deny(missing_docs)]
 
+mod check;
 mod error;
 pub mod exec;
 mod fs;
@@ -148,9 +153,14 @@ impl Sandbox {
         fs::edit_file(&self.jail, &self.limits, args)
     }
 
-    /// The unified diff a `write_file` or `edit_file` call would make, without making it (for
-    /// approval prompts); `None` for other tools and for calls that would fail.
-    pub fn preview(&self, tool: ToolName, args: &serde_json::Value) -> Option<String> {
+    /// The whole unified diff a `write_file` or `edit_file` call would make, without making it
+    /// (for approval prompts; not cut at the diff cap); `None` for other tools, the error the
+    /// call would fail with for a write or edit that cannot be made.
+    pub fn preview(
+        &self,
+        tool: ToolName,
+        args: &serde_json::Value,
+    ) -> Result<Option<String>, SandboxError> {
         fs::preview(&self.jail, &self.limits, tool, args)
     }
 

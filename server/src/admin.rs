@@ -115,7 +115,10 @@ impl Admin {
         Ok(SessionReport {
             messages: history.messages.len(),
             calls: audit.len(),
-            denied: audit.iter().filter(|a| a.decision == "denied").count(),
+            denied: audit
+                .iter()
+                .filter(|a| a.decision == crate::store::AuditDecision::Denied)
+                .count(),
             artifacts: self.store.artifacts(id)?.len(),
             workspaces,
             bound_devices: self.store.devices_bound_to(id)?,

@@ -212,7 +212,8 @@ pub fn validate_client_name(name: &str) -> Result<(), String> {
     match (count, bad) {
         (1..=64, None) => Ok(()),
         (1..=64, Some(c)) => Err(format!(
-            "the client name {name:?} contains {c:?}; a client name has no control or format              characters, `:` or `/`"
+            "the client name {name:?} contains {c:?}; a client name has no control or format \
+             characters, `:` or `/`"
         )),
         _ => Err(format!(
             "the client name {name:?} must be 1 to 64 characters ({count} given)"

@@ -13,7 +13,7 @@ use crate::fsutil::now_rfc3339;
 use crate::recorder::Recorder;
 use crate::route::{self, Plan, View};
 use crate::session::{ClientLink, Session, Snapshot, Target};
-use crate::store::{ArtifactKind, ArtifactMeta, AuditRecord};
+use crate::store::{ArtifactKind, ArtifactMeta, AuditDecision, AuditRecord, Decider};
 
 /// Largest answer accepted from a client (a 64 MiB file as JSON fits).
 const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
@@ -310,7 +310,7 @@ struct Tap {
     tool: String,
     time: String,
     target: String,
-    decided_by: &'static str,
+    verdict: Verdict,
     started: Instant,
     workspace: Option<WorkspaceRef>,
     /// The announced outcome, without the body's field.
@@ -360,7 +360,7 @@ impl Tap {
             Record {
                 time: self.time,
                 target: self.target,
-                decided_by: self.decided_by,
+                verdict: self.verdict,
                 duration: self.started.elapsed(),
                 unseen: rest,
             },
@@ -385,8 +385,20 @@ impl Executor {
         let deadline = self
             .call_timeout
             .map(|limit| tokio::time::Instant::now() + limit);
-        let run = self.call_inner(session, tool, args, progress);
-        let (mut output, decided_by) = match self.call_timeout {
+        // If this future is dropped before the call finishes (the agent cancelled), the guard
+        // records it as cancelled, with what was known by then.
+        let mut unfinished = Unfinished {
+            recorder: self.recorder.as_ref(),
+            session,
+            tool,
+            time: Some(time.clone()),
+            target: target.clone(),
+            started,
+            known: Arc::default(),
+        };
+        let known = unfinished.known.clone();
+        let run = self.call_inner(session, tool, args, progress, &known);
+        let (mut output, verdict) = match self.call_timeout {
             Some(limit) => match tokio::time::timeout(limit, run).await {
                 Ok(out) => out,
                 Err(_) => (
@@ -397,11 +409,12 @@ impl Executor {
                             format!("the call did not finish within {} s", limit.as_secs()),
                         ),
                     ),
-                    "server",
+                    known.verdict().unwrap_or(Verdict::NOBODY),
                 ),
             },
             None => run.await,
         };
+        unfinished.time = None;
         if let Some(pending) = &mut output.body {
             pending.deadline = deadline;
         }
@@ -424,7 +437,7 @@ impl Executor {
                         tool: tool.to_owned(),
                         time,
                         target,
-                        decided_by,
+                        verdict,
                         started,
                         workspace: output.workspace.clone(),
                         outcome: output.outcome.clone(),
@@ -441,7 +454,7 @@ impl Executor {
                     Record {
                         time,
                         target,
-                        decided_by,
+                        verdict,
                         duration: started.elapsed(),
                         unseen: 0,
                     },
@@ -453,13 +466,16 @@ impl Executor {
 
     /// Runs the call; also says who decided it ran (`trust`, `policy`, `user`, ... as the
     /// client reported, `server` when no workspace was reached, `session` for session tools).
+    /// What is known as it goes (the workspace, the client's decision) is kept in `known`, for
+    /// the record of a call cancelled before it finished.
     async fn call_inner(
         &self,
         session: &Arc<Session>,
         tool: &str,
         args: Value,
         progress: &dyn ProgressSink,
-    ) -> (CallOutput, &'static str) {
+        known: &Known,
+    ) -> (CallOutput, Verdict) {
         let Some(tool) = ToolName::parse(tool) else {
             let known: Vec<&str> = ToolName::ALL.iter().map(|t| t.as_str()).collect();
             return (
@@ -470,7 +486,7 @@ impl Executor {
                         format!("unknown tool `{tool}`; the tools are: {}", known.join(", ")),
                     ),
                 ),
-                "server",
+                Verdict::NOBODY,
             );
         };
         let Value::Object(map) = &args else {
@@ -482,7 +498,7 @@ impl Executor {
                         format!("the arguments of `{tool}` must be a JSON object"),
                     ),
                 ),
-                "server",
+                Verdict::NOBODY,
             );
         };
         let string_arg = |key: &str| -> Result<Option<String>, ToolError> {
@@ -497,7 +513,7 @@ impl Executor {
         };
         let (target, path) = match (string_arg("workspace"), string_arg("path")) {
             (Ok(t), Ok(p)) => (t, p),
-            (Err(e), _) | (_, Err(e)) => return (CallOutput::error(None, e), "server"),
+            (Err(e), _) | (_, Err(e)) => return (CallOutput::error(None, e), Verdict::NOBODY),
         };
         let primary = WorkspaceRef {
             name: "primary".into(),
@@ -505,18 +521,21 @@ impl Executor {
         };
         match tool {
             ToolName::Workspaces => {
-                return (session_tool(primary, workspaces(session, &args)), "session");
+                return (
+                    session_tool(primary, workspaces(session, &args)),
+                    Verdict::SESSION,
+                );
             }
             ToolName::MemoryStore => {
                 return (
                     session_tool(primary, memory_store(session, args).await),
-                    "session",
+                    Verdict::SESSION,
                 );
             }
             ToolName::MemoryRecall => {
                 return (
                     session_tool(primary, memory_recall(session, args).await),
-                    "session",
+                    Verdict::SESSION,
                 );
             }
             _ => {}
@@ -549,40 +568,55 @@ impl Executor {
                     None => {
                         return (
                             CallOutput::error(None, route::not_in_any(&path, &tried)),
-                            "server",
+                            Verdict::NOBODY,
                         );
                     }
                 }
             }
-            Err(e) => return (CallOutput::error(None, e), "server"),
+            Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
         };
         let snapshot = &snapshots[index];
         let workspace = Some(WorkspaceRef {
             name: snapshot.info.name.clone(),
             uri: snapshot.info.uri.clone(),
         });
-        let (result, body, decided_by) = match &snapshot.target {
-            Target::Primary(primary) => (
-                match primary.sandbox().await {
-                    Ok(sandbox) => sandbox
-                        .call(tool, args)
-                        .await
-                        .map_err(|e| e.to_tool_error()),
-                    Err(e) => Err(e),
-                },
-                None,
-                "trust",
-            ),
+        known.set_workspace(workspace.clone());
+        let (result, body, verdict) = match &snapshot.target {
+            Target::Primary(primary) => {
+                known.set_verdict(Verdict::TRUST);
+                (
+                    match primary.sandbox().await {
+                        Ok(sandbox) => sandbox
+                            .call(tool, args)
+                            .await
+                            .map_err(|e| e.to_tool_error()),
+                        Err(e) => Err(e),
+                    },
+                    None,
+                    Verdict::TRUST,
+                )
+            }
             Target::Attached(Some(link)) => {
-                let ran =
-                    run_on_client(link, &session.id, &snapshot.info.name, tool, args, progress)
-                        .await;
+                let ran = run_on_client(
+                    link,
+                    &session.id,
+                    &snapshot.info.name,
+                    tool,
+                    args,
+                    progress,
+                    known,
+                )
+                .await;
                 if let (Some(recorder), Some(record)) = (&self.recorder, &snapshot.record) {
                     recorder.touch(record, &session.id);
                 }
                 ran
             }
-            Target::Attached(None) => (Err(disconnected(&snapshot.info.name)), None, "server"),
+            Target::Attached(None) => (
+                Err(disconnected(&snapshot.info.name)),
+                None,
+                Verdict::NOBODY,
+            ),
         };
         let output = match result {
             Ok(result) => CallOutput {
@@ -592,7 +626,113 @@ impl Executor {
             },
             Err(error) => CallOutput::error(workspace, error),
         };
-        (output, decided_by)
+        (output, verdict)
+    }
+}
+
+/// Who decided a call, and whether it was allowed to run (`None` when nobody said).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Verdict {
+    by: Decider,
+    allowed: Option<bool>,
+}
+
+impl Verdict {
+    /// Refused before any workspace (or anyone) decided.
+    const NOBODY: Verdict = Verdict {
+        by: Decider::Server,
+        allowed: None,
+    };
+    /// A session tool, run by the server.
+    const SESSION: Verdict = Verdict {
+        by: Decider::Session,
+        allowed: Some(true),
+    };
+    /// The primary workspace, of full trust.
+    const TRUST: Verdict = Verdict {
+        by: Decider::Trust,
+        allowed: Some(true),
+    };
+
+    /// The audit log's decision for a call that ended with `outcome`.
+    fn decision(self, outcome: &Outcome) -> AuditDecision {
+        let code = match outcome {
+            Outcome::Ok { .. } => None,
+            Outcome::Error { error } => Some(error.code),
+        };
+        match (self.allowed, self.by, code) {
+            (_, _, Some(ErrorCode::Cancelled)) => AuditDecision::Cancelled,
+            (Some(false), Decider::Timeout, _) => AuditDecision::Timeout,
+            (Some(false), _, _) => AuditDecision::Denied,
+            (Some(true), _, _) => AuditDecision::Allowed,
+            // A client that did not say: what its answer shows.
+            (None, _, None) => AuditDecision::Allowed,
+            (None, _, Some(ErrorCode::Denied)) => AuditDecision::Denied,
+            (None, _, Some(_)) => AuditDecision::None,
+        }
+    }
+}
+
+/// What is known about a call while it runs, for the record of one cancelled before it ends.
+#[derive(Debug, Default)]
+struct Known(std::sync::Mutex<(Option<WorkspaceRef>, Option<Verdict>)>);
+
+impl Known {
+    fn set_workspace(&self, workspace: Option<WorkspaceRef>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).0 = workspace;
+    }
+
+    fn set_verdict(&self, verdict: Verdict) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(verdict);
+    }
+
+    fn verdict(&self) -> Option<Verdict> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+
+    fn workspace(&self) -> Option<WorkspaceRef> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+}
+
+/// Records a call as cancelled when dropped while still armed (`time` is set): the call's future
+/// was dropped before it finished, because the agent cancelled.
+struct Unfinished<'a> {
+    recorder: Option<&'a Recorder>,
+    session: &'a Arc<Session>,
+    tool: &'a str,
+    /// When the call started; `None` once it finished (disarmed).
+    time: Option<String>,
+    target: String,
+    started: Instant,
+    known: Arc<Known>,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let (Some(recorder), Some(time)) = (self.recorder, self.time.take()) else {
+            return;
+        };
+        let output = CallOutput::error(
+            self.known.workspace(),
+            ToolError::new(
+                ErrorCode::Cancelled,
+                "the agent cancelled the call before it finished",
+            ),
+        );
+        record(
+            recorder,
+            self.session,
+            self.tool,
+            &output,
+            Record {
+                time,
+                target: std::mem::take(&mut self.target),
+                verdict: self.known.verdict().unwrap_or(Verdict::NOBODY),
+                duration: self.started.elapsed(),
+                unseen: 0,
+            },
+        );
     }
 }
 
@@ -660,7 +800,7 @@ async fn probe(link: &ClientLink, path: &str) -> bool {
 /// Runs a tool in an attached folder: one stream to the client, progress relayed, the result
 /// read back; a large field of it is left on the stream as a [`PendingBody`]. A connection that
 /// drops mid-call is `workspace_disconnected`, at once. Also says who decided, as the client
-/// reported it.
+/// reported it (kept in `known` as soon as it arrives).
 async fn run_on_client(
     link: &ClientLink,
     session: &str,
@@ -668,9 +808,10 @@ async fn run_on_client(
     tool: ToolName,
     args: Value,
     progress: &dyn ProgressSink,
-) -> (Result<Value, ToolError>, Option<PendingBody>, &'static str) {
+    known: &Known,
+) -> (Result<Value, ToolError>, Option<PendingBody>, Verdict) {
     let Ok((mut send, mut recv)) = link.conn.open_bi().await else {
-        return (Err(disconnected(name)), None, "server");
+        return (Err(disconnected(name)), None, Verdict::NOBODY);
     };
     let id = 1;
     let sent = write_message(
@@ -685,10 +826,15 @@ async fn run_on_client(
     )
     .await;
     if sent.is_err() {
-        return (Err(disconnected(name)), None, "server");
+        return (Err(disconnected(name)), None, Verdict::NOBODY);
     }
     let _ = send.finish();
-    let mut decided_by = "client";
+    // Until the client says who decided (a client refuses a call that cannot run without
+    // deciding anything).
+    let mut decided_by = Verdict {
+        by: Decider::Client,
+        allowed: None,
+    };
     let malformed = |what: String| {
         ToolError::new(
             ErrorCode::Malformed,
@@ -698,7 +844,13 @@ async fn run_on_client(
     loop {
         match read_message(&mut recv, MAX_CLIENT_MESSAGE).await {
             Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
-            Ok(Some(Message::Decided { by, .. })) => decided_by = decider(&by),
+            Ok(Some(Message::Decided { by, allowed, .. })) => {
+                decided_by = Verdict {
+                    by,
+                    allowed: Some(allowed),
+                };
+                known.set_verdict(decided_by);
+            }
             Ok(Some(Message::Result { outcome, body, .. })) => {
                 return match (outcome, body) {
                     (Outcome::Ok { result }, None) => (Ok(result), None, decided_by),
@@ -747,23 +899,11 @@ async fn run_on_client(
     }
 }
 
-/// The client's word for who decided, as one of the audit log's fixed words.
-fn decider(by: &str) -> &'static str {
-    match by {
-        "trust" => "trust",
-        "policy" => "policy",
-        "user" => "user",
-        "timeout" => "timeout",
-        "no_terminal" => "no_terminal",
-        _ => "client",
-    }
-}
-
 /// What the recorder needs besides the call itself.
 struct Record {
     time: String,
     target: String,
-    decided_by: &'static str,
+    verdict: Verdict,
     duration: Duration,
     /// Bytes of the output that were not kept for the record (the rest of a relayed body).
     unseen: u64,
@@ -773,16 +913,10 @@ struct Record {
 fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutput, r: Record) {
     let call_id = uuid::Uuid::new_v4().to_string();
     let workspace = output.workspace.as_ref().map(|w| w.name.clone());
-    let (decision, outcome) = match &output.outcome {
-        Outcome::Ok { .. } => ("allowed", "ok".to_owned()),
-        Outcome::Error { error } if error.code == ErrorCode::Denied => {
-            ("denied", error.code.as_str().to_owned())
-        }
-        // Refused before any workspace (or anyone) decided: routing failed, bad arguments.
-        Outcome::Error { error } if r.decided_by == "server" => {
-            ("none", error.code.as_str().to_owned())
-        }
-        Outcome::Error { error } => ("allowed", error.code.as_str().to_owned()),
+    let decision = r.verdict.decision(&output.outcome);
+    let outcome = match &output.outcome {
+        Outcome::Ok { .. } => "ok".to_owned(),
+        Outcome::Error { error } => error.code.as_str().to_owned(),
     };
     recorder.audit(
         &session.id,
@@ -792,8 +926,8 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
             tool: tool.to_owned(),
             workspace: workspace.clone(),
             target: r.target,
-            decision: decision.to_owned(),
-            decided_by: r.decided_by.to_owned(),
+            decision,
+            decided_by: r.verdict.by,
             outcome,
             duration_ms: r.duration.as_millis() as u64,
         },
@@ -1005,6 +1139,77 @@ mod tests {
             serde_json::to_writer(&mut head, &outcome).unwrap();
             assert_eq!(head.total, full.len() as u64);
             assert_eq!(head.bytes, full[..cap.min(full.len())]);
+        }
+    }
+
+    #[test]
+    fn denied_timed_out_cancelled_and_unreached_calls_are_told_apart() {
+        let error = |code| Outcome::Error {
+            error: ToolError::new(code, "x"),
+        };
+        let ok = Outcome::Ok { result: json!({}) };
+        let said = |by, allowed| Verdict {
+            by,
+            allowed: Some(allowed),
+        };
+        let cases = [
+            (
+                said(Decider::User, true),
+                ok.clone(),
+                AuditDecision::Allowed,
+            ),
+            (
+                said(Decider::User, true),
+                error(ErrorCode::Io),
+                AuditDecision::Allowed,
+            ),
+            (
+                said(Decider::User, false),
+                error(ErrorCode::Denied),
+                AuditDecision::Denied,
+            ),
+            (
+                said(Decider::NoTerminal, false),
+                error(ErrorCode::Denied),
+                AuditDecision::Denied,
+            ),
+            (
+                said(Decider::Timeout, false),
+                error(ErrorCode::Timeout),
+                AuditDecision::Timeout,
+            ),
+            (
+                said(Decider::User, true),
+                error(ErrorCode::Cancelled),
+                AuditDecision::Cancelled,
+            ),
+            (
+                Verdict::NOBODY,
+                error(ErrorCode::Cancelled),
+                AuditDecision::Cancelled,
+            ),
+            (
+                Verdict::NOBODY,
+                error(ErrorCode::NotFound),
+                AuditDecision::None,
+            ),
+            (
+                Verdict::NOBODY,
+                error(ErrorCode::Timeout),
+                AuditDecision::None,
+            ),
+            (
+                Verdict {
+                    by: Decider::Client,
+                    allowed: None,
+                },
+                error(ErrorCode::InvalidArguments),
+                AuditDecision::None,
+            ),
+            (Verdict::SESSION, ok.clone(), AuditDecision::Allowed),
+        ];
+        for (verdict, outcome, want) in cases {
+            assert_eq!(verdict.decision(&outcome), want, "{verdict:?} {outcome:?}");
         }
     }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use monad_protocol::text::{json_safe, printable, printable_lines};
 use monad_server::admin::Admin;
 use monad_server::auth::TokenStore;
 use monad_server::{Server, ServerConfig};
@@ -128,9 +129,16 @@ enum WorkspaceCommand {
     },
 }
 
+/// JSON for scripts: valid, the same values, and with every control, escape, bidi and
+/// zero-width character as a `\uXXXX` escape, so that it is safe on a terminal too.
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    println!("{}", json_safe(&serde_json::to_string_pretty(value)?));
     Ok(())
+}
+
+/// A field from a user, an agent or a client (names, paths, URIs, ids), safe to print.
+fn p(text: &str) -> std::borrow::Cow<'_, str> {
+    printable(text)
 }
 
 fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
@@ -141,7 +149,13 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
                 return print_json(&sessions);
             }
             for s in sessions {
-                println!("{}\t{}\t{}\t{}", s.id, s.owner, s.created_at, s.last_active);
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    p(&s.id),
+                    p(&s.owner),
+                    p(&s.created_at),
+                    p(&s.last_active)
+                );
             }
         }
         SessionCommand::Show { id, json } => {
@@ -150,33 +164,36 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
                 return print_json(&report);
             }
             let m = &report.meta;
-            println!("session     {}", m.id);
-            println!("owner       {}", m.owner);
-            println!("created     {}", m.created_at);
-            println!("last active {}", m.last_active);
-            if let Some(p) = &m.provider {
-                println!("provider    {p}");
+            println!("session     {}", p(&m.id));
+            if let Some(name) = &m.name {
+                println!("name        {}", p(name));
+            }
+            println!("owner       {}", p(&m.owner));
+            println!("created     {}", p(&m.created_at));
+            println!("last active {}", p(&m.last_active));
+            if let Some(provider) = &m.provider {
+                println!("provider    {}", p(provider));
             }
             if let Some(model) = &m.model {
-                println!("model       {model}");
+                println!("model       {}", p(model));
             }
             println!("messages    {}", report.messages);
             println!("tool calls  {} ({} denied)", report.calls, report.denied);
             println!("artifacts   {}", report.artifacts);
             println!("devices     {} bound", report.bound_devices);
-            println!("workspaces  primary (server:/sessions/{})", m.id);
+            println!("workspaces  primary (server:/sessions/{})", p(&m.id));
             for w in &report.workspaces {
-                println!("            {} ({})", w.uri, w.id);
+                println!("            {} ({})", p(&w.uri), p(&w.id));
             }
         }
         SessionCommand::Delete { id } => {
             admin.delete(&id).map_err(anyhow::Error::msg)?;
-            eprintln!("deleted session {id}");
+            eprintln!("deleted session {}", p(&id));
         }
         SessionCommand::Gc { max_age } => {
             let deleted = admin.gc(max_age).map_err(anyhow::Error::msg)?;
             for id in &deleted {
-                println!("{id}");
+                println!("{}", p(id));
             }
             eprintln!(
                 "deleted {} sessions unused for {max_age} days",
@@ -185,7 +202,10 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
         }
         SessionCommand::History { id } => {
             let history = admin.history(&id)?;
-            print!("{}", monad_server::store::history::render(&history));
+            print!(
+                "{}",
+                printable_lines(&monad_server::store::history::render(&history))
+            );
         }
         SessionCommand::Artifacts { id, json } => {
             let artifacts = admin.artifacts(&id)?;
@@ -195,10 +215,10 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             for a in artifacts {
                 println!(
                     "{}\t{}\t{}\t{}\t{} bytes{}",
-                    a.id,
+                    p(&a.id),
                     a.kind.as_str(),
-                    a.tool.as_deref().unwrap_or("-"),
-                    a.created_at,
+                    p(a.tool.as_deref().unwrap_or("-")),
+                    p(&a.created_at),
                     a.size,
                     if a.truncated { " (truncated)" } else { "" }
                 );
@@ -206,8 +226,15 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
         }
         SessionCommand::Artifact { id, artifact } => {
             let (_, content) = admin.artifact(&id, &artifact)?;
-            use std::io::Write;
-            std::io::stdout().write_all(&content)?;
+            use std::io::{IsTerminal, Write};
+            let mut out = std::io::stdout();
+            if out.is_terminal() {
+                // On a terminal, escaped like everything else; piped, the bytes as stored.
+                let text = String::from_utf8_lossy(&content);
+                out.write_all(printable_lines(&text).as_bytes())?;
+            } else {
+                out.write_all(&content)?;
+            }
         }
     }
     Ok(())
@@ -221,7 +248,13 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
                 return print_json(&records);
             }
             for r in records {
-                println!("{}\t{}\t{}\t{}", r.id, r.user, r.uri, r.last_active);
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    p(&r.id),
+                    p(&r.user),
+                    p(&r.uri),
+                    p(&r.last_active)
+                );
             }
         }
         WorkspaceCommand::Show {
@@ -240,13 +273,21 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
             }
             println!(
                 "{} ({}) of {}, device {}",
-                record.uri, record.id, record.user, record.device_id
+                p(&record.uri),
+                p(&record.id),
+                p(&record.user),
+                p(&record.device_id)
             );
             for s in &page.items {
-                println!("{}\t{}\t{} calls", s.session, s.last_active, s.calls);
+                println!(
+                    "{}\t{}\t{} calls",
+                    p(&s.session),
+                    p(&s.last_active),
+                    s.calls
+                );
             }
             if let Some(next) = page.next {
-                println!("more: --next {next}");
+                println!("more: --next {}", p(&next));
             }
         }
     }
@@ -281,7 +322,8 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("monad-server: {e:#}");
+            // Errors may quote a session id or a path from a user: escaped.
+            eprintln!("monad-server: {}", printable(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -312,19 +354,23 @@ fn run(cli: Cli) -> Result<()> {
                     println!("{token}");
                     eprintln!(
                         "token {} for user {} (shown only once)",
-                        record.id, record.user
+                        p(&record.id),
+                        p(&record.user)
                     );
                 }
                 TokenCommand::List => {
                     for t in store.list()? {
-                        println!("{}\t{}\t{}", t.id, t.user, t.created_at);
+                        println!("{}\t{}\t{}", p(&t.id), p(&t.user), p(&t.created_at));
                     }
                 }
                 TokenCommand::Revoke { id } => {
                     if !store.revoke(&id)? {
-                        anyhow::bail!("no token with id `{id}` (see `monad-server token list`)");
+                        anyhow::bail!(
+                            "no token with id `{}` (see `monad-server token list`)",
+                            p(&id)
+                        );
                     }
-                    eprintln!("revoked {id}");
+                    eprintln!("revoked {}", p(&id));
                 }
             }
             Ok(())
@@ -361,8 +407,9 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
                 );
                 eprintln!("On the machine whose folder you want to attach, run:");
                 eprintln!();
+                // The token goes in the environment, not in the client's argv.
                 println!(
-                    "monad-client login --server {addr} --token {} --fingerprint {}",
+                    "MONAD_TOKEN={} monad-client login --server {addr} --fingerprint {}",
                     first.token,
                     server.fingerprint()
                 );
@@ -374,7 +421,7 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
             }
             None => eprintln!(
                 "create a token for a new client with `monad-server token create`; log in with \
-                 `monad-client login --server {addr} --token TOKEN --fingerprint {}`",
+                 `MONAD_TOKEN=TOKEN monad-client login --server {addr} --fingerprint {}`",
                 server.fingerprint()
             ),
         }

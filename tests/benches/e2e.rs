@@ -125,15 +125,15 @@ impl Drop for Proc {
 }
 
 /// Reads stdout lines until one starts with `prefix`; panics with what was read otherwise.
-fn read_until_line(out: &mut BufReader<std::process::ChildStdout>, prefix: &str) -> String {
+fn read_until_line(out: &mut BufReader<std::process::ChildStdout>, prefixes: &[&str]) -> String {
     let mut seen = String::new();
     loop {
         let mut l = String::new();
         match out.read_line(&mut l) {
             Ok(0) | Err(_) => {
-                panic!("the child ended before printing `{prefix}…`; it said:\n{seen}")
+                panic!("the child ended before printing `{prefixes:?}…`; it said:\n{seen}")
             }
-            Ok(_) if l.starts_with(prefix) => return l.trim_end().to_owned(),
+            Ok(_) if prefixes.iter().any(|p| l.starts_with(p)) => return l.trim_end().to_owned(),
             Ok(_) => seen.push_str(&l),
         }
     }
@@ -174,16 +174,21 @@ impl MonadServer {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let login = read_until_line(&mut stdout, "monad-client login");
-        // monad-client login --server ADDR --token TOKEN --fingerprint HEX
+        // `MONAD_TOKEN=TOKEN monad-client login --server ADDR --fingerprint HEX`; a server
+        // older than that (MONAD_BENCH_SERVER) printed `monad-client login ... --token TOKEN`.
+        let login = read_until_line(&mut stdout, &["MONAD_TOKEN=", "monad-client login"]);
         let words: Vec<&str> = login.split_whitespace().collect();
         let after = |flag: &str| {
             let at = words.iter().position(|w| *w == flag).expect("flag printed");
             words[at + 1].to_owned()
         };
+        let token = match words[0].strip_prefix("MONAD_TOKEN=") {
+            Some(token) => token.to_owned(),
+            None => after("--token"),
+        };
         MonadServer {
             addr: after("--server"),
-            token: after("--token"),
+            token,
             fingerprint: after("--fingerprint"),
             proc: Proc {
                 child,
@@ -274,7 +279,7 @@ impl EchoServer {
             .spawn()
             .expect("start the echo server");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let ready = read_until_line(&mut stdout, "ECHO ");
+        let ready = read_until_line(&mut stdout, &["ECHO "]);
         let mut words = ready.split_whitespace().skip(1);
         let addr = words.next().expect("address").parse().expect("an address");
         let cert = from_hex(words.next().expect("certificate"));

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use monad_client::agent::Agent;
 use monad_protocol::ToolClass;
 use monad_protocol::wire::Outcome;
-use monad_tests::{Attachment, TestServer, attach_options, binary};
+use monad_tests::{Attachment, TestServer, attach_options};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService};
@@ -119,8 +119,10 @@ async fn run(warmup: usize, rounds: usize, per_round: usize) {
         .client_config()
         .save(config_dir.path())
         .expect("config");
-    let mut cmd = tokio::process::Command::new(binary("monad-client"));
+    // A temporary home and no MONAD_* from outside, like every child of the tests.
+    let mut cmd = monad_tests::command("monad-client");
     cmd.arg("mcp")
+        .stderr(std::process::Stdio::inherit())
         .env("MONAD_CONFIG_DIR", config_dir.path())
         .env("RUST_LOG", "warn")
         .kill_on_drop(true);

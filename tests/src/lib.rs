@@ -641,18 +641,71 @@ fn build_binaries(profile_dir: &Path) -> Result<(), String> {
     }
 }
 
-/// A command for one of the workspace's binaries: no stdin, stdout and stderr piped, the
-/// `MONAD_*` variables of this process removed, and the process killed when its handle drops.
+/// A command for one of the workspace's binaries: no stdin, stdout and stderr piped, every
+/// `MONAD_*` variable of this process removed, a temporary `HOME`, `XDG_CONFIG_HOME` and
+/// `XDG_DATA_HOME` of its own (so nothing a test runs can read or change the user's real config
+/// or data, nor see another test's), and the process killed when its handle drops.
 pub fn command(name: &str) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(binary(name));
+    let home = child_home();
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .env_remove("MONAD_CONFIG_DIR")
-        .env_remove("MONAD_DATA_DIR")
+        .env("HOME", home.join("home"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .env("XDG_RUNTIME_DIR", home.join("run"))
         .env("RUST_LOG", "warn")
         .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("MONAD_") {
+            cmd.env_remove(key);
+        }
+    }
     cmd
+}
+
+/// A fresh directory for one child's home, config, data, cache and runtime directories, under
+/// one temporary directory per test process (`monad-tests-<pid>-*` in the system's temporary
+/// directory). A child can outlive the test that started it by a little, so these are not
+/// removed per test; the next test process removes those of processes that are gone.
+fn child_home() -> PathBuf {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let root = ROOT.get_or_init(|| {
+        remove_homes_of_gone_processes();
+        tempfile::Builder::new()
+            .prefix(&format!("monad-tests-{}-", std::process::id()))
+            .tempdir()
+            .expect("a temporary directory for the children's homes")
+            .keep()
+    });
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let home = root.join(n.to_string());
+    for dir in ["home", "config", "data", "cache", "run"] {
+        std::fs::create_dir_all(home.join(dir)).expect("a child's home directory");
+    }
+    home
+}
+
+fn remove_homes_of_gone_processes() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("monad-tests-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Reads lines from a child's output until one satisfies `wanted`; panics (with what was read)
@@ -771,12 +824,18 @@ impl ServerProcess {
         };
         let first_token = if first {
             let login = wait_for_line(&mut out_lines, STEP, "the login line", |l| {
-                l.starts_with("monad-client login ")
+                l.starts_with("MONAD_TOKEN=") || l.starts_with("monad-client login ")
             })
             .await;
             let words: Vec<&str> = login.split_whitespace().collect();
-            let at = words.iter().position(|w| *w == "--token").expect("a token");
-            Some(words[at + 1].to_owned())
+            let token = match words[0].strip_prefix("MONAD_TOKEN=") {
+                Some(token) => token,
+                None => {
+                    let at = words.iter().position(|w| *w == "--token").expect("a token");
+                    words[at + 1]
+                }
+            };
+            Some(token.to_owned())
         } else {
             None
         };
@@ -864,6 +923,42 @@ pub async fn server_command(args: &[&str]) -> std::process::Output {
         .expect("monad-server runs")
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_get_a_temporary_home_and_config_and_data_dirs_and_no_monad_variables() {
+        let cmd = command("monad-client");
+        let envs: std::collections::HashMap<_, _> = cmd
+            .as_std()
+            .get_envs()
+            .map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned())))
+            .collect();
+        let real_home = std::env::var_os("HOME");
+        for key in ["HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"] {
+            let dir = envs
+                .get(std::ffi::OsStr::new(key))
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| panic!("{key} is not set for the child"));
+            let dir = PathBuf::from(dir);
+            assert!(dir.is_dir(), "{key}={} exists", dir.display());
+            assert!(
+                dir.starts_with(std::env::temp_dir()),
+                "{key}={}",
+                dir.display()
+            );
+            assert_ne!(Some(dir.into_os_string()), real_home, "{key}");
+        }
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("MONAD_") {
+                assert_eq!(envs.get(&key), Some(&None), "{key:?} is removed");
+            }
+        }
+    }
+}
+
 /// Timing statistics and formatting shared by the benches in `tests/benches/`.
 pub mod bench {
     use std::time::Duration;
@@ -939,6 +1034,114 @@ pub mod bench {
             assert_eq!(s.p99, Duration::from_micros(99));
             assert_eq!(s.median, Duration::from_nanos(50_500));
             assert_eq!(fmt_dur(Duration::from_nanos(1_500)), "1.5 µs");
+        }
+    }
+}
+
+/// A child process on a pseudo-terminal: what a person sees in a real terminal, and the keys
+/// they type. Its standard input, output and error are the terminal's slave side; the test holds
+/// the master side, reads everything written to the screen (collected by a thread) and sends
+/// keys. The child is killed when this drops.
+#[derive(Debug)]
+pub struct Pty {
+    master: std::os::fd::OwnedFd,
+    screen: Arc<std::sync::Mutex<Vec<u8>>>,
+    grew: tokio::sync::watch::Receiver<usize>,
+    /// The child.
+    pub child: tokio::process::Child,
+}
+
+impl Pty {
+    /// Spawns `cmd` (from [`command`]) with the terminal as its standard input, output and
+    /// error.
+    pub fn spawn(mut cmd: tokio::process::Command) -> Pty {
+        let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
+        let slave = |fd: &std::os::fd::OwnedFd| {
+            std::process::Stdio::from(fd.try_clone().expect("a copy of the slave side"))
+        };
+        cmd.stdin(slave(&pty.slave))
+            .stdout(slave(&pty.slave))
+            .stderr(slave(&pty.slave));
+        let child = cmd.spawn().expect("the child starts on the terminal");
+        drop(pty.slave);
+        let screen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tell, grew) = tokio::sync::watch::channel(0usize);
+        let mut reader =
+            std::fs::File::from(pty.master.try_clone().expect("a copy of the master side"));
+        let sink = screen.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            // Ends with EIO once the child and every copy of the slave side are gone.
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut screen = sink.lock().unwrap_or_else(|p| p.into_inner());
+                screen.extend_from_slice(&buf[..n]);
+                let _ = tell.send(screen.len());
+            }
+        });
+        Pty {
+            master: pty.master,
+            screen,
+            grew,
+            child,
+        }
+    }
+
+    /// Everything written to the terminal so far, as bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.screen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Everything written to the terminal so far, as text (lossy).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+
+    /// Types `keys`.
+    pub fn send(&self, keys: &[u8]) {
+        let mut written = 0;
+        while written < keys.len() {
+            written += nix::unistd::write(&self.master, &keys[written..]).expect("keys typed");
+        }
+    }
+
+    /// Waits (bounded) until `what` appears on the screen at or after byte `from`; returns the
+    /// position just after it. Panics with the screen when it does not appear.
+    pub async fn wait_for(&mut self, what: &str, from: usize) -> usize {
+        let found = |screen: &[u8]| {
+            screen
+                .get(from..)
+                .and_then(|tail| {
+                    tail.windows(what.len().max(1))
+                        .position(|w| w == what.as_bytes())
+                })
+                .map(|at| from + at + what.len())
+        };
+        let grew = &mut self.grew;
+        let screen = &self.screen;
+        let waited = tokio::time::timeout(STEP, async {
+            loop {
+                if let Some(at) = found(&screen.lock().unwrap_or_else(|p| p.into_inner())) {
+                    return Some(at);
+                }
+                if grew.changed().await.is_err() {
+                    return found(&screen.lock().unwrap_or_else(|p| p.into_inner()));
+                }
+            }
+        })
+        .await;
+        match waited {
+            Ok(Some(at)) => at,
+            _ => panic!(
+                "`{what}` did not appear on the terminal; it shows:\n{}",
+                self.text()
+            ),
         }
     }
 }

@@ -215,6 +215,13 @@ fn check(rc: libc::c_long, code: c_int) -> std::io::Result<()> {
 unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
     unsafe {
         if let Some(identity) = spec.identity {
+            // Root's part, in a mount namespace of its own: the view is built while the way to
+            // every path can still be walked (the command's user may not search a directory on
+            // it: a 0700 data dir). The command's own namespaces, made next as that user, get a
+            // copy of it in which these mounts are locked.
+            check(libc::unshare(libc::CLONE_NEWNS).into(), NAMESPACES_FAILED)?;
+            make_private()?;
+            mount_view(ns)?;
             become_user(identity)?;
             // A uid change makes the process undumpable, and then its /proc files belong to
             // root: it could not write its own uid_map. Undone below once the maps are written.
@@ -281,17 +288,11 @@ unsafe fn init(
         }
         libc::close(life_r);
         let mut mounted = Mounted::default();
-        let private = libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ) == 0;
-        if !private {
-            return Err(fail(VIEW_FAILED));
+        make_private()?;
+        if spec.identity.is_none() {
+            // An ordinary user builds the view here, in the namespace it owns.
+            mount_view(ns)?;
         }
-        mount_view(ns)?;
         {
             mounted.shm = libc::mount(
                 c"tmpfs".as_ptr(),
@@ -327,6 +328,21 @@ unsafe fn init(
 struct Mounted {
     proc: bool,
     shm: bool,
+}
+
+/// Makes every mount of this (new) mount namespace private: nothing mounted here propagates
+/// back.
+unsafe fn make_private() -> std::io::Result<()> {
+    unsafe {
+        let rc = libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        );
+        check(rc.into(), VIEW_FAILED)
+    }
 }
 
 /// Mounts the masks and the binds, then everything read-only but the writable binds (which
@@ -383,6 +399,9 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
             check(rc.into(), VIEW_FAILED)?;
         }
         set_mount_attr(c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
+        // Not /proc: the supervisor still writes its uid map there, and a fresh /proc for the
+        // new PID namespace goes over it (landlock keeps commands out of the old one).
+        set_mount_attr(c"/proc", 0, 0, MOUNT_ATTR_RDONLY)?;
         for bind in ns.binds.iter().filter(|b| b.writable) {
             let (set, clear) = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MOUNT_ATTR_RDONLY);
             // Mounts inside it that were read-only before stay so (their flag is locked).

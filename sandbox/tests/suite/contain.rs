@@ -317,3 +317,47 @@ fn proc_shows_only_the_commands_own_processes() {
     let out = sh(&fx, "echo 1000 > /proc/self/oom_score_adj");
     assert_ne!(out.exit_code, Some(0), "{out:?}");
 }
+
+/// As root, commands run as another user, who may not search the directories on the way to the
+/// workspace (a server's data directory is 0700): the command's view masks them, so the
+/// workspace, `HOME` and a toolchain listed in `extra_read_paths` under such a directory still
+/// work, and nothing else in it shows.
+#[test]
+fn a_workspace_under_directories_its_user_cannot_search_still_works() {
+    use std::os::unix::fs::PermissionsExt;
+    let fx = Fixture::new();
+    let tools = fx.outside().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::write(
+        tools.join("hello"),
+        "#!/bin/sh\necho hello from the toolchain\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(tools.join("hello"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for dir in [fx.tmp.path(), &fx.outside()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let sandbox = std::sync::Arc::new(
+        monad_sandbox::Sandbox::open(
+            &fx.root(),
+            Limits::default(),
+            ExecPolicy {
+                extra_read_paths: vec![tools.clone()],
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let script = format!(
+        "cd \"$HOME\" && echo ok > viahome && cat \"$PWD/viahome\" && '{}/hello' && \
+         cat '{}/secret.txt'",
+        tools.display(),
+        fx.outside().display()
+    );
+    let out = super::support::runtime()
+        .block_on(sandbox.run_command(&super::support::args(&["sh", "-c", &script])))
+        .unwrap();
+    assert_eq!(out.stdout, "ok\nhello from the toolchain\n", "{out:?}");
+    assert_ne!(out.exit_code, Some(0), "the secret is not there: {out:?}");
+    assert_eq!(fx.read("viahome"), "ok\n");
+}

@@ -1000,8 +1000,8 @@ mod tests {
             tool: "read_file".into(),
             workspace: None,
             target: "a".into(),
-            decision: "allowed".into(),
-            decided_by: "trust".into(),
+            decision: super::AuditDecision::Allowed,
+            decided_by: super::Decider::Trust,
             outcome: "ok".into(),
             duration_ms: 1,
         };

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 pub use fs::FsStore;
 pub(crate) use fs::{decode_cursor, encode_cursor};
 pub use history::{History, HistoryMessage, Role};
-pub use monad_protocol::wire::{WorkspaceRecord, WorkspaceSession};
+pub use monad_protocol::wire::{Decider, WorkspaceRecord, WorkspaceSession};
 
 /// What can go wrong in a store.
 #[derive(Debug, thiserror::Error)]
@@ -98,16 +98,69 @@ pub struct AuditRecord {
     pub workspace: Option<String>,
     /// The path, pattern or command line it acted on.
     pub target: String,
-    /// `allowed`, `denied`, or `none` (refused before reaching a workspace: routing failed,
-    /// bad arguments).
-    pub decision: String,
-    /// Who decided: `trust` (a full-trust workspace), `policy` (pre-approved or remembered),
-    /// `user` (a prompt), `timeout`, `no_terminal`, `server` (refused before reaching a workspace).
-    pub decided_by: String,
+    /// What was decided: `allowed`, `denied`, `timeout` (nobody answered the prompt),
+    /// `cancelled` (the agent gave up), or `none` (refused before anyone decided: routing
+    /// failed, bad arguments, a call that cannot run).
+    pub decision: AuditDecision,
+    /// Who decided (see [`Decider`]): `trust`, `policy` (pre-approved or remembered), `user` (a
+    /// prompt), `timeout`, `no_terminal`, `server` (refused before reaching a workspace),
+    /// `session` (a session tool), `client`.
+    pub decided_by: Decider,
     /// `ok`, or the error code.
     pub outcome: String,
     /// Wall time of the call in milliseconds.
     pub duration_ms: u64,
+}
+
+/// What became of a call, as the audit log says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditDecision {
+    /// It ran (whatever its outcome).
+    Allowed,
+    /// The user, or the client's policy, refused it.
+    Denied,
+    /// Nobody answered its prompt in time; it did not run.
+    Timeout,
+    /// The agent cancelled it before it finished.
+    Cancelled,
+    /// Nobody decided: it was refused before (routing failed, bad arguments, a call that cannot
+    /// run), or the server's time limit ended it first.
+    None,
+}
+
+impl AuditDecision {
+    /// Every decision, in the order above.
+    pub const ALL: [AuditDecision; 5] = [
+        AuditDecision::Allowed,
+        AuditDecision::Denied,
+        AuditDecision::Timeout,
+        AuditDecision::Cancelled,
+        AuditDecision::None,
+    ];
+
+    /// The word in the audit log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditDecision::Allowed => "allowed",
+            AuditDecision::Denied => "denied",
+            AuditDecision::Timeout => "timeout",
+            AuditDecision::Cancelled => "cancelled",
+            AuditDecision::None => "none",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AuditDecision {
+    /// A word this version does not know (from a newer server) reads as `none` rather than
+    /// hiding the whole line.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let word = std::borrow::Cow::<'de, str>::deserialize(deserializer)?;
+        Ok(AuditDecision::ALL
+            .into_iter()
+            .find(|d| d.as_str() == word)
+            .unwrap_or(AuditDecision::None))
+    }
 }
 
 /// The kinds of artifact.

@@ -2,7 +2,7 @@
 //! "Security model"): a scripted user answers, or nobody does.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_protocol::wire::Trust;
@@ -148,7 +148,7 @@ async fn deny_always_refuses_later_calls_without_asking() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unanswered_prompt_times_out_to_deny() {
+async fn unanswered_prompt_times_out_without_running_and_says_nobody_answered() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let dir = folder(&[("a.txt", "alpha\n")]);
@@ -161,20 +161,15 @@ async fn unanswered_prompt_times_out_to_deny() {
         Some(approver.clone() as Arc<dyn Approver>),
     )
     .await;
-    let started = Instant::now();
+    // A time-out is not a denial: the agent is told nobody answered.
     let message = expect_code(
         call(&agent, "read_file", read("a.txt")).await,
-        ErrorCode::Denied,
+        ErrorCode::Timeout,
     );
-    assert!(message.contains("did not answer"), "{message}");
+    assert!(message.contains("nobody answered"), "{message}");
     assert!(
         message.contains("0.3 s"),
         "says how long it waited: {message}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
     );
     assert_eq!(approver.seen().len(), 1);
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use monad_client::approval::{ApprovalRequest, Approver, Decision};
 use monad_protocol::ToolClass;
-use monad_tests::{Attachment, STEP, TestServer, attach_options, binary, folder, within};
+use monad_tests::{Attachment, STEP, TestServer, attach_options, folder, within};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, InitializeRequestParams,
     LoggingMessageNotificationParam, ProgressNotificationParam, RequestMetaObject, Tool,
@@ -156,8 +156,10 @@ async fn connect(
                 .client_config()
                 .save(dir.path())
                 .expect("config saved");
-            let mut cmd = tokio::process::Command::new(binary("monad-client"));
+            // A temporary home and no MONAD_* from outside, like every child of the tests.
+            let mut cmd = monad_tests::command("monad-client");
             cmd.arg("mcp")
+                .stderr(std::process::Stdio::inherit())
                 .env("MONAD_CONFIG_DIR", dir.path())
                 .env("RUST_LOG", "warn")
                 .kill_on_drop(true);
@@ -401,7 +403,7 @@ async fn approval_progress_and_cancel(via: Via) {
     let request = within(STEP, "the approval prompt", asked.recv())
         .await
         .expect("asked");
-    assert_eq!(request.target, "path `notes.txt`");
+    assert_eq!(request.target, "notes.txt");
     // Progress travels with the call, the log line on the host's standalone stream (over
     // HTTP): they may come in either order.
     let (mut progress, mut log) = (false, false);

@@ -15,3 +15,4 @@ mod resilience;
 mod retention;
 mod routing;
 mod storage;
+mod trust;

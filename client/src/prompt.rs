@@ -1,0 +1,447 @@
+//! The text of an approval prompt, as a pure function of the request ([`render`]), and the pages
+//! of its pager ([`page`]). [`crate::terminal`] only prints what these return.
+//!
+//! A prompt shows everything that decides what the call does: for `run_command` the argv
+//! quoted as a POSIX shell would need it ([`shell_words`]), the working directory, the time-out
+//! (requested, or the default that applies), `background` and `background_after_ms`, the
+//! network the command gets, and its standard input; for a write or an edit the diff; for
+//! `process_write` the process and the text; for `process_kill` the process and the signal; for
+//! every other tool its path or pattern and every argument that changes what it does. Long text
+//! (a diff, standard input) is cut after a few lines with a marker saying how much more there is,
+//! and the key `v` pages through all of it. Everything from the agent is escaped
+//! ([`monad_protocol::text`]).
+
+use std::fmt::Write;
+
+use monad_protocol::ToolName;
+use monad_protocol::text::printable;
+use serde_json::Value;
+
+use crate::approval::ApprovalRequest;
+
+/// Lines of a diff shown in the prompt itself.
+pub const DIFF_LINES: usize = 40;
+/// Lines of standard input (or `process_write` text) shown in the prompt itself.
+pub const TEXT_LINES: usize = 8;
+/// Lines per page of the pager.
+pub const PAGE_LINES: usize = 20;
+
+/// A prompt's text, every line safe to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    /// What is asked, line by line (without the answer keys).
+    pub lines: Vec<String>,
+    /// The long text the pager shows whole, when there is one.
+    pub whole: Option<Whole>,
+}
+
+/// Text the pager shows whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Whole {
+    /// What it is (`diff`, `standard input`, `text`).
+    pub what: &'static str,
+    /// Its lines, escaped.
+    pub lines: Vec<String>,
+}
+
+/// `argv` as one line a POSIX shell would read back as the same words: `["echo", "a b"]` is
+/// `echo 'a b'` and `["echo", "a", "b"]` is `echo a b`; an empty argument shows as `''`.
+/// Quoted with the `shlex` crate (tested against bash, dash, zsh and others), then escaped
+/// ([`printable`]), so control and invisible characters show as `\u{..}`; an argument with a
+/// NUL byte (which no command can receive) shows it as `\u{0}` too.
+pub fn shell_words(argv: &[&str]) -> String {
+    let quoter = shlex::Quoter::new().allow_nul(true);
+    argv.iter()
+        .map(|word| {
+            let quoted = quoter
+                .quote(word)
+                .map(|q| q.into_owned())
+                .unwrap_or_else(|_| format!("'{word}'"));
+            printable(&quoted).into_owned()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The prompt for `request`.
+pub fn render(request: &ApprovalRequest) -> Prompt {
+    let r = request;
+    let mut lines = vec![format!(
+        "{} in `{}` (session {})",
+        r.tool,
+        printable(&r.workspace),
+        printable(&r.session)
+    )];
+    let args = &r.args;
+    let text = |key: &str| args.get(key).and_then(Value::as_str);
+    let flag = |key: &str| args.get(key).and_then(Value::as_bool);
+    let number = |key: &str| args.get(key).and_then(Value::as_u64);
+    let mut field = |name: &str, value: String| lines.push(format!("{name:<12} {value}"));
+    let mut whole = None;
+    let mut long: Option<(&'static str, &str, usize)> = None;
+    match r.tool {
+        ToolName::RunCommand => {
+            field("command", r.target.clone());
+            field(
+                "directory",
+                printable(text("cwd").unwrap_or(".")).into_owned(),
+            );
+            field(
+                "time-out",
+                match number("timeout_ms") {
+                    Some(ms) => format!("{} (requested)", seconds(ms)),
+                    None if flag("background") == Some(true) => {
+                        "none: it runs in the background until it ends or is killed".into()
+                    }
+                    None => format!("{} (the default)", seconds(r.default_timeout_ms)),
+                },
+            );
+            if flag("background") == Some(true) {
+                field(
+                    "background",
+                    "yes: it keeps running after the answer (process_read, process_kill)".into(),
+                );
+            }
+            if let Some(ms) = number("background_after_ms") {
+                field(
+                    "background",
+                    format!("after {}: then it keeps running unattended", seconds(ms)),
+                );
+            }
+            field("network", printable(&r.network).into_owned());
+            match text("stdin") {
+                Some(stdin) => long = Some(("standard input", stdin, TEXT_LINES)),
+                None => field("stdin", "none (empty)".into()),
+            }
+        }
+        ToolName::ProcessWrite => {
+            field(
+                "process",
+                printable(text("process").unwrap_or("")).into_owned(),
+            );
+            if flag("close_stdin") == Some(true) {
+                field("then", "closes its standard input".into());
+            }
+            long = Some(("text", text("text").unwrap_or(""), TEXT_LINES));
+        }
+        ToolName::ProcessKill => {
+            field(
+                "process",
+                printable(text("process").unwrap_or("")).into_owned(),
+            );
+            field(
+                "signal",
+                match text("signal") {
+                    Some(signal) => printable(signal).into_owned(),
+                    None => "TERM (the default)".into(),
+                },
+            );
+        }
+        tool => {
+            // The main argument, then every other one that changes what the call does (the
+            // content of a write and the strings of an edit are in the diff).
+            let main = match tool {
+                ToolName::Search | ToolName::Glob => "pattern",
+                ToolName::ProcessRead => "process",
+                _ => "path",
+            };
+            if let Some(value) = args.get(main) {
+                field(main, show(value));
+            } else if main == "path" {
+                field("path", ". (the root)".into());
+            }
+            if let Some(map) = args.as_object() {
+                for (key, value) in map {
+                    let skip = matches!(
+                        key.as_str(),
+                        "workspace" | "content" | "old_string" | "new_string"
+                    );
+                    if key != main && !skip {
+                        field(&printable(key), show(value));
+                    }
+                }
+            }
+            if let Some(content) = text("content") {
+                field("content", format!("{} bytes", content.len()));
+            }
+            if let Some(diff) = &r.diff {
+                long = Some(("diff", diff, DIFF_LINES));
+            }
+        }
+    }
+    if let Some((what, body, shown)) = long {
+        let all: Vec<String> = body
+            .split_inclusive('\n')
+            .map(|line| printable(line.strip_suffix('\n').unwrap_or(line)).into_owned())
+            .collect();
+        let total = all.len();
+        if what != "diff" {
+            lines.push(format!(
+                "{what}: {} bytes, {total} line{}",
+                body.len(),
+                if total == 1 { "" } else { "s" }
+            ));
+        }
+        for line in all.iter().take(shown) {
+            lines.push(format!("  │ {line}"));
+        }
+        if total > shown {
+            lines.push(format!(
+                "  … {} more lines — press [v] to see the whole {what}",
+                total - shown
+            ));
+        }
+        whole = Some(Whole { what, lines: all });
+    }
+    Prompt { lines, whole }
+}
+
+/// A JSON argument's value in one escaped line: strings as they are, anything else as JSON.
+fn show(value: &Value) -> String {
+    match value {
+        Value::String(s) => printable(s).into_owned(),
+        other => printable(&other.to_string()).into_owned(),
+    }
+}
+
+/// Milliseconds as seconds for a person: `5 s`, `0.25 s`, `120 s`.
+fn seconds(ms: u64) -> String {
+    let mut out = String::new();
+    if ms.is_multiple_of(1000) {
+        let _ = write!(out, "{} s", ms / 1000);
+    } else {
+        let _ = write!(out, "{} s", ms as f64 / 1000.0);
+    }
+    out
+}
+
+/// One page of the pager: the lines from `top` (at most `height`), and its status line, which
+/// says where it is and how long the question still waits.
+pub fn page(whole: &Whole, top: usize, height: usize, seconds_left: u64) -> (Vec<String>, String) {
+    let total = whole.lines.len();
+    let top = top.min(total.saturating_sub(1));
+    let end = (top + height).min(total);
+    let shown = whole.lines[top..end]
+        .iter()
+        .map(|l| format!("  │ {l}"))
+        .collect();
+    let more = if end < total {
+        "[space] next  [b] back  [q] the question"
+    } else {
+        "(end)  [b] back  [q] the question"
+    };
+    let status = format!(
+        "  ── {}: lines {}-{end} of {total} ── {more} ── answer within {seconds_left} s",
+        whole.what,
+        top + 1,
+    );
+    (shown, status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(tool: ToolName, args: Value, diff: Option<&str>) -> ApprovalRequest {
+        ApprovalRequest {
+            session: "s1".into(),
+            workspace: "lap".into(),
+            tool,
+            target: crate::approval::describe(tool, &args),
+            args,
+            diff: diff.map(str::to_owned),
+            network: "no network".into(),
+            default_timeout_ms: 120_000,
+            scope: "every read in this workspace".into(),
+            deadline: std::time::Instant::now(),
+        }
+    }
+
+    fn text(prompt: &Prompt) -> String {
+        prompt.lines.join("\n")
+    }
+
+    #[test]
+    fn argv_is_quoted_so_that_different_argvs_look_different() {
+        assert_eq!(shell_words(&["echo", "a b"]), "echo 'a b'");
+        assert_eq!(shell_words(&["echo", "a", "b"]), "echo a b");
+        assert_eq!(shell_words(&["echo", ""]), "echo ''");
+        assert_eq!(shell_words(&["echo", "it's"]), r#"echo "it's""#);
+        assert_eq!(shell_words(&["echo", "$HOME", "*"]), "echo '$HOME' '*'");
+        assert_eq!(shell_words(&["echo", "a\nb"]), "echo 'a\\u{a}b'");
+        assert_eq!(shell_words(&["ec\u{202e}ho"]), "'ec\\u{202e}ho'");
+        assert_eq!(shell_words(&["a\u{0}b"]), "'a\\u{0}b'");
+    }
+
+    #[test]
+    fn a_command_shows_everything_that_decides_its_effect() {
+        let stdin: String = (1..=20).map(|i| format!("echo line {i}\n")).collect();
+        let r = request(
+            ToolName::RunCommand,
+            json!({"argv": ["sh"], "stdin": stdin, "cwd": "sub", "timeout_ms": 5000,
+                   "background_after_ms": 1500}),
+            None,
+        );
+        let prompt = render(&r);
+        let shown = text(&prompt);
+        for part in [
+            "$ sh",
+            "directory    sub",
+            "time-out     5 s (requested)",
+            "background   after 1.5 s",
+            "network      no network",
+            "standard input: 251 bytes, 20 lines",
+            "│ echo line 1",
+            "│ echo line 8",
+            "… 12 more lines — press [v] to see the whole standard input",
+        ] {
+            assert!(shown.contains(part), "{part:?} in:\n{shown}");
+        }
+        assert!(!shown.contains("echo line 9"), "{shown}");
+        let whole = prompt.whole.expect("stdin can be paged");
+        assert_eq!(whole.lines.len(), 20);
+        assert_eq!(whole.lines[19], "echo line 20");
+
+        let r = request(
+            ToolName::RunCommand,
+            json!({"argv": ["ls"], "background": true}),
+            None,
+        );
+        let shown = text(&render(&r));
+        assert!(shown.contains("time-out     none"), "{shown}");
+        assert!(shown.contains("background   yes"), "{shown}");
+        assert!(shown.contains("stdin        none"), "{shown}");
+        let r = request(ToolName::RunCommand, json!({"argv": ["ls"]}), None);
+        assert!(text(&render(&r)).contains("120 s (the default)"));
+    }
+
+    #[test]
+    fn hidden_characters_in_stdin_and_paths_are_escaped() {
+        let r = request(
+            ToolName::RunCommand,
+            json!({"argv": ["sh"], "stdin": "echo ok\u{1b}[2K\rrm -rf ~ \u{202e}\n"}),
+            None,
+        );
+        let prompt = render(&r);
+        let shown = text(&prompt);
+        assert!(
+            shown.contains("echo ok\\u{1b}[2K\\u{d}rm -rf ~ \\u{202e}"),
+            "{shown}"
+        );
+        assert!(!shown.contains('\u{1b}') && !shown.contains('\u{202e}'));
+        let r = request(
+            ToolName::ReadFile,
+            json!({"path": "a\u{200b}b", "limit": 3}),
+            None,
+        );
+        let shown = text(&render(&r));
+        assert!(shown.contains("path         a\\u{200b}b"), "{shown}");
+        assert!(shown.contains("limit        3"), "{shown}");
+    }
+
+    #[test]
+    fn other_tools_show_every_argument_that_changes_what_they_do() {
+        let cases = [
+            (
+                ToolName::EditFile,
+                json!({"path": "a", "old_string": "x", "new_string": "y", "replace_all": true}),
+                "replace_all  true",
+            ),
+            (
+                ToolName::WriteFile,
+                json!({"path": "a", "content": "xyz", "create_parents": true}),
+                "create_parents true",
+            ),
+            (
+                ToolName::WriteFile,
+                json!({"path": "a", "content": "xyz"}),
+                "content      3 bytes",
+            ),
+            (
+                ToolName::ListDir,
+                json!({"path": "src", "depth": 3, "include_hidden": true}),
+                "depth        3",
+            ),
+            (
+                ToolName::ListDir,
+                json!({"path": "src", "depth": 3, "include_hidden": true}),
+                "include_hidden true",
+            ),
+            (ToolName::ListDir, json!({}), "path         . (the root)"),
+            (
+                ToolName::Search,
+                json!({"pattern": "fn main", "glob": "*.rs", "case_insensitive": true}),
+                "glob         *.rs",
+            ),
+            (
+                ToolName::Glob,
+                json!({"pattern": "**/*.rs", "path": "src"}),
+                "pattern      **/*.rs",
+            ),
+            (
+                ToolName::ProcessKill,
+                json!({"process": "p1", "signal": "KILL"}),
+                "signal       KILL",
+            ),
+            (
+                ToolName::ProcessKill,
+                json!({"process": "p1"}),
+                "signal       TERM (the default)",
+            ),
+            (
+                ToolName::ProcessRead,
+                json!({"process": "p1", "wait_ms": 10}),
+                "wait_ms      10",
+            ),
+        ];
+        for (tool, args, part) in cases {
+            let shown = text(&render(&request(tool, args.clone(), None)));
+            assert!(shown.contains(part), "{tool} {args}: {part:?} in:\n{shown}");
+        }
+        let write = render(&request(
+            ToolName::ProcessWrite,
+            json!({"process": "p1", "text": "rm -rf ~\n", "close_stdin": true}),
+            None,
+        ));
+        let shown = text(&write);
+        assert!(shown.contains("process      p1"), "{shown}");
+        assert!(shown.contains("│ rm -rf ~"), "{shown}");
+        assert!(shown.contains("closes its standard input"), "{shown}");
+    }
+
+    #[test]
+    fn a_long_diff_is_cut_with_a_marker_and_paged_whole() {
+        let mut diff = String::from("--- a/f\n+++ b/f\n@@ -0,0 +1,60 @@\n");
+        for i in 1..=60 {
+            let _ = writeln!(diff, "+line {i}");
+        }
+        let prompt = render(&request(
+            ToolName::WriteFile,
+            json!({"path": "f", "content": ""}),
+            Some(&diff),
+        ));
+        let shown = text(&prompt);
+        assert!(
+            shown.contains("+line 37") && !shown.contains("+line 38"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("… 23 more lines — press [v] to see the whole diff"),
+            "{shown}"
+        );
+        let whole = prompt.whole.unwrap();
+        let (lines, status) = page(&whole, 0, 20, 99);
+        assert_eq!(lines.len(), 20);
+        assert!(
+            status.contains("lines 1-20 of 63") && status.contains("99 s"),
+            "{status}"
+        );
+        let (lines, status) = page(&whole, 60, 20, 5);
+        assert_eq!(lines, ["  │ +line 58", "  │ +line 59", "  │ +line 60"]);
+        assert!(
+            status.contains("lines 61-63 of 63") && status.contains("(end)"),
+            "{status}"
+        );
+    }
+}

@@ -1,0 +1,198 @@
+//! Text from agents and peers made safe for a terminal: pure functions, no I/O.
+//!
+//! Anything an agent or another user wrote (paths, argv, diffs, standard input, names, session
+//! ids, history) can hold characters that a terminal acts on or that a reader cannot see: escape
+//! sequences that repaint the screen or set the clipboard (OSC 52), carriage returns that
+//! overwrite a line, bidi controls that show `exe.txt` for `txt.exe`, zero-width characters that
+//! make two different strings look alike. Every such character is shown as a visible
+//! `\u{..}` escape instead:
+//!
+//! - [`printable`] for one-line fields: escapes every character [`is_hidden`] finds, line breaks
+//!   included (tabs stay);
+//! - [`printable_lines`] for text of many lines (diffs, history, command output): the same, but
+//!   `\n` stays;
+//! - [`json_safe`] for serialized JSON: such characters become `\uXXXX` escapes, so the text is
+//!   still valid JSON with the same value.
+
+use std::borrow::Cow;
+use std::fmt::Write;
+
+use unicode_general_category::{GeneralCategory, get_general_category};
+
+/// Whether `c` must not reach a terminal as it is: a control character (C0 but tab, DEL, C1), a
+/// Unicode format character (general category Cf: bidi embeddings, overrides, isolates and marks,
+/// zero-width space, joiners, word joiner and invisible operators, the byte order mark, the soft
+/// hyphen, tags, ...), a line or paragraph separator, or a tag or unassigned code point of the
+/// tag block. `\n` counts: callers that keep lines split on it first or use
+/// [`printable_lines`].
+pub fn is_hidden(c: char) -> bool {
+    if c == '\t' {
+        return false;
+    }
+    if c.is_control() {
+        return true; // C0, DEL, C1
+    }
+    matches!(
+        get_general_category(c),
+        GeneralCategory::Format
+            | GeneralCategory::LineSeparator
+            | GeneralCategory::ParagraphSeparator
+    ) || matches!(
+        c,
+        // The whole tag block, including its unassigned code points, which a later Unicode
+        // version may make format characters.
+        '\u{e0000}'..='\u{e007f}'
+        // Bidi and zero-width characters, named here as well so that the list does not depend
+        // on the Unicode tables alone.
+        | '\u{61c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}' | '\u{ad}'
+    )
+}
+
+fn escape_with(text: &str, keep_newlines: bool) -> Cow<'_, str> {
+    let hidden = |c: char| is_hidden(c) && !(keep_newlines && c == '\n');
+    if !text.chars().any(hidden) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// One line of text from an agent or a peer, safe to print: every character [`is_hidden`] finds
+/// (line breaks included) is shown as `\u{..}`. Borrows when there is nothing to escape.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    escape_with(text, false)
+}
+
+/// Text of many lines from an agent or a peer, safe to print: like [`printable`], but `\n`
+/// stays a line break (a `\r` is still escaped, so it cannot overwrite a line).
+pub fn printable_lines(text: &str) -> Cow<'_, str> {
+    escape_with(text, true)
+}
+
+/// Serialized JSON made safe to print: every character [`is_hidden`] finds inside it becomes a
+/// `\uXXXX` escape (a surrogate pair above U+FFFF), so the text is still valid JSON with the same
+/// value. Raw `\n`, `\r` and tabs can only be white space between tokens in valid JSON and are
+/// kept.
+pub fn json_safe(json: &str) -> Cow<'_, str> {
+    let hidden = |c: char| is_hidden(c) && !matches!(c, '\n' | '\r');
+    if !json.chars().any(hidden) {
+        return Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if hidden(c) {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One example of each class of character that must be escaped.
+    const CLASSES: &[(&str, char)] = &[
+        ("escape", '\u{1b}'),
+        ("bell", '\u{7}'),
+        ("carriage return", '\r'),
+        ("backspace", '\u{8}'),
+        ("delete", '\u{7f}'),
+        ("C1 control (CSI)", '\u{9b}'),
+        ("C1 next line", '\u{85}'),
+        ("right-to-left override", '\u{202e}'),
+        ("left-to-right embedding", '\u{202a}'),
+        ("first strong isolate", '\u{2068}'),
+        ("pop directional isolate", '\u{2069}'),
+        ("arabic letter mark", '\u{61c}'),
+        ("left-to-right mark", '\u{200e}'),
+        ("right-to-left mark", '\u{200f}'),
+        ("zero-width space", '\u{200b}'),
+        ("zero-width non-joiner", '\u{200c}'),
+        ("zero-width joiner", '\u{200d}'),
+        ("word joiner", '\u{2060}'),
+        ("invisible plus", '\u{2064}'),
+        ("byte order mark", '\u{feff}'),
+        ("soft hyphen", '\u{ad}'),
+        ("tag latin small a", '\u{e0061}'),
+        ("cancel tag", '\u{e007f}'),
+        ("unassigned tag block", '\u{e0000}'),
+        ("line separator", '\u{2028}'),
+        ("paragraph separator", '\u{2029}'),
+        ("other format: interlinear annotation", '\u{fff9}'),
+        ("other format: mongolian vowel separator", '\u{180e}'),
+        ("other format: shorthand format control", '\u{1bca0}'),
+    ];
+
+    #[test]
+    fn every_class_of_hidden_character_is_escaped_in_one_line_fields() {
+        for (what, c) in CLASSES {
+            let text = format!("a{c}b");
+            let shown = printable(&text);
+            assert_eq!(
+                shown,
+                format!("a\\u{{{:x}}}b", *c as u32),
+                "{what} (U+{:04X})",
+                *c as u32
+            );
+        }
+        assert_eq!(printable("one\ntwo"), "one\\u{a}two");
+    }
+
+    #[test]
+    fn ordinary_text_is_borrowed_unchanged() {
+        for text in ["plain", "tab\there", "é ñ 漢字 🦀", "emoji 👩‍💻 is split", ""] {
+            let shown = printable(text);
+            if text.contains('\u{200d}') {
+                assert!(shown.contains("\\u{200d}"), "{shown}");
+            } else {
+                assert!(matches!(shown, Cow::Borrowed(_)), "{text}");
+                assert_eq!(shown, text);
+            }
+        }
+    }
+
+    #[test]
+    fn many_lines_keep_their_line_breaks_but_not_carriage_returns() {
+        let shown = printable_lines("+ line one\n+ \u{1b}[2Jtwo\r\n");
+        assert_eq!(shown, "+ line one\n+ \\u{1b}[2Jtwo\\u{d}\n");
+        for (what, c) in CLASSES {
+            assert!(
+                printable_lines(&c.to_string()).starts_with("\\u{"),
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn json_stays_valid_and_keeps_its_value() {
+        let value = serde_json::json!({
+            "uri": "evil\u{1b}]52;c;SGVsbG8=\u{7}\u{202e}gpj.exe\u{9b}\u{e0061}\u{2028}",
+            "list": ["a\u{200b}b", "plain"],
+        });
+        for text in [
+            serde_json::to_string(&value).unwrap(),
+            serde_json::to_string_pretty(&value).unwrap(),
+        ] {
+            let safe = json_safe(&text);
+            assert!(!safe.chars().any(|c| is_hidden(c) && c != '\n'), "{safe}");
+            let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
+            assert_eq!(back, value);
+        }
+        assert!(json_safe("\"\u{e0061}\"").contains("\\udb40\\udc61"));
+        assert!(matches!(json_safe("{\n  \"a\": 1\n}"), Cow::Borrowed(_)));
+    }
+}
