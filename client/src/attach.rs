@@ -472,7 +472,23 @@ async fn run(
     } else {
         Some(decided)
     };
-    let outcome = match folder.sandbox.clone().call(tool, args).await {
+    // A long command says how it is going (how long, its latest line), relayed as progress.
+    let (lines, mut progress) = mpsc::unbounded_channel::<String>();
+    let relay = move |line: &str| {
+        let _ = lines.send(line.to_owned());
+    };
+    let sandbox = folder.sandbox.clone();
+    let call = sandbox.call_with_progress(tool, args, Some(&relay));
+    tokio::pin!(call);
+    let answer = loop {
+        tokio::select! {
+            answer = &mut call => break answer,
+            Some(message) = progress.recv() => {
+                let _ = write_message(send, &Message::Progress { id, message }).await;
+            }
+        }
+    };
+    let outcome = match answer {
         Ok(result) => Outcome::Ok { result },
         Err(e) => Outcome::Error {
             error: e.to_tool_error(),

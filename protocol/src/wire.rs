@@ -84,11 +84,14 @@ pub enum Decider {
     /// The client, without saying more (its checks refused the call, or it is a peer that does
     /// not say who decided).
     Client,
+    /// A workspace's network policy, for a connection a command asked its proxy for (audit
+    /// log only).
+    NetworkPolicy,
 }
 
 impl Decider {
     /// Every decider, in the order above.
-    pub const ALL: [Decider; 8] = [
+    pub const ALL: [Decider; 9] = [
         Decider::Trust,
         Decider::Policy,
         Decider::User,
@@ -97,6 +100,7 @@ impl Decider {
         Decider::Server,
         Decider::Session,
         Decider::Client,
+        Decider::NetworkPolicy,
     ];
 
     /// The word on the wire and in the audit log.
@@ -110,6 +114,7 @@ impl Decider {
             Decider::Server => "server",
             Decider::Session => "session",
             Decider::Client => "client",
+            Decider::NetworkPolicy => "network_policy",
         }
     }
 

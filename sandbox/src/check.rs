@@ -111,11 +111,20 @@ impl Sandbox {
                 let args: RunCommandArgs = parse(tool, args)?;
                 self.check_command(&args)
             }
-            // The process tools name a process the workspace started; whether it (still)
-            // exists is for the call to say.
-            ToolName::ProcessRead => parse::<ProcessReadArgs>(tool, args).map(drop),
-            ToolName::ProcessWrite => parse::<ProcessWriteArgs>(tool, args).map(drop),
-            ToolName::ProcessKill => parse::<ProcessKillArgs>(tool, args).map(drop),
+            // The process tools name a process this workspace keeps.
+            ToolName::ProcessRead => {
+                let args: ProcessReadArgs = parse(tool, args)?;
+                self.processes.check_exists(&args.process)
+            }
+            ToolName::ProcessWrite => {
+                let args: ProcessWriteArgs = parse(tool, args)?;
+                self.processes.check_exists(&args.process)
+            }
+            ToolName::ProcessKill => {
+                let args: ProcessKillArgs = parse(tool, args)?;
+                crate::exec::parse_signal(args.signal.as_deref())?;
+                self.processes.check_exists(&args.process)
+            }
             ToolName::ProcessList => parse::<ProcessListArgs>(tool, args).map(drop),
             ToolName::Workspaces | ToolName::MemoryStore | ToolName::MemoryRecall => {
                 Err(SandboxError::InvalidArguments(format!(
@@ -188,7 +197,7 @@ impl Sandbox {
         self.jail.open_dir(&cwd)?;
         let lookup = Lookup::new(self);
         if !program.contains('/') {
-            let path_env = &self.exec.path_env;
+            let (path_env, _) = crate::exec::command_path(&self.jail, &self.exec);
             for dir in path_env.split(':').filter(|d| d.starts_with('/')) {
                 if lookup
                     .executable(&Path::new(dir).join(program), program)
@@ -528,7 +537,15 @@ mod tests {
                 ToolName::ProcessKill,
                 json!({"process": "p", "signal": "TERM"})
             ),
-            None
+            Some(NotFound),
+            "no such process"
+        );
+        assert_eq!(
+            check(
+                ToolName::ProcessKill,
+                json!({"process": "p", "signal": "STOP"})
+            ),
+            Some(InvalidArguments)
         );
         assert_eq!(
             check(ToolName::MemoryStore, json!({})),

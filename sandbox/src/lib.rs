@@ -217,7 +217,7 @@ impl Sandbox {
         self: &Arc<Self>,
         tool: ToolName,
         args: serde_json::Value,
-        progress: Option<&exec::process::Progress>,
+        progress: Option<&exec::process::Progress<'_>>,
     ) -> Result<serde_json::Value, SandboxError> {
         match tool {
             ToolName::ReadFile => {

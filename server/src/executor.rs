@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
-use monad_protocol::tools::{MemoryRecallArgs, MemoryStoreArgs, WorkspacesArgs};
+use monad_protocol::tools::{MemoryRecallArgs, MemoryStoreArgs, NetworkEvent, WorkspacesArgs};
 use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, WorkspaceRef, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
@@ -541,6 +541,38 @@ impl Executor {
             _ => {}
         }
 
+        // A process tool goes where its process runs (the agent need not say), or says the
+        // session has no such process.
+        let mut target = target;
+        if target.is_none() {
+            if ToolName::PROCESS_TOOLS.contains(&tool) {
+                match string_arg("process") {
+                    Ok(Some(id)) => match session.process_workspace(&id) {
+                        Some(name) => target = Some(name),
+                        None => {
+                            return (
+                                CallOutput::error(
+                                    None,
+                                    ToolError::new(
+                                        ErrorCode::NotFound,
+                                        format!(
+                                            "this session has no background process `{id}` \
+                                             (`process_list` lists a workspace's; an exited \
+                                             one goes once its output has been read)"
+                                        ),
+                                    ),
+                                ),
+                                Verdict::NOBODY,
+                            );
+                        }
+                    },
+                    // Missing or not a string: the workspace's own check says so.
+                    Ok(None) | Err(_) => {}
+                }
+            } else if tool == ToolName::ProcessList {
+                target = session.latest_process_workspace();
+            }
+        }
         let snapshots = session.workspaces();
         let views: Vec<View<'_>> = snapshots
             .iter()
@@ -586,10 +618,13 @@ impl Executor {
                 known.set_verdict(Verdict::TRUST);
                 (
                     match primary.sandbox().await {
-                        Ok(sandbox) => sandbox
-                            .call(tool, args)
-                            .await
-                            .map_err(|e| e.to_tool_error()),
+                        Ok(sandbox) => {
+                            let relay = |line: &str| progress.progress(line);
+                            sandbox
+                                .call_with_progress(tool, args, Some(&relay))
+                                .await
+                                .map_err(|e| e.to_tool_error())
+                        }
                         Err(e) => Err(e),
                     },
                     None,
@@ -618,6 +653,9 @@ impl Executor {
                 Verdict::NOBODY,
             ),
         };
+        if let Ok(result) = &result {
+            session.note_process(tool, result, &snapshot.info.name);
+        }
         let output = match result {
             Ok(result) => CallOutput {
                 workspace,
@@ -932,6 +970,40 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
             duration_ms: r.duration.as_millis() as u64,
         },
     );
+    // The connections a command asked the network proxy for: one line each, decided by the
+    // workspace's network policy.
+    if let Outcome::Ok { result } = &output.outcome
+        && let Some(events) = result.get("network").and_then(Value::as_array)
+    {
+        for event in events {
+            let Ok(event) = serde_json::from_value::<NetworkEvent>(event.clone()) else {
+                continue;
+            };
+            let target = match (&event.address, &event.reason) {
+                (Some(address), _) => format!("{}:{} ({address})", event.host, event.port),
+                (None, Some(reason)) => format!("{}:{}: {reason}", event.host, event.port),
+                (None, None) => format!("{}:{}", event.host, event.port),
+            };
+            recorder.audit(
+                &session.id,
+                AuditRecord {
+                    time: now_rfc3339(),
+                    call_id: call_id.clone(),
+                    tool: "network".to_owned(),
+                    workspace: workspace.clone(),
+                    target,
+                    decision: if event.allowed {
+                        AuditDecision::Allowed
+                    } else {
+                        AuditDecision::Denied
+                    },
+                    decided_by: Decider::NetworkPolicy,
+                    outcome: if event.allowed { "ok" } else { "denied" }.to_owned(),
+                    duration_ms: 0,
+                },
+            );
+        }
+    }
     let retention = &session.settings.retention;
     if !retention.keep_artifacts {
         return;

@@ -130,7 +130,14 @@ pub struct Session {
     activity: Mutex<Activity>,
     attached: Mutex<Vec<Attached>>,
     changes: tokio::sync::watch::Sender<u64>,
+    /// Background processes started in this session: id -> the workspace that runs them, the
+    /// most recent last (bounded: the oldest go first).
+    processes: Mutex<Vec<(String, String)>>,
 }
+
+/// Background processes a session remembers the workspace of (far more than a workspace may
+/// keep at once).
+const MAX_REMEMBERED_PROCESSES: usize = 1024;
 
 #[derive(Debug)]
 struct Activity {
@@ -347,6 +354,47 @@ impl Session {
         }
     }
 
+    /// The workspace that runs background process `id`, when this session started it.
+    pub fn process_workspace(&self, id: &str) -> Option<String> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(p, _)| p == id)
+            .map(|(_, w)| w.clone())
+    }
+
+    /// The workspace of the most recently started background process, if any.
+    pub fn latest_process_workspace(&self) -> Option<String> {
+        self.processes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last()
+            .map(|(_, w)| w.clone())
+    }
+
+    /// Notes what a call's result says about background processes: `run_command` started one
+    /// (its `process`) in `workspace`; `process_read` read one to its end (`running: false`).
+    pub fn note_process(&self, tool: ToolName, result: &serde_json::Value, workspace: &str) {
+        let id = result.get("process").and_then(serde_json::Value::as_str);
+        let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        match (tool, id) {
+            (ToolName::RunCommand, Some(id)) => {
+                processes.retain(|(p, _)| p != id);
+                processes.push((id.to_owned(), workspace.to_owned()));
+                if processes.len() > MAX_REMEMBERED_PROCESSES {
+                    processes.remove(0);
+                }
+            }
+            (ToolName::ProcessRead, Some(id))
+                if result.get("running") == Some(&serde_json::Value::Bool(false)) =>
+            {
+                processes.retain(|(p, _)| p != id);
+            }
+            _ => {}
+        }
+    }
+
     /// A receiver that ticks whenever the workspace list changes.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
@@ -509,6 +557,7 @@ impl Registry {
             }),
             attached: Mutex::new(Vec::new()),
             changes: tokio::sync::watch::channel(0).0,
+            processes: Mutex::new(Vec::new()),
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(loaded) = sessions.get(&id) {

@@ -150,29 +150,18 @@ impl SandboxPlan {
         isolation: Isolation,
     ) -> Result<SandboxPlan, SandboxError> {
         let root = jail.root_path().to_string_lossy().into_owned();
-        let mut path = String::new();
+        let (path, venv) = command_path(jail, policy);
         let mut env = vec![
+            ("PATH".to_owned(), path),
             ("HOME".to_owned(), root.clone()),
-            ("PWD".to_owned(), root.clone()),
+            ("PWD".to_owned(), root),
             ("TMPDIR".to_owned(), tmp.to_string_lossy().into_owned()),
             ("LANG".to_owned(), "C.UTF-8".to_owned()),
             ("TERM".to_owned(), "dumb".to_owned()),
         ];
-        // The workspace's own toolchains first: a project virtualenv, node_modules/.bin.
-        let mut venv = None;
-        for dir in TOOLCHAIN_DIRS {
-            if jail.dir().is_dir(dir) {
-                path.push_str(&format!("{root}/{dir}:"));
-                if let Some(env) = dir.strip_suffix("/bin").filter(|d| d.ends_with("venv")) {
-                    venv.get_or_insert(format!("{root}/{env}"));
-                }
-            }
-        }
         if let Some(venv) = venv {
             env.push(("VIRTUAL_ENV".to_owned(), venv));
         }
-        path.push_str(&policy.path_env);
-        env.insert(0, ("PATH".to_owned(), path));
         let (sockets, own_network, proxy_port, deny_tcp) =
             match (policy.network, isolation.namespaced) {
                 (NetworkMode::Host, _) => (Sockets::Inet, false, None, false),
@@ -285,6 +274,27 @@ impl SandboxPlan {
 /// Toolchain directories inside a workspace, put first in a command's `PATH` when they exist (a
 /// virtualenv also sets `VIRTUAL_ENV`).
 pub const TOOLCHAIN_DIRS: &[&str] = &[".venv/bin", "venv/bin", "node_modules/.bin"];
+
+/// The `PATH` commands in `jail` get (the operator's `env.PATH` when set, else the workspace's
+/// toolchain directories that exist, then `path_env`), and the virtualenv it puts first, if any.
+pub fn command_path(jail: &Jail, policy: &ExecPolicy) -> (String, Option<String>) {
+    if let Some(path) = policy.env.get("PATH") {
+        return (path.clone(), None);
+    }
+    let root = jail.root_path().to_string_lossy();
+    let mut path = String::new();
+    let mut venv = None;
+    for dir in TOOLCHAIN_DIRS {
+        if jail.dir().is_dir(dir) {
+            path.push_str(&format!("{root}/{dir}:"));
+            if let Some(env) = dir.strip_suffix("/bin").filter(|d| d.ends_with("venv")) {
+                venv.get_or_insert(format!("{root}/{env}"));
+            }
+        }
+    }
+    path.push_str(&policy.path_env);
+    (path, venv)
+}
 
 /// Rlimits to set in the child, resolved against the current hard limits in the parent.
 #[derive(Debug, Clone, Copy)]

@@ -28,7 +28,7 @@ use crate::jail::Jail;
 use crate::limits::{ExecPolicy, Limits};
 
 /// A callback that shows a caller how a foreground command is going.
-pub type Progress = dyn Fn(&str) + Send + Sync;
+pub type Progress<'a> = dyn Fn(&str) + Send + Sync + 'a;
 
 /// Grace given to output readers after the command's tree is gone.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
@@ -326,6 +326,11 @@ impl Table {
             })
     }
 
+    /// `NotFound` unless the table keeps process `id`.
+    pub(crate) fn check_exists(&self, id: &str) -> Result<(), SandboxError> {
+        self.get(id).map(drop)
+    }
+
     fn remove(&self, id: &str) {
         self.lock().retain(|p| p.id != id);
     }
@@ -377,7 +382,7 @@ pub(crate) async fn run(
     policy: &ExecPolicy,
     table: &Table,
     args: &RunCommandArgs,
-    progress: Option<&Progress>,
+    progress: Option<&Progress<'_>>,
 ) -> Result<RunCommandResult, SandboxError> {
     let background = args.background.unwrap_or(false);
     let max = limits.command_max_timeout_ms;

@@ -10,6 +10,7 @@ mod devices;
 mod http;
 mod limits;
 mod mcp;
+mod processes;
 mod records;
 mod resilience;
 mod retention;

@@ -1,0 +1,254 @@
+//! Background processes and commands' network over real QUIC: a process started in an attached
+//! folder or in the primary workspace is found again by its id alone, read while it runs,
+//! written to and killed; it ends with its workspace; a long foreground command reports its
+//! progress to the agent; the connections a command asks for land in the audit log.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use monad_protocol::{ErrorCode, ToolClass};
+use monad_sandbox::NetworkMode;
+use monad_tests::{
+    Attachment, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
+};
+use serde_json::{Value, json};
+
+/// Reads process `id` (routed by its id alone) until its output holds `want` or it ends;
+/// returns everything read and the last answer.
+async fn read_until(agent: &monad_client::agent::Agent, id: &str, want: &str) -> (String, Value) {
+    let mut seen = String::new();
+    within(STEP, &format!("`{want}` from process {id}"), async {
+        loop {
+            let (r, _) = ok(call(
+                agent,
+                "process_read",
+                json!({"process": id, "wait_ms": 5000}),
+            )
+            .await);
+            seen.push_str(r["stdout"].as_str().unwrap_or_default());
+            if seen.contains(want) || r["running"] == false {
+                return (seen.clone(), r);
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_process_in_an_attached_folder_is_found_by_its_id_alone() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    let attached = Attachment::start(&server.client_config(), options, None).await;
+
+    let (started, ran_in) = ok(call(
+        &agent,
+        "run_command",
+        json!({
+            "argv": ["sh", "-c", "echo building; while read x; do echo \"step $x\"; done; echo built"],
+            "background": true,
+            "workspace": "lap",
+        }),
+    )
+    .await);
+    assert_eq!(ran_in, "lap");
+    let id = started["process"]
+        .as_str()
+        .expect("a process id")
+        .to_owned();
+    let (seen, r) = read_until(&agent, &id, "building").await;
+    assert_eq!((seen.as_str(), &r["running"]), ("building\n", &json!(true)));
+    // No `workspace` in any of these: the session knows where the process runs.
+    let reply = call(
+        &agent,
+        "process_write",
+        json!({"process": id, "text": "1\n"}),
+    )
+    .await;
+    assert_eq!(ok(reply).1, "lap");
+    read_until(&agent, &id, "step 1").await;
+    let (listed, ran_in) = ok(call(&agent, "process_list", json!({})).await);
+    assert_eq!(ran_in, "lap");
+    assert_eq!(listed["processes"][0]["process"], json!(id));
+    ok(call(
+        &agent,
+        "process_write",
+        json!({"process": id, "text": "", "close_stdin": true}),
+    )
+    .await);
+    let (seen, r) = read_until(&agent, &id, "built").await;
+    assert!(seen.ends_with("built\n"), "{seen}");
+    if r["running"] == true {
+        let (_, r) = read_until(&agent, &id, "\u{0}never").await;
+        assert_eq!(r["exit_code"], 0, "{r}");
+    }
+    // Read to its end, it is gone; an unknown id is refused before reaching any workspace.
+    expect_code(
+        call(&agent, "process_read", json!({"process": id})).await,
+        ErrorCode::NotFound,
+    );
+
+    // Everything it started ends when the folder is detached.
+    let (started, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({
+            "argv": ["sh", "-c", "(setsid sh -c 'exec 9>>held.lock; flock 9; echo held > held.ready; \
+                     exec sleep 60' &); while [ ! -s held.ready ]; do sleep 0.01; done; echo ready; sleep 60"],
+            "background": true,
+            "workspace": "lap",
+        }),
+    )
+    .await);
+    let id = started["process"].as_str().unwrap().to_owned();
+    read_until(&agent, &id, "ready").await;
+    drop(attached);
+    let lock = laptop.path().join("held.lock");
+    within(STEP, "the detached folder's processes to end", async {
+        loop {
+            let file = std::fs::File::open(&lock).unwrap();
+            if nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_process_in_the_primary_runs_across_calls() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let (started, ran_in) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["sh", "-c", "for i in 1 2 3; do echo tick $i; sleep 0.2; done"], "background": true}),
+    )
+    .await);
+    assert_eq!(ran_in, "primary");
+    let id = started["process"].as_str().unwrap().to_owned();
+    let (seen, _) = read_until(&agent, &id, "tick 3").await;
+    assert_eq!(seen, "tick 1\ntick 2\ntick 3\n");
+    let (_, r) = read_until(&agent, &id, "\u{0}never").await;
+    assert_eq!(
+        (r["running"].clone(), r["exit_code"].clone()),
+        (json!(false), json!(0))
+    );
+    // A process of another workspace is not found by naming the wrong one.
+    let (started, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["sleep", "30"], "background": true}),
+    )
+    .await);
+    let id = started["process"].as_str().unwrap().to_owned();
+    let (killed, _) = ok(call(
+        &agent,
+        "process_kill",
+        json!({"process": id, "signal": "KILL"}),
+    )
+    .await);
+    assert_eq!(killed["delivered"], true);
+    let (_, r) = read_until(&agent, &id, "\u{0}never").await;
+    assert_eq!(r["signal"], 9, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_command_reports_progress_to_the_agent_from_either_workspace() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Exec];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    for workspace in ["primary", "lap"] {
+        let mut lines = Vec::new();
+        let reply = agent
+            .call(
+                None,
+                "run_command",
+                json!({"argv": ["sh", "-c", "echo compiling crate one; sleep 3; echo done"], "workspace": workspace}),
+                |line| lines.push(line.to_owned()),
+            )
+            .await
+            .expect("answered");
+        let (result, _) = ok(reply);
+        assert_eq!(result["stdout"], "compiling crate one\ndone\n");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("running for") && l.contains("compiling crate one")),
+            "{workspace}: {lines:?}"
+        );
+    }
+}
+
+/// Answers `ok` to any HTTP request on 127.0.0.1; returns the port.
+fn http_server() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf);
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_a_command_asks_for_are_in_the_audit_log() {
+    let listed = http_server();
+    let unlisted = http_server();
+    let server = TestServer::start_with(|config| {
+        config.exec.network = NetworkMode::Allowlist;
+        config.exec.allow = vec![format!("127.0.0.1:{listed}")];
+    })
+    .await;
+    let agent = server.agent().await;
+    let script = format!(
+        "curl -sS --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{listed}/; echo; \
+         curl -sS --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{unlisted}/ || true"
+    );
+    let (result, _) = ok(call(&agent, "run_command", json!({"argv": ["sh", "-c", script]})).await);
+    assert!(
+        result["stdout"].as_str().unwrap().starts_with("ok\n"),
+        "{result}"
+    );
+    if let Some(recorder) = &server.state().executor.recorder {
+        recorder.flush();
+    }
+    let log = std::fs::read_to_string(server.data_dir().join("sessions/default/audit.jsonl"))
+        .expect("the audit log");
+    let network: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["tool"] == "network")
+        .collect();
+    let line = |port: u16| {
+        network
+            .iter()
+            .find(|l| {
+                l["target"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(&format!(":{port}")))
+            })
+            .unwrap_or_else(|| panic!("no audit line for port {port}: {network:?}"))
+            .clone()
+    };
+    assert_eq!(line(listed)["decision"], "allowed");
+    assert_eq!(line(unlisted)["decision"], "denied");
+    assert_eq!(line(unlisted)["decided_by"], "network_policy");
+    assert!(
+        line(unlisted)["target"]
+            .as_str()
+            .unwrap()
+            .contains("not in the allowlist"),
+        "{network:?}"
+    );
+}
