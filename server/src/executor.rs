@@ -546,8 +546,9 @@ impl Executor {
         let mut target = target;
         if target.is_none() {
             if ToolName::PROCESS_TOOLS.contains(&tool) {
-                match string_arg("process") {
-                    Ok(Some(id)) => match session.process_workspace(&id) {
+                // Missing or not a string: the workspace's own check says so.
+                if let Ok(Some(id)) = string_arg("process") {
+                    match session.process_workspace(&id) {
                         Some(name) => target = Some(name),
                         None => {
                             return (
@@ -565,9 +566,7 @@ impl Executor {
                                 Verdict::NOBODY,
                             );
                         }
-                    },
-                    // Missing or not a string: the workspace's own check says so.
-                    Ok(None) | Err(_) => {}
+                    }
                 }
             } else if tool == ToolName::ProcessList {
                 target = session.latest_process_workspace();
