@@ -6,4 +6,5 @@ mod exec;
 mod network;
 mod processes;
 mod race;
+mod toolchain;
 mod tools;
