@@ -94,19 +94,16 @@ pub struct Identity {
     pub gid: libc::gid_t,
 }
 
-/// How the namespaces are made.
+/// How the namespaces are made: the workspace's own user and network namespaces (see
+/// [`Shared`]) are joined, and the PID, mount, IPC and UTS namespaces are the command's own.
 #[derive(Debug)]
 pub(crate) struct Namespaces {
-    /// A network namespace of its own (only a loopback), unless the command gets the host's.
-    pub net: bool,
-    /// `/proc/self/uid_map` and `gid_map`: the command's uid and gid mapped to themselves.
-    pub uid_map: Vec<u8>,
-    pub gid_map: Vec<u8>,
+    /// The workspace's user namespace.
+    pub user: RawFd,
+    /// The workspace's network namespace (only a loopback), unless commands get the host's.
+    pub net: Option<RawFd>,
     /// Options of the private `/dev/shm` (`size=...,mode=1777`), NUL-terminated.
     pub shm_options: std::ffi::CString,
-    /// Where to send the listening socket of the network proxy, made inside the namespace on
-    /// this loopback port.
-    pub proxy: Option<(OwnedFd, u16)>,
     /// What the command sees of the filesystem besides the read-only rest (see
     /// [`Bind`]), in mount order (parents first).
     pub binds: Vec<Bind>,
@@ -134,6 +131,72 @@ pub(crate) struct Bind {
     pub masked: bool,
 }
 
+/// The program, its arguments and environment as the C arrays `execvp` takes, the stack the
+/// command's process runs on until then, and where it reports a failure.
+pub(crate) struct Exec {
+    pub program: std::ffi::CString,
+    _argv: Vec<std::ffi::CString>,
+    _envp: Vec<std::ffi::CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
+    /// Memory for it, never initialized (a stack needs no zeroes).
+    stack: std::cell::UnsafeCell<Vec<std::mem::MaybeUninit<u8>>>,
+    /// Write end of the pipe the parent reads after the spawn: closed by `exec` (the command
+    /// runs), or given the errno of what failed.
+    pub status: OwnedFd,
+}
+
+// SAFETY: the raw pointers point into the `CString`s owned alongside them, which are never
+// changed; the stack is only used by the one child process that runs on it.
+unsafe impl Send for Exec {}
+unsafe impl Sync for Exec {}
+
+impl std::fmt::Debug for Exec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exec")
+            .field("program", &self.program)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stack of the command's process between its start and `exec`.
+const COMMAND_STACK: usize = 256 * 1024;
+
+impl Exec {
+    /// Prepares `program` with `argv` (its first element included) and `env`; `status` is the
+    /// write end of the parent's status pipe.
+    pub fn new(
+        program: &str,
+        argv: &[String],
+        env: &[(String, String)],
+        status: OwnedFd,
+    ) -> Result<Exec, std::ffi::NulError> {
+        let argv: Vec<std::ffi::CString> = argv
+            .iter()
+            .map(|a| std::ffi::CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()?;
+        let envp: Vec<std::ffi::CString> = env
+            .iter()
+            .map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")))
+            .collect::<Result<_, _>>()?;
+        let pointers = |list: &[std::ffi::CString]| {
+            list.iter()
+                .map(|c| c.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect::<Vec<_>>()
+        };
+        Ok(Exec {
+            program: std::ffi::CString::new(program)?,
+            argv_ptrs: pointers(&argv),
+            envp_ptrs: pointers(&envp),
+            _argv: argv,
+            _envp: envp,
+            stack: std::cell::UnsafeCell::new(Vec::with_capacity(COMMAND_STACK)),
+            status,
+        })
+    }
+}
+
 /// Everything the child needs, computed in the parent.
 #[derive(Debug)]
 pub(crate) struct Spec {
@@ -155,6 +218,9 @@ pub(crate) struct Spec {
     pub filter: Option<Vec<libc::sock_filter>>,
     /// The calling process: the supervisor kills its tree when this one is gone.
     pub parent: libc::pid_t,
+    /// What the command's process executes, prepared here: it runs on its own stack in its
+    /// parent's memory until `exec` (see [`start_command`]).
+    pub exec: Exec,
     /// The highest capability number this kernel knows.
     pub cap_last: u32,
 }
@@ -223,32 +289,22 @@ unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
             make_private()?;
             mount_view(ns)?;
             become_user(identity)?;
-            // A uid change makes the process undumpable, and then its /proc files belong to
-            // root: it could not write its own uid_map. Undone below once the maps are written.
-            check(
-                libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0).into(),
-                IDENTITY_FAILED,
-            )?;
         }
         enter_cwd(&spec.cwd)?;
-        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS;
-        flags |= libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-        if ns.net {
-            flags |= libc::CLONE_NEWNET;
+        // The workspace's user namespace (its owner may join it: this user) and network.
+        check(
+            libc::setns(ns.user, libc::CLONE_NEWUSER).into(),
+            NAMESPACES_FAILED,
+        )?;
+        if let Some(net) = ns.net {
+            check(
+                libc::setns(net, libc::CLONE_NEWNET).into(),
+                NAMESPACES_FAILED,
+            )?;
         }
+        let flags =
+            libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         check(libc::unshare(flags).into(), NAMESPACES_FAILED)?;
-        write_file(c"/proc/self/setgroups", b"deny")?;
-        write_file(c"/proc/self/uid_map", &ns.uid_map)?;
-        write_file(c"/proc/self/gid_map", &ns.gid_map)?;
-        if spec.identity.is_some() {
-            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
-        }
-        if ns.net {
-            loopback_up()?;
-        }
-        if let Some((to, port)) = &ns.proxy {
-            proxy_listener(to.as_raw_fd(), *port)?;
-        }
         let (status_r, status_w) = pipe()?;
         let (life_r, life_w) = pipe()?;
         match libc::fork() {
@@ -263,6 +319,79 @@ unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
                 supervise_namespace(init_pid, status_r, spec.parent)
             }
         }
+    }
+}
+
+/// What it takes to make a workspace's shared namespaces (see [`install_shared`]).
+#[derive(Debug)]
+pub(crate) struct SharedSpec {
+    /// Who the workspace's commands run as, when not as the caller.
+    pub identity: Option<Identity>,
+    /// A network namespace too (else commands get the host's network).
+    pub net: bool,
+    /// `uid_map` and `gid_map`: the user mapped to itself.
+    pub uid_map: Vec<u8>,
+    pub gid_map: Vec<u8>,
+    /// Where the proxy of `network = "allowlist"` listens inside the network namespace.
+    pub proxy_port: Option<u16>,
+    /// Where the namespaces' descriptors (and the proxy's socket) go.
+    pub to: OwnedFd,
+}
+
+/// Makes `command`'s child create a workspace's shared namespaces and send them to the parent
+/// (`SCM_RIGHTS`, in this order: user, network, proxy socket), then exit without running the
+/// program: the namespaces live on in the descriptors.
+pub(crate) fn install_shared(command: &mut std::process::Command, spec: SharedSpec) {
+    // SAFETY: the closure runs between fork and exec and makes system calls only, on data
+    // prepared in the parent; it never returns when it succeeds.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, move || make_shared(&spec));
+    }
+}
+
+unsafe fn make_shared(spec: &SharedSpec) -> std::io::Result<()> {
+    unsafe {
+        if let Some(identity) = spec.identity {
+            become_user(identity)?;
+            // A uid change makes the process undumpable, and then its /proc files belong to
+            // root: it could not write its own uid_map.
+            check(
+                libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0).into(),
+                IDENTITY_FAILED,
+            )?;
+        }
+        let mut flags = libc::CLONE_NEWUSER;
+        if spec.net {
+            flags |= libc::CLONE_NEWNET;
+        }
+        check(libc::unshare(flags).into(), NAMESPACES_FAILED)?;
+        write_file(c"/proc/self/setgroups", b"deny")?;
+        write_file(c"/proc/self/uid_map", &spec.uid_map)?;
+        write_file(c"/proc/self/gid_map", &spec.gid_map)?;
+        let mut fds = [-1 as RawFd; 3];
+        let mut count = 0;
+        for path in [c"/proc/self/ns/user", c"/proc/self/ns/net"] {
+            if path == c"/proc/self/ns/net" && !spec.net {
+                continue;
+            }
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd == -1 {
+                return Err(fail(NAMESPACES_FAILED));
+            }
+            fds[count] = fd;
+            count += 1;
+        }
+        if spec.net {
+            loopback_up()?;
+        }
+        if let Some(port) = spec.proxy_port {
+            fds[count] = proxy_listener(port)?;
+            count += 1;
+        }
+        if !send_fds(spec.to.as_raw_fd(), &fds[..count]) {
+            return Err(fail(NAMESPACES_FAILED));
+        }
+        libc::_exit(0);
     }
 }
 
@@ -309,17 +438,89 @@ unsafe fn init(
                 std::ptr::null(),
             ) == 0;
         }
-        match libc::fork() {
-            -1 => Err(std::io::Error::last_os_error()),
-            0 => {
-                libc::close(status_w);
-                command(spec, mounted, Some(ns))
-            }
-            command_pid => {
-                close_all_but(&[status_w]);
-                reap_as_init(command_pid, status_w)
+        let command_pid = start_command(spec, mounted, Some(ns), &[status_w])?;
+        close_all_but(&[status_w]);
+        reap_as_init(command_pid, status_w)
+    }
+}
+
+/// What the command's process gets from the process that starts it.
+struct CommandStart<'a> {
+    spec: &'a Spec,
+    mounted: Mounted,
+    namespaces: Option<&'a Namespaces>,
+    /// Descriptors of the starting process the command must not keep (at most two).
+    close: [RawFd; 2],
+}
+
+/// Starts the command's process with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does: it
+/// runs on its own stack in this process's memory, and this process waits until it has called
+/// `exec` (or died). A `fork` would copy the caller's whole address space, a few hundred
+/// microseconds for a server, only for `exec` to throw the copy away. Returns its pid.
+unsafe fn start_command(
+    spec: &Spec,
+    mounted: Mounted,
+    namespaces: Option<&Namespaces>,
+    close: &[RawFd],
+) -> std::io::Result<libc::pid_t> {
+    unsafe {
+        let mut start = CommandStart {
+            spec,
+            mounted,
+            namespaces,
+            close: [-1; 2],
+        };
+        for (slot, fd) in start.close.iter_mut().zip(close) {
+            *slot = *fd;
+        }
+        let stack = &mut *spec.exec.stack.get();
+        // The stack grows down; its top, aligned for any call.
+        let memory = stack.spare_capacity_mut();
+        let top = (memory.as_mut_ptr().add(memory.len()) as usize & !0xf) as *mut libc::c_void;
+        let pid = libc::clone(
+            run_command,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut start as *mut CommandStart<'_>).cast(),
+        );
+        if pid == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(pid)
+    }
+}
+
+unsafe extern "C" {
+    static mut environ: *const *const libc::c_char;
+}
+
+/// The command's process: confine it, then `execvp` (which looks the program up in the `PATH`
+/// of the environment it gets, and runs a script without `#!` with `/bin/sh`). On any failure,
+/// its errno goes to the parent's status pipe and the process exits.
+extern "C" fn run_command(arg: *mut libc::c_void) -> c_int {
+    // SAFETY: `arg` is the `CommandStart` of `start_command`, alive while its caller waits for
+    // this process to exec or exit (CLONE_VFORK). Only system calls follow; `environ` is
+    // written in the shared memory of a process that never reads it again.
+    unsafe {
+        let start = &*(arg as *const CommandStart<'_>);
+        for fd in start.close {
+            if fd >= 0 {
+                libc::close(fd);
             }
         }
+        let spec = start.spec;
+        let exec = &spec.exec;
+        let failed = match command(spec, start.mounted, start.namespaces) {
+            Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Ok(()) => {
+                environ = exec.envp_ptrs.as_ptr();
+                libc::execvp(exec.program.as_ptr(), exec.argv_ptrs.as_ptr());
+                errno()
+            }
+        };
+        let bytes = failed.to_ne_bytes();
+        libc::write(exec.status.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+        libc::_exit(127)
     }
 }
 
@@ -686,12 +887,24 @@ unsafe fn add_rule(ruleset: RawFd, path: &CStr, access: u64) -> std::io::Result<
 }
 
 /// setgroups (none), setresgid, setresuid.
+/// setgroups (none), setresgid, setresuid, as raw system calls: the C library's wrappers would
+/// try to change every thread it knows of, and in the command's process (which runs in its
+/// parent's memory) its list of threads is not this process's.
 unsafe fn become_user(identity: Identity) -> std::io::Result<()> {
     unsafe {
-        check(libc::setgroups(0, std::ptr::null()).into(), IDENTITY_FAILED)?;
         let Identity { uid, gid } = identity;
-        check(libc::setresgid(gid, gid, gid).into(), IDENTITY_FAILED)?;
-        check(libc::setresuid(uid, uid, uid).into(), IDENTITY_FAILED)
+        check(
+            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+            IDENTITY_FAILED,
+        )?;
+        check(
+            libc::syscall(libc::SYS_setresgid, gid, gid, gid),
+            IDENTITY_FAILED,
+        )?;
+        check(
+            libc::syscall(libc::SYS_setresuid, uid, uid, uid),
+            IDENTITY_FAILED,
+        )
     }
 }
 
@@ -831,10 +1044,9 @@ unsafe fn loopback_up() -> std::io::Result<()> {
     }
 }
 
-/// Makes the proxy's listening socket on `127.0.0.1:port` inside the new network namespace and
-/// sends it to the parent over `to` (`SCM_RIGHTS`): the parent accepts connections from the
-/// command on it, from outside the namespace.
-unsafe fn proxy_listener(to: RawFd, port: u16) -> std::io::Result<()> {
+/// The proxy's listening socket on `127.0.0.1:port`, made inside the new network namespace:
+/// the parent accepts connections from commands on it, from outside the namespace.
+unsafe fn proxy_listener(port: u16) -> std::io::Result<RawFd> {
     unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
         if fd == -1 {
@@ -848,37 +1060,36 @@ unsafe fn proxy_listener(to: RawFd, port: u16) -> std::io::Result<()> {
             },
             sin_zero: [0; 8],
         };
-        let bound = libc::bind(
+        let listening = libc::bind(
             fd,
             (&address as *const libc::sockaddr_in).cast(),
             std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
         ) == 0
             && libc::listen(fd, 128) == 0;
-        let sent = bound && send_fd(to, fd);
-        libc::close(fd);
-        libc::close(to);
-        if sent {
-            Ok(())
-        } else {
-            Err(fail(NAMESPACES_FAILED))
+        if !listening {
+            return Err(fail(NAMESPACES_FAILED));
         }
+        Ok(fd)
     }
 }
 
-/// Room for one `SCM_RIGHTS` message carrying one descriptor, aligned for `cmsghdr`.
+/// Room for one `SCM_RIGHTS` message carrying up to three descriptors, aligned for `cmsghdr`.
 #[repr(C, align(8))]
-struct OneFd([u8; 24]);
+struct ThreeFds([u8; 32]);
 
-unsafe fn send_fd(to: RawFd, fd: RawFd) -> bool {
+unsafe fn send_fds(to: RawFd, fds: &[RawFd]) -> bool {
     unsafe {
         let mut byte = [0u8; 1];
         let mut iov = libc::iovec {
             iov_base: byte.as_mut_ptr().cast(),
             iov_len: 1,
         };
-        let mut control = OneFd([0; 24]);
-        let space = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as usize;
-        debug_assert!(space <= control.0.len());
+        let mut control = ThreeFds([0; 32]);
+        let data = std::mem::size_of_val(fds) as u32;
+        let space = libc::CMSG_SPACE(data) as usize;
+        if fds.len() > 3 || space > control.0.len() {
+            return false;
+        }
         let mut message: libc::msghdr = std::mem::zeroed();
         message.msg_iov = &mut iov;
         message.msg_iovlen = 1;
@@ -890,8 +1101,11 @@ unsafe fn send_fd(to: RawFd, fd: RawFd) -> bool {
         }
         (*header).cmsg_level = libc::SOL_SOCKET;
         (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<c_int>(), fd);
+        (*header).cmsg_len = libc::CMSG_LEN(data) as _;
+        let out = libc::CMSG_DATA(header).cast::<c_int>();
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(out.add(i), *fd);
+        }
         libc::sendmsg(to, &message, libc::MSG_NOSIGNAL) == 1
     }
 }
@@ -1160,15 +1374,9 @@ unsafe fn fallback(spec: &Spec) -> std::io::Result<()> {
             libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0).into(),
             NAMESPACES_FAILED,
         )?;
-        let supervisor_parent = spec.parent;
-        match libc::fork() {
-            -1 => Err(std::io::Error::last_os_error()),
-            0 => command(spec, Mounted::default(), None),
-            command_pid => {
-                close_all_but(&[]);
-                supervise_fallback(command_pid, supervisor_parent)
-            }
-        }
+        let command_pid = start_command(spec, Mounted::default(), None, &[])?;
+        close_all_but(&[]);
+        supervise_fallback(command_pid, spec.parent)
     }
 }
 

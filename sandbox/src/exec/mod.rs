@@ -21,8 +21,9 @@ pub mod netpolicy;
 pub(crate) mod process;
 mod proxy;
 pub mod seccomp;
+mod shared;
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::OnceLock;
@@ -441,10 +442,13 @@ pub(crate) struct Started {
     pub child: tokio::process::Child,
     pub supervisor: process::Supervisor,
     pub tmp: tempfile::TempDir,
-    /// The proxy's listening socket, inside the command's network namespace.
-    pub proxy: Option<std::net::TcpListener>,
+    /// The workspace's shared namespaces it runs in.
+    pub shared: Option<std::sync::Arc<shared::Shared>>,
     /// `landlock`, or `none` when the operator allowed unsandboxed commands here.
     pub sandbox: &'static str,
+    /// Read end of the start pipe (see [`Started::started`]).
+    status: OwnedFd,
+    isolation: Isolation,
 }
 
 /// Checks `args` and starts the command (see the module documentation). `timeout`: its time
@@ -452,6 +456,7 @@ pub(crate) struct Started {
 pub(crate) fn start(
     jail: &Jail,
     policy: &ExecPolicy,
+    slot: &shared::Slot,
     args: &RunCommandArgs,
     timeout: Option<Duration>,
     pipe_stdin: bool,
@@ -473,7 +478,7 @@ pub(crate) fn start(
     }
     let identity = identity(jail, policy)?;
     let first = isolation(policy, identity);
-    match spawn(jail, policy, args, timeout, pipe_stdin, first) {
+    match spawn(jail, policy, slot, args, timeout, pipe_stdin, first) {
         Err(SpawnFailure::Namespaces(why))
             if first.namespaced && policy.namespaces == NamespacePolicy::Auto =>
         {
@@ -487,7 +492,8 @@ pub(crate) fn start(
                 namespaced: false,
                 identity,
             };
-            spawn(jail, policy, args, timeout, pipe_stdin, fallback).map_err(|e| e.into_error())
+            spawn(jail, policy, slot, args, timeout, pipe_stdin, fallback)
+                .map_err(|e| e.into_error())
         }
         other => other.map_err(|e| e.into_error()),
     }
@@ -520,6 +526,7 @@ impl From<SandboxError> for SpawnFailure {
 fn spawn(
     jail: &Jail,
     policy: &ExecPolicy,
+    slot: &shared::Slot,
     args: &RunCommandArgs,
     timeout: Option<Duration>,
     pipe_stdin: bool,
@@ -581,30 +588,6 @@ fn spawn(
     } else {
         "none"
     };
-    let (proxy_ours, proxy_theirs) = match plan.proxy_port {
-        Some(_) => {
-            let (ours, theirs) = nix::sys::socket::socketpair(
-                nix::sys::socket::AddressFamily::Unix,
-                nix::sys::socket::SockType::Stream,
-                None,
-                nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-            )
-            .map_err(|e| SandboxError::Io {
-                op: "make the proxy's channel for",
-                path: program.clone(),
-                source: e.into(),
-            })?;
-            (Some(ours), Some(theirs))
-        }
-        None => (None, None),
-    };
-    let (uid, gid) = match isolation.identity {
-        Some(who) => (who.uid, who.gid),
-        None => (
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw(),
-        ),
-    };
     let cstring = |path: &std::path::Path| {
         std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             SandboxError::SandboxUnavailable(format!(
@@ -632,21 +615,28 @@ fn spawn(
         (Vec::new(), Vec::new())
     };
     let root = cstring(jail.root_path())?;
-    let namespaces = isolation.namespaced.then(|| child::Namespaces {
+    let shared = if isolation.namespaced {
+        match slot.get(policy, isolation.identity) {
+            Ok(shared) => Some(shared),
+            Err(shared::Failure::Refused(why)) => return Err(SpawnFailure::Namespaces(why)),
+            Err(shared::Failure::Other(e)) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+    let namespaces = shared.as_ref().map(|shared| child::Namespaces {
+        user: shared.user.as_raw_fd(),
+        net: shared.net.as_ref().map(|net| net.as_raw_fd()),
         binds,
         masks,
         root,
         root_id,
         cwd: cwd_rel,
-        net: plan.own_network,
-        uid_map: format!("{uid} {uid} 1\n").into_bytes(),
-        gid_map: format!("{gid} {gid} 1\n").into_bytes(),
         shm_options: std::ffi::CString::new(format!(
             "size={},mode=1777",
             policy.shm_max_bytes.max(4096)
         ))
         .expect("no NUL in numbers"),
-        proxy: proxy_theirs.zip(plan.proxy_port),
     });
     let (proc_access, shm_access) = abi
         .map(|abi| {
@@ -656,6 +646,15 @@ fn spawn(
             )
         })
         .unwrap_or((0, 0));
+    let (status_read, status_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SandboxError::Io {
+            op: "make the start pipe of",
+            path: program.clone(),
+            source: e.into(),
+        })?;
+    let exec = child::Exec::new(program, &args.argv, &plan.env, status_write).map_err(|_| {
+        SandboxError::InvalidArguments("`argv` or the environment holds a NUL byte".into())
+    })?;
     let spec = child::Spec {
         rlimits: Rlimits::new(policy, plan.cpu_seconds),
         nproc: (isolation.namespaced && policy.max_processes > 0).then_some(policy.max_processes),
@@ -668,6 +667,7 @@ fn spawn(
         filter,
         parent: nix::unistd::getpid().as_raw(),
         cap_last: cap_last(),
+        exec,
     };
 
     let mut command = tokio::process::Command::new(program);
@@ -686,7 +686,11 @@ fn spawn(
         // Ended through its supervisor (see `process::Supervisor`), which takes the whole tree.
         .kill_on_drop(false);
     child::install(&mut command, spec);
-    let child = match command.spawn() {
+    let spawned = command.spawn();
+    // The closure (and with it this process's copy of the start pipe's write end) goes now, so
+    // that the pipe ends when the command's process has run `exec`.
+    drop(command);
+    let child = match spawned {
         Ok(child) => child,
         Err(e) if e.raw_os_error() == Some(child::NAMESPACES_FAILED) && isolation.namespaced => {
             return Err(SpawnFailure::Namespaces(
@@ -703,25 +707,53 @@ fn spawn(
         source: std::io::Error::other("the command exited before it could be watched"),
     })?;
     let supervisor = process::Supervisor::new(pid);
-    let proxy = match proxy_ours {
-        Some(ours) => Some(receive_listener(ours.as_fd()).map_err(|e| {
-            supervisor.kill_tree();
-            SandboxError::Io {
-                op: "receive the proxy's socket for",
-                path: program.clone(),
-                source: e,
-            }
-        })?),
-        None => None,
-    };
     Ok(Started {
         child,
         supervisor,
         tmp,
-        proxy,
+        shared,
         sandbox,
+        status: status_read,
+        isolation,
     })
 }
+
+impl Started {
+    /// Waits (bounded) until the command's process has run `exec`: `Err` with what failed
+    /// before, when it did not (the tree is then ended).
+    pub(crate) async fn started(&mut self, program: &str) -> Result<(), SandboxError> {
+        let io = |e: std::io::Error| SandboxError::Io {
+            op: "start",
+            path: program.to_owned(),
+            source: e,
+        };
+        let status = self.status.try_clone().map_err(io)?;
+        let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(status).map_err(io)?;
+        let read = async {
+            let mut bytes = Vec::with_capacity(4);
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut pipe, &mut bytes).await;
+            <[u8; 4]>::try_from(bytes.as_slice())
+                .ok()
+                .map(i32::from_ne_bytes)
+        };
+        let errno = tokio::time::timeout(START_TIMEOUT, read)
+            .await
+            .unwrap_or(Some(libc::ETIMEDOUT));
+        let Some(errno) = errno else {
+            return Ok(());
+        };
+        self.supervisor.kill_tree();
+        let _ = self.child.wait().await;
+        Err(spawn_error(
+            program,
+            std::io::Error::from_raw_os_error(errno),
+            self.isolation,
+        ))
+    }
+}
+
+/// Longest a command's process may take from its start to `exec`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a namespaced command sees besides the read-only rest: binds of the directories it may
 /// write (the workspace first) and of those it may read that lie under a directory its user
@@ -821,38 +853,6 @@ pub fn masks_for(
     }
     masks.sort();
     masks
-}
-
-/// The proxy's listening socket, sent by the supervisor from inside the command's network
-/// namespace before the command was started (so it is there once `spawn` has returned).
-fn receive_listener(
-    channel: std::os::fd::BorrowedFd<'_>,
-) -> std::io::Result<std::net::TcpListener> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    use std::os::fd::AsRawFd;
-    let mut byte = [0u8; 1];
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!(std::os::fd::RawFd);
-    let message = recvmsg::<()>(
-        channel.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(std::io::Error::from)?;
-    for cmsg in message.cmsgs().map_err(std::io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg
-            && let Some(&fd) = fds.first()
-        {
-            let listener = std::net::TcpListener::from(child::received(fd));
-            for extra in &fds[1..] {
-                drop(child::received(*extra));
-            }
-            listener.set_nonblocking(true)?;
-            return Ok(listener);
-        }
-    }
-    Err(std::io::Error::other("no socket came"))
 }
 
 /// The highest capability number this kernel knows (`/proc/sys/kernel/cap_last_cap`), read once.

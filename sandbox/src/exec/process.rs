@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use super::{child, netpolicy, proxy};
+use super::{child, netpolicy};
 use crate::error::SandboxError;
 use crate::jail::Jail;
 use crate::limits::{ExecPolicy, Limits};
@@ -40,8 +40,6 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 const MAX_READ_WAIT: Duration = Duration::from_secs(300);
 /// Longest a `process_write` waits for the process to take its input.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Network events kept between two reads; more are counted, not kept.
-const MAX_NETWORK_EVENTS: usize = 1000;
 /// Characters of the latest output line shown in progress.
 const PROGRESS_LINE_CHARS: usize = 200;
 
@@ -169,7 +167,6 @@ struct State {
     stdout: Output,
     stderr: Output,
     exit: Option<Exit>,
-    network: Vec<NetworkEvent>,
     /// The last bytes written to either stream, for progress lines.
     tail: VecDeque<u8>,
 }
@@ -187,6 +184,8 @@ pub(crate) struct Proc {
     activity: watch::Sender<u64>,
     stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
     task: Mutex<Option<AbortHandle>>,
+    /// The workspace's shared namespaces it runs in, when namespaced.
+    shared: Option<Arc<super::shared::Shared>>,
 }
 
 impl std::fmt::Debug for Proc {
@@ -222,21 +221,13 @@ impl Proc {
         self.touched();
     }
 
-    fn network(&self, event: NetworkEvent) {
-        tracing::info!(
-            process = %self.id,
-            host = %event.host,
-            port = event.port,
-            allowed = event.allowed,
-            reason = event.reason.as_deref().unwrap_or(""),
-            "network"
-        );
-        let mut state = self.lock();
-        if state.network.len() < MAX_NETWORK_EVENTS {
-            state.network.push(event);
-        }
-        drop(state);
-        self.touched();
+    /// The connections the workspace's proxy was asked for since the last report (of any of
+    /// the workspace's commands: the proxy cannot tell them apart).
+    fn take_events(&self) -> Vec<NetworkEvent> {
+        self.shared
+            .as_ref()
+            .map(|shared| shared.take_events())
+            .unwrap_or_default()
     }
 
     fn exit(&self) -> Option<Exit> {
@@ -274,6 +265,8 @@ impl Proc {
 pub(crate) struct Table {
     procs: Mutex<Vec<Arc<Proc>>>,
     max: usize,
+    /// The namespaces the workspace's commands share (made on the first one).
+    pub(crate) shared: super::shared::Slot,
 }
 
 impl Table {
@@ -282,6 +275,7 @@ impl Table {
         Table {
             procs: Mutex::new(Vec::new()),
             max,
+            shared: super::shared::Slot::default(),
         }
     }
 
@@ -415,19 +409,21 @@ pub(crate) async fn run(
     if background {
         table.full()?;
     }
-    let net = (policy.network == crate::limits::NetworkMode::Allowlist)
-        .then(|| netpolicy::NetPolicy::parse(&policy.allow, &policy.deny))
-        .transpose()
-        .map_err(SandboxError::InvalidArguments)?;
+    if policy.network == crate::limits::NetworkMode::Allowlist {
+        netpolicy::NetPolicy::parse(&policy.allow, &policy.deny)
+            .map_err(SandboxError::InvalidArguments)?;
+    }
     let timeout = timeout_ms.map(Duration::from_millis);
     let started = super::start(
         jail,
         policy,
+        &table.shared,
         args,
         timeout,
         background || args.stdin.is_some(),
     )?;
     let mut started = started;
+    started.started(&args.argv[0]).await?;
     let stdin = started.child.stdin.take();
     let (activity, _) = watch::channel(0u64);
     let output = || {
@@ -447,18 +443,18 @@ pub(crate) async fn run(
             stdout: output(),
             stderr: output(),
             exit: None,
-            network: Vec::new(),
             tail: VecDeque::new(),
         }),
         activity,
         stdin: tokio::sync::Mutex::new(None),
         task: Mutex::new(None),
+        shared: started.shared.clone(),
     });
     // From here on, a failure or a cancellation kills the tree.
     let mut foreground = Foreground(Some(proc.clone()));
     let mut changes = proc.activity.subscribe();
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let task = tokio::spawn(drive(proc.clone(), started, deadline, net));
+    let task = tokio::spawn(drive(proc.clone(), started, deadline));
     *proc.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
 
     if let Some(mut pipe) = stdin {
@@ -490,7 +486,20 @@ pub(crate) async fn run(
     if background {
         table.adopt(proc.clone())?;
         foreground.0 = None;
-        return Ok(result_of(&proc, None, Some(proc.id.clone())));
+        // Its output, even what it has printed already, is for `process_read`.
+        return Ok(RunCommandResult {
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_ms: 0,
+            sandbox: proc.sandbox.to_owned(),
+            process: Some(proc.id.clone()),
+            network: Vec::new(),
+        });
     }
     let mut moving_at = after.map(|after| tokio::time::Instant::now() + after);
     let mut tick =
@@ -574,17 +583,16 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
         duration_ms: proc.elapsed(exit).as_millis() as u64,
         sandbox: proc.sandbox.to_owned(),
         process,
-        network: std::mem::take(&mut state.network),
+        network: proc.take_events(),
     }
 }
 
-/// Pumps the output, runs the proxy, waits for the end (killing the tree at the deadline), and
+/// Pumps the output, waits for the end (killing the tree at the deadline), and
 /// records how it ended.
 async fn drive(
     proc: Arc<Proc>,
     mut started: super::Started,
     deadline: Option<tokio::time::Instant>,
-    net: Option<netpolicy::NetPolicy>,
 ) {
     let mut guard = TreeGuard(Some(proc.supervisor.clone()));
     let mut pumps = tokio::task::JoinSet::new();
@@ -594,23 +602,6 @@ async fn drive(
     if let Some(err) = started.child.stderr.take() {
         pumps.spawn(pump(err, proc.clone(), true));
     }
-    let proxy = match (started.proxy.take(), net) {
-        (Some(listener), Some(net)) => match tokio::net::TcpListener::from_std(listener) {
-            Ok(listener) => {
-                let sink = proc.clone();
-                Some(tokio::spawn(proxy::serve(
-                    listener,
-                    Arc::new(net),
-                    Arc::new(move |event| sink.network(event)),
-                )))
-            }
-            Err(e) => {
-                tracing::warn!("the network proxy cannot listen: {e}");
-                None
-            }
-        },
-        _ => None,
-    };
     let mut timed_out = false;
     let status = match deadline {
         Some(deadline) => match tokio::time::timeout_at(deadline, started.child.wait()).await {
@@ -630,9 +621,6 @@ async fn drive(
     })
     .await;
     pumps.abort_all();
-    if let Some(proxy) = proxy {
-        proxy.abort();
-    }
     guard.0 = None;
     let exit = match status {
         Ok(status) => Exit {
@@ -691,10 +679,7 @@ pub(crate) async fn read(
     let mut changes = proc.activity.subscribe();
     let has_news = |proc: &Proc| {
         let state = proc.lock();
-        state.exit.is_some()
-            || !state.stdout.bytes.is_empty()
-            || !state.stderr.bytes.is_empty()
-            || !state.network.is_empty()
+        state.exit.is_some() || !state.stdout.bytes.is_empty() || !state.stderr.bytes.is_empty()
     };
     if !wait.is_zero() && !has_news(&proc) {
         let _ = tokio::time::timeout(wait, async {
@@ -720,7 +705,7 @@ pub(crate) async fn read(
         stdout_dropped: std::mem::take(&mut state.stdout.dropped),
         stderr_dropped: std::mem::take(&mut state.stderr.dropped),
         duration_ms: proc.elapsed(exit).as_millis() as u64,
-        network: std::mem::take(&mut state.network),
+        network: proc.take_events(),
     };
     drop(state);
     if finished {

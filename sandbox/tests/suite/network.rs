@@ -189,3 +189,47 @@ fn with_the_hosts_network_the_loopback_is_reachable() {
     let out = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
     assert_eq!(out.stdout, "hello from the host", "{out:?}");
 }
+
+/// A workspace's commands share one loopback: a server a background command starts is there
+/// for the next command, and not for another workspace's.
+#[test]
+fn a_background_server_is_reachable_from_the_workspaces_next_commands_only() {
+    use monad_protocol::ToolName;
+    use serde_json::json;
+    let rt = super::support::runtime();
+    let fx = Fixture::new();
+    let other = Fixture::new();
+    rt.block_on(async {
+        let started = fx
+            .sandbox
+            .call(
+                ToolName::RunCommand,
+                json!({"argv": ["python3", "-m", "http.server", "--bind", "127.0.0.1", "8001"],
+                       "background": true}),
+            )
+            .await
+            .unwrap();
+        let id = started["process"].as_str().unwrap().to_owned();
+        let probe = "for i in $(seq 200); do curl -s -o /dev/null http://127.0.0.1:8001/ && break; \
+                     sleep 0.05; done; curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/";
+        let out = fx
+            .sandbox
+            .call(ToolName::RunCommand, json!({"argv": ["sh", "-c", probe]}))
+            .await
+            .unwrap();
+        assert_eq!(out["stdout"], "200", "{out}");
+        let out = other
+            .sandbox
+            .call(
+                ToolName::RunCommand,
+                json!({"argv": ["curl", "-sS", "--max-time", "5", "http://127.0.0.1:8001/"]}),
+            )
+            .await
+            .unwrap();
+        assert_ne!(out["exit_code"], 0, "another workspace reached it: {out}");
+        fx.sandbox
+            .call(ToolName::ProcessKill, json!({"process": id, "signal": "KILL"}))
+            .await
+            .unwrap();
+    });
+}

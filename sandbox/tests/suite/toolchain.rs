@@ -14,11 +14,10 @@ fn wheels() -> Option<PathBuf> {
     let dir = std::env::var_os("MONAD_TEST_WHEELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/wheels"));
-    let has_pytest = std::fs::read_dir(&dir).ok()?.flatten().any(|e| {
-        e.file_name()
-            .to_string_lossy()
-            .starts_with("pytest-")
-    });
+    let has_pytest = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("pytest-"));
     has_pytest.then(|| dir.canonicalize().unwrap())
 }
 
