@@ -368,6 +368,25 @@ unsafe fn make_shared(spec: &SharedSpec) -> std::io::Result<()> {
         write_file(c"/proc/self/setgroups", b"deny")?;
         write_file(c"/proc/self/uid_map", &spec.uid_map)?;
         write_file(c"/proc/self/gid_map", &spec.gid_map)?;
+        // Whether the namespace gives what commands need: some kernels (AppArmor's restriction
+        // of unprivileged user namespaces) let one be made but not used to mount anything.
+        check(libc::unshare(libc::CLONE_NEWNS).into(), NAMESPACES_FAILED)?;
+        let rc = libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        );
+        check(rc.into(), NAMESPACES_FAILED)?;
+        let rc = libc::mount(
+            c"tmpfs".as_ptr(),
+            c"/dev/shm".as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            c"size=4k".as_ptr().cast(),
+        );
+        check(rc.into(), NAMESPACES_FAILED)?;
         let mut fds = [-1 as RawFd; 3];
         let mut count = 0;
         for path in [c"/proc/self/ns/user", c"/proc/self/ns/net"] {
