@@ -100,6 +100,8 @@ pub struct Identity {
 pub(crate) struct Namespaces {
     /// The workspace's user namespace.
     pub user: RawFd,
+    /// The workspace's IPC namespace (System V IPC, POSIX message queues).
+    pub ipc: RawFd,
     /// The workspace's network namespace (only a loopback), unless commands get the host's.
     pub net: Option<RawFd>,
     /// Options of the private `/dev/shm` (`size=...,mode=1777`), NUL-terminated.
@@ -296,14 +298,17 @@ unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
             libc::setns(ns.user, libc::CLONE_NEWUSER).into(),
             NAMESPACES_FAILED,
         )?;
+        check(
+            libc::setns(ns.ipc, libc::CLONE_NEWIPC).into(),
+            NAMESPACES_FAILED,
+        )?;
         if let Some(net) = ns.net {
             check(
                 libc::setns(net, libc::CLONE_NEWNET).into(),
                 NAMESPACES_FAILED,
             )?;
         }
-        let flags =
-            libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+        let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
         check(libc::unshare(flags).into(), NAMESPACES_FAILED)?;
         let (status_r, status_w) = pipe()?;
         let (life_r, life_w) = pipe()?;
@@ -339,8 +344,8 @@ pub(crate) struct SharedSpec {
 }
 
 /// Makes `command`'s child create a workspace's shared namespaces and send them to the parent
-/// (`SCM_RIGHTS`, in this order: user, network, proxy socket), then exit without running the
-/// program: the namespaces live on in the descriptors.
+/// (`SCM_RIGHTS`, in this order: user, IPC, network, proxy socket), then exit without running
+/// the program: the namespaces live on in the descriptors.
 pub(crate) fn install_shared(command: &mut std::process::Command, spec: SharedSpec) {
     // SAFETY: the closure runs between fork and exec and makes system calls only, on data
     // prepared in the parent; it never returns when it succeeds.
@@ -360,7 +365,7 @@ unsafe fn make_shared(spec: &SharedSpec) -> std::io::Result<()> {
                 IDENTITY_FAILED,
             )?;
         }
-        let mut flags = libc::CLONE_NEWUSER;
+        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWIPC;
         if spec.net {
             flags |= libc::CLONE_NEWNET;
         }
@@ -387,9 +392,13 @@ unsafe fn make_shared(spec: &SharedSpec) -> std::io::Result<()> {
             c"size=4k".as_ptr().cast(),
         );
         check(rc.into(), NAMESPACES_FAILED)?;
-        let mut fds = [-1 as RawFd; 3];
+        let mut fds = [-1 as RawFd; 4];
         let mut count = 0;
-        for path in [c"/proc/self/ns/user", c"/proc/self/ns/net"] {
+        for path in [
+            c"/proc/self/ns/user",
+            c"/proc/self/ns/ipc",
+            c"/proc/self/ns/net",
+        ] {
             if path == c"/proc/self/ns/net" && !spec.net {
                 continue;
             }
@@ -1092,9 +1101,9 @@ unsafe fn proxy_listener(port: u16) -> std::io::Result<RawFd> {
     }
 }
 
-/// Room for one `SCM_RIGHTS` message carrying up to three descriptors, aligned for `cmsghdr`.
+/// Room for one `SCM_RIGHTS` message carrying up to four descriptors, aligned for `cmsghdr`.
 #[repr(C, align(8))]
-struct ThreeFds([u8; 32]);
+struct FourFds([u8; 32]);
 
 unsafe fn send_fds(to: RawFd, fds: &[RawFd]) -> bool {
     unsafe {
@@ -1103,10 +1112,10 @@ unsafe fn send_fds(to: RawFd, fds: &[RawFd]) -> bool {
             iov_base: byte.as_mut_ptr().cast(),
             iov_len: 1,
         };
-        let mut control = ThreeFds([0; 32]);
+        let mut control = FourFds([0; 32]);
         let data = std::mem::size_of_val(fds) as u32;
         let space = libc::CMSG_SPACE(data) as usize;
-        if fds.len() > 3 || space > control.0.len() {
+        if fds.len() > 4 || space > control.0.len() {
             return false;
         }
         let mut message: libc::msghdr = std::mem::zeroed();

@@ -626,6 +626,7 @@ fn spawn(
     };
     let namespaces = shared.as_ref().map(|shared| child::Namespaces {
         user: shared.user.as_raw_fd(),
+        ipc: shared.ipc.as_raw_fd(),
         net: shared.net.as_ref().map(|net| net.as_raw_fd()),
         binds,
         masks,

@@ -3,7 +3,8 @@
 //! background command starts on `127.0.0.1` is reachable by the workspace's next commands, as on
 //! a developer's machine, and by nothing else; and a network namespace, the costliest part of a
 //! command's isolation, is made once per workspace instead of once per command. Each command
-//! still gets PID, mount, IPC and UTS namespaces of its own.
+//! still gets PID and mount namespaces of its own; the workspace's IPC namespace (System V IPC,
+//! POSIX message queues) is shared too.
 //!
 //! With `network = "allowlist"` the network namespace holds the proxy's listening socket: one
 //! [`super::proxy`] per workspace, whose reports go to [`Shared::events`].
@@ -26,6 +27,7 @@ pub(crate) struct Shared {
     /// For whom they were made (a workspace whose owner changed gets new ones).
     pub identity: Option<Identity>,
     pub user: OwnedFd,
+    pub ipc: OwnedFd,
     pub net: Option<OwnedFd>,
     /// Connections the proxy was asked for, not reported yet.
     pub events: Arc<Mutex<Vec<NetworkEvent>>>,
@@ -116,7 +118,7 @@ impl Shared {
         drop(command);
         let status = made.wait().map_err(io("wait for"))?;
         let fds = receive(ours.as_fd()).map_err(io("receive"))?;
-        if !status.success() || fds.len() != 1 + usize::from(net) + usize::from(allowlist.is_some())
+        if !status.success() || fds.len() != 2 + usize::from(net) + usize::from(allowlist.is_some())
         {
             return Err(Failure::Refused(format!(
                 "the namespace maker ended with {status} and sent {} descriptors",
@@ -125,6 +127,7 @@ impl Shared {
         }
         let mut fds = fds.into_iter();
         let user = fds.next().expect("counted");
+        let ipc = fds.next().expect("counted");
         let net = net.then(|| fds.next().expect("counted"));
         let events: Arc<Mutex<Vec<NetworkEvent>>> = Arc::default();
         let proxy = match (allowlist, fds.next()) {
@@ -163,6 +166,7 @@ impl Shared {
         Ok(Shared {
             identity,
             user,
+            ipc,
             net,
             events,
             proxy,
@@ -181,7 +185,7 @@ fn receive(channel: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<OwnedFd>
     use std::os::fd::AsRawFd;
     let mut byte = [0u8; 1];
     let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 3]);
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
     let message = recvmsg::<()>(
         channel.as_raw_fd(),
         &mut iov,
