@@ -123,7 +123,7 @@ pub(crate) struct Namespaces {
 /// (the workspace, its temporary directory, the operator's `extra_write_paths`), which stay
 /// writable when the rest is mounted read-only, and the directories it may read that lie under
 /// a mask (opened before the mask hides them, bound back once the way down is made).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Bind {
     /// Its canonical path.
     pub target: std::ffi::CString,

@@ -441,7 +441,8 @@ fn isolation(policy: &ExecPolicy, identity: Option<Identity>) -> Isolation {
 pub(crate) struct Started {
     pub child: tokio::process::Child,
     pub supervisor: process::Supervisor,
-    pub tmp: tempfile::TempDir,
+    /// The workspace's temporary directory, kept while the command runs.
+    pub tmp: std::sync::Arc<tempfile::TempDir>,
     /// The workspace's shared namespaces it runs in.
     pub shared: Option<std::sync::Arc<shared::Shared>>,
     /// `landlock`, or `none` when the operator allowed unsandboxed commands here.
@@ -535,23 +536,13 @@ fn spawn(
     let program = &args.argv[0];
     let cwd_path = jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
     let cwd: OwnedFd = jail.open_dir(&cwd_path)?.into();
-    let tmp = tempfile::Builder::new()
-        .prefix("monad-exec-")
-        .tempdir()
+    let tmp = slot
+        .tmp_dir(isolation.identity)
         .map_err(|e| SandboxError::Io {
-            op: "create temporary directory for",
+            op: "create the temporary directory for",
             path: program.clone(),
             source: e,
         })?;
-    if let Some(who) = isolation.identity {
-        std::os::unix::fs::chown(tmp.path(), Some(who.uid), Some(who.gid)).map_err(|e| {
-            SandboxError::Io {
-                op: "give the temporary directory to the user of",
-                path: program.clone(),
-                source: e,
-            }
-        })?;
-    }
     let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout, isolation)?;
     // Both or neither: the landlock ruleset and the seccomp filter are one sandbox.
     let (ruleset, filter, abi) = match (landlock_abi(), seccomp::filter(plan.sockets)) {
@@ -610,7 +601,9 @@ fn spawn(
         rel => cstring(std::path::Path::new(rel))?,
     };
     let (binds, masks) = if isolation.namespaced {
-        view(jail, &plan, isolation.identity)?
+        slot.view(jail.root_path(), isolation.identity, || {
+            view(jail, &plan, isolation.identity)
+        })?
     } else {
         (Vec::new(), Vec::new())
     };

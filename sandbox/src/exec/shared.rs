@@ -202,9 +202,20 @@ fn receive(channel: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<OwnedFd>
     Ok(fds)
 }
 
-/// Where a workspace keeps its shared namespaces, made on its first namespaced command.
+/// What a workspace keeps for its commands, made on its first one: the shared namespaces, a
+/// temporary directory (`TMPDIR`, shared by its commands like `/tmp` on a machine, removed
+/// with the workspace), and the command's view of the filesystem (masks and binds).
 #[derive(Debug, Default)]
-pub(crate) struct Slot(Mutex<Option<Arc<Shared>>>);
+pub(crate) struct Slot {
+    shared: Mutex<Option<Arc<Shared>>>,
+    tmp: Mutex<Option<(Option<Identity>, Arc<tempfile::TempDir>)>>,
+    view: Mutex<Option<(ViewKey, View)>>,
+}
+
+/// What a view was computed for.
+type ViewKey = (std::path::PathBuf, Option<Identity>, std::path::PathBuf);
+/// Binds and masks (see [`super::child::Namespaces`]).
+type View = (Vec<child::Bind>, Vec<std::ffi::CString>);
 
 impl Slot {
     /// The workspace's shared namespaces for `identity`, made now if there are none yet (or
@@ -214,7 +225,7 @@ impl Slot {
         policy: &ExecPolicy,
         identity: Option<Identity>,
     ) -> Result<Arc<Shared>, Failure> {
-        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         // Made for this user, and its proxy (if any) still serving: a proxy ends only with the
         // runtime it ran on, and then the workspace's commands are gone too.
         if let Some(shared) = slot.as_ref()
@@ -226,5 +237,53 @@ impl Slot {
         let shared = Arc::new(Shared::make(policy, identity)?);
         *slot = Some(shared.clone());
         Ok(shared)
+    }
+
+    /// The workspace's temporary directory, owned by `identity` (the caller when `None`).
+    pub(crate) fn tmp_dir(
+        &self,
+        identity: Option<Identity>,
+    ) -> std::io::Result<Arc<tempfile::TempDir>> {
+        let mut slot = self.tmp.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((made_for, dir)) = slot.as_ref()
+            && *made_for == identity
+            && dir.path().is_dir()
+        {
+            return Ok(dir.clone());
+        }
+        let dir = tempfile::Builder::new().prefix("monad-exec-").tempdir()?;
+        if let Some(who) = identity {
+            std::os::unix::fs::chown(dir.path(), Some(who.uid), Some(who.gid))?;
+        }
+        let dir = Arc::new(dir);
+        *slot = Some((identity, dir.clone()));
+        Ok(dir)
+    }
+
+    /// The view for commands in `root` as `identity`, computed by `make` the first time (it
+    /// depends only on the policy's paths, which do not change, and on these).
+    pub(crate) fn view(
+        &self,
+        root: &std::path::Path,
+        identity: Option<Identity>,
+        make: impl FnOnce() -> Result<View, SandboxError>,
+    ) -> Result<View, SandboxError> {
+        let tmp = self
+            .tmp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(_, dir)| dir.path().to_path_buf())
+            .unwrap_or_default();
+        let key = (root.to_path_buf(), identity, tmp);
+        let mut slot = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((made_for, view)) = slot.as_ref()
+            && *made_for == key
+        {
+            return Ok(view.clone());
+        }
+        let view = make()?;
+        *slot = Some((key, view.clone()));
+        Ok(view)
     }
 }

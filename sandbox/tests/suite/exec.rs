@@ -92,7 +92,7 @@ fn the_environment_is_scrubbed() {
 }
 
 #[test]
-fn the_private_temp_dir_is_writable_and_removed_afterwards() {
+fn the_workspaces_temp_dir_is_writable_shared_and_removed_with_it() {
     let fx = Fixture::new();
     let out = sh(
         &fx,
@@ -100,9 +100,18 @@ fn the_private_temp_dir_is_writable_and_removed_afterwards() {
     );
     assert_eq!(out.exit_code, Some(0), "{out:?}");
     let tmpdir = out.stdout.lines().nth(1).unwrap().to_owned();
+    // The workspace's next command finds it, like /tmp on a machine.
+    let out = sh(&fx, "cat \"$TMPDIR/t\"");
+    assert_eq!(out.stdout, "t\n", "{out:?}");
+    // Not outside the sandbox's writable places: another workspace has its own.
+    let other = Fixture::new();
+    let out = sh(&other, "echo \"$TMPDIR\"; cat \"$TMPDIR/t\"");
+    assert_ne!(out.stdout.lines().next(), Some(tmpdir.as_str()), "{out:?}");
+    assert_ne!(out.exit_code, Some(0), "{out:?}");
+    drop(fx);
     assert!(
         !std::path::Path::new(&tmpdir).exists(),
-        "{tmpdir} was left behind"
+        "{tmpdir} outlived its workspace"
     );
 }
 
