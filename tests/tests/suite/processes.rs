@@ -252,3 +252,56 @@ async fn connections_a_command_asks_for_are_in_the_audit_log() {
         "{network:?}"
     );
 }
+
+/// What a command reached before (run as root, on the server): the server's own listeners on its
+/// loopback. With the network off, the primary workspace's commands have a loopback of their
+/// own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_cannot_reach_the_servers_own_loopback() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let http = free.local_addr().expect("its address");
+    drop(free);
+    let server = TestServer::start_with(|c| c.http = Some(http)).await;
+    let agent = server.agent().await;
+    // The server answers on its loopback (401 without a token)...
+    let direct = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("http://{http}/mcp"),
+        ])
+        .output()
+        .expect("curl runs");
+    assert_eq!(String::from_utf8_lossy(&direct.stdout), "401");
+    // ...which its commands do not see.
+    let (result, ran_in) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["curl", "-sS", "--max-time", "5", format!("http://{http}/mcp")]}),
+    )
+    .await);
+    assert_eq!(ran_in, "primary");
+    assert_ne!(result["exit_code"], 0, "{result}");
+    assert!(
+        result["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Couldn't connect"),
+        "{result}"
+    );
+    // Nor the QUIC endpoint (UDP on the same loopback address).
+    let quic = server.addr;
+    let (result, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["python3", "-c", format!(
+            "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+             s.settimeout(2); s.connect(('127.0.0.1', {})); s.send(b'x'); \
+             print(s.recv(10))", quic.port())]}),
+    )
+    .await);
+    assert_ne!(result["exit_code"], 0, "{result}");
+}
