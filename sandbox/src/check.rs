@@ -170,21 +170,7 @@ impl Sandbox {
     }
 
     fn check_command(&self, args: &RunCommandArgs) -> Result<(), SandboxError> {
-        let Some(program) = args.argv.first() else {
-            return Err(SandboxError::InvalidArguments(
-                "`argv` is empty; give the program and its arguments".into(),
-            ));
-        };
-        if program.is_empty() {
-            return Err(SandboxError::InvalidArguments(
-                "`argv[0]` is empty; name a program".into(),
-            ));
-        }
-        if args.argv.iter().any(|a| a.contains('\0')) {
-            return Err(SandboxError::InvalidArguments(
-                "`argv` contains a NUL byte".into(),
-            ));
-        }
+        let program = crate::exec::check_argv(&args.argv)?;
         if let Some(ms) = args.timeout_ms
             && (ms == 0 || ms > self.limits.command_max_timeout_ms)
         {
@@ -220,7 +206,7 @@ impl Sandbox {
             let joined = format!("{}/{program}", cwd.display());
             let inside = self.jail.resolve(&joined).map_err(|e| match e {
                 SandboxError::Escape { reason, .. } => SandboxError::Escape {
-                    path: program.clone(),
+                    path: program.to_owned(),
                     reason,
                 },
                 other => other,

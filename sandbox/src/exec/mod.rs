@@ -452,6 +452,26 @@ pub(crate) struct Started {
     isolation: Isolation,
 }
 
+/// The program of `argv`, or why `argv` cannot be run: empty, an empty program, a NUL byte.
+pub(crate) fn check_argv(argv: &[String]) -> Result<&str, SandboxError> {
+    let Some(program) = argv.first() else {
+        return Err(SandboxError::InvalidArguments(
+            "`argv` is empty; give the program and its arguments".into(),
+        ));
+    };
+    if program.is_empty() {
+        return Err(SandboxError::InvalidArguments(
+            "`argv[0]` is empty; name a program".into(),
+        ));
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(SandboxError::InvalidArguments(
+            "`argv` contains a NUL byte".into(),
+        ));
+    }
+    Ok(program)
+}
+
 /// Checks `args` and starts the command (see the module documentation). `timeout`: its time
 /// limit, if any (for `RLIMIT_CPU`; the caller enforces the wall-clock limit).
 pub(crate) fn start(
@@ -462,21 +482,7 @@ pub(crate) fn start(
     timeout: Option<Duration>,
     pipe_stdin: bool,
 ) -> Result<Started, SandboxError> {
-    let Some(program) = args.argv.first() else {
-        return Err(SandboxError::InvalidArguments(
-            "`argv` is empty; give the program and its arguments".into(),
-        ));
-    };
-    if program.is_empty() {
-        return Err(SandboxError::InvalidArguments(
-            "`argv[0]` is empty; name a program".into(),
-        ));
-    }
-    if args.argv.iter().any(|a| a.contains('\0')) {
-        return Err(SandboxError::InvalidArguments(
-            "`argv` contains a NUL byte".into(),
-        ));
-    }
+    check_argv(&args.argv)?;
     let identity = identity(jail, policy)?;
     let first = isolation(policy, identity);
     match spawn(jail, policy, slot, args, timeout, pipe_stdin, first) {
