@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use monad_protocol::ToolClass;
+use monad_protocol::{ToolClass, ToolName};
 use monad_tests::{Attachment, STEP, attach_options, binary, folder, within};
 
 use super::server;
@@ -73,7 +73,7 @@ async fn python_sdk_drives_both_transports_against_an_attached_folder() {
     assert_eq!(lines.len(), 2, "{stdout}");
     for (line, transport) in lines.iter().zip(["stdio", "http"]) {
         assert_eq!(line["transport"], transport);
-        assert_eq!(line["tools"], 11);
+        assert_eq!(line["tools"], ToolName::ALL.len(), "every tool is listed");
         assert_eq!(line["read"], "hello from the laptop");
         assert_eq!(line["error"], "not_found");
     }
