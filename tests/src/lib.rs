@@ -49,6 +49,17 @@ pub async fn within<T>(limit: Duration, what: &str, future: impl Future<Output =
     }
 }
 
+/// A test whose peer (a Python SDK, a Node package) is missing: under `scripts/test`, which
+/// installs every peer and sets `MONAD_TEST_REQUIRE_PEERS`, that is a failure; under a bare
+/// `cargo test` the test says loudly that it did not run.
+pub fn peer_missing(test: &str, why: &str) {
+    assert!(
+        std::env::var_os("MONAD_TEST_REQUIRE_PEERS").is_none(),
+        "{test} did not run: {why}"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+}
+
 /// A server configuration for tests: loopback, an ephemeral port, and short transport timeouts
 /// so that a killed peer is noticed in about two seconds.
 pub fn test_config(data_dir: PathBuf) -> ServerConfig {

@@ -4,9 +4,10 @@
 //! `docs/mcp.md`). The suite cannot send headers, so `tests/conformance/auth-proxy.js` adds the
 //! bearer token in front of the endpoint.
 //!
-//! The suite is looked up in `target/mcp-node` (where `.ci/run` installs it), or in
+//! The suite is looked up in `target/mcp-node` (where `scripts/test` installs it), or in
 //! `$MONAD_TEST_CONFORMANCE` (a directory holding `node_modules`). Without it, or without
-//! `node`, the test says so and passes: CI always has both.
+//! `node`, the test says so loudly and passes under a bare `cargo test`; under `scripts/test` (the
+//! README's test command) it fails.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -42,9 +43,9 @@ fn suite() -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_suite_server_scenarios_pass_against_the_http_endpoint() {
     let Some(conformance) = suite() else {
-        eprintln!(
-            "SKIPPED conformance_suite_server_scenarios_pass_against_the_http_endpoint: no node, \
-             or no @modelcontextprotocol/conformance in target/mcp-node (run .ci/run)"
+        monad_tests::peer_missing(
+            "conformance_suite_server_scenarios_pass_against_the_http_endpoint",
+            "no node, or no @modelcontextprotocol/conformance in target/mcp-node (run scripts/test)",
         );
         return;
     };

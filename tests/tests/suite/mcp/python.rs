@@ -3,8 +3,8 @@
 //! implementation of the protocol checks ours. The script is `tests/python/mcp_e2e.py`.
 //!
 //! The interpreter is `$MONAD_TEST_PYTHON`, else `target/mcp-venv/bin/python` (the virtualenv
-//! `.ci/run` creates). Without one that can `import mcp` the test says so and passes: CI always
-//! has it.
+//! `.ci/run` creates). Without one that can `import mcp` the test says so loudly and passes under a bare
+//! `cargo test`, and fails under `scripts/test` (the README's test command, which installs it).
 
 use std::path::PathBuf;
 
@@ -29,9 +29,10 @@ fn python() -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_drives_both_transports_against_an_attached_folder() {
     let Some(python) = python() else {
-        eprintln!(
-            "SKIPPED python_sdk_drives_both_transports_against_an_attached_folder: no Python with \
-             the MCP SDK (set MONAD_TEST_PYTHON, or run .ci/run, which creates target/mcp-venv)"
+        monad_tests::peer_missing(
+            "python_sdk_drives_both_transports_against_an_attached_folder",
+            "no Python with the MCP SDK (set MONAD_TEST_PYTHON, or run scripts/test, which creates \
+             target/mcp-venv)",
         );
         return;
     };
