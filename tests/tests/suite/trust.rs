@@ -669,3 +669,134 @@ async fn hostile_names_paths_and_history_reach_no_terminal_raw() {
         "history keeps its lines: {shown}"
     );
 }
+
+/// The line the prompt printed as its answer (after the answer keys at `at`): waits for one of
+/// the answers, then for the end of its line.
+async fn answer_line(pty: &mut Pty, at: usize) -> (String, usize) {
+    let end = pty.wait_for("\n", at).await;
+    let text = pty.text();
+    let line = text[at..end].trim().to_owned();
+    // The question ends with "answer within N s: " and the answer follows on the same line.
+    let answer = line.rsplit(": ").next().unwrap_or("").to_owned();
+    (answer, end)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arrow_keys_and_alt_keys_never_answer_a_prompt() {
+    let server = TestServer::start().await;
+    let dir = folder(&[]);
+    let (mut pty, _config) = attached_on_a_terminal(&server, dir.path(), &[]).await;
+    let mut at = 0;
+    // Up, Left (ends in `D`, "deny always"), Up in application mode (SS3), Alt-y, Alt-a, Down,
+    // Page Up, F5, Shift-Up: the bytes of each end in a letter that is an answer key, or not.
+    let keys: [(&str, &[u8]); 9] = [
+        ("up", b"\x1b[A"),
+        ("left", b"\x1b[D"),
+        ("up (SS3)", b"\x1bOA"),
+        ("alt-y", b"\x1by"),
+        ("alt-a", b"\x1ba"),
+        ("down", b"\x1b[B"),
+        ("page up", b"\x1b[5~"),
+        ("F5", b"\x1b[15~"),
+        ("shift-up", b"\x1b[1;2A"),
+    ];
+    for (i, (what, bytes)) in keys.into_iter().enumerate() {
+        let file = format!("f{i}.txt");
+        let asked = start_call(
+            &server,
+            "write_file",
+            json!({"path": file, "content": "x\n", "workspace": "lap"}),
+        );
+        at = pty.wait_for("approval needed", at).await;
+        at = pty.wait_for("answer within", at).await;
+        at = pty.wait_for(": ", at).await;
+        pty.send(bytes);
+        pty.send(b"n");
+        expect_code(reply(asked).await, ErrorCode::Denied);
+        let (answer, end) = answer_line(&mut pty, at).await;
+        assert_eq!(answer, "denied", "{what} ({bytes:?}) answered the prompt");
+        assert!(!dir.path().join(&file).exists(), "{what}");
+        at = end;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arrow_key_in_the_pager_neither_leaves_it_nor_answers() {
+    let server = TestServer::start().await;
+    let dir = folder(&[]);
+    let (mut pty, _config) = attached_on_a_terminal(&server, dir.path(), &[]).await;
+    let content: String = (1..80).map(|i| format!("line {i}\n")).collect();
+    let asked = start_call(
+        &server,
+        "write_file",
+        json!({"path": "long.txt", "content": content, "workspace": "lap"}),
+    );
+    let at = pty.wait_for("approval needed", 0).await;
+    let at = pty.wait_for("[n] deny", at).await;
+    pty.send(b"v");
+    let at = pty.wait_for("lines 1-20 ", at).await;
+    // Down pages on, Up pages back: the pager moves, and stays open.
+    pty.send(b"\x1b[B");
+    let at = pty.wait_for("lines 21-40 ", at).await;
+    pty.send(b"\x1b[A");
+    let at = pty.wait_for("lines 1-20 ", at).await;
+    // Alt-y and Alt-a do nothing here either; `q` goes back to the question.
+    pty.send(b"\x1by\x1ba");
+    pty.send(b"q");
+    let at = pty.wait_for("answer within", at).await;
+    let at = pty.wait_for(": ", at).await;
+    pty.send(b"n");
+    expect_code(reply(asked).await, ErrorCode::Denied);
+    let (answer, _) = answer_line(&mut pty, at).await;
+    assert_eq!(answer, "denied");
+    assert!(!dir.path().join("long.txt").exists());
+
+    // A lone Escape still leaves the pager.
+    let asked = start_call(
+        &server,
+        "write_file",
+        json!({"path": "long.txt", "content": content, "workspace": "lap"}),
+    );
+    let at = pty.wait_for("approval needed", at).await;
+    let at = pty.wait_for("[n] deny", at).await;
+    pty.send(b"v");
+    let at = pty.wait_for("lines 1-20 ", at).await;
+    pty.send(b"\x1b");
+    let at = pty.wait_for("answer within", at).await;
+    let at = pty.wait_for(": ", at).await;
+    pty.send(b"n");
+    expect_code(reply(asked).await, ErrorCode::Denied);
+    let (answer, _) = answer_line(&mut pty, at).await;
+    assert_eq!(answer, "denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_always_asks_for_a_confirmation_that_shows_what_it_covers() {
+    let server = TestServer::start().await;
+    let dir = folder(&[]);
+    let (mut pty, _config) = attached_on_a_terminal(&server, dir.path(), &[]).await;
+    let asked = start_call(
+        &server,
+        "write_file",
+        json!({"path": "a.txt", "content": "x\n", "workspace": "lap"}),
+    );
+    let at = pty.wait_for("approval needed", 0).await;
+    let at = pty.wait_for("[n] deny", at).await;
+    // `a`, then anything but `y`, goes back to the question; `o` answers nothing.
+    pty.send(b"a");
+    let at = pty
+        .wait_for("every write and edit in this workspace", at)
+        .await;
+    let at = pty.wait_for("[y] confirm", at).await;
+    pty.send(b"o");
+    let at = pty.wait_for("answer within", at).await;
+    let at = pty.wait_for(": ", at).await;
+    pty.send(b"o");
+    pty.send(b"a");
+    let at = pty.wait_for("[y] confirm", at).await;
+    pty.send(b"y");
+    ok(reply(asked).await);
+    let (answer, _) = answer_line(&mut pty, at).await;
+    assert_eq!(answer, "allowed always");
+    assert!(dir.path().join("a.txt").exists());
+}
