@@ -20,6 +20,7 @@ use crate::approval::{
 };
 use crate::config::ClientConfig;
 use crate::connect::connect;
+use crate::site::{ProgramSite, locate};
 
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
@@ -365,7 +366,17 @@ async fn run(
         );
         return (outcome, None);
     }
-    let known = folder.policy.check(session, tool, &args);
+    // What "always" would cover depends on where a command's program is found.
+    let site = match args
+        .get("argv")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+    {
+        Some(program) if tool == ToolName::RunCommand => locate(&folder.sandbox, program),
+        _ => ProgramSite::Other,
+    };
+    let rule = Rule::of(tool, &args, &site);
+    let known = folder.policy.check(session, tool, &rule);
     // Checked before the policy answers or anyone is asked. For a write or an edit that will be
     // asked about, the check is the preview, whose diff the prompt shows.
     let asking = known.is_none() && folder.approver.is_some();
@@ -424,15 +435,12 @@ async fn run(
                     diff,
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
-                    scope: Rule::of(tool, &args).scope(session),
+                    scope: rule.scope(session),
                     deadline: std::time::Instant::now() + o.prompt_timeout,
                     args: args.clone(),
                 };
                 match tokio::time::timeout(o.prompt_timeout, approver.decide(request)).await {
-                    Ok(decision) => (
-                        folder.policy.record(session, tool, &args, decision),
-                        Basis::User,
-                    ),
+                    Ok(decision) => (folder.policy.record(session, rule, decision), Basis::User),
                     Err(_) => (Verdict::Deny(String::new()), Basis::Timeout),
                 }
             }

@@ -421,7 +421,7 @@ async fn always_on_a_shell_allows_only_that_exact_command() {
     );
     assert_eq!(approver.seen().len(), 2);
     assert!(!dir.path().join("b.txt").exists());
-    // An ordinary program keeps its per-program rule.
+    // `ls`, one of the few inert programs, found in /usr/bin, gets a per-program rule.
     ok(call(&agent, "run_command", run(json!(["ls"]))).await);
     ok(call(&agent, "run_command", run(json!(["ls", "-a"]))).await);
     assert_eq!(approver.seen().len(), 3);
@@ -799,4 +799,103 @@ async fn allow_always_asks_for_a_confirmation_that_shows_what_it_covers() {
     let (answer, _) = answer_line(&mut pty, at).await;
     assert_eq!(answer, "allowed always");
     assert!(dir.path().join("a.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_on_an_ordinary_program_allows_only_that_exact_command() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowAlways)]));
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let run = |argv: Value| json!({"argv": argv, "workspace": "lap"});
+    ok(call(
+        &agent,
+        "run_command",
+        run(json!(["tar", "-cf", "out.tar", "a.txt"])),
+    )
+    .await);
+    assert!(dir.path().join("out.tar").exists());
+    // The same program with other arguments runs a shell: it must be asked about (and the
+    // script, now empty, denies it).
+    expect_code(
+        call(
+            &agent,
+            "run_command",
+            run(json!([
+                "tar",
+                "-cf",
+                "/dev/null",
+                "a.txt",
+                "--checkpoint=1",
+                "--checkpoint-action=exec=sh -c 'echo ran > pwned.txt'"
+            ])),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    assert!(!dir.path().join("pwned.txt").exists(), "tar ran a shell");
+    assert_eq!(approver.seen().len(), 2);
+    let scope = &approver.seen()[0].scope;
+    assert!(scope.contains("exactly this command"), "{scope}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_on_a_program_in_the_workspace_allows_only_that_exact_command() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[
+        ("test.sh", "#!/bin/sh\necho \"$@\" > \"${1:-out}.txt\"\n"),
+        (
+            "node_modules/.bin/ls",
+            "#!/bin/sh\necho shadow > shadow.txt\n",
+        ),
+    ]);
+    for script in ["test.sh", "node_modules/.bin/ls"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.path().join(script),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let approver = Arc::new(ScriptedApprover::new([
+        Some(Decision::AllowAlways),
+        Some(Decision::Deny),
+        Some(Decision::AllowAlways),
+        Some(Decision::Deny),
+    ]));
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let run = |argv: Value| json!({"argv": argv, "workspace": "lap"});
+    ok(call(&agent, "run_command", run(json!(["./test.sh", "first"]))).await);
+    // Remembered exactly...
+    ok(call(&agent, "run_command", run(json!(["./test.sh", "first"]))).await);
+    assert_eq!(approver.seen().len(), 1);
+    // ...but not with other arguments.
+    expect_code(
+        call(&agent, "run_command", run(json!(["./test.sh", "second"]))).await,
+        ErrorCode::Denied,
+    );
+    assert!(!dir.path().join("second.txt").exists());
+    assert_eq!(approver.seen().len(), 2);
+    let scope = &approver.seen()[0].scope;
+    assert!(scope.contains("in this workspace"), "{scope}");
+
+    // `ls` is found first in the workspace's node_modules/.bin: no per-program rule for it.
+    ok(call(&agent, "run_command", run(json!(["ls"]))).await);
+    expect_code(
+        call(&agent, "run_command", run(json!(["ls", "-a"]))).await,
+        ErrorCode::Denied,
+    );
+    assert_eq!(approver.seen().len(), 4);
 }
