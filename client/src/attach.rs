@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
+use monad_protocol::tools::{ProcessInfo, ProcessListResult};
 use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, Sandbox};
@@ -427,7 +428,15 @@ async fn run(
                     },
                 )
                 .await;
+                // Which program a process tool acts on: what decides what written text does.
+                let process = match tool {
+                    ToolName::ProcessWrite | ToolName::ProcessKill => {
+                        process_info(&folder.sandbox, &args).await
+                    }
+                    _ => None,
+                };
                 let request = ApprovalRequest {
+                    process,
                     session: session.to_owned(),
                     workspace: o.name.clone().unwrap_or_else(|| o.shown_path.clone()),
                     tool,
@@ -504,6 +513,17 @@ async fn run(
     };
     folder.emit(ran(true, basis));
     (outcome, decided)
+}
+
+/// The entry of this folder's process table for the process `args` names, if it is there.
+async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInfo> {
+    let id = args.get("process").and_then(Value::as_str)?;
+    let listed = sandbox
+        .call(ToolName::ProcessList, serde_json::json!({}))
+        .await
+        .ok()?;
+    let list: ProcessListResult = serde_json::from_value(listed).ok()?;
+    list.processes.into_iter().find(|p| p.process == id)
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {
