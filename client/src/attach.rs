@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
-use monad_protocol::tools::{ProcessInfo, ProcessListResult};
+use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, Sandbox};
@@ -92,17 +92,175 @@ pub enum AttachEvent {
         /// The wait before the next attempt.
         retry_in: Duration,
     },
-    /// A call ran (or was refused).
-    Ran {
+    /// A call was decided without a prompt's answer line saying so, or with one: it starts now
+    /// (`allowed`), or it was refused. An allowed call is followed by [`AttachEvent::Finished`].
+    Decided {
         /// The tool.
         tool: ToolName,
         /// Its path or command line in one line, escaped (safe to print).
         target: String,
-        /// Whether it was allowed.
+        /// Whether it was allowed (and so starts now).
         allowed: bool,
         /// Why: pre-approved, remembered, full trust, the user's answer, no terminal, ...
         basis: Basis,
     },
+    /// An allowed call ended: finished, failed, timed out, or cancelled while it ran.
+    Finished {
+        /// The tool.
+        tool: ToolName,
+        /// Its path or command line in one line, escaped (safe to print).
+        target: String,
+        /// How it ended.
+        end: CallEnd,
+    },
+}
+
+impl AttachEvent {
+    /// The line the attach terminal prints for this event, escaped (safe to print); `None` for
+    /// a refusal the prompt already showed the answer of.
+    pub fn line(&self) -> Option<String> {
+        match self {
+            AttachEvent::Attached { session, workspace } => Some(format!(
+                "attached {} as `{}` to session {} ({}); Ctrl-C detaches",
+                printable(&workspace.uri),
+                printable(&workspace.name),
+                printable(session),
+                workspace.trust.as_str()
+            )),
+            AttachEvent::Disconnected { reason, retry_in } => Some(format!(
+                "{}; reconnecting in {:.1} s",
+                printable(reason),
+                retry_in.as_secs_f64()
+            )),
+            AttachEvent::Decided {
+                tool,
+                target,
+                allowed: true,
+                basis,
+            } => Some(format!("▶ {tool} {target} ({}): started", basis.describe())),
+            // A prompt shows its own answer.
+            AttachEvent::Decided {
+                basis: Basis::User | Basis::Timeout,
+                ..
+            } => None,
+            AttachEvent::Decided {
+                tool,
+                target,
+                allowed: false,
+                basis,
+            } => Some(format!("✗ {tool} {target} ({})", basis.describe())),
+            AttachEvent::Finished { tool, target, end } => {
+                let mark = if end.succeeded() { '✓' } else { '✗' };
+                Some(format!("{mark} {tool} {target}: {}", end.describe()))
+            }
+        }
+    }
+}
+
+/// How an allowed call ended, for the attach terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallEnd {
+    /// It finished (a command: with exit code 0).
+    Ok,
+    /// A command exited with this code, not 0.
+    Exited(i32),
+    /// A command was ended by this signal.
+    Signalled(i32),
+    /// A command runs on in the background as this process.
+    Background(String),
+    /// It failed with this error code.
+    Failed(ErrorCode),
+    /// Its time limit ran out (a command was killed).
+    TimedOut,
+    /// The agent withdrew the call (or the connection to the server ended) while it ran; a
+    /// command was killed. What it did before that stays done.
+    Cancelled,
+}
+
+impl CallEnd {
+    /// How a call of `tool` with `outcome` ended.
+    pub fn of(tool: ToolName, outcome: &Outcome) -> CallEnd {
+        match outcome {
+            Outcome::Error { error } if error.code == ErrorCode::Timeout => CallEnd::TimedOut,
+            Outcome::Error { error } => CallEnd::Failed(error.code),
+            Outcome::Ok { .. } if tool != ToolName::RunCommand => CallEnd::Ok,
+            Outcome::Ok { result } => {
+                let Ok(ran) = serde_json::from_value::<RunCommandResult>(result.clone()) else {
+                    return CallEnd::Ok;
+                };
+                match (ran.timed_out, ran.process, ran.exit_code, ran.signal) {
+                    (true, ..) => CallEnd::TimedOut,
+                    (false, Some(process), ..) => CallEnd::Background(process),
+                    (false, None, _, Some(signal)) => CallEnd::Signalled(signal),
+                    (false, None, Some(code), None) if code != 0 => CallEnd::Exited(code),
+                    (false, None, _, None) => CallEnd::Ok,
+                }
+            }
+        }
+    }
+
+    /// Whether it did what was asked.
+    pub fn succeeded(&self) -> bool {
+        match self {
+            CallEnd::Ok | CallEnd::Background(_) => true,
+            CallEnd::Exited(_)
+            | CallEnd::Signalled(_)
+            | CallEnd::Failed(_)
+            | CallEnd::TimedOut
+            | CallEnd::Cancelled => false,
+        }
+    }
+
+    /// In a few words, escaped.
+    pub fn describe(&self) -> String {
+        match self {
+            CallEnd::Ok => "ok".into(),
+            CallEnd::Exited(code) => format!("exit code {code}"),
+            CallEnd::Signalled(signal) => format!("ended by signal {signal}"),
+            CallEnd::Background(process) => {
+                format!("runs on in the background as {}", printable(process))
+            }
+            CallEnd::Failed(code) => format!("error: {}", code.as_str()),
+            CallEnd::TimedOut => "timed out".into(),
+            CallEnd::Cancelled => {
+                "cancelled while it ran (a command is killed; what it did so far stays done)".into()
+            }
+        }
+    }
+}
+
+/// Says [`CallEnd::Cancelled`] when dropped before [`Running::end`]: the call's future was
+/// dropped (the agent cancelled, or the connection ended) while it ran.
+struct Running {
+    events: Option<mpsc::UnboundedSender<AttachEvent>>,
+    tool: ToolName,
+    target: String,
+    ended: bool,
+}
+
+impl Running {
+    fn end(mut self, outcome: &Outcome) {
+        self.ended = true;
+        self.send(CallEnd::of(self.tool, outcome));
+    }
+
+    fn send(&self, end: CallEnd) {
+        if let Some(events) = &self.events {
+            let _ = events.send(AttachEvent::Finished {
+                tool: self.tool,
+                target: self.target.clone(),
+                end,
+            });
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.send(CallEnd::Cancelled);
+        }
+    }
 }
 
 /// Everything a request handler needs, shared across reconnects.
@@ -354,7 +512,7 @@ async fn run(
 ) -> (Outcome, Option<Message>) {
     let o = &folder.options;
     let target = describe(tool, &args);
-    let ran = |allowed: bool, basis: Basis| AttachEvent::Ran {
+    let ran = |allowed: bool, basis: Basis| AttachEvent::Decided {
         tool,
         target: target.clone(),
         allowed,
@@ -489,6 +647,14 @@ async fn run(
     } else {
         Some(decided)
     };
+    // Said now, not when it ends: a long command, or one the agent cancels, is seen running.
+    folder.emit(ran(true, basis));
+    let running = Running {
+        events: folder.events.clone(),
+        tool,
+        target: target.clone(),
+        ended: false,
+    };
     // A long command says how it is going (how long, its latest line), relayed as progress.
     let (lines, mut progress) = mpsc::unbounded_channel::<String>();
     let relay = move |line: &str| {
@@ -511,7 +677,7 @@ async fn run(
             error: e.to_tool_error(),
         },
     };
-    folder.emit(ran(true, basis));
+    running.end(&outcome);
     (outcome, decided)
 }
 
@@ -529,5 +695,105 @@ async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInf
 fn error(code: ErrorCode, message: String) -> Outcome {
     Outcome::Error {
         error: ToolError::new(code, message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn command(result: Value) -> Outcome {
+        let mut base = json!({"timed_out": false, "stdout": "", "stderr": "",
+            "stdout_truncated": false, "stderr_truncated": false, "duration_ms": 5,
+            "sandbox": "landlock"});
+        if let (Some(base), Some(extra)) = (base.as_object_mut(), result.as_object()) {
+            base.extend(extra.clone());
+        }
+        Outcome::Ok { result: base }
+    }
+
+    #[test]
+    fn a_call_end_says_how_it_ended() {
+        let cases = [
+            (command(json!({"exit_code": 0})), CallEnd::Ok),
+            (command(json!({"exit_code": 2})), CallEnd::Exited(2)),
+            (command(json!({"signal": 9})), CallEnd::Signalled(9)),
+            (
+                command(json!({"timed_out": true, "signal": 9})),
+                CallEnd::TimedOut,
+            ),
+            (
+                command(json!({"process": "proc-1"})),
+                CallEnd::Background("proc-1".into()),
+            ),
+            (
+                error(ErrorCode::NotFound, "gone".into()),
+                CallEnd::Failed(ErrorCode::NotFound),
+            ),
+            (error(ErrorCode::Timeout, "late".into()), CallEnd::TimedOut),
+        ];
+        for (outcome, want) in cases {
+            assert_eq!(
+                CallEnd::of(ToolName::RunCommand, &outcome),
+                want,
+                "{outcome:?}"
+            );
+        }
+        // A process that exited, read by `process_read`, is not how the read ended.
+        let read = command(json!({"exit_code": 2}));
+        assert_eq!(CallEnd::of(ToolName::ProcessRead, &read), CallEnd::Ok);
+    }
+
+    #[test]
+    fn event_lines_say_when_a_call_starts_and_how_it_ends() {
+        let decided = |allowed, basis| AttachEvent::Decided {
+            tool: ToolName::RunCommand,
+            target: "$ make".into(),
+            allowed,
+            basis,
+        };
+        let finished = |end| AttachEvent::Finished {
+            tool: ToolName::RunCommand,
+            target: "$ make".into(),
+            end,
+        };
+        let cases = [
+            (
+                decided(true, Basis::Remembered),
+                Some("▶ run_command $ make (remembered): started"),
+            ),
+            (
+                decided(true, Basis::User),
+                Some("▶ run_command $ make (answered): started"),
+            ),
+            (
+                decided(false, Basis::NoTerminal),
+                Some("✗ run_command $ make (no terminal)"),
+            ),
+            (decided(false, Basis::User), None),
+            (decided(false, Basis::Timeout), None),
+            (finished(CallEnd::Ok), Some("✓ run_command $ make: ok")),
+            (
+                finished(CallEnd::Exited(2)),
+                Some("✗ run_command $ make: exit code 2"),
+            ),
+            (
+                finished(CallEnd::TimedOut),
+                Some("✗ run_command $ make: timed out"),
+            ),
+            (
+                finished(CallEnd::Background("proc-\u{1b}1".into())),
+                Some("✓ run_command $ make: runs on in the background as proc-\\u{1b}1"),
+            ),
+        ];
+        for (event, want) in cases {
+            assert_eq!(event.line().as_deref(), want, "{event:?}");
+        }
+        let cancelled = finished(CallEnd::Cancelled).line().unwrap();
+        assert!(
+            cancelled.starts_with("✗ run_command $ make: cancelled"),
+            "{cancelled}"
+        );
     }
 }

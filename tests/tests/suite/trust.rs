@@ -10,9 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_client::approval::{Approver, Basis, Decision, ScriptedApprover};
+use monad_client::attach::{AttachEvent, CallEnd};
 use monad_protocol::wire::{HistoryMessage, HistoryRole};
-use monad_protocol::{ErrorCode, ToolClass};
+use monad_protocol::{ErrorCode, ToolClass, ToolName};
 use monad_tests::{
     Attachment, Pty, STEP, TestServer, attach_options, call, command, expect_code, folder, ok,
     within,
@@ -987,8 +988,8 @@ async fn process_tools_say_what_was_written_where_in_the_audit_and_event_lines()
     // The attach terminal's line for the pre-approved write names the process and the text.
     let target = within(STEP, "the process_write event", async {
         loop {
-            if let monad_client::attach::AttachEvent::Ran {
-                tool: monad_protocol::ToolName::ProcessWrite,
+            if let AttachEvent::Decided {
+                tool: ToolName::ProcessWrite,
                 target,
                 ..
             } = attached.next_event().await
@@ -1018,4 +1019,83 @@ async fn process_tools_say_what_was_written_where_in_the_audit_and_event_lines()
         "{write}"
     );
     assert!(target_of("process_kill").contains(&id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_approved_command_shows_when_it_starts_and_that_it_was_cancelled() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[]);
+    let mut options = attach_options(dir.path(), "lap");
+    options.allow = vec![ToolClass::Exec];
+    let mut attached = Attachment::start(&server.client_config(), options, None).await;
+    let mut call = Box::pin(agent.call(
+        None,
+        "run_command",
+        json!({"argv": ["sh", "-c", "echo > ws-marker.txt; exec sleep 60"], "workspace": "lap"}),
+        |_| {},
+    ));
+    // The line appears when the decision is made, while the command runs.
+    let started = tokio::select! {
+        answer = &mut call => panic!("the command finished: {answer:?}"),
+        event = attached.next_event() => event,
+    };
+    let target = "$ sh -c 'echo > ws-marker.txt; exec sleep 60'";
+    assert_eq!(
+        started,
+        AttachEvent::Decided {
+            tool: ToolName::RunCommand,
+            target: target.into(),
+            allowed: true,
+            basis: Basis::PreApproved(ToolClass::Exec),
+        }
+    );
+    assert_eq!(
+        started.line().as_deref(),
+        Some(format!("▶ run_command {target} (pre-approved: exec): started").as_str())
+    );
+    // The agent gives up: the outcome says so.
+    drop(call);
+    let ended = attached.next_event().await;
+    assert_eq!(
+        ended,
+        AttachEvent::Finished {
+            tool: ToolName::RunCommand,
+            target: target.into(),
+            end: CallEnd::Cancelled,
+        }
+    );
+    assert!(
+        ended
+            .line()
+            .is_some_and(|l| l.starts_with("✗ run_command $ sh") && l.contains("cancelled")),
+        "{ended:?}"
+    );
+
+    // A command that ends by itself says how: started, then its exit code.
+    let _ = ok(call_in_lap(&agent, json!(["sh", "-c", "exit 3"])).await);
+    assert!(matches!(
+        attached.next_event().await,
+        AttachEvent::Decided { allowed: true, .. }
+    ));
+    assert_eq!(
+        attached.next_event().await,
+        AttachEvent::Finished {
+            tool: ToolName::RunCommand,
+            target: "$ sh -c 'exit 3'".into(),
+            end: CallEnd::Exited(3),
+        }
+    );
+}
+
+async fn call_in_lap(
+    agent: &monad_client::agent::Agent,
+    argv: Value,
+) -> monad_client::agent::CallReply {
+    call(
+        agent,
+        "run_command",
+        json!({"argv": argv, "workspace": "lap"}),
+    )
+    .await
 }
