@@ -350,6 +350,14 @@ impl Policy {
         }
     }
 
+    /// Forgets every "always" and "deny always" remembered for `session`; returns how many.
+    pub fn forget(&self, session: &str) -> usize {
+        let mut remembered = self.remembered.lock().unwrap_or_else(|p| p.into_inner());
+        let before = remembered.len();
+        remembered.retain(|(s, _), _| s != session);
+        before - remembered.len()
+    }
+
     /// Records the user's decision about a call that falls under `rule` and turns it into a
     /// verdict.
     pub fn record(&self, session: &str, rule: Rule, decision: Decision) -> Verdict {
@@ -555,6 +563,26 @@ mod tests {
             None,
             "once is not remembered"
         );
+    }
+
+    #[test]
+    fn forgetting_a_session_forgets_only_its_rules() {
+        let p = Policy::new(Trust::Restricted, vec![]);
+        let read = other(ToolName::ReadFile);
+        p.record("a", read.clone(), Decision::AllowAlways);
+        p.record("a", other(ToolName::WriteFile), Decision::DenyAlways);
+        p.record("b", read.clone(), Decision::AllowAlways);
+        assert_eq!(p.forget("a"), 2);
+        assert_eq!(p.check("a", ToolName::ReadFile, &read), None);
+        assert_eq!(
+            p.check("a", ToolName::WriteFile, &other(ToolName::WriteFile)),
+            None
+        );
+        assert_eq!(
+            p.check("b", ToolName::ReadFile, &read),
+            Some((Verdict::Allow, Basis::Remembered))
+        );
+        assert_eq!(p.forget("a"), 0);
     }
 
     #[test]

@@ -85,6 +85,19 @@ pub enum AttachEvent {
         /// The workspace as the session lists it.
         workspace: WorkspaceInfo,
     },
+    /// A re-attach landed in another session than the one before (this device's binding
+    /// changed meanwhile): the earlier session's background processes were ended and its
+    /// "always" answers forgotten, so the new session can neither use nor see them.
+    SessionChanged {
+        /// The session before.
+        from: String,
+        /// The session now.
+        to: String,
+        /// How many background processes were ended.
+        processes: usize,
+        /// How many remembered answers were forgotten.
+        rules: usize,
+    },
     /// The connection dropped; reconnecting after `retry_in`.
     Disconnected {
         /// Why.
@@ -126,6 +139,20 @@ impl AttachEvent {
                 printable(&workspace.name),
                 printable(session),
                 workspace.trust.as_str()
+            )),
+            AttachEvent::SessionChanged {
+                from,
+                to,
+                processes,
+                rules,
+            } => Some(format!(
+                "re-attached to session {} instead of {}: ended {processes} background \
+                 process{} of session {} and forgot its {rules} remembered answer{}",
+                printable(to),
+                printable(from),
+                if *processes == 1 { "" } else { "es" },
+                printable(from),
+                if *rules == 1 { "" } else { "s" },
             )),
             AttachEvent::Disconnected { reason, retry_in } => Some(format!(
                 "{}; reconnecting in {:.1} s",
@@ -270,6 +297,8 @@ struct Folder {
     approver: Option<Arc<dyn Approver>>,
     options: AttachOptions,
     events: Option<mpsc::UnboundedSender<AttachEvent>>,
+    /// The session of the latest attach, to tell a re-attach into another one.
+    session: std::sync::Mutex<Option<String>>,
 }
 
 impl Folder {
@@ -308,6 +337,7 @@ pub async fn attach(
         approver,
         events,
         options,
+        session: std::sync::Mutex::new(None),
     });
     let (first_wait, max_wait) = folder.options.backoff;
     let mut wait = first_wait;
@@ -367,7 +397,28 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
                 uri = %printable(&workspace.uri),
                 "attached"
             );
+            // Before any request of the new session is served: what the earlier session left
+            // in this folder (background processes, "always" answers) is not the new one's.
+            let earlier = folder
+                .session
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(session.clone());
+            let changed = earlier.filter(|earlier| *earlier != session).map(|from| {
+                let processes = folder.sandbox.end_processes();
+                let rules = folder.policy.forget(&from);
+                AttachEvent::SessionChanged {
+                    from,
+                    to: session.clone(),
+                    processes,
+                    rules,
+                }
+            });
             folder.emit(AttachEvent::Attached { session, workspace });
+            if let Some(changed) = changed {
+                warn!("{}", changed.line().unwrap_or_default());
+                folder.emit(changed);
+            }
         }
         Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
         Ok(Some(other)) => {
@@ -790,6 +841,19 @@ mod tests {
         for (event, want) in cases {
             assert_eq!(event.line().as_deref(), want, "{event:?}");
         }
+        let changed = AttachEvent::SessionChanged {
+            from: "s1".into(),
+            to: "s\u{202e}2".into(),
+            processes: 2,
+            rules: 1,
+        };
+        assert_eq!(
+            changed.line().as_deref(),
+            Some(
+                "re-attached to session s\\u{202e}2 instead of s1: ended 2 background processes \
+                 of session s1 and forgot its 1 remembered answer"
+            )
+        );
         let cancelled = finished(CallEnd::Cancelled).line().unwrap();
         assert!(
             cancelled.starts_with("✗ run_command $ make: cancelled"),

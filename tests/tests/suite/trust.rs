@@ -15,8 +15,8 @@ use monad_client::attach::{AttachEvent, CallEnd};
 use monad_protocol::wire::{HistoryMessage, HistoryRole};
 use monad_protocol::{ErrorCode, ToolClass, ToolName};
 use monad_tests::{
-    Attachment, Pty, STEP, TestServer, attach_options, call, command, expect_code, folder, ok,
-    within,
+    Attachment, Pty, STEP, TestServer, attach_options, call, call_in, command, connect_agent,
+    expect_code, folder, ok, within,
 };
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -1098,4 +1098,94 @@ async fn call_in_lap(
         json!({"argv": argv, "workspace": "lap"}),
     )
     .await
+}
+
+/// The ids `process_list` answered with.
+fn process_ids(list: &Value) -> Vec<String> {
+    list["processes"]
+        .as_array()
+        .expect("a list of processes")
+        .iter()
+        .filter_map(|p| p["process"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reattach_into_another_session_ends_the_earlier_sessions_processes() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let dir = folder(&[]);
+    let mut options = attach_options(dir.path(), "lap");
+    options.allow = vec![ToolClass::Exec];
+    // Reads are asked about: "always" for the first session, once for the other.
+    let approver = Arc::new(ScriptedApprover::new([
+        Some(Decision::AllowAlways),
+        Some(Decision::AllowOnce),
+    ]));
+    let mut attached = Attachment::start(
+        &config,
+        options,
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let first = attached.session.clone();
+    let agent = connect_agent(&config).await;
+    let id = background(&agent, json!(["cat"])).await;
+    drop(agent);
+
+    // A reconnect into the same session keeps them.
+    let server = server.stop().await.restart().await;
+    attached.wait_attached().await;
+    assert_eq!(attached.session, first);
+    let agent = connect_agent(&config).await;
+    let (list, _) = ok(call(&agent, "process_list", json!({"workspace": "lap"})).await);
+    assert_eq!(process_ids(&list), std::slice::from_ref(&id));
+
+    // This device now works in another session, so the next re-attach lands there: the
+    // earlier session's process must not come with it.
+    let other = "22222222-3333-4444-8555-666666666666";
+    ok(call_in(&agent, Some(other), "workspaces", json!({})).await);
+    drop(agent);
+    let server = server.stop().await.restart().await;
+    attached.wait_attached().await;
+    assert_eq!(attached.session, other);
+    // The attach terminal says so.
+    let changed = attached.next_event().await;
+    assert_eq!(
+        changed,
+        AttachEvent::SessionChanged {
+            from: first.clone(),
+            to: other.into(),
+            processes: 1,
+            rules: 1,
+        }
+    );
+    let line = changed.line().unwrap_or_default();
+    assert!(
+        line.contains(&format!(
+            "re-attached to session {other} instead of {first}"
+        )) && line.contains("ended 1 background process of"),
+        "{line}"
+    );
+    let agent = connect_agent(&config).await;
+    let (list, _) = ok(call_in(
+        &agent,
+        Some(other),
+        "process_list",
+        json!({"workspace": "lap"}),
+    )
+    .await);
+    assert_eq!(process_ids(&list), Vec::<String>::new(), "{list}");
+    expect_code(
+        call_in(
+            &agent,
+            Some(other),
+            "process_write",
+            json!({"process": id, "text": "x\n", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::NotFound,
+    );
+    assert_eq!(approver.seen().len(), 2);
+    drop(server);
 }
