@@ -85,8 +85,10 @@ enum Command {
     },
     /// Call a tool as an agent and print its result.
     Call {
-        /// Tool name (read_file, list_dir, stat, search, glob, write_file, edit_file,
-        /// run_command, workspaces, memory_store, memory_recall).
+        /// Tool name.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(
+            monad_protocol::ToolName::ALL.map(monad_protocol::ToolName::as_str)
+        ))]
         tool: String,
         /// The arguments, as a JSON object.
         #[arg(long, default_value = "{}")]
