@@ -1088,6 +1088,40 @@ async fn a_pre_approved_command_shows_when_it_starts_and_that_it_was_cancelled()
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attach_terminal_shows_a_cancelled_command_that_had_started() {
+    let server = TestServer::start().await;
+    let dir = folder(&[]);
+    let config_dir = tempfile::tempdir().unwrap();
+    server.client_config().save(config_dir.path()).unwrap();
+    let mut cmd = command("monad-client");
+    cmd.arg("attach")
+        .arg(dir.path())
+        .args(["--name", "lap", "--allow", "exec"])
+        .env("MONAD_CONFIG_DIR", config_dir.path());
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("attached ", 0).await;
+    let running = start_call(
+        &server,
+        "run_command",
+        json!({"argv": ["sh", "-c", "echo > ws-marker.txt; exec sleep 60"], "workspace": "lap"}),
+    );
+    let at = pty
+        .wait_for(
+            "▶ run_command $ sh -c 'echo > ws-marker.txt; exec sleep 60' (pre-approved: exec): \
+             started",
+            at,
+        )
+        .await;
+    // The agent goes away while the command runs.
+    running.abort();
+    pty.wait_for(
+        "✗ run_command $ sh -c 'echo > ws-marker.txt; exec sleep 60': cancelled",
+        at,
+    )
+    .await;
+}
+
 async fn call_in_lap(
     agent: &monad_client::agent::Agent,
     argv: Value,
