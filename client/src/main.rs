@@ -63,7 +63,7 @@ enum Command {
     Attach {
         /// The folder.
         dir: PathBuf,
-        /// Session id (default: `default`).
+        /// Session id (default: this device's last session, else your default).
         #[arg(long)]
         session: Option<String>,
         /// Short name in the session (default: the folder's name).
@@ -93,7 +93,7 @@ enum Command {
         /// The arguments, as a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
-        /// Session id (default: `default`).
+        /// Session id (default: this device's last session, else your default).
         #[arg(long)]
         session: Option<String>,
         /// Workspace to run in (short name or URI).
