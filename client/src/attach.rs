@@ -105,7 +105,7 @@ pub enum AttachEvent {
         /// The wait before the next attempt.
         retry_in: Duration,
     },
-    /// A call was decided without a prompt's answer line saying so, or with one: it starts now
+    /// A call was decided (by the policy, or by the user's answer to a prompt): it starts now
     /// (`allowed`), or it was refused. An allowed call is followed by [`AttachEvent::Finished`].
     Decided {
         /// The tool.
