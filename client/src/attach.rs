@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
+use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, Sandbox};
@@ -20,6 +21,7 @@ use crate::approval::{
 };
 use crate::config::ClientConfig;
 use crate::connect::connect;
+use crate::site::{ProgramSite, locate};
 
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
@@ -83,6 +85,19 @@ pub enum AttachEvent {
         /// The workspace as the session lists it.
         workspace: WorkspaceInfo,
     },
+    /// A re-attach landed in another session than the one before (this device's binding
+    /// changed meanwhile): the earlier session's background processes were ended and its
+    /// "always" answers forgotten, so the new session can neither use nor see them.
+    SessionChanged {
+        /// The session before.
+        from: String,
+        /// The session now.
+        to: String,
+        /// How many background processes were ended.
+        processes: usize,
+        /// How many remembered answers were forgotten.
+        rules: usize,
+    },
     /// The connection dropped; reconnecting after `retry_in`.
     Disconnected {
         /// Why.
@@ -90,17 +105,189 @@ pub enum AttachEvent {
         /// The wait before the next attempt.
         retry_in: Duration,
     },
-    /// A call ran (or was refused).
-    Ran {
+    /// A call was decided (by the policy, or by the user's answer to a prompt): it starts now
+    /// (`allowed`), or it was refused. An allowed call is followed by [`AttachEvent::Finished`].
+    Decided {
         /// The tool.
         tool: ToolName,
         /// Its path or command line in one line, escaped (safe to print).
         target: String,
-        /// Whether it was allowed.
+        /// Whether it was allowed (and so starts now).
         allowed: bool,
         /// Why: pre-approved, remembered, full trust, the user's answer, no terminal, ...
         basis: Basis,
     },
+    /// An allowed call ended: finished, failed, timed out, or cancelled while it ran.
+    Finished {
+        /// The tool.
+        tool: ToolName,
+        /// Its path or command line in one line, escaped (safe to print).
+        target: String,
+        /// How it ended.
+        end: CallEnd,
+    },
+}
+
+impl AttachEvent {
+    /// The line the attach terminal prints for this event, escaped (safe to print); `None` for
+    /// a refusal the prompt already showed the answer of.
+    pub fn line(&self) -> Option<String> {
+        match self {
+            AttachEvent::Attached { session, workspace } => Some(format!(
+                "attached {} as `{}` to session {} ({}); Ctrl-C detaches",
+                printable(&workspace.uri),
+                printable(&workspace.name),
+                printable(session),
+                workspace.trust.as_str()
+            )),
+            AttachEvent::SessionChanged {
+                from,
+                to,
+                processes,
+                rules,
+            } => Some(format!(
+                "re-attached to session {} instead of {}: ended {processes} background \
+                 process{} of session {} and forgot its {rules} remembered answer{}",
+                printable(to),
+                printable(from),
+                if *processes == 1 { "" } else { "es" },
+                printable(from),
+                if *rules == 1 { "" } else { "s" },
+            )),
+            AttachEvent::Disconnected { reason, retry_in } => Some(format!(
+                "{}; reconnecting in {:.1} s",
+                printable(reason),
+                retry_in.as_secs_f64()
+            )),
+            AttachEvent::Decided {
+                tool,
+                target,
+                allowed: true,
+                basis,
+            } => Some(format!("▶ {tool} {target} ({}): started", basis.describe())),
+            // A prompt shows its own answer.
+            AttachEvent::Decided {
+                basis: Basis::User | Basis::Timeout,
+                ..
+            } => None,
+            AttachEvent::Decided {
+                tool,
+                target,
+                allowed: false,
+                basis,
+            } => Some(format!("✗ {tool} {target} ({})", basis.describe())),
+            AttachEvent::Finished { tool, target, end } => {
+                let mark = if end.succeeded() { '✓' } else { '✗' };
+                Some(format!("{mark} {tool} {target}: {}", end.describe()))
+            }
+        }
+    }
+}
+
+/// How an allowed call ended, for the attach terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallEnd {
+    /// It finished (a command: with exit code 0).
+    Ok,
+    /// A command exited with this code, not 0.
+    Exited(i32),
+    /// A command was ended by this signal.
+    Signalled(i32),
+    /// A command runs on in the background as this process.
+    Background(String),
+    /// It failed with this error code.
+    Failed(ErrorCode),
+    /// Its time limit ran out (a command was killed).
+    TimedOut,
+    /// The agent withdrew the call (or the connection to the server ended) while it ran; a
+    /// command was killed. What it did before that stays done.
+    Cancelled,
+}
+
+impl CallEnd {
+    /// How a call of `tool` with `outcome` ended.
+    pub fn of(tool: ToolName, outcome: &Outcome) -> CallEnd {
+        match outcome {
+            Outcome::Error { error } if error.code == ErrorCode::Timeout => CallEnd::TimedOut,
+            Outcome::Error { error } => CallEnd::Failed(error.code),
+            Outcome::Ok { .. } if tool != ToolName::RunCommand => CallEnd::Ok,
+            Outcome::Ok { result } => {
+                let Ok(ran) = serde_json::from_value::<RunCommandResult>(result.clone()) else {
+                    return CallEnd::Ok;
+                };
+                match (ran.timed_out, ran.process, ran.exit_code, ran.signal) {
+                    (true, ..) => CallEnd::TimedOut,
+                    (false, Some(process), ..) => CallEnd::Background(process),
+                    (false, None, _, Some(signal)) => CallEnd::Signalled(signal),
+                    (false, None, Some(code), None) if code != 0 => CallEnd::Exited(code),
+                    (false, None, _, None) => CallEnd::Ok,
+                }
+            }
+        }
+    }
+
+    /// Whether it did what was asked.
+    pub fn succeeded(&self) -> bool {
+        match self {
+            CallEnd::Ok | CallEnd::Background(_) => true,
+            CallEnd::Exited(_)
+            | CallEnd::Signalled(_)
+            | CallEnd::Failed(_)
+            | CallEnd::TimedOut
+            | CallEnd::Cancelled => false,
+        }
+    }
+
+    /// In a few words, escaped.
+    pub fn describe(&self) -> String {
+        match self {
+            CallEnd::Ok => "ok".into(),
+            CallEnd::Exited(code) => format!("exit code {code}"),
+            CallEnd::Signalled(signal) => format!("ended by signal {signal}"),
+            CallEnd::Background(process) => {
+                format!("runs on in the background as {}", printable(process))
+            }
+            CallEnd::Failed(code) => format!("error: {}", code.as_str()),
+            CallEnd::TimedOut => "timed out".into(),
+            CallEnd::Cancelled => {
+                "cancelled while it ran (a command is killed; what it did so far stays done)".into()
+            }
+        }
+    }
+}
+
+/// Says [`CallEnd::Cancelled`] when dropped before [`Running::end`]: the call's future was
+/// dropped (the agent cancelled, or the connection ended) while it ran.
+struct Running {
+    events: Option<mpsc::UnboundedSender<AttachEvent>>,
+    tool: ToolName,
+    target: String,
+    ended: bool,
+}
+
+impl Running {
+    fn end(mut self, outcome: &Outcome) {
+        self.ended = true;
+        self.send(CallEnd::of(self.tool, outcome));
+    }
+
+    fn send(&self, end: CallEnd) {
+        if let Some(events) = &self.events {
+            let _ = events.send(AttachEvent::Finished {
+                tool: self.tool,
+                target: self.target.clone(),
+                end,
+            });
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.send(CallEnd::Cancelled);
+        }
+    }
 }
 
 /// Everything a request handler needs, shared across reconnects.
@@ -110,6 +297,8 @@ struct Folder {
     approver: Option<Arc<dyn Approver>>,
     options: AttachOptions,
     events: Option<mpsc::UnboundedSender<AttachEvent>>,
+    /// The session of the latest attach, to tell a re-attach into another one.
+    session: std::sync::Mutex<Option<String>>,
 }
 
 impl Folder {
@@ -148,6 +337,7 @@ pub async fn attach(
         approver,
         events,
         options,
+        session: std::sync::Mutex::new(None),
     });
     let (first_wait, max_wait) = folder.options.backoff;
     let mut wait = first_wait;
@@ -207,7 +397,28 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
                 uri = %printable(&workspace.uri),
                 "attached"
             );
+            // Before any request of the new session is served: what the earlier session left
+            // in this folder (background processes, "always" answers) is not the new one's.
+            let earlier = folder
+                .session
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(session.clone());
+            let changed = earlier.filter(|earlier| *earlier != session).map(|from| {
+                let processes = folder.sandbox.end_processes();
+                let rules = folder.policy.forget(&from);
+                AttachEvent::SessionChanged {
+                    from,
+                    to: session.clone(),
+                    processes,
+                    rules,
+                }
+            });
             folder.emit(AttachEvent::Attached { session, workspace });
+            if let Some(changed) = changed {
+                warn!("{}", changed.line().unwrap_or_default());
+                folder.emit(changed);
+            }
         }
         Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
         Ok(Some(other)) => {
@@ -352,7 +563,7 @@ async fn run(
 ) -> (Outcome, Option<Message>) {
     let o = &folder.options;
     let target = describe(tool, &args);
-    let ran = |allowed: bool, basis: Basis| AttachEvent::Ran {
+    let ran = |allowed: bool, basis: Basis| AttachEvent::Decided {
         tool,
         target: target.clone(),
         allowed,
@@ -365,7 +576,17 @@ async fn run(
         );
         return (outcome, None);
     }
-    let known = folder.policy.check(session, tool, &args);
+    // What "always" would cover depends on where a command's program is found.
+    let site = match args
+        .get("argv")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+    {
+        Some(program) if tool == ToolName::RunCommand => locate(&folder.sandbox, program),
+        _ => ProgramSite::Other,
+    };
+    let rule = Rule::of(tool, &args, &site);
+    let known = folder.policy.check(session, tool, &rule);
     // Checked before the policy answers or anyone is asked. For a write or an edit that will be
     // asked about, the check is the preview, whose diff the prompt shows.
     let asking = known.is_none() && folder.approver.is_some();
@@ -416,7 +637,15 @@ async fn run(
                     },
                 )
                 .await;
+                // Which program a process tool acts on: what decides what written text does.
+                let process = match tool {
+                    ToolName::ProcessWrite | ToolName::ProcessKill => {
+                        process_info(&folder.sandbox, &args).await
+                    }
+                    _ => None,
+                };
                 let request = ApprovalRequest {
+                    process,
                     session: session.to_owned(),
                     workspace: o.name.clone().unwrap_or_else(|| o.shown_path.clone()),
                     tool,
@@ -424,15 +653,12 @@ async fn run(
                     diff,
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
-                    scope: Rule::of(tool, &args).scope(session),
+                    scope: rule.scope(session),
                     deadline: std::time::Instant::now() + o.prompt_timeout,
                     args: args.clone(),
                 };
                 match tokio::time::timeout(o.prompt_timeout, approver.decide(request)).await {
-                    Ok(decision) => (
-                        folder.policy.record(session, tool, &args, decision),
-                        Basis::User,
-                    ),
+                    Ok(decision) => (folder.policy.record(session, rule, decision), Basis::User),
                     Err(_) => (Verdict::Deny(String::new()), Basis::Timeout),
                 }
             }
@@ -472,6 +698,14 @@ async fn run(
     } else {
         Some(decided)
     };
+    // Said now, not when it ends: a long command, or one the agent cancels, is seen running.
+    folder.emit(ran(true, basis));
+    let running = Running {
+        events: folder.events.clone(),
+        tool,
+        target: target.clone(),
+        ended: false,
+    };
     // A long command says how it is going (how long, its latest line), relayed as progress.
     let (lines, mut progress) = mpsc::unbounded_channel::<String>();
     let relay = move |line: &str| {
@@ -494,12 +728,136 @@ async fn run(
             error: e.to_tool_error(),
         },
     };
-    folder.emit(ran(true, basis));
+    running.end(&outcome);
     (outcome, decided)
+}
+
+/// The entry of this folder's process table for the process `args` names, if it is there.
+async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInfo> {
+    let id = args.get("process").and_then(Value::as_str)?;
+    let listed = sandbox
+        .call(ToolName::ProcessList, serde_json::json!({}))
+        .await
+        .ok()?;
+    let list: ProcessListResult = serde_json::from_value(listed).ok()?;
+    list.processes.into_iter().find(|p| p.process == id)
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {
     Outcome::Error {
         error: ToolError::new(code, message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn command(result: Value) -> Outcome {
+        let mut base = json!({"timed_out": false, "stdout": "", "stderr": "",
+            "stdout_truncated": false, "stderr_truncated": false, "duration_ms": 5,
+            "sandbox": "landlock"});
+        if let (Some(base), Some(extra)) = (base.as_object_mut(), result.as_object()) {
+            base.extend(extra.clone());
+        }
+        Outcome::Ok { result: base }
+    }
+
+    #[test]
+    fn a_call_end_says_how_it_ended() {
+        let cases = [
+            (command(json!({"exit_code": 0})), CallEnd::Ok),
+            (command(json!({"exit_code": 2})), CallEnd::Exited(2)),
+            (command(json!({"signal": 9})), CallEnd::Signalled(9)),
+            (
+                command(json!({"timed_out": true, "signal": 9})),
+                CallEnd::TimedOut,
+            ),
+            (
+                command(json!({"process": "proc-1"})),
+                CallEnd::Background("proc-1".into()),
+            ),
+            (
+                error(ErrorCode::NotFound, "gone".into()),
+                CallEnd::Failed(ErrorCode::NotFound),
+            ),
+            (error(ErrorCode::Timeout, "late".into()), CallEnd::TimedOut),
+        ];
+        for (outcome, want) in cases {
+            assert_eq!(
+                CallEnd::of(ToolName::RunCommand, &outcome),
+                want,
+                "{outcome:?}"
+            );
+        }
+        // A process that exited, read by `process_read`, is not how the read ended.
+        let read = command(json!({"exit_code": 2}));
+        assert_eq!(CallEnd::of(ToolName::ProcessRead, &read), CallEnd::Ok);
+    }
+
+    #[test]
+    fn event_lines_say_when_a_call_starts_and_how_it_ends() {
+        let decided = |allowed, basis| AttachEvent::Decided {
+            tool: ToolName::RunCommand,
+            target: "$ make".into(),
+            allowed,
+            basis,
+        };
+        let finished = |end| AttachEvent::Finished {
+            tool: ToolName::RunCommand,
+            target: "$ make".into(),
+            end,
+        };
+        let cases = [
+            (
+                decided(true, Basis::Remembered),
+                Some("▶ run_command $ make (remembered): started"),
+            ),
+            (
+                decided(true, Basis::User),
+                Some("▶ run_command $ make (answered): started"),
+            ),
+            (
+                decided(false, Basis::NoTerminal),
+                Some("✗ run_command $ make (no terminal)"),
+            ),
+            (decided(false, Basis::User), None),
+            (decided(false, Basis::Timeout), None),
+            (finished(CallEnd::Ok), Some("✓ run_command $ make: ok")),
+            (
+                finished(CallEnd::Exited(2)),
+                Some("✗ run_command $ make: exit code 2"),
+            ),
+            (
+                finished(CallEnd::TimedOut),
+                Some("✗ run_command $ make: timed out"),
+            ),
+            (
+                finished(CallEnd::Background("proc-\u{1b}1".into())),
+                Some("✓ run_command $ make: runs on in the background as proc-\\u{1b}1"),
+            ),
+        ];
+        for (event, want) in cases {
+            assert_eq!(event.line().as_deref(), want, "{event:?}");
+        }
+        let changed = AttachEvent::SessionChanged {
+            from: "s1".into(),
+            to: "s\u{202e}2".into(),
+            processes: 2,
+            rules: 1,
+        };
+        assert_eq!(
+            changed.line().as_deref(),
+            Some(
+                "re-attached to session s\\u{202e}2 instead of s1: ended 2 background processes \
+                 of session s1 and forgot its 1 remembered answer"
+            )
+        );
+        let cancelled = finished(CallEnd::Cancelled).line().unwrap();
+        assert!(
+            cancelled.starts_with("✗ run_command $ make: cancelled"),
+            "{cancelled}"
+        );
     }
 }

@@ -7,6 +7,8 @@
 //! - [`attach::attach`]: serve a folder ([`monad_sandbox::Sandbox`]) until stopped, reconnecting
 //!   with backoff and re-attaching by itself.
 //! - [`prompt`]: the text of an approval prompt, a pure function of the request.
+//! - [`site`]: where a command's program is found (outside the workspace, in it, elsewhere),
+//!   which decides what "always" may cover.
 //! - [`login`]: where `login` takes the token from (flag, `MONAD_TOKEN`, standard input).
 //! - [`approval`]: the approval policy, enforced here on the client, and the [`approval::Approver`]s
 //!   that ask ([`terminal::TerminalApprover`] on the attach terminal,
@@ -27,6 +29,7 @@ pub mod connect;
 pub mod login;
 pub mod mcp;
 pub mod prompt;
+pub mod site;
 pub mod terminal;
 
 /// What can go wrong in the client.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use monad_client::agent::{Agent, check_login};
-use monad_client::approval::{Approver, Basis};
+use monad_client::approval::Approver;
 use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::{ClientConfig, default_config_dir};
 use monad_client::login;
@@ -63,7 +63,7 @@ enum Command {
     Attach {
         /// The folder.
         dir: PathBuf,
-        /// Session id (default: `default`).
+        /// Session id (default: this device's last session, else your default).
         #[arg(long)]
         session: Option<String>,
         /// Short name in the session (default: the folder's name).
@@ -85,13 +85,15 @@ enum Command {
     },
     /// Call a tool as an agent and print its result.
     Call {
-        /// Tool name (read_file, list_dir, stat, search, glob, write_file, edit_file,
-        /// run_command, workspaces, memory_store, memory_recall).
+        /// Tool name.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(
+            monad_protocol::ToolName::ALL.map(monad_protocol::ToolName::as_str)
+        ))]
         tool: String,
         /// The arguments, as a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
-        /// Session id (default: `default`).
+        /// Session id (default: this device's last session, else your default).
         #[arg(long)]
         session: Option<String>,
         /// Workspace to run in (short name or URI).
@@ -354,34 +356,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
             };
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<AttachEvent>();
             let printer = tokio::spawn(async move {
                 while let Some(event) = rx.recv().await {
-                    match event {
-                        AttachEvent::Attached { session, workspace } => eprintln!(
-                            "attached {} as `{}` to session {} ({}); Ctrl-C detaches",
-                            printable(&workspace.uri),
-                            printable(&workspace.name),
-                            printable(&session),
-                            workspace.trust.as_str()
-                        ),
-                        AttachEvent::Disconnected { reason, retry_in } => eprintln!(
-                            "{}; reconnecting in {:.1} s",
-                            printable(&reason),
-                            retry_in.as_secs_f64()
-                        ),
-                        AttachEvent::Ran {
-                            tool,
-                            target,
-                            allowed,
-                            basis,
-                        } => {
-                            // Prompts show their own answer; these ran or were refused without one.
-                            if !matches!(basis, Basis::User | Basis::Timeout) {
-                                let mark = if allowed { '✓' } else { '✗' };
-                                eprintln!("{mark} {tool} {target} ({})", basis.describe());
-                            }
-                        }
+                    if let Some(line) = event.line() {
+                        eprintln!("{line}");
                     }
                 }
             });

@@ -10,6 +10,12 @@
 //! answer keys, and discards what was typed meanwhile; a withdrawn prompt says it was withdrawn.
 //! `v` pages through a long diff or standard input whole; keys pressed while paging never
 //! answer.
+//!
+//! Bytes are turned into keys by [`decode`]: an escape sequence (an arrow, a function key,
+//! Alt with a letter) is read to its end and is one key, never the letters it ends with, so the
+//! Up arrow (`ESC [ A`) cannot answer "allow always" with its `A`. Only the documented answer
+//! keys answer, lower case only (the final bytes of escape sequences are upper case). `a`
+//! (allow always) asks for a confirmation that says what "always" covers.
 
 use std::future::Future;
 use std::io::Write;
@@ -179,6 +185,140 @@ fn next_key(job: &Job, deadline: Instant, until: Instant) -> Result<Option<u8>, 
     }
 }
 
+/// How long the bytes after an Escape may take to arrive and still be one key with it (terminals
+/// send a whole escape sequence at once; an Escape followed by nothing for this long is the
+/// Escape key alone).
+const SEQUENCE_WAIT: Duration = Duration::from_millis(100);
+
+const ESC: u8 = 0x1b;
+
+/// A key, as the prompt and the pager see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    /// A key that sends one byte (a letter, space, Enter, ...).
+    Byte(u8),
+    /// The Escape key alone.
+    Escape,
+    /// The Up arrow.
+    Up,
+    /// The Down arrow.
+    Down,
+    /// Page Up.
+    PageUp,
+    /// Page Down.
+    PageDown,
+    /// Any other escape sequence: another arrow, a function key, a modified key, Alt with a
+    /// key, a terminal report. It answers nothing.
+    Sequence,
+}
+
+/// Reads one key that starts with `first`; `next` gives the following byte when one arrives in
+/// time (`Ok(None)` when none does). An escape sequence is read to its end (ECMA-48: a CSI
+/// `ESC [` with parameter and intermediate bytes up to a final byte 0x40–0x7E; an SS3 `ESC O`
+/// and its final byte; an `ESC` with intermediate bytes 0x20–0x2F up to a final byte; a control
+/// string `ESC ]`, `ESC P`, `ESC X`, `ESC ^`, `ESC _` up to BEL or `ESC \`; `ESC` with any other
+/// byte is Alt with that key). Also returns a byte read too far (an Escape that starts the next
+/// key), to be decoded next.
+pub fn decode<E>(
+    first: u8,
+    next: &mut impl FnMut() -> Result<Option<u8>, E>,
+) -> Result<(Key, Option<u8>), E> {
+    if first != ESC {
+        return Ok((Key::Byte(first), None));
+    }
+    let Some(second) = next()? else {
+        return Ok((Key::Escape, None));
+    };
+    Ok(match second {
+        // Escape twice: the first was alone; the second starts the next key.
+        ESC => (Key::Escape, Some(ESC)),
+        b'[' => {
+            let mut params = Vec::new();
+            loop {
+                match next()? {
+                    None => break (Key::Sequence, None),
+                    Some(b @ 0x20..=0x3f) => {
+                        if params.len() < 16 {
+                            params.push(b);
+                        }
+                    }
+                    Some(last @ 0x40..=0x7e) => {
+                        let key = match (params.as_slice(), last) {
+                            (b"", b'A') => Key::Up,
+                            (b"", b'B') => Key::Down,
+                            (b"5", b'~') => Key::PageUp,
+                            (b"6", b'~') => Key::PageDown,
+                            _ => Key::Sequence,
+                        };
+                        break (key, None);
+                    }
+                    Some(ESC) => break (Key::Sequence, Some(ESC)),
+                    // A control byte inside a sequence ends it (and is dropped).
+                    Some(_) => break (Key::Sequence, None),
+                }
+            }
+        }
+        b'O' => match next()? {
+            Some(b'A') => (Key::Up, None),
+            Some(b'B') => (Key::Down, None),
+            Some(ESC) => (Key::Sequence, Some(ESC)),
+            _ => (Key::Sequence, None),
+        },
+        b']' | b'P' | b'X' | b'^' | b'_' => {
+            let mut escaped = false;
+            loop {
+                match next()? {
+                    None | Some(0x07) => break,
+                    Some(b'\\') if escaped => break,
+                    Some(b) => escaped = b == ESC,
+                }
+            }
+            (Key::Sequence, None)
+        }
+        0x20..=0x2f => {
+            loop {
+                match next()? {
+                    None | Some(0x30..=0x7e) => break,
+                    Some(_) => {}
+                }
+            }
+            (Key::Sequence, None)
+        }
+        // Alt with a key.
+        _ => (Key::Sequence, None),
+    })
+}
+
+/// Keys typed on the terminal, for one prompt.
+#[derive(Default)]
+struct Input {
+    /// A byte read as part of the previous key that starts the next one.
+    pending: Option<u8>,
+}
+
+impl Input {
+    /// Waits for one key until `until` (or the request's end); `Ok(None)` when `until` passed.
+    fn key(&mut self, job: &Job, deadline: Instant, until: Instant) -> Result<Option<Key>, Ended> {
+        let first = match self.pending.take() {
+            Some(byte) => byte,
+            None => match next_key(job, deadline, until)? {
+                Some(byte) => byte,
+                None => return Ok(None),
+            },
+        };
+        let mut next = || next_key(job, deadline, Instant::now() + SEQUENCE_WAIT);
+        let (key, pending) = decode(first, &mut next)?;
+        self.pending = pending;
+        Ok(Some(key))
+    }
+
+    /// Drops every key typed and not read yet.
+    fn discard(&mut self) {
+        self.pending = None;
+        discard_typed_keys();
+    }
+}
+
 /// Asks about one request; `None` when it ran out of time (the caller reports the time-out).
 fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
     let r = &job.request;
@@ -226,12 +366,14 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
     }
 }
 
-/// The guard, then the question (and the pager) until an answer.
+/// The guard, then the question (and the pager, and the confirmation of "always") until an
+/// answer.
 fn ask(job: &Job, text: &Prompt, deadline: Instant, guard: Duration) -> Result<Decision, Ended> {
+    let mut input = Input::default();
     // Keys typed while the prompt is new are read and dropped, and whatever is left is flushed.
     let guard_end = Instant::now() + guard;
-    while next_key(job, deadline, guard_end)?.is_some() {}
-    discard_typed_keys();
+    while input.key(job, deadline, guard_end)?.is_some() {}
+    input.discard();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let view = if text.whole.is_some() {
@@ -242,25 +384,31 @@ fn ask(job: &Job, text: &Prompt, deadline: Instant, guard: Duration) -> Result<D
         let mut out = std::io::stderr().lock();
         let _ = write!(
             out,
-            "  [y] allow once  [a] allow always  [n] deny  [d] deny always{view}\n  answer within {} s: ",
+            "  [y] allow once  [a] allow always…  [n] deny  [d] deny always{view}\n  answer within {} s: ",
             left.as_secs_f64().ceil()
         );
         let _ = out.flush();
         drop(out);
-        // Other keys are ignored; `v` pages, then the question is asked again.
+        // Other keys (escape sequences included) are ignored; `v` pages and `a` asks for a
+        // confirmation, then the question is asked again.
         loop {
-            let Some(key) = next_key(job, deadline, deadline + Duration::from_secs(1))? else {
+            let Some(key) = input.key(job, deadline, deadline + Duration::from_secs(1))? else {
                 continue;
             };
             match key {
-                b'y' | b'Y' | b'o' => return Ok(Decision::AllowOnce),
-                b'a' | b'A' => return Ok(Decision::AllowAlways),
-                b'n' | b'N' => return Ok(Decision::Deny),
-                b'd' | b'D' => return Ok(Decision::DenyAlways),
-                b'v' | b'V' => {
+                Key::Byte(b'y') => return Ok(Decision::AllowOnce),
+                Key::Byte(b'n') => return Ok(Decision::Deny),
+                Key::Byte(b'd') => return Ok(Decision::DenyAlways),
+                Key::Byte(b'a') => {
+                    if confirm_always(job, &mut input, &job.request.scope, deadline)? {
+                        return Ok(Decision::AllowAlways);
+                    }
+                    break;
+                }
+                Key::Byte(b'v') => {
                     if let Some(whole) = &text.whole {
                         let _ = writeln!(std::io::stderr());
-                        pager(job, whole, deadline)?;
+                        pager(job, &mut input, whole, deadline)?;
                         break;
                     }
                 }
@@ -270,9 +418,40 @@ fn ask(job: &Job, text: &Prompt, deadline: Instant, guard: Duration) -> Result<D
     }
 }
 
-/// Pages through `whole` until the user goes back to the question. Keys pressed here never
-/// answer the prompt; the deadline keeps running and is shown.
-fn pager(job: &Job, whole: &Whole, deadline: Instant) -> Result<(), Ended> {
+/// After `a`: says what "always" covers and waits for `y`; any other key goes back to the
+/// question. Keys typed before the confirmation appeared are dropped, so a key pressed twice in
+/// a hurry does not confirm.
+fn confirm_always(
+    job: &Job,
+    input: &mut Input,
+    scope: &str,
+    deadline: Instant,
+) -> Result<bool, Ended> {
+    let mut out = std::io::stderr().lock();
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  allow always: {}", printable_lines(scope));
+    let _ = write!(
+        out,
+        "  [y] confirm \"always\"  any other key: back to the question: "
+    );
+    let _ = out.flush();
+    drop(out);
+    input.discard();
+    loop {
+        let Some(key) = input.key(job, deadline, deadline + Duration::from_secs(1))? else {
+            continue;
+        };
+        let confirmed = key == Key::Byte(b'y');
+        if !confirmed {
+            let _ = writeln!(std::io::stderr(), "not confirmed");
+        }
+        return Ok(confirmed);
+    }
+}
+
+/// Pages through `whole` until the user goes back to the question (`q`, or Escape alone). Keys
+/// pressed here never answer the prompt; the deadline keeps running and is shown.
+fn pager(job: &Job, input: &mut Input, whole: &Whole, deadline: Instant) -> Result<(), Ended> {
     let mut top = 0usize;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -285,22 +464,23 @@ fn pager(job: &Job, whole: &Whole, deadline: Instant) -> Result<(), Ended> {
         let _ = out.flush();
         drop(out);
         loop {
-            let Some(key) = next_key(job, deadline, deadline + Duration::from_secs(1))? else {
+            let Some(key) = input.key(job, deadline, deadline + Duration::from_secs(1))? else {
                 continue;
             };
             match key {
-                b' ' | b'\n' | b'\r' | b'j' | b'f' => {
+                Key::Byte(b' ' | b'\n' | b'\r' | b'j' | b'f') | Key::Down | Key::PageDown => {
                     if top + PAGE_LINES < whole.lines.len() {
                         top += PAGE_LINES;
                     }
                     break;
                 }
-                b'b' | b'k' => {
+                Key::Byte(b'b' | b'k') | Key::Up | Key::PageUp => {
                     top = top.saturating_sub(PAGE_LINES);
                     break;
                 }
-                b'q' | b'Q' | 0x1b => return Ok(()),
-                // Anything else, answer keys included, does nothing here.
+                Key::Byte(b'q') | Key::Escape => return Ok(()),
+                // Anything else, answer keys and other escape sequences included, does nothing
+                // here.
                 _ => {}
             }
         }
@@ -310,6 +490,59 @@ fn pager(job: &Job, whole: &Whole, deadline: Instant) -> Result<(), Ended> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keys `bytes` decode to, every byte arriving in time.
+    fn keys(bytes: &[u8]) -> Vec<Key> {
+        let mut rest = bytes.iter().copied();
+        let mut out = Vec::new();
+        let mut pending = None;
+        while let Some(first) = pending.take().or_else(|| rest.next()) {
+            let mut next = || Ok::<_, ()>(rest.next());
+            let (key, left) = decode(first, &mut next).unwrap();
+            out.push(key);
+            pending = left;
+        }
+        out
+    }
+
+    #[test]
+    fn escape_sequences_are_one_key_never_the_letters_they_end_with() {
+        use Key::*;
+        let cases: &[(&[u8], &[Key])] = &[
+            (b"y", &[Byte(b'y')]),
+            (b"\x1b[A", &[Up]),
+            (b"\x1b[B", &[Down]),
+            (b"\x1b[C\x1b[D", &[Sequence, Sequence]),
+            (b"\x1bOA\x1bOD", &[Up, Sequence]),
+            (b"\x1b[5~\x1b[6~", &[PageUp, PageDown]),
+            (b"\x1b[1;2A", &[Sequence]),
+            (b"\x1b[15~", &[Sequence]),
+            (b"\x1b[200~", &[Sequence]),
+            (b"\x1by", &[Sequence]),
+            (b"\x1ba", &[Sequence]),
+            (b"\x1bA", &[Sequence]),
+            (b"\x1b]52;c;eQ==\x07y", &[Sequence, Byte(b'y')]),
+            (b"\x1b]0;title\x1b\\n", &[Sequence, Byte(b'n')]),
+            (b"\x1b(B", &[Sequence]),
+            (b"\x1b", &[Escape]),
+            (b"\x1b\x1b[A", &[Escape, Up]),
+            (b"\x1b[\x1b[D", &[Sequence, Sequence]),
+            (b"\x1b[1\x01a", &[Sequence, Byte(b'a')]),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(&keys(bytes), want, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn an_escape_with_nothing_after_it_in_time_is_the_escape_key() {
+        let mut nothing = || Ok::<_, ()>(None);
+        assert_eq!(decode(ESC, &mut nothing), Ok((Key::Escape, None)));
+        // A sequence cut short ends where it was cut; its letter never arrives as a key.
+        let mut cut = [b'['].into_iter();
+        let mut next = || Ok::<_, ()>(cut.next());
+        assert_eq!(decode(ESC, &mut next), Ok((Key::Sequence, None)));
+    }
 
     #[test]
     fn the_guard_can_be_lengthened_but_never_shortened() {

@@ -17,14 +17,23 @@
 use std::borrow::Cow;
 use std::fmt::Write;
 
+use icu_properties::CodePointSetData;
+use icu_properties::props::DefaultIgnorableCodePoint;
 use unicode_general_category::{GeneralCategory, get_general_category};
 
 /// Whether `c` must not reach a terminal as it is: a control character (C0 but tab, DEL, C1), a
 /// Unicode format character (general category Cf: bidi embeddings, overrides, isolates and marks,
 /// zero-width space, joiners, word joiner and invisible operators, the byte order mark, the soft
-/// hyphen, tags, ...), a line or paragraph separator, or a tag or unassigned code point of the
-/// tag block. `\n` counts: callers that keep lines split on it first or use
-/// [`printable_lines`].
+/// hyphen, tags, ...), a line or paragraph separator, or a code point with the Unicode property
+/// Default_Ignorable_Code_Point (drawn as nothing: besides most of the above, the combining
+/// grapheme joiner U+034F, the Hangul fillers U+115F, U+1160, U+3164 and U+FFA0, the Khmer
+/// inherent vowels U+17B4 and U+17B5, the variation selectors U+180B–180F, U+FE00–FE0F and
+/// U+E0100–E01EF, and the whole block U+E0000–E0FFF, assigned or not). `\n` counts: callers that
+/// keep lines split on it first or use [`printable_lines`].
+///
+/// The one test of "invisible" for the client and the server alike (client names, workspace
+/// short names and everything printed go through it). The property comes from the ICU4X tables
+/// (`icu_properties`), the category from `unicode-general-category`.
 pub fn is_hidden(c: char) -> bool {
     if c == '\t' {
         return false;
@@ -32,21 +41,22 @@ pub fn is_hidden(c: char) -> bool {
     if c.is_control() {
         return true; // C0, DEL, C1
     }
-    matches!(
-        get_general_category(c),
-        GeneralCategory::Format
-            | GeneralCategory::LineSeparator
-            | GeneralCategory::ParagraphSeparator
-    ) || matches!(
-        c,
-        // The whole tag block, including its unassigned code points, which a later Unicode
-        // version may make format characters.
-        '\u{e0000}'..='\u{e007f}'
-        // Bidi and zero-width characters, named here as well so that the list does not depend
-        // on the Unicode tables alone.
-        | '\u{61c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
-        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}' | '\u{ad}'
-    )
+    CodePointSetData::new::<DefaultIgnorableCodePoint>().contains(c)
+        || matches!(
+            get_general_category(c),
+            GeneralCategory::Format
+                | GeneralCategory::LineSeparator
+                | GeneralCategory::ParagraphSeparator
+        )
+        || matches!(
+            c,
+            // The tag and variation selector blocks, including their unassigned code points, and
+            // the bidi and zero-width characters, named here as well so that the list does not
+            // depend on the Unicode tables alone.
+            '\u{e0000}'..='\u{e0fff}'
+            | '\u{61c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{feff}' | '\u{ad}'
+        )
 }
 
 fn escape_with(text: &str, keep_newlines: bool) -> Cow<'_, str> {
@@ -136,6 +146,69 @@ mod tests {
         ("other format: mongolian vowel separator", '\u{180e}'),
         ("other format: shorthand format control", '\u{1bca0}'),
     ];
+
+    /// Every range of the Unicode property Default_Ignorable_Code_Point as DerivedCoreProperties.txt
+    /// lists it (taken from Perl's Unicode 14 tables), written out here so that the test does not
+    /// depend on the tables the code uses: characters a renderer draws as nothing, so text
+    /// holding them looks like text without them.
+    const DEFAULT_IGNORABLE: &[(u32, u32)] = &[
+        (0x00AD, 0x00AD),
+        (0x034F, 0x034F),
+        (0x061C, 0x061C),
+        (0x115F, 0x1160),
+        (0x17B4, 0x17B5),
+        (0x180B, 0x180F),
+        (0x200B, 0x200F),
+        (0x202A, 0x202E),
+        (0x2060, 0x206F),
+        (0x3164, 0x3164),
+        (0xFE00, 0xFE0F),
+        (0xFEFF, 0xFEFF),
+        (0xFFA0, 0xFFA0),
+        (0xFFF0, 0xFFF8),
+        (0x1BCA0, 0x1BCA3),
+        (0x1D173, 0x1D17A),
+        (0xE0000, 0xE0FFF),
+    ];
+
+    #[test]
+    fn every_default_ignorable_code_point_is_escaped() {
+        let mut checked = 0;
+        for &(first, last) in DEFAULT_IGNORABLE {
+            for c in (first..=last).filter_map(char::from_u32) {
+                assert!(is_hidden(c), "U+{:04X} is default-ignorable", c as u32);
+                let text = format!("report.txt{c}");
+                assert_eq!(
+                    printable(&text),
+                    format!("report.txt\\u{{{:x}}}", c as u32),
+                    "U+{:04X}",
+                    c as u32
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 4174, "every listed code point");
+        // The ones a review found shown raw, one by one.
+        for c in [
+            '\u{34f}',
+            '\u{115f}',
+            '\u{3164}',
+            '\u{fe0f}',
+            '\u{180b}',
+            '\u{ffa0}',
+            '\u{e0100}',
+            '\u{17b4}',
+            '\u{e0000}',
+            '\u{e0002}',
+            '\u{e001f}',
+        ] {
+            assert!(
+                printable(&format!("a{c}b")).contains("\\u{"),
+                "U+{:04X}",
+                c as u32
+            );
+        }
+    }
 
     #[test]
     fn every_class_of_hidden_character_is_escaped_in_one_line_fields() {

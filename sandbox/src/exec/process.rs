@@ -342,6 +342,16 @@ impl Table {
         }
     }
 
+    /// Kills every process of the table (each whole tree) and forgets them, output included;
+    /// returns how many there were.
+    pub(crate) fn end_all(&self) -> usize {
+        let procs: Vec<Arc<Proc>> = self.lock().drain(..).collect();
+        for proc in &procs {
+            proc.abort();
+        }
+        procs.len()
+    }
+
     /// Whether a background process still runs (a workspace with one is in use).
     pub(crate) fn any_running(&self) -> bool {
         self.lock().iter().any(|p| p.exit().is_none())
@@ -350,9 +360,7 @@ impl Table {
 
 impl Drop for Table {
     fn drop(&mut self) {
-        for proc in self.lock().drain(..) {
-            proc.abort();
-        }
+        self.end_all();
     }
 }
 

@@ -286,3 +286,22 @@ async fn login_takes_the_token_from_the_environment_standard_input_a_terminal_or
     );
     assert!(!dir.path().join("config.toml").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_help_lists_every_tool_and_an_unknown_tool_is_refused_before_connecting() {
+    let empty = tempfile::tempdir().unwrap();
+    let out = client(empty.path(), &["call", "--help"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let help = text(&out.stdout);
+    for tool in monad_protocol::ToolName::ALL {
+        assert!(help.contains(tool.as_str()), "{tool} missing from:\n{help}");
+    }
+    // Not logged in either: the name is checked first, and the error lists the tools.
+    let out = client(empty.path(), &["call", "read_fil", "--args", "{}"]).await;
+    assert!(!out.status.success());
+    let error = text(&out.stderr);
+    assert!(
+        error.contains("read_fil") && error.contains("process_kill"),
+        "{error}"
+    );
+}

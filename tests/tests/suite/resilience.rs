@@ -141,7 +141,7 @@ async fn attached_folder_comes_back_by_itself_after_a_server_restart() {
     loop {
         match attached.next_event().await {
             AttachEvent::Disconnected { .. } => break,
-            AttachEvent::Ran { .. } => {}
+            AttachEvent::Decided { .. } | AttachEvent::Finished { .. } => {}
             other => panic!("unexpected {other:?}"),
         }
     }
