@@ -642,7 +642,13 @@ impl Registry {
     ) -> Result<Arc<Session>, ToolError> {
         match requested {
             Some(id) => {
-                let session = self.open(id, user)?;
+                // `default` names the caller's own default: the well-known session for the
+                // user who first used it, a session of their own for everyone else.
+                let id = match id {
+                    DEFAULT_SESSION => self.default_of(user)?,
+                    id => id.to_owned(),
+                };
+                let session = self.open(&id, user)?;
                 if let Some(device) = device {
                     self.bind(user, device, &session.id);
                 }
@@ -672,6 +678,12 @@ impl Registry {
         {
             return Ok(id);
         }
+        self.default_of(user)
+    }
+
+    /// The user's default session: the well-known `default` when it is theirs or nobody's yet,
+    /// else a session of their own, created on first need.
+    fn default_of(&self, user: &str) -> Result<String, ToolError> {
         match self.owner_of(DEFAULT_SESSION) {
             None => return Ok(DEFAULT_SESSION.to_owned()),
             Some(owner) if owner == user => return Ok(DEFAULT_SESSION.to_owned()),
@@ -1087,10 +1099,19 @@ mod tests {
         reg.bind("ana", &dev(4), &ana.id);
         assert_eq!(reg.resolve(None, "ben", Some(&dev(4))).unwrap().id, ben.id);
         assert_eq!(reg.resolve(None, "ana", Some(&dev(4))).unwrap().id, ana.id);
+        // Naming `default` means one's own default, never another user's.
         assert_eq!(
             reg.resolve(Some("default"), "ben", Some(&dev(5)))
-                .unwrap_err()
-                .code,
+                .unwrap()
+                .id,
+            ben.id
+        );
+        assert_eq!(
+            reg.resolve(Some("default"), "ana", None).unwrap().id,
+            "default"
+        );
+        assert_eq!(
+            reg.open("default", "ben").unwrap_err().code,
             ErrorCode::Unauthorized
         );
     }

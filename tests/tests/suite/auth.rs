@@ -3,10 +3,10 @@
 
 use monad_client::ClientError;
 use monad_client::agent::Agent;
-use monad_client::attach::attach;
 use monad_protocol::ErrorCode;
 use monad_tests::{
-    STEP, TestServer, attach_options, call, call_in, connect_agent, expect_code, folder, ok, within,
+    Attachment, STEP, TestServer, attach_options, call, call_in, connect_agent, expect_code,
+    folder, ok, within,
 };
 use serde_json::json;
 
@@ -72,22 +72,6 @@ async fn another_users_session_is_refused_and_not_listed() {
     let ben = connect_agent(&ben_config).await;
     assert_eq!(ben.user(), "ben");
 
-    // Ben naming admin's `default` session: refused, for a call and for an attachment.
-    match within(
-        STEP,
-        "ben's call",
-        ben.call(
-            Some("default"),
-            "read_file",
-            json!({"path": "secret.txt"}),
-            |_| {},
-        ),
-    )
-    .await
-    {
-        Err(ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::Unauthorized, "{e}"),
-        other => panic!("ben reached admin's session: {other:?}"),
-    }
     // Naming no session, ben gets a default of his own, where admin's file is not.
     let (own_default, _) = ok(call_in(&ben, None, "workspaces", json!({})).await);
     let own_default = own_default["session"].as_str().unwrap().to_owned();
@@ -96,19 +80,30 @@ async fn another_users_session_is_refused_and_not_listed() {
         call_in(&ben, None, "read_file", json!({"path": "secret.txt"})).await,
         ErrorCode::NotFound,
     );
+    // Naming `default`, for a call or an attachment, means his own default, never admin's.
+    let (named, _) = ok(call_in(&ben, Some("default"), "workspaces", json!({})).await);
+    assert_eq!(named["session"], own_default.as_str());
+    expect_code(
+        call_in(
+            &ben,
+            Some("default"),
+            "read_file",
+            json!({"path": "secret.txt"}),
+        )
+        .await,
+        ErrorCode::NotFound,
+    );
     let dir = folder(&[]);
     let mut options = attach_options(dir.path(), "ben");
     options.session = Some("default".into());
-    let attached = within(
-        STEP,
-        "ben's attachment to be refused",
-        attach(&ben_config, options, None, None),
-    )
-    .await;
-    match attached {
-        Err(ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::Unauthorized, "{e}"),
-        other => panic!("ben attached to admin's session: {other:?}"),
-    }
+    let attached = Attachment::start(&ben_config, options, None).await;
+    assert_eq!(attached.session, own_default);
+    let (admins, _) = ok(call(&admin, "workspaces", json!({})).await);
+    assert!(
+        !admins.to_string().contains("\"ben\""),
+        "ben's folder reached admin's default: {admins}"
+    );
+    drop(attached);
 
     // Ben's own session works.
     let own = "6f9619ff-8b86-4011-b42d-00c04fc964ff";
