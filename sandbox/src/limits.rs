@@ -72,9 +72,10 @@ pub struct ExecPolicy {
     pub env: std::collections::BTreeMap<String, String>,
     /// Address space limit (`RLIMIT_AS`) of each process of a command, in bytes; 0 for none.
     pub max_memory_bytes: u64,
-    /// Processes (and threads) one command may have at once (`RLIMIT_NPROC`, counted in the
-    /// command's own user namespace); 0 for no limit. Not applied without namespaces, where
-    /// the kernel would count every process of the user.
+    /// Processes (and threads) a workspace's commands may have at once (`RLIMIT_NPROC`, counted
+    /// in the workspace's user namespace, or without namespaces, when Monad runs as root, for
+    /// the workspace's own user); 0 for no limit. Not applied without namespaces when Monad runs
+    /// as an ordinary user, where the kernel would count Monad's own processes too.
     pub max_processes: u64,
     /// Size of the command's private `/dev/shm` (shared memory, POSIX semaphores), in bytes.
     pub shm_max_bytes: u64,
@@ -82,9 +83,13 @@ pub struct ExecPolicy {
     /// yet).
     pub max_background: usize,
     /// When Monad runs as root, the user commands run as (a name or a numeric uid; never root).
-    /// Unset: the owner of the workspace's folder when that is not root, else `nobody`.
-    /// Ignored when Monad runs as an ordinary user: commands run as that user.
+    /// Unset: the owner of the workspace's folder when that is not root, else a user of the
+    /// workspace's own from [`ExecPolicy::uid_range`]. Ignored when Monad runs as an ordinary
+    /// user: commands run as that user.
     pub user: Option<String>,
+    /// When Monad runs as root: `[first, last]`, the uids (and gids) that workspaces get users
+    /// of their own from; none of them may be a user or group of the system.
+    pub uid_range: [u32; 2],
     /// Whether commands run in namespaces of their own (user, PID, mount, IPC, network):
     /// `auto` (when the kernel allows it, else the fallback: a subreaper, seccomp for the
     /// network), `required` (refuse commands when it does not) or `off` (always the fallback).
@@ -161,6 +166,7 @@ impl Default for ExecPolicy {
             shm_max_bytes: 256 * 1024 * 1024,
             max_background: 16,
             user: None,
+            uid_range: crate::exec::users::DEFAULT_UID_RANGE,
             namespaces: NamespacePolicy::Auto,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             max_open_files: 1024,
