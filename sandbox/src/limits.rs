@@ -88,7 +88,9 @@ pub struct ExecPolicy {
     /// user: commands run as that user.
     pub user: Option<String>,
     /// When Monad runs as root: `[first, last]`, the uids (and gids) that workspaces get users
-    /// of their own from; none of them may be a user or group of the system.
+    /// of their own from; none of them may be a user or group of the system. Checked when read:
+    /// a range that holds 0, 65534 or 65535 is refused.
+    #[serde(deserialize_with = "uid_range")]
     pub uid_range: [u32; 2],
     /// Whether commands run in namespaces of their own (user, PID, mount, IPC, network):
     /// `auto` (when the kernel allows it, else the fallback: a subreaper, seccomp for the
@@ -138,6 +140,13 @@ pub enum NetworkMode {
     Host,
 }
 
+/// Reads `[exec] uid_range`, refusing a range that holds root or `nobody` (with the reason).
+fn uid_range<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<[u32; 2], D::Error> {
+    let range = <[u32; 2]>::deserialize(deserializer)?;
+    crate::exec::users::check_range(range).map_err(serde::de::Error::custom)?;
+    Ok(range)
+}
+
 impl ExecPolicy {
     /// The network a command gets under this policy, in a few words for a person (approval
     /// prompts): `no network`, `network to pypi.org, *.github.com only`, `full network`.
@@ -174,5 +183,33 @@ impl Default for ExecPolicy {
             allow: Vec::new(),
             deny: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uid_range_with_root_or_nobody_is_refused_when_the_configuration_is_read() {
+        let read = |range: &str| {
+            serde_json::from_str::<ExecPolicy>(&format!("{{\"uid_range\": {range}}}"))
+                .map(|p| p.uid_range)
+                .map_err(|e| e.to_string())
+        };
+        for bad in [
+            "[0, 10]",
+            "[60000, 70000]",
+            "[100000, 99999]",
+            "[1, 4294967295]",
+        ] {
+            let err = read(bad).expect_err(bad);
+            assert!(err.contains("uid_range"), "{bad}: {err}");
+        }
+        assert_eq!(read("[100000, 165535]"), Ok([100_000, 165_535]));
+        assert_eq!(
+            serde_json::from_str::<ExecPolicy>("{}").unwrap().uid_range,
+            crate::exec::users::DEFAULT_UID_RANGE
+        );
     }
 }
