@@ -392,14 +392,12 @@ fn bench_search(quick: bool, root: &Path, sandbox: &Sandbox) {
     report("search 10k files", m, d, None, "vs `rg -j1` (one thread)");
 }
 
-/// A workspace for commands under `root`: when the bench runs as root, commands run as
-/// `nobody`, so the folder is given to it (as a server gives its primary workspaces).
+/// A workspace for commands under `root`, made as a server makes its primary workspaces: when
+/// the bench runs as root, the folder is given to a user of its own, whom commands run as.
 fn command_root(root: &Path) -> PathBuf {
     let dir = root.join("commands");
     std::fs::create_dir_all(&dir).unwrap();
-    if nix::unistd::geteuid().is_root() {
-        std::os::unix::fs::lchown(&dir, Some(65534), Some(65534)).unwrap();
-    }
+    monad_sandbox::exec::give_to_command_user(&dir, &ExecPolicy::default()).unwrap();
     dir
 }
 

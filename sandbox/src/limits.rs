@@ -72,9 +72,10 @@ pub struct ExecPolicy {
     pub env: std::collections::BTreeMap<String, String>,
     /// Address space limit (`RLIMIT_AS`) of each process of a command, in bytes; 0 for none.
     pub max_memory_bytes: u64,
-    /// Processes (and threads) one command may have at once (`RLIMIT_NPROC`, counted in the
-    /// command's own user namespace); 0 for no limit. Not applied without namespaces, where
-    /// the kernel would count every process of the user.
+    /// Processes (and threads) a workspace's commands may have at once (`RLIMIT_NPROC`, counted
+    /// in the workspace's user namespace, or without namespaces, when Monad runs as root, for
+    /// the workspace's own user); 0 for no limit. Not applied without namespaces when Monad runs
+    /// as an ordinary user, where the kernel would count Monad's own processes too.
     pub max_processes: u64,
     /// Size of the command's private `/dev/shm` (shared memory, POSIX semaphores), in bytes.
     pub shm_max_bytes: u64,
@@ -82,9 +83,15 @@ pub struct ExecPolicy {
     /// yet).
     pub max_background: usize,
     /// When Monad runs as root, the user commands run as (a name or a numeric uid; never root).
-    /// Unset: the owner of the workspace's folder when that is not root, else `nobody`.
-    /// Ignored when Monad runs as an ordinary user: commands run as that user.
+    /// Unset: the owner of the workspace's folder when that is not root, else a user of the
+    /// workspace's own from [`ExecPolicy::uid_range`]. Ignored when Monad runs as an ordinary
+    /// user: commands run as that user.
     pub user: Option<String>,
+    /// When Monad runs as root: `[first, last]`, the uids (and gids) that workspaces get users
+    /// of their own from; none of them may be a user or group of the system. Checked when read:
+    /// a range that holds 0, 65534 or 65535 is refused.
+    #[serde(deserialize_with = "uid_range")]
+    pub uid_range: [u32; 2],
     /// Whether commands run in namespaces of their own (user, PID, mount, IPC, network):
     /// `auto` (when the kernel allows it, else the fallback: a subreaper, seccomp for the
     /// network), `required` (refuse commands when it does not) or `off` (always the fallback).
@@ -133,6 +140,13 @@ pub enum NetworkMode {
     Host,
 }
 
+/// Reads `[exec] uid_range`, refusing a range that holds root or `nobody` (with the reason).
+fn uid_range<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<[u32; 2], D::Error> {
+    let range = <[u32; 2]>::deserialize(deserializer)?;
+    crate::exec::users::check_range(range).map_err(serde::de::Error::custom)?;
+    Ok(range)
+}
+
 impl ExecPolicy {
     /// The network a command gets under this policy, in a few words for a person (approval
     /// prompts): `no network`, `network to pypi.org, *.github.com only`, `full network`.
@@ -161,6 +175,7 @@ impl Default for ExecPolicy {
             shm_max_bytes: 256 * 1024 * 1024,
             max_background: 16,
             user: None,
+            uid_range: crate::exec::users::DEFAULT_UID_RANGE,
             namespaces: NamespacePolicy::Auto,
             max_file_bytes: 4 * 1024 * 1024 * 1024,
             max_open_files: 1024,
@@ -168,5 +183,33 @@ impl Default for ExecPolicy {
             allow: Vec::new(),
             deny: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uid_range_with_root_or_nobody_is_refused_when_the_configuration_is_read() {
+        let read = |range: &str| {
+            serde_json::from_str::<ExecPolicy>(&format!("{{\"uid_range\": {range}}}"))
+                .map(|p| p.uid_range)
+                .map_err(|e| e.to_string())
+        };
+        for bad in [
+            "[0, 10]",
+            "[60000, 70000]",
+            "[100000, 99999]",
+            "[1, 4294967295]",
+        ] {
+            let err = read(bad).expect_err(bad);
+            assert!(err.contains("uid_range"), "{bad}: {err}");
+        }
+        assert_eq!(read("[100000, 165535]"), Ok([100_000, 165_535]));
+        assert_eq!(
+            serde_json::from_str::<ExecPolicy>("{}").unwrap().uid_range,
+            crate::exec::users::DEFAULT_UID_RANGE
+        );
     }
 }

@@ -2,33 +2,43 @@
 //!
 //! `Command::pre_exec` runs a closure in the forked child of a multi-threaded process, where only
 //! async-signal-safe work is allowed: system calls, no allocation, no locks. Everything the
-//! closure needs (rlimits, the landlock ruleset, the seccomp filter, the uid map text, the mount
-//! options) is computed in the parent as a [`Spec`]; the child only makes system calls with it.
+//! closure needs (rlimits, the landlock ruleset, the seccomp filter, the mount options, the
+//! command's stack) is computed in the parent as a [`Spec`]; the child only makes system calls
+//! with it.
 //!
 //! The forked child (the *supervisor*, the process the caller's `Child` handle names) turns into
 //! a small process tree, so that everything a command starts ends with it:
 //!
 //! ```text
 //! namespaced                                  fallback (no user namespaces)
-//! supervisor   (new user, pid, mount, ipc,    supervisor   (a child subreaper)
-//!   │           and network namespaces)         └─ command  (own process group)
+//! supervisor   (joins the workspace's user,   supervisor   (a child subreaper)
+//!   │           IPC and network namespaces,     └─ command  (own process group)
+//!   │           makes PID and mount ones)
 //!   └─ init    (pid 1: mounts a private
-//!       │       /dev/shm and /proc, reaps)
+//!       │       /dev/shm and a read-only
+//!       │       /proc, reaps)
 //!       └─ command (own session)
 //! ```
 //!
 //! - The supervisor forwards the signals it gets (`TERM`, `INT`, `HUP`, ...) to the command's
 //!   process group, and on [`KILL_TREE`] kills the whole tree. It exits as the command did (same
 //!   exit code, or killed by the same signal), so the caller sees the command's status.
+//! - Supervisor and init are copies of the caller's memory: they are made undumpable at once
+//!   (no core file, no `ptrace`, no `/proc/<pid>/mem`, environ or descriptors for anyone but
+//!   root), and the command's process closes (on `exec`) every descriptor but its standard ones.
 //! - Namespaced: when init exits (after the command), or is killed, the kernel kills every
 //!   process left in the PID namespace: a `setsid` or double-forked child cannot outlive it.
 //!   Init dies with the supervisor (`PR_SET_PDEATHSIG`), so killing the supervisor kills all.
 //! - Fallback: orphans are re-parented to the supervisor (a subreaper); when the command ends,
 //!   the supervisor kills every process it finds among its children until none is left.
 //! - The command itself: its own session (or group), privileges dropped ([`Identity`], every
-//!   capability set cleared, securebits locked), `no_new_privs`, landlock, then seccomp, then
-//!   `exec`. Anything that fails stops the spawn with one of the errno values below, which
-//!   `spawn_error` turns into a clear message; the program never runs half-confined.
+//!   capability set cleared, securebits locked), `no_new_privs`, landlock, then seccomp, then its
+//!   rlimits, then `exec`. Anything that fails stops the spawn with a [`Failed`] stage and the
+//!   errno of the system call (see [`pack`]), which `spawn_error` turns into a clear message; the
+//!   program never runs half-confined.
+//!
+//! A workspace's shared namespaces are made by another child, the *maker* ([`spawn_maker`]),
+//! which sends them to the parent over a socket and exits.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -37,22 +47,61 @@ use nix::libc::{self, c_int};
 
 use super::Rlimits;
 
-/// errno the child reports when landlock is not fully enforced. None of these is ever returned
-/// by `execve`, so `spawn_error` can tell them apart.
-pub(crate) const LANDLOCK_FAILED: i32 = libc::ENOTRECOVERABLE;
-/// errno the child reports when the seccomp filter could not be installed.
-pub(crate) const SECCOMP_FAILED: i32 = libc::EOWNERDEAD;
-/// errno the child reports when the namespaces could not be set up.
-pub(crate) const NAMESPACES_FAILED: i32 = libc::EUCLEAN;
-/// errno the child reports when the command's view of the filesystem (masks, binds, read-only
-/// mounts) could not be made.
-pub(crate) const VIEW_FAILED: i32 = libc::ENAVAIL;
-/// errno the child reports when it could not take on the command's user.
-pub(crate) const IDENTITY_FAILED: i32 = libc::ENOTUNIQ;
-/// errno the child reports when a capability set could not be cleared.
-pub(crate) const CAPABILITIES_FAILED: i32 = libc::EBADE;
-/// errno the child reports when the command's user may not enter its working directory.
-pub(crate) const CWD_DENIED: i32 = libc::EREMCHG;
+/// What failed in a child before `exec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failed {
+    /// landlock was not fully enforced.
+    Landlock = 1,
+    /// The seccomp filter could not be installed.
+    Seccomp,
+    /// The namespaces could not be joined or made.
+    Namespaces,
+    /// The command's view of the filesystem (masks, binds, read-only mounts) could not be made.
+    View,
+    /// The command's user could not be taken on.
+    Identity,
+    /// A capability set could not be cleared.
+    Capabilities,
+    /// The working directory could not be entered.
+    Cwd,
+    /// An rlimit could not be set.
+    Limits,
+    /// The process tree could not be set up (subreaper, pipes, the init process).
+    Tree,
+}
+
+impl Failed {
+    fn from_code(code: i32) -> Option<Failed> {
+        [
+            Failed::Landlock,
+            Failed::Seccomp,
+            Failed::Namespaces,
+            Failed::View,
+            Failed::Identity,
+            Failed::Capabilities,
+            Failed::Cwd,
+            Failed::Limits,
+            Failed::Tree,
+        ]
+        .into_iter()
+        .find(|f| *f as i32 == code)
+    }
+}
+
+/// Packs what failed and the errno of the system call that failed (0: none did, a check did)
+/// into the one `i32` that the spawn's error pipe (and the start pipe) carries: `execve`'s own
+/// errors are plain errno values, always below `1 << 16`.
+pub(crate) fn pack(what: Failed, errno: c_int) -> i32 {
+    ((what as i32) << 16) | (errno & 0xffff)
+}
+
+/// What [`pack`] packed: `Ok((what, errno))`, or `Err(errno)` for a plain errno (`execve`'s).
+pub(crate) fn unpack(code: i32) -> Result<(Failed, i32), i32> {
+    match Failed::from_code(code >> 16) {
+        Some(what) => Ok((what, code & 0xffff)),
+        None => Err(code),
+    }
+}
 
 /// The signal that asks a supervisor to kill its whole tree at once (the last real-time signal;
 /// the C library keeps the first ones for itself).
@@ -84,9 +133,11 @@ struct PathBeneathAttr {
 }
 /// `LANDLOCK_RULE_PATH_BENEATH`.
 const LANDLOCK_RULE_PATH_BENEATH: libc::c_long = 1;
+/// `LANDLOCK_CREATE_RULESET_VERSION`.
+const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
 
 /// The user a command runs as, when the caller is root.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Identity {
     /// Its uid.
     pub uid: libc::uid_t,
@@ -94,8 +145,8 @@ pub struct Identity {
     pub gid: libc::gid_t,
 }
 
-/// How the namespaces are made: the workspace's own user and network namespaces (see
-/// [`Shared`]) are joined, and the PID, mount, IPC and UTS namespaces are the command's own.
+/// How the namespaces are made: the workspace's own user, IPC and network namespaces (see
+/// [`SharedSpec`]) are joined, and the PID and mount namespaces are the command's own.
 #[derive(Debug)]
 pub(crate) struct Namespaces {
     /// The workspace's user namespace.
@@ -127,10 +178,70 @@ pub(crate) struct Namespaces {
 pub(crate) struct Bind {
     /// Its canonical path.
     pub target: std::ffi::CString,
+    /// The path of the plan (or the workspace's root) it was made from: the landlock rule for
+    /// it was made on that path.
+    pub from: std::path::PathBuf,
+    /// The device and inode the parent found there for this spawn (the very directory its
+    /// landlock rule names): the child binds it only if the path still leads there.
+    pub id: (u64, u64),
     pub writable: bool,
     pub dir: bool,
     /// Under a mask: the way down to `target` is made first.
     pub masked: bool,
+}
+
+/// Memory a process runs on from its start to `exec`: mapped apart, with a page below it that
+/// faults, so that running out of it kills that process instead of writing over its parent's
+/// memory.
+struct Stack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl Stack {
+    fn new(size: usize) -> std::io::Result<Stack> {
+        // SAFETY: sysconf, mmap, mprotect and munmap on a mapping made here and owned by the
+        // value returned.
+        unsafe {
+            let page = match libc::sysconf(libc::_SC_PAGESIZE) {
+                n if n > 0 => n as usize,
+                _ => 4096,
+            };
+            let len = size.div_ceil(page) * page + page;
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::mprotect(base, page, libc::PROT_NONE) == -1 {
+                let err = std::io::Error::last_os_error();
+                libc::munmap(base, len);
+                return Err(err);
+            }
+            Ok(Stack { base, len })
+        }
+    }
+
+    /// Its top (a stack grows down), aligned for any call.
+    fn top(&self) -> *mut libc::c_void {
+        ((self.base as usize + self.len) & !0xf) as *mut libc::c_void
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made by `Stack::new`, unmapped once; a child still running on it
+        // has a copy of it (fork) or has run `exec` (the parent waits for that).
+        unsafe {
+            libc::munmap(self.base, self.len);
+        }
+    }
 }
 
 /// The program, its arguments and environment as the C arrays `execvp` takes, the stack the
@@ -141,10 +252,9 @@ pub(crate) struct Exec {
     _envp: Vec<std::ffi::CString>,
     argv_ptrs: Vec<*const libc::c_char>,
     envp_ptrs: Vec<*const libc::c_char>,
-    /// Memory for it, never initialized (a stack needs no zeroes).
-    stack: std::cell::UnsafeCell<Vec<std::mem::MaybeUninit<u8>>>,
+    stack: Stack,
     /// Write end of the pipe the parent reads after the spawn: closed by `exec` (the command
-    /// runs), or given the errno of what failed.
+    /// runs), or given the packed failure (see [`pack`]).
     pub status: OwnedFd,
 }
 
@@ -161,8 +271,18 @@ impl std::fmt::Debug for Exec {
     }
 }
 
-/// Stack of the command's process between its start and `exec`.
+/// Stack the command's process needs between its start and `exec`, besides what `execvp` takes
+/// for a script without `#!` (a copy of the argument pointers, see [`Exec::new`]).
 const COMMAND_STACK: usize = 256 * 1024;
+
+/// Why a command could not be prepared.
+#[derive(Debug)]
+pub(crate) enum PrepareError {
+    /// The program, an argument or the environment holds a NUL byte.
+    Nul,
+    /// No memory for its stack.
+    Stack(std::io::Error),
+}
 
 impl Exec {
     /// Prepares `program` with `argv` (its first element included) and `env`; `status` is the
@@ -172,28 +292,34 @@ impl Exec {
         argv: &[String],
         env: &[(String, String)],
         status: OwnedFd,
-    ) -> Result<Exec, std::ffi::NulError> {
+    ) -> Result<Exec, PrepareError> {
         let argv: Vec<std::ffi::CString> = argv
             .iter()
             .map(|a| std::ffi::CString::new(a.as_bytes()))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .map_err(|_| PrepareError::Nul)?;
         let envp: Vec<std::ffi::CString> = env
             .iter()
             .map(|(k, v)| std::ffi::CString::new(format!("{k}={v}")))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .map_err(|_| PrepareError::Nul)?;
         let pointers = |list: &[std::ffi::CString]| {
             list.iter()
                 .map(|c| c.as_ptr())
                 .chain(std::iter::once(std::ptr::null()))
                 .collect::<Vec<_>>()
         };
+        // glibc's `execvp` runs a program without `#!` with `/bin/sh`, building that argv (two
+        // pointers more than this one) on the stack, as `posix_spawn` sizes its stack for.
+        let script_argv = (argv.len() + 2) * std::mem::size_of::<*const libc::c_char>();
+        let stack = Stack::new(COMMAND_STACK + script_argv).map_err(PrepareError::Stack)?;
         Ok(Exec {
-            program: std::ffi::CString::new(program)?,
+            program: std::ffi::CString::new(program).map_err(|_| PrepareError::Nul)?,
             argv_ptrs: pointers(&argv),
             envp_ptrs: pointers(&envp),
             _argv: argv,
             _envp: envp,
-            stack: std::cell::UnsafeCell::new(Vec::with_capacity(COMMAND_STACK)),
+            stack,
             status,
         })
     }
@@ -203,7 +329,8 @@ impl Exec {
 #[derive(Debug)]
 pub(crate) struct Spec {
     pub rlimits: Rlimits,
-    /// `RLIMIT_NPROC` for the command (namespaced only: counted per user namespace there).
+    /// `RLIMIT_NPROC` for the command: in its user namespace, or (as root, without namespaces)
+    /// for its workspace's own user.
     pub nproc: Option<u64>,
     /// The working directory, opened through the jail.
     pub cwd: OwnedFd,
@@ -257,7 +384,21 @@ unsafe fn run(spec: &Spec) -> std::io::Result<()> {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
-        spec.rlimits.apply().map_err(std::io::Error::from)?;
+        // A copy of the caller's memory: nobody but root may read it, and it never dumps core.
+        // The command's own limits are set just before its `exec` (set here, the descriptor
+        // limit would refuse the pipes this tree needs when the caller holds many).
+        check(
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0).into(),
+            Failed::Tree,
+        )?;
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        check(
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core).into(),
+            Failed::Limits,
+        )?;
         // Nothing here is dropped: the child must not free memory, nor close what it does not
         // own (the parent's descriptors are closed by `exec`, or die with the process).
         match &spec.namespaces {
@@ -271,13 +412,24 @@ fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-fn fail(code: c_int) -> std::io::Error {
-    std::io::Error::from_raw_os_error(code)
+/// The failure `what`, with the errno of the system call that just failed.
+fn fail(what: Failed) -> std::io::Error {
+    fail_with(what, errno())
 }
 
-/// `Err(fail(code))` when a system call returned -1.
-fn check(rc: libc::c_long, code: c_int) -> std::io::Result<()> {
-    if rc == -1 { Err(fail(code)) } else { Ok(()) }
+fn fail_with(what: Failed, errno: c_int) -> std::io::Error {
+    std::io::Error::from_raw_os_error(pack(what, errno))
+}
+
+/// `Err(fail(what))` when a system call returned -1.
+fn check(rc: libc::c_long, what: Failed) -> std::io::Result<()> {
+    if rc == -1 { Err(fail(what)) } else { Ok(()) }
+}
+
+/// `fork` as a plain system call: unlike the C library's, it runs no `pthread_atfork` handlers
+/// (which may take locks another thread held). The child must only make system calls.
+unsafe fn raw_fork() -> libc::pid_t {
+    unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0) as _ }
 }
 
 unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
@@ -287,7 +439,7 @@ unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
             // every path can still be walked (the command's user may not search a directory on
             // it: a 0700 data dir). The command's own namespaces, made next as that user, get a
             // copy of it in which these mounts are locked.
-            check(libc::unshare(libc::CLONE_NEWNS).into(), NAMESPACES_FAILED)?;
+            check(libc::unshare(libc::CLONE_NEWNS).into(), Failed::View)?;
             make_private()?;
             mount_view(ns)?;
             become_user(identity)?;
@@ -296,28 +448,40 @@ unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
         // The workspace's user namespace (its owner may join it: this user) and network.
         check(
             libc::setns(ns.user, libc::CLONE_NEWUSER).into(),
-            NAMESPACES_FAILED,
+            Failed::Namespaces,
         )?;
         check(
             libc::setns(ns.ipc, libc::CLONE_NEWIPC).into(),
-            NAMESPACES_FAILED,
+            Failed::Namespaces,
         )?;
         if let Some(net) = ns.net {
             check(
                 libc::setns(net, libc::CLONE_NEWNET).into(),
-                NAMESPACES_FAILED,
+                Failed::Namespaces,
             )?;
         }
         let flags = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
-        check(libc::unshare(flags).into(), NAMESPACES_FAILED)?;
+        check(libc::unshare(flags).into(), Failed::Namespaces)?;
         let (status_r, status_w) = pipe()?;
         let (life_r, life_w) = pipe()?;
-        match libc::fork() {
-            -1 => Err(std::io::Error::last_os_error()),
+        match raw_fork() {
+            -1 => Err(fail(Failed::Tree)),
             0 => {
                 libc::close(status_r);
                 libc::close(life_w);
-                init(spec, ns, status_w, life_r)
+                let failed = match init(spec, ns, status_w, life_r) {
+                    Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
+                    Ok(never) => match never {},
+                };
+                // Init is not the process `pre_exec` runs in: its failure goes to the command's
+                // status pipe, and it ends.
+                let bytes = failed.to_ne_bytes();
+                libc::write(
+                    spec.exec.status.as_raw_fd(),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                );
+                libc::_exit(127)
             }
             init_pid => {
                 close_all_but(&[status_r, life_w]);
@@ -327,71 +491,179 @@ unsafe fn namespaced(spec: &Spec, ns: &Namespaces) -> std::io::Result<()> {
     }
 }
 
-/// What it takes to make a workspace's shared namespaces (see [`install_shared`]).
+/// What it takes to make a workspace's shared namespaces (see [`spawn_maker`]).
 #[derive(Debug)]
 pub(crate) struct SharedSpec {
-    /// Who the workspace's commands run as, when not as the caller.
+    /// Who the workspace's commands run as, when not as the caller (the caller is root).
     pub identity: Option<Identity>,
     /// A network namespace too (else commands get the host's network).
     pub net: bool,
-    /// `uid_map` and `gid_map`: the user mapped to itself.
+    /// `uid_map` and `gid_map` (the user mapped to itself), written by the maker itself when
+    /// it runs as the caller; as root the caller writes them (see [`spawn_maker`]).
     pub uid_map: Vec<u8>,
     pub gid_map: Vec<u8>,
     /// Where the proxy of `network = "allowlist"` listens inside the network namespace.
     pub proxy_port: Option<u16>,
-    /// Where the namespaces' descriptors (and the proxy's socket) go.
+    /// The maker's end of a `SOCK_SEQPACKET` pair (see [`spawn_maker`]).
     pub to: OwnedFd,
 }
 
-/// Makes `command`'s child create a workspace's shared namespaces and send them to the parent
-/// (`SCM_RIGHTS`, in this order: user, IPC, network, proxy socket), then exit without running
-/// the program: the namespaces live on in the descriptors.
-pub(crate) fn install_shared(command: &mut std::process::Command, spec: SharedSpec) {
-    // SAFETY: the closure runs between fork and exec and makes system calls only, on data
-    // prepared in the parent; it never returns when it succeeds.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(command, move || make_shared(&spec));
+/// Where the maker stopped (see [`spawn_maker`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MakerStage {
+    /// Taking on the commands' user.
+    Identity = 1,
+    /// `unshare(CLONE_NEWUSER)`.
+    User,
+    /// Writing its own `setgroups`, `uid_map`, `gid_map` (the caller's, as root: see
+    /// [`spawn_maker`]).
+    Maps,
+    /// `unshare` of the IPC, PID and network namespaces.
+    Namespaces,
+    /// A mount namespace and a `tmpfs` mounted in it: some kernels (AppArmor's restriction of
+    /// unprivileged user namespaces) let a user namespace be made but not used.
+    Mount,
+    /// Opening the namespaces to send them.
+    Open,
+    /// The loopback and the proxy's socket in the network namespace.
+    Network,
+}
+
+impl MakerStage {
+    pub(crate) fn from_byte(byte: u8) -> Option<MakerStage> {
+        [
+            MakerStage::Identity,
+            MakerStage::User,
+            MakerStage::Maps,
+            MakerStage::Namespaces,
+            MakerStage::Mount,
+            MakerStage::Open,
+            MakerStage::Network,
+        ]
+        .into_iter()
+        .find(|s| *s as u8 == byte)
     }
 }
 
-unsafe fn make_shared(spec: &SharedSpec) -> std::io::Result<()> {
+/// Messages on the maker's socket: the maker made its user namespace and, running as the
+/// commands' user, waits for the caller to write its maps ...
+pub(crate) const MAKER_MAP_ME: u8 = b'U';
+/// ... which the caller did (any other answer, or none, ends the maker);
+pub(crate) const MAKER_GO_ON: u8 = b'G';
+/// the namespaces (`SCM_RIGHTS`, in this order: user, IPC, network, proxy socket);
+pub(crate) const MAKER_DONE: u8 = b'F';
+/// a failure: this byte, the [`MakerStage`], and the errno (4 bytes, native order).
+pub(crate) const MAKER_FAILED: u8 = b'E';
+
+/// Starts the maker: a child that makes a workspace's shared namespaces, sends them over
+/// `spec.to` and exits. It closes every other descriptor first. As the commands' user (the
+/// caller is root) it stays undumpable for its whole life, so no process of that user can read
+/// its memory (a copy of the caller's) or take its descriptors; the caller writes its uid and
+/// gid maps, as `newuidmap` does, when it says [`MAKER_MAP_ME`]. Returns its pid; the caller
+/// must reap it.
+pub(crate) fn spawn_maker(spec: &SharedSpec) -> std::io::Result<libc::pid_t> {
+    // SAFETY: signals are blocked around the fork, so no handler of the caller's runs in the
+    // child; the child runs `make_shared` (system calls only, on data prepared in the parent,
+    // no allocation) and exits without returning.
     unsafe {
-        if let Some(identity) = spec.identity {
-            become_user(identity)?;
-            // A uid change makes the process undumpable, and then its /proc files belong to
-            // root: it could not write its own uid_map.
-            check(
-                libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0).into(),
-                IDENTITY_FAILED,
-            )?;
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
+        let pid = raw_fork();
+        if pid == 0 {
+            make_shared(spec)
         }
-        let mut flags = libc::CLONE_NEWUSER | libc::CLONE_NEWIPC;
+        let err = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        if pid == -1 { Err(err) } else { Ok(pid) }
+    }
+}
+
+/// Reports a failure at `stage` to the caller and ends the maker.
+unsafe fn maker_failed(to: RawFd, stage: MakerStage, errno: c_int) -> ! {
+    unsafe {
+        let mut message = [0u8; 6];
+        message[0] = MAKER_FAILED;
+        message[1] = stage as u8;
+        message[2..].copy_from_slice(&errno.to_ne_bytes());
+        libc::send(
+            to,
+            message.as_ptr().cast(),
+            message.len(),
+            libc::MSG_NOSIGNAL,
+        );
+        libc::_exit(1)
+    }
+}
+
+/// The maker (see [`spawn_maker`]).
+unsafe fn make_shared(spec: &SharedSpec) -> ! {
+    unsafe {
+        let to = spec.to.as_raw_fd();
+        close_all_but(&[to]);
+        let step = |rc: c_int, stage: MakerStage| {
+            if rc == -1 {
+                maker_failed(to, stage, errno());
+            }
+        };
+        if let Some(identity) = spec.identity {
+            if become_user(identity).is_err() {
+                maker_failed(to, MakerStage::Identity, errno());
+            }
+            // The uid change made it undumpable; it stays so.
+            step(
+                libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0),
+                MakerStage::Identity,
+            );
+        }
+        step(libc::unshare(libc::CLONE_NEWUSER), MakerStage::User);
+        if spec.identity.is_some() {
+            let asked = [MAKER_MAP_ME];
+            if libc::send(to, asked.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) != 1 {
+                libc::_exit(1);
+            }
+            let mut answer = [0u8; 1];
+            if libc::recv(to, answer.as_mut_ptr().cast(), 1, 0) != 1 || answer[0] != MAKER_GO_ON {
+                libc::_exit(1);
+            }
+        } else {
+            for (path, bytes) in [
+                (c"/proc/self/setgroups", &b"deny"[..]),
+                (c"/proc/self/uid_map", &spec.uid_map[..]),
+                (c"/proc/self/gid_map", &spec.gid_map[..]),
+            ] {
+                if let Err(errno) = write_file(path, bytes) {
+                    maker_failed(to, MakerStage::Maps, errno);
+                }
+            }
+        }
+        let mut flags = libc::CLONE_NEWIPC | libc::CLONE_NEWPID;
         if spec.net {
             flags |= libc::CLONE_NEWNET;
         }
-        check(libc::unshare(flags).into(), NAMESPACES_FAILED)?;
-        write_file(c"/proc/self/setgroups", b"deny")?;
-        write_file(c"/proc/self/uid_map", &spec.uid_map)?;
-        write_file(c"/proc/self/gid_map", &spec.gid_map)?;
-        // Whether the namespace gives what commands need: some kernels (AppArmor's restriction
-        // of unprivileged user namespaces) let one be made but not used to mount anything.
-        check(libc::unshare(libc::CLONE_NEWNS).into(), NAMESPACES_FAILED)?;
-        let rc = libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
+        step(libc::unshare(flags), MakerStage::Namespaces);
+        step(libc::unshare(libc::CLONE_NEWNS), MakerStage::Mount);
+        step(
+            libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ),
+            MakerStage::Mount,
         );
-        check(rc.into(), NAMESPACES_FAILED)?;
-        let rc = libc::mount(
-            c"tmpfs".as_ptr(),
-            c"/dev/shm".as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            c"size=4k".as_ptr().cast(),
+        step(
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                c"/dev/shm".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"size=4k".as_ptr().cast(),
+            ),
+            MakerStage::Mount,
         );
-        check(rc.into(), NAMESPACES_FAILED)?;
         let mut fds = [-1 as RawFd; 4];
         let mut count = 0;
         for path in [
@@ -403,21 +675,26 @@ unsafe fn make_shared(spec: &SharedSpec) -> std::io::Result<()> {
                 continue;
             }
             let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-            if fd == -1 {
-                return Err(fail(NAMESPACES_FAILED));
-            }
+            step(fd, MakerStage::Open);
             fds[count] = fd;
             count += 1;
         }
-        if spec.net {
-            loopback_up()?;
+        if spec.net
+            && let Err(errno) = loopback_up()
+        {
+            maker_failed(to, MakerStage::Network, errno);
         }
         if let Some(port) = spec.proxy_port {
-            fds[count] = proxy_listener(port)?;
-            count += 1;
+            match proxy_listener(port) {
+                Ok(fd) => {
+                    fds[count] = fd;
+                    count += 1;
+                }
+                Err(errno) => maker_failed(to, MakerStage::Network, errno),
+            }
         }
-        if !send_fds(spec.to.as_raw_fd(), &fds[..count]) {
-            return Err(fail(NAMESPACES_FAILED));
+        if !send_fds(to, MAKER_DONE, &fds[..count]) {
+            libc::_exit(1);
         }
         libc::_exit(0);
     }
@@ -430,7 +707,7 @@ unsafe fn init(
     ns: &Namespaces,
     status_w: RawFd,
     life_r: RawFd,
-) -> std::io::Result<()> {
+) -> std::io::Result<std::convert::Infallible> {
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         // The supervisor may have died before the line above: then its end of the pipe is
@@ -458,13 +735,18 @@ unsafe fn init(
                 libc::MS_NOSUID | libc::MS_NODEV,
                 ns.shm_options.as_ptr().cast(),
             ) == 0;
-            mounted.proc = libc::mount(
-                c"proc".as_ptr(),
-                c"/proc".as_ptr(),
-                c"proc".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
-            ) == 0;
+            // Read-only, and showing only the processes the command may trace: its own, not
+            // this init (a copy of the caller, whose command line may hold a password).
+            let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+            mounted.proc = [c"hidepid=invisible", c"hidepid=2"].iter().any(|options| {
+                libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    flags,
+                    options.as_ptr().cast(),
+                ) == 0
+            });
         }
         let command_pid = start_command(spec, mounted, Some(ns), &[status_w])?;
         close_all_but(&[status_w]);
@@ -501,18 +783,14 @@ unsafe fn start_command(
         for (slot, fd) in start.close.iter_mut().zip(close) {
             *slot = *fd;
         }
-        let stack = &mut *spec.exec.stack.get();
-        // The stack grows down; its top, aligned for any call.
-        let memory = stack.spare_capacity_mut();
-        let top = (memory.as_mut_ptr().add(memory.len()) as usize & !0xf) as *mut libc::c_void;
         let pid = libc::clone(
             run_command,
-            top,
+            spec.exec.stack.top(),
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             (&mut start as *mut CommandStart<'_>).cast(),
         );
         if pid == -1 {
-            return Err(std::io::Error::last_os_error());
+            return Err(fail(Failed::Tree));
         }
         Ok(pid)
     }
@@ -524,7 +802,7 @@ unsafe extern "C" {
 
 /// The command's process: confine it, then `execvp` (which looks the program up in the `PATH`
 /// of the environment it gets, and runs a script without `#!` with `/bin/sh`). On any failure,
-/// its errno goes to the parent's status pipe and the process exits.
+/// what failed goes to the parent's status pipe and the process exits.
 extern "C" fn run_command(arg: *mut libc::c_void) -> c_int {
     // SAFETY: `arg` is the `CommandStart` of `start_command`, alive while its caller waits for
     // this process to exec or exit (CLONE_VFORK). Only system calls follow; `environ` is
@@ -538,7 +816,9 @@ extern "C" fn run_command(arg: *mut libc::c_void) -> c_int {
         }
         let spec = start.spec;
         let exec = &spec.exec;
-        let failed = match command(spec, start.mounted, start.namespaces) {
+        let failed = match command(spec, start.mounted, start.namespaces)
+            .and_then(|()| last_before_exec(spec))
+        {
             Err(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Ok(()) => {
                 environ = exec.envp_ptrs.as_ptr();
@@ -549,6 +829,42 @@ extern "C" fn run_command(arg: *mut libc::c_void) -> c_int {
         let bytes = failed.to_ne_bytes();
         libc::write(exec.status.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
         libc::_exit(127)
+    }
+}
+
+/// Just before `exec`: every descriptor but the standard ones is closed by it (whatever the
+/// caller holds without `O_CLOEXEC`, as inherited from what started it), and the command's
+/// rlimits take effect (no more descriptors are needed here).
+unsafe fn last_before_exec(spec: &Spec) -> std::io::Result<()> {
+    unsafe {
+        if libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC as libc::c_uint,
+        ) == -1
+        {
+            // Kernels before 5.11 (only without landlock ABI 3): one by one.
+            let mut limit: libc::rlimit = std::mem::zeroed();
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+            for fd in 3..limit.rlim_cur.min(1 << 20) as c_int {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+        spec.rlimits
+            .apply()
+            .map_err(|e| fail_with(Failed::Limits, e as c_int))?;
+        if let Some(n) = spec.nproc {
+            let limit = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            check(
+                libc::setrlimit(libc::RLIMIT_NPROC, &limit).into(),
+                Failed::Limits,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -570,7 +886,7 @@ unsafe fn make_private() -> std::io::Result<()> {
             libc::MS_REC | libc::MS_PRIVATE,
             std::ptr::null(),
         );
-        check(rc.into(), VIEW_FAILED)
+        check(rc.into(), Failed::View)
     }
 }
 
@@ -583,22 +899,23 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
         // Opened in this namespace (a bind's source must be), before any mask hides them.
         let mut fds = [-1 as RawFd; MAX_BINDS];
         if ns.binds.len() > MAX_BINDS {
-            return Err(fail(VIEW_FAILED));
+            return Err(fail_with(Failed::View, libc::E2BIG));
         }
         for (fd, bind) in fds.iter_mut().zip(&ns.binds) {
             *fd = libc::open(bind.target.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
             if *fd == -1 {
-                return Err(fail(VIEW_FAILED));
+                return Err(fail(Failed::View));
             }
         }
-        // The workspace must be the directory the parent opened, not one swapped in.
+        // Each must be the directory the parent found there (the one its landlock rule names),
+        // not one swapped in since.
         for (&fd, bind) in fds.iter().zip(&ns.binds) {
             let mut st: libc::stat = std::mem::zeroed();
-            if bind.target.as_c_str() == ns.root.as_c_str()
-                && (libc::fstat(fd, &mut st) != 0
-                    || (st.st_dev as u64, st.st_ino as u64) != ns.root_id)
-            {
-                return Err(fail(VIEW_FAILED));
+            if libc::fstat(fd, &mut st) != 0 {
+                return Err(fail(Failed::View));
+            }
+            if (st.st_dev as u64, st.st_ino as u64) != bind.id {
+                return Err(fail_with(Failed::View, 0));
             }
         }
         for mask in &ns.masks {
@@ -609,7 +926,7 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
                 libc::MS_NOSUID | libc::MS_NODEV,
                 c"mode=0755,size=1m".as_ptr().cast(),
             );
-            check(rc.into(), VIEW_FAILED)?;
+            check(rc.into(), Failed::View)?;
         }
         for (&fd, bind) in fds.iter().zip(&ns.binds) {
             if bind.masked {
@@ -625,12 +942,10 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
                 std::ptr::null(),
             );
             libc::close(fd);
-            check(rc.into(), VIEW_FAILED)?;
+            check(rc.into(), Failed::View)?;
         }
+        // The host's /proc goes read-only with the rest; init mounts the namespace's own over it.
         set_mount_attr(c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
-        // Not /proc: the supervisor still writes its uid map there, and a fresh /proc for the
-        // new PID namespace goes over it (landlock keeps commands out of the old one).
-        set_mount_attr(c"/proc", 0, 0, MOUNT_ATTR_RDONLY)?;
         for bind in ns.binds.iter().filter(|b| b.writable) {
             let (set, clear) = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MOUNT_ATTR_RDONLY);
             // Mounts inside it that were read-only before stay so (their flag is locked).
@@ -674,7 +989,7 @@ unsafe fn make_way(target: &CStr, dir: bool) -> std::io::Result<()> {
         let bytes = target.to_bytes();
         let mut buf = [0u8; 4096];
         if bytes.len() >= buf.len() {
-            return Err(fail(VIEW_FAILED));
+            return Err(fail_with(Failed::View, libc::ENAMETOOLONG));
         }
         for end in 1..=bytes.len() {
             let last = end == bytes.len();
@@ -691,17 +1006,16 @@ unsafe fn make_way(target: &CStr, dir: bool) -> std::io::Result<()> {
                     0o644,
                 );
                 if fd == -1 {
-                    return Err(fail(VIEW_FAILED));
+                    return Err(fail(Failed::View));
                 }
                 libc::close(fd);
             } else if libc::mkdir(path, 0o755) == -1 && errno() != libc::EEXIST {
-                return Err(fail(VIEW_FAILED));
+                return Err(fail(Failed::View));
             }
         }
         Ok(())
     }
 }
-
 /// `struct mount_attr`.
 #[repr(C)]
 struct MountAttr {
@@ -731,7 +1045,7 @@ unsafe fn set_mount_attr(path: &CStr, flags: c_int, set: u64, clear: u64) -> std
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         );
-        check(rc, VIEW_FAILED)
+        check(rc, Failed::View)
     }
 }
 
@@ -755,17 +1069,14 @@ unsafe fn enter_cwd_in_namespace(ns: &Namespaces) -> std::io::Result<()> {
             libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
         );
         if root == -1 {
-            return Err(match errno() {
-                libc::EACCES | libc::EPERM => fail(CWD_DENIED),
-                _ => fail(NAMESPACES_FAILED),
-            });
+            return Err(fail(Failed::Cwd));
         }
         let mut st: libc::stat = std::mem::zeroed();
         let same =
             libc::fstat(root, &mut st) == 0 && (st.st_dev as u64, st.st_ino as u64) == ns.root_id;
         if !same {
             libc::close(root);
-            return Err(fail(NAMESPACES_FAILED));
+            return Err(fail_with(Failed::Cwd, 0));
         }
         let how = OpenHow {
             flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
@@ -781,19 +1092,13 @@ unsafe fn enter_cwd_in_namespace(ns: &Namespaces) -> std::io::Result<()> {
         );
         libc::close(root);
         if dir < 0 {
-            return Err(match errno() {
-                libc::EACCES | libc::EPERM => fail(CWD_DENIED),
-                other => fail(other),
-            });
+            return Err(fail(Failed::Cwd));
         }
         let rc = libc::fchdir(dir as c_int);
         let err = errno();
         libc::close(dir as c_int);
         if rc == -1 {
-            return Err(match err {
-                libc::EACCES | libc::EPERM => fail(CWD_DENIED),
-                other => fail(other),
-            });
+            return Err(fail_with(Failed::Cwd, err));
         }
         Ok(())
     }
@@ -810,16 +1115,6 @@ unsafe fn command(
             // Its own session: signals for the command go to this group; nothing it starts can
             // take the supervisor's group with it.
             libc::setsid();
-            if let Some(n) = spec.nproc {
-                let limit = libc::rlimit {
-                    rlim_cur: n,
-                    rlim_max: n,
-                };
-                check(
-                    libc::setrlimit(libc::RLIMIT_NPROC, &limit).into(),
-                    libc::EINVAL,
-                )?;
-            }
         } else {
             libc::setpgid(0, 0);
             let supervisor = libc::getppid();
@@ -829,7 +1124,7 @@ unsafe fn command(
                 drop_bounding_set(spec.cap_last)?;
                 check(
                     libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0).into(),
-                    CAPABILITIES_FAILED,
+                    Failed::Capabilities,
                 )?;
                 become_user(identity)?;
                 enter_cwd(&spec.cwd)?;
@@ -861,7 +1156,7 @@ unsafe fn confine(spec: &Spec, mounted: Mounted) -> std::io::Result<()> {
     unsafe {
         check(
             libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into(),
-            LANDLOCK_FAILED,
+            Failed::Landlock,
         )?;
         if let Some(ruleset) = &spec.ruleset {
             let ruleset = ruleset.as_raw_fd();
@@ -872,10 +1167,11 @@ unsafe fn confine(spec: &Spec, mounted: Mounted) -> std::io::Result<()> {
                 add_rule(ruleset, c"/dev/shm", spec.shm_access)?;
             }
             let rc = libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0);
-            check(rc, LANDLOCK_FAILED)?;
+            check(rc, Failed::Landlock)?;
         }
         if let Some(filter) = &spec.filter {
-            let len = u16::try_from(filter.len()).map_err(|_| fail(SECCOMP_FAILED))?;
+            let len =
+                u16::try_from(filter.len()).map_err(|_| fail_with(Failed::Seccomp, libc::E2BIG))?;
             let program = libc::sock_fprog {
                 len,
                 // The kernel copies the program and never writes through this pointer.
@@ -886,7 +1182,7 @@ unsafe fn confine(spec: &Spec, mounted: Mounted) -> std::io::Result<()> {
                 libc::SECCOMP_MODE_FILTER as libc::c_ulong,
                 &program as *const libc::sock_fprog,
             );
-            check(rc.into(), SECCOMP_FAILED)?;
+            check(rc.into(), Failed::Seccomp)?;
         }
         Ok(())
     }
@@ -896,7 +1192,7 @@ unsafe fn add_rule(ruleset: RawFd, path: &CStr, access: u64) -> std::io::Result<
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
         if fd == -1 {
-            return Err(fail(LANDLOCK_FAILED));
+            return Err(fail(Failed::Landlock));
         }
         let attr = PathBeneathAttr {
             allowed_access: access,
@@ -910,11 +1206,10 @@ unsafe fn add_rule(ruleset: RawFd, path: &CStr, access: u64) -> std::io::Result<
             0,
         );
         libc::close(fd);
-        check(rc, LANDLOCK_FAILED)
+        check(rc, Failed::Landlock)
     }
 }
 
-/// setgroups (none), setresgid, setresuid.
 /// setgroups (none), setresgid, setresuid, as raw system calls: the C library's wrappers would
 /// try to change every thread it knows of, and in the command's process (which runs in its
 /// parent's memory) its list of threads is not this process's.
@@ -923,15 +1218,15 @@ unsafe fn become_user(identity: Identity) -> std::io::Result<()> {
         let Identity { uid, gid } = identity;
         check(
             libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
-            IDENTITY_FAILED,
+            Failed::Identity,
         )?;
         check(
             libc::syscall(libc::SYS_setresgid, gid, gid, gid),
-            IDENTITY_FAILED,
+            Failed::Identity,
         )?;
         check(
             libc::syscall(libc::SYS_setresuid, uid, uid, uid),
-            IDENTITY_FAILED,
+            Failed::Identity,
         )
     }
 }
@@ -939,10 +1234,7 @@ unsafe fn become_user(identity: Identity) -> std::io::Result<()> {
 unsafe fn enter_cwd(cwd: &OwnedFd) -> std::io::Result<()> {
     unsafe {
         if libc::fchdir(cwd.as_raw_fd()) == -1 {
-            return Err(match errno() {
-                libc::EACCES | libc::EPERM => fail(CWD_DENIED),
-                other => fail(other),
-            });
+            return Err(fail(Failed::Cwd));
         }
         Ok(())
     }
@@ -952,7 +1244,7 @@ unsafe fn drop_bounding_set(cap_last: u32) -> std::io::Result<()> {
     unsafe {
         for cap in 0..=cap_last {
             let rc = libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
-            check(rc.into(), CAPABILITIES_FAILED)?;
+            check(rc.into(), Failed::Capabilities)?;
         }
         Ok(())
     }
@@ -967,14 +1259,14 @@ unsafe fn clear_capabilities(cap_last: u32) -> std::io::Result<()> {
         for cap in 0..=cap_last {
             let rc = libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
             if rc == -1 && errno() != libc::EPERM {
-                return Err(fail(CAPABILITIES_FAILED));
+                return Err(fail(Failed::Capabilities));
             }
         }
         let current = libc::prctl(libc::PR_GET_SECUREBITS, 0, 0, 0, 0);
         if current != SECUREBITS as c_int {
             let rc = libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0);
             if rc == -1 && errno() != libc::EPERM {
-                return Err(fail(CAPABILITIES_FAILED));
+                return Err(fail(Failed::Capabilities));
             }
         }
         let rc = libc::prctl(
@@ -984,7 +1276,7 @@ unsafe fn clear_capabilities(cap_last: u32) -> std::io::Result<()> {
             0,
             0,
         );
-        check(rc.into(), CAPABILITIES_FAILED)?;
+        check(rc.into(), Failed::Capabilities)?;
         let mut header = CapHeader {
             version: LINUX_CAPABILITY_VERSION_3,
             pid: 0,
@@ -995,7 +1287,7 @@ unsafe fn clear_capabilities(cap_last: u32) -> std::io::Result<()> {
             &mut header as *mut CapHeader,
             none.as_ptr(),
         );
-        check(rc, CAPABILITIES_FAILED)?;
+        check(rc, Failed::Capabilities)?;
         let mut now = [CapData {
             effective: u32::MAX,
             permitted: u32::MAX,
@@ -1006,12 +1298,12 @@ unsafe fn clear_capabilities(cap_last: u32) -> std::io::Result<()> {
             &mut header as *mut CapHeader,
             now.as_mut_ptr(),
         );
-        check(rc, CAPABILITIES_FAILED)?;
+        check(rc, Failed::Capabilities)?;
         if now
             .iter()
             .any(|d| d.effective | d.permitted | d.inheritable != 0)
         {
-            return Err(fail(CAPABILITIES_FAILED));
+            return Err(fail(Failed::Capabilities));
         }
         Ok(())
     }
@@ -1036,27 +1328,29 @@ struct CapData {
     inheritable: u32,
 }
 
-unsafe fn write_file(path: &CStr, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to `path` in one `write`; `Err` with the errno.
+unsafe fn write_file(path: &CStr, bytes: &[u8]) -> Result<(), c_int> {
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
         if fd == -1 {
-            return Err(fail(NAMESPACES_FAILED));
+            return Err(errno());
         }
         let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let err = errno();
         libc::close(fd);
         if written != bytes.len() as isize {
-            return Err(fail(NAMESPACES_FAILED));
+            return Err(if written == -1 { err } else { libc::EIO });
         }
         Ok(())
     }
 }
 
-/// Brings up `lo` in the new network namespace (it starts down).
-unsafe fn loopback_up() -> std::io::Result<()> {
+/// Brings up `lo` in the new network namespace (it starts down); `Err` with the errno.
+unsafe fn loopback_up() -> Result<(), c_int> {
     unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
         if fd == -1 {
-            return Err(fail(NAMESPACES_FAILED));
+            return Err(errno());
         }
         let mut request: libc::ifreq = std::mem::zeroed();
         for (to, from) in request.ifr_name.iter_mut().zip(b"lo\0") {
@@ -1067,18 +1361,19 @@ unsafe fn loopback_up() -> std::io::Result<()> {
             request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
             rc = libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &request);
         }
+        let err = errno();
         libc::close(fd);
-        check(rc.into(), NAMESPACES_FAILED)
+        if rc == -1 { Err(err) } else { Ok(()) }
     }
 }
 
 /// The proxy's listening socket on `127.0.0.1:port`, made inside the new network namespace:
 /// the parent accepts connections from commands on it, from outside the namespace.
-unsafe fn proxy_listener(port: u16) -> std::io::Result<RawFd> {
+unsafe fn proxy_listener(port: u16) -> Result<RawFd, c_int> {
     unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
         if fd == -1 {
-            return Err(fail(NAMESPACES_FAILED));
+            return Err(errno());
         }
         let address = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
@@ -1095,7 +1390,7 @@ unsafe fn proxy_listener(port: u16) -> std::io::Result<RawFd> {
         ) == 0
             && libc::listen(fd, 128) == 0;
         if !listening {
-            return Err(fail(NAMESPACES_FAILED));
+            return Err(errno());
         }
         Ok(fd)
     }
@@ -1105,9 +1400,10 @@ unsafe fn proxy_listener(port: u16) -> std::io::Result<RawFd> {
 #[repr(C, align(8))]
 struct FourFds([u8; 32]);
 
-unsafe fn send_fds(to: RawFd, fds: &[RawFd]) -> bool {
+/// Sends the one byte `tag` with `fds` (`SCM_RIGHTS`).
+unsafe fn send_fds(to: RawFd, tag: u8, fds: &[RawFd]) -> bool {
     unsafe {
-        let mut byte = [0u8; 1];
+        let mut byte = [tag];
         let mut iov = libc::iovec {
             iov_base: byte.as_mut_ptr().cast(),
             iov_len: 1,
@@ -1142,7 +1438,7 @@ unsafe fn pipe() -> std::io::Result<(RawFd, RawFd)> {
     unsafe {
         let mut fds = [0 as c_int; 2];
         if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) == -1 {
-            return Err(std::io::Error::last_os_error());
+            return Err(fail(Failed::Tree));
         }
         Ok((fds[0], fds[1]))
     }
@@ -1174,13 +1470,13 @@ unsafe fn close_all_but(keep: &[RawFd]) {
 unsafe fn close_range(first: libc::c_uint, last: libc::c_uint) {
     unsafe {
         if libc::syscall(libc::SYS_close_range, first, last, 0) == -1 {
-            // Kernels before 5.9: one by one, up to the descriptor limit set above.
+            // Kernels before 5.9: one by one, up to the descriptor limit.
             let mut limit = libc::rlimit {
                 rlim_cur: 0,
                 rlim_max: 0,
             };
             libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-            let end = (limit.rlim_cur.min(65_536) as libc::c_uint).min(last.saturating_add(1));
+            let end = (limit.rlim_cur.min(1 << 20) as libc::c_uint).min(last.saturating_add(1));
             for fd in first..end {
                 libc::close(fd as c_int);
             }
@@ -1285,23 +1581,37 @@ unsafe fn supervise_fallback(command: libc::pid_t, parent: libc::pid_t) -> ! {
             match wait_signal(&set) {
                 None => {
                     if libc::getppid() != parent {
-                        kill_descendants(command);
+                        // The command is not reaped yet: its group's id is still its own.
+                        libc::kill(-command, libc::SIGKILL);
+                        kill_descendants();
                         libc::_exit(128 + libc::SIGKILL);
                     }
                 }
                 Some((libc::SIGCHLD, _)) => loop {
-                    let mut status = 0;
-                    let pid = libc::waitpid(-1, &mut status, libc::WNOHANG);
+                    // Looked at, not reaped: while the command is a zombie its pid, and with it
+                    // its process group's id, cannot be taken by another process.
+                    let mut info: libc::siginfo_t = std::mem::zeroed();
+                    let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+                    if libc::waitid(libc::P_ALL, 0, &mut info, options) == -1 {
+                        break;
+                    }
+                    let pid = info.si_pid();
                     if pid <= 0 {
                         break;
                     }
                     if pid == command {
-                        kill_descendants(command);
+                        libc::kill(-command, libc::SIGKILL);
+                        let mut status = 0;
+                        libc::waitpid(command, &mut status, 0);
+                        kill_descendants();
                         exit_like(status);
                     }
+                    let mut status = 0;
+                    libc::waitpid(pid, &mut status, 0);
                 },
                 Some((KILL_TREE, _)) => {
-                    kill_descendants(command);
+                    libc::kill(-command, libc::SIGKILL);
+                    kill_descendants();
                     exit_like(libc::SIGKILL);
                 }
                 Some((signal, sender)) => {
@@ -1314,51 +1624,81 @@ unsafe fn supervise_fallback(command: libc::pid_t, parent: libc::pid_t) -> ! {
     }
 }
 
-/// Kills the command's group, then every child of this process (orphans re-parented here) until
-/// there is none left: each round kills what is there and reaps one, so children of killed
-/// processes, re-parented in turn, are found by the next round.
-unsafe fn kill_descendants(command: libc::pid_t) {
+/// Kills every child of this process (orphans of the command's tree, re-parented here) and
+/// reaps them, until there is none left: each round kills every child listed, then reaps as
+/// many (each of them dies, being killed), so that what their deaths re-parent here is found by
+/// the next round. A round costs one pass over the children, however many there are.
+unsafe fn kill_descendants() {
     unsafe {
-        libc::kill(-command, libc::SIGKILL);
         loop {
-            kill_children();
+            let listed = kill_children();
             let mut status = 0;
-            if libc::waitpid(-1, &mut status, 0) == -1 && errno() == libc::ECHILD {
-                return;
+            match listed {
+                Some(0) | None => {
+                    // None listed (or no list): reap what is dead, and end when no child is left.
+                    match libc::waitpid(-1, &mut status, libc::WNOHANG) {
+                        -1 if errno() == libc::EINTR => {}
+                        -1 => return,
+                        0 if listed.is_none() => return,
+                        _ => {}
+                    }
+                }
+                Some(mut left) => {
+                    while left > 0 {
+                        match libc::waitpid(-1, &mut status, 0) {
+                            -1 if errno() == libc::EINTR => {}
+                            -1 => return,
+                            _ => left -= 1,
+                        }
+                    }
+                }
             }
         }
     }
 }
 
-/// SIGKILL to every pid listed in `/proc/thread-self/children`.
-unsafe fn kill_children() {
+/// SIGKILL to every pid listed in `/proc/thread-self/children`, read to its end; how many were
+/// listed, or `None` when the list cannot be read.
+unsafe fn kill_children() -> Option<usize> {
     unsafe {
         let fd = libc::open(
             c"/proc/thread-self/children".as_ptr(),
             libc::O_RDONLY | libc::O_CLOEXEC,
         );
         if fd == -1 {
-            return;
+            return None;
         }
-        let mut buf = [0u8; 4096];
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
+        let mut listed = 0;
         let mut pid: libc::pid_t = 0;
-        for &b in &buf[..n.max(0) as usize] {
-            if b.is_ascii_digit() {
-                pid = pid
-                    .saturating_mul(10)
-                    .saturating_add(libc::pid_t::from(b - b'0'));
-            } else {
-                if pid > 0 {
-                    libc::kill(pid, libc::SIGKILL);
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            if n == -1 && errno() == libc::EINTR {
+                continue;
+            }
+            if n <= 0 {
+                break;
+            }
+            for &b in &buf[..n as usize] {
+                if b.is_ascii_digit() {
+                    pid = pid
+                        .saturating_mul(10)
+                        .saturating_add(libc::pid_t::from(b - b'0'));
+                } else {
+                    if pid > 0 {
+                        libc::kill(pid, libc::SIGKILL);
+                        listed += 1;
+                    }
+                    pid = 0;
                 }
-                pid = 0;
             }
         }
+        libc::close(fd);
         if pid > 0 {
             libc::kill(pid, libc::SIGKILL);
+            listed += 1;
         }
+        Some(listed)
     }
 }
 
@@ -1376,7 +1716,8 @@ unsafe fn wait_signal(set: &libc::sigset_t) -> Option<(c_int, libc::pid_t)> {
 }
 
 /// Exits the way `status` (a `waitpid` status, or a bare signal number for "killed by it")
-/// says: with its exit code, or killed by its signal.
+/// says: with its exit code, or killed by its signal (this process is undumpable: a signal
+/// that would dump core does not).
 unsafe fn exit_like(status: c_int) -> ! {
     unsafe {
         let signal = if libc::WIFEXITED(status) {
@@ -1400,7 +1741,7 @@ unsafe fn fallback(spec: &Spec) -> std::io::Result<()> {
     unsafe {
         check(
             libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0).into(),
-            NAMESPACES_FAILED,
+            Failed::Tree,
         )?;
         let command_pid = start_command(spec, Mounted::default(), None, &[])?;
         close_all_but(&[]);
@@ -1439,4 +1780,21 @@ pub(crate) fn pidfd_signal(pidfd: &OwnedFd, signal: c_int) -> std::io::Result<()
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// The landlock ABI version this kernel enforces, asked without making a ruleset (no
+/// descriptor, no memory: nothing that can fail for a passing reason); `None` when landlock is
+/// not built in, not enabled, or refused to this process.
+pub(crate) fn landlock_version() -> Option<i32> {
+    // SAFETY: `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)` only returns a
+    // number.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    (version > 0).then_some(version as i32)
 }

@@ -22,12 +22,13 @@ pub(crate) mod process;
 mod proxy;
 pub mod seccomp;
 mod shared;
+pub(crate) mod users;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 pub use child::Identity;
@@ -70,37 +71,49 @@ const MIN_ABI: ABI = ABI::V3;
 const UNSANDBOXED_HINT: &str = "; the operator can set `allow_unsandboxed_exec = true` to run \
                                 them without a sandbox";
 
-/// The user commands run as when Monad runs as root and nothing else is said.
+/// The user an older Monad ran commands as when Monad ran as root and nothing else was said
+/// (now: a user of the workspace's own, see [`users`]).
 const FALLBACK_USER: &str = "nobody";
 
-/// The landlock ABI this kernel enforces, probed once. `None` when landlock is unavailable.
+/// The newest landlock ABI commands are sandboxed with, as an `i32` (`0`: the kernel's).
+static ABI_AT_MOST: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Makes this process sandbox commands as if the kernel's landlock ABI were at most `version`
+/// (`None`: the kernel's own). For tests, in a process of their own, of what Monad does on an
+/// older kernel: it can only take away what such a kernel would not have.
+#[doc(hidden)]
+pub fn pretend_landlock_abi_at_most(version: Option<u8>) {
+    ABI_AT_MOST.store(version.map_or(0, i32::from), Ordering::Relaxed);
+}
+
+/// The landlock ABI this kernel enforces. `None` when landlock is unavailable.
 pub fn landlock_abi() -> Option<ABI> {
-    static ABI_CACHE: OnceLock<Option<ABI>> = OnceLock::new();
-    *ABI_CACHE.get_or_init(|| {
-        // Restricting a throwaway thread is the crate's way of reporting the kernel's ABI;
-        // landlock restricts only the calling thread, so the rest of the process is untouched.
-        std::thread::spawn(|| {
-            let status = Ruleset::default()
-                .handle_access(AccessFs::Execute)
-                .ok()?
-                .create()
-                .ok()?
-                .restrict_self()
-                .ok()?;
-            match ABI::from(status.landlock) {
-                ABI::Unsupported => None,
-                abi => Some(abi),
-            }
-        })
-        .join()
-        .ok()
-        .flatten()
+    let at_most = ABI_AT_MOST.load(Ordering::Relaxed);
+    kernel_landlock_abi().map(|abi| match at_most {
+        0 => abi,
+        limit => abi.min(ABI::from(limit)),
     })
 }
 
-/// Set once a namespaced spawn failed because the kernel refused the namespaces: from then on,
-/// with `namespaces = "auto"`, commands go straight to the fallback.
-static NAMESPACES_REFUSED: AtomicBool = AtomicBool::new(false);
+/// The kernel's own answer (one system call that needs no descriptor and no memory, so it
+/// cannot fail for a passing reason); a version, once known, is kept.
+fn kernel_landlock_abi() -> Option<ABI> {
+    static VERSION: OnceLock<i32> = OnceLock::new();
+    if let Some(version) = VERSION.get() {
+        return Some(ABI::from(*version));
+    }
+    let version = child::landlock_version()?;
+    Some(ABI::from(*VERSION.get_or_init(|| version)))
+}
+
+/// What this process knows of the kernel's namespaces, for `namespaces = "auto"`: decided once,
+/// by the first workspace whose namespaces were made ([`AVAILABLE`]) or whose maker the kernel
+/// refused for good ([`REFUSED`], see `shared::refusal`). A failure for any other reason (no
+/// descriptor or memory free, the maker killed) fails that command only and decides nothing.
+static NAMESPACES: AtomicU8 = AtomicU8::new(UNKNOWN);
+const UNKNOWN: u8 = 0;
+const AVAILABLE: u8 = 1;
+const REFUSED: u8 = 2;
 
 /// How a command is isolated, as decided for one spawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,17 +238,19 @@ impl SandboxPlan {
     /// sandbox where the ABI can; TCP bind and connect are handled without any rule when
     /// [`SandboxPlan::deny_tcp`] (and the ABI has them). Missing system directories (no
     /// `/lib32` here) are skipped.
-    fn ruleset(&self, jail: &Jail, abi: ABI) -> Result<OwnedFd, String> {
-        self.build_ruleset(jail, abi)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| "the kernel gave no ruleset".to_owned())
+    fn ruleset(&self, jail: &Jail, abi: ABI) -> Result<(OwnedFd, Vec<PathId>), String> {
+        let (ruleset, ids) = self.build_ruleset(jail, abi).map_err(|e| e.to_string())?;
+        Ok((ruleset.ok_or("the kernel gave no ruleset")?, ids))
     }
 
+    /// The ruleset, and the device and inode of each path it has a rule for (each opened once,
+    /// for its rule and for this).
     fn build_ruleset(
         &self,
         jail: &Jail,
         abi: ABI,
-    ) -> Result<Option<OwnedFd>, landlock::RulesetError> {
+    ) -> Result<(Option<OwnedFd>, Vec<PathId>), landlock::RulesetError> {
+        use std::os::fd::AsFd;
         let all = AccessFs::from_all(abi);
         let read = AccessFs::from_read(abi);
         let device = (AccessFs::ReadFile | AccessFs::WriteFile) & AccessFs::from_file(abi);
@@ -253,6 +268,7 @@ impl SandboxPlan {
         let mut created = ruleset
             .create()?
             .add_rule(PathBeneath::new(jail.dir(), all))?;
+        let mut ids = Vec::new();
         for (paths, access) in [
             (&self.write_dirs, all),
             (&self.read_dirs, read),
@@ -260,7 +276,12 @@ impl SandboxPlan {
         ] {
             for path in paths {
                 let Ok(fd) = PathFd::new(path) else { continue };
-                let access = if std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+                let Ok(stat) = nix::sys::stat::fstat(fd.as_fd()) else {
+                    continue;
+                };
+                ids.push((path.clone(), (stat.st_dev, stat.st_ino)));
+                let is_file = stat.st_mode & libc::S_IFMT == libc::S_IFREG;
+                let access = if is_file {
                     access & AccessFs::from_file(abi)
                 } else {
                     access
@@ -268,9 +289,12 @@ impl SandboxPlan {
                 created = created.add_rule(PathBeneath::new(fd, access))?;
             }
         }
-        Ok(created.into())
+        Ok((created.into(), ids))
     }
 }
+
+/// A path of a plan with the device and inode it led to.
+type PathId = (PathBuf, (u64, u64));
 
 /// Toolchain directories inside a workspace, put first in a command's `PATH` when they exist (a
 /// virtualenv also sets `VIRTUAL_ENV`).
@@ -339,35 +363,49 @@ impl Rlimits {
 }
 
 /// Who a command in `jail` runs as: `None` (as the caller) unless the caller is root; then the
-/// operator's `user`, else the owner of the workspace's folder when that is not root, else
-/// `nobody`. Never root.
-pub fn identity(jail: &Jail, policy: &ExecPolicy) -> Result<Option<Identity>, SandboxError> {
+/// operator's `user`, else the owner of the workspace's folder when that is not root (with its
+/// group, never group 0), else a user of the workspace's own ([`users`], kept in `slot` while
+/// the workspace is open). Never root.
+pub(crate) fn identity(
+    jail: &Jail,
+    policy: &ExecPolicy,
+    slot: &shared::Slot,
+) -> Result<Option<Identity>, SandboxError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
     if let Some(user) = &policy.user {
         return named_identity(user).map(Some);
     }
-    let owner = jail
-        .dir()
-        .dir_metadata()
-        .map(|m| cap_std::fs::MetadataExt::uid(&m))
-        .unwrap_or(0);
-    if owner != 0 {
-        let gid = nix::unistd::User::from_uid(owner.into())
-            .ok()
-            .flatten()
-            .map(|u| u.gid.as_raw())
-            .or_else(|| {
-                jail.dir()
-                    .dir_metadata()
-                    .ok()
-                    .map(|m| cap_std::fs::MetadataExt::gid(&m))
-            })
-            .unwrap_or(owner);
-        return Ok(Some(Identity { uid: owner, gid }));
+    let meta = jail.dir().dir_metadata().map_err(|e| SandboxError::Io {
+        op: "inspect",
+        path: jail.root_path().display().to_string(),
+        source: e,
+    })?;
+    let owner = cap_std::fs::MetadataExt::uid(&meta);
+    if owner == 0 {
+        return slot
+            .own_user(|| users::allocate(jail.root_path(), policy.uid_range))
+            .map(Some);
     }
-    named_identity(FALLBACK_USER).map(Some)
+    let entry = nix::unistd::User::from_uid(owner.into()).ok().flatten();
+    let gid = entry
+        .as_ref()
+        .map(|u| u.gid.as_raw())
+        .unwrap_or_else(|| cap_std::fs::MetadataExt::gid(&meta));
+    if gid == 0 {
+        let from = if entry.is_some() {
+            "that user's entry"
+        } else {
+            "the folder's group"
+        };
+        return Err(SandboxError::SandboxUnavailable(format!(
+            "commands here would run as the folder's owner, uid {owner}, with gid 0 (root's \
+             group, from {from}); commands never run with gid 0: give the folder a group other \
+             than root, or set [exec] user"
+        )));
+    }
+    Ok(Some(Identity { uid: owner, gid }))
 }
 
 /// The identity of a user name (or numeric uid) from the operator's configuration.
@@ -408,20 +446,42 @@ fn named_identity(user: &str) -> Result<Identity, SandboxError> {
     }
 }
 
-/// Gives a primary workspace's folder to the user its commands will run as, when the server runs
-/// as root and the folder belongs to root: the commands (unprivileged) must be able to write it.
-/// Does nothing otherwise.
+/// Gives a primary workspace's folder to the user its commands will run as, when the server
+/// runs as root: the commands (unprivileged) must be able to write it. A folder root owns goes
+/// to `[exec] user`, else to a user of its own ([`users`]); with no `[exec] user`, a folder an
+/// older Monad gave to `nobody` goes, with what in it belongs to `nobody`, to a user of its own
+/// too. Does nothing otherwise (the folder keeps its owner, whose user its commands run as).
 pub fn give_to_command_user(root: &std::path::Path, policy: &ExecPolicy) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     if !nix::unistd::geteuid().is_root() {
         return Ok(());
     }
-    let meta = std::fs::symlink_metadata(root)?;
-    if std::os::unix::fs::MetadataExt::uid(&meta) != 0 {
+    let owner = std::fs::symlink_metadata(root)?.uid();
+    let unavailable = |e: SandboxError| std::io::Error::other(e.to_string());
+    if let Some(user) = &policy.user {
+        if owner != 0 {
+            return Ok(());
+        }
+        let who = named_identity(user).map_err(unavailable)?;
+        return std::os::unix::fs::lchown(root, Some(who.uid), Some(who.gid));
+    }
+    let nobody = named_identity(FALLBACK_USER).map_or(65534, |who| who.uid);
+    if owner != 0 && owner != nobody {
         return Ok(());
     }
-    let who = named_identity(policy.user.as_deref().unwrap_or(FALLBACK_USER))
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    std::os::unix::fs::lchown(root, Some(who.uid), Some(who.gid))
+    let canonical = std::fs::canonicalize(root)?;
+    let who = users::allocate(&canonical, policy.uid_range).map_err(unavailable)?;
+    if owner == 0 {
+        std::os::unix::fs::lchown(root, Some(who.uid), Some(who.gid))
+    } else {
+        tracing::info!(
+            "{} belonged to the shared user `{FALLBACK_USER}`; it now has a user of its own, \
+             uid {}",
+            root.display(),
+            who.uid
+        );
+        users::give_tree(root, nobody, who)
+    }
 }
 
 /// The isolation for the next command under `policy`.
@@ -429,7 +489,7 @@ fn isolation(policy: &ExecPolicy, identity: Option<Identity>) -> Isolation {
     let namespaced = match policy.namespaces {
         NamespacePolicy::Off => false,
         NamespacePolicy::Required => true,
-        NamespacePolicy::Auto => !NAMESPACES_REFUSED.load(Ordering::Relaxed),
+        NamespacePolicy::Auto => NAMESPACES.load(Ordering::Relaxed) != REFUSED,
     };
     Isolation {
         namespaced,
@@ -442,7 +502,7 @@ pub(crate) struct Started {
     pub child: tokio::process::Child,
     pub supervisor: process::Supervisor,
     /// The workspace's temporary directory, kept while the command runs.
-    pub tmp: std::sync::Arc<tempfile::TempDir>,
+    pub tmp: std::sync::Arc<shared::TmpDir>,
     /// The workspace's shared namespaces it runs in.
     pub shared: Option<std::sync::Arc<shared::Shared>>,
     /// `landlock`, or `none` when the operator allowed unsandboxed commands here.
@@ -483,17 +543,25 @@ pub(crate) fn start(
     pipe_stdin: bool,
 ) -> Result<Started, SandboxError> {
     check_argv(&args.argv)?;
-    let identity = identity(jail, policy)?;
+    let identity = identity(jail, policy, slot)?;
     let first = isolation(policy, identity);
     match spawn(jail, policy, slot, args, timeout, pipe_stdin, first) {
         Err(SpawnFailure::Namespaces(why))
             if first.namespaced && policy.namespaces == NamespacePolicy::Auto =>
         {
-            if !NAMESPACES_REFUSED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
+            match NAMESPACES.compare_exchange(
+                UNKNOWN,
+                REFUSED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => tracing::warn!(
                     "commands run without namespaces of their own from now on: {why} \
                      (see [exec] namespaces in docs/operations.md)"
-                );
+                ),
+                Err(REFUSED) => {}
+                // They were made before: whatever this is, it is no refusal of the kernel's.
+                Err(_) => return Err(SpawnFailure::Namespaces(why).into_error()),
             }
             let fallback = Isolation {
                 namespaced: false,
@@ -553,10 +621,10 @@ fn spawn(
     // Both or neither: the landlock ruleset and the seccomp filter are one sandbox.
     let (ruleset, filter, abi) = match (landlock_abi(), seccomp::filter(plan.sockets)) {
         (Some(abi), Some(filter)) if abi >= MIN_ABI => {
-            let ruleset = plan.ruleset(jail, abi).map_err(|e| {
+            let (ruleset, ids) = plan.ruleset(jail, abi).map_err(|e| {
                 SandboxError::SandboxUnavailable(format!("the landlock ruleset failed: {e}"))
             })?;
-            (Some(ruleset), Some(filter), Some(abi))
+            (Some((ruleset, ids)), Some(filter), Some(abi))
         }
         _ if policy.allow_unsandboxed_exec => (None, None, None),
         (None, _) => {
@@ -580,6 +648,22 @@ fn spawn(
             .into());
         }
     };
+    let (ruleset, ids) = ruleset.unzip();
+    let ids = ids.unwrap_or_default();
+    if let Some(abi) = abi
+        && !isolation.namespaced
+        && isolation.identity.is_none()
+        && abi < ABI::V6
+    {
+        return Err(SandboxError::SandboxUnavailable(format!(
+            "without namespaces of their own, commands run as Monad's own user, and only \
+             landlock's signal scope (ABI 6, Linux 6.12 or later; this kernel has {abi:?}) keeps \
+             a command from killing the process that ends everything it started; run a newer \
+             kernel, or let commands have namespaces (allow unprivileged user namespaces, or \
+             run Monad as root; see [exec] namespaces)"
+        ))
+        .into());
+    }
     let sandbox = if ruleset.is_some() {
         "landlock"
     } else {
@@ -607,16 +691,41 @@ fn spawn(
         rel => cstring(std::path::Path::new(rel))?,
     };
     let (binds, masks) = if isolation.namespaced {
-        slot.view(jail.root_path(), isolation.identity, || {
-            view(jail, &plan, isolation.identity)
-        })?
+        let view = || {
+            slot.view(jail.root_path(), isolation.identity, || {
+                view(jail, &plan, isolation.identity)
+            })
+        };
+        let (mut binds, masks) = view()?;
+        if with_ids(&mut binds, &ids, jail.root_path(), root_id).is_err() {
+            // A path of the view changed since it was made: make it again.
+            slot.forget_view();
+            let (mut fresh, masks) = view()?;
+            with_ids(&mut fresh, &ids, jail.root_path(), root_id).map_err(|path| {
+                SandboxError::SandboxUnavailable(format!(
+                    "{} changed while the command's view of the filesystem was made",
+                    path.display()
+                ))
+            })?;
+            (fresh, masks)
+        } else {
+            (binds, masks)
+        }
     } else {
         (Vec::new(), Vec::new())
     };
     let root = cstring(jail.root_path())?;
     let shared = if isolation.namespaced {
         match slot.get(policy, isolation.identity) {
-            Ok(shared) => Some(shared),
+            Ok(shared) => {
+                let _ = NAMESPACES.compare_exchange(
+                    UNKNOWN,
+                    AVAILABLE,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+                Some(shared)
+            }
             Err(shared::Failure::Refused(why)) => return Err(SpawnFailure::Namespaces(why)),
             Err(shared::Failure::Other(e)) => return Err(e.into()),
         }
@@ -652,12 +761,25 @@ fn spawn(
             path: program.clone(),
             source: e.into(),
         })?;
-    let exec = child::Exec::new(program, &args.argv, &plan.env, status_write).map_err(|_| {
-        SandboxError::InvalidArguments("`argv` or the environment holds a NUL byte".into())
-    })?;
+    let exec =
+        child::Exec::new(program, &args.argv, &plan.env, status_write).map_err(|e| match e {
+            child::PrepareError::Nul => {
+                SandboxError::InvalidArguments("`argv` or the environment holds a NUL byte".into())
+            }
+            child::PrepareError::Stack(source) => SandboxError::Io {
+                op: "make the stack of",
+                path: program.clone(),
+                source,
+            },
+        })?;
+    // Counted per user: in the workspace's user namespace, or (as root, without namespaces)
+    // for the workspace's own user. Never for Monad's own user, whose other processes count.
+    let nproc = (policy.max_processes > 0
+        && (isolation.namespaced || isolation.identity.is_some()))
+    .then_some(policy.max_processes);
     let spec = child::Spec {
         rlimits: Rlimits::new(policy, plan.cpu_seconds),
-        nproc: (isolation.namespaced && policy.max_processes > 0).then_some(policy.max_processes),
+        nproc,
         cwd,
         identity: isolation.identity,
         namespaces,
@@ -692,13 +814,6 @@ fn spawn(
     drop(command);
     let child = match spawned {
         Ok(child) => child,
-        Err(e) if e.raw_os_error() == Some(child::NAMESPACES_FAILED) && isolation.namespaced => {
-            return Err(SpawnFailure::Namespaces(
-                "unshare or the namespace setup failed (unprivileged user namespaces may be \
-                 disabled)"
-                    .into(),
-            ));
-        }
         Err(e) => return Err(spawn_error(program, e, isolation).into()),
     };
     let pid = child.id().ok_or_else(|| SandboxError::Io {
@@ -716,6 +831,27 @@ fn spawn(
         status: status_read,
         isolation,
     })
+}
+
+/// Gives each bind the device and inode its landlock rule was made on (the workspace's root:
+/// `root_id`); `Err` with the first path of the view for which there is none.
+fn with_ids(
+    binds: &mut [child::Bind],
+    ids: &[PathId],
+    root: &std::path::Path,
+    root_id: (u64, u64),
+) -> Result<(), PathBuf> {
+    for bind in binds {
+        bind.id = if bind.from == root {
+            root_id
+        } else {
+            ids.iter()
+                .find(|(path, _)| *path == bind.from)
+                .map(|(_, id)| *id)
+                .ok_or_else(|| bind.from.clone())?
+        };
+    }
+    Ok(())
 }
 
 impl Started {
@@ -764,13 +900,15 @@ fn view(
     plan: &SandboxPlan,
     identity: Option<Identity>,
 ) -> Result<(Vec<child::Bind>, Vec<std::ffi::CString>), SandboxError> {
-    let mut wanted: Vec<(PathBuf, bool)> = vec![(jail.root_path().to_path_buf(), true)];
+    // Each canonical path, whether it is writable, and the path of the plan it comes from.
+    let root = jail.root_path().to_path_buf();
+    let mut wanted: Vec<(PathBuf, bool, PathBuf)> = vec![(root.clone(), true, root)];
     for (dirs, writable) in [(&plan.write_dirs, true), (&plan.read_dirs, false)] {
         for dir in dirs {
             if let Ok(canonical) = std::fs::canonicalize(dir)
-                && !wanted.iter().any(|(p, _)| *p == canonical)
+                && !wanted.iter().any(|(p, _, _)| *p == canonical)
             {
-                wanted.push((canonical, writable));
+                wanted.push((canonical, writable, dir.clone()));
             }
         }
     }
@@ -788,11 +926,11 @@ fn view(
             m.mode() & bit != 0
         }),
     };
-    let paths: Vec<&std::path::Path> = wanted.iter().map(|(p, _)| p.as_path()).collect();
+    let paths: Vec<&std::path::Path> = wanted.iter().map(|(p, _, _)| p.as_path()).collect();
     let masks = masks_for(&paths, searchable);
     let under_mask = |path: &std::path::Path| masks.iter().any(|m| path.starts_with(m));
     let mut binds = Vec::new();
-    for (path, writable) in wanted {
+    for (path, writable, from) in wanted {
         let masked = under_mask(&path);
         if !writable && !masked {
             continue;
@@ -805,6 +943,9 @@ fn view(
             path,
             child::Bind {
                 target,
+                from,
+                // Filled in for each spawn (see `with_ids`).
+                id: (0, 0),
                 writable,
                 dir,
                 masked,
@@ -867,52 +1008,84 @@ fn cap_last() -> u32 {
 }
 
 fn spawn_error(program: &str, err: std::io::Error, isolation: Isolation) -> SandboxError {
+    use child::Failed;
     let user = isolation
         .identity
         .map(|who| format!("uid {}", who.uid))
         .unwrap_or_else(|| "the command's user".into());
-    match err.raw_os_error() {
-        Some(libc::ENOENT) => SandboxError::NotFound(format!(
-            "program `{program}` was not found (looked up in the sandbox's PATH when it has no \
-             slash)"
-        )),
-        Some(libc::EACCES) => SandboxError::InvalidArguments(format!(
-            "`{program}` cannot be executed here: it is not executable, or it lies outside the \
-             workspace and the system directories the sandbox allows"
-        )),
-        Some(child::LANDLOCK_FAILED) => SandboxError::SandboxUnavailable(
-            "the kernel did not fully enforce the landlock ruleset".into(),
-        ),
-        Some(child::SECCOMP_FAILED) => SandboxError::SandboxUnavailable(
-            "the kernel refused the seccomp filter that keeps commands away from sockets and \
-             namespaces"
-                .into(),
-        ),
-        Some(child::NAMESPACES_FAILED) => SandboxError::SandboxUnavailable(
-            "the command could not be contained (a child subreaper was refused)".into(),
-        ),
-        Some(child::VIEW_FAILED) => SandboxError::SandboxUnavailable(
-            "the command's view of the filesystem (the workspace and temporary directory bound \
-             writable, the rest read-only) could not be mounted"
-                .into(),
-        ),
-        Some(child::IDENTITY_FAILED) => SandboxError::SandboxUnavailable(format!(
-            "the command could not take on its unprivileged user ({user})"
-        )),
-        Some(child::CAPABILITIES_FAILED) => SandboxError::SandboxUnavailable(
-            "the command's capabilities could not all be cleared".into(),
-        ),
-        Some(child::CWD_DENIED) => SandboxError::SandboxUnavailable(format!(
-            "commands here run as {user} (Monad runs as root, and commands never do), and that \
-             user cannot enter the working directory; give the folder to that user, or set \
-             [exec] user to one that can"
-        )),
-        _ => SandboxError::Io {
+    let Some(code) = err.raw_os_error() else {
+        return SandboxError::Io {
             op: "start",
             path: program.to_owned(),
             source: err,
-        },
-    }
+        };
+    };
+    let (what, errno) = match child::unpack(code) {
+        Ok(failed) => failed,
+        // `execve`'s own.
+        Err(libc::ENOENT) => {
+            return SandboxError::NotFound(format!(
+                "program `{program}` was not found (looked up in the sandbox's PATH when it has \
+                 no slash)"
+            ));
+        }
+        Err(libc::EACCES) => {
+            return SandboxError::InvalidArguments(format!(
+                "`{program}` cannot be executed here: it is not executable, or it lies outside \
+                 the workspace and the system directories the sandbox allows"
+            ));
+        }
+        Err(errno) => {
+            return SandboxError::Io {
+                op: "start",
+                path: program.to_owned(),
+                source: std::io::Error::from_raw_os_error(errno),
+            };
+        }
+    };
+    // What the system call said, when one failed (0: a check failed).
+    let said = match errno {
+        0 => String::new(),
+        errno => format!(" ({})", std::io::Error::from_raw_os_error(errno)),
+    };
+    let message = match (what, errno) {
+        (Failed::Cwd, libc::EACCES | libc::EPERM) => format!(
+            "commands here run as {user} (Monad runs as root, and commands never do), and that \
+             user cannot enter the working directory; give the folder to that user, or set \
+             [exec] user to one that can"
+        ),
+        (Failed::Cwd, 0) => "the workspace's folder changed while the command started".into(),
+        (Failed::Cwd, _) => format!("the working directory could not be entered{said}"),
+        (Failed::Landlock, _) => {
+            format!("the kernel did not fully enforce the landlock ruleset{said}")
+        }
+        (Failed::Seccomp, _) => format!(
+            "the kernel refused the seccomp filter that keeps commands away from sockets and \
+             namespaces{said}"
+        ),
+        (Failed::Namespaces, _) => format!(
+            "the command could not join or make its namespaces{said}; the next command tries \
+             again"
+        ),
+        (Failed::View, 0) => "a path of the command's view of the filesystem changed while \
+                              it was mounted (it is made again for the next command)"
+            .into(),
+        (Failed::View, _) => format!(
+            "the command's view of the filesystem (the workspace and temporary directory bound \
+             writable, the rest read-only) could not be mounted{said}"
+        ),
+        (Failed::Identity, _) => {
+            format!("the command could not take on its unprivileged user ({user}){said}")
+        }
+        (Failed::Capabilities, _) => {
+            format!("the command's capabilities could not all be cleared{said}")
+        }
+        (Failed::Limits, _) => format!("the command's rlimits could not be set{said}"),
+        (Failed::Tree, _) => format!(
+            "the process tree that ends everything the command starts could not be made{said}"
+        ),
+    };
+    SandboxError::SandboxUnavailable(message)
 }
 
 /// Parses a signal name for `process_kill` (`TERM`, `SIGTERM`, `term`, ...).
@@ -1070,22 +1243,38 @@ mod tests {
                 gid: 65534,
             }),
         };
-        for errno in [
-            child::LANDLOCK_FAILED,
-            child::SECCOMP_FAILED,
-            child::IDENTITY_FAILED,
-            child::CAPABILITIES_FAILED,
-            child::CWD_DENIED,
+        use child::Failed;
+        for what in [
+            Failed::Landlock,
+            Failed::Seccomp,
+            Failed::Namespaces,
+            Failed::View,
+            Failed::Identity,
+            Failed::Capabilities,
+            Failed::Cwd,
+            Failed::Limits,
+            Failed::Tree,
         ] {
-            let err = spawn_error("x", std::io::Error::from_raw_os_error(errno), isolation);
+            let packed = child::pack(what, libc::EMFILE);
+            assert_eq!(child::unpack(packed), Ok((what, libc::EMFILE)));
+            let err = spawn_error("x", std::io::Error::from_raw_os_error(packed), isolation);
             assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
+            assert!(err.to_string().contains("Too many open files"), "{err}");
         }
         let cwd = spawn_error(
             "x",
-            std::io::Error::from_raw_os_error(child::CWD_DENIED),
+            std::io::Error::from_raw_os_error(child::pack(Failed::Cwd, libc::EACCES)),
             isolation,
         );
         assert!(cwd.to_string().contains("uid 65534"), "{cwd}");
+        // `execve`'s own errors are plain errno values.
+        assert_eq!(child::unpack(libc::ENOENT), Err(libc::ENOENT));
+        let missing = spawn_error(
+            "x",
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+            isolation,
+        );
+        assert_eq!(missing.code(), ErrorCode::NotFound);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! With `network = "allowlist"` the network namespace holds the proxy's listening socket: one
 //! [`super::proxy`] per workspace, whose reports go to [`Shared::events`].
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use monad_protocol::tools::NetworkEvent;
@@ -44,9 +44,49 @@ impl Drop for Shared {
 
 /// Why the shared namespaces could not be made.
 pub(crate) enum Failure {
-    /// The kernel refused them: commands may fall back to running without namespaces.
+    /// The kernel refuses them for good (see [`refusal`]): commands may fall back to running
+    /// without namespaces.
     Refused(String),
     Other(SandboxError),
+}
+
+/// Longest the maker may take to answer.
+const MAKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether a maker that stopped at `stage` with `errno` says that this kernel refuses the
+/// namespaces commands need, for good (pure): `unshare(CLONE_NEWUSER)` refused (disabled, or
+/// `user.max_user_namespaces` = 0, the one case of `ENOSPC` that is not a passing shortage),
+/// or a namespace made but not usable (its maps, the other namespaces, a mount in it refused).
+/// Anything else (no descriptor or memory free, a signal) is a passing failure.
+pub(crate) fn refusal(
+    stage: child::MakerStage,
+    errno: i32,
+    max_user_namespaces: Option<u64>,
+) -> bool {
+    use child::MakerStage;
+    use nix::libc::{EACCES, EINVAL, ENOSPC, ENOSYS, EPERM};
+    match stage {
+        MakerStage::User => {
+            matches!(errno, EPERM | EACCES | EINVAL | ENOSYS)
+                || (errno == ENOSPC && max_user_namespaces == Some(0))
+        }
+        MakerStage::Maps | MakerStage::Mount => matches!(errno, EPERM | EACCES),
+        MakerStage::Namespaces => matches!(errno, EPERM | EACCES | EINVAL),
+        MakerStage::Identity | MakerStage::Open | MakerStage::Network => false,
+    }
+}
+
+/// How the maker ended, when it did not send the namespaces.
+#[derive(Debug)]
+enum MakerEnd {
+    /// It said where it stopped.
+    Stopped(child::MakerStage, i32),
+    /// It ended without a word: a signal, or its last message failed.
+    Died(std::process::ExitStatus),
+    /// The caller's side failed (the channel, writing the maps).
+    Here(&'static str, std::io::Error),
+    /// It did not answer in time (and was killed).
+    TimedOut,
 }
 
 impl Shared {
@@ -54,7 +94,6 @@ impl Shared {
     /// policy gives commands the host's network, and the allowlist's proxy in it. Needs a tokio
     /// runtime (the proxy runs on it).
     pub(crate) fn make(policy: &ExecPolicy, identity: Option<Identity>) -> Result<Shared, Failure> {
-        use std::os::fd::AsFd;
         let net = policy.network != NetworkMode::Host;
         let allowlist = (policy.network == NetworkMode::Allowlist)
             .then(|| netpolicy::NetPolicy::parse(&policy.allow, &policy.deny))
@@ -71,9 +110,15 @@ impl Shared {
         };
         let (ours, theirs) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
-            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockType::SeqPacket,
             None,
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| io("make a channel for")(e.into()))?;
+        nix::sys::socket::setsockopt(
+            &ours,
+            nix::sys::socket::sockopt::ReceiveTimeout,
+            &nix::sys::time::TimeVal::new(MAKER_TIMEOUT.as_secs() as _, 0),
         )
         .map_err(|e| io("make a channel for")(e.into()))?;
         let (uid, gid) = match identity {
@@ -91,40 +136,32 @@ impl Shared {
             proxy_port: allowlist.is_some().then_some(PROXY_PORT),
             to: theirs,
         };
-        // The child never runs this program: it sends the namespaces and exits.
-        let mut command = std::process::Command::new("/");
-        command
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        child::install_shared(&mut command, spec);
-        let mut made = match command.spawn() {
-            Ok(made) => made,
-            Err(e) if e.raw_os_error() == Some(child::NAMESPACES_FAILED) => {
-                return Err(Failure::Refused(
-                    "unshare or the namespace setup failed (unprivileged user namespaces may be \
-                     disabled)"
-                        .into(),
-                ));
-            }
-            Err(e) if e.raw_os_error() == Some(child::IDENTITY_FAILED) => {
-                return Err(Failure::Other(SandboxError::SandboxUnavailable(
-                    "the workspace's namespaces could not be made as its commands' user".into(),
-                )));
-            }
-            Err(e) => return Err(io("make")(e)),
-        };
-        drop(command);
-        let status = made.wait().map_err(io("wait for"))?;
-        let fds = receive(ours.as_fd()).map_err(io("receive"))?;
-        if !status.success() || fds.len() != 2 + usize::from(net) + usize::from(allowlist.is_some())
-        {
-            return Err(Failure::Refused(format!(
-                "the namespace maker ended with {status} and sent {} descriptors",
-                fds.len()
-            )));
+        let pid = child::spawn_maker(&spec).map_err(io("start the maker of"))?;
+        drop(spec);
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let talked = talk(
+            &ours,
+            pid,
+            &format!("{uid} {uid} 1\n"),
+            &format!("{gid} {gid} 1\n"),
+        );
+        if talked.is_err() {
+            // Our own child, not reaped yet: the pid is still its.
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
+        let status = wait(pid);
+        let expected = 2 + usize::from(net) + usize::from(allowlist.is_some());
+        let fds = match talked {
+            Ok(fds) if fds.len() == expected => fds,
+            Ok(fds) => {
+                return Err(Failure::Other(SandboxError::SandboxUnavailable(format!(
+                    "the namespace maker sent {} descriptors, not {expected}",
+                    fds.len()
+                ))));
+            }
+            Err(MakerEnd::Died(_)) => return Err(died(status)),
+            Err(end) => return Err(failure(end)),
+        };
         let mut fds = fds.into_iter();
         let user = fds.next().expect("counted");
         let ipc = fds.next().expect("counted");
@@ -179,43 +216,245 @@ impl Shared {
     }
 }
 
-/// The descriptors the maker sent.
-fn receive(channel: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<OwnedFd>> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    use std::os::fd::AsRawFd;
-    let mut byte = [0u8; 1];
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
-    let message = recvmsg::<()>(
-        channel.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(std::io::Error::from)?;
-    let mut fds = Vec::new();
-    for cmsg in message.cmsgs().map_err(std::io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(received) = cmsg {
-            fds.extend(received.into_iter().map(child::received));
+/// The maker's side of the talk (see [`child::spawn_maker`]): its namespaces, or how it ended.
+/// As root, writes the maps of the maker's user namespace when it asks.
+fn talk(
+    channel: &OwnedFd,
+    maker: nix::unistd::Pid,
+    uid_map: &str,
+    gid_map: &str,
+) -> Result<Vec<OwnedFd>, MakerEnd> {
+    loop {
+        let (message, fds) = match receive(channel.as_fd()) {
+            Ok(received) => received,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Err(MakerEnd::TimedOut),
+            Err(e) => return Err(MakerEnd::Here("hear from", e)),
+        };
+        match message.first() {
+            None => return Err(MakerEnd::Died(std::process::ExitStatus::default())),
+            Some(&child::MAKER_DONE) => return Ok(fds),
+            Some(&child::MAKER_MAP_ME) => {
+                write_maps(maker, uid_map, gid_map).map_err(|e| match e.raw_os_error() {
+                    Some(errno) => MakerEnd::Stopped(child::MakerStage::Maps, errno),
+                    None => MakerEnd::Here("map the user of", e),
+                })?;
+                nix::sys::socket::send(
+                    channel.as_raw_fd(),
+                    &[child::MAKER_GO_ON],
+                    nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                )
+                .map_err(|e| MakerEnd::Here("answer", e.into()))?;
+            }
+            Some(&child::MAKER_FAILED) if message.len() == 6 => {
+                let stage = child::MakerStage::from_byte(message[1]);
+                let errno = i32::from_ne_bytes(message[2..6].try_into().expect("4 bytes"));
+                return Err(match stage {
+                    Some(stage) => MakerEnd::Stopped(stage, errno),
+                    None => MakerEnd::Here(
+                        "understand",
+                        std::io::Error::other("a stage the maker does not have"),
+                    ),
+                });
+            }
+            Some(_) => {
+                return Err(MakerEnd::Here(
+                    "understand",
+                    std::io::Error::other("a message the maker does not send"),
+                ));
+            }
         }
     }
-    Ok(fds)
+}
+
+/// Writes `setgroups` (`deny`), `uid_map` and `gid_map` of `maker`'s user namespace (root
+/// writes them for a maker that runs as another user and stays undumpable).
+fn write_maps(maker: nix::unistd::Pid, uid_map: &str, gid_map: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    for (file, text) in [
+        ("setgroups", "deny"),
+        ("uid_map", uid_map),
+        ("gid_map", gid_map),
+    ] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{maker}/{file}"))?
+            .write_all(text.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Reaps the maker: how it ended.
+fn wait(maker: nix::unistd::Pid) -> Option<std::process::ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    loop {
+        match nix::sys::wait::waitpid(maker, None) {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => {
+                return Some(std::process::ExitStatus::from_raw(code << 8));
+            }
+            Ok(nix::sys::wait::WaitStatus::Signaled(_, signal, _)) => {
+                return Some(std::process::ExitStatus::from_raw(signal as i32));
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A maker that ended without a word: a passing failure.
+fn died(status: Option<std::process::ExitStatus>) -> Failure {
+    let how = status.map_or_else(|| "vanished".to_owned(), |s| format!("ended with {s}"));
+    Failure::Other(SandboxError::SandboxUnavailable(format!(
+        "the process that makes the workspace's namespaces {how} before it was done; the next \
+         command tries again"
+    )))
+}
+
+/// What a maker's end means: a refusal for good, or a passing failure.
+fn failure(end: MakerEnd) -> Failure {
+    match end {
+        MakerEnd::Stopped(stage, errno) => {
+            let max = (stage == child::MakerStage::User && errno == nix::libc::ENOSPC)
+                .then(|| {
+                    std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+                        .ok()?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .flatten();
+            let what = match stage {
+                child::MakerStage::Identity => "taking on the commands' user",
+                child::MakerStage::User => "unshare(CLONE_NEWUSER)",
+                child::MakerStage::Maps => "writing the user namespace's uid and gid maps",
+                child::MakerStage::Namespaces => "making the IPC, PID and network namespaces",
+                child::MakerStage::Mount => "mounting in a mount namespace of the user namespace",
+                child::MakerStage::Open => "opening the namespaces",
+                child::MakerStage::Network => "bringing up the loopback (or the proxy's socket)",
+            };
+            let err = std::io::Error::from_raw_os_error(errno);
+            if refusal(stage, errno, max) {
+                Failure::Refused(format!("{what} failed: {err}"))
+            } else {
+                Failure::Other(SandboxError::Io {
+                    op: "make",
+                    path: format!("the workspace's namespaces ({what})"),
+                    source: err,
+                })
+            }
+        }
+        MakerEnd::Died(status) => died(Some(status)),
+        MakerEnd::Here(op, source) => Failure::Other(SandboxError::Io {
+            op,
+            path: "the process that makes the workspace's namespaces".into(),
+            source,
+        }),
+        MakerEnd::TimedOut => Failure::Other(SandboxError::SandboxUnavailable(format!(
+            "the process that makes the workspace's namespaces did not answer within {} s",
+            MAKER_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// One message from the maker and the descriptors it carries (empty: the maker is gone).
+fn receive(channel: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut bytes = [0u8; 16];
+    let mut iov = [std::io::IoSliceMut::new(&mut bytes)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+    let (len, fds) = loop {
+        match recvmsg::<()>(
+            channel.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(message) => {
+                let mut fds = Vec::new();
+                for cmsg in message.cmsgs().map_err(std::io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        fds.extend(received.into_iter().map(child::received));
+                    }
+                }
+                break (message.bytes, fds);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    Ok((bytes[..len].to_vec(), fds))
 }
 
 /// What a workspace keeps for its commands, made on its first one: the shared namespaces, a
 /// temporary directory (`TMPDIR`, shared by its commands like `/tmp` on a machine, removed
-/// with the workspace), and the command's view of the filesystem (masks and binds).
+/// with the workspace), the command's view of the filesystem (masks and binds), and the user of
+/// its own that a folder root owns runs as (see [`super::users`]).
 #[derive(Debug, Default)]
 pub(crate) struct Slot {
     shared: Mutex<Option<Arc<Shared>>>,
-    tmp: Mutex<Option<(Option<Identity>, Arc<tempfile::TempDir>)>>,
+    tmp: Mutex<Option<Arc<TmpDir>>>,
     view: Mutex<Option<(ViewKey, View)>>,
+    own_user: Mutex<Option<Identity>>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(who) = *self.own_user.lock().unwrap_or_else(|p| p.into_inner()) {
+            super::users::release(who.uid);
+        }
+    }
 }
 
 /// What a view was computed for.
 type ViewKey = (std::path::PathBuf, Option<Identity>, std::path::PathBuf);
 /// Binds and masks (see [`super::child::Namespaces`]).
 type View = (Vec<child::Bind>, Vec<std::ffi::CString>);
+
+/// A workspace's temporary directory: `tmp`, owned by the commands' user, inside a directory of
+/// the caller's (root's, when it runs as root) that only its owner may change, so that the
+/// commands' user can neither move `tmp` nor put anything in its place. Removed when dropped.
+#[derive(Debug)]
+pub(crate) struct TmpDir {
+    outer: tempfile::TempDir,
+    inner: std::path::PathBuf,
+    identity: Option<Identity>,
+    /// The device and inode of `tmp` when it was made.
+    id: (u64, u64),
+}
+
+impl TmpDir {
+    fn make(identity: Option<Identity>) -> std::io::Result<TmpDir> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        let outer = tempfile::Builder::new().prefix("monad-exec-").tempdir()?;
+        // Others may pass through (to `tmp`), not list it nor change it.
+        std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o711))?;
+        let inner = outer.path().join("tmp");
+        std::fs::DirBuilder::new().mode(0o700).create(&inner)?;
+        if let Some(who) = identity {
+            std::os::unix::fs::lchown(&inner, Some(who.uid), Some(who.gid))?;
+        }
+        let meta = std::fs::symlink_metadata(&inner)?;
+        Ok(TmpDir {
+            outer,
+            inner,
+            identity,
+            id: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// `TMPDIR`.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.inner
+    }
+
+    /// Whether both directories are still the ones made (not moved, nor replaced).
+    fn intact(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let outer = std::fs::symlink_metadata(self.outer.path());
+        let inner = std::fs::symlink_metadata(&self.inner);
+        outer.is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw())
+            && inner.is_ok_and(|m| m.is_dir() && (m.dev(), m.ino()) == self.id)
+    }
+}
 
 impl Slot {
     /// The workspace's shared namespaces for `identity`, made now if there are none yet (or
@@ -239,24 +478,18 @@ impl Slot {
         Ok(shared)
     }
 
-    /// The workspace's temporary directory, owned by `identity` (the caller when `None`).
-    pub(crate) fn tmp_dir(
-        &self,
-        identity: Option<Identity>,
-    ) -> std::io::Result<Arc<tempfile::TempDir>> {
+    /// The workspace's temporary directory, owned by `identity` (the caller when `None`); made
+    /// again when it was moved or replaced.
+    pub(crate) fn tmp_dir(&self, identity: Option<Identity>) -> std::io::Result<Arc<TmpDir>> {
         let mut slot = self.tmp.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((made_for, dir)) = slot.as_ref()
-            && *made_for == identity
-            && dir.path().is_dir()
+        if let Some(dir) = slot.as_ref()
+            && dir.identity == identity
+            && dir.intact()
         {
             return Ok(dir.clone());
         }
-        let dir = tempfile::Builder::new().prefix("monad-exec-").tempdir()?;
-        if let Some(who) = identity {
-            std::os::unix::fs::chown(dir.path(), Some(who.uid), Some(who.gid))?;
-        }
-        let dir = Arc::new(dir);
-        *slot = Some((identity, dir.clone()));
+        let dir = Arc::new(TmpDir::make(identity)?);
+        *slot = Some(dir.clone());
         Ok(dir)
     }
 
@@ -273,7 +506,7 @@ impl Slot {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .map(|(_, dir)| dir.path().to_path_buf())
+            .map(|dir| dir.path().to_path_buf())
             .unwrap_or_default();
         let key = (root.to_path_buf(), identity, tmp);
         let mut slot = self.view.lock().unwrap_or_else(|p| p.into_inner());
@@ -285,5 +518,53 @@ impl Slot {
         let view = make()?;
         *slot = Some((key, view.clone()));
         Ok(view)
+    }
+
+    /// Drops the view: a path in it changed, the next one is made afresh.
+    pub(crate) fn forget_view(&self) {
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The user of its own that this workspace's commands run as (a folder root owns, as
+    /// root), chosen by `choose` the first time and kept while the workspace is open.
+    pub(crate) fn own_user(
+        &self,
+        choose: impl FnOnce() -> Result<Identity, SandboxError>,
+    ) -> Result<Identity, SandboxError> {
+        let mut slot = self.own_user.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(who) = *slot {
+            return Ok(who);
+        }
+        let who = choose()?;
+        *slot = Some(who);
+        Ok(who)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use child::MakerStage;
+    use nix::libc::{EACCES, EINVAL, EMFILE, ENOMEM, ENOSPC, EPERM};
+
+    #[test]
+    fn only_a_kernel_that_refuses_for_good_turns_namespaces_off() {
+        // Disabled, or made but not usable (AppArmor's restriction).
+        assert!(refusal(MakerStage::User, EPERM, None));
+        assert!(refusal(MakerStage::User, EINVAL, None));
+        assert!(refusal(MakerStage::User, ENOSPC, Some(0)));
+        assert!(refusal(MakerStage::Maps, EPERM, None));
+        assert!(refusal(MakerStage::Namespaces, EPERM, None));
+        assert!(refusal(MakerStage::Mount, EACCES, None));
+        // Shortages pass: no descriptor, no memory, too many namespaces of this user now.
+        assert!(!refusal(MakerStage::User, ENOSPC, Some(15_000)));
+        assert!(!refusal(MakerStage::User, ENOSPC, None));
+        assert!(!refusal(MakerStage::User, ENOMEM, None));
+        assert!(!refusal(MakerStage::Namespaces, ENOMEM, None));
+        assert!(!refusal(MakerStage::Open, EMFILE, None));
+        assert!(!refusal(MakerStage::Network, EMFILE, None));
+        assert!(!refusal(MakerStage::Maps, EMFILE, None));
+        // Not the kernel's namespaces at all.
+        assert!(!refusal(MakerStage::Identity, EPERM, None));
     }
 }

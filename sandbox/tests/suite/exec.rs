@@ -601,3 +601,89 @@ fn network_off_refuses_every_socket() {
     }
     drop(listener);
 }
+
+/// Without namespaces, the supervisor kills what a command left behind itself. At a time-out
+/// with thousands of `setsid` processes it read only the first 4 KiB of its list of children,
+/// reaped one per round, and was killed after 2 s, leaving the rest running as the commands'
+/// user.
+#[test]
+fn a_timeout_without_namespaces_kills_thousands_of_escapees() {
+    let fx = Fixture::primary(monad_sandbox::ExecPolicy {
+        namespaces: monad_sandbox::NamespacePolicy::Off,
+        max_processes: 0,
+        ..Default::default()
+    });
+    let mark = format!("7{}.5", std::process::id());
+    let script = format!(
+        "import os, time\n\
+         for i in range(1, 8001):\n\
+         \x20   try:\n\
+         \x20       os.posix_spawn('/bin/sleep', ['sleep', '{mark}'], {{}}, setsid=True)\n\
+         \x20   except OSError:\n\
+         \x20       break\n\
+         \x20   if i % 500 == 0:\n\
+         \x20       print(i, flush=True)\n\
+         time.sleep(600)\n"
+    );
+    let mut a = args(&["python3", "-c", &script]);
+    a.timeout_ms = Some(12_000);
+    let out = try_run(&fx, &a).unwrap();
+    let left = super::support::processes_running(&["sleep", &mark]);
+    for pid in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(out.timed_out, "{out:?}");
+    assert!(
+        left.is_empty(),
+        "{} processes outlived their command (made: {})",
+        left.len(),
+        out.stdout.lines().last().unwrap_or("none")
+    );
+}
+
+/// `max_processes` holds without namespaces too when Monad runs as root: commands run as their
+/// workspace's own user there, so the kernel's count of that user's processes is the
+/// workspace's.
+#[test]
+fn the_process_limit_holds_without_namespaces() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED the_process_limit_holds_without_namespaces: as an ordinary user the limit \
+             would count Monad's own processes"
+        );
+        return;
+    }
+    let fx = Fixture::primary(monad_sandbox::ExecPolicy {
+        namespaces: monad_sandbox::NamespacePolicy::Off,
+        max_processes: 16,
+        ..Default::default()
+    });
+    let out = run(
+        &fx,
+        &[
+            "python3",
+            "-c",
+            "import os, time\n\
+             made, refused = 0, 0\n\
+             for _ in range(40):\n\
+             \x20   try:\n\
+             \x20       if os.fork() == 0:\n\
+             \x20           time.sleep(30)\n\
+             \x20           os._exit(0)\n\
+             \x20       made += 1\n\
+             \x20   except BlockingIOError:\n\
+             \x20       refused += 1\n\
+             print(made, refused)\n",
+        ],
+    );
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    let counts: Vec<u32> = out
+        .stdout
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(counts[0] < 16 && counts[1] > 0, "{out:?}");
+}

@@ -3,6 +3,7 @@ mod support;
 mod contain;
 mod escape;
 mod exec;
+mod identity;
 mod network;
 mod processes;
 mod race;

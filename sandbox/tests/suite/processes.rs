@@ -230,8 +230,9 @@ fn background_processes_are_bounded_and_their_output_keeps_the_newest() {
     );
     let noisy = start(
         &fx,
-        "while [ ! -e go ]; do sleep 0.01; done; for i in $(seq 100); do echo \"line $i\"; done; \
-         sleep 60",
+        // The 100 lines go out in one write (sed's buffer), so they overflow the buffer however
+        // fast the reads come (line by line, a busy machine's reads could keep up).
+        "while [ ! -e go ]; do sleep 0.01; done; seq 100 | sed 's/^/line /'; sleep 60",
     );
     fx.put("go", "");
     let mut dropped = 0;

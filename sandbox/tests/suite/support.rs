@@ -63,6 +63,28 @@ impl Fixture {
         }
     }
 
+    /// A workspace made the way a server makes a session's primary workspace: a folder root
+    /// owns, given to the user its commands run as ([`monad_sandbox::exec::give_to_command_user`]).
+    pub fn primary(exec: ExecPolicy) -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        for dir in ["root", "outside", "root_evil"] {
+            std::fs::create_dir(tmp.path().join(dir)).unwrap();
+        }
+        std::fs::write(tmp.path().join("outside/secret.txt"), SECRET).unwrap();
+        std::fs::write(tmp.path().join("root_evil/secret.txt"), SECRET).unwrap();
+        monad_sandbox::exec::give_to_command_user(&tmp.path().join("root"), &exec).unwrap();
+        let sandbox = Sandbox::open(&tmp.path().join("root"), Limits::default(), exec).unwrap();
+        Fixture {
+            tmp,
+            sandbox: Arc::new(sandbox),
+        }
+    }
+
+    /// The owner of the workspace's folder.
+    pub fn owner(&self) -> u32 {
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(self.root()).unwrap())
+    }
+
     pub fn root(&self) -> PathBuf {
         self.tmp.path().join("root")
     }
@@ -77,6 +99,15 @@ impl Fixture {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, content).unwrap();
         give_to_command_user(&self.root());
+    }
+
+    /// Writes a file inside the root, owned like the root itself (as Monad's own tools do).
+    pub fn put_owned(&self, rel: &str, content: &str) {
+        let path = self.root().join(rel);
+        std::fs::write(&path, content).unwrap();
+        let owner = std::fs::metadata(self.root()).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        std::os::unix::fs::lchown(&path, Some(owner.uid()), Some(owner.gid())).unwrap();
     }
 
     pub fn read(&self, rel: &str) -> String {
@@ -221,4 +252,79 @@ impl Fixture {
         }
         found
     }
+}
+
+/// Set in a process started by [`in_own_process`].
+const OWN_PROCESS: &str = "MONAD_SANDBOX_TEST_OWN_PROCESS";
+
+/// Whether this process was started by [`in_own_process`]: a test that only makes sense there
+/// returns at once otherwise.
+pub fn in_own_process_now() -> bool {
+    std::env::var_os(OWN_PROCESS).is_some()
+}
+
+/// Runs the test `name` (its path in this binary, `suite::module::test`) alone in a process of
+/// its own, as `uid` when given (with `setpriv`, groups cleared), and checks that it ran and
+/// passed. For tests that change what is process-wide (rlimits, what the sandbox probed once) or
+/// that need an ordinary user; the test itself is `#[ignore]`d and checks
+/// [`in_own_process_now`].
+pub fn in_own_process(name: &str, uid: Option<u32>) {
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match uid {
+        Some(uid) => {
+            let mut c = std::process::Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"))
+                .arg("--clear-groups")
+                .arg(&exe);
+            c
+        }
+        None => std::process::Command::new(&exe),
+    };
+    let out = command
+        .args([
+            name,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(OWN_PROCESS, "1")
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name} in a process of its own: {}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+}
+
+/// Processes on the host (not zombies) whose command line is exactly `argv`, by pid.
+pub fn processes_running(argv: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let dir = entry.path();
+        if std::fs::read(dir.join("cmdline")).ok().as_deref() != Some(want.as_slice()) {
+            continue;
+        }
+        let state = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        let zombie = state
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        if !zombie {
+            found.push(pid);
+        }
+    }
+    found
 }
