@@ -26,8 +26,11 @@ pub struct ServerConfig {
     pub max_calls_per_connection: usize,
     /// Longest a routed call may take end to end (approval included).
     pub call_timeout: Duration,
-    /// How long a new connection has to say hello.
+    /// How long a new connection has to finish its handshake and say hello.
     pub hello_timeout: Duration,
+    /// The same, for a connection that arrives while the server is busy (at least
+    /// [`Quotas::busy_pending_handshakes`] pending); the shorter of the two applies.
+    pub busy_hello_timeout: Duration,
     /// On shutdown, how long in-flight calls get to finish before connections close.
     pub shutdown_grace: Duration,
     /// What one user may hold at once.
@@ -49,9 +52,16 @@ pub struct Quotas {
     pub max_connections_per_user: usize,
     /// Tool calls of one user in flight at once, over every connection and MCP over HTTP.
     pub max_calls_per_user: usize,
-    /// Connections that have not said hello yet, over all peers; more are refused before their
-    /// handshake.
+    /// Connections that have not said hello yet, over all peers. One more makes room by closing
+    /// the oldest (see [`crate::admission`]).
     pub max_pending_handshakes: usize,
+    /// Connections that have not said hello yet from one address (an IPv6 /64); one more is
+    /// refused, unless it can take the place of one whose address was never validated.
+    pub max_pending_handshakes_per_address: usize,
+    /// From this many pending handshakes on, the server is busy: a new connection must prove its
+    /// address first (a QUIC Retry, one more round trip) and has
+    /// [`ServerConfig::busy_hello_timeout`] to say hello. 0: always ask for the proof.
+    pub busy_pending_handshakes: usize,
     /// MCP over HTTP sessions of one user; opening one more ends the user's least recently
     /// used one.
     pub max_mcp_sessions_per_user: usize,
@@ -65,6 +75,8 @@ impl Default for Quotas {
             max_connections_per_user: 64,
             max_calls_per_user: 256,
             max_pending_handshakes: 256,
+            max_pending_handshakes_per_address: 32,
+            busy_pending_handshakes: 16,
             max_mcp_sessions_per_user: 32,
         }
     }
@@ -109,6 +121,7 @@ impl ServerConfig {
             max_calls_per_connection: 64,
             call_timeout: Duration::from_secs(900),
             hello_timeout: Duration::from_secs(10),
+            busy_hello_timeout: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(10),
             quotas: Quotas::default(),
             http_limits: HttpLimits::default(),

@@ -11,6 +11,7 @@ use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use crate::ServerError;
+use crate::admission::{Admissions, Admitted, Bounds, Outcome, Source};
 use crate::auth::{DeviceId, TokenStore, validate_client_name};
 use crate::config::ServerConfig;
 use crate::executor::Executor;
@@ -62,7 +63,7 @@ pub struct State {
     /// Tool calls in flight per user (QUIC and HTTP).
     user_calls: Arc<PerUser>,
     /// Connections that have not said hello yet.
-    handshakes: Arc<Semaphore>,
+    handshakes: Arc<Admissions>,
 }
 
 /// A bound server, ready to run.
@@ -148,7 +149,10 @@ impl Server {
             tokens,
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
-            handshakes: Arc::new(Semaphore::new(config.quotas.max_pending_handshakes)),
+            handshakes: Admissions::new(Bounds {
+                total: config.quotas.max_pending_handshakes,
+                per_source: config.quotas.max_pending_handshakes_per_address,
+            }),
             config,
             generations: AtomicU64::new(1),
             calls: watch::channel(0).0,
@@ -227,21 +231,31 @@ impl Server {
             tokio::select! {
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
-                    // Unauthenticated handshakes are bounded over all peers: past the bound a
-                    // new connection is refused before its handshake costs anything.
-                    let Ok(pending) = self.state.handshakes.clone().try_acquire_owned() else {
-                        debug!(remote = %incoming.remote_address(), "refused: too many handshakes in progress");
-                        incoming.refuse();
-                        continue;
+                    // Connections that have not said hello are bounded over all peers and per
+                    // address; see `admission` for who makes room for whom.
+                    let remote = incoming.remote_address();
+                    let admitted = match self.state.handshakes.handshake(
+                        Source::of(remote.ip()),
+                        incoming.remote_address_validated(),
+                        self.state.config.quotas.busy_pending_handshakes,
+                    ) {
+                        Outcome::Admitted(admitted) => admitted,
+                        Outcome::Retry => {
+                            debug!(%remote, "asked to prove its address (retry)");
+                            if let Err(e) = incoming.retry() {
+                                e.into_incoming().refuse();
+                            }
+                            continue;
+                        }
+                        Outcome::Refused(why) => {
+                            debug!(%remote, ?why, "refused: too many handshakes in progress");
+                            incoming.refuse();
+                            continue;
+                        }
                     };
                     let state = self.state.clone();
                     let stop = stop_rx.clone();
-                    connections.spawn(async move {
-                        match incoming.await {
-                            Ok(conn) => handle_connection(state, conn, stop, pending).await,
-                            Err(e) => debug!("handshake failed: {e}"),
-                        }
-                    });
+                    connections.spawn(handle_connection(state, incoming, stop, admitted));
                 }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 () = &mut shutdown => break,
@@ -294,6 +308,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
         server: ServerSettings {
             call_timeout_secs: config.call_timeout.as_secs(),
             hello_timeout_secs: config.hello_timeout.as_secs(),
+            busy_hello_timeout_ms: config.busy_hello_timeout.as_millis() as u64,
             shutdown_grace_secs: config.shutdown_grace.as_secs(),
             max_calls_per_connection: config.max_calls_per_connection,
             keep_alive_ms: config.transport.keep_alive.as_millis() as u64,
@@ -303,6 +318,8 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_connections_per_user: config.quotas.max_connections_per_user,
             max_calls_per_user: config.quotas.max_calls_per_user,
             max_pending_handshakes: config.quotas.max_pending_handshakes,
+            max_pending_handshakes_per_address: config.quotas.max_pending_handshakes_per_address,
+            busy_pending_handshakes: config.quotas.busy_pending_handshakes,
             max_mcp_sessions_per_user: config.quotas.max_mcp_sessions_per_user,
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,
@@ -319,11 +336,12 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     .map_err(|e| ServerError::Invalid(e.to_string()))?
     .with_base(&base);
     let settings = layers.global();
-    let [call, hello, grace, keep_alive, idle] = settings.server.durations();
+    let [call, hello, busy_hello, grace, keep_alive, idle] = settings.server.durations();
     config.limits = settings.limits;
     config.exec = settings.exec;
     config.call_timeout = call;
     config.hello_timeout = hello;
+    config.busy_hello_timeout = busy_hello;
     config.shutdown_grace = grace;
     config.max_calls_per_connection = settings.server.max_calls_per_connection.max(1);
     config.transport.keep_alive = keep_alive;
@@ -333,15 +351,44 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     Ok((config, layers))
 }
 
-/// One connection: hello, then requests until it closes or the server stops.
+/// One connection: handshake and hello within the deadline (unless evicted meanwhile), then
+/// requests until it closes or the server stops.
 async fn handle_connection(
     state: Arc<State>,
-    conn: quinn::Connection,
+    incoming: quinn::Incoming,
     mut stop: watch::Receiver<bool>,
-    pending: tokio::sync::OwnedSemaphorePermit,
+    pending: Admitted,
 ) {
-    let remote = conn.remote_address();
-    let hello = tokio::time::timeout(state.config.hello_timeout, accept_hello(&state, &conn)).await;
+    let remote = incoming.remote_address();
+    let limit = if pending.under_pressure() {
+        state
+            .config
+            .hello_timeout
+            .min(state.config.busy_hello_timeout)
+    } else {
+        state.config.hello_timeout
+    };
+    let deadline = tokio::time::Instant::now() + limit;
+    let connecting = match incoming.accept() {
+        Ok(connecting) => connecting,
+        Err(e) => return debug!(%remote, "handshake failed: {e}"),
+    };
+    // Dropping an unfinished handshake ends it.
+    let conn = tokio::select! {
+        () = pending.evicted() => return debug!(%remote, "handshake dropped: room made for a newer one"),
+        handshake = tokio::time::timeout_at(deadline, connecting) => match handshake {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return debug!(%remote, "handshake failed: {e}"),
+            Err(_) => return debug!(%remote, "handshake not finished in time"),
+        },
+    };
+    let hello = tokio::select! {
+        () = pending.evicted() => {
+            conn.close(CLOSE_REFUSED.into(), b"too many connections without a hello");
+            return debug!(%remote, "closed before its hello: room made for a newer one");
+        }
+        hello = tokio::time::timeout_at(deadline, accept_hello(&state, &conn)) => hello,
+    };
     // Said hello (or not in time): no longer an unauthenticated handshake.
     drop(pending);
     let ((role, user, device_id, client_name, minor), _connection_slot) = match hello {

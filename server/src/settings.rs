@@ -34,8 +34,10 @@ pub struct Settings {
 pub struct ServerSettings {
     /// Longest a routed call may take end to end, approval included, in seconds.
     pub call_timeout_secs: u64,
-    /// How long a new connection has to say hello, in seconds.
+    /// How long a new connection has to finish its handshake and say hello, in seconds.
     pub hello_timeout_secs: u64,
+    /// The same while the server is busy (`busy_pending_handshakes`), in milliseconds.
+    pub busy_hello_timeout_ms: u64,
     /// How long in-flight calls get to finish on shutdown, in seconds.
     pub shutdown_grace_secs: u64,
     /// Requests one connection may have in flight.
@@ -54,6 +56,11 @@ pub struct ServerSettings {
     pub max_calls_per_user: usize,
     /// Connections that have not said hello yet, over all peers.
     pub max_pending_handshakes: usize,
+    /// Connections that have not said hello yet, from one address (an IPv6 /64).
+    pub max_pending_handshakes_per_address: usize,
+    /// Pending handshakes from which new connections must prove their address (QUIC Retry)
+    /// and get `busy_hello_timeout_ms`; 0: always.
+    pub busy_pending_handshakes: usize,
     /// MCP over HTTP sessions of one user.
     pub max_mcp_sessions_per_user: usize,
     /// Longest an HTTP request head may take to arrive, in milliseconds.
@@ -74,6 +81,7 @@ impl Default for ServerSettings {
         ServerSettings {
             call_timeout_secs: 900,
             hello_timeout_secs: 10,
+            busy_hello_timeout_ms: 2000,
             shutdown_grace_secs: 10,
             max_calls_per_connection: 64,
             keep_alive_ms: 2000,
@@ -83,6 +91,8 @@ impl Default for ServerSettings {
             max_connections_per_user: quotas.max_connections_per_user,
             max_calls_per_user: quotas.max_calls_per_user,
             max_pending_handshakes: quotas.max_pending_handshakes,
+            max_pending_handshakes_per_address: quotas.max_pending_handshakes_per_address,
+            busy_pending_handshakes: quotas.busy_pending_handshakes,
             max_mcp_sessions_per_user: quotas.max_mcp_sessions_per_user,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
@@ -142,6 +152,8 @@ impl ServerSettings {
             max_connections_per_user: self.max_connections_per_user.max(1),
             max_calls_per_user: self.max_calls_per_user.max(1),
             max_pending_handshakes: self.max_pending_handshakes.max(1),
+            max_pending_handshakes_per_address: self.max_pending_handshakes_per_address.max(1),
+            busy_pending_handshakes: self.busy_pending_handshakes,
             max_mcp_sessions_per_user: self.max_mcp_sessions_per_user.max(1),
         }
     }
@@ -156,11 +168,12 @@ impl ServerSettings {
         }
     }
 
-    /// As durations: (call, hello, shutdown grace, keep-alive, idle).
-    pub fn durations(&self) -> [Duration; 5] {
+    /// As durations: (call, hello, busy hello, shutdown grace, keep-alive, idle).
+    pub fn durations(&self) -> [Duration; 6] {
         [
             Duration::from_secs(self.call_timeout_secs.max(1)),
             Duration::from_secs(self.hello_timeout_secs.max(1)),
+            Duration::from_millis(self.busy_hello_timeout_ms.max(100)),
             Duration::from_secs(self.shutdown_grace_secs),
             Duration::from_millis(self.keep_alive_ms.max(100)),
             Duration::from_millis(self.idle_timeout_ms.max(1000)),
