@@ -90,8 +90,17 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// A connection with no request in progress is closed after this long.
     pub idle_timeout: Duration,
-    /// Open HTTP connections at most; further ones are answered `503` and closed at once.
+    /// A request body must arrive whole within this long of its head.
+    pub body_timeout: Duration,
+    /// Open HTTP connections at most. One more takes the place of the oldest connection that
+    /// never authenticated; when every one did, it is answered `503` and closed at once.
     pub max_connections: usize,
+    /// Open HTTP connections from one address (an IPv4 address, an IPv6 /64); one more is
+    /// answered `503` and closed at once.
+    pub max_connections_per_address: usize,
+    /// HTTP connections that authenticated as one user; a request on one more is answered
+    /// `429` and its connection closed.
+    pub max_connections_per_user: usize,
     /// Origins accepted on `/mcp` besides the server's own loopback origins (`http://host:port`,
     /// as browsers send them).
     pub allowed_origins: Vec<String>,
@@ -102,7 +111,10 @@ impl Default for HttpLimits {
         HttpLimits {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_connections_per_address: 64,
+            max_connections_per_user: 64,
             allowed_origins: Vec::new(),
         }
     }

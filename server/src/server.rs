@@ -324,6 +324,9 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,
             http_max_connections: config.http_limits.max_connections,
+            http_body_timeout_ms: config.http_limits.body_timeout.as_millis() as u64,
+            http_max_connections_per_address: config.http_limits.max_connections_per_address,
+            http_max_connections_per_user: config.http_limits.max_connections_per_user,
             http_allowed_origins: config.http_limits.allowed_origins.clone(),
         },
         ..Settings::default()

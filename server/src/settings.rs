@@ -69,6 +69,12 @@ pub struct ServerSettings {
     pub http_idle_timeout_ms: u64,
     /// Open HTTP connections at most.
     pub http_max_connections: usize,
+    /// Longest a request body may take to arrive whole after its head, in milliseconds.
+    pub http_body_timeout_ms: u64,
+    /// Open HTTP connections from one address (an IPv4 address, an IPv6 /64).
+    pub http_max_connections_per_address: usize,
+    /// HTTP connections that authenticated as one user.
+    pub http_max_connections_per_user: usize,
     /// Origins accepted on `/mcp` besides the server's own loopback origins.
     pub http_allowed_origins: Vec<String>,
 }
@@ -97,6 +103,9 @@ impl Default for ServerSettings {
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
             http_max_connections: http.max_connections,
+            http_body_timeout_ms: http.body_timeout.as_millis() as u64,
+            http_max_connections_per_address: http.max_connections_per_address,
+            http_max_connections_per_user: http.max_connections_per_user,
             http_allowed_origins: http.allowed_origins,
         }
     }
@@ -163,7 +172,10 @@ impl ServerSettings {
         crate::config::HttpLimits {
             header_timeout: Duration::from_millis(self.http_header_timeout_ms.max(100)),
             idle_timeout: Duration::from_millis(self.http_idle_timeout_ms.max(100)),
+            body_timeout: Duration::from_millis(self.http_body_timeout_ms.max(100)),
             max_connections: self.http_max_connections.max(1),
+            max_connections_per_address: self.http_max_connections_per_address.max(1),
+            max_connections_per_user: self.http_max_connections_per_user.max(1),
             allowed_origins: self.http_allowed_origins.clone(),
         }
     }
