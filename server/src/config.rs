@@ -62,6 +62,9 @@ pub struct Quotas {
     /// address first (a QUIC Retry, one more round trip) and has
     /// [`ServerConfig::busy_hello_timeout`] to say hello. 0: always ask for the proof.
     pub busy_pending_handshakes: usize,
+    /// Devices of one user the server remembers a last session for; binding one more forgets
+    /// the user's least recently used device.
+    pub max_devices_per_user: usize,
     /// MCP over HTTP sessions of one user; opening one more ends the user's least recently
     /// used one.
     pub max_mcp_sessions_per_user: usize,
@@ -77,6 +80,7 @@ impl Default for Quotas {
             max_pending_handshakes: 256,
             max_pending_handshakes_per_address: 32,
             busy_pending_handshakes: 16,
+            max_devices_per_user: 64,
             max_mcp_sessions_per_user: 32,
         }
     }

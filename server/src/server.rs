@@ -105,7 +105,10 @@ impl Server {
             .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
         let http = config.http.map(crate::mcp::bind).transpose()?;
         let (config, layers) = load_settings(config)?;
-        let fs_store = Arc::new(FsStore::new(&config.data_dir));
+        let fs_store = Arc::new(
+            FsStore::new(&config.data_dir)
+                .with_max_devices_per_user(config.quotas.max_devices_per_user),
+        );
         let store: Arc<dyn Store> = fs_store.clone();
         // Off the start-up path: remove what writes cut short by a crash left behind, and read
         // every session's metadata now, so that the first listing does not read thousands of
@@ -320,6 +323,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_pending_handshakes: config.quotas.max_pending_handshakes,
             max_pending_handshakes_per_address: config.quotas.max_pending_handshakes_per_address,
             busy_pending_handshakes: config.quotas.busy_pending_handshakes,
+            max_devices_per_user: config.quotas.max_devices_per_user,
             max_mcp_sessions_per_user: config.quotas.max_mcp_sessions_per_user,
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,

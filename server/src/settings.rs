@@ -61,6 +61,8 @@ pub struct ServerSettings {
     /// Pending handshakes from which new connections must prove their address (QUIC Retry)
     /// and get `busy_hello_timeout_ms`; 0: always.
     pub busy_pending_handshakes: usize,
+    /// Devices of one user the server remembers a last session for.
+    pub max_devices_per_user: usize,
     /// MCP over HTTP sessions of one user.
     pub max_mcp_sessions_per_user: usize,
     /// Longest an HTTP request head may take to arrive, in milliseconds.
@@ -99,6 +101,7 @@ impl Default for ServerSettings {
             max_pending_handshakes: quotas.max_pending_handshakes,
             max_pending_handshakes_per_address: quotas.max_pending_handshakes_per_address,
             busy_pending_handshakes: quotas.busy_pending_handshakes,
+            max_devices_per_user: quotas.max_devices_per_user,
             max_mcp_sessions_per_user: quotas.max_mcp_sessions_per_user,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
@@ -163,6 +166,7 @@ impl ServerSettings {
             max_pending_handshakes: self.max_pending_handshakes.max(1),
             max_pending_handshakes_per_address: self.max_pending_handshakes_per_address.max(1),
             busy_pending_handshakes: self.busy_pending_handshakes,
+            max_devices_per_user: self.max_devices_per_user.max(1),
             max_mcp_sessions_per_user: self.max_mcp_sessions_per_user.max(1),
         }
     }

@@ -36,7 +36,14 @@ pub struct FsStore {
     metas: Mutex<Option<HashMap<String, SessionMeta>>>,
     bindings: Mutex<Option<BindingsFile>>,
     workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
+    /// Devices of one user with a binding, at most (binding one more forgets the user's least
+    /// recently used).
+    max_devices_per_user: usize,
 }
+
+/// A binding's use is written down again (on a lookup) once it is this old, so that its
+/// recency stays known without a write on every connection.
+const BINDING_TOUCH_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// Sessions whose `session.md` an [`FsStore`] remembers having read whole, at most.
 const CHECKED_MAX: usize = 4096;
@@ -79,15 +86,42 @@ struct WorkspaceFile {
     sessions: Vec<WorkspaceSession>,
 }
 
-/// `bindings.toml`: `[bindings.<user>]` maps device ids to sessions, `[defaults]` users to
-/// their default sessions.
+/// `bindings.toml`: `[bindings.<user>.<device id>]` holds the device's session and when the
+/// binding was last used, `[defaults]` maps users to their default sessions.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BindingsFile {
     #[serde(default)]
-    bindings: BTreeMap<String, BTreeMap<String, String>>,
+    bindings: BTreeMap<String, BTreeMap<String, Binding>>,
     #[serde(default)]
     defaults: BTreeMap<String, String>,
+}
+
+/// One device's binding: its session, and when it was last used (Unix milliseconds; within one
+/// user's bindings each later use has a larger value, so equal clocks still order them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "BindingForm")]
+struct Binding {
+    session: String,
+    used: u64,
+}
+
+/// How a binding may be written: as a table, or (before uses were recorded) the session alone,
+/// which counts as used longest ago.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BindingForm {
+    Session(String),
+    Used { session: String, used: u64 },
+}
+
+impl From<BindingForm> for Binding {
+    fn from(form: BindingForm) -> Binding {
+        match form {
+            BindingForm::Session(session) => Binding { session, used: 0 },
+            BindingForm::Used { session, used } => Binding { session, used },
+        }
+    }
 }
 
 /// `bindings.toml` as versions before per-user bindings wrote it: device id -> session, with
@@ -117,12 +151,70 @@ impl BindingsFile {
                 }
                 Some(_) => {}
                 None => {
-                    new.bindings.entry(owner).or_default().insert(key, session);
+                    new.bindings
+                        .entry(owner)
+                        .or_default()
+                        .insert(key, Binding { session, used: 0 });
                 }
             }
         }
         new
     }
+
+    /// `user`'s `device` is bound to `session`, used at `now`; when that makes more than `max`
+    /// devices of the user, the least recently used goes. Whether anything changed (binding
+    /// again to the same session changes nothing, unless its use is a day old).
+    fn bind(&mut self, user: &str, device: &str, session: &str, now: u64, max: usize) -> bool {
+        let devices = self.bindings.entry(user.to_owned()).or_default();
+        if let Some(binding) = devices.get(device)
+            && binding.session == session
+            && now.saturating_sub(binding.used) < BINDING_TOUCH_MS
+        {
+            return false;
+        }
+        let latest = devices.values().map(|b| b.used).max().unwrap_or(0);
+        let used = now.max(latest.saturating_add(1));
+        devices.insert(
+            device.to_owned(),
+            Binding {
+                session: session.to_owned(),
+                used,
+            },
+        );
+        while devices.len() > max.max(1) {
+            let oldest = devices
+                .iter()
+                .min_by_key(|(_, b)| b.used)
+                .map(|(d, _)| d.clone())
+                .expect("more than one device");
+            devices.remove(&oldest);
+        }
+        true
+    }
+
+    /// The session `user`'s `device` is bound to, noting the use (a change, when the last one
+    /// noted is a day old).
+    fn lookup(&mut self, user: &str, device: &str, now: u64) -> (Option<String>, bool) {
+        let Some(devices) = self.bindings.get_mut(user) else {
+            return (None, false);
+        };
+        let latest = devices.values().map(|b| b.used).max().unwrap_or(0);
+        let Some(binding) = devices.get_mut(device) else {
+            return (None, false);
+        };
+        let stale = now.saturating_sub(binding.used) >= BINDING_TOUCH_MS;
+        if stale {
+            binding.used = now.max(latest.saturating_add(1));
+        }
+        (Some(binding.session.clone()), stale)
+    }
+}
+
+/// Now, in Unix milliseconds.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn map_io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -214,7 +306,15 @@ impl FsStore {
             metas: Mutex::new(None),
             bindings: Mutex::new(None),
             workspaces: Mutex::new(None),
+            max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
         }
+    }
+
+    /// Remembers at most `max` devices per user (at least 1); binding one more forgets the
+    /// user's least recently used device.
+    pub fn with_max_devices_per_user(mut self, max: usize) -> FsStore {
+        self.max_devices_per_user = max.max(1);
+        self
     }
 
     /// `sessions/<id>`.
@@ -470,7 +570,12 @@ impl FsStore {
         atomic(&dir.join(format!("{}.json", file.record.id)), &bytes)
     }
 
-    fn with_bindings<R>(&self, f: impl FnOnce(&mut BindingsFile) -> R) -> Result<R, StoreError> {
+    /// Runs `f` on the bindings (read on first use); `f` says whether it changed them, and
+    /// they are written back when it did.
+    fn with_bindings<R>(
+        &self,
+        f: impl FnOnce(&mut BindingsFile) -> (R, bool),
+    ) -> Result<R, StoreError> {
         let mut guard = self.bindings.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.root.join("bindings.toml");
         if guard.is_none() {
@@ -499,9 +604,8 @@ impl FsStore {
             *guard = Some(file);
         }
         let file = guard.as_mut().expect("loaded above");
-        let before = file.clone();
-        let out = f(file);
-        if *file != before {
+        let (out, changed) = f(file);
+        if changed {
             self.write_bindings(&path, file)?;
         }
         Ok(out)
@@ -871,50 +975,50 @@ pub(crate) fn decode_cursor(token: &str) -> Result<(String, String), StoreError>
 
 impl BindingStore for FsStore {
     fn bound_session(&self, user: &str, device_id: &str) -> Result<Option<String>, StoreError> {
-        self.with_bindings(|file| {
-            file.bindings
-                .get(user)
-                .and_then(|devices| devices.get(device_id))
-                .cloned()
-        })
+        self.with_bindings(|file| file.lookup(user, device_id, unix_ms()))
     }
 
     fn bind(&self, user: &str, device_id: &str, session: &str) -> Result<(), StoreError> {
-        self.with_bindings(|file| {
-            file.bindings
-                .entry(user.to_owned())
-                .or_default()
-                .insert(device_id.to_owned(), session.to_owned());
-        })
+        let max = self.max_devices_per_user;
+        self.with_bindings(|file| ((), file.bind(user, device_id, session, unix_ms(), max)))
     }
 
     fn default_session(&self, user: &str) -> Result<Option<String>, StoreError> {
-        self.with_bindings(|file| file.defaults.get(user).cloned())
+        self.with_bindings(|file| (file.defaults.get(user).cloned(), false))
     }
 
     fn set_default_session(&self, user: &str, session: &str) -> Result<(), StoreError> {
         self.with_bindings(|file| {
-            file.defaults.insert(user.to_owned(), session.to_owned());
+            let before = file.defaults.insert(user.to_owned(), session.to_owned());
+            ((), before.as_deref() != Some(session))
         })
     }
 
     fn unbind_session(&self, session: &str) -> Result<(), StoreError> {
         self.with_bindings(|file| {
+            let mut changed = false;
             for devices in file.bindings.values_mut() {
-                devices.retain(|_, s| s != session);
+                let before = devices.len();
+                devices.retain(|_, b| b.session != session);
+                changed |= devices.len() != before;
             }
             file.bindings.retain(|_, devices| !devices.is_empty());
+            let before = file.defaults.len();
             file.defaults.retain(|_, s| s != session);
+            changed |= file.defaults.len() != before;
+            ((), changed)
         })
     }
 
     fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError> {
         self.with_bindings(|file| {
-            file.bindings
+            let n = file
+                .bindings
                 .values()
                 .flat_map(|devices| devices.values())
-                .filter(|s| *s == session)
-                .count()
+                .filter(|b| b.session == session)
+                .count();
+            (n, false)
         })
     }
 }
@@ -1107,6 +1211,32 @@ mod tests {
         );
         again.create(&meta("default")).unwrap();
         assert_eq!(again.history("default").unwrap().messages, vec![msg]);
+    }
+
+    #[test]
+    fn a_user_keeps_at_most_their_bound_of_devices_and_the_least_recently_used_goes() {
+        let mut file = BindingsFile::default();
+        let now = 1_000_000;
+        for (n, device) in ["a", "b", "c"].into_iter().enumerate() {
+            assert!(file.bind("ana", device, "s1", now + n as u64, 3));
+        }
+        // Binding again to the same session changes nothing (no write).
+        assert!(!file.bind("ana", "a", "s1", now + 10, 3));
+        // "a" is used (a day later, so noted), then a fourth device comes: "b" goes.
+        let later = now + BINDING_TOUCH_MS;
+        assert_eq!(file.lookup("ana", "a", later), (Some("s1".into()), true));
+        assert!(file.bind("ana", "d", "s2", later, 3));
+        let kept: Vec<&str> = file.bindings["ana"].keys().map(String::as_str).collect();
+        assert_eq!(kept, ["a", "c", "d"]);
+        // Equal clocks still order uses; another user's devices are not counted.
+        assert!(file.bind("ana", "e", "s2", later, 3));
+        assert!(!file.bindings["ana"].contains_key("c"));
+        assert!(file.bind("ben", "x", "s3", 0, 3));
+        assert_eq!(file.bindings["ana"].len(), 3);
+        // Bindings written before uses were recorded read as used longest ago.
+        let old: BindingsFile =
+            toml::from_str("[bindings.ana]\nold = \"s1\"\n").expect("the previous layout");
+        assert_eq!(old.bindings["ana"]["old"].used, 0);
     }
 
     #[test]
