@@ -467,10 +467,10 @@ impl FsStore {
         Ok(history)
     }
 
-    /// Reads `session.toml`; a corrupt one is kept aside and reported as invalid.
-    /// Reads a session's `session.toml`. A corrupt one is an `Invalid` error, and is kept aside
-    /// when `aside` is set (the caller then holds the session's lock, or is the start-up scan).
-    fn load_from_disk(&self, id: &str, aside: bool) -> Result<Option<SessionMeta>, StoreError> {
+    /// Reads a session's `session.toml`. A corrupt one is an `Invalid` error, and stays where
+    /// it is: it names the session's owner, so nothing may be re-created over it (the operator
+    /// repairs it).
+    fn load_from_disk(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         let path = self.session_dir(id).join("session.toml");
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
@@ -482,10 +482,10 @@ impl FsStore {
             Ok(meta) => format!("it names session {}", meta.id),
             Err(e) => e.to_string(),
         };
-        if aside {
-            keep_aside(&path, &why);
-        }
-        Err(StoreError::Invalid(format!("{}: {why}", path.display())))
+        Err(StoreError::Invalid(format!(
+            "{} is corrupt: {why}",
+            path.display()
+        )))
     }
 
     fn cache_meta(&self, meta: &SessionMeta) {
@@ -515,9 +515,7 @@ impl FsStore {
             if check_id(&id).is_err() {
                 continue;
             }
-            // Kept aside without the session's lock: the scan holds the listing cache, which
-            // writers take while holding their session's lock.
-            match self.load_from_disk(&id, true) {
+            match self.load_from_disk(&id) {
                 Ok(Some(meta)) => {
                     out.insert(id, meta);
                 }
@@ -655,15 +653,7 @@ impl SessionStore for FsStore {
         {
             return Ok(Some(meta.clone()));
         }
-        let meta = match self.load_from_disk(id, false) {
-            // Corrupt: look again under the session's lock before keeping it aside, since a
-            // racing creation may have replaced it with a good one meanwhile.
-            Err(StoreError::Invalid(_)) => {
-                let _guard = self.lock(id);
-                self.load_from_disk(id, true)?
-            }
-            other => other?,
-        };
+        let meta = self.load_from_disk(id)?;
         if let Some(meta) = &meta {
             self.cache_meta(meta);
         }
@@ -1161,7 +1151,14 @@ mod tests {
         );
         std::fs::write(sdir.join("session.toml"), "id = [").unwrap();
         assert!(matches!(store.load("default"), Err(StoreError::Invalid(_))));
-        assert!(store.load("default").unwrap().is_none(), "kept aside");
+        assert!(
+            matches!(store.load("default"), Err(StoreError::Invalid(_))),
+            "left in place: it names the session's owner"
+        );
+        assert_eq!(
+            std::fs::read_to_string(sdir.join("session.toml")).unwrap(),
+            "id = ["
+        );
         std::fs::write(dir.path().join("bindings.toml"), "[[[").unwrap();
         assert_eq!(store.bound_session("ana", "d").unwrap(), None);
     }
@@ -1194,7 +1191,7 @@ mod tests {
     }
 
     #[test]
-    fn a_session_recreated_after_its_metadata_was_lost_keeps_its_conversation() {
+    fn a_corrupt_session_toml_is_never_created_over_and_a_removed_one_keeps_the_conversation() {
         let dir = tempfile::tempdir().unwrap();
         let store = FsStore::new(dir.path());
         store.create(&meta("default")).unwrap();
@@ -1203,12 +1200,14 @@ mod tests {
             text: "keep me".into(),
         };
         store.append("default", &msg).unwrap();
-        std::fs::write(dir.path().join("sessions/default/session.toml"), "id = [").unwrap();
+        let toml = dir.path().join("sessions/default/session.toml");
+        std::fs::write(&toml, "id = [").unwrap();
         let again = FsStore::new(dir.path());
-        assert!(
-            again.all_sessions().unwrap().is_empty(),
-            "skipped, kept aside"
-        );
+        assert!(again.all_sessions().unwrap().is_empty(), "skipped");
+        assert!(again.create(&meta("default")).is_err(), "not created over");
+        assert_eq!(std::fs::read_to_string(&toml).unwrap(), "id = [");
+        // The operator removes (or restores) it: a new creation keeps the conversation.
+        std::fs::remove_file(&toml).unwrap();
         again.create(&meta("default")).unwrap();
         assert_eq!(again.history("default").unwrap().messages, vec![msg]);
     }
