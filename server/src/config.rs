@@ -31,6 +31,8 @@ pub struct ServerConfig {
     /// The same, for a connection that arrives while the server is busy (at least
     /// [`Quotas::busy_pending_handshakes`] pending); the shorter of the two applies.
     pub busy_hello_timeout: Duration,
+    /// A request on a QUIC stream must arrive whole within this long of the stream opening.
+    pub request_read_timeout: Duration,
     /// On shutdown, how long in-flight calls get to finish before connections close.
     pub shutdown_grace: Duration,
     /// What one user may hold at once.
@@ -138,6 +140,7 @@ impl ServerConfig {
             call_timeout: Duration::from_secs(900),
             hello_timeout: Duration::from_secs(10),
             busy_hello_timeout: Duration::from_secs(2),
+            request_read_timeout: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(10),
             quotas: Quotas::default(),
             http_limits: HttpLimits::default(),

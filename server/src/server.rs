@@ -62,6 +62,8 @@ pub struct State {
     connections: Arc<PerUser>,
     /// Tool calls in flight per user (QUIC and HTTP).
     user_calls: Arc<PerUser>,
+    /// QUIC requests being read per user (bounded like calls in flight).
+    user_reads: Arc<PerUser>,
     /// Connections that have not said hello yet.
     handshakes: Arc<Admissions>,
 }
@@ -152,6 +154,7 @@ impl Server {
             tokens,
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
+            user_reads: PerUser::new(config.quotas.max_calls_per_user),
             handshakes: Admissions::new(Bounds {
                 total: config.quotas.max_pending_handshakes,
                 per_source: config.quotas.max_pending_handshakes_per_address,
@@ -312,6 +315,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             call_timeout_secs: config.call_timeout.as_secs(),
             hello_timeout_secs: config.hello_timeout.as_secs(),
             busy_hello_timeout_ms: config.busy_hello_timeout.as_millis() as u64,
+            request_read_timeout_ms: config.request_read_timeout.as_millis() as u64,
             shutdown_grace_secs: config.shutdown_grace.as_secs(),
             max_calls_per_connection: config.max_calls_per_connection,
             keep_alive_ms: config.transport.keep_alive.as_millis() as u64,
@@ -343,12 +347,21 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     .map_err(|e| ServerError::Invalid(e.to_string()))?
     .with_base(&base);
     let settings = layers.global();
-    let [call, hello, busy_hello, grace, keep_alive, idle] = settings.server.durations();
+    let [
+        call,
+        hello,
+        busy_hello,
+        request_read,
+        grace,
+        keep_alive,
+        idle,
+    ] = settings.server.durations();
     config.limits = settings.limits;
     config.exec = settings.exec;
     config.call_timeout = call;
     config.hello_timeout = hello;
     config.busy_hello_timeout = busy_hello;
+    config.request_read_timeout = request_read;
     config.shutdown_grace = grace;
     config.max_calls_per_connection = settings.server.max_calls_per_connection.max(1);
     config.transport.keep_alive = keep_alive;
@@ -454,6 +467,40 @@ async fn handle_connection(
     }
     streams.shutdown().await;
     debug!(%remote, "connection closed");
+}
+
+/// Reads a request of at most `max` bytes, within `request_read_timeout` of now. `None` when
+/// the stream ended first, or when it was malformed, too large or too slow (the peer is told,
+/// and the stream stopped).
+async fn read_request(
+    ctx: &Ctx,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    max: usize,
+) -> Option<Message> {
+    let limit = ctx.state.config.request_read_timeout;
+    match tokio::time::timeout(limit, read_message(recv, max)).await {
+        Ok(Ok(request)) => request,
+        Ok(Err(e)) => {
+            // Malformed or oversized: close it, and answer if the stream still can.
+            let _ = recv.stop(reset::MALFORMED.into());
+            send_error(send, 0, e.to_tool_error()).await;
+            None
+        }
+        Err(_) => {
+            let _ = recv.stop(reset::TIMEOUT.into());
+            let error = ToolError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "the request did not arrive whole within {} ms \
+                     (server.request_read_timeout_ms)",
+                    limit.as_millis()
+                ),
+            );
+            send_error(send, 0, error).await;
+            None
+        }
+    }
 }
 
 /// Reads and checks the hello; answers welcome or refused.
@@ -614,6 +661,21 @@ impl State {
         })
     }
 
+    /// One of `user`'s slots for a request being read, or `limit_exceeded` saying which
+    /// setting bounds them.
+    pub(crate) fn user_read(&self, user: &str) -> Result<Slot, ToolError> {
+        self.user_reads.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} requests still arriving, this server's limit \
+                     (server.max_calls_per_user); send whole requests, then retry",
+                    self.user_reads.limit()
+                ),
+            )
+        })
+    }
+
     /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
     /// attached clients stay connected while calls still need them.
     pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {
@@ -646,15 +708,18 @@ async fn finish(send: &mut quinn::SendStream) {
 
 /// One agent request: a call, or a listing.
 async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
-    let request = match read_message(&mut recv, MAX_REQUEST).await {
-        Ok(Some(m)) => m,
-        Ok(None) => return,
+    // Requests being read (buffered) are bounded per user, not only per stream and connection.
+    let reading = match ctx.state.user_read(&ctx.user) {
+        Ok(slot) => slot,
         Err(e) => {
-            // Malformed or oversized: close it, and answer if the stream still can.
-            let _ = recv.stop(reset::MALFORMED.into());
-            send_error(&mut send, 0, e.to_tool_error()).await;
-            return;
+            let _ = recv.stop(reset::CANCELLED.into());
+            return send_error(&mut send, 0, e).await;
         }
+    };
+    let request = read_request(ctx, &mut send, &mut recv, MAX_REQUEST).await;
+    drop(reading);
+    let Some(request) = request else {
+        return;
     };
     match request {
         Message::Call {
@@ -832,14 +897,8 @@ fn workspaces_message(id: u64, session: &Session) -> Message {
 
 /// One client request: an attachment, held for as long as its stream stays open.
 async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
-    let request = match read_message(&mut recv, MAX_HELLO).await {
-        Ok(Some(m)) => m,
-        Ok(None) => return,
-        Err(e) => {
-            send_error(&mut send, 0, e.to_tool_error()).await;
-            let _ = recv.stop(reset::MALFORMED.into());
-            return;
-        }
+    let Some(request) = read_request(ctx, &mut send, &mut recv, MAX_HELLO).await else {
+        return;
     };
     let Message::Attach {
         id,

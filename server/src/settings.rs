@@ -38,6 +38,9 @@ pub struct ServerSettings {
     pub hello_timeout_secs: u64,
     /// The same while the server is busy (`busy_pending_handshakes`), in milliseconds.
     pub busy_hello_timeout_ms: u64,
+    /// A request on a QUIC stream must arrive whole within this of the stream opening, in
+    /// milliseconds.
+    pub request_read_timeout_ms: u64,
     /// How long in-flight calls get to finish on shutdown, in seconds.
     pub shutdown_grace_secs: u64,
     /// Requests one connection may have in flight.
@@ -90,6 +93,7 @@ impl Default for ServerSettings {
             call_timeout_secs: 900,
             hello_timeout_secs: 10,
             busy_hello_timeout_ms: 2000,
+            request_read_timeout_ms: 120_000,
             shutdown_grace_secs: 10,
             max_calls_per_connection: 64,
             keep_alive_ms: 2000,
@@ -184,12 +188,13 @@ impl ServerSettings {
         }
     }
 
-    /// As durations: (call, hello, busy hello, shutdown grace, keep-alive, idle).
-    pub fn durations(&self) -> [Duration; 6] {
+    /// As durations: (call, hello, busy hello, request read, shutdown grace, keep-alive, idle).
+    pub fn durations(&self) -> [Duration; 7] {
         [
             Duration::from_secs(self.call_timeout_secs.max(1)),
             Duration::from_secs(self.hello_timeout_secs.max(1)),
             Duration::from_millis(self.busy_hello_timeout_ms.max(100)),
+            Duration::from_millis(self.request_read_timeout_ms.max(100)),
             Duration::from_secs(self.shutdown_grace_secs),
             Duration::from_millis(self.keep_alive_ms.max(100)),
             Duration::from_millis(self.idle_timeout_ms.max(1000)),
