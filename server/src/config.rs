@@ -26,8 +26,13 @@ pub struct ServerConfig {
     pub max_calls_per_connection: usize,
     /// Longest a routed call may take end to end (approval included).
     pub call_timeout: Duration,
-    /// How long a new connection has to say hello.
+    /// How long a new connection has to finish its handshake and say hello.
     pub hello_timeout: Duration,
+    /// The same, for a connection that arrives while the server is busy (at least
+    /// [`Quotas::busy_pending_handshakes`] pending); the shorter of the two applies.
+    pub busy_hello_timeout: Duration,
+    /// A request on a QUIC stream must arrive whole within this long of the stream opening.
+    pub request_read_timeout: Duration,
     /// On shutdown, how long in-flight calls get to finish before connections close.
     pub shutdown_grace: Duration,
     /// What one user may hold at once.
@@ -49,9 +54,19 @@ pub struct Quotas {
     pub max_connections_per_user: usize,
     /// Tool calls of one user in flight at once, over every connection and MCP over HTTP.
     pub max_calls_per_user: usize,
-    /// Connections that have not said hello yet, over all peers; more are refused before their
-    /// handshake.
+    /// Connections that have not said hello yet, over all peers. One more makes room by closing
+    /// the oldest (see [`crate::admission`]).
     pub max_pending_handshakes: usize,
+    /// Connections that have not said hello yet from one address (an IPv6 /64); one more is
+    /// refused, unless it can take the place of one whose address was never validated.
+    pub max_pending_handshakes_per_address: usize,
+    /// From this many pending handshakes on, the server is busy: a new connection must prove its
+    /// address first (a QUIC Retry, one more round trip) and has
+    /// [`ServerConfig::busy_hello_timeout`] to say hello. 0: always ask for the proof.
+    pub busy_pending_handshakes: usize,
+    /// Devices of one user the server remembers a last session for; binding one more forgets
+    /// the user's least recently used device.
+    pub max_devices_per_user: usize,
     /// MCP over HTTP sessions of one user; opening one more ends the user's least recently
     /// used one.
     pub max_mcp_sessions_per_user: usize,
@@ -65,6 +80,9 @@ impl Default for Quotas {
             max_connections_per_user: 64,
             max_calls_per_user: 256,
             max_pending_handshakes: 256,
+            max_pending_handshakes_per_address: 32,
+            busy_pending_handshakes: 16,
+            max_devices_per_user: 64,
             max_mcp_sessions_per_user: 32,
         }
     }
@@ -78,8 +96,17 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// A connection with no request in progress is closed after this long.
     pub idle_timeout: Duration,
-    /// Open HTTP connections at most; further ones are answered `503` and closed at once.
+    /// A request body must arrive whole within this long of its head.
+    pub body_timeout: Duration,
+    /// Open HTTP connections at most. One more takes the place of the oldest connection that
+    /// never authenticated; when every one did, it is answered `503` and closed at once.
     pub max_connections: usize,
+    /// Open HTTP connections from one address (an IPv4 address, an IPv6 /64); one more is
+    /// answered `503` and closed at once.
+    pub max_connections_per_address: usize,
+    /// HTTP connections that authenticated as one user; a request on one more is answered
+    /// `429` and its connection closed.
+    pub max_connections_per_user: usize,
     /// Origins accepted on `/mcp` besides the server's own loopback origins (`http://host:port`,
     /// as browsers send them).
     pub allowed_origins: Vec<String>,
@@ -90,7 +117,10 @@ impl Default for HttpLimits {
         HttpLimits {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
             max_connections: 1024,
+            max_connections_per_address: 64,
+            max_connections_per_user: 64,
             allowed_origins: Vec::new(),
         }
     }
@@ -109,6 +139,8 @@ impl ServerConfig {
             max_calls_per_connection: 64,
             call_timeout: Duration::from_secs(900),
             hello_timeout: Duration::from_secs(10),
+            busy_hello_timeout: Duration::from_secs(2),
+            request_read_timeout: Duration::from_secs(120),
             shutdown_grace: Duration::from_secs(10),
             quotas: Quotas::default(),
             http_limits: HttpLimits::default(),

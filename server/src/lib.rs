@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod config;
 pub mod executor;

@@ -1,10 +1,11 @@
 //! The MCP front over Streamable HTTP: `http://<--http address>/mcp`.
 //!
 //! Every request must carry `Authorization: Bearer <token>` with a token of `monad-server token`
-//! (the same tokens as QUIC); anything else is answered `401` before it reaches MCP. Calls go
-//! straight to the [`Executor`](crate::executor::Executor), without a QUIC hop. What hosts see
-//! (tools, results, progress, `tools/list_changed`) is [`monad_protocol::mcp::McpFront`], shared
-//! with `monad-client mcp`; this module only provides its [`Backend`].
+//! (the same tokens as QUIC); anything else is answered `401` before it reaches MCP, and its
+//! connection is closed. Calls go straight to the [`Executor`](crate::executor::Executor),
+//! without a QUIC hop. What hosts see (tools, results, progress, `tools/list_changed`) is
+//! [`monad_protocol::mcp::McpFront`], shared with `monad-client mcp`; this module only provides
+//! its [`Backend`].
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -28,6 +29,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::ServerError;
+use crate::admission::{
+    Admissions, Admitted, Bounds, Outcome as Admission, Refusal, Source, Standing,
+};
+use crate::quota::{PerUser, Slot};
 use crate::server::State;
 use crate::session::Session;
 
@@ -134,7 +139,9 @@ impl Backend for ExecutorBackend {
 }
 
 /// Refuses any request without a valid `Authorization: Bearer <token>` (401, with
-/// `WWW-Authenticate: Bearer`); lets the others through with their [`McpUser`].
+/// `WWW-Authenticate: Bearer`) and closes its connection; lets the others through with their
+/// [`McpUser`], once their connection counts for that user (429 and closed over
+/// `http_max_connections_per_user`).
 async fn authenticate(
     Shared(state): Shared<Arc<State>>,
     mut request: Request,
@@ -152,7 +159,10 @@ async fn authenticate(
     let refuse = |status: StatusCode, message: &'static str| {
         (
             status,
-            [(header::WWW_AUTHENTICATE, "Bearer realm=\"monad\"")],
+            [
+                (header::WWW_AUTHENTICATE, "Bearer realm=\"monad\""),
+                (header::CONNECTION, "close"),
+            ],
             message,
         )
             .into_response()
@@ -165,6 +175,18 @@ async fn authenticate(
     };
     match state.tokens.verify(token) {
         Ok(Some(user)) => {
+            if let Some(connection) = request.extensions().get::<HttpConnection>()
+                && !connection.authenticated(&user)
+            {
+                debug!(%user, "refused: over server.http_max_connections_per_user");
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::CONNECTION, "close")],
+                    "this user has too many HTTP connections open \
+                     (server.http_max_connections_per_user); close some, or try again later\n",
+                )
+                    .into_response();
+            }
             request.extensions_mut().insert(McpUser(user));
             next.run(request).await
         }
@@ -176,6 +198,7 @@ async fn authenticate(
             warn!("cannot read tokens: {e}");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONNECTION, "close")],
                 "the server cannot read its tokens\n",
             )
                 .into_response()
@@ -257,7 +280,8 @@ pub fn origin_allowed(origin: Option<&[u8]>, allowed: &HashSet<String>) -> bool 
     }
 }
 
-/// Refuses a request whose `Origin` is not allowed, with 403, before anything else.
+/// Refuses a request whose `Origin` is not allowed, with 403, before anything else, and closes
+/// its connection.
 async fn check_origin(
     Shared(allowed): Shared<Arc<HashSet<String>>>,
     request: Request,
@@ -269,6 +293,7 @@ async fn check_origin(
     } else {
         (
             StatusCode::FORBIDDEN,
+            [(header::CONNECTION, "close")],
             "this origin may not use the MCP endpoint; the operator can allow it with \
              `server.http_allowed_origins`\n",
         )
@@ -405,10 +430,11 @@ pub struct Http {
 
 impl Http {
     /// Serves the MCP endpoint on `listener` until [`Http::shutdown`]: each connection on its
-    /// own task, at most `http_limits.max_connections` at once (one more is answered `503` and
-    /// closed at once), each cut when a request head takes longer than the header time-out or
-    /// when it sits idle (no request in progress) for the idle time-out. A response in
-    /// progress, such as a server-sent event stream, is neither.
+    /// own task, admitted as [`serve`] says, each cut when a request head takes longer than the
+    /// header time-out, a request body longer than the body time-out, or when it sits idle (no
+    /// request in progress) for the idle time-out (the header time-out, if it never
+    /// authenticated). A response in progress, such as a server-sent event stream, is none of
+    /// these.
     pub fn spawn(listener: std::net::TcpListener, state: Arc<State>) -> Result<Http, ServerError> {
         let local = listener
             .local_addr()
@@ -443,26 +469,43 @@ impl Http {
 enum Phase {
     /// Waiting for the rest of a request head (since the first byte, or since it opened).
     Head(tokio::time::Instant),
-    /// Requests in progress (until their responses are sent whole).
-    Busy(usize),
+    /// Requests in progress (until their responses are sent whole); `body`: since when a
+    /// request body has been arriving, while one is.
+    Busy {
+        requests: usize,
+        body: Option<tokio::time::Instant>,
+    },
     /// Nothing in progress since then.
     Idle(tokio::time::Instant),
 }
 
-/// The deadline of a phase, if it has one.
-fn deadline(phase: Phase, limits: &crate::config::HttpLimits) -> Option<tokio::time::Instant> {
+/// The deadline of a phase, if it has one. A connection that never `authenticated` is not
+/// kept idle longer than a request head may take.
+fn deadline(
+    phase: Phase,
+    limits: &crate::config::HttpLimits,
+    authenticated: bool,
+) -> Option<tokio::time::Instant> {
     match phase {
         Phase::Head(since) => Some(since + limits.header_timeout),
-        Phase::Idle(since) => Some(since + limits.idle_timeout),
-        Phase::Busy(_) => None,
+        Phase::Idle(since) if authenticated => Some(since + limits.idle_timeout),
+        Phase::Idle(since) => Some(since + limits.idle_timeout.min(limits.header_timeout)),
+        Phase::Busy {
+            body: Some(since), ..
+        } => Some(since + limits.body_timeout),
+        Phase::Busy { body: None, .. } => None,
     }
 }
 
 /// Resolves when the connection has stayed in a phase past its deadline.
-async fn watchdog(mut phase: watch::Receiver<Phase>, limits: crate::config::HttpLimits) {
+async fn watchdog(
+    mut phase: watch::Receiver<Phase>,
+    limits: crate::config::HttpLimits,
+    connection: HttpConnection,
+) {
     loop {
         let now = *phase.borrow_and_update();
-        match deadline(now, &limits) {
+        match deadline(now, &limits, connection.is_authenticated()) {
             None => {
                 if phase.changed().await.is_err() {
                     return std::future::pending().await;
@@ -554,11 +597,22 @@ impl tokio::io::AsyncWrite for Tracked {
 struct InProgress(Arc<watch::Sender<Phase>>);
 
 impl InProgress {
-    fn start(phase: &Arc<watch::Sender<Phase>>) -> InProgress {
+    /// A request starts; its body is still to arrive when `body`.
+    fn start(phase: &Arc<watch::Sender<Phase>>, body: bool) -> InProgress {
+        let now = tokio::time::Instant::now();
         phase.send_modify(|p| {
             *p = match *p {
-                Phase::Busy(n) => Phase::Busy(n + 1),
-                _ => Phase::Busy(1),
+                Phase::Busy {
+                    requests,
+                    body: since,
+                } => Phase::Busy {
+                    requests: requests + 1,
+                    body: since.or(body.then_some(now)),
+                },
+                _ => Phase::Busy {
+                    requests: 1,
+                    body: body.then_some(now),
+                },
             }
         });
         InProgress(phase.clone())
@@ -569,10 +623,107 @@ impl Drop for InProgress {
     fn drop(&mut self) {
         self.0.send_modify(|p| {
             *p = match *p {
-                Phase::Busy(n) if n > 1 => Phase::Busy(n - 1),
+                Phase::Busy { requests, body } if requests > 1 => Phase::Busy {
+                    requests: requests - 1,
+                    body,
+                },
                 _ => Phase::Idle(tokio::time::Instant::now()),
             }
         });
+    }
+}
+
+/// A request body that ends its connection's body deadline when it has arrived whole (or is
+/// dropped unread).
+struct ArrivingBody {
+    body: hyper::body::Incoming,
+    phase: Arc<watch::Sender<Phase>>,
+    arrived: bool,
+}
+
+impl ArrivingBody {
+    fn arrived(&mut self) {
+        if !self.arrived {
+            self.arrived = true;
+            self.phase.send_if_modified(|p| match p {
+                Phase::Busy { body, .. } if body.is_some() => {
+                    *body = None;
+                    true
+                }
+                _ => false,
+            });
+        }
+    }
+}
+
+impl http_body::Body for ArrivingBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(None | Some(Err(_))) => this.arrived(),
+            std::task::Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.arrived(),
+            std::task::Poll::Ready(Some(Ok(_))) | std::task::Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for ArrivingBody {
+    fn drop(&mut self) {
+        self.arrived();
+    }
+}
+
+/// One HTTP connection as its requests see it (in their extensions): its place among the open
+/// connections, and the user it authenticated as, whose connection bound it counts against.
+#[derive(Debug, Clone)]
+struct HttpConnection(Arc<ConnectionState>);
+
+#[derive(Debug)]
+struct ConnectionState {
+    place: Admitted,
+    per_user: Arc<PerUser>,
+    user: std::sync::Mutex<Option<(String, Slot)>>,
+}
+
+impl HttpConnection {
+    /// A request on it authenticated as `user`: the connection counts for `user` (and is no
+    /// longer one that never authenticated), unless `user` holds their bound of connections.
+    fn authenticated(&self, user: &str) -> bool {
+        let mut held = self.0.user.lock().unwrap_or_else(|p| p.into_inner());
+        if held.as_ref().is_some_and(|(u, _)| u == user) {
+            return true;
+        }
+        let Some(slot) = self.0.per_user.try_acquire(user) else {
+            return false;
+        };
+        *held = Some((user.to_owned(), slot));
+        self.0.place.promote(Standing::Verified);
+        true
+    }
+
+    /// Whether a request on it ever authenticated.
+    fn is_authenticated(&self) -> bool {
+        self.0
+            .user
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 }
 
@@ -602,20 +753,32 @@ impl http_body::Body for TrackedBody {
     }
 }
 
-/// What a connection over the bound is told before it is closed.
-const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
-Content-Length: 57\r\nConnection: close\r\n\r\n\
-the server has too many HTTP connections open; try again\n";
+/// What a connection that is not admitted is told before it is closed.
+fn unavailable(message: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{message}",
+        message.len()
+    )
+    .into_bytes()
+}
 
 /// Accepts connections until `stop`, then lets each finish its requests (gracefully) and
-/// returns when all have ended.
+/// returns when all have ended. Open connections are bounded over all peers
+/// (`http_max_connections`) and per address (`http_max_connections_per_address`, one more is
+/// answered `503`); when all are taken, a newcomer takes the place of the oldest connection
+/// that never authenticated, and is answered `503` only when every one did.
 async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     limits: crate::config::HttpLimits,
     stop: CancellationToken,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let admissions = Admissions::new(Bounds {
+        total: limits.max_connections,
+        per_source: limits.max_connections_per_address,
+    });
+    let per_user = PerUser::new(limits.max_connections_per_user);
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -632,29 +795,47 @@ async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!(%remote, "refused: too many HTTP connections");
-            let _ = stream.try_write(BUSY);
-            continue;
+        let place = match admissions.admit(Source::of(remote.ip()), Standing::Unverified) {
+            Admission::Admitted(place) => place,
+            Admission::Refused(Refusal::SourceFull) => {
+                debug!(%remote, "refused: over server.http_max_connections_per_address");
+                let _ = stream.try_write(&unavailable(
+                    "too many HTTP connections from this address \
+                     (server.http_max_connections_per_address); close some, or try again later\n",
+                ));
+                continue;
+            }
+            // `admit` never asks for a Retry (that is QUIC's); were it to, refuse.
+            Admission::Refused(Refusal::Full) | Admission::Retry => {
+                debug!(%remote, "refused: over server.http_max_connections");
+                let _ = stream.try_write(&unavailable(
+                    "the server has too many HTTP connections open; try again\n",
+                ));
+                continue;
+            }
         };
+        let connection = HttpConnection(Arc::new(ConnectionState {
+            place,
+            per_user: per_user.clone(),
+            user: std::sync::Mutex::new(None),
+        }));
         let (app, limits, stop) = (app.clone(), limits.clone(), stop.clone());
-        connections.spawn(async move {
-            serve_connection(stream, app, limits, stop).await;
-            drop(slot);
-        });
+        connections.spawn(serve_connection(stream, app, limits, stop, connection));
     }
     while connections.join_next().await.is_some() {}
 }
 
-/// Serves one connection with its time-outs.
+/// Serves one connection with its time-outs, until it ends or is evicted to make room.
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     app: axum::Router,
     limits: crate::config::HttpLimits,
     stop: CancellationToken,
+    peer: HttpConnection,
 ) {
     let phase = Arc::new(watch::channel(Phase::Head(tokio::time::Instant::now())).0);
-    let dog = watchdog(phase.subscribe(), limits);
+    let dog = watchdog(phase.subscribe(), limits, peer.clone());
+    let this = peer.clone();
     let io = hyper_util::rt::TokioIo::new(Tracked {
         stream,
         phase: phase.clone(),
@@ -662,7 +843,16 @@ async fn serve_connection(
     let inner = hyper_util::service::TowerToHyperService::new(app);
     let service =
         hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            let in_progress = InProgress::start(&phase);
+            let pending = !http_body::Body::is_end_stream(request.body());
+            let in_progress = InProgress::start(&phase, pending);
+            let mut request = request.map(|body| {
+                axum::body::Body::new(ArrivingBody {
+                    body,
+                    phase: phase.clone(),
+                    arrived: !pending,
+                })
+            });
+            request.extensions_mut().insert(this.clone());
             let answer = hyper::service::Service::call(&inner, request);
             async move {
                 let response = answer.await?;
@@ -689,7 +879,11 @@ async fn serve_connection(
                 return;
             }
             () = &mut dog => {
-                debug!("HTTP connection closed: header or idle time-out");
+                debug!("HTTP connection closed: header, body or idle time-out");
+                return;
+            }
+            () = peer.0.place.evicted() => {
+                debug!("HTTP connection closed: it never authenticated, and room was made for a newer one");
                 return;
             }
             () = stop.cancelled(), if !stopping => {

@@ -11,6 +11,7 @@ use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
 use crate::ServerError;
+use crate::admission::{Admissions, Admitted, Bounds, Outcome, Source};
 use crate::auth::{DeviceId, TokenStore, validate_client_name};
 use crate::config::ServerConfig;
 use crate::executor::Executor;
@@ -61,8 +62,10 @@ pub struct State {
     connections: Arc<PerUser>,
     /// Tool calls in flight per user (QUIC and HTTP).
     user_calls: Arc<PerUser>,
+    /// QUIC requests being read per user (bounded like calls in flight).
+    user_reads: Arc<PerUser>,
     /// Connections that have not said hello yet.
-    handshakes: Arc<Semaphore>,
+    handshakes: Arc<Admissions>,
 }
 
 /// A bound server, ready to run.
@@ -104,7 +107,10 @@ impl Server {
             .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
         let http = config.http.map(crate::mcp::bind).transpose()?;
         let (config, layers) = load_settings(config)?;
-        let fs_store = Arc::new(FsStore::new(&config.data_dir));
+        let fs_store = Arc::new(
+            FsStore::new(&config.data_dir)
+                .with_max_devices_per_user(config.quotas.max_devices_per_user),
+        );
         let store: Arc<dyn Store> = fs_store.clone();
         // Off the start-up path: remove what writes cut short by a crash left behind, and read
         // every session's metadata now, so that the first listing does not read thousands of
@@ -148,7 +154,11 @@ impl Server {
             tokens,
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
-            handshakes: Arc::new(Semaphore::new(config.quotas.max_pending_handshakes)),
+            user_reads: PerUser::new(config.quotas.max_calls_per_user),
+            handshakes: Admissions::new(Bounds {
+                total: config.quotas.max_pending_handshakes,
+                per_source: config.quotas.max_pending_handshakes_per_address,
+            }),
             config,
             generations: AtomicU64::new(1),
             calls: watch::channel(0).0,
@@ -227,21 +237,31 @@ impl Server {
             tokio::select! {
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
-                    // Unauthenticated handshakes are bounded over all peers: past the bound a
-                    // new connection is refused before its handshake costs anything.
-                    let Ok(pending) = self.state.handshakes.clone().try_acquire_owned() else {
-                        debug!(remote = %incoming.remote_address(), "refused: too many handshakes in progress");
-                        incoming.refuse();
-                        continue;
+                    // Connections that have not said hello are bounded over all peers and per
+                    // address; see `admission` for who makes room for whom.
+                    let remote = incoming.remote_address();
+                    let admitted = match self.state.handshakes.handshake(
+                        Source::of(remote.ip()),
+                        incoming.remote_address_validated(),
+                        self.state.config.quotas.busy_pending_handshakes,
+                    ) {
+                        Outcome::Admitted(admitted) => admitted,
+                        Outcome::Retry => {
+                            debug!(%remote, "asked to prove its address (retry)");
+                            if let Err(e) = incoming.retry() {
+                                e.into_incoming().refuse();
+                            }
+                            continue;
+                        }
+                        Outcome::Refused(why) => {
+                            debug!(%remote, ?why, "refused: too many handshakes in progress");
+                            incoming.refuse();
+                            continue;
+                        }
                     };
                     let state = self.state.clone();
                     let stop = stop_rx.clone();
-                    connections.spawn(async move {
-                        match incoming.await {
-                            Ok(conn) => handle_connection(state, conn, stop, pending).await,
-                            Err(e) => debug!("handshake failed: {e}"),
-                        }
-                    });
+                    connections.spawn(handle_connection(state, incoming, stop, admitted));
                 }
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 () = &mut shutdown => break,
@@ -294,6 +314,8 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
         server: ServerSettings {
             call_timeout_secs: config.call_timeout.as_secs(),
             hello_timeout_secs: config.hello_timeout.as_secs(),
+            busy_hello_timeout_ms: config.busy_hello_timeout.as_millis() as u64,
+            request_read_timeout_ms: config.request_read_timeout.as_millis() as u64,
             shutdown_grace_secs: config.shutdown_grace.as_secs(),
             max_calls_per_connection: config.max_calls_per_connection,
             keep_alive_ms: config.transport.keep_alive.as_millis() as u64,
@@ -303,10 +325,16 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_connections_per_user: config.quotas.max_connections_per_user,
             max_calls_per_user: config.quotas.max_calls_per_user,
             max_pending_handshakes: config.quotas.max_pending_handshakes,
+            max_pending_handshakes_per_address: config.quotas.max_pending_handshakes_per_address,
+            busy_pending_handshakes: config.quotas.busy_pending_handshakes,
+            max_devices_per_user: config.quotas.max_devices_per_user,
             max_mcp_sessions_per_user: config.quotas.max_mcp_sessions_per_user,
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,
             http_max_connections: config.http_limits.max_connections,
+            http_body_timeout_ms: config.http_limits.body_timeout.as_millis() as u64,
+            http_max_connections_per_address: config.http_limits.max_connections_per_address,
+            http_max_connections_per_user: config.http_limits.max_connections_per_user,
             http_allowed_origins: config.http_limits.allowed_origins.clone(),
         },
         ..Settings::default()
@@ -319,11 +347,21 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     .map_err(|e| ServerError::Invalid(e.to_string()))?
     .with_base(&base);
     let settings = layers.global();
-    let [call, hello, grace, keep_alive, idle] = settings.server.durations();
+    let [
+        call,
+        hello,
+        busy_hello,
+        request_read,
+        grace,
+        keep_alive,
+        idle,
+    ] = settings.server.durations();
     config.limits = settings.limits;
     config.exec = settings.exec;
     config.call_timeout = call;
     config.hello_timeout = hello;
+    config.busy_hello_timeout = busy_hello;
+    config.request_read_timeout = request_read;
     config.shutdown_grace = grace;
     config.max_calls_per_connection = settings.server.max_calls_per_connection.max(1);
     config.transport.keep_alive = keep_alive;
@@ -333,15 +371,44 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     Ok((config, layers))
 }
 
-/// One connection: hello, then requests until it closes or the server stops.
+/// One connection: handshake and hello within the deadline (unless evicted meanwhile), then
+/// requests until it closes or the server stops.
 async fn handle_connection(
     state: Arc<State>,
-    conn: quinn::Connection,
+    incoming: quinn::Incoming,
     mut stop: watch::Receiver<bool>,
-    pending: tokio::sync::OwnedSemaphorePermit,
+    pending: Admitted,
 ) {
-    let remote = conn.remote_address();
-    let hello = tokio::time::timeout(state.config.hello_timeout, accept_hello(&state, &conn)).await;
+    let remote = incoming.remote_address();
+    let limit = if pending.under_pressure() {
+        state
+            .config
+            .hello_timeout
+            .min(state.config.busy_hello_timeout)
+    } else {
+        state.config.hello_timeout
+    };
+    let deadline = tokio::time::Instant::now() + limit;
+    let connecting = match incoming.accept() {
+        Ok(connecting) => connecting,
+        Err(e) => return debug!(%remote, "handshake failed: {e}"),
+    };
+    // Dropping an unfinished handshake ends it.
+    let conn = tokio::select! {
+        () = pending.evicted() => return debug!(%remote, "handshake dropped: room made for a newer one"),
+        handshake = tokio::time::timeout_at(deadline, connecting) => match handshake {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return debug!(%remote, "handshake failed: {e}"),
+            Err(_) => return debug!(%remote, "handshake not finished in time"),
+        },
+    };
+    let hello = tokio::select! {
+        () = pending.evicted() => {
+            conn.close(CLOSE_REFUSED.into(), b"too many connections without a hello");
+            return debug!(%remote, "closed before its hello: room made for a newer one");
+        }
+        hello = tokio::time::timeout_at(deadline, accept_hello(&state, &conn)) => hello,
+    };
     // Said hello (or not in time): no longer an unauthenticated handshake.
     drop(pending);
     let ((role, user, device_id, client_name, minor), _connection_slot) = match hello {
@@ -400,6 +467,40 @@ async fn handle_connection(
     }
     streams.shutdown().await;
     debug!(%remote, "connection closed");
+}
+
+/// Reads a request of at most `max` bytes, within `request_read_timeout` of now. `None` when
+/// the stream ended first, or when it was malformed, too large or too slow (the peer is told,
+/// and the stream stopped).
+async fn read_request(
+    ctx: &Ctx,
+    send: &mut quinn::SendStream,
+    recv: &mut quinn::RecvStream,
+    max: usize,
+) -> Option<Message> {
+    let limit = ctx.state.config.request_read_timeout;
+    match tokio::time::timeout(limit, read_message(recv, max)).await {
+        Ok(Ok(request)) => request,
+        Ok(Err(e)) => {
+            // Malformed or oversized: close it, and answer if the stream still can.
+            let _ = recv.stop(reset::MALFORMED.into());
+            send_error(send, 0, e.to_tool_error()).await;
+            None
+        }
+        Err(_) => {
+            let _ = recv.stop(reset::TIMEOUT.into());
+            let error = ToolError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "the request did not arrive whole within {} ms \
+                     (server.request_read_timeout_ms)",
+                    limit.as_millis()
+                ),
+            );
+            send_error(send, 0, error).await;
+            None
+        }
+    }
 }
 
 /// Reads and checks the hello; answers welcome or refused.
@@ -560,6 +661,21 @@ impl State {
         })
     }
 
+    /// One of `user`'s slots for a request being read, or `limit_exceeded` saying which
+    /// setting bounds them.
+    pub(crate) fn user_read(&self, user: &str) -> Result<Slot, ToolError> {
+        self.user_reads.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} requests still arriving, this server's limit \
+                     (server.max_calls_per_user); send whole requests, then retry",
+                    self.user_reads.limit()
+                ),
+            )
+        })
+    }
+
     /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
     /// attached clients stay connected while calls still need them.
     pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {
@@ -592,15 +708,18 @@ async fn finish(send: &mut quinn::SendStream) {
 
 /// One agent request: a call, or a listing.
 async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
-    let request = match read_message(&mut recv, MAX_REQUEST).await {
-        Ok(Some(m)) => m,
-        Ok(None) => return,
+    // Requests being read (buffered) are bounded per user, not only per stream and connection.
+    let reading = match ctx.state.user_read(&ctx.user) {
+        Ok(slot) => slot,
         Err(e) => {
-            // Malformed or oversized: close it, and answer if the stream still can.
-            let _ = recv.stop(reset::MALFORMED.into());
-            send_error(&mut send, 0, e.to_tool_error()).await;
-            return;
+            let _ = recv.stop(reset::CANCELLED.into());
+            return send_error(&mut send, 0, e).await;
         }
+    };
+    let request = read_request(ctx, &mut send, &mut recv, MAX_REQUEST).await;
+    drop(reading);
+    let Some(request) = request else {
+        return;
     };
     match request {
         Message::Call {
@@ -778,14 +897,8 @@ fn workspaces_message(id: u64, session: &Session) -> Message {
 
 /// One client request: an attachment, held for as long as its stream stays open.
 async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
-    let request = match read_message(&mut recv, MAX_HELLO).await {
-        Ok(Some(m)) => m,
-        Ok(None) => return,
-        Err(e) => {
-            send_error(&mut send, 0, e.to_tool_error()).await;
-            let _ = recv.stop(reset::MALFORMED.into());
-            return;
-        }
+    let Some(request) = read_request(ctx, &mut send, &mut recv, MAX_HELLO).await else {
+        return;
     };
     let Message::Attach {
         id,

@@ -478,8 +478,8 @@ impl Registry {
 
     /// Opens session `id` for `user`: from memory, else from the store, else creates it (seed
     /// 001: opening an id that does not exist yet creates the session under that id). A session
-    /// of another user is refused. A corrupt `session.toml` is kept aside by the store and the
-    /// session is re-created around its workspace, owned by `user`.
+    /// of another user is refused. A session whose `session.toml` is corrupt is refused for
+    /// everyone (with a warning for the operator), never re-created: the file names its owner.
     pub fn open(&self, id: &str, user: &str) -> Result<Arc<Session>, ToolError> {
         let id = normalize_id(id)?;
         if let Some(session) = self.in_memory(&id) {
@@ -495,11 +495,20 @@ impl Registry {
         // first to insert it below is the one every caller gets.
         let meta = match self.store.load(&id) {
             Ok(Some(meta)) => meta,
-            missing @ (Ok(None) | Err(StoreError::Invalid(_))) => {
-                if let Err(StoreError::Invalid(why)) = missing {
-                    // The corrupt file is kept aside; the conversation stays.
-                    warn!("session {id}: {why}; re-creating its metadata for {user}");
-                }
+            Err(StoreError::Invalid(why)) => {
+                warn!(
+                    "session {id}: {why}; refused to {user} (it is never re-created over): \
+                     repair the file, or delete the session"
+                );
+                return Err(ToolError::new(
+                    ErrorCode::Internal,
+                    format!(
+                        "session {id} cannot be opened: its session.toml is corrupt; the \
+                         server's operator must repair it (the server's log names the file)"
+                    ),
+                ));
+            }
+            Ok(None) => {
                 let meta = fresh_meta(&id, user);
                 let count = || self.store.count_sessions(user).map_err(store_error);
                 let _creating = Creating::start(&self.creating, user, count, self.max_stored)?
@@ -644,8 +653,11 @@ impl Registry {
             Some(id) => {
                 // `default` names the caller's own default: the well-known session for the
                 // user who first used it, a session of their own for everyone else.
+                // A corrupt `default` stays named, so that opening it says what is wrong.
                 let id = match id {
-                    DEFAULT_SESSION => self.default_of(user)?,
+                    DEFAULT_SESSION if self.stored_owner_of(DEFAULT_SESSION).is_ok() => {
+                        self.default_of(user)?
+                    }
                     id => id.to_owned(),
                 };
                 let session = self.open(&id, user)?;
@@ -684,10 +696,11 @@ impl Registry {
     /// The user's default session: the well-known `default` when it is theirs or nobody's yet,
     /// else a session of their own, created on first need.
     fn default_of(&self, user: &str) -> Result<String, ToolError> {
-        match self.owner_of(DEFAULT_SESSION) {
-            None => return Ok(DEFAULT_SESSION.to_owned()),
-            Some(owner) if owner == user => return Ok(DEFAULT_SESSION.to_owned()),
-            Some(_) => {}
+        // A `default` whose metadata cannot be read is nobody's to take: the user gets their own.
+        match self.stored_owner_of(DEFAULT_SESSION) {
+            Ok(None) => return Ok(DEFAULT_SESSION.to_owned()),
+            Ok(Some(owner)) if owner == user => return Ok(DEFAULT_SESSION.to_owned()),
+            Ok(Some(_)) | Err(_) => {}
         }
         if let Ok(Some(id)) = self.store.default_session(user)
             && self.owner_of(&id).as_deref() == Some(user)
@@ -701,17 +714,23 @@ impl Registry {
         Ok(own.id.clone())
     }
 
-    /// The owner of a session, when it exists.
+    /// The owner of a session, when it exists and can be read.
     fn owner_of(&self, id: &str) -> Option<String> {
+        self.stored_owner_of(id).ok().flatten()
+    }
+
+    /// The owner of a session: `None` when it does not exist, an error when its metadata
+    /// cannot be read.
+    fn stored_owner_of(&self, id: &str) -> Result<Option<String>, StoreError> {
         if let Some(session) = self
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
         {
-            return Some(session.owner.clone());
+            return Ok(Some(session.owner.clone()));
         }
-        self.store.load(id).ok().flatten().map(|m| m.owner)
+        Ok(self.store.load(id)?.map(|m| m.owner))
     }
 
     /// Binds `user`'s device to a session (a no-op when it already is).

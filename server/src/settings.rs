@@ -34,8 +34,13 @@ pub struct Settings {
 pub struct ServerSettings {
     /// Longest a routed call may take end to end, approval included, in seconds.
     pub call_timeout_secs: u64,
-    /// How long a new connection has to say hello, in seconds.
+    /// How long a new connection has to finish its handshake and say hello, in seconds.
     pub hello_timeout_secs: u64,
+    /// The same while the server is busy (`busy_pending_handshakes`), in milliseconds.
+    pub busy_hello_timeout_ms: u64,
+    /// A request on a QUIC stream must arrive whole within this of the stream opening, in
+    /// milliseconds.
+    pub request_read_timeout_ms: u64,
     /// How long in-flight calls get to finish on shutdown, in seconds.
     pub shutdown_grace_secs: u64,
     /// Requests one connection may have in flight.
@@ -54,6 +59,13 @@ pub struct ServerSettings {
     pub max_calls_per_user: usize,
     /// Connections that have not said hello yet, over all peers.
     pub max_pending_handshakes: usize,
+    /// Connections that have not said hello yet, from one address (an IPv6 /64).
+    pub max_pending_handshakes_per_address: usize,
+    /// Pending handshakes from which new connections must prove their address (QUIC Retry)
+    /// and get `busy_hello_timeout_ms`; 0: always.
+    pub busy_pending_handshakes: usize,
+    /// Devices of one user the server remembers a last session for.
+    pub max_devices_per_user: usize,
     /// MCP over HTTP sessions of one user.
     pub max_mcp_sessions_per_user: usize,
     /// Longest an HTTP request head may take to arrive, in milliseconds.
@@ -62,6 +74,12 @@ pub struct ServerSettings {
     pub http_idle_timeout_ms: u64,
     /// Open HTTP connections at most.
     pub http_max_connections: usize,
+    /// Longest a request body may take to arrive whole after its head, in milliseconds.
+    pub http_body_timeout_ms: u64,
+    /// Open HTTP connections from one address (an IPv4 address, an IPv6 /64).
+    pub http_max_connections_per_address: usize,
+    /// HTTP connections that authenticated as one user.
+    pub http_max_connections_per_user: usize,
     /// Origins accepted on `/mcp` besides the server's own loopback origins.
     pub http_allowed_origins: Vec<String>,
 }
@@ -74,6 +92,8 @@ impl Default for ServerSettings {
         ServerSettings {
             call_timeout_secs: 900,
             hello_timeout_secs: 10,
+            busy_hello_timeout_ms: 2000,
+            request_read_timeout_ms: 120_000,
             shutdown_grace_secs: 10,
             max_calls_per_connection: 64,
             keep_alive_ms: 2000,
@@ -83,10 +103,16 @@ impl Default for ServerSettings {
             max_connections_per_user: quotas.max_connections_per_user,
             max_calls_per_user: quotas.max_calls_per_user,
             max_pending_handshakes: quotas.max_pending_handshakes,
+            max_pending_handshakes_per_address: quotas.max_pending_handshakes_per_address,
+            busy_pending_handshakes: quotas.busy_pending_handshakes,
+            max_devices_per_user: quotas.max_devices_per_user,
             max_mcp_sessions_per_user: quotas.max_mcp_sessions_per_user,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
             http_max_connections: http.max_connections,
+            http_body_timeout_ms: http.body_timeout.as_millis() as u64,
+            http_max_connections_per_address: http.max_connections_per_address,
+            http_max_connections_per_user: http.max_connections_per_user,
             http_allowed_origins: http.allowed_origins,
         }
     }
@@ -142,6 +168,9 @@ impl ServerSettings {
             max_connections_per_user: self.max_connections_per_user.max(1),
             max_calls_per_user: self.max_calls_per_user.max(1),
             max_pending_handshakes: self.max_pending_handshakes.max(1),
+            max_pending_handshakes_per_address: self.max_pending_handshakes_per_address.max(1),
+            busy_pending_handshakes: self.busy_pending_handshakes,
+            max_devices_per_user: self.max_devices_per_user.max(1),
             max_mcp_sessions_per_user: self.max_mcp_sessions_per_user.max(1),
         }
     }
@@ -151,16 +180,21 @@ impl ServerSettings {
         crate::config::HttpLimits {
             header_timeout: Duration::from_millis(self.http_header_timeout_ms.max(100)),
             idle_timeout: Duration::from_millis(self.http_idle_timeout_ms.max(100)),
+            body_timeout: Duration::from_millis(self.http_body_timeout_ms.max(100)),
             max_connections: self.http_max_connections.max(1),
+            max_connections_per_address: self.http_max_connections_per_address.max(1),
+            max_connections_per_user: self.http_max_connections_per_user.max(1),
             allowed_origins: self.http_allowed_origins.clone(),
         }
     }
 
-    /// As durations: (call, hello, shutdown grace, keep-alive, idle).
-    pub fn durations(&self) -> [Duration; 5] {
+    /// As durations: (call, hello, busy hello, request read, shutdown grace, keep-alive, idle).
+    pub fn durations(&self) -> [Duration; 7] {
         [
             Duration::from_secs(self.call_timeout_secs.max(1)),
             Duration::from_secs(self.hello_timeout_secs.max(1)),
+            Duration::from_millis(self.busy_hello_timeout_ms.max(100)),
+            Duration::from_millis(self.request_read_timeout_ms.max(100)),
             Duration::from_secs(self.shutdown_grace_secs),
             Duration::from_millis(self.keep_alive_ms.max(100)),
             Duration::from_millis(self.idle_timeout_ms.max(1000)),

@@ -36,7 +36,14 @@ pub struct FsStore {
     metas: Mutex<Option<HashMap<String, SessionMeta>>>,
     bindings: Mutex<Option<BindingsFile>>,
     workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
+    /// Devices of one user with a binding, at most (binding one more forgets the user's least
+    /// recently used).
+    max_devices_per_user: usize,
 }
+
+/// A binding's use is written down again (on a lookup) once it is this old, so that its
+/// recency stays known without a write on every connection.
+const BINDING_TOUCH_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// Sessions whose `session.md` an [`FsStore`] remembers having read whole, at most.
 const CHECKED_MAX: usize = 4096;
@@ -79,15 +86,42 @@ struct WorkspaceFile {
     sessions: Vec<WorkspaceSession>,
 }
 
-/// `bindings.toml`: `[bindings.<user>]` maps device ids to sessions, `[defaults]` users to
-/// their default sessions.
+/// `bindings.toml`: `[bindings.<user>.<device id>]` holds the device's session and when the
+/// binding was last used, `[defaults]` maps users to their default sessions.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BindingsFile {
     #[serde(default)]
-    bindings: BTreeMap<String, BTreeMap<String, String>>,
+    bindings: BTreeMap<String, BTreeMap<String, Binding>>,
     #[serde(default)]
     defaults: BTreeMap<String, String>,
+}
+
+/// One device's binding: its session, and when it was last used (Unix milliseconds; within one
+/// user's bindings each later use has a larger value, so equal clocks still order them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "BindingForm")]
+struct Binding {
+    session: String,
+    used: u64,
+}
+
+/// How a binding may be written: as a table, or (before uses were recorded) the session alone,
+/// which counts as used longest ago.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BindingForm {
+    Session(String),
+    Used { session: String, used: u64 },
+}
+
+impl From<BindingForm> for Binding {
+    fn from(form: BindingForm) -> Binding {
+        match form {
+            BindingForm::Session(session) => Binding { session, used: 0 },
+            BindingForm::Used { session, used } => Binding { session, used },
+        }
+    }
 }
 
 /// `bindings.toml` as versions before per-user bindings wrote it: device id -> session, with
@@ -117,12 +151,70 @@ impl BindingsFile {
                 }
                 Some(_) => {}
                 None => {
-                    new.bindings.entry(owner).or_default().insert(key, session);
+                    new.bindings
+                        .entry(owner)
+                        .or_default()
+                        .insert(key, Binding { session, used: 0 });
                 }
             }
         }
         new
     }
+
+    /// `user`'s `device` is bound to `session`, used at `now`; when that makes more than `max`
+    /// devices of the user, the least recently used goes. Whether anything changed (binding
+    /// again to the same session changes nothing, unless its use is a day old).
+    fn bind(&mut self, user: &str, device: &str, session: &str, now: u64, max: usize) -> bool {
+        let devices = self.bindings.entry(user.to_owned()).or_default();
+        if let Some(binding) = devices.get(device)
+            && binding.session == session
+            && now.saturating_sub(binding.used) < BINDING_TOUCH_MS
+        {
+            return false;
+        }
+        let latest = devices.values().map(|b| b.used).max().unwrap_or(0);
+        let used = now.max(latest.saturating_add(1));
+        devices.insert(
+            device.to_owned(),
+            Binding {
+                session: session.to_owned(),
+                used,
+            },
+        );
+        while devices.len() > max.max(1) {
+            let oldest = devices
+                .iter()
+                .min_by_key(|(_, b)| b.used)
+                .map(|(d, _)| d.clone())
+                .expect("more than one device");
+            devices.remove(&oldest);
+        }
+        true
+    }
+
+    /// The session `user`'s `device` is bound to, noting the use (a change, when the last one
+    /// noted is a day old).
+    fn lookup(&mut self, user: &str, device: &str, now: u64) -> (Option<String>, bool) {
+        let Some(devices) = self.bindings.get_mut(user) else {
+            return (None, false);
+        };
+        let latest = devices.values().map(|b| b.used).max().unwrap_or(0);
+        let Some(binding) = devices.get_mut(device) else {
+            return (None, false);
+        };
+        let stale = now.saturating_sub(binding.used) >= BINDING_TOUCH_MS;
+        if stale {
+            binding.used = now.max(latest.saturating_add(1));
+        }
+        (Some(binding.session.clone()), stale)
+    }
+}
+
+/// Now, in Unix milliseconds.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn map_io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -214,7 +306,15 @@ impl FsStore {
             metas: Mutex::new(None),
             bindings: Mutex::new(None),
             workspaces: Mutex::new(None),
+            max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
         }
+    }
+
+    /// Remembers at most `max` devices per user (at least 1); binding one more forgets the
+    /// user's least recently used device.
+    pub fn with_max_devices_per_user(mut self, max: usize) -> FsStore {
+        self.max_devices_per_user = max.max(1);
+        self
     }
 
     /// `sessions/<id>`.
@@ -367,10 +467,10 @@ impl FsStore {
         Ok(history)
     }
 
-    /// Reads `session.toml`; a corrupt one is kept aside and reported as invalid.
-    /// Reads a session's `session.toml`. A corrupt one is an `Invalid` error, and is kept aside
-    /// when `aside` is set (the caller then holds the session's lock, or is the start-up scan).
-    fn load_from_disk(&self, id: &str, aside: bool) -> Result<Option<SessionMeta>, StoreError> {
+    /// Reads a session's `session.toml`. A corrupt one is an `Invalid` error, and stays where
+    /// it is: it names the session's owner, so nothing may be re-created over it (the operator
+    /// repairs it).
+    fn load_from_disk(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         let path = self.session_dir(id).join("session.toml");
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
@@ -382,10 +482,10 @@ impl FsStore {
             Ok(meta) => format!("it names session {}", meta.id),
             Err(e) => e.to_string(),
         };
-        if aside {
-            keep_aside(&path, &why);
-        }
-        Err(StoreError::Invalid(format!("{}: {why}", path.display())))
+        Err(StoreError::Invalid(format!(
+            "{} is corrupt: {why}",
+            path.display()
+        )))
     }
 
     fn cache_meta(&self, meta: &SessionMeta) {
@@ -415,9 +515,7 @@ impl FsStore {
             if check_id(&id).is_err() {
                 continue;
             }
-            // Kept aside without the session's lock: the scan holds the listing cache, which
-            // writers take while holding their session's lock.
-            match self.load_from_disk(&id, true) {
+            match self.load_from_disk(&id) {
                 Ok(Some(meta)) => {
                     out.insert(id, meta);
                 }
@@ -470,7 +568,12 @@ impl FsStore {
         atomic(&dir.join(format!("{}.json", file.record.id)), &bytes)
     }
 
-    fn with_bindings<R>(&self, f: impl FnOnce(&mut BindingsFile) -> R) -> Result<R, StoreError> {
+    /// Runs `f` on the bindings (read on first use); `f` says whether it changed them, and
+    /// they are written back when it did.
+    fn with_bindings<R>(
+        &self,
+        f: impl FnOnce(&mut BindingsFile) -> (R, bool),
+    ) -> Result<R, StoreError> {
         let mut guard = self.bindings.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.root.join("bindings.toml");
         if guard.is_none() {
@@ -499,9 +602,8 @@ impl FsStore {
             *guard = Some(file);
         }
         let file = guard.as_mut().expect("loaded above");
-        let before = file.clone();
-        let out = f(file);
-        if *file != before {
+        let (out, changed) = f(file);
+        if changed {
             self.write_bindings(&path, file)?;
         }
         Ok(out)
@@ -551,15 +653,7 @@ impl SessionStore for FsStore {
         {
             return Ok(Some(meta.clone()));
         }
-        let meta = match self.load_from_disk(id, false) {
-            // Corrupt: look again under the session's lock before keeping it aside, since a
-            // racing creation may have replaced it with a good one meanwhile.
-            Err(StoreError::Invalid(_)) => {
-                let _guard = self.lock(id);
-                self.load_from_disk(id, true)?
-            }
-            other => other?,
-        };
+        let meta = self.load_from_disk(id)?;
         if let Some(meta) = &meta {
             self.cache_meta(meta);
         }
@@ -871,50 +965,50 @@ pub(crate) fn decode_cursor(token: &str) -> Result<(String, String), StoreError>
 
 impl BindingStore for FsStore {
     fn bound_session(&self, user: &str, device_id: &str) -> Result<Option<String>, StoreError> {
-        self.with_bindings(|file| {
-            file.bindings
-                .get(user)
-                .and_then(|devices| devices.get(device_id))
-                .cloned()
-        })
+        self.with_bindings(|file| file.lookup(user, device_id, unix_ms()))
     }
 
     fn bind(&self, user: &str, device_id: &str, session: &str) -> Result<(), StoreError> {
-        self.with_bindings(|file| {
-            file.bindings
-                .entry(user.to_owned())
-                .or_default()
-                .insert(device_id.to_owned(), session.to_owned());
-        })
+        let max = self.max_devices_per_user;
+        self.with_bindings(|file| ((), file.bind(user, device_id, session, unix_ms(), max)))
     }
 
     fn default_session(&self, user: &str) -> Result<Option<String>, StoreError> {
-        self.with_bindings(|file| file.defaults.get(user).cloned())
+        self.with_bindings(|file| (file.defaults.get(user).cloned(), false))
     }
 
     fn set_default_session(&self, user: &str, session: &str) -> Result<(), StoreError> {
         self.with_bindings(|file| {
-            file.defaults.insert(user.to_owned(), session.to_owned());
+            let before = file.defaults.insert(user.to_owned(), session.to_owned());
+            ((), before.as_deref() != Some(session))
         })
     }
 
     fn unbind_session(&self, session: &str) -> Result<(), StoreError> {
         self.with_bindings(|file| {
+            let mut changed = false;
             for devices in file.bindings.values_mut() {
-                devices.retain(|_, s| s != session);
+                let before = devices.len();
+                devices.retain(|_, b| b.session != session);
+                changed |= devices.len() != before;
             }
             file.bindings.retain(|_, devices| !devices.is_empty());
+            let before = file.defaults.len();
             file.defaults.retain(|_, s| s != session);
+            changed |= file.defaults.len() != before;
+            ((), changed)
         })
     }
 
     fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError> {
         self.with_bindings(|file| {
-            file.bindings
+            let n = file
+                .bindings
                 .values()
                 .flat_map(|devices| devices.values())
-                .filter(|s| *s == session)
-                .count()
+                .filter(|b| b.session == session)
+                .count();
+            (n, false)
         })
     }
 }
@@ -1057,7 +1151,14 @@ mod tests {
         );
         std::fs::write(sdir.join("session.toml"), "id = [").unwrap();
         assert!(matches!(store.load("default"), Err(StoreError::Invalid(_))));
-        assert!(store.load("default").unwrap().is_none(), "kept aside");
+        assert!(
+            matches!(store.load("default"), Err(StoreError::Invalid(_))),
+            "left in place: it names the session's owner"
+        );
+        assert_eq!(
+            std::fs::read_to_string(sdir.join("session.toml")).unwrap(),
+            "id = ["
+        );
         std::fs::write(dir.path().join("bindings.toml"), "[[[").unwrap();
         assert_eq!(store.bound_session("ana", "d").unwrap(), None);
     }
@@ -1090,7 +1191,7 @@ mod tests {
     }
 
     #[test]
-    fn a_session_recreated_after_its_metadata_was_lost_keeps_its_conversation() {
+    fn a_corrupt_session_toml_is_never_created_over_and_a_removed_one_keeps_the_conversation() {
         let dir = tempfile::tempdir().unwrap();
         let store = FsStore::new(dir.path());
         store.create(&meta("default")).unwrap();
@@ -1099,14 +1200,42 @@ mod tests {
             text: "keep me".into(),
         };
         store.append("default", &msg).unwrap();
-        std::fs::write(dir.path().join("sessions/default/session.toml"), "id = [").unwrap();
+        let toml = dir.path().join("sessions/default/session.toml");
+        std::fs::write(&toml, "id = [").unwrap();
         let again = FsStore::new(dir.path());
-        assert!(
-            again.all_sessions().unwrap().is_empty(),
-            "skipped, kept aside"
-        );
+        assert!(again.all_sessions().unwrap().is_empty(), "skipped");
+        assert!(again.create(&meta("default")).is_err(), "not created over");
+        assert_eq!(std::fs::read_to_string(&toml).unwrap(), "id = [");
+        // The operator removes (or restores) it: a new creation keeps the conversation.
+        std::fs::remove_file(&toml).unwrap();
         again.create(&meta("default")).unwrap();
         assert_eq!(again.history("default").unwrap().messages, vec![msg]);
+    }
+
+    #[test]
+    fn a_user_keeps_at_most_their_bound_of_devices_and_the_least_recently_used_goes() {
+        let mut file = BindingsFile::default();
+        let now = 1_000_000;
+        for (n, device) in ["a", "b", "c"].into_iter().enumerate() {
+            assert!(file.bind("ana", device, "s1", now + n as u64, 3));
+        }
+        // Binding again to the same session changes nothing (no write).
+        assert!(!file.bind("ana", "a", "s1", now + 10, 3));
+        // "a" is used (a day later, so noted), then a fourth device comes: "b" goes.
+        let later = now + BINDING_TOUCH_MS;
+        assert_eq!(file.lookup("ana", "a", later), (Some("s1".into()), true));
+        assert!(file.bind("ana", "d", "s2", later, 3));
+        let kept: Vec<&str> = file.bindings["ana"].keys().map(String::as_str).collect();
+        assert_eq!(kept, ["a", "c", "d"]);
+        // Equal clocks still order uses; another user's devices are not counted.
+        assert!(file.bind("ana", "e", "s2", later, 3));
+        assert!(!file.bindings["ana"].contains_key("c"));
+        assert!(file.bind("ben", "x", "s3", 0, 3));
+        assert_eq!(file.bindings["ana"].len(), 3);
+        // Bindings written before uses were recorded read as used longest ago.
+        let old: BindingsFile =
+            toml::from_str("[bindings.ana]\nold = \"s1\"\n").expect("the previous layout");
+        assert_eq!(old.bindings["ana"]["old"].used, 0);
     }
 
     #[test]

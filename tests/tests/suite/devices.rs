@@ -112,3 +112,33 @@ async fn hellos_with_bad_device_ids_or_client_names_are_refused() {
     unicode.client_name = "é".repeat(64);
     connect_agent(&unicode).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_ever_new_device_ids_keeps_only_their_most_recently_used_bindings() {
+    let server = TestServer::start_with(|c| c.quotas.max_devices_per_user = 3).await;
+    let chosen = "11111111-2222-4333-8444-555555555555";
+    // Six installs (a fresh device id each) work in a chosen session, one after the other.
+    let mut devices = Vec::new();
+    for _ in 0..6 {
+        let config = server.client_config();
+        let agent = connect_agent(&config).await;
+        ok(call_in(&agent, Some(chosen), "workspaces", json!({})).await);
+        devices.push(config);
+    }
+    // Only the last three are remembered, on disk as in memory.
+    let text =
+        std::fs::read_to_string(server.data_dir().join("bindings.toml")).expect("bindings.toml");
+    let file: toml::Table = toml::from_str(&text).expect("bindings.toml parses");
+    let admins = file["bindings"]["admin"]
+        .as_table()
+        .expect("admin's bindings");
+    assert_eq!(admins.len(), 3, "{text}");
+    for config in &devices[3..] {
+        assert!(admins.contains_key(&config.device_id), "{text}");
+        let agent = connect_agent(config).await;
+        assert_eq!(unnamed_session(&agent).await, chosen);
+    }
+    // The oldest, forgotten, lands in the user's default again.
+    let agent = connect_agent(&devices[0]).await;
+    assert_eq!(unnamed_session(&agent).await, "default");
+}

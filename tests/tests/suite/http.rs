@@ -161,8 +161,15 @@ async fn connections_over_the_bound_are_answered_503_and_closed() {
     let (server, http) = server(|c| c.http_limits.max_connections = 3).await;
     let token = server.token.clone();
     blocking("connections over the bound", move || {
+        // Connections that authenticated (those that did not make room for newcomers).
         let held: Vec<TcpStream> = (0..3)
-            .map(|_| TcpStream::connect(http).expect("connects"))
+            .map(|_| {
+                let mut stream = TcpStream::connect(http).expect("connects");
+                keep_alive(&mut stream, Some(&format!("Bearer {token}")), INITIALIZE);
+                let head = answer_head(&mut stream);
+                assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+                stream
+            })
             .collect();
         // The fourth: a clear refusal at once, not a hang.
         let mut fourth = TcpStream::connect(http).expect("connects");
@@ -325,6 +332,206 @@ async fn another_users_requests_on_an_mcp_session_are_not_found_and_leave_it_alo
         // Her own DELETE ends it; after that it is gone for her too.
         assert!(send("DELETE", &ana, "").status < 300);
         assert_eq!(send("POST", &ana, PING).status, 404);
+    })
+    .await;
+}
+
+/// A connection to `http` from `127.0.0.<n>` (on Linux every address of 127/8 is the loopback
+/// interface's). Call from a blocking task.
+fn from_loopback(n: u8, http: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, n], 0)))
+        .expect("bound to 127.0.0.x");
+    let stream = tokio::runtime::Handle::current()
+        .block_on(socket.connect(http))
+        .expect("connects");
+    let stream = stream.into_std().expect("a std stream");
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
+/// A request on a keep-alive connection (no `Connection: close`).
+fn keep_alive(stream: &mut TcpStream, auth: Option<&str>, body: &str) {
+    let auth = auth
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    let text = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(text.as_bytes()).expect("sent");
+}
+
+/// Reads the status line and headers of the next answer on `stream` (bounded).
+fn answer_head(stream: &mut TcpStream) -> String {
+    stream.set_read_timeout(Some(STEP)).expect("read time-out");
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while !out.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => out.push(byte[0]),
+            other => panic!(
+                "no answer head: {other:?} after {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_closes_its_connection() {
+    // Nothing expires during the test: only the refusal may close the connection.
+    let (_server, http) = server(|c| c.http_limits.idle_timeout = Duration::from_secs(600)).await;
+    blocking("refused requests on keep-alive connections", move || {
+        let mut no_token = TcpStream::connect(http).expect("connects");
+        keep_alive(&mut no_token, None, INITIALIZE);
+        let said = read_until_closed(&mut no_token);
+        assert!(said.starts_with("HTTP/1.1 401"), "{said}");
+        let mut bad_token = TcpStream::connect(http).expect("connects");
+        keep_alive(&mut bad_token, Some("Bearer not-a-token"), INITIALIZE);
+        let said = read_until_closed(&mut bad_token);
+        assert!(said.starts_with("HTTP/1.1 401"), "{said}");
+        let mut evil = TcpStream::connect(http).expect("connects");
+        evil.write_all(
+            b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example\r\n\
+              Content-Length: 0\r\n\r\n",
+        )
+        .expect("sent");
+        let said = read_until_closed(&mut evil);
+        assert!(said.starts_with("HTTP/1.1 403"), "{said}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_authenticate_cannot_keep_a_token_holder_out() {
+    let (server, http) = server(|c| {
+        c.http_limits.max_connections = 4;
+        // Nothing expires: only making room can let the token holder in.
+        c.http_limits.header_timeout = Duration::from_secs(600);
+        c.http_limits.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let token = server.token.clone();
+    blocking(
+        "connections without a token from four addresses",
+        move || {
+            let mut held: Vec<TcpStream> = (2..6).map(|n| from_loopback(n, http)).collect();
+            // Each sends nothing, or half a head; none ever shows a token.
+            held[0].write_all(b"POST /mcp HTTP/1.1\r\n").expect("sent");
+            let mut honest = TcpStream::connect(http).expect("connects");
+            keep_alive(&mut honest, Some(&format!("Bearer {token}")), INITIALIZE);
+            let head = answer_head(&mut honest);
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            // The oldest made room.
+            held[0].set_read_timeout(Some(STEP)).expect("read time-out");
+            let said = read_until_closed(&mut held[0]);
+            assert!(!said.contains("200"), "{said}");
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holds_at_most_its_bound_of_connections() {
+    let (server, http) = server(|c| {
+        c.http_limits.max_connections = 8;
+        c.http_limits.max_connections_per_address = 2;
+        c.http_limits.header_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let token = server.token.clone();
+    blocking("three connections from one address", move || {
+        let _held: Vec<TcpStream> = (0..2).map(|_| from_loopback(2, http)).collect();
+        let mut third = from_loopback(2, http);
+        third.set_read_timeout(Some(STEP)).expect("read time-out");
+        let said = read_until_closed(&mut third);
+        assert!(said.starts_with("HTTP/1.1 503"), "{said}");
+        assert!(said.contains("http_max_connections_per_address"), "{said}");
+        // Another address is served.
+        let mut honest = TcpStream::connect(http).expect("connects");
+        keep_alive(&mut honest, Some(&format!("Bearer {token}")), INITIALIZE);
+        let head = answer_head(&mut honest);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_authenticated_is_not_kept_idle() {
+    let (_server, http) = server(|c| {
+        c.http_limits.header_timeout = Duration::from_millis(300);
+        c.http_limits.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    blocking("a request elsewhere than /mcp, then idle", move || {
+        let mut stream = TcpStream::connect(http).expect("connects");
+        stream
+            .write_all(b"GET /elsewhere HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .expect("sent");
+        // Answered, then closed well before the ten-minute idle time-out.
+        let said = read_until_closed(&mut stream);
+        assert!(said.starts_with("HTTP/1.1 "), "{said}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_trickles_is_cut_after_the_body_time_out() {
+    let (server, http) = server(|c| {
+        c.http_limits.body_timeout = Duration::from_millis(300);
+        c.http_limits.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let token = server.token.clone();
+    blocking("a body that never ends", move || {
+        let mut stream = TcpStream::connect(http).expect("connects");
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Length: {}\r\n\r\n{}",
+            INITIALIZE.len(),
+            &INITIALIZE[..10]
+        );
+        stream.write_all(head.as_bytes()).expect("sent");
+        stream.set_read_timeout(Some(STEP)).expect("read time-out");
+        let said = read_until_closed(&mut stream);
+        assert!(!said.contains("200"), "{said}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_holds_at_most_their_bound_of_connections() {
+    let (server, http) = server(|c| {
+        c.http_limits.max_connections_per_user = 2;
+        c.http_limits.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let ana = format!("Bearer {}", server.token);
+    let ben = format!("Bearer {}", server.create_token("ben"));
+    blocking("three connections of one user", move || {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut stream = TcpStream::connect(http).expect("connects");
+            keep_alive(&mut stream, Some(&ana), INITIALIZE);
+            let head = answer_head(&mut stream);
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            held.push(stream);
+        }
+        let mut third = TcpStream::connect(http).expect("connects");
+        keep_alive(&mut third, Some(&ana), INITIALIZE);
+        let said = read_until_closed(&mut third);
+        assert!(said.starts_with("HTTP/1.1 429"), "{said}");
+        assert!(said.contains("http_max_connections_per_user"), "{said}");
+        // Another user is served.
+        let mut other = TcpStream::connect(http).expect("connects");
+        keep_alive(&mut other, Some(&ben), INITIALIZE);
+        let head = answer_head(&mut other);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     })
     .await;
 }

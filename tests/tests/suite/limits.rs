@@ -136,3 +136,84 @@ async fn a_user_over_their_limits_is_refused_while_another_still_works() {
     while stuck.join_next().await.is_some() {}
     ok(call_in(&agent, None, "workspaces", json!({})).await);
 }
+
+/// Opens a request stream on `agent`'s connection and sends only part of a request: a frame
+/// that announces 1,000 bytes, and 10 of them. The server is left reading it.
+async fn half_a_request(agent: &Agent) -> (quinn::SendStream, quinn::RecvStream) {
+    let (mut send, recv) = within(STEP, "a stream", agent.quic().open_bi())
+        .await
+        .expect("a stream");
+    send.write_all(&monad_protocol::frame::encode_header(1000, true))
+        .await
+        .expect("a frame header");
+    send.write_all(&[b' '; 10]).await.expect("part of it");
+    (send, recv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_still_arriving_are_bounded_per_user() {
+    let server = TestServer::start_with(|c| {
+        c.quotas.max_calls_per_user = 2;
+        c.request_read_timeout = std::time::Duration::from_secs(600);
+    })
+    .await;
+    let agent = server.agent().await;
+    let held = [half_a_request(&agent).await, half_a_request(&agent).await];
+    // Once the server is reading both, the user may have no more requests being read: a whole
+    // call is refused before it is read.
+    within(STEP, "a call to be refused", async {
+        loop {
+            match agent.call(None, "workspaces", json!({}), |_| {}).await {
+                Err(ClientError::Refused(e)) if e.code == ErrorCode::LimitExceeded => {
+                    assert!(e.message.contains("server.max_calls_per_user"), "{e}");
+                    break;
+                }
+                Ok(_) => tokio::task::yield_now().await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await;
+    // Given up, they give their slots back.
+    drop(held);
+    within(STEP, "a call to be served again", async {
+        while agent
+            .call(None, "workspaces", json!({}), |_| {})
+            .await
+            .is_err()
+        {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_finishes_arriving_is_cut_after_the_read_time_out() {
+    let server = TestServer::start_with(|c| {
+        c.request_read_timeout = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let agent = server.agent().await;
+    let (_send, mut recv) = half_a_request(&agent).await;
+    let answer = within(
+        STEP,
+        "the server to give up on the request",
+        recv.read_to_end(1 << 20),
+    )
+    .await
+    .expect("an answer, then the end of the stream");
+    let message = monad_protocol::io::read_message(&mut answer.as_slice(), 1 << 20)
+        .await
+        .expect("a message")
+        .expect("not empty");
+    match message {
+        monad_protocol::wire::Message::Error { error, .. } => {
+            assert_eq!(error.code, ErrorCode::Timeout, "{error}");
+            assert!(error.message.contains("request_read_timeout"), "{error}");
+        }
+        other => panic!("not an error: {other:?}"),
+    }
+    // The connection goes on.
+    ok(call_in(&agent, None, "workspaces", json!({})).await);
+}

@@ -7,6 +7,7 @@ mod bodies;
 mod crash;
 mod data_at_rest;
 mod devices;
+mod handshakes;
 mod http;
 mod limits;
 mod mcp;

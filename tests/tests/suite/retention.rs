@@ -32,7 +32,7 @@ fn age(data: &Path, id: &str, last_active: &str) {
     std::fs::write(&path, toml::to_string(&meta).unwrap()).unwrap();
 }
 
-/// The device bindings of user `admin` in `bindings.toml`: device id -> session.
+/// The device bindings of user `admin` in `bindings.toml`: device id -> { session, used }.
 fn bindings(data: &Path) -> toml::Table {
     let text = std::fs::read_to_string(data.join("bindings.toml")).unwrap_or_default();
     let table: toml::Table = toml::from_str(&text).unwrap();
@@ -148,8 +148,9 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
     let devices = bindings(dir);
     let device_a = &config_a.device_id;
     let device_b = &config_b.device_id;
-    assert_eq!(devices[device_a.as_str()].as_str(), Some(old));
-    assert_eq!(devices[device_b.as_str()].as_str(), Some(doomed));
+    let session_of = |device: &str| devices[device]["session"].as_str().map(str::to_owned);
+    assert_eq!(session_of(device_a).as_deref(), Some(old));
+    assert_eq!(session_of(device_b).as_deref(), Some(doomed));
     assert_eq!(record_sessions(dir, &record), {
         let mut v = vec![old.to_owned(), keep.to_owned(), doomed.to_owned()];
         v.sort();

@@ -36,6 +36,15 @@ async fn session_of_unnamed_call(agent: &Agent) -> String {
     result["session"].as_str().expect("a session id").to_owned()
 }
 
+/// What the server says when `agent`'s call in `session` is refused as a request.
+async fn refused(agent: &Agent, session: &str) -> String {
+    let call = agent.call(Some(session), "read_file", json!({"path": "a"}), |_| {});
+    match within(STEP, "a refusal", call).await {
+        Ok(reply) => panic!("not refused: {reply:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
 /// The names in `dir` that start with `prefix`.
 fn entries_starting(dir: &Path, prefix: &str) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -325,7 +334,7 @@ async fn corrupt_files_are_kept_aside_with_a_warning_and_the_server_keeps_servin
     let server = ServerProcess::start(data.path(), &[]).await;
     let agent = connect_agent(&server.retarget(&config)).await;
 
-    // Listing reads every session.toml: the corrupt one is skipped (and kept aside).
+    // Listing reads every session.toml: the corrupt one is skipped.
     let listed = ask("sessions", agent.sessions()).await;
     assert!(listed.iter().any(|s| s.id == md_bad), "{listed:?}");
     assert!(!listed.iter().any(|s| s.id == toml_bad), "{listed:?}");
@@ -370,31 +379,22 @@ async fn corrupt_files_are_kept_aside_with_a_warning_and_the_server_keeps_servin
         1
     );
 
-    // A corrupt session.toml: kept aside, the session re-created around its workspace.
-    let (kept, _) = ok(call_in(
-        &agent,
-        Some(toml_bad),
-        "read_file",
-        json!({"path": "kept.txt"}),
-    )
-    .await);
-    assert_eq!(kept["content"], "still here\n");
+    // A corrupt session.toml: the session is refused, saying why, and left as it is for the
+    // operator (it names the owner: nothing is re-created over it).
+    let error = refused(&agent, toml_bad).await;
+    assert!(error.contains("corrupt"), "{error}");
     let dir = sessions.join(toml_bad);
-    assert_eq!(entries_starting(&dir, "session.toml.corrupt-").len(), 1);
-    let meta: toml::Table =
-        toml::from_str(&std::fs::read_to_string(dir.join("session.toml")).unwrap())
-            .expect("a fresh session.toml");
-    assert_eq!(meta["id"].as_str(), Some(toml_bad));
-    assert_eq!(meta["owner"].as_str(), Some("admin"));
-    // Only the metadata was lost: the conversation and the workspace stay.
-    let (_, h) = ask("history", agent.history(Some(toml_bad))).await;
-    assert_eq!(h.messages, vec![msg(HistoryRole::User, "a talk to keep")]);
-
+    assert!(entries_starting(&dir, "session.toml.corrupt-").is_empty());
     assert_eq!(
-        session_of_unnamed_call(&agent).await,
-        toml_bad,
-        "bound again"
+        std::fs::read_to_string(dir.join("session.toml")).unwrap(),
+        "id = [broken"
     );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("workspace/kept.txt")).unwrap(),
+        "still here\n"
+    );
+    ask("open", agent.open_session(Some(md_bad))).await;
+    assert_eq!(session_of_unnamed_call(&agent).await, md_bad, "bound again");
     toml::from_str::<toml::Table>(
         &std::fs::read_to_string(data.path().join("bindings.toml")).unwrap(),
     )
@@ -655,4 +655,55 @@ async fn concurrent_snapshots_and_appends_leave_every_file_whole() {
     let leftovers: Vec<String> = entries_starting(&dir, ".");
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_session_toml_is_refused_and_its_session_never_changes_owner() {
+    let server = TestServer::start().await;
+    let ben_token = server.create_token("ben");
+    // admin owns the well-known `default` and a session of their own.
+    let admin = server.agent().await;
+    assert_eq!(session_of_unnamed_call(&admin).await, "default");
+    let theirs = "44444444-4444-4444-8444-444444444444";
+    ok(call_in(
+        &admin,
+        Some(theirs),
+        "write_file",
+        json!({"path": "mine.txt", "content": "admin's\n"}),
+    )
+    .await);
+    drop(admin);
+    let sessions = server.data_dir().join("sessions");
+    let stopped = server.stop().await;
+    let broken = "owner = [broken";
+    for id in ["default", theirs] {
+        std::fs::write(sessions.join(id).join("session.toml"), broken).unwrap();
+    }
+    let server = stopped.restart().await;
+
+    // Ben names each: refused, saying why; nothing of admin's is read or re-created for him.
+    let ben = connect_agent(&server.client_config_with(&ben_token)).await;
+    for id in ["default", theirs] {
+        let error = refused(&ben, id).await;
+        assert!(
+            error.contains("session.toml") && error.contains("corrupt"),
+            "{id}: {error}"
+        );
+    }
+    // His unnamed calls go to a default of his own.
+    assert_ne!(session_of_unnamed_call(&ben).await, "default");
+    // The corrupt files are where they were, for the operator to repair.
+    for id in ["default", theirs] {
+        let dir = sessions.join(id);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("session.toml")).unwrap(),
+            broken
+        );
+        assert!(entries_starting(&dir, "session.toml.corrupt-").is_empty());
+    }
+    let listed = ask("sessions", ben.sessions()).await;
+    assert!(
+        !listed.iter().any(|s| s.id == "default" || s.id == theirs),
+        "{listed:?}"
+    );
 }
