@@ -571,7 +571,7 @@ pub struct RunCommandArgs {
     pub background: Option<bool>,
     /// When it still runs after this many milliseconds, answer with what it printed so far and
     /// its process id, and leave it running in the background instead of waiting (or killing it
-    /// at its time limit).
+    /// at the default time limit, which no longer applies; a `timeout_ms` given still does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background_after_ms: Option<u64>,
     /// Workspace to run in: a short name or URI.

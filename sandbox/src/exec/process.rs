@@ -20,7 +20,6 @@ use monad_protocol::tools::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 
 use super::{child, netpolicy};
 use crate::error::SandboxError;
@@ -171,6 +170,15 @@ struct State {
     tail: VecDeque<u8>,
 }
 
+/// What the task driving a process is told: when its time runs out, and whether to end it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Control {
+    /// When the process is killed as timed out; `None`: no time limit.
+    deadline: Option<tokio::time::Instant>,
+    /// End it now (a cancelled call, the table dropped).
+    abort: bool,
+}
+
 /// A running (or exited, not yet read) command.
 pub(crate) struct Proc {
     id: String,
@@ -182,8 +190,11 @@ pub(crate) struct Proc {
     state: Mutex<State>,
     /// Ticks on every change: output, network, exit.
     activity: watch::Sender<u64>,
-    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
-    task: Mutex<Option<AbortHandle>>,
+    /// Its standard input while open (held by the writer of the initial `stdin` until that is
+    /// written, then by each `process_write` in turn).
+    stdin: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
+    /// What the task driving it is told.
+    control: watch::Sender<Control>,
     /// The workspace's shared namespaces it runs in, when namespaced.
     shared: Option<Arc<super::shared::Shared>>,
 }
@@ -251,12 +262,10 @@ impl Proc {
             .map(|l| l.chars().take(PROGRESS_LINE_CHARS).collect())
     }
 
-    /// Kills the tree and stops the task pumping its output.
+    /// Kills the tree now, and has the task driving it make sure it ends (see [`end`]).
     fn abort(&self) {
         self.supervisor.kill_tree();
-        if let Some(task) = self.task.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            task.abort();
-        }
+        self.control.send_modify(|c| c.abort = true);
     }
 }
 
@@ -293,6 +302,27 @@ impl Table {
             )));
         }
         Ok(())
+    }
+
+    /// Moves a foreground process here when there is room: its answer so far (what it printed,
+    /// taken under the table's lock, so that nothing is taken when there is no room), or `None`
+    /// when the table is full (then nothing about it changed).
+    fn adopt_moving(&self, proc: &Arc<Proc>) -> Option<RunCommandResult> {
+        let mut procs = self.lock();
+        if procs.len() >= self.max {
+            return None;
+        }
+        let answer = result_of(proc, None, Some(proc.id.clone()));
+        {
+            let mut guard = proc.lock();
+            let state = &mut *guard;
+            for output in [&mut state.stdout, &mut state.stderr] {
+                output.keep_tail = true;
+                output.truncated = false;
+            }
+        }
+        procs.push(proc.clone());
+        Some(answer)
     }
 
     fn adopt(&self, proc: Arc<Proc>) -> Result<(), SandboxError> {
@@ -414,12 +444,19 @@ pub(crate) async fn run(
             .map_err(SandboxError::InvalidArguments)?;
     }
     let timeout = timeout_ms.map(Duration::from_millis);
+    // The default limit ends when the command moves to the background; so does the CPU limit
+    // derived from it (which cannot be lifted later).
+    let cpu_limit = if after.is_some() && args.timeout_ms.is_none() {
+        None
+    } else {
+        timeout
+    };
     let started = super::start(
         jail,
         policy,
         &table.shared,
         args,
-        timeout,
+        cpu_limit,
         background || args.stdin.is_some(),
     )?;
     let mut started = started;
@@ -446,27 +483,31 @@ pub(crate) async fn run(
             tail: VecDeque::new(),
         }),
         activity,
-        stdin: tokio::sync::Mutex::new(None),
-        task: Mutex::new(None),
+        stdin: Arc::default(),
+        control: watch::Sender::new(Control {
+            deadline: timeout.map(|t| tokio::time::Instant::now() + t),
+            abort: false,
+        }),
         shared: started.shared.clone(),
     });
     // From here on, a failure or a cancellation kills the tree.
     let mut foreground = Foreground(Some(proc.clone()));
     let mut changes = proc.activity.subscribe();
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let task = tokio::spawn(drive(proc.clone(), started, deadline));
-    *proc.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+    tokio::spawn(drive(proc.clone(), started, proc.control.subscribe()));
 
     if let Some(mut pipe) = stdin {
         let input = args.stdin.clone();
         if background {
-            // Kept open for `process_write`; the initial text goes first (the writer holds the
-            // lock until it is written).
-            let mut slot = proc.stdin.lock().await;
+            // Kept open for `process_write`. The initial text goes first: its writer holds the
+            // pipe from now until it is written (a `process_write` waits its turn, bounded).
+            let mut slot = proc
+                .stdin
+                .clone()
+                .try_lock_owned()
+                .expect("nobody else has seen this process yet");
+            *slot = Some(pipe);
             if let Some(input) = input {
-                let proc = proc.clone();
                 tokio::spawn(async move {
-                    let mut slot = proc.stdin.lock().await;
                     if let Some(pipe) = slot.as_mut()
                         && pipe.write_all(input.as_bytes()).await.is_err()
                     {
@@ -474,7 +515,6 @@ pub(crate) async fn run(
                     }
                 });
             }
-            *slot = Some(pipe);
         } else if let Some(input) = input {
             tokio::spawn(async move {
                 // A program that does not read its input closes the pipe: not an error.
@@ -521,31 +561,17 @@ pub(crate) async fn run(
                 }
             } => {
                 // Still running: leave it in the background, with what it printed so far.
-                let answer = result_of(&proc, None, Some(proc.id.clone()));
-                {
-                    let mut guard = proc.lock();
-                    let state = &mut *guard;
-                    for output in [&mut state.stdout, &mut state.stderr] {
-                        output.keep_tail = true;
-                        output.truncated = false;
-                    }
-                }
-                match table.adopt(proc.clone()) {
-                    Ok(()) => {
+                match table.adopt_moving(&proc) {
+                    Some(answer) => {
                         foreground.0 = None;
+                        if args.timeout_ms.is_none() {
+                            // Moved so as not to be killed at the default limit.
+                            proc.control.send_modify(|c| c.deadline = None);
+                        }
                         return Ok(answer);
                     }
-                    // No room: it stays in the foreground; what it printed is put back first.
-                    Err(_) => {
-                        let mut guard = proc.lock();
-                        let state = &mut *guard;
-                        state.stdout.bytes.extend(answer.stdout.bytes());
-                        state.stderr.bytes.extend(answer.stderr.bytes());
-                        for output in [&mut state.stdout, &mut state.stderr] {
-                            output.keep_tail = false;
-                        }
-                        moving_at = None;
-                    }
+                    // No room: it stays in the foreground, untouched.
+                    None => moving_at = None,
                 }
             }
             _ = tick.tick(), if progress.is_some() => {
@@ -587,12 +613,12 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
     }
 }
 
-/// Pumps the output, waits for the end (killing the tree at the deadline), and
-/// records how it ended.
+/// Pumps the output, waits for the end (killing the tree at the deadline, or when told to),
+/// and records how it ended.
 async fn drive(
     proc: Arc<Proc>,
     mut started: super::Started,
-    deadline: Option<tokio::time::Instant>,
+    mut control: watch::Receiver<Control>,
 ) {
     let mut guard = TreeGuard(Some(proc.supervisor.clone()));
     let mut pumps = tokio::task::JoinSet::new();
@@ -603,15 +629,25 @@ async fn drive(
         pumps.spawn(pump(err, proc.clone(), true));
     }
     let mut timed_out = false;
-    let status = match deadline {
-        Some(deadline) => match tokio::time::timeout_at(deadline, started.child.wait()).await {
-            Ok(status) => status,
-            Err(_) => {
+    let status = loop {
+        let now = *control.borrow_and_update();
+        if now.abort {
+            break end(&mut started.child, &proc.supervisor).await;
+        }
+        tokio::select! {
+            status = started.child.wait() => break status,
+            () = async {
+                match now.deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
                 timed_out = true;
-                end(&mut started.child, &proc.supervisor).await
+                break end(&mut started.child, &proc.supervisor).await;
             }
-        },
-        None => started.child.wait().await,
+            // The process holds the sender: it is there for as long as this runs.
+            _ = control.changed() => {}
+        }
     };
     let duration = proc.started.elapsed();
     // The tree is gone with its supervisor, and with it every writer of the pipes; the grace
@@ -727,14 +763,30 @@ pub(crate) async fn write(
             proc.id
         )));
     }
-    let mut slot = proc.stdin.lock().await;
+    let deadline = tokio::time::Instant::now() + WRITE_TIMEOUT;
+    let not_reading = |why: &str| {
+        SandboxError::Timeout(format!(
+            "process `{}` did not take its input within {} s ({why})",
+            proc.id,
+            WRITE_TIMEOUT.as_secs(),
+        ))
+    };
+    let mut slot = match tokio::time::timeout_at(deadline, proc.stdin.lock()).await {
+        Ok(slot) => slot,
+        Err(_) => {
+            return Err(not_reading(
+                "earlier input is still being written to it: it is not reading its standard \
+                 input",
+            ));
+        }
+    };
     let Some(pipe) = slot.as_mut() else {
         return Err(SandboxError::InvalidArguments(format!(
             "the standard input of process `{}` is closed",
             proc.id
         )));
     };
-    let written = tokio::time::timeout(WRITE_TIMEOUT, pipe.write_all(args.text.as_bytes())).await;
+    let written = tokio::time::timeout_at(deadline, pipe.write_all(args.text.as_bytes())).await;
     match written {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
@@ -744,14 +796,7 @@ pub(crate) async fn write(
                 proc.id
             )));
         }
-        Err(_) => {
-            return Err(SandboxError::Timeout(format!(
-                "process `{}` did not take its input within {} s (it is not reading its \
-                 standard input)",
-                proc.id,
-                WRITE_TIMEOUT.as_secs()
-            )));
-        }
+        Err(_) => return Err(not_reading("it is not reading its standard input")),
     }
     let close = args.close_stdin.unwrap_or(false);
     if close {

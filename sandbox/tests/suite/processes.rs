@@ -331,3 +331,182 @@ fn bad_process_arguments_are_refused() {
         );
     }
 }
+
+/// Regression: a command moved to the background by `background_after_ms` was still killed at
+/// the default time limit (`timed_out`, signal 9), though it was moved so as not to be.
+#[test]
+fn a_command_moved_to_the_background_outlives_the_default_time_limit() {
+    let fx = Fixture::with_limits(Limits {
+        command_default_timeout_ms: 1000,
+        ..Limits::default()
+    });
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({
+                "argv": ["sh", "-c", "echo early; while [ ! -e go ]; do sleep 0.02; done; echo late"],
+                "background_after_ms": 100,
+            }),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let id = out.process.clone().expect("moved to the background");
+    // Until it has run well past the default limit (or ended).
+    let r = loop {
+        let r = read(&fx, &id, 200);
+        if !r.running || r.duration_ms > 2000 {
+            break r;
+        }
+    };
+    assert!(r.running, "killed at the default limit: {r:?}");
+    fx.put("go", "");
+    let (seen, r) = read_until(&fx, &id, |_| false);
+    assert_eq!(
+        (seen.as_str(), r.exit_code, r.timed_out),
+        ("late\n", Some(0), false)
+    );
+
+    // A limit the caller gave still holds in the background.
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({
+                "argv": ["sleep", "60"],
+                "background_after_ms": 100,
+                "timeout_ms": 1500,
+            }),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let id = out.process.expect("moved to the background");
+    let (_, r) = read_until(&fx, &id, |_| false);
+    assert!(r.timed_out, "{r:?}");
+}
+
+/// Regression: `process_write` waited without limit for the writer of the initial `stdin`,
+/// which holds the pipe until everything is written: a process that never reads hung it.
+#[test]
+fn process_write_behind_unread_initial_input_answers_in_bounded_time() {
+    let fx = Fixture::new();
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({"argv": ["sleep", "60"], "background": true, "stdin": "x".repeat(1 << 20)}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let id = out.process.unwrap();
+    let answer = rt().block_on(async {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            fx.sandbox.call(
+                ToolName::ProcessWrite,
+                json!({"process": id, "text": "hi\n"}),
+            ),
+        )
+        .await
+    });
+    let err = answer
+        .expect("process_write answered")
+        .expect_err("the process does not read");
+    assert_eq!(err.code(), monad_protocol::ErrorCode::Timeout, "{err}");
+    call(
+        &fx,
+        ToolName::ProcessKill,
+        json!({"process": id, "signal": "KILL"}),
+    )
+    .unwrap();
+}
+
+/// Regression: the initial `stdin` was written by a task that took the pipe only when it first
+/// ran, so a `process_write` right after the start could go first.
+#[test]
+fn the_initial_input_goes_before_any_process_write() {
+    let fx = Fixture::new();
+    // One thread, both calls in one task: the writer task cannot run in between.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = rt.block_on(async {
+        let started = fx
+            .sandbox
+            .call(
+                ToolName::RunCommand,
+                json!({"argv": ["cat"], "background": true, "stdin": "initial\n"}),
+            )
+            .await
+            .unwrap();
+        let id = started["process"].as_str().unwrap().to_owned();
+        fx.sandbox
+            .call(
+                ToolName::ProcessWrite,
+                json!({"process": id, "text": "second\n", "close_stdin": true}),
+            )
+            .await
+            .unwrap();
+        let mut seen = String::new();
+        loop {
+            let r = fx
+                .sandbox
+                .call(
+                    ToolName::ProcessRead,
+                    json!({"process": id, "wait_ms": 10_000}),
+                )
+                .await
+                .unwrap();
+            seen.push_str(r["stdout"].as_str().unwrap());
+            if r["running"] == false {
+                return seen;
+            }
+        }
+    });
+    assert_eq!(seen, "initial\nsecond\n");
+}
+
+/// Regression: a move to the background that found the table full reset the output's
+/// `truncated` flags (and put back what had been taken after what came in meanwhile): the
+/// command's final answer hid that its output was cut.
+#[test]
+fn a_move_to_a_full_table_keeps_the_foreground_answer_whole() {
+    let fx = Fixture::with(
+        Limits {
+            output_max_bytes: 100,
+            ..Limits::default()
+        },
+        ExecPolicy {
+            max_background: 1,
+            ..Default::default()
+        },
+    );
+    let holder = start(&fx, "sleep 60");
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({
+                "argv": ["sh", "-c", "printf '%0200d' 0; sleep 1; echo late >&2"],
+                "background_after_ms": 100,
+            }),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(out.process, None, "no room: it stayed in the foreground");
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "0".repeat(100));
+    assert!(out.stdout_truncated, "{out:?}");
+    assert_eq!(out.stderr, "late\n");
+    call(
+        &fx,
+        ToolName::ProcessKill,
+        json!({"process": holder, "signal": "KILL"}),
+    )
+    .unwrap();
+}
