@@ -31,8 +31,13 @@ pub type Progress<'a> = dyn Fn(&str) + Send + Sync + 'a;
 
 /// Grace given to output readers after the command's tree is gone.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
-/// How long a supervisor gets to end its tree before it is killed itself.
+/// How long a supervisor gets to end its tree before it is killed itself (unless, without
+/// namespaces, it is still making progress: see [`keep_waiting`]).
 const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How often a supervisor that is still ending its tree after [`KILL_GRACE`] is looked at.
+const PROGRESS_CHECK: Duration = Duration::from_secs(1);
+/// Longest a supervisor that keeps making progress may take to end its tree.
+const KILL_HARD_LIMIT: Duration = Duration::from_secs(60);
 /// How often a foreground command reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// Longest `wait_ms` of `process_read`.
@@ -48,16 +53,77 @@ const PROGRESS_LINE_CHARS: usize = 200;
 pub(crate) struct Supervisor {
     pid: i32,
     pidfd: Option<Arc<OwnedFd>>,
+    /// Its tree is in namespaces of its own: killing it kills the tree (init dies with it).
+    namespaced: bool,
+}
+
+/// What a supervisor asked to end its tree is seen doing (from `/proc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sample {
+    /// Stopped (`SIGSTOP`, traced): it makes no progress whatever its tree does.
+    pub stopped: bool,
+    /// CPU time it has used, in clock ticks.
+    pub cpu_ticks: u64,
+    /// Its children (the fallback's orphans, re-parented to it, until it has reaped them).
+    pub children: usize,
+}
+
+/// Whether to give a supervisor that was asked to end its tree `waited` ago, and has not, more
+/// time rather than `SIGKILL` it: only without namespaces (where killing it would leave the
+/// orphans it is still killing), while it makes progress between two looks (`before`, `now`:
+/// `None` when it could not be seen), and within [`KILL_HARD_LIMIT`]. Pure.
+pub(crate) fn keep_waiting(
+    namespaced: bool,
+    before: Option<Sample>,
+    now: Option<Sample>,
+    waited: Duration,
+) -> bool {
+    if namespaced || waited >= KILL_HARD_LIMIT {
+        return false;
+    }
+    match (before, now) {
+        (Some(before), Some(now)) => {
+            !now.stopped && (now.cpu_ticks > before.cpu_ticks || now.children < before.children)
+        }
+        _ => false,
+    }
 }
 
 impl Supervisor {
     /// Takes hold of the supervisor `pid`, which must not have been reaped yet.
-    pub(crate) fn new(pid: u32) -> Supervisor {
+    pub(crate) fn new(pid: u32, namespaced: bool) -> Supervisor {
         let pid = pid as i32;
         Supervisor {
             pid,
             pidfd: child::pidfd_open(pid).ok().map(Arc::new),
+            namespaced,
         }
+    }
+
+    /// What it is doing now; `None` when it has exited (or cannot be seen).
+    fn sample(&self) -> Option<Sample> {
+        // Through the pidfd first: once the supervisor is reaped its pid may name another
+        // process, and the pidfd says so.
+        if let Some(fd) = &self.pidfd
+            && child::pidfd_signal(fd, 0).is_err()
+        {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+        let state = *fields.first()?;
+        if state == "Z" || state == "X" {
+            return None;
+        }
+        let ticks = |n: usize| fields.get(n).and_then(|f| f.parse::<u64>().ok());
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid))
+            .map(|list| list.split_whitespace().count())
+            .unwrap_or(0);
+        Some(Sample {
+            stopped: state == "T" || state == "t",
+            cpu_ticks: ticks(11)?.saturating_add(ticks(12)?),
+            children,
+        })
     }
 
     /// Sends `signal`; false when the supervisor is gone.
@@ -82,13 +148,40 @@ impl Supervisor {
     }
 }
 
-/// Kills the tree when dropped while armed (a cancelled call, an aborted task).
-struct TreeGuard(Option<Supervisor>);
+/// Kills the tree when dropped while armed (a cancelled call, an aborted task): asks the
+/// supervisor at once, and makes sure it ends as [`end`] does (on the runtime, when there is
+/// one, and only through a pidfd: without the process's handle its pid could be recycled).
+pub(crate) struct TreeGuard(Option<Supervisor>);
+
+impl TreeGuard {
+    /// Armed for `supervisor`.
+    pub(crate) fn armed(supervisor: Supervisor) -> TreeGuard {
+        TreeGuard(Some(supervisor))
+    }
+
+    /// The tree ended (or someone else ends it): dropping does nothing now.
+    pub(crate) fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for TreeGuard {
     fn drop(&mut self) {
-        if let Some(supervisor) = self.0.take() {
-            supervisor.kill_tree();
+        let Some(supervisor) = self.0.take() else {
+            return;
+        };
+        supervisor.kill_tree();
+        if supervisor.pidfd.is_some()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                let gone = async {
+                    while supervisor.sample().is_some() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                };
+                end_tree(&supervisor, gone).await;
+            });
         }
     }
 }
@@ -620,7 +713,6 @@ async fn drive(
     mut started: super::Started,
     mut control: watch::Receiver<Control>,
 ) {
-    let mut guard = TreeGuard(Some(proc.supervisor.clone()));
     let mut pumps = tokio::task::JoinSet::new();
     if let Some(out) = started.child.stdout.take() {
         pumps.spawn(pump(out, proc.clone(), false));
@@ -657,7 +749,7 @@ async fn drive(
     })
     .await;
     pumps.abort_all();
-    guard.0 = None;
+    started.guard.disarm();
     let exit = match status {
         Ok(status) => Exit {
             code: status.code(),
@@ -680,18 +772,35 @@ async fn drive(
     drop(started.tmp);
 }
 
-/// Ends the tree: asks the supervisor, and kills it if it does not answer in time.
-async fn end(
+/// Ends the tree: asks the supervisor, and kills it if it has not ended the tree within
+/// [`KILL_GRACE`] (or, without namespaces, as soon as it stops making progress; see
+/// [`keep_waiting`]).
+pub(crate) async fn end(
     child: &mut tokio::process::Child,
     supervisor: &Supervisor,
 ) -> std::io::Result<std::process::ExitStatus> {
+    end_tree(supervisor, child.wait()).await
+}
+
+/// [`end`], for any future `exited` that completes when the supervisor has exited.
+async fn end_tree<T>(supervisor: &Supervisor, exited: impl std::future::Future<Output = T>) -> T {
     supervisor.kill_tree();
-    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            supervisor.kill_hard();
-            child.wait().await
+    tokio::pin!(exited);
+    let mut waited = Duration::ZERO;
+    let mut step = KILL_GRACE;
+    let mut before = supervisor.sample();
+    loop {
+        if let Ok(done) = tokio::time::timeout(step, &mut exited).await {
+            return done;
         }
+        waited += step;
+        let now = supervisor.sample();
+        if !keep_waiting(supervisor.namespaced, before, now, waited) {
+            supervisor.kill_hard();
+            return exited.await;
+        }
+        before = now;
+        step = PROGRESS_CHECK;
     }
 }
 
@@ -856,6 +965,123 @@ pub(crate) fn list(table: &Table) -> ProcessListResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Polls `done` every 10 ms for up to `limit`; whether it came true.
+    fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done()
+    }
+
+    #[test]
+    fn a_supervisor_gets_more_time_only_while_it_makes_progress_without_namespaces() {
+        let at = |cpu_ticks, children, stopped| {
+            Some(Sample {
+                stopped,
+                cpu_ticks,
+                children,
+            })
+        };
+        let second = Duration::from_secs(3);
+        // Busy killing and reaping thousands of orphans: more time.
+        assert!(keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(40, 1500, false),
+            second
+        ));
+        assert!(keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(40, 2000, false),
+            second
+        ));
+        assert!(keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(10, 1999, false),
+            second
+        ));
+        // Idle, stopped, gone from sight, past the hard limit, or namespaced: killed.
+        assert!(!keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(10, 2000, false),
+            second
+        ));
+        assert!(!keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(90, 10, true),
+            second
+        ));
+        assert!(!keep_waiting(false, None, at(90, 10, false), second));
+        assert!(!keep_waiting(false, at(10, 2000, false), None, second));
+        assert!(!keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(40, 1500, false),
+            KILL_HARD_LIMIT
+        ));
+        assert!(!keep_waiting(
+            true,
+            at(10, 2000, false),
+            at(40, 1500, false),
+            second
+        ));
+    }
+
+    /// Regression: a call cancelled after the spawn but before the task that drives the command
+    /// took it (while `started()` waited for `exec`) left the whole tree running, with no time
+    /// limit: `Started` had no guard and its child is not killed on drop.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_started_command_dropped_before_it_is_driven_is_killed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // Commands run as `nobody` then: the workspace is theirs.
+            std::os::unix::fs::chown(&root, Some(65534), Some(65534)).unwrap();
+        }
+        let jail = Jail::open_ambient(&root).unwrap();
+        let table = Table::new(4);
+        let args = RunCommandArgs {
+            argv: [
+                "sh",
+                "-c",
+                "exec 9>>held.lock; flock 9; echo held > held.ready; exec sleep 60",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Default::default()
+        };
+        let started = super::super::start(
+            &jail,
+            &ExecPolicy::default(),
+            &table.shared,
+            &args,
+            None,
+            false,
+        )
+        .unwrap();
+        let ready = root.join("held.ready");
+        assert!(
+            within(Duration::from_secs(20), || ready.exists()),
+            "the command did not start"
+        );
+        drop(started);
+        let lock = root.join("held.lock");
+        let free = within(Duration::from_secs(20), || {
+            let file = std::fs::File::open(&lock).unwrap();
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+        });
+        assert!(free, "the command outlived its dropped start");
+    }
 
     #[test]
     fn foreground_output_keeps_the_head_and_background_the_tail() {

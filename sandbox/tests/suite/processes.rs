@@ -510,3 +510,152 @@ fn a_move_to_a_full_table_keeps_the_foreground_answer_whole() {
     )
     .unwrap();
 }
+
+/// The host pid of the process whose command line is exactly `argv`, if one runs (a zombie
+/// does not count).
+fn pid_of(argv: &[&str]) -> Option<i32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            (cmdline == want && stat_field(pid, 0).as_deref() != Some("Z")).then_some(pid)
+        })
+}
+
+/// Field `n` (0 = the state) after the command name of `/proc/PID/stat`.
+fn stat_field(pid: i32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(n).map(str::to_owned)
+}
+
+/// Regression: when a workspace went (its table dropped), its processes were only asked to end
+/// (`KILL_TREE` to the supervisor), never forced: a supervisor stopped by another process of
+/// its user never ended the tree.
+#[test]
+fn a_stopped_supervisor_is_killed_when_its_workspace_goes() {
+    let fx = Fixture::new();
+    let marker = format!("61.{}", std::process::id());
+    let argv = ["sleep", marker.as_str()];
+    let out = call(
+        &fx,
+        ToolName::RunCommand,
+        json!({"argv": argv, "background": true}),
+    )
+    .unwrap();
+    assert!(out["process"].is_string(), "{out}");
+    let mut command = None;
+    for _ in 0..2000 {
+        command = pid_of(&argv);
+        if command.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let command = command.expect("the command runs");
+    // command <- init <- supervisor (namespaced), whose parent is this test process.
+    let parent = |pid: i32| stat_field(pid, 1).and_then(|p| p.parse::<i32>().ok());
+    let supervisor = parent(command).and_then(parent).expect("its supervisor");
+    assert_eq!(parent(supervisor), Some(std::process::id() as i32));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let Fixture { tmp, sandbox } = fx;
+    rt().block_on(async move { drop(sandbox) });
+    let mut gone = false;
+    for _ in 0..2000 {
+        if pid_of(&argv).is_none() {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if !gone {
+        // Leave nothing behind.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(supervisor),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    drop(tmp);
+    assert!(
+        gone,
+        "the tree of a stopped supervisor outlived its workspace"
+    );
+}
+
+/// Regression: without namespaces, `end` killed a supervisor 2 s after asking it to end its
+/// tree, even while it was still killing and reaping thousands of orphans: those it had not
+/// reached yet lived on.
+#[test]
+fn a_fallback_supervisor_busy_ending_many_orphans_is_not_cut_off() {
+    let fx = Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            namespaces: monad_sandbox::NamespacePolicy::Off,
+            ..Default::default()
+        },
+    );
+    let marker = format!("77.{}", std::process::id());
+    let script = format!(
+        r#"
+import os, time
+for i in range(4000):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "{marker}"])
+        os._exit(0)
+    os.wait()
+print("made", flush=True)
+time.sleep(60)
+"#
+    );
+    let out = call(
+        &fx,
+        ToolName::RunCommand,
+        json!({"argv": ["python3", "-c", script], "background": true}),
+    )
+    .unwrap();
+    let id = out["process"].as_str().unwrap().to_owned();
+    let (seen, r) = read_until(&fx, &id, |s| s.contains("made"));
+    assert!(r.running && seen.contains("made"), "{seen} {r:?}");
+    let count = || {
+        let want = format!("sleep\0{marker}\0");
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+                    return false;
+                };
+                std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want.as_bytes())
+                    && stat_field(pid, 0).as_deref() != Some("Z")
+            })
+            .count()
+    };
+    assert_eq!(count(), 4000);
+    let Fixture { tmp, sandbox } = fx;
+    let started = std::time::Instant::now();
+    rt().block_on(async move { drop(sandbox) });
+    let mut left = count();
+    while left > 0 && started.elapsed() < std::time::Duration::from_secs(90) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = count();
+        if now == left && started.elapsed() > std::time::Duration::from_secs(15) {
+            break;
+        }
+        left = now;
+    }
+    eprintln!("orphans left {left} after {:?}", started.elapsed());
+    drop(tmp);
+    assert_eq!(left, 0, "orphans outlived their workspace");
+}
