@@ -715,7 +715,8 @@ pub struct ProcessKillResult {
     pub process: String,
     /// The signal sent, e.g. `TERM`.
     pub signal: String,
-    /// False when it had already exited (nothing was sent).
+    /// False when it exited meanwhile (nothing was sent); one that had already exited is
+    /// refused (`invalid_arguments`).
     pub delivered: bool,
 }
 

@@ -286,6 +286,8 @@ pub(crate) struct Proc {
     /// Its standard input while open (held by the writer of the initial `stdin` until that is
     /// written, then by each `process_write` in turn).
     stdin: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
+    /// Its standard input is closed (seen without waiting for the pipe's lock).
+    stdin_closed: std::sync::atomic::AtomicBool,
     /// What the task driving it is told.
     control: watch::Sender<Control>,
     /// The workspace's shared namespaces it runs in, when namespaced.
@@ -338,6 +340,13 @@ impl Proc {
         self.lock().exit
     }
 
+    /// Closes its standard input (the pipe in `slot`, whose lock the caller holds).
+    fn close_stdin(&self, slot: &mut Option<tokio::process::ChildStdin>) {
+        *slot = None;
+        self.stdin_closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn elapsed(&self, exit: Option<Exit>) -> Duration {
         exit.map_or_else(|| self.started.elapsed(), |e| e.duration)
     }
@@ -385,7 +394,8 @@ impl Table {
         self.procs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn full(&self) -> Result<(), SandboxError> {
+    /// `LimitExceeded` unless there is room for one more background process.
+    pub(crate) fn check_room(&self) -> Result<(), SandboxError> {
         if self.lock().len() >= self.max {
             return Err(SandboxError::LimitExceeded(format!(
                 "this workspace already keeps {} background processes (running, or exited with \
@@ -448,6 +458,38 @@ impl Table {
         self.get(id).map(drop)
     }
 
+    /// Process `id`, when it still runs (`process_kill`); else why it cannot be signalled.
+    fn running(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
+        let proc = self.get(id)?;
+        if proc.exit().is_some() {
+            return Err(SandboxError::InvalidArguments(format!(
+                "process `{}` has exited; read what is left with `process_read`",
+                proc.id
+            )));
+        }
+        Ok(proc)
+    }
+
+    /// `process_kill`'s check: process `id` runs.
+    pub(crate) fn check_running(&self, id: &str) -> Result<(), SandboxError> {
+        self.running(id).map(drop)
+    }
+
+    /// Process `id`, when it runs with its standard input open (`process_write`); else why it
+    /// takes no input.
+    fn writable(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
+        let proc = self.running(id)?;
+        if proc.stdin_closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(stdin_closed(&proc));
+        }
+        Ok(proc)
+    }
+
+    /// `process_write`'s check: process `id` runs and takes input.
+    pub(crate) fn check_writable(&self, id: &str) -> Result<(), SandboxError> {
+        self.writable(id).map(drop)
+    }
+
     fn remove(&self, id: &str) {
         self.lock().retain(|p| p.id != id);
     }
@@ -491,16 +533,30 @@ impl Drop for Foreground {
     }
 }
 
-/// `run_command`: starts the command, then answers at once (`background`), when it exits, or
-/// when `background_after_ms` has passed (leaving it in `table`).
-pub(crate) async fn run(
-    jail: &Jail,
+/// What a `run_command` call's arguments say, checked against the limits and the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Validated {
+    /// Answer at once, leaving it in the table.
+    pub background: bool,
+    /// Its wall-clock limit to begin with (the default one goes when it moves to the
+    /// background).
+    pub timeout: Option<Duration>,
+    /// The limit its CPU time (`RLIMIT_CPU`, which cannot be lifted later) is derived from:
+    /// none when it may move to the background without a limit of its own.
+    pub cpu_limit: Option<Duration>,
+    /// When it moves to the background if it still runs.
+    pub after: Option<Duration>,
+}
+
+/// Checks `run_command`'s arguments (argv, time limits, how it goes to the background) and the
+/// policy's allowlist: the one check before approval ([`crate::Sandbox::check`]) and before the
+/// run. Pure.
+pub(crate) fn validate(
+    args: &RunCommandArgs,
     limits: &Limits,
     policy: &ExecPolicy,
-    table: &Table,
-    args: &RunCommandArgs,
-    progress: Option<&Progress<'_>>,
-) -> Result<RunCommandResult, SandboxError> {
+) -> Result<Validated, SandboxError> {
+    super::check_argv(&args.argv)?;
     let background = args.background.unwrap_or(false);
     let max = limits.command_max_timeout_ms;
     let timeout_ms = match (args.timeout_ms, background) {
@@ -529,21 +585,44 @@ pub(crate) async fn run(
         }
         other => other.map(Duration::from_millis),
     };
-    if background {
-        table.full()?;
-    }
     if policy.network == crate::limits::NetworkMode::Allowlist {
         netpolicy::NetPolicy::parse(&policy.allow, &policy.deny)
             .map_err(SandboxError::InvalidArguments)?;
     }
     let timeout = timeout_ms.map(Duration::from_millis);
-    // The default limit ends when the command moves to the background; so does the CPU limit
-    // derived from it (which cannot be lifted later).
-    let cpu_limit = if after.is_some() && args.timeout_ms.is_none() {
-        None
-    } else {
-        timeout
-    };
+    Ok(Validated {
+        background,
+        timeout,
+        // The default limit ends when the command moves to the background; so must the CPU
+        // limit derived from it.
+        cpu_limit: if after.is_some() && args.timeout_ms.is_none() {
+            None
+        } else {
+            timeout
+        },
+        after,
+    })
+}
+
+/// `run_command`: starts the command, then answers at once (`background`), when it exits, or
+/// when `background_after_ms` has passed (leaving it in `table`).
+pub(crate) async fn run(
+    jail: &Jail,
+    limits: &Limits,
+    policy: &ExecPolicy,
+    table: &Table,
+    args: &RunCommandArgs,
+    progress: Option<&Progress<'_>>,
+) -> Result<RunCommandResult, SandboxError> {
+    let Validated {
+        background,
+        timeout,
+        cpu_limit,
+        after,
+    } = validate(args, limits, policy)?;
+    if background {
+        table.check_room()?;
+    }
     let started = super::start(
         jail,
         policy,
@@ -577,6 +656,7 @@ pub(crate) async fn run(
         }),
         activity,
         stdin: Arc::default(),
+        stdin_closed: std::sync::atomic::AtomicBool::new(stdin.is_none()),
         control: watch::Sender::new(Control {
             deadline: timeout.map(|t| tokio::time::Instant::now() + t),
             abort: false,
@@ -600,11 +680,12 @@ pub(crate) async fn run(
                 .expect("nobody else has seen this process yet");
             *slot = Some(pipe);
             if let Some(input) = input {
+                let proc = proc.clone();
                 tokio::spawn(async move {
                     if let Some(pipe) = slot.as_mut()
                         && pipe.write_all(input.as_bytes()).await.is_err()
                     {
-                        *slot = None;
+                        proc.close_stdin(&mut slot);
                     }
                 });
             }
@@ -865,13 +946,7 @@ pub(crate) async fn write(
     table: &Table,
     args: &ProcessWriteArgs,
 ) -> Result<ProcessWriteResult, SandboxError> {
-    let proc = table.get(&args.process)?;
-    if proc.exit().is_some() {
-        return Err(SandboxError::InvalidArguments(format!(
-            "process `{}` has exited; read what is left with `process_read`",
-            proc.id
-        )));
-    }
+    let proc = table.writable(&args.process)?;
     let deadline = tokio::time::Instant::now() + WRITE_TIMEOUT;
     let not_reading = |why: &str| {
         SandboxError::Timeout(format!(
@@ -890,16 +965,13 @@ pub(crate) async fn write(
         }
     };
     let Some(pipe) = slot.as_mut() else {
-        return Err(SandboxError::InvalidArguments(format!(
-            "the standard input of process `{}` is closed",
-            proc.id
-        )));
+        return Err(stdin_closed(&proc));
     };
     let written = tokio::time::timeout_at(deadline, pipe.write_all(args.text.as_bytes())).await;
     match written {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
-            *slot = None;
+            proc.close_stdin(&mut slot);
             return Err(SandboxError::InvalidArguments(format!(
                 "process `{}` closed its standard input",
                 proc.id
@@ -907,9 +979,8 @@ pub(crate) async fn write(
         }
         Err(_) => return Err(not_reading("it is not reading its standard input")),
     }
-    let close = args.close_stdin.unwrap_or(false);
-    if close {
-        *slot = None;
+    if args.close_stdin.unwrap_or(false) {
+        proc.close_stdin(&mut slot);
     }
     Ok(ProcessWriteResult {
         process: proc.id.clone(),
@@ -918,13 +989,20 @@ pub(crate) async fn write(
     })
 }
 
-/// `process_kill`.
+fn stdin_closed(proc: &Proc) -> SandboxError {
+    SandboxError::InvalidArguments(format!(
+        "the standard input of process `{}` is closed",
+        proc.id
+    ))
+}
+
+/// `process_kill`: only a running process (one that exits meanwhile is not `delivered`).
 pub(crate) fn kill(
     table: &Table,
     args: &ProcessKillArgs,
 ) -> Result<ProcessKillResult, SandboxError> {
     let (signal, name) = super::parse_signal(args.signal.as_deref())?;
-    let proc = table.get(&args.process)?;
+    let proc = table.running(&args.process)?;
     let delivered = proc.exit().is_none()
         && if signal == nix::libc::SIGKILL {
             proc.supervisor.signal(child::KILL_TREE)

@@ -659,3 +659,105 @@ time.sleep(60)
     drop(tmp);
     assert_eq!(left, 0, "orphans outlived their workspace");
 }
+
+/// Regression: `Sandbox::check` (what runs before anyone is asked to approve) passed calls the
+/// run then refused: `background` with `background_after_ms`, `background_after_ms: 0`, a
+/// background command when the table is full, and `process_write` / `process_kill` on a
+/// process that exited or whose input is closed. The check and the run now agree.
+#[test]
+fn calls_the_run_would_refuse_fail_the_check_with_the_same_code() {
+    use monad_protocol::ErrorCode::{InvalidArguments, LimitExceeded};
+    let fx = Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            max_background: 2,
+            ..Default::default()
+        },
+    );
+    let check = |tool, args: Value| fx.sandbox.check(tool, &args).err().map(|e| e.code());
+    let run = |tool, args: Value| call(&fx, tool, args).err().map(|e| e.code());
+    for args in [
+        json!({"argv": ["true"], "background": true, "background_after_ms": 5}),
+        json!({"argv": ["true"], "background_after_ms": 0}),
+    ] {
+        assert_eq!(
+            check(ToolName::RunCommand, args.clone()),
+            Some(InvalidArguments),
+            "{args}"
+        );
+        assert_eq!(
+            run(ToolName::RunCommand, args.clone()),
+            Some(InvalidArguments),
+            "{args}"
+        );
+    }
+    let reading = start(&fx, "cat >/dev/null; sleep 60");
+    let exited = start(&fx, "exit 0");
+    // Waits for it to exit without reading it (a read that sees the end removes it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while serde_json::from_value::<ProcessListResult>(
+        call(&fx, ToolName::ProcessList, json!({})).unwrap(),
+    )
+    .unwrap()
+    .processes
+    .iter()
+    .any(|p| p.process == exited && p.running)
+    {
+        assert!(std::time::Instant::now() < deadline, "`exit 0` still runs");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The table is full: a background command cannot start (one that may move still can: it
+    // stays in the foreground).
+    let background = json!({"argv": ["true"], "background": true});
+    assert_eq!(
+        check(ToolName::RunCommand, background.clone()),
+        Some(LimitExceeded)
+    );
+    assert_eq!(run(ToolName::RunCommand, background), Some(LimitExceeded));
+    assert_eq!(
+        check(
+            ToolName::RunCommand,
+            json!({"argv": ["true"], "background_after_ms": 5})
+        ),
+        None
+    );
+    // An exited process takes no input and no signal.
+    for (tool, args) in [
+        (
+            ToolName::ProcessWrite,
+            json!({"process": exited, "text": "x"}),
+        ),
+        (ToolName::ProcessKill, json!({"process": exited})),
+    ] {
+        assert_eq!(check(tool, args.clone()), Some(InvalidArguments), "{tool}");
+        assert_eq!(run(tool, args.clone()), Some(InvalidArguments), "{tool}");
+    }
+    // Closed input takes no more.
+    call(
+        &fx,
+        ToolName::ProcessWrite,
+        json!({"process": reading, "text": "", "close_stdin": true}),
+    )
+    .unwrap();
+    let more = json!({"process": reading, "text": "x"});
+    assert_eq!(
+        check(ToolName::ProcessWrite, more.clone()),
+        Some(InvalidArguments)
+    );
+    assert_eq!(run(ToolName::ProcessWrite, more), Some(InvalidArguments));
+    // What can run passes.
+    assert_eq!(
+        check(ToolName::ProcessKill, json!({"process": reading})),
+        None
+    );
+    assert_eq!(
+        check(ToolName::ProcessRead, json!({"process": exited})),
+        None
+    );
+    call(
+        &fx,
+        ToolName::ProcessKill,
+        json!({"process": reading, "signal": "KILL"}),
+    )
+    .unwrap();
+}

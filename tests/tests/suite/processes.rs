@@ -4,8 +4,10 @@
 //! progress to the agent; the connections a command asks for land in the audit log.
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
+use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_protocol::{ErrorCode, ToolClass};
 use monad_sandbox::NetworkMode;
 use monad_tests::{
@@ -304,4 +306,114 @@ async fn a_command_cannot_reach_the_servers_own_loopback() {
     )
     .await);
     assert_ne!(result["exit_code"], 0, "{result}");
+}
+
+/// Regression: process calls that could not run were still put to the laptop's user, and only
+/// failed (`invalid_arguments`, `limit_exceeded`) after they said yes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_calls_that_cannot_run_are_not_put_to_the_user() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    // Reads are pre-approved; the three calls that set the scene are allowed; anything asked
+    // after them is denied.
+    let approver = Arc::new(ScriptedApprover::new([
+        Some(Decision::AllowOnce),
+        Some(Decision::AllowOnce),
+        Some(Decision::AllowOnce),
+    ]));
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read];
+    options.exec.max_background = 2;
+    let _attached = Attachment::start(
+        &server.client_config(),
+        options,
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let start = |script: &'static str| {
+        let agent = &agent;
+        async move {
+            let (started, _) = ok(call(
+                agent,
+                "run_command",
+                json!({"argv": ["sh", "-c", script], "background": true, "workspace": "lap"}),
+            )
+            .await);
+            started["process"]
+                .as_str()
+                .expect("a process id")
+                .to_owned()
+        }
+    };
+    let reading = start("cat >/dev/null; sleep 60").await;
+    let exited = start("exit 0").await;
+    // Waits for it to exit without reading it (a read that sees the end removes it).
+    within(STEP, "the second process to exit", async {
+        loop {
+            let (listed, _) = ok(call(&agent, "process_list", json!({"workspace": "lap"})).await);
+            let running = listed["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["process"] == json!(exited) && p["running"] == true);
+            if !running {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    ok(call(
+        &agent,
+        "process_write",
+        json!({"process": reading, "text": "", "close_stdin": true}),
+    )
+    .await);
+    let asked = approver.seen().len();
+    let cases: Vec<(&str, Value, ErrorCode)> = vec![
+        (
+            "run_command",
+            json!({"argv": ["true"], "background": true, "background_after_ms": 5}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "run_command",
+            json!({"argv": ["true"], "background_after_ms": 0}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "run_command",
+            json!({"argv": ["true"], "background": true}),
+            ErrorCode::LimitExceeded,
+        ),
+        (
+            "process_write",
+            json!({"process": exited, "text": "x"}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "process_kill",
+            json!({"process": exited}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "process_write",
+            json!({"process": reading, "text": "x"}),
+            ErrorCode::InvalidArguments,
+        ),
+    ];
+    for (tool, mut args, code) in cases {
+        args.as_object_mut()
+            .unwrap()
+            .insert("workspace".into(), "lap".into());
+        let shown = args.to_string();
+        let error = monad_tests::err(call(&agent, tool, args).await);
+        assert_eq!(error.code, code, "{tool} {shown}: {error}");
+        assert_eq!(
+            approver.seen().len(),
+            asked,
+            "{tool} {shown} was put to the user"
+        );
+    }
 }
