@@ -618,6 +618,18 @@ impl Executor {
                 (
                     match primary.sandbox().await {
                         Ok(sandbox) => {
+                            // From its first use, the connections its commands ask for go to
+                            // the audit log as they happen.
+                            if let Some(recorder) = &self.recorder
+                                && let Some(feed) = sandbox.take_network_audit()
+                            {
+                                tokio::spawn(audit_network(
+                                    recorder.clone(),
+                                    session.id.clone(),
+                                    snapshot.info.name.clone(),
+                                    feed,
+                                ));
+                            }
                             let relay = |line: &str| progress.progress(line);
                             sandbox
                                 .call_with_progress(tool, args, Some(&relay))
@@ -946,6 +958,77 @@ struct Record {
     unseen: u64,
 }
 
+/// The audit line of a connection a command asked the network proxy for, decided by the
+/// workspace's network policy.
+fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>) -> AuditRecord {
+    let target = match (&event.address, &event.reason) {
+        (Some(address), _) => format!("{}:{} ({address})", event.host, event.port),
+        (None, Some(reason)) => format!("{}:{}: {reason}", event.host, event.port),
+        (None, None) => format!("{}:{}", event.host, event.port),
+    };
+    AuditRecord {
+        time: now_rfc3339(),
+        call_id,
+        tool: "network".to_owned(),
+        workspace,
+        target,
+        decision: if event.allowed {
+            AuditDecision::Allowed
+        } else {
+            AuditDecision::Denied
+        },
+        decided_by: Decider::NetworkPolicy,
+        outcome: if event.allowed { "ok" } else { "denied" }.to_owned(),
+        duration_ms: 0,
+    }
+}
+
+/// Writes the connections the primary workspace's commands ask for to the session's audit
+/// log as they happen (one line each, each with an id of its own: the proxy cannot tell which
+/// command asked), and one line counting those dropped when too many were waiting; ends with
+/// the workspace.
+async fn audit_network(
+    recorder: Recorder,
+    session: String,
+    workspace: String,
+    mut feed: monad_sandbox::NetworkAudit,
+) {
+    while let Some(batch) = feed.next().await {
+        for event in &batch.events {
+            let call_id = uuid::Uuid::new_v4().to_string();
+            recorder.audit(
+                &session,
+                network_line(event, call_id, Some(workspace.clone())),
+            );
+        }
+        if batch.dropped > 0 {
+            tracing::warn!(
+                session,
+                dropped = batch.dropped,
+                "network connections not recorded: too many waiting"
+            );
+            recorder.audit(
+                &session,
+                AuditRecord {
+                    time: now_rfc3339(),
+                    call_id: uuid::Uuid::new_v4().to_string(),
+                    tool: "network".to_owned(),
+                    workspace: Some(workspace.clone()),
+                    target: format!(
+                        "{} connections not recorded: more than {} were waiting",
+                        batch.dropped,
+                        monad_sandbox::MAX_FOR_AUDIT
+                    ),
+                    decision: AuditDecision::None,
+                    decided_by: Decider::NetworkPolicy,
+                    outcome: ErrorCode::LimitExceeded.as_str().to_owned(),
+                    duration_ms: 0,
+                },
+            );
+        }
+    }
+}
+
 /// Sends a call's audit line and artifacts to the recorder.
 fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutput, r: Record) {
     let call_id = uuid::Uuid::new_v4().to_string();
@@ -969,37 +1052,20 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
             duration_ms: r.duration.as_millis() as u64,
         },
     );
-    // The connections a command asked the network proxy for: one line each, decided by the
-    // workspace's network policy.
-    if let Outcome::Ok { result } = &output.outcome
+    // The connections an attached folder's command asked its network proxy for, as its
+    // client reports them in the result: one line each. (The primary workspace's reach the
+    // audit log as they happen, see [`audit_network`].)
+    if r.verdict.by != Decider::Trust
+        && let Outcome::Ok { result } = &output.outcome
         && let Some(events) = result.get("network").and_then(Value::as_array)
     {
         for event in events {
             let Ok(event) = serde_json::from_value::<NetworkEvent>(event.clone()) else {
                 continue;
             };
-            let target = match (&event.address, &event.reason) {
-                (Some(address), _) => format!("{}:{} ({address})", event.host, event.port),
-                (None, Some(reason)) => format!("{}:{}: {reason}", event.host, event.port),
-                (None, None) => format!("{}:{}", event.host, event.port),
-            };
             recorder.audit(
                 &session.id,
-                AuditRecord {
-                    time: now_rfc3339(),
-                    call_id: call_id.clone(),
-                    tool: "network".to_owned(),
-                    workspace: workspace.clone(),
-                    target,
-                    decision: if event.allowed {
-                        AuditDecision::Allowed
-                    } else {
-                        AuditDecision::Denied
-                    },
-                    decided_by: Decider::NetworkPolicy,
-                    outcome: if event.allowed { "ok" } else { "denied" }.to_owned(),
-                    duration_ms: 0,
-                },
+                network_line(&event, call_id.clone(), workspace.clone()),
             );
         }
     }

@@ -288,10 +288,13 @@ pub(crate) struct Proc {
     stdin: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
     /// Its standard input is closed (seen without waiting for the pipe's lock).
     stdin_closed: std::sync::atomic::AtomicBool,
+    /// The connections the workspace's proxy was asked for.
+    network: Arc<crate::netlog::NetworkLog>,
     /// What the task driving it is told.
     control: watch::Sender<Control>,
-    /// The workspace's shared namespaces it runs in, when namespaced.
-    shared: Option<Arc<super::shared::Shared>>,
+    /// The workspace's shared namespaces it runs in, when namespaced: held, so they (and the
+    /// proxy) live as long as it is kept.
+    _shared: Option<Arc<super::shared::Shared>>,
 }
 
 impl std::fmt::Debug for Proc {
@@ -330,10 +333,7 @@ impl Proc {
     /// The connections the workspace's proxy was asked for since the last report (of any of
     /// the workspace's commands: the proxy cannot tell them apart).
     fn take_events(&self) -> Vec<NetworkEvent> {
-        self.shared
-            .as_ref()
-            .map(|shared| shared.take_events())
-            .unwrap_or_default()
+        self.network.take_for_answer()
     }
 
     fn exit(&self) -> Option<Exit> {
@@ -515,6 +515,8 @@ impl Table {
 
 impl Drop for Table {
     fn drop(&mut self) {
+        // The workspace is gone: its audit reader gets what is left, then the end.
+        self.shared.network.close();
         for proc in self.lock().drain(..) {
             proc.abort();
         }
@@ -657,11 +659,12 @@ pub(crate) async fn run(
         activity,
         stdin: Arc::default(),
         stdin_closed: std::sync::atomic::AtomicBool::new(stdin.is_none()),
+        network: table.shared.network.clone(),
         control: watch::Sender::new(Control {
             deadline: timeout.map(|t| tokio::time::Instant::now() + t),
             abort: false,
         }),
-        shared: started.shared.clone(),
+        _shared: started.shared.clone(),
     });
     // From here on, a failure or a cancellation kills the tree.
     let mut foreground = Foreground(Some(proc.clone()));

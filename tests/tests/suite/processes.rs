@@ -203,6 +203,71 @@ fn http_server() -> u16 {
     port
 }
 
+/// Whether audit line `line` is about a connection to `port`.
+fn mentions(line: &Value, port: u16) -> bool {
+    line["target"]
+        .as_str()
+        .is_some_and(|t| t.contains(&format!(":{port}")))
+}
+
+/// The `network` lines of the default session's audit log, once there is one for each of
+/// `ports` (the primary workspace's connections reach the log as they happen).
+async fn network_lines(server: &TestServer, ports: &[u16]) -> Vec<Value> {
+    within(STEP, &format!("audit lines for ports {ports:?}"), async {
+        loop {
+            if let Some(recorder) = &server.state().executor.recorder {
+                recorder.flush();
+            }
+            let log =
+                std::fs::read_to_string(server.data_dir().join("sessions/default/audit.jsonl"))
+                    .unwrap_or_default();
+            let network: Vec<Value> = log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|l| l["tool"] == "network")
+                .collect();
+            if ports
+                .iter()
+                .all(|&port| network.iter().any(|l| mentions(l, port)))
+            {
+                return network;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// Regression: a connection reached the audit log only with a later answer that carried it, so
+/// one asked for by a background command nobody read (or by a cancelled call, or one whose
+/// answer timed out) was never recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_of_a_background_command_nobody_reads_is_in_the_audit_log() {
+    let unlisted = http_server();
+    let server = TestServer::start_with(|config| {
+        config.exec.network = NetworkMode::Allowlist;
+        config.exec.allow = vec!["192.0.2.1:80".into()];
+    })
+    .await;
+    let agent = server.agent().await;
+    let script = format!(
+        "curl -sS --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{unlisted}/; sleep 60"
+    );
+    let (started, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["sh", "-c", script], "background": true}),
+    )
+    .await);
+    assert!(started["process"].is_string(), "{started}");
+    // Never read: the line comes anyway.
+    let network = network_lines(&server, &[unlisted]).await;
+    let line = network.iter().find(|l| mentions(l, unlisted)).unwrap();
+    assert_eq!(line["decision"], "denied", "{line}");
+    assert_eq!(line["decided_by"], "network_policy", "{line}");
+    assert_eq!(line["workspace"], "primary", "{line}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_a_command_asks_for_are_in_the_audit_log() {
     let listed = http_server();
@@ -222,24 +287,11 @@ async fn connections_a_command_asks_for_are_in_the_audit_log() {
         result["stdout"].as_str().unwrap().starts_with("ok\n"),
         "{result}"
     );
-    if let Some(recorder) = &server.state().executor.recorder {
-        recorder.flush();
-    }
-    let log = std::fs::read_to_string(server.data_dir().join("sessions/default/audit.jsonl"))
-        .expect("the audit log");
-    let network: Vec<Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["tool"] == "network")
-        .collect();
+    let network = network_lines(&server, &[listed, unlisted]).await;
     let line = |port: u16| {
         network
             .iter()
-            .find(|l| {
-                l["target"]
-                    .as_str()
-                    .is_some_and(|t| t.contains(&format!(":{port}")))
-            })
+            .find(|l| mentions(l, port))
             .unwrap_or_else(|| panic!("no audit line for port {port}: {network:?}"))
             .clone()
     };
