@@ -984,9 +984,7 @@ fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>
 }
 
 /// Writes the connections the primary workspace's commands ask for to the session's audit
-/// log as they happen (one line each, each with an id of its own: the proxy cannot tell which
-/// command asked), and one line counting those dropped when too many were waiting; ends with
-/// the workspace.
+/// log as they happen (see [`record_network`]); ends with the workspace.
 async fn audit_network(
     recorder: Recorder,
     session: String,
@@ -994,38 +992,55 @@ async fn audit_network(
     mut feed: monad_sandbox::NetworkAudit,
 ) {
     while let Some(batch) = feed.next().await {
-        for event in &batch.events {
-            let call_id = uuid::Uuid::new_v4().to_string();
-            recorder.audit(
-                &session,
-                network_line(event, call_id, Some(workspace.clone())),
-            );
-        }
-        if batch.dropped > 0 {
-            tracing::warn!(
-                session,
-                dropped = batch.dropped,
-                "network connections not recorded: too many waiting"
-            );
-            recorder.audit(
-                &session,
-                AuditRecord {
-                    time: now_rfc3339(),
-                    call_id: uuid::Uuid::new_v4().to_string(),
-                    tool: "network".to_owned(),
-                    workspace: Some(workspace.clone()),
-                    target: format!(
-                        "{} connections not recorded: more than {} were waiting",
-                        batch.dropped,
-                        monad_sandbox::MAX_FOR_AUDIT
-                    ),
-                    decision: AuditDecision::None,
-                    decided_by: Decider::NetworkPolicy,
-                    outcome: ErrorCode::LimitExceeded.as_str().to_owned(),
-                    duration_ms: 0,
-                },
-            );
-        }
+        record_network(
+            &recorder,
+            &session,
+            &workspace,
+            &batch.events,
+            batch.dropped,
+        );
+    }
+}
+
+/// Writes connections a workspace's commands asked its network proxy for to the session's
+/// audit log, as they happen: one line each, each with an id of its own (the proxy cannot tell
+/// which command asked), and one line counting `dropped` (connections that happened while too
+/// many were waiting to be written).
+pub(crate) fn record_network(
+    recorder: &Recorder,
+    session: &str,
+    workspace: &str,
+    events: &[NetworkEvent],
+    dropped: u64,
+) {
+    for event in events {
+        let call_id = uuid::Uuid::new_v4().to_string();
+        recorder.audit(
+            session,
+            network_line(event, call_id, Some(workspace.to_owned())),
+        );
+    }
+    if dropped > 0 {
+        tracing::warn!(
+            session,
+            workspace,
+            dropped,
+            "network connections not recorded: too many waiting"
+        );
+        recorder.audit(
+            session,
+            AuditRecord {
+                time: now_rfc3339(),
+                call_id: uuid::Uuid::new_v4().to_string(),
+                tool: "network".to_owned(),
+                workspace: Some(workspace.to_owned()),
+                target: format!("{dropped} connections not recorded: too many were waiting"),
+                decision: AuditDecision::None,
+                decided_by: Decider::NetworkPolicy,
+                outcome: ErrorCode::LimitExceeded.as_str().to_owned(),
+                duration_ms: 0,
+            },
+        );
     }
 }
 
@@ -1052,10 +1067,11 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
             duration_ms: r.duration.as_millis() as u64,
         },
     );
-    // The connections an attached folder's command asked its network proxy for, as its
-    // client reports them in the result: one line each. (The primary workspace's reach the
-    // audit log as they happen, see [`audit_network`].)
-    if r.verdict.by != Decider::Trust
+    // The connections a command asked the network proxy for, as the result reports them: one
+    // line each, unless they reach the audit log as they happen (the primary workspace's, see
+    // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
+    if let Some(name) = &workspace
+        && !session.reports_network(name)
         && let Outcome::Ok { result } = &output.outcome
         && let Some(events) = result.get("network").and_then(Value::as_array)
     {

@@ -268,6 +268,59 @@ async fn a_connection_of_a_background_command_nobody_reads_is_in_the_audit_log()
     assert_eq!(line["workspace"], "primary", "{line}");
 }
 
+/// Regression: an attached folder's connections reached the audit log only with a result that
+/// carried them; its client now reports them on the attach stream as they happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_of_an_attached_folders_background_command_nobody_reads_is_in_the_audit_log() {
+    let unlisted = http_server();
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    options.exec.network = NetworkMode::Allowlist;
+    options.exec.allow = vec!["192.0.2.1:80".into()];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let script = format!(
+        "curl -sS --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{unlisted}/; sleep 60"
+    );
+    let (started, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["sh", "-c", script], "background": true, "workspace": "lap"}),
+    )
+    .await);
+    assert!(started["process"].is_string(), "{started}");
+    let network = network_lines(&server, &[unlisted]).await;
+    let lines: Vec<&Value> = network.iter().filter(|l| mentions(l, unlisted)).collect();
+    assert_eq!(lines[0]["decision"], "denied", "{lines:?}");
+    assert_eq!(lines[0]["decided_by"], "network_policy", "{lines:?}");
+    assert_eq!(lines[0]["workspace"], "lap", "{lines:?}");
+    // Read now: the answer carries it too, and it is not recorded again.
+    let (read, _) = ok(call(
+        &agent,
+        "process_read",
+        json!({"process": started["process"]}),
+    )
+    .await);
+    let carried = read["network"]
+        .as_array()
+        .expect("connections in the answer");
+    assert!(
+        carried.iter().any(|e| e["port"] == json!(unlisted)),
+        "{read}"
+    );
+    if let Some(recorder) = &server.state().executor.recorder {
+        recorder.flush();
+    }
+    let again = network_lines(&server, &[unlisted]).await;
+    assert_eq!(
+        again.iter().filter(|l| mentions(l, unlisted)).count(),
+        1,
+        "{again:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_a_command_asks_for_are_in_the_audit_log() {
     let listed = http_server();
