@@ -4,7 +4,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
-use monad_protocol::tools::{MemoryRecallArgs, MemoryStoreArgs, NetworkEvent, WorkspacesArgs};
+use monad_protocol::tools::{
+    MemoryRecallArgs, MemoryStoreArgs, NetworkEvent, ProcessListResult, UnavailableWorkspace,
+    WorkspacesArgs,
+};
 use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, WorkspaceRef, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
@@ -569,7 +572,10 @@ impl Executor {
                     }
                 }
             } else if tool == ToolName::ProcessList {
-                target = session.latest_process_workspace();
+                let names = session.process_workspaces();
+                if !names.is_empty() {
+                    return self.list_processes(session, &names, progress, known).await;
+                }
             }
         }
         let snapshots = session.workspaces();
@@ -676,6 +682,76 @@ impl Executor {
             Err(error) => CallOutput::error(workspace, error),
         };
         (output, verdict)
+    }
+}
+
+impl Executor {
+    /// `process_list` without a workspace: each of `names` (the session's workspaces with
+    /// background processes) listed in turn, as a call naming it would; merged, each process
+    /// with its workspace. One that cannot be listed (offline, refused) is reported in
+    /// `unavailable` rather than failing the call. Recorded under the first workspace listed.
+    async fn list_processes(
+        &self,
+        session: &Arc<Session>,
+        names: &[String],
+        progress: &dyn ProgressSink,
+        known: &Known,
+    ) -> (CallOutput, Verdict) {
+        let mut merged = ProcessListResult {
+            processes: Vec::new(),
+            unavailable: Vec::new(),
+        };
+        let mut first: Option<(Option<WorkspaceRef>, Verdict)> = None;
+        for name in names {
+            let (output, verdict) = Box::pin(self.call_inner(
+                session,
+                ToolName::ProcessList.as_str(),
+                json!({ "workspace": name }),
+                progress,
+                &Known::default(),
+            ))
+            .await;
+            let listed = match output.outcome {
+                Outcome::Ok { result } => serde_json::from_value::<ProcessListResult>(result)
+                    .map_err(|e| {
+                        ToolError::new(
+                            ErrorCode::Internal,
+                            format!("the workspace answered something else: {e}"),
+                        )
+                    }),
+                Outcome::Error { error } => Err(error),
+            };
+            match listed {
+                Ok(listed) => {
+                    merged
+                        .processes
+                        .extend(listed.processes.into_iter().map(|mut p| {
+                            p.workspace = Some(name.clone());
+                            p
+                        }));
+                    if first.is_none() {
+                        known.set_workspace(output.workspace.clone());
+                        known.set_verdict(verdict);
+                        first = Some((output.workspace, verdict));
+                    }
+                }
+                Err(error) => merged.unavailable.push(UnavailableWorkspace {
+                    workspace: name.clone(),
+                    code: error.code.as_str().to_owned(),
+                    message: error.message,
+                }),
+            }
+        }
+        let (workspace, verdict) = first.unwrap_or((None, Verdict::NOBODY));
+        let result = serde_json::to_value(merged).expect("a list serializes");
+        (
+            CallOutput {
+                workspace,
+                outcome: Outcome::Ok { result },
+                body: None,
+            },
+            verdict,
+        )
     }
 }
 

@@ -381,13 +381,17 @@ impl Session {
             .map(|(_, w)| w.clone())
     }
 
-    /// The workspace of the most recently started background process, if any.
-    pub fn latest_process_workspace(&self) -> Option<String> {
-        self.processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .last()
-            .map(|(_, w)| w.clone())
+    /// The workspaces that run (or ran) background processes this session started, each once,
+    /// in the order of their oldest remembered process.
+    pub fn process_workspaces(&self) -> Vec<String> {
+        let processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<String> = Vec::new();
+        for (_, workspace) in processes.iter() {
+            if !names.contains(workspace) {
+                names.push(workspace.clone());
+            }
+        }
+        names
     }
 
     /// Notes what a call's result says about background processes: `run_command` started one

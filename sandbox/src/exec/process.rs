@@ -1037,9 +1037,11 @@ pub(crate) fn list(table: &Table) -> ProcessListResult {
                     signal: exit.and_then(|e| e.signal),
                     duration_ms: proc.elapsed(exit).as_millis() as u64,
                     unread_bytes: (state.stdout.bytes.len() + state.stderr.bytes.len()) as u64,
+                    workspace: None,
                 }
             })
             .collect(),
+        unavailable: Vec::new(),
     }
 }
 

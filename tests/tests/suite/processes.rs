@@ -120,6 +120,83 @@ async fn a_background_process_in_an_attached_folder_is_found_by_its_id_alone() {
     .await;
 }
 
+/// Regression: `process_list` without a workspace listed only the workspace of the most recent
+/// background process, and failed when that folder was offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_list_without_a_workspace_lists_every_workspace_and_reports_an_offline_one() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    let attached = Attachment::start(&server.client_config(), options, None).await;
+    let start = |workspace: &'static str| {
+        let agent = &agent;
+        async move {
+            let (started, ran_in) = ok(call(
+                agent,
+                "run_command",
+                json!({"argv": ["sleep", "60"], "background": true, "workspace": workspace}),
+            )
+            .await);
+            assert_eq!(ran_in, workspace);
+            started["process"]
+                .as_str()
+                .expect("a process id")
+                .to_owned()
+        }
+    };
+    let here = start("primary").await;
+    let there = start("lap").await;
+    let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
+    let found: Vec<(Value, Value)> = listed["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["process"].clone(), p["workspace"].clone()))
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            (json!(here), json!("primary")),
+            (json!(there), json!("lap"))
+        ],
+        "{listed}"
+    );
+    assert!(listed.get("unavailable").is_none(), "{listed}");
+
+    drop(attached);
+    within(STEP, "the folder to go offline", async {
+        loop {
+            let (workspaces, _) = ok(call(&agent, "workspaces", json!({})).await);
+            let online = workspaces["workspaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w["name"] == "lap" && w["online"] == true);
+            if !online {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
+    assert_eq!(listed["processes"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["processes"][0]["process"], json!(here), "{listed}");
+    assert_eq!(listed["unavailable"][0]["workspace"], "lap", "{listed}");
+    assert_eq!(
+        listed["unavailable"][0]["code"], "workspace_disconnected",
+        "{listed}"
+    );
+    ok(call(
+        &agent,
+        "process_kill",
+        json!({"process": here, "signal": "KILL"}),
+    )
+    .await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_process_in_the_primary_runs_across_calls() {
     let server = TestServer::start().await;
