@@ -16,7 +16,7 @@ use crate::fsutil::now_rfc3339;
 use crate::recorder::Recorder;
 use crate::route::{self, Plan, View};
 use crate::session::{ClientLink, Session, Snapshot, Target};
-use crate::store::{ArtifactKind, ArtifactMeta, AuditDecision, AuditRecord, Decider};
+use crate::store::{ArtifactKind, ArtifactMeta, AuditDecision, AuditOutcome, AuditRecord, Decider};
 
 /// Largest answer accepted from a client (a 64 MiB file as JSON fits).
 const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
@@ -1054,7 +1054,11 @@ fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>
             AuditDecision::Denied
         },
         decided_by: Decider::NetworkPolicy,
-        outcome: if event.allowed { "ok" } else { "denied" }.to_owned(),
+        outcome: if event.allowed {
+            AuditOutcome::Ok
+        } else {
+            AuditOutcome::Failed(ErrorCode::Denied)
+        },
         duration_ms: 0,
     }
 }
@@ -1113,7 +1117,7 @@ pub(crate) fn record_network(
                 target: format!("{dropped} connections not recorded: too many were waiting"),
                 decision: AuditDecision::None,
                 decided_by: Decider::NetworkPolicy,
-                outcome: ErrorCode::LimitExceeded.as_str().to_owned(),
+                outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
                 duration_ms: 0,
             },
         );
@@ -1126,8 +1130,8 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
     let workspace = output.workspace.as_ref().map(|w| w.name.clone());
     let decision = r.verdict.decision(&output.outcome);
     let outcome = match &output.outcome {
-        Outcome::Ok { .. } => "ok".to_owned(),
-        Outcome::Error { error } => error.code.as_str().to_owned(),
+        Outcome::Ok { .. } => AuditOutcome::Ok,
+        Outcome::Error { error } => AuditOutcome::Failed(error.code),
     };
     recorder.audit(
         &session.id,
@@ -1201,7 +1205,10 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
         original_size,
     );
     if let Outcome::Ok { result } = &output.outcome
-        && matches!(tool, "write_file" | "edit_file")
+        && matches!(
+            ToolName::parse(tool),
+            Some(ToolName::WriteFile | ToolName::EditFile)
+        )
         && let Some(diff) = result.get("diff").and_then(Value::as_str)
     {
         artifact(
