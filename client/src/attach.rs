@@ -8,9 +8,11 @@ use std::time::Duration;
 use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
 use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
-use monad_protocol::wire::{BODY_MINOR, Message, Outcome, Role, Trust, WorkspaceInfo};
+use monad_protocol::wire::{
+    BODY_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome, Role, Trust, WorkspaceInfo,
+};
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
-use monad_sandbox::{ExecPolicy, Limits, Sandbox};
+use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -299,6 +301,9 @@ struct Folder {
     events: Option<mpsc::UnboundedSender<AttachEvent>>,
     /// The session of the latest attach, to tell a re-attach into another one.
     session: std::sync::Mutex<Option<String>>,
+    /// The connections its commands ask the network proxy for, as they happen: sent to the
+    /// server (by one connection at a time) for the session's audit log.
+    network: tokio::sync::Mutex<Option<NetworkAudit>>,
 }
 
 impl Folder {
@@ -331,7 +336,9 @@ pub async fn attach(
             options.dir.display()
         )));
     }
+    let network = tokio::sync::Mutex::new(sandbox.take_network_audit());
     let folder = Arc::new(Folder {
+        network,
         sandbox: Arc::new(sandbox),
         policy: Policy::new(options.trust, options.allow.clone()),
         approver,
@@ -433,11 +440,22 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
             ));
         }
     }
-    // `send` stays open: finishing it would detach.
+    // `send` stays open: finishing it would detach. A server that takes them gets the folder's
+    // network connections on it as they happen (an older one audits those a result carries).
     let bodies = connection.minor >= BODY_MINOR;
+    let mut network = if connection.minor >= NETWORK_MINOR {
+        Some(folder.network.lock().await)
+    } else {
+        None
+    };
     let mut requests = tokio::task::JoinSet::new();
     let reason = loop {
         tokio::select! {
+            Some(batch) = next_network(network.as_deref_mut()) => {
+                if let Err(e) = report_network(&mut send, batch).await {
+                    break format!("connection lost: {e}");
+                }
+            }
             accepted = conn.accept_bi() => match accepted {
                 Ok((send, recv)) => {
                     let folder = folder.clone();
@@ -450,6 +468,30 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
     };
     drop(send);
     Ok(reason)
+}
+
+/// The next connections to report; pending forever when there is nothing to report them from.
+async fn next_network(feed: Option<&mut Option<NetworkAudit>>) -> Option<NetworkBatch> {
+    match feed.and_then(Option::as_mut) {
+        Some(feed) => feed.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends `batch` on the attach stream, [`MAX_NETWORK_EVENTS`] a message.
+async fn report_network(send: &mut quinn::SendStream, batch: NetworkBatch) -> std::io::Result<()> {
+    let mut dropped = batch.dropped;
+    let mut events = batch.events;
+    while !events.is_empty() || dropped > 0 {
+        let rest = events.split_off(events.len().min(MAX_NETWORK_EVENTS));
+        let message = Message::Network {
+            attachment: ATTACHMENT_ID,
+            events: std::mem::replace(&mut events, rest),
+            dropped: std::mem::take(&mut dropped),
+        };
+        write_message(send, &message).await?;
+    }
+    Ok(())
 }
 
 /// One request from the server: run a tool (after approval), or answer a probe. `bodies`: the

@@ -456,6 +456,7 @@ mod tests {
             signal: None,
             duration_ms: 12_500,
             unread_bytes: 0,
+            workspace: None,
         });
         let shown = text(&render(&r));
         for part in [

@@ -571,7 +571,7 @@ pub struct RunCommandArgs {
     pub background: Option<bool>,
     /// When it still runs after this many milliseconds, answer with what it printed so far and
     /// its process id, and leave it running in the background instead of waiting (or killing it
-    /// at its time limit).
+    /// at the default time limit, which no longer applies; a `timeout_ms` given still does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub background_after_ms: Option<u64>,
     /// Workspace to run in: a short name or URI.
@@ -715,7 +715,8 @@ pub struct ProcessKillResult {
     pub process: String,
     /// The signal sent, e.g. `TERM`.
     pub signal: String,
-    /// False when it had already exited (nothing was sent).
+    /// False when it exited meanwhile (nothing was sent); one that had already exited is
+    /// refused (`invalid_arguments`).
     pub delivered: bool,
 }
 
@@ -723,8 +724,8 @@ pub struct ProcessKillResult {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessListArgs {
-    /// Workspace to list: a short name or URI. Default: the workspace of the session's most
-    /// recently started process.
+    /// Workspace to list: a short name or URI. Default: every workspace of the session that
+    /// runs (or ran) its background processes, merged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
 }
@@ -750,14 +751,32 @@ pub struct ProcessInfo {
     pub duration_ms: u64,
     /// Bytes of output waiting to be read.
     pub unread_bytes: u64,
+    /// The workspace that runs it, when the list covers several (`process_list` without
+    /// `workspace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// Result of `process_list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ProcessListResult {
-    /// The processes, oldest first: those running, and those that exited with output not read
-    /// yet.
+    /// The processes, oldest first (workspace by workspace): those running, and those that
+    /// exited with output not read yet.
     pub processes: Vec<ProcessInfo>,
+    /// Workspaces with processes of this session that could not be listed (offline, refused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<UnavailableWorkspace>,
+}
+
+/// A workspace `process_list` could not list, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct UnavailableWorkspace {
+    /// Its short name.
+    pub workspace: String,
+    /// The error code, e.g. `workspace_disconnected`.
+    pub code: String,
+    /// Why it could not be listed.
+    pub message: String,
 }
 
 /// A connection a command asked the workspace's network proxy for, and what became of it.

@@ -12,17 +12,27 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::ToolError;
-use crate::tools::ToolName;
+use crate::tools::{NetworkEvent, ToolName};
 
 /// The ALPN protocol id; its suffix is the protocol's major version.
 pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 1;
+pub const PROTOCOL_MINOR: u32 = 2;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
+/// The first minor version where a client reports its folders' network connections on the
+/// attach stream as they happen ([`Message::Network`]); with a lower one the server audits
+/// those a result carries.
+pub const NETWORK_MINOR: u32 = 2;
+/// Most connections one [`Message::Network`] carries (a client sends more in several).
+pub const MAX_NETWORK_EVENTS: usize = 64;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 /// The minor version both sides speak: the lower of the two.
 pub fn negotiate_minor(peer: u32) -> u32 {
@@ -746,6 +756,18 @@ pub enum Message {
         /// The path, as the tool call gave it.
         path: String,
     },
+    /// Client to server, on the attach stream (minor [`NETWORK_MINOR`] or later): connections
+    /// the folder's commands asked its network proxy for, as they happen, for the session's
+    /// audit log.
+    Network {
+        /// The attachment (the id of its [`Message::Attach`]).
+        attachment: u64,
+        /// The connections, oldest first (at most [`MAX_NETWORK_EVENTS`]).
+        events: Vec<NetworkEvent>,
+        /// Connections that happened while too many were waiting: not reported, only counted.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        dropped: u64,
+    },
     /// The answer to [`Message::Probe`].
     Probed {
         /// The request id.
@@ -799,6 +821,7 @@ impl Message {
             Message::Run { .. } => "run",
             Message::Probe { .. } => "probe",
             Message::Probed { .. } => "probed",
+            Message::Network { .. } => "network",
         }
     }
 }
@@ -1041,6 +1064,17 @@ mod tests {
                 id: 10,
                 exists: true,
             },
+            Message::Network {
+                attachment: 3,
+                events: vec![NetworkEvent {
+                    host: "example.com".into(),
+                    port: 443,
+                    allowed: false,
+                    address: None,
+                    reason: Some("not in the allowlist".into()),
+                }],
+                dropped: 2,
+            },
         ]
     }
 
@@ -1048,7 +1082,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 30, "one case per message type");
+        assert_eq!(kinds.len(), 31, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

@@ -111,19 +111,20 @@ impl Sandbox {
                 let args: RunCommandArgs = parse(tool, args)?;
                 self.check_command(&args)
             }
-            // The process tools name a process this workspace keeps.
+            // The process tools name a process this workspace keeps, in a state they can act
+            // on (the same checks as the calls themselves).
             ToolName::ProcessRead => {
                 let args: ProcessReadArgs = parse(tool, args)?;
                 self.processes.check_exists(&args.process)
             }
             ToolName::ProcessWrite => {
                 let args: ProcessWriteArgs = parse(tool, args)?;
-                self.processes.check_exists(&args.process)
+                self.processes.check_writable(&args.process)
             }
             ToolName::ProcessKill => {
                 let args: ProcessKillArgs = parse(tool, args)?;
                 crate::exec::parse_signal(args.signal.as_deref())?;
-                self.processes.check_exists(&args.process)
+                self.processes.check_running(&args.process)
             }
             ToolName::ProcessList => parse::<ProcessListArgs>(tool, args).map(drop),
             ToolName::Workspaces | ToolName::MemoryStore | ToolName::MemoryRecall => {
@@ -170,15 +171,11 @@ impl Sandbox {
     }
 
     fn check_command(&self, args: &RunCommandArgs) -> Result<(), SandboxError> {
-        let program = crate::exec::check_argv(&args.argv)?;
-        if let Some(ms) = args.timeout_ms
-            && (ms == 0 || ms > self.limits.command_max_timeout_ms)
-        {
-            return Err(SandboxError::InvalidArguments(format!(
-                "`timeout_ms` must be between 1 and {}",
-                self.limits.command_max_timeout_ms
-            )));
+        let validated = crate::exec::process::validate(args, &self.limits, &self.exec)?;
+        if validated.background {
+            self.processes.check_room()?;
         }
+        let program = crate::exec::check_argv(&args.argv)?;
         let cwd = self.jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
         self.jail.open_dir(&cwd)?;
         let lookup = Lookup::new(self);

@@ -27,6 +27,7 @@ pub mod exec;
 mod fs;
 mod jail;
 mod limits;
+mod netlog;
 mod walk;
 
 use std::path::Path;
@@ -45,6 +46,7 @@ use serde::de::DeserializeOwned;
 pub use error::{EscapeReason, SandboxError};
 pub use jail::{Jail, JailPath};
 pub use limits::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
+pub use netlog::{MAX_FOR_AUDIT, NetworkAudit, NetworkBatch};
 
 /// A workspace's jail with its limits and command policy: what runs the workspace tools.
 #[derive(Debug)]
@@ -198,6 +200,15 @@ impl Sandbox {
     /// unread output included, as if the workspace were new; returns how many there were.
     pub fn end_processes(&self) -> usize {
         self.processes.end_all()
+    }
+
+    /// The connections its commands ask the network proxy for (`network = "allowlist"`), as
+    /// they happen, for one reader: the audit log. `None` after the first call. Connections
+    /// are kept for the reader from this call on (at most [`MAX_FOR_AUDIT`] waiting; more are
+    /// counted, see [`NetworkBatch::dropped`]); it ends when the sandbox is dropped and what was
+    /// left is read.
+    pub fn take_network_audit(&self) -> Option<NetworkAudit> {
+        self.processes.shared.network.audit()
     }
 
     /// Whether a background process of this workspace still runs.

@@ -4,7 +4,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
-use monad_protocol::tools::{MemoryRecallArgs, MemoryStoreArgs, NetworkEvent, WorkspacesArgs};
+use monad_protocol::tools::{
+    MemoryRecallArgs, MemoryStoreArgs, NetworkEvent, ProcessListResult, UnavailableWorkspace,
+    WorkspacesArgs,
+};
 use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, WorkspaceRef, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
@@ -13,7 +16,7 @@ use crate::fsutil::now_rfc3339;
 use crate::recorder::Recorder;
 use crate::route::{self, Plan, View};
 use crate::session::{ClientLink, Session, Snapshot, Target};
-use crate::store::{ArtifactKind, ArtifactMeta, AuditDecision, AuditRecord, Decider};
+use crate::store::{ArtifactKind, ArtifactMeta, AuditDecision, AuditOutcome, AuditRecord, Decider};
 
 /// Largest answer accepted from a client (a 64 MiB file as JSON fits).
 const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
@@ -569,7 +572,10 @@ impl Executor {
                     }
                 }
             } else if tool == ToolName::ProcessList {
-                target = session.latest_process_workspace();
+                let names = session.process_workspaces();
+                if !names.is_empty() {
+                    return self.list_processes(session, &names, progress, known).await;
+                }
             }
         }
         let snapshots = session.workspaces();
@@ -618,6 +624,18 @@ impl Executor {
                 (
                     match primary.sandbox().await {
                         Ok(sandbox) => {
+                            // From its first use, the connections its commands ask for go to
+                            // the audit log as they happen.
+                            if let Some(recorder) = &self.recorder
+                                && let Some(feed) = sandbox.take_network_audit()
+                            {
+                                tokio::spawn(audit_network(
+                                    recorder.clone(),
+                                    session.id.clone(),
+                                    snapshot.info.name.clone(),
+                                    feed,
+                                ));
+                            }
                             let relay = |line: &str| progress.progress(line);
                             sandbox
                                 .call_with_progress(tool, args, Some(&relay))
@@ -664,6 +682,76 @@ impl Executor {
             Err(error) => CallOutput::error(workspace, error),
         };
         (output, verdict)
+    }
+}
+
+impl Executor {
+    /// `process_list` without a workspace: each of `names` (the session's workspaces with
+    /// background processes) listed in turn, as a call naming it would; merged, each process
+    /// with its workspace. One that cannot be listed (offline, refused) is reported in
+    /// `unavailable` rather than failing the call. Recorded under the first workspace listed.
+    async fn list_processes(
+        &self,
+        session: &Arc<Session>,
+        names: &[String],
+        progress: &dyn ProgressSink,
+        known: &Known,
+    ) -> (CallOutput, Verdict) {
+        let mut merged = ProcessListResult {
+            processes: Vec::new(),
+            unavailable: Vec::new(),
+        };
+        let mut first: Option<(Option<WorkspaceRef>, Verdict)> = None;
+        for name in names {
+            let (output, verdict) = Box::pin(self.call_inner(
+                session,
+                ToolName::ProcessList.as_str(),
+                json!({ "workspace": name }),
+                progress,
+                &Known::default(),
+            ))
+            .await;
+            let listed = match output.outcome {
+                Outcome::Ok { result } => serde_json::from_value::<ProcessListResult>(result)
+                    .map_err(|e| {
+                        ToolError::new(
+                            ErrorCode::Internal,
+                            format!("the workspace answered something else: {e}"),
+                        )
+                    }),
+                Outcome::Error { error } => Err(error),
+            };
+            match listed {
+                Ok(listed) => {
+                    merged
+                        .processes
+                        .extend(listed.processes.into_iter().map(|mut p| {
+                            p.workspace = Some(name.clone());
+                            p
+                        }));
+                    if first.is_none() {
+                        known.set_workspace(output.workspace.clone());
+                        known.set_verdict(verdict);
+                        first = Some((output.workspace, verdict));
+                    }
+                }
+                Err(error) => merged.unavailable.push(UnavailableWorkspace {
+                    workspace: name.clone(),
+                    code: error.code.as_str().to_owned(),
+                    message: error.message,
+                }),
+            }
+        }
+        let (workspace, verdict) = first.unwrap_or((None, Verdict::NOBODY));
+        let result = serde_json::to_value(merged).expect("a list serializes");
+        (
+            CallOutput {
+                workspace,
+                outcome: Outcome::Ok { result },
+                body: None,
+            },
+            verdict,
+        )
     }
 }
 
@@ -946,14 +1034,104 @@ struct Record {
     unseen: u64,
 }
 
+/// The audit line of a connection a command asked the network proxy for, decided by the
+/// workspace's network policy.
+fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>) -> AuditRecord {
+    let target = match (&event.address, &event.reason) {
+        (Some(address), _) => format!("{}:{} ({address})", event.host, event.port),
+        (None, Some(reason)) => format!("{}:{}: {reason}", event.host, event.port),
+        (None, None) => format!("{}:{}", event.host, event.port),
+    };
+    AuditRecord {
+        time: now_rfc3339(),
+        call_id,
+        tool: "network".to_owned(),
+        workspace,
+        target,
+        decision: if event.allowed {
+            AuditDecision::Allowed
+        } else {
+            AuditDecision::Denied
+        },
+        decided_by: Decider::NetworkPolicy,
+        outcome: if event.allowed {
+            AuditOutcome::Ok
+        } else {
+            AuditOutcome::Failed(ErrorCode::Denied)
+        },
+        duration_ms: 0,
+    }
+}
+
+/// Writes the connections the primary workspace's commands ask for to the session's audit
+/// log as they happen (see [`record_network`]); ends with the workspace.
+async fn audit_network(
+    recorder: Recorder,
+    session: String,
+    workspace: String,
+    mut feed: monad_sandbox::NetworkAudit,
+) {
+    while let Some(batch) = feed.next().await {
+        record_network(
+            &recorder,
+            &session,
+            &workspace,
+            &batch.events,
+            batch.dropped,
+        );
+    }
+}
+
+/// Writes connections a workspace's commands asked its network proxy for to the session's
+/// audit log, as they happen: one line each, each with an id of its own (the proxy cannot tell
+/// which command asked), and one line counting `dropped` (connections that happened while too
+/// many were waiting to be written).
+pub(crate) fn record_network(
+    recorder: &Recorder,
+    session: &str,
+    workspace: &str,
+    events: &[NetworkEvent],
+    dropped: u64,
+) {
+    for event in events {
+        let call_id = uuid::Uuid::new_v4().to_string();
+        recorder.audit(
+            session,
+            network_line(event, call_id, Some(workspace.to_owned())),
+        );
+    }
+    if dropped > 0 {
+        tracing::warn!(
+            session,
+            workspace,
+            dropped,
+            "network connections not recorded: too many waiting"
+        );
+        recorder.audit(
+            session,
+            AuditRecord {
+                time: now_rfc3339(),
+                call_id: uuid::Uuid::new_v4().to_string(),
+                tool: "network".to_owned(),
+                workspace: Some(workspace.to_owned()),
+                target: format!("{dropped} connections not recorded: too many were waiting"),
+                decision: AuditDecision::None,
+                decided_by: Decider::NetworkPolicy,
+                outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
+                duration_ms: 0,
+            },
+        );
+    }
+}
+
 /// Sends a call's audit line and artifacts to the recorder.
 fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutput, r: Record) {
     let call_id = uuid::Uuid::new_v4().to_string();
     let workspace = output.workspace.as_ref().map(|w| w.name.clone());
     let decision = r.verdict.decision(&output.outcome);
     let outcome = match &output.outcome {
-        Outcome::Ok { .. } => "ok".to_owned(),
-        Outcome::Error { error } => error.code.as_str().to_owned(),
+        Outcome::Ok { .. } => AuditOutcome::Ok,
+        Outcome::Error { error } => AuditOutcome::Failed(error.code),
     };
     recorder.audit(
         &session.id,
@@ -969,37 +1147,21 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
             duration_ms: r.duration.as_millis() as u64,
         },
     );
-    // The connections a command asked the network proxy for: one line each, decided by the
-    // workspace's network policy.
-    if let Outcome::Ok { result } = &output.outcome
+    // The connections a command asked the network proxy for, as the result reports them: one
+    // line each, unless they reach the audit log as they happen (the primary workspace's, see
+    // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
+    if let Some(name) = &workspace
+        && !session.reports_network(name)
+        && let Outcome::Ok { result } = &output.outcome
         && let Some(events) = result.get("network").and_then(Value::as_array)
     {
         for event in events {
             let Ok(event) = serde_json::from_value::<NetworkEvent>(event.clone()) else {
                 continue;
             };
-            let target = match (&event.address, &event.reason) {
-                (Some(address), _) => format!("{}:{} ({address})", event.host, event.port),
-                (None, Some(reason)) => format!("{}:{}: {reason}", event.host, event.port),
-                (None, None) => format!("{}:{}", event.host, event.port),
-            };
             recorder.audit(
                 &session.id,
-                AuditRecord {
-                    time: now_rfc3339(),
-                    call_id: call_id.clone(),
-                    tool: "network".to_owned(),
-                    workspace: workspace.clone(),
-                    target,
-                    decision: if event.allowed {
-                        AuditDecision::Allowed
-                    } else {
-                        AuditDecision::Denied
-                    },
-                    decided_by: Decider::NetworkPolicy,
-                    outcome: if event.allowed { "ok" } else { "denied" }.to_owned(),
-                    duration_ms: 0,
-                },
+                network_line(&event, call_id.clone(), workspace.clone()),
             );
         }
     }
@@ -1043,7 +1205,10 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
         original_size,
     );
     if let Outcome::Ok { result } = &output.outcome
-        && matches!(tool, "write_file" | "edit_file")
+        && matches!(
+            ToolName::parse(tool),
+            Some(ToolName::WriteFile | ToolName::EditFile)
+        )
         && let Some(diff) = result.get("diff").and_then(Value::as_str)
     {
         artifact(

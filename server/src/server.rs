@@ -975,6 +975,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                 conn: ctx.conn.clone(),
                 attachment: id,
                 generation,
+                reports_network: ctx.minor >= wire::NETWORK_MINOR,
             }),
         },
         name.as_deref(),
@@ -1000,15 +1001,60 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     if ok.is_ok() {
         // Held until the client finishes or resets the stream, or the connection drops, or the
         // server shuts down and no agent's call (which might run here) is in flight any more.
-        let mut sink = [0u8; 64];
+        // Meanwhile the client reports the folder's network connections on it.
         let mut stop = ctx.stop.clone();
         let mut calls = ctx.state.calls.subscribe();
+        let recorder = ctx.state.executor.recorder.as_ref();
         tokio::select! {
-            () = async { while let Ok(Some(_)) = recv.read(&mut sink).await {} } => {}
+            () = attach_reports(recorder, &session.id, &workspace.name, &mut recv) => {}
             _ = async {
                 let _ = stop.wait_for(|stopping| *stopping).await;
                 let _ = calls.wait_for(|n| *n == 0).await;
             } => {}
+        }
+    }
+}
+
+/// Largest message a client sends on its attach stream ([`Message::Network`]: at most
+/// [`wire::MAX_NETWORK_EVENTS`] connections).
+const MAX_REPORT: usize = 256 * 1024;
+
+/// Reads an attach stream until it ends: the folder's network connections its client reports
+/// go to the session's audit log. Anything else is ignored; after a malformed message the rest
+/// of the stream is only drained.
+async fn attach_reports(
+    recorder: Option<&crate::recorder::Recorder>,
+    session: &str,
+    workspace: &str,
+    recv: &mut quinn::RecvStream,
+) {
+    loop {
+        match read_message(recv, MAX_REPORT).await {
+            Ok(Some(Message::Network {
+                events, dropped, ..
+            })) => {
+                if let Some(recorder) = recorder {
+                    crate::executor::record_network(recorder, session, workspace, &events, dropped);
+                }
+            }
+            Ok(Some(other)) => {
+                warn!(
+                    session,
+                    workspace,
+                    "ignored `{}` on an attach stream",
+                    other.kind()
+                );
+            }
+            Ok(None) => return,
+            Err(e) => {
+                warn!(
+                    session,
+                    workspace, "malformed report on an attach stream: {e}"
+                );
+                let mut sink = [0u8; 64];
+                while let Ok(Some(_)) = recv.read(&mut sink).await {}
+                return;
+            }
         }
     }
 }

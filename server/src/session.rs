@@ -30,6 +30,10 @@ pub struct ClientLink {
     pub attachment: u64,
     /// Distinguishes this attachment from an earlier one of the same folder.
     pub generation: u64,
+    /// Its client reports the folder's network connections on the attach stream as they
+    /// happen (protocol minor [`monad_protocol::wire::NETWORK_MINOR`]): those a result carries
+    /// are not audited again.
+    pub reports_network: bool,
 }
 
 /// A folder attached to a session.
@@ -171,6 +175,19 @@ impl Session {
     /// The URI of the primary workspace.
     pub fn primary_uri(&self) -> String {
         format!("server:/sessions/{}", self.id)
+    }
+
+    /// Whether the connections workspace `name`'s commands ask the network proxy for reach the
+    /// audit log as they happen (the primary workspace's, and an online folder's whose client
+    /// reports them) rather than with the results that carry them.
+    pub fn reports_network(&self, name: &str) -> bool {
+        self.workspaces()
+            .into_iter()
+            .find(|w| w.info.name == name)
+            .is_some_and(|w| match w.target {
+                Target::Primary(_) => true,
+                Target::Attached(link) => link.is_some_and(|link| link.reports_network),
+            })
     }
 
     /// Every workspace, primary first, then attached in attach order.
@@ -364,13 +381,17 @@ impl Session {
             .map(|(_, w)| w.clone())
     }
 
-    /// The workspace of the most recently started background process, if any.
-    pub fn latest_process_workspace(&self) -> Option<String> {
-        self.processes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .last()
-            .map(|(_, w)| w.clone())
+    /// The workspaces that run (or ran) background processes this session started, each once,
+    /// in the order of their oldest remembered process.
+    pub fn process_workspaces(&self) -> Vec<String> {
+        let processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<String> = Vec::new();
+        for (_, workspace) in processes.iter() {
+            if !names.contains(workspace) {
+                names.push(workspace.clone());
+            }
+        }
+        names
     }
 
     /// Notes what a call's result says about background processes: `run_command` started one

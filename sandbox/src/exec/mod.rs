@@ -507,6 +507,9 @@ pub(crate) struct Started {
     pub shared: Option<std::sync::Arc<shared::Shared>>,
     /// `landlock`, or `none` when the operator allowed unsandboxed commands here.
     pub sandbox: &'static str,
+    /// Ends the tree if this is dropped before the command ended (a call cancelled while it
+    /// waited for `exec`); the task driving the command disarms it once the command ended.
+    pub guard: process::TreeGuard,
     /// Read end of the start pipe (see [`Started::started`]).
     status: OwnedFd,
     isolation: Isolation,
@@ -821,9 +824,10 @@ fn spawn(
         path: program.clone(),
         source: std::io::Error::other("the command exited before it could be watched"),
     })?;
-    let supervisor = process::Supervisor::new(pid);
+    let supervisor = process::Supervisor::new(pid, isolation.namespaced);
     Ok(Started {
         child,
+        guard: process::TreeGuard::armed(supervisor.clone()),
         supervisor,
         tmp,
         shared,
@@ -878,8 +882,8 @@ impl Started {
         let Some(errno) = errno else {
             return Ok(());
         };
-        self.supervisor.kill_tree();
-        let _ = self.child.wait().await;
+        let _ = process::end(&mut self.child, &self.supervisor).await;
+        self.guard.disarm();
         Err(spawn_error(
             program,
             std::io::Error::from_raw_os_error(errno),

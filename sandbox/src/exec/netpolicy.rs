@@ -17,6 +17,15 @@
 //! Deny wins over allow. An address that is not public (loopback, private, link-local, carrier
 //! NAT, multicast, reserved, documentation, and IPv6 forms that embed such an IPv4 address) is
 //! refused unless an `allow` entry names it as an address or a range: a name is never enough.
+//!
+//! Addresses and ranges are compared in IPv6's space, an IPv4 address or range standing for its
+//! IPv4-mapped form (`10.0.0.0/8` is `[::ffff:10.0.0.0/104]`, and `[::ffff:10.0.0.1]` is
+//! `10.0.0.1`). IPv6 addresses that reach an IPv4 address, IPv4-mapped (`::ffff:a.b.c.d`),
+//! IPv4-translated (`::ffff:0:a.b.c.d`) and NAT64's well-known prefix (`64:ff9b::a.b.c.d`, what
+//! DNS64 answers on an IPv6-only host), are judged by the IPv4 address they embed: public when
+//! it is, and matched by the entries that name it. NAT64's local-use prefix (`64:ff9b:1::/48`),
+//! where the IPv4 address sits wherever the network put it, and the deprecated IPv4-compatible
+//! form (`::a.b.c.d`) are not public; 6to4 (`2002::/16`) is as public as its router's address.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -35,8 +44,9 @@ enum Target {
     Name(String),
     /// `*.suffix`: stored as `.suffix`.
     Under(String),
-    /// An address range (a single address has the full prefix).
-    Range(IpAddr, u8),
+    /// An address range in IPv6's space (an IPv4 range as its IPv4-mapped range), with its
+    /// prefix length, 0 to 128 (a single address has 128).
+    Range(u128, u8),
 }
 
 /// The parsed `allow` and `deny` lists.
@@ -203,9 +213,9 @@ impl Entry {
                 .ok()
                 .filter(|b| *b <= max)
                 .ok_or_else(|| bad("has a prefix length out of range"))?;
-            Target::Range(ip, bits)
+            range(ip, bits)
         } else if let Ok(ip) = host.parse::<IpAddr>() {
-            Target::Range(ip, if ip.is_ipv4() { 32 } else { 128 })
+            range(ip, if ip.is_ipv4() { 32 } else { 128 })
         } else if let Some(suffix) = host.strip_prefix("*.") {
             match Host::parse(suffix) {
                 Ok(Host::Name(name)) => Target::Under(format!(".{name}")),
@@ -238,44 +248,67 @@ impl Entry {
             }
     }
 
+    /// Whether `ip` (or the IPv4 address it reaches, see the module documentation) is in the
+    /// entry's range, on a port it covers.
     fn matches_ip(&self, ip: IpAddr, port: u16) -> bool {
         let Target::Range(net, bits) = self.target else {
             return false;
         };
-        self.port_matches(port) && in_range(canonical(ip), canonical(net), bits)
+        let (itself, reached) = identities(ip);
+        self.port_matches(port)
+            && (within(itself, net, bits) || reached.is_some_and(|r| within(r, net, bits)))
     }
 }
 
-/// An IPv4-mapped IPv6 address as the IPv4 address it is.
-fn canonical(ip: IpAddr) -> IpAddr {
+/// A range of `ip` with `bits` (at most 32 for IPv4, 128 for IPv6) in IPv6's space.
+fn range(ip: IpAddr, bits: u8) -> Target {
     match ip {
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map(IpAddr::V4)
-            .unwrap_or(IpAddr::V6(v6)),
-        v4 => v4,
+        IpAddr::V4(v4) => Target::Range(mapped(v4), bits.saturating_add(96)),
+        IpAddr::V6(v6) => Target::Range(u128::from(v6), bits),
     }
 }
 
-fn in_range(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
-    match (ip, net) {
-        (IpAddr::V4(ip), IpAddr::V4(net)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
-            u32::from(ip) & mask == u32::from(net) & mask
-        }
-        (IpAddr::V6(ip), IpAddr::V6(net)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
-            u128::from(ip) & mask == u128::from(net) & mask
-        }
-        _ => false,
+/// IPv4 address `v4` as its IPv4-mapped IPv6 address (`::ffff:a.b.c.d`).
+fn mapped(v4: Ipv4Addr) -> u128 {
+    u128::from(v4.to_ipv6_mapped())
+}
+
+/// `ip` in IPv6's space, and the IPv4 address (as mapped) it reaches when it embeds one.
+fn identities(ip: IpAddr) -> (u128, Option<u128>) {
+    match ip {
+        IpAddr::V4(v4) => (mapped(v4), None),
+        IpAddr::V6(v6) => (u128::from(v6), embedded_v4(v6).map(mapped)),
     }
 }
 
-/// What kind of non-public address `ip` is, or `None` for a public one.
+/// The IPv4 address an IPv6 address reaches: IPv4-mapped (`::ffff:0:0/96`), IPv4-translated
+/// (`::ffff:0:0:0/96`) and NAT64's well-known prefix (`64:ff9b::/96`).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let bits = u128::from(v6);
+    let prefix = bits >> 32;
+    [0xffff, 0xffff_0000, 0x64_ff9b << 64]
+        .contains(&prefix)
+        .then(|| Ipv4Addr::from(bits as u32))
+}
+
+/// Whether the first `bits` bits (0 to 128; more match nothing) of `ip` and `net` agree.
+fn within(ip: u128, net: u128, bits: u8) -> bool {
+    let Some(shift) = 128u32.checked_sub(u32::from(bits)) else {
+        return false;
+    };
+    let mask = u128::MAX.checked_shl(shift).unwrap_or(0);
+    ip & mask == net & mask
+}
+
+/// What kind of non-public address `ip` is, or `None` for a public one. An IPv6 address that
+/// reaches an embedded IPv4 address is judged by that one.
 pub fn not_public(ip: IpAddr) -> Option<&'static str> {
-    match canonical(ip) {
+    match ip {
         IpAddr::V4(v4) => not_public_v4(v4),
-        IpAddr::V6(v6) => not_public_v6(v6),
+        IpAddr::V6(v6) => match embedded_v4(v6) {
+            Some(v4) => not_public_v4(v4),
+            None => not_public_v6(v6),
+        },
     }
 }
 
@@ -298,25 +331,29 @@ fn not_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
     ];
     ranges
         .iter()
-        .find(|(_, net, bits)| in_range(IpAddr::V4(ip), IpAddr::V4(Ipv4Addr::from(*net)), *bits))
+        .find(|(_, net, bits)| within(mapped(ip), mapped(Ipv4Addr::from(*net)), 96 + bits))
         .map(|(kind, _, _)| *kind)
 }
 
 fn not_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
     let v6 = |s: &str| s.parse::<Ipv6Addr>().expect("a literal");
-    let within = |net: &str, bits| in_range(IpAddr::V6(ip), IpAddr::V6(v6(net)), bits);
     let bits = u128::from(ip);
+    let within = |net: &str, prefix| within(bits, u128::from(v6(net)), prefix);
     if ip.is_unspecified() {
         return Some("unspecified");
     }
     if ip.is_loopback() {
         return Some("loopback");
     }
-    // IPv4 inside IPv6: NAT64 (64:ff9b::/96), IPv4-compatible (::/96) and 6to4 (2002::/16)
-    // reach the embedded IPv4 address; judge that one.
-    if within("64:ff9b::", 96) || within("::", 96) {
-        return not_public_v4(Ipv4Addr::from(bits as u32)).or(Some("IPv4-embedding"));
+    // The deprecated IPv4-compatible form: not routed.
+    if within("::", 96) {
+        return not_public_v4(Ipv4Addr::from(bits as u32)).or(Some("IPv4-compatible"));
     }
+    // NAT64's local-use prefix: the embedded IPv4 address may sit anywhere after it.
+    if within("64:ff9b:1::", 48) {
+        return Some("NAT64 local-use");
+    }
+    // 6to4: a router at the embedded IPv4 address.
     if within("2002::", 16) {
         let embedded = Ipv4Addr::from((bits >> 80) as u32);
         return not_public_v4(embedded);
@@ -466,6 +503,200 @@ mod tests {
             Host::parse("[::1]").unwrap(),
             Host::Address("::1".parse().unwrap())
         );
+    }
+
+    /// Regression: an IPv4-mapped IPv6 entry kept its IPv6 prefix length while the addresses
+    /// were compared as IPv4 (`32 - 128` overflowed): as an `allow` entry it let every IPv4
+    /// address through (release) or panicked (debug); as a `deny` entry it denied all IPv4.
+    #[test]
+    fn an_ipv4_mapped_entry_means_that_ipv4_address_only() {
+        let name = host("x.example.org");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for allow in [
+            "::ffff:10.0.0.1",
+            "[::ffff:10.0.0.1]",
+            "[::ffff:10.0.0.0/120]:80",
+        ] {
+            let p = policy(&[allow], &[]);
+            assert!(
+                p.check_addresses(&name, 80, &[ip("10.0.0.1")]).is_ok(),
+                "{allow}"
+            );
+            assert!(
+                p.check_addresses(&name, 80, &[ip("::ffff:10.0.0.1")])
+                    .is_ok(),
+                "{allow}"
+            );
+            for other in ["169.254.169.254", "10.0.1.1", "127.0.0.1", "192.168.0.1"] {
+                assert!(
+                    p.check_addresses(&name, 80, &[ip(other)]).is_err(),
+                    "{allow} let {other} through"
+                );
+            }
+        }
+        let p = policy(&["*.example.org"], &["::ffff:93.184.216.34"]);
+        assert!(
+            p.check_addresses(&name, 443, &[ip("93.184.216.34")])
+                .is_err()
+        );
+        assert!(
+            p.check_addresses(&name, 443, &[ip("1.1.1.1")]).is_ok(),
+            "a mapped deny entry denies its own address, not all of IPv4"
+        );
+        // The mapped range as a whole is IPv4 as a whole, as written.
+        let p = policy(&["[::ffff:0:0/96]"], &[]);
+        assert!(
+            p.check_addresses(&name, 80, &[ip("10.9.8.7")]).is_ok(),
+            "listed by range"
+        );
+        assert!(p.check_addresses(&name, 80, &[ip("fd00::1")]).is_err());
+    }
+
+    #[test]
+    fn ipv6_forms_that_embed_an_ipv4_address_are_judged_by_it() {
+        let p = policy(&["packages.example.org"], &[]);
+        let name = host("packages.example.org");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // NAT64's well-known prefix (DNS64 answers on IPv6-only hosts), IPv4-mapped and
+        // IPv4-translated addresses reach the IPv4 address they embed.
+        for public in [
+            "64:ff9b::5db8:d822",
+            "::ffff:93.184.216.34",
+            "::ffff:0:5db8:d822",
+        ] {
+            assert!(
+                p.check_addresses(&name, 443, &[ip(public)]).is_ok(),
+                "{public} embeds a public address"
+            );
+        }
+        for private in [
+            "64:ff9b::a00:5",
+            "64:ff9b::a9fe:a9fe",
+            "::ffff:0:a00:5",
+            "::ffff:0:7f00:1",
+            "::ffff:0:a9fe:a9fe",
+            // NAT64's local-use prefix: where the IPv4 address sits depends on the network.
+            "64:ff9b:1::a00:5",
+            "64:ff9b:1:abcd::5db8:d822",
+        ] {
+            assert!(
+                p.check_addresses(&name, 443, &[ip(private)]).is_err(),
+                "{private} let through"
+            );
+        }
+        // A deny entry for an IPv4 address covers the forms that embed it.
+        let p = policy(&["*.example.org"], &["93.184.216.34"]);
+        for form in [
+            "93.184.216.34",
+            "::ffff:93.184.216.34",
+            "64:ff9b::5db8:d822",
+            "::ffff:0:5db8:d822",
+        ] {
+            let why = p.check_addresses(&name, 443, &[ip(form)]).unwrap_err();
+            assert!(why.contains("denied"), "{form}: {why}");
+        }
+        // And an allow entry naming a private IPv4 address, too.
+        let p = policy(&["10.0.0.5"], &[]);
+        assert!(
+            p.check_addresses(&name, 80, &[ip("64:ff9b::a00:5")])
+                .is_ok()
+        );
+        assert!(
+            p.check_addresses(&name, 80, &[ip("64:ff9b::a00:6")])
+                .is_err()
+        );
+    }
+
+    /// Addresses as tests pick them: any IPv4 or IPv6 address, and often an IPv6 form that
+    /// embeds an IPv4 address.
+    fn any_address() -> impl proptest::strategy::Strategy<Value = IpAddr> {
+        use proptest::prelude::*;
+        let v4 = any::<[u8; 4]>().prop_map(Ipv4Addr::from);
+        prop_oneof![
+            v4.clone().prop_map(IpAddr::V4),
+            any::<[u8; 16]>().prop_map(|b| IpAddr::V6(Ipv6Addr::from(b))),
+            v4.clone().prop_map(|a| IpAddr::V6(a.to_ipv6_mapped())),
+            v4.clone().prop_map(|a| IpAddr::V6(Ipv6Addr::from(
+                0x64_ff9b_u128 << 96 | u128::from(u32::from(a))
+            ))),
+            v4.prop_map(|a| IpAddr::V6(Ipv6Addr::from(
+                0xffff_0000_0000_u128 << 32 | u128::from(u32::from(a))
+            ))),
+            any::<u128>()
+                .prop_map(|r| IpAddr::V6(Ipv6Addr::from(0x64_ff9b_0001_u128 << 80 | r >> 48))),
+        ]
+    }
+
+    /// The address in IPv6's space (IPv4 as IPv4-mapped), and, for the forms that reach an
+    /// embedded IPv4 address, that one too: a reference written bit by bit.
+    fn reference_identities(ip: IpAddr) -> Vec<u128> {
+        let mapped = |v4: u32| 0xffff_u128 << 32 | u128::from(v4);
+        match ip {
+            IpAddr::V4(v4) => vec![mapped(u32::from(v4))],
+            IpAddr::V6(v6) => {
+                let n = u128::from(v6);
+                let mut out = vec![n];
+                if n >> 32 == 0x64_ff9b_u128 << 64 || n >> 32 == 0xffff_0000_u128 {
+                    out.push(mapped(n as u32));
+                }
+                out
+            }
+        }
+    }
+
+    fn reference_within(ip: u128, net: u128, bits: u32) -> bool {
+        (0..bits).all(|i| (ip >> (127 - i)) & 1 == (net >> (127 - i)) & 1)
+    }
+
+    proptest::proptest! {
+        /// Any entry matches any address without a panic, exactly as a bit-by-bit reference
+        /// says: IPv4 entries and addresses live in IPv6's space as IPv4-mapped ones.
+        #[test]
+        fn entries_match_as_a_bitwise_reference_says(
+            net in any_address(),
+            bits in 0u32..=128,
+            ip in any_address(),
+            port in proptest::option::of(1u16..),
+            asked in 1u16..,
+            bracketed in proptest::bool::ANY,
+        ) {
+            let bits = if net.is_ipv4() { bits % 33 } else { bits };
+            let range = match (net, bracketed) {
+                (IpAddr::V6(v6), true) => format!("[{v6}/{bits}]"),
+                (net, _) => format!("{net}/{bits}"),
+            };
+            let text = match port {
+                Some(port) if net.is_ipv6() && !bracketed => format!("[{range}]:{port}"),
+                Some(port) => format!("{range}:{port}"),
+                None => range,
+            };
+            let entry = Entry::parse(&text).unwrap();
+            let net_bits = if net.is_ipv4() { bits + 96 } else { bits };
+            let [net128] = reference_identities(net)[..1] else { unreachable!() };
+            let want = port.is_none_or(|p| p == asked)
+                && reference_identities(ip).into_iter().any(|i| reference_within(i, net128, net_bits));
+            proptest::prop_assert_eq!(entry.matches_ip(ip, asked), want, "{} {}", text, ip);
+            let single = Entry::parse(&format!("{ip}")).unwrap();
+            proptest::prop_assert!(single.matches_ip(ip, asked));
+        }
+
+        /// An IPv4 address is as public in each IPv6 form that reaches it as it is itself.
+        #[test]
+        fn embedded_forms_are_as_public_as_their_ipv4_address(v4 in proptest::prelude::any::<[u8; 4]>()) {
+            let v4 = Ipv4Addr::from(v4);
+            let n = u128::from(u32::from(v4));
+            let want = not_public(IpAddr::V4(v4));
+            for form in [0xffff_u128 << 32 | n, 0x64_ff9b_u128 << 96 | n, 0xffff_0000_u128 << 32 | n] {
+                proptest::prop_assert_eq!(not_public(IpAddr::V6(Ipv6Addr::from(form))), want, "{}", v4);
+            }
+        }
+
+        /// Whatever an operator writes, parsing answers (`Ok` or an error), never panics.
+        #[test]
+        fn any_entry_text_parses_or_is_an_error(text in ".{0,40}") {
+            let _ = Entry::parse(&text);
+            let _ = Host::parse(&text);
+        }
     }
 
     #[test]

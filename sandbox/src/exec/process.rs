@@ -20,7 +20,6 @@ use monad_protocol::tools::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 
 use super::{child, netpolicy};
 use crate::error::SandboxError;
@@ -32,8 +31,13 @@ pub type Progress<'a> = dyn Fn(&str) + Send + Sync + 'a;
 
 /// Grace given to output readers after the command's tree is gone.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
-/// How long a supervisor gets to end its tree before it is killed itself.
+/// How long a supervisor gets to end its tree before it is killed itself (unless, without
+/// namespaces, it is still making progress: see [`keep_waiting`]).
 const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How often a supervisor that is still ending its tree after [`KILL_GRACE`] is looked at.
+const PROGRESS_CHECK: Duration = Duration::from_secs(1);
+/// Longest a supervisor that keeps making progress may take to end its tree.
+const KILL_HARD_LIMIT: Duration = Duration::from_secs(60);
 /// How often a foreground command reports progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// Longest `wait_ms` of `process_read`.
@@ -49,16 +53,77 @@ const PROGRESS_LINE_CHARS: usize = 200;
 pub(crate) struct Supervisor {
     pid: i32,
     pidfd: Option<Arc<OwnedFd>>,
+    /// Its tree is in namespaces of its own: killing it kills the tree (init dies with it).
+    namespaced: bool,
+}
+
+/// What a supervisor asked to end its tree is seen doing (from `/proc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sample {
+    /// Stopped (`SIGSTOP`, traced): it makes no progress whatever its tree does.
+    pub stopped: bool,
+    /// CPU time it has used, in clock ticks.
+    pub cpu_ticks: u64,
+    /// Its children (the fallback's orphans, re-parented to it, until it has reaped them).
+    pub children: usize,
+}
+
+/// Whether to give a supervisor that was asked to end its tree `waited` ago, and has not, more
+/// time rather than `SIGKILL` it: only without namespaces (where killing it would leave the
+/// orphans it is still killing), while it makes progress between two looks (`before`, `now`:
+/// `None` when it could not be seen), and within [`KILL_HARD_LIMIT`]. Pure.
+pub(crate) fn keep_waiting(
+    namespaced: bool,
+    before: Option<Sample>,
+    now: Option<Sample>,
+    waited: Duration,
+) -> bool {
+    if namespaced || waited >= KILL_HARD_LIMIT {
+        return false;
+    }
+    match (before, now) {
+        (Some(before), Some(now)) => {
+            !now.stopped && (now.cpu_ticks > before.cpu_ticks || now.children < before.children)
+        }
+        _ => false,
+    }
 }
 
 impl Supervisor {
     /// Takes hold of the supervisor `pid`, which must not have been reaped yet.
-    pub(crate) fn new(pid: u32) -> Supervisor {
+    pub(crate) fn new(pid: u32, namespaced: bool) -> Supervisor {
         let pid = pid as i32;
         Supervisor {
             pid,
             pidfd: child::pidfd_open(pid).ok().map(Arc::new),
+            namespaced,
         }
+    }
+
+    /// What it is doing now; `None` when it has exited (or cannot be seen).
+    fn sample(&self) -> Option<Sample> {
+        // Through the pidfd first: once the supervisor is reaped its pid may name another
+        // process, and the pidfd says so.
+        if let Some(fd) = &self.pidfd
+            && child::pidfd_signal(fd, 0).is_err()
+        {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+        let state = *fields.first()?;
+        if state == "Z" || state == "X" {
+            return None;
+        }
+        let ticks = |n: usize| fields.get(n).and_then(|f| f.parse::<u64>().ok());
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", self.pid))
+            .map(|list| list.split_whitespace().count())
+            .unwrap_or(0);
+        Some(Sample {
+            stopped: state == "T" || state == "t",
+            cpu_ticks: ticks(11)?.saturating_add(ticks(12)?),
+            children,
+        })
     }
 
     /// Sends `signal`; false when the supervisor is gone.
@@ -83,13 +148,40 @@ impl Supervisor {
     }
 }
 
-/// Kills the tree when dropped while armed (a cancelled call, an aborted task).
-struct TreeGuard(Option<Supervisor>);
+/// Kills the tree when dropped while armed (a cancelled call, an aborted task): asks the
+/// supervisor at once, and makes sure it ends as [`end`] does (on the runtime, when there is
+/// one, and only through a pidfd: without the process's handle its pid could be recycled).
+pub(crate) struct TreeGuard(Option<Supervisor>);
+
+impl TreeGuard {
+    /// Armed for `supervisor`.
+    pub(crate) fn armed(supervisor: Supervisor) -> TreeGuard {
+        TreeGuard(Some(supervisor))
+    }
+
+    /// The tree ended (or someone else ends it): dropping does nothing now.
+    pub(crate) fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for TreeGuard {
     fn drop(&mut self) {
-        if let Some(supervisor) = self.0.take() {
-            supervisor.kill_tree();
+        let Some(supervisor) = self.0.take() else {
+            return;
+        };
+        supervisor.kill_tree();
+        if supervisor.pidfd.is_some()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                let gone = async {
+                    while supervisor.sample().is_some() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                };
+                end_tree(&supervisor, gone).await;
+            });
         }
     }
 }
@@ -171,6 +263,15 @@ struct State {
     tail: VecDeque<u8>,
 }
 
+/// What the task driving a process is told: when its time runs out, and whether to end it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Control {
+    /// When the process is killed as timed out; `None`: no time limit.
+    deadline: Option<tokio::time::Instant>,
+    /// End it now (a cancelled call, the table dropped).
+    abort: bool,
+}
+
 /// A running (or exited, not yet read) command.
 pub(crate) struct Proc {
     id: String,
@@ -182,10 +283,18 @@ pub(crate) struct Proc {
     state: Mutex<State>,
     /// Ticks on every change: output, network, exit.
     activity: watch::Sender<u64>,
-    stdin: tokio::sync::Mutex<Option<tokio::process::ChildStdin>>,
-    task: Mutex<Option<AbortHandle>>,
-    /// The workspace's shared namespaces it runs in, when namespaced.
-    shared: Option<Arc<super::shared::Shared>>,
+    /// Its standard input while open (held by the writer of the initial `stdin` until that is
+    /// written, then by each `process_write` in turn).
+    stdin: Arc<tokio::sync::Mutex<Option<tokio::process::ChildStdin>>>,
+    /// Its standard input is closed (seen without waiting for the pipe's lock).
+    stdin_closed: std::sync::atomic::AtomicBool,
+    /// The connections the workspace's proxy was asked for.
+    network: Arc<crate::netlog::NetworkLog>,
+    /// What the task driving it is told.
+    control: watch::Sender<Control>,
+    /// The workspace's shared namespaces it runs in, when namespaced: held, so they (and the
+    /// proxy) live as long as it is kept.
+    _shared: Option<Arc<super::shared::Shared>>,
 }
 
 impl std::fmt::Debug for Proc {
@@ -224,14 +333,18 @@ impl Proc {
     /// The connections the workspace's proxy was asked for since the last report (of any of
     /// the workspace's commands: the proxy cannot tell them apart).
     fn take_events(&self) -> Vec<NetworkEvent> {
-        self.shared
-            .as_ref()
-            .map(|shared| shared.take_events())
-            .unwrap_or_default()
+        self.network.take_for_answer()
     }
 
     fn exit(&self) -> Option<Exit> {
         self.lock().exit
+    }
+
+    /// Closes its standard input (the pipe in `slot`, whose lock the caller holds).
+    fn close_stdin(&self, slot: &mut Option<tokio::process::ChildStdin>) {
+        *slot = None;
+        self.stdin_closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn elapsed(&self, exit: Option<Exit>) -> Duration {
@@ -251,12 +364,10 @@ impl Proc {
             .map(|l| l.chars().take(PROGRESS_LINE_CHARS).collect())
     }
 
-    /// Kills the tree and stops the task pumping its output.
+    /// Kills the tree now, and has the task driving it make sure it ends (see [`end`]).
     fn abort(&self) {
         self.supervisor.kill_tree();
-        if let Some(task) = self.task.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            task.abort();
-        }
+        self.control.send_modify(|c| c.abort = true);
     }
 }
 
@@ -283,7 +394,8 @@ impl Table {
         self.procs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn full(&self) -> Result<(), SandboxError> {
+    /// `LimitExceeded` unless there is room for one more background process.
+    pub(crate) fn check_room(&self) -> Result<(), SandboxError> {
         if self.lock().len() >= self.max {
             return Err(SandboxError::LimitExceeded(format!(
                 "this workspace already keeps {} background processes (running, or exited with \
@@ -293,6 +405,27 @@ impl Table {
             )));
         }
         Ok(())
+    }
+
+    /// Moves a foreground process here when there is room: its answer so far (what it printed,
+    /// taken under the table's lock, so that nothing is taken when there is no room), or `None`
+    /// when the table is full (then nothing about it changed).
+    fn adopt_moving(&self, proc: &Arc<Proc>) -> Option<RunCommandResult> {
+        let mut procs = self.lock();
+        if procs.len() >= self.max {
+            return None;
+        }
+        let answer = result_of(proc, None, Some(proc.id.clone()));
+        {
+            let mut guard = proc.lock();
+            let state = &mut *guard;
+            for output in [&mut state.stdout, &mut state.stderr] {
+                output.keep_tail = true;
+                output.truncated = false;
+            }
+        }
+        procs.push(proc.clone());
+        Some(answer)
     }
 
     fn adopt(&self, proc: Arc<Proc>) -> Result<(), SandboxError> {
@@ -323,6 +456,38 @@ impl Table {
     /// `NotFound` unless the table keeps process `id`.
     pub(crate) fn check_exists(&self, id: &str) -> Result<(), SandboxError> {
         self.get(id).map(drop)
+    }
+
+    /// Process `id`, when it still runs (`process_kill`); else why it cannot be signalled.
+    fn running(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
+        let proc = self.get(id)?;
+        if proc.exit().is_some() {
+            return Err(SandboxError::InvalidArguments(format!(
+                "process `{}` has exited; read what is left with `process_read`",
+                proc.id
+            )));
+        }
+        Ok(proc)
+    }
+
+    /// `process_kill`'s check: process `id` runs.
+    pub(crate) fn check_running(&self, id: &str) -> Result<(), SandboxError> {
+        self.running(id).map(drop)
+    }
+
+    /// Process `id`, when it runs with its standard input open (`process_write`); else why it
+    /// takes no input.
+    fn writable(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
+        let proc = self.running(id)?;
+        if proc.stdin_closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(stdin_closed(&proc));
+        }
+        Ok(proc)
+    }
+
+    /// `process_write`'s check: process `id` runs and takes input.
+    pub(crate) fn check_writable(&self, id: &str) -> Result<(), SandboxError> {
+        self.writable(id).map(drop)
     }
 
     fn remove(&self, id: &str) {
@@ -360,6 +525,8 @@ impl Table {
 
 impl Drop for Table {
     fn drop(&mut self) {
+        // The workspace is gone: its audit reader gets what is left, then the end.
+        self.shared.network.close();
         self.end_all();
     }
 }
@@ -376,16 +543,30 @@ impl Drop for Foreground {
     }
 }
 
-/// `run_command`: starts the command, then answers at once (`background`), when it exits, or
-/// when `background_after_ms` has passed (leaving it in `table`).
-pub(crate) async fn run(
-    jail: &Jail,
+/// What a `run_command` call's arguments say, checked against the limits and the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Validated {
+    /// Answer at once, leaving it in the table.
+    pub background: bool,
+    /// Its wall-clock limit to begin with (the default one goes when it moves to the
+    /// background).
+    pub timeout: Option<Duration>,
+    /// The limit its CPU time (`RLIMIT_CPU`, which cannot be lifted later) is derived from:
+    /// none when it may move to the background without a limit of its own.
+    pub cpu_limit: Option<Duration>,
+    /// When it moves to the background if it still runs.
+    pub after: Option<Duration>,
+}
+
+/// Checks `run_command`'s arguments (argv, time limits, how it goes to the background) and the
+/// policy's allowlist: the one check before approval ([`crate::Sandbox::check`]) and before the
+/// run. Pure.
+pub(crate) fn validate(
+    args: &RunCommandArgs,
     limits: &Limits,
     policy: &ExecPolicy,
-    table: &Table,
-    args: &RunCommandArgs,
-    progress: Option<&Progress<'_>>,
-) -> Result<RunCommandResult, SandboxError> {
+) -> Result<Validated, SandboxError> {
+    super::check_argv(&args.argv)?;
     let background = args.background.unwrap_or(false);
     let max = limits.command_max_timeout_ms;
     let timeout_ms = match (args.timeout_ms, background) {
@@ -414,20 +595,50 @@ pub(crate) async fn run(
         }
         other => other.map(Duration::from_millis),
     };
-    if background {
-        table.full()?;
-    }
     if policy.network == crate::limits::NetworkMode::Allowlist {
         netpolicy::NetPolicy::parse(&policy.allow, &policy.deny)
             .map_err(SandboxError::InvalidArguments)?;
     }
     let timeout = timeout_ms.map(Duration::from_millis);
+    Ok(Validated {
+        background,
+        timeout,
+        // The default limit ends when the command moves to the background; so must the CPU
+        // limit derived from it.
+        cpu_limit: if after.is_some() && args.timeout_ms.is_none() {
+            None
+        } else {
+            timeout
+        },
+        after,
+    })
+}
+
+/// `run_command`: starts the command, then answers at once (`background`), when it exits, or
+/// when `background_after_ms` has passed (leaving it in `table`).
+pub(crate) async fn run(
+    jail: &Jail,
+    limits: &Limits,
+    policy: &ExecPolicy,
+    table: &Table,
+    args: &RunCommandArgs,
+    progress: Option<&Progress<'_>>,
+) -> Result<RunCommandResult, SandboxError> {
+    let Validated {
+        background,
+        timeout,
+        cpu_limit,
+        after,
+    } = validate(args, limits, policy)?;
+    if background {
+        table.check_room()?;
+    }
     let started = super::start(
         jail,
         policy,
         &table.shared,
         args,
-        timeout,
+        cpu_limit,
         background || args.stdin.is_some(),
     )?;
     let mut started = started;
@@ -454,35 +665,41 @@ pub(crate) async fn run(
             tail: VecDeque::new(),
         }),
         activity,
-        stdin: tokio::sync::Mutex::new(None),
-        task: Mutex::new(None),
-        shared: started.shared.clone(),
+        stdin: Arc::default(),
+        stdin_closed: std::sync::atomic::AtomicBool::new(stdin.is_none()),
+        network: table.shared.network.clone(),
+        control: watch::Sender::new(Control {
+            deadline: timeout.map(|t| tokio::time::Instant::now() + t),
+            abort: false,
+        }),
+        _shared: started.shared.clone(),
     });
     // From here on, a failure or a cancellation kills the tree.
     let mut foreground = Foreground(Some(proc.clone()));
     let mut changes = proc.activity.subscribe();
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    let task = tokio::spawn(drive(proc.clone(), started, deadline));
-    *proc.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+    tokio::spawn(drive(proc.clone(), started, proc.control.subscribe()));
 
     if let Some(mut pipe) = stdin {
         let input = args.stdin.clone();
         if background {
-            // Kept open for `process_write`; the initial text goes first (the writer holds the
-            // lock until it is written).
-            let mut slot = proc.stdin.lock().await;
+            // Kept open for `process_write`. The initial text goes first: its writer holds the
+            // pipe from now until it is written (a `process_write` waits its turn, bounded).
+            let mut slot = proc
+                .stdin
+                .clone()
+                .try_lock_owned()
+                .expect("nobody else has seen this process yet");
+            *slot = Some(pipe);
             if let Some(input) = input {
                 let proc = proc.clone();
                 tokio::spawn(async move {
-                    let mut slot = proc.stdin.lock().await;
                     if let Some(pipe) = slot.as_mut()
                         && pipe.write_all(input.as_bytes()).await.is_err()
                     {
-                        *slot = None;
+                        proc.close_stdin(&mut slot);
                     }
                 });
             }
-            *slot = Some(pipe);
         } else if let Some(input) = input {
             tokio::spawn(async move {
                 // A program that does not read its input closes the pipe: not an error.
@@ -529,31 +746,17 @@ pub(crate) async fn run(
                 }
             } => {
                 // Still running: leave it in the background, with what it printed so far.
-                let answer = result_of(&proc, None, Some(proc.id.clone()));
-                {
-                    let mut guard = proc.lock();
-                    let state = &mut *guard;
-                    for output in [&mut state.stdout, &mut state.stderr] {
-                        output.keep_tail = true;
-                        output.truncated = false;
-                    }
-                }
-                match table.adopt(proc.clone()) {
-                    Ok(()) => {
+                match table.adopt_moving(&proc) {
+                    Some(answer) => {
                         foreground.0 = None;
+                        if args.timeout_ms.is_none() {
+                            // Moved so as not to be killed at the default limit.
+                            proc.control.send_modify(|c| c.deadline = None);
+                        }
                         return Ok(answer);
                     }
-                    // No room: it stays in the foreground; what it printed is put back first.
-                    Err(_) => {
-                        let mut guard = proc.lock();
-                        let state = &mut *guard;
-                        state.stdout.bytes.extend(answer.stdout.bytes());
-                        state.stderr.bytes.extend(answer.stderr.bytes());
-                        for output in [&mut state.stdout, &mut state.stderr] {
-                            output.keep_tail = false;
-                        }
-                        moving_at = None;
-                    }
+                    // No room: it stays in the foreground, untouched.
+                    None => moving_at = None,
                 }
             }
             _ = tick.tick(), if progress.is_some() => {
@@ -595,14 +798,13 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
     }
 }
 
-/// Pumps the output, waits for the end (killing the tree at the deadline), and
-/// records how it ended.
+/// Pumps the output, waits for the end (killing the tree at the deadline, or when told to),
+/// and records how it ended.
 async fn drive(
     proc: Arc<Proc>,
     mut started: super::Started,
-    deadline: Option<tokio::time::Instant>,
+    mut control: watch::Receiver<Control>,
 ) {
-    let mut guard = TreeGuard(Some(proc.supervisor.clone()));
     let mut pumps = tokio::task::JoinSet::new();
     if let Some(out) = started.child.stdout.take() {
         pumps.spawn(pump(out, proc.clone(), false));
@@ -611,15 +813,25 @@ async fn drive(
         pumps.spawn(pump(err, proc.clone(), true));
     }
     let mut timed_out = false;
-    let status = match deadline {
-        Some(deadline) => match tokio::time::timeout_at(deadline, started.child.wait()).await {
-            Ok(status) => status,
-            Err(_) => {
+    let status = loop {
+        let now = *control.borrow_and_update();
+        if now.abort {
+            break end(&mut started.child, &proc.supervisor).await;
+        }
+        tokio::select! {
+            status = started.child.wait() => break status,
+            () = async {
+                match now.deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
                 timed_out = true;
-                end(&mut started.child, &proc.supervisor).await
+                break end(&mut started.child, &proc.supervisor).await;
             }
-        },
-        None => started.child.wait().await,
+            // The process holds the sender: it is there for as long as this runs.
+            _ = control.changed() => {}
+        }
     };
     let duration = proc.started.elapsed();
     // The tree is gone with its supervisor, and with it every writer of the pipes; the grace
@@ -629,7 +841,7 @@ async fn drive(
     })
     .await;
     pumps.abort_all();
-    guard.0 = None;
+    started.guard.disarm();
     let exit = match status {
         Ok(status) => Exit {
             code: status.code(),
@@ -652,18 +864,35 @@ async fn drive(
     drop(started.tmp);
 }
 
-/// Ends the tree: asks the supervisor, and kills it if it does not answer in time.
-async fn end(
+/// Ends the tree: asks the supervisor, and kills it if it has not ended the tree within
+/// [`KILL_GRACE`] (or, without namespaces, as soon as it stops making progress; see
+/// [`keep_waiting`]).
+pub(crate) async fn end(
     child: &mut tokio::process::Child,
     supervisor: &Supervisor,
 ) -> std::io::Result<std::process::ExitStatus> {
+    end_tree(supervisor, child.wait()).await
+}
+
+/// [`end`], for any future `exited` that completes when the supervisor has exited.
+async fn end_tree<T>(supervisor: &Supervisor, exited: impl std::future::Future<Output = T>) -> T {
     supervisor.kill_tree();
-    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            supervisor.kill_hard();
-            child.wait().await
+    tokio::pin!(exited);
+    let mut waited = Duration::ZERO;
+    let mut step = KILL_GRACE;
+    let mut before = supervisor.sample();
+    loop {
+        if let Ok(done) = tokio::time::timeout(step, &mut exited).await {
+            return done;
         }
+        waited += step;
+        let now = supervisor.sample();
+        if !keep_waiting(supervisor.namespaced, before, now, waited) {
+            supervisor.kill_hard();
+            return exited.await;
+        }
+        before = now;
+        step = PROGRESS_CHECK;
     }
 }
 
@@ -728,42 +957,41 @@ pub(crate) async fn write(
     table: &Table,
     args: &ProcessWriteArgs,
 ) -> Result<ProcessWriteResult, SandboxError> {
-    let proc = table.get(&args.process)?;
-    if proc.exit().is_some() {
-        return Err(SandboxError::InvalidArguments(format!(
-            "process `{}` has exited; read what is left with `process_read`",
-            proc.id
-        )));
-    }
-    let mut slot = proc.stdin.lock().await;
-    let Some(pipe) = slot.as_mut() else {
-        return Err(SandboxError::InvalidArguments(format!(
-            "the standard input of process `{}` is closed",
-            proc.id
-        )));
+    let proc = table.writable(&args.process)?;
+    let deadline = tokio::time::Instant::now() + WRITE_TIMEOUT;
+    let not_reading = |why: &str| {
+        SandboxError::Timeout(format!(
+            "process `{}` did not take its input within {} s ({why})",
+            proc.id,
+            WRITE_TIMEOUT.as_secs(),
+        ))
     };
-    let written = tokio::time::timeout(WRITE_TIMEOUT, pipe.write_all(args.text.as_bytes())).await;
+    let mut slot = match tokio::time::timeout_at(deadline, proc.stdin.lock()).await {
+        Ok(slot) => slot,
+        Err(_) => {
+            return Err(not_reading(
+                "earlier input is still being written to it: it is not reading its standard \
+                 input",
+            ));
+        }
+    };
+    let Some(pipe) = slot.as_mut() else {
+        return Err(stdin_closed(&proc));
+    };
+    let written = tokio::time::timeout_at(deadline, pipe.write_all(args.text.as_bytes())).await;
     match written {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
-            *slot = None;
+            proc.close_stdin(&mut slot);
             return Err(SandboxError::InvalidArguments(format!(
                 "process `{}` closed its standard input",
                 proc.id
             )));
         }
-        Err(_) => {
-            return Err(SandboxError::Timeout(format!(
-                "process `{}` did not take its input within {} s (it is not reading its \
-                 standard input)",
-                proc.id,
-                WRITE_TIMEOUT.as_secs()
-            )));
-        }
+        Err(_) => return Err(not_reading("it is not reading its standard input")),
     }
-    let close = args.close_stdin.unwrap_or(false);
-    if close {
-        *slot = None;
+    if args.close_stdin.unwrap_or(false) {
+        proc.close_stdin(&mut slot);
     }
     Ok(ProcessWriteResult {
         process: proc.id.clone(),
@@ -772,13 +1000,20 @@ pub(crate) async fn write(
     })
 }
 
-/// `process_kill`.
+fn stdin_closed(proc: &Proc) -> SandboxError {
+    SandboxError::InvalidArguments(format!(
+        "the standard input of process `{}` is closed",
+        proc.id
+    ))
+}
+
+/// `process_kill`: only a running process (one that exits meanwhile is not `delivered`).
 pub(crate) fn kill(
     table: &Table,
     args: &ProcessKillArgs,
 ) -> Result<ProcessKillResult, SandboxError> {
     let (signal, name) = super::parse_signal(args.signal.as_deref())?;
-    let proc = table.get(&args.process)?;
+    let proc = table.running(&args.process)?;
     let delivered = proc.exit().is_none()
         && if signal == nix::libc::SIGKILL {
             proc.supervisor.signal(child::KILL_TREE)
@@ -810,15 +1045,134 @@ pub(crate) fn list(table: &Table) -> ProcessListResult {
                     signal: exit.and_then(|e| e.signal),
                     duration_ms: proc.elapsed(exit).as_millis() as u64,
                     unread_bytes: (state.stdout.bytes.len() + state.stderr.bytes.len()) as u64,
+                    workspace: None,
                 }
             })
             .collect(),
+        unavailable: Vec::new(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Polls `done` every 10 ms for up to `limit`; whether it came true.
+    fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done()
+    }
+
+    #[test]
+    fn a_supervisor_gets_more_time_only_while_it_makes_progress_without_namespaces() {
+        let at = |cpu_ticks, children, stopped| {
+            Some(Sample {
+                stopped,
+                cpu_ticks,
+                children,
+            })
+        };
+        let second = Duration::from_secs(3);
+        // Busy killing and reaping thousands of orphans: more time.
+        assert!(keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(40, 1500, false),
+            second
+        ));
+        assert!(keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(40, 2000, false),
+            second
+        ));
+        assert!(keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(10, 1999, false),
+            second
+        ));
+        // Idle, stopped, gone from sight, past the hard limit, or namespaced: killed.
+        assert!(!keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(10, 2000, false),
+            second
+        ));
+        assert!(!keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(90, 10, true),
+            second
+        ));
+        assert!(!keep_waiting(false, None, at(90, 10, false), second));
+        assert!(!keep_waiting(false, at(10, 2000, false), None, second));
+        assert!(!keep_waiting(
+            false,
+            at(10, 2000, false),
+            at(40, 1500, false),
+            KILL_HARD_LIMIT
+        ));
+        assert!(!keep_waiting(
+            true,
+            at(10, 2000, false),
+            at(40, 1500, false),
+            second
+        ));
+    }
+
+    /// Regression: a call cancelled after the spawn but before the task that drives the command
+    /// took it (while `started()` waited for `exec`) left the whole tree running, with no time
+    /// limit: `Started` had no guard and its child is not killed on drop.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_started_command_dropped_before_it_is_driven_is_killed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // Commands run as `nobody` then: the workspace is theirs.
+            std::os::unix::fs::chown(&root, Some(65534), Some(65534)).unwrap();
+        }
+        let jail = Jail::open_ambient(&root).unwrap();
+        let table = Table::new(4);
+        let args = RunCommandArgs {
+            argv: [
+                "sh",
+                "-c",
+                "exec 9>>held.lock; flock 9; echo held > held.ready; exec sleep 60",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Default::default()
+        };
+        let started = super::super::start(
+            &jail,
+            &ExecPolicy::default(),
+            &table.shared,
+            &args,
+            None,
+            false,
+        )
+        .unwrap();
+        let ready = root.join("held.ready");
+        assert!(
+            within(Duration::from_secs(20), || ready.exists()),
+            "the command did not start"
+        );
+        drop(started);
+        let lock = root.join("held.lock");
+        let free = within(Duration::from_secs(20), || {
+            let file = std::fs::File::open(&lock).unwrap();
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+        });
+        assert!(free, "the command outlived its dropped start");
+    }
 
     #[test]
     fn foreground_output_keeps_the_head_and_background_the_tail() {

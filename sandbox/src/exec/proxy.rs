@@ -29,20 +29,46 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest HTTP request head accepted.
 const MAX_HEAD: usize = 16 * 1024;
+/// How long the proxy waits after a failed accept (out of descriptors, say) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Serves until dropped (the command ended); dropping it ends every connection too.
 pub(crate) async fn serve(listener: TcpListener, policy: Arc<NetPolicy>, sink: Sink) {
+    accept_loop(
+        || async { listener.accept().await.map(|(stream, _)| stream) },
+        move |stream| {
+            let (policy, sink) = (policy.clone(), sink.clone());
+            async move { handle(stream, &policy, &sink).await }
+        },
+    )
+    .await
+}
+
+/// Takes connections from `accept` and runs `handle` on each, at most [`MAX_CONNECTIONS`] at
+/// once (more are closed at once).
+async fn accept_loop<S, A, H>(mut accept: impl FnMut() -> A, mut handle: impl FnMut(S) -> H)
+where
+    A: std::future::Future<Output = std::io::Result<S>>,
+    H: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+            accepted = accept() => {
+                let stream = match accepted {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        // The listener stays; try again shortly rather than spin.
+                        tracing::debug!("the network proxy's accept failed: {e}");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                };
                 if connections.len() >= MAX_CONNECTIONS {
                     drop(stream);
                     continue;
                 }
-                let (policy, sink) = (policy.clone(), sink.clone());
-                connections.spawn(async move { handle(stream, &policy, &sink).await });
+                connections.spawn(handle(stream));
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
@@ -58,7 +84,8 @@ struct Request {
 
 enum Kind {
     Socks,
-    Connect,
+    /// `CONNECT`, with the bytes the client sent right after its head (kept for the origin).
+    Connect(Vec<u8>),
     /// A plain HTTP request: its head rewritten for the origin server, and the bytes of the
     /// body already read.
     Http(Vec<u8>),
@@ -110,10 +137,14 @@ async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
             // Succeeded; the bound address is not meaningful here.
             client.write_all(&[5, 0, 0, 1, 0, 0, 0, 0, 0, 0]).await
         }
-        Kind::Connect => {
-            client
+        Kind::Connect(early) => {
+            match client
                 .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                 .await
+            {
+                Ok(()) => upstream.write_all(early).await,
+                Err(e) => Err(e),
+            }
         }
         Kind::Http(head) => upstream.write_all(head).await,
     };
@@ -180,7 +211,7 @@ enum RefusalKind {
 fn kind_of(kind: &Kind) -> RefusalKind {
     match kind {
         Kind::Socks => RefusalKind::Socks,
-        Kind::Connect | Kind::Http(_) => RefusalKind::Http,
+        Kind::Connect(_) | Kind::Http(_) => RefusalKind::Http,
     }
 }
 
@@ -322,7 +353,7 @@ async fn read_http<S: AsyncRead + Unpin>(client: &mut S, first: u8) -> Result<Re
         return Ok(Request {
             host,
             port,
-            kind: Kind::Connect,
+            kind: Kind::Connect(buf[end..].to_vec()),
         });
     }
     let Some(rest) = target.strip_prefix("http://") else {
@@ -337,15 +368,24 @@ async fn read_http<S: AsyncRead + Unpin>(client: &mut S, first: u8) -> Result<Re
     };
     let (host, port) =
         split_host_port(authority, Some(80)).or_else(|why| refuse(RefusalKind::Http, why))?;
-    // For the origin server: the path only, no proxy headers, one request per connection (the
-    // next one could be for another host).
-    let mut out = format!("{method} {path} {version}\r\n");
+    // For the origin server: the path only, the URL's host as `Host` (the one the policy
+    // checked: a shared front must not be asked for another site), no proxy headers, one
+    // request per connection (the next one could be for another host).
+    let mut out = format!("{method} {path} {version}\r\nHost: {authority}\r\n");
     for line in lines {
         if line.is_empty() {
             continue;
         }
+        if line.starts_with([' ', '\t']) {
+            // A folded line (obsolete): it continues a header whose name was checked.
+            return refuse(
+                RefusalKind::Http,
+                "a folded header line (obsolete in HTTP/1.1)",
+            );
+        }
         let name = line.split(':').next().unwrap_or_default().trim();
         let skip = [
+            "host",
             "proxy-connection",
             "proxy-authorization",
             "connection",
@@ -417,13 +457,80 @@ mod tests {
         );
     }
 
+    /// Regression: bytes a client sent right after its `CONNECT` head (a TLS hello sent without
+    /// waiting for the answer) were dropped.
+    #[tokio::test]
+    async fn bytes_after_a_connect_head_are_kept_for_the_origin() {
+        let request =
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n\x16\x03\x01early";
+        let mut reader = &request[1..];
+        let parsed = read_http(&mut reader, request[0]).await.ok().unwrap();
+        let Kind::Connect(early) = parsed.kind else {
+            panic!("a CONNECT");
+        };
+        assert_eq!(early, b"\x16\x03\x01early");
+    }
+
+    /// Regression: a failing accept (out of descriptors: `EMFILE`) was retried at once,
+    /// forever, at 100% CPU.
+    #[tokio::test(start_paused = true)]
+    async fn accept_errors_back_off_instead_of_spinning() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = AtomicUsize::new(0);
+        let serving = accept_loop(
+            || {
+                let n = calls.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if n >= 10_000 {
+                        // Enough to tell: stop answering rather than spin the test forever.
+                        std::future::pending::<()>().await;
+                    }
+                    Err::<TcpStream, _>(std::io::Error::from_raw_os_error(nix::libc::EMFILE))
+                }
+            },
+            |_: TcpStream| async {},
+        );
+        // Paused time: a loop that sleeps lets the clock run to the time-out.
+        let _ = tokio::time::timeout(Duration::from_secs(1), serving).await;
+        let calls = calls.load(Ordering::Relaxed);
+        assert!(calls <= 21, "{calls} accepts in one second");
+    }
+
+    /// Regression: the client's `Host` header went to the origin unchanged, so a shared front
+    /// (a CDN, an ingress) that the allowlist lets through could be asked for any site behind it.
+    #[tokio::test]
+    async fn a_plain_request_names_the_host_of_its_url_only() {
+        for request in [
+            &b"GET http://allowed.example/x HTTP/1.1\r\nHost: internal.example\r\nAccept: */*\r\n\r\n"[..],
+            b"GET http://allowed.example/x HTTP/1.1\r\nhost: internal.example\r\nHOST : other\r\n\r\n",
+            b"GET http://allowed.example/x HTTP/1.0\r\n\r\n",
+        ] {
+            let mut reader = &request[1..];
+            let parsed = read_http(&mut reader, request[0]).await.ok().unwrap();
+            let Kind::Http(head) = parsed.kind else {
+                panic!("a plain request");
+            };
+            let head = String::from_utf8(head).unwrap();
+            assert!(
+                !head.contains("internal") && !head.contains("other"),
+                "{head}"
+            );
+            assert_eq!(head.to_ascii_lowercase().matches("host").count(), 1, "{head}");
+            assert!(head.contains("\r\nHost: allowed.example\r\n"), "{head}");
+        }
+        // A folded header line could carry anything past a check of names: refused.
+        let folded = b"GET http://allowed.example/ HTTP/1.1\r\nX-A: 1\r\n Host: internal\r\n\r\n";
+        let mut reader = &folded[1..];
+        assert!(read_http(&mut reader, folded[0]).await.is_err());
+    }
+
     #[tokio::test]
     async fn connect_and_bad_requests() {
         let request = b"CONNECT [2001:db8::1]:443 HTTP/1.1\r\nHost: x\r\n\r\n";
         let mut reader = &request[1..];
         let parsed = read_http(&mut reader, request[0]).await.ok().unwrap();
         assert_eq!(parsed.port, 443);
-        assert!(matches!(parsed.kind, Kind::Connect));
+        assert!(matches!(parsed.kind, Kind::Connect(ref early) if early.is_empty()));
         for bad in [
             &b"GET https://x/ HTTP/1.1\r\n\r\n"[..],
             b"CONNECT x HTTP/1.1\r\n\r\n",

@@ -7,7 +7,8 @@
 //! POSIX message queues) is shared too.
 //!
 //! With `network = "allowlist"` the network namespace holds the proxy's listening socket: one
-//! [`super::proxy`] per workspace, whose reports go to [`Shared::events`].
+//! [`super::proxy`] per workspace, whose reports go to the workspace's
+//! [`crate::netlog::NetworkLog`] ([`Slot::network`]).
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -17,9 +18,7 @@ use monad_protocol::tools::NetworkEvent;
 use super::{Identity, PROXY_PORT, child, netpolicy, proxy};
 use crate::error::SandboxError;
 use crate::limits::{ExecPolicy, NetworkMode};
-
-/// Network events kept between two reports; more are dropped (and said so in the log).
-const MAX_EVENTS: usize = 1000;
+use crate::netlog::NetworkLog;
 
 /// A workspace's shared namespaces, alive while this lives (and while a command is in them).
 #[derive(Debug)]
@@ -29,8 +28,6 @@ pub(crate) struct Shared {
     pub user: OwnedFd,
     pub ipc: OwnedFd,
     pub net: Option<OwnedFd>,
-    /// Connections the proxy was asked for, not reported yet.
-    pub events: Arc<Mutex<Vec<NetworkEvent>>>,
     proxy: Option<tokio::task::AbortHandle>,
 }
 
@@ -93,7 +90,11 @@ impl Shared {
     /// Makes them, as `identity` (the caller when `None`), with a network namespace unless the
     /// policy gives commands the host's network, and the allowlist's proxy in it. Needs a tokio
     /// runtime (the proxy runs on it).
-    pub(crate) fn make(policy: &ExecPolicy, identity: Option<Identity>) -> Result<Shared, Failure> {
+    pub(crate) fn make(
+        policy: &ExecPolicy,
+        identity: Option<Identity>,
+        network: &Arc<NetworkLog>,
+    ) -> Result<Shared, Failure> {
         let net = policy.network != NetworkMode::Host;
         let allowlist = (policy.network == NetworkMode::Allowlist)
             .then(|| netpolicy::NetPolicy::parse(&policy.allow, &policy.deny))
@@ -166,14 +167,13 @@ impl Shared {
         let user = fds.next().expect("counted");
         let ipc = fds.next().expect("counted");
         let net = net.then(|| fds.next().expect("counted"));
-        let events: Arc<Mutex<Vec<NetworkEvent>>> = Arc::default();
         let proxy = match (allowlist, fds.next()) {
             (Some(allowlist), Some(listener)) => {
                 let listener = std::net::TcpListener::from(listener);
                 listener.set_nonblocking(true).map_err(io("listen with"))?;
                 let listener =
                     tokio::net::TcpListener::from_std(listener).map_err(io("listen with"))?;
-                let sink = events.clone();
+                let sink = network.clone();
                 let report = move |event: NetworkEvent| {
                     tracing::info!(
                         host = %event.host,
@@ -182,14 +182,7 @@ impl Shared {
                         reason = event.reason.as_deref().unwrap_or(""),
                         "network"
                     );
-                    let mut events = sink.lock().unwrap_or_else(|p| p.into_inner());
-                    if events.len() < MAX_EVENTS {
-                        events.push(event);
-                    } else {
-                        tracing::warn!(
-                            "network events not reported yet are over {MAX_EVENTS}; dropping"
-                        );
-                    }
+                    sink.report(event);
                 };
                 let task = tokio::spawn(proxy::serve(
                     listener,
@@ -205,14 +198,8 @@ impl Shared {
             user,
             ipc,
             net,
-            events,
             proxy,
         })
-    }
-
-    /// The events not reported yet.
-    pub(crate) fn take_events(&self) -> Vec<NetworkEvent> {
-        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -394,6 +381,8 @@ pub(crate) struct Slot {
     tmp: Mutex<Option<Arc<TmpDir>>>,
     view: Mutex<Option<(ViewKey, View)>>,
     own_user: Mutex<Option<Identity>>,
+    /// The connections its proxy (whichever it has now) was asked for.
+    pub network: Arc<NetworkLog>,
 }
 
 impl Drop for Slot {
@@ -473,7 +462,7 @@ impl Slot {
         {
             return Ok(shared.clone());
         }
-        let shared = Arc::new(Shared::make(policy, identity)?);
+        let shared = Arc::new(Shared::make(policy, identity, &self.network)?);
         *slot = Some(shared.clone());
         Ok(shared)
     }

@@ -36,6 +36,39 @@ fn http_server() -> u16 {
     port
 }
 
+/// Answers every HTTP request on 127.0.0.1 with the `Host` header it came with. Returns the
+/// port.
+fn host_echo_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head);
+                let hosts: Vec<&str> = head
+                    .lines()
+                    .filter_map(|l| l.split_once(':'))
+                    .filter(|(name, _)| name.trim().eq_ignore_ascii_case("host"))
+                    .map(|(_, value)| value.trim())
+                    .collect();
+                let body = hosts.join(",");
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
 fn allowlist(allow: &[&str], deny: &[&str]) -> Fixture {
     Fixture::with(
         Limits::default(),
@@ -127,6 +160,54 @@ fn the_allowlist_lets_through_only_what_it_lists() {
         &["curl", "-sS", "--max-time", "5", "--noproxy", "*", &url],
     );
     assert_ne!(out.exit_code, Some(0), "{out:?}");
+}
+
+/// Regression: bytes a client sent in the same write as its `CONNECT` head (a TLS hello sent
+/// without waiting for the answer, as some clients do) were dropped.
+#[test]
+fn bytes_sent_with_a_connect_head_reach_the_destination() {
+    let port = http_server();
+    let fx = allowlist(&["127.0.0.1"], &[]);
+    let script = format!(
+        r#"
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+s.sendall(b"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+data = b""
+try:
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+except socket.timeout:
+    pass
+print(data.decode(errors="replace"))
+"#
+    );
+    let out = run(&fx, &["python3", "-c", &script]);
+    assert!(out.stdout.contains("200 Connection Established"), "{out:?}");
+    assert!(out.stdout.contains("hello from the host"), "{out:?}");
+}
+
+/// Regression: a plain `http://` request went on with the client's own `Host` header, so an
+/// allowed shared front (a CDN, an ingress) could be asked for a site the allowlist does not
+/// list.
+#[test]
+fn a_plain_http_request_reaches_only_the_host_of_its_url() {
+    let port = host_echo_server();
+    let fx = allowlist(&[&format!("127.0.0.1:{port}")], &[]);
+    let out = curl(
+        &fx,
+        &[
+            "-x",
+            "http://127.0.0.1:3128",
+            "-H",
+            "Host: metadata.internal",
+        ],
+        &format!("http://127.0.0.1:{port}/"),
+    );
+    assert_eq!(out.stdout, format!("127.0.0.1:{port}"), "{out:?}");
 }
 
 #[test]

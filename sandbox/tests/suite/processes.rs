@@ -332,3 +332,433 @@ fn bad_process_arguments_are_refused() {
         );
     }
 }
+
+/// Regression: a command moved to the background by `background_after_ms` was still killed at
+/// the default time limit (`timed_out`, signal 9), though it was moved so as not to be.
+#[test]
+fn a_command_moved_to_the_background_outlives_the_default_time_limit() {
+    let fx = Fixture::with_limits(Limits {
+        command_default_timeout_ms: 1000,
+        ..Limits::default()
+    });
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({
+                "argv": ["sh", "-c", "echo early; while [ ! -e go ]; do sleep 0.02; done; echo late"],
+                "background_after_ms": 100,
+            }),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let id = out.process.clone().expect("moved to the background");
+    // Until it has run well past the default limit (or ended).
+    let r = loop {
+        let r = read(&fx, &id, 200);
+        if !r.running || r.duration_ms > 2000 {
+            break r;
+        }
+    };
+    assert!(r.running, "killed at the default limit: {r:?}");
+    fx.put("go", "");
+    let (seen, r) = read_until(&fx, &id, |_| false);
+    assert_eq!(
+        (seen.as_str(), r.exit_code, r.timed_out),
+        ("late\n", Some(0), false)
+    );
+
+    // A limit the caller gave still holds in the background.
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({
+                "argv": ["sleep", "60"],
+                "background_after_ms": 100,
+                "timeout_ms": 1500,
+            }),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let id = out.process.expect("moved to the background");
+    let (_, r) = read_until(&fx, &id, |_| false);
+    assert!(r.timed_out, "{r:?}");
+}
+
+/// Regression: `process_write` waited without limit for the writer of the initial `stdin`,
+/// which holds the pipe until everything is written: a process that never reads hung it.
+#[test]
+fn process_write_behind_unread_initial_input_answers_in_bounded_time() {
+    let fx = Fixture::new();
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({"argv": ["sleep", "60"], "background": true, "stdin": "x".repeat(1 << 20)}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let id = out.process.unwrap();
+    let answer = rt().block_on(async {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            fx.sandbox.call(
+                ToolName::ProcessWrite,
+                json!({"process": id, "text": "hi\n"}),
+            ),
+        )
+        .await
+    });
+    let err = answer
+        .expect("process_write answered")
+        .expect_err("the process does not read");
+    assert_eq!(err.code(), monad_protocol::ErrorCode::Timeout, "{err}");
+    call(
+        &fx,
+        ToolName::ProcessKill,
+        json!({"process": id, "signal": "KILL"}),
+    )
+    .unwrap();
+}
+
+/// Regression: the initial `stdin` was written by a task that took the pipe only when it first
+/// ran, so a `process_write` right after the start could go first.
+#[test]
+fn the_initial_input_goes_before_any_process_write() {
+    let fx = Fixture::new();
+    // One thread, both calls in one task: the writer task cannot run in between.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen = rt.block_on(async {
+        let started = fx
+            .sandbox
+            .call(
+                ToolName::RunCommand,
+                json!({"argv": ["cat"], "background": true, "stdin": "initial\n"}),
+            )
+            .await
+            .unwrap();
+        let id = started["process"].as_str().unwrap().to_owned();
+        fx.sandbox
+            .call(
+                ToolName::ProcessWrite,
+                json!({"process": id, "text": "second\n", "close_stdin": true}),
+            )
+            .await
+            .unwrap();
+        let mut seen = String::new();
+        loop {
+            let r = fx
+                .sandbox
+                .call(
+                    ToolName::ProcessRead,
+                    json!({"process": id, "wait_ms": 10_000}),
+                )
+                .await
+                .unwrap();
+            seen.push_str(r["stdout"].as_str().unwrap());
+            if r["running"] == false {
+                return seen;
+            }
+        }
+    });
+    assert_eq!(seen, "initial\nsecond\n");
+}
+
+/// Regression: a move to the background that found the table full reset the output's
+/// `truncated` flags (and put back what had been taken after what came in meanwhile): the
+/// command's final answer hid that its output was cut.
+#[test]
+fn a_move_to_a_full_table_keeps_the_foreground_answer_whole() {
+    let fx = Fixture::with(
+        Limits {
+            output_max_bytes: 100,
+            ..Limits::default()
+        },
+        ExecPolicy {
+            max_background: 1,
+            ..Default::default()
+        },
+    );
+    let holder = start(&fx, "sleep 60");
+    let out: RunCommandResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::RunCommand,
+            json!({
+                "argv": ["sh", "-c", "printf '%0200d' 0; sleep 1; echo late >&2"],
+                "background_after_ms": 100,
+            }),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(out.process, None, "no room: it stayed in the foreground");
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "0".repeat(100));
+    assert!(out.stdout_truncated, "{out:?}");
+    assert_eq!(out.stderr, "late\n");
+    call(
+        &fx,
+        ToolName::ProcessKill,
+        json!({"process": holder, "signal": "KILL"}),
+    )
+    .unwrap();
+}
+
+/// The host pid of the process whose command line is exactly `argv`, if one runs (a zombie
+/// does not count).
+fn pid_of(argv: &[&str]) -> Option<i32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            (cmdline == want && stat_field(pid, 0).as_deref() != Some("Z")).then_some(pid)
+        })
+}
+
+/// Field `n` (0 = the state) after the command name of `/proc/PID/stat`.
+fn stat_field(pid: i32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(n).map(str::to_owned)
+}
+
+/// Regression: when a workspace went (its table dropped), its processes were only asked to end
+/// (`KILL_TREE` to the supervisor), never forced: a supervisor stopped by another process of
+/// its user never ended the tree.
+#[test]
+fn a_stopped_supervisor_is_killed_when_its_workspace_goes() {
+    let fx = Fixture::new();
+    let marker = format!("61.{}", std::process::id());
+    let argv = ["sleep", marker.as_str()];
+    let out = call(
+        &fx,
+        ToolName::RunCommand,
+        json!({"argv": argv, "background": true}),
+    )
+    .unwrap();
+    assert!(out["process"].is_string(), "{out}");
+    let mut command = None;
+    for _ in 0..2000 {
+        command = pid_of(&argv);
+        if command.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let command = command.expect("the command runs");
+    // command <- init <- supervisor (namespaced), whose parent is this test process.
+    let parent = |pid: i32| stat_field(pid, 1).and_then(|p| p.parse::<i32>().ok());
+    let supervisor = parent(command).and_then(parent).expect("its supervisor");
+    assert_eq!(parent(supervisor), Some(std::process::id() as i32));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let Fixture { tmp, sandbox } = fx;
+    rt().block_on(async move { drop(sandbox) });
+    let mut gone = false;
+    for _ in 0..2000 {
+        if pid_of(&argv).is_none() {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if !gone {
+        // Leave nothing behind.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(supervisor),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    drop(tmp);
+    assert!(
+        gone,
+        "the tree of a stopped supervisor outlived its workspace"
+    );
+}
+
+/// Regression: without namespaces, `end` killed a supervisor 2 s after asking it to end its
+/// tree, even while it was still killing and reaping thousands of orphans: those it had not
+/// reached yet lived on.
+#[test]
+fn a_fallback_supervisor_busy_ending_many_orphans_is_not_cut_off() {
+    let fx = Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            namespaces: monad_sandbox::NamespacePolicy::Off,
+            ..Default::default()
+        },
+    );
+    let marker = format!("77.{}", std::process::id());
+    let script = format!(
+        r#"
+import os, time
+for i in range(4000):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "{marker}"])
+        os._exit(0)
+    os.wait()
+print("made", flush=True)
+time.sleep(60)
+"#
+    );
+    let out = call(
+        &fx,
+        ToolName::RunCommand,
+        json!({"argv": ["python3", "-c", script], "background": true}),
+    )
+    .unwrap();
+    let id = out["process"].as_str().unwrap().to_owned();
+    let (seen, r) = read_until(&fx, &id, |s| s.contains("made"));
+    assert!(r.running && seen.contains("made"), "{seen} {r:?}");
+    let count = || {
+        let want = format!("sleep\0{marker}\0");
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+                    return false;
+                };
+                std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want.as_bytes())
+                    && stat_field(pid, 0).as_deref() != Some("Z")
+            })
+            .count()
+    };
+    assert_eq!(count(), 4000);
+    let Fixture { tmp, sandbox } = fx;
+    let started = std::time::Instant::now();
+    rt().block_on(async move { drop(sandbox) });
+    let mut left = count();
+    while left > 0 && started.elapsed() < std::time::Duration::from_secs(90) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = count();
+        if now == left && started.elapsed() > std::time::Duration::from_secs(15) {
+            break;
+        }
+        left = now;
+    }
+    eprintln!("orphans left {left} after {:?}", started.elapsed());
+    drop(tmp);
+    assert_eq!(left, 0, "orphans outlived their workspace");
+}
+
+/// Regression: `Sandbox::check` (what runs before anyone is asked to approve) passed calls the
+/// run then refused: `background` with `background_after_ms`, `background_after_ms: 0`, a
+/// background command when the table is full, and `process_write` / `process_kill` on a
+/// process that exited or whose input is closed. The check and the run now agree.
+#[test]
+fn calls_the_run_would_refuse_fail_the_check_with_the_same_code() {
+    use monad_protocol::ErrorCode::{InvalidArguments, LimitExceeded};
+    let fx = Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            max_background: 2,
+            ..Default::default()
+        },
+    );
+    let check = |tool, args: Value| fx.sandbox.check(tool, &args).err().map(|e| e.code());
+    let run = |tool, args: Value| call(&fx, tool, args).err().map(|e| e.code());
+    for args in [
+        json!({"argv": ["true"], "background": true, "background_after_ms": 5}),
+        json!({"argv": ["true"], "background_after_ms": 0}),
+    ] {
+        assert_eq!(
+            check(ToolName::RunCommand, args.clone()),
+            Some(InvalidArguments),
+            "{args}"
+        );
+        assert_eq!(
+            run(ToolName::RunCommand, args.clone()),
+            Some(InvalidArguments),
+            "{args}"
+        );
+    }
+    let reading = start(&fx, "cat >/dev/null; sleep 60");
+    let exited = start(&fx, "exit 0");
+    // Waits for it to exit without reading it (a read that sees the end removes it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while serde_json::from_value::<ProcessListResult>(
+        call(&fx, ToolName::ProcessList, json!({})).unwrap(),
+    )
+    .unwrap()
+    .processes
+    .iter()
+    .any(|p| p.process == exited && p.running)
+    {
+        assert!(std::time::Instant::now() < deadline, "`exit 0` still runs");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The table is full: a background command cannot start (one that may move still can: it
+    // stays in the foreground).
+    let background = json!({"argv": ["true"], "background": true});
+    assert_eq!(
+        check(ToolName::RunCommand, background.clone()),
+        Some(LimitExceeded)
+    );
+    assert_eq!(run(ToolName::RunCommand, background), Some(LimitExceeded));
+    assert_eq!(
+        check(
+            ToolName::RunCommand,
+            json!({"argv": ["true"], "background_after_ms": 5})
+        ),
+        None
+    );
+    // An exited process takes no input and no signal.
+    for (tool, args) in [
+        (
+            ToolName::ProcessWrite,
+            json!({"process": exited, "text": "x"}),
+        ),
+        (ToolName::ProcessKill, json!({"process": exited})),
+    ] {
+        assert_eq!(check(tool, args.clone()), Some(InvalidArguments), "{tool}");
+        assert_eq!(run(tool, args.clone()), Some(InvalidArguments), "{tool}");
+    }
+    // Closed input takes no more.
+    call(
+        &fx,
+        ToolName::ProcessWrite,
+        json!({"process": reading, "text": "", "close_stdin": true}),
+    )
+    .unwrap();
+    let more = json!({"process": reading, "text": "x"});
+    assert_eq!(
+        check(ToolName::ProcessWrite, more.clone()),
+        Some(InvalidArguments)
+    );
+    assert_eq!(run(ToolName::ProcessWrite, more), Some(InvalidArguments));
+    // What can run passes.
+    assert_eq!(
+        check(ToolName::ProcessKill, json!({"process": reading})),
+        None
+    );
+    assert_eq!(
+        check(ToolName::ProcessRead, json!({"process": exited})),
+        None
+    );
+    call(
+        &fx,
+        ToolName::ProcessKill,
+        json!({"process": reading, "signal": "KILL"}),
+    )
+    .unwrap();
+}

@@ -1096,7 +1096,7 @@ mod tests {
             target: "a".into(),
             decision: super::AuditDecision::Allowed,
             decided_by: super::Decider::Trust,
-            outcome: "ok".into(),
+            outcome: super::AuditOutcome::Ok,
             duration_ms: 1,
         };
         store

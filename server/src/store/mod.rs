@@ -107,7 +107,7 @@ pub struct AuditRecord {
     /// `session` (a session tool), `client`.
     pub decided_by: Decider,
     /// `ok`, or the error code.
-    pub outcome: String,
+    pub outcome: AuditOutcome,
     /// Wall time of the call in milliseconds.
     pub duration_ms: u64,
 }
@@ -160,6 +160,50 @@ impl<'de> Deserialize<'de> for AuditDecision {
             .into_iter()
             .find(|d| d.as_str() == word)
             .unwrap_or(AuditDecision::None))
+    }
+}
+
+/// How a call ended, as the audit log says it: `ok`, or its error code.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AuditOutcome {
+    /// It succeeded.
+    Ok,
+    /// It failed with this code.
+    Failed(monad_protocol::ErrorCode),
+    /// A word this version does not know (from a newer server), kept as it was.
+    Other(String),
+}
+
+impl AuditOutcome {
+    /// The word in the audit log.
+    pub fn as_str(&self) -> &str {
+        match self {
+            AuditOutcome::Ok => "ok",
+            AuditOutcome::Failed(code) => code.as_str(),
+            AuditOutcome::Other(word) => word,
+        }
+    }
+}
+
+impl Serialize for AuditOutcome {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for AuditOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::IntoDeserializer;
+        let word = String::deserialize(deserializer)?;
+        if word == "ok" {
+            return Ok(AuditOutcome::Ok);
+        }
+        let code: Result<monad_protocol::ErrorCode, serde::de::value::Error> =
+            monad_protocol::ErrorCode::deserialize(word.as_str().into_deserializer());
+        Ok(match code {
+            Ok(code) => AuditOutcome::Failed(code),
+            Err(_) => AuditOutcome::Other(word),
+        })
     }
 }
 
@@ -322,3 +366,32 @@ pub trait ArtifactStore: Send + Sync {
 pub trait Store: SessionStore + WorkspaceStore + BindingStore + ArtifactStore {}
 
 impl<T: SessionStore + WorkspaceStore + BindingStore + ArtifactStore> Store for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::AuditOutcome;
+    use monad_protocol::ErrorCode;
+
+    #[test]
+    fn an_audit_outcome_is_written_as_the_word_it_always_was_and_read_back() {
+        for (outcome, word) in [
+            (AuditOutcome::Ok, "ok"),
+            (AuditOutcome::Failed(ErrorCode::Denied), "denied"),
+            (
+                AuditOutcome::Failed(ErrorCode::WorkspaceDisconnected),
+                "workspace_disconnected",
+            ),
+            (
+                AuditOutcome::Other("from_a_newer_server".into()),
+                "from_a_newer_server",
+            ),
+        ] {
+            let json = serde_json::to_value(&outcome).unwrap();
+            assert_eq!(json, serde_json::json!(word));
+            assert_eq!(
+                serde_json::from_value::<AuditOutcome>(json).unwrap(),
+                outcome
+            );
+        }
+    }
+}

@@ -4,8 +4,10 @@
 //! progress to the agent; the connections a command asks for land in the audit log.
 
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::Duration;
 
+use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_protocol::{ErrorCode, ToolClass};
 use monad_sandbox::NetworkMode;
 use monad_tests::{
@@ -118,6 +120,83 @@ async fn a_background_process_in_an_attached_folder_is_found_by_its_id_alone() {
     .await;
 }
 
+/// Regression: `process_list` without a workspace listed only the workspace of the most recent
+/// background process, and failed when that folder was offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_list_without_a_workspace_lists_every_workspace_and_reports_an_offline_one() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    let attached = Attachment::start(&server.client_config(), options, None).await;
+    let start = |workspace: &'static str| {
+        let agent = &agent;
+        async move {
+            let (started, ran_in) = ok(call(
+                agent,
+                "run_command",
+                json!({"argv": ["sleep", "60"], "background": true, "workspace": workspace}),
+            )
+            .await);
+            assert_eq!(ran_in, workspace);
+            started["process"]
+                .as_str()
+                .expect("a process id")
+                .to_owned()
+        }
+    };
+    let here = start("primary").await;
+    let there = start("lap").await;
+    let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
+    let found: Vec<(Value, Value)> = listed["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["process"].clone(), p["workspace"].clone()))
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            (json!(here), json!("primary")),
+            (json!(there), json!("lap"))
+        ],
+        "{listed}"
+    );
+    assert!(listed.get("unavailable").is_none(), "{listed}");
+
+    drop(attached);
+    within(STEP, "the folder to go offline", async {
+        loop {
+            let (workspaces, _) = ok(call(&agent, "workspaces", json!({})).await);
+            let online = workspaces["workspaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w["name"] == "lap" && w["online"] == true);
+            if !online {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
+    assert_eq!(listed["processes"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["processes"][0]["process"], json!(here), "{listed}");
+    assert_eq!(listed["unavailable"][0]["workspace"], "lap", "{listed}");
+    assert_eq!(
+        listed["unavailable"][0]["code"], "workspace_disconnected",
+        "{listed}"
+    );
+    ok(call(
+        &agent,
+        "process_kill",
+        json!({"process": here, "signal": "KILL"}),
+    )
+    .await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_process_in_the_primary_runs_across_calls() {
     let server = TestServer::start().await;
@@ -201,6 +280,124 @@ fn http_server() -> u16 {
     port
 }
 
+/// Whether audit line `line` is about a connection to `port`.
+fn mentions(line: &Value, port: u16) -> bool {
+    line["target"]
+        .as_str()
+        .is_some_and(|t| t.contains(&format!(":{port}")))
+}
+
+/// The `network` lines of the default session's audit log, once there is one for each of
+/// `ports` (the primary workspace's connections reach the log as they happen).
+async fn network_lines(server: &TestServer, ports: &[u16]) -> Vec<Value> {
+    within(STEP, &format!("audit lines for ports {ports:?}"), async {
+        loop {
+            if let Some(recorder) = &server.state().executor.recorder {
+                recorder.flush();
+            }
+            let log =
+                std::fs::read_to_string(server.data_dir().join("sessions/default/audit.jsonl"))
+                    .unwrap_or_default();
+            let network: Vec<Value> = log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|l| l["tool"] == "network")
+                .collect();
+            if ports
+                .iter()
+                .all(|&port| network.iter().any(|l| mentions(l, port)))
+            {
+                return network;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// Regression: a connection reached the audit log only with a later answer that carried it, so
+/// one asked for by a background command nobody read (or by a cancelled call, or one whose
+/// answer timed out) was never recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_of_a_background_command_nobody_reads_is_in_the_audit_log() {
+    let unlisted = http_server();
+    let server = TestServer::start_with(|config| {
+        config.exec.network = NetworkMode::Allowlist;
+        config.exec.allow = vec!["192.0.2.1:80".into()];
+    })
+    .await;
+    let agent = server.agent().await;
+    let script = format!(
+        "curl -sS --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{unlisted}/; sleep 60"
+    );
+    let (started, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["sh", "-c", script], "background": true}),
+    )
+    .await);
+    assert!(started["process"].is_string(), "{started}");
+    // Never read: the line comes anyway.
+    let network = network_lines(&server, &[unlisted]).await;
+    let line = network.iter().find(|l| mentions(l, unlisted)).unwrap();
+    assert_eq!(line["decision"], "denied", "{line}");
+    assert_eq!(line["decided_by"], "network_policy", "{line}");
+    assert_eq!(line["workspace"], "primary", "{line}");
+}
+
+/// Regression: an attached folder's connections reached the audit log only with a result that
+/// carried them; its client now reports them on the attach stream as they happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_of_an_attached_folders_background_command_nobody_reads_is_in_the_audit_log() {
+    let unlisted = http_server();
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    options.exec.network = NetworkMode::Allowlist;
+    options.exec.allow = vec!["192.0.2.1:80".into()];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let script = format!(
+        "curl -sS --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{unlisted}/; sleep 60"
+    );
+    let (started, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["sh", "-c", script], "background": true, "workspace": "lap"}),
+    )
+    .await);
+    assert!(started["process"].is_string(), "{started}");
+    let network = network_lines(&server, &[unlisted]).await;
+    let lines: Vec<&Value> = network.iter().filter(|l| mentions(l, unlisted)).collect();
+    assert_eq!(lines[0]["decision"], "denied", "{lines:?}");
+    assert_eq!(lines[0]["decided_by"], "network_policy", "{lines:?}");
+    assert_eq!(lines[0]["workspace"], "lap", "{lines:?}");
+    // Read now: the answer carries it too, and it is not recorded again.
+    let (read, _) = ok(call(
+        &agent,
+        "process_read",
+        json!({"process": started["process"]}),
+    )
+    .await);
+    let carried = read["network"]
+        .as_array()
+        .expect("connections in the answer");
+    assert!(
+        carried.iter().any(|e| e["port"] == json!(unlisted)),
+        "{read}"
+    );
+    if let Some(recorder) = &server.state().executor.recorder {
+        recorder.flush();
+    }
+    let again = network_lines(&server, &[unlisted]).await;
+    assert_eq!(
+        again.iter().filter(|l| mentions(l, unlisted)).count(),
+        1,
+        "{again:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_a_command_asks_for_are_in_the_audit_log() {
     let listed = http_server();
@@ -220,24 +417,11 @@ async fn connections_a_command_asks_for_are_in_the_audit_log() {
         result["stdout"].as_str().unwrap().starts_with("ok\n"),
         "{result}"
     );
-    if let Some(recorder) = &server.state().executor.recorder {
-        recorder.flush();
-    }
-    let log = std::fs::read_to_string(server.data_dir().join("sessions/default/audit.jsonl"))
-        .expect("the audit log");
-    let network: Vec<Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["tool"] == "network")
-        .collect();
+    let network = network_lines(&server, &[listed, unlisted]).await;
     let line = |port: u16| {
         network
             .iter()
-            .find(|l| {
-                l["target"]
-                    .as_str()
-                    .is_some_and(|t| t.contains(&format!(":{port}")))
-            })
+            .find(|l| mentions(l, port))
             .unwrap_or_else(|| panic!("no audit line for port {port}: {network:?}"))
             .clone()
     };
@@ -304,4 +488,114 @@ async fn a_command_cannot_reach_the_servers_own_loopback() {
     )
     .await);
     assert_ne!(result["exit_code"], 0, "{result}");
+}
+
+/// Regression: process calls that could not run were still put to the laptop's user, and only
+/// failed (`invalid_arguments`, `limit_exceeded`) after they said yes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_calls_that_cannot_run_are_not_put_to_the_user() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    // Reads are pre-approved; the three calls that set the scene are allowed; anything asked
+    // after them is denied.
+    let approver = Arc::new(ScriptedApprover::new([
+        Some(Decision::AllowOnce),
+        Some(Decision::AllowOnce),
+        Some(Decision::AllowOnce),
+    ]));
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read];
+    options.exec.max_background = 2;
+    let _attached = Attachment::start(
+        &server.client_config(),
+        options,
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let start = |script: &'static str| {
+        let agent = &agent;
+        async move {
+            let (started, _) = ok(call(
+                agent,
+                "run_command",
+                json!({"argv": ["sh", "-c", script], "background": true, "workspace": "lap"}),
+            )
+            .await);
+            started["process"]
+                .as_str()
+                .expect("a process id")
+                .to_owned()
+        }
+    };
+    let reading = start("cat >/dev/null; sleep 60").await;
+    let exited = start("exit 0").await;
+    // Waits for it to exit without reading it (a read that sees the end removes it).
+    within(STEP, "the second process to exit", async {
+        loop {
+            let (listed, _) = ok(call(&agent, "process_list", json!({"workspace": "lap"})).await);
+            let running = listed["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["process"] == json!(exited) && p["running"] == true);
+            if !running {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    ok(call(
+        &agent,
+        "process_write",
+        json!({"process": reading, "text": "", "close_stdin": true}),
+    )
+    .await);
+    let asked = approver.seen().len();
+    let cases: Vec<(&str, Value, ErrorCode)> = vec![
+        (
+            "run_command",
+            json!({"argv": ["true"], "background": true, "background_after_ms": 5}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "run_command",
+            json!({"argv": ["true"], "background_after_ms": 0}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "run_command",
+            json!({"argv": ["true"], "background": true}),
+            ErrorCode::LimitExceeded,
+        ),
+        (
+            "process_write",
+            json!({"process": exited, "text": "x"}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "process_kill",
+            json!({"process": exited}),
+            ErrorCode::InvalidArguments,
+        ),
+        (
+            "process_write",
+            json!({"process": reading, "text": "x"}),
+            ErrorCode::InvalidArguments,
+        ),
+    ];
+    for (tool, mut args, code) in cases {
+        args.as_object_mut()
+            .unwrap()
+            .insert("workspace".into(), "lap".into());
+        let shown = args.to_string();
+        let error = monad_tests::err(call(&agent, tool, args).await);
+        assert_eq!(error.code, code, "{tool} {shown}: {error}");
+        assert_eq!(
+            approver.seen().len(),
+            asked,
+            "{tool} {shown} was put to the user"
+        );
+    }
 }

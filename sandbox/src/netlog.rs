@@ -1,0 +1,199 @@
+//! The connections a workspace's network proxy was asked for, on their two ways out: to the
+//! next answer of one of the workspace's commands (`network` in `run_command` and
+//! `process_read` results, for the agent), and to one reader that records them as they happen
+//! (the audit log), whether or not any answer ever carries them.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use monad_protocol::tools::NetworkEvent;
+
+/// Events kept for the next answer; more are dropped (and said so in the log).
+const MAX_FOR_ANSWER: usize = 1000;
+
+/// Events waiting for the audit reader; more are only counted.
+pub const MAX_FOR_AUDIT: usize = 4096;
+
+/// A workspace's connections (one per sandbox, shared with its proxy).
+#[derive(Debug, Default)]
+pub(crate) struct NetworkLog {
+    state: Mutex<State>,
+    ready: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    for_answer: Vec<NetworkEvent>,
+    for_audit: VecDeque<NetworkEvent>,
+    /// Events the audit reader will not see (the queue was full), not told yet.
+    dropped: u64,
+    /// A reader took [`NetworkAudit`]: events are kept for it from then on.
+    audited: bool,
+    /// The reader was taken already.
+    taken: bool,
+    /// The sandbox is gone: the reader gets what is left, then the end.
+    closed: bool,
+}
+
+/// What the audit reader gets at once: events in the order they happened, then how many
+/// happened after the queue filled up and were dropped.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NetworkBatch {
+    /// The connections, oldest first.
+    pub events: Vec<NetworkEvent>,
+    /// Connections that happened while the queue was full: not in `events`, only counted.
+    pub dropped: u64,
+}
+
+impl NetworkLog {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The proxy reports a connection.
+    pub(crate) fn report(&self, event: NetworkEvent) {
+        let mut state = self.lock();
+        if state.audited && !state.closed {
+            if state.for_audit.len() < MAX_FOR_AUDIT {
+                state.for_audit.push_back(event.clone());
+            } else {
+                state.dropped += 1;
+            }
+        }
+        if state.for_answer.len() < MAX_FOR_ANSWER {
+            state.for_answer.push(event);
+        } else {
+            tracing::warn!(
+                "network events not reported in an answer yet are over {MAX_FOR_ANSWER}; dropping"
+            );
+        }
+        drop(state);
+        self.ready.notify_one();
+    }
+
+    /// The events no answer carried yet.
+    pub(crate) fn take_for_answer(&self) -> Vec<NetworkEvent> {
+        std::mem::take(&mut self.lock().for_answer)
+    }
+
+    /// The audit reader, the first time; `None` after.
+    pub(crate) fn audit(self: &Arc<Self>) -> Option<NetworkAudit> {
+        let mut state = self.lock();
+        if state.taken {
+            return None;
+        }
+        state.taken = true;
+        state.audited = true;
+        Some(NetworkAudit { log: self.clone() })
+    }
+
+    /// The sandbox is gone: nothing more is kept for the reader.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_one();
+    }
+}
+
+/// The one reader of a workspace's connections for the audit log (see
+/// [`crate::Sandbox::take_network_audit`]).
+#[derive(Debug)]
+pub struct NetworkAudit {
+    log: Arc<NetworkLog>,
+}
+
+impl NetworkAudit {
+    /// Waits for connections (or a count of dropped ones); `None` once the sandbox is gone and
+    /// everything was read.
+    pub async fn next(&mut self) -> Option<NetworkBatch> {
+        loop {
+            // Registered before looking, so a report between the look and the wait wakes it.
+            let ready = self.log.ready.notified();
+            {
+                let mut state = self.log.lock();
+                if !state.for_audit.is_empty() || state.dropped > 0 {
+                    return Some(NetworkBatch {
+                        events: state.for_audit.drain(..).collect(),
+                        dropped: std::mem::take(&mut state.dropped),
+                    });
+                }
+                if state.closed {
+                    return None;
+                }
+            }
+            ready.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(port: u16) -> NetworkEvent {
+        NetworkEvent {
+            host: "example.com".into(),
+            port,
+            allowed: false,
+            address: None,
+            reason: Some("not in the allowlist".into()),
+        }
+    }
+
+    fn now<T>(f: impl std::future::Future<Output = T>) -> Option<T> {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    #[test]
+    fn the_audit_reader_gets_every_connection_whether_or_not_an_answer_takes_them() {
+        let log = Arc::new(NetworkLog::default());
+        let mut audit = log.audit().expect("the first reader");
+        assert!(log.audit().is_none(), "one reader only");
+        log.report(event(1));
+        assert_eq!(log.take_for_answer(), vec![event(1)]);
+        log.report(event(2));
+        let batch = now(audit.next()).flatten().expect("ready at once");
+        assert_eq!(batch.events, vec![event(1), event(2)]);
+        assert_eq!(batch.dropped, 0);
+        assert_eq!(log.take_for_answer(), vec![event(2)]);
+        assert!(now(audit.next()).is_none(), "nothing new: it waits");
+    }
+
+    #[test]
+    fn a_full_audit_queue_counts_what_it_drops_and_the_reader_is_told() {
+        let log = Arc::new(NetworkLog::default());
+        let mut audit = log.audit().unwrap();
+        for i in 0..MAX_FOR_AUDIT + 5 {
+            log.report(event(i as u16));
+        }
+        let batch = now(audit.next()).flatten().unwrap();
+        assert_eq!(batch.events.len(), MAX_FOR_AUDIT);
+        assert_eq!(batch.dropped, 5);
+        log.report(event(7));
+        let batch = now(audit.next()).flatten().unwrap();
+        assert_eq!((batch.events, batch.dropped), (vec![event(7)], 0));
+    }
+
+    #[test]
+    fn the_reader_gets_what_is_left_then_the_end_once_the_sandbox_is_gone() {
+        let log = Arc::new(NetworkLog::default());
+        let mut audit = log.audit().unwrap();
+        log.report(event(1));
+        log.close();
+        log.report(event(2));
+        assert_eq!(now(audit.next()).flatten().unwrap().events, vec![event(1)]);
+        assert_eq!(now(audit.next()), Some(None));
+    }
+
+    #[test]
+    fn nothing_is_kept_for_an_audit_nobody_reads() {
+        let log = Arc::new(NetworkLog::default());
+        log.report(event(1));
+        let mut audit = log.audit().unwrap();
+        assert!(now(audit.next()).is_none());
+    }
+}
