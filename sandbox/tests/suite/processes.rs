@@ -602,6 +602,8 @@ fn a_fallback_supervisor_busy_ending_many_orphans_is_not_cut_off() {
         Limits::default(),
         ExecPolicy {
             namespaces: monad_sandbox::NamespacePolicy::Off,
+            // Thousands of processes: more than the default process limit allows.
+            max_processes: 0,
             ..Default::default()
         },
     );
