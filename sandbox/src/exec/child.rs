@@ -71,20 +71,21 @@ pub(crate) enum Failed {
 }
 
 impl Failed {
+    /// Every step, in the order a spawn takes them.
+    pub(crate) const ALL: [Failed; 9] = [
+        Failed::Landlock,
+        Failed::Seccomp,
+        Failed::Namespaces,
+        Failed::View,
+        Failed::Identity,
+        Failed::Capabilities,
+        Failed::Cwd,
+        Failed::Limits,
+        Failed::Tree,
+    ];
+
     fn from_code(code: i32) -> Option<Failed> {
-        [
-            Failed::Landlock,
-            Failed::Seccomp,
-            Failed::Namespaces,
-            Failed::View,
-            Failed::Identity,
-            Failed::Capabilities,
-            Failed::Cwd,
-            Failed::Limits,
-            Failed::Tree,
-        ]
-        .into_iter()
-        .find(|f| *f as i32 == code)
+        Failed::ALL.into_iter().find(|f| *f as i32 == code)
     }
 }
 

@@ -1248,17 +1248,7 @@ mod tests {
             }),
         };
         use child::Failed;
-        for what in [
-            Failed::Landlock,
-            Failed::Seccomp,
-            Failed::Namespaces,
-            Failed::View,
-            Failed::Identity,
-            Failed::Capabilities,
-            Failed::Cwd,
-            Failed::Limits,
-            Failed::Tree,
-        ] {
+        for what in Failed::ALL {
             let packed = child::pack(what, libc::EMFILE);
             assert_eq!(child::unpack(packed), Ok((what, libc::EMFILE)));
             let err = spawn_error("x", std::io::Error::from_raw_os_error(packed), isolation);
