@@ -106,7 +106,7 @@ enum Command {
     /// Serve MCP on stdin/stdout for an AI host (Claude, an IDE...), bridged to the server.
     Mcp {
         /// Session used when the host's `initialize` names none in `_meta.sessionId`
-        /// (default: `default`).
+        /// (default: this device's last session, else your default).
         #[arg(long)]
         session: Option<String>,
     },
