@@ -1,11 +1,12 @@
 //! Wire errors: a stable code and a human sentence, separate from any crate's internal errors.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The stable, machine-readable kind of a failed tool call or request.
 ///
 /// Codes are part of the protocol: scripts and agents match on them, so a code is never renamed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The arguments do not fit the tool's schema or make no sense together.
@@ -81,7 +82,7 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// A failed tool call as it travels: a code to match on and a sentence to show a person or a model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolError {
     /// What kind of failure this is.

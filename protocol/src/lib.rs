@@ -10,6 +10,9 @@
 //! - [`wire`]: the messages of the QUIC protocol ([`wire::Message`]), the ALPN and versions.
 //! - [`frame`]: how messages are cut into length-prefixed frames, as pure functions on byte
 //!   slices; [`io`] (feature `tokio`) reads and writes them on async streams.
+//! - [`render`]: tool results as text written for a model (numbered file lines, one entry per
+//!   line, `path:line: text` matches, exit status then output), which the MCP front and
+//!   `monad-client call` share; and tools' arguments described for people.
 //! - [`text`]: text from agents and peers made safe for a terminal (control, escape, bidi and
 //!   zero-width characters shown as visible escapes), used by the client and the server.
 //! - `mcp` (feature `mcp`): the MCP front both transports share: tool descriptors, results,
@@ -22,6 +25,7 @@ pub mod frame;
 pub mod io;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+pub mod render;
 pub mod text;
 pub mod tools;
 pub mod wire;

@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::error::{ErrorCode, ToolError};
+use crate::render;
 use crate::tools::{ToolClass, ToolName};
 use crate::wire::{Host, Outcome, Trust, WorkspaceInfo, WorkspaceRef};
 
@@ -143,7 +144,13 @@ pub fn tool(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Tool {
         );
     }
     let description = format!("{} {}", tool.description(), where_it_runs(tool));
-    Tool::new(tool.as_str(), description, schema).with_annotations(annotations(tool))
+    let output = match tool.output_schema() {
+        Value::Object(map) => map,
+        _ => JsonObject::new(),
+    };
+    Tool::new(tool.as_str(), description, schema)
+        .with_raw_output_schema(Arc::new(output))
+        .with_annotations(annotations(tool))
 }
 
 /// Every tool, in the order [`ToolName::ALL`] lists them.
@@ -151,13 +158,22 @@ pub fn tools(workspaces: &[WorkspaceInfo]) -> Vec<Tool> {
     ToolName::ALL.iter().map(|t| tool(*t, workspaces)).collect()
 }
 
-/// A call's answer as an MCP result: `structuredContent` is `{"workspace", "result"}` (or
-/// `{"workspace", "error"}`), and the text content says the same for hosts that read only text.
-/// A tool failure is `isError: true` with a sentence a model can act on.
-pub fn call_result(workspace: Option<WorkspaceRef>, outcome: Outcome) -> CallToolResult {
+/// A call's answer as an MCP result. The text content is written for a model
+/// ([`render::text`]: numbered file lines, one entry per line, exit status then output);
+/// `structuredContent` is the JSON for programs, `{"workspace", "result"}` (or
+/// `{"workspace", "error"}`), as the tool's `outputSchema` describes, and is not repeated in the
+/// text. A tool failure is `isError: true` with a sentence a model can act on.
+pub fn call_result(
+    tool: ToolName,
+    workspace: Option<WorkspaceRef>,
+    outcome: Outcome,
+) -> CallToolResult {
     match outcome {
         Outcome::Ok { result } => {
-            CallToolResult::structured(json!({ "workspace": workspace, "result": result }))
+            let text = render::text(tool, workspace.as_ref(), &result);
+            let mut answer = CallToolResult::success(vec![ContentBlock::text(text)]);
+            answer.structured_content = Some(json!({ "workspace": workspace, "result": result }));
+            answer
         }
         Outcome::Error { error } => error_result(workspace, &error),
     }
@@ -472,7 +488,7 @@ impl<B: Backend> McpFront<B> {
             }
         };
         Ok(match reply {
-            Ok((workspace, outcome)) => call_result(workspace, outcome),
+            Ok((workspace, outcome)) => call_result(tool, workspace, outcome),
             Err(error) => error_result(None, &error),
         }
         .into())
@@ -542,6 +558,32 @@ mod tests {
     }
 
     #[test]
+    fn every_tool_declares_an_output_schema_of_its_result() {
+        for t in tools(&workspaces()) {
+            let schema = t.output_schema.as_ref().expect("an output schema");
+            assert_eq!(schema["type"], "object", "{}", t.name);
+            assert!(schema.get("title").is_none(), "{}", t.name);
+            let properties = schema["properties"].as_object().unwrap();
+            for key in ["workspace", "result", "error"] {
+                assert!(properties.contains_key(key), "{}: {key}", t.name);
+            }
+            assert_eq!(schema["required"], json!(["workspace"]), "{}", t.name);
+        }
+        let read = ToolName::ReadFile.output_schema();
+        let defs = read["$defs"].as_object().unwrap();
+        let result = &defs["ReadFileResult"];
+        let required: Vec<&str> = result["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        // The serialize contract: what is always written is required, what is skipped is not.
+        assert!(required.contains(&"content") && required.contains(&"start_line"));
+        assert!(!required.contains(&"next_offset") && !required.contains(&"total_lines"));
+    }
+
+    #[test]
     fn annotations_follow_what_each_tool_does() {
         let a = annotations(ToolName::ReadFile);
         assert_eq!(
@@ -564,6 +606,7 @@ mod tests {
             uri: "laptop:~/dev/monad".into(),
         };
         let r = call_result(
+            ToolName::ReadFile,
             Some(ws.clone()),
             Outcome::Error {
                 error: ToolError::new(ErrorCode::Denied, "the user denied it"),
@@ -576,16 +619,29 @@ mod tests {
             "denied: the user denied it (in workspace `monad`, laptop:~/dev/monad)"
         );
         assert_eq!(r.structured_content.unwrap()["error"]["code"], "denied");
+        let result = json!({"path": "a.txt", "content": "x\n", "start_line": 1, "lines": 1,
+                            "total_lines": 1, "size": 2, "binary": false, "truncated": false});
         let ok = call_result(
-            Some(ws),
+            ToolName::ReadFile,
+            Some(ws.clone()),
             Outcome::Ok {
-                result: json!({"content": "x"}),
+                result: result.clone(),
             },
         );
         assert_eq!(ok.is_error, Some(false));
+        assert_eq!(ok.content.len(), 1);
+        let text = serde_json::to_value(&ok.content[0]).unwrap();
+        assert_eq!(
+            text["text"],
+            render::text(ToolName::ReadFile, Some(&ws), &result)
+        );
+        assert_eq!(
+            text["text"],
+            "a.txt in workspace monad: lines 1-1 of 1\n1\tx"
+        );
         let s = ok.structured_content.unwrap();
         assert_eq!(s["workspace"]["name"], "monad");
-        assert_eq!(s["result"]["content"], "x");
+        assert_eq!(s["result"], result);
     }
 
     #[test]

@@ -189,6 +189,29 @@ impl ToolName {
         schema.to_value()
     }
 
+    /// The JSON Schema of what a call returns to programs ([`Structured`] of the tool's result
+    /// type), generated from the Rust types: the MCP `outputSchema`.
+    pub fn output_schema(self) -> serde_json::Value {
+        match self {
+            ToolName::ReadFile => output_schema_of::<Structured<ReadFileResult>>(),
+            ToolName::ListDir => output_schema_of::<Structured<ListDirResult>>(),
+            ToolName::Stat => output_schema_of::<Structured<StatResult>>(),
+            ToolName::Search => output_schema_of::<Structured<SearchResult>>(),
+            ToolName::Glob => output_schema_of::<Structured<GlobResult>>(),
+            ToolName::WriteFile | ToolName::EditFile => {
+                output_schema_of::<Structured<WriteResult>>()
+            }
+            ToolName::RunCommand => output_schema_of::<Structured<RunCommandResult>>(),
+            ToolName::Workspaces => output_schema_of::<Structured<WorkspacesResult>>(),
+            ToolName::MemoryStore => output_schema_of::<Structured<MemoryStoreResult>>(),
+            ToolName::MemoryRecall => output_schema_of::<Structured<MemoryRecallResult>>(),
+            ToolName::ProcessRead => output_schema_of::<Structured<ProcessReadResult>>(),
+            ToolName::ProcessWrite => output_schema_of::<Structured<ProcessWriteResult>>(),
+            ToolName::ProcessKill => output_schema_of::<Structured<ProcessKillResult>>(),
+            ToolName::ProcessList => output_schema_of::<Structured<ProcessListResult>>(),
+        }
+    }
+
     /// A description written for a model: what the tool does, where, and its limits.
     pub fn description(self) -> &'static str {
         match self {
@@ -832,6 +855,69 @@ pub struct MemoryRecallArgs {
     /// Ignored: memory lives in the primary workspace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
+}
+
+/// Result of `workspaces`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkspacesResult {
+    /// The session's id.
+    pub session: String,
+    /// Its workspaces: the primary first, then the attached ones in attach order.
+    pub workspaces: Vec<crate::wire::WorkspaceInfo>,
+}
+
+/// Result of `memory_store`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryStoreResult {
+    /// The note's key.
+    pub key: String,
+    /// True once the note is stored.
+    pub stored: bool,
+}
+
+/// One note of the session's memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Note {
+    /// Its key.
+    pub key: String,
+    /// Its text.
+    pub text: String,
+}
+
+/// Result of `memory_recall`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MemoryRecallResult {
+    /// The notes found, by key.
+    pub notes: Vec<Note>,
+}
+
+/// What a program gets for a call (MCP `structuredContent`): the workspace that ran it and either
+/// the tool's result or its error. [`ToolName::output_schema`] is this type's schema for each
+/// tool's result type `T`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Structured<T> {
+    /// The workspace that ran the call; null when none was reached.
+    pub workspace: Option<crate::wire::WorkspaceRef>,
+    /// The tool's result, when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<T>,
+    /// Why it failed, when it did (the result is then marked `isError`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::error::ToolError>,
+}
+
+/// The JSON Schema of what `T` serializes to (the serialize contract: a field skipped when empty
+/// is optional), draft 2020-12 as MCP wants, without the Rust type's title.
+fn output_schema_of<T: JsonSchema>() -> serde_json::Value {
+    let mut schema = schemars::generate::SchemaSettings::draft2020_12()
+        .for_serialize()
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value();
+    if let Some(map) = schema.as_object_mut() {
+        map.remove("title");
+    }
+    schema
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! tools in its folders. Each message is JSON in frames ([`crate::frame`]). Cancelling a request
 //! is resetting its stream.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -50,7 +51,7 @@ pub enum Role {
 }
 
 /// How much a workspace is trusted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Trust {
     /// Tools run at once.
@@ -151,7 +152,7 @@ impl<'de> Deserialize<'de> for Decider {
 }
 
 /// Where a workspace lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Host {
     /// On the server (the primary workspace).
@@ -161,7 +162,7 @@ pub enum Host {
 }
 
 /// A workspace as agents and users see it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceInfo {
     /// Short name, unique in the session (`primary`, or the attached folder's name).
@@ -290,7 +291,7 @@ pub struct WorkspaceSession {
 }
 
 /// Which workspace ran a call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceRef {
     /// Short name.

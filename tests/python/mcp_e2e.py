@@ -5,7 +5,8 @@ Usage: python mcp_e2e.py --client BIN --config-dir DIR --http URL --token TOKEN 
 Over stdio it launches `BIN mcp` (with MONAD_CONFIG_DIR=DIR); over Streamable HTTP it connects to
 URL with `Authorization: Bearer TOKEN`. On each it lists the tools, reads `notes.txt` in the
 attached workspace NAME, and checks that a failing call is a tool error (`is_error`), not a
-protocol error. It prints one JSON line of findings per transport and exits non-zero on the first
+protocol error. Programs read `structuredContent` (which the SDK validates against the tool's
+`outputSchema`); the text block is written for a model: the file's lines, numbered. It prints one JSON line of findings per transport and exits non-zero on the first
 failed check.
 """
 
@@ -37,11 +38,42 @@ async def exercise(session: ClientSession, transport: str, workspace: str) -> di
     described = read.input_schema["properties"]["workspace"]["description"]
     check(f"`{workspace}`" in described, f"workspace {workspace} not in {described!r}")
 
+    check(read.output_schema is not None and read.output_schema["type"] == "object", "read_file has an outputSchema")
+    check("result" in read.output_schema["properties"], str(read.output_schema))
+
+    # The SDK validates structuredContent against the outputSchema (and raises if it does not fit).
     result = await session.call_tool("read_file", {"path": "notes.txt", "workspace": workspace})
     check(not result.is_error, f"read_file failed: {result.content}")
     check(result.structured_content["workspace"]["name"] == workspace, str(result.structured_content))
     content = result.structured_content["result"]["content"]
     check(content == "hello from the laptop\n", repr(content))
+    check(len(result.content) == 1, f"one text block: {result.content}")
+    shown = result.content[0].text
+    check(shown == f"notes.txt in workspace {workspace}: lines 1-1 of 1\n1\thello from the laptop", repr(shown))
+
+    listing = await session.call_tool("list_dir", {"workspace": workspace})
+    check(not listing.is_error, f"list_dir failed: {listing.content}")
+    listed = [e["path"] for e in listing.structured_content["result"]["entries"]]
+    check(listed == ["notes.txt"], str(listed))
+    check(listing.content[0].text.splitlines()[1:] == ["notes.txt"], repr(listing.content[0].text))
+
+    # Every other result fits its tool's outputSchema too (the SDK checks each one).
+    for tool, arguments, shown in [
+        ("stat", {"path": "notes.txt", "workspace": workspace}, "notes.txt in workspace"),
+        ("search", {"pattern": "laptop", "workspace": workspace}, "notes.txt:1: hello from the laptop"),
+        ("glob", {"pattern": "*.txt", "workspace": workspace}, "\nnotes.txt"),
+        ("workspaces", {}, f"\n{workspace} ("),
+        ("memory_store", {"key": "plan", "text": "ship it"}, "Stored the note `plan`."),
+        ("memory_recall", {"query": "ship"}, "## plan\nship it"),
+        ("write_file", {"path": "out.txt", "content": "one\n", "workspace": "primary"}, "out.txt in workspace primary (4 bytes):"),
+        ("edit_file", {"path": "out.txt", "old_string": "one", "new_string": "two", "workspace": "primary"}, "+two"),
+        ("run_command", {"argv": ["echo", "hi"], "workspace": "primary"}, "exit status 0"),
+        ("process_list", {"workspace": "primary"}, "No background processes"),
+    ]:
+        answer = await session.call_tool(tool, arguments)
+        check(not answer.is_error, f"{tool} failed: {answer.content}")
+        check(answer.structured_content is not None and "result" in answer.structured_content, tool)
+        check(shown in answer.content[0].text, f"{tool}: {shown!r} not in {answer.content[0].text!r}")
 
     missing = await session.call_tool("read_file", {"path": "no/such/file.txt", "workspace": workspace})
     check(missing.is_error, "a missing file is a tool error")

@@ -1,11 +1,13 @@
 //! The MCP front, driven by rmcp's own client over both transports: `monad-client mcp` (the real
 //! binary, over stdio) and the server's Streamable HTTP endpoint (with a bearer token).
-//! `python` drives both with the official MCP Python SDK.
+//! `python` drives both with the official MCP Python SDK; `model_text` measures the text a model
+//! reads against the reference filesystem server.
 
 // rmcp marks logging deprecated (SEP-2577); the protocol versions Monad speaks still have it.
 #![allow(deprecated)]
 
 mod conformance;
+mod model_text;
 mod python;
 
 use std::future::Future;

@@ -1,0 +1,1023 @@
+//! Tool results as text written for a model, and for a person at a terminal: pure functions.
+//!
+//! [`text`] turns a tool's JSON result into what an MCP host puts before its model (the `text`
+//! block of the result) and what `monad-client call` prints: a file's lines numbered like
+//! `cat -n` under a one-line header that says where they come from and how to read on; a listing
+//! one entry per line with `/` after directories; matches as `path:line: text`, grouped by file
+//! like ripgrep; a command's exit status, then its output. Programs get the JSON itself
+//! (`structuredContent`, `--json`); the text does not repeat it.
+//!
+//! The text is the data as it is (a file's bytes are not altered): whoever prints it to a terminal
+//! passes it through [`crate::text::printable_lines`] first.
+//!
+//! [`tool_help`] and [`tool_summary`] describe a tool's arguments from its JSON Schema, for
+//! `monad-client tools` and `monad-client call TOOL --help`.
+
+use std::fmt::Write;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::tools::{
+    EntryKind, GlobResult, ListDirResult, MemoryRecallResult, MemoryStoreResult, NetworkEvent,
+    ProcessKillResult, ProcessListResult, ProcessReadResult, ProcessWriteResult, ReadFileResult,
+    RunCommandResult, SearchResult, StatResult, ToolName, Truncation, WorkspacesResult,
+    WriteResult,
+};
+use crate::wire::{Host, Trust, WorkspaceRef};
+
+/// The text of a successful call of `tool` that ran in `workspace` and returned `result`.
+///
+/// A result that does not have the tool's result type (a peer of another version, say) is shown
+/// as indented JSON rather than lost.
+pub fn text(tool: ToolName, workspace: Option<&WorkspaceRef>, result: &Value) -> String {
+    let ws = Where(workspace);
+    let rendered = match tool {
+        ToolName::ReadFile => typed(result, |r| read_file(&ws, r)),
+        ToolName::ListDir => typed(result, |r| list_dir(&ws, r)),
+        ToolName::Stat => typed(result, |r| stat(&ws, r)),
+        ToolName::Search => typed(result, |r| search(&ws, r)),
+        ToolName::Glob => typed(result, |r| glob(&ws, r)),
+        ToolName::WriteFile | ToolName::EditFile => typed(result, |r| write(&ws, r)),
+        ToolName::RunCommand => typed(result, |r| run_command(&ws, r)),
+        ToolName::ProcessRead => typed(result, |r| process_read(&ws, r)),
+        ToolName::ProcessWrite => typed(result, |r| process_write(&ws, r)),
+        ToolName::ProcessKill => typed(result, |r| process_kill(&ws, r)),
+        ToolName::ProcessList => typed(result, |r| process_list(&ws, r)),
+        ToolName::Workspaces => typed(result, workspaces),
+        ToolName::MemoryStore => typed(result, memory_store),
+        ToolName::MemoryRecall => typed(result, memory_recall),
+    };
+    rendered.unwrap_or_else(|| {
+        serde_json::to_string_pretty(result).unwrap_or_else(|_| result.to_string())
+    })
+}
+
+fn typed<T: DeserializeOwned>(result: &Value, render: impl FnOnce(T) -> String) -> Option<String> {
+    T::deserialize(result).ok().map(render)
+}
+
+/// ` in workspace `name``, or nothing when the workspace is unknown.
+struct Where<'a>(Option<&'a WorkspaceRef>);
+
+impl std::fmt::Display for Where<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(w) => write!(f, " in workspace {}", w.name),
+            None => Ok(()),
+        }
+    }
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+/// A duration for people: `850 ms`, `12.3 s`, `4 min 5 s`.
+fn duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        _ => format!("{} min {} s", ms / 60_000, (ms % 60_000) / 1000),
+    }
+}
+
+fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
+    let mut out = format!("{}{ws}: ", r.path);
+    if r.binary {
+        let _ = write!(out, "binary file, {} bytes, not shown", r.size);
+        return out;
+    }
+    let first = r.start_line;
+    let last = first + r.lines.saturating_sub(1);
+    match (r.lines, r.total_lines) {
+        (0, Some(0)) => out.push_str("empty file"),
+        (0, Some(total)) => {
+            let _ = write!(
+                out,
+                "no lines from line {first}: the file has {}",
+                plural(total, "line", "lines")
+            );
+        }
+        (0, None) => {
+            let _ = write!(out, "no lines from line {first}");
+        }
+        (_, Some(total)) => {
+            let _ = write!(out, "lines {first}-{last} of {total}");
+        }
+        (_, None) => {
+            let _ = write!(out, "lines {first}-{last} (the file goes on)");
+        }
+    }
+    if r.truncated {
+        if r.truncation == Some(Truncation::Bytes) {
+            out.push_str(", cut at the byte cap");
+        }
+        if let Some(next) = r.next_offset {
+            let _ = write!(out, "; read on with offset={next}");
+            if r.truncation == Some(Truncation::Bytes) {
+                out.push_str(" (and a smaller limit)");
+            }
+        }
+    }
+    if r.lines == 0 {
+        return out;
+    }
+    let width = last.to_string().len();
+    out.reserve(r.content.len() + (width + 2) * r.lines as usize);
+    for (n, line) in (first..).zip(r.content.split_inclusive('\n')) {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        let _ = write!(out, "\n{n:>width$}\t{line}");
+    }
+    out
+}
+
+fn list_dir(ws: &Where<'_>, r: ListDirResult) -> String {
+    let dir = if r.path == "." || r.path.is_empty() {
+        "./".to_owned()
+    } else {
+        format!("{}/", r.path.trim_end_matches('/'))
+    };
+    if r.entries.is_empty() {
+        return format!("{dir}{ws}: empty");
+    }
+    let mut out = format!(
+        "{dir}{ws}: {}",
+        plural(r.entries.len() as u64, "entry", "entries")
+    );
+    if r.entries.iter().any(|e| e.kind == EntryKind::Symlink) {
+        out.push_str(" (`@`: symbolic link)");
+    }
+    if r.truncated {
+        out.push_str(", cut at the entry cap: list a subdirectory, or a smaller depth");
+    }
+    let prefix = if dir == "./" { String::new() } else { dir };
+    out.reserve(r.entries.iter().map(|e| e.path.len() + 2).sum());
+    for e in &r.entries {
+        let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
+        out.push('\n');
+        out.push_str(name);
+        match e.kind {
+            EntryKind::File => {}
+            EntryKind::Dir => out.push('/'),
+            EntryKind::Symlink => out.push('@'),
+            EntryKind::Other => out.push_str(" (device, FIFO or socket)"),
+        }
+    }
+    out
+}
+
+fn kind_word(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::File => "file",
+        EntryKind::Dir => "directory",
+        EntryKind::Symlink => "symbolic link",
+        EntryKind::Other => "device, FIFO or socket",
+    }
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (proleptic Gregorian calendar).
+fn utc(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rest = secs.rem_euclid(86_400);
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+fn stat(ws: &Where<'_>, r: StatResult) -> String {
+    let mut out = format!("{}{ws}: {}", r.path, kind_word(r.kind));
+    if let Some(target) = &r.link_target {
+        let _ = write!(out, " to {target}");
+    }
+    let _ = write!(
+        out,
+        ", {}, mode {}",
+        plural(r.size, "byte", "bytes"),
+        r.mode
+    );
+    if r.readonly {
+        out.push_str(" (read-only)");
+    }
+    if let Some(modified) = r.modified_unix {
+        let _ = write!(out, ", modified {}", utc(modified));
+    }
+    out
+}
+
+fn search(ws: &Where<'_>, r: SearchResult) -> String {
+    let searched = plural(r.files_searched, "file", "files");
+    if r.matches.is_empty() {
+        return format!("No matches{ws} (searched {searched}).");
+    }
+    let mut files: Vec<&str> = r.matches.iter().map(|m| m.path.as_str()).collect();
+    files.dedup();
+    let mut out = format!(
+        "{} in {}{ws} (searched {searched})",
+        plural(r.matches.len() as u64, "match", "matches"),
+        plural(files.len() as u64, "file", "files"),
+    );
+    if r.truncated {
+        out.push_str(
+            ", stopped at the result cap: narrow with `path` or `glob`, or raise `max_results`",
+        );
+    }
+    out.push(':');
+    let mut previous: Option<&str> = None;
+    for m in &r.matches {
+        if previous.is_some_and(|p| p != m.path) {
+            out.push('\n');
+        }
+        previous = Some(&m.path);
+        let _ = write!(out, "\n{}:{}: {}", m.path, m.line_number, m.line);
+    }
+    out
+}
+
+fn glob(ws: &Where<'_>, r: GlobResult) -> String {
+    if r.paths.is_empty() {
+        return format!("No paths match{ws}.");
+    }
+    let mut out = format!("{}{ws}", plural(r.paths.len() as u64, "path", "paths"));
+    if r.truncated {
+        out.push_str(", cut at the result cap: narrow the pattern or `path`");
+    }
+    out.push(':');
+    for p in &r.paths {
+        out.push('\n');
+        out.push_str(p);
+    }
+    out
+}
+
+fn write(ws: &Where<'_>, r: WriteResult) -> String {
+    let bytes = plural(r.bytes_written, "byte", "bytes");
+    let mut out = match (r.replacements, r.created) {
+        (Some(n), _) => format!(
+            "Edited {}{ws}: {}, {bytes} now",
+            r.path,
+            plural(n, "replacement", "replacements")
+        ),
+        (None, true) => format!("Created {}{ws} ({bytes})", r.path),
+        (None, false) => format!("Wrote {}{ws} ({bytes})", r.path),
+    };
+    if r.diff.is_empty() {
+        out.push_str(if r.created { "." } else { ": no change." });
+        return out;
+    }
+    out.push(':');
+    if r.diff_truncated {
+        out.push_str(" (the diff is cut at the cap)");
+    }
+    out.push('\n');
+    out.push_str(r.diff.trim_end_matches('\n'));
+    out
+}
+
+/// A command line as one line, arguments with spaces or quotes in single quotes.
+fn command_line(argv: &[String]) -> String {
+    let quote = |a: &String| {
+        let plain = !a.is_empty()
+            && a.chars()
+                .all(|c| c.is_alphanumeric() || "-_./=:,+@%".contains(c));
+        if plain {
+            a.clone()
+        } else {
+            format!("'{}'", a.replace('\'', r"'\''"))
+        }
+    };
+    argv.iter().map(quote).collect::<Vec<_>>().join(" ")
+}
+
+/// How a process ended, or that it runs.
+fn ending(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> String {
+    match (timed_out, exit_code, signal) {
+        (true, _, _) => "timed out and was killed".to_owned(),
+        (false, Some(code), _) => format!("exit status {code}"),
+        (false, None, Some(signal)) => format!("killed by signal {signal}"),
+        (false, None, None) => "ended".to_owned(),
+    }
+}
+
+/// Standard output and error as sections; nothing when both are empty.
+fn streams(out: &mut String, stdout: (&str, &str), stderr: (&str, &str)) {
+    for (name, (text, note)) in [("stdout", stdout), ("stderr", stderr)] {
+        if text.is_empty() && note.is_empty() {
+            continue;
+        }
+        let _ = write!(out, "\n--- {name}{note}");
+        if !text.is_empty() {
+            out.push('\n');
+            out.push_str(text.strip_suffix('\n').unwrap_or(text));
+        }
+    }
+}
+
+fn network(out: &mut String, events: &[NetworkEvent]) {
+    if events.is_empty() {
+        return;
+    }
+    out.push_str("\n--- network");
+    for e in events {
+        let verdict = if e.allowed { "allowed" } else { "refused" };
+        let _ = write!(out, "\n{verdict} {}:{}", e.host, e.port);
+        if let Some(address) = &e.address {
+            let _ = write!(out, " ({address})");
+        }
+        if let Some(reason) = &e.reason {
+            let _ = write!(out, ": {reason}");
+        }
+    }
+}
+
+fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
+    let mut out = match &r.process {
+        Some(id) => format!(
+            "Running in the background{ws} as process {id} (for {}): read its output with \
+             process_read {{\"process\": \"{id}\"}}, stop it with process_kill",
+            duration(r.duration_ms)
+        ),
+        None => format!(
+            "{}{ws}, after {}",
+            ending(r.exit_code, r.signal, r.timed_out),
+            duration(r.duration_ms)
+        ),
+    };
+    if r.sandbox == "none" {
+        out.push_str(" (ran without a sandbox)");
+    }
+    let cut = |truncated: bool| {
+        if truncated {
+            " (cut at the output cap)"
+        } else {
+            ""
+        }
+    };
+    if r.stdout.is_empty() && r.stderr.is_empty() && r.process.is_none() {
+        out.push_str("; no output");
+    }
+    streams(
+        &mut out,
+        (&r.stdout, cut(r.stdout_truncated)),
+        (&r.stderr, cut(r.stderr_truncated)),
+    );
+    network(&mut out, &r.network);
+    out
+}
+
+fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
+    let mut out = if r.running {
+        format!(
+            "Process {}{ws}: running for {}",
+            r.process,
+            duration(r.duration_ms)
+        )
+    } else {
+        format!(
+            "Process {}{ws}: {} after {}",
+            r.process,
+            ending(r.exit_code, r.signal, r.timed_out),
+            duration(r.duration_ms)
+        )
+    };
+    if r.stdout.is_empty() && r.stderr.is_empty() {
+        out.push_str("; no new output");
+    }
+    if r.running {
+        out.push_str(" (read again for more; `wait_ms` waits for it)");
+    }
+    let dropped = |n: u64| {
+        if n == 0 {
+            String::new()
+        } else {
+            format!(" ({n} older bytes were dropped)")
+        }
+    };
+    let (out_note, err_note) = (dropped(r.stdout_dropped), dropped(r.stderr_dropped));
+    streams(&mut out, (&r.stdout, &out_note), (&r.stderr, &err_note));
+    network(&mut out, &r.network);
+    out
+}
+
+fn process_write(ws: &Where<'_>, r: ProcessWriteResult) -> String {
+    let mut out = format!(
+        "Wrote {} to the standard input of process {}{ws}",
+        plural(r.bytes_written, "byte", "bytes"),
+        r.process
+    );
+    if r.stdin_closed {
+        out.push_str(", and closed it");
+    }
+    out.push('.');
+    out
+}
+
+fn process_kill(ws: &Where<'_>, r: ProcessKillResult) -> String {
+    if r.delivered {
+        format!("Sent {} to process {}{ws}.", r.signal, r.process)
+    } else {
+        format!(
+            "Process {}{ws} had already exited; nothing was sent.",
+            r.process
+        )
+    }
+}
+
+fn process_list(ws: &Where<'_>, r: ProcessListResult) -> String {
+    let mut out = if r.processes.is_empty() {
+        format!("No background processes{ws}.")
+    } else {
+        format!(
+            "{}{ws}:",
+            plural(
+                r.processes.len() as u64,
+                "background process",
+                "background processes"
+            )
+        )
+    };
+    for p in &r.processes {
+        let state = if p.running {
+            format!("running for {}", duration(p.duration_ms))
+        } else {
+            ending(p.exit_code, p.signal, false)
+        };
+        let _ = write!(out, "\n{}: {state}", p.process);
+        if let Some(w) = &p.workspace {
+            let _ = write!(out, ", workspace {w}");
+        }
+        if p.cwd != "." {
+            let _ = write!(out, ", in {}", p.cwd);
+        }
+        if p.unread_bytes > 0 {
+            let _ = write!(out, ", {} unread", plural(p.unread_bytes, "byte", "bytes"));
+        }
+        let _ = write!(out, ": {}", command_line(&p.argv));
+    }
+    for u in &r.unavailable {
+        let _ = write!(
+            out,
+            "\nnot listed: workspace {}: {}: {}",
+            u.workspace, u.code, u.message
+        );
+    }
+    out
+}
+
+fn workspaces(r: WorkspacesResult) -> String {
+    let mut out = format!(
+        "Session {}: {}",
+        r.session,
+        plural(r.workspaces.len() as u64, "workspace", "workspaces")
+    );
+    for w in &r.workspaces {
+        let host = match w.host {
+            Host::Server => "on the server",
+            Host::Client => "attached from a user's machine",
+        };
+        let trust = match w.trust {
+            Trust::Full => "trusted (runs at once)",
+            Trust::Restricted => "restricted (each action needs its user's approval)",
+        };
+        let online = if w.online { "" } else { ", offline" };
+        let _ = write!(out, "\n{} ({}): {host}, {trust}{online}", w.name, w.uri);
+    }
+    out
+}
+
+fn memory_store(r: MemoryStoreResult) -> String {
+    format!("Stored the note `{}`.", r.key)
+}
+
+fn memory_recall(r: MemoryRecallResult) -> String {
+    if r.notes.is_empty() {
+        return "No notes.".to_owned();
+    }
+    let mut out = plural(r.notes.len() as u64, "note", "notes");
+    out.push(':');
+    for n in &r.notes {
+        let _ = write!(out, "\n\n## {}\n{}", n.key, n.text.trim_end_matches('\n'));
+    }
+    out
+}
+
+/// The first sentence of a tool's description: a one-line summary.
+pub fn tool_summary(tool: ToolName) -> &'static str {
+    let d = tool.description();
+    match d.find(". ") {
+        Some(end) => &d[..=end],
+        None => d,
+    }
+}
+
+/// A tool's description and arguments, from its JSON Schema, for people: name, type, required
+/// or not, and what each is for.
+pub fn tool_help(tool: ToolName) -> String {
+    let schema = tool.input_schema();
+    let mut out = format!("{tool} ({} tool)\n\n", tool.class().as_str());
+    out.push_str(&wrap(tool.description(), 96, ""));
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(properties) = schema["properties"].as_object() else {
+        return out;
+    };
+    out.push_str("\n\nArguments (--args '{\"name\": value, ...}'):\n");
+    // Required ones first, then the rest, each in schema order.
+    let mut names: Vec<&String> = properties.keys().collect();
+    names.sort_by_key(|n| !required.contains(&n.as_str()));
+    for name in names {
+        let p = &properties[name.as_str()];
+        let need = if required.contains(&name.as_str()) {
+            "required"
+        } else {
+            "optional"
+        };
+        let _ = writeln!(out, "\n  {name}: {}, {need}", type_name(p));
+        if let Some(d) = p["description"].as_str() {
+            out.push_str(&wrap(d, 92, "      "));
+            out.push('\n');
+        }
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+/// The type of a schema property in words: `string`, `integer`, `list of string`, ...
+fn type_name(p: &Value) -> String {
+    let one = |t: &Value| -> Option<String> {
+        let t = t.as_str()?;
+        Some(match t {
+            "array" => match p["items"]["type"].as_str() {
+                Some(item) => format!("list of {item}"),
+                None => "list".to_owned(),
+            },
+            "null" => return None,
+            other => other.to_owned(),
+        })
+    };
+    match &p["type"] {
+        Value::String(_) => one(&p["type"]).unwrap_or_else(|| "null".to_owned()),
+        Value::Array(types) => {
+            let names: Vec<String> = types.iter().filter_map(one).collect();
+            names.join(" or ")
+        }
+        _ => "any".to_owned(),
+    }
+}
+
+/// Words wrapped at `width` columns, each line after `indent`.
+fn wrap(text: &str, width: usize, indent: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            let _ = writeln!(out, "{indent}{line}");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        let _ = write!(out, "{indent}{line}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn laptop() -> WorkspaceRef {
+        WorkspaceRef {
+            name: "laptop".into(),
+            uri: "macbook:~/dev/monad".into(),
+        }
+    }
+
+    fn render(tool: ToolName, result: Value) -> String {
+        text(tool, Some(&laptop()), &result)
+    }
+
+    #[test]
+    fn a_read_is_numbered_like_cat_n_under_a_header() {
+        let content: String = (1..=12).map(|i| format!("line {i}\n")).collect();
+        let shown = render(
+            ToolName::ReadFile,
+            json!({"path": "src/a.txt", "content": content, "start_line": 1, "lines": 12,
+                   "total_lines": 12, "size": 200, "binary": false, "truncated": false}),
+        );
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines[0], "src/a.txt in workspace laptop: lines 1-12 of 12");
+        assert_eq!(lines[1], " 1\tline 1");
+        assert_eq!(lines[12], "12\tline 12");
+        assert_eq!(lines.len(), 13);
+    }
+
+    #[test]
+    fn a_cut_read_says_how_to_read_on_with_the_real_argument_name() {
+        let shown = render(
+            ToolName::ReadFile,
+            json!({"path": "big.log", "content": "a\r\nb\n", "start_line": 99, "lines": 2,
+                   "size": 9000, "binary": false, "truncated": true, "truncation": "lines",
+                   "next_offset": 101}),
+        );
+        assert_eq!(
+            shown,
+            "big.log in workspace laptop: lines 99-100 (the file goes on); read on with \
+             offset=101\n 99\ta\r\n100\tb"
+        );
+        assert!(ToolName::ReadFile.input_schema()["properties"]["offset"].is_object());
+        let bytes = render(
+            ToolName::ReadFile,
+            json!({"path": "x", "content": "a", "start_line": 1, "lines": 1, "total_lines": 3,
+                   "size": 9, "binary": false, "truncated": true, "truncation": "bytes",
+                   "next_offset": 2}),
+        );
+        assert!(
+            bytes.starts_with(
+                "x in workspace laptop: lines 1-1 of 3, cut at the byte cap; read on with \
+                 offset=2 (and a smaller limit)\n"
+            ),
+            "{bytes}"
+        );
+    }
+
+    #[test]
+    fn empty_binary_and_past_the_end_reads_say_so() {
+        let base = json!({"path": "e", "content": "", "start_line": 1, "lines": 0,
+                          "total_lines": 0, "size": 0, "binary": false, "truncated": false});
+        assert_eq!(
+            render(ToolName::ReadFile, base.clone()),
+            "e in workspace laptop: empty file"
+        );
+        let mut past = base.clone();
+        past["start_line"] = json!(50);
+        past["total_lines"] = json!(3);
+        assert_eq!(
+            render(ToolName::ReadFile, past),
+            "e in workspace laptop: no lines from line 50: the file has 3 lines"
+        );
+        let mut binary = base;
+        binary["binary"] = json!(true);
+        binary["size"] = json!(1234);
+        assert_eq!(
+            render(ToolName::ReadFile, binary),
+            "e in workspace laptop: binary file, 1234 bytes, not shown"
+        );
+    }
+
+    #[test]
+    fn a_listing_is_one_entry_per_line_relative_to_the_directory() {
+        let shown = render(
+            ToolName::ListDir,
+            json!({"path": "src", "truncated": false, "entries": [
+                {"path": "src/bin", "kind": "dir"},
+                {"path": "src/bin/main.rs", "kind": "file"},
+                {"path": "src/lib.rs", "kind": "file"},
+                {"path": "src/link", "kind": "symlink"},
+            ]}),
+        );
+        assert_eq!(
+            shown,
+            "src/ in workspace laptop: 4 entries (`@`: symbolic link)\nbin/\nbin/main.rs\nlib.rs\n\
+             link@"
+        );
+        let root = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": true, "entries": [{"path": "a", "kind": "file"}]}),
+        );
+        assert_eq!(
+            root,
+            "./ in workspace laptop: 1 entry, cut at the entry cap: list a subdirectory, or a \
+             smaller depth\na"
+        );
+        let empty = render(
+            ToolName::ListDir,
+            json!({"path": "d", "truncated": false, "entries": []}),
+        );
+        assert_eq!(empty, "d/ in workspace laptop: empty");
+    }
+
+    #[test]
+    fn matches_are_path_line_text_grouped_by_file() {
+        let shown = render(
+            ToolName::Search,
+            json!({"files_searched": 7, "truncated": true, "matches": [
+                {"path": "a.rs", "line_number": 3, "line": "fn main() {"},
+                {"path": "a.rs", "line_number": 9, "line": "    main();"},
+                {"path": "b.rs", "line_number": 1, "line": "// main"},
+            ]}),
+        );
+        assert_eq!(
+            shown,
+            "3 matches in 2 files in workspace laptop (searched 7 files), stopped at the result \
+             cap: narrow with `path` or `glob`, or raise `max_results`:\na.rs:3: fn main() {\n\
+             a.rs:9:     main();\n\nb.rs:1: // main"
+        );
+        assert_eq!(
+            render(
+                ToolName::Search,
+                json!({"files_searched": 1, "truncated": false, "matches": []})
+            ),
+            "No matches in workspace laptop (searched 1 file)."
+        );
+        assert!(ToolName::Search.input_schema()["properties"]["max_results"].is_object());
+    }
+
+    #[test]
+    fn glob_is_one_path_per_line() {
+        assert_eq!(
+            render(
+                ToolName::Glob,
+                json!({"paths": ["a.rs", "src/b.rs"], "truncated": false})
+            ),
+            "2 paths in workspace laptop:\na.rs\nsrc/b.rs"
+        );
+        assert_eq!(
+            render(ToolName::Glob, json!({"paths": [], "truncated": false})),
+            "No paths match in workspace laptop."
+        );
+    }
+
+    #[test]
+    fn a_command_shows_its_exit_status_then_its_output() {
+        let shown = render(
+            ToolName::RunCommand,
+            json!({"exit_code": 1, "timed_out": false, "stdout": "built\n", "stderr": "oops\n",
+                   "stdout_truncated": false, "stderr_truncated": true, "duration_ms": 1500,
+                   "sandbox": "landlock"}),
+        );
+        assert_eq!(
+            shown,
+            "exit status 1 in workspace laptop, after 1.5 s\n--- stdout\nbuilt\n--- stderr (cut \
+             at the output cap)\noops"
+        );
+        let quiet = render(
+            ToolName::RunCommand,
+            json!({"signal": 9, "timed_out": true, "stdout": "", "stderr": "",
+            "stdout_truncated": false, "stderr_truncated": false, "duration_ms": 30000,
+            "sandbox": "none", "network": [
+                {"host": "example.com", "port": 443, "allowed": false, "reason": "not in the allowlist"}
+            ]}),
+        );
+        assert_eq!(
+            quiet,
+            "timed out and was killed in workspace laptop, after 30.0 s (ran without a \
+             sandbox); no output\n--- network\nrefused example.com:443: not in the allowlist"
+        );
+    }
+
+    #[test]
+    fn a_background_command_gives_its_process_id_and_how_to_read_on() {
+        let shown = render(
+            ToolName::RunCommand,
+            json!({"timed_out": false, "stdout": "starting\n", "stderr": "",
+                   "stdout_truncated": false, "stderr_truncated": false, "duration_ms": 2000,
+                   "sandbox": "landlock", "process": "proc-7"}),
+        );
+        assert_eq!(
+            shown,
+            "Running in the background in workspace laptop as process proc-7 (for 2.0 s): read \
+             its output with process_read {\"process\": \"proc-7\"}, stop it with \
+             process_kill\n--- stdout\nstarting"
+        );
+        let read = render(
+            ToolName::ProcessRead,
+            json!({"process": "proc-7", "running": false, "exit_code": 0, "stdout": "",
+                   "stderr": "warn\n", "stderr_dropped": 10, "duration_ms": 61000}),
+        );
+        assert_eq!(
+            read,
+            "Process proc-7 in workspace laptop: exit status 0 after 1 min 1 s\n--- stderr (10 \
+             older bytes were dropped)\nwarn"
+        );
+        let running = render(
+            ToolName::ProcessRead,
+            json!({"process": "p", "running": true, "stdout": "", "stderr": "",
+                   "duration_ms": 5}),
+        );
+        assert_eq!(
+            running,
+            "Process p in workspace laptop: running for 5 ms; no new output (read again for \
+             more; `wait_ms` waits for it)"
+        );
+    }
+
+    #[test]
+    fn processes_writes_and_kills_read_as_sentences() {
+        let list = render(
+            ToolName::ProcessList,
+            json!({"processes": [
+                {"process": "p1", "argv": ["sh", "-c", "sleep 9; echo 'hi'"], "cwd": ".",
+                 "running": true, "duration_ms": 3000, "unread_bytes": 0, "workspace": "laptop"},
+                {"process": "p2", "argv": ["make"], "cwd": "src", "running": false,
+                 "exit_code": 2, "duration_ms": 10, "unread_bytes": 5},
+            ], "unavailable": [{"workspace": "old", "code": "workspace_disconnected",
+                               "message": "offline"}]}),
+        );
+        assert_eq!(
+            list,
+            "2 background processes in workspace laptop:\np1: running for 3.0 s, workspace \
+             laptop: sh -c 'sleep 9; echo '\\''hi'\\'''\np2: exit status 2, in src, 5 bytes \
+             unread: make\nnot listed: workspace old: workspace_disconnected: offline"
+        );
+        assert_eq!(
+            render(
+                ToolName::ProcessWrite,
+                json!({"process": "p1", "bytes_written": 3, "stdin_closed": true})
+            ),
+            "Wrote 3 bytes to the standard input of process p1 in workspace laptop, and closed it."
+        );
+        assert_eq!(
+            render(
+                ToolName::ProcessKill,
+                json!({"process": "p1", "signal": "TERM", "delivered": true})
+            ),
+            "Sent TERM to process p1 in workspace laptop."
+        );
+    }
+
+    #[test]
+    fn writes_and_edits_show_their_diff() {
+        let diff = "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n";
+        assert_eq!(
+            render(
+                ToolName::EditFile,
+                json!({"path": "x", "created": false, "bytes_written": 2, "replacements": 1,
+                       "diff": diff, "diff_truncated": false})
+            ),
+            format!(
+                "Edited x in workspace laptop: 1 replacement, 2 bytes now:\n{}",
+                diff.trim_end()
+            )
+        );
+        assert_eq!(
+            render(
+                ToolName::WriteFile,
+                json!({"path": "n/y", "created": true, "bytes_written": 1, "diff": "+z\n",
+                       "diff_truncated": true})
+            ),
+            "Created n/y in workspace laptop (1 byte): (the diff is cut at the cap)\n+z"
+        );
+        assert_eq!(
+            render(
+                ToolName::WriteFile,
+                json!({"path": "y", "created": false, "bytes_written": 1, "diff": "",
+                       "diff_truncated": false})
+            ),
+            "Wrote y in workspace laptop (1 byte): no change."
+        );
+    }
+
+    #[test]
+    fn stat_workspaces_and_memory_are_one_line_each() {
+        assert_eq!(
+            render(
+                ToolName::Stat,
+                json!({"path": "l", "kind": "symlink", "size": 3, "mode": "0777",
+                       "readonly": false, "modified_unix": 1_764_158_400i64,
+                       "link_target": "../x"})
+            ),
+            "l in workspace laptop: symbolic link to ../x, 3 bytes, mode 0777, modified \
+             2025-11-26 12:00:00 UTC"
+        );
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(-1), "1969-12-31 23:59:59 UTC");
+        let ws = render(
+            ToolName::Workspaces,
+            json!({"session": "default", "workspaces": [
+                {"name": "primary", "uri": "server:/sessions/default", "trust": "full",
+                 "host": "server", "online": true, "tools": ["read_file"]},
+                {"name": "laptop", "uri": "mac:~/p", "trust": "restricted", "host": "client",
+                 "online": false, "tools": []},
+            ]}),
+        );
+        assert_eq!(
+            ws,
+            "Session default: 2 workspaces\nprimary (server:/sessions/default): on the server, \
+             trusted (runs at once)\nlaptop (mac:~/p): attached from a user's machine, \
+             restricted (each action needs its user's approval), offline"
+        );
+        assert_eq!(
+            render(
+                ToolName::MemoryStore,
+                json!({"key": "plan", "stored": true})
+            ),
+            "Stored the note `plan`."
+        );
+        assert_eq!(
+            render(
+                ToolName::MemoryRecall,
+                json!({"notes": [{"key": "plan", "text": "ship it\n"}]})
+            ),
+            "1 note:\n\n## plan\nship it"
+        );
+        assert_eq!(
+            render(ToolName::MemoryRecall, json!({"notes": []})),
+            "No notes."
+        );
+    }
+
+    #[test]
+    fn a_result_of_another_shape_is_shown_as_json_and_no_workspace_is_no_clause() {
+        let odd = json!({"unexpected": 1});
+        assert_eq!(
+            render(ToolName::Glob, odd.clone()),
+            serde_json::to_string_pretty(&odd).unwrap()
+        );
+        assert_eq!(
+            text(
+                ToolName::Glob,
+                None,
+                &json!({"paths": ["a"], "truncated": false})
+            ),
+            "1 path:\na"
+        );
+    }
+
+    /// The reference MCP filesystem server (`@modelcontextprotocol/server-filesystem`) answers
+    /// `list_directory` with one `[FILE] name` or `[DIR] name` line per entry, joined by `\n`,
+    /// and `read_text_file` with the file's text as it is. The suite measures the same calls
+    /// against the real server (`mcp::text_is_within_a_tenth_of_the_reference_server`); this
+    /// pins the budget without it.
+    #[test]
+    fn text_stays_within_a_tenth_of_the_reference_servers_format() {
+        let entries: Vec<Value> = (0..1000)
+            .map(|i| json!({"path": format!("many/f{i:04}.txt"), "kind": "file"}))
+            .collect();
+        let reference: usize = (0..1000)
+            .map(|i| format!("[FILE] f{i:04}.txt").len())
+            .sum::<usize>()
+            + 999;
+        let ours = render(
+            ToolName::ListDir,
+            json!({"path": "many", "entries": entries, "truncated": false}),
+        );
+        assert!(
+            ours.len() * 10 <= reference * 11,
+            "{} vs {reference}",
+            ours.len()
+        );
+
+        let line = "the quick brown fox jumps over the lazy dog, again and again.\n";
+        let content: String = line.repeat(4096 / line.len() + 1)[..4096].to_owned();
+        let lines = content.split_inclusive('\n').count() as u64;
+        let ours = render(
+            ToolName::ReadFile,
+            json!({"path": "bench.txt", "content": content, "start_line": 1, "lines": lines,
+                   "total_lines": lines, "size": 4096, "binary": false, "truncated": false}),
+        );
+        assert!(ours.len() * 10 <= 4096 * 11, "{} vs 4096", ours.len());
+    }
+
+    #[test]
+    fn tool_help_lists_every_argument_from_the_schema() {
+        let help = tool_help(ToolName::ReadFile);
+        assert!(
+            help.starts_with("read_file (read tool)\n\nRead a UTF-8"),
+            "{help}"
+        );
+        assert!(help.contains("\n  path: string, required\n"), "{help}");
+        assert!(help.contains("\n  offset: integer, optional\n"), "{help}");
+        assert!(help.contains("\n  workspace: string, optional\n"), "{help}");
+        let run = tool_help(ToolName::RunCommand);
+        assert!(
+            run.contains("\n  argv: list of string, required\n"),
+            "{run}"
+        );
+        for tool in ToolName::ALL {
+            let help = tool_help(tool);
+            for name in tool.input_schema()["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+            {
+                assert!(help.contains(&format!("\n  {name}: ")), "{tool}: {name}");
+            }
+            assert!(tool_summary(tool).ends_with('.'), "{tool}");
+        }
+    }
+}
