@@ -15,6 +15,9 @@
 //!   [`approval::ScriptedApprover`] for tests and automation).
 //! - [`agent::Agent`]: call tools and list sessions, as `monad-client call` and the MCP bridge do.
 //! - [`mcp`]: `monad-client mcp`, MCP over stdio for AI hosts, bridged to the server.
+//! - [`call`]: what `monad-client call` prints (the text a model gets, or JSON) and its exit
+//!   codes; the `tools` listing.
+//! - [`output`]: standard output and error without a panic when the reader went away (`| head`).
 #![deny(missing_docs)]
 
 use std::path::PathBuf;
@@ -24,10 +27,12 @@ use monad_protocol::{ErrorCode, ToolError};
 pub mod agent;
 pub mod approval;
 pub mod attach;
+pub mod call;
 pub mod config;
 pub mod connect;
 pub mod login;
 pub mod mcp;
+pub mod output;
 pub mod prompt;
 pub mod site;
 pub mod terminal;

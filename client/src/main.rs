@@ -7,16 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use monad_client::agent::{Agent, check_login};
 use monad_client::approval::Approver;
 use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::{ClientConfig, default_config_dir};
 use monad_client::login;
 use monad_client::terminal::{TerminalApprover, guard_from_setting};
-use monad_protocol::ToolClass;
+use monad_client::{call, errln, outln, output};
+use monad_protocol::render;
 use monad_protocol::text::{json_safe, printable, printable_lines};
-use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Outcome, Trust};
+use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Trust};
+use monad_protocol::{ToolClass, ToolName};
 
 #[derive(Parser)]
 #[command(
@@ -83,13 +85,16 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         prompt_timeout: u64,
     },
-    /// Call a tool as an agent and print its result.
+    /// Call a tool as an agent and print its result: the text a model gets, or JSON with --json.
+    /// Exit codes: 0 done; 1 the tool (or the client) failed; 2 usage error; 3 the command ran
+    /// but exited non-zero, was killed or timed out.
+    #[command(disable_help_flag = true)]
     Call {
-        /// Tool name.
+        /// Tool name (`monad-client tools` lists them; `call TOOL --help` shows its arguments).
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(
             monad_protocol::ToolName::ALL.map(monad_protocol::ToolName::as_str)
         ))]
-        tool: String,
+        tool: Option<String>,
         /// The arguments, as a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
@@ -100,6 +105,20 @@ enum Command {
         #[arg(long)]
         workspace: Option<String>,
         /// Print the whole answer as JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+        /// Print help; with TOOL, the tool's description and arguments.
+        #[arg(short, long)]
+        help: bool,
+    },
+    /// List the tools, or show one tool's description and arguments (from its JSON Schema).
+    Tools {
+        /// The tool to describe.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(
+            monad_protocol::ToolName::ALL.map(monad_protocol::ToolName::as_str)
+        ))]
+        tool: Option<String>,
+        /// Print each tool's name, description and input and output JSON Schemas.
         #[arg(long)]
         json: bool,
     },
@@ -190,21 +209,21 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
             let id = agent
                 .history_append(session.as_deref(), HistoryMessage { role, text })
                 .await?;
-            eprintln!("appended to session {}", printable(&id));
+            errln!("appended to session {}", printable(&id));
         }
         HistoryCommand::Show { session, json } => {
             let (id, history) = agent.history(session.as_deref()).await?;
             if json {
                 let out = serde_json::json!({ "session": id, "history": history });
-                println!("{}", json_safe(&serde_json::to_string_pretty(&out)?));
+                outln!("{}", json_safe(&serde_json::to_string_pretty(&out)?))?;
             } else {
-                eprintln!(
+                errln!(
                     "session {}, created {}",
                     printable(&id),
                     printable(&history.created_at)
                 );
                 for m in &history.messages {
-                    println!("## {}\n\n{}\n", m.role.header(), printable_lines(&m.text));
+                    outln!("## {}\n\n{}\n", m.role.header(), printable_lines(&m.text))?;
                 }
             }
         }
@@ -228,14 +247,14 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
             })?;
             let count = history.messages.len();
             let id = agent.history_replace(session.as_deref(), history).await?;
-            eprintln!(
+            errln!(
                 "replaced the conversation of session {} ({count} messages)",
                 printable(&id)
             );
         }
         HistoryCommand::Clear { session } => {
             let id = agent.history_clear(session.as_deref()).await?;
-            eprintln!("cleared the conversation of session {}", printable(&id));
+            errln!("cleared the conversation of session {}", printable(&id));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -248,11 +267,13 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "monad_client=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // A closed standard error must not turn into a panic (the report would be printed there).
+        .log_internal_errors(false)
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("monad-client: cannot start the async runtime: {e}");
+            errln!("monad-client: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -260,7 +281,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // Errors may quote the server or a peer: escaped, like everything else.
-            eprintln!("monad-client: {}", printable(&format!("{e:#}")));
+            errln!("monad-client: {}", printable(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -295,7 +316,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             let user = check_login(&config).await?;
             config.save(&dir)?;
-            eprintln!(
+            errln!(
                 "logged in to {} as {}; saved in {}",
                 printable(&server),
                 printable(&user),
@@ -349,7 +370,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 match TerminalApprover::start(options.prompt_timeout, guard) {
                     Some(a) => Some(Arc::new(a)),
                     None => {
-                        eprintln!(
+                        errln!(
                             "no terminal: actions that are not pre-approved (--allow) will be denied"
                         );
                         None
@@ -360,14 +381,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let printer = tokio::spawn(async move {
                 while let Some(event) = rx.recv().await {
                     if let Some(line) = event.line() {
-                        eprintln!("{line}");
+                        errln!("{line}");
                     }
                 }
             });
             let result = tokio::select! {
                 r = attach(&config, options, approver, Some(tx)) => r.map_err(anyhow::Error::from),
                 _ = tokio::signal::ctrl_c() => {
-                    eprintln!("detached");
+                    errln!("detached");
                     Ok(())
                 }
             };
@@ -380,11 +401,45 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             session,
             workspace,
             json,
+            help,
         } => {
-            let mut args: serde_json::Value = serde_json::from_str(&args)
-                .with_context(|| format!("--args is not valid JSON: {}", printable(&args)))?;
+            let tool = match (tool.as_deref().and_then(ToolName::parse), help) {
+                (Some(tool), true) => {
+                    outln!("{}", render::tool_help(tool))?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                (None, true) => {
+                    let mut cli = Cli::command();
+                    let help = cli
+                        .find_subcommand_mut("call")
+                        .map(|c| c.render_long_help().to_string())
+                        .unwrap_or_default();
+                    output::out(&help)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                (Some(tool), false) => tool,
+                (None, false) => Cli::command()
+                    .error(
+                        clap::error::ErrorKind::MissingRequiredArgument,
+                        "the tool to call is missing: `monad-client call TOOL --args JSON` \
+                         (`monad-client tools` lists them)",
+                    )
+                    .exit(),
+            };
+            let usage = |message: String| -> ! {
+                Cli::command()
+                    .error(clap::error::ErrorKind::ValueValidation, message)
+                    .exit()
+            };
+            let mut args: serde_json::Value = match serde_json::from_str(&args) {
+                Ok(args) => args,
+                Err(e) => usage(format!(
+                    "--args is not valid JSON ({e}): {}",
+                    printable(&args)
+                )),
+            };
             let Some(map) = args.as_object_mut() else {
-                bail!("--args must be a JSON object, like '{{\"path\": \"README.md\"}}'");
+                usage(r#"--args must be a JSON object, like '{"path": "README.md"}'"#.to_owned())
             };
             if let Some(w) = workspace {
                 map.insert("workspace".into(), w.into());
@@ -392,38 +447,27 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
             let reply = agent
-                .call(session.as_deref(), &tool, args, |p| {
-                    eprintln!("… {}", printable(p))
+                .call(session.as_deref(), tool.as_str(), args, |p| {
+                    errln!("… {}", printable(p))
                 })
                 .await?;
+            let printed = call::printed(tool, &reply, json);
+            output::err(&printed.stderr);
+            output::out(&printed.stdout)?;
+            Ok(ExitCode::from(call::exit_code(tool, &reply.outcome)))
+        }
+        Command::Tools { tool, json } => {
+            let tool = tool.as_deref().and_then(ToolName::parse);
             if json {
-                let out = serde_json::json!({
-                    "workspace": reply.workspace,
-                    "outcome": reply.outcome,
-                });
-                println!("{}", json_safe(&serde_json::to_string_pretty(&out)?));
-            }
-            match reply.outcome {
-                Outcome::Ok { result } => {
-                    if !json {
-                        if let Some(w) = &reply.workspace {
-                            eprintln!("[{}] {}", printable(&w.name), printable(&w.uri));
-                        }
-                        println!("{}", json_safe(&serde_json::to_string_pretty(&result)?));
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
-                Outcome::Error { error } => {
-                    if !json {
-                        eprintln!(
-                            "monad-client: {}: {}",
-                            error.code,
-                            printable(&error.message)
-                        );
-                    }
-                    Ok(ExitCode::from(2))
+                let value = call::tools_json(tool);
+                outln!("{}", serde_json::to_string_pretty(&value)?)?;
+            } else {
+                match tool {
+                    Some(tool) => outln!("{}", render::tool_help(tool))?,
+                    None => output::out(&call::tools_list())?,
                 }
             }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Mcp { session } => {
             let config = ClientConfig::load(&config_dir()?)?;
@@ -436,9 +480,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let agent = Agent::connect(&config).await?;
             let session = agent.open_session(None).await?;
             if json {
-                println!("{}", json_safe(&serde_json::to_string_pretty(&session)?));
+                outln!("{}", json_safe(&serde_json::to_string_pretty(&session)?))?;
             } else {
-                println!("{}", printable(&session.id));
+                outln!("{}", printable(&session.id))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -447,7 +491,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let agent = Agent::connect(&config).await?;
             let sessions = agent.sessions().await?;
             if json {
-                println!("{}", json_safe(&serde_json::to_string_pretty(&sessions)?));
+                outln!("{}", json_safe(&serde_json::to_string_pretty(&sessions)?))?;
             } else {
                 for s in sessions {
                     let names: Vec<String> = s
@@ -461,12 +505,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                             }
                         })
                         .collect();
-                    println!(
+                    outln!(
                         "{}\t{}\t{}",
                         printable(&s.id),
                         printable(&s.created_at),
                         names.join(", ")
-                    );
+                    )?;
                 }
             }
             Ok(ExitCode::SUCCESS)

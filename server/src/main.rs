@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use monad_protocol::text::{json_safe, printable, printable_lines};
 use monad_server::admin::Admin;
 use monad_server::auth::TokenStore;
-use monad_server::{Server, ServerConfig};
+use monad_server::{Server, ServerConfig, errln, outln, output};
 
 #[derive(Parser)]
 #[command(
@@ -132,7 +132,7 @@ enum WorkspaceCommand {
 /// JSON for scripts: valid, the same values, and with every control, escape, bidi and
 /// zero-width character as a `\uXXXX` escape, so that it is safe on a terminal too.
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    println!("{}", json_safe(&serde_json::to_string_pretty(value)?));
+    outln!("{}", json_safe(&serde_json::to_string_pretty(value)?))?;
     Ok(())
 }
 
@@ -149,13 +149,13 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
                 return print_json(&sessions);
             }
             for s in sessions {
-                println!(
+                outln!(
                     "{}\t{}\t{}\t{}",
                     p(&s.id),
                     p(&s.owner),
                     p(&s.created_at),
                     p(&s.last_active)
-                );
+                )?;
             }
         }
         SessionCommand::Show { id, json } => {
@@ -164,48 +164,47 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
                 return print_json(&report);
             }
             let m = &report.meta;
-            println!("session     {}", p(&m.id));
+            outln!("session     {}", p(&m.id))?;
             if let Some(name) = &m.name {
-                println!("name        {}", p(name));
+                outln!("name        {}", p(name))?;
             }
-            println!("owner       {}", p(&m.owner));
-            println!("created     {}", p(&m.created_at));
-            println!("last active {}", p(&m.last_active));
+            outln!("owner       {}", p(&m.owner))?;
+            outln!("created     {}", p(&m.created_at))?;
+            outln!("last active {}", p(&m.last_active))?;
             if let Some(provider) = &m.provider {
-                println!("provider    {}", p(provider));
+                outln!("provider    {}", p(provider))?;
             }
             if let Some(model) = &m.model {
-                println!("model       {}", p(model));
+                outln!("model       {}", p(model))?;
             }
-            println!("messages    {}", report.messages);
-            println!("tool calls  {} ({} denied)", report.calls, report.denied);
-            println!("artifacts   {}", report.artifacts);
-            println!("devices     {} bound", report.bound_devices);
-            println!("workspaces  primary (server:/sessions/{})", p(&m.id));
+            outln!("messages    {}", report.messages)?;
+            outln!("tool calls  {} ({} denied)", report.calls, report.denied)?;
+            outln!("artifacts   {}", report.artifacts)?;
+            outln!("devices     {} bound", report.bound_devices)?;
+            outln!("workspaces  primary (server:/sessions/{})", p(&m.id))?;
             for w in &report.workspaces {
-                println!("            {} ({})", p(&w.uri), p(&w.id));
+                outln!("            {} ({})", p(&w.uri), p(&w.id))?;
             }
         }
         SessionCommand::Delete { id } => {
             admin.delete(&id).map_err(anyhow::Error::msg)?;
-            eprintln!("deleted session {}", p(&id));
+            errln!("deleted session {}", p(&id));
         }
         SessionCommand::Gc { max_age } => {
             let deleted = admin.gc(max_age).map_err(anyhow::Error::msg)?;
             for id in &deleted {
-                println!("{}", p(id));
+                outln!("{}", p(id))?;
             }
-            eprintln!(
+            errln!(
                 "deleted {} sessions unused for {max_age} days",
                 deleted.len()
             );
         }
         SessionCommand::History { id } => {
             let history = admin.history(&id)?;
-            print!(
-                "{}",
-                printable_lines(&monad_server::store::history::render(&history))
-            );
+            output::out(&printable_lines(&monad_server::store::history::render(
+                &history,
+            )))?;
         }
         SessionCommand::Artifacts { id, json } => {
             let artifacts = admin.artifacts(&id)?;
@@ -213,7 +212,7 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
                 return print_json(&artifacts);
             }
             for a in artifacts {
-                println!(
+                outln!(
                     "{}\t{}\t{}\t{}\t{} bytes{}",
                     p(&a.id),
                     a.kind.as_str(),
@@ -221,19 +220,18 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
                     p(&a.created_at),
                     a.size,
                     if a.truncated { " (truncated)" } else { "" }
-                );
+                )?;
             }
         }
         SessionCommand::Artifact { id, artifact } => {
             let (_, content) = admin.artifact(&id, &artifact)?;
-            use std::io::{IsTerminal, Write};
-            let mut out = std::io::stdout();
-            if out.is_terminal() {
+            use std::io::IsTerminal;
+            if std::io::stdout().is_terminal() {
                 // On a terminal, escaped like everything else; piped, the bytes as stored.
                 let text = String::from_utf8_lossy(&content);
-                out.write_all(printable_lines(&text).as_bytes())?;
+                output::out(&printable_lines(&text))?;
             } else {
-                out.write_all(&content)?;
+                output::out_bytes(&content)?;
             }
         }
     }
@@ -248,13 +246,13 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
                 return print_json(&records);
             }
             for r in records {
-                println!(
+                outln!(
                     "{}\t{}\t{}\t{}",
                     p(&r.id),
                     p(&r.user),
                     p(&r.uri),
                     p(&r.last_active)
-                );
+                )?;
             }
         }
         WorkspaceCommand::Show {
@@ -271,23 +269,23 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
                     "next": page.next,
                 }));
             }
-            println!(
+            outln!(
                 "{} ({}) of {}, device {}",
                 p(&record.uri),
                 p(&record.id),
                 p(&record.user),
                 p(&record.device_id)
-            );
+            )?;
             for s in &page.items {
-                println!(
+                outln!(
                     "{}\t{}\t{} calls",
                     p(&s.session),
                     p(&s.last_active),
                     s.calls
-                );
+                )?;
             }
             if let Some(next) = page.next {
-                println!("more: --next {}", p(&next));
+                outln!("more: --next {}", p(&next))?;
             }
         }
     }
@@ -318,12 +316,14 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "monad_server=info".into()),
         )
         .with_writer(std::io::stderr)
+        // A closed standard error must not turn into a panic (the report would be printed there).
+        .log_internal_errors(false)
         .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Errors may quote a session id or a path from a user: escaped.
-            eprintln!("monad-server: {}", printable(&format!("{e:#}")));
+            errln!("monad-server: {}", printable(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
@@ -351,8 +351,8 @@ fn run(cli: Cli) -> Result<()> {
             match cmd {
                 TokenCommand::Create { user } => {
                     let (record, token) = store.create(&user)?;
-                    println!("{token}");
-                    eprintln!(
+                    outln!("{token}")?;
+                    errln!(
                         "token {} for user {} (shown only once)",
                         p(&record.id),
                         p(&record.user)
@@ -360,7 +360,7 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 TokenCommand::List => {
                     for t in store.list()? {
-                        println!("{}\t{}\t{}", p(&t.id), p(&t.user), p(&t.created_at));
+                        outln!("{}\t{}\t{}", p(&t.id), p(&t.user), p(&t.created_at))?;
                     }
                 }
                 TokenCommand::Revoke { id } => {
@@ -370,7 +370,7 @@ fn run(cli: Cli) -> Result<()> {
                             p(&id)
                         );
                     }
-                    eprintln!("revoked {}", p(&id));
+                    errln!("revoked {}", p(&id));
                 }
             }
             Ok(())
@@ -387,39 +387,39 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;
         let addr = server.local_addr();
-        eprintln!(
+        errln!(
             "monad-server listening on {addr} (QUIC), data in {}",
             config.data_dir.display()
         );
-        eprintln!("certificate fingerprint: {}", server.fingerprint());
+        errln!("certificate fingerprint: {}", server.fingerprint());
         if let Some(http) = server.http_addr() {
-            eprintln!(
+            errln!(
                 "MCP for AI hosts: http://{http}/mcp (header `Authorization: Bearer TOKEN`), or \
                  `monad-client mcp` on stdio"
             );
         }
         match first {
             Some(first) => {
-                eprintln!();
-                eprintln!(
+                errln!();
+                errln!(
                     "First start: created a certificate and a token for user `{}`.",
                     first.user
                 );
-                eprintln!("On the machine whose folder you want to attach, run:");
-                eprintln!();
+                errln!("On the machine whose folder you want to attach, run:");
+                errln!();
                 // The token goes in the environment, not in the client's argv.
-                println!(
+                outln!(
                     "MONAD_TOKEN={} monad-client login --server {addr} --fingerprint {}",
                     first.token,
                     server.fingerprint()
-                );
-                eprintln!();
-                eprintln!("and then attach a folder:");
-                eprintln!();
-                eprintln!("monad-client attach ~/dev/project");
-                eprintln!();
+                )?;
+                errln!();
+                errln!("and then attach a folder:");
+                errln!();
+                errln!("monad-client attach ~/dev/project");
+                errln!();
             }
-            None => eprintln!(
+            None => errln!(
                 "create a token for a new client with `monad-server token create`; log in with \
                  `MONAD_TOKEN=TOKEN monad-client login --server {addr} --fingerprint {}`",
                 server.fingerprint()

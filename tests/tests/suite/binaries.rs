@@ -139,7 +139,7 @@ async fn first_start_login_attach_and_call() {
         "{answer}"
     );
 
-    // A write was not pre-approved: exit code 2, the reason in the JSON.
+    // A write was not pre-approved: a tool error (exit code 1), the reason in the JSON.
     let out = client(
         config_dir.path(),
         &[
@@ -153,7 +153,7 @@ async fn first_start_login_attach_and_call() {
         ],
     )
     .await;
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let answer: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(answer["outcome"]["error"]["code"], "denied", "{answer}");
     assert!(
@@ -304,4 +304,225 @@ async fn call_help_lists_every_tool_and_an_unknown_tool_is_refused_before_connec
         error.contains("read_fil") && error.contains("process_kill"),
         "{error}"
     );
+}
+
+/// A logged-in client config for `server`, in a temporary directory.
+fn logged_in(server: &monad_tests::TestServer) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    server.client_config().save(dir.path()).expect("config");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_prints_the_models_text_and_its_exit_code_says_how_the_call_went() {
+    let server = monad_tests::TestServer::start().await;
+    let config = logged_in(&server);
+    let dir = config.path();
+    let call = |tool: &'static str, args: &'static str| {
+        let dir = dir.to_owned();
+        async move { client(&dir, &["call", tool, "--args", args]).await }
+    };
+
+    let out = call(
+        "write_file",
+        r#"{"path": "a.txt", "content": "one\ntwo\n"}"#,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("Created a.txt in workspace primary (8 bytes):\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = call("read_file", r#"{"path": "a.txt"}"#).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "a.txt in workspace primary: lines 1-2 of 2\n1\tone\n2\ttwo\n"
+    );
+
+    // A tool error: 1, the error on stderr, nothing on stdout.
+    let out = call("read_file", r#"{"path": "no/such.txt"}"#).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+    assert!(
+        text(&out.stderr).starts_with("monad-client: not_found: "),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A command that fails or times out: 3, with its status and output.
+    let out = call(
+        "run_command",
+        r#"{"argv": ["sh", "-c", "echo out; echo err >&2; exit 4"]}"#,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.starts_with("exit status 4 in workspace primary, after "),
+        "{shown}"
+    );
+    assert!(
+        shown.ends_with("\n--- stdout\nout\n--- stderr\nerr\n"),
+        "{shown}"
+    );
+    let out = call(
+        "run_command",
+        r#"{"argv": ["sleep", "30"], "timeout_ms": 300}"#,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("timed out and was killed"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = call("run_command", r#"{"argv": ["true"]}"#).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    // `--json` keeps its shape and the same exit codes.
+    let out = client(
+        dir,
+        &[
+            "call",
+            "run_command",
+            "--args",
+            r#"{"argv": ["false"]}"#,
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let answer: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(answer["outcome"]["status"], "ok", "{answer}");
+    assert_eq!(answer["outcome"]["result"]["exit_code"], 1, "{answer}");
+    assert_eq!(answer["workspace"]["name"], "primary", "{answer}");
+
+    // Usage errors are clap's 2, before connecting.
+    let empty = tempfile::tempdir().unwrap();
+    for args in [
+        &["call", "read_file", "--args", "[1]"][..],
+        &["call", "read_file", "--args", "{nope"],
+        &["call"],
+        &["call", "read_fil"],
+        &["call", "read_file", "--bogus"],
+    ] {
+        let out = client(empty.path(), args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(text(&out.stderr).contains("error:"), "{args:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tools_arguments_are_shown_from_its_schema() {
+    let empty = tempfile::tempdir().unwrap();
+    let out = client(empty.path(), &["call", "run_command", "--help"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let help = text(&out.stdout);
+    assert!(help.starts_with("run_command (exec tool)\n"), "{help}");
+    for argument in [
+        "\n  argv: list of string, required\n",
+        "\n  timeout_ms: integer, optional\n",
+        "\n  background: boolean, optional\n",
+        "\n  workspace: string, optional\n",
+    ] {
+        assert!(
+            help.contains(argument),
+            "{argument:?} missing from:\n{help}"
+        );
+    }
+    let out = client(empty.path(), &["tools", "run_command"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        help,
+        "`tools TOOL` is `call TOOL --help`"
+    );
+
+    let out = client(empty.path(), &["tools"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list = text(&out.stdout);
+    for tool in monad_protocol::ToolName::ALL {
+        assert!(
+            list.lines().any(|l| l.starts_with(&format!("{tool} "))),
+            "{tool} missing from:\n{list}"
+        );
+    }
+    let out = client(empty.path(), &["tools", "--json"]).await;
+    let tools: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(tools[0]["name"], "read_file");
+    assert_eq!(tools[0]["input_schema"]["required"][0], "path");
+    assert!(tools[0]["output_schema"]["properties"]["result"].is_object());
+}
+
+/// Runs `program args` with standard output and error going to pipes nobody reads any more (the
+/// reader went away, as in `| head -1`), and returns its exit status.
+async fn with_closed_pipes(
+    program: &str,
+    config_dir: Option<&Path>,
+    args: &[&str],
+) -> std::process::ExitStatus {
+    let mut cmd = command(program);
+    cmd.args(args);
+    if let Some(dir) = config_dir {
+        cmd.env("MONAD_CONFIG_DIR", dir);
+    }
+    // Pipes whose reading ends are closed before the program starts: its first write fails.
+    let (reader, out) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let (reader, err) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    cmd.stdout(out).stderr(err);
+    let mut child = cmd.spawn().expect("starts");
+    within(
+        STEP,
+        &format!("`{program} {}`", args.join(" ")),
+        child.wait(),
+    )
+    .await
+    .expect("exits")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_the_output_without_a_panic() {
+    let server = monad_tests::TestServer::start().await;
+    let config = logged_in(&server);
+    let dir = Some(config.path());
+    let files: Vec<(String, &str)> = (0..300).map(|i| (format!("f{i:03}.txt"), "x")).collect();
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, c)| (n.as_str(), *c)).collect();
+    let laptop = folder(&files);
+    let mut options = monad_tests::attach_options(laptop.path(), "laptop");
+    options.allow = vec![monad_protocol::ToolClass::Read];
+    let _attached = monad_tests::Attachment::start(&server.client_config(), options, None).await;
+
+    // A panic exits with 101; each of these ends with its own code instead.
+    for (args, code) in [
+        (&["call", "list_dir", "--workspace", "laptop"][..], 0),
+        (&["call", "list_dir", "--workspace", "laptop", "--json"], 0),
+        (&["call", "read_file", "--args", r#"{"path": "nope"}"#], 1),
+        (&["sessions"], 0),
+        (&["tools"], 0),
+        (&["call", "read_file", "--help"], 0),
+        (&["--help"], 0),
+    ] {
+        let status = with_closed_pipes("monad-client", dir, args).await;
+        assert_eq!(status.code(), Some(code), "monad-client {args:?}");
+    }
+    let data = tempfile::tempdir().unwrap();
+    let data = data.path().to_string_lossy().into_owned();
+    for args in [
+        &["--data-dir", &data, "token", "create"][..],
+        &["--data-dir", &data, "token", "list"],
+        &["--data-dir", &data, "session", "list"],
+        &["--help"],
+    ] {
+        let status = with_closed_pipes("monad-server", None, args).await;
+        assert_eq!(status.code(), Some(0), "monad-server {args:?}");
+    }
 }
