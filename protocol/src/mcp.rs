@@ -7,7 +7,9 @@
 //! - [`tools`]: every tool with its schemars schema, a description for a model, annotations
 //!   ([`annotations`]) and a `workspace` argument whose description lists the session's current
 //!   workspaces ([`describe_workspaces`]).
-//! - [`call_result`]: a tool's outcome as a `CallToolResult`; a tool failure (not found, denied,
+//! - [`call_result`]: a tool's outcome as a `CallToolResult`: text written for a model
+//!   ([`crate::render::text`]) and the JSON in `structuredContent` only, as each tool's
+//!   `outputSchema` ([`ToolName::output_schema`]) describes; a tool failure (not found, denied,
 //!   outside the root, limits) is a result with `isError: true` and the error's sentence, never
 //!   a protocol error.
 //! - [`McpFront`]: the rmcp [`ServerHandler`]. `initialize` selects the session (`_meta.sessionId`,
