@@ -17,7 +17,6 @@
 //! - [`mcp`]: `monad-client mcp`, MCP over stdio for AI hosts, bridged to the server.
 //! - [`call`]: what `monad-client call` prints (the text a model gets, or JSON) and its exit
 //!   codes; the `tools` listing.
-//! - [`output`]: standard output and error without a panic when the reader went away (`| head`).
 #![deny(missing_docs)]
 
 use std::path::PathBuf;
@@ -32,7 +31,6 @@ pub mod config;
 pub mod connect;
 pub mod login;
 pub mod mcp;
-pub mod output;
 pub mod prompt;
 pub mod site;
 pub mod terminal;

@@ -52,12 +52,12 @@ pub fn read(source: TokenSource) -> std::io::Result<Option<String>> {
             quiet.local_flags.insert(LocalFlags::ICANON);
             termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &quiet)
                 .map_err(std::io::Error::from)?;
-            crate::output::err("token (not shown as you type): ");
+            monad_protocol::output::err("token (not shown as you type): ");
             let _ = std::io::stderr().flush();
             let mut line = String::new();
             let read = stdin.lock().read_line(&mut line);
             let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &saved);
-            crate::output::err("\n");
+            monad_protocol::output::err("\n");
             read?;
             line
         }

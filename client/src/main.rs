@@ -11,14 +11,15 @@ use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use monad_client::agent::{Agent, check_login};
 use monad_client::approval::Approver;
 use monad_client::attach::{AttachEvent, AttachOptions, attach};
+use monad_client::call;
 use monad_client::config::{ClientConfig, default_config_dir};
 use monad_client::login;
 use monad_client::terminal::{TerminalApprover, guard_from_setting};
-use monad_client::{call, errln, outln, output};
 use monad_protocol::render;
 use monad_protocol::text::{json_safe, printable, printable_lines};
 use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Trust};
 use monad_protocol::{ToolClass, ToolName};
+use monad_protocol::{errln, outln, output};
 
 #[derive(Parser)]
 #[command(

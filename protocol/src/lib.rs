@@ -15,6 +15,8 @@
 //!   `monad-client call` share; and tools' arguments described for people.
 //! - [`text`]: text from agents and peers made safe for a terminal (control, escape, bidi and
 //!   zero-width characters shown as visible escapes), used by the client and the server.
+//! - `output` (feature `cli`): standard output and error for the binaries, without a panic when
+//!   the reader went away (`| head`).
 //! - `mcp` (feature `mcp`): the MCP front both transports share: tool descriptors, results,
 //!   and the rmcp handler over a transport's backend.
 #![deny(missing_docs)]
@@ -25,6 +27,8 @@ pub mod frame;
 pub mod io;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+#[cfg(feature = "cli")]
+pub mod output;
 pub mod render;
 pub mod text;
 pub mod tools;

@@ -21,7 +21,6 @@ pub mod config;
 pub mod executor;
 pub mod fsutil;
 pub mod mcp;
-pub mod output;
 pub mod quota;
 pub mod recorder;
 mod requests;

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use monad_protocol::text::{json_safe, printable, printable_lines};
+use monad_protocol::{errln, outln, output};
 use monad_server::admin::Admin;
 use monad_server::auth::TokenStore;
-use monad_server::{Server, ServerConfig, errln, outln, output};
+use monad_server::{Server, ServerConfig};
 
 #[derive(Parser)]
 #[command(

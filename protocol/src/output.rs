@@ -1,4 +1,5 @@
-//! Standard output and error for the command line, without a panic on a closed pipe.
+//! Standard output and error for the command line of both binaries, without a panic on a closed
+//! pipe.
 //!
 //! `println!` panics when its reader went away (`monad-client call list_dir | head -1`: Rust
 //! ignores SIGPIPE, so the write fails with `BrokenPipe`). Here a reader that left is the end of
