@@ -647,8 +647,8 @@ async fn run(
     } else {
         folder.sandbox.check_async(tool, &args).await.map(|()| None)
     };
-    let diff = match checked {
-        Ok(diff) => diff,
+    let (diff, creates) = match checked {
+        Ok(preview) => preview.map_or((None, Vec::new()), |p| (Some(p.diff), p.creates)),
         Err(e) => {
             debug!(%tool, "refused before asking: {e}");
             folder.emit(ran(false, Basis::Invalid));
@@ -693,6 +693,7 @@ async fn run(
                     tool,
                     target: target.clone(),
                     diff,
+                    creates,
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
                     scope: rule.scope(session),

@@ -220,8 +220,8 @@ impl ToolName {
             }
             ToolName::WriteFile => {
                 "Create or replace a file in a workspace with the given UTF-8 content, \
-                 atomically. Set `create_parents` to create missing parent directories. Returns \
-                 a unified diff of the change."
+                 atomically, creating missing parent directories. Returns a unified diff of the \
+                 change."
             }
             ToolName::EditFile => {
                 "Replace `old_string` with `new_string` in a text file in a workspace. Fails, \
@@ -504,7 +504,8 @@ pub struct WriteFileArgs {
     pub path: String,
     /// The complete new content.
     pub content: String,
-    /// Create missing parent directories. Default false.
+    /// Create missing parent directories inside the workspace. Default true; `false` fails
+    /// instead when the file's directory does not exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_parents: Option<bool>,
     /// Workspace to run in: a short name or URI.
