@@ -260,7 +260,8 @@ impl ToolName {
             }
             ToolName::Workspaces => {
                 "List the session's workspaces: their short names, URIs, trust levels, hosts, \
-                 and whether they are online."
+                 and whether they are online; which one is the focus (tried first by calls \
+                 that name no workspace); and, in `routing`, where such calls go."
             }
             ToolName::MemoryStore => {
                 "Keep a note under `key` in the session's memory, replacing any note with the \
@@ -293,7 +294,8 @@ pub struct ReadFileArgs {
     /// How many lines to return at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
-    /// Workspace to run in: a short name or URI. Default: the first workspace that has the path.
+    /// Workspace to run in: a short name or URI. Default: the session's focus workspace when it
+    /// has the path, else the first in priority order that has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
 }
