@@ -873,6 +873,10 @@ impl Target {
     }
 }
 
+/// Why a write refuses a missing directory's place taken by something else.
+const NOT_A_NEW_DIRECTORY: &str = "has a component that is a symbolic link or a file where a \
+                                   new directory was to be made (refused, not followed)";
+
 /// The directories a write into `parent` would create first: the missing part of it, outermost
 /// first, each relative to the root (empty when `parent` exists). The existing part is opened
 /// through the jail, as [`make_parents`] opens it, so an error here (a link leading out, a file
@@ -883,6 +887,14 @@ pub(crate) fn missing_parents(jail: &Jail, parent: &JailPath) -> Result<Vec<Stri
         match jail.open_dir(prefix) {
             Ok(_) => {}
             Err(SandboxError::NotFound(_)) => {
+                // Something that cannot be opened as a directory but is there (a dangling
+                // link): [`make_parents`] refuses it, so the check does too.
+                if jail.dir().symlink_metadata(prefix.rel()).is_ok() {
+                    return Err(SandboxError::WrongFileType {
+                        path: prefix.given().to_owned(),
+                        what: NOT_A_NEW_DIRECTORY,
+                    });
+                }
                 return Ok(prefixes[i..].iter().map(JailPath::display).collect());
             }
             Err(e) => return Err(e),
@@ -928,8 +940,7 @@ fn make_parents(jail: &Jail, parent: &JailPath) -> Result<Dir, SandboxError> {
             .map_err(|e| match e.raw_os_error() {
                 Some(nix::libc::ELOOP | nix::libc::ENOTDIR) => SandboxError::WrongFileType {
                     path: prefix.given().to_owned(),
-                    what: "has a component that is a symbolic link or a file where a new \
-                           directory was to be made (refused, not followed)",
+                    what: NOT_A_NEW_DIRECTORY,
                 },
                 _ => fail(e),
             })?;

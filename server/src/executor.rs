@@ -1305,7 +1305,12 @@ fn workspaces(session: &Session, args: &Value) -> Result<Value, ToolError> {
     let focus = session
         .focus()
         .filter(|f| list.iter().any(|w| &w.name == f));
-    let names: Vec<&str> = list.iter().map(|w| w.name.as_str()).collect();
+    // Where calls go now: offline folders are passed over.
+    let names: Vec<&str> = list
+        .iter()
+        .filter(|w| w.online)
+        .map(|w| w.name.as_str())
+        .collect();
     let routing = route::describe(
         &names,
         focus

@@ -717,3 +717,26 @@ fn directories_a_write_makes_belong_to_the_owner_of_the_folder_they_are_made_in(
     let file = std::fs::metadata(fx.root().join("top/a/b/c.txt")).unwrap();
     assert_eq!(file.uid(), 65534);
 }
+
+#[test]
+fn a_write_through_a_dangling_link_is_refused_before_anyone_is_asked() {
+    let fx = Fixture::new();
+    fx.symlink(fx.outside().join("ghost_dir"), "ghost_out");
+    fx.symlink("nowhere", "ghost_in");
+    for (link, code) in [
+        ("ghost_out", ErrorCode::OutsideWorkspace),
+        ("ghost_in", ErrorCode::WrongFileType),
+    ] {
+        let path = format!("{link}/sub/new.txt");
+        let args = json!({"path": path, "content": "x"});
+        // The check and the preview (what a prompt would show) refuse it, as the write does.
+        let err = fx.sandbox.check(ToolName::WriteFile, &args).unwrap_err();
+        assert_eq!(err.code(), code, "check {link}: {err}");
+        let err = fx.sandbox.preview(ToolName::WriteFile, &args).unwrap_err();
+        assert_eq!(err.code(), code, "preview {link}: {err}");
+        let err = fx.sandbox.write_file(&write(&path, "x")).unwrap_err();
+        assert_eq!(err.code(), code, "write {link}: {err}");
+    }
+    assert!(!fx.outside().join("ghost_dir").exists());
+    assert!(!fx.root().join("nowhere").exists());
+}
