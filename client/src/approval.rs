@@ -47,6 +47,9 @@ pub struct ApprovalRequest {
     pub target: String,
     /// For writes and edits: the whole diff the call would make.
     pub diff: Option<String>,
+    /// For writes: the directories it would create first, outermost first, relative to the
+    /// folder (empty when its directory exists).
+    pub creates: Vec<String>,
     /// For `process_write` and `process_kill`: the background process the call acts on, as this
     /// folder's process table has it (its argv and directory), when it is still there.
     pub process: Option<ProcessInfo>,

@@ -9,7 +9,8 @@ use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
 use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{
-    BODY_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome, Role, Trust, WorkspaceInfo,
+    BODY_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome, Role, Trust,
+    WorkspaceInfo,
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
@@ -54,6 +55,9 @@ pub struct AttachOptions {
     pub exec: ExecPolicy,
     /// The tools offered.
     pub tools: Vec<ToolName>,
+    /// Make the folder the session's focus (`--focus`): calls that name no workspace try it
+    /// first.
+    pub focus: bool,
     /// First and longest wait between reconnection attempts.
     pub backoff: (Duration, Duration),
 }
@@ -72,6 +76,7 @@ impl AttachOptions {
             limits: Limits::default(),
             exec: ExecPolicy::default(),
             tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+            focus: false,
             backoff: (Duration::from_millis(200), Duration::from_secs(10)),
         }
     }
@@ -86,6 +91,12 @@ pub enum AttachEvent {
         session: String,
         /// The workspace as the session lists it.
         workspace: WorkspaceInfo,
+    },
+    /// `--focus` was asked for: whether the folder is now the session's focus (a server older
+    /// than protocol minor [`FOCUS_MINOR`] cannot make it one).
+    Focus {
+        /// True when the folder is the focus.
+        set: bool,
     },
     /// A re-attach landed in another session than the one before (this device's binding
     /// changed meanwhile): the earlier session's background processes were ended and its
@@ -142,6 +153,16 @@ impl AttachEvent {
                 printable(session),
                 workspace.trust.as_str()
             )),
+            AttachEvent::Focus { set: true } => Some(
+                "this folder is the session's focus: an agent's calls that name no workspace \
+                 try it first"
+                    .into(),
+            ),
+            AttachEvent::Focus { set: false } => Some(
+                "--focus ignored: the server is too old to make a folder the session's focus; \
+                 agents must name this folder's workspace"
+                    .into(),
+            ),
             AttachEvent::SessionChanged {
                 from,
                 to,
@@ -381,6 +402,8 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
         .await
         .map_err(|e| ClientError::Unreachable(e.to_string()))?;
     let o = &folder.options;
+    // An older server refuses a field it does not know: asked only of one that knows it.
+    let focus = o.focus && connection.minor >= FOCUS_MINOR;
     write_message(
         &mut send,
         &Message::Attach {
@@ -390,6 +413,7 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
             path: o.shown_path.clone(),
             trust: o.trust,
             tools: o.tools.clone(),
+            focus,
         },
     )
     .await
@@ -422,6 +446,9 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
                 }
             });
             folder.emit(AttachEvent::Attached { session, workspace });
+            if o.focus {
+                folder.emit(AttachEvent::Focus { set: focus });
+            }
             if let Some(changed) = changed {
                 warn!("{}", changed.line().unwrap_or_default());
                 folder.emit(changed);
@@ -647,8 +674,8 @@ async fn run(
     } else {
         folder.sandbox.check_async(tool, &args).await.map(|()| None)
     };
-    let diff = match checked {
-        Ok(diff) => diff,
+    let (diff, creates) = match checked {
+        Ok(preview) => preview.map_or((None, Vec::new()), |p| (Some(p.diff), p.creates)),
         Err(e) => {
             debug!(%tool, "refused before asking: {e}");
             folder.emit(ran(false, Basis::Invalid));
@@ -693,6 +720,7 @@ async fn run(
                     tool,
                     target: target.clone(),
                     diff,
+                    creates,
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
                     scope: rule.scope(session),

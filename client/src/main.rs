@@ -85,6 +85,10 @@ enum Command {
         /// Seconds a prompt waits before it denies.
         #[arg(long, default_value_t = 120)]
         prompt_timeout: u64,
+        /// Make this folder the session's focus: an agent's calls that name no workspace try
+        /// it first (until it detaches, or another folder takes the focus).
+        #[arg(long)]
+        focus: bool,
     },
     /// Call a tool as an agent and print its result: the text a model gets, or JSON with --json.
     /// Exit codes: 0 done; 1 the tool (or the client) failed; 2 usage error; 3 the command ran
@@ -333,6 +337,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             allow,
             non_interactive,
             prompt_timeout,
+            focus,
         } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let canonical = dir
@@ -364,6 +369,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 })
                 .collect();
             options.prompt_timeout = Duration::from_secs(prompt_timeout.max(1));
+            options.focus = focus;
             let guard = guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref());
             let approver: Option<Arc<dyn Approver>> = if non_interactive {
                 None

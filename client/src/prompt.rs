@@ -167,6 +167,21 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             if let Some(content) = text("content") {
                 field("content", format!("{} bytes", content.len()));
             }
+            if !r.creates.is_empty() {
+                let dirs: Vec<String> = r
+                    .creates
+                    .iter()
+                    .map(|d| format!("{}/", printable(d)))
+                    .collect();
+                field(
+                    "creates",
+                    format!(
+                        "new director{} {}",
+                        if dirs.len() == 1 { "y" } else { "ies" },
+                        dirs.join(", ")
+                    ),
+                );
+            }
             if let Some(diff) = &r.diff {
                 long = Some(("diff", diff, DIFF_LINES));
             }
@@ -280,6 +295,7 @@ mod tests {
             target: crate::approval::describe(tool, &args),
             args,
             diff: diff.map(str::to_owned),
+            creates: Vec::new(),
             process: None,
             network: "no network".into(),
             default_timeout_ms: 120_000,
@@ -477,6 +493,26 @@ mod tests {
         r.process = None;
         let shown = text(&render(&r));
         assert!(shown.contains("program      unknown"), "{shown}");
+    }
+
+    #[test]
+    fn a_write_names_the_directories_it_will_create() {
+        let mut r = request(
+            ToolName::WriteFile,
+            json!({"path": "src/new/deep/f.rs", "content": "x"}),
+            Some("--- /dev/null\n+++ b/src/new/deep/f.rs\n+x\n"),
+        );
+        r.creates = vec!["src/new".into(), "src/new/deep\u{202e}".into()];
+        let shown = text(&render(&r));
+        assert!(
+            shown.contains("creates      new directories src/new/, src/new/deep\\u{202e}/"),
+            "{shown}"
+        );
+        r.creates = vec!["a".into()];
+        let shown = text(&render(&r));
+        assert!(shown.contains("creates      new directory a/"), "{shown}");
+        r.creates.clear();
+        assert!(!text(&render(&r)).contains("creates"));
     }
 
     #[test]

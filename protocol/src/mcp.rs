@@ -96,8 +96,10 @@ pub fn describe_workspaces(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Stri
         return "Ignored: this tool works on the whole session.".to_owned();
     }
     let mut out = String::from(
-        "Workspace to run in: its short name or URI. Default: the first workspace, in the order \
-         below, that offers the tool and (for a path that must exist) contains the path.",
+        "Workspace to run in: its short name or URI. Default: the session's focus workspace \
+         when it has one (`workspaces` names it and says where calls go), then the order below: \
+         the first that offers the tool and, for a path that must exist or a file to overwrite, \
+         contains the path; a new file goes to the focus, else the first.",
     );
     let offering: Vec<&WorkspaceInfo> = workspaces
         .iter()
@@ -341,8 +343,10 @@ impl<B: Backend> ServerHandler for McpFront<B> {
             .with_instructions(
                 "Monad runs file and command tools in the workspaces of one session: the \
                  session's own folder on the server (`primary`) and folders that people attach \
-                 from their machines. Call `workspaces` to see them; pass `workspace` to choose \
-                 one, or let Monad pick the first that has the path. Every result names the \
+                 from their machines. Call `workspaces` to see them and where calls go; pass \
+                 `workspace` to choose one, or let Monad pick: the session's focus workspace \
+                 (the project folder the user works in) first, then the first that has the \
+                 path; a file that exists is written where it is. Every result names the \
                  workspace that ran it. Actions in a restricted workspace wait for its user's \
                  approval and may be denied: a denial is a tool error that says why and how the \
                  user can allow it.",

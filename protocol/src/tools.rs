@@ -243,8 +243,8 @@ impl ToolName {
             }
             ToolName::WriteFile => {
                 "Create or replace a file in a workspace with the given UTF-8 content, \
-                 atomically. Set `create_parents` to create missing parent directories. Returns \
-                 a unified diff of the change."
+                 atomically, creating missing parent directories. Returns a unified diff of the \
+                 change."
             }
             ToolName::EditFile => {
                 "Replace `old_string` with `new_string` in a text file in a workspace. Fails, \
@@ -283,7 +283,8 @@ impl ToolName {
             }
             ToolName::Workspaces => {
                 "List the session's workspaces: their short names, URIs, trust levels, hosts, \
-                 and whether they are online."
+                 and whether they are online; which one is the focus (tried first by calls \
+                 that name no workspace); and, in `routing`, where such calls go."
             }
             ToolName::MemoryStore => {
                 "Keep a note under `key` in the session's memory, replacing any note with the \
@@ -316,7 +317,8 @@ pub struct ReadFileArgs {
     /// How many lines to return at most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u64>,
-    /// Workspace to run in: a short name or URI. Default: the first workspace that has the path.
+    /// Workspace to run in: a short name or URI. Default: the session's focus workspace when it
+    /// has the path, else the first in priority order that has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
 }
@@ -527,7 +529,8 @@ pub struct WriteFileArgs {
     pub path: String,
     /// The complete new content.
     pub content: String,
-    /// Create missing parent directories. Default false.
+    /// Create missing parent directories inside the workspace. Default true; `false` fails
+    /// instead when the file's directory does not exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_parents: Option<bool>,
     /// Workspace to run in: a short name or URI.

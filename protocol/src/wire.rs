@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 2;
+pub const PROTOCOL_MINOR: u32 = 3;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -28,11 +28,18 @@ pub const BODY_MINOR: u32 = 1;
 /// attach stream as they happen ([`Message::Network`]); with a lower one the server audits
 /// those a result carries.
 pub const NETWORK_MINOR: u32 = 2;
+/// The first minor version where [`Message::Attach`] may ask to make the folder the session's
+/// focus (`focus: true`); a client never sends the field to a server of a lower one.
+pub const FOCUS_MINOR: u32 = 3;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// The minor version both sides speak: the lower of the two.
@@ -724,6 +731,10 @@ pub enum Message {
         trust: Trust,
         /// The tools the client offers for this folder.
         tools: Vec<ToolName>,
+        /// Make the folder the session's focus: calls that name no workspace try it first
+        /// (`attach --focus`; minor [`FOCUS_MINOR`] or later, never sent when false).
+        #[serde(default, skip_serializing_if = "is_false")]
+        focus: bool,
     },
     /// The server accepted an attachment.
     Attached {
@@ -1043,6 +1054,16 @@ mod tests {
                 path: "~/dev/monad".into(),
                 trust: Trust::Restricted,
                 tools: vec![ToolName::ReadFile],
+                focus: false,
+            },
+            Message::Attach {
+                id: 4,
+                session: None,
+                name: None,
+                path: "~/dev/monad".into(),
+                trust: Trust::Restricted,
+                tools: vec![ToolName::ReadFile],
+                focus: true,
             },
             Message::Attached {
                 id: 3,
@@ -1099,6 +1120,26 @@ mod tests {
         assert!(Message::from_json(br#"{"type":"list_sessions","id":1,"extra":true}"#).is_err());
         assert!(Message::from_json(br#"{"type":"list_sessions"}"#).is_err());
         assert!(Message::from_json(b"not json").is_err());
+    }
+
+    #[test]
+    fn an_attach_without_focus_is_what_older_peers_send_and_read() {
+        let older = br#"{"type":"attach","id":1,"path":"~/p","trust":"restricted","tools":[]}"#;
+        let Message::Attach { focus, .. } = Message::from_json(older).unwrap() else {
+            panic!("an attach");
+        };
+        assert!(!focus, "an older client's attach asks for no focus");
+        let plain = Message::Attach {
+            id: 1,
+            session: None,
+            name: None,
+            path: "~/p".into(),
+            trust: Trust::Restricted,
+            tools: vec![],
+            focus: false,
+        };
+        let json = String::from_utf8(plain.to_json()).unwrap();
+        assert!(!json.contains("focus"), "an older server reads it: {json}");
     }
 
     #[test]

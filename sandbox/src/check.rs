@@ -509,6 +509,13 @@ mod tests {
                 ToolName::WriteFile,
                 json!({"path": "new/b.txt", "content": "x"})
             ),
+            None
+        );
+        assert_eq!(
+            check(
+                ToolName::WriteFile,
+                json!({"path": "new/b.txt", "content": "x", "create_parents": false})
+            ),
             Some(NotFound)
         );
         assert_eq!(

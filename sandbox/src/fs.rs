@@ -563,7 +563,7 @@ pub(crate) fn write_file(
 ) -> Result<WriteResult, SandboxError> {
     check_write_size(limits, args)?;
     let path = jail.resolve(&args.path)?;
-    let target = Target::locate(jail, &path, args.create_parents.unwrap_or(false), limits)?;
+    let target = Target::locate(jail, &path, args.create_parents.unwrap_or(true), limits)?;
     let old = target.old_text();
     target.replace(args.content.as_bytes())?;
     let (diff, diff_truncated) = unified_diff(
@@ -709,6 +709,22 @@ fn give_to(file: &impl std::os::fd::AsFd, owner: (u32, u32)) -> std::io::Result<
         .map_err(std::io::Error::from)
 }
 
+/// [`give_to`] for a directory handle, which may be opened as a path only (`O_PATH`, which
+/// `fchown` refuses): changed through the descriptor itself (`AT_EMPTY_PATH`), never by name.
+fn give_dir_to(dir: &Dir, owner: (u32, u32)) -> std::io::Result<()> {
+    if !nix::unistd::geteuid().is_root() || owner.0 == 0 {
+        return Ok(());
+    }
+    nix::unistd::fchownat(
+        dir,
+        "",
+        Some(owner.0.into()),
+        Some(owner.1.into()),
+        nix::fcntl::AtFlags::AT_EMPTY_PATH,
+    )
+    .map_err(std::io::Error::from)
+}
+
 /// The (uid, gid) of a directory or file.
 fn owner_of(meta: &cap_std::fs::Metadata) -> (u32, u32) {
     use cap_std::fs::MetadataExt;
@@ -760,43 +776,11 @@ impl Target {
         let name = name.to_owned();
         let parent = match jail.open_dir(&parent_path) {
             Ok(dir) => dir,
-            Err(SandboxError::NotFound(_)) if create_parents => {
-                jail.dir()
-                    .create_dir_all(parent_path.rel())
-                    .map_err(|e| SandboxError::from_io("create directory", path.given(), e))?;
-                // Each directory made belongs to the owner of the one it was made in. Each is
-                // changed through its parent's handle (opened beneath the root), by its name
-                // alone and without following it: never a path a link could lead out.
-                if nix::unistd::geteuid().is_root() {
-                    let fail = |e| SandboxError::from_io("create directory", path.given(), e);
-                    let mut prefix = std::path::PathBuf::new();
-                    for component in parent_path.rel().components() {
-                        let above = if prefix.as_os_str().is_empty() {
-                            jail.dir().try_clone().map_err(fail)?
-                        } else {
-                            jail.dir().open_dir(&prefix).map_err(fail)?
-                        };
-                        prefix.push(component);
-                        let theirs = above.symlink_metadata(component).map_err(fail)?;
-                        let ours = owner_of(&above.dir_metadata().map_err(fail)?);
-                        if theirs.is_dir() && owner_of(&theirs).0 == 0 && ours.0 != 0 {
-                            nix::unistd::fchownat(
-                                &above,
-                                component.as_os_str(),
-                                Some(ours.0.into()),
-                                Some(ours.1.into()),
-                                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                            )
-                            .map_err(|e| fail(e.into()))?;
-                        }
-                    }
-                }
-                jail.open_dir(&parent_path)?
-            }
+            Err(SandboxError::NotFound(_)) if create_parents => make_parents(jail, &parent_path)?,
             Err(SandboxError::NotFound(_)) => {
                 return Err(SandboxError::NotFound(format!(
-                    "the parent directory `{}` of `{}` does not exist; pass \
-                     `create_parents: true` to create it",
+                    "the parent directory `{}` of `{}` does not exist (`create_parents: \
+                     false` was given; leave it out to create it)",
                     parent_path.display(),
                     path.given(),
                 )));
@@ -889,6 +873,86 @@ impl Target {
     }
 }
 
+/// Why a write refuses a missing directory's place taken by something else.
+const NOT_A_NEW_DIRECTORY: &str = "has a component that is a symbolic link or a file where a \
+                                   new directory was to be made (refused, not followed)";
+
+/// The directories a write into `parent` would create first: the missing part of it, outermost
+/// first, each relative to the root (empty when `parent` exists). The existing part is opened
+/// through the jail, as [`make_parents`] opens it, so an error here (a link leading out, a file
+/// where a directory must be) is the one the write would fail with.
+pub(crate) fn missing_parents(jail: &Jail, parent: &JailPath) -> Result<Vec<String>, SandboxError> {
+    let prefixes = parent.prefixes();
+    for (i, prefix) in prefixes.iter().enumerate() {
+        match jail.open_dir(prefix) {
+            Ok(_) => {}
+            Err(SandboxError::NotFound(_)) => {
+                // Something that cannot be opened as a directory but is there (a dangling
+                // link): [`make_parents`] refuses it, so the check does too.
+                if jail.dir().symlink_metadata(prefix.rel()).is_ok() {
+                    return Err(SandboxError::WrongFileType {
+                        path: prefix.given().to_owned(),
+                        what: NOT_A_NEW_DIRECTORY,
+                    });
+                }
+                return Ok(prefixes[i..].iter().map(JailPath::display).collect());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// Opens `parent` (the directory a write lands in), creating what is missing of it, and returns
+/// its handle. The part that exists is opened through the jail (links followed only while they
+/// stay beneath the root). Each missing directory is made by name in the handle of the one above
+/// it (`mkdirat`, which never follows a link) and then opened by that name without following
+/// links: a link swapped in at any moment, before or after it was made, is refused rather than
+/// followed, so nothing outside the root is ever made or opened. No path is looked up again
+/// from the root once creating starts. Each directory made belongs to the owner of the one it
+/// was made in ([`give_to`]), changed through its own descriptor.
+fn make_parents(jail: &Jail, parent: &JailPath) -> Result<Dir, SandboxError> {
+    let mut dir = jail.open_dir(&jail.resolve("")?)?;
+    let mut creating = false;
+    for prefix in parent.prefixes() {
+        if !creating {
+            match jail.open_dir(&prefix) {
+                Ok(opened) => {
+                    dir = opened;
+                    continue;
+                }
+                Err(SandboxError::NotFound(_)) => creating = true,
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((_, name)) = prefix.split() else {
+            continue;
+        };
+        let fail = |e| SandboxError::from_io("create directory", prefix.given(), e);
+        let made = match dir.create_dir(name) {
+            Ok(()) => true,
+            // Made meanwhile by someone else: used if it is a directory, never followed.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(fail(e)),
+        };
+        let opened = dir
+            .open_dir_nofollow(name)
+            .map_err(|e| match e.raw_os_error() {
+                Some(nix::libc::ELOOP | nix::libc::ENOTDIR) => SandboxError::WrongFileType {
+                    path: prefix.given().to_owned(),
+                    what: NOT_A_NEW_DIRECTORY,
+                },
+                _ => fail(e),
+            })?;
+        if made {
+            let owner = owner_of(&dir.dir_metadata().map_err(fail)?);
+            give_dir_to(&opened, owner).map_err(fail)?;
+        }
+        dir = opened;
+    }
+    Ok(dir)
+}
+
 fn temp_name(name: &OsStr, attempt: u32) -> std::ffi::OsString {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -949,7 +1013,13 @@ pub(crate) fn check_write(
             let path = jail.resolve(&args.path)?;
             match Target::locate(jail, &path, false, limits) {
                 Ok(_) => Ok(()),
-                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(false) => Ok(()),
+                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
+                    let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
+                        path: path.given().to_owned(),
+                        what: "is the workspace root, not a file",
+                    })?;
+                    missing_parents(jail, &parent).map(drop)
+                }
                 Err(e) => Err(e),
             }
         }
@@ -961,14 +1031,25 @@ pub(crate) fn check_write(
     }
 }
 
-/// The whole diff a `write_file` or `edit_file` would make, without making it; the error the
-/// call would fail with when it cannot be made; `None` for other tools.
+/// What a `write_file` or `edit_file` would do, shown before it is approved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preview {
+    /// The whole unified diff it would make (not cut at the diff cap).
+    pub diff: String,
+    /// The directories a write would create first, outermost first, relative to the root
+    /// (empty when its directory exists, and for an edit).
+    pub creates: Vec<String>,
+}
+
+/// What a `write_file` or `edit_file` would do (its whole diff, and the directories it would
+/// create), without doing it; the error the call would fail with when it cannot be made; `None`
+/// for other tools.
 pub(crate) fn preview(
     jail: &Jail,
     limits: &Limits,
     tool: monad_protocol::ToolName,
     args: &serde_json::Value,
-) -> Result<Option<String>, SandboxError> {
+) -> Result<Option<Preview>, SandboxError> {
     use monad_protocol::ToolName;
     let parse = |e: serde_json::Error| SandboxError::InvalidArguments(format!("{tool}: {e}"));
     match tool {
@@ -976,26 +1057,35 @@ pub(crate) fn preview(
             let args = WriteFileArgs::deserialize(args).map_err(parse)?;
             check_write_size(limits, &args)?;
             let path = jail.resolve(&args.path)?;
-            let old = match Target::locate(jail, &path, false, limits) {
-                Ok(target) => target.old_text(),
-                // Its parents will be created: a new file (they are checked when created).
-                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(false) => None,
+            let (old, creates) = match Target::locate(jail, &path, false, limits) {
+                Ok(target) => (target.old_text(), Vec::new()),
+                // A new file in directories the write will create (each checked again as it
+                // is made).
+                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
+                    let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
+                        path: path.given().to_owned(),
+                        what: "is the workspace root, not a file",
+                    })?;
+                    (None, missing_parents(jail, &parent)?)
+                }
                 Err(e) => return Err(e),
             };
-            Ok(Some(full_diff(
-                &path.display(),
-                old.as_deref(),
-                &args.content,
-            )))
+            Ok(Some(Preview {
+                diff: full_diff(&path.display(), old.as_deref(), &args.content),
+                creates,
+            }))
         }
         ToolName::EditFile => {
             let args = EditFileArgs::deserialize(args).map_err(parse)?;
             let edit = plan_edit(jail, limits, &args)?;
-            Ok(Some(full_diff(
-                &edit.target.path.display(),
-                Some(&edit.old_text),
-                &edit.new_text,
-            )))
+            Ok(Some(Preview {
+                diff: full_diff(
+                    &edit.target.path.display(),
+                    Some(&edit.old_text),
+                    &edit.new_text,
+                ),
+                creates: Vec::new(),
+            }))
         }
         _ => Ok(None),
     }

@@ -82,6 +82,22 @@ impl JailPath {
         ))
     }
 
+    /// Every path from the root's first child down to this one, outermost first (`a`, `a/b`,
+    /// `a/b/c` for `a/b/c`; none for the root), each with this path's spelling for messages.
+    pub fn prefixes(&self) -> Vec<JailPath> {
+        let mut rel = PathBuf::new();
+        self.rel
+            .components()
+            .map(|component| {
+                rel.push(component);
+                JailPath {
+                    rel: rel.clone(),
+                    given: self.given.clone(),
+                }
+            })
+            .collect()
+    }
+
     /// This path with `name` appended.
     pub fn join(&self, name: &std::ffi::OsStr) -> JailPath {
         JailPath {

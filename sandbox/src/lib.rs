@@ -44,6 +44,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use error::{EscapeReason, SandboxError};
+pub use fs::Preview;
 pub use jail::{Jail, JailPath};
 pub use limits::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
 pub use netlog::{MAX_FOR_AUDIT, NetworkAudit, NetworkBatch};
@@ -155,14 +156,15 @@ impl Sandbox {
         fs::edit_file(&self.jail, &self.limits, args)
     }
 
-    /// The whole unified diff a `write_file` or `edit_file` call would make, without making it
-    /// (for approval prompts; not cut at the diff cap); `None` for other tools, the error the
-    /// call would fail with for a write or edit that cannot be made.
+    /// What a `write_file` or `edit_file` call would do, without doing it (for approval
+    /// prompts): its whole unified diff (not cut at the diff cap) and the directories a write
+    /// would create first; `None` for other tools, the error the call would fail with for a
+    /// write or edit that cannot be made.
     pub fn preview(
         &self,
         tool: ToolName,
         args: &serde_json::Value,
-    ) -> Result<Option<String>, SandboxError> {
+    ) -> Result<Option<Preview>, SandboxError> {
         fs::preview(&self.jail, &self.limits, tool, args)
     }
 

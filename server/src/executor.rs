@@ -588,9 +588,16 @@ impl Executor {
                 offers: s.info.tools.contains(&tool),
             })
             .collect();
-        let index = match route::plan(tool, target.as_deref(), path.as_deref(), &views) {
+        let focus = session
+            .focus()
+            .and_then(|name| snapshots.iter().position(|s| s.info.name == name));
+        let index = match route::plan(tool, target.as_deref(), path.as_deref(), &views, focus) {
             Ok(Plan::Run(i)) => i,
-            Ok(Plan::FirstContaining { candidates, path }) => {
+            Ok(Plan::FirstContaining {
+                candidates,
+                path,
+                otherwise,
+            }) => {
                 let mut tried = Vec::new();
                 let mut found = None;
                 for i in candidates {
@@ -600,7 +607,7 @@ impl Executor {
                         break;
                     }
                 }
-                match found {
+                match found.or(otherwise) {
                     Some(i) => i,
                     None => {
                         return (
@@ -1295,7 +1302,27 @@ fn parse<A: serde::de::DeserializeOwned>(tool: ToolName, args: Value) -> Result<
 fn workspaces(session: &Session, args: &Value) -> Result<Value, ToolError> {
     let _: WorkspacesArgs = parse(ToolName::Workspaces, args.clone())?;
     let list: Vec<_> = session.workspaces().into_iter().map(|s| s.info).collect();
-    Ok(json!({ "session": session.id, "workspaces": list }))
+    let focus = session
+        .focus()
+        .filter(|f| list.iter().any(|w| &w.name == f));
+    // Where calls go now: offline folders are passed over.
+    let names: Vec<&str> = list
+        .iter()
+        .filter(|w| w.online)
+        .map(|w| w.name.as_str())
+        .collect();
+    let routing = route::describe(
+        &names,
+        focus
+            .as_ref()
+            .and_then(|f| names.iter().position(|n| n == f)),
+    );
+    Ok(json!({
+        "session": session.id,
+        "focus": focus,
+        "routing": routing,
+        "workspaces": list,
+    }))
 }
 
 /// A memory key: 1 to 100 of `A-Z a-z 0-9 . _ -`, not starting with a dot.

@@ -907,6 +907,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         path,
         trust,
         tools,
+        focus,
     } = request
     else {
         return send_error(
@@ -980,7 +981,14 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         },
         name.as_deref(),
     );
-    info!(session = %session.id, workspace = %workspace.name, "attached");
+    if focus {
+        // Just attached under this connection: online, so this cannot fail but for a detach
+        // that already happened; then there is nothing to focus on.
+        if let Err(e) = session.set_focus(&workspace.name) {
+            warn!(session = %session.id, workspace = %workspace.name, "focus: {}", e.message);
+        }
+    }
+    info!(session = %session.id, workspace = %workspace.name, focus, "attached");
     // Detaches however this task ends: when the connection drops, its handler may abort this
     // task before the read below fails, and a folder left online with a dead link would stay
     // listed (and keep the connection, and the endpoint's socket, alive).

@@ -137,6 +137,9 @@ pub struct Session {
     /// Background processes started in this session: id -> the workspace that runs them, the
     /// most recent last (bounded: the oldest go first).
     processes: Mutex<Vec<(String, String)>>,
+    /// The short name of the focus workspace: the one calls without `workspace` try first
+    /// ([`Session::set_focus`]); it ends when that workspace detaches.
+    focus: Mutex<Option<String>>,
 }
 
 /// Background processes a session remembers the workspace of (far more than a workspace may
@@ -355,20 +358,76 @@ impl Session {
     }
 
     /// Marks the folder attached under `generation` as disconnected. A newer attachment of the
-    /// same folder (after a reconnect) is left alone.
+    /// same folder (after a reconnect) is left alone. When it was the focus, the session has no
+    /// focus any more (a client that reconnects with `--focus` sets it again).
     pub fn detach(&self, generation: u64) {
         let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
-        let mut changed = false;
+        let mut gone = Vec::new();
         for a in attached.iter_mut() {
             if a.link.as_ref().is_some_and(|l| l.generation == generation) {
                 a.link = None;
-                changed = true;
+                gone.push(a.name.clone());
             }
         }
         drop(attached);
-        if changed {
+        if !gone.is_empty() {
+            let mut focus = self.focus.lock().unwrap_or_else(|p| p.into_inner());
+            if focus.as_ref().is_some_and(|f| gone.contains(f)) {
+                *focus = None;
+            }
+            drop(focus);
             self.changed();
         }
+    }
+
+    /// Makes workspace `name` (a short name or URI) the session's focus: calls that do not name
+    /// a workspace try it first (see [`crate::route`]). It stays the focus until another is set,
+    /// [`Session::clear_focus`], or it detaches. Set by `monad-client attach --focus`; also the
+    /// way for anything else that learns where the user works (an MCP host's roots). Refused
+    /// for a workspace the session does not have, or an attached one that is offline.
+    pub fn set_focus(&self, name: &str) -> Result<(), ToolError> {
+        let Some(workspace) = self
+            .workspaces()
+            .into_iter()
+            .find(|w| w.info.name == name || w.info.uri == name)
+        else {
+            return Err(ToolError::new(
+                ErrorCode::WorkspaceNotFound,
+                format!("no workspace `{name}` in this session to focus on"),
+            ));
+        };
+        if !workspace.info.online {
+            return Err(ToolError::new(
+                ErrorCode::WorkspaceDisconnected,
+                format!(
+                    "workspace `{}` is disconnected; it can be the focus once its client \
+                     reconnects",
+                    workspace.info.name
+                ),
+            ));
+        }
+        let previous = self
+            .focus
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(workspace.info.name.clone());
+        if previous.as_deref() != Some(workspace.info.name.as_str()) {
+            self.changed();
+        }
+        Ok(())
+    }
+
+    /// Ends the focus: calls without `workspace` go in priority order again.
+    pub fn clear_focus(&self) {
+        let previous = self.focus.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if previous.is_some() {
+            self.changed();
+        }
+    }
+
+    /// The short name of the focus workspace, when the session has one.
+    pub fn focus(&self) -> Option<String> {
+        self.focus.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The workspace that runs background process `id`, when this session started it.
@@ -591,6 +650,7 @@ impl Registry {
             attached: Mutex::new(Vec::new()),
             changes: tokio::sync::watch::channel(0).0,
             processes: Mutex::new(Vec::new()),
+            focus: Mutex::new(None),
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(loaded) = sessions.get(&id) {
@@ -1365,6 +1425,44 @@ mod tests {
         );
         let names: Vec<String> = s.workspaces().into_iter().map(|w| w.info.name).collect();
         assert_eq!(names, ["primary", "monad", "monad-2", "primary-2"]);
+    }
+
+    #[test]
+    fn the_focus_must_be_a_workspace_of_the_session_that_is_online() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let s = reg.open("default", "ana").unwrap();
+        assert_eq!(s.focus(), None);
+        s.attach(
+            Attached {
+                name: "lap".into(),
+                uri: "laptop:~/lap".into(),
+                trust: Trust::Restricted,
+                tools: vec![ToolName::ReadFile],
+                device_id: DeviceId::parse("00000000-0000-4000-8000-0000000000d1").unwrap(),
+                path: "~/lap".into(),
+                record: None,
+                link: None,
+            },
+            None,
+        );
+        let err = s.set_focus("nope").unwrap_err();
+        assert_eq!(err.code, ErrorCode::WorkspaceNotFound);
+        // Offline (no client connected): refused, and nothing changes.
+        let err = s.set_focus("lap").unwrap_err();
+        assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
+        assert_eq!(s.focus(), None);
+        let mut changes = s.subscribe();
+        changes.mark_unchanged();
+        s.set_focus(&s.primary_uri()).unwrap();
+        assert_eq!(
+            s.focus().as_deref(),
+            Some("primary"),
+            "by URI, kept by name"
+        );
+        assert!(changes.has_changed().unwrap(), "watchers hear of it");
+        s.clear_focus();
+        assert_eq!(s.focus(), None);
     }
 
     #[test]

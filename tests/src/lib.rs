@@ -334,6 +334,7 @@ impl FakeClient {
             path: format!("/fake/{name}"),
             trust: Trust::Full,
             tools,
+            focus: false,
         };
         write_message(&mut send, &attach)
             .await

@@ -428,16 +428,54 @@ fn write_file_creates_replaces_and_reports_a_diff() {
 }
 
 #[test]
-fn write_file_creates_parents_only_when_asked() {
+fn write_file_creates_missing_parents_unless_told_not_to() {
     let fx = Fixture::new();
-    let err = fx.sandbox.write_file(&write("a/b/c.txt", "x")).unwrap_err();
+    fx.put("a/keep.txt", "k");
+    // Without `create_parents`: the missing directories are made, and the file written.
+    fx.sandbox.write_file(&write("a/b/c/d.txt", "x")).unwrap();
+    assert_eq!(fx.read("a/b/c/d.txt"), "x");
+    assert!(fx.root().join("a/b/c").is_dir());
+    // `create_parents: false` keeps the old strictness: refused, nothing made.
+    let mut args = write("n/m.txt", "x");
+    args.create_parents = Some(false);
+    let err = fx.sandbox.write_file(&args).unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
     assert!(err.to_string().contains("create_parents"), "{err}");
-    assert!(!fx.root().join("a").exists());
-    let mut args = write("a/b/c.txt", "x");
+    assert!(!fx.root().join("n").exists());
     args.create_parents = Some(true);
     fx.sandbox.write_file(&args).unwrap();
-    assert_eq!(fx.read("a/b/c.txt"), "x");
+    assert_eq!(fx.read("n/m.txt"), "x");
+}
+
+#[test]
+fn a_write_preview_names_the_directories_it_will_create() {
+    let fx = Fixture::new();
+    fx.put("a/keep.txt", "k");
+    let args = json!({"path": "a/b/c/d.txt", "content": "x\n"});
+    let preview = fx
+        .sandbox
+        .preview(ToolName::WriteFile, &args)
+        .unwrap()
+        .unwrap();
+    assert_eq!(preview.creates, ["a/b", "a/b/c"]);
+    assert!(preview.diff.contains("+x"), "{}", preview.diff);
+    // The check agrees that it can run, and neither made anything.
+    fx.sandbox.check(ToolName::WriteFile, &args).unwrap();
+    assert!(!fx.root().join("a/b").exists());
+    // An existing directory: nothing to create.
+    let args = json!({"path": "a/new.txt", "content": "x"});
+    let preview = fx
+        .sandbox
+        .preview(ToolName::WriteFile, &args)
+        .unwrap()
+        .unwrap();
+    assert!(preview.creates.is_empty());
+    // A file where a directory must be: refused by both, as the write would be.
+    let args = json!({"path": "a/keep.txt/x/y.txt", "content": "x"});
+    let err = fx.sandbox.preview(ToolName::WriteFile, &args).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::WrongFileType, "{err}");
+    let err = fx.sandbox.check(ToolName::WriteFile, &args).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::WrongFileType, "{err}");
 }
 
 #[test]
@@ -660,4 +698,45 @@ fn call_reads_inline_and_on_the_pool_alike() {
     fx.fifo("pipe");
     let direct = fx.sandbox.read_file(&read("pipe")).unwrap_err().code();
     assert_eq!(code(json!({"path": "pipe"})), direct);
+}
+
+#[test]
+fn directories_a_write_makes_belong_to_the_owner_of_the_folder_they_are_made_in() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        return; // Only root makes things another user owns.
+    }
+    let fx = Fixture::new();
+    fx.put("top/keep.txt", "k");
+    std::os::unix::fs::chown(fx.root().join("top"), Some(65534), Some(65534)).unwrap();
+    fx.sandbox.write_file(&write("top/a/b/c.txt", "x")).unwrap();
+    for dir in ["top/a", "top/a/b"] {
+        let meta = std::fs::metadata(fx.root().join(dir)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{dir}");
+    }
+    let file = std::fs::metadata(fx.root().join("top/a/b/c.txt")).unwrap();
+    assert_eq!(file.uid(), 65534);
+}
+
+#[test]
+fn a_write_through_a_dangling_link_is_refused_before_anyone_is_asked() {
+    let fx = Fixture::new();
+    fx.symlink(fx.outside().join("ghost_dir"), "ghost_out");
+    fx.symlink("nowhere", "ghost_in");
+    for (link, code) in [
+        ("ghost_out", ErrorCode::OutsideWorkspace),
+        ("ghost_in", ErrorCode::WrongFileType),
+    ] {
+        let path = format!("{link}/sub/new.txt");
+        let args = json!({"path": path, "content": "x"});
+        // The check and the preview (what a prompt would show) refuse it, as the write does.
+        let err = fx.sandbox.check(ToolName::WriteFile, &args).unwrap_err();
+        assert_eq!(err.code(), code, "check {link}: {err}");
+        let err = fx.sandbox.preview(ToolName::WriteFile, &args).unwrap_err();
+        assert_eq!(err.code(), code, "preview {link}: {err}");
+        let err = fx.sandbox.write_file(&write(&path, "x")).unwrap_err();
+        assert_eq!(err.code(), code, "write {link}: {err}");
+    }
+    assert!(!fx.outside().join("ghost_dir").exists());
+    assert!(!fx.root().join("nowhere").exists());
 }

@@ -213,6 +213,33 @@ async fn write_and_edit_prompts_carry_the_diff() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_into_a_new_folder_creates_it_and_its_prompt_names_the_directories() {
+    let (_server, agent, dir, _a, approver) = scripted(
+        [Some(Decision::AllowOnce)],
+        &[("src/main.rs", "fn main() {}\n")],
+    )
+    .await;
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "src/new/deep/mod.rs", "content": "pub fn f() {}\n", "workspace": "lap"}),
+    )
+    .await);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("src/new/deep/mod.rs")).unwrap(),
+        "pub fn f() {}\n"
+    );
+    let seen = approver.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].creates, ["src/new", "src/new/deep"]);
+    let shown = monad_client::prompt::render(&seen[0]).lines.join("\n");
+    assert!(
+        shown.contains("creates      new directories src/new/, src/new/deep/"),
+        "{shown}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_reaches_the_agent_while_it_waits_for_approval() {
     let (_server, agent, _dir, _a, _approver) =
         scripted([Some(Decision::AllowOnce)], &[("a.txt", "alpha\n")]).await;

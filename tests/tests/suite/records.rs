@@ -28,6 +28,7 @@ async fn attach_once(conn: &quinn::Connection, session: &str, path: &str) {
         path: path.to_owned(),
         trust: Trust::Restricted,
         tools: vec![ToolName::ReadFile],
+        focus: false,
     };
     write_message(&mut send, &attach).await.expect("sent");
     match read_message(&mut recv, 1 << 20).await {

@@ -4,7 +4,11 @@
 
 use monad_protocol::ErrorCode;
 use monad_protocol::ToolClass;
-use monad_tests::{Attachment, TestServer, attach_options, call, expect_code, folder, ok};
+use std::time::Duration;
+
+use monad_tests::{
+    Attachment, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
+};
 use serde_json::json;
 
 /// Attaches `dir` as `name`, reads pre-approved, nobody to ask for anything else.
@@ -62,10 +66,11 @@ async fn path_in_both_goes_to_primary_unless_a_workspace_is_named() {
     let agent = server.agent().await;
     let laptop = folder(&[("both.txt", "laptop copy\n"), ("only-lap.txt", "lap\n")]);
     let attached = attach_readable(&server, laptop.path(), "lap").await;
+    // Named: without `workspace` the write would go where the file already is (the folder).
     ok(call(
         &agent,
         "write_file",
-        json!({"path": "both.txt", "content": "primary copy\n"}),
+        json!({"path": "both.txt", "content": "primary copy\n", "workspace": "primary"}),
     )
     .await);
 
@@ -200,4 +205,175 @@ async fn two_attached_folders_are_tried_in_attach_order() {
         message.contains("tried: primary, first, second"),
         "{message}"
     );
+}
+
+/// Attaches `dir` as `name` with `--focus`, reads and writes pre-approved.
+async fn attach_focused(server: &TestServer, dir: &std::path::Path, name: &str) -> Attachment {
+    let mut options = attach_options(dir, name);
+    options.allow = vec![ToolClass::Read, ToolClass::Write];
+    options.focus = true;
+    Attachment::start(&server.client_config(), options, None).await
+}
+
+/// Waits (bounded) until the session's `workspaces` says `online` of `name`.
+async fn until_online(agent: &monad_client::agent::Agent, name: &str, online: bool) {
+    within(STEP, "the folder's state to change", async {
+        loop {
+            let (listed, _) = ok(call(agent, "workspaces", json!({})).await);
+            let now = listed["workspaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w["name"] == name && w["online"] == true);
+            if now == online {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_focus_folder_calls_without_a_workspace_act_in_it() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[
+        ("src/lib.rs", "pub fn hello() {}\n"),
+        ("README.md", "the project\n"),
+    ]);
+    let _attached = attach_focused(&server, laptop.path(), "lap").await;
+    // The primary workspace has a file too, so that an empty primary proves nothing.
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "plan.md", "content": "primary plan\n", "workspace": "primary"}),
+    )
+    .await);
+
+    let (listed, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "lap", "list_dir of the root");
+    let paths: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    assert!(
+        paths.contains(&"src") && paths.contains(&"README.md"),
+        "{paths:?}"
+    );
+    assert!(!paths.contains(&"plan.md"), "{paths:?}");
+
+    let (found, ran_in) = ok(call(&agent, "glob", json!({"pattern": "**/*.rs"})).await);
+    assert_eq!(ran_in, "lap", "glob");
+    assert_eq!(found["paths"], json!(["src/lib.rs"]));
+
+    let (found, ran_in) = ok(call(&agent, "search", json!({"pattern": "fn hello"})).await);
+    assert_eq!(ran_in, "lap", "search");
+    assert_eq!(found["matches"][0]["path"], "src/lib.rs");
+
+    // A new file, in a new folder: written in the focus, and read back from there.
+    let (_, ran_in) = ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "notes/todo.md", "content": "ship it\n"}),
+    )
+    .await);
+    assert_eq!(ran_in, "lap", "write_file of a new file");
+    assert_eq!(
+        std::fs::read_to_string(laptop.path().join("notes/todo.md")).unwrap(),
+        "ship it\n"
+    );
+    assert!(!server.primary_dir("default").join("notes").exists());
+    let (read, ran_in) = ok(call(&agent, "read_file", json!({"path": "notes/todo.md"})).await);
+    assert_eq!(ran_in, "lap", "read_file");
+    assert_eq!(read["content"], "ship it\n");
+
+    // A file only the primary has is still found there.
+    let (read, ran_in) = ok(call(&agent, "read_file", json!({"path": "plan.md"})).await);
+    assert_eq!(
+        (read["content"].as_str(), ran_in.as_str()),
+        (Some("primary plan\n"), "primary")
+    );
+
+    // `workspaces` says where calls go.
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(listed["focus"], "lap");
+    let routing = listed["routing"].as_str().unwrap();
+    assert!(routing.contains("focus workspace `lap` first"), "{routing}");
+    assert!(routing.contains("a new file goes to `lap`"), "{routing}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_focus_ends_when_its_folder_detaches() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("only-lap.txt", "lap\n")]);
+    let attached = attach_focused(&server, laptop.path(), "lap").await;
+    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "lap");
+
+    drop(attached);
+    until_online(&agent, "lap", false).await;
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(listed["focus"], json!(null), "{listed}");
+    assert!(
+        listed["routing"]
+            .as_str()
+            .unwrap()
+            .contains("no focus workspace"),
+        "{listed}"
+    );
+    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "primary");
+
+    // Attached again with --focus: the focus again.
+    let again = attach_focused(&server, laptop.path(), "lap").await;
+    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, again.workspace.name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_file_that_exists_only_in_a_folder_goes_to_that_folder() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("hello.txt", "hello from the laptop\n")]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Write];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+
+    let (read, ran_in) = ok(call(&agent, "read_file", json!({"path": "hello.txt"})).await);
+    assert_eq!(
+        (read["content"].as_str(), ran_in.as_str()),
+        (Some("hello from the laptop\n"), "lap")
+    );
+    // No focus: the write still goes where the file is, never a second copy in the primary.
+    let (written, ran_in) = ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "hello.txt", "content": "hello again\n"}),
+    )
+    .await);
+    assert_eq!(ran_in, "lap");
+    assert_eq!(written["created"], false);
+    assert_eq!(
+        std::fs::read_to_string(laptop.path().join("hello.txt")).unwrap(),
+        "hello again\n"
+    );
+    assert!(!server.primary_dir("default").join("hello.txt").exists());
+    let (read, ran_in) = ok(call(&agent, "read_file", json!({"path": "hello.txt"})).await);
+    assert_eq!(
+        (read["content"].as_str(), ran_in.as_str()),
+        (Some("hello again\n"), "lap")
+    );
+
+    // A new file, without a focus: the primary.
+    let (_, ran_in) = ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "fresh.txt", "content": "new\n"}),
+    )
+    .await);
+    assert_eq!(ran_in, "primary");
 }

@@ -278,7 +278,7 @@ async fn calls_that_cannot_run_fail_before_anyone_is_asked() {
         ),
         (
             "write_file",
-            json!({"path": "no/dir/f", "content": "x"}),
+            json!({"path": "no/dir/f", "content": "x", "create_parents": false}),
             ErrorCode::NotFound,
         ),
         (
