@@ -497,7 +497,19 @@ fn workspaces(r: WorkspacesResult) -> String {
             Trust::Restricted => "restricted (each action needs its user's approval)",
         };
         let online = if w.online { "" } else { ", offline" };
-        let _ = write!(out, "\n{} ({}): {host}, {trust}{online}", w.name, w.uri);
+        let focus = if r.focus.as_ref() == Some(&w.name) {
+            ", the focus"
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "\n{} ({}): {host}, {trust}{online}{focus}",
+            w.name, w.uri
+        );
+    }
+    if !r.routing.is_empty() {
+        let _ = write!(out, "\n{}", r.routing);
     }
     out
 }
@@ -920,6 +932,25 @@ mod tests {
             "Session default: 2 workspaces\nprimary (server:/sessions/default): on the server, \
              trusted (runs at once)\nlaptop (mac:~/p): attached from a user's machine, \
              restricted (each action needs its user's approval), offline"
+        );
+        let focused = render(
+            ToolName::Workspaces,
+            json!({"session": "default", "focus": "laptop",
+                   "routing": "Calls without `workspace` try laptop (the focus) first.",
+                   "workspaces": [
+                {"name": "primary", "uri": "server:/sessions/default", "trust": "full",
+                 "host": "server", "online": true, "tools": ["read_file"]},
+                {"name": "laptop", "uri": "mac:~/p", "trust": "restricted", "host": "client",
+                 "online": true, "tools": []},
+            ]}),
+        );
+        assert!(
+            focused.ends_with(
+                "laptop (mac:~/p): attached from a user's machine, restricted (each action \
+                 needs its user's approval), the focus\nCalls without `workspace` try laptop \
+                 (the focus) first."
+            ),
+            "{focused}"
         );
         assert_eq!(
             render(

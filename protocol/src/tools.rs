@@ -865,6 +865,13 @@ pub struct MemoryRecallArgs {
 pub struct WorkspacesResult {
     /// The session's id.
     pub session: String,
+    /// The focus workspace (tried first by calls that name no workspace), if the session has
+    /// one.
+    #[serde(default)]
+    pub focus: Option<String>,
+    /// Where calls that name no workspace go now, in one sentence.
+    #[serde(default)]
+    pub routing: String,
     /// Its workspaces: the primary first, then the attached ones in attach order.
     pub workspaces: Vec<crate::wire::WorkspaceInfo>,
 }

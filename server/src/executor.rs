@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
 use monad_protocol::tools::{
     MemoryRecallArgs, MemoryStoreArgs, NetworkEvent, ProcessListResult, UnavailableWorkspace,
-    WorkspacesArgs,
+    WorkspacesArgs, WorkspacesResult,
 };
 use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, WorkspaceRef, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
@@ -1317,12 +1317,13 @@ fn workspaces(session: &Session, args: &Value) -> Result<Value, ToolError> {
             .as_ref()
             .and_then(|f| names.iter().position(|n| n == f)),
     );
-    Ok(json!({
-        "session": session.id,
-        "focus": focus,
-        "routing": routing,
-        "workspaces": list,
-    }))
+    let result = WorkspacesResult {
+        session: session.id.clone(),
+        focus,
+        routing,
+        workspaces: list,
+    };
+    serde_json::to_value(result).map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))
 }
 
 /// A memory key: 1 to 100 of `A-Z a-z 0-9 . _ -`, not starting with a dot.
