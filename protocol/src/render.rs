@@ -180,26 +180,60 @@ fn kind_word(kind: EntryKind) -> &'static str {
     }
 }
 
-/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (proleptic Gregorian calendar).
+/// A UTC calendar date and time of day (proleptic Gregorian calendar).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Civil {
+    /// The year (0 is 1 BC, as astronomers count).
+    pub year: i64,
+    /// 1 to 12.
+    pub month: i64,
+    /// 1 to 31.
+    pub day: i64,
+    /// 0 to 23.
+    pub hour: i64,
+    /// 0 to 59.
+    pub minute: i64,
+    /// 0 to 59.
+    pub second: i64,
+}
+
+impl Civil {
+    /// The UTC date and time `secs` seconds after (or before) the Unix epoch: Howard Hinnant's
+    /// days-to-civil algorithm, written out instead of pulling a date crate into the build for
+    /// the two formats Monad prints (here and the server's RFC 3339 stamps).
+    pub fn from_unix(secs: i64) -> Civil {
+        let days = secs.div_euclid(86_400);
+        let rest = secs.rem_euclid(86_400);
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        Civil {
+            year: yoe + era * 400 + i64::from(month <= 2),
+            month,
+            day,
+            hour: rest / 3600,
+            minute: rest % 3600 / 60,
+            second: rest % 60,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
 fn utc(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rest = secs.rem_euclid(86_400);
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+    let Civil {
+        year,
+        month,
+        day,
+        hour,
+        minute,
+        second,
+    } = Civil::from_unix(secs);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02} UTC")
 }
 
 fn stat(ws: &Where<'_>, r: StatResult) -> String {

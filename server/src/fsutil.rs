@@ -158,26 +158,17 @@ pub fn now_rfc3339() -> String {
     rfc3339(secs)
 }
 
-/// Formats seconds since the Unix epoch as RFC 3339 UTC. Written out (Howard Hinnant's
-/// days-to-civil algorithm) instead of pulling a date crate into the build for one format.
+/// Formats seconds since the Unix epoch as RFC 3339 UTC.
 pub fn rfc3339(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    let monad_protocol::render::Civil {
+        year,
+        month,
+        day,
+        hour,
+        minute,
+        second,
+    } = monad_protocol::render::Civil::from_unix(i64::try_from(secs).unwrap_or(i64::MAX));
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
 #[cfg(test)]
