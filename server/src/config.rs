@@ -126,11 +126,16 @@ impl Default for HttpLimits {
     }
 }
 
+/// The QUIC address a server listens on unless told otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:4433";
+/// The MCP over HTTP address of the `monad-server` command unless told otherwise.
+pub const DEFAULT_HTTP: &str = "127.0.0.1:4480";
+
 impl ServerConfig {
     /// The embedded defaults, with `data_dir` as given.
     pub fn new(data_dir: PathBuf) -> ServerConfig {
         ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 4433)),
+            listen: DEFAULT_LISTEN.parse().expect("a socket address"),
             http: None,
             data_dir,
             transport: Transport::default(),

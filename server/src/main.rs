@@ -32,10 +32,10 @@ struct Cli {
 #[derive(clap::Args, Clone)]
 struct ServeArgs {
     /// QUIC address to listen on.
-    #[arg(long, default_value = "127.0.0.1:4433")]
+    #[arg(long, default_value = monad_server::config::DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// Address of the MCP over HTTP endpoint for AI hosts (http://ADDR/mcp, bearer tokens).
-    #[arg(long, default_value = "127.0.0.1:4480")]
+    #[arg(long, default_value = monad_server::config::DEFAULT_HTTP)]
     http: SocketAddr,
     /// Do not serve MCP over HTTP.
     #[arg(long, conflicts_with = "http")]

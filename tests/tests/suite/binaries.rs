@@ -28,17 +28,6 @@ async fn first_start_login_attach_and_call_work_from_the_command_line() {
     first_start_login_attach_and_call().await;
 }
 
-/// Regression: the test above once started the server without `--http`, so it bound the default
-/// `127.0.0.1:4480` and failed whenever a real server ran on this machine.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_start_works_while_another_server_holds_the_default_ports() {
-    // Taken here when free; when it is not, something else already holds it, which makes the
-    // same point.
-    let _http = std::net::TcpListener::bind("127.0.0.1:4480");
-    let _quic = std::net::UdpSocket::bind("127.0.0.1:4433");
-    first_start_login_attach_and_call().await;
-}
-
 /// The README's path: first start, the printed login line pasted as is, attach, call.
 async fn first_start_login_attach_and_call() {
     let data = tempfile::tempdir().unwrap();
@@ -52,6 +41,9 @@ async fn first_start_login_attach_and_call() {
         .spawn()
         .expect("monad-server starts");
     let mut stdout = tokio::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    // Regression: this test once started the server without `--http`, so it bound the default
+    // HTTP port and failed whenever a real server ran on this machine: both listeners are on
+    // ports of their own (`127.0.0.1:0` above), never the defaults.
     let login = wait_for_line(&mut stdout, STEP, "the login line", |l| {
         l.starts_with("MONAD_TOKEN=")
     })
@@ -71,6 +63,11 @@ async fn first_start_login_attach_and_call() {
     };
     let (addr, fingerprint) = (flag("--server"), flag("--fingerprint"));
     assert!(!addr.ends_with(":0"), "the real port is printed: {login}");
+    assert_ne!(
+        addr,
+        monad_server::config::DEFAULT_LISTEN,
+        "not the default port: {login}"
+    );
     assert_eq!(fingerprint.len(), 64, "{login}");
 
     // The line pastes as is.
