@@ -15,8 +15,7 @@ use monad_tests::TestServer;
 use monad_tests::bench::Stats;
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick")
-        || std::env::var("MONAD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let quick = monad_tests::bench::quick();
     let (warmup, rounds, per_round) = if quick { (20, 4, 50) } else { (200, 10, 300) };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

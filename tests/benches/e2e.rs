@@ -918,8 +918,7 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("--echo-server") {
         return echo_server_main();
     }
-    let quick = std::env::args().any(|a| a == "--quick")
-        || std::env::var("MONAD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let quick = monad_tests::bench::quick();
     let started = Instant::now();
     // MONAD_BENCH_SERVER names a server binary to use as it is; by default the workspace's is
     // built (or checked) first, in the profile this bench runs in.

@@ -84,8 +84,7 @@ fn reference_server() -> Option<PathBuf> {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick")
-        || std::env::var("MONAD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let quick = monad_tests::bench::quick();
     let (warmup, rounds, per_round) = if quick { (50, 5, 100) } else { (300, 10, 500) };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -479,8 +479,7 @@ fn main() {
         let _ =
             nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
-    let quick = std::env::args().any(|a| a == "--quick")
-        || std::env::var_os("MONAD_BENCH_QUICK").is_some_and(|v| v != "0");
+    let quick = monad_tests::bench::quick();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -975,6 +975,13 @@ mod tests {
 pub mod bench {
     use std::time::Duration;
 
+    /// Whether a bench should make a smoke run: `-- --quick`, or `MONAD_BENCH_QUICK` set to
+    /// anything but empty or `0`.
+    pub fn quick() -> bool {
+        std::env::args().any(|a| a == "--quick")
+            || std::env::var("MONAD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
+    }
+
     /// Median, 99th percentile (nearest rank) and mean of a set of timings.
     #[derive(Debug, Clone, Copy)]
     pub struct Stats {
