@@ -3,8 +3,8 @@
 
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
 use monad_protocol::wire::{
-    History, HistoryMessage, Message, Outcome, Role, SessionInfo, WorkspaceInfo, WorkspaceRecord,
-    WorkspaceRef, WorkspaceSession, reset,
+    History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo, WorkspaceInfo,
+    WorkspaceRecord, WorkspaceRef, WorkspaceSession, reset,
 };
 use monad_protocol::{ErrorCode, ToolError};
 use serde_json::Value;
@@ -60,6 +60,17 @@ fn reset_error(e: &ReadError, workspace: Option<&WorkspaceRef>) -> Option<ToolEr
         _ => return None,
     };
     Some(ToolError::new(code, message))
+}
+
+/// Where an MCP host landed ([`Agent::land`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Landing {
+    /// The session to work in.
+    pub session: String,
+    /// The folder (absolute path on this device) a root matched.
+    pub folder: Option<String>,
+    /// The session's focus workspace after landing.
+    pub focus: Option<String>,
 }
 
 /// An agent's connection: one QUIC connection, one stream per request.
@@ -254,10 +265,26 @@ impl Agent {
     /// Opens a session (resuming or creating it); `None` creates a new one with a fresh id.
     /// The device is bound to it.
     pub async fn open_session(&self, session: Option<&str>) -> Result<SessionInfo, ClientError> {
+        self.open_session_in(session, None).await
+    }
+
+    /// Like [`Agent::open_session`]; a new session (`session: None`) opened with `folder` (an
+    /// absolute path on this device, `sessions --new` run in a folder) becomes the active
+    /// session of the attached folder that contains it, which then serves it too. A server
+    /// older than [`ROOTS_MINOR`] is not told the folder.
+    pub async fn open_session_in(
+        &self,
+        session: Option<&str>,
+        folder: Option<&str>,
+    ) -> Result<SessionInfo, ClientError> {
+        let folder = folder
+            .filter(|_| session.is_none() && self.connection.minor >= ROOTS_MINOR)
+            .map(str::to_owned);
         match self
             .ask(&Message::OpenSession {
                 id: 1,
                 session: session.map(str::to_owned),
+                folder,
             })
             .await?
         {
@@ -323,6 +350,44 @@ impl Agent {
             })
             .await?,
         )
+    }
+
+    /// The protocol's minor version on this connection.
+    pub fn minor(&self) -> u32 {
+        self.connection.minor
+    }
+
+    /// Tells the server an MCP host's `roots` and returns where to work: `(session, folder the
+    /// roots matched, focus)`. `session` is one the host asked for, which wins over the roots.
+    /// `Ok(None)` from a server older than [`ROOTS_MINOR`], which cannot land by roots.
+    pub async fn land(
+        &self,
+        roots: Vec<String>,
+        session: Option<&str>,
+    ) -> Result<Option<Landing>, ClientError> {
+        if self.connection.minor < ROOTS_MINOR {
+            return Ok(None);
+        }
+        match self
+            .ask(&Message::Land {
+                id: 1,
+                roots,
+                session: session.map(str::to_owned),
+            })
+            .await?
+        {
+            Message::Landed {
+                session,
+                folder,
+                focus,
+                ..
+            } => Ok(Some(Landing {
+                session,
+                folder,
+                focus,
+            })),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// The user's workspace records, most recently active first.

@@ -9,8 +9,8 @@ use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
 use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{
-    BODY_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome, Role, Trust,
-    WorkspaceInfo,
+    BODY_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome, ROOTS_MINOR,
+    Role, Trust, WorkspaceInfo,
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
@@ -404,6 +404,10 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
     let o = &folder.options;
     // An older server refuses a field it does not know: asked only of one that knows it.
     let focus = o.focus && connection.minor >= FOCUS_MINOR;
+    // What an MCP host's roots are matched against: the folder as this device names it, whole.
+    let absolute = (connection.minor >= ROOTS_MINOR && o.dir.is_absolute())
+        .then(|| o.dir.to_str().map(str::to_owned))
+        .flatten();
     write_message(
         &mut send,
         &Message::Attach {
@@ -414,6 +418,7 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
             trust: o.trust,
             tools: o.tools.clone(),
             focus,
+            folder: absolute,
         },
     )
     .await

@@ -17,7 +17,7 @@ use monad_client::login;
 use monad_client::terminal::{TerminalApprover, guard_from_setting};
 use monad_protocol::render;
 use monad_protocol::text::{json_safe, printable, printable_lines};
-use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Trust};
+use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Host, Trust};
 use monad_protocol::{ToolClass, ToolName};
 use monad_protocol::{errln, outln, output};
 
@@ -66,7 +66,9 @@ enum Command {
     Attach {
         /// The folder.
         dir: PathBuf,
-        /// Session id (default: this device's last session, else your default).
+        /// Session id (default: the folder's active session, when an MCP host landed in it or
+        /// `sessions --new` was run in it, and the folder becomes its focus unless it has one;
+        /// else this device's last session, else your default).
         #[arg(long)]
         session: Option<String>,
         /// Short name in the session (default: the folder's name).
@@ -129,8 +131,9 @@ enum Command {
     },
     /// Serve MCP on stdin/stdout for an AI host (Claude, an IDE...), bridged to the server.
     Mcp {
-        /// Session used when the host's `initialize` names none in `_meta.sessionId`
-        /// (default: this device's last session, else your default).
+        /// Session used when the host's `initialize` names none in `_meta.sessionId`; it wins
+        /// over the host's roots (default: the active session of the attached folder the host's
+        /// roots are in, else this device's last session, else your default).
         #[arg(long)]
         session: Option<String>,
     },
@@ -139,9 +142,15 @@ enum Command {
         /// Print JSON (stable for scripts).
         #[arg(long)]
         json: bool,
-        /// Create a new session (a fresh id), bind this device to it, and print its id.
+        /// Create a new session (a fresh id), bind this device to it, and print its id. Run
+        /// inside a folder this device attached (or with --folder), the new session becomes
+        /// that folder's active session: MCP hosts whose roots are in the folder land in it,
+        /// and the attached folder serves it too.
         #[arg(long)]
         new: bool,
+        /// With --new: the folder to start the session for (default: the current directory).
+        #[arg(long, requires = "new")]
+        folder: Option<PathBuf>,
     },
     /// The session's conversation (`session.md`): append, show, clear.
     #[command(subcommand)]
@@ -482,10 +491,34 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::History(command) => history(command).await,
-        Command::Sessions { json, new: true } => {
+        Command::Sessions {
+            json,
+            new: true,
+            folder,
+        } => {
             let config = ClientConfig::load(&config_dir()?)?;
+            let here = match folder {
+                Some(dir) => Some(
+                    dir.canonicalize()
+                        .with_context(|| format!("cannot open {}", dir.display()))?,
+                ),
+                None => std::env::current_dir().and_then(|d| d.canonicalize()).ok(),
+            };
             let agent = Agent::connect(&config).await?;
-            let session = agent.open_session(None).await?;
+            let session = agent
+                .open_session_in(None, here.as_deref().and_then(|p| p.to_str()))
+                .await?;
+            for w in session
+                .workspaces
+                .iter()
+                .filter(|w| w.online && w.host == Host::Client)
+            {
+                errln!(
+                    "`{}` ({}) works in the new session: it is the folder's active session",
+                    printable(&w.name),
+                    printable(&w.uri)
+                );
+            }
             if json {
                 outln!("{}", json_safe(&serde_json::to_string_pretty(&session)?))?;
             } else {
@@ -493,7 +526,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sessions { json, new: false } => {
+        Command::Sessions {
+            json, new: false, ..
+        } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
             let sessions = agent.sessions().await?;

@@ -4,12 +4,14 @@
 //! What hosts see is [`monad_protocol::mcp::McpFront`], shared with the server's HTTP endpoint;
 //! this module provides its [`Backend`] over an [`Agent`]: calls and listings go to the server,
 //! workspace changes come from a watch (re-established after a reconnect), and a host's
-//! cancellation drops the call, which resets its QUIC stream and cancels it on every hop.
+//! cancellation drops the call, which resets its QUIC stream and cancels it on every hop. A host
+//! with roots is landed by the server ([`Agent::land`]): in the session of the folder its roots
+//! are in, when this device attached it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use monad_protocol::mcp::{Backend, McpFront, ProgressSender};
+use monad_protocol::mcp::{Backend, Landing, McpFront, ProgressSender};
 use monad_protocol::wire::{Outcome, WorkspaceInfo, WorkspaceRef};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use rmcp::ServiceExt;
@@ -18,7 +20,7 @@ use rmcp::service::RoleServer;
 use rmcp::transport::IntoTransport;
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::ClientError;
 use crate::agent::Agent;
@@ -103,6 +105,34 @@ impl Backend for AgentBackend {
             .await
             .map_err(|e| to_tool_error(&self.config, e))?;
         Ok((reply.workspace, reply.outcome))
+    }
+
+    fn lands_by_roots(&self) -> bool {
+        true
+    }
+
+    async fn land(
+        &self,
+        _caller: &Extensions,
+        roots: Vec<String>,
+        session: Option<&str>,
+    ) -> Result<Option<Landing>, ToolError> {
+        let agent = self.agent().await?;
+        let landed = agent
+            .land(roots, session)
+            .await
+            .map_err(|e| to_tool_error(&self.config, e))?;
+        if landed.is_none() {
+            warn!(
+                "the Monad server is too old to land by the host's roots; working in the \
+                 default session"
+            );
+        }
+        Ok(landed.map(|l| Landing {
+            session: l.session,
+            folder: l.folder,
+            focus: l.focus,
+        }))
     }
 
     async fn watch(

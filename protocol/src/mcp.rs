@@ -17,11 +17,18 @@
 //!   sends `notifications/tools/list_changed`; `tools/call` relays progress (progress
 //!   notifications when the host sent a token, and a log message) and a host's cancellation drops
 //!   the call, which cancels it on every hop.
+//! - Roots: after `notifications/initialized`, a host that declared the `roots` capability is
+//!   asked for its roots (`roots/list`, again on each `notifications/roots/list_changed`), and
+//!   the backend lands it ([`Backend::land`]): the session of the folder its roots are in,
+//!   with that folder as the focus. Calls and listings that arrive meanwhile wait for it
+//!   (at most [`LANDING_WAIT`]); a host that does not answer within [`ROOTS_WAIT`] stays in the
+//!   session chosen at `initialize`.
 
 #![allow(deprecated)] // rmcp marks logging deprecated (SEP-2577); the protocol versions we speak have it.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Extensions,
@@ -30,7 +37,7 @@ use rmcp::model::{
     ProgressNotificationParam, ProtocolVersion, ServerCapabilities, ServerConfig,
     SetLevelRequestParams, Tool, ToolAnnotations,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -38,7 +45,25 @@ use tokio::sync::mpsc;
 use crate::error::{ErrorCode, ToolError};
 use crate::render;
 use crate::tools::{ToolClass, ToolName};
-use crate::wire::{Host, Outcome, Trust, WorkspaceInfo, WorkspaceRef};
+use crate::wire::{Host, MAX_ROOT_LEN, MAX_ROOTS, Outcome, Trust, WorkspaceInfo, WorkspaceRef};
+
+/// How long the front waits for a host's answer to `roots/list`; without one it stays in the
+/// session chosen at `initialize`.
+pub const ROOTS_WAIT: Duration = Duration::from_secs(5);
+/// How long a call or listing that arrives while the host is being landed waits for it (then it
+/// runs in the session chosen so far).
+pub const LANDING_WAIT: Duration = Duration::from_secs(8);
+
+/// Where a host landed by its roots ([`Backend::land`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Landing {
+    /// The session to work in.
+    pub session: String,
+    /// The folder (an absolute path on the host's machine) a root matched.
+    pub folder: Option<String>,
+    /// The session's focus workspace after landing.
+    pub focus: Option<String>,
+}
 
 /// The `_meta` key of a request that names the session to use (seed 001: resume by id).
 pub const SESSION_META_KEY: &str = "sessionId";
@@ -236,13 +261,36 @@ pub trait Backend: Send + Sync + 'static {
         caller: &Extensions,
         session: &str,
     ) -> impl Future<Output = Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError>> + Send;
+
+    /// Whether [`Backend::land`] can land a host (the front asks a host for its roots only
+    /// then).
+    fn lands_by_roots(&self) -> bool {
+        false
+    }
+
+    /// Lands a host by its `roots` (URIs as the host sent them): the session to work in and its
+    /// focus. `session` is one the host asked for (`_meta.sessionId`, `mcp --session`), which
+    /// wins over the roots. `Ok(None)`: this transport does not land by roots (the HTTP front,
+    /// which has no device; a server too old to), and the host stays where it is.
+    fn land(
+        &self,
+        caller: &Extensions,
+        roots: Vec<String>,
+        session: Option<&str>,
+    ) -> impl Future<Output = Result<Option<Landing>, ToolError>> + Send {
+        let _ = (caller, roots, session);
+        std::future::ready(Ok(None))
+    }
 }
 
 /// Per-connection state of the front.
 #[derive(Debug)]
 struct State {
-    /// The session chosen at `initialize`.
+    /// The session chosen at `initialize`, or by landing.
     session: Option<String>,
+    /// The session the host asked for (`_meta.sessionId` at `initialize`, else the front's
+    /// default): it wins over roots.
+    pinned: Option<String>,
     /// Log messages below this level are not sent.
     log_level: LoggingLevel,
     /// The task that turns workspace changes into `tools/list_changed`.
@@ -263,6 +311,10 @@ pub struct McpFront<B> {
     backend: Arc<B>,
     default_session: Option<String>,
     state: Mutex<State>,
+    /// False while a landing by roots is due or under way: calls and listings wait for it.
+    landed: tokio::sync::watch::Sender<bool>,
+    /// One landing at a time (the first, and one per `roots/list_changed`).
+    landing: tokio::sync::Mutex<()>,
 }
 
 impl<B: Backend> McpFront<B> {
@@ -274,10 +326,132 @@ impl<B: Backend> McpFront<B> {
             default_session,
             state: Mutex::new(State {
                 session: None,
+                pinned: None,
                 log_level: LoggingLevel::Info,
                 watcher: None,
             }),
+            landed: tokio::sync::watch::Sender::new(true),
+            landing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Waits (at most [`LANDING_WAIT`]) until a landing by roots that is due is done.
+    async fn wait_landed(&self) {
+        let mut landed = self.landed.subscribe();
+        let _ = tokio::time::timeout(LANDING_WAIT, landed.wait_for(|done| *done)).await;
+    }
+
+    /// Works in `session` from now on: watches it, so that its changes reach the host as
+    /// `tools/list_changed`, in place of the session watched before.
+    async fn watch_session(
+        &self,
+        caller: &Extensions,
+        peer: &rmcp::Peer<RoleServer>,
+        session: &str,
+    ) -> Result<(), ToolError> {
+        let mut changes = self.backend.watch(caller, session).await?;
+        let peer = peer.clone();
+        let watcher = tokio::spawn(async move {
+            // The first list is the current one; every later one is a change.
+            let _ = changes.recv().await;
+            while changes.recv().await.is_some() {
+                if peer.is_transport_closed() || peer.notify_tool_list_changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut state = self.state();
+        state.session = Some(session.to_owned());
+        if let Some(old) = state.watcher.replace(watcher.abort_handle()) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    /// Asks the host for its roots and lands it: switches to the session the backend answers
+    /// (re-watching it and telling the host its tools changed) and logs where it works. A host
+    /// that does not answer, or roots that match nothing, leave it where it is.
+    async fn land(&self, peer: &rmcp::Peer<RoleServer>, caller: &Extensions) {
+        let _one = self.landing.lock().await;
+        let current = self.state().session.clone().unwrap_or_default();
+        let mut roots: Vec<String> = match tokio::time::timeout(ROOTS_WAIT, peer.list_roots()).await
+        {
+            Ok(Ok(listed)) => listed.roots.into_iter().map(|r| r.uri).collect(),
+            Ok(Err(e)) => {
+                let message =
+                    format!("the host's roots are unknown ({e}); working in session {current}");
+                tracing::warn!("{message}");
+                self.log(peer, LoggingLevel::Warning, &message).await;
+                return;
+            }
+            Err(_) => {
+                let message = format!(
+                    "the host did not answer roots/list within {} s; working in session {current}",
+                    ROOTS_WAIT.as_secs()
+                );
+                tracing::warn!("{message}");
+                self.log(peer, LoggingLevel::Warning, &message).await;
+                return;
+            }
+        };
+        if roots.len() > MAX_ROOTS {
+            tracing::warn!(
+                "the host sent {} roots; only the first {MAX_ROOTS} are looked at",
+                roots.len()
+            );
+            roots.truncate(MAX_ROOTS);
+        }
+        let before = roots.len();
+        roots.retain(|r| r.len() <= MAX_ROOT_LEN);
+        if roots.len() < before {
+            tracing::warn!(
+                "{} roots longer than {MAX_ROOT_LEN} bytes were skipped",
+                before - roots.len()
+            );
+        }
+        let pinned = self.state().pinned.clone();
+        let landing = match self.backend.land(caller, roots, pinned.as_deref()).await {
+            Ok(Some(landing)) => landing,
+            Ok(None) => return,
+            Err(e) => {
+                let message = format!(
+                    "cannot land by the host's roots ({}); working in session {current}",
+                    e.message
+                );
+                tracing::warn!("{message}");
+                self.log(peer, LoggingLevel::Warning, &message).await;
+                return;
+            }
+        };
+        if landing.session != current {
+            if let Err(e) = self.watch_session(caller, peer, &landing.session).await {
+                tracing::warn!("cannot watch session {}: {}", landing.session, e.message);
+                return;
+            }
+            let _ = peer.notify_tool_list_changed().await;
+        }
+        let message = match (&landing.folder, &landing.focus) {
+            (Some(folder), Some(focus)) => format!(
+                "working in session {}, focused on workspace `{focus}` (the root {folder})",
+                landing.session
+            ),
+            (Some(folder), None) => format!(
+                "working in session {} (the root {folder} is not attached there now)",
+                landing.session
+            ),
+            (None, _) => format!(
+                "working in session {} (no root is in a folder attached from this machine)",
+                landing.session
+            ),
+        };
+        tracing::info!("{message}");
+        self.log(peer, LoggingLevel::Info, &message).await;
+    }
+
+    /// Whether the host declared the `roots` capability.
+    fn host_has_roots(peer: &rmcp::Peer<RoleServer>) -> bool {
+        peer.peer_info()
+            .is_some_and(|info| info.capabilities.roots.is_some())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -364,32 +538,19 @@ impl<B: Backend> ServerHandler for McpFront<B> {
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
         let wanted = self.session_for(&context.meta);
+        self.state().pinned =
+            session_from_meta(&context.meta).or_else(|| self.default_session.clone());
         let (session, _) = self
             .backend
             .open(&context.extensions, wanted.as_deref())
             .await
             .map_err(protocol_error)?;
-        let mut changes = self
-            .backend
-            .watch(&context.extensions, &session)
+        self.watch_session(&context.extensions, &context.peer, &session)
             .await
             .map_err(protocol_error)?;
-        let peer = context.peer.clone();
-        let watcher = tokio::spawn(async move {
-            // The first list is the current one; every later one is a change.
-            let _ = changes.recv().await;
-            while changes.recv().await.is_some() {
-                if peer.is_transport_closed() || peer.notify_tool_list_changed().await.is_err() {
-                    break;
-                }
-            }
-        });
-        {
-            let mut state = self.state();
-            state.session = Some(session.clone());
-            if let Some(old) = state.watcher.replace(watcher.abort_handle()) {
-                old.abort();
-            }
+        if request.capabilities.roots.is_some() && self.backend.lands_by_roots() {
+            // Landed after `notifications/initialized`; until then calls wait.
+            self.landed.send_replace(false);
         }
         let mut result = self.negotiate_initialize(&request)?;
         let mut meta = MetaObject::new();
@@ -402,6 +563,19 @@ impl<B: Backend> ServerHandler for McpFront<B> {
             ));
         }
         Ok(result)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if !*self.landed.borrow() {
+            self.land(&context.peer, &context.extensions).await;
+            self.landed.send_replace(true);
+        }
+    }
+
+    async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
+        if self.backend.lands_by_roots() && Self::host_has_roots(&context.peer) {
+            self.land(&context.peer, &context.extensions).await;
+        }
     }
 
     async fn set_level(
@@ -418,6 +592,7 @@ impl<B: Backend> ServerHandler for McpFront<B> {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        self.wait_landed().await;
         let session = self.session_for(&context.meta);
         let (_, workspaces) = self
             .backend
@@ -444,6 +619,7 @@ impl<B: Backend> ServerHandler for McpFront<B> {
             ));
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
+        self.wait_landed().await;
         let session = match self.session_for(&context.meta) {
             Some(session) => session,
             // No session chosen anywhere (no `initialize`): the backend's default.

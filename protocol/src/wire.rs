@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 3;
+pub const PROTOCOL_MINOR: u32 = 4;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -31,6 +31,14 @@ pub const NETWORK_MINOR: u32 = 2;
 /// The first minor version where [`Message::Attach`] may ask to make the folder the session's
 /// focus (`focus: true`); a client never sends the field to a server of a lower one.
 pub const FOCUS_MINOR: u32 = 3;
+/// The first minor version with MCP roots: [`Message::Land`], and the folder's absolute path on
+/// its device in [`Message::Attach`] and [`Message::OpenSession`] (`folder`). A peer never sends
+/// them to one of a lower version.
+pub const ROOTS_MINOR: u32 = 4;
+/// Most roots one [`Message::Land`] carries (a bridge sends its host's first ones).
+pub const MAX_ROOTS: usize = 64;
+/// Longest root URI a [`Message::Land`] carries, in bytes.
+pub const MAX_ROOT_LEN: usize = 4096;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -609,6 +617,39 @@ pub enum Message {
         /// The session id, or `None` for a new session.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<String>,
+        /// With `session: None` (minor [`ROOTS_MINOR`] or later): an absolute path on the
+        /// sender's device (`sessions --new` run in a folder). When a folder this device
+        /// attached contains it, the new session becomes that folder's active session and the
+        /// folder, when attached now, serves it too.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        folder: Option<String>,
+    },
+    /// Agent to server (minor [`ROOTS_MINOR`] or later): an MCP host's roots. The server finds
+    /// the folder this device attached that is, or contains, a root and answers with the
+    /// session to work in (that folder's active session, made on first use) and its focus.
+    Land {
+        /// Request id.
+        id: u64,
+        /// The roots as the host sent them (`file://` URIs; at most [`MAX_ROOTS`], each at most
+        /// [`MAX_ROOT_LEN`] bytes). The first root that matches a folder wins.
+        roots: Vec<String>,
+        /// A session the host asked for (`_meta.sessionId`, `mcp --session`): it wins over the
+        /// roots, which then only set its focus when the folder is attached there.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// The answer to [`Message::Land`].
+    Landed {
+        /// The request id.
+        id: u64,
+        /// The session to work in (its id resolved).
+        session: String,
+        /// The folder (absolute path on the device) a root matched, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        folder: Option<String>,
+        /// The session's focus workspace after landing (short name), if it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        focus: Option<String>,
     },
     /// The answer to [`Message::OpenSession`].
     SessionOpened {
@@ -735,6 +776,11 @@ pub enum Message {
         /// (`attach --focus`; minor [`FOCUS_MINOR`] or later, never sent when false).
         #[serde(default, skip_serializing_if = "is_false")]
         focus: bool,
+        /// The folder's absolute, canonical path on the client's device (minor
+        /// [`ROOTS_MINOR`] or later): what an MCP host's roots are matched against. Without
+        /// `session`, a folder with an active session (see [`Message::Land`]) attaches there.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        folder: Option<String>,
     },
     /// The server accepted an attachment.
     Attached {
@@ -817,6 +863,8 @@ impl Message {
             Message::Decided { .. } => "decided",
             Message::OpenSession { .. } => "open_session",
             Message::SessionOpened { .. } => "session_opened",
+            Message::Land { .. } => "land",
+            Message::Landed { .. } => "landed",
             Message::HistoryAppend { .. } => "history_append",
             Message::HistoryGet { .. } => "history_get",
             Message::HistoryReplace { .. } => "history_replace",
@@ -979,6 +1027,18 @@ mod tests {
             Message::OpenSession {
                 id: 11,
                 session: None,
+                folder: Some("/home/ana/p".into()),
+            },
+            Message::Land {
+                id: 18,
+                roots: vec!["file:///home/ana/p".into()],
+                session: None,
+            },
+            Message::Landed {
+                id: 18,
+                session: "default".into(),
+                folder: Some("/home/ana/p".into()),
+                focus: Some("p".into()),
             },
             Message::SessionOpened {
                 id: 11,
@@ -1055,6 +1115,7 @@ mod tests {
                 trust: Trust::Restricted,
                 tools: vec![ToolName::ReadFile],
                 focus: false,
+                folder: None,
             },
             Message::Attach {
                 id: 4,
@@ -1064,6 +1125,7 @@ mod tests {
                 trust: Trust::Restricted,
                 tools: vec![ToolName::ReadFile],
                 focus: true,
+                folder: Some("/home/ana/dev/monad".into()),
             },
             Message::Attached {
                 id: 3,
@@ -1104,7 +1166,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 31, "one case per message type");
+        assert_eq!(kinds.len(), 33, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();
@@ -1137,9 +1199,11 @@ mod tests {
             trust: Trust::Restricted,
             tools: vec![],
             focus: false,
+            folder: None,
         };
         let json = String::from_utf8(plain.to_json()).unwrap();
         assert!(!json.contains("focus"), "an older server reads it: {json}");
+        assert!(!json.contains("folder"), "an older server reads it: {json}");
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub(crate) async fn answer(
 fn request_id(request: &Message) -> Option<u64> {
     match request {
         Message::OpenSession { id, .. }
+        | Message::Land { id, .. }
         | Message::HistoryAppend { id, .. }
         | Message::HistoryGet { id, .. }
         | Message::HistoryReplace { id, .. }
@@ -69,19 +70,60 @@ fn handle(
         }
     };
     match request {
-        Message::OpenSession { id, session: None } => {
+        Message::OpenSession {
+            id,
+            session: None,
+            folder,
+        } => {
             let s = registry.create(user)?;
             if let Some(device) = device {
                 registry.bind(user, device, &s.id);
+                if let Some(folder) = folder {
+                    crate::landing::start_in_folder(
+                        registry,
+                        user,
+                        device,
+                        &folder,
+                        &s,
+                        crate::landing::now_ms(),
+                    );
+                }
             }
             Ok(Message::SessionOpened {
                 id,
                 session: s.info(),
             })
         }
+        Message::Land {
+            id,
+            roots,
+            session: requested,
+        } => {
+            let Some(device) = device else {
+                return Err(ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    "landing by roots needs a device (monad-client mcp)",
+                ));
+            };
+            let landed = crate::landing::land(
+                registry,
+                user,
+                device,
+                &roots,
+                requested.as_deref(),
+                crate::landing::now_ms(),
+            )?;
+            Ok(Message::Landed {
+                id,
+                session: landed.session.id.clone(),
+                folder: landed.folder,
+                focus: landed.focus,
+            })
+        }
         Message::OpenSession {
             id,
             session: Some(requested),
+            ..
         } => {
             let s = session(Some(requested))?;
             Ok(Message::SessionOpened {

@@ -133,6 +133,11 @@ impl Server {
                 if let Err(e) = warm.all_sessions() {
                     warn!("cannot list sessions: {e}");
                 }
+                match warm.prune_folder_sessions(crate::landing::now_ms()) {
+                    Ok(0) => {}
+                    Ok(n) => info!("{n} folders of the MCP roots registry had stale sessions"),
+                    Err(e) => warn!("folder registry: {e}"),
+                }
                 let removed = fs_store.remove_stale_temp_files();
                 if removed > 0 {
                     info!("removed {removed} temporary files left by an interrupted write");
@@ -908,6 +913,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         trust,
         tools,
         focus,
+        folder,
     } = request
     else {
         return send_error(
@@ -919,6 +925,30 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             ),
         )
         .await;
+    };
+    // Without a session named, a folder with an active session (an MCP host's, or one
+    // `sessions --new` started in it) attaches there, so that host and folder meet.
+    let folder = folder.filter(|f| std::path::Path::new(f).is_absolute());
+    let (session, active) = match (session, &folder) {
+        (None, Some(folder)) => {
+            let state = ctx.state.clone();
+            let (user, device, folder) = (ctx.user.clone(), ctx.device_id.clone(), folder.clone());
+            let active = tokio::task::spawn_blocking(move || {
+                crate::landing::attach_target(
+                    &state.registry,
+                    &user,
+                    &device,
+                    &folder,
+                    crate::landing::now_ms(),
+                )
+            })
+            .await
+            .ok()
+            .flatten();
+            let is_active = active.is_some();
+            (active, is_active)
+        }
+        (session, _) => (session, false),
     };
     let session = match ctx.session(session.as_deref()) {
         Ok(s) => s,
@@ -956,6 +986,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         .and_then(|r| r.inspect_err(|e| warn!("workspace record: {e}")).ok())
     };
     let generation = ctx.state.generations.fetch_add(1, Ordering::Relaxed);
+    ctx.state.registry.link_attached(generation);
     let base = path
         .trim_end_matches('/')
         .rsplit('/')
@@ -972,6 +1003,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             device_id: ctx.device_id.clone(),
             path,
             record,
+            folder,
             link: Some(ClientLink {
                 conn: ctx.conn.clone(),
                 attachment: id,
@@ -981,6 +1013,8 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         },
         name.as_deref(),
     );
+    // In the folder's active session, the folder is the focus unless the session has one.
+    let focus = focus || (active && session.focus().is_none());
     if focus {
         // Just attached under this connection: online, so this cannot fail but for a detach
         // that already happened; then there is nothing to focus on.
@@ -993,6 +1027,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     // task before the read below fails, and a folder left online with a dead link would stay
     // listed (and keep the connection, and the endpoint's socket, alive).
     let _detach = DetachOnDrop {
+        state: ctx.state.clone(),
         session: session.clone(),
         generation,
         name: workspace.name.clone(),
@@ -1069,6 +1104,7 @@ async fn attach_reports(
 
 /// Marks an attachment disconnected when dropped.
 struct DetachOnDrop {
+    state: Arc<State>,
     session: Arc<Session>,
     generation: u64,
     name: String,
@@ -1076,7 +1112,10 @@ struct DetachOnDrop {
 
 impl Drop for DetachOnDrop {
     fn drop(&mut self) {
-        self.session.detach(self.generation);
+        // Offline everywhere: in its session and in any its link was shared into.
+        self.state
+            .registry
+            .detach_everywhere(&self.session, self.generation);
         info!(session = %self.session.id, workspace = %self.name, "detached");
     }
 }

@@ -53,6 +53,9 @@ pub struct Attached {
     pub path: String,
     /// Its workspace record.
     pub record: Option<String>,
+    /// The folder's absolute path on its device, when its client said (protocol minor
+    /// [`monad_protocol::wire::ROOTS_MINOR`]): what MCP roots are matched against.
+    pub folder: Option<String>,
     /// The connection to its client; `None` while disconnected.
     pub link: Option<ClientLink>,
 }
@@ -308,6 +311,17 @@ impl Session {
             .any(|a| a.link.is_some())
     }
 
+    /// The folders `device` attached to this session that are online now.
+    pub fn online_folders(&self, device: &DeviceId) -> Vec<Attached> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|a| a.link.is_some() && &a.device_id == device)
+            .cloned()
+            .collect()
+    }
+
     /// The workspace record of an attached folder, by short name.
     pub fn record_of(&self, name: &str) -> Option<String> {
         self.attached
@@ -328,6 +342,7 @@ impl Session {
         {
             existing.link = folder.link;
             existing.record = folder.record;
+            existing.folder = folder.folder;
             existing.trust = folder.trust;
             existing.tools = folder.tools;
             existing.uri = folder.uri;
@@ -517,6 +532,9 @@ pub struct Registry {
     /// Per user, creations under way: counted with the stored sessions, so that racing
     /// creations cannot pass the bound together (an entry goes when its last creation ends).
     creating: Mutex<HashMap<String, usize>>,
+    /// Live attachments by generation, with the other sessions their link was shared into
+    /// ([`Registry::share`]); an attachment's detach takes it offline in all of them.
+    links: Mutex<HashMap<u64, Vec<std::sync::Weak<Session>>>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -539,7 +557,63 @@ impl Registry {
             max_in_memory: usize::MAX,
             max_stored: usize::MAX,
             creating: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Notes a new live attachment (its link's `generation`), so that it can be shared into
+    /// other sessions until it detaches ([`Registry::detach_everywhere`]).
+    pub fn link_attached(&self, generation: u64) {
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(generation, Vec::new());
+    }
+
+    /// Attaches a live folder of one session to `into` as well, over the same link, so that
+    /// calls in either reach it (an MCP host landing in the folder's session, `sessions --new`
+    /// in the folder). Its short name is kept when free in `into`. `None` when the attachment
+    /// has no link or already detached: a folder is never shown online where calls cannot
+    /// reach it.
+    pub fn share(&self, folder: &Attached, into: &Arc<Session>) -> Option<WorkspaceInfo> {
+        let generation = folder.link.as_ref()?.generation;
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let shared = links.get_mut(&generation)?;
+        let info = into.attach(folder.clone(), Some(&folder.name));
+        shared.retain(|s| s.strong_count() > 0);
+        shared.push(Arc::downgrade(into));
+        Some(info)
+    }
+
+    /// Detaches the attachment of `generation` from `session` and from every session it was
+    /// shared into.
+    pub fn detach_everywhere(&self, session: &Session, generation: u64) {
+        let shared = self
+            .links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&generation)
+            .unwrap_or_default();
+        session.detach(generation);
+        for other in shared.iter().filter_map(std::sync::Weak::upgrade) {
+            other.detach(generation);
+        }
+    }
+
+    /// The sessions of `user` in memory now (where attached folders are).
+    pub fn loaded_of(&self, user: &str) -> Vec<Arc<Session>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| s.owner == user)
+            .cloned()
+            .collect()
+    }
+
+    /// Whether session `id` exists and belongs to `user`.
+    pub fn exists_for(&self, id: &str, user: &str) -> bool {
+        self.owner_of(id).as_deref() == Some(user)
     }
 
     /// Bounds each user's sessions: `in_memory` loaded at once (more evict the user's least
@@ -1410,6 +1484,7 @@ mod tests {
             .unwrap(),
             path: path.into(),
             record: None,
+            folder: None,
             link: None,
         };
         assert_eq!(s.attach(folder("d1", "~/a/monad"), None).name, "monad");
@@ -1442,6 +1517,7 @@ mod tests {
                 device_id: DeviceId::parse("00000000-0000-4000-8000-0000000000d1").unwrap(),
                 path: "~/lap".into(),
                 record: None,
+                folder: None,
                 link: None,
             },
             None,

@@ -335,6 +335,7 @@ impl FakeClient {
             trust: Trust::Full,
             tools,
             focus: false,
+            folder: None,
         };
         write_message(&mut send, &attach)
             .await

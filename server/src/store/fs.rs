@@ -35,6 +35,8 @@ pub struct FsStore {
     /// it holds the lock), so listings do not read thousands of files.
     metas: Mutex<Option<HashMap<String, SessionMeta>>>,
     bindings: Mutex<Option<BindingsFile>>,
+    /// `folder_sessions.toml`, read on first use.
+    folders: Mutex<Option<FoldersFile>>,
     workspaces: Mutex<Option<HashMap<String, WorkspaceFile>>>,
     /// Devices of one user with a binding, at most (binding one more forgets the user's least
     /// recently used).
@@ -84,6 +86,15 @@ impl Drop for SessionLock<'_> {
 struct WorkspaceFile {
     record: WorkspaceRecord,
     sessions: Vec<WorkspaceSession>,
+}
+
+/// `folder_sessions.toml`: the folder registry of MCP roots, one `[[folders]]` table per
+/// (user, device, folder).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FoldersFile {
+    #[serde(default)]
+    folders: Vec<crate::roots::FolderSessions>,
 }
 
 /// `bindings.toml`: `[bindings.<user>.<device id>]` holds the device's session and when the
@@ -305,6 +316,7 @@ impl FsStore {
             checked: Mutex::new(std::collections::HashSet::new()),
             metas: Mutex::new(None),
             bindings: Mutex::new(None),
+            folders: Mutex::new(None),
             workspaces: Mutex::new(None),
             max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
         }
@@ -613,6 +625,101 @@ impl FsStore {
         let text = toml::to_string(file).expect("bindings serialize");
         create_private_dir(&self.root).map_err(map_io("create", &self.root))?;
         atomic(path, text.as_bytes())
+    }
+}
+
+impl FsStore {
+    /// Runs `f` on the folder registry (read on first use: a corrupt file is kept aside with a
+    /// warning, never deleted, and the registry starts empty); `f` says whether it changed it,
+    /// and it is written back (atomically) when it did.
+    fn with_folders<R>(
+        &self,
+        f: impl FnOnce(&mut FoldersFile) -> (R, bool),
+    ) -> Result<R, StoreError> {
+        let mut guard = self.folders.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.root.join("folder_sessions.toml");
+        if guard.is_none() {
+            let file = match std::fs::read_to_string(&path) {
+                Ok(text) => match toml::from_str::<FoldersFile>(&text) {
+                    Ok(file) => file,
+                    Err(e) => {
+                        keep_aside(&path, &e.to_string());
+                        FoldersFile::default()
+                    }
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => FoldersFile::default(),
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    keep_aside(&path, "not UTF-8 text");
+                    FoldersFile::default()
+                }
+                Err(e) => return Err(StoreError::io("read", &path, e)),
+            };
+            *guard = Some(file);
+        }
+        let file = guard.as_mut().expect("loaded above");
+        let (out, changed) = f(file);
+        if changed {
+            let text = toml::to_string(file).expect("the folder registry serializes");
+            create_private_dir(&self.root).map_err(map_io("create", &self.root))?;
+            atomic(&path, text.as_bytes())?;
+        }
+        Ok(out)
+    }
+}
+
+impl FolderStore for FsStore {
+    fn folder_sessions(
+        &self,
+        user: &str,
+        device: &str,
+    ) -> Result<Vec<crate::roots::FolderSessions>, StoreError> {
+        self.with_folders(|file| {
+            let mine = file
+                .folders
+                .iter()
+                .filter(|e| e.user == user && e.device == device)
+                .cloned()
+                .collect();
+            (mine, false)
+        })
+    }
+
+    fn save_folder_sessions(&self, entry: &crate::roots::FolderSessions) -> Result<(), StoreError> {
+        self.with_folders(|file| {
+            let at = file.folders.iter().position(|e| {
+                e.user == entry.user && e.device == entry.device && e.folder == entry.folder
+            });
+            let changed = match (at, entry.is_empty()) {
+                (Some(at), true) => {
+                    file.folders.remove(at);
+                    true
+                }
+                (Some(at), false) => {
+                    let changed = file.folders[at] != *entry;
+                    file.folders[at] = entry.clone();
+                    changed
+                }
+                (None, true) => false,
+                (None, false) => {
+                    file.folders.push(entry.clone());
+                    true
+                }
+            };
+            ((), changed)
+        })
+    }
+
+    fn prune_folder_sessions(&self, now: u64) -> Result<usize, StoreError> {
+        self.with_folders(|file| {
+            let mut changed = 0;
+            for entry in &mut file.folders {
+                if entry.prune(now, |_| true) {
+                    changed += 1;
+                }
+            }
+            file.folders.retain(|e| !e.is_empty());
+            (changed, changed > 0)
+        })
     }
 }
 
@@ -1474,5 +1581,90 @@ mod tests {
             assert!(path.exists(), "{} should stay", path.display());
         }
         assert_eq!(store.remove_stale_temp_files(), 0);
+    }
+
+    #[test]
+    fn the_folder_registry_survives_a_new_store_and_empty_entries_leave() {
+        use crate::roots::{FolderSessions, STALE_AFTER_MS};
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let mut a = FolderSessions::new("ana", "dev1", "/home/ana/p", "s1", 1_000);
+        a.use_session("s2", 2_000, true);
+        let b = FolderSessions::new("ana", "dev2", "/home/ana/p", "s3", 3_000);
+        let c = FolderSessions::new("bob", "dev1", "/home/bob/q", "s4", 3_000);
+        for e in [&a, &b, &c] {
+            store.save_folder_sessions(e).unwrap();
+        }
+        let again = FsStore::new(dir.path());
+        assert_eq!(
+            again.folder_sessions("ana", "dev1").unwrap(),
+            vec![a.clone()]
+        );
+        assert_eq!(
+            again.folder_sessions("ana", "dev2").unwrap(),
+            vec![b.clone()]
+        );
+        assert_eq!(again.folder_sessions("bob", "dev2").unwrap(), vec![]);
+        // Replaced by (user, device, folder), not added.
+        a.use_session("s1", 4_000, true);
+        again.save_folder_sessions(&a).unwrap();
+        assert_eq!(
+            again.folder_sessions("ana", "dev1").unwrap(),
+            vec![a.clone()]
+        );
+        // Stale sessions go; an entry left without sessions goes with them.
+        assert_eq!(
+            again.prune_folder_sessions(3_000 + STALE_AFTER_MS).unwrap(),
+            3
+        );
+        let third = FsStore::new(dir.path());
+        let left = third.folder_sessions("ana", "dev1").unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].active, "s1");
+        assert_eq!(left[0].sessions.keys().collect::<Vec<_>>(), ["s1"]);
+        assert!(third.folder_sessions("ana", "dev2").unwrap().is_empty());
+        assert!(third.folder_sessions("bob", "dev1").unwrap().is_empty());
+        let mut gone = left[0].clone();
+        gone.sessions.clear();
+        third.save_folder_sessions(&gone).unwrap();
+        assert!(
+            FsStore::new(dir.path())
+                .folder_sessions("ana", "dev1")
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_corrupt_folder_registry_is_kept_aside_and_the_registry_starts_empty() {
+        use crate::roots::FolderSessions;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("folder_sessions.toml");
+        for garbage in [&b"[[folders]]\nuser = 3\n"[..], &b"\xff\xfe not text"[..]] {
+            std::fs::write(&path, garbage).unwrap();
+            let store = FsStore::new(dir.path());
+            assert!(store.folder_sessions("ana", "dev1").unwrap().is_empty());
+            let kept: Vec<Vec<u8>> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| {
+                    p.to_string_lossy()
+                        .contains("folder_sessions.toml.corrupt-")
+                })
+                .map(|p| std::fs::read(p).unwrap())
+                .collect();
+            assert!(
+                kept.iter().any(|k| k == garbage),
+                "the corrupt bytes are kept"
+            );
+            let entry = FolderSessions::new("ana", "dev1", "/p", "s1", 1);
+            store.save_folder_sessions(&entry).unwrap();
+            assert_eq!(
+                FsStore::new(dir.path())
+                    .folder_sessions("ana", "dev1")
+                    .unwrap(),
+                vec![entry]
+            );
+        }
     }
 }

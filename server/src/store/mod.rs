@@ -5,6 +5,7 @@
 //! | [`SessionStore`] | session metadata, `session.md`, `audit.jsonl`, per-session config | `sessions/<id>/` |
 //! | [`WorkspaceStore`] | workspace records: attached folders by (user, device, path), with their sessions | `workspaces/<id>.json` |
 //! | [`BindingStore`] | (user, device id) → last session; user → default session | `bindings.toml` |
+//! | [`FolderStore`] | the folder registry of MCP roots: (user, device, folder) → its sessions and the active one | `folder_sessions.toml` |
 //! | [`ArtifactStore`] | `tool_output`, `file_diff`, `session_history` artifacts and their index | `sessions/<id>/artifacts/` |
 //!
 //! The traits are synchronous and `Send + Sync`; async callers run them on the blocking pool.
@@ -352,6 +353,25 @@ pub trait BindingStore: Send + Sync {
     fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError>;
 }
 
+/// The folder registry of MCP roots (seed 002): per user, device and folder (its absolute path
+/// on the device), the sessions worked in there with their last use and the active session
+/// ([`crate::roots::FolderSessions`]). (A database keeps it as `folder_sessions (user, device,
+/// folder) -> active` and `folder_session_uses (user, device, folder, session) -> used` rows.)
+pub trait FolderStore: Send + Sync {
+    /// The entries of `user`'s device, as stored (the caller prunes stale sessions).
+    fn folder_sessions(
+        &self,
+        user: &str,
+        device: &str,
+    ) -> Result<Vec<crate::roots::FolderSessions>, StoreError>;
+    /// Stores an entry, replacing the one of the same (user, device, folder); an entry with no
+    /// sessions removes it.
+    fn save_folder_sessions(&self, entry: &crate::roots::FolderSessions) -> Result<(), StoreError>;
+    /// Forgets sessions unused since [`crate::roots::STALE_AFTER_MS`] before `now` (Unix ms)
+    /// in every entry, and entries left empty; returns how many entries changed.
+    fn prune_folder_sessions(&self, now: u64) -> Result<usize, StoreError>;
+}
+
 /// Artifacts and their index.
 pub trait ArtifactStore: Send + Sync {
     /// Stores an artifact. For `session_history`, replaces the session's previous one.
@@ -362,10 +382,13 @@ pub trait ArtifactStore: Send + Sync {
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
 }
 
-/// The four stores a server runs on.
-pub trait Store: SessionStore + WorkspaceStore + BindingStore + ArtifactStore {}
+/// The stores a server runs on.
+pub trait Store:
+    SessionStore + WorkspaceStore + BindingStore + ArtifactStore + FolderStore
+{
+}
 
-impl<T: SessionStore + WorkspaceStore + BindingStore + ArtifactStore> Store for T {}
+impl<T: SessionStore + WorkspaceStore + BindingStore + ArtifactStore + FolderStore> Store for T {}
 
 #[cfg(test)]
 mod tests {

@@ -9,6 +9,7 @@
 mod conformance;
 mod model_text;
 mod python;
+mod roots;
 
 use std::future::Future;
 use std::io::{Read, Write};

@@ -29,6 +29,7 @@ async fn attach_once(conn: &quinn::Connection, session: &str, path: &str) {
         trust: Trust::Restricted,
         tools: vec![ToolName::ReadFile],
         focus: false,
+        folder: None,
     };
     write_message(&mut send, &attach).await.expect("sent");
     match read_message(&mut recv, 1 << 20).await {

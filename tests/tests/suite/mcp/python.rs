@@ -14,7 +14,7 @@ use monad_tests::{Attachment, STEP, attach_options, binary, folder, within};
 use super::server;
 
 /// The Python with the MCP SDK, if there is one.
-fn python() -> Option<PathBuf> {
+pub(super) fn python() -> Option<PathBuf> {
     let candidate = match std::env::var_os("MONAD_TEST_PYTHON") {
         Some(path) => PathBuf::from(path),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-venv/bin/python"),

@@ -1,0 +1,263 @@
+//! Where an MCP host lands, from its roots, and how the folder registry
+//! ([`crate::roots::FolderSessions`]) follows attaches and `sessions --new`. The decisions are
+//! the pure functions of [`crate::roots`]; this module reads and writes the registry and the
+//! sessions. Blocking (store I/O): callers run it on the blocking pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use monad_protocol::wire::MAX_ROOTS;
+use monad_protocol::{ErrorCode, ToolError};
+use tracing::{debug, warn};
+
+use crate::auth::DeviceId;
+use crate::roots::{FolderSessions, best_match, parse_root};
+use crate::session::{Attached, Registry, Session};
+
+/// Where a host landed.
+#[derive(Debug)]
+pub(crate) struct Landed {
+    /// The session to work in.
+    pub session: Arc<Session>,
+    /// The folder a root matched.
+    pub folder: Option<String>,
+    /// The session's focus after landing.
+    pub focus: Option<String>,
+}
+
+/// The time now, Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The registry's entries of `user`'s device, stale sessions (and sessions that no longer
+/// exist) pruned, and the pruning saved.
+fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<FolderSessions> {
+    let store = registry.store();
+    let mut entries = match store.folder_sessions(user, device.as_str()) {
+        Ok(entries) => entries,
+        Err(e) => {
+            warn!("folder registry: {e}");
+            return Vec::new();
+        }
+    };
+    for entry in &mut entries {
+        if entry.prune(now, |id| registry.exists_for(id, user))
+            && let Err(e) = store.save_folder_sessions(entry)
+        {
+            warn!("folder registry: {e}");
+        }
+    }
+    entries.retain(|e| !e.is_empty());
+    entries
+}
+
+/// The folders `device` has attached and online now, in any of `user`'s sessions, with their
+/// absolute paths.
+fn live(registry: &Registry, user: &str, device: &DeviceId) -> Vec<(Arc<Session>, Attached)> {
+    let mut live = Vec::new();
+    for session in registry.loaded_of(user) {
+        for folder in session.online_folders(device) {
+            if folder.folder.is_some() {
+                live.push((session.clone(), folder));
+            }
+        }
+    }
+    // One order whatever the map's: by session id.
+    live.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+    live
+}
+
+/// Every folder known for the device: the registry's and the live ones, each once.
+fn known_folders<'a>(
+    entries: &'a [FolderSessions],
+    live: &'a [(Arc<Session>, Attached)],
+) -> Vec<&'a str> {
+    let mut folders: Vec<&str> = entries.iter().map(|e| e.folder.as_str()).collect();
+    for (_, a) in live {
+        if let Some(f) = a.folder.as_deref()
+            && !folders.contains(&f)
+        {
+            folders.push(f);
+        }
+    }
+    folders
+}
+
+/// Makes `folder` reachable in `session` when it is attached and online anywhere (sharing the
+/// link of a live attachment elsewhere) and returns its short name there.
+fn bring(
+    registry: &Registry,
+    session: &Arc<Session>,
+    device: &DeviceId,
+    folder: &str,
+    live: &[(Arc<Session>, Attached)],
+) -> Option<String> {
+    if let Some(here) = session
+        .online_folders(device)
+        .into_iter()
+        .find(|a| a.folder.as_deref() == Some(folder))
+    {
+        return Some(here.name);
+    }
+    let (_, there) = live
+        .iter()
+        .find(|(_, a)| a.folder.as_deref() == Some(folder))?;
+    registry.share(there, session).map(|info| info.name)
+}
+
+/// Focuses `session` on the folder attached (and online) there, if it is.
+fn focus_if_attached(session: &Session, device: &DeviceId, folder: &str) {
+    if let Some(here) = session
+        .online_folders(device)
+        .into_iter()
+        .find(|a| a.folder.as_deref() == Some(folder))
+        && let Err(e) = session.set_focus(&here.name)
+    {
+        debug!(session = %session.id, "focus: {}", e.message);
+    }
+}
+
+fn save(registry: &Registry, entry: &FolderSessions) {
+    if let Err(e) = registry.store().save_folder_sessions(entry) {
+        warn!("folder registry: {e}");
+    }
+}
+
+/// Lands a host of `user` on `device` by its `roots` (a session it asked for wins; see
+/// `docs/mcp.md`, "Roots"). Roots that are not absolute `file:` URIs are skipped; more than
+/// [`MAX_ROOTS`] is an error.
+pub(crate) fn land(
+    registry: &Registry,
+    user: &str,
+    device: &DeviceId,
+    roots: &[String],
+    requested: Option<&str>,
+    now: u64,
+) -> Result<Landed, ToolError> {
+    if roots.len() > MAX_ROOTS {
+        return Err(ToolError::new(
+            ErrorCode::InvalidArguments,
+            format!(
+                "{} roots: at most {MAX_ROOTS} are looked at; send the first ones",
+                roots.len()
+            ),
+        ));
+    }
+    let parsed: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|uri| {
+            parse_root(uri)
+                .inspect_err(|why| {
+                    let shown = monad_protocol::text::printable(uri.get(..200).unwrap_or(uri));
+                    debug!("root `{shown}` skipped: {why}");
+                })
+                .ok()
+        })
+        .collect();
+    let entries = entries(registry, user, device, now);
+    let live = live(registry, user, device);
+    let folders = known_folders(&entries, &live);
+    let matched = best_match(&parsed, &folders).map(|(_, f)| f.to_owned());
+    let session = match (requested, &matched) {
+        (Some(id), _) => {
+            let session = registry.resolve(Some(id), user, Some(device))?;
+            if let Some(folder) = &matched {
+                focus_if_attached(&session, device, folder);
+            }
+            session
+        }
+        (None, None) => registry.resolve(None, user, Some(device))?,
+        (None, Some(folder)) => {
+            let entry = entries.iter().find(|e| &e.folder == folder);
+            let active = match entry {
+                Some(entry) => entry.active.clone(),
+                None => match live
+                    .iter()
+                    .find(|(_, a)| a.folder.as_deref() == Some(folder))
+                {
+                    Some((session, _)) => session.id.clone(),
+                    None => registry.create(user)?.id.clone(),
+                },
+            };
+            let session = registry.resolve(Some(&active), user, Some(device))?;
+            let mut entry = entry.cloned().unwrap_or_else(|| {
+                FolderSessions::new(user, device.as_str(), folder, &session.id, now)
+            });
+            entry.use_session(&session.id, now, true);
+            save(registry, &entry);
+            if let Some(name) = bring(registry, &session, device, folder, &live)
+                && let Err(e) = session.set_focus(&name)
+            {
+                debug!(session = %session.id, "focus: {}", e.message);
+            }
+            session
+        }
+    };
+    Ok(Landed {
+        focus: session.focus(),
+        session,
+        folder: matched,
+    })
+}
+
+/// The session an attach that names none goes to: the folder's active session, when the
+/// registry has one for it (exactly this folder, on this device) and it still exists. The use
+/// is noted.
+pub(crate) fn attach_target(
+    registry: &Registry,
+    user: &str,
+    device: &DeviceId,
+    folder: &str,
+    now: u64,
+) -> Option<String> {
+    let mut entry = entries(registry, user, device, now)
+        .into_iter()
+        .find(|e| e.folder == folder)?;
+    let active = entry.active.clone();
+    entry.use_session(&active, now, false);
+    save(registry, &entry);
+    Some(active)
+}
+
+/// `sessions --new` run at `path`: when a folder `device` attached is, or contains, `path`, the
+/// new `session` becomes its active session and the folder, when online anywhere, serves it too
+/// and is its focus. Returns the folder. A path that is not absolute (or has `..`) matches
+/// nothing.
+pub(crate) fn start_in_folder(
+    registry: &Registry,
+    user: &str,
+    device: &DeviceId,
+    path: &str,
+    session: &Arc<Session>,
+    now: u64,
+) -> Option<String> {
+    let path = Path::new(path);
+    if !path.is_absolute()
+        || path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return None;
+    }
+    let entries = entries(registry, user, device, now);
+    let live = live(registry, user, device);
+    let folders = known_folders(&entries, &live);
+    let (_, folder) = best_match(&[path.to_path_buf()], &folders)?;
+    let folder = folder.to_owned();
+    let mut entry = entries
+        .iter()
+        .find(|e| e.folder == folder)
+        .cloned()
+        .unwrap_or_else(|| FolderSessions::new(user, device.as_str(), &folder, &session.id, now));
+    entry.use_session(&session.id, now, true);
+    save(registry, &entry);
+    if let Some(name) = bring(registry, session, device, &folder, &live)
+        && let Err(e) = session.set_focus(&name)
+    {
+        debug!(session = %session.id, "focus: {}", e.message);
+    }
+    Some(folder)
+}

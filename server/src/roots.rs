@@ -1,0 +1,296 @@
+//! MCP roots: which folder an AI host works in, and which session it lands in (seed 002's
+//! workspace registry).
+//!
+//! An MCP host names its workspace folders as `roots` (`file://` URIs). A root that is, or is
+//! inside, a folder this device attached picks that folder; the folder's entry in the registry
+//! ([`FolderSessions`], kept behind [`crate::store::FolderStore`]) lists the sessions it was
+//! worked in, with their last use, and its active session: the one a host lands in. Everything
+//! here is pure: parsing a root ([`parse_root`]), matching ([`best_match`]) and the staleness
+//! rule ([`FolderSessions::prune`], with the clock passed in).
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A session unused for this long leaves a folder's entry (seed 002: 24 hours). The session
+/// itself stays.
+pub const STALE_AFTER_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// Why a root cannot name a folder on this device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RootError {
+    /// Not a `file:` URI (`https:`, a bare path, ...).
+    #[error("not a file: URI")]
+    NotFile,
+    /// A `file:` URI of another machine (`file://host/...`).
+    #[error("names another machine (`{0}`)")]
+    OtherHost(String),
+    /// Its path is not absolute.
+    #[error("its path is not absolute")]
+    NotAbsolute,
+    /// A `%` not followed by two hex digits.
+    #[error("a malformed percent escape")]
+    BadEscape,
+    /// The decoded path is not UTF-8 text (or contains NUL).
+    #[error("its path is not UTF-8 text")]
+    NotText,
+    /// A `..` component: the path would not name the folder it seems to.
+    #[error("its path contains `..`")]
+    DotDot,
+    /// A query or fragment, which a folder does not have.
+    #[error("it has a query or fragment")]
+    QueryOrFragment,
+    /// Longer than [`monad_protocol::wire::MAX_ROOT_LEN`].
+    #[error("it is longer than {} bytes", monad_protocol::wire::MAX_ROOT_LEN)]
+    TooLong,
+}
+
+/// The absolute path a root names: `file:///a/b` or `file://localhost/a/b`, percent-decoded,
+/// with `.` and empty components dropped. Anything else is refused with the reason.
+pub fn parse_root(uri: &str) -> Result<PathBuf, RootError> {
+    if uri.len() > monad_protocol::wire::MAX_ROOT_LEN {
+        return Err(RootError::TooLong);
+    }
+    let rest = uri
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("file://"))
+        .map(|_| &uri[7..])
+        .ok_or(RootError::NotFile)?;
+    if rest.contains(['?', '#']) {
+        return Err(RootError::QueryOrFragment);
+    }
+    let (host, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
+        return Err(RootError::OtherHost(host.to_owned()));
+    }
+    if !path.starts_with('/') {
+        return Err(RootError::NotAbsolute);
+    }
+    let decoded = percent_decode(path)?;
+    let text = String::from_utf8(decoded).map_err(|_| RootError::NotText)?;
+    if text.contains('\0') {
+        return Err(RootError::NotText);
+    }
+    let mut clean = PathBuf::from("/");
+    for component in Path::new(&text).components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir => return Err(RootError::DotDot),
+            Component::Normal(part) => clean.push(part),
+            Component::Prefix(_) => return Err(RootError::NotAbsolute),
+        }
+    }
+    Ok(clean)
+}
+
+fn percent_decode(text: &str) -> Result<Vec<u8>, RootError> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or(RootError::BadEscape)?;
+            let hex = std::str::from_utf8(hex).map_err(|_| RootError::BadEscape)?;
+            let byte = u8::from_str_radix(hex, 16).map_err(|_| RootError::BadEscape)?;
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Which folder the roots pick: the first root (in the host's order) that is, or is inside, one
+/// of `folders`, and among the folders that contain it the longest (the innermost). Containment
+/// is by whole components: `/a/proj` contains `/a/proj/src`, not `/a/project2`. Returns the
+/// root's index and the folder.
+pub fn best_match<'a>(roots: &[PathBuf], folders: &[&'a str]) -> Option<(usize, &'a str)> {
+    roots.iter().enumerate().find_map(|(i, root)| {
+        folders
+            .iter()
+            .filter(|folder| root.starts_with(Path::new(folder)))
+            .max_by_key(|folder| Path::new(folder).components().count())
+            .map(|folder| (i, *folder))
+    })
+}
+
+/// One folder's entry in the registry: the sessions it was worked in and the active one, for one
+/// user's device. Kept until every session in it is stale.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FolderSessions {
+    /// The owner.
+    pub user: String,
+    /// The device the folder is on.
+    pub device: String,
+    /// The folder's absolute path on that device.
+    pub folder: String,
+    /// The session a host whose root is in this folder lands in.
+    pub active: String,
+    /// Session id -> its last use here (Unix milliseconds): landing in it, attaching into it,
+    /// starting it with `sessions --new`.
+    pub sessions: BTreeMap<String, u64>,
+}
+
+impl FolderSessions {
+    /// A new entry whose only (and active) session is `session`, used `now`.
+    pub fn new(user: &str, device: &str, folder: &str, session: &str, now: u64) -> FolderSessions {
+        FolderSessions {
+            user: user.to_owned(),
+            device: device.to_owned(),
+            folder: folder.to_owned(),
+            active: session.to_owned(),
+            sessions: BTreeMap::from([(session.to_owned(), now)]),
+        }
+    }
+
+    /// Notes a use of `session` at `now`; with `activate`, it becomes the active session.
+    pub fn use_session(&mut self, session: &str, now: u64, activate: bool) {
+        let used = self.sessions.entry(session.to_owned()).or_insert(0);
+        *used = (*used).max(now);
+        if activate {
+            self.active = session.to_owned();
+        }
+    }
+
+    /// Forgets sessions unused for [`STALE_AFTER_MS`] at `now` (and any the `exists` check says
+    /// are gone). When the active session went, the most recently used one left is active.
+    /// Returns whether anything changed; an entry with no sessions left is to be removed
+    /// ([`FolderSessions::is_empty`]).
+    pub fn prune(&mut self, now: u64, exists: impl Fn(&str) -> bool) -> bool {
+        let before = self.sessions.len();
+        self.sessions
+            .retain(|id, used| now.saturating_sub(*used) < STALE_AFTER_MS && exists(id));
+        let mut changed = self.sessions.len() != before;
+        if !self.sessions.contains_key(&self.active)
+            && let Some((latest, _)) = self
+                .sessions
+                .iter()
+                .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+        {
+            self.active = latest.clone();
+            changed = true;
+        }
+        changed
+    }
+
+    /// No session left: the entry leaves the registry.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_uris_name_absolute_paths_percent_decoded() {
+        let ok = |uri: &str| parse_root(uri).unwrap().to_string_lossy().into_owned();
+        assert_eq!(ok("file:///home/ana/proj"), "/home/ana/proj");
+        assert_eq!(ok("file:///home/ana/proj/"), "/home/ana/proj");
+        assert_eq!(ok("file://localhost/home/ana/proj"), "/home/ana/proj");
+        assert_eq!(ok("FILE:///a/./b//c"), "/a/b/c");
+        assert_eq!(ok("file:///a/my%20proj/%C3%A9t%C3%A9"), "/a/my proj/été");
+        assert_eq!(ok("file:///"), "/");
+    }
+
+    #[test]
+    fn roots_that_name_no_folder_here_are_refused_with_the_reason() {
+        for (uri, why) in [
+            ("https://example.com/a", RootError::NotFile),
+            ("/home/ana/proj", RootError::NotFile),
+            ("file:", RootError::NotFile),
+            ("", RootError::NotFile),
+            (
+                "file://laptop/home/ana",
+                RootError::OtherHost("laptop".into()),
+            ),
+            ("file://", RootError::NotAbsolute),
+            ("file:///a/%zz", RootError::BadEscape),
+            ("file:///a/%4", RootError::BadEscape),
+            ("file:///a/%ff%fe", RootError::NotText),
+            ("file:///a/%00b", RootError::NotText),
+            ("file:///a/../etc", RootError::DotDot),
+            ("file:///a/%2e%2e/etc", RootError::DotDot),
+            ("file:///a?x=1", RootError::QueryOrFragment),
+            ("file:///a#top", RootError::QueryOrFragment),
+        ] {
+            assert_eq!(parse_root(uri), Err(why), "{uri}");
+        }
+        let long = format!("file:///{}", "a".repeat(monad_protocol::wire::MAX_ROOT_LEN));
+        assert_eq!(parse_root(&long), Err(RootError::TooLong));
+        // Multi-byte text cut anywhere never panics.
+        assert_eq!(parse_root("fil\u{e9}:///a"), Err(RootError::NotFile));
+    }
+
+    #[test]
+    fn a_root_matches_the_innermost_folder_that_contains_it_by_whole_components() {
+        let roots = |r: &[&str]| r.iter().map(PathBuf::from).collect::<Vec<_>>();
+        let folders = ["/a/proj", "/a/proj/sub", "/b"];
+        assert_eq!(
+            best_match(&roots(&["/a/proj"]), &folders),
+            Some((0, "/a/proj"))
+        );
+        assert_eq!(
+            best_match(&roots(&["/a/proj/src/x"]), &folders),
+            Some((0, "/a/proj"))
+        );
+        assert_eq!(
+            best_match(&roots(&["/a/proj/sub/deep"]), &folders),
+            Some((0, "/a/proj/sub"))
+        );
+        assert_eq!(best_match(&roots(&["/a/project2"]), &folders), None);
+        assert_eq!(
+            best_match(&roots(&["/a"]), &folders),
+            None,
+            "a parent is not inside"
+        );
+        // The first root that matches wins, whatever the later ones match.
+        assert_eq!(
+            best_match(&roots(&["/nowhere", "/b/x", "/a/proj"]), &folders),
+            Some((1, "/b"))
+        );
+        assert_eq!(best_match(&roots(&[]), &folders), None);
+        assert_eq!(best_match(&roots(&["/a/proj"]), &[]), None);
+    }
+
+    #[test]
+    fn sessions_unused_for_a_day_leave_and_the_latest_left_becomes_active() {
+        let hour = 60 * 60 * 1000;
+        let start = 1_000 * hour;
+        let mut entry = FolderSessions::new("ana", "dev", "/a/proj", "s1", start);
+        entry.use_session("s2", start + hour, true);
+        assert_eq!(entry.active, "s2");
+        entry.use_session("s1", start + 2 * hour, false);
+        assert_eq!(
+            entry.active, "s2",
+            "a use alone does not make a session active"
+        );
+
+        // Just under a day after its last use, nothing is stale.
+        assert!(!entry.prune(start + hour + 24 * hour - 1, |_| true));
+        assert_eq!(entry.sessions.len(), 2);
+        // s2 (last used at start + 1 h) turns stale a day later; s1 (start + 2 h) is left.
+        assert!(entry.prune(start + hour + 24 * hour, |_| true));
+        assert_eq!(entry.active, "s1");
+        assert_eq!(entry.sessions.keys().collect::<Vec<_>>(), ["s1"]);
+        assert!(!entry.is_empty());
+        // A deleted session leaves at once.
+        assert!(entry.prune(start + 3 * hour, |id| id != "s1"));
+        assert!(entry.is_empty());
+    }
+
+    #[test]
+    fn a_clock_that_went_back_keeps_the_entry() {
+        let mut entry = FolderSessions::new("ana", "dev", "/a", "s1", 5_000);
+        assert!(!entry.prune(1_000, |_| true));
+        assert_eq!(entry.sessions.len(), 1);
+    }
+}

@@ -1,0 +1,442 @@
+//! MCP roots: the official MCP Python SDK plays a host whose roots are folders attached from
+//! the same device (`tests/python/mcp_roots.py`), against the real `monad-client mcp`, the real
+//! server and real attachments over loopback QUIC. The host names no workspace and must see the
+//! folder: it lands in the folder's session with the folder as the focus.
+
+use std::path::{Path, PathBuf};
+
+use monad_client::ClientError;
+use monad_client::config::ClientConfig;
+use monad_protocol::wire::MAX_ROOTS;
+use monad_protocol::{ErrorCode, ToolClass};
+use monad_tests::{
+    Attachment, STEP, TestServer, attach_options, binary, connect_agent, folder, within,
+};
+use serde_json::Value;
+use tempfile::TempDir;
+
+use super::python::python;
+
+/// A `file://` URI of an absolute path, percent-encoded as hosts send them.
+fn file_uri(path: &Path) -> String {
+    let mut uri = String::from("file://");
+    for byte in path.to_str().expect("a UTF-8 path").bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => {
+                uri.push(byte as char);
+            }
+            other => uri.push_str(&format!("%{other:02X}")),
+        }
+    }
+    uri
+}
+
+/// A project folder (`notes.txt`, `src/main.rs`) inside a fresh directory, under a name with a
+/// space (so its root URI has a percent escape); its canonical path.
+fn project(name: &str, note: &str) -> (TempDir, PathBuf) {
+    let outer = folder(&[]);
+    let dir = outer.path().join(name);
+    std::fs::create_dir_all(dir.join("src")).expect("project dir");
+    std::fs::write(dir.join("notes.txt"), note).expect("notes");
+    std::fs::write(dir.join("src/main.rs"), "fn main() {}\n").expect("main.rs");
+    let canonical = dir.canonicalize().expect("canonical");
+    (outer, canonical)
+}
+
+/// Attaches `dir` from the device of `config` as `name` (reads pre-approved), into `session`
+/// (`None`: where the server puts it).
+async fn attach(
+    config: &ClientConfig,
+    dir: &Path,
+    name: &str,
+    session: Option<&str>,
+) -> Attachment {
+    let mut options = attach_options(dir, name);
+    options.allow = vec![ToolClass::Read];
+    options.session = session.map(str::to_owned);
+    Attachment::start(config, options, None).await
+}
+
+/// Binds the device of `config` to `default` again (attaching into a named session binds it
+/// there), so that a host that lands by nothing lands in `default`.
+async fn bind_default(config: &ClientConfig) {
+    let agent = connect_agent(config).await;
+    within(STEP, "open default", agent.open_session(Some("default")))
+        .await
+        .expect("default opens");
+}
+
+/// A host's saved config (the device of `config`).
+fn host_config(config: &ClientConfig) -> TempDir {
+    let dir = tempfile::tempdir().expect("config dir");
+    config.save(dir.path()).expect("config saved");
+    dir
+}
+
+/// Runs the Python host with `args`; returns its JSON lines. `None` when there is no Python
+/// with the SDK (the test then says so and passes, or fails under `scripts/test`).
+async fn host(config_dir: &Path, args: &[String]) -> Option<Vec<Value>> {
+    let Some(python) = python() else {
+        monad_tests::peer_missing(
+            "mcp roots",
+            "no Python with the MCP SDK (set MONAD_TEST_PYTHON, or run scripts/test)",
+        );
+        return None;
+    };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/mcp_roots.py");
+    let output = tokio::process::Command::new(python)
+        .arg(script)
+        .arg("--client")
+        .arg(binary("monad-client"))
+        .arg("--config-dir")
+        .arg(config_dir)
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    let output = within(STEP * 2, "the Python host", output)
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the host failed:\n{stdout}\n{stderr}"
+    );
+    Some(
+        stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect(),
+    )
+}
+
+fn roots(uris: &[String]) -> Vec<String> {
+    uris.iter()
+        .flat_map(|u| ["--root".to_owned(), u.clone()])
+        .collect()
+}
+
+/// Checks that a look of the host saw project `name` (with `note`) without naming it.
+fn sees(look: &Value, session: &str, name: &str, note: &str) {
+    assert_eq!(look["session"], session, "{look}");
+    assert_eq!(look["focus"], name, "{look}");
+    assert_eq!(look["list_workspace"], name, "{look}");
+    assert_eq!(
+        look["list"],
+        serde_json::json!(["notes.txt", "src"]),
+        "{look}"
+    );
+    assert_eq!(look["read"], note, "{look}");
+    assert_eq!(look["read_workspace"], name, "{look}");
+    let found = look["search"].as_str().unwrap_or_default();
+    assert!(found.contains("notes.txt:1:"), "{look}");
+    assert_eq!(look["search_error"], false, "{look}");
+}
+
+fn look_args() -> Vec<String> {
+    ["--read", "notes.txt", "--search", r"\S"]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_root_is_an_attached_folder_lands_in_its_session_and_sees_it() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p, proj) = project("my proj", "hello from the project\n");
+    let agent = connect_agent(&config).await;
+    let work = within(STEP, "a session", agent.open_session(None))
+        .await
+        .expect("a new session");
+    let attached = attach(&config, &proj, "proj", Some(&work.id)).await;
+    assert_eq!(attached.session, work.id);
+    bind_default(&config).await;
+    let dir = host_config(&config);
+
+    // The root is the folder itself, then a directory inside it: the same landing.
+    for root in [proj.clone(), proj.join("src")] {
+        let mut args = roots(&[file_uri(&root)]);
+        args.extend(look_args());
+        let Some(looks) = host(dir.path(), &args).await else {
+            return;
+        };
+        assert_eq!(looks.len(), 1);
+        sees(&looks[0], &work.id, "proj", "hello from the project\n");
+        let landing = looks[0]["landings"][0]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(landing.contains("focused on workspace `proj`"), "{landing}");
+    }
+    assert!(
+        server.data_dir().join("folder_sessions.toml").exists(),
+        "the registry is kept in the data dir"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_new_in_a_folder_makes_the_next_landing_a_new_session_with_the_folder() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p, proj) = project("proj", "first\n");
+    let attached = attach(&config, &proj, "proj", None).await;
+    let dir = host_config(&config);
+    let mut args = roots(&[file_uri(&proj)]);
+    args.extend(look_args());
+    let Some(first) = host(dir.path(), &args).await else {
+        return;
+    };
+    sees(&first[0], &attached.session, "proj", "first\n");
+
+    // `sessions --new`, run inside the folder.
+    let mut cmd = monad_tests::command("monad-client");
+    cmd.args(["sessions", "--new"])
+        .current_dir(proj.join("src"))
+        .env("MONAD_CONFIG_DIR", dir.path());
+    let out = within(STEP, "sessions --new", cmd.output())
+        .await
+        .expect("it runs");
+    assert!(out.status.success(), "{out:?}");
+    let fresh = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_ne!(fresh, attached.session);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`proj`"),
+        "says the folder works in it: {out:?}"
+    );
+
+    let Some(second) = host(dir.path(), &args).await else {
+        return;
+    };
+    sees(&second[0], &fresh, "proj", "first\n");
+
+    // One attachment, served in both sessions; its detach takes it offline in both.
+    let agent = connect_agent(&config).await;
+    let mut watch = within(STEP, "watch", agent.watch(Some(&fresh)))
+        .await
+        .expect("watch");
+    let mut old = within(STEP, "watch", agent.watch(Some(&attached.session)))
+        .await
+        .expect("watch");
+    drop(attached);
+    for updates in [&mut watch, &mut old] {
+        within(STEP, "the folder to go offline", async {
+            loop {
+                let (_, list) = updates.recv().await.expect("the watch runs");
+                let proj = list.iter().find(|w| w.name == "proj").expect("listed");
+                if !proj.online {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_folder_s_active_session_survives_a_server_restart() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p, proj) = project("proj", "kept\n");
+    let mut attached = attach(&config, &proj, "proj", None).await;
+    let dir = host_config(&config);
+    let agent = connect_agent(&config).await;
+    let fresh = within(
+        STEP,
+        "a new session for the folder",
+        agent.open_session_in(None, proj.to_str()),
+    )
+    .await
+    .expect("opened");
+    assert_ne!(fresh.id, attached.session);
+    // The device's binding goes back to `default`: only the registry knows `fresh` now.
+    bind_default(&config).await;
+    drop(agent);
+
+    let stopped = server.stop().await;
+    let server = stopped.restart().await;
+    // The attachment reconnects by itself and, naming no session, goes to the folder's active
+    // session (from the registry on disk).
+    attached.wait_attached().await;
+    assert_eq!(
+        attached.session, fresh.id,
+        "re-attached into the active session"
+    );
+    let mut args = roots(&[file_uri(&proj)]);
+    args.extend(look_args());
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    sees(&looks[0], &fresh.id, "proj", "kept\n");
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roots_list_changed_to_another_folder_switches_the_session_and_focus() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let agent = connect_agent(&config).await;
+    let (_a, a) = project("alpha", "alpha notes\n");
+    let (_b, b) = project("beta", "beta notes\n");
+    let sa = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("a");
+    let sb = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("b");
+    let _in_a = attach(&config, &a, "alpha", Some(&sa.id)).await;
+    let _in_b = attach(&config, &b, "beta", Some(&sb.id)).await;
+    bind_default(&config).await;
+    let dir = host_config(&config);
+    let mut args = roots(&[file_uri(&a)]);
+    args.extend(["--change-to".to_owned(), file_uri(&b)]);
+    args.extend(look_args());
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    assert_eq!(looks.len(), 2, "{looks:?}");
+    sees(&looks[0], &sa.id, "alpha", "alpha notes\n");
+    sees(&looks[1], &sb.id, "beta", "beta notes\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_no_matching_root_or_without_roots_stays_in_its_default_session() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let agent = connect_agent(&config).await;
+    let (_p, proj) = project("proj", "x\n");
+    let work = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("a session");
+    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
+    bind_default(&config).await;
+    let dir = host_config(&config);
+    let elsewhere = folder(&[]);
+    let near = proj.with_file_name("proj2");
+    std::fs::create_dir_all(&near).expect("a sibling");
+    let cases: Vec<Vec<String>> = vec![
+        vec!["--no-roots".into()],
+        roots(&[file_uri(elsewhere.path())]),
+        // A sibling whose name starts like the folder's is not inside it.
+        roots(&[file_uri(&near)]),
+        // A parent of the folder is not inside it.
+        roots(&[file_uri(proj.parent().expect("a parent"))]),
+        roots(&[]),
+    ];
+    for case in cases {
+        let Some(looks) = host(dir.path(), &case).await else {
+            return;
+        };
+        assert_eq!(looks[0]["session"], "default", "{case:?}: {}", looks[0]);
+        assert_eq!(looks[0]["focus"], Value::Null, "{case:?}: {}", looks[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_roots_are_skipped_and_too_many_are_cut_without_harm() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let agent = connect_agent(&config).await;
+    let (_p, proj) = project("proj", "found\n");
+    let work = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("a session");
+    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
+    bind_default(&config).await;
+    let dir = host_config(&config);
+    let good = file_uri(&proj);
+    let path = proj.to_str().expect("UTF-8");
+    let bad: Vec<String> = vec![
+        format!("https://example.com{path}"),
+        path.to_owned(),
+        "relative/dir".into(),
+        format!("file://another-machine{path}"),
+        format!("file://{path}/%ff%fe"),
+        format!("file://{path}/%zz"),
+        format!("file://{path}/../proj"),
+        format!("file://{path}?q=1"),
+        format!("file:///{}", "a/".repeat(3000)),
+        String::new(),
+        "file:".into(),
+    ];
+    // Bad roots first, then the folder: the bad ones are skipped, the folder still lands.
+    let mut listed = bad.clone();
+    listed.push(good.clone());
+    let file = dir.path().join("roots.json");
+    std::fs::write(&file, serde_json::to_vec(&listed).expect("json")).expect("roots file");
+    let mut args = vec!["--roots-file".to_owned(), file.display().to_string()];
+    args.extend(look_args());
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    sees(&looks[0], &work.id, "proj", "found\n");
+
+    // A huge list: only the first MAX_ROOTS are looked at, so a match after them lands nowhere.
+    let mut huge: Vec<String> = (0..MAX_ROOTS + 36)
+        .map(|i| format!("file:///nowhere/{i}"))
+        .collect();
+    huge.push(good.clone());
+    std::fs::write(&file, serde_json::to_vec(&huge).expect("json")).expect("roots file");
+    // Landing bound the device to the folder's session: back to `default`.
+    bind_default(&config).await;
+    let Some(looks) = host(
+        dir.path(),
+        &["--roots-file".to_owned(), file.display().to_string()],
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(looks[0]["session"], "default", "{}", looks[0]);
+    assert_eq!(looks[0]["focus"], Value::Null, "{}", looks[0]);
+
+    // The server bounds what an agent sends too: a clear error, nothing changed.
+    let too_many: Vec<String> = (0..=MAX_ROOTS).map(|_| good.clone()).collect();
+    match within(STEP, "land", agent.land(too_many, None)).await {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::InvalidArguments);
+            assert!(e.message.contains("at most"), "{}", e.message);
+        }
+        other => panic!("too many roots are refused: {other:?}"),
+    }
+    let landed = within(STEP, "land", agent.land(bad, None))
+        .await
+        .expect("bad roots are no error")
+        .expect("this server lands by roots");
+    assert_eq!(landed.folder, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_host_names_wins_over_its_roots() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let agent = connect_agent(&config).await;
+    let (_p, proj) = project("proj", "x\n");
+    let work = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("a session");
+    let other = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("another session");
+    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
+    bind_default(&config).await;
+    let dir = host_config(&config);
+    let mut args = roots(&[file_uri(&proj)]);
+    args.extend(["--".to_owned(), "--session".to_owned(), other.id.clone()]);
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    assert_eq!(looks[0]["session"], other.id.as_str(), "{}", looks[0]);
+    assert_eq!(
+        looks[0]["focus"],
+        Value::Null,
+        "the folder is not attached there"
+    );
+    // Named, and the folder is attached there: the roots set the focus.
+    let mut args = roots(&[file_uri(&proj)]);
+    args.extend(["--".to_owned(), "--session".to_owned(), work.id.clone()]);
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    assert_eq!(looks[0]["session"], work.id.as_str(), "{}", looks[0]);
+    assert_eq!(looks[0]["focus"], "proj", "{}", looks[0]);
+}
