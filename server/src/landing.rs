@@ -44,7 +44,18 @@ fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<
         }
     };
     for entry in &mut entries {
-        if entry.prune(now, |id| registry.exists_for(id, user))
+        // A session's work counts as its use here (seed 002 touches a session on each tool
+        // call): a host working in it for days keeps it.
+        let before = entry.clone();
+        let ids: Vec<String> = entry.sessions.keys().cloned().collect();
+        for id in ids {
+            if let Some(idle) = registry.idle_of(&id) {
+                let idle = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+                entry.use_session(&id, now.saturating_sub(idle), false);
+            }
+        }
+        entry.prune(now, |id| registry.exists_for(id, user));
+        if *entry != before
             && let Err(e) = store.save_folder_sessions(entry)
         {
             warn!("folder registry: {e}");

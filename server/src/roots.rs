@@ -134,7 +134,7 @@ pub struct FolderSessions {
     /// The session a host whose root is in this folder lands in.
     pub active: String,
     /// Session id -> its last use here (Unix milliseconds): landing in it, attaching into it,
-    /// starting it with `sessions --new`.
+    /// starting it with `sessions --new`, its activity (tool calls) as of the entry's last read.
     pub sessions: BTreeMap<String, u64>,
 }
 

@@ -611,6 +611,12 @@ impl Registry {
             .collect()
     }
 
+    /// How long session `id` has been idle, when it is in memory (a session that is not was
+    /// not used since it was unloaded).
+    pub fn idle_of(&self, id: &str) -> Option<Duration> {
+        self.in_memory(id).map(|s| s.idle())
+    }
+
     /// Whether session `id` exists and belongs to `user`.
     pub fn exists_for(&self, id: &str, user: &str) -> bool {
         self.owner_of(id).as_deref() == Some(user)
