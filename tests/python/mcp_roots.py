@@ -5,7 +5,7 @@ Usage: python mcp_roots.py --client BIN --config-dir DIR [--root URI ...] [--no-
 
 It launches `BIN mcp ARGS...` (with MONAD_CONFIG_DIR=DIR) as a host that declares the `roots`
 capability (unless --no-roots) and answers `roots/list` with the --root URIs, sent as given (no
-validation: a test may send roots that are not file: URIs). It then looks, without naming a
+validation: a test may send roots that are not file: URIs), or never answers (--never-answer). It then looks, without naming a
 workspace: `workspaces`, `list_dir`, `read_file PATH`, `search PATTERN`, and prints one JSON line
 of what it saw. With --change-to, it then answers `roots/list` with those URIs instead, sends
 `notifications/roots/list_changed`, waits for the server's log line saying where it works now, and
@@ -62,11 +62,17 @@ async def run(args) -> int:
     landings = []
     landed = asyncio.Condition()
 
+    never = asyncio.Event()
+    logs = []
+
     async def list_roots(_context):
+        if args.never_answer:
+            await never.wait()
         return types.ListRootsResult(roots=roots["now"])
 
     async def logged(params):
         text = params.data if isinstance(params.data, str) else json.dumps(params.data)
+        logs.append(text)
         if text.startswith(LANDED):
             async with landed:
                 landings.append(text)
@@ -85,6 +91,7 @@ async def run(args) -> int:
             await session.initialize()
             first = await look(session, args.read, args.search)
             first["landings"] = list(landings)
+            first["logs"] = list(logs)
             print(json.dumps(first), flush=True)
             if args.change_to:
                 before = len(landings)
@@ -105,6 +112,7 @@ def main() -> int:
     parser.add_argument("--root", action="append", default=[])
     parser.add_argument("--roots-file", help="a JSON list of root URIs, appended to --root")
     parser.add_argument("--no-roots", action="store_true")
+    parser.add_argument("--never-answer", action="store_true", help="declare roots, never answer roots/list")
     parser.add_argument("--change-to", action="append", default=[])
     parser.add_argument("--read", default="")
     parser.add_argument("--search", default="")

@@ -332,6 +332,33 @@ async fn a_host_with_no_matching_root_or_without_roots_stays_in_its_default_sess
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_never_answers_roots_list_works_in_its_default_session() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let agent = connect_agent(&config).await;
+    let (_p, proj) = project("proj", "x\n");
+    let work = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("a session");
+    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
+    bind_default(&config).await;
+    let dir = host_config(&config);
+    let mut args = roots(&[file_uri(&proj)]);
+    args.push("--never-answer".into());
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    // Its calls waited for the landing, which gave up: they ran in the default session.
+    assert_eq!(looks[0]["session"], "default", "{}", looks[0]);
+    assert_eq!(looks[0]["focus"], Value::Null, "{}", looks[0]);
+    let logs = looks[0]["logs"].to_string();
+    assert!(
+        logs.contains("did not answer roots/list"),
+        "the host is told: {logs}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_roots_are_skipped_and_too_many_are_cut_without_harm() {
     let server = TestServer::start().await;
     let config = server.client_config();
