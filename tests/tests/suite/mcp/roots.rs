@@ -467,3 +467,57 @@ async fn a_session_the_host_names_wins_over_its_roots() {
     assert_eq!(looks[0]["session"], work.id.as_str(), "{}", looks[0]);
     assert_eq!(looks[0]["focus"], "proj", "{}", looks[0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_claiming_the_device_id_cannot_land_in_or_share_the_folder() {
+    let server = TestServer::start().await;
+    let owner = server.client_config();
+    let (_p, proj) = project("proj", "private\n");
+    let owners = connect_agent(&owner).await;
+    let work = within(STEP, "session", owners.open_session(None))
+        .await
+        .expect("a session");
+    let _attached = attach(&owner, &proj, "proj", Some(&work.id)).await;
+    // The owner's host landed once: the folder has a registry entry too.
+    let landed = within(STEP, "land", owners.land(vec![file_uri(&proj)], None))
+        .await
+        .expect("lands")
+        .expect("lands by roots");
+    assert_eq!(landed.session, work.id);
+
+    let token = server.create_token("mallory");
+    let mut mallory = server.client_config_with(&token);
+    mallory.device_id = owner.device_id.clone();
+    let agent = connect_agent(&mallory).await;
+    let theirs = within(STEP, "land", agent.land(vec![file_uri(&proj)], None))
+        .await
+        .expect("no error")
+        .expect("lands by roots");
+    assert_ne!(theirs.session, work.id, "never the owner's session");
+    assert_eq!(
+        theirs.folder, None,
+        "the owner's folder matches nothing of theirs"
+    );
+    assert_eq!(theirs.focus, None);
+    let fresh = within(
+        STEP,
+        "sessions --new in the folder",
+        agent.open_session_in(None, proj.to_str()),
+    )
+    .await
+    .expect("a session of their own");
+    for session in [&theirs.session, &fresh.id] {
+        let (_, listed) = within(STEP, "workspaces", agent.workspaces(Some(session)))
+            .await
+            .expect("their session");
+        assert_eq!(
+            listed.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(),
+            ["primary"],
+            "the owner's folder is not shared into {session}"
+        );
+    }
+    let (_, owners_list) = within(STEP, "workspaces", owners.workspaces(Some(&work.id)))
+        .await
+        .expect("the owner's session");
+    assert_eq!(owners_list.len(), 2, "the owner's session is unchanged");
+}
