@@ -20,6 +20,7 @@ pub mod auth;
 pub mod config;
 pub mod executor;
 pub mod fsutil;
+pub mod llm;
 pub mod mcp;
 pub mod quota;
 pub mod recorder;

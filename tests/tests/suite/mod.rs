@@ -12,6 +12,7 @@ mod http;
 mod limits;
 mod mcp;
 mod processes;
+mod providers;
 mod records;
 mod resilience;
 mod retention;
