@@ -1,5 +1,6 @@
 //! The cases, by area.
 
+mod agent;
 mod approvals;
 mod auth;
 mod binaries;
