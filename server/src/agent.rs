@@ -687,6 +687,45 @@ mod tests {
     }
 
     #[test]
+    fn results_reach_the_model_as_text_and_an_offline_workspace_says_so() {
+        use super::result_text;
+        use monad_protocol::wire::{Outcome, WorkspaceRef};
+        use monad_protocol::{ErrorCode, ToolError};
+        let lap = WorkspaceRef {
+            name: "lap".into(),
+            uri: "laptop:~/notes".into(),
+        };
+        let away = ToolError::new(
+            ErrorCode::WorkspaceDisconnected,
+            "workspace `lap` is disconnected",
+        );
+        let (text, error) = result_text(
+            "read_file",
+            Some(&lap),
+            &Outcome::Error {
+                error: away.clone(),
+            },
+        );
+        assert_eq!(error, Some(away));
+        assert!(text.starts_with("workspace_disconnected: workspace `lap` is disconnected (in workspace `lap`, laptop:~/notes)"), "{text}");
+        assert!(text.contains("offline"), "{text}");
+        let denied = ToolError::new(ErrorCode::Denied, "the user said no");
+        let (text, _) = result_text("read_file", None, &Outcome::Error { error: denied });
+        assert_eq!(text, "denied: the user said no");
+        let result = json!({"path": "a.txt", "content": "alpha\n", "lines": 1, "total_lines": 1, "truncated": false});
+        let ok = Outcome::Ok {
+            result: result.clone(),
+        };
+        let (text, error) = result_text("read_file", Some(&lap), &ok);
+        assert_eq!(error, None);
+        assert_eq!(
+            text,
+            monad_protocol::render::text(monad_protocol::ToolName::ReadFile, Some(&lap), &result)
+        );
+        assert!(text.contains("alpha"), "{text}");
+    }
+
+    #[test]
     fn token_estimates_round_up() {
         assert_eq!(tokens(""), 0);
         assert_eq!(tokens("abc"), 1);

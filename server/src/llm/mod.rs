@@ -533,6 +533,62 @@ mod tests {
         );
     }
 
+    fn sse(items: &[(&str, &str)]) -> Vec<Result<sse_stream::Sse, std::io::Error>> {
+        items
+            .iter()
+            .map(|(event, data)| {
+                let mut sse = sse_stream::Sse::default().data(*data);
+                if !event.is_empty() {
+                    sse = sse.event(*event);
+                }
+                Ok(sse)
+            })
+            .collect()
+    }
+
+    async fn drain(s: impl Stream<Item = Result<Event, LlmError>>) -> Vec<Result<Event, LlmError>> {
+        s.collect().await
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_cleanly_before_its_end_marker_is_dropped() {
+        let cut = sse(&[("", r#"{"choices":[{"index":0,"delta":{"content":"Hal"}}]}"#)]);
+        let got = drain(decode(
+            futures_util::stream::iter(cut),
+            Box::new(openai::StreamDecoder::default()),
+        ))
+        .await;
+        assert_eq!(got[0], Ok(Event::Text("Hal".into())));
+        assert!(matches!(got[1], Err(LlmError::Dropped(_))), "{got:?}");
+        assert_eq!(got.len(), 2);
+        let whole = sse(&[
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"usage":{"input_tokens":3}}}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}"#,
+            ),
+            ("message_stop", r#"{"type":"message_stop"}"#),
+        ]);
+        let got = drain(decode(
+            futures_util::stream::iter(whole),
+            Box::new(anthropic::StreamDecoder::default()),
+        ))
+        .await;
+        assert_eq!(
+            got,
+            vec![
+                Ok(Event::Usage(Usage {
+                    input_tokens: 3,
+                    output_tokens: 1
+                })),
+                Ok(Event::Finish(FinishReason::Stop))
+            ]
+        );
+    }
+
     #[test]
     fn a_base_url_that_is_not_http_is_refused() {
         let e = HttpProvider::new(Endpoint {
