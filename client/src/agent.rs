@@ -1,9 +1,10 @@
 //! Calling tools as an agent: `monad-client call`, `sessions`, and the library path the MCP
 //! bridge uses.
 
+use monad_protocol::agent::{AgentEvent, TurnResult};
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
 use monad_protocol::wire::{
-    History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo, WorkspaceInfo,
+    self, History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo, WorkspaceInfo,
     WorkspaceRecord, WorkspaceRef, WorkspaceSession, reset,
 };
 use monad_protocol::{ErrorCode, ToolError};
@@ -23,6 +24,15 @@ pub struct CallReply {
     pub workspace: Option<WorkspaceRef>,
     /// How it ended.
     pub outcome: Outcome,
+}
+
+/// How a prompt's turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptReply {
+    /// The session the turn ran in.
+    pub session: String,
+    /// Why it ended and what it used.
+    pub result: TurnResult,
 }
 
 /// The call's error when the server reset the answer's stream with a code that says why: it does
@@ -172,6 +182,53 @@ impl Agent {
                         None => Err(ClientError::Unreachable(e.to_string())),
                     };
                 }
+            }
+        }
+    }
+
+    /// Sends `text` to the built-in agent of `session` (`None`: the default) and returns the
+    /// turn's result; `event` sees each [`AgentEvent`] as it happens (text as the model
+    /// generates it, tool calls starting and ending). Dropping the future cancels the turn: the
+    /// stream is reset, and the server stops the model and any running tool call. A server
+    /// older than the agent (minor version below [`wire::AGENT_MINOR`]) is refused here.
+    pub async fn prompt(
+        &self,
+        session: Option<&str>,
+        text: &str,
+        mut event: impl FnMut(AgentEvent),
+    ) -> Result<PromptReply, ClientError> {
+        if self.connection.minor < wire::AGENT_MINOR {
+            return Err(ClientError::Refused(ToolError::new(
+                ErrorCode::Unsupported,
+                "this server has no built-in agent (it is older than this client); upgrade it",
+            )));
+        }
+        let (_send, mut recv) = self
+            .request(&Message::Prompt {
+                id: 1,
+                session: session.map(str::to_owned),
+                text: text.to_owned(),
+            })
+            .await?;
+        loop {
+            match read_message(&mut recv, MAX_ANSWER).await {
+                Ok(Some(Message::AgentEvent { event: e, .. })) => event(e),
+                Ok(Some(Message::TurnDone {
+                    session, result, ..
+                })) => return Ok(PromptReply { session, result }),
+                Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
+                Ok(Some(other)) => {
+                    return Err(ClientError::Protocol(format!(
+                        "unexpected `{}` in answer to a prompt",
+                        other.kind()
+                    )));
+                }
+                Ok(None) => {
+                    return Err(ClientError::Unreachable(
+                        "the server closed the prompt without an answer".into(),
+                    ));
+                }
+                Err(e) => return Err(ClientError::Unreachable(e.to_string())),
             }
         }
     }

@@ -2,6 +2,8 @@
 //!
 //! This crate holds data and pure functions only, no I/O:
 //!
+//! - [`agent`]: the built-in agent's turn as data: the events a front sees while it runs and
+//!   how it ended.
 //! - [`tools`]: the tool contract. [`tools::ToolName`] names every tool and gives its approval
 //!   class ([`tools::ToolClass`]), a description for models and the JSON Schema of its
 //!   arguments, generated from the typed argument structs so schema and code never drift.
@@ -21,6 +23,7 @@
 //!   and the rmcp handler over a transport's backend.
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod error;
 pub mod frame;
 #[cfg(feature = "tokio")]

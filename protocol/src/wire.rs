@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 4;
+pub const PROTOCOL_MINOR: u32 = 5;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -39,6 +39,10 @@ pub const ROOTS_MINOR: u32 = 4;
 pub const MAX_ROOTS: usize = 64;
 /// Longest root URI a [`Message::Land`] carries, in bytes.
 pub const MAX_ROOT_LEN: usize = 4096;
+/// The first minor version with the built-in agent ([`Message::Prompt`], answered by
+/// [`Message::AgentEvent`]s and [`Message::TurnDone`]); a client never sends a prompt to a server
+/// of a lower one.
+pub const AGENT_MINOR: u32 = 5;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -529,6 +533,35 @@ pub enum Message {
         /// The tool's arguments, including the optional `workspace`.
         args: Value,
     },
+    /// Agent to server (minor [`AGENT_MINOR`] or later): a user's message for the session's
+    /// built-in agent. Answered on the same stream by [`Message::AgentEvent`]s as the turn runs
+    /// and one [`Message::TurnDone`] (or an [`Message::Error`] when the turn cannot start).
+    /// Resetting the stream cancels the turn: the model's stream and any running tool call.
+    Prompt {
+        /// Request id, echoed in the answers.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+        /// What the user said.
+        text: String,
+    },
+    /// Server to agent: one thing that happened in a prompt's turn.
+    AgentEvent {
+        /// The prompt's id.
+        id: u64,
+        /// What happened.
+        event: crate::agent::AgentEvent,
+    },
+    /// Server to agent: the prompt's turn ended; the last message on its stream.
+    TurnDone {
+        /// The prompt's id.
+        id: u64,
+        /// The session the turn ran in.
+        session: String,
+        /// How it ended.
+        result: crate::agent::TurnResult,
+    },
     /// While a call waits (for approval, for a slow client): a line for the caller.
     Progress {
         /// The request id.
@@ -854,6 +887,9 @@ impl Message {
             Message::Refused { .. } => "refused",
             Message::Call { .. } => "call",
             Message::Progress { .. } => "progress",
+            Message::Prompt { .. } => "prompt",
+            Message::AgentEvent { .. } => "agent_event",
+            Message::TurnDone { .. } => "turn_done",
             Message::Result { .. } => "result",
             Message::ListSessions { .. } => "list_sessions",
             Message::Sessions { .. } => "sessions",
@@ -954,6 +990,25 @@ mod tests {
             Message::Progress {
                 id: 7,
                 message: "waiting for approval".into(),
+            },
+            Message::Prompt {
+                id: 9,
+                session: Some("default".into()),
+                text: "read a.txt".into(),
+            },
+            Message::AgentEvent {
+                id: 9,
+                event: crate::agent::AgentEvent::Text { text: "Hi".into() },
+            },
+            Message::TurnDone {
+                id: 9,
+                session: "default".into(),
+                result: crate::agent::TurnResult {
+                    stop: crate::agent::StopReason::Answered,
+                    tool_calls: 1,
+                    input_tokens: 10,
+                    output_tokens: 5,
+                },
             },
             Message::Result {
                 id: 7,
@@ -1166,7 +1221,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 33, "one case per message type");
+        assert_eq!(kinds.len(), 36, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

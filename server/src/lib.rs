@@ -8,6 +8,9 @@
 //! - [`executor::Executor`] routes a call ([`route::plan`], a pure function) and runs it in the
 //!   primary workspace or on the attached client, relaying progress; it also answers the session
 //!   tools (`workspaces`, `memory_store`, `memory_recall`).
+//! - [`llm`]: the model providers (OpenAI-compatible Chat Completions, Anthropic Messages),
+//!   streamed, with tool calling; [`agent`]: the built-in agent loop, one turn of a session's
+//!   conversation at a time, its tool calls through the executor.
 //! - [`mcp`] serves MCP over Streamable HTTP at `http://<--http>/mcp` for AI hosts, with the
 //!   same tokens, calling the executor directly.
 #![deny(missing_docs)]
@@ -16,11 +19,13 @@ use std::path::{Path, PathBuf};
 
 pub mod admin;
 pub mod admission;
+pub mod agent;
 pub mod auth;
 pub mod config;
 pub mod executor;
 pub mod fsutil;
 mod landing;
+pub mod llm;
 pub mod mcp;
 pub mod quota;
 pub mod recorder;

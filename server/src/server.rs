@@ -53,6 +53,8 @@ pub struct State {
     pub registry: Registry,
     /// Routing and execution.
     pub executor: Executor,
+    /// The built-in agent's turns (one at a time per session).
+    pub agents: crate::agent::Agents,
     generations: AtomicU64,
     /// Agents' calls in flight; on shutdown, attached clients stay until it is zero.
     calls: watch::Sender<usize>,
@@ -156,6 +158,7 @@ impl Server {
                 call_timeout: Some(config.call_timeout),
                 recorder: Some(recorder),
             },
+            agents: Default::default(),
             tokens,
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
@@ -697,6 +700,70 @@ impl Ctx {
     }
 }
 
+/// A prompt for the session's built-in agent: its events as they come, then the turn's result.
+/// A reset stream cancels the turn; the turn still ends properly (what the model said so far
+/// stays in `session.md`).
+async fn prompt(
+    ctx: &Ctx,
+    id: u64,
+    session: Arc<Session>,
+    text: String,
+    mut send: quinn::SendStream,
+) {
+    let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut turn = Box::pin(ctx.state.agents.prompt(
+        &ctx.state,
+        &session,
+        &ctx.user,
+        text,
+        events_tx,
+        cancel.clone(),
+    ));
+    let mut gone = false;
+    let result = loop {
+        tokio::select! {
+            result = &mut turn => break result,
+            Some(event) = events.recv() => {
+                if !gone && write_message(&mut send, &Message::AgentEvent { id, event }).await.is_err() {
+                    gone = true;
+                    cancel.cancel();
+                }
+            }
+            _ = send.stopped(), if !gone => {
+                gone = true;
+                cancel.cancel();
+            }
+        }
+    };
+    drop(turn);
+    if gone {
+        return;
+    }
+    while let Ok(event) = events.try_recv() {
+        if write_message(&mut send, &Message::AgentEvent { id, event })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+    match result {
+        Ok(result) => {
+            let done = Message::TurnDone {
+                id,
+                session: session.id.clone(),
+                result,
+            };
+            drop(session);
+            if write_message(&mut send, &done).await.is_ok() {
+                finish(&mut send).await;
+            }
+        }
+        Err(error) => send_error(&mut send, id, error).await,
+    }
+}
+
 async fn send_error(send: &mut quinn::SendStream, id: u64, error: ToolError) {
     let _ = write_message(send, &Message::Error { id, error }).await;
     finish(send).await;
@@ -803,6 +870,13 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 return;
             }
             finish(&mut send).await;
+        }
+        Message::Prompt { id, session, text } => {
+            let session = match ctx.session(session.as_deref()) {
+                Ok(s) => s,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
+            prompt(ctx, id, session, text, send).await;
         }
         Message::ListWorkspaces { id, session } => {
             let session = match ctx.session(session.as_deref()) {

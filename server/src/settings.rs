@@ -26,6 +26,99 @@ pub struct Settings {
     pub attach: AttachSettings,
     /// How long things are kept.
     pub retention: Retention,
+    /// The session's model: provider, endpoint, key variable and the agent loop's limits.
+    pub llm: LlmSettings,
+}
+
+/// The model a session's agent talks to, and the agent loop's limits (`[llm]`).
+///
+/// The key is never a setting: `api_key_env` names the environment variable of the server's
+/// process that holds it, so no key is written into a session's files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LlmSettings {
+    /// `openai` (Chat Completions, also Ollama, llama.cpp's server, vLLM) or `anthropic`.
+    pub provider: crate::llm::ProviderKind,
+    /// The API's base URL; empty: the provider's own (`https://api.openai.com/v1`,
+    /// `https://api.anthropic.com`).
+    pub base_url: String,
+    /// The model's name (required to talk to a model).
+    pub model: String,
+    /// The NAME of the environment variable that holds the key; empty: `OPENAI_API_KEY` or
+    /// `ANTHROPIC_API_KEY`. An unset variable sends no key (local servers need none).
+    pub api_key_env: String,
+    /// The system prompt's text; empty: Monad's own.
+    pub system_prompt: String,
+    /// Most tokens the model may generate in one request.
+    pub max_output_tokens: u32,
+    /// Most tool calls in one turn (one user message); past it the turn ends with an error.
+    pub max_tool_calls_per_turn: u32,
+    /// Most tokens (read and generated, over all of a turn's requests) in one turn.
+    pub max_tokens_per_turn: u64,
+    /// Tokens of conversation sent to the model at most (estimated); the oldest turns are left
+    /// out first, never the system prompt or the current turn.
+    pub context_budget_tokens: u64,
+    /// Longest wait for the provider's first byte, and then between two pieces of its stream,
+    /// in seconds.
+    pub idle_timeout_secs: u64,
+}
+
+impl Default for LlmSettings {
+    fn default() -> Self {
+        LlmSettings {
+            provider: crate::llm::ProviderKind::Openai,
+            base_url: String::new(),
+            model: String::new(),
+            api_key_env: String::new(),
+            system_prompt: String::new(),
+            max_output_tokens: 4096,
+            max_tool_calls_per_turn: 50,
+            max_tokens_per_turn: 1_000_000,
+            context_budget_tokens: 100_000,
+            idle_timeout_secs: 120,
+        }
+    }
+}
+
+impl LlmSettings {
+    /// The endpoint these settings name, with the key read through `env` (the process
+    /// environment in the server). Fails when no model is set or a key variable name is not a
+    /// variable name.
+    pub fn endpoint(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<crate::llm::Endpoint, crate::llm::LlmError> {
+        use crate::llm::{Endpoint, LlmError};
+        if self.model.trim().is_empty() {
+            return Err(LlmError::Config(
+                "no model: set `model` in [llm] (or MONAD_LLM_MODEL)".into(),
+            ));
+        }
+        let var = if self.api_key_env.is_empty() {
+            self.provider.default_api_key_env()
+        } else {
+            self.api_key_env.as_str()
+        };
+        if var.is_empty()
+            || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            || var.as_bytes()[0].is_ascii_digit()
+        {
+            return Err(LlmError::Config(format!(
+                "api_key_env {var:?} is not an environment variable name"
+            )));
+        }
+        let base_url = if self.base_url.is_empty() {
+            self.provider.default_base_url().to_owned()
+        } else {
+            self.base_url.clone()
+        };
+        Ok(Endpoint {
+            kind: self.provider,
+            base_url,
+            api_key: env(var).filter(|k| !k.is_empty()),
+            idle_timeout: Duration::from_secs(self.idle_timeout_secs.max(1)),
+        })
+    }
 }
 
 /// Connection bounds and time-outs.
@@ -222,7 +315,7 @@ pub struct Layers {
     env: toml::Table,
 }
 
-const SECTIONS: [&str; 5] = ["limits", "exec", "server", "attach", "retention"];
+const SECTIONS: [&str; 6] = ["limits", "exec", "server", "attach", "retention", "llm"];
 
 impl Layers {
     /// Checks the global file (`None` when absent) and the `MONAD_*` variables in `vars`.
@@ -480,6 +573,59 @@ mod tests {
             Layers::default().global().exec.network,
             monad_sandbox::NetworkMode::Off,
             "off by default"
+        );
+    }
+
+    #[test]
+    fn llm_settings_layer_like_every_key_and_never_hold_a_key() {
+        let layers = Layers::new(
+            Some((
+                "config.toml",
+                "[llm]\nprovider = \"anthropic\"\nmodel = \"m1\"\napi_key_env = \"MY_KEY\"\n",
+            )),
+            vars(&[("MONAD_LLM_MAX_TOOL_CALLS_PER_TURN", "3")]),
+        )
+        .unwrap();
+        let s = layers
+            .session(Some((
+                "sessions/x/config.toml",
+                "[llm]\nmodel = \"m2\"\nbase_url = \"http://127.0.0.1:9/\"\n",
+            )))
+            .unwrap();
+        assert_eq!(s.llm.provider, crate::llm::ProviderKind::Anthropic);
+        assert_eq!(s.llm.model, "m2", "session beats global");
+        assert_eq!(s.llm.max_tool_calls_per_turn, 3, "environment applies");
+        let endpoint = s
+            .llm
+            .endpoint(|v| (v == "MY_KEY").then(|| "sk-secret".to_owned()))
+            .unwrap();
+        assert_eq!(endpoint.api_key.as_deref(), Some("sk-secret"));
+        assert_eq!(endpoint.base_url, "http://127.0.0.1:9/");
+        // A key itself is not a setting: the file is refused, naming the key.
+        let e = layers
+            .session(Some(("s.toml", "[llm]\napi_key = \"sk-secret\"\n")))
+            .unwrap_err();
+        assert!(e.message.contains("api_key"), "{e}");
+        let e =
+            Layers::new(Some(("c.toml", "[llm]\nprovider = \"gemini\"\n")), vec![]).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn llm_endpoint_needs_a_model_and_a_variable_name() {
+        let mut llm = LlmSettings::default();
+        assert!(llm.endpoint(|_| None).is_err(), "no model");
+        llm.model = "m".into();
+        let e = llm.endpoint(|_| Some("k".into())).unwrap();
+        assert_eq!(e.base_url, "https://api.openai.com/v1");
+        assert_eq!(e.api_key.as_deref(), Some("k"), "OPENAI_API_KEY by default");
+        llm.api_key_env = "sk-abc".into();
+        assert!(llm.endpoint(|_| None).is_err(), "a key pasted as the name");
+        llm.api_key_env = "LOCAL".into();
+        assert_eq!(
+            llm.endpoint(|_| None).unwrap().api_key,
+            None,
+            "unset: no key"
         );
     }
 }

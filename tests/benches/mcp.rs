@@ -132,7 +132,13 @@ async fn run(warmup: usize, rounds: usize, per_round: usize) {
         Path::Mcp(stdio.expect("initialize"), "read_file", args.clone()),
     ));
 
-    let transport = StreamableHttpClientTransport::from_config(
+    // reqwest has no process-wide crypto provider here: the client comes TLS-configured.
+    let http_client = monad_server::llm::http_client_builder()
+        .expect("TLS set up")
+        .build()
+        .expect("an HTTP client");
+    let transport = StreamableHttpClientTransport::with_client(
+        http_client,
         StreamableHttpClientTransportConfig::with_uri(format!("http://{http}/mcp"))
             .auth_header(server.token.clone()),
     );

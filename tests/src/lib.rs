@@ -12,9 +12,13 @@
 //! - [`folder`]: a temporary folder with files in it; [`call`] and friends: an agent's call with
 //!   a deadline; [`binary`] and [`command`]: the real `monad-server` and `monad-client` binaries,
 //!   built when missing or older than their sources, and killed when their handle drops.
+//! - [`provider::ScriptedProvider`]: a model provider on `127.0.0.1:0` that speaks the OpenAI and
+//!   Anthropic wire APIs and replays scripted answers, recording what it was sent.
 //!
 //! Every wait is bounded: a test that would hang fails with a message saying what it waited for.
 #![deny(missing_docs)]
+
+pub mod provider;
 
 use std::future::Future;
 use std::net::SocketAddr;

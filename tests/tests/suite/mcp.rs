@@ -174,7 +174,12 @@ async fn connect(
             let config =
                 StreamableHttpClientTransportConfig::with_uri(format!("http://{http}/mcp"))
                     .auth_header(server.token.clone());
-            let transport = StreamableHttpClientTransport::from_config(config);
+            // reqwest has no process-wide crypto provider here: the client comes TLS-configured.
+            let http_client = monad_server::llm::http_client_builder()
+                .expect("TLS set up")
+                .build()
+                .expect("an HTTP client");
+            let transport = StreamableHttpClientTransport::with_client(http_client, config);
             let client = within(STEP, "initialize over HTTP", host.serve(transport)).await?;
             (client, None)
         }

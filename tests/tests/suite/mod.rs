@@ -1,5 +1,6 @@
 //! The cases, by area.
 
+mod agent;
 mod approvals;
 mod auth;
 mod binaries;
@@ -12,6 +13,7 @@ mod http;
 mod limits;
 mod mcp;
 mod processes;
+mod providers;
 mod records;
 mod resilience;
 mod retention;

@@ -1,0 +1,734 @@
+//! The built-in agent loop, per session: a user message goes to the session's model with the
+//! conversation and the session's tools; the model's tool calls run through the [`Executor`]
+//! (routing, focus, approvals, audit: the same path as an outside agent's calls) and their
+//! results go back to it until it answers. Text streams to the front as it is generated
+//! ([`AgentEvent`]); `session.md` gets the user's message and each assistant message as the turn
+//! goes.
+//!
+//! The decisions are pure and tested alone ([`plan`]: which old turns fit the context budget,
+//! how many of a step's tool calls the per-turn limit allows); [`Agents::prompt`] does the I/O.
+//! Cancelling is [`CancellationToken::cancel`] (or dropping the future): the model's stream and
+//! any running tool call are dropped, which cancels them on every hop, and the text streamed so
+//! far is kept in `session.md`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use monad_protocol::agent::{AgentEvent, MAX_EVENT_TEXT, StopReason, TurnResult, cut};
+use monad_protocol::wire::{HistoryMessage, HistoryRole, Outcome};
+use monad_protocol::{ErrorCode, ToolError, ToolName, render};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::{
+    Event, FinishReason, HttpProvider, LlmError, Message, Provider, Request, ToolCall, ToolSpec,
+};
+use crate::server::State;
+use crate::session::Session;
+use crate::settings::LlmSettings;
+
+/// The system prompt when `llm.system_prompt` is empty.
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are the agent of a Monad session. You work in the \
+session's workspaces through the tools you are given: the session's primary workspace on the \
+server, and folders people attached from their machines. Calls in a restricted folder wait for \
+its owner's approval and may be denied; a folder whose machine is away is offline. Say briefly \
+what you do, use the tools to look before you change anything, and answer in plain text.";
+
+/// Most times a rate-limited request is asked again in one step.
+const MAX_RETRIES: u32 = 3;
+/// Longest `retry-after` the loop waits for; a longer one ends the turn.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
+/// The wait when a provider rate limits without saying for how long.
+const DEFAULT_RETRY_WAIT: Duration = Duration::from_secs(1);
+
+/// The pure decisions of the loop.
+pub mod plan {
+    use crate::llm::Message;
+
+    /// A rough token count of `text` (4 bytes a token, the usual rule of thumb for English and
+    /// code; a budget, not a bill).
+    pub fn tokens(text: &str) -> u64 {
+        (text.len() as u64).div_ceil(4)
+    }
+
+    /// The estimated tokens of one message (its text, its calls' arguments, a little framing).
+    pub fn message_tokens(message: &Message) -> u64 {
+        4 + match message {
+            Message::User(text) => tokens(text),
+            Message::Assistant { text, tool_calls } => {
+                tokens(text)
+                    + tool_calls
+                        .iter()
+                        .map(|c| tokens(&c.name) + tokens(&c.arguments.to_string()) + 4)
+                        .sum::<u64>()
+            }
+            Message::ToolResult { call_id, text, .. } => tokens(call_id) + tokens(text),
+        }
+    }
+
+    /// How many of `history`'s oldest messages to leave out so that `fixed` (the system prompt
+    /// and the tools), what is kept of `history` and `current` (this turn, never trimmed) fit in
+    /// `budget` tokens. Whole turns go: the kept part starts at a user message (or is empty).
+    /// When even `current` alone does not fit, all of `history` is left out and the rest is sent
+    /// as it is (the provider says if it is too long).
+    pub fn trim(fixed: u64, history: &[Message], current: &[Message], budget: u64) -> usize {
+        let current: u64 = current.iter().map(message_tokens).sum();
+        let mut total = fixed + current + history.iter().map(message_tokens).sum::<u64>();
+        let mut start = 0;
+        while total > budget && start < history.len() {
+            // Drop the oldest turn: up to the next user message after `start`.
+            let end = history[start + 1..]
+                .iter()
+                .position(|m| matches!(m, Message::User(_)))
+                .map_or(history.len(), |i| start + 1 + i);
+            total -= history[start..end].iter().map(message_tokens).sum::<u64>();
+            start = end;
+        }
+        start
+    }
+
+    /// Of `requested` tool calls, how many may run when `done` ran already this turn and `limit`
+    /// is the most per turn.
+    pub fn allowed_calls(done: u32, requested: usize, limit: u32) -> usize {
+        requested.min(limit.saturating_sub(done) as usize)
+    }
+}
+
+/// The tools the model is offered: the same names, descriptions and schemas as the MCP front's,
+/// for the session's current workspaces.
+pub fn tool_specs(session: &Session) -> Vec<ToolSpec> {
+    let workspaces: Vec<_> = session.workspaces().into_iter().map(|w| w.info).collect();
+    monad_protocol::mcp::tools(&workspaces)
+        .into_iter()
+        .map(|tool| ToolSpec {
+            name: tool.name.to_string(),
+            description: tool.description.map(|d| d.to_string()).unwrap_or_default(),
+            parameters: Value::Object((*tool.input_schema).clone()),
+        })
+        .collect()
+}
+
+/// A call's answer as the model gets it: the text `render::text` writes, or the error sentence
+/// (with the workspace, like the MCP front's).
+pub fn result_text(
+    tool: &str,
+    workspace: Option<&monad_protocol::wire::WorkspaceRef>,
+    outcome: &Outcome,
+) -> (String, Option<ToolError>) {
+    match outcome {
+        Outcome::Ok { result } => match ToolName::parse(tool) {
+            Some(name) => (render::text(name, workspace, result), None),
+            None => (result.to_string(), None),
+        },
+        Outcome::Error { error } => {
+            let place = match workspace {
+                Some(w) => format!(" (in workspace `{}`, {})", w.name, w.uri),
+                None => String::new(),
+            };
+            // Said plainly for the model: the conversation goes on without that machine.
+            let away = if error.code == ErrorCode::WorkspaceDisconnected {
+                " That workspace is offline: its machine is away. Carry on without it, or ask \
+                 the user to bring it back."
+            } else {
+                ""
+            };
+            (
+                format!("{}: {}{place}{away}", error.code, error.message),
+                Some(error.clone()),
+            )
+        }
+    }
+}
+
+/// Sessions with a turn running (one at a time per session).
+#[derive(Debug, Default)]
+pub struct Agents {
+    turns: Mutex<HashMap<String, Arc<TurnSlot>>>,
+}
+
+/// A session's turn: held while one runs, with the running turn's cancel token.
+#[derive(Debug, Default)]
+struct TurnSlot {
+    running: Arc<tokio::sync::Mutex<()>>,
+    cancel: Mutex<Option<CancellationToken>>,
+}
+
+/// The right to run a turn in a session; the slot is forgotten when nobody holds or waits for it.
+struct Claim<'a> {
+    agents: &'a Agents,
+    session: String,
+    slot: Arc<TurnSlot>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut turns = lock(&self.agents.turns);
+        // The map's reference and this one: nobody else holds or waits for the slot.
+        if Arc::strong_count(&self.slot) == 2 {
+            turns.remove(&self.session);
+        }
+    }
+}
+
+/// Text streamed in the current step but not yet in `session.md` (kept there if the turn is
+/// cancelled mid-answer).
+type Pending = Arc<Mutex<String>>;
+
+impl Agents {
+    /// Claims `session` for a turn cancelled by `cancel`. `None` when a turn is running there;
+    /// when that turn was cancelled and is winding down (saving what it said), waits for it, so
+    /// that a message sent right after a cancel is not refused.
+    async fn claim(&self, session: &str, cancel: &CancellationToken) -> Option<Claim<'_>> {
+        let slot = lock(&self.turns)
+            .entry(session.to_owned())
+            .or_default()
+            .clone();
+        let mut claim = Claim {
+            agents: self,
+            session: session.to_owned(),
+            slot,
+            guard: None,
+        };
+        let guard = match claim.slot.running.clone().try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => {
+                let winding_down = lock(&claim.slot.cancel)
+                    .as_ref()
+                    .is_none_or(CancellationToken::is_cancelled);
+                if !winding_down {
+                    return None;
+                }
+                claim.slot.running.clone().lock_owned().await
+            }
+        };
+        claim.guard = Some(guard);
+        *lock(&claim.slot.cancel) = Some(cancel.clone());
+        Some(claim)
+    }
+
+    /// Runs one turn of `session`'s agent for `user`'s message `text`, sending what happens to
+    /// `events`, until the model answers, a limit is reached, the provider fails or `cancel`
+    /// fires. Fails at once (nothing written) when a turn of this session is already running
+    /// (one that was cancelled and is ending is waited for).
+    pub async fn prompt(
+        &self,
+        state: &State,
+        session: &Arc<Session>,
+        user: &str,
+        text: String,
+        events: mpsc::Sender<AgentEvent>,
+        cancel: CancellationToken,
+    ) -> Result<TurnResult, ToolError> {
+        let Some(_claim) = self.claim(&session.id, &cancel).await else {
+            return Err(ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "session `{}` is already answering a message; wait for it or cancel it",
+                    session.id
+                ),
+            ));
+        };
+        let llm = &session.settings.llm;
+        let provider = match llm
+            .endpoint(|name| std::env::var(name).ok())
+            .and_then(HttpProvider::new)
+        {
+            Ok(provider) => provider,
+            Err(e) => return Ok(failed(&e, &Tally::default())),
+        };
+        let _in_flight = state.call_in_flight();
+        let pending: Pending = Arc::default();
+        let tally = Mutex::new(Tally::default());
+        let turn = Turn {
+            state,
+            session,
+            user,
+            llm,
+            provider: &provider,
+            events: &events,
+            pending: pending.clone(),
+            tally: &tally,
+        };
+        let result = tokio::select! {
+            result = turn.run(text) => result,
+            () = cancel.cancelled() => TurnResult {
+                stop: StopReason::Cancelled,
+                ..lock(&tally).result()
+            },
+        };
+        // What the model said before a cancel or a broken stream stays in the conversation.
+        let rest = std::mem::take(&mut *lock(&pending));
+        if !rest.is_empty() {
+            let _ = append(state, &session.id, HistoryRole::Assistant, rest).await;
+        }
+        Ok(result)
+    }
+}
+
+/// Counts over a turn.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    tool_calls: u32,
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+impl Tally {
+    fn result(&self) -> TurnResult {
+        TurnResult {
+            stop: StopReason::Answered,
+            tool_calls: self.tool_calls,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+        }
+    }
+}
+
+fn failed(error: &LlmError, tally: &Tally) -> TurnResult {
+    TurnResult {
+        stop: StopReason::Failed {
+            message: error.to_string(),
+        },
+        ..tally.result()
+    }
+}
+
+async fn append(
+    state: &State,
+    session: &str,
+    role: HistoryRole,
+    text: String,
+) -> Result<(), String> {
+    let store = state.registry.store().clone();
+    let session = session.to_owned();
+    tokio::task::spawn_blocking(move || {
+        store
+            .append(&session, &HistoryMessage { role, text })
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+struct Turn<'a> {
+    state: &'a State,
+    session: &'a Arc<Session>,
+    user: &'a str,
+    llm: &'a LlmSettings,
+    provider: &'a dyn Provider,
+    events: &'a mpsc::Sender<AgentEvent>,
+    pending: Pending,
+    tally: &'a Mutex<Tally>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What one model request gave.
+struct Step {
+    text: String,
+    calls: Vec<ToolCall>,
+    finish: FinishReason,
+}
+
+impl Turn<'_> {
+    async fn run(&self, text: String) -> TurnResult {
+        let tally = || *lock(self.tally);
+        let (system, history) = match self.prepare().await {
+            Ok(loaded) => loaded,
+            Err(message) => {
+                return TurnResult {
+                    stop: StopReason::Failed { message },
+                    ..tally().result()
+                };
+            }
+        };
+        if let Err(message) = append(
+            self.state,
+            &self.session.id,
+            HistoryRole::User,
+            text.clone(),
+        )
+        .await
+        {
+            return TurnResult {
+                stop: StopReason::Failed {
+                    message: format!("cannot write session.md: {message}"),
+                },
+                ..tally().result()
+            };
+        }
+        let mut current = vec![Message::User(text)];
+        loop {
+            let tools = tool_specs(self.session);
+            let fixed = plan::tokens(&system)
+                + tools
+                    .iter()
+                    .map(|t| {
+                        plan::tokens(&t.name)
+                            + plan::tokens(&t.description)
+                            + plan::tokens(&t.parameters.to_string())
+                    })
+                    .sum::<u64>();
+            let start = plan::trim(fixed, &history, &current, self.llm.context_budget_tokens);
+            let mut messages = history[start..].to_vec();
+            messages.extend(current.iter().cloned());
+            let request = Request {
+                model: self.llm.model.clone(),
+                system: system.clone(),
+                messages,
+                tools,
+                max_output_tokens: self.llm.max_output_tokens.max(1),
+            };
+            let step = match self.step(&request).await {
+                Ok(step) => step,
+                Err(e) => return failed(&e, &tally()),
+            };
+            // The step's text is now in the conversation for good.
+            let said = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+            if !said.is_empty()
+                && let Err(message) =
+                    append(self.state, &self.session.id, HistoryRole::Assistant, said).await
+            {
+                return TurnResult {
+                    stop: StopReason::Failed {
+                        message: format!("cannot write session.md: {message}"),
+                    },
+                    ..tally().result()
+                };
+            }
+            let used = tally().input_tokens + tally().output_tokens;
+            if used > self.llm.max_tokens_per_turn {
+                return TurnResult {
+                    stop: StopReason::TokenLimit {
+                        limit: self.llm.max_tokens_per_turn,
+                    },
+                    ..tally().result()
+                };
+            }
+            if step.calls.is_empty() {
+                let stop = match step.finish {
+                    FinishReason::Stop | FinishReason::ToolCalls | FinishReason::Other(_) => {
+                        StopReason::Answered
+                    }
+                    FinishReason::Length => StopReason::Length,
+                    FinishReason::Refused(message) => StopReason::Refused { message },
+                };
+                return TurnResult {
+                    stop,
+                    ..tally().result()
+                };
+            }
+            let allowed = plan::allowed_calls(
+                tally().tool_calls,
+                step.calls.len(),
+                self.llm.max_tool_calls_per_turn,
+            );
+            current.push(Message::Assistant {
+                text: step.text,
+                tool_calls: step.calls.clone(),
+            });
+            for call in &step.calls[..allowed] {
+                lock(self.tally).tool_calls += 1;
+                let (text, is_error) = self.run_call(call).await;
+                current.push(Message::ToolResult {
+                    call_id: call.id.clone(),
+                    text,
+                    is_error,
+                });
+            }
+            if allowed < step.calls.len() {
+                return TurnResult {
+                    stop: StopReason::ToolCallLimit {
+                        limit: self.llm.max_tool_calls_per_turn,
+                    },
+                    ..tally().result()
+                };
+            }
+        }
+    }
+
+    /// The system prompt (with the conversation's `## System` blocks) and the earlier turns;
+    /// records the provider and model in the session and `session.md`'s frontmatter.
+    async fn prepare(&self) -> Result<(String, Vec<Message>), String> {
+        let store = self.state.registry.store().clone();
+        let session = self.session.clone();
+        let provider = self.provider.kind().as_str().to_owned();
+        let model = self.llm.model.clone();
+        let mut system = if self.llm.system_prompt.is_empty() {
+            DEFAULT_SYSTEM_PROMPT.to_owned()
+        } else {
+            self.llm.system_prompt.clone()
+        };
+        let history = tokio::task::spawn_blocking(move || {
+            let mut history = store.history(&session.id).map_err(|e| e.to_string())?;
+            if history.provider.as_deref() != Some(&provider)
+                || history.model.as_deref() != Some(&model)
+            {
+                let meta = session.set_model(Some(provider.clone()), Some(model.clone()));
+                store.save(&meta).map_err(|e| e.to_string())?;
+                history.provider = Some(provider);
+                history.model = Some(model);
+                store
+                    .replace(&session.id, &history)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(history)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let mut messages = Vec::new();
+        for m in history.messages {
+            match m.role {
+                HistoryRole::User => messages.push(Message::User(m.text)),
+                HistoryRole::Assistant => messages.push(Message::Assistant {
+                    text: m.text,
+                    tool_calls: Vec::new(),
+                }),
+                HistoryRole::System => {
+                    system.push_str("\n\n");
+                    system.push_str(&m.text);
+                }
+            }
+        }
+        Ok((system, messages))
+    }
+
+    /// One model request, streamed; rate limits are waited out and asked again.
+    async fn step(&self, request: &Request) -> Result<Step, LlmError> {
+        let mut retries = 0;
+        let mut stream = loop {
+            match self.provider.stream(request).await {
+                Ok(stream) => break stream,
+                Err(LlmError::RateLimited {
+                    retry_after,
+                    message,
+                }) if retries < MAX_RETRIES && retry_after.is_none_or(|d| d <= MAX_RETRY_WAIT) => {
+                    retries += 1;
+                    let wait = retry_after.unwrap_or(DEFAULT_RETRY_WAIT);
+                    let _ = self
+                        .events
+                        .send(AgentEvent::Retrying {
+                            after_ms: wait.as_millis() as u64,
+                            message,
+                        })
+                        .await;
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let mut step = Step {
+            text: String::new(),
+            calls: Vec::new(),
+            finish: FinishReason::Stop,
+        };
+        while let Some(event) = stream.next().await {
+            match event? {
+                Event::Text(text) => {
+                    step.text.push_str(&text);
+                    self.pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_str(&text);
+                    let _ = self.events.send(AgentEvent::Text { text }).await;
+                }
+                Event::ToolCall(call) => step.calls.push(call),
+                Event::Usage(usage) => {
+                    let mut tally = lock(self.tally);
+                    tally.input_tokens += usage.input_tokens;
+                    tally.output_tokens += usage.output_tokens;
+                }
+                Event::Finish(reason) => step.finish = reason,
+            }
+        }
+        Ok(step)
+    }
+
+    /// Runs one tool call through the executor; its text for the model and whether it failed.
+    async fn run_call(&self, call: &ToolCall) -> (String, bool) {
+        let _ = self
+            .events
+            .send(AgentEvent::ToolCallStarted {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                args: call.arguments.clone(),
+            })
+            .await;
+        let (workspace, outcome) = match self.state.user_call(self.user) {
+            Ok(_slot) => {
+                // Progress is best effort: a front that does not keep up misses some lines.
+                let events = self.events.clone();
+                let call_id = call.id.clone();
+                let progress = move |message: &str| {
+                    let _ = events.try_send(AgentEvent::ToolCallProgress {
+                        call_id: call_id.clone(),
+                        message: message.to_owned(),
+                    });
+                };
+                let output = self
+                    .state
+                    .executor
+                    .call(self.session, &call.name, call.arguments.clone(), &progress)
+                    .await;
+                output.complete().await
+            }
+            Err(error) => (None, Outcome::Error { error }),
+        };
+        let (text, error) = result_text(&call.name, workspace.as_ref(), &outcome);
+        let (shown, truncated) = cut(&text, MAX_EVENT_TEXT);
+        let is_error = error.is_some();
+        let _ = self
+            .events
+            .send(AgentEvent::ToolCallEnded {
+                call_id: call.id.clone(),
+                tool: call.name.clone(),
+                workspace,
+                error,
+                text: shown,
+                truncated,
+            })
+            .await;
+        (text, is_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan::*;
+    use crate::llm::{Message, ToolCall};
+    use serde_json::json;
+
+    fn user(n: usize) -> Message {
+        Message::User("u".repeat(n))
+    }
+
+    fn assistant(n: usize) -> Message {
+        Message::Assistant {
+            text: "a".repeat(n),
+            tool_calls: vec![],
+        }
+    }
+
+    #[test]
+    fn everything_is_kept_when_it_fits() {
+        let history = [user(40), assistant(40)];
+        assert_eq!(trim(10, &history, &[user(4)], 1000), 0);
+        assert_eq!(trim(10, &[], &[user(4)], 1000), 0);
+    }
+
+    #[test]
+    fn the_oldest_whole_turns_go_first() {
+        // Each message is 4 + 10 = 14 tokens; a turn (user, assistant, assistant) is 42.
+        let history = [
+            user(40),
+            assistant(40),
+            assistant(40),
+            user(40),
+            assistant(40),
+            user(40),
+            assistant(40),
+        ];
+        let current = [user(40)];
+        // fixed 10 + current 14 + history 98 = 122.
+        assert_eq!(trim(10, &history, &current, 122), 0);
+        assert_eq!(
+            trim(10, &history, &current, 121),
+            3,
+            "the first turn goes whole"
+        );
+        assert_eq!(trim(10, &history, &current, 80), 3);
+        assert_eq!(trim(10, &history, &current, 79), 5);
+        assert_eq!(trim(10, &history, &current, 24), 7, "all of history");
+    }
+
+    #[test]
+    fn the_current_turn_and_the_system_prompt_are_never_trimmed() {
+        let history = [user(40), assistant(40)];
+        let current = [
+            user(400),
+            Message::Assistant {
+                text: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "c".into(),
+                    name: "read_file".into(),
+                    arguments: json!({"path": "a"}),
+                }],
+            },
+            Message::ToolResult {
+                call_id: "c".into(),
+                text: "x".repeat(4000),
+                is_error: false,
+            },
+        ];
+        // Over budget even alone: history goes, the rest is sent as it is.
+        assert_eq!(trim(5000, &history, &current, 100), 2);
+    }
+
+    #[test]
+    fn a_history_that_starts_with_an_assistant_message_trims_to_the_next_user_message() {
+        let history = [assistant(40), assistant(40), user(40), assistant(40)];
+        assert_eq!(trim(0, &history, &[], 28), 2);
+    }
+
+    #[test]
+    fn the_tool_call_limit_counts_over_the_turn() {
+        assert_eq!(allowed_calls(0, 3, 50), 3);
+        assert_eq!(allowed_calls(48, 3, 50), 2);
+        assert_eq!(allowed_calls(50, 1, 50), 0);
+        assert_eq!(allowed_calls(60, 1, 50), 0);
+        assert_eq!(allowed_calls(0, 2, 0), 0);
+    }
+
+    #[test]
+    fn results_reach_the_model_as_text_and_an_offline_workspace_says_so() {
+        use super::result_text;
+        use monad_protocol::wire::{Outcome, WorkspaceRef};
+        use monad_protocol::{ErrorCode, ToolError};
+        let lap = WorkspaceRef {
+            name: "lap".into(),
+            uri: "laptop:~/notes".into(),
+        };
+        let away = ToolError::new(
+            ErrorCode::WorkspaceDisconnected,
+            "workspace `lap` is disconnected",
+        );
+        let (text, error) = result_text(
+            "read_file",
+            Some(&lap),
+            &Outcome::Error {
+                error: away.clone(),
+            },
+        );
+        assert_eq!(error, Some(away));
+        assert!(text.starts_with("workspace_disconnected: workspace `lap` is disconnected (in workspace `lap`, laptop:~/notes)"), "{text}");
+        assert!(text.contains("offline"), "{text}");
+        let denied = ToolError::new(ErrorCode::Denied, "the user said no");
+        let (text, _) = result_text("read_file", None, &Outcome::Error { error: denied });
+        assert_eq!(text, "denied: the user said no");
+        let result = json!({"path": "a.txt", "content": "alpha\n", "lines": 1, "total_lines": 1, "truncated": false});
+        let ok = Outcome::Ok {
+            result: result.clone(),
+        };
+        let (text, error) = result_text("read_file", Some(&lap), &ok);
+        assert_eq!(error, None);
+        assert_eq!(
+            text,
+            monad_protocol::render::text(monad_protocol::ToolName::ReadFile, Some(&lap), &result)
+        );
+        assert!(text.contains("alpha"), "{text}");
+    }
+
+    #[test]
+    fn token_estimates_round_up() {
+        assert_eq!(tokens(""), 0);
+        assert_eq!(tokens("abc"), 1);
+        assert_eq!(tokens("abcde"), 2);
+    }
+}

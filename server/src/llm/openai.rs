@@ -1,0 +1,362 @@
+//! OpenAI-compatible Chat Completions: `POST {base_url}/chat/completions` with `stream: true`.
+//!
+//! The request follows the documented body (`model`, `messages` with `system`, `user`,
+//! `assistant` + `tool_calls`, and `tool` messages, `tools` of `type: "function"` with JSON Schema
+//! `parameters`, `stream`, `stream_options.include_usage`, `max_completion_tokens`); servers that
+//! do not know a field (older local servers and `stream_options`) ignore it. The stream is
+//! `data:` lines of `chat.completion.chunk` objects ending with `data: [DONE]`; tool calls come as
+//! deltas keyed by `index`, their `arguments` a JSON text in pieces.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::{Decoder, Event, FinishReason, LlmError, Message, Request, ToolCall, Usage};
+
+/// The request body for `request`.
+pub fn request_body(request: &Request) -> Value {
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
+    if !request.system.is_empty() {
+        messages.push(json!({"role": "system", "content": request.system}));
+    }
+    for message in &request.messages {
+        messages.push(match message {
+            Message::User(text) => json!({"role": "user", "content": text}),
+            Message::Assistant { text, tool_calls } => {
+                let mut m = json!({
+                    "role": "assistant",
+                    "content": if text.is_empty() { Value::Null } else { Value::String(text.clone()) },
+                });
+                if !tool_calls.is_empty() {
+                    m["tool_calls"] = tool_calls
+                        .iter()
+                        .map(|c| {
+                            json!({
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": arguments_text(&c.arguments)},
+                            })
+                        })
+                        .collect();
+                }
+                m
+            }
+            Message::ToolResult {
+                call_id,
+                text,
+                is_error: _,
+            } => json!({"role": "tool", "tool_call_id": call_id, "content": text}),
+        });
+    }
+    let mut body = json!({
+        "model": request.model,
+        "messages": messages,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_completion_tokens": request.max_output_tokens,
+    });
+    if !request.tools.is_empty() {
+        body["tools"] = request
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+                })
+            })
+            .collect();
+    }
+    body
+}
+
+/// Arguments as the JSON text the API carries (a string the model wrote stays as it was).
+fn arguments_text(arguments: &Value) -> String {
+    match arguments {
+        Value::String(raw) => raw.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Decodes the chunk stream.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    calls: BTreeMap<u64, PartialCall>,
+    finish: Option<FinishReason>,
+    finished_sent: bool,
+    done: bool,
+}
+
+impl StreamDecoder {
+    fn take_calls(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.calls)
+            .into_values()
+            .map(|c| {
+                Event::ToolCall(ToolCall {
+                    id: c.id,
+                    name: c.name,
+                    arguments: super::parse_arguments(&c.arguments),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Decoder for StreamDecoder {
+    fn feed(&mut self, _event: &str, data: &str) -> Result<Vec<Event>, LlmError> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(self.finish());
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|e| LlmError::Protocol(format!("a chunk that is not JSON ({e})")))?;
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .unwrap_or_else(|| error.to_string());
+            return Err(LlmError::Protocol(format!("an error: {message}")));
+        }
+        let mut out = Vec::new();
+        for choice in chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue;
+            }
+            let delta = choice.get("delta").unwrap_or(&Value::Null);
+            if let Some(text) = delta.get("content").and_then(Value::as_str)
+                && !text.is_empty()
+            {
+                out.push(Event::Text(text.to_owned()));
+            }
+            for call in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+            {
+                let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let partial = self.calls.entry(index).or_default();
+                if let Some(id) = call.get("id").and_then(Value::as_str) {
+                    partial.id = id.to_owned();
+                }
+                let function = call.get("function").unwrap_or(&Value::Null);
+                if let Some(name) = function.get("name").and_then(Value::as_str) {
+                    partial.name.push_str(name);
+                }
+                if let Some(args) = function.get("arguments").and_then(Value::as_str) {
+                    partial.arguments.push_str(args);
+                }
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                out.extend(self.take_calls());
+                self.finish = Some(match reason {
+                    "stop" => FinishReason::Stop,
+                    "tool_calls" | "function_call" => FinishReason::ToolCalls,
+                    "length" => FinishReason::Length,
+                    "content_filter" => FinishReason::Refused(reason.to_owned()),
+                    other => FinishReason::Other(other.to_owned()),
+                });
+            }
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+            out.push(Event::Usage(Usage {
+                input_tokens: n("prompt_tokens"),
+                output_tokens: n("completion_tokens"),
+            }));
+        }
+        Ok(out)
+    }
+
+    fn done(&self) -> bool {
+        self.done || self.finish.is_some()
+    }
+
+    fn finish(&mut self) -> Vec<Event> {
+        let mut out = self.take_calls();
+        if !self.finished_sent {
+            self.finished_sent = true;
+            let reason = self.finish.clone().unwrap_or(if out.is_empty() {
+                FinishReason::Stop
+            } else {
+                FinishReason::ToolCalls
+            });
+            out.push(Event::Finish(reason));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ToolSpec;
+    use super::*;
+
+    fn request() -> Request {
+        Request {
+            model: "gpt-test".into(),
+            system: "You are Monad's agent.".into(),
+            messages: vec![
+                Message::User("read a.txt".into()),
+                Message::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: "call_1".into(),
+                        name: "read_file".into(),
+                        arguments: json!({"path": "a.txt"}),
+                    }],
+                },
+                Message::ToolResult {
+                    call_id: "call_1".into(),
+                    text: "a.txt\n1\thello".into(),
+                    is_error: false,
+                },
+                Message::Assistant {
+                    text: "It says hello.".into(),
+                    tool_calls: vec![],
+                },
+            ],
+            tools: vec![ToolSpec {
+                name: "read_file".into(),
+                description: "Read a file.".into(),
+                parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+            }],
+            max_output_tokens: 1024,
+        }
+    }
+
+    #[test]
+    fn the_request_has_the_documented_chat_completions_shape() {
+        assert_eq!(
+            request_body(&request()),
+            json!({
+                "model": "gpt-test",
+                "messages": [
+                    {"role": "system", "content": "You are Monad's agent."},
+                    {"role": "user", "content": "read a.txt"},
+                    {"role": "assistant", "content": null, "tool_calls": [
+                        {"id": "call_1", "type": "function",
+                         "function": {"name": "read_file", "arguments": "{\"path\":\"a.txt\"}"}}
+                    ]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "a.txt\n1\thello"},
+                    {"role": "assistant", "content": "It says hello."},
+                ],
+                "tools": [{"type": "function", "function": {
+                    "name": "read_file", "description": "Read a file.",
+                    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+                }}],
+                "stream": true,
+                "stream_options": {"include_usage": true},
+                "max_completion_tokens": 1024,
+            })
+        );
+    }
+
+    #[test]
+    fn arguments_the_model_wrote_badly_go_back_as_written() {
+        let mut r = request();
+        r.messages = vec![Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "c".into(),
+                name: "x".into(),
+                arguments: Value::String("{oops".into()),
+            }],
+        }];
+        r.tools.clear();
+        let body = request_body(&r);
+        assert_eq!(
+            body["messages"][1]["tool_calls"][0]["function"]["arguments"],
+            "{oops"
+        );
+        assert!(body.get("tools").is_none(), "no tools: no `tools` key");
+    }
+
+    fn feed_all(d: &mut StreamDecoder, chunks: &[&str]) -> Vec<Event> {
+        chunks.iter().flat_map(|c| d.feed("", c).unwrap()).collect()
+    }
+
+    #[test]
+    fn text_and_tool_calls_are_assembled_from_deltas() {
+        let mut d = StreamDecoder::default();
+        let events = feed_all(
+            &mut d,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"Let me "}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"content":"look."}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"read_file","arguments":""}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"stat","arguments":"{\"path\":"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":\"a\"}"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"\"b\"}"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}}"#,
+                "[DONE]",
+            ],
+        );
+        assert_eq!(
+            events,
+            vec![
+                Event::Text("Let me ".into()),
+                Event::Text("look.".into()),
+                Event::ToolCall(ToolCall {
+                    id: "call_a".into(),
+                    name: "read_file".into(),
+                    arguments: json!({"path": "a"})
+                }),
+                Event::ToolCall(ToolCall {
+                    id: "call_b".into(),
+                    name: "stat".into(),
+                    arguments: json!({"path": "b"})
+                }),
+                Event::Usage(Usage {
+                    input_tokens: 12,
+                    output_tokens: 5
+                }),
+                Event::Finish(FinishReason::ToolCalls),
+            ]
+        );
+        assert!(d.done());
+        assert_eq!(d.finish(), vec![], "nothing twice");
+    }
+
+    #[test]
+    fn an_error_chunk_is_an_error_and_a_stream_without_finish_is_not_done() {
+        let mut d = StreamDecoder::default();
+        d.feed("", r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}]}"#)
+            .unwrap();
+        assert!(!d.done());
+        let e = d
+            .feed("", r#"{"error":{"message":"model overloaded"}}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("model overloaded"), "{e}");
+        assert!(matches!(
+            StreamDecoder::default().feed("", "not json"),
+            Err(LlmError::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn a_server_that_stops_after_finish_reason_without_done_still_completes() {
+        let mut d = StreamDecoder::default();
+        feed_all(
+            &mut d,
+            &[r#"{"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}"#],
+        );
+        assert!(d.done());
+        assert_eq!(d.finish(), vec![Event::Finish(FinishReason::Stop)]);
+    }
+}

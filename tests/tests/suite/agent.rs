@@ -1,0 +1,597 @@
+//! The built-in agent loop, end to end: a real server whose `[llm]` points at the scripted
+//! provider, an agent sending prompts over QUIC (`Agent::prompt`), folders attached through the
+//! client library with scripted approvers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use monad_client::agent::{Agent, PromptReply};
+use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_protocol::agent::{AgentEvent, StopReason};
+use monad_server::llm::ProviderKind;
+use monad_tests::provider::{Reply, ScriptedProvider};
+use monad_tests::{Attachment, STEP, TestServer, attach_options, folder, within};
+use serde_json::{Value, json};
+
+const KINDS: [ProviderKind; 2] = [ProviderKind::Openai, ProviderKind::Anthropic];
+
+/// A server whose `[llm]` talks to `provider` with `kind`, plus `extra` lines of `[llm]`.
+async fn server_for(provider: &ScriptedProvider, kind: ProviderKind, extra: &str) -> TestServer {
+    let base_url = match kind {
+        ProviderKind::Openai => provider.openai_base_url(),
+        ProviderKind::Anthropic => provider.anthropic_base_url(),
+    };
+    let toml = format!(
+        "[llm]\nprovider = \"{}\"\nbase_url = \"{base_url}\"\nmodel = \"scripted-model\"\n\
+         api_key_env = \"MONAD_TEST_UNSET_KEY\"\n{extra}",
+        kind.as_str()
+    );
+    TestServer::start_with(|config| {
+        std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
+    })
+    .await
+}
+
+/// Sends `text` and collects the turn's events.
+async fn prompt(agent: &Agent, text: &str) -> (PromptReply, Vec<AgentEvent>) {
+    let mut events = Vec::new();
+    let reply = within(
+        STEP * 2,
+        "the turn to end",
+        agent.prompt(None, text, |e| events.push(e)),
+    )
+    .await
+    .expect("the prompt is answered");
+    (reply, events)
+}
+
+fn streamed_text(events: &[AgentEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn session_md(server: &TestServer) -> String {
+    std::fs::read_to_string(server.data_dir().join("sessions/default/session.md"))
+        .unwrap_or_default()
+}
+
+/// The audit log's lines, once there are at least `n` (written in the background).
+async fn audit_lines(server: &TestServer, n: usize) -> Vec<Value> {
+    let path = server.data_dir().join("sessions/default/audit.jsonl");
+    within(STEP, "the audit lines", async {
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            if lines.len() >= n {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// The tool results' texts in a request body of either API.
+fn tool_results(request: &Value, kind: ProviderKind) -> Vec<String> {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    match kind {
+        ProviderKind::Openai => messages
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+            .collect(),
+        ProviderKind::Anthropic => messages
+            .iter()
+            .filter_map(|m| m["content"].as_array())
+            .flatten()
+            .filter(|b| b["type"] == "tool_result")
+            .map(|b| b["content"].as_str().unwrap_or("").to_owned())
+            .collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_reads_and_edits_a_file_in_a_restricted_folder_through_approvals() {
+    for kind in KINDS {
+        let provider = ScriptedProvider::start(vec![
+            Reply::Stream {
+                text: vec!["Let me read it.".into()],
+                calls: vec![(
+                    "call_read".into(),
+                    "read_file".into(),
+                    json!({"path": "notes.txt", "workspace": "lap"}),
+                )],
+                usage: (100, 10),
+            },
+            Reply::tool_call(
+                "call_edit",
+                "edit_file",
+                json!({"path": "notes.txt", "old_string": "draft", "new_string": "final", "workspace": "lap"}),
+            ),
+            Reply::text(["Done: ", "notes.txt now says final."]),
+        ])
+        .await;
+        let server = server_for(&provider, kind, "").await;
+        let dir = folder(&[("notes.txt", "status: draft\n")]);
+        let approver = Arc::new(ScriptedApprover::new([
+            Some(Decision::AllowOnce),
+            Some(Decision::AllowOnce),
+        ]));
+        let _lap = Attachment::start(
+            &server.client_config(),
+            attach_options(dir.path(), "lap"),
+            Some(approver.clone() as Arc<dyn Approver>),
+        )
+        .await;
+        let agent = server.agent().await;
+
+        let (reply, events) = prompt(&agent, "Mark my notes as final.").await;
+
+        assert_eq!(reply.result.stop, StopReason::Answered, "{kind:?}");
+        assert_eq!(reply.result.tool_calls, 2);
+        assert_eq!(reply.result.input_tokens, 120, "usage summed over the turn");
+        assert_eq!(reply.session, "default");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
+            "status: final\n",
+            "{kind:?}: the file changed"
+        );
+        assert_eq!(
+            approver.seen().len(),
+            2,
+            "both calls were approved by the laptop"
+        );
+        assert_eq!(
+            streamed_text(&events),
+            "Let me read it.Done: notes.txt now says final."
+        );
+        let calls: Vec<(&str, &str, Option<&str>)> = events
+            .iter()
+            .filter_map(|e| match e {
+                AgentEvent::ToolCallStarted { call_id, tool, .. } => {
+                    Some(("started", tool.as_str(), Some(call_id.as_str())))
+                }
+                AgentEvent::ToolCallEnded {
+                    tool,
+                    workspace,
+                    error,
+                    ..
+                } => {
+                    assert!(error.is_none(), "{error:?}");
+                    Some((
+                        "ended",
+                        tool.as_str(),
+                        workspace.as_ref().map(|w| w.name.as_str()),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("started", "read_file", Some("call_read")),
+                ("ended", "read_file", Some("lap")),
+                ("started", "edit_file", Some("call_edit")),
+                ("ended", "edit_file", Some("lap")),
+            ]
+        );
+
+        // The model got the file as render::text writes it, and the tools as MCP describes them.
+        let requests = provider.wait_for_requests(3).await;
+        let results = tool_results(&requests[1].body, kind);
+        assert_eq!(results.len(), 1, "{kind:?}");
+        assert!(results[0].contains("status: draft"), "{}", results[0]);
+        assert!(results[0].contains("lap"), "the result names its workspace");
+        let tools = requests[0].body["tools"].as_array().unwrap();
+        let read_file = tools
+            .iter()
+            .find(|t| t.pointer("/function/name").or(t.get("name")) == Some(&json!("read_file")))
+            .expect("read_file is offered");
+        let description = read_file
+            .pointer("/function/description")
+            .or(read_file.get("description"))
+            .and_then(Value::as_str)
+            .unwrap();
+        let (_, workspaces) = agent.workspaces(None).await.unwrap();
+        let mcp = monad_protocol::mcp::tool(monad_protocol::ToolName::ReadFile, &workspaces);
+        assert_eq!(
+            Some(description),
+            mcp.description.as_deref(),
+            "the MCP description"
+        );
+        assert_eq!(
+            read_file
+                .pointer("/function/parameters")
+                .or(read_file.get("input_schema"))
+                .unwrap(),
+            &Value::Object((*mcp.input_schema).clone()),
+            "the MCP schema"
+        );
+
+        // session.md: frontmatter with provider and model, the user's message, the assistant's.
+        let md = session_md(&server);
+        assert!(md.contains(&format!("provider: {}", kind.as_str())), "{md}");
+        assert!(md.contains("model: scripted-model"), "{md}");
+        let expected = "## User\n\nMark my notes as final.\n\n## Assistant\n\nLet me read it.\n\n\
+                        ## Assistant\n\nDone: notes.txt now says final.\n";
+        assert!(md.contains(expected), "{md}");
+        assert!(
+            !md.contains("status: draft"),
+            "tool results are not in session.md"
+        );
+
+        // The audit log has both calls, decided by the laptop's user.
+        let lines = audit_lines(&server, 2).await;
+        let tools: Vec<&str> = lines.iter().filter_map(|l| l["tool"].as_str()).collect();
+        assert_eq!(tools, ["read_file", "edit_file"], "{lines:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_laptop_that_is_away_is_reported_offline_and_the_turn_goes_on() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::tool_call(
+            "c1",
+            "read_file",
+            json!({"path": "a.txt", "workspace": "lap"}),
+        ),
+        Reply::text(["Your laptop is offline."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    let lap = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        None,
+    )
+    .await;
+    let agent = server.agent().await;
+    drop(lap);
+    within(STEP, "the laptop to be offline", async {
+        loop {
+            let (_, workspaces) = agent.workspaces(None).await.unwrap();
+            if workspaces.iter().any(|w| w.name == "lap" && !w.online) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    let (reply, events) = prompt(&agent, "What is in a.txt on my laptop?").await;
+
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    let ended = events
+        .iter()
+        .find_map(|e| match e {
+            AgentEvent::ToolCallEnded { error, text, .. } => Some((error.clone(), text.clone())),
+            _ => None,
+        })
+        .expect("the call ended");
+    assert!(ended.0.is_some(), "the call failed");
+    let requests = provider.wait_for_requests(2).await;
+    let results = tool_results(&requests[1].body, ProviderKind::Openai);
+    assert_eq!(
+        results,
+        std::slice::from_ref(&ended.1),
+        "the model got the same text"
+    );
+    assert!(results[0].contains("offline"), "{}", results[0]);
+    assert!(session_md(&server).contains("Your laptop is offline."));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_call_limit_ends_the_turn_without_running_the_rest() {
+    let provider = ScriptedProvider::start(vec![Reply::Stream {
+        text: vec![],
+        calls: vec![
+            (
+                "c1".into(),
+                "write_file".into(),
+                json!({"path": "one.txt", "content": "1"}),
+            ),
+            (
+                "c2".into(),
+                "write_file".into(),
+                json!({"path": "two.txt", "content": "2"}),
+            ),
+        ],
+        usage: (1, 1),
+    }])
+    .await;
+    let server = server_for(
+        &provider,
+        ProviderKind::Anthropic,
+        "max_tool_calls_per_turn = 1\n",
+    )
+    .await;
+    let agent = server.agent().await;
+    let (reply, _) = prompt(&agent, "write two files").await;
+    assert_eq!(reply.result.stop, StopReason::ToolCallLimit { limit: 1 });
+    assert_eq!(reply.result.tool_calls, 1);
+    assert!(server.primary_dir("default").join("one.txt").exists());
+    assert!(!server.primary_dir("default").join("two.txt").exists());
+    assert_eq!(
+        provider.requests().len(),
+        1,
+        "the model was not asked again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_limit_ends_the_turn_after_the_step_that_crossed_it() {
+    let provider = ScriptedProvider::start(vec![Reply::Stream {
+        text: vec!["Listing.".into()],
+        calls: vec![("c1".into(), "list_dir".into(), json!({}))],
+        usage: (900, 200),
+    }])
+    .await;
+    let server = server_for(
+        &provider,
+        ProviderKind::Openai,
+        "max_tokens_per_turn = 1000\n",
+    )
+    .await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "list").await;
+    assert_eq!(reply.result.stop, StopReason::TokenLimit { limit: 1000 });
+    assert_eq!(reply.result.tool_calls, 0, "nothing ran after the limit");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, AgentEvent::ToolCallStarted { .. }))
+    );
+    assert!(
+        session_md(&server).contains("Listing."),
+        "what was said is kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_is_waited_out_and_the_conversation_continues_across_turns() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Status {
+            status: 429,
+            message: "slow down".into(),
+            retry_after: Some(0),
+        },
+        Reply::text(["First answer."]),
+        Reply::text(["Second answer."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Anthropic, "").await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "first question").await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    assert_eq!(
+        events.first(),
+        Some(&AgentEvent::Retrying {
+            after_ms: 0,
+            message: "slow down".into()
+        })
+    );
+    assert_eq!(streamed_text(&events), "First answer.");
+    let (reply, _) = prompt(&agent, "second question").await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    let requests = provider.wait_for_requests(3).await;
+    assert_eq!(
+        requests[2].body["messages"],
+        json!([
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "First answer."},
+            {"role": "user", "content": "second question"},
+        ]),
+        "the second turn carries the first"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_turns_are_left_out_past_the_context_budget() {
+    let provider =
+        ScriptedProvider::start(vec![Reply::text(["a".repeat(40_000)]), Reply::text(["ok"])]).await;
+    // The budget leaves room for everything the first request held (the system prompt, the
+    // tools, a short question) and a little more, not for the first turn's 10,000-token answer.
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
+    prompt(&agent, "first").await;
+    let first = provider.wait_for_requests(1).await[0]
+        .body
+        .to_string()
+        .len() as u64
+        / 4;
+    drop(agent);
+    let stopped = server.stop().await;
+    std::fs::write(
+        stopped.data_dir().join("config.toml"),
+        std::fs::read_to_string(stopped.data_dir().join("config.toml"))
+            .unwrap()
+            .replace(
+                "[llm]\n",
+                &format!("[llm]\ncontext_budget_tokens = {}\n", first + 1000),
+            ),
+    )
+    .unwrap();
+    let server = stopped.restart().await;
+    let agent = server.agent().await;
+    let (reply, _) = prompt(&agent, "second").await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    let requests = provider.wait_for_requests(2).await;
+    let messages = &requests[1].body["messages"];
+    assert_eq!(messages[0]["role"], "system", "the system prompt stays");
+    assert_eq!(
+        messages.as_array().unwrap()[1..],
+        [json!({"role": "user", "content": "second"})],
+        "the first turn was left out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_stops_the_model_and_keeps_what_it_said() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Hang {
+            text: vec!["Working on it".into()],
+        },
+        Reply::text(["Back."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
+    let (first_text, got_text) = tokio::sync::oneshot::channel::<()>();
+    let mut first_text = Some(first_text);
+    let turn = agent.prompt(None, "long task", move |e| {
+        if matches!(e, AgentEvent::Text { .. })
+            && let Some(tx) = first_text.take()
+        {
+            let _ = tx.send(());
+        }
+    });
+    tokio::select! {
+        r = turn => panic!("the turn ended by itself: {r:?}"),
+        _ = within(STEP, "the first text", got_text) => {}
+    }
+    // The prompt's future is dropped: its stream is reset.
+    provider.wait_for_abandoned(1).await;
+    within(STEP, "the partial answer in session.md", async {
+        while !session_md(&server).contains("## Assistant\n\nWorking on it\n") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The session is free for the next turn.
+    let (reply, events) = prompt(&agent, "still there?").await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    assert_eq!(streamed_text(&events), "Back.");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_model_the_turn_fails_clearly_and_writes_nothing() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "hello?").await;
+    match &reply.result.stop {
+        StopReason::Failed { message } => assert!(message.contains("model"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(events.is_empty());
+    assert!(!session_md(&server).contains("hello?"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_error_ends_the_turn_with_its_message() {
+    for kind in KINDS {
+        let provider = ScriptedProvider::start(vec![Reply::Status {
+            status: 400,
+            message: "model `scripted-model` does not exist".into(),
+            retry_after: None,
+        }])
+        .await;
+        let server = server_for(&provider, kind, "").await;
+        let agent = server.agent().await;
+        let (reply, _) = prompt(&agent, "hi").await;
+        match &reply.result.stop {
+            StopReason::Failed { message } => {
+                assert!(message.contains("does not exist"), "{message}");
+                assert!(message.contains("400"), "{message}");
+            }
+            other => panic!("{kind:?}: {other:?}"),
+        }
+        assert!(
+            session_md(&server).contains("## User\n\nhi\n"),
+            "the question is kept"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_during_an_approval_withdraws_it_and_the_audit_says_cancelled() {
+    let provider = ScriptedProvider::start(vec![Reply::tool_call(
+        "c1",
+        "read_file",
+        json!({"path": "a.txt", "workspace": "lap"}),
+    )])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    // Nobody answers the laptop's prompt.
+    let approver = Arc::new(ScriptedApprover::new([None]));
+    let _lap = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let agent = server.agent().await;
+    let (asked_tx, asked) = tokio::sync::oneshot::channel::<()>();
+    let mut asked_tx = Some(asked_tx);
+    let turn = agent.prompt(None, "read a.txt", move |e| {
+        if let AgentEvent::ToolCallProgress { message, .. } = &e
+            && message.contains("waiting for the user")
+            && let Some(tx) = asked_tx.take()
+        {
+            let _ = tx.send(());
+        }
+    });
+    tokio::select! {
+        r = turn => panic!("the turn ended although nobody approved: {r:?}"),
+        _ = within(STEP, "the approval prompt", asked) => {}
+    }
+    let lines = audit_lines(&server, 1).await;
+    assert_eq!(
+        (&lines[0]["tool"], &lines[0]["outcome"]),
+        (&json!("read_file"), &json!("cancelled")),
+        "{lines:?}"
+    );
+    assert_eq!(approver.seen().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_prompt_while_a_turn_runs_is_refused() {
+    let provider = ScriptedProvider::start(vec![Reply::Hang {
+        text: vec!["Thinking".into()],
+    }])
+    .await;
+    let server = server_for(&provider, ProviderKind::Anthropic, "").await;
+    let agent = server.agent().await;
+    let other = server.agent().await;
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let mut started_tx = Some(started_tx);
+    let turn = agent.prompt(None, "long task", move |_| {
+        if let Some(tx) = started_tx.take() {
+            let _ = tx.send(());
+        }
+    });
+    tokio::pin!(turn);
+    tokio::select! {
+        r = &mut turn => panic!("the turn ended by itself: {r:?}"),
+        _ = within(STEP, "the first turn to start", started) => {}
+    }
+    let refused = within(
+        STEP,
+        "the second prompt",
+        other.prompt(None, "me too", |_| {}),
+    )
+    .await
+    .expect_err("refused");
+    match refused {
+        monad_client::ClientError::Refused(error) => {
+            assert_eq!(
+                error.code,
+                monad_protocol::ErrorCode::LimitExceeded,
+                "{error:?}"
+            );
+            assert!(error.message.contains("already answering"), "{error:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!session_md(&server).contains("me too"), "nothing written");
+}
