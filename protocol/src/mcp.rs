@@ -752,8 +752,7 @@ mod tests {
             assert_eq!(schema["required"], json!(["workspace"]), "{}", t.name);
         }
         let read = ToolName::ReadFile.output_schema();
-        let defs = read["$defs"].as_object().unwrap();
-        let result = &defs["ReadFileResult"];
+        let result = &read["properties"]["result"];
         let required: Vec<&str> = result["required"]
             .as_array()
             .unwrap()

@@ -17,9 +17,15 @@
 //!
 //! Each path is warmed up, then timed call by call in rounds that rotate which path goes first;
 //! the report gives median and 99th percentile, and each MCP path's median against path 1 (the
-//! MCP overhead) and against path 4. See `docs/benchmarks.md`.
+//! MCP overhead) and against path 4.
+//!
+//! Then, with the official MCP Python SDK as the client (`tests/python/bench_mcp.py`, run by the
+//! interpreter of `target/mcp-venv`, or `$MONAD_TEST_PYTHON`): `monad-client mcp` (path 2)
+//! against the reference server on the same folder, over stdio, for a 4 KiB read, a 248 KiB read
+//! (whole) and a 1,000-entry listing; target: Monad's median at most 1.0x the reference's.
+//! Skipped, loudly, without the venv or the reference server. See `docs/benchmarks.md`.
 
-use std::path::PathBuf;
+use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
 
 use monad_client::agent::Agent;
@@ -83,18 +89,32 @@ fn reference_server() -> Option<PathBuf> {
     bin.exists().then_some(bin)
 }
 
+/// The Python with the MCP SDK, if there is one.
+fn python() -> Option<PathBuf> {
+    let candidate = match std::env::var_os("MONAD_TEST_PYTHON") {
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/mcp-venv/bin/python"),
+    };
+    let works = std::process::Command::new(&candidate)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    works.then_some(candidate)
+}
+
 fn main() {
     let quick = monad_tests::bench::quick();
     let (warmup, rounds, per_round) = if quick { (50, 5, 100) } else { (300, 10, 500) };
+    let only = std::env::var("MONAD_BENCH_ONLY").unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(warmup, rounds, per_round));
+    runtime.block_on(run(quick, &only, warmup, rounds, per_round));
 }
 
-async fn run(warmup: usize, rounds: usize, per_round: usize) {
+async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: usize) {
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let http = free.local_addr().expect("its address");
     drop(free);
@@ -103,9 +123,29 @@ async fn run(warmup: usize, rounds: usize, per_round: usize) {
     let line = "the quick brown fox jumps over the lazy dog, again and again.\n";
     let content: String = line.repeat(SIZE / line.len() + 1)[..SIZE].to_owned();
     std::fs::write(dir.path().join("bench.txt"), &content).expect("file");
+    for (name, size) in [("small.txt", 4096), ("large.txt", 248 * 1024)] {
+        let content = &line.repeat(size / line.len() + 1)[..size];
+        std::fs::write(dir.path().join(name), content).expect("file");
+    }
+    std::fs::create_dir(dir.path().join("many")).expect("dir");
+    for i in 0..1000 {
+        std::fs::write(dir.path().join(format!("many/f{i:04}.txt")), "x").expect("file");
+    }
     let mut options = attach_options(dir.path(), "laptop");
     options.allow = vec![ToolClass::Read];
     let _attached = Attachment::start(&server.client_config(), options, None).await;
+
+    let config_dir = tempfile::tempdir().expect("config dir");
+    server
+        .client_config()
+        .save(config_dir.path())
+        .expect("config");
+    if only.is_empty() || only.contains("python") {
+        python_sdk(quick, dir.path(), config_dir.path()).await;
+    }
+    if !only.is_empty() && !only.contains("rmcp") {
+        return;
+    }
 
     let mut paths: Vec<(&str, Path)> = Vec::new();
     let agent = Agent::connect(&server.client_config())
@@ -113,11 +153,6 @@ async fn run(warmup: usize, rounds: usize, per_round: usize) {
         .expect("agent");
     paths.push(("Agent::call (library, no MCP)", Path::Library(agent)));
 
-    let config_dir = tempfile::tempdir().expect("config dir");
-    server
-        .client_config()
-        .save(config_dir.path())
-        .expect("config");
     // A temporary home and no MONAD_* from outside, like every child of the tests.
     let mut cmd = monad_tests::command("monad-client");
     cmd.arg("mcp")
@@ -205,5 +240,73 @@ async fn run(warmup: usize, rounds: usize, per_round: usize) {
             ));
         }
         println!("{line}");
+    }
+}
+
+/// The Python SDK cases: `monad-client mcp` against the reference server, in one run of
+/// `tests/python/bench_mcp.py`, which checks both sides' answers and prints one JSON line per case.
+async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
+    let Some(python) = python() else {
+        eprintln!(
+            "SKIPPED the Python SDK cases: no Python with the MCP SDK (set MONAD_TEST_PYTHON, or \
+             run scripts/test, which creates target/mcp-venv)"
+        );
+        return;
+    };
+    let Some(reference) = reference_server() else {
+        eprintln!("SKIPPED the Python SDK cases: no reference server in target/mcp-node");
+        return;
+    };
+    let (warmup, rounds, per_round) = if quick { (10, 2, 20) } else { (50, 10, 100) };
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/bench_mcp.py");
+    let output = tokio::process::Command::new(python)
+        .arg(script)
+        .arg("--client")
+        .arg(monad_tests::binary("monad-client"))
+        .arg("--config-dir")
+        .arg(config_dir)
+        .args(["--workspace", "laptop"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--reference")
+        .arg(reference)
+        .args(["--warmup", &warmup.to_string()])
+        .args(["--rounds", &rounds.to_string()])
+        .args(["--per-round", &per_round.to_string()])
+        .args([
+            "--only",
+            &std::env::var("MONAD_BENCH_CASE").unwrap_or_default(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench_mcp.py failed:\n{stdout}");
+    println!(
+        "Python SDK over stdio: monad-client mcp (attached folder) against the reference server \
+         (local disk), median / p99, target: Monad's median <= 1.0x:"
+    );
+    for line in stdout.lines() {
+        let case: Value = serde_json::from_str(line).expect("a JSON line");
+        let side = |s: &str| {
+            (
+                case[s]["median_us"].as_f64().expect("median"),
+                case[s]["p99_us"].as_f64().expect("p99"),
+            )
+        };
+        let ((m50, m99), (r50, r99)) = (side("monad"), side("reference"));
+        let ratio = m50 / r50;
+        println!(
+            "  {:<20} Monad {:>8.0} us {:>8.0} us   reference {:>8.0} us {:>8.0} us   x{ratio:.2} {}  ({} calls each)",
+            case["case"].as_str().unwrap_or("?"),
+            m50,
+            m99,
+            r50,
+            r99,
+            if ratio <= 1.0 { "PASS" } else { "OVER" },
+            case["calls"],
+        );
     }
 }

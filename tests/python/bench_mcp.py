@@ -1,0 +1,164 @@
+"""Times Monad's MCP front against the reference MCP filesystem server, both driven by the
+official MCP Python SDK over stdio, in one run. Run by `cargo bench -p monad-tests --bench mcp`.
+
+Usage: python bench_mcp.py --client BIN --config-dir DIR --workspace NAME --dir DIR
+                           --reference NODE_SCRIPT --warmup N --rounds R --per-round K
+
+Monad is `BIN mcp` (MONAD_CONFIG_DIR=DIR), reading the folder attached as workspace NAME; the
+reference is `node NODE_SCRIPT DIR`, reading the same folder on its local disk. DIR holds
+`small.txt` (4 KiB), `large.txt` (248 KiB) and `many/` (1,000 files). Three cases:
+
+- read 4 KiB:          read_file {path: small.txt}          / read_text_file {path: DIR/small.txt}
+- read 248 KiB:        read_file {path: large.txt, limit}   / read_text_file {path: DIR/large.txt}
+- list 1,000 entries:  list_dir {path: many}                / list_directory {path: DIR/many}
+
+Before timing, each side's answer is checked: the whole file's content (Monad's
+`structuredContent`, the reference's text), every entry of the listing. Then, per case, `warmup`
+untimed calls per side, and `rounds` rounds of `per-round` calls per side, the side that goes
+first alternating from round to round; every call is timed on its own. It prints one JSON line
+per case: the median and p99 (nearest rank) of each side, in microseconds.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from contextlib import AsyncExitStack
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+def nearest_rank(sorted_samples, q):
+    # Nearest rank: the smallest sample with at least q of the samples at or below it.
+    import math
+
+    rank = max(1, math.ceil(q * len(sorted_samples)))
+    return sorted_samples[rank - 1]
+
+
+async def open_session(stack: AsyncExitStack, command: str, args: list, env: dict) -> ClientSession:
+    params = StdioServerParameters(command=command, args=args, env=env)
+    read, write = await stack.enter_async_context(stdio_client(params))
+    session = await stack.enter_async_context(ClientSession(read, write))
+    await session.initialize()
+    return session
+
+
+async def call(session: ClientSession, tool: str, arguments: dict):
+    result = await session.call_tool(tool, arguments)
+    check(not result.is_error, f"{tool} {arguments}: {result.content}")
+    return result
+
+
+def checks(folder: str):
+    """Per case: Monad's call, the reference's call, and a check of each side's answer."""
+    small = open(os.path.join(folder, "small.txt"), encoding="utf-8").read()
+    large = open(os.path.join(folder, "large.txt"), encoding="utf-8").read()
+    names = sorted(os.listdir(os.path.join(folder, "many")))
+
+    def monad_read(expected):
+        def ok(result):
+            got = result.structured_content["result"]["content"]
+            check(got == expected, f"Monad's content differs ({len(got)} of {len(expected)} characters)")
+            check(result.structured_content["result"]["truncated"] is False, "Monad truncated the read")
+
+        return ok
+
+    def reference_read(expected):
+        def ok(result):
+            got = result.content[0].text
+            check(got == expected, f"the reference's content differs ({len(got)} of {len(expected)})")
+
+        return ok
+
+    def monad_list(result):
+        entries = result.structured_content["result"]["entries"]
+        check([e["path"] for e in entries] == [f"many/{n}" for n in names], "Monad's listing differs")
+
+    def reference_list(result):
+        lines = result.content[0].text.splitlines()
+        check(sorted(lines) == sorted(f"[FILE] {n}" for n in names), "the reference's listing differs")
+
+    return [
+        (
+            "read 4 KiB",
+            ("read_file", {"path": "small.txt", "workspace": None}, monad_read(small)),
+            ("read_text_file", {"path": os.path.join(folder, "small.txt")}, reference_read(small)),
+        ),
+        (
+            "read 248 KiB",
+            ("read_file", {"path": "large.txt", "workspace": None, "limit": 100000}, monad_read(large)),
+            ("read_text_file", {"path": os.path.join(folder, "large.txt")}, reference_read(large)),
+        ),
+        (
+            "list 1,000 entries",
+            ("list_dir", {"path": "many", "workspace": None}, monad_list),
+            ("list_directory", {"path": os.path.join(folder, "many")}, reference_list),
+        ),
+    ]
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--client", required=True)
+    parser.add_argument("--config-dir", required=True)
+    parser.add_argument("--workspace", required=True)
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--reference", required=True)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--per-round", type=int, default=100)
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    args = parser.parse_args()
+
+    async with AsyncExitStack() as stack:
+        monad = await open_session(
+            stack,
+            args.client,
+            ["mcp"],
+            {"MONAD_CONFIG_DIR": args.config_dir, "RUST_LOG": "warn"},
+        )
+        reference = await open_session(stack, "node", [args.reference, args.dir], {})
+        for name, (tool, targs, monad_ok), (their_tool, their_args, their_ok) in checks(args.dir):
+            if args.only not in name:
+                continue
+            targs = dict(targs, workspace=args.workspace)
+            sides = [
+                (monad, tool, targs),
+                (reference, their_tool, their_args),
+            ]
+            monad_ok(await call(monad, tool, targs))
+            their_ok(await call(reference, their_tool, their_args))
+            for session, t, a in sides:
+                for _ in range(args.warmup):
+                    await call(session, t, a)
+            samples = [[], []]
+            for round_ in range(args.rounds):
+                for k in range(2):
+                    i = (round_ + k) % 2
+                    session, t, a = sides[i]
+                    for _ in range(args.per_round):
+                        start = time.perf_counter_ns()
+                        await call(session, t, a)
+                        samples[i].append(time.perf_counter_ns() - start)
+            line = {"case": name, "calls": args.rounds * args.per_round}
+            for side, s in zip(["monad", "reference"], samples):
+                s.sort()
+                line[side] = {
+                    "median_us": nearest_rank(s, 0.5) / 1e3,
+                    "p99_us": nearest_rank(s, 0.99) / 1e3,
+                }
+            print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
