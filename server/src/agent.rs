@@ -24,7 +24,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::{
-    Event, FinishReason, HttpProvider, LlmError, Message, Provider, Request, ToolCall, ToolSpec,
+    Endpoint, Event, FinishReason, HttpProvider, LlmError, Message, Provider, Request, ToolCall,
+    ToolSpec,
 };
 use crate::server::State;
 use crate::session::Session;
@@ -147,6 +148,42 @@ pub fn result_text(
 #[derive(Debug, Default)]
 pub struct Agents {
     turns: Mutex<HashMap<String, Arc<TurnSlot>>>,
+    providers: Providers,
+}
+
+/// Provider clients kept across turns: building one (its TLS set-up loads the system's root
+/// certificates) costs more than a whole turn against a local model, and a kept client reuses
+/// its connections. A few endpoints at most (most recently used last).
+#[derive(Default)]
+struct Providers(Mutex<Vec<(Endpoint, Arc<HttpProvider>)>>);
+
+/// Endpoints a server keeps clients for at once.
+const KEPT_PROVIDERS: usize = 8;
+
+impl std::fmt::Debug for Providers {
+    // Endpoints hold keys: only their count is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Providers({})", lock(&self.0).len())
+    }
+}
+
+impl Providers {
+    /// The client for `endpoint`, made on first use.
+    fn get(&self, endpoint: Endpoint) -> Result<Arc<HttpProvider>, LlmError> {
+        let mut kept = lock(&self.0);
+        if let Some(i) = kept.iter().position(|(e, _)| *e == endpoint) {
+            let entry = kept.remove(i);
+            let provider = entry.1.clone();
+            kept.push(entry);
+            return Ok(provider);
+        }
+        let provider = Arc::new(HttpProvider::new(endpoint.clone())?);
+        if kept.len() >= KEPT_PROVIDERS {
+            kept.remove(0);
+        }
+        kept.push((endpoint, provider.clone()));
+        Ok(provider)
+    }
 }
 
 /// A session's turn: held while one runs, with the running turn's cancel token.
@@ -236,7 +273,7 @@ impl Agents {
         let llm = &session.settings.llm;
         let provider = match llm
             .endpoint(|name| std::env::var(name).ok())
-            .and_then(HttpProvider::new)
+            .and_then(|endpoint| self.providers.get(endpoint))
         {
             Ok(provider) => provider,
             Err(e) => return Ok(failed(&e, &Tally::default())),
@@ -249,7 +286,7 @@ impl Agents {
             session,
             user,
             llm,
-            provider: &provider,
+            provider: &*provider,
             events: &events,
             pending: pending.clone(),
             tally: &tally,
