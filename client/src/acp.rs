@@ -164,26 +164,50 @@ impl Front {
         Ok(LoadSessionResponse::new())
     }
 
+    /// Claims `session` for a prompt: the receiver fires on `session/cancel`. Called on the
+    /// dispatch loop, before the turn is spawned, so that a cancel sent right after the prompt
+    /// finds it.
+    fn begin(&self, session: &str) -> Result<oneshot::Receiver<()>, Error> {
+        self.known(session)?;
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        let mut sessions = self.sessions();
+        let turn = sessions.entry(session.to_owned()).or_default();
+        if turn.cancel.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Err(Error::invalid_request()
+                .data(format!("session `{session}` is already answering a prompt")));
+        }
+        turn.cancel = Some(cancel_tx);
+        Ok(cancel_rx)
+    }
+
     /// Runs a prompt's turn; answers when it ends or is cancelled.
     async fn prompt(
         self: Arc<Self>,
         request: PromptRequest,
+        cancel_rx: oneshot::Receiver<()>,
         cx: ConnectionTo<Client>,
     ) -> Result<PromptResponse, Error> {
         let id = request.session_id.0.to_string();
-        self.known(&id)?;
         let text = translate::prompt_text(&request.prompt)
-            .map_err(|why| Error::invalid_params().data(why))?;
-        let (cancel_tx, cancel_rx) = oneshot::channel();
-        {
-            let mut sessions = self.sessions();
-            let turn = sessions.entry(id.clone()).or_default();
-            if turn.cancel.as_ref().is_some_and(|c| !c.is_closed()) {
-                return Err(Error::invalid_request()
-                    .data(format!("session `{id}` is already answering a prompt")));
-            }
-            turn.cancel = Some(cancel_tx);
+            .map_err(|why| Error::invalid_params().data(why));
+        let answer = match text {
+            Ok(text) => self.turn(&id, &text, cancel_rx, cx).await,
+            Err(e) => Err(e),
+        };
+        if let Some(turn) = self.sessions().get_mut(&id) {
+            turn.cancel = None;
         }
+        answer
+    }
+
+    async fn turn(
+        &self,
+        id: &str,
+        text: &str,
+        cancel_rx: oneshot::Receiver<()>,
+        cx: ConnectionTo<Client>,
+    ) -> Result<PromptResponse, Error> {
+        let id = id.to_owned();
         let agent = self.agent().await?;
         let events = {
             let cx = cx.clone();
@@ -217,8 +241,8 @@ impl Front {
                 }
             }
         };
-        let turn = agent.prompt_asking(Some(&id), &text, events, permission);
-        let answer = tokio::select! {
+        let turn = agent.prompt_asking(Some(&id), text, events, permission);
+        tokio::select! {
             reply = turn => match reply {
                 Ok(reply) => translate::stop_reason(&reply.result.stop)
                     .map(PromptResponse::new)
@@ -229,11 +253,7 @@ impl Front {
             Ok(()) = cancel_rx => Ok(PromptResponse::new(
                 agent_client_protocol::v1::schema::StopReason::Cancelled,
             )),
-        };
-        if let Some(turn) = self.sessions().get_mut(&id) {
-            turn.cancel = None;
         }
-        answer
     }
 
     fn cancel(&self, notification: &CancelNotification) {
@@ -311,9 +331,14 @@ pub async fn serve(
         .on_receive_request(
             async move |request: PromptRequest, responder, cx: ConnectionTo<Client>| {
                 let front = prompt.clone();
+                let cancel_rx = match front.begin(&request.session_id.0) {
+                    Ok(rx) => rx,
+                    Err(e) => return responder.respond_with_error(e),
+                };
                 let task_cx = cx.clone();
                 cx.spawn(async move {
-                    let _ = responder.respond_with_result(front.prompt(request, task_cx).await);
+                    let answer = front.prompt(request, cancel_rx, task_cx).await;
+                    let _ = responder.respond_with_result(answer);
                     Ok(())
                 })
             },

@@ -523,6 +523,30 @@ async fn cancelling_mid_turn_answers_cancelled_and_keeps_what_was_said() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_sent_right_after_the_prompt_is_not_lost() {
+    let provider = ScriptedProvider::start(vec![Reply::Hang { text: vec![] }]).await;
+    let server = server_for(&provider).await;
+    let editor = Editor::answering([]);
+
+    let stop = editor
+        .run(&server, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            cx.send_request(resume("default")).block_task().await?;
+            // No wait in between: the cancel reaches the agent while the turn is starting.
+            let turn = cx.send_request(prompt("default", "long task"));
+            cx.send_notification(CancelNotification::new("default"))?;
+            Ok(within(STEP, "the cancelled answer", turn.block_task())
+                .await?
+                .stop_reason)
+        })
+        .await;
+
+    assert_eq!(stop, StopReason::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_errors_and_the_agent_goes_on() {
     let provider = ScriptedProvider::start(vec![]).await;
     let server = server_for(&provider).await;
