@@ -195,24 +195,99 @@ impl Agent {
         &self,
         session: Option<&str>,
         text: &str,
-        mut event: impl FnMut(AgentEvent),
+        event: impl FnMut(AgentEvent),
     ) -> Result<PromptReply, ClientError> {
+        self.prompt_inner(
+            session,
+            text,
+            event,
+            None::<fn(&AgentEvent) -> std::future::Ready<bool>>,
+        )
+        .await
+    }
+
+    /// Like [`Agent::prompt`], and the front approves or rejects each call before it runs in a
+    /// restricted workspace: `permission` gets the [`AgentEvent::Permission`] (which `event`
+    /// sees too) and answers whether the front's user allows it. A rejection denies the call
+    /// without asking the folder's owner; an approval lets it go on to the owner's own policy
+    /// and prompt, which still decide. Events keep coming while a question waits. A server older
+    /// than [`wire::PERMISSION_MINOR`] never asks: its restricted calls go to the owner alone.
+    pub async fn prompt_asking<F>(
+        &self,
+        session: Option<&str>,
+        text: &str,
+        event: impl FnMut(AgentEvent),
+        permission: impl FnMut(&AgentEvent) -> F,
+    ) -> Result<PromptReply, ClientError>
+    where
+        F: std::future::Future<Output = bool>,
+    {
+        self.prompt_inner(session, text, event, Some(permission))
+            .await
+    }
+
+    async fn prompt_inner<F>(
+        &self,
+        session: Option<&str>,
+        text: &str,
+        mut event: impl FnMut(AgentEvent),
+        mut permission: Option<impl FnMut(&AgentEvent) -> F>,
+    ) -> Result<PromptReply, ClientError>
+    where
+        F: std::future::Future<Output = bool>,
+    {
         if self.connection.minor < wire::AGENT_MINOR {
             return Err(ClientError::Refused(ToolError::new(
                 ErrorCode::Unsupported,
                 "this server has no built-in agent (it is older than this client); upgrade it",
             )));
         }
-        let (_send, mut recv) = self
-            .request(&Message::Prompt {
-                id: 1,
-                session: session.map(str::to_owned),
-                text: text.to_owned(),
-            })
-            .await?;
+        let ask = permission.is_some() && self.connection.minor >= wire::PERMISSION_MINOR;
+        let request = Message::Prompt {
+            id: 1,
+            session: session.map(str::to_owned),
+            text: text.to_owned(),
+            ask,
+        };
+        // A front that answers keeps its side of the stream open for the answers.
+        let (mut send, mut recv) = if ask {
+            let (mut send, recv) = self
+                .connection
+                .conn
+                .open_bi()
+                .await
+                .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+            write_message(&mut send, &request)
+                .await
+                .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+            (send, recv)
+        } else {
+            self.request(&request).await?
+        };
+        let mut asked = futures_util::stream::FuturesUnordered::new();
         loop {
-            match read_message(&mut recv, MAX_ANSWER).await {
-                Ok(Some(Message::AgentEvent { event: e, .. })) => event(e),
+            let next = tokio::select! {
+                next = read_message(&mut recv, MAX_ANSWER) => next,
+                Some((call_id, allow)) = futures_util::StreamExt::next(&mut asked), if !asked.is_empty() => {
+                    let answer = Message::PermissionAnswer { id: 1, call_id, allow };
+                    write_message(&mut send, &answer)
+                        .await
+                        .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+                    continue;
+                }
+            };
+            match next {
+                Ok(Some(Message::AgentEvent { event: e, .. })) => {
+                    if let (AgentEvent::Permission { call_id, .. }, Some(permission)) =
+                        (&e, permission.as_mut())
+                        && ask
+                    {
+                        let call_id = call_id.clone();
+                        let answer = permission(&e);
+                        asked.push(async move { (call_id, answer.await) });
+                    }
+                    event(e)
+                }
                 Ok(Some(Message::TurnDone {
                     session, result, ..
                 })) => return Ok(PromptReply { session, result }),

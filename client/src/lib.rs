@@ -15,6 +15,8 @@
 //!   [`approval::ScriptedApprover`] for tests and automation).
 //! - [`agent::Agent`]: call tools and list sessions, as `monad-client call` and the MCP bridge do.
 //! - [`mcp`]: `monad-client mcp`, MCP over stdio for AI hosts, bridged to the server.
+//! - [`acp`]: `monad-client acp`, an Agent Client Protocol agent over stdio for editors, bridged
+//!   to the session's built-in agent on the server.
 //! - [`call`]: what `monad-client call` prints (the text a model gets, or JSON) and its exit
 //!   codes; the `tools` listing.
 #![deny(missing_docs)]
@@ -23,6 +25,7 @@ use std::path::PathBuf;
 
 use monad_protocol::{ErrorCode, ToolError};
 
+pub mod acp;
 pub mod agent;
 pub mod approval;
 pub mod attach;

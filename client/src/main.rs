@@ -137,6 +137,9 @@ enum Command {
         #[arg(long)]
         session: Option<String>,
     },
+    /// Serve the Agent Client Protocol on stdin/stdout for an editor (Zed, and others): the
+    /// session's built-in agent, bridged to the server.
+    Acp,
     /// List your sessions.
     Sessions {
         /// Print JSON (stable for scripts).
@@ -488,6 +491,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Mcp { session } => {
             let config = ClientConfig::load(&config_dir()?)?;
             monad_client::mcp::serve_stdio(config, session).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Acp => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            monad_client::acp::serve_stdio(config).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::History(command) => history(command).await,

@@ -57,6 +57,21 @@ pub enum AgentEvent {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         truncated: bool,
     },
+    /// (Only on a prompt sent with `ask: true`; minor [`crate::wire::PERMISSION_MINOR`]) A call
+    /// about to run in a restricted workspace waits for the front's
+    /// [`crate::wire::Message::PermissionAnswer`]: a rejection denies it without asking the
+    /// folder's owner; an approval lets it go on to the owner's own policy and prompt.
+    Permission {
+        /// The call's id (the same as in [`AgentEvent::ToolCallStarted`]).
+        call_id: String,
+        /// The tool.
+        tool: String,
+        /// The restricted workspace it would run in.
+        workspace: WorkspaceRef,
+        /// What it acts on, in one line (a path, a pattern, a command line), as in the audit
+        /// log; empty when the call names nothing.
+        what: String,
+    },
     /// The provider is rate limiting; the loop waits and asks again.
     Retrying {
         /// How long it waits, in milliseconds.
@@ -157,6 +172,15 @@ mod tests {
         round_trip(AgentEvent::ToolCallProgress {
             call_id: "c".into(),
             message: "waiting for approval".into(),
+        });
+        round_trip(AgentEvent::Permission {
+            call_id: "c".into(),
+            tool: "edit_file".into(),
+            workspace: WorkspaceRef {
+                name: "lap".into(),
+                uri: "monad://x".into(),
+            },
+            what: "notes/a.txt".into(),
         });
         round_trip(AgentEvent::Retrying {
             after_ms: 1000,

@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 5;
+pub const PROTOCOL_MINOR: u32 = 6;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -43,6 +43,15 @@ pub const MAX_ROOT_LEN: usize = 4096;
 /// [`Message::AgentEvent`]s and [`Message::TurnDone`]); a client never sends a prompt to a server
 /// of a lower one.
 pub const AGENT_MINOR: u32 = 5;
+// --- Minor 6, the front's permission (the ACP front). Kept in its own constant so that other
+// additions under minor 6 merge beside it.
+/// The first minor version where a prompt's front may approve or reject a restricted call before
+/// the folder's owner is asked: [`Message::Prompt`] with `ask: true`, answered by
+/// [`crate::agent::AgentEvent::Permission`] and [`Message::PermissionAnswer`] on the prompt's
+/// stream. A client never sends `ask` to a server of a lower one.
+pub const PERMISSION_MINOR: u32 = 6;
+/// Longest call id a [`Message::PermissionAnswer`] carries, in bytes.
+pub const MAX_CALL_ID_LEN: usize = 1024;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -117,11 +126,14 @@ pub enum Decider {
     /// A workspace's network policy, for a connection a command asked its proxy for (audit
     /// log only).
     NetworkPolicy,
+    /// The front the built-in agent's user works in (an ACP editor) rejected the call, so the
+    /// folder's owner was never asked (audit log only; minor [`PERMISSION_MINOR`]).
+    Front,
 }
 
 impl Decider {
     /// Every decider, in the order above.
-    pub const ALL: [Decider; 9] = [
+    pub const ALL: [Decider; 10] = [
         Decider::Trust,
         Decider::Policy,
         Decider::User,
@@ -131,6 +143,7 @@ impl Decider {
         Decider::Session,
         Decider::Client,
         Decider::NetworkPolicy,
+        Decider::Front,
     ];
 
     /// The word on the wire and in the audit log.
@@ -145,6 +158,7 @@ impl Decider {
             Decider::Session => "session",
             Decider::Client => "client",
             Decider::NetworkPolicy => "network_policy",
+            Decider::Front => "front",
         }
     }
 
@@ -545,6 +559,25 @@ pub enum Message {
         session: Option<String>,
         /// What the user said.
         text: String,
+        /// (minor [`PERMISSION_MINOR`] or later; never sent when false) The front answers
+        /// [`crate::agent::AgentEvent::Permission`] with [`Message::PermissionAnswer`] on this
+        /// stream, so keeps its sending side open. Without it, restricted calls go straight to
+        /// the folder's owner, as before.
+        #[serde(default, skip_serializing_if = "is_false")]
+        ask: bool,
+    },
+    /// Agent to server, on a prompt's stream (minor [`PERMISSION_MINOR`] or later, after a
+    /// `prompt` with `ask: true`): the front's answer to
+    /// [`crate::agent::AgentEvent::Permission`]. `allow: false` denies the call without asking
+    /// the folder's owner; `allow: true` lets it go on to the folder's own policy and prompt,
+    /// which still decide.
+    PermissionAnswer {
+        /// The prompt's id.
+        id: u64,
+        /// The call the answer is for (the event's `call_id`).
+        call_id: String,
+        /// Whether the front's user allowed it.
+        allow: bool,
     },
     /// Server to agent: one thing that happened in a prompt's turn.
     AgentEvent {
@@ -888,6 +921,7 @@ impl Message {
             Message::Call { .. } => "call",
             Message::Progress { .. } => "progress",
             Message::Prompt { .. } => "prompt",
+            Message::PermissionAnswer { .. } => "permission_answer",
             Message::AgentEvent { .. } => "agent_event",
             Message::TurnDone { .. } => "turn_done",
             Message::Result { .. } => "result",
@@ -995,6 +1029,12 @@ mod tests {
                 id: 9,
                 session: Some("default".into()),
                 text: "read a.txt".into(),
+                ask: true,
+            },
+            Message::PermissionAnswer {
+                id: 9,
+                call_id: "call_1".into(),
+                allow: false,
             },
             Message::AgentEvent {
                 id: 9,
@@ -1221,7 +1261,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 36, "one case per message type");
+        assert_eq!(kinds.len(), 37, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

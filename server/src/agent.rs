@@ -23,6 +23,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::executor::{PermissionAsk, PermissionGate};
 use crate::llm::{
     Endpoint, Event, FinishReason, HttpProvider, LlmError, Message, Provider, Request, ToolCall,
     ToolSpec,
@@ -144,6 +145,34 @@ pub fn result_text(
     }
 }
 
+/// The front a turn's user works in, when it can approve or reject restricted calls itself (an
+/// ACP editor through `monad-client acp`): asked, with the call's id, before a call runs in a
+/// restricted workspace. `false` denies the call without asking the folder's owner; `true` lets
+/// it go on to the owner's own policy and prompt.
+pub trait FrontPermission: Send + Sync {
+    /// Whether the front's user allows call `call_id`.
+    fn ask(
+        &self,
+        call_id: String,
+        ask: PermissionAsk,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
+}
+
+/// A [`FrontPermission`] as the executor's gate for one call.
+struct CallGate<'a> {
+    front: &'a dyn FrontPermission,
+    call_id: &'a str,
+}
+
+impl PermissionGate for CallGate<'_> {
+    fn ask(
+        &self,
+        ask: PermissionAsk,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        self.front.ask(self.call_id.to_owned(), ask)
+    }
+}
+
 /// Sessions with a turn running (one at a time per session).
 #[derive(Debug, Default)]
 pub struct Agents {
@@ -251,7 +280,9 @@ impl Agents {
     /// Runs one turn of `session`'s agent for `user`'s message `text`, sending what happens to
     /// `events`, until the model answers, a limit is reached, the provider fails or `cancel`
     /// fires. Fails at once (nothing written) when a turn of this session is already running
-    /// (one that was cancelled and is ending is waited for).
+    /// (one that was cancelled and is ending is waited for). With `front`, calls routed to a
+    /// restricted workspace ask it first (see [`FrontPermission`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn prompt(
         &self,
         state: &State,
@@ -260,6 +291,7 @@ impl Agents {
         text: String,
         events: mpsc::Sender<AgentEvent>,
         cancel: CancellationToken,
+        front: Option<&dyn FrontPermission>,
     ) -> Result<TurnResult, ToolError> {
         let Some(_claim) = self.claim(&session.id, &cancel).await else {
             return Err(ToolError::new(
@@ -290,6 +322,7 @@ impl Agents {
             events: &events,
             pending: pending.clone(),
             tally: &tally,
+            front,
         };
         let result = tokio::select! {
             result = turn.run(text) => result,
@@ -361,6 +394,7 @@ struct Turn<'a> {
     events: &'a mpsc::Sender<AgentEvent>,
     pending: Pending,
     tally: &'a Mutex<Tally>,
+    front: Option<&'a dyn FrontPermission>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -609,10 +643,20 @@ impl Turn<'_> {
                         message: message.to_owned(),
                     });
                 };
+                let gate = self.front.map(|front| CallGate {
+                    front,
+                    call_id: &call.id,
+                });
                 let output = self
                     .state
                     .executor
-                    .call(self.session, &call.name, call.arguments.clone(), &progress)
+                    .call_gated(
+                        self.session,
+                        &call.name,
+                        call.arguments.clone(),
+                        &progress,
+                        gate.as_ref().map(|g| g as &dyn PermissionGate),
+                    )
                     .await;
                 output.complete().await
             }

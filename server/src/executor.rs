@@ -8,7 +8,7 @@ use monad_protocol::tools::{
     MemoryRecallArgs, MemoryStoreArgs, NetworkEvent, ProcessListResult, UnavailableWorkspace,
     WorkspacesArgs, WorkspacesResult,
 };
-use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, WorkspaceRef, reset};
+use monad_protocol::wire::{Body, Message, Outcome, Trust, Utf8Stream, WorkspaceRef, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
 
@@ -35,6 +35,29 @@ impl<F: Fn(&str) + Send + Sync> ProgressSink for F {
     fn progress(&self, message: &str) {
         self(message)
     }
+}
+
+/// What a gate is asked about a call before it goes to a restricted workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionAsk {
+    /// The tool.
+    pub tool: String,
+    /// The restricted workspace the call was routed to.
+    pub workspace: WorkspaceRef,
+    /// What it acts on, in one line, as in the audit log.
+    pub what: String,
+}
+
+/// Asked before a call runs in a restricted workspace (the built-in agent's front, such as an
+/// ACP editor): `false` denies the call there and then (the folder's owner is not asked; the
+/// audit log says the front decided); `true` lets it go on to the folder's own policy and
+/// prompt, which still decide. Calls in workspaces of full trust are never asked.
+pub trait PermissionGate: Send + Sync {
+    /// Whether the front's user allows the call.
+    fn ask(
+        &self,
+        ask: PermissionAsk,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>>;
 }
 
 /// Routes and runs tool calls. Stateless: everything it needs is in the session.
@@ -382,6 +405,19 @@ impl Executor {
         args: Value,
         progress: &dyn ProgressSink,
     ) -> CallOutput {
+        self.call_gated(session, tool, args, progress, None).await
+    }
+
+    /// Like [`Executor::call`]; a call routed to a restricted workspace first asks `gate`
+    /// (when given), whose rejection denies it without asking the folder's owner.
+    pub async fn call_gated(
+        &self,
+        session: &Arc<Session>,
+        tool: &str,
+        args: Value,
+        progress: &dyn ProgressSink,
+        gate: Option<&dyn PermissionGate>,
+    ) -> CallOutput {
         let started = Instant::now();
         let time = now_rfc3339();
         let target = describe_target(&args);
@@ -400,7 +436,7 @@ impl Executor {
             known: Arc::default(),
         };
         let known = unfinished.known.clone();
-        let run = self.call_inner(session, tool, args, progress, &known);
+        let run = self.call_inner(session, tool, args, progress, gate, &known);
         let (mut output, verdict) = match self.call_timeout {
             Some(limit) => match tokio::time::timeout(limit, run).await {
                 Ok(out) => out,
@@ -477,6 +513,7 @@ impl Executor {
         tool: &str,
         args: Value,
         progress: &dyn ProgressSink,
+        gate: Option<&dyn PermissionGate>,
         known: &Known,
     ) -> (CallOutput, Verdict) {
         let Some(tool) = ToolName::parse(tool) else {
@@ -574,7 +611,9 @@ impl Executor {
             } else if tool == ToolName::ProcessList {
                 let names = session.process_workspaces();
                 if !names.is_empty() {
-                    return self.list_processes(session, &names, progress, known).await;
+                    return self
+                        .list_processes(session, &names, progress, gate, known)
+                        .await;
                 }
             }
         }
@@ -655,6 +694,38 @@ impl Executor {
                     Verdict::TRUST,
                 )
             }
+            Target::Attached(Some(_))
+                if snapshot.info.trust == Trust::Restricted
+                    && let Some(gate) = gate
+                    && !gate
+                        .ask(PermissionAsk {
+                            tool: tool.as_str().to_owned(),
+                            workspace: WorkspaceRef {
+                                name: snapshot.info.name.clone(),
+                                uri: snapshot.info.uri.clone(),
+                            },
+                            what: describe_target(&args),
+                        })
+                        .await =>
+            {
+                let verdict = Verdict {
+                    by: Decider::Front,
+                    allowed: Some(false),
+                };
+                known.set_verdict(verdict);
+                (
+                    Err(ToolError::new(
+                        ErrorCode::Denied,
+                        format!(
+                            "the user rejected `{tool}` in workspace `{}` from their editor; \
+                             the folder's owner was not asked",
+                            snapshot.info.name
+                        ),
+                    )),
+                    None,
+                    verdict,
+                )
+            }
             Target::Attached(Some(link)) => {
                 let ran = run_on_client(
                     link,
@@ -702,6 +773,7 @@ impl Executor {
         session: &Arc<Session>,
         names: &[String],
         progress: &dyn ProgressSink,
+        gate: Option<&dyn PermissionGate>,
         known: &Known,
     ) -> (CallOutput, Verdict) {
         let mut merged = ProcessListResult {
@@ -715,6 +787,7 @@ impl Executor {
                 ToolName::ProcessList.as_str(),
                 json!({ "workspace": name }),
                 progress,
+                gate,
                 &Known::default(),
             ))
             .await;

@@ -1,5 +1,6 @@
 //! The QUIC endpoint: hello and authentication, then one task per request stream.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -709,17 +710,25 @@ async fn prompt(
     session: Arc<Session>,
     text: String,
     mut send: quinn::SendStream,
+    answers: Option<quinn::RecvStream>,
 ) {
     let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
     let cancel = tokio_util::sync::CancellationToken::new();
-    let mut turn = Box::pin(ctx.state.agents.prompt(
-        &ctx.state,
-        &session,
-        &ctx.user,
-        text,
-        events_tx,
-        cancel.clone(),
-    ));
+    // A front that answers permissions (minor 6, `ask: true`): its answers come on this stream.
+    let front = answers.map(|recv| WireFront::new(events_tx.clone(), recv));
+    let mut turn = Box::pin(
+        ctx.state.agents.prompt(
+            &ctx.state,
+            &session,
+            &ctx.user,
+            text,
+            events_tx,
+            cancel.clone(),
+            front
+                .as_ref()
+                .map(|f| f as &dyn crate::agent::FrontPermission),
+        ),
+    );
     let mut gone = false;
     let result = loop {
         tokio::select! {
@@ -761,6 +770,97 @@ async fn prompt(
             }
         }
         Err(error) => send_error(&mut send, id, error).await,
+    }
+}
+
+/// A prompt's front that approves or rejects restricted calls itself (minor
+/// [`wire::PERMISSION_MINOR`]): each question goes out as an [`AgentEvent::Permission`], and its
+/// [`Message::PermissionAnswer`] comes back on the prompt's own stream. A front that stops
+/// answering (its stream ends or breaks, or sends something else) rejects what it was asked and
+/// whatever it is asked after: the folder's owner is never asked on its behalf.
+///
+/// [`AgentEvent::Permission`]: monad_protocol::agent::AgentEvent::Permission
+struct WireFront {
+    events: tokio::sync::mpsc::Sender<monad_protocol::agent::AgentEvent>,
+    waiting: Arc<std::sync::Mutex<WireWaiting>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// Questions waiting for the front's answer, by call id; `closed` once the front cannot answer.
+#[derive(Default)]
+struct WireWaiting {
+    asked: HashMap<String, tokio::sync::oneshot::Sender<bool>>,
+    closed: bool,
+}
+
+impl WireFront {
+    fn new(
+        events: tokio::sync::mpsc::Sender<monad_protocol::agent::AgentEvent>,
+        mut recv: quinn::RecvStream,
+    ) -> WireFront {
+        let waiting: Arc<std::sync::Mutex<WireWaiting>> = Arc::default();
+        let reader = tokio::spawn({
+            let waiting = waiting.clone();
+            async move {
+                while let Ok(Some(Message::PermissionAnswer { call_id, allow, .. })) =
+                    read_message(&mut recv, wire::MAX_CALL_ID_LEN + 256).await
+                {
+                    let answer = waiting
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .asked
+                        .remove(&call_id);
+                    // An answer for nothing asked (late, after a cancel) is ignored.
+                    if let Some(answer) = answer {
+                        let _ = answer.send(allow);
+                    }
+                }
+                let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
+                waiting.closed = true;
+                // Dropping the senders rejects what is still waiting.
+                waiting.asked.clear();
+            }
+        });
+        WireFront {
+            events,
+            waiting,
+            reader,
+        }
+    }
+}
+
+impl Drop for WireFront {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl crate::agent::FrontPermission for WireFront {
+    fn ask(
+        &self,
+        call_id: String,
+        ask: crate::executor::PermissionAsk,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(async move {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            {
+                let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                if waiting.closed {
+                    return false;
+                }
+                waiting.asked.insert(call_id.clone(), tx);
+            }
+            let event = monad_protocol::agent::AgentEvent::Permission {
+                call_id,
+                tool: ask.tool,
+                workspace: ask.workspace,
+                what: ask.what,
+            };
+            if self.events.send(event).await.is_err() {
+                return false;
+            }
+            rx.await.unwrap_or(false)
+        })
     }
 }
 
@@ -871,12 +971,18 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             }
             finish(&mut send).await;
         }
-        Message::Prompt { id, session, text } => {
+        Message::Prompt {
+            id,
+            session,
+            text,
+            ask,
+        } => {
             let session = match ctx.session(session.as_deref()) {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            prompt(ctx, id, session, text, send).await;
+            let answers = (ask && ctx.minor >= wire::PERMISSION_MINOR).then_some(recv);
+            prompt(ctx, id, session, text, send, answers).await;
         }
         Message::ListWorkspaces { id, session } => {
             let session = match ctx.session(session.as_deref()) {

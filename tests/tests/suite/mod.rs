@@ -1,5 +1,6 @@
 //! The cases, by area.
 
+mod acp;
 mod agent;
 mod approvals;
 mod auth;

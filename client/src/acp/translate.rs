@@ -1,0 +1,363 @@
+//! The ACP front's pure decisions: what an editor's request asks for, and how the built-in
+//! agent's events read in ACP.
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    ContentBlock, ContentChunk, Meta, RequestPermissionOutcome, RequestPermissionRequest,
+    SessionUpdate, StopReason, ToolCall, ToolCallContent, ToolCallLocation, ToolCallStatus,
+    ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+};
+use monad_protocol::ToolName;
+use monad_protocol::agent::{AgentEvent, StopReason as Stop};
+use monad_protocol::tools::ToolClass;
+use serde_json::{Value, json};
+
+/// The protocol version to answer `initialize` with: the editor's when this agent speaks it
+/// (v1 only), else v1 (the editor then decides whether to go on).
+pub fn protocol_version(asked: ProtocolVersion) -> ProtocolVersion {
+    if asked == ProtocolVersion::V1 {
+        asked
+    } else {
+        ProtocolVersion::V1
+    }
+}
+
+/// The session a `session/new` asks to resume (seed 001's `_meta.sessionId`), or an error
+/// sentence when `_meta.sessionId` is there but not a usable id.
+pub fn requested_session(meta: Option<&Meta>) -> Result<Option<String>, String> {
+    match meta.and_then(|m| m.get("sessionId")) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) if !id.trim().is_empty() => Ok(Some(id.clone())),
+        Some(other) => Err(format!(
+            "`_meta.sessionId` must be a session id (a non-empty string), not {other}"
+        )),
+    }
+}
+
+/// The `_meta` of a `session/new` answer when the editor asked for MCP servers: Monad's tools
+/// are the session's own, so the servers are not connected.
+pub fn mcp_servers_ignored() -> Meta {
+    let mut meta = Meta::new();
+    meta.insert(
+        "monad".into(),
+        json!({"mcpServers": "not supported: the agent's tools are the Monad session's own; \
+               the requested MCP servers were not connected"}),
+    );
+    meta
+}
+
+/// The user's message from a prompt's content blocks: text as it is, a resource link as its
+/// URI on a line of its own. Other kinds (images, audio, embedded resources) are not advertised
+/// and are refused with a sentence.
+pub fn prompt_text(blocks: &[ContentBlock]) -> Result<String, String> {
+    let mut text = String::new();
+    for block in blocks {
+        let piece = match block {
+            ContentBlock::Text(t) => t.text.clone(),
+            ContentBlock::ResourceLink(link) => format!("\n{}\n", link.uri),
+            ContentBlock::Image(_) => return Err("images are not supported in prompts".into()),
+            ContentBlock::Audio(_) => return Err("audio is not supported in prompts".into()),
+            ContentBlock::Resource(_) => {
+                return Err("embedded resources are not supported in prompts; link them".into());
+            }
+            _ => return Err("this kind of content is not supported in prompts".into()),
+        };
+        text.push_str(&piece);
+    }
+    if text.trim().is_empty() {
+        return Err("the prompt has no text".into());
+    }
+    Ok(text)
+}
+
+/// The ACP kind of a Monad tool, from its class.
+pub fn tool_kind(tool: &str) -> ToolKind {
+    match ToolName::parse(tool) {
+        Some(ToolName::Search | ToolName::Glob) => ToolKind::Search,
+        Some(name) => match name.class() {
+            ToolClass::Read => ToolKind::Read,
+            ToolClass::Write => ToolKind::Edit,
+            ToolClass::Exec => ToolKind::Execute,
+            ToolClass::System => ToolKind::Other,
+        },
+        None => ToolKind::Other,
+    }
+}
+
+/// A tool call's title for the editor: the tool and what it acts on.
+pub fn tool_title(tool: &str, args: &Value) -> String {
+    let what = if let Some(argv) = args.get("argv").and_then(Value::as_array) {
+        let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
+        Some(words.join(" "))
+    } else {
+        ["path", "pattern", "process"]
+            .iter()
+            .find_map(|k| args.get(*k).and_then(Value::as_str).map(str::to_owned))
+    };
+    let place = args
+        .get("workspace")
+        .and_then(Value::as_str)
+        .map(|w| format!(" in {w}"))
+        .unwrap_or_default();
+    match what {
+        Some(what) if !what.is_empty() => format!("{tool} {what}{place}"),
+        _ => format!("{tool}{place}"),
+    }
+}
+
+/// The locations a call names (its `path`), for editors that follow along.
+pub fn locations(args: &Value) -> Vec<ToolCallLocation> {
+    args.get("path")
+        .and_then(Value::as_str)
+        .filter(|p| !p.is_empty())
+        .map(|p| vec![ToolCallLocation::new(p)])
+        .unwrap_or_default()
+}
+
+/// The session updates an agent event becomes (none for a permission question, which is a
+/// request of its own, or a rate-limit wait).
+pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
+    match event {
+        AgentEvent::Text { text } => vec![SessionUpdate::AgentMessageChunk(ContentChunk::new(
+            ContentBlock::from(text.clone()),
+        ))],
+        AgentEvent::ToolCallStarted {
+            call_id,
+            tool,
+            args,
+        } => vec![SessionUpdate::ToolCall(
+            ToolCall::new(call_id.clone(), tool_title(tool, args))
+                .kind(tool_kind(tool))
+                .status(ToolCallStatus::Pending)
+                .locations(locations(args))
+                .raw_input(args.clone()),
+        )],
+        AgentEvent::ToolCallProgress { call_id, .. } => {
+            vec![SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+                call_id.clone(),
+                ToolCallUpdateFields::new().status(ToolCallStatus::InProgress),
+            ))]
+        }
+        AgentEvent::ToolCallEnded {
+            call_id,
+            error,
+            text,
+            ..
+        } => {
+            let status = if error.is_some() {
+                ToolCallStatus::Failed
+            } else {
+                ToolCallStatus::Completed
+            };
+            vec![SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+                call_id.clone(),
+                ToolCallUpdateFields::new()
+                    .status(status)
+                    .content(vec![ToolCallContent::from(text.clone())]),
+            ))]
+        }
+        AgentEvent::Permission { .. } | AgentEvent::Retrying { .. } => Vec::new(),
+    }
+}
+
+/// The `session/request_permission` for a permission event (`None` for any other event).
+pub fn permission_request(session: &str, event: &AgentEvent) -> Option<RequestPermissionRequest> {
+    let AgentEvent::Permission {
+        call_id,
+        tool,
+        workspace,
+        what,
+    } = event
+    else {
+        return None;
+    };
+    let title = if what.is_empty() {
+        format!("{tool} in {}", workspace.name)
+    } else {
+        format!("{tool} {what} in {}", workspace.name)
+    };
+    let locations = if what.is_empty() {
+        None
+    } else if matches!(tool_kind(tool), ToolKind::Read | ToolKind::Edit) {
+        Some(vec![ToolCallLocation::new(what.clone())])
+    } else {
+        None
+    };
+    let fields = ToolCallUpdateFields::new()
+        .title(title)
+        .kind(tool_kind(tool))
+        .status(ToolCallStatus::Pending)
+        .locations(locations);
+    Some(RequestPermissionRequest::new(
+        session.to_owned(),
+        ToolCallUpdate::new(call_id.clone(), fields),
+        super::options(),
+    ))
+}
+
+/// Whether the editor's answer allows the call: only the allow option does; a rejection, a
+/// cancelled request or an option this agent did not offer does not.
+pub fn allowed(outcome: &RequestPermissionOutcome) -> bool {
+    match outcome {
+        RequestPermissionOutcome::Selected(selected) => &*selected.option_id.0 == super::ALLOW,
+        _ => false,
+    }
+}
+
+/// The ACP stop reason of a turn's end; an error sentence for a turn that failed (the prompt
+/// then answers with an error the editor shows).
+pub fn stop_reason(stop: &Stop) -> Result<StopReason, String> {
+    match stop {
+        Stop::Answered => Ok(StopReason::EndTurn),
+        Stop::Cancelled => Ok(StopReason::Cancelled),
+        Stop::ToolCallLimit { .. } => Ok(StopReason::MaxTurnRequests),
+        Stop::TokenLimit { .. } | Stop::Length => Ok(StopReason::MaxTokens),
+        Stop::Refused { .. } => Ok(StopReason::Refusal),
+        Stop::Failed { message } => Err(message.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_client_protocol::v1::schema::SelectedPermissionOutcome;
+    use monad_protocol::wire::WorkspaceRef;
+
+    #[test]
+    fn a_session_id_in_meta_is_resumed_and_a_bad_one_is_refused() {
+        let meta = |v: Value| v.as_object().cloned().unwrap();
+        assert_eq!(requested_session(None), Ok(None));
+        assert_eq!(requested_session(Some(&meta(json!({})))), Ok(None));
+        assert_eq!(
+            requested_session(Some(&meta(json!({"sessionId": "abc-123"})))),
+            Ok(Some("abc-123".into()))
+        );
+        assert!(requested_session(Some(&meta(json!({"sessionId": 7})))).is_err());
+        assert!(requested_session(Some(&meta(json!({"sessionId": " "})))).is_err());
+    }
+
+    #[test]
+    fn tool_kinds_follow_the_tools_classes() {
+        assert_eq!(tool_kind("read_file"), ToolKind::Read);
+        assert_eq!(tool_kind("list_dir"), ToolKind::Read);
+        assert_eq!(tool_kind("edit_file"), ToolKind::Edit);
+        assert_eq!(tool_kind("write_file"), ToolKind::Edit);
+        assert_eq!(tool_kind("run_command"), ToolKind::Execute);
+        assert_eq!(tool_kind("search"), ToolKind::Search);
+        assert_eq!(tool_kind("glob"), ToolKind::Search);
+        assert_eq!(tool_kind("workspaces"), ToolKind::Other);
+        assert_eq!(tool_kind("no_such_tool"), ToolKind::Other);
+    }
+
+    #[test]
+    fn a_tool_call_has_a_title_and_the_path_it_names() {
+        let args = json!({"path": "notes/a.txt", "workspace": "lap"});
+        assert_eq!(
+            tool_title("read_file", &args),
+            "read_file notes/a.txt in lap"
+        );
+        assert_eq!(
+            tool_title("run_command", &json!({"argv": ["ls", "-l"]})),
+            "run_command ls -l"
+        );
+        assert_eq!(tool_title("workspaces", &json!({})), "workspaces");
+        assert_eq!(locations(&args), vec![ToolCallLocation::new("notes/a.txt")]);
+        assert!(locations(&json!({"argv": ["ls"]})).is_empty());
+    }
+
+    #[test]
+    fn prompts_take_text_and_links_and_refuse_the_rest() {
+        let text = ContentBlock::from("read a.txt");
+        assert_eq!(prompt_text(&[text]), Ok("read a.txt".into()));
+        assert!(prompt_text(&[]).is_err(), "no text");
+        let image: ContentBlock = serde_json::from_value(
+            json!({"type": "image", "data": "AA==", "mimeType": "image/png"}),
+        )
+        .unwrap();
+        assert!(prompt_text(&[image]).is_err());
+        let link: ContentBlock = serde_json::from_value(
+            json!({"type": "resource_link", "uri": "file:///x/a.txt", "name": "a.txt"}),
+        )
+        .unwrap();
+        assert_eq!(
+            prompt_text(&[ContentBlock::from("see"), link]),
+            Ok("see\nfile:///x/a.txt\n".into())
+        );
+    }
+
+    #[test]
+    fn events_become_chunks_and_tool_call_updates() {
+        let text = updates(&AgentEvent::Text { text: "Hi".into() });
+        assert!(matches!(&text[..], [SessionUpdate::AgentMessageChunk(_)]));
+        let started = updates(&AgentEvent::ToolCallStarted {
+            call_id: "c1".into(),
+            tool: "edit_file".into(),
+            args: json!({"path": "a.txt"}),
+        });
+        let [SessionUpdate::ToolCall(call)] = &started[..] else {
+            panic!("{started:?}")
+        };
+        assert_eq!(call.kind, ToolKind::Edit);
+        assert_eq!(&*call.tool_call_id.0, "c1");
+        let ended = updates(&AgentEvent::ToolCallEnded {
+            call_id: "c1".into(),
+            tool: "edit_file".into(),
+            workspace: None,
+            error: Some(monad_protocol::ToolError::new(
+                monad_protocol::ErrorCode::Denied,
+                "no",
+            )),
+            text: "denied: no".into(),
+            truncated: false,
+        });
+        let [SessionUpdate::ToolCallUpdate(update)] = &ended[..] else {
+            panic!("{ended:?}")
+        };
+        assert_eq!(update.fields.status, Some(ToolCallStatus::Failed));
+        assert_eq!(
+            update.fields.content,
+            Some(vec![ToolCallContent::from("denied: no")])
+        );
+    }
+
+    #[test]
+    fn only_the_allow_option_allows() {
+        let ask = AgentEvent::Permission {
+            call_id: "c1".into(),
+            tool: "edit_file".into(),
+            workspace: WorkspaceRef {
+                name: "lap".into(),
+                uri: "monad://x".into(),
+            },
+            what: "a.txt".into(),
+        };
+        let request = permission_request("s", &ask).unwrap();
+        assert_eq!(&*request.tool_call.tool_call_id.0, "c1");
+        assert_eq!(request.options.len(), 2);
+        assert!(permission_request("s", &AgentEvent::Text { text: "x".into() }).is_none());
+        let pick = |id: &str| {
+            RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id.to_owned()))
+        };
+        assert!(allowed(&pick(super::super::ALLOW)));
+        assert!(!allowed(&pick(super::super::REJECT)));
+        assert!(!allowed(&pick("something else")));
+        assert!(!allowed(&RequestPermissionOutcome::Cancelled));
+    }
+
+    #[test]
+    fn stop_reasons_map_and_a_failure_is_an_error() {
+        assert_eq!(stop_reason(&Stop::Answered), Ok(StopReason::EndTurn));
+        assert_eq!(stop_reason(&Stop::Cancelled), Ok(StopReason::Cancelled));
+        assert_eq!(
+            stop_reason(&Stop::ToolCallLimit { limit: 1 }),
+            Ok(StopReason::MaxTurnRequests)
+        );
+        assert_eq!(stop_reason(&Stop::Length), Ok(StopReason::MaxTokens));
+        assert_eq!(
+            stop_reason(&Stop::Failed {
+                message: "no model".into()
+            }),
+            Err("no model".into())
+        );
+    }
+}

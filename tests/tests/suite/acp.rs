@@ -1,0 +1,614 @@
+//! `monad-client acp` end to end: the real binary on stdio, driven by the `agent-client-protocol`
+//! crate's client side (and, in `acp_node`, by the official TypeScript SDK), against a real
+//! server whose `[llm]` points at the scripted provider, with folders attached through the
+//! client library and scripted approvers.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::ByteStreams;
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ContentBlock, InitializeRequest, LoadSessionRequest, NewSessionRequest,
+    PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, ToolCallStatus,
+    ToolKind,
+};
+use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_tests::provider::{Reply, ScriptedProvider};
+use monad_tests::{Attachment, STEP, TestServer, attach_options, folder, within};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+mod node;
+
+/// A server whose `[llm]` talks to the scripted provider (Chat Completions).
+async fn server_for(provider: &ScriptedProvider) -> TestServer {
+    let toml = format!(
+        "[llm]\nprovider = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted-model\"\n\
+         api_key_env = \"MONAD_TEST_UNSET_KEY\"\n",
+        provider.openai_base_url()
+    );
+    TestServer::start_with(|config| {
+        std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
+    })
+    .await
+}
+
+/// `monad-client acp` for `server`, its stdio piped, logged in through a saved config.
+fn acp_command(server: &TestServer, config_dir: &Path) -> tokio::process::Command {
+    server
+        .client_config()
+        .save(config_dir)
+        .expect("config saved");
+    let mut cmd = monad_tests::command("monad-client");
+    cmd.arg("acp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .env("MONAD_CONFIG_DIR", config_dir);
+    cmd
+}
+
+/// What the editor saw, and how it answers permission requests.
+#[derive(Default)]
+struct Editor {
+    updates: Mutex<Vec<SessionNotification>>,
+    asked: Mutex<Vec<RequestPermissionRequest>>,
+    /// Option ids to pick, in order; none left: the request is cancelled.
+    answers: Mutex<VecDeque<&'static str>>,
+    seen: tokio::sync::Notify,
+}
+
+impl Editor {
+    fn answering(answers: impl IntoIterator<Item = &'static str>) -> Arc<Editor> {
+        Arc::new(Editor {
+            answers: Mutex::new(answers.into_iter().collect()),
+            ..Editor::default()
+        })
+    }
+
+    fn updates(&self) -> Vec<SessionUpdate> {
+        self.updates
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|n| n.update.clone())
+            .collect()
+    }
+
+    fn take_updates(&self) -> Vec<SessionUpdate> {
+        std::mem::take(&mut *self.updates.lock().unwrap())
+            .into_iter()
+            .map(|n| n.update)
+            .collect()
+    }
+
+    fn asked(&self) -> Vec<RequestPermissionRequest> {
+        self.asked.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) until an update satisfies `wanted`.
+    async fn wait_for(&self, what: &str, wanted: impl Fn(&SessionUpdate) -> bool) {
+        within(STEP, what, async {
+            loop {
+                let seen = self.seen.notified();
+                if self.updates().iter().any(&wanted) {
+                    return;
+                }
+                seen.await;
+            }
+        })
+        .await
+    }
+
+    /// Runs `body` as an ACP client of a fresh `monad-client acp` for `server`.
+    async fn run<R>(
+        self: &Arc<Self>,
+        server: &TestServer,
+        body: impl AsyncFnOnce(
+            ConnectionTo<agent_client_protocol::Agent>,
+        ) -> Result<R, agent_client_protocol::Error>,
+    ) -> R {
+        let dir = tempfile::tempdir().expect("config dir");
+        let mut child = acp_command(server, dir.path())
+            .spawn()
+            .expect("monad-client acp starts");
+        let transport = ByteStreams::new(
+            child.stdin.take().unwrap().compat_write(),
+            child.stdout.take().unwrap().compat(),
+        );
+        let (updates, permissions) = (self.clone(), self.clone());
+        let result = agent_client_protocol::Client
+            .v1()
+            .name("monad-tests")
+            .on_receive_notification(
+                async move |n: SessionNotification, _cx| {
+                    updates.updates.lock().unwrap().push(n);
+                    updates.seen.notify_waiters();
+                    Ok(())
+                },
+                agent_client_protocol::on_receive_notification!(),
+            )
+            .on_receive_request(
+                async move |request: RequestPermissionRequest, responder, _cx| {
+                    permissions.asked.lock().unwrap().push(request);
+                    let answer = permissions.answers.lock().unwrap().pop_front();
+                    let outcome = match answer {
+                        Some(id) => {
+                            RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id))
+                        }
+                        None => RequestPermissionOutcome::Cancelled,
+                    };
+                    responder.respond(RequestPermissionResponse::new(outcome))
+                },
+                agent_client_protocol::on_receive_request!(),
+            )
+            .connect_with(transport, body)
+            .await
+            .expect("the ACP conversation went as planned");
+        drop(child);
+        result
+    }
+}
+
+/// The streamed assistant text among `updates`.
+fn agent_text(updates: &[SessionUpdate]) -> String {
+    updates
+        .iter()
+        .filter_map(|u| match u {
+            SessionUpdate::AgentMessageChunk(c) => match &c.content {
+                ContentBlock::Text(t) => Some(t.text.as_str()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn user_text(updates: &[SessionUpdate]) -> String {
+    updates
+        .iter()
+        .filter_map(|u| match u {
+            SessionUpdate::UserMessageChunk(c) => match &c.content {
+                ContentBlock::Text(t) => Some(t.text.as_str()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn prompt(session: &str, text: &str) -> PromptRequest {
+    PromptRequest::new(session.to_owned(), vec![ContentBlock::from(text)])
+}
+
+fn resume(session: &str) -> NewSessionRequest {
+    let meta = json!({"sessionId": session}).as_object().cloned();
+    NewSessionRequest::new("/").meta(meta)
+}
+
+/// The audit log's lines of `session`, once there are at least `n`.
+async fn audit_lines(server: &TestServer, session: &str, n: usize) -> Vec<Value> {
+    let path = server
+        .data_dir()
+        .join("sessions")
+        .join(session)
+        .join("audit.jsonl");
+    within(STEP, "the audit lines", async {
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            if lines.len() >= n {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_editor_prompt_streams_text_and_tool_calls_and_its_approval_goes_on_to_the_laptop() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Stream {
+            text: vec!["Let me read it.".into()],
+            calls: vec![(
+                "call_read".into(),
+                "read_file".into(),
+                json!({"path": "notes.txt", "workspace": "lap"}),
+            )],
+            usage: (100, 10),
+        },
+        Reply::tool_call(
+            "call_edit",
+            "edit_file",
+            json!({"path": "notes.txt", "old_string": "draft", "new_string": "final", "workspace": "lap"}),
+        ),
+        Reply::text(["Done: ", "notes.txt now says final."]),
+    ])
+    .await;
+    let server = server_for(&provider).await;
+    let dir = folder(&[("notes.txt", "status: draft\n")]);
+    // The laptop allows the read and denies the edit: the editor's approval does not overrule it.
+    let approver = Arc::new(ScriptedApprover::new([
+        Some(Decision::AllowOnce),
+        Some(Decision::Deny),
+    ]));
+    let _lap = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let editor = Editor::answering(["allow", "allow"]);
+
+    let stop = editor
+        .run(&server, async |cx| {
+            let init = cx
+                .send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            assert_eq!(init.protocol_version, ProtocolVersion::V1);
+            assert!(
+                init.agent_capabilities.load_session,
+                "loadSession advertised"
+            );
+            let session = cx
+                .send_request(resume("default"))
+                .block_task()
+                .await?
+                .session_id;
+            assert_eq!(&*session.0, "default");
+            let answer = cx
+                .send_request(prompt("default", "Mark my notes as final."))
+                .block_task()
+                .await?;
+            Ok(answer.stop_reason)
+        })
+        .await;
+
+    assert_eq!(stop, StopReason::EndTurn);
+    let updates = editor.updates();
+    assert_eq!(
+        agent_text(&updates),
+        "Let me read it.Done: notes.txt now says final."
+    );
+    // Tool calls: kind, title, location, then the result.
+    let calls: Vec<_> = updates
+        .iter()
+        .filter_map(|u| match u {
+            SessionUpdate::ToolCall(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls.len(), 2, "{updates:?}");
+    assert_eq!(&*calls[0].tool_call_id.0, "call_read");
+    assert_eq!(calls[0].kind, ToolKind::Read);
+    assert!(calls[0].title.contains("notes.txt"), "{}", calls[0].title);
+    assert_eq!(calls[0].locations[0].path, Path::new("notes.txt"));
+    assert_eq!(calls[1].kind, ToolKind::Edit);
+    let ends: Vec<_> = updates
+        .iter()
+        .filter_map(|u| match u {
+            SessionUpdate::ToolCallUpdate(c)
+                if matches!(
+                    c.fields.status,
+                    Some(ToolCallStatus::Completed | ToolCallStatus::Failed)
+                ) =>
+            {
+                Some(c.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends.len(), 2, "{updates:?}");
+    assert_eq!(ends[0].fields.status, Some(ToolCallStatus::Completed));
+    let read = serde_json::to_string(&ends[0].fields.content).unwrap();
+    assert!(read.contains("status: draft"), "the read's result: {read}");
+    assert_eq!(
+        ends[1].fields.status,
+        Some(ToolCallStatus::Failed),
+        "the laptop denied the edit"
+    );
+    // The editor was asked for both, then the laptop decided both.
+    let asked = editor.asked();
+    assert_eq!(asked.len(), 2);
+    assert_eq!(&*asked[0].tool_call.tool_call_id.0, "call_read");
+    assert_eq!(&*asked[1].tool_call.tool_call_id.0, "call_edit");
+    assert_eq!(
+        approver.seen().len(),
+        2,
+        "the laptop's own prompt still decided"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
+        "status: draft\n",
+        "the laptop's denial held"
+    );
+    let lines = audit_lines(&server, "default", 2).await;
+    let decided: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["decided_by"].as_str().unwrap_or(""),
+                l["decision"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [("user", "allowed"), ("user", "denied")],
+        "{lines:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_editor_rejection_denies_the_call_and_the_laptop_is_never_asked() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::tool_call(
+            "call_edit",
+            "edit_file",
+            json!({"path": "notes.txt", "old_string": "draft", "new_string": "final", "workspace": "lap"}),
+        ),
+        Reply::text(["I left it."]),
+    ])
+    .await;
+    let server = server_for(&provider).await;
+    let dir = folder(&[("notes.txt", "status: draft\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
+    let _lap = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let editor = Editor::answering(["reject"]);
+
+    let stop = editor
+        .run(&server, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            cx.send_request(resume("default")).block_task().await?;
+            let answer = cx
+                .send_request(prompt("default", "Mark my notes as final."))
+                .block_task()
+                .await?;
+            Ok(answer.stop_reason)
+        })
+        .await;
+
+    assert_eq!(stop, StopReason::EndTurn);
+    assert_eq!(editor.asked().len(), 1);
+    assert!(approver.seen().is_empty(), "the laptop was never asked");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(),
+        "status: draft\n"
+    );
+    // The model was told, and the audit log says the front denied it.
+    let requests = provider.wait_for_requests(2).await;
+    let sent = requests[1].body.to_string();
+    assert!(sent.contains("rejected"), "{sent}");
+    let lines = audit_lines(&server, "default", 1).await;
+    assert_eq!(lines[0]["tool"], "edit_file");
+    assert_eq!(lines[0]["decided_by"], "front", "{lines:?}");
+    assert_eq!(lines[0]["decision"], "denied", "{lines:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_sessions_get_fresh_ids_load_replays_and_a_meta_session_id_resumes_with_a_clear_conversation()
+ {
+    let provider = ScriptedProvider::start(vec![Reply::text(["Hi ", "there."])]).await;
+    let server = server_for(&provider).await;
+    let editor = Editor::answering([]);
+
+    let (first, second, resumed, replayed) = editor
+        .run(&server, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            let first = cx
+                .send_request(NewSessionRequest::new("/"))
+                .block_task()
+                .await?
+                .session_id
+                .0
+                .to_string();
+            let second = cx
+                .send_request(NewSessionRequest::new("/"))
+                .block_task()
+                .await?
+                .session_id
+                .0
+                .to_string();
+            let answer = cx
+                .send_request(prompt(&first, "hello"))
+                .block_task()
+                .await?;
+            assert_eq!(answer.stop_reason, StopReason::EndTurn);
+            editor.take_updates();
+            // A file in the session's primary workspace, to find again after the resume.
+            std::fs::write(server.primary_dir(&first).join("kept.txt"), "kept\n").unwrap();
+            cx.send_request(LoadSessionRequest::new(first.clone(), "/"))
+                .block_task()
+                .await?;
+            let replayed = editor.take_updates();
+            let resumed = cx
+                .send_request(resume(&first))
+                .block_task()
+                .await?
+                .session_id
+                .0
+                .to_string();
+            Ok((first, second, resumed, replayed))
+        })
+        .await;
+
+    // Fresh UUIDs.
+    assert_eq!(first.len(), 36, "{first}");
+    assert_eq!(first.matches('-').count(), 4, "{first}");
+    assert_ne!(first, second);
+    // Load replayed the conversation before answering.
+    assert_eq!(user_text(&replayed), "hello");
+    assert_eq!(agent_text(&replayed), "Hi there.");
+    // The resume: same session and files, conversation cleared, frontmatter kept.
+    assert_eq!(resumed, first);
+    assert_eq!(
+        std::fs::read_to_string(server.primary_dir(&first).join("kept.txt")).unwrap(),
+        "kept\n"
+    );
+    let md = std::fs::read_to_string(
+        server
+            .data_dir()
+            .join("sessions")
+            .join(&first)
+            .join("session.md"),
+    )
+    .unwrap();
+    assert!(!md.contains("## User"), "{md}");
+    assert!(!md.contains("Hi there."), "{md}");
+    assert!(
+        md.contains("model: scripted-model"),
+        "frontmatter kept: {md}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_mid_turn_answers_cancelled_and_keeps_what_was_said() {
+    let provider = ScriptedProvider::start(vec![Reply::Hang {
+        text: vec!["Working on it".into()],
+    }])
+    .await;
+    let server = server_for(&provider).await;
+    let editor = Editor::answering([]);
+
+    let stop = editor
+        .run(&server, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            cx.send_request(resume("default")).block_task().await?;
+            let turn = cx.send_request(prompt("default", "long task"));
+            editor
+                .wait_for("the first text", |u| {
+                    matches!(u, SessionUpdate::AgentMessageChunk(_))
+                })
+                .await;
+            cx.send_notification(CancelNotification::new("default"))?;
+            Ok(within(STEP, "the cancelled answer", turn.block_task())
+                .await?
+                .stop_reason)
+        })
+        .await;
+
+    assert_eq!(stop, StopReason::Cancelled);
+    let md_path = server.data_dir().join("sessions/default/session.md");
+    within(STEP, "the text kept in session.md", async {
+        while !std::fs::read_to_string(&md_path)
+            .unwrap_or_default()
+            .contains("Working on it")
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_sent_right_after_the_prompt_is_not_lost() {
+    let provider = ScriptedProvider::start(vec![Reply::Hang { text: vec![] }]).await;
+    let server = server_for(&provider).await;
+    let editor = Editor::answering([]);
+
+    let stop = editor
+        .run(&server, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            cx.send_request(resume("default")).block_task().await?;
+            // No wait in between: the cancel reaches the agent while the turn is starting.
+            let turn = cx.send_request(prompt("default", "long task"));
+            cx.send_notification(CancelNotification::new("default"))?;
+            Ok(within(STEP, "the cancelled answer", turn.block_task())
+                .await?
+                .stop_reason)
+        })
+        .await;
+
+    assert_eq!(stop, StopReason::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_errors_and_the_agent_goes_on() {
+    let provider = ScriptedProvider::start(vec![]).await;
+    let server = server_for(&provider).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = acp_command(&server, dir.path())
+        .spawn()
+        .expect("monad-client acp starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut ask = async |line: &str| -> Value {
+        stdin.write_all(line.as_bytes()).await.unwrap();
+        stdin.write_all(b"\n").await.unwrap();
+        let line = within(STEP, "an answer", stdout.next_line())
+            .await
+            .unwrap()
+            .expect("the agent is still there");
+        serde_json::from_str(&line).expect("a JSON-RPC answer")
+    };
+
+    let answer = ask("{this is not json").await;
+    assert_eq!(answer["error"]["code"], -32700, "{answer}");
+    let answer =
+        ask(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}"#)
+            .await;
+    assert_eq!(
+        answer["result"]["agentCapabilities"]["loadSession"], true,
+        "{answer}"
+    );
+    let answer = ask(
+        r#"{"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"nope","prompt":[{"type":"text","text":"hi"}]}}"#,
+    )
+    .await;
+    assert_eq!(answer["id"], 2);
+    assert!(answer["error"].is_object(), "unknown session: {answer}");
+    assert!(answer.to_string().contains("unknown session"), "{answer}");
+    let answer = ask(
+        r#"{"jsonrpc":"2.0","id":3,"method":"session/load","params":{"sessionId":"no-such-session","cwd":"/","mcpServers":[]}}"#,
+    )
+    .await;
+    assert!(answer["error"].is_object(), "unknown session: {answer}");
+    let answer = ask(
+        r#"{"jsonrpc":"2.0","id":4,"method":"session/new","params":{"cwd":"/","mcpServers":[],"_meta":{"sessionId":17}}}"#,
+    )
+    .await;
+    assert!(
+        answer["error"].is_object(),
+        "a bad _meta.sessionId: {answer}"
+    );
+    let answer =
+        ask(r#"{"jsonrpc":"2.0","id":5,"method":"session/prompt","params":{"sessionId":3}}"#).await;
+    assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    let answer = ask(r#"{"jsonrpc":"2.0","id":6,"method":"no/such/method","params":{}}"#).await;
+    assert_eq!(answer["error"]["code"], -32601, "{answer}");
+    // Still answering.
+    let answer = ask(
+        r#"{"jsonrpc":"2.0","id":7,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}"#,
+    )
+    .await;
+    assert!(answer["result"]["sessionId"].is_string(), "{answer}");
+    drop(stdin);
+    let status = within(STEP, "the agent to exit", child.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
