@@ -18,7 +18,7 @@ use crate::executor::Executor;
 use crate::quota::{PerUser, Slot};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
-use crate::settings::{Layers, ServerSettings, Settings};
+use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
 use crate::store::{FsStore, Store};
 use crate::tls;
 
@@ -708,6 +708,7 @@ async fn prompt(
     id: u64,
     session: Arc<Session>,
     text: String,
+    overrides: PromptOverrides,
     mut send: quinn::SendStream,
 ) {
     let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
@@ -716,7 +717,7 @@ async fn prompt(
         &ctx.state,
         &session,
         &ctx.user,
-        text,
+        (text, &overrides),
         events_tx,
         cancel.clone(),
     ));
@@ -871,12 +872,19 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             }
             finish(&mut send).await;
         }
-        Message::Prompt { id, session, text } => {
+        Message::Prompt {
+            id,
+            session,
+            text,
+            model,
+            base_url,
+        } => {
             let session = match ctx.session(session.as_deref()) {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            prompt(ctx, id, session, text, send).await;
+            let overrides = PromptOverrides { model, base_url };
+            prompt(ctx, id, session, text, overrides, send).await;
         }
         Message::ListWorkspaces { id, session } => {
             let session = match ctx.session(session.as_deref()) {
