@@ -14,6 +14,8 @@
 //!   that ask ([`terminal::TerminalApprover`] on the attach terminal,
 //!   [`approval::ScriptedApprover`] for tests and automation).
 //! - [`agent::Agent`]: call tools and list sessions, as `monad-client call` and the MCP bridge do.
+//! - [`chat`]: `monad-client chat`, a terminal conversation with a session's built-in agent
+//!   (slash commands, streamed answers, tool calls, approvals of folders attached from it).
 //! - [`mcp`]: `monad-client mcp`, MCP over stdio for AI hosts, bridged to the server.
 //! - [`call`]: what `monad-client call` prints (the text a model gets, or JSON) and its exit
 //!   codes; the `tools` listing.
@@ -27,6 +29,7 @@ pub mod agent;
 pub mod approval;
 pub mod attach;
 pub mod call;
+pub mod chat;
 pub mod config;
 pub mod connect;
 pub mod login;
@@ -71,6 +74,9 @@ pub enum ClientError {
     /// The folder to attach cannot be used.
     #[error("folder: {0}")]
     Folder(String),
+    /// The terminal cannot be read (chat).
+    #[error("terminal: {0}")]
+    Terminal(String),
 }
 
 impl ClientError {
@@ -83,7 +89,8 @@ impl ClientError {
             | ClientError::Config(_)
             | ClientError::FingerprintMismatch { .. }
             | ClientError::Protocol(_)
-            | ClientError::Folder(_) => true,
+            | ClientError::Folder(_)
+            | ClientError::Terminal(_) => true,
         }
     }
 }
