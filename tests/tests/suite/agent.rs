@@ -8,6 +8,7 @@ use std::time::Duration;
 use monad_client::agent::{Agent, PromptOptions, PromptReply};
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_protocol::agent::{AgentEvent, StopReason};
+use monad_protocol::wire::{HistoryMessage, HistoryRole};
 use monad_server::llm::ProviderKind;
 use monad_tests::provider::{Reply, ScriptedProvider};
 use monad_tests::{
@@ -721,4 +722,72 @@ async fn a_base_url_and_model_the_operator_allowed_are_used_for_that_prompt() {
             "{options:?}: {refused:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_info_counts_the_messages_the_next_turn_sends_with_the_loops_own_trimming() {
+    let provider = ScriptedProvider::start(vec![]).await;
+    // A budget that holds the system prompt and the tools, and only the latest turns.
+    let server = server_for(
+        &provider,
+        ProviderKind::Anthropic,
+        "context_budget_tokens = 1\n",
+    )
+    .await;
+    let agent = server.agent().await;
+    let info = within(STEP, "chat_info", agent.chat_info(None))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            info.session.as_str(),
+            info.provider.as_str(),
+            info.model.as_str()
+        ),
+        ("default", "anthropic", "scripted-model")
+    );
+    assert_eq!((info.messages, info.context_messages), (0, 0));
+    assert_eq!(info.workspaces[0].name, "primary");
+    for (role, text) in [
+        (HistoryRole::System, "be brief"),
+        (HistoryRole::User, "one"),
+        (HistoryRole::Assistant, "1"),
+        (HistoryRole::User, "two"),
+        (HistoryRole::Assistant, "2"),
+    ] {
+        agent
+            .history_append(
+                None,
+                HistoryMessage {
+                    role,
+                    text: text.into(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let info = agent.chat_info(None).await.unwrap();
+    assert_eq!(info.messages, 5);
+    assert_eq!(info.conversation_messages, 4);
+    assert_eq!(
+        info.context_messages, 0,
+        "a budget smaller than the system prompt leaves every earlier turn out"
+    );
+    let roomy = TestServer::start_with(|_| {}).await;
+    let agent = roomy.agent().await;
+    for text in ["a", "b", "c"] {
+        agent
+            .history_append(
+                None,
+                HistoryMessage {
+                    role: HistoryRole::User,
+                    text: text.into(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let info = agent.chat_info(None).await.unwrap();
+    assert_eq!((info.conversation_messages, info.context_messages), (3, 3));
+    assert_eq!(info.model, "", "no model set");
 }

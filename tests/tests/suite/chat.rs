@@ -293,7 +293,8 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chat_quits_on_ctrl_d_and_on_ctrl_c_at_the_input_line() {
+async fn chat_switches_to_a_new_session_that_the_next_chat_resumes_and_quits_on_ctrl_d_and_ctrl_c()
+{
     if tmux_missing() {
         return;
     }
@@ -301,12 +302,26 @@ async fn chat_quits_on_ctrl_d_and_on_ctrl_c_at_the_input_line() {
     let config_dir = tempfile::tempdir().unwrap();
     server.client_config().save(config_dir.path()).unwrap();
     let home = tempfile::tempdir().unwrap();
+    // The first chat starts in the default session and switches to a new one; the device is
+    // bound to it, so the second chat starts there.
+    let mut expected = "default".to_owned();
     for key in ["C-d", "C-c"] {
         let status_file = home.path().join(format!("status-{key}"));
         let tmux = Tmux::start(&chat_command(config_dir.path(), home.path(), &status_file));
-        tmux.wait_for("chat with the agent of session").await;
+        tmux.wait_for(&format!("chat with the agent of session {expected} "))
+            .await;
         tmux.line("/session");
-        tmux.wait_for("session default").await;
+        tmux.wait_for(&format!("session {expected}\n")).await;
+        tmux.line("/session new");
+        let screen = tmux.wait_for("now in session ").await;
+        expected = screen
+            .split("now in session ")
+            .nth(1)
+            .and_then(|rest| rest.lines().next())
+            .unwrap()
+            .trim()
+            .to_owned();
+        assert_eq!(expected.len(), 36, "a fresh UUID: {screen}");
         tmux.key(key);
         let deadline = tokio::time::Instant::now() + STEP;
         let status = loop {
