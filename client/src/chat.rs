@@ -133,12 +133,19 @@ pub fn parse(line: &str) -> Input {
     }
 }
 
-/// What `/workspace` prints.
-pub fn render_workspace(info: &ChatInfo) -> String {
-    let model = if info.model.is_empty() {
+/// What `/workspace` prints; `chat` is this chat's own model and base URL, when it has them.
+pub fn render_workspace(info: &ChatInfo, chat: &PromptOptions) -> String {
+    let session_model = if info.model.is_empty() {
         "(none: set llm.model)".to_owned()
     } else {
         printable(&info.model).into_owned()
+    };
+    let model = match &chat.model {
+        Some(model) => format!(
+            "{} (this chat's; the session's: {session_model})",
+            printable(model)
+        ),
+        None => session_model,
     };
     let mut out = format!(
         "session   {}\nprovider  {}\nmodel     {model}\nmessages  {}\nworkspaces\n",
@@ -148,6 +155,9 @@ pub fn render_workspace(info: &ChatInfo) -> String {
     );
     for w in &info.workspaces {
         out.push_str(&format!("  {}\n", workspace_line(w)));
+    }
+    if let Some(url) = &chat.base_url {
+        out.push_str(&format!("base URL  {} (this chat's)\n", printable(url)));
     }
     out
 }
@@ -528,9 +538,8 @@ impl Chat {
     async fn command(&mut self, command: Command) -> Result<(), ClientError> {
         match command {
             Command::Workspace => {
-                out(&render_workspace(
-                    &self.agent.chat_info(Some(&self.session)).await?,
-                ));
+                let info = self.agent.chat_info(Some(&self.session)).await?;
+                out(&render_workspace(&info, &self.options.prompt));
             }
             Command::Context => {
                 out(&render_context(
@@ -616,12 +625,21 @@ impl Chat {
                         return;
                     }
                     Some(event) = events.recv() => {
-                        if let (AttachEvent::Attached { workspace, .. }, Some(tx)) =
-                            (&event, first_tx.take())
-                        {
-                            let _ = tx.send(Ok(workspace.name.clone()));
-                        } else if let Some(line) = event.line() {
-                            errln!("{line}");
+                        match (&event, first_tx.take()) {
+                            (AttachEvent::Attached { workspace, .. }, Some(tx)) => {
+                                let _ = tx.send(Ok(workspace.name.clone()));
+                            }
+                            // It never got attached: say why rather than retry unseen.
+                            (AttachEvent::Disconnected { reason, .. }, Some(tx)) => {
+                                let _ = tx.send(Err(reason.clone()));
+                                return;
+                            }
+                            (_, tx) => {
+                                first_tx = tx;
+                                if let Some(line) = event.line() {
+                                    errln!("{line}");
+                                }
+                            }
                         }
                     }
                 }
@@ -739,7 +757,7 @@ mod tests {
 
     #[test]
     fn workspace_shows_the_session_provider_model_count_and_workspaces_escaped() {
-        let text = render_workspace(&info());
+        let text = render_workspace(&info(), &PromptOptions::default());
         assert!(text.contains("session   default\n"), "{text}");
         assert!(text.contains("provider  openai\n"), "{text}");
         assert!(text.contains("model     gpt\\u{1b}[2J\n"), "{text}");
@@ -752,10 +770,28 @@ mod tests {
             text.contains("lap  dev:/home/me/lap  (attached, restricted, offline)"),
             "{text}"
         );
-        let none = render_workspace(&ChatInfo {
-            model: String::new(),
-            ..info()
-        });
+        let none = render_workspace(
+            &ChatInfo {
+                model: String::new(),
+                ..info()
+            },
+            &PromptOptions::default(),
+        );
+        let chat = render_workspace(
+            &info(),
+            &PromptOptions {
+                model: Some("mini".into()),
+                base_url: Some("http://127.0.0.1:1/v1".into()),
+            },
+        );
+        assert!(
+            chat.contains("model     mini (this chat's; the session's: gpt\\u{1b}[2J)"),
+            "{chat}"
+        );
+        assert!(
+            chat.contains("base URL  http://127.0.0.1:1/v1 (this chat's)"),
+            "{chat}"
+        );
         assert!(none.contains("(none: set llm.model)"), "{none}");
     }
 

@@ -1299,7 +1299,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 36, "one case per message type");
+        assert_eq!(kinds.len(), 38, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();
