@@ -15,6 +15,8 @@ use serde_json::json;
 /// failing test leaves nothing behind.
 struct Tmux {
     socket: String,
+    /// The socket's file, removed with the server.
+    socket_path: Option<std::path::PathBuf>,
 }
 
 impl Tmux {
@@ -27,7 +29,10 @@ impl Tmux {
             std::process::id(),
             NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
-        let tmux = Tmux { socket };
+        let mut tmux = Tmux {
+            socket,
+            socket_path: None,
+        };
         let mut args: Vec<String> = [
             "-f",
             "/dev/null",
@@ -45,6 +50,8 @@ impl Tmux {
         args.extend(argv.iter().cloned());
         args.extend([";", "set-option", "-t", "chat", "remain-on-exit", "on"].map(String::from));
         tmux.run(&args);
+        let path = tmux.run(&["display-message", "-p", "#{socket_path}"].map(String::from));
+        tmux.socket_path = Some(path.trim().into());
         tmux
     }
 
@@ -115,6 +122,9 @@ impl Drop for Tmux {
             .arg(&self.socket)
             .arg("kill-server")
             .output();
+        if let Some(path) = &self.socket_path {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
