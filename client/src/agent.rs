@@ -4,8 +4,8 @@
 use monad_protocol::agent::{AgentEvent, TurnResult};
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
 use monad_protocol::wire::{
-    self, History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo, WorkspaceInfo,
-    WorkspaceRecord, WorkspaceRef, WorkspaceSession, reset,
+    self, ChatInfo, History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo,
+    WorkspaceInfo, WorkspaceRecord, WorkspaceRef, WorkspaceSession, reset,
 };
 use monad_protocol::{ErrorCode, ToolError};
 use serde_json::Value;
@@ -24,6 +24,15 @@ pub struct CallReply {
     pub workspace: Option<WorkspaceRef>,
     /// How it ended.
     pub outcome: Outcome,
+}
+
+/// A prompt's own choices, instead of the session's `[llm]` settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptOptions {
+    /// The model for this turn.
+    pub model: Option<String>,
+    /// The API base URL for this turn (the server's operator must allow it).
+    pub base_url: Option<String>,
 }
 
 /// How a prompt's turn ended.
@@ -200,6 +209,27 @@ impl Agent {
         self.prompt_inner(
             session,
             text,
+            &PromptOptions::default(),
+            event,
+            None::<fn(&AgentEvent) -> std::future::Ready<bool>>,
+        )
+        .await
+    }
+
+    /// [`Agent::prompt`] with this turn's own model and API base URL (`options`). A server older
+    /// than [`wire::CHAT_MINOR`] cannot take them: asking for either there is refused here. The
+    /// server refuses a base URL its operator did not allow.
+    pub async fn prompt_with(
+        &self,
+        session: Option<&str>,
+        text: &str,
+        options: &PromptOptions,
+        event: impl FnMut(AgentEvent),
+    ) -> Result<PromptReply, ClientError> {
+        self.prompt_inner(
+            session,
+            text,
+            options,
             event,
             None::<fn(&AgentEvent) -> std::future::Ready<bool>>,
         )
@@ -222,20 +252,36 @@ impl Agent {
     where
         F: std::future::Future<Output = bool>,
     {
-        self.prompt_inner(session, text, event, Some(permission))
-            .await
+        self.prompt_inner(
+            session,
+            text,
+            &PromptOptions::default(),
+            event,
+            Some(permission),
+        )
+        .await
     }
 
     async fn prompt_inner<F>(
         &self,
         session: Option<&str>,
         text: &str,
+        options: &PromptOptions,
         mut event: impl FnMut(AgentEvent),
         mut permission: Option<impl FnMut(&AgentEvent) -> F>,
     ) -> Result<PromptReply, ClientError>
     where
         F: std::future::Future<Output = bool>,
     {
+        if (options.model.is_some() || options.base_url.is_some())
+            && self.connection.minor < wire::CHAT_MINOR
+        {
+            return Err(ClientError::Refused(ToolError::new(
+                ErrorCode::Unsupported,
+                "this server cannot take a model or base URL per prompt (it is older than this \
+                 client); upgrade it or leave out --model and --base-url",
+            )));
+        }
         if self.connection.minor < wire::AGENT_MINOR {
             return Err(ClientError::Refused(ToolError::new(
                 ErrorCode::Unsupported,
@@ -248,6 +294,8 @@ impl Agent {
             session: session.map(str::to_owned),
             text: text.to_owned(),
             ask,
+            model: options.model.clone(),
+            base_url: options.base_url.clone(),
         };
         // A front that answers keeps its side of the stream open for the answers.
         let (mut send, mut recv) = if ask {
@@ -305,6 +353,27 @@ impl Agent {
                 }
                 Err(e) => return Err(ClientError::Unreachable(e.to_string())),
             }
+        }
+    }
+
+    /// What the chat front shows about `session`'s agent (`None`: the default): provider,
+    /// model, message counts, the messages the next turn would send, the workspaces.
+    pub async fn chat_info(&self, session: Option<&str>) -> Result<ChatInfo, ClientError> {
+        if self.connection.minor < wire::CHAT_MINOR {
+            return Err(ClientError::Refused(ToolError::new(
+                ErrorCode::Unsupported,
+                "this server cannot describe its agent (it is older than this client); upgrade it",
+            )));
+        }
+        match self
+            .ask(&Message::ChatInfo {
+                id: 1,
+                session: session.map(str::to_owned),
+            })
+            .await?
+        {
+            Message::ChatInfoIs { info, .. } => Ok(info),
+            other => Err(unexpected(&other)),
         }
     }
 

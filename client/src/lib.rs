@@ -14,6 +14,8 @@
 //!   that ask ([`terminal::TerminalApprover`] on the attach terminal,
 //!   [`approval::ScriptedApprover`] for tests and automation).
 //! - [`agent::Agent`]: call tools and list sessions, as `monad-client call` and the MCP bridge do.
+//! - [`chat`]: `monad-client chat`, a terminal conversation with a session's built-in agent
+//!   (slash commands, streamed answers, tool calls, approvals of folders attached from it).
 //! - [`mcp`]: `monad-client mcp`, MCP over stdio for AI hosts, bridged to the server.
 //! - [`acp`]: `monad-client acp`, an Agent Client Protocol agent over stdio for editors, bridged
 //!   to the session's built-in agent on the server.
@@ -30,6 +32,7 @@ pub mod agent;
 pub mod approval;
 pub mod attach;
 pub mod call;
+pub mod chat;
 pub mod config;
 pub mod connect;
 pub mod login;
@@ -74,6 +77,9 @@ pub enum ClientError {
     /// The folder to attach cannot be used.
     #[error("folder: {0}")]
     Folder(String),
+    /// The terminal cannot be read (chat).
+    #[error("terminal: {0}")]
+    Terminal(String),
 }
 
 impl ClientError {
@@ -86,7 +92,8 @@ impl ClientError {
             | ClientError::Config(_)
             | ClientError::FingerprintMismatch { .. }
             | ClientError::Protocol(_)
-            | ClientError::Folder(_) => true,
+            | ClientError::Folder(_)
+            | ClientError::Terminal(_) => true,
         }
     }
 }

@@ -140,6 +140,23 @@ enum Command {
     /// Serve the Agent Client Protocol on stdin/stdout for an editor (Zed, and others): the
     /// session's built-in agent, bridged to the server.
     Acp,
+    /// Talk to the session's built-in agent in this terminal: streamed answers, tool calls as
+    /// they run, approvals of folders attached with /attach, and slash commands (/help).
+    Chat {
+        /// Session id (default: this device's last session, else your default).
+        #[arg(long)]
+        session: Option<String>,
+        /// The model for this chat instead of the session's `llm.model`.
+        #[arg(long)]
+        model: Option<String>,
+        /// The API base URL for this chat instead of the session's; the server refuses one its
+        /// operator did not list in `llm.allowed_base_urls`.
+        #[arg(long)]
+        base_url: Option<String>,
+        /// Seconds an approval prompt of a folder attached with /attach waits before it denies.
+        #[arg(long, default_value_t = 120)]
+        prompt_timeout: u64,
+    },
     /// List your sessions.
     Sessions {
         /// Print JSON (stable for scripts).
@@ -499,6 +516,22 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::History(command) => history(command).await,
+        Command::Chat {
+            session,
+            model,
+            base_url,
+            prompt_timeout,
+        } => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            let options = monad_client::chat::ChatOptions {
+                session,
+                prompt: monad_client::agent::PromptOptions { model, base_url },
+                prompt_timeout: Duration::from_secs(prompt_timeout.max(1)),
+                guard: guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref()),
+            };
+            monad_client::chat::run(config, options).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Sessions {
             json,
             new: true,

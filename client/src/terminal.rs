@@ -70,6 +70,25 @@ impl TerminalApprover {
     /// Starts the prompt thread, with `guard` as each prompt's guard time (see
     /// [`PROMPT_GUARD`]). `None` when stdin is not a terminal.
     pub fn start(timeout: Duration, guard: Duration) -> Option<TerminalApprover> {
+        TerminalApprover::start_with(timeout, guard, None)
+    }
+
+    /// [`TerminalApprover::start`] for a terminal another reader shares (the chat's input):
+    /// each prompt holds `terminal` while it is up, and that reader reads only while it holds
+    /// it, so the two never read the terminal at once.
+    pub fn start_sharing(
+        timeout: Duration,
+        guard: Duration,
+        terminal: std::sync::Arc<std::sync::Mutex<()>>,
+    ) -> Option<TerminalApprover> {
+        TerminalApprover::start_with(timeout, guard, Some(terminal))
+    }
+
+    fn start_with(
+        timeout: Duration,
+        guard: Duration,
+        terminal: Option<std::sync::Arc<std::sync::Mutex<()>>>,
+    ) -> Option<TerminalApprover> {
         if !nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
             return None;
         }
@@ -81,6 +100,9 @@ impl TerminalApprover {
                     if job.reply.is_closed() {
                         continue; // withdrawn while queued
                     }
+                    let _held = terminal
+                        .as_ref()
+                        .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()));
                     if let Some(decision) = prompt(&job, timeout, guard) {
                         let _ = job.reply.send(decision);
                     }

@@ -52,6 +52,11 @@ pub const AGENT_MINOR: u32 = 5;
 pub const PERMISSION_MINOR: u32 = 6;
 /// Longest call id a [`Message::PermissionAnswer`] carries, in bytes.
 pub const MAX_CALL_ID_LEN: usize = 1024;
+// --- Minor 6, the chat front's additions.
+/// The first minor version with the chat front's additions: per-prompt `model` and `base_url`
+/// in [`Message::Prompt`], and [`Message::ChatInfo`] (answered by [`Message::ChatInfoIs`]). A
+/// client never sends them to a server of a lower one.
+pub const CHAT_MINOR: u32 = 6;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -226,6 +231,27 @@ pub struct SessionInfo {
     #[serde(default)]
     pub last_active: String,
     /// Its workspaces, primary first, then attached in attach order.
+    pub workspaces: Vec<WorkspaceInfo>,
+}
+
+/// A session's agent as the chat front shows it ([`Message::ChatInfoIs`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatInfo {
+    /// The session's id (`default` or a UUID).
+    pub session: String,
+    /// The session's effective `llm.provider` (`openai`, `anthropic`).
+    pub provider: String,
+    /// The session's effective `llm.model` (empty when none is set).
+    pub model: String,
+    /// Messages in `session.md` (user, assistant and system).
+    pub messages: u64,
+    /// Of the user and assistant messages, how many the next turn would send to the model
+    /// (the loop's own context-budget trimming, the next message not counted).
+    pub context_messages: u64,
+    /// The user and assistant messages of `session.md`.
+    pub conversation_messages: u64,
+    /// Its workspaces, primary first.
     pub workspaces: Vec<WorkspaceInfo>,
 }
 
@@ -565,6 +591,16 @@ pub enum Message {
         /// the folder's owner, as before.
         #[serde(default, skip_serializing_if = "is_false")]
         ask: bool,
+        /// This turn's model instead of the session's `llm.model` (minor [`CHAT_MINOR`] or
+        /// later, never sent when `None`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model: Option<String>,
+        /// This turn's API base URL instead of the session's `llm.base_url` (minor
+        /// [`CHAT_MINOR`] or later, never sent when `None`). The server refuses a URL its
+        /// operator did not allow (`llm.allowed_base_urls`): the operator's key never goes to a
+        /// URL a client chose.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base_url: Option<String>,
     },
     /// Agent to server, on a prompt's stream (minor [`PERMISSION_MINOR`] or later, after a
     /// `prompt` with `ask: true`): the front's answer to
@@ -578,6 +614,22 @@ pub enum Message {
         call_id: String,
         /// Whether the front's user allowed it.
         allow: bool,
+    },
+    /// Agent to server (minor [`CHAT_MINOR`] or later): what the chat front shows about a
+    /// session's agent (`/workspace`, `/context`). Answered by [`Message::ChatInfoIs`].
+    ChatInfo {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+    },
+    /// Server to agent: the answer to [`Message::ChatInfo`].
+    ChatInfoIs {
+        /// The request id.
+        id: u64,
+        /// What the server knows about the session's agent.
+        info: ChatInfo,
     },
     /// Server to agent: one thing that happened in a prompt's turn.
     AgentEvent {
@@ -924,6 +976,8 @@ impl Message {
             Message::PermissionAnswer { .. } => "permission_answer",
             Message::AgentEvent { .. } => "agent_event",
             Message::TurnDone { .. } => "turn_done",
+            Message::ChatInfo { .. } => "chat_info",
+            Message::ChatInfoIs { .. } => "chat_info_is",
             Message::Result { .. } => "result",
             Message::ListSessions { .. } => "list_sessions",
             Message::Sessions { .. } => "sessions",
@@ -1030,11 +1084,37 @@ mod tests {
                 session: Some("default".into()),
                 text: "read a.txt".into(),
                 ask: true,
+                model: None,
+                base_url: None,
             },
             Message::PermissionAnswer {
                 id: 9,
                 call_id: "call_1".into(),
                 allow: false,
+            },
+            Message::Prompt {
+                id: 10,
+                session: None,
+                text: "hi".into(),
+                ask: false,
+                model: Some("m".into()),
+                base_url: Some("http://127.0.0.1:9/v1".into()),
+            },
+            Message::ChatInfo {
+                id: 11,
+                session: Some("default".into()),
+            },
+            Message::ChatInfoIs {
+                id: 11,
+                info: ChatInfo {
+                    session: "default".into(),
+                    provider: "openai".into(),
+                    model: "m".into(),
+                    messages: 3,
+                    context_messages: 2,
+                    conversation_messages: 2,
+                    workspaces: Vec::new(),
+                },
             },
             Message::AgentEvent {
                 id: 9,
@@ -1261,7 +1341,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 37, "one case per message type");
+        assert_eq!(kinds.len(), 39, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use monad_protocol::agent::{AgentEvent, MAX_EVENT_TEXT, StopReason, TurnResult, cut};
-use monad_protocol::wire::{HistoryMessage, HistoryRole, Outcome};
+use monad_protocol::wire::{ChatInfo, History, HistoryMessage, HistoryRole, Outcome};
 use monad_protocol::{ErrorCode, ToolError, ToolName, render};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -30,7 +30,7 @@ use crate::llm::{
 };
 use crate::server::State;
 use crate::session::Session;
-use crate::settings::LlmSettings;
+use crate::settings::{LlmSettings, PromptOverrides};
 
 /// The system prompt when `llm.system_prompt` is empty.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are the agent of a Monad session. You work in the \
@@ -92,6 +92,17 @@ pub mod plan {
         start
     }
 
+    /// The estimated tokens of what every request carries: the system prompt and the tools.
+    pub fn fixed_tokens(system: &str, tools: &[crate::llm::ToolSpec]) -> u64 {
+        tokens(system)
+            + tools
+                .iter()
+                .map(|t| {
+                    tokens(&t.name) + tokens(&t.description) + tokens(&t.parameters.to_string())
+                })
+                .sum::<u64>()
+    }
+
     /// Of `requested` tool calls, how many may run when `done` ran already this turn and `limit`
     /// is the most per turn.
     pub fn allowed_calls(done: u32, requested: usize, limit: u32) -> usize {
@@ -111,6 +122,56 @@ pub fn tool_specs(session: &Session) -> Vec<ToolSpec> {
             parameters: Value::Object((*tool.input_schema).clone()),
         })
         .collect()
+}
+
+/// The system prompt `llm` asks for (before the conversation's `## System` blocks).
+fn system_prompt(llm: &LlmSettings) -> String {
+    if llm.system_prompt.is_empty() {
+        DEFAULT_SYSTEM_PROMPT.to_owned()
+    } else {
+        llm.system_prompt.clone()
+    }
+}
+
+/// `session.md`'s conversation as the model gets it: `## System` blocks added to `system`, the
+/// user and assistant messages in order.
+fn conversation(mut system: String, history: History) -> (String, Vec<Message>) {
+    let mut messages = Vec::new();
+    for m in history.messages {
+        match m.role {
+            HistoryRole::User => messages.push(Message::User(m.text)),
+            HistoryRole::Assistant => messages.push(Message::Assistant {
+                text: m.text,
+                tool_calls: Vec::new(),
+            }),
+            HistoryRole::System => {
+                system.push_str("\n\n");
+                system.push_str(&m.text);
+            }
+        }
+    }
+    (system, messages)
+}
+
+/// What the chat front shows about `session`'s agent with `history` as its conversation: the
+/// effective provider and model, the message counts, and how many of the conversation's
+/// messages the next turn would send (the same trimming as [`Agents::prompt`], the next
+/// message not counted).
+pub fn chat_info(session: &Session, history: History) -> ChatInfo {
+    let llm = &session.settings.llm;
+    let messages = history.messages.len() as u64;
+    let (system, conversation) = conversation(system_prompt(llm), history);
+    let fixed = plan::fixed_tokens(&system, &tool_specs(session));
+    let start = plan::trim(fixed, &conversation, &[], llm.context_budget_tokens);
+    ChatInfo {
+        session: session.id.clone(),
+        provider: llm.provider.as_str().to_owned(),
+        model: llm.model.clone(),
+        messages,
+        context_messages: (conversation.len() - start) as u64,
+        conversation_messages: conversation.len() as u64,
+        workspaces: session.workspaces().into_iter().map(|w| w.info).collect(),
+    }
 }
 
 /// A call's answer as the model gets it: the text `render::text` writes, or the error sentence
@@ -277,22 +338,28 @@ impl Agents {
         Some(claim)
     }
 
-    /// Runs one turn of `session`'s agent for `user`'s message `text`, sending what happens to
-    /// `events`, until the model answers, a limit is reached, the provider fails or `cancel`
-    /// fires. Fails at once (nothing written) when a turn of this session is already running
-    /// (one that was cancelled and is ending is waited for). With `front`, calls routed to a
-    /// restricted workspace ask it first (see [`FrontPermission`]).
+    /// Runs one turn of `session`'s agent for `user`'s message (its text, and the model and base
+    /// URL it asks for), sending what happens to `events`, until the model answers, a limit is
+    /// reached, the provider fails or `cancel` fires. Fails at once (nothing written) when a
+    /// turn of this session is already running (one that was cancelled and is ending is waited
+    /// for), or when the message asks for a base URL the operator did not allow. With `front`,
+    /// calls routed to a restricted workspace ask it first (see [`FrontPermission`]).
     #[allow(clippy::too_many_arguments)]
     pub async fn prompt(
         &self,
         state: &State,
         session: &Arc<Session>,
         user: &str,
-        text: String,
+        (text, overrides): (String, &PromptOverrides),
         events: mpsc::Sender<AgentEvent>,
         cancel: CancellationToken,
         front: Option<&dyn FrontPermission>,
     ) -> Result<TurnResult, ToolError> {
+        let llm = &session
+            .settings
+            .llm
+            .for_prompt(overrides)
+            .map_err(|message| ToolError::new(ErrorCode::Denied, message))?;
         let Some(_claim) = self.claim(&session.id, &cancel).await else {
             return Err(ToolError::new(
                 ErrorCode::LimitExceeded,
@@ -302,7 +369,6 @@ impl Agents {
                 ),
             ));
         };
-        let llm = &session.settings.llm;
         let provider = match llm
             .endpoint(|name| std::env::var(name).ok())
             .and_then(|endpoint| self.providers.get(endpoint))
@@ -438,15 +504,7 @@ impl Turn<'_> {
         let mut current = vec![Message::User(text)];
         loop {
             let tools = tool_specs(self.session);
-            let fixed = plan::tokens(&system)
-                + tools
-                    .iter()
-                    .map(|t| {
-                        plan::tokens(&t.name)
-                            + plan::tokens(&t.description)
-                            + plan::tokens(&t.parameters.to_string())
-                    })
-                    .sum::<u64>();
+            let fixed = plan::fixed_tokens(&system, &tools);
             let start = plan::trim(fixed, &history, &current, self.llm.context_budget_tokens);
             let mut messages = history[start..].to_vec();
             messages.extend(current.iter().cloned());
@@ -532,11 +590,7 @@ impl Turn<'_> {
         let session = self.session.clone();
         let provider = self.provider.kind().as_str().to_owned();
         let model = self.llm.model.clone();
-        let mut system = if self.llm.system_prompt.is_empty() {
-            DEFAULT_SYSTEM_PROMPT.to_owned()
-        } else {
-            self.llm.system_prompt.clone()
-        };
+        let system = system_prompt(self.llm);
         let history = tokio::task::spawn_blocking(move || {
             let mut history = store.history(&session.id).map_err(|e| e.to_string())?;
             if history.provider.as_deref() != Some(&provider)
@@ -554,21 +608,7 @@ impl Turn<'_> {
         })
         .await
         .map_err(|e| e.to_string())??;
-        let mut messages = Vec::new();
-        for m in history.messages {
-            match m.role {
-                HistoryRole::User => messages.push(Message::User(m.text)),
-                HistoryRole::Assistant => messages.push(Message::Assistant {
-                    text: m.text,
-                    tool_calls: Vec::new(),
-                }),
-                HistoryRole::System => {
-                    system.push_str("\n\n");
-                    system.push_str(&m.text);
-                }
-            }
-        }
-        Ok((system, messages))
+        Ok(conversation(system, history))
     }
 
     /// One model request, streamed; rate limits are waited out and asked again.

@@ -47,6 +47,7 @@ fn request_id(request: &Message) -> Option<u64> {
         | Message::HistoryGet { id, .. }
         | Message::HistoryReplace { id, .. }
         | Message::HistoryClear { id, .. }
+        | Message::ChatInfo { id, .. }
         | Message::ListRecords { id }
         | Message::RecordSessions { id, .. } => Some(*id),
         _ => None,
@@ -196,6 +197,17 @@ fn handle(
             let cleared = history::empty(meta.created_at, meta.provider, meta.model);
             store.replace(&s.id, &cleared).map_err(store_error)?;
             Ok(done(id, &s))
+        }
+        Message::ChatInfo {
+            id,
+            session: requested,
+        } => {
+            let s = session(requested)?;
+            let history = store.history(&s.id).map_err(store_error)?;
+            Ok(Message::ChatInfoIs {
+                id,
+                info: crate::agent::chat_info(&s, history),
+            })
         }
         Message::ListRecords { id } => Ok(Message::Records {
             id,

@@ -19,7 +19,7 @@ use crate::executor::Executor;
 use crate::quota::{PerUser, Slot};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
-use crate::settings::{Layers, ServerSettings, Settings};
+use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
 use crate::store::{FsStore, Store};
 use crate::tls;
 
@@ -709,6 +709,7 @@ async fn prompt(
     id: u64,
     session: Arc<Session>,
     text: String,
+    overrides: PromptOverrides,
     mut send: quinn::SendStream,
     answers: Option<quinn::RecvStream>,
 ) {
@@ -721,7 +722,7 @@ async fn prompt(
             &ctx.state,
             &session,
             &ctx.user,
-            text,
+            (text, &overrides),
             events_tx,
             cancel.clone(),
             front
@@ -976,13 +977,16 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             session,
             text,
             ask,
+            model,
+            base_url,
         } => {
             let session = match ctx.session(session.as_deref()) {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
             let answers = (ask && ctx.minor >= wire::PERMISSION_MINOR).then_some(recv);
-            prompt(ctx, id, session, text, send, answers).await;
+            let overrides = PromptOverrides { model, base_url };
+            prompt(ctx, id, session, text, overrides, send, answers).await;
         }
         Message::ListWorkspaces { id, session } => {
             let session = match ctx.session(session.as_deref()) {

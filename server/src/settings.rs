@@ -61,6 +61,10 @@ pub struct LlmSettings {
     /// Longest wait for the provider's first byte, and then between two pieces of its stream,
     /// in seconds.
     pub idle_timeout_secs: u64,
+    /// Base URLs a client may choose for one prompt (`monad-client chat --base-url`), besides
+    /// `base_url` itself. Empty: none. The key named by `api_key_env` goes to whichever base
+    /// URL a turn uses, so only the operator decides where it may go.
+    pub allowed_base_urls: Vec<String>,
 }
 
 impl Default for LlmSettings {
@@ -76,11 +80,50 @@ impl Default for LlmSettings {
             max_tokens_per_turn: 1_000_000,
             context_budget_tokens: 100_000,
             idle_timeout_secs: 120,
+            allowed_base_urls: Vec::new(),
         }
     }
 }
 
+/// A prompt's own choices ([`LlmSettings::for_prompt`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptOverrides {
+    /// The model for this turn.
+    pub model: Option<String>,
+    /// The API base URL for this turn.
+    pub base_url: Option<String>,
+}
+
 impl LlmSettings {
+    /// These settings with a prompt's `overrides` applied.
+    pub fn for_prompt(&self, overrides: &PromptOverrides) -> Result<LlmSettings, String> {
+        let mut llm = self.clone();
+        if let Some(model) = &overrides.model {
+            if model.trim().is_empty() || model.chars().any(char::is_control) {
+                return Err("the model name is empty or has control characters".into());
+            }
+            llm.model = model.clone();
+        }
+        if let Some(url) = &overrides.base_url {
+            // The key goes wherever the turn's requests go: only to a URL the operator named,
+            // compared exactly (no normalising that a crafted URL could slip through).
+            let current = if self.base_url.is_empty() {
+                self.provider.default_base_url()
+            } else {
+                self.base_url.as_str()
+            };
+            if url != current && !self.allowed_base_urls.iter().any(|a| a == url) {
+                return Err(format!(
+                    "base URL {:?} is not allowed by this server: the operator's API key would \
+                     be sent there; the operator can allow it in llm.allowed_base_urls",
+                    monad_protocol::text::printable(url)
+                ));
+            }
+            llm.base_url = url.clone();
+        }
+        Ok(llm)
+    }
+
     /// The endpoint these settings name, with the key read through `env` (the process
     /// environment in the server). Fails when no model is set or a key variable name is not a
     /// variable name.
@@ -626,6 +669,56 @@ mod tests {
             llm.endpoint(|_| None).unwrap().api_key,
             None,
             "unset: no key"
+        );
+    }
+
+    #[test]
+    fn a_prompt_may_choose_only_base_urls_the_operator_allowed() {
+        let llm = LlmSettings {
+            model: "m".into(),
+            base_url: "http://127.0.0.1:1/v1".into(),
+            allowed_base_urls: vec!["http://127.0.0.1:2/v1".into()],
+            ..LlmSettings::default()
+        };
+        let asked = |model: Option<&str>, base_url: Option<&str>| {
+            llm.for_prompt(&PromptOverrides {
+                model: model.map(str::to_owned),
+                base_url: base_url.map(str::to_owned),
+            })
+        };
+        assert_eq!(asked(None, None).unwrap(), llm);
+        let other = asked(Some("m2"), Some("http://127.0.0.1:2/v1")).unwrap();
+        assert_eq!(
+            (other.model.as_str(), other.base_url.as_str()),
+            ("m2", "http://127.0.0.1:2/v1")
+        );
+        assert!(
+            asked(None, Some("http://127.0.0.1:1/v1")).is_ok(),
+            "its own URL"
+        );
+        for url in [
+            "http://127.0.0.1:2/v1/",
+            "http://127.0.0.1:2/v1?x",
+            "http://evil.example/v1",
+            "",
+        ] {
+            let e = asked(None, Some(url)).expect_err(url);
+            assert!(e.contains("llm.allowed_base_urls"), "{e}");
+        }
+        assert!(asked(Some(""), None).is_err());
+        assert!(asked(Some("m\u{1b}[2J"), None).is_err());
+        let default = LlmSettings {
+            model: "m".into(),
+            ..LlmSettings::default()
+        };
+        assert!(
+            default
+                .for_prompt(&PromptOverrides {
+                    model: None,
+                    base_url: Some("https://api.openai.com/v1".into()),
+                })
+                .is_ok(),
+            "the provider's own URL when none is set"
         );
     }
 }

@@ -5,12 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use monad_client::agent::{Agent, PromptReply};
+use monad_client::agent::{Agent, PromptOptions, PromptReply};
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_protocol::agent::{AgentEvent, StopReason};
+use monad_protocol::wire::{HistoryMessage, HistoryRole};
 use monad_server::llm::ProviderKind;
 use monad_tests::provider::{Reply, ScriptedProvider};
-use monad_tests::{Attachment, STEP, TestServer, attach_options, folder, within};
+use monad_tests::{
+    Attachment, STEP, ServerProcess, TestServer, attach_options, connect_agent, folder, within,
+};
 use serde_json::{Value, json};
 
 const KINDS: [ProviderKind; 2] = [ProviderKind::Openai, ProviderKind::Anthropic];
@@ -594,4 +597,197 @@ async fn a_second_prompt_while_a_turn_runs_is_refused() {
         other => panic!("{other:?}"),
     }
     assert!(!session_md(&server).contains("me too"), "nothing written");
+}
+
+/// A real server process whose `[llm]` reads its key from `MONAD_CHAT_TEST_KEY` (set to `key`
+/// in its environment only) and talks to `provider`, plus `extra` lines of `[llm]`.
+async fn keyed_server_process(
+    data: &std::path::Path,
+    provider: &ScriptedProvider,
+    key: &str,
+    extra: &str,
+) -> ServerProcess {
+    std::fs::create_dir_all(data).unwrap();
+    std::fs::write(
+        data.join("config.toml"),
+        format!(
+            "[llm]\nprovider = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted-model\"\n\
+             api_key_env = \"MONAD_CHAT_TEST_KEY\"\n{extra}",
+            provider.openai_base_url()
+        ),
+    )
+    .unwrap();
+    ServerProcess::start(data, &[("MONAD_CHAT_TEST_KEY", key)]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_url_the_client_chose_never_receives_the_operators_key() {
+    let key = "sk-operator-secret-0123456789";
+    let operator = ScriptedProvider::start(vec![]).await;
+    let attacker = ScriptedProvider::start(vec![Reply::text(["stolen"])]).await;
+    let data = tempfile::tempdir().unwrap();
+    let server = keyed_server_process(&data.path().join("d"), &operator, key, "").await;
+    let token = server.first_token.clone().expect("first start");
+    let agent = connect_agent(&server.client_config(&token)).await;
+    let options = PromptOptions {
+        model: None,
+        base_url: Some(attacker.openai_base_url()),
+    };
+    let answer = within(
+        STEP * 2,
+        "the prompt",
+        agent.prompt_with(None, "hello", &options, |_| {}),
+    )
+    .await;
+    for request in attacker.requests() {
+        assert!(
+            !request.headers.values().any(|v| v.contains(key)),
+            "the client-chosen base URL received the operator's key: {:?}",
+            request.headers
+        );
+    }
+    match answer {
+        Err(monad_client::ClientError::Refused(error)) => {
+            assert_eq!(error.code, monad_protocol::ErrorCode::Denied, "{error:?}");
+            assert!(
+                error.message.contains("allowed_base_urls"),
+                "the refusal says how to allow it: {error:?}"
+            );
+        }
+        other => panic!("a base URL the operator did not allow is refused: {other:?}"),
+    }
+    assert!(attacker.requests().is_empty(), "nothing was sent there");
+    assert!(
+        operator.requests().is_empty(),
+        "nor to the operator's provider"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_url_and_model_the_operator_allowed_are_used_for_that_prompt() {
+    let key = "sk-operator-secret-0123456789";
+    let operator = ScriptedProvider::start(vec![]).await;
+    let allowed = ScriptedProvider::start(vec![Reply::text(["from the allowed one"])]).await;
+    let data = tempfile::tempdir().unwrap();
+    let extra = format!("allowed_base_urls = [\"{}\"]\n", allowed.openai_base_url());
+    let server = keyed_server_process(&data.path().join("d"), &operator, key, &extra).await;
+    let token = server.first_token.clone().expect("first start");
+    let agent = connect_agent(&server.client_config(&token)).await;
+    let options = PromptOptions {
+        model: Some("other-model".into()),
+        base_url: Some(allowed.openai_base_url()),
+    };
+    let mut text = String::new();
+    let reply = within(
+        STEP * 2,
+        "the prompt",
+        agent.prompt_with(None, "hello", &options, |e| {
+            if let AgentEvent::Text { text: t } = e {
+                text.push_str(&t);
+            }
+        }),
+    )
+    .await
+    .expect("answered");
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    assert_eq!(text, "from the allowed one");
+    let requests = allowed.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].body["model"], json!("other-model"));
+    assert_eq!(
+        requests[0].headers.get("authorization").map(String::as_str),
+        Some(format!("Bearer {key}").as_str()),
+        "an allowed URL gets the key"
+    );
+    assert!(operator.requests().is_empty());
+    // Anything else is still refused, and an empty model too.
+    for options in [
+        PromptOptions {
+            model: None,
+            base_url: Some(format!("{}/", allowed.openai_base_url())),
+        },
+        PromptOptions {
+            model: Some(" ".into()),
+            base_url: None,
+        },
+    ] {
+        let refused = within(
+            STEP,
+            "the prompt",
+            agent.prompt_with(None, "again", &options, |_| {}),
+        )
+        .await;
+        assert!(
+            matches!(refused, Err(monad_client::ClientError::Refused(_))),
+            "{options:?}: {refused:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_info_counts_the_messages_the_next_turn_sends_with_the_loops_own_trimming() {
+    let provider = ScriptedProvider::start(vec![]).await;
+    // A budget that holds the system prompt and the tools, and only the latest turns.
+    let server = server_for(
+        &provider,
+        ProviderKind::Anthropic,
+        "context_budget_tokens = 1\n",
+    )
+    .await;
+    let agent = server.agent().await;
+    let info = within(STEP, "chat_info", agent.chat_info(None))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            info.session.as_str(),
+            info.provider.as_str(),
+            info.model.as_str()
+        ),
+        ("default", "anthropic", "scripted-model")
+    );
+    assert_eq!((info.messages, info.context_messages), (0, 0));
+    assert_eq!(info.workspaces[0].name, "primary");
+    for (role, text) in [
+        (HistoryRole::System, "be brief"),
+        (HistoryRole::User, "one"),
+        (HistoryRole::Assistant, "1"),
+        (HistoryRole::User, "two"),
+        (HistoryRole::Assistant, "2"),
+    ] {
+        agent
+            .history_append(
+                None,
+                HistoryMessage {
+                    role,
+                    text: text.into(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let info = agent.chat_info(None).await.unwrap();
+    assert_eq!(info.messages, 5);
+    assert_eq!(info.conversation_messages, 4);
+    assert_eq!(
+        info.context_messages, 0,
+        "a budget smaller than the system prompt leaves every earlier turn out"
+    );
+    let roomy = TestServer::start_with(|_| {}).await;
+    let agent = roomy.agent().await;
+    for text in ["a", "b", "c"] {
+        agent
+            .history_append(
+                None,
+                HistoryMessage {
+                    role: HistoryRole::User,
+                    text: text.into(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let info = agent.chat_info(None).await.unwrap();
+    assert_eq!((info.conversation_messages, info.context_messages), (3, 3));
+    assert_eq!(info.model, "", "no model set");
 }

@@ -6,6 +6,7 @@ mod approvals;
 mod auth;
 mod binaries;
 mod bodies;
+mod chat;
 mod crash;
 mod data_at_rest;
 mod devices;

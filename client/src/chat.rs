@@ -1,0 +1,960 @@
+//! `monad-client chat`: a terminal conversation with a session's built-in agent.
+//!
+//! The pure parts are tested alone: [`parse`] turns an input line into a message or a slash
+//! command, [`Transcript`] turns the turn's [`AgentEvent`]s into the text to print (streamed
+//! text as it comes, a line when a tool call starts and one when it ends, with its outcome and
+//! duration), and [`render_workspace`], [`render_context`] and [`HELP`] are what the commands
+//! print. Everything a model or a peer wrote is escaped ([`monad_protocol::text`]).
+//!
+//! [`run`] does the I/O. Input is read a line at a time by [`LineReader`], only when the chat
+//! asks for a line, and only while it holds the [`TerminalLock`]; the approval prompts of
+//! folders attached with `/attach` take that lock while they are up, so a prompt and the chat's
+//! input never read the terminal at the same time. Ctrl-C during a turn drops the prompt's
+//! future, which cancels the turn on the server; Ctrl-C at the input line, or Ctrl-D at an
+//! empty one, quits. Folders attached with `/attach` are detached when the chat quits or
+//! switches session.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use monad_protocol::agent::{AgentEvent, StopReason, TurnResult};
+use monad_protocol::text::{printable, printable_lines};
+use monad_protocol::wire::{ChatInfo, Host, WorkspaceInfo};
+use monad_protocol::{ToolName, errln};
+use serde_json::Value;
+
+use crate::ClientError;
+use crate::agent::{Agent, PromptOptions};
+use crate::approval::Approver;
+use crate::attach::{AttachEvent, AttachOptions, attach};
+use crate::config::ClientConfig;
+use crate::terminal::TerminalApprover;
+
+/// What the user typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Nothing (an empty or blank line).
+    Empty,
+    /// A message for the agent.
+    Message(String),
+    /// A slash command.
+    Command(Command),
+    /// A line that starts with `/` but is no command (or a command used wrongly): what to say.
+    Invalid(String),
+}
+
+/// The slash commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `/workspace`: the session, its provider and model, message count, workspaces.
+    Workspace,
+    /// `/clear`: empty `session.md`'s conversation (the rest of the session stays).
+    Clear,
+    /// `/context`: the messages the next turn sends.
+    Context,
+    /// `/help`.
+    Help,
+    /// `/quit`.
+    Quit,
+    /// `/attach DIR`: attach a folder from this machine, restricted, to the chat's session.
+    Attach(PathBuf),
+    /// `/session`, `/session ID`, `/session new`.
+    Session(SessionChoice),
+}
+
+/// What `/session` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionChoice {
+    /// Show the session's id.
+    Show,
+    /// Switch to a new session.
+    New,
+    /// Switch to this session (resumed, or created with this id).
+    Switch(String),
+}
+
+/// What `/help` prints.
+pub const HELP: &str = "\
+commands:
+  /workspace      the session: id, provider, model, message count, workspaces
+  /context        how many messages of the conversation the next turn sends
+  /clear          clear the conversation (session.md keeps its frontmatter; workspaces stay)
+  /attach DIR     attach a folder from this machine (restricted: you approve each action here)
+  /session        show this session's id; /session ID switches, /session new starts a new one
+  /help           this list
+  /quit           leave (Ctrl-D on an empty line too); folders attached here are detached
+Anything else is a message for the agent (start it with // to send a leading /).
+Ctrl-C during an answer cancels it; Ctrl-C at the prompt quits.";
+
+/// Parses one input line (without its line break).
+pub fn parse(line: &str) -> Input {
+    let line = line.trim_end_matches(['\r', '\n']);
+    if line.trim().is_empty() {
+        return Input::Empty;
+    }
+    if let Some(rest) = line.strip_prefix("//") {
+        return Input::Message(format!("/{rest}"));
+    }
+    let Some(command) = line.trim().strip_prefix('/') else {
+        return Input::Message(line.to_owned());
+    };
+    let (name, arg) = match command.split_once(char::is_whitespace) {
+        Some((name, arg)) => (name, arg.trim()),
+        None => (command, ""),
+    };
+    let no_arg = |c: Command| {
+        if arg.is_empty() {
+            Input::Command(c)
+        } else {
+            Input::Invalid(format!("/{name} takes no argument"))
+        }
+    };
+    match name {
+        "workspace" => no_arg(Command::Workspace),
+        "clear" => no_arg(Command::Clear),
+        "context" => no_arg(Command::Context),
+        "help" => no_arg(Command::Help),
+        "quit" | "exit" => no_arg(Command::Quit),
+        "attach" if arg.is_empty() => Input::Invalid("usage: /attach DIR".into()),
+        "attach" => Input::Command(Command::Attach(PathBuf::from(arg))),
+        "session" => Input::Command(Command::Session(match arg {
+            "" => SessionChoice::Show,
+            "new" => SessionChoice::New,
+            id if id.split_whitespace().count() == 1 => SessionChoice::Switch(id.to_owned()),
+            _ => return Input::Invalid("usage: /session [ID | new]".into()),
+        })),
+        _ => Input::Invalid(format!(
+            "unknown command /{}; /help lists them",
+            printable(name)
+        )),
+    }
+}
+
+/// What `/workspace` prints; `chat` is this chat's own model and base URL, when it has them.
+pub fn render_workspace(info: &ChatInfo, chat: &PromptOptions) -> String {
+    let session_model = if info.model.is_empty() {
+        "(none: set llm.model)".to_owned()
+    } else {
+        printable(&info.model).into_owned()
+    };
+    let model = match &chat.model {
+        Some(model) => format!(
+            "{} (this chat's; the session's: {session_model})",
+            printable(model)
+        ),
+        None => session_model,
+    };
+    let mut out = format!(
+        "session   {}\nprovider  {}\nmodel     {model}\nmessages  {}\nworkspaces\n",
+        printable(&info.session),
+        printable(&info.provider),
+        info.messages
+    );
+    for w in &info.workspaces {
+        out.push_str(&format!("  {}\n", workspace_line(w)));
+    }
+    if let Some(url) = &chat.base_url {
+        out.push_str(&format!("base URL  {} (this chat's)\n", printable(url)));
+    }
+    out
+}
+
+fn workspace_line(w: &WorkspaceInfo) -> String {
+    let place = match w.host {
+        Host::Server => "server",
+        Host::Client => "attached",
+    };
+    format!(
+        "{}  {}  ({place}, {}{})",
+        printable(&w.name),
+        printable(&w.uri),
+        w.trust.as_str(),
+        if w.online { "" } else { ", offline" }
+    )
+}
+
+/// What `/context` prints.
+pub fn render_context(info: &ChatInfo) -> String {
+    let left_out = info
+        .conversation_messages
+        .saturating_sub(info.context_messages);
+    let mut out = format!(
+        "context: {} message{} in the context window (of {} in the conversation)",
+        info.context_messages,
+        if info.context_messages == 1 { "" } else { "s" },
+        info.conversation_messages
+    );
+    if left_out > 0 {
+        out.push_str(&format!(
+            "; the {left_out} oldest left out to fit llm.context_budget_tokens"
+        ));
+    }
+    out.push('\n');
+    out
+}
+
+/// A tool call in one line: the tool, its workspace when the model named one, and its path or
+/// command line in short; escaped.
+pub fn describe_call(tool: &str, args: &Value) -> String {
+    let what = match ToolName::parse(tool) {
+        Some(name) => crate::approval::describe(name, args),
+        None => {
+            let mut text = args.to_string();
+            if text.chars().count() > 60 {
+                text = text.chars().take(60).collect::<String>() + "…";
+            }
+            printable(&text).into_owned()
+        }
+    };
+    match args.get("workspace").and_then(Value::as_str) {
+        Some(w) => format!("{} [{}] {what}", printable(tool), printable(w)),
+        None => format!("{} {what}", printable(tool)),
+    }
+}
+
+/// How a turn ended, in a line (`None` when it simply answered).
+pub fn render_end(result: &TurnResult) -> Option<String> {
+    let line = match &result.stop {
+        StopReason::Answered => return None,
+        StopReason::Cancelled => "cancelled".to_owned(),
+        StopReason::ToolCallLimit { limit } => {
+            format!(
+                "stopped: more than {limit} tool calls in one turn (llm.max_tool_calls_per_turn)"
+            )
+        }
+        StopReason::TokenLimit { limit } => {
+            format!("stopped: more than {limit} tokens in one turn (llm.max_tokens_per_turn)")
+        }
+        StopReason::Length => "stopped: the answer reached llm.max_output_tokens".to_owned(),
+        StopReason::Refused { message } => format!("the provider refused: {}", printable(message)),
+        StopReason::Failed { message } => format!("failed: {}", printable(message)),
+    };
+    Some(line)
+}
+
+/// Turns a turn's events into text to print, keeping tool lines on lines of their own.
+#[derive(Debug, Default)]
+pub struct Transcript {
+    /// Whether the last text printed ended a line (or nothing was printed).
+    mid_line: bool,
+    started: HashMap<String, Instant>,
+}
+
+impl Transcript {
+    /// A transcript for a new turn.
+    pub fn new() -> Transcript {
+        Transcript::default()
+    }
+
+    fn line(&mut self, line: &str) -> String {
+        let mut out = String::new();
+        if self.mid_line {
+            out.push('\n');
+        }
+        out.push_str(line);
+        out.push('\n');
+        self.mid_line = false;
+        out
+    }
+
+    /// The text for `event`, which happened at `now`.
+    pub fn event(&mut self, event: &AgentEvent, now: Instant) -> String {
+        match event {
+            AgentEvent::Text { text } => {
+                let text = printable_lines(text).into_owned();
+                if let Some(last) = text.chars().last() {
+                    self.mid_line = last != '\n';
+                }
+                text
+            }
+            AgentEvent::ToolCallStarted {
+                call_id,
+                tool,
+                args,
+            } => {
+                self.started.insert(call_id.clone(), now);
+                self.line(&format!("⚙ {}", describe_call(tool, args)))
+            }
+            AgentEvent::ToolCallProgress { message, .. } => {
+                self.line(&format!("  … {}", printable(message)))
+            }
+            AgentEvent::ToolCallEnded {
+                call_id,
+                tool,
+                workspace,
+                error,
+                ..
+            } => {
+                let took = self
+                    .started
+                    .remove(call_id)
+                    .map(|t| format!(" ({:.1} s)", now.saturating_duration_since(t).as_secs_f64()))
+                    .unwrap_or_default();
+                let place = workspace
+                    .as_ref()
+                    .map(|w| format!(" in `{}`", printable(&w.name)))
+                    .unwrap_or_default();
+                let outcome = match error {
+                    None => "ok".to_owned(),
+                    Some(e) => format!("error: {}: {}", e.code, printable(&e.message)),
+                };
+                let mark = if error.is_none() { '✓' } else { '✗' };
+                self.line(&format!(
+                    "{mark} {}{place}: {outcome}{took}",
+                    printable(tool)
+                ))
+            }
+            // Only a prompt sent asking (`Agent::prompt_asking`) gets these; the chat's approvals
+            // are the folder's own prompts, in this terminal.
+            AgentEvent::Permission { .. } => String::new(),
+            AgentEvent::Retrying { after_ms, message } => self.line(&format!(
+                "  … the provider is busy ({}); asking again in {:.1} s",
+                printable(message),
+                *after_ms as f64 / 1000.0
+            )),
+        }
+    }
+
+    /// The text that ends the turn: a line break when text was left mid-line, and how the turn
+    /// ended when it did not simply answer.
+    pub fn end(&mut self, result: Option<&TurnResult>) -> String {
+        let mut out = String::new();
+        if self.mid_line {
+            out.push('\n');
+            self.mid_line = false;
+        }
+        if let Some(line) = result.and_then(render_end) {
+            out.push_str(&format!("({line})\n"));
+        }
+        out
+    }
+}
+
+/// Held by whoever reads the terminal: the chat's input while it reads a line, an approval
+/// prompt while it is up.
+pub type TerminalLock = Arc<Mutex<()>>;
+
+/// A line of input, or its end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    /// A line, without its line break.
+    Text(String),
+    /// Standard input ended (Ctrl-D on an empty line).
+    Eof,
+}
+
+/// Reads standard input a line at a time, on its own thread, only when asked, and only while
+/// holding the [`TerminalLock`] (released every 100 ms so that an approval prompt can take the
+/// terminal).
+#[derive(Debug)]
+pub struct LineReader {
+    asks: std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Line>>,
+}
+
+impl LineReader {
+    /// Starts the reading thread.
+    pub fn start(terminal: TerminalLock) -> std::io::Result<LineReader> {
+        let (asks, rx) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Line>>();
+        std::thread::Builder::new()
+            .name("chat-input".into())
+            .spawn(move || {
+                let mut buffer = Vec::new();
+                while let Ok(reply) = rx.recv() {
+                    let line = read_line(&terminal, &mut buffer, &reply);
+                    let _ = reply.send(line);
+                }
+            })?;
+        Ok(LineReader { asks })
+    }
+
+    /// The next line.
+    pub async fn next(&self) -> Line {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.asks.send(tx).is_err() {
+            return Line::Eof;
+        }
+        rx.await.unwrap_or(Line::Eof)
+    }
+}
+
+/// Reads until a whole line is in `buffer` (or input ends); gives up quietly when `reply` is
+/// gone (the chat stopped waiting).
+fn read_line(
+    terminal: &TerminalLock,
+    buffer: &mut Vec<u8>,
+    reply: &tokio::sync::oneshot::Sender<Line>,
+) -> Line {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    loop {
+        if let Some(end) = buffer.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            return Line::Text(String::from_utf8_lossy(&line[..end]).into_owned());
+        }
+        if reply.is_closed() {
+            return Line::Eof;
+        }
+        let _held = terminal.lock().unwrap_or_else(|p| p.into_inner());
+        let stdin = std::io::stdin();
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+        if !matches!(poll(&mut fds, PollTimeout::from(100u8)), Ok(n) if n > 0) {
+            continue;
+        }
+        let mut chunk = [0u8; 4096];
+        match nix::unistd::read(stdin.as_fd(), &mut chunk) {
+            Ok(0) | Err(_) if buffer.is_empty() => return Line::Eof,
+            Ok(0) | Err(_) => {
+                let line = String::from_utf8_lossy(buffer).into_owned();
+                buffer.clear();
+                return Line::Text(line);
+            }
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// How to start a chat.
+#[derive(Debug, Clone, Default)]
+pub struct ChatOptions {
+    /// The session (`None`: this device's last session, else the default one).
+    pub session: Option<String>,
+    /// This chat's model and base URL instead of the session's.
+    pub prompt: PromptOptions,
+    /// How long an approval prompt of a folder attached with `/attach` waits.
+    pub prompt_timeout: Duration,
+    /// The approval prompts' guard time.
+    pub guard: Duration,
+}
+
+/// A folder attached from the chat.
+struct Attached {
+    name: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// What the chat keeps between lines.
+struct Chat {
+    config: ClientConfig,
+    agent: Agent,
+    options: ChatOptions,
+    session: String,
+    terminal: TerminalLock,
+    approver: Option<Arc<dyn Approver>>,
+    attached: Vec<Attached>,
+}
+
+fn out(text: &str) {
+    // A closed standard output ends the output quietly.
+    let _ = monad_protocol::output::out(text);
+}
+
+/// Runs the chat until `/quit`, Ctrl-D on an empty line or Ctrl-C at the input line.
+pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), ClientError> {
+    let agent = Agent::connect(&config).await?;
+    let session = match &options.session {
+        Some(id) => agent.open_session(Some(id)).await?.id,
+        None => agent.chat_info(None).await?.session,
+    };
+    let terminal: TerminalLock = Arc::default();
+    let reader = LineReader::start(terminal.clone())
+        .map_err(|e| ClientError::Terminal(format!("cannot read standard input: {e}")))?;
+    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| ClientError::Terminal(format!("cannot catch Ctrl-C: {e}")))?;
+    let mut chat = Chat {
+        config,
+        agent,
+        options,
+        session,
+        terminal,
+        approver: None,
+        attached: Vec::new(),
+    };
+    out(&format!(
+        "chat with the agent of session {} (/help lists the commands)\n",
+        printable(&chat.session)
+    ));
+    loop {
+        out("> ");
+        let line = tokio::select! {
+            line = reader.next() => line,
+            _ = interrupts.recv() => {
+                out("\n");
+                break;
+            }
+        };
+        let input = match line {
+            Line::Eof => {
+                out("\n");
+                break;
+            }
+            Line::Text(text) => parse(&text),
+        };
+        match input {
+            Input::Empty => {}
+            Input::Invalid(message) => errln!("{message}"),
+            Input::Message(text) => chat.turn(&text, &mut interrupts).await,
+            Input::Command(Command::Quit) => break,
+            Input::Command(command) => {
+                if let Err(e) = chat.command(command).await {
+                    errln!("{}", printable(&e.to_string()));
+                }
+            }
+        }
+    }
+    chat.detach_all();
+    Ok(())
+}
+
+impl Chat {
+    /// Sends `text` and prints the turn as it happens; Ctrl-C cancels it.
+    async fn turn(&mut self, text: &str, interrupts: &mut tokio::signal::unix::Signal) {
+        let mut transcript = Transcript::new();
+        let answer = {
+            let shown = &mut transcript;
+            let prompt =
+                self.agent
+                    .prompt_with(Some(&self.session), text, &self.options.prompt, |event| {
+                        out(&shown.event(&event, Instant::now()))
+                    });
+            // Dropping the prompt's future on Ctrl-C resets its stream: the server cancels the
+            // turn (and any running tool call, withdrawing its approval prompt).
+            tokio::select! {
+                answer = prompt => Some(answer),
+                _ = interrupts.recv() => None,
+            }
+        };
+        match answer {
+            Some(Ok(reply)) => out(&transcript.end(Some(&reply.result))),
+            Some(Err(e)) => {
+                out(&transcript.end(None));
+                errln!("{}", printable(&e.to_string()));
+            }
+            None => {
+                out(&transcript.end(None));
+                out("(cancelled)\n");
+            }
+        }
+    }
+
+    async fn command(&mut self, command: Command) -> Result<(), ClientError> {
+        match command {
+            Command::Workspace => {
+                let info = self.agent.chat_info(Some(&self.session)).await?;
+                out(&render_workspace(&info, &self.options.prompt));
+            }
+            Command::Context => {
+                out(&render_context(
+                    &self.agent.chat_info(Some(&self.session)).await?,
+                ));
+            }
+            Command::Clear => {
+                self.agent.history_clear(Some(&self.session)).await?;
+                out(
+                    "conversation cleared (session.md keeps its frontmatter; the workspaces stay)\n",
+                );
+            }
+            Command::Help => out(&format!("{HELP}\n")),
+            Command::Quit => {}
+            Command::Session(SessionChoice::Show) => {
+                out(&format!("session {}\n", printable(&self.session)));
+            }
+            Command::Session(choice) => {
+                let id = match &choice {
+                    SessionChoice::Switch(id) => Some(id.as_str()),
+                    _ => None,
+                };
+                let opened = self.agent.open_session(id).await?;
+                self.detach_all();
+                self.session = opened.id;
+                out(&format!("now in session {}\n", printable(&self.session)));
+            }
+            Command::Attach(dir) => self.attach(dir).await?,
+        }
+        Ok(())
+    }
+
+    /// Attaches `dir`, restricted, to the chat's session; its prompts appear here.
+    async fn attach(&mut self, dir: PathBuf) -> Result<(), ClientError> {
+        let canonical = dir
+            .canonicalize()
+            .map_err(|e| ClientError::Folder(format!("{}: {e}", dir.display())))?;
+        if !canonical.is_dir() {
+            return Err(ClientError::Folder(format!(
+                "{} is not a directory",
+                dir.display()
+            )));
+        }
+        if self.approver.is_none() {
+            self.approver = TerminalApprover::start_sharing(
+                self.options.prompt_timeout,
+                self.options.guard,
+                self.terminal.clone(),
+            )
+            .map(|a| Arc::new(a) as Arc<dyn Approver>);
+            if self.approver.is_none() {
+                errln!("no terminal: the folder's actions will be denied (nobody to ask)");
+            }
+        }
+        let mut options = AttachOptions::new(canonical.clone());
+        options.limits = self.config.limits.clone().unwrap_or_default();
+        options.exec = self.config.exec.clone().unwrap_or_default();
+        options.shown_path = dir.to_string_lossy().into_owned();
+        options.session = Some(self.session.clone());
+        options.name = canonical
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        options.prompt_timeout = self.options.prompt_timeout;
+        let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let (first_tx, first) = tokio::sync::oneshot::channel::<Result<String, String>>();
+        let config = self.config.clone();
+        let approver = self.approver.clone();
+        let task = tokio::spawn(async move {
+            let mut first_tx = Some(first_tx);
+            let serve = attach(&config, options, approver, Some(tx));
+            tokio::pin!(serve);
+            loop {
+                tokio::select! {
+                    ended = &mut serve => {
+                        let message = match ended {
+                            Ok(()) => "detached".to_owned(),
+                            Err(e) => e.to_string(),
+                        };
+                        match first_tx.take() {
+                            Some(tx) => { let _ = tx.send(Err(message)); }
+                            None => errln!("attach: {}", printable(&message)),
+                        }
+                        return;
+                    }
+                    Some(event) = events.recv() => {
+                        match (&event, first_tx.take()) {
+                            (AttachEvent::Attached { workspace, .. }, Some(tx)) => {
+                                let _ = tx.send(Ok(workspace.name.clone()));
+                            }
+                            // It never got attached: say why rather than retry unseen.
+                            (AttachEvent::Disconnected { reason, .. }, Some(tx)) => {
+                                let _ = tx.send(Err(reason.clone()));
+                                return;
+                            }
+                            (_, tx) => {
+                                first_tx = tx;
+                                if let Some(line) = event.line() {
+                                    errln!("{line}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        match first.await {
+            Ok(Ok(name)) => {
+                out(&format!(
+                    "attached {} as `{}` (restricted: approve its actions here)\n",
+                    printable(&dir.to_string_lossy()),
+                    printable(&name)
+                ));
+                self.attached.push(Attached { name, task });
+                Ok(())
+            }
+            Ok(Err(message)) => Err(ClientError::Folder(message)),
+            Err(_) => Err(ClientError::Folder("the attachment ended".into())),
+        }
+    }
+
+    fn detach_all(&mut self) {
+        for folder in self.attached.drain(..) {
+            folder.task.abort();
+            out(&format!("detached `{}`\n", printable(&folder.name)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use monad_protocol::wire::{Trust, WorkspaceRef};
+    use monad_protocol::{ErrorCode, ToolError};
+    use serde_json::json;
+
+    #[test]
+    fn slash_commands_parse_and_the_rest_is_a_message() {
+        assert_eq!(parse(""), Input::Empty);
+        assert_eq!(parse("   \r\n"), Input::Empty);
+        assert_eq!(
+            parse("hello /workspace"),
+            Input::Message("hello /workspace".into())
+        );
+        assert_eq!(parse("/workspace"), Input::Command(Command::Workspace));
+        assert_eq!(parse("  /clear  "), Input::Command(Command::Clear));
+        assert_eq!(parse("/context"), Input::Command(Command::Context));
+        assert_eq!(parse("/help"), Input::Command(Command::Help));
+        assert_eq!(parse("/quit"), Input::Command(Command::Quit));
+        assert_eq!(
+            parse("/attach ~/my dir"),
+            Input::Command(Command::Attach(PathBuf::from("~/my dir")))
+        );
+        assert_eq!(
+            parse("/session"),
+            Input::Command(Command::Session(SessionChoice::Show))
+        );
+        assert_eq!(
+            parse("/session new"),
+            Input::Command(Command::Session(SessionChoice::New))
+        );
+        assert_eq!(
+            parse("/session 1234"),
+            Input::Command(Command::Session(SessionChoice::Switch("1234".into())))
+        );
+        assert_eq!(
+            parse("//etc is a path"),
+            Input::Message("/etc is a path".into())
+        );
+    }
+
+    #[test]
+    fn wrong_commands_say_what_is_wrong() {
+        for (line, says) in [
+            ("/nope", "unknown command /nope"),
+            ("/clear now", "takes no argument"),
+            ("/attach", "usage: /attach DIR"),
+            ("/session a b", "usage: /session"),
+            ("/\u{1b}[2J", "\\u{1b}"),
+        ] {
+            match parse(line) {
+                Input::Invalid(message) => assert!(message.contains(says), "{line}: {message}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+    }
+
+    fn info() -> ChatInfo {
+        ChatInfo {
+            session: "default".into(),
+            provider: "openai".into(),
+            model: "gpt\u{1b}[2J".into(),
+            messages: 5,
+            context_messages: 2,
+            conversation_messages: 4,
+            workspaces: vec![
+                WorkspaceInfo {
+                    name: "primary".into(),
+                    uri: "server:/sessions/default".into(),
+                    trust: Trust::Full,
+                    host: Host::Server,
+                    online: true,
+                    tools: vec![],
+                },
+                WorkspaceInfo {
+                    name: "lap".into(),
+                    uri: "dev:/home/me/lap".into(),
+                    trust: Trust::Restricted,
+                    host: Host::Client,
+                    online: false,
+                    tools: vec![],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn workspace_shows_the_session_provider_model_count_and_workspaces_escaped() {
+        let text = render_workspace(&info(), &PromptOptions::default());
+        assert!(text.contains("session   default\n"), "{text}");
+        assert!(text.contains("provider  openai\n"), "{text}");
+        assert!(text.contains("model     gpt\\u{1b}[2J\n"), "{text}");
+        assert!(text.contains("messages  5\n"), "{text}");
+        assert!(
+            text.contains("primary  server:/sessions/default  (server, full)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lap  dev:/home/me/lap  (attached, restricted, offline)"),
+            "{text}"
+        );
+        let none = render_workspace(
+            &ChatInfo {
+                model: String::new(),
+                ..info()
+            },
+            &PromptOptions::default(),
+        );
+        let chat = render_workspace(
+            &info(),
+            &PromptOptions {
+                model: Some("mini".into()),
+                base_url: Some("http://127.0.0.1:1/v1".into()),
+            },
+        );
+        assert!(
+            chat.contains("model     mini (this chat's; the session's: gpt\\u{1b}[2J)"),
+            "{chat}"
+        );
+        assert!(
+            chat.contains("base URL  http://127.0.0.1:1/v1 (this chat's)"),
+            "{chat}"
+        );
+        assert!(none.contains("(none: set llm.model)"), "{none}");
+    }
+
+    #[test]
+    fn context_counts_the_messages_the_next_turn_sends() {
+        assert_eq!(
+            render_context(&info()),
+            "context: 2 messages in the context window (of 4 in the conversation); the 2 \
+             oldest left out to fit llm.context_budget_tokens\n"
+        );
+        let all = ChatInfo {
+            context_messages: 1,
+            conversation_messages: 1,
+            ..info()
+        };
+        assert_eq!(
+            render_context(&all),
+            "context: 1 message in the context window (of 1 in the conversation)\n"
+        );
+    }
+
+    #[test]
+    fn tool_calls_get_their_own_lines_with_outcome_and_duration() {
+        let t0 = Instant::now();
+        let mut t = Transcript::new();
+        assert_eq!(
+            t.event(
+                &AgentEvent::Text {
+                    text: "Let me look".into()
+                },
+                t0
+            ),
+            "Let me look"
+        );
+        assert_eq!(
+            t.event(
+                &AgentEvent::ToolCallStarted {
+                    call_id: "c1".into(),
+                    tool: "read_file".into(),
+                    args: json!({"path": "a.txt", "workspace": "lap"}),
+                },
+                t0
+            ),
+            "\n⚙ read_file [lap] a.txt\n"
+        );
+        assert_eq!(
+            t.event(
+                &AgentEvent::ToolCallProgress {
+                    call_id: "c1".into(),
+                    message: "waiting for approval".into(),
+                },
+                t0
+            ),
+            "  … waiting for approval\n"
+        );
+        assert_eq!(
+            t.event(
+                &AgentEvent::ToolCallEnded {
+                    call_id: "c1".into(),
+                    tool: "read_file".into(),
+                    workspace: Some(WorkspaceRef {
+                        name: "lap".into(),
+                        uri: "x".into()
+                    }),
+                    error: None,
+                    text: "a".into(),
+                    truncated: false,
+                },
+                t0 + Duration::from_millis(1500)
+            ),
+            "✓ read_file in `lap`: ok (1.5 s)\n"
+        );
+        let ended = t.event(
+            &AgentEvent::ToolCallEnded {
+                call_id: "c2".into(),
+                tool: "run_command".into(),
+                workspace: None,
+                error: Some(ToolError::new(ErrorCode::Denied, "no\u{1b}[2J")),
+                text: String::new(),
+                truncated: false,
+            },
+            t0,
+        );
+        assert_eq!(ended, "✗ run_command: error: denied: no\\u{1b}[2J\n");
+        assert_eq!(
+            t.event(
+                &AgentEvent::Text {
+                    text: "Done.".into()
+                },
+                t0
+            ),
+            "Done."
+        );
+        assert_eq!(
+            t.end(Some(&TurnResult {
+                stop: StopReason::Answered,
+                tool_calls: 1,
+                input_tokens: 0,
+                output_tokens: 0,
+            })),
+            "\n"
+        );
+    }
+
+    #[test]
+    fn streamed_text_is_escaped_but_keeps_its_lines() {
+        let mut t = Transcript::new();
+        assert_eq!(
+            t.event(
+                &AgentEvent::Text {
+                    text: "a\r\u{1b}[2Kb\n".into()
+                },
+                Instant::now()
+            ),
+            "a\\u{d}\\u{1b}[2Kb\n"
+        );
+        assert_eq!(t.end(None), "", "nothing left mid-line");
+    }
+
+    #[test]
+    fn a_turn_that_did_not_answer_says_why() {
+        let result = |stop| TurnResult {
+            stop,
+            tool_calls: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+        };
+        assert_eq!(render_end(&result(StopReason::Answered)), None);
+        assert_eq!(
+            render_end(&result(StopReason::Failed {
+                message: "no model".into()
+            })),
+            Some("failed: no model".into())
+        );
+        assert!(
+            render_end(&result(StopReason::ToolCallLimit { limit: 3 }))
+                .unwrap()
+                .contains("max_tool_calls_per_turn")
+        );
+        let mut t = Transcript::new();
+        t.event(
+            &AgentEvent::Text {
+                text: "half".into(),
+            },
+            Instant::now(),
+        );
+        assert_eq!(
+            t.end(Some(&result(StopReason::Cancelled))),
+            "\n(cancelled)\n"
+        );
+    }
+
+    #[test]
+    fn calls_of_unknown_tools_are_shown_short_and_escaped() {
+        let line = describe_call("weird\u{1b}", &json!({"x": "y".repeat(100)}));
+        assert!(line.starts_with("weird\\u{1b} {\"x\":\"yyy"), "{line}");
+        assert!(line.ends_with('…'), "{line}");
+        assert_eq!(
+            describe_call("run_command", &json!({"argv": ["ls", "-l"]})),
+            "run_command $ ls -l"
+        );
+    }
+}
