@@ -146,6 +146,30 @@ impl TestServer {
         self.data.path()
     }
 
+    /// The audit log of session `session`, parsed line by line, once it has at least `n` lines
+    /// (the recorder writes them after the answers; a bounded wait).
+    pub async fn audit_lines(&self, session: &str, n: usize) -> Vec<Value> {
+        let path = self
+            .data_dir()
+            .join("sessions")
+            .join(session)
+            .join("audit.jsonl");
+        within(STEP, "the audit lines", async {
+            loop {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<Value> = text
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect();
+                if lines.len() >= n {
+                    return lines;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+    }
+
     /// The root of the primary workspace of session `id` on disk.
     pub fn primary_dir(&self, id: &str) -> PathBuf {
         self.data_dir().join("sessions").join(id).join("workspace")

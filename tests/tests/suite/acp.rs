@@ -192,29 +192,6 @@ fn resume(session: &str) -> NewSessionRequest {
     NewSessionRequest::new("/").meta(meta)
 }
 
-/// The audit log's lines of `session`, once there are at least `n`.
-async fn audit_lines(server: &TestServer, session: &str, n: usize) -> Vec<Value> {
-    let path = server
-        .data_dir()
-        .join("sessions")
-        .join(session)
-        .join("audit.jsonl");
-    within(STEP, "the audit lines", async {
-        loop {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let lines: Vec<Value> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            if lines.len() >= n {
-                return lines;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_editor_prompt_streams_text_and_tool_calls_and_its_approval_goes_on_to_the_laptop() {
     let provider = ScriptedProvider::start(vec![
@@ -333,7 +310,7 @@ async fn an_editor_prompt_streams_text_and_tool_calls_and_its_approval_goes_on_t
         "status: draft\n",
         "the laptop's denial held"
     );
-    let lines = audit_lines(&server, "default", 2).await;
+    let lines = server.audit_lines("default", 2).await;
     let decided: Vec<(&str, &str)> = lines
         .iter()
         .map(|l| {
@@ -397,7 +374,7 @@ async fn an_editor_rejection_denies_the_call_and_the_laptop_is_never_asked() {
     let requests = provider.wait_for_requests(2).await;
     let sent = requests[1].body.to_string();
     assert!(sent.contains("rejected"), "{sent}");
-    let lines = audit_lines(&server, "default", 1).await;
+    let lines = server.audit_lines("default", 1).await;
     assert_eq!(lines[0]["tool"], "edit_file");
     assert_eq!(lines[0]["decided_by"], "front", "{lines:?}");
     assert_eq!(lines[0]["decision"], "denied", "{lines:?}");

@@ -63,25 +63,6 @@ fn session_md(server: &TestServer) -> String {
         .unwrap_or_default()
 }
 
-/// The audit log's lines, once there are at least `n` (written in the background).
-async fn audit_lines(server: &TestServer, n: usize) -> Vec<Value> {
-    let path = server.data_dir().join("sessions/default/audit.jsonl");
-    within(STEP, "the audit lines", async {
-        loop {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let lines: Vec<Value> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            if lines.len() >= n {
-                return lines;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
-
 /// The tool results' texts in a request body of either API.
 fn tool_results(request: &Value, kind: ProviderKind) -> Vec<String> {
     let messages = request["messages"].as_array().cloned().unwrap_or_default();
@@ -233,7 +214,7 @@ async fn a_prompt_reads_and_edits_a_file_in_a_restricted_folder_through_approval
         );
 
         // The audit log has both calls, decided by the laptop's user.
-        let lines = audit_lines(&server, 2).await;
+        let lines = server.audit_lines("default", 2).await;
         let tools: Vec<&str> = lines.iter().filter_map(|l| l["tool"].as_str()).collect();
         assert_eq!(tools, ["read_file", "edit_file"], "{lines:?}");
     }
@@ -548,7 +529,7 @@ async fn cancelling_during_an_approval_withdraws_it_and_the_audit_says_cancelled
         r = turn => panic!("the turn ended although nobody approved: {r:?}"),
         _ = within(STEP, "the approval prompt", asked) => {}
     }
-    let lines = audit_lines(&server, 1).await;
+    let lines = server.audit_lines("default", 1).await;
     assert_eq!(
         (&lines[0]["tool"], &lines[0]["outcome"]),
         (&json!("read_file"), &json!("cancelled")),

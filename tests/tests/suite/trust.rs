@@ -431,25 +431,6 @@ async fn always_on_a_shell_allows_only_that_exact_command() {
     assert!(scope.contains("until this attach ends"), "{scope}");
 }
 
-/// The audit lines of session `default`, once there are `n`.
-async fn audit_lines(server: &TestServer, n: usize) -> Vec<Value> {
-    let path = server.data_dir().join("sessions/default/audit.jsonl");
-    within(STEP, "the audit lines", async {
-        loop {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let lines: Vec<Value> = text
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            if lines.len() >= n {
-                return lines;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_timed_out_and_cancelled_calls_are_three_different_outcomes() {
     let server = TestServer::start().await;
@@ -511,7 +492,7 @@ async fn denied_timed_out_and_cancelled_calls_are_three_different_outcomes() {
         _ = within(STEP, "the prompt", asked_rx) => {}
     }
 
-    let lines = audit_lines(&server, 3).await;
+    let lines = server.audit_lines("default", 3).await;
     let line = |file: &str| {
         lines
             .iter()
@@ -1004,7 +985,7 @@ async fn process_tools_say_what_was_written_where_in_the_audit_and_event_lines()
         "{target}"
     );
     // The audit lines of the process tools say which process, and for a write its first line.
-    let lines = audit_lines(&server, 3).await;
+    let lines = server.audit_lines("default", 3).await;
     let target_of = |tool: &str| {
         lines
             .iter()
