@@ -81,10 +81,7 @@ async fn direct(provider: &HttpProvider, request: &Request) -> (Duration, Durati
 async fn run(warmup: usize, rounds: usize) {
     let provider = ScriptedProvider::start(Vec::new()).await;
     let base_url = provider.openai_base_url();
-    let toml = format!(
-        "[llm]\nprovider = \"openai\"\nbase_url = \"{base_url}\"\nmodel = \"scripted-model\"\n\
-         api_key_env = \"MONAD_BENCH_UNSET_KEY\"\n"
-    );
+    let toml = provider.llm_config(ProviderKind::Openai, "");
     let server = TestServer::start_with(|config| {
         std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
     })

@@ -152,6 +152,20 @@ impl ScriptedProvider {
         }
     }
 
+    /// A server's `config.toml` whose `[llm]` talks to this provider with `kind` (no key: its
+    /// variable is never set), plus `extra` lines of `[llm]`.
+    pub fn llm_config(&self, kind: monad_server::llm::ProviderKind, extra: &str) -> String {
+        let base_url = match kind {
+            monad_server::llm::ProviderKind::Openai => self.openai_base_url(),
+            monad_server::llm::ProviderKind::Anthropic => self.anthropic_base_url(),
+        };
+        format!(
+            "[llm]\nprovider = \"{}\"\nbase_url = \"{base_url}\"\nmodel = \"scripted-model\"\n\
+             api_key_env = \"MONAD_TEST_UNSET_KEY\"\n{extra}",
+            kind.as_str()
+        )
+    }
+
     /// `base_url` for `provider = "openai"`.
     pub fn openai_base_url(&self) -> String {
         format!("http://{}/v1", self.addr)

@@ -18,6 +18,7 @@ use agent_client_protocol::v1::schema::{
     ToolKind,
 };
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_server::llm::ProviderKind;
 use monad_tests::provider::{Reply, ScriptedProvider};
 use monad_tests::{Attachment, STEP, TestServer, attach_options, folder, within};
 use serde_json::{Value, json};
@@ -28,11 +29,7 @@ mod node;
 
 /// A server whose `[llm]` talks to the scripted provider (Chat Completions).
 async fn server_for(provider: &ScriptedProvider) -> TestServer {
-    let toml = format!(
-        "[llm]\nprovider = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted-model\"\n\
-         api_key_env = \"MONAD_TEST_UNSET_KEY\"\n",
-        provider.openai_base_url()
-    );
+    let toml = provider.llm_config(ProviderKind::Openai, "");
     TestServer::start_with(|config| {
         std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
     })

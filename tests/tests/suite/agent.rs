@@ -20,15 +20,7 @@ const KINDS: [ProviderKind; 2] = [ProviderKind::Openai, ProviderKind::Anthropic]
 
 /// A server whose `[llm]` talks to `provider` with `kind`, plus `extra` lines of `[llm]`.
 async fn server_for(provider: &ScriptedProvider, kind: ProviderKind, extra: &str) -> TestServer {
-    let base_url = match kind {
-        ProviderKind::Openai => provider.openai_base_url(),
-        ProviderKind::Anthropic => provider.anthropic_base_url(),
-    };
-    let toml = format!(
-        "[llm]\nprovider = \"{}\"\nbase_url = \"{base_url}\"\nmodel = \"scripted-model\"\n\
-         api_key_env = \"MONAD_TEST_UNSET_KEY\"\n{extra}",
-        kind.as_str()
-    );
+    let toml = provider.llm_config(kind, extra);
     TestServer::start_with(|config| {
         std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
     })

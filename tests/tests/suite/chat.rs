@@ -179,12 +179,7 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
         Reply::text(["Back again."]),
     ])
     .await;
-    let toml = format!(
-        "[llm]\nprovider = \"{}\"\nbase_url = \"{}\"\nmodel = \"scripted-model\"\n\
-         api_key_env = \"MONAD_TEST_UNSET_KEY\"\n",
-        ProviderKind::Openai.as_str(),
-        provider.openai_base_url()
-    );
+    let toml = provider.llm_config(ProviderKind::Openai, "");
     let server = TestServer::start_with(|config| {
         std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
     })
