@@ -359,9 +359,10 @@ pub struct WorkspaceRef {
     pub uri: String,
 }
 
-/// How a tool call ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+/// How a tool call ended. Decoded by hand (see the `Deserialize` impl below), written by serde
+/// as `{"status": "ok", "result": ...}` or `{"status": "error", "error": ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
 pub enum Outcome {
     /// The tool's JSON result.
     Ok {
@@ -373,6 +374,69 @@ pub enum Outcome {
         /// What went wrong.
         error: ToolError,
     },
+}
+
+/// Reads an [`Outcome`] field by field. serde's derive for an internally tagged enum first
+/// buffers the whole object (the tool's result included, however large) into a private tree and
+/// decodes that again; this visitor decodes each field once, straight into its type, in any
+/// order. Unknown fields, a missing or unknown `status`, and a field of the other status are
+/// errors, as with the derive.
+impl<'de> Deserialize<'de> for Outcome {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Outcome, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Outcome;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an outcome {status: ok, result} or {status: error, error}")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Outcome, A::Error> {
+                use serde::de::Error;
+                #[derive(Deserialize)]
+                #[serde(rename_all = "snake_case")]
+                enum Status {
+                    Ok,
+                    Error,
+                }
+                #[derive(Deserialize)]
+                #[serde(field_identifier, rename_all = "snake_case")]
+                enum Field {
+                    Status,
+                    Result,
+                    Error,
+                }
+                let (mut status, mut result, mut error) = (None, None, None);
+                while let Some(field) = map.next_key::<Field>()? {
+                    match field {
+                        Field::Status if status.is_none() => status = Some(map.next_value()?),
+                        Field::Result if result.is_none() => result = Some(map.next_value()?),
+                        Field::Error if error.is_none() => error = Some(map.next_value()?),
+                        Field::Status => return Err(A::Error::duplicate_field("status")),
+                        Field::Result => return Err(A::Error::duplicate_field("result")),
+                        Field::Error => return Err(A::Error::duplicate_field("error")),
+                    }
+                }
+                match (status, result, error) {
+                    (None, _, _) => Err(A::Error::missing_field("status")),
+                    (Some(Status::Ok), Some(result), None) => Ok(Outcome::Ok { result }),
+                    (Some(Status::Ok), None, _) => Err(A::Error::missing_field("result")),
+                    (Some(Status::Ok), Some(_), Some(_)) => {
+                        Err(A::Error::unknown_field("error", &["status", "result"]))
+                    }
+                    (Some(Status::Error), None, Some(error)) => Ok(Outcome::Error { error }),
+                    (Some(Status::Error), _, None) => Err(A::Error::missing_field("error")),
+                    (Some(Status::Error), Some(_), Some(_)) => {
+                        Err(A::Error::unknown_field("result", &["status", "error"]))
+                    }
+                }
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// A field of a result that travels after its [`Message::Result`] as raw bytes instead of inside
@@ -953,6 +1017,29 @@ pub enum Message {
     },
 }
 
+/// [`Message::Result`] as a plain struct, for [`Message::from_json`]'s fast path: the same
+/// fields, and a `type` that must be `result` (written first by [`Message::to_json`], so another
+/// message is turned away at its first field).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultMessage {
+    #[serde(rename = "type")]
+    _type: ResultTag,
+    id: u64,
+    #[serde(default)]
+    workspace: Option<WorkspaceRef>,
+    outcome: Outcome,
+    #[serde(default)]
+    body: Option<Body>,
+}
+
+/// The `type` of a [`ResultMessage`]: only `result`.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ResultTag {
+    Result,
+}
+
 impl Message {
     /// Encodes the message as JSON (the payload that [`crate::frame::frames`] cuts up).
     pub fn to_json(&self) -> Vec<u8> {
@@ -960,7 +1047,20 @@ impl Message {
     }
 
     /// Decodes a message from JSON.
+    ///
+    /// A tool's result, the one message that can be large, is decoded straight into its fields;
+    /// every other message through serde's derive for the internally tagged enum, which buffers
+    /// the whole message first (cheap for small ones). A result message that the fast path
+    /// refuses is decoded by the derive too, so its error is the same as for any message.
     pub fn from_json(bytes: &[u8]) -> Result<Message, serde_json::Error> {
+        if let Ok(result) = serde_json::from_slice::<ResultMessage>(bytes) {
+            return Ok(Message::Result {
+                id: result.id,
+                workspace: result.workspace,
+                outcome: result.outcome,
+                body: result.body,
+            });
+        }
         serde_json::from_slice(bytes)
     }
 
@@ -1521,5 +1621,99 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn an_outcome_reads_its_fields_in_any_order_and_refuses_what_the_derive_refused() {
+        use serde_json::json;
+        let ok = |v: Value| serde_json::from_value::<Outcome>(v);
+        assert_eq!(
+            ok(json!({"result": {"a": 1}, "status": "ok"})).unwrap(),
+            Outcome::Ok {
+                result: json!({"a": 1})
+            }
+        );
+        let error = json!({"code": "not_found", "message": "no such file"});
+        assert!(matches!(
+            ok(json!({"error": error, "status": "error"})).unwrap(),
+            Outcome::Error { .. }
+        ));
+        for (bad, says) in [
+            (json!({"result": {}}), "missing field `status`"),
+            (json!({"status": "ok"}), "missing field `result`"),
+            (json!({"status": "error"}), "missing field `error`"),
+            (
+                json!({"status": "maybe", "result": {}}),
+                "unknown variant `maybe`",
+            ),
+            (
+                json!({"status": "ok", "result": {}, "error": error}),
+                "unknown field `error`",
+            ),
+            (
+                json!({"status": "error", "result": {}, "error": error}),
+                "unknown field `result`",
+            ),
+            (
+                json!({"status": "ok", "result": {}, "extra": 1}),
+                "unknown field `extra`",
+            ),
+            (json!([1, 2]), "an outcome"),
+        ] {
+            let err = ok(bad.clone()).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        let twice = br#"{"status":"ok","result":{},"result":{}}"#;
+        let err = serde_json::from_slice::<Outcome>(twice).unwrap_err();
+        assert!(
+            err.to_string().contains("duplicate field `result`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_result_message_decodes_the_same_on_the_fast_path_as_through_the_derive() {
+        use serde_json::json;
+        let messages = [
+            Message::Result {
+                id: 7,
+                workspace: Some(WorkspaceRef {
+                    name: "lap".into(),
+                    uri: "vm:/p".into(),
+                }),
+                outcome: Outcome::Ok {
+                    result: json!({"entries": ["a/", "a/b"], "truncated": false}),
+                },
+                body: Some(Body {
+                    field: "content".into(),
+                    len: 3,
+                }),
+            },
+            Message::Result {
+                id: 8,
+                workspace: None,
+                outcome: Outcome::Error {
+                    error: ToolError::new(crate::error::ErrorCode::Denied, "no"),
+                },
+                body: None,
+            },
+        ];
+        for message in messages {
+            let bytes = message.to_json();
+            assert_eq!(Message::from_json(&bytes).unwrap(), message);
+            let derived: Message = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(derived, message);
+        }
+        // Fields in another order, and other messages, go through the derive.
+        let reordered = br#"{"id":3,"outcome":{"result":1,"status":"ok"},"type":"result"}"#;
+        assert!(matches!(
+            Message::from_json(reordered).unwrap(),
+            Message::Result { id: 3, .. }
+        ));
+        let bad = br#"{"type":"result","id":3,"outcome":{"status":"ok"}}"#;
+        let err = Message::from_json(bad).unwrap_err().to_string();
+        assert!(err.contains("missing field `result`"), "{err}");
+        let unknown = br#"{"type":"result","id":3,"outcome":{"status":"ok","result":1},"x":1}"#;
+        assert!(Message::from_json(unknown).is_err());
     }
 }

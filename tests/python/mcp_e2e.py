@@ -53,7 +53,8 @@ async def exercise(session: ClientSession, transport: str, workspace: str) -> di
 
     listing = await session.call_tool("list_dir", {"workspace": workspace})
     check(not listing.is_error, f"list_dir failed: {listing.content}")
-    listed = [e["path"] for e in listing.structured_content["result"]["entries"]]
+    # A file is its path, a directory its path and `/`; links and others are {path, kind}.
+    listed = listing.structured_content["result"]["entries"]
     check(listed == ["notes.txt"], str(listed))
     check(listing.content[0].text.splitlines()[1:] == ["notes.txt"], repr(listing.content[0].text))
 

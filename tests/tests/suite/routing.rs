@@ -257,10 +257,10 @@ async fn with_a_focus_folder_calls_without_a_workspace_act_in_it() {
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|e| e["path"].as_str())
+        .filter_map(|e| e.as_str())
         .collect();
     assert!(
-        paths.contains(&"src") && paths.contains(&"README.md"),
+        paths.contains(&"src/") && paths.contains(&"README.md"),
         "{paths:?}"
     );
     assert!(!paths.contains(&"plan.md"), "{paths:?}");

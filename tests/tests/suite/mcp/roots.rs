@@ -123,7 +123,7 @@ fn sees(look: &Value, session: &str, name: &str, note: &str) {
     assert_eq!(look["list_workspace"], name, "{look}");
     assert_eq!(
         look["list"],
-        serde_json::json!(["notes.txt", "src"]),
+        serde_json::json!(["notes.txt", "src/"]),
         "{look}"
     );
     assert_eq!(look["read"], note, "{look}");
