@@ -580,6 +580,32 @@ async fn bad_requests_get_errors_and_the_agent_goes_on() {
     )
     .await;
     assert!(answer["result"]["sessionId"].is_string(), "{answer}");
+    // A mobile client's own id for a session that does not exist yet: the session is made with
+    // that id. An id that is not a session id is refused, and nothing is made.
+    let fresh = "5b0f3a52-8e1d-4c8a-9d37-2f6e1c0b7a19";
+    let answer = ask(&format!(
+        r#"{{"jsonrpc":"2.0","id":8,"method":"session/new","params":{{"cwd":"/","mcpServers":[],"_meta":{{"sessionId":"{fresh}"}}}}}}"#
+    ))
+    .await;
+    assert_eq!(answer["result"]["sessionId"], fresh, "{answer}");
+    assert!(server.data_dir().join("sessions").join(fresh).is_dir());
+    let sessions_before = std::fs::read_dir(server.data_dir().join("sessions"))
+        .unwrap()
+        .count();
+    let answer = ask(
+        r#"{"jsonrpc":"2.0","id":9,"method":"session/new","params":{"cwd":"/","mcpServers":[],"_meta":{"sessionId":"../../etc"}}}"#,
+    )
+    .await;
+    assert!(
+        answer["error"].is_object(),
+        "a path as session id: {answer}"
+    );
+    assert_eq!(
+        std::fs::read_dir(server.data_dir().join("sessions"))
+            .unwrap()
+            .count(),
+        sessions_before
+    );
     drop(stdin);
     let status = within(STEP, "the agent to exit", child.wait())
         .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 use monad_client::agent::{Agent, PromptOptions, PromptReply};
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_protocol::agent::{AgentEvent, StopReason};
-use monad_protocol::wire::{HistoryMessage, HistoryRole};
+use monad_protocol::wire::{HistoryMessage, HistoryRole, Trust};
 use monad_server::llm::ProviderKind;
 use monad_tests::provider::{Reply, ScriptedProvider};
 use monad_tests::{
@@ -763,4 +763,104 @@ async fn chat_info_counts_the_messages_the_next_turn_sends_with_the_loops_own_tr
     let info = agent.chat_info(None).await.unwrap();
     assert_eq!((info.conversation_messages, info.context_messages), (3, 3));
     assert_eq!(info.model, "", "no model set");
+}
+
+/// Optional: one real turn against a model server running on this machine, which the test
+/// harness cannot install (no model weights are reachable from the package registries). Set
+/// `MONAD_TEST_LIVE_LLM_URL` (an OpenAI-compatible base URL such as Ollama's
+/// `http://127.0.0.1:11434/v1`, or an Anthropic-compatible one with
+/// `MONAD_TEST_LIVE_LLM_PROVIDER=anthropic`) and `MONAD_TEST_LIVE_LLM_MODEL` (a model with tool
+/// calling, e.g. `qwen2.5:3b`); `MONAD_TEST_LIVE_LLM_KEY_ENV` names the variable that holds a
+/// key, when the server needs one. See `docs/agent.md`. Without them it says loudly that it did
+/// not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_a_real_local_model_reads_a_file_through_a_tool_and_answers_from_it() {
+    let (Ok(base_url), Ok(model)) = (
+        std::env::var("MONAD_TEST_LIVE_LLM_URL"),
+        std::env::var("MONAD_TEST_LIVE_LLM_MODEL"),
+    ) else {
+        eprintln!(
+            "SKIPPED (optional, not run): no real model server. Set MONAD_TEST_LIVE_LLM_URL and \
+             MONAD_TEST_LIVE_LLM_MODEL to run one turn against it (docs/agent.md)."
+        );
+        return;
+    };
+    let provider = std::env::var("MONAD_TEST_LIVE_LLM_PROVIDER").unwrap_or("openai".into());
+    let key_env =
+        std::env::var("MONAD_TEST_LIVE_LLM_KEY_ENV").unwrap_or("MONAD_TEST_UNSET_KEY".into());
+    live_turn(&provider, &base_url, &model, &key_env).await;
+}
+
+/// The optional test's harness, run against the scripted provider playing a model that does what
+/// was asked, so the optional test's own checks are known to work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_optional_real_model_turn_passes_with_a_model_that_does_what_it_is_asked() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::tool_call(
+            "c1",
+            "read_file",
+            json!({"path": "notes.txt", "workspace": "lap"}),
+        ),
+        Reply::text(["The secret word is ", &live_word(), "."]),
+    ])
+    .await;
+    live_turn(
+        "openai",
+        &provider.openai_base_url(),
+        "scripted-model",
+        "MONAD_TEST_UNSET_KEY",
+    )
+    .await;
+}
+
+/// A word no model knows in advance, so an answer naming it can only come from the file.
+fn live_word() -> String {
+    format!("quokka{}", std::process::id())
+}
+
+/// One turn with `[llm]` set to the given provider: the model is asked to read a file in a
+/// folder (attached with full trust, so nothing waits for a person) and name the word in it.
+async fn live_turn(provider: &str, base_url: &str, model: &str, key_env: &str) {
+    let toml = format!(
+        "[llm]\nprovider = {provider:?}\nbase_url = {base_url:?}\nmodel = {model:?}\n\
+         api_key_env = {key_env:?}\n"
+    );
+    let server = TestServer::start_with(|config| {
+        std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
+    })
+    .await;
+    let word = live_word();
+    let dir = folder(&[("notes.txt", &format!("The secret word is {word}.\n"))]);
+    let mut options = attach_options(dir.path(), "lap");
+    options.trust = Trust::Full;
+    let _lap = Attachment::start(&server.client_config(), options, None).await;
+    let agent = server.agent().await;
+
+    let mut events = Vec::new();
+    let reply = within(
+        Duration::from_secs(600),
+        "the model's turn to end",
+        agent.prompt(
+            None,
+            "Use the read_file tool to read notes.txt in the workspace `lap`, then tell me the \
+             secret word it contains.",
+            |e| events.push(e),
+        ),
+    )
+    .await
+    .expect("the prompt is answered");
+
+    assert_eq!(reply.result.stop, StopReason::Answered, "{events:?}");
+    let read = events.iter().any(
+        |e| matches!(e, AgentEvent::ToolCallEnded { tool, error: None, .. } if tool == "read_file"),
+    );
+    assert!(read, "the model read the file through the tool: {events:?}");
+    let answer = streamed_text(&events);
+    assert!(
+        answer.contains(&word),
+        "the answer names the word: {answer}"
+    );
+    let md = session_md(&server);
+    assert!(md.contains(&format!("model: {model}")), "{md}");
+    assert!(md.contains(&word), "session.md holds the turn: {md}");
 }
