@@ -115,7 +115,7 @@ pub fn locations(args: &Value) -> Vec<ToolCallLocation> {
 }
 
 /// The session updates an agent event becomes (none for a permission question, which is a
-/// request of its own, or a rate-limit wait).
+/// request of its own; a rate-limit wait is a thought).
 pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
     match event {
         AgentEvent::Text { text } => vec![SessionUpdate::AgentMessageChunk(ContentChunk::new(
@@ -156,7 +156,24 @@ pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
                     .content(vec![ToolCallContent::from(text.clone())]),
             ))]
         }
-        AgentEvent::Permission { .. } | AgentEvent::Retrying { .. } => Vec::new(),
+        // ACP has no update for a wait; a thought is what editors show as the agent's aside.
+        AgentEvent::Retrying { after_ms, message } => {
+            vec![SessionUpdate::AgentThoughtChunk(ContentChunk::new(
+                ContentBlock::from(retrying_text(*after_ms, message)),
+            ))]
+        }
+        AgentEvent::Permission { .. } => Vec::new(),
+    }
+}
+
+/// What a rate-limit wait reads as in the editor.
+fn retrying_text(after_ms: u64, message: &str) -> String {
+    let seconds = after_ms.div_ceil(1000).max(1);
+    let message = message.trim();
+    if message.is_empty() {
+        format!("The model's provider is rate limiting; asking again in {seconds} s.")
+    } else {
+        format!("The model's provider is rate limiting ({message}); asking again in {seconds} s.")
     }
 }
 
@@ -358,6 +375,29 @@ mod tests {
                 message: "no model".into()
             }),
             Err("no model".into())
+        );
+    }
+
+    #[test]
+    fn a_rate_limit_wait_is_a_thought_saying_how_long() {
+        let event = AgentEvent::Retrying {
+            after_ms: 2500,
+            message: "slow down".into(),
+        };
+        let updates = updates(&event);
+        let [SessionUpdate::AgentThoughtChunk(chunk)] = updates.as_slice() else {
+            panic!("one thought: {updates:?}");
+        };
+        let ContentBlock::Text(text) = &chunk.content else {
+            panic!("text: {chunk:?}");
+        };
+        assert_eq!(
+            text.text,
+            "The model's provider is rate limiting (slow down); asking again in 3 s."
+        );
+        assert_eq!(
+            retrying_text(0, " "),
+            "The model's provider is rate limiting; asking again in 1 s."
         );
     }
 }
