@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -396,7 +397,17 @@ fn read_line(
         if reply.is_closed() {
             return Line::Eof;
         }
-        let _held = terminal.lock().unwrap_or_else(|p| p.into_inner());
+        // The lock is only ever held elsewhere by an approval prompt: once it is answered, the
+        // input line's `> ` (which the prompt scrolled away) is shown again.
+        let _held = match terminal.try_lock() {
+            Ok(held) => held,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let held = terminal.lock().unwrap_or_else(|p| p.into_inner());
+                out("> ");
+                held
+            }
+        };
         let stdin = std::io::stdin();
         let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
         if !matches!(poll(&mut fds, PollTimeout::from(100u8)), Ok(n) if n > 0) {
@@ -443,6 +454,18 @@ struct Chat {
     terminal: TerminalLock,
     approver: Option<Arc<dyn Approver>>,
     attached: Vec<Attached>,
+    /// True while a turn runs (its transcript shows the turn's own tool calls).
+    busy: Arc<AtomicBool>,
+}
+
+/// The line a folder attached from the chat prints for `event`, if any. During a turn the
+/// transcript already shows each call with its outcome, so the folder's own start and end lines
+/// are left out; between turns (a call from another agent) they are the only word of it.
+fn attach_line(event: &AttachEvent, in_turn: bool) -> Option<String> {
+    match event {
+        AttachEvent::Decided { .. } | AttachEvent::Finished { .. } if in_turn => None,
+        _ => event.line(),
+    }
 }
 
 fn out(text: &str) {
@@ -470,6 +493,7 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), Clien
         terminal,
         approver: None,
         attached: Vec::new(),
+        busy: Arc::default(),
     };
     out(&format!(
         "chat with the agent of session {} (/help lists the commands)\n",
@@ -510,6 +534,12 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), Clien
 impl Chat {
     /// Sends `text` and prints the turn as it happens; Ctrl-C cancels it.
     async fn turn(&mut self, text: &str, interrupts: &mut tokio::signal::unix::Signal) {
+        self.busy.store(true, Ordering::Relaxed);
+        self.turn_inner(text, interrupts).await;
+        self.busy.store(false, Ordering::Relaxed);
+    }
+
+    async fn turn_inner(&mut self, text: &str, interrupts: &mut tokio::signal::unix::Signal) {
         let mut transcript = Transcript::new();
         let answer = {
             let shown = &mut transcript;
@@ -610,6 +640,7 @@ impl Chat {
         let (first_tx, first) = tokio::sync::oneshot::channel::<Result<String, String>>();
         let config = self.config.clone();
         let approver = self.approver.clone();
+        let busy = self.busy.clone();
         let task = tokio::spawn(async move {
             let mut first_tx = Some(first_tx);
             let serve = attach(&config, options, approver, Some(tx));
@@ -639,8 +670,15 @@ impl Chat {
                             }
                             (_, tx) => {
                                 first_tx = tx;
-                                if let Some(line) = event.line() {
-                                    errln!("{line}");
+                                let in_turn = busy.load(Ordering::Relaxed);
+                                match attach_line(&event, in_turn) {
+                                    Some(line) if in_turn => errln!("{line}"),
+                                    // Over the idle input line's `> `, which comes back after.
+                                    Some(line) => {
+                                        errln!("\r{line}");
+                                        out("> ");
+                                    }
+                                    None => {}
                                 }
                             }
                         }

@@ -212,7 +212,49 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
     tmux.key("y");
     tmux.wait_for("allowed once").await;
     tmux.wait_for("✓ read_file in `lap`: ok (").await;
-    tmux.wait_for("The file says hi.").await;
+    let screen = tmux.wait_for("The file says hi.").await;
+    // The transcript shows the call once: not again in the folder's own start and end lines.
+    assert!(!screen.contains("▶ read_file"), "{screen}");
+    assert!(!screen.contains("✓ read_file a.txt"), "{screen}");
+
+    // Between turns, a call from another agent: the folder's prompt shows here; once it is
+    // answered, the folder's lines say what ran and the input line's `> ` is back.
+    let outsider = server.agent().await;
+    let outside = tokio::spawn(async move {
+        outsider
+            .call(
+                Some("default"),
+                "read_file",
+                json!({"path": "a.txt", "workspace": "lap"}),
+                |_| {},
+            )
+            .await
+    });
+    tmux.wait_for_n("approval needed", 2).await;
+    tmux.wait_for_n("answer within", 2).await;
+    tmux.key("y");
+    tmux.wait_for("✓ read_file a.txt: ok").await;
+    let reply = monad_tests::within(STEP, "the outside call", outside)
+        .await
+        .unwrap()
+        .expect("the outside call is answered");
+    assert!(
+        matches!(reply.outcome, monad_protocol::wire::Outcome::Ok { .. }),
+        "{reply:?}"
+    );
+    let deadline = tokio::time::Instant::now() + STEP;
+    loop {
+        let screen = tmux.screen();
+        let last = screen.lines().rev().find(|l| !l.trim().is_empty());
+        if last.map(str::trim_end) == Some(">") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the input line did not come back:\n{screen}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // /workspace and /context ask the server.
     tmux.line("/workspace");
