@@ -866,6 +866,17 @@ impl SessionStore for FsStore {
         read_jsonl(&self.session_dir(id).join("audit.jsonl"))
     }
 
+    fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
+        check_id(id)?;
+        let path = self.session_dir(id).join("audit.jsonl");
+        match std::fs::read(&path) {
+            // Complete lines only: a torn last line (from a crash) is not a record.
+            Ok(bytes) => Ok(bytes.iter().filter(|b| **b == b'\n').count()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(StoreError::io("read", &path, e)),
+        }
+    }
+
     fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
         check_id(id)?;
         let path = self.session_dir(id).join("config.toml");
@@ -991,6 +1002,40 @@ impl WorkspaceStore for FsStore {
                 return Err(StoreError::NotFound(format!("workspace record {id}")));
             };
             Ok(page(&file.sessions, limit, after.as_ref()))
+        })
+    }
+
+    fn add_record(&self, record: &WorkspaceRecord) -> Result<(), StoreError> {
+        check_id(&record.id)?;
+        self.with_workspaces(|map, dir| {
+            if map.contains_key(&record.id) {
+                return Err(StoreError::Invalid(format!(
+                    "workspace record {} exists",
+                    record.id
+                )));
+            }
+            let file = WorkspaceFile {
+                record: record.clone(),
+                sessions: Vec::new(),
+            };
+            FsStore::write_workspace(dir, &file)?;
+            map.insert(record.id.clone(), file);
+            Ok(())
+        })
+    }
+
+    fn delete_record(&self, id: &str) -> Result<(), StoreError> {
+        check_id(id)?;
+        self.with_workspaces(|map, dir| {
+            if map.remove(id).is_none() {
+                return Err(StoreError::NotFound(format!("workspace record {id}")));
+            }
+            let path = dir.join(format!("{id}.json"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(StoreError::io("delete", &path, e)),
+            }
         })
     }
 
@@ -1125,6 +1170,8 @@ impl ArtifactStore for FsStore {
         check_id(&meta.session)?;
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.session).join("artifacts");
+        // Under the session's lock, so that a deletion rewriting the index loses no line.
+        let _guard = self.lock(&meta.session);
         create_private_dir(&dir).map_err(map_io("create", &dir))?;
         atomic(&dir.join(format!("{}.bin", meta.id)), content)?;
         let mut line = serde_json::to_vec(meta).expect("metadata serializes");
@@ -1165,6 +1212,36 @@ impl ArtifactStore for FsStore {
             .join(format!("{id}.bin"));
         let content = std::fs::read(&path).map_err(map_io("read", &path))?;
         Ok((meta, content))
+    }
+
+    fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError> {
+        check_id(session)?;
+        let dir = self.session_dir(session).join("artifacts");
+        let index = dir.join("index.jsonl");
+        let _guard = self.lock(session);
+        let all: Vec<ArtifactMeta> = read_jsonl(&index)?;
+        let mut kept = Vec::new();
+        for meta in all.iter().filter(|m| !ids.contains(&m.id)) {
+            kept.extend(serde_json::to_vec(meta).expect("metadata serializes"));
+            kept.push(b'\n');
+        }
+        if !all.is_empty() {
+            // The index first: an artifact it no longer names is gone even if a crash keeps
+            // its content file.
+            atomic(&index, &kept)?;
+        }
+        for id in ids {
+            if check_id(id).is_err() {
+                continue;
+            }
+            let path = dir.join(format!("{id}.bin"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("delete", &path, e)),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1515,6 +1592,7 @@ mod tests {
             size: 2,
             truncated: false,
             original_size: 2,
+            upload: None,
         };
         store
             .put_artifact(&art("a1", ArtifactKind::ToolOutput), b"{}")
