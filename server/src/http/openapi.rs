@@ -169,7 +169,7 @@ mod tests {
             assert!(schemas.contains_key(name), "dangling $ref to {name}");
         }
         // Field names are seed 004's.
-        let upload = serde_json::to_string(&schemas["FileArtifact"]).unwrap();
+        let upload = serde_json::to_string(&schemas["UploadArtifact"]).unwrap();
         for field in ["sessionId", "artifactName", "contentBase64", "contentType"] {
             assert!(upload.contains(field), "{field} missing");
         }

@@ -1614,6 +1614,102 @@ mod tests {
     }
 
     #[test]
+    fn deleted_artifacts_are_gone_and_the_others_stay_after_a_new_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        for id in ["a1", "a2", "a3"] {
+            let art = ArtifactMeta {
+                id: id.into(),
+                session: "default".into(),
+                kind: ArtifactKind::ToolOutput,
+                workspace: None,
+                tool: None,
+                call_id: None,
+                created_at: "t".into(),
+                content_type: "text/plain".into(),
+                size: 1,
+                truncated: false,
+                original_size: 1,
+                upload: None,
+            };
+            store.put_artifact(&art, b"x").unwrap();
+        }
+        store
+            .delete_artifacts("default", &["a1".into(), "a3".into(), "missing".into()])
+            .unwrap();
+        let again = FsStore::new(dir.path());
+        let left: Vec<String> = again
+            .artifacts("default")
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(left, ["a2"]);
+        assert!(again.artifact("default", "a1").is_err());
+        assert!(!dir.path().join("sessions/default/artifacts/a1.bin").exists());
+    }
+
+    #[test]
+    fn an_added_record_survives_a_new_store_and_a_deleted_one_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let record = WorkspaceRecord {
+            id: "0b6c2b2e-0000-4000-8000-000000000001".into(),
+            user: "ana".into(),
+            device_id: "http".into(),
+            path: String::new(),
+            uri: "general:x".into(),
+            created_at: "t".into(),
+            last_active: "t".into(),
+        };
+        store.add_record(&record).unwrap();
+        assert!(store.add_record(&record).is_err(), "ids are unique");
+        assert_eq!(
+            FsStore::new(dir.path()).record(&record.id).unwrap(),
+            Some(record.clone())
+        );
+        store.delete_record(&record.id).unwrap();
+        assert!(matches!(
+            store.delete_record(&record.id),
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(FsStore::new(dir.path()).record(&record.id).unwrap(), None);
+    }
+
+    #[test]
+    fn the_audit_count_and_pages_follow_the_log_and_skip_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), 0);
+        let records: Vec<AuditRecord> = (0..5)
+            .map(|i| AuditRecord {
+                time: "t".into(),
+                call_id: format!("c{i}"),
+                tool: "read_file".into(),
+                workspace: None,
+                target: format!("f{i}"),
+                decision: super::super::AuditDecision::Allowed,
+                decided_by: Decider::Trust,
+                outcome: super::super::AuditOutcome::Ok,
+                duration_ms: 1,
+            })
+            .collect();
+        store.audit("default", &records).unwrap();
+        let path = dir.path().join("sessions/default/audit.jsonl");
+        let mut torn = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut torn, b"{\"time\":").unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), 5);
+        let (page, total) = store.audit_page("default", 3, 10).unwrap();
+        assert_eq!(total, 5);
+        assert_eq!(
+            page.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
+            ["f3", "f4"]
+        );
+    }
+
+    #[test]
     fn stale_temporary_files_go_and_nothing_else_does() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();

@@ -61,7 +61,7 @@ impl Driver {
                     "--no-sandbox",
                     "--disable-gpu",
                     "--disable-dev-shm-usage",
-                    "--window-size=1280,900",
+                    "--window-size=1280,1500",
                     "--no-first-run",
                     format!("--user-data-dir={}", profile.path().display()),
                 ],

@@ -397,3 +397,43 @@ async fn a_session_exports_as_its_markdown() {
     assert!(text.contains("## User\n\nWhat is 2+2?"), "{text}");
     assert!(text.contains("## Assistant\n\n4"), "{text}");
 }
+
+#[tokio::test]
+async fn the_session_list_pages_with_more_rows_and_searches_the_conversations() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let made = super::many_sessions(&server, "admin", 120);
+    let ws = api.workspace(None).await;
+    let needle = new_session();
+    api.snapshot(
+        &ws,
+        &needle,
+        "t",
+        &[("user", "Where is the Flux Capacitor documented?")],
+    )
+    .await;
+    let mut browser = Browser::new(http);
+    browser.sign_in(&server.token).await;
+    let rows = |html: &str| html.matches("class=\"row session\"").count();
+    let mut html = browser.get("/").await.text();
+    assert_eq!(rows(&html), 50);
+    let mut seen = rows(&html);
+    // Follow the "More sessions" button, as htmx does, to the end.
+    while let Some(at) = html.find("hx-get=\"/sessions/rows?") {
+        let start = at + "hx-get=\"".len();
+        let url = html[start..start + html[start..].find('"').unwrap()].replace("&amp;", "&");
+        html = browser.get(&url).await.text();
+        seen += rows(&html);
+    }
+    assert_eq!(seen, made.len() + 1);
+
+    let found = browser.get("/?q=flux+capacitor").await.text();
+    assert_eq!(rows(&found), 1, "{found}");
+    assert!(found.contains(&needle));
+    let none = browser.get("/?q=nowhere+to+be+found").await.text();
+    assert_eq!(rows(&none), 0);
+    // Another user's conversations are not searched.
+    let mut bob = Browser::new(http);
+    bob.sign_in(&server.create_token("bob")).await;
+    assert_eq!(rows(&bob.get("/?q=flux").await.text()), 0);
+}
