@@ -538,7 +538,7 @@ async fn session(
                     div.conversation #conversation data-src={ "/sessions/" (sid) "/conversation" } {
                         (conversation_markup(&data.history))
                     }
-                    h2 { "Tool calls " span.muted { "(" (data.total) ")" } }
+                    h2 { "Tool calls " span.muted { "(" span #call-count { (data.total) } ")" } }
                     div #timeline {
                         @if data.start > 0 {
                             @let from = data.start.saturating_sub(CALLS_SHOWN);

@@ -1647,7 +1647,11 @@ mod tests {
             .collect();
         assert_eq!(left, ["a2"]);
         assert!(again.artifact("default", "a1").is_err());
-        assert!(!dir.path().join("sessions/default/artifacts/a1.bin").exists());
+        assert!(
+            !dir.path()
+                .join("sessions/default/artifacts/a1.bin")
+                .exists()
+        );
     }
 
     #[test]
@@ -1698,7 +1702,10 @@ mod tests {
             .collect();
         store.audit("default", &records).unwrap();
         let path = dir.path().join("sessions/default/audit.jsonl");
-        let mut torn = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut torn = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         std::io::Write::write_all(&mut torn, b"{\"time\":").unwrap();
         assert_eq!(store.audit_count("default").unwrap(), 5);
         let (page, total) = store.audit_page("default", 3, 10).unwrap();

@@ -22,6 +22,12 @@
       .ajax("GET", tail.getAttribute("data-src"), { target: "#tail", swap: "outerHTML" })
       .then(function () {
         busy = false;
+        markDiffs();
+        var count = document.getElementById("call-count");
+        var fresh = document.getElementById("tail");
+        if (count && fresh) {
+          count.textContent = fresh.getAttribute("data-total");
+        }
         if (again) {
           again = false;
           refreshCalls();
@@ -39,6 +45,32 @@
     document.body.setAttribute("data-live", "on");
   });
   events.addEventListener("call", refreshCalls);
+  // A call's diff may be stored a moment after its audit line: its row is marked when the
+  // diff's event comes, whether the row is on the page yet or arrives with the next refresh.
+  var diffs = {};
+  function markDiffs() {
+    var rows = document.querySelectorAll("details.call");
+    for (var i = 0; i < rows.length; i++) {
+      if (!diffs[rows[i].getAttribute("data-call")]) {
+        continue;
+      }
+      var outcome = rows[i].querySelector("summary > span:last-child");
+      if (outcome && !outcome.querySelector(".badge")) {
+        var badge = document.createElement("span");
+        badge.className = "badge";
+        badge.textContent = "diff";
+        outcome.appendChild(document.createTextNode(" "));
+        outcome.appendChild(badge);
+      }
+    }
+  }
+  events.addEventListener("artifact", function (e) {
+    var artifact = JSON.parse(e.data);
+    if (artifact.artifactType === "file_diff" && artifact.callId) {
+      diffs[artifact.callId] = true;
+      markDiffs();
+    }
+  });
   events.addEventListener("message", refreshConversation);
   events.addEventListener("history", refreshConversation);
   events.addEventListener("lagged", function () {

@@ -84,13 +84,12 @@ impl Driver {
     }
 
     async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
-        match self
-            .client
-            .wait()
-            .at_most(STEP)
-            .for_element(Locator::Css(css))
-            .await
-        {
+        self.wait_for_locator(Locator::Css(css)).await
+    }
+
+    async fn wait_for_locator(&self, locator: Locator<'_>) -> fantoccini::elements::Element {
+        let css = format!("{locator:?}");
+        match self.client.wait().at_most(STEP).for_element(locator).await {
             Ok(element) => element,
             Err(e) => {
                 let shot = self.screenshot("web-failure.png").await;
@@ -210,6 +209,14 @@ async fn a_person_signs_in_opens_a_session_expands_a_diff_and_sees_a_call_arrive
     .await);
     let live = driver.wait_for("details.call:nth-of-type(4) .target").await;
     assert_eq!(live.text().await.unwrap(), "live.txt");
+    // Its diff is marked (the diff may be stored a moment after the call's line).
+    driver
+        .wait_for("details.call:nth-of-type(4) summary .badge")
+        .await;
+    // The count follows.
+    driver
+        .wait_for_locator(Locator::XPath("//span[@id='call-count' and text()='4']"))
+        .await;
     driver.screenshot("web-session.png").await;
 
     // The workspace's page lists the session.
