@@ -1264,6 +1264,7 @@ fn record(recorder: &Recorder, session: &Session, tool: &str, output: &CallOutpu
             size: bytes.len() as u64,
             truncated,
             original_size,
+            upload: None,
         };
         recorder.artifact(meta, bytes);
     };

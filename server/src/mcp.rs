@@ -206,6 +206,15 @@ async fn authenticate(
     }
 }
 
+/// Counts a request's connection for `user` (as `/mcp` does once a token verifies): false when
+/// `user` holds their bound of HTTP connections. Requests that did not come through [`serve`]
+/// (tests calling the router directly) count for nobody.
+pub(crate) fn connection_counts_for(extensions: &axum::http::Extensions, user: &str) -> bool {
+    extensions
+        .get::<HttpConnection>()
+        .is_none_or(|connection| connection.authenticated(user))
+}
+
 /// rmcp answers a session's `DELETE` with `202 Accepted`; hosts expect `200` or `204` (the
 /// Python SDK logs a warning at every disconnect otherwise). The session is gone at once, so
 /// `204 No Content` is the honest answer.
@@ -218,13 +227,15 @@ async fn delete_answers_no_content(request: Request, next: Next) -> Response {
     response
 }
 
-/// The HTTP application: the MCP endpoint at [`PATH`] behind, from the outside in, the `Origin`
+/// The HTTP application: the workspace service API and the web view ([`crate::http`]), and the
+/// MCP endpoint at [`PATH`] behind, from the outside in, the `Origin`
 /// check (403), token authentication (401) and MCP session ownership (404).
 /// `local` is the address it is served on: on a loopback address only loopback `Host` headers
 /// are accepted (against DNS rebinding), and the server's own loopback origins; elsewhere any
 /// host is, since every request needs a token anyway. Cancelling `shutdown` ends every MCP
 /// session.
 pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken) -> axum::Router {
+    let web = crate::http::router(state.clone(), shutdown.clone());
     let mut config = StreamableHttpServerConfig::default().with_cancellation_token(shutdown);
     if !local.ip().is_loopback() {
         config = config.disable_allowed_hosts();
@@ -251,6 +262,7 @@ pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken)
         .layer(middleware::from_fn_with_state(sessions, owned_sessions))
         .layer(middleware::from_fn_with_state(state, authenticate))
         .layer(middleware::from_fn_with_state(origins, check_origin))
+        .merge(web)
 }
 
 /// The origins `/mcp` accepts: the server's own loopback origins when it is served on a

@@ -182,6 +182,7 @@ fn handle(
                         size,
                         truncated: false,
                         original_size: size,
+                        upload: None,
                     },
                     &snapshot,
                 )

@@ -20,7 +20,7 @@ use crate::quota::{PerUser, Slot};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
-use crate::store::{FsStore, Store};
+use crate::store::FsStore;
 use crate::tls;
 
 /// Largest hello accepted.
@@ -56,6 +56,8 @@ pub struct State {
     pub executor: Executor,
     /// The built-in agent's turns (one at a time per session).
     pub agents: crate::agent::Agents,
+    /// What happens in sessions as the store writes it (for the HTTP front's event streams).
+    pub feed: crate::feed::Feed,
     generations: AtomicU64,
     /// Agents' calls in flight; on shutdown, attached clients stay until it is zero.
     calls: watch::Sender<usize>,
@@ -114,7 +116,8 @@ impl Server {
             FsStore::new(&config.data_dir)
                 .with_max_devices_per_user(config.quotas.max_devices_per_user),
         );
-        let store: Arc<dyn Store> = fs_store.clone();
+        let feed = crate::feed::Feed::new();
+        let store = crate::store::observed::observe(fs_store.clone(), feed.clone());
         // Off the start-up path: remove what writes cut short by a crash left behind, and read
         // every session's metadata now, so that the first listing does not read thousands of
         // files while an agent waits.
@@ -160,6 +163,7 @@ impl Server {
                 recorder: Some(recorder),
             },
             agents: Default::default(),
+            feed,
             tokens,
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),

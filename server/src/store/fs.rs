@@ -866,6 +866,17 @@ impl SessionStore for FsStore {
         read_jsonl(&self.session_dir(id).join("audit.jsonl"))
     }
 
+    fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
+        check_id(id)?;
+        let path = self.session_dir(id).join("audit.jsonl");
+        match std::fs::read(&path) {
+            // Complete lines only: a torn last line (from a crash) is not a record.
+            Ok(bytes) => Ok(bytes.iter().filter(|b| **b == b'\n').count()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(StoreError::io("read", &path, e)),
+        }
+    }
+
     fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
         check_id(id)?;
         let path = self.session_dir(id).join("config.toml");
@@ -991,6 +1002,40 @@ impl WorkspaceStore for FsStore {
                 return Err(StoreError::NotFound(format!("workspace record {id}")));
             };
             Ok(page(&file.sessions, limit, after.as_ref()))
+        })
+    }
+
+    fn add_record(&self, record: &WorkspaceRecord) -> Result<(), StoreError> {
+        check_id(&record.id)?;
+        self.with_workspaces(|map, dir| {
+            if map.contains_key(&record.id) {
+                return Err(StoreError::Invalid(format!(
+                    "workspace record {} exists",
+                    record.id
+                )));
+            }
+            let file = WorkspaceFile {
+                record: record.clone(),
+                sessions: Vec::new(),
+            };
+            FsStore::write_workspace(dir, &file)?;
+            map.insert(record.id.clone(), file);
+            Ok(())
+        })
+    }
+
+    fn delete_record(&self, id: &str) -> Result<(), StoreError> {
+        check_id(id)?;
+        self.with_workspaces(|map, dir| {
+            if map.remove(id).is_none() {
+                return Err(StoreError::NotFound(format!("workspace record {id}")));
+            }
+            let path = dir.join(format!("{id}.json"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(StoreError::io("delete", &path, e)),
+            }
         })
     }
 
@@ -1125,6 +1170,8 @@ impl ArtifactStore for FsStore {
         check_id(&meta.session)?;
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.session).join("artifacts");
+        // Under the session's lock, so that a deletion rewriting the index loses no line.
+        let _guard = self.lock(&meta.session);
         create_private_dir(&dir).map_err(map_io("create", &dir))?;
         atomic(&dir.join(format!("{}.bin", meta.id)), content)?;
         let mut line = serde_json::to_vec(meta).expect("metadata serializes");
@@ -1165,6 +1212,36 @@ impl ArtifactStore for FsStore {
             .join(format!("{id}.bin"));
         let content = std::fs::read(&path).map_err(map_io("read", &path))?;
         Ok((meta, content))
+    }
+
+    fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError> {
+        check_id(session)?;
+        let dir = self.session_dir(session).join("artifacts");
+        let index = dir.join("index.jsonl");
+        let _guard = self.lock(session);
+        let all: Vec<ArtifactMeta> = read_jsonl(&index)?;
+        let mut kept = Vec::new();
+        for meta in all.iter().filter(|m| !ids.contains(&m.id)) {
+            kept.extend(serde_json::to_vec(meta).expect("metadata serializes"));
+            kept.push(b'\n');
+        }
+        if !all.is_empty() {
+            // The index first: an artifact it no longer names is gone even if a crash keeps
+            // its content file.
+            atomic(&index, &kept)?;
+        }
+        for id in ids {
+            if check_id(id).is_err() {
+                continue;
+            }
+            let path = dir.join(format!("{id}.bin"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("delete", &path, e)),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1515,6 +1592,7 @@ mod tests {
             size: 2,
             truncated: false,
             original_size: 2,
+            upload: None,
         };
         store
             .put_artifact(&art("a1", ArtifactKind::ToolOutput), b"{}")
@@ -1533,6 +1611,109 @@ mod tests {
         );
         assert!(store.artifact("default", "nope").is_err());
         assert!(store.artifact("default", "../../x").is_err());
+    }
+
+    #[test]
+    fn deleted_artifacts_are_gone_and_the_others_stay_after_a_new_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        for id in ["a1", "a2", "a3"] {
+            let art = ArtifactMeta {
+                id: id.into(),
+                session: "default".into(),
+                kind: ArtifactKind::ToolOutput,
+                workspace: None,
+                tool: None,
+                call_id: None,
+                created_at: "t".into(),
+                content_type: "text/plain".into(),
+                size: 1,
+                truncated: false,
+                original_size: 1,
+                upload: None,
+            };
+            store.put_artifact(&art, b"x").unwrap();
+        }
+        store
+            .delete_artifacts("default", &["a1".into(), "a3".into(), "missing".into()])
+            .unwrap();
+        let again = FsStore::new(dir.path());
+        let left: Vec<String> = again
+            .artifacts("default")
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(left, ["a2"]);
+        assert!(again.artifact("default", "a1").is_err());
+        assert!(
+            !dir.path()
+                .join("sessions/default/artifacts/a1.bin")
+                .exists()
+        );
+    }
+
+    #[test]
+    fn an_added_record_survives_a_new_store_and_a_deleted_one_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let record = WorkspaceRecord {
+            id: "0b6c2b2e-0000-4000-8000-000000000001".into(),
+            user: "ana".into(),
+            device_id: "http".into(),
+            path: String::new(),
+            uri: "general:x".into(),
+            created_at: "t".into(),
+            last_active: "t".into(),
+        };
+        store.add_record(&record).unwrap();
+        assert!(store.add_record(&record).is_err(), "ids are unique");
+        assert_eq!(
+            FsStore::new(dir.path()).record(&record.id).unwrap(),
+            Some(record.clone())
+        );
+        store.delete_record(&record.id).unwrap();
+        assert!(matches!(
+            store.delete_record(&record.id),
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(FsStore::new(dir.path()).record(&record.id).unwrap(), None);
+    }
+
+    #[test]
+    fn the_audit_count_and_pages_follow_the_log_and_skip_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), 0);
+        let records: Vec<AuditRecord> = (0..5)
+            .map(|i| AuditRecord {
+                time: "t".into(),
+                call_id: format!("c{i}"),
+                tool: "read_file".into(),
+                workspace: None,
+                target: format!("f{i}"),
+                decision: super::super::AuditDecision::Allowed,
+                decided_by: Decider::Trust,
+                outcome: super::super::AuditOutcome::Ok,
+                duration_ms: 1,
+            })
+            .collect();
+        store.audit("default", &records).unwrap();
+        let path = dir.path().join("sessions/default/audit.jsonl");
+        let mut torn = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut torn, b"{\"time\":").unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), 5);
+        let (page, total) = store.audit_page("default", 3, 10).unwrap();
+        assert_eq!(total, 5);
+        assert_eq!(
+            page.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
+            ["f3", "f4"]
+        );
     }
 
     #[test]

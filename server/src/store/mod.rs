@@ -18,6 +18,7 @@
 
 mod fs;
 pub mod history;
+pub mod observed;
 
 use serde::{Deserialize, Serialize};
 
@@ -260,6 +261,31 @@ pub struct ArtifactMeta {
     pub truncated: bool,
     /// The size before the cut.
     pub original_size: u64,
+    /// What the workspace service API was told at upload (absent for what the executor
+    /// recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<Box<Upload>>,
+}
+
+/// What an upload through the workspace service API (`POST /api/v1/workspaces/{id}/artifacts`)
+/// names beside the content: seed 004's artifact record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upload {
+    /// The workspace record it was uploaded to.
+    pub workspace_id: String,
+    /// The task, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// The step, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    /// The name the uploader gave it (a file name, as the uploader wrote it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The uploader's metadata object, as given.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 /// One page of a listing.
@@ -305,6 +331,51 @@ pub trait SessionStore: Send + Sync {
     fn audit_log(&self, id: &str) -> Result<Vec<AuditRecord>, StoreError>;
     /// The per-session config overrides (`config.toml`), raw, with its path for messages.
     fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError>;
+    /// How many audit records a session has (a database counts rows; the default reads the
+    /// log).
+    fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
+        Ok(self.audit_log(id)?.len())
+    }
+    /// `limit` audit records from position `offset` (0 = the oldest), and how many there are in
+    /// all. The log is append-only, so a position names the same record for ever (a database
+    /// keeps a sequence number per session and pages on it).
+    fn audit_page(
+        &self,
+        id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<AuditRecord>, usize), StoreError> {
+        let all = self.audit_log(id)?;
+        let total = all.len();
+        Ok((all.into_iter().skip(offset).take(limit).collect(), total))
+    }
+    /// The ids of `owner`'s sessions whose conversation contains every word of `query`
+    /// (case-insensitive), most recently active first (a database answers it from a full-text
+    /// index over the messages; the default reads each conversation).
+    fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
+        let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
+        let mut owned: Vec<SessionMeta> = self
+            .all_sessions()?
+            .into_iter()
+            .filter(|m| m.owner == owner)
+            .collect();
+        owned.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
+        let mut hits = Vec::new();
+        for meta in owned {
+            let Ok(history) = self.history(&meta.id) else {
+                continue;
+            };
+            let mut text = String::new();
+            for m in &history.messages {
+                text.push_str(&m.text.to_lowercase());
+                text.push('\n');
+            }
+            if words.iter().all(|w| text.contains(w.as_str())) {
+                hits.push(meta.id);
+            }
+        }
+        Ok(hits)
+    }
 }
 
 /// Workspace records.
@@ -332,6 +403,11 @@ pub trait WorkspaceStore: Send + Sync {
     ) -> Result<Page<WorkspaceSession>, StoreError>;
     /// Forgets a deleted session in every record.
     fn forget_session(&self, session: &str) -> Result<(), StoreError>;
+    /// Adds a record made elsewhere (a `general` workspace of the workspace service API, which
+    /// is never resolved by path); fails if its id exists.
+    fn add_record(&self, record: &WorkspaceRecord) -> Result<(), StoreError>;
+    /// Removes a record and its list of sessions.
+    fn delete_record(&self, id: &str) -> Result<(), StoreError>;
 }
 
 /// Device bindings and per-user defaults. A binding is keyed by (user, device): the session
@@ -380,6 +456,8 @@ pub trait ArtifactStore: Send + Sync {
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError>;
     /// One artifact with its content.
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
+    /// Removes artifacts of a session (ids it does not have are ignored).
+    fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError>;
 }
 
 /// The stores a server runs on.

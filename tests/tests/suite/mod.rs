@@ -22,3 +22,4 @@ mod retention;
 mod routing;
 mod storage;
 mod trust;
+mod web;

@@ -1,0 +1,1433 @@
+//! `/api/v1`: the workspace service of seed 004 and the sessions, as JSON with seed 004's field
+//! names (camelCase). Every handler authenticates with the bearer token ([`ApiUser`]), checks
+//! ownership first (another user's anything is a `404`), validates the whole input before it
+//! writes anything, and does its store work on the blocking pool.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State as Shared};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use base64::Engine;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::signin::ApiUser;
+use super::{HttpError, Web, blocking, owned_record, owned_session, page_limit};
+use crate::feed::Event;
+use crate::fsutil::now_rfc3339;
+use crate::server::State;
+use crate::store::{
+    ArtifactKind, ArtifactMeta, AuditRecord, History, HistoryMessage, Role, StoreError, Upload,
+    WorkspaceRecord,
+};
+
+/// The largest request body accepted (an artifact of 16 MiB, base64-encoded, with room).
+pub const MAX_BODY: usize = 24 * 1024 * 1024;
+/// The longest id, name or time string accepted in a request.
+pub const MAX_FIELD: usize = 1024;
+/// The device id that workspace records created through the API carry.
+pub const API_DEVICE: &str = "http";
+
+/// The API's routes.
+pub fn routes() -> Router<Arc<Web>> {
+    Router::new()
+        .route("/api/v1/openapi.json", get(openapi))
+        .route("/api/v1/workspaces", axum::routing::post(create_workspace))
+        .route(
+            "/api/v1/workspaces/{id}",
+            get(get_workspace).delete(delete_workspace),
+        )
+        .route(
+            "/api/v1/workspaces/{id}/artifacts",
+            axum::routing::post(upload_artifact),
+        )
+        .route(
+            "/api/v1/workspaces/{id}/artifacts/{artifact}",
+            get(workspace_artifact),
+        )
+        .route("/api/v1/workspaces/{id}/sessions", get(workspace_sessions))
+        .route("/api/v1/sessions", get(list_sessions))
+        .route("/api/v1/sessions/{id}", get(get_session))
+        .route("/api/v1/sessions/{id}/history", get(session_history))
+        .route("/api/v1/sessions/{id}/artifacts", get(session_artifacts))
+        .route(
+            "/api/v1/sessions/{id}/artifacts/{artifact}",
+            get(session_artifact),
+        )
+        .route("/api/v1/sessions/{id}/audit", get(session_audit))
+        .route("/api/v1/sessions/{id}/events", get(session_events))
+        .route("/api/v1", axum::routing::any(unknown))
+        .route("/api/v1/{*rest}", axum::routing::any(unknown))
+}
+
+async fn unknown() -> HttpError {
+    HttpError::not_found("this API path")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Types: requests and responses, the OpenAPI document's schemas.
+
+/// `workspaceScope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkspaceScope {
+    /// A project directory on the user's machine: one record per (user, `localPath`), reused
+    /// by every session in it (the record of a folder attached over QUIC is the same).
+    Local,
+    /// No project directory: a new workspace every time, holding one session.
+    General,
+}
+
+impl WorkspaceScope {
+    /// The scope of a record: `general` records have no folder (an empty path); every local
+    /// record has one, since a folder is attached or created by its path.
+    pub fn of(record: &WorkspaceRecord) -> WorkspaceScope {
+        if record.path.is_empty() {
+            WorkspaceScope::General
+        } else {
+            WorkspaceScope::Local
+        }
+    }
+}
+
+/// `POST /api/v1/workspaces`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateWorkspace {
+    /// `local` or `general`.
+    pub workspace_scope: WorkspaceScope,
+    /// The project directory, for `local` (required there, refused for `general`).
+    #[serde(default)]
+    pub local_path: Option<String>,
+    /// Accepted for seed 004's shape; this server has one tenant.
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    /// When given, must be the token's own user.
+    #[serde(default)]
+    pub user_id: Option<String>,
+}
+
+/// The answer to `POST /api/v1/workspaces`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceCreated {
+    /// The workspace's id.
+    pub workspace_id: String,
+    /// Its scope.
+    pub workspace_scope: WorkspaceScope,
+    /// When it was created, RFC 3339.
+    pub created_at: String,
+}
+
+/// A workspace (`GET /api/v1/workspaces/{id}`).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceView {
+    /// The workspace's id.
+    pub workspace_id: String,
+    /// Its scope.
+    pub workspace_scope: WorkspaceScope,
+    /// The owner.
+    pub user_id: String,
+    /// The project directory (`local` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_path: Option<String>,
+    /// Its URI when a client attached it (`<client>:<path>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    /// Created, RFC 3339.
+    pub created_at: String,
+    /// Last upload or tool call in it, RFC 3339.
+    pub last_active_at: String,
+}
+
+impl WorkspaceView {
+    fn of(record: &WorkspaceRecord) -> WorkspaceView {
+        let scope = WorkspaceScope::of(record);
+        WorkspaceView {
+            workspace_id: record.id.clone(),
+            workspace_scope: scope,
+            user_id: record.user.clone(),
+            local_path: (scope == WorkspaceScope::Local).then(|| record.path.clone()),
+            uri: (record.device_id != API_DEVICE && scope == WorkspaceScope::Local)
+                .then(|| record.uri.clone()),
+            created_at: record.created_at.clone(),
+            last_active_at: record.last_active.clone(),
+        }
+    }
+}
+
+/// `POST /api/v1/workspaces/{id}/artifacts`: one of three bodies, told apart by
+/// `artifactType`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(tag = "artifactType", rename_all = "snake_case")]
+pub enum UploadArtifact {
+    /// The output of a tool call.
+    ToolOutput(FileArtifact),
+    /// The diff of a file write or edit.
+    FileDiff(FileArtifact),
+    /// The session's conversation after a task; replaces the session's previous snapshot.
+    SessionHistory(HistorySnapshot),
+}
+
+/// A `tool_output` or `file_diff` upload.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileArtifact {
+    /// The session (`default` or a UUID); made on first use, as when a client opens it.
+    pub session_id: String,
+    /// The task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// The step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    /// Its name (a file name).
+    pub artifact_name: String,
+    /// Its media type, served back with it.
+    pub content_type: String,
+    /// The content, base64 (standard alphabet, padded).
+    pub content_base64: String,
+    /// Anything else the uploader keeps with it (an object).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
+}
+
+/// A `session_history` upload: the whole conversation after a task.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HistorySnapshot {
+    /// The session (`default` or a UUID).
+    pub session_id: String,
+    /// The task after which it was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_after_task_id: Option<String>,
+    /// When it was taken, RFC 3339.
+    pub snapshot_at: String,
+    /// The conversation, oldest first.
+    pub messages: Vec<SnapshotMessage>,
+}
+
+/// One message of a snapshot.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotMessage {
+    /// Its id, as the uploader numbered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    /// Who said it.
+    pub role: MessageRole,
+    /// What was said (Markdown).
+    pub content: String,
+    /// When, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+/// Who said a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageRole {
+    /// The system prompt.
+    System,
+    /// The person.
+    User,
+    /// The model.
+    Assistant,
+}
+
+impl MessageRole {
+    fn of(role: Role) -> MessageRole {
+        match role {
+            Role::System => MessageRole::System,
+            Role::User => MessageRole::User,
+            Role::Assistant => MessageRole::Assistant,
+        }
+    }
+
+    fn role(self) -> Role {
+        match self {
+            MessageRole::System => Role::System,
+            MessageRole::User => Role::User,
+            MessageRole::Assistant => Role::Assistant,
+        }
+    }
+}
+
+/// The answer to an upload.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactCreated {
+    /// The artifact's id (a session's history snapshot keeps one id across uploads).
+    pub artifact_id: String,
+    /// `workspaces/{workspaceId}/artifacts/{artifactId}`.
+    pub artifact_uri: String,
+}
+
+/// A session in a listing.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionSummary {
+    /// `default` or a UUID.
+    pub session_id: String,
+    /// Its name, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Created (in a workspace listing: first used in the workspace), RFC 3339.
+    pub created_at: String,
+    /// Last activity (in a workspace listing: in the workspace), RFC 3339.
+    pub last_task_at: String,
+    /// Tasks: tool calls of the session (in a workspace listing: tool calls run in the
+    /// workspace plus history snapshots uploaded to it, one per finished task).
+    pub task_count: u64,
+}
+
+/// A page of sessions.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionsPage {
+    /// Most recent activity first.
+    pub sessions: Vec<SessionSummary>,
+    /// The next page's token; only when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_token: Option<String>,
+}
+
+/// A workspace of a session.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionWorkspace {
+    /// Short name (`primary`, or an attached folder's).
+    pub name: String,
+    /// URI.
+    pub uri: String,
+    /// `full` or `restricted`.
+    pub trust: String,
+    /// `server` or `client`.
+    pub host: String,
+    /// Whether its client is connected now (always true for the primary).
+    pub online: bool,
+}
+
+/// A session (`GET /api/v1/sessions/{id}`).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionView {
+    /// `default` or a UUID.
+    pub session_id: String,
+    /// Its name, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Created, RFC 3339.
+    pub created_at: String,
+    /// Last activity, RFC 3339.
+    pub last_task_at: String,
+    /// Tool calls recorded.
+    pub task_count: u64,
+    /// Model provider, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Its workspaces now: the primary, and the attached folders while it is loaded.
+    pub workspaces: Vec<SessionWorkspace>,
+    /// The workspace records (attached folders, API workspaces) it was used in.
+    pub workspace_ids: Vec<String>,
+}
+
+/// A session's conversation (`GET /api/v1/sessions/{id}/history`), from `session.md`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryView {
+    /// The session.
+    pub session_id: String,
+    /// Model provider, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Created, RFC 3339.
+    pub created_at: String,
+    /// Oldest first; `messageId` is the message's position (`msg_001`, ...).
+    pub messages: Vec<SnapshotMessage>,
+}
+
+/// An artifact's metadata.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactView {
+    /// Its id.
+    pub artifact_id: String,
+    /// `tool_output`, `file_diff` or `session_history`.
+    pub artifact_type: String,
+    /// The session.
+    pub session_id: String,
+    /// Its name, when uploaded with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_name: Option<String>,
+    /// Media type.
+    pub content_type: String,
+    /// Bytes stored.
+    pub size: u64,
+    /// True when cut at the server's artifact cap.
+    pub truncated: bool,
+    /// Stored, RFC 3339.
+    pub created_at: String,
+    /// The workspace record it was uploaded to (API uploads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<String>,
+    /// The workspace (short name) whose tool call made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// The tool that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The call that made it (matches the audit record's `callId`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The task (API uploads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// The step (API uploads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_id: Option<String>,
+    /// The uploader's metadata.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
+}
+
+/// A session's artifacts.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactList {
+    /// Oldest first.
+    pub artifacts: Vec<ArtifactView>,
+}
+
+/// One tool call of the audit log.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEntry {
+    /// When it started, RFC 3339.
+    pub time: String,
+    /// Its id (its artifacts carry it too).
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The workspace that ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// The path, pattern or command line.
+    pub target: String,
+    /// `allowed`, `denied`, `timeout`, `cancelled` or `none`.
+    pub decision: String,
+    /// Who decided: `trust`, `policy`, `user`, `timeout`, `no_terminal`, `server`, ...
+    pub decided_by: String,
+    /// `ok` or an error code.
+    pub outcome: String,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl AuditEntry {
+    /// The API's view of an audit record.
+    pub fn of(r: &AuditRecord) -> AuditEntry {
+        AuditEntry {
+            time: r.time.clone(),
+            call_id: r.call_id.clone(),
+            tool: r.tool.clone(),
+            workspace: r.workspace.clone(),
+            target: r.target.clone(),
+            decision: r.decision.as_str().to_owned(),
+            decided_by: r.decided_by.as_str().to_owned(),
+            outcome: r.outcome.as_str().to_owned(),
+            duration_ms: r.duration_ms,
+        }
+    }
+}
+
+/// A page of the audit log.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditPage {
+    /// Oldest first.
+    pub records: Vec<AuditEntry>,
+    /// How many records the log has in all.
+    pub total: u64,
+    /// The next page's token; only when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_token: Option<String>,
+}
+
+/// An event of `GET /api/v1/sessions/{id}/events` (the SSE event name is `type`).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SessionEvent {
+    /// Sent first: the stream is following the session.
+    Ready {
+        /// The session.
+        #[serde(rename = "sessionId")]
+        session_id: String,
+    },
+    /// A tool call ended or was refused.
+    Call(AuditEntry),
+    /// A message was appended to the conversation.
+    Message(SnapshotMessage),
+    /// The conversation was replaced (a snapshot upload, a clear).
+    History {
+        /// The session.
+        #[serde(rename = "sessionId")]
+        session_id: String,
+    },
+    /// An artifact was stored.
+    Artifact(ArtifactView),
+    /// The stream fell behind and missed this many events; read the log again.
+    Lagged {
+        /// Events missed.
+        missed: u64,
+    },
+}
+
+impl SessionEvent {
+    fn of(session: &str, event: Event) -> SessionEvent {
+        match event {
+            Event::Call { record } => SessionEvent::Call(AuditEntry::of(&record)),
+            Event::Message { message } => SessionEvent::Message(SnapshotMessage {
+                message_id: None,
+                role: MessageRole::of(message.role),
+                content: message.text,
+                timestamp: None,
+            }),
+            Event::History => SessionEvent::History {
+                session_id: session.to_owned(),
+            },
+            Event::Artifact { meta } => SessionEvent::Artifact(artifact_view(&meta)),
+        }
+    }
+
+    /// The SSE event name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SessionEvent::Ready { .. } => "ready",
+            SessionEvent::Call(_) => "call",
+            SessionEvent::Message(_) => "message",
+            SessionEvent::History { .. } => "history",
+            SessionEvent::Artifact(_) => "artifact",
+            SessionEvent::Lagged { .. } => "lagged",
+        }
+    }
+}
+
+/// Query of a paged listing.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PageQuery {
+    /// 1 to 100, default 20.
+    pub limit: Option<String>,
+    /// The token of the previous page.
+    pub next_token: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+/// An artifact's public id: the session and its id in the session, so that a workspace's
+/// artifact is found without another index (`<session>.<artifact>`).
+pub fn public_id(meta: &ArtifactMeta) -> String {
+    format!("{}.{}", meta.session, meta.id)
+}
+
+/// The session and artifact ids a public id names.
+fn parse_public_id(id: &str) -> Option<(&str, &str)> {
+    id.split_once('.')
+}
+
+/// The API's view of an artifact's metadata.
+pub fn artifact_view(meta: &ArtifactMeta) -> ArtifactView {
+    let upload = meta.upload.as_deref();
+    ArtifactView {
+        artifact_id: public_id(meta),
+        artifact_type: meta.kind.as_str().to_owned(),
+        session_id: meta.session.clone(),
+        artifact_name: upload.and_then(|u| u.name.clone()),
+        content_type: meta.content_type.clone(),
+        size: meta.size,
+        truncated: meta.truncated,
+        created_at: meta.created_at.clone(),
+        workspace_id: upload.map(|u| u.workspace_id.clone()),
+        workspace: meta.workspace.clone(),
+        tool: meta.tool.clone(),
+        call_id: meta.call_id.clone(),
+        task_id: upload.and_then(|u| u.task_id.clone()),
+        step_id: upload.and_then(|u| u.step_id.clone()),
+        metadata: upload.map(|u| u.metadata.clone()).unwrap_or_default(),
+    }
+}
+
+/// A tool error from the registry as an HTTP answer.
+fn tool_error(e: monad_protocol::ToolError) -> HttpError {
+    use monad_protocol::ErrorCode;
+    match e.code {
+        ErrorCode::InvalidArguments | ErrorCode::Malformed => HttpError::bad(e.message),
+        ErrorCode::NotFound | ErrorCode::Unauthorized | ErrorCode::Denied => {
+            HttpError::not_found("session")
+        }
+        ErrorCode::LimitExceeded => HttpError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "limit_exceeded",
+            message: e.message,
+        },
+        _ => HttpError::internal(e.message),
+    }
+}
+
+/// A text field of a request: at most [`MAX_FIELD`] bytes, no control characters.
+fn field(name: &str, value: &str) -> Result<(), HttpError> {
+    if value.len() > MAX_FIELD {
+        return Err(HttpError::bad(format!(
+            "`{name}` is longer than {MAX_FIELD} bytes"
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(HttpError::bad(format!(
+            "`{name}` holds a control character"
+        )));
+    }
+    Ok(())
+}
+
+/// A required, non-empty text field.
+fn required(name: &str, value: &str) -> Result<(), HttpError> {
+    if value.trim().is_empty() {
+        return Err(HttpError::bad(format!("`{name}` is empty")));
+    }
+    field(name, value)
+}
+
+/// A JSON body of at most [`MAX_BODY`] bytes, read as `T`: a body over the limit, or one that
+/// is not `T`, is a `400` saying so.
+async fn json_body<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, HttpError> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|_| HttpError::bad(format!("the body is over {MAX_BODY} bytes")))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| HttpError::bad(format!("the body is not valid: {e}")))
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    (status, axum::Json(value)).into_response()
+}
+
+fn query(
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<PageQuery, HttpError> {
+    q.map(|Query(q)| q)
+        .map_err(|e| HttpError::bad(format!("the query is not valid: {e}")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers.
+
+async fn openapi() -> Response {
+    json(StatusCode::OK, &super::openapi::document())
+}
+
+async fn create_workspace(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    body: Body,
+) -> Result<Response, HttpError> {
+    let request: CreateWorkspace = json_body(body).await?;
+    if let Some(claimed) = &request.user_id
+        && *claimed != user
+    {
+        return Err(HttpError::bad(format!(
+            "`userId` `{claimed}` is not the user of this token"
+        )));
+    }
+    if let Some(tenant) = &request.tenant_id {
+        field("tenantId", tenant)?;
+    }
+    let path = match (request.workspace_scope, &request.local_path) {
+        (WorkspaceScope::Local, Some(path)) => {
+            required("localPath", path)?;
+            Some(path.clone())
+        }
+        (WorkspaceScope::Local, None) => {
+            return Err(HttpError::bad("a `local` workspace needs `localPath`"));
+        }
+        (WorkspaceScope::General, Some(_)) => {
+            return Err(HttpError::bad("a `general` workspace has no `localPath`"));
+        }
+        (WorkspaceScope::General, None) => None,
+    };
+    let state = web.state.clone();
+    let (record, created) = blocking(move || create_record(&state, &user, path)).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json(
+        status,
+        &WorkspaceCreated {
+            workspace_id: record.id.clone(),
+            workspace_scope: WorkspaceScope::of(&record),
+            created_at: record.created_at,
+        },
+    ))
+}
+
+/// The record of `user`'s `local` folder (the one a client attached, if any, else the API's),
+/// or a new `general` one; and whether it was made now.
+fn create_record(
+    state: &State,
+    user: &str,
+    path: Option<String>,
+) -> Result<(WorkspaceRecord, bool), HttpError> {
+    let store = state.registry.store();
+    match path {
+        Some(path) => {
+            let existing = store
+                .records(Some(user))
+                .map_err(HttpError::store)?
+                .into_iter()
+                .find(|r| r.path == path);
+            if let Some(record) = existing {
+                return Ok((record, false));
+            }
+            let record = store
+                .resolve_record(user, API_DEVICE, &path, &format!("{API_DEVICE}:{path}"))
+                .map_err(HttpError::store)?;
+            Ok((record, true))
+        }
+        None => {
+            let id = uuid::Uuid::new_v4().to_string();
+            let now = now_rfc3339();
+            let record = WorkspaceRecord {
+                id: id.clone(),
+                user: user.to_owned(),
+                device_id: API_DEVICE.to_owned(),
+                path: String::new(),
+                uri: format!("general:{id}"),
+                created_at: now.clone(),
+                last_active: now,
+            };
+            store.add_record(&record).map_err(HttpError::store)?;
+            Ok((record, true))
+        }
+    }
+}
+
+async fn get_workspace(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    let record = blocking(move || owned_record(&state, &user, &id)).await?;
+    Ok(json(StatusCode::OK, &WorkspaceView::of(&record)))
+}
+
+async fn delete_workspace(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    blocking(move || {
+        let record = owned_record(&state, &user, &id)?;
+        remove_workspace(&state, &record)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Every session a record lists.
+fn record_session_ids(state: &State, record: &str) -> Result<Vec<String>, HttpError> {
+    let store = state.registry.store();
+    let mut ids = Vec::new();
+    let mut next: Option<String> = None;
+    loop {
+        let page = store
+            .record_sessions(record, 100, next.as_deref())
+            .map_err(HttpError::store)?;
+        ids.extend(page.items.into_iter().map(|s| s.session));
+        match page.next {
+            Some(n) => next = Some(n),
+            None => return Ok(ids),
+        }
+    }
+}
+
+/// Removes a workspace as seed 004 says: its artifacts and the history snapshots uploaded to
+/// it (the conversation of a session whose snapshot came from it is cleared), then the record.
+fn remove_workspace(state: &State, record: &WorkspaceRecord) -> Result<(), HttpError> {
+    let store = state.registry.store();
+    for session in record_session_ids(state, &record.id)? {
+        let artifacts = match store.artifacts(&session) {
+            Ok(a) => a,
+            Err(StoreError::NotFound(_)) => continue,
+            Err(e) => return Err(HttpError::store(e)),
+        };
+        let mine: Vec<&ArtifactMeta> = artifacts
+            .iter()
+            .filter(|m| {
+                m.upload
+                    .as_ref()
+                    .is_some_and(|u| u.workspace_id == record.id)
+            })
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let ids: Vec<String> = mine.iter().map(|m| m.id.clone()).collect();
+        let history = mine.iter().any(|m| m.kind == ArtifactKind::SessionHistory);
+        store
+            .delete_artifacts(&session, &ids)
+            .map_err(HttpError::store)?;
+        if history && let Ok(Some(meta)) = store.load(&session) {
+            let cleared = crate::store::history::empty(meta.created_at, meta.provider, meta.model);
+            store
+                .replace(&session, &cleared)
+                .map_err(HttpError::store)?;
+        }
+    }
+    store.delete_record(&record.id).map_err(HttpError::store)
+}
+
+async fn upload_artifact(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, HttpError> {
+    // The whole body is read and checked before anything is looked up or written.
+    let upload: UploadArtifact = json_body(body).await?;
+    let checked = check_upload(upload)?;
+    let state = web.state.clone();
+    let created = blocking(move || store_upload(&state, &user, &id, checked)).await?;
+    Ok(json(StatusCode::CREATED, &created))
+}
+
+/// An upload, checked: what will be stored.
+struct Checked {
+    session: String,
+    kind: ArtifactKind,
+    content_type: String,
+    content: Vec<u8>,
+    upload: Upload,
+    /// The conversation, for a history snapshot.
+    history: Option<Vec<HistoryMessage>>,
+}
+
+/// Checks every field of an upload and decodes its content; nothing is stored yet.
+fn check_upload(upload: UploadArtifact) -> Result<Checked, HttpError> {
+    let session_of = |id: &str| {
+        crate::session::normalize_id(id).map_err(|_| {
+            HttpError::bad(format!(
+                "`sessionId` `{id}` is neither `default` nor a UUID"
+            ))
+        })
+    };
+    match upload {
+        UploadArtifact::ToolOutput(file) => check_file(ArtifactKind::ToolOutput, file, session_of),
+        UploadArtifact::FileDiff(file) => check_file(ArtifactKind::FileDiff, file, session_of),
+        UploadArtifact::SessionHistory(snapshot) => {
+            let session = session_of(&snapshot.session_id)?;
+            required("snapshotAt", &snapshot.snapshot_at)?;
+            if let Some(task) = &snapshot.snapshot_after_task_id {
+                field("snapshotAfterTaskId", task)?;
+            }
+            for (i, m) in snapshot.messages.iter().enumerate() {
+                for (name, value) in [("messageId", &m.message_id), ("timestamp", &m.timestamp)] {
+                    if let Some(v) = value {
+                        field(&format!("messages[{i}].{name}"), v)?;
+                    }
+                }
+            }
+            let history = snapshot
+                .messages
+                .iter()
+                .map(|m| HistoryMessage {
+                    role: m.role.role(),
+                    text: m.content.clone(),
+                })
+                .collect();
+            let content = serde_json::to_vec_pretty(&snapshot).map_err(HttpError::internal)?;
+            Ok(Checked {
+                session,
+                kind: ArtifactKind::SessionHistory,
+                content_type: "application/json".into(),
+                content,
+                upload: Upload {
+                    workspace_id: String::new(),
+                    task_id: snapshot.snapshot_after_task_id.clone(),
+                    step_id: None,
+                    name: None,
+                    metadata: Map::new(),
+                },
+                history: Some(history),
+            })
+        }
+    }
+}
+
+fn check_file(
+    kind: ArtifactKind,
+    file: FileArtifact,
+    session_of: impl Fn(&str) -> Result<String, HttpError>,
+) -> Result<Checked, HttpError> {
+    let session = session_of(&file.session_id)?;
+    required("artifactName", &file.artifact_name)?;
+    required("contentType", &file.content_type)?;
+    if HeaderValue::from_str(&file.content_type).is_err() || !file.content_type.contains('/') {
+        return Err(HttpError::bad(format!(
+            "`contentType` `{}` is not a media type",
+            file.content_type
+        )));
+    }
+    for (name, value) in [("taskId", &file.task_id), ("stepId", &file.step_id)] {
+        if let Some(v) = value {
+            field(name, v)?;
+        }
+    }
+    let content = base64::engine::general_purpose::STANDARD
+        .decode(file.content_base64.as_bytes())
+        .map_err(|e| HttpError::bad(format!("`contentBase64` is not base64: {e}")))?;
+    Ok(Checked {
+        session,
+        kind,
+        content_type: file.content_type,
+        content,
+        upload: Upload {
+            workspace_id: String::new(),
+            task_id: file.task_id,
+            step_id: file.step_id,
+            name: Some(file.artifact_name),
+            metadata: file.metadata,
+        },
+        history: None,
+    })
+}
+
+/// Stores a checked upload in `user`'s workspace `id`.
+fn store_upload(
+    state: &State,
+    user: &str,
+    id: &str,
+    mut checked: Checked,
+) -> Result<ArtifactCreated, HttpError> {
+    let record = owned_record(state, user, id)?;
+    let store = state.registry.store();
+    // Another user's session is a 404, before anything is made.
+    match store.load(&checked.session) {
+        Ok(Some(meta)) if meta.owner != user => {
+            return Err(HttpError::not_found(format!(
+                "session `{}`",
+                checked.session
+            )));
+        }
+        Ok(_) => {}
+        Err(e) => return Err(HttpError::store(e)),
+    }
+    if WorkspaceScope::of(&record) == WorkspaceScope::General {
+        let page = store
+            .record_sessions(&record.id, 1, None)
+            .map_err(HttpError::store)?;
+        if let Some(other) = page.items.first().filter(|s| s.session != checked.session) {
+            return Err(HttpError {
+                status: StatusCode::CONFLICT,
+                code: "conflict",
+                message: format!(
+                    "a `general` workspace holds one session, and this one holds `{}`",
+                    other.session
+                ),
+            });
+        }
+    }
+    let session = state
+        .registry
+        .open(&checked.session, user)
+        .map_err(tool_error)?;
+    checked.upload.workspace_id = record.id.clone();
+    let size = checked.content.len() as u64;
+    let meta = ArtifactMeta {
+        id: match checked.kind {
+            // One snapshot per session: the same id, replaced by each upload.
+            ArtifactKind::SessionHistory => "session_history".into(),
+            ArtifactKind::ToolOutput | ArtifactKind::FileDiff => uuid::Uuid::new_v4().to_string(),
+        },
+        session: session.id.clone(),
+        kind: checked.kind,
+        workspace: None,
+        tool: checked
+            .upload
+            .metadata
+            .get("toolName")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        call_id: None,
+        created_at: now_rfc3339(),
+        content_type: checked.content_type,
+        size,
+        truncated: false,
+        original_size: size,
+        upload: Some(Box::new(checked.upload)),
+    };
+    store
+        .put_artifact(&meta, &checked.content)
+        .map_err(HttpError::store)?;
+    let tasks = match checked.history {
+        Some(messages) => {
+            let m = session.meta();
+            let history = History {
+                provider: m.provider,
+                model: m.model,
+                created_at: m.created_at,
+                messages,
+            };
+            store
+                .replace(&session.id, &history)
+                .map_err(HttpError::store)?;
+            1
+        }
+        None => 0,
+    };
+    store
+        .touch_record(&record.id, &session.id, tasks)
+        .map_err(HttpError::store)?;
+    if let Some(meta) = session.touch() {
+        store.save(&meta).map_err(HttpError::store)?;
+    }
+    let artifact_id = public_id(&meta);
+    Ok(ArtifactCreated {
+        artifact_uri: format!("workspaces/{}/artifacts/{artifact_id}", record.id),
+        artifact_id,
+    })
+}
+
+/// An artifact's content as a download: its own content type, never interpreted by the
+/// browser as part of this site (a sandboxing CSP, `nosniff`, and an attachment unless it is
+/// JSON or plain text).
+pub fn download(meta: &ArtifactMeta, content: Vec<u8>) -> Response {
+    let content_type = HeaderValue::from_str(&meta.content_type)
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    let name = meta
+        .upload
+        .as_ref()
+        .and_then(|u| u.name.as_deref())
+        .unwrap_or(&meta.id);
+    // Only safe characters in the header's file name; the full name is in the metadata.
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut response = (StatusCode::OK, content).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, content_type);
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{safe}\"")) {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    response
+}
+
+/// `user`'s artifact by public id, in session `session` when given; `404` for anything else.
+pub fn owned_artifact(
+    state: &State,
+    user: &str,
+    public: &str,
+    session: Option<&str>,
+) -> Result<(ArtifactMeta, Vec<u8>), HttpError> {
+    let not_found = || HttpError::not_found(format!("artifact `{public}`"));
+    let (s, a) = parse_public_id(public).ok_or_else(not_found)?;
+    if session.is_some_and(|want| want != s) {
+        return Err(not_found());
+    }
+    owned_session(state, user, s).map_err(|_| not_found())?;
+    match state.registry.store().artifact(s, a) {
+        Ok(found) => Ok(found),
+        Err(StoreError::NotFound(_)) | Err(StoreError::Invalid(_)) => Err(not_found()),
+        Err(e) => Err(HttpError::internal(e)),
+    }
+}
+
+async fn workspace_artifact(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path((id, artifact)): Path<(String, String)>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    let (meta, content) = blocking(move || {
+        owned_record(&state, &user, &id)?;
+        let (meta, content) = owned_artifact(&state, &user, &artifact, None)?;
+        if meta.upload.as_ref().is_none_or(|u| u.workspace_id != id) {
+            return Err(HttpError::not_found(format!("artifact `{artifact}`")));
+        }
+        Ok((meta, content))
+    })
+    .await?;
+    Ok(download(&meta, content))
+}
+
+async fn workspace_sessions(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, HttpError> {
+    let q = query(q)?;
+    let limit = page_limit(q.limit.as_deref())?;
+    let web2 = web.clone();
+    let page = blocking(move || {
+        workspace_sessions_page(&web2, &user, &id, limit, q.next_token.as_deref())
+    })
+    .await?;
+    Ok(json(StatusCode::OK, &page))
+}
+
+/// One page of the sessions of `user`'s workspace `id`.
+pub fn workspace_sessions_page(
+    web: &Web,
+    user: &str,
+    id: &str,
+    limit: usize,
+    next: Option<&str>,
+) -> Result<SessionsPage, HttpError> {
+    let state = &web.state;
+    owned_record(state, user, id)?;
+    let listing = format!("workspace:{id}");
+    let cursor = next
+        .map(|t| web.signer.verify(user, &listing, t))
+        .transpose()
+        .map_err(|e| HttpError::bad(e.to_string()))?;
+    let page = state
+        .registry
+        .store()
+        .record_sessions(id, limit, cursor.as_deref())
+        .map_err(HttpError::store)?;
+    Ok(SessionsPage {
+        sessions: page
+            .items
+            .into_iter()
+            .map(|s| SessionSummary {
+                name: state
+                    .registry
+                    .store()
+                    .load(&s.session)
+                    .ok()
+                    .flatten()
+                    .and_then(|m| m.name),
+                session_id: s.session,
+                created_at: s.first_at,
+                last_task_at: s.last_active,
+                task_count: s.calls,
+            })
+            .collect(),
+        next_token: page.next.map(|n| web.signer.sign(user, &listing, &n)),
+    })
+}
+
+async fn list_sessions(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, HttpError> {
+    let q = query(q)?;
+    let limit = page_limit(q.limit.as_deref())?;
+    let web2 = web.clone();
+    let page =
+        blocking(move || sessions_page(&web2, &user, limit, q.next_token.as_deref())).await?;
+    Ok(json(StatusCode::OK, &page))
+}
+
+/// One page of `user`'s sessions, most recent activity first.
+pub fn sessions_page(
+    web: &Web,
+    user: &str,
+    limit: usize,
+    next: Option<&str>,
+) -> Result<SessionsPage, HttpError> {
+    const LISTING: &str = "sessions";
+    let state = &web.state;
+    let cursor = next
+        .map(|t| web.signer.verify(user, LISTING, t))
+        .transpose()
+        .map_err(|e| HttpError::bad(e.to_string()))?;
+    let (infos, next) = state
+        .registry
+        .list_page(user, limit, cursor.as_deref())
+        .map_err(tool_error)?;
+    let store = state.registry.store();
+    let sessions = infos
+        .into_iter()
+        .map(|info| {
+            let meta = store.load(&info.id).ok().flatten();
+            SessionSummary {
+                task_count: store.audit_count(&info.id).unwrap_or(0) as u64,
+                name: meta.and_then(|m| m.name),
+                session_id: info.id,
+                created_at: info.created_at,
+                last_task_at: info.last_active,
+            }
+        })
+        .collect();
+    Ok(SessionsPage {
+        sessions,
+        next_token: next.map(|n| web.signer.sign(user, LISTING, &n)),
+    })
+}
+
+/// The view of a session `user` owns.
+pub fn session_view(state: &State, user: &str, id: &str) -> Result<SessionView, HttpError> {
+    let meta = owned_session(state, user, id)?;
+    let store = state.registry.store();
+    let live = state
+        .registry
+        .loaded_of(user)
+        .into_iter()
+        .find(|s| s.id == meta.id);
+    let workspaces = match &live {
+        Some(session) => session
+            .workspaces()
+            .into_iter()
+            .map(|w| SessionWorkspace {
+                name: w.info.name,
+                uri: w.info.uri,
+                trust: w.info.trust.as_str().to_owned(),
+                host: match w.info.host {
+                    monad_protocol::wire::Host::Server => "server".into(),
+                    monad_protocol::wire::Host::Client => "client".into(),
+                },
+                online: w.info.online,
+            })
+            .collect(),
+        None => vec![SessionWorkspace {
+            name: "primary".into(),
+            uri: format!("server:/sessions/{}", meta.id),
+            trust: "full".into(),
+            host: "server".into(),
+            online: true,
+        }],
+    };
+    let mut workspace_ids = Vec::new();
+    for record in store.records(Some(user)).map_err(HttpError::store)? {
+        if record_session_ids(state, &record.id)?.contains(&meta.id) {
+            workspace_ids.push(record.id);
+        }
+    }
+    Ok(SessionView {
+        task_count: store.audit_count(&meta.id).unwrap_or(0) as u64,
+        session_id: meta.id,
+        name: meta.name,
+        created_at: meta.created_at,
+        last_task_at: live.map_or(meta.last_active, |s| s.meta().last_active),
+        provider: meta.provider,
+        model: meta.model,
+        workspaces,
+        workspace_ids,
+    })
+}
+
+async fn get_session(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    let view = blocking(move || session_view(&state, &user, &id)).await?;
+    Ok(json(StatusCode::OK, &view))
+}
+
+/// The conversation of a session `user` owns.
+pub fn history_view(state: &State, user: &str, id: &str) -> Result<HistoryView, HttpError> {
+    let meta = owned_session(state, user, id)?;
+    let history = state
+        .registry
+        .store()
+        .history(&meta.id)
+        .map_err(HttpError::store)?;
+    Ok(HistoryView {
+        session_id: meta.id,
+        provider: history.provider,
+        model: history.model,
+        created_at: history.created_at,
+        messages: history
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| SnapshotMessage {
+                message_id: Some(format!("msg_{:03}", i + 1)),
+                role: MessageRole::of(m.role),
+                content: m.text,
+                timestamp: None,
+            })
+            .collect(),
+    })
+}
+
+async fn session_history(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    let view = blocking(move || history_view(&state, &user, &id)).await?;
+    Ok(json(StatusCode::OK, &view))
+}
+
+/// The artifacts of a session `user` owns.
+pub fn artifact_list(state: &State, user: &str, id: &str) -> Result<Vec<ArtifactMeta>, HttpError> {
+    let meta = owned_session(state, user, id)?;
+    match state.registry.store().artifacts(&meta.id) {
+        Ok(list) => Ok(list),
+        Err(StoreError::NotFound(_)) => Ok(Vec::new()),
+        Err(e) => Err(HttpError::store(e)),
+    }
+}
+
+async fn session_artifacts(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    let list = blocking(move || artifact_list(&state, &user, &id)).await?;
+    Ok(json(
+        StatusCode::OK,
+        &ArtifactList {
+            artifacts: list.iter().map(artifact_view).collect(),
+        },
+    ))
+}
+
+async fn session_artifact(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path((id, artifact)): Path<(String, String)>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    let (meta, content) =
+        blocking(move || owned_artifact(&state, &user, &artifact, Some(&id))).await?;
+    Ok(download(&meta, content))
+}
+
+/// One page of the audit log of a session `user` owns, oldest first.
+pub fn audit_page(
+    web: &Web,
+    user: &str,
+    id: &str,
+    limit: usize,
+    next: Option<&str>,
+) -> Result<AuditPage, HttpError> {
+    let meta = owned_session(&web.state, user, id)?;
+    let listing = format!("audit:{}", meta.id);
+    let offset = match next {
+        None => 0,
+        Some(t) => web
+            .signer
+            .verify(user, &listing, t)
+            .ok()
+            .and_then(|p| p.parse::<usize>().ok())
+            .ok_or_else(|| HttpError::bad(super::token::BadToken.to_string()))?,
+    };
+    let (records, total) = web
+        .state
+        .registry
+        .store()
+        .audit_page(&meta.id, offset, limit)
+        .map_err(HttpError::store)?;
+    let end = offset + records.len();
+    Ok(AuditPage {
+        records: records.iter().map(AuditEntry::of).collect(),
+        total: total as u64,
+        next_token: (end < total).then(|| web.signer.sign(user, &listing, &end.to_string())),
+    })
+}
+
+async fn session_audit(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, HttpError> {
+    let q = query(q)?;
+    let limit = page_limit(q.limit.as_deref())?;
+    let web2 = web.clone();
+    let page =
+        blocking(move || audit_page(&web2, &user, &id, limit, q.next_token.as_deref())).await?;
+    Ok(json(StatusCode::OK, &page))
+}
+
+/// The server-sent events of a session: `ready` first, then its events as they happen, until
+/// the client goes or the server shuts down.
+pub fn event_stream(
+    web: &Web,
+    session: String,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>> + use<>> {
+    let rx = web.state.feed.subscribe(&session);
+    let stop = web.shutdown.clone();
+    let first = SessionEvent::Ready {
+        session_id: session.clone(),
+    };
+    let stream = futures_util::stream::unfold(
+        (Some(first), rx, stop, session),
+        |(first, mut rx, stop, session)| async move {
+            if let Some(first) = first {
+                return Some((Ok(sse(&first)), (None, rx, stop, session)));
+            }
+            let event = tokio::select! {
+                () = stop.cancelled() => return None,
+                got = rx.recv() => match got {
+                    Ok(event) => SessionEvent::of(&session, event),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        SessionEvent::Lagged { missed }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                },
+            };
+            Some((Ok(sse(&event)), (None, rx, stop, session)))
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+fn sse(event: &SessionEvent) -> SseEvent {
+    SseEvent::default()
+        .event(event.name())
+        .json_data(event)
+        .unwrap_or_else(|_| SseEvent::default().event("error"))
+}
+
+async fn session_events(
+    Shared(web): Shared<Arc<Web>>,
+    ApiUser(user): ApiUser,
+    Path(id): Path<String>,
+) -> Result<Response, HttpError> {
+    let state = web.state.clone();
+    let meta = blocking(move || owned_session(&state, &user, &id)).await?;
+    Ok(event_stream(&web, meta.id).into_response())
+}

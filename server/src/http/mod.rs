@@ -1,0 +1,200 @@
+//! The workspace service over HTTP (seed 004) and the web view of sessions, on the server's
+//! HTTP listener beside `/mcp`.
+//!
+//! - [`api`]: `/api/v1/...`, JSON with seed 004's field names, bearer tokens (the same as QUIC
+//!   and `/mcp`); `/api/v1/openapi.json` is generated from the request and response types
+//!   ([`openapi`]).
+//! - [`pages`]: `/`, server-rendered HTML (maud) with htmx for partial updates; every asset is in
+//!   the binary ([`assets`]). Sign-in with a token gives an HttpOnly, `SameSite=Strict` cookie
+//!   ([`signin`]).
+//! - [`token`]: the tamper-proof page tokens both use.
+//!
+//! Isolation: everything of another user answers `404`, exactly as something that does not
+//! exist. Live updates come from [`crate::feed`].
+
+pub mod api;
+pub mod assets;
+pub mod markdown;
+pub mod openapi;
+pub mod pages;
+pub mod signin;
+pub mod token;
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::server::State;
+use crate::store::{SessionMeta, StoreError};
+
+/// What the HTTP front shares between requests.
+#[derive(Debug)]
+pub struct Web {
+    /// The server's state.
+    pub state: Arc<State>,
+    /// Signs page tokens (a key per server process: a token outlives neither a restart nor
+    /// its listing's meaning).
+    pub signer: token::Signer,
+    /// Signed-in browsers.
+    pub signins: signin::Signins,
+    /// Cancelled when the server shuts down: event streams end.
+    pub shutdown: tokio_util::sync::CancellationToken,
+}
+
+/// The HTTP routes of this module, to merge beside `/mcp`.
+pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) -> axum::Router {
+    let web = Arc::new(Web {
+        state,
+        signer: token::Signer::random(),
+        signins: signin::Signins::default(),
+        shutdown,
+    });
+    api::routes().merge(pages::routes()).with_state(web)
+}
+
+/// Default page size of a listing.
+pub const DEFAULT_LIMIT: usize = 20;
+/// Largest page size of a listing.
+pub const MAX_LIMIT: usize = 100;
+
+/// An error answer: a status and a JSON body `{"error": ..., "message": ...}` for the API, or a
+/// short page for the web view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpError {
+    /// The status.
+    pub status: StatusCode,
+    /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`, `internal`.
+    pub code: &'static str,
+    /// What is wrong, for people.
+    pub message: String,
+}
+
+/// The JSON body of an API error.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ErrorBody {
+    /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`, `internal`.
+    pub error: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl HttpError {
+    /// `400`: the input is wrong, and says how.
+    pub fn bad(message: impl Into<String>) -> HttpError {
+        HttpError {
+            status: StatusCode::BAD_REQUEST,
+            code: "bad_request",
+            message: message.into(),
+        }
+    }
+
+    /// `404`: nothing of the caller's by that name (whether it exists for someone else or not).
+    pub fn not_found(what: impl std::fmt::Display) -> HttpError {
+        HttpError {
+            status: StatusCode::NOT_FOUND,
+            code: "not_found",
+            message: format!("{what} not found"),
+        }
+    }
+
+    /// `500`, logged.
+    pub fn internal(e: impl std::fmt::Display) -> HttpError {
+        tracing::warn!("HTTP: {e}");
+        HttpError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "internal",
+            message: "the server could not do that; its log says why".into(),
+        }
+    }
+
+    /// A store error: a missing record is `404`, a refused value `400`, anything else `500`.
+    pub fn store(e: StoreError) -> HttpError {
+        match e {
+            StoreError::NotFound(what) => HttpError::not_found(what),
+            StoreError::Invalid(message) => HttpError::bad(message),
+            e @ StoreError::Io { .. } => HttpError::internal(e),
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: self.code.to_owned(),
+            message: self.message,
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"monad\""),
+            );
+        }
+        response
+    }
+}
+
+/// Runs store work on the blocking pool.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
+) -> Result<T, HttpError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(HttpError::internal)?
+}
+
+/// A session's metadata if `user` owns it; `404` otherwise (no such session, a malformed id, or
+/// someone else's).
+pub fn owned_session(state: &State, user: &str, id: &str) -> Result<SessionMeta, HttpError> {
+    let not_found = || HttpError::not_found(format!("session `{id}`"));
+    let Ok(id) = crate::session::normalize_id(id) else {
+        return Err(not_found());
+    };
+    match state.registry.store().load(&id) {
+        Ok(Some(meta)) if meta.owner == user => Ok(meta),
+        Ok(_) | Err(StoreError::NotFound(_)) | Err(StoreError::Invalid(_)) => Err(not_found()),
+        Err(e) => Err(HttpError::internal(e)),
+    }
+}
+
+/// A workspace record if `user` owns it; `404` otherwise.
+pub fn owned_record(
+    state: &State,
+    user: &str,
+    id: &str,
+) -> Result<crate::store::WorkspaceRecord, HttpError> {
+    match state.registry.store().record(id) {
+        Ok(Some(record)) if record.user == user => Ok(record),
+        Ok(_) | Err(StoreError::NotFound(_)) | Err(StoreError::Invalid(_)) => {
+            Err(HttpError::not_found(format!("workspace `{id}`")))
+        }
+        Err(e) => Err(HttpError::internal(e)),
+    }
+}
+
+/// The bearer token of a request, if it has one.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .filter(|t| !t.is_empty())
+}
+
+/// A page size from `limit`: 1 to [`MAX_LIMIT`], [`DEFAULT_LIMIT`] when absent.
+pub fn page_limit(limit: Option<&str>) -> Result<usize, HttpError> {
+    match limit {
+        None => Ok(DEFAULT_LIMIT),
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+            _ => Err(HttpError::bad(format!(
+                "limit `{raw}` is not a whole number from 1 to {MAX_LIMIT}"
+            ))),
+        },
+    }
+}

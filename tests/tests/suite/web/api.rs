@@ -1,0 +1,685 @@
+//! `/api/v1`: every endpoint through a real HTTP client, each bad input, a second user who
+//! must see nothing, and paging over 300 sessions.
+
+use std::collections::HashSet;
+
+use monad_tests::{STEP, call_in, ok, within};
+use serde_json::{Value, json};
+
+use super::{Answer, Api, many_sessions, new_session, server};
+
+#[tokio::test]
+async fn a_local_workspace_is_one_per_path_and_a_general_one_is_new_every_time() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let first = api
+        .post(
+            "/api/v1/workspaces",
+            &json!({"workspaceScope": "local", "localPath": "/Users/ana/demo", "tenantId": "t"}),
+        )
+        .await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let again = api
+        .post(
+            "/api/v1/workspaces",
+            &json!({"workspaceScope": "local", "localPath": "/Users/ana/demo"}),
+        )
+        .await;
+    assert_eq!(again.status, 200);
+    assert_eq!(first.json()["workspaceId"], again.json()["workspaceId"]);
+    assert_eq!(first.json()["workspaceScope"], "local");
+    assert!(first.json()["createdAt"].is_string());
+
+    let g1 = api.workspace(None).await;
+    let g2 = api.workspace(None).await;
+    assert_ne!(g1, g2);
+    let view = api.get(&format!("/api/v1/workspaces/{g1}")).await.json();
+    assert_eq!(view["workspaceScope"], "general");
+    assert!(view.get("localPath").is_none());
+
+    // A folder attached over QUIC is the same record.
+    let attached = server
+        .state()
+        .registry
+        .store()
+        .resolve_record("admin", "device-1", "~/dev/monad", "lap:~/dev/monad")
+        .unwrap();
+    let resolved = api.workspace(Some("~/dev/monad")).await;
+    assert_eq!(resolved, attached.id);
+    let view = api
+        .get(&format!("/api/v1/workspaces/{resolved}"))
+        .await
+        .json();
+    assert_eq!(view["localPath"], "~/dev/monad");
+    assert_eq!(view["userId"], "admin");
+}
+
+#[tokio::test]
+async fn artifacts_come_back_with_their_content_type_and_list_under_their_session() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(Some("/p")).await;
+    let session = new_session();
+    let output = api
+        .upload(
+            &ws,
+            "tool_output",
+            &session,
+            "pytest_output.txt",
+            "text/plain",
+            b"pytest output",
+        )
+        .await;
+    let diff = "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n";
+    let diff_id = api
+        .upload(
+            &ws,
+            "file_diff",
+            &session,
+            "x.diff",
+            "text/x-diff",
+            diff.as_bytes(),
+        )
+        .await;
+    let got = api
+        .get(&format!("/api/v1/workspaces/{ws}/artifacts/{output}"))
+        .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("content-type"), "text/plain");
+    assert_eq!(got.body, b"pytest output");
+    assert_eq!(got.header("x-content-type-options"), "nosniff");
+    let got = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts/{diff_id}"))
+        .await;
+    assert_eq!(got.text(), diff);
+
+    let list = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await
+        .json();
+    let list = list["artifacts"].as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["artifactId"], output.as_str());
+    assert_eq!(list[0]["artifactType"], "tool_output");
+    assert_eq!(list[0]["artifactName"], "pytest_output.txt");
+    assert_eq!(list[0]["taskId"], "task_001");
+    assert_eq!(list[0]["stepId"], "step_001");
+    assert_eq!(list[0]["workspaceId"], ws.as_str());
+    assert_eq!(list[0]["metadata"]["toolName"], "RunCommand");
+    assert_eq!(list[1]["artifactType"], "file_diff");
+
+    // The session exists now, and the workspace lists it.
+    let s = api.get(&format!("/api/v1/sessions/{session}")).await.json();
+    assert_eq!(s["sessionId"], session.as_str());
+    assert!(s["workspaceIds"].as_array().unwrap().contains(&json!(ws)));
+    let page = api
+        .get(&format!("/api/v1/workspaces/{ws}/sessions"))
+        .await
+        .json();
+    assert_eq!(page["sessions"][0]["sessionId"], session.as_str());
+    assert!(page.get("nextToken").is_none());
+    // Another workspace's id does not reach it.
+    let other = api.workspace(None).await;
+    assert_eq!(
+        api.get(&format!("/api/v1/workspaces/{other}/artifacts/{output}"))
+            .await
+            .status,
+        404
+    );
+}
+
+#[tokio::test]
+async fn a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(None).await;
+    let session = new_session();
+    let first = api
+        .snapshot(
+            &ws,
+            &session,
+            "task_001",
+            &[("system", "be brief"), ("user", "hello")],
+        )
+        .await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let second = api
+        .snapshot(
+            &ws,
+            &session,
+            "task_002",
+            &[("user", "Refactor the API client"), ("assistant", "Done.")],
+        )
+        .await;
+    assert_eq!(first.json()["artifactId"], second.json()["artifactId"]);
+    let id = second.json()["artifactId"].as_str().unwrap().to_owned();
+    assert_eq!(
+        second.json()["artifactUri"],
+        format!("workspaces/{ws}/artifacts/{id}")
+    );
+    let payload = api
+        .get(&format!("/api/v1/workspaces/{ws}/artifacts/{id}"))
+        .await;
+    assert_eq!(payload.header("content-type"), "application/json");
+    let payload = payload.json();
+    assert_eq!(payload["snapshotAfterTaskId"], "task_002");
+    assert_eq!(payload["messages"][0]["content"], "Refactor the API client");
+
+    let history = api
+        .get(&format!("/api/v1/sessions/{session}/history"))
+        .await
+        .json();
+    let messages = history["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[1]["role"], "assistant");
+    assert_eq!(messages[1]["content"], "Done.");
+    let artifacts = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await
+        .json();
+    assert_eq!(artifacts["artifacts"].as_array().unwrap().len(), 1);
+    // Two snapshots: two finished tasks in the workspace.
+    let page = api
+        .get(&format!("/api/v1/workspaces/{ws}/sessions"))
+        .await
+        .json();
+    assert_eq!(page["sessions"][0]["taskCount"], 2);
+    // A general workspace holds one session.
+    let other = api
+        .snapshot(&ws, &new_session(), "t", &[("user", "x")])
+        .await;
+    assert_eq!(other.status, 409, "{}", other.text());
+}
+
+async fn artifact_count(api: &Api, session: &str) -> usize {
+    let answer = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await;
+    if answer.status == 404 {
+        return 0;
+    }
+    answer.json()["artifacts"].as_array().unwrap().len()
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_that_says_what_is_wrong_and_stores_nothing() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(Some("/p")).await;
+    let session = new_session();
+    let path = format!("/api/v1/workspaces/{ws}/artifacts");
+    let upload = |over: Value| {
+        let mut body = json!({
+            "sessionId": session, "artifactType": "tool_output", "artifactName": "o.txt",
+            "contentType": "text/plain", "contentBase64": "aGk=",
+        });
+        for (k, v) in over.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    api.post(&path, &upload(json!({"contentBase64": "not base64!"})))
+        .await
+        .assert_bad("contentBase64");
+    api.post(&path, &upload(json!({"artifactType": "screenshot"})))
+        .await
+        .assert_bad("unknown variant `screenshot`");
+    api.post(&path, &upload(json!({"sessionId": "../etc"})))
+        .await
+        .assert_bad("sessionId");
+    api.post(
+        &path,
+        &upload(json!({"contentType": "text/plain\r\nX-Evil: 1"})),
+    )
+    .await
+    .assert_bad("contentType");
+    api.post(&path, &upload(json!({"colour": "red"})))
+        .await
+        .assert_bad("unknown field `colour`");
+    let mut missing = upload(json!({}));
+    missing.as_object_mut().unwrap().remove("artifactName");
+    api.post(&path, &missing).await.assert_bad("artifactName");
+    api.post_raw(&path, b"{not json".to_vec())
+        .await
+        .assert_bad("not valid");
+    let big = vec![b'a'; monad_server::http::api::MAX_BODY + 1];
+    api.post_raw(&path, big).await.assert_bad("over");
+    api.post(
+        &path,
+        &json!({"sessionId": session, "artifactType": "session_history", "snapshotAt": "t",
+                "messages": [{"role": "tool", "content": "x"}]}),
+    )
+    .await
+    .assert_bad("unknown variant `tool`");
+    api.post("/api/v1/workspaces", &json!({"workspaceScope": "local"}))
+        .await
+        .assert_bad("localPath");
+    api.post("/api/v1/workspaces", &json!({"workspaceScope": "cloud"}))
+        .await
+        .assert_bad("unknown variant `cloud`");
+    api.post(
+        "/api/v1/workspaces",
+        &json!({"workspaceScope": "general", "userId": "bob"}),
+    )
+    .await
+    .assert_bad("userId");
+    for query in ["limit=0", "limit=101", "limit=ten", "limit=-1"] {
+        api.get(&format!("/api/v1/sessions?{query}"))
+            .await
+            .assert_bad("limit");
+        api.get(&format!("/api/v1/workspaces/{ws}/sessions?{query}"))
+            .await
+            .assert_bad("limit");
+        api.get(&format!("/api/v1/sessions/{session}/audit?{query}"))
+            .await
+            .assert_bad("limit");
+    }
+    api.get("/api/v1/sessions?nextToken=forged")
+        .await
+        .assert_bad("nextToken");
+    // Nothing was stored: no session, no artifact, no session in the workspace.
+    assert_eq!(artifact_count(&api, &session).await, 0);
+    assert_eq!(
+        api.get(&format!("/api/v1/sessions/{session}")).await.status,
+        404
+    );
+    let page = api
+        .get(&format!("/api/v1/workspaces/{ws}/sessions"))
+        .await
+        .json();
+    assert_eq!(page["sessions"], json!([]));
+}
+
+#[tokio::test]
+async fn requests_without_a_valid_token_are_401() {
+    let (server, http) = server().await;
+    let nobody = Api::new(http, "not-a-token");
+    let answer = nobody.get("/api/v1/sessions").await;
+    assert_eq!(answer.status, 401);
+    assert_eq!(answer.json()["error"], "unauthorized");
+    let bare = super::http_client()
+        .get(format!("http://{http}/api/v1/sessions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status().as_u16(), 401);
+    assert!(bare.headers().contains_key("www-authenticate"));
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_second_user_sees_nothing_of_the_first_and_their_ids_answer_404() {
+    let (server, http) = server().await;
+    let ana = Api::new(http, &server.token);
+    let bob = Api::new(http, &server.create_token("bob"));
+    let ws = ana.workspace(Some("/secret")).await;
+    let session = new_session();
+    let art = ana
+        .upload(
+            &ws,
+            "tool_output",
+            &session,
+            "o.txt",
+            "text/plain",
+            b"secret",
+        )
+        .await;
+    ana.snapshot(&ws, &session, "t1", &[("user", "secret plan")])
+        .await;
+    for extra in 0..3 {
+        let _ = extra;
+        ana.upload(
+            &ws,
+            "tool_output",
+            &new_session(),
+            "o.txt",
+            "text/plain",
+            b"x",
+        )
+        .await;
+    }
+    let bob_ws = bob.workspace(Some("/secret")).await;
+    assert_ne!(
+        bob_ws, ws,
+        "the same path of another user is another workspace"
+    );
+
+    for path in [
+        format!("/api/v1/workspaces/{ws}"),
+        format!("/api/v1/workspaces/{ws}/sessions"),
+        format!("/api/v1/workspaces/{ws}/artifacts/{art}"),
+        format!("/api/v1/sessions/{session}"),
+        format!("/api/v1/sessions/{session}/history"),
+        format!("/api/v1/sessions/{session}/artifacts"),
+        format!("/api/v1/sessions/{session}/artifacts/{art}"),
+        format!("/api/v1/sessions/{session}/audit"),
+        format!("/api/v1/sessions/{session}/events"),
+        format!("/api/v1/workspaces/{bob_ws}/artifacts/{art}"),
+    ] {
+        let answer = bob.get(&path).await;
+        assert_eq!(answer.status, 404, "{path}: {}", answer.text());
+        assert_eq!(answer.json()["error"], "not_found");
+        assert!(!answer.text().contains("secret"));
+    }
+    assert_eq!(
+        bob.delete(&format!("/api/v1/workspaces/{ws}")).await.status,
+        404
+    );
+    // Uploading into ana's workspace, or into ana's session through bob's own workspace.
+    let into_hers = bob
+        .post(
+            &format!("/api/v1/workspaces/{ws}/artifacts"),
+            &json!({"sessionId": new_session(), "artifactType": "tool_output", "artifactName": "x",
+                    "contentType": "text/plain", "contentBase64": "eA=="}),
+        )
+        .await;
+    assert_eq!(into_hers.status, 404);
+    let into_her_session = bob
+        .snapshot(&bob_ws, &session, "t", &[("user", "overwrite")])
+        .await;
+    assert_eq!(into_her_session.status, 404, "{}", into_her_session.text());
+    // Bob's lists are empty of hers; her page token is no good to him.
+    let list = bob.get("/api/v1/sessions").await.json();
+    assert_eq!(list["sessions"], json!([]));
+    let hers = ana.get("/api/v1/sessions?limit=1").await.json();
+    let token = hers["nextToken"]
+        .as_str()
+        .expect("ana has more than one session");
+    bob.get(&format!("/api/v1/sessions?nextToken={token}"))
+        .await
+        .assert_bad("nextToken");
+    // And nothing of hers changed.
+    let history = ana
+        .get(&format!("/api/v1/sessions/{session}/history"))
+        .await
+        .json();
+    assert_eq!(history["messages"][0]["content"], "secret plan");
+    assert_eq!(
+        ana.get(&format!("/api/v1/workspaces/{ws}")).await.status,
+        200
+    );
+}
+
+/// Every session id of a listing, page by page with `limit`, checking the order as it goes.
+async fn page_all(api: &Api, path: &str, limit: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut next: Option<String> = None;
+    let mut last: Option<(String, String)> = None;
+    loop {
+        let url = match &next {
+            Some(t) => format!("{path}?limit={limit}&nextToken={t}"),
+            None => format!("{path}?limit={limit}"),
+        };
+        let page: Answer = api.get(&url).await;
+        assert_eq!(page.status, 200, "{}", page.text());
+        let page = page.json();
+        let sessions = page["sessions"].as_array().unwrap();
+        assert!(sessions.len() <= limit);
+        for s in sessions {
+            let key = (
+                s["lastTaskAt"].as_str().unwrap().to_owned(),
+                s["sessionId"].as_str().unwrap().to_owned(),
+            );
+            if let Some(prev) = &last {
+                // Most recent first; ties by id.
+                assert!(
+                    prev.0 > key.0 || (prev.0 == key.0 && prev.1 < key.1),
+                    "out of order: {prev:?} then {key:?}"
+                );
+            }
+            last = Some(key.clone());
+            ids.push(key.1);
+        }
+        match page.get("nextToken").and_then(Value::as_str) {
+            Some(t) => {
+                assert!(!sessions.is_empty());
+                next = Some(t.to_owned());
+            }
+            None => return ids,
+        }
+    }
+}
+
+#[tokio::test]
+async fn three_hundred_sessions_page_with_no_gaps_and_no_duplicates() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let made = many_sessions(&server, "admin", 300);
+    // Another user's sessions never show up.
+    many_sessions(&server, "bob", 10);
+    let listed = page_all(&api, "/api/v1/sessions", 7).await;
+    assert_eq!(listed.len(), 300);
+    let unique: HashSet<&String> = listed.iter().collect();
+    assert_eq!(unique.len(), 300, "duplicates");
+    assert_eq!(unique, made.iter().collect::<HashSet<_>>(), "gaps");
+
+    // The same over a workspace's sessions.
+    let ws = api.workspace(Some("/many")).await;
+    let store = server.state().registry.store();
+    for id in &made {
+        store.touch_record(&ws, id, 1).unwrap();
+    }
+    let listed = page_all(&api, &format!("/api/v1/workspaces/{ws}/sessions"), 13).await;
+    assert_eq!(listed.len(), 300);
+    assert_eq!(
+        listed.iter().collect::<HashSet<_>>(),
+        made.iter().collect::<HashSet<_>>()
+    );
+    // Default page size, and a token is only given while more pages exist.
+    let first = api.get("/api/v1/sessions").await.json();
+    assert_eq!(first["sessions"].as_array().unwrap().len(), 20);
+    let all = api.get("/api/v1/sessions?limit=100").await.json();
+    assert!(all["nextToken"].is_string());
+}
+
+#[tokio::test]
+async fn deleting_a_workspace_removes_its_artifacts_and_history() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(None).await;
+    let session = new_session();
+    let out = api
+        .upload(&ws, "tool_output", &session, "o.txt", "text/plain", b"x")
+        .await;
+    let snap = api
+        .snapshot(&ws, &session, "t", &[("user", "hi")])
+        .await
+        .json();
+    let snap = snap["artifactId"].as_str().unwrap();
+    let deleted = api.delete(&format!("/api/v1/workspaces/{ws}")).await;
+    assert_eq!(deleted.status, 204, "{}", deleted.text());
+    assert_eq!(
+        api.get(&format!("/api/v1/workspaces/{ws}")).await.status,
+        404
+    );
+    for art in [out.as_str(), snap] {
+        assert_eq!(
+            api.get(&format!("/api/v1/sessions/{session}/artifacts/{art}"))
+                .await
+                .status,
+            404
+        );
+    }
+    assert_eq!(artifact_count(&api, &session).await, 0);
+    let history = api
+        .get(&format!("/api/v1/sessions/{session}/history"))
+        .await
+        .json();
+    assert_eq!(history["messages"], json!([]));
+    assert_eq!(
+        api.delete(&format!("/api/v1/workspaces/{ws}")).await.status,
+        404
+    );
+}
+
+/// Server-sent events read from a response, one at a time.
+struct Events {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Events {
+    async fn open(api: &Api, session: &str) -> Events {
+        let response = api
+            .client
+            .get(format!("{}/api/v1/sessions/{session}/events", api.base))
+            .bearer_auth(&api.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        Events {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event's name and data (keep-alive comments skipped).
+    async fn next(&mut self) -> (String, Value) {
+        within(STEP, "an event", async {
+            loop {
+                if let Some(end) = self.buffer.find("\n\n") {
+                    let block: String = self.buffer.drain(..end + 2).collect();
+                    let mut name = String::new();
+                    let mut data = String::new();
+                    for line in block.lines() {
+                        if let Some(v) = line.strip_prefix("event:") {
+                            name = v.trim().to_owned();
+                        } else if let Some(v) = line.strip_prefix("data:") {
+                            data.push_str(v.trim_start());
+                        }
+                    }
+                    if !name.is_empty() {
+                        return (name, serde_json::from_str(&data).unwrap());
+                    }
+                    continue;
+                }
+                let chunk = self
+                    .response
+                    .chunk()
+                    .await
+                    .unwrap()
+                    .expect("the stream stays open");
+                self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        })
+        .await
+    }
+}
+
+#[tokio::test]
+async fn the_audit_log_pages_and_the_event_stream_follows_calls_as_they_happen() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let agent = server.agent().await;
+    let session = new_session();
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "write_file",
+        json!({"path": "a.txt", "content": "1"}),
+    )
+    .await);
+    // Its audit line is written (after the answer) before the stream opens.
+    server.audit_lines(&session, 1).await;
+    let mut events = Events::open(&api, &session).await;
+    let (name, ready) = events.next().await;
+    assert_eq!(name, "ready");
+    assert_eq!(ready["sessionId"], session.as_str());
+    for i in 0..4 {
+        ok(call_in(
+            &agent,
+            Some(&session),
+            "write_file",
+            json!({"path": format!("f{i}.txt"), "content": "x"}),
+        )
+        .await);
+    }
+    let mut calls = Vec::new();
+    while calls.len() < 4 {
+        let (name, data) = events.next().await;
+        // The first call's line may be announced after the stream opened, since the log's
+        // line is readable a moment before the store announces it.
+        if name == "call" && data["target"] != "a.txt" {
+            calls.push(data);
+        }
+    }
+    assert_eq!(calls[0]["tool"], "write_file");
+    assert_eq!(calls[0]["target"], "f0.txt");
+    assert_eq!(calls[0]["decision"], "allowed");
+    assert_eq!(calls[0]["decidedBy"], "trust");
+    assert_eq!(calls[0]["outcome"], "ok");
+    assert_eq!(calls[0]["workspace"], "primary");
+
+    let page = api
+        .get(&format!("/api/v1/sessions/{session}/audit?limit=2"))
+        .await
+        .json();
+    assert_eq!(page["total"], 5);
+    assert_eq!(page["records"].as_array().unwrap().len(), 2);
+    assert_eq!(page["records"][0]["target"], "a.txt");
+    let token = page["nextToken"].as_str().unwrap();
+    let rest = api
+        .get(&format!(
+            "/api/v1/sessions/{session}/audit?limit=10&nextToken={token}"
+        ))
+        .await
+        .json();
+    assert_eq!(rest["records"].as_array().unwrap().len(), 3);
+    assert!(rest.get("nextToken").is_none());
+    // A token of another session's log is refused.
+    let other = new_session();
+    ok(call_in(&agent, Some(&other), "list_dir", json!({})).await);
+    api.get(&format!("/api/v1/sessions/{other}/audit?nextToken={token}"))
+        .await
+        .assert_bad("nextToken");
+
+    let s = api.get(&format!("/api/v1/sessions/{session}")).await.json();
+    assert_eq!(s["taskCount"], 5);
+    assert_eq!(s["workspaces"][0]["name"], "primary");
+    // The diff of each write is an artifact of its call.
+    let artifacts = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await
+        .json();
+    assert!(
+        artifacts["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["artifactType"] == "file_diff" && a["tool"] == "write_file")
+    );
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_generated_from_the_types_and_covers_every_path() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let doc = api.get("/api/v1/openapi.json").await.json();
+    assert_eq!(doc, monad_server::http::openapi::document());
+    assert_eq!(doc["openapi"], "3.0.3");
+    for path in [
+        "/api/v1/workspaces",
+        "/api/v1/workspaces/{id}",
+        "/api/v1/workspaces/{id}/artifacts",
+        "/api/v1/workspaces/{id}/artifacts/{artifactId}",
+        "/api/v1/workspaces/{id}/sessions",
+        "/api/v1/sessions",
+        "/api/v1/sessions/{id}",
+        "/api/v1/sessions/{id}/history",
+        "/api/v1/sessions/{id}/artifacts",
+        "/api/v1/sessions/{id}/audit",
+        "/api/v1/sessions/{id}/events",
+    ] {
+        assert!(doc["paths"].get(path).is_some(), "{path} missing");
+    }
+    let upload = &doc["components"]["schemas"]["UploadArtifact"];
+    assert!(upload.to_string().contains("session_history"));
+    assert_eq!(api.get("/api/v1/nothing/here").await.status, 404);
+}

@@ -1,0 +1,326 @@
+//! The web view in a real headless browser (Debian's `chromium`, driven through
+//! `chromedriver` with fantoccini): sign in, open a session, expand a tool call and see its
+//! diff, see a new call appear live, and an XSS corpus that must not run. Screenshots are
+//! written under the test target dir (their paths are printed).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use monad_tests::{STEP, call_in, ok, peer_missing, within};
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+
+use super::pages::hostile_session;
+use super::{Api, server};
+
+/// An executable on `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// chromedriver on a port of its choosing, and a headless browser session through it with a
+/// temporary profile.
+struct Driver {
+    client: Client,
+    _process: tokio::process::Child,
+    _profile: tempfile::TempDir,
+}
+
+impl Driver {
+    async fn start(chromium: &std::path::Path, chromedriver: &std::path::Path) -> Driver {
+        let mut process = tokio::process::Command::new(chromedriver)
+            .arg("--port=0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver starts");
+        let stdout = process.stdout.take().unwrap();
+        let port: u16 = within(STEP, "chromedriver to say its port", async {
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(rest) = line.split("started successfully on port ").nth(1) {
+                    return rest.trim_end_matches('.').trim().parse().unwrap();
+                }
+            }
+            panic!("chromedriver ended without saying its port");
+        })
+        .await;
+        let profile = tempfile::tempdir().unwrap();
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": [
+                    "--headless=new",
+                    // The test runs as root, where Chromium's sandbox cannot start.
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--window-size=1280,1500",
+                    "--no-first-run",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let client = within(
+            STEP,
+            "a browser session",
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps)
+                .connect(&format!("http://127.0.0.1:{port}")),
+        )
+        .await
+        .expect("a WebDriver session");
+        Driver {
+            client,
+            _process: process,
+            _profile: profile,
+        }
+    }
+
+    async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
+        self.wait_for_locator(Locator::Css(css)).await
+    }
+
+    async fn wait_for_locator(&self, locator: Locator<'_>) -> fantoccini::elements::Element {
+        let css = format!("{locator:?}");
+        match self.client.wait().at_most(STEP).for_element(locator).await {
+            Ok(element) => element,
+            Err(e) => {
+                let shot = self.screenshot("web-failure.png").await;
+                let source = self.client.source().await.unwrap_or_default();
+                panic!(
+                    "no `{css}` on the page ({e}); screenshot {}; page:\n{source}",
+                    shot.display()
+                );
+            }
+        }
+    }
+
+    async fn screenshot(&self, name: &str) -> PathBuf {
+        let png = self.client.screenshot().await.expect("a screenshot");
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+        std::fs::write(&path, png).unwrap();
+        eprintln!("screenshot: {}", path.display());
+        path
+    }
+}
+
+#[tokio::test]
+async fn a_person_signs_in_opens_a_session_expands_a_diff_and_sees_a_call_arrive_live() {
+    let (Some(chromium), Some(chromedriver)) = (on_path("chromium"), on_path("chromedriver"))
+    else {
+        peer_missing(
+            "web::browser",
+            "chromium and chromedriver are not installed (apt-get install chromium chromium-driver)",
+        );
+        return;
+    };
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let agent = server.agent().await;
+    let session = super::new_session();
+    let ws = api.workspace(Some("/home/ana/demo")).await;
+    api.snapshot(
+        &ws,
+        &session,
+        "task_001",
+        &[
+            ("user", "Add a greeting to **hello.txt**, please."),
+            (
+                "assistant",
+                "Done: `hello.txt` now says *hello*. I also listed the folder.",
+            ),
+        ],
+    )
+    .await;
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "write_file",
+        json!({"path": "hello.txt", "content": "hi\n"}),
+    )
+    .await);
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "edit_file",
+        json!({"path": "hello.txt", "old_string": "hi", "new_string": "hello, world"}),
+    )
+    .await);
+    ok(call_in(&agent, Some(&session), "list_dir", json!({})).await);
+    server.audit_lines(&session, 3).await;
+
+    let driver = Driver::start(&chromium, &chromedriver).await;
+    let c = &driver.client;
+    let base = format!("http://{http}");
+    c.goto(&format!("{base}/")).await.unwrap();
+    // Sent to sign in.
+    driver
+        .wait_for("#token")
+        .await
+        .send_keys(&server.token)
+        .await
+        .unwrap();
+    driver.wait_for("#signin").await.click().await.unwrap();
+    driver.wait_for("#sessions .row.session").await;
+    let cookie_visible: Value = c.execute("return document.cookie", vec![]).await.unwrap();
+    assert_eq!(cookie_visible, json!(""), "the sign-in cookie is HttpOnly");
+    driver.screenshot("web-sessions.png").await;
+
+    // Open the session from the list.
+    c.find(Locator::Css(&format!("a[href='/sessions/{session}']")))
+        .await
+        .expect("the session is listed")
+        .click()
+        .await
+        .unwrap();
+    driver.wait_for("body[data-live='on']").await;
+    let conversation = driver.wait_for("#conversation").await.text().await.unwrap();
+    assert!(conversation.contains("Add a greeting"), "{conversation}");
+    driver.wait_for("#conversation strong").await;
+
+    // Outputs are collapsed; expanding the edit shows its coloured diff.
+    let edit = driver.wait_for("details.call:nth-of-type(2)").await;
+    assert_eq!(edit.attr("open").await.unwrap(), None);
+    edit.find(Locator::Css("summary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let added = driver.wait_for("details.call[open] pre.diff .add").await;
+    assert!(added.text().await.unwrap().contains("+hello, world"));
+    let removed = driver.wait_for("details.call[open] pre.diff .del").await;
+    assert!(removed.text().await.unwrap().contains("-hi"));
+
+    // A new call appears while the page is open.
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "write_file",
+        json!({"path": "live.txt", "content": "arrived\n"}),
+    )
+    .await);
+    let live = driver.wait_for("details.call:nth-of-type(4) .target").await;
+    assert_eq!(live.text().await.unwrap(), "live.txt");
+    // Its diff is marked (the diff may be stored a moment after the call's line).
+    driver
+        .wait_for("details.call:nth-of-type(4) summary .badge")
+        .await;
+    // The count follows.
+    driver
+        .wait_for_locator(Locator::XPath("//span[@id='call-count' and text()='4']"))
+        .await;
+    driver.screenshot("web-session.png").await;
+
+    // The workspace's page lists the session.
+    c.goto(&format!("{base}/workspaces/{ws}")).await.unwrap();
+    driver
+        .wait_for(&format!("a[href='/sessions/{session}']"))
+        .await;
+
+    // Sign out: back to the sign-in page, and the pages are closed.
+    driver.wait_for("#signout").await.click().await.unwrap();
+    driver.wait_for("#token").await;
+    c.goto(&format!("{base}/")).await.unwrap();
+    driver.wait_for("#token").await;
+    c.clone().close().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_xss_corpus_in_history_file_names_and_artifacts_does_not_run_in_the_browser() {
+    let (Some(chromium), Some(chromedriver)) = (on_path("chromium"), on_path("chromedriver"))
+    else {
+        peer_missing(
+            "web::browser",
+            "chromium and chromedriver are not installed (apt-get install chromium chromium-driver)",
+        );
+        return;
+    };
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let session = hostile_session(&server, &api).await;
+    let driver = Driver::start(&chromium, &chromedriver).await;
+    let c = &driver.client;
+    let base = format!("http://{http}");
+    c.goto(&format!("{base}/login")).await.unwrap();
+    driver
+        .wait_for("#token")
+        .await
+        .send_keys(&server.token)
+        .await
+        .unwrap();
+    driver.wait_for("#signin").await.click().await.unwrap();
+    driver.wait_for("#sessions").await;
+    c.goto(&format!("{base}/sessions/{session}")).await.unwrap();
+    driver.wait_for("body[data-live='on']").await;
+    // Open every call, so every output and diff is on the page.
+    let calls = c
+        .find_all(Locator::Css("details.call summary"))
+        .await
+        .unwrap();
+    assert!(calls.len() >= 2);
+    for summary in &calls {
+        summary.click().await.unwrap();
+    }
+    let opened = c
+        .find_all(Locator::Css("details.call"))
+        .await
+        .unwrap()
+        .len();
+    within(STEP, "every call's output", async {
+        loop {
+            let loading = c
+                .execute(
+                    "return document.querySelectorAll('details.call .body .muted').length \
+                     - document.querySelectorAll('details.call .body .artifact .muted').length",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            if loading == json!(0) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        c.find_all(Locator::Css("details.call pre.diff"))
+            .await
+            .unwrap()
+            .len(),
+        opened,
+        "every write's diff is shown"
+    );
+    // Click every link the conversation rendered (a `javascript:` one would run now).
+    for link in c.find_all(Locator::Css("#conversation a")).await.unwrap() {
+        let href = link.attr("href").await.unwrap().unwrap_or_default();
+        assert!(!href.to_lowercase().starts_with("javascript"), "{href}");
+    }
+    driver.screenshot("web-xss.png").await;
+    let pwned: Value = c
+        .execute("return document.body.dataset.pwned || null", vec![])
+        .await
+        .unwrap();
+    assert_eq!(pwned, Value::Null, "a script of the corpus ran");
+    assert!(c.get_alert_text().await.is_err(), "an alert is open");
+    let text: Value = c
+        .execute(
+            "return document.getElementById('conversation').innerText",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        text.as_str().unwrap().contains("<script>"),
+        "the corpus is shown as text"
+    );
+    c.clone().close().await.unwrap();
+}
