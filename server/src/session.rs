@@ -1155,7 +1155,8 @@ impl Registry {
                 Some(Some(loaded)) => loaded.clone(),
                 None => meta,
             };
-            if meta.id != DEFAULT_SESSION && meta.last_active < cutoff {
+            // Times have whole seconds: `--max-age 0` takes what was used this second too.
+            if meta.id != DEFAULT_SESSION && meta.last_active <= cutoff {
                 unused.push(meta);
             }
         }
