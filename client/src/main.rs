@@ -318,11 +318,12 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
                     file.display()
                 )
             })?;
-            let count = history.messages.len();
+            let count_messages = history.messages.len();
             let id = agent.history_replace(session.as_deref(), history).await?;
             errln!(
-                "replaced the conversation of session {} ({count} messages)",
-                printable(&id)
+                "replaced the conversation of session {} ({})",
+                printable(&id),
+                count(count_messages, "message", "messages")
             );
         }
         HistoryCommand::Clear { session } => {
