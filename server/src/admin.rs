@@ -480,12 +480,15 @@ fn ask(socket: &Path, request: &AdminRequest) -> Result<AdminAnswer, String> {
     let stream = std::os::unix::net::UnixStream::connect(socket).map_err(failed)?;
     let mut line = serde_json::to_string(request).map_err(|e| e.to_string())?;
     line.push('\n');
-    (&stream).write_all(line.as_bytes()).map_err(failed)?;
-    stream.shutdown(std::net::Shutdown::Write).map_err(failed)?;
+    // A server that refuses answers without reading: its answer is read even when the
+    // request could not be written whole.
+    let written = (&stream).write_all(line.as_bytes());
+    let _ = stream.shutdown(std::net::Shutdown::Write);
     let mut answer = String::new();
-    std::io::BufReader::new(&stream)
-        .read_line(&mut answer)
-        .map_err(failed)?;
+    let read = std::io::BufReader::new(&stream).read_line(&mut answer);
+    if answer.is_empty() {
+        written.and(read).map_err(failed)?;
+    }
     let answer: AdminAnswer = serde_json::from_str(&answer)
         .map_err(|e| format!("the running monad-server answered oddly: {e}"))?;
     match answer.error {
@@ -526,6 +529,7 @@ pub async fn serve_socket(
                 let Ok((stream, _)) = accepted else { continue };
                 if stream.peer_cred().map(|c| c.uid()).ok() != Some(me) {
                     warn!("refused an administration request from another user");
+                    tokio::spawn(refuse(stream));
                     continue;
                 }
                 let state = state.clone();
@@ -535,6 +539,18 @@ pub async fn serve_socket(
         }
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// Tells a peer of another user that it is not heard, and hangs up.
+async fn refuse(mut stream: tokio::net::UnixStream) {
+    let answer = AdminAnswer {
+        error: Some("refused: only the user the monad-server runs as may administer it".to_owned()),
+        ..AdminAnswer::default()
+    };
+    let mut text = serde_json::to_string(&answer).unwrap_or_default();
+    text.push('\n');
+    let _ = stream.write_all(text.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 async fn admin_request(state: &Arc<crate::server::State>, stream: tokio::net::UnixStream) {

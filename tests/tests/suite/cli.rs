@@ -903,3 +903,36 @@ async fn latin1_and_utf16_files_are_read_as_text_and_a_binary_file_says_why() {
         text(&out.stdout)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_cannot_delete_sessions_through_the_running_servers_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_server, data, config) = logged_in().await;
+    let d = data.path();
+    let out = client(config.path(), &["sessions", "--new", "--name", "mine"]).await;
+    let mine = text(&out.stdout).trim().to_owned();
+    let out = client(config.path(), &["sessions", "use", "default"]).await;
+    assert!(out.status.success());
+    // A careless operator opened the data dir and the socket to everyone: the server still
+    // hears only its own user.
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = d.join("admin.sock");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = monad_tests::binary("monad-server");
+    let mut cmd = tokio::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .arg("--data-dir")
+        .arg(d)
+        .args(["session", "gc", "--max-age", "0", "--yes"])
+        .env("HOME", "/")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    let out = within(STEP, "gc as another user", cmd.output())
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let said = text(&out.stderr);
+    assert!(said.contains("refused"), "{said}");
+    assert!(d.join("sessions").join(&mine).is_dir(), "nothing deleted");
+}
