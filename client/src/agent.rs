@@ -478,6 +478,32 @@ impl Agent {
         session: Option<&str>,
         folder: Option<&str>,
     ) -> Result<SessionInfo, ClientError> {
+        self.open(session, folder, None).await
+    }
+
+    /// Creates a new session (as [`Agent::open_session_in`] with no id) with a human `name`.
+    /// A server older than [`wire::CLI_MINOR`] cannot keep a name: refused here.
+    pub async fn new_named_session(
+        &self,
+        folder: Option<&str>,
+        name: &str,
+    ) -> Result<SessionInfo, ClientError> {
+        if self.connection.minor < wire::CLI_MINOR {
+            return Err(ClientError::Refused(ToolError::new(
+                ErrorCode::Unsupported,
+                "this server cannot name sessions (it is older than this client); upgrade it, \
+                 or leave out --name",
+            )));
+        }
+        self.open(None, folder, Some(name)).await
+    }
+
+    async fn open(
+        &self,
+        session: Option<&str>,
+        folder: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<SessionInfo, ClientError> {
         let folder = folder
             .filter(|_| session.is_none() && self.connection.minor >= ROOTS_MINOR)
             .map(str::to_owned);
@@ -486,12 +512,38 @@ impl Agent {
                 id: 1,
                 session: session.map(str::to_owned),
                 folder,
+                name: name.map(str::to_owned),
             })
             .await?
         {
             Message::SessionOpened { session, .. } => Ok(session),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// Detaches the folder named `workspace` (short name or URI) from `session` (`None`: the
+    /// default) and forgets it there: its `attach` stops; an offline one is no longer listed.
+    /// Returns the session's id. A server older than [`wire::CLI_MINOR`] cannot: refused here.
+    pub async fn detach(
+        &self,
+        session: Option<&str>,
+        workspace: &str,
+    ) -> Result<String, ClientError> {
+        if self.connection.minor < wire::CLI_MINOR {
+            return Err(ClientError::Refused(ToolError::new(
+                ErrorCode::Unsupported,
+                "this server cannot detach folders by name (it is older than this client); \
+                 stop the folder's `monad-client attach` instead, or upgrade the server",
+            )));
+        }
+        done(
+            self.ask(&Message::Detach {
+                id: 1,
+                session: session.map(str::to_owned),
+                workspace: workspace.to_owned(),
+            })
+            .await?,
+        )
     }
 
     /// Appends a message to a session's conversation; returns the session's id.

@@ -9,14 +9,14 @@ use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
 use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{
-    BODY_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome, ROOTS_MINOR,
-    Role, Trust, WorkspaceInfo,
+    BODY_MINOR, CLI_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome,
+    ROOTS_MINOR, Role, Trust, WorkspaceInfo,
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::ClientError;
 use crate::approval::{
@@ -43,6 +43,12 @@ pub struct AttachOptions {
     pub session: Option<String>,
     /// Short name wanted; `None` for the folder's base name.
     pub name: Option<String>,
+    /// `name` must be used as given (`attach --name`): the attach fails when the session cannot
+    /// give the folder that name (taken, reserved, invalid) instead of making it unique.
+    pub exact_name: bool,
+    /// Detaches when it turns true (Ctrl-C, SIGTERM): the server hears of it at once, so a
+    /// call waiting on the folder fails at once instead of when the connection times out.
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
     /// Trust level.
     pub trust: Trust,
     /// Classes pre-approved with `--allow`.
@@ -70,6 +76,8 @@ impl AttachOptions {
             dir,
             session: None,
             name: None,
+            exact_name: false,
+            stop: None,
             trust: Trust::Restricted,
             allow: Vec::new(),
             prompt_timeout: Duration::from_secs(120),
@@ -369,16 +377,19 @@ pub async fn attach(
     });
     let (first_wait, max_wait) = folder.options.backoff;
     let mut wait = first_wait;
+    let mut stop = folder.options.stop.clone();
     loop {
         let reason = match serve_once(config, &folder).await {
-            Ok(reason) => {
+            Ok(Served::Lost(reason)) => {
                 wait = first_wait; // it was attached: start the backoff afresh
                 reason
             }
+            Ok(Served::Stopped) => return Ok(()),
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => e.to_string(),
         };
-        warn!(
+        // Said once, by the event's line on the attach terminal; the log has it at debug.
+        debug!(
             "{}; reconnecting in {} ms",
             printable(&reason),
             wait.as_millis()
@@ -387,15 +398,55 @@ pub async fn attach(
             reason,
             retry_in: wait,
         });
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = stopped(stop.as_mut()) => return Ok(()),
+        }
         wait = (wait * 2).min(max_wait);
     }
 }
 
+/// How a connection's attachment ended.
+enum Served {
+    /// The connection was lost (why): reconnect.
+    Lost(String),
+    /// [`AttachOptions::stop`] turned true: detached, and the server told.
+    Stopped,
+}
+
+/// Resolves once `stop` turns true; never without one.
+async fn stopped(stop: Option<&mut tokio::sync::watch::Receiver<bool>>) {
+    match stop {
+        Some(stop) => {
+            if stop.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// What the server says on an attach stream after `attached`: the attachment ended
+/// ([`Message::Detached`], why). Pending forever otherwise (an older server says nothing).
+async fn next_notice(recv: &mut quinn::RecvStream) -> String {
+    loop {
+        match read_message(recv, 64 * 1024).await {
+            Ok(Some(Message::Detached { reason, .. })) => return reason,
+            Ok(Some(other)) => debug!("ignored `{}` on the attach stream", other.kind()),
+            Ok(None) | Err(_) => return std::future::pending().await,
+        }
+    }
+}
+
 /// One connection's life: connect, attach, serve requests until the connection ends. `Ok` means
-/// it was attached and then lost (the reason), `Err` that it never got attached.
-async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<String, ClientError> {
-    let connection = connect(config, Role::Client).await?;
+/// it was attached and then lost (the reason) or stopped, `Err` that it never got attached, or
+/// that the server ended the attachment ([`ClientError::Detached`]).
+async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Served, ClientError> {
+    let mut stop = folder.options.stop.clone();
+    let connection = tokio::select! {
+        connected = connect(config, Role::Client) => connected?,
+        () = stopped(stop.as_mut()) => return Ok(Served::Stopped),
+    };
     let conn = connection.conn.clone();
     let (mut send, mut recv) = conn
         .open_bi()
@@ -419,6 +470,7 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
             tools: o.tools.clone(),
             focus,
             folder: absolute,
+            exact_name: o.exact_name && o.name.is_some() && connection.minor >= CLI_MINOR,
         },
     )
     .await
@@ -427,6 +479,23 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
         Ok(Some(Message::Attached {
             session, workspace, ..
         })) => {
+            // An older server makes a taken name unique instead of refusing it: the folder
+            // leaves again, and the user hears why.
+            if let Some(wanted) = o.name.as_deref().filter(|_| o.exact_name)
+                && workspace.name != wanted
+            {
+                connection.close("the name is taken").await;
+                return Err(ClientError::Refused(ToolError::new(
+                    ErrorCode::AlreadyExists,
+                    format!(
+                        "the name `{}` is taken in session {} (the server offered `{}`): \
+                         choose another --name",
+                        printable(wanted),
+                        printable(&session),
+                        printable(&workspace.name)
+                    ),
+                )));
+            }
             info!(
                 session = %printable(&session),
                 workspace = %printable(&workspace.name),
@@ -455,7 +524,8 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
                 folder.emit(AttachEvent::Focus { set: focus });
             }
             if let Some(changed) = changed {
-                warn!("{}", changed.line().unwrap_or_default());
+                // Said once, by the event's line on the attach terminal.
+                debug!("{}", changed.line().unwrap_or_default());
                 folder.emit(changed);
             }
         }
@@ -481,8 +551,23 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
         None
     };
     let mut requests = tokio::task::JoinSet::new();
+    // One reader for the whole attachment: a message is never cut by another branch.
+    let notice = next_notice(&mut recv);
+    tokio::pin!(notice);
     let reason = loop {
         tokio::select! {
+            notice = &mut notice => {
+                drop(requests);
+                connection.close("detached by the server").await;
+                return Err(ClientError::Detached(notice));
+            }
+            () = stopped(stop.as_mut()) => {
+                // Calls in flight end here; the server hears at once that the folder left.
+                drop(requests);
+                let _ = send.finish();
+                connection.close("detached").await;
+                return Ok(Served::Stopped);
+            }
             Some(batch) = next_network(network.as_deref_mut()) => {
                 if let Err(e) = report_network(&mut send, batch).await {
                     break format!("connection lost: {e}");
@@ -499,7 +584,7 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Strin
         }
     };
     drop(send);
-    Ok(reason)
+    Ok(Served::Lost(reason))
 }
 
 /// The next connections to report; pending forever when there is nothing to report them from.

@@ -47,8 +47,31 @@ impl ClientConfig {
         })
     }
 
-    /// Loads `<dir>/config.toml`.
+    /// Loads `<dir>/config.toml`; refused as [`ClientError::NotLoggedIn`] after a logout.
     pub fn load(dir: &Path) -> Result<ClientConfig, ClientError> {
+        let config = ClientConfig::load_any(dir)?;
+        if config.token.is_empty() {
+            return Err(ClientError::NotLoggedIn(dir.join("config.toml")));
+        }
+        Ok(config)
+    }
+
+    /// Forgets the token (`logout`); the server, fingerprint, device id and settings stay, so
+    /// that the next login keeps this device's bindings. Returns the server it was logged in
+    /// to, `None` when it was not.
+    pub fn logout(dir: &Path) -> Result<Option<String>, ClientError> {
+        let mut config = match ClientConfig::load(dir) {
+            Ok(config) => config,
+            Err(ClientError::NotLoggedIn(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        config.token.clear();
+        config.save(dir)?;
+        Ok(Some(config.server))
+    }
+
+    /// Loads `<dir>/config.toml`, also when logged out (its token empty).
+    pub fn load_any(dir: &Path) -> Result<ClientConfig, ClientError> {
         let path = dir.join("config.toml");
         let text = std::fs::read_to_string(&path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {

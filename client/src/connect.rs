@@ -13,8 +13,39 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use crate::ClientError;
 use crate::config::ClientConfig;
 
-/// How long connecting and the hello may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting and the hello may take: a server that answers does so in
+/// milliseconds; one that does not (not running, UDP filtered) is reported soon.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The port `login --server HOST` means.
+pub const DEFAULT_PORT: u16 = 4433;
+
+/// `HOST:PORT` as given, or `HOST` with the default port ([`DEFAULT_PORT`]); `[::1]` and bare
+/// IPv6 addresses get brackets.
+pub fn with_default_port(server: &str) -> String {
+    let server = server.trim();
+    if server.parse::<std::net::SocketAddr>().is_ok() {
+        return server.to_owned();
+    }
+    if let Ok(v6) = server.parse::<std::net::Ipv6Addr>() {
+        return format!("[{v6}]:{DEFAULT_PORT}");
+    }
+    if server.starts_with('[') && server.ends_with(']') {
+        return format!("{server}:{DEFAULT_PORT}");
+    }
+    match server.rsplit_once(':') {
+        Some((_, port)) if port.parse::<u16>().is_ok() => server.to_owned(),
+        _ => format!("{server}:{DEFAULT_PORT}"),
+    }
+}
+
+/// What to check when the server does not answer.
+fn unreachable_hint(server: &str) -> String {
+    format!(
+        "is `monad-server` running on {server}? is UDP allowed to it (QUIC runs over UDP)? \
+         (`monad-client status` shows the server this client uses)"
+    )
+}
 
 /// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits.
 pub fn fingerprint(cert_der: &[u8]) -> String {
@@ -102,15 +133,25 @@ pub struct Connection {
     _endpoint: quinn::Endpoint,
 }
 
+impl Connection {
+    /// Closes the connection and waits (briefly) until the server has been told, so that it
+    /// knows at once, even when this process exits right after.
+    pub async fn close(&self, reason: &str) {
+        self.conn.close(0u32.into(), reason.as_bytes());
+        let _ = tokio::time::timeout(Duration::from_secs(1), self._endpoint.wait_idle()).await;
+    }
+}
+
 /// Connects to the configured server, pins its certificate and says hello as `role`.
 pub async fn connect(config: &ClientConfig, role: Role) -> Result<Connection, ClientError> {
     tokio::time::timeout(CONNECT_TIMEOUT, connect_inner(config, role))
         .await
         .map_err(|_| {
             ClientError::Unreachable(format!(
-                "{}: no answer within {} s",
+                "{}: no answer within {} s; {}",
                 config.server,
-                CONNECT_TIMEOUT.as_secs()
+                CONNECT_TIMEOUT.as_secs(),
+                unreachable_hint(&config.server)
             ))
         })?
 }
@@ -190,7 +231,11 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
                     expected,
                     presented,
                 },
-                _ => ClientError::Unreachable(format!("{}: {e}", config.server)),
+                _ => ClientError::Unreachable(format!(
+                    "{}: {e}; {}",
+                    config.server,
+                    unreachable_hint(&config.server)
+                )),
             });
         }
     };
@@ -229,5 +274,26 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
             "the server closed the hello stream".into(),
         )),
         Err(e) => Err(ClientError::Unreachable(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_without_a_port_gets_the_default_port() {
+        for (given, meant) in [
+            ("example.com", "example.com:4433"),
+            ("example.com:5000", "example.com:5000"),
+            ("10.0.0.2", "10.0.0.2:4433"),
+            ("10.0.0.2:1", "10.0.0.2:1"),
+            ("::1", "[::1]:4433"),
+            ("[::1]", "[::1]:4433"),
+            ("[::1]:9", "[::1]:9"),
+            (" host ", "host:4433"),
+        ] {
+            assert_eq!(with_default_port(given), meant, "{given}");
+        }
     }
 }

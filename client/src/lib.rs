@@ -80,6 +80,10 @@ pub enum ClientError {
     /// The terminal cannot be read (chat).
     #[error("terminal: {0}")]
     Terminal(String),
+    /// The server ended an attachment: another `attach` of the folder took it over, or
+    /// `monad-client detach` detached it. Not retried.
+    #[error("detached: {0}")]
+    Detached(String),
 }
 
 impl ClientError {
@@ -93,7 +97,8 @@ impl ClientError {
             | ClientError::FingerprintMismatch { .. }
             | ClientError::Protocol(_)
             | ClientError::Folder(_)
-            | ClientError::Terminal(_) => true,
+            | ClientError::Terminal(_)
+            | ClientError::Detached(_) => true,
         }
     }
 }

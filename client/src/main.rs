@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use monad_client::ClientError;
 use monad_client::agent::{Agent, check_login};
 use monad_client::approval::Approver;
 use monad_client::attach::{AttachEvent, AttachOptions, attach};
@@ -15,11 +16,17 @@ use monad_client::call;
 use monad_client::config::{ClientConfig, default_config_dir};
 use monad_client::login;
 use monad_client::terminal::{TerminalApprover, guard_from_setting};
+use monad_protocol::output::{Table, count};
 use monad_protocol::render;
 use monad_protocol::text::{json_safe, printable, printable_lines};
-use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Host, Trust};
+use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Host, SessionInfo, Trust};
 use monad_protocol::{ToolClass, ToolName};
 use monad_protocol::{errln, outln, output};
+
+/// What `--session` means, the same for every command.
+const SESSION_HELP: &str = "Session id, or a unique start of it, as docker and git take ids \
+                            (default: this device's current session, the one `sessions` marks \
+                            with *, else your default session)";
 
 #[derive(Parser)]
 #[command(
@@ -51,7 +58,7 @@ enum Command {
     /// taken from --token, else MONAD_TOKEN, else standard input (its first line, or a prompt
     /// that does not echo on a terminal), so that it need not be in the command line.
     Login {
-        /// HOST:PORT of the server.
+        /// HOST:PORT of the server (HOST alone means port 4433).
         #[arg(long)]
         server: String,
         /// A token from `monad-server token create` (or the first start). Prefer MONAD_TOKEN or
@@ -62,16 +69,20 @@ enum Command {
         #[arg(long)]
         fingerprint: String,
     },
-    /// Attach a folder to a session and approve what agents do in it.
+    /// Attach a folder to a session and approve what agents do in it. Options go before or
+    /// after the folder. Ctrl-C (or SIGTERM) detaches; attaching the same folder again (from
+    /// another terminal) takes it over, and this one says so and exits.
     Attach {
         /// The folder.
-        dir: PathBuf,
-        /// Session id (default: the folder's active session, when an MCP host landed in it or
-        /// `sessions --new` was run in it, and the folder becomes its focus unless it has one;
-        /// else this device's last session, else your default).
+        dir: Option<PathBuf>,
+        /// Session id, or a unique start of it (default: the folder's active session, when an
+        /// MCP host landed in it or `sessions --new` was run in it, and the folder becomes its
+        /// focus unless it has one; else this device's current session, the one `sessions`
+        /// marks with *, else your default session).
         #[arg(long)]
         session: Option<String>,
-        /// Short name in the session (default: the folder's name).
+        /// Short name in the session (default: the folder's name, made unique). A name given
+        /// here is used as given, or the attach fails (taken, or reserved like `primary`).
         #[arg(long)]
         name: Option<String>,
         /// `restricted` asks before each action; `full` runs everything at once.
@@ -79,8 +90,8 @@ enum Command {
         trust: TrustArg,
         /// Pre-approve classes of actions: read, write, exec (`--allow read write`, or repeat
         /// the flag).
-        #[arg(long, value_enum, num_args = 1..)]
-        allow: Vec<ClassArg>,
+        #[arg(long, num_args = 1.., value_name = "CLASS")]
+        allow: Vec<String>,
         /// Never prompt: anything not pre-approved is denied.
         #[arg(long)]
         non_interactive: bool,
@@ -92,6 +103,23 @@ enum Command {
         #[arg(long)]
         focus: bool,
     },
+    /// Detach a folder from a session by its short name (or URI), from any terminal: its
+    /// `attach` stops, and the session forgets it (an offline folder is no longer listed).
+    Detach {
+        /// The folder's short name in the session (`status` lists them), or its URI.
+        name: String,
+        #[arg(long, help = SESSION_HELP)]
+        session: Option<String>,
+    },
+    /// Who you are, which server (and its fingerprint), this device's current session and its
+    /// workspaces, online or not.
+    Status {
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget the token (the server, device id and settings stay for the next login).
+    Logout,
     /// Call a tool as an agent and print its result: the text a model gets, or JSON with --json.
     /// Exit codes: 0 done; 1 the tool (or the client) failed; 2 usage error; 3 the command ran
     /// but exited non-zero, was killed or timed out.
@@ -105,8 +133,7 @@ enum Command {
         /// The arguments, as a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
-        /// Session id (default: this device's last session, else your default).
-        #[arg(long)]
+        #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
         /// Workspace to run in (short name or URI).
         #[arg(long)]
@@ -133,7 +160,8 @@ enum Command {
     Mcp {
         /// Session used when the host's `initialize` names none in `_meta.sessionId`; it wins
         /// over the host's roots (default: the active session of the attached folder the host's
-        /// roots are in, else this device's last session, else your default).
+        /// roots are in, else this device's current session, the one `sessions` marks with *,
+        /// else your default session).
         #[arg(long)]
         session: Option<String>,
     },
@@ -143,8 +171,7 @@ enum Command {
     /// Talk to the session's built-in agent in this terminal: streamed answers, tool calls as
     /// they run, approvals of folders attached with /attach, and slash commands (/help).
     Chat {
-        /// Session id (default: this device's last session, else your default).
-        #[arg(long)]
+        #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
         /// The model for this chat instead of the session's `llm.model`.
         #[arg(long)]
@@ -157,11 +184,18 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         prompt_timeout: u64,
     },
-    /// List your sessions.
+    /// List your sessions (* marks this device's current session), start a new one, or switch
+    /// to one (`sessions use ID`).
+    #[command(args_conflicts_with_subcommands = true)]
     Sessions {
+        #[command(subcommand)]
+        action: Option<SessionsAction>,
         /// Print JSON (stable for scripts).
         #[arg(long)]
         json: bool,
+        /// With --new: a human name for the new session, shown in lists.
+        #[arg(long, requires = "new")]
+        name: Option<String>,
         /// Create a new session (a fresh id), bind this device to it, and print its id. Run
         /// inside a folder this device attached (or with --folder), the new session becomes
         /// that folder's active session: MCP hosts whose roots are in the folder land in it,
@@ -175,6 +209,15 @@ enum Command {
     /// The session's conversation (`session.md`): append, show, clear.
     #[command(subcommand)]
     History(HistoryCommand),
+}
+
+#[derive(Subcommand)]
+enum SessionsAction {
+    /// Make a session this device's current one: commands without --session use it.
+    Use {
+        /// The session id, or a unique start of it.
+        id: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -194,14 +237,12 @@ enum HistoryCommand {
         /// What was said.
         #[arg(long)]
         text: String,
-        /// Session id (default: this device's last session, else `default`).
-        #[arg(long)]
+        #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
     },
     /// Show the conversation.
     Show {
-        /// Session id (default: this device's last session, else `default`).
-        #[arg(long)]
+        #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
         /// Print JSON (stable for scripts).
         #[arg(long)]
@@ -214,14 +255,12 @@ enum HistoryCommand {
         /// The snapshot file, or `-` for standard input.
         #[arg(long)]
         file: PathBuf,
-        /// Session id (default: this device's last session, else your default).
-        #[arg(long)]
+        #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
     },
     /// Clear the conversation; the session keeps its id, workspace and attachments.
     Clear {
-        /// Session id (default: this device's last session, else `default`).
-        #[arg(long)]
+        #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
     },
 }
@@ -279,11 +318,12 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
                     file.display()
                 )
             })?;
-            let count = history.messages.len();
+            let count_messages = history.messages.len();
             let id = agent.history_replace(session.as_deref(), history).await?;
             errln!(
-                "replaced the conversation of session {} ({count} messages)",
-                printable(&id)
+                "replaced the conversation of session {} ({})",
+                printable(&id),
+                count(count_messages, "message", "messages")
             );
         }
         HistoryCommand::Clear { session } => {
@@ -301,6 +341,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "monad_client=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(output::log_colours(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         // A closed standard error must not turn into a panic (the report would be printed there).
         .log_internal_errors(false)
         .init();
@@ -341,9 +385,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let Some(token) = login::read(source).context("cannot read the token")? else {
                 bail!("{}", login::MISSING);
             };
+            let server = monad_client::connect::with_default_port(&server);
             let mut config = ClientConfig::new(&server, &token, &fingerprint)?;
-            // Keep the device id across logins, so bindings and workspace records stay.
-            if let Ok(old) = ClientConfig::load(&dir) {
+            // Keep the device id across logins (and a logout), so bindings and workspace
+            // records stay.
+            if let Ok(old) = ClientConfig::load_any(&dir) {
                 config.device_id = old.device_id;
                 config.limits = old.limits;
                 config.exec = old.exec;
@@ -368,6 +414,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             prompt_timeout,
             focus,
         } => {
+            let (allow, dir) = split_allow(allow, dir).map_err(|message| {
+                Cli::command()
+                    .error(clap::error::ErrorKind::ValueValidation, message)
+                    .exit()
+            })?;
             let config = ClientConfig::load(&config_dir()?)?;
             let canonical = dir
                 .canonicalize()
@@ -380,6 +431,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             options.exec = config.exec.clone().unwrap_or_default();
             options.shown_path = dir.to_string_lossy().into_owned();
             options.session = session;
+            options.exact_name = name.is_some();
             options.name = name.or_else(|| {
                 canonical
                     .file_name()
@@ -399,6 +451,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 .collect();
             options.prompt_timeout = Duration::from_secs(prompt_timeout.max(1));
             options.focus = focus;
+            let (stop, stopping) = tokio::sync::watch::channel(false);
+            options.stop = Some(stopping);
             let guard = guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref());
             let approver: Option<Arc<dyn Approver>> = if non_interactive {
                 None
@@ -421,15 +475,61 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
             });
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .context("cannot watch for SIGTERM")?;
+            let attached = attach(&config, options, approver, Some(tx));
+            tokio::pin!(attached);
+            // Ctrl-C and SIGTERM detach alike: the server is told before this exits.
             let result = tokio::select! {
-                r = attach(&config, options, approver, Some(tx)) => r.map_err(anyhow::Error::from),
+                r = &mut attached => r,
                 _ = tokio::signal::ctrl_c() => {
-                    errln!("detached");
-                    Ok(())
+                    let _ = stop.send(true);
+                    attached.await
+                }
+                _ = term.recv() => {
+                    let _ = stop.send(true);
+                    attached.await
                 }
             };
-            printer.abort();
-            result.map(|()| ExitCode::SUCCESS)
+            // The last lines (a re-attach, a call's end) before the one that says why it ends.
+            let _ = tokio::time::timeout(Duration::from_millis(200), printer).await;
+            match result {
+                Ok(()) => {
+                    errln!("detached");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(ClientError::Detached(reason)) => {
+                    errln!("detached: {}", printable(&reason));
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Command::Detach { name, session } => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            let agent = Agent::connect(&config).await?;
+            let id = agent.detach(session.as_deref(), &name).await?;
+            errln!(
+                "detached `{}` from session {}: it is no longer in the session",
+                printable(&name),
+                printable(&id)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { json } => status(json).await,
+        Command::Logout => {
+            let dir = config_dir()?;
+            match ClientConfig::logout(&dir)? {
+                Some(server) => errln!(
+                    "logged out of {}: the token is forgotten (the device id and settings stay \
+                     in {})",
+                    printable(&server),
+                    dir.join("config.toml").display()
+                ),
+                None => errln!("not logged in"),
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Call {
             tool,
@@ -533,9 +633,29 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sessions {
+            action: Some(SessionsAction::Use { id }),
+            ..
+        } => {
+            let config = ClientConfig::load(&config_dir()?)?;
+            let agent = Agent::connect(&config).await?;
+            let session = agent.open_session(Some(&id)).await?;
+            errln!(
+                "this device now uses session {}{}",
+                printable(&session.id),
+                session
+                    .name
+                    .as_deref()
+                    .map(|n| format!(" ({})", printable(n)))
+                    .unwrap_or_default()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sessions {
             json,
             new: true,
             folder,
+            name,
+            action: None,
         } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let here = match folder {
@@ -546,9 +666,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 None => std::env::current_dir().and_then(|d| d.canonicalize()).ok(),
             };
             let agent = Agent::connect(&config).await?;
-            let session = agent
-                .open_session_in(None, here.as_deref().and_then(|p| p.to_str()))
-                .await?;
+            let here = here.as_deref().and_then(|p| p.to_str());
+            let session = match &name {
+                Some(name) => agent.new_named_session(here, name).await?,
+                None => agent.open_session_in(None, here).await?,
+            };
             for w in session
                 .workspaces
                 .iter()
@@ -573,30 +695,168 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
             let sessions = agent.sessions().await?;
+            // This device's current session: what a command without --session uses.
+            let (current, _) = agent.workspaces(None).await?;
             if json {
-                outln!("{}", json_safe(&serde_json::to_string_pretty(&sessions)?))?;
+                let listed: Vec<serde_json::Value> = sessions
+                    .iter()
+                    .map(|s| {
+                        let mut value = serde_json::to_value(s).unwrap_or_default();
+                        value["current"] = (s.id == current).into();
+                        value
+                    })
+                    .collect();
+                outln!("{}", json_safe(&serde_json::to_string_pretty(&listed)?))?;
             } else {
-                for s in sessions {
-                    let names: Vec<String> = s
-                        .workspaces
-                        .iter()
-                        .map(|w| {
-                            if w.online {
-                                printable(&w.name).into_owned()
-                            } else {
-                                format!("{} (offline)", printable(&w.name))
-                            }
-                        })
-                        .collect();
-                    outln!(
-                        "{}\t{}\t{}",
-                        printable(&s.id),
-                        printable(&s.created_at),
-                        names.join(", ")
-                    )?;
-                }
+                output::out(&sessions_table(&sessions, &current).render(stdout_terminal()))?;
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Whether standard output is a terminal (tables with headers) or a pipe (bare TSV).
+fn stdout_terminal() -> bool {
+    std::io::stdout().is_terminal()
+}
+
+/// The workspaces of a session in a few words: `primary, laptop (offline)`.
+fn workspace_names(s: &SessionInfo) -> String {
+    s.workspaces
+        .iter()
+        .map(|w| {
+            if w.online {
+                printable(&w.name).into_owned()
+            } else {
+                format!("{} (offline)", printable(&w.name))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn sessions_table(sessions: &[SessionInfo], current: &str) -> Table {
+    let mut table = Table::new(&["", "id", "name", "last active", "created", "workspaces"]);
+    for s in sessions {
+        table.row(vec![
+            if s.id == current { "*" } else { "" }.to_owned(),
+            printable(&s.id).into_owned(),
+            printable(s.name.as_deref().unwrap_or("-")).into_owned(),
+            printable(&s.last_active).into_owned(),
+            printable(&s.created_at).into_owned(),
+            workspace_names(s),
+        ]);
+    }
+    table
+}
+
+/// `attach --allow` takes one or more classes, so `attach --allow read DIR` reads DIR as a
+/// class: a last value that is no class is the folder, when none was given after the options.
+fn split_allow(
+    allow: Vec<String>,
+    dir: Option<PathBuf>,
+) -> std::result::Result<(Vec<ClassArg>, PathBuf), String> {
+    let mut classes = Vec::new();
+    let mut dir = dir;
+    let last = allow.len().saturating_sub(1);
+    for (i, value) in allow.into_iter().enumerate() {
+        match ClassArg::from_str(&value, true) {
+            Ok(class) => classes.push(class),
+            Err(_) if i == last && dir.is_none() => dir = Some(PathBuf::from(value)),
+            Err(_) => {
+                return Err(format!(
+                    "invalid value `{}` for --allow: read, write or exec",
+                    printable(&value)
+                ));
+            }
+        }
+    }
+    match dir {
+        Some(dir) => Ok((classes, dir)),
+        None => Err("the folder to attach is missing: `monad-client attach DIR`".to_owned()),
+    }
+}
+
+/// `monad-client status`.
+async fn status(json: bool) -> Result<ExitCode> {
+    let dir = config_dir()?;
+    let config = ClientConfig::load(&dir)?;
+    let reached = match Agent::connect(&config).await {
+        Ok(agent) => match agent.workspaces(None).await {
+            Ok((session, workspaces)) => {
+                let named = agent
+                    .sessions()
+                    .await
+                    .ok()
+                    .and_then(|all| all.into_iter().find(|s| s.id == session))
+                    .and_then(|s| s.name);
+                Ok((agent.user().to_owned(), session, named, workspaces))
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    if json {
+        let mut value = serde_json::json!({
+            "server": config.server,
+            "fingerprint": config.fingerprint,
+            "device_id": config.device_id,
+            "client_name": config.client_name,
+            "config": dir.join("config.toml"),
+        });
+        match &reached {
+            Ok((user, session, name, workspaces)) => {
+                value["reachable"] = true.into();
+                value["user"] = user.clone().into();
+                value["session"] = serde_json::json!({
+                    "id": session, "name": name, "workspaces": workspaces,
+                });
+            }
+            Err(e) => {
+                value["reachable"] = false.into();
+                value["error"] = e.to_string().into();
+            }
+        }
+        outln!("{}", json_safe(&serde_json::to_string_pretty(&value)?))?;
+    } else {
+        outln!("server       {}", printable(&config.server))?;
+        outln!("fingerprint  {}", printable(&config.fingerprint))?;
+        outln!(
+            "device       {} ({})",
+            printable(&config.client_name),
+            printable(&config.device_id)
+        )?;
+        outln!("config       {}", dir.join("config.toml").display())?;
+        if let Ok((user, session, name, workspaces)) = &reached {
+            outln!("user         {}", printable(user))?;
+            outln!(
+                "session      {}{}",
+                printable(session),
+                name.as_deref()
+                    .map(|n| format!(" ({})", printable(n)))
+                    .unwrap_or_default()
+            )?;
+            let mut table = Table::new(&["workspace", "uri", "trust", "state"]);
+            for w in workspaces {
+                table.row(vec![
+                    printable(&w.name).into_owned(),
+                    printable(&w.uri).into_owned(),
+                    w.trust.as_str().to_owned(),
+                    if w.online { "online" } else { "offline" }.to_owned(),
+                ]);
+            }
+            outln!(
+                "workspaces   {}",
+                count(workspaces.len(), "workspace", "workspaces")
+            )?;
+            output::out(&table.render(true))?;
+        }
+    }
+    match reached {
+        Ok(_) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            errln!("monad-client: {}", printable(&e.to_string()));
+            Ok(ExitCode::FAILURE)
         }
     }
 }

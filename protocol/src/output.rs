@@ -42,6 +42,11 @@ pub fn out_bytes(bytes: &[u8]) -> io::Result<()> {
     write_or_close(&mut io::stdout().lock(), &STDOUT_CLOSED, bytes)
 }
 
+/// Whether standard output's reader has gone (a write found the pipe closed).
+pub fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(Ordering::Relaxed)
+}
+
 /// Writes `text` to standard error, ignoring failures.
 pub fn err(text: &str) {
     let _ = io::stderr().lock().write_all(text.as_bytes());
@@ -67,6 +72,91 @@ macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::output::err(&format!("{}\n", format_args!($($arg)*)))
     };
+}
+
+/// The rows of a list command, printed for a person or for a pipe: on a terminal, aligned
+/// columns under a header; piped, one tab-separated line per row and no header (for `cut`,
+/// `awk`, `while read`). Cells must already be safe to print ([`crate::text::printable`]
+/// escapes tabs and line breaks, so a cell never splits a row). Written by hand: aligned
+/// columns are a few lines, not worth a dependency; widths count characters, which is right
+/// for the ids, names, times and numbers these lists hold.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column headers.
+    pub fn new(headers: &[&'static str]) -> Table {
+        Table {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row (one cell per header; missing cells print empty).
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Whether it has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The text: aligned with a header when `terminal`, else tab-separated without one.
+    pub fn render(&self, terminal: bool) -> String {
+        let cell = |row: &[String], i: usize| row.get(i).cloned().unwrap_or_default();
+        let n = self.headers.len();
+        let mut out = String::new();
+        if !terminal {
+            for row in &self.rows {
+                let cells: Vec<String> = (0..n).map(|i| cell(row, i)).collect();
+                out.push_str(&cells.join("\t"));
+                out.push('\n');
+            }
+            return out;
+        }
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, width) in widths.iter_mut().enumerate() {
+                *width = (*width).max(cell(row, i).chars().count());
+            }
+        }
+        let mut line = |cells: Vec<String>| {
+            let mut text = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                text.push_str(c);
+                if i + 1 < n {
+                    let pad = widths[i] - c.chars().count() + 2;
+                    text.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        };
+        line(self.headers.iter().map(|h| h.to_uppercase()).collect());
+        for row in &self.rows {
+            line((0..n).map(|i| cell(row, i)).collect());
+        }
+        out
+    }
+}
+
+/// `n` and the noun, singular or plural as `n` wants: `1 session`, `2 sessions`, `0 sessions`.
+pub fn count(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+/// Whether log lines may carry colour codes: only on a terminal, and never when `NO_COLOR` is
+/// set to anything but the empty string (<https://no-color.org>).
+pub fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 #[cfg(test)]
@@ -96,6 +186,38 @@ mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn a_table_aligns_under_a_header_on_a_terminal_and_is_bare_tsv_when_piped() {
+        let mut table = Table::new(&["id", "user", "created"]);
+        table.row(vec!["a1".into(), "ana".into(), "2026-11-26".into()]);
+        table.row(vec!["b22222".into(), "bo".into(), "2026-11-25".into()]);
+        assert_eq!(
+            table.render(true),
+            "ID      USER  CREATED\na1      ana   2026-11-26\nb22222  bo    2026-11-25\n"
+        );
+        assert_eq!(
+            table.render(false),
+            "a1\tana\t2026-11-26\nb22222\tbo\t2026-11-25\n"
+        );
+        assert_eq!(Table::new(&["id"]).render(false), "");
+    }
+
+    #[test]
+    fn counts_say_one_thing_or_many_things() {
+        assert_eq!(count(0, "session", "sessions"), "0 sessions");
+        assert_eq!(count(1, "session", "sessions"), "1 session");
+        assert_eq!(count(2, "process", "processes"), "2 processes");
+    }
+
+    #[test]
+    fn log_colours_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colours(true, None));
+        assert!(log_colours(true, Some(OsStr::new(""))));
+        assert!(!log_colours(true, Some(OsStr::new("1"))));
+        assert!(!log_colours(false, None));
     }
 
     #[test]

@@ -90,7 +90,13 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
     let mut out = format!("{}{ws}: ", r.path);
     if r.binary {
         let _ = write!(out, "binary file, {} bytes, not shown", r.size);
+        if let Some(why) = &r.binary_reason {
+            let _ = write!(out, ": {why}");
+        }
         return out;
+    }
+    if let Some(encoding) = &r.encoding {
+        let _ = write!(out, "text decoded from {encoding}, ");
     }
     let first = r.start_line;
     let last = first + r.lines.saturating_sub(1);
@@ -729,8 +735,14 @@ mod tests {
         binary["binary"] = json!(true);
         binary["size"] = json!(1234);
         assert_eq!(
-            render(ToolName::ReadFile, binary),
+            render(ToolName::ReadFile, binary.clone()),
             "e in workspace laptop: binary file, 1234 bytes, not shown"
+        );
+        binary["binary_reason"] = json!("it has a NUL byte (at byte 3)");
+        assert_eq!(
+            render(ToolName::ReadFile, binary),
+            "e in workspace laptop: binary file, 1234 bytes, not shown: it has a NUL byte (at \
+             byte 3)"
         );
     }
 

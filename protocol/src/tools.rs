@@ -354,8 +354,17 @@ pub struct ReadFileResult {
     pub total_lines: Option<u64>,
     /// Size of the file in bytes.
     pub size: u64,
-    /// True when the file is not UTF-8 text; `content` is then empty.
+    /// True when the file is not text (in UTF-8, nor in an encoding `encoding` names);
+    /// `content` is then empty, and `binary_reason` says why.
     pub binary: bool,
+    /// The encoding the file's text was decoded from when it is not UTF-8 (`utf-16le`,
+    /// `utf-16be`, `windows-1252`, which covers Latin-1); absent for UTF-8. Decoding is lossy:
+    /// what does not decode becomes U+FFFD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    /// Why a binary file's content is not shown (a NUL byte, control characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary_reason: Option<String>,
     /// True when the content stops before the end of the file.
     pub truncated: bool,
     /// What cut the content short, when `truncated`.

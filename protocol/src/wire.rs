@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 6;
+pub const PROTOCOL_MINOR: u32 = 7;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -57,6 +57,15 @@ pub const MAX_CALL_ID_LEN: usize = 1024;
 /// in [`Message::Prompt`], and [`Message::ChatInfo`] (answered by [`Message::ChatInfoIs`]). A
 /// client never sends them to a server of a lower one.
 pub const CHAT_MINOR: u32 = 6;
+// --- Minor 7, the command line's additions.
+/// The first minor version with the command line's additions: [`Message::Detach`] (detach or
+/// forget a folder by name), [`Message::Detached`] (the server tells an `attach` that its folder
+/// was taken over or detached, so that it stops), `exact_name` in [`Message::Attach`], a
+/// session's human `name` in [`Message::OpenSession`] and [`SessionInfo`]. A peer never sends
+/// them to one of a lower version (see [`Message::for_minor`]).
+pub const CLI_MINOR: u32 = 7;
+/// Longest human name of a session, in bytes.
+pub const MAX_SESSION_NAME: usize = 200;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -230,6 +239,10 @@ pub struct SessionInfo {
     /// Last activity, RFC 3339.
     #[serde(default)]
     pub last_active: String,
+    /// Its human name, when it was given one (`sessions --new --name`; minor [`CLI_MINOR`] or
+    /// later, never sent when `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Its workspaces, primary first, then attached in attach order.
     pub workspaces: Vec<WorkspaceInfo>,
 }
@@ -805,6 +818,23 @@ pub enum Message {
         /// folder, when attached now, serves it too.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         folder: Option<String>,
+        /// With `session: None` (minor [`CLI_MINOR`] or later): the new session's human name
+        /// (at most [`MAX_SESSION_NAME`] bytes).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+    },
+    /// Agent to server (minor [`CLI_MINOR`] or later): detach a folder from a session by its
+    /// short name (or URI) and forget it there: an online folder's `attach` is told
+    /// ([`Message::Detached`]) and stops; an offline one is no longer listed. Answered by
+    /// [`Message::Done`].
+    Detach {
+        /// Request id.
+        id: u64,
+        /// The session; default: the device's bound session, else `default`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
+        /// The folder's short name or URI.
+        workspace: String,
     },
     /// Agent to server (minor [`ROOTS_MINOR`] or later): an MCP host's roots. The server finds
     /// the folder this device attached that is, or contains, a root and answers with the
@@ -963,6 +993,20 @@ pub enum Message {
         /// `session`, a folder with an active session (see [`Message::Land`]) attaches there.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         folder: Option<String>,
+        /// `name` must be used as given (`attach --name`; minor [`CLI_MINOR`] or later, never
+        /// sent when false): the attach is refused when the name is taken in the session,
+        /// reserved (`primary`) or not a valid short name, instead of being made unique.
+        #[serde(default, skip_serializing_if = "is_false")]
+        exact_name: bool,
+    },
+    /// Server to client, on the attach stream (minor [`CLI_MINOR`] or later): the folder is no
+    /// longer attached (another `attach` of it took over, or `monad-client detach` detached
+    /// it). The server finishes the stream after it; the client stops and does not reconnect.
+    Detached {
+        /// The attachment (the id of its [`Message::Attach`]).
+        attachment: u64,
+        /// Why, for the user of the `attach` that stops.
+        reason: String,
     },
     /// The server accepted an attachment.
     Attached {
@@ -1064,6 +1108,24 @@ impl Message {
         serde_json::from_slice(bytes)
     }
 
+    /// The message as a peer speaking minor version `minor` can read it: fields newer than that
+    /// are left out (a peer refuses fields it does not know). Only answers carry such fields;
+    /// requests are never built with them for an older peer.
+    pub fn for_minor(mut self, minor: u32) -> Message {
+        if minor < CLI_MINOR {
+            match &mut self {
+                Message::Sessions { sessions, .. } => {
+                    for s in sessions {
+                        s.name = None;
+                    }
+                }
+                Message::SessionOpened { session, .. } => session.name = None,
+                _ => {}
+            }
+        }
+        self
+    }
+
     /// The variant's wire name, for logs and errors.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -1101,6 +1163,8 @@ impl Message {
             Message::RecordSessionsPage { .. } => "record_sessions_page",
             Message::Error { .. } => "error",
             Message::Attach { .. } => "attach",
+            Message::Detach { .. } => "detach",
+            Message::Detached { .. } => "detached",
             Message::Attached { .. } => "attached",
             Message::Run { .. } => "run",
             Message::Probe { .. } => "probe",
@@ -1133,6 +1197,7 @@ mod tests {
             owner: "ana".into(),
             created_at: "2026-11-26T00:00:00Z".into(),
             last_active: "2026-11-26T00:00:00Z".into(),
+            name: None,
             workspaces: vec![workspace()],
         }
     }
@@ -1277,6 +1342,7 @@ mod tests {
                     owner: "ana".into(),
                     created_at: "2026-11-26T00:00:00Z".into(),
                     last_active: "2026-11-26T00:00:00Z".into(),
+                    name: Some("refactor".into()),
                     workspaces: vec![workspace()],
                 }],
                 next: Some("00ff".into()),
@@ -1303,6 +1369,16 @@ mod tests {
                 id: 11,
                 session: None,
                 folder: Some("/home/ana/p".into()),
+                name: Some("refactor".into()),
+            },
+            Message::Detach {
+                id: 12,
+                session: Some("default".into()),
+                workspace: "monad".into(),
+            },
+            Message::Detached {
+                attachment: 1,
+                reason: "attached again from another terminal".into(),
             },
             Message::Land {
                 id: 18,
@@ -1391,6 +1467,7 @@ mod tests {
                 tools: vec![ToolName::ReadFile],
                 focus: false,
                 folder: None,
+                exact_name: true,
             },
             Message::Attach {
                 id: 4,
@@ -1401,6 +1478,7 @@ mod tests {
                 tools: vec![ToolName::ReadFile],
                 focus: true,
                 folder: Some("/home/ana/dev/monad".into()),
+                exact_name: false,
             },
             Message::Attached {
                 id: 3,
@@ -1441,7 +1519,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 39, "one case per message type");
+        assert_eq!(kinds.len(), 41, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();
@@ -1460,6 +1538,33 @@ mod tests {
     }
 
     #[test]
+    fn session_names_are_left_out_for_a_peer_older_than_cli_minor() {
+        let mut named = session();
+        named.name = Some("refactor".into());
+        let opened = Message::SessionOpened {
+            id: 1,
+            session: named.clone(),
+        };
+        let old = String::from_utf8(opened.clone().for_minor(CLI_MINOR - 1).to_json()).unwrap();
+        assert!(!old.contains("refactor"), "{old}");
+        let new = String::from_utf8(opened.for_minor(CLI_MINOR).to_json()).unwrap();
+        assert!(new.contains("refactor"), "{new}");
+        let listed = Message::Sessions {
+            id: 1,
+            sessions: vec![named],
+            next: None,
+        };
+        let old = String::from_utf8(listed.for_minor(CLI_MINOR - 1).to_json()).unwrap();
+        assert!(!old.contains("refactor"), "{old}");
+        // What an older client parses: no field it does not know.
+        let older: SessionInfo = serde_json::from_str(
+            r#"{"id":"default","owner":"ana","created_at":"t","last_active":"t","workspaces":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(older.name, None);
+    }
+
+    #[test]
     fn an_attach_without_focus_is_what_older_peers_send_and_read() {
         let older = br#"{"type":"attach","id":1,"path":"~/p","trust":"restricted","tools":[]}"#;
         let Message::Attach { focus, .. } = Message::from_json(older).unwrap() else {
@@ -1475,8 +1580,13 @@ mod tests {
             tools: vec![],
             focus: false,
             folder: None,
+            exact_name: false,
         };
         let json = String::from_utf8(plain.to_json()).unwrap();
+        assert!(
+            !json.contains("exact_name"),
+            "an older server reads it: {json}"
+        );
         assert!(!json.contains("focus"), "an older server reads it: {json}");
         assert!(!json.contains("folder"), "an older server reads it: {json}");
     }

@@ -70,8 +70,115 @@ pub(crate) fn open_for_read(jail: &Jail, args: &ReadFileArgs) -> Result<OpenedFi
     })
 }
 
-/// The second half of `read_file`: reads what [`open_for_read`] opened.
+/// The second half of `read_file`: reads what [`open_for_read`] opened. A file that is not
+/// UTF-8 is decoded when it is text in another encoding ([`crate::decode`]); a binary one says
+/// why it is not shown.
 pub(crate) fn read_opened(
+    opened: OpenedFile,
+    limits: &Limits,
+    args: &ReadFileArgs,
+) -> Result<ReadFileResult, SandboxError> {
+    let again = opened
+        .file
+        .try_clone()
+        .map_err(|e| SandboxError::from_io("read", opened.path.given(), e))?
+        .into_std();
+    let mut result = read_utf8(opened, limits, args)?;
+    if result.binary {
+        decode_other(&mut result, &again, limits, args)
+            .map_err(|e| SandboxError::from_io("read", &result.path.clone(), e))?;
+    }
+    Ok(result)
+}
+
+/// Reads a file `read_utf8` found not to be UTF-8 text again, from its start (at most
+/// `read_max_bytes` of it): decoded into `result` when it is text in another encoding, else
+/// left binary with the reason.
+fn decode_other(
+    result: &mut ReadFileResult,
+    file: &std::fs::File,
+    limits: &Limits,
+    args: &ReadFileArgs,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let max_bytes = limits.read_max_bytes as usize;
+    let want = usize::try_from(result.size)
+        .unwrap_or(usize::MAX)
+        .min(max_bytes);
+    let mut raw = vec![0u8; want];
+    let mut got = 0;
+    while got < want {
+        match file.read_at(&mut raw[got..], got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    raw.truncate(got);
+    let whole = (got as u64) >= result.size;
+    let encoding = match crate::decode::guess(&raw) {
+        crate::decode::Guess::Binary(why) => {
+            result.binary_reason = Some(why);
+            return Ok(());
+        }
+        crate::decode::Guess::Text(encoding) => encoding,
+    };
+    if !whole && encoding != crate::decode::Encoding::Latin1 {
+        raw.truncate(raw.len() & !1); // a cut UTF-16 unit is not decoded
+    }
+    let text = crate::decode::decode(&raw, encoding);
+    let offset = args.offset.unwrap_or(1);
+    let max_lines = args.limit.unwrap_or(limits.read_default_lines);
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    // Without the whole file, a last line without its end may go on.
+    let complete = if whole || text.ends_with('\n') {
+        lines.len()
+    } else {
+        lines.len().saturating_sub(1)
+    };
+    let skip = usize::try_from(offset - 1).unwrap_or(usize::MAX);
+    let mut content = String::new();
+    let mut taken: u64 = 0;
+    let mut cut = None;
+    for line in lines.iter().take(complete).skip(skip) {
+        if taken == max_lines {
+            cut = Some(Truncation::Lines);
+            break;
+        }
+        if content.len() + line.len() > max_bytes {
+            if taken == 0 {
+                let mut end = max_bytes.min(line.len());
+                while !line.is_char_boundary(end) {
+                    end -= 1;
+                }
+                content.push_str(&line[..end]);
+                taken = 1;
+            }
+            cut = Some(Truncation::Bytes);
+            break;
+        }
+        content.push_str(line);
+        taken += 1;
+    }
+    if cut.is_none() && complete < lines.len() || cut.is_none() && !whole {
+        cut = Some(Truncation::Bytes);
+    }
+    result.binary = false;
+    result.binary_reason = None;
+    result.encoding = Some(encoding.as_str().to_owned());
+    result.content = content;
+    result.start_line = offset;
+    result.lines = taken;
+    result.total_lines = (whole && cut.is_none()).then_some(lines.len() as u64);
+    result.truncated = cut.is_some();
+    result.next_offset = cut.map(|_| offset + taken);
+    result.truncation = cut;
+    Ok(())
+}
+
+/// `read_file` of UTF-8 text; anything else comes back `binary`.
+fn read_utf8(
     opened: OpenedFile,
     limits: &Limits,
     args: &ReadFileArgs,
@@ -125,6 +232,8 @@ fn read_serially(
         total_lines: None,
         size,
         binary: binary_head,
+        encoding: None,
+        binary_reason: None,
         truncated: false,
         truncation: None,
         next_offset: None,
@@ -326,6 +435,8 @@ fn whole_file_result(
         total_lines: None,
         size,
         binary: false,
+        encoding: None,
+        binary_reason: None,
         truncated: false,
         truncation: None,
         next_offset: None,

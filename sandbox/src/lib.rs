@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 
 mod check;
+mod decode;
 mod error;
 pub mod exec;
 mod fs;

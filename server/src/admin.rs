@@ -1,9 +1,11 @@
 //! What `monad-server session ...` and `monad-server workspace ...` do, on the data directory.
 //!
-//! Reading works while the server runs. Deleting (`session delete`, `session gc`) needs the
-//! server stopped: a running server keeps sessions and workspace records in memory and would
-//! write a deleted session back, so those commands take the data directory's lock
-//! (`server.lock`, held by a running server) and refuse when they cannot.
+//! Reading works while the server runs. Deleting (`session delete`, `session gc`) goes through
+//! the running server when there is one: a running server keeps sessions and workspace records
+//! in memory and would write a deleted session back, so the command asks it, over its
+//! administration socket (`<data_dir>/admin.sock`, [`serve_socket`]), to delete them itself.
+//! With no server running, the command takes the data directory's lock (`server.lock`, held
+//! by a running server) and deletes on disk.
 
 use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
@@ -13,13 +15,15 @@ use std::time::Duration;
 
 use monad_protocol::wire::{History, WorkspaceRecord, WorkspaceSession};
 use nix::fcntl::{Flock, FlockArg};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tracing::{info, warn};
 
 use crate::session::Registry;
 use crate::settings::Layers;
 use crate::store::{
-    ArtifactMeta, ArtifactStore, BindingStore, FsStore, Page, SessionMeta, SessionStore, Store,
-    StoreError, WorkspaceStore,
+    ArtifactMeta, ArtifactStore, AuditRecord, BindingStore, FsStore, Page, SessionMeta,
+    SessionStore, Store, StoreError, WorkspaceStore,
 };
 
 /// The data directory's lock: held by a running server for its whole life.
@@ -188,17 +192,447 @@ impl Admin {
         Registry::new(&self.data_dir, store, Layers::default())
     }
 
-    /// Deletes a session (the server must be stopped).
-    pub fn delete(&self, id: &str) -> Result<(), String> {
-        let _lock = DataLock::take(&self.data_dir)?;
-        self.registry().delete(id).map_err(|e| e.message)
+    /// The id of the one session whose id is or starts with `prefix` (as docker and git take
+    /// ids).
+    pub fn resolve(&self, prefix: &str) -> Result<String, String> {
+        let ids: Vec<String> = self
+            .store
+            .all_sessions()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        crate::session::match_prefix(prefix, &ids)
+            .map(str::to_owned)
+            .map_err(|e| e.message)
     }
 
-    /// Deletes sessions unused for `days` (never `default`; the server must be stopped).
-    pub fn gc(&self, days: u64) -> Result<Vec<String>, String> {
-        let _lock = DataLock::take(&self.data_dir)?;
-        self.registry()
-            .gc(Duration::from_secs(days.saturating_mul(86_400)))
-            .map_err(|e| e.message)
+    /// Who deletes: the running server (through its socket), or this process (holding the
+    /// data directory's lock, so that no server starts meanwhile).
+    pub fn remover(&self) -> Result<Remover, String> {
+        match DataLock::take(&self.data_dir) {
+            Ok(lock) => Ok(Remover::Here {
+                registry: Box::new(self.registry()),
+                _lock: lock,
+            }),
+            Err(running) => {
+                let socket = self.data_dir.join(ADMIN_SOCKET);
+                if socket.exists() {
+                    Ok(Remover::Server(socket))
+                } else {
+                    Err(format!(
+                        "{running} (it is older than this command and cannot delete sessions \
+                         while it runs)"
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// The file where a serving server notes the address it listens on, for `token create`'s
+/// login line.
+pub const ADDRESS_FILE: &str = "address";
+
+/// Parses `session gc --max-age`: `90` or `90d` (days), `12h` (hours).
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.strip_suffix('d') {
+        Some(days) => (days, 86_400),
+        None => match text.strip_suffix('h') {
+            Some(hours) => (hours, 3_600),
+            None => (text, 86_400),
+        },
+    };
+    match digits.parse::<u64>() {
+        Ok(n) if !digits.starts_with('+') => Ok(Duration::from_secs(n.saturating_mul(unit))),
+        _ => Err(format!(
+            "`{}` is not an age: give days (`90` or `90d`) or hours (`12h`)",
+            monad_protocol::text::printable(text)
+        )),
+    }
+}
+
+/// An age in a few words: `90 days`, `12 hours`, `1 day`.
+pub fn describe_age(age: Duration) -> String {
+    let secs = age.as_secs();
+    let (n, one, many) = if secs.is_multiple_of(86_400) {
+        (secs / 86_400, "day", "days")
+    } else {
+        (secs / 3_600, "hour", "hours")
+    };
+    monad_protocol::output::count(n as usize, one, many)
+}
+
+impl Admin {
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The fingerprint of the server's certificate; `None` before the first start (or
+    /// `token create`) made one.
+    pub fn fingerprint(&self) -> Result<Option<String>, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let path = self.data_dir.join("tls").join("cert.pem");
+        if !path.exists() {
+            return Ok(None);
+        }
+        CertificateDer::from_pem_file(&path)
+            .map(|cert| Some(crate::tls::fingerprint(&cert)))
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Makes the certificate when there is none yet (as the first start does) and returns its
+    /// fingerprint.
+    pub fn ensure_certificate(&self) -> Result<String, crate::ServerError> {
+        crate::tls::load_or_create(&self.data_dir.join("tls")).map(|(id, _)| id.fingerprint)
+    }
+
+    /// Notes the address a serving server listens on ([`ADDRESS_FILE`]).
+    pub fn record_address(&self, addr: &str) -> Result<(), crate::ServerError> {
+        crate::fsutil::write_atomic(
+            &self.data_dir.join(ADDRESS_FILE),
+            format!("{addr}\n").as_bytes(),
+            crate::fsutil::PRIVATE_FILE,
+        )
+    }
+
+    /// The address the server last listened on, when it noted one.
+    pub fn address(&self) -> Option<String> {
+        std::fs::read_to_string(self.data_dir.join(ADDRESS_FILE))
+            .ok()
+            .map(|a| a.trim().to_owned())
+            .filter(|a| !a.is_empty())
+    }
+
+    /// A session's tool calls from its audit log, from byte `offset` on (0: all of them), and
+    /// the offset after the last whole line read (for `session audit --follow`).
+    pub fn audit_from(&self, id: &str, offset: u64) -> Result<(Vec<AuditRecord>, u64), String> {
+        use std::io::{Read, Seek};
+        let path = self.data_dir.join("sessions").join(id).join("audit.jsonl");
+        let mut file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        let mut bytes = Vec::new();
+        file.seek(std::io::SeekFrom::Start(offset))
+            .and_then(|_| file.read_to_end(&mut bytes))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // Only whole lines: a line being written is read on the next turn.
+        let end = bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        let records = bytes[..end]
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| serde_json::from_slice(l).ok())
+            .collect();
+        Ok((records, offset + end as u64))
+    }
+
+    /// Whether session `id` exists.
+    pub fn exists(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.store.load(id)?.is_some())
+    }
+}
+
+/// The running server's administration socket, in the data directory (mode 0600 in a 0700
+/// directory; the server also checks that a peer runs as its own user).
+pub const ADMIN_SOCKET: &str = "admin.sock";
+
+/// Largest request on the administration socket.
+const MAX_ADMIN_REQUEST: u64 = 1024 * 1024;
+
+/// A request on the administration socket: one JSON line, answered by one [`AdminAnswer`] line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AdminRequest {
+    /// The sessions unused for `max_age_secs` (never `default`, never one in use).
+    Unused {
+        /// The age, in seconds.
+        max_age_secs: u64,
+    },
+    /// Delete these sessions; with `max_age_secs`, only those still unused for that long.
+    /// Sessions in use are kept.
+    Delete {
+        /// Their ids.
+        sessions: Vec<String>,
+        /// Delete only those still unused for this long (`session gc`).
+        #[serde(default)]
+        max_age_secs: Option<u64>,
+    },
+}
+
+/// The answer on the administration socket.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminAnswer {
+    /// For [`AdminRequest::Unused`]: the sessions.
+    #[serde(default)]
+    pub unused: Vec<SessionMeta>,
+    /// For [`AdminRequest::Delete`]: the sessions deleted.
+    #[serde(default)]
+    pub deleted: Vec<String>,
+    /// For [`AdminRequest::Delete`]: the sessions kept, with why.
+    #[serde(default)]
+    pub kept: Vec<(String, String)>,
+    /// Why the request failed as a whole.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Who deletes sessions (see [`Admin::remover`]).
+pub enum Remover {
+    /// This process, on disk, holding the data directory's lock.
+    Here {
+        /// The sessions of the data directory.
+        registry: Box<Registry>,
+        /// Held until the deleting is done.
+        _lock: DataLock,
+    },
+    /// The running server, through its administration socket.
+    Server(PathBuf),
+}
+
+impl Remover {
+    /// Whether a running server deletes.
+    pub fn through_server(&self) -> bool {
+        matches!(self, Remover::Server(_))
+    }
+
+    /// The sessions unused for `max_age` (never `default`, never one in use), oldest first.
+    pub fn unused(&self, max_age: Duration) -> Result<Vec<SessionMeta>, String> {
+        match self {
+            Remover::Here { registry, .. } => registry.unused_for(max_age).map_err(|e| e.message),
+            Remover::Server(socket) => Ok(ask(
+                socket,
+                &AdminRequest::Unused {
+                    max_age_secs: max_age.as_secs(),
+                },
+            )?
+            .unused),
+        }
+    }
+
+    /// Deletes `sessions` (with `max_age`: only those still unused for that long); returns
+    /// those deleted and those kept, with why.
+    pub fn delete(
+        &self,
+        sessions: &[String],
+        max_age: Option<Duration>,
+    ) -> Result<Removed, String> {
+        match self {
+            Remover::Here { registry, .. } => Ok(delete_in(registry, sessions, max_age)),
+            Remover::Server(socket) => {
+                let answer = ask(
+                    socket,
+                    &AdminRequest::Delete {
+                        sessions: sessions.to_vec(),
+                        max_age_secs: max_age.map(|a| a.as_secs()),
+                    },
+                )?;
+                Ok((answer.deleted, answer.kept))
+            }
+        }
+    }
+}
+
+/// The sessions deleted, and those kept with why.
+pub type Removed = (Vec<String>, Vec<(String, String)>);
+
+/// Deletes `sessions` from `registry` (with `max_age`: only those still unused for that long).
+fn delete_in(registry: &Registry, sessions: &[String], max_age: Option<Duration>) -> Removed {
+    let still_unused: Option<Vec<String>> = max_age.map(|age| {
+        registry
+            .unused_for(age)
+            .map(|all| all.into_iter().map(|m| m.id).collect())
+            .unwrap_or_default()
+    });
+    let (mut deleted, mut kept) = (Vec::new(), Vec::new());
+    for id in sessions {
+        if let Some(unused) = &still_unused
+            && !unused.contains(id)
+        {
+            kept.push((id.clone(), "used since it was listed".to_owned()));
+            continue;
+        }
+        match registry.delete(id) {
+            Ok(()) => deleted.push(id.clone()),
+            Err(e) => kept.push((id.clone(), e.message)),
+        }
+    }
+    (deleted, kept)
+}
+
+/// Sends one request to the server's administration socket and reads its answer.
+fn ask(socket: &Path, request: &AdminRequest) -> Result<AdminAnswer, String> {
+    use std::io::{BufRead, Write};
+    let failed = |e: std::io::Error| {
+        format!(
+            "cannot reach the running monad-server through {}: {e}",
+            socket.display()
+        )
+    };
+    let stream = std::os::unix::net::UnixStream::connect(socket).map_err(failed)?;
+    let mut line = serde_json::to_string(request).map_err(|e| e.to_string())?;
+    line.push('\n');
+    // A server that refuses answers without reading: its answer is read even when the
+    // request could not be written whole.
+    let written = (&stream).write_all(line.as_bytes());
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut answer = String::new();
+    let read = std::io::BufReader::new(&stream).read_line(&mut answer);
+    if answer.is_empty() {
+        written.and(read).map_err(failed)?;
+    }
+    let answer: AdminAnswer = serde_json::from_str(&answer)
+        .map_err(|e| format!("the running monad-server answered oddly: {e}"))?;
+    match answer.error {
+        Some(error) => Err(error),
+        None => Ok(answer),
+    }
+}
+
+/// Serves the administration socket at `path` until `stop` turns true: the running server's
+/// side of `session delete` and `session gc`. Only a peer of the server's own user is heard.
+pub async fn serve_socket(
+    state: Arc<crate::server::State>,
+    path: PathBuf,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    // A socket left by an earlier server of this data dir (this one holds its lock).
+    let _ = std::fs::remove_file(&path);
+    let listener = match tokio::net::UnixListener::bind(&path) {
+        Ok(listener) => listener,
+        Err(e) => {
+            return warn!(
+                "cannot serve {} ({e}): `monad-server session delete` and `session gc` need \
+                 the server stopped",
+                path.display()
+            );
+        }
+    };
+    if let Err(e) = std::fs::set_permissions(
+        &path,
+        std::os::unix::fs::PermissionsExt::from_mode(crate::fsutil::PRIVATE_FILE),
+    ) {
+        warn!("cannot make {} private: {e}", path.display());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                if stream.peer_cred().map(|c| c.uid()).ok() != Some(me) {
+                    warn!("refused an administration request from another user");
+                    tokio::spawn(refuse(stream));
+                    continue;
+                }
+                let state = state.clone();
+                tokio::spawn(async move { admin_request(&state, stream).await });
+            }
+            _ = stop.wait_for(|stopping| *stopping) => break,
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Tells a peer of another user that it is not heard, and hangs up.
+async fn refuse(mut stream: tokio::net::UnixStream) {
+    let answer = AdminAnswer {
+        error: Some("refused: only the user the monad-server runs as may administer it".to_owned()),
+        ..AdminAnswer::default()
+    };
+    let mut text = serde_json::to_string(&answer).unwrap_or_default();
+    text.push('\n');
+    let _ = stream.write_all(text.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+async fn admin_request(state: &Arc<crate::server::State>, stream: tokio::net::UnixStream) {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let mut reader =
+        tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_ADMIN_REQUEST));
+    let answer = match reader.read_line(&mut line).await {
+        Err(e) => AdminAnswer {
+            error: Some(format!("cannot read the request: {e}")),
+            ..AdminAnswer::default()
+        },
+        Ok(_) => match serde_json::from_str::<AdminRequest>(&line) {
+            Err(e) => AdminAnswer {
+                error: Some(format!("malformed request: {e}")),
+                ..AdminAnswer::default()
+            },
+            Ok(request) => {
+                let state = state.clone();
+                tokio::task::spawn_blocking(move || answer_admin(&state.registry, request))
+                    .await
+                    .unwrap_or_else(|e| AdminAnswer {
+                        error: Some(e.to_string()),
+                        ..AdminAnswer::default()
+                    })
+            }
+        },
+    };
+    let mut text = serde_json::to_string(&answer).unwrap_or_default();
+    text.push('\n');
+    let _ = write.write_all(text.as_bytes()).await;
+    let _ = write.shutdown().await;
+}
+
+fn answer_admin(registry: &Registry, request: AdminRequest) -> AdminAnswer {
+    match request {
+        AdminRequest::Unused { max_age_secs } => {
+            match registry.unused_for(Duration::from_secs(max_age_secs)) {
+                Ok(unused) => AdminAnswer {
+                    unused,
+                    ..AdminAnswer::default()
+                },
+                Err(e) => AdminAnswer {
+                    error: Some(e.message),
+                    ..AdminAnswer::default()
+                },
+            }
+        }
+        AdminRequest::Delete {
+            sessions,
+            max_age_secs,
+        } => {
+            let (deleted, kept) =
+                delete_in(registry, &sessions, max_age_secs.map(Duration::from_secs));
+            for id in &deleted {
+                info!(session = %id, "deleted (monad-server session delete or gc)");
+            }
+            AdminAnswer {
+                deleted,
+                kept,
+                ..AdminAnswer::default()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_age_takes_days_bare_or_with_d_and_hours_with_h() {
+        assert_eq!(parse_age("90"), Ok(Duration::from_secs(90 * 86_400)));
+        assert_eq!(parse_age("90d"), Ok(Duration::from_secs(90 * 86_400)));
+        assert_eq!(parse_age("12h"), Ok(Duration::from_secs(12 * 3_600)));
+        assert_eq!(parse_age("0"), Ok(Duration::ZERO));
+        for bad in ["", "d", "12m", "1.5", "-3", "+3", "90 days", "x1\u{1b}"] {
+            let e = parse_age(bad).unwrap_err();
+            assert!(e.contains("not an age"), "{bad:?}: {e}");
+            assert!(!e.contains('\u{1b}'), "escaped: {e}");
+        }
+        assert_eq!(describe_age(Duration::from_secs(86_400)), "1 day");
+        assert_eq!(describe_age(Duration::from_secs(12 * 3_600)), "12 hours");
     }
 }

@@ -454,6 +454,14 @@ impl Executor {
             None => run.await,
         };
         unfinished.time = None;
+        tracing::debug!(
+            session = %session.id,
+            tool,
+            workspace = output.workspace.as_ref().map_or("-", |w| w.name.as_str()),
+            ok = matches!(output.outcome, Outcome::Ok { .. }),
+            ms = started.elapsed().as_millis() as u64,
+            "tool call"
+        );
         if let Some(pending) = &mut output.body {
             pending.deadline = deadline;
         }

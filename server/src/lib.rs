@@ -47,14 +47,16 @@ pub use server::{FirstStart, Server};
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// A file or socket operation failed.
-    #[error("cannot {op} {}: {source}", path.display())]
+    #[error("cannot {op} {}: {error}", path.display())]
     Io {
         /// What was being done.
         op: &'static str,
         /// On what.
         path: PathBuf,
-        /// The underlying error (in the message, so it is not also a `source`).
-        source: std::io::Error,
+        /// The underlying error, in the message only. (Not named `source`: thiserror would
+        /// make a field of that name the error's source too, and a chain printed whole would
+        /// say it twice.)
+        error: std::io::Error,
     },
     /// A configuration or data file is malformed.
     #[error("{}: {message}", path.display())]
@@ -77,11 +79,11 @@ pub enum ServerError {
 
 impl ServerError {
     /// An I/O error on `path`.
-    pub fn io(op: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> ServerError {
+    pub fn io(op: &'static str, path: impl AsRef<Path>, error: std::io::Error) -> ServerError {
         ServerError::Io {
             op,
             path: path.as_ref().to_path_buf(),
-            source,
+            error,
         }
     }
 }

@@ -1,15 +1,19 @@
 //! `monad-server`: argument parsing and wiring; the behaviour lives in the library.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use monad_protocol::output::{Table, count};
 use monad_protocol::text::{json_safe, printable, printable_lines};
 use monad_protocol::{errln, outln, output};
-use monad_server::admin::Admin;
+use monad_server::admin::{Admin, describe_age, parse_age};
 use monad_server::auth::TokenStore;
+use monad_server::store::SessionMeta;
 use monad_server::{Server, ServerConfig};
 
 #[derive(Parser)]
@@ -55,6 +59,8 @@ enum Command {
     /// Inspect workspace records (attached folders).
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
+    /// Print the certificate's fingerprint (what `monad-client login --fingerprint` pins).
+    Fingerprint,
 }
 
 #[derive(Subcommand)]
@@ -67,31 +73,60 @@ enum SessionCommand {
     },
     /// Show a session: owner, times, counts, attached folders.
     Show {
-        /// The session id.
+        /// The session id (or a unique start of it).
         id: String,
         /// Print JSON (stable for scripts).
         #[arg(long)]
         json: bool,
     },
-    /// Delete a session with its workspace, history and artifacts (server stopped).
+    /// Delete a session with its workspace, history and artifacts (through the running server
+    /// when there is one). Asks first on a terminal.
     Delete {
-        /// The session id.
+        /// The session id (or a unique start of it).
         id: String,
-    },
-    /// Delete sessions unused for DAYS days, never `default` (server stopped).
-    Gc {
-        /// Age in days.
+        /// Do not ask for confirmation (needed when standard input is not a terminal).
+        #[arg(long, short)]
+        yes: bool,
+        /// Only show what would be deleted.
         #[arg(long)]
-        max_age: u64,
+        dry_run: bool,
+    },
+    /// Delete sessions unused for a while, never `default` nor one in use (through the running
+    /// server when there is one). Lists them and asks first on a terminal.
+    Gc {
+        /// How long unused: days (`90` or `90d`) or hours (`12h`).
+        #[arg(long, value_parser = parse_age_arg)]
+        max_age: Duration,
+        /// Do not ask for confirmation (needed when standard input is not a terminal).
+        #[arg(long, short)]
+        yes: bool,
+        /// Only list what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Print a session's conversation (session.md).
     History {
-        /// The session id.
+        /// The session id (or a unique start of it).
         id: String,
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// A session's tool calls from its audit log: time, tool, workspace, who decided, outcome,
+    /// duration.
+    Audit {
+        /// The session id (or a unique start of it).
+        id: String,
+        /// Keep printing calls as they are recorded (Ctrl-C ends).
+        #[arg(long, short)]
+        follow: bool,
+        /// Print JSON (stable for scripts): an array; with --follow, one object per line.
+        #[arg(long)]
+        json: bool,
     },
     /// List a session's artifacts.
     Artifacts {
-        /// The session id.
+        /// The session id (or a unique start of it).
         id: String,
         /// Print JSON (stable for scripts).
         #[arg(long)]
@@ -99,7 +134,7 @@ enum SessionCommand {
     },
     /// Print one artifact's content.
     Artifact {
-        /// The session id.
+        /// The session id (or a unique start of it).
         id: String,
         /// The artifact id (from `session artifacts`).
         artifact: String,
@@ -142,25 +177,110 @@ fn p(text: &str) -> std::borrow::Cow<'_, str> {
     printable(text)
 }
 
+fn parse_age_arg(text: &str) -> Result<Duration, String> {
+    parse_age(text)
+}
+
+/// Whether standard output is a terminal (tables with headers) or a pipe (bare TSV).
+fn stdout_terminal() -> bool {
+    std::io::stdout().is_terminal()
+}
+
+/// Asks `question` on a terminal; without one, refuses unless `--yes` was given.
+fn confirm(question: &str) -> Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "standard input is not a terminal, so nobody can confirm: pass --yes to delete \
+             without asking, or --dry-run to only list"
+        );
+    }
+    output::err(&format!("{question} [y/N] "));
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .context("cannot read the answer")?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+fn sessions_table(sessions: &[SessionMeta]) -> Table {
+    let mut table = Table::new(&["id", "name", "owner", "created", "last active"]);
+    for s in sessions {
+        table.row(vec![
+            p(&s.id).into_owned(),
+            p(s.name.as_deref().unwrap_or("-")).into_owned(),
+            p(&s.owner).into_owned(),
+            p(&s.created_at).into_owned(),
+            p(&s.last_active).into_owned(),
+        ]);
+    }
+    table
+}
+
+/// Deletes `ids` after showing them (and asking, unless `yes`); `max_age`: only those still
+/// unused for that long.
+fn remove(
+    remover: &monad_server::admin::Remover,
+    listed: &[SessionMeta],
+    yes: bool,
+    dry_run: bool,
+    max_age: Option<Duration>,
+) -> Result<()> {
+    let what = count(listed.len(), "session", "sessions");
+    let through = if remover.through_server() {
+        " (through the running server)"
+    } else {
+        ""
+    };
+    if listed.is_empty() {
+        errln!("nothing to delete");
+        return Ok(());
+    }
+    output::err(&sessions_table(listed).render(true));
+    if dry_run {
+        errln!("would delete {what}{through}; nothing deleted (--dry-run)");
+        return Ok(());
+    }
+    if !yes
+        && !confirm(&format!(
+            "delete {what} with their workspaces, history and artifacts?"
+        ))?
+    {
+        errln!("nothing deleted");
+        return Ok(());
+    }
+    let ids: Vec<String> = listed.iter().map(|s| s.id.clone()).collect();
+    let (deleted, kept) = remover.delete(&ids, max_age).map_err(anyhow::Error::msg)?;
+    for id in &deleted {
+        outln!("{}", p(id))?;
+    }
+    for (id, why) in &kept {
+        errln!("kept {}: {}", p(id), p(why));
+    }
+    errln!(
+        "deleted {}{through}",
+        count(deleted.len(), "session", "sessions")
+    );
+    if deleted.is_empty() && !kept.is_empty() {
+        bail!("nothing was deleted");
+    }
+    Ok(())
+}
+
 fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
+    let resolve = |id: &str| admin.resolve(id).map_err(anyhow::Error::msg);
     match cmd {
         SessionCommand::List { json } => {
             let sessions = admin.sessions()?;
             if json {
                 return print_json(&sessions);
             }
-            for s in sessions {
-                outln!(
-                    "{}\t{}\t{}\t{}",
-                    p(&s.id),
-                    p(&s.owner),
-                    p(&s.created_at),
-                    p(&s.last_active)
-                )?;
-            }
+            output::out(&sessions_table(&sessions).render(stdout_terminal()))?;
         }
         SessionCommand::Show { id, json } => {
-            let report = admin.show(&id)?;
+            let report = admin.show(&resolve(&id)?)?;
             if json {
                 return print_json(&report);
             }
@@ -187,47 +307,73 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
                 outln!("            {} ({})", p(&w.uri), p(&w.id))?;
             }
         }
-        SessionCommand::Delete { id } => {
-            admin.delete(&id).map_err(anyhow::Error::msg)?;
-            errln!("deleted session {}", p(&id));
+        SessionCommand::Delete { id, yes, dry_run } => {
+            let id = resolve(&id)?;
+            let meta = admin.show(&id)?.meta;
+            let remover = admin.remover().map_err(anyhow::Error::msg)?;
+            remove(&remover, &[meta], yes, dry_run, None)?;
         }
-        SessionCommand::Gc { max_age } => {
-            let deleted = admin.gc(max_age).map_err(anyhow::Error::msg)?;
-            for id in &deleted {
-                outln!("{}", p(id))?;
-            }
+        SessionCommand::Gc {
+            max_age,
+            yes,
+            dry_run,
+        } => {
+            let remover = admin.remover().map_err(anyhow::Error::msg)?;
+            let unused = remover.unused(max_age).map_err(anyhow::Error::msg)?;
             errln!(
-                "deleted {} sessions unused for {max_age} days",
-                deleted.len()
+                "{} unused for {} (never `default`, never one in use)",
+                count(unused.len(), "session", "sessions"),
+                describe_age(max_age)
             );
+            remove(&remover, &unused, yes, dry_run, Some(max_age))?;
         }
-        SessionCommand::History { id } => {
+        SessionCommand::History { id, json } => {
+            let id = resolve(&id)?;
             let history = admin.history(&id)?;
+            if json {
+                return print_json(&serde_json::json!({ "session": id, "history": history }));
+            }
             output::out(&printable_lines(&monad_server::store::history::render(
                 &history,
             )))?;
         }
+        SessionCommand::Audit { id, follow, json } => {
+            let id = resolve(&id)?;
+            let terminal = stdout_terminal();
+            let (records, mut offset) = admin.audit_from(&id, 0).map_err(anyhow::Error::msg)?;
+            print_audit(&records, json && !follow, json, terminal, true)?;
+            // Polled like `tail -f`; ends with Ctrl-C, or when the reader of the output leaves.
+            while follow && !output::stdout_closed() {
+                std::thread::sleep(Duration::from_millis(300));
+                let (records, next) = admin.audit_from(&id, offset).map_err(anyhow::Error::msg)?;
+                offset = next;
+                print_audit(&records, false, json, terminal, false)?;
+            }
+        }
         SessionCommand::Artifacts { id, json } => {
-            let artifacts = admin.artifacts(&id)?;
+            let artifacts = admin.artifacts(&resolve(&id)?)?;
             if json {
                 return print_json(&artifacts);
             }
+            let mut table = Table::new(&["id", "kind", "tool", "created", "size"]);
             for a in artifacts {
-                outln!(
-                    "{}\t{}\t{}\t{}\t{} bytes{}",
-                    p(&a.id),
-                    a.kind.as_str(),
-                    p(a.tool.as_deref().unwrap_or("-")),
-                    p(&a.created_at),
-                    a.size,
-                    if a.truncated { " (truncated)" } else { "" }
-                )?;
+                table.row(vec![
+                    p(&a.id).into_owned(),
+                    a.kind.as_str().to_owned(),
+                    p(a.tool.as_deref().unwrap_or("-")).into_owned(),
+                    p(&a.created_at).into_owned(),
+                    format!(
+                        "{}{}",
+                        count(a.size as usize, "byte", "bytes"),
+                        if a.truncated { " (truncated)" } else { "" }
+                    ),
+                ]);
             }
+            output::out(&table.render(stdout_terminal()))?;
         }
         SessionCommand::Artifact { id, artifact } => {
-            let (_, content) = admin.artifact(&id, &artifact)?;
-            use std::io::IsTerminal;
-            if std::io::stdout().is_terminal() {
+            let (_, content) = admin.artifact(&resolve(&id)?, &artifact)?;
+            if stdout_terminal() {
                 // On a terminal, escaped like everything else; piped, the bytes as stored.
                 let text = String::from_utf8_lossy(&content);
                 output::out(&printable_lines(&text))?;
@@ -239,6 +385,62 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
     Ok(())
 }
 
+/// Prints audit records: a JSON array (`array`), JSON lines (`json`), or a table (with its
+/// header on a terminal, the first time only).
+fn print_audit(
+    records: &[monad_server::store::AuditRecord],
+    array: bool,
+    json: bool,
+    terminal: bool,
+    first: bool,
+) -> Result<()> {
+    if array {
+        return print_json(&records);
+    }
+    if json {
+        for r in records {
+            outln!("{}", json_safe(&serde_json::to_string(r)?))?;
+        }
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        "time",
+        "tool",
+        "workspace",
+        "decided by",
+        "decision",
+        "outcome",
+        "duration",
+        "target",
+    ]);
+    for r in records {
+        table.row(vec![
+            p(&r.time).into_owned(),
+            p(&r.tool).into_owned(),
+            p(r.workspace.as_deref().unwrap_or("-")).into_owned(),
+            r.decided_by.as_str().to_owned(),
+            r.decision.as_str().to_owned(),
+            p(r.outcome.as_str()).into_owned(),
+            format!("{} ms", r.duration_ms),
+            p(&r.target).into_owned(),
+        ]);
+    }
+    if records.is_empty() && !first {
+        return Ok(());
+    }
+    let text = table.render(terminal);
+    // Later rows of a followed table: without the header again.
+    let text = if terminal && !first {
+        text.split_once('\n')
+            .map_or("", |(_, rest)| rest)
+            .to_owned()
+    } else {
+        text
+    };
+    output::out(&text)?;
+    Ok(())
+}
+
 fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
     match cmd {
         WorkspaceCommand::List { json } => {
@@ -246,15 +448,16 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
             if json {
                 return print_json(&records);
             }
+            let mut table = Table::new(&["id", "user", "uri", "last active"]);
             for r in records {
-                outln!(
-                    "{}\t{}\t{}\t{}",
-                    p(&r.id),
-                    p(&r.user),
-                    p(&r.uri),
-                    p(&r.last_active)
-                )?;
+                table.row(vec![
+                    p(&r.id).into_owned(),
+                    p(&r.user).into_owned(),
+                    p(&r.uri).into_owned(),
+                    p(&r.last_active).into_owned(),
+                ]);
             }
+            output::out(&table.render(stdout_terminal()))?;
         }
         WorkspaceCommand::Show {
             id,
@@ -277,14 +480,15 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
                 p(&record.user),
                 p(&record.device_id)
             )?;
+            let mut table = Table::new(&["session", "last active", "calls"]);
             for s in &page.items {
-                outln!(
-                    "{}\t{}\t{} calls",
-                    p(&s.session),
-                    p(&s.last_active),
-                    s.calls
-                )?;
+                table.row(vec![
+                    p(&s.session).into_owned(),
+                    p(&s.last_active).into_owned(),
+                    s.calls.to_string(),
+                ]);
             }
+            output::out(&table.render(stdout_terminal()))?;
             if let Some(next) = page.next {
                 outln!("more: --next {}", p(&next))?;
             }
@@ -295,14 +499,23 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
 
 #[derive(Subcommand)]
 enum TokenCommand {
-    /// Create a token and print it (it is shown only once).
+    /// Create a token and print the complete `monad-client login ...` line for it (server
+    /// address, token, certificate fingerprint); the token is shown only once.
     Create {
         /// The user the token authenticates as.
         #[arg(long, default_value = "admin")]
         user: String,
+        /// The HOST:PORT clients reach the server at, for the login line (default: the address
+        /// the server last listened on).
+        #[arg(long)]
+        server: Option<String>,
     },
     /// List tokens (ids and users; tokens themselves are stored hashed).
-    List,
+    List {
+        /// Print JSON (stable for scripts).
+        #[arg(long)]
+        json: bool,
+    },
     /// Revoke a token by id.
     Revoke {
         /// The token's id, from `token list`.
@@ -317,6 +530,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "monad_server=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(output::log_colours(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         // A closed standard error must not turn into a panic (the report would be printed there).
         .log_internal_errors(false)
         .init();
@@ -345,24 +562,64 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Serve(args)) => serve(dir, args),
         Some(Command::Session(cmd)) => session_command(&Admin::new(&dir), cmd),
         Some(Command::Workspace(cmd)) => workspace_command(&Admin::new(&dir), cmd),
+        Some(Command::Fingerprint) => {
+            match Admin::new(&dir).fingerprint().map_err(anyhow::Error::msg)? {
+                Some(fingerprint) => outln!("{fingerprint}")?,
+                None => bail!(
+                    "no certificate in {} yet: start `monad-server` once (or run `monad-server \
+                     token create`), which makes it",
+                    dir.display()
+                ),
+            }
+            Ok(())
+        }
         Some(Command::Token(cmd)) => {
             monad_server::fsutil::create_private_dir(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             let store = TokenStore::new(&dir);
             match cmd {
-                TokenCommand::Create { user } => {
+                TokenCommand::Create { user, server } => {
+                    let admin = Admin::new(&dir);
+                    let fingerprint = admin.ensure_certificate()?;
+                    let server = server
+                        .or_else(|| admin.address())
+                        .unwrap_or_else(|| monad_server::config::DEFAULT_LISTEN.to_owned());
                     let (record, token) = store.create(&user)?;
-                    outln!("{token}")?;
                     errln!(
-                        "token {} for user {} (shown only once)",
+                        "token {} for user {} (shown only once). On the machine whose folder \
+                         they attach, run:",
                         p(&record.id),
                         p(&record.user)
                     );
+                    // The token goes in the environment, not in the client's argv.
+                    outln!(
+                        "MONAD_TOKEN={token} monad-client login --server {} --fingerprint \
+                         {fingerprint}",
+                        p(&server)
+                    )?;
                 }
-                TokenCommand::List => {
-                    for t in store.list()? {
-                        outln!("{}\t{}\t{}", p(&t.id), p(&t.user), p(&t.created_at))?;
+                TokenCommand::List { json } => {
+                    let tokens = store.list()?;
+                    if json {
+                        let listed: Vec<serde_json::Value> = tokens
+                            .iter()
+                            .map(|t| {
+                                serde_json::json!({
+                                    "id": t.id, "user": t.user, "created_at": t.created_at
+                                })
+                            })
+                            .collect();
+                        return print_json(&listed);
                     }
+                    let mut table = Table::new(&["id", "user", "created"]);
+                    for t in tokens {
+                        table.row(vec![
+                            p(&t.id).into_owned(),
+                            p(&t.user).into_owned(),
+                            p(&t.created_at).into_owned(),
+                        ]);
+                    }
+                    output::out(&table.render(stdout_terminal()))?;
                 }
                 TokenCommand::Revoke { id } => {
                     if !store.revoke(&id)? {
@@ -388,6 +645,9 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;
         let addr = server.local_addr();
+        if let Err(e) = Admin::new(&config.data_dir).record_address(&addr.to_string()) {
+            tracing::warn!("cannot note the address for `token create`: {e}");
+        }
         errln!(
             "monad-server listening on {addr} (QUIC), data in {}",
             config.data_dir.display()
@@ -421,9 +681,8 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
                 errln!();
             }
             None => errln!(
-                "create a token for a new client with `monad-server token create`; log in with \
-                 `MONAD_TOKEN=TOKEN monad-client login --server {addr} --fingerprint {}`",
-                server.fingerprint()
+                "create a token for a new client with `monad-server token create --user NAME`, \
+                 which prints the client's login line"
             ),
         }
         server.run(shutdown_signal()).await;

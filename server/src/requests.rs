@@ -39,6 +39,24 @@ pub(crate) async fn answer(
     Some(answer.unwrap_or_else(|error| Message::Error { id, error }))
 }
 
+/// A session's human name as given, trimmed; refused when empty, too long, or holding
+/// characters a terminal would act on.
+fn session_name(raw: &str) -> Result<String, ToolError> {
+    let name = raw.trim();
+    let printable = monad_protocol::text::printable(name);
+    if name.is_empty() || name.len() > monad_protocol::wire::MAX_SESSION_NAME || printable != name {
+        return Err(ToolError::new(
+            ErrorCode::InvalidArguments,
+            format!(
+                "`{printable}` cannot be a session's name: 1 to {} bytes, no control, escape, \
+                 bidi or invisible characters",
+                monad_protocol::wire::MAX_SESSION_NAME
+            ),
+        ));
+    }
+    Ok(name.to_owned())
+}
+
 fn request_id(request: &Message) -> Option<u64> {
     match request {
         Message::OpenSession { id, .. }
@@ -49,6 +67,7 @@ fn request_id(request: &Message) -> Option<u64> {
         | Message::HistoryClear { id, .. }
         | Message::ChatInfo { id, .. }
         | Message::ListRecords { id }
+        | Message::Detach { id, .. }
         | Message::RecordSessions { id, .. } => Some(*id),
         _ => None,
     }
@@ -75,8 +94,13 @@ fn handle(
             id,
             session: None,
             folder,
+            name,
         } => {
+            let name = name.map(|n| session_name(&n)).transpose()?;
             let s = registry.create(user)?;
+            if let Some(name) = name {
+                store.save(&s.set_name(name)).map_err(store_error)?;
+            }
             if let Some(device) = device {
                 registry.bind(user, device, &s.id);
                 if let Some(folder) = folder {
@@ -131,6 +155,19 @@ fn handle(
                 id,
                 session: s.info(),
             })
+        }
+        Message::Detach {
+            id,
+            session: requested,
+            workspace,
+        } => {
+            let s = session(requested)?;
+            let gone = s.forget(
+                &workspace,
+                "detached by `monad-client detach` (the folder is no longer in the session)",
+            )?;
+            tracing::info!(session = %s.id, workspace = %gone.name, "detached and forgotten by name");
+            Ok(done(id, &s))
         }
         Message::HistoryAppend {
             id,

@@ -97,6 +97,14 @@ impl Server {
             warn!("cannot make {} private: {e}", config.data_dir.display());
         }
         let (identity, _created) = tls::load_or_create(&config.data_dir.join("tls"))?;
+        let quic = tls::quic_config(&identity, &config.transport)?;
+        let endpoint = quinn::Endpoint::server(quic, config.listen)
+            .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
+        let http = config.http.map(crate::mcp::bind).transpose()?;
+        let (config, layers) = load_settings(config)?;
+        // Only once it listens and its settings are read: a start that fails (a port in use)
+        // leaves no token that was never shown, and the next start is still the first one and
+        // prints the login line.
         let tokens = TokenStore::new(&config.data_dir);
         let first = if tokens.list()?.is_empty() {
             let (record, token) = tokens.create("admin")?;
@@ -107,11 +115,6 @@ impl Server {
         } else {
             None
         };
-        let quic = tls::quic_config(&identity, &config.transport)?;
-        let endpoint = quinn::Endpoint::server(quic, config.listen)
-            .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
-        let http = config.http.map(crate::mcp::bind).transpose()?;
-        let (config, layers) = load_settings(config)?;
         let fs_store = Arc::new(
             FsStore::new(&config.data_dir)
                 .with_max_devices_per_user(config.quotas.max_devices_per_user),
@@ -244,6 +247,12 @@ impl Server {
                 }
             })
         };
+        // `session delete` and `session gc` while the server runs go through it.
+        let admin = tokio::spawn(crate::admin::serve_socket(
+            self.state.clone(),
+            self.state.config.data_dir.join(crate::admin::ADMIN_SOCKET),
+            stop_rx.clone(),
+        ));
         let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
@@ -302,6 +311,7 @@ impl Server {
         if let Some(http) = http {
             let _ = http.await;
         }
+        let _ = admin.await;
         self.endpoint.wait_idle().await;
         self.state.registry.flush();
         if let Some(recorder) = &self.state.executor.recorder {
@@ -427,7 +437,8 @@ async fn handle_connection(
     let ((role, user, device_id, client_name, minor), _connection_slot) = match hello {
         Ok(Ok(who)) => who,
         Ok(Err(e)) => {
-            debug!(%remote, "refused: {e}");
+            // One line per refused connection; the token itself is never logged.
+            info!(%remote, "refused a connection: {e}");
             return;
         }
         Err(_) => {
@@ -474,12 +485,12 @@ async fn handle_connection(
                 // Shutting down: finish what is in flight (the server bounds how long).
                 while streams.join_next().await.is_some() {}
                 conn.close(CLOSE_SHUTDOWN.into(), b"server shutting down");
-                return;
+                return info!(%remote, %user, ?role, "disconnected (server shutting down)");
             }
         }
     }
     streams.shutdown().await;
-    debug!(%remote, "connection closed");
+    info!(%remote, %user, ?role, "disconnected");
 }
 
 /// Reads a request of at most `max` bytes, within `request_read_timeout` of now. `None` when
@@ -1040,7 +1051,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 Ok(page) => page,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            let answer = Message::Sessions { id, sessions, next };
+            let answer = Message::Sessions { id, sessions, next }.for_minor(ctx.minor);
             let _ = write_message(&mut send, &answer).await;
             finish(&mut send).await;
         }
@@ -1052,6 +1063,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             };
             match crate::requests::answer(&ctx.state, &caller, other).await {
                 Some(answer) => {
+                    let answer = answer.for_minor(ctx.minor);
                     let _ = write_message(&mut send, &answer).await;
                     finish(&mut send).await;
                 }
@@ -1102,6 +1114,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         tools,
         focus,
         folder,
+        exact_name,
     } = request
     else {
         return send_error(
@@ -1182,25 +1195,34 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         .filter(|b| !b.is_empty() && *b != "~" && *b != ".")
         .unwrap_or("folder")
         .to_owned();
-    let workspace = session.attach(
-        Attached {
-            name: base,
-            uri,
-            trust,
-            tools,
-            device_id: ctx.device_id.clone(),
-            path,
-            record,
-            folder,
-            link: Some(ClientLink {
-                conn: ctx.conn.clone(),
-                attachment: id,
-                generation,
-                reports_network: ctx.minor >= wire::NETWORK_MINOR,
-            }),
+    let (kick, mut kicked) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let folder = Attached {
+        name: base,
+        uri,
+        trust,
+        tools,
+        device_id: ctx.device_id.clone(),
+        path,
+        record,
+        folder,
+        link: Some(ClientLink {
+            conn: ctx.conn.clone(),
+            attachment: id,
+            generation,
+            reports_network: ctx.minor >= wire::NETWORK_MINOR,
+            kick,
+        }),
+    };
+    let workspace = match (exact_name, name.as_deref()) {
+        (true, Some(name)) => match session.attach_exact(folder, name) {
+            Ok(workspace) => workspace,
+            Err(e) => {
+                ctx.state.registry.detach_everywhere(&session, generation);
+                return send_error(&mut send, id, e).await;
+            }
         },
-        name.as_deref(),
-    );
+        (_, name) => session.attach(folder, name),
+    };
     // In the folder's active session, the folder is the focus unless the session has one.
     let focus = focus || (active && session.focus().is_none());
     if focus {
@@ -1242,6 +1264,16 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                 let _ = stop.wait_for(|stopping| *stopping).await;
                 let _ = calls.wait_for(|n| *n == 0).await;
             } => {}
+            // Taken over by another attach of the folder, or detached by name: its client is
+            // told why (one that knows how to hear it), so that it stops.
+            Some(reason) = kicked.recv() => {
+                info!(session = %session.id, workspace = %workspace.name, "{reason}");
+                if ctx.minor >= wire::CLI_MINOR {
+                    let detached = Message::Detached { attachment: id, reason };
+                    let _ = write_message(&mut send, &detached).await;
+                }
+                finish(&mut send).await;
+            }
         }
     }
 }

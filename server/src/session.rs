@@ -34,7 +34,14 @@ pub struct ClientLink {
     /// happen (protocol minor [`monad_protocol::wire::NETWORK_MINOR`]): those a result carries
     /// are not audited again.
     pub reports_network: bool,
+    /// Tells the attachment's task to end it, with the reason its client is told (another
+    /// attach of the folder took over, or `monad-client detach`).
+    pub kick: tokio::sync::mpsc::UnboundedSender<String>,
 }
+
+/// What the `attach` of a folder that another attach of it took over is told.
+pub const TAKEN_OVER: &str = "this folder was attached again to the session (from another \
+                              terminal of this device), which took it over";
 
 /// A folder attached to a session.
 #[derive(Debug, Clone)]
@@ -226,6 +233,7 @@ impl Session {
             owner: self.owner.clone(),
             created_at: self.created_at.clone(),
             last_active: self.meta().last_active,
+            name: self.meta().name,
             workspaces: self.workspaces().into_iter().map(|s| s.info).collect(),
         }
     }
@@ -269,6 +277,13 @@ impl Session {
         if model.is_some() {
             meta.model = model;
         }
+        meta.clone()
+    }
+
+    /// Gives the session a human name (`sessions --new --name`); returns the metadata to save.
+    pub fn set_name(&self, name: String) -> SessionMeta {
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        meta.name = Some(name);
         meta.clone()
     }
 
@@ -334,12 +349,43 @@ impl Session {
 
     /// Attaches a folder (or re-attaches it after a reconnect: same device and path get their
     /// old name back). Returns the workspace as listed.
-    pub fn attach(&self, mut folder: Attached, wanted: Option<&str>) -> WorkspaceInfo {
+    pub fn attach(&self, folder: Attached, wanted: Option<&str>) -> WorkspaceInfo {
+        match self.attach_as(folder, wanted, false) {
+            Ok(info) => info,
+            Err(_) => unreachable!("only an exact name is refused"),
+        }
+    }
+
+    /// Like [`Session::attach`], but the folder gets exactly the name `wanted` (`attach
+    /// --name`): refused, with nothing changed, when it is not a valid short name, is
+    /// reserved (`primary`), or another folder of the session has it (online or not).
+    pub fn attach_exact(&self, folder: Attached, wanted: &str) -> Result<WorkspaceInfo, ToolError> {
+        self.attach_as(folder, Some(wanted), true)
+    }
+
+    fn attach_as(
+        &self,
+        mut folder: Attached,
+        wanted: Option<&str>,
+        exact: bool,
+    ) -> Result<WorkspaceInfo, ToolError> {
         let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
-        let info = if let Some(existing) = attached
-            .iter_mut()
-            .find(|a| a.device_id == folder.device_id && a.path == folder.path)
-        {
+        let same = |a: &Attached| a.device_id == folder.device_id && a.path == folder.path;
+        if exact && let Some(wanted) = wanted {
+            name_usable(wanted, attached.iter().filter(|a| !same(a)))?;
+        }
+        let info = if let Some(existing) = attached.iter_mut().find(|a| same(a)) {
+            // Another live attach of the same folder (not a reconnect of the same connection):
+            // it is taken over, and told, so that it stops instead of showing a banner for a
+            // folder it no longer serves.
+            if let (Some(old), Some(new)) = (&existing.link, &folder.link)
+                && old.conn.stable_id() != new.conn.stable_id()
+            {
+                let _ = old.kick.send(TAKEN_OVER.to_owned());
+            }
+            if exact && let Some(wanted) = wanted {
+                existing.name = wanted.to_owned();
+            }
             existing.link = folder.link;
             existing.record = folder.record;
             existing.folder = folder.folder;
@@ -362,14 +408,61 @@ impl Session {
         };
         drop(attached);
         self.changed();
-        WorkspaceInfo {
+        Ok(WorkspaceInfo {
             name: info.name,
             uri: info.uri,
             trust: info.trust,
             host: Host::Client,
             online: true,
             tools: info.tools,
+        })
+    }
+
+    /// Detaches the folder named `name` (short name or URI) and forgets it: it is no longer
+    /// listed, an online folder's `attach` is told why (`reason`) and stops, and it is not the
+    /// focus any more. Returns it as it was; refused for the primary workspace and for a
+    /// name the session does not have.
+    pub fn forget(&self, name: &str, reason: &str) -> Result<Attached, ToolError> {
+        if name == "primary" || name == self.primary_uri() {
+            return Err(ToolError::new(
+                ErrorCode::InvalidArguments,
+                "the primary workspace cannot be detached: it is the session's own folder",
+            ));
         }
+        let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(at) = attached
+            .iter()
+            .position(|a| a.name == name || a.uri == name)
+        else {
+            let names: Vec<String> = attached.iter().map(|a| a.name.clone()).collect();
+            return Err(ToolError::new(
+                ErrorCode::WorkspaceNotFound,
+                if names.is_empty() {
+                    format!(
+                        "no folder `{name}` in session {}: none is attached",
+                        self.id
+                    )
+                } else {
+                    format!(
+                        "no folder `{name}` in session {}; it has {}",
+                        self.id,
+                        names.join(", ")
+                    )
+                },
+            ));
+        };
+        let gone = attached.remove(at);
+        drop(attached);
+        if let Some(link) = &gone.link {
+            let _ = link.kick.send(reason.to_owned());
+        }
+        let mut focus = self.focus.lock().unwrap_or_else(|p| p.into_inner());
+        if focus.as_deref() == Some(gone.name.as_str()) {
+            *focus = None;
+        }
+        drop(focus);
+        self.changed();
+        Ok(gone)
     }
 
     /// Marks the folder attached under `generation` as disconnected. A newer attachment of the
@@ -503,6 +596,42 @@ impl Session {
 /// A short workspace name from a folder name: no slashes, no control, format or invisible
 /// characters ([`monad_protocol::text::is_hidden`]: bidi controls, zero-width characters,
 /// variation selectors, tags, ...; they are dropped), at most 64 characters, never empty.
+/// Whether `wanted` can be a folder's short name exactly as given, beside the `others`.
+fn name_usable<'a>(
+    wanted: &str,
+    mut others: impl Iterator<Item = &'a Attached>,
+) -> Result<(), ToolError> {
+    let invalid = |why: String| Err(ToolError::new(ErrorCode::InvalidArguments, why));
+    if wanted == "primary" {
+        return invalid(
+            "`primary` is reserved for the session's own workspace: choose another --name".into(),
+        );
+    }
+    if sanitize_name(wanted) != wanted {
+        return invalid(format!(
+            "`{}` cannot be a short name: at most 64 characters, no `/`, `\\`, `:`, control or \
+             invisible characters, no leading or trailing dots or spaces",
+            monad_protocol::text::printable(wanted)
+        ));
+    }
+    if let Some(other) = others.find(|a| a.name == wanted) {
+        return Err(ToolError::new(
+            ErrorCode::AlreadyExists,
+            format!(
+                "the name `{wanted}` is taken in this session by {} ({}): choose another \
+                 --name, or forget that folder with `monad-client detach {wanted}`",
+                other.uri,
+                if other.link.is_some() {
+                    "online"
+                } else {
+                    "offline"
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn sanitize_name(raw: &str) -> String {
     let name: String = raw
         .chars()
@@ -819,6 +948,9 @@ impl Registry {
                     DEFAULT_SESSION if self.stored_owner_of(DEFAULT_SESSION).is_ok() => {
                         self.default_of(user)?
                     }
+                    // Not an id: a unique prefix of one of the user's sessions (as docker and
+                    // git take them).
+                    id if normalize_id(id).is_err() => self.by_prefix(id, user)?,
                     id => id.to_owned(),
                 };
                 let session = self.open(&id, user)?;
@@ -832,6 +964,14 @@ impl Registry {
                 self.open(&id, user)
             }
         }
+    }
+
+    /// The id of `user`'s one session whose id starts with `prefix`; refused when none or
+    /// several do.
+    pub fn by_prefix(&self, prefix: &str, user: &str) -> Result<String, ToolError> {
+        let (owned, _) = self.owned(user);
+        let ids: Vec<String> = owned.into_iter().map(|m| m.id).collect();
+        match_prefix(prefix, &ids).map(str::to_owned)
     }
 
     /// Creates a new session with a fresh UUID.
@@ -971,35 +1111,69 @@ impl Registry {
     /// workspace records.
     pub fn delete(&self, id: &str) -> Result<(), ToolError> {
         let id = normalize_id(id)?;
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(session) = sessions.get(&id)
+            && session.in_use()
+        {
+            return Err(ToolError::new(
+                ErrorCode::Denied,
+                format!(
+                    "session {id} is in use (a folder is attached, an agent is connected to it, \
+                     or a background command runs in it): detach and stop those first"
+                ),
+            ));
+        }
+        sessions.remove(&id);
+        drop(sessions);
         self.store.delete(&id).map_err(store_error)?;
         self.store.unbind_session(&id).map_err(store_error)?;
         self.store.forget_session(&id).map_err(store_error)?;
         Ok(())
     }
 
-    /// Deletes every session unused for `max_age` (never `default`); returns their ids.
-    pub fn gc(&self, max_age: Duration) -> Result<Vec<String>, ToolError> {
+    /// The sessions unused for `max_age` (never `default`, never one in use), as `session gc`
+    /// would delete them now; their metadata with the in-memory `last_active`.
+    pub fn unused_for(&self, max_age: Duration) -> Result<Vec<SessionMeta>, ToolError> {
         let cutoff = std::time::SystemTime::now()
             .checked_sub(max_age)
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| crate::fsutil::rfc3339(d.as_secs()))
             .unwrap_or_default();
-        let mut deleted = Vec::new();
+        // Loaded sessions: in use (kept), or their in-memory metadata. Asked under the lock,
+        // where the registry's reference is the only one this adds.
+        let live: HashMap<String, Option<SessionMeta>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, s)| (id.clone(), (!s.in_use()).then(|| s.meta())))
+            .collect();
+        let mut unused = Vec::new();
         for meta in self.store.all_sessions().map_err(store_error)? {
-            let live = self
-                .sessions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&meta.id)
-                .map(|s| s.meta().last_active);
-            let last = live.unwrap_or(meta.last_active);
-            if meta.id != DEFAULT_SESSION && last < cutoff {
-                self.delete(&meta.id)?;
-                deleted.push(meta.id);
+            let meta = match live.get(&meta.id) {
+                Some(None) => continue,
+                Some(Some(loaded)) => loaded.clone(),
+                None => meta,
+            };
+            // Times have whole seconds: `--max-age 0` takes what was used this second too.
+            if meta.id != DEFAULT_SESSION && meta.last_active <= cutoff {
+                unused.push(meta);
+            }
+        }
+        unused.sort_by(|a, b| a.last_active.cmp(&b.last_active).then(a.id.cmp(&b.id)));
+        Ok(unused)
+    }
+
+    /// Deletes every session unused for `max_age` (never `default`, never one in use);
+    /// returns their ids.
+    pub fn gc(&self, max_age: Duration) -> Result<Vec<String>, ToolError> {
+        let mut deleted = Vec::new();
+        for meta in self.unused_for(max_age)? {
+            match self.delete(&meta.id) {
+                Ok(()) => deleted.push(meta.id),
+                // In use by now: kept, whatever its age says.
+                Err(e) if e.code == ErrorCode::Denied => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(deleted)
@@ -1120,6 +1294,7 @@ fn info_of(meta: SessionMeta, live: &HashMap<String, Arc<Session>>) -> SessionIn
             owner: meta.owner,
             created_at: meta.created_at,
             last_active: meta.last_active,
+            name: meta.name,
         },
     }
 }
@@ -1172,6 +1347,44 @@ fn fresh_meta(id: &str, user: &str) -> SessionMeta {
         last_active: now,
         provider: None,
         model: None,
+    }
+}
+
+/// The one id of `ids` that starts with `prefix` (an exact match wins); refused when none or
+/// several do, naming them.
+pub fn match_prefix<'a>(prefix: &str, ids: &'a [String]) -> Result<&'a str, ToolError> {
+    if let Some(exact) = ids.iter().find(|id| *id == prefix) {
+        return Ok(exact);
+    }
+    let matches: Vec<&String> = if prefix.is_empty() {
+        Vec::new()
+    } else {
+        ids.iter().filter(|id| id.starts_with(prefix)).collect()
+    };
+    match matches.as_slice() {
+        [one] => Ok(one),
+        [] => Err(ToolError::new(
+            ErrorCode::NotFound,
+            format!(
+                "session `{}` does not exist: no session id is or starts with it (`monad-client \
+                 sessions` and `monad-server session list` list them)",
+                monad_protocol::text::printable(prefix)
+            ),
+        )),
+        several => Err(ToolError::new(
+            ErrorCode::InvalidArguments,
+            format!(
+                "`{}` is the start of {} sessions' ids ({}): give more of it",
+                monad_protocol::text::printable(prefix),
+                several.len(),
+                several
+                    .iter()
+                    .take(5)
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
     }
 }
 

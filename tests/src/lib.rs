@@ -258,7 +258,7 @@ impl StoppedServer {
         let bind = async {
             loop {
                 match Server::bind(self.config.clone()) {
-                    Err(monad_server::ServerError::Io { source, .. })
+                    Err(monad_server::ServerError::Io { error: source, .. })
                         if source.kind() == std::io::ErrorKind::AddrInUse =>
                     {
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -364,6 +364,7 @@ impl FakeClient {
             tools,
             focus: false,
             folder: None,
+            exact_name: false,
         };
         write_message(&mut send, &attach)
             .await

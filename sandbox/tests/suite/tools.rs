@@ -133,16 +133,39 @@ fn read_file_caps_bytes_and_says_where_to_continue() {
 }
 
 #[test]
-fn read_file_reports_binary_files_without_dumping_them() {
+fn read_file_reports_binary_files_without_dumping_them_and_says_why() {
     let fx = Fixture::new();
     std::fs::write(fx.root().join("bin.dat"), b"\x7fELF\0\0\x01binary").unwrap();
-    std::fs::write(fx.root().join("latin1.txt"), b"caf\xe9\n").unwrap();
-    for path in ["bin.dat", "latin1.txt"] {
-        let out = fx.sandbox.read_file(&read(path)).unwrap();
-        assert!(out.binary, "{path}");
-        assert_eq!(out.content, "", "{path}");
-        assert!(out.size > 0);
-    }
+    let out = fx.sandbox.read_file(&read("bin.dat")).unwrap();
+    assert!(out.binary);
+    assert_eq!(out.content, "");
+    assert!(out.size > 0);
+    assert_eq!(
+        out.binary_reason.as_deref(),
+        Some("it has a NUL byte (at byte 4)")
+    );
+}
+
+#[test]
+fn read_file_decodes_latin1_and_utf16_text_and_says_so() {
+    let fx = Fixture::new();
+    std::fs::write(fx.root().join("latin1.txt"), b"caf\xe9\nna\xefve\n").unwrap();
+    let mut utf16 = vec![0xFF, 0xFE];
+    utf16.extend("a\u{e9}\nb\n".encode_utf16().flat_map(u16::to_le_bytes));
+    std::fs::write(fx.root().join("utf16.txt"), utf16).unwrap();
+    let out = fx.sandbox.read_file(&read("latin1.txt")).unwrap();
+    assert!(!out.binary);
+    assert_eq!(out.content, "café\nnaïve\n");
+    assert_eq!(out.encoding.as_deref(), Some("windows-1252"));
+    assert_eq!((out.lines, out.total_lines), (2, Some(2)));
+    // Offset and limit count the decoded lines.
+    let mut second = read("utf16.txt");
+    second.offset = Some(2);
+    second.limit = Some(1);
+    let out = fx.sandbox.read_file(&second).unwrap();
+    assert_eq!(out.content, "b\n");
+    assert_eq!(out.encoding.as_deref(), Some("utf-16le"));
+    assert_eq!(out.start_line, 2);
 }
 
 #[test]

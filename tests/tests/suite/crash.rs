@@ -234,7 +234,14 @@ fn check_data_dir(dir: &Path, rel: &str, checked: &mut usize) {
         }
         let read = || std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{what}: {e}"));
         match name.as_str() {
-            "server.lock" => {}
+            // The administration socket a killed server leaves (the next one replaces it).
+            "server.lock" | "admin.sock" => {}
+            "address" => {
+                let text = read();
+                text.trim()
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap_or_else(|e| panic!("{what}: {e}: {text:?}"));
+            }
             "session.toml" => {
                 let meta: SessionMeta =
                     toml::from_str(&read()).unwrap_or_else(|e| panic!("{what}: {e}"));

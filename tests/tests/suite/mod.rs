@@ -7,6 +7,7 @@ mod auth;
 mod binaries;
 mod bodies;
 mod chat;
+mod cli;
 mod crash;
 mod data_at_rest;
 mod devices;

@@ -30,6 +30,7 @@ async fn attach_once(conn: &quinn::Connection, session: &str, path: &str) {
         tools: vec![ToolName::ReadFile],
         focus: false,
         folder: None,
+        exact_name: false,
     };
     write_message(&mut send, &attach).await.expect("sent");
     match read_message(&mut recv, 1 << 20).await {

@@ -128,17 +128,21 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
         .await
         .unwrap();
 
-    // While the server runs, deleting is refused with a clear message and touches nothing.
+    // While the server runs, deleting goes through it; without a terminal to confirm on and
+    // without --yes it is refused, and --dry-run only lists: nothing is touched.
     for args in [&["delete", doomed][..], &["gc", "--max-age", "0"][..]] {
         let out = session_command(dir, args).await;
-        assert!(!out.status.success(), "{args:?} ran beside a live server");
+        assert!(!out.status.success(), "{args:?} deleted without --yes");
         let err = text(&out.stderr);
-        assert!(
-            err.contains("running") && err.contains("stop it first"),
-            "{args:?}: {err}"
-        );
-        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(err.contains("--yes"), "{args:?}: {err}");
     }
+    let out = session_command(dir, &["gc", "--max-age", "0", "--dry-run"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(doomed) && err.contains("through the running server"),
+        "{err}"
+    );
     assert!(dir.join("sessions").join(doomed).is_dir());
     // Reading works beside it.
     let out = session_command(dir, &["list", "--json"]).await;
@@ -160,7 +164,7 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
     // `old` and `default` were last used years ago; only `old` goes.
     age(dir, old, "2020-01-01T00:00:00Z");
     age(dir, "default", "2020-01-01T00:00:00Z");
-    let out = session_command(dir, &["gc", "--max-age", "30"]).await;
+    let out = session_command(dir, &["gc", "--max-age", "30", "--yes"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{old}\n"));
     assert!(
@@ -186,19 +190,19 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
     );
 
     // `delete` takes one session with everything it had.
-    let out = session_command(dir, &["delete", doomed]).await;
+    let out = session_command(dir, &["delete", doomed, "--yes"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!dir.join("sessions").join(doomed).exists());
     assert!(!bindings(dir).contains_key(device_b.as_str()));
     assert_eq!(record_sessions(dir, &record), vec![keep.to_owned()]);
-    let out = session_command(dir, &["delete", doomed]).await;
+    let out = session_command(dir, &["delete", doomed, "--yes"]).await;
     assert!(!out.status.success(), "a second delete");
     assert!(
         text(&out.stderr).contains("does not exist"),
         "{}",
         text(&out.stderr)
     );
-    let out = session_command(dir, &["delete", "../tokens"]).await;
+    let out = session_command(dir, &["delete", "../tokens", "--yes"]).await;
     assert!(!out.status.success());
     assert!(dir.join("tokens.toml").is_file());
 
@@ -234,7 +238,7 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
 
     // Even `--max-age 0` (everything unused since now) never takes `default`.
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    let out = session_command(dir, &["gc", "--max-age", "0"]).await;
+    let out = session_command(dir, &["gc", "--max-age", "0", "--yes"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{keep}\n"));
     assert!(dir.join("sessions/default").is_dir());

@@ -1,0 +1,174 @@
+//! Text that is not UTF-8: `read_file` decodes a UTF-16 or Latin-1 file instead of calling it
+//! binary, and says why a file it does not show is binary. Pure functions of the bytes.
+
+/// How much of a file the guess looks at.
+const SNIFF: usize = 8 * 1024;
+
+/// A text encoding `read_file` decodes besides UTF-8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    /// UTF-16, little-endian (a `FF FE` byte order mark, or NULs in the odd bytes).
+    Utf16Le,
+    /// UTF-16, big-endian (a `FE FF` byte order mark, or NULs in the even bytes).
+    Utf16Be,
+    /// Windows-1252, the superset of ISO 8859-1 (Latin-1) that such files use in practice.
+    Latin1,
+}
+
+impl Encoding {
+    /// The name in the result's `encoding`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Encoding::Utf16Le => "utf-16le",
+            Encoding::Utf16Be => "utf-16be",
+            Encoding::Latin1 => "windows-1252",
+        }
+    }
+}
+
+/// What the bytes of a file that is not UTF-8 are: text in an encoding, or binary (why).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Guess {
+    /// Text in this encoding.
+    Text(Encoding),
+    /// Not text; why, in a few words.
+    Binary(String),
+}
+
+/// Guesses what `head` (the start of a file that is not valid UTF-8) is.
+pub(crate) fn guess(head: &[u8]) -> Guess {
+    let head = &head[..head.len().min(SNIFF)];
+    match head {
+        [0xFF, 0xFE, ..] => return Guess::Text(Encoding::Utf16Le),
+        [0xFE, 0xFF, ..] => return Guess::Text(Encoding::Utf16Be),
+        _ => {}
+    }
+    // UTF-16 without a mark: ASCII-range text has a NUL in every other byte, and only there.
+    let pairs = head.len() / 2;
+    if pairs >= 2 {
+        let zero_odd = head
+            .chunks_exact(2)
+            .filter(|p| p[1] == 0 && p[0] != 0)
+            .count();
+        let zero_even = head
+            .chunks_exact(2)
+            .filter(|p| p[0] == 0 && p[1] != 0)
+            .count();
+        if zero_odd * 10 >= pairs * 3 && zero_even == 0 {
+            return Guess::Text(Encoding::Utf16Le);
+        }
+        if zero_even * 10 >= pairs * 3 && zero_odd == 0 {
+            return Guess::Text(Encoding::Utf16Be);
+        }
+    }
+    if let Some(at) = head.iter().position(|&b| b == 0) {
+        return Guess::Binary(format!("it has a NUL byte (at byte {at})"));
+    }
+    // Control characters besides tab, line breaks, form feed and escape: not text.
+    let controls = head
+        .iter()
+        .filter(|&&b| b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r' | 0x0c | 0x1b))
+        .count();
+    if controls * 20 > head.len() {
+        return Guess::Binary(format!(
+            "{controls} of its first {} bytes are control characters",
+            head.len()
+        ));
+    }
+    Guess::Text(Encoding::Latin1)
+}
+
+/// Windows-1252's characters for 0x80-0x9F (where Latin-1 has C1 controls); the five bytes it
+/// leaves undefined decode to U+FFFD.
+const CP1252_HIGH: [char; 32] = [
+    '€', '\u{FFFD}', '‚', 'ƒ', '„', '…', '†', '‡', 'ˆ', '‰', 'Š', '‹', 'Œ', '\u{FFFD}', 'Ž',
+    '\u{FFFD}', '\u{FFFD}', '‘', '’', '“', '”', '•', '–', '—', '˜', '™', 'š', '›', 'œ', '\u{FFFD}',
+    'ž', 'Ÿ',
+];
+
+/// Decodes `bytes` (a byte order mark dropped); what cannot be decoded (an unpaired UTF-16
+/// surrogate, an odd last byte) becomes U+FFFD.
+pub(crate) fn decode(bytes: &[u8], encoding: Encoding) -> String {
+    match encoding {
+        Encoding::Latin1 => bytes
+            .iter()
+            .map(|&b| match b {
+                0x80..=0x9F => CP1252_HIGH[usize::from(b - 0x80)],
+                _ => char::from(b),
+            })
+            .collect(),
+        Encoding::Utf16Le | Encoding::Utf16Be => {
+            let bom: &[u8] = if encoding == Encoding::Utf16Le {
+                &[0xFF, 0xFE]
+            } else {
+                &[0xFE, 0xFF]
+            };
+            let bytes = bytes.strip_prefix(bom).unwrap_or(bytes);
+            let units = bytes.chunks_exact(2).map(|p| match encoding {
+                Encoding::Utf16Le => u16::from_le_bytes([p[0], p[1]]),
+                _ => u16::from_be_bytes([p[0], p[1]]),
+            });
+            let mut text: String = char::decode_utf16(units)
+                .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+                .collect();
+            if bytes.len() % 2 == 1 {
+                text.push(char::REPLACEMENT_CHARACTER);
+            }
+            text
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utf16le(text: &str, bom: bool) -> Vec<u8> {
+        let mut out = if bom { vec![0xFF, 0xFE] } else { Vec::new() };
+        out.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+        out
+    }
+
+    #[test]
+    fn utf16_is_found_by_its_mark_or_its_nuls_and_decoded() {
+        let text = "Grüße, 世界\r\nline two\r\n";
+        for bom in [true, false] {
+            let bytes = utf16le(text, bom);
+            assert_eq!(guess(&bytes), Guess::Text(Encoding::Utf16Le), "bom {bom}");
+            assert_eq!(decode(&bytes, Encoding::Utf16Le), text);
+        }
+        let mut be = vec![0xFE, 0xFF];
+        be.extend(text.encode_utf16().flat_map(u16::to_be_bytes));
+        assert_eq!(guess(&be), Guess::Text(Encoding::Utf16Be));
+        assert_eq!(decode(&be, Encoding::Utf16Be), text);
+        // An unpaired surrogate and an odd last byte: replaced, not dropped.
+        assert_eq!(
+            decode(&[0x41, 0, 0x00, 0xD8, 0x42], Encoding::Utf16Le),
+            "A\u{FFFD}\u{FFFD}"
+        );
+    }
+
+    #[test]
+    fn latin1_text_is_decoded_as_windows_1252() {
+        let bytes = b"caf\xe9 cr\xe8me \x80 5\n\x93quoted\x94\n";
+        assert_eq!(guess(bytes), Guess::Text(Encoding::Latin1));
+        assert_eq!(
+            decode(bytes, Encoding::Latin1),
+            "café crème € 5\n\u{201c}quoted\u{201d}\n"
+        );
+    }
+
+    #[test]
+    fn binary_says_why() {
+        let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+        match guess(png) {
+            Guess::Binary(why) => assert!(why.contains("NUL byte (at byte 8)"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let noise: Vec<u8> = (0..200u8).map(|i| (i % 7) + 1).collect();
+        match guess(&noise) {
+            Guess::Binary(why) => assert!(why.contains("control characters"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

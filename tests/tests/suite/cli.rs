@@ -1,0 +1,938 @@
+//! The command line as people who live in ssh, gh and docker expect it (issue 15): the real
+//! `monad-server` and `monad-client` binaries, a terminal where one is needed ([`Pty`]).
+
+use std::path::Path;
+use std::process::Output;
+
+use monad_protocol::ErrorCode;
+use monad_tests::{Pty, STEP, ServerProcess, command, folder, wait_for_line, within};
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `monad-client args` with the config in `config_dir`, to completion (bounded).
+async fn client(config_dir: &Path, args: &[&str]) -> Output {
+    let output = command("monad-client")
+        .args(args)
+        .env("MONAD_CONFIG_DIR", config_dir)
+        .output();
+    within(STEP, &format!("`monad-client {}`", args.join(" ")), output)
+        .await
+        .expect("monad-client runs")
+}
+
+/// Runs `monad-server --data-dir DIR args` to completion (bounded).
+async fn server_cmd(data: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["--data-dir", data.to_str().unwrap()];
+    all.extend_from_slice(args);
+    monad_tests::server_command(&all).await
+}
+
+/// A server process on a fresh data dir and a client config logged in to it.
+async fn logged_in() -> (ServerProcess, tempfile::TempDir, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(data.path(), &[]).await;
+    let token = server.first_token.clone().expect("a first start");
+    let config = tempfile::tempdir().unwrap();
+    server.client_config(&token).save(config.path()).unwrap();
+    (server, data, config)
+}
+
+/// A `monad-client attach` running without a terminal, its standard error read line by line.
+struct Attaching {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    seen: Vec<String>,
+}
+
+impl Attaching {
+    async fn start(config: &Path, args: &[&str]) -> Attaching {
+        let mut child = command("monad-client")
+            .arg("attach")
+            .args(args)
+            .env("MONAD_CONFIG_DIR", config)
+            .spawn()
+            .expect("attach starts");
+        let lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut attaching = Attaching {
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        attaching.wait_for("attached ").await;
+        attaching
+    }
+
+    async fn wait_for(&mut self, what: &str) -> String {
+        let line = wait_for_line(&mut self.lines, STEP, what, |l| l.contains(what)).await;
+        self.seen.push(line.clone());
+        line
+    }
+
+    /// Waits (bounded) for it to exit; returns its status and the rest of what it said.
+    async fn exit(mut self) -> (std::process::ExitStatus, String) {
+        let status = within(STEP, "attach to exit", self.child.wait())
+            .await
+            .expect("reaped");
+        while let Ok(Some(line)) = self.lines.next_line().await {
+            self.seen.push(line);
+        }
+        (status, self.seen.join("\n"))
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id().expect("running") as i32);
+        nix::sys::signal::kill(pid, signal).expect("signalled");
+    }
+}
+
+/// `monad-client status --json`.
+async fn status(config: &Path) -> Value {
+    let out = client(config, &["status", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+fn workspace_names(status: &Value) -> Vec<(String, bool)> {
+    status["session"]["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["name"].as_str().unwrap().to_owned(),
+                w["online"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attaching_a_folder_again_takes_it_over_and_the_first_attach_says_so_and_exits() {
+    let (_server, _data, config) = logged_in().await;
+    let laptop = folder(&[("a.txt", "from the laptop\n")]);
+    let dir = laptop.path().to_str().unwrap();
+    let first = Attaching::start(config.path(), &[dir, "--allow", "read"]).await;
+    let second = Attaching::start(config.path(), &[dir, "--allow", "read"]).await;
+    let (status_first, said) = first.exit().await;
+    assert!(status_first.success(), "{status_first}: {said}");
+    assert!(
+        said.contains("detached: this folder was attached again") && said.contains("took it over"),
+        "{said}"
+    );
+    // One workspace, online, served by the second attach.
+    let now = workspace_names(&status(config.path()).await);
+    assert_eq!(now.len(), 2, "one folder: {now:?}");
+    assert!(now[1].1, "online: {now:?}");
+    let out = client(
+        config.path(),
+        &["call", "read_file", "--args", r#"{"path": "a.txt"}"#],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("from the laptop"));
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_cannot_be_used_is_an_error_not_a_silent_rename() {
+    let (_server, _data, config) = logged_in().await;
+    let one = folder(&[]);
+    let two = folder(&[]);
+    let (one, two) = (one.path().to_str().unwrap(), two.path().to_str().unwrap());
+    let out = client(config.path(), &["attach", one, "--name", "primary"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("`primary` is reserved"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = client(config.path(), &["attach", one, "--name", "a/b"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("cannot be a short name"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let _kept = Attaching::start(config.path(), &[one, "--name", "work"]).await;
+    let out = client(config.path(), &["attach", two, "--name", "work"]).await;
+    assert!(!out.status.success(), "a second `work`");
+    let said = text(&out.stderr);
+    assert!(said.contains("the name `work` is taken"), "{said}");
+    assert!(said.contains("monad-client detach work"), "{said}");
+    let names: Vec<String> = workspace_names(&status(config.path()).await)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["primary", "work"], "no `work-2`");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_go_before_or_after_the_folder() {
+    let (_server, _data, config) = logged_in().await;
+    let laptop = folder(&[]);
+    let dir = laptop.path().to_str().unwrap();
+    for args in [
+        &["--allow", "read", dir][..],
+        &["--allow", "read", "write", dir],
+        &[dir, "--allow", "read"],
+        &["--name", "x", dir, "--allow", "exec"],
+    ] {
+        let attach = Attaching::start(config.path(), args).await;
+        attach.signal(nix::sys::signal::Signal::SIGINT);
+        let (status, said) = attach.exit().await;
+        assert!(status.success(), "{args:?}: {said}");
+    }
+    let out = client(config.path(), &["attach", "--allow", "bogus", dir]).await;
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(
+        text(&out.stderr).contains("read, write or exec"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_detaches_like_ctrl_c_and_a_call_waiting_on_the_folder_fails_at_once() {
+    let (server, _data, config) = logged_in().await;
+    let laptop = folder(&[]);
+    // On a terminal, so that a write waits for its prompt (for 10 minutes, unanswered).
+    let mut cmd = command("monad-client");
+    cmd.arg("attach")
+        .arg(laptop.path())
+        .args(["--name", "lap", "--prompt-timeout", "600"])
+        .env("MONAD_CONFIG_DIR", config.path());
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("attached ", 0).await;
+    let token = server.first_token.clone().unwrap();
+    let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
+    let waiting = tokio::spawn(async move {
+        monad_tests::call(
+            &agent,
+            "write_file",
+            json!({"path": "new.txt", "content": "x", "workspace": "lap"}),
+        )
+        .await
+    });
+    let at = pty.wait_for("new.txt", at).await;
+    let pid = nix::unistd::Pid::from_raw(pty.child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    pty.wait_for("detached", at).await;
+    let status = within(STEP, "attach to exit", pty.child.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "SIGTERM detaches cleanly: {status}");
+    // The waiting call ends now (its folder told the server it left), not after the prompt's
+    // ten minutes or the connection's time-out.
+    let reply = within(STEP, "the waiting call", waiting).await.unwrap();
+    let error = monad_tests::err(reply);
+    assert!(
+        matches!(
+            error.code,
+            ErrorCode::WorkspaceDisconnected | ErrorCode::Cancelled
+        ),
+        "{error:?}"
+    );
+    assert!(!laptop.path().join("new.txt").exists());
+    let now = status_of(config.path()).await;
+    assert!(now.contains(&("lap".to_owned(), false)), "{now:?}");
+}
+
+async fn status_of(config: &Path) -> Vec<(String, bool)> {
+    workspace_names(&status(config).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detach_by_name_from_another_terminal_stops_the_attach_and_forgets_offline_folders() {
+    let (_server, _data, config) = logged_in().await;
+    let laptop = folder(&[]);
+    let dir = laptop.path().to_str().unwrap();
+    let attach = Attaching::start(config.path(), &[dir, "--name", "lap"]).await;
+    let out = client(config.path(), &["detach", "lap"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (status, said) = attach.exit().await;
+    assert!(status.success(), "{said}");
+    assert!(said.contains("detached by `monad-client detach`"), "{said}");
+    assert_eq!(status_of(config.path()).await, [("primary".into(), true)]);
+
+    // An offline folder (its attach killed) stays listed until it is forgotten.
+    let mut attach = Attaching::start(config.path(), &[dir, "--name", "lap"]).await;
+    attach.child.start_kill().unwrap();
+    let _ = attach.exit().await;
+    let offline = within(STEP, "the folder to go offline", async {
+        loop {
+            let now = status_of(config.path()).await;
+            if now.contains(&("lap".to_owned(), false)) {
+                return now;
+            }
+        }
+    })
+    .await;
+    assert_eq!(offline.len(), 2, "{offline:?}");
+    let out = client(config.path(), &["detach", "lap"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(status_of(config.path()).await, [("primary".into(), true)]);
+    let out = client(config.path(), &["detach", "lap"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no folder `lap`"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = client(config.path(), &["detach", "primary"]).await;
+    assert!(!out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_who_where_and_which_session_and_logout_forgets_the_token() {
+    let (server, _data, config) = logged_in().await;
+    let out = client(config.path(), &["status"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    for wanted in [
+        server.addr.to_string().as_str(),
+        server.fingerprint.as_str(),
+        "user         admin",
+        "session      default",
+        "primary",
+        "online",
+    ] {
+        assert!(said.contains(wanted), "{wanted}: {said}");
+    }
+    let device = status(config.path()).await["device_id"].clone();
+    let out = client(config.path(), &["logout"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = client(config.path(), &["status"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not logged in"),
+        "{}",
+        text(&out.stderr)
+    );
+    let saved = std::fs::read_to_string(config.path().join("config.toml")).unwrap();
+    let token = server.first_token.clone().unwrap();
+    assert!(!saved.contains(&token), "the token is gone: {saved}");
+    // Logging in again keeps the device id (and so its bindings).
+    let out = command("monad-client")
+        .args(["login", "--server", &server.addr.to_string()])
+        .args(["--fingerprint", &server.fingerprint])
+        .env("MONAD_CONFIG_DIR", config.path())
+        .env("MONAD_TOKEN", &token)
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(status(config.path()).await["device_id"], device);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_mark_the_current_one_carry_names_take_prefixes_and_use_switches() {
+    let (_server, _data, config) = logged_in().await;
+    let out = client(config.path(), &["sessions", "--new", "--name", "refactor"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    let listed = client(config.path(), &["sessions"]).await;
+    let rows: Vec<Vec<String>> = text(&listed.stdout)
+        .lines()
+        .map(|l| l.split('\t').map(str::to_owned).collect())
+        .collect();
+    assert!(
+        !rows.iter().any(|r| r.contains(&"ID".to_owned())),
+        "piped: no header: {rows:?}"
+    );
+    let row = rows.iter().find(|r| r[1] == id).expect("the new session");
+    assert_eq!(
+        (row[0].as_str(), row[2].as_str()),
+        ("*", "refactor"),
+        "{rows:?}"
+    );
+    assert!(!row[3].is_empty(), "last use");
+
+    // Switch, back and forth, by a unique prefix once `default` exists.
+    let out = client(config.path(), &["sessions", "use", "default"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = client(config.path(), &["sessions", "use", &id[..8]]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = client(config.path(), &["sessions", "use", "def"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json = client(config.path(), &["sessions", "--json"]).await;
+    let json: Value = serde_json::from_slice(&json.stdout).unwrap();
+    let current: Vec<&str> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["current"] == true)
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(current, ["default"]);
+    let out = client(config.path(), &["sessions", "use", &id[..8]]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("refactor"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(status(config.path()).await["session"]["id"], id.as_str());
+    // A prefix works wherever a session is named.
+    let out = client(
+        config.path(),
+        &[
+            "history",
+            "append",
+            "--role",
+            "user",
+            "--text",
+            "hi",
+            "--session",
+            &id[..6],
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(&id), "{}", text(&out.stderr));
+    // Unknown: refused, nothing created.
+    let out = client(config.path(), &["sessions", "use", "zzz"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+    // `--help` says what the default session is, the same way everywhere.
+    for cmd in ["call", "chat", "detach"] {
+        let out = client(config.path(), &[cmd, "--help"]).await;
+        let help = text(&out.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            help.contains("default: this device's current session")
+                && help.contains("else your default session"),
+            "{cmd}: {help}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_create_prints_a_login_line_that_works_and_fingerprint_prints_the_certificates() {
+    let (server, data, _config) = logged_in().await;
+    let out = server_cmd(data.path(), &["fingerprint"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), server.fingerprint);
+
+    let out = server_cmd(data.path(), &["token", "create", "--user", "bob"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    assert!(line.starts_with("MONAD_TOKEN=mnd_"), "{line}");
+    assert!(
+        line.contains(&format!("--server {}", server.addr)),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("--fingerprint {}", server.fingerprint)),
+        "{line}"
+    );
+    // Pasted as it is, it logs bob in.
+    let config = tempfile::tempdir().unwrap();
+    let bin = monad_tests::binary("monad-client");
+    let pasted = line.replacen("monad-client", bin.to_str().unwrap(), 1);
+    let mut sh = tokio::process::Command::new("sh");
+    sh.arg("-c")
+        .arg(pasted.trim())
+        .env("MONAD_CONFIG_DIR", config.path())
+        .kill_on_drop(true);
+    let out = within(STEP, "the pasted login", sh.output()).await.unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("as bob"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Before any start, a data dir has no certificate: said in one line.
+    let fresh = tempfile::tempdir().unwrap();
+    let out = server_cmd(fresh.path(), &["fingerprint"]).await;
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stderr).trim().lines().count(),
+        1,
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_that_cannot_listen_keeps_the_next_start_first_and_says_the_error_once() {
+    let data = tempfile::tempdir().unwrap();
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = server_cmd(data.path(), &["--listen", &addr, "--no-http"]).await;
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert_eq!(
+        said.matches("already in use").count(),
+        1,
+        "said once: {said}"
+    );
+    assert_eq!(said.trim().lines().count(), 1, "{said}");
+    assert!(
+        out.stdout.is_empty(),
+        "no login line for a server that does not run"
+    );
+    drop(taken);
+    let server = ServerProcess::start(data.path(), &[]).await;
+    assert!(
+        server.first_token.is_some(),
+        "the next start is the first and prints the login line:\n{}",
+        server.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
+    let (server, data, config) = logged_in().await;
+    let d = data.path();
+    // Some content: a named session with a message and an artifact.
+    let out = client(config.path(), &["sessions", "--new", "--name", "notes"]).await;
+    let id = text(&out.stdout).trim().to_owned();
+    let out = client(
+        config.path(),
+        &["history", "append", "--role", "user", "--text", "hi"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = client(
+        config.path(),
+        &[
+            "call",
+            "write_file",
+            "--args",
+            r#"{"path": "a.txt", "content": "x\n"}"#,
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Stopped gracefully: what it recorded is on disk.
+    server.stop().await;
+
+    for args in [
+        &["token", "list"][..],
+        &["session", "list"],
+        &["workspace", "list"],
+        &["session", "artifacts", &id[..8]],
+    ] {
+        let out = server_cmd(d, args).await;
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        let piped = text(&out.stdout);
+        assert!(
+            !piped.contains("ID"),
+            "{args:?}: no header when piped: {piped}"
+        );
+        let mut json = args.to_vec();
+        json.push("--json");
+        let out = server_cmd(d, &json).await;
+        assert!(out.status.success(), "{json:?}: {}", text(&out.stderr));
+        let value: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert!(value.is_array(), "{json:?}: {value}");
+    }
+    let out = server_cmd(d, &["token", "list"]).await;
+    let fields: Vec<&str> = text(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .split('\t')
+        .map(|_| "")
+        .collect();
+    assert_eq!(fields.len(), 3, "id, user, created");
+    let out = server_cmd(d, &["session", "history", &id[..8], "--json"]).await;
+    let history: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(history["history"]["messages"][0]["text"], "hi");
+    let out = server_cmd(d, &["session", "artifacts", &id[..8]]).await;
+    assert!(
+        text(&out.stdout).contains(" bytes"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // On a terminal: aligned under a header.
+    let mut cmd = command("monad-server");
+    cmd.arg("--data-dir").arg(d).args(["session", "list"]);
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("ID", 0).await;
+    pty.wait_for("LAST ACTIVE", at).await;
+    pty.wait_for("notes", at).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_audit_shows_the_calls_and_follow_prints_new_ones() {
+    let (_server, data, config) = logged_in().await;
+    let out = client(config.path(), &["call", "list_dir"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The audit log is written just after the answer: wait (bounded) for its line.
+    let out = within(STEP, "the call in the audit log", async {
+        loop {
+            let out = server_cmd(data.path(), &["session", "audit", "default"]).await;
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            if !out.stdout.is_empty() {
+                return out;
+            }
+        }
+    })
+    .await;
+    let row: Vec<String> = text(&out.stdout)
+        .lines()
+        .next()
+        .expect("a row")
+        .split('\t')
+        .map(str::to_owned)
+        .collect();
+    // time, tool, workspace, who decided, decision, outcome, duration, target
+    assert_eq!(
+        row[1..6],
+        ["list_dir", "primary", "trust", "allowed", "ok"],
+        "{row:?}"
+    );
+    assert!(row[6].ends_with(" ms"), "{row:?}");
+    let out = server_cmd(data.path(), &["session", "audit", "default", "--json"]).await;
+    let all: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(all[0]["tool"], "list_dir");
+
+    let mut follow = command("monad-server")
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["session", "audit", "default", "--follow"])
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    wait_for_line(&mut lines, STEP, "the first call", |l| {
+        l.contains("list_dir")
+    })
+    .await;
+    let out = client(
+        config.path(),
+        &["call", "glob", "--args", r#"{"pattern": "*"}"#],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_for_line(&mut lines, STEP, "the new call", |l| l.contains("\tglob\t")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_and_delete_work_through_the_running_server_and_ask_first() {
+    let (server, data, config) = logged_in().await;
+    let d = data.path();
+    let out = client(config.path(), &["sessions", "--new", "--name", "old"]).await;
+    let old = text(&out.stdout).trim().to_owned();
+    let out = client(config.path(), &["sessions", "--new", "--name", "doomed"]).await;
+    let doomed = text(&out.stdout).trim().to_owned();
+    let out = client(config.path(), &["sessions", "use", "default"]).await;
+    assert!(out.status.success());
+
+    // --dry-run lists and deletes nothing; without a terminal, --yes is needed.
+    let out = server_cmd(d, &["session", "gc", "--max-age", "0", "--dry-run"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains(&old) && said.contains(&doomed), "{said}");
+    assert!(
+        said.contains("2 sessions") && said.contains("through the running server"),
+        "{said}"
+    );
+    let out = server_cmd(d, &["session", "delete", &doomed[..8]]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("--yes"), "{}", text(&out.stderr));
+    assert!(d.join("sessions").join(&doomed).is_dir());
+
+    // On a terminal, it asks; `y` deletes, through the server, which forgets it at once.
+    let mut cmd = command("monad-server");
+    cmd.arg("--data-dir")
+        .arg(d)
+        .args(["session", "delete", &doomed[..8]]);
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("[y/N]", 0).await;
+    pty.send(b"y\n");
+    pty.wait_for("deleted 1 session (through the running server)", at)
+        .await;
+    assert!(!d.join("sessions").join(&doomed).exists());
+    let listed = client(config.path(), &["sessions", "--json"]).await;
+    assert!(!text(&listed.stdout).contains(&doomed));
+
+    // `n` keeps it.
+    let mut cmd = command("monad-server");
+    cmd.arg("--data-dir")
+        .arg(d)
+        .args(["session", "gc", "--max-age", "0"]);
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("[y/N]", 0).await;
+    pty.send(b"n\n");
+    pty.wait_for("nothing deleted", at).await;
+    assert!(d.join("sessions").join(&old).is_dir());
+
+    // A session in use (a folder attached) is kept, whatever its age.
+    let laptop = folder(&[]);
+    let _attached = Attaching::start(
+        config.path(),
+        &[laptop.path().to_str().unwrap(), "--session", &old],
+    )
+    .await;
+    let out = server_cmd(d, &["session", "gc", "--max-age", "0", "--yes"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains(&old));
+    assert!(d.join("sessions").join(&old).is_dir());
+    drop(server);
+
+    // --max-age: days bare or with d, hours with h; anything else is refused.
+    for bad in ["12m", "1.5", "-1", "soon"] {
+        let age = format!("--max-age={bad}");
+        let out = server_cmd(d, &["session", "gc", &age, "--dry-run"]).await;
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(
+            text(&out.stderr).contains("not an age"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    for good in ["90", "90d", "12h"] {
+        let out = server_cmd(d, &["session", "gc", "--max-age", good, "--dry-run"]).await;
+        assert!(out.status.success(), "{good}: {}", text(&out.stderr));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_fails_with_what_to_check_and_a_host_alone_means_port_4433() {
+    // A UDP port that never answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let config = tempfile::tempdir().unwrap();
+    monad_client::config::ClientConfig::new(
+        &silent.local_addr().unwrap().to_string(),
+        "mnd_x",
+        &"0".repeat(64),
+    )
+    .unwrap()
+    .save(config.path())
+    .unwrap();
+    let out = client(config.path(), &["sessions"]).await;
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("is `monad-server` running on 127.0.0.1:"),
+        "{said}"
+    );
+    assert!(said.contains("UDP"), "{said}");
+    assert_eq!(said.trim().lines().count(), 1, "{said}");
+
+    let fresh = tempfile::tempdir().unwrap();
+    let out = command("monad-client")
+        .args([
+            "login",
+            "--server",
+            "127.0.0.1",
+            "--fingerprint",
+            &"0".repeat(64),
+        ])
+        .env("MONAD_CONFIG_DIR", fresh.path())
+        .env("MONAD_TOKEN", "mnd_x")
+        .output();
+    let out = within(STEP, "login", out).await.unwrap();
+    assert!(!out.status.success(), "nothing answers as that server");
+    assert!(
+        text(&out.stderr).contains("127.0.0.1:4433"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_have_no_colour_when_piped_and_one_line_per_connection_refusal_and_call() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(data.path(), &[("RUST_LOG", "monad_server=debug")]).await;
+    let token = server.first_token.clone().unwrap();
+    let config = tempfile::tempdir().unwrap();
+    server.client_config(&token).save(config.path()).unwrap();
+    let out = client(config.path(), &["call", "list_dir"]).await;
+    assert!(out.status.success());
+    let bad = tempfile::tempdir().unwrap();
+    server
+        .client_config("mnd_wrong_secret_token")
+        .save(bad.path())
+        .unwrap();
+    let out = client(bad.path(), &["sessions"]).await;
+    assert!(!out.status.success());
+    let logged = within(STEP, "the log lines", async {
+        loop {
+            let said = server.stderr();
+            if said.contains("refused a connection") && said.contains("disconnected") {
+                return said;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(
+        !logged.contains('\u{1b}'),
+        "no colour codes in a pipe:\n{logged}"
+    );
+    let connected: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains(" connected"))
+        .collect();
+    assert_eq!(connected.len(), 1, "{logged}");
+    assert!(connected[0].contains("user=admin"), "{logged}");
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains("disconnected") && l.contains("user=admin"))
+    );
+    assert_eq!(
+        logged
+            .lines()
+            .filter(|l| l.contains("refused a connection"))
+            .count(),
+        1,
+        "{logged}"
+    );
+    assert!(
+        !logged.contains("wrong_secret"),
+        "the token is never logged:\n{logged}"
+    );
+    assert!(
+        logged.lines().any(
+            |l| l.contains("tool call") && l.contains("tool=\"list_dir\"")
+                || l.contains("tool call") && l.contains("tool=list_dir")
+        ),
+        "{logged}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attach_terminal_says_each_thing_once() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(data.path(), &[]).await;
+    let token = server.first_token.clone().unwrap();
+    let config = tempfile::tempdir().unwrap();
+    server.client_config(&token).save(config.path()).unwrap();
+    let laptop = folder(&[]);
+    let mut attach = Attaching::start(config.path(), &[laptop.path().to_str().unwrap()]).await;
+    server.kill().await;
+    attach.wait_for("reconnecting in").await;
+    attach.wait_for("reconnecting in").await;
+    attach.signal(nix::sys::signal::Signal::SIGINT);
+    let (status, said) = attach.exit().await;
+    assert!(status.success(), "{said}");
+    let lost: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("reconnecting"))
+        .collect();
+    let distinct: std::collections::HashSet<&str> = lost.iter().copied().collect();
+    assert!(
+        !said.contains("WARN") && !said.contains("INFO"),
+        "no log line repeats what the terminal says:\n{said}"
+    );
+    assert!(lost.len() >= 2 && distinct.len() == lost.len(), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latin1_and_utf16_files_are_read_as_text_and_a_binary_file_says_why() {
+    let (_server, _data, config) = logged_in().await;
+    let laptop = folder(&[]);
+    std::fs::write(laptop.path().join("latin1.txt"), b"caf\xe9 cr\xe8me\n").unwrap();
+    let mut utf16 = vec![0xFF, 0xFE];
+    utf16.extend(
+        "h\u{e9}llo\nw\u{f6}rld\n"
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes),
+    );
+    std::fs::write(laptop.path().join("utf16.txt"), utf16).unwrap();
+    std::fs::write(
+        laptop.path().join("image.png"),
+        b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR",
+    )
+    .unwrap();
+    let dir = laptop.path().to_str().unwrap();
+    let _attached = Attaching::start(config.path(), &[dir, "--allow", "read"]).await;
+    let read = |path: &'static str| {
+        let config = config.path().to_owned();
+        async move {
+            let args = format!(r#"{{"path": "{path}"}}"#);
+            let out = client(&config, &["call", "read_file", "--args", &args, "--json"]).await;
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            let value: Value = serde_json::from_slice(&out.stdout).unwrap();
+            value["outcome"]["result"].clone()
+        }
+    };
+    let latin1 = read("latin1.txt").await;
+    assert_eq!(latin1["content"], "café crème\n", "{latin1}");
+    assert_eq!(latin1["encoding"], "windows-1252");
+    assert_eq!(latin1["binary"], false);
+    let utf16 = read("utf16.txt").await;
+    assert_eq!(utf16["content"], "héllo\nwörld\n", "{utf16}");
+    assert_eq!(utf16["encoding"], "utf-16le");
+    assert_eq!(utf16["lines"], 2);
+    let image = read("image.png").await;
+    assert_eq!(image["binary"], true);
+    assert_eq!(image["content"], "");
+    assert!(
+        image["binary_reason"]
+            .as_str()
+            .unwrap()
+            .contains("NUL byte"),
+        "{image}"
+    );
+    // The model's text says so too.
+    let out = client(
+        config.path(),
+        &["call", "read_file", "--args", r#"{"path": "latin1.txt"}"#],
+    )
+    .await;
+    assert!(
+        text(&out.stdout).contains("decoded from windows-1252"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = client(
+        config.path(),
+        &["call", "read_file", "--args", r#"{"path": "image.png"}"#],
+    )
+    .await;
+    assert!(
+        text(&out.stdout).contains("not shown: it has a NUL byte"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_cannot_delete_sessions_through_the_running_servers_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_server, data, config) = logged_in().await;
+    let d = data.path();
+    let out = client(config.path(), &["sessions", "--new", "--name", "mine"]).await;
+    let mine = text(&out.stdout).trim().to_owned();
+    let out = client(config.path(), &["sessions", "use", "default"]).await;
+    assert!(out.status.success());
+    // A careless operator opened the data dir and the socket to everyone: the server still
+    // hears only its own user.
+    std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = d.join("admin.sock");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = monad_tests::binary("monad-server");
+    let mut cmd = tokio::process::Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .arg("--data-dir")
+        .arg(d)
+        .args(["session", "gc", "--max-age", "0", "--yes"])
+        .env("HOME", "/")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    let out = within(STEP, "gc as another user", cmd.output())
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let said = text(&out.stderr);
+    assert!(said.contains("refused"), "{said}");
+    assert!(d.join("sessions").join(&mine).is_dir(), "nothing deleted");
+}
