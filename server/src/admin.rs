@@ -344,6 +344,9 @@ impl Admin {
 /// directory; the server also checks that a peer runs as its own user).
 pub const ADMIN_SOCKET: &str = "admin.sock";
 
+/// How long the socket waits for a connected peer's request line.
+const ADMIN_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Largest request on the administration socket.
 const MAX_ADMIN_REQUEST: u64 = 1024 * 1024;
 
@@ -524,19 +527,22 @@ pub async fn serve_socket(
     }
     let me = nix::unistd::geteuid().as_raw();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                if stream.peer_cred().map(|c| c.uid()).ok() != Some(me) {
-                    warn!("refused an administration request from another user");
-                    tokio::spawn(refuse(stream));
-                    continue;
-                }
-                let state = state.clone();
-                tokio::spawn(async move { admin_request(&state, stream).await });
-            }
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
             _ = stop.wait_for(|stopping| *stopping) => break,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of descriptors, say: wait a little rather than spin.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        if stream.peer_cred().map(|c| c.uid()).ok() != Some(me) {
+            warn!("refused an administration request from another user");
+            tokio::spawn(refuse(stream));
+            continue;
         }
+        let state = state.clone();
+        tokio::spawn(async move { admin_request(&state, stream).await });
     }
     let _ = std::fs::remove_file(&path);
 }
@@ -558,7 +564,15 @@ async fn admin_request(state: &Arc<crate::server::State>, stream: tokio::net::Un
     let mut line = String::new();
     let mut reader =
         tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_ADMIN_REQUEST));
-    let answer = match reader.read_line(&mut line).await {
+    // A peer that never finishes its line is not waited for.
+    let read = tokio::time::timeout(ADMIN_READ_TIMEOUT, reader.read_line(&mut line)).await;
+    let read = read.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no whole request within 10 s",
+        ))
+    });
+    let answer = match read {
         Err(e) => AdminAnswer {
             error: Some(format!("cannot read the request: {e}")),
             ..AdminAnswer::default()

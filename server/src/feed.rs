@@ -72,6 +72,19 @@ impl Feed {
             .subscribe()
     }
 
+    /// Stops following: drops `rx`, and the session's channel with it when that was its last
+    /// follower (a session nobody follows keeps no channel, even if it never has another event).
+    pub fn release(&self, session: &str, rx: broadcast::Receiver<Event>) {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        drop(rx);
+        if channels
+            .get(session)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            channels.remove(session);
+        }
+    }
+
     /// Publishes an event of a session to its followers (nothing, when it has none).
     pub fn publish(&self, session: &str, event: Event) {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
@@ -107,6 +120,17 @@ mod tests {
         assert!(mine.try_recv().is_err());
         drop(mine);
         feed.publish("a", Event::History);
+        assert_eq!(feed.channels(), 0);
+    }
+
+    #[test]
+    fn a_channel_goes_when_its_last_follower_is_released_even_without_another_event() {
+        let feed = Feed::new();
+        let first = feed.subscribe("a");
+        let second = feed.subscribe("a");
+        feed.release("a", first);
+        assert_eq!(feed.channels(), 1, "one follower is left");
+        feed.release("a", second);
         assert_eq!(feed.channels(), 0);
     }
 }

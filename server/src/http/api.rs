@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::signin::ApiUser;
+use super::signin::{ApiUser, Credential};
 use super::{HttpError, Web, blocking, owned_record, owned_session, page_limit};
 use crate::feed::Event;
 use crate::fsutil::now_rfc3339;
@@ -30,6 +30,10 @@ use crate::store::{
 
 /// The largest request body accepted (an artifact of 16 MiB, base64-encoded, with room).
 pub const MAX_BODY: usize = 24 * 1024 * 1024;
+
+/// Artifact uploads read and decoded at once, over all users: a bound on the memory they take
+/// (a body is held, then decoded from JSON and base64: a few times [`MAX_BODY`] at the peak).
+pub const UPLOADS_AT_ONCE: usize = 4;
 /// The longest id, name or time string accepted in a request.
 pub const MAX_FIELD: usize = 1024;
 /// The device id that workspace records created through the API carry.
@@ -811,6 +815,9 @@ async fn upload_artifact(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Response, HttpError> {
+    // At most UPLOADS_AT_ONCE bodies are read and decoded at a time (each can take several
+    // times MAX_BODY while it is decoded); the others wait with their bodies unread.
+    let _turn = web.uploads.acquire().await;
     // The whole body is read and checked before anything is looked up or written.
     let upload: UploadArtifact = json_body(body).await?;
     let checked = check_upload(upload)?;
@@ -1382,37 +1389,100 @@ async fn session_audit(
     Ok(json(StatusCode::OK, &page))
 }
 
+/// How often an event stream checks that its credential and the session still stand, when no
+/// event comes to check them on.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The server-sent events of a session: `ready` first, then its events as they happen, until
-/// the client goes or the server shuts down.
+/// the client goes, the server shuts down, or access is gone: before each event, and every
+/// [`RECHECK`] without one, the stream checks that `credential` still stands for `user` (a
+/// revoked token, a sign-out) and that `user` still owns the session (a deleted session, whose
+/// id another user's session may take); when not, it ends without sending the event.
 pub fn event_stream(
-    web: &Web,
+    web: Arc<Web>,
     session: String,
+    user: String,
+    credential: Credential,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>> + use<>> {
     let rx = web.state.feed.subscribe(&session);
-    let stop = web.shutdown.clone();
     let first = SessionEvent::Ready {
         session_id: session.clone(),
     };
-    let stream = futures_util::stream::unfold(
-        (Some(first), rx, stop, session),
-        |(first, mut rx, stop, session)| async move {
+    let mut ticks = tokio::time::interval(RECHECK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let watch = Watch {
+        web,
+        session,
+        user,
+        credential,
+        rx: Some(rx),
+        ticks,
+    };
+    let stream =
+        futures_util::stream::unfold((Some(first), watch), |(first, mut watch)| async move {
             if let Some(first) = first {
-                return Some((Ok(sse(&first)), (None, rx, stop, session)));
+                return Some((Ok(sse(&first)), (None, watch)));
             }
-            let event = tokio::select! {
-                () = stop.cancelled() => return None,
-                got = rx.recv() => match got {
-                    Ok(event) => SessionEvent::of(&session, event),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                        SessionEvent::Lagged { missed }
+            let event = loop {
+                let rx = watch.rx.as_mut()?;
+                let got = tokio::select! {
+                    () = watch.web.shutdown.cancelled() => return None,
+                    _ = watch.ticks.tick() => None,
+                    got = rx.recv() => Some(got),
+                };
+                if !watch.still_allowed().await {
+                    return None;
+                }
+                match got {
+                    None => continue,
+                    Some(Ok(event)) => break SessionEvent::of(&watch.session, event),
+                    Some(Err(tokio::sync::broadcast::error::RecvError::Lagged(missed))) => {
+                        break SessionEvent::Lagged { missed };
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                },
+                    Some(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
+                }
             };
-            Some((Ok(sse(&event)), (None, rx, stop, session)))
-        },
-    );
+            Some((Ok(sse(&event)), (None, watch)))
+        });
     Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// What an event stream keeps between events. Dropped with the stream (the client went): its
+/// follow of the session is released.
+struct Watch {
+    web: Arc<Web>,
+    session: String,
+    user: String,
+    credential: Credential,
+    /// Taken only by `drop`.
+    rx: Option<tokio::sync::broadcast::Receiver<Event>>,
+    ticks: tokio::time::Interval,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            self.web.state.feed.release(&self.session, rx);
+        }
+    }
+}
+
+impl Watch {
+    /// Whether the stream may go on (see [`event_stream`]).
+    async fn still_allowed(&self) -> bool {
+        let (web, user, session, credential) = (
+            self.web.clone(),
+            self.user.clone(),
+            self.session.clone(),
+            self.credential.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            credential.still_valid(&web, &user)
+                && owned_session(&web.state, &user, &session).is_ok()
+        })
+        .await
+        .unwrap_or(false)
+    }
 }
 
 fn sse(event: &SessionEvent) -> SseEvent {
@@ -1425,9 +1495,13 @@ fn sse(event: &SessionEvent) -> SseEvent {
 async fn session_events(
     Shared(web): Shared<Arc<Web>>,
     ApiUser(user): ApiUser,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let meta = blocking(move || owned_session(&state, &user, &id)).await?;
-    Ok(event_stream(&web, meta.id).into_response())
+    let owner = user.clone();
+    let meta = blocking(move || owned_session(&state, &owner, &id)).await?;
+    // `ApiUser` accepted this request's bearer token, so it is there.
+    let token = super::bearer(&headers).unwrap_or_default().to_owned();
+    Ok(event_stream(web, meta.id, user, Credential::Bearer(token)).into_response())
 }

@@ -41,6 +41,8 @@ pub struct Web {
     pub signins: signin::Signins,
     /// Cancelled when the server shuts down: event streams end.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Turns of artifact uploads ([`api::UPLOADS_AT_ONCE`]).
+    pub uploads: tokio::sync::Semaphore,
 }
 
 /// The HTTP routes of this module, to merge beside `/mcp`.
@@ -50,6 +52,7 @@ pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) 
         signer: token::Signer::random(),
         signins: signin::Signins::default(),
         shutdown,
+        uploads: tokio::sync::Semaphore::new(api::UPLOADS_AT_ONCE),
     });
     api::routes().merge(pages::routes()).with_state(web)
 }

@@ -688,8 +688,10 @@ async fn events(
     Path(id): Path<String>,
 ) -> PageResult {
     let state = web.state.clone();
-    let meta = blocking(move || owned_session(&state, &user.user, &id)).await?;
-    Ok(api::event_stream(&web, meta.id).into_response())
+    let owner = user.user.clone();
+    let meta = blocking(move || owned_session(&state, &owner, &id)).await?;
+    let credential = super::signin::Credential::Signin(user.signin);
+    Ok(api::event_stream(web, meta.id, user.user, credential).into_response())
 }
 
 async fn export(

@@ -116,6 +116,32 @@ impl Signins {
     }
 }
 
+/// What a long-lived response (an event stream) was opened with, to be checked again while it
+/// runs: a request is authorized once, but a stream outlives a revoked token or a sign-out.
+#[derive(Debug, Clone)]
+pub enum Credential {
+    /// The API's bearer token.
+    Bearer(String),
+    /// A browser's sign-in id (its cookie).
+    Signin(String),
+}
+
+impl Credential {
+    /// Whether it still stands for `user`: the token is still valid (for a sign-in: the sign-in
+    /// still exists and the token it was made from is still valid). Reads the token file when
+    /// it changed: call it off the async workers.
+    pub fn still_valid(&self, web: &Web, user: &str) -> bool {
+        let token = match self {
+            Credential::Bearer(token) => token.clone(),
+            Credential::Signin(id) => match web.signins.lookup(id) {
+                Some(signin) if signin.user == user => signin.token,
+                _ => return false,
+            },
+        };
+        matches!(web.state.tokens.verify(&token), Ok(Some(u)) if u == user)
+    }
+}
+
 /// The value of cookie `name` in a request.
 pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers

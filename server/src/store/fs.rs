@@ -1102,7 +1102,11 @@ pub(crate) fn encode_cursor(last_active: &str, session: &str) -> String {
 
 pub(crate) fn decode_cursor(token: &str) -> Result<(String, String), StoreError> {
     let bad = || StoreError::Invalid(format!("`{token}` is not a page token from this server"));
-    if !token.len().is_multiple_of(2) || token.len() > 512 {
+    // Hex digits only: anything else (a multi-byte character) is refused before slicing.
+    if !token.len().is_multiple_of(2)
+        || token.len() > 512
+        || !token.bytes().all(|b| b.is_ascii_hexdigit())
+    {
         return Err(bad());
     }
     let bytes: Vec<u8> = (0..token.len())
@@ -1259,6 +1263,18 @@ mod tests {
             provider: Some("claude".into()),
             model: None,
         }
+    }
+
+    #[test]
+    fn a_page_token_that_is_not_hex_is_refused_not_a_panic() {
+        for token in ["aéa", "éé", "zz", "0g", "a"] {
+            assert!(decode_cursor(token).is_err(), "{token}");
+        }
+        let token = encode_cursor("2026-01-01T00:00:00Z", "s1");
+        assert_eq!(
+            decode_cursor(&token).unwrap(),
+            ("2026-01-01T00:00:00Z".to_owned(), "s1".to_owned())
+        );
     }
 
     #[test]

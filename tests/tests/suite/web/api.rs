@@ -540,6 +540,32 @@ impl Events {
         }
     }
 
+    /// Every event until the server ends the stream (bounded by [`STEP`]).
+    async fn until_the_end(&mut self) -> Vec<(String, Value)> {
+        within(STEP, "the stream to end", async {
+            let mut all = Vec::new();
+            loop {
+                while let Some(end) = self.buffer.find("\n\n") {
+                    let block: String = self.buffer.drain(..end + 2).collect();
+                    let name = block.lines().find_map(|l| l.strip_prefix("event:"));
+                    let data: String = block
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("data:"))
+                        .map(str::trim_start)
+                        .collect();
+                    if let Some(name) = name {
+                        all.push((name.trim().to_owned(), serde_json::from_str(&data).unwrap()));
+                    }
+                }
+                match self.response.chunk().await {
+                    Ok(Some(chunk)) => self.buffer.push_str(&String::from_utf8_lossy(&chunk)),
+                    Ok(None) | Err(_) => return all,
+                }
+            }
+        })
+        .await
+    }
+
     /// The next event's name and data (keep-alive comments skipped).
     async fn next(&mut self) -> (String, Value) {
         within(STEP, "an event", async {
@@ -655,6 +681,63 @@ async fn the_audit_log_pages_and_the_event_stream_follows_calls_as_they_happen()
             .iter()
             .any(|a| a["artifactType"] == "file_diff" && a["tool"] == "write_file")
     );
+}
+
+/// A stream is authorized when it opens, but it must not outlive its access: a revoked token's
+/// stream ends before the next event, and a deleted session's stream ends too (its id may be
+/// taken by another user's new session).
+#[tokio::test]
+async fn an_event_stream_ends_when_its_token_is_revoked_or_its_session_deleted() {
+    let (server, http) = server().await;
+    let agent = server.agent().await;
+    let session = new_session();
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "write_file",
+        json!({"path": "a.txt", "content": "1"}),
+    )
+    .await);
+    server.audit_lines(&session, 1).await;
+
+    // A second token of the same user watches; then it is revoked.
+    let watcher = server.create_token("admin");
+    let id = watcher.split('_').nth(1).unwrap().to_owned();
+    let mut events = Events::open(&Api::new(http, &watcher), &session).await;
+    assert_eq!(events.next().await.0, "ready");
+    assert!(server.state().tokens.revoke(&id).unwrap());
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "write_file",
+        json!({"path": "after-revoke.txt", "content": "2"}),
+    )
+    .await);
+    let after = events.until_the_end().await;
+    assert!(
+        after.iter().all(|(name, _)| name != "call"),
+        "a revoked token still saw: {after:?}"
+    );
+
+    // The session is deleted while a valid token watches it: the stream ends.
+    let api = Api::new(http, &server.token);
+    let mut events = Events::open(&api, &session).await;
+    assert_eq!(events.next().await.0, "ready");
+    drop(agent);
+    // Deletable once the server has seen the agent go (a session in use is not deleted).
+    let deadline = tokio::time::Instant::now() + STEP;
+    while let Err(e) = server.state().registry.delete(&session) {
+        assert!(tokio::time::Instant::now() < deadline, "not deleted: {e}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let after = events.until_the_end().await;
+    assert!(after.iter().all(|(name, _)| name != "call"), "{after:?}");
+    // Nobody follows the session any more: its channel is gone.
+    let deadline = tokio::time::Instant::now() + STEP;
+    while server.state().feed.channels() != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "a channel was left");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
