@@ -947,7 +947,12 @@ fn store_upload(
         Ok(_) => {}
         Err(e) => return Err(HttpError::store(e)),
     }
-    if WorkspaceScope::of(&record) == WorkspaceScope::General {
+    // The check below and the write that adds the session to the record are one step: two
+    // uploads naming different sessions to one `general` workspace at once cannot both pass.
+    static GENERAL_UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let general = WorkspaceScope::of(&record) == WorkspaceScope::General;
+    let _one_at_a_time = general.then(|| GENERAL_UPLOADS.lock().unwrap_or_else(|p| p.into_inner()));
+    if general {
         let page = store
             .record_sessions(&record.id, 1, None)
             .map_err(HttpError::store)?;

@@ -191,6 +191,43 @@ async fn a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation()
     assert_eq!(other.status, 409, "{}", other.text());
 }
 
+/// Uploads naming different sessions, sent to one `general` workspace at the same time: one
+/// session gets it, the others a `409`, never two sessions in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_uploads_to_a_general_workspace_leave_it_one_session() {
+    let (server, http) = server().await;
+    let api = std::sync::Arc::new(Api::new(http, &server.token));
+    let ws = api.workspace(None).await;
+    let uploads: Vec<_> = (0..16)
+        .map(|_| {
+            let (api, ws) = (api.clone(), ws.clone());
+            tokio::spawn(async move {
+                api.snapshot(&ws, &new_session(), "t", &[("user", "x")])
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for upload in uploads {
+        statuses.push(upload.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 409),
+        "{statuses:?}"
+    );
+    let page = api
+        .get(&format!("/api/v1/workspaces/{ws}/sessions"))
+        .await
+        .json();
+    assert_eq!(page["sessions"].as_array().unwrap().len(), 1, "{page}");
+}
+
 async fn artifact_count(api: &Api, session: &str) -> usize {
     let answer = api
         .get(&format!("/api/v1/sessions/{session}/artifacts"))
