@@ -1061,6 +1061,8 @@ pub fn download(meta: &ArtifactMeta, content: Vec<u8>) -> Response {
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static("sandbox; default-src 'none'"),
     );
+    // Private content: not kept by the browser after sign-out.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{safe}\"")) {
         headers.insert(header::CONTENT_DISPOSITION, v);
     }

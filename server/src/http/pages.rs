@@ -720,6 +720,7 @@ async fn export(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"session-{sid}.md\"")) {
         headers.insert(header::CONTENT_DISPOSITION, v);
     }

@@ -88,6 +88,7 @@ async fn artifacts_come_back_with_their_content_type_and_list_under_their_sessio
     assert_eq!(got.header("content-type"), "text/plain");
     assert_eq!(got.body, b"pytest output");
     assert_eq!(got.header("x-content-type-options"), "nosniff");
+    assert_eq!(got.header("cache-control"), "no-store");
     let got = api
         .get(&format!("/api/v1/sessions/{session}/artifacts/{diff_id}"))
         .await;

@@ -392,6 +392,7 @@ async fn a_session_exports_as_its_markdown() {
     let export = browser.get(&format!("/sessions/{session}/export.md")).await;
     assert_eq!(export.status, 200);
     assert!(export.header("content-type").starts_with("text/markdown"));
+    assert_eq!(export.header("cache-control"), "no-store");
     let text = export.text();
     assert!(text.starts_with("---\n"), "{text}");
     assert!(text.contains("## User\n\nWhat is 2+2?"), "{text}");
