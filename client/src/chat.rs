@@ -398,13 +398,14 @@ fn read_line(
             return Line::Eof;
         }
         // The lock is only ever held elsewhere by an approval prompt: once it is answered, the
-        // input line's `> ` (which the prompt scrolled away) is shown again.
+        // input line's `> ` (which the prompt scrolled away) is shown again, from the line's
+        // start, so that it shows once even when a folder's line reprinted it first.
         let _held = match terminal.try_lock() {
             Ok(held) => held,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
                 let held = terminal.lock().unwrap_or_else(|p| p.into_inner());
-                out("> ");
+                out("\r> ");
                 held
             }
         };
@@ -676,7 +677,7 @@ impl Chat {
                                     // Over the idle input line's `> `, which comes back after.
                                     Some(line) => {
                                         errln!("\r{line}");
-                                        out("> ");
+                                        out("\r> ");
                                     }
                                     None => {}
                                 }
