@@ -729,7 +729,8 @@ async fn an_unreachable_server_fails_with_what_to_check_and_a_host_alone_means_p
         .args([
             "login",
             "--server",
-            "127.0.0.1",
+            // Not 127.0.0.1: a monad-server running here with its defaults listens there.
+            "127.0.0.2",
             "--fingerprint",
             &"0".repeat(64),
         ])
@@ -738,8 +739,9 @@ async fn an_unreachable_server_fails_with_what_to_check_and_a_host_alone_means_p
         .output();
     let out = within(STEP, "login", out).await.unwrap();
     assert!(!out.status.success(), "nothing answers as that server");
+    let default = format!("127.0.0.2:{}", monad_client::connect::DEFAULT_PORT);
     assert!(
-        text(&out.stderr).contains("127.0.0.1:4433"),
+        text(&out.stderr).contains(&default),
         "{}",
         text(&out.stderr)
     );
