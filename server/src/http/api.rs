@@ -1050,7 +1050,14 @@ pub fn download(meta: &ArtifactMeta, content: Vec<u8>) -> Response {
             }
         })
         .collect();
-    let mut response = (StatusCode::OK, content).into_response();
+    attachment(content, content_type, &safe)
+}
+
+/// A private file to download, never shown as part of this site: `nosniff`, a sandboxing CSP,
+/// not cached (not kept by the browser after sign-out), an attachment named `file_name` (made
+/// of safe characters by the caller).
+pub fn attachment(body: impl Into<Body>, content_type: HeaderValue, file_name: &str) -> Response {
+    let mut response = (StatusCode::OK, body.into()).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, content_type);
     headers.insert(
@@ -1061,9 +1068,8 @@ pub fn download(meta: &ArtifactMeta, content: Vec<u8>) -> Response {
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static("sandbox; default-src 'none'"),
     );
-    // Private content: not kept by the browser after sign-out.
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{safe}\"")) {
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{file_name}\"")) {
         headers.insert(header::CONTENT_DISPOSITION, v);
     }
     response

@@ -710,21 +710,11 @@ async fn export(
         Ok((meta.id, crate::store::history::render(&history)))
     })
     .await?;
-    let mut response = (StatusCode::OK, text).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
+    Ok(api::attachment(
+        text,
         HeaderValue::from_static("text/markdown; charset=utf-8"),
-    );
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"session-{sid}.md\"")) {
-        headers.insert(header::CONTENT_DISPOSITION, v);
-    }
-    Ok(response)
+        &format!("session-{sid}.md"),
+    ))
 }
 
 async fn artifact(
