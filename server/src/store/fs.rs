@@ -1169,53 +1169,187 @@ impl BindingStore for FsStore {
     }
 }
 
-impl ArtifactStore for FsStore {
-    fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError> {
-        check_id(&meta.session)?;
-        check_id(&meta.id)?;
-        let dir = self.session_dir(&meta.session).join("artifacts");
-        // Under the session's lock, so that a deletion rewriting the index loses no line.
-        let _guard = self.lock(&meta.session);
-        create_private_dir(&dir).map_err(map_io("create", &dir))?;
-        atomic(&dir.join(format!("{}.bin", meta.id)), content)?;
-        let mut line = serde_json::to_vec(meta).expect("metadata serializes");
-        line.push(b'\n');
-        append_durable(&dir.join("index.jsonl"), &line)
-    }
+/// The file that holds a session's artifact contents one after another (`artifacts/pack`),
+/// except the history snapshot, which each upload replaces and so keeps a file of its own.
+///
+/// Appending to one file instead of creating a file per artifact is what keeps recording cheap:
+/// a new file per tool call cost the server about a third of its CPU in the end-to-end bench
+/// (ext4 inode allocation, the rename, the directory fsync; see `docs/benchmarks.md`).
+const PACK: &str = "pack";
 
-    fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
-        check_id(session)?;
-        let all: Vec<ArtifactMeta> =
+/// One line of `artifacts/index.jsonl`: the metadata, and where the content is in the pack
+/// (absent for a content file of its own, `<id>.bin`, as earlier versions wrote every artifact).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct IndexLine {
+    /// The artifact's metadata.
+    #[serde(flatten)]
+    pub meta: ArtifactMeta,
+    /// `[offset, length]` of the content in `artifacts/pack`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<[u64; 2]>,
+}
+
+impl FsStore {
+    /// The index's lines, the latest for each id, oldest id first (a replaced artifact, the
+    /// history snapshot, keeps its place).
+    fn index(&self, session: &str) -> Result<Vec<IndexLine>, StoreError> {
+        let all: Vec<IndexLine> =
             read_jsonl(&self.session_dir(session).join("artifacts/index.jsonl"))?;
-        // A replaced artifact (the history snapshot) keeps its place; its latest metadata wins.
         let mut order: Vec<String> = Vec::new();
-        let mut latest: HashMap<String, ArtifactMeta> = HashMap::new();
-        for meta in all {
-            if !latest.contains_key(&meta.id) {
-                order.push(meta.id.clone());
+        let mut latest: HashMap<String, IndexLine> = HashMap::new();
+        for line in all {
+            if !latest.contains_key(&line.meta.id) {
+                order.push(line.meta.id.clone());
             }
-            latest.insert(meta.id.clone(), meta);
+            latest.insert(line.meta.id.clone(), line);
         }
         Ok(order
             .into_iter()
             .filter_map(|id| latest.remove(&id))
             .collect())
     }
+}
+
+/// Appends `content` to the pack and makes it durable; returns where it went.
+fn append_to_pack(path: &Path, content: &[u8]) -> Result<[u64; 2], StoreError> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(PRIVATE_FILE)
+        .open(path)
+        .map_err(map_io("open", path))?;
+    // The caller holds the session's lock, and this store is the pack's only writer, so the end
+    // does not move between here and the write. A write cut short by a crash leaves bytes no
+    // index line names; the next content goes after them.
+    let offset = file.seek(SeekFrom::End(0)).map_err(map_io("seek", path))?;
+    file.write_all(content).map_err(map_io("append to", path))?;
+    file.sync_data().map_err(map_io("sync", path))?;
+    Ok([offset, content.len() as u64])
+}
+
+/// Reads `[offset, length]` of the pack; a range the pack does not hold whole is an error.
+fn read_from_pack(path: &Path, [offset, len]: [u64; 2]) -> Result<Vec<u8>, StoreError> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).map_err(map_io("open", path))?;
+    let len = usize::try_from(len).map_err(|_| corrupt_pack(path, offset, len))?;
+    let mut content = vec![0; len];
+    file.read_exact_at(&mut content, offset).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            corrupt_pack(path, offset, len as u64)
+        } else {
+            StoreError::io("read", path, e)
+        }
+    })?;
+    Ok(content)
+}
+
+fn corrupt_pack(path: &Path, offset: u64, len: u64) -> StoreError {
+    StoreError::io(
+        "read",
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "the index names bytes {offset}..{} that the pack does not hold",
+                offset.saturating_add(len)
+            ),
+        ),
+    )
+}
+
+/// Frees the pack's bytes in `ranges` (a deleted artifact's content must not stay readable on
+/// disk): punches holes where the filesystem can, writes zeros over them where it cannot, and
+/// makes that durable.
+fn erase_from_pack(path: &Path, ranges: &[[u64; 2]]) -> Result<(), StoreError> {
+    use nix::fcntl::{FallocateFlags, fallocate};
+    use std::os::unix::fs::FileExt;
+    let file = match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io("open", path, e)),
+    };
+    let size = file.metadata().map_err(map_io("stat", path))?.len();
+    for &[offset, len] in ranges {
+        // Only what the pack holds: a range past its end (a corrupt line) has nothing to erase.
+        let len = len.min(size.saturating_sub(offset));
+        if len == 0 {
+            continue;
+        }
+        let (Ok(start), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            continue;
+        };
+        let punched = fallocate(
+            &file,
+            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            start,
+            n,
+        );
+        if punched.is_err() {
+            static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+            let mut at = offset;
+            let end = offset + len;
+            while at < end {
+                let chunk = usize::try_from(end - at).map_or(ZEROS.len(), |n| n.min(ZEROS.len()));
+                file.write_all_at(&ZEROS[..chunk], at)
+                    .map_err(map_io("erase in", path))?;
+                at += chunk as u64;
+            }
+        }
+    }
+    file.sync_data().map_err(map_io("sync", path))
+}
+
+impl ArtifactStore for FsStore {
+    fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError> {
+        check_id(&meta.session)?;
+        check_id(&meta.id)?;
+        let dir = self.session_dir(&meta.session).join("artifacts");
+        // Under the session's lock, so that a deletion rewriting the index loses no line, and
+        // appends to the pack do not interleave.
+        let _guard = self.lock(&meta.session);
+        create_private_dir(&dir).map_err(map_io("create", &dir))?;
+        // The content is durable before the index line that names it is written.
+        let pack = match meta.kind {
+            ArtifactKind::SessionHistory => {
+                atomic(&dir.join(format!("{}.bin", meta.id)), content)?;
+                None
+            }
+            ArtifactKind::ToolOutput | ArtifactKind::FileDiff => {
+                Some(append_to_pack(&dir.join(PACK), content)?)
+            }
+        };
+        let mut line = serde_json::to_vec(&IndexLine {
+            meta: meta.clone(),
+            pack,
+        })
+        .expect("metadata serializes");
+        line.push(b'\n');
+        append_durable(&dir.join("index.jsonl"), &line)
+    }
+
+    fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
+        check_id(session)?;
+        Ok(self.index(session)?.into_iter().map(|l| l.meta).collect())
+    }
 
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
         check_id(session)?;
         check_id(id).map_err(|_| StoreError::NotFound(format!("artifact {id}")))?;
-        let meta = self
-            .artifacts(session)?
+        let line = self
+            .index(session)?
             .into_iter()
-            .find(|m| m.id == id)
+            .find(|l| l.meta.id == id)
             .ok_or_else(|| StoreError::NotFound(format!("artifact {id} in session {session}")))?;
-        let path = self
-            .session_dir(session)
-            .join("artifacts")
-            .join(format!("{id}.bin"));
-        let content = std::fs::read(&path).map_err(map_io("read", &path))?;
-        Ok((meta, content))
+        let dir = self.session_dir(session).join("artifacts");
+        let content = match line.pack {
+            Some(range) => read_from_pack(&dir.join(PACK), range)?,
+            None => {
+                let path = dir.join(format!("{id}.bin"));
+                std::fs::read(&path).map_err(map_io("read", &path))?
+            }
+        };
+        Ok((line.meta, content))
     }
 
     fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError> {
@@ -1223,16 +1357,33 @@ impl ArtifactStore for FsStore {
         let dir = self.session_dir(session).join("artifacts");
         let index = dir.join("index.jsonl");
         let _guard = self.lock(session);
-        let all: Vec<ArtifactMeta> = read_jsonl(&index)?;
+        let all: Vec<IndexLine> = read_jsonl(&index)?;
         let mut kept = Vec::new();
-        for meta in all.iter().filter(|m| !ids.contains(&m.id)) {
-            kept.extend(serde_json::to_vec(meta).expect("metadata serializes"));
-            kept.push(b'\n');
+        let mut erase = Vec::new();
+        let mut packed_left = false;
+        for line in &all {
+            if ids.contains(&line.meta.id) {
+                erase.extend(line.pack);
+            } else {
+                packed_left |= line.pack.is_some();
+                kept.extend(serde_json::to_vec(line).expect("metadata serializes"));
+                kept.push(b'\n');
+            }
         }
         if !all.is_empty() {
             // The index first: an artifact it no longer names is gone even if a crash keeps
-            // its content file.
+            // its content.
             atomic(&index, &kept)?;
+        }
+        let pack = dir.join(PACK);
+        if packed_left {
+            erase_from_pack(&pack, &erase)?;
+        } else {
+            match std::fs::remove_file(&pack) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("delete", &pack, e)),
+            }
         }
         for id in ids {
             if check_id(id).is_err() {
@@ -1668,6 +1819,125 @@ mod tests {
                 .join("sessions/default/artifacts/a1.bin")
                 .exists()
         );
+    }
+
+    fn tool_output(id: &str, content: &[u8]) -> ArtifactMeta {
+        ArtifactMeta {
+            id: id.into(),
+            session: "default".into(),
+            kind: ArtifactKind::ToolOutput,
+            workspace: None,
+            tool: None,
+            call_id: None,
+            created_at: "t".into(),
+            content_type: "application/json".into(),
+            size: content.len() as u64,
+            truncated: false,
+            original_size: content.len() as u64,
+            upload: None,
+        }
+    }
+
+    #[test]
+    fn tool_outputs_share_one_pack_file_and_each_reads_back_its_own_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let contents: Vec<Vec<u8>> = (0..50)
+            .map(|i| format!("{{\"n\":{i},\"pad\":\"{}\"}}", "x".repeat(i * 7)).into_bytes())
+            .collect();
+        for (i, c) in contents.iter().enumerate() {
+            store
+                .put_artifact(&tool_output(&format!("a{i}"), c), c)
+                .unwrap();
+        }
+        let artifacts = dir.path().join("sessions/default/artifacts");
+        let mut names: Vec<String> = std::fs::read_dir(&artifacts)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["index.jsonl", "pack"], "no file per artifact");
+        let again = FsStore::new(dir.path());
+        for (i, c) in contents.iter().enumerate() {
+            assert_eq!(&again.artifact("default", &format!("a{i}")).unwrap().1, c);
+        }
+    }
+
+    #[test]
+    fn a_deleted_packed_artifact_leaves_no_readable_bytes_and_the_pack_goes_with_the_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let secret = b"SECRET-CONTENT-4f1d".repeat(300);
+        store
+            .put_artifact(&tool_output("keep", b"kept"), b"kept")
+            .unwrap();
+        store
+            .put_artifact(&tool_output("gone", &secret), &secret)
+            .unwrap();
+        store
+            .put_artifact(&tool_output("last", b"last"), b"last")
+            .unwrap();
+        store.delete_artifacts("default", &["gone".into()]).unwrap();
+        let pack = dir.path().join("sessions/default/artifacts/pack");
+        let bytes = std::fs::read(&pack).unwrap();
+        assert!(
+            !bytes.windows(19).any(|w| w == b"SECRET-CONTENT-4f1d"),
+            "a deleted artifact's bytes are erased from the pack"
+        );
+        assert_eq!(store.artifact("default", "keep").unwrap().1, b"kept");
+        assert_eq!(store.artifact("default", "last").unwrap().1, b"last");
+        assert!(matches!(
+            store.artifact("default", "gone"),
+            Err(StoreError::NotFound(_))
+        ));
+        store
+            .delete_artifacts("default", &["keep".into(), "last".into()])
+            .unwrap();
+        assert!(!pack.exists(), "the pack goes with its last artifact");
+        assert!(store.artifacts("default").unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_index_line_naming_bytes_the_pack_lacks_is_an_error_not_short_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        store
+            .put_artifact(&tool_output("a", b"abcdef"), b"abcdef")
+            .unwrap();
+        let pack = dir.path().join("sessions/default/artifacts/pack");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&pack)
+            .unwrap()
+            .set_len(3)
+            .unwrap();
+        let err = store.artifact("default", "a").unwrap_err().to_string();
+        assert!(err.contains("does not hold"), "{err}");
+    }
+
+    #[test]
+    fn artifacts_written_one_file_each_by_earlier_versions_still_read_and_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let artifacts = dir.path().join("sessions/default/artifacts");
+        std::fs::create_dir_all(&artifacts).unwrap();
+        let old = tool_output("old", b"{\"old\":1}");
+        std::fs::write(artifacts.join("old.bin"), b"{\"old\":1}").unwrap();
+        let mut line = serde_json::to_vec(&old).unwrap();
+        line.push(b'\n');
+        std::fs::write(artifacts.join("index.jsonl"), line).unwrap();
+        store
+            .put_artifact(&tool_output("new", b"{}"), b"{}")
+            .unwrap();
+        assert_eq!(store.artifact("default", "old").unwrap().1, b"{\"old\":1}");
+        assert_eq!(store.artifact("default", "new").unwrap().1, b"{}");
+        store.delete_artifacts("default", &["old".into()]).unwrap();
+        assert!(!artifacts.join("old.bin").exists());
+        assert_eq!(store.artifact("default", "new").unwrap().1, b"{}");
     }
 
     #[test]

@@ -257,16 +257,39 @@ fn check_data_dir(dir: &Path, rel: &str, checked: &mut usize) {
                 jsonl(&path, |l| serde_json::from_str::<AuditRecord>(l));
             }
             "index.jsonl" => {
-                for meta in jsonl(&path, |l| serde_json::from_str::<ArtifactMeta>(l)) {
-                    let body = path.with_file_name(format!("{}.bin", meta.id));
-                    let len = std::fs::metadata(&body)
-                        .unwrap_or_else(|e| panic!("{}: {e}", body.display()))
-                        .len();
-                    if meta.kind != monad_server::store::ArtifactKind::SessionHistory {
-                        assert_eq!(len, meta.size, "{}", body.display());
+                // A line is the artifact's metadata, plus `pack: [offset, len]` when its bytes
+                // sit in the session's pack file rather than in a file of their own.
+                for mut line in jsonl(&path, |l| serde_json::from_str::<serde_json::Value>(l)) {
+                    let pack = line.as_object_mut().and_then(|l| l.remove("pack"));
+                    let meta: ArtifactMeta =
+                        serde_json::from_value(line).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let history = meta.kind == monad_server::store::ArtifactKind::SessionHistory;
+                    match pack {
+                        Some(range) => {
+                            let [offset, len]: [u64; 2] = serde_json::from_value(range)
+                                .unwrap_or_else(|e| panic!("{what}: pack range: {e}"));
+                            let pack = path.with_file_name("pack");
+                            let size = std::fs::metadata(&pack)
+                                .unwrap_or_else(|e| panic!("{}: {e}", pack.display()))
+                                .len();
+                            assert!(!history, "{what}: a history snapshot in the pack");
+                            assert_eq!(len, meta.size, "{what}: {} pack range", meta.id);
+                            assert!(offset + len <= size, "{what}: {} past the pack", meta.id);
+                        }
+                        None => {
+                            let body = path.with_file_name(format!("{}.bin", meta.id));
+                            let len = std::fs::metadata(&body)
+                                .unwrap_or_else(|e| panic!("{}: {e}", body.display()))
+                                .len();
+                            if !history {
+                                assert_eq!(len, meta.size, "{}", body.display());
+                            }
+                        }
                     }
                 }
             }
+            // The bytes of a session's tool outputs and diffs, one after another.
+            "pack" if rel.ends_with("artifacts/pack") => {}
             _ if name.ends_with(".bin") => {}
             _ if rel.starts_with("workspaces/") && name.ends_with(".json") => {
                 serde_json::from_str::<serde_json::Value>(&read())
