@@ -37,6 +37,7 @@ pub mod route;
 pub mod server;
 pub mod session;
 pub mod settings;
+pub mod state;
 pub mod store;
 pub mod tls;
 

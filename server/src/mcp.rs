@@ -33,8 +33,8 @@ use crate::admission::{
     Admissions, Admitted, Bounds, Outcome as Admission, Refusal, Source, Standing,
 };
 use crate::quota::{PerUser, Slot};
-use crate::server::State;
 use crate::session::Session;
+use crate::state::{Lookup, State, WorkspaceWatch, listing};
 
 /// The path of the MCP endpoint.
 pub const PATH: &str = "/mcp";
@@ -56,13 +56,13 @@ impl ExecutorBackend {
         ExecutorBackend { state }
     }
 
-    fn session(&self, caller: &Extensions, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
+    async fn session(
+        &self,
+        caller: &Extensions,
+        id: Option<&str>,
+    ) -> Result<Arc<Session>, ToolError> {
         let user = caller_user(caller)?;
-        match id {
-            Some(id) => self.state.registry.open(id, &user.0),
-            // HTTP has no device to bind: the user's default session.
-            None => self.state.registry.resolve(None, &user.0, None),
-        }
+        self.state.session(&user.0, Lookup::Open(id)).await
     }
 }
 
@@ -74,17 +74,13 @@ fn caller_user(caller: &Extensions) -> Result<&McpUser, ToolError> {
         .ok_or_else(|| ToolError::new(ErrorCode::Unauthorized, "no authenticated user"))
 }
 
-fn listing(session: &Session) -> Vec<WorkspaceInfo> {
-    session.workspaces().into_iter().map(|w| w.info).collect()
-}
-
 impl Backend for ExecutorBackend {
     async fn open(
         &self,
         caller: &Extensions,
         session: Option<&str>,
     ) -> Result<(String, Vec<WorkspaceInfo>), ToolError> {
-        let session = self.session(caller, session)?;
+        let session = self.session(caller, session).await?;
         Ok((session.id.clone(), listing(&session)))
     }
 
@@ -97,19 +93,21 @@ impl Backend for ExecutorBackend {
         progress: ProgressSender,
     ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
         let user = caller_user(caller)?;
-        let _user_call = self.state.user_call(&user.0)?;
-        let session = self.session(caller, Some(session))?;
-        // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
-        // the call needs until it is done.
-        let _in_flight = self.state.call_in_flight();
         let sink = move |line: &str| {
             let _ = progress.send(line.to_owned());
         };
-        let output = self
+        // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
+        // the call needs until it is done.
+        let (output, _call) = self
             .state
-            .executor
-            .call(&session, tool.as_str(), args, &sink)
-            .await;
+            .call(
+                &user.0,
+                Lookup::Open(Some(session)),
+                tool.as_str(),
+                args,
+                &sink,
+            )
+            .await?;
         Ok(output.complete().await)
     }
 
@@ -118,15 +116,15 @@ impl Backend for ExecutorBackend {
         caller: &Extensions,
         session: &str,
     ) -> Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError> {
-        let session = self.session(caller, Some(session))?;
-        let mut changes = session.subscribe();
+        let session = self.session(caller, Some(session)).await?;
+        let mut watch = WorkspaceWatch::new(session);
         let (tx, rx) = mpsc::channel(8);
-        let _ = tx.try_send(listing(&session));
+        let _ = tx.try_send(watch.listing());
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    changed = changes.changed() => {
-                        if changed.is_err() || tx.send(listing(&session)).await.is_err() {
+                    changed = watch.changed() => {
+                        if !changed || tx.send(watch.listing()).await.is_err() {
                             break;
                         }
                     }

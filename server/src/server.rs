@@ -23,6 +23,9 @@ use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
 use crate::store::FsStore;
 use crate::tls;
 
+pub use crate::state::State;
+use crate::state::{Lookup, WorkspaceWatch, listing};
+
 /// Largest hello accepted.
 const MAX_HELLO: usize = 64 * 1024;
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
@@ -41,36 +44,6 @@ pub struct FirstStart {
     pub user: String,
     /// The token.
     pub token: String,
-}
-
-/// Shared state of a running server.
-#[derive(Debug)]
-pub struct State {
-    /// Server settings.
-    pub config: ServerConfig,
-    /// Tokens.
-    pub tokens: TokenStore,
-    /// Sessions.
-    pub registry: Registry,
-    /// Routing and execution.
-    pub executor: Executor,
-    /// The built-in agent's turns (one at a time per session).
-    pub agents: crate::agent::Agents,
-    /// What happens in sessions as the store writes it (for the HTTP front's event streams).
-    pub feed: crate::feed::Feed,
-    generations: AtomicU64,
-    /// Agents' calls in flight; on shutdown, attached clients stay until it is zero.
-    calls: watch::Sender<usize>,
-    /// Turns true when the start-up housekeeping of the data dir is done.
-    housekeeping: watch::Sender<bool>,
-    /// QUIC connections per user.
-    connections: Arc<PerUser>,
-    /// Tool calls in flight per user (QUIC and HTTP).
-    user_calls: Arc<PerUser>,
-    /// QUIC requests being read per user (bounded like calls in flight).
-    user_reads: Arc<PerUser>,
-    /// Connections that have not said hello yet.
-    handshakes: Arc<Admissions>,
 }
 
 /// A bound server, ready to run.
@@ -313,10 +286,16 @@ impl Server {
         }
         let _ = admin.await;
         self.endpoint.wait_idle().await;
-        self.state.registry.flush();
-        if let Some(recorder) = &self.state.executor.recorder {
-            recorder.flush();
-        }
+        // Saving metadata and waiting for the recorder's writes block (fsync): off the async
+        // workers.
+        let state = self.state.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            state.registry.flush();
+            if let Some(recorder) = &state.executor.recorder {
+                recorder.flush();
+            }
+        })
+        .await;
     }
 }
 
@@ -662,57 +641,18 @@ struct Ctx {
     stop: watch::Receiver<bool>,
 }
 
-impl State {
-    /// Resolves once the start-up housekeeping of the data dir (modes, stale temporary files,
-    /// the session index) is done.
-    pub async fn housekeeping(&self) {
-        let mut done = self.housekeeping.subscribe();
-        let _ = done.wait_for(|done| *done).await;
-    }
-
-    /// One of `user`'s slots for a tool call in flight, or `limit_exceeded` when they have
-    /// `server.max_calls_per_user` in flight already (over every connection and HTTP).
-    pub(crate) fn user_call(&self, user: &str) -> Result<Slot, ToolError> {
-        self.user_calls.try_acquire(user).ok_or_else(|| {
-            ToolError::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "you have {} tool calls in flight, this server's limit \
-                     (server.max_calls_per_user); wait for some to finish, then retry",
-                    self.user_calls.limit()
-                ),
-            )
-        })
-    }
-
-    /// One of `user`'s slots for a request being read, or `limit_exceeded` saying which
-    /// setting bounds them.
-    pub(crate) fn user_read(&self, user: &str) -> Result<Slot, ToolError> {
-        self.user_reads.try_acquire(user).ok_or_else(|| {
-            ToolError::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "you have {} requests still arriving, this server's limit \
-                     (server.max_calls_per_user); send whole requests, then retry",
-                    self.user_reads.limit()
-                ),
-            )
-        })
-    }
-
-    /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
-    /// attached clients stay connected while calls still need them.
-    pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {
-        self.calls.send_modify(|n| *n += 1);
-        CallInFlight(self)
-    }
-}
-
 impl Ctx {
-    fn session(&self, id: Option<&str>) -> Result<Arc<Session>, ToolError> {
-        self.state
-            .registry
-            .resolve(id, &self.user, Some(&self.device_id))
+    /// How this connection's requests name sessions.
+    fn lookup<'a>(&'a self, requested: Option<&'a str>) -> Lookup<'a> {
+        Lookup::Resolve {
+            requested,
+            device: Some(&self.device_id),
+        }
+    }
+
+    /// The session a request of this connection means (off the async workers).
+    async fn session(&self, requested: Option<&str>) -> Result<Arc<Session>, ToolError> {
+        self.state.session(&self.user, self.lookup(requested)).await
     }
 }
 
@@ -916,23 +856,15 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             tool,
             args,
         } => {
-            let _user_call = match ctx.state.user_call(&ctx.user) {
-                Ok(slot) => slot,
-                Err(e) => return send_error(&mut send, id, e).await,
-            };
-            let session = match ctx.session(session.as_deref()) {
-                Ok(s) => s,
-                Err(e) => return send_error(&mut send, id, e).await,
-            };
-            let _in_flight = ctx.state.call_in_flight();
             let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
             let sink = move |m: &str| {
                 let _ = progress_tx.send(m.to_owned());
             };
-            let mut call = Box::pin(ctx.state.executor.call(&session, &tool, args, &sink));
-            let output = loop {
+            let lookup = ctx.lookup(session.as_deref());
+            let mut call = Box::pin(ctx.state.call(&ctx.user, lookup, &tool, args, &sink));
+            let called = loop {
                 tokio::select! {
-                    output = &mut call => break output,
+                    called = &mut call => break called,
                     Some(message) = progress_rx.recv() => {
                         let _ = write_message(&mut send, &Message::Progress { id, message }).await;
                     }
@@ -941,10 +873,12 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                     _ = send.stopped() => return,
                 }
             };
-            // The session is not needed any more (a body's recording holds its own reference):
-            // let it go before the answer, so the agent's next request finds it unused.
             drop(call);
-            drop(session);
+            // Held until the answer, body included, is sent.
+            let (output, _call) = match called {
+                Ok(called) => called,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
             // Progress sent just before the end loses the race above: relay it before the result.
             while let Ok(message) = progress_rx.try_recv() {
                 let _ = write_message(&mut send, &Message::Progress { id, message }).await;
@@ -995,7 +929,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             model,
             base_url,
         } => {
-            let session = match ctx.session(session.as_deref()) {
+            let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
@@ -1004,7 +938,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             prompt(ctx, id, session, text, overrides, send, answers).await;
         }
         Message::ListWorkspaces { id, session } => {
-            let session = match ctx.session(session.as_deref()) {
+            let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
@@ -1014,21 +948,21 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             finish(&mut send).await;
         }
         Message::Watch { id, session } => {
-            let session = match ctx.session(session.as_deref()) {
+            let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            let mut changes = session.subscribe();
+            let mut watch = WorkspaceWatch::new(session);
             let mut stop = ctx.stop.clone();
             loop {
-                if write_message(&mut send, &workspaces_message(id, &session))
+                if write_message(&mut send, &workspaces_message(id, watch.session()))
                     .await
                     .is_err()
                 {
                     return;
                 }
                 let stopping = tokio::select! {
-                    changed = changes.changed() => if changed.is_err() { return } else { false },
+                    changed = watch.changed() => if changed { false } else { return },
                     _ = send.stopped() => return,
                     // A watch never ends by itself: let the shutdown close its connection.
                     _ = stop.wait_for(|stopping| *stopping) => true,
@@ -1039,14 +973,17 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
             }
         }
         Message::ListSessions { id, limit, next } => {
-            let page = match limit {
-                None => Ok((ctx.state.registry.list(&ctx.user), None)),
-                Some(limit) => {
-                    ctx.state
-                        .registry
-                        .list_page(&ctx.user, limit as usize, next.as_deref())
-                }
-            };
+            // Listing reads every session's metadata from the store the first time: off the
+            // async workers.
+            let (state, user) = (ctx.state.clone(), ctx.user.clone());
+            let page = tokio::task::spawn_blocking(move || match limit {
+                None => Ok((state.registry.list(&user), None)),
+                Some(limit) => state
+                    .registry
+                    .list_page(&user, limit as usize, next.as_deref()),
+            })
+            .await
+            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
             let (sessions, next) = match page {
                 Ok(page) => page,
                 Err(e) => return send_error(&mut send, id, e).await,
@@ -1083,20 +1020,11 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
     }
 }
 
-/// Counts an agent's call out of [`State::calls`] when dropped.
-pub(crate) struct CallInFlight<'a>(&'a State);
-
-impl Drop for CallInFlight<'_> {
-    fn drop(&mut self) {
-        self.0.calls.send_modify(|n| *n -= 1);
-    }
-}
-
 fn workspaces_message(id: u64, session: &Session) -> Message {
     Message::Workspaces {
         id,
         session: session.id.clone(),
-        workspaces: session.workspaces().into_iter().map(|w| w.info).collect(),
+        workspaces: listing(session),
     }
 }
 
@@ -1151,7 +1079,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         }
         (session, _) => (session, false),
     };
-    let session = match ctx.session(session.as_deref()) {
+    let session = match ctx.session(session.as_deref()).await {
         Ok(s) => s,
         Err(e) => return send_error(&mut send, id, e).await,
     };

@@ -1,0 +1,224 @@
+//! The shared state of a running server, below both fronts (QUIC in [`crate::server`], HTTP
+//! and MCP in [`crate::mcp`] and [`crate::http`]): tokens, sessions, the executor, the built-in
+//! agent's turns, the event feed, and the counters that bound what each user has in flight.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use monad_protocol::wire::WorkspaceInfo;
+use monad_protocol::{ErrorCode, ToolError};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::admission::Admissions;
+use crate::auth::{DeviceId, TokenStore};
+use crate::config::ServerConfig;
+use crate::executor::{CallOutput, Executor, ProgressSink};
+use crate::quota::{PerUser, Slot};
+use crate::session::{Registry, Session};
+
+/// Shared state of a running server.
+#[derive(Debug)]
+pub struct State {
+    /// Server settings.
+    pub config: ServerConfig,
+    /// Tokens.
+    pub tokens: TokenStore,
+    /// Sessions.
+    pub registry: Registry,
+    /// Routing and execution.
+    pub executor: Executor,
+    /// The built-in agent's turns (one at a time per session).
+    pub agents: crate::agent::Agents,
+    /// What happens in sessions as the store writes it (for the HTTP front's event streams).
+    pub feed: crate::feed::Feed,
+    pub(crate) generations: AtomicU64,
+    /// Agents' calls in flight; on shutdown, attached clients stay until it is zero.
+    pub(crate) calls: watch::Sender<usize>,
+    /// Turns true when the start-up housekeeping of the data dir is done.
+    pub(crate) housekeeping: watch::Sender<bool>,
+    /// QUIC connections per user.
+    pub(crate) connections: Arc<PerUser>,
+    /// Tool calls in flight per user (QUIC and HTTP).
+    pub(crate) user_calls: Arc<PerUser>,
+    /// QUIC requests being read per user (bounded like calls in flight).
+    pub(crate) user_reads: Arc<PerUser>,
+    /// Connections that have not said hello yet.
+    pub(crate) handshakes: Arc<Admissions>,
+}
+
+impl State {
+    /// Resolves once the start-up housekeeping of the data dir (modes, stale temporary files,
+    /// the session index) is done.
+    pub async fn housekeeping(&self) {
+        let mut done = self.housekeeping.subscribe();
+        let _ = done.wait_for(|done| *done).await;
+    }
+
+    /// One of `user`'s slots for a tool call in flight, or `limit_exceeded` when they have
+    /// `server.max_calls_per_user` in flight already (over every connection and HTTP).
+    pub(crate) fn user_call(&self, user: &str) -> Result<Slot, ToolError> {
+        self.user_calls.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} tool calls in flight, this server's limit \
+                     (server.max_calls_per_user); wait for some to finish, then retry",
+                    self.user_calls.limit()
+                ),
+            )
+        })
+    }
+
+    /// One of `user`'s slots for a request being read, or `limit_exceeded` saying which
+    /// setting bounds them.
+    pub(crate) fn user_read(&self, user: &str) -> Result<Slot, ToolError> {
+        self.user_reads.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} requests still arriving, this server's limit \
+                     (server.max_calls_per_user); send whole requests, then retry",
+                    self.user_reads.limit()
+                ),
+            )
+        })
+    }
+
+    /// Counts an agent's call in [`State::calls`] until the guard is dropped: at shutdown,
+    /// attached clients stay connected while calls still need them.
+    pub(crate) fn call_in_flight(&self) -> CallInFlight<'_> {
+        self.calls.send_modify(|n| *n += 1);
+        CallInFlight(self)
+    }
+}
+
+/// Counts an agent's call out of [`State::calls`] when dropped.
+pub(crate) struct CallInFlight<'a>(&'a State);
+
+impl Drop for CallInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.calls.send_modify(|n| *n -= 1);
+    }
+}
+
+/// How a front names the session a request is for.
+#[derive(Debug, Clone, Copy)]
+pub enum Lookup<'a> {
+    /// The QUIC front's rule ([`Registry::resolve`]): an id, a unique prefix of one or
+    /// `default`, binding the device to it; without one, the session the device is bound to,
+    /// else the user's default.
+    Resolve {
+        /// The session the request names, if any.
+        requested: Option<&'a str>,
+        /// The connection's device, when it has one.
+        device: Option<&'a DeviceId>,
+    },
+    /// The HTTP front's rule: the session with exactly this id ([`Registry::open`]), else the
+    /// user's default (HTTP has no device to bind).
+    Open(Option<&'a str>),
+}
+
+/// Holds what an agent's call counts against while it runs: one of the user's call slots and
+/// the server's count of calls in flight (at shutdown, attached clients stay while it is not
+/// zero). Keep it until the answer, body included, is sent.
+pub(crate) struct CallGuard<'a> {
+    _slot: Slot,
+    _in_flight: CallInFlight<'a>,
+}
+
+impl State {
+    /// The session `lookup` means for `user`, looked up on the blocking pool: opening a session
+    /// that is not in memory reads (or creates, with an fsync) its metadata in the store, and
+    /// binding a device may write the bindings file.
+    pub(crate) async fn session(
+        self: &Arc<Self>,
+        user: &str,
+        lookup: Lookup<'_>,
+    ) -> Result<Arc<Session>, ToolError> {
+        let state = self.clone();
+        let user = user.to_owned();
+        let task = match lookup {
+            Lookup::Resolve { requested, device } => {
+                let requested = requested.map(str::to_owned);
+                let device = device.cloned();
+                tokio::task::spawn_blocking(move || {
+                    state
+                        .registry
+                        .resolve(requested.as_deref(), &user, device.as_ref())
+                })
+            }
+            Lookup::Open(Some(id)) => {
+                let id = id.to_owned();
+                tokio::task::spawn_blocking(move || state.registry.open(&id, &user))
+            }
+            Lookup::Open(None) => {
+                tokio::task::spawn_blocking(move || state.registry.resolve(None, &user, None))
+            }
+        };
+        task.await
+            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))
+    }
+
+    /// An agent's tool call, as both fronts make it: one of `user`'s call slots, the session
+    /// `lookup` means, counted in flight, then [`Executor::call`]. The guard goes with the
+    /// answer: drop it once the answer (and its body) is sent.
+    pub(crate) async fn call(
+        self: &Arc<Self>,
+        user: &str,
+        lookup: Lookup<'_>,
+        tool: &str,
+        args: Value,
+        progress: &dyn ProgressSink,
+    ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
+        let slot = self.user_call(user)?;
+        let session = self.session(user, lookup).await?;
+        let in_flight = self.call_in_flight();
+        let output = self.executor.call(&session, tool, args, progress).await;
+        // The session is not needed any more (a body's recording holds its own reference): it
+        // goes before the answer, so the agent's next request finds it unused.
+        drop(session);
+        let guard = CallGuard {
+            _slot: slot,
+            _in_flight: in_flight,
+        };
+        Ok((output, guard))
+    }
+}
+
+/// The workspaces of a session as the fronts list them.
+pub fn listing(session: &Session) -> Vec<WorkspaceInfo> {
+    session.workspaces().into_iter().map(|w| w.info).collect()
+}
+
+/// Follows a session's workspaces for a front's watch: [`WorkspaceWatch::listing`] now, and
+/// [`WorkspaceWatch::changed`] resolves at each change after the last look.
+#[derive(Debug)]
+pub struct WorkspaceWatch {
+    session: Arc<Session>,
+    changes: watch::Receiver<u64>,
+}
+
+impl WorkspaceWatch {
+    /// Starts following `session`.
+    pub fn new(session: Arc<Session>) -> WorkspaceWatch {
+        let changes = session.subscribe();
+        WorkspaceWatch { session, changes }
+    }
+
+    /// The session followed.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// The workspaces now.
+    pub fn listing(&self) -> Vec<WorkspaceInfo> {
+        listing(&self.session)
+    }
+
+    /// Resolves when the workspaces changed since the last look: `false` when they never will
+    /// again (the session is gone).
+    pub async fn changed(&mut self) -> bool {
+        self.changes.changed().await.is_ok()
+    }
+}
