@@ -16,16 +16,20 @@
 //! `(last_active, session_id)`), and artifact bodies become objects under
 //! `<session>/<artifact>`. See `docs/operations.md`.
 
+pub mod blobs;
 mod fs;
 pub mod history;
 pub mod observed;
+pub mod pg;
 
 use serde::{Deserialize, Serialize};
 
+pub use blobs::{Blobs, FsBlobs};
 pub use fs::FsStore;
 pub(crate) use fs::{decode_cursor, encode_cursor};
 pub use history::{History, HistoryMessage, Role};
 pub use monad_protocol::wire::{Decider, WorkspaceRecord, WorkspaceSession};
+pub use pg::PgStore;
 
 /// What can go wrong in a store.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +50,9 @@ pub enum StoreError {
     /// A value is not acceptable (a bad page token, a bad id).
     #[error("{0}")]
     Invalid(String),
+    /// The database failed or could not be reached (the PostgreSQL store).
+    #[error("database: {0}")]
+    Database(String),
 }
 
 impl StoreError {
@@ -458,6 +465,25 @@ pub trait ArtifactStore: Send + Sync {
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
     /// Removes artifacts of a session (ids it does not have are ignored).
     fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError>;
+}
+
+/// The store `config` names: `fs` (the filesystem store in the data dir) when `[store] url` is
+/// absent, else PostgreSQL at that URL with artifact content in `<data_dir>/blobs`. A bad URL,
+/// an unreachable database (within `connect_timeout_secs`) or a schema newer than this binary
+/// is an error that names the database, never a panic or a hang.
+pub fn open(
+    config: &crate::ServerConfig,
+    fs: std::sync::Arc<FsStore>,
+) -> Result<std::sync::Arc<dyn Store>, crate::ServerError> {
+    let Some(url) = config.store.url.as_deref().filter(|u| !u.trim().is_empty()) else {
+        return Ok(fs);
+    };
+    let blobs = std::sync::Arc::new(FsBlobs::new(&config.data_dir.join("blobs")));
+    let store = PgStore::connect(url, &config.data_dir, blobs, config.store.pool_options())
+        .map_err(|e| crate::ServerError::Invalid(format!("the store ([store] url): {e}")))?
+        .with_max_devices_per_user(config.quotas.max_devices_per_user);
+    tracing::info!("records are kept in PostgreSQL at {}", store.name());
+    Ok(std::sync::Arc::new(store))
 }
 
 /// The stores a server runs on.
