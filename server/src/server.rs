@@ -107,14 +107,11 @@ impl Server {
                 .with_max_devices_per_user(config.quotas.max_devices_per_user),
         );
         let feed = crate::feed::Feed::new();
-        let store = crate::store::observed::observe(
-            crate::store::open(&config, fs_store.clone())?,
-            feed.clone(),
-        );
+        let (store, tokens) = crate::store::open(&config, fs_store.clone())?;
+        let store = crate::store::observed::observe(store, feed.clone());
         // Only once it listens, its settings are read and its store is open: a start that fails
         // (a port in use, an unreachable database) leaves no token that was never shown, and the
         // next start is still the first one and prints the login line.
-        let tokens = TokenStore::new(&config.data_dir);
         let first = if tokens.list()?.is_empty() {
             let (record, token) = tokens.create("admin")?;
             Some(FirstStart {

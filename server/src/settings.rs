@@ -60,6 +60,24 @@ impl Default for StoreSettings {
     }
 }
 
+/// The `[store]` settings of the server at `data_dir`: its `config.toml` under the `MONAD_*`
+/// variables of this process, for the commands that run beside (or without) a server.
+pub fn store_settings(data_dir: &std::path::Path) -> Result<StoreSettings, crate::ServerError> {
+    let path = data_dir.join("config.toml");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(crate::ServerError::io("read", &path, e)),
+    };
+    let name = path.display().to_string();
+    let layers = Layers::new(
+        text.as_deref().map(|t| (name.as_str(), t)),
+        std::env::vars(),
+    )
+    .map_err(|e| crate::ServerError::Invalid(e.to_string()))?;
+    Ok(layers.global().store)
+}
+
 impl StoreSettings {
     /// The pool's bounds (each at least 1).
     pub fn pool_options(&self) -> crate::store::pg::PoolOptions {

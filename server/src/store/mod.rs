@@ -471,19 +471,23 @@ pub trait ArtifactStore: Send + Sync {
 /// absent, else PostgreSQL at that URL with artifact content in `<data_dir>/blobs`. A bad URL,
 /// an unreachable database (within `connect_timeout_secs`) or a schema newer than this binary
 /// is an error that names the database, never a panic or a hang.
+///
+/// Returns the store and the tokens kept beside it (`tokens.toml`, or the database's table).
 pub fn open(
     config: &crate::ServerConfig,
     fs: std::sync::Arc<FsStore>,
-) -> Result<std::sync::Arc<dyn Store>, crate::ServerError> {
+) -> Result<(std::sync::Arc<dyn Store>, crate::auth::TokenStore), crate::ServerError> {
     let Some(url) = config.store.url.as_deref().filter(|u| !u.trim().is_empty()) else {
-        return Ok(fs);
+        return Ok((fs, crate::auth::TokenStore::new(&config.data_dir)));
     };
     let blobs = std::sync::Arc::new(FsBlobs::new(&config.data_dir.join("blobs")));
     let store = PgStore::connect(url, &config.data_dir, blobs, config.store.pool_options())
         .map_err(|e| crate::ServerError::Invalid(format!("the store ([store] url): {e}")))?
         .with_max_devices_per_user(config.quotas.max_devices_per_user);
     tracing::info!("records are kept in PostgreSQL at {}", store.name());
-    Ok(std::sync::Arc::new(store))
+    let store = std::sync::Arc::new(store);
+    let tokens = crate::auth::TokenStore::in_postgres(&config.data_dir, store.clone());
+    Ok((store, tokens))
 }
 
 /// The stores a server runs on.

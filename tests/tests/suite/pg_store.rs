@@ -547,3 +547,52 @@ fn an_artifact_row_is_written_only_after_its_content_and_lost_content_is_a_clear
         "{e}"
     );
 }
+
+#[test]
+fn tokens_live_hashed_in_postgresql_and_the_token_commands_find_them_through_config_toml() {
+    let Some(url) = pg_url(
+        "tokens_live_hashed_in_postgresql_and_the_token_commands_find_them_through_config_toml",
+    ) else {
+        return;
+    };
+    use monad_server::auth::TokenStore;
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(
+        data.path().join("config.toml"),
+        format!("[store]\nurl = \"{url}\"\n"),
+    )
+    .unwrap();
+    // What `monad-server token create` opens, beside a server that runs on the same database.
+    let command = TokenStore::open(data.path()).unwrap();
+    let server = TokenStore::in_postgres(data.path(), Arc::new(pg_store(&url, data.path())));
+    let (record, token) = command.create("ana").unwrap();
+    assert_eq!(server.verify(&token).unwrap().as_deref(), Some("ana"));
+    assert_eq!(server.verify("mnd_nope").unwrap(), None);
+    assert_eq!(server.list().unwrap(), [record.clone()]);
+    assert!(!data.path().join("tokens.toml").exists(), "no token file");
+    let database = url.rsplit('/').next().unwrap();
+    let rows = pg::cluster()
+        .unwrap()
+        .psql(
+            database,
+            "SELECT id || ' ' || user_name || ' ' || hash FROM tokens",
+        )
+        .unwrap();
+    assert!(
+        rows.contains(&record.hash) && !rows.contains(&token),
+        "{rows}"
+    );
+    assert!(command.revoke(&record.id).unwrap());
+    assert!(!command.revoke(&record.id).unwrap());
+    assert_eq!(
+        server.verify(&token).unwrap(),
+        None,
+        "revoked everywhere at once"
+    );
+    assert!(
+        TokenStore::open(data.path())
+            .unwrap()
+            .create("a b")
+            .is_err()
+    );
+}

@@ -76,6 +76,12 @@ async fn a_restart_keeps_everything_on_postgresql() {
 /// The restart case on a backend: the filesystem (`None`) or PostgreSQL at the URL.
 async fn a_restart_keeps_everything(pg: Option<String>) {
     let server = TestServer::start_with(|c| c.store.url = pg.clone()).await;
+    // On PostgreSQL, the first start's token is a row: no token file.
+    assert_eq!(
+        server.data_dir().join("tokens.toml").exists(),
+        pg.is_none(),
+        "tokens.toml"
+    );
     // Three devices: A works in a UUID session, B in `default` and a cleared session, C is the
     // laptop that attaches a folder.
     let config_a = server.client_config();

@@ -224,6 +224,70 @@ pub async fn migrate(
     tx.commit().await.map_err(db)
 }
 
+/// Tokens, hashed (the `tokens` table), for [`crate::auth::TokenStore`] when the store is
+/// PostgreSQL.
+impl PgStore {
+    /// Stores a token record (its hash, never the token).
+    pub fn insert_token(&self, record: &crate::auth::TokenRecord) -> Result<(), StoreError> {
+        let r = record.clone();
+        self.with(move |c| async move {
+            c.execute(
+                "INSERT INTO tokens (id, user_name, hash, created_at) VALUES ($1, $2, $3, $4)",
+                &[&r.id, &r.user, &r.hash, &r.created_at],
+            )
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    /// Every token record, oldest first.
+    pub fn token_records(&self) -> Result<Vec<crate::auth::TokenRecord>, StoreError> {
+        self.with(|c| async move {
+            let rows = c
+                .query(
+                    "SELECT id, user_name, hash, created_at FROM tokens ORDER BY created_at, id",
+                    &[],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows
+                .iter()
+                .map(|r| crate::auth::TokenRecord {
+                    id: r.get(0),
+                    user: r.get(1),
+                    hash: r.get(2),
+                    created_at: r.get(3),
+                })
+                .collect())
+        })
+    }
+
+    /// Removes the token with this id; false when there is none.
+    pub fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.with(move |c| async move {
+            let n = c
+                .execute("DELETE FROM tokens WHERE id = $1", &[&id])
+                .await
+                .map_err(db)?;
+            Ok(n > 0)
+        })
+    }
+
+    /// The user of the token whose SHA-256 is `hash`.
+    pub fn token_user(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        let hash = hash.to_owned();
+        self.with(move |c| async move {
+            let row = c
+                .query_opt("SELECT user_name FROM tokens WHERE hash = $1", &[&hash])
+                .await
+                .map_err(db)?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
+}
+
 fn role_word(role: Role) -> &'static str {
     match role {
         Role::User => "user",
