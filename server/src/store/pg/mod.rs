@@ -63,6 +63,13 @@ pub fn parse_url(
             describe(&e)
         ))
     })?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(StoreError::Invalid(
+            "the store URL asks for TLS (sslmode=require), which this version does not speak to \
+             PostgreSQL: reach the database over a private network or a Unix socket"
+                .into(),
+        ));
+    }
     if config.get_hosts().is_empty() {
         let host = vars("PGHOST").unwrap_or_else(|| "localhost".into());
         for h in host.split(',') {
