@@ -9,12 +9,12 @@
 //! | [`ArtifactStore`] | `tool_output`, `file_diff`, `session_history` artifacts and their index | `sessions/<id>/artifacts/` |
 //!
 //! The traits are synchronous and `Send + Sync`; async callers run them on the blocking pool.
-//! Every method is one logical operation on keyed records or blobs, so a PostgreSQL + S3 backend
-//! implements them without changing callers: session metadata, audit records, workspace records,
-//! bindings and artifact metadata become rows (keyed by session id, workspace id, device id,
-//! artifact id; listings become indexed queries, pagination a keyset cursor on
-//! `(last_active, session_id)`), and artifact bodies become objects under
-//! `<session>/<artifact>`. See `docs/operations.md`.
+//! Every method is one logical operation on keyed records or blobs, so the PostgreSQL store
+//! ([`PgStore`], chosen by `[store] url`, see [`open`]) implements them without changing
+//! callers: session metadata, messages, audit records, workspace records, bindings, the folder
+//! registry and the artifact index are rows (listings are indexed queries, pagination a keyset
+//! cursor on `(last_active, session_id)`), and artifact content goes through [`Blobs`] under
+//! `{workspaceId or sessionId}/{artifactId}`. See `docs/operations.md`, "Storage backends".
 
 pub mod blobs;
 mod fs;
