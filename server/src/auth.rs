@@ -1,4 +1,5 @@
-//! Tokens: created by the operator, stored hashed in `tokens.toml`, each belonging to a user.
+//! Tokens: created by the operator, stored hashed in `tokens.toml` (or, when the store is
+//! PostgreSQL, in its `tokens` table), each belonging to a user.
 
 use std::path::{Path, PathBuf};
 
@@ -34,10 +35,15 @@ struct TokenFile {
 /// every write replaces it by a rename), so tokens created or revoked with
 /// `monad-server token ...` take effect on a running server at the next connection or request,
 /// and a request costs one `stat`, not a read and a parse.
+///
+/// With PostgreSQL ([`TokenStore::in_postgres`]) the records are rows of the `tokens` table and
+/// `verify` is one indexed query on the hash, so a token created or revoked on any host takes
+/// effect everywhere at the next connection or request.
 #[derive(Debug, Clone)]
 pub struct TokenStore {
     path: PathBuf,
     cache: std::sync::Arc<std::sync::Mutex<Option<Cached>>>,
+    db: Option<std::sync::Arc<crate::store::PgStore>>,
 }
 
 /// The token file as last read: its stamp, and each token hash's user.
@@ -81,6 +87,43 @@ impl TokenStore {
         TokenStore {
             path: data_dir.join("tokens.toml"),
             cache: Default::default(),
+            db: None,
+        }
+    }
+
+    /// The tokens in the PostgreSQL store's `tokens` table (`tokens.toml` is not read).
+    pub fn in_postgres(
+        data_dir: &Path,
+        store: std::sync::Arc<crate::store::PgStore>,
+    ) -> TokenStore {
+        TokenStore {
+            db: Some(store),
+            ..TokenStore::new(data_dir)
+        }
+    }
+
+    /// The tokens where the server at `data_dir` keeps them: its `[store]` setting (the data
+    /// dir's `config.toml`, `MONAD_STORE_URL`) names PostgreSQL or not. For the commands that
+    /// run beside (or without) a server.
+    pub fn open(data_dir: &Path) -> Result<TokenStore, ServerError> {
+        let settings = crate::settings::store_settings(data_dir)?;
+        match settings.url.as_deref().filter(|u| !u.trim().is_empty()) {
+            None => Ok(TokenStore::new(data_dir)),
+            Some(url) => {
+                let blobs =
+                    std::sync::Arc::new(crate::store::FsBlobs::new(&data_dir.join("blobs")));
+                let store = crate::store::PgStore::connect(
+                    url,
+                    data_dir,
+                    blobs,
+                    settings.pool_options(),
+                )
+                .map_err(|e| ServerError::Invalid(format!("the store ([store] url): {e}")))?;
+                Ok(TokenStore::in_postgres(
+                    data_dir,
+                    std::sync::Arc::new(store),
+                ))
+            }
         }
     }
 
@@ -106,7 +149,6 @@ impl TokenStore {
     /// Creates a token for `user` and returns its record and the token, shown once.
     pub fn create(&self, user: &str) -> Result<(TokenRecord, String), ServerError> {
         validate_user(user)?;
-        let mut file = self.load()?;
         let id = hex(&random_bytes::<4>()?);
         let token = format!("mnd_{id}_{}", hex(&random_bytes::<24>()?));
         let record = TokenRecord {
@@ -115,6 +157,11 @@ impl TokenStore {
             hash: hash(&token),
             created_at: now_rfc3339(),
         };
+        if let Some(db) = &self.db {
+            db.insert_token(&record).map_err(store_error)?;
+            return Ok((record, token));
+        }
+        let mut file = self.load()?;
         file.tokens.push(record.clone());
         self.save(&file)?;
         Ok((record, token))
@@ -122,11 +169,17 @@ impl TokenStore {
 
     /// Every token record.
     pub fn list(&self) -> Result<Vec<TokenRecord>, ServerError> {
+        if let Some(db) = &self.db {
+            return db.token_records().map_err(store_error);
+        }
         Ok(self.load()?.tokens)
     }
 
     /// Revokes the token with this id; false when there is none.
     pub fn revoke(&self, id: &str) -> Result<bool, ServerError> {
+        if let Some(db) = &self.db {
+            return db.delete_token(id).map_err(store_error);
+        }
         let mut file = self.load()?;
         let before = file.tokens.len();
         file.tokens.retain(|t| t.id != id);
@@ -140,6 +193,9 @@ impl TokenStore {
     /// The user a token belongs to, or `None` for an unknown or revoked token.
     pub fn verify(&self, token: &str) -> Result<Option<String>, ServerError> {
         let presented = hash(token);
+        if let Some(db) = &self.db {
+            return db.token_user(&presented).map_err(store_error);
+        }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let stamp = Stamp::of(&self.path)?;
         let fresh = matches!((&*cache, stamp), (Some((cached, _)), Some(now)) if *cached == now);
@@ -239,6 +295,10 @@ pub fn validate_user(user: &str) -> Result<(), ServerError> {
             "user name `{user}` must be 1 to 64 letters, digits, `.`, `_` or `-`"
         )))
     }
+}
+
+fn store_error(e: crate::store::StoreError) -> ServerError {
+    ServerError::Invalid(format!("tokens: {e}"))
 }
 
 fn hash(token: &str) -> String {

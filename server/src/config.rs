@@ -39,6 +39,8 @@ pub struct ServerConfig {
     pub quotas: Quotas,
     /// Bounds of the HTTP listener.
     pub http_limits: HttpLimits,
+    /// Where records are kept: the filesystem store unless it names a database.
+    pub store: crate::settings::StoreSettings,
 }
 
 /// What one user may hold at once, so that no user can take the server from the others. The
@@ -149,6 +151,7 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             quotas: Quotas::default(),
             http_limits: HttpLimits::default(),
+            store: Default::default(),
         }
     }
 }

@@ -576,7 +576,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Command::Token(cmd)) => {
             monad_server::fsutil::create_private_dir(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
-            let store = TokenStore::new(&dir);
+            let store = TokenStore::open(&dir)?;
             match cmd {
                 TokenCommand::Create { user, server } => {
                     let admin = Admin::new(&dir);

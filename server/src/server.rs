@@ -75,10 +75,16 @@ impl Server {
             .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
         let http = config.http.map(crate::mcp::bind).transpose()?;
         let (config, layers) = load_settings(config)?;
-        // Only once it listens and its settings are read: a start that fails (a port in use)
-        // leaves no token that was never shown, and the next start is still the first one and
-        // prints the login line.
-        let tokens = TokenStore::new(&config.data_dir);
+        let fs_store = Arc::new(
+            FsStore::new(&config.data_dir)
+                .with_max_devices_per_user(config.quotas.max_devices_per_user),
+        );
+        let feed = crate::feed::Feed::new();
+        let (store, tokens) = crate::store::open(&config, fs_store.clone())?;
+        let store = crate::store::observed::observe(store, feed.clone());
+        // Only once it listens, its settings are read and its store is open: a start that fails
+        // (a port in use, an unreachable database) leaves no token that was never shown, and the
+        // next start is still the first one and prints the login line.
         let first = if tokens.list()?.is_empty() {
             let (record, token) = tokens.create("admin")?;
             Some(FirstStart {
@@ -88,12 +94,6 @@ impl Server {
         } else {
             None
         };
-        let fs_store = Arc::new(
-            FsStore::new(&config.data_dir)
-                .with_max_devices_per_user(config.quotas.max_devices_per_user),
-        );
-        let feed = crate::feed::Feed::new();
-        let store = crate::store::observed::observe(fs_store.clone(), feed.clone());
         // Off the start-up path: remove what writes cut short by a crash left behind, and read
         // every session's metadata now, so that the first listing does not read thousands of
         // files while an agent waits.
@@ -339,6 +339,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             http_max_connections_per_user: config.http_limits.max_connections_per_user,
             http_allowed_origins: config.http_limits.allowed_origins.clone(),
         },
+        store: config.store.clone(),
         ..Settings::default()
     };
     let layers = Layers::new(
@@ -370,6 +371,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     config.transport.idle_timeout = idle;
     config.quotas = settings.server.quotas();
     config.http_limits = settings.server.http_limits();
+    config.store = settings.store;
     Ok((config, layers))
 }
 

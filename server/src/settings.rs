@@ -28,6 +28,65 @@ pub struct Settings {
     pub retention: Retention,
     /// The session's model: provider, endpoint, key variable and the agent loop's limits.
     pub llm: LlmSettings,
+    /// Where records are kept (global layer and environment only).
+    pub store: StoreSettings,
+}
+
+/// Where records are kept (`[store]`): absent `url`, the filesystem store in the data dir;
+/// `postgres://...`, PostgreSQL (with artifact content under `<data_dir>/blobs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    /// `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (or a `key=value` connection string); what
+    /// it leaves out comes from `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Connections to the database at most.
+    pub pool_size: usize,
+    /// A connection attempt fails after this many seconds (the server does not start).
+    pub connect_timeout_secs: u64,
+    /// One store operation fails after this many seconds.
+    pub op_timeout_secs: u64,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            url: None,
+            pool_size: 8,
+            connect_timeout_secs: 10,
+            op_timeout_secs: 60,
+        }
+    }
+}
+
+/// The `[store]` settings of the server at `data_dir`: its `config.toml` under the `MONAD_*`
+/// variables of this process, for the commands that run beside (or without) a server.
+pub fn store_settings(data_dir: &std::path::Path) -> Result<StoreSettings, crate::ServerError> {
+    let path = data_dir.join("config.toml");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(crate::ServerError::io("read", &path, e)),
+    };
+    let name = path.display().to_string();
+    let layers = Layers::new(
+        text.as_deref().map(|t| (name.as_str(), t)),
+        std::env::vars(),
+    )
+    .map_err(|e| crate::ServerError::Invalid(e.to_string()))?;
+    Ok(layers.global().store)
+}
+
+impl StoreSettings {
+    /// The pool's bounds (each at least 1).
+    pub fn pool_options(&self) -> crate::store::pg::PoolOptions {
+        crate::store::pg::PoolOptions {
+            size: self.pool_size.max(1),
+            connect_timeout: Duration::from_secs(self.connect_timeout_secs.max(1)),
+            op_timeout: Duration::from_secs(self.op_timeout_secs.max(1)),
+        }
+    }
 }
 
 /// The model a session's agent talks to, and the agent loop's limits (`[llm]`).
@@ -358,7 +417,15 @@ pub struct Layers {
     env: toml::Table,
 }
 
-const SECTIONS: [&str; 6] = ["limits", "exec", "server", "attach", "retention", "llm"];
+const SECTIONS: [&str; 7] = [
+    "limits",
+    "exec",
+    "server",
+    "attach",
+    "retention",
+    "llm",
+    "store",
+];
 
 impl Layers {
     /// Checks the global file (`None` when absent) and the `MONAD_*` variables in `vars`.
@@ -516,6 +583,34 @@ mod tests {
         v.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_store_is_the_filesystem_unless_a_url_is_set_in_the_file_or_monad_store_url() {
+        let none = Layers::new(None, vars(&[])).unwrap().global();
+        assert_eq!(none.store, StoreSettings::default());
+        assert_eq!(none.store.url, None);
+        let file = "[store]\nurl = \"postgres://monad@db/monad\"\npool_size = 4\n";
+        let layers = Layers::new(Some(("config.toml", file)), vars(&[])).unwrap();
+        assert_eq!(
+            layers.global().store.url.as_deref(),
+            Some("postgres://monad@db/monad")
+        );
+        assert_eq!(layers.global().store.pool_size, 4);
+        let layers = Layers::new(
+            Some(("config.toml", file)),
+            vars(&[("MONAD_STORE_URL", "postgres://other@db2:6000/x")]),
+        )
+        .unwrap();
+        assert_eq!(
+            layers.global().store.url.as_deref(),
+            Some("postgres://other@db2:6000/x"),
+            "the environment beats the file"
+        );
+        let e = Layers::new(Some(("config.toml", "[store]\nurll = \"x\"\n")), vars(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("config.toml:2") && e.contains("urll"), "{e}");
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //!   warm, and `Agent::record_sessions` through the server. Target: < 50 ms.
 //! - (d) 10,000 idle sessions loaded in a `Registry`: resident memory and file descriptors per
 //!   session. Information: there is no target.
+//! - (e) both backends through the store traits, the filesystem store and the PostgreSQL store
+//!   (a private cluster started here with PostgreSQL's default durability, fsync on, on the same
+//!   disk): a history append, the session list with 10,000 sessions (`SessionStore::all_sessions`
+//!   and `Registry::list` on a fresh registry), and a 4 KiB artifact write. `--backends` runs
+//!   only this figure. Information: there is no target.
 
 use monad_tests::bench::{Stats, fmt_dur};
 use std::io::Write;
@@ -471,6 +476,141 @@ fn idle_sessions(quick: bool) {
     );
 }
 
+/// (e) One backend's figures through the traits.
+fn backend_figures(name: &str, store: Arc<dyn Store>, data: &Path, quick: bool) {
+    use monad_server::store::{ArtifactKind, ArtifactMeta};
+    let message = |i: usize| HistoryMessage {
+        role: HistoryRole::User,
+        text: format!("Message {i}. A typical turn of a conversation, a few lines long."),
+    };
+    let base = 1_780_000_000u64;
+    let meta = |i: usize| SessionMeta {
+        id: session_id(i),
+        name: None,
+        owner: "admin".into(),
+        created_at: rfc3339(base),
+        last_active: rfc3339(base + i as u64),
+        provider: None,
+        model: None,
+    };
+    // Appends to one session.
+    store.create(&meta(0)).unwrap();
+    let n = if quick { 300 } else { 2_000 };
+    let mut samples: Vec<Duration> = (0..n)
+        .map(|i| time(|| store.append(&session_id(0), &message(i)).unwrap()).0)
+        .collect();
+    let stats = Stats::of(&mut samples);
+    row(
+        &format!("(e) {name}: append x {n}"),
+        &stats.show(),
+        &format!("mean {}", fmt_dur(stats.mean)),
+        "-",
+        "INFO",
+    );
+    // Artifact writes, 4 KiB each.
+    let content = vec![b'x'; 4096];
+    let n = if quick { 200 } else { 1_000 };
+    let mut samples: Vec<Duration> = (0..n)
+        .map(|i| {
+            let artifact = ArtifactMeta {
+                id: format!("a{i}"),
+                session: session_id(0),
+                kind: ArtifactKind::ToolOutput,
+                workspace: Some("primary".into()),
+                tool: Some("read_file".into()),
+                call_id: Some(format!("c{i}")),
+                created_at: rfc3339(base),
+                content_type: "application/json".into(),
+                size: 4096,
+                truncated: false,
+                original_size: 4096,
+                upload: None,
+            };
+            time(|| store.put_artifact(&artifact, &content).unwrap()).0
+        })
+        .collect();
+    let stats = Stats::of(&mut samples);
+    row(
+        &format!("(e) {name}: 4 KiB artifact write x {n}"),
+        &stats.show(),
+        &format!("mean {}", fmt_dur(stats.mean)),
+        "-",
+        "INFO",
+    );
+    // The session list with 10,000 sessions (created through the store; not timed).
+    let sessions = if quick { 1_000 } else { SESSIONS };
+    let (made, ()) = time(|| {
+        for i in 1..sessions {
+            store.create(&meta(i)).unwrap();
+        }
+    });
+    println!(
+        "    ({name}: {sessions} sessions created through the store in {})",
+        fmt_dur(made)
+    );
+    let reps = if quick { 5 } else { 20 };
+    let mut all: Vec<Duration> = (0..reps)
+        .map(|_| {
+            let (d, list) = time(|| store.all_sessions().unwrap());
+            assert_eq!(list.len(), sessions);
+            d
+        })
+        .collect();
+    let all = Stats::of(&mut all);
+    row(
+        &format!("(e) {name}: all_sessions, {sessions}"),
+        &all.show(),
+        "",
+        "-",
+        "INFO",
+    );
+    let mut listed: Vec<Duration> = (0..reps)
+        .map(|_| {
+            let registry = Registry::new(data, store.clone(), Layers::default());
+            let (d, list) = time(|| registry.list("admin"));
+            assert_eq!(list.len(), sessions);
+            assert_eq!(list[0].id, session_id(sessions - 1), "most recent first");
+            d
+        })
+        .collect();
+    let listed = Stats::of(&mut listed);
+    row(
+        &format!("(e) {name}: Registry::list, {sessions}"),
+        &listed.show(),
+        "fresh registry",
+        "< 50 ms",
+        verdict(listed.median),
+    );
+}
+
+/// (e) The filesystem store and the PostgreSQL store, side by side.
+fn backends(quick: bool) {
+    let data = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(FsStore::new(data.path()));
+    backend_figures("FsStore", store, data.path(), quick);
+    let cluster = match monad_tests::pg::Cluster::start(monad_tests::pg::Durability::Durable) {
+        Ok(cluster) => cluster,
+        Err(why) => {
+            println!("    (e) PostgreSQL: not run: {why}");
+            return;
+        }
+    };
+    let url = cluster.create_database().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        monad_server::store::PgStore::connect(
+            &url,
+            data.path(),
+            Arc::new(monad_server::store::FsBlobs::new(
+                &data.path().join("blobs"),
+            )),
+            monad_server::store::pg::PoolOptions::default(),
+        )
+        .unwrap(),
+    );
+    backend_figures("PgStore", store, data.path(), quick);
+}
+
 fn main() {
     // Each loaded session holds its workspace's directory open, as in the server.
     if let Ok((_, hard)) =
@@ -491,6 +631,11 @@ fn main() {
         std::env::temp_dir().display()
     );
     header();
+    let only_backends = std::env::args().any(|a| a == "--backends");
+    backends(quick);
+    if only_backends {
+        return;
+    }
     // Memory first, while the process is small and the allocator has not grown for others.
     idle_sessions(quick);
     listings(&rt, quick);

@@ -18,6 +18,7 @@
 //! Every wait is bounded: a test that would hang fails with a message saying what it waited for.
 #![deny(missing_docs)]
 
+pub mod pg;
 pub mod provider;
 
 use std::future::Future;

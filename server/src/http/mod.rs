@@ -117,7 +117,7 @@ impl HttpError {
         match e {
             StoreError::NotFound(what) => HttpError::not_found(what),
             StoreError::Invalid(message) => HttpError::bad(message),
-            e @ StoreError::Io { .. } => HttpError::internal(e),
+            e @ (StoreError::Io { .. } | StoreError::Database(_)) => HttpError::internal(e),
         }
     }
 }

@@ -9,23 +9,27 @@
 //! | [`ArtifactStore`] | `tool_output`, `file_diff`, `session_history` artifacts and their index | `sessions/<id>/artifacts/` |
 //!
 //! The traits are synchronous and `Send + Sync`; async callers run them on the blocking pool.
-//! Every method is one logical operation on keyed records or blobs, so a PostgreSQL + S3 backend
-//! implements them without changing callers: session metadata, audit records, workspace records,
-//! bindings and artifact metadata become rows (keyed by session id, workspace id, device id,
-//! artifact id; listings become indexed queries, pagination a keyset cursor on
-//! `(last_active, session_id)`), and artifact bodies become objects under
-//! `<session>/<artifact>`. See `docs/operations.md`.
+//! Every method is one logical operation on keyed records or blobs, so the PostgreSQL store
+//! ([`PgStore`], chosen by `[store] url`, see [`open`]) implements them without changing
+//! callers: session metadata, messages, audit records, workspace records, bindings, the folder
+//! registry and the artifact index are rows (listings are indexed queries, pagination a keyset
+//! cursor on `(last_active, session_id)`), and artifact content goes through [`Blobs`] under
+//! `{workspaceId or sessionId}/{artifactId}`. See `docs/operations.md`, "Storage backends".
 
+pub mod blobs;
 mod fs;
 pub mod history;
 pub mod observed;
+pub mod pg;
 
 use serde::{Deserialize, Serialize};
 
+pub use blobs::{Blobs, FsBlobs};
 pub use fs::FsStore;
 pub(crate) use fs::{decode_cursor, encode_cursor};
 pub use history::{History, HistoryMessage, Role};
 pub use monad_protocol::wire::{Decider, WorkspaceRecord, WorkspaceSession};
+pub use pg::PgStore;
 
 /// What can go wrong in a store.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +50,9 @@ pub enum StoreError {
     /// A value is not acceptable (a bad page token, a bad id).
     #[error("{0}")]
     Invalid(String),
+    /// The database failed or could not be reached (the PostgreSQL store).
+    #[error("database: {0}")]
+    Database(String),
 }
 
 impl StoreError {
@@ -458,6 +465,29 @@ pub trait ArtifactStore: Send + Sync {
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
     /// Removes artifacts of a session (ids it does not have are ignored).
     fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError>;
+}
+
+/// The store `config` names: `fs` (the filesystem store in the data dir) when `[store] url` is
+/// absent, else PostgreSQL at that URL with artifact content in `<data_dir>/blobs`. A bad URL,
+/// an unreachable database (within `connect_timeout_secs`) or a schema newer than this binary
+/// is an error that names the database, never a panic or a hang.
+///
+/// Returns the store and the tokens kept beside it (`tokens.toml`, or the database's table).
+pub fn open(
+    config: &crate::ServerConfig,
+    fs: std::sync::Arc<FsStore>,
+) -> Result<(std::sync::Arc<dyn Store>, crate::auth::TokenStore), crate::ServerError> {
+    let Some(url) = config.store.url.as_deref().filter(|u| !u.trim().is_empty()) else {
+        return Ok((fs, crate::auth::TokenStore::new(&config.data_dir)));
+    };
+    let blobs = std::sync::Arc::new(FsBlobs::new(&config.data_dir.join("blobs")));
+    let store = PgStore::connect(url, &config.data_dir, blobs, config.store.pool_options())
+        .map_err(|e| crate::ServerError::Invalid(format!("the store ([store] url): {e}")))?
+        .with_max_devices_per_user(config.quotas.max_devices_per_user);
+    tracing::info!("records are kept in PostgreSQL at {}", store.name());
+    let store = std::sync::Arc::new(store);
+    let tokens = crate::auth::TokenStore::in_postgres(&config.data_dir, store.clone());
+    Ok((store, tokens))
 }
 
 /// The stores a server runs on.

@@ -15,6 +15,7 @@ mod handshakes;
 mod http;
 mod limits;
 mod mcp;
+mod pg_store;
 mod processes;
 mod providers;
 mod records;

@@ -13,10 +13,19 @@ use serde_json::{Value, json};
 
 /// A server with its HTTP listener on a free loopback port.
 pub async fn server() -> (TestServer, SocketAddr) {
+    server_on(None).await
+}
+
+/// The same, on the PostgreSQL store at `pg` when given.
+pub async fn server_on(pg: Option<String>) -> (TestServer, SocketAddr) {
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let http = free.local_addr().expect("its address");
     drop(free);
-    let server = TestServer::start_with(|c| c.http = Some(http)).await;
+    let server = TestServer::start_with(|c| {
+        c.http = Some(http);
+        c.store.url = pg;
+    })
+    .await;
     (server, http)
 }
 

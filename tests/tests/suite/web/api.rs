@@ -480,7 +480,22 @@ async fn page_all(api: &Api, path: &str, limit: usize) -> Vec<String> {
 
 #[tokio::test]
 async fn three_hundred_sessions_page_with_no_gaps_and_no_duplicates() {
-    let (server, http) = server().await;
+    three_hundred_sessions_page(None).await;
+}
+
+#[tokio::test]
+async fn three_hundred_sessions_page_with_no_gaps_and_no_duplicates_on_postgresql() {
+    let Some(url) = crate::suite::pg_store::pg_url(
+        "three_hundred_sessions_page_with_no_gaps_and_no_duplicates_on_postgresql",
+    ) else {
+        return;
+    };
+    three_hundred_sessions_page(Some(url)).await;
+}
+
+/// Paging over 300 sessions on a backend: the filesystem (`None`) or PostgreSQL at the URL.
+async fn three_hundred_sessions_page(pg: Option<String>) {
+    let (server, http) = super::server_on(pg).await;
     let api = Api::new(http, &server.token);
     let made = many_sessions(&server, "admin", 300);
     // Another user's sessions never show up.

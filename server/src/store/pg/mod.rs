@@ -1,0 +1,1440 @@
+//! The PostgreSQL store: every store trait on PostgreSQL, artifact content behind [`Blobs`].
+//!
+//! Records are rows (see `0001_initial.sql`); the schema is versioned by embedded migrations
+//! applied at start (see [`migrate`]). The connections are driven on a thread of their own
+//! ([`pool`]), so the synchronous traits can be called from any thread, async workers included,
+//! without blocking a runtime on itself.
+//!
+//! A session's primary workspace stays a directory on this host
+//! (`<data_dir>/sessions/<id>/workspace`): it is what the tools work in, not a record.
+
+mod pool;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::{Config, GenericClient, Row};
+
+pub use pool::PoolOptions;
+use pool::{Driver, Pool, describe};
+
+use super::blobs::Blobs;
+use super::history::{History, HistoryMessage, Role};
+use super::*;
+use crate::fsutil::{create_workspace_root, now_rfc3339};
+
+/// The schema versions this binary knows, in order: (version, name, SQL).
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "initial", include_str!("0001_initial.sql"))];
+
+/// The store on PostgreSQL.
+pub struct PgStore {
+    driver: Driver,
+    pool: Arc<Pool>,
+    blobs: Arc<dyn Blobs>,
+    data_dir: PathBuf,
+    max_devices_per_user: usize,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("database", &self.pool.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A database error as a store error: a unique or foreign key violation names what was refused.
+fn db(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Database(describe(&e))
+}
+
+/// Reads `url` (a `postgres://` URL or a `key=value` string) and fills what it leaves out from
+/// the usual `PG*` variables in `vars` (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
+/// `PGDATABASE`). Returns the configuration and a name for messages (without the password).
+pub fn parse_url(
+    url: &str,
+    vars: impl Fn(&str) -> Option<String>,
+) -> Result<(Config, String), StoreError> {
+    let mut config: Config = url.parse().map_err(|e: tokio_postgres::Error| {
+        StoreError::Invalid(format!(
+            "the store URL is not a PostgreSQL connection string (postgres://USER@HOST:PORT/DB): {}",
+            describe(&e)
+        ))
+    })?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(StoreError::Invalid(
+            "the store URL asks for TLS (sslmode=require), which this version does not speak to \
+             PostgreSQL: reach the database over a private network or a Unix socket"
+                .into(),
+        ));
+    }
+    if config.get_hosts().is_empty() {
+        let host = vars("PGHOST").unwrap_or_else(|| "localhost".into());
+        for h in host.split(',') {
+            config.host(h);
+        }
+    }
+    if config.get_ports().is_empty()
+        && let Some(port) = vars("PGPORT")
+    {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| StoreError::Invalid(format!("PGPORT `{port}` is not a port number")))?;
+        config.port(port);
+    }
+    if config.get_user().is_none() {
+        match vars("PGUSER") {
+            Some(user) => {
+                config.user(&user);
+            }
+            None => {
+                return Err(StoreError::Invalid(
+                    "the store URL names no user: put it in the URL (postgres://USER@HOST/DB) \
+                     or in PGUSER"
+                        .into(),
+                ));
+            }
+        }
+    }
+    if config.get_password().is_none()
+        && let Some(password) = vars("PGPASSWORD")
+    {
+        config.password(password);
+    }
+    if config.get_dbname().is_none()
+        && let Some(db) = vars("PGDATABASE")
+    {
+        config.dbname(&db);
+    }
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .collect();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let name = format!(
+        "{}:{port}/{}",
+        hosts.join(","),
+        config
+            .get_dbname()
+            .or(config.get_user())
+            .unwrap_or_default()
+    );
+    Ok((config, name))
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (see [`parse_url`]; `PG*` variables from the
+    /// environment), applies the migrations this binary has, and keeps artifact content in
+    /// `blobs`. Fails with a clear error, within the connect time-out, when the URL is bad, the
+    /// database cannot be reached, or its schema is newer than this binary knows.
+    pub fn connect(
+        url: &str,
+        data_dir: &Path,
+        blobs: Arc<dyn Blobs>,
+        options: PoolOptions,
+    ) -> Result<PgStore, StoreError> {
+        let (config, name) = parse_url(url, |k| std::env::var(k).ok())?;
+        let driver = Driver::start(options.op_timeout)?;
+        let pool = Arc::new(Pool::new(config, options, name));
+        let store = PgStore {
+            driver,
+            pool,
+            blobs,
+            data_dir: data_dir.to_path_buf(),
+            max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
+        };
+        let pool = store.pool.clone();
+        store.driver.run(async move {
+            let mut conn = pool.get().await?;
+            migrate(&mut conn, MIGRATIONS).await
+        })?;
+        Ok(store)
+    }
+
+    /// Remembers at most `max` devices per user (at least 1), as [`FsStore`] does.
+    pub fn with_max_devices_per_user(mut self, max: usize) -> PgStore {
+        self.max_devices_per_user = max.max(1);
+        self
+    }
+
+    /// Where the database is (host, port, database; never the password).
+    pub fn name(&self) -> &str {
+        &self.pool.name
+    }
+
+    /// Runs `f` with a pooled connection on the driver thread.
+    fn with<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(pool::Conn) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let pool = self.pool.clone();
+        self.driver.run(async move {
+            let conn = pool.get().await?;
+            f(conn).await
+        })
+    }
+
+    fn session_dir(&self, id: &str) -> PathBuf {
+        self.data_dir.join("sessions").join(id)
+    }
+}
+
+/// Applies the migrations of `known` that the database lacks, all in one transaction under an
+/// advisory lock (two servers starting at once apply them once), recording each in
+/// `monad_schema`. A database whose schema is newer than the last of `known` is refused.
+pub async fn migrate(
+    client: &mut tokio_postgres::Client,
+    known: &[(i32, &str, &str)],
+) -> Result<(), StoreError> {
+    let tx = client.transaction().await.map_err(db)?;
+    tx.batch_execute(
+        "SELECT pg_advisory_xact_lock(7306328450571840);
+         CREATE TABLE IF NOT EXISTS monad_schema (
+             version INTEGER PRIMARY KEY,
+             name TEXT NOT NULL,
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+         );",
+    )
+    .await
+    .map_err(db)?;
+    let current: i32 = tx
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM monad_schema", &[])
+        .await
+        .map_err(db)?
+        .get(0);
+    let newest = known.last().map_or(0, |(v, _, _)| *v);
+    if current > newest {
+        return Err(StoreError::Invalid(format!(
+            "the database schema is at version {current}, newer than this monad-server knows \
+             (version {newest}): a newer monad-server migrated it; run that version (or newer)"
+        )));
+    }
+    for (version, name, sql) in known.iter().filter(|(v, _, _)| *v > current) {
+        tx.batch_execute(sql).await.map_err(|e| {
+            StoreError::Database(format!("migration {version} ({name}): {}", describe(&e)))
+        })?;
+        tx.execute(
+            "INSERT INTO monad_schema (version, name) VALUES ($1, $2)",
+            &[version, name],
+        )
+        .await
+        .map_err(db)?;
+    }
+    tx.commit().await.map_err(db)
+}
+
+/// Tokens, hashed (the `tokens` table), for [`crate::auth::TokenStore`] when the store is
+/// PostgreSQL.
+impl PgStore {
+    /// Stores a token record (its hash, never the token).
+    pub fn insert_token(&self, record: &crate::auth::TokenRecord) -> Result<(), StoreError> {
+        let r = record.clone();
+        self.with(move |c| async move {
+            c.execute(
+                "INSERT INTO tokens (id, user_name, hash, created_at) VALUES ($1, $2, $3, $4)",
+                &[&r.id, &r.user, &r.hash, &r.created_at],
+            )
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    /// Every token record, oldest first.
+    pub fn token_records(&self) -> Result<Vec<crate::auth::TokenRecord>, StoreError> {
+        self.with(|c| async move {
+            let rows = c
+                .query(
+                    "SELECT id, user_name, hash, created_at FROM tokens ORDER BY created_at, id",
+                    &[],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows
+                .iter()
+                .map(|r| crate::auth::TokenRecord {
+                    id: r.get(0),
+                    user: r.get(1),
+                    hash: r.get(2),
+                    created_at: r.get(3),
+                })
+                .collect())
+        })
+    }
+
+    /// Removes the token with this id; false when there is none.
+    pub fn delete_token(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.with(move |c| async move {
+            let n = c
+                .execute("DELETE FROM tokens WHERE id = $1", &[&id])
+                .await
+                .map_err(db)?;
+            Ok(n > 0)
+        })
+    }
+
+    /// The user of the token whose SHA-256 is `hash`.
+    pub fn token_user(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        let hash = hash.to_owned();
+        self.with(move |c| async move {
+            let row = c
+                .query_opt("SELECT user_name FROM tokens WHERE hash = $1", &[&hash])
+                .await
+                .map_err(db)?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
+}
+
+fn role_word(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::System => "system",
+    }
+}
+
+fn role_of(word: &str) -> Role {
+    match word {
+        "assistant" => Role::Assistant,
+        "system" => Role::System,
+        _ => Role::User,
+    }
+}
+
+fn meta_of(row: &Row) -> SessionMeta {
+    SessionMeta {
+        id: row.get("id"),
+        name: row.get("name"),
+        owner: row.get("owner"),
+        created_at: row.get("created_at"),
+        last_active: row.get("last_active"),
+        provider: row.get("provider"),
+        model: row.get("model"),
+    }
+}
+
+fn record_of(row: &Row) -> WorkspaceRecord {
+    WorkspaceRecord {
+        id: row.get("id"),
+        user: row.get("user_name"),
+        device_id: row.get("device_id"),
+        path: row.get("path"),
+        uri: row.get("uri"),
+        created_at: row.get("created_at"),
+        last_active: row.get("last_active"),
+    }
+}
+
+const SESSION_COLUMNS: &str = "id, name, owner, created_at, last_active, provider, model";
+const RECORD_COLUMNS: &str = "id, user_name, device_id, path, uri, created_at, last_active";
+
+/// Whether a session exists (for appends, which must not make a conversation of nothing).
+async fn session_exists(c: &impl GenericClient, id: &str) -> Result<(), StoreError> {
+    let found = c
+        .query_opt("SELECT 1 FROM sessions WHERE id = $1", &[&id])
+        .await
+        .map_err(db)?;
+    match found {
+        Some(_) => Ok(()),
+        None => Err(StoreError::NotFound(format!("session {id}"))),
+    }
+}
+
+impl SessionStore for PgStore {
+    fn create(&self, meta: &SessionMeta) -> Result<(), StoreError> {
+        check_id(&meta.id)?;
+        let dir = self.session_dir(&meta.id);
+        create_workspace_root(&dir.join("workspace"))
+            .map_err(|e| StoreError::io("create", &dir, e))?;
+        let m = meta.clone();
+        let created = self.with(move |c| async move {
+            c.execute(
+                "INSERT INTO sessions (id, name, owner, created_at, last_active, provider, model,
+                     history_created_at, history_provider, history_model)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7)
+                 ON CONFLICT (id) DO NOTHING",
+                &[
+                    &m.id,
+                    &m.name,
+                    &m.owner,
+                    &m.created_at,
+                    &m.last_active,
+                    &m.provider,
+                    &m.model,
+                ],
+            )
+            .await
+            .map_err(db)
+        })?;
+        if created == 0 {
+            return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
+        }
+        Ok(())
+    }
+
+    fn load(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        self.with(move |c| async move {
+            let row = c
+                .query_opt(
+                    &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = $1"),
+                    &[&id],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.as_ref().map(meta_of))
+        })
+    }
+
+    fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
+        check_id(&meta.id)?;
+        let m = meta.clone();
+        self.with(move |c| async move {
+            c.execute(
+                "INSERT INTO sessions (id, name, owner, created_at, last_active, provider, model,
+                     history_created_at, history_provider, history_model)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7)
+                 ON CONFLICT (id) DO UPDATE SET name = $2, owner = $3, created_at = $4,
+                     last_active = $5, provider = $6, model = $7",
+                &[
+                    &m.id,
+                    &m.name,
+                    &m.owner,
+                    &m.created_at,
+                    &m.last_active,
+                    &m.provider,
+                    &m.model,
+                ],
+            )
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
+        self.with(|c| async move {
+            let rows = c
+                .query(&format!("SELECT {SESSION_COLUMNS} FROM sessions"), &[])
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(meta_of).collect())
+        })
+    }
+
+    fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
+        let owner = owner.to_owned();
+        self.with(move |c| async move {
+            let n: i64 = c
+                .query_one("SELECT COUNT(*) FROM sessions WHERE owner = $1", &[&owner])
+                .await
+                .map_err(db)?
+                .get(0);
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn delete(&self, id: &str) -> Result<(), StoreError> {
+        check_id(id)?;
+        let key = id.to_owned();
+        // The rows first (with the artifact index): once they are gone, nothing names the
+        // content, which goes next.
+        let blob_keys = self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            let keys: Vec<String> = tx
+                .query(
+                    "SELECT blob_key FROM artifacts WHERE session_id = $1",
+                    &[&key],
+                )
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let n = tx
+                .execute("DELETE FROM sessions WHERE id = $1", &[&key])
+                .await
+                .map_err(db)?;
+            tx.commit().await.map_err(db)?;
+            Ok((n, keys))
+        })?;
+        let (n, keys) = blob_keys;
+        for key in keys {
+            self.blobs.delete(&key)?;
+        }
+        let dir = self.session_dir(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io("delete", &dir, e)),
+        }
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("session {id}")));
+        }
+        Ok(())
+    }
+
+    fn history(&self, id: &str) -> Result<History, StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        self.with(move |mut c| async move {
+            // One snapshot: a replace between the two reads is seen whole or not at all.
+            let tx = c
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(db)?;
+            let head = tx
+                .query_opt(
+                    "SELECT history_created_at, history_provider, history_model
+                     FROM sessions WHERE id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?;
+            let Some(head) = head else {
+                return Ok(history::empty(now_rfc3339(), None, None));
+            };
+            let messages = tx
+                .query(
+                    "SELECT role, text FROM messages WHERE session_id = $1 ORDER BY seq",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?
+                .iter()
+                .map(|r| HistoryMessage {
+                    role: role_of(r.get(0)),
+                    text: r.get(1),
+                })
+                .collect();
+            tx.commit().await.map_err(db)?;
+            Ok(History {
+                created_at: head.get(0),
+                provider: head.get(1),
+                model: head.get(2),
+                messages,
+            })
+        })
+    }
+
+    fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        let (role, text) = (role_word(message.role), message.text.clone());
+        self.with(move |c| async move {
+            let n = c
+                .execute(
+                    "INSERT INTO messages (session_id, role, text)
+                     SELECT id, $2, $3 FROM sessions WHERE id = $1",
+                    &[&id, &role, &text],
+                )
+                .await
+                .map_err(db)?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("session {id}")));
+            }
+            Ok(())
+        })
+    }
+
+    fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        let h = history.clone();
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            let n = tx
+                .execute(
+                    "UPDATE sessions SET history_created_at = $2, history_provider = $3,
+                         history_model = $4 WHERE id = $1",
+                    &[&id, &h.created_at, &h.provider, &h.model],
+                )
+                .await
+                .map_err(db)?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("session {id}")));
+            }
+            tx.execute("DELETE FROM messages WHERE session_id = $1", &[&id])
+                .await
+                .map_err(db)?;
+            let roles: Vec<&str> = h.messages.iter().map(|m| role_word(m.role)).collect();
+            let texts: Vec<&str> = h.messages.iter().map(|m| m.text.as_str()).collect();
+            tx.execute(
+                "INSERT INTO messages (session_id, role, text)
+                 SELECT $1, r, t FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS m(r, t, n)
+                 ORDER BY n",
+                &[&id, &roles, &texts],
+            )
+            .await
+            .map_err(db)?;
+            tx.commit().await.map_err(db)
+        })
+    }
+
+    fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError> {
+        check_id(id)?;
+        if records.is_empty() {
+            return Ok(());
+        }
+        let id = id.to_owned();
+        let lines: Vec<String> = records
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("records serialize"))
+            .collect();
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            session_exists(&tx, &id).await?;
+            tx.execute(
+                "INSERT INTO audit (session_id, record)
+                 SELECT $1, r FROM unnest($2::text[]) WITH ORDINALITY AS a(r, n) ORDER BY n",
+                &[&id, &lines],
+            )
+            .await
+            .map_err(db)?;
+            tx.commit().await.map_err(db)
+        })
+    }
+
+    fn audit_log(&self, id: &str) -> Result<Vec<AuditRecord>, StoreError> {
+        Ok(self.audit_page(id, 0, i64::MAX as usize)?.0)
+    }
+
+    fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        self.with(move |c| async move {
+            let n: i64 = c
+                .query_one("SELECT COUNT(*) FROM audit WHERE session_id = $1", &[&id])
+                .await
+                .map_err(db)?
+                .get(0);
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn audit_page(
+        &self,
+        id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<AuditRecord>, usize), StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |mut c| async move {
+            let tx = c
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(db)?;
+            let total: i64 = tx
+                .query_one("SELECT COUNT(*) FROM audit WHERE session_id = $1", &[&id])
+                .await
+                .map_err(db)?
+                .get(0);
+            let rows = tx
+                .query(
+                    "SELECT record FROM audit WHERE session_id = $1 ORDER BY seq
+                     OFFSET $2 LIMIT $3",
+                    &[&id, &offset, &limit],
+                )
+                .await
+                .map_err(db)?;
+            tx.commit().await.map_err(db)?;
+            let records = rows
+                .iter()
+                .filter_map(|r| {
+                    let text: &str = r.get(0);
+                    match serde_json::from_str(text) {
+                        Ok(record) => Some(record),
+                        Err(e) => {
+                            tracing::warn!(
+                                "session {id}: skipping an unreadable audit record: {e}"
+                            );
+                            None
+                        }
+                    }
+                })
+                .collect();
+            Ok((records, usize::try_from(total).unwrap_or(0)))
+        })
+    }
+
+    fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
+        check_id(id)?;
+        let key = id.to_owned();
+        let text: Option<String> = self.with(move |c| async move {
+            let row = c
+                .query_opt("SELECT config FROM sessions WHERE id = $1", &[&key])
+                .await
+                .map_err(db)?;
+            Ok(row.and_then(|r| r.get(0)))
+        })?;
+        Ok(text.map(|t| (format!("the config of session {id} (PostgreSQL)"), t)))
+    }
+
+    fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
+        let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
+        let owner = owner.to_owned();
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT s.id FROM sessions s
+                     LEFT JOIN LATERAL (
+                         SELECT lower(string_agg(text, E'\\n' ORDER BY seq)) AS t
+                         FROM messages WHERE session_id = s.id
+                     ) m ON true
+                     WHERE s.owner = $1
+                       AND COALESCE((SELECT bool_and(strpos(COALESCE(m.t, ''), w) > 0)
+                                     FROM unnest($2::text[]) AS w), true)
+                     ORDER BY s.last_active DESC, s.id",
+                    &[&owner, &words],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+}
+
+impl WorkspaceStore for PgStore {
+    fn resolve_record(
+        &self,
+        user: &str,
+        device_id: &str,
+        path: &str,
+        uri: &str,
+    ) -> Result<WorkspaceRecord, StoreError> {
+        let (user, device, path, uri) = (
+            user.to_owned(),
+            device_id.to_owned(),
+            path.to_owned(),
+            uri.to_owned(),
+        );
+        let id = uuid::Uuid::new_v4().to_string();
+        let now = now_rfc3339();
+        self.with(move |c| async move {
+            // One statement: of racing resolves of the same folder, one inserts and the others
+            // update the row it made, so all get the same record.
+            let row = c
+                .query_one(
+                    &format!(
+                        "INSERT INTO workspaces ({RECORD_COLUMNS}, resolved)
+                         VALUES ($1, $2, $3, $4, $5, $6, $6, true)
+                         ON CONFLICT (user_name, device_id, path) WHERE resolved
+                         DO UPDATE SET uri = EXCLUDED.uri
+                         RETURNING {RECORD_COLUMNS}"
+                    ),
+                    &[&id, &user, &device, &path, &uri, &now],
+                )
+                .await
+                .map_err(db)?;
+            Ok(record_of(&row))
+        })
+    }
+
+    fn record(&self, id: &str) -> Result<Option<WorkspaceRecord>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |c| async move {
+            let row = c
+                .query_opt(
+                    &format!("SELECT {RECORD_COLUMNS} FROM workspaces WHERE id = $1"),
+                    &[&id],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.as_ref().map(record_of))
+        })
+    }
+
+    fn records(&self, user: Option<&str>) -> Result<Vec<WorkspaceRecord>, StoreError> {
+        let user = user.map(str::to_owned);
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    &format!(
+                        "SELECT {RECORD_COLUMNS} FROM workspaces
+                         WHERE $1::text IS NULL OR user_name = $1
+                         ORDER BY last_active DESC, id"
+                    ),
+                    &[&user],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(record_of).collect())
+        })
+    }
+
+    fn touch_record(&self, id: &str, session: &str, calls: u64) -> Result<(), StoreError> {
+        let (id, session) = (id.to_owned(), session.to_owned());
+        let calls = i64::try_from(calls).unwrap_or(i64::MAX);
+        let now = now_rfc3339();
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            let n = tx
+                .execute(
+                    "UPDATE workspaces SET last_active = $2 WHERE id = $1",
+                    &[&id, &now],
+                )
+                .await
+                .map_err(db)?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("workspace record {id}")));
+            }
+            tx.execute(
+                "INSERT INTO workspace_sessions (workspace_id, session_id, first_at, last_active,
+                     calls)
+                 VALUES ($1, $2, $3, $3, $4)
+                 ON CONFLICT (workspace_id, session_id) DO UPDATE
+                 SET last_active = $3, calls = workspace_sessions.calls + $4",
+                &[&id, &session, &now, &calls],
+            )
+            .await
+            .map_err(db)?;
+            tx.commit().await.map_err(db)
+        })
+    }
+
+    fn record_sessions(
+        &self,
+        id: &str,
+        limit: usize,
+        next: Option<&str>,
+    ) -> Result<Page<WorkspaceSession>, StoreError> {
+        if !(1..=100).contains(&limit) {
+            return Err(StoreError::Invalid(format!(
+                "limit {limit} is out of range: 1 to 100"
+            )));
+        }
+        let after = next.map(decode_cursor).transpose()?;
+        let id = id.to_owned();
+        self.with(move |c| async move {
+            if c.query_opt("SELECT 1 FROM workspaces WHERE id = $1", &[&id])
+                .await
+                .map_err(db)?
+                .is_none()
+            {
+                return Err(StoreError::NotFound(format!("workspace record {id}")));
+            }
+            let (after_active, after_session) = after.unzip();
+            // One more than a page: whether there is a next one.
+            let rows = c
+                .query(
+                    "SELECT session_id, first_at, last_active, calls FROM workspace_sessions
+                     WHERE workspace_id = $1
+                       AND ($2::text IS NULL
+                            OR last_active < $2 OR (last_active = $2 AND session_id > $3))
+                     ORDER BY last_active DESC, session_id
+                     LIMIT $4",
+                    &[&id, &after_active, &after_session, &(limit as i64 + 1)],
+                )
+                .await
+                .map_err(db)?;
+            let mut items: Vec<WorkspaceSession> = rows
+                .iter()
+                .map(|r| WorkspaceSession {
+                    session: r.get(0),
+                    first_at: r.get(1),
+                    last_active: r.get(2),
+                    calls: u64::try_from(r.get::<_, i64>(3)).unwrap_or(0),
+                })
+                .collect();
+            let more = items.len() > limit;
+            items.truncate(limit);
+            let next = more
+                .then(|| {
+                    items
+                        .last()
+                        .map(|s| encode_cursor(&s.last_active, &s.session))
+                })
+                .flatten();
+            Ok(Page { items, next })
+        })
+    }
+
+    fn forget_session(&self, session: &str) -> Result<(), StoreError> {
+        let session = session.to_owned();
+        self.with(move |c| async move {
+            c.execute(
+                "DELETE FROM workspace_sessions WHERE session_id = $1",
+                &[&session],
+            )
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    fn add_record(&self, record: &WorkspaceRecord) -> Result<(), StoreError> {
+        check_id(&record.id)?;
+        let r = record.clone();
+        let n = self.with(move |c| async move {
+            c.execute(
+                &format!(
+                    "INSERT INTO workspaces ({RECORD_COLUMNS}, resolved)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, false)
+                     ON CONFLICT (id) DO NOTHING"
+                ),
+                &[
+                    &r.id,
+                    &r.user,
+                    &r.device_id,
+                    &r.path,
+                    &r.uri,
+                    &r.created_at,
+                    &r.last_active,
+                ],
+            )
+            .await
+            .map_err(db)
+        })?;
+        if n == 0 {
+            return Err(StoreError::Invalid(format!(
+                "workspace record {} exists",
+                record.id
+            )));
+        }
+        Ok(())
+    }
+
+    fn delete_record(&self, id: &str) -> Result<(), StoreError> {
+        check_id(id)?;
+        let key = id.to_owned();
+        let n = self.with(move |c| async move {
+            c.execute("DELETE FROM workspaces WHERE id = $1", &[&key])
+                .await
+                .map_err(db)
+        })?;
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("workspace record {id}")));
+        }
+        Ok(())
+    }
+}
+
+/// A binding's use is written again (on a lookup) once it is this old, as in [`FsStore`].
+const BINDING_TOUCH_MS: i64 = 24 * 60 * 60 * 1000;
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Serializes the binding changes of one user (an advisory lock on a hash of the name, held
+/// until the transaction ends).
+const LOCK_USER: &str = "SELECT pg_advisory_xact_lock(hashtextextended('bindings:' || $1, 0))";
+
+impl BindingStore for PgStore {
+    fn bound_session(&self, user: &str, device_id: &str) -> Result<Option<String>, StoreError> {
+        let (user, device) = (user.to_owned(), device_id.to_owned());
+        let now = unix_ms();
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            let row = tx
+                .query_opt(
+                    "SELECT session_id, used FROM bindings WHERE user_name = $1 AND device_id = $2",
+                    &[&user, &device],
+                )
+                .await
+                .map_err(db)?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let (session, used): (String, i64) = (row.get(0), row.get(1));
+            if now.saturating_sub(used) >= BINDING_TOUCH_MS {
+                tx.execute(LOCK_USER, &[&user]).await.map_err(db)?;
+                tx.execute(
+                    "UPDATE bindings SET used = GREATEST($3,
+                         (SELECT COALESCE(MAX(used), 0) + 1 FROM bindings WHERE user_name = $1))
+                     WHERE user_name = $1 AND device_id = $2",
+                    &[&user, &device, &now],
+                )
+                .await
+                .map_err(db)?;
+            }
+            tx.commit().await.map_err(db)?;
+            Ok(Some(session))
+        })
+    }
+
+    fn bind(&self, user: &str, device_id: &str, session: &str) -> Result<(), StoreError> {
+        let (user, device, session) = (user.to_owned(), device_id.to_owned(), session.to_owned());
+        let max = i64::try_from(self.max_devices_per_user.max(1)).unwrap_or(i64::MAX);
+        let now = unix_ms();
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            tx.execute(LOCK_USER, &[&user]).await.map_err(db)?;
+            let current = tx
+                .query_opt(
+                    "SELECT session_id, used FROM bindings WHERE user_name = $1 AND device_id = $2",
+                    &[&user, &device],
+                )
+                .await
+                .map_err(db)?;
+            if let Some(row) = current
+                && row.get::<_, String>(0) == session
+                && now.saturating_sub(row.get::<_, i64>(1)) < BINDING_TOUCH_MS
+            {
+                return Ok(());
+            }
+            tx.execute(
+                "INSERT INTO bindings (user_name, device_id, session_id, used)
+                 VALUES ($1, $2, $3, GREATEST($4,
+                     (SELECT COALESCE(MAX(used), 0) + 1 FROM bindings WHERE user_name = $1)))
+                 ON CONFLICT (user_name, device_id) DO UPDATE
+                 SET session_id = EXCLUDED.session_id, used = EXCLUDED.used",
+                &[&user, &device, &session, &now],
+            )
+            .await
+            .map_err(db)?;
+            // Past the bound, the least recently used devices go.
+            tx.execute(
+                "DELETE FROM bindings WHERE user_name = $1 AND device_id IN (
+                     SELECT device_id FROM bindings WHERE user_name = $1
+                     ORDER BY used DESC OFFSET $2)",
+                &[&user, &max],
+            )
+            .await
+            .map_err(db)?;
+            tx.commit().await.map_err(db)
+        })
+    }
+
+    fn default_session(&self, user: &str) -> Result<Option<String>, StoreError> {
+        let user = user.to_owned();
+        self.with(move |c| async move {
+            let row = c
+                .query_opt(
+                    "SELECT session_id FROM defaults WHERE user_name = $1",
+                    &[&user],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
+
+    fn set_default_session(&self, user: &str, session: &str) -> Result<(), StoreError> {
+        let (user, session) = (user.to_owned(), session.to_owned());
+        self.with(move |c| async move {
+            c.execute(
+                "INSERT INTO defaults (user_name, session_id) VALUES ($1, $2)
+                 ON CONFLICT (user_name) DO UPDATE SET session_id = EXCLUDED.session_id",
+                &[&user, &session],
+            )
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    fn unbind_session(&self, session: &str) -> Result<(), StoreError> {
+        let session = session.to_owned();
+        self.with(move |c| async move {
+            c.batch_execute("BEGIN").await.map_err(db)?;
+            let done = async {
+                c.execute("DELETE FROM bindings WHERE session_id = $1", &[&session])
+                    .await?;
+                c.execute("DELETE FROM defaults WHERE session_id = $1", &[&session])
+                    .await?;
+                c.batch_execute("COMMIT").await
+            }
+            .await;
+            if done.is_err() {
+                let _ = c.batch_execute("ROLLBACK").await;
+            }
+            done.map_err(db)
+        })
+    }
+
+    fn devices_bound_to(&self, session: &str) -> Result<usize, StoreError> {
+        let session = session.to_owned();
+        self.with(move |c| async move {
+            let n: i64 = c
+                .query_one(
+                    "SELECT COUNT(*) FROM bindings WHERE session_id = $1",
+                    &[&session],
+                )
+                .await
+                .map_err(db)?
+                .get(0);
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+    }
+}
+
+fn folder_of(row: &Row) -> Result<crate::roots::FolderSessions, StoreError> {
+    let sessions: String = row.get("sessions");
+    let sessions: BTreeMap<String, u64> = serde_json::from_str(&sessions)
+        .map_err(|e| StoreError::Invalid(format!("a folder registry row is not readable: {e}")))?;
+    Ok(crate::roots::FolderSessions {
+        user: row.get("user_name"),
+        device: row.get("device_id"),
+        folder: row.get("folder"),
+        active: row.get("active"),
+        sessions,
+    })
+}
+
+impl FolderStore for PgStore {
+    fn folder_sessions(
+        &self,
+        user: &str,
+        device: &str,
+    ) -> Result<Vec<crate::roots::FolderSessions>, StoreError> {
+        let (user, device) = (user.to_owned(), device.to_owned());
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT user_name, device_id, folder, active, sessions FROM folder_sessions
+                     WHERE user_name = $1 AND device_id = $2 ORDER BY folder",
+                    &[&user, &device],
+                )
+                .await
+                .map_err(db)?;
+            rows.iter().map(folder_of).collect()
+        })
+    }
+
+    fn save_folder_sessions(&self, entry: &crate::roots::FolderSessions) -> Result<(), StoreError> {
+        let e = entry.clone();
+        let sessions = serde_json::to_string(&entry.sessions).expect("a map serializes");
+        self.with(move |c| async move {
+            if e.is_empty() {
+                c.execute(
+                    "DELETE FROM folder_sessions
+                     WHERE user_name = $1 AND device_id = $2 AND folder = $3",
+                    &[&e.user, &e.device, &e.folder],
+                )
+                .await
+                .map_err(db)?;
+            } else {
+                c.execute(
+                    "INSERT INTO folder_sessions (user_name, device_id, folder, active, sessions)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (user_name, device_id, folder) DO UPDATE
+                     SET active = EXCLUDED.active, sessions = EXCLUDED.sessions",
+                    &[&e.user, &e.device, &e.folder, &e.active, &sessions],
+                )
+                .await
+                .map_err(db)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn prune_folder_sessions(&self, now: u64) -> Result<usize, StoreError> {
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            let rows = tx
+                .query(
+                    "SELECT user_name, device_id, folder, active, sessions FROM folder_sessions
+                     FOR UPDATE",
+                    &[],
+                )
+                .await
+                .map_err(db)?;
+            let mut changed = 0;
+            for row in &rows {
+                let Ok(mut entry) = folder_of(row) else {
+                    continue;
+                };
+                if !entry.prune(now, |_| true) {
+                    continue;
+                }
+                changed += 1;
+                if entry.is_empty() {
+                    tx.execute(
+                        "DELETE FROM folder_sessions
+                         WHERE user_name = $1 AND device_id = $2 AND folder = $3",
+                        &[&entry.user, &entry.device, &entry.folder],
+                    )
+                    .await
+                    .map_err(db)?;
+                } else {
+                    let sessions =
+                        serde_json::to_string(&entry.sessions).expect("a map serializes");
+                    tx.execute(
+                        "UPDATE folder_sessions SET active = $4, sessions = $5
+                         WHERE user_name = $1 AND device_id = $2 AND folder = $3",
+                        &[
+                            &entry.user,
+                            &entry.device,
+                            &entry.folder,
+                            &entry.active,
+                            &sessions,
+                        ],
+                    )
+                    .await
+                    .map_err(db)?;
+                }
+            }
+            tx.commit().await.map_err(db)?;
+            Ok(changed)
+        })
+    }
+}
+
+/// Where an artifact's content is: `{workspaceId}/{artifactId}` for an upload to a workspace,
+/// `{sessionId}/{artifactId}` otherwise.
+pub fn blob_key(meta: &ArtifactMeta) -> String {
+    let scope = meta
+        .upload
+        .as_ref()
+        .map_or(meta.session.as_str(), |u| u.workspace_id.as_str());
+    format!("{scope}/{}", meta.id)
+}
+
+impl ArtifactStore for PgStore {
+    fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError> {
+        check_id(&meta.session)?;
+        check_id(&meta.id)?;
+        if let Some(upload) = &meta.upload {
+            check_id(&upload.workspace_id)?;
+        }
+        let key = blob_key(meta);
+        // The content first, durably; only then the row that names it. A crash between the two
+        // leaves content no row names (swept later), never a row naming nothing.
+        self.blobs.put(&key, content)?;
+        let (session, id) = (meta.session.clone(), meta.id.clone());
+        let json = serde_json::to_string(meta).expect("metadata serializes");
+        let stored_key = key.clone();
+        let replaced: Option<String> = self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            session_exists(&tx, &session).await?;
+            let old = tx
+                .query_opt(
+                    "SELECT blob_key FROM artifacts WHERE session_id = $1 AND id = $2 FOR UPDATE",
+                    &[&session, &id],
+                )
+                .await
+                .map_err(db)?
+                .map(|r| r.get::<_, String>(0));
+            // A replaced artifact (the history snapshot) keeps its place in the list.
+            tx.execute(
+                "INSERT INTO artifacts (session_id, id, meta, blob_key) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (session_id, id) DO UPDATE
+                 SET meta = EXCLUDED.meta, blob_key = EXCLUDED.blob_key",
+                &[&session, &id, &json, &stored_key],
+            )
+            .await
+            .map_err(db)?;
+            tx.commit().await.map_err(db)?;
+            Ok(old.filter(|k| *k != stored_key))
+        })?;
+        if let Some(old) = replaced {
+            self.blobs.delete(&old)?;
+        }
+        Ok(())
+    }
+
+    fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
+        check_id(session)?;
+        let session = session.to_owned();
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT meta FROM artifacts WHERE session_id = $1 ORDER BY seq",
+                    &[&session],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    let text: &str = r.get(0);
+                    serde_json::from_str(text)
+                        .map_err(|e| {
+                            tracing::warn!(
+                                "session {session}: skipping an unreadable artifact row: {e}"
+                            )
+                        })
+                        .ok()
+                })
+                .collect())
+        })
+    }
+
+    fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
+        check_id(session)?;
+        check_id(id).map_err(|_| StoreError::NotFound(format!("artifact {id}")))?;
+        let (s, i) = (session.to_owned(), id.to_owned());
+        let row: Option<(String, String)> = self.with(move |c| async move {
+            let row = c
+                .query_opt(
+                    "SELECT meta, blob_key FROM artifacts WHERE session_id = $1 AND id = $2",
+                    &[&s, &i],
+                )
+                .await
+                .map_err(db)?;
+            Ok(row.map(|r| (r.get(0), r.get(1))))
+        })?;
+        let Some((json, key)) = row else {
+            return Err(StoreError::NotFound(format!(
+                "artifact {id} in session {session}"
+            )));
+        };
+        let meta: ArtifactMeta = serde_json::from_str(&json).map_err(|e| {
+            StoreError::Invalid(format!("artifact {id}'s record is not readable: {e}"))
+        })?;
+        match self.blobs.get(&key)? {
+            Some(content) => Ok((meta, content)),
+            None => Err(StoreError::Database(format!(
+                "artifact {id} of session {session} is indexed but its content ({key}) is \
+                 missing from the blob store"
+            ))),
+        }
+    }
+
+    fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError> {
+        check_id(session)?;
+        let session = session.to_owned();
+        let ids = ids.to_vec();
+        // The rows first: an artifact no row names is gone even if its content stays.
+        let keys: Vec<String> = self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "DELETE FROM artifacts WHERE session_id = $1 AND id = ANY($2)
+                     RETURNING blob_key",
+                    &[&session, &ids],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })?;
+        for key in keys {
+            self.blobs.delete(&key)?;
+        }
+        Ok(())
+    }
+}
+
+/// Session, record and artifact ids: letters, digits, `-` and `_` (as the filesystem store
+/// accepts them), so that an id is also a safe blob key part and directory name.
+fn check_id(id: &str) -> Result<(), StoreError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!("`{id}` is not a session id")))
+    }
+}
+
+/// The default bounds of the pool.
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            size: 8,
+            connect_timeout: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn a_url_takes_what_it_lacks_from_the_pg_variables_and_names_no_password() {
+        let (config, name) = parse_url(
+            "postgres://db.internal:6543/monad",
+            vars(&[
+                ("PGUSER", "monad"),
+                ("PGPASSWORD", "s3cret"),
+                ("PGPORT", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.get_user(), Some("monad"));
+        assert_eq!(config.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(config.get_ports(), &[6543]);
+        assert_eq!(name, "db.internal:6543/monad");
+        let (_, name) = parse_url("postgres://ana:pw@localhost/x", vars(&[])).unwrap();
+        assert!(!name.contains("pw"), "{name}");
+    }
+
+    #[test]
+    fn a_bad_url_or_one_without_a_user_is_a_clear_error() {
+        for (url, says) in [
+            ("mysql://x", "not a PostgreSQL connection string"),
+            ("postgres://localhost/db", "names no user"),
+            (
+                "postgres://u@h:notaport/db",
+                "not a PostgreSQL connection string",
+            ),
+        ] {
+            let e = parse_url(url, vars(&[])).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        let e = parse_url("postgres:///db", vars(&[("PGUSER", "u"), ("PGPORT", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("PGPORT `x` is not a port number"), "{e}");
+        let (config, name) = parse_url(
+            "postgres:///db",
+            vars(&[("PGUSER", "u"), ("PGHOST", "db"), ("PGPORT", "6000")]),
+        )
+        .unwrap();
+        assert_eq!(config.get_ports(), &[6000]);
+        assert_eq!(name, "db:6000/db");
+    }
+
+    #[test]
+    fn blob_keys_are_the_workspace_or_the_session_then_the_artifact() {
+        let mut meta = ArtifactMeta {
+            id: "a1".into(),
+            session: "s1".into(),
+            kind: ArtifactKind::ToolOutput,
+            workspace: None,
+            tool: None,
+            call_id: None,
+            created_at: "t".into(),
+            content_type: "application/json".into(),
+            size: 0,
+            truncated: false,
+            original_size: 0,
+            upload: None,
+        };
+        assert_eq!(blob_key(&meta), "s1/a1");
+        meta.upload = Some(Box::new(Upload {
+            workspace_id: "w1".into(),
+            task_id: None,
+            step_id: None,
+            name: None,
+            metadata: Default::default(),
+        }));
+        assert_eq!(blob_key(&meta), "w1/a1");
+    }
+}

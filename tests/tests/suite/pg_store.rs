@@ -1,0 +1,598 @@
+//! The store traits on both backends (the filesystem and PostgreSQL), and what only the
+//! PostgreSQL store has: the unique resolve under concurrency, migrations, the connection
+//! errors, content written before its row.
+
+use std::sync::Arc;
+
+use monad_protocol::wire::{HistoryMessage, HistoryRole, WorkspaceRecord};
+use monad_server::roots::FolderSessions;
+use monad_server::store::pg::{MIGRATIONS, PoolOptions};
+use monad_server::store::{
+    ArtifactKind, ArtifactMeta, ArtifactStore, AuditDecision, AuditOutcome, AuditRecord, Blobs,
+    Decider, FsBlobs, FsStore, History, PgStore, SessionMeta, SessionStore, Store, StoreError,
+    Upload, WorkspaceStore,
+};
+use monad_tests::{STEP, peer_missing, pg, test_config, within};
+
+/// A fresh database for `test`, or `None` (after saying so) when PostgreSQL is missing.
+pub fn pg_url(test: &str) -> Option<String> {
+    match pg::database() {
+        Ok(url) => Some(url),
+        Err(why) => {
+            peer_missing(test, &why);
+            None
+        }
+    }
+}
+
+fn pg_store(url: &str, data: &std::path::Path) -> PgStore {
+    PgStore::connect(
+        url,
+        data,
+        Arc::new(FsBlobs::new(&data.join("blobs"))),
+        PoolOptions::default(),
+    )
+    .expect("the PostgreSQL store connects")
+}
+
+fn meta(id: &str, owner: &str, last_active: &str) -> SessionMeta {
+    SessionMeta {
+        id: id.into(),
+        name: None,
+        owner: owner.into(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_active: last_active.into(),
+        provider: Some("anthropic".into()),
+        model: None,
+    }
+}
+
+fn msg(role: HistoryRole, text: &str) -> HistoryMessage {
+    HistoryMessage {
+        role,
+        text: text.into(),
+    }
+}
+
+fn audit(call: &str) -> AuditRecord {
+    AuditRecord {
+        time: "2026-01-01T00:00:01Z".into(),
+        call_id: call.into(),
+        tool: "read_file".into(),
+        workspace: Some("primary".into()),
+        target: "a.txt".into(),
+        decision: AuditDecision::Allowed,
+        decided_by: Decider::Trust,
+        outcome: AuditOutcome::Ok,
+        duration_ms: 3,
+    }
+}
+
+fn artifact(session: &str, id: &str, kind: ArtifactKind) -> ArtifactMeta {
+    ArtifactMeta {
+        id: id.into(),
+        session: session.into(),
+        kind,
+        workspace: None,
+        tool: Some("write_file".into()),
+        call_id: Some("c1".into()),
+        created_at: "2026-01-01T00:00:02Z".into(),
+        content_type: "application/json".into(),
+        size: 2,
+        truncated: false,
+        original_size: 2,
+        upload: None,
+    }
+}
+
+/// Every trait method's contract, as the callers rely on it; the same for both backends.
+fn exercise(store: &dyn Store) {
+    // Sessions.
+    store
+        .create(&meta("default", "ana", "2026-01-01T00:00:00Z"))
+        .unwrap();
+    assert!(
+        store.create(&meta("default", "ana", "x")).is_err(),
+        "ids are unique"
+    );
+    store
+        .create(&meta("s2", "ana", "2026-01-03T00:00:00Z"))
+        .unwrap();
+    store
+        .create(&meta("s3", "ben", "2026-01-02T00:00:00Z"))
+        .unwrap();
+    assert_eq!(store.load("nope").unwrap(), None);
+    assert!(store.load("../x").is_err(), "a bad id is refused");
+    let mut m = store.load("s2").unwrap().unwrap();
+    assert_eq!(m, meta("s2", "ana", "2026-01-03T00:00:00Z"));
+    m.name = Some("named".into());
+    m.last_active = "2026-01-04T00:00:00Z".into();
+    store.save(&m).unwrap();
+    assert_eq!(store.load("s2").unwrap().unwrap(), m);
+    let mut ids: Vec<String> = store
+        .all_sessions()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["default", "s2", "s3"]);
+    assert_eq!(store.count_sessions("ana").unwrap(), 2);
+    assert_eq!(store.config_text("s2").unwrap(), None);
+
+    // History: appends in order, a replace, the frontmatter from the session.
+    let h = store.history("s2").unwrap();
+    assert_eq!(h.created_at, "2026-01-01T00:00:00Z");
+    assert_eq!(h.provider.as_deref(), Some("anthropic"));
+    assert!(h.messages.is_empty());
+    let tricky = "## User\nnot a header\r\n\n";
+    store
+        .append("s2", &msg(HistoryRole::User, "Find the bug"))
+        .unwrap();
+    store
+        .append("s2", &msg(HistoryRole::Assistant, tricky))
+        .unwrap();
+    assert_eq!(
+        store.history("s2").unwrap().messages,
+        [
+            msg(HistoryRole::User, "Find the bug"),
+            msg(HistoryRole::Assistant, tricky)
+        ]
+    );
+    let snapshot = History {
+        provider: Some("openai".into()),
+        model: Some("gpt".into()),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        messages: vec![
+            msg(HistoryRole::System, "Be brief."),
+            msg(HistoryRole::User, "Hi"),
+        ],
+    };
+    store.replace("s2", &snapshot).unwrap();
+    assert_eq!(store.history("s2").unwrap(), snapshot);
+    store
+        .append("s3", &msg(HistoryRole::User, "the Bug is here"))
+        .unwrap();
+    assert_eq!(store.search_sessions("ana", "be BRIEF").unwrap(), ["s2"]);
+    assert_eq!(store.search_sessions("ben", "bug").unwrap(), ["s3"]);
+    assert!(store.search_sessions("ana", "bug").unwrap().is_empty());
+
+    // Audit: appended in order, counted, paged by position.
+    store.audit("s2", &[audit("c1"), audit("c2")]).unwrap();
+    store.audit("s2", &[audit("c3")]).unwrap();
+    store.audit("s2", &[]).unwrap();
+    assert_eq!(store.audit_count("s2").unwrap(), 3);
+    let calls = |r: Vec<AuditRecord>| r.into_iter().map(|r| r.call_id).collect::<Vec<_>>();
+    assert_eq!(calls(store.audit_log("s2").unwrap()), ["c1", "c2", "c3"]);
+    let (page, total) = store.audit_page("s2", 1, 1).unwrap();
+    assert_eq!((calls(page), total), (vec!["c2".to_owned()], 3));
+    assert_eq!(store.audit_log("s3").unwrap(), []);
+
+    // Workspace records: the resolve is idempotent (the URI follows), sessions page by cursor.
+    let r = store
+        .resolve_record("ana", "dev-1", "/home/ana/proj", "laptop:/home/ana/proj")
+        .unwrap();
+    let again = store
+        .resolve_record("ana", "dev-1", "/home/ana/proj", "mac:/home/ana/proj")
+        .unwrap();
+    assert_eq!(again.id, r.id);
+    assert_eq!(again.uri, "mac:/home/ana/proj");
+    let other = store
+        .resolve_record("ana", "dev-2", "/home/ana/proj", "x")
+        .unwrap();
+    assert_ne!(other.id, r.id, "another device is another record");
+    assert_eq!(
+        store.record(&r.id).unwrap().unwrap().uri,
+        "mac:/home/ana/proj"
+    );
+    assert_eq!(store.records(Some("ana")).unwrap().len(), 2);
+    assert_eq!(store.records(Some("ben")).unwrap().len(), 0);
+    for (session, calls) in [("s2", 2), ("default", 1), ("s3", 4), ("s2", 1)] {
+        store.touch_record(&r.id, session, calls).unwrap();
+    }
+    assert!(matches!(
+        store.touch_record("missing", "s2", 1),
+        Err(StoreError::NotFound(_))
+    ));
+    let mut seen = Vec::new();
+    let mut next = None;
+    loop {
+        let page = store.record_sessions(&r.id, 2, next.as_deref()).unwrap();
+        assert!(page.items.len() <= 2);
+        seen.extend(page.items);
+        match page.next {
+            Some(n) => next = Some(n),
+            None => break,
+        }
+    }
+    let mut sessions: Vec<(String, u64)> =
+        seen.iter().map(|s| (s.session.clone(), s.calls)).collect();
+    sessions.sort();
+    assert_eq!(
+        sessions,
+        [("default".into(), 1), ("s2".into(), 3), ("s3".into(), 4)]
+    );
+    assert!(store.record_sessions(&r.id, 0, None).is_err());
+    assert!(store.record_sessions(&r.id, 2, Some("zz")).is_err());
+    let general = WorkspaceRecord {
+        id: "0b6f9a51-8a39-4d52-9a7e-1f1de0d1c0a1".into(),
+        user: "ana".into(),
+        device_id: "api".into(),
+        path: String::new(),
+        uri: "general:x".into(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_active: "2026-01-01T00:00:00Z".into(),
+    };
+    store.add_record(&general).unwrap();
+    assert!(store.add_record(&general).is_err(), "ids are unique");
+    let second = WorkspaceRecord {
+        id: "1b6f9a51-8a39-4d52-9a7e-1f1de0d1c0a1".into(),
+        ..general.clone()
+    };
+    store.add_record(&second).unwrap();
+    store.forget_session("s3").unwrap();
+    let page = store.record_sessions(&r.id, 100, None).unwrap();
+    assert!(page.items.iter().all(|s| s.session != "s3"));
+    store.delete_record(&second.id).unwrap();
+    assert!(matches!(
+        store.delete_record(&second.id),
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(store.record(&second.id).unwrap(), None);
+
+    // Bindings and defaults.
+    assert_eq!(store.bound_session("ana", "dev-1").unwrap(), None);
+    store.bind("ana", "dev-1", "s2").unwrap();
+    store.bind("ana", "dev-2", "s2").unwrap();
+    store.bind("ben", "dev-1", "s3").unwrap();
+    assert_eq!(
+        store.bound_session("ana", "dev-1").unwrap().as_deref(),
+        Some("s2")
+    );
+    assert_eq!(
+        store.bound_session("ben", "dev-1").unwrap().as_deref(),
+        Some("s3")
+    );
+    assert_eq!(store.devices_bound_to("s2").unwrap(), 2);
+    store.set_default_session("ana", "s2").unwrap();
+    assert_eq!(store.default_session("ana").unwrap().as_deref(), Some("s2"));
+    store.unbind_session("s2").unwrap();
+    assert_eq!(store.devices_bound_to("s2").unwrap(), 0);
+    assert_eq!(store.default_session("ana").unwrap(), None);
+    assert_eq!(
+        store.bound_session("ben", "dev-1").unwrap().as_deref(),
+        Some("s3")
+    );
+
+    // The folder registry.
+    let now = 1_800_000_000_000;
+    let mut entry = FolderSessions::new("ana", "dev-1", "/home/ana/proj", "s2", now);
+    entry.use_session("default", now - 10, false);
+    store.save_folder_sessions(&entry).unwrap();
+    store
+        .save_folder_sessions(&FolderSessions::new("ana", "dev-1", "/tmp/x", "default", 1))
+        .unwrap();
+    assert_eq!(store.folder_sessions("ana", "dev-1").unwrap().len(), 2);
+    assert_eq!(store.folder_sessions("ana", "dev-9").unwrap(), []);
+    // The entry used at 1 ms is stale by now and goes; the other stays.
+    assert_eq!(store.prune_folder_sessions(now).unwrap(), 1);
+    assert_eq!(
+        store.folder_sessions("ana", "dev-1").unwrap(),
+        [entry.clone()]
+    );
+    entry.sessions.clear();
+    store.save_folder_sessions(&entry).unwrap();
+    assert_eq!(store.folder_sessions("ana", "dev-1").unwrap(), []);
+
+    // Artifacts: listed oldest first, a replaced history snapshot keeps its place.
+    store
+        .put_artifact(
+            &artifact("s2", "session_history", ArtifactKind::SessionHistory),
+            b"{}",
+        )
+        .unwrap();
+    store
+        .put_artifact(&artifact("s2", "a1", ArtifactKind::ToolOutput), b"[1]")
+        .unwrap();
+    let mut snapshot2 = artifact("s2", "session_history", ArtifactKind::SessionHistory);
+    snapshot2.size = 9;
+    store.put_artifact(&snapshot2, b"{\"v\": 2}").unwrap();
+    let mut uploaded = artifact("s2", "up1", ArtifactKind::ToolOutput);
+    uploaded.upload = Some(Box::new(Upload {
+        workspace_id: general.id.clone(),
+        task_id: Some("t".into()),
+        step_id: None,
+        name: Some("notes.txt".into()),
+        metadata: Default::default(),
+    }));
+    store.put_artifact(&uploaded, b"notes").unwrap();
+    let list: Vec<String> = store
+        .artifacts("s2")
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(list, ["session_history", "a1", "up1"]);
+    let (m, body) = store.artifact("s2", "session_history").unwrap();
+    assert_eq!((m.size, body.as_slice()), (9, &b"{\"v\": 2}"[..]));
+    assert_eq!(
+        store.artifact("s2", "up1").unwrap(),
+        (uploaded, b"notes".to_vec())
+    );
+    assert!(matches!(
+        store.artifact("s2", "nope"),
+        Err(StoreError::NotFound(_))
+    ));
+    store
+        .delete_artifacts("s2", &["a1".into(), "never".into()])
+        .unwrap();
+    let list: Vec<String> = store
+        .artifacts("s2")
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(list, ["session_history", "up1"]);
+
+    // Deleting a session takes everything it keeps.
+    store.delete("s2").unwrap();
+    assert_eq!(store.load("s2").unwrap(), None);
+    assert!(matches!(store.delete("s2"), Err(StoreError::NotFound(_))));
+    assert_eq!(store.audit_count("s2").unwrap(), 0);
+    assert_eq!(store.artifacts("s2").unwrap(), []);
+    assert_eq!(store.count_sessions("ana").unwrap(), 1);
+}
+
+#[test]
+fn the_filesystem_store_keeps_every_trait_contract() {
+    let data = tempfile::tempdir().unwrap();
+    exercise(&FsStore::new(data.path()));
+}
+
+#[test]
+fn the_postgres_store_keeps_every_trait_contract() {
+    let Some(url) = pg_url("the_postgres_store_keeps_every_trait_contract") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    exercise(&pg_store(&url, data.path()));
+    // Its artifact content is under the blob keys, and a session's went with it.
+    assert!(!data.path().join("blobs/s2/session_history").exists());
+}
+
+#[test]
+fn concurrent_resolves_of_one_folder_from_several_hosts_make_one_record() {
+    let Some(url) = pg_url("concurrent_resolves_of_one_folder_from_several_hosts_make_one_record")
+    else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    // Several stores on one database: several hosts, each with its own pool.
+    let stores: Vec<Arc<PgStore>> = (0..4)
+        .map(|_| Arc::new(pg_store(&url, data.path())))
+        .collect();
+    let barrier = Arc::new(std::sync::Barrier::new(16));
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let store = stores[i % stores.len()].clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                store
+                    .resolve_record("ana", "dev-1", "/home/ana/proj", &format!("laptop-{i}:/p"))
+                    .unwrap()
+                    .id
+            })
+        })
+        .collect();
+    let ids: std::collections::BTreeSet<String> =
+        threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert_eq!(stores[0].records(Some("ana")).unwrap().len(), 1);
+}
+
+#[test]
+fn migrations_are_applied_once_and_a_newer_schema_is_refused() {
+    let Some(url) = pg_url("migrations_are_applied_once_and_a_newer_schema_is_refused") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    drop(pg_store(&url, data.path()));
+    drop(pg_store(&url, data.path()));
+    let cluster = pg::cluster().unwrap();
+    let database = url.rsplit('/').next().unwrap();
+    let newest = MIGRATIONS.last().unwrap().0;
+    assert_eq!(
+        cluster
+            .psql(
+                database,
+                "SELECT string_agg(version::text, ',') FROM monad_schema"
+            )
+            .unwrap(),
+        (1..=newest)
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    // A newer binary migrated it: this one refuses it, saying so, and changes nothing.
+    let future = newest + 1;
+    cluster
+        .psql(
+            database,
+            &format!("INSERT INTO monad_schema (version, name) VALUES ({future}, 'future')"),
+        )
+        .unwrap();
+    let e = PgStore::connect(
+        &url,
+        data.path(),
+        Arc::new(FsBlobs::new(&data.path().join("blobs"))),
+        PoolOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains(&format!(
+            "schema is at version {future}, newer than this monad-server knows"
+        )),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_or_unreachable_store_url_fails_the_start_with_a_clear_message() {
+    // Nothing listens on a port that was just free; the start fails within the connect
+    // time-out, naming the database, and no data-dir lock or token is left behind.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (url, says) in [
+        (
+            format!("postgres://monad@127.0.0.1:{port}/db"),
+            format!("cannot connect to PostgreSQL at 127.0.0.1:{port}/db"),
+        ),
+        (
+            "mysql://nope".to_owned(),
+            "not a PostgreSQL connection string".to_owned(),
+        ),
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = test_config(data.path().to_path_buf());
+        config.store.url = Some(url.clone());
+        config.store.connect_timeout_secs = 2;
+        let bind = tokio::task::spawn_blocking(move || {
+            monad_server::Server::bind(config)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        let e = within(STEP, "the start to fail", bind)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains(&says), "{url}: {e}");
+        assert!(e.contains("[store] url"), "{e}");
+        assert!(!data.path().join("tokens.toml").exists(), "no token made");
+    }
+    // From the environment too (`MONAD_STORE_URL` is `[store] url`).
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(
+        data.path().join("config.toml"),
+        "[store]\nurl = \"mysql://x\"\n",
+    )
+    .unwrap();
+    let e = monad_server::Server::bind(test_config(data.path().to_path_buf()))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a PostgreSQL connection string"), "{e}");
+}
+
+/// Blobs that refuse every write, and can lose what they hold.
+struct Failing(FsBlobs, bool);
+
+impl Blobs for Failing {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        if self.1 {
+            return Err(StoreError::Invalid("the blob store is full".into()));
+        }
+        self.0.put(key, bytes)
+    }
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.get(key)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.0.delete(key)
+    }
+}
+
+#[test]
+fn an_artifact_row_is_written_only_after_its_content_and_lost_content_is_a_clear_error() {
+    let Some(url) = pg_url(
+        "an_artifact_row_is_written_only_after_its_content_and_lost_content_is_a_clear_error",
+    ) else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let blobs = data.path().join("blobs");
+    let open = |failing: bool| {
+        PgStore::connect(
+            &url,
+            data.path(),
+            Arc::new(Failing(FsBlobs::new(&blobs), failing)),
+            PoolOptions::default(),
+        )
+        .unwrap()
+    };
+    let refusing = open(true);
+    refusing.create(&meta("s1", "ana", "t")).unwrap();
+    let e = refusing
+        .put_artifact(&artifact("s1", "a1", ArtifactKind::ToolOutput), b"x")
+        .unwrap_err();
+    assert!(e.to_string().contains("full"), "{e}");
+    assert_eq!(
+        refusing.artifacts("s1").unwrap(),
+        [],
+        "no row without its content"
+    );
+
+    let store = open(false);
+    store
+        .put_artifact(&artifact("s1", "a1", ArtifactKind::ToolOutput), b"x")
+        .unwrap();
+    std::fs::remove_file(blobs.join("s1/a1")).unwrap();
+    let e = store.artifact("s1", "a1").unwrap_err().to_string();
+    assert!(
+        e.contains("artifact a1 of session s1 is indexed but its content (s1/a1) is missing"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tokens_live_hashed_in_postgresql_and_the_token_commands_find_them_through_config_toml() {
+    let Some(url) = pg_url(
+        "tokens_live_hashed_in_postgresql_and_the_token_commands_find_them_through_config_toml",
+    ) else {
+        return;
+    };
+    use monad_server::auth::TokenStore;
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(
+        data.path().join("config.toml"),
+        format!("[store]\nurl = \"{url}\"\n"),
+    )
+    .unwrap();
+    // What `monad-server token create` opens, beside a server that runs on the same database.
+    let command = TokenStore::open(data.path()).unwrap();
+    let server = TokenStore::in_postgres(data.path(), Arc::new(pg_store(&url, data.path())));
+    let (record, token) = command.create("ana").unwrap();
+    assert_eq!(server.verify(&token).unwrap().as_deref(), Some("ana"));
+    assert_eq!(server.verify("mnd_nope").unwrap(), None);
+    assert_eq!(server.list().unwrap(), std::slice::from_ref(&record));
+    assert!(!data.path().join("tokens.toml").exists(), "no token file");
+    let database = url.rsplit('/').next().unwrap();
+    let rows = pg::cluster()
+        .unwrap()
+        .psql(
+            database,
+            "SELECT id || ' ' || user_name || ' ' || hash FROM tokens",
+        )
+        .unwrap();
+    assert!(
+        rows.contains(&record.hash) && !rows.contains(&token),
+        "{rows}"
+    );
+    assert!(command.revoke(&record.id).unwrap());
+    assert!(!command.revoke(&record.id).unwrap());
+    assert_eq!(
+        server.verify(&token).unwrap(),
+        None,
+        "revoked everywhere at once"
+    );
+    assert!(
+        TokenStore::open(data.path())
+            .unwrap()
+            .create("a b")
+            .is_err()
+    );
+}
