@@ -87,14 +87,29 @@ impl Feed {
 
     /// Publishes an event of a session to its followers (nothing, when it has none).
     pub fn publish(&self, session: &str, event: Event) {
+        self.publish_with(session, || event);
+    }
+
+    /// Publishes the event `make` builds to the session's followers; `make` is not called when
+    /// the session has none.
+    pub fn publish_with(&self, session: &str, make: impl FnOnce() -> Event) {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(sender) = channels.get(session) {
             if sender.receiver_count() == 0 {
                 channels.remove(session);
             } else {
-                let _ = sender.send(event);
+                let _ = sender.send(make());
             }
         }
+    }
+
+    /// Whether someone follows a session now.
+    pub fn followed(&self, session: &str) -> bool {
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .is_some_and(|sender| sender.receiver_count() > 0)
     }
 
     /// How many sessions have a channel (followed now, or until their next event).

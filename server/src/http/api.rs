@@ -699,16 +699,27 @@ fn create_record(
     path: Option<String>,
 ) -> Result<(WorkspaceRecord, bool), HttpError> {
     let store = state.registry.store();
+    // Counting the user's records and adding one are one step: creations at once cannot pass
+    // the quota together.
+    static CREATIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CREATIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let records = store.records(Some(user)).map_err(HttpError::store)?;
+    if let Some(path) = &path
+        && let Some(record) = records.iter().find(|r| r.path == *path)
+    {
+        // The existing record: nothing new is stored, whatever the quota.
+        return Ok((record.clone(), false));
+    }
+    let max = state.config.quotas.max_workspaces_per_user;
+    if records.len() >= max {
+        return Err(HttpError::quota(format!(
+            "user `{user}` has {} workspaces, the most this server keeps for one user \
+             (server.max_workspaces_per_user = {max}); delete one to make another",
+            records.len()
+        )));
+    }
     match path {
         Some(path) => {
-            let existing = store
-                .records(Some(user))
-                .map_err(HttpError::store)?
-                .into_iter()
-                .find(|r| r.path == path);
-            if let Some(record) = existing {
-                return Ok((record, false));
-            }
             let record = store
                 .resolve_record(user, API_DEVICE, &path, &format!("{API_DEVICE}:{path}"))
                 .map_err(HttpError::store)?;
@@ -947,6 +958,11 @@ fn store_upload(
         Ok(_) => {}
         Err(e) => return Err(HttpError::store(e)),
     }
+    // The quota check and the write are one step: uploads at once cannot pass it together.
+    // (Only API uploads count, and they all pass here; deletes meanwhile only free room.)
+    static UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _quota = UPLOADS.lock().unwrap_or_else(|p| p.into_inner());
+    check_quota(state, user, &checked)?;
     // The check below and the write that adds the session to the record are one step: two
     // uploads naming different sessions to one `general` workspace at once cannot both pass.
     static GENERAL_UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -1026,6 +1042,37 @@ fn store_upload(
         artifact_uri: format!("workspaces/{}/artifacts/{artifact_id}", record.id),
         artifact_id,
     })
+}
+
+/// Refuses an upload that would take `user`'s uploaded bytes past
+/// `max_artifact_bytes_per_user` (a history snapshot replaces the session's previous one, whose
+/// bytes it frees). The caller holds the uploads' lock until the upload is stored.
+fn check_quota(state: &State, user: &str, checked: &Checked) -> Result<(), HttpError> {
+    let store = state.registry.store();
+    let used = match store.uploaded_bytes(user).map_err(HttpError::store)? {
+        Some(used) => used,
+        None => crate::store::uploaded_bytes(store.as_ref(), user).map_err(HttpError::store)?,
+    };
+    let replaced = match checked.kind {
+        ArtifactKind::SessionHistory => crate::store::session_uploaded_bytes(
+            store.as_ref(),
+            &checked.session,
+            Some(&["session_history".to_owned()]),
+        )
+        .map_err(HttpError::store)?,
+        ArtifactKind::ToolOutput | ArtifactKind::FileDiff => 0,
+    };
+    let size = checked.content.len() as u64;
+    let after = used.saturating_sub(replaced).saturating_add(size);
+    let max = state.config.quotas.max_artifact_bytes_per_user;
+    if after > max {
+        return Err(HttpError::quota(format!(
+            "storing these {size} bytes would take the artifacts user `{user}` uploaded to \
+             {after} bytes, over this server's quota of {max} bytes per user \
+             (server.max_artifact_bytes_per_user); delete workspaces to free room"
+        )));
+    }
+    Ok(())
 }
 
 /// An artifact's content as a download: its own content type, never interpreted by the

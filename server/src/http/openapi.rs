@@ -70,6 +70,7 @@ pub fn document() -> Value {
             "responses": with(errors(&mut g), json!({
                 "201": answer::<WorkspaceCreated>(&mut g, "created"),
                 "200": answer::<WorkspaceCreated>(&mut g, "the existing `local` workspace of that path"),
+                "507": error(&mut g, "the user has as many workspaces as the quota allows (`quota_exceeded`); nothing was stored"),
             })),
         }
     }));
@@ -88,6 +89,7 @@ pub fn document() -> Value {
             "responses": with(errors(&mut g), json!({
                 "201": answer::<ArtifactCreated>(&mut g, "stored"),
                 "409": error(&mut g, "a `general` workspace already holds another session"),
+                "507": error(&mut g, "over the user's quota of uploaded bytes (`quota_exceeded`); nothing was stored"),
             })),
         }
     }));

@@ -4,6 +4,7 @@
 mod api;
 mod browser;
 mod pages;
+mod quota;
 
 use std::net::SocketAddr;
 
@@ -13,10 +14,21 @@ use serde_json::{Value, json};
 
 /// A server with its HTTP listener on a free loopback port.
 pub async fn server() -> (TestServer, SocketAddr) {
+    server_with(|_| {}).await
+}
+
+/// The same, with the configuration tuned by `tune` first.
+pub async fn server_with(
+    tune: impl FnOnce(&mut monad_server::config::ServerConfig),
+) -> (TestServer, SocketAddr) {
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let http = free.local_addr().expect("its address");
     drop(free);
-    let server = TestServer::start_with(|c| c.http = Some(http)).await;
+    let server = TestServer::start_with(|c| {
+        tune(c);
+        c.http = Some(http);
+    })
+    .await;
     (server, http)
 }
 
