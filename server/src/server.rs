@@ -164,6 +164,7 @@ impl Server {
             executor: Executor {
                 call_timeout: Some(config.call_timeout),
                 recorder: Some(recorder),
+                feed: feed.clone(),
             },
             agents: Default::default(),
             feed,

@@ -130,7 +130,7 @@ pub fn document() -> Value {
     let event = g.subschema_for::<SessionEvent>();
     paths.insert("/api/v1/sessions/{id}/events".into(), json!({
         "parameters": [sid],
-        "get": { "summary": "Server-sent events: `ready`, then `call`, `message`, `history`, `artifact` (and `lagged`) as they happen; each `data` is a SessionEvent",
+        "get": { "summary": "Server-sent events: `ready`, then `call_started`, `call_waiting`, `call_decided`, `call_ended` (a call in progress), `call` (its record), `message`, `history`, `artifact` (and `lagged`) as they happen; each `data` is a SessionEvent",
                  "responses": with(errors(&mut g), json!({ "200": { "description": "an event stream",
                      "content": { "text/event-stream": { "schema": event } } } })) },
     }));

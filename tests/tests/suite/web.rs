@@ -242,3 +242,57 @@ pub fn many_sessions(server: &TestServer, owner: &str, n: usize) -> Vec<String> 
         })
         .collect()
 }
+
+/// An approver whose answers the test gives: each question comes out of the receiver with the
+/// sender of its answer (a dropped sender denies).
+pub struct Gated(
+    tokio::sync::mpsc::UnboundedSender<(
+        monad_client::approval::ApprovalRequest,
+        tokio::sync::oneshot::Sender<monad_client::approval::Decision>,
+    )>,
+);
+
+/// The questions a [`Gated`] approver was asked, with the senders of their answers.
+pub type Questions = tokio::sync::mpsc::UnboundedReceiver<(
+    monad_client::approval::ApprovalRequest,
+    tokio::sync::oneshot::Sender<monad_client::approval::Decision>,
+)>;
+
+impl Gated {
+    pub fn new() -> (Gated, Questions) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Gated(tx), rx)
+    }
+}
+
+impl monad_client::approval::Approver for Gated {
+    fn decide(
+        &self,
+        request: monad_client::approval::ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = monad_client::approval::Decision> + Send>>
+    {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let _ = self.0.send((request, answer));
+        Box::pin(async move {
+            answered
+                .await
+                .unwrap_or(monad_client::approval::Decision::Deny)
+        })
+    }
+}
+
+/// A folder attached as `lap` (restricted) whose owner answers through the returned questions.
+pub async fn gated_folder(
+    server: &TestServer,
+    files: &[(&str, &str)],
+) -> (tempfile::TempDir, monad_tests::Attachment, Questions) {
+    let dir = monad_tests::folder(files);
+    let (approver, questions) = Gated::new();
+    let attachment = monad_tests::Attachment::start(
+        &server.client_config(),
+        monad_tests::attach_options(dir.path(), "lap"),
+        Some(std::sync::Arc::new(approver)),
+    )
+    .await;
+    (dir, attachment, questions)
+}
