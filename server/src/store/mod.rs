@@ -365,17 +365,37 @@ pub trait SessionStore: Send + Sync {
             let Ok(history) = self.history(&meta.id) else {
                 continue;
             };
-            let mut text = String::new();
-            for m in &history.messages {
-                text.push_str(&m.text.to_lowercase());
-                text.push('\n');
-            }
-            if words.iter().all(|w| text.contains(w.as_str())) {
+            if conversation_contains(&history, &words) {
                 hits.push(meta.id);
             }
         }
         Ok(hits)
     }
+    /// The page of [`SessionStore::search_sessions`] from position `offset`, at most `limit`
+    /// ids, and whether more follow. A store may stop reading once it has them (the default
+    /// searches everything and cuts).
+    fn search_page(
+        &self,
+        owner: &str,
+        query: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let all = self.search_sessions(owner, query)?;
+        let more = all.len() > offset.saturating_add(limit);
+        Ok((all.into_iter().skip(offset).take(limit).collect(), more))
+    }
+}
+
+/// Whether a conversation contains every one of `words` (lowercased), case-insensitively: what
+/// [`SessionStore::search_sessions`] asks of each conversation.
+pub fn conversation_contains(history: &History, words: &[String]) -> bool {
+    let mut text = String::new();
+    for m in &history.messages {
+        text.push_str(&m.text.to_lowercase());
+        text.push('\n');
+    }
+    words.iter().all(|w| text.contains(w.as_str()))
 }
 
 /// Workspace records.
