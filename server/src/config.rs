@@ -72,6 +72,12 @@ pub struct Quotas {
     /// MCP over HTTP sessions of one user; opening one more ends the user's least recently
     /// used one.
     pub max_mcp_sessions_per_user: usize,
+    /// Workspace records of one user (`local` and `general`, however made); creating one more
+    /// through the API is refused with `507`.
+    pub max_workspaces_per_user: usize,
+    /// Bytes of artifacts one user may have stored through the API (uploads and history
+    /// snapshots, over all their sessions); an upload that would pass it is refused with `507`.
+    pub max_artifact_bytes_per_user: u64,
 }
 
 impl Default for Quotas {
@@ -86,6 +92,8 @@ impl Default for Quotas {
             busy_pending_handshakes: 16,
             max_devices_per_user: 64,
             max_mcp_sessions_per_user: 32,
+            max_workspaces_per_user: 10_000,
+            max_artifact_bytes_per_user: 4 * 1024 * 1024 * 1024,
         }
     }
 }

@@ -67,6 +67,8 @@ pub struct Executor {
     pub call_timeout: Option<Duration>,
     /// Where audit records and artifacts go; `None` records nothing.
     pub recorder: Option<Recorder>,
+    /// Where calls in progress are told to the sessions' followers.
+    pub feed: crate::feed::Feed,
 }
 
 /// The answer to one call.
@@ -433,7 +435,9 @@ impl Executor {
             time: Some(time.clone()),
             target: target.clone(),
             started,
-            known: Arc::default(),
+            known: Arc::new(Known::live(crate::feed::LiveCall::start(
+                &self.feed, session, tool, &time, &target,
+            ))),
         };
         let known = unfinished.known.clone();
         let run = self.call_inner(session, tool, args, progress, gate, &known);
@@ -454,6 +458,7 @@ impl Executor {
             None => run.await,
         };
         unfinished.time = None;
+        known.ended();
         tracing::debug!(
             session = %session.id,
             tool,
@@ -887,16 +892,38 @@ impl Verdict {
 }
 
 /// What is known about a call while it runs, for the record of one cancelled before it ends.
+/// Also tells the session's followers how the call goes (`.1`).
 #[derive(Debug, Default)]
-struct Known(std::sync::Mutex<(Option<WorkspaceRef>, Option<Verdict>)>);
+struct Known(
+    std::sync::Mutex<(Option<WorkspaceRef>, Option<Verdict>)>,
+    crate::feed::LiveCall,
+);
 
 impl Known {
+    fn live(live: crate::feed::LiveCall) -> Known {
+        Known(std::sync::Mutex::default(), live)
+    }
+
     fn set_workspace(&self, workspace: Option<WorkspaceRef>) {
+        if let Some(w) = &workspace {
+            self.1.routed(&w.name, &w.uri);
+        }
         self.0.lock().unwrap_or_else(|p| p.into_inner()).0 = workspace;
     }
 
     fn set_verdict(&self, verdict: Verdict) {
+        self.1.decided(verdict.by, verdict.allowed);
         self.0.lock().unwrap_or_else(|p| p.into_inner()).1 = Some(verdict);
+    }
+
+    /// Sent to an attached folder's client, which decides.
+    fn waiting(&self) {
+        self.1.waiting();
+    }
+
+    /// The call ended.
+    fn ended(&self) {
+        self.1.ended();
     }
 
     fn verdict(&self) -> Option<Verdict> {
@@ -1042,6 +1069,7 @@ async fn run_on_client(
         return (Err(disconnected(name)), None, Verdict::NOBODY);
     }
     let _ = send.finish();
+    known.waiting();
     // Until the client says who decided (a client refuses a call that cannot run without
     // deciding anything).
     let mut decided_by = Verdict {

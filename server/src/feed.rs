@@ -3,15 +3,22 @@
 //! as server-sent events (`GET /api/v1/sessions/{id}/events`) and the web view follows it.
 //!
 //! [`crate::store::observed::Observed`] publishes here after each write succeeds, so a
-//! subscriber that reads the store on an event sees what the event announced.
+//! subscriber that reads the store on an event sees what the event announced. Calls in
+//! progress are published by the executor as they go ([`LiveCall`]), before their record.
+//!
+//! A session nobody follows costs a look-up per event and nothing else: events are built only
+//! for a session with a follower ([`Feed::publish_with`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use monad_protocol::ToolName;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::store::{ArtifactMeta, AuditRecord, HistoryMessage};
+use crate::session::Session;
+use crate::store::{ArtifactMeta, AuditRecord, Decider, HistoryMessage};
 
 /// Events a subscriber may fall behind by before it is told it lagged.
 const BACKLOG: usize = 256;
@@ -37,6 +44,11 @@ pub enum Event {
         /// Its metadata.
         meta: Box<ArtifactMeta>,
     },
+    /// A call in progress moved on (started, waits for a decision, was decided, ended).
+    Progress {
+        /// Where it is.
+        call: Box<Progress>,
+    },
 }
 
 impl Event {
@@ -47,6 +59,12 @@ impl Event {
             Event::Message { .. } => "message",
             Event::History => "history",
             Event::Artifact { .. } => "artifact",
+            Event::Progress { call } => match call.phase {
+                Phase::Started => "call_started",
+                Phase::Waiting => "call_waiting",
+                Phase::Decided => "call_decided",
+                Phase::Ended => "call_ended",
+            },
         }
     }
 }
@@ -87,14 +105,29 @@ impl Feed {
 
     /// Publishes an event of a session to its followers (nothing, when it has none).
     pub fn publish(&self, session: &str, event: Event) {
+        self.publish_with(session, || event);
+    }
+
+    /// Publishes the event `make` builds to the session's followers; `make` is not called when
+    /// the session has none.
+    pub fn publish_with(&self, session: &str, make: impl FnOnce() -> Event) {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(sender) = channels.get(session) {
             if sender.receiver_count() == 0 {
                 channels.remove(session);
             } else {
-                let _ = sender.send(event);
+                let _ = sender.send(make());
             }
         }
+    }
+
+    /// Whether someone follows a session now.
+    pub fn followed(&self, session: &str) -> bool {
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .is_some_and(|sender| sender.receiver_count() > 0)
     }
 
     /// How many sessions have a channel (followed now, or until their next event).
@@ -103,6 +136,169 @@ impl Feed {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
+    }
+}
+
+/// What a call in progress is doing, as its followers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Routed to a workspace and running there (or about to be asked about).
+    Started,
+    /// Sent to an attached folder's client, which decides whether it runs: its owner is asked
+    /// when the folder is restricted and its policy does not already allow the call.
+    Waiting,
+    /// The workspace decided (trust, policy, its owner, ...): it runs, or was refused.
+    Decided,
+    /// It ended; its `call` record follows once written.
+    Ended,
+}
+
+/// A call in progress: what its followers are told at each [`Phase`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Progress {
+    /// A number of the call for as long as it runs (not its audit `call_id`, which is made
+    /// when it is recorded); every event of one call has the same.
+    pub live_id: u64,
+    /// What it is doing now.
+    pub phase: Phase,
+    /// The tool.
+    pub tool: &'static str,
+    /// When it started, RFC 3339: the `time` its audit record will have (with `tool` and
+    /// `target`, how a follower finds the record that ends it). Absent when the call was not
+    /// followed when it started.
+    pub time: Option<String>,
+    /// What it acts on, in one line, as in the audit log. Absent as `time` is.
+    pub target: Option<String>,
+    /// The workspace it runs in, once routed.
+    pub workspace: Option<String>,
+    /// That workspace's URI (`<device>:<path>` for an attached folder).
+    pub uri: Option<String>,
+    /// Who decided, once decided.
+    pub decided_by: Option<Decider>,
+    /// Whether it was allowed to run, once decided.
+    pub allowed: Option<bool>,
+}
+
+/// Numbers of calls in progress ([`Progress::live_id`]).
+static LIVE_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// A tool call as it goes, told to its session's followers: made when the call starts, told
+/// where it was routed, when it waits for a folder's decision and when it is decided; dropped
+/// (or [`LiveCall::ended`]) when it ends. A call of a session nobody follows costs a look-up
+/// per step and allocates nothing.
+#[derive(Debug, Default)]
+pub struct LiveCall {
+    /// `None`: an inert call (no feed, or a tool that is not one).
+    on: Option<On>,
+}
+
+#[derive(Debug)]
+struct On {
+    feed: Feed,
+    session: Arc<Session>,
+    id: u64,
+    tool: &'static str,
+    /// What has been told so far (kept only while followed).
+    told: Mutex<Option<Progress>>,
+}
+
+impl LiveCall {
+    /// A call of `tool` in `session`, started at `time` on `target` (as its audit record will
+    /// say).
+    pub fn start(
+        feed: &Feed,
+        session: &Arc<Session>,
+        tool: &str,
+        time: &str,
+        target: &str,
+    ) -> LiveCall {
+        let Some(tool) = ToolName::parse(tool) else {
+            return LiveCall::default();
+        };
+        let id = LIVE_IDS.fetch_add(1, Ordering::Relaxed);
+        // Its time and target are kept only when someone follows the session now.
+        let told = feed.followed(&session.id).then(|| Progress {
+            live_id: id,
+            phase: Phase::Started,
+            tool: tool.as_str(),
+            time: Some(time.to_owned()),
+            target: Some(target.to_owned()),
+            workspace: None,
+            uri: None,
+            decided_by: None,
+            allowed: None,
+        });
+        LiveCall {
+            on: Some(On {
+                feed: feed.clone(),
+                session: Arc::clone(session),
+                id,
+                tool: tool.as_str(),
+                told: Mutex::new(told),
+            }),
+        }
+    }
+
+    /// Moves the call to `phase` with `change`, and tells the followers, if any.
+    fn step(&self, phase: Phase, change: impl FnOnce(&mut Progress)) {
+        let Some(on) = &self.on else { return };
+        if !on.feed.followed(&on.session.id) {
+            return;
+        }
+        let mut told = on.told.lock().unwrap_or_else(|p| p.into_inner());
+        let progress = told.get_or_insert_with(|| Progress {
+            live_id: on.id,
+            phase,
+            tool: on.tool,
+            time: None,
+            target: None,
+            workspace: None,
+            uri: None,
+            decided_by: None,
+            allowed: None,
+        });
+        if progress.phase == Phase::Ended {
+            return;
+        }
+        progress.phase = phase;
+        change(progress);
+        let event = Event::Progress {
+            call: Box::new(progress.clone()),
+        };
+        on.feed.publish_with(&on.session.id, || event);
+    }
+
+    /// Routed to `workspace` (`name`, `uri`): it starts there.
+    pub fn routed(&self, name: &str, uri: &str) {
+        self.step(Phase::Started, |p| {
+            p.workspace = Some(name.to_owned());
+            p.uri = Some(uri.to_owned());
+        });
+    }
+
+    /// Sent to an attached folder's client, which decides (asking its owner when it must).
+    pub fn waiting(&self) {
+        self.step(Phase::Waiting, |_| {});
+    }
+
+    /// Decided by `by`: allowed to run, or refused (`allowed` is `None` when nobody could say).
+    pub fn decided(&self, by: Decider, allowed: Option<bool>) {
+        self.step(Phase::Decided, |p| {
+            p.decided_by = Some(by);
+            p.allowed = allowed;
+        });
+    }
+
+    /// It ended (told once; also told when the call is dropped unfinished).
+    pub fn ended(&self) {
+        self.step(Phase::Ended, |_| {});
+    }
+}
+
+impl Drop for LiveCall {
+    fn drop(&mut self) {
+        self.ended();
     }
 }
 
@@ -121,6 +317,17 @@ mod tests {
         drop(mine);
         feed.publish("a", Event::History);
         assert_eq!(feed.channels(), 0);
+    }
+
+    #[test]
+    fn an_event_is_built_only_for_a_session_someone_follows() {
+        let feed = Feed::new();
+        feed.publish_with("a", || unreachable!("nobody follows `a`"));
+        assert!(!feed.followed("a"));
+        let mut rx = feed.subscribe("a");
+        assert!(feed.followed("a"));
+        feed.publish_with("a", || Event::History);
+        assert_eq!(rx.try_recv().unwrap(), Event::History);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::ServerError;
 use crate::admission::{Admissions, Admitted, Bounds, Outcome, Source};
-use crate::auth::{DeviceId, TokenStore, validate_client_name};
+use crate::auth::{DeviceId, validate_client_name};
 use crate::config::ServerConfig;
 use crate::executor::Executor;
 use crate::quota::{PerUser, Slot};
@@ -137,6 +137,7 @@ impl Server {
             executor: Executor {
                 call_timeout: Some(config.call_timeout),
                 recorder: Some(recorder),
+                feed: feed.clone(),
             },
             agents: Default::default(),
             feed,
@@ -331,6 +332,8 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             busy_pending_handshakes: config.quotas.busy_pending_handshakes,
             max_devices_per_user: config.quotas.max_devices_per_user,
             max_mcp_sessions_per_user: config.quotas.max_mcp_sessions_per_user,
+            max_workspaces_per_user: config.quotas.max_workspaces_per_user,
+            max_artifact_bytes_per_user: config.quotas.max_artifact_bytes_per_user,
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,
             http_max_connections: config.http_limits.max_connections,

@@ -263,6 +263,10 @@ pub struct ServerSettings {
     pub max_devices_per_user: usize,
     /// MCP over HTTP sessions of one user.
     pub max_mcp_sessions_per_user: usize,
+    /// Workspace records of one user; creating one more through the API is refused.
+    pub max_workspaces_per_user: usize,
+    /// Bytes of artifacts one user may have stored through the API.
+    pub max_artifact_bytes_per_user: u64,
     /// Longest an HTTP request head may take to arrive, in milliseconds.
     pub http_header_timeout_ms: u64,
     /// An HTTP connection with no request in progress is closed after this, in milliseconds.
@@ -302,6 +306,8 @@ impl Default for ServerSettings {
             busy_pending_handshakes: quotas.busy_pending_handshakes,
             max_devices_per_user: quotas.max_devices_per_user,
             max_mcp_sessions_per_user: quotas.max_mcp_sessions_per_user,
+            max_workspaces_per_user: quotas.max_workspaces_per_user,
+            max_artifact_bytes_per_user: quotas.max_artifact_bytes_per_user,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
             http_max_connections: http.max_connections,
@@ -367,6 +373,8 @@ impl ServerSettings {
             busy_pending_handshakes: self.busy_pending_handshakes,
             max_devices_per_user: self.max_devices_per_user.max(1),
             max_mcp_sessions_per_user: self.max_mcp_sessions_per_user.max(1),
+            max_workspaces_per_user: self.max_workspaces_per_user.max(1),
+            max_artifact_bytes_per_user: self.max_artifact_bytes_per_user.max(1),
         }
     }
 

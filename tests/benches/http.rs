@@ -15,6 +15,9 @@
 //!   with a diff), and `GET /api/v1/sessions/{id}/audit?limit=100` deep in its log. Information.
 //! - (d) artifact upload (`POST .../artifacts`, base64 in JSON) and download throughput, 1 MiB
 //!   and 16 MiB artifacts. Information.
+//! - (e) the full-text search of the session list page (`GET /?q=...`, over every session's
+//!   conversation) with 10,000 sessions of six messages each: a word in 1% of them, a word in
+//!   none, and two words that every session has (a full first page). Target: < 50 ms.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -42,7 +45,62 @@ fn session_id(i: usize) -> String {
     format!("{:08x}-0000-4000-8000-{:012x}", i as u32, i)
 }
 
-/// `n` sessions of `admin` straight on disk (no fsync: the fixture is not measured).
+/// Words of the fixture's conversations.
+const WORDS: &[&str] = &[
+    "build",
+    "test",
+    "cargo",
+    "deploy",
+    "refactor",
+    "module",
+    "error",
+    "timeout",
+    "config",
+    "parser",
+    "server",
+    "client",
+    "token",
+    "cache",
+    "index",
+    "query",
+    "latency",
+    "thread",
+    "socket",
+    "buffer",
+    "review",
+    "branch",
+    "commit",
+    "release",
+    "schema",
+    "migration",
+];
+/// A word in one session of a hundred.
+const RARE: &str = "kubernetes";
+
+/// Session `i`'s conversation: six messages of about forty words, `RARE` in one of a hundred.
+fn conversation(i: usize) -> Vec<monad_server::store::HistoryMessage> {
+    (0..6)
+        .map(|j| {
+            let mut text: Vec<&str> = (0..40)
+                .map(|k| WORDS[(i * 7 + j * 13 + k * 3 + k * k) % WORDS.len()])
+                .collect();
+            if i.is_multiple_of(100) && j == 3 {
+                text.push(RARE);
+            }
+            monad_server::store::HistoryMessage {
+                role: if j % 2 == 0 {
+                    monad_server::store::Role::User
+                } else {
+                    monad_server::store::Role::Assistant
+                },
+                text: format!("Please look at the {}.", text.join(" ")),
+            }
+        })
+        .collect()
+}
+
+/// `n` sessions of `admin` straight on disk, each with a conversation (no fsync: the fixture is
+/// not measured).
 fn write_sessions(data: &Path, n: usize) {
     let base = 1_780_000_000u64;
     for i in 0..n {
@@ -59,8 +117,9 @@ fn write_sessions(data: &Path, n: usize) {
             model: None,
         };
         std::fs::write(dir.join("session.toml"), toml::to_string(&meta).unwrap()).unwrap();
-        let empty = history::empty(meta.created_at.clone(), None, None);
-        std::fs::write(dir.join("session.md"), history::render_frontmatter(&empty)).unwrap();
+        let mut talk = history::empty(meta.created_at.clone(), None, None);
+        talk.messages = conversation(i);
+        std::fs::write(dir.join("session.md"), history::render(&talk)).unwrap();
     }
 }
 
@@ -305,6 +364,31 @@ fn main() {
             "(c) GET /api/v1/sessions/{id}/audit?limit=100",
             &audit,
             None,
+        );
+
+        // (e) the full-text search over every conversation.
+        let rare = time_get(&client, &format!("/?q={RARE}"), true, runs / 4).await;
+        let (_, body) = client.get(&format!("/?q={RARE}"), true).await;
+        let shown = String::from_utf8_lossy(&body)
+            .matches("class=\"row session\"")
+            .count();
+        assert_eq!(
+            shown,
+            (sessions / 100).min(50),
+            "the rare word's sessions are listed"
+        );
+        row(
+            &format!("(e) GET /?q={RARE} (in 1% of {sessions} sessions)"),
+            &rare,
+            Some(TARGET),
+        );
+        let none = time_get(&client, "/?q=nowhere", true, runs / 4).await;
+        row("(e) GET /?q=nowhere (in no session)", &none, Some(TARGET));
+        let common = time_get(&client, "/?q=please+look", true, runs / 4).await;
+        row(
+            "(e) GET /?q=please+look (in every session: first 50)",
+            &common,
+            Some(TARGET),
         );
 
         // (d) upload and download throughput.

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 
 use super::signin::{ApiUser, Credential};
 use super::{HttpError, Web, blocking, owned_record, owned_session, page_limit};
-use crate::feed::Event;
+use crate::feed::{Event, Phase};
 use crate::fsutil::now_rfc3339;
 use crate::server::State;
 use crate::store::{
@@ -472,6 +472,53 @@ pub struct AuditPage {
     pub next_token: Option<String>,
 }
 
+/// A tool call in progress (`call_started`, `call_waiting`, `call_decided`, `call_ended`).
+/// Its record comes as a `call` event once written: the one with the same `time`, `tool` and
+/// `target`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CallProgress {
+    /// The call's number while it runs (the same in each of its events; not its `callId`,
+    /// which its record gets).
+    pub live_id: u64,
+    /// The tool.
+    pub tool: String,
+    /// When it started, RFC 3339: its record's `time`. Absent when nobody followed the session
+    /// as the call started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// What it acts on, as in its record's `target`. Absent as `time` is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The workspace it was routed to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// That workspace's URI (`<device>:<path>` for an attached folder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+    /// Who decided (`call_decided` on): `trust`, `policy`, `user`, `timeout`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    /// Whether it was allowed to run (`call_decided` on; absent when nobody could say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<bool>,
+}
+
+impl CallProgress {
+    fn of(p: &crate::feed::Progress) -> CallProgress {
+        CallProgress {
+            live_id: p.live_id,
+            tool: p.tool.to_owned(),
+            time: p.time.clone(),
+            target: p.target.clone(),
+            workspace: p.workspace.clone(),
+            uri: p.uri.clone(),
+            decided_by: p.decided_by.map(|d| d.as_str().to_owned()),
+            allowed: p.allowed,
+        }
+    }
+}
+
 /// An event of `GET /api/v1/sessions/{id}/events` (the SSE event name is `type`).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -482,7 +529,18 @@ pub enum SessionEvent {
         #[serde(rename = "sessionId")]
         session_id: String,
     },
-    /// A tool call ended or was refused.
+    /// A tool call started: routed to a workspace, where it runs (a folder's client may still
+    /// have to decide: see `call_waiting`).
+    CallStarted(CallProgress),
+    /// A tool call was sent to an attached folder's client, which decides whether it runs; it
+    /// waits for its owner's approval when the folder is restricted and its policy does not
+    /// allow it already.
+    CallWaiting(CallProgress),
+    /// A tool call was decided: it runs, or was refused (`allowed`).
+    CallDecided(CallProgress),
+    /// A tool call ended; its `call` record follows once written.
+    CallEnded(CallProgress),
+    /// A tool call ended or was refused: its record.
     Call(AuditEntry),
     /// A message was appended to the conversation.
     Message(SnapshotMessage),
@@ -515,6 +573,15 @@ impl SessionEvent {
                 session_id: session.to_owned(),
             },
             Event::Artifact { meta } => SessionEvent::Artifact(artifact_view(&meta)),
+            Event::Progress { call } => {
+                let progress = CallProgress::of(&call);
+                match call.phase {
+                    Phase::Started => SessionEvent::CallStarted(progress),
+                    Phase::Waiting => SessionEvent::CallWaiting(progress),
+                    Phase::Decided => SessionEvent::CallDecided(progress),
+                    Phase::Ended => SessionEvent::CallEnded(progress),
+                }
+            }
         }
     }
 
@@ -522,6 +589,10 @@ impl SessionEvent {
     pub fn name(&self) -> &'static str {
         match self {
             SessionEvent::Ready { .. } => "ready",
+            SessionEvent::CallStarted(_) => "call_started",
+            SessionEvent::CallWaiting(_) => "call_waiting",
+            SessionEvent::CallDecided(_) => "call_decided",
+            SessionEvent::CallEnded(_) => "call_ended",
             SessionEvent::Call(_) => "call",
             SessionEvent::Message(_) => "message",
             SessionEvent::History { .. } => "history",
@@ -699,16 +770,27 @@ fn create_record(
     path: Option<String>,
 ) -> Result<(WorkspaceRecord, bool), HttpError> {
     let store = state.registry.store();
+    // Counting the user's records and adding one are one step: creations at once cannot pass
+    // the quota together.
+    static CREATIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CREATIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let records = store.records(Some(user)).map_err(HttpError::store)?;
+    if let Some(path) = &path
+        && let Some(record) = records.iter().find(|r| r.path == *path)
+    {
+        // The existing record: nothing new is stored, whatever the quota.
+        return Ok((record.clone(), false));
+    }
+    let max = state.config.quotas.max_workspaces_per_user;
+    if records.len() >= max {
+        return Err(HttpError::quota(format!(
+            "user `{user}` has {} workspaces, the most this server keeps for one user \
+             (server.max_workspaces_per_user = {max}); delete one to make another",
+            records.len()
+        )));
+    }
     match path {
         Some(path) => {
-            let existing = store
-                .records(Some(user))
-                .map_err(HttpError::store)?
-                .into_iter()
-                .find(|r| r.path == path);
-            if let Some(record) = existing {
-                return Ok((record, false));
-            }
             let record = store
                 .resolve_record(user, API_DEVICE, &path, &format!("{API_DEVICE}:{path}"))
                 .map_err(HttpError::store)?;
@@ -947,6 +1029,11 @@ fn store_upload(
         Ok(_) => {}
         Err(e) => return Err(HttpError::store(e)),
     }
+    // The quota check and the write are one step: uploads at once cannot pass it together.
+    // (Only API uploads count, and they all pass here; deletes meanwhile only free room.)
+    static UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _quota = UPLOADS.lock().unwrap_or_else(|p| p.into_inner());
+    check_quota(state, user, &checked)?;
     // The check below and the write that adds the session to the record are one step: two
     // uploads naming different sessions to one `general` workspace at once cannot both pass.
     static GENERAL_UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -1026,6 +1113,37 @@ fn store_upload(
         artifact_uri: format!("workspaces/{}/artifacts/{artifact_id}", record.id),
         artifact_id,
     })
+}
+
+/// Refuses an upload that would take `user`'s uploaded bytes past
+/// `max_artifact_bytes_per_user` (a history snapshot replaces the session's previous one, whose
+/// bytes it frees). The caller holds the uploads' lock until the upload is stored.
+fn check_quota(state: &State, user: &str, checked: &Checked) -> Result<(), HttpError> {
+    let store = state.registry.store();
+    let used = match store.uploaded_bytes(user).map_err(HttpError::store)? {
+        Some(used) => used,
+        None => crate::store::uploaded_bytes(store.as_ref(), user).map_err(HttpError::store)?,
+    };
+    let replaced = match checked.kind {
+        ArtifactKind::SessionHistory => crate::store::session_uploaded_bytes(
+            store.as_ref(),
+            &checked.session,
+            Some(&["session_history".to_owned()]),
+        )
+        .map_err(HttpError::store)?,
+        ArtifactKind::ToolOutput | ArtifactKind::FileDiff => 0,
+    };
+    let size = checked.content.len() as u64;
+    let after = used.saturating_sub(replaced).saturating_add(size);
+    let max = state.config.quotas.max_artifact_bytes_per_user;
+    if after > max {
+        return Err(HttpError::quota(format!(
+            "storing these {size} bytes would take the artifacts user `{user}` uploaded to \
+             {after} bytes, over this server's quota of {max} bytes per user \
+             (server.max_artifact_bytes_per_user); delete workspaces to free room"
+        )));
+    }
+    Ok(())
 }
 
 /// An artifact's content as a download: its own content type, never interpreted by the

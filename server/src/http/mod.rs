@@ -68,7 +68,8 @@ pub const MAX_LIMIT: usize = 100;
 pub struct HttpError {
     /// The status.
     pub status: StatusCode,
-    /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`, `internal`.
+    /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`,
+    /// `quota_exceeded`, `internal`.
     pub code: &'static str,
     /// What is wrong, for people.
     pub message: String,
@@ -77,7 +78,8 @@ pub struct HttpError {
 /// The JSON body of an API error.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ErrorBody {
-    /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`, `internal`.
+    /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`,
+    /// `quota_exceeded`, `internal`.
     pub error: String,
     /// What is wrong.
     pub message: String,
@@ -99,6 +101,18 @@ impl HttpError {
             status: StatusCode::NOT_FOUND,
             code: "not_found",
             message: format!("{what} not found"),
+        }
+    }
+
+    /// `507 Insufficient Storage`: storing this would take the user past a storage quota
+    /// (RFC 4918 §11.5; RFC 4331 §6 answers a write over a user's quota so). Nothing was stored;
+    /// deleting something of theirs makes room. Not `413` (the request itself is not too large)
+    /// nor `429` (waiting does not help).
+    pub fn quota(message: impl Into<String>) -> HttpError {
+        HttpError {
+            status: StatusCode::INSUFFICIENT_STORAGE,
+            code: "quota_exceeded",
+            message: message.into(),
         }
     }
 

@@ -70,6 +70,7 @@ pub fn document() -> Value {
             "responses": with(errors(&mut g), json!({
                 "201": answer::<WorkspaceCreated>(&mut g, "created"),
                 "200": answer::<WorkspaceCreated>(&mut g, "the existing `local` workspace of that path"),
+                "507": error(&mut g, "the user has as many workspaces as the quota allows (`quota_exceeded`); nothing was stored"),
             })),
         }
     }));
@@ -88,6 +89,7 @@ pub fn document() -> Value {
             "responses": with(errors(&mut g), json!({
                 "201": answer::<ArtifactCreated>(&mut g, "stored"),
                 "409": error(&mut g, "a `general` workspace already holds another session"),
+                "507": error(&mut g, "over the user's quota of uploaded bytes (`quota_exceeded`); nothing was stored"),
             })),
         }
     }));
@@ -128,7 +130,7 @@ pub fn document() -> Value {
     let event = g.subschema_for::<SessionEvent>();
     paths.insert("/api/v1/sessions/{id}/events".into(), json!({
         "parameters": [sid],
-        "get": { "summary": "Server-sent events: `ready`, then `call`, `message`, `history`, `artifact` (and `lagged`) as they happen; each `data` is a SessionEvent",
+        "get": { "summary": "Server-sent events: `ready`, then `call_started`, `call_waiting`, `call_decided`, `call_ended` (a call in progress), `call` (its record), `message`, `history`, `artifact` (and `lagged`) as they happen; each `data` is a SessionEvent",
                  "responses": with(errors(&mut g), json!({ "200": { "description": "an event stream",
                      "content": { "text/event-stream": { "schema": event } } } })) },
     }));

@@ -276,11 +276,11 @@ fn list(
                     .ok_or_else(|| HttpError::bad(super::token::BadToken.to_string()))?,
             };
             let store = web.state.registry.store();
-            let ids = store.search_sessions(user, q).map_err(HttpError::store)?;
-            let end = (offset + SESSIONS_SHOWN).min(ids.len());
+            let (ids, more) = store
+                .search_page(user, q, offset, SESSIONS_SHOWN)
+                .map_err(HttpError::store)?;
+            let end = offset + ids.len();
             let sessions = ids
-                .get(offset..end)
-                .unwrap_or_default()
                 .iter()
                 .filter_map(|id| store.load(id).ok().flatten())
                 .map(|m| api::SessionSummary {
@@ -293,8 +293,7 @@ fn list(
                 .collect();
             Ok(SessionsPage {
                 sessions,
-                next_token: (end < ids.len())
-                    .then(|| web.signer.sign(user, &listing, &end.to_string())),
+                next_token: more.then(|| web.signer.sign(user, &listing, &end.to_string())),
             })
         }
     }

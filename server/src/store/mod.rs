@@ -372,17 +372,37 @@ pub trait SessionStore: Send + Sync {
             let Ok(history) = self.history(&meta.id) else {
                 continue;
             };
-            let mut text = String::new();
-            for m in &history.messages {
-                text.push_str(&m.text.to_lowercase());
-                text.push('\n');
-            }
-            if words.iter().all(|w| text.contains(w.as_str())) {
+            if conversation_contains(&history, &words) {
                 hits.push(meta.id);
             }
         }
         Ok(hits)
     }
+    /// The page of [`SessionStore::search_sessions`] from position `offset`, at most `limit`
+    /// ids, and whether more follow. A store may stop reading once it has them (the default
+    /// searches everything and cuts).
+    fn search_page(
+        &self,
+        owner: &str,
+        query: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let all = self.search_sessions(owner, query)?;
+        let more = all.len() > offset.saturating_add(limit);
+        Ok((all.into_iter().skip(offset).take(limit).collect(), more))
+    }
+}
+
+/// Whether a conversation contains every one of `words` (lowercased), case-insensitively: what
+/// [`SessionStore::search_sessions`] asks of each conversation.
+pub fn conversation_contains(history: &History, words: &[String]) -> bool {
+    let mut text = String::new();
+    for m in &history.messages {
+        text.push_str(&m.text.to_lowercase());
+        text.push('\n');
+    }
+    words.iter().all(|w| text.contains(w.as_str()))
 }
 
 /// Workspace records.
@@ -465,6 +485,47 @@ pub trait ArtifactStore: Send + Sync {
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
     /// Removes artifacts of a session (ids it does not have are ignored).
     fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError>;
+    /// The bytes of the artifacts uploaded through the API (those with an
+    /// [`ArtifactMeta::upload`]) in `owner`'s sessions, when this store keeps that total (what
+    /// `max_artifact_bytes_per_user` bounds); `None` when it does not, and the caller adds them
+    /// up with [`uploaded_bytes`]. The server's store keeps it ([`observed::Observed`]); a
+    /// database answers it with a sum over an index on the owner.
+    fn uploaded_bytes(&self, owner: &str) -> Result<Option<u64>, StoreError> {
+        let _ = owner;
+        Ok(None)
+    }
+}
+
+/// The bytes of the artifacts uploaded through the API in `owner`'s sessions, added up from
+/// each session's index (a scan: [`ArtifactStore::uploaded_bytes`] is the cheap way).
+pub fn uploaded_bytes(store: &dyn Store, owner: &str) -> Result<u64, StoreError> {
+    let mut total = 0;
+    for meta in store.all_sessions()? {
+        if meta.owner == owner {
+            total += session_uploaded_bytes(store, &meta.id, None)?;
+        }
+    }
+    Ok(total)
+}
+
+/// The bytes of the artifacts uploaded through the API in `session` (those named by `ids`, when
+/// given); 0 for a session that keeps none.
+pub fn session_uploaded_bytes(
+    store: &dyn Store,
+    session: &str,
+    ids: Option<&[String]>,
+) -> Result<u64, StoreError> {
+    let artifacts = match store.artifacts(session) {
+        Ok(artifacts) => artifacts,
+        Err(StoreError::NotFound(_)) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    Ok(artifacts
+        .iter()
+        .filter(|m| m.upload.is_some())
+        .filter(|m| ids.is_none_or(|ids| ids.contains(&m.id)))
+        .map(|m| m.size)
+        .sum())
 }
 
 /// The store `config` names: `fs` (the filesystem store in the data dir) when `[store] url` is

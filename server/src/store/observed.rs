@@ -3,13 +3,24 @@
 //! followers get an [`Event`]. This is the one hook the live view needs, wherever the write
 //! comes from (the executor's recorder, a client's history request, the built-in agent, the
 //! HTTP API).
+//!
+//! It also keeps, per user, the bytes of the artifacts they uploaded through the API
+//! ([`ArtifactStore::uploaded_bytes`], what `max_artifact_bytes_per_user` bounds): counted from
+//! the store the first time a user's total is asked for, then kept up to date by every upload and
+//! delete, which all pass here. Nothing is counted for the artifacts the recorder writes.
+//!
+//! And it answers the full-text search ([`SessionStore::search_sessions`]) without reading every
+//! conversation: it keeps a [`Signature`] of each conversation it has read once (made on the
+//! first search after a start, kept up to date by appends, dropped by replacements and deletes),
+//! and reads only the conversations whose signature may hold every word.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use super::{
-    ArtifactMeta, ArtifactStore, AuditRecord, BindingStore, FolderStore, History, HistoryMessage,
-    Page, SessionMeta, SessionStore, Store, StoreError, WorkspaceRecord, WorkspaceSession,
-    WorkspaceStore,
+    ArtifactKind, ArtifactMeta, ArtifactStore, AuditRecord, BindingStore, FolderStore, History,
+    HistoryMessage, Page, SessionMeta, SessionStore, Store, StoreError, WorkspaceRecord,
+    WorkspaceSession, WorkspaceStore,
 };
 use crate::feed::{Event, Feed};
 
@@ -17,6 +28,66 @@ use crate::feed::{Event, Feed};
 pub struct Observed {
     inner: Arc<dyn Store>,
     feed: Feed,
+    /// Bytes uploaded through the API, per user whose total was asked for. Held while an
+    /// upload or a delete changes it, so that the total and the store agree.
+    uploads: Mutex<HashMap<String, u64>>,
+    /// Signatures of the conversations, by session, for the search.
+    signatures: Mutex<HashMap<String, Signature>>,
+}
+
+impl Observed {
+    /// Drops a conversation's signature (made again on its next search).
+    fn forget_signature(&self, session: &str) {
+        self.signatures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session);
+    }
+
+    /// The owner of `session`, when their total is kept (nothing is read when no total is).
+    fn tracked_owner(
+        &self,
+        totals: &HashMap<String, u64>,
+        session: &str,
+    ) -> Result<Option<String>, StoreError> {
+        if totals.is_empty() {
+            return Ok(None);
+        }
+        Ok(self
+            .inner
+            .load(session)?
+            .map(|m| m.owner)
+            .filter(|owner| totals.contains_key(owner)))
+    }
+
+    /// Runs `write`, which adds `added` uploaded bytes to `session` and frees those `freed`
+    /// finds there (read before it): the owner's total, when kept, follows. When the change
+    /// cannot be told, every total is dropped, to be counted again on its next use.
+    fn accounted(
+        &self,
+        session: &str,
+        freed: impl FnOnce(&dyn Store) -> Result<u64, StoreError>,
+        added: u64,
+        write: impl FnOnce() -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut totals = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
+        let owner = self.tracked_owner(&totals, session);
+        let bytes = match &owner {
+            Ok(Some(_)) => freed(self.inner.as_ref()),
+            _ => Ok(0),
+        };
+        write()?;
+        match (owner, bytes) {
+            (Ok(None), _) => {}
+            (Ok(Some(owner)), Ok(bytes)) => {
+                if let Some(total) = totals.get_mut(&owner) {
+                    *total = total.saturating_sub(bytes).saturating_add(added);
+                }
+            }
+            _ => totals.clear(),
+        }
+        Ok(())
+    }
 }
 
 impl SessionStore for Observed {
@@ -36,35 +107,44 @@ impl SessionStore for Observed {
         self.inner.count_sessions(owner)
     }
     fn delete(&self, id: &str) -> Result<(), StoreError> {
-        self.inner.delete(id)
+        self.forget_signature(id);
+        self.accounted(
+            id,
+            |store| super::session_uploaded_bytes(store, id, None),
+            0,
+            || self.inner.delete(id),
+        )
     }
     fn history(&self, id: &str) -> Result<History, StoreError> {
         self.inner.history(id)
     }
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         self.inner.append(id, message)?;
-        self.feed.publish(
-            id,
-            Event::Message {
-                message: message.clone(),
-            },
-        );
+        if let Some(signature) = self
+            .signatures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(id)
+        {
+            signature.add(&message.text.to_lowercase());
+        }
+        self.feed.publish_with(id, || Event::Message {
+            message: message.clone(),
+        });
         Ok(())
     }
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
         self.inner.replace(id, history)?;
+        self.forget_signature(id);
         self.feed.publish(id, Event::History);
         Ok(())
     }
     fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError> {
         self.inner.audit(id, records)?;
         for record in records {
-            self.feed.publish(
-                id,
-                Event::Call {
-                    record: record.clone(),
-                },
-            );
+            self.feed.publish_with(id, || Event::Call {
+                record: record.clone(),
+            });
         }
         Ok(())
     }
@@ -86,7 +166,70 @@ impl SessionStore for Observed {
         self.inner.audit_page(id, offset, limit)
     }
     fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
-        self.inner.search_sessions(owner, query)
+        self.search(owner, query, usize::MAX)
+    }
+    fn search_page(
+        &self,
+        owner: &str,
+        query: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        // One more than the page: whether more follow.
+        let want = offset.saturating_add(limit).saturating_add(1);
+        let hits = self.search(owner, query, want)?;
+        let more = hits.len() == want;
+        Ok((hits.into_iter().skip(offset).take(limit).collect(), more))
+    }
+}
+
+impl Observed {
+    /// The first `want` sessions of `owner` whose conversation holds every word of `query`
+    /// (as [`SessionStore::search_sessions`]), reading only the conversations whose signature
+    /// may hold them.
+    fn search(&self, owner: &str, query: &str, want: usize) -> Result<Vec<String>, StoreError> {
+        let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
+        let mut owned: Vec<SessionMeta> = self
+            .inner
+            .all_sessions()?
+            .into_iter()
+            .filter(|m| m.owner == owner)
+            .collect();
+        owned.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
+        let mut hits = Vec::new();
+        for meta in owned {
+            let known = {
+                let signatures = self.signatures.lock().unwrap_or_else(|p| p.into_inner());
+                signatures
+                    .get(&meta.id)
+                    .map(|s| words.iter().all(|w| s.may_contain(w)))
+            };
+            let history = match known {
+                // Not in this conversation: not read.
+                Some(false) => continue,
+                Some(true) => self.inner.history(&meta.id),
+                // Read, and its signature made, with the lock held: an append or a replace of
+                // this conversation comes before (and is in it) or after (and updates it).
+                None => {
+                    let mut signatures = self.signatures.lock().unwrap_or_else(|p| p.into_inner());
+                    let history = self.inner.history(&meta.id);
+                    if let Ok(history) = &history {
+                        signatures.insert(meta.id.clone(), Signature::of(history));
+                    }
+                    history
+                }
+            };
+            let Ok(history) = history else {
+                continue;
+            };
+            if super::conversation_contains(&history, &words) {
+                hits.push(meta.id);
+                if hits.len() == want {
+                    break;
+                }
+            }
+        }
+        Ok(hits)
     }
 }
 
@@ -167,13 +310,29 @@ impl FolderStore for Observed {
 
 impl ArtifactStore for Observed {
     fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError> {
-        self.inner.put_artifact(meta, content)?;
-        self.feed.publish(
-            &meta.session,
-            Event::Artifact {
-                meta: Box::new(meta.clone()),
-            },
-        );
+        if meta.upload.is_some() {
+            // An upload replaces an artifact of the same id (the session's history snapshot):
+            // the owner's total loses the old one's bytes and gains the new one's.
+            let kind = meta.kind;
+            self.accounted(
+                &meta.session,
+                |store| match kind {
+                    ArtifactKind::SessionHistory => super::session_uploaded_bytes(
+                        store,
+                        &meta.session,
+                        Some(std::slice::from_ref(&meta.id)),
+                    ),
+                    ArtifactKind::ToolOutput | ArtifactKind::FileDiff => Ok(0),
+                },
+                meta.size,
+                || self.inner.put_artifact(meta, content),
+            )?;
+        } else {
+            self.inner.put_artifact(meta, content)?;
+        }
+        self.feed.publish_with(&meta.session, || Event::Artifact {
+            meta: Box::new(meta.clone()),
+        });
         Ok(())
     }
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
@@ -183,11 +342,218 @@ impl ArtifactStore for Observed {
         self.inner.artifact(session, id)
     }
     fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError> {
-        self.inner.delete_artifacts(session, ids)
+        self.accounted(
+            session,
+            |store| super::session_uploaded_bytes(store, session, Some(ids)),
+            0,
+            || self.inner.delete_artifacts(session, ids),
+        )
+    }
+    fn uploaded_bytes(&self, owner: &str) -> Result<Option<u64>, StoreError> {
+        let mut totals = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(total) = totals.get(owner) {
+            return Ok(Some(*total));
+        }
+        // Counted once, with the lock held: no upload or delete can pass meanwhile.
+        let total = super::uploaded_bytes(self.inner.as_ref(), owner)?;
+        totals.insert(owner.to_owned(), total);
+        Ok(Some(total))
     }
 }
 
 /// Wraps a store so that it publishes to `feed`.
 pub fn observe(inner: Arc<dyn Store>, feed: Feed) -> Arc<dyn Store> {
-    Arc::new(Observed { inner, feed })
+    Arc::new(Observed {
+        inner,
+        feed,
+        uploads: Mutex::default(),
+        signatures: Mutex::default(),
+    })
+}
+/// The trigrams of `text` (already lowercased), as numbers.
+fn trigrams(text: &str) -> impl Iterator<Item = u32> + '_ {
+    text.as_bytes()
+        .windows(3)
+        .map(|w| (u32::from(w[0]) << 16) | (u32::from(w[1]) << 8) | u32::from(w[2]))
+}
+
+/// A conversation's signature for the full-text search: a bit set of the trigrams of its
+/// messages, lowercased (one bit per trigram, by a hash). A word whose trigrams are not all set
+/// is not in the conversation, so its `session.md` need not be read; one whose trigrams are all
+/// set may be (a false positive is read and found not to match). Words of fewer than three
+/// bytes pass every signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Signature {
+    bits: Box<[u64]>,
+    /// log2 of the number of bits.
+    shift: u32,
+}
+
+impl Signature {
+    /// Fewest and most bits of a signature: about two per byte of text, between these.
+    const MIN_BITS: u32 = 9;
+    const MAX_BITS: u32 = 16;
+
+    /// The signature of a conversation.
+    pub(crate) fn of(history: &History) -> Signature {
+        let len: usize = history.messages.iter().map(|m| m.text.len()).sum();
+        let want = (len.saturating_mul(2))
+            .max(1)
+            .next_power_of_two()
+            .trailing_zeros();
+        let shift = want.clamp(Self::MIN_BITS, Self::MAX_BITS);
+        let mut signature = Signature {
+            bits: vec![0u64; (1usize << shift) / 64].into_boxed_slice(),
+            shift,
+        };
+        for message in &history.messages {
+            signature.add(&message.text.to_lowercase());
+        }
+        signature
+    }
+
+    fn bit(&self, trigram: u32) -> usize {
+        (trigram.wrapping_mul(0x9E37_79B1) >> (32 - self.shift)) as usize
+    }
+
+    /// Adds the trigrams of `text` (lowercased).
+    pub(crate) fn add(&mut self, text: &str) {
+        for t in trigrams(text) {
+            let bit = self.bit(t);
+            self.bits[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+
+    /// Whether `word` (lowercased) may be in the conversation.
+    pub(crate) fn may_contain(&self, word: &str) -> bool {
+        trigrams(word).all(|t| {
+            let bit = self.bit(t);
+            self.bits[bit / 64] & (1 << (bit % 64)) != 0
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{FsStore, Role};
+
+    fn history(texts: &[&str]) -> History {
+        let mut h = super::super::history::empty("2026-01-01T00:00:00Z".into(), None, None);
+        h.messages = texts
+            .iter()
+            .map(|t| HistoryMessage {
+                role: Role::User,
+                text: (*t).to_owned(),
+            })
+            .collect();
+        h
+    }
+
+    #[test]
+    fn a_signature_lets_every_word_of_its_conversation_through_and_keeps_most_others_out() {
+        let s = Signature::of(&history(&[
+            "Deploy the Kubernetes cluster",
+            "then run tests",
+        ]));
+        for word in [
+            "deploy",
+            "kubernetes",
+            "cluster",
+            "run",
+            "tests",
+            "ubern",
+            "n t",
+            "de",
+        ] {
+            assert!(s.may_contain(word), "{word}");
+        }
+        let out = ["quasar", "zebra", "xylophone", "fjord", "mnemonic"]
+            .iter()
+            .filter(|w| !s.may_contain(w))
+            .count();
+        assert!(
+            out >= 4,
+            "a small conversation's signature keeps most absent words out"
+        );
+    }
+
+    fn session(store: &dyn Store, id: &str, owner: &str, when: &str) {
+        store
+            .create(&SessionMeta {
+                id: id.into(),
+                name: None,
+                owner: owner.into(),
+                created_at: when.into(),
+                last_active: when.into(),
+                provider: None,
+                model: None,
+            })
+            .unwrap();
+    }
+
+    const A: &str = "00000000-0000-4000-8000-00000000000a";
+    const B: &str = "00000000-0000-4000-8000-00000000000b";
+    const C: &str = "00000000-0000-4000-8000-00000000000c";
+    const D: &str = "00000000-0000-4000-8000-00000000000d";
+
+    /// The search answers what reading every conversation answers, before and after appends,
+    /// replacements and deletes made once the signatures exist.
+    #[test]
+    fn the_search_follows_every_change_of_a_conversation_after_its_signature_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = observe(Arc::new(FsStore::new(dir.path())), Feed::new());
+        session(store.as_ref(), A, "ana", "2026-01-01T00:00:01Z");
+        session(store.as_ref(), B, "ana", "2026-01-01T00:00:02Z");
+        session(store.as_ref(), C, "bob", "2026-01-01T00:00:03Z");
+        store
+            .replace(A, &history(&["Refactor the parser"]))
+            .unwrap();
+        store.replace(B, &history(&["Deploy the server"])).unwrap();
+        store
+            .replace(C, &history(&["Refactor the parser too"]))
+            .unwrap();
+        let search = |q: &str| store.search_sessions("ana", q).unwrap();
+        assert_eq!(search("PARSER"), vec![A.to_owned()]);
+        assert_eq!(search("the"), vec![B.to_owned(), A.to_owned()]);
+        assert!(search("kubernetes").is_empty());
+        // Signatures exist now: each change is seen.
+        store
+            .append(
+                B,
+                &HistoryMessage {
+                    role: Role::Assistant,
+                    text: "Kubernetes is up".into(),
+                },
+            )
+            .unwrap();
+        assert_eq!(search("kubernetes deploy"), vec![B.to_owned()]);
+        store
+            .replace(A, &history(&["Now about Kubernetes"]))
+            .unwrap();
+        assert_eq!(search("kubernetes"), vec![B.to_owned(), A.to_owned()]);
+        assert!(search("parser").is_empty());
+        store.delete(B).unwrap();
+        assert_eq!(search("kubernetes"), vec![A.to_owned()]);
+        // Pages stop early and say whether more follow.
+        session(store.as_ref(), D, "ana", "2026-01-01T00:00:04Z");
+        store.replace(D, &history(&["Kubernetes again"])).unwrap();
+        assert_eq!(
+            store.search_page("ana", "kubernetes", 0, 1).unwrap(),
+            (vec![D.to_owned()], true)
+        );
+        assert_eq!(
+            store.search_page("ana", "kubernetes", 1, 1).unwrap(),
+            (vec![A.to_owned()], false)
+        );
+        // The same answers as reading every conversation.
+        for q in ["kubernetes", "the", "now about", "parser", "zz"] {
+            let plain = FsStore::new(dir.path());
+            assert_eq!(
+                search(q),
+                SessionStore::search_sessions(&plain, "ana", q).unwrap(),
+                "{q}"
+            );
+        }
+    }
 }

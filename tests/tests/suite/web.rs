@@ -4,6 +4,7 @@
 mod api;
 mod browser;
 mod pages;
+mod quota;
 
 use std::net::SocketAddr;
 
@@ -13,17 +14,24 @@ use serde_json::{Value, json};
 
 /// A server with its HTTP listener on a free loopback port.
 pub async fn server() -> (TestServer, SocketAddr) {
-    server_on(None).await
+    server_with(|_| {}).await
 }
 
 /// The same, on the PostgreSQL store at `pg` when given.
 pub async fn server_on(pg: Option<String>) -> (TestServer, SocketAddr) {
+    server_with(|c| c.store.url = pg).await
+}
+
+/// The same, with the configuration tuned by `tune` first.
+pub async fn server_with(
+    tune: impl FnOnce(&mut monad_server::config::ServerConfig),
+) -> (TestServer, SocketAddr) {
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let http = free.local_addr().expect("its address");
     drop(free);
     let server = TestServer::start_with(|c| {
+        tune(c);
         c.http = Some(http);
-        c.store.url = pg;
     })
     .await;
     (server, http)
@@ -238,4 +246,58 @@ pub fn many_sessions(server: &TestServer, owner: &str, n: usize) -> Vec<String> 
             id
         })
         .collect()
+}
+
+/// An approver whose answers the test gives: each question comes out of the receiver with the
+/// sender of its answer (a dropped sender denies).
+pub struct Gated(
+    tokio::sync::mpsc::UnboundedSender<(
+        monad_client::approval::ApprovalRequest,
+        tokio::sync::oneshot::Sender<monad_client::approval::Decision>,
+    )>,
+);
+
+/// The questions a [`Gated`] approver was asked, with the senders of their answers.
+pub type Questions = tokio::sync::mpsc::UnboundedReceiver<(
+    monad_client::approval::ApprovalRequest,
+    tokio::sync::oneshot::Sender<monad_client::approval::Decision>,
+)>;
+
+impl Gated {
+    pub fn new() -> (Gated, Questions) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Gated(tx), rx)
+    }
+}
+
+impl monad_client::approval::Approver for Gated {
+    fn decide(
+        &self,
+        request: monad_client::approval::ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = monad_client::approval::Decision> + Send>>
+    {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let _ = self.0.send((request, answer));
+        Box::pin(async move {
+            answered
+                .await
+                .unwrap_or(monad_client::approval::Decision::Deny)
+        })
+    }
+}
+
+/// A folder attached as `lap` (restricted) whose owner answers through the returned questions.
+pub async fn gated_folder(
+    server: &TestServer,
+    files: &[(&str, &str)],
+) -> (tempfile::TempDir, monad_tests::Attachment, Questions) {
+    let dir = monad_tests::folder(files);
+    let (approver, questions) = Gated::new();
+    let attachment = monad_tests::Attachment::start(
+        &server.client_config(),
+        monad_tests::attach_options(dir.path(), "lap"),
+        Some(std::sync::Arc::new(approver)),
+    )
+    .await;
+    (dir, attachment, questions)
 }

@@ -6,6 +6,98 @@
   if (!root) {
     return;
   }
+  // Calls in progress: a pending row per call (`call_started`, `call_waiting`,
+  // `call_decided`, `call_ended`), built with text only; the row goes when the call's own
+  // row (its audit record: same time, tool and target) arrives with the next refresh.
+  var pending = {};
+  var finished = {};
+  function pendingKey(d) {
+    return d.time && d.target !== undefined ? d.time + "\u0000" + d.tool + "\u0000" + d.target : null;
+  }
+  function cell(className, text) {
+    var span = document.createElement("span");
+    span.className = className;
+    span.textContent = text;
+    return span;
+  }
+  function stateOf(name, d) {
+    if (name === "call_waiting") {
+      var device = d.uri ? d.uri.split(":")[0] : d.workspace;
+      return { text: "waiting for approval on " + device, css: "waiting" };
+    }
+    if (name === "call_decided" && d.allowed === false) {
+      return { text: "denied by " + d.decidedBy, css: "denied" };
+    }
+    if (name === "call_ended") {
+      return { text: "finishing", css: "muted" };
+    }
+    return { text: "running", css: "running" };
+  }
+  function showPending(name, d) {
+    var id = String(d.liveId);
+    if (finished[id]) {
+      return;
+    }
+    var row = pending[id];
+    if (!row) {
+      if (name === "call_ended") {
+        return;
+      }
+      var tail = document.getElementById("tail");
+      if (!tail) {
+        return;
+      }
+      row = document.createElement("div");
+      row.className = "call pending";
+      row.id = "live-" + id;
+      var summary = document.createElement("div");
+      summary.className = "summary";
+      row.appendChild(summary);
+      tail.parentNode.insertBefore(row, tail);
+      pending[id] = row;
+    }
+    var key = pendingKey(d);
+    if (key) {
+      row.setAttribute("data-key", key);
+    }
+    if (name === "call_ended") {
+      row.setAttribute("data-ended", "1");
+    }
+    var state = stateOf(name, d);
+    row.setAttribute("data-state", state.css);
+    var summary = row.firstChild;
+    summary.textContent = "";
+    summary.appendChild(cell("mono muted", d.time ? d.time.substring(11, 19) : ""));
+    summary.appendChild(cell("mono", d.tool));
+    summary.appendChild(cell("", d.workspace || "\u2014"));
+    var target = cell("mono target", d.target || "");
+    target.title = d.target || "";
+    summary.appendChild(target);
+    summary.appendChild(cell("muted", d.decidedBy || ""));
+    summary.appendChild(cell("mono muted", ""));
+    summary.appendChild(cell("state " + state.css, state.text));
+  }
+  // A call's record arrived: its pending row goes once the refresh shows the record.
+  function recorded(d) {
+    var key = d.time + "\u0000" + d.tool + "\u0000" + d.target;
+    for (var id in pending) {
+      if (pending[id].getAttribute("data-key") === key && !pending[id].hasAttribute("data-done")) {
+        pending[id].setAttribute("data-done", "1");
+        return;
+      }
+    }
+  }
+  function dropRecorded(all) {
+    for (var id in pending) {
+      var row = pending[id];
+      var unmatched = row.hasAttribute("data-ended") && !row.hasAttribute("data-key");
+      if (all || row.hasAttribute("data-done") || unmatched) {
+        row.parentNode && row.parentNode.removeChild(row);
+        delete pending[id];
+        finished[id] = true;
+      }
+    }
+  }
   var busy = false;
   var again = false;
   function refreshCalls() {
@@ -22,6 +114,8 @@
       .ajax("GET", tail.getAttribute("data-src"), { target: "#tail", swap: "outerHTML" })
       .then(function () {
         busy = false;
+        dropRecorded(false);
+        keepPendingLast();
         markDiffs();
         var count = document.getElementById("call-count");
         var fresh = document.getElementById("tail");
@@ -44,7 +138,25 @@
   events.addEventListener("ready", function () {
     document.body.setAttribute("data-live", "on");
   });
-  events.addEventListener("call", refreshCalls);
+  // Rows of calls still in progress stay after the recorded ones.
+  function keepPendingLast() {
+    var tail = document.getElementById("tail");
+    if (!tail) {
+      return;
+    }
+    for (var id in pending) {
+      tail.parentNode.insertBefore(pending[id], tail);
+    }
+  }
+  ["call_started", "call_waiting", "call_decided", "call_ended"].forEach(function (name) {
+    events.addEventListener(name, function (e) {
+      showPending(name, JSON.parse(e.data));
+    });
+  });
+  events.addEventListener("call", function (e) {
+    recorded(JSON.parse(e.data));
+    refreshCalls();
+  });
   // A call's diff may be stored a moment after its audit line: its row is marked when the
   // diff's event comes, whether the row is on the page yet or arrives with the next refresh.
   var diffs = {};
@@ -74,6 +186,8 @@
   events.addEventListener("message", refreshConversation);
   events.addEventListener("history", refreshConversation);
   events.addEventListener("lagged", function () {
+    // Missed events: the rows of calls in progress may be stale; the log says what ended.
+    dropRecorded(true);
     refreshCalls();
     refreshConversation();
   });

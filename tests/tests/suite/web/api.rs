@@ -736,6 +736,80 @@ async fn the_audit_log_pages_and_the_event_stream_follows_calls_as_they_happen()
     );
 }
 
+/// The next event whose name starts with `call` (calls in progress and records), others
+/// (artifacts, messages) skipped.
+async fn next_call_event(events: &mut Events) -> (String, Value) {
+    loop {
+        let (name, data) = events.next().await;
+        if name.starts_with("call") {
+            return (name, data);
+        }
+    }
+}
+
+/// A call to a restricted folder is followed as it goes: it starts (routed to the folder), waits
+/// for the owner's decision before the owner answers, is decided by the owner, ends, and its
+/// record follows with the same time, tool and target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_approval_is_followed_from_its_start_to_its_record() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let (_dir, attached, mut questions) =
+        super::gated_folder(&server, &[("notes.txt", "x\n")]).await;
+    let session = attached.session.clone();
+    let agent = server.agent().await;
+    let mut events = Events::open(&api, &session).await;
+    assert_eq!(events.next().await.0, "ready");
+
+    let call = call_in(
+        &agent,
+        Some(&session),
+        "read_file",
+        json!({"path": "notes.txt", "workspace": "lap"}),
+    );
+    let follow = async {
+        let (name, started) = next_call_event(&mut events).await;
+        assert_eq!(name, "call_started", "{started}");
+        assert_eq!(started["tool"], "read_file");
+        assert_eq!(started["workspace"], "lap");
+        assert_eq!(started["target"], "notes.txt");
+        let live = started["liveId"].clone();
+        let (name, waiting) = next_call_event(&mut events).await;
+        assert_eq!(name, "call_waiting", "{waiting}");
+        assert_eq!(waiting["liveId"], live);
+        assert_eq!(waiting["workspace"], "lap");
+        // Pending, and the owner has not answered yet: now they do.
+        let (question, answer) = within(STEP, "the owner to be asked", questions.recv())
+            .await
+            .expect("asked");
+        assert_eq!(question.target, "notes.txt");
+        answer
+            .send(monad_client::approval::Decision::AllowOnce)
+            .unwrap();
+        let (name, decided) = next_call_event(&mut events).await;
+        assert_eq!(name, "call_decided", "{decided}");
+        assert_eq!(decided["liveId"], live);
+        assert_eq!(decided["decidedBy"], "user");
+        assert_eq!(decided["allowed"], true);
+        let (name, ended) = next_call_event(&mut events).await;
+        assert_eq!(name, "call_ended", "{ended}");
+        assert_eq!(ended["liveId"], live);
+        let (name, record) = next_call_event(&mut events).await;
+        assert_eq!(name, "call", "{record}");
+        assert_eq!(record["time"], started["time"]);
+        assert_eq!(record["tool"], "read_file");
+        assert_eq!(record["target"], "notes.txt");
+        assert_eq!(record["decidedBy"], "user");
+        assert_eq!(record["outcome"], "ok");
+    };
+    let (reply, ()) = tokio::join!(call, follow);
+    let (result, ran_in) = ok(reply);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("x\n"), "lap")
+    );
+}
+
 /// A stream is authorized when it opens, but it must not outlive its access: a revoked token's
 /// stream ends before the next event, and a deleted session's stream ends too (its id may be
 /// taken by another user's new session).

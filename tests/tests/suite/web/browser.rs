@@ -324,3 +324,99 @@ async fn an_xss_corpus_in_history_file_names_and_artifacts_does_not_run_in_the_b
     );
     c.clone().close().await.unwrap();
 }
+
+/// A call to a restricted folder shows in the session's timeline while it waits for the
+/// folder owner's approval (a pending row that says so), and turns into its final row once the
+/// owner answers and the call is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_approval_shows_as_pending_then_as_its_final_row() {
+    let (Some(chromium), Some(chromedriver)) = (on_path("chromium"), on_path("chromedriver"))
+    else {
+        peer_missing(
+            "web::browser",
+            "chromium and chromedriver are not installed (apt-get install chromium chromium-driver)",
+        );
+        return;
+    };
+    let (server, http) = server().await;
+    let (_dir, attached, mut questions) =
+        super::gated_folder(&server, &[("plan.txt", "step one\n")]).await;
+    let session = attached.session.clone();
+    let agent = server.agent().await;
+    // One recorded call, so the timeline is not empty.
+    ok(call_in(&agent, Some(&session), "list_dir", json!({})).await);
+    server.audit_lines(&session, 1).await;
+
+    let driver = Driver::start(&chromium, &chromedriver).await;
+    let c = &driver.client;
+    let base = format!("http://{http}");
+    c.goto(&format!("{base}/login")).await.unwrap();
+    driver
+        .wait_for("#token")
+        .await
+        .send_keys(&server.token)
+        .await
+        .unwrap();
+    driver.wait_for("#signin").await.click().await.unwrap();
+    driver.wait_for("#sessions").await;
+    c.goto(&format!("{base}/sessions/{session}")).await.unwrap();
+    driver.wait_for("body[data-live='on']").await;
+    driver.wait_for("details.call").await;
+
+    let call = call_in(
+        &agent,
+        Some(&session),
+        "read_file",
+        json!({"path": "plan.txt", "workspace": "lap"}),
+    );
+    let watch = async {
+        // Pending before the owner answers: the row says it waits for approval.
+        let row = driver.wait_for(".call.pending[data-state='waiting']").await;
+        let text = row.text().await.unwrap();
+        assert!(text.contains("read_file"), "{text}");
+        assert!(text.contains("plan.txt"), "{text}");
+        assert!(text.contains("waiting for approval"), "{text}");
+        let (question, answer) = within(STEP, "the owner to be asked", questions.recv())
+            .await
+            .expect("asked");
+        assert_eq!(question.target, "plan.txt");
+        driver.screenshot("web-pending.png").await;
+        answer
+            .send(monad_client::approval::Decision::AllowOnce)
+            .unwrap();
+        // Its final row, and no pending row left.
+        driver
+            .wait_for_locator(Locator::XPath(
+                "//details[contains(@class,'call')]//span[contains(@class,'target') and text()='plan.txt']",
+            ))
+            .await;
+        within(STEP, "the pending row to go", async {
+            loop {
+                let left = c
+                    .execute(
+                        "return document.querySelectorAll('.call.pending').length",
+                        vec![],
+                    )
+                    .await
+                    .unwrap();
+                if left == json!(0) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let decided = c
+            .find(Locator::Css("details.call:last-of-type summary"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(decided.contains("user"), "decided by the owner: {decided}");
+        driver.screenshot("web-pending-done.png").await;
+    };
+    let (reply, ()) = tokio::join!(call, watch);
+    ok(reply);
+    c.clone().close().await.unwrap();
+}

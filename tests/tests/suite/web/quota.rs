@@ -1,0 +1,239 @@
+//! Per-user storage quotas on API writes: workspace records and uploaded artifact bytes. A user
+//! who tries to fill the server's disk through the API is refused with a `507` and stores
+//! nothing more; deleting frees the quota; concurrent writes cannot pass it together; another
+//! user is not affected.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use super::{Answer, Api, new_session, server_with};
+
+/// Uploads `size` bytes as a `tool_output` of `session` to `workspace`, answer as it comes.
+async fn upload(api: &Api, workspace: &str, session: &str, size: usize) -> Answer {
+    api.post(
+        &format!("/api/v1/workspaces/{workspace}/artifacts"),
+        &json!({
+            "sessionId": session,
+            "artifactType": "tool_output",
+            "artifactName": "out.txt",
+            "contentType": "text/plain",
+            "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'x'; size]),
+        }),
+    )
+    .await
+}
+
+/// Creates a workspace (`local` at `path`, or `general`), answer as it comes.
+async fn create(api: &Api, path: Option<&str>) -> Answer {
+    let body = match path {
+        Some(p) => json!({"workspaceScope": "local", "localPath": p}),
+        None => json!({"workspaceScope": "general"}),
+    };
+    api.post("/api/v1/workspaces", &body).await
+}
+
+/// A `507` with the JSON error `quota_exceeded` whose message names `what`.
+fn assert_over_quota(answer: &Answer, what: &str) {
+    assert_eq!(answer.status, 507, "{}", answer.text());
+    let body: Value = answer.json();
+    assert_eq!(body["error"], "quota_exceeded", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(what), "should mention `{what}`: {message}");
+}
+
+/// The bytes of the artifacts `api`'s user can list in `sessions`.
+async fn stored_bytes(api: &Api, sessions: &[String]) -> u64 {
+    let mut total = 0;
+    for session in sessions {
+        let answer = api
+            .get(&format!("/api/v1/sessions/{session}/artifacts"))
+            .await;
+        if answer.status == 404 {
+            continue;
+        }
+        for a in answer.json()["artifacts"].as_array().unwrap() {
+            total += a["size"].as_u64().unwrap();
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn uploads_past_the_users_byte_quota_are_refused_with_507_and_store_nothing() {
+    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = 10_000).await;
+    let ana = Api::new(http, &server.token);
+    let ws = ana.workspace(Some("/big")).await;
+    let (s1, s2) = (new_session(), new_session());
+    assert_eq!(upload(&ana, &ws, &s1, 4_000).await.status, 201);
+    assert_eq!(upload(&ana, &ws, &s2, 4_000).await.status, 201);
+    // 8,000 stored: 4,000 more would pass 10,000, in any session and any workspace.
+    assert_over_quota(&upload(&ana, &ws, &s1, 4_000).await, "10000");
+    let other = ana.workspace(None).await;
+    let s3 = new_session();
+    assert_over_quota(&upload(&ana, &other, &s3, 4_000).await, "quota");
+    // A history snapshot counts too: its stored JSON is larger than the room left.
+    let long = "y".repeat(3_000);
+    let answer = ana.snapshot(&ws, &s1, "t", &[("user", &long)]).await;
+    assert_over_quota(&answer, "quota");
+    assert!(
+        ana.get(&format!("/api/v1/sessions/{s1}/history"))
+            .await
+            .json()["messages"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "a refused snapshot does not become the conversation"
+    );
+    assert_eq!(
+        stored_bytes(&ana, &[s1.clone(), s2.clone(), s3.clone()]).await,
+        8_000
+    );
+    // What is left still fits.
+    assert_eq!(upload(&ana, &ws, &s2, 2_000).await.status, 201);
+    assert_over_quota(&upload(&ana, &ws, &s2, 1).await, "quota");
+
+    // Another user has a quota of their own.
+    let bob = Api::new(http, &server.create_token("bob"));
+    let bobs = bob.workspace(None).await;
+    assert_eq!(upload(&bob, &bobs, &new_session(), 9_000).await.status, 201);
+
+    // Deleting the workspace removes its artifacts and frees the quota.
+    assert_eq!(
+        ana.delete(&format!("/api/v1/workspaces/{ws}")).await.status,
+        204
+    );
+    assert_eq!(stored_bytes(&ana, &[s1, s2]).await, 0);
+    assert_eq!(upload(&ana, &other, &s3, 9_000).await.status, 201);
+}
+
+#[tokio::test]
+async fn a_replaced_history_snapshot_counts_once_and_deleting_its_session_frees_it() {
+    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = 20_000).await;
+    let ana = Api::new(http, &server.token);
+    let ws = ana.workspace(Some("/h")).await;
+    let session = new_session();
+    let text = "z".repeat(6_000);
+    // Ten snapshots of about 6 KB: each replaces the last, so the total stays near 6 KB.
+    for task in 0..10 {
+        let answer = ana
+            .snapshot(&ws, &session, &format!("t{task}"), &[("user", &text)])
+            .await;
+        assert_eq!(answer.status, 201, "{}", answer.text());
+    }
+    assert_eq!(upload(&ana, &ws, &new_session(), 12_000).await.status, 201);
+    assert_over_quota(&upload(&ana, &ws, &new_session(), 4_000).await, "quota");
+    // Deleting the session (the registry's delete, as `session delete` does) frees its bytes.
+    server
+        .state()
+        .registry
+        .delete(&session)
+        .expect("the session is deleted");
+    assert_eq!(upload(&ana, &ws, &new_session(), 4_000).await.status, 201);
+}
+
+#[tokio::test]
+async fn workspaces_past_the_users_record_quota_are_refused_with_507_and_deleting_frees_one() {
+    let (server, http) = server_with(|c| c.quotas.max_workspaces_per_user = 3).await;
+    let ana = Api::new(http, &server.token);
+    let local = ana.workspace(Some("/a")).await;
+    let general = ana.workspace(None).await;
+    // A folder attached over QUIC is a record of the user too.
+    server
+        .state()
+        .registry
+        .store()
+        .resolve_record("admin", "device-1", "~/dev/monad", "lap:~/dev/monad")
+        .unwrap();
+    assert_over_quota(&create(&ana, None).await, "3");
+    assert_over_quota(&create(&ana, Some("/b")).await, "workspace");
+    // An existing local record comes back: nothing new is stored.
+    let again = create(&ana, Some("/a")).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.json()["workspaceId"], local.as_str());
+    let records = server
+        .state()
+        .registry
+        .store()
+        .records(Some("admin"))
+        .unwrap();
+    assert_eq!(records.len(), 3, "{records:?}");
+
+    // Another user is not affected.
+    let bob = Api::new(http, &server.create_token("bob"));
+    assert_eq!(create(&bob, None).await.status, 201);
+
+    assert_eq!(
+        ana.delete(&format!("/api/v1/workspaces/{general}"))
+            .await
+            .status,
+        204
+    );
+    assert_eq!(create(&ana, Some("/b")).await.status, 201);
+    assert_over_quota(&create(&ana, None).await, "workspace");
+}
+
+/// Many uploads at once, each fitting alone: exactly as many as the quota holds are stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_uploads_cannot_pass_the_byte_quota_together() {
+    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = 10_000).await;
+    let api = Arc::new(Api::new(http, &server.token));
+    let ws = api.workspace(Some("/race")).await;
+    let sessions: Vec<String> = (0..12).map(|_| new_session()).collect();
+    let uploads: Vec<_> = sessions
+        .iter()
+        .map(|session| {
+            let (api, ws, session) = (api.clone(), ws.clone(), session.clone());
+            tokio::spawn(async move { upload(&api, &ws, &session, 3_000).await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for upload in uploads {
+        statuses.push(upload.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 507),
+        "{statuses:?}"
+    );
+    assert_eq!(stored_bytes(&api, &sessions).await, 9_000);
+}
+
+/// Many workspace creations at once: exactly as many as the quota holds are made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creations_cannot_pass_the_workspace_quota_together() {
+    let (server, http) = server_with(|c| c.quotas.max_workspaces_per_user = 4).await;
+    let api = Arc::new(Api::new(http, &server.token));
+    let creations: Vec<_> = (0..16)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let path = format!("/p{i}");
+                create(&api, (i % 2 == 0).then_some(path.as_str()))
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for creation in creations {
+        statuses.push(creation.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        4,
+        "{statuses:?}"
+    );
+    let records = server
+        .state()
+        .registry
+        .store()
+        .records(Some("admin"))
+        .unwrap();
+    assert_eq!(records.len(), 4);
+}
