@@ -664,7 +664,21 @@ pub struct Registry {
     /// Live attachments by generation, with the other sessions their link was shared into
     /// ([`Registry::share`]); an attachment's detach takes it offline in all of them.
     links: Mutex<HashMap<u64, Vec<std::sync::Weak<Session>>>>,
+    /// Per user and device, the session it was last bound to here and when: a request naming
+    /// that session again is answered from memory ([`Registry::resolve_in_memory`]). The weak
+    /// reference is to the session as loaded then: one reloaded or re-created is bound afresh.
+    recent_binds: Mutex<HashMap<(String, String), RecentBind>>,
 }
+
+/// A session a device was bound to here, as loaded then, and when.
+type RecentBind = (std::sync::Weak<Session>, Instant);
+
+/// How long a binding made here is taken as current without asking the store again (the
+/// store keeps a binding's last use to the day: sooner than that is enough).
+const RECENT_BIND: Duration = Duration::from_secs(60 * 60);
+
+/// Bindings remembered at most (past it the memory starts over: each is one store lookup away).
+const RECENT_BINDS_MAX: usize = 65_536;
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -687,6 +701,7 @@ impl Registry {
             max_stored: usize::MAX,
             creating: Mutex::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
+            recent_binds: Mutex::new(HashMap::new()),
         }
     }
 
@@ -956,6 +971,14 @@ impl Registry {
                 let session = self.open(&id, user)?;
                 if let Some(device) = device {
                     self.bind(user, device, &session.id);
+                    let mut recent = self.recent_binds.lock().unwrap_or_else(|p| p.into_inner());
+                    if recent.len() >= RECENT_BINDS_MAX {
+                        recent.clear();
+                    }
+                    recent.insert(
+                        (user.to_owned(), device.as_str().to_owned()),
+                        (Arc::downgrade(&session), Instant::now()),
+                    );
                 }
                 Ok(session)
             }
@@ -964,6 +987,37 @@ impl Registry {
                 self.open(&id, user)
             }
         }
+    }
+
+    /// What [`Registry::resolve`] answers, when it can be answered from memory without a
+    /// write: `requested` is a session's full id (or `default` while the caller's is loaded;
+    /// not a prefix), the session is in memory, and the device (if any) was bound to it here
+    /// within the hour. `None` when the
+    /// store must be asked (then call [`Registry::resolve`] off the async workers).
+    pub fn resolve_in_memory(
+        &self,
+        requested: Option<&str>,
+        user: &str,
+        device: Option<&DeviceId>,
+    ) -> Option<Result<Arc<Session>, ToolError>> {
+        let id = requested?;
+        let session = self.in_memory(id)?;
+        if id == DEFAULT_SESSION && session.owner != user {
+            // `default` of another user: this user's own default is the store's to find.
+            return None;
+        }
+        if let Err(e) = owned_by(&session, user) {
+            return Some(Err(e));
+        }
+        if let Some(device) = device {
+            let recent = self.recent_binds.lock().unwrap_or_else(|p| p.into_inner());
+            let (bound, at) = recent.get(&(user.to_owned(), device.as_str().to_owned()))?;
+            let current = bound.upgrade().is_some_and(|b| Arc::ptr_eq(&b, &session));
+            if !current || at.elapsed() >= RECENT_BIND {
+                return None;
+            }
+        }
+        Some(Ok(session))
     }
 
     /// The id of `user`'s one session whose id starts with `prefix`; refused when none or
@@ -1414,6 +1468,56 @@ mod tests {
 
     fn registry(dir: &Path) -> Registry {
         Registry::new(dir, Arc::new(FsStore::new(dir)), Layers::default())
+    }
+
+    #[test]
+    fn a_loaded_session_bound_to_the_device_is_resolved_from_memory_and_nothing_else_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let id = "00000000-0000-4000-8000-00000000a001";
+        let dev = DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap();
+        let other = DeviceId::parse("00000000-0000-4000-8000-000000000002").unwrap();
+        // Not loaded yet: the store must be asked.
+        assert!(reg.resolve_in_memory(Some(id), "ana", Some(&dev)).is_none());
+        let s = reg.resolve(Some(id), "ana", Some(&dev)).unwrap();
+        let again = reg.resolve_in_memory(Some(id), "ana", Some(&dev));
+        assert!(Arc::ptr_eq(&s, &again.unwrap().unwrap()));
+        // Without a device there is nothing to bind.
+        assert!(reg.resolve_in_memory(Some(id), "ana", None).is_some());
+        // Another device of the same user was never bound to it here: the store decides.
+        assert!(
+            reg.resolve_in_memory(Some(id), "ana", Some(&other))
+                .is_none()
+        );
+        // Another user is refused, from memory as from the store.
+        let err = reg
+            .resolve_in_memory(Some(id), "ben", None)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unauthorized);
+        // `default` is answered from memory for the user whose it is, once loaded; another
+        // user's `default` is a session of their own, which the store finds.
+        assert!(
+            reg.resolve_in_memory(Some("default"), "ana", None)
+                .is_none()
+        );
+        let default = reg.resolve(Some("default"), "ana", Some(&dev)).unwrap();
+        let again = reg.resolve_in_memory(Some("default"), "ana", Some(&dev));
+        assert!(Arc::ptr_eq(&default, &again.unwrap().unwrap()));
+        assert!(
+            reg.resolve_in_memory(Some("default"), "ben", None)
+                .is_none()
+        );
+        let ben = reg.resolve(Some("default"), "ben", None).unwrap();
+        assert_ne!(ben.id, "default");
+        // A prefix and no session at all always go to the store.
+        assert!(reg.resolve_in_memory(Some(&id[..8]), "ana", None).is_none());
+        assert!(reg.resolve_in_memory(None, "ana", Some(&dev)).is_none());
+        // Deleted, then opened again under the same id: a new session, bound afresh.
+        drop(s);
+        reg.delete(id).unwrap();
+        reg.open(id, "ana").unwrap();
+        assert!(reg.resolve_in_memory(Some(id), "ana", Some(&dev)).is_none());
     }
 
     #[test]

@@ -128,14 +128,25 @@ pub(crate) struct CallGuard<'a> {
 }
 
 impl State {
-    /// The session `lookup` means for `user`, looked up on the blocking pool: opening a session
-    /// that is not in memory reads (or creates, with an fsync) its metadata in the store, and
-    /// binding a device may write the bindings file.
+    /// The session `lookup` means for `user`: from memory when it is loaded and nothing needs
+    /// writing (the common case: an agent naming its session call after call), else looked up
+    /// on the blocking pool, since opening a session that is not in memory reads (or creates,
+    /// with an fsync) its metadata in the store, and binding a device may write the bindings.
     pub(crate) async fn session(
         self: &Arc<Self>,
         user: &str,
         lookup: Lookup<'_>,
     ) -> Result<Arc<Session>, ToolError> {
+        let in_memory = match lookup {
+            Lookup::Resolve { requested, device } => {
+                self.registry.resolve_in_memory(requested, user, device)
+            }
+            Lookup::Open(Some(id)) => self.registry.resolve_in_memory(Some(id), user, None),
+            Lookup::Open(None) => None,
+        };
+        if let Some(found) = in_memory {
+            return found;
+        }
         let state = self.clone();
         let user = user.to_owned();
         let task = match lookup {
