@@ -44,30 +44,39 @@ fn bindings(data: &Path) -> toml::Table {
         .unwrap_or_default()
 }
 
-/// The sessions a workspace record file lists.
-fn record_sessions(data: &Path, record: &str) -> Vec<String> {
-    let path = data.join("workspaces").join(format!("{record}.json"));
-    let file: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let mut ids: Vec<String> = file["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["session"].as_str().unwrap().to_owned())
-        .collect();
-    ids.sort();
-    ids
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records() {
+    gc_and_delete_on(Backend::new(None)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records() {
+async fn gc_and_delete_remove_sessions_with_everything_they_keep_on_postgresql() {
+    let Some(url) = pg_url("gc_and_delete_remove_sessions_with_everything_they_keep_on_postgresql")
+    else {
+        return;
+    };
+    gc_and_delete_on(Backend::new(Some(url))).await;
+}
+
+/// `session gc` and `session delete` on a backend, beside a running server and without one.
+async fn gc_and_delete_on(backend: Backend) {
     let (old, keep, doomed) = (
         "aaaaaaaa-0000-4000-8000-000000000001",
         "aaaaaaaa-0000-4000-8000-000000000002",
         "aaaaaaaa-0000-4000-8000-000000000003",
     );
-    let data = tempfile::tempdir().unwrap();
-    let dir = data.path();
+    let dir = backend.data.path();
+    if let Some(url) = &backend.pg {
+        std::fs::write(
+            dir.join("config.toml"),
+            format!("[store]\nurl = \"{url}\"\n"),
+        )
+        .unwrap();
+    }
+    // Read through a store of the backend (with the server stopped, for the files).
+    let bindings = |_: &Path| backend.bindings();
+    let record_sessions = |_: &Path, record: &str| backend.record_sessions(record);
+    let age = |_: &Path, id: &str, last_active: &str| backend.age_session(id, last_active);
     let server = ServerProcess::start(dir, &[]).await;
     let token = server.first_token.clone().expect("first start");
     let (config_a, config_b, config_laptop) = (
@@ -172,9 +181,10 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
         "workspace, history, artifacts gone"
     );
     assert!(
-        dir.join("sessions/default/session.toml").is_file(),
+        backend.store().load("default").unwrap().is_some(),
         "never default"
     );
+    assert_eq!(backend.store().load(old).unwrap(), None);
     assert!(dir.join("sessions").join(keep).is_dir());
     assert!(
         !bindings(dir).contains_key(device_a.as_str()),
@@ -204,7 +214,7 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
     );
     let out = session_command(dir, &["delete", "../tokens", "--yes"]).await;
     assert!(!out.status.success());
-    assert!(dir.join("tokens.toml").is_file());
+    assert_eq!(dir.join("tokens.toml").is_file(), backend.pg.is_none());
 
     let out = session_command(dir, &["list", "--json"]).await;
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -276,6 +286,42 @@ impl Backend {
                 .expect("the PostgreSQL store connects"),
             ),
         }
+    }
+
+    /// The device bindings of user `admin`: device id -> { session } (the server stopped, for
+    /// the files).
+    fn bindings(&self) -> toml::Table {
+        match &self.pg {
+            None => bindings(self.data.path()),
+            Some(url) => psql(
+                url,
+                "SELECT device_id || ' ' || session_id FROM bindings WHERE user_name = 'admin'",
+            )
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(device, session)| {
+                let mut entry = toml::Table::new();
+                entry.insert("session".into(), toml::Value::String(session.into()));
+                (device.to_owned(), toml::Value::Table(entry))
+            })
+            .collect(),
+        }
+    }
+
+    /// The sessions a workspace record lists, sorted.
+    fn record_sessions(&self, record: &str) -> Vec<String> {
+        let page = self.store().record_sessions(record, 100, None).unwrap();
+        let mut ids: Vec<String> = page.items.into_iter().map(|s| s.session).collect();
+        ids.sort();
+        ids
+    }
+
+    /// Sets a session's last activity in the store (the server stopped).
+    fn age_session(&self, id: &str, last_active: &str) {
+        let store = self.store();
+        let mut meta = store.load(id).unwrap().expect("the session exists");
+        meta.last_active = last_active.to_owned();
+        store.save(&meta).unwrap();
     }
 
     /// Sets a workspace record's last activity, under the store (no store instance open).
