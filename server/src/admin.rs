@@ -21,10 +21,7 @@ use tracing::{info, warn};
 
 use crate::session::Registry;
 use crate::settings::Layers;
-use crate::store::{
-    ArtifactMeta, ArtifactStore, AuditRecord, BindingStore, FsStore, Page, SessionMeta,
-    SessionStore, Store, StoreError, WorkspaceStore,
-};
+use crate::store::{ArtifactMeta, AuditRecord, FsStore, Page, SessionMeta, Store, StoreError};
 
 /// The data directory's lock: held by a running server for its whole life.
 #[derive(Debug)]
@@ -76,19 +73,43 @@ pub struct SessionReport {
     pub bound_devices: usize,
 }
 
-/// Administration of a data directory.
+/// Administration of a data directory and the store its server keeps records in.
 pub struct Admin {
     data_dir: PathBuf,
-    store: Arc<FsStore>,
+    store: Arc<dyn Store>,
+    /// Whether the store is PostgreSQL (`[store] url`), not the files of the data directory.
+    in_database: bool,
 }
 
 impl Admin {
-    /// Administration of `data_dir`.
+    /// Administration of `data_dir` with the filesystem store, whatever its `config.toml` says
+    /// (for what only touches the directory: the certificate, the address file).
     pub fn new(data_dir: &Path) -> Admin {
         Admin {
             data_dir: data_dir.to_path_buf(),
             store: Arc::new(FsStore::new(data_dir)),
+            in_database: false,
         }
+    }
+
+    /// Administration of `data_dir` with the store its server uses: PostgreSQL when its
+    /// `config.toml` (or `MONAD_STORE_URL`) names one under `[store] url`, else the files of
+    /// the directory. A bad URL or an unreachable database is an error that says so.
+    pub fn open(data_dir: &Path) -> Result<Admin, crate::ServerError> {
+        let settings = crate::settings::store_settings(data_dir)?;
+        let Some(url) = settings.url.as_deref().filter(|u| !u.trim().is_empty()) else {
+            return Ok(Admin::new(data_dir));
+        };
+        let blobs = Arc::new(crate::store::FsBlobs::new(&data_dir.join("blobs")));
+        let store = crate::store::PgStore::connect(url, data_dir, blobs, settings.pool_options())
+            .map_err(|e| {
+            crate::ServerError::Invalid(format!("the store ([store] url): {e}"))
+        })?;
+        Ok(Admin {
+            data_dir: data_dir.to_path_buf(),
+            store: Arc::new(store),
+            in_database: true,
+        })
     }
 
     /// Every session, most recently active first.
@@ -188,8 +209,7 @@ impl Admin {
     }
 
     fn registry(&self) -> Registry {
-        let store: Arc<dyn Store> = self.store.clone();
-        Registry::new(&self.data_dir, store, Layers::default())
+        Registry::new(&self.data_dir, self.store.clone(), Layers::default())
     }
 
     /// The id of the one session whose id is or starts with `prefix` (as docker and git take
@@ -309,8 +329,20 @@ impl Admin {
 
     /// A session's tool calls from its audit log, from byte `offset` on (0: all of them), and
     /// the offset after the last whole line read (for `session audit --follow`).
+    ///
+    /// In PostgreSQL, `offset` is a position in the log (records, not bytes).
     pub fn audit_from(&self, id: &str, offset: u64) -> Result<(Vec<AuditRecord>, u64), String> {
         use std::io::{Read, Seek};
+        if self.in_database {
+            let from = usize::try_from(offset).unwrap_or(usize::MAX);
+            // To the end of one snapshot of the log: the next read starts after what it held
+            // (records that cannot be read are skipped, and not read again).
+            let (records, total) = self
+                .store
+                .audit_page(id, from, usize::MAX)
+                .map_err(|e| e.to_string())?;
+            return Ok((records, (total as u64).max(offset)));
+        }
         let path = self.data_dir.join("sessions").join(id).join("audit.jsonl");
         let mut file = match File::open(&path) {
             Ok(file) => file,

@@ -560,8 +560,8 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         None => serve(dir, cli.serve),
         Some(Command::Serve(args)) => serve(dir, args),
-        Some(Command::Session(cmd)) => session_command(&Admin::new(&dir), cmd),
-        Some(Command::Workspace(cmd)) => workspace_command(&Admin::new(&dir), cmd),
+        Some(Command::Session(cmd)) => session_command(&Admin::open(&dir)?, cmd),
+        Some(Command::Workspace(cmd)) => workspace_command(&Admin::open(&dir)?, cmd),
         Some(Command::Fingerprint) => {
             match Admin::new(&dir).fingerprint().map_err(anyhow::Error::msg)? {
                 Some(fingerprint) => outln!("{fingerprint}")?,

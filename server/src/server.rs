@@ -221,6 +221,12 @@ impl Server {
                 }
             })
         };
+        // The auto-purge (`[retention] max_age_days`), when on.
+        let purge = self
+            .state
+            .registry
+            .purge_settings()
+            .map(|purge| tokio::spawn(crate::session::run_purge(self.state.clone(), purge)));
         // `session delete` and `session gc` while the server runs go through it.
         let admin = tokio::spawn(crate::admin::serve_socket(
             self.state.clone(),
@@ -264,6 +270,9 @@ impl Server {
             }
         }
         reaper.abort();
+        if let Some(purge) = purge {
+            purge.abort();
+        }
         info!("shutting down: no new connections; letting in-flight calls finish");
         self.endpoint.set_server_config(None);
         let _ = stop_tx.send(true);

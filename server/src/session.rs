@@ -668,6 +668,9 @@ pub struct Registry {
     /// that session again is answered from memory ([`Registry::resolve_in_memory`]). The weak
     /// reference is to the session as loaded then: one reloaded or re-created is bound afresh.
     recent_binds: Mutex<HashMap<(String, String), RecentBind>>,
+    /// Sessions being deleted: an open that read one from the store before its rows went
+    /// must not put it in memory (it would write the deleted session back).
+    deleting: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A session a device was bound to here, as loaded then, and when.
@@ -702,6 +705,7 @@ impl Registry {
             creating: Mutex::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
             recent_binds: Mutex::new(HashMap::new()),
+            deleting: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -807,8 +811,9 @@ impl Registry {
                 return Err(ToolError::new(
                     ErrorCode::Internal,
                     format!(
-                        "session {id} cannot be opened: its session.toml is corrupt; the \
-                         server's operator must repair it (the server's log names the file)"
+                        "session {id} cannot be opened: its metadata (session.toml, or its row \
+                         in PostgreSQL) is corrupt; the server's operator must repair it (the \
+                         server's log says what is wrong)"
                     ),
                 ));
             }
@@ -877,6 +882,17 @@ impl Registry {
             focus: Mutex::new(None),
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if self
+            .deleting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&id)
+        {
+            return Err(ToolError::new(
+                ErrorCode::NotFound,
+                format!("session {id} is being deleted"),
+            ));
+        }
         if let Some(loaded) = sessions.get(&id) {
             // Loaded meanwhile by a racing open: every caller gets the one in memory.
             let loaded = loaded.clone();
@@ -1178,21 +1194,29 @@ impl Registry {
             ));
         }
         sessions.remove(&id);
+        // Marked under the registry's lock: from here until its rows are gone, no open puts it
+        // back in memory.
+        self.deleting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
         drop(sessions);
-        self.store.delete(&id).map_err(store_error)?;
-        self.store.unbind_session(&id).map_err(store_error)?;
-        self.store.forget_session(&id).map_err(store_error)?;
-        Ok(())
+        let deleted = (|| {
+            self.store.delete(&id)?;
+            self.store.unbind_session(&id)?;
+            self.store.forget_session(&id)
+        })();
+        self.deleting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        deleted.map_err(store_error)
     }
 
     /// The sessions unused for `max_age` (never `default`, never one in use), as `session gc`
     /// would delete them now; their metadata with the in-memory `last_active`.
     pub fn unused_for(&self, max_age: Duration) -> Result<Vec<SessionMeta>, ToolError> {
-        let cutoff = std::time::SystemTime::now()
-            .checked_sub(max_age)
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| crate::fsutil::rfc3339(d.as_secs()))
-            .unwrap_or_default();
+        let cutoff = cutoff_of(max_age);
         // Loaded sessions: in use (kept), or their in-memory metadata. Asked under the lock,
         // where the registry's reference is the only one this adds.
         let live: HashMap<String, Option<SessionMeta>> = self
@@ -1209,9 +1233,19 @@ impl Registry {
                 Some(Some(loaded)) => loaded.clone(),
                 None => meta,
             };
-            // Times have whole seconds: `--max-age 0` takes what was used this second too.
-            if meta.id != DEFAULT_SESSION && meta.last_active <= cutoff {
-                unused.push(meta);
+            if meta.id == DEFAULT_SESSION {
+                continue;
+            }
+            match inactive_since(&meta.last_active, &cutoff) {
+                Age::Old => unused.push(meta),
+                Age::Recent => {}
+                // An age that cannot be read is no age: kept, for the operator to look at.
+                Age::Unreadable => warn!(
+                    "session {}: its last activity `{}` is not a time; it is never deleted for \
+                     its age (repair the record, or delete the session by id)",
+                    meta.id,
+                    monad_protocol::text::printable(&meta.last_active)
+                ),
             }
         }
         unused.sort_by(|a, b| a.last_active.cmp(&b.last_active).then(a.id.cmp(&b.id)));
@@ -1231,6 +1265,109 @@ impl Registry {
             }
         }
         Ok(deleted)
+    }
+
+    /// One auto-purge pass (`[retention] max_age_days`): deletes the sessions unused for
+    /// `purge.max_age` (as [`Registry::gc`]: never `default`, never one in use, so never one
+    /// with a call in flight), then the workspace records inactive that long that no remaining
+    /// session uses and no attached folder names, oldest first, `purge.max_per_pass` of them in
+    /// all at most. Blocking (store work): run it off the async workers.
+    pub fn purge(&self, purge: &Purge) -> Result<Purged, ToolError> {
+        let mut done = Purged::default();
+        let mut budget = purge.max_per_pass;
+        for meta in self.unused_for(purge.max_age)? {
+            if budget == 0 {
+                done.more = true;
+                return Ok(done);
+            }
+            match self.delete(&meta.id) {
+                Ok(()) => {
+                    budget -= 1;
+                    done.sessions.push(meta);
+                }
+                // In use by now, or gone meanwhile: kept (or nothing to do).
+                Err(e) if matches!(e.code, ErrorCode::Denied | ErrorCode::NotFound) => {}
+                Err(e) => {
+                    warn!(
+                        "auto-purge: cannot delete session {}: {}",
+                        meta.id, e.message
+                    );
+                }
+            }
+        }
+        let cutoff = cutoff_of(purge.max_age);
+        let attached = self.attached_records();
+        let mut records = self.store.records(None).map_err(store_error)?;
+        records.sort_by(|a, b| a.last_active.cmp(&b.last_active).then(a.id.cmp(&b.id)));
+        for record in records {
+            if inactive_since(&record.last_active, &cutoff) != Age::Old
+                || attached.contains(&record.id)
+                || self.record_in_use(&record.id)?
+            {
+                continue;
+            }
+            if budget == 0 {
+                done.more = true;
+                return Ok(done);
+            }
+            match self.store.delete_record(&record.id) {
+                Ok(()) => {
+                    budget -= 1;
+                    done.records.push(record);
+                }
+                Err(StoreError::NotFound(_)) => {}
+                Err(e) => warn!(
+                    "auto-purge: cannot delete workspace record {}: {e}",
+                    record.id
+                ),
+            }
+        }
+        Ok(done)
+    }
+
+    /// The workspace records of the folders attached to loaded sessions.
+    fn attached_records(&self) -> std::collections::HashSet<String> {
+        let sessions: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        sessions
+            .iter()
+            .flat_map(|s| {
+                s.attached
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter_map(|a| a.record.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Whether a session that still exists is listed in a workspace record.
+    fn record_in_use(&self, record: &str) -> Result<bool, ToolError> {
+        let mut next = None;
+        loop {
+            let page = match self.store.record_sessions(record, 100, next.as_deref()) {
+                Ok(page) => page,
+                Err(StoreError::NotFound(_)) => return Ok(false),
+                Err(e) => return Err(store_error(e)),
+            };
+            for s in &page.items {
+                match self.store.load(&s.session) {
+                    Ok(None) => {}
+                    // Exists, or cannot be read (kept, as the session is).
+                    Ok(Some(_)) | Err(_) => return Ok(true),
+                }
+            }
+            match page.next {
+                Some(token) => next = Some(token),
+                None => return Ok(false),
+            }
+        }
     }
 
     /// Drops from memory the sessions idle for `max_idle` that have no folder online; the
@@ -1275,6 +1412,11 @@ impl Registry {
         }
     }
 
+    /// The auto-purge's settings (global `[retention]`), when it is on.
+    pub fn purge_settings(&self) -> Option<Purge> {
+        self.layers.global().retention.purge()
+    }
+
     /// How long a session may sit idle before it is dropped from memory (global setting).
     pub fn idle_limit(&self) -> Duration {
         Duration::from_secs(
@@ -1292,6 +1434,141 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len()
+    }
+}
+
+/// The auto-purge's settings (`[retention]`, see [`crate::settings::Retention::purge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purge {
+    /// Sessions and records inactive this long go.
+    pub max_age: Duration,
+    /// How often a pass runs.
+    pub every: Duration,
+    /// Deletions per pass at most.
+    pub max_per_pass: usize,
+}
+
+/// What one auto-purge pass deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// The sessions (their metadata as it was).
+    pub sessions: Vec<SessionMeta>,
+    /// The workspace records.
+    pub records: Vec<crate::store::WorkspaceRecord>,
+    /// Whether the pass stopped at its bound with more to delete.
+    pub more: bool,
+}
+
+/// What a last-activity time says against a cutoff (both RFC 3339 UTC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Age {
+    /// At or before the cutoff (times have whole seconds: an age of 0 takes what was used this
+    /// second too).
+    Old,
+    /// After it.
+    Recent,
+    /// Not a time this server writes (`YYYY-MM-DDTHH:MM:SS`, optional fraction, `Z` or
+    /// `+00:00`): never taken for old.
+    Unreadable,
+}
+
+/// Whether `last_active` is at or before `cutoff` (as [`cutoff_of`] writes it).
+pub fn inactive_since(last_active: &str, cutoff: &str) -> Age {
+    let b = last_active.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<u32> {
+        let part = b.get(range)?;
+        if part.iter().all(u8::is_ascii_digit) {
+            std::str::from_utf8(part).ok()?.parse().ok()
+        } else {
+            None
+        }
+    };
+    let fields = (|| {
+        let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+        let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+        let separators = b.get(4) == Some(&b'-')
+            && b.get(7) == Some(&b'-')
+            && matches!(b.get(10), Some(b'T' | b't'))
+            && b.get(13) == Some(&b':')
+            && b.get(16) == Some(&b':');
+        let mut rest = &last_active[19..];
+        if let Some(fraction) = rest.strip_prefix('.') {
+            let end = fraction
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(fraction.len());
+            if end == 0 {
+                return None;
+            }
+            rest = &fraction[end..];
+        }
+        let utc = matches!(rest, "Z" | "z" | "+00:00");
+        let ranges = year >= 1970
+            && (1..=12).contains(&month)
+            && (1..=31).contains(&day)
+            && hour < 24
+            && minute < 60
+            && second <= 60;
+        (separators && utc && ranges).then_some(())
+    })();
+    match fields {
+        None => Age::Unreadable,
+        // Same shape: the first 19 characters sort as the instants do.
+        Some(()) if last_active[..19] <= *cutoff.get(..19).unwrap_or(cutoff) => Age::Old,
+        Some(()) => Age::Recent,
+    }
+}
+
+/// `max_age` before now, RFC 3339 UTC to the second (the Unix epoch when that is before it).
+pub fn cutoff_of(max_age: Duration) -> String {
+    let secs = std::time::SystemTime::now()
+        .checked_sub(max_age)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    crate::fsutil::rfc3339(secs)
+}
+
+/// The running server's auto-purge: a [`Registry::purge`] pass at once and then every
+/// `purge.every`, each on the blocking pool, what it deleted logged. Runs until aborted.
+pub async fn run_purge(state: Arc<crate::state::State>, purge: Purge) {
+    tracing::info!(
+        "auto-purge on: sessions and workspace records inactive for {} s go (retention.max_age_days)",
+        purge.max_age.as_secs()
+    );
+    let mut tick = tokio::time::interval(purge.every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let state = state.clone();
+        let pass = tokio::task::spawn_blocking(move || state.registry.purge(&purge)).await;
+        match pass {
+            Ok(Ok(purged)) => {
+                for meta in &purged.sessions {
+                    tracing::info!(
+                        session = %meta.id,
+                        owner = %meta.owner,
+                        last_active = %meta.last_active,
+                        "auto-purge: deleted an inactive session"
+                    );
+                }
+                for record in &purged.records {
+                    tracing::info!(
+                        record = %record.id,
+                        user = %record.user,
+                        last_active = %record.last_active,
+                        "auto-purge: deleted an inactive workspace record"
+                    );
+                }
+                if purged.more {
+                    tracing::info!(
+                        "auto-purge: {} deleted this pass, its bound (retention.purge_max_per_pass); \
+                         the rest go on the next",
+                        purge.max_per_pass
+                    );
+                }
+            }
+            Ok(Err(e)) => warn!("auto-purge: {}", e.message),
+            Err(e) => warn!("auto-purge: the pass failed: {e}"),
+        }
     }
 }
 
@@ -1518,6 +1795,37 @@ mod tests {
         reg.delete(id).unwrap();
         reg.open(id, "ana").unwrap();
         assert!(reg.resolve_in_memory(Some(id), "ana", Some(&dev)).is_none());
+    }
+
+    #[test]
+    fn an_age_is_old_at_or_before_the_cutoff_and_an_unreadable_one_is_never_old() {
+        let cutoff = "2026-01-10T00:00:00Z";
+        for old in [
+            "2026-01-10T00:00:00Z",
+            "2020-01-01T00:00:00Z",
+            "2026-01-09T23:59:59.999Z",
+            "2026-01-09T12:00:00+00:00",
+        ] {
+            assert_eq!(inactive_since(old, cutoff), Age::Old, "{old}");
+        }
+        for recent in ["2026-01-10T00:00:01Z", "2027-01-01T00:00:00z"] {
+            assert_eq!(inactive_since(recent, cutoff), Age::Recent, "{recent}");
+        }
+        for bad in [
+            "",
+            "last tuesday",
+            "2026-01-09",
+            "2026-01-09T00:00:00",
+            "2026-01-09T00:00:00+02:00",
+            "2026-13-09T00:00:00Z",
+            "2026-01-09T24:00:00Z",
+            "0000-01-01T00:00:00Z",
+            "2026-01-09T00:00:00.Z",
+            "2026-01-09T00:00:0é",
+            "2026-01-09 00:00:00Z",
+        ] {
+            assert_eq!(inactive_since(bad, cutoff), Age::Unreadable, "{bad:?}");
+        }
     }
 
     #[test]

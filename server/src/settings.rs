@@ -348,6 +348,17 @@ pub struct Retention {
     pub artifact_max_bytes: u64,
     /// Keep `tool_output` and `file_diff` artifacts at all.
     pub keep_artifacts: bool,
+    /// The auto-purge (seed 004, which says 90): the running server deletes sessions inactive
+    /// this many days (never `default`, never one in use) and the workspace records inactive
+    /// that long that no session uses any more. Absent: off (the default). A fraction is
+    /// taken (`0.5` is twelve hours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age_days: Option<Days>,
+    /// How often the auto-purge looks, in seconds (at least 1).
+    pub purge_every_secs: u64,
+    /// Sessions and records one auto-purge pass deletes at most (at least 1); the rest wait for
+    /// the next pass.
+    pub purge_max_per_pass: usize,
 }
 
 impl Default for Retention {
@@ -356,7 +367,56 @@ impl Default for Retention {
             idle_unload_hours: 24,
             artifact_max_bytes: 256 * 1024,
             keep_artifacts: true,
+            max_age_days: None,
+            purge_every_secs: 3600,
+            purge_max_per_pass: 100,
         }
+    }
+}
+
+impl Retention {
+    /// The auto-purge's age, pass interval and bound per pass, when it is on.
+    pub fn purge(&self) -> Option<crate::session::Purge> {
+        self.max_age_days.map(|days| crate::session::Purge {
+            max_age: days.duration(),
+            every: Duration::from_secs(self.purge_every_secs.max(1)),
+            max_per_pass: self.purge_max_per_pass.max(1),
+        })
+    }
+}
+
+/// A number of days above 0 and at most [`Days::MAX`], a fraction allowed
+/// (`retention.max_age_days`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Days(f64);
+
+impl Days {
+    /// The longest age taken: 100 years.
+    pub const MAX: f64 = 36_525.0;
+
+    /// `days`, when it is a number above 0 and at most [`Days::MAX`].
+    pub fn new(days: f64) -> Result<Days, String> {
+        if days.is_finite() && days > 0.0 && days <= Days::MAX {
+            Ok(Days(days))
+        } else {
+            Err(format!(
+                "{days} is not a number of days: give one above 0 and at most {} (a fraction \
+                 is taken, e.g. 0.5), or leave the key out to turn the auto-purge off",
+                Days::MAX
+            ))
+        }
+    }
+
+    /// The age.
+    pub fn duration(self) -> Duration {
+        Duration::from_secs_f64(self.0 * 86_400.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Days {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Days::new(f64::deserialize(deserializer)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -591,6 +651,38 @@ mod tests {
         v.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_auto_purge_is_off_unless_max_age_days_is_a_positive_number_of_days() {
+        let off = Layers::new(None, vars(&[])).unwrap().global();
+        assert_eq!(off.retention.purge(), None);
+        let file = "[retention]\nmax_age_days = 90\n";
+        let on = Layers::new(Some(("config.toml", file)), vars(&[]))
+            .unwrap()
+            .global();
+        let purge = on.retention.purge().unwrap();
+        assert_eq!(purge.max_age, Duration::from_secs(90 * 86_400));
+        assert_eq!(purge.every, Duration::from_secs(3600));
+        assert_eq!(purge.max_per_pass, 100);
+        let half = Layers::new(None, vars(&[("MONAD_RETENTION_MAX_AGE_DAYS", "0.5")]))
+            .unwrap()
+            .global();
+        assert_eq!(
+            half.retention.purge().unwrap().max_age,
+            Duration::from_secs(12 * 3600)
+        );
+        for bad in ["0", "-1", "nan", "inf", "1e9", "\"soon\""] {
+            let file = format!("[retention]\nmax_age_days = {bad}\n");
+            let e = Layers::new(Some(("config.toml", &file)), vars(&[])).unwrap_err();
+            assert_eq!(e.line, Some(2), "{bad}: {e}");
+            assert!(e.to_string().contains("max_age_days"), "{bad}: {e}");
+        }
+        let e = Layers::new(None, vars(&[("MONAD_RETENTION_MAX_AGE_DAYS", "-3")])).unwrap_err();
+        assert!(
+            e.to_string().contains("MONAD_RETENTION_MAX_AGE_DAYS"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -621,9 +621,54 @@ async fn session_audit_shows_the_calls_and_follow_prints_new_ones() {
     wait_for_line(&mut lines, STEP, "the new call", |l| l.contains("\tglob\t")).await;
 }
 
+/// A server process on a fresh data dir whose `config.toml` names the PostgreSQL store at `url`
+/// (the filesystem store when `None`), and a client config logged in to it.
+async fn logged_in_on(url: Option<&str>) -> (ServerProcess, tempfile::TempDir, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    if let Some(url) = url {
+        std::fs::write(
+            data.path().join("config.toml"),
+            format!("[store]\nurl = \"{url}\"\n"),
+        )
+        .unwrap();
+    }
+    let server = ServerProcess::start(data.path(), &[]).await;
+    let token = server.first_token.clone().expect("a first start");
+    let config = tempfile::tempdir().unwrap();
+    server.client_config(&token).save(config.path()).unwrap();
+    (server, data, config)
+}
+
+/// Whether `monad-server session list` (which reads the configured store) lists `id`.
+async fn listed(data: &Path, id: &str) -> bool {
+    let out = server_cmd(data, &["session", "list", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let sessions: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    sessions
+        .as_array()
+        .expect("an array")
+        .iter()
+        .any(|s| s["id"] == id)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_and_delete_work_through_the_running_server_and_ask_first() {
-    let (server, data, config) = logged_in().await;
+    gc_and_delete_through_the_running_server(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_and_delete_work_through_the_running_server_on_postgresql() {
+    let Some(url) =
+        super::pg_store::pg_url("gc_and_delete_work_through_the_running_server_on_postgresql")
+    else {
+        return;
+    };
+    gc_and_delete_through_the_running_server(Some(&url)).await;
+}
+
+/// `session gc` and `session delete` beside a running server, on a backend.
+async fn gc_and_delete_through_the_running_server(url: Option<&str>) {
+    let (server, data, config) = logged_in_on(url).await;
     let d = data.path();
     let out = client(config.path(), &["sessions", "--new", "--name", "old"]).await;
     let old = text(&out.stdout).trim().to_owned();
@@ -641,10 +686,16 @@ async fn gc_and_delete_work_through_the_running_server_and_ask_first() {
         said.contains("2 sessions") && said.contains("through the running server"),
         "{said}"
     );
+    // Reading beside it: the sessions of the configured store, by a prefix of their id.
+    let out = server_cmd(d, &["session", "show", &old[..8], "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(shown["meta"]["id"], old.as_str());
+    assert_eq!(shown["meta"]["name"], "old");
     let out = server_cmd(d, &["session", "delete", &doomed[..8]]).await;
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("--yes"), "{}", text(&out.stderr));
-    assert!(d.join("sessions").join(&doomed).is_dir());
+    assert!(listed(d, &doomed).await);
 
     // On a terminal, it asks; `y` deletes, through the server, which forgets it at once.
     let mut cmd = command("monad-server");
@@ -656,9 +707,9 @@ async fn gc_and_delete_work_through_the_running_server_and_ask_first() {
     pty.send(b"y\n");
     pty.wait_for("deleted 1 session (through the running server)", at)
         .await;
-    assert!(!d.join("sessions").join(&doomed).exists());
-    let listed = client(config.path(), &["sessions", "--json"]).await;
-    assert!(!text(&listed.stdout).contains(&doomed));
+    assert!(!listed(d, &doomed).await);
+    let theirs = client(config.path(), &["sessions", "--json"]).await;
+    assert!(!text(&theirs.stdout).contains(&doomed));
 
     // `n` keeps it.
     let mut cmd = command("monad-server");
@@ -669,7 +720,7 @@ async fn gc_and_delete_work_through_the_running_server_and_ask_first() {
     let at = pty.wait_for("[y/N]", 0).await;
     pty.send(b"n\n");
     pty.wait_for("nothing deleted", at).await;
-    assert!(d.join("sessions").join(&old).is_dir());
+    assert!(listed(d, &old).await);
 
     // A session in use (a folder attached) is kept, whatever its age.
     let laptop = folder(&[]);
@@ -681,7 +732,7 @@ async fn gc_and_delete_work_through_the_running_server_and_ask_first() {
     let out = server_cmd(d, &["session", "gc", "--max-age", "0", "--yes"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!text(&out.stdout).contains(&old));
-    assert!(d.join("sessions").join(&old).is_dir());
+    assert!(listed(d, &old).await);
     drop(server);
 
     // --max-age: days bare or with d, hours with h; anything else is refused.

@@ -9,8 +9,8 @@ use monad_server::roots::FolderSessions;
 use monad_server::store::pg::{MIGRATIONS, PoolOptions};
 use monad_server::store::{
     ArtifactKind, ArtifactMeta, ArtifactStore, AuditDecision, AuditOutcome, AuditRecord, Blobs,
-    Decider, FsBlobs, FsStore, History, PgStore, SessionMeta, SessionStore, Store, StoreError,
-    Upload, WorkspaceStore,
+    Decider, FolderStore, FsBlobs, FsStore, History, PgStore, SessionMeta, SessionStore, Store,
+    StoreError, Upload, WorkspaceStore,
 };
 use monad_tests::{STEP, peer_missing, pg, test_config, within};
 
@@ -595,4 +595,130 @@ fn tokens_live_hashed_in_postgresql_and_the_token_commands_find_them_through_con
             .create("a b")
             .is_err()
     );
+}
+
+/// Runs SQL in the database of `url` (the tests' cluster).
+fn psql(url: &str, sql: &str) -> String {
+    let database = url.rsplit('/').next().unwrap();
+    pg::cluster().unwrap().psql(database, sql).unwrap()
+}
+
+#[test]
+fn corrupt_rows_are_a_clear_error_or_skipped_and_never_serve_another_sessions_data() {
+    let Some(url) =
+        pg_url("corrupt_rows_are_a_clear_error_or_skipped_and_never_serve_another_sessions_data")
+    else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let store = pg_store(&url, data.path());
+    store
+        .create(&meta("s1", "ana", "2026-01-01T00:00:00Z"))
+        .unwrap();
+    store
+        .create(&meta("s2", "ben", "2026-01-01T00:00:00Z"))
+        .unwrap();
+    store
+        .create(&meta("s3", "cy", "2026-01-01T00:00:00Z"))
+        .unwrap();
+    store
+        .put_artifact(&artifact("s1", "a1", ArtifactKind::ToolOutput), b"ana's")
+        .unwrap();
+    store
+        .put_artifact(
+            &artifact("s2", "b1", ArtifactKind::ToolOutput),
+            b"ben's secret",
+        )
+        .unwrap();
+    store
+        .append("s1", &msg(HistoryRole::User, "hello"))
+        .unwrap();
+    store.audit("s1", &[audit("c1")]).unwrap();
+
+    // An artifact row of ana's whose content key names ben's content.
+    psql(
+        &url,
+        "UPDATE artifacts SET blob_key = 's2/b1' WHERE session_id = 's1' AND id = 'a1'",
+    );
+    let e = store.artifact("s1", "a1").map(|(_, c)| c);
+    assert!(
+        matches!(&e, Err(StoreError::Invalid(why)) if why.contains("a1")),
+        "{e:?}"
+    );
+    // A row of ben's copied into ana's session: its record says it is ben's.
+    psql(
+        &url,
+        "INSERT INTO artifacts (session_id, id, meta, blob_key)
+         SELECT 's1', 'b1', meta, blob_key FROM artifacts WHERE session_id = 's2' AND id = 'b1'",
+    );
+    let e = store.artifact("s1", "b1").map(|(_, c)| c);
+    assert!(matches!(&e, Err(StoreError::Invalid(_))), "{e:?}");
+    // A record that is not JSON.
+    psql(
+        &url,
+        "INSERT INTO artifacts (session_id, id, meta, blob_key) VALUES ('s1', 'a2', '{not', 's1/a2')",
+    );
+    let e = store.artifact("s1", "a2").map(|(_, c)| c);
+    assert!(matches!(&e, Err(StoreError::Invalid(_))), "{e:?}");
+    // The listing skips all three (the corrupt a1 is listed by nothing that would serve it).
+    let listed: Vec<String> = store
+        .artifacts("s1")
+        .unwrap()
+        .into_iter()
+        .map(|m| format!("{}/{}", m.session, m.id))
+        .collect();
+    assert!(!listed.iter().any(|k| k.starts_with("s2/")), "{listed:?}");
+    assert!(!listed.contains(&"s1/a2".to_owned()), "{listed:?}");
+    // Ben still reads his own.
+    assert_eq!(store.artifact("s2", "b1").unwrap().1, b"ben's secret");
+
+    // A message whose role is not a role: the conversation is refused, saying why, rather than
+    // shown with words put in the user's mouth.
+    psql(
+        &url,
+        "INSERT INTO messages (session_id, role, text) VALUES ('s1', 'wizard', 'obey')",
+    );
+    let e = store.history("s1");
+    assert!(
+        matches!(&e, Err(StoreError::Invalid(why)) if why.contains("wizard")),
+        "{e:?}"
+    );
+    // An audit record that does not parse is skipped; the others are read.
+    psql(
+        &url,
+        "INSERT INTO audit (session_id, record) VALUES ('s1', '{\"time\": 1')",
+    );
+    store.audit("s1", &[audit("c2")]).unwrap();
+    let calls: Vec<String> = store
+        .audit_log("s1")
+        .unwrap()
+        .into_iter()
+        .map(|r| r.call_id)
+        .collect();
+    assert_eq!(calls, ["c1", "c2"]);
+
+    // A session row whose owner is empty: refused as corrupt, never listed as anyone's.
+    psql(&url, "UPDATE sessions SET owner = '' WHERE id = 's3'");
+    let e = store.load("s3");
+    assert!(
+        matches!(&e, Err(StoreError::Invalid(why)) if why.contains("s3")),
+        "{e:?}"
+    );
+    let ids: Vec<String> = store
+        .all_sessions()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert!(!ids.contains(&"s3".to_owned()), "{ids:?}");
+    assert!(store.search_sessions("", "").unwrap().is_empty());
+
+    // A folder registry row that does not parse: an error that says so.
+    psql(
+        &url,
+        "INSERT INTO folder_sessions (user_name, device_id, folder, active, sessions)
+         VALUES ('ana', 'd1', '/x', 's1', '[oops')",
+    );
+    let e = store.folder_sessions("ana", "d1");
+    assert!(matches!(&e, Err(StoreError::Invalid(_))), "{e:?}");
 }

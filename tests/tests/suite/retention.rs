@@ -44,30 +44,39 @@ fn bindings(data: &Path) -> toml::Table {
         .unwrap_or_default()
 }
 
-/// The sessions a workspace record file lists.
-fn record_sessions(data: &Path, record: &str) -> Vec<String> {
-    let path = data.join("workspaces").join(format!("{record}.json"));
-    let file: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let mut ids: Vec<String> = file["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["session"].as_str().unwrap().to_owned())
-        .collect();
-    ids.sort();
-    ids
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records() {
+    gc_and_delete_on(Backend::new(None)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records() {
+async fn gc_and_delete_remove_sessions_with_everything_they_keep_on_postgresql() {
+    let Some(url) = pg_url("gc_and_delete_remove_sessions_with_everything_they_keep_on_postgresql")
+    else {
+        return;
+    };
+    gc_and_delete_on(Backend::new(Some(url))).await;
+}
+
+/// `session gc` and `session delete` on a backend, beside a running server and without one.
+async fn gc_and_delete_on(backend: Backend) {
     let (old, keep, doomed) = (
         "aaaaaaaa-0000-4000-8000-000000000001",
         "aaaaaaaa-0000-4000-8000-000000000002",
         "aaaaaaaa-0000-4000-8000-000000000003",
     );
-    let data = tempfile::tempdir().unwrap();
-    let dir = data.path();
+    let dir = backend.data.path();
+    if let Some(url) = &backend.pg {
+        std::fs::write(
+            dir.join("config.toml"),
+            format!("[store]\nurl = \"{url}\"\n"),
+        )
+        .unwrap();
+    }
+    // Read through a store of the backend (with the server stopped, for the files).
+    let bindings = |_: &Path| backend.bindings();
+    let record_sessions = |_: &Path, record: &str| backend.record_sessions(record);
+    let age = |_: &Path, id: &str, last_active: &str| backend.age_session(id, last_active);
     let server = ServerProcess::start(dir, &[]).await;
     let token = server.first_token.clone().expect("first start");
     let (config_a, config_b, config_laptop) = (
@@ -172,9 +181,10 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
         "workspace, history, artifacts gone"
     );
     assert!(
-        dir.join("sessions/default/session.toml").is_file(),
+        backend.store().load("default").unwrap().is_some(),
         "never default"
     );
+    assert_eq!(backend.store().load(old).unwrap(), None);
     assert!(dir.join("sessions").join(keep).is_dir());
     assert!(
         !bindings(dir).contains_key(device_a.as_str()),
@@ -204,7 +214,7 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
     );
     let out = session_command(dir, &["delete", "../tokens", "--yes"]).await;
     assert!(!out.status.success());
-    assert!(dir.join("tokens.toml").is_file());
+    assert_eq!(dir.join("tokens.toml").is_file(), backend.pg.is_none());
 
     let out = session_command(dir, &["list", "--json"]).await;
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -243,4 +253,401 @@ async fn gc_and_delete_remove_sessions_with_their_bindings_artifacts_and_records
     assert_eq!(text(&out.stdout), format!("{keep}\n"));
     assert!(dir.join("sessions/default").is_dir());
     assert!(record_sessions(dir, &record).is_empty());
+}
+
+/// A backend for the auto-purge cases: the filesystem store of a data dir, or PostgreSQL at a
+/// URL (its database reached with `psql` to age what the traits cannot).
+struct Backend {
+    data: tempfile::TempDir,
+    pg: Option<String>,
+}
+
+impl Backend {
+    fn new(pg: Option<String>) -> Backend {
+        Backend {
+            data: tempfile::tempdir().unwrap(),
+            pg,
+        }
+    }
+
+    /// A fresh store on the backend (a new `FsStore` reads the files again).
+    fn store(&self) -> std::sync::Arc<dyn monad_server::store::Store> {
+        use monad_server::store::{FsBlobs, FsStore, PgStore, pg::PoolOptions};
+        let dir = self.data.path();
+        match &self.pg {
+            None => std::sync::Arc::new(FsStore::new(dir)),
+            Some(url) => std::sync::Arc::new(
+                PgStore::connect(
+                    url,
+                    dir,
+                    std::sync::Arc::new(FsBlobs::new(&dir.join("blobs"))),
+                    PoolOptions::default(),
+                )
+                .expect("the PostgreSQL store connects"),
+            ),
+        }
+    }
+
+    /// The device bindings of user `admin`: device id -> { session } (the server stopped, for
+    /// the files).
+    fn bindings(&self) -> toml::Table {
+        match &self.pg {
+            None => bindings(self.data.path()),
+            Some(url) => psql(
+                url,
+                "SELECT device_id || ' ' || session_id FROM bindings WHERE user_name = 'admin'",
+            )
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(device, session)| {
+                let mut entry = toml::Table::new();
+                entry.insert("session".into(), toml::Value::String(session.into()));
+                (device.to_owned(), toml::Value::Table(entry))
+            })
+            .collect(),
+        }
+    }
+
+    /// The sessions a workspace record lists, sorted.
+    fn record_sessions(&self, record: &str) -> Vec<String> {
+        let page = self.store().record_sessions(record, 100, None).unwrap();
+        let mut ids: Vec<String> = page.items.into_iter().map(|s| s.session).collect();
+        ids.sort();
+        ids
+    }
+
+    /// Sets a session's last activity in the store (the server stopped).
+    fn age_session(&self, id: &str, last_active: &str) {
+        let store = self.store();
+        let mut meta = store.load(id).unwrap().expect("the session exists");
+        meta.last_active = last_active.to_owned();
+        store.save(&meta).unwrap();
+    }
+
+    /// Sets a workspace record's last activity, under the store (no store instance open).
+    fn age_record(&self, id: &str, last_active: &str) {
+        match &self.pg {
+            None => {
+                let path = self
+                    .data
+                    .path()
+                    .join("workspaces")
+                    .join(format!("{id}.json"));
+                let mut file: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                file["record"]["last_active"] = json!(last_active);
+                std::fs::write(&path, serde_json::to_string(&file).unwrap()).unwrap();
+            }
+            Some(url) => {
+                psql(
+                    url,
+                    &format!(
+                        "UPDATE workspaces SET last_active = '{last_active}' WHERE id = '{id}'"
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Runs SQL in the database of `url` (the tests' cluster).
+fn psql(url: &str, sql: &str) -> String {
+    let database = url.rsplit('/').next().unwrap();
+    monad_tests::pg::cluster()
+        .unwrap()
+        .psql(database, sql)
+        .unwrap()
+}
+
+fn pg_url(test: &str) -> Option<String> {
+    super::pg_store::pg_url(test)
+}
+
+const LONG_AGO: &str = "2020-01-01T00:00:00Z";
+
+#[test]
+fn the_auto_purge_takes_old_sessions_and_unused_records_never_default_busy_or_unreadable() {
+    auto_purge_on(Backend::new(None));
+}
+
+#[test]
+fn the_auto_purge_takes_old_sessions_and_unused_records_on_postgresql() {
+    let Some(url) = pg_url("the_auto_purge_takes_old_sessions_and_unused_records_on_postgresql")
+    else {
+        return;
+    };
+    auto_purge_on(Backend::new(Some(url)));
+}
+
+/// The purge pass ([`Registry::purge`]) on a backend, with times written into the store.
+fn auto_purge_on(backend: Backend) {
+    use monad_protocol::wire::{HistoryMessage, HistoryRole, WorkspaceRecord};
+    use monad_server::session::{Purge, Registry};
+    use monad_server::settings::Layers;
+    use monad_server::store::{ArtifactKind, ArtifactMeta};
+    let (old, old2, recent, busy, garbled) = (
+        "bbbbbbbb-0000-4000-8000-000000000001",
+        "bbbbbbbb-0000-4000-8000-000000000002",
+        "bbbbbbbb-0000-4000-8000-000000000003",
+        "bbbbbbbb-0000-4000-8000-000000000004",
+        "bbbbbbbb-0000-4000-8000-000000000005",
+    );
+    let record = |id: &str, last_active: &str| WorkspaceRecord {
+        id: id.into(),
+        user: "ana".into(),
+        device_id: "00000000-0000-4000-8000-000000000001".into(),
+        path: format!("/home/ana/{id}"),
+        uri: format!("lap:/home/ana/{id}"),
+        created_at: LONG_AGO.into(),
+        last_active: last_active.into(),
+    };
+    let (orphan, of_old, of_recent, fresh) = (
+        "cccccccc-0000-4000-8000-000000000001",
+        "cccccccc-0000-4000-8000-000000000002",
+        "cccccccc-0000-4000-8000-000000000003",
+        "cccccccc-0000-4000-8000-000000000004",
+    );
+    {
+        let store = backend.store();
+        let now = monad_server::fsutil::now_rfc3339();
+        for (id, last_active) in [
+            ("default", LONG_AGO),
+            (old, LONG_AGO),
+            (old2, "2020-01-02T00:00:00Z"),
+            (recent, now.as_str()),
+            (busy, LONG_AGO),
+            (garbled, "1 day ago"),
+        ] {
+            store
+                .create(&SessionMeta {
+                    id: id.into(),
+                    name: None,
+                    owner: "ana".into(),
+                    created_at: LONG_AGO.into(),
+                    last_active: last_active.into(),
+                    provider: None,
+                    model: None,
+                })
+                .unwrap();
+        }
+        // `old` has a conversation, an audit log and an artifact.
+        store
+            .append(
+                old,
+                &HistoryMessage {
+                    role: HistoryRole::User,
+                    text: "hello".into(),
+                },
+            )
+            .unwrap();
+        store
+            .put_artifact(
+                &ArtifactMeta {
+                    id: "a1".into(),
+                    session: old.into(),
+                    kind: ArtifactKind::ToolOutput,
+                    workspace: None,
+                    tool: Some("read_file".into()),
+                    call_id: Some("c1".into()),
+                    created_at: LONG_AGO.into(),
+                    content_type: "application/json".into(),
+                    size: 2,
+                    truncated: false,
+                    original_size: 2,
+                    upload: None,
+                },
+                b"{}",
+            )
+            .unwrap();
+        for (id, last_active) in [
+            (orphan, LONG_AGO),
+            (of_old, LONG_AGO),
+            (of_recent, LONG_AGO),
+            (fresh, now.as_str()),
+        ] {
+            store.add_record(&record(id, last_active)).unwrap();
+        }
+        store.touch_record(of_old, old, 1).unwrap();
+        store.touch_record(of_recent, recent, 1).unwrap();
+    }
+    // Touching made them active now: long ago again.
+    backend.age_record(of_old, LONG_AGO);
+    backend.age_record(of_recent, LONG_AGO);
+
+    let store = backend.store();
+    let registry = Registry::new(backend.data.path(), store.clone(), Layers::default());
+    // A call in flight in `busy` holds it.
+    let in_flight = registry.open(busy, "ana").unwrap();
+    let month = Purge {
+        max_age: std::time::Duration::from_secs(30 * 86_400),
+        every: std::time::Duration::from_secs(3600),
+        max_per_pass: 1,
+    };
+    // One deletion per pass at most: the oldest first, then the next.
+    let first = registry.purge(&month).unwrap();
+    let ids = |p: &monad_server::session::Purged| -> Vec<String> {
+        let mut ids: Vec<String> = p.sessions.iter().map(|m| m.id.clone()).collect();
+        ids.extend(p.records.iter().map(|r| r.id.clone()));
+        ids
+    };
+    assert_eq!(ids(&first), [old]);
+    assert!(first.more);
+    let all = Purge {
+        max_per_pass: 100,
+        ..month
+    };
+    let second = registry.purge(&all).unwrap();
+    let mut taken = ids(&second);
+    taken.sort();
+    assert_eq!(taken, [old2, orphan, of_old], "{second:?}");
+    assert!(!second.more);
+    // What went, went with everything it kept.
+    assert_eq!(store.load(old).unwrap(), None);
+    assert!(
+        store
+            .history(old)
+            .map(|h| h.messages.is_empty())
+            .unwrap_or(true)
+    );
+    assert!(store.audit_log(old).map(|a| a.is_empty()).unwrap_or(true));
+    assert!(store.artifact(old, "a1").is_err());
+    assert!(store.artifacts(old).map(|a| a.is_empty()).unwrap_or(true));
+    // Never `default`, never the busy one, never one whose age cannot be read; the recent
+    // session and the record it uses stay.
+    for id in ["default", recent, busy, garbled] {
+        assert!(store.load(id).unwrap().is_some(), "{id}");
+    }
+    for id in [of_recent, fresh] {
+        assert!(store.record(id).unwrap().is_some(), "{id}");
+    }
+    for id in [orphan, of_old] {
+        assert_eq!(store.record(id).unwrap(), None, "{id}");
+    }
+    // Once its call ends, the busy session goes on the next pass.
+    drop(in_flight);
+    let third = registry.purge(&all).unwrap();
+    assert_eq!(ids(&third), [busy]);
+    assert!(registry.purge(&all).unwrap() == Default::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_server_purges_what_is_inactive_past_max_age_days() {
+    the_running_server_purges(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_server_purges_what_is_inactive_past_max_age_days_on_postgresql() {
+    let Some(url) =
+        pg_url("the_running_server_purges_what_is_inactive_past_max_age_days_on_postgresql")
+    else {
+        return;
+    };
+    the_running_server_purges(Some(url)).await;
+}
+
+/// `[retention] max_age_days` on a backend: sessions and records made by a real server, aged
+/// in the store while it is stopped, go once it runs again; the rest stay.
+async fn the_running_server_purges(pg: Option<String>) {
+    let (old, keep) = (
+        "dddddddd-0000-4000-8000-000000000001",
+        "dddddddd-0000-4000-8000-000000000002",
+    );
+    let backend = Backend::new(pg.clone());
+    let dir = backend.data.path();
+    let store_section = pg
+        .as_deref()
+        .map(|url| format!("[store]\nurl = \"{url}\"\n"))
+        .unwrap_or_default();
+    std::fs::write(dir.join("config.toml"), &store_section).unwrap();
+    let server = ServerProcess::start(dir, &[]).await;
+    let token = server.first_token.clone().expect("first start");
+    let (config_a, config_laptop) = (server.client_config(&token), server.client_config(&token));
+    let a = connect_agent(&config_a).await;
+    for session in [old, keep] {
+        ok(call_in(
+            &a,
+            Some(session),
+            "write_file",
+            json!({"path": "x.txt", "content": "x"}),
+        )
+        .await);
+    }
+    ok(call_in(&a, Some("default"), "workspaces", json!({})).await);
+    // A folder used in `old` only.
+    let laptop = folder(&[("f.txt", "f\n")]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.session = Some(old.into());
+    options.trust = Trust::Full;
+    let attachment = Attachment::start(&config_laptop, options, None).await;
+    ok(call_in(
+        &a,
+        Some(old),
+        "read_file",
+        json!({"path": "f.txt", "workspace": "lap"}),
+    )
+    .await);
+    drop(attachment);
+    let record = within(STEP, "records", a.records()).await.unwrap()[0]
+        .id
+        .clone();
+    drop(a);
+    server.stop().await;
+
+    // `old`, `default` and the folder's record were last used years ago.
+    match &pg {
+        None => {
+            age(dir, old, LONG_AGO);
+            age(dir, "default", LONG_AGO);
+        }
+        Some(url) => {
+            psql(
+                url,
+                &format!(
+                    "UPDATE sessions SET last_active = '{LONG_AGO}' WHERE id IN ('{old}', 'default')"
+                ),
+            );
+        }
+    }
+    backend.age_record(&record, LONG_AGO);
+    std::fs::write(
+        dir.join("config.toml"),
+        format!("{store_section}[retention]\nmax_age_days = 30\npurge_every_secs = 1\n"),
+    )
+    .unwrap();
+    let server = ServerProcess::start(dir, &[("RUST_LOG", "monad_server=info")]).await;
+    let listed = |what: &'static str| async move {
+        let out =
+            server_command(&[what, "list", "--json", "--data-dir", dir.to_str().unwrap()]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let items: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        items
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+            .collect::<Vec<String>>()
+    };
+    within(STEP * 4, "the auto-purge", async {
+        loop {
+            let gone = !listed("session").await.contains(&old.to_owned())
+                && !listed("workspace").await.contains(&record);
+            if gone {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let mut sessions = listed("session").await;
+    sessions.sort();
+    assert_eq!(sessions, [keep, "default"]);
+    let said = server.stop().await;
+    assert!(
+        said.contains("auto-purge: deleted an inactive session") && said.contains(old),
+        "{said}"
+    );
+    assert!(
+        said.contains("auto-purge: deleted an inactive workspace record") && said.contains(&record),
+        "{said}"
+    );
 }

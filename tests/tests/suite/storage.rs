@@ -687,7 +687,23 @@ async fn concurrent_snapshots_and_appends_leave_every_file_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_session_toml_is_refused_and_its_session_never_changes_owner() {
-    let server = TestServer::start().await;
+    a_corrupt_session_is_refused_and_never_changes_owner(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_row_with_no_owner_is_refused_and_never_changes_owner_on_postgresql() {
+    let Some(url) =
+        pg_url("a_session_row_with_no_owner_is_refused_and_never_changes_owner_on_postgresql")
+    else {
+        return;
+    };
+    a_corrupt_session_is_refused_and_never_changes_owner(Some(url)).await;
+}
+
+/// The corrupt-metadata case on a backend: a `session.toml` that does not parse, or a row whose
+/// owner is empty.
+async fn a_corrupt_session_is_refused_and_never_changes_owner(pg: Option<String>) {
+    let server = TestServer::start_with(|c| c.store.url = pg.clone()).await;
     let ben_token = server.create_token("ben");
     // admin owns the well-known `default` and a session of their own.
     let admin = server.agent().await;
@@ -704,8 +720,35 @@ async fn a_corrupt_session_toml_is_refused_and_its_session_never_changes_owner()
     let sessions = server.data_dir().join("sessions");
     let stopped = server.stop().await;
     let broken = "owner = [broken";
-    for id in ["default", theirs] {
-        std::fs::write(sessions.join(id).join("session.toml"), broken).unwrap();
+    let owners = |url: &str| {
+        let database = url.rsplit('/').next().unwrap();
+        monad_tests::pg::cluster()
+            .unwrap()
+            .psql(
+                database,
+                &format!(
+                    "SELECT id || '=' || owner FROM sessions WHERE id IN ('default', '{theirs}') \
+                     ORDER BY id"
+                ),
+            )
+            .unwrap()
+    };
+    match &pg {
+        None => {
+            for id in ["default", theirs] {
+                std::fs::write(sessions.join(id).join("session.toml"), broken).unwrap();
+            }
+        }
+        Some(url) => {
+            let database = url.rsplit('/').next().unwrap();
+            monad_tests::pg::cluster()
+                .unwrap()
+                .psql(
+                    database,
+                    &format!("UPDATE sessions SET owner = '' WHERE id IN ('default', '{theirs}')"),
+                )
+                .unwrap();
+        }
     }
     let server = stopped.restart().await;
 
@@ -720,14 +763,19 @@ async fn a_corrupt_session_toml_is_refused_and_its_session_never_changes_owner()
     }
     // His unnamed calls go to a default of his own.
     assert_ne!(session_of_unnamed_call(&ben).await, "default");
-    // The corrupt files are where they were, for the operator to repair.
-    for id in ["default", theirs] {
-        let dir = sessions.join(id);
-        assert_eq!(
-            std::fs::read_to_string(dir.join("session.toml")).unwrap(),
-            broken
-        );
-        assert!(entries_starting(&dir, "session.toml.corrupt-").is_empty());
+    // The corrupt records are as they were, for the operator to repair.
+    match &pg {
+        None => {
+            for id in ["default", theirs] {
+                let dir = sessions.join(id);
+                assert_eq!(
+                    std::fs::read_to_string(dir.join("session.toml")).unwrap(),
+                    broken
+                );
+                assert!(entries_starting(&dir, "session.toml.corrupt-").is_empty());
+            }
+        }
+        Some(url) => assert_eq!(owners(url), format!("{theirs}=\ndefault=")),
     }
     let listed = ask("sessions", ben.sessions()).await;
     assert!(

@@ -303,16 +303,21 @@ fn role_word(role: Role) -> &'static str {
     }
 }
 
-fn role_of(word: &str) -> Role {
+/// A message's role; a word that is none (a row written by hand) is `None`, never taken for
+/// the user's.
+fn role_of(word: &str) -> Option<Role> {
     match word {
-        "assistant" => Role::Assistant,
-        "system" => Role::System,
-        _ => Role::User,
+        "user" => Some(Role::User),
+        "assistant" => Some(Role::Assistant),
+        "system" => Some(Role::System),
+        _ => None,
     }
 }
 
-fn meta_of(row: &Row) -> SessionMeta {
-    SessionMeta {
+/// A session row's metadata; a row no server writes (an empty owner, which no user has) is
+/// corrupt: [`StoreError::Invalid`], so that it is refused to everyone and never re-created.
+fn meta_of(row: &Row) -> Result<SessionMeta, StoreError> {
+    let meta = SessionMeta {
         id: row.get("id"),
         name: row.get("name"),
         owner: row.get("owner"),
@@ -320,7 +325,43 @@ fn meta_of(row: &Row) -> SessionMeta {
         last_active: row.get("last_active"),
         provider: row.get("provider"),
         model: row.get("model"),
+    };
+    if meta.owner.trim().is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "session {}: its row in PostgreSQL names no owner (corrupt)",
+            meta.id
+        )));
     }
+    Ok(meta)
+}
+
+/// The metadata of the rows that can be read; the others are skipped with a warning.
+fn readable_metas(rows: &[Row]) -> Vec<SessionMeta> {
+    rows.iter()
+        .filter_map(|r| {
+            meta_of(r)
+                .map_err(|e| tracing::warn!("skipping a session: {e}"))
+                .ok()
+        })
+        .collect()
+}
+
+/// An artifact row's metadata, checked against the row: a record that does not parse, or one
+/// that names another session, another id or content under another key than its own, is
+/// corrupt (never served: the content it points at may be another session's).
+fn artifact_of(session: &str, id: &str, json: &str, key: &str) -> Result<ArtifactMeta, StoreError> {
+    let meta: ArtifactMeta = serde_json::from_str(json).map_err(|e| {
+        StoreError::Invalid(format!(
+            "artifact {id} of session {session}: its record is not readable: {e}"
+        ))
+    })?;
+    if meta.session != session || meta.id != id || blob_key(&meta) != key {
+        return Err(StoreError::Invalid(format!(
+            "artifact {id} of session {session}: its record does not match its row (corrupt); \
+             it is not served"
+        )));
+    }
+    Ok(meta)
 }
 
 fn record_of(row: &Row) -> WorkspaceRecord {
@@ -393,7 +434,7 @@ impl SessionStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
-            Ok(row.as_ref().map(meta_of))
+            row.as_ref().map(meta_of).transpose()
         })
     }
 
@@ -429,7 +470,7 @@ impl SessionStore for PgStore {
                 .query(&format!("SELECT {SESSION_COLUMNS} FROM sessions"), &[])
                 .await
                 .map_err(db)?;
-            Ok(rows.iter().map(meta_of).collect())
+            Ok(readable_metas(&rows))
         })
     }
 
@@ -510,17 +551,28 @@ impl SessionStore for PgStore {
             };
             let messages = tx
                 .query(
-                    "SELECT role, text FROM messages WHERE session_id = $1 ORDER BY seq",
+                    "SELECT role, text, seq FROM messages WHERE session_id = $1 ORDER BY seq",
                     &[&id],
                 )
                 .await
                 .map_err(db)?
                 .iter()
-                .map(|r| HistoryMessage {
-                    role: role_of(r.get(0)),
-                    text: r.get(1),
+                .map(|r| {
+                    let word: &str = r.get(0);
+                    match role_of(word) {
+                        Some(role) => Ok(HistoryMessage {
+                            role,
+                            text: r.get(1),
+                        }),
+                        None => Err(StoreError::Invalid(format!(
+                            "session {id}: message {} has the role `{}`, which is none of \
+                             user, assistant, system (corrupt); the conversation is not shown",
+                            r.get::<_, i64>(2),
+                            monad_protocol::text::printable(word)
+                        ))),
+                    }
                 })
-                .collect();
+                .collect::<Result<Vec<_>, StoreError>>()?;
             tx.commit().await.map_err(db)?;
             Ok(History {
                 created_at: head.get(0),
@@ -691,6 +743,10 @@ impl SessionStore for PgStore {
     }
 
     fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
+        // A row with no owner (corrupt) is nobody's.
+        if owner.trim().is_empty() {
+            return Ok(Vec::new());
+        }
         let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
         let owner = owner.to_owned();
         self.with(move |c| async move {
@@ -1252,7 +1308,7 @@ impl ArtifactStore for PgStore {
         self.with(move |c| async move {
             let rows = c
                 .query(
-                    "SELECT meta FROM artifacts WHERE session_id = $1 ORDER BY seq",
+                    "SELECT id, meta, blob_key FROM artifacts WHERE session_id = $1 ORDER BY seq",
                     &[&session],
                 )
                 .await
@@ -1260,13 +1316,8 @@ impl ArtifactStore for PgStore {
             Ok(rows
                 .iter()
                 .filter_map(|r| {
-                    let text: &str = r.get(0);
-                    serde_json::from_str(text)
-                        .map_err(|e| {
-                            tracing::warn!(
-                                "session {session}: skipping an unreadable artifact row: {e}"
-                            )
-                        })
+                    artifact_of(&session, r.get(0), r.get(1), r.get(2))
+                        .map_err(|e| tracing::warn!("skipping an artifact: {e}"))
                         .ok()
                 })
                 .collect())
@@ -1292,9 +1343,7 @@ impl ArtifactStore for PgStore {
                 "artifact {id} in session {session}"
             )));
         };
-        let meta: ArtifactMeta = serde_json::from_str(&json).map_err(|e| {
-            StoreError::Invalid(format!("artifact {id}'s record is not readable: {e}"))
-        })?;
+        let meta = artifact_of(session, id, &json, &key)?;
         match self.blobs.get(&key)? {
             Some(content) => Ok((meta, content)),
             None => Err(StoreError::Database(format!(
