@@ -20,6 +20,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use monad_protocol::frame::FrameError;
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
 use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
@@ -487,7 +488,28 @@ pub(crate) async fn run<C: Connection>(
                 let error = malformed(format!("a `{}`", other.kind()));
                 return Answer::failed(error, decided_by);
             }
-            Ok(None) | Err(_) => return Answer::failed(disconnected(name), decided_by),
+            Ok(None) | Err(ReadError::Io(_)) => {
+                return Answer::failed(disconnected(name), decided_by);
+            }
+            Err(ReadError::Frame(FrameError::MessageTooLarge(max))) => {
+                recv.stop(reset::MALFORMED);
+                let error = ToolError::new(
+                    ErrorCode::LimitExceeded,
+                    format!(
+                        "the client of `{name}` answered with a message over the {max}-byte maximum"
+                    ),
+                );
+                return Answer::failed(error, decided_by);
+            }
+            Err(
+                e @ (ReadError::Frame(FrameError::TooLarge(_) | FrameError::UnknownFlags(_))
+                | ReadError::Json(_)
+                | ReadError::Body(_)),
+            ) => {
+                // Not the protocol: nothing more is read from this stream.
+                recv.stop(reset::MALFORMED);
+                return Answer::failed(malformed(format!("a {e}")), decided_by);
+            }
         }
     }
 }

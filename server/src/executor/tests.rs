@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use monad_protocol::frame;
+use monad_protocol::frame::{self, MAX_FRAME_PAYLOAD};
 use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::wire::{Body, Message, Outcome, Trust, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
@@ -526,6 +526,38 @@ fn frame_of(payload: &[u8]) -> Vec<u8> {
     let mut bytes = frame::encode_header(payload.len(), true).to_vec();
     bytes.extend_from_slice(payload);
     bytes
+}
+
+#[tokio::test]
+async fn a_malformed_answer_from_the_client_is_a_malformed_error_not_a_success() {
+    let oversized_header = {
+        let len = (MAX_FRAME_PAYLOAD as u32 + 1).to_be_bytes();
+        vec![len[0], len[1], len[2], len[3], frame::FLAG_FIN]
+    };
+    let cases: [(&str, Vec<u8>); 4] = [
+        ("a frame larger than a frame may be", oversized_header),
+        (
+            "a frame with unknown flags",
+            vec![0, 0, 0, 2, 0x80, b'{', b'}'],
+        ),
+        ("a frame of something else than JSON", frame_of(b"not json")),
+        (
+            "a message of no known type",
+            frame_of(br#"{"type":"no_such_message","id":1}"#),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let (fx, output) = call_answered_with(bytes).await;
+        let error = error_of(&output);
+        assert_eq!(error.code, ErrorCode::Malformed, "{what}: {error}");
+        assert!(error.message.contains(&fx.folder), "{what}: {error}");
+        let line = fx.only_audit_line("stat");
+        assert_eq!(
+            line.outcome,
+            AuditOutcome::Failed(ErrorCode::Malformed),
+            "{what}"
+        );
+    }
 }
 
 #[tokio::test]
