@@ -1148,7 +1148,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         record,
         folder,
         link: Some(ClientLink {
-            conn: ctx.conn.clone(),
+            conn: ctx.conn.clone().into(),
             attachment: id,
             generation,
             reports_network: ctx.minor >= wire::NETWORK_MINOR,

@@ -25,7 +25,7 @@ const META_SAVE_INTERVAL: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub struct ClientLink {
     /// The client's connection; the server opens a stream on it per call.
-    pub conn: quinn::Connection,
+    pub conn: crate::executor::Conn,
     /// The id of the client's attach request, which names the folder on that connection.
     pub attachment: u64,
     /// Distinguishes this attachment from an earlier one of the same folder.

