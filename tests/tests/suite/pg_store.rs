@@ -25,6 +25,58 @@ pub fn pg_url(test: &str) -> Option<String> {
     }
 }
 
+/// The PostgreSQL store a parametrized case runs on: the database at `url`, with artifact
+/// content in the S3 bucket `objects` when given (else under the data dir).
+#[derive(Debug, Clone)]
+pub struct Pg {
+    /// `postgres://...`.
+    pub url: String,
+    /// The bucket of the artifact content, if any.
+    pub objects: Option<s3::Bucket>,
+}
+
+impl Pg {
+    /// PostgreSQL alone, at a fresh database for `test` (`None` when it is missing).
+    pub fn alone(test: &str) -> Option<Pg> {
+        Some(Pg {
+            url: pg_url(test)?,
+            objects: None,
+        })
+    }
+
+    /// PostgreSQL and a fresh S3 bucket for `test` (`None` when either is missing).
+    pub fn with_s3(test: &str) -> Option<Pg> {
+        Some(Pg {
+            url: pg_url(test)?,
+            objects: Some(s3_bucket(test)?),
+        })
+    }
+
+    /// Points an in-process server's configuration at it.
+    pub fn configure(&self, config: &mut monad_server::ServerConfig) {
+        config.store.url = Some(self.url.clone());
+        if let Some(bucket) = &self.objects {
+            config.store.objects = Some(bucket.url.clone());
+            config.store.object_vars = bucket.vars.clone();
+        }
+    }
+
+    /// The environment of a server process that uses it.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![("MONAD_STORE_URL".to_owned(), self.url.clone())];
+        if let Some(bucket) = &self.objects {
+            env.push(("MONAD_STORE_OBJECTS".to_owned(), bucket.url.clone()));
+            env.extend(bucket.vars.iter().cloned());
+        }
+        env
+    }
+
+    /// The keys its bucket holds, sorted (`None` without a bucket).
+    pub fn object_keys(&self) -> Option<Vec<String>> {
+        self.objects.as_ref().map(|b| keys(&s3_blobs(b)))
+    }
+}
+
 /// A fresh bucket on the test process's S3-compatible server for `test`, or `None` (after
 /// saying so) when there is no server.
 pub fn s3_bucket(test: &str) -> Option<s3::Bucket> {
