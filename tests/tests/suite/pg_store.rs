@@ -594,6 +594,44 @@ fn objects_under_a_prefix_are_keyed_by_scope_and_artifact_and_others_are_left_al
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_server_sweeps_orphaned_objects_in_the_background_and_keeps_named_ones() {
+    let test = "a_starting_server_sweeps_orphaned_objects_in_the_background_and_keeps_named_ones";
+    let Some(pg) = Pg::with_s3(test) else {
+        return;
+    };
+    let bucket = pg.objects.clone().unwrap();
+    // A host wrote an artifact, and died after the content of another one.
+    let data = tempfile::tempdir().unwrap();
+    let store = PgStore::connect(
+        &pg.url,
+        data.path(),
+        Arc::new(s3_blobs(&bucket)),
+        PoolOptions::default(),
+    )
+    .unwrap();
+    store.create(&meta("s1", "ana", "t")).unwrap();
+    store
+        .put_artifact(&artifact("s1", "named", ArtifactKind::ToolOutput), b"[1]")
+        .unwrap();
+    drop(store);
+    s3_blobs(&bucket).put("s1/orphan", b"[2]").unwrap();
+    assert_eq!(pg.object_keys().unwrap(), ["s1/named", "s1/orphan"]);
+    // A server starts on the same store, with no grace: its start-up sweep takes the orphan.
+    let server = monad_tests::TestServer::start_with(|c| {
+        pg.configure(c);
+        c.store.orphan_grace_secs = 0;
+    })
+    .await;
+    within(STEP, "the orphan to be swept", async {
+        while pg.object_keys().unwrap() != ["s1/named"] {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_url_a_missing_bucket_or_an_unreachable_endpoint_fails_the_start_clearly() {
     let test = "a_bad_url_a_missing_bucket_or_an_unreachable_endpoint_fails_the_start_clearly";
     let (Some(url), Some(bucket)) = (pg_url(test), s3_bucket(test)) else {
