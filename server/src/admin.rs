@@ -100,7 +100,7 @@ impl Admin {
         let Some(url) = settings.url.as_deref().filter(|u| !u.trim().is_empty()) else {
             return Ok(Admin::new(data_dir));
         };
-        let blobs = Arc::new(crate::store::FsBlobs::new(&data_dir.join("blobs")));
+        let blobs = crate::store::blobs_for(&settings, data_dir)?;
         let store = crate::store::PgStore::connect(url, data_dir, blobs, settings.pool_options())
             .map_err(|e| {
             crate::ServerError::Invalid(format!("the store ([store] url): {e}"))

@@ -383,7 +383,11 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     config.transport.idle_timeout = idle;
     config.quotas = settings.server.quotas();
     config.http_limits = settings.server.http_limits();
-    config.store = settings.store;
+    // The object store's variables given by the embedder are no setting (never in a file).
+    config.store = crate::settings::StoreSettings {
+        object_vars: std::mem::take(&mut config.store.object_vars),
+        ..settings.store
+    };
     Ok((config, layers))
 }
 

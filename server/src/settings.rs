@@ -33,7 +33,8 @@ pub struct Settings {
 }
 
 /// Where records are kept (`[store]`): absent `url`, the filesystem store in the data dir;
-/// `postgres://...`, PostgreSQL (with artifact content under `<data_dir>/blobs`).
+/// `postgres://...`, PostgreSQL, with artifact content under `<data_dir>/blobs`, or in the
+/// S3 bucket `objects` names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSettings {
@@ -47,6 +48,19 @@ pub struct StoreSettings {
     pub connect_timeout_secs: u64,
     /// One store operation fails after this many seconds.
     pub op_timeout_secs: u64,
+    /// `s3://BUCKET[/PREFIX]`: artifact content in that S3 bucket (with the PostgreSQL store
+    /// only); endpoint, region and credentials from the `AWS_*` variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<String>,
+    /// Artifact content that no row names is removed once it is this many seconds old (so a
+    /// write in flight is never taken).
+    pub orphan_grace_secs: u64,
+    /// The orphan sweep runs at start-up, then every this many seconds (0: at start-up only).
+    pub sweep_interval_secs: u64,
+    /// `AWS_*` variables for the object store that take precedence over the process
+    /// environment's (for embedders and tests; never read from a file).
+    #[serde(skip)]
+    pub object_vars: Vec<(String, String)>,
 }
 
 impl Default for StoreSettings {
@@ -56,6 +70,10 @@ impl Default for StoreSettings {
             pool_size: 8,
             connect_timeout_secs: 10,
             op_timeout_secs: 60,
+            objects: None,
+            orphan_grace_secs: 3600,
+            sweep_interval_secs: 3600,
+            object_vars: Vec::new(),
         }
     }
 }
@@ -79,6 +97,29 @@ pub fn store_settings(data_dir: &std::path::Path) -> Result<StoreSettings, crate
 }
 
 impl StoreSettings {
+    /// The object store's bounds (each at least a second).
+    pub fn s3_options(&self) -> crate::store::S3Options {
+        crate::store::S3Options {
+            connect_timeout: Duration::from_secs(self.connect_timeout_secs.max(1)),
+            op_timeout: Duration::from_secs(self.op_timeout_secs.max(1)),
+        }
+    }
+
+    /// The object store's URL, when one is set (a blank value is none).
+    pub fn objects_url(&self) -> Option<&str> {
+        self.objects.as_deref().filter(|u| !u.trim().is_empty())
+    }
+
+    /// The `AWS_*` variables the object store reads: the process environment's, then
+    /// [`StoreSettings::object_vars`] over them.
+    pub fn aws_vars(&self) -> Vec<(String, String)> {
+        let mut vars: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("AWS_"))
+            .collect();
+        vars.extend(self.object_vars.iter().cloned());
+        vars
+    }
+
     /// The pool's bounds (each at least 1).
     pub fn pool_options(&self) -> crate::store::pg::PoolOptions {
         crate::store::pg::PoolOptions {
@@ -707,6 +748,16 @@ mod tests {
             Some("postgres://other@db2:6000/x"),
             "the environment beats the file"
         );
+        let layers = Layers::new(
+            Some((
+                "config.toml",
+                "[store]\nobjects = \"s3://bkt/p\"\norphan_grace_secs = 5\n",
+            )),
+            vars(&[("MONAD_STORE_OBJECTS", "s3://other")]),
+        )
+        .unwrap();
+        assert_eq!(layers.global().store.objects_url(), Some("s3://other"));
+        assert_eq!(layers.global().store.orphan_grace_secs, 5);
         let e = Layers::new(Some(("config.toml", "[store]\nurll = \"x\"\n")), vars(&[]))
             .unwrap_err()
             .to_string();

@@ -24,8 +24,9 @@
 //! - (e) both backends through the store traits, the filesystem store and the PostgreSQL store
 //!   (a private cluster started here with PostgreSQL's default durability, fsync on, on the same
 //!   disk): a history append, the session list with 10,000 sessions (`SessionStore::all_sessions`
-//!   and `Registry::list` on a fresh registry), and a 4 KiB artifact write. `--backends` runs
-//!   only this figure. Information: there is no target.
+//!   and `Registry::list` on a fresh registry), and a 4 KiB artifact write; and the 4 KiB
+//!   artifact write on PostgreSQL with the content on S3 (`moto_server` on loopback, see
+//!   `monad_tests::s3`). `--backends` runs only this figure. Information: there is no target.
 
 use monad_tests::bench::{Stats, fmt_dur};
 use std::io::Write;
@@ -476,13 +477,16 @@ fn idle_sessions(quick: bool) {
     );
 }
 
-/// (e) One backend's figures through the traits.
-fn backend_figures(name: &str, store: Arc<dyn Store>, data: &Path, quick: bool) {
+/// (e) One backend's figures through the traits (only the artifact writes when
+/// `artifacts_only`: the other figures do not touch artifact content).
+fn backend_figures(
+    name: &str,
+    store: Arc<dyn Store>,
+    data: &Path,
+    quick: bool,
+    artifacts_only: bool,
+) {
     use monad_server::store::{ArtifactKind, ArtifactMeta};
-    let message = |i: usize| HistoryMessage {
-        role: HistoryRole::User,
-        text: format!("Message {i}. A typical turn of a conversation, a few lines long."),
-    };
     let base = 1_780_000_000u64;
     let meta = |i: usize| SessionMeta {
         id: session_id(i),
@@ -493,20 +497,10 @@ fn backend_figures(name: &str, store: Arc<dyn Store>, data: &Path, quick: bool) 
         provider: None,
         model: None,
     };
-    // Appends to one session.
     store.create(&meta(0)).unwrap();
-    let n = if quick { 300 } else { 2_000 };
-    let mut samples: Vec<Duration> = (0..n)
-        .map(|i| time(|| store.append(&session_id(0), &message(i)).unwrap()).0)
-        .collect();
-    let stats = Stats::of(&mut samples);
-    row(
-        &format!("(e) {name}: append x {n}"),
-        &stats.show(),
-        &format!("mean {}", fmt_dur(stats.mean)),
-        "-",
-        "INFO",
-    );
+    if !artifacts_only {
+        backend_appends(name, &*store, quick);
+    }
     // Artifact writes, 4 KiB each.
     let content = vec![b'x'; 4096];
     let n = if quick { 200 } else { 1_000 };
@@ -537,6 +531,9 @@ fn backend_figures(name: &str, store: Arc<dyn Store>, data: &Path, quick: bool) 
         "-",
         "INFO",
     );
+    if artifacts_only {
+        return;
+    }
     // The session list with 10,000 sessions (created through the store; not timed).
     let sessions = if quick { 1_000 } else { SESSIONS };
     let (made, ()) = time(|| {
@@ -583,11 +580,31 @@ fn backend_figures(name: &str, store: Arc<dyn Store>, data: &Path, quick: bool) 
     );
 }
 
+/// (e) History appends to one session.
+fn backend_appends(name: &str, store: &dyn Store, quick: bool) {
+    let message = |i: usize| HistoryMessage {
+        role: HistoryRole::User,
+        text: format!("Message {i}. A typical turn of a conversation, a few lines long."),
+    };
+    let n = if quick { 300 } else { 2_000 };
+    let mut samples: Vec<Duration> = (0..n)
+        .map(|i| time(|| store.append(&session_id(0), &message(i)).unwrap()).0)
+        .collect();
+    let stats = Stats::of(&mut samples);
+    row(
+        &format!("(e) {name}: append x {n}"),
+        &stats.show(),
+        &format!("mean {}", fmt_dur(stats.mean)),
+        "-",
+        "INFO",
+    );
+}
+
 /// (e) The filesystem store and the PostgreSQL store, side by side.
 fn backends(quick: bool) {
     let data = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(FsStore::new(data.path()));
-    backend_figures("FsStore", store, data.path(), quick);
+    backend_figures("FsStore", store, data.path(), quick, false);
     let cluster = match monad_tests::pg::Cluster::start(monad_tests::pg::Durability::Durable) {
         Ok(cluster) => cluster,
         Err(why) => {
@@ -608,7 +625,34 @@ fn backends(quick: bool) {
         )
         .unwrap(),
     );
-    backend_figures("PgStore", store, data.path(), quick);
+    backend_figures("PgStore", store, data.path(), quick, false);
+    // PostgreSQL with the artifact content on S3 (an S3-compatible server on loopback).
+    let s3 = match monad_tests::s3::S3Server::start() {
+        Ok(s3) => s3,
+        Err(why) => {
+            println!("    (e) PostgreSQL+S3: not run: {why}");
+            return;
+        }
+    };
+    let bucket = s3.create_bucket().unwrap();
+    let url = cluster.create_database().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let blobs = monad_server::store::S3Blobs::connect(
+        &bucket.url,
+        bucket.vars.clone(),
+        monad_server::store::S3Options::default(),
+    )
+    .unwrap();
+    let store: Arc<dyn Store> = Arc::new(
+        monad_server::store::PgStore::connect(
+            &url,
+            data.path(),
+            Arc::new(blobs),
+            monad_server::store::pg::PoolOptions::default(),
+        )
+        .unwrap(),
+    );
+    backend_figures("PgStore+S3", store, data.path(), quick, true);
 }
 
 fn main() {

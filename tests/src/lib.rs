@@ -20,6 +20,7 @@
 
 pub mod pg;
 pub mod provider;
+pub mod s3;
 
 use std::future::Future;
 use std::net::SocketAddr;

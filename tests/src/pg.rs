@@ -232,14 +232,14 @@ impl Cluster {
 
     /// A new empty database `t_<random>`; its URL.
     pub fn create_database(&self) -> Result<String, String> {
-        let name = format!("t_{}", uuid_like());
+        let name = format!("t_{}", random_hex());
         self.psql("postgres", &format!("CREATE DATABASE {name}"))?;
         Ok(self.url(&name))
     }
 }
 
 /// 16 random hex digits (from the standard library's randomly seeded hasher).
-fn uuid_like() -> String {
+pub fn random_hex() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(

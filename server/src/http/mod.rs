@@ -131,7 +131,9 @@ impl HttpError {
         match e {
             StoreError::NotFound(what) => HttpError::not_found(what),
             StoreError::Invalid(message) => HttpError::bad(message),
-            e @ (StoreError::Io { .. } | StoreError::Database(_)) => HttpError::internal(e),
+            e @ (StoreError::Io { .. } | StoreError::Database(_) | StoreError::Objects(_)) => {
+                HttpError::internal(e)
+            }
         }
     }
 }

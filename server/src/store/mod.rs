@@ -21,15 +21,17 @@ mod fs;
 pub mod history;
 pub mod observed;
 pub mod pg;
+pub mod s3;
 
 use serde::{Deserialize, Serialize};
 
-pub use blobs::{Blobs, FsBlobs};
+pub use blobs::{BlobEntry, Blobs, FsBlobs, Swept};
 pub use fs::FsStore;
 pub(crate) use fs::{decode_cursor, encode_cursor};
 pub use history::{History, HistoryMessage, Role};
 pub use monad_protocol::wire::{Decider, WorkspaceRecord, WorkspaceSession};
 pub use pg::PgStore;
+pub use s3::{S3Blobs, S3Options};
 
 /// What can go wrong in a store.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +55,9 @@ pub enum StoreError {
     /// The database failed or could not be reached (the PostgreSQL store).
     #[error("database: {0}")]
     Database(String),
+    /// The object store failed or could not be reached (artifact content on S3).
+    #[error("object store: {0}")]
+    Objects(String),
 }
 
 impl StoreError {
@@ -529,26 +534,115 @@ pub fn session_uploaded_bytes(
 }
 
 /// The store `config` names: `fs` (the filesystem store in the data dir) when `[store] url` is
-/// absent, else PostgreSQL at that URL with artifact content in `<data_dir>/blobs`. A bad URL,
-/// an unreachable database (within `connect_timeout_secs`) or a schema newer than this binary
-/// is an error that names the database, never a panic or a hang.
+/// absent, else PostgreSQL at that URL with artifact content in `<data_dir>/blobs`, or in the
+/// S3 bucket of `[store] objects`. A bad URL, an unreachable database or object store (within
+/// `connect_timeout_secs`), a missing bucket or a schema newer than this binary is an error
+/// that names what failed, never a panic or a hang. `[store] objects` without PostgreSQL is
+/// refused: the filesystem store keeps artifact content in its session directories.
+///
+/// With PostgreSQL, the orphan sweep runs in the background (see [`spawn_sweeper`]).
 ///
 /// Returns the store and the tokens kept beside it (`tokens.toml`, or the database's table).
 pub fn open(
     config: &crate::ServerConfig,
     fs: std::sync::Arc<FsStore>,
 ) -> Result<(std::sync::Arc<dyn Store>, crate::auth::TokenStore), crate::ServerError> {
+    let objects = config.store.objects_url();
     let Some(url) = config.store.url.as_deref().filter(|u| !u.trim().is_empty()) else {
+        if let Some(objects) = objects {
+            return Err(crate::ServerError::Invalid(format!(
+                "the store ([store] objects = {objects}): an object store needs the PostgreSQL \
+                 store ([store] url); the filesystem store keeps artifact content in its data dir"
+            )));
+        }
         return Ok((fs, crate::auth::TokenStore::new(&config.data_dir)));
     };
-    let blobs = std::sync::Arc::new(FsBlobs::new(&config.data_dir.join("blobs")));
+    let blobs = blobs_for(&config.store, &config.data_dir)?;
     let store = PgStore::connect(url, &config.data_dir, blobs, config.store.pool_options())
         .map_err(|e| crate::ServerError::Invalid(format!("the store ([store] url): {e}")))?
         .with_max_devices_per_user(config.quotas.max_devices_per_user);
     tracing::info!("records are kept in PostgreSQL at {}", store.name());
     let store = std::sync::Arc::new(store);
+    spawn_sweeper(
+        std::sync::Arc::downgrade(&store),
+        std::time::Duration::from_secs(config.store.orphan_grace_secs),
+        std::time::Duration::from_secs(config.store.sweep_interval_secs),
+    );
     let tokens = crate::auth::TokenStore::in_postgres(&config.data_dir, store.clone());
     Ok((store, tokens))
+}
+
+/// Where the PostgreSQL store keeps artifact content by `settings`: the object store
+/// `[store] objects` names, connected (and its bucket listed once), else `<data_dir>/blobs`.
+/// Both the server and the offline `session`/`workspace` commands take it from here, so that
+/// they read and delete the same content.
+pub fn blobs_for(
+    settings: &crate::settings::StoreSettings,
+    data_dir: &std::path::Path,
+) -> Result<std::sync::Arc<dyn Blobs>, crate::ServerError> {
+    Ok(match settings.objects_url() {
+        Some(objects) => {
+            let blobs = S3Blobs::connect(objects, settings.aws_vars(), settings.s3_options())
+                .map_err(|e| {
+                    crate::ServerError::Invalid(format!("the store ([store] objects): {e}"))
+                })?;
+            tracing::info!("artifact content is kept in {}", blobs.name());
+            std::sync::Arc::new(blobs)
+        }
+        None => std::sync::Arc::new(FsBlobs::new(&data_dir.join("blobs"))),
+    })
+}
+
+/// Sweeps `store`'s orphaned artifact content ([`PgStore::sweep_orphans`] with `grace`) on a
+/// thread of its own: at once, then every `interval` (never again when it is zero), until the
+/// store is dropped. A failed sweep is logged and tried again at the next interval.
+pub fn spawn_sweeper(
+    store: std::sync::Weak<PgStore>,
+    grace: std::time::Duration,
+    interval: std::time::Duration,
+) {
+    let sweep = move |store: &std::sync::Weak<PgStore>| -> bool {
+        let Some(store) = store.upgrade() else {
+            return false;
+        };
+        match store.sweep_orphans(grace) {
+            Ok(swept) if swept.removed > 0 => tracing::info!(
+                "orphan sweep: removed {} of {} artifact contents no row names",
+                swept.removed,
+                swept.listed
+            ),
+            Ok(_) => tracing::debug!("orphan sweep: nothing to remove"),
+            Err(e) => tracing::warn!("orphan sweep failed (tried again later): {e}"),
+        }
+        true
+    };
+    let spawned = std::thread::Builder::new()
+        .name("orphan-sweep".into())
+        .spawn(move || {
+            if !sweep(&store) || interval.is_zero() {
+                return;
+            }
+            // Wakes every second to notice a dropped store; sweeps once per interval.
+            let tick = std::time::Duration::from_secs(1).min(interval);
+            let mut waited = std::time::Duration::ZERO;
+            loop {
+                std::thread::sleep(tick);
+                if store.strong_count() == 0 {
+                    return;
+                }
+                waited += tick;
+                if waited < interval {
+                    continue;
+                }
+                waited = std::time::Duration::ZERO;
+                if !sweep(&store) {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("the orphan sweep did not start: {e}");
+    }
 }
 
 /// The stores a server runs on.

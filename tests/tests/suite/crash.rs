@@ -310,21 +310,29 @@ async fn sigkill_mid_stream_loses_nothing_acknowledged_and_leaves_every_file_par
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_stream_loses_nothing_acknowledged_on_postgresql() {
-    let Some(url) =
-        super::pg_store::pg_url("sigkill_mid_stream_loses_nothing_acknowledged_on_postgresql")
+    let Some(pg) =
+        super::pg_store::Pg::alone("sigkill_mid_stream_loses_nothing_acknowledged_on_postgresql")
     else {
         return;
     };
-    sigkill_mid_stream(Some(url)).await;
+    sigkill_mid_stream(Some(pg)).await;
 }
 
-/// The SIGKILL case on a backend: the filesystem (`None`) or PostgreSQL at the URL.
-async fn sigkill_mid_stream(pg: Option<String>) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_loses_nothing_acknowledged_on_postgresql_and_s3() {
+    let Some(pg) = super::pg_store::Pg::with_s3(
+        "sigkill_mid_stream_loses_nothing_acknowledged_on_postgresql_and_s3",
+    ) else {
+        return;
+    };
+    sigkill_mid_stream(Some(pg)).await;
+}
+
+/// The SIGKILL case on a backend: the filesystem (`None`) or PostgreSQL (with S3).
+async fn sigkill_mid_stream(pg: Option<super::pg_store::Pg>) {
     let data = tempfile::tempdir().unwrap();
-    let envs: Vec<(&str, &str)> = pg
-        .iter()
-        .map(|url| ("MONAD_STORE_URL", url.as_str()))
-        .collect();
+    let env = pg.as_ref().map(|pg| pg.env()).unwrap_or_default();
+    let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let server = ServerProcess::start(data.path(), &envs).await;
     let token = server.first_token.clone().expect("first start");
     let config = server.client_config(&token);

@@ -8,11 +8,11 @@ use monad_protocol::wire::{HistoryMessage, HistoryRole, WorkspaceRecord};
 use monad_server::roots::FolderSessions;
 use monad_server::store::pg::{MIGRATIONS, PoolOptions};
 use monad_server::store::{
-    ArtifactKind, ArtifactMeta, ArtifactStore, AuditDecision, AuditOutcome, AuditRecord, Blobs,
-    Decider, FolderStore, FsBlobs, FsStore, History, PgStore, SessionMeta, SessionStore, Store,
-    StoreError, Upload, WorkspaceStore,
+    ArtifactKind, ArtifactMeta, ArtifactStore, AuditDecision, AuditOutcome, AuditRecord, BlobEntry,
+    Blobs, Decider, FolderStore, FsBlobs, FsStore, History, PgStore, S3Blobs, S3Options,
+    SessionMeta, SessionStore, Store, StoreError, Swept, Upload, WorkspaceStore,
 };
-use monad_tests::{STEP, peer_missing, pg, test_config, within};
+use monad_tests::{STEP, peer_missing, pg, s3, test_config, within};
 
 /// A fresh database for `test`, or `None` (after saying so) when PostgreSQL is missing.
 pub fn pg_url(test: &str) -> Option<String> {
@@ -23,6 +23,83 @@ pub fn pg_url(test: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// The PostgreSQL store a parametrized case runs on: the database at `url`, with artifact
+/// content in the S3 bucket `objects` when given (else under the data dir).
+#[derive(Debug, Clone)]
+pub struct Pg {
+    /// `postgres://...`.
+    pub url: String,
+    /// The bucket of the artifact content, if any.
+    pub objects: Option<s3::Bucket>,
+}
+
+impl Pg {
+    /// PostgreSQL alone, at a fresh database for `test` (`None` when it is missing).
+    pub fn alone(test: &str) -> Option<Pg> {
+        Some(Pg {
+            url: pg_url(test)?,
+            objects: None,
+        })
+    }
+
+    /// PostgreSQL and a fresh S3 bucket for `test` (`None` when either is missing).
+    pub fn with_s3(test: &str) -> Option<Pg> {
+        Some(Pg {
+            url: pg_url(test)?,
+            objects: Some(s3_bucket(test)?),
+        })
+    }
+
+    /// Points an in-process server's configuration at it.
+    pub fn configure(&self, config: &mut monad_server::ServerConfig) {
+        config.store.url = Some(self.url.clone());
+        if let Some(bucket) = &self.objects {
+            config.store.objects = Some(bucket.url.clone());
+            config.store.object_vars = bucket.vars.clone();
+        }
+    }
+
+    /// The environment of a server process that uses it.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![("MONAD_STORE_URL".to_owned(), self.url.clone())];
+        if let Some(bucket) = &self.objects {
+            env.push(("MONAD_STORE_OBJECTS".to_owned(), bucket.url.clone()));
+            env.extend(bucket.vars.iter().cloned());
+        }
+        env
+    }
+
+    /// The keys its bucket holds, sorted (`None` without a bucket).
+    pub fn object_keys(&self) -> Option<Vec<String>> {
+        self.objects.as_ref().map(|b| keys(&s3_blobs(b)))
+    }
+}
+
+/// A fresh bucket on the test process's S3-compatible server for `test`, or `None` (after
+/// saying so) when there is no server.
+pub fn s3_bucket(test: &str) -> Option<s3::Bucket> {
+    match s3::bucket() {
+        Ok(bucket) => Some(bucket),
+        Err(why) => {
+            peer_missing(test, &why);
+            None
+        }
+    }
+}
+
+/// The blobs of `bucket`.
+fn s3_blobs(bucket: &s3::Bucket) -> S3Blobs {
+    S3Blobs::connect(&bucket.url, bucket.vars.clone(), S3Options::default())
+        .expect("the bucket is reachable")
+}
+
+/// The keys `blobs` holds, sorted.
+fn keys(blobs: &dyn Blobs) -> Vec<String> {
+    let mut keys: Vec<String> = blobs.list().unwrap().into_iter().map(|e| e.key).collect();
+    keys.sort();
+    keys
 }
 
 fn pg_store(url: &str, data: &std::path::Path) -> PgStore {
@@ -361,6 +438,280 @@ fn the_postgres_store_keeps_every_trait_contract() {
 }
 
 #[test]
+fn the_postgres_store_with_s3_keeps_every_trait_contract() {
+    let test = "the_postgres_store_with_s3_keeps_every_trait_contract";
+    let (Some(url), Some(bucket)) = (pg_url(test), s3_bucket(test)) else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let store = PgStore::connect(
+        &url,
+        data.path(),
+        Arc::new(s3_blobs(&bucket)),
+        PoolOptions::default(),
+    )
+    .unwrap();
+    exercise(&store);
+    // The content is in the bucket, under seed 004's keys, and none of it on disk; the deleted
+    // session's went with it, and the replaced snapshot left no stale object.
+    assert!(!data.path().join("blobs").exists());
+    let held = keys(&s3_blobs(&bucket));
+    assert!(!held.iter().any(|k| k.starts_with("s2/")), "{held:?}");
+}
+
+/// Blobs whose writes land and then "crash" the writer: the content is stored, and the caller
+/// sees an error before it can write the row, as a process killed between the two would.
+struct CrashAfterPut(Arc<dyn Blobs>);
+
+impl Blobs for CrashAfterPut {
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.0.put(key, bytes)?;
+        Err(StoreError::Invalid(
+            "the writer died after the content".into(),
+        ))
+    }
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.get(key)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.0.delete(key)
+    }
+    fn list(&self) -> Result<Vec<BlobEntry>, StoreError> {
+        self.0.list()
+    }
+}
+
+/// The crash window on one blob store: content without a row is invisible, kept while it may be
+/// a write in flight, then swept; content a row names is never swept.
+fn a_crash_between_content_and_row(url: &str, blobs: Arc<dyn Blobs>) {
+    let data = tempfile::tempdir().unwrap();
+    let store = PgStore::connect(url, data.path(), blobs.clone(), PoolOptions::default()).unwrap();
+    let crashing = PgStore::connect(
+        url,
+        data.path(),
+        Arc::new(CrashAfterPut(blobs.clone())),
+        PoolOptions::default(),
+    )
+    .unwrap();
+    store.create(&meta("s1", "ana", "t")).unwrap();
+    store
+        .put_artifact(&artifact("s1", "kept", ArtifactKind::ToolOutput), b"[1]")
+        .unwrap();
+    assert!(
+        crashing
+            .put_artifact(&artifact("s1", "lost", ArtifactKind::ToolOutput), b"[2]")
+            .is_err()
+    );
+    assert_eq!(keys(&*blobs), ["s1/kept", "s1/lost"], "the content landed");
+    // No row names nothing: the lost write is not listed, and reading it is "not found".
+    let ids: Vec<String> = store
+        .artifacts("s1")
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(ids, ["kept"]);
+    assert!(matches!(
+        store.artifact("s1", "lost"),
+        Err(StoreError::NotFound(_))
+    ));
+    // Within the grace period it may be a write in flight: kept.
+    let hour = std::time::Duration::from_secs(3600);
+    assert_eq!(
+        store.sweep_orphans(hour).unwrap(),
+        Swept {
+            listed: 2,
+            removed: 0
+        }
+    );
+    assert_eq!(keys(&*blobs), ["s1/kept", "s1/lost"]);
+    // Past it: swept, and what a row names stays readable.
+    assert_eq!(
+        store.sweep_orphans(std::time::Duration::ZERO).unwrap(),
+        Swept {
+            listed: 2,
+            removed: 1
+        }
+    );
+    assert_eq!(keys(&*blobs), ["s1/kept"]);
+    assert_eq!(store.artifact("s1", "kept").unwrap().1, b"[1]");
+    // Deleting the session deletes its objects.
+    store.delete("s1").unwrap();
+    assert_eq!(keys(&*blobs), Vec::<String>::new());
+}
+
+#[test]
+fn a_crash_between_content_and_row_leaves_no_row_and_the_orphan_is_swept_on_s3() {
+    let test = "a_crash_between_content_and_row_leaves_no_row_and_the_orphan_is_swept_on_s3";
+    let (Some(url), Some(bucket)) = (pg_url(test), s3_bucket(test)) else {
+        return;
+    };
+    a_crash_between_content_and_row(&url, Arc::new(s3_blobs(&bucket)));
+}
+
+#[test]
+fn a_crash_between_content_and_row_leaves_no_row_and_the_orphan_is_swept_on_files() {
+    let test = "a_crash_between_content_and_row_leaves_no_row_and_the_orphan_is_swept_on_files";
+    let Some(url) = pg_url(test) else {
+        return;
+    };
+    let blobs = tempfile::tempdir().unwrap();
+    a_crash_between_content_and_row(&url, Arc::new(FsBlobs::new(blobs.path())));
+}
+
+#[test]
+fn objects_under_a_prefix_are_keyed_by_scope_and_artifact_and_others_are_left_alone() {
+    let test = "objects_under_a_prefix_are_keyed_by_scope_and_artifact_and_others_are_left_alone";
+    let Some(bucket) = s3_bucket(test) else {
+        return;
+    };
+    let root = s3_blobs(&bucket);
+    let prefixed = S3Blobs::connect(
+        &format!("{}/team/prod", bucket.url),
+        bucket.vars.clone(),
+        S3Options::default(),
+    )
+    .unwrap();
+    prefixed.put("w1/a1", b"content").unwrap();
+    assert_eq!(
+        prefixed.get("w1/a1").unwrap().as_deref(),
+        Some(&b"content"[..])
+    );
+    assert_eq!(prefixed.get("w1/none").unwrap(), None);
+    prefixed.delete("w1/none").unwrap();
+    assert_eq!(keys(&prefixed), ["w1/a1"]);
+    // Seen from the bucket's root, the object is `team/prod/w1/a1`: no blob key, not listed.
+    assert_eq!(keys(&root), Vec::<String>::new());
+    root.put("w1/a1", b"other").unwrap();
+    assert_eq!(
+        prefixed.get("w1/a1").unwrap().as_deref(),
+        Some(&b"content"[..])
+    );
+    for bad in ["../x/y", "a", "a/b/c", "/a/b", "a/.."] {
+        assert!(prefixed.put(bad, b"x").is_err(), "{bad}");
+        assert!(prefixed.get(bad).is_err(), "{bad}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_server_sweeps_orphaned_objects_in_the_background_and_keeps_named_ones() {
+    let test = "a_starting_server_sweeps_orphaned_objects_in_the_background_and_keeps_named_ones";
+    let Some(pg) = Pg::with_s3(test) else {
+        return;
+    };
+    let bucket = pg.objects.clone().unwrap();
+    // A host wrote an artifact, and died after the content of another one.
+    let data = tempfile::tempdir().unwrap();
+    let store = PgStore::connect(
+        &pg.url,
+        data.path(),
+        Arc::new(s3_blobs(&bucket)),
+        PoolOptions::default(),
+    )
+    .unwrap();
+    store.create(&meta("s1", "ana", "t")).unwrap();
+    store
+        .put_artifact(&artifact("s1", "named", ArtifactKind::ToolOutput), b"[1]")
+        .unwrap();
+    drop(store);
+    s3_blobs(&bucket).put("s1/orphan", b"[2]").unwrap();
+    assert_eq!(pg.object_keys().unwrap(), ["s1/named", "s1/orphan"]);
+    // A server starts on the same store, with no grace: its start-up sweep takes the orphan.
+    let server = monad_tests::TestServer::start_with(|c| {
+        pg.configure(c);
+        c.store.orphan_grace_secs = 0;
+    })
+    .await;
+    within(STEP, "the orphan to be swept", async {
+        while pg.object_keys().unwrap() != ["s1/named"] {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_url_a_missing_bucket_or_an_unreachable_endpoint_fails_the_start_clearly() {
+    let test = "a_bad_url_a_missing_bucket_or_an_unreachable_endpoint_fails_the_start_clearly";
+    let (Some(url), Some(bucket)) = (pg_url(test), s3_bucket(test)) else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let unreachable: Vec<(String, String)> = bucket
+        .vars
+        .iter()
+        .map(|(k, v)| match k.as_str() {
+            "AWS_ENDPOINT_URL" => (k.clone(), format!("http://127.0.0.1:{port}")),
+            _ => (k.clone(), v.clone()),
+        })
+        .collect();
+    let https_only: Vec<(String, String)> = bucket
+        .vars
+        .iter()
+        .filter(|(k, _)| k != "AWS_ALLOW_HTTP")
+        .cloned()
+        .collect();
+    for (pg, objects, vars, says) in [
+        (
+            Some(url.clone()),
+            "bucket".to_owned(),
+            bucket.vars.clone(),
+            "not an object store URL".to_owned(),
+        ),
+        (
+            Some(url.clone()),
+            "s3://no-such-bucket-here".to_owned(),
+            bucket.vars.clone(),
+            "cannot use s3://no-such-bucket-here".to_owned(),
+        ),
+        (
+            Some(url.clone()),
+            bucket.url.clone(),
+            unreachable,
+            format!("cannot use {} at http://127.0.0.1:{port}", bucket.url),
+        ),
+        (
+            Some(url.clone()),
+            bucket.url.clone(),
+            https_only,
+            "cannot use".to_owned(),
+        ),
+        (
+            None,
+            bucket.url.clone(),
+            bucket.vars.clone(),
+            "an object store needs the PostgreSQL store".to_owned(),
+        ),
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = test_config(data.path().to_path_buf());
+        config.store.url = pg;
+        config.store.objects = Some(objects.clone());
+        config.store.object_vars = vars;
+        config.store.connect_timeout_secs = 2;
+        config.store.op_timeout_secs = 5;
+        let bind = tokio::task::spawn_blocking(move || {
+            monad_server::Server::bind(config)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+        let e = within(STEP, "the start to fail", bind)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains(&says), "{objects}: {e}");
+        assert!(e.contains("[store] objects"), "{e}");
+        assert!(!e.contains("monad-test-secret"), "no credential in {e}");
+        assert!(!data.path().join("tokens.toml").exists(), "no token made");
+    }
+}
+
+#[test]
 fn concurrent_resolves_of_one_folder_from_several_hosts_make_one_record() {
     let Some(url) = pg_url("concurrent_resolves_of_one_folder_from_several_hosts_make_one_record")
     else {
@@ -503,6 +854,9 @@ impl Blobs for Failing {
     }
     fn delete(&self, key: &str) -> Result<(), StoreError> {
         self.0.delete(key)
+    }
+    fn list(&self) -> Result<Vec<BlobEntry>, StoreError> {
+        self.0.list()
     }
 }
 

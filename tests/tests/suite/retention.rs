@@ -651,3 +651,77 @@ async fn the_running_server_purges(pg: Option<String>) {
         "{said}"
     );
 }
+
+/// With `[store] objects`, the offline `session` commands read and delete artifact content in
+/// the S3 bucket, where the server put it (they once used the data dir's blob files: `artifact`
+/// said the content was missing and `delete` left it in the bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_session_commands_read_and_delete_artifact_content_on_s3() {
+    let Some(pg) = super::pg_store::Pg::with_s3(
+        "the_offline_session_commands_read_and_delete_artifact_content_on_s3",
+    ) else {
+        return;
+    };
+    let (doomed, kept) = (
+        "bbbbbbbb-0000-4000-8000-000000000001",
+        "bbbbbbbb-0000-4000-8000-000000000002",
+    );
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path();
+    let env = pg.env();
+    let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let server = ServerProcess::start(dir, &envs).await;
+    let token = server.first_token.clone().expect("first start");
+    let agent = connect_agent(&server.client_config(&token)).await;
+    for session in [doomed, kept] {
+        ok(call_in(
+            &agent,
+            Some(session),
+            "write_file",
+            json!({"path": "a.txt", "content": format!("written in {session}\n")}),
+        )
+        .await);
+    }
+    drop(agent);
+    server.stop().await;
+    let in_bucket = |session: &str| {
+        pg.object_keys()
+            .expect("a bucket")
+            .iter()
+            .filter(|k| k.starts_with(&format!("{session}/")))
+            .count()
+    };
+    assert!(in_bucket(doomed) > 0 && in_bucket(kept) > 0);
+    assert!(
+        !dir.join("blobs").join(doomed).exists(),
+        "nothing of it on the host"
+    );
+
+    let session = |args: &[&str]| {
+        let mut cmd = monad_tests::command("monad-server");
+        cmd.arg("session")
+            .args(args)
+            .arg("--data-dir")
+            .arg(dir)
+            .envs(env.iter().cloned());
+        let what = format!("`monad-server session {}`", args.join(" "));
+        async move { within(STEP, &what, cmd.output()).await.unwrap() }
+    };
+    let out = session(&["artifacts", doomed, "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let artifacts: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!artifacts.is_empty());
+    let mut shown = String::new();
+    for artifact in &artifacts {
+        let id = artifact["id"].as_str().unwrap();
+        let out = session(&["artifact", doomed, id]).await;
+        assert!(out.status.success(), "{id}: {}", text(&out.stderr));
+        shown.push_str(&text(&out.stdout));
+    }
+    assert!(shown.contains(&format!("written in {doomed}")), "{shown}");
+
+    let out = session(&["delete", doomed, "--yes"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(in_bucket(doomed), 0, "its content went with it");
+    assert!(in_bucket(kept) > 0, "the other session's content stays");
+}

@@ -16,7 +16,7 @@ use monad_tests::{
 };
 use serde_json::{Value, json};
 
-use super::pg_store::pg_url;
+use super::pg_store::{Pg, pg_url};
 
 fn msg(role: HistoryRole, text: &str) -> HistoryMessage {
     HistoryMessage {
@@ -67,15 +67,28 @@ async fn a_restart_keeps_sessions_history_artifacts_bindings_and_workspace_recor
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_keeps_everything_on_postgresql() {
-    let Some(url) = pg_url("a_restart_keeps_everything_on_postgresql") else {
+    let Some(pg) = Pg::alone("a_restart_keeps_everything_on_postgresql") else {
         return;
     };
-    a_restart_keeps_everything(Some(url)).await;
+    a_restart_keeps_everything(Some(pg)).await;
 }
 
-/// The restart case on a backend: the filesystem (`None`) or PostgreSQL at the URL.
-async fn a_restart_keeps_everything(pg: Option<String>) {
-    let server = TestServer::start_with(|c| c.store.url = pg.clone()).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_everything_on_postgresql_and_s3() {
+    let Some(pg) = Pg::with_s3("a_restart_keeps_everything_on_postgresql_and_s3") else {
+        return;
+    };
+    a_restart_keeps_everything(Some(pg)).await;
+}
+
+/// The restart case on a backend: the filesystem (`None`) or PostgreSQL (with S3).
+async fn a_restart_keeps_everything(pg: Option<Pg>) {
+    let server = TestServer::start_with(|c| {
+        if let Some(pg) = &pg {
+            pg.configure(c);
+        }
+    })
+    .await;
     // On PostgreSQL, the first start's token is a row: no token file.
     assert_eq!(
         server.data_dir().join("tokens.toml").exists(),

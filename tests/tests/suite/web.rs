@@ -17,9 +17,14 @@ pub async fn server() -> (TestServer, SocketAddr) {
     server_with(|_| {}).await
 }
 
-/// The same, on the PostgreSQL store at `pg` when given.
-pub async fn server_on(pg: Option<String>) -> (TestServer, SocketAddr) {
-    server_with(|c| c.store.url = pg).await
+/// The same, on the PostgreSQL store (with S3) when given.
+pub async fn server_on(pg: Option<super::pg_store::Pg>) -> (TestServer, SocketAddr) {
+    server_with(|c| {
+        if let Some(pg) = &pg {
+            pg.configure(c);
+        }
+    })
+    .await
 }
 
 /// The same, with the configuration tuned by `tune` first.

@@ -168,6 +168,42 @@ impl PgStore {
         &self.pool.name
     }
 
+    /// Removes the artifact content no row names that was written at least `grace` ago (see
+    /// [`super::blobs::orphans`]): what a crash between a content write and its row left, or a
+    /// delete whose content removal failed after its rows were gone. The content is listed
+    /// before the rows are read, so a row committed meanwhile is seen.
+    pub fn sweep_orphans(&self, grace: Duration) -> Result<super::blobs::Swept, StoreError> {
+        let listed = self.blobs.list()?;
+        let now = std::time::SystemTime::now();
+        let named: std::collections::HashSet<String> = self.with(move |c| async move {
+            let rows = c
+                .query("SELECT blob_key FROM artifacts", &[])
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })?;
+        let orphans = super::blobs::orphans(&listed, &named, now, grace);
+        let mut removed = 0;
+        for key in &orphans {
+            self.blobs.delete(key)?;
+            removed += 1;
+        }
+        Ok(super::blobs::Swept {
+            listed: listed.len(),
+            removed,
+        })
+    }
+
+    /// Removes the content of `keys` whose rows are gone. A failure is logged, not returned:
+    /// nothing names the content any more, and the orphan sweep takes it later.
+    fn drop_content(&self, keys: &[String]) {
+        for key in keys {
+            if let Err(e) = self.blobs.delete(key) {
+                tracing::warn!("artifact content {key} stays until the orphan sweep: {e}");
+            }
+        }
+    }
+
     /// Runs `f` with a pooled connection on the driver thread.
     fn with<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
@@ -511,9 +547,7 @@ impl SessionStore for PgStore {
             Ok((n, keys))
         })?;
         let (n, keys) = blob_keys;
-        for key in keys {
-            self.blobs.delete(&key)?;
-        }
+        self.drop_content(&keys);
         let dir = self.session_dir(id);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
@@ -1297,7 +1331,7 @@ impl ArtifactStore for PgStore {
             Ok(old.filter(|k| *k != stored_key))
         })?;
         if let Some(old) = replaced {
-            self.blobs.delete(&old)?;
+            self.drop_content(&[old]);
         }
         Ok(())
     }
@@ -1369,9 +1403,7 @@ impl ArtifactStore for PgStore {
                 .map_err(db)?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })?;
-        for key in keys {
-            self.blobs.delete(&key)?;
-        }
+        self.drop_content(&keys);
         Ok(())
     }
 }

@@ -7,6 +7,7 @@ use monad_tests::{STEP, call_in, ok, within};
 use serde_json::{Value, json};
 
 use super::{Answer, Api, many_sessions, new_session, server};
+use crate::suite::pg_store::Pg;
 
 #[tokio::test]
 async fn a_local_workspace_is_one_per_path_and_a_general_one_is_new_every_time() {
@@ -56,7 +57,25 @@ async fn a_local_workspace_is_one_per_path_and_a_general_one_is_new_every_time()
 
 #[tokio::test]
 async fn artifacts_come_back_with_their_content_type_and_list_under_their_session() {
-    let (server, http) = server().await;
+    artifacts_come_back_with_their_content_type_and_list_under_their_session_on(None).await;
+}
+
+#[tokio::test]
+async fn artifacts_come_back_with_their_content_type_and_list_under_their_session_on_postgresql_and_s3()
+ {
+    let Some(pg) = Pg::with_s3(
+        "artifacts_come_back_with_their_content_type_and_list_under_their_session_on_postgresql_and_s3",
+    ) else {
+        return;
+    };
+    artifacts_come_back_with_their_content_type_and_list_under_their_session_on(Some(pg)).await;
+}
+
+/// The case on a backend: the filesystem (`None`) or PostgreSQL with S3.
+async fn artifacts_come_back_with_their_content_type_and_list_under_their_session_on(
+    pg: Option<Pg>,
+) {
+    let (server, http) = super::server_on(pg.clone()).await;
     let api = Api::new(http, &server.token);
     let ws = api.workspace(Some("/p")).await;
     let session = new_session();
@@ -108,6 +127,17 @@ async fn artifacts_come_back_with_their_content_type_and_list_under_their_sessio
     assert_eq!(list[0]["workspaceId"], ws.as_str());
     assert_eq!(list[0]["metadata"]["toolName"], "RunCommand");
     assert_eq!(list[1]["artifactType"], "file_diff");
+    // On S3, each is an object under seed 004's key `{workspaceId}/{artifactId}` (the stored
+    // artifact's id: the API's id is `{sessionId}.{artifactId}`).
+    if let Some(keys) = pg.as_ref().and_then(Pg::object_keys) {
+        let stored = |id: &str| id.rsplit('.').next().unwrap().to_owned();
+        let mut expected = vec![
+            format!("{ws}/{}", stored(&output)),
+            format!("{ws}/{}", stored(&diff_id)),
+        ];
+        expected.sort();
+        assert_eq!(keys, expected);
+    }
 
     // The session exists now, and the workspace lists it.
     let s = api.get(&format!("/api/v1/sessions/{session}")).await.json();
@@ -131,7 +161,23 @@ async fn artifacts_come_back_with_their_content_type_and_list_under_their_sessio
 
 #[tokio::test]
 async fn a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation() {
-    let (server, http) = server().await;
+    a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation_on(None).await;
+}
+
+#[tokio::test]
+async fn a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation_on_postgresql_and_s3()
+ {
+    let Some(pg) = Pg::with_s3(
+        "a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation_on_postgresql_and_s3",
+    ) else {
+        return;
+    };
+    a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation_on(Some(pg)).await;
+}
+
+/// The case on a backend: the filesystem (`None`) or PostgreSQL with S3.
+async fn a_history_snapshot_replaces_the_last_one_and_becomes_the_conversation_on(pg: Option<Pg>) {
+    let (server, http) = super::server_on(pg.clone()).await;
     let api = Api::new(http, &server.token);
     let ws = api.workspace(None).await;
     let session = new_session();
@@ -485,16 +531,16 @@ async fn three_hundred_sessions_page_with_no_gaps_and_no_duplicates() {
 
 #[tokio::test]
 async fn three_hundred_sessions_page_with_no_gaps_and_no_duplicates_on_postgresql() {
-    let Some(url) = crate::suite::pg_store::pg_url(
-        "three_hundred_sessions_page_with_no_gaps_and_no_duplicates_on_postgresql",
-    ) else {
+    let Some(pg) =
+        Pg::alone("three_hundred_sessions_page_with_no_gaps_and_no_duplicates_on_postgresql")
+    else {
         return;
     };
-    three_hundred_sessions_page(Some(url)).await;
+    three_hundred_sessions_page(Some(pg)).await;
 }
 
-/// Paging over 300 sessions on a backend: the filesystem (`None`) or PostgreSQL at the URL.
-async fn three_hundred_sessions_page(pg: Option<String>) {
+/// Paging over 300 sessions on a backend: the filesystem (`None`) or PostgreSQL.
+async fn three_hundred_sessions_page(pg: Option<Pg>) {
     let (server, http) = super::server_on(pg).await;
     let api = Api::new(http, &server.token);
     let made = many_sessions(&server, "admin", 300);
@@ -527,7 +573,22 @@ async fn three_hundred_sessions_page(pg: Option<String>) {
 
 #[tokio::test]
 async fn deleting_a_workspace_removes_its_artifacts_and_history() {
-    let (server, http) = server().await;
+    deleting_a_workspace_removes_its_artifacts_and_history_on(None).await;
+}
+
+#[tokio::test]
+async fn deleting_a_workspace_removes_its_artifacts_and_history_on_postgresql_and_s3() {
+    let Some(pg) =
+        Pg::with_s3("deleting_a_workspace_removes_its_artifacts_and_history_on_postgresql_and_s3")
+    else {
+        return;
+    };
+    deleting_a_workspace_removes_its_artifacts_and_history_on(Some(pg)).await;
+}
+
+/// The case on a backend: the filesystem (`None`) or PostgreSQL with S3.
+async fn deleting_a_workspace_removes_its_artifacts_and_history_on(pg: Option<Pg>) {
+    let (server, http) = super::server_on(pg.clone()).await;
     let api = Api::new(http, &server.token);
     let ws = api.workspace(None).await;
     let session = new_session();
@@ -563,6 +624,10 @@ async fn deleting_a_workspace_removes_its_artifacts_and_history() {
         api.delete(&format!("/api/v1/workspaces/{ws}")).await.status,
         404
     );
+    // Its objects went with it.
+    if let Some(keys) = pg.as_ref().and_then(Pg::object_keys) {
+        assert_eq!(keys, Vec::<String>::new());
+    }
 }
 
 /// Server-sent events read from a response, one at a time.
