@@ -253,6 +253,7 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
             device_id: config.device_id.clone(),
             client_name: config.client_name.clone(),
             capabilities: vec!["progress".into()],
+            forwarded_for: None,
         },
     )
     .await

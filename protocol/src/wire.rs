@@ -620,6 +620,11 @@ pub enum Message {
         /// Optional features the sender understands.
         #[serde(default)]
         capabilities: Vec<String>,
+        /// Host to host: another server of the same store forwards calls of this user (whose
+        /// token it checked) to the session's owner; `token` is then the hosts' shared secret
+        /// (`[cluster] secret`), not a user's token.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forwarded_for: Option<String>,
     },
     /// The server accepts the connection.
     Welcome {
@@ -1224,6 +1229,17 @@ mod tests {
                 device_id: "d".into(),
                 client_name: "macbook".into(),
                 capabilities: vec!["progress".into()],
+                forwarded_for: None,
+            },
+            Message::Hello {
+                protocol: PROTOCOL_MAJOR,
+                minor: 0,
+                role: Role::Agent,
+                token: "the hosts' secret".into(),
+                device_id: "d".into(),
+                client_name: "host-a".into(),
+                capabilities: Vec::new(),
+                forwarded_for: Some("ana".into()),
             },
             Message::Welcome {
                 protocol: 1,

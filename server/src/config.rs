@@ -41,6 +41,8 @@ pub struct ServerConfig {
     pub http_limits: HttpLimits,
     /// Where records are kept: the filesystem store unless it names a database.
     pub store: crate::settings::StoreSettings,
+    /// Several hosts on one database: leases, the host-to-host secret, the advertised address.
+    pub cluster: crate::settings::ClusterSettings,
 }
 
 /// What one user may hold at once, so that no user can take the server from the others. The
@@ -160,6 +162,7 @@ impl ServerConfig {
             quotas: Quotas::default(),
             http_limits: HttpLimits::default(),
             store: Default::default(),
+            cluster: Default::default(),
         }
     }
 }

@@ -13,6 +13,9 @@
 //!   conversation at a time, its tool calls through the executor.
 //! - [`mcp`] serves MCP over Streamable HTTP at `http://<--http>/mcp` for AI hosts, with the
 //!   same tokens, calling the executor directly.
+//! - [`cluster`]: several hosts on one PostgreSQL store: the lease that makes one host the
+//!   owner of a live session ([`store::pg::lease`], fenced by an epoch), and calls for a session
+//!   owned elsewhere forwarded to its owner over host-to-host QUIC (shared secret).
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
@@ -21,6 +24,7 @@ pub mod admin;
 pub mod admission;
 pub mod agent;
 pub mod auth;
+pub mod cluster;
 pub mod config;
 pub mod executor;
 pub mod feed;

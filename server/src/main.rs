@@ -44,6 +44,10 @@ struct ServeArgs {
     /// Do not serve MCP over HTTP.
     #[arg(long, conflicts_with = "http")]
     no_http: bool,
+    /// HOST:PORT where the other hosts of the same store reach this one (several hosts; also
+    /// `MONAD_ADVERTISE` or `[cluster] advertise`). Default: the QUIC listen address.
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -641,6 +645,7 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     let mut config = ServerConfig::new(dir);
     config.listen = args.listen;
     config.http = (!args.no_http).then_some(args.http);
+    config.cluster.advertise = args.advertise;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;

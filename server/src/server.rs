@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::ServerError;
 use crate::admission::{Admissions, Admitted, Bounds, Outcome, Source};
 use crate::auth::{DeviceId, validate_client_name};
+use crate::cluster::Origin;
 use crate::config::ServerConfig;
 use crate::executor::Executor;
 use crate::quota::{PerUser, Slot};
@@ -21,6 +22,7 @@ use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
 use crate::store::FsStore;
+use crate::store::pg::Lease;
 use crate::tls;
 
 pub use crate::state::State;
@@ -74,13 +76,37 @@ impl Server {
         let endpoint = quinn::Endpoint::server(quic, config.listen)
             .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
         let http = config.http.map(crate::mcp::bind).transpose()?;
-        let (config, layers) = load_settings(config)?;
+        let (mut config, layers) = load_settings(config)?;
+        config.cluster.check().map_err(ServerError::Invalid)?;
+        if config.cluster.advertise.is_none() {
+            // Other hosts reach this one where it listens, unless it says otherwise.
+            let listening = endpoint
+                .local_addr()
+                .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
+            config.cluster.advertise = Some(listening.to_string());
+        }
         let fs_store = Arc::new(
             FsStore::new(&config.data_dir)
                 .with_max_devices_per_user(config.quotas.max_devices_per_user),
         );
         let feed = crate::feed::Feed::new();
-        let (store, tokens) = crate::store::open(&config, fs_store.clone())?;
+        let (store, tokens, pg) = crate::store::open(&config, fs_store.clone())?;
+        if let Some(pg) = &pg
+            && let Ok(address) = pg.host().address.parse::<SocketAddr>()
+            && address.ip().is_unspecified()
+        {
+            warn!(
+                "this host advertises {address} to the other hosts of its store, which cannot \
+                 reach it there: set `serve --advertise HOST:PORT`"
+            );
+        }
+        let cluster = pg.map(|pg| {
+            Arc::new(crate::cluster::Cluster::new(
+                pg,
+                config.cluster.secret.clone(),
+                &identity.fingerprint,
+            ))
+        });
         let store = crate::store::observed::observe(store, feed.clone());
         // Only once it listens, its settings are read and its store is open: a start that fails
         // (a port in use, an unreachable database) leaves no token that was never shown, and the
@@ -130,10 +156,13 @@ impl Server {
             });
         let recorder = Recorder::start(store.clone());
         let state = Arc::new(State {
-            registry: Registry::new(&config.data_dir, store, layers).with_quotas(
-                config.quotas.max_sessions_in_memory_per_user,
-                config.quotas.max_sessions_per_user,
-            ),
+            registry: Registry::new(&config.data_dir, store, layers)
+                .with_quotas(
+                    config.quotas.max_sessions_in_memory_per_user,
+                    config.quotas.max_sessions_per_user,
+                )
+                .with_cluster(cluster.clone()),
+            cluster,
             executor: Executor {
                 call_timeout: Some(config.call_timeout),
                 recorder: Some(recorder),
@@ -304,6 +333,10 @@ impl Server {
             if let Some(recorder) = &state.executor.recorder {
                 recorder.flush();
             }
+            // Written whole: the sessions can be served elsewhere at once.
+            if let Some(cluster) = &state.cluster {
+                cluster.store().release_leases();
+            }
         })
         .await;
     }
@@ -352,11 +385,12 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             http_allowed_origins: config.http_limits.allowed_origins.clone(),
         },
         store: config.store.clone(),
+        cluster: config.cluster.clone(),
         ..Settings::default()
     };
     let layers = Layers::new(
         text.as_deref().map(|t| (name.as_str(), t)),
-        std::env::vars(),
+        crate::settings::with_aliases(std::env::vars()),
     )
     // The error names its own source (this file, or an environment variable) and line.
     .map_err(|e| ServerError::Invalid(e.to_string()))?
@@ -388,6 +422,12 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
         object_vars: std::mem::take(&mut config.store.object_vars),
         ..settings.store
     };
+    // `serve --advertise` over the file and the environment.
+    let advertise = config.cluster.advertise.take();
+    config.cluster = settings.cluster;
+    if advertise.is_some() {
+        config.cluster.advertise = advertise;
+    }
     Ok((config, layers))
 }
 
@@ -431,7 +471,7 @@ async fn handle_connection(
     };
     // Said hello (or not in time): no longer an unauthenticated handshake.
     drop(pending);
-    let ((role, user, device_id, client_name, minor), _connection_slot) = match hello {
+    let ((role, user, device_id, client_name, minor, origin), _connection_slot) = match hello {
         Ok(Ok(who)) => who,
         Ok(Err(e)) => {
             // One line per refused connection; the token itself is never logged.
@@ -467,6 +507,7 @@ async fn handle_connection(
                     device_id: device_id.clone(),
                     client_name: client_name.clone(),
                     minor,
+                    origin,
                     stop: stop.clone(),
                 };
                 streams.spawn(async move {
@@ -546,7 +587,7 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
         }
     });
     let (reply, result) = match checked {
-        Ok(((role, user, device_id, client_name, minor), slot)) => (
+        Ok(((role, user, device_id, client_name, minor, origin), slot)) => (
             Message::Welcome {
                 protocol: wire::PROTOCOL_MAJOR,
                 minor: wire::negotiate_minor(minor),
@@ -560,6 +601,7 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
                     device_id,
                     client_name,
                     wire::negotiate_minor(minor),
+                    origin,
                 ),
                 slot,
             )),
@@ -584,8 +626,9 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
     }
 }
 
-/// Who a hello says it is: role, user, device, client name, protocol minor version.
-type Who = (Role, String, DeviceId, String, u32);
+/// Who a hello says it is: role, user, device, client name, protocol minor version, and
+/// whether another host forwards its calls.
+type Who = (Role, String, DeviceId, String, u32, Origin);
 
 fn check_hello(
     state: &State,
@@ -603,6 +646,7 @@ fn check_hello(
         token,
         device_id,
         client_name,
+        forwarded_for,
         ..
     } = hello
     else {
@@ -621,6 +665,32 @@ fn check_hello(
         ));
     }
 
+    // Another host of the same store, forwarding its agent's calls: authenticated by the
+    // hosts' shared secret (in place of a token), for the user it authenticated.
+    if let Some(user) = forwarded_for {
+        let accepted = state
+            .cluster
+            .as_ref()
+            .is_some_and(|cluster| cluster.accepts(&token));
+        if !accepted {
+            return Err(ToolError::new(
+                ErrorCode::Unauthorized,
+                "a forwarded connection needs the hosts' shared secret ([cluster] secret), and \
+                 this one is not it (or this host has none)",
+            ));
+        }
+        if role != Role::Agent || user.trim().is_empty() || user.len() > 256 {
+            return Err(ToolError::new(
+                ErrorCode::InvalidArguments,
+                "a forwarded connection is an agent's, for a named user",
+            ));
+        }
+        let device_id = DeviceId::parse(&device_id)
+            .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
+        validate_client_name(&client_name)
+            .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
+        return Ok((role, user, device_id, client_name, minor, Origin::Forwarded));
+    }
     let user = match state.tokens.verify(&token) {
         Ok(Some(user)) => user,
         Ok(None) => {
@@ -643,7 +713,7 @@ fn check_hello(
         DeviceId::parse(&device_id).map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
     validate_client_name(&client_name)
         .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
-    Ok((role, user, device_id, client_name, minor))
+    Ok((role, user, device_id, client_name, minor, Origin::Agent))
 }
 
 /// What a request handler knows about its connection.
@@ -655,6 +725,8 @@ struct Ctx {
     client_name: String,
     /// The protocol's minor version on this connection.
     minor: u32,
+    /// An agent's own connection, or another host forwarding its agent's calls.
+    origin: Origin,
     /// Turns true when the server shuts down.
     stop: watch::Receiver<bool>,
 }
@@ -662,9 +734,13 @@ struct Ctx {
 impl Ctx {
     /// How this connection's requests name sessions.
     fn lookup<'a>(&'a self, requested: Option<&'a str>) -> Lookup<'a> {
-        Lookup::Resolve {
-            requested,
-            device: Some(&self.device_id),
+        match self.origin {
+            Origin::Agent => Lookup::Resolve {
+                requested,
+                device: Some(&self.device_id),
+            },
+            // The forwarding host resolved the session: its exact id, no device to bind.
+            Origin::Forwarded => Lookup::Open(requested),
         }
     }
 
@@ -879,7 +955,10 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::
                 let _ = progress_tx.send(m.to_owned());
             };
             let lookup = ctx.lookup(session.as_deref());
-            let mut call = Box::pin(ctx.state.call(&ctx.user, lookup, &tool, args, &sink));
+            let mut call = Box::pin(
+                ctx.state
+                    .call_from(ctx.origin, &ctx.user, lookup, &tool, args, &sink),
+            );
             let called = loop {
                 tokio::select! {
                     called = &mut call => break called,
@@ -1101,6 +1180,24 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         Ok(s) => s,
         Err(e) => return send_error(&mut send, id, e).await,
     };
+    // Several hosts on one store: the host a folder attaches to serves its session live.
+    if let Some(cluster) = &ctx.state.cluster {
+        match cluster.take(&session.id).await {
+            Ok(Lease::Held { .. }) => {}
+            Ok(Lease::Elsewhere { address, .. }) => {
+                let error = ToolError::new(
+                    ErrorCode::Denied,
+                    format!(
+                        "session {} is served by another host ({address}) until its lease \
+                         expires: attach there, or again once that host is gone",
+                        session.id
+                    ),
+                );
+                return send_error(&mut send, id, error).await;
+            }
+            Err(e) => return send_error(&mut send, id, e).await,
+        }
+    }
     if trust == Trust::Full && !session.settings.attach.allow_full_trust {
         return send_error(
             &mut send,

@@ -671,6 +671,8 @@ pub struct Registry {
     /// Sessions being deleted: an open that read one from the store before its rows went
     /// must not put it in memory (it would write the deleted session back).
     deleting: Mutex<std::collections::HashSet<String>>,
+    /// Several hosts on one store: a session that leaves memory gives up its lease.
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// A session a device was bound to here, as loaded then, and when.
@@ -706,7 +708,14 @@ impl Registry {
             links: Mutex::new(HashMap::new()),
             recent_binds: Mutex::new(HashMap::new()),
             deleting: Mutex::new(std::collections::HashSet::new()),
+            cluster: None,
         }
+    }
+
+    /// Gives up a session's lease when it leaves memory (several hosts on one store).
+    pub fn with_cluster(mut self, cluster: Option<Arc<crate::cluster::Cluster>>) -> Registry {
+        self.cluster = cluster;
+        self
     }
 
     /// Notes a new live attachment (its link's `generation`), so that it can be shared into
@@ -1388,6 +1397,9 @@ impl Registry {
         };
         for session in &dropped {
             self.save_unsaved(session);
+            if let Some(cluster) = &self.cluster {
+                cluster.release(&session.id);
+            }
         }
         dropped.len()
     }
@@ -1648,6 +1660,7 @@ pub(crate) fn store_error(e: StoreError) -> ToolError {
             ToolError::new(ErrorCode::NotFound, format!("{what} does not exist"))
         }
         StoreError::Invalid(why) => ToolError::new(ErrorCode::InvalidArguments, why),
+        e @ StoreError::Fenced { .. } => ToolError::new(ErrorCode::Denied, e.to_string()),
         other => ToolError::new(ErrorCode::Internal, other.to_string()),
     }
 }

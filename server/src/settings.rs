@@ -30,6 +30,104 @@ pub struct Settings {
     pub llm: LlmSettings,
     /// Where records are kept (global layer and environment only).
     pub store: StoreSettings,
+    /// Several hosts on one PostgreSQL store (global layer and environment only).
+    pub cluster: ClusterSettings,
+}
+
+/// Several hosts on one PostgreSQL store (`[cluster]`): leases on live sessions, and calls
+/// forwarded to the host that serves a session. Without `[store] url`, none of it applies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// How long a host's lease on a live session lasts without a renewal (renewed every third
+    /// of it): after a host dies, its sessions can be served elsewhere this many seconds later.
+    pub lease_secs: u64,
+    /// The secret hosts authenticate each other with when they forward calls (the same on
+    /// every host; without it, this host neither forwards nor accepts forwarded calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<Secret>,
+    /// `HOST:PORT` where the other hosts reach this one's QUIC endpoint (`serve --advertise`,
+    /// `MONAD_ADVERTISE`); default: the address it listens on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            lease_secs: 10,
+            secret: None,
+            advertise: None,
+        }
+    }
+}
+
+impl ClusterSettings {
+    /// The lease time (at least a second).
+    pub fn lease_time(&self) -> Duration {
+        Duration::from_secs(self.lease_secs.max(1))
+    }
+
+    /// Checks `advertise`: `HOST:PORT` (a name or an address, `[v6]:PORT`).
+    pub fn check(&self) -> Result<(), String> {
+        let Some(advertise) = &self.advertise else {
+            return Ok(());
+        };
+        let host_port = advertise.rsplit_once(':').filter(|(host, port)| {
+            !host.trim().is_empty()
+                && !host.contains(char::is_whitespace)
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        match host_port {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "the advertised address `{}` is not HOST:PORT (--advertise, MONAD_ADVERTISE or \
+                 [cluster] advertise)",
+                monad_protocol::text::printable(advertise)
+            )),
+        }
+    }
+}
+
+/// A secret setting: shown as `<secret>` in debug output and logs, never as itself.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `text`.
+    pub fn new(text: impl Into<String>) -> Secret {
+        Secret(text.into())
+    }
+
+    /// The secret itself (to send it, or compare with [`Secret::matches`]).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `offered` is this secret, compared in constant time (no early exit on the
+    /// first differing byte, so the time taken says nothing about the secret).
+    pub fn matches(&self, offered: &str) -> bool {
+        // Both sides hashed first: equal lengths, and the length of the secret does not leak.
+        let a = ring::digest::digest(&ring::digest::SHA256, self.0.as_bytes());
+        let b = ring::digest::digest(&ring::digest::SHA256, offered.as_bytes());
+        a.as_ref()
+            .iter()
+            .zip(b.as_ref())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+    }
+
+    /// Whether it is blank (no secret: forwarding is off).
+    pub fn is_blank(&self) -> bool {
+        self.0.trim().is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
 }
 
 /// Where records are kept (`[store]`): absent `url`, the filesystem store in the data dir;
@@ -526,7 +624,7 @@ pub struct Layers {
     env: toml::Table,
 }
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "limits",
     "exec",
     "server",
@@ -534,6 +632,7 @@ const SECTIONS: [&str; 7] = [
     "retention",
     "llm",
     "store",
+    "cluster",
 ];
 
 impl Layers {
@@ -672,6 +771,19 @@ fn env_layer(vars: impl IntoIterator<Item = (String, String)>) -> Result<toml::T
     Ok(table)
 }
 
+/// The environment with its short names spelled out: `MONAD_ADVERTISE` is
+/// `MONAD_CLUSTER_ADVERTISE` (the full name wins when both are set).
+pub fn with_aliases(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = vars.into_iter().collect();
+    let full = vars.iter().any(|(k, _)| k == "MONAD_CLUSTER_ADVERTISE");
+    for (name, _) in vars.iter_mut() {
+        if name == "MONAD_ADVERTISE" && !full {
+            *name = "MONAD_CLUSTER_ADVERTISE".into();
+        }
+    }
+    vars
+}
+
 /// Merges `over` into `base`, key by key, tables recursively.
 fn deep_merge(base: &mut toml::Table, over: toml::Table) {
     for (key, value) in over {
@@ -762,6 +874,50 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("config.toml:2") && e.contains("urll"), "{e}");
+    }
+
+    #[test]
+    fn cluster_settings_come_from_the_file_or_the_environment_and_never_show_the_secret() {
+        let none = Layers::new(None, vars(&[])).unwrap().global();
+        assert_eq!(none.cluster, ClusterSettings::default());
+        assert_eq!(none.cluster.lease_time(), Duration::from_secs(10));
+        let layers = Layers::new(
+            Some((
+                "config.toml",
+                "[cluster]\nlease_secs = 3\nsecret = \"s3cret-value\"\n",
+            )),
+            vars(&[("MONAD_CLUSTER_ADVERTISE", "10.0.0.2:4433")]),
+        )
+        .unwrap();
+        let cluster = layers.global().cluster;
+        assert_eq!(cluster.lease_secs, 3);
+        assert_eq!(cluster.advertise.as_deref(), Some("10.0.0.2:4433"));
+        let secret = cluster.secret.clone().unwrap();
+        assert!(secret.matches("s3cret-value"));
+        assert!(!secret.matches("s3cret-valuf"));
+        assert!(!secret.matches(""));
+        assert!(
+            !format!("{cluster:?}").contains("s3cret"),
+            "debug output shows the secret: {cluster:?}"
+        );
+        for bad in ["10.0.0.2", "host:", ":4433", "host:99999", "a b:1"] {
+            let settings = ClusterSettings {
+                advertise: Some(bad.into()),
+                ..ClusterSettings::default()
+            };
+            assert!(settings.check().is_err(), "{bad} accepted");
+        }
+        for good in ["10.0.0.2:4433", "host-b.internal:4433", "[::1]:4433"] {
+            let settings = ClusterSettings {
+                advertise: Some(good.into()),
+                ..ClusterSettings::default()
+            };
+            assert_eq!(settings.check(), Ok(()), "{good}");
+        }
+        let e = Layers::new(Some(("config.toml", "[cluster]\nlease = 3\n")), vars(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lease"), "{e}");
     }
 
     #[test]

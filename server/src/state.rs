@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use crate::admission::Admissions;
 use crate::auth::{DeviceId, TokenStore};
+use crate::cluster::{Origin, Route};
 use crate::config::ServerConfig;
 use crate::executor::{CallOutput, Executor, ProgressSink};
 use crate::quota::{PerUser, Slot};
@@ -28,6 +29,9 @@ pub struct State {
     pub registry: Registry,
     /// Routing and execution.
     pub executor: Executor,
+    /// Several hosts on one PostgreSQL store: leases and forwarding (none with the filesystem
+    /// store).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// The built-in agent's turns (one at a time per session).
     pub agents: crate::agent::Agents,
     /// What happens in sessions as the store writes it (for the HTTP front's event streams).
@@ -182,13 +186,47 @@ impl State {
         args: Value,
         progress: &dyn ProgressSink,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
+        self.call_from(Origin::Agent, user, lookup, tool, args, progress)
+            .await
+    }
+
+    /// [`State::call`] for a call from `origin`. With several hosts on one store, the call runs
+    /// where its session is served ([`crate::cluster::Cluster::route`]): here (this host holds
+    /// or takes the session's lease), or forwarded to the host that holds it, as `user`; a call
+    /// another host forwarded here is never forwarded again.
+    pub(crate) async fn call_from(
+        self: &Arc<Self>,
+        origin: Origin,
+        user: &str,
+        lookup: Lookup<'_>,
+        tool: &str,
+        args: Value,
+        progress: &dyn ProgressSink,
+    ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
         let slot = self.user_call(user)?;
         let session = self.session(user, lookup).await?;
         let in_flight = self.call_in_flight();
-        let output = self.executor.call(&session, tool, args, progress).await;
-        // The session is not needed any more (a body's recording holds its own reference): it
-        // goes before the answer, so the agent's next request finds it unused.
-        drop(session);
+        let route = match &self.cluster {
+            None => Route::Local,
+            Some(cluster) => cluster.route(&session.id, origin).await?,
+        };
+        let output = match (route, &self.cluster) {
+            (Route::Forward { address }, Some(cluster)) => {
+                let id = session.id.clone();
+                drop(session);
+                cluster
+                    .forward(&address, user, &id, tool, args, progress)
+                    .await?
+            }
+            _ => {
+                let output = self.executor.call(&session, tool, args, progress).await;
+                // The session is not needed any more (a body's recording holds its own
+                // reference): it goes before the answer, so the agent's next request finds it
+                // unused.
+                drop(session);
+                output
+            }
+        };
         let guard = CallGuard {
             _slot: slot,
             _in_flight: in_flight,

@@ -317,6 +317,7 @@ pub async fn connect_speaking(
         device_id: config.device_id.clone(),
         client_name: config.client_name.clone(),
         capabilities: Vec::new(),
+        forwarded_for: None,
     };
     write_message(&mut send, &hello).await.expect("hello sent");
     let _ = send.finish();

@@ -69,7 +69,7 @@ pub struct HttpError {
     /// The status.
     pub status: StatusCode,
     /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`,
-    /// `quota_exceeded`, `internal`.
+    /// `quota_exceeded`, `conflict`, `internal`.
     pub code: &'static str,
     /// What is wrong, for people.
     pub message: String,
@@ -79,7 +79,7 @@ pub struct HttpError {
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct ErrorBody {
     /// A stable word: `bad_request`, `not_found`, `unauthorized`, `forbidden`,
-    /// `quota_exceeded`, `internal`.
+    /// `quota_exceeded`, `conflict`, `internal`.
     pub error: String,
     /// What is wrong.
     pub message: String,
@@ -116,6 +116,16 @@ impl HttpError {
         }
     }
 
+    /// `409`: another host serves the session now (this one's lease on it is gone); nothing
+    /// was written. Asking again reaches whichever host serves it.
+    pub fn conflict(message: impl Into<String>) -> HttpError {
+        HttpError {
+            status: StatusCode::CONFLICT,
+            code: "conflict",
+            message: message.into(),
+        }
+    }
+
     /// `500`, logged.
     pub fn internal(e: impl std::fmt::Display) -> HttpError {
         tracing::warn!("HTTP: {e}");
@@ -131,6 +141,7 @@ impl HttpError {
         match e {
             StoreError::NotFound(what) => HttpError::not_found(what),
             StoreError::Invalid(message) => HttpError::bad(message),
+            e @ StoreError::Fenced { .. } => HttpError::conflict(e.to_string()),
             e @ (StoreError::Io { .. } | StoreError::Database(_) | StoreError::Objects(_)) => {
                 HttpError::internal(e)
             }

@@ -58,6 +58,15 @@ pub enum StoreError {
     /// The object store failed or could not be reached (artifact content on S3).
     #[error("object store: {0}")]
     Objects(String),
+    /// This host may not write the session: another host serves it (its lease was taken over,
+    /// or this host's expired). Nothing was written.
+    #[error("session {session}: {why}; this host no longer writes it, nothing was written")]
+    Fenced {
+        /// The session.
+        session: String,
+        /// Why, e.g. the epoch that took over.
+        why: String,
+    },
 }
 
 impl StoreError {
@@ -542,11 +551,16 @@ pub fn session_uploaded_bytes(
 ///
 /// With PostgreSQL, the orphan sweep runs in the background (see [`spawn_sweeper`]).
 ///
-/// Returns the store and the tokens kept beside it (`tokens.toml`, or the database's table).
+/// With PostgreSQL, this host is named in leases by a fresh id, the address of
+/// `[cluster] advertise` and the lease time of `[cluster] lease_secs`, and its leases are
+/// renewed in the background (see [`pg::lease::spawn_renewal`]).
+///
+/// Returns the store, the tokens kept beside it (`tokens.toml`, or the database's table), and
+/// the PostgreSQL store again when it is one (for the leases).
 pub fn open(
     config: &crate::ServerConfig,
     fs: std::sync::Arc<FsStore>,
-) -> Result<(std::sync::Arc<dyn Store>, crate::auth::TokenStore), crate::ServerError> {
+) -> Result<Opened, crate::ServerError> {
     let objects = config.store.objects_url();
     let Some(url) = config.store.url.as_deref().filter(|u| !u.trim().is_empty()) else {
         if let Some(objects) = objects {
@@ -555,22 +569,34 @@ pub fn open(
                  store ([store] url); the filesystem store keeps artifact content in its data dir"
             )));
         }
-        return Ok((fs, crate::auth::TokenStore::new(&config.data_dir)));
+        return Ok((fs, crate::auth::TokenStore::new(&config.data_dir), None));
     };
     let blobs = blobs_for(&config.store, &config.data_dir)?;
     let store = PgStore::connect(url, &config.data_dir, blobs, config.store.pool_options())
         .map_err(|e| crate::ServerError::Invalid(format!("the store ([store] url): {e}")))?
-        .with_max_devices_per_user(config.quotas.max_devices_per_user);
+        .with_max_devices_per_user(config.quotas.max_devices_per_user)
+        .with_host(pg::Host::new(
+            config.cluster.advertise.clone().unwrap_or_default(),
+            config.cluster.lease_time(),
+        ));
     tracing::info!("records are kept in PostgreSQL at {}", store.name());
     let store = std::sync::Arc::new(store);
+    pg::lease::spawn_renewal(std::sync::Arc::downgrade(&store));
     spawn_sweeper(
         std::sync::Arc::downgrade(&store),
         std::time::Duration::from_secs(config.store.orphan_grace_secs),
         std::time::Duration::from_secs(config.store.sweep_interval_secs),
     );
     let tokens = crate::auth::TokenStore::in_postgres(&config.data_dir, store.clone());
-    Ok((store, tokens))
+    Ok((store.clone(), tokens, Some(store)))
 }
+
+/// What [`open`] opened: the store, the tokens, and the PostgreSQL store when it is one.
+pub type Opened = (
+    std::sync::Arc<dyn Store>,
+    crate::auth::TokenStore,
+    Option<std::sync::Arc<PgStore>>,
+);
 
 /// Where the PostgreSQL store keeps artifact content by `settings`: the object store
 /// `[store] objects` names, connected (and its bucket listed once), else `<data_dir>/blobs`.

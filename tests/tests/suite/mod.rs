@@ -12,6 +12,7 @@ mod crash;
 mod data_at_rest;
 mod devices;
 mod handshakes;
+mod hosts;
 mod http;
 mod limits;
 mod mcp;

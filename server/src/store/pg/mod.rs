@@ -8,6 +8,7 @@
 //! A session's primary workspace stays a directory on this host
 //! (`<data_dir>/sessions/<id>/workspace`): it is what the tools work in, not a record.
 
+pub mod lease;
 mod pool;
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Config, GenericClient, Row};
 
+pub use lease::{Host, Lease};
 pub use pool::PoolOptions;
 use pool::{Driver, Pool, describe};
 
@@ -26,7 +28,10 @@ use super::*;
 use crate::fsutil::{create_workspace_root, now_rfc3339};
 
 /// The schema versions this binary knows, in order: (version, name, SQL).
-pub const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "initial", include_str!("0001_initial.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "initial", include_str!("0001_initial.sql")),
+    (2, "leases", include_str!("0002_leases.sql")),
+];
 
 /// The store on PostgreSQL.
 pub struct PgStore {
@@ -35,6 +40,10 @@ pub struct PgStore {
     blobs: Arc<dyn Blobs>,
     data_dir: PathBuf,
     max_devices_per_user: usize,
+    /// This host, as leases name it.
+    host: Host,
+    /// The leases this host holds.
+    held: lease::Held,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -148,6 +157,8 @@ impl PgStore {
             blobs,
             data_dir: data_dir.to_path_buf(),
             max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
+            host: Host::new("", Duration::from_secs(10)),
+            held: lease::Held::default(),
         };
         let pool = store.pool.clone();
         store.driver.run(async move {
@@ -477,8 +488,11 @@ impl SessionStore for PgStore {
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         let m = meta.clone();
-        self.with(move |c| async move {
-            c.execute(
+        let fencing = self.fencing(&meta.id, lease::Write::Record);
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &m.id).await?;
+            tx.execute(
                 "INSERT INTO sessions (id, name, owner, created_at, last_active, provider, model,
                      history_created_at, history_provider, history_model)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7)
@@ -496,7 +510,7 @@ impl SessionStore for PgStore {
             )
             .await
             .map_err(db)?;
-            Ok(())
+            tx.commit().await.map_err(db)
         })
     }
 
@@ -525,10 +539,12 @@ impl SessionStore for PgStore {
     fn delete(&self, id: &str) -> Result<(), StoreError> {
         check_id(id)?;
         let key = id.to_owned();
-        // The rows first (with the artifact index): once they are gone, nothing names the
-        // content, which goes next.
+        let fencing = self.fencing(id, lease::Write::Delete);
+        // The rows first (with the artifact index and the lease): once they are gone, nothing
+        // names the content, which goes next.
         let blob_keys = self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &key).await?;
             let keys: Vec<String> = tx
                 .query(
                     "SELECT blob_key FROM artifacts WHERE session_id = $1",
@@ -543,10 +559,14 @@ impl SessionStore for PgStore {
                 .execute("DELETE FROM sessions WHERE id = $1", &[&key])
                 .await
                 .map_err(db)?;
+            tx.execute("DELETE FROM leases WHERE session_id = $1", &[&key])
+                .await
+                .map_err(db)?;
             tx.commit().await.map_err(db)?;
             Ok((n, keys))
         })?;
         let (n, keys) = blob_keys;
+        self.forget_lease(id);
         self.drop_content(&keys);
         let dir = self.session_dir(id);
         match std::fs::remove_dir_all(&dir) {
@@ -621,8 +641,11 @@ impl SessionStore for PgStore {
         check_id(id)?;
         let id = id.to_owned();
         let (role, text) = (role_word(message.role), message.text.clone());
-        self.with(move |c| async move {
-            let n = c
+        let fencing = self.fencing(&id, lease::Write::Record);
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &id).await?;
+            let n = tx
                 .execute(
                     "INSERT INTO messages (session_id, role, text)
                      SELECT id, $2, $3 FROM sessions WHERE id = $1",
@@ -633,7 +656,7 @@ impl SessionStore for PgStore {
             if n == 0 {
                 return Err(StoreError::NotFound(format!("session {id}")));
             }
-            Ok(())
+            tx.commit().await.map_err(db)
         })
     }
 
@@ -641,8 +664,10 @@ impl SessionStore for PgStore {
         check_id(id)?;
         let id = id.to_owned();
         let h = history.clone();
+        let fencing = self.fencing(&id, lease::Write::Record);
         self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &id).await?;
             let n = tx
                 .execute(
                     "UPDATE sessions SET history_created_at = $2, history_provider = $3,
@@ -681,8 +706,10 @@ impl SessionStore for PgStore {
             .iter()
             .map(|r| serde_json::to_string(r).expect("records serialize"))
             .collect();
+        let fencing = self.fencing(&id, lease::Write::Record);
         self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &id).await?;
             session_exists(&tx, &id).await?;
             tx.execute(
                 "INSERT INTO audit (session_id, record)
@@ -1301,6 +1328,16 @@ impl ArtifactStore for PgStore {
             check_id(&upload.workspace_id)?;
         }
         let key = blob_key(meta);
+        // Fenced before the content is written too: an artifact with a fixed id (the history
+        // snapshot) has a fixed key, and a stale owner must not overwrite the new owner's
+        // content. The check is made again with the row, under the lease's lock.
+        let fencing = self.fencing(&meta.session, lease::Write::Record);
+        let (check, session) = (fencing.clone(), meta.session.clone());
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            check.check(&tx, &session).await?;
+            tx.commit().await.map_err(db)
+        })?;
         // The content first, durably; only then the row that names it. A crash between the two
         // leaves content no row names (swept later), never a row naming nothing.
         self.blobs.put(&key, content)?;
@@ -1309,6 +1346,7 @@ impl ArtifactStore for PgStore {
         let stored_key = key.clone();
         let replaced: Option<String> = self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &session).await?;
             session_exists(&tx, &session).await?;
             let old = tx
                 .query_opt(
@@ -1391,9 +1429,12 @@ impl ArtifactStore for PgStore {
         check_id(session)?;
         let session = session.to_owned();
         let ids = ids.to_vec();
+        let fencing = self.fencing(&session, lease::Write::Record);
         // The rows first: an artifact no row names is gone even if its content stays.
-        let keys: Vec<String> = self.with(move |c| async move {
-            let rows = c
+        let keys: Vec<String> = self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &session).await?;
+            let rows = tx
                 .query(
                     "DELETE FROM artifacts WHERE session_id = $1 AND id = ANY($2)
                      RETURNING blob_key",
@@ -1401,6 +1442,7 @@ impl ArtifactStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
+            tx.commit().await.map_err(db)?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })?;
         self.drop_content(&keys);

@@ -1,0 +1,491 @@
+//! Several hosts on one PostgreSQL store: who serves a live session, and calls forwarded to it.
+//!
+//! Each live session is served by one host, the holder of its lease (see
+//! [`crate::store::pg::lease`]). An agent may reach any host: [`Cluster::route`] decides where
+//! its call runs ([`decide`], a pure function), and [`Cluster::forward`] carries a call for a
+//! session served elsewhere to that host over QUIC, as the agent's user, and brings back the
+//! answer. Hosts authenticate each other with the shared secret of `[cluster] secret` (sent in
+//! the hello in place of a user's token, compared in constant time, never logged) and share
+//! the `tls/` directory, so each pins the one certificate they all present: its own.
+//!
+//! With the filesystem store there is no cluster: every call runs here, as before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::wire::{self, Message, Outcome, Role};
+use monad_protocol::{ErrorCode, ToolError};
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use serde_json::Value;
+
+use crate::executor::{CallOutput, ProgressSink};
+use crate::settings::Secret;
+use crate::store::PgStore;
+use crate::store::pg::Lease;
+
+/// How long reaching another host (QUIC handshake and hello) may take before the call is told
+/// that the session's owner is unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The largest answer a forwarded call brings back (the owner sends large contents inline to
+/// a forwarding host).
+const MAX_ANSWER: usize = 64 * 1024 * 1024;
+
+/// Where a call comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// An agent connected to this host.
+    Agent,
+    /// Another host, forwarding its agent's call here because this host serves the session:
+    /// never forwarded again.
+    Forwarded,
+}
+
+/// Where a call runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Here: this host serves the session.
+    Local,
+    /// At the host that serves the session, reached at `address`.
+    Forward {
+        /// Its advertised `HOST:PORT`.
+        address: String,
+    },
+}
+
+/// Where a call for `session` runs, given who holds its lease (after this host tried to take
+/// it), where the call comes from, and whether this host may forward (it has a secret).
+pub fn decide(
+    session: &str,
+    lease: &Lease,
+    origin: Origin,
+    can_forward: bool,
+) -> Result<Route, ToolError> {
+    let (address, epoch) = match lease {
+        Lease::Held { .. } => return Ok(Route::Local),
+        Lease::Elsewhere { address, epoch, .. } => (address, *epoch),
+    };
+    match origin {
+        Origin::Forwarded => Err(ToolError::new(
+            ErrorCode::WorkspaceDisconnected,
+            format!(
+                "session {session} is served by another host now (lease epoch {epoch}); a \
+                 forwarded call is not forwarded again: ask again"
+            ),
+        )),
+        Origin::Agent if !can_forward => Err(ToolError::new(
+            ErrorCode::WorkspaceDisconnected,
+            format!(
+                "session {session} is served by another host ({}), and this host does not \
+                 forward calls (no [cluster] secret): connect to that host, or give every host \
+                 the same [cluster] secret",
+                shown(address)
+            ),
+        )),
+        Origin::Agent if address.trim().is_empty() => Err(ToolError::new(
+            ErrorCode::WorkspaceDisconnected,
+            format!(
+                "session {session} is served by another host, which advertised no address to \
+                 forward calls to (serve --advertise HOST:PORT)"
+            ),
+        )),
+        Origin::Agent => Ok(Route::Forward {
+            address: address.clone(),
+        }),
+    }
+}
+
+fn shown(address: &str) -> &str {
+    if address.trim().is_empty() {
+        "address not advertised"
+    } else {
+        address
+    }
+}
+
+/// The error an agent gets when the host that serves its session cannot be reached.
+pub fn unreachable(session: &str, address: &str, why: &str, lease: Duration) -> ToolError {
+    ToolError::new(
+        ErrorCode::WorkspaceDisconnected,
+        format!(
+            "session {session}: its owner host ({address}) is unreachable ({why}); another host \
+             serves it once that host's lease expires (within {} s)",
+            lease.as_secs()
+        ),
+    )
+}
+
+/// This host in a cluster: its leases (in the PostgreSQL store), the shared secret, and the
+/// connections it forwards calls over.
+pub struct Cluster {
+    store: Arc<PgStore>,
+    secret: Option<Secret>,
+    /// The certificate every host presents (they share `tls/`).
+    fingerprint: String,
+    /// The device id this host says hello with when it forwards.
+    device: String,
+    endpoint: Mutex<Option<quinn::Endpoint>>,
+    /// Open connections to other hosts, by (address, user).
+    links: tokio::sync::Mutex<HashMap<(String, String), quinn::Connection>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("host", self.store.host())
+            .field("forwards", &self.secret.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// This host on `store` (named by its [`crate::store::pg::Host`]), forwarding with
+    /// `secret` (none, or a blank one: it neither forwards nor accepts forwarded calls), pinning
+    /// `fingerprint` (its own certificate's) when it reaches other hosts.
+    pub fn new(store: Arc<PgStore>, secret: Option<Secret>, fingerprint: &str) -> Cluster {
+        Cluster {
+            store,
+            secret: secret.filter(|s| !s.is_blank()),
+            fingerprint: fingerprint.to_owned(),
+            device: uuid::Uuid::new_v4().hyphenated().to_string(),
+            endpoint: Mutex::new(None),
+            links: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The store the leases are in.
+    pub fn store(&self) -> &Arc<PgStore> {
+        &self.store
+    }
+
+    /// Whether `offered` is the hosts' secret (false when this host has none).
+    pub fn accepts(&self, offered: &str) -> bool {
+        self.secret.as_ref().is_some_and(|s| s.matches(offered))
+    }
+
+    /// Where a call for `session` runs: here when this host holds its lease (from memory) or
+    /// takes it now (nobody serves it, or its holder's lease expired), else at its holder.
+    pub async fn route(&self, session: &str, origin: Origin) -> Result<Route, ToolError> {
+        if self.store.held_epoch(session).is_some() {
+            return Ok(Route::Local);
+        }
+        let lease = self.take(session).await?;
+        decide(session, &lease, origin, self.secret.is_some())
+    }
+
+    /// Takes (or keeps) the lease of `session`, off the async workers.
+    pub async fn take(&self, session: &str) -> Result<Lease, ToolError> {
+        let (store, id) = (self.store.clone(), session.to_owned());
+        tokio::task::spawn_blocking(move || store.take_lease(&id))
+            .await
+            .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?
+            .map_err(crate::session::store_error)
+    }
+
+    /// Gives up the lease of `session` (it left this host's memory).
+    pub fn release(&self, session: &str) {
+        if let Err(e) = self.store.release_lease(session) {
+            tracing::warn!("the lease of session {session} stays until it expires: {e}");
+        }
+    }
+
+    /// Runs `tool` in `session` at the host at `address`, as `user`, relaying its progress to
+    /// `progress`. The answer comes back whole (large contents inline).
+    pub async fn forward(
+        &self,
+        address: &str,
+        user: &str,
+        session: &str,
+        tool: &str,
+        args: Value,
+        progress: &dyn ProgressSink,
+    ) -> Result<CallOutput, ToolError> {
+        let lease = self.store.host().ttl;
+        let conn = self
+            .link(address, user)
+            .await
+            .map_err(|why| unreachable(session, address, &why, lease))?;
+        let lost = |e: &dyn std::fmt::Display| unreachable(session, address, &e.to_string(), lease);
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
+        let request = Message::Call {
+            id: 1,
+            session: Some(session.to_owned()),
+            tool: tool.to_owned(),
+            args,
+        };
+        write_message(&mut send, &request)
+            .await
+            .map_err(|e| lost(&e))?;
+        let _ = send.finish();
+        loop {
+            let message = read_message(&mut recv, MAX_ANSWER)
+                .await
+                .map_err(|e| lost(&e))?
+                .ok_or_else(|| lost(&"the stream ended before the answer"))?;
+            match message {
+                Message::Progress { message, .. } => progress.progress(&message),
+                Message::Result {
+                    workspace,
+                    outcome,
+                    body: None,
+                    ..
+                } => {
+                    return Ok(CallOutput {
+                        workspace,
+                        outcome,
+                        body: None,
+                    });
+                }
+                Message::Error { error, .. } => {
+                    return Ok(CallOutput {
+                        workspace: None,
+                        outcome: Outcome::Error { error },
+                        body: None,
+                    });
+                }
+                other => {
+                    return Err(lost(&format!(
+                        "it answered `{}`, not a result",
+                        other.kind()
+                    )));
+                }
+            }
+        }
+    }
+
+    /// An open connection to the host at `address` for `user`'s calls: the one kept, or a new
+    /// one (handshake, pinned certificate, hello with the secret).
+    async fn link(&self, address: &str, user: &str) -> Result<quinn::Connection, String> {
+        let Some(secret) = &self.secret else {
+            return Err("this host has no [cluster] secret".into());
+        };
+        let key = (address.to_owned(), user.to_owned());
+        let mut links = self.links.lock().await;
+        if let Some(conn) = links.get(&key)
+            && conn.close_reason().is_none()
+        {
+            return Ok(conn.clone());
+        }
+        links.remove(&key);
+        let conn = tokio::time::timeout(CONNECT_TIMEOUT, self.connect(address, user, secret))
+            .await
+            .map_err(|_| format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))??;
+        links.insert(key, conn.clone());
+        Ok(conn)
+    }
+
+    async fn connect(
+        &self,
+        address: &str,
+        user: &str,
+        secret: &Secret,
+    ) -> Result<quinn::Connection, String> {
+        let addr = tokio::net::lookup_host(address)
+            .await
+            .map_err(|e| e.to_string())?
+            .next()
+            .ok_or_else(|| "no address".to_owned())?;
+        let endpoint = self.endpoint(addr.is_ipv6())?;
+        let conn = endpoint
+            .connect(addr, "localhost")
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        write_message(
+            &mut send,
+            &Message::Hello {
+                protocol: wire::PROTOCOL_MAJOR,
+                // Minor 0: large contents come inline, in the result.
+                minor: 0,
+                role: Role::Agent,
+                token: secret.expose().to_owned(),
+                device_id: self.device.clone(),
+                client_name: "monad-host".into(),
+                capabilities: vec!["progress".into()],
+                forwarded_for: Some(user.to_owned()),
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let _ = send.finish();
+        match read_message(&mut recv, 64 * 1024).await {
+            Ok(Some(Message::Welcome { .. })) => Ok(conn),
+            Ok(Some(Message::Refused { error })) => Err(format!("it refused: {}", error.message)),
+            Ok(Some(other)) => Err(format!("it answered `{}` to the hello", other.kind())),
+            Ok(None) => Err("it closed the hello".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The client endpoint calls are forwarded from (made on first use).
+    fn endpoint(&self, v6: bool) -> Result<quinn::Endpoint, String> {
+        let mut slot = self.endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(endpoint) = slot.as_ref() {
+            return Ok(endpoint.clone());
+        }
+        let bind = if v6 { "[::]:0" } else { "0.0.0.0:0" };
+        let mut endpoint = quinn::Endpoint::client(bind.parse().expect("a socket address"))
+            .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+        endpoint.set_default_client_config(pinned(&self.fingerprint)?);
+        *slot = Some(endpoint.clone());
+        Ok(endpoint)
+    }
+}
+
+/// A QUIC client configuration that accepts only the certificate whose SHA-256 is
+/// `fingerprint` (the one the hosts share), TLS 1.3 with ring, ALPN `monad/1`.
+fn pinned(fingerprint: &str) -> Result<quinn::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(Pinned {
+        fingerprint: fingerprint.to_owned(),
+        provider: provider.clone(),
+    });
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![wire::ALPN.to_vec()];
+    let crypto =
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(Duration::from_secs(2)));
+    transport.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
+    ));
+    client.transport_config(Arc::new(transport));
+    Ok(client)
+}
+
+/// Accepts exactly the hosts' certificate; the handshake signature is still verified, so only
+/// a holder of its key passes.
+#[derive(Debug)]
+struct Pinned {
+    fingerprint: String,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if crate::tls::fingerprint(end_entity.as_ref()) == self.fingerprint {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elsewhere(address: &str) -> Lease {
+        Lease::Elsewhere {
+            holder: "h2".into(),
+            address: address.into(),
+            epoch: 4,
+        }
+    }
+
+    #[test]
+    fn a_call_runs_here_when_this_host_holds_the_lease() {
+        for origin in [Origin::Agent, Origin::Forwarded] {
+            for can_forward in [true, false] {
+                assert_eq!(
+                    decide("s1", &Lease::Held { epoch: 2 }, origin, can_forward),
+                    Ok(Route::Local)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_agents_call_for_a_session_served_elsewhere_goes_to_its_owner() {
+        assert_eq!(
+            decide("s1", &elsewhere("10.0.0.2:4433"), Origin::Agent, true),
+            Ok(Route::Forward {
+                address: "10.0.0.2:4433".into()
+            })
+        );
+    }
+
+    #[test]
+    fn without_a_secret_or_an_address_a_call_for_a_session_served_elsewhere_is_refused() {
+        let e = decide("s1", &elsewhere("10.0.0.2:4433"), Origin::Agent, false).unwrap_err();
+        assert_eq!(e.code, ErrorCode::WorkspaceDisconnected);
+        assert!(e.message.contains("10.0.0.2:4433"), "{}", e.message);
+        assert!(e.message.contains("[cluster] secret"), "{}", e.message);
+        let e = decide("s1", &elsewhere(" "), Origin::Agent, true).unwrap_err();
+        assert!(e.message.contains("--advertise"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_forwarded_call_is_never_forwarded_again() {
+        let e = decide("s1", &elsewhere("10.0.0.2:4433"), Origin::Forwarded, true).unwrap_err();
+        assert_eq!(e.code, ErrorCode::WorkspaceDisconnected);
+        assert!(e.message.contains("not forwarded again"), "{}", e.message);
+    }
+
+    #[test]
+    fn an_unreachable_owner_is_named_with_the_session() {
+        let e = unreachable("s1", "10.0.0.2:4433", "timed out", Duration::from_secs(10));
+        assert!(e.message.contains("session s1"), "{}", e.message);
+        assert!(
+            e.message
+                .contains("owner host (10.0.0.2:4433) is unreachable"),
+            "{}",
+            e.message
+        );
+    }
+}

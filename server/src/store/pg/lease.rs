@@ -1,0 +1,515 @@
+//! Leases: one owner per live session, fenced by an epoch.
+//!
+//! Several hosts share one database. The host that serves a session live (a laptop attached to
+//! it, an agent calling in it) holds the session's row in `leases` (see `0002_leases.sql`):
+//! its host id, the address other hosts forward calls to, an epoch and an expiry. It renews the
+//! lease while it serves ([`spawn_renewal`]) and releases it when the session leaves its memory
+//! or the server stops. Expiry is decided by the database's clock (`now()`), never a host's.
+//!
+//! A lease that expired may be taken by any host, and that take-over bumps the epoch. Every
+//! durable write for a session checks, in its own transaction and under a share lock on the
+//! lease row, that this host still holds the lease at the epoch it took ([`may_write`]): a
+//! former owner that was paused past its expiry, or whose lease was taken over, is refused with
+//! [`StoreError::Fenced`] and writes nothing, until it takes the lease again (a lease found
+//! lost stays remembered as lost, so the former owner never writes as a bystander). A take-over
+//! waits for the writes in flight under the old epoch (the row's lock), so no write of the old
+//! owner lands after it.
+//!
+//! A host that never held the session's lease is a bystander: it records what reaches it
+//! (a history append through an agent connected to it) as any host of a shared store does,
+//! but it does not delete a session another host serves live.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
+
+use tokio_postgres::GenericClient;
+
+use super::{PgStore, db};
+use crate::store::StoreError;
+
+/// This host, as its leases name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    /// Unique per server process.
+    pub id: String,
+    /// Where other hosts reach this one (`HOST:PORT`, QUIC), for forwarded calls; empty when
+    /// it does not say.
+    pub address: String,
+    /// How long a lease lasts without a renewal.
+    pub ttl: Duration,
+}
+
+impl Host {
+    /// A host with a fresh id, reachable at `address`, whose leases last `ttl`.
+    pub fn new(address: impl Into<String>, ttl: Duration) -> Host {
+        Host {
+            id: uuid::Uuid::new_v4().simple().to_string(),
+            address: address.into(),
+            ttl,
+        }
+    }
+}
+
+/// Who serves a session, after this host tried to take its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// This host, at this epoch.
+    Held {
+        /// The fencing epoch this host's writes carry.
+        epoch: i64,
+    },
+    /// Another host, whose lease has not expired.
+    Elsewhere {
+        /// Its host id.
+        holder: String,
+        /// Where it said it can be reached (`HOST:PORT`; empty when it said nothing).
+        address: String,
+        /// The epoch it holds.
+        epoch: i64,
+    },
+}
+
+/// A session's lease row as a write finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    /// The holder's host id.
+    pub holder: String,
+    /// The epoch it took.
+    pub epoch: i64,
+    /// Whether it has not expired yet (by the database's clock).
+    pub live: bool,
+}
+
+/// What a write does, for [`may_write`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// Adds or replaces records of the session (history, audit, artifacts, metadata).
+    Record,
+    /// Deletes the session.
+    Delete,
+}
+
+/// Why a write is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    /// This host held the lease at `held`; another host holds it now.
+    TakenOver {
+        /// The epoch this host had.
+        held: i64,
+        /// The epoch the row has now.
+        now: i64,
+    },
+    /// This host held the lease, and it expired before this write (a pause past the expiry).
+    Expired,
+    /// This host never held it, and another host serves the session now.
+    Elsewhere,
+}
+
+impl std::fmt::Display for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fence::TakenOver { held, now } => write!(
+                f,
+                "another host took over its lease (epoch {now}; this host had epoch {held})"
+            ),
+            Fence::Expired => write!(f, "this host's lease on it expired"),
+            Fence::Elsewhere => write!(f, "another host serves it now"),
+        }
+    }
+}
+
+/// Whether host `me`, which took the session's lease at epoch `held` (or never took it), may
+/// make `write` to the session whose lease row is `row`: a host that took the lease only while
+/// it is live and still at the epoch it took; a bystander records, and deletes only while
+/// nobody serves the session live.
+pub fn may_write(
+    me: &str,
+    held: Option<i64>,
+    row: Option<&LeaseRow>,
+    write: Write,
+) -> Result<(), Fence> {
+    match (held, row) {
+        (Some(held), Some(row)) if row.holder == me && row.epoch == held => {
+            if row.live {
+                Ok(())
+            } else {
+                Err(Fence::Expired)
+            }
+        }
+        (Some(held), Some(row)) => Err(Fence::TakenOver {
+            held,
+            now: row.epoch,
+        }),
+        // The row went (the session was deleted and made again): nobody serves it.
+        (Some(_), None) => Err(Fence::Expired),
+        (None, None) => Ok(()),
+        (None, Some(row)) if !row.live || row.holder == me || write == Write::Record => Ok(()),
+        (None, Some(_)) => Err(Fence::Elsewhere),
+    }
+}
+
+/// What a write of one session checks: this host and the epoch it holds the session at.
+#[derive(Debug, Clone)]
+pub(super) struct Fencing {
+    me: String,
+    held: Option<i64>,
+    write: Write,
+}
+
+impl Fencing {
+    /// Checks the lease of `session` inside the caller's transaction `c`, locking its row
+    /// (shared) until the transaction ends, so no take-over commits in between.
+    pub(super) async fn check(
+        &self,
+        c: &impl GenericClient,
+        session: &str,
+    ) -> Result<(), StoreError> {
+        let row = c
+            .query_opt(
+                "SELECT holder, epoch, expires_at > now() FROM leases WHERE session_id = $1
+                 FOR SHARE",
+                &[&session],
+            )
+            .await
+            .map_err(db)?
+            .map(|r| LeaseRow {
+                holder: r.get(0),
+                epoch: r.get(1),
+                live: r.get(2),
+            });
+        may_write(&self.me, self.held, row.as_ref(), self.write).map_err(|fence| {
+            StoreError::Fenced {
+                session: session.to_owned(),
+                why: fence.to_string(),
+            }
+        })
+    }
+}
+
+/// A lease this host took: still held, or found lost (expired or taken over) by a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    Held(i64),
+    Lost(i64),
+}
+
+/// The leases this host took: session → epoch, held or lost.
+#[derive(Debug, Default)]
+pub(super) struct Held(Mutex<HashMap<String, Taken>>);
+
+impl Held {
+    /// The epoch this host's writes of `session` carry: the one it took, held or lost (a lost
+    /// one fails the check), or none when it never took the lease.
+    fn epoch(&self, session: &str) -> Option<i64> {
+        match self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+        {
+            Some(Taken::Held(e) | Taken::Lost(e)) => Some(*e),
+            None => None,
+        }
+    }
+
+    fn held(&self, session: &str) -> Option<i64> {
+        match self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+        {
+            Some(Taken::Held(e)) => Some(*e),
+            _ => None,
+        }
+    }
+
+    fn set(&self, session: &str, taken: Taken) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session.to_owned(), taken);
+    }
+
+    fn forget(&self, session: &str) -> Option<Taken> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session)
+    }
+
+    /// Marks `session` lost, unless it was taken again (at another epoch) meanwhile.
+    fn lose(&self, session: &str, epoch: i64) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(session) == Some(&Taken::Held(epoch)) {
+            held.insert(session.to_owned(), Taken::Lost(epoch));
+        }
+    }
+
+    fn all_held(&self) -> Vec<(String, i64)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|(s, t)| match t {
+                Taken::Held(e) => Some((s.clone(), *e)),
+                Taken::Lost(_) => None,
+            })
+            .collect()
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl PgStore {
+    /// Names this store's host in leases (a fresh id per server process, its advertised
+    /// address, the lease time).
+    pub fn with_host(mut self, host: Host) -> PgStore {
+        self.host = host;
+        self
+    }
+
+    /// This store's host.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// What a `write` of `session` checks.
+    pub(super) fn fencing(&self, session: &str, write: Write) -> Fencing {
+        Fencing {
+            me: self.host.id.clone(),
+            held: self.held.epoch(session),
+            write,
+        }
+    }
+
+    /// The epoch at which this host holds the lease of `session`, if it believes it does (a
+    /// renewal that found it lost marks it lost: none).
+    pub fn held_epoch(&self, session: &str) -> Option<i64> {
+        self.held.held(session)
+    }
+
+    /// Takes (or keeps) the lease of `session` for this host: when nobody holds it, when its
+    /// holder's lease expired (the epoch goes up by one), or when this host holds it already
+    /// (renewed, same epoch). Otherwise says which host serves it.
+    pub fn take_lease(&self, session: &str) -> Result<Lease, StoreError> {
+        let (session, host) = (session.to_owned(), self.host.clone());
+        let key = session.clone();
+        let lease = self.with(move |c| async move {
+            let taken = c
+                .query_opt(
+                    "INSERT INTO leases AS l (session_id, holder, address, epoch, expires_at)
+                     VALUES ($1, $2, $3, 1, now() + $4::float8 * interval '1 millisecond')
+                     ON CONFLICT (session_id) DO UPDATE SET
+                         holder = EXCLUDED.holder,
+                         address = EXCLUDED.address,
+                         epoch = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now()
+                                      THEN l.epoch ELSE l.epoch + 1 END,
+                         expires_at = EXCLUDED.expires_at
+                     WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
+                     RETURNING epoch",
+                    &[&session, &host.id, &host.address, &millis(host.ttl)],
+                )
+                .await
+                .map_err(db)?;
+            if let Some(row) = taken {
+                return Ok(Lease::Held { epoch: row.get(0) });
+            }
+            let row = c
+                .query_one(
+                    "SELECT holder, address, epoch FROM leases WHERE session_id = $1",
+                    &[&session],
+                )
+                .await
+                .map_err(db)?;
+            Ok(Lease::Elsewhere {
+                holder: row.get(0),
+                address: row.get(1),
+                epoch: row.get(2),
+            })
+        })?;
+        match &lease {
+            Lease::Held { epoch } => self.held.set(&key, Taken::Held(*epoch)),
+            // Taken before and lost: stays lost (its writes stay fenced).
+            Lease::Elsewhere { .. } => {
+                if let Some(Taken::Held(epoch) | Taken::Lost(epoch)) = self.held.forget(&key) {
+                    self.held.set(&key, Taken::Lost(epoch));
+                }
+            }
+        }
+        Ok(lease)
+    }
+
+    /// Renews every live lease this host holds for another lease time. Returns the sessions
+    /// whose lease was lost (expired or taken over): they are marked lost (their writes stay
+    /// fenced), and their next use takes the lease again or finds their new owner.
+    pub fn renew_leases(&self) -> Result<Vec<String>, StoreError> {
+        let held = self.held.all_held();
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let host = self.host.clone();
+        let (sessions, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
+        let renewed: Vec<String> = self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "UPDATE leases AS l
+                     SET expires_at = now() + $4::float8 * interval '1 millisecond'
+                     FROM unnest($2::text[], $3::bigint[]) AS h(session_id, epoch)
+                     WHERE l.session_id = h.session_id AND l.epoch = h.epoch
+                       AND l.holder = $1 AND l.expires_at > now()
+                     RETURNING l.session_id",
+                    &[&host.id, &sessions, &epochs, &millis(host.ttl)],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })?;
+        let lost: Vec<String> = held
+            .into_iter()
+            .filter(|(s, _)| !renewed.contains(s))
+            .map(|(s, epoch)| {
+                self.held.lose(&s, epoch);
+                s
+            })
+            .collect();
+        Ok(lost)
+    }
+
+    /// Gives up the lease of `session` (it expires now; the epoch stays, so the next holder's
+    /// is higher).
+    pub fn release_lease(&self, session: &str) -> Result<(), StoreError> {
+        let Some(Taken::Held(epoch)) = self.held.forget(session) else {
+            return Ok(());
+        };
+        let (session, holder) = (session.to_owned(), self.host.id.clone());
+        self.with(move |c| async move {
+            c.execute(
+                "UPDATE leases SET expires_at = now()
+                 WHERE session_id = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()",
+                &[&session, &holder, &epoch],
+            )
+            .await
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    /// Gives up every lease this host holds (the server stops).
+    pub fn release_leases(&self) {
+        for (session, _) in self.held.all_held() {
+            if let Err(e) = self.release_lease(&session) {
+                tracing::warn!("the lease of session {session} stays until it expires: {e}");
+            }
+        }
+    }
+
+    /// Forgets the lease of `session` without touching its row (the session was deleted, its
+    /// row with it).
+    pub(super) fn forget_lease(&self, session: &str) {
+        self.held.forget(session);
+    }
+}
+
+/// Renews `store`'s leases on a thread of its own, every third of the lease time, until the
+/// store is dropped. A renewal that fails (the database unreachable) is logged and tried again
+/// at the next tick; the leases it could not renew expire, and their writes are then fenced.
+pub fn spawn_renewal(store: Weak<PgStore>) {
+    let Some(ttl) = store.upgrade().map(|s| s.host.ttl) else {
+        return;
+    };
+    let every = (ttl / 3).max(Duration::from_millis(50));
+    let spawned = std::thread::Builder::new()
+        .name("lease-renewal".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                let Some(store) = store.upgrade() else {
+                    return;
+                };
+                match store.renew_leases() {
+                    Ok(lost) => {
+                        for session in lost {
+                            tracing::warn!(
+                                "lost the lease of session {session} (expired or taken over by \
+                                 another host): this host no longer writes it"
+                            );
+                        }
+                    }
+                    Err(e) => tracing::warn!("cannot renew leases (tried again soon): {e}"),
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("lease renewal did not start: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(holder: &str, epoch: i64, live: bool) -> LeaseRow {
+        LeaseRow {
+            holder: holder.into(),
+            epoch,
+            live,
+        }
+    }
+
+    #[test]
+    fn the_holder_writes_only_at_its_epoch_while_its_lease_is_live() {
+        assert_eq!(
+            may_write("a", Some(1), Some(&row("a", 1, true)), Write::Record),
+            Ok(())
+        );
+        assert_eq!(
+            may_write("a", Some(1), Some(&row("a", 1, false)), Write::Record),
+            Err(Fence::Expired)
+        );
+        assert_eq!(
+            may_write("a", Some(1), Some(&row("b", 2, true)), Write::Record),
+            Err(Fence::TakenOver { held: 1, now: 2 })
+        );
+        assert_eq!(
+            may_write("a", Some(1), Some(&row("b", 2, false)), Write::Record),
+            Err(Fence::TakenOver { held: 1, now: 2 }),
+            "a take-over that expired since still fences the old holder"
+        );
+        assert_eq!(
+            may_write("a", Some(1), Some(&row("a", 3, true)), Write::Record),
+            Err(Fence::TakenOver { held: 1, now: 3 }),
+            "its own later epoch is not the one this write was made under"
+        );
+        assert_eq!(
+            may_write("a", Some(1), None, Write::Record),
+            Err(Fence::Expired)
+        );
+    }
+
+    #[test]
+    fn a_bystander_records_but_deletes_only_while_nobody_serves_the_session() {
+        for write in [Write::Record, Write::Delete] {
+            assert_eq!(may_write("a", None, None, write), Ok(()));
+            assert_eq!(
+                may_write("a", None, Some(&row("b", 4, false)), write),
+                Ok(())
+            );
+            assert_eq!(
+                may_write("a", None, Some(&row("a", 4, true)), write),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            may_write("a", None, Some(&row("b", 4, true)), Write::Record),
+            Ok(())
+        );
+        assert_eq!(
+            may_write("a", None, Some(&row("b", 4, true)), Write::Delete),
+            Err(Fence::Elsewhere)
+        );
+    }
+}

@@ -1,0 +1,485 @@
+//! Several hosts on one PostgreSQL store: one owner per live session through a lease with a
+//! fencing epoch; a former owner's late writes are refused.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_client::config::ClientConfig;
+use monad_protocol::wire::{HistoryMessage, HistoryRole};
+use monad_server::store::pg::{Host, Lease, PoolOptions};
+use monad_server::store::{
+    ArtifactKind, ArtifactMeta, ArtifactStore, AuditDecision, AuditOutcome, AuditRecord, Decider,
+    FsBlobs, History, PgStore, SessionMeta, SessionStore, StoreError,
+};
+use monad_tests::{
+    Attachment, STEP, ServerProcess, attach_options, call_in, connect_agent, folder, ok, pg, within,
+};
+use serde_json::json;
+
+use super::pg_store::{Pg, pg_url};
+
+/// A host on the database at `url`: its own data dir, artifact content in `blobs` (shared by
+/// the hosts, as an object store would be), leases of `ttl`.
+fn host(url: &str, data: &std::path::Path, blobs: &std::path::Path, ttl: Duration) -> PgStore {
+    PgStore::connect(
+        url,
+        data,
+        Arc::new(FsBlobs::new(blobs)),
+        PoolOptions::default(),
+    )
+    .expect("the PostgreSQL store connects")
+    .with_host(Host::new("127.0.0.1:1", ttl))
+}
+
+/// Runs SQL in the database of `url` (the tests' cluster).
+fn psql(url: &str, sql: &str) -> String {
+    let database = url.rsplit('/').next().unwrap();
+    pg::cluster().unwrap().psql(database, sql).unwrap()
+}
+
+fn message(text: &str) -> HistoryMessage {
+    HistoryMessage {
+        role: HistoryRole::User,
+        text: text.into(),
+    }
+}
+
+fn audit(call: &str) -> AuditRecord {
+    AuditRecord {
+        time: "2026-01-01T00:00:01Z".into(),
+        call_id: call.into(),
+        tool: "read_file".into(),
+        workspace: Some("primary".into()),
+        target: "a.txt".into(),
+        decision: AuditDecision::Allowed,
+        decided_by: Decider::Trust,
+        outcome: AuditOutcome::Ok,
+        duration_ms: 3,
+    }
+}
+
+fn artifact(id: &str, kind: ArtifactKind) -> ArtifactMeta {
+    ArtifactMeta {
+        id: id.into(),
+        session: "s1".into(),
+        kind,
+        workspace: None,
+        tool: Some("write_file".into()),
+        call_id: Some("c1".into()),
+        created_at: "2026-01-01T00:00:02Z".into(),
+        content_type: "application/json".into(),
+        size: 2,
+        truncated: false,
+        original_size: 2,
+        upload: None,
+    }
+}
+
+fn fenced<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>) {
+    match result {
+        Err(StoreError::Fenced { session, .. }) => assert_eq!(session, "s1", "{what}"),
+        other => panic!("{what}: the stale owner's write was not fenced: {other:?}"),
+    }
+}
+
+#[test]
+fn a_stale_owners_late_writes_are_refused_after_another_host_took_its_lease_over() {
+    let Some(url) = pg_url("a_stale_owners_late_writes_are_refused") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = dir.path().join("objects");
+    let ttl = Duration::from_secs(600);
+    let one = host(&url, &dir.path().join("one"), &blobs, ttl);
+    let two = host(&url, &dir.path().join("two"), &blobs, ttl);
+    one.create(&SessionMeta {
+        id: "s1".into(),
+        name: None,
+        owner: "ana".into(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_active: "2026-01-01T00:00:00Z".into(),
+        provider: None,
+        model: None,
+    })
+    .unwrap();
+
+    assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
+    match two.take_lease("s1").unwrap() {
+        Lease::Elsewhere {
+            holder,
+            address,
+            epoch,
+        } => {
+            assert_eq!(holder, one.host().id);
+            assert_eq!(address, "127.0.0.1:1");
+            assert_eq!(epoch, 1);
+        }
+        held => panic!("a live lease was taken from its holder: {held:?}"),
+    }
+    // While host one serves the session, another host does not delete it.
+    fenced(
+        "a delete by a host that does not serve it",
+        two.delete("s1"),
+    );
+
+    // Host one pauses past its lease's expiry (its clock is the database's); host two takes
+    // the session over at a higher epoch and writes.
+    psql(
+        &url,
+        "UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 's1'",
+    );
+    assert_eq!(two.take_lease("s1").unwrap(), Lease::Held { epoch: 2 });
+    two.append("s1", &message("from two")).unwrap();
+    two.audit("s1", &[audit("two")]).unwrap();
+    two.put_artifact(&artifact("a2", ArtifactKind::ToolOutput), b"[2]")
+        .unwrap();
+    two.put_artifact(
+        &artifact("session_history", ArtifactKind::SessionHistory),
+        b"22",
+    )
+    .unwrap();
+    let saved = two.load("s1").unwrap().unwrap();
+
+    // Host one wakes up and writes as if it still owned the session: every write is refused.
+    assert_eq!(one.held_epoch("s1"), Some(1), "it has not noticed yet");
+    fenced("append", one.append("s1", &message("late")));
+    fenced(
+        "replace",
+        one.replace(
+            "s1",
+            &History {
+                created_at: "2026-01-01T00:00:00Z".into(),
+                provider: None,
+                model: None,
+                messages: vec![message("rewritten")],
+            },
+        ),
+    );
+    fenced("audit", one.audit("s1", &[audit("one")]));
+    fenced(
+        "artifact",
+        one.put_artifact(&artifact("a1", ArtifactKind::ToolOutput), b"[1]"),
+    );
+    fenced(
+        "the history snapshot",
+        one.put_artifact(
+            &artifact("session_history", ArtifactKind::SessionHistory),
+            b"11",
+        ),
+    );
+    fenced(
+        "delete artifacts",
+        one.delete_artifacts("s1", &["a2".to_owned()]),
+    );
+    let mut meta = saved.clone();
+    meta.name = Some("renamed by one".into());
+    fenced("save", one.save(&meta));
+    fenced("delete", one.delete("s1"));
+
+    // Only host two's writes are there.
+    let history = two.history("s1").unwrap();
+    let texts: Vec<&str> = history.messages.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(texts, ["from two"]);
+    let calls: Vec<String> = two
+        .audit_log("s1")
+        .unwrap()
+        .into_iter()
+        .map(|r| r.call_id)
+        .collect();
+    assert_eq!(calls, ["two"]);
+    let ids: Vec<String> = two
+        .artifacts("s1")
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(ids, ["a2", "session_history"]);
+    assert_eq!(two.artifact("s1", "session_history").unwrap().1, b"22");
+    assert_eq!(two.load("s1").unwrap().unwrap(), saved);
+
+    // Host one's renewal finds the lease lost and forgets it; host two's keeps its own.
+    assert_eq!(one.renew_leases().unwrap(), ["s1"]);
+    assert_eq!(one.held_epoch("s1"), None);
+    // Having noticed, it is still no bystander: its writes stay refused until it takes the
+    // lease again.
+    fenced(
+        "a write after the renewal found the lease lost",
+        one.append("s1", &message("later still")),
+    );
+    assert!(matches!(
+        one.take_lease("s1").unwrap(),
+        Lease::Elsewhere { epoch: 2, .. }
+    ));
+    fenced(
+        "a write after finding another host holds it",
+        one.audit("s1", &[audit("one again")]),
+    );
+    assert!(two.renew_leases().unwrap().is_empty());
+    assert_eq!(two.held_epoch("s1"), Some(2));
+}
+
+#[test]
+fn a_released_lease_is_taken_at_once_by_another_host_at_a_higher_epoch() {
+    let Some(url) = pg_url("a_released_lease_is_taken_at_once") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = dir.path().join("objects");
+    let ttl = Duration::from_secs(600);
+    let one = host(&url, &dir.path().join("one"), &blobs, ttl);
+    let two = host(&url, &dir.path().join("two"), &blobs, ttl);
+    assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
+    assert_eq!(
+        one.take_lease("s1").unwrap(),
+        Lease::Held { epoch: 1 },
+        "its holder keeps its epoch"
+    );
+    one.release_lease("s1").unwrap();
+    assert_eq!(one.held_epoch("s1"), None);
+    assert_eq!(two.take_lease("s1").unwrap(), Lease::Held { epoch: 2 });
+    two.release_leases();
+    assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 3 });
+}
+
+/// A session both hosts serve in the tests below.
+const SESSION: &str = "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f";
+
+/// Starts a `monad-server` process on the database of `pg` with the hosts' `secret`, leases of
+/// `lease_secs`, and the certificate of `tls` (another host's data dir) when given: hosts of one
+/// store share `tls/`.
+async fn start_host(
+    pg: &Pg,
+    data: &Path,
+    secret: &str,
+    lease_secs: u64,
+    tls: Option<&Path>,
+) -> ServerProcess {
+    if let Some(from) = tls {
+        std::fs::create_dir_all(data.join("tls")).unwrap();
+        for file in ["cert.pem", "key.pem"] {
+            std::fs::copy(from.join("tls").join(file), data.join("tls").join(file)).unwrap();
+        }
+    }
+    let mut env = pg.env();
+    env.push(("MONAD_CLUSTER_SECRET".into(), secret.into()));
+    env.push(("MONAD_CLUSTER_LEASE_SECS".into(), lease_secs.to_string()));
+    let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    ServerProcess::start(data, &envs).await
+}
+
+/// Attaches `laptop` to `SESSION` at the host `config` names, restricted, with `approver`.
+async fn attach_laptop(
+    config: &ClientConfig,
+    laptop: &Path,
+    approver: &Arc<ScriptedApprover>,
+) -> Attachment {
+    let mut options = attach_options(laptop, "lap");
+    options.session = Some(SESSION.into());
+    Attachment::start(config, options, Some(approver.clone() as Arc<dyn Approver>)).await
+}
+
+fn read_notes() -> serde_json::Value {
+    json!({"path": "notes.txt", "workspace": "lap"})
+}
+
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// Waits (bounded) until `sql`, run in the database of `pg`, says `t`.
+async fn until_true(pg: &Pg, what: &str, sql: &str) {
+    within(STEP, what, async {
+        while psql(&pg.url, sql) != "t" {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
+    let Some(pg) = Pg::alone("an_agent_on_one_host_reads_a_file_on_a_laptop_attached") else {
+        return;
+    };
+    let (data_a, data_b, data_c) = (dir(), dir(), dir());
+    let b = start_host(&pg, data_b.path(), "the-hosts-secret", 10, None).await;
+    let a = start_host(
+        &pg,
+        data_a.path(),
+        "the-hosts-secret",
+        10,
+        Some(data_b.path()),
+    )
+    .await;
+    assert_eq!(
+        a.fingerprint, b.fingerprint,
+        "the hosts share one certificate"
+    );
+    let token = b.first_token.clone().expect("the first host's first start");
+
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
+    let _attached = attach_laptop(&b.client_config(&token), laptop.path(), &approver).await;
+
+    // The agent reaches host A; the laptop is on host B: the call goes there, is approved on
+    // the laptop, and the content comes back.
+    let agent = connect_agent(&a.client_config(&token)).await;
+    let (result, workspace) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
+    assert_eq!(workspace, "lap");
+    assert!(
+        result.to_string().contains("written on the laptop"),
+        "{result}"
+    );
+    let asked = approver.seen();
+    assert_eq!(
+        asked.len(),
+        1,
+        "the laptop's user was asked once: {asked:?}"
+    );
+    // Host B recorded it (its audit, in the shared store).
+    until_true(
+        &pg,
+        "the forwarded call to be recorded",
+        &format!(
+            "SELECT count(*) = 1 FROM audit WHERE session_id = '{SESSION}'
+             AND record LIKE '%read_file%'"
+        ),
+    )
+    .await;
+
+    // A host with another secret cannot forward: host B refuses it, and the agent is told.
+    let c = start_host(
+        &pg,
+        data_c.path(),
+        "not-the-secret",
+        10,
+        Some(data_b.path()),
+    )
+    .await;
+    let agent_c = connect_agent(&c.client_config(&token)).await;
+    let refused = within(
+        STEP,
+        "the refusal",
+        agent_c.call(Some(SESSION), "read_file", read_notes(), |_| {}),
+    )
+    .await
+    .expect_err("host B refuses a host with another secret")
+    .to_string();
+    assert!(
+        refused.contains(SESSION)
+            && refused.contains("owner host")
+            && refused.contains("refused")
+            && refused.contains("secret"),
+        "{refused}"
+    );
+    assert_eq!(approver.seen().len(), 1, "nothing reached the laptop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_nothing_lost() {
+    let Some(pg) = Pg::alone("when_the_owner_host_is_killed") else {
+        return;
+    };
+    let (data_a, data_b) = (dir(), dir());
+    let b = start_host(&pg, data_b.path(), "the-hosts-secret", 1, None).await;
+    let a = start_host(
+        &pg,
+        data_a.path(),
+        "the-hosts-secret",
+        1,
+        Some(data_b.path()),
+    )
+    .await;
+    let token = b.first_token.clone().expect("the first host's first start");
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new([
+        Some(Decision::AllowOnce),
+        Some(Decision::AllowOnce),
+    ]));
+    let attached = attach_laptop(&b.client_config(&token), laptop.path(), &approver).await;
+
+    // Through host A, served by host B: a read, a write (a diff artifact), a history message.
+    let agent = connect_agent(&a.client_config(&token)).await;
+    ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
+    ok(call_in(
+        &agent,
+        Some(SESSION),
+        "write_file",
+        json!({"path": "notes.txt", "content": "changed\n", "workspace": "lap"}),
+    )
+    .await);
+    within(
+        STEP,
+        "a history append",
+        agent.history_append(
+            Some(SESSION),
+            HistoryMessage {
+                role: HistoryRole::User,
+                text: "before the kill".into(),
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    until_true(
+        &pg,
+        "both calls and the diff to be recorded",
+        &format!(
+            "SELECT (SELECT count(*) FROM audit WHERE session_id = '{SESSION}') = 2
+                AND (SELECT count(*) FROM artifacts WHERE session_id = '{SESSION}'
+                     AND meta LIKE '%file_diff%') = 1"
+        ),
+    )
+    .await;
+    let holder_b = psql(
+        &pg.url,
+        &format!("SELECT holder || ' ' || epoch FROM leases WHERE session_id = '{SESSION}'"),
+    );
+
+    // Host B dies. Until its lease expires, the session is nobody's to serve; then the laptop
+    // attaches to host A, which takes the session over at a higher epoch.
+    b.kill().await;
+    drop(attached);
+    until_true(
+        &pg,
+        "host B's lease to expire",
+        &format!("SELECT expires_at <= now() FROM leases WHERE session_id = '{SESSION}'"),
+    )
+    .await;
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
+    let _attached = attach_laptop(&a.client_config(&token), laptop.path(), &approver).await;
+    let holder_a = psql(
+        &pg.url,
+        &format!("SELECT holder || ' ' || epoch FROM leases WHERE session_id = '{SESSION}'"),
+    );
+    let (old, new) = (
+        holder_b.split_once(' ').unwrap(),
+        holder_a.split_once(' ').unwrap(),
+    );
+    assert_ne!(old.0, new.0, "another host holds it");
+    assert!(
+        new.1.parse::<i64>().unwrap() > old.1.parse::<i64>().unwrap(),
+        "{holder_b} then {holder_a}"
+    );
+
+    // Calls work again, and what was written before the kill is all there.
+    let (result, _) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
+    assert!(result.to_string().contains("changed"), "{result}");
+    let (_, history) = within(STEP, "the history", agent.history(Some(SESSION)))
+        .await
+        .unwrap();
+    let texts: Vec<&str> = history.messages.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(texts, ["before the kill"]);
+    until_true(
+        &pg,
+        "the audit to hold the calls of both hosts",
+        &format!(
+            "SELECT (SELECT count(*) FROM audit WHERE session_id = '{SESSION}') = 3
+                AND (SELECT count(*) FROM artifacts WHERE session_id = '{SESSION}'
+                     AND meta LIKE '%file_diff%') = 1"
+        ),
+    )
+    .await;
+}
