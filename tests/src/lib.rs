@@ -811,6 +811,24 @@ impl ServerProcess {
         envs: &[(&str, &str)],
         umask: Option<u32>,
     ) -> ServerProcess {
+        ServerProcess::start_serving(data_dir, envs, umask, None).await
+    }
+
+    /// [`ServerProcess::start`], with MCP over HTTP on `http` (a free loopback port).
+    pub async fn start_with_http(
+        data_dir: &Path,
+        envs: &[(&str, &str)],
+        http: SocketAddr,
+    ) -> ServerProcess {
+        ServerProcess::start_serving(data_dir, envs, None, Some(http)).await
+    }
+
+    async fn start_serving(
+        data_dir: &Path,
+        envs: &[(&str, &str)],
+        umask: Option<u32>,
+        http: Option<SocketAddr>,
+    ) -> ServerProcess {
         use tokio::io::AsyncBufReadExt;
         let mut cmd = match umask {
             None => command("monad-server"),
@@ -835,7 +853,11 @@ impl ServerProcess {
         };
         cmd.arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--no-http"]);
+            .args(["--listen", "127.0.0.1:0"]);
+        match http {
+            Some(http) => cmd.arg("--http").arg(http.to_string()),
+            None => cmd.arg("--no-http"),
+        };
         for (key, value) in envs {
             cmd.env(key, value);
         }

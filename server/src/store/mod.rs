@@ -575,7 +575,8 @@ pub fn open(
     let store = PgStore::connect(url, &config.data_dir, blobs, config.store.pool_options())
         .map_err(|e| crate::ServerError::Invalid(format!("the store ([store] url): {e}")))?
         .with_max_devices_per_user(config.quotas.max_devices_per_user)
-        .with_host(pg::Host::new(
+        .with_host(pg::Host::of_machine(
+            &pg::Host::machine_id(&config.data_dir)?,
             config.cluster.advertise.clone().unwrap_or_default(),
             config.cluster.lease_time(),
         ));

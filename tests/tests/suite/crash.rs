@@ -242,6 +242,14 @@ fn check_data_dir(dir: &Path, rel: &str, checked: &mut usize) {
                     .parse::<std::net::SocketAddr>()
                     .unwrap_or_else(|e| panic!("{what}: {e}: {text:?}"));
             }
+            // The data dir's id in session leases (PostgreSQL).
+            "host_id" => {
+                let text = read();
+                assert!(
+                    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{what}: {text:?}"
+                );
+            }
             "session.toml" => {
                 let meta: SessionMeta =
                     toml::from_str(&read()).unwrap_or_else(|e| panic!("{what}: {e}"));

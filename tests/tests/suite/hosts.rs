@@ -243,6 +243,72 @@ fn a_released_lease_is_taken_at_once_by_another_host_at_a_higher_epoch() {
     assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 3 });
 }
 
+#[test]
+fn a_restarted_server_takes_its_own_live_leases_over_at_once_and_fences_its_former_process() {
+    let Some(url) = pg_url("a_restarted_server_takes_its_own_live_leases") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let machine = Host::machine_id(&data).unwrap();
+    assert_eq!(
+        Host::machine_id(&data).unwrap(),
+        machine,
+        "kept in the data dir"
+    );
+    let process = |ttl| {
+        PgStore::connect(
+            &url,
+            &data,
+            Arc::new(FsBlobs::new(&dir.path().join("objects"))),
+            PoolOptions::default(),
+        )
+        .unwrap()
+        .with_host(Host::of_machine(&machine, "127.0.0.1:1", ttl))
+    };
+    let before = process(Duration::from_secs(600));
+    let other = host(
+        &url,
+        &dir.path().join("other"),
+        &dir.path().join("objects"),
+        Duration::from_secs(600),
+    );
+    before
+        .create(&SessionMeta {
+            id: "s1".into(),
+            name: None,
+            owner: "ana".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_active: "2026-01-01T00:00:00Z".into(),
+            provider: None,
+            model: None,
+        })
+        .unwrap();
+    assert_eq!(before.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
+    assert!(matches!(
+        other.take_lease("s1").unwrap(),
+        Lease::Elsewhere { epoch: 1, .. }
+    ));
+    // The next process of the same data dir (the first one died; the data dir's lock lets only
+    // one run) does not wait for the lease to expire.
+    let after = process(Duration::from_secs(600));
+    assert_eq!(after.take_lease("s1").unwrap(), Lease::Held { epoch: 2 });
+    after.append("s1", &message("after the restart")).unwrap();
+    fenced(
+        "the former process",
+        before.append("s1", &message("from the past")),
+    );
+    let texts: Vec<String> = after
+        .history("s1")
+        .unwrap()
+        .messages
+        .into_iter()
+        .map(|m| m.text)
+        .collect();
+    assert_eq!(texts, ["after the restart"]);
+}
+
 /// A session both hosts serve in the tests below.
 const SESSION: &str = "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f";
 
@@ -256,6 +322,18 @@ async fn start_host(
     lease_secs: u64,
     tls: Option<&Path>,
 ) -> ServerProcess {
+    start_host_with(pg, data, secret, lease_secs, tls, None).await
+}
+
+/// [`start_host`], with MCP over HTTP on `http` when given.
+async fn start_host_with(
+    pg: &Pg,
+    data: &Path,
+    secret: &str,
+    lease_secs: u64,
+    tls: Option<&Path>,
+    http: Option<std::net::SocketAddr>,
+) -> ServerProcess {
     if let Some(from) = tls {
         std::fs::create_dir_all(data.join("tls")).unwrap();
         for file in ["cert.pem", "key.pem"] {
@@ -266,7 +344,10 @@ async fn start_host(
     env.push(("MONAD_CLUSTER_SECRET".into(), secret.into()));
     env.push(("MONAD_CLUSTER_LEASE_SECS".into(), lease_secs.to_string()));
     let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    ServerProcess::start(data, &envs).await
+    match http {
+        Some(http) => ServerProcess::start_with_http(data, &envs, http).await,
+        None => ServerProcess::start(data, &envs).await,
+    }
 }
 
 /// Attaches `laptop` to `SESSION` at the host `config` names, restricted, with `approver`.
@@ -375,6 +456,69 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
         "{refused}"
     );
     assert_eq!(approver.seen().len(), 1, "nothing reached the laptop");
+}
+
+/// An MCP host that names its session in `initialize`.
+#[derive(Debug, Clone)]
+struct McpHost;
+
+impl rmcp::ClientHandler for McpHost {
+    fn get_info(&self) -> rmcp::model::InitializeRequestParams {
+        let mut info = rmcp::model::InitializeRequestParams::default();
+        let mut meta = rmcp::model::RequestMetaObject::new();
+        meta.insert("sessionId".into(), SESSION.into());
+        info.meta = Some(meta);
+        info
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_host_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let Some(pg) = Pg::alone("an_mcp_host_on_one_host_reads_a_file") else {
+        return;
+    };
+    let (data_a, data_b) = (dir(), dir());
+    let b = start_host(&pg, data_b.path(), "the-hosts-secret", 10, None).await;
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let http = free.local_addr().expect("its address");
+    drop(free);
+    let _a = start_host_with(
+        &pg,
+        data_a.path(),
+        "the-hosts-secret",
+        10,
+        Some(data_b.path()),
+        Some(http),
+    )
+    .await;
+    let token = b.first_token.clone().expect("the first host's first start");
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
+    let _attached = attach_laptop(&b.client_config(&token), laptop.path(), &approver).await;
+
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("http://{http}/mcp"))
+        .auth_header(token);
+    let http_client = monad_server::llm::http_client_builder()
+        .expect("TLS set up")
+        .build()
+        .expect("an HTTP client");
+    let transport = StreamableHttpClientTransport::with_client(http_client, config);
+    let client = within(STEP, "initialize over HTTP", McpHost.serve(transport))
+        .await
+        .expect("host A's /mcp answers");
+    let params = rmcp::model::CallToolRequestParams::new("read_file")
+        .with_arguments(read_notes().as_object().cloned().unwrap_or_default());
+    let result = within(STEP, "tools/call", client.call_tool(params))
+        .await
+        .expect("tools/call answers");
+    let shown = serde_json::to_string(&result.content).unwrap();
+    assert_ne!(result.is_error, Some(true), "{shown}");
+    assert!(shown.contains("written on the laptop"), "{shown}");
+    assert_eq!(approver.seen().len(), 1, "the laptop's user was asked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,11 @@ use crate::store::StoreError;
 /// This host, as its leases name it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
-    /// Unique per server process.
+    /// Unique per server process: `MACHINE.PROCESS`, where `MACHINE` is the data dir's own id
+    /// (kept in `<data_dir>/host_id`) and `PROCESS` is fresh at every start. Only one process
+    /// serves a data dir at a time (its lock), so a process that finds a live lease of its own
+    /// data dir under another process id knows that process is gone and takes it over at once
+    /// (at a higher epoch), instead of waiting for it to expire after a restart.
     pub id: String,
     /// Where other hosts reach this one (`HOST:PORT`, QUIC), for forwarded calls; empty when
     /// it does not say.
@@ -41,14 +45,43 @@ pub struct Host {
 }
 
 impl Host {
-    /// A host with a fresh id, reachable at `address`, whose leases last `ttl`.
+    /// A host with a fresh id (a data dir of its own), reachable at `address`, whose leases
+    /// last `ttl`.
     pub fn new(address: impl Into<String>, ttl: Duration) -> Host {
+        Host::of_machine(&uuid::Uuid::new_v4().simple().to_string(), address, ttl)
+    }
+
+    /// The host of the data dir whose id is `machine`, this process.
+    pub fn of_machine(machine: &str, address: impl Into<String>, ttl: Duration) -> Host {
         Host {
-            id: uuid::Uuid::new_v4().simple().to_string(),
+            id: format!("{machine}.{}", uuid::Uuid::new_v4().simple()),
             address: address.into(),
             ttl,
         }
     }
+
+    /// The id of the data dir at `data_dir` (`<data_dir>/host_id`), made on first use.
+    pub fn machine_id(data_dir: &std::path::Path) -> Result<String, crate::ServerError> {
+        let path = data_dir.join("host_id");
+        match std::fs::read_to_string(&path) {
+            Ok(text) if is_machine_id(text.trim()) => return Ok(text.trim().to_owned()),
+            Ok(_) => {
+                return Err(crate::ServerError::Invalid(format!(
+                    "{}: not a host id (32 hex digits); remove it and a new one is made",
+                    path.display()
+                )));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(crate::ServerError::io("read", &path, e)),
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        crate::fsutil::write_atomic(&path, id.as_bytes(), crate::fsutil::PRIVATE_FILE)?;
+        Ok(id)
+    }
+}
+
+fn is_machine_id(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Who serves a session, after this host tried to take its lease.
@@ -293,8 +326,9 @@ impl PgStore {
     }
 
     /// Takes (or keeps) the lease of `session` for this host: when nobody holds it, when its
-    /// holder's lease expired (the epoch goes up by one), or when this host holds it already
-    /// (renewed, same epoch). Otherwise says which host serves it.
+    /// holder's lease expired or its holder was an earlier process of this data dir (the epoch
+    /// goes up by one), or when this host holds it already (renewed, same epoch). Otherwise says
+    /// which host serves it.
     pub fn take_lease(&self, session: &str) -> Result<Lease, StoreError> {
         let (session, host) = (session.to_owned(), self.host.clone());
         let key = session.clone();
@@ -310,6 +344,7 @@ impl PgStore {
                                       THEN l.epoch ELSE l.epoch + 1 END,
                          expires_at = EXCLUDED.expires_at
                      WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
+                        OR split_part(l.holder, '.', 1) = split_part(EXCLUDED.holder, '.', 1)
                      RETURNING epoch",
                     &[&session, &host.id, &host.address, &millis(host.ttl)],
                 )
