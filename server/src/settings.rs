@@ -921,6 +921,32 @@ mod tests {
     }
 
     #[test]
+    fn monad_advertise_is_the_short_name_of_the_advertised_address() {
+        let short = Layers::new(
+            None,
+            with_aliases(vars(&[("MONAD_ADVERTISE", "10.0.0.3:4433")])),
+        )
+        .unwrap();
+        assert_eq!(
+            short.global().cluster.advertise.as_deref(),
+            Some("10.0.0.3:4433")
+        );
+        let both = Layers::new(
+            None,
+            with_aliases(vars(&[
+                ("MONAD_ADVERTISE", "10.0.0.3:4433"),
+                ("MONAD_CLUSTER_ADVERTISE", "10.0.0.4:4433"),
+            ])),
+        )
+        .unwrap();
+        assert_eq!(
+            both.global().cluster.advertise.as_deref(),
+            Some("10.0.0.4:4433"),
+            "the full name wins"
+        );
+    }
+
+    #[test]
     fn layers_merge_key_by_key_with_environment_last() {
         let global = "[limits]\nread_max_bytes = 100\nlist_max_entries = 7\n[exec]\nallow_unsandboxed_exec = true\n";
         let layers = Layers::new(
