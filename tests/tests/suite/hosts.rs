@@ -627,3 +627,27 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
     )
     .await;
 }
+
+#[tokio::test]
+async fn serve_refuses_an_advertised_address_that_is_not_host_and_port() {
+    let data = dir();
+    let dir_arg = data.path().to_str().unwrap();
+    for bad in ["10.0.0.2", "host:notaport", ":4433"] {
+        let out = monad_tests::server_command(&[
+            "--data-dir",
+            dir_arg,
+            "--listen",
+            "127.0.0.1:0",
+            "--no-http",
+            "--advertise",
+            bad,
+        ])
+        .await;
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad}: {said}");
+        assert!(
+            said.contains("is not HOST:PORT") && said.contains(bad),
+            "{bad}: {said}"
+        );
+    }
+}
