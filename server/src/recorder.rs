@@ -84,18 +84,18 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
         let mut audits: HashMap<String, Vec<AuditRecord>> = HashMap::new();
         let mut touches: HashMap<(String, String), u64> = HashMap::new();
         let mut waiters = Vec::new();
+        // Artifacts in a row are stored together (the filesystem store syncs a session's
+        // pack and index once for all of them), before any session save that follows them.
+        let mut artifacts = Vec::new();
         for job in batch {
             match job {
                 Job::Audit(session, record) => audits.entry(session).or_default().push(record),
-                Job::Artifact(meta, content) => {
-                    if let Err(e) = store.put_artifact(&meta, &content) {
-                        warn!("cannot store artifact {} of {}: {e}", meta.id, meta.session);
-                    }
-                }
+                Job::Artifact(meta, content) => artifacts.push((meta, content)),
                 Job::Touch { record, session } => {
                     *touches.entry((record, session)).or_default() += 1
                 }
                 Job::SaveMeta(meta) => {
+                    put_artifacts(store.as_ref(), std::mem::take(&mut artifacts));
                     if let Err(e) = store.save(&meta) {
                         warn!("cannot save session {}: {e}", meta.id);
                     }
@@ -103,6 +103,7 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
                 Job::Flush(done) => waiters.push(done),
             }
         }
+        put_artifacts(store.as_ref(), artifacts);
         for (session, records) in audits {
             if let Err(e) = store.audit(&session, &records) {
                 warn!("cannot write the audit log of {session}: {e}");
@@ -115,6 +116,18 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
         }
         for done in waiters {
             let _ = done.send(());
+        }
+    }
+}
+
+/// Stores `artifacts` together, and says which could not be stored.
+fn put_artifacts(store: &dyn Store, artifacts: Vec<(ArtifactMeta, Vec<u8>)>) {
+    if artifacts.is_empty() {
+        return;
+    }
+    for ((meta, _), result) in artifacts.iter().zip(store.put_artifacts(&artifacts)) {
+        if let Err(e) = result {
+            warn!("cannot store artifact {} of {}: {e}", meta.id, meta.session);
         }
     }
 }

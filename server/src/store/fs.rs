@@ -1210,6 +1210,58 @@ impl FsStore {
     }
 }
 
+impl FsStore {
+    /// Stores tool outputs and diffs of one session (ids checked by the caller): their contents
+    /// appended to the pack and made durable with one sync, then their index lines with one.
+    /// On an error none of them is in the index (content already appended stays unnamed, as
+    /// after a crash mid-write).
+    fn put_packed(&self, run: &[(ArtifactMeta, Vec<u8>)]) -> Result<(), StoreError> {
+        let Some((first, _)) = run.first() else {
+            return Ok(());
+        };
+        let dir = self.session_dir(&first.session).join("artifacts");
+        let _guard = self.lock(&first.session);
+        create_private_dir(&dir).map_err(map_io("create", &dir))?;
+        let contents: Vec<&[u8]> = run.iter().map(|(_, c)| c.as_slice()).collect();
+        let ranges = append_all_to_pack(&dir.join(PACK), &contents)?;
+        let mut lines = Vec::new();
+        for ((meta, _), range) in run.iter().zip(ranges) {
+            serde_json::to_writer(
+                &mut lines,
+                &IndexLine {
+                    meta: meta.clone(),
+                    pack: Some(range),
+                },
+            )
+            .expect("metadata serializes");
+            lines.push(b'\n');
+        }
+        append_durable(&dir.join("index.jsonl"), &lines)
+    }
+}
+
+/// Appends each of `contents` to the pack, one after the other, and makes them durable with one
+/// sync; returns where each went.
+fn append_all_to_pack(path: &Path, contents: &[&[u8]]) -> Result<Vec<[u64; 2]>, StoreError> {
+    use std::io::{Seek, SeekFrom};
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(PRIVATE_FILE)
+        .open(path)
+        .map_err(map_io("open", path))?;
+    // As in `append_to_pack`: the caller holds the session's lock, so the end does not move.
+    let mut offset = file.seek(SeekFrom::End(0)).map_err(map_io("seek", path))?;
+    let mut ranges = Vec::with_capacity(contents.len());
+    for content in contents {
+        file.write_all(content).map_err(map_io("append to", path))?;
+        ranges.push([offset, content.len() as u64]);
+        offset += content.len() as u64;
+    }
+    file.sync_data().map_err(map_io("sync", path))?;
+    Ok(ranges)
+}
+
 /// Appends `content` to the pack and makes it durable; returns where it went.
 fn append_to_pack(path: &Path, content: &[u8]) -> Result<[u64; 2], StoreError> {
     use std::io::{Seek, SeekFrom};
@@ -1326,6 +1378,29 @@ impl ArtifactStore for FsStore {
         .expect("metadata serializes");
         line.push(b'\n');
         append_durable(&dir.join("index.jsonl"), &line)
+    }
+
+    /// A session's tool outputs and diffs go to its pack together, with one sync, then their
+    /// index lines with one more (instead of two syncs each); anything else, and an artifact
+    /// whose id is refused, goes through [`ArtifactStore::put_artifact`], in its place.
+    fn put_artifacts(&self, artifacts: &[(ArtifactMeta, Vec<u8>)]) -> Vec<Result<(), StoreError>> {
+        let mut results = Vec::with_capacity(artifacts.len());
+        for run in artifacts.chunk_by(|(a, _), (b, _)| a.session == b.session) {
+            let packed = |(meta, _): &(ArtifactMeta, Vec<u8>)| {
+                matches!(meta.kind, ArtifactKind::ToolOutput | ArtifactKind::FileDiff)
+                    && check_id(&meta.session).is_ok()
+                    && check_id(&meta.id).is_ok()
+            };
+            if run.len() < 2 || !run.iter().all(packed) {
+                results.extend(run.iter().map(|(m, c)| self.put_artifact(m, c)));
+                continue;
+            }
+            match self.put_packed(run) {
+                Ok(()) => results.extend(run.iter().map(|_| Ok(()))),
+                Err(e) => results.extend(run.iter().map(|_| Err(e.again()))),
+            }
+        }
+        results
     }
 
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
@@ -1862,6 +1937,63 @@ mod tests {
         for (i, c) in contents.iter().enumerate() {
             assert_eq!(&again.artifact("default", &format!("a{i}")).unwrap().1, c);
         }
+    }
+
+    #[test]
+    fn artifacts_stored_together_read_back_in_order_as_if_stored_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let other = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+        store.create(&meta(other)).unwrap();
+        store
+            .put_artifact(&tool_output("before", b"one by one"), b"one by one")
+            .unwrap();
+        let in_other = |id: &str, c: &[u8]| ArtifactMeta {
+            session: other.into(),
+            ..tool_output(id, c)
+        };
+        let history = ArtifactMeta {
+            kind: ArtifactKind::SessionHistory,
+            ..tool_output("session_history", b"h")
+        };
+        let bad = tool_output("../escape", b"no");
+        let batch: Vec<(ArtifactMeta, Vec<u8>)> = vec![
+            (tool_output("b0", b"zero"), b"zero".to_vec()),
+            (tool_output("b1", b"one"), b"one".to_vec()),
+            (in_other("o0", b"other zero"), b"other zero".to_vec()),
+            (in_other("o1", b"other one"), b"other one".to_vec()),
+            (tool_output("b2", b"two"), b"two".to_vec()),
+            (history, b"h".to_vec()),
+            (bad, b"no".to_vec()),
+            (tool_output("b3", b"three"), b"three".to_vec()),
+        ];
+        let results = store.put_artifacts(&batch);
+        let ok: Vec<bool> = results.iter().map(Result::is_ok).collect();
+        assert_eq!(ok, [true, true, true, true, true, true, false, true]);
+
+        let again = FsStore::new(dir.path());
+        let ids = |session: &str| -> Vec<String> {
+            again
+                .artifacts(session)
+                .unwrap()
+                .into_iter()
+                .map(|m| m.id)
+                .collect()
+        };
+        assert_eq!(
+            ids("default"),
+            ["before", "b0", "b1", "b2", "session_history", "b3"]
+        );
+        assert_eq!(ids(other), ["o0", "o1"]);
+        for (meta, content) in batch.iter().filter(|(m, _)| m.id != "../escape") {
+            let (got, bytes) = again.artifact(&meta.session, &meta.id).unwrap();
+            assert_eq!((&got, &bytes), (meta, content), "{}", meta.id);
+        }
+        assert_eq!(
+            again.artifact("default", "before").unwrap().1,
+            b"one by one"
+        );
     }
 
     #[test]

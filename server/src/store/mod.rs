@@ -70,6 +70,26 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The same error again, for each of several operations that one failure ended (an I/O
+    /// error's kind and message are kept).
+    pub(crate) fn again(&self) -> StoreError {
+        match self {
+            StoreError::Io { op, path, source } => StoreError::Io {
+                op,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            StoreError::NotFound(what) => StoreError::NotFound(what.clone()),
+            StoreError::Invalid(what) => StoreError::Invalid(what.clone()),
+            StoreError::Database(what) => StoreError::Database(what.clone()),
+            StoreError::Objects(what) => StoreError::Objects(what.clone()),
+            StoreError::Fenced { session, why } => StoreError::Fenced {
+                session: session.clone(),
+                why: why.clone(),
+            },
+        }
+    }
+
     pub(crate) fn io(
         op: &'static str,
         path: &std::path::Path,
@@ -493,6 +513,16 @@ pub trait FolderStore: Send + Sync {
 pub trait ArtifactStore: Send + Sync {
     /// Stores an artifact. For `session_history`, replaces the session's previous one.
     fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError>;
+    /// Stores several artifacts, in order, with one result per artifact: what
+    /// [`ArtifactStore::put_artifact`] would do for each. A store that can make a session's
+    /// artifacts durable together (one sync for all of them instead of one each) does so; the
+    /// recorder hands it whatever calls ended while it was writing the previous ones.
+    fn put_artifacts(&self, artifacts: &[(ArtifactMeta, Vec<u8>)]) -> Vec<Result<(), StoreError>> {
+        artifacts
+            .iter()
+            .map(|(meta, content)| self.put_artifact(meta, content))
+            .collect()
+    }
     /// A session's artifacts, oldest first.
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError>;
     /// One artifact with its content.

@@ -335,6 +335,26 @@ impl ArtifactStore for Observed {
         });
         Ok(())
     }
+    /// Artifacts that are not uploads (tool outputs and diffs, as the recorder stores them)
+    /// go to the inner store together; a batch with an upload goes one by one, as
+    /// [`ArtifactStore::put_artifact`] accounts for each.
+    fn put_artifacts(&self, artifacts: &[(ArtifactMeta, Vec<u8>)]) -> Vec<Result<(), StoreError>> {
+        if artifacts.iter().any(|(meta, _)| meta.upload.is_some()) {
+            return artifacts
+                .iter()
+                .map(|(meta, content)| self.put_artifact(meta, content))
+                .collect();
+        }
+        let results = self.inner.put_artifacts(artifacts);
+        for ((meta, _), result) in artifacts.iter().zip(&results) {
+            if result.is_ok() {
+                self.feed.publish_with(&meta.session, || Event::Artifact {
+                    meta: Box::new(meta.clone()),
+                });
+            }
+        }
+        results
+    }
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
         self.inner.artifacts(session)
     }
