@@ -507,7 +507,9 @@ async fn next_attached(
     within(STEP, "the folder to be attached", async {
         loop {
             match events.recv().await {
-                Some(AttachEvent::Attached { session, workspace }) => break (session, workspace),
+                Some(AttachEvent::Attached {
+                    session, workspace, ..
+                }) => break (session, workspace),
                 Some(_) => {}
                 None => panic!("attach ended before attaching: {:?}", task.await),
             }
