@@ -41,6 +41,9 @@ pub struct ServerConfig {
     pub http_limits: HttpLimits,
     /// Where records are kept: the filesystem store unless it names a database.
     pub store: crate::settings::StoreSettings,
+    /// The store named by `serve --store/--objects`: over `[store]` of `config.toml` and the
+    /// `MONAD_STORE_*` variables (which `store` is put under).
+    pub store_flags: crate::settings::StoreFlags,
 }
 
 /// What one user may hold at once, so that no user can take the server from the others. The
@@ -160,6 +163,7 @@ impl ServerConfig {
             quotas: Quotas::default(),
             http_limits: HttpLimits::default(),
             store: Default::default(),
+            store_flags: Default::default(),
         }
     }
 }

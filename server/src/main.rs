@@ -44,6 +44,16 @@ struct ServeArgs {
     /// Do not serve MCP over HTTP.
     #[arg(long, conflicts_with = "http")]
     no_http: bool,
+    /// Keep sessions, workspace records, bindings, tokens, audit and the artifact index in
+    /// PostgreSQL (`postgres://USER:PASSWORD@HOST:PORT/DATABASE`), for several hosts on one
+    /// store; over `[store] url` of config.toml and MONAD_STORE_URL.
+    #[arg(long, value_name = "postgres://...", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    store: Option<String>,
+    /// Keep artifact content in an S3-compatible bucket (endpoint, region and credentials from
+    /// the AWS_* variables; needs --store or [store] url); over `[store] objects` of
+    /// config.toml and MONAD_STORE_OBJECTS.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    objects: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -641,6 +651,10 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     let mut config = ServerConfig::new(dir);
     config.listen = args.listen;
     config.http = (!args.no_http).then_some(args.http);
+    config.store_flags = monad_server::settings::StoreFlags {
+        url: args.store,
+        objects: args.objects,
+    };
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;

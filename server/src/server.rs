@@ -384,10 +384,10 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     config.quotas = settings.server.quotas();
     config.http_limits = settings.server.http_limits();
     // The object store's variables given by the embedder are no setting (never in a file).
-    config.store = crate::settings::StoreSettings {
+    config.store = config.store_flags.over(crate::settings::StoreSettings {
         object_vars: std::mem::take(&mut config.store.object_vars),
         ..settings.store
-    };
+    });
     Ok((config, layers))
 }
 

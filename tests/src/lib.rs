@@ -794,6 +794,8 @@ pub struct ServerProcess {
     pub fingerprint: String,
     /// The token printed at the first start, when this start was the first.
     pub first_token: Option<String>,
+    /// Where it serves HTTP (`/mcp`, `/api/v1`), when started with `--http` in its arguments.
+    pub http: Option<SocketAddr>,
     child: tokio::process::Child,
     stderr: Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -811,6 +813,17 @@ impl ServerProcess {
         data_dir: &Path,
         envs: &[(&str, &str)],
         umask: Option<u32>,
+    ) -> ServerProcess {
+        ServerProcess::start_args(data_dir, envs, umask, &[]).await
+    }
+
+    /// [`ServerProcess::start_with`], with `args` added to the command line (e.g. `--store`);
+    /// with `--http 127.0.0.1:0` among them, HTTP is served (else it is off).
+    pub async fn start_args(
+        data_dir: &Path,
+        envs: &[(&str, &str)],
+        umask: Option<u32>,
+        args: &[&str],
     ) -> ServerProcess {
         use tokio::io::AsyncBufReadExt;
         let mut cmd = match umask {
@@ -836,7 +849,11 @@ impl ServerProcess {
         };
         cmd.arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0", "--no-http"]);
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args);
+        if !args.contains(&"--http") {
+            cmd.arg("--no-http");
+        }
         for (key, value) in envs {
             cmd.env(key, value);
         }
@@ -846,11 +863,15 @@ impl ServerProcess {
         let mut seen = Vec::new();
         let mut addr = None;
         let mut fingerprint = None;
+        let mut http = None;
         let mut first = false;
         let started = within(STEP, "monad-server to start listening", async {
             while let Ok(Some(line)) = err_lines.next_line().await {
                 if let Some(rest) = line.strip_prefix("monad-server listening on ") {
                     addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+                }
+                if let Some(rest) = line.strip_prefix("MCP for AI hosts: http://") {
+                    http = rest.split('/').next().and_then(|a| a.parse().ok());
                 }
                 if let Some(rest) = line.strip_prefix("certificate fingerprint: ") {
                     fingerprint = Some(rest.trim().to_owned());
@@ -897,6 +918,7 @@ impl ServerProcess {
             addr,
             fingerprint,
             first_token,
+            http,
             child,
             stderr,
         }
