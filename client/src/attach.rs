@@ -386,17 +386,15 @@ pub async fn attach(
     let (first_wait, max_wait) = folder.options.backoff;
     let mut wait = first_wait;
     let mut stop = folder.options.stop.clone();
-    // The host of the latest attachment, and whether its connection was lost: the next attempt
-    // tries it first, or (lost: it may be down) the deployment's other hosts first.
-    let mut last: Option<String> = None;
-    let mut lost = false;
+    // The host whose connection was lost last: it may be down, so the deployment's other hosts
+    // are tried first.
+    let mut lost: Option<String> = None;
     loop {
-        let servers = crate::connect::order(&config.addresses(), last.as_deref(), lost);
+        let servers = crate::connect::order(&config.addresses(), lost.as_deref());
         let reason = match serve_once(config, &servers, &folder).await {
             Ok(Served::Lost { server, reason }) => {
                 wait = first_wait; // it was attached: start the backoff afresh
-                last = Some(server);
-                lost = true;
+                lost = Some(server);
                 reason
             }
             Ok(Served::Stopped) => return Ok(()),

@@ -49,19 +49,19 @@ fn unreachable_hint(server: &str) -> String {
     )
 }
 
-/// The order to try the hosts in: the one of the latest connection first (`last`), then the
-/// others in the config's order; when that connection was just lost (`lost`: its host may be
-/// down), the others first and it last. A `last` that is not listed is ignored.
-pub fn order(addresses: &[String], last: Option<&str>, lost: bool) -> Vec<String> {
-    let Some(last) = last.filter(|l| addresses.iter().any(|a| a == l)) else {
+/// The order to try the hosts in: the config's, except that the host whose connection was just
+/// lost (`lost`: it may be down) goes last, so that a laptop whose host died re-attaches through
+/// another one at once. A `lost` that is not listed is ignored.
+pub fn order(addresses: &[String], lost: Option<&str>) -> Vec<String> {
+    let Some(lost) = lost.filter(|l| addresses.iter().any(|a| a == l)) else {
         return addresses.to_vec();
     };
-    let others = addresses.iter().filter(|a| *a != last).cloned();
-    if lost {
-        others.chain(std::iter::once(last.to_owned())).collect()
-    } else {
-        std::iter::once(last.to_owned()).chain(others).collect()
-    }
+    addresses
+        .iter()
+        .filter(|a| *a != lost)
+        .cloned()
+        .chain(std::iter::once(lost.to_owned()))
+        .collect()
 }
 
 /// The error when no host answered: every address tried, in order, with why; and what to
@@ -394,40 +394,20 @@ mod tests {
     }
 
     #[test]
-    fn hosts_are_tried_in_the_configs_order_until_one_worked() {
+    fn hosts_are_tried_in_the_configs_order() {
         let hosts = list(&["a:1", "b:2", "c:3"]);
-        assert_eq!(order(&hosts, None, false), hosts);
-        assert_eq!(order(&hosts, None, true), hosts);
-        assert_eq!(order(&hosts, Some("x:9"), false), hosts, "an unlisted one");
-    }
-
-    #[test]
-    fn the_host_that_worked_last_is_tried_first() {
-        let hosts = list(&["a:1", "b:2", "c:3"]);
-        assert_eq!(
-            order(&hosts, Some("b:2"), false),
-            list(&["b:2", "a:1", "c:3"])
-        );
-        assert_eq!(order(&hosts, Some("a:1"), false), hosts);
+        assert_eq!(order(&hosts, None), hosts);
+        assert_eq!(order(&hosts, Some("x:9")), hosts, "an unlisted one");
     }
 
     #[test]
     fn a_host_whose_connection_was_just_lost_is_tried_last() {
         let hosts = list(&["a:1", "b:2", "c:3"]);
-        assert_eq!(
-            order(&hosts, Some("a:1"), true),
-            list(&["b:2", "c:3", "a:1"])
-        );
-        assert_eq!(
-            order(&hosts, Some("b:2"), true),
-            list(&["a:1", "c:3", "b:2"])
-        );
+        assert_eq!(order(&hosts, Some("a:1")), list(&["b:2", "c:3", "a:1"]));
+        assert_eq!(order(&hosts, Some("b:2")), list(&["a:1", "c:3", "b:2"]));
+        assert_eq!(order(&hosts, Some("c:3")), hosts);
         let one = list(&["a:1"]);
-        assert_eq!(
-            order(&one, Some("a:1"), true),
-            one,
-            "the only one is still tried"
-        );
+        assert_eq!(order(&one, Some("a:1")), one, "the only one is still tried");
     }
 
     #[test]

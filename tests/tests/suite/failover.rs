@@ -378,3 +378,162 @@ async fn a_laptop_whose_host_is_killed_mid_call_re_attaches_to_another_host_with
     drop(agent_a);
     a.stop().await;
 }
+
+/// A loopback UDP address where nothing answers: a socket bound and never read (kept for as
+/// long as the caller holds it, so no other process takes the port meanwhile).
+fn silent_address() -> (std::net::UdpSocket, String) {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap().to_string();
+    (socket, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_passes_over_a_host_that_does_not_answer_and_names_every_host_when_none_does() {
+    let server = monad_tests::TestServer::start().await;
+    let (_silent, dead) = silent_address();
+    let (_silent2, dead2) = silent_address();
+    let live = server.addr.to_string();
+    let config = ClientConfig::with_servers(
+        &[dead.clone(), live.clone()],
+        &server.token,
+        &server.fingerprint,
+    )
+    .unwrap();
+    let agent = within(
+        STEP,
+        "connect",
+        monad_client::agent::Agent::connect(&config),
+    )
+    .await
+    .expect("the second host answers");
+    assert_eq!(agent.server(), live);
+    let (_, ran_in) = ok(call_in(&agent, None, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "primary");
+
+    let config = ClientConfig::with_servers(
+        &[dead.clone(), dead2.clone()],
+        &server.token,
+        &server.fingerprint,
+    )
+    .unwrap();
+    let e = within(
+        STEP,
+        "connect",
+        monad_client::agent::Agent::connect(&config),
+    )
+    .await
+    .expect_err("nobody answers")
+    .to_string();
+    assert!(e.contains("none of the 2 servers answered"), "{e}");
+    let (first, second) = (
+        e.find(&format!("{dead}: no answer within 3 s")),
+        e.find(&format!("{dead2}: no answer within 3 s")),
+    );
+    assert!(
+        first.is_some() && second.is_some() && first < second,
+        "every host in order: {e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_with_another_certificate_stops_the_connect_instead_of_being_passed_over() {
+    let real = monad_tests::TestServer::start().await;
+    let other = monad_tests::TestServer::start().await;
+    assert_ne!(real.fingerprint, other.fingerprint);
+    let config = ClientConfig::with_servers(
+        &[other.addr.to_string(), real.addr.to_string()],
+        &real.token,
+        &real.fingerprint,
+    )
+    .unwrap();
+    let e = within(
+        STEP,
+        "connect",
+        monad_client::agent::Agent::connect(&config),
+    )
+    .await
+    .expect_err("a changed certificate is not hidden by another host");
+    match e {
+        monad_client::ClientError::FingerprintMismatch {
+            server, presented, ..
+        } => {
+            assert_eq!(server, other.addr.to_string());
+            assert_eq!(presented, other.fingerprint);
+        }
+        other => panic!("not a fingerprint mismatch: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_with_several_servers_checks_each_keeps_one_that_is_down_and_status_shows_them() {
+    let server = monad_tests::TestServer::start().await;
+    let (_silent, dead) = silent_address();
+    let live = server.addr.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let client = |args: Vec<String>| {
+        let mut cmd = command("monad-client");
+        cmd.args(&args)
+            .env("MONAD_TOKEN", &server.token)
+            .env("MONAD_CONFIG_DIR", dir.path());
+        async move { within(STEP, "monad-client", cmd.output()).await.unwrap() }
+    };
+    let login = |servers: &[&str]| {
+        let mut args = vec!["login".to_owned()];
+        for s in servers {
+            args.extend(["--server".to_owned(), (*s).to_owned()]);
+        }
+        args.extend(["--fingerprint".to_owned(), server.fingerprint.clone()]);
+        args
+    };
+    let out = client(login(&[&dead, &live])).await;
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("logged in to {dead}, {live} as")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("warning: {dead} did not answer")),
+        "{said}"
+    );
+    let saved = ClientConfig::load(dir.path()).unwrap();
+    assert_eq!(
+        (saved.server.as_str(), saved.servers.clone()),
+        (dead.as_str(), vec![live.clone()])
+    );
+
+    let out = client(vec!["status".into()]).await;
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        shown.contains(&format!(
+            "servers      {dead}, {live} (connected to {live})"
+        )),
+        "{shown}"
+    );
+    let out = client(vec!["status".into(), "--json".into()]).await;
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["servers"], json!([dead, live]));
+    assert_eq!(status["connected_to"], json!(live));
+
+    // Bad input changes nothing: the config stays as it was.
+    for (servers, says) in [
+        (vec!["a b:1"], "is not a server address"),
+        (vec![live.as_str(), live.as_str()], "is listed twice"),
+        (vec![&dead], "no answer within 3 s"),
+    ] {
+        let out = client(login(&servers)).await;
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{servers:?}: {said}");
+        assert!(said.contains(says), "{servers:?}: {said}");
+        assert_eq!(
+            ClientConfig::load(dir.path()).unwrap(),
+            saved,
+            "{servers:?}"
+        );
+    }
+}
