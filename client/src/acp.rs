@@ -68,7 +68,7 @@ impl Front {
         let fresh = Agent::connect(&self.config)
             .await
             .map_err(|e| client_error(&self.config, e))?;
-        info!(server = %self.config.server, "connected to the Monad server");
+        info!(server = %fresh.server(), "connected to the Monad server");
         *agent = Some(fresh.clone());
         Ok(fresh)
     }
@@ -272,7 +272,7 @@ fn client_error(config: &ClientConfig, error: ClientError) -> Error {
         }
         ClientError::Unreachable(why) => Error::internal_error().data(format!(
             "cannot reach the Monad server at {} ({why}); is it running?",
-            config.server
+            config.shown_servers()
         )),
         other => Error::internal_error().data(other.to_string()),
     }

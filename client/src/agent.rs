@@ -111,6 +111,11 @@ impl Agent {
         &self.connection.user
     }
 
+    /// The host it is connected to (`HOST:PORT`, one of the config's addresses).
+    pub fn server(&self) -> &str {
+        &self.connection.server
+    }
+
     async fn request(
         &self,
         request: &Message,
@@ -708,7 +713,26 @@ fn done(answer: Message) -> Result<String, ClientError> {
     }
 }
 
-/// Checks a login: connects with the given fingerprint and token, and returns the user.
-pub async fn check_login(config: &ClientConfig) -> Result<String, ClientError> {
-    Ok(connect(config, Role::Agent).await?.user)
+/// What `login` found on the hosts of the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginCheck {
+    /// The user the token authenticated as (on the first host that answered).
+    pub user: String,
+    /// The hosts that did not answer, with why: kept in the config, and tried when the others
+    /// do not answer.
+    pub unreachable: Vec<(String, String)>,
+}
+
+/// Checks a login: connects to every host of the config with the given fingerprint and token,
+/// and returns the user. A changed certificate or a refused token on any host is the error; so
+/// is no host answering (naming every host tried).
+pub async fn check_login(config: &ClientConfig) -> Result<LoginCheck, ClientError> {
+    let (answered, unreachable) = crate::connect::check_each(config, Role::Agent).await?;
+    match answered.into_iter().next() {
+        Some(first) => Ok(LoginCheck {
+            user: first.user,
+            unreachable,
+        }),
+        None => Err(crate::connect::unreachable(&unreachable)),
+    }
 }

@@ -23,7 +23,7 @@ use crate::approval::{
     ApprovalRequest, Approver, Basis, Policy, Rule, Verdict, describe, nobody_to_ask,
 };
 use crate::config::ClientConfig;
-use crate::connect::connect;
+use crate::connect::connect_in_order;
 use crate::site::{ProgramSite, locate};
 
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
@@ -99,6 +99,9 @@ pub enum AttachEvent {
         session: String,
         /// The workspace as the session lists it.
         workspace: WorkspaceInfo,
+        /// The host it is attached through (`HOST:PORT`, one of the config's addresses): after
+        /// a host died, another one of the deployment.
+        server: String,
     },
     /// `--focus` was asked for: whether the folder is now the session's focus (a server older
     /// than protocol minor [`FOCUS_MINOR`] cannot make it one).
@@ -154,11 +157,16 @@ impl AttachEvent {
     /// a refusal the prompt already showed the answer of.
     pub fn line(&self) -> Option<String> {
         match self {
-            AttachEvent::Attached { session, workspace } => Some(format!(
-                "attached {} as `{}` to session {} ({}); Ctrl-C detaches",
+            AttachEvent::Attached {
+                session,
+                workspace,
+                server,
+            } => Some(format!(
+                "attached {} as `{}` to session {} on {} ({}); Ctrl-C detaches",
                 printable(&workspace.uri),
                 printable(&workspace.name),
                 printable(session),
+                printable(server),
                 workspace.trust.as_str()
             )),
             AttachEvent::Focus { set: true } => Some(
@@ -378,10 +386,15 @@ pub async fn attach(
     let (first_wait, max_wait) = folder.options.backoff;
     let mut wait = first_wait;
     let mut stop = folder.options.stop.clone();
+    // The host whose connection was lost last: it may be down, so the deployment's other hosts
+    // are tried first.
+    let mut lost: Option<String> = None;
     loop {
-        let reason = match serve_once(config, &folder).await {
-            Ok(Served::Lost(reason)) => {
+        let servers = crate::connect::order(&config.addresses(), lost.as_deref());
+        let reason = match serve_once(config, &servers, &folder).await {
+            Ok(Served::Lost { server, reason }) => {
                 wait = first_wait; // it was attached: start the backoff afresh
+                lost = Some(server);
                 reason
             }
             Ok(Served::Stopped) => return Ok(()),
@@ -408,8 +421,13 @@ pub async fn attach(
 
 /// How a connection's attachment ended.
 enum Served {
-    /// The connection was lost (why): reconnect.
-    Lost(String),
+    /// The connection to `server` was lost (why): reconnect.
+    Lost {
+        /// The host it was attached through.
+        server: String,
+        /// Why the connection ended.
+        reason: String,
+    },
     /// [`AttachOptions::stop`] turned true: detached, and the server told.
     Stopped,
 }
@@ -438,13 +456,18 @@ async fn next_notice(recv: &mut quinn::RecvStream) -> String {
     }
 }
 
-/// One connection's life: connect, attach, serve requests until the connection ends. `Ok` means
-/// it was attached and then lost (the reason) or stopped, `Err` that it never got attached, or
-/// that the server ended the attachment ([`ClientError::Detached`]).
-async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Served, ClientError> {
+/// One connection's life: connect (to the first of `servers` that answers), attach, serve
+/// requests until the connection ends. `Ok` means it was attached and then lost (the reason) or
+/// stopped, `Err` that it never got attached, or that the server ended the attachment
+/// ([`ClientError::Detached`]).
+async fn serve_once(
+    config: &ClientConfig,
+    servers: &[String],
+    folder: &Arc<Folder>,
+) -> Result<Served, ClientError> {
     let mut stop = folder.options.stop.clone();
     let connection = tokio::select! {
-        connected = connect(config, Role::Client) => connected?,
+        connected = connect_in_order(config, Role::Client, servers) => connected?,
         () = stopped(stop.as_mut()) => return Ok(Served::Stopped),
     };
     let conn = connection.conn.clone();
@@ -500,6 +523,7 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Serve
                 session = %printable(&session),
                 workspace = %printable(&workspace.name),
                 uri = %printable(&workspace.uri),
+                server = %connection.server,
                 "attached"
             );
             // Before any request of the new session is served: what the earlier session left
@@ -519,7 +543,11 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Serve
                     rules,
                 }
             });
-            folder.emit(AttachEvent::Attached { session, workspace });
+            folder.emit(AttachEvent::Attached {
+                session,
+                workspace,
+                server: connection.server.clone(),
+            });
             if o.focus {
                 folder.emit(AttachEvent::Focus { set: focus });
             }
@@ -570,7 +598,7 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Serve
             }
             Some(batch) = next_network(network.as_deref_mut()) => {
                 if let Err(e) = report_network(&mut send, batch).await {
-                    break format!("connection lost: {e}");
+                    break format!("connection to {} lost: {e}", connection.server);
                 }
             }
             accepted = conn.accept_bi() => match accepted {
@@ -578,13 +606,16 @@ async fn serve_once(config: &ClientConfig, folder: &Arc<Folder>) -> Result<Serve
                     let folder = folder.clone();
                     requests.spawn(async move { handle_request(&folder, bodies, send, recv).await });
                 }
-                Err(e) => break format!("connection lost: {e}"),
+                Err(e) => break format!("connection to {} lost: {e}", connection.server),
             },
             Some(_) = requests.join_next(), if !requests.is_empty() => {}
         }
     };
     drop(send);
-    Ok(Served::Lost(reason))
+    Ok(Served::Lost {
+        server: connection.server.clone(),
+        reason,
+    })
 }
 
 /// The next connections to report; pending forever when there is nothing to report them from.
@@ -1013,6 +1044,26 @@ mod tests {
                 "re-attached to session s\\u{202e}2 instead of s1: ended 2 background processes \
                  of session s1 and forgot its 1 remembered answer"
             )
+        );
+        let attached = AttachEvent::Attached {
+            session: "s1".into(),
+            workspace: WorkspaceInfo {
+                name: "lap".into(),
+                uri: "monad://laptop/home/me/lap".into(),
+                trust: Trust::Restricted,
+                host: monad_protocol::wire::Host::Client,
+                online: true,
+                tools: Vec::new(),
+            },
+            server: "10.0.0.2:4433".into(),
+        };
+        assert_eq!(
+            attached.line().as_deref(),
+            Some(
+                "attached monad://laptop/home/me/lap as `lap` to session s1 on 10.0.0.2:4433 \
+                 (restricted); Ctrl-C detaches"
+            ),
+            "the host it is on is named"
         );
         let cancelled = finished(CallEnd::Cancelled).line().unwrap();
         assert!(

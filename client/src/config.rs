@@ -1,4 +1,5 @@
-//! The client's configuration: which server, its pinned fingerprint, the token, the device id.
+//! The client's configuration: which server (or which hosts of one deployment), its pinned
+//! fingerprint, the token, the device id.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -7,14 +8,21 @@ use std::path::{Path, PathBuf};
 use monad_sandbox::{ExecPolicy, Limits};
 use serde::{Deserialize, Serialize};
 
+use monad_protocol::text::printable;
+
 use crate::ClientError;
 
 /// What `monad-client login` saves in `<config dir>/config.toml` (mode 0600: it holds a token).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientConfig {
-    /// `HOST:PORT` of the server.
+    /// `HOST:PORT` of the server: the first host tried.
     pub server: String,
+    /// `HOST:PORT` of the other hosts of the same deployment (one store, one certificate, so
+    /// one pinned fingerprint), tried after `server` in this order. Absent in a config of one
+    /// server, which so loads and saves unchanged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
     /// The bearer token.
     pub token: String,
     /// SHA-256 of the server's certificate, 64 hex digits: anything else is refused.
@@ -38,6 +46,7 @@ impl ClientConfig {
     pub fn new(server: &str, token: &str, fingerprint: &str) -> Result<ClientConfig, ClientError> {
         Ok(ClientConfig {
             server: server.to_owned(),
+            servers: Vec::new(),
             token: token.to_owned(),
             fingerprint: normalize_fingerprint(fingerprint)?,
             device_id: uuid::Uuid::new_v4().to_string(),
@@ -45,6 +54,41 @@ impl ClientConfig {
             limits: None,
             exec: None,
         })
+    }
+
+    /// A config for the hosts `servers` of one deployment (the first is [`ClientConfig::server`],
+    /// the others [`ClientConfig::servers`]), each `HOST:PORT` or `HOST` (port 4433); an empty
+    /// list, a bad address or one given twice is refused.
+    pub fn with_servers(
+        servers: &[String],
+        token: &str,
+        fingerprint: &str,
+    ) -> Result<ClientConfig, ClientError> {
+        let servers: Vec<String> = servers
+            .iter()
+            .map(|s| crate::connect::with_default_port(s))
+            .collect();
+        let addresses = check_addresses(&servers)?;
+        let (first, others) = addresses.split_first().ok_or_else(|| {
+            ClientError::Config("no server: give at least one --server HOST:PORT".into())
+        })?;
+        let mut config = ClientConfig::new(first, token, fingerprint)?;
+        config.servers = others.to_vec();
+        Ok(config)
+    }
+
+    /// Every host to try, in the config's order: [`ClientConfig::server`], then
+    /// [`ClientConfig::servers`].
+    pub fn addresses(&self) -> Vec<String> {
+        std::iter::once(&self.server)
+            .chain(&self.servers)
+            .cloned()
+            .collect()
+    }
+
+    /// The hosts in one line, for messages: `a:4433, b:4433`.
+    pub fn shown_servers(&self) -> String {
+        self.addresses().join(", ")
     }
 
     /// Loads `<dir>/config.toml`; refused as [`ClientError::NotLoggedIn`] after a logout.
@@ -56,9 +100,9 @@ impl ClientConfig {
         Ok(config)
     }
 
-    /// Forgets the token (`logout`); the server, fingerprint, device id and settings stay, so
-    /// that the next login keeps this device's bindings. Returns the server it was logged in
-    /// to, `None` when it was not.
+    /// Forgets the token (`logout`); the servers, fingerprint, device id and settings stay, so
+    /// that the next login keeps this device's bindings. Returns the servers it was logged in
+    /// to (in one line), `None` when it was not.
     pub fn logout(dir: &Path) -> Result<Option<String>, ClientError> {
         let mut config = match ClientConfig::load(dir) {
             Ok(config) => config,
@@ -67,7 +111,7 @@ impl ClientConfig {
         };
         config.token.clear();
         config.save(dir)?;
-        Ok(Some(config.server))
+        Ok(Some(config.shown_servers()))
     }
 
     /// Loads `<dir>/config.toml`, also when logged out (its token empty).
@@ -83,6 +127,8 @@ impl ClientConfig {
         let config: ClientConfig = toml::from_str(&text)
             .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         normalize_fingerprint(&config.fingerprint)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        check_addresses(&config.addresses())
             .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
         Ok(config)
     }
@@ -110,6 +156,59 @@ impl ClientConfig {
             let _ = std::fs::remove_file(&tmp);
             ClientError::Config(format!("{}: {e}", path.display()))
         })
+    }
+}
+
+/// The hosts as given, checked: at least one, each a `HOST:PORT` with a host and a port
+/// number, none twice.
+pub fn check_addresses(addresses: &[String]) -> Result<Vec<String>, ClientError> {
+    if addresses.is_empty() {
+        return Err(ClientError::Config(
+            "no server: give at least one HOST:PORT".into(),
+        ));
+    }
+    let mut checked: Vec<String> = Vec::with_capacity(addresses.len());
+    for address in addresses {
+        check_address(address)?;
+        if checked.contains(address) {
+            return Err(ClientError::Config(format!(
+                "the server `{}` is listed twice",
+                printable(address)
+            )));
+        }
+        checked.push(address.clone());
+    }
+    Ok(checked)
+}
+
+/// One `HOST:PORT`: a host name or an IP address (IPv6 in brackets), a colon, a port 1-65535.
+fn check_address(address: &str) -> Result<(), ClientError> {
+    let bad = |why: &str| {
+        ClientError::Config(format!(
+            "`{}` is not a server address: {why} (expected HOST:PORT, like \
+             monad.example.com:4433 or 10.0.0.2:4433)",
+            printable(address)
+        ))
+    };
+    if address.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return Err(bad("no port"));
+    };
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => return Err(bad("the port is not a number from 1 to 65535")),
+        Ok(_) => {}
+    }
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if host_ok {
+        Ok(())
+    } else {
+        Err(bad("not a host name"))
     }
 }
 
@@ -209,5 +308,91 @@ mod tests {
             ClientConfig::load(empty.path()),
             Err(ClientError::NotLoggedIn(_))
         ));
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_config_of_one_server_written_before_several_hosts_loads_and_saves_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = format!(
+            "server = \"10.0.0.2:4433\"\ntoken = \"mnd_x\"\nfingerprint = \"{}\"\n\
+             device_id = \"d1\"\nclient_name = \"laptop\"\n",
+            "ab".repeat(32)
+        );
+        std::fs::write(dir.path().join("config.toml"), &old).unwrap();
+        let loaded = ClientConfig::load(dir.path()).unwrap();
+        assert_eq!(loaded.server, "10.0.0.2:4433");
+        assert!(loaded.servers.is_empty());
+        assert_eq!(loaded.addresses(), ["10.0.0.2:4433"]);
+        loaded.save(dir.path()).unwrap();
+        let saved = std::fs::read_to_string(dir.path().join("config.toml")).unwrap();
+        assert_eq!(saved, old, "no `servers` key is added");
+    }
+
+    #[test]
+    fn several_hosts_round_trip_in_their_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig::with_servers(
+            &strings(&["b.example", "10.0.0.1:5000", "[::1]:7"]),
+            "mnd_x",
+            &"0".repeat(64),
+        )
+        .unwrap();
+        assert_eq!(config.server, "b.example:4433");
+        assert_eq!(config.servers, ["10.0.0.1:5000", "[::1]:7"]);
+        config.save(dir.path()).unwrap();
+        let loaded = ClientConfig::load(dir.path()).unwrap();
+        assert_eq!(loaded, config);
+        assert_eq!(
+            loaded.addresses(),
+            ["b.example:4433", "10.0.0.1:5000", "[::1]:7"]
+        );
+        assert_eq!(
+            loaded.shown_servers(),
+            "b.example:4433, 10.0.0.1:5000, [::1]:7"
+        );
+    }
+
+    #[test]
+    fn an_empty_list_a_bad_address_or_one_given_twice_is_refused_clearly() {
+        let fp = "0".repeat(64);
+        let err = ClientConfig::with_servers(&[], "t", &fp)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no server"), "{err}");
+        for (bad, says) in [
+            ("", "no port"),
+            ("a b:1", "not a host name"),
+            ("host:0", "the port is not a number"),
+            ("host:99999", "the port is not a number"),
+            ("host:x", "the port is not a number"),
+            (":4433", "not a host name"),
+        ] {
+            let err = check_addresses(&strings(&[bad])).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+            assert!(err.contains("HOST:PORT"), "{bad}: {err}");
+        }
+        let err = ClientConfig::with_servers(&strings(&["a:1", "b:2", "a:1"]), "t", &fp)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`a:1` is listed twice"), "{err}");
+        // In a file: the error names the file, and nothing loads.
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig::new("127.0.0.1:4433", "mnd_x", &fp).unwrap();
+        config.save(dir.path()).unwrap();
+        let path = dir.path().join("config.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, format!("servers = [\"nope\"]\n{text}")).unwrap();
+        let err = ClientConfig::load(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("config.toml") && err.contains("`nope`"),
+            "{err}"
+        );
+        std::fs::write(&path, format!("servers = \"a:1\"\n{text}")).unwrap();
+        let err = ClientConfig::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("config.toml"), "{err}");
     }
 }

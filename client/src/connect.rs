@@ -10,6 +10,8 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
+use tracing::debug;
+
 use crate::ClientError;
 use crate::config::ClientConfig;
 
@@ -45,6 +47,45 @@ fn unreachable_hint(server: &str) -> String {
         "is `monad-server` running on {server}? is UDP allowed to it (QUIC runs over UDP)? \
          (`monad-client status` shows the server this client uses)"
     )
+}
+
+/// The order to try the hosts in: the config's, except that the host whose connection was just
+/// lost (`lost`: it may be down) goes last, so that a laptop whose host died re-attaches through
+/// another one at once. A `lost` that is not listed is ignored.
+pub fn order(addresses: &[String], lost: Option<&str>) -> Vec<String> {
+    let Some(lost) = lost.filter(|l| addresses.iter().any(|a| a == l)) else {
+        return addresses.to_vec();
+    };
+    addresses
+        .iter()
+        .filter(|a| *a != lost)
+        .cloned()
+        .chain(std::iter::once(lost.to_owned()))
+        .collect()
+}
+
+/// The error when no host answered: every address tried, in order, with why; and what to
+/// check.
+pub fn unreachable(attempts: &[(String, String)]) -> ClientError {
+    match attempts {
+        [] => ClientError::Unreachable("no server to try".into()),
+        [(server, why)] => {
+            ClientError::Unreachable(format!("{server}: {why}; {}", unreachable_hint(server)))
+        }
+        several => {
+            let tried: Vec<String> = several
+                .iter()
+                .map(|(server, why)| format!("{server}: {why}"))
+                .collect();
+            ClientError::Unreachable(format!(
+                "none of the {} servers answered ({}); is `monad-server` running on them? is \
+                 UDP allowed to them (QUIC runs over UDP)? (`monad-client status` shows the \
+                 servers this client uses)",
+                several.len(),
+                tried.join("; ")
+            ))
+        }
+    }
 }
 
 /// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits.
@@ -125,6 +166,8 @@ impl ServerCertVerifier for PinnedVerifier {
 pub struct Connection {
     /// The QUIC connection.
     pub conn: quinn::Connection,
+    /// The host it is connected to (`HOST:PORT`, one of the config's addresses).
+    pub server: String,
     /// The user the token authenticated as.
     pub user: String,
     /// The protocol's minor version on this connection (the lower of both sides').
@@ -142,18 +185,64 @@ impl Connection {
     }
 }
 
-/// Connects to the configured server, pins its certificate and says hello as `role`.
+/// Connects to the configured servers in the config's order, pins the certificate and says
+/// hello as `role` (see [`connect_in_order`]).
 pub async fn connect(config: &ClientConfig, role: Role) -> Result<Connection, ClientError> {
-    tokio::time::timeout(CONNECT_TIMEOUT, connect_inner(config, role))
-        .await
-        .map_err(|_| {
-            ClientError::Unreachable(format!(
-                "{}: no answer within {} s; {}",
-                config.server,
-                CONNECT_TIMEOUT.as_secs(),
-                unreachable_hint(&config.server)
-            ))
-        })?
+    connect_in_order(config, role, &config.addresses()).await
+}
+
+/// Connects to the first of `servers` that answers, each tried for at most
+/// [`CONNECT_TIMEOUT`]: a host that does not answer (or is busy) is passed over, and when none
+/// answers the error names every address tried and why. An answer that retrying cannot fix (a
+/// changed certificate, a refused token) ends the attempt at once: another host of the same
+/// deployment must not hide it.
+pub async fn connect_in_order(
+    config: &ClientConfig,
+    role: Role,
+    servers: &[String],
+) -> Result<Connection, ClientError> {
+    let mut attempts = Vec::with_capacity(servers.len());
+    for server in servers {
+        let attempt = tokio::time::timeout(CONNECT_TIMEOUT, connect_to(config, server, role));
+        let why = match attempt.await {
+            Ok(Ok(connection)) => return Ok(connection),
+            Ok(Err(e)) if e.is_fatal() => return Err(e),
+            Ok(Err(ClientError::Unreachable(why))) => why,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+        };
+        debug!(server = %server, "cannot connect: {why}");
+        attempts.push((server.clone(), why));
+    }
+    Err(unreachable(&attempts))
+}
+
+/// Connects to each configured host in turn, for `login`, which checks them all: the
+/// connections made (closed again), and the hosts that did not answer with why. An answer that
+/// retrying cannot fix (a changed certificate, a refused token) from any host is the error.
+pub async fn check_each(
+    config: &ClientConfig,
+    role: Role,
+) -> Result<(Vec<Connection>, Vec<(String, String)>), ClientError> {
+    let mut answered = Vec::new();
+    let mut failed = Vec::new();
+    for server in config.addresses() {
+        let attempt = tokio::time::timeout(CONNECT_TIMEOUT, connect_to(config, &server, role));
+        match attempt.await {
+            Ok(Ok(connection)) => {
+                connection.close("checked").await;
+                answered.push(connection);
+            }
+            Ok(Err(e)) if e.is_fatal() => return Err(e),
+            Ok(Err(ClientError::Unreachable(why))) => failed.push((server, why)),
+            Ok(Err(e)) => failed.push((server, e.to_string())),
+            Err(_) => failed.push((
+                server,
+                format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+            )),
+        }
+    }
+    Ok((answered, failed))
 }
 
 /// Which certificate a server presented during a handshake made with [`pinned_config`].
@@ -203,12 +292,18 @@ pub fn pinned_config(
     Ok((client, Presented(verifier)))
 }
 
-async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, ClientError> {
-    let addr = tokio::net::lookup_host(&config.server)
+/// Connects to `server` (one of the config's addresses) and says hello; an
+/// [`ClientError::Unreachable`] says why, without the address.
+async fn connect_to(
+    config: &ClientConfig,
+    server: &str,
+    role: Role,
+) -> Result<Connection, ClientError> {
+    let addr = tokio::net::lookup_host(server)
         .await
-        .map_err(|e| ClientError::Unreachable(format!("{}: {e}", config.server)))?
+        .map_err(|e| ClientError::Unreachable(e.to_string()))?
         .next()
-        .ok_or_else(|| ClientError::Unreachable(format!("{}: no address", config.server)))?;
+        .ok_or_else(|| ClientError::Unreachable("the name has no address".into()))?;
     let (client, presented) = pinned_config(&config.fingerprint, wire::ALPN)?;
     let bind = if addr.is_ipv6() {
         "[::]:0"
@@ -220,22 +315,18 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
     endpoint.set_default_client_config(client);
     let connecting = endpoint
         .connect(addr, "localhost")
-        .map_err(|e| ClientError::Unreachable(format!("{}: {e}", config.server)))?;
+        .map_err(|e| ClientError::Unreachable(e.to_string()))?;
     let conn = match connecting.await {
         Ok(conn) => conn,
         Err(e) => {
             let expected = crate::config::normalize_fingerprint(&config.fingerprint)?;
             return Err(match presented.fingerprint() {
                 Some(presented) if presented != expected => ClientError::FingerprintMismatch {
-                    server: config.server.clone(),
+                    server: server.to_owned(),
                     expected,
                     presented,
                 },
-                _ => ClientError::Unreachable(format!(
-                    "{}: {e}; {}",
-                    config.server,
-                    unreachable_hint(&config.server)
-                )),
+                _ => ClientError::Unreachable(e.to_string()),
             });
         }
     };
@@ -262,6 +353,7 @@ async fn connect_inner(config: &ClientConfig, role: Role) -> Result<Connection, 
     match read_message(&mut recv, 64 * 1024).await {
         Ok(Some(Message::Welcome { user, minor, .. })) => Ok(Connection {
             conn,
+            server: server.to_owned(),
             user,
             minor: minor.min(wire::PROTOCOL_MINOR),
             _endpoint: endpoint,
@@ -296,5 +388,46 @@ mod tests {
         ] {
             assert_eq!(with_default_port(given), meant, "{given}");
         }
+    }
+
+    fn list(addresses: &[&str]) -> Vec<String> {
+        addresses.iter().map(|a| (*a).to_owned()).collect()
+    }
+
+    #[test]
+    fn hosts_are_tried_in_the_configs_order() {
+        let hosts = list(&["a:1", "b:2", "c:3"]);
+        assert_eq!(order(&hosts, None), hosts);
+        assert_eq!(order(&hosts, Some("x:9")), hosts, "an unlisted one");
+    }
+
+    #[test]
+    fn a_host_whose_connection_was_just_lost_is_tried_last() {
+        let hosts = list(&["a:1", "b:2", "c:3"]);
+        assert_eq!(order(&hosts, Some("a:1")), list(&["b:2", "c:3", "a:1"]));
+        assert_eq!(order(&hosts, Some("b:2")), list(&["a:1", "c:3", "b:2"]));
+        assert_eq!(order(&hosts, Some("c:3")), hosts);
+        let one = list(&["a:1"]);
+        assert_eq!(order(&one, Some("a:1")), one, "the only one is still tried");
+    }
+
+    #[test]
+    fn the_unreachable_error_names_every_host_tried_and_why() {
+        let one = unreachable(&[("a:1".into(), "no answer within 3 s".into())]).to_string();
+        assert!(one.contains("a:1: no answer within 3 s"), "{one}");
+        assert!(one.contains("is `monad-server` running on a:1?"), "{one}");
+        let two = unreachable(&[
+            ("b:2".into(), "no answer within 3 s".into()),
+            ("a:1".into(), "the name has no address".into()),
+        ])
+        .to_string();
+        assert!(two.contains("none of the 2 servers answered"), "{two}");
+        let (b, a) = (
+            two.find("b:2: no answer within 3 s").expect("b named"),
+            two.find("a:1: the name has no address").expect("a named"),
+        );
+        assert!(b < a, "in the order tried: {two}");
+        assert!(two.contains("UDP"), "what to check: {two}");
+        assert!(matches!(unreachable(&[]), ClientError::Unreachable(_)));
     }
 }

@@ -56,11 +56,14 @@ enum ClassArg {
 enum Command {
     /// Save the server, token and certificate fingerprint (checked by connecting). The token is
     /// taken from --token, else MONAD_TOKEN, else standard input (its first line, or a prompt
-    /// that does not echo on a terminal), so that it need not be in the command line.
+    /// that does not echo on a terminal), so that it need not be in the command line. Several
+    /// hosts of one deployment (one store, one certificate): repeat --server; they are tried in
+    /// that order, and a laptop whose host dies re-attaches through another.
     Login {
-        /// HOST:PORT of the server (HOST alone means port 4433).
-        #[arg(long)]
-        server: String,
+        /// HOST:PORT of the server (HOST alone means port 4433); repeat for each host of a
+        /// deployment of several.
+        #[arg(long = "server", value_name = "HOST:PORT", required = true)]
+        servers: Vec<String>,
         /// A token from `monad-server token create` (or the first start). Prefer MONAD_TOKEN or
         /// standard input: a command line is visible to other users of the machine.
         #[arg(long)]
@@ -372,7 +375,7 @@ fn config_dir() -> Result<PathBuf> {
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Login {
-            server,
+            servers,
             token,
             fingerprint,
         } => {
@@ -385,8 +388,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let Some(token) = login::read(source).context("cannot read the token")? else {
                 bail!("{}", login::MISSING);
             };
-            let server = monad_client::connect::with_default_port(&server);
-            let mut config = ClientConfig::new(&server, &token, &fingerprint)?;
+            let mut config = ClientConfig::with_servers(&servers, &token, &fingerprint)?;
             // Keep the device id across logins (and a logout), so bindings and workspace
             // records stay.
             if let Ok(old) = ClientConfig::load_any(&dir) {
@@ -394,14 +396,22 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 config.limits = old.limits;
                 config.exec = old.exec;
             }
-            let user = check_login(&config).await?;
+            let checked = check_login(&config).await?;
             config.save(&dir)?;
             errln!(
                 "logged in to {} as {}; saved in {}",
-                printable(&server),
-                printable(&user),
+                printable(&config.shown_servers()),
+                printable(&checked.user),
                 dir.join("config.toml").display()
             );
+            for (server, why) in &checked.unreachable {
+                errln!(
+                    "warning: {} did not answer ({}): kept, and tried when the other servers \
+                     do not answer",
+                    printable(server),
+                    printable(why)
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Attach {
@@ -790,7 +800,13 @@ async fn status(json: bool) -> Result<ExitCode> {
                     .ok()
                     .and_then(|all| all.into_iter().find(|s| s.id == session))
                     .and_then(|s| s.name);
-                Ok((agent.user().to_owned(), session, named, workspaces))
+                Ok((
+                    agent.user().to_owned(),
+                    session,
+                    named,
+                    workspaces,
+                    agent.server().to_owned(),
+                ))
             }
             Err(e) => Err(e),
         },
@@ -799,14 +815,16 @@ async fn status(json: bool) -> Result<ExitCode> {
     if json {
         let mut value = serde_json::json!({
             "server": config.server,
+            "servers": config.addresses(),
             "fingerprint": config.fingerprint,
             "device_id": config.device_id,
             "client_name": config.client_name,
             "config": dir.join("config.toml"),
         });
         match &reached {
-            Ok((user, session, name, workspaces)) => {
+            Ok((user, session, name, workspaces, on)) => {
                 value["reachable"] = true.into();
+                value["connected_to"] = on.clone().into();
                 value["user"] = user.clone().into();
                 value["session"] = serde_json::json!({
                     "id": session, "name": name, "workspaces": workspaces,
@@ -819,7 +837,15 @@ async fn status(json: bool) -> Result<ExitCode> {
         }
         outln!("{}", json_safe(&serde_json::to_string_pretty(&value)?))?;
     } else {
-        outln!("server       {}", printable(&config.server))?;
+        match &reached {
+            _ if config.servers.is_empty() => outln!("server       {}", printable(&config.server))?,
+            Ok((_, _, _, _, on)) => outln!(
+                "servers      {} (connected to {})",
+                printable(&config.shown_servers()),
+                printable(on)
+            )?,
+            Err(_) => outln!("servers      {}", printable(&config.shown_servers()))?,
+        }
         outln!("fingerprint  {}", printable(&config.fingerprint))?;
         outln!(
             "device       {} ({})",
@@ -827,7 +853,7 @@ async fn status(json: bool) -> Result<ExitCode> {
             printable(&config.device_id)
         )?;
         outln!("config       {}", dir.join("config.toml").display())?;
-        if let Ok((user, session, name, workspaces)) = &reached {
+        if let Ok((user, session, name, workspaces, _)) = &reached {
             outln!("user         {}", printable(user))?;
             outln!(
                 "session      {}{}",

@@ -54,7 +54,7 @@ impl AgentBackend {
         let fresh = Agent::connect(&self.config)
             .await
             .map_err(|e| to_tool_error(&self.config, e))?;
-        info!(server = %self.config.server, "connected to the Monad server");
+        info!(server = %fresh.server(), "connected to the Monad server");
         *agent = Some(fresh.clone());
         Ok(fresh)
     }
@@ -68,7 +68,7 @@ fn to_tool_error(config: &ClientConfig, error: ClientError) -> ToolError {
             ErrorCode::Io,
             format!(
                 "cannot reach the Monad server at {} ({why}); is it running?",
-                config.server
+                config.shown_servers()
             ),
         ),
         other => ToolError::new(ErrorCode::Internal, other.to_string()),

@@ -187,6 +187,25 @@ impl Cluster {
             .map_err(crate::session::store_error)
     }
 
+    /// Takes the lease of `session` for a folder attaching here, waiting at most one lease time
+    /// (and a second) for another host's lease to run out. A laptop comes here when its host
+    /// died, whose lease then expires within `lease_secs`: the attach goes through as soon as
+    /// it has, instead of being refused while the dead host's lease runs. A live holder keeps
+    /// renewing its lease, and the attach is refused once the wait is over. The lease has no
+    /// notification in the database to wait on, so its row is read again every 250 ms.
+    pub async fn take_for_attach(&self, session: &str) -> Result<Lease, ToolError> {
+        let deadline = tokio::time::Instant::now() + self.store.host().ttl + Duration::from_secs(1);
+        loop {
+            let lease = self.take(session).await?;
+            match lease {
+                Lease::Elsewhere { .. } if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                lease => return Ok(lease),
+            }
+        }
+    }
+
     /// Gives up the lease of `session` (it left this host's memory).
     pub fn release(&self, session: &str) {
         if let Err(e) = self.store.release_lease(session) {

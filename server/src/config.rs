@@ -43,6 +43,9 @@ pub struct ServerConfig {
     pub store: crate::settings::StoreSettings,
     /// Several hosts on one database: leases, the host-to-host secret, the advertised address.
     pub cluster: crate::settings::ClusterSettings,
+    /// The store named by `serve --store/--objects`: over `[store]` of `config.toml` and the
+    /// `MONAD_STORE_*` variables (which `store` is put under).
+    pub store_flags: crate::settings::StoreFlags,
 }
 
 /// What one user may hold at once, so that no user can take the server from the others. The
@@ -163,6 +166,7 @@ impl ServerConfig {
             http_limits: HttpLimits::default(),
             store: Default::default(),
             cluster: Default::default(),
+            store_flags: Default::default(),
         }
     }
 }

@@ -48,6 +48,16 @@ struct ServeArgs {
     /// `MONAD_ADVERTISE` or `[cluster] advertise`). Default: the QUIC listen address.
     #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
+    /// Keep sessions, workspace records, bindings, tokens, audit and the artifact index in
+    /// PostgreSQL (`postgres://USER:PASSWORD@HOST:PORT/DATABASE`), for several hosts on one
+    /// store; over `[store] url` of config.toml and MONAD_STORE_URL.
+    #[arg(long, value_name = "postgres://...", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    store: Option<String>,
+    /// Keep artifact content in an S3-compatible bucket (endpoint, region and credentials from
+    /// the AWS_* variables; needs --store or [store] url); over `[store] objects` of
+    /// config.toml and MONAD_STORE_OBJECTS.
+    #[arg(long, value_name = "s3://BUCKET/PREFIX", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    objects: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -646,6 +656,10 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     config.listen = args.listen;
     config.http = (!args.no_http).then_some(args.http);
     config.cluster.advertise = args.advertise;
+    config.store_flags = monad_server::settings::StoreFlags {
+        url: args.store,
+        objects: args.objects,
+    };
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;

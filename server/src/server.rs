@@ -418,10 +418,10 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     config.quotas = settings.server.quotas();
     config.http_limits = settings.server.http_limits();
     // The object store's variables given by the embedder are no setting (never in a file).
-    config.store = crate::settings::StoreSettings {
+    config.store = config.store_flags.over(crate::settings::StoreSettings {
         object_vars: std::mem::take(&mut config.store.object_vars),
         ..settings.store
-    };
+    });
     // `serve --advertise` over the file and the environment.
     let advertise = config.cluster.advertise.take();
     config.cluster = settings.cluster;
@@ -1182,14 +1182,14 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     };
     // Several hosts on one store: the host a folder attaches to serves its session live.
     if let Some(cluster) = &ctx.state.cluster {
-        match cluster.take(&session.id).await {
+        match cluster.take_for_attach(&session.id).await {
             Ok(Lease::Held { .. }) => {}
             Ok(Lease::Elsewhere { address, .. }) => {
                 let error = ToolError::new(
                     ErrorCode::Denied,
                     format!(
-                        "session {} is served by another host ({address}) until its lease \
-                         expires: attach there, or again once that host is gone",
+                        "session {} is served by another host ({address}), which keeps \
+                         renewing its lease: attach there, or again once that host is gone",
                         session.id
                     ),
                 );

@@ -176,6 +176,28 @@ impl Default for StoreSettings {
     }
 }
 
+/// The store named on `monad-server serve`'s command line (`--store`, `--objects`): over
+/// `[store]` of `config.toml` and `MONAD_STORE_URL`/`MONAD_STORE_OBJECTS`, as a flag beats
+/// the file and the environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreFlags {
+    /// `--store postgres://...`: the `[store] url`.
+    pub url: Option<String>,
+    /// `--objects s3://BUCKET[/PREFIX]`: the `[store] objects`.
+    pub objects: Option<String>,
+}
+
+impl StoreFlags {
+    /// `store` (from the file and the environment) with what the flags name put over it.
+    pub fn over(&self, store: StoreSettings) -> StoreSettings {
+        StoreSettings {
+            url: self.url.clone().or(store.url),
+            objects: self.objects.clone().or(store.objects),
+            ..store
+        }
+    }
+}
+
 /// The `[store]` settings of the server at `data_dir`: its `config.toml` under the `MONAD_*`
 /// variables of this process, for the commands that run beside (or without) a server.
 pub fn store_settings(data_dir: &std::path::Path) -> Result<StoreSettings, crate::ServerError> {
@@ -836,6 +858,38 @@ mod tests {
             e.to_string().contains("MONAD_RETENTION_MAX_AGE_DAYS"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_store_flags_beat_the_environment_and_the_file_and_keep_the_other_keys() {
+        let file = "[store]\nurl = \"postgres://file@db/monad\"\nobjects = \"s3://file\"\n\
+                    pool_size = 3\n";
+        let layers = Layers::new(
+            Some(("config.toml", file)),
+            vars(&[("MONAD_STORE_URL", "postgres://env@db/monad")]),
+        )
+        .unwrap();
+        let store = layers.global().store;
+        assert_eq!(StoreFlags::default().over(store.clone()), store, "no flag");
+        let flags = StoreFlags {
+            url: Some("postgres://flag@db/monad".into()),
+            objects: None,
+        };
+        let over = flags.over(store.clone());
+        assert_eq!(over.url.as_deref(), Some("postgres://flag@db/monad"));
+        assert_eq!(over.objects.as_deref(), Some("s3://file"), "from the file");
+        assert_eq!(over.pool_size, 3);
+        let flags = StoreFlags {
+            url: None,
+            objects: Some("s3://flag/p".into()),
+        };
+        let over = flags.over(store);
+        assert_eq!(
+            over.url.as_deref(),
+            Some("postgres://env@db/monad"),
+            "from the env"
+        );
+        assert_eq!(over.objects_url(), Some("s3://flag/p"));
     }
 
     #[test]

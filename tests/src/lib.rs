@@ -508,7 +508,9 @@ async fn next_attached(
     within(STEP, "the folder to be attached", async {
         loop {
             match events.recv().await {
-                Some(AttachEvent::Attached { session, workspace }) => break (session, workspace),
+                Some(AttachEvent::Attached {
+                    session, workspace, ..
+                }) => break (session, workspace),
                 Some(_) => {}
                 None => panic!("attach ended before attaching: {:?}", task.await),
             }
@@ -793,6 +795,8 @@ pub struct ServerProcess {
     pub fingerprint: String,
     /// The token printed at the first start, when this start was the first.
     pub first_token: Option<String>,
+    /// Where it serves HTTP (`/mcp`, `/api/v1`), when started with `--http` in its arguments.
+    pub http: Option<SocketAddr>,
     child: tokio::process::Child,
     stderr: Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -811,7 +815,7 @@ impl ServerProcess {
         envs: &[(&str, &str)],
         umask: Option<u32>,
     ) -> ServerProcess {
-        ServerProcess::start_serving(data_dir, envs, umask, None).await
+        ServerProcess::start_args(data_dir, envs, umask, &[]).await
     }
 
     /// [`ServerProcess::start`], with MCP over HTTP on `http` (a free loopback port).
@@ -820,14 +824,17 @@ impl ServerProcess {
         envs: &[(&str, &str)],
         http: SocketAddr,
     ) -> ServerProcess {
-        ServerProcess::start_serving(data_dir, envs, None, Some(http)).await
+        let http = http.to_string();
+        ServerProcess::start_args(data_dir, envs, None, &["--http", &http]).await
     }
 
-    async fn start_serving(
+    /// [`ServerProcess::start_with`], with `args` added to the command line (e.g. `--store`);
+    /// with `--http 127.0.0.1:0` among them, HTTP is served (else it is off).
+    pub async fn start_args(
         data_dir: &Path,
         envs: &[(&str, &str)],
         umask: Option<u32>,
-        http: Option<SocketAddr>,
+        args: &[&str],
     ) -> ServerProcess {
         use tokio::io::AsyncBufReadExt;
         let mut cmd = match umask {
@@ -853,11 +860,11 @@ impl ServerProcess {
         };
         cmd.arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"]);
-        match http {
-            Some(http) => cmd.arg("--http").arg(http.to_string()),
-            None => cmd.arg("--no-http"),
-        };
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args);
+        if !args.contains(&"--http") {
+            cmd.arg("--no-http");
+        }
         for (key, value) in envs {
             cmd.env(key, value);
         }
@@ -867,11 +874,15 @@ impl ServerProcess {
         let mut seen = Vec::new();
         let mut addr = None;
         let mut fingerprint = None;
+        let mut http = None;
         let mut first = false;
         let started = within(STEP, "monad-server to start listening", async {
             while let Ok(Some(line)) = err_lines.next_line().await {
                 if let Some(rest) = line.strip_prefix("monad-server listening on ") {
                     addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+                }
+                if let Some(rest) = line.strip_prefix("MCP for AI hosts: http://") {
+                    http = rest.split('/').next().and_then(|a| a.parse().ok());
                 }
                 if let Some(rest) = line.strip_prefix("certificate fingerprint: ") {
                     fingerprint = Some(rest.trim().to_owned());
@@ -918,6 +929,7 @@ impl ServerProcess {
             addr,
             fingerprint,
             first_token,
+            http,
             child,
             stderr,
         }

@@ -11,6 +11,7 @@ mod cli;
 mod crash;
 mod data_at_rest;
 mod devices;
+mod failover;
 mod handshakes;
 mod hosts;
 mod http;
