@@ -537,3 +537,216 @@ async fn login_with_several_servers_checks_each_keeps_one_that_is_down_and_statu
         );
     }
 }
+
+/// Issue 14's three hosts on one PostgreSQL + S3 store, each with the hosts' secret: the laptop
+/// attached to host B (its config lists B, then C), the agent on host A, whose calls into the
+/// laptop's folder are forwarded to B. B is killed with SIGKILL mid-call: the agent's call ends
+/// with an error, the laptop re-attaches through C by itself once B's lease has run out, the
+/// agent's next calls (still on A) are forwarded to C and work, and the session's history, audit
+/// records and artifacts written through B are all there, at a higher lease epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hosts_the_laptops_host_killed_mid_call_the_agent_on_another_goes_on_with_nothing_lost()
+ {
+    let test = "three_hosts_the_laptops_host_killed_mid_call";
+    let Some(pg) = Pg::with_s3(test) else {
+        return;
+    };
+    let mut env = pg.env();
+    env.push((
+        "MONAD_CLUSTER_SECRET".into(),
+        "the-three-hosts-secret".into(),
+    ));
+    env.push(("MONAD_CLUSTER_LEASE_SECS".into(), "2".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let http = ["--http", "127.0.0.1:0"];
+    let (data_a, data_b, data_c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let a = ServerProcess::start_args(data_a.path(), &env, None, &http).await;
+    let token = a.first_token.clone().expect("first start");
+    share_tls(data_a.path(), data_b.path());
+    share_tls(data_a.path(), data_c.path());
+    let b = ServerProcess::start_args(data_b.path(), &env, None, &[]).await;
+    let c = ServerProcess::start_args(data_c.path(), &env, None, &[]).await;
+    let a_http = a.http.expect("HTTP on A");
+
+    let laptop = folder(&[("notes.txt", "before\n")]);
+    let config_dir = tempfile::tempdir().unwrap();
+    ClientConfig::with_servers(
+        &[b.addr.to_string(), c.addr.to_string()],
+        &token,
+        &a.fingerprint,
+    )
+    .unwrap()
+    .save(config_dir.path())
+    .unwrap();
+    let mut attach = command("monad-client")
+        .arg("attach")
+        .arg(laptop.path())
+        .args(["--session", SESSION, "--name", "lap", "--non-interactive"])
+        .args(["--allow", "read", "write", "exec"])
+        .env("MONAD_CONFIG_DIR", config_dir.path())
+        .spawn()
+        .expect("monad-client starts");
+    let mut said = tokio::io::BufReader::new(attach.stderr.take().unwrap()).lines();
+    let line = wait_for_line(&mut said, STEP, "the attach on B", |l| {
+        l.starts_with("attached ")
+    })
+    .await;
+    assert!(line.contains(&format!(" on {} ", b.addr)), "{line}");
+    let epoch_of = |pg: &Pg| {
+        let database = pg.url.rsplit('/').next().unwrap();
+        monad_tests::pg::cluster()
+            .unwrap()
+            .psql(
+                database,
+                &format!("SELECT epoch FROM leases WHERE session_id = '{SESSION}'"),
+            )
+            .unwrap()
+            .trim()
+            .parse::<i64>()
+            .unwrap()
+    };
+    let epoch_b = epoch_of(&pg);
+
+    // The agent on A works in the laptop's folder on B: forwarded.
+    let agent = connect_agent(&a.client_config(&token)).await;
+    let (_, ran_in) = ok(call_in(
+        &agent,
+        Some(SESSION),
+        "write_file",
+        json!({"path": "via-b.txt", "content": "forwarded to B\n", "workspace": "lap"}),
+    )
+    .await);
+    assert_eq!(ran_in, "lap");
+    assert_eq!(
+        std::fs::read_to_string(laptop.path().join("via-b.txt")).unwrap(),
+        "forwarded to B\n"
+    );
+    within(
+        STEP,
+        "a message",
+        agent.history_append(
+            Some(SESSION),
+            monad_protocol::wire::HistoryMessage {
+                role: monad_protocol::wire::HistoryRole::User,
+                text: "asked on A".into(),
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    let audit_path = format!("/api/v1/sessions/{SESSION}/audit");
+    let artifacts_path = format!("/api/v1/sessions/{SESSION}/artifacts");
+    let (audit_b, artifacts_b) = within(STEP, "B's records of the call", async {
+        loop {
+            let audit = get(a_http, &token, &audit_path).await;
+            let artifacts = get(a_http, &token, &artifacts_path).await;
+            if !ids(&audit, "records", "callId").is_empty()
+                && !ids(&artifacts, "artifacts", "artifactId").is_empty()
+            {
+                break (audit, artifacts);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let mut payloads = Vec::new();
+    for id in ids(&artifacts_b, "artifacts", "artifactId") {
+        let path = format!("/api/v1/sessions/{SESSION}/artifacts/{id}");
+        payloads.push((path.clone(), get_bytes(a_http, &token, &path).await));
+    }
+
+    // A slow command, forwarded from A to B, and B is killed while it runs.
+    let caller = agent.clone();
+    let running = tokio::spawn(async move {
+        caller
+            .call(
+                Some(SESSION),
+                "run_command",
+                json!({"argv": ["sh", "-c", "echo $$ > started; exec sleep 60"], "workspace": "lap"}),
+                |_| {},
+            )
+            .await
+    });
+    let started = laptop.path().join("started");
+    within(STEP, "the slow command to start", async {
+        while !std::fs::read_to_string(&started).is_ok_and(|t| t.ends_with('\n')) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    b.kill().await;
+    let answer = within(STEP, "the forwarded call to end", running)
+        .await
+        .expect("the call task does not panic");
+    if let Ok(reply) = answer {
+        assert!(
+            matches!(reply.outcome, monad_protocol::wire::Outcome::Error { .. }),
+            "the call through a dead host succeeded: {reply:?}"
+        );
+    }
+
+    // The laptop re-attaches through C by itself.
+    let c_line = format!(" on {} ", c.addr);
+    wait_for_line(&mut said, STEP, "the re-attach through C", |l| {
+        l.starts_with("attached ") && l.contains(&c_line)
+    })
+    .await;
+    assert!(
+        epoch_of(&pg) > epoch_b,
+        "C took the session at a higher epoch"
+    );
+
+    // The agent, still on A, goes on: its calls are forwarded to C now.
+    let (read, ran_in) = ok(call_in(
+        &agent,
+        Some(SESSION),
+        "read_file",
+        json!({"path": "via-b.txt", "workspace": "lap"}),
+    )
+    .await);
+    assert_eq!(ran_in, "lap");
+    assert_eq!(read["content"], "forwarded to B\n");
+    ok(call_in(
+        &agent,
+        Some(SESSION),
+        "write_file",
+        json!({"path": "via-c.txt", "content": "forwarded to C\n", "workspace": "lap"}),
+    )
+    .await);
+    assert_eq!(
+        std::fs::read_to_string(laptop.path().join("via-c.txt")).unwrap(),
+        "forwarded to C\n"
+    );
+    let (_, history) = within(STEP, "the history", agent.history(Some(SESSION)))
+        .await
+        .unwrap();
+    assert!(
+        history.messages.iter().any(|m| m.text == "asked on A"),
+        "{history:?}"
+    );
+    let audit = get(a_http, &token, &audit_path).await;
+    for call in ids(&audit_b, "records", "callId") {
+        assert!(
+            ids(&audit, "records", "callId").contains(&call),
+            "audit record {call} written by B is missing: {audit}"
+        );
+    }
+    let artifacts = get(a_http, &token, &artifacts_path).await;
+    for id in ids(&artifacts_b, "artifacts", "artifactId") {
+        assert!(
+            ids(&artifacts, "artifacts", "artifactId").contains(&id),
+            "artifact {id} written by B is missing: {artifacts}"
+        );
+    }
+    for (path, payload) in payloads {
+        assert_eq!(get_bytes(a_http, &token, &path).await, payload, "{path}");
+    }
+    let _ = attach.start_kill();
+    drop(agent);
+    c.stop().await;
+    a.stop().await;
+}
