@@ -132,7 +132,15 @@ pub struct Cluster {
     endpoint: Mutex<Option<quinn::Endpoint>>,
     /// Open connections to other hosts, by (address, user).
     links: tokio::sync::Mutex<HashMap<(String, String), quinn::Connection>>,
+    /// Sessions found served by another host, with its address and when that was found: a
+    /// call in the next [`Cluster::owner_memory`] is forwarded there without asking the
+    /// database again (asking takes the lease row's lock, a commit the database syncs: it was
+    /// most of a forwarded call's cost). Forgotten when a forward to it fails.
+    owners: Mutex<HashMap<String, (String, tokio::time::Instant)>>,
 }
+
+/// The most sessions served elsewhere that a host remembers the owner of at once.
+const OWNERS_MAX: usize = 65_536;
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,6 +163,7 @@ impl Cluster {
             device: uuid::Uuid::new_v4().hyphenated().to_string(),
             endpoint: Mutex::new(None),
             links: tokio::sync::Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
         }
     }
 
@@ -174,8 +183,55 @@ impl Cluster {
         if self.store.held_epoch(session).is_some() {
             return Ok(Route::Local);
         }
+        if origin == Origin::Agent
+            && self.secret.is_some()
+            && let Some(address) = self.remembered_owner(session)
+        {
+            return Ok(Route::Forward { address });
+        }
         let lease = self.take(session).await?;
-        decide(session, &lease, origin, self.secret.is_some())
+        let route = decide(session, &lease, origin, self.secret.is_some())?;
+        if let Route::Forward { address } = &route {
+            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+            if owners.len() >= OWNERS_MAX {
+                owners.clear();
+            }
+            owners.insert(
+                session.to_owned(),
+                (address.clone(), tokio::time::Instant::now()),
+            );
+        }
+        Ok(route)
+    }
+
+    /// How long a session's owner found in the database is trusted without asking again: a
+    /// quarter of the lease time, at most a second. A hand-over within it sends a call to the
+    /// former owner, which refuses it (or cannot be reached: then it is forgotten at once).
+    fn owner_memory(&self) -> Duration {
+        (self.store.host().ttl / 4).min(Duration::from_secs(1))
+    }
+
+    /// The owner of `session` found in the database within [`Cluster::owner_memory`].
+    fn remembered_owner(&self, session: &str) -> Option<String> {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        match owners.get(session) {
+            Some((address, found)) if found.elapsed() < self.owner_memory() => {
+                Some(address.clone())
+            }
+            Some(_) => {
+                owners.remove(session);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Forgets the owner remembered for `session` (a forward to it failed).
+    fn forget_owner(&self, session: &str) {
+        self.owners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session);
     }
 
     /// Takes (or keeps) the lease of `session`, off the async workers.
@@ -225,11 +281,14 @@ impl Cluster {
         progress: &dyn ProgressSink,
     ) -> Result<CallOutput, ToolError> {
         let lease = self.store.host().ttl;
-        let conn = self
-            .link(address, user)
-            .await
-            .map_err(|why| unreachable(session, address, &why, lease))?;
-        let lost = |e: &dyn std::fmt::Display| unreachable(session, address, &e.to_string(), lease);
+        let conn = self.link(address, user).await.map_err(|why| {
+            self.forget_owner(session);
+            unreachable(session, address, &why, lease)
+        })?;
+        let lost = |e: &dyn std::fmt::Display| {
+            self.forget_owner(session);
+            unreachable(session, address, &e.to_string(), lease)
+        };
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
         let request = Message::Call {
             id: 1,
@@ -261,6 +320,9 @@ impl Cluster {
                     });
                 }
                 Message::Error { error, .. } => {
+                    // Refused as a request (not a tool's error): e.g. the host no longer
+                    // serves the session; ask the database next time.
+                    self.forget_owner(session);
                     return Ok(CallOutput {
                         workspace: None,
                         outcome: Outcome::Error { error },
