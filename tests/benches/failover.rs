@@ -10,9 +10,12 @@
 //! - re-attached: until the attach terminal says it is attached through X;
 //! - answered: until an agent on X got the answer of a `list_dir` in the laptop's folder.
 //!
-//! The laptop notices the death when its QUIC connection to V times out (the client's idle
-//! time-out, 8 s, with keep-alives every 2 s); the rest is the backoff's first wait (200 ms),
-//! the connect and the attach. See `docs/benchmarks.md`.
+//! Each run uses a session of its own, which V serves (it holds the session's lease, of the
+//! default `lease_secs`, 10 s). The laptop notices the death when its QUIC connection to V times
+//! out (the client's idle time-out, 8 s, with keep-alives every 2 s), then waits the backoff's
+//! first wait (200 ms), connects to X and attaches; X lets the attach in once V's lease has run
+//! out (V renewed it every third of `lease_secs`, so it ends 6.7 to 10 s after the kill), and
+//! takes the session at a higher epoch. See `docs/benchmarks.md`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -23,7 +26,9 @@ use monad_tests::{ServerProcess, command, connect_agent, folder, ok, wait_for_li
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
-const SESSION: &str = "5e7b0c1d-2a3f-4b6c-8d9e-0f1a2b3c4d5e";
+/// Each run's session: `SESSION_PREFIX` and the run's number in two hex digits (a fresh session
+/// per run, so no lease of an earlier run is in the way).
+const SESSION_PREFIX: &str = "5e7b0c1d-2a3f-4b6c-8d9e-0f1a2b3c4d";
 /// The longest one step may take here (a start, a re-attach).
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -81,17 +86,14 @@ async fn run(runs: usize, url: &str, bucket: &monad_tests::s3::Bucket) {
     let x = ServerProcess::start(data_x.path(), &env).await;
     let token = x.first_token.clone().expect("first start");
     let agent = connect_agent(&x.client_config(&token)).await;
-    agent
-        .open_session(Some(SESSION))
-        .await
-        .expect("the session opens");
     let laptop = folder(&[("a.txt", "a\n")]);
     let config_dir = tempfile::tempdir().expect("config dir");
     // One device throughout: each run's attach is the same folder coming back.
     let mut config =
         ClientConfig::new(&x.addr.to_string(), &token, &x.fingerprint).expect("config");
     let (mut reattached, mut answered) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
+    for run in 0..runs {
+        let session = format!("{SESSION_PREFIX}{run:02x}");
         let data_v = tempfile::tempdir().expect("data dir");
         share_tls(data_x.path(), data_v.path());
         let v = ServerProcess::start(data_v.path(), &env).await;
@@ -101,7 +103,7 @@ async fn run(runs: usize, url: &str, bucket: &monad_tests::s3::Bucket) {
         let mut attach = command("monad-client")
             .arg("attach")
             .arg(laptop.path())
-            .args(["--session", SESSION, "--name", "lap", "--non-interactive"])
+            .args(["--session", &session, "--name", "lap", "--non-interactive"])
             .args(["--allow", "read"])
             .env("MONAD_CONFIG_DIR", config_dir.path())
             .spawn()
@@ -123,7 +125,7 @@ async fn run(runs: usize, url: &str, bucket: &monad_tests::s3::Bucket) {
         reattached.push(killed.elapsed());
         let (_, ran_in) = ok(monad_tests::call_in(
             &agent,
-            Some(SESSION),
+            Some(&session),
             "list_dir",
             json!({"workspace": "lap"}),
         )
