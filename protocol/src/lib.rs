@@ -32,6 +32,8 @@ pub mod io;
 pub mod mcp;
 #[cfg(feature = "cli")]
 pub mod output;
+#[cfg(feature = "quic")]
+pub mod pin;
 pub mod render;
 pub mod text;
 pub mod tools;

@@ -17,10 +17,6 @@ use std::time::Duration;
 use monad_protocol::io::{read_message, write_message};
 use monad_protocol::wire::{self, Message, Outcome, Role};
 use monad_protocol::{ErrorCode, ToolError};
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use serde_json::Value;
 
 use crate::executor::{CallOutput, ProgressSink};
@@ -413,97 +409,10 @@ impl Cluster {
         let bind = if v6 { "[::]:0" } else { "0.0.0.0:0" };
         let mut endpoint = quinn::Endpoint::client(bind.parse().expect("a socket address"))
             .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
-        endpoint.set_default_client_config(pinned(&self.fingerprint)?);
+        let (config, _) = monad_protocol::pin::pinned_config(&self.fingerprint, wire::ALPN)?;
+        endpoint.set_default_client_config(config);
         *slot = Some(endpoint.clone());
         Ok(endpoint)
-    }
-}
-
-/// A QUIC client configuration that accepts only the certificate whose SHA-256 is
-/// `fingerprint` (the one the hosts share), TLS 1.3 with ring, ALPN `monad/1`.
-fn pinned(fingerprint: &str) -> Result<quinn::ClientConfig, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = Arc::new(Pinned {
-        fingerprint: fingerprint.to_owned(),
-        provider: provider.clone(),
-    });
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![wire::ALPN.to_vec()];
-    let crypto =
-        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
-    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
-    let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(Duration::from_secs(2)));
-    transport.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(Duration::from_secs(8)).expect("in range"),
-    ));
-    client.transport_config(Arc::new(transport));
-    Ok(client)
-}
-
-/// Accepts exactly the hosts' certificate; the handshake signature is still verified, so only
-/// a holder of its key passes.
-#[derive(Debug)]
-struct Pinned {
-    fingerprint: String,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if crate::tls::fingerprint(end_entity.as_ref()) == self.fingerprint {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
     }
 }
 

@@ -1,0 +1,137 @@
+//! The QUIC client side of a pinned certificate, shared by everything that reaches a Monad
+//! server: the client (the certificate pinned at `login`, trust on first use like ssh's
+//! known_hosts) and a server forwarding a call to another host of its store (the certificate the
+//! hosts share). Exactly one certificate is accepted, by its SHA-256; the handshake signature
+//! is still verified, so only the holder of that certificate's key can pass.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+/// How often a connection made with [`pinned_config`] sends a keep-alive.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(2);
+/// How long a connection made with [`pinned_config`] lives without hearing from its peer.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits.
+pub fn fingerprint(cert_der: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, cert_der);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Accepts exactly the certificate whose SHA-256 is `pinned`, and notes the one presented.
+#[derive(Debug)]
+struct PinnedVerifier {
+    pinned: String,
+    provider: Arc<CryptoProvider>,
+    /// The fingerprint the server presented, to explain a mismatch.
+    seen: Mutex<Option<String>>,
+}
+
+impl ServerCertVerifier for PinnedVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let presented = fingerprint(end_entity);
+        let matches = presented == self.pinned;
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(presented);
+        if matches {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Which certificate a server presented during a handshake made with [`pinned_config`].
+#[derive(Debug, Clone)]
+pub struct Presented(Arc<PinnedVerifier>);
+
+impl Presented {
+    /// The SHA-256 of the certificate the server presented, once a handshake reached it.
+    pub fn fingerprint(&self) -> Option<String> {
+        self.0
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A QUIC client configuration that accepts exactly one server certificate, the one whose
+/// SHA-256 is `fingerprint` (64 lowercase hex digits), speaks TLS 1.3 (ring) with ALPN `alpn`,
+/// and keeps the connection alive ([`KEEP_ALIVE`], [`IDLE_TIMEOUT`]). The error is rustls's or
+/// quinn's, as text.
+pub fn pinned_config(
+    fingerprint: &str,
+    alpn: &[u8],
+) -> Result<(quinn::ClientConfig, Presented), String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(PinnedVerifier {
+        pinned: fingerprint.to_owned(),
+        provider: provider.clone(),
+        seen: Mutex::new(None),
+    });
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier.clone())
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let crypto =
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|e| e.to_string())?;
+    let mut client = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(KEEP_ALIVE));
+    transport.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("in range"),
+    ));
+    client.transport_config(Arc::new(transport));
+    Ok((client, Presented(verifier)))
+}
