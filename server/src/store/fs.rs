@@ -240,15 +240,26 @@ fn atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     })
 }
 
-/// Appends `bytes` with one write, then fsyncs.
-fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-    let mut file = std::fs::OpenOptions::new()
+/// Opens `path` to append to it, creating it (private) when absent.
+fn open_append(path: &Path) -> Result<std::fs::File, StoreError> {
+    std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .mode(PRIVATE_FILE)
         .open(path)
-        .map_err(map_io("open", path))?;
-    file.write_all(bytes).map_err(map_io("append to", path))?;
+        .map_err(map_io("open", path))
+}
+
+/// Appends `bytes` (whole lines) with one write, then fsyncs. A write that fails part way (a
+/// full disk) is cut off again, so the file never keeps part of a line that the next append
+/// would run into.
+fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let mut file = open_append(path)?;
+    let before = file.metadata().map_err(map_io("stat", path))?.len();
+    if let Err(e) = file.write_all(bytes) {
+        let _ = file.set_len(before);
+        return Err(StoreError::io("append to", path, e));
+    }
     file.sync_data().map_err(map_io("sync", path))
 }
 
@@ -1223,7 +1234,7 @@ impl FsStore {
         let _guard = self.lock(&first.session);
         create_private_dir(&dir).map_err(map_io("create", &dir))?;
         let contents: Vec<&[u8]> = run.iter().map(|(_, c)| c.as_slice()).collect();
-        let ranges = append_all_to_pack(&dir.join(PACK), &contents)?;
+        let ranges = append_to_pack(&dir.join(PACK), &contents)?;
         let mut lines = Vec::new();
         for ((meta, _), range) in run.iter().zip(ranges) {
             serde_json::to_writer(
@@ -1241,16 +1252,12 @@ impl FsStore {
 }
 
 /// Appends each of `contents` to the pack, one after the other, and makes them durable with one
-/// sync; returns where each went.
-fn append_all_to_pack(path: &Path, contents: &[&[u8]]) -> Result<Vec<[u64; 2]>, StoreError> {
+/// sync; returns where each went. The caller holds the session's lock, and this store is the
+/// pack's only writer, so the end does not move between the seek and the writes. A write cut
+/// short by a crash leaves bytes no index line names; the next content goes after them.
+fn append_to_pack(path: &Path, contents: &[&[u8]]) -> Result<Vec<[u64; 2]>, StoreError> {
     use std::io::{Seek, SeekFrom};
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(PRIVATE_FILE)
-        .open(path)
-        .map_err(map_io("open", path))?;
-    // As in `append_to_pack`: the caller holds the session's lock, so the end does not move.
+    let mut file = open_append(path)?;
     let mut offset = file.seek(SeekFrom::End(0)).map_err(map_io("seek", path))?;
     let mut ranges = Vec::with_capacity(contents.len());
     for content in contents {
@@ -1260,24 +1267,6 @@ fn append_all_to_pack(path: &Path, contents: &[&[u8]]) -> Result<Vec<[u64; 2]>, 
     }
     file.sync_data().map_err(map_io("sync", path))?;
     Ok(ranges)
-}
-
-/// Appends `content` to the pack and makes it durable; returns where it went.
-fn append_to_pack(path: &Path, content: &[u8]) -> Result<[u64; 2], StoreError> {
-    use std::io::{Seek, SeekFrom};
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(PRIVATE_FILE)
-        .open(path)
-        .map_err(map_io("open", path))?;
-    // The caller holds the session's lock, and this store is the pack's only writer, so the end
-    // does not move between here and the write. A write cut short by a crash leaves bytes no
-    // index line names; the next content goes after them.
-    let offset = file.seek(SeekFrom::End(0)).map_err(map_io("seek", path))?;
-    file.write_all(content).map_err(map_io("append to", path))?;
-    file.sync_data().map_err(map_io("sync", path))?;
-    Ok([offset, content.len() as u64])
 }
 
 /// Reads `[offset, length]` of the pack; a range the pack does not hold whole is an error.
@@ -1368,7 +1357,7 @@ impl ArtifactStore for FsStore {
                 None
             }
             ArtifactKind::ToolOutput | ArtifactKind::FileDiff => {
-                Some(append_to_pack(&dir.join(PACK), content)?)
+                append_to_pack(&dir.join(PACK), &[content])?.pop()
             }
         };
         let mut line = serde_json::to_vec(&IndexLine {
