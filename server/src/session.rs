@@ -1219,6 +1219,12 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
+        // It left memory: its lease goes too, as when it unloads. After a delete the store has
+        // forgotten it already; after a refused one (fenced, the database down) this host must
+        // not keep renewing a lease on a session it no longer serves.
+        if let Some(cluster) = &self.cluster {
+            cluster.release(&id);
+        }
         deleted.map_err(store_error)
     }
 
