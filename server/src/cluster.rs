@@ -96,7 +96,8 @@ pub fn decide(
     }
 }
 
-fn shown(address: &str) -> &str {
+/// A holder's address as an error shows it (it may have advertised none).
+pub(crate) fn shown(address: &str) -> &str {
     if address.trim().is_empty() {
         "address not advertised"
     } else {

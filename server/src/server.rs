@@ -91,13 +91,20 @@ impl Server {
         );
         let feed = crate::feed::Feed::new();
         let (store, tokens, pg) = crate::store::open(&config, fs_store.clone())?;
+        // Only a host that forwards (it has the secret) is reached by the others.
         if let Some(pg) = &pg
+            && config
+                .cluster
+                .secret
+                .as_ref()
+                .is_some_and(|s| !s.is_blank())
             && let Ok(address) = pg.host().address.parse::<SocketAddr>()
-            && address.ip().is_unspecified()
+            && (address.ip().is_unspecified() || address.ip().is_loopback())
         {
             warn!(
                 "this host advertises {address} to the other hosts of its store, which cannot \
-                 reach it there: set `serve --advertise HOST:PORT`"
+                 reach it there unless they run on this machine: set `serve --advertise \
+                 HOST:PORT`"
             );
         }
         let cluster = pg.map(|pg| {
@@ -1188,9 +1195,10 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                 let error = ToolError::new(
                     ErrorCode::Denied,
                     format!(
-                        "session {} is served by another host ({address}), which keeps \
+                        "session {} is served by another host ({}), which keeps \
                          renewing its lease: attach there, or again once that host is gone",
-                        session.id
+                        session.id,
+                        crate::cluster::shown(&address)
                     ),
                 );
                 return send_error(&mut send, id, error).await;
