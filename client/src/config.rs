@@ -68,12 +68,13 @@ impl ClientConfig {
             .iter()
             .map(|s| crate::connect::with_default_port(s))
             .collect();
-        let addresses = check_addresses(&servers)?;
-        let (first, others) = addresses.split_first().ok_or_else(|| {
-            ClientError::Config("no server: give at least one --server HOST:PORT".into())
-        })?;
-        let mut config = ClientConfig::new(first, token, fingerprint)?;
-        config.servers = others.to_vec();
+        check_addresses(&servers)?;
+        let mut servers = servers.into_iter();
+        let first = servers
+            .next()
+            .expect("check_addresses refuses an empty list");
+        let mut config = ClientConfig::new(&first, token, fingerprint)?;
+        config.servers = servers.collect();
         Ok(config)
     }
 
@@ -161,24 +162,22 @@ impl ClientConfig {
 
 /// The hosts as given, checked: at least one, each a `HOST:PORT` with a host and a port
 /// number, none twice.
-pub fn check_addresses(addresses: &[String]) -> Result<Vec<String>, ClientError> {
+pub fn check_addresses(addresses: &[String]) -> Result<(), ClientError> {
     if addresses.is_empty() {
         return Err(ClientError::Config(
             "no server: give at least one HOST:PORT".into(),
         ));
     }
-    let mut checked: Vec<String> = Vec::with_capacity(addresses.len());
-    for address in addresses {
+    for (i, address) in addresses.iter().enumerate() {
         check_address(address)?;
-        if checked.contains(address) {
+        if addresses[..i].contains(address) {
             return Err(ClientError::Config(format!(
                 "the server `{}` is listed twice",
                 printable(address)
             )));
         }
-        checked.push(address.clone());
     }
-    Ok(checked)
+    Ok(())
 }
 
 /// One `HOST:PORT`: a host name or an IP address (IPv6 in brackets), a colon, a port 1-65535.
@@ -379,6 +378,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("`a:1` is listed twice"), "{err}");
+        // `login --server host:99999` names the port the user typed, not `host:99999:4433`.
+        let err = ClientConfig::with_servers(&strings(&["host:99999"]), "t", &fp)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`host:99999` is not a server address: the port is not a number"),
+            "{err}"
+        );
         // In a file: the error names the file, and nothing loads.
         let dir = tempfile::tempdir().unwrap();
         let config = ClientConfig::new("127.0.0.1:4433", "mnd_x", &fp).unwrap();

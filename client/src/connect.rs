@@ -29,8 +29,12 @@ pub fn with_default_port(server: &str) -> String {
     if server.starts_with('[') && server.ends_with(']') {
         return format!("{server}:{DEFAULT_PORT}");
     }
+    // Digits after the last colon are the port the user meant, even out of range: kept, so
+    // that the check says the port is wrong instead of appending another.
     match server.rsplit_once(':') {
-        Some((_, port)) if port.parse::<u16>().is_ok() => server.to_owned(),
+        Some((_, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            server.to_owned()
+        }
         _ => format!("{server}:{DEFAULT_PORT}"),
     }
 }
@@ -273,6 +277,8 @@ mod tests {
             ("[::1]", "[::1]:4433"),
             ("[::1]:9", "[::1]:9"),
             (" host ", "host:4433"),
+            // A port out of range stays, for the check to name it.
+            ("example.com:99999", "example.com:99999"),
         ] {
             assert_eq!(with_default_port(given), meant, "{given}");
         }
