@@ -351,14 +351,24 @@ fn main() -> ExitCode {
         // A closed standard error must not turn into a panic (the report would be printed there).
         .log_internal_errors(false)
         .init();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let cli = Cli::parse();
+    // The MCP bridge only relays between the host's pipes and one QUIC connection: on one
+    // thread, a message goes through without waking another (`docs/benchmarks.md`, the MCP
+    // bench). The other commands keep a worker per core.
+    let runtime = match &cli.command {
+        Command::Mcp { .. } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             errln!("monad-client: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(Cli::parse())) {
+    match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
             // Errors may quote the server or a peer: escaped, like everything else.

@@ -210,7 +210,10 @@ where
     Ok(())
 }
 
-/// `monad-client mcp`: MCP over this process's stdin and stdout.
+/// `monad-client mcp`: MCP over this process's stdin and stdout. When both are pipes (as hosts
+/// launch a server), they are read and written on the runtime's reactor, each on its own open
+/// file description, rather than through the blocking pool, a thread hand-off per message each
+/// way; otherwise (a terminal, a file) through the blocking pool.
 pub async fn serve_stdio(config: ClientConfig, session: Option<String>) -> Result<(), ClientError> {
-    serve(config, session, rmcp::transport::stdio()).await
+    serve(config, session, rmcp::transport::stdio_pipes()).await
 }

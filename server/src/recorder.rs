@@ -2,12 +2,15 @@
 //! metadata off the hot path, on one background thread, batching what arrives together.
 //!
 //! A tool call's answer does not wait for its audit line or artifacts to reach the disk; they
-//! follow within milliseconds. [`Recorder::flush`] waits for everything sent so far (used on
-//! shutdown and by tests).
+//! follow within milliseconds. What arrives within [`GATHER`] of the first job is written as one
+//! batch (group commit), so calls in quick succession share their syncs and file updates instead
+//! of paying five syncs each. [`Recorder::flush`] waits for everything sent so far (used on
+//! shutdown and by tests), and does not wait out the gathering.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use tracing::warn;
 
@@ -76,11 +79,42 @@ impl Recorder {
     }
 }
 
+/// How long the recorder gathers jobs after the first one of a batch. A call's records reach the
+/// disk at most this much later than without gathering; in exchange, a session making a call
+/// every millisecond or two syncs its files once per batch instead of once per call, which on
+/// a small machine leaves the cores to the calls themselves (`docs/benchmarks.md`, the MCP
+/// bench).
+pub const GATHER: Duration = Duration::from_millis(10);
+
+/// Most jobs in one batch: a flood is written in bounded steps.
+const MAX_BATCH: usize = 4096;
+
+/// The next batch: the first job, then what arrives within [`GATHER`] of it, until a flush is
+/// asked for or the batch is full. `None` when every sender is gone.
+fn gather(rx: &mpsc::Receiver<Job>) -> Option<Vec<Job>> {
+    let first = rx.recv().ok()?;
+    let until = Instant::now() + GATHER;
+    let mut flush = matches!(first, Job::Flush(_));
+    let mut batch = vec![first];
+    while !flush && batch.len() < MAX_BATCH {
+        let Some(left) = until.checked_duration_since(Instant::now()) else {
+            break;
+        };
+        match rx.recv_timeout(left) {
+            Ok(job) => {
+                flush = matches!(job, Job::Flush(_));
+                batch.push(job);
+            }
+            Err(_) => break,
+        }
+    }
+    // Whatever else is already queued goes too.
+    batch.extend(rx.try_iter().take(MAX_BATCH.saturating_sub(batch.len())));
+    Some(batch)
+}
+
 fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
-        // Take whatever else is already queued, so a burst costs one fsync per session.
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
+    while let Some(batch) = gather(&rx) {
         let mut audits: HashMap<String, Vec<AuditRecord>> = HashMap::new();
         let mut touches: HashMap<(String, String), u64> = HashMap::new();
         let mut waiters = Vec::new();
@@ -120,11 +154,13 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
     }
 }
 
-/// Stores `artifacts` together, and says which could not be stored.
-fn put_artifacts(store: &dyn Store, artifacts: Vec<(ArtifactMeta, Vec<u8>)>) {
+/// Stores `artifacts` together, and says which could not be stored. Each session's are put next
+/// to each other (in the order they came), so that the store writes each session's once.
+fn put_artifacts(store: &dyn Store, mut artifacts: Vec<(ArtifactMeta, Vec<u8>)>) {
     if artifacts.is_empty() {
         return;
     }
+    artifacts.sort_by(|(a, _), (b, _)| a.session.cmp(&b.session));
     for ((meta, _), result) in artifacts.iter().zip(store.put_artifacts(&artifacts)) {
         if let Err(e) = result {
             warn!("cannot store artifact {} of {}: {e}", meta.id, meta.session);

@@ -15,6 +15,9 @@
 //!    over stdio. Skipped, loudly, when it is not installed in `target/mcp-node` (`.ci/run`
 //!    installs it).
 //!
+//! With `MONAD_BENCH_LIST=1`, the four paths list a 1,000-entry directory (`list_dir`, the
+//! reference's `list_directory`) instead, which shows what each hop costs for a larger result.
+//!
 //! Each path is warmed up, then timed call by call in rounds that rotate which path goes first;
 //! the report gives median and 99th percentile, and each MCP path's median against path 1 (the
 //! MCP overhead) and against path 4.
@@ -44,21 +47,16 @@ const SIZE: usize = 4096;
 
 /// One way to read the file.
 enum Path {
-    Library(Agent),
+    Library(Agent, &'static str, Value),
     Mcp(RunningService<RoleClient, ()>, &'static str, Value),
 }
 
 impl Path {
     async fn read(&self) {
         match self {
-            Path::Library(agent) => {
+            Path::Library(agent, tool, args) => {
                 let reply = agent
-                    .call(
-                        None,
-                        "read_file",
-                        json!({"path": "bench.txt", "workspace": "laptop"}),
-                        |_| {},
-                    )
+                    .call(None, tool, args.clone(), |_| {})
                     .await
                     .expect("the call answers");
                 assert!(matches!(reply.outcome, Outcome::Ok { .. }));
@@ -151,7 +149,27 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
     let agent = Agent::connect(&server.client_config())
         .await
         .expect("agent");
-    paths.push(("Agent::call (library, no MCP)", Path::Library(agent)));
+    // `MONAD_BENCH_LIST=1`: the four paths list the 1,000-entry directory instead of reading.
+    let list = std::env::var_os("MONAD_BENCH_LIST").is_some();
+    let (tool, args, their_tool, their_args) = if list {
+        (
+            "list_dir",
+            json!({"path": "many", "workspace": "laptop"}),
+            "list_directory",
+            json!({"path": dir.path().join("many").to_string_lossy()}),
+        )
+    } else {
+        (
+            "read_file",
+            json!({"path": "bench.txt", "workspace": "laptop"}),
+            "read_text_file",
+            json!({"path": dir.path().join("bench.txt").to_string_lossy()}),
+        )
+    };
+    paths.push((
+        "Agent::call (library, no MCP)",
+        Path::Library(agent, tool, args.clone()),
+    ));
 
     // A temporary home and no MONAD_* from outside, like every child of the tests.
     let mut cmd = monad_tests::command("monad-client");
@@ -161,10 +179,9 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
         .env("RUST_LOG", "warn")
         .kill_on_drop(true);
     let stdio = ().serve(TokioChildProcess::new(cmd).expect("monad-client mcp")).await;
-    let args = json!({"path": "bench.txt", "workspace": "laptop"});
     paths.push((
         "MCP stdio (monad-client mcp)",
-        Path::Mcp(stdio.expect("initialize"), "read_file", args.clone()),
+        Path::Mcp(stdio.expect("initialize"), tool, args.clone()),
     ));
 
     // reqwest has no process-wide crypto provider here: the client comes TLS-configured.
@@ -180,7 +197,7 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
     let over_http = ().serve(transport).await.expect("initialize over HTTP");
     paths.push((
         "MCP Streamable HTTP (server /mcp)",
-        Path::Mcp(over_http, "read_file", args),
+        Path::Mcp(over_http, tool, args),
     ));
 
     match reference_server() {
@@ -188,13 +205,12 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
             let mut cmd = tokio::process::Command::new("node");
             cmd.arg(bin).arg(dir.path()).kill_on_drop(true);
             let reference = ().serve(TokioChildProcess::new(cmd).expect("node")).await;
-            let file = dir.path().join("bench.txt");
             paths.push((
                 "reference server-filesystem (local disk)",
                 Path::Mcp(
                     reference.expect("initialize the reference server"),
-                    "read_text_file",
-                    json!({"path": file.to_string_lossy()}),
+                    their_tool,
+                    their_args,
                 ),
             ));
         }
@@ -220,8 +236,13 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
         }
     }
     let medians: Vec<(Duration, Duration)> = samples.into_iter().map(stats).collect();
+    let what = if list {
+        "list_dir of 1,000 entries".to_owned()
+    } else {
+        format!("read_file of a {SIZE} B file")
+    };
     println!(
-        "read_file of a {SIZE} B file, {} calls per path ({} rounds), median / p99:",
+        "{what}, {} calls per path ({} rounds), median / p99:",
         rounds * per_round,
         rounds
     );
