@@ -202,7 +202,7 @@ async fn connect_to(
     } else {
         "0.0.0.0:0"
     };
-    let mut endpoint = quinn::Endpoint::client(bind.parse().expect("valid address"))
+    let mut endpoint = monad_protocol::pin::endpoint(bind.parse().expect("valid address"), None)
         .map_err(|e| ClientError::Unreachable(format!("cannot open a UDP socket: {e}")))?;
     endpoint.set_default_client_config(client);
     let connecting = endpoint

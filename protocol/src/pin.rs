@@ -3,6 +3,9 @@
 //! known_hosts) and a server forwarding a call to another host of its store (the certificate the
 //! hosts share). Exactly one certificate is accepted, by its SHA-256; the handshake signature
 //! is still verified, so only the holder of that certificate's key can pass.
+//!
+//! Also [`endpoint`], the UDP socket every QUIC endpoint of Monad (server, client, host to
+//! host) runs on.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -134,4 +137,31 @@ pub fn pinned_config(
     ));
     client.transport_config(Arc::new(transport));
     Ok((client, Presented(verifier)))
+}
+
+/// The receive and send buffer a QUIC endpoint's UDP socket asks for. A result of a few hundred
+/// KiB arrives as a burst of datagrams faster than the receiving task drains them; with the
+/// kernel's default buffer (208 KiB of accounting, about 90 datagrams) the rest were dropped and
+/// the call waited out quinn's loss recovery (846 drops in 1,000 reads of 248 KiB,
+/// `docs/benchmarks.md`). The kernel caps it at `net.core.rmem_max` / `wmem_max`.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
+/// A QUIC endpoint on a UDP socket bound to `addr`, with [`SOCKET_BUFFER`] for its buffers (as
+/// much of it as the kernel grants; a refusal leaves the defaults), serving when `server` is
+/// given. Must be called within a Tokio runtime.
+pub fn endpoint(
+    addr: std::net::SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind(addr)?;
+    let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+    if let Err(e) = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER) {
+        tracing::debug!("cannot enlarge the UDP receive buffer: {e}");
+    }
+    if let Err(e) = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER) {
+        tracing::debug!("cannot enlarge the UDP send buffer: {e}");
+    }
+    let runtime =
+        quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime found"))?;
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime)
 }

@@ -408,8 +408,9 @@ impl Cluster {
             return Ok(endpoint.clone());
         }
         let bind = if v6 { "[::]:0" } else { "0.0.0.0:0" };
-        let mut endpoint = quinn::Endpoint::client(bind.parse().expect("a socket address"))
-            .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+        let mut endpoint =
+            monad_protocol::pin::endpoint(bind.parse().expect("a socket address"), None)
+                .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
         let (config, _) = monad_protocol::pin::pinned_config(&self.fingerprint, wire::ALPN)?;
         endpoint.set_default_client_config(config);
         *slot = Some(endpoint.clone());

@@ -73,7 +73,7 @@ impl Server {
         }
         let (identity, _created) = tls::load_or_create(&config.data_dir.join("tls"))?;
         let quic = tls::quic_config(&identity, &config.transport)?;
-        let endpoint = quinn::Endpoint::server(quic, config.listen)
+        let endpoint = monad_protocol::pin::endpoint(config.listen, Some(quic))
             .map_err(|e| ServerError::io("listen on", config.listen.to_string(), e))?;
         let http = config.http.map(crate::mcp::bind).transpose()?;
         let (mut config, layers) = load_settings(config)?;
