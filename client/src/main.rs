@@ -23,6 +23,10 @@ use monad_protocol::wire::{History, HistoryMessage, HistoryRole, Host, SessionIn
 use monad_protocol::{ToolClass, ToolName};
 use monad_protocol::{errln, outln, output};
 
+/// mimalloc rather than glibc's malloc, as in `monad-server` (see there).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// What `--session` means, the same for every command.
 const SESSION_HELP: &str = "Session id, or a unique start of it, as docker and git take ids \
                             (default: this device's current session, the one `sessions` marks \

@@ -133,13 +133,44 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
     if r.lines == 0 {
         return out;
     }
-    let width = last.to_string().len();
+    let width = digits(last);
     out.reserve(r.content.len() + (width + 2) * r.lines as usize);
     for (n, line) in (first..).zip(r.content.split_inclusive('\n')) {
         let line = line.strip_suffix('\n').unwrap_or(line);
-        let _ = write!(out, "\n{n:>width$}\t{line}");
+        out.push('\n');
+        push_right_aligned(&mut out, n, width);
+        out.push('\t');
+        out.push_str(line);
     }
     out
+}
+
+/// How many decimal digits `n` has.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// Appends `n` in decimal, right-aligned in `width` columns, like `{n:>width$}`. Written out
+/// because `write!` per line was a third of the time `monad-client mcp` spent on a 248 KiB read
+/// (4,000 lines).
+fn push_right_aligned(out: &mut String, n: u64, width: usize) {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let shown = &buf[at..];
+    for _ in shown.len()..width {
+        out.push(' ');
+    }
+    // ASCII digits only.
+    out.push_str(std::str::from_utf8(shown).unwrap_or_default());
 }
 
 fn list_dir(ws: &Where<'_>, r: ListDirResult) -> String {
@@ -660,6 +691,18 @@ fn wrap(text: &str, width: usize, indent: &str) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn line_numbers_are_aligned_as_format_aligns_them() {
+        for n in [0, 1, 9, 10, 99, 100, 4_242, 65_535, 1 << 40, u64::MAX] {
+            assert_eq!(digits(n), n.to_string().len(), "{n}");
+            for width in [0, 1, 3, 7, 25] {
+                let mut out = String::from("x");
+                push_right_aligned(&mut out, n, width);
+                assert_eq!(out, format!("x{n:>width$}"), "{n} in {width}");
+            }
+        }
+    }
 
     fn laptop() -> WorkspaceRef {
         WorkspaceRef {
