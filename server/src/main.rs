@@ -16,13 +16,6 @@ use monad_server::auth::TokenStore;
 use monad_server::store::SessionMeta;
 use monad_server::{Server, ServerConfig};
 
-/// mimalloc rather than glibc's malloc. A call moves results of up to megabytes through a few
-/// buffers and frees them; glibc gave the pages back at each free and faulted them in again at
-/// the next call (page faults were 16% of `monad-client mcp`'s time on a 248 KiB read), and its
-/// arenas contend across the runtime's threads. `docs/benchmarks.md` has the figures.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "monad-server",

@@ -27,10 +27,6 @@ use monad_tests::provider::{Reply, ScriptedProvider};
 use monad_tests::{Attachment, TestServer, attach_options};
 use serde_json::json;
 
-/// The binaries' allocator, for the server and clients this process hosts.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() {
     let quick = monad_tests::bench::quick();
     let (warmup, rounds) = if quick { (10, 40) } else { (50, 400) };

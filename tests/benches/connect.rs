@@ -14,10 +14,6 @@ use monad_client::agent::Agent;
 use monad_tests::TestServer;
 use monad_tests::bench::Stats;
 
-/// The binaries' allocator, for the server and clients this process hosts.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() {
     let quick = monad_tests::bench::quick();
     let (warmup, rounds, per_round) = if quick { (20, 4, 50) } else { (200, 10, 300) };

@@ -39,10 +39,6 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-/// The binaries' allocator, for the server and clients this process hosts.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Size of the small file (figure a).
 const SMALL: usize = 4096;
 /// Size of the large file (figure b).

@@ -34,10 +34,6 @@ use monad_tests::bench::{Stats, fmt_dur, quick};
 use monad_tests::test_config;
 use serde_json::{Value, json};
 
-/// The binaries' allocator, for the server and clients this process hosts.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Sessions on disk.
 const SESSIONS: usize = 10_000;
 /// Tool calls of the big session.

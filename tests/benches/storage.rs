@@ -41,10 +41,6 @@ use monad_server::settings::Layers;
 use monad_server::store::{FsStore, SessionMeta, SessionStore, Store, WorkspaceStore, history};
 use monad_tests::TestServer;
 
-/// The binaries' allocator, for the server and clients this process hosts.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Sessions on disk for figures b to d.
 const SESSIONS: usize = 10_000;
 /// Messages appended directly (figure a).
