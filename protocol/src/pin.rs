@@ -153,6 +153,14 @@ pub fn endpoint(
     addr: std::net::SocketAddr,
     server: Option<quinn::ServerConfig>,
 ) -> std::io::Result<quinn::Endpoint> {
+    let socket = udp_socket(addr)?;
+    let runtime =
+        quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime found"))?;
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime)
+}
+
+/// A UDP socket bound to `addr` with [`SOCKET_BUFFER`] asked for its buffers.
+fn udp_socket(addr: std::net::SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     let socket = std::net::UdpSocket::bind(addr)?;
     let state = quinn::udp::UdpSocketState::new((&socket).into())?;
     if let Err(e) = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER) {
@@ -161,7 +169,31 @@ pub fn endpoint(
     if let Err(e) = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER) {
         tracing::debug!("cannot enlarge the UDP send buffer: {e}");
     }
-    let runtime =
-        quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime found"))?;
-    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime)
+    Ok(socket)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the kernel grants at most, from `/proc/sys/net/core/NAME`.
+    fn kernel_max(name: &str) -> usize {
+        std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+            .expect("a Linux kernel")
+            .trim()
+            .parse()
+            .expect("a number")
+    }
+
+    #[test]
+    fn an_endpoints_socket_has_the_buffers_it_asked_for_as_far_as_the_kernel_allows() {
+        let socket = udp_socket("127.0.0.1:0".parse().unwrap()).unwrap();
+        let state = quinn::udp::UdpSocketState::new((&socket).into()).unwrap();
+        // Linux reports twice what it grants (the rest is its bookkeeping).
+        let want = |max: &str| SOCKET_BUFFER.min(kernel_max(max));
+        let recv = state.recv_buffer_size((&socket).into()).unwrap();
+        assert!(recv >= want("rmem_max"), "receive buffer {recv}");
+        let send = state.send_buffer_size((&socket).into()).unwrap();
+        assert!(send >= want("wmem_max"), "send buffer {send}");
+    }
 }

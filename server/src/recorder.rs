@@ -89,11 +89,11 @@ pub const GATHER: Duration = Duration::from_millis(10);
 /// Most jobs in one batch: a flood is written in bounded steps.
 const MAX_BATCH: usize = 4096;
 
-/// The next batch: the first job, then what arrives within [`GATHER`] of it, until a flush is
+/// The next batch: the first job, then what arrives within `window` of it, until a flush is
 /// asked for or the batch is full. `None` when every sender is gone.
-fn gather(rx: &mpsc::Receiver<Job>) -> Option<Vec<Job>> {
+fn gather(rx: &mpsc::Receiver<Job>, window: Duration) -> Option<Vec<Job>> {
     let first = rx.recv().ok()?;
-    let until = Instant::now() + GATHER;
+    let until = Instant::now() + window;
     let mut flush = matches!(first, Job::Flush(_));
     let mut batch = vec![first];
     while !flush && batch.len() < MAX_BATCH {
@@ -114,7 +114,7 @@ fn gather(rx: &mpsc::Receiver<Job>) -> Option<Vec<Job>> {
 }
 
 fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
-    while let Some(batch) = gather(&rx) {
+    while let Some(batch) = gather(&rx, GATHER) {
         let mut audits: HashMap<String, Vec<AuditRecord>> = HashMap::new();
         let mut touches: HashMap<(String, String), u64> = HashMap::new();
         let mut waiters = Vec::new();
@@ -164,6 +164,144 @@ fn put_artifacts(store: &dyn Store, mut artifacts: Vec<(ArtifactMeta, Vec<u8>)>)
     for ((meta, _), result) in artifacts.iter().zip(store.put_artifacts(&artifacts)) {
         if let Err(e) = result {
             warn!("cannot store artifact {} of {}: {e}", meta.id, meta.session);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{ArtifactKind, ArtifactStore, AuditDecision, AuditOutcome, Decider};
+    use crate::store::{FsStore, SessionStore};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn audit(n: u64) -> Job {
+        Job::Audit(
+            "s".into(),
+            AuditRecord {
+                time: "2026-11-27T00:00:00Z".into(),
+                call_id: format!("call-{n}"),
+                tool: "read_file".into(),
+                workspace: None,
+                target: String::new(),
+                decision: AuditDecision::Allowed,
+                decided_by: Decider::Trust,
+                outcome: AuditOutcome::Ok,
+                duration_ms: n,
+            },
+        )
+    }
+
+    fn calls(batch: &[Job]) -> Vec<u64> {
+        batch
+            .iter()
+            .filter_map(|j| match j {
+                Job::Audit(_, r) => Some(r.duration_ms),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_flush_ends_the_gathering_at_once() {
+        let (tx, rx) = mpsc::channel();
+        let (done, _) = mpsc::channel();
+        tx.send(audit(1)).unwrap();
+        tx.send(Job::Flush(done)).unwrap();
+        // The sender stays: only the flush can end a window of an hour.
+        let batch = gather(&rx, HOUR).unwrap();
+        assert_eq!(calls(&batch), [1]);
+        assert!(matches!(batch.last(), Some(Job::Flush(_))));
+    }
+
+    #[test]
+    fn a_full_batch_ends_the_gathering_and_the_rest_waits_for_the_next() {
+        let (tx, rx) = mpsc::channel();
+        for n in 0..MAX_BATCH as u64 + 3 {
+            tx.send(audit(n)).unwrap();
+        }
+        let batch = gather(&rx, HOUR).unwrap();
+        assert_eq!(batch.len(), MAX_BATCH);
+        let (done, _) = mpsc::channel();
+        tx.send(Job::Flush(done)).unwrap();
+        let next = gather(&rx, HOUR).unwrap();
+        let n = MAX_BATCH as u64;
+        assert_eq!(calls(&next), [n, n + 1, n + 2]);
+    }
+
+    #[test]
+    fn jobs_sent_while_gathering_join_the_batch() {
+        let (tx, rx) = mpsc::channel();
+        tx.send(audit(1)).unwrap();
+        let sender = std::thread::spawn(move || {
+            for n in 2..=4 {
+                tx.send(audit(n)).unwrap();
+            }
+            let (done, _) = mpsc::channel();
+            tx.send(Job::Flush(done)).unwrap();
+        });
+        let batch = gather(&rx, HOUR).unwrap();
+        sender.join().unwrap();
+        assert_eq!(calls(&batch), [1, 2, 3, 4]);
+        assert!(gather(&rx, HOUR).is_none(), "every sender is gone");
+    }
+
+    #[test]
+    fn artifacts_of_several_sessions_in_one_batch_are_all_stored_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let recorder = Recorder::start(store.clone());
+        let (a, b) = (
+            "00000000-0000-4000-8000-00000000000a",
+            "00000000-0000-4000-8000-00000000000b",
+        );
+        for id in [a, b] {
+            store
+                .create(&SessionMeta {
+                    id: id.into(),
+                    name: None,
+                    owner: "ana".into(),
+                    created_at: "2026-11-27T00:00:00Z".into(),
+                    last_active: "2026-11-27T00:00:00Z".into(),
+                    provider: None,
+                    model: None,
+                })
+                .unwrap();
+        }
+        let meta = |session: &str, n: u32| ArtifactMeta {
+            id: format!("{}-{n}", &session[session.len() - 1..]),
+            session: session.into(),
+            kind: ArtifactKind::ToolOutput,
+            workspace: None,
+            tool: Some("read_file".into()),
+            call_id: None,
+            created_at: "2026-11-27T00:00:00Z".into(),
+            content_type: "application/json".into(),
+            size: 1,
+            truncated: false,
+            original_size: 1,
+            upload: None,
+        };
+        // Interleaved, as calls of two sessions reach the recorder.
+        for (session, n) in [(a, 1), (b, 1), (a, 2), (b, 2), (a, 3)] {
+            recorder.artifact(meta(session, n), format!("{session}{n}").into_bytes());
+        }
+        recorder.flush();
+        for (session, count) in [(a, 3), (b, 2)] {
+            let short = &session[session.len() - 1..];
+            let listed: Vec<String> = store
+                .artifacts(session)
+                .unwrap()
+                .into_iter()
+                .map(|m| m.id)
+                .collect();
+            let expected: Vec<String> = (1..=count).map(|n| format!("{short}-{n}")).collect();
+            assert_eq!(listed, expected);
+            for n in 1..=count {
+                let (_, content) = store.artifact(session, &format!("{short}-{n}")).unwrap();
+                assert_eq!(content, format!("{session}{n}").into_bytes());
+            }
         }
     }
 }
