@@ -197,12 +197,7 @@ async fn connect_to(
         .next()
         .ok_or_else(|| ClientError::Unreachable("the name has no address".into()))?;
     let (client, presented) = pinned_config(&config.fingerprint, wire::ALPN)?;
-    let bind = if addr.is_ipv6() {
-        "[::]:0"
-    } else {
-        "0.0.0.0:0"
-    };
-    let mut endpoint = monad_protocol::pin::endpoint(bind.parse().expect("valid address"), None)
+    let mut endpoint = monad_protocol::pin::client_endpoint(addr.is_ipv6())
         .map_err(|e| ClientError::Unreachable(format!("cannot open a UDP socket: {e}")))?;
     endpoint.set_default_client_config(client);
     let connecting = endpoint

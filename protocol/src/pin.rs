@@ -159,6 +159,17 @@ pub fn endpoint(
     quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime)
 }
 
+/// A QUIC client endpoint ([`endpoint`]) for reaching a peer of the IP family `v6` says, on an
+/// unspecified address and a port the system picks.
+pub fn client_endpoint(v6: bool) -> std::io::Result<quinn::Endpoint> {
+    let any = if v6 {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    };
+    endpoint(std::net::SocketAddr::new(any, 0), None)
+}
+
 /// A UDP socket bound to `addr` with [`SOCKET_BUFFER`] asked for its buffers.
 fn udp_socket(addr: std::net::SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     let socket = std::net::UdpSocket::bind(addr)?;

@@ -143,7 +143,7 @@ impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster")
             .field("host", self.store.host())
-            .field("forwards", &self.secret.is_some())
+            .field("forwards", &self.forwards())
             .finish_non_exhaustive()
     }
 }
@@ -164,6 +164,12 @@ impl Cluster {
         }
     }
 
+    /// Whether this host forwards calls and accepts forwarded ones (it has a secret that is not
+    /// blank).
+    pub fn forwards(&self) -> bool {
+        self.secret.is_some()
+    }
+
     /// The store the leases are in.
     pub fn store(&self) -> &Arc<PgStore> {
         &self.store
@@ -181,13 +187,13 @@ impl Cluster {
             return Ok(Route::Local);
         }
         if origin == Origin::Agent
-            && self.secret.is_some()
+            && self.forwards()
             && let Some(address) = self.remembered_owner(session)
         {
             return Ok(Route::Forward { address });
         }
         let lease = self.take(session).await?;
-        let route = decide(session, &lease, origin, self.secret.is_some())?;
+        let route = decide(session, &lease, origin, self.forwards())?;
         if let Route::Forward { address } = &route {
             let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
             if owners.len() >= OWNERS_MAX {
@@ -407,10 +413,8 @@ impl Cluster {
         if let Some(endpoint) = slot.as_ref() {
             return Ok(endpoint.clone());
         }
-        let bind = if v6 { "[::]:0" } else { "0.0.0.0:0" };
-        let mut endpoint =
-            monad_protocol::pin::endpoint(bind.parse().expect("a socket address"), None)
-                .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+        let mut endpoint = monad_protocol::pin::client_endpoint(v6)
+            .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
         let (config, _) = monad_protocol::pin::pinned_config(&self.fingerprint, wire::ALPN)?;
         endpoint.set_default_client_config(config);
         *slot = Some(endpoint.clone());

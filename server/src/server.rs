@@ -91,14 +91,17 @@ impl Server {
         );
         let feed = crate::feed::Feed::new();
         let (store, tokens, pg) = crate::store::open(&config, fs_store.clone())?;
-        // Only a host that forwards (it has the secret) is reached by the others.
-        if let Some(pg) = &pg
-            && config
-                .cluster
-                .secret
-                .as_ref()
-                .is_some_and(|s| !s.is_blank())
-            && let Ok(address) = pg.host().address.parse::<SocketAddr>()
+        let cluster = pg.map(|pg| {
+            Arc::new(crate::cluster::Cluster::new(
+                pg,
+                config.cluster.secret.clone(),
+                &identity.fingerprint,
+            ))
+        });
+        // Only a host that forwards is reached by the others.
+        if let Some(cluster) = &cluster
+            && cluster.forwards()
+            && let Ok(address) = cluster.store().host().address.parse::<SocketAddr>()
             && (address.ip().is_unspecified() || address.ip().is_loopback())
         {
             warn!(
@@ -107,13 +110,6 @@ impl Server {
                  HOST:PORT`"
             );
         }
-        let cluster = pg.map(|pg| {
-            Arc::new(crate::cluster::Cluster::new(
-                pg,
-                config.cluster.secret.clone(),
-                &identity.fingerprint,
-            ))
-        });
         let store = crate::store::observed::observe(store, feed.clone());
         // Only once it listens, its settings are read and its store is open: a start that fails
         // (a port in use, an unreachable database) leaves no token that was never shown, and the

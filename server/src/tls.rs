@@ -20,10 +20,8 @@ pub struct Identity {
     pub fingerprint: String,
 }
 
-/// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits.
-pub fn fingerprint(cert_der: &[u8]) -> String {
-    crate::auth::sha256_hex(cert_der)
-}
+/// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits: what clients pin.
+pub use monad_protocol::pin::fingerprint;
 
 /// Loads `tls/cert.pem` and `tls/key.pem`, creating them (key mode 0600) when absent.
 /// Returns the identity and whether it was just created.
