@@ -178,9 +178,22 @@ pub struct Transport {
     pub keep_alive: Duration,
     /// A connection silent for this long is closed (a killed client is noticed after it).
     pub idle_timeout: Duration,
-    /// Bidirectional streams the peer may open at once.
+    /// Bidirectional streams an agent's connection may open at once (its requests, and the
+    /// refusals of those over `max_calls_per_connection`). Before its hello a connection may open
+    /// [`HELLO_STREAMS`], and an attached client's [`CLIENT_STREAMS`].
     pub max_streams: u32,
 }
+
+/// Streams a connection may open before its hello is accepted: the hello's. quinn reserves state
+/// at connect for every stream the peer may open (an entry in two hash maps each), about 9 KiB
+/// per connection at 128; most connections are attached clients, which need one.
+/// `MONAD_BENCH_ONLY=c cargo bench -p monad-tests --bench e2e` shows it per attached client.
+pub const HELLO_STREAMS: u32 = 1;
+
+/// Streams an attached client's connection may open at once, once its hello is accepted: one
+/// per folder it attaches on the connection (`monad-client attach` opens one connection per
+/// folder). A client over it waits for a stream; nothing is refused.
+pub const CLIENT_STREAMS: u32 = 8;
 
 impl Default for Transport {
     fn default() -> Self {
@@ -200,9 +213,18 @@ impl Transport {
         t.max_idle_timeout(Some(
             quinn::IdleTimeout::try_from(self.idle_timeout).expect("idle timeout in range"),
         ));
-        t.max_concurrent_bidi_streams(self.max_streams.into());
+        // Raised by role once the hello is accepted (`Transport::streams_for`).
+        t.max_concurrent_bidi_streams(HELLO_STREAMS.into());
         t.max_concurrent_uni_streams(0u32.into());
         t
+    }
+
+    /// Bidirectional streams a connection of `role` may open at once after its hello.
+    pub fn streams_for(&self, role: monad_protocol::wire::Role) -> u32 {
+        match role {
+            monad_protocol::wire::Role::Agent => self.max_streams,
+            monad_protocol::wire::Role::Client => CLIENT_STREAMS,
+        }
     }
 }
 

@@ -285,18 +285,12 @@ pub async fn connect_agent(config: &ClientConfig) -> Agent {
         .unwrap_or_else(|e| panic!("the agent cannot connect: {e}"))
 }
 
-/// A connection that says hello by hand, announcing protocol minor version `minor` (to play an
-/// older peer). Returns the endpoint (keep it alive), the connection, and the minor version the
-/// server's welcome settled on.
-pub async fn connect_speaking(
-    config: &ClientConfig,
-    role: monad_protocol::wire::Role,
-    minor: u32,
-) -> (quinn::Endpoint, quinn::Connection, u32) {
-    use monad_protocol::io::{read_message, write_message};
-    use monad_protocol::wire::{self, Message};
-    let (client, _) = monad_client::connect::pinned_config(&config.fingerprint, wire::ALPN)
-        .expect("a client configuration");
+/// A connection to the server whose handshake is done and which has said nothing yet. Returns
+/// the endpoint (keep it alive) and the connection.
+pub async fn connect_without_hello(config: &ClientConfig) -> (quinn::Endpoint, quinn::Connection) {
+    let (client, _) =
+        monad_client::connect::pinned_config(&config.fingerprint, monad_protocol::wire::ALPN)
+            .expect("a client configuration");
     let mut endpoint =
         quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("a UDP socket");
     endpoint.set_default_client_config(client);
@@ -308,6 +302,20 @@ pub async fn connect_speaking(
     )
     .await
     .expect("the handshake succeeds");
+    (endpoint, conn)
+}
+
+/// A connection that says hello by hand, announcing protocol minor version `minor` (to play an
+/// older peer). Returns the endpoint (keep it alive), the connection, and the minor version the
+/// server's welcome settled on.
+pub async fn connect_speaking(
+    config: &ClientConfig,
+    role: monad_protocol::wire::Role,
+    minor: u32,
+) -> (quinn::Endpoint, quinn::Connection, u32) {
+    use monad_protocol::io::{read_message, write_message};
+    use monad_protocol::wire::{self, Message};
+    let (endpoint, conn) = connect_without_hello(config).await;
     let (mut send, mut recv) = conn.open_bi().await.expect("a stream");
     let hello = Message::Hello {
         protocol: wire::PROTOCOL_MAJOR,

@@ -6,9 +6,11 @@ use std::sync::Arc;
 
 use monad_client::ClientError;
 use monad_client::agent::Agent;
+use monad_protocol::wire::{PROTOCOL_MINOR, Role};
 use monad_protocol::{ErrorCode, ToolName};
 use monad_tests::{
-    FakeClient, STEP, ServerProcess, TestServer, call_in, connect_agent, ok, within,
+    FakeClient, STEP, ServerProcess, TestServer, call_in, connect_agent, connect_speaking,
+    connect_without_hello, ok, within,
 };
 use serde_json::json;
 
@@ -226,4 +228,52 @@ async fn a_request_that_never_finishes_arriving_is_cut_after_the_read_time_out()
     }
     // The connection goes on.
     ok(call_in(&agent, None, "workspaces", json!({})).await);
+}
+
+/// How many streams `conn` may open at once, up to `up_to`: it opens them (sending nothing) until
+/// one is not granted within half a second (quinn's `open_bi` waits for the server's credit).
+async fn streams_granted(conn: &quinn::Connection, up_to: u32) -> u32 {
+    let mut held = Vec::new();
+    while held.len() < up_to as usize {
+        match tokio::time::timeout(std::time::Duration::from_millis(500), conn.open_bi()).await {
+            Ok(opened) => held.push(opened.expect("the connection is up")),
+            Err(_) => break,
+        }
+    }
+    held.len() as u32
+}
+
+/// quinn reserves state at connect for every stream a peer may open, so a connection that never
+/// says hello (or an attached client, which needs one stream per folder) must not be allowed the
+/// 128 streams an agent gets: 1,000 such connections held about 9 MiB more of the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_gets_streams_for_its_role_only_after_its_hello() {
+    use monad_server::config::CLIENT_STREAMS;
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    // Before the hello: the hello's stream, and no second one.
+    let (_silent_endpoint, silent) = connect_without_hello(&config).await;
+    assert_eq!(
+        streams_granted(&silent, 2).await,
+        1,
+        "a connection that has not said hello may open one stream"
+    );
+
+    // An attached client: `CLIENT_STREAMS` at once (one fewer while its hello's stream is
+    // still counted), and no more.
+    let (_client_endpoint, client, _) =
+        connect_speaking(&config, Role::Client, PROTOCOL_MINOR).await;
+    let granted = streams_granted(&client, CLIENT_STREAMS + 1).await;
+    assert!(
+        (CLIENT_STREAMS - 1..=CLIENT_STREAMS).contains(&granted),
+        "an attached client may open {CLIENT_STREAMS} streams at once, it got {granted}"
+    );
+
+    // An agent: every request the connection may have in flight, and the refusals beyond.
+    let (_agent_endpoint, agent, _) = connect_speaking(&config, Role::Agent, PROTOCOL_MINOR).await;
+    let max = server.config().transport.max_streams;
+    assert!(
+        streams_granted(&agent, max - 1).await == max - 1,
+        "an agent may open {max} streams at once"
+    );
 }
