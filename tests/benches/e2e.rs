@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use monad_client::agent::Agent;
 use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::ClientConfig;
-use monad_protocol::wire::{Outcome, Trust};
+use monad_protocol::wire::{Outcome, Role, Trust};
 use monad_sandbox::Limits;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{Value, json};
@@ -361,7 +361,12 @@ fn raw_endpoint() -> (quinn::Endpoint, CertificateDer<'static>) {
     tls.alpn_protocols = vec![RAW_ALPN.to_vec()];
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).expect("QUIC TLS");
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    config.transport_config(Arc::new(monad_server::config::Transport::default().quinn()));
+    // Monad's server raises a connection's streams once its hello says it is an agent; the raw
+    // peer has no hello, so it starts with what an agent's connection gets.
+    let settings = monad_server::config::Transport::default();
+    let mut transport = settings.quinn();
+    transport.max_concurrent_bidi_streams(settings.streams_for(Role::Agent).into());
+    config.transport_config(Arc::new(transport));
     let endpoint =
         quinn::Endpoint::server(config, SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
     (endpoint, cert)

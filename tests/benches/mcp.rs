@@ -17,6 +17,7 @@
 //!
 //! With `MONAD_BENCH_LIST=1`, the four paths list a 1,000-entry directory (`list_dir`, the
 //! reference's `list_directory`) instead, which shows what each hop costs for a larger result.
+//! `MONAD_BENCH_SIZE=N` makes the file the four paths read N bytes instead of 4 KiB.
 //!
 //! Each path is warmed up, then timed call by call in rounds that rotate which path goes first;
 //! the report gives median and 99th percentile, and each MCP path's median against path 1 (the
@@ -119,7 +120,11 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
     let server = TestServer::start_with(|c| c.http = Some(http)).await;
     let dir = tempfile::tempdir().expect("folder");
     let line = "the quick brown fox jumps over the lazy dog, again and again.\n";
-    let content: String = line.repeat(SIZE / line.len() + 1)[..SIZE].to_owned();
+    let size = std::env::var("MONAD_BENCH_SIZE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(SIZE);
+    let content: String = line.repeat(size / line.len() + 1)[..size].to_owned();
     std::fs::write(dir.path().join("bench.txt"), &content).expect("file");
     for (name, size) in [("small.txt", 4096), ("large.txt", 248 * 1024)] {
         let content = &line.repeat(size / line.len() + 1)[..size];
