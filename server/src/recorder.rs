@@ -4,8 +4,11 @@
 //! A tool call's answer does not wait for its audit line or artifacts to reach the disk; they
 //! follow within milliseconds. What arrives within [`GATHER`] of the first job is written as one
 //! batch (group commit), so calls in quick succession share their syncs and file updates instead
-//! of paying five syncs each. [`Recorder::flush`] waits for everything sent so far (used on
-//! shutdown and by tests), and does not wait out the gathering.
+//! of paying five syncs each. Workspace-record activity (last use, call counts) is only a
+//! statistic, so it is written at most every [`TOUCH_EVERY`]: rewriting a folder's record after
+//! every batch was the recorder's largest cost when an agent read large files in a loop.
+//! [`Recorder::flush`] waits for everything sent so far, activity included (used on shutdown and
+//! by tests), and does not wait out the gathering.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -86,13 +89,24 @@ impl Recorder {
 /// bench).
 pub const GATHER: Duration = Duration::from_millis(10);
 
+/// How often, at most, the recorder rewrites the workspace records that calls were made in.
+pub const TOUCH_EVERY: Duration = Duration::from_secs(1);
+
 /// Most jobs in one batch: a flood is written in bounded steps.
 const MAX_BATCH: usize = 4096;
 
 /// The next batch: the first job, then what arrives within `window` of it, until a flush is
-/// asked for or the batch is full. `None` when every sender is gone.
-fn gather(rx: &mpsc::Receiver<Job>, window: Duration) -> Option<Vec<Job>> {
-    let first = rx.recv().ok()?;
+/// asked for or the batch is full. With `due`, an empty batch when no job arrives before it.
+/// `None` when every sender is gone.
+fn gather(rx: &mpsc::Receiver<Job>, window: Duration, due: Option<Instant>) -> Option<Vec<Job>> {
+    let first = match due {
+        None => rx.recv().ok()?,
+        Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
+            Ok(job) => job,
+            Err(mpsc::RecvTimeoutError::Timeout) => return Some(Vec::new()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+        },
+    };
     let until = Instant::now() + window;
     let mut flush = matches!(first, Job::Flush(_));
     let mut batch = vec![first];
@@ -114,9 +128,11 @@ fn gather(rx: &mpsc::Receiver<Job>, window: Duration) -> Option<Vec<Job>> {
 }
 
 fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
-    while let Some(batch) = gather(&rx, GATHER) {
+    // Calls per (workspace record, session) not yet written, and when they must be.
+    let mut touches: HashMap<(String, String), u64> = HashMap::new();
+    let mut touch_due: Option<Instant> = None;
+    while let Some(batch) = gather(&rx, GATHER, touch_due) {
         let mut audits: HashMap<String, Vec<AuditRecord>> = HashMap::new();
-        let mut touches: HashMap<(String, String), u64> = HashMap::new();
         let mut waiters = Vec::new();
         // Artifacts in a row are stored together (the filesystem store syncs a session's
         // pack and index once for all of them), before any session save that follows them.
@@ -126,7 +142,8 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
                 Job::Audit(session, record) => audits.entry(session).or_default().push(record),
                 Job::Artifact(meta, content) => artifacts.push((meta, content)),
                 Job::Touch { record, session } => {
-                    *touches.entry((record, session)).or_default() += 1
+                    *touches.entry((record, session)).or_default() += 1;
+                    touch_due.get_or_insert_with(|| Instant::now() + TOUCH_EVERY);
                 }
                 Job::SaveMeta(meta) => {
                     put_artifacts(store.as_ref(), std::mem::take(&mut artifacts));
@@ -143,13 +160,22 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
                 warn!("cannot write the audit log of {session}: {e}");
             }
         }
-        for ((record, session), calls) in touches {
-            if let Err(e) = store.touch_record(&record, &session, calls) {
-                warn!("cannot update workspace record {record}: {e}");
-            }
+        if !waiters.is_empty() || touch_due.is_some_and(|due| Instant::now() >= due) {
+            write_touches(store.as_ref(), std::mem::take(&mut touches));
+            touch_due = None;
         }
         for done in waiters {
             let _ = done.send(());
+        }
+    }
+    write_touches(store.as_ref(), touches);
+}
+
+/// Adds `touches` (calls per workspace record and session) to the workspace records.
+fn write_touches(store: &dyn Store, touches: HashMap<(String, String), u64>) {
+    for ((record, session), calls) in touches {
+        if let Err(e) = store.touch_record(&record, &session, calls) {
+            warn!("cannot update workspace record {record}: {e}");
         }
     }
 }
@@ -172,7 +198,7 @@ fn put_artifacts(store: &dyn Store, mut artifacts: Vec<(ArtifactMeta, Vec<u8>)>)
 mod tests {
     use super::*;
     use crate::store::{ArtifactKind, ArtifactStore, AuditDecision, AuditOutcome, Decider};
-    use crate::store::{FsStore, SessionStore};
+    use crate::store::{FsStore, SessionStore, WorkspaceStore};
 
     const HOUR: Duration = Duration::from_secs(3600);
 
@@ -210,7 +236,7 @@ mod tests {
         tx.send(audit(1)).unwrap();
         tx.send(Job::Flush(done)).unwrap();
         // The sender stays: only the flush can end a window of an hour.
-        let batch = gather(&rx, HOUR).unwrap();
+        let batch = gather(&rx, HOUR, None).unwrap();
         assert_eq!(calls(&batch), [1]);
         assert!(matches!(batch.last(), Some(Job::Flush(_))));
     }
@@ -221,11 +247,11 @@ mod tests {
         for n in 0..MAX_BATCH as u64 + 3 {
             tx.send(audit(n)).unwrap();
         }
-        let batch = gather(&rx, HOUR).unwrap();
+        let batch = gather(&rx, HOUR, None).unwrap();
         assert_eq!(batch.len(), MAX_BATCH);
         let (done, _) = mpsc::channel();
         tx.send(Job::Flush(done)).unwrap();
-        let next = gather(&rx, HOUR).unwrap();
+        let next = gather(&rx, HOUR, None).unwrap();
         let n = MAX_BATCH as u64;
         assert_eq!(calls(&next), [n, n + 1, n + 2]);
     }
@@ -241,10 +267,63 @@ mod tests {
             let (done, _) = mpsc::channel();
             tx.send(Job::Flush(done)).unwrap();
         });
-        let batch = gather(&rx, HOUR).unwrap();
+        let batch = gather(&rx, HOUR, None).unwrap();
         sender.join().unwrap();
         assert_eq!(calls(&batch), [1, 2, 3, 4]);
-        assert!(gather(&rx, HOUR).is_none(), "every sender is gone");
+        assert!(gather(&rx, HOUR, None).is_none(), "every sender is gone");
+    }
+
+    #[test]
+    fn with_something_due_the_gathering_ends_empty_when_nothing_arrives() {
+        let (_tx, rx) = mpsc::channel::<Job>();
+        let batch = gather(&rx, HOUR, Some(Instant::now() + Duration::from_millis(20))).unwrap();
+        assert!(batch.is_empty());
+    }
+
+    /// The calls recorded in `record` for session `default`.
+    fn calls_in(store: &FsStore, record: &str) -> u64 {
+        let page = store.record_sessions(record, 20, None).unwrap();
+        page.items.iter().map(|s| s.calls).sum()
+    }
+
+    #[test]
+    fn a_flush_writes_the_activity_gathered_so_far() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let record = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
+        let recorder = Recorder::start(store.clone());
+        for _ in 0..5 {
+            recorder.touch(&record.id, "default");
+        }
+        recorder.flush();
+        assert_eq!(calls_in(&store, &record.id), 5);
+        recorder.touch(&record.id, "default");
+        recorder.flush();
+        assert_eq!(calls_in(&store, &record.id), 6, "added, not replaced");
+    }
+
+    #[test]
+    fn activity_reaches_the_record_within_touch_every_without_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let record = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
+        let recorder = Recorder::start(store.clone());
+        let started = Instant::now();
+        // Calls spread over more than one batch, then nothing more.
+        for _ in 0..3 {
+            recorder.touch(&record.id, "default");
+            std::thread::sleep(GATHER * 2);
+        }
+        let deadline = started + TOUCH_EVERY * 5;
+        while calls_in(&store, &record.id) < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "the activity was not written without a flush"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(calls_in(&store, &record.id), 3);
+        drop(recorder);
     }
 
     #[test]

@@ -104,14 +104,18 @@ impl Tap {
             ),
             (None, true) => {
                 let mut outcome = self.outcome;
-                let kept = String::from_utf8_lossy(&self.head).into_owned();
+                // Valid UTF-8 as a rule (the body was checked as text), unless the cap cut a
+                // character: the fast check first, without a copy.
+                let seen = self.head.len() as u64;
+                let kept = String::from_utf8(self.head)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                 if let Outcome::Ok {
                     result: Value::Object(map),
                 } = &mut outcome
                 {
                     map.insert(body.field.clone(), Value::String(kept));
                 }
-                (outcome, body.len.saturating_sub(self.head.len() as u64))
+                (outcome, body.len.saturating_sub(seen))
             }
         };
         let output = CallOutput {

@@ -317,6 +317,61 @@ async fn a_large_read_is_relayed_to_the_agent_as_a_body() {
     assert!(meta.original_size > content.len() as u64);
 }
 
+/// The artifact keeps the head of a body up to its cap. A cap that cuts a character in two is
+/// no reason to lose the head: it is recorded as the text it is.
+#[tokio::test]
+async fn a_body_whose_head_the_cap_cuts_mid_character_is_recorded_as_text() {
+    let (fx, mut peer) = Fixture::new();
+    let cap = fx.session.settings.retention.artifact_max_bytes as usize;
+    // Three-byte characters, so that the cap falls inside one of them.
+    assert_ne!(cap % 3, 0, "the cap falls inside a character");
+    let content = "\u{20ac}".repeat(cap / 3 + 1000);
+    let client = {
+        let content = content.clone();
+        tokio::spawn(async move {
+            answer_with_body(&mut peer, &content, content.len() as u64).await;
+        })
+    };
+    let output = bounded(
+        "the call",
+        fx.call("read_file", json!({"path": "big.txt"}), &Lines::default()),
+    )
+    .await;
+    let pending = output.body.expect("a pending body");
+    let (mut sink, mut agent) = memory::pipe();
+    let agent_reads = async {
+        let mut got = Vec::new();
+        agent.read_to_end(&mut got).await.unwrap();
+        got
+    };
+    let relay = async {
+        let relayed = pending.relay(&mut sink).await;
+        sink.finish();
+        relayed
+    };
+    let (relayed, got) = bounded("the relay", futures_join(relay, agent_reads)).await;
+    assert_eq!(relayed, Ok(()));
+    assert_eq!(got, content.as_bytes());
+    bounded("the client", client).await.unwrap();
+    assert_eq!(fx.only_audit_line("read_file").outcome, AuditOutcome::Ok);
+    let artifacts = fx.store.artifacts(&fx.session.id).unwrap();
+    let (meta, bytes) = fx.store.artifact(&fx.session.id, &artifacts[0].id).unwrap();
+    assert!(meta.truncated);
+    // The artifact is the head of the result's JSON, itself cut at the cap.
+    let text = String::from_utf8_lossy(&bytes);
+    let start = text.find("\"content\":\"").expect("the content") + "\"content\":\"".len();
+    let kept = text[start..].trim_end_matches('\u{fffd}');
+    assert!(
+        kept.len() > cap / 2,
+        "the head is kept ({} bytes)",
+        kept.len()
+    );
+    assert!(
+        kept.chars().all(|c| c == '\u{20ac}'),
+        "the head is the text"
+    );
+}
+
 #[tokio::test]
 async fn a_large_read_is_put_back_into_the_result_for_a_caller_that_needs_one_value() {
     let (fx, mut peer) = Fixture::new();
