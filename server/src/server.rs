@@ -164,7 +164,8 @@ impl Server {
                     config.quotas.max_sessions_in_memory_per_user,
                     config.quotas.max_sessions_per_user,
                 )
-                .with_cluster(cluster.clone()),
+                .with_cluster(cluster.clone())
+                .with_recorder(recorder.clone()),
             cluster,
             executor: Executor {
                 call_timeout: Some(config.call_timeout),

@@ -673,6 +673,10 @@ pub struct Registry {
     deleting: Mutex<std::collections::HashSet<String>>,
     /// Several hosts on one store: a session that leaves memory gives up its lease.
     cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// The recorder of the sessions' calls, flushed before a session's rows go: a call's
+    /// records (its metadata's last use among them) written after the delete would put the
+    /// session back.
+    recorder: Option<crate::recorder::Recorder>,
 }
 
 /// A session a device was bound to here, as loaded then, and when.
@@ -709,7 +713,14 @@ impl Registry {
             recent_binds: Mutex::new(HashMap::new()),
             deleting: Mutex::new(std::collections::HashSet::new()),
             cluster: None,
+            recorder: None,
         }
+    }
+
+    /// Flushes `recorder` before a session is deleted ([`Registry::delete`]).
+    pub fn with_recorder(mut self, recorder: crate::recorder::Recorder) -> Registry {
+        self.recorder = Some(recorder);
+        self
     }
 
     /// Gives up a session's lease when it leaves memory (several hosts on one store).
@@ -1210,6 +1221,10 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone());
         drop(sessions);
+        // What its last calls sent the recorder is written first, then deleted with the rest.
+        if let Some(recorder) = &self.recorder {
+            recorder.flush();
+        }
         let deleted = (|| {
             self.store.delete(&id)?;
             self.store.unbind_session(&id)?;
@@ -2075,6 +2090,31 @@ mod tests {
         );
         reg.delete("default").unwrap();
         assert!(reg.list("ana").is_empty());
+    }
+
+    /// A call's records still in the recorder when its session is deleted (its metadata's last
+    /// use, sent as the call ended) must not put the session back once they are written.
+    #[test]
+    fn records_still_in_the_recorder_do_not_bring_a_deleted_session_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(FsStore::new(dir.path()));
+        let recorder = crate::recorder::Recorder::start(store.clone());
+        let reg = Registry::new(dir.path(), store.clone(), Layers::default())
+            .with_recorder(recorder.clone());
+        let s = reg.create("ana").unwrap();
+        let id = s.id.clone();
+        let meta = s.meta();
+        drop(s);
+        // As a call's end does: the session's metadata to the recorder, which gathers it for
+        // a while before writing.
+        recorder.save_meta(meta);
+        reg.delete(&id).unwrap();
+        recorder.flush();
+        assert!(
+            store.load(&id).unwrap().is_none(),
+            "the deleted session came back"
+        );
+        assert!(!dir.path().join("sessions").join(&id).exists());
     }
 
     #[test]
