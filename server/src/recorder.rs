@@ -286,12 +286,23 @@ mod tests {
         page.items.iter().map(|s| s.calls).sum()
     }
 
-    #[test]
-    fn a_flush_writes_the_activity_gathered_so_far() {
+    /// A store in a temporary folder with one workspace record, and a recorder writing to it.
+    fn a_record_and_its_recorder() -> (
+        tempfile::TempDir,
+        Arc<FsStore>,
+        crate::store::WorkspaceRecord,
+        Recorder,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(FsStore::new(dir.path()));
         let record = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
         let recorder = Recorder::start(store.clone());
+        (dir, store, record, recorder)
+    }
+
+    #[test]
+    fn a_flush_writes_the_activity_gathered_so_far() {
+        let (_dir, store, record, recorder) = a_record_and_its_recorder();
         for _ in 0..5 {
             recorder.touch(&record.id, "default");
         }
@@ -304,10 +315,7 @@ mod tests {
 
     #[test]
     fn activity_reaches_the_record_within_touch_every_without_a_flush() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(FsStore::new(dir.path()));
-        let record = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
-        let recorder = Recorder::start(store.clone());
+        let (_dir, store, record, recorder) = a_record_and_its_recorder();
         let started = Instant::now();
         // Calls spread over more than one batch, then nothing more.
         for _ in 0..3 {

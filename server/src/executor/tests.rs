@@ -268,6 +268,24 @@ async fn answer_with_body(peer: &mut memory::Peer, content: &str, len: u64) {
     }
 }
 
+/// Relays a pending body whole to an agent's end of a pipe; what the agent read.
+async fn relay_to_an_agent(pending: super::link::PendingBody) -> Vec<u8> {
+    let (mut sink, mut agent) = memory::pipe();
+    let agent_reads = async {
+        let mut got = Vec::new();
+        agent.read_to_end(&mut got).await.unwrap();
+        got
+    };
+    let relay = async {
+        let relayed = pending.relay(&mut sink).await;
+        sink.finish();
+        relayed
+    };
+    let (relayed, got) = bounded("the relay", futures_join(relay, agent_reads)).await;
+    assert_eq!(relayed, Ok(()));
+    got
+}
+
 #[tokio::test]
 async fn a_large_read_is_relayed_to_the_agent_as_a_body() {
     let (fx, mut peer) = Fixture::new();
@@ -291,20 +309,7 @@ async fn a_large_read_is_relayed_to_the_agent_as_a_body() {
     let pending = output.body.expect("a pending body");
     assert_eq!(pending.body.field, "content");
     assert_eq!(pending.body.len, content.len() as u64);
-    let (mut sink, mut agent) = memory::pipe();
-    let agent_reads = async {
-        let mut got = Vec::new();
-        agent.read_to_end(&mut got).await.unwrap();
-        got
-    };
-    let relay = async {
-        let relayed = pending.relay(&mut sink).await;
-        sink.finish();
-        relayed
-    };
-    let (relayed, got) = bounded("the relay", futures_join(relay, agent_reads)).await;
-    assert_eq!(relayed, Ok(()));
-    assert_eq!(got, content.as_bytes());
+    assert_eq!(relay_to_an_agent(pending).await, content.as_bytes());
     bounded("the client", client).await.unwrap();
     let line = fx.only_audit_line("read_file");
     assert_eq!(line.outcome, AuditOutcome::Ok);
@@ -338,20 +343,7 @@ async fn a_body_whose_head_the_cap_cuts_mid_character_is_recorded_as_text() {
     )
     .await;
     let pending = output.body.expect("a pending body");
-    let (mut sink, mut agent) = memory::pipe();
-    let agent_reads = async {
-        let mut got = Vec::new();
-        agent.read_to_end(&mut got).await.unwrap();
-        got
-    };
-    let relay = async {
-        let relayed = pending.relay(&mut sink).await;
-        sink.finish();
-        relayed
-    };
-    let (relayed, got) = bounded("the relay", futures_join(relay, agent_reads)).await;
-    assert_eq!(relayed, Ok(()));
-    assert_eq!(got, content.as_bytes());
+    assert_eq!(relay_to_an_agent(pending).await, content.as_bytes());
     bounded("the client", client).await.unwrap();
     assert_eq!(fx.only_audit_line("read_file").outcome, AuditOutcome::Ok);
     let artifacts = fx.store.artifacts(&fx.session.id).unwrap();
