@@ -268,6 +268,27 @@ async fn answer_with_body(peer: &mut memory::Peer, content: &str, len: u64) {
     }
 }
 
+/// A `read_file` call that the scripted client answers with `content` as a body, written on a
+/// task of its own as the relay takes it: the call's output, and that task.
+async fn a_read_answered_with_body(
+    fx: &Fixture,
+    mut peer: memory::Peer,
+    content: &str,
+) -> (CallOutput, tokio::task::JoinHandle<()>) {
+    let client = {
+        let content = content.to_owned();
+        tokio::spawn(async move {
+            answer_with_body(&mut peer, &content, content.len() as u64).await;
+        })
+    };
+    let output = bounded(
+        "the call",
+        fx.call("read_file", json!({"path": "big.txt"}), &Lines::default()),
+    )
+    .await;
+    (output, client)
+}
+
 /// Relays a pending body whole to an agent's end of a pipe; what the agent read.
 async fn relay_to_an_agent(pending: super::link::PendingBody) -> Vec<u8> {
     let (mut sink, mut agent) = memory::pipe();
@@ -288,20 +309,9 @@ async fn relay_to_an_agent(pending: super::link::PendingBody) -> Vec<u8> {
 
 #[tokio::test]
 async fn a_large_read_is_relayed_to_the_agent_as_a_body() {
-    let (fx, mut peer) = Fixture::new();
+    let (fx, peer) = Fixture::new();
     let content = large_content(300 * 1024);
-    // The client writes its body as the relay takes it: on a task of its own.
-    let client = {
-        let content = content.clone();
-        tokio::spawn(async move {
-            answer_with_body(&mut peer, &content, content.len() as u64).await;
-        })
-    };
-    let output = bounded(
-        "the call",
-        fx.call("read_file", json!({"path": "big.txt"}), &Lines::default()),
-    )
-    .await;
+    let (output, client) = a_read_answered_with_body(&fx, peer, &content).await;
     let Outcome::Ok { result } = &output.outcome else {
         panic!("{:?}", output.outcome);
     };
@@ -326,22 +336,12 @@ async fn a_large_read_is_relayed_to_the_agent_as_a_body() {
 /// no reason to lose the head: it is recorded as the text it is.
 #[tokio::test]
 async fn a_body_whose_head_the_cap_cuts_mid_character_is_recorded_as_text() {
-    let (fx, mut peer) = Fixture::new();
+    let (fx, peer) = Fixture::new();
     let cap = fx.session.settings.retention.artifact_max_bytes as usize;
     // Three-byte characters, so that the cap falls inside one of them.
     assert_ne!(cap % 3, 0, "the cap falls inside a character");
     let content = "\u{20ac}".repeat(cap / 3 + 1000);
-    let client = {
-        let content = content.clone();
-        tokio::spawn(async move {
-            answer_with_body(&mut peer, &content, content.len() as u64).await;
-        })
-    };
-    let output = bounded(
-        "the call",
-        fx.call("read_file", json!({"path": "big.txt"}), &Lines::default()),
-    )
-    .await;
+    let (output, client) = a_read_answered_with_body(&fx, peer, &content).await;
     let pending = output.body.expect("a pending body");
     assert_eq!(relay_to_an_agent(pending).await, content.as_bytes());
     bounded("the client", client).await.unwrap();
