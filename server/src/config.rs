@@ -185,7 +185,7 @@ pub struct Transport {
 }
 
 /// Streams a connection may open before its hello is accepted: the hello's. quinn reserves state
-/// at connect for every stream the peer may open (an entry in two hash maps each), about 9 KiB
+/// at connect for every stream the peer may open (an entry in two hash maps each), about 10 KiB
 /// per connection at 128; most connections are attached clients, which need one.
 /// `MONAD_BENCH_ONLY=c cargo bench -p monad-tests --bench e2e` shows it per attached client.
 pub const HELLO_STREAMS: u32 = 1;
