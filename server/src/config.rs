@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use monad_protocol::wire::Role;
 use monad_sandbox::{ExecPolicy, Limits};
 
 /// Everything the server needs to run.
@@ -220,10 +221,10 @@ impl Transport {
     }
 
     /// Bidirectional streams a connection of `role` may open at once after its hello.
-    pub fn streams_for(&self, role: monad_protocol::wire::Role) -> u32 {
+    pub fn streams_for(&self, role: Role) -> u32 {
         match role {
-            monad_protocol::wire::Role::Agent => self.max_streams,
-            monad_protocol::wire::Role::Client => CLIENT_STREAMS,
+            Role::Agent => self.max_streams,
+            Role::Client => CLIENT_STREAMS,
         }
     }
 }

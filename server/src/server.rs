@@ -590,30 +590,30 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
             )),
         }
     });
+    // Before the welcome, so that the peer's next stream never waits for the credit.
+    if let Ok(((role, ..), _)) = &checked {
+        conn.set_max_concurrent_bi_streams(state.config.transport.streams_for(*role).into());
+    }
     let (reply, result) = match checked {
-        Ok(((role, user, device_id, client_name, minor, origin), slot)) => {
-            // Before the welcome, so that the peer's next stream never waits for the credit.
-            conn.set_max_concurrent_bi_streams(state.config.transport.streams_for(role).into());
-            (
-                Message::Welcome {
-                    protocol: wire::PROTOCOL_MAJOR,
-                    minor: wire::negotiate_minor(minor),
-                    user: user.clone(),
-                    server: format!("monad-server {}", env!("CARGO_PKG_VERSION")),
-                },
-                Ok((
-                    (
-                        role,
-                        user,
-                        device_id,
-                        client_name,
-                        wire::negotiate_minor(minor),
-                        origin,
-                    ),
-                    slot,
-                )),
-            )
-        }
+        Ok(((role, user, device_id, client_name, minor, origin), slot)) => (
+            Message::Welcome {
+                protocol: wire::PROTOCOL_MAJOR,
+                minor: wire::negotiate_minor(minor),
+                user: user.clone(),
+                server: format!("monad-server {}", env!("CARGO_PKG_VERSION")),
+            },
+            Ok((
+                (
+                    role,
+                    user,
+                    device_id,
+                    client_name,
+                    wire::negotiate_minor(minor),
+                    origin,
+                ),
+                slot,
+            )),
+        ),
         Err(error) => {
             let message = error.message.clone();
             (Message::Refused { error }, Err(message))

@@ -1198,7 +1198,8 @@ impl Registry {
     }
 
     /// Deletes a session with its workspace, history, artifacts, bindings and its place in
-    /// workspace records.
+    /// workspace records. Blocking: it waits for the recorder to write what it holds (see
+    /// [`Registry::with_recorder`]), then for the store.
     pub fn delete(&self, id: &str) -> Result<(), ToolError> {
         let id = normalize_id(id)?;
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());

@@ -120,10 +120,10 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
     let server = TestServer::start_with(|c| c.http = Some(http)).await;
     let dir = tempfile::tempdir().expect("folder");
     let line = "the quick brown fox jumps over the lazy dog, again and again.\n";
-    let size = std::env::var("MONAD_BENCH_SIZE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(SIZE);
+    let size = std::env::var("MONAD_BENCH_SIZE").map_or(SIZE, |s| {
+        s.parse()
+            .unwrap_or_else(|_| panic!("MONAD_BENCH_SIZE={s}: a number of bytes, please"))
+    });
     let content: String = line.repeat(size / line.len() + 1)[..size].to_owned();
     std::fs::write(dir.path().join("bench.txt"), &content).expect("file");
     for (name, size) in [("small.txt", 4096), ("large.txt", 248 * 1024)] {
