@@ -3,6 +3,7 @@
 
 use monad_protocol::agent::{AgentEvent, TurnResult};
 use monad_protocol::io::{ReadError, read_body, read_message, write_message};
+use monad_protocol::stream::QuietRecv;
 use monad_protocol::wire::{
     self, ChatInfo, History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo,
     WorkspaceInfo, WorkspaceRecord, WorkspaceRef, WorkspaceSession, reset,
@@ -116,10 +117,12 @@ impl Agent {
         &self.connection.server
     }
 
+    /// Opens a stream and sends `request` on it, finished. The answer's stream is read to its
+    /// end when dropped, so that the server is not told to stop a stream it finished.
     async fn request(
         &self,
         request: &Message,
-    ) -> Result<(quinn::SendStream, quinn::RecvStream), ClientError> {
+    ) -> Result<(quinn::SendStream, QuietRecv), ClientError> {
         let (mut send, recv) = self
             .connection
             .conn
@@ -130,7 +133,7 @@ impl Agent {
             .await
             .map_err(|e| ClientError::Unreachable(e.to_string()))?;
         let _ = send.finish();
-        Ok((send, recv))
+        Ok((send, QuietRecv::new(recv)))
     }
 
     /// Runs `tool` with `args` in `session` (`None`: the default). `progress` sees each progress
@@ -152,7 +155,7 @@ impl Agent {
             })
             .await?;
         loop {
-            match read_message(&mut recv, MAX_ANSWER).await {
+            match read_message(&mut *recv, MAX_ANSWER).await {
                 Ok(Some(Message::Progress { message, .. })) => progress(&message),
                 Ok(Some(Message::Result {
                     workspace,
@@ -161,7 +164,7 @@ impl Agent {
                     ..
                 })) => {
                     if let Some(body) = body
-                        && let Err(e) = read_body(&mut recv, &mut outcome, &body, MAX_ANSWER).await
+                        && let Err(e) = read_body(&mut *recv, &mut outcome, &body, MAX_ANSWER).await
                     {
                         let error = match (reset_error(&e, workspace.as_ref()), &e) {
                             (Some(error), _) => error,
@@ -313,14 +316,14 @@ impl Agent {
             write_message(&mut send, &request)
                 .await
                 .map_err(|e| ClientError::Unreachable(e.to_string()))?;
-            (send, recv)
+            (send, QuietRecv::new(recv))
         } else {
             self.request(&request).await?
         };
         let mut asked = futures_util::stream::FuturesUnordered::new();
         loop {
             let next = tokio::select! {
-                next = read_message(&mut recv, MAX_ANSWER) => next,
+                next = read_message(&mut *recv, MAX_ANSWER) => next,
                 Some((call_id, allow)) = futures_util::StreamExt::next(&mut asked), if !asked.is_empty() => {
                     let answer = Message::PermissionAnswer { id: 1, call_id, allow };
                     write_message(&mut send, &answer)
@@ -400,7 +403,7 @@ impl Agent {
             next: next.map(str::to_owned),
         };
         let (_send, mut recv) = self.request(&request).await?;
-        match read_message(&mut recv, MAX_ANSWER).await {
+        match read_message(&mut *recv, MAX_ANSWER).await {
             Ok(Some(Message::Sessions { sessions, next, .. })) => Ok((sessions, next)),
             Ok(Some(Message::Error { error, .. })) => Err(ClientError::Refused(error)),
             Ok(Some(other)) => Err(ClientError::Protocol(format!(
@@ -460,7 +463,7 @@ impl Agent {
     /// Sends a request and reads its one answer; an `error` answer becomes `Refused`.
     async fn ask(&self, request: &Message) -> Result<Message, ClientError> {
         let (_send, mut recv) = self.request(request).await?;
-        match read_message(&mut recv, MAX_ANSWER).await {
+        match read_message(&mut *recv, MAX_ANSWER).await {
             Ok(Some(Message::Error { error, .. })) => Err(ClientError::Refused(error)),
             Ok(Some(answer)) => Ok(answer),
             Ok(None) => Err(ClientError::Unreachable("no answer".into())),

@@ -648,9 +648,12 @@ async fn handle_request(
     folder: &Folder,
     bodies: bool,
     mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
+    recv: quinn::RecvStream,
 ) {
-    let request = match read_message(&mut recv, MAX_REQUEST).await {
+    // A request is one message and the stream's end, read when done with it, so that the
+    // server is not told to stop a stream it finished.
+    let mut recv = monad_protocol::stream::QuietRecv::new(recv);
+    let request = match read_message(&mut *recv, MAX_REQUEST).await {
         Ok(Some(m)) => m,
         Ok(None) => return,
         Err(e) => {

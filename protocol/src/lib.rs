@@ -21,6 +21,9 @@
 //!   the reader went away (`| head`).
 //! - `mcp` (feature `mcp`): the MCP front both transports share: tool descriptors, results,
 //!   and the rmcp handler over a transport's backend.
+//! - `pin` and `stream` (feature `quic`): the QUIC client configuration that accepts one
+//!   certificate and the endpoint's socket; letting go of a request's receive stream without
+//!   telling its peer to stop.
 #![deny(missing_docs)]
 
 pub mod agent;
@@ -35,6 +38,8 @@ pub mod output;
 #[cfg(feature = "quic")]
 pub mod pin;
 pub mod render;
+#[cfg(feature = "quic")]
+pub mod stream;
 pub mod text;
 pub mod tools;
 pub mod wire;

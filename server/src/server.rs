@@ -572,11 +572,12 @@ async fn read_request(
 /// Reads and checks the hello; answers welcome or refused.
 /// The welcome holds one of the user's connection slots, given back when the connection ends.
 async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, Slot), ServerError> {
-    let (mut send, mut recv) = conn
+    let (mut send, recv) = conn
         .accept_bi()
         .await
         .map_err(|e| ServerError::Protocol(e.to_string()))?;
-    let checked = check_hello(state, read_message(&mut recv, MAX_HELLO).await).and_then(|who| {
+    let mut recv = monad_protocol::stream::QuietRecv::new(recv);
+    let checked = check_hello(state, read_message(&mut *recv, MAX_HELLO).await).and_then(|who| {
         match state.connections.try_acquire(&who.1) {
             Some(slot) => Ok((who, slot)),
             None => Err(ToolError::new(
@@ -768,7 +769,7 @@ async fn prompt(
     text: String,
     overrides: PromptOverrides,
     mut send: quinn::SendStream,
-    answers: Option<quinn::RecvStream>,
+    answers: Option<monad_protocol::stream::QuietRecv>,
 ) {
     let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -854,14 +855,14 @@ struct WireWaiting {
 impl WireFront {
     fn new(
         events: tokio::sync::mpsc::Sender<monad_protocol::agent::AgentEvent>,
-        mut recv: quinn::RecvStream,
+        mut recv: monad_protocol::stream::QuietRecv,
     ) -> WireFront {
         let waiting: Arc<std::sync::Mutex<WireWaiting>> = Arc::default();
         let reader = tokio::spawn({
             let waiting = waiting.clone();
             async move {
                 while let Ok(Some(Message::PermissionAnswer { call_id, allow, .. })) =
-                    read_message(&mut recv, wire::MAX_CALL_ID_LEN + 256).await
+                    read_message(&mut *recv, wire::MAX_CALL_ID_LEN + 256).await
                 {
                     let answer = waiting
                         .lock()
@@ -937,7 +938,10 @@ async fn finish(send: &mut quinn::SendStream) {
 }
 
 /// One agent request: a call, or a listing.
-async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::RecvStream) {
+    // A request is one message and the stream's end: read that end when done with it, so the
+    // agent is not told to stop a stream it already finished.
+    let mut recv = monad_protocol::stream::QuietRecv::new(recv);
     // Requests being read (buffered) are bounded per user, not only per stream and connection.
     let reading = match ctx.state.user_read(&ctx.user) {
         Ok(slot) => slot,

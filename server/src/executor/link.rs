@@ -87,6 +87,11 @@ pub trait RecvHalf: AsyncRead + Unpin + Send {
     ) -> impl Future<Output = Result<Option<usize>, StreamError>> + Send;
     /// Tells the far end to stop sending, with `code` (one of [`reset`]).
     fn stop(&mut self, code: u32);
+    /// Reads the stream's end if it has arrived, without waiting, so that letting go of a
+    /// stream the far end finished does not tell it to stop (QUIC would send a `STOP_SENDING`
+    /// for nothing). Only once nothing more is expected. A transport without the notion has
+    /// nothing to do.
+    fn read_end(&mut self) {}
 }
 
 impl Connection for quinn::Connection {
@@ -141,6 +146,10 @@ impl RecvHalf for quinn::RecvStream {
 
     fn stop(&mut self, code: u32) {
         let _ = quinn::RecvStream::stop(self, code.into());
+    }
+
+    fn read_end(&mut self) {
+        monad_protocol::stream::read_end(self);
     }
 }
 
@@ -310,6 +319,14 @@ impl RecvHalf for ConnRecv {
             ConnRecv::Memory(r) => r.stop(code),
         }
     }
+
+    fn read_end(&mut self) {
+        match self {
+            ConnRecv::Quic(r) => RecvHalf::read_end(r),
+            #[cfg(test)]
+            ConnRecv::Memory(r) => r.read_end(),
+        }
+    }
 }
 
 /// What the executor is told as a call goes, while it waits for the answer.
@@ -371,10 +388,9 @@ pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) 
             return false;
         }
         send.finish();
-        matches!(
-            read_message(&mut recv, MAX_PROBE_ANSWER).await,
-            Ok(Some(Message::Probed { exists: true, .. }))
-        )
+        let answer = read_message(&mut recv, MAX_PROBE_ANSWER).await;
+        recv.read_end();
+        matches!(answer, Ok(Some(Message::Probed { exists: true, .. })))
     };
     tokio::time::timeout(PROBE_TIMEOUT, asked)
         .await
@@ -441,12 +457,18 @@ pub(crate) async fn run<C: Connection>(
             }
             Ok(Some(Message::Result { outcome, body, .. })) => {
                 return match (outcome, body) {
-                    (Outcome::Ok { result }, None) => Answer {
-                        result: Ok(result),
-                        body: None,
-                        verdict: decided_by,
-                    },
-                    (Outcome::Error { error }, None) => Answer::failed(error, decided_by),
+                    (Outcome::Ok { result }, None) => {
+                        recv.read_end();
+                        Answer {
+                            result: Ok(result),
+                            body: None,
+                            verdict: decided_by,
+                        }
+                    }
+                    (Outcome::Error { error }, None) => {
+                        recv.read_end();
+                        Answer::failed(error, decided_by)
+                    }
                     (Outcome::Ok { result }, Some(body)) => {
                         if !result.is_object() || result.get(&body.field).is_some() {
                             let error = malformed(format!(
@@ -568,6 +590,9 @@ impl<R: RecvHalf> PendingBody<R> {
                 .unwrap_or(Err(RelayError::Timeout)),
             None => self.relay_inner(send).await,
         };
+        if result.is_ok() {
+            self.recv.read_end();
+        }
         if let Err(e) = result {
             let (code, error) = match e {
                 RelayError::Source => (
@@ -659,6 +684,7 @@ impl<R: RecvHalf> PendingBody<R> {
             }
         };
         let Err(e) = read else {
+            self.recv.read_end();
             return Ok(());
         };
         let error = match e {

@@ -25,5 +25,6 @@ mod resilience;
 mod retention;
 mod routing;
 mod storage;
+mod streams;
 mod trust;
 mod web;

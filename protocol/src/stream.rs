@@ -1,0 +1,171 @@
+//! Letting go of a QUIC receive stream without telling the peer to stop.
+//!
+//! quinn stops a receive stream that is dropped before a read has returned its end: it sends
+//! the peer a `STOP_SENDING`, even when the peer's FIN and all its data have already arrived
+//! (quinn-proto's `Recv::stop` calls it spurious), and the peer acknowledges it. A request of
+//! Monad's protocol is one message and its stream's end, read as a message (the frame says it
+//! is the last), so every call paid two datagrams for nothing on each of its two hops. The
+//! reader looks for the end once, without waiting: the peer's FIN travels with its message or
+//! right after it.
+
+use std::ops::{Deref, DerefMut};
+use std::task::{Context, Poll, Waker};
+
+/// Reads `recv`'s end if it is there, without waiting: `true` when the peer finished the stream
+/// and everything it sent has been read, after which dropping `recv` sends nothing. `false`
+/// when the end has not arrived (or the stream failed): dropping it then stops the peer, as it
+/// should. Only for a stream on which nothing more is expected: a byte that did arrive is
+/// consumed and lost.
+pub fn read_end(recv: &mut quinn::RecvStream) -> bool {
+    let mut byte = [0u8; 1];
+    let mut read = std::pin::pin!(recv.read(&mut byte));
+    let mut cx = Context::from_waker(Waker::noop());
+    matches!(read.as_mut().poll(&mut cx), Poll::Ready(Ok(None)))
+}
+
+/// A receive stream whose end is read ([`read_end`]) when it is dropped, for a request that
+/// is one message: whichever way its handling ends, a peer that finished is not told to stop.
+#[derive(Debug)]
+pub struct QuietRecv(quinn::RecvStream);
+
+impl QuietRecv {
+    /// Wraps `recv`.
+    pub fn new(recv: quinn::RecvStream) -> QuietRecv {
+        QuietRecv(recv)
+    }
+}
+
+impl Deref for QuietRecv {
+    type Target = quinn::RecvStream;
+
+    fn deref(&self) -> &quinn::RecvStream {
+        &self.0
+    }
+}
+
+impl DerefMut for QuietRecv {
+    fn deref_mut(&mut self) -> &mut quinn::RecvStream {
+        &mut self.0
+    }
+}
+
+impl Drop for QuietRecv {
+    fn drop(&mut self) {
+        read_end(&mut self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const ALPN: &[u8] = b"stream-test";
+
+    /// A server and a client endpoint on loopback, connected.
+    async fn pair() -> (quinn::Endpoint, quinn::Connection, quinn::Connection) {
+        let generated =
+            rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("certificate");
+        let cert = generated.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::Pkcs8(generated.signing_key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .expect("certificate and key");
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).expect("QUIC TLS");
+        let server = crate::pin::endpoint(
+            "127.0.0.1:0".parse().expect("address"),
+            Some(quinn::ServerConfig::with_crypto(Arc::new(crypto))),
+        )
+        .expect("server endpoint");
+        let client = crate::pin::client_endpoint(false).expect("client endpoint");
+        let (config, _) =
+            crate::pin::pinned_config(&crate::pin::fingerprint(&cert), ALPN).expect("config");
+        let addr = server.local_addr().expect("address");
+        let connecting = client
+            .connect_with(config, addr, "localhost")
+            .expect("connect");
+        let (accepted, connected) = tokio::join!(
+            async { server.accept().await.expect("incoming").await },
+            connecting
+        );
+        (
+            client,
+            accepted.expect("accepted"),
+            connected.expect("connected"),
+        )
+    }
+
+    /// A request of one message and its end; the server reads the message (not the end, as a
+    /// framed reader does), lets the stream go quietly or as quinn does, and answers. How many
+    /// STOP_SENDING frames the server sent by the time the client has the answer (control
+    /// frames go before stream data).
+    async fn stop_sendings(quiet: bool) -> u64 {
+        let (_client, server, client) = pair().await;
+        let (mut send, mut recv) = client.open_bi().await.expect("open");
+        send.write_all(b"hello").await.expect("write");
+        send.finish().expect("finish");
+        let (mut answer, asked) = server.accept_bi().await.expect("accept");
+        let mut asked = QuietRecv::new(asked);
+        let mut message = [0u8; 5];
+        asked.read_exact(&mut message).await.expect("the message");
+        assert_eq!(&message, b"hello");
+        if !quiet {
+            // What dropping a quinn stream before its end does.
+            let plain: &mut quinn::RecvStream = &mut asked;
+            plain.stop(0u32.into()).expect("stop");
+        }
+        // Quiet: the wrapper reads the end, which came with the message (written and finished
+        // without a pause, on a runtime of one thread), as it is dropped.
+        drop(asked);
+        answer.write_all(b"world").await.expect("answer");
+        answer.finish().expect("finish");
+        assert_eq!(recv.read_to_end(64).await.expect("the answer"), b"world");
+        server.stats().frame_tx.stop_sending
+    }
+
+    #[tokio::test]
+    async fn a_request_read_to_its_end_is_let_go_quietly() {
+        assert_eq!(stop_sendings(true).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_dropped_before_its_end_is_stopped() {
+        // The control: without its end read, the peer is told to stop.
+        assert_eq!(stop_sendings(false).await, 1);
+    }
+
+    #[tokio::test]
+    async fn the_end_is_read_once_the_peer_finished() {
+        let (_client, server, client) = pair().await;
+        let (mut send, _recv) = client.open_bi().await.expect("open");
+        send.write_all(b"hello").await.expect("write");
+        let (_answer, mut asked) = server.accept_bi().await.expect("accept");
+        let mut message = [0u8; 5];
+        asked.read_exact(&mut message).await.expect("the message");
+        assert!(!read_end(&mut asked), "no end before the peer finishes");
+        send.finish().expect("finish");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !read_end(&mut asked) {
+            assert!(tokio::time::Instant::now() < deadline, "the end never came");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_end_is_not_read_while_the_peer_still_sends() {
+        let (_client, server, client) = pair().await;
+        let (mut send, _recv) = client.open_bi().await.expect("open");
+        send.write_all(b"hello").await.expect("write");
+        let (_answer, mut asked) = server.accept_bi().await.expect("accept");
+        let mut message = [0u8; 5];
+        asked.read_exact(&mut message).await.expect("the message");
+        assert!(!read_end(&mut asked), "no end before the peer finishes");
+    }
+}

@@ -1,0 +1,73 @@
+//! How a call's QUIC streams end. Every request is one message and its stream's end; the
+//! server reads that end, so neither the agent nor the attached client is told to stop a stream
+//! it had finished (quinn sends a STOP_SENDING for a stream dropped before its end was read,
+//! and the peer acknowledges it: two datagrams per hop of every call, for nothing).
+
+use std::time::Duration;
+
+use monad_protocol::ToolName;
+use monad_protocol::io::{read_message, write_message};
+use monad_protocol::wire::{Message, Outcome, PROTOCOL_MINOR, Role};
+use monad_tests::{FakeClient, STEP, TestServer, connect_speaking, within};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_ends_its_streams_without_stopping_either_peer() {
+    let server = TestServer::start().await;
+    let fake = FakeClient::attach(&server.client_config(), "fake", vec![ToolName::ReadFile]).await;
+    let (_endpoint, agent, _) =
+        connect_speaking(&server.client_config(), Role::Agent, PROTOCOL_MINOR).await;
+    for i in 0..5 {
+        let (mut send, mut recv) = agent.open_bi().await.expect("a stream");
+        let call = Message::Call {
+            id: 1,
+            session: None,
+            tool: "read_file".into(),
+            args: json!({"path": "a.txt", "workspace": "fake"}),
+        };
+        write_message(&mut send, &call).await.expect("call sent");
+        send.finish().expect("finished");
+
+        // The attached client: the run, read to its end as the real client does, then the
+        // result and the end of its own side.
+        let (request, mut run_send, mut run_recv) = fake.next_request().await;
+        assert!(matches!(request, Message::Run { .. }), "{request:?}");
+        let rest = within(STEP, "the end of the run", run_recv.read_to_end(0)).await;
+        assert_eq!(rest.expect("nothing after the run"), b"");
+        let result = Message::Result {
+            id: 1,
+            workspace: None,
+            outcome: Outcome::Ok {
+                result: json!({"content": format!("call {i}")}),
+            },
+            body: None,
+        };
+        write_message(&mut run_send, &result)
+            .await
+            .expect("result sent");
+        run_send.finish().expect("finished");
+
+        match within(STEP, "the answer", read_message(&mut recv, 1 << 20)).await {
+            Ok(Some(Message::Result {
+                outcome: Outcome::Ok { result },
+                ..
+            })) => assert_eq!(result["content"], format!("call {i}")),
+            other => panic!("the server answered the call with {other:?}"),
+        }
+        let rest = within(STEP, "the end of the answer", recv.read_to_end(0)).await;
+        assert_eq!(rest.expect("nothing after the answer"), b"");
+    }
+    // The server lets go of a request's stream after its answer; a STOP_SENDING would follow
+    // within milliseconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        agent.stats().frame_rx.stop_sending,
+        0,
+        "STOP_SENDING frames the agent got"
+    );
+    assert_eq!(
+        fake.connection.conn.stats().frame_rx.stop_sending,
+        0,
+        "STOP_SENDING frames the attached client got"
+    );
+}
