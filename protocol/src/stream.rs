@@ -5,11 +5,15 @@
 //! (quinn-proto's `Recv::stop` calls it spurious), and the peer acknowledges it. A request of
 //! Monad's protocol is one message and its stream's end, read as a message (the frame says it
 //! is the last), so every call paid two datagrams for nothing on each of its two hops. The
-//! reader looks for the end once, without waiting: the peer's FIN travels with its message or
-//! right after it.
+//! reader looks for the end once, without waiting: the peer's FIN usually travels with its
+//! message; when it comes in a datagram of its own, a background task waits for it, bounded.
 
 use std::ops::{Deref, DerefMut};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// How long [`let_go`] waits, in the background, for an end that had not arrived yet.
+pub const END_WAIT: Duration = Duration::from_secs(1);
 
 /// Reads `recv`'s end if it is there, without waiting: `true` when the peer finished the stream
 /// and everything it sent has been read, after which dropping `recv` sends nothing. `false`
@@ -23,15 +27,36 @@ pub fn read_end(recv: &mut quinn::RecvStream) -> bool {
     matches!(read.as_mut().poll(&mut cx), Poll::Ready(Ok(None)))
 }
 
-/// A receive stream whose end is read ([`read_end`]) when it is dropped, for a request that
-/// is one message: whichever way its handling ends, a peer that finished is not told to stop.
+/// Lets go of `recv`, on which nothing more is expected, without telling a peer that finished
+/// it to stop: its end is read at once when it has arrived (the usual case). When it has not
+/// (the peer's FIN left in a datagram of its own and is still on its way), a task waits for it,
+/// at most [`END_WAIT`], in the background; only then is the stream dropped, and stopped if it
+/// did not end. Outside a Tokio runtime, it is dropped at once.
+pub fn let_go(mut recv: quinn::RecvStream) {
+    if read_end(&mut recv) {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let ended = async {
+            // Anything still sent is read and discarded until the end.
+            while let Ok(Some(_)) = recv.read_chunk(usize::MAX, true).await {}
+        };
+        let _ = tokio::time::timeout(END_WAIT, ended).await;
+    });
+}
+
+/// A receive stream let go ([`let_go`]) when it is dropped, for a request that is one
+/// message: whichever way its handling ends, a peer that finished is not told to stop.
 #[derive(Debug)]
-pub struct QuietRecv(quinn::RecvStream);
+pub struct QuietRecv(Option<quinn::RecvStream>);
 
 impl QuietRecv {
     /// Wraps `recv`.
     pub fn new(recv: quinn::RecvStream) -> QuietRecv {
-        QuietRecv(recv)
+        QuietRecv(Some(recv))
     }
 }
 
@@ -39,19 +64,21 @@ impl Deref for QuietRecv {
     type Target = quinn::RecvStream;
 
     fn deref(&self) -> &quinn::RecvStream {
-        &self.0
+        self.0.as_ref().expect("taken only when dropped")
     }
 }
 
 impl DerefMut for QuietRecv {
     fn deref_mut(&mut self) -> &mut quinn::RecvStream {
-        &mut self.0
+        self.0.as_mut().expect("taken only when dropped")
     }
 }
 
 impl Drop for QuietRecv {
     fn drop(&mut self) {
-        read_end(&mut self.0);
+        if let Some(recv) = self.0.take() {
+            let_go(recv);
+        }
     }
 }
 
@@ -139,6 +166,35 @@ mod tests {
     async fn a_request_dropped_before_its_end_is_stopped() {
         // The control: without its end read, the peer is told to stop.
         assert_eq!(stop_sendings(false).await, 1);
+    }
+
+    /// A request whose end comes after the reader let go: the end is waited for, and the peer
+    /// is told to stop only when it does not come within [`END_WAIT`].
+    async fn let_go_before_the_end(finish: bool) -> u64 {
+        let (_client, server, client) = pair().await;
+        let (mut send, _recv) = client.open_bi().await.expect("open");
+        send.write_all(b"hello").await.expect("write");
+        let (_answer, mut asked) = server.accept_bi().await.expect("accept");
+        let mut message = [0u8; 5];
+        asked.read_exact(&mut message).await.expect("the message");
+        drop(QuietRecv::new(asked));
+        if finish {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            send.finish().expect("finish");
+        }
+        // The background wait has ended either way.
+        tokio::time::sleep(END_WAIT + Duration::from_millis(300)).await;
+        server.stats().frame_tx.stop_sending
+    }
+
+    #[tokio::test]
+    async fn an_end_that_comes_late_is_waited_for() {
+        assert_eq!(let_go_before_the_end(true).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_never_finishes_is_stopped_after_the_wait() {
+        assert_eq!(let_go_before_the_end(false).await, 1);
     }
 
     #[tokio::test]

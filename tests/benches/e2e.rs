@@ -20,6 +20,10 @@
 //! For information, (a) and (b) also time the same bytes through a raw QUIC relay (the raw peer
 //! fetching them from an origin in this process, like Monad's server from the attached client):
 //! the floor of any design with two hops, on this machine.
+//!
+//! `MONAD_BENCH_ALONE=monad|echo|relay` (with `MONAD_BENCH_ONLY=a`) runs one of figure (a)'s
+//! operations alone, back to back, for `MONAD_BENCH_ALONE_SECS` (10 by default), to read CPU,
+//! datagrams and context switches per call from outside.
 
 use monad_tests::bench::{Stats, fmt_dur};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -722,6 +726,15 @@ async fn small_round_trips(quick: bool, ctx: &Ctx, small: &str) {
         Op::Raw(MODE_ECHO, SMALL),
         Op::Raw(MODE_RELAY_STORE, SMALL),
     ];
+    if let Ok(alone) = std::env::var("MONAD_BENCH_ALONE") {
+        let op = match alone.as_str() {
+            "monad" => ops[0],
+            "echo" => ops[1],
+            "relay" => ops[2],
+            other => panic!("MONAD_BENCH_ALONE={other}: monad, echo or relay, please"),
+        };
+        return alone_for(ctx, &alone, op, warmup).await;
+    }
     let stats = ctx.time(&ops, warmup, iters).await;
     let (m, echo, relay) = (stats[0], stats[1], stats[2]);
     let ratio = m.median.as_secs_f64() / echo.median.as_secs_f64();
@@ -744,6 +757,47 @@ async fn small_round_trips(quick: bool, ctx: &Ctx, small: &str) {
         ),
         "-",
         "INFO",
+    );
+}
+
+/// `MONAD_BENCH_ALONE`: figure a's operation `op` alone, back to back, for
+/// `MONAD_BENCH_ALONE_SECS` seconds (10 by default) after `warmup` untimed calls and a 2 s pause
+/// that announces the start. Interleaved, as figure a runs, what one operation leaves behind
+/// (a stream's end, a record) lands on the next, often another side's; alone, each pays its own,
+/// and CPU, datagrams and context switches per call can be read from outside during the run
+/// (`docs/benchmarks.md`).
+async fn alone_for(ctx: &Ctx, name: &str, op: Op, warmup: usize) {
+    let secs = std::env::var("MONAD_BENCH_ALONE_SECS")
+        .map_or(10, |s| {
+            s.parse().unwrap_or_else(|_| {
+                panic!("MONAD_BENCH_ALONE_SECS={s}: a number of seconds, please")
+            })
+        })
+        .max(1);
+    for _ in 0..warmup {
+        ctx.run(op).await;
+    }
+    println!(
+        "{name} alone: starting in 2 s, for {secs} s (bench pid {})",
+        std::process::id()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while started.elapsed() < Duration::from_secs(secs) {
+        let t = Instant::now();
+        ctx.run(op).await;
+        samples.push(t.elapsed());
+    }
+    let took = started.elapsed();
+    let calls = samples.len();
+    let s = Stats::of(&mut samples);
+    println!(
+        "{name} alone: {calls} calls in {:.2} s, {} per call; p50 {} / p99 {}",
+        took.as_secs_f64(),
+        fmt_dur(took / calls.max(1) as u32),
+        fmt_dur(s.median),
+        fmt_dur(s.p99)
     );
 }
 

@@ -92,6 +92,14 @@ pub trait RecvHalf: AsyncRead + Unpin + Send {
     /// for nothing). Only once nothing more is expected. A transport without the notion has
     /// nothing to do.
     fn read_end(&mut self) {}
+    /// Lets go of the stream once nothing more is expected: like [`RecvHalf::read_end`], and
+    /// an end still on its way is waited for in the background, bounded
+    /// ([`monad_protocol::stream::let_go`]).
+    fn let_go(self)
+    where
+        Self: Sized,
+    {
+    }
 }
 
 impl Connection for quinn::Connection {
@@ -150,6 +158,10 @@ impl RecvHalf for quinn::RecvStream {
 
     fn read_end(&mut self) {
         monad_protocol::stream::read_end(self);
+    }
+
+    fn let_go(self) {
+        monad_protocol::stream::let_go(self);
     }
 }
 
@@ -327,6 +339,14 @@ impl RecvHalf for ConnRecv {
             ConnRecv::Memory(r) => r.read_end(),
         }
     }
+
+    fn let_go(self) {
+        match self {
+            ConnRecv::Quic(r) => RecvHalf::let_go(r),
+            #[cfg(test)]
+            ConnRecv::Memory(r) => r.let_go(),
+        }
+    }
 }
 
 /// What the executor is told as a call goes, while it waits for the answer.
@@ -389,7 +409,7 @@ pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) 
         }
         send.finish();
         let answer = read_message(&mut recv, MAX_PROBE_ANSWER).await;
-        recv.read_end();
+        recv.let_go();
         matches!(answer, Ok(Some(Message::Probed { exists: true, .. })))
     };
     tokio::time::timeout(PROBE_TIMEOUT, asked)
@@ -458,7 +478,7 @@ pub(crate) async fn run<C: Connection>(
             Ok(Some(Message::Result { outcome, body, .. })) => {
                 return match (outcome, body) {
                     (Outcome::Ok { result }, None) => {
-                        recv.read_end();
+                        recv.let_go();
                         Answer {
                             result: Ok(result),
                             body: None,
@@ -466,7 +486,7 @@ pub(crate) async fn run<C: Connection>(
                         }
                     }
                     (Outcome::Error { error }, None) => {
-                        recv.read_end();
+                        recv.let_go();
                         Answer::failed(error, decided_by)
                     }
                     (Outcome::Ok { result }, Some(body)) => {
