@@ -217,10 +217,12 @@ async fn connect_to(
             });
         }
     };
-    let (mut send, mut recv) = conn
+    let (mut send, recv) = conn
         .open_bi()
         .await
         .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+    // The welcome is the stream's one message: its end is read too (see `stream::let_go`).
+    let mut recv = monad_protocol::stream::QuietRecv::new(recv);
     write_message(
         &mut send,
         &Message::Hello {
@@ -237,7 +239,7 @@ async fn connect_to(
     .await
     .map_err(|e| ClientError::Unreachable(e.to_string()))?;
     let _ = send.finish();
-    match read_message(&mut recv, 64 * 1024).await {
+    match read_message(&mut *recv, 64 * 1024).await {
         Ok(Some(Message::Welcome { user, minor, .. })) => Ok(Connection {
             conn,
             server: server.to_owned(),

@@ -292,7 +292,9 @@ impl Cluster {
             self.forget_owner(session);
             unreachable(session, address, &e.to_string(), lease)
         };
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
+        let (mut send, recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
+        // The answer ends its stream: read that end too, so the host is not told to stop.
+        let mut recv = monad_protocol::stream::QuietRecv::new(recv);
         let request = Message::Call {
             id: 1,
             session: Some(session.to_owned()),
@@ -304,7 +306,7 @@ impl Cluster {
             .map_err(|e| lost(&e))?;
         let _ = send.finish();
         loop {
-            let message = read_message(&mut recv, MAX_ANSWER)
+            let message = read_message(&mut *recv, MAX_ANSWER)
                 .await
                 .map_err(|e| lost(&e))?
                 .ok_or_else(|| lost(&"the stream ended before the answer"))?;
@@ -380,7 +382,8 @@ impl Cluster {
             .map_err(|e| e.to_string())?
             .await
             .map_err(|e| e.to_string())?;
-        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        let (mut send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+        let mut recv = monad_protocol::stream::QuietRecv::new(recv);
         write_message(
             &mut send,
             &Message::Hello {
@@ -398,7 +401,7 @@ impl Cluster {
         .await
         .map_err(|e| e.to_string())?;
         let _ = send.finish();
-        match read_message(&mut recv, 64 * 1024).await {
+        match read_message(&mut *recv, 64 * 1024).await {
             Ok(Some(Message::Welcome { .. })) => Ok(conn),
             Ok(Some(Message::Refused { error })) => Err(format!("it refused: {}", error.message)),
             Ok(Some(other)) => Err(format!("it answered `{}` to the hello", other.kind())),
