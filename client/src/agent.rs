@@ -117,8 +117,9 @@ impl Agent {
         &self.connection.server
     }
 
-    /// Opens a stream and sends `request` on it, finished. The answer's stream is read to its
-    /// end when dropped, so that the server is not told to stop a stream it finished.
+    /// Opens a stream and sends `request` on it, finished. The answer's stream is let go
+    /// quietly when dropped (`stream::let_go`), so that the server is not told to stop a stream
+    /// it finished.
     async fn request(
         &self,
         request: &Message,
