@@ -117,9 +117,9 @@ impl Agent {
         &self.connection.server
     }
 
-    /// Opens a stream and sends `request` on it, finished. The answer's stream is let go
-    /// quietly when dropped (`stream::let_go`), so that the server is not told to stop a stream
-    /// it finished.
+    /// Opens a stream and sends `request` on it, finished. The answer's stream, dropped, has its
+    /// end read if it arrived, so that the server is not told to stop a stream it finished
+    /// (dropped earlier, it stops the server: a cancel).
     async fn request(
         &self,
         request: &Message,
@@ -177,6 +177,7 @@ impl Agent {
                         };
                         outcome = Outcome::Error { error };
                     }
+                    recv.let_go();
                     return Ok(CallReply { workspace, outcome });
                 }
                 Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),

@@ -17,23 +17,33 @@ pub const END_WAIT: Duration = Duration::from_secs(1);
 
 /// Reads `recv`'s end if it is there, without waiting: `true` when the peer finished the stream
 /// and everything it sent has been read, after which dropping `recv` sends nothing. `false`
-/// when the end has not arrived (or the stream failed): dropping it then stops the peer, as it
-/// should. Only for a stream on which nothing more is expected: a byte that did arrive is
-/// consumed and lost.
+/// otherwise: dropping it then stops the peer, as it should. Only for a stream on which nothing
+/// more is expected: a byte that did arrive is consumed and lost.
 pub fn read_end(recv: &mut quinn::RecvStream) -> bool {
+    look(recv) == Poll::Ready(true)
+}
+
+/// One look at `recv`'s end, without waiting: `Ready(true)` at the end; `Ready(false)` when
+/// there will be none to read (the stream was stopped or reset, the connection is gone) or the
+/// peer sent more than it should have (a byte of it consumed); `Pending` while the end may still
+/// come.
+fn look(recv: &mut quinn::RecvStream) -> Poll<bool> {
     let mut byte = [0u8; 1];
     let mut read = std::pin::pin!(recv.read(&mut byte));
     let mut cx = Context::from_waker(Waker::noop());
-    matches!(read.as_mut().poll(&mut cx), Poll::Ready(Ok(None)))
+    read.as_mut()
+        .poll(&mut cx)
+        .map(|read| matches!(read, Ok(None)))
 }
 
 /// Lets go of `recv`, on which nothing more is expected, without telling a peer that finished
 /// it to stop: its end is read at once when it has arrived (the usual case). When it has not
 /// (the peer's FIN left in a datagram of its own and is still on its way), a task waits for it,
 /// at most [`END_WAIT`], in the background; only then is the stream dropped, and stopped if it
-/// did not end. Outside a Tokio runtime, it is dropped at once.
+/// did not end. A stream that will have no end to read, or whose peer sent more, is dropped at
+/// once, as it is outside a Tokio runtime.
 pub fn let_go(mut recv: quinn::RecvStream) {
-    if read_end(&mut recv) {
+    if look(&mut recv).is_ready() {
         return;
     }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -48,8 +58,11 @@ pub fn let_go(mut recv: quinn::RecvStream) {
     });
 }
 
-/// A receive stream let go ([`let_go`]) when it is dropped, for a request that is one
-/// message: whichever way its handling ends, a peer that finished is not told to stop.
+/// A receive stream whose end is read ([`read_end`]) when it is dropped, for a request or an
+/// answer that is one message: whichever way its handling ends, a peer that finished is not
+/// told to stop. Dropped before its end arrived, it stops the peer at once, as quinn does: that
+/// is how a reader that gives up (an agent cancelling a call) says so. A reader that has its
+/// last message calls [`QuietRecv::let_go`] instead, which also waits for a late end.
 #[derive(Debug)]
 pub struct QuietRecv(Option<quinn::RecvStream>);
 
@@ -58,26 +71,33 @@ impl QuietRecv {
     pub fn new(recv: quinn::RecvStream) -> QuietRecv {
         QuietRecv(Some(recv))
     }
+
+    /// Lets go of the stream once its last message is read ([`let_go`]).
+    pub fn let_go(mut self) {
+        if let Some(recv) = self.0.take() {
+            let_go(recv);
+        }
+    }
 }
 
 impl Deref for QuietRecv {
     type Target = quinn::RecvStream;
 
     fn deref(&self) -> &quinn::RecvStream {
-        self.0.as_ref().expect("taken only when dropped")
+        self.0.as_ref().expect("taken only when let go")
     }
 }
 
 impl DerefMut for QuietRecv {
     fn deref_mut(&mut self) -> &mut quinn::RecvStream {
-        self.0.as_mut().expect("taken only when dropped")
+        self.0.as_mut().expect("taken only when let go")
     }
 }
 
 impl Drop for QuietRecv {
     fn drop(&mut self) {
-        if let Some(recv) = self.0.take() {
-            let_go(recv);
+        if let Some(recv) = &mut self.0 {
+            read_end(recv);
         }
     }
 }
@@ -192,7 +212,7 @@ mod tests {
     async fn let_go_before_the_end(finish: bool) -> u64 {
         let (_client, server, client) = pair().await;
         let (mut send, _recv, _answer, asked) = hello(&server, &client, false).await;
-        drop(QuietRecv::new(asked));
+        QuietRecv::new(asked).let_go();
         if finish {
             tokio::time::sleep(Duration::from_millis(50)).await;
             send.finish().expect("finish");
@@ -210,6 +230,19 @@ mod tests {
     #[tokio::test]
     async fn a_peer_that_never_finishes_is_stopped_after_the_wait() {
         assert_eq!(let_go_before_the_end(false).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_gives_up_before_the_end_stops_the_peer_at_once() {
+        // How an agent cancels: it drops the answer's stream while the server still sends.
+        let (_client, server, client) = pair().await;
+        let (send, _recv, _answer, asked) = hello(&server, &client, false).await;
+        drop(QuietRecv::new(asked));
+        let stopped = tokio::time::timeout(END_WAIT / 2, send.stopped())
+            .await
+            .expect("the peer is told well before a late end would be waited out")
+            .expect("stopped");
+        assert_eq!(stopped, Some(0u32.into()));
     }
 
     #[tokio::test]

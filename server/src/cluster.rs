@@ -293,7 +293,8 @@ impl Cluster {
             unreachable(session, address, &e.to_string(), lease)
         };
         let (mut send, recv) = conn.open_bi().await.map_err(|e| lost(&e))?;
-        // The answer ends its stream: read that end too, so the host is not told to stop.
+        // The answer ends its stream: read that end too, so the host is not told to stop (a
+        // call dropped before its answer still stops it: a cancel).
         let mut recv = monad_protocol::stream::QuietRecv::new(recv);
         let request = Message::Call {
             id: 1,
@@ -318,6 +319,7 @@ impl Cluster {
                     body: None,
                     ..
                 } => {
+                    recv.let_go();
                     return Ok(CallOutput {
                         workspace,
                         outcome,

@@ -610,9 +610,6 @@ impl<R: RecvHalf> PendingBody<R> {
                 .unwrap_or(Err(RelayError::Timeout)),
             None => self.relay_inner(send).await,
         };
-        if result.is_ok() {
-            self.recv.read_end();
-        }
         if let Err(e) = result {
             let (code, error) = match e {
                 RelayError::Source => (
@@ -704,7 +701,6 @@ impl<R: RecvHalf> PendingBody<R> {
             }
         };
         let Err(e) = read else {
-            self.recv.read_end();
             return Ok(());
         };
         let error = match e {
@@ -747,6 +743,10 @@ impl<R: RecvHalf> Drop for PendingBody<R> {
         if let Some(tap) = self.tap.take() {
             tap.finish(&self.body, self.received);
         }
+        // A body read whole is followed by the stream's end (a relay's last batch of chunks
+        // usually takes it along; a stream stopped on a failure has none to read). One look
+        // only: the stream cannot be moved out to wait for it.
+        self.recv.read_end();
     }
 }
 

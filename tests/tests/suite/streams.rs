@@ -1,13 +1,13 @@
 //! How a call's QUIC streams end. Every request is one message and its stream's end; the
 //! server reads that end, so neither the agent nor the attached client is told to stop a stream
-//! it had finished (quinn sends a STOP_SENDING for a stream dropped before its end was read,
+//! it had finished, a relayed body's stream included (quinn sends a STOP_SENDING for a stream dropped before its end was read,
 //! and the peer acknowledges it: two datagrams per hop of every call, for nothing).
 
 use std::time::Duration;
 
 use monad_protocol::ToolName;
 use monad_protocol::io::{read_message, write_message};
-use monad_protocol::wire::{Message, Outcome, PROTOCOL_MINOR, Role};
+use monad_protocol::wire::{Body, Message, Outcome, PROTOCOL_MINOR, Role};
 use monad_tests::{FakeClient, STEP, TestServer, connect_speaking, within};
 use serde_json::json;
 
@@ -34,28 +34,46 @@ async fn a_call_ends_its_streams_without_stopping_either_peer() {
         assert!(matches!(request, Message::Run { .. }), "{request:?}");
         let rest = within(STEP, "the end of the run", run_recv.read_to_end(0)).await;
         assert_eq!(rest.expect("nothing after the run"), b"");
+        // The last call's content comes as a body after the result, relayed by the server.
+        let content = format!("call {i}");
+        let with_body = i == 4;
         let result = Message::Result {
             id: 1,
             workspace: None,
             outcome: Outcome::Ok {
-                result: json!({"content": format!("call {i}")}),
+                result: if with_body {
+                    json!({"path": "a.txt"})
+                } else {
+                    json!({"content": content})
+                },
             },
-            body: None,
+            body: with_body.then(|| Body {
+                field: "content".into(),
+                len: content.len() as u64,
+            }),
         };
         write_message(&mut run_send, &result)
             .await
             .expect("result sent");
+        if with_body {
+            run_send.write_all(content.as_bytes()).await.expect("body");
+        }
         run_send.finish().expect("finished");
 
         match within(STEP, "the answer", read_message(&mut recv, 1 << 20)).await {
             Ok(Some(Message::Result {
                 outcome: Outcome::Ok { result },
+                body,
                 ..
-            })) => assert_eq!(result["content"], format!("call {i}")),
+            })) => match body {
+                None => assert_eq!(result["content"], content),
+                Some(body) => assert_eq!(body.len, content.len() as u64),
+            },
             other => panic!("the server answered the call with {other:?}"),
         }
-        let rest = within(STEP, "the end of the answer", recv.read_to_end(0)).await;
-        assert_eq!(rest.expect("nothing after the answer"), b"");
+        let rest = within(STEP, "the end of the answer", recv.read_to_end(1 << 20)).await;
+        let expected: &[u8] = if with_body { content.as_bytes() } else { b"" };
+        assert_eq!(rest.expect("the rest of the answer"), expected);
     }
     // The server lets go of a request's stream after its answer; a STOP_SENDING would follow
     // within milliseconds.
