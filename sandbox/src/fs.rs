@@ -1,7 +1,9 @@
 //! The file tools: `read_file`, `list_dir`, `stat`, `write_file`, `edit_file`.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Write};
+use std::mem::MaybeUninit;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use cap_fs_ext::DirExt;
@@ -531,6 +533,42 @@ pub(crate) fn list_dir(
     limits: &Limits,
     args: &ListDirArgs,
 ) -> Result<ListDirResult, SandboxError> {
+    list_opened(open_for_list(jail, limits, args)?, limits, args)
+}
+
+/// A directory `list_dir` has opened (through the jail) and not read yet.
+pub(crate) struct OpenedDir {
+    path: JailPath,
+    dir: Dir,
+    depth: u32,
+    size: u64,
+    device: u64,
+}
+
+impl OpenedDir {
+    /// How deep the listing goes (1: the directory's own entries).
+    pub(crate) fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// The directory's size as its file system reports it: bytes of entries on ext4, XFS and
+    /// btrfs, a fixed amount per entry on tmpfs; in each, it grows with the number of entries.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The device (filesystem) the directory is on.
+    pub(crate) fn device(&self) -> u64 {
+        self.device
+    }
+}
+
+/// The first half of `list_dir`: checks the arguments and opens the directory.
+pub(crate) fn open_for_list(
+    jail: &Jail,
+    limits: &Limits,
+    args: &ListDirArgs,
+) -> Result<OpenedDir, SandboxError> {
     let depth = args.depth.unwrap_or(1);
     if depth == 0 || depth > limits.list_max_depth {
         return Err(SandboxError::InvalidArguments(format!(
@@ -540,6 +578,27 @@ pub(crate) fn list_dir(
     }
     let path = jail.resolve(args.path.as_deref().unwrap_or(""))?;
     let dir = jail.open_dir(&path)?;
+    let meta = dir
+        .dir_metadata()
+        .map_err(|e| SandboxError::from_io("open directory", path.given(), e))?;
+    Ok(OpenedDir {
+        size: meta.len(),
+        device: cap_std::fs::MetadataExt::dev(&meta),
+        path,
+        dir,
+        depth,
+    })
+}
+
+/// The second half of `list_dir`: reads what [`open_for_list`] opened.
+pub(crate) fn list_opened(
+    opened: OpenedDir,
+    limits: &Limits,
+    args: &ListDirArgs,
+) -> Result<ListDirResult, SandboxError> {
+    let OpenedDir {
+        path, dir, depth, ..
+    } = opened;
     let mut out = ListDirResult {
         path: path.display(),
         entries: Vec::new(),
@@ -555,7 +614,7 @@ pub(crate) fn list_dir(
     } else {
         format!("{}/", path.display())
     };
-    walk.list(&dir, &prefix, depth, &mut out)?;
+    walk.list(&dir, &prefix, depth, &mut Vec::new(), &mut out)?;
     Ok(out)
 }
 
@@ -565,30 +624,24 @@ struct ListWalk<'a> {
     given: &'a str,
 }
 
+/// Bytes of directory entries one `getdents64` returns. `cap_std`'s `Dir::entries` starts
+/// rustix's buffer at 768 bytes and doubles it, so a directory of 1,000 entries took seven
+/// calls, each one making ext4 rebuild its hash-ordered view of the directory, plus two extra
+/// opens of `.`. One buffer of this size reads such a directory in two calls (glibc's
+/// `readdir` uses 32 KiB too). `docs/benchmarks.md`, the seventh round.
+const DIRENT_BUFFER: usize = 32 * 1024;
+
 impl ListWalk<'_> {
     fn list(
         &self,
         dir: &Dir,
         prefix: &str,
         depth: u32,
+        buf: &mut Vec<MaybeUninit<u8>>,
         out: &mut ListDirResult,
     ) -> Result<(), SandboxError> {
-        let mut entries = Vec::new();
-        for entry in dir
-            .entries()
-            .map_err(|e| SandboxError::from_io("list", self.given, e))?
-        {
-            let entry = entry.map_err(|e| SandboxError::from_io("list", self.given, e))?;
-            let name = entry.file_name();
-            if !self.include_hidden && name.as_encoded_bytes().first() == Some(&b'.') {
-                continue;
-            }
-            let kind = match entry.file_type() {
-                Ok(t) => entry_kind(&t),
-                Err(_) => continue, // vanished while listing
-            };
-            entries.push((name, kind));
-        }
+        let mut entries = read_entries(dir, self.include_hidden, buf)
+            .map_err(|e| SandboxError::from_io("list", self.given, e))?;
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         out.entries.reserve(
             entries
@@ -611,7 +664,7 @@ impl ListWalk<'_> {
                 let Ok(sub) = dir.open_dir_nofollow(&name) else {
                     continue;
                 };
-                self.list(&sub, &sub_prefix, depth - 1, out)?;
+                self.list(&sub, &sub_prefix, depth - 1, buf, out)?;
                 if out.truncated {
                     return Ok(());
                 }
@@ -619,6 +672,55 @@ impl ListWalk<'_> {
         }
         Ok(())
     }
+}
+
+/// The entries of an open directory (`.` and `..` left out, and hidden ones unless asked
+/// for), with their kinds, in the order the file system returns them. It reads through one
+/// `getdents64` buffer of [`DIRENT_BUFFER`] bytes, `buf`, reused by every directory of a walk.
+/// The directory is opened for reading as `.` of `dir`, which never follows anything. Where the
+/// file system does not say an entry's kind, the entry is looked at without following it; one
+/// that vanished meanwhile is left out.
+fn read_entries(
+    dir: &Dir,
+    include_hidden: bool,
+    buf: &mut Vec<MaybeUninit<u8>>,
+) -> std::io::Result<Vec<(OsString, EntryKind)>> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, RawDir};
+    let fd = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    buf.resize(DIRENT_BUFFER, MaybeUninit::uninit());
+    let mut raw = RawDir::new(&fd, buf);
+    let mut entries = Vec::new();
+    while let Some(entry) = raw.next() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." || (!include_hidden && name.first() == Some(&b'.')) {
+            continue;
+        }
+        let kind = match entry.file_type() {
+            FileType::RegularFile => EntryKind::File,
+            FileType::Directory => EntryKind::Dir,
+            FileType::Symlink => EntryKind::Symlink,
+            FileType::Unknown => {
+                match rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                        FileType::RegularFile => EntryKind::File,
+                        FileType::Directory => EntryKind::Dir,
+                        FileType::Symlink => EntryKind::Symlink,
+                        _ => EntryKind::Other,
+                    },
+                    Err(_) => continue, // vanished while listing
+                }
+            }
+            _ => EntryKind::Other,
+        };
+        entries.push((OsStr::from_bytes(name).to_owned(), kind));
+    }
+    Ok(entries)
 }
 
 pub(crate) fn entry_kind(t: &cap_std::fs::FileType) -> EntryKind {

@@ -67,6 +67,12 @@ pub struct Sandbox {
 /// (see [`Sandbox::call`]).
 pub const INLINE_READ_MAX: u64 = 64 * 1024;
 
+/// Largest directory (in the bytes its file system reports as its size) that a one-level
+/// [`Sandbox::call`] of `list_dir` lists on the calling task rather than on tokio's blocking
+/// pool. On ext4 a directory of 1,000 entries with 13-byte names is 36 KiB; on tmpfs, 20 bytes
+/// an entry.
+pub const INLINE_LIST_MAX: u64 = 64 * 1024;
+
 /// Whether `fd` is on a filesystem known to be a local disk (or memory), where opening and
 /// reading a small file takes microseconds. Network and user-space filesystems (NFS,
 /// SMB, FUSE, ...) and anything unknown are not: a read there can stall for as long as the
@@ -220,8 +226,8 @@ impl Sandbox {
     }
 
     /// Runs a workspace tool by name with JSON arguments and returns its JSON result. File tools
-    /// run on tokio's blocking pool, except small reads of a local disk (see
-    /// [`INLINE_READ_MAX`]). Session-level tools (`workspaces`, `memory_*`) are not
+    /// run on tokio's blocking pool, except small reads and listings of a local disk (see
+    /// [`INLINE_READ_MAX`] and [`INLINE_LIST_MAX`]). Session-level tools (`workspaces`, `memory_*`) are not
     /// workspace tools and are refused here.
     pub async fn call(
         self: &Arc<Self>,
@@ -250,7 +256,10 @@ impl Sandbox {
                 value["content"] = serde_json::Value::String(content);
                 Ok(value)
             }
-            ToolName::ListDir => self.blocking(tool, args, Sandbox::list_dir).await,
+            ToolName::ListDir => {
+                let args: ListDirArgs = parse_args(tool, args)?;
+                to_json(self.list_dir_async(args).await?)
+            }
             ToolName::Stat => self.blocking(tool, args, Sandbox::stat).await,
             ToolName::Search => self.blocking(tool, args, Sandbox::search).await,
             ToolName::Glob => self.blocking(tool, args, Sandbox::glob).await,
@@ -315,6 +324,31 @@ impl Sandbox {
             return fs::read_opened(opened, &self.limits, &args);
         }
         self.on_blocking_pool(move |this| fs::read_opened(opened, &this.limits, &args))
+            .await
+    }
+
+    /// `list_dir` from async code, like [`Sandbox::read_file_async`]: on a local disk the
+    /// directory is opened right here, and listed here too when the listing is one level deep,
+    /// of a directory of at most [`INLINE_LIST_MAX`] bytes on the root's own filesystem. Such a
+    /// directory holds up to a few thousand entries, listed in a few hundred microseconds
+    /// from the cache, less than the blocking pool's two hand-offs add to a remote listing
+    /// (`docs/benchmarks.md`, the seventh round). Deeper listings, larger directories and
+    /// every listing of a root elsewhere run on the blocking pool.
+    async fn list_dir_async(
+        self: &Arc<Self>,
+        args: ListDirArgs,
+    ) -> Result<ListDirResult, SandboxError> {
+        let Some(root_device) = self.local_device else {
+            return self
+                .on_blocking_pool(move |this| this.list_dir(&args))
+                .await;
+        };
+        let opened = fs::open_for_list(&self.jail, &self.limits, &args)?;
+        if opened.depth() == 1 && opened.size() <= INLINE_LIST_MAX && opened.device() == root_device
+        {
+            return fs::list_opened(opened, &self.limits, &args);
+        }
+        self.on_blocking_pool(move |this| fs::list_opened(opened, &this.limits, &args))
             .await
     }
 

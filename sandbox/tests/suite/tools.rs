@@ -1,5 +1,6 @@
 //! Positive controls: the file tools do their job inside the root, with limits and clear errors.
 
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 
 use monad_protocol::tools::*;
@@ -237,6 +238,48 @@ fn list_dir_lists_sorted_entries_with_kinds_and_hides_dotfiles() {
     assert!(!out.truncated);
     let out = fx.sandbox.list_dir(&list(Some("a"), None)).unwrap();
     assert_eq!(paths(&out), ["a/inner.txt"]);
+}
+
+#[test]
+fn list_dir_reads_directories_larger_than_one_read_and_names_every_kind() {
+    // Entries come through one 32 KiB `getdents64` buffer: 3,000 entries of 60-byte names
+    // (about 240 KiB of records) take several reads, and the walk goes on into a subdirectory
+    // with the same buffer after its parent's entries are collected.
+    let fx = Fixture::new();
+    let long = "n".repeat(50);
+    for i in 0..3000 {
+        fx.put(&format!("big/{long}_{i:04}.txt"), "");
+    }
+    fx.put("big/sub/deep.txt", "");
+    fx.put("big/.dot", "");
+    fx.fifo("big/pipe");
+    std::fs::create_dir(fx.root().join("empty")).unwrap();
+    // A name that is not UTF-8 is shown lossily rather than dropped.
+    let odd = std::ffi::OsStr::from_bytes(b"odd_\xff");
+    std::fs::write(fx.root().join("big").join(odd), "").unwrap();
+
+    let mut args = list(Some("big"), Some(2));
+    args.include_hidden = Some(true);
+    let out = fx.sandbox.list_dir(&args).unwrap();
+    assert!(!out.truncated);
+    let mut expected: Vec<String> = vec!["big/.dot".into()];
+    expected.extend((0..3000).map(|i| format!("big/{long}_{i:04}.txt")));
+    expected.extend(["big/odd_\u{fffd}".into(), "big/pipe".into()]);
+    expected.extend(["big/sub".into(), "big/sub/deep.txt".into()]);
+    assert_eq!(paths(&out), expected);
+    let kind = |p: &str| out.entries.iter().find(|e| e.path == p).unwrap().kind;
+    assert_eq!(kind("big/pipe"), EntryKind::Other);
+    assert_eq!(kind("big/sub"), EntryKind::Dir);
+    assert_eq!(kind("big/.dot"), EntryKind::File);
+    // Neither `.` nor `..` is an entry, hidden or not.
+    assert!(
+        out.entries
+            .iter()
+            .all(|e| !e.path.ends_with("/.") && !e.path.ends_with("/.."))
+    );
+
+    let out = fx.sandbox.list_dir(&list(Some("empty"), None)).unwrap();
+    assert!(out.entries.is_empty() && !out.truncated);
 }
 
 #[test]
@@ -636,6 +679,63 @@ fn call_dispatches_json_and_refuses_unknown_arguments() {
         )
         .unwrap();
     assert_eq!(out["stdout"], "hi\n");
+}
+
+/// `call` lists small directories of a local disk, one level deep, on the calling task, and
+/// larger or deeper listings on the blocking pool; both give what `list_dir` gives and refuse
+/// what it refuses.
+#[test]
+fn call_lists_inline_and_on_the_pool_alike() {
+    let fx = Fixture::new();
+    for i in 0..20 {
+        fx.put(&format!("small/f{i:02}.txt"), "");
+    }
+    fx.put("small/sub/inner.txt", "");
+    let long = "n".repeat(60);
+    for i in 0..3000 {
+        fx.put(&format!("large/{long}_{i:04}"), "");
+    }
+    // The two directories straddle the limit, so both paths run.
+    let size = |dir: &str| std::fs::metadata(fx.root().join(dir)).unwrap().len();
+    assert!(size("small") <= monad_sandbox::INLINE_LIST_MAX);
+    assert!(
+        size("large") > monad_sandbox::INLINE_LIST_MAX,
+        "{}",
+        size("large")
+    );
+    let rt = runtime();
+    for (path, depth) in [("small", 1), ("small", 2), ("large", 1), ("", 2)] {
+        let direct = fx.sandbox.list_dir(&list(Some(path), Some(depth))).unwrap();
+        let called = rt
+            .block_on(
+                fx.sandbox
+                    .call(ToolName::ListDir, json!({"path": path, "depth": depth})),
+            )
+            .unwrap();
+        assert_eq!(
+            called,
+            serde_json::to_value(&direct).unwrap(),
+            "{path} {depth}"
+        );
+    }
+    let code = |args: serde_json::Value| {
+        rt.block_on(fx.sandbox.call(ToolName::ListDir, args))
+            .unwrap_err()
+            .code()
+    };
+    std::fs::create_dir(fx.outside().join("secrets")).unwrap();
+    fx.symlink(fx.outside().join("secrets"), "link");
+    assert_eq!(code(json!({"path": "link"})), ErrorCode::OutsideWorkspace);
+    assert_eq!(code(json!({"path": ".."})), ErrorCode::OutsideWorkspace);
+    assert_eq!(code(json!({"path": "missing"})), ErrorCode::NotFound);
+    assert_eq!(
+        code(json!({"path": "small/f00.txt"})),
+        ErrorCode::WrongFileType
+    );
+    assert_eq!(
+        code(json!({"path": "small", "depth": 0})),
+        ErrorCode::InvalidArguments
+    );
 }
 
 /// `call` reads small files of a local disk on the calling task and others on the blocking
