@@ -16,7 +16,9 @@ Before timing, each side's answer is checked: the whole file's content (Monad's
 `structuredContent`, the reference's text), every entry of the listing. Then, per case, `warmup`
 untimed calls per side, and `rounds` rounds of `per-round` calls per side, the side that goes
 first alternating from round to round; every call is timed on its own. It prints one JSON line
-per case: the median and p99 (nearest rank) of each side, in microseconds.
+per case: the median and p99 (nearest rank) of each side, in microseconds, and the SDK's own
+work on one of that side's answers (`sdk_us`: parsing it and checking it against the tool's
+`outputSchema`, which each timed call includes).
 """
 
 import argparse
@@ -106,6 +108,27 @@ def checks(folder: str):
     ]
 
 
+async def sdk_work(session: ClientSession, tool: str, arguments: dict) -> float:
+    """The SDK's own work on one answer of this call, median of 200, in microseconds: parsing
+    the JSON-RPC line (`jsonrpc_message_adapter.validate_json`, as its stdio reader does) and
+    checking `structuredContent` against the tool's `outputSchema` (`validate_tool_result`).
+    The line is the answer as the SDK re-serialises it, which holds the same values."""
+    from mcp import types
+
+    result = await call(session, tool, arguments)
+    line = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "result": result.model_dump(by_alias=True, exclude_none=True)}
+    )
+    samples = []
+    for _ in range(200):
+        start = time.perf_counter_ns()
+        types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        await session.validate_tool_result(tool, result)
+        samples.append(time.perf_counter_ns() - start)
+    samples.sort()
+    return nearest_rank(samples, 0.5) / 1e3
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--client", required=True)
@@ -150,11 +173,12 @@ async def main() -> int:
                         await call(session, t, a)
                         samples[i].append(time.perf_counter_ns() - start)
             line = {"case": name, "calls": args.rounds * args.per_round}
-            for side, s in zip(["monad", "reference"], samples):
+            for side, s, (session, t, a) in zip(["monad", "reference"], samples, sides):
                 s.sort()
                 line[side] = {
                     "median_us": nearest_rank(s, 0.5) / 1e3,
                     "p99_us": nearest_rank(s, 0.99) / 1e3,
+                    "sdk_us": await sdk_work(session, t, a),
                 }
             print(json.dumps(line), flush=True)
     return 0
