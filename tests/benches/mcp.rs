@@ -285,7 +285,7 @@ async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
     };
     let (warmup, rounds, per_round) = if quick { (10, 2, 20) } else { (50, 10, 100) };
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/bench_mcp.py");
-    let output = tokio::process::Command::new(python)
+    let output = tokio::process::Command::new(&python)
         .arg(script)
         .arg("--client")
         .arg(monad_tests::binary("monad-client"))
@@ -295,7 +295,7 @@ async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
         .arg("--dir")
         .arg(dir)
         .arg("--reference")
-        .arg(reference)
+        .arg(&reference)
         .args(["--warmup", &warmup.to_string()])
         .args(["--rounds", &rounds.to_string()])
         .args(["--per-round", &per_round.to_string()])
@@ -337,5 +337,35 @@ async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
             sdk("monad"),
             sdk("reference"),
         );
+    }
+
+    // The same calls without an SDK: what each server's processes take on their own.
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/raw_mcp.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg("--client")
+        .arg(monad_tests::binary("monad-client"))
+        .arg("--config-dir")
+        .arg(config_dir)
+        .args(["--workspace", "laptop"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--reference")
+        .arg(&reference)
+        .args(["--rounds", &rounds.to_string()])
+        .args(["--per-round", &per_round.to_string()])
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "raw_mcp.py failed:\n{stdout}");
+    println!(
+        "The same calls without an SDK (tests/python/raw_mcp.py: JSON-RPC lines over the same \
+         pipes, blocking reads), medians:"
+    );
+    for line in stdout.lines() {
+        println!("  {line}");
     }
 }
