@@ -546,13 +546,9 @@ pub(crate) struct OpenedDir {
 }
 
 impl OpenedDir {
-    /// How deep the listing goes (1: the directory's own entries).
-    pub(crate) fn depth(&self) -> u32 {
-        self.depth
-    }
-
-    /// The directory's size as its file system reports it: bytes of entries on ext4, XFS and
-    /// btrfs, a fixed amount per entry on tmpfs; in each, it grows with the number of entries.
+    /// The directory's size as its file system reports it. On ext4 (the blocks its entries
+    /// took, never shrinking), XFS, f2fs and tmpfs (20 bytes an entry) it grows with its
+    /// entries; not on overlayfs, btrfs or ZFS (see `Sandbox::list_dir_async`).
     pub(crate) fn size(&self) -> u64 {
         self.size
     }
@@ -596,6 +592,27 @@ pub(crate) fn list_opened(
     limits: &Limits,
     args: &ListDirArgs,
 ) -> Result<ListDirResult, SandboxError> {
+    let listed = list_walk(opened, limits, args, Unknown::Look)?;
+    Ok(listed.expect("a listing that looks at unknown kinds never gives up"))
+}
+
+/// [`list_opened`] on the calling task: `None`, having looked at nothing, as soon as an entry's
+/// kind is not in the directory (`DT_UNKNOWN`), since looking at each such entry may read its
+/// inode from the disk. The caller lists on the blocking pool instead.
+pub(crate) fn list_inline(
+    opened: OpenedDir,
+    limits: &Limits,
+    args: &ListDirArgs,
+) -> Result<Option<ListDirResult>, SandboxError> {
+    list_walk(opened, limits, args, Unknown::GiveUp)
+}
+
+fn list_walk(
+    opened: OpenedDir,
+    limits: &Limits,
+    args: &ListDirArgs,
+    unknown: Unknown,
+) -> Result<Option<ListDirResult>, SandboxError> {
     let OpenedDir {
         path, dir, depth, ..
     } = opened;
@@ -608,30 +625,42 @@ pub(crate) fn list_opened(
         include_hidden: args.include_hidden.unwrap_or(false),
         max: limits.list_max_entries,
         given: path.given(),
+        unknown,
     };
     let prefix = if path.is_root() {
         String::new()
     } else {
         format!("{}/", path.display())
     };
-    walk.list(&dir, &prefix, depth, &mut Vec::new(), &mut out)?;
-    Ok(out)
+    let done = walk.list(&dir, &prefix, depth, &mut Vec::new(), &mut out)?;
+    Ok(done.then_some(out))
+}
+
+/// What a listing does with an entry whose kind the directory does not give (`DT_UNKNOWN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unknown {
+    /// Look at the entry (`statat`, not following it).
+    Look,
+    /// Stop: the listing is not finished.
+    GiveUp,
 }
 
 struct ListWalk<'a> {
     include_hidden: bool,
     max: usize,
     given: &'a str,
+    unknown: Unknown,
 }
 
 /// Bytes of directory entries one `getdents64` returns. `cap_std`'s `Dir::entries` starts
 /// rustix's buffer at 768 bytes and doubles it, so a directory of 1,000 entries took seven
-/// calls, each one making ext4 rebuild its hash-ordered view of the directory, plus two extra
-/// opens of `.`. One buffer of this size reads such a directory in two calls (glibc's
-/// `readdir` uses 32 KiB too). `docs/benchmarks.md`, the seventh round.
+/// calls, plus two extra opens of `.`. One buffer of this size reads such a directory in two
+/// calls (glibc's `readdir` uses 32 KiB too). `docs/benchmarks.md`, the seventh round.
 const DIRENT_BUFFER: usize = 32 * 1024;
 
 impl ListWalk<'_> {
+    /// Lists `dir` into `out`; false when it gave up on an entry of unknown kind
+    /// ([`Unknown::GiveUp`]).
     fn list(
         &self,
         dir: &Dir,
@@ -639,9 +668,12 @@ impl ListWalk<'_> {
         depth: u32,
         buf: &mut Vec<MaybeUninit<u8>>,
         out: &mut ListDirResult,
-    ) -> Result<(), SandboxError> {
-        let mut entries = read_entries(dir, self.include_hidden, buf)
-            .map_err(|e| SandboxError::from_io("list", self.given, e))?;
+    ) -> Result<bool, SandboxError> {
+        let Some(mut entries) = read_entries(dir, self.include_hidden, self.unknown, buf)
+            .map_err(|e| SandboxError::from_io("list", self.given, e))?
+        else {
+            return Ok(false);
+        };
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         out.entries.reserve(
             entries
@@ -651,7 +683,7 @@ impl ListWalk<'_> {
         for (name, kind) in entries {
             if out.entries.len() >= self.max {
                 out.truncated = true;
-                return Ok(());
+                return Ok(true);
             }
             let name_lossy = name.to_string_lossy();
             let mut path = String::with_capacity(prefix.len() + name_lossy.len());
@@ -664,28 +696,30 @@ impl ListWalk<'_> {
                 let Ok(sub) = dir.open_dir_nofollow(&name) else {
                     continue;
                 };
-                self.list(&sub, &sub_prefix, depth - 1, buf, out)?;
+                if !self.list(&sub, &sub_prefix, depth - 1, buf, out)? {
+                    return Ok(false);
+                }
                 if out.truncated {
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 }
 
 /// The entries of an open directory (`.` and `..` left out, and hidden ones unless asked
-/// for), with their kinds, in the order the file system returns them. It reads through one
-/// `getdents64` buffer of [`DIRENT_BUFFER`] bytes, `buf`, reused by every directory of a walk.
-/// The directory is opened for reading as `.` of `dir`, which never follows anything. Where the
-/// file system does not say an entry's kind, the entry is looked at without following it; one
-/// that vanished meanwhile is left out.
+/// for), with their kinds, in the order the file system returns them; `None` when an entry's
+/// kind is unknown and `unknown` says to give up. It reads through one `getdents64` buffer of
+/// [`DIRENT_BUFFER`] bytes, `buf`, reused by every directory of a walk. The directory is opened
+/// for reading as `.` of `dir`, which never follows anything.
 fn read_entries(
     dir: &Dir,
     include_hidden: bool,
+    unknown: Unknown,
     buf: &mut Vec<MaybeUninit<u8>>,
-) -> std::io::Result<Vec<(OsString, EntryKind)>> {
-    use rustix::fs::{AtFlags, FileType, Mode, OFlags, RawDir};
+) -> std::io::Result<Option<Vec<(OsString, EntryKind)>>> {
+    use rustix::fs::{Mode, OFlags, RawDir};
     let fd = rustix::fs::openat(
         dir,
         c".",
@@ -701,26 +735,41 @@ fn read_entries(
         if name == b"." || name == b".." || (!include_hidden && name.first() == Some(&b'.')) {
             continue;
         }
-        let kind = match entry.file_type() {
-            FileType::RegularFile => EntryKind::File,
-            FileType::Directory => EntryKind::Dir,
-            FileType::Symlink => EntryKind::Symlink,
-            FileType::Unknown => {
-                match rustix::fs::statat(&fd, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
-                    Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
-                        FileType::RegularFile => EntryKind::File,
-                        FileType::Directory => EntryKind::Dir,
-                        FileType::Symlink => EntryKind::Symlink,
-                        _ => EntryKind::Other,
-                    },
-                    Err(_) => continue, // vanished while listing
-                }
-            }
-            _ => EntryKind::Other,
+        let file_type = entry.file_type();
+        if file_type == rustix::fs::FileType::Unknown && unknown == Unknown::GiveUp {
+            return Ok(None);
+        }
+        let Some(kind) = kind_of(file_type, &fd, entry.file_name())? else {
+            continue; // vanished while listing
         };
         entries.push((OsStr::from_bytes(name).to_owned(), kind));
     }
-    Ok(entries)
+    Ok(Some(entries))
+}
+
+/// An entry's kind from its directory record, or, when the record does not say
+/// (`DT_UNKNOWN`), from a look at the entry in `dir` that does not follow it. `None` when the
+/// entry is gone; one that cannot be looked at for another reason is `Other`.
+fn kind_of(
+    file_type: rustix::fs::FileType,
+    dir: impl std::os::fd::AsFd,
+    name: &std::ffi::CStr,
+) -> std::io::Result<Option<EntryKind>> {
+    use rustix::fs::{AtFlags, FileType};
+    let file_type = match file_type {
+        FileType::Unknown => match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => FileType::from_raw_mode(stat.st_mode),
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
+            Err(_) => return Ok(Some(EntryKind::Other)),
+        },
+        known => known,
+    };
+    Ok(Some(match file_type {
+        FileType::RegularFile => EntryKind::File,
+        FileType::Directory => EntryKind::Dir,
+        FileType::Symlink => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    }))
 }
 
 pub(crate) fn entry_kind(t: &cap_std::fs::FileType) -> EntryKind {
@@ -1307,6 +1356,37 @@ pub(crate) fn preview(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where a directory record gives no kind (`DT_UNKNOWN`: ext4 without `filetype`, XFS with
+    /// `ftype=0`), the entry is looked at without following it; a vanished one is left out.
+    #[test]
+    fn an_entry_of_unknown_kind_is_looked_at_without_following_it() {
+        use rustix::fs::FileType;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::write(root.join("file"), "x").unwrap();
+        std::fs::create_dir(root.join("dir")).unwrap();
+        std::os::unix::fs::symlink("dir", root.join("link")).unwrap();
+        std::os::unix::fs::symlink("/nowhere", root.join("dangling")).unwrap();
+        nix::unistd::mkfifo(
+            &root.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let dir = std::fs::File::open(root).unwrap();
+        let kind = |name: &std::ffi::CStr| kind_of(FileType::Unknown, &dir, name).unwrap();
+        assert_eq!(kind(c"file"), Some(EntryKind::File));
+        assert_eq!(kind(c"dir"), Some(EntryKind::Dir));
+        assert_eq!(kind(c"link"), Some(EntryKind::Symlink));
+        assert_eq!(kind(c"dangling"), Some(EntryKind::Symlink));
+        assert_eq!(kind(c"fifo"), Some(EntryKind::Other));
+        assert_eq!(kind(c"gone"), None);
+        // A kind the record gives is taken as it is, without a look.
+        assert_eq!(
+            kind_of(FileType::Directory, &dir, c"gone").unwrap(),
+            Some(EntryKind::Dir)
+        );
+    }
 
     /// Reads `bytes` as a whole file both ways and checks that they agree.
     fn both_ways(jail: &Jail, bytes: &[u8], max_lines: u64) -> ReadFileResult {

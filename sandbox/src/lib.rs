@@ -33,6 +33,7 @@ mod walk;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use monad_protocol::ToolName;
 use monad_protocol::tools::{
@@ -59,6 +60,11 @@ pub struct Sandbox {
     /// The root's device, when the root is on a local disk: small reads of files on that same
     /// device may run on the calling task.
     local_device: Option<u64>,
+    /// Whether the root's filesystem reports a directory's size in bytes of its entries, so
+    /// that small one-level listings may run on the calling task ([`INLINE_LIST_MAX`]).
+    lists_inline: bool,
+    /// Listings answered on the calling task ([`Sandbox::inline_listings`]).
+    inline_listings: AtomicU64,
     /// Background processes (dropped with the sandbox: they are killed).
     processes: exec::process::Table,
 }
@@ -78,32 +84,44 @@ pub const INLINE_LIST_MAX: u64 = 64 * 1024;
 /// SMB, FUSE, ...) and anything unknown are not: a read there can stall for as long as the
 /// network does.
 fn on_local_disk(fd: impl std::os::fd::AsFd) -> bool {
-    use nix::sys::statfs::{
-        BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC,
-        XFS_SUPER_MAGIC, fstatfs,
-    };
+    use nix::sys::statfs::{BTRFS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC};
     /// ZFS, which nix has no constant for.
     const ZFS_SUPER_MAGIC: u64 = 0x2fc1_2fc1;
-    let Ok(stat) = fstatfs(fd) else {
+    let Some(kind) = filesystem(fd) else {
         return false;
     };
-    let kind = stat.filesystem_type();
+    lists_by_size(kind)
+        || [BTRFS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC].contains(&kind)
+        || kind.0 as u64 == ZFS_SUPER_MAGIC
+}
+
+/// Whether a local filesystem's directory size grows with the bytes of its entries (ext4 in
+/// blocks, XFS, f2fs; tmpfs 20 bytes an entry), so that [`INLINE_LIST_MAX`] bounds the entries a
+/// listing on the calling task reads. Not overlayfs (the size is the upper layer's only: a
+/// merged directory of 100,000 entries can report 4 KiB), btrfs (twice the names' bytes: 16,000
+/// two-byte names fit) or ZFS (the entry count: 65,000 fit).
+fn lists_by_size(kind: nix::sys::statfs::FsType) -> bool {
+    use nix::sys::statfs::{EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
     [
         EXT4_SUPER_MAGIC, // also ext2 and ext3
         XFS_SUPER_MAGIC,
-        BTRFS_SUPER_MAGIC,
         F2FS_SUPER_MAGIC,
         TMPFS_MAGIC,
-        OVERLAYFS_SUPER_MAGIC,
     ]
     .contains(&kind)
-        || kind.0 as u64 == ZFS_SUPER_MAGIC
+}
+
+fn filesystem(fd: impl std::os::fd::AsFd) -> Option<nix::sys::statfs::FsType> {
+    nix::sys::statfs::fstatfs(fd)
+        .ok()
+        .map(|stat| stat.filesystem_type())
 }
 
 impl Sandbox {
     /// Opens `root` as a workspace (see [`Jail::open_ambient`] on ambient authority).
     pub fn open(root: &Path, limits: Limits, exec: ExecPolicy) -> std::io::Result<Sandbox> {
         let jail = Jail::open_ambient(root)?;
+        let lists_inline = filesystem(jail.dir()).is_some_and(lists_by_size);
         let local_device = if on_local_disk(jail.dir()) {
             Some(cap_std::fs::MetadataExt::dev(&jail.dir().dir_metadata()?))
         } else {
@@ -111,6 +129,8 @@ impl Sandbox {
         };
         Ok(Sandbox {
             local_device,
+            lists_inline,
+            inline_listings: AtomicU64::new(0),
             processes: exec::process::Table::new(exec.max_background),
             jail,
             limits,
@@ -227,8 +247,8 @@ impl Sandbox {
 
     /// Runs a workspace tool by name with JSON arguments and returns its JSON result. File tools
     /// run on tokio's blocking pool, except small reads and listings of a local disk (see
-    /// [`INLINE_READ_MAX`] and [`INLINE_LIST_MAX`]). Session-level tools (`workspaces`, `memory_*`) are not
-    /// workspace tools and are refused here.
+    /// [`INLINE_READ_MAX`] and [`INLINE_LIST_MAX`]). Session-level tools (`workspaces`,
+    /// `memory_*`) are not workspace tools and are refused here.
     pub async fn call(
         self: &Arc<Self>,
         tool: ToolName,
@@ -327,29 +347,55 @@ impl Sandbox {
             .await
     }
 
-    /// `list_dir` from async code, like [`Sandbox::read_file_async`]: on a local disk the
-    /// directory is opened right here, and listed here too when the listing is one level deep,
-    /// of a directory of at most [`INLINE_LIST_MAX`] bytes on the root's own filesystem. Such a
-    /// directory holds up to a few thousand entries, listed in a few hundred microseconds
-    /// from the cache, less than the blocking pool's two hand-offs add to a remote listing
-    /// (`docs/benchmarks.md`, the seventh round). Deeper listings, larger directories and
-    /// every listing of a root elsewhere run on the blocking pool.
+    /// `list_dir` from async code, like [`Sandbox::read_file_async`]: a one-level listing of a
+    /// root on ext4, XFS, f2fs or tmpfs (where a directory's size grows with its entries' bytes)
+    /// opens the directory right here, and lists it here too when it is on the root's own
+    /// filesystem and its size is at most [`INLINE_LIST_MAX`]: up to about 2,000–3,000 entries,
+    /// a few hundred microseconds from the page cache (cold, up to 16 blocks read), less than
+    /// the blocking pool's two hand-offs add to a remote listing (`docs/benchmarks.md`, the
+    /// seventh round). If an entry's kind is not in the directory (`DT_UNKNOWN`), the listing
+    /// starts again on the pool, where each such entry is looked at. Deeper listings, larger
+    /// directories, and every listing of a root elsewhere (overlayfs, whose size counts only
+    /// its upper layer; btrfs and ZFS, where it allows far more entries; NFS, FUSE, ...) run
+    /// on the pool. Known limit, as for reads: the open itself crosses into a mount inside a
+    /// local root on the calling task.
     async fn list_dir_async(
         self: &Arc<Self>,
         args: ListDirArgs,
     ) -> Result<ListDirResult, SandboxError> {
-        let Some(root_device) = self.local_device else {
+        let Some(root_device) = self.local_device.filter(|_| self.lists_inline) else {
             return self
                 .on_blocking_pool(move |this| this.list_dir(&args))
                 .await;
         };
-        let opened = fs::open_for_list(&self.jail, &self.limits, &args)?;
-        if opened.depth() == 1 && opened.size() <= INLINE_LIST_MAX && opened.device() == root_device
-        {
-            return fs::list_opened(opened, &self.limits, &args);
+        if args.depth.unwrap_or(1) != 1 {
+            return self
+                .on_blocking_pool(move |this| this.list_dir(&args))
+                .await;
         }
-        self.on_blocking_pool(move |this| fs::list_opened(opened, &this.limits, &args))
-            .await
+        let opened = fs::open_for_list(&self.jail, &self.limits, &args)?;
+        if opened.size() > INLINE_LIST_MAX || opened.device() != root_device {
+            return self
+                .on_blocking_pool(move |this| fs::list_opened(opened, &this.limits, &args))
+                .await;
+        }
+        match fs::list_inline(opened, &self.limits, &args)? {
+            Some(listed) => {
+                self.inline_listings.fetch_add(1, Ordering::Relaxed);
+                Ok(listed)
+            }
+            None => {
+                self.on_blocking_pool(move |this| this.list_dir(&args))
+                    .await
+            }
+        }
+    }
+
+    /// How many `list_dir` calls were answered on the calling task since the sandbox opened
+    /// (for tests: which path a listing took).
+    #[doc(hidden)]
+    pub fn inline_listings(&self) -> u64 {
+        self.inline_listings.load(Ordering::Relaxed)
     }
 
     async fn on_blocking_pool<R: Send + 'static>(
