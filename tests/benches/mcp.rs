@@ -269,6 +269,49 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
     }
 }
 
+/// What the Python bench scripts share: the interpreter, the folder, the client's config, the
+/// reference server and the rounds.
+struct Scripts<'a> {
+    python: PathBuf,
+    dir: &'a FsPath,
+    config_dir: &'a FsPath,
+    reference: PathBuf,
+    rounds: usize,
+    per_round: usize,
+}
+
+impl Scripts<'_> {
+    /// Runs `tests/python/<script>` on the shared arguments and `extra`; its standard output.
+    async fn run(&self, script: &str, extra: &[&str]) -> String {
+        let output = tokio::process::Command::new(&self.python)
+            .arg(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("python")
+                    .join(script),
+            )
+            .arg("--client")
+            .arg(monad_tests::binary("monad-client"))
+            .arg("--config-dir")
+            .arg(self.config_dir)
+            .args(["--workspace", "laptop"])
+            .arg("--dir")
+            .arg(self.dir)
+            .arg("--reference")
+            .arg(&self.reference)
+            .args(["--rounds", &self.rounds.to_string()])
+            .args(["--per-round", &self.per_round.to_string()])
+            .args(extra)
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("python runs");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "{script} failed:\n{stdout}");
+        stdout
+    }
+}
+
 /// The Python SDK cases: `monad-client mcp` against the reference server, in one run of
 /// `tests/python/bench_mcp.py`, which checks both sides' answers and prints one JSON line per case.
 async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
@@ -284,32 +327,21 @@ async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
         return;
     };
     let (warmup, rounds, per_round) = if quick { (10, 2, 20) } else { (50, 10, 100) };
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/bench_mcp.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(script)
-        .arg("--client")
-        .arg(monad_tests::binary("monad-client"))
-        .arg("--config-dir")
-        .arg(config_dir)
-        .args(["--workspace", "laptop"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--reference")
-        .arg(&reference)
-        .args(["--warmup", &warmup.to_string()])
-        .args(["--rounds", &rounds.to_string()])
-        .args(["--per-round", &per_round.to_string()])
-        .args([
-            "--only",
-            &std::env::var("MONAD_BENCH_CASE").unwrap_or_default(),
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "bench_mcp.py failed:\n{stdout}");
+    let scripts = Scripts {
+        python,
+        dir,
+        config_dir,
+        reference,
+        rounds,
+        per_round,
+    };
+    let case = std::env::var("MONAD_BENCH_CASE").unwrap_or_default();
+    let stdout = scripts
+        .run(
+            "bench_mcp.py",
+            &["--warmup", &warmup.to_string(), "--only", &case],
+        )
+        .await;
     println!(
         "Python SDK over stdio: monad-client mcp (attached folder) against the reference server \
          (local disk), median / p99, target: Monad's median <= 1.0x:"
@@ -340,27 +372,7 @@ async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
     }
 
     // The same calls without an SDK: what each server's processes take on their own.
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/raw_mcp.py");
-    let output = tokio::process::Command::new(&python)
-        .arg(script)
-        .arg("--client")
-        .arg(monad_tests::binary("monad-client"))
-        .arg("--config-dir")
-        .arg(config_dir)
-        .args(["--workspace", "laptop"])
-        .arg("--dir")
-        .arg(dir)
-        .arg("--reference")
-        .arg(&reference)
-        .args(["--rounds", &rounds.to_string()])
-        .args(["--per-round", &per_round.to_string()])
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "raw_mcp.py failed:\n{stdout}");
+    let stdout = scripts.run("raw_mcp.py", &[]).await;
     println!(
         "The same calls without an SDK (tests/python/raw_mcp.py: JSON-RPC lines over the same \
          pipes, blocking reads), medians:"
