@@ -669,7 +669,13 @@ impl ListWalk<'_> {
         buf: &mut Vec<MaybeUninit<u8>>,
         out: &mut ListDirResult,
     ) -> Result<bool, SandboxError> {
-        let Some(mut entries) = read_entries(dir, self.include_hidden, self.unknown, buf)
+        // Every entry takes one place of what is left under the cap, so only that many of this
+        // directory's first names (in sorted order) can be listed.
+        let keep = self.max.saturating_sub(out.entries.len());
+        let Some(Kept {
+            mut entries,
+            dropped,
+        }) = read_entries(dir, self.include_hidden, self.unknown, keep, buf)
             .map_err(|e| SandboxError::from_io("list", self.given, e))?
         else {
             return Ok(false);
@@ -704,21 +710,44 @@ impl ListWalk<'_> {
                 }
             }
         }
+        out.truncated |= dropped;
         Ok(true)
     }
 }
 
+/// What [`read_entries`] kept of a directory: at most the `keep` first names, unsorted, and
+/// whether it left any out.
+struct Kept {
+    entries: Vec<(OsString, EntryKind)>,
+    dropped: bool,
+}
+
+/// Keeps the `keep` smallest names of `entries` (in any order); true when it dropped some.
+fn keep_first(entries: &mut Vec<(OsString, EntryKind)>, keep: usize) -> bool {
+    if entries.len() <= keep {
+        return false;
+    }
+    if keep > 0 {
+        entries.select_nth_unstable_by(keep - 1, |a, b| a.0.cmp(&b.0));
+    }
+    entries.truncate(keep);
+    true
+}
+
 /// The entries of an open directory (`.` and `..` left out, and hidden ones unless asked
-/// for), with their kinds, in the order the file system returns them; `None` when an entry's
-/// kind is unknown and `unknown` says to give up. It reads through one `getdents64` buffer of
-/// [`DIRENT_BUFFER`] bytes, `buf`, reused by every directory of a walk. The directory is opened
-/// for reading as `.` of `dir`, which never follows anything.
+/// for), with their kinds: the `keep` first by name, unsorted. `None` when an entry's kind is
+/// unknown and `unknown` says to give up. Memory stays within twice `keep` entries however
+/// large the directory: whenever that many are held, the larger half is let go. It reads
+/// through one `getdents64` buffer of [`DIRENT_BUFFER`] bytes, `buf`, reused by every directory
+/// of a walk. The directory is opened for reading as `.` of `dir`, which never follows
+/// anything.
 fn read_entries(
     dir: &Dir,
     include_hidden: bool,
     unknown: Unknown,
+    keep: usize,
     buf: &mut Vec<MaybeUninit<u8>>,
-) -> std::io::Result<Option<Vec<(OsString, EntryKind)>>> {
+) -> std::io::Result<Option<Kept>> {
     use rustix::fs::{Mode, OFlags, RawDir};
     let fd = rustix::fs::openat(
         dir,
@@ -729,6 +758,8 @@ fn read_entries(
     buf.resize(DIRENT_BUFFER, MaybeUninit::uninit());
     let mut raw = RawDir::new(&fd, buf);
     let mut entries = Vec::new();
+    let mut dropped = false;
+    let hold = keep.saturating_mul(2).max(1);
     while let Some(entry) = raw.next() {
         let entry = entry?;
         let name = entry.file_name().to_bytes();
@@ -743,8 +774,12 @@ fn read_entries(
             continue; // vanished while listing
         };
         entries.push((OsStr::from_bytes(name).to_owned(), kind));
+        if entries.len() >= hold {
+            dropped |= keep_first(&mut entries, keep);
+        }
     }
-    Ok(Some(entries))
+    dropped |= keep_first(&mut entries, keep);
+    Ok(Some(Kept { entries, dropped }))
 }
 
 /// An entry's kind from its directory record, or, when the record does not say

@@ -302,6 +302,55 @@ fn list_dir_truncates_at_the_entry_cap() {
 }
 
 #[test]
+fn list_dir_at_the_cap_keeps_the_first_names_of_a_large_directory() {
+    // A directory far larger than the cap: the listing holds at most twice the cap's entries
+    // at a time, and still gives the first names in order, with what is under them.
+    let limits = Limits {
+        list_max_entries: 5,
+        ..Limits::default()
+    };
+    let fx = Fixture::with_limits(limits);
+    for i in (0..200).rev() {
+        fx.put(&format!("big/f{i:03}"), "");
+    }
+    fx.put("big/a/x", "");
+    fx.put("big/a/y", "");
+    let out = fx.sandbox.list_dir(&list(Some("big"), None)).unwrap();
+    assert_eq!(
+        paths(&out),
+        ["big/a", "big/f000", "big/f001", "big/f002", "big/f003"]
+    );
+    assert!(out.truncated);
+    let out = fx.sandbox.list_dir(&list(Some("big"), Some(2))).unwrap();
+    assert_eq!(
+        paths(&out),
+        ["big/a", "big/a/x", "big/a/y", "big/f000", "big/f001"]
+    );
+    assert!(out.truncated);
+    // Exactly at the cap: nothing left out.
+    let out = fx.sandbox.list_dir(&list(Some("big/a"), None)).unwrap();
+    assert_eq!(paths(&out), ["big/a/x", "big/a/y"]);
+    assert!(!out.truncated);
+    for i in 0..3 {
+        fx.put(&format!("five/{i}"), "");
+    }
+    fx.put("five/d/inner", "");
+    let out = fx.sandbox.list_dir(&list(Some("five"), Some(2))).unwrap();
+    assert_eq!(
+        paths(&out),
+        ["five/0", "five/1", "five/2", "five/d", "five/d/inner"]
+    );
+    assert!(!out.truncated);
+    // And through `call`, on the calling task or the pool alike.
+    let rt = runtime();
+    let called = rt
+        .block_on(fx.sandbox.call(ToolName::ListDir, json!({"path": "big"})))
+        .unwrap();
+    assert_eq!(called["entries"].as_array().unwrap().len(), 5);
+    assert_eq!(called["truncated"], true);
+}
+
+#[test]
 fn stat_describes_files_dirs_and_links() {
     let fx = Fixture::new();
     fx.put("f.txt", "12345");
