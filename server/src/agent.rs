@@ -22,6 +22,7 @@ use monad_protocol::{ErrorCode, ToolError, ToolName, render};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use crate::executor::{PermissionAsk, PermissionGate};
 use crate::llm::{
@@ -378,6 +379,13 @@ impl Agents {
         };
         let _in_flight = state.call_in_flight();
         let pending: Pending = Arc::default();
+        // Dropped mid-turn (its connection gone, its task aborted), the turn still keeps what
+        // the model said; on the paths below, `pending` is emptied first and this does nothing.
+        let _keep = KeepSaid {
+            store: state.registry.store().clone(),
+            session: session.id.clone(),
+            pending: pending.clone(),
+        };
         let tally = Mutex::new(Tally::default());
         let turn = Turn {
             state,
@@ -403,6 +411,39 @@ impl Agents {
             let _ = append(state, &session.id, HistoryRole::Assistant, rest).await;
         }
         Ok(result)
+    }
+}
+
+/// What the model said and nothing has saved yet, written to the session's history when the
+/// turn's future is dropped before it could (see [`Agents::prompt`]). The write runs on the
+/// blocking pool, so it does not depend on the dropped task; without a runtime (a test's
+/// shutdown), right here.
+struct KeepSaid {
+    store: Arc<dyn crate::store::Store>,
+    session: String,
+    pending: Pending,
+}
+
+impl Drop for KeepSaid {
+    fn drop(&mut self) {
+        let said = std::mem::take(&mut *lock(&self.pending));
+        if said.is_empty() {
+            return;
+        }
+        let (store, session) = (self.store.clone(), self.session.clone());
+        let save = move || {
+            let message = HistoryMessage {
+                role: HistoryRole::Assistant,
+                text: said,
+            };
+            if let Err(e) = store.append(&session, &message) {
+                warn!(%session, "cannot keep what the model said before the turn was dropped: {e}");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(save)),
+            Err(_) => save(),
+        }
     }
 }
 

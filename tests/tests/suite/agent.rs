@@ -450,6 +450,41 @@ async fn cancelling_stops_the_model_and_keeps_what_it_said() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_mid_turn_keeps_what_the_model_said() {
+    // The front goes away without cancelling first (its process ended, its network went):
+    // the server sees the connection close, not the prompt's stream reset. The turn still ends
+    // properly, and what the model said stays in session.md.
+    let provider = ScriptedProvider::start(vec![Reply::Hang {
+        text: vec!["Working on it".into()],
+    }])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
+    let (first_text, got_text) = tokio::sync::oneshot::channel::<()>();
+    let mut first_text = Some(first_text);
+    let turn = agent.prompt(None, "long task", move |e| {
+        if matches!(e, AgentEvent::Text { .. })
+            && let Some(tx) = first_text.take()
+        {
+            let _ = tx.send(());
+        }
+    });
+    tokio::select! {
+        r = turn => panic!("the turn ended by itself: {r:?}"),
+        _ = within(STEP, "the first text", got_text) => {
+            agent.quic().close(0u32.into(), b"gone");
+        }
+    }
+    provider.wait_for_abandoned(1).await;
+    within(STEP, "the partial answer in session.md", async {
+        while !session_md(&server).contains("## Assistant\n\nWorking on it\n") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_model_the_turn_fails_clearly_and_writes_nothing() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
