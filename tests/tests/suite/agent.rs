@@ -411,17 +411,9 @@ async fn the_oldest_turns_are_left_out_past_the_context_budget() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_stops_the_model_and_keeps_what_it_said() {
-    let provider = ScriptedProvider::start(vec![
-        Reply::Hang {
-            text: vec!["Working on it".into()],
-        },
-        Reply::text(["Back."]),
-    ])
-    .await;
-    let server = server_for(&provider, ProviderKind::Openai, "").await;
-    let agent = server.agent().await;
+/// Prompts "long task" and waits for the turn's first text; then runs `then` and drops the
+/// turn's future (which resets its stream).
+async fn at_first_text(agent: &Agent, then: impl FnOnce()) {
     let (first_text, got_text) = tokio::sync::oneshot::channel::<()>();
     let mut first_text = Some(first_text);
     let turn = agent.prompt(None, "long task", move |e| {
@@ -433,9 +425,23 @@ async fn cancelling_stops_the_model_and_keeps_what_it_said() {
     });
     tokio::select! {
         r = turn => panic!("the turn ended by itself: {r:?}"),
-        _ = within(STEP, "the first text", got_text) => {}
+        _ = within(STEP, "the first text", got_text) => then(),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_stops_the_model_and_keeps_what_it_said() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Hang {
+            text: vec!["Working on it".into()],
+        },
+        Reply::text(["Back."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
     // The prompt's future is dropped: its stream is reset.
+    at_first_text(&agent, || {}).await;
     provider.wait_for_abandoned(1).await;
     within(STEP, "the partial answer in session.md", async {
         while !session_md(&server).contains("## Assistant\n\nWorking on it\n") {
@@ -460,21 +466,7 @@ async fn a_connection_lost_mid_turn_keeps_what_the_model_said() {
     .await;
     let server = server_for(&provider, ProviderKind::Openai, "").await;
     let agent = server.agent().await;
-    let (first_text, got_text) = tokio::sync::oneshot::channel::<()>();
-    let mut first_text = Some(first_text);
-    let turn = agent.prompt(None, "long task", move |e| {
-        if matches!(e, AgentEvent::Text { .. })
-            && let Some(tx) = first_text.take()
-        {
-            let _ = tx.send(());
-        }
-    });
-    tokio::select! {
-        r = turn => panic!("the turn ended by itself: {r:?}"),
-        _ = within(STEP, "the first text", got_text) => {
-            agent.quic().close(0u32.into(), b"gone");
-        }
-    }
+    at_first_text(&agent, || agent.quic().close(0u32.into(), b"gone")).await;
     provider.wait_for_abandoned(1).await;
     within(STEP, "the partial answer in session.md", async {
         while !session_md(&server).contains("## Assistant\n\nWorking on it\n") {
