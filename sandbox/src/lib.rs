@@ -79,17 +79,14 @@ pub const INLINE_READ_MAX: u64 = 64 * 1024;
 /// an entry.
 pub const INLINE_LIST_MAX: u64 = 64 * 1024;
 
-/// Whether `fd` is on a filesystem known to be a local disk (or memory), where opening and
+/// Whether a filesystem of this kind is known to be a local disk (or memory), where opening and
 /// reading a small file takes microseconds. Network and user-space filesystems (NFS,
 /// SMB, FUSE, ...) and anything unknown are not: a read there can stall for as long as the
 /// network does.
-fn on_local_disk(fd: impl std::os::fd::AsFd) -> bool {
+fn on_local_disk(kind: nix::sys::statfs::FsType) -> bool {
     use nix::sys::statfs::{BTRFS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC};
     /// ZFS, which nix has no constant for.
     const ZFS_SUPER_MAGIC: u64 = 0x2fc1_2fc1;
-    let Some(kind) = filesystem(fd) else {
-        return false;
-    };
     lists_by_size(kind)
         || [BTRFS_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC].contains(&kind)
         || kind.0 as u64 == ZFS_SUPER_MAGIC
@@ -111,6 +108,7 @@ fn lists_by_size(kind: nix::sys::statfs::FsType) -> bool {
     .contains(&kind)
 }
 
+/// The kind of filesystem `fd` is on; `None` when `fstatfs` fails.
 fn filesystem(fd: impl std::os::fd::AsFd) -> Option<nix::sys::statfs::FsType> {
     nix::sys::statfs::fstatfs(fd)
         .ok()
@@ -121,8 +119,10 @@ impl Sandbox {
     /// Opens `root` as a workspace (see [`Jail::open_ambient`] on ambient authority).
     pub fn open(root: &Path, limits: Limits, exec: ExecPolicy) -> std::io::Result<Sandbox> {
         let jail = Jail::open_ambient(root)?;
-        let lists_inline = filesystem(jail.dir()).is_some_and(lists_by_size);
-        let local_device = if on_local_disk(jail.dir()) {
+        // Unknown (`fstatfs` failed) counts as neither.
+        let kind = filesystem(jail.dir());
+        let lists_inline = kind.is_some_and(lists_by_size);
+        let local_device = if kind.is_some_and(on_local_disk) {
             Some(cap_std::fs::MetadataExt::dev(&jail.dir().dir_metadata()?))
         } else {
             None
@@ -363,16 +363,12 @@ impl Sandbox {
         self: &Arc<Self>,
         args: ListDirArgs,
     ) -> Result<ListDirResult, SandboxError> {
-        let Some(root_device) = self.local_device.filter(|_| self.lists_inline) else {
+        let inline = self.lists_inline && args.depth.unwrap_or(1) == 1;
+        let Some(root_device) = self.local_device.filter(|_| inline) else {
             return self
                 .on_blocking_pool(move |this| this.list_dir(&args))
                 .await;
         };
-        if args.depth.unwrap_or(1) != 1 {
-            return self
-                .on_blocking_pool(move |this| this.list_dir(&args))
-                .await;
-        }
         let opened = fs::open_for_list(&self.jail, &self.limits, &args)?;
         if opened.size() > INLINE_LIST_MAX || opened.device() != root_device {
             return self
@@ -462,8 +458,10 @@ mod tests {
     #[test]
     fn kernel_filesystems_are_not_local_disks() {
         let proc = std::fs::File::open("/proc/self/status").unwrap();
-        assert!(!on_local_disk(&proc));
+        let proc = filesystem(&proc).expect("/proc's filesystem");
+        assert!(!on_local_disk(proc) && !lists_by_size(proc));
         let sys = std::fs::File::open("/sys/kernel").unwrap();
-        assert!(!on_local_disk(&sys));
+        let sys = filesystem(&sys).expect("/sys's filesystem");
+        assert!(!on_local_disk(sys) && !lists_by_size(sys));
     }
 }

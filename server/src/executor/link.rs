@@ -475,21 +475,29 @@ pub(crate) async fn run<C: Connection>(
                 };
                 watch.decided(decided_by);
             }
-            Ok(Some(Message::Result { outcome, body, .. })) => {
-                return match (outcome, body) {
-                    (Outcome::Ok { result }, None) => {
-                        recv.let_go();
-                        Answer {
-                            result: Ok(result),
-                            body: None,
-                            verdict: decided_by,
-                        }
-                    }
-                    (Outcome::Error { error }, None) => {
-                        recv.let_go();
-                        Answer::failed(error, decided_by)
-                    }
-                    (Outcome::Ok { result }, Some(body)) => {
+            Ok(Some(Message::Result {
+                outcome,
+                body: None,
+                ..
+            })) => {
+                // The whole answer is in: the stream's end follows.
+                recv.let_go();
+                return match outcome {
+                    Outcome::Ok { result } => Answer {
+                        result: Ok(result),
+                        body: None,
+                        verdict: decided_by,
+                    },
+                    Outcome::Error { error } => Answer::failed(error, decided_by),
+                };
+            }
+            Ok(Some(Message::Result {
+                outcome,
+                body: Some(body),
+                ..
+            })) => {
+                return match outcome {
+                    Outcome::Ok { result } => {
                         if !result.is_object() || result.get(&body.field).is_some() {
                             let error = malformed(format!(
                                 "a body for `{}` that does not fit its result",
@@ -521,7 +529,7 @@ pub(crate) async fn run<C: Connection>(
                             verdict: decided_by,
                         }
                     }
-                    (Outcome::Error { .. }, Some(_)) => {
+                    Outcome::Error { .. } => {
                         Answer::failed(malformed("a body after an error".into()), decided_by)
                     }
                 };
