@@ -31,6 +31,8 @@ enum Job {
 #[derive(Clone)]
 pub struct Recorder {
     jobs: mpsc::Sender<Job>,
+    /// Unparked by a flush, which ends the gathering at once (see [`gather`]).
+    thread: std::thread::Thread,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -42,12 +44,19 @@ impl std::fmt::Debug for Recorder {
 impl Recorder {
     /// Starts the recorder thread writing to `store`.
     pub fn start(store: Arc<dyn Store>) -> Recorder {
+        Recorder::gathering(store, GATHER)
+    }
+
+    /// Starts the recorder thread, gathering each batch for `window`.
+    fn gathering(store: Arc<dyn Store>, window: Duration) -> Recorder {
         let (jobs, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("recorder".into())
-            .spawn(move || run(store, rx))
-            .expect("the recorder thread starts");
-        Recorder { jobs }
+            .spawn(move || run(store, rx, window))
+            .expect("the recorder thread starts")
+            .thread()
+            .clone();
+        Recorder { jobs, thread }
     }
 
     /// Records an audit line for a session.
@@ -77,6 +86,7 @@ impl Recorder {
     pub fn flush(&self) {
         let (tx, rx) = std::sync::mpsc::channel();
         if self.jobs.send(Job::Flush(tx)).is_ok() {
+            self.thread.unpark();
             let _ = rx.recv();
         }
     }
@@ -98,6 +108,10 @@ const MAX_BATCH: usize = 4096;
 /// The next batch: the first job, then what arrives within `window` of it, until a flush is
 /// asked for or the batch is full. With `due`, an empty batch when no job arrives before it.
 /// `None` when every sender is gone.
+///
+/// Within the window the thread is parked, not blocked on the channel: a receiver blocked on a
+/// channel is woken by every send, a context switch per job and several per tool call, where
+/// parked it is woken once, when the window ends. A flush unparks it ([`Recorder::flush`]).
 fn gather(rx: &mpsc::Receiver<Job>, window: Duration, due: Option<Instant>) -> Option<Vec<Job>> {
     let first = match due {
         None => rx.recv().ok()?,
@@ -110,28 +124,29 @@ fn gather(rx: &mpsc::Receiver<Job>, window: Duration, due: Option<Instant>) -> O
     let until = Instant::now() + window;
     let mut flush = matches!(first, Job::Flush(_));
     let mut batch = vec![first];
-    while !flush && batch.len() < MAX_BATCH {
+    loop {
+        for job in rx.try_iter().take(MAX_BATCH.saturating_sub(batch.len())) {
+            flush |= matches!(job, Job::Flush(_));
+            batch.push(job);
+        }
+        if flush || batch.len() >= MAX_BATCH {
+            break;
+        }
         let Some(left) = until.checked_duration_since(Instant::now()) else {
             break;
         };
-        match rx.recv_timeout(left) {
-            Ok(job) => {
-                flush = matches!(job, Job::Flush(_));
-                batch.push(job);
-            }
-            Err(_) => break,
-        }
+        // May return early (an unpark meant for an earlier flush, or spuriously): the loop
+        // takes what came and parks again for what is left of the window.
+        std::thread::park_timeout(left);
     }
-    // Whatever else is already queued goes too.
-    batch.extend(rx.try_iter().take(MAX_BATCH.saturating_sub(batch.len())));
     Some(batch)
 }
 
-fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>) {
+fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
     // Calls per (workspace record, session) not yet written, and when they must be.
     let mut touches: HashMap<(String, String), u64> = HashMap::new();
     let mut touch_due: Option<Instant> = None;
-    while let Some(batch) = gather(&rx, GATHER, touch_due) {
+    while let Some(batch) = gather(&rx, window, touch_due) {
         let mut audits: HashMap<String, Vec<AuditRecord>> = HashMap::new();
         let mut waiters = Vec::new();
         // Artifacts in a row are stored together (the filesystem store syncs a session's
@@ -260,12 +275,17 @@ mod tests {
     fn jobs_sent_while_gathering_join_the_batch() {
         let (tx, rx) = mpsc::channel();
         tx.send(audit(1)).unwrap();
+        let gatherer = std::thread::current();
         let sender = std::thread::spawn(move || {
             for n in 2..=4 {
                 tx.send(audit(n)).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
             }
             let (done, _) = mpsc::channel();
             tx.send(Job::Flush(done)).unwrap();
+            // As `Recorder::flush` does: the gathering thread is parked, not blocked on the
+            // channel.
+            gatherer.unpark();
         });
         let batch = gather(&rx, HOUR, None).unwrap();
         sender.join().unwrap();
@@ -274,10 +294,47 @@ mod tests {
     }
 
     #[test]
-    fn with_something_due_the_gathering_ends_empty_when_nothing_arrives() {
-        let (_tx, rx) = mpsc::channel::<Job>();
-        let batch = gather(&rx, HOUR, Some(Instant::now() + Duration::from_millis(20))).unwrap();
-        assert!(batch.is_empty());
+    fn jobs_sent_within_the_window_join_it_and_do_not_end_it() {
+        let (tx, rx) = mpsc::channel();
+        tx.send(audit(1)).unwrap();
+        let window = Duration::from_millis(300);
+        let sender = std::thread::spawn(move || {
+            for n in 2..=4 {
+                std::thread::sleep(Duration::from_millis(20));
+                tx.send(audit(n)).unwrap();
+            }
+            tx
+        });
+        let started = Instant::now();
+        let batch = gather(&rx, window, None).unwrap();
+        // Nothing but the window's end (or a flush) ends the gathering: the jobs that came
+        // within it are all in, and none of them cut it short.
+        assert!(
+            started.elapsed() >= window,
+            "ended after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(calls(&batch), [1, 2, 3, 4]);
+        drop(sender.join().unwrap());
+    }
+
+    #[test]
+    fn a_flush_ends_a_long_window_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let record = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
+        let recorder = Recorder::gathering(store.clone(), Duration::from_secs(60));
+        recorder.touch(&record.id, "default");
+        // Let the recorder take the touch and park for the window.
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        recorder.flush();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the flush waited {:?}: it did not wake the gathering",
+            started.elapsed()
+        );
+        assert_eq!(calls_in(&store, &record.id), 1);
     }
 
     /// The calls recorded in `record` for session `default`.
