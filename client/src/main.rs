@@ -362,11 +362,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The MCP bridge only relays between the host's pipes and one QUIC connection: on one
     // thread, a message goes through without waking another (`docs/benchmarks.md`, the MCP
-    // bench). The other commands keep a worker per core.
+    // bench). So does an attached folder: its connection's calls are short on the thread (a
+    // small read or listing, a check), and what takes longer runs on the blocking pool (larger
+    // reads, search, glob, writes, previews) or in a child process (commands). On a pool of
+    // workers, each call woke three or four threads in turn, about 8 context switches per 4 KiB
+    // read against 2 on one thread (`docs/benchmarks.md`, eighth round). The other commands keep
+    // a worker per core.
     let runtime = match &cli.command {
-        Command::Mcp { .. } => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
+        Command::Mcp { .. } | Command::Attach { .. } => {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
         _ => tokio::runtime::Runtime::new(),
     };
     let runtime = match runtime {
