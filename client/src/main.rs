@@ -503,13 +503,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
             };
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<AttachEvent>();
-            let printer = tokio::spawn(async move {
-                while let Some(event) = rx.recv().await {
-                    if let Some(line) = event.line() {
-                        errln!("{line}");
+            // Lines are written on a thread of their own: the attachment runs on one thread,
+            // and a standard error that does not take them (a pipe nobody reads, a terminal
+            // stopped with Ctrl-S) must hold up its lines only, never the folder's calls.
+            let (printed, printer) = tokio::sync::oneshot::channel::<()>();
+            let _ = std::thread::Builder::new()
+                .name("attach-events".into())
+                .spawn(move || {
+                    while let Some(event) = rx.blocking_recv() {
+                        if let Some(line) = event.line() {
+                            errln!("{line}");
+                        }
                     }
-                }
-            });
+                    let _ = printed.send(());
+                });
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                     .context("cannot watch for SIGTERM")?;

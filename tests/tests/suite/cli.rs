@@ -989,3 +989,54 @@ async fn another_user_cannot_delete_sessions_through_the_running_servers_socket(
     assert!(said.contains("refused"), "{said}");
     assert!(d.join("sessions").join(&mine).is_dir(), "nothing deleted");
 }
+
+/// `attach` runs its folder on one thread; the lines it prints for each call must not hold that
+/// thread up. With a standard error nobody reads (here a pipe shrunk to one page, full after a
+/// few dozen calls' lines), calls keep being answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attachment_whose_standard_error_is_not_read_keeps_answering() {
+    use std::os::fd::AsFd;
+    let (_server, _data, config) = logged_in().await;
+    let dir = folder(&[("a.txt", "hello\n")]);
+    let mut attaching = Attaching::start(
+        config.path(),
+        &[
+            dir.path().to_str().unwrap(),
+            "--name",
+            "laptop",
+            "--non-interactive",
+            "--allow",
+            "read",
+        ],
+    )
+    .await;
+    // From here on nothing reads the pipe, and it holds one page.
+    let stderr = attaching.lines.get_ref().get_ref();
+    nix::fcntl::fcntl(stderr.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096))
+        .expect("the pipe shrinks");
+    let settings = monad_client::config::ClientConfig::load(config.path()).unwrap();
+    let agent = monad_client::agent::Agent::connect(&settings)
+        .await
+        .unwrap();
+    // Two lines of about 40 bytes per call: a page is full long before the last call.
+    for n in 0..300 {
+        let reply = within(
+            STEP,
+            &format!("call {n} with standard error full"),
+            agent.call(
+                None,
+                "read_file",
+                json!({"path": "a.txt", "workspace": "laptop"}),
+                |_| {},
+            ),
+        )
+        .await
+        .expect("the call is answered");
+        assert!(
+            matches!(reply.outcome, monad_protocol::wire::Outcome::Ok { .. }),
+            "call {n}: {:?}",
+            reply.outcome
+        );
+    }
+    drop(attaching);
+}
