@@ -26,8 +26,10 @@
 //! Then, with the official MCP Python SDK as the client (`tests/python/bench_mcp.py`, run by the
 //! interpreter of `target/mcp-venv`, or `$MONAD_TEST_PYTHON`): `monad-client mcp` (path 2)
 //! against the reference server on the same folder, over stdio, for a 4 KiB read, a 248 KiB read
-//! (whole) and a 1,000-entry listing; target: Monad's median at most 1.0x the reference's.
-//! Skipped, loudly, without the venv or the reference server. See `docs/benchmarks.md`.
+//! (whole) and a 1,000-entry listing; target: Monad's median at most 1.0x the reference's. For
+//! these, Monad runs as a user runs it: the `monad-server` binary and a `monad-client attach`
+//! process, each in a process of its own (the paths above share this process with the server
+//! and the attached client). Skipped, loudly, without the venv or the reference server. See `docs/benchmarks.md`.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
@@ -144,7 +146,7 @@ async fn run(quick: bool, only: &str, warmup: usize, rounds: usize, per_round: u
         .save(config_dir.path())
         .expect("config");
     if only.is_empty() || only.contains("python") {
-        python_sdk(quick, dir.path(), config_dir.path()).await;
+        python_sdk(quick, dir.path()).await;
     }
     if !only.is_empty() && !only.contains("rmcp") {
         return;
@@ -307,14 +309,73 @@ impl Scripts<'_> {
             .await
             .expect("python runs");
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(output.status.success(), "{script} failed:\n{stdout}");
+        assert!(
+            output.status.success(),
+            "{script} failed ({}):\n{stdout}",
+            output.status
+        );
         stdout
+    }
+}
+
+/// Monad as a user runs it: `monad-server` in a process of its own, and `dir` attached as
+/// `laptop` (read pre-approved) by a `monad-client attach` process of its own, each with the
+/// runtime its binary starts. The client's config (logged in as the first user) is in the
+/// returned directory; everything stops when the returned values drop.
+struct AsUsersRunIt {
+    config_dir: tempfile::TempDir,
+    _server: monad_tests::ServerProcess,
+    _data: tempfile::TempDir,
+    _attach: tokio::process::Child,
+    _drain: tokio::task::JoinHandle<()>,
+}
+
+impl AsUsersRunIt {
+    async fn start(dir: &FsPath) -> AsUsersRunIt {
+        use tokio::io::AsyncBufReadExt;
+        let data = tempfile::tempdir().expect("data dir");
+        let server = monad_tests::ServerProcess::start(data.path(), &[]).await;
+        let token = server.first_token.clone().expect("a first token");
+        let config_dir = tempfile::tempdir().expect("config dir");
+        server
+            .client_config(&token)
+            .save(config_dir.path())
+            .expect("config");
+        let mut attach = monad_tests::command("monad-client")
+            .arg("attach")
+            .arg(dir)
+            .args(["--name", "laptop", "--non-interactive", "--allow", "read"])
+            .env("MONAD_CONFIG_DIR", config_dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("monad-client attach starts");
+        let mut attach_err =
+            tokio::io::BufReader::new(attach.stderr.take().expect("piped")).lines();
+        monad_tests::wait_for_line(
+            &mut attach_err,
+            Duration::from_secs(30),
+            "the attach confirmation",
+            |l| l.starts_with("attached "),
+        )
+        .await;
+        // Two lines per call: read, so that the pipe never fills.
+        let drain =
+            tokio::spawn(async move { while let Ok(Some(_)) = attach_err.next_line().await {} });
+        AsUsersRunIt {
+            config_dir,
+            _server: server,
+            _data: data,
+            _attach: attach,
+            _drain: drain,
+        }
     }
 }
 
 /// The Python SDK cases: `monad-client mcp` against the reference server, in one run of
 /// `tests/python/bench_mcp.py`, which checks both sides' answers and prints one JSON line per case.
-async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
+/// Monad's server and attached client are the real binaries here ([`AsUsersRunIt`]), as the
+/// issue's comparison with a local server is about what a user runs.
+async fn python_sdk(quick: bool, dir: &FsPath) {
     let Some(python) = python() else {
         eprintln!(
             "SKIPPED the Python SDK cases: no Python with the MCP SDK (set MONAD_TEST_PYTHON, or \
@@ -327,10 +388,11 @@ async fn python_sdk(quick: bool, dir: &FsPath, config_dir: &FsPath) {
         return;
     };
     let (warmup, rounds, per_round) = if quick { (10, 2, 20) } else { (50, 10, 100) };
+    let monad = AsUsersRunIt::start(dir).await;
     let scripts = Scripts {
         python,
         dir,
-        config_dir,
+        config_dir: monad.config_dir.path(),
         reference,
         rounds,
         per_round,
