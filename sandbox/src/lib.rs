@@ -215,12 +215,21 @@ impl Sandbox {
         args: &RunCommandArgs,
     ) -> Result<RunCommandResult, SandboxError> {
         exec::process::run(
-            &self.jail,
             &self.limits,
             &self.exec,
             &self.processes,
             args,
             None,
+            |cpu_limit, pipe_stdin| {
+                std::future::ready(exec::start(
+                    &self.jail,
+                    &self.exec,
+                    &self.processes.shared,
+                    args,
+                    cpu_limit,
+                    pipe_stdin,
+                ))
+            },
         )
         .await
     }
@@ -287,13 +296,36 @@ impl Sandbox {
             ToolName::EditFile => self.blocking(tool, args, Sandbox::edit_file).await,
             ToolName::RunCommand => {
                 let args: RunCommandArgs = parse_args(tool, args)?;
+                // Starting forks, and a workspace's first command makes its shared namespaces
+                // (waiting for their maker, bounded by its time-out): on the blocking pool, not
+                // on the calling task, which may be the only thread an attached folder has.
+                let this = Arc::clone(self);
+                let to_start = args.clone();
+                let start = move |cpu_limit, pipe_stdin| async move {
+                    tokio::task::spawn_blocking(move || {
+                        exec::start(
+                            &this.jail,
+                            &this.exec,
+                            &this.processes.shared,
+                            &to_start,
+                            cpu_limit,
+                            pipe_stdin,
+                        )
+                    })
+                    .await
+                    .map_err(|e| SandboxError::Io {
+                        op: "start",
+                        path: String::new(),
+                        source: std::io::Error::other(e.to_string()),
+                    })?
+                };
                 let result = exec::process::run(
-                    &self.jail,
                     &self.limits,
                     &self.exec,
                     &self.processes,
                     &args,
                     progress,
+                    start,
                 )
                 .await?;
                 to_json(result)

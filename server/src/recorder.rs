@@ -319,6 +319,13 @@ mod tests {
     }
 
     #[test]
+    fn with_something_due_the_gathering_ends_empty_when_nothing_arrives() {
+        let (_tx, rx) = mpsc::channel::<Job>();
+        let batch = gather(&rx, HOUR, Some(Instant::now() + Duration::from_millis(20))).unwrap();
+        assert!(batch.is_empty());
+    }
+
+    #[test]
     fn a_flush_ends_a_long_window_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(FsStore::new(dir.path()));

@@ -23,7 +23,6 @@ use tokio::sync::watch;
 
 use super::{child, netpolicy};
 use crate::error::SandboxError;
-use crate::jail::Jail;
 use crate::limits::{ExecPolicy, Limits};
 
 /// A callback that shows a caller how a foreground command is going.
@@ -614,16 +613,22 @@ pub(crate) fn validate(
     })
 }
 
-/// `run_command`: starts the command, then answers at once (`background`), when it exits, or
-/// when `background_after_ms` has passed (leaving it in `table`).
-pub(crate) async fn run(
-    jail: &Jail,
+/// `run_command`: starts the command with `start` (given the CPU limit and whether its standard
+/// input is a pipe; [`super::start`] on the calling task, or on the blocking pool), then answers
+/// at once (`background`), when it exits, or when `background_after_ms` has passed (leaving it in
+/// `table`).
+pub(crate) async fn run<S, F>(
     limits: &Limits,
     policy: &ExecPolicy,
     table: &Table,
     args: &RunCommandArgs,
     progress: Option<&Progress<'_>>,
-) -> Result<RunCommandResult, SandboxError> {
+    start: S,
+) -> Result<RunCommandResult, SandboxError>
+where
+    S: FnOnce(Option<Duration>, bool) -> F,
+    F: std::future::Future<Output = Result<super::Started, SandboxError>>,
+{
     let Validated {
         background,
         timeout,
@@ -633,15 +638,7 @@ pub(crate) async fn run(
     if background {
         table.check_room()?;
     }
-    let started = super::start(
-        jail,
-        policy,
-        &table.shared,
-        args,
-        cpu_limit,
-        background || args.stdin.is_some(),
-    )?;
-    let mut started = started;
+    let mut started = start(cpu_limit, background || args.stdin.is_some()).await?;
     started.started(&args.argv[0]).await?;
     let stdin = started.child.stdin.take();
     let (activity, _) = watch::channel(0u64);
@@ -1056,6 +1053,7 @@ pub(crate) fn list(table: &Table) -> ProcessListResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jail::Jail;
 
     /// Polls `done` every 10 ms for up to `limit`; whether it came true.
     fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
