@@ -299,10 +299,9 @@ impl Sandbox {
                 // Starting forks, and a workspace's first command makes its shared namespaces
                 // (waiting for their maker, bounded by its time-out): on the blocking pool, not
                 // on the calling task, which may be the only thread an attached folder has.
-                let this = Arc::clone(self);
                 let to_start = args.clone();
-                let start = move |cpu_limit, pipe_stdin| async move {
-                    tokio::task::spawn_blocking(move || {
+                let start = |cpu_limit, pipe_stdin| {
+                    self.on_blocking_pool(move |this| {
                         exec::start(
                             &this.jail,
                             &this.exec,
@@ -312,12 +311,6 @@ impl Sandbox {
                             pipe_stdin,
                         )
                     })
-                    .await
-                    .map_err(|e| SandboxError::Io {
-                        op: "start",
-                        path: String::new(),
-                        source: std::io::Error::other(e.to_string()),
-                    })?
                 };
                 let result = exec::process::run(
                     &self.limits,
