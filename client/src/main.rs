@@ -364,10 +364,10 @@ fn main() -> ExitCode {
     // thread, a message goes through without waking another (`docs/benchmarks.md`, the MCP
     // bench). So does an attached folder: its connection's calls are short on the thread (a
     // small read or listing, a check), and what takes longer runs on the blocking pool (larger
-    // reads, search, glob, writes, previews, starting a command) or in a child process (the command). On a pool of
-    // workers, each call woke three or four threads in turn, about 8 context switches per 4 KiB
-    // read against 2 on one thread (`docs/benchmarks.md`, eighth round). The other commands keep
-    // a worker per core.
+    // reads, search, glob, writes, previews, starting a command) or in a child process (the
+    // command). On a pool of workers, each call woke three or four threads in turn, about 8
+    // context switches per 4 KiB read against 2 on one thread (`docs/benchmarks.md`, eighth
+    // round). The other commands keep a worker per core.
     let runtime = match &cli.command {
         Command::Mcp { .. } | Command::Attach { .. } => {
             tokio::runtime::Builder::new_current_thread()

@@ -221,14 +221,7 @@ impl Sandbox {
             args,
             None,
             |cpu_limit, pipe_stdin| {
-                std::future::ready(exec::start(
-                    &self.jail,
-                    &self.exec,
-                    &self.processes.shared,
-                    args,
-                    cpu_limit,
-                    pipe_stdin,
-                ))
+                std::future::ready(self.start_command(args, cpu_limit, pipe_stdin))
             },
         )
         .await
@@ -302,14 +295,7 @@ impl Sandbox {
                 let to_start = args.clone();
                 let start = |cpu_limit, pipe_stdin| {
                     self.on_blocking_pool(move |this| {
-                        exec::start(
-                            &this.jail,
-                            &this.exec,
-                            &this.processes.shared,
-                            &to_start,
-                            cpu_limit,
-                            pipe_stdin,
-                        )
+                        this.start_command(&to_start, cpu_limit, pipe_stdin)
                     })
                 };
                 let result = exec::process::run(
@@ -417,6 +403,24 @@ impl Sandbox {
     #[doc(hidden)]
     pub fn inline_listings(&self) -> u64 {
         self.inline_listings.load(Ordering::Relaxed)
+    }
+
+    /// Starts a command in this workspace (see [`exec::start`]): blocking, it forks and, for
+    /// the workspace's first command, waits for its shared namespaces to be made.
+    fn start_command(
+        &self,
+        args: &RunCommandArgs,
+        cpu_limit: Option<std::time::Duration>,
+        pipe_stdin: bool,
+    ) -> Result<exec::Started, SandboxError> {
+        exec::start(
+            &self.jail,
+            &self.exec,
+            &self.processes.shared,
+            args,
+            cpu_limit,
+            pipe_stdin,
+        )
     }
 
     async fn on_blocking_pool<R: Send + 'static>(

@@ -432,11 +432,7 @@ impl Drop for KeepSaid {
         }
         let (store, session) = (self.store.clone(), self.session.clone());
         let save = move || {
-            let message = HistoryMessage {
-                role: HistoryRole::Assistant,
-                text: said,
-            };
-            if let Err(e) = store.append(&session, &message) {
+            if let Err(e) = append_now(store.as_ref(), &session, HistoryRole::Assistant, said) {
                 warn!(%session, "cannot keep what the model said before the turn was dropped: {e}");
             }
         };
@@ -483,13 +479,21 @@ async fn append(
 ) -> Result<(), String> {
     let store = state.registry.store().clone();
     let session = session.to_owned();
-    tokio::task::spawn_blocking(move || {
-        store
-            .append(&session, &HistoryMessage { role, text })
-            .map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| e.to_string())?
+    tokio::task::spawn_blocking(move || append_now(store.as_ref(), &session, role, text))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+/// Appends a message to a session's history, on this thread (blocking).
+fn append_now(
+    store: &dyn crate::store::Store,
+    session: &str,
+    role: HistoryRole,
+    text: String,
+) -> Result<(), String> {
+    store
+        .append(session, &HistoryMessage { role, text })
+        .map_err(|e| e.to_string())
 }
 
 struct Turn<'a> {

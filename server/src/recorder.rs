@@ -44,11 +44,11 @@ impl std::fmt::Debug for Recorder {
 impl Recorder {
     /// Starts the recorder thread writing to `store`.
     pub fn start(store: Arc<dyn Store>) -> Recorder {
-        Recorder::gathering(store, GATHER)
+        Recorder::start_with_window(store, GATHER)
     }
 
     /// Starts the recorder thread, gathering each batch for `window`.
-    fn gathering(store: Arc<dyn Store>, window: Duration) -> Recorder {
+    fn start_with_window(store: Arc<dyn Store>, window: Duration) -> Recorder {
         let (jobs, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("recorder".into())
@@ -330,7 +330,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(FsStore::new(dir.path()));
         let record = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
-        let recorder = Recorder::gathering(store.clone(), Duration::from_secs(60));
+        let recorder = Recorder::start_with_window(store.clone(), Duration::from_secs(60));
         recorder.touch(&record.id, "default");
         // Let the recorder take the touch and park for the window.
         std::thread::sleep(Duration::from_millis(50));

@@ -29,7 +29,8 @@
 //! (whole) and a 1,000-entry listing; target: Monad's median at most 1.0x the reference's. For
 //! these, Monad runs as a user runs it: the `monad-server` binary and a `monad-client attach`
 //! process, each in a process of its own (the paths above share this process with the server
-//! and the attached client). Skipped, loudly, without the venv or the reference server. See `docs/benchmarks.md`.
+//! and the attached client). Skipped, loudly, without the venv or the reference server. See
+//! `docs/benchmarks.md`.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
@@ -320,8 +321,8 @@ impl Scripts<'_> {
 
 /// Monad as a user runs it: `monad-server` in a process of its own, and `dir` attached as
 /// `laptop` (read pre-approved) by a `monad-client attach` process of its own, each with the
-/// runtime its binary starts. The client's config (logged in as the first user) is in the
-/// returned directory; everything stops when the returned values drop.
+/// runtime its binary starts. The client's config (logged in as the first user) is in
+/// `config_dir`; everything stops when this drops.
 struct AsUsersRunIt {
     config_dir: tempfile::TempDir,
     _server: monad_tests::ServerProcess,
@@ -333,14 +334,7 @@ struct AsUsersRunIt {
 impl AsUsersRunIt {
     async fn start(dir: &FsPath) -> AsUsersRunIt {
         use tokio::io::AsyncBufReadExt;
-        let data = tempfile::tempdir().expect("data dir");
-        let server = monad_tests::ServerProcess::start(data.path(), &[]).await;
-        let token = server.first_token.clone().expect("a first token");
-        let config_dir = tempfile::tempdir().expect("config dir");
-        server
-            .client_config(&token)
-            .save(config_dir.path())
-            .expect("config");
+        let (server, data, config_dir) = monad_tests::ServerProcess::logged_in().await;
         let mut attach = monad_tests::command("monad-client")
             .arg("attach")
             .arg(dir)

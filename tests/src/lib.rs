@@ -810,6 +810,20 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
+    /// A server process on a fresh data dir, and a client config logged in to it as its first
+    /// user: the server, its data dir and the config dir (for `MONAD_CONFIG_DIR`).
+    pub async fn logged_in() -> (ServerProcess, TempDir, TempDir) {
+        let data = tempfile::tempdir().expect("temporary data dir");
+        let server = ServerProcess::start(data.path(), &[]).await;
+        let token = server.first_token.clone().expect("a first start");
+        let config = tempfile::tempdir().expect("temporary config dir");
+        server
+            .client_config(&token)
+            .save(config.path())
+            .expect("the client config is saved");
+        (server, data, config)
+    }
+
     /// Starts `monad-server --data-dir DIR` with the extra environment variables `envs` and
     /// waits (bounded) until it listens; panics with its output when it does not.
     pub async fn start(data_dir: &Path, envs: &[(&str, &str)]) -> ServerProcess {

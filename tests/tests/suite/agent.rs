@@ -411,6 +411,16 @@ async fn the_oldest_turns_are_left_out_past_the_context_budget() {
     );
 }
 
+/// Waits (bounded) until the default session's `session.md` holds `text`.
+async fn until_session_md_holds(server: &TestServer, text: &str) {
+    within(STEP, &format!("{text:?} in session.md"), async {
+        while !session_md(server).contains(text) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 /// Prompts "long task" and waits for the turn's first text; then runs `then` and drops the
 /// turn's future (which resets its stream).
 async fn at_first_text(agent: &Agent, then: impl FnOnce()) {
@@ -443,12 +453,7 @@ async fn cancelling_stops_the_model_and_keeps_what_it_said() {
     // The prompt's future is dropped: its stream is reset.
     at_first_text(&agent, || {}).await;
     provider.wait_for_abandoned(1).await;
-    within(STEP, "the partial answer in session.md", async {
-        while !session_md(&server).contains("## Assistant\n\nWorking on it\n") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    until_session_md_holds(&server, "## Assistant\n\nWorking on it\n").await;
     // The session is free for the next turn.
     let (reply, events) = prompt(&agent, "still there?").await;
     assert_eq!(reply.result.stop, StopReason::Answered);
@@ -468,12 +473,7 @@ async fn a_connection_lost_mid_turn_keeps_what_the_model_said() {
     let agent = server.agent().await;
     at_first_text(&agent, || agent.quic().close(0u32.into(), b"gone")).await;
     provider.wait_for_abandoned(1).await;
-    within(STEP, "the partial answer in session.md", async {
-        while !session_md(&server).contains("## Assistant\n\nWorking on it\n") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    until_session_md_holds(&server, "## Assistant\n\nWorking on it\n").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,16 +31,6 @@ async fn server_cmd(data: &Path, args: &[&str]) -> Output {
     monad_tests::server_command(&all).await
 }
 
-/// A server process on a fresh data dir and a client config logged in to it.
-async fn logged_in() -> (ServerProcess, tempfile::TempDir, tempfile::TempDir) {
-    let data = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(data.path(), &[]).await;
-    let token = server.first_token.clone().expect("a first start");
-    let config = tempfile::tempdir().unwrap();
-    server.client_config(&token).save(config.path()).unwrap();
-    (server, data, config)
-}
-
 /// A `monad-client attach` running without a terminal, its standard error read line by line.
 struct Attaching {
     child: tokio::process::Child,
@@ -112,7 +102,7 @@ fn workspace_names(status: &Value) -> Vec<(String, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attaching_a_folder_again_takes_it_over_and_the_first_attach_says_so_and_exits() {
-    let (_server, _data, config) = logged_in().await;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
     let laptop = folder(&[("a.txt", "from the laptop\n")]);
     let dir = laptop.path().to_str().unwrap();
     let first = Attaching::start(config.path(), &[dir, "--allow", "read"]).await;
@@ -139,7 +129,7 @@ async fn attaching_a_folder_again_takes_it_over_and_the_first_attach_says_so_and
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_that_cannot_be_used_is_an_error_not_a_silent_rename() {
-    let (_server, _data, config) = logged_in().await;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
     let one = folder(&[]);
     let two = folder(&[]);
     let (one, two) = (one.path().to_str().unwrap(), two.path().to_str().unwrap());
@@ -173,7 +163,7 @@ async fn a_name_that_cannot_be_used_is_an_error_not_a_silent_rename() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn options_go_before_or_after_the_folder() {
-    let (_server, _data, config) = logged_in().await;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
     let laptop = folder(&[]);
     let dir = laptop.path().to_str().unwrap();
     for args in [
@@ -198,7 +188,7 @@ async fn options_go_before_or_after_the_folder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_detaches_like_ctrl_c_and_a_call_waiting_on_the_folder_fails_at_once() {
-    let (server, _data, config) = logged_in().await;
+    let (server, _data, config) = ServerProcess::logged_in().await;
     let laptop = folder(&[]);
     // On a terminal, so that a write waits for its prompt (for 10 minutes, unanswered).
     let mut cmd = command("monad-client");
@@ -248,7 +238,7 @@ async fn status_of(config: &Path) -> Vec<(String, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detach_by_name_from_another_terminal_stops_the_attach_and_forgets_offline_folders() {
-    let (_server, _data, config) = logged_in().await;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
     let laptop = folder(&[]);
     let dir = laptop.path().to_str().unwrap();
     let attach = Attaching::start(config.path(), &[dir, "--name", "lap"]).await;
@@ -289,7 +279,7 @@ async fn detach_by_name_from_another_terminal_stops_the_attach_and_forgets_offli
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_says_who_where_and_which_session_and_logout_forgets_the_token() {
-    let (server, _data, config) = logged_in().await;
+    let (server, _data, config) = ServerProcess::logged_in().await;
     let out = client(config.path(), &["status"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = text(&out.stdout);
@@ -331,7 +321,7 @@ async fn status_says_who_where_and_which_session_and_logout_forgets_the_token() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_mark_the_current_one_carry_names_take_prefixes_and_use_switches() {
-    let (_server, _data, config) = logged_in().await;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
     let out = client(config.path(), &["sessions", "--new", "--name", "refactor"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_owned();
@@ -419,7 +409,7 @@ async fn sessions_mark_the_current_one_carry_names_take_prefixes_and_use_switche
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_create_prints_a_login_line_that_works_and_fingerprint_prints_the_certificates() {
-    let (server, data, _config) = logged_in().await;
+    let (server, data, _config) = ServerProcess::logged_in().await;
     let out = server_cmd(data.path(), &["fingerprint"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), server.fingerprint);
@@ -494,7 +484,7 @@ async fn a_first_start_that_cannot_listen_keeps_the_next_start_first_and_says_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
-    let (server, data, config) = logged_in().await;
+    let (server, data, config) = ServerProcess::logged_in().await;
     let d = data.path();
     // Some content: a named session with a message and an artifact.
     let out = client(config.path(), &["sessions", "--new", "--name", "notes"]).await;
@@ -569,7 +559,7 @@ async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_audit_shows_the_calls_and_follow_prints_new_ones() {
-    let (_server, data, config) = logged_in().await;
+    let (_server, data, config) = ServerProcess::logged_in().await;
     let out = client(config.path(), &["call", "list_dir"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     // The audit log is written just after the answer: wait (bounded) for its line.
@@ -889,7 +879,7 @@ async fn the_attach_terminal_says_each_thing_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latin1_and_utf16_files_are_read_as_text_and_a_binary_file_says_why() {
-    let (_server, _data, config) = logged_in().await;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
     let laptop = folder(&[]);
     std::fs::write(laptop.path().join("latin1.txt"), b"caf\xe9 cr\xe8me\n").unwrap();
     let mut utf16 = vec![0xFF, 0xFE];
@@ -960,7 +950,7 @@ async fn latin1_and_utf16_files_are_read_as_text_and_a_binary_file_says_why() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_user_cannot_delete_sessions_through_the_running_servers_socket() {
     use std::os::unix::fs::PermissionsExt;
-    let (_server, data, config) = logged_in().await;
+    let (_server, data, config) = ServerProcess::logged_in().await;
     let d = data.path();
     let out = client(config.path(), &["sessions", "--new", "--name", "mine"]).await;
     let mine = text(&out.stdout).trim().to_owned();
@@ -996,7 +986,7 @@ async fn another_user_cannot_delete_sessions_through_the_running_servers_socket(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attachment_whose_standard_error_is_not_read_keeps_answering() {
     use std::os::fd::AsFd;
-    let (_server, _data, config) = logged_in().await;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
     let dir = folder(&[("a.txt", "hello\n")]);
     let mut attaching = Attaching::start(
         config.path(),
