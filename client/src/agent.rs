@@ -47,9 +47,10 @@ pub struct PromptReply {
 
 /// The call's error when the server reset the answer's stream with a code that says why: it does
 /// so when a result's body fails mid-way (the result message has already gone, so no error
-/// message can follow). The reset can overtake the result message itself, hence `workspace` may
-/// be unknown.
-fn reset_error(e: &ReadError, workspace: Option<&WorkspaceRef>) -> Option<ToolError> {
+/// message can follow). The reset can overtake the result message itself (a reset discards what
+/// the stream has not sent yet), so `workspace` is the result's if it arrived, else the one the
+/// call named, else unknown.
+fn reset_error(e: &ReadError, workspace: Option<&str>) -> Option<ToolError> {
     let ReadError::Io(io) = e else {
         return None;
     };
@@ -59,7 +60,7 @@ fn reset_error(e: &ReadError, workspace: Option<&WorkspaceRef>) -> Option<ToolEr
     };
     let name = workspace.map_or_else(
         || "the workspace".to_owned(),
-        |w| format!("workspace `{}`", w.name),
+        |name| format!("workspace `{name}`"),
     );
     let (code, message) = match u32::try_from(code).ok()? {
         reset::WORKSPACE_DISCONNECTED => (
@@ -147,6 +148,11 @@ impl Agent {
         args: Value,
         mut progress: impl FnMut(&str),
     ) -> Result<CallReply, ClientError> {
+        // Named in an error if the server's reset overtakes its result (see `reset_error`).
+        let targeted = args
+            .get("workspace")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         let (_send, mut recv) = self
             .request(&Message::Call {
                 id: 1,
@@ -167,7 +173,8 @@ impl Agent {
                     if let Some(body) = body
                         && let Err(e) = read_body(&mut *recv, &mut outcome, &body, MAX_ANSWER).await
                     {
-                        let error = match (reset_error(&e, workspace.as_ref()), &e) {
+                        let named = workspace.as_ref().map(|w| w.name.as_str());
+                        let error = match (reset_error(&e, named.or(targeted.as_deref())), &e) {
                             (Some(error), _) => error,
                             (None, ReadError::Body(_) | ReadError::Frame(_)) => ToolError::new(
                                 ErrorCode::Malformed,
@@ -193,7 +200,7 @@ impl Agent {
                     ));
                 }
                 Err(e) => {
-                    return match reset_error(&e, None) {
+                    return match reset_error(&e, targeted.as_deref()) {
                         Some(error) => Ok(CallReply {
                             workspace: None,
                             outcome: Outcome::Error { error },
@@ -739,5 +746,32 @@ pub async fn check_login(config: &ClientConfig) -> Result<LoginCheck, ClientErro
             unreachable,
         }),
         None => Err(crate::connect::unreachable(&unreachable)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What reading an answer's stream gives when the server reset it with `code`.
+    fn reset(code: u32) -> ReadError {
+        let reset = quinn::ReadError::Reset(quinn::VarInt::from_u32(code));
+        ReadError::Io(std::io::Error::other(reset))
+    }
+
+    #[test]
+    fn a_reset_is_the_error_its_code_says_and_names_the_workspace_it_is_given() {
+        let error = reset_error(&reset(reset::WORKSPACE_DISCONNECTED), Some("lap")).unwrap();
+        assert_eq!(error.code, ErrorCode::WorkspaceDisconnected);
+        assert!(error.message.contains("workspace `lap`"), "{error}");
+        let error = reset_error(&reset(reset::TIMEOUT), None).unwrap();
+        assert_eq!(error.code, ErrorCode::Timeout);
+        assert!(error.message.contains("the workspace"), "{error}");
+        let error = reset_error(&reset(reset::MALFORMED), Some("lap")).unwrap();
+        assert_eq!(error.code, ErrorCode::Malformed);
+        // Another code, or another failure, is not a reset that says why.
+        assert!(reset_error(&reset(reset::CANCELLED), Some("lap")).is_none());
+        let eof = ReadError::Io(std::io::ErrorKind::UnexpectedEof.into());
+        assert!(reset_error(&eof, Some("lap")).is_none());
     }
 }
