@@ -19,9 +19,13 @@ use tracing::warn;
 
 use crate::store::{ArtifactMeta, AuditRecord, SessionMeta, Store};
 
+/// An artifact whose bytes are made on the recorder thread, when its batch is written.
+pub type MakeArtifact = Box<dyn FnOnce() -> (ArtifactMeta, Vec<u8>) + Send>;
+
 enum Job {
     Audit(String, AuditRecord),
     Artifact(ArtifactMeta, Vec<u8>),
+    Make(MakeArtifact),
     Touch { record: String, session: String },
     SaveMeta(SessionMeta),
     Flush(std::sync::mpsc::Sender<()>),
@@ -67,6 +71,13 @@ impl Recorder {
     /// Stores an artifact.
     pub fn artifact(&self, meta: ArtifactMeta, content: Vec<u8>) {
         let _ = self.jobs.send(Job::Artifact(meta, content));
+    }
+
+    /// Stores the artifact `make` gives, made on the recorder thread: for one whose bytes
+    /// take long to make (a large read's output serialized as JSON), so that the call's path
+    /// does not wait for them.
+    pub fn artifact_made(&self, make: MakeArtifact) {
+        let _ = self.jobs.send(Job::Make(make));
     }
 
     /// Notes a call in an attached folder's workspace record.
@@ -156,6 +167,13 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
             match job {
                 Job::Audit(session, record) => audits.entry(session).or_default().push(record),
                 Job::Artifact(meta, content) => artifacts.push((meta, content)),
+                Job::Make(make) => {
+                    // A panic while making one artifact must not end the recorder.
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
+                        Ok(made) => artifacts.push(made),
+                        Err(_) => warn!("an artifact could not be made; it is not stored"),
+                    }
+                }
                 Job::Touch { record, session } => {
                     *touches.entry((record, session)).or_default() += 1;
                     touch_due.get_or_insert_with(|| Instant::now() + TOUCH_EVERY);
@@ -398,29 +416,24 @@ mod tests {
         drop(recorder);
     }
 
-    #[test]
-    fn artifacts_of_several_sessions_in_one_batch_are_all_stored_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(FsStore::new(dir.path()));
-        let recorder = Recorder::start(store.clone());
-        let (a, b) = (
-            "00000000-0000-4000-8000-00000000000a",
-            "00000000-0000-4000-8000-00000000000b",
-        );
-        for id in [a, b] {
-            store
-                .create(&SessionMeta {
-                    id: id.into(),
-                    name: None,
-                    owner: "ana".into(),
-                    created_at: "2026-11-27T00:00:00Z".into(),
-                    last_active: "2026-11-27T00:00:00Z".into(),
-                    provider: None,
-                    model: None,
-                })
-                .unwrap();
-        }
-        let meta = |session: &str, n: u32| ArtifactMeta {
+    /// A session `id` in `store`.
+    fn create_session(store: &FsStore, id: &str) {
+        store
+            .create(&SessionMeta {
+                id: id.into(),
+                name: None,
+                owner: "ana".into(),
+                created_at: "2026-11-27T00:00:00Z".into(),
+                last_active: "2026-11-27T00:00:00Z".into(),
+                provider: None,
+                model: None,
+            })
+            .unwrap();
+    }
+
+    /// The `n`th artifact of `session`, named after the session's last character and `n`.
+    fn meta(session: &str, n: u32) -> ArtifactMeta {
+        ArtifactMeta {
             id: format!("{}-{n}", &session[session.len() - 1..]),
             session: session.into(),
             kind: ArtifactKind::ToolOutput,
@@ -433,7 +446,27 @@ mod tests {
             truncated: false,
             original_size: 1,
             upload: None,
-        };
+        }
+    }
+
+    /// The ids of `session`'s artifacts, in the order stored.
+    fn listed(store: &FsStore, session: &str) -> Vec<String> {
+        let artifacts = store.artifacts(session).unwrap();
+        artifacts.into_iter().map(|m| m.id).collect()
+    }
+
+    #[test]
+    fn artifacts_of_several_sessions_in_one_batch_are_all_stored_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let recorder = Recorder::start(store.clone());
+        let (a, b) = (
+            "00000000-0000-4000-8000-00000000000a",
+            "00000000-0000-4000-8000-00000000000b",
+        );
+        for id in [a, b] {
+            create_session(&store, id);
+        }
         // Interleaved, as calls of two sessions reach the recorder.
         for (session, n) in [(a, 1), (b, 1), (a, 2), (b, 2), (a, 3)] {
             recorder.artifact(meta(session, n), format!("{session}{n}").into_bytes());
@@ -441,18 +474,33 @@ mod tests {
         recorder.flush();
         for (session, count) in [(a, 3), (b, 2)] {
             let short = &session[session.len() - 1..];
-            let listed: Vec<String> = store
-                .artifacts(session)
-                .unwrap()
-                .into_iter()
-                .map(|m| m.id)
-                .collect();
             let expected: Vec<String> = (1..=count).map(|n| format!("{short}-{n}")).collect();
-            assert_eq!(listed, expected);
+            assert_eq!(listed(&store, session), expected);
             for n in 1..=count {
                 let (_, content) = store.artifact(session, &format!("{short}-{n}")).unwrap();
                 assert_eq!(content, format!("{session}{n}").into_bytes());
             }
         }
+    }
+
+    #[test]
+    fn an_artifact_made_on_the_thread_is_stored_in_its_place_and_one_that_panics_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let recorder = Recorder::start(store.clone());
+        let a = "00000000-0000-4000-8000-00000000000a";
+        create_session(&store, a);
+        recorder.artifact(meta(a, 1), b"one".to_vec());
+        recorder.artifact_made(Box::new(move || (meta(a, 2), b"two".to_vec())));
+        recorder.artifact_made(Box::new(|| panic!("a make that fails")));
+        recorder.artifact(meta(a, 3), b"three".to_vec());
+        recorder.flush();
+        assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3"]);
+        let (_, content) = store.artifact(a, "a-2").unwrap();
+        assert_eq!(content, b"two");
+        // The recorder goes on after the panic.
+        recorder.artifact(meta(a, 4), b"four".to_vec());
+        recorder.flush();
+        assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3", "a-4"]);
     }
 }

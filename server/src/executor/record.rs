@@ -123,11 +123,11 @@ impl Tap {
             outcome,
             body: None,
         };
-        record(
+        record_owned(
             &self.recorder,
             &self.session,
             &self.tool,
-            &output,
+            output,
             Record {
                 time: self.time,
                 target: self.target,
@@ -251,6 +251,86 @@ pub(super) fn record(
     output: &CallOutput,
     r: Record,
 ) {
+    if let Some(Artifacts { output: made, diff }) = record_call(recorder, session, tool, output, r)
+    {
+        let (meta, bytes) = made.make(&output.outcome);
+        recorder.artifact(meta, bytes);
+        // After the output: the order they were always stored in.
+        if let Some((meta, bytes)) = diff {
+            recorder.artifact(meta, bytes);
+        }
+    }
+}
+
+/// Like [`record`], for a call whose output the caller is done with: its output artifact is
+/// serialized on the recorder thread rather than here (for a large read relayed as a body,
+/// JSON-escaping a quarter of a megabyte took the answer's task a quarter of a millisecond).
+pub(super) fn record_owned(
+    recorder: &Recorder,
+    session: &Session,
+    tool: &str,
+    output: CallOutput,
+    r: Record,
+) {
+    if let Some(Artifacts { output: made, diff }) = record_call(recorder, session, tool, &output, r)
+    {
+        let outcome = output.outcome;
+        recorder.artifact_made(Box::new(move || made.make(&outcome)));
+        if let Some((meta, bytes)) = diff {
+            recorder.artifact(meta, bytes);
+        }
+    }
+}
+
+/// A call's artifacts, its output's still to be made.
+struct Artifacts {
+    output: OutputArtifact,
+    /// The diff of a write or edit.
+    diff: Option<(ArtifactMeta, Vec<u8>)>,
+}
+
+/// A call's `tool_output` artifact without its bytes: what [`OutputArtifact::make`] needs
+/// besides the outcome.
+struct OutputArtifact {
+    meta: ArtifactMeta,
+    max: u64,
+    unseen: u64,
+}
+
+impl OutputArtifact {
+    /// The artifact of `outcome`: only the kept head of it is serialized into memory; the rest
+    /// is only counted. (Serializing all of it and truncating made a copy of a 64 MiB read,
+    /// held until the recorder had written the artifact.)
+    fn make(self, outcome: &Outcome) -> (ArtifactMeta, Vec<u8>) {
+        let OutputArtifact {
+            mut meta,
+            max,
+            unseen,
+        } = self;
+        let mut head = CappedWriter::new(max);
+        let (bytes, original_size) = match serde_json::to_writer(&mut head, outcome) {
+            Ok(()) => {
+                head.bytes.shrink_to_fit();
+                (head.bytes, head.total + unseen)
+            }
+            Err(_) => (Vec::new(), 0),
+        };
+        meta.size = bytes.len() as u64;
+        meta.truncated = original_size > max;
+        meta.original_size = original_size;
+        (meta, bytes)
+    }
+}
+
+/// Sends a call's audit line (and its network lines) to the recorder, and says what its
+/// artifacts are, when artifacts are kept.
+fn record_call(
+    recorder: &Recorder,
+    session: &Session,
+    tool: &str,
+    output: &CallOutput,
+    r: Record,
+) -> Option<Artifacts> {
     let call_id = uuid::Uuid::new_v4().to_string();
     let workspace = output.workspace.as_ref().map(|w| w.name.clone());
     let decision = r.verdict.decision(&output.outcome);
@@ -292,58 +372,54 @@ pub(super) fn record(
     }
     let retention = &session.settings.retention;
     if !retention.keep_artifacts {
-        return;
+        return None;
     }
-    let artifact = |kind: ArtifactKind, content_type: &str, mut bytes: Vec<u8>, original_size| {
-        let truncated = original_size > retention.artifact_max_bytes;
-        bytes.truncate(retention.artifact_max_bytes as usize);
-        let meta = ArtifactMeta {
-            id: uuid::Uuid::new_v4().to_string(),
-            session: session.id.clone(),
-            kind,
-            workspace: workspace.clone(),
-            tool: Some(tool.to_owned()),
-            call_id: Some(call_id.clone()),
-            created_at: r.time.clone(),
-            content_type: content_type.to_owned(),
-            size: bytes.len() as u64,
-            truncated,
-            original_size,
-            upload: None,
-        };
-        recorder.artifact(meta, bytes);
+    let max = retention.artifact_max_bytes;
+    let meta = |kind: ArtifactKind, content_type: &str| ArtifactMeta {
+        id: uuid::Uuid::new_v4().to_string(),
+        session: session.id.clone(),
+        kind,
+        workspace: workspace.clone(),
+        tool: Some(tool.to_owned()),
+        call_id: Some(call_id.clone()),
+        created_at: r.time.clone(),
+        content_type: content_type.to_owned(),
+        size: 0,
+        truncated: false,
+        original_size: 0,
+        upload: None,
     };
-    // Only the kept head of the output is serialized into memory; the rest is only counted.
-    // (Serializing all of it and truncating made a copy of a 64 MiB read on the answer's path,
-    // held until the recorder had written the artifact.)
-    let mut head = CappedWriter::new(retention.artifact_max_bytes);
-    let (bytes, original_size) = match serde_json::to_writer(&mut head, &output.outcome) {
-        Ok(()) => {
-            head.bytes.shrink_to_fit();
-            (head.bytes, head.total + r.unseen)
+    let output_artifact = OutputArtifact {
+        meta: meta(ArtifactKind::ToolOutput, "application/json"),
+        max,
+        unseen: r.unseen,
+    };
+    let diff = match &output.outcome {
+        Outcome::Ok { result }
+            if matches!(
+                ToolName::parse(tool),
+                Some(ToolName::WriteFile | ToolName::EditFile)
+            ) =>
+        {
+            result.get("diff").and_then(Value::as_str)
         }
-        Err(_) => (Vec::new(), 0),
+        _ => None,
     };
-    artifact(
-        ArtifactKind::ToolOutput,
-        "application/json",
-        bytes,
-        original_size,
-    );
-    if let Outcome::Ok { result } = &output.outcome
-        && matches!(
-            ToolName::parse(tool),
-            Some(ToolName::WriteFile | ToolName::EditFile)
-        )
-        && let Some(diff) = result.get("diff").and_then(Value::as_str)
-    {
-        artifact(
-            ArtifactKind::FileDiff,
-            "text/x-diff",
-            diff.as_bytes().to_vec(),
-            diff.len() as u64,
-        );
-    }
+    let diff = diff.map(|diff| {
+        let mut bytes = diff.as_bytes().to_vec();
+        bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+        let meta = ArtifactMeta {
+            size: bytes.len() as u64,
+            truncated: diff.len() as u64 > max,
+            original_size: diff.len() as u64,
+            ..meta(ArtifactKind::FileDiff, "text/x-diff")
+        };
+        (meta, bytes)
+    });
+    Some(Artifacts {
+        output: output_artifact,
+        diff,
+    })
 }
 
 /// Keeps the first `cap` bytes written to it and counts them all.
