@@ -7,7 +7,13 @@ Builds results of N items (default 1,000) for `list_dir`, `glob` and `search`, a
 `read_file`, and times the compiled validator the SDK uses (`validator_for(schema)(schema,
 registry=Registry())`, then `iter_errors`), as the SDK's `validate_tool_result` does. Every
 result must validate. Prints one line per tool: the median of 7 timings of 50 validations each, in
-microseconds per validation. See docs/benchmarks.md.
+microseconds per validation.
+
+Then what reading the answer's JSON-RPC line costs the SDK before any schema
+(`types.jsonrpc_message_adapter.validate_json`, as its stdio reader parses each line), for a
+listing of N entries whose text block lists them: with `structuredContent` holding them as an
+array of N strings, as one string of N lines, and with no `structuredContent`. See
+docs/benchmarks.md.
 """
 
 import json
@@ -69,7 +75,32 @@ def main() -> int:
             timings.append((time.perf_counter() - start) / 50 * 1e6)
         items = "" if name == "read_file" else f" ({n} items)"
         print(f"{name:<10} {statistics.median(timings):>9.0f} us{items}")
+    parse_costs(bodies["list_dir"]["entries"])
     return 0
+
+
+def parse_costs(entries):
+    from mcp import types
+
+    text = "\n".join(entries)
+    shapes = {
+        "an array": {"entries": entries},
+        "one string": {"entries": text},
+        "none": None,
+    }
+    for shape, structured in shapes.items():
+        result = {"content": [{"type": "text", "text": text}]}
+        if structured is not None:
+            result["structuredContent"] = structured
+        line = json.dumps({"jsonrpc": "2.0", "id": 7, "result": result})
+        timings = []
+        for _ in range(7):
+            start = time.perf_counter()
+            for _ in range(50):
+                types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            timings.append((time.perf_counter() - start) / 50 * 1e6)
+        label = f"parse, structured entries as {shape}"
+        print(f"{label:<40} {statistics.median(timings):>9.0f} us ({len(line)} bytes)")
 
 
 if __name__ == "__main__":
