@@ -45,6 +45,19 @@ pub struct PromptReply {
     pub result: TurnResult,
 }
 
+/// The workspace a call named in its arguments, if it named one.
+fn targeted(args: &Value) -> Option<String> {
+    args.get("workspace")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// The workspace a failed body is blamed on: the one its result came from, else the one the call
+/// named.
+fn blamed<'a>(result: Option<&'a WorkspaceRef>, targeted: Option<&'a str>) -> Option<&'a str> {
+    result.map(|w| w.name.as_str()).or(targeted)
+}
+
 /// The call's error when the server reset the answer's stream with a code that says why: it does
 /// so when a result's body fails mid-way (the result message has already gone, so no error
 /// message can follow). The reset can overtake the result message itself (a reset discards what
@@ -149,10 +162,7 @@ impl Agent {
         mut progress: impl FnMut(&str),
     ) -> Result<CallReply, ClientError> {
         // Named in an error if the server's reset overtakes its result (see `reset_error`).
-        let targeted = args
-            .get("workspace")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        let targeted = targeted(&args);
         let (_send, mut recv) = self
             .request(&Message::Call {
                 id: 1,
@@ -173,8 +183,8 @@ impl Agent {
                     if let Some(body) = body
                         && let Err(e) = read_body(&mut *recv, &mut outcome, &body, MAX_ANSWER).await
                     {
-                        let named = workspace.as_ref().map(|w| w.name.as_str());
-                        let error = match (reset_error(&e, named.or(targeted.as_deref())), &e) {
+                        let named = blamed(workspace.as_ref(), targeted.as_deref());
+                        let error = match (reset_error(&e, named), &e) {
                             (Some(error), _) => error,
                             (None, ReadError::Body(_) | ReadError::Frame(_)) => ToolError::new(
                                 ErrorCode::Malformed,
@@ -755,8 +765,9 @@ mod tests {
 
     /// What reading an answer's stream gives when the server reset it with `code`.
     fn reset(code: u32) -> ReadError {
+        // quinn's own conversion, as the stream's reader gives it.
         let reset = quinn::ReadError::Reset(quinn::VarInt::from_u32(code));
-        ReadError::Io(std::io::Error::other(reset))
+        ReadError::Io(std::io::Error::from(reset))
     }
 
     #[test]
@@ -773,5 +784,27 @@ mod tests {
         assert!(reset_error(&reset(reset::CANCELLED), Some("lap")).is_none());
         let eof = ReadError::Io(std::io::ErrorKind::UnexpectedEof.into());
         assert!(reset_error(&eof, Some("lap")).is_none());
+    }
+
+    #[test]
+    fn a_failed_body_is_blamed_on_its_result_s_workspace_else_on_the_one_the_call_named() {
+        let result = WorkspaceRef {
+            name: "desk".into(),
+            uri: "monad://workspace/desk".into(),
+        };
+        let named = targeted(&serde_json::json!({"path": "a", "workspace": "lap"}));
+        assert_eq!(named.as_deref(), Some("lap"));
+        assert_eq!(blamed(Some(&result), named.as_deref()), Some("desk"));
+        // The result overtaken by the reset: the call's own target names it.
+        let error = reset_error(
+            &reset(reset::WORKSPACE_DISCONNECTED),
+            blamed(None, named.as_deref()),
+        )
+        .unwrap();
+        assert!(error.message.contains("workspace `lap`"), "{error}");
+        // A call that named none, or named one with something that is not a name.
+        assert_eq!(targeted(&serde_json::json!({"path": "a"})), None);
+        assert_eq!(targeted(&serde_json::json!({"workspace": 3})), None);
+        assert_eq!(blamed(None, None), None);
     }
 }

@@ -19,14 +19,18 @@ use tracing::warn;
 
 use crate::store::{ArtifactMeta, AuditRecord, SessionMeta, Store};
 
-/// An artifact whose bytes are made on the recorder thread, when its batch is written.
+/// An artifact whose bytes are made on the recorder thread, as its job is taken from the batch.
 pub type MakeArtifact = Box<dyn FnOnce() -> (ArtifactMeta, Vec<u8>) + Send>;
 
 enum Job {
     Audit(String, AuditRecord),
     Artifact(ArtifactMeta, Vec<u8>),
-    Make(MakeArtifact),
-    Touch { record: String, session: String },
+    /// The artifact's name for a warning if making it fails, and how to make it.
+    Make(String, MakeArtifact),
+    Touch {
+        record: String,
+        session: String,
+    },
     SaveMeta(SessionMeta),
     Flush(std::sync::mpsc::Sender<()>),
 }
@@ -75,9 +79,9 @@ impl Recorder {
 
     /// Stores the artifact `make` gives, made on the recorder thread: for one whose bytes
     /// take long to make (a large read's output serialized as JSON), so that the call's path
-    /// does not wait for them.
-    pub fn artifact_made(&self, make: MakeArtifact) {
-        let _ = self.jobs.send(Job::Make(make));
+    /// does not wait for them. `what` names it in the warning if making it panics.
+    pub fn artifact_made(&self, what: String, make: MakeArtifact) {
+        let _ = self.jobs.send(Job::Make(what, make));
     }
 
     /// Notes a call in an attached folder's workspace record.
@@ -167,11 +171,11 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
             match job {
                 Job::Audit(session, record) => audits.entry(session).or_default().push(record),
                 Job::Artifact(meta, content) => artifacts.push((meta, content)),
-                Job::Make(make) => {
+                Job::Make(what, make) => {
                     // A panic while making one artifact must not end the recorder.
                     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
                         Ok(made) => artifacts.push(made),
-                        Err(_) => warn!("an artifact could not be made; it is not stored"),
+                        Err(_) => warn!("artifact {what} could not be made; it is not stored"),
                     }
                 }
                 Job::Touch { record, session } => {
@@ -491,8 +495,8 @@ mod tests {
         let a = "00000000-0000-4000-8000-00000000000a";
         create_session(&store, a);
         recorder.artifact(meta(a, 1), b"one".to_vec());
-        recorder.artifact_made(Box::new(move || (meta(a, 2), b"two".to_vec())));
-        recorder.artifact_made(Box::new(|| panic!("a make that fails")));
+        recorder.artifact_made("2".into(), Box::new(move || (meta(a, 2), b"two".to_vec())));
+        recorder.artifact_made("3".into(), Box::new(|| panic!("a make that fails")));
         recorder.artifact(meta(a, 3), b"three".to_vec());
         recorder.flush();
         assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3"]);

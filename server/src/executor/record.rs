@@ -1,6 +1,6 @@
 //! What is recorded of a call: who decided it ([`Verdict`], and the audit log's decision it
-//! gives), its audit line, its `tool_output` and `file_diff` artifacts (built here, written by
-//! the [`Recorder`] off the hot path), the call's target in one line, and the audit lines of the
+//! gives), its audit line, its `tool_output` and `file_diff` artifacts (described here; written,
+//! and a relayed body's output serialized, by the [`Recorder`] off the hot path), the call's target in one line, and the audit lines of the
 //! connections a workspace's commands asked its network proxy for.
 
 use std::sync::Arc;
@@ -107,8 +107,10 @@ impl Tap {
                 // Valid UTF-8 as a rule (the body was checked as text), unless the cap cut a
                 // character: the fast check first, without a copy.
                 let seen = self.head.len() as u64;
-                let kept = String::from_utf8(self.head)
+                let mut kept = String::from_utf8(self.head)
                     .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+                // Held until the recorder makes the artifact: not the slack the head grew with.
+                kept.shrink_to_fit();
                 if let Outcome::Ok {
                     result: Value::Object(map),
                 } = &mut outcome
@@ -275,7 +277,8 @@ pub(super) fn record_owned(
     if let Some(Artifacts { output: made, diff }) = record_call(recorder, session, tool, &output, r)
     {
         let outcome = output.outcome;
-        recorder.artifact_made(Box::new(move || made.make(&outcome)));
+        let what = format!("{} of session {}", made.meta.id, made.meta.session);
+        recorder.artifact_made(what, Box::new(move || made.make(&outcome)));
         if let Some((meta, bytes)) = diff {
             recorder.artifact(meta, bytes);
         }
