@@ -29,8 +29,11 @@
 //! (whole) and a 1,000-entry listing; target: Monad's median at most 1.0x the reference's. For
 //! these, Monad runs as a user runs it: the `monad-server` binary and a `monad-client attach`
 //! process, each in a process of its own (the paths above share this process with the server
-//! and the attached client). Skipped, loudly, without the venv or the reference server. See
-//! `docs/benchmarks.md`.
+//! and the attached client). Skipped, loudly, without the venv or the reference server. With
+//! `MONAD_BENCH_PIN=1` the client runs on the first CPU only and every server process (each
+//! side's stdio server, Monad's server and attached client) on the last, so that the client's
+//! work never shares a core with the servers'. Each line also gives the client's own CPU per
+//! call. See `docs/benchmarks.md`.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::time::{Duration, Instant};
@@ -325,9 +328,9 @@ impl Scripts<'_> {
 /// `config_dir`; everything stops when this drops.
 struct AsUsersRunIt {
     config_dir: tempfile::TempDir,
-    _server: monad_tests::ServerProcess,
+    server: monad_tests::ServerProcess,
     _data: tempfile::TempDir,
-    _attach: tokio::process::Child,
+    attach: tokio::process::Child,
     _drain: tokio::task::JoinHandle<()>,
 }
 
@@ -357,9 +360,9 @@ impl AsUsersRunIt {
             tokio::spawn(async move { while let Ok(Some(_)) = attach_err.next_line().await {} });
         AsUsersRunIt {
             config_dir,
-            _server: server,
+            server,
             _data: data,
-            _attach: attach,
+            attach,
             _drain: drain,
         }
     }
@@ -392,15 +395,27 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
         per_round,
     };
     let case = std::env::var("MONAD_BENCH_CASE").unwrap_or_default();
-    let stdout = scripts
-        .run(
-            "bench_mcp.py",
-            &["--warmup", &warmup.to_string(), "--only", &case],
-        )
-        .await;
+    let warmup = warmup.to_string();
+    let mut extra = vec!["--warmup", &warmup, "--only", &case];
+    // `MONAD_BENCH_PIN=1`: the client on one core, every server process on the other.
+    let pinned = std::env::var_os("MONAD_BENCH_PIN").is_some();
+    let pids = format!(
+        "{},{}",
+        monad.server.pid(),
+        monad.attach.id().expect("running")
+    );
+    if pinned {
+        extra.extend(["--pin-servers", &pids]);
+    }
+    let stdout = scripts.run("bench_mcp.py", &extra).await;
     println!(
         "Python SDK over stdio: monad-client mcp (attached folder) against the reference server \
-         (local disk), median / p99, target: Monad's median <= 1.0x:"
+         (local disk), median / p99, target: Monad's median <= 1.0x{}:",
+        if pinned {
+            "; pinned: the client on one core, the servers on the other"
+        } else {
+            ""
+        }
     );
     for line in stdout.lines() {
         let case: Value = serde_json::from_str(line).expect("a JSON line");
@@ -413,8 +428,9 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
         let ((m50, m99), (r50, r99)) = (side("monad"), side("reference"));
         let ratio = m50 / r50;
         let sdk = |s: &str| case[s]["sdk_us"].as_f64().expect("sdk_us");
+        let cpu = |s: &str| case[s]["client_cpu_us"].as_f64().expect("client_cpu_us");
         println!(
-            "  {:<20} Monad {:>8.0} us {:>8.0} us   reference {:>8.0} us {:>8.0} us   x{ratio:.2} {}  ({} calls each; the SDK's own parse and check of one answer: Monad {:.0} us, reference {:.0} us)",
+            "  {:<20} Monad {:>8.0} us {:>8.0} us   reference {:>8.0} us {:>8.0} us   x{ratio:.2} {}  ({} calls each; the SDK's own parse and check of one answer: Monad {:.0} us, reference {:.0} us; the client's CPU per call: Monad {:.0} us, reference {:.0} us)",
             case["case"].as_str().unwrap_or("?"),
             m50,
             m99,
@@ -424,6 +440,8 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
             case["calls"],
             sdk("monad"),
             sdk("reference"),
+            cpu("monad"),
+            cpu("reference"),
         );
     }
 

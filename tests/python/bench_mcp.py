@@ -18,7 +18,13 @@ untimed calls per side, and `rounds` rounds of `per-round` calls per side, the s
 first alternating from round to round; every call is timed on its own. It prints one JSON line
 per case: the median and p99 (nearest rank) of each side, in microseconds, and the SDK's own
 work on one of that side's answers (`sdk_us`: parsing it and checking it against the tool's
-`outputSchema`, which each timed call includes).
+`outputSchema`, which each timed call includes) and the CPU this process spent per timed call
+(`client_cpu_us`: everything the SDK did for it, on whichever core).
+
+`--pin-servers PID,PID,...` (Linux, two CPUs or more): this process runs on the first CPU only,
+and each side's server processes on the last: the two stdio servers it starts, and every thread
+of the processes named (Monad's server and attached client). So the client's work and the
+servers' work never share a core; the servers' CPU masks are given back at the end.
 """
 
 import argparse
@@ -46,9 +52,46 @@ def nearest_rank(sorted_samples, q):
     return sorted_samples[rank - 1]
 
 
-async def open_session(stack: AsyncExitStack, command: str, args: list, env: dict) -> ClientSession:
+class Pinning:
+    """Where `--pin-servers` puts each process: this one on the first CPU, servers on the last."""
+
+    def __init__(self, pids: list):
+        cpus = sorted(os.sched_getaffinity(0))
+        check(len(cpus) >= 2, f"--pin-servers needs two CPUs, this process may use {cpus}")
+        self.all, self.client, self.servers = set(cpus), {cpus[0]}, {cpus[-1]}
+        self.threads = [
+            int(tid) for pid in pids for tid in os.listdir(f"/proc/{pid}/task")
+        ]
+        for tid in self.threads:
+            os.sched_setaffinity(tid, self.servers)
+        os.sched_setaffinity(0, self.client)
+
+    def spawning(self):
+        # A child takes its parent's mask when it starts: the server's, for that moment.
+        os.sched_setaffinity(0, self.servers)
+
+    def spawned(self):
+        os.sched_setaffinity(0, self.client)
+
+    def release(self):
+        for tid in self.threads:
+            try:
+                os.sched_setaffinity(tid, self.all)
+            except OSError:
+                pass  # the thread has ended
+
+
+async def open_session(
+    stack: AsyncExitStack, command: str, args: list, env: dict, pinning=None
+) -> ClientSession:
     params = StdioServerParameters(command=command, args=args, env=env)
-    read, write = await stack.enter_async_context(stdio_client(params))
+    if pinning:
+        pinning.spawning()
+    try:
+        read, write = await stack.enter_async_context(stdio_client(params))
+    finally:
+        if pinning:
+            pinning.spawned()
     session = await stack.enter_async_context(ClientSession(read, write))
     await session.initialize()
     return session
@@ -152,16 +195,29 @@ async def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--per-round", type=int, default=100)
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--pin-servers", default="", help="PID,PID,...: see the module's doc")
     args = parser.parse_args()
 
+    pinning = None
+    if args.pin_servers:
+        pinning = Pinning([int(pid) for pid in args.pin_servers.split(",")])
+    try:
+        return await run(args, pinning)
+    finally:
+        if pinning:
+            pinning.release()
+
+
+async def run(args, pinning) -> int:
     async with AsyncExitStack() as stack:
         monad = await open_session(
             stack,
             args.client,
             ["mcp"],
             {"MONAD_CONFIG_DIR": args.config_dir, "RUST_LOG": "warn"},
+            pinning,
         )
-        reference = await open_session(stack, "node", [args.reference, args.dir], {})
+        reference = await open_session(stack, "node", [args.reference, args.dir], {}, pinning)
         for name, (tool, targs, monad_ok), (their_tool, their_args, their_ok) in checks(args.dir):
             if args.only not in name:
                 continue
@@ -175,22 +231,25 @@ async def main() -> int:
             for session, t, a in sides:
                 for _ in range(args.warmup):
                     await call(session, t, a)
-            samples = [[], []]
+            samples, cpu = [[], []], [0, 0]
             for round_ in range(args.rounds):
                 for k in range(2):
                     i = (round_ + k) % 2
                     session, t, a = sides[i]
                     for _ in range(args.per_round):
-                        start = time.perf_counter_ns()
+                        start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
                         await call(session, t, a)
                         samples[i].append(time.perf_counter_ns() - start)
-            line = {"case": name, "calls": args.rounds * args.per_round}
-            for side, s, (session, t, a) in zip(["monad", "reference"], samples, sides):
+                        cpu[i] += time.process_time_ns() - start_cpu
+            calls = args.rounds * args.per_round
+            line = {"case": name, "calls": calls, "pinned": pinning is not None}
+            for side, s, c, (session, t, a) in zip(["monad", "reference"], samples, cpu, sides):
                 s.sort()
                 line[side] = {
                     "median_us": nearest_rank(s, 0.5) / 1e3,
                     "p99_us": nearest_rank(s, 0.99) / 1e3,
                     "sdk_us": await sdk_work(session, t, a),
+                    "client_cpu_us": c / calls / 1e3,
                 }
             print(json.dumps(line), flush=True)
     return 0
