@@ -430,7 +430,7 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
         let sdk = |s: &str| case[s]["sdk_us"].as_f64().expect("sdk_us");
         let cpu = |s: &str| case[s]["client_cpu_us"].as_f64().expect("client_cpu_us");
         println!(
-            "  {:<20} Monad {:>8.0} us {:>8.0} us   reference {:>8.0} us {:>8.0} us   x{ratio:.2} {}  ({} calls each; the SDK's own parse and check of one answer: Monad {:.0} us, reference {:.0} us; the client's CPU per call: Monad {:.0} us, reference {:.0} us)",
+            "  {:<20} Monad {:>8.0} us {:>8.0} us   reference {:>8.0} us {:>8.0} us   x{ratio:.2} {}  ({} calls each; the SDK's own parse and check of one answer: Monad {:.0} us, reference {:.0} us; the client's CPU per call: Monad {:.0} us, reference {:.0} us; pieces the SDK read an answer in: Monad {}, reference {})",
             case["case"].as_str().unwrap_or("?"),
             m50,
             m99,
@@ -442,6 +442,8 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
             sdk("reference"),
             cpu("monad"),
             cpu("reference"),
+            case["monad"]["pieces"],
+            case["reference"]["pieces"],
         );
     }
 

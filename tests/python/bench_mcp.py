@@ -19,7 +19,8 @@ first alternating from round to round; every call is timed on its own. It prints
 per case: the median and p99 (nearest rank) of each side, in microseconds, and the SDK's own
 work on one of that side's answers (`sdk_us`: parsing it and checking it against the tool's
 `outputSchema`, which each timed call includes) and the CPU this process spent per timed call
-(`client_cpu_us`: everything the SDK did for it, on whichever core).
+(`client_cpu_us`: everything the SDK did for it, on whichever core), and the median number of
+pieces the SDK's stdio reader took an answer in (`pieces`).
 
 `--pin-servers PID,PID,...` (Linux, two CPUs or more): this process runs on the first CPU only,
 and each side's server processes on the last: the two stdio servers it starts, and every thread
@@ -35,8 +36,26 @@ import sys
 import time
 from contextlib import AsyncExitStack
 
+import mcp.client.stdio as stdio
+from anyio.streams.text import TextReceiveStream
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+
+# How many pieces the SDK's stdio reader takes each answer in: it joins every piece to what it
+# holds and splits the whole at newlines again, so a line's cost there grows with the square of
+# its pieces. Counted by the stream it reads through, for every session opened after this.
+PIECES = 0
+
+
+class CountedReceiveStream(TextReceiveStream):
+    async def receive(self) -> str:
+        global PIECES
+        piece = await super().receive()
+        PIECES += 1
+        return piece
+
+
+stdio.TextReceiveStream = CountedReceiveStream
 
 
 def check(condition, what):
@@ -231,25 +250,31 @@ async def run(args, pinning) -> int:
             for session, t, a in sides:
                 for _ in range(args.warmup):
                     await call(session, t, a)
-            samples, cpu = [[], []], [0, 0]
+            samples, cpu, pieces = [[], []], [0, 0], [[], []]
             for round_ in range(args.rounds):
                 for k in range(2):
                     i = (round_ + k) % 2
                     session, t, a = sides[i]
                     for _ in range(args.per_round):
                         start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
+                        before = PIECES
                         await call(session, t, a)
                         samples[i].append(time.perf_counter_ns() - start)
                         cpu[i] += time.process_time_ns() - start_cpu
+                        pieces[i].append(PIECES - before)
             calls = args.rounds * args.per_round
             line = {"case": name, "calls": calls, "pinned": pinning is not None}
-            for side, s, c, (session, t, a) in zip(["monad", "reference"], samples, cpu, sides):
+            for side, s, c, p, (session, t, a) in zip(
+                ["monad", "reference"], samples, cpu, pieces, sides
+            ):
                 s.sort()
+                p.sort()
                 line[side] = {
                     "median_us": nearest_rank(s, 0.5) / 1e3,
                     "p99_us": nearest_rank(s, 0.99) / 1e3,
                     "sdk_us": await sdk_work(session, t, a),
                     "client_cpu_us": c / calls / 1e3,
+                    "pieces": nearest_rank(p, 0.5),
                 }
             print(json.dumps(line), flush=True)
     return 0
