@@ -5,7 +5,8 @@
 //!   device's id, saved by `login`.
 //! - [`connect`]: QUIC with the pinned certificate ([`connect::connect`]), then the hello.
 //! - [`attach::attach`]: serve a folder ([`monad_sandbox::Sandbox`]) until stopped, reconnecting
-//!   with backoff and re-attaching by itself.
+//!   with backoff and re-attaching by itself; [`printer`] prints its events' lines without
+//!   letting a stuck standard error hold up the folder or the exit.
 //! - [`prompt`]: the text of an approval prompt, a pure function of the request.
 //! - [`site`]: where a command's program is found (outside the workspace, in it, elsewhere),
 //!   which decides what "always" may cover.
@@ -37,6 +38,7 @@ pub mod config;
 pub mod connect;
 pub mod login;
 pub mod mcp;
+pub mod printer;
 pub mod prompt;
 pub mod site;
 pub mod terminal;

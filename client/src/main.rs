@@ -11,10 +11,11 @@ use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use monad_client::ClientError;
 use monad_client::agent::{Agent, check_login};
 use monad_client::approval::Approver;
-use monad_client::attach::{AttachEvent, AttachOptions, attach};
+use monad_client::attach::{AttachOptions, attach};
 use monad_client::call;
 use monad_client::config::{ClientConfig, default_config_dir};
 use monad_client::login;
+use monad_client::printer::LinesPrinter;
 use monad_client::terminal::{TerminalApprover, guard_from_setting};
 use monad_protocol::output::{Table, count};
 use monad_protocol::render;
@@ -30,6 +31,13 @@ use monad_protocol::{errln, outln, output};
 /// (`docs/benchmarks.md`, figure c).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// How many of an attachment's lines may wait for a standard error that does not take them
+/// (two per call); later ones are counted and left out (`monad_client::printer`).
+const ATTACH_LINES_HELD: usize = 512;
+
+/// How long an ending attachment waits for its last lines to be written.
+const ATTACH_LAST_LINES_WAIT: Duration = Duration::from_secs(1);
 
 /// What `--session` means, the same for every command.
 const SESSION_HELP: &str = "Session id, or a unique start of it, as docker and git take ids \
@@ -502,21 +510,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
             };
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<AttachEvent>();
-            // Lines are written on a thread of their own: the attachment runs on one thread,
-            // and a standard error that does not take them (a pipe nobody reads, a terminal
-            // stopped with Ctrl-S) must hold up its lines only, never the folder's calls.
-            let (printed, printer) = tokio::sync::oneshot::channel::<()>();
-            let _ = std::thread::Builder::new()
-                .name("attach-events".into())
-                .spawn(move || {
-                    while let Some(event) = rx.blocking_recv() {
-                        if let Some(line) = event.line() {
-                            errln!("{line}");
-                        }
-                    }
-                    let _ = printed.send(());
-                });
+            // Lines are written on a thread of their own, at most ATTACH_LINES_HELD of them
+            // waiting: a standard error that does not take them (a pipe nobody reads, a terminal
+            // stopped with Ctrl-S) holds up its lines only, never the folder's calls or the exit.
+            let (printer, tx) = LinesPrinter::start(std::io::stderr(), ATTACH_LINES_HELD)
+                .context("cannot start the thread that prints the attachment's lines")?;
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                     .context("cannot watch for SIGTERM")?;
@@ -534,19 +532,25 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     attached.await
                 }
             };
-            // The last lines (a re-attach, a call's end) before the one that says why it ends.
-            let _ = tokio::time::timeout(Duration::from_millis(200), printer).await;
-            match result {
-                Ok(()) => {
-                    errln!("detached");
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(ClientError::Detached(reason)) => {
-                    errln!("detached: {}", printable(&reason));
-                    Ok(ExitCode::SUCCESS)
-                }
-                Err(e) => Err(e.into()),
-            }
+            // The last lines (a re-attach, a call's end), then the one that says why it ends,
+            // all through the printer: written directly, a stuck standard error would keep
+            // this process from exiting.
+            let (last, code) = match result {
+                Ok(()) => ("detached".to_owned(), ExitCode::SUCCESS),
+                Err(ClientError::Detached(reason)) => (
+                    format!("detached: {}", printable(&reason)),
+                    ExitCode::SUCCESS,
+                ),
+                Err(e) => (
+                    format!(
+                        "monad-client: {}",
+                        printable(&format!("{:#}", anyhow::Error::from(e)))
+                    ),
+                    ExitCode::FAILURE,
+                ),
+            };
+            printer.finish(&last, ATTACH_LAST_LINES_WAIT).await;
+            Ok(code)
         }
         Command::Detach { name, session } => {
             let config = ClientConfig::load(&config_dir()?)?;

@@ -982,9 +982,12 @@ async fn another_user_cannot_delete_sessions_through_the_running_servers_socket(
 
 /// `attach` runs its folder on one thread; the lines it prints for each call must not hold that
 /// thread up. With a standard error nobody reads (here a pipe shrunk to one page, full after a
-/// few dozen calls' lines), calls keep being answered.
+/// few dozen calls' lines), calls keep being answered; the lines that wait for it are bounded
+/// (those past the bound are counted, and the count is printed once the pipe is read again); and
+/// told to stop while the pipe is full, the attachment exits (it used to hang there, writing its
+/// last line).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attachment_whose_standard_error_is_not_read_keeps_answering() {
+async fn an_attachment_whose_standard_error_is_not_read_keeps_answering_and_exits() {
     use std::os::fd::AsFd;
     let (_server, _data, config) = ServerProcess::logged_in().await;
     let dir = folder(&[("a.txt", "hello\n")]);
@@ -1008,25 +1011,66 @@ async fn an_attachment_whose_standard_error_is_not_read_keeps_answering() {
     let agent = monad_client::agent::Agent::connect(&settings)
         .await
         .unwrap();
-    // Two lines of about 40 bytes per call: a page is full long before the last call.
-    for n in 0..300 {
-        let reply = within(
-            STEP,
-            &format!("call {n} with standard error full"),
-            agent.call(
-                None,
-                "read_file",
-                json!({"path": "a.txt", "workspace": "laptop"}),
-                |_| {},
-            ),
-        )
-        .await
-        .expect("the call is answered");
-        assert!(
-            matches!(reply.outcome, monad_protocol::wire::Outcome::Ok { .. }),
-            "call {n}: {:?}",
-            reply.outcome
-        );
+    let read = |n: usize| {
+        let agent = &agent;
+        async move {
+            let reply = within(
+                STEP,
+                &format!("call {n} with standard error full"),
+                agent.call(
+                    None,
+                    "read_file",
+                    json!({"path": "a.txt", "workspace": "laptop"}),
+                    |_| {},
+                ),
+            )
+            .await
+            .expect("the call is answered");
+            assert!(
+                matches!(reply.outcome, monad_protocol::wire::Outcome::Ok { .. }),
+                "call {n}: {:?}",
+                reply.outcome
+            );
+        }
+    };
+    // Two lines of about 40 bytes per call: the page is full after a few dozen calls, and the
+    // lines held (512) after a few hundred more.
+    for n in 0..700 {
+        read(n).await;
     }
-    drop(attaching);
+    // The pipe is read again: what was held comes out, and with the next call's lines, the
+    // count of those left out.
+    let note = tokio::select! {
+        line = attaching.wait_for("not shown") => line,
+        () = async {
+            for n in 700.. {
+                read(n).await;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        } => unreachable!(),
+    };
+    assert!(
+        note.contains("lines not shown: standard error was not taking them"),
+        "{note}"
+    );
+    let left_out: u64 = note
+        .trim_start_matches('(')
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a count: {note}"));
+    assert!(left_out > 100, "{note}");
+    // Full again, and told to stop: it exits all the same.
+    for n in 0..100 {
+        read(n).await;
+    }
+    attaching.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = within(
+        STEP,
+        "attach to exit with its standard error full",
+        attaching.child.wait(),
+    )
+    .await
+    .expect("reaped");
+    assert!(status.success(), "{status}");
 }

@@ -1,0 +1,240 @@
+//! The lines `monad-client attach` prints for its folder's events, written on a thread of their
+//! own. The attachment runs on one thread, and a standard error that does not take its lines (a
+//! pipe nobody reads, a terminal stopped with Ctrl-S) must hold up those lines only: never the
+//! folder's calls, nor the exit when the attachment ends. While the output is stuck, at most
+//! [`LinesPrinter::start`]'s `capacity` lines wait; later ones are counted and left out, and
+//! the count is printed once the output takes lines again.
+
+use std::io::Write;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::attach::AttachEvent;
+
+/// Prints an attachment's event lines (see the module's doc).
+pub struct LinesPrinter {
+    /// The queue the printing thread takes lines from (bounded).
+    lines: SyncSender<String>,
+    /// The task that moves the events' lines into the queue.
+    relay: tokio::task::JoinHandle<()>,
+    /// Said by the thread when every line is written.
+    printed: oneshot::Receiver<()>,
+}
+
+impl LinesPrinter {
+    /// Starts printing to `out`, on a thread of its own, the lines of the events sent to the
+    /// sender it gives (for [`crate::attach::attach`]). Must be called inside a Tokio runtime:
+    /// the events are taken off their unbounded channel by a task, so that a stuck `out` never
+    /// lets them pile up.
+    pub fn start(
+        out: impl Write + Send + 'static,
+        capacity: usize,
+    ) -> std::io::Result<(LinesPrinter, mpsc::UnboundedSender<AttachEvent>)> {
+        let (events, mut received) = mpsc::unbounded_channel::<AttachEvent>();
+        let (lines, queued) = sync_channel::<String>(capacity.max(1));
+        let (done, printed) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("attach-lines".into())
+            .spawn(move || print(out, queued, done))?;
+        let queue = lines.clone();
+        let relay = tokio::spawn(async move {
+            let mut left_out = 0u64;
+            while let Some(event) = received.recv().await {
+                let Some(line) = event.line() else { continue };
+                if left_out > 0 {
+                    match queue.try_send(left_out_note(left_out)) {
+                        Ok(()) => left_out = 0,
+                        Err(TrySendError::Full(_)) => {
+                            left_out += 1;
+                            continue;
+                        }
+                        Err(TrySendError::Disconnected(_)) => return,
+                    }
+                }
+                match queue.try_send(line) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => left_out += 1,
+                    Err(TrySendError::Disconnected(_)) => return,
+                }
+            }
+            if left_out > 0 {
+                let _ = queue.try_send(left_out_note(left_out));
+            }
+        });
+        Ok((
+            LinesPrinter {
+                lines,
+                relay,
+                printed,
+            },
+            events,
+        ))
+    }
+
+    /// Prints `last` after the events' lines, and waits at most `wait` until all of them are
+    /// written. The events' sender must be gone (the attachment ended) for their lines to come
+    /// first and for the wait to end early. A stuck output loses what it has not taken, `last`
+    /// included: the caller exits anyway.
+    pub async fn finish(self, last: &str, wait: Duration) {
+        let LinesPrinter {
+            lines,
+            mut relay,
+            printed,
+        } = self;
+        let deadline = tokio::time::Instant::now() + wait;
+        let _ = tokio::time::timeout_at(deadline, &mut relay).await;
+        let _ = lines.try_send(last.to_owned());
+        drop(lines);
+        let _ = tokio::time::timeout_at(deadline, printed).await;
+    }
+}
+
+/// The line that says how many lines were left out.
+fn left_out_note(count: u64) -> String {
+    format!(
+        "({count} line{} not shown: standard error was not taking them)",
+        if count == 1 { "" } else { "s" }
+    )
+}
+
+/// The printing thread: each line as it comes, until every sender is gone.
+fn print(mut out: impl Write, queued: Receiver<String>, done: oneshot::Sender<()>) {
+    for line in queued {
+        let _ = out.write_all(line.as_bytes());
+        let _ = out.write_all(b"\n");
+        let _ = out.flush();
+    }
+    let _ = done.send(());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Condvar, Mutex};
+
+    /// An output that takes nothing until it is opened (saying when a write waits for that),
+    /// then keeps what it is given.
+    #[derive(Clone, Default)]
+    struct Gate {
+        open: Arc<(Mutex<bool>, Condvar)>,
+        waiting: Arc<AtomicBool>,
+        taken: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Gate {
+        fn open(&self) {
+            *self.open.0.lock().unwrap() = true;
+            self.open.1.notify_all();
+        }
+
+        fn lines(&self) -> Vec<String> {
+            String::from_utf8(self.taken.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    impl Write for Gate {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let (open, opened) = &*self.open;
+            let mut is_open = open.lock().unwrap();
+            while !*is_open {
+                self.waiting.store(true, Ordering::SeqCst);
+                is_open = opened.wait(is_open).unwrap();
+            }
+            self.taken.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn event(n: u64) -> AttachEvent {
+        AttachEvent::Disconnected {
+            reason: format!("line {n}"),
+            retry_in: Duration::ZERO,
+        }
+    }
+
+    /// Waits (bounded) until `done` holds, letting the relay task run meanwhile.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    /// Lets the relay task take every event sent so far (the test's runtime has one thread).
+    async fn relayed() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stuck_output_holds_a_bounded_number_of_lines_and_says_how_many_it_left_out() {
+        let gate = Gate::default();
+        let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
+        // The first line is in the thread's hands, stuck in its write.
+        events.send(event(0)).unwrap();
+        until("the first write waits", || {
+            gate.waiting.load(Ordering::SeqCst)
+        })
+        .await;
+        // Four more wait in the queue; the other fifteen are left out.
+        for n in 1..20 {
+            events.send(event(n)).unwrap();
+        }
+        relayed().await;
+        gate.open();
+        until("the five lines held are written", || {
+            gate.lines().len() == 5
+        })
+        .await;
+        // The output takes lines again: the next line brings the count first.
+        events.send(event(20)).unwrap();
+        drop(events);
+        printer.finish("detached", Duration::from_secs(10)).await;
+        let lines = gate.lines();
+        let held: Vec<String> = (0..5)
+            .map(|n| format!("line {n}; reconnecting in 0.0 s"))
+            .collect();
+        assert_eq!(lines[..5], held[..], "{lines:?}");
+        assert_eq!(
+            lines[5..],
+            [
+                "(15 lines not shown: standard error was not taking them)",
+                "line 20; reconnecting in 0.0 s",
+                "detached"
+            ],
+            "{lines:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn finishing_does_not_wait_longer_than_asked_for_a_stuck_output() {
+        let gate = Gate::default();
+        let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
+        for n in 0..10 {
+            events.send(event(n)).unwrap();
+        }
+        drop(events);
+        relayed().await;
+        let started = std::time::Instant::now();
+        printer.finish("detached", Duration::from_millis(100)).await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(gate.lines().is_empty());
+        // The thread is let go, and writes what it held.
+        gate.open();
+    }
+}
