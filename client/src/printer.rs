@@ -17,8 +17,9 @@ use crate::attach::AttachEvent;
 pub struct LinesPrinter {
     /// The queue the printing thread takes lines from (bounded).
     lines: SyncSender<String>,
-    /// The task that moves the events' lines into the queue.
-    relay: tokio::task::JoinHandle<()>,
+    /// The task that moves the events' lines into the queue; it gives the count of the lines
+    /// it left out and has not said yet.
+    relay: tokio::task::JoinHandle<u64>,
     /// Said by the thread when every line is written.
     printed: oneshot::Receiver<()>,
 }
@@ -50,18 +51,17 @@ impl LinesPrinter {
                             left_out += 1;
                             continue;
                         }
-                        Err(TrySendError::Disconnected(_)) => return,
+                        Err(TrySendError::Disconnected(_)) => return left_out,
                     }
                 }
                 match queue.try_send(line) {
                     Ok(()) => {}
                     Err(TrySendError::Full(_)) => left_out += 1,
-                    Err(TrySendError::Disconnected(_)) => return,
+                    Err(TrySendError::Disconnected(_)) => return left_out,
                 }
             }
-            if left_out > 0 {
-                let _ = queue.try_send(left_out_note(left_out));
-            }
+            // What is still left out is said with the last line (`finish`).
+            left_out
         });
         Ok((
             LinesPrinter {
@@ -75,8 +75,9 @@ impl LinesPrinter {
 
     /// Prints `last` after the events' lines, and waits at most `wait` until all of them are
     /// written. The events' sender must be gone (the attachment ended) for their lines to come
-    /// first and for the wait to end early. A stuck output loses what it has not taken, `last`
-    /// included: the caller exits anyway.
+    /// first and for the wait to end early. An output that is slow, not stuck, still gets
+    /// `last` (and the count of what was left out) within `wait`; a stuck one loses what it has
+    /// not taken, and the caller exits anyway.
     pub async fn finish(self, last: &str, wait: Duration) {
         let LinesPrinter {
             lines,
@@ -84,12 +85,36 @@ impl LinesPrinter {
             printed,
         } = self;
         let deadline = tokio::time::Instant::now() + wait;
-        let _ = tokio::time::timeout_at(deadline, &mut relay).await;
-        let _ = lines.try_send(last.to_owned());
+        let left_out = tokio::time::timeout_at(deadline, &mut relay)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(0);
+        let mut pending = Vec::new();
+        if left_out > 0 {
+            pending.push(left_out_note(left_out));
+        }
+        pending.push(last.to_owned());
+        for mut line in pending {
+            // The queue may be full of lines the output is still taking: room comes as it does.
+            loop {
+                match lines.try_send(line) {
+                    Ok(()) => break,
+                    Err(TrySendError::Full(back)) if tokio::time::Instant::now() < deadline => {
+                        line = back;
+                        tokio::time::sleep(FULL_RETRY).await;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
         drop(lines);
         let _ = tokio::time::timeout_at(deadline, printed).await;
     }
 }
+
+/// How often `finish` looks for room in a full queue.
+const FULL_RETRY: Duration = Duration::from_millis(5);
 
 /// The line that says how many lines were left out.
 fn left_out_note(count: u64) -> String {
@@ -101,9 +126,11 @@ fn left_out_note(count: u64) -> String {
 
 /// The printing thread: each line as it comes, until every sender is gone.
 fn print(mut out: impl Write, queued: Receiver<String>, done: oneshot::Sender<()>) {
-    for line in queued {
+    for mut line in queued {
+        // One write per line, as `errln!` does, so that another writer's text (an approval
+        // prompt) does not land between a line and its end.
+        line.push('\n');
         let _ = out.write_all(line.as_bytes());
-        let _ = out.write_all(b"\n");
         let _ = out.flush();
     }
     let _ = done.send(());
@@ -204,7 +231,10 @@ mod tests {
         // The output takes lines again: the next line brings the count first.
         events.send(event(20)).unwrap();
         drop(events);
+        let started = std::time::Instant::now();
         printer.finish("detached", Duration::from_secs(10)).await;
+        // Done as soon as the lines are written, not when the wait runs out.
+        assert!(started.elapsed() < Duration::from_secs(5));
         let lines = gate.lines();
         let held: Vec<String> = (0..5)
             .map(|n| format!("line {n}; reconnecting in 0.0 s"))
@@ -219,6 +249,60 @@ mod tests {
             ],
             "{lines:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_slow_output_still_gets_the_count_and_the_last_line() {
+        let gate = Gate::default();
+        let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
+        events.send(event(0)).unwrap();
+        until("the first write waits", || {
+            gate.waiting.load(Ordering::SeqCst)
+        })
+        .await;
+        for n in 1..10 {
+            events.send(event(n)).unwrap();
+        }
+        drop(events);
+        relayed().await;
+        // The queue is full when the attachment ends; the output takes lines a moment later.
+        let opener = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                gate.open();
+            })
+        };
+        printer.finish("detached", Duration::from_secs(10)).await;
+        opener.join().unwrap();
+        let lines = gate.lines();
+        assert_eq!(
+            lines[5..],
+            [
+                "(5 lines not shown: standard error was not taking them)",
+                "detached"
+            ],
+            "{lines:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn finishing_waits_no_longer_than_asked_for_an_attachment_that_has_not_let_go() {
+        let gate = Gate::default();
+        gate.open();
+        let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
+        events.send(event(0)).unwrap();
+        // `events` stays alive: the relay never ends.
+        let started = std::time::Instant::now();
+        printer.finish("detached", Duration::from_millis(200)).await;
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        until("both lines are written", || gate.lines().len() == 2).await;
+        assert_eq!(gate.lines(), ["line 0; reconnecting in 0.0 s", "detached"]);
+        drop(events);
     }
 
     #[tokio::test]

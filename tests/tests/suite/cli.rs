@@ -1003,10 +1003,15 @@ async fn an_attachment_whose_standard_error_is_not_read_keeps_answering_and_exit
         ],
     )
     .await;
-    // From here on nothing reads the pipe, and it holds one page.
+    // From here on nothing reads the pipe, and it holds one page (4 KiB, or more where pages
+    // are larger: the calls below are counted from what it holds).
     let stderr = attaching.lines.get_ref().get_ref();
     nix::fcntl::fcntl(stderr.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096))
         .expect("the pipe shrinks");
+    let pipe = nix::fcntl::fcntl(stderr.as_fd(), nix::fcntl::FcntlArg::F_GETPIPE_SZ)
+        .expect("the pipe's size") as usize;
+    // Two lines of 25 to 45 bytes per call: this many calls fill the pipe.
+    let fill = pipe / 70 + 20;
     let settings = monad_client::config::ClientConfig::load(config.path()).unwrap();
     let agent = monad_client::agent::Agent::connect(&settings)
         .await
@@ -1033,9 +1038,8 @@ async fn an_attachment_whose_standard_error_is_not_read_keeps_answering_and_exit
             );
         }
     };
-    // Two lines of about 40 bytes per call: the page is full after a few dozen calls, and the
-    // lines held (512) after a few hundred more.
-    for n in 0..700 {
+    // The pipe full, then the 512 lines held (256 calls), then about 200 lines left out.
+    for n in 0..fill + 256 + 100 {
         read(n).await;
     }
     // The pipe is read again: what was held comes out, and with the next call's lines, the
@@ -1043,7 +1047,7 @@ async fn an_attachment_whose_standard_error_is_not_read_keeps_answering_and_exit
     let note = tokio::select! {
         line = attaching.wait_for("not shown") => line,
         () = async {
-            for n in 700.. {
+            for n in fill + 356.. {
                 read(n).await;
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
@@ -1059,12 +1063,14 @@ async fn an_attachment_whose_standard_error_is_not_read_keeps_answering_and_exit
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("a count: {note}"));
-    assert!(left_out > 100, "{note}");
-    // Full again, and told to stop: it exits all the same.
-    for n in 0..100 {
+    assert!(left_out >= 100, "{note}");
+    // Full again, and told to stop: it exits all the same, after at most the second it gives
+    // its last lines (and the moment it takes to tell the server).
+    for n in 0..fill {
         read(n).await;
     }
     attaching.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopped = std::time::Instant::now();
     let status = within(
         STEP,
         "attach to exit with its standard error full",
@@ -1073,4 +1079,9 @@ async fn an_attachment_whose_standard_error_is_not_read_keeps_answering_and_exit
     .await
     .expect("reaped");
     assert!(status.success(), "{status}");
+    assert!(
+        stopped.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        stopped.elapsed()
+    );
 }
