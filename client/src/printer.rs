@@ -208,21 +208,27 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_stuck_output_holds_a_bounded_number_of_lines_and_says_how_many_it_left_out() {
+    /// A printer holding four lines on a stuck output, sent `lines` lines: the first is in the
+    /// thread's hands, stuck in its write, the next four wait in the queue, the rest are left
+    /// out.
+    async fn stuck(lines: u64) -> (Gate, LinesPrinter, mpsc::UnboundedSender<AttachEvent>) {
         let gate = Gate::default();
         let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
-        // The first line is in the thread's hands, stuck in its write.
         events.send(event(0)).unwrap();
         until("the first write waits", || {
             gate.waiting.load(Ordering::SeqCst)
         })
         .await;
-        // Four more wait in the queue; the other fifteen are left out.
-        for n in 1..20 {
+        for n in 1..lines {
             events.send(event(n)).unwrap();
         }
         relayed().await;
+        (gate, printer, events)
+    }
+
+    #[tokio::test]
+    async fn a_stuck_output_holds_a_bounded_number_of_lines_and_says_how_many_it_left_out() {
+        let (gate, printer, events) = stuck(20).await;
         gate.open();
         until("the five lines held are written", || {
             gate.lines().len() == 5
@@ -253,16 +259,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_slow_output_still_gets_the_count_and_the_last_line() {
-        let gate = Gate::default();
-        let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
-        events.send(event(0)).unwrap();
-        until("the first write waits", || {
-            gate.waiting.load(Ordering::SeqCst)
-        })
-        .await;
-        for n in 1..10 {
-            events.send(event(n)).unwrap();
-        }
+        let (gate, printer, events) = stuck(10).await;
         drop(events);
         relayed().await;
         // The queue is full when the attachment ends; the output takes lines a moment later.
