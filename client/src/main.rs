@@ -394,11 +394,16 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            // Errors may quote the server or a peer: escaped, like everything else.
-            errln!("monad-client: {}", printable(&format!("{e:#}")));
+            errln!("{}", failure_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The line a command that failed ends with. Errors may quote the server or a peer: escaped,
+/// like everything else.
+fn failure_line(e: &anyhow::Error) -> String {
+    format!("monad-client: {}", printable(&format!("{e:#}")))
 }
 
 fn config_dir() -> Result<PathBuf> {
@@ -541,13 +546,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     format!("detached: {}", printable(&reason)),
                     ExitCode::SUCCESS,
                 ),
-                Err(e) => (
-                    format!(
-                        "monad-client: {}",
-                        printable(&format!("{:#}", anyhow::Error::from(e)))
-                    ),
-                    ExitCode::FAILURE,
-                ),
+                Err(e) => (failure_line(&e.into()), ExitCode::FAILURE),
             };
             printer.finish(&last, ATTACH_LAST_LINES_WAIT).await;
             Ok(code)

@@ -43,21 +43,10 @@ impl LinesPrinter {
         let relay = tokio::spawn(async move {
             let mut left_out = 0u64;
             while let Some(event) = received.recv().await {
-                let Some(line) = event.line() else { continue };
-                if left_out > 0 {
-                    match queue.try_send(left_out_note(left_out)) {
-                        Ok(()) => left_out = 0,
-                        Err(TrySendError::Full(_)) => {
-                            left_out += 1;
-                            continue;
-                        }
-                        Err(TrySendError::Disconnected(_)) => return left_out,
-                    }
-                }
-                match queue.try_send(line) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(_)) => left_out += 1,
-                    Err(TrySendError::Disconnected(_)) => return left_out,
+                if let Some(line) = event.line()
+                    && !offer(&queue, &mut left_out, line)
+                {
+                    break;
                 }
             }
             // What is still left out is said with the last line (`finish`).
@@ -115,6 +104,30 @@ impl LinesPrinter {
 
 /// How often `finish` looks for room in a full queue.
 const FULL_RETRY: Duration = Duration::from_millis(5);
+
+/// Queues `line` without waiting, after the count of the lines left out before it if there are
+/// any; a line that finds no room is counted instead. False when the printing thread is gone.
+fn offer(queue: &SyncSender<String>, left_out: &mut u64, line: String) -> bool {
+    if *left_out > 0 {
+        match queue.try_send(left_out_note(*left_out)) {
+            Ok(()) => *left_out = 0,
+            // No room for the note: none for this line either.
+            Err(TrySendError::Full(_)) => {
+                *left_out += 1;
+                return true;
+            }
+            Err(TrySendError::Disconnected(_)) => return false,
+        }
+    }
+    match queue.try_send(line) {
+        Ok(()) => true,
+        Err(TrySendError::Full(_)) => {
+            *left_out += 1;
+            true
+        }
+        Err(TrySendError::Disconnected(_)) => false,
+    }
+}
 
 /// The line that says how many lines were left out.
 fn left_out_note(count: u64) -> String {

@@ -19,14 +19,15 @@ use tracing::warn;
 
 use crate::store::{ArtifactMeta, AuditRecord, SessionMeta, Store};
 
-/// An artifact whose bytes are made on the recorder thread, as its job is taken from the batch.
-pub type MakeArtifact = Box<dyn FnOnce() -> (ArtifactMeta, Vec<u8>) + Send>;
+/// How an artifact's bytes are made on the recorder thread, as its job is taken from the batch;
+/// it may fill in the artifact's sizes.
+pub type MakeArtifact = Box<dyn FnOnce(&mut ArtifactMeta) -> Vec<u8> + Send>;
 
 enum Job {
     Audit(String, AuditRecord),
     Artifact(ArtifactMeta, Vec<u8>),
-    /// The artifact's name for a warning if making it fails, and how to make it.
-    Make(String, MakeArtifact),
+    /// An artifact, and how to make its bytes.
+    Make(ArtifactMeta, MakeArtifact),
     Touch {
         record: String,
         session: String,
@@ -77,11 +78,11 @@ impl Recorder {
         let _ = self.jobs.send(Job::Artifact(meta, content));
     }
 
-    /// Stores the artifact `make` gives, made on the recorder thread: for one whose bytes
-    /// take long to make (a large read's output serialized as JSON), so that the call's path
-    /// does not wait for them. `what` names it in the warning if making it panics.
-    pub fn artifact_made(&self, what: String, make: MakeArtifact) {
-        let _ = self.jobs.send(Job::Make(what, make));
+    /// Stores the artifact `meta` with the bytes `make` gives, made on the recorder thread: for
+    /// one whose bytes take long to make (a large read's output serialized as JSON), so that
+    /// the call's path does not wait for them.
+    pub fn artifact_made(&self, meta: ArtifactMeta, make: MakeArtifact) {
+        let _ = self.jobs.send(Job::Make(meta, make));
     }
 
     /// Notes a call in an attached folder's workspace record.
@@ -171,11 +172,16 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
             match job {
                 Job::Audit(session, record) => audits.entry(session).or_default().push(record),
                 Job::Artifact(meta, content) => artifacts.push((meta, content)),
-                Job::Make(what, make) => {
+                Job::Make(mut meta, make) => {
                     // A panic while making one artifact must not end the recorder.
-                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(make)) {
-                        Ok(made) => artifacts.push(made),
-                        Err(_) => warn!("artifact {what} could not be made; it is not stored"),
+                    let made =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| make(&mut meta)));
+                    match made {
+                        Ok(bytes) => artifacts.push((meta, bytes)),
+                        Err(_) => warn!(
+                            "artifact {} of session {} could not be made; it is not stored",
+                            meta.id, meta.session
+                        ),
                     }
                 }
                 Job::Touch { record, session } => {
@@ -495,13 +501,20 @@ mod tests {
         let a = "00000000-0000-4000-8000-00000000000a";
         create_session(&store, a);
         recorder.artifact(meta(a, 1), b"one".to_vec());
-        recorder.artifact_made("2".into(), Box::new(move || (meta(a, 2), b"two".to_vec())));
-        recorder.artifact_made("3".into(), Box::new(|| panic!("a make that fails")));
+        recorder.artifact_made(
+            meta(a, 2),
+            Box::new(|meta| {
+                meta.size = 3;
+                b"two".to_vec()
+            }),
+        );
+        recorder.artifact_made(meta(a, 9), Box::new(|_| panic!("a make that fails")));
         recorder.artifact(meta(a, 3), b"three".to_vec());
         recorder.flush();
         assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3"]);
-        let (_, content) = store.artifact(a, "a-2").unwrap();
+        let (made, content) = store.artifact(a, "a-2").unwrap();
         assert_eq!(content, b"two");
+        assert_eq!(made.size, 3, "the sizes the make fills in are kept");
         // The recorder goes on after the panic.
         recorder.artifact(meta(a, 4), b"four".to_vec());
         recorder.flush();

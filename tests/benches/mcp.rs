@@ -399,13 +399,12 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
     let mut extra = vec!["--warmup", &warmup, "--only", &case];
     // `MONAD_BENCH_PIN=1`: the client on one core, every server process on the other.
     let pinned = std::env::var_os("MONAD_BENCH_PIN").is_some();
-    let pids = format!(
-        "{},{}",
-        monad.server.pid(),
-        monad.attach.id().expect("running")
-    );
-    if pinned {
-        extra.extend(["--pin-servers", &pids]);
+    let pids = pinned.then(|| {
+        let attach = monad.attach.id().expect("running");
+        format!("{},{attach}", monad.server.pid())
+    });
+    if let Some(pids) = &pids {
+        extra.extend(["--pin-servers", pids]);
     }
     let stdout = scripts.run("bench_mcp.py", &extra).await;
     println!(

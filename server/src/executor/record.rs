@@ -1,7 +1,8 @@
 //! What is recorded of a call: who decided it ([`Verdict`], and the audit log's decision it
 //! gives), its audit line, its `tool_output` and `file_diff` artifacts (described here; written,
-//! and a relayed body's output serialized, by the [`Recorder`] off the hot path), the call's target in one line, and the audit lines of the
-//! connections a workspace's commands asked its network proxy for.
+//! and a relayed body's output serialized, by the [`Recorder`] off the hot path), the call's
+//! target in one line, and the audit lines of the connections a workspace's commands asked its
+//! network proxy for.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -253,9 +254,12 @@ pub(super) fn record(
     output: &CallOutput,
     r: Record,
 ) {
-    if let Some(Artifacts { output: made, diff }) = record_call(recorder, session, tool, output, r)
+    if let Some(Artifacts {
+        output: (mut meta, size),
+        diff,
+    }) = record_call(recorder, session, tool, output, r)
     {
-        let (meta, bytes) = made.make(&output.outcome);
+        let bytes = size.serialize(&mut meta, &output.outcome);
         recorder.artifact(meta, bytes);
         // After the output: the order they were always stored in.
         if let Some((meta, bytes)) = diff {
@@ -274,11 +278,13 @@ pub(super) fn record_owned(
     output: CallOutput,
     r: Record,
 ) {
-    if let Some(Artifacts { output: made, diff }) = record_call(recorder, session, tool, &output, r)
+    if let Some(Artifacts {
+        output: (meta, size),
+        diff,
+    }) = record_call(recorder, session, tool, &output, r)
     {
         let outcome = output.outcome;
-        let what = format!("{} of session {}", made.meta.id, made.meta.session);
-        recorder.artifact_made(what, Box::new(move || made.make(&outcome)));
+        recorder.artifact_made(meta, Box::new(move |meta| size.serialize(meta, &outcome)));
         if let Some((meta, bytes)) = diff {
             recorder.artifact(meta, bytes);
         }
@@ -287,29 +293,25 @@ pub(super) fn record_owned(
 
 /// A call's artifacts, its output's still to be made.
 struct Artifacts {
-    output: OutputArtifact,
+    /// The `tool_output` artifact without its bytes, and what making them needs.
+    output: (ArtifactMeta, OutputSize),
     /// The diff of a write or edit.
     diff: Option<(ArtifactMeta, Vec<u8>)>,
 }
 
-/// A call's `tool_output` artifact without its bytes: what [`OutputArtifact::make`] needs
-/// besides the outcome.
-struct OutputArtifact {
-    meta: ArtifactMeta,
+/// What a `tool_output` artifact's bytes are cut to, and how much of the output was never seen.
+struct OutputSize {
     max: u64,
     unseen: u64,
 }
 
-impl OutputArtifact {
-    /// The artifact of `outcome`: only the kept head of it is serialized into memory; the rest
-    /// is only counted. (Serializing all of it and truncating made a copy of a 64 MiB read,
-    /// held until the recorder had written the artifact.)
-    fn make(self, outcome: &Outcome) -> (ArtifactMeta, Vec<u8>) {
-        let OutputArtifact {
-            mut meta,
-            max,
-            unseen,
-        } = self;
+impl OutputSize {
+    /// The artifact's bytes for `outcome`, its sizes written into `meta`: only the kept head of
+    /// it is serialized into memory; the rest is only counted. (Serializing all of it and
+    /// truncating made a copy of a 64 MiB read, held until the recorder had written the
+    /// artifact.)
+    fn serialize(self, meta: &mut ArtifactMeta, outcome: &Outcome) -> Vec<u8> {
+        let OutputSize { max, unseen } = self;
         let mut head = CappedWriter::new(max);
         let (bytes, original_size) = match serde_json::to_writer(&mut head, outcome) {
             Ok(()) => {
@@ -321,7 +323,7 @@ impl OutputArtifact {
         meta.size = bytes.len() as u64;
         meta.truncated = original_size > max;
         meta.original_size = original_size;
-        (meta, bytes)
+        bytes
     }
 }
 
@@ -392,11 +394,13 @@ fn record_call(
         original_size: 0,
         upload: None,
     };
-    let output_artifact = OutputArtifact {
-        meta: meta(ArtifactKind::ToolOutput, "application/json"),
-        max,
-        unseen: r.unseen,
-    };
+    let output_artifact = (
+        meta(ArtifactKind::ToolOutput, "application/json"),
+        OutputSize {
+            max,
+            unseen: r.unseen,
+        },
+    );
     let diff = match &output.outcome {
         Outcome::Ok { result }
             if matches!(
