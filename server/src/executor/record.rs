@@ -254,17 +254,11 @@ pub(super) fn record(
     output: &CallOutput,
     r: Record,
 ) {
-    if let Some(Artifacts {
-        output: (mut meta, size),
-        diff,
-    }) = record_call(recorder, session, tool, output, r)
-    {
-        let bytes = size.serialize(&mut meta, &output.outcome);
-        recorder.artifact(meta, bytes);
-        // After the output: the order they were always stored in.
-        if let Some((meta, bytes)) = diff {
+    if let Some(artifacts) = record_call(recorder, session, tool, output, r) {
+        artifacts.store(recorder, |mut meta, size| {
+            let bytes = size.serialize(&mut meta, &output.outcome);
             recorder.artifact(meta, bytes);
-        }
+        });
     }
 }
 
@@ -278,16 +272,11 @@ pub(super) fn record_owned(
     output: CallOutput,
     r: Record,
 ) {
-    if let Some(Artifacts {
-        output: (meta, size),
-        diff,
-    }) = record_call(recorder, session, tool, &output, r)
-    {
+    if let Some(artifacts) = record_call(recorder, session, tool, &output, r) {
         let outcome = output.outcome;
-        recorder.artifact_made(meta, Box::new(move |meta| size.serialize(meta, &outcome)));
-        if let Some((meta, bytes)) = diff {
-            recorder.artifact(meta, bytes);
-        }
+        artifacts.store(recorder, |meta, size| {
+            recorder.artifact_made(meta, Box::new(move |meta| size.serialize(meta, &outcome)));
+        });
     }
 }
 
@@ -297,6 +286,19 @@ struct Artifacts {
     output: (ArtifactMeta, OutputSize),
     /// The diff of a write or edit.
     diff: Option<(ArtifactMeta, Vec<u8>)>,
+}
+
+impl Artifacts {
+    /// Hands the artifacts to the recorder: the output through `store_output` (which makes its
+    /// bytes, or has the recorder make them), then the diff, the order they were always stored
+    /// in.
+    fn store(self, recorder: &Recorder, store_output: impl FnOnce(ArtifactMeta, OutputSize)) {
+        let (meta, size) = self.output;
+        store_output(meta, size);
+        if let Some((meta, bytes)) = self.diff {
+            recorder.artifact(meta, bytes);
+        }
+    }
 }
 
 /// What a `tool_output` artifact's bytes are cut to, and how much of the output was never seen.
