@@ -811,6 +811,7 @@ async fn run(
             );
         }
     };
+    let mut approved_creates = None;
     let (verdict, basis) = match known {
         Some(known) => known,
         None => match &folder.approver {
@@ -837,6 +838,11 @@ async fn run(
                     }
                     _ => None,
                 };
+                // A write makes only the directories its owner was shown (the folder may
+                // change while the prompt waits).
+                if tool == ToolName::WriteFile {
+                    approved_creates = Some(creates.clone());
+                }
                 let request = ApprovalRequest {
                     process,
                     session: session.to_owned(),
@@ -906,7 +912,12 @@ async fn run(
         let _ = lines.send(line.to_owned());
     };
     let sandbox = folder.sandbox.clone();
-    let call = sandbox.call_with_progress(tool, args, Some(&relay));
+    let call = async {
+        match approved_creates {
+            Some(creates) => sandbox.write_file_approved(args, creates).await,
+            None => sandbox.call_with_progress(tool, args, Some(&relay)).await,
+        }
+    };
     tokio::pin!(call);
     let answer = loop {
         tokio::select! {

@@ -167,20 +167,25 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             if let Some(content) = text("content") {
                 field("content", format!("{} bytes", content.len()));
             }
-            if !r.creates.is_empty() {
-                let dirs: Vec<String> = r
-                    .creates
-                    .iter()
-                    .map(|d| format!("{}/", printable(d)))
-                    .collect();
-                field(
+            // Each directory is the one before it and one more name: the outermost and the
+            // innermost say it all, however deep.
+            let dir = |d: &String| format!("{}/", printable(d));
+            match r.creates.as_slice() {
+                [] => {}
+                [one] => field("creates", format!("new directory {}", dir(one))),
+                [first, second] => field(
+                    "creates",
+                    format!("new directories {}, {}", dir(first), dir(second)),
+                ),
+                [first, .., last] => field(
                     "creates",
                     format!(
-                        "new director{} {}",
-                        if dirs.len() == 1 { "y" } else { "ies" },
-                        dirs.join(", ")
+                        "{} new directories, {} down to {}",
+                        r.creates.len(),
+                        dir(first),
+                        dir(last)
                     ),
-                );
+                ),
             }
             if let Some(diff) = &r.diff {
                 long = Some(("diff", diff, DIFF_LINES));
@@ -511,6 +516,17 @@ mod tests {
         r.creates = vec!["a".into()];
         let shown = text(&render(&r));
         assert!(shown.contains("creates      new directory a/"), "{shown}");
+        // However deep, one line of the outermost and the innermost.
+        r.creates = (1..=40).map(|n| vec!["q"; n].join("/")).collect();
+        let shown = text(&render(&r));
+        let line = shown.lines().find(|l| l.contains("creates")).unwrap();
+        assert_eq!(
+            line.trim_start_matches(|c: char| !c.is_alphabetic()),
+            format!(
+                "creates      40 new directories, q/ down to {}/",
+                vec!["q"; 40].join("/")
+            )
+        );
         r.creates.clear();
         assert!(!text(&render(&r)).contains("creates"));
     }

@@ -119,13 +119,21 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
             let _ = write!(out, "lines {first}-{last} (the file goes on)");
         }
     }
+    // A line longer than the byte cap: its head alone is shown, without its line ending.
+    let line_cut = r.truncation == Some(Truncation::Bytes) && !r.content.ends_with('\n');
     if r.truncated {
-        if r.truncation == Some(Truncation::Bytes) {
+        if line_cut {
+            let _ = write!(
+                out,
+                ", line {last} cut at the byte cap after {} bytes (the rest of it cannot be shown)",
+                r.content.len()
+            );
+        } else if r.truncation == Some(Truncation::Bytes) {
             out.push_str(", cut at the byte cap");
         }
         if let Some(next) = r.next_offset {
             let _ = write!(out, "; read on with offset={next}");
-            if r.truncation == Some(Truncation::Bytes) {
+            if r.truncation == Some(Truncation::Bytes) && !line_cut {
                 out.push_str(" (and a smaller limit)");
             }
         }
@@ -733,16 +741,36 @@ mod tests {
         assert!(ToolName::ReadFile.input_schema()["properties"]["offset"].is_object());
         let bytes = render(
             ToolName::ReadFile,
-            json!({"path": "x", "content": "a", "start_line": 1, "lines": 1, "total_lines": 3,
+            json!({"path": "x", "content": "a\n", "start_line": 1, "lines": 1,
                    "size": 9, "binary": false, "truncated": true, "truncation": "bytes",
                    "next_offset": 2}),
         );
         assert!(
             bytes.starts_with(
-                "x in workspace laptop: lines 1-1 of 3, cut at the byte cap; read on with \
-                 offset=2 (and a smaller limit)\n"
+                "x in workspace laptop: lines 1-1 (the file goes on), cut at the byte cap; read \
+                 on with offset=2 (and a smaller limit)\n"
             ),
             "{bytes}"
+        );
+    }
+
+    #[test]
+    fn a_line_longer_than_the_byte_cap_says_it_was_cut() {
+        let mut long = json!({"path": "min.js", "content": "abcd", "start_line": 1, "lines": 1,
+                              "size": 9000, "binary": false, "truncated": true,
+                              "truncation": "bytes", "next_offset": 2});
+        assert_eq!(
+            render(ToolName::ReadFile, long.clone()),
+            "min.js in workspace laptop: lines 1-1 (the file goes on), line 1 cut at the byte \
+             cap after 4 bytes (the rest of it cannot be shown); read on with offset=2\n1\tabcd"
+        );
+        // The only line of its file: nothing to read on to.
+        long["next_offset"] = Value::Null;
+        long["total_lines"] = json!(1);
+        assert_eq!(
+            render(ToolName::ReadFile, long),
+            "min.js in workspace laptop: lines 1-1 of 1, line 1 cut at the byte cap after 4 \
+             bytes (the rest of it cannot be shown)\n1\tabcd"
         );
     }
 

@@ -631,8 +631,8 @@ pub struct WriteFileArgs {
     pub path: String,
     /// The complete new content.
     pub content: String,
-    /// Create missing parent directories inside the workspace. Default true; `false` fails
-    /// instead when the file's directory does not exist.
+    /// Create missing parent directories inside the workspace (at most 64). Default true;
+    /// `false` fails instead when the file's directory does not exist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_parents: Option<bool>,
     /// Workspace to run in: a short name or URI.

@@ -82,6 +82,10 @@ pub enum SandboxError {
     /// A process did not do something in time (take its input, ...).
     #[error("{0}")]
     Timeout(String),
+    /// What the call would do now is not what its owner approved (the folder changed while
+    /// the prompt waited); nothing was done.
+    #[error("{0}")]
+    Unapproved(String),
     /// The operating system failed an operation.
     #[error("{op} `{path}`: {source}")]
     Io {
@@ -111,6 +115,7 @@ impl SandboxError {
             SandboxError::LimitExceeded(_) => ErrorCode::LimitExceeded,
             SandboxError::SandboxUnavailable(_) => ErrorCode::SandboxUnavailable,
             SandboxError::Timeout(_) => ErrorCode::Timeout,
+            SandboxError::Unapproved(_) => ErrorCode::Denied,
             SandboxError::Io { .. } => ErrorCode::Io,
         }
     }

@@ -1,7 +1,7 @@
 //! The file tools: `read_file`, `list_dir`, `stat`, `write_file`, `edit_file`.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -297,7 +297,13 @@ fn read_serially(
             }
         }
         let before = content.len();
-        let n = reader.read_until(b'\n', &mut content).map_err(io_err)?;
+        // At most one byte over the cap is read into memory: a line of gigabytes (a minified
+        // file, a log without newlines) is not held whole to keep its head.
+        let room = (max_bytes - content.len()) as u64 + 1;
+        let n = (&mut reader)
+            .take(room)
+            .read_until(b'\n', &mut content)
+            .map_err(io_err)?;
         if n == 0 {
             result.total_lines = Some(line_no);
             break;
@@ -306,10 +312,19 @@ fn read_serially(
             result.truncated = true;
             result.truncation = Some(Truncation::Bytes);
             if result.lines == 0 {
-                // A single line longer than the cap: return its head, continue after it.
+                // A single line longer than the cap: return its head, continue after it (its
+                // rest is passed over without being kept, to know whether anything follows).
+                let ended = content.last() == Some(&b'\n');
                 content.truncate(max_bytes);
                 result.lines = 1;
-                result.next_offset = Some(line_no + 2);
+                if !ended {
+                    reader.skip_until(b'\n').map_err(io_err)?;
+                }
+                if reader.fill_buf().map_err(io_err)?.is_empty() {
+                    result.total_lines = Some(line_no + 1);
+                } else {
+                    result.next_offset = Some(line_no + 2);
+                }
             } else {
                 content.truncate(before);
                 result.next_offset = Some(line_no + 1);
@@ -853,16 +868,28 @@ pub(crate) fn stat(jail: &Jail, args: &StatArgs) -> Result<StatResult, SandboxEr
     })
 }
 
+/// `write_file`. With `approved` (the directories an approval prompt said it would create),
+/// a missing directory that is not among them is not made: the folder changed while the
+/// prompt waited, and the write is refused ([`SandboxError::Unapproved`]).
 pub(crate) fn write_file(
     jail: &Jail,
     limits: &Limits,
     args: &WriteFileArgs,
+    approved: Option<&[String]>,
 ) -> Result<WriteResult, SandboxError> {
     check_write_size(limits, args)?;
-    let path = jail.resolve(&args.path)?;
-    let target = Target::locate(jail, &path, args.create_parents.unwrap_or(true), limits)?;
+    let path = resolve_file(jail, &args.path)?;
+    let parents = match (args.create_parents.unwrap_or(true), approved) {
+        (false, _) => Parents::Require,
+        (true, None) => Parents::Create,
+        (true, Some(creates)) => Parents::Approved(creates),
+    };
+    let mut target = Target::locate(jail, &path, parents, limits)?;
     let old = target.old_text();
-    target.replace(args.content.as_bytes())?;
+    if let Err(e) = target.replace(args.content.as_bytes()) {
+        std::mem::take(&mut target.new_dirs).undo();
+        return Err(e);
+    }
     let (diff, diff_truncated) = unified_diff(
         &target.path.display(),
         old.as_deref(),
@@ -933,8 +960,8 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             "`old_string` and `new_string` are the same; nothing would change".into(),
         ));
     }
-    let path = jail.resolve(&args.path)?;
-    let target = Target::locate(jail, &path, false, limits)?;
+    let path = resolve_file(jail, &args.path)?;
+    let target = Target::locate(jail, &path, Parents::Require, limits)?;
     let Some(old) = target.old.as_ref() else {
         return Err(SandboxError::NotFound(format!(
             "`{}` does not exist",
@@ -1034,6 +1061,38 @@ struct Target {
     name: std::ffi::OsString,
     path: JailPath,
     old: Option<OldFile>,
+    /// The directories made for it ([`make_parents`]), taken back if the write fails.
+    new_dirs: NewDirs,
+}
+
+/// What a write does about missing parent directories.
+#[derive(Debug, Clone, Copy)]
+enum Parents<'a> {
+    /// Refuses the write (`create_parents: false`, and every edit).
+    Require,
+    /// Makes them.
+    Create,
+    /// Makes only those an approval prompt showed (relative to the root, as
+    /// [`missing_parents`] gives them); refuses the write if another one is missing.
+    Approved(&'a [String]),
+}
+
+/// The directories a write made, each with a handle on the one it was made in, outermost
+/// first.
+#[derive(Default)]
+struct NewDirs(Vec<(Dir, OsString)>);
+
+impl NewDirs {
+    /// Removes them, innermost first, by name in the directory each was made in (`rmdir`
+    /// never follows a link and removes only an empty directory: whatever was put in one
+    /// meanwhile keeps it, and the ones above it).
+    fn undo(self) {
+        for (parent, name) in self.0.into_iter().rev() {
+            if parent.remove_dir(&name).is_err() {
+                return;
+            }
+        }
+    }
 }
 
 impl Target {
@@ -1043,7 +1102,7 @@ impl Target {
     fn locate(
         jail: &Jail,
         path: &JailPath,
-        create_parents: bool,
+        parents: Parents<'_>,
         limits: &Limits,
     ) -> Result<Target, SandboxError> {
         let mut path = path.clone();
@@ -1071,9 +1130,11 @@ impl Target {
             });
         };
         let name = name.to_owned();
-        let parent = match jail.open_dir(&parent_path) {
-            Ok(dir) => dir,
-            Err(SandboxError::NotFound(_)) if create_parents => make_parents(jail, &parent_path)?,
+        let (parent, new_dirs) = match jail.open_dir(&parent_path) {
+            Ok(dir) => (dir, NewDirs::default()),
+            Err(SandboxError::NotFound(_)) if !matches!(parents, Parents::Require) => {
+                make_parents(jail, &parent_path, parents)?
+            }
             Err(SandboxError::NotFound(_)) => {
                 return Err(SandboxError::NotFound(format!(
                     "the parent directory `{}` of `{}` does not exist (`create_parents: \
@@ -1084,10 +1145,33 @@ impl Target {
             }
             Err(e) => return Err(e),
         };
-        let old = match parent.symlink_metadata(&name) {
+        match Target::existing(&parent, &name, &path, limits) {
+            Ok(old) => Ok(Target {
+                parent,
+                name,
+                path,
+                old,
+                new_dirs,
+            }),
+            Err(e) => {
+                new_dirs.undo();
+                Err(e)
+            }
+        }
+    }
+
+    /// What is at `name` in `parent` now: the file a write replaces (`None` when there is
+    /// none), or the error for anything else there.
+    fn existing(
+        parent: &Dir,
+        name: &OsStr,
+        path: &JailPath,
+        limits: &Limits,
+    ) -> Result<Option<OldFile>, SandboxError> {
+        let old = match parent.symlink_metadata(name) {
             Ok(meta) if meta.is_file() => {
                 let (file, meta) =
-                    crate::jail::open_regular_nofollow(&parent, Path::new(&name), path.given())?;
+                    crate::jail::open_regular_nofollow(parent, Path::new(name), path.given())?;
                 let bytes = read_capped(file, meta.len(), limits.write_max_bytes, path.given())?;
                 Some(OldFile {
                     bytes,
@@ -1117,12 +1201,7 @@ impl Target {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(SandboxError::from_io("stat", path.given(), e)),
         };
-        Ok(Target {
-            parent,
-            name,
-            path,
-            old,
-        })
+        Ok(old)
     }
 
     fn old_text(&self) -> Option<String> {
@@ -1139,7 +1218,7 @@ impl Target {
         let mode = self.old.as_ref().map_or(0o644, |old| old.mode);
         let mut attempt = 0u32;
         let (tmp_name, mut file) = loop {
-            let tmp_name = temp_name(&self.name, attempt);
+            let tmp_name = temp_name(attempt);
             let mut options = OpenOptions::new();
             options.write(true).create_new(true).mode(0o600);
             match self.parent.open_with(&tmp_name, &options) {
@@ -1192,6 +1271,7 @@ pub(crate) fn missing_parents(jail: &Jail, parent: &JailPath) -> Result<Vec<Stri
                         what: NOT_A_NEW_DIRECTORY,
                     });
                 }
+                too_many_new_dirs(parent, prefixes.len() - i)?;
                 return Ok(prefixes[i..].iter().map(JailPath::display).collect());
             }
             Err(e) => return Err(e),
@@ -1200,72 +1280,170 @@ pub(crate) fn missing_parents(jail: &Jail, parent: &JailPath) -> Result<Vec<Stri
     Ok(Vec::new())
 }
 
-/// Opens `parent` (the directory a write lands in), creating what is missing of it, and returns
-/// its handle. The part that exists is opened through the jail (links followed only while they
-/// stay beneath the root). Each missing directory is made by name in the handle of the one above
-/// it (`mkdirat`, which never follows a link) and then opened by that name without following
-/// links: a link swapped in at any moment, before or after it was made, is refused rather than
-/// followed, so nothing outside the root is ever made or opened. No path is looked up again
-/// from the root once creating starts. Each directory made belongs to the owner of the one it
-/// was made in ([`give_to`]), changed through its own descriptor.
-fn make_parents(jail: &Jail, parent: &JailPath) -> Result<Dir, SandboxError> {
+/// Opens `parent` (the directory a write lands in), creating what is missing of it (at most
+/// [`MAX_NEW_DIRECTORIES`], and with [`Parents::Approved`] only those approved), and returns
+/// its handle with what it made. The part that exists is opened through the jail (links
+/// followed only while they stay beneath the root). Each missing directory is made by name in
+/// the handle of the one above it (`mkdirat`, which never follows a link) and then opened by
+/// that name without following links: a link swapped in at any moment, before or after it was
+/// made, is refused rather than followed, so nothing outside the root is ever made or opened.
+/// No path is looked up again from the root once creating starts. Each directory made belongs
+/// to the owner of the one it was made in ([`give_to`]), changed through its own descriptor. On
+/// failure, what was made is taken back ([`NewDirs::undo`]).
+fn make_parents(
+    jail: &Jail,
+    parent: &JailPath,
+    parents: Parents<'_>,
+) -> Result<(Dir, NewDirs), SandboxError> {
+    let mut made = NewDirs::default();
+    match make_parents_into(jail, parent, parents, &mut made) {
+        Ok(dir) => Ok((dir, made)),
+        Err(e) => {
+            made.undo();
+            Err(e)
+        }
+    }
+}
+
+fn make_parents_into(
+    jail: &Jail,
+    parent: &JailPath,
+    parents: Parents<'_>,
+    made: &mut NewDirs,
+) -> Result<Dir, SandboxError> {
     let mut dir = jail.open_dir(&jail.resolve("")?)?;
+    let prefixes = parent.prefixes();
     let mut creating = false;
-    for prefix in parent.prefixes() {
+    for (i, prefix) in prefixes.iter().enumerate() {
         if !creating {
-            match jail.open_dir(&prefix) {
+            match jail.open_dir(prefix) {
                 Ok(opened) => {
                     dir = opened;
                     continue;
                 }
-                Err(SandboxError::NotFound(_)) => creating = true,
+                Err(SandboxError::NotFound(_)) => {
+                    too_many_new_dirs(parent, prefixes.len() - i)?;
+                    creating = true;
+                }
                 Err(e) => return Err(e),
             }
         }
         let Some((_, name)) = prefix.split() else {
             continue;
         };
-        let fail = |e| SandboxError::from_io("create directory", prefix.given(), e);
-        let made = match dir.create_dir(name) {
+        let shown = prefix.display();
+        if let Parents::Approved(approved) = parents
+            && !approved.contains(&shown)
+        {
+            return Err(SandboxError::Unapproved(format!(
+                "the folder changed while the write of `{}` waited for approval: it would now \
+                 also create the directory `{shown}/`, which the approval did not cover; \
+                 nothing was written (call again to be asked about what it would do now)",
+                parent.given()
+            )));
+        }
+        let fail = |e| SandboxError::from_io("create directory", &shown, e);
+        let made_now = match dir.create_dir(name) {
             Ok(()) => true,
             // Made meanwhile by someone else: used if it is a directory, never followed.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
             Err(e) => return Err(fail(e)),
         };
-        let opened = dir
-            .open_dir_nofollow(name)
-            .map_err(|e| match e.raw_os_error() {
-                Some(nix::libc::ELOOP | nix::libc::ENOTDIR) => SandboxError::WrongFileType {
-                    path: prefix.given().to_owned(),
-                    what: NOT_A_NEW_DIRECTORY,
-                },
-                _ => fail(e),
-            })?;
-        if made {
-            let owner = owner_of(&dir.dir_metadata().map_err(fail)?);
-            give_dir_to(&opened, owner).map_err(fail)?;
+        let opened = match dir.open_dir_nofollow(name) {
+            Ok(opened) => opened,
+            Err(e) => {
+                if made_now {
+                    let _ = dir.remove_dir(name);
+                }
+                return Err(match e.raw_os_error() {
+                    Some(nix::libc::ELOOP | nix::libc::ENOTDIR) => SandboxError::WrongFileType {
+                        path: prefix.given().to_owned(),
+                        what: NOT_A_NEW_DIRECTORY,
+                    },
+                    _ => fail(e),
+                });
+            }
+        };
+        let above = std::mem::replace(&mut dir, opened);
+        if made_now {
+            let owner = above.dir_metadata().map(|m| owner_of(&m));
+            made.0.push((above, name.to_owned()));
+            give_dir_to(&dir, owner.map_err(fail)?).map_err(fail)?;
         }
-        dir = opened;
     }
     Ok(dir)
 }
 
-fn temp_name(name: &OsStr, attempt: u32) -> std::ffi::OsString {
+/// How many directories one write may create: more than any project's layout needs, and a
+/// bound on what an approval prompt lists and on what a failed write takes back.
+pub const MAX_NEW_DIRECTORIES: usize = 64;
+
+/// Refuses a write into `parent` that would need `missing` new directories, over
+/// [`MAX_NEW_DIRECTORIES`].
+fn too_many_new_dirs(parent: &JailPath, missing: usize) -> Result<(), SandboxError> {
+    if missing > MAX_NEW_DIRECTORIES {
+        return Err(SandboxError::LimitExceeded(format!(
+            "writing to `{}` would create {missing} new directories, over the \
+             {MAX_NEW_DIRECTORIES} one write may create",
+            parent.given()
+        )));
+    }
+    Ok(())
+}
+
+/// The longest name a Linux file system takes (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// Resolves the path of the file a write or an edit acts on. The jail resolves a path
+/// lexically, so one that ends in `/`, `/.` or `/..` would act on a file of another name
+/// (`dir/` is `dir`, `a/b/..` is `a`): it names a directory and is refused. So is a name
+/// longer than a file system takes, before any directory is made for it.
+fn resolve_file(jail: &Jail, given: &str) -> Result<JailPath, SandboxError> {
+    let path = jail.resolve(given)?;
+    let last = given.rsplit('/').next().unwrap_or(given);
+    if !path.is_root() && matches!(last, "" | "." | "..") {
+        return Err(SandboxError::WrongFileType {
+            path: given.to_owned(),
+            what: "ends in `/`, `.` or `..`: it names a directory, not a file",
+        });
+    }
+    if path
+        .rel()
+        .components()
+        .any(|c| c.as_os_str().len() > NAME_MAX)
+    {
+        return Err(SandboxError::InvalidPath {
+            path: given.to_owned(),
+            why: "it has a name longer than 255 bytes, the most a file system takes",
+        });
+    }
+    Ok(path)
+}
+
+/// The name of a write's temporary file, beside its target. Not made from the target's name:
+/// a name near the 255-byte limit could not be written otherwise.
+fn temp_name(attempt: u32) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let mut tmp = std::ffi::OsString::from(".");
-    tmp.push(name);
-    tmp.push(format!(
-        ".monad-{}-{nanos:x}-{attempt}.tmp",
-        std::process::id()
-    ));
-    tmp
+    format!(".monad-{}-{nanos:x}-{attempt}.tmp", std::process::id())
 }
 
 /// The whole unified diff from `old` (absent for a new file) to `new`.
 fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
+    // A name may hold a line break or other control characters: in a header they would start
+    // lines of their own that read as the diff's.
+    use std::fmt::Write as _;
+    let mut shown = String::with_capacity(path.len());
+    for c in path.chars() {
+        if c.is_control() {
+            let _ = write!(shown, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            shown.push(c);
+        }
+    }
+    let path = shown;
     let old_text = old.unwrap_or("");
     let old_header = if old.is_some() {
         format!("a/{path}")
@@ -1307,8 +1485,8 @@ pub(crate) fn check_write(
         ToolName::WriteFile => {
             let args = WriteFileArgs::deserialize(args).map_err(parse)?;
             check_write_size(limits, &args)?;
-            let path = jail.resolve(&args.path)?;
-            match Target::locate(jail, &path, false, limits) {
+            let path = resolve_file(jail, &args.path)?;
+            match Target::locate(jail, &path, Parents::Require, limits) {
                 Ok(_) => Ok(()),
                 Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
                     let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
@@ -1353,8 +1531,8 @@ pub(crate) fn preview(
         ToolName::WriteFile => {
             let args = WriteFileArgs::deserialize(args).map_err(parse)?;
             check_write_size(limits, &args)?;
-            let path = jail.resolve(&args.path)?;
-            let (old, creates) = match Target::locate(jail, &path, false, limits) {
+            let path = resolve_file(jail, &args.path)?;
+            let (old, creates) = match Target::locate(jail, &path, Parents::Require, limits) {
                 Ok(target) => (target.old_text(), Vec::new()),
                 // A new file in directories the write will create (each checked again as it
                 // is made).

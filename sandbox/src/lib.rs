@@ -175,7 +175,25 @@ impl Sandbox {
 
     /// `write_file`: atomic create or replace, with a diff.
     pub fn write_file(&self, args: &WriteFileArgs) -> Result<WriteResult, SandboxError> {
-        fs::write_file(&self.jail, &self.limits, args)
+        fs::write_file(&self.jail, &self.limits, args, None)
+    }
+
+    /// `write_file` as its owner approved it, from async code: it creates only the directories
+    /// `creates` names (what [`Sandbox::preview`] said it would create, which the prompt
+    /// showed). If the folder changed while the prompt waited and another one is missing now,
+    /// it writes nothing and fails with [`SandboxError::Unapproved`].
+    pub async fn write_file_approved(
+        self: &Arc<Self>,
+        args: serde_json::Value,
+        creates: Vec<String>,
+    ) -> Result<serde_json::Value, SandboxError> {
+        let args: WriteFileArgs = parse_args(ToolName::WriteFile, args)?;
+        let written = self
+            .on_blocking_pool(move |this| {
+                fs::write_file(&this.jail, &this.limits, &args, Some(&creates))
+            })
+            .await?;
+        to_json(written)
     }
 
     /// `edit_file`: a unique (or every) replacement, atomic, with a diff.

@@ -594,6 +594,157 @@ fn a_write_preview_names_the_directories_it_will_create() {
 }
 
 #[test]
+fn a_write_names_a_file_not_a_directory_and_takes_names_up_to_the_limit() {
+    let fx = Fixture::new();
+    // A path ending in `/`, `/.` or `/..` names a directory: it is refused by the check, the
+    // preview and the write, with nothing made (the jail's lexical resolution would otherwise
+    // write `ts/dir/` as a file `ts/dir`, or `a/b/..` as a file `a`).
+    for path in ["ts/dir/", "ts/dir/.", "ts/dir/.."] {
+        let args = json!({"path": path, "content": "x"});
+        for err in [
+            fx.sandbox.write_file(&write(path, "x")).unwrap_err(),
+            fx.sandbox.check(ToolName::WriteFile, &args).unwrap_err(),
+            fx.sandbox.preview(ToolName::WriteFile, &args).unwrap_err(),
+        ] {
+            assert_eq!(err.code(), ErrorCode::WrongFileType, "{path}: {err}");
+            assert!(err.to_string().contains("names a directory"), "{err}");
+        }
+        assert!(!fx.root().join("ts").exists(), "{path}");
+    }
+    fx.put("ts/f.txt", "old");
+    let err = fx
+        .sandbox
+        .edit_file(&edit("ts/f.txt/", "old", "new"))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::WrongFileType, "{err}");
+    assert_eq!(fx.read("ts/f.txt"), "old");
+    // A name of 255 bytes is written (its temporary file's name does not grow with it), and
+    // replaced; one of 256 is refused before any directory is made for it.
+    let longest = "m".repeat(255);
+    fx.sandbox.write_file(&write(&longest, "1")).unwrap();
+    fx.sandbox.write_file(&write(&longest, "2")).unwrap();
+    assert_eq!(fx.read(&longest), "2");
+    assert!(temp_leftovers(&fx, ".").is_empty());
+    let err = fx
+        .sandbox
+        .write_file(&write(&format!("new/{}/f", "L".repeat(256)), "x"))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+    assert!(!fx.root().join("new").exists());
+}
+
+#[test]
+fn a_write_creates_at_most_sixty_four_directories() {
+    let fx = Fixture::new();
+    let deep = |n: usize| format!("{}f.txt", "d/".repeat(n));
+    let args = json!({"path": deep(65), "content": "x"});
+    for err in [
+        fx.sandbox.write_file(&write(&deep(65), "x")).unwrap_err(),
+        fx.sandbox.check(ToolName::WriteFile, &args).unwrap_err(),
+        fx.sandbox.preview(ToolName::WriteFile, &args).unwrap_err(),
+    ] {
+        assert_eq!(err.code(), ErrorCode::LimitExceeded, "{err}");
+        assert!(err.to_string().contains("65 new directories"), "{err}");
+    }
+    assert!(!fx.root().join("d").exists());
+    fx.sandbox.write_file(&write(&deep(64), "x")).unwrap();
+    assert_eq!(fx.read(&deep(64)), "x");
+}
+
+#[test]
+fn an_approved_write_makes_only_the_directories_its_owner_was_shown() {
+    let fx = Fixture::new();
+    fx.put("a/keep.txt", "k");
+    let args = json!({"path": "a/b/c.txt", "content": "x"});
+    let shown = fx
+        .sandbox
+        .preview(ToolName::WriteFile, &args)
+        .unwrap()
+        .unwrap()
+        .creates;
+    assert_eq!(shown, ["a/b"]);
+    // The folder changes while the prompt waits: `a` goes, so the write would now make `a`
+    // too. It is refused, and nothing is made.
+    std::fs::remove_dir_all(fx.root().join("a")).unwrap();
+    let err = runtime()
+        .block_on(fx.sandbox.write_file_approved(args.clone(), shown.clone()))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Denied, "{err}");
+    assert!(err.to_string().contains("`a/`"), "{err}");
+    assert!(!fx.root().join("a").exists());
+    // Approved `a` and `a/b`, but `a/b/x` is missing too now: what was made is taken back.
+    let args = json!({"path": "a/b/x/c.txt", "content": "x"});
+    let err = runtime()
+        .block_on(
+            fx.sandbox
+                .write_file_approved(args, vec!["a".into(), "a/b".into()]),
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Denied, "{err}");
+    assert!(
+        !fx.root().join("a").exists(),
+        "the directories made are removed"
+    );
+    // As shown: written. Fewer missing than shown (made meanwhile) is fine too.
+    std::fs::create_dir(fx.root().join("a")).unwrap();
+    let args = json!({"path": "a/b/c.txt", "content": "x"});
+    runtime()
+        .block_on(
+            fx.sandbox
+                .write_file_approved(args, vec!["a".into(), "a/b".into()]),
+        )
+        .unwrap();
+    assert_eq!(fx.read("a/b/c.txt"), "x");
+}
+
+#[test]
+fn a_line_longer_than_the_byte_cap_is_cut_and_the_next_line_found() {
+    let limits = Limits {
+        read_max_bytes: 1024,
+        ..Limits::default()
+    };
+    let fx = Fixture::with_limits(limits);
+    let long = "x".repeat(1 << 20);
+    fx.put("one.min.js", &long);
+    fx.put("two.log", &format!("{long}\nnext\n"));
+    let out = fx.sandbox.read_file(&read("one.min.js")).unwrap();
+    assert_eq!(out.content.len(), 1024);
+    assert_eq!((out.lines, out.truncated), (1, true));
+    assert_eq!(out.truncation, Some(Truncation::Bytes));
+    // Its only line: nothing to read on to.
+    assert_eq!((out.total_lines, out.next_offset), (Some(1), None));
+    let out = fx.sandbox.read_file(&read("two.log")).unwrap();
+    assert_eq!(out.content.len(), 1024);
+    assert_eq!((out.total_lines, out.next_offset), (None, Some(2)));
+    let mut on = read("two.log");
+    on.offset = Some(2);
+    assert_eq!(fx.sandbox.read_file(&on).unwrap().content, "next\n");
+    // A line that fits the cap exactly with its line ending is not passed over.
+    fx.put("exact.txt", &format!("{}\nafter\n", "y".repeat(1023)));
+    let out = fx.sandbox.read_file(&read("exact.txt")).unwrap();
+    assert_eq!(out.content, format!("{}\n", "y".repeat(1023)));
+    fx.put("over.txt", &format!("{}\nafter\n", "y".repeat(1024)));
+    let out = fx.sandbox.read_file(&read("over.txt")).unwrap();
+    assert_eq!(out.content, "y".repeat(1024));
+    assert_eq!(out.next_offset, Some(2));
+    on.path = "over.txt".into();
+    assert_eq!(fx.sandbox.read_file(&on).unwrap().content, "after\n");
+}
+
+#[test]
+fn a_control_character_in_a_name_stays_inside_the_diff_header() {
+    let fx = Fixture::new();
+    let out = fx
+        .sandbox
+        .write_file(&write("x\n+++ b/fake", "hello\n"))
+        .unwrap();
+    let mut lines = out.diff.lines();
+    assert_eq!(lines.next(), Some("--- /dev/null"));
+    assert_eq!(lines.next(), Some("+++ b/x\\u{a}+++ b/fake"));
+    assert!(out.diff.lines().filter(|l| l.starts_with("+++")).count() == 1);
+}
+
+#[test]
 fn write_file_through_a_link_inside_the_root_writes_its_target() {
     let fx = Fixture::new();
     fx.put("real/target.txt", "old\n");

@@ -239,6 +239,55 @@ async fn a_write_into_a_new_folder_creates_it_and_its_prompt_names_the_directori
     );
 }
 
+/// A user who, before answering, removes a directory of the folder (as an approved background
+/// command, or the user, could while the prompt waits).
+struct RemovesThenAllows {
+    dir: std::path::PathBuf,
+    seen: std::sync::Mutex<Vec<monad_client::approval::ApprovalRequest>>,
+}
+
+impl Approver for RemovesThenAllows {
+    fn decide(
+        &self,
+        request: monad_client::approval::ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>> {
+        self.seen.lock().unwrap().push(request);
+        std::fs::remove_dir_all(&self.dir).unwrap();
+        Box::pin(async { Decision::AllowOnce })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_makes_no_directory_its_prompt_did_not_show() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("src/main.rs", "fn main() {}\n")]);
+    let approver = Arc::new(RemovesThenAllows {
+        dir: dir.path().join("src"),
+        seen: Default::default(),
+    });
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    // Shown: `src/new/` only. By the answer, `src/` is gone: the write would make it too.
+    let message = expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "src/new/mod.rs", "content": "x\n", "workspace": "lap"}),
+        )
+        .await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("`src/`"), "{message}");
+    assert!(message.contains("did not cover"), "{message}");
+    assert_eq!(approver.seen.lock().unwrap()[0].creates, ["src/new"]);
+    assert!(!dir.path().join("src").exists(), "nothing was made");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_reaches_the_agent_while_it_waits_for_approval() {
     let (_server, agent, _dir, _a, _approver) =
