@@ -98,10 +98,11 @@ fn error_line(reply: &CallReply, error: &ToolError) -> String {
         ),
         None => String::new(),
     };
+    // A message of several lines keeps them; what else could move the cursor is escaped.
     format!(
         "monad-client: {}: {}{place}",
         error.code,
-        printable(&error.message)
+        printable_lines(&error.message)
     )
 }
 
@@ -233,6 +234,30 @@ mod tests {
         assert_eq!(
             shown.stderr,
             "monad-client: not_found: no such file `x\\u{202e}`\n"
+        );
+    }
+
+    /// Regression: a tool error of several lines (a command's own message, say) was squashed
+    /// into one line of `\u{a}` escapes.
+    #[test]
+    fn a_tool_error_keeps_its_lines_and_its_control_characters_stay_escaped() {
+        let failed = CallReply {
+            workspace: Some(WorkspaceRef {
+                name: "laptop".into(),
+                uri: "mac:/p".into(),
+            }),
+            outcome: Outcome::Error {
+                error: ToolError::new(
+                    ErrorCode::InvalidArguments,
+                    "two problems:\n- first\r\n- second \u{1b}[2J",
+                ),
+            },
+        };
+        let shown = printed(ToolName::RunCommand, &failed, false);
+        assert_eq!(
+            shown.stderr,
+            "monad-client: invalid_arguments: two problems:\n- first\\u{d}\n- second \
+             \\u{1b}[2J (in workspace `laptop`, mac:/p)\n"
         );
     }
 

@@ -211,9 +211,10 @@ fn check_address(address: &str) -> Result<(), ClientError> {
     }
 }
 
-/// `MONAD_CONFIG_DIR`, else the platform config dir + `monad`.
+/// `MONAD_CONFIG_DIR`, else the platform config dir + `monad`. An empty `MONAD_CONFIG_DIR` is
+/// unset (as `MONAD_CONFIG_DIR= monad-client ...` means), never the current directory.
 pub fn default_config_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("MONAD_CONFIG_DIR") {
+    if let Some(dir) = std::env::var_os("MONAD_CONFIG_DIR").filter(|d| !d.is_empty()) {
         return Some(PathBuf::from(dir));
     }
     directories::BaseDirs::new().map(|d| d.config_dir().join("monad"))

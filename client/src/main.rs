@@ -118,7 +118,8 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         prompt_timeout: u64,
         /// Make this folder the session's focus: an agent's calls that name no workspace try
-        /// it first (until it detaches, or another folder takes the focus).
+        /// it first (until it is detached by name, or another folder takes the focus; it stays
+        /// the focus while offline).
         #[arg(long)]
         focus: bool,
     },
@@ -357,7 +358,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "monad_client=warn".into()),
+                .unwrap_or_else(|_| "monad_client=warn,monad_protocol=warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(output::log_colours(
@@ -397,6 +398,30 @@ fn main() -> ExitCode {
             errln!("{}", failure_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `path` (absolute, resolved) as `~/...` when it is under the home directory, else as it is.
+fn home_relative(path: &std::path::Path) -> String {
+    let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+    match home
+        .as_deref()
+        .and_then(|home| path.strip_prefix(home).ok())
+    {
+        Some(rest) if rest.as_os_str().is_empty() => "~".to_owned(),
+        Some(rest) => format!("~/{}", rest.to_string_lossy()),
+        None => path.to_string_lossy().into_owned(),
+    }
+}
+
+/// Exits with clap's usage error (status 2) for `call`: the message, then how `call` is used.
+fn call_usage_error(kind: clap::error::ErrorKind, message: impl std::fmt::Display) -> ! {
+    let mut cli = Cli::command();
+    // Names the subcommand `monad-client call` in its usage line.
+    cli.build();
+    match cli.find_subcommand_mut("call") {
+        Some(call) => call.error(kind, message).exit(),
+        None => cli.error(kind, message).exit(),
     }
 }
 
@@ -477,7 +502,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut options = AttachOptions::new(canonical.clone());
             options.limits = config.limits.clone().unwrap_or_default();
             options.exec = config.exec.clone().unwrap_or_default();
-            options.shown_path = dir.to_string_lossy().into_owned();
+            // The folder's identity on the server (a second attach of the same path takes it
+            // over) and its URI: the folder itself, whatever way it was typed (`.`, a relative
+            // name, a symbolic link), never the words typed; under the home directory as
+            // `~/...`, as DESIGN.md's URIs show it (one user's `~` is one place).
+            options.shown_path = home_relative(&canonical);
             options.session = session;
             options.exact_name = name.is_some();
             options.name = name.or_else(|| {
@@ -599,18 +628,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     return Ok(ExitCode::SUCCESS);
                 }
                 (Some(tool), false) => tool,
-                (None, false) => Cli::command()
-                    .error(
-                        clap::error::ErrorKind::MissingRequiredArgument,
-                        "the tool to call is missing: `monad-client call TOOL --args JSON` \
-                         (`monad-client tools` lists them)",
-                    )
-                    .exit(),
+                (None, false) => call_usage_error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "the tool to call is missing: `monad-client call TOOL --args JSON` \
+                     (`monad-client tools` lists them)",
+                ),
             };
             let usage = |message: String| -> ! {
-                Cli::command()
-                    .error(clap::error::ErrorKind::ValueValidation, message)
-                    .exit()
+                call_usage_error(clap::error::ErrorKind::ValueValidation, message)
             };
             let mut args: serde_json::Value = match serde_json::from_str(&args) {
                 Ok(args) => args,
@@ -919,5 +944,23 @@ async fn status(json: bool) -> Result<ExitCode> {
             errln!("monad-client: {}", printable(&e.to_string()));
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_under_the_home_directory_is_written_from_it() {
+        let Some(home) =
+            directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok())
+        else {
+            return;
+        };
+        assert_eq!(home_relative(&home), "~");
+        assert_eq!(home_relative(&home.join("dev/monad")), "~/dev/monad");
+        let elsewhere = std::path::Path::new("/no-home-here/proj");
+        assert_eq!(home_relative(elsewhere), "/no-home-here/proj");
     }
 }

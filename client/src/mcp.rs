@@ -26,6 +26,70 @@ use crate::ClientError;
 use crate::agent::Agent;
 use crate::config::ClientConfig;
 
+/// A host's `file://` root with its path canonicalised on this device (symlinks resolved, as
+/// `attach` resolves the folder it sends), so that a root reached through a symlink matches the
+/// attached folder. Anything else, and a path that cannot be resolved (it does not exist), is
+/// sent as given; the server parses and checks it either way.
+fn canonical_root(uri: &str) -> String {
+    let resolved = local_path(uri).and_then(|path| std::fs::canonicalize(path).ok());
+    match resolved {
+        Some(path) => file_uri(&path),
+        None => uri.to_owned(),
+    }
+}
+
+/// The local path of a `file:///path` or `file://localhost/path` URI, percent-decoded.
+fn local_path(uri: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let rest = uri
+        .get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("file://"))
+        .map(|_| &uri[7..])?;
+    if rest.contains(['?', '#']) {
+        return None;
+    }
+    let path = match rest.find('/') {
+        Some(at) if rest[..at].is_empty() || rest[..at].eq_ignore_ascii_case("localhost") => {
+            &rest[at..]
+        }
+        _ => return None,
+    };
+    let bytes = path.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            decoded.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            decoded.push(bytes[i]);
+            i += 1;
+        }
+    }
+    if decoded.contains(&0) {
+        return None;
+    }
+    Some(std::ffi::OsString::from_vec(decoded).into())
+}
+
+/// A `file://` URI of an absolute path, percent-encoded but for unreserved characters and `/`.
+fn file_uri(path: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file://");
+    for &byte in path.as_os_str().as_bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'/' | b'-' | b'_' | b'.' | b'~') {
+            uri.push(byte as char);
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri
+}
+
 /// Longest wait between attempts to re-establish a lost watch.
 const MAX_RETRY: Duration = Duration::from_secs(10);
 
@@ -118,6 +182,12 @@ impl Backend for AgentBackend {
         session: Option<&str>,
     ) -> Result<Option<Landing>, ToolError> {
         let agent = self.agent().await?;
+        // As the folders were attached: resolved on this device, symlinks and all.
+        let roots = tokio::task::spawn_blocking(move || {
+            roots.into_iter().map(|r| canonical_root(&r)).collect()
+        })
+        .await
+        .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?;
         let landed = agent
             .land(roots, session)
             .await
@@ -216,4 +286,46 @@ where
 /// way; otherwise (a terminal, a file) through the blocking pool.
 pub async fn serve_stdio(config: ClientConfig, session: Option<String>) -> Result<(), ClientError> {
     serve(config, session, rmcp::transport::stdio_pipes()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_through_a_symlink_is_sent_as_the_folder_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("my proj");
+        std::fs::create_dir_all(real.join("src")).unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join("link")).unwrap();
+        let real = real.canonicalize().unwrap();
+        let link = file_uri(&dir.path().join("link"));
+        assert_eq!(canonical_root(&link), file_uri(&real));
+        assert_eq!(
+            canonical_root(&format!("{link}/src")),
+            file_uri(&real.join("src"))
+        );
+        assert!(
+            file_uri(&real).ends_with("/my%20proj"),
+            "{}",
+            file_uri(&real)
+        );
+        let localhost = link.replacen("file://", "file://localhost", 1);
+        assert_eq!(canonical_root(&localhost), file_uri(&real));
+    }
+
+    #[test]
+    fn a_root_that_cannot_be_resolved_is_sent_as_given() {
+        for uri in [
+            "file:///no/such/folder/anywhere",
+            "file://elsewhere/tmp",
+            "https://example.com/x",
+            "file:///tmp?x",
+            "file:///bad%zz",
+            "file:///bad%+1",
+            "file:///nul%00",
+        ] {
+            assert_eq!(canonical_root(uri), uri);
+        }
+    }
 }

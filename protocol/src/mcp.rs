@@ -21,8 +21,10 @@
 //!   asked for its roots (`roots/list`, again on each `notifications/roots/list_changed`), and
 //!   the backend lands it ([`Backend::land`]): the session of the folder its roots are in,
 //!   with that folder as the focus. Calls and listings that arrive meanwhile wait for it
-//!   (at most [`LANDING_WAIT`]); a host that does not answer within [`ROOTS_WAIT`] stays in the
-//!   session chosen at `initialize`.
+//!   (at most [`LANDING_WAIT`], and not again when the landing has not even started then: a
+//!   host that never sends `initialized`); a host that does not answer within [`ROOTS_WAIT`]
+//!   stays in the session chosen at `initialize`. Notifications only mark the roots as changed:
+//!   one landing runs at a time, and at most one more follows it.
 
 #![allow(deprecated)] // rmcp marks logging deprecated (SEP-2577); the protocol versions we speak have it.
 
@@ -124,7 +126,8 @@ pub fn describe_workspaces(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Stri
         "Workspace to run in: its short name or URI. Default: the session's focus workspace \
          when it has one (`workspaces` names it and says where calls go), then the order below: \
          the first that offers the tool and, for a path that must exist or a file to overwrite, \
-         contains the path; a new file goes to the focus, else the first.",
+         contains the path; a new file goes to the focus, else the first. A write or edit of a \
+         file that no online workspace has fails while one that may have it is offline.",
     );
     let offering: Vec<&WorkspaceInfo> = workspaces
         .iter()
@@ -315,6 +318,25 @@ pub struct McpFront<B> {
     landed: tokio::sync::watch::Sender<bool>,
     /// One landing at a time (the first, and one per `roots/list_changed`).
     landing: tokio::sync::Mutex<()>,
+    /// What is due of landings: notifications only mark it, one task lands.
+    landings: Mutex<Landings>,
+}
+
+/// The landings by roots of one connection. Notifications (`initialized`,
+/// `roots/list_changed`) only mark the roots as changed; the task that finds no landing
+/// running lands, and lands again while they were marked meanwhile: a host that sends many
+/// notifications costs one landing running and at most one more after it, never a task each.
+#[derive(Debug, Default)]
+struct Landings {
+    /// The host declared `roots` at `initialize`: its first landing waits for
+    /// `notifications/initialized`.
+    due: bool,
+    /// A task is landing the host.
+    running: bool,
+    /// The roots changed since the running landing asked for them: it lands once more.
+    again: bool,
+    /// The host was told that without the `roots` capability it is not landed.
+    told_no_roots: bool,
 }
 
 impl<B: Backend> McpFront<B> {
@@ -332,13 +354,68 @@ impl<B: Backend> McpFront<B> {
             }),
             landed: tokio::sync::watch::Sender::new(true),
             landing: tokio::sync::Mutex::new(()),
+            landings: Mutex::new(Landings::default()),
         }
     }
 
-    /// Waits (at most [`LANDING_WAIT`]) until a landing by roots that is due is done.
-    async fn wait_landed(&self) {
+    /// Waits (at most [`LANDING_WAIT`]) until a landing by roots that is due is done. When the
+    /// wait ends and the landing has not even started (the host declared `roots` but sent no
+    /// `notifications/initialized`), it is no longer waited for: later calls go at once, and a
+    /// warning says so once.
+    async fn wait_landed(&self, peer: &rmcp::Peer<RoleServer>) {
         let mut landed = self.landed.subscribe();
-        let _ = tokio::time::timeout(LANDING_WAIT, landed.wait_for(|done| *done)).await;
+        if tokio::time::timeout(LANDING_WAIT, landed.wait_for(|done| *done))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        let gave_up = {
+            let landings = self.landings();
+            // Under the lock, so that one waiter gives up and a landing starting now is not
+            // marked done.
+            landings.due && !self.landed.send_replace(true)
+        };
+        if gave_up {
+            let session = self.state().session.clone().unwrap_or_default();
+            let message = format!(
+                "the host declared the roots capability but sent no notifications/initialized \
+                 within {} s: calls no longer wait for a landing by its roots; working in \
+                 session {session}",
+                LANDING_WAIT.as_secs()
+            );
+            tracing::warn!("{message}");
+            self.log(peer, LoggingLevel::Warning, &message).await;
+        }
+    }
+
+    fn landings(&self) -> std::sync::MutexGuard<'_, Landings> {
+        self.landings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lands the host by its roots, or, when a landing runs already, marks the roots as
+    /// changed so that it lands once more when it is done ([`Landings`]).
+    async fn land_coalesced(&self, peer: &rmcp::Peer<RoleServer>, caller: &Extensions) {
+        {
+            let mut landings = self.landings();
+            landings.again = true;
+            if landings.running {
+                return;
+            }
+            landings.running = true;
+        }
+        loop {
+            {
+                let mut landings = self.landings();
+                if !landings.again {
+                    landings.running = false;
+                    return;
+                }
+                landings.again = false;
+            }
+            self.land(peer, caller).await;
+            self.landed.send_replace(true);
+        }
     }
 
     /// Works in `session` from now on: watches it, so that its changes reach the host as
@@ -444,8 +521,15 @@ impl<B: Backend> McpFront<B> {
                 landing.session
             ),
         };
-        tracing::info!("{message}");
-        self.log(peer, LoggingLevel::Info, &message).await;
+        // Roots that match no attached folder leave the host where it was: a warning, like a
+        // host that does not answer.
+        if landing.folder.is_none() {
+            tracing::warn!("{message}");
+            self.log(peer, LoggingLevel::Warning, &message).await;
+        } else {
+            tracing::info!("{message}");
+            self.log(peer, LoggingLevel::Info, &message).await;
+        }
     }
 
     /// Whether the host declared the `roots` capability.
@@ -550,6 +634,8 @@ impl<B: Backend> ServerHandler for McpFront<B> {
             .map_err(protocol_error)?;
         if request.capabilities.roots.is_some() && self.backend.lands_by_roots() {
             // Landed after `notifications/initialized`; until then calls wait.
+            let mut landings = self.landings();
+            landings.due = true;
             self.landed.send_replace(false);
         }
         let mut result = self.negotiate_initialize(&request)?;
@@ -566,15 +652,38 @@ impl<B: Backend> ServerHandler for McpFront<B> {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        if !*self.landed.borrow() {
-            self.land(&context.peer, &context.extensions).await;
-            self.landed.send_replace(true);
+        // The first one starts the landing that is due; a repeated one has nothing to do.
+        let due = {
+            let mut landings = self.landings();
+            let due = std::mem::take(&mut landings.due);
+            if due {
+                // Waited for again, if calls gave up waiting for it before.
+                self.landed.send_replace(false);
+            }
+            due
+        };
+        if due {
+            self.land_coalesced(&context.peer, &context.extensions)
+                .await;
+        } else if self.backend.lands_by_roots()
+            && !Self::host_has_roots(&context.peer)
+            && !std::mem::replace(&mut self.landings().told_no_roots, true)
+        {
+            let session = self.state().session.clone().unwrap_or_default();
+            let message = format!(
+                "the host did not declare the roots capability, so it is not landed in the \
+                 session of the folder it works in; working in session {session}"
+            );
+            tracing::warn!("{message}");
+            self.log(&context.peer, LoggingLevel::Warning, &message)
+                .await;
         }
     }
 
     async fn on_roots_list_changed(&self, context: NotificationContext<RoleServer>) {
         if self.backend.lands_by_roots() && Self::host_has_roots(&context.peer) {
-            self.land(&context.peer, &context.extensions).await;
+            self.land_coalesced(&context.peer, &context.extensions)
+                .await;
         }
     }
 
@@ -592,7 +701,7 @@ impl<B: Backend> ServerHandler for McpFront<B> {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        self.wait_landed().await;
+        self.wait_landed(&context.peer).await;
         let session = self.session_for(&context.meta);
         let (_, workspaces) = self
             .backend
@@ -619,7 +728,7 @@ impl<B: Backend> ServerHandler for McpFront<B> {
             ));
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
-        self.wait_landed().await;
+        self.wait_landed(&context.peer).await;
         let session = match self.session_for(&context.meta) {
             Some(session) => session,
             // No session chosen anywhere (no `initialize`): the backend's default.
@@ -831,5 +940,224 @@ mod tests {
         assert_eq!(session_from_meta(&meta), None);
         meta.insert("sessionId".into(), "default".into());
         assert_eq!(session_from_meta(&meta).as_deref(), Some("default"));
+    }
+}
+
+/// The front over a pipe, driven by a host written as raw JSON-RPC lines, so that a test
+/// decides exactly what the host sends (or never sends) and when it answers.
+#[cfg(test)]
+mod landing_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use rmcp::ServiceExt;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, ReadHalf};
+    use tokio::io::{WriteHalf, split};
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// A backend that lands nowhere and counts how often it was asked to.
+    #[derive(Default)]
+    struct Counting {
+        landings: AtomicUsize,
+    }
+
+    impl Backend for Counting {
+        fn open(
+            &self,
+            _caller: &Extensions,
+            _session: Option<&str>,
+        ) -> impl Future<Output = Result<(String, Vec<WorkspaceInfo>), ToolError>> + Send {
+            std::future::ready(Ok(("default".to_owned(), Vec::new())))
+        }
+
+        fn call(
+            &self,
+            _caller: &Extensions,
+            _session: &str,
+            _tool: ToolName,
+            _args: Value,
+            _progress: ProgressSender,
+        ) -> impl Future<Output = Result<(Option<WorkspaceRef>, Outcome), ToolError>> + Send
+        {
+            let error = ToolError::new(ErrorCode::NotFound, "nothing here");
+            std::future::ready(Ok((None, Outcome::Error { error })))
+        }
+
+        fn watch(
+            &self,
+            _caller: &Extensions,
+            _session: &str,
+        ) -> impl Future<Output = Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError>> + Send
+        {
+            std::future::ready(Ok(mpsc::channel(1).1))
+        }
+
+        fn lands_by_roots(&self) -> bool {
+            true
+        }
+
+        fn land(
+            &self,
+            _caller: &Extensions,
+            _roots: Vec<String>,
+            _session: Option<&str>,
+        ) -> impl Future<Output = Result<Option<Landing>, ToolError>> + Send {
+            self.landings.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(None))
+        }
+    }
+
+    /// The host's end of the pipe.
+    struct Host {
+        lines: Lines<BufReader<ReadHalf<DuplexStream>>>,
+        write: WriteHalf<DuplexStream>,
+    }
+
+    impl Host {
+        /// Starts a front over [`Counting`] and initializes it as a host with the `roots`
+        /// capability (without `notifications/initialized`).
+        async fn start() -> (Host, Arc<Counting>) {
+            let backend = Arc::new(Counting::default());
+            let front = McpFront::new(backend.clone(), None);
+            let (host_end, front_end) = tokio::io::duplex(1 << 16);
+            tokio::spawn(async move {
+                if let Ok(running) = front.serve(front_end).await {
+                    let _ = running.waiting().await;
+                }
+            });
+            let (read, write) = split(host_end);
+            let mut host = Host {
+                lines: BufReader::new(read).lines(),
+                write,
+            };
+            host.send(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"roots": {"listChanged": true}},
+                "clientInfo": {"name": "test-host", "version": "1"}}}),
+            )
+            .await;
+            host.answer_to(1).await;
+            (host, backend)
+        }
+
+        async fn send(&mut self, message: Value) {
+            let line = format!("{message}\n");
+            self.write.write_all(line.as_bytes()).await.unwrap();
+        }
+
+        async fn next(&mut self) -> Value {
+            let line = self.lines.next_line().await.unwrap().expect("a message");
+            serde_json::from_str(&line).unwrap()
+        }
+
+        /// Reads up to the answer to request `id`; returns the `roots/list` requests read on
+        /// the way.
+        async fn answer_to(&mut self, id: u64) -> Vec<Value> {
+            let mut asked = Vec::new();
+            loop {
+                let message = self.next().await;
+                if message["method"] == "roots/list" {
+                    asked.push(message);
+                } else if message["id"] == id && message.get("method").is_none() {
+                    return asked;
+                }
+            }
+        }
+
+        /// Reads up to the next `roots/list` request.
+        async fn roots_asked(&mut self) -> Value {
+            loop {
+                let message = self.next().await;
+                if message["method"] == "roots/list" {
+                    return message;
+                }
+            }
+        }
+
+        async fn answer_roots(&mut self, request: &Value) {
+            let id = request["id"].clone();
+            self.send(json!({"jsonrpc": "2.0", "id": id, "result": {"roots": []}}))
+                .await;
+        }
+
+        async fn ping(&mut self, id: u64) -> Vec<Value> {
+            self.send(json!({"jsonrpc": "2.0", "id": id, "method": "ping"}))
+                .await;
+            self.answer_to(id).await
+        }
+
+        async fn call(&mut self, id: u64) {
+            self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "read_file", "arguments": {"path": "a.txt"}}}))
+                .await;
+            self.answer_to(id).await;
+        }
+    }
+
+    /// Regression: each `notifications/roots/list_changed` (and a repeated
+    /// `notifications/initialized`) started a landing of its own that waited for the one
+    /// running, so a host sending many of them grew the bridge without bound (100,000 took it
+    /// from 22 MB to 587 MB). Now they only mark the roots as changed: one landing runs, and at
+    /// most one more after it.
+    #[tokio::test(start_paused = true)]
+    async fn many_roots_changes_while_landing_make_one_more_landing_not_one_each() {
+        let (mut host, backend) = Host::start().await;
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let first = host.roots_asked().await;
+        for _ in 0..1_000 {
+            host.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+                .await;
+            host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+                .await;
+        }
+        // Every notification has reached the front before the ping is answered.
+        assert!(host.ping(2).await.is_empty(), "no second landing yet");
+        tokio::task::yield_now().await;
+        host.answer_roots(&first).await;
+        let second = host.roots_asked().await;
+        host.answer_roots(&second).await;
+        // Everything that would run has run when the paused clock moves on.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let more = host.ping(3).await;
+        assert!(more.is_empty(), "{} more landings", more.len());
+        assert_eq!(backend.landings.load(Ordering::SeqCst), 2);
+        // A change after that lands again.
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+            .await;
+        let third = host.roots_asked().await;
+        host.answer_roots(&third).await;
+        host.ping(4).await;
+        assert_eq!(backend.landings.load(Ordering::SeqCst), 3);
+    }
+
+    /// Regression: a host that declares `roots` but never sends `notifications/initialized`
+    /// made every call wait [`LANDING_WAIT`] for a landing that never started. The first call
+    /// waits; the ones after it go at once.
+    #[tokio::test(start_paused = true)]
+    async fn without_initialized_only_the_first_call_waits_for_the_landing() {
+        let (mut host, backend) = Host::start().await;
+        let started = Instant::now();
+        host.call(2).await;
+        assert!(started.elapsed() >= LANDING_WAIT, "{:?}", started.elapsed());
+        let started = Instant::now();
+        host.call(3).await;
+        host.send(json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}))
+            .await;
+        host.answer_to(4).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "later calls go at once: {:?}",
+            started.elapsed()
+        );
+        // A host that sends it late is still landed.
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let asked = host.roots_asked().await;
+        host.answer_roots(&asked).await;
+        host.ping(5).await;
+        assert_eq!(backend.landings.load(Ordering::SeqCst), 1);
     }
 }

@@ -229,9 +229,10 @@ impl Transport {
     }
 }
 
-/// The platform data directory for Monad, unless `MONAD_DATA_DIR` says otherwise.
+/// The platform data directory for Monad, unless `MONAD_DATA_DIR` says otherwise. An empty
+/// `MONAD_DATA_DIR` is unset, never the current directory.
 pub fn default_data_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("MONAD_DATA_DIR") {
+    if let Some(dir) = std::env::var_os("MONAD_DATA_DIR").filter(|d| !d.is_empty()) {
         return Some(PathBuf::from(dir));
     }
     directories::BaseDirs::new().map(|d| d.data_dir().join("monad"))

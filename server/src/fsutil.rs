@@ -171,9 +171,62 @@ pub fn rfc3339(secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
+/// Reads a time as [`rfc3339`] writes it (`YYYY-MM-DDTHH:MM:SSZ`, UTC; fractions of a second
+/// ignored) into seconds since the Unix epoch; `None` for anything else.
+pub fn parse_rfc3339(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    let separators = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if b.len() < 20 || !separators.iter().all(|&(i, c)| b[i] == c) || !text.ends_with('Z') {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| -> Option<i64> {
+        let digits = text.get(range)?;
+        digits
+            .bytes()
+            .all(|d| d.is_ascii_digit())
+            .then(|| digits.parse().ok())?
+    };
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    // Days from the civil date (the proleptic Gregorian calendar, years starting in March).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hour * 3_600 + minute * 60 + second.min(60)).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_reads_back_what_it_writes() {
+        for secs in [0, 951_782_400, 1_795_651_199, 4_102_444_800, 1_709_164_800] {
+            assert_eq!(
+                parse_rfc3339(&rfc3339(secs)),
+                Some(secs),
+                "{}",
+                rfc3339(secs)
+            );
+        }
+        assert_eq!(parse_rfc3339("2026-11-25T23:59:59.5Z"), Some(1_795_651_199));
+        for bad in [
+            "",
+            "2026-11-25",
+            "2026-11-25T23:59:59",
+            "2026-13-01T00:00:00Z",
+            "2026-1a-01T00:00:00Z",
+            "+026-11-25T23:59:59Z",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn rfc3339_formats_known_instants() {

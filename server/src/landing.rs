@@ -49,9 +49,21 @@ fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<
         let before = entry.clone();
         let ids: Vec<String> = entry.sessions.keys().cloned().collect();
         for id in ids {
-            if let Some(idle) = registry.idle_of(&id) {
-                let idle = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
-                entry.use_session(&id, now.saturating_sub(idle), false);
+            // A session in memory knows how long it has been idle; one that is not (after a
+            // restart, or dropped when idle) has its last activity in its metadata.
+            let used = match registry.idle_of(&id) {
+                Some(idle) => {
+                    Some(now.saturating_sub(u64::try_from(idle.as_millis()).unwrap_or(u64::MAX)))
+                }
+                None => store
+                    .load(&id)
+                    .ok()
+                    .flatten()
+                    .and_then(|meta| crate::fsutil::parse_rfc3339(&meta.last_active))
+                    .map(|secs| secs.saturating_mul(1000).min(now)),
+            };
+            if let Some(used) = used {
+                entry.use_session(&id, used, false);
             }
         }
         entry.prune(now, |id| registry.exists_for(id, user));
@@ -79,6 +91,24 @@ fn live(registry: &Registry, user: &str, device: &DeviceId) -> Vec<(Arc<Session>
     // One order whatever the map's: by session id.
     live.sort_by(|a, b| a.0.id.cmp(&b.0.id));
     live
+}
+
+/// The folder `roots` pick: among the folders attached and online now, when one holds a root;
+/// else among every folder known for the device (the registry's too). So a folder the registry
+/// remembers, offline now, does not win over the online folder around it, where the host would
+/// see nothing.
+fn pick(
+    roots: &[PathBuf],
+    entries: &[FolderSessions],
+    live: &[(Arc<Session>, Attached)],
+) -> Option<String> {
+    let online: Vec<&str> = live
+        .iter()
+        .filter_map(|(_, a)| a.folder.as_deref())
+        .collect();
+    best_match(roots, &online)
+        .or_else(|| best_match(roots, &known_folders(entries, live)))
+        .map(|(_, folder)| folder.to_owned())
 }
 
 /// Every folder known for the device: the registry's and the live ones, each once.
@@ -170,8 +200,7 @@ pub(crate) fn land(
         .collect();
     let entries = entries(registry, user, device, now);
     let live = live(registry, user, device);
-    let folders = known_folders(&entries, &live);
-    let matched = best_match(&parsed, &folders).map(|(_, f)| f.to_owned());
+    let matched = pick(&parsed, &entries, &live);
     let session = match (requested, &matched) {
         (Some(id), _) => {
             let session = registry.resolve(Some(id), user, Some(device))?;
@@ -255,9 +284,7 @@ pub(crate) fn start_in_folder(
     }
     let entries = entries(registry, user, device, now);
     let live = live(registry, user, device);
-    let folders = known_folders(&entries, &live);
-    let (_, folder) = best_match(&[path.to_path_buf()], &folders)?;
-    let folder = folder.to_owned();
+    let folder = pick(&[path.to_path_buf()], &entries, &live)?;
     let mut entry = entries
         .iter()
         .find(|e| e.folder == folder)

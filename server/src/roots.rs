@@ -8,7 +8,7 @@
 //! here is pure: parsing a root ([`parse_root`]), matching ([`best_match`]) and the staleness
 //! rule ([`FolderSessions::prune`], with the clock passed in).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -93,10 +93,14 @@ fn percent_decode(text: &str) -> Result<Vec<u8>, RootError> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3).ok_or(RootError::BadEscape)?;
-            let hex = std::str::from_utf8(hex).map_err(|_| RootError::BadEscape)?;
-            let byte = u8::from_str_radix(hex, 16).map_err(|_| RootError::BadEscape)?;
-            out.push(byte);
+            // Exactly two hex digits (`from_str_radix` alone would take a sign: `%+1`).
+            let (Some(high), Some(low)) = (
+                bytes.get(i + 1).copied().and_then(hex_digit),
+                bytes.get(i + 2).copied().and_then(hex_digit),
+            ) else {
+                return Err(RootError::BadEscape);
+            };
+            out.push((high << 4) | low);
             i += 3;
         } else {
             out.push(bytes[i]);
@@ -104,6 +108,13 @@ fn percent_decode(text: &str) -> Result<Vec<u8>, RootError> {
         }
     }
     Ok(out)
+}
+
+/// The value of one ASCII hex digit.
+fn hex_digit(byte: u8) -> Option<u8> {
+    char::from(byte)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
 }
 
 /// Which folder the roots pick: the first root (in the host's order) that is, or is inside, one
@@ -180,6 +191,21 @@ impl FolderSessions {
         changed
     }
 
+    /// [`FolderSessions::prune`] (sessions that exist are kept), each session's use first
+    /// brought up to its last activity as its metadata has it (`last_active`, Unix ms): a host
+    /// that landed days ago and has worked in the session since keeps it. Returns whether
+    /// anything changed.
+    pub fn prune_by_activity(&mut self, now: u64, last_active: &HashMap<String, u64>) -> bool {
+        let before = self.clone();
+        for (id, used) in &mut self.sessions {
+            if let Some(&active) = last_active.get(id) {
+                *used = (*used).max(active.min(now));
+            }
+        }
+        self.prune(now, |_| true);
+        *self != before
+    }
+
     /// No session left: the entry leaves the registry.
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
@@ -215,6 +241,10 @@ mod tests {
             ("file://", RootError::NotAbsolute),
             ("file:///a/%zz", RootError::BadEscape),
             ("file:///a/%4", RootError::BadEscape),
+            // Regression: `u8::from_str_radix` takes a sign, so `%+1` was read as byte 1.
+            ("file:///a/%+1", RootError::BadEscape),
+            ("file:///a/%-1", RootError::BadEscape),
+            ("file:///a/% 1", RootError::BadEscape),
             ("file:///a/%ff%fe", RootError::NotText),
             ("file:///a/%00b", RootError::NotText),
             ("file:///a/../etc", RootError::DotDot),

@@ -9,6 +9,14 @@
 //!    primary), so a file is never read from one workspace and written to another. Containment
 //!    needs I/O, so the plan lists the candidates and the executor probes them in order.
 //! 3. Otherwise `not_found`, listing the workspaces that were tried.
+//!
+//! A write or edit never guesses: when a workspace that could hold the file is offline (the
+//! focus, or an attached folder offering the tool, its client disconnected) and no online one
+//! has it, or when a workspace tried before the one found could not be asked ([`Presence`]),
+//! it fails saying which, rather than writing somewhere else ([`offline_may_have`],
+//! [`not_asked`]).
+
+use std::time::Duration;
 
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 
@@ -31,7 +39,9 @@ pub enum Plan {
     /// Run in the workspace at this index.
     Run(usize),
     /// Run in the first of these (in order) that contains `path`; when none does, in
-    /// `otherwise` (a write of a new file), else fail with [`not_in_any`].
+    /// `otherwise` (a write of a new file), else fail with [`not_in_any`]; but a write or edit
+    /// ([`writes_where_found`]) that finds it nowhere while one of `offline` may have it fails
+    /// with [`offline_may_have`].
     FirstContaining {
         /// Indexes of the candidates, the focus first, then in priority order.
         candidates: Vec<usize>,
@@ -39,7 +49,32 @@ pub enum Plan {
         path: String,
         /// Where the call goes when no candidate contains the path.
         otherwise: Option<usize>,
+        /// The workspaces that would be candidates but are offline, in the same order: they
+        /// could not be asked.
+        offline: Vec<usize>,
     },
+}
+
+/// A workspace's answer to "does this path exist in you?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// It does.
+    Present,
+    /// It does not.
+    Absent,
+    /// The workspace could not be asked.
+    Unknown(Unasked),
+}
+
+/// Why a workspace could not say whether a path exists there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unasked {
+    /// Its client did not answer within this long (busy, or slow).
+    TimedOut(Duration),
+    /// Its client's connection dropped while it was asked.
+    Disconnected,
+    /// It answered something else, or the workspace could not be opened.
+    Failed,
 }
 
 /// Routes `tool` with an optional explicit `target` (short name or URI) and the call's `path`,
@@ -87,6 +122,11 @@ pub fn plan(
     let candidates: Vec<usize> = order(workspaces.len(), focus)
         .filter(|&i| workspaces[i].online && workspaces[i].offers)
         .collect();
+    let offline = || -> Vec<usize> {
+        order(workspaces.len(), focus)
+            .filter(|&i| !workspaces[i].online && workspaces[i].offers)
+            .collect()
+    };
     if candidates.is_empty() {
         return Err(ToolError::new(
             ErrorCode::NotFound,
@@ -101,11 +141,13 @@ pub fn plan(
             candidates,
             path: path.to_owned(),
             otherwise: None,
+            offline: offline(),
         }),
         Some(path) if tool == ToolName::WriteFile => Ok(Plan::FirstContaining {
             otherwise: Some(candidates[0]),
             candidates,
             path: path.to_owned(),
+            offline: offline(),
         }),
         _ => Ok(Plan::Run(candidates[0])),
     }
@@ -120,6 +162,13 @@ pub fn order(count: usize, focus: Option<usize>) -> impl Iterator<Item = usize> 
         .chain((0..count).filter(move |&i| Some(i) != focus))
 }
 
+/// Tools that change the file at their path where it exists (`write_file`, `edit_file`): for
+/// them a workspace that could not be asked is never passed over ([`not_asked`],
+/// [`offline_may_have`]).
+pub fn writes_where_found(tool: ToolName) -> bool {
+    matches!(tool, ToolName::WriteFile | ToolName::EditFile)
+}
+
 /// Tools whose `path` argument must name something that already exists.
 pub fn needs_existing_path(tool: ToolName) -> bool {
     tool.reads_existing_path()
@@ -127,49 +176,144 @@ pub fn needs_existing_path(tool: ToolName) -> bool {
 }
 
 /// Where calls that do not name `workspace` go, in one paragraph for a model (the `routing`
-/// field of `workspaces`): `names` are the session's workspaces in priority order, `focus` the
-/// index of the focus among them.
-pub fn describe(names: &[&str], focus: Option<usize>) -> String {
-    let focus = focus.filter(|&f| f < names.len());
-    let ordered: Vec<String> = order(names.len(), focus)
-        .map(|i| format!("`{}`", names[i]))
+/// field of `workspaces`): `workspaces` are the session's, in priority order (`offers` saying
+/// whether each takes `write_file`), `focus` the index of the focus among them, online or not.
+pub fn describe(workspaces: &[View<'_>], focus: Option<usize>) -> String {
+    let focus = focus.filter(|&f| f < workspaces.len());
+    let quoted = |i: usize| format!("`{}`", workspaces[i].name);
+    let online: Vec<String> = order(workspaces.len(), focus)
+        .filter(|&i| workspaces[i].online)
+        .map(quoted)
         .collect();
-    let first = ordered.first().cloned().unwrap_or_else(|| "none".into());
+    let offline: Vec<String> = order(workspaces.len(), focus)
+        .filter(|&i| !workspaces[i].online && workspaces[i].offers)
+        .map(quoted)
+        .collect();
+    let first = online.first().cloned().unwrap_or_else(|| "none".into());
     let lead = match focus {
-        Some(f) => format!(
+        Some(f) if workspaces[f].online => format!(
             "Calls without `workspace` go to the focus workspace `{}` first, then the others in \
              this order: {}.",
-            names[f],
-            ordered.join(", ")
+            workspaces[f].name,
+            online.join(", ")
+        ),
+        Some(f) => format!(
+            "The focus workspace `{}` is offline (its client is disconnected; it is the focus \
+             again when it reconnects): until then, calls without `workspace` try the online \
+             workspaces in this order: {}.",
+            workspaces[f].name,
+            online.join(", ")
         ),
         None => format!(
             "This session has no focus workspace: calls without `workspace` try the workspaces \
              in this order: {}.",
-            ordered.join(", ")
+            online.join(", ")
         ),
+    };
+    let new_file = if offline.is_empty() {
+        format!("a new file goes to {first}")
+    } else {
+        format!(
+            "a file that none of them has is not written while {} {} offline (it may be \
+             there): pass `workspace` to choose",
+            offline.join(", "),
+            if offline.len() == 1 { "is" } else { "are" }
+        )
     };
     format!(
         "{lead} A call with a path that must exist (read_file, stat, edit_file, and list_dir, \
          search or glob given a `path`) runs in the first that has the path; write_file of a \
-         file that exists writes where it is, and a new file goes to {first}; anything else \
-         (list_dir, search or glob of the whole root, run_command) runs in {first}. Pass \
-         `workspace` to choose."
+         file that exists writes where it is, and {new_file}; anything else (list_dir, search \
+         or glob of the whole root, run_command) runs in {first}. Pass `workspace` to choose."
     )
 }
 
-/// The error when no candidate contains the path.
-pub fn not_in_any(path: &str, tried: &[&str]) -> ToolError {
+/// The error when no candidate contains the path: `tried` are the workspaces asked, `unasked`
+/// those that could not say (with why), `offline` those left out because they are offline.
+pub fn not_in_any(
+    path: &str,
+    tried: &[&str],
+    unasked: &[(&str, Unasked)],
+    offline: &[&str],
+) -> ToolError {
+    let mut message = format!(
+        "`{path}` does not exist in any workspace; tried: {}",
+        if tried.is_empty() {
+            "none".to_owned()
+        } else {
+            tried.join(", ")
+        }
+    );
+    for (name, why) in unasked {
+        message.push_str(&format!(
+            "; `{name}` could not be asked ({})",
+            why_unasked(*why)
+        ));
+    }
+    if !offline.is_empty() {
+        message.push_str(&format!(
+            "; not tried, because offline: {} (pass `workspace` once it reconnects)",
+            offline.join(", ")
+        ));
+    }
+    ToolError::new(ErrorCode::NotFound, message)
+}
+
+/// The error of a write or edit of `path` that no online workspace has while `offline` ones
+/// (in routing order, at least one) may: writing it elsewhere would split the file.
+pub fn offline_may_have(tool: ToolName, path: &str, tried: &[&str], offline: &[&str]) -> ToolError {
+    let names: Vec<String> = offline.iter().map(|n| format!("`{n}`")).collect();
+    let (them, verb) = if names.len() == 1 {
+        ("it", "is")
+    } else {
+        ("they", "are")
+    };
     ToolError::new(
-        ErrorCode::NotFound,
+        ErrorCode::WorkspaceDisconnected,
         format!(
-            "`{path}` does not exist in any workspace; tried: {}",
+            "`{tool}` of `{path}` was not run: no online workspace has it (tried: {}), and {} \
+             {verb} offline (its client is disconnected), so it may be there; writing it \
+             anywhere else would leave two different copies. Pass `workspace` to choose where \
+             (for example `primary` for a new file), or wait until {them} {verb} back online.",
             if tried.is_empty() {
                 "none".to_owned()
             } else {
                 tried.join(", ")
-            }
+            },
+            names.join(", "),
         ),
     )
+}
+
+/// The error of a write or edit of `path` when workspace `name`, tried before any that has the
+/// path, could not say whether it has it.
+pub fn not_asked(tool: ToolName, path: &str, name: &str, why: Unasked) -> ToolError {
+    let code = match why {
+        Unasked::TimedOut(_) => ErrorCode::Timeout,
+        Unasked::Disconnected => ErrorCode::WorkspaceDisconnected,
+        Unasked::Failed => ErrorCode::Internal,
+    };
+    ToolError::new(
+        code,
+        format!(
+            "`{tool}` of `{path}` was not run: workspace `{name}` could not be asked whether it \
+             has the file ({}), and it comes first for calls without `workspace`, so writing it \
+             anywhere else could leave two different copies. Pass `workspace` to choose where \
+             (`{name}` to write there), or try again.",
+            why_unasked(why)
+        ),
+    )
+}
+
+fn why_unasked(why: Unasked) -> String {
+    match why {
+        Unasked::TimedOut(after) => format!(
+            "its client did not answer within {} s; it may be busy with other calls",
+            after.as_secs()
+        ),
+        Unasked::Disconnected => "its client disconnected".to_owned(),
+        Unasked::Failed => "its answer could not be read".to_owned(),
+    }
 }
 
 fn names<'a>(workspaces: impl Iterator<Item = &'a View<'a>>) -> String {
@@ -203,10 +347,19 @@ mod tests {
     }
 
     fn containing(candidates: Vec<usize>, otherwise: Option<usize>) -> Plan {
+        containing_offline(candidates, otherwise, vec![])
+    }
+
+    fn containing_offline(
+        candidates: Vec<usize>,
+        otherwise: Option<usize>,
+        offline: Vec<usize>,
+    ) -> Plan {
         Plan::FirstContaining {
             candidates,
             path: "x".into(),
             otherwise,
+            offline,
         }
     }
 
@@ -268,7 +421,7 @@ mod tests {
         ] {
             assert_eq!(
                 plan(tool, None, Some("x"), &ws, None),
-                Ok(containing(vec![0, 2, 4], None)),
+                Ok(containing_offline(vec![0, 2, 4], None, vec![1])),
                 "{tool}"
             );
         }
@@ -306,12 +459,66 @@ mod tests {
             plan(ToolName::WriteFile, None, Some("x"), &ws, Some(2)),
             Ok(containing(vec![2, 0, 1], Some(2)))
         );
-        // A focus that cannot take the write (offline, or without the tool) is passed over.
-        let ws = [view("primary", true, true), view("lap", false, true)];
+        // An offline focus cannot be asked: it is listed as such, so that a write of a file
+        // found nowhere else fails instead of going to the primary.
+        let ws = [
+            view("primary", true, true),
+            view("lap", false, true),
+            view("off", false, true),
+            view("ro", false, false),
+        ];
         assert_eq!(
             plan(ToolName::WriteFile, None, Some("x"), &ws, Some(1)),
-            Ok(containing(vec![0], Some(0)))
+            Ok(containing_offline(vec![0], Some(0), vec![1, 2]))
         );
+        assert_eq!(
+            plan(ToolName::EditFile, None, Some("x"), &ws, Some(2)),
+            Ok(containing_offline(vec![0], None, vec![2, 1]))
+        );
+    }
+
+    #[test]
+    fn a_write_that_cannot_ask_everywhere_fails_saying_which_and_what_to_do() {
+        assert!(writes_where_found(ToolName::WriteFile));
+        assert!(writes_where_found(ToolName::EditFile));
+        assert!(!writes_where_found(ToolName::ReadFile));
+        let err = offline_may_have(ToolName::WriteFile, "notes.txt", &["primary"], &["lap"]);
+        assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
+        for part in [
+            "`lap`",
+            "offline",
+            "Pass `workspace`",
+            "tried: primary",
+            "wait",
+        ] {
+            assert!(err.message.contains(part), "{part}: {}", err.message);
+        }
+        let err = not_asked(
+            ToolName::EditFile,
+            "a.rs",
+            "lap",
+            Unasked::TimedOut(Duration::from_secs(10)),
+        );
+        assert_eq!(err.code, ErrorCode::Timeout);
+        for part in ["`lap`", "10 s", "Pass `workspace`"] {
+            assert!(err.message.contains(part), "{part}: {}", err.message);
+        }
+        let err = not_asked(ToolName::WriteFile, "a.rs", "lap", Unasked::Disconnected);
+        assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
+        let err = not_in_any(
+            "a.rs",
+            &["primary"],
+            &[("slow", Unasked::TimedOut(Duration::from_secs(10)))],
+            &["lap"],
+        );
+        assert_eq!(err.code, ErrorCode::NotFound);
+        for part in [
+            "tried: primary",
+            "`slow` could not be asked",
+            "offline: lap",
+        ] {
+            assert!(err.message.contains(part), "{part}: {}", err.message);
+        }
     }
 
     #[test]
@@ -366,8 +573,9 @@ mod tests {
             "the focus is listed first: {}",
             err.message
         );
-        let err = not_in_any("x", &["primary", "lap"]);
+        let err = not_in_any("x", &["primary", "lap"], &[], &[]);
         assert!(err.message.contains("tried: primary, lap"));
+        assert!(!err.message.contains("offline"), "{}", err.message);
     }
 
     #[test]
@@ -381,7 +589,12 @@ mod tests {
 
     #[test]
     fn the_routing_sentence_names_the_focus_and_the_order() {
-        let text = describe(&["primary", "a", "lap"], Some(2));
+        let ws = [
+            view("primary", true, true),
+            view("a", true, true),
+            view("lap", true, true),
+        ];
+        let text = describe(&ws, Some(2));
         assert!(
             text.starts_with(
                 "Calls without `workspace` go to the focus workspace `lap` first, then the \
@@ -390,9 +603,22 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("a new file goes to `lap`"), "{text}");
-        let text = describe(&["primary", "lap"], None);
+        let text = describe(&ws[..2], None);
         assert!(text.contains("no focus workspace"), "{text}");
-        assert!(text.contains("`primary`, `lap`"), "{text}");
+        assert!(text.contains("`primary`, `a`"), "{text}");
         assert!(text.contains("a new file goes to `primary`"), "{text}");
+        // An offline focus stays the focus, and says so; new files wait for it.
+        let ws = [view("primary", true, true), view("lap", false, true)];
+        let text = describe(&ws, Some(1));
+        assert!(
+            text.starts_with("The focus workspace `lap` is offline"),
+            "{text}"
+        );
+        assert!(text.contains("in this order: `primary`."), "{text}");
+        assert!(
+            text.contains("not written while `lap` is offline"),
+            "{text}"
+        );
+        assert!(!text.contains("a new file goes to"), "{text}");
     }
 }

@@ -141,13 +141,27 @@ impl Server {
                         "made {tightened} files and directories of the data dir private (0600/0700)"
                     );
                 }
-                if let Err(e) = warm.all_sessions() {
-                    warn!("cannot list sessions: {e}");
-                }
-                match warm.prune_folder_sessions(crate::landing::now_ms()) {
-                    Ok(0) => {}
-                    Ok(n) => info!("{n} folders of the MCP roots registry had stale sessions"),
-                    Err(e) => warn!("folder registry: {e}"),
+                // The registry's sessions are pruned by their last activity, as their metadata
+                // has it, not only by when a host last landed in them. Without it (the sessions
+                // cannot be listed), nothing is pruned here; each landing prunes its own.
+                match warm.all_sessions() {
+                    Ok(metas) => {
+                        let last_active: HashMap<String, u64> = metas
+                            .iter()
+                            .filter_map(|m| {
+                                let secs = crate::fsutil::parse_rfc3339(&m.last_active)?;
+                                Some((m.id.clone(), secs.saturating_mul(1000)))
+                            })
+                            .collect();
+                        match warm.prune_folder_sessions(crate::landing::now_ms(), &last_active) {
+                            Ok(0) => {}
+                            Ok(n) => {
+                                info!("{n} folders of the MCP roots registry had stale sessions")
+                            }
+                            Err(e) => warn!("folder registry: {e}"),
+                        }
+                    }
+                    Err(e) => warn!("cannot list sessions: {e}"),
                 }
                 let removed = fs_store.remove_stale_temp_files();
                 if removed > 0 {

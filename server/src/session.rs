@@ -148,7 +148,8 @@ pub struct Session {
     /// most recent last (bounded: the oldest go first).
     processes: Mutex<Vec<(String, String)>>,
     /// The short name of the focus workspace: the one calls without `workspace` try first
-    /// ([`Session::set_focus`]); it ends when that workspace detaches.
+    /// ([`Session::set_focus`]); it stays while the workspace is offline, follows it when it is
+    /// renamed, and ends when it is detached by name ([`Session::forget`]).
     focus: Mutex<Option<String>>,
 }
 
@@ -383,7 +384,17 @@ impl Session {
             {
                 let _ = old.kick.send(TAKEN_OVER.to_owned());
             }
-            if exact && let Some(wanted) = wanted {
+            if exact
+                && let Some(wanted) = wanted
+                && existing.name != wanted
+            {
+                // Renamed: the focus follows the folder, never the old name (which another
+                // folder may take later).
+                let mut focus = self.focus.lock().unwrap_or_else(|p| p.into_inner());
+                if focus.as_deref() == Some(existing.name.as_str()) {
+                    *focus = Some(wanted.to_owned());
+                }
+                drop(focus);
                 existing.name = wanted.to_owned();
             }
             existing.link = folder.link;
@@ -466,31 +477,30 @@ impl Session {
     }
 
     /// Marks the folder attached under `generation` as disconnected. A newer attachment of the
-    /// same folder (after a reconnect) is left alone. When it was the focus, the session has no
-    /// focus any more (a client that reconnects with `--focus` sets it again).
+    /// same folder (after a reconnect) is left alone. When it was the focus, it stays the focus,
+    /// offline: calls without `workspace` cannot reach it meanwhile, and a write of a file
+    /// that no online workspace has fails rather than going elsewhere ([`crate::route`]); it
+    /// serves as the focus again when its client reconnects. Only a detach by name
+    /// ([`Session::forget`]) ends the focus.
     pub fn detach(&self, generation: u64) {
         let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
-        let mut gone = Vec::new();
+        let mut gone = false;
         for a in attached.iter_mut() {
             if a.link.as_ref().is_some_and(|l| l.generation == generation) {
                 a.link = None;
-                gone.push(a.name.clone());
+                gone = true;
             }
         }
         drop(attached);
-        if !gone.is_empty() {
-            let mut focus = self.focus.lock().unwrap_or_else(|p| p.into_inner());
-            if focus.as_ref().is_some_and(|f| gone.contains(f)) {
-                *focus = None;
-            }
-            drop(focus);
+        if gone {
             self.changed();
         }
     }
 
     /// Makes workspace `name` (a short name or URI) the session's focus: calls that do not name
     /// a workspace try it first (see [`crate::route`]). It stays the focus until another is set,
-    /// [`Session::clear_focus`], or it detaches. Set by `monad-client attach --focus`; also the
+    /// [`Session::clear_focus`], or it is detached by name ([`Session::forget`]); while its
+    /// client is disconnected it is the focus, offline. Set by `monad-client attach --focus`; also the
     /// way for anything else that learns where the user works (an MCP host's roots). Refused
     /// for a workspace the session does not have, or an attached one that is offline.
     pub fn set_focus(&self, name: &str) -> Result<(), ToolError> {

@@ -68,6 +68,8 @@ async def run(args) -> int:
     async def list_roots(_context):
         if args.never_answer:
             await never.wait()
+        if args.error_answer:
+            return types.ErrorData(code=types.INTERNAL_ERROR, message="the roots are not known")
         return types.ListRootsResult(roots=roots["now"])
 
     async def logged(params):
@@ -78,9 +80,10 @@ async def run(args) -> int:
                 landings.append(text)
                 landed.notify_all()
 
-    params = StdioServerParameters(
-        command=args.client, args=["mcp", *args.extra], env={"MONAD_CONFIG_DIR": args.config_dir, "RUST_LOG": "warn"}
-    )
+    env = {"MONAD_CONFIG_DIR": args.config_dir}
+    if not args.default_log:
+        env["RUST_LOG"] = "warn"
+    params = StdioServerParameters(command=args.client, args=["mcp", *args.extra], env=env)
     async with stdio_client(params) as (read, write):
         async with ClientSession(
             read,
@@ -113,6 +116,8 @@ def main() -> int:
     parser.add_argument("--roots-file", help="a JSON list of root URIs, appended to --root")
     parser.add_argument("--no-roots", action="store_true")
     parser.add_argument("--never-answer", action="store_true", help="declare roots, never answer roots/list")
+    parser.add_argument("--error-answer", action="store_true", help="answer roots/list with an error")
+    parser.add_argument("--default-log", action="store_true", help="no RUST_LOG: the default filter")
     parser.add_argument("--change-to", action="append", default=[])
     parser.add_argument("--read", default="")
     parser.add_argument("--search", default="")

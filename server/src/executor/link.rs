@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::ProgressSink;
 use super::record::{Tap, Verdict};
+use crate::route::{Presence, Unasked};
 use crate::store::Decider;
 
 /// Largest answer accepted from a client (a 64 MiB file as JSON fits).
@@ -392,12 +393,14 @@ fn call_timed_out() -> ToolError {
     )
 }
 
-/// Asks a client whether `path` exists in the folder its attach request `attachment` named;
-/// any failure, or no answer within [`PROBE_TIMEOUT`], counts as "no".
-pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) -> bool {
+/// Asks a client whether `path` exists in the folder its attach request `attachment` named.
+/// A connection that is gone, or drops before the answer, is
+/// [`Unasked::Disconnected`]; no answer within [`PROBE_TIMEOUT`] (a busy client, or one whose
+/// streams are all taken by long calls) is [`Unasked::TimedOut`]; neither counts as "no".
+pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) -> Presence {
     let asked = async {
         let Ok((mut send, mut recv)) = conn.open().await else {
-            return false;
+            return Presence::Unknown(Unasked::Disconnected);
         };
         let message = Message::Probe {
             id: 1,
@@ -405,16 +408,21 @@ pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) 
             path: path.to_owned(),
         };
         if write_message(&mut send, &message).await.is_err() {
-            return false;
+            return Presence::Unknown(Unasked::Disconnected);
         }
         send.finish();
         let answer = read_message(&mut recv, MAX_PROBE_ANSWER).await;
         recv.let_go();
-        matches!(answer, Ok(Some(Message::Probed { exists: true, .. })))
+        match answer {
+            Ok(Some(Message::Probed { exists: true, .. })) => Presence::Present,
+            Ok(Some(Message::Probed { exists: false, .. })) => Presence::Absent,
+            Ok(None) | Err(ReadError::Io(_)) => Presence::Unknown(Unasked::Disconnected),
+            Ok(Some(_)) | Err(_) => Presence::Unknown(Unasked::Failed),
+        }
     };
     tokio::time::timeout(PROBE_TIMEOUT, asked)
         .await
-        .unwrap_or(false)
+        .unwrap_or(Presence::Unknown(Unasked::TimedOut(PROBE_TIMEOUT)))
 }
 
 /// Runs a tool in the folder a client attached (`attachment` on its connection, `name` in the

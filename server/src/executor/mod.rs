@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::fsutil::now_rfc3339;
 use crate::recorder::Recorder;
-use crate::route::{self, Plan, View};
+use crate::route::{self, Plan, Presence, Unasked, View};
 use crate::session::{Session, Snapshot, Target};
 use crate::store::Decider;
 
@@ -373,24 +373,42 @@ impl Executor {
                 candidates,
                 path,
                 otherwise,
+                offline,
             }) => {
+                let name = |i: usize| snapshots[i].info.name.as_str();
                 let mut tried = Vec::new();
+                let mut unasked = Vec::new();
                 let mut found = None;
                 for i in candidates {
-                    tried.push(snapshots[i].info.name.as_str());
-                    if contains(&snapshots[i], &path).await {
-                        found = Some(i);
-                        break;
+                    match contains(&snapshots[i], &path).await {
+                        Presence::Present => {
+                            found = Some(i);
+                            break;
+                        }
+                        Presence::Absent => tried.push(name(i)),
+                        // A write or edit never passes over a workspace that may have the
+                        // file: it could leave two copies.
+                        Presence::Unknown(why) if route::writes_where_found(tool) => {
+                            let error = route::not_asked(tool, &path, name(i), why);
+                            return (CallOutput::error(None, error), Verdict::NOBODY);
+                        }
+                        Presence::Unknown(why) => unasked.push((name(i), why)),
                     }
                 }
-                match found.or(otherwise) {
+                let offline: Vec<&str> = offline.into_iter().map(name).collect();
+                match found {
                     Some(i) => i,
-                    None => {
-                        return (
-                            CallOutput::error(None, route::not_in_any(&path, &tried)),
-                            Verdict::NOBODY,
-                        );
+                    None if route::writes_where_found(tool) && !offline.is_empty() => {
+                        let error = route::offline_may_have(tool, &path, &tried, &offline);
+                        return (CallOutput::error(None, error), Verdict::NOBODY);
                     }
+                    None => match otherwise {
+                        Some(i) => i,
+                        None => {
+                            let error = route::not_in_any(&path, &tried, &unasked, &offline);
+                            return (CallOutput::error(None, error), Verdict::NOBODY);
+                        }
+                    },
                 }
             }
             Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
@@ -676,18 +694,20 @@ fn session_tool(primary: WorkspaceRef, result: Result<Value, ToolError>) -> Call
 }
 
 /// Whether `path` exists in the workspace: locally for the primary, by a probe for a client.
-async fn contains(snapshot: &Snapshot, path: &str) -> bool {
+async fn contains(snapshot: &Snapshot, path: &str) -> Presence {
     match &snapshot.target {
         Target::Primary(primary) => {
             let Ok(sandbox) = primary.sandbox().await else {
-                return false;
+                return Presence::Unknown(Unasked::Failed);
             };
             let path = path.to_owned();
-            tokio::task::spawn_blocking(move || sandbox.exists(&path))
-                .await
-                .unwrap_or(false)
+            match tokio::task::spawn_blocking(move || sandbox.exists(&path)).await {
+                Ok(true) => Presence::Present,
+                Ok(false) => Presence::Absent,
+                Err(_) => Presence::Unknown(Unasked::Failed),
+            }
         }
         Target::Attached(Some(link)) => link::probe(&link.conn, link.attachment, path).await,
-        Target::Attached(None) => false,
+        Target::Attached(None) => Presence::Unknown(Unasked::Disconnected),
     }
 }

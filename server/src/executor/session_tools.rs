@@ -23,17 +23,21 @@ pub(super) fn workspaces(session: &Session, args: &Value) -> Result<Value, ToolE
     let focus = session
         .focus()
         .filter(|f| list.iter().any(|w| &w.name == f));
-    // Where calls go now: offline folders are passed over.
-    let names: Vec<&str> = list
+    // Where calls go now: an offline focus stays the focus, and says so.
+    let views: Vec<route::View<'_>> = list
         .iter()
-        .filter(|w| w.online)
-        .map(|w| w.name.as_str())
+        .map(|w| route::View {
+            name: &w.name,
+            uri: &w.uri,
+            online: w.online,
+            offers: w.tools.contains(&ToolName::WriteFile),
+        })
         .collect();
     let routing = route::describe(
-        &names,
+        &views,
         focus
             .as_ref()
-            .and_then(|f| names.iter().position(|n| n == f)),
+            .and_then(|f| list.iter().position(|w| &w.name == f)),
     );
     let result = WorkspacesResult {
         session: session.id.clone(),

@@ -720,11 +720,15 @@ impl FolderStore for FsStore {
         })
     }
 
-    fn prune_folder_sessions(&self, now: u64) -> Result<usize, StoreError> {
+    fn prune_folder_sessions(
+        &self,
+        now: u64,
+        last_active: &HashMap<String, u64>,
+    ) -> Result<usize, StoreError> {
         self.with_folders(|file| {
             let mut changed = 0;
             for entry in &mut file.folders {
-                if entry.prune(now, |_| true) {
+                if entry.prune_by_activity(now, last_active) {
                     changed += 1;
                 }
             }
@@ -2200,9 +2204,13 @@ mod tests {
             again.folder_sessions("ana", "dev1").unwrap(),
             vec![a.clone()]
         );
-        // Stale sessions go; an entry left without sessions goes with them.
+        // Stale sessions go; an entry left without sessions goes with them. A session whose
+        // metadata says it was active since is not stale, whenever a host last landed in it.
+        let active = HashMap::from([("s3".to_owned(), 2_999 + STALE_AFTER_MS)]);
         assert_eq!(
-            again.prune_folder_sessions(3_000 + STALE_AFTER_MS).unwrap(),
+            again
+                .prune_folder_sessions(3_000 + STALE_AFTER_MS, &active)
+                .unwrap(),
             3
         );
         let third = FsStore::new(dir.path());
@@ -2210,7 +2218,8 @@ mod tests {
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].active, "s1");
         assert_eq!(left[0].sessions.keys().collect::<Vec<_>>(), ["s1"]);
-        assert!(third.folder_sessions("ana", "dev2").unwrap().is_empty());
+        let kept = third.folder_sessions("ana", "dev2").unwrap();
+        assert_eq!(kept[0].sessions["s3"], 2_999 + STALE_AFTER_MS);
         assert!(third.folder_sessions("bob", "dev1").unwrap().is_empty());
         let mut gone = left[0].clone();
         gone.sessions.clear();

@@ -303,8 +303,12 @@ impl FolderStore for Observed {
     fn save_folder_sessions(&self, entry: &crate::roots::FolderSessions) -> Result<(), StoreError> {
         self.inner.save_folder_sessions(entry)
     }
-    fn prune_folder_sessions(&self, now: u64) -> Result<usize, StoreError> {
-        self.inner.prune_folder_sessions(now)
+    fn prune_folder_sessions(
+        &self,
+        now: u64,
+        last_active: &std::collections::HashMap<String, u64>,
+    ) -> Result<usize, StoreError> {
+        self.inner.prune_folder_sessions(now, last_active)
     }
 }
 

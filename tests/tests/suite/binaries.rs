@@ -303,6 +303,87 @@ async fn call_help_lists_every_tool_and_an_unknown_tool_is_refused_before_connec
     );
 }
 
+/// Regression: errors of `call`'s own checks were built from the top-level command, so they
+/// showed `Usage: monad-client <COMMAND>` instead of how `call` is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_usage_errors_show_how_call_is_used() {
+    let empty = tempfile::tempdir().unwrap();
+    for args in [
+        &["call", "read_file", "--args", "not json"][..],
+        &["call", "read_file", "--args", "[1]"],
+        &["call", "--args", "{}"],
+    ] {
+        let out = client(empty.path(), args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
+        let error = text(&out.stderr);
+        assert!(
+            error.contains("Usage: monad-client call") && !error.contains("<COMMAND>"),
+            "{args:?}: {error}"
+        );
+    }
+}
+
+/// Regression: an empty `MONAD_CONFIG_DIR` meant the current directory, so `login` wrote its
+/// token to `./config.toml`. Empty is unset: the platform's config directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_monad_config_dir_is_unset_not_the_current_directory() {
+    let server = monad_tests::TestServer::start().await;
+    let addr = server.addr.to_string();
+    let here = tempfile::tempdir().unwrap();
+    let out = within(
+        STEP,
+        "login",
+        command("monad-client")
+            .args([
+                "login",
+                "--server",
+                &addr,
+                "--fingerprint",
+                &server.fingerprint,
+            ])
+            .env("MONAD_TOKEN", &server.token)
+            .env("MONAD_CONFIG_DIR", "")
+            .current_dir(here.path())
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        std::fs::read_dir(here.path()).unwrap().next().is_none(),
+        "nothing written in the current directory"
+    );
+    let said = text(&out.stderr);
+    assert!(said.contains("/monad/config.toml"), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_monad_data_dir_is_unset_not_the_current_directory() {
+    let here = tempfile::tempdir().unwrap();
+    let platform = tempfile::tempdir().unwrap();
+    let out = within(
+        STEP,
+        "token create",
+        command("monad-server")
+            .args(["token", "create"])
+            .env("MONAD_DATA_DIR", "")
+            .env("XDG_DATA_HOME", platform.path())
+            .current_dir(here.path())
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        std::fs::read_dir(here.path()).unwrap().next().is_none(),
+        "nothing made in the current directory"
+    );
+    assert!(
+        platform.path().join("monad").is_dir(),
+        "the platform's data dir is used"
+    );
+}
+
 /// A logged-in client config for `server`, in a temporary directory.
 fn logged_in(server: &monad_tests::TestServer) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

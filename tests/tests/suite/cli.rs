@@ -40,9 +40,15 @@ struct Attaching {
 
 impl Attaching {
     async fn start(config: &Path, args: &[&str]) -> Attaching {
+        Attaching::start_in(config, &std::env::current_dir().unwrap(), args).await
+    }
+
+    /// Like [`Attaching::start`], run from the directory `cwd` (where a relative folder is).
+    async fn start_in(config: &Path, cwd: &Path, args: &[&str]) -> Attaching {
         let mut child = command("monad-client")
             .arg("attach")
             .args(args)
+            .current_dir(cwd)
             .env("MONAD_CONFIG_DIR", config)
             .spawn()
             .expect("attach starts");
@@ -125,6 +131,107 @@ async fn attaching_a_folder_again_takes_it_over_and_the_first_attach_says_so_and
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("from the laptop"));
     drop(second);
+}
+
+/// `(name, uri, online)` of the current session's workspaces.
+fn workspace_uris(status: &Value) -> Vec<(String, String, bool)> {
+    status["session"]["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["name"].as_str().unwrap().to_owned(),
+                w["uri"].as_str().unwrap().to_owned(),
+                w["online"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Regression: the folder was sent as typed (`.`, `proj`), and the server takes that as the
+/// folder's identity: `attach .` in a second project took the first one's workspace over and
+/// served the second folder under the first one's name, and one folder typed two ways became
+/// two workspaces. The folder is now sent as its canonical absolute path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_dot_in_two_projects_keeps_both_and_a_folder_typed_two_ways_is_one() {
+    let (_server, _data, config) = ServerProcess::logged_in().await;
+    let top = folder(&[
+        ("p1/one.txt", "1\n"),
+        ("p2/two.txt", "2\n"),
+        ("d1/proj/in-d1.txt", "d1\n"),
+        ("d2/proj/in-d2.txt", "d2\n"),
+        ("ws3/three.txt", "3\n"),
+    ]);
+    let top_path = top.path().canonicalize().unwrap();
+    let uri_ends =
+        |uri: &str, dir: &str| uri.ends_with(&format!(":{}", top_path.join(dir).display()));
+    let p1 = Attaching::start_in(
+        config.path(),
+        &top_path.join("p1"),
+        &[".", "--allow", "read"],
+    )
+    .await;
+    let p2 = Attaching::start_in(
+        config.path(),
+        &top_path.join("p2"),
+        &[".", "--allow", "read"],
+    )
+    .await;
+    let d1 = Attaching::start_in(
+        config.path(),
+        &top_path.join("d1"),
+        &["proj", "--allow", "read"],
+    )
+    .await;
+    let d2 = Attaching::start_in(
+        config.path(),
+        &top_path.join("d2"),
+        &["proj", "--allow", "read"],
+    )
+    .await;
+    let now = workspace_uris(&status(config.path()).await);
+    let names: Vec<&str> = now.iter().map(|w| w.0.as_str()).collect();
+    assert_eq!(names, ["primary", "p1", "p2", "proj", "proj-2"], "{now:?}");
+    assert!(now.iter().all(|w| w.2), "all online: {now:?}");
+    for ((_, uri, _), dir) in now[1..].iter().zip(["p1", "p2", "d1/proj", "d2/proj"]) {
+        assert!(uri_ends(uri, dir), "{uri} names {dir} by its absolute path");
+    }
+    for (workspace, mine, theirs) in [
+        ("p1", "one.txt", "two.txt"),
+        ("p2", "two.txt", "one.txt"),
+        ("proj", "in-d1.txt", "in-d2.txt"),
+        ("proj-2", "in-d2.txt", "in-d1.txt"),
+    ] {
+        let out = client(
+            config.path(),
+            &["call", "list_dir", "--workspace", workspace, "--args", "{}"],
+        )
+        .await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let listed = text(&out.stdout);
+        assert!(
+            listed.contains(mine) && !listed.contains(theirs),
+            "{workspace}: {listed}"
+        );
+    }
+
+    // One folder typed two ways is one folder: the second attach takes the first one over.
+    let relative = Attaching::start_in(config.path(), &top_path, &["ws3", "--allow", "read"]).await;
+    let absolute = top_path.join("ws3");
+    let absolute = Attaching::start(
+        config.path(),
+        &[absolute.to_str().unwrap(), "--allow", "read"],
+    )
+    .await;
+    let (status_relative, said) = relative.exit().await;
+    assert!(status_relative.success(), "{said}");
+    assert!(said.contains("took it over"), "{said}");
+    let now = workspace_uris(&status(config.path()).await);
+    let ws3: Vec<_> = now.iter().filter(|w| w.0.starts_with("ws3")).collect();
+    assert_eq!(ws3.len(), 1, "one workspace: {now:?}");
+    assert!(ws3[0].2 && uri_ends(&ws3[0].1, "ws3"), "{now:?}");
+    drop((p1, p2, d1, d2, absolute));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -349,16 +349,22 @@ fn exercise(store: &dyn Store) {
     store
         .save_folder_sessions(&FolderSessions::new("ana", "dev-1", "/tmp/x", "default", 1))
         .unwrap();
-    assert_eq!(store.folder_sessions("ana", "dev-1").unwrap().len(), 2);
+    let mut worked = FolderSessions::new("ana", "dev-1", "/tmp/y", "s9", 1);
+    store.save_folder_sessions(&worked).unwrap();
+    assert_eq!(store.folder_sessions("ana", "dev-1").unwrap().len(), 3);
     assert_eq!(store.folder_sessions("ana", "dev-9").unwrap(), []);
-    // The entry used at 1 ms is stale by now and goes; the other stays.
-    assert_eq!(store.prune_folder_sessions(now).unwrap(), 1);
-    assert_eq!(
-        store.folder_sessions("ana", "dev-1").unwrap(),
-        [entry.clone()]
-    );
-    entry.sessions.clear();
-    store.save_folder_sessions(&entry).unwrap();
+    // The entry used at 1 ms is stale by now and goes; the first stays, and so does the one
+    // whose session was active since, by its metadata, though no host landed in it.
+    let active = std::collections::HashMap::from([("s9".to_owned(), now - 5)]);
+    assert_eq!(store.prune_folder_sessions(now, &active).unwrap(), 2);
+    let mut left = store.folder_sessions("ana", "dev-1").unwrap();
+    left.sort_by(|a, b| a.folder.cmp(&b.folder));
+    worked.use_session("s9", now - 5, false);
+    assert_eq!(left, [entry.clone(), worked.clone()]);
+    for mut gone in [entry.clone(), worked] {
+        gone.sessions.clear();
+        store.save_folder_sessions(&gone).unwrap();
+    }
     assert_eq!(store.folder_sessions("ana", "dev-1").unwrap(), []);
 
     // Artifacts: listed oldest first, a replaced history snapshot keeps its place.

@@ -6,6 +6,7 @@ use monad_protocol::ErrorCode;
 use monad_protocol::ToolClass;
 use std::time::Duration;
 
+use monad_client::config::ClientConfig;
 use monad_tests::{
     Attachment, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
 };
@@ -207,12 +208,13 @@ async fn two_attached_folders_are_tried_in_attach_order() {
     );
 }
 
-/// Attaches `dir` as `name` with `--focus`, reads and writes pre-approved.
-async fn attach_focused(server: &TestServer, dir: &std::path::Path, name: &str) -> Attachment {
+/// Attaches `dir` as `name` with `--focus`, reads and writes pre-approved, from the device of
+/// `config`.
+async fn attach_focused(config: &ClientConfig, dir: &std::path::Path, name: &str) -> Attachment {
     let mut options = attach_options(dir, name);
     options.allow = vec![ToolClass::Read, ToolClass::Write];
     options.focus = true;
-    Attachment::start(&server.client_config(), options, None).await
+    Attachment::start(config, options, None).await
 }
 
 /// Waits (bounded) until the session's `workspaces` says `online` of `name`.
@@ -242,7 +244,7 @@ async fn with_a_focus_folder_calls_without_a_workspace_act_in_it() {
         ("src/lib.rs", "pub fn hello() {}\n"),
         ("README.md", "the project\n"),
     ]);
-    let _attached = attach_focused(&server, laptop.path(), "lap").await;
+    let _attached = attach_focused(&server.client_config(), laptop.path(), "lap").await;
     // The primary workspace has a file too, so that an empty primary proves nothing.
     ok(call(
         &agent,
@@ -306,16 +308,47 @@ async fn with_a_focus_folder_calls_without_a_workspace_act_in_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_focus_ends_when_its_folder_detaches() {
+async fn the_focus_stays_while_its_folder_is_offline_and_comes_back_with_it() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let laptop = folder(&[("only-lap.txt", "lap\n")]);
-    let attached = attach_focused(&server, laptop.path(), "lap").await;
+    let device = server.client_config();
+    let attached = attach_focused(&device, laptop.path(), "lap").await;
     let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
     assert_eq!(ran_in, "lap");
 
+    // The connection goes: the folder is offline, and still the focus.
     drop(attached);
     until_online(&agent, "lap", false).await;
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(listed["focus"], "lap", "{listed}");
+    let routing = listed["routing"].as_str().unwrap();
+    assert!(
+        routing.contains("focus workspace `lap` is offline"),
+        "{routing}"
+    );
+    // A call without a path cannot reach it and runs in the primary meanwhile.
+    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "primary");
+
+    // Attached again, without --focus: the focus again.
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read];
+    let again = Attachment::start(&device, options, None).await;
+    assert_eq!(again.workspace.name, "lap");
+    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "lap");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_focus_ends_when_its_folder_is_detached_by_name() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let _attached = attach_focused(&server.client_config(), laptop.path(), "lap").await;
+    within(STEP, "detach", agent.detach(None, "lap"))
+        .await
+        .expect("detached");
     let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
     assert_eq!(listed["focus"], json!(null), "{listed}");
     assert!(
@@ -325,13 +358,205 @@ async fn the_focus_ends_when_its_folder_detaches() {
             .contains("no focus workspace"),
         "{listed}"
     );
-    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+}
+
+/// `monad-client attach DIR --name NAME` (reads and writes pre-approved, `--focus` when asked)
+/// as a process of its own, so that it can be killed or stopped, from the device whose config
+/// is in `config_dir` (saved there on first use); returns once it is attached.
+async fn attach_process(
+    server: &TestServer,
+    config_dir: &std::path::Path,
+    dir: &std::path::Path,
+    name: &str,
+    focus: bool,
+) -> tokio::process::Child {
+    use tokio::io::AsyncBufReadExt;
+    if !config_dir.join("config.toml").exists() {
+        server.client_config().save(config_dir).unwrap();
+    }
+    let mut cmd = monad_tests::command("monad-client");
+    cmd.arg("attach")
+        .arg(dir)
+        .args([
+            "--name",
+            name,
+            "--allow",
+            "read",
+            "write",
+            "--non-interactive",
+        ])
+        .env("MONAD_CONFIG_DIR", config_dir);
+    if focus {
+        cmd.arg("--focus");
+    }
+    let mut child = cmd.spawn().expect("monad-client starts");
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    monad_tests::wait_for_line(&mut stderr, STEP, "the attach confirmation", |l| {
+        l.starts_with("attached ")
+    })
+    .await;
+    // Keep reading its standard error, so that it never waits on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+    child
+}
+
+/// Issue 11, item 2: with its focus folder killed (`kill -9`), an un-targeted write of a file
+/// that only that folder has was created in the primary workspace, and once the folder came
+/// back reads went to it again: two copies. It fails now, saying what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_of_a_file_in_an_offline_focus_folder_is_refused_not_created_in_the_primary() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let config = tempfile::tempdir().unwrap();
+    let laptop = folder(&[("notes.txt", "from the laptop\n")]);
+    let mut child = attach_process(&server, config.path(), laptop.path(), "lap", true).await;
+    let (read, ran_in) = ok(call(&agent, "read_file", json!({"path": "notes.txt"})).await);
+    assert_eq!(
+        (read["content"].as_str(), ran_in.as_str()),
+        (Some("from the laptop\n"), "lap")
+    );
+
+    child.start_kill().expect("SIGKILL sent");
+    within(STEP, "the client to die", child.wait())
+        .await
+        .unwrap();
+    until_online(&agent, "lap", false).await;
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(listed["focus"], "lap", "the focus stays, offline: {listed}");
+
+    for (tool, args) in [
+        (
+            "write_file",
+            json!({"path": "notes.txt", "content": "from the agent\n"}),
+        ),
+        (
+            "edit_file",
+            json!({"path": "notes.txt", "old_string": "laptop", "new_string": "agent"}),
+        ),
+    ] {
+        let message = expect_code(
+            call(&agent, tool, args).await,
+            ErrorCode::WorkspaceDisconnected,
+        );
+        for part in ["`lap`", "offline", "`workspace`"] {
+            assert!(message.contains(part), "{tool}: {part}: {message}");
+        }
+    }
+    assert!(!server.primary_dir("default").join("notes.txt").exists());
+    // A read says the offline folder was not tried.
+    let message = expect_code(
+        call(&agent, "read_file", json!({"path": "notes.txt"})).await,
+        ErrorCode::NotFound,
+    );
+    assert!(message.contains("offline: lap"), "{message}");
+    // Named, the write goes where the agent says.
+    let (_, ran_in) = ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "other.txt", "content": "x\n", "workspace": "primary"}),
+    )
+    .await);
     assert_eq!(ran_in, "primary");
 
-    // Attached again with --focus: the focus again.
-    let again = attach_focused(&server, laptop.path(), "lap").await;
-    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
-    assert_eq!(ran_in, again.workspace.name);
+    // The folder comes back (a new process, without --focus): the focus again, and the write
+    // goes to the one copy.
+    let _child = attach_process(&server, config.path(), laptop.path(), "lap", false).await;
+    let (written, ran_in) = ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "notes.txt", "content": "from the agent\n"}),
+    )
+    .await);
+    assert_eq!(
+        (ran_in.as_str(), &written["created"]),
+        ("lap", &json!(false))
+    );
+    assert_eq!(
+        std::fs::read_to_string(laptop.path().join("notes.txt")).unwrap(),
+        "from the agent\n"
+    );
+    assert!(!server.primary_dir("default").join("notes.txt").exists());
+}
+
+/// Issue 11 review, item 2: a probe that got no answer counted as "the folder does not have the
+/// file", so a write of a file the (online, but stuck) folder has was created in the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_folder_cannot_answer_the_probe_is_refused_not_created_in_the_primary() {
+    // Long enough an idle time-out that the folder is still online when the call is routed.
+    let server =
+        TestServer::start_with(|c| c.transport.idle_timeout = Duration::from_secs(8)).await;
+    let agent = server.agent().await;
+    let config = tempfile::tempdir().unwrap();
+    let laptop = folder(&[("notes.txt", "from the laptop\n")]);
+    let child = attach_process(&server, config.path(), laptop.path(), "lap", false).await;
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("stopped");
+    let reply = within(
+        STEP,
+        "the write",
+        agent.call(
+            None,
+            "write_file",
+            json!({"path": "notes.txt", "content": "from the agent\n"}),
+            |_| {},
+        ),
+    )
+    .await
+    .expect("the server answers");
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    let error = monad_tests::err(reply);
+    assert!(
+        matches!(
+            error.code,
+            ErrorCode::WorkspaceDisconnected | ErrorCode::Timeout
+        ),
+        "{error:?}"
+    );
+    assert!(error.message.contains("`lap`"), "{}", error.message);
+    assert!(error.message.contains("`workspace`"), "{}", error.message);
+    assert!(!server.primary_dir("default").join("notes.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(laptop.path().join("notes.txt")).unwrap(),
+        "from the laptop\n"
+    );
+}
+
+/// Issue 11 review, item 3: a take-over re-attach with `--name` renamed the folder but left
+/// the focus on the old name, so a later folder given that name silently became the focus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_focus_follows_its_folder_when_a_re_attach_renames_it() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("mine.txt", "the focus\n")]);
+    let other = folder(&[("theirs.txt", "another folder\n")]);
+    // The same device attaches the same folder again (another terminal), under a new name.
+    let device = server.client_config();
+    let first = attach_focused(&device, laptop.path(), "lap").await;
+    let mut options = attach_options(laptop.path(), "work");
+    options.allow = vec![ToolClass::Read];
+    options.exact_name = true;
+    let renamed = Attachment::start(&device, options, None).await;
+    assert_eq!(renamed.workspace.name, "work");
+    drop(first);
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    let names: Vec<&str> = listed["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    assert_eq!(names, ["primary", "work"], "renamed, not added: {listed}");
+    assert_eq!(listed["focus"], "work", "{listed}");
+
+    let mut options = attach_options(other.path(), "lap");
+    options.allow = vec![ToolClass::Read];
+    options.exact_name = true;
+    let _other = Attachment::start(&server.client_config(), options, None).await;
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(listed["focus"], "work", "{listed}");
+    let (entries, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "work", "{entries}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

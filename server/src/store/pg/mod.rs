@@ -1258,7 +1258,12 @@ impl FolderStore for PgStore {
         })
     }
 
-    fn prune_folder_sessions(&self, now: u64) -> Result<usize, StoreError> {
+    fn prune_folder_sessions(
+        &self,
+        now: u64,
+        last_active: &std::collections::HashMap<String, u64>,
+    ) -> Result<usize, StoreError> {
+        let last_active = last_active.clone();
         self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
             let rows = tx
@@ -1274,7 +1279,7 @@ impl FolderStore for PgStore {
                 let Ok(mut entry) = folder_of(row) else {
                     continue;
                 };
-                if !entry.prune(now, |_| true) {
+                if !entry.prune_by_activity(now, &last_active) {
                     continue;
                 }
                 changed += 1;

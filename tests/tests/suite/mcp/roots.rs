@@ -76,6 +76,11 @@ fn host_config(config: &ClientConfig) -> TempDir {
 /// Runs the Python host with `args`; returns its JSON lines. `None` when there is no Python
 /// with the SDK (the test then says so and passes, or fails under `scripts/test`).
 async fn host(config_dir: &Path, args: &[String]) -> Option<Vec<Value>> {
+    host_said(config_dir, args).await.map(|(looks, _)| looks)
+}
+
+/// Like [`host`], with what was written on standard error (the bridge's included).
+async fn host_said(config_dir: &Path, args: &[String]) -> Option<(Vec<Value>, String)> {
     let Some(python) = python() else {
         monad_tests::peer_missing(
             "mcp roots",
@@ -102,12 +107,11 @@ async fn host(config_dir: &Path, args: &[String]) -> Option<Vec<Value>> {
         output.status.success(),
         "the host failed:\n{stdout}\n{stderr}"
     );
-    Some(
-        stdout
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a JSON line"))
-            .collect(),
-    )
+    let looks = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    Some((looks, stderr.into_owned()))
 }
 
 fn roots(uris: &[String]) -> Vec<String> {
@@ -172,6 +176,33 @@ async fn a_host_whose_root_is_an_attached_folder_lands_in_its_session_and_sees_i
         server.data_dir().join("folder_sessions.toml").exists(),
         "the registry is kept in the data dir"
     );
+}
+
+/// Issue 11 review, item 4: `attach` sends the folder resolved, but the host's roots went as
+/// given, so a root that is a symlink to the folder (or inside it through one) matched nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_that_reaches_an_attached_folder_through_a_symlink_lands_in_it() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p, proj) = project("proj", "through a link\n");
+    let links = folder(&[]);
+    std::os::unix::fs::symlink(&proj, links.path().join("alias")).expect("symlink");
+    let agent = connect_agent(&config).await;
+    let work = within(STEP, "a session", agent.open_session(None))
+        .await
+        .expect("a new session");
+    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
+    bind_default(&config).await;
+    let dir = host_config(&config);
+    let alias = links.path().join("alias");
+    for root in [alias.clone(), alias.join("src")] {
+        let mut args = roots(&[file_uri(&root)]);
+        args.extend(look_args());
+        let Some(looks) = host(dir.path(), &args).await else {
+            return;
+        };
+        sees(&looks[0], &work.id, "proj", "through a link\n");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,6 +301,111 @@ async fn the_folder_s_active_session_survives_a_server_restart() {
     drop(server);
 }
 
+/// A folder the registry remembers, offline now, does not take a root from the online folder
+/// around it: the host lands where it can see the project.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_inner_folder_does_not_win_a_root_from_the_online_folder_around_it() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p, outer) = project("outer", "outer note\n");
+    let inner = outer.join("inner");
+    std::fs::create_dir_all(inner.join("src")).unwrap();
+    std::fs::write(inner.join("notes.txt"), "inner note\n").unwrap();
+    let agent = connect_agent(&config).await;
+    let inner_session = within(STEP, "a session", agent.open_session(None))
+        .await
+        .expect("a new session");
+    let outer_session = within(STEP, "a session", agent.open_session(None))
+        .await
+        .expect("a new session");
+    let dir = host_config(&config);
+    // The inner folder is attached, and a host lands in it: the registry remembers it.
+    let attached_inner = attach(&config, &inner, "inner", Some(&inner_session.id)).await;
+    bind_default(&config).await;
+    let mut args = roots(&[file_uri(&inner)]);
+    args.extend(look_args());
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    assert_eq!(
+        looks[0]["session"],
+        inner_session.id.as_str(),
+        "{}",
+        looks[0]
+    );
+    drop(attached_inner);
+    let _outer = attach(&config, &outer, "outer", Some(&outer_session.id)).await;
+    bind_default(&config).await;
+    // A root inside the inner folder, which only the online outer folder holds now.
+    let mut args = roots(&[file_uri(&inner.join("src"))]);
+    args.extend(look_args());
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    let look = &looks[0];
+    assert_eq!(look["session"], outer_session.id.as_str(), "{look}");
+    assert_eq!(look["focus"], "outer", "{look}");
+    assert_eq!(look["read"], "outer note\n", "{look}");
+    assert_eq!(look["read_workspace"], "outer", "{look}");
+}
+
+/// Seed 002's 24 hours count from a session's last use, its work included: a host that landed
+/// in a folder's session more than a day ago and has worked in it since keeps it, through a
+/// restart too (the registry's own timestamp is only when a host last landed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_worked_in_since_its_landing_a_day_ago_survives_a_restart() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p, proj) = project("proj", "kept\n");
+    let mut attached = attach(&config, &proj, "proj", None).await;
+    let dir = host_config(&config);
+    let agent = connect_agent(&config).await;
+    let fresh = within(
+        STEP,
+        "a new session for the folder",
+        agent.open_session_in(None, proj.to_str()),
+    )
+    .await
+    .expect("opened");
+    bind_default(&config).await;
+    drop(agent);
+
+    let stopped = server.stop().await;
+    // As if the last landing were 25 hours ago; the session's own metadata says it was active
+    // just now.
+    let path = stopped.data_dir().join("folder_sessions.toml");
+    let mut registry: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&path).unwrap()).expect("the registry is TOML");
+    let day_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 25 * 3_600_000;
+    let mut aged = 0;
+    for entry in registry["folders"].as_array_mut().expect("entries") {
+        for (_, used) in entry["sessions"].as_table_mut().expect("sessions") {
+            *used = toml::Value::Integer(day_ago);
+            aged += 1;
+        }
+    }
+    assert!(aged >= 1, "{registry}");
+    std::fs::write(&path, toml::to_string(&registry).unwrap()).unwrap();
+
+    let server = stopped.restart().await;
+    attached.wait_attached().await;
+    assert_eq!(
+        attached.session, fresh.id,
+        "re-attached into the folder's active session, not sent back to the default"
+    );
+    let mut args = roots(&[file_uri(&proj)]);
+    args.extend(look_args());
+    let Some(looks) = host(dir.path(), &args).await else {
+        return;
+    };
+    sees(&looks[0], &fresh.id, "proj", "kept\n");
+    drop(server);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roots_list_changed_to_another_folder_switches_the_session_and_focus() {
     let server = TestServer::start().await;
@@ -356,6 +492,55 @@ async fn a_host_that_never_answers_roots_list_works_in_its_default_session() {
         logs.contains("did not answer roots/list"),
         "the host is told: {logs}"
     );
+}
+
+/// Regression: the bridge's default log filter was `monad_client=warn`, which hid the warnings
+/// of the roots code (`monad_protocol`): without `RUST_LOG`, nothing reached standard error,
+/// though docs/mcp.md promises a warning there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_left_in_its_default_session_is_warned_on_stderr_without_rust_log() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let agent = connect_agent(&config).await;
+    let (_p, proj) = project("proj", "x\n");
+    let work = within(STEP, "session", agent.open_session(None))
+        .await
+        .expect("a session");
+    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
+    bind_default(&config).await;
+    let dir = host_config(&config);
+    let elsewhere = folder(&[]);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--no-roots".into()],
+            "did not declare the roots capability",
+        ),
+        (
+            [roots(&[file_uri(&proj)]), vec!["--error-answer".into()]].concat(),
+            "the host's roots are unknown",
+        ),
+        (
+            [roots(&[file_uri(&proj)]), vec!["--never-answer".into()]].concat(),
+            "did not answer roots/list",
+        ),
+        (
+            roots(&[file_uri(elsewhere.path())]),
+            "no root is in a folder attached from this machine",
+        ),
+    ];
+    for (mut case, warning) in cases {
+        case.push("--default-log".into());
+        let Some((looks, stderr)) = host_said(dir.path(), &case).await else {
+            return;
+        };
+        assert_eq!(looks[0]["session"], "default", "{case:?}: {}", looks[0]);
+        assert!(
+            stderr.contains("WARN") && stderr.contains(warning),
+            "{case:?}: `{warning}` on stderr:\n{stderr}"
+        );
+        let logs = looks[0]["logs"].to_string();
+        assert!(logs.contains(warning), "{case:?}: the host is told: {logs}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
