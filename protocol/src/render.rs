@@ -341,7 +341,25 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
             r.path,
             plural(n, "replacement", "replacements")
         ),
-        (None, true) => format!("Created {}{ws} ({bytes})", r.path),
+        (None, true) => {
+            // Each directory made is the one before it and one more name: the outermost and
+            // the innermost say it all.
+            let dir = |d: &String| format!("{d}/");
+            let dirs = match r.created_dirs.as_slice() {
+                [] => String::new(),
+                [one] => format!("; made the directory {}", dir(one)),
+                [first, second] => {
+                    format!("; made the directories {}, {}", dir(first), dir(second))
+                }
+                [first, .., last] => format!(
+                    "; made {} directories, {} down to {}",
+                    r.created_dirs.len(),
+                    dir(first),
+                    dir(last)
+                ),
+            };
+            format!("Created {}{ws} ({bytes}{dirs})", r.path)
+        }
         (None, false) => format!("Wrote {}{ws} ({bytes})", r.path),
     };
     if r.diff.is_empty() {
@@ -752,6 +770,26 @@ mod tests {
             ),
             "{bytes}"
         );
+    }
+
+    #[test]
+    fn a_write_says_which_directories_it_made() {
+        let base = json!({"path": "a/b/c/f.rs", "created": true, "bytes_written": 2,
+                          "diff": "", "diff_truncated": false});
+        assert_eq!(
+            render(ToolName::WriteFile, base.clone()),
+            "Created a/b/c/f.rs in workspace laptop (2 bytes)."
+        );
+        let mut made = base.clone();
+        made["created_dirs"] = json!(["a/b"]);
+        assert!(render(ToolName::WriteFile, made.clone()).starts_with(
+            "Created a/b/c/f.rs in workspace laptop (2 bytes; made the directory a/b/)"
+        ));
+        made["created_dirs"] = json!(["a", "a/b", "a/b/c"]);
+        assert!(render(ToolName::WriteFile, made).starts_with(
+            "Created a/b/c/f.rs in workspace laptop (2 bytes; made 3 directories, a/ down to \
+                 a/b/c/)"
+        ));
     }
 
     #[test]

@@ -656,6 +656,10 @@ pub struct WriteResult {
     pub diff: String,
     /// True when the diff was cut at the workspace's cap.
     pub diff_truncated: bool,
+    /// The directories `write_file` made for the file first, outermost first, relative to the
+    /// workspace root (absent when it made none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub created_dirs: Vec<String>,
 }
 
 /// Arguments of `edit_file`.

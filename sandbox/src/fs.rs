@@ -903,6 +903,7 @@ pub(crate) fn write_file(
         replacements: None,
         diff,
         diff_truncated,
+        created_dirs: target.new_dirs.shown(),
     })
 }
 
@@ -937,6 +938,7 @@ pub(crate) fn edit_file(
         replacements: Some(edit.replacements),
         diff,
         diff_truncated,
+        created_dirs: Vec::new(),
     })
 }
 
@@ -1077,17 +1079,22 @@ enum Parents<'a> {
     Approved(&'a [String]),
 }
 
-/// The directories a write made, each with a handle on the one it was made in, outermost
-/// first.
+/// The directories a write made, each with a handle on the one it was made in and its path
+/// relative to the root, outermost first.
 #[derive(Default)]
-struct NewDirs(Vec<(Dir, OsString)>);
+struct NewDirs(Vec<(Dir, OsString, String)>);
 
 impl NewDirs {
+    /// Their paths, relative to the root, outermost first.
+    fn shown(&self) -> Vec<String> {
+        self.0.iter().map(|(_, _, shown)| shown.clone()).collect()
+    }
+
     /// Removes them, innermost first, by name in the directory each was made in (`rmdir`
     /// never follows a link and removes only an empty directory: whatever was put in one
     /// meanwhile keeps it, and the ones above it).
     fn undo(self) {
-        for (parent, name) in self.0.into_iter().rev() {
+        for (parent, name, _) in self.0.into_iter().rev() {
             if parent.remove_dir(&name).is_err() {
                 return;
             }
@@ -1367,7 +1374,7 @@ fn make_parents_into(
         let above = std::mem::replace(&mut dir, opened);
         if made_now {
             let owner = above.dir_metadata().map(|m| owner_of(&m));
-            made.0.push((above, name.to_owned()));
+            made.0.push((above, name.to_owned(), shown.clone()));
             give_dir_to(&dir, owner.map_err(fail)?).map_err(fail)?;
         }
     }

@@ -547,8 +547,15 @@ fn write_file_creates_missing_parents_unless_told_not_to() {
     let fx = Fixture::new();
     fx.put("a/keep.txt", "k");
     // Without `create_parents`: the missing directories are made, and the file written.
-    fx.sandbox.write_file(&write("a/b/c/d.txt", "x")).unwrap();
+    let out = fx.sandbox.write_file(&write("a/b/c/d.txt", "x")).unwrap();
+    assert_eq!(
+        out.created_dirs,
+        ["a/b", "a/b/c"],
+        "the result says which it made"
+    );
     assert_eq!(fx.read("a/b/c/d.txt"), "x");
+    let out = fx.sandbox.write_file(&write("a/b/c/e.txt", "x")).unwrap();
+    assert!(out.created_dirs.is_empty());
     assert!(fx.root().join("a/b/c").is_dir());
     // `create_parents: false` keeps the old strictness: refused, nothing made.
     let mut args = write("n/m.txt", "x");
