@@ -222,7 +222,15 @@ pub(crate) fn land(
                     None => registry.create(user)?.id.clone(),
                 },
             };
-            let session = registry.resolve(Some(&active), user, Some(device))?;
+            let mut session = registry.resolve(Some(&active), user, Some(device))?;
+            // One focus per session, shared by its agents: a session focused on another
+            // device's folder, online, is that device's host's. Moving the focus under it would
+            // send its un-targeted writes to this folder; this host gets a session of its own
+            // for its folder instead (which becomes the folder's active session).
+            if session.focus_held_by_other_device(device) {
+                let own = registry.create(user)?;
+                session = registry.resolve(Some(&own.id), user, Some(device))?;
+            }
             let mut entry = entry.cloned().unwrap_or_else(|| {
                 FolderSessions::new(user, device.as_str(), folder, &session.id, now)
             });

@@ -53,16 +53,20 @@ pub fn parse_root(uri: &str) -> Result<PathBuf, RootError> {
         return Err(RootError::TooLong);
     }
     let rest = uri
-        .get(..7)
-        .filter(|scheme| scheme.eq_ignore_ascii_case("file://"))
-        .map(|_| &uri[7..])
+        .get(..5)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("file:"))
+        .map(|_| &uri[5..])
         .ok_or(RootError::NotFile)?;
     if rest.contains(['?', '#']) {
         return Err(RootError::QueryOrFragment);
     }
-    let (host, path) = match rest.find('/') {
-        Some(at) => rest.split_at(at),
-        None => (rest, ""),
+    // `file://HOST/PATH`, or without an authority `file:/PATH` (RFC 8089's minimal form).
+    let (host, path) = match rest.strip_prefix("//") {
+        Some(rest) => match rest.find('/') {
+            Some(at) => rest.split_at(at),
+            None => (rest, ""),
+        },
+        None => ("", rest),
     };
     if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
         return Err(RootError::OtherHost(host.to_owned()));
@@ -225,6 +229,8 @@ mod tests {
         assert_eq!(ok("FILE:///a/./b//c"), "/a/b/c");
         assert_eq!(ok("file:///a/my%20proj/%C3%A9t%C3%A9"), "/a/my proj/été");
         assert_eq!(ok("file:///"), "/");
+        // RFC 8089's form without an authority.
+        assert_eq!(ok("file:/home/ana/proj"), "/home/ana/proj");
     }
 
     #[test]
@@ -232,7 +238,8 @@ mod tests {
         for (uri, why) in [
             ("https://example.com/a", RootError::NotFile),
             ("/home/ana/proj", RootError::NotFile),
-            ("file:", RootError::NotFile),
+            ("file:", RootError::NotAbsolute),
+            ("file:home/ana", RootError::NotAbsolute),
             ("", RootError::NotFile),
             (
                 "file://laptop/home/ana",

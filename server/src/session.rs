@@ -338,6 +338,19 @@ impl Session {
             .collect()
     }
 
+    /// Whether the focus is a folder another device attached, online: that device's agents
+    /// work in it, so a landing from `device` must not move the focus under them.
+    pub fn focus_held_by_other_device(&self, device: &DeviceId) -> bool {
+        let Some(focus) = self.focus() else {
+            return false;
+        };
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|a| a.name == focus && a.link.is_some() && &a.device_id != device)
+    }
+
     /// The workspace record of an attached folder, by short name.
     pub fn record_of(&self, name: &str) -> Option<String> {
         self.attached

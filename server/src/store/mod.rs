@@ -492,8 +492,8 @@ pub trait BindingStore: Send + Sync {
 
 /// The folder registry of MCP roots (seed 002): per user, device and folder (its absolute path
 /// on the device), the sessions worked in there with their last use and the active session
-/// ([`crate::roots::FolderSessions`]). (A database keeps it as `folder_sessions (user, device,
-/// folder) -> active` and `folder_session_uses (user, device, folder, session) -> used` rows.)
+/// ([`crate::roots::FolderSessions`]). (PostgreSQL keeps it as `folder_sessions (user_name,
+/// device_id, folder) -> (active, sessions)` rows, the sessions and their last use as JSON.)
 pub trait FolderStore: Send + Sync {
     /// The entries of `user`'s device, as stored (the caller prunes stale sessions).
     fn folder_sessions(

@@ -329,59 +329,53 @@ async fn call_usage_errors_show_how_call_is_used() {
 async fn an_empty_monad_config_dir_is_unset_not_the_current_directory() {
     let server = monad_tests::TestServer::start().await;
     let addr = server.addr.to_string();
-    let here = tempfile::tempdir().unwrap();
-    let out = within(
-        STEP,
-        "login",
-        command("monad-client")
-            .args([
-                "login",
-                "--server",
-                &addr,
-                "--fingerprint",
-                &server.fingerprint,
-            ])
-            .env("MONAD_TOKEN", &server.token)
-            .env("MONAD_CONFIG_DIR", "")
-            .current_dir(here.path())
-            .output(),
-    )
-    .await
-    .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        std::fs::read_dir(here.path()).unwrap().next().is_none(),
-        "nothing written in the current directory"
-    );
+    let mut login = command("monad-client");
+    login
+        .args([
+            "login",
+            "--server",
+            &addr,
+            "--fingerprint",
+            &server.fingerprint,
+        ])
+        .env("MONAD_TOKEN", &server.token)
+        .env("MONAD_CONFIG_DIR", "");
+    let out = leaves_the_current_directory_alone(login, "login").await;
     let said = text(&out.stderr);
     assert!(said.contains("/monad/config.toml"), "{said}");
 }
 
+/// The same for the server's `MONAD_DATA_DIR`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_monad_data_dir_is_unset_not_the_current_directory() {
-    let here = tempfile::tempdir().unwrap();
     let platform = tempfile::tempdir().unwrap();
-    let out = within(
-        STEP,
-        "token create",
-        command("monad-server")
-            .args(["token", "create"])
-            .env("MONAD_DATA_DIR", "")
-            .env("XDG_DATA_HOME", platform.path())
-            .current_dir(here.path())
-            .output(),
-    )
-    .await
-    .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        std::fs::read_dir(here.path()).unwrap().next().is_none(),
-        "nothing made in the current directory"
-    );
+    let mut create = command("monad-server");
+    create
+        .args(["token", "create"])
+        .env("MONAD_DATA_DIR", "")
+        .env("XDG_DATA_HOME", platform.path());
+    leaves_the_current_directory_alone(create, "token create").await;
     assert!(
         platform.path().join("monad").is_dir(),
         "the platform's data dir is used"
     );
+}
+
+/// Runs `cmd` in an empty directory: it succeeds and makes nothing there.
+async fn leaves_the_current_directory_alone(
+    mut cmd: tokio::process::Command,
+    what: &str,
+) -> Output {
+    let here = tempfile::tempdir().unwrap();
+    let out = within(STEP, what, cmd.current_dir(here.path()).output())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+    assert!(
+        std::fs::read_dir(here.path()).unwrap().next().is_none(),
+        "{what}: nothing made in the current directory"
+    );
+    out
 }
 
 /// A logged-in client config for `server`, in a temporary directory.

@@ -93,16 +93,9 @@ async fn status(config: &Path) -> Value {
 }
 
 fn workspace_names(status: &Value) -> Vec<(String, bool)> {
-    status["session"]["workspaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| {
-            (
-                w["name"].as_str().unwrap().to_owned(),
-                w["online"].as_bool().unwrap(),
-            )
-        })
+    workspace_uris(status)
+        .into_iter()
+        .map(|(name, _, online)| (name, online))
         .collect()
 }
 
@@ -152,7 +145,8 @@ fn workspace_uris(status: &Value) -> Vec<(String, String, bool)> {
 /// Regression: the folder was sent as typed (`.`, `proj`), and the server takes that as the
 /// folder's identity: `attach .` in a second project took the first one's workspace over and
 /// served the second folder under the first one's name, and one folder typed two ways became
-/// two workspaces. The folder is now sent as its canonical absolute path.
+/// two workspaces. The folder is now sent as its canonical path (`~/...` under the home
+/// directory).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_dot_in_two_projects_keeps_both_and_a_folder_typed_two_ways_is_one() {
     let (_server, _data, config) = ServerProcess::logged_in().await;

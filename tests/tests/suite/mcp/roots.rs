@@ -265,6 +265,14 @@ async fn sessions_new_in_a_folder_makes_the_next_landing_a_new_session_with_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_folder_s_active_session_survives_a_server_restart() {
+    restart_keeps_the_folder_s_session(|_| {}).await;
+}
+
+/// A folder attached, a session of its own for it (the device's binding back on `default`, so
+/// that only the registry knows it), the server stopped, `meanwhile` done to its data dir, and
+/// restarted: the attachment reconnects by itself and, naming no session, goes to the folder's
+/// active session (from the registry on disk), and a host whose root is the folder lands there.
+async fn restart_keeps_the_folder_s_session(meanwhile: impl FnOnce(&Path)) {
     let server = TestServer::start().await;
     let config = server.client_config();
     let (_p, proj) = project("proj", "kept\n");
@@ -279,18 +287,16 @@ async fn the_folder_s_active_session_survives_a_server_restart() {
     .await
     .expect("opened");
     assert_ne!(fresh.id, attached.session);
-    // The device's binding goes back to `default`: only the registry knows `fresh` now.
     bind_default(&config).await;
     drop(agent);
 
     let stopped = server.stop().await;
+    meanwhile(stopped.data_dir());
     let server = stopped.restart().await;
-    // The attachment reconnects by itself and, naming no session, goes to the folder's active
-    // session (from the registry on disk).
     attached.wait_attached().await;
     assert_eq!(
         attached.session, fresh.id,
-        "re-attached into the active session"
+        "re-attached into the folder's active session, not sent back to the default"
     );
     let mut args = roots(&[file_uri(&proj)]);
     args.extend(look_args());
@@ -299,6 +305,47 @@ async fn the_folder_s_active_session_survives_a_server_restart() {
     };
     sees(&looks[0], &fresh.id, "proj", "kept\n");
     drop(server);
+}
+
+/// One focus per session: a host on another device, landing in a session whose focus is this
+/// device's folder, gets a session of its own for its folder instead of moving the focus (which
+/// would send the first host's un-targeted writes into the other device's folder).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_on_another_device_does_not_move_the_focus_under_the_first() {
+    let server = TestServer::start().await;
+    let first = server.client_config();
+    let second = server.client_config();
+    let (_p1, proj) = project("proj", "first device\n");
+    let (_p2, proj2) = project("proj2", "second device\n");
+    let _a1 = attach(&first, &proj, "proj", Some("default")).await;
+    let dir1 = host_config(&first);
+    let mut args1 = roots(&[file_uri(&proj)]);
+    args1.extend(look_args());
+    let Some(looks) = host(dir1.path(), &args1).await else {
+        return;
+    };
+    sees(&looks[0], "default", "proj", "first device\n");
+
+    let _a2 = attach(&second, &proj2, "proj2", Some("default")).await;
+    let dir2 = host_config(&second);
+    let mut args2 = roots(&[file_uri(&proj2)]);
+    args2.extend(look_args());
+    let Some(looks) = host(dir2.path(), &args2).await else {
+        return;
+    };
+    let own = looks[0]["session"].as_str().unwrap_or_default().to_owned();
+    assert_ne!(own, "default", "{}", looks[0]);
+    sees(&looks[0], &own, "proj2", "second device\n");
+
+    // The first host still works in its folder, and so does the second, again.
+    let Some(looks) = host(dir1.path(), &args1).await else {
+        return;
+    };
+    sees(&looks[0], "default", "proj", "first device\n");
+    let Some(looks) = host(dir2.path(), &args2).await else {
+        return;
+    };
+    sees(&looks[0], &own, "proj2", "second device\n");
 }
 
 /// A folder the registry remembers, offline now, does not take a root from the online folder
@@ -354,56 +401,28 @@ async fn an_offline_inner_folder_does_not_win_a_root_from_the_online_folder_arou
 /// restart too (the registry's own timestamp is only when a host last landed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_worked_in_since_its_landing_a_day_ago_survives_a_restart() {
-    let server = TestServer::start().await;
-    let config = server.client_config();
-    let (_p, proj) = project("proj", "kept\n");
-    let mut attached = attach(&config, &proj, "proj", None).await;
-    let dir = host_config(&config);
-    let agent = connect_agent(&config).await;
-    let fresh = within(
-        STEP,
-        "a new session for the folder",
-        agent.open_session_in(None, proj.to_str()),
-    )
-    .await
-    .expect("opened");
-    bind_default(&config).await;
-    drop(agent);
-
-    let stopped = server.stop().await;
     // As if the last landing were 25 hours ago; the session's own metadata says it was active
     // just now.
-    let path = stopped.data_dir().join("folder_sessions.toml");
-    let mut registry: toml::Table =
-        toml::from_str(&std::fs::read_to_string(&path).unwrap()).expect("the registry is TOML");
-    let day_ago = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-        - 25 * 3_600_000;
-    let mut aged = 0;
-    for entry in registry["folders"].as_array_mut().expect("entries") {
-        for (_, used) in entry["sessions"].as_table_mut().expect("sessions") {
-            *used = toml::Value::Integer(day_ago);
-            aged += 1;
+    restart_keeps_the_folder_s_session(|data| {
+        let path = data.join("folder_sessions.toml");
+        let mut registry: toml::Table =
+            toml::from_str(&std::fs::read_to_string(&path).unwrap()).expect("the registry is TOML");
+        let day_ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+            - 25 * 3_600_000;
+        let mut aged = 0;
+        for entry in registry["folders"].as_array_mut().expect("entries") {
+            for (_, used) in entry["sessions"].as_table_mut().expect("sessions") {
+                *used = toml::Value::Integer(day_ago);
+                aged += 1;
+            }
         }
-    }
-    assert!(aged >= 1, "{registry}");
-    std::fs::write(&path, toml::to_string(&registry).unwrap()).unwrap();
-
-    let server = stopped.restart().await;
-    attached.wait_attached().await;
-    assert_eq!(
-        attached.session, fresh.id,
-        "re-attached into the folder's active session, not sent back to the default"
-    );
-    let mut args = roots(&[file_uri(&proj)]);
-    args.extend(look_args());
-    let Some(looks) = host(dir.path(), &args).await else {
-        return;
-    };
-    sees(&looks[0], &fresh.id, "proj", "kept\n");
-    drop(server);
+        assert!(aged >= 1, "{registry}");
+        std::fs::write(&path, toml::to_string(&registry).unwrap()).unwrap();
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
