@@ -403,7 +403,10 @@ fn main() -> ExitCode {
 
 /// `path` (absolute, resolved) as `~/...` when it is under the home directory, else as it is.
 fn home_relative(path: &std::path::Path) -> String {
-    let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+    // A home of `/` (a service account) would make every path `~/...`: no home then.
+    let home = directories::BaseDirs::new()
+        .and_then(|d| d.home_dir().canonicalize().ok())
+        .filter(|home| home.parent().is_some());
     match home
         .as_deref()
         .and_then(|home| path.strip_prefix(home).ok())

@@ -32,27 +32,34 @@ use crate::config::ClientConfig;
 /// sent as given; the server parses and checks it either way.
 fn canonical_root(uri: &str) -> String {
     let resolved = local_path(uri).and_then(|path| std::fs::canonicalize(path).ok());
-    match resolved {
-        Some(path) => file_uri(&path),
-        None => uri.to_owned(),
+    match resolved.map(|path| file_uri(&path)) {
+        // Percent-encoding, or a longer target, may take it over what the server reads.
+        Some(canonical) if canonical.len() <= monad_protocol::wire::MAX_ROOT_LEN => canonical,
+        _ => uri.to_owned(),
     }
 }
 
-/// The local path of a `file:///path` or `file://localhost/path` URI, percent-decoded.
+/// The local path of a `file:///path`, `file://localhost/path` or `file:/path` URI,
+/// percent-decoded.
 fn local_path(uri: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::ffi::OsStringExt;
     let rest = uri
-        .get(..7)
-        .filter(|scheme| scheme.eq_ignore_ascii_case("file://"))
-        .map(|_| &uri[7..])?;
+        .get(..5)
+        .filter(|scheme| scheme.eq_ignore_ascii_case("file:"))
+        .map(|_| &uri[5..])?;
     if rest.contains(['?', '#']) {
         return None;
     }
-    let path = match rest.find('/') {
-        Some(at) if rest[..at].is_empty() || rest[..at].eq_ignore_ascii_case("localhost") => {
-            &rest[at..]
-        }
-        _ => return None,
+    // `file://HOST/PATH` (no host, or `localhost`), or `file:/PATH` without an authority.
+    let path = match rest.strip_prefix("//") {
+        Some(rest) => match rest.find('/') {
+            Some(at) if rest[..at].is_empty() || rest[..at].eq_ignore_ascii_case("localhost") => {
+                &rest[at..]
+            }
+            _ => return None,
+        },
+        None if rest.starts_with('/') => rest,
+        None => return None,
     };
     let bytes = path.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
@@ -312,6 +319,19 @@ mod tests {
         );
         let localhost = link.replacen("file://", "file://localhost", 1);
         assert_eq!(canonical_root(&localhost), file_uri(&real));
+        // RFC 8089's form without an authority.
+        let bare = link.replacen("file://", "file:", 1);
+        assert_eq!(canonical_root(&bare), file_uri(&real));
+        // A resolved root the server would not read (over its length) goes as given.
+        let deep = dir.path().join("d".repeat(200));
+        let mut far = deep.clone();
+        while file_uri(&far).len() <= monad_protocol::wire::MAX_ROOT_LEN {
+            far = far.join("%".repeat(200));
+        }
+        std::fs::create_dir_all(&far).unwrap();
+        std::os::unix::fs::symlink(&far, dir.path().join("short")).unwrap();
+        let short = file_uri(&dir.path().join("short"));
+        assert_eq!(canonical_root(&short), short);
     }
 
     #[test]

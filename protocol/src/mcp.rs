@@ -126,8 +126,9 @@ pub fn describe_workspaces(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Stri
         "Workspace to run in: its short name or URI. Default: the session's focus workspace \
          when it has one (`workspaces` names it and says where calls go), then the order below: \
          the first that offers the tool and, for a path that must exist or a file to overwrite, \
-         contains the path; a new file goes to the focus, else the first. A write or edit of a \
-         file that no online workspace has fails while one that may have it is offline.",
+         contains the path; a new file goes to the focus, else the first. While the focus is \
+         offline, calls without `workspace` fail; a write or edit fails while a workspace that \
+         may have the file is offline.",
     );
     let offering: Vec<&WorkspaceInfo> = workspaces
         .iter()

@@ -120,7 +120,8 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         }
     }
     // A line longer than the byte cap: its head alone is shown, without its line ending.
-    let line_cut = r.truncation == Some(Truncation::Bytes) && !r.content.ends_with('\n');
+    let line_cut =
+        r.lines > 0 && r.truncation == Some(Truncation::Bytes) && !r.content.ends_with('\n');
     if r.truncated {
         if line_cut {
             let _ = write!(

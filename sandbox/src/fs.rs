@@ -245,10 +245,9 @@ fn read_serially(
     }
 
     let mut line_no: u64 = 0; // lines consumed so far
-    let mut scratch = Vec::new();
     while line_no + 1 < offset {
-        scratch.clear();
-        let n = reader.read_until(b'\n', &mut scratch).map_err(io_err)?;
+        // Passed over without being kept: a long line before `offset` is not held in memory.
+        let n = reader.skip_until(b'\n').map_err(io_err)?;
         if n == 0 {
             result.total_lines = Some(line_no);
             return Ok(result);
@@ -317,10 +316,18 @@ fn read_serially(
                 let ended = content.last() == Some(&b'\n');
                 content.truncate(max_bytes);
                 result.lines = 1;
-                if !ended {
-                    reader.skip_until(b'\n').map_err(io_err)?;
-                }
-                if reader.fill_buf().map_err(io_err)?.is_empty() {
+                // Up to a bound: past it, reading on says whether anything follows.
+                let scanned = if ended {
+                    0
+                } else {
+                    (&mut reader)
+                        .take(LONG_LINE_SCAN)
+                        .skip_until(b'\n')
+                        .map_err(io_err)?
+                };
+                if (scanned as u64) < LONG_LINE_SCAN
+                    && reader.fill_buf().map_err(io_err)?.is_empty()
+                {
                     result.total_lines = Some(line_no + 1);
                 } else {
                     result.next_offset = Some(line_no + 2);
@@ -354,6 +361,10 @@ fn read_serially(
     }
     Ok(result)
 }
+
+/// How far past the byte cap a read looks for the end of a line the cap cut, to say whether
+/// anything follows it.
+const LONG_LINE_SCAN: u64 = 16 * 1024 * 1024;
 
 /// Files at least this large, read whole, are read by two threads at once (see
 /// [`read_whole_in_halves`]).

@@ -204,7 +204,10 @@ pub(crate) fn land(
     let session = match (requested, &matched) {
         (Some(id), _) => {
             let session = registry.resolve(Some(id), user, Some(device))?;
-            if let Some(folder) = &matched {
+            // Not under another device's host working there.
+            if let Some(folder) = &matched
+                && !session.focus_held_by_other_device(device)
+            {
                 focus_if_attached(&session, device, folder);
             }
             session

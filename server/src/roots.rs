@@ -197,17 +197,21 @@ impl FolderSessions {
 
     /// [`FolderSessions::prune`] (sessions that exist are kept), each session's use first
     /// brought up to its last activity as its metadata has it (`last_active`, Unix ms): a host
-    /// that landed days ago and has worked in the session since keeps it. Returns whether
-    /// anything changed.
-    pub fn prune_by_activity(&mut self, now: u64, last_active: &HashMap<String, u64>) -> bool {
+    /// that landed days ago and has worked in the session since keeps it. Returns whether the
+    /// entry changed (to be saved) and whether stale sessions went.
+    pub fn prune_by_activity(
+        &mut self,
+        now: u64,
+        last_active: &HashMap<String, u64>,
+    ) -> (bool, bool) {
         let before = self.clone();
         for (id, used) in &mut self.sessions {
             if let Some(&active) = last_active.get(id) {
                 *used = (*used).max(active.min(now));
             }
         }
-        self.prune(now, |_| true);
-        *self != before
+        let pruned = self.prune(now, |_| true);
+        (*self != before, pruned)
     }
 
     /// No session left: the entry leaves the registry.

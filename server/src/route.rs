@@ -119,6 +119,15 @@ pub fn plan(
         }
         return Ok(Plan::Run(index));
     }
+    // The agent works in its focus: while it is offline, no call without `workspace` goes
+    // anywhere else (a command or a read there would act on another folder than the one it
+    // works in).
+    if let Some(f) = focus.filter(|&f| f < workspaces.len())
+        && !workspaces[f].online
+        && workspaces[f].offers
+    {
+        return Err(focus_offline(tool, workspaces[f].name));
+    }
     let candidates: Vec<usize> = order(workspaces.len(), focus)
         .filter(|&i| workspaces[i].online && workspaces[i].offers)
         .collect();
@@ -197,13 +206,16 @@ pub fn describe(workspaces: &[View<'_>], focus: Option<usize>) -> String {
             workspaces[f].name,
             online.join(", ")
         ),
-        Some(f) => format!(
-            "The focus workspace `{}` is offline (its client is disconnected; it is the focus \
-             again when it reconnects): until then, calls without `workspace` try the online \
-             workspaces in this order: {}.",
-            workspaces[f].name,
-            online.join(", ")
-        ),
+        Some(f) => {
+            return format!(
+                "The focus workspace `{name}` is offline (its client is disconnected; it is the \
+                 focus again when it reconnects): until then, calls without `workspace` fail \
+                 rather than run in another workspace than the one you work in. Pass \
+                 `workspace` to choose (online now: {}).",
+                online.join(", "),
+                name = workspaces[f].name,
+            );
+        }
         None => format!(
             "This session has no focus workspace: calls without `workspace` try the workspaces \
              in this order: {}.",
@@ -281,6 +293,47 @@ pub fn offline_may_have(tool: ToolName, path: &str, tried: &[&str], offline: &[&
                 tried.join(", ")
             },
             names.join(", "),
+        ),
+    )
+}
+
+/// The error of a write or edit of `path` that workspace `found` has, while `offline` ones that
+/// come before it for calls without `workspace` may have their own copy: writing `found`'s
+/// would leave the copy the agent may have read there.
+pub fn outranked_by_offline(
+    tool: ToolName,
+    path: &str,
+    found: &str,
+    offline: &[&str],
+) -> ToolError {
+    let names: Vec<String> = offline.iter().map(|n| format!("`{n}`")).collect();
+    ToolError::new(
+        ErrorCode::WorkspaceDisconnected,
+        format!(
+            "`{tool}` of `{path}` was not run: `{found}` has it, but {} {} before it for calls \
+             without `workspace` and {} offline (its client is disconnected), so the file may \
+             be there too. Pass `workspace` to choose (`{found}` to write there), or wait until \
+             {} back online.",
+            names.join(", "),
+            if names.len() == 1 { "comes" } else { "come" },
+            if names.len() == 1 { "is" } else { "are" },
+            if names.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            },
+        ),
+    )
+}
+
+/// The error of a call without `workspace` while the focus workspace `name` is offline.
+pub fn focus_offline(tool: ToolName, name: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::WorkspaceDisconnected,
+        format!(
+            "`{tool}` was not run: the focus workspace `{name}` is offline (its client is \
+             disconnected), and calls without `workspace` go to it. Pass `workspace` to run \
+             elsewhere (for example `primary`), or wait until `{name}` is back online."
         ),
     )
 }
@@ -459,8 +512,8 @@ mod tests {
             plan(ToolName::WriteFile, None, Some("x"), &ws, Some(2)),
             Ok(containing(vec![2, 0, 1], Some(2)))
         );
-        // An offline focus cannot be asked: it is listed as such, so that a write of a file
-        // found nowhere else fails instead of going to the primary.
+        // An offline workspace cannot be asked: it is listed as such, so that a write of a
+        // file found nowhere else fails instead of going to the primary.
         let ws = [
             view("primary", true, true),
             view("lap", false, true),
@@ -468,12 +521,43 @@ mod tests {
             view("ro", false, false),
         ];
         assert_eq!(
-            plan(ToolName::WriteFile, None, Some("x"), &ws, Some(1)),
+            plan(ToolName::WriteFile, None, Some("x"), &ws, None),
             Ok(containing_offline(vec![0], Some(0), vec![1, 2]))
         );
         assert_eq!(
-            plan(ToolName::EditFile, None, Some("x"), &ws, Some(2)),
-            Ok(containing_offline(vec![0], None, vec![2, 1]))
+            plan(ToolName::EditFile, None, Some("x"), &ws, Some(0)),
+            Ok(containing_offline(vec![0], None, vec![1, 2]))
+        );
+        // An offline focus: no call without `workspace` goes elsewhere meanwhile.
+        for tool in [
+            ToolName::WriteFile,
+            ToolName::ReadFile,
+            ToolName::RunCommand,
+            ToolName::ListDir,
+        ] {
+            let err = plan(tool, None, Some("x"), &ws, Some(2)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::WorkspaceDisconnected, "{tool}");
+            assert!(
+                err.message.contains("focus workspace `off`"),
+                "{}",
+                err.message
+            );
+        }
+        // A focus that does not offer the tool is passed over, offline or not.
+        assert_eq!(
+            plan(ToolName::RunCommand, None, None, &ws, Some(3)),
+            Ok(Plan::Run(0))
+        );
+        // Named, a workspace is reached whatever the focus.
+        assert_eq!(
+            plan(
+                ToolName::WriteFile,
+                Some("primary"),
+                Some("x"),
+                &ws,
+                Some(2)
+            ),
+            Ok(Plan::Run(0))
         );
     }
 
@@ -567,9 +651,9 @@ mod tests {
             "{}",
             err.message
         );
-        let err = plan(ToolName::RunCommand, None, None, &ws, Some(1)).unwrap_err();
+        let err = plan(ToolName::RunCommand, None, None, &ws, Some(0)).unwrap_err();
         assert!(
-            err.message.contains("lap (offline), primary"),
+            err.message.contains("primary, lap (offline)"),
             "the focus is listed first: {}",
             err.message
         );
@@ -607,14 +691,17 @@ mod tests {
         assert!(text.contains("no focus workspace"), "{text}");
         assert!(text.contains("`primary`, `a`"), "{text}");
         assert!(text.contains("a new file goes to `primary`"), "{text}");
-        // An offline focus stays the focus, and says so; new files wait for it.
+        // An offline focus stays the focus, and says so: calls without `workspace` wait for it.
         let ws = [view("primary", true, true), view("lap", false, true)];
         let text = describe(&ws, Some(1));
         assert!(
             text.starts_with("The focus workspace `lap` is offline"),
             "{text}"
         );
-        assert!(text.contains("in this order: `primary`."), "{text}");
+        assert!(text.contains("calls without `workspace` fail"), "{text}");
+        assert!(text.contains("online now: `primary`"), "{text}");
+        // Without a focus, an offline folder holds back new files only.
+        let text = describe(&ws, None);
         assert!(
             text.contains("not written while `lap` is offline"),
             "{text}"

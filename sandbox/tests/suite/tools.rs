@@ -736,6 +736,15 @@ fn a_line_longer_than_the_byte_cap_is_cut_and_the_next_line_found() {
     assert_eq!(out.next_offset, Some(2));
     on.path = "over.txt".into();
     assert_eq!(fx.sandbox.read_file(&on).unwrap().content, "after\n");
+    // A line longer than the scan for its end (16 MiB): the read cannot say whether anything
+    // follows, so it offers the next line, and reading on says there is none.
+    fx.put("huge.min.js", &"z".repeat(17 << 20));
+    let out = fx.sandbox.read_file(&read("huge.min.js")).unwrap();
+    assert_eq!(out.content.len(), 1024);
+    assert_eq!((out.total_lines, out.next_offset), (None, Some(2)));
+    on.path = "huge.min.js".into();
+    let out = fx.sandbox.read_file(&on).unwrap();
+    assert_eq!((out.lines, out.total_lines), (0, Some(1)));
 }
 
 #[test]

@@ -395,6 +395,23 @@ impl Executor {
                         Presence::Unknown(why) => unasked.push((name(i), why)),
                     }
                 }
+                // Where each comes for calls without `workspace`.
+                let rank = |i: usize| route::order(snapshots.len(), focus).position(|j| j == i);
+                let outranking = |found: usize| -> Vec<&str> {
+                    offline
+                        .iter()
+                        .filter(|&&o| rank(o) < rank(found))
+                        .map(|&o| name(o))
+                        .collect()
+                };
+                if let Some(i) = found
+                    && route::writes_where_found(tool)
+                    && let above = outranking(i)
+                    && !above.is_empty()
+                {
+                    let error = route::outranked_by_offline(tool, &path, name(i), &above);
+                    return (CallOutput::error(None, error), Verdict::NOBODY);
+                }
                 let offline: Vec<&str> = offline.into_iter().map(name).collect();
                 match found {
                     Some(i) => i,

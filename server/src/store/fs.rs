@@ -726,14 +726,14 @@ impl FolderStore for FsStore {
         last_active: &HashMap<String, u64>,
     ) -> Result<usize, StoreError> {
         self.with_folders(|file| {
-            let mut changed = 0;
+            let (mut changed, mut pruned) = (false, 0);
             for entry in &mut file.folders {
-                if entry.prune_by_activity(now, last_active) {
-                    changed += 1;
-                }
+                let (entry_changed, entry_pruned) = entry.prune_by_activity(now, last_active);
+                changed |= entry_changed;
+                pruned += usize::from(entry_pruned);
             }
             file.folders.retain(|e| !e.is_empty());
-            (changed, changed > 0)
+            (pruned, changed)
         })
     }
 }
@@ -2205,13 +2205,14 @@ mod tests {
             vec![a.clone()]
         );
         // Stale sessions go; an entry left without sessions goes with them. A session whose
-        // metadata says it was active since is not stale, whenever a host last landed in it.
+        // metadata says it was active since is not stale, whenever a host last landed in it
+        // (its entry is saved, not counted as pruned).
         let active = HashMap::from([("s3".to_owned(), 2_999 + STALE_AFTER_MS)]);
         assert_eq!(
             again
                 .prune_folder_sessions(3_000 + STALE_AFTER_MS, &active)
                 .unwrap(),
-            3
+            2
         );
         let third = FsStore::new(dir.path());
         let left = third.folder_sessions("ana", "dev1").unwrap();

@@ -505,7 +505,7 @@ pub trait FolderStore: Send + Sync {
     /// sessions removes it.
     fn save_folder_sessions(&self, entry: &crate::roots::FolderSessions) -> Result<(), StoreError>;
     /// Forgets sessions unused since [`crate::roots::STALE_AFTER_MS`] before `now` (Unix ms)
-    /// in every entry, and entries left empty; returns how many entries changed. A session's
+    /// in every entry, and entries left empty; returns how many entries lost sessions. A session's
     /// use is its entry's or its last activity in `last_active` (Unix ms by session id),
     /// whichever is later ([`crate::roots::FolderSessions::prune_by_activity`]).
     fn prune_folder_sessions(

@@ -327,8 +327,14 @@ async fn the_focus_stays_while_its_folder_is_offline_and_comes_back_with_it() {
         routing.contains("focus workspace `lap` is offline"),
         "{routing}"
     );
-    // A call without a path cannot reach it and runs in the primary meanwhile.
-    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    // A call without `workspace` cannot reach it, and goes nowhere else meanwhile; named, a
+    // workspace is reached.
+    let message = expect_code(
+        call(&agent, "list_dir", json!({})).await,
+        ErrorCode::WorkspaceDisconnected,
+    );
+    assert!(message.contains("focus workspace `lap`"), "{message}");
+    let (_, ran_in) = ok(call(&agent, "list_dir", json!({"workspace": "primary"})).await);
     assert_eq!(ran_in, "primary");
 
     // Attached again, without --focus: the focus again.
@@ -443,12 +449,12 @@ async fn a_write_of_a_file_in_an_offline_focus_folder_is_refused_not_created_in_
         }
     }
     assert!(!server.primary_dir("default").join("notes.txt").exists());
-    // A read says the offline folder was not tried.
+    // Nor is a read taken elsewhere.
     let message = expect_code(
         call(&agent, "read_file", json!({"path": "notes.txt"})).await,
-        ErrorCode::NotFound,
+        ErrorCode::WorkspaceDisconnected,
     );
-    assert!(message.contains("offline: lap"), "{message}");
+    assert!(message.contains("focus workspace `lap`"), "{message}");
     // Named, the write goes where the agent says.
     let (_, ran_in) = ok(call(
         &agent,
@@ -601,4 +607,48 @@ async fn a_write_to_a_file_that_exists_only_in_a_folder_goes_to_that_folder() {
     )
     .await);
     assert_eq!(ran_in, "primary");
+}
+
+/// Without a focus, a write of a file that a later folder has, while an earlier one that may
+/// have it too is offline, fails rather than writing the later one's copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_found_below_an_offline_folder_is_refused() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let first = folder(&[("README.md", "first\n")]);
+    let second = folder(&[("README.md", "second\n")]);
+    let writable = |dir: &std::path::Path, name: &str| {
+        let mut options = attach_options(dir, name);
+        options.allow = vec![ToolClass::Read, ToolClass::Write];
+        options
+    };
+    let config = server.client_config();
+    let early = Attachment::start(&config, writable(first.path(), "early"), None).await;
+    let _late = Attachment::start(&config, writable(second.path(), "late"), None).await;
+    drop(early);
+    until_online(&agent, "early", false).await;
+    let message = expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "README.md", "content": "agent\n"}),
+        )
+        .await,
+        ErrorCode::WorkspaceDisconnected,
+    );
+    for part in ["`late` has it", "`early`", "offline", "`workspace`"] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(second.path().join("README.md")).unwrap(),
+        "second\n"
+    );
+    // Named, it is written.
+    let (_, ran_in) = ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "README.md", "content": "agent\n", "workspace": "late"}),
+    )
+    .await);
+    assert_eq!(ran_in, "late");
 }

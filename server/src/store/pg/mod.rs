@@ -1279,10 +1279,11 @@ impl FolderStore for PgStore {
                 let Ok(mut entry) = folder_of(row) else {
                     continue;
                 };
-                if !entry.prune_by_activity(now, &last_active) {
+                let (entry_changed, pruned) = entry.prune_by_activity(now, &last_active);
+                if !entry_changed {
                     continue;
                 }
-                changed += 1;
+                changed += usize::from(pruned);
                 if entry.is_empty() {
                     tx.execute(
                         "DELETE FROM folder_sessions
