@@ -163,6 +163,17 @@ fn decode_other(
         content.push_str(line);
         taken += 1;
     }
+    // The line at `offset` does not end within what was read (longer than the cap): its head.
+    if taken == 0 && cut.is_none() && skip == complete && complete < lines.len() {
+        let line = lines[complete];
+        let mut end = max_bytes.min(line.len());
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        content.push_str(&line[..end]);
+        taken = 1;
+        cut = Some(Truncation::Bytes);
+    }
     if cut.is_none() && complete < lines.len() || cut.is_none() && !whole {
         cut = Some(Truncation::Bytes);
     }
@@ -174,7 +185,11 @@ fn decode_other(
     result.lines = taken;
     result.total_lines = (whole && cut.is_none()).then_some(lines.len() as u64);
     result.truncated = cut.is_some();
-    result.next_offset = cut.map(|_| offset + taken);
+    // Only the head of such a file is decoded: past it, nothing more can be read, so no offset
+    // is offered that would give the same answer again.
+    result.next_offset = cut
+        .filter(|&cut| taken > 0 || cut == Truncation::Lines)
+        .map(|_| offset + taken);
     result.truncation = cut;
     Ok(())
 }

@@ -169,6 +169,34 @@ fn read_file_decodes_latin1_and_utf16_text_and_says_so() {
     assert_eq!(out.start_line, 2);
 }
 
+/// A decoded file whose first line is longer than the byte cap: its head, and no offset that
+/// would give the same answer again (only the head of such a file is decoded).
+#[test]
+fn a_decoded_line_longer_than_the_byte_cap_shows_its_head_and_does_not_loop() {
+    let fx = Fixture::with_limits(Limits {
+        read_max_bytes: 1024,
+        ..Limits::default()
+    });
+    let mut utf16 = vec![0xFF, 0xFE];
+    let text = format!("{}\nb\n", "a".repeat(3000));
+    utf16.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+    std::fs::write(fx.root().join("long16.txt"), utf16).unwrap();
+    let out = fx.sandbox.read_file(&read("long16.txt")).unwrap();
+    assert_eq!(out.encoding.as_deref(), Some("utf-16le"));
+    assert_eq!(out.lines, 1);
+    assert!(
+        !out.content.is_empty() && out.content.chars().all(|c| c == 'a'),
+        "{}",
+        out.content
+    );
+    assert_eq!(out.truncation, Some(Truncation::Bytes));
+    assert_eq!(out.next_offset, Some(2));
+    let mut on = read("long16.txt");
+    on.offset = Some(2);
+    let out = fx.sandbox.read_file(&on).unwrap();
+    assert_eq!((out.lines, out.truncated, out.next_offset), (0, true, None));
+}
+
 #[test]
 fn read_file_of_an_empty_file_is_empty() {
     let fx = Fixture::new();
