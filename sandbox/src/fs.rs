@@ -93,6 +93,15 @@ pub(crate) fn read_opened(
     Ok(result)
 }
 
+/// The first `max_bytes` of `line`, without cutting a character.
+fn head_of(line: &str, max_bytes: usize) -> &str {
+    let mut end = max_bytes.min(line.len());
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    &line[..end]
+}
+
 /// Reads a file `read_utf8` found not to be UTF-8 text again, from its start (at most
 /// `read_max_bytes` of it): decoded into `result` when it is text in another encoding, else
 /// left binary with the reason.
@@ -150,11 +159,7 @@ fn decode_other(
         }
         if content.len() + line.len() > max_bytes {
             if taken == 0 {
-                let mut end = max_bytes.min(line.len());
-                while !line.is_char_boundary(end) {
-                    end -= 1;
-                }
-                content.push_str(&line[..end]);
+                content.push_str(head_of(line, max_bytes));
                 taken = 1;
             }
             cut = Some(Truncation::Bytes);
@@ -165,12 +170,7 @@ fn decode_other(
     }
     // The line at `offset` does not end within what was read (longer than the cap): its head.
     if taken == 0 && cut.is_none() && skip == complete && complete < lines.len() {
-        let line = lines[complete];
-        let mut end = max_bytes.min(line.len());
-        while !line.is_char_boundary(end) {
-            end -= 1;
-        }
-        content.push_str(&line[..end]);
+        content.push_str(head_of(lines[complete], max_bytes));
         taken = 1;
         cut = Some(Truncation::Bytes);
     }

@@ -114,6 +114,39 @@ async fn host_said(config_dir: &Path, args: &[String]) -> Option<(Vec<Value>, St
     Some((looks, stderr.into_owned()))
 }
 
+/// A server, and a project `proj` attached from the device into a session of its own, the
+/// device's binding back on `default`: a host that is not landed stays in `default`.
+struct Attached {
+    _server: TestServer,
+    _project: TempDir,
+    proj: PathBuf,
+    _attachment: Attachment,
+    /// The host's config dir (the device's).
+    dir: TempDir,
+}
+
+impl Attached {
+    async fn elsewhere() -> Attached {
+        let server = TestServer::start().await;
+        let config = server.client_config();
+        let agent = connect_agent(&config).await;
+        let (project, proj) = project("proj", "x\n");
+        let work = within(STEP, "session", agent.open_session(None))
+            .await
+            .expect("a session");
+        let attachment = attach(&config, &proj, "proj", Some(&work.id)).await;
+        bind_default(&config).await;
+        let dir = host_config(&config);
+        Attached {
+            _server: server,
+            _project: project,
+            proj,
+            _attachment: attachment,
+            dir,
+        }
+    }
+}
+
 fn roots(uris: &[String]) -> Vec<String> {
     uris.iter()
         .flat_map(|u| ["--root".to_owned(), u.clone()])
@@ -455,16 +488,8 @@ async fn roots_list_changed_to_another_folder_switches_the_session_and_focus() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_with_no_matching_root_or_without_roots_stays_in_its_default_session() {
-    let server = TestServer::start().await;
-    let config = server.client_config();
-    let agent = connect_agent(&config).await;
-    let (_p, proj) = project("proj", "x\n");
-    let work = within(STEP, "session", agent.open_session(None))
-        .await
-        .expect("a session");
-    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
-    bind_default(&config).await;
-    let dir = host_config(&config);
+    let fx = Attached::elsewhere().await;
+    let (proj, dir) = (fx.proj.clone(), &fx.dir);
     let elsewhere = folder(&[]);
     let near = proj.with_file_name("proj2");
     std::fs::create_dir_all(&near).expect("a sibling");
@@ -488,16 +513,8 @@ async fn a_host_with_no_matching_root_or_without_roots_stays_in_its_default_sess
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_never_answers_roots_list_works_in_its_default_session() {
-    let server = TestServer::start().await;
-    let config = server.client_config();
-    let agent = connect_agent(&config).await;
-    let (_p, proj) = project("proj", "x\n");
-    let work = within(STEP, "session", agent.open_session(None))
-        .await
-        .expect("a session");
-    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
-    bind_default(&config).await;
-    let dir = host_config(&config);
+    let fx = Attached::elsewhere().await;
+    let (proj, dir) = (fx.proj.clone(), &fx.dir);
     let mut args = roots(&[file_uri(&proj)]);
     args.push("--never-answer".into());
     let Some(looks) = host(dir.path(), &args).await else {
@@ -518,16 +535,8 @@ async fn a_host_that_never_answers_roots_list_works_in_its_default_session() {
 /// though docs/mcp.md promises a warning there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_left_in_its_default_session_is_warned_on_stderr_without_rust_log() {
-    let server = TestServer::start().await;
-    let config = server.client_config();
-    let agent = connect_agent(&config).await;
-    let (_p, proj) = project("proj", "x\n");
-    let work = within(STEP, "session", agent.open_session(None))
-        .await
-        .expect("a session");
-    let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
-    bind_default(&config).await;
-    let dir = host_config(&config);
+    let fx = Attached::elsewhere().await;
+    let (proj, dir) = (fx.proj.clone(), &fx.dir);
     let elsewhere = folder(&[]);
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
