@@ -198,6 +198,7 @@ pub(crate) fn land(
                 .ok()
         })
         .collect();
+    let _held = registry.folders_lock();
     let entries = entries(registry, user, device, now);
     let live = live(registry, user, device);
     let matched = pick(&parsed, &entries, &live);
@@ -264,6 +265,7 @@ pub(crate) fn attach_target(
     folder: &str,
     now: u64,
 ) -> Option<String> {
+    let _held = registry.folders_lock();
     let mut entry = entries(registry, user, device, now)
         .into_iter()
         .find(|e| e.folder == folder)?;
@@ -293,6 +295,7 @@ pub(crate) fn start_in_folder(
     {
         return None;
     }
+    let _held = registry.folders_lock();
     let entries = entries(registry, user, device, now);
     let live = live(registry, user, device);
     let folder = pick(&[path.to_path_buf()], &entries, &live)?;
@@ -309,4 +312,49 @@ pub(crate) fn start_in_folder(
         debug!(session = %session.id, "focus: {}", e.message);
     }
     Some(folder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Layers;
+    use crate::store::{FolderStore, FsStore};
+
+    /// A landing reads a folder's entry and saves it whole: `sessions --new` run many times at
+    /// once in one folder must not save over each other (each new session stays in the entry).
+    #[test]
+    fn sessions_started_at_once_in_one_folder_are_all_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let registry = Registry::new(dir.path(), store.clone(), Layers::default());
+        let device = DeviceId::parse(&uuid::Uuid::new_v4().to_string()).unwrap();
+        let now = now_ms();
+        let first = registry.create("ana").unwrap();
+        store
+            .save_folder_sessions(&FolderSessions::new(
+                "ana",
+                device.as_str(),
+                "/home/ana/proj",
+                &first.id,
+                now,
+            ))
+            .unwrap();
+        let started: Vec<Arc<Session>> = (0..12).map(|_| registry.create("ana").unwrap()).collect();
+        std::thread::scope(|scope| {
+            for session in &started {
+                let (registry, device) = (&registry, &device);
+                scope.spawn(move || {
+                    start_in_folder(registry, "ana", device, "/home/ana/proj/src", session, now)
+                });
+            }
+        });
+        let entry = &store.folder_sessions("ana", device.as_str()).unwrap()[0];
+        for session in started.iter().chain([&first]) {
+            assert!(
+                entry.sessions.contains_key(&session.id),
+                "{} lost: {entry:?}",
+                session.id
+            );
+        }
+    }
 }

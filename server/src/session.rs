@@ -696,6 +696,10 @@ pub struct Registry {
     deleting: Mutex<std::collections::HashSet<String>>,
     /// Several hosts on one store: a session that leaves memory gives up its lease.
     cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Held across a read-modify-write of the MCP roots registry ([`crate::landing`]): two
+    /// landings, or a landing and `sessions --new`, would otherwise each save the entry as they
+    /// read it, and one's sessions would be lost.
+    folders: Mutex<()>,
     /// The recorder of the sessions' calls, flushed before a session's rows go: a call's
     /// records (its metadata's last use among them) written after the delete would put the
     /// session back.
@@ -737,7 +741,13 @@ impl Registry {
             deleting: Mutex::new(std::collections::HashSet::new()),
             cluster: None,
             recorder: None,
+            folders: Mutex::new(()),
         }
+    }
+
+    /// Held while the MCP roots registry is read, changed and saved ([`crate::landing`]).
+    pub(crate) fn folders_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.folders.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Flushes `recorder` before a session is deleted ([`Registry::delete`]).
