@@ -28,59 +28,18 @@ use crate::config::ClientConfig;
 
 /// A host's `file://` root with its path canonicalised on this device (symlinks resolved, as
 /// `attach` resolves the folder it sends), so that a root reached through a symlink matches the
-/// attached folder. Anything else, and a path that cannot be resolved (it does not exist), is
-/// sent as given; the server parses and checks it either way.
+/// attached folder. A root the server would refuse ([`monad_protocol::roots::parse_root`]), and
+/// a path that cannot be resolved (it does not exist), is sent as given; the server parses and
+/// checks it either way.
 fn canonical_root(uri: &str) -> String {
-    let resolved = local_path(uri).and_then(|path| std::fs::canonicalize(path).ok());
+    let resolved = monad_protocol::roots::parse_root(uri)
+        .ok()
+        .and_then(|path| std::fs::canonicalize(path).ok());
     match resolved.map(|path| file_uri(&path)) {
         // Percent-encoding, or a longer target, may take it over what the server reads.
         Some(canonical) if canonical.len() <= monad_protocol::wire::MAX_ROOT_LEN => canonical,
         _ => uri.to_owned(),
     }
-}
-
-/// The local path of a `file:///path`, `file://localhost/path` or `file:/path` URI,
-/// percent-decoded.
-fn local_path(uri: &str) -> Option<std::path::PathBuf> {
-    use std::os::unix::ffi::OsStringExt;
-    let rest = uri
-        .get(..5)
-        .filter(|scheme| scheme.eq_ignore_ascii_case("file:"))
-        .map(|_| &uri[5..])?;
-    if rest.contains(['?', '#']) {
-        return None;
-    }
-    // `file://HOST/PATH` (no host, or `localhost`), or `file:/PATH` without an authority.
-    let path = match rest.strip_prefix("//") {
-        Some(rest) => match rest.find('/') {
-            Some(at) if rest[..at].is_empty() || rest[..at].eq_ignore_ascii_case("localhost") => {
-                &rest[at..]
-            }
-            _ => return None,
-        },
-        None if rest.starts_with('/') => rest,
-        None => return None,
-    };
-    let bytes = path.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            decoded.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
-            i += 3;
-        } else {
-            decoded.push(bytes[i]);
-            i += 1;
-        }
-    }
-    if decoded.contains(&0) {
-        return None;
-    }
-    Some(std::ffi::OsString::from_vec(decoded).into())
 }
 
 /// A `file://` URI of an absolute path, percent-encoded but for unreserved characters and `/`.

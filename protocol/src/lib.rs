@@ -38,6 +38,7 @@ pub mod output;
 #[cfg(feature = "quic")]
 pub mod pin;
 pub mod render;
+pub mod roots;
 #[cfg(feature = "quic")]
 pub mod stream;
 pub mod text;

@@ -317,8 +317,6 @@ pub struct McpFront<B> {
     state: Mutex<State>,
     /// False while a landing by roots is due or under way: calls and listings wait for it.
     landed: tokio::sync::watch::Sender<bool>,
-    /// One landing at a time (the first, and one per `roots/list_changed`).
-    landing: tokio::sync::Mutex<()>,
     /// What is due of landings: notifications only mark it, one task lands.
     landings: Mutex<Landings>,
 }
@@ -354,7 +352,6 @@ impl<B: Backend> McpFront<B> {
                 watcher: None,
             }),
             landed: tokio::sync::watch::Sender::new(true),
-            landing: tokio::sync::Mutex::new(()),
             landings: Mutex::new(Landings::default()),
         }
     }
@@ -448,9 +445,9 @@ impl<B: Backend> McpFront<B> {
 
     /// Asks the host for its roots and lands it: switches to the session the backend answers
     /// (re-watching it and telling the host its tools changed) and logs where it works. A host
-    /// that does not answer, or roots that match nothing, leave it where it is.
+    /// that does not answer, or roots that match nothing, leave it where it is. Run by
+    /// [`McpFront::land_coalesced`] only, so one at a time.
     async fn land(&self, peer: &rmcp::Peer<RoleServer>, caller: &Extensions) {
-        let _one = self.landing.lock().await;
         let current = self.state().session.clone().unwrap_or_default();
         let mut roots: Vec<String> = match tokio::time::timeout(ROOTS_WAIT, peer.list_roots()).await
         {

@@ -5,121 +5,19 @@
 //! inside, a folder this device attached picks that folder; the folder's entry in the registry
 //! ([`FolderSessions`], kept behind [`crate::store::FolderStore`]) lists the sessions it was
 //! worked in, with their last use, and its active session: the one a host lands in. Everything
-//! here is pure: parsing a root ([`parse_root`]), matching ([`best_match`]) and the staleness
-//! rule ([`FolderSessions::prune`], with the clock passed in).
+//! here is pure: parsing a root ([`parse_root`], shared with the client that sends them),
+//! matching ([`best_match`]) and the staleness rule ([`FolderSessions::prune`], with the clock
+//! passed in).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
+pub use monad_protocol::roots::{RootError, parse_root};
 use serde::{Deserialize, Serialize};
 
 /// A session unused for this long leaves a folder's entry (seed 002: 24 hours). The session
 /// itself stays.
 pub const STALE_AFTER_MS: u64 = 24 * 60 * 60 * 1000;
-
-/// Why a root cannot name a folder on this device.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RootError {
-    /// Not a `file:` URI (`https:`, a bare path, ...).
-    #[error("not a file: URI")]
-    NotFile,
-    /// A `file:` URI of another machine (`file://host/...`).
-    #[error("names another machine (`{0}`)")]
-    OtherHost(String),
-    /// Its path is not absolute.
-    #[error("its path is not absolute")]
-    NotAbsolute,
-    /// A `%` not followed by two hex digits.
-    #[error("a malformed percent escape")]
-    BadEscape,
-    /// The decoded path is not UTF-8 text (or contains NUL).
-    #[error("its path is not UTF-8 text")]
-    NotText,
-    /// A `..` component: the path would not name the folder it seems to.
-    #[error("its path contains `..`")]
-    DotDot,
-    /// A query or fragment, which a folder does not have.
-    #[error("it has a query or fragment")]
-    QueryOrFragment,
-    /// Longer than [`monad_protocol::wire::MAX_ROOT_LEN`].
-    #[error("it is longer than {} bytes", monad_protocol::wire::MAX_ROOT_LEN)]
-    TooLong,
-}
-
-/// The absolute path a root names: `file:///a/b` or `file://localhost/a/b`, percent-decoded,
-/// with `.` and empty components dropped. Anything else is refused with the reason.
-pub fn parse_root(uri: &str) -> Result<PathBuf, RootError> {
-    if uri.len() > monad_protocol::wire::MAX_ROOT_LEN {
-        return Err(RootError::TooLong);
-    }
-    let rest = uri
-        .get(..5)
-        .filter(|scheme| scheme.eq_ignore_ascii_case("file:"))
-        .map(|_| &uri[5..])
-        .ok_or(RootError::NotFile)?;
-    if rest.contains(['?', '#']) {
-        return Err(RootError::QueryOrFragment);
-    }
-    // `file://HOST/PATH`, or without an authority `file:/PATH` (RFC 8089's minimal form).
-    let (host, path) = match rest.strip_prefix("//") {
-        Some(rest) => match rest.find('/') {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        },
-        None => ("", rest),
-    };
-    if !host.is_empty() && !host.eq_ignore_ascii_case("localhost") {
-        return Err(RootError::OtherHost(host.to_owned()));
-    }
-    if !path.starts_with('/') {
-        return Err(RootError::NotAbsolute);
-    }
-    let decoded = percent_decode(path)?;
-    let text = String::from_utf8(decoded).map_err(|_| RootError::NotText)?;
-    if text.contains('\0') {
-        return Err(RootError::NotText);
-    }
-    let mut clean = PathBuf::from("/");
-    for component in Path::new(&text).components() {
-        match component {
-            Component::RootDir | Component::CurDir => {}
-            Component::ParentDir => return Err(RootError::DotDot),
-            Component::Normal(part) => clean.push(part),
-            Component::Prefix(_) => return Err(RootError::NotAbsolute),
-        }
-    }
-    Ok(clean)
-}
-
-fn percent_decode(text: &str) -> Result<Vec<u8>, RootError> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            // Exactly two hex digits (`from_str_radix` alone would take a sign: `%+1`).
-            let (Some(high), Some(low)) = (
-                bytes.get(i + 1).copied().and_then(hex_digit),
-                bytes.get(i + 2).copied().and_then(hex_digit),
-            ) else {
-                return Err(RootError::BadEscape);
-            };
-            out.push((high << 4) | low);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Ok(out)
-}
-
-/// The value of one ASCII hex digit.
-fn hex_digit(byte: u8) -> Option<u8> {
-    char::from(byte)
-        .to_digit(16)
-        .and_then(|d| u8::try_from(d).ok())
-}
 
 /// Which folder the roots pick: the first root (in the host's order) that is, or is inside, one
 /// of `folders`, and among the folders that contain it the longest (the innermost). Containment
@@ -223,53 +121,6 @@ impl FolderSessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn file_uris_name_absolute_paths_percent_decoded() {
-        let ok = |uri: &str| parse_root(uri).unwrap().to_string_lossy().into_owned();
-        assert_eq!(ok("file:///home/ana/proj"), "/home/ana/proj");
-        assert_eq!(ok("file:///home/ana/proj/"), "/home/ana/proj");
-        assert_eq!(ok("file://localhost/home/ana/proj"), "/home/ana/proj");
-        assert_eq!(ok("FILE:///a/./b//c"), "/a/b/c");
-        assert_eq!(ok("file:///a/my%20proj/%C3%A9t%C3%A9"), "/a/my proj/été");
-        assert_eq!(ok("file:///"), "/");
-        // RFC 8089's form without an authority.
-        assert_eq!(ok("file:/home/ana/proj"), "/home/ana/proj");
-    }
-
-    #[test]
-    fn roots_that_name_no_folder_here_are_refused_with_the_reason() {
-        for (uri, why) in [
-            ("https://example.com/a", RootError::NotFile),
-            ("/home/ana/proj", RootError::NotFile),
-            ("file:", RootError::NotAbsolute),
-            ("file:home/ana", RootError::NotAbsolute),
-            ("", RootError::NotFile),
-            (
-                "file://laptop/home/ana",
-                RootError::OtherHost("laptop".into()),
-            ),
-            ("file://", RootError::NotAbsolute),
-            ("file:///a/%zz", RootError::BadEscape),
-            ("file:///a/%4", RootError::BadEscape),
-            // Regression: `u8::from_str_radix` takes a sign, so `%+1` was read as byte 1.
-            ("file:///a/%+1", RootError::BadEscape),
-            ("file:///a/%-1", RootError::BadEscape),
-            ("file:///a/% 1", RootError::BadEscape),
-            ("file:///a/%ff%fe", RootError::NotText),
-            ("file:///a/%00b", RootError::NotText),
-            ("file:///a/../etc", RootError::DotDot),
-            ("file:///a/%2e%2e/etc", RootError::DotDot),
-            ("file:///a?x=1", RootError::QueryOrFragment),
-            ("file:///a#top", RootError::QueryOrFragment),
-        ] {
-            assert_eq!(parse_root(uri), Err(why), "{uri}");
-        }
-        let long = format!("file:///{}", "a".repeat(monad_protocol::wire::MAX_ROOT_LEN));
-        assert_eq!(parse_root(&long), Err(RootError::TooLong));
-        // Multi-byte text cut anywhere never panics.
-        assert_eq!(parse_root("fil\u{e9}:///a"), Err(RootError::NotFile));
-    }
 
     #[test]
     fn a_root_matches_the_innermost_folder_that_contains_it_by_whole_components() {

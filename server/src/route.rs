@@ -271,57 +271,60 @@ pub fn not_in_any(
     ToolError::new(ErrorCode::NotFound, message)
 }
 
-/// The error of a write or edit of `path` that no online workspace has while `offline` ones
-/// (in routing order, at least one) may: writing it elsewhere would split the file.
-pub fn offline_may_have(tool: ToolName, path: &str, tried: &[&str], offline: &[&str]) -> ToolError {
+/// Where a write or edit found its file, for [`offline_may_have`].
+#[derive(Debug, Clone, Copy)]
+pub enum Found<'a> {
+    /// In no online workspace; these were asked.
+    Nowhere(&'a [&'a str]),
+    /// In this workspace, which comes after the offline ones.
+    Below(&'a str),
+}
+
+/// The error of a write or edit of `path` while `offline` workspaces (in routing order, at least
+/// one) may have the file: where it was `found` comes after them, or it was found nowhere.
+/// Writing it elsewhere would leave two different copies.
+pub fn offline_may_have(
+    tool: ToolName,
+    path: &str,
+    found: Found<'_>,
+    offline: &[&str],
+) -> ToolError {
     let names: Vec<String> = offline.iter().map(|n| format!("`{n}`")).collect();
-    let (them, verb) = if names.len() == 1 {
-        ("it", "is")
+    let one = names.len() == 1;
+    let (verb, them) = if one {
+        ("is", "it is")
     } else {
-        ("they", "are")
+        ("are", "they are")
+    };
+    let (situation, choice) = match found {
+        Found::Nowhere(tried) => (
+            format!(
+                "no online workspace has it (tried: {}), and {} {verb} offline",
+                if tried.is_empty() {
+                    "none".to_owned()
+                } else {
+                    tried.join(", ")
+                },
+                names.join(", ")
+            ),
+            "for example `primary` for a new file".to_owned(),
+        ),
+        Found::Below(found) => (
+            format!(
+                "`{found}` has it, but {} {} before it for calls without `workspace` and {verb} \
+                 offline",
+                names.join(", "),
+                if one { "comes" } else { "come" }
+            ),
+            format!("`{found}` to write there"),
+        ),
     };
     ToolError::new(
         ErrorCode::WorkspaceDisconnected,
         format!(
-            "`{tool}` of `{path}` was not run: no online workspace has it (tried: {}), and {} \
-             {verb} offline (its client is disconnected), so it may be there; writing it \
-             anywhere else would leave two different copies. Pass `workspace` to choose where \
-             (for example `primary` for a new file), or wait until {them} {verb} back online.",
-            if tried.is_empty() {
-                "none".to_owned()
-            } else {
-                tried.join(", ")
-            },
-            names.join(", "),
-        ),
-    )
-}
-
-/// The error of a write or edit of `path` that workspace `found` has, while `offline` ones that
-/// come before it for calls without `workspace` may have their own copy: writing `found`'s
-/// would leave the copy the agent may have read there.
-pub fn outranked_by_offline(
-    tool: ToolName,
-    path: &str,
-    found: &str,
-    offline: &[&str],
-) -> ToolError {
-    let names: Vec<String> = offline.iter().map(|n| format!("`{n}`")).collect();
-    ToolError::new(
-        ErrorCode::WorkspaceDisconnected,
-        format!(
-            "`{tool}` of `{path}` was not run: `{found}` has it, but {} {} before it for calls \
-             without `workspace` and {} offline (its client is disconnected), so the file may \
-             be there too. Pass `workspace` to choose (`{found}` to write there), or wait until \
-             {} back online.",
-            names.join(", "),
-            if names.len() == 1 { "comes" } else { "come" },
-            if names.len() == 1 { "is" } else { "are" },
-            if names.len() == 1 {
-                "it is"
-            } else {
-                "they are"
-            },
+            "`{tool}` of `{path}` was not run: {situation} (its client is disconnected), so the \
+             file may be there; writing it anywhere else would leave two different copies. Pass \
+             `workspace` to choose where ({choice}), or wait until {them} back online."
         ),
     )
 }
@@ -566,7 +569,12 @@ mod tests {
         assert!(writes_where_found(ToolName::WriteFile));
         assert!(writes_where_found(ToolName::EditFile));
         assert!(!writes_where_found(ToolName::ReadFile));
-        let err = offline_may_have(ToolName::WriteFile, "notes.txt", &["primary"], &["lap"]);
+        let err = offline_may_have(
+            ToolName::WriteFile,
+            "notes.txt",
+            Found::Nowhere(&["primary"]),
+            &["lap"],
+        );
         assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
         for part in [
             "`lap`",

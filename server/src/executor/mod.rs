@@ -409,14 +409,16 @@ impl Executor {
                     && let above = outranking(i)
                     && !above.is_empty()
                 {
-                    let error = route::outranked_by_offline(tool, &path, name(i), &above);
+                    let found = route::Found::Below(name(i));
+                    let error = route::offline_may_have(tool, &path, found, &above);
                     return (CallOutput::error(None, error), Verdict::NOBODY);
                 }
                 let offline: Vec<&str> = offline.into_iter().map(name).collect();
                 match found {
                     Some(i) => i,
                     None if route::writes_where_found(tool) && !offline.is_empty() => {
-                        let error = route::offline_may_have(tool, &path, &tried, &offline);
+                        let found = route::Found::Nowhere(&tried);
+                        let error = route::offline_may_have(tool, &path, found, &offline);
                         return (CallOutput::error(None, error), Verdict::NOBODY);
                     }
                     None => match otherwise {
