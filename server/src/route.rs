@@ -10,11 +10,12 @@
 //!    needs I/O, so the plan lists the candidates and the executor probes them in order.
 //! 3. Otherwise `not_found`, listing the workspaces that were tried.
 //!
-//! A write or edit never guesses: when a workspace that could hold the file is offline (the
-//! focus, or an attached folder offering the tool, its client disconnected) and no online one
-//! has it, or when a workspace tried before the one found could not be asked ([`Presence`]),
-//! it fails saying which, rather than writing somewhere else ([`offline_may_have`],
-//! [`not_asked`]).
+//! While the focus is offline, the calls without `workspace` it would take fail
+//! ([`focus_offline`]): none runs, reads or lists in another workspace than the one the agent
+//! works in. And a write or edit never guesses: when an attached folder that could hold the file
+//! is offline and no online workspace has it, or has it only after that folder, or when a
+//! workspace tried before the one found could not be asked ([`Presence`]), it fails saying
+//! which, rather than writing somewhere else ([`offline_may_have`], [`not_asked`]).
 
 use std::time::Duration;
 

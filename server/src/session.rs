@@ -491,10 +491,9 @@ impl Session {
 
     /// Marks the folder attached under `generation` as disconnected. A newer attachment of the
     /// same folder (after a reconnect) is left alone. When it was the focus, it stays the focus,
-    /// offline: calls without `workspace` cannot reach it meanwhile, and a write of a file
-    /// that no online workspace has fails rather than going elsewhere ([`crate::route`]); it
-    /// serves as the focus again when its client reconnects. Only a detach by name
-    /// ([`Session::forget`]) ends the focus.
+    /// offline: meanwhile the calls without `workspace` it would take fail rather than run in
+    /// another workspace ([`crate::route::focus_offline`]); it serves as the focus again when
+    /// its client reconnects. Only a detach by name ([`Session::forget`]) ends the focus.
     pub fn detach(&self, generation: u64) {
         let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
         let mut gone = false;
