@@ -137,16 +137,41 @@ fn left_out_note(count: u64) -> String {
     )
 }
 
-/// The printing thread: each line as it comes, until every sender is gone.
+/// How long the printing thread rests after writing, before it waits for lines again. A thread
+/// waiting on the queue is woken by every line, and on a busy machine the woken thread takes
+/// the core of the attachment that queued the line, in the middle of answering a call (two
+/// lines per call: `docs/benchmarks.md`, the Python SDK cases' eleventh round). Resting, it is
+/// woken at most once per rest; the lines queued meanwhile are written together, a fraction of
+/// a second late at most, which a person does not see.
+const PRINT_REST: Duration = Duration::from_millis(10);
+
+/// The most bytes written at once: a write to a pipe of at most this many bytes (`PIPE_BUF`)
+/// is not split, so another writer's text (an approval prompt) never lands inside a line.
+const WRITE_MAX: usize = 4096;
+
+/// The printing thread: the lines as they come, those that came together in one write (a line
+/// longer than [`WRITE_MAX`] in one write of its own), until every sender is gone.
 fn print(mut out: impl Write, queued: Receiver<String>, done: oneshot::Sender<()>) {
-    for mut line in queued {
-        // One write per line, as `errln!` does, so that another writer's text (an approval
-        // prompt) does not land between a line and its end.
-        line.push('\n');
-        let _ = out.write_all(line.as_bytes());
-        let _ = out.flush();
+    let mut batch = String::new();
+    while let Ok(first) = queued.recv() {
+        for line in std::iter::once(first).chain(queued.try_iter()) {
+            if !batch.is_empty() && batch.len() + line.len() + 1 > WRITE_MAX {
+                write_out(&mut out, &mut batch);
+            }
+            batch.push_str(&line);
+            batch.push('\n');
+        }
+        write_out(&mut out, &mut batch);
+        std::thread::sleep(PRINT_REST);
     }
     let _ = done.send(());
+}
+
+/// Writes `batch` (whole lines) in one write and empties it.
+fn write_out(out: &mut impl Write, batch: &mut String) {
+    let _ = out.write_all(batch.as_bytes());
+    let _ = out.flush();
+    batch.clear();
 }
 
 #[cfg(test)]
@@ -268,6 +293,58 @@ mod tests {
             ],
             "{lines:?}"
         );
+    }
+
+    /// An output that keeps each write apart.
+    #[derive(Clone, Default)]
+    struct Writes(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().push(buf.to_vec());
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_that_come_together_are_written_together_in_whole_lines_and_pipe_sized_writes() {
+        let writes = Writes::default();
+        let (printer, events) = LinesPrinter::start(writes.clone(), 1000).unwrap();
+        // More than one pipe-sized write's worth at once, and a line longer than one.
+        for n in 0..300 {
+            events.send(event(n)).unwrap();
+        }
+        events
+            .send(AttachEvent::Disconnected {
+                reason: "x".repeat(5000),
+                retry_in: Duration::ZERO,
+            })
+            .unwrap();
+        drop(events);
+        printer.finish("detached", Duration::from_secs(10)).await;
+        let writes = writes.0.lock().unwrap().clone();
+        let text: Vec<u8> = writes.concat();
+        let lines: Vec<&str> = std::str::from_utf8(&text).unwrap().lines().collect();
+        assert_eq!(lines.len(), 302, "every line, in order");
+        for (n, line) in lines[..300].iter().enumerate() {
+            assert_eq!(*line, format!("line {n}; reconnecting in 0.0 s"));
+        }
+        assert_eq!(lines[301], "detached");
+        // Fewer writes than lines: the lines that were waiting went out together.
+        assert!(writes.len() < 100, "{} writes for 302 lines", writes.len());
+        for write in &writes {
+            assert!(write.ends_with(b"\n"), "a write ends a line");
+            let longest_line = write.split(|b| *b == b'\n').map(<[u8]>::len).max().unwrap();
+            assert!(
+                write.len() <= WRITE_MAX || longest_line > WRITE_MAX,
+                "a {}-byte write of short lines",
+                write.len()
+            );
+        }
     }
 
     #[tokio::test]

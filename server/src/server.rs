@@ -503,7 +503,13 @@ async fn handle_connection(
     };
     info!(%remote, %user, ?role, "connected");
     let limit = Arc::new(Semaphore::new(state.config.max_calls_per_connection));
-    let mut streams = tokio::task::JoinSet::new();
+    // Each request runs as a task of its own. A `TaskTracker` rather than a `JoinSet`: a
+    // `JoinSet` wakes this loop to reap every finished request, one more thread wake-up per call
+    // on the answer's path; the tracker is only waited on when the connection ends.
+    let streams = tokio_util::task::TaskTracker::new();
+    // Cancelled when the connection ends: what is still running for it stops there.
+    let ended = tokio_util::sync::CancellationToken::new();
+    let _ending = ended.clone().drop_guard();
     loop {
         tokio::select! {
             accepted = conn.accept_bi() => {
@@ -528,24 +534,33 @@ async fn handle_connection(
                     origin,
                     stop: stop.clone(),
                 };
+                let ended = ended.clone();
                 streams.spawn(async move {
-                    match role {
-                        Role::Agent => agent_request(&ctx, send, recv).await,
-                        Role::Client => client_request(&ctx, send, recv).await,
+                    let request = async {
+                        match role {
+                            Role::Agent => agent_request(&ctx, send, recv).await,
+                            Role::Client => client_request(&ctx, send, recv).await,
+                        }
+                    };
+                    tokio::select! {
+                        () = request => {}
+                        () = ended.cancelled() => {}
                     }
                     drop(permit);
                 });
             }
-            Some(_) = streams.join_next(), if !streams.is_empty() => {}
             _ = stop.changed() => {
                 // Shutting down: finish what is in flight (the server bounds how long).
-                while streams.join_next().await.is_some() {}
+                streams.close();
+                streams.wait().await;
                 conn.close(CLOSE_SHUTDOWN.into(), b"server shutting down");
                 return info!(%remote, %user, ?role, "disconnected (server shutting down)");
             }
         }
     }
-    streams.shutdown().await;
+    ended.cancel();
+    streams.close();
+    streams.wait().await;
     info!(%remote, %user, ?role, "disconnected");
 }
 

@@ -51,6 +51,11 @@ class Server:
         self.send({"jsonrpc": "2.0", "id": self.id, "method": method, "params": params})
         line = self.out.readline()
         answer = json.loads(line)
+        # A notification (a logging message, such as Monad's warning that this client declares
+        # no roots) is not the answer: read on.
+        while "id" not in answer:
+            line = self.out.readline()
+            answer = json.loads(line)
         if answer.get("id") != self.id or "error" in answer or answer["result"].get("isError"):
             raise AssertionError(f"{method}: {line[:300]!r}")
         return line
