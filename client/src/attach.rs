@@ -251,7 +251,9 @@ impl CallEnd {
             Outcome::Error { error } => CallEnd::Failed(error.code),
             Outcome::Ok { .. } if tool != ToolName::RunCommand => CallEnd::Ok,
             Outcome::Ok { result } => {
-                let Ok(ran) = serde_json::from_value::<RunCommandResult>(result.clone()) else {
+                let Ok(ran) =
+                    serde_json::from_value::<RunCommandResult>(result.value().into_owned())
+                else {
                     return CallEnd::Ok;
                 };
                 match (ran.timed_out, ran.process, ran.exit_code, ran.signal) {
@@ -928,7 +930,9 @@ async fn run(
         }
     };
     let outcome = match answer {
-        Ok(result) => Outcome::Ok { result },
+        Ok(result) => Outcome::Ok {
+            result: result.into(),
+        },
         Err(e) => Outcome::Error {
             error: e.to_tool_error(),
         },
@@ -966,7 +970,9 @@ mod tests {
         if let (Some(base), Some(extra)) = (base.as_object_mut(), result.as_object()) {
             base.extend(extra.clone());
         }
-        Outcome::Ok { result: base }
+        Outcome::Ok {
+            result: base.into(),
+        }
     }
 
     #[test]

@@ -31,9 +31,10 @@ pub const EXIT_COMMAND_FAILED: u8 = 3;
 /// The exit code of a call of `tool` that ended with `outcome`.
 pub fn exit_code(tool: ToolName, outcome: &Outcome) -> u8 {
     let result = match outcome {
-        Outcome::Ok { result } => result,
+        Outcome::Ok { result } => result.value(),
         Outcome::Error { .. } => return EXIT_TOOL_ERROR,
     };
+    let result = result.as_ref();
     let failed = |exit_code: Option<i32>, signal: Option<i32>, timed_out: bool| {
         timed_out || signal.is_some() || exit_code.is_some_and(|c| c != 0)
     };
@@ -78,7 +79,7 @@ pub fn printed(tool: ToolName, reply: &CallReply, json: bool) -> Printed {
             stdout: line(&printable_lines(&render::text(
                 tool,
                 reply.workspace.as_ref(),
-                result,
+                &result.value(),
             ))),
             stderr: String::new(),
         },
@@ -154,7 +155,9 @@ mod tests {
     use serde_json::json;
 
     fn ok(result: Value) -> Outcome {
-        Outcome::Ok { result }
+        Outcome::Ok {
+            result: result.into(),
+        }
     }
 
     fn command(extra: Value) -> Value {

@@ -46,6 +46,23 @@ pub async fn read_message<R: AsyncRead + Unpin>(
     reader: &mut R,
     max_message: usize,
 ) -> Result<Option<Message>, ReadError> {
+    read_with(reader, max_message, Message::from_json).await
+}
+
+/// [`read_message`], with a tool's result kept as the JSON text it came in
+/// ([`Message::from_json_relayed`]).
+pub async fn read_message_relayed<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_message: usize,
+) -> Result<Option<Message>, ReadError> {
+    read_with(reader, max_message, Message::from_json_relayed).await
+}
+
+async fn read_with<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_message: usize,
+    decode: fn(&[u8]) -> Result<Message, serde_json::Error>,
+) -> Result<Option<Message>, ReadError> {
     // Payloads are read straight into the message being assembled: no buffer per frame, no
     // copy, no zeroing (a 64 MiB result is 64 frames).
     let mut message: Vec<u8> = Vec::new();
@@ -82,9 +99,7 @@ pub async fn read_message<R: AsyncRead + Unpin>(
             return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
         }
         if header.fin {
-            return Message::from_json(&message)
-                .map(Some)
-                .map_err(ReadError::Json);
+            return decode(&message).map(Some).map_err(ReadError::Json);
         }
     }
 }
@@ -208,7 +223,7 @@ mod tests {
     async fn a_body_follows_its_result_and_is_checked() {
         let content = "0123456789abcde\n".repeat(crate::wire::BODY_THRESHOLD / 8);
         let mut outcome = Outcome::Ok {
-            result: json!({"path": "big.txt", "content": content}),
+            result: json!({"path": "big.txt", "content": content}).into(),
         };
         let original = outcome.clone();
         let (body, bytes) = outcome.split_body().unwrap();
@@ -240,7 +255,9 @@ mod tests {
         let mut a = writer.await.unwrap();
 
         // Over the cap: refused before reading; short: an error, not a hang.
-        let mut empty = Outcome::Ok { result: json!({}) };
+        let mut empty = Outcome::Ok {
+            result: json!({}).into(),
+        };
         assert!(matches!(
             read_body(&mut b, &mut empty, &body, content.len() - 1).await,
             Err(ReadError::Frame(FrameError::MessageTooLarge(_)))
@@ -251,7 +268,12 @@ mod tests {
             read_body(&mut b, &mut empty, &body, content.len()).await,
             Err(ReadError::Io(_))
         ));
-        assert_eq!(empty, Outcome::Ok { result: json!({}) });
+        assert_eq!(
+            empty,
+            Outcome::Ok {
+                result: json!({}).into()
+            }
+        );
     }
 
     #[tokio::test]

@@ -203,6 +203,7 @@ pub fn call_result(
 ) -> CallToolResult {
     match outcome {
         Outcome::Ok { result } => {
+            let result = result.into_value();
             let text = render::text(tool, workspace.as_ref(), &result);
             let mut answer = CallToolResult::success(vec![ContentBlock::text(text)]);
             answer.structured_content = Some(json!({ "workspace": workspace, "result": result }));
@@ -913,7 +914,7 @@ mod tests {
             ToolName::ReadFile,
             Some(ws.clone()),
             Outcome::Ok {
-                result: result.clone(),
+                result: result.clone().into(),
             },
         );
         assert_eq!(ok.is_error, Some(false));

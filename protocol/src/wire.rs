@@ -372,6 +372,154 @@ pub struct WorkspaceRef {
     pub uri: String,
 }
 
+/// A tool's JSON result: a tree, or the JSON text it was read as.
+///
+/// A server relays a result from an attached client to the agent, and records it, without
+/// looking inside it: [`Message::from_json_relayed`] keeps the result as the text it came in, and
+/// writing it out copies that text. Decoding a 1,000-entry listing into a tree and encoding it
+/// twice (for the agent and for the call's artifact) took the server about 180 µs per call
+/// (`docs/benchmarks.md`, the Python SDK cases' eleventh round). Whoever needs the tree gets
+/// it with [`ToolResult::value`], parsed then. Every other decoding makes a tree at once.
+#[derive(Clone)]
+pub struct ToolResult(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Tree(Value),
+    Text(Box<serde_json::value::RawValue>),
+}
+
+impl ToolResult {
+    /// The result as a tree: the one it is, or one parsed from its text.
+    pub fn value(&self) -> std::borrow::Cow<'_, Value> {
+        match &self.0 {
+            Repr::Tree(value) => std::borrow::Cow::Borrowed(value),
+            Repr::Text(text) => std::borrow::Cow::Owned(parse_checked(text)),
+        }
+    }
+
+    /// The result as a tree, taken.
+    pub fn into_value(self) -> Value {
+        match self.0 {
+            Repr::Tree(value) => value,
+            Repr::Text(text) => parse_checked(&text),
+        }
+    }
+
+    /// The tree, to change it: a result kept as text is parsed into one first.
+    pub fn tree_mut(&mut self) -> &mut Value {
+        if let Repr::Text(text) = &self.0 {
+            self.0 = Repr::Tree(parse_checked(text));
+        }
+        match &mut self.0 {
+            Repr::Tree(value) => value,
+            Repr::Text(_) => unreachable!("made a tree just above"),
+        }
+    }
+
+    /// True when the result is kept as the text it was read as.
+    pub fn is_text(&self) -> bool {
+        matches!(self.0, Repr::Text(_))
+    }
+}
+
+/// How deep serde_json lets arrays and objects nest in what it decodes.
+const MAX_NESTING: usize = 127;
+
+/// True when JSON text can be passed on as it is: its arrays and objects nest at most `max`
+/// deep, and it escapes no UTF-16 surrogate (`\ud800` to `\udfff`). serde_json checks both
+/// when it makes a tree (too deep, or half a pair, is refused) but not when it keeps text; text
+/// with a surrogate escape (which Monad's peers never write: they send UTF-8) is made a tree of,
+/// so that a valid pair is decoded and half of one refused, as anywhere else.
+fn passes_as_text(text: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, &byte) in text.iter().enumerate() {
+        if in_string {
+            match byte {
+                b'u' if escaped => {
+                    escaped = false;
+                    if let [b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F', ..] =
+                        &text[i + 1..]
+                    {
+                        return false;
+                    }
+                }
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
+/// Parses text that was read as JSON. serde_json checks JSON text (its syntax, its nesting
+/// limit) the same way whether it keeps it as text or makes a tree of it, but as text it does
+/// not check that a `\u` escape of a surrogate has its pair; such a result is sent on as it is
+/// (its receiver refuses it) and, here, is a `null`.
+fn parse_checked(text: &serde_json::value::RawValue) -> Value {
+    serde_json::from_str(text.get()).unwrap_or(Value::Null)
+}
+
+impl From<Value> for ToolResult {
+    fn from(value: Value) -> ToolResult {
+        ToolResult(Repr::Tree(value))
+    }
+}
+
+impl PartialEq for ToolResult {
+    fn eq(&self, other: &ToolResult) -> bool {
+        self.value() == other.value()
+    }
+}
+
+/// The result as JSON text.
+impl std::fmt::Display for ToolResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Repr::Tree(value) => value.fmt(f),
+            Repr::Text(text) => f.write_str(text.get()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ToolResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Repr::Tree(value) => value.fmt(f),
+            Repr::Text(text) => write!(f, "ToolResult({})", text.get()),
+        }
+    }
+}
+
+impl Serialize for ToolResult {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            Repr::Tree(value) => value.serialize(serializer),
+            Repr::Text(text) => text.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolResult {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<ToolResult, D::Error> {
+        Value::deserialize(deserializer).map(ToolResult::from)
+    }
+}
+
 /// How a tool call ended. Decoded by hand (see the `Deserialize` impl below), written by serde
 /// as `{"status": "ok", "result": ...}` or `{"status": "error", "error": ...}`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -380,7 +528,7 @@ pub enum Outcome {
     /// The tool's JSON result.
     Ok {
         /// The result, as the tool's result type serializes.
-        result: Value,
+        result: ToolResult,
     },
     /// The tool failed; `error.code` says how.
     Error {
@@ -396,60 +544,91 @@ pub enum Outcome {
 /// errors, as with the derive.
 impl<'de> Deserialize<'de> for Outcome {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Outcome, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = Outcome;
+        deserialize_outcome::<D, Value>(deserializer)
+    }
+}
 
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an outcome {status: ok, result} or {status: error, error}")
+/// An [`Outcome`] whose result is kept as the JSON text it is read as (see [`ToolResult`]).
+struct RelayedOutcome(Outcome);
+
+impl<'de> Deserialize<'de> for RelayedOutcome {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<RelayedOutcome, D::Error> {
+        deserialize_outcome::<D, Box<serde_json::value::RawValue>>(deserializer).map(RelayedOutcome)
+    }
+}
+
+impl From<Box<serde_json::value::RawValue>> for ToolResult {
+    fn from(text: Box<serde_json::value::RawValue>) -> ToolResult {
+        ToolResult(Repr::Text(text))
+    }
+}
+
+impl From<RelayedOutcome> for Outcome {
+    fn from(relayed: RelayedOutcome) -> Outcome {
+        relayed.0
+    }
+}
+
+/// Reads an [`Outcome`] whose result is first read as an `R`.
+fn deserialize_outcome<'de, D, R>(deserializer: D) -> Result<Outcome, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    R: Deserialize<'de> + Into<ToolResult>,
+{
+    struct Visitor<R>(std::marker::PhantomData<R>);
+    impl<'de, R: Deserialize<'de> + Into<ToolResult>> serde::de::Visitor<'de> for Visitor<R> {
+        type Value = Outcome;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an outcome {status: ok, result} or {status: error, error}")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Outcome, A::Error> {
+            use serde::de::Error;
+            #[derive(Deserialize)]
+            #[serde(rename_all = "snake_case")]
+            enum Status {
+                Ok,
+                Error,
             }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Outcome, A::Error> {
-                use serde::de::Error;
-                #[derive(Deserialize)]
-                #[serde(rename_all = "snake_case")]
-                enum Status {
-                    Ok,
-                    Error,
-                }
-                #[derive(Deserialize)]
-                #[serde(field_identifier, rename_all = "snake_case")]
-                enum Field {
-                    Status,
-                    Result,
-                    Error,
-                }
-                let (mut status, mut result, mut error) = (None, None, None);
-                while let Some(field) = map.next_key::<Field>()? {
-                    match field {
-                        Field::Status if status.is_none() => status = Some(map.next_value()?),
-                        Field::Result if result.is_none() => result = Some(map.next_value()?),
-                        Field::Error if error.is_none() => error = Some(map.next_value()?),
-                        Field::Status => return Err(A::Error::duplicate_field("status")),
-                        Field::Result => return Err(A::Error::duplicate_field("result")),
-                        Field::Error => return Err(A::Error::duplicate_field("error")),
+            #[derive(Deserialize)]
+            #[serde(field_identifier, rename_all = "snake_case")]
+            enum Field {
+                Status,
+                Result,
+                Error,
+            }
+            let (mut status, mut result, mut error) = (None, None, None);
+            while let Some(field) = map.next_key::<Field>()? {
+                match field {
+                    Field::Status if status.is_none() => status = Some(map.next_value()?),
+                    Field::Result if result.is_none() => {
+                        result = Some(map.next_value::<R>()?.into());
                     }
+                    Field::Error if error.is_none() => error = Some(map.next_value()?),
+                    Field::Status => return Err(A::Error::duplicate_field("status")),
+                    Field::Result => return Err(A::Error::duplicate_field("result")),
+                    Field::Error => return Err(A::Error::duplicate_field("error")),
                 }
-                match (status, result, error) {
-                    (None, _, _) => Err(A::Error::missing_field("status")),
-                    (Some(Status::Ok), Some(result), None) => Ok(Outcome::Ok { result }),
-                    (Some(Status::Ok), None, _) => Err(A::Error::missing_field("result")),
-                    (Some(Status::Ok), Some(_), Some(_)) => {
-                        Err(A::Error::unknown_field("error", &["status", "result"]))
-                    }
-                    (Some(Status::Error), None, Some(error)) => Ok(Outcome::Error { error }),
-                    (Some(Status::Error), _, None) => Err(A::Error::missing_field("error")),
-                    (Some(Status::Error), Some(_), Some(_)) => {
-                        Err(A::Error::unknown_field("result", &["status", "error"]))
-                    }
+            }
+            match (status, result, error) {
+                (None, _, _) => Err(A::Error::missing_field("status")),
+                (Some(Status::Ok), Some(result), None) => Ok(Outcome::Ok { result }),
+                (Some(Status::Ok), None, _) => Err(A::Error::missing_field("result")),
+                (Some(Status::Ok), Some(_), Some(_)) => {
+                    Err(A::Error::unknown_field("error", &["status", "result"]))
+                }
+                (Some(Status::Error), None, Some(error)) => Ok(Outcome::Error { error }),
+                (Some(Status::Error), _, None) => Err(A::Error::missing_field("error")),
+                (Some(Status::Error), Some(_), Some(_)) => {
+                    Err(A::Error::unknown_field("result", &["status", "error"]))
                 }
             }
         }
-        deserializer.deserialize_map(Visitor)
     }
+    deserializer.deserialize_map(Visitor::<R>(std::marker::PhantomData))
 }
 
 /// A field of a result that travels after its [`Message::Result`] as raw bytes instead of inside
@@ -522,10 +701,15 @@ impl Outcome {
     /// `None` (and the outcome untouched) when there is none of at least [`BODY_THRESHOLD`]
     /// bytes. The string's buffer is moved, not copied.
     pub fn split_body(&mut self) -> Option<(Body, Vec<u8>)> {
-        let Outcome::Ok {
-            result: Value::Object(map),
-        } = self
-        else {
+        let Outcome::Ok { result } = self else {
+            return None;
+        };
+        // A result kept as text is relayed as it came: its client sent a large `content` as a
+        // body already (or is too old to read one, and so is what it answers to).
+        if result.is_text() {
+            return None;
+        }
+        let Value::Object(map) = result.tree_mut() else {
             return None;
         };
         match map.get("content") {
@@ -545,10 +729,10 @@ impl Outcome {
     /// Puts a received [`Body`] back into its result, the inverse of [`Outcome::split_body`].
     /// Changes nothing on error.
     pub fn join_body(&mut self, body: &Body, bytes: Vec<u8>) -> Result<(), BodyError> {
-        let Outcome::Ok {
-            result: Value::Object(map),
-        } = self
-        else {
+        let Outcome::Ok { result } = self else {
+            return Err(BodyError::NotAnObject);
+        };
+        let Value::Object(map) = result.tree_mut() else {
             return Err(BodyError::NotAnObject);
         };
         if map.contains_key(&body.field) {
@@ -1071,13 +1255,13 @@ pub enum Message {
 /// message is turned away at its first field).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ResultMessage {
+struct ResultMessage<O> {
     #[serde(rename = "type")]
     _type: ResultTag,
     id: u64,
     #[serde(default)]
     workspace: Option<WorkspaceRef>,
-    outcome: Outcome,
+    outcome: O,
     #[serde(default)]
     body: Option<Body>,
 }
@@ -1105,13 +1289,33 @@ impl Message {
     /// it on every message cost each of them a formatted error ("unknown variant"), a few
     /// percent of the server's time per call.
     pub fn from_json(bytes: &[u8]) -> Result<Message, serde_json::Error> {
+        Message::decode::<Outcome>(bytes)
+    }
+
+    /// [`Message::from_json`], with a tool's result kept as the JSON text it came in
+    /// ([`ToolResult`]): for a server, which relays and records an attached client's result
+    /// without looking inside it. A result the fast path refuses is a tree, as there.
+    pub fn from_json_relayed(bytes: &[u8]) -> Result<Message, serde_json::Error> {
+        let message = Message::decode::<RelayedOutcome>(bytes)?;
+        // What a server passes on must be what every reader can decode (see `passes_as_text`).
+        if matches!(&message, Message::Result { outcome: Outcome::Ok { result }, .. } if result.is_text())
+            && !passes_as_text(bytes, MAX_NESTING)
+        {
+            return Message::from_json(bytes);
+        }
+        Ok(message)
+    }
+
+    fn decode<'de, O: Deserialize<'de> + Into<Outcome>>(
+        bytes: &'de [u8],
+    ) -> Result<Message, serde_json::Error> {
         if bytes.starts_with(br#"{"type":"result","#)
-            && let Ok(result) = serde_json::from_slice::<ResultMessage>(bytes)
+            && let Ok(result) = serde_json::from_slice::<ResultMessage<O>>(bytes)
         {
             return Ok(Message::Result {
                 id: result.id,
                 workspace: result.workspace,
-                outcome: result.outcome,
+                outcome: result.outcome.into(),
                 body: result.body,
             });
         }
@@ -1323,7 +1527,7 @@ mod tests {
                     uri: "server:/sessions/default".into(),
                 }),
                 outcome: Outcome::Ok {
-                    result: json!({"content": "x"}),
+                    result: json!({"content": "x"}).into(),
                 },
                 body: None,
             },
@@ -1331,7 +1535,7 @@ mod tests {
                 id: 7,
                 workspace: None,
                 outcome: Outcome::Ok {
-                    result: json!({"path": "big.txt", "lines": 2}),
+                    result: json!({"path": "big.txt", "lines": 2}).into(),
                 },
                 body: Some(Body {
                     field: "content".into(),
@@ -1616,7 +1820,7 @@ mod tests {
     fn large_content_splits_into_a_body_and_joins_back() {
         let content = "line of text\n".repeat(BODY_THRESHOLD / 10);
         let original = Outcome::Ok {
-            result: json!({"path": "a.txt", "content": content, "lines": 1}),
+            result: json!({"path": "a.txt", "content": content, "lines": 1}).into(),
         };
         let mut outcome = original.clone();
         let (body, bytes) = outcome.split_body().expect("large content splits");
@@ -1632,7 +1836,7 @@ mod tests {
     #[test]
     fn small_content_and_errors_do_not_split() {
         let mut small = Outcome::Ok {
-            result: json!({"content": "x".repeat(BODY_THRESHOLD - 1)}),
+            result: json!({"content": "x".repeat(BODY_THRESHOLD - 1)}).into(),
         };
         let before = small.clone();
         assert!(small.split_body().is_none());
@@ -1642,7 +1846,7 @@ mod tests {
         };
         assert!(error.split_body().is_none());
         let mut not_text = Outcome::Ok {
-            result: json!({"content": 5}),
+            result: json!({"content": 5}).into(),
         };
         assert!(not_text.split_body().is_none());
     }
@@ -1654,7 +1858,7 @@ mod tests {
             len: 2,
         };
         let mut present = Outcome::Ok {
-            result: json!({"content": "already"}),
+            result: json!({"content": "already"}).into(),
         };
         let before = present.clone();
         assert_eq!(
@@ -1662,12 +1866,19 @@ mod tests {
             Err(BodyError::FieldPresent("content".into()))
         );
         assert_eq!(present, before);
-        let mut ok = Outcome::Ok { result: json!({}) };
+        let mut ok = Outcome::Ok {
+            result: json!({}).into(),
+        };
         assert_eq!(
             ok.join_body(&body, vec![0xff, 0xfe]),
             Err(BodyError::NotText("content".into()))
         );
-        assert_eq!(ok, Outcome::Ok { result: json!({}) });
+        assert_eq!(
+            ok,
+            Outcome::Ok {
+                result: json!({}).into()
+            }
+        );
         let mut error = Outcome::Error {
             error: ToolError::new(ErrorCode::NotFound, "nope"),
         };
@@ -1677,9 +1888,9 @@ mod tests {
         );
     }
 
-    fn outcome_result(outcome: &Outcome) -> &Value {
+    fn outcome_result(outcome: &Outcome) -> Value {
         match outcome {
-            Outcome::Ok { result } => result,
+            Outcome::Ok { result } => result.value().into_owned(),
             Outcome::Error { .. } => panic!("not ok"),
         }
     }
@@ -1761,7 +1972,7 @@ mod tests {
         assert_eq!(
             ok(json!({"result": {"a": 1}, "status": "ok"})).unwrap(),
             Outcome::Ok {
-                result: json!({"a": 1})
+                result: json!({"a": 1}).into()
             }
         );
         let error = json!({"code": "not_found", "message": "no such file"});
@@ -1803,6 +2014,136 @@ mod tests {
     }
 
     #[test]
+    fn a_relayed_result_is_kept_as_the_text_it_came_in_and_written_out_unchanged() {
+        use serde_json::json;
+        // As a client writes it: the server relays these bytes, it does not re-encode them.
+        let sent = Message::Result {
+            id: 7,
+            workspace: None,
+            outcome: Outcome::Ok {
+                result: json!({"path": "a.txt", "content": "é\t\"x\"\n", "size": 1e3}).into(),
+            },
+            body: None,
+        }
+        .to_json();
+        let relayed = Message::from_json_relayed(&sent).unwrap();
+        let Message::Result {
+            outcome: Outcome::Ok { result },
+            ..
+        } = &relayed
+        else {
+            panic!("{relayed:?}");
+        };
+        assert!(result.is_text());
+        assert_eq!(relayed.to_json(), sent, "written out byte for byte");
+        // The same message as a tree, whoever reads it.
+        assert_eq!(relayed, Message::from_json(&sent).unwrap());
+        assert_eq!(result.value()["content"], "é\t\"x\"\n");
+        let text = String::from_utf8(sent.clone()).unwrap();
+        assert!(text.contains(&format!(r#""result":{result}}}"#)), "{text}");
+        // A relayed result is never split into a body (its client sends large ones as bodies);
+        // a body is put back into it like into any result.
+        let mut outcome = Outcome::Ok {
+            result: result.clone(),
+        };
+        assert_eq!(outcome.split_body(), None);
+        let Message::Result {
+            outcome: Outcome::Ok { result: head },
+            ..
+        } = Message::from_json_relayed(
+            br#"{"type":"result","id":1,"outcome":{"status":"ok","result":{"path":"b"}}}"#,
+        )
+        .unwrap()
+        else {
+            panic!("not a result");
+        };
+        let mut joined = Outcome::Ok { result: head };
+        let body = Body {
+            field: "content".into(),
+            len: 2,
+        };
+        joined.join_body(&body, b"hi".to_vec()).unwrap();
+        assert_eq!(
+            joined,
+            Outcome::Ok {
+                result: json!({"path": "b", "content": "hi"}).into()
+            }
+        );
+        // An error, and anything not valid JSON, are as with `from_json`.
+        let error = Message::Result {
+            id: 8,
+            workspace: None,
+            outcome: Outcome::Error {
+                error: ToolError::new(crate::error::ErrorCode::Denied, "no"),
+            },
+            body: None,
+        };
+        assert_eq!(Message::from_json_relayed(&error.to_json()).unwrap(), error);
+        for bad in [
+            &br#"{"type":"result","id":1,"outcome":{"status":"ok","result":{"a":}}}"#[..],
+            br#"{"type":"result","id":1,"outcome":{"status":"ok"}}"#,
+            br#"{"type":"result","id":1,"outcome":{"status":"ok","result":1,"error":{"code":"denied","message":"x"}}}"#,
+        ] {
+            assert_eq!(
+                Message::from_json_relayed(bad).unwrap_err().to_string(),
+                Message::from_json(bad).unwrap_err().to_string()
+            );
+        }
+        // A surrogate pair escaped is decoded as a tree; half of one is refused as there.
+        let escaped = |pair: &str| {
+            format!(r#"{{"type":"result","id":1,"outcome":{{"status":"ok","result":"{pair}"}}}}"#)
+        };
+        let pair = Message::from_json_relayed(escaped(r"\uD83E\uDD80").as_bytes()).unwrap();
+        assert!(
+            matches!(&pair, Message::Result { outcome: Outcome::Ok { result }, .. }
+            if !result.is_text() && *result.value() == json!("🦀"))
+        );
+        for half in [r"\ud83e", r"\uDD80x", r"a\\\udd80"] {
+            assert_eq!(
+                Message::from_json_relayed(escaped(half).as_bytes())
+                    .unwrap_err()
+                    .to_string(),
+                Message::from_json(escaped(half).as_bytes())
+                    .unwrap_err()
+                    .to_string(),
+                "{half}"
+            );
+        }
+        // An escaped backslash before a `u` is not an escape.
+        let not_escape = Message::from_json_relayed(escaped(r"\\ud800").as_bytes()).unwrap();
+        assert!(
+            matches!(&not_escape, Message::Result { outcome: Outcome::Ok { result }, .. }
+            if result.is_text())
+        );
+        // Nested as deep as serde_json allows, and one deeper, with brackets in strings that
+        // do not count: kept as text, and refused as a tree is.
+        let nested = |depth: usize| {
+            format!(
+                r#"{{"type":"result","id":1,"outcome":{{"status":"ok","result":{}"[{{\"\\"{}}}}}"#,
+                "[".repeat(depth),
+                "]".repeat(depth)
+            )
+        };
+        let deepest = (1..200)
+            .take_while(|&depth| Message::from_json(nested(depth).as_bytes()).is_ok())
+            .last()
+            .expect("some depth decodes");
+        assert!(deepest > 100, "{deepest}");
+        let kept = Message::from_json_relayed(nested(deepest).as_bytes()).unwrap();
+        assert!(
+            matches!(&kept, Message::Result { outcome: Outcome::Ok { result }, .. } if result.is_text())
+        );
+        assert_eq!(
+            Message::from_json_relayed(nested(deepest + 1).as_bytes())
+                .unwrap_err()
+                .to_string(),
+            Message::from_json(nested(deepest + 1).as_bytes())
+                .unwrap_err()
+                .to_string()
+        );
+    }
+
+    #[test]
     fn a_result_message_decodes_the_same_on_the_fast_path_as_through_the_derive() {
         use serde_json::json;
         let messages = [
@@ -1813,7 +2154,7 @@ mod tests {
                     uri: "vm:/p".into(),
                 }),
                 outcome: Outcome::Ok {
-                    result: json!({"entries": ["a/", "a/b"], "truncated": false}),
+                    result: json!({"entries": ["a/", "a/b"], "truncated": false}).into(),
                 },
                 body: Some(Body {
                     field: "content".into(),

@@ -184,8 +184,8 @@ pub fn result_text(
 ) -> (String, Option<ToolError>) {
     match outcome {
         Outcome::Ok { result } => match ToolName::parse(tool) {
-            Some(name) => (render::text(name, workspace, result), None),
-            None => (result.to_string(), None),
+            Some(name) => (render::text(name, workspace, &result.value()), None),
+            None => (result.value().to_string(), None),
         },
         Outcome::Error { error } => {
             let place = match workspace {
@@ -880,7 +880,7 @@ mod tests {
         assert_eq!(text, "denied: the user said no");
         let result = json!({"path": "a.txt", "content": "alpha\n", "lines": 1, "total_lines": 1, "truncated": false});
         let ok = Outcome::Ok {
-            result: result.clone(),
+            result: result.clone().into(),
         };
         let (text, error) = result_text("read_file", Some(&lap), &ok);
         assert_eq!(error, None);

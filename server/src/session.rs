@@ -585,7 +585,18 @@ impl Session {
 
     /// Notes what a call's result says about background processes: `run_command` started one
     /// (its `process`) in `workspace`; `process_read` read one to its end (`running: false`).
-    pub fn note_process(&self, tool: ToolName, result: &serde_json::Value, workspace: &str) {
+    pub fn note_process(
+        &self,
+        tool: ToolName,
+        result: &monad_protocol::wire::ToolResult,
+        workspace: &str,
+    ) {
+        // Only these two tools' results say anything about processes: no other result is
+        // looked into (a relayed one would be parsed for it).
+        if !matches!(tool, ToolName::RunCommand | ToolName::ProcessRead) {
+            return;
+        }
+        let result = result.value();
         let id = result.get("process").and_then(serde_json::Value::as_str);
         let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
         match (tool, id) {

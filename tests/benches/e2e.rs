@@ -598,7 +598,7 @@ async fn read_file(agent: &Agent, workspace: &str, path: &str) -> String {
     let name = reply.workspace.map(|w| w.name).unwrap_or_default();
     assert_eq!(name, workspace, "the call ran where it was sent");
     match reply.outcome {
-        Outcome::Ok { result } => match result {
+        Outcome::Ok { result } => match result.into_value() {
             Value::Object(mut map) => {
                 assert_eq!(
                     map.get("truncated"),

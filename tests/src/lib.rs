@@ -554,7 +554,7 @@ pub async fn call_in(agent: &Agent, session: Option<&str>, tool: &str, args: Val
 pub fn ok(reply: CallReply) -> (Value, String) {
     let workspace = reply.workspace.map(|w| w.name).unwrap_or_default();
     match reply.outcome {
-        Outcome::Ok { result } => (result, workspace),
+        Outcome::Ok { result } => (result.into_value(), workspace),
         Outcome::Error { error } => panic!("expected success, got {error} (in `{workspace}`)"),
     }
 }

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use monad_protocol::frame::FrameError;
-use monad_protocol::io::{ReadError, read_body, read_message, write_message};
-use monad_protocol::wire::{Body, Message, Outcome, Utf8Stream, reset};
+use monad_protocol::io::{ReadError, read_body, read_message, read_message_relayed, write_message};
+use monad_protocol::wire::{Body, Message, Outcome, ToolResult, Utf8Stream, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -361,7 +361,7 @@ pub(crate) trait CallWatch: Sync {
 /// The answer of a client to a `run`.
 pub(crate) struct Answer<R: RecvHalf> {
     /// The result, or why there is none.
-    pub result: Result<Value, ToolError>,
+    pub result: Result<ToolResult, ToolError>,
     /// A large field of the result, still on the client's stream.
     pub body: Option<PendingBody<R>>,
     /// Who decided, as the client reported it.
@@ -474,7 +474,8 @@ pub(crate) async fn run<C: Connection>(
         )
     };
     loop {
-        match read_message(&mut recv, MAX_CLIENT_MESSAGE).await {
+        // The result is relayed and recorded as the client wrote it, not decoded here.
+        match read_message_relayed(&mut recv, MAX_CLIENT_MESSAGE).await {
             Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
             Ok(Some(Message::Decided { by, allowed, .. })) => {
                 decided_by = Verdict {
@@ -506,7 +507,8 @@ pub(crate) async fn run<C: Connection>(
             })) => {
                 return match outcome {
                     Outcome::Ok { result } => {
-                        if !result.is_object() || result.get(&body.field).is_some() {
+                        let head = result.value();
+                        if !head.is_object() || head.get(&body.field).is_some() {
                             let error = malformed(format!(
                                 "a body for `{}` that does not fit its result",
                                 body.field

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use monad_protocol::tools::{ProcessListResult, UnavailableWorkspace};
-use monad_protocol::wire::{Outcome, Trust, WorkspaceRef};
+use monad_protocol::wire::{Outcome, ToolResult, Trust, WorkspaceRef};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
 
@@ -460,6 +460,7 @@ impl Executor {
                             sandbox
                                 .call_with_progress(tool, args, Some(&relay))
                                 .await
+                                .map(ToolResult::from)
                                 .map_err(|e| e.to_tool_error())
                         }
                         Err(e) => Err(e),
@@ -567,13 +568,14 @@ impl Executor {
             ))
             .await;
             let listed = match output.outcome {
-                Outcome::Ok { result } => serde_json::from_value::<ProcessListResult>(result)
-                    .map_err(|e| {
+                Outcome::Ok { result } => {
+                    serde_json::from_value::<ProcessListResult>(result.into_value()).map_err(|e| {
                         ToolError::new(
                             ErrorCode::Internal,
                             format!("the workspace answered something else: {e}"),
                         )
-                    }),
+                    })
+                }
                 Outcome::Error { error } => Err(error),
             };
             match listed {
@@ -602,7 +604,9 @@ impl Executor {
         (
             CallOutput {
                 workspace,
-                outcome: Outcome::Ok { result },
+                outcome: Outcome::Ok {
+                    result: result.into(),
+                },
                 body: None,
             },
             verdict,
@@ -705,7 +709,9 @@ fn session_tool(primary: WorkspaceRef, result: Result<Value, ToolError>) -> Call
     match result {
         Ok(result) => CallOutput {
             workspace: Some(primary),
-            outcome: Outcome::Ok { result },
+            outcome: Outcome::Ok {
+                result: result.into(),
+            },
             body: None,
         },
         Err(error) => CallOutput::error(Some(primary), error),

@@ -112,9 +112,8 @@ impl Tap {
                     .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                 // Held until the recorder makes the artifact: not the slack the head grew with.
                 kept.shrink_to_fit();
-                if let Outcome::Ok {
-                    result: Value::Object(map),
-                } = &mut outcome
+                if let Outcome::Ok { result } = &mut outcome
+                    && let Value::Object(map) = result.tree_mut()
                 {
                     map.insert(body.field.clone(), Value::String(kept));
                 }
@@ -362,9 +361,21 @@ fn record_call(
     // The connections a command asked the network proxy for, as the result reports them: one
     // line each, unless they reach the audit log as they happen (the primary workspace's, see
     // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
+    // Only a command's results carry them: no other result is looked into.
+    let result = match &output.outcome {
+        Outcome::Ok { result }
+            if matches!(
+                ToolName::parse(tool),
+                Some(ToolName::RunCommand | ToolName::ProcessRead)
+            ) =>
+        {
+            Some(result.value())
+        }
+        _ => None,
+    };
     if let Some(name) = &workspace
         && !session.reports_network(name)
-        && let Outcome::Ok { result } = &output.outcome
+        && let Some(result) = &result
         && let Some(events) = result.get("network").and_then(Value::as_array)
     {
         for event in events {
@@ -403,17 +414,20 @@ fn record_call(
             unseen: r.unseen,
         },
     );
-    let diff = match &output.outcome {
+    let written = match &output.outcome {
         Outcome::Ok { result }
             if matches!(
                 ToolName::parse(tool),
                 Some(ToolName::WriteFile | ToolName::EditFile)
             ) =>
         {
-            result.get("diff").and_then(Value::as_str)
+            Some(result.value())
         }
         _ => None,
     };
+    let diff = written
+        .as_ref()
+        .and_then(|result| result.get("diff").and_then(Value::as_str));
     let diff = diff.map(|diff| {
         let mut bytes = diff.as_bytes().to_vec();
         bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
@@ -532,7 +546,7 @@ mod tests {
     #[test]
     fn capped_writer_keeps_the_head_and_counts_everything() {
         let outcome = Outcome::Ok {
-            result: json!({"content": "a line with \"quotes\"\n".repeat(20_000)}),
+            result: json!({"content": "a line with \"quotes\"\n".repeat(20_000)}).into(),
         };
         let full = serde_json::to_vec(&outcome).unwrap();
         for cap in [0, 1, 1000, full.len() - 1, full.len(), full.len() + 1] {
@@ -548,7 +562,9 @@ mod tests {
         let error = |code| Outcome::Error {
             error: ToolError::new(code, "x"),
         };
-        let ok = Outcome::Ok { result: json!({}) };
+        let ok = Outcome::Ok {
+            result: json!({}).into(),
+        };
         let said = |by, allowed| Verdict {
             by,
             allowed: Some(allowed),

@@ -200,7 +200,7 @@ async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
         let answer = result(
             id,
             Outcome::Ok {
-                result: json!({"path": "src/lib.rs", "content": "fn main() {}\n"}),
+                result: json!({"path": "src/lib.rs", "content": "fn main() {}\n"}).into(),
             },
             None,
         );
@@ -220,6 +220,7 @@ async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
     let Outcome::Ok { result } = &output.outcome else {
         panic!("{:?}", output.outcome);
     };
+    let result = result.value();
     assert_eq!(result["content"], "fn main() {}\n");
     assert!(output.body.is_none());
     assert_eq!(*progress.seen.lock().unwrap(), ["reading"]);
@@ -252,7 +253,7 @@ async fn answer_with_body(peer: &mut memory::Peer, content: &str, len: u64) {
     let head = result(
         id,
         Outcome::Ok {
-            result: json!({"path": "big.txt", "total_lines": 100}),
+            result: json!({"path": "big.txt", "total_lines": 100}).into(),
         },
         Some(Body {
             field: "content".into(),
@@ -315,7 +316,10 @@ async fn a_large_read_is_relayed_to_the_agent_as_a_body() {
     let Outcome::Ok { result } = &output.outcome else {
         panic!("{:?}", output.outcome);
     };
-    assert!(result.get("content").is_none(), "the content follows");
+    assert!(
+        result.value().get("content").is_none(),
+        "the content follows"
+    );
     let pending = output.body.expect("a pending body");
     assert_eq!(pending.body.field, "content");
     assert_eq!(pending.body.len, content.len() as u64);
@@ -386,6 +390,7 @@ async fn a_large_read_is_put_back_into_the_result_for_a_caller_that_needs_one_va
     let Outcome::Ok { result } = outcome else {
         panic!("{outcome:?}");
     };
+    let result = result.into_value();
     assert_eq!(result["content"].as_str().unwrap(), content);
     assert_eq!(result["total_lines"], 100);
     assert_eq!(fx.only_audit_line("read_file").outcome, AuditOutcome::Ok);
@@ -413,7 +418,7 @@ async fn approval(allowed: bool) -> (Fixture, CallOutput, Vec<String>) {
         answer_rx.await.unwrap();
         let outcome = if allowed {
             Outcome::Ok {
-                result: json!({"path": "notes.md", "bytes_written": 2, "diff": "+hi\n"}),
+                result: json!({"path": "notes.md", "bytes_written": 2, "diff": "+hi\n"}).into(),
             }
         } else {
             Outcome::Error {
@@ -613,7 +618,7 @@ async fn a_result_announcing_an_oversized_body_is_refused_before_reading_it() {
         id: 1,
         workspace: None,
         outcome: Outcome::Ok {
-            result: json!({"path": "big.txt"}),
+            result: json!({"path": "big.txt"}).into(),
         },
         body: Some(Body {
             field: "content".into(),
@@ -653,7 +658,7 @@ async fn a_cancelled_call_stops_the_client_stream_and_is_recorded_as_cancelled()
         let late = result(
             id,
             Outcome::Ok {
-                result: json!({"path": "src"}),
+                result: json!({"path": "src"}).into(),
             },
             None,
         );
@@ -718,7 +723,7 @@ async fn a_path_is_looked_for_in_the_folder_with_a_probe() {
         let answer = result(
             id,
             Outcome::Ok {
-                result: json!({"path": "only/on/laptop.txt", "kind": "file"}),
+                result: json!({"path": "only/on/laptop.txt", "kind": "file"}).into(),
             },
             None,
         );

@@ -122,7 +122,7 @@ async fn large_reads_arrive_whole_from_attached_and_primary_workspaces_and_are_r
     let (workspace, outcome) = output.complete().await;
     assert_eq!(workspace.unwrap().name, "lap");
     match outcome {
-        Outcome::Ok { result } => assert!(result["content"] == attached_text.as_str()),
+        Outcome::Ok { result } => assert!(result.value()["content"] == attached_text.as_str()),
         Outcome::Error { error } => panic!("the whole-value path failed: {error}"),
     }
 
@@ -198,7 +198,7 @@ async fn an_agent_of_an_older_minor_version_gets_large_results_inline() {
             panic!("{workspace}: expected a whole result with no body, got {answer:?}");
         };
         assert!(
-            result["content"] == expected.as_str(),
+            result.value()["content"] == expected.as_str(),
             "{workspace}: content differs"
         );
         // Nothing follows the result.
@@ -245,7 +245,7 @@ async fn head(send: &mut quinn::SendStream, outcome: Outcome, len: u64) {
 
 fn ok_head() -> Outcome {
     Outcome::Ok {
-        result: json!({"path": "big.txt", "size": 1, "binary": false}),
+        result: json!({"path": "big.txt", "size": 1, "binary": false}).into(),
     }
 }
 
@@ -310,7 +310,7 @@ async fn a_body_its_client_fails_to_send_fails_the_call_cleanly() {
     let refused: [(Outcome, u64, ErrorCode); 3] = [
         (
             Outcome::Ok {
-                result: json!({"content": "already here"}),
+                result: json!({"content": "already here"}).into(),
             },
             10,
             ErrorCode::Malformed,

@@ -42,9 +42,9 @@ async fn a_call_ends_its_streams_without_stopping_either_peer() {
             workspace: None,
             outcome: Outcome::Ok {
                 result: if with_body {
-                    json!({"path": "a.txt"})
+                    json!({"path": "a.txt"}).into()
                 } else {
-                    json!({"content": content})
+                    json!({"content": content}).into()
                 },
             },
             body: with_body.then(|| Body {
@@ -66,7 +66,7 @@ async fn a_call_ends_its_streams_without_stopping_either_peer() {
                 body,
                 ..
             })) => match body {
-                None => assert_eq!(result["content"], content),
+                None => assert_eq!(result.value()["content"], content),
                 Some(body) => assert_eq!(body.len, content.len() as u64),
             },
             other => panic!("the server answered the call with {other:?}"),
