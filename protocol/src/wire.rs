@@ -426,13 +426,19 @@ impl ToolResult {
 /// How deep serde_json lets arrays and objects nest in what it decodes.
 const MAX_NESTING: usize = 127;
 
-/// True when JSON text can be passed on as it is: its arrays and objects nest at most `max`
-/// deep, and it escapes no UTF-16 surrogate (`\ud800` to `\udfff`). serde_json checks both
-/// when it makes a tree (too deep, or half a pair, is refused) but not when it keeps text; text
-/// with a surrogate escape (which Monad's peers never write: they send UTF-8) is made a tree of,
-/// so that a valid pair is decoded and half of one refused, as anywhere else.
+/// Longest run of digits passed on as text: serde_json refuses a number out of a double's range
+/// (over about 1.8e308, so 309 digits and more) when it makes a tree, not when it keeps text.
+const MAX_DIGITS: usize = 300;
+
+/// True when JSON text can be passed on as it is, because every reader decodes it as a tree:
+/// its arrays and objects nest at most `max` deep, it escapes no UTF-16 surrogate (`\ud800` to
+/// `\udfff`), and its numbers have no exponent and at most [`MAX_DIGITS`] digits in a row.
+/// serde_json checks each of these when it makes a tree (too deep, half a surrogate pair, out of
+/// range: refused) but not when it keeps text. Text that is not plain in this way (which Monad's
+/// peers do not write: they send UTF-8, and integers) is made a tree of, so that what decodes is
+/// decoded and the rest refused, as anywhere else.
 fn passes_as_text(text: &[u8], max: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let (mut depth, mut in_string, mut escaped, mut digits) = (0usize, false, false, 0usize);
     for (i, &byte) in text.iter().enumerate() {
         if in_string {
             match byte {
@@ -452,6 +458,16 @@ fn passes_as_text(text: &[u8], max: usize) -> bool {
             continue;
         }
         match byte {
+            b'0'..=b'9' => {
+                digits += 1;
+                if digits > MAX_DIGITS {
+                    return false;
+                }
+                continue;
+            }
+            // An exponent: `e` right after a number's digit or point (in `true` and `false` it
+            // follows a letter).
+            b'e' | b'E' if digits > 0 || i > 0 && text[i - 1] == b'.' => return false,
             b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
@@ -462,14 +478,13 @@ fn passes_as_text(text: &[u8], max: usize) -> bool {
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        digits = 0;
     }
     true
 }
 
-/// Parses text that was read as JSON. serde_json checks JSON text (its syntax, its nesting
-/// limit) the same way whether it keeps it as text or makes a tree of it, but as text it does
-/// not check that a `\u` escape of a surrogate has its pair; such a result is sent on as it is
-/// (its receiver refuses it) and, here, is a `null`.
+/// Parses text that [`Message::from_json_relayed`] kept as a result because it decodes as a tree
+/// ([`passes_as_text`]): it does not fail, and were it to, the result would be `null`.
 fn parse_checked(text: &serde_json::value::RawValue) -> Value {
     serde_json::from_str(text.get()).unwrap_or(Value::Null)
 }
@@ -496,12 +511,10 @@ impl std::fmt::Display for ToolResult {
     }
 }
 
+/// As the tree's, whichever the result holds.
 impl std::fmt::Debug for ToolResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Repr::Tree(value) => value.fmt(f),
-            Repr::Text(text) => write!(f, "ToolResult({})", text.get()),
-        }
+        std::fmt::Debug::fmt(self.value().as_ref(), f)
     }
 }
 
@@ -2108,6 +2121,49 @@ mod tests {
                     .to_string(),
                 "{half}"
             );
+        }
+        // A number out of a double's range is refused as in a tree; one with an exponent in
+        // range, or a long one in range, is decoded as a tree; `true` and `false` are plain.
+        let numbered = |number: &str| {
+            format!(
+                r#"{{"type":"result","id":1,"outcome":{{"status":"ok","result":{{"n":{number},"t":true,"f":false}}}}}}"#
+            )
+        };
+        let long = format!("1{}", "0".repeat(320));
+        let long_fraction = format!("0.{}1", "0".repeat(320));
+        for number in ["1e400", "-1E+400", "1.5e400", long.as_str()] {
+            assert_eq!(
+                Message::from_json_relayed(numbered(number).as_bytes())
+                    .unwrap_err()
+                    .to_string(),
+                Message::from_json(numbered(number).as_bytes())
+                    .unwrap_err()
+                    .to_string(),
+                "{number}"
+            );
+        }
+        for number in [
+            "1e3",
+            "2.5E-3",
+            "0.5e1",
+            long_fraction.as_str(),
+            "12345",
+            "-0.25",
+        ] {
+            let relayed = Message::from_json_relayed(numbered(number).as_bytes()).unwrap();
+            assert_eq!(
+                relayed,
+                Message::from_json(numbered(number).as_bytes()).unwrap()
+            );
+            let Message::Result {
+                outcome: Outcome::Ok { result },
+                ..
+            } = &relayed
+            else {
+                panic!("{relayed:?}");
+            };
+            let plain = !number.contains(['e', 'E']) && number.len() <= MAX_DIGITS;
+            assert_eq!(result.is_text(), plain, "{number}");
         }
         // An escaped backslash before a `u` is not an escape.
         let not_escape = Message::from_json_relayed(escaped(r"\\ud800").as_bytes()).unwrap();
