@@ -328,6 +328,22 @@ impl OutputSize {
     }
 }
 
+/// The successful result of a call of `tool` as a tree, when `tool` is one of `tools`: only the
+/// results the record looks into are parsed (a relayed result is JSON text, see
+/// [`monad_protocol::wire::ToolResult`]).
+fn result_of<'a>(
+    output: &'a CallOutput,
+    tool: &str,
+    tools: &[ToolName],
+) -> Option<std::borrow::Cow<'a, Value>> {
+    match &output.outcome {
+        Outcome::Ok { result } if ToolName::parse(tool).is_some_and(|t| tools.contains(&t)) => {
+            Some(result.value())
+        }
+        _ => None,
+    }
+}
+
 /// Sends a call's audit line (and its network lines) to the recorder, and says what its
 /// artifacts are, when artifacts are kept.
 fn record_call(
@@ -361,21 +377,10 @@ fn record_call(
     // The connections a command asked the network proxy for, as the result reports them: one
     // line each, unless they reach the audit log as they happen (the primary workspace's, see
     // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
-    // Only a command's results carry them: no other result is looked into.
-    let result = match &output.outcome {
-        Outcome::Ok { result }
-            if matches!(
-                ToolName::parse(tool),
-                Some(ToolName::RunCommand | ToolName::ProcessRead)
-            ) =>
-        {
-            Some(result.value())
-        }
-        _ => None,
-    };
     if let Some(name) = &workspace
         && !session.reports_network(name)
-        && let Some(result) = &result
+        && let Some(result) =
+            result_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead])
         && let Some(events) = result.get("network").and_then(Value::as_array)
     {
         for event in events {
@@ -414,17 +419,7 @@ fn record_call(
             unseen: r.unseen,
         },
     );
-    let written = match &output.outcome {
-        Outcome::Ok { result }
-            if matches!(
-                ToolName::parse(tool),
-                Some(ToolName::WriteFile | ToolName::EditFile)
-            ) =>
-        {
-            Some(result.value())
-        }
-        _ => None,
-    };
+    let written = result_of(output, tool, &[ToolName::WriteFile, ToolName::EditFile]);
     let diff = written
         .as_ref()
         .and_then(|result| result.get("diff").and_then(Value::as_str));
