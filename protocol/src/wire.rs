@@ -2029,6 +2029,16 @@ mod tests {
     #[test]
     fn a_relayed_result_is_kept_as_the_text_it_came_in_and_written_out_unchanged() {
         use serde_json::json;
+        // Refused with the error `from_json` gives.
+        let refused_alike = |text: &str| {
+            assert_eq!(
+                Message::from_json_relayed(text.as_bytes())
+                    .unwrap_err()
+                    .to_string(),
+                Message::from_json(text.as_bytes()).unwrap_err().to_string(),
+                "{text}"
+            );
+        };
         // As a client writes it: the server relays these bytes, it does not re-encode them.
         let sent = Message::Result {
             id: 7,
@@ -2093,14 +2103,11 @@ mod tests {
         };
         assert_eq!(Message::from_json_relayed(&error.to_json()).unwrap(), error);
         for bad in [
-            &br#"{"type":"result","id":1,"outcome":{"status":"ok","result":{"a":}}}"#[..],
-            br#"{"type":"result","id":1,"outcome":{"status":"ok"}}"#,
-            br#"{"type":"result","id":1,"outcome":{"status":"ok","result":1,"error":{"code":"denied","message":"x"}}}"#,
+            r#"{"type":"result","id":1,"outcome":{"status":"ok","result":{"a":}}}"#,
+            r#"{"type":"result","id":1,"outcome":{"status":"ok"}}"#,
+            r#"{"type":"result","id":1,"outcome":{"status":"ok","result":1,"error":{"code":"denied","message":"x"}}}"#,
         ] {
-            assert_eq!(
-                Message::from_json_relayed(bad).unwrap_err().to_string(),
-                Message::from_json(bad).unwrap_err().to_string()
-            );
+            refused_alike(bad);
         }
         // A surrogate pair escaped is decoded as a tree; half of one is refused as there.
         let escaped = |pair: &str| {
@@ -2112,15 +2119,7 @@ mod tests {
             if !result.is_text() && *result.value() == json!("🦀"))
         );
         for half in [r"\ud83e", r"\uDD80x", r"a\\\udd80"] {
-            assert_eq!(
-                Message::from_json_relayed(escaped(half).as_bytes())
-                    .unwrap_err()
-                    .to_string(),
-                Message::from_json(escaped(half).as_bytes())
-                    .unwrap_err()
-                    .to_string(),
-                "{half}"
-            );
+            refused_alike(&escaped(half));
         }
         // A number out of a double's range is refused as in a tree; one with an exponent in
         // range, or a long one in range, is decoded as a tree; `true` and `false` are plain.
@@ -2132,15 +2131,7 @@ mod tests {
         let long = format!("1{}", "0".repeat(320));
         let long_fraction = format!("0.{}1", "0".repeat(320));
         for number in ["1e400", "-1E+400", "1.5e400", long.as_str()] {
-            assert_eq!(
-                Message::from_json_relayed(numbered(number).as_bytes())
-                    .unwrap_err()
-                    .to_string(),
-                Message::from_json(numbered(number).as_bytes())
-                    .unwrap_err()
-                    .to_string(),
-                "{number}"
-            );
+            refused_alike(&numbered(number));
         }
         for number in [
             "1e3",
@@ -2189,14 +2180,7 @@ mod tests {
         assert!(
             matches!(&kept, Message::Result { outcome: Outcome::Ok { result }, .. } if result.is_text())
         );
-        assert_eq!(
-            Message::from_json_relayed(nested(deepest + 1).as_bytes())
-                .unwrap_err()
-                .to_string(),
-            Message::from_json(nested(deepest + 1).as_bytes())
-                .unwrap_err()
-                .to_string()
-        );
+        refused_alike(&nested(deepest + 1));
     }
 
     #[test]
