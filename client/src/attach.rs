@@ -10,7 +10,7 @@ use monad_protocol::text::printable;
 use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{
     BODY_MINOR, CLI_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome,
-    ROOTS_MINOR, Role, Trust, WorkspaceInfo,
+    ROOTS_MINOR, Role, ToolResult, Trust, WorkspaceInfo,
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
@@ -916,8 +916,12 @@ async fn run(
     let sandbox = folder.sandbox.clone();
     let call = async {
         match approved_creates {
-            Some(creates) => sandbox.write_file_approved(args, creates).await,
-            None => sandbox.call_with_progress(tool, args, Some(&relay)).await,
+            Some(creates) => sandbox
+                .write_file_approved(args, creates)
+                .await
+                .map(ToolResult::from),
+            // Encoded for the wire at once, not made a tree first.
+            None => sandbox.call_for_wire(tool, args, Some(&relay)).await,
         }
     };
     tokio::pin!(call);
@@ -930,9 +934,7 @@ async fn run(
         }
     };
     let outcome = match answer {
-        Ok(result) => Outcome::Ok {
-            result: result.into(),
-        },
+        Ok(result) => Outcome::Ok { result },
         Err(e) => Outcome::Error {
             error: e.to_tool_error(),
         },

@@ -42,6 +42,7 @@ use monad_protocol::tools::{
     RunCommandArgs, RunCommandResult, SearchArgs, SearchResult, StatArgs, StatResult,
     WriteFileArgs, WriteResult,
 };
+use monad_protocol::wire::ToolResult;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -285,6 +286,29 @@ impl Sandbox {
         args: serde_json::Value,
         progress: Option<&exec::process::Progress<'_>>,
     ) -> Result<serde_json::Value, SandboxError> {
+        self.call_encoded(tool, args, progress).await
+    }
+
+    /// [`Sandbox::call_with_progress`], with the result as a [`ToolResult`] to send on: JSON
+    /// text, encoded straight from the tool's typed result rather than through a
+    /// `serde_json::Value` first (a 1,000-entry listing: 27 µs against 83 µs), except a
+    /// `read_file`'s, which stays a tree so that a large `content` can be taken out of it and
+    /// sent as a body (`Outcome::split_body`).
+    pub async fn call_for_wire(
+        self: &Arc<Self>,
+        tool: ToolName,
+        args: serde_json::Value,
+        progress: Option<&exec::process::Progress<'_>>,
+    ) -> Result<ToolResult, SandboxError> {
+        self.call_encoded(tool, args, progress).await
+    }
+
+    async fn call_encoded<E: Encoded>(
+        self: &Arc<Self>,
+        tool: ToolName,
+        args: serde_json::Value,
+        progress: Option<&exec::process::Progress<'_>>,
+    ) -> Result<E, SandboxError> {
         match tool {
             ToolName::ReadFile => {
                 let args: ReadFileArgs = parse_args(tool, args)?;
@@ -294,11 +318,11 @@ impl Sandbox {
                 let content = std::mem::take(&mut result.content);
                 let mut value = to_json(result)?;
                 value["content"] = serde_json::Value::String(content);
-                Ok(value)
+                Ok(E::from(value))
             }
             ToolName::ListDir => {
                 let args: ListDirArgs = parse_args(tool, args)?;
-                to_json(self.list_dir_async(args).await?)
+                E::encode(self.list_dir_async(args).await?)
             }
             ToolName::Stat => self.blocking(tool, args, Sandbox::stat).await,
             ToolName::Search => self.blocking(tool, args, Sandbox::search).await,
@@ -325,23 +349,23 @@ impl Sandbox {
                     start,
                 )
                 .await?;
-                to_json(result)
+                E::encode(result)
             }
             ToolName::ProcessRead => {
                 let args: ProcessReadArgs = parse_args(tool, args)?;
-                to_json(exec::process::read(&self.processes, &args).await?)
+                E::encode(exec::process::read(&self.processes, &args).await?)
             }
             ToolName::ProcessWrite => {
                 let args: ProcessWriteArgs = parse_args(tool, args)?;
-                to_json(exec::process::write(&self.processes, &args).await?)
+                E::encode(exec::process::write(&self.processes, &args).await?)
             }
             ToolName::ProcessKill => {
                 let args: ProcessKillArgs = parse_args(tool, args)?;
-                to_json(exec::process::kill(&self.processes, &args)?)
+                E::encode(exec::process::kill(&self.processes, &args)?)
             }
             ToolName::ProcessList => {
                 let _: ProcessListArgs = parse_args(tool, args)?;
-                to_json(exec::process::list(&self.processes))
+                E::encode(exec::process::list(&self.processes))
             }
             ToolName::Workspaces | ToolName::MemoryStore | ToolName::MemoryRecall => {
                 Err(SandboxError::InvalidArguments(format!(
@@ -455,17 +479,17 @@ impl Sandbox {
             })?
     }
 
-    async fn blocking<A, R>(
+    async fn blocking<A, R, E: Encoded>(
         self: &Arc<Self>,
         tool: ToolName,
         args: serde_json::Value,
         run: fn(&Sandbox, &A) -> Result<R, SandboxError>,
-    ) -> Result<serde_json::Value, SandboxError>
+    ) -> Result<E, SandboxError>
     where
         A: DeserializeOwned + Send + 'static,
         R: Serialize + Send + 'static,
     {
-        to_json(self.run_blocking(tool, args, run).await?)
+        E::encode(self.run_blocking(tool, args, run).await?)
     }
 
     async fn run_blocking<A, R>(
@@ -491,11 +515,34 @@ fn parse_args<A: DeserializeOwned>(
 }
 
 fn to_json<R: Serialize>(result: R) -> Result<serde_json::Value, SandboxError> {
-    serde_json::to_value(result).map_err(|e| SandboxError::Io {
+    serde_json::to_value(result).map_err(encoding_failed)
+}
+
+fn encoding_failed(e: serde_json::Error) -> SandboxError {
+    SandboxError::Io {
         op: "encode result of",
         path: String::new(),
         source: std::io::Error::other(e),
-    })
+    }
+}
+
+/// What a tool's result is encoded as: a tree, or a [`ToolResult`] to send on.
+trait Encoded: From<serde_json::Value> {
+    fn encode<R: Serialize>(result: R) -> Result<Self, SandboxError>;
+}
+
+impl Encoded for serde_json::Value {
+    fn encode<R: Serialize>(result: R) -> Result<Self, SandboxError> {
+        to_json(result)
+    }
+}
+
+impl Encoded for ToolResult {
+    fn encode<R: Serialize>(result: R) -> Result<Self, SandboxError> {
+        serde_json::value::to_raw_value(&result)
+            .map(ToolResult::from)
+            .map_err(encoding_failed)
+    }
 }
 
 #[cfg(test)]

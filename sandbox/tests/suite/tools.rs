@@ -1133,3 +1133,39 @@ fn a_write_through_a_dangling_link_is_refused_before_anyone_is_asked() {
     assert!(!fx.outside().join("ghost_dir").exists());
     assert!(!fx.root().join("nowhere").exists());
 }
+
+#[test]
+fn results_for_the_wire_are_the_json_of_results_as_trees() {
+    let fx = Fixture::new();
+    fx.put("src/main.rs", "fn main() {}\n");
+    fx.put("src/lib.rs", "pub fn x() {}\n");
+    let rt = runtime();
+    let calls = [
+        (ToolName::ListDir, json!({"path": "src"})),
+        (ToolName::Stat, json!({"path": "src/main.rs"})),
+        (ToolName::Glob, json!({"pattern": "**/*.rs"})),
+        (
+            ToolName::Search,
+            json!({"pattern": "fn", "path": "src/main.rs"}),
+        ),
+        (ToolName::ProcessList, json!({})),
+        (ToolName::ReadFile, json!({"path": "src/main.rs"})),
+    ];
+    for (tool, args) in calls {
+        let tree = rt.block_on(fx.sandbox.call(tool, args.clone())).unwrap();
+        let wire = rt
+            .block_on(fx.sandbox.call_for_wire(tool, args, None))
+            .unwrap();
+        // A read stays a tree, so that a large content can go as a body; the rest are text.
+        assert_eq!(wire.is_text(), tool != ToolName::ReadFile, "{tool}");
+        assert_eq!(wire.into_value(), tree, "{tool}");
+    }
+    // A failure is the same failure.
+    let missing = json!({"path": "nope"});
+    let wire = rt.block_on(
+        fx.sandbox
+            .call_for_wire(ToolName::ListDir, missing.clone(), None),
+    );
+    let tree = rt.block_on(fx.sandbox.call(ToolName::ListDir, missing));
+    assert_eq!(wire.unwrap_err().to_string(), tree.unwrap_err().to_string());
+}
