@@ -565,6 +565,13 @@ mod tests {
         );
     }
 
+    /// Asserts that `err`'s message says each of `parts`.
+    fn says(err: &ToolError, parts: &[&str]) {
+        for part in parts {
+            assert!(err.message.contains(part), "{part}: {}", err.message);
+        }
+    }
+
     #[test]
     fn a_write_that_cannot_ask_everywhere_fails_saying_which_and_what_to_do() {
         assert!(writes_where_found(ToolName::WriteFile));
@@ -577,15 +584,16 @@ mod tests {
             &["lap"],
         );
         assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
-        for part in [
-            "`lap`",
-            "offline",
-            "Pass `workspace`",
-            "tried: primary",
-            "wait",
-        ] {
-            assert!(err.message.contains(part), "{part}: {}", err.message);
-        }
+        says(
+            &err,
+            &[
+                "`lap`",
+                "offline",
+                "Pass `workspace`",
+                "tried: primary",
+                "wait",
+            ],
+        );
         let err = not_asked(
             ToolName::EditFile,
             "a.rs",
@@ -593,9 +601,7 @@ mod tests {
             Unasked::TimedOut(Duration::from_secs(10)),
         );
         assert_eq!(err.code, ErrorCode::Timeout);
-        for part in ["`lap`", "10 s", "Pass `workspace`"] {
-            assert!(err.message.contains(part), "{part}: {}", err.message);
-        }
+        says(&err, &["`lap`", "10 s", "Pass `workspace`"]);
         let err = not_asked(ToolName::WriteFile, "a.rs", "lap", Unasked::Disconnected);
         assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
         let err = not_in_any(
@@ -605,13 +611,14 @@ mod tests {
             &["lap"],
         );
         assert_eq!(err.code, ErrorCode::NotFound);
-        for part in [
-            "tried: primary",
-            "`slow` could not be asked",
-            "offline: lap",
-        ] {
-            assert!(err.message.contains(part), "{part}: {}", err.message);
-        }
+        says(
+            &err,
+            &[
+                "tried: primary",
+                "`slow` could not be asked",
+                "offline: lap",
+            ],
+        );
     }
 
     #[test]
