@@ -132,11 +132,7 @@ pub fn cut(text: &str, max: usize) -> (String, bool) {
     if text.len() <= max {
         return (text.to_owned(), false);
     }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    (text[..end].to_owned(), true)
+    (crate::text::head(text, max).to_owned(), true)
 }
 
 #[cfg(test)]

@@ -110,6 +110,16 @@ pub fn json_safe(json: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The longest start of `text` of at most `max_bytes` bytes that does not cut a character (as
+/// `str::floor_char_boundary`, newer than this crate's minimum Rust).
+pub fn head(text: &str, max_bytes: usize) -> &str {
+    let mut end = max_bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
+use monad_protocol::text::head;
 use monad_protocol::tools::{
     DirEntry, EditFileArgs, EntryKind, ListDirArgs, ListDirResult, ReadFileArgs, ReadFileResult,
     StatArgs, StatResult, Truncation, WriteFileArgs, WriteResult,
@@ -93,15 +94,6 @@ pub(crate) fn read_opened(
     Ok(result)
 }
 
-/// The first `max_bytes` of `line`, without cutting a character.
-fn head_of(line: &str, max_bytes: usize) -> &str {
-    let mut end = max_bytes.min(line.len());
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    &line[..end]
-}
-
 /// Reads a file `read_utf8` found not to be UTF-8 text again, from its start (at most
 /// `read_max_bytes` of it): decoded into `result` when it is text in another encoding, else
 /// left binary with the reason.
@@ -159,7 +151,7 @@ fn decode_other(
         }
         if content.len() + line.len() > max_bytes {
             if taken == 0 {
-                content.push_str(head_of(line, max_bytes));
+                content.push_str(head(line, max_bytes));
                 taken = 1;
             }
             cut = Some(Truncation::Bytes);
@@ -170,7 +162,7 @@ fn decode_other(
     }
     // The line at `offset` does not end within what was read (longer than the cap): its head.
     if taken == 0 && cut.is_none() && skip == complete && complete < lines.len() {
-        content.push_str(head_of(lines[complete], max_bytes));
+        content.push_str(head(lines[complete], max_bytes));
         taken = 1;
         cut = Some(Truncation::Bytes);
     }
@@ -1494,11 +1486,7 @@ fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
 fn unified_diff(path: &str, old: Option<&str>, new: &str, limits: &Limits) -> (String, bool) {
     let mut diff = full_diff(path, old, new);
     if diff.len() > limits.diff_max_bytes {
-        let mut cut = limits.diff_max_bytes;
-        while !diff.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        diff.truncate(cut);
+        diff.truncate(head(&diff, limits.diff_max_bytes).len());
         return (diff, true);
     }
     (diff, false)
