@@ -3,6 +3,7 @@
 //! the pure functions of [`crate::roots`]; this module reads and writes the registry and the
 //! sessions. Blocking (store I/O): callers run it on the blocking pool.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -48,6 +49,9 @@ fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<
         // call): a host working in it for days keeps it.
         let before = entry.clone();
         let ids: Vec<String> = entry.sessions.keys().cloned().collect();
+        // The owners of the sessions whose metadata was read here (`None`: no such session),
+        // so that pruning does not read it again.
+        let mut owners: HashMap<String, Option<String>> = HashMap::new();
         for id in ids {
             // A session in memory knows how long it has been idle; one that is not (after a
             // restart, or dropped when idle) has its last activity in its metadata.
@@ -55,18 +59,24 @@ fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<
                 Some(idle) => {
                     Some(now.saturating_sub(u64::try_from(idle.as_millis()).unwrap_or(u64::MAX)))
                 }
-                None => store
-                    .load(&id)
-                    .ok()
-                    .flatten()
-                    .and_then(|meta| crate::fsutil::parse_rfc3339(&meta.last_active))
-                    .map(|secs| secs.saturating_mul(1000).min(now)),
+                None => {
+                    let meta = store.load(&id).ok().flatten();
+                    let used = meta
+                        .as_ref()
+                        .and_then(|meta| crate::fsutil::parse_rfc3339(&meta.last_active))
+                        .map(|secs| secs.saturating_mul(1000).min(now));
+                    owners.insert(id.clone(), meta.map(|meta| meta.owner));
+                    used
+                }
             };
             if let Some(used) = used {
                 entry.use_session(&id, used, false);
             }
         }
-        entry.prune(now, |id| registry.exists_for(id, user));
+        entry.prune(now, |id| match owners.get(id) {
+            Some(owner) => owner.as_deref() == Some(user),
+            None => registry.exists_for(id, user),
+        });
         if *entry != before
             && let Err(e) = store.save_folder_sessions(entry)
         {
