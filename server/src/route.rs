@@ -369,7 +369,10 @@ fn why_unasked(why: Unasked) -> String {
             after.as_secs()
         ),
         Unasked::Disconnected => "its client disconnected".to_owned(),
-        Unasked::Failed => "its answer could not be read".to_owned(),
+        // A client's answer that was not one, or the primary's folder that could not be opened.
+        Unasked::Failed => "looking there failed: its answer could not be read, or its folder \
+                            could not be opened"
+            .to_owned(),
     }
 }
 
@@ -604,6 +607,12 @@ mod tests {
         says(&err, &["`lap`", "10 s", "Pass `workspace`"]);
         let err = not_asked(ToolName::WriteFile, "a.rs", "lap", Unasked::Disconnected);
         assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
+        // Said so that it fits a client's answer and the primary's own folder alike.
+        let err = not_asked(ToolName::WriteFile, "a.rs", "primary", Unasked::Failed);
+        says(
+            &err,
+            &["answer could not be read", "folder could not be opened"],
+        );
         let err = not_in_any(
             "a.rs",
             &["primary"],
