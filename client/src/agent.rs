@@ -2,7 +2,7 @@
 //! bridge uses.
 
 use monad_protocol::agent::{AgentEvent, TurnResult};
-use monad_protocol::io::{ReadError, read_body, read_message, write_message};
+use monad_protocol::io::{ReadError, read_body, read_message, read_message_relayed, write_message};
 use monad_protocol::stream::QuietRecv;
 use monad_protocol::wire::{
     self, ChatInfo, History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo,
@@ -172,7 +172,9 @@ impl Agent {
             })
             .await?;
         loop {
-            match read_message(&mut *recv, MAX_ANSWER).await {
+            // The result stays the text it came in until its reader decodes it: the MCP front
+            // decodes a listing straight into its type, not through a tree.
+            match read_message_relayed(&mut *recv, MAX_ANSWER).await {
                 Ok(Some(Message::Progress { message, .. })) => progress(&message),
                 Ok(Some(Message::Result {
                     workspace,

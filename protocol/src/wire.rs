@@ -417,6 +417,14 @@ impl ToolResult {
         }
     }
 
+    /// The result decoded as a `T`, from its tree or straight from its text.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        match &self.0 {
+            Repr::Tree(value) => T::deserialize(value),
+            Repr::Text(text) => serde_json::from_str(text.get()),
+        }
+    }
+
     /// True when the result is kept as the text it was read as.
     pub fn is_text(&self) -> bool {
         matches!(self.0, Repr::Text(_))
