@@ -46,8 +46,12 @@ use tokio::sync::mpsc;
 
 use crate::error::{ErrorCode, ToolError};
 use crate::render;
-use crate::tools::{ToolClass, ToolName};
-use crate::wire::{Host, MAX_ROOT_LEN, MAX_ROOTS, Outcome, Trust, WorkspaceInfo, WorkspaceRef};
+use crate::tools::{
+    GlobResult, GlobStructured, ListDirResult, ListDirStructured, ToolClass, ToolName,
+};
+use crate::wire::{
+    Host, MAX_ROOT_LEN, MAX_ROOTS, Outcome, ToolResult, Trust, WorkspaceInfo, WorkspaceRef,
+};
 
 /// How long the front waits for a host's answer to `roots/list`; without one it stays in the
 /// session chosen at `initialize`.
@@ -203,14 +207,41 @@ pub fn call_result(
 ) -> CallToolResult {
     match outcome {
         Outcome::Ok { result } => {
-            let result = result.into_value();
-            let text = render::text(tool, workspace.as_ref(), &result);
+            let (text, result) = written(tool, workspace.as_ref(), result);
             let mut answer = CallToolResult::success(vec![ContentBlock::text(text)]);
             answer.structured_content = Some(json!({ "workspace": workspace, "result": result }));
             answer
         }
         Outcome::Error { error } => error_result(workspace, &error),
     }
+}
+
+/// A successful call's text for a model and JSON for programs. A listing's entries and a glob's
+/// paths reach programs in one string each ([`ListDirStructured`], [`GlobStructured`]), decoded
+/// from the result once for both; a result that is not of the tool's type (a peer of another
+/// version) is passed on as it is.
+fn written(
+    tool: ToolName,
+    workspace: Option<&WorkspaceRef>,
+    result: ToolResult,
+) -> (String, Value) {
+    match tool {
+        ToolName::ListDir => {
+            if let Ok(listing) = result.decode::<ListDirResult>() {
+                let text = render::list_dir(workspace, &listing);
+                return (text, json!(ListDirStructured::from(listing)));
+            }
+        }
+        ToolName::Glob => {
+            if let Ok(found) = result.decode::<GlobResult>() {
+                let text = render::glob(workspace, &found);
+                return (text, json!(GlobStructured::from(found)));
+            }
+        }
+        _ => {}
+    }
+    let result = result.into_value();
+    (render::text(tool, workspace, &result), result)
 }
 
 /// A failure as an MCP result with `isError: true`.
@@ -788,6 +819,7 @@ impl<B: Backend> McpFront<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::ENTRY_SEPARATOR;
     use crate::wire::Host;
 
     fn workspaces() -> Vec<WorkspaceInfo> {
@@ -931,6 +963,96 @@ mod tests {
         let s = ok.structured_content.unwrap();
         assert_eq!(s["workspace"]["name"], "monad");
         assert_eq!(s["result"], result);
+    }
+
+    #[test]
+    fn listings_and_globs_reach_programs_as_one_string_split_on_nul() {
+        let ws = WorkspaceRef {
+            name: "laptop".into(),
+            uri: "laptop:~/project".into(),
+        };
+        let listing = json!({"path": "src", "truncated": false, "entries": [
+            "src/bin/", "src/bin/main.rs", "src/odd\nname.rs",
+            {"path": "src/link", "kind": "symlink"}, {"path": "src/fifo", "kind": "other"},
+            {"path": "src/old.rs", "kind": "file"},
+        ]});
+        let text = serde_json::to_string(&listing).unwrap();
+        // The same answer whether the result came as a tree or as the text it was relayed in.
+        for result in [
+            ToolResult::from(listing.clone()),
+            ToolResult::from(serde_json::value::RawValue::from_string(text).unwrap()),
+        ] {
+            let answer = call_result(ToolName::ListDir, Some(ws.clone()), Outcome::Ok { result });
+            let s = answer.structured_content.unwrap();
+            assert_eq!(s["workspace"]["uri"], "laptop:~/project");
+            let entries = s["result"]["entries"].as_str().unwrap();
+            assert_eq!(
+                entries.split(ENTRY_SEPARATOR).collect::<Vec<_>>(),
+                [
+                    "src/bin/",
+                    "src/bin/main.rs",
+                    "src/odd\nname.rs",
+                    "src/link",
+                    "src/fifo",
+                    "src/old.rs"
+                ]
+            );
+            assert_eq!(
+                s["result"]["kinds"],
+                json!({"src/link": "symlink", "src/fifo": "other"})
+            );
+            assert_eq!(
+                (&s["result"]["path"], &s["result"]["truncated"]),
+                (&json!("src"), &json!(false))
+            );
+            let shown = serde_json::to_value(&answer.content[0]).unwrap();
+            assert_eq!(
+                shown["text"],
+                render::text(ToolName::ListDir, Some(&ws), &listing)
+            );
+        }
+        let empty = call_result(
+            ToolName::ListDir,
+            None,
+            Outcome::Ok {
+                result: json!({"path": ".", "truncated": false, "entries": []}).into(),
+            },
+        );
+        let s = empty.structured_content.unwrap();
+        assert_eq!(
+            s["result"],
+            json!({"path": ".", "entries": "", "truncated": false})
+        );
+
+        let found = json!({"paths": ["a.rs", "b/c.rs"], "truncated": true});
+        let answer = call_result(
+            ToolName::Glob,
+            Some(ws.clone()),
+            Outcome::Ok {
+                result: found.clone().into(),
+            },
+        );
+        let s = answer.structured_content.unwrap();
+        assert_eq!(
+            s["result"],
+            json!({"paths": "a.rs\0b/c.rs", "truncated": true})
+        );
+        let shown = serde_json::to_value(&answer.content[0]).unwrap();
+        assert_eq!(
+            shown["text"],
+            render::text(ToolName::Glob, Some(&ws), &found)
+        );
+
+        // A result not of the tool's type (a peer of another version) is passed on as it is.
+        let odd = json!({"files": 3});
+        let answer = call_result(
+            ToolName::ListDir,
+            None,
+            Outcome::Ok {
+                result: odd.clone().into(),
+            },
+        );
+        assert_eq!(answer.structured_content.unwrap()["result"], odd);
     }
 
     #[test]

@@ -34,10 +34,10 @@ pub fn text(tool: ToolName, workspace: Option<&WorkspaceRef>, result: &Value) ->
     let ws = Where(workspace);
     let rendered = match tool {
         ToolName::ReadFile => typed(result, |r| read_file(&ws, r)),
-        ToolName::ListDir => typed(result, |r| list_dir(&ws, r)),
+        ToolName::ListDir => typed(result, |r: ListDirResult| listing(&ws, &r)),
         ToolName::Stat => typed(result, |r| stat(&ws, r)),
         ToolName::Search => typed(result, |r| search(&ws, r)),
-        ToolName::Glob => typed(result, |r| glob(&ws, r)),
+        ToolName::Glob => typed(result, |r: GlobResult| found(&ws, &r)),
         ToolName::WriteFile | ToolName::EditFile => typed(result, |r| write(&ws, r)),
         ToolName::RunCommand => typed(result, |r| run_command(&ws, r)),
         ToolName::ProcessRead => typed(result, |r| process_read(&ws, r)),
@@ -169,7 +169,12 @@ fn push_right_aligned(out: &mut String, n: u64, width: usize) {
     out.push_str(shown);
 }
 
-fn list_dir(ws: &Where<'_>, r: ListDirResult) -> String {
+/// The text of a listing that ran in `workspace`, as [`text`] writes it.
+pub fn list_dir(workspace: Option<&WorkspaceRef>, r: &ListDirResult) -> String {
+    listing(&Where(workspace), r)
+}
+
+fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     let dir = if r.path == "." || r.path.is_empty() {
         "./".to_owned()
     } else {
@@ -318,7 +323,12 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
     out
 }
 
-fn glob(ws: &Where<'_>, r: GlobResult) -> String {
+/// The text of a glob's paths found in `workspace`, as [`text`] writes it.
+pub fn glob(workspace: Option<&WorkspaceRef>, r: &GlobResult) -> String {
+    found(&Where(workspace), r)
+}
+
+fn found(ws: &Where<'_>, r: &GlobResult) -> String {
     if r.paths.is_empty() {
         return format!("No paths match{ws}.");
     }

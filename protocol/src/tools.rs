@@ -194,10 +194,10 @@ impl ToolName {
     pub fn output_schema(self) -> serde_json::Value {
         match self {
             ToolName::ReadFile => output_schema_of::<Structured<ReadFileResult>>(),
-            ToolName::ListDir => output_schema_of::<Structured<ListDirResult>>(),
+            ToolName::ListDir => output_schema_of::<Structured<ListDirStructured>>(),
             ToolName::Stat => output_schema_of::<Structured<StatResult>>(),
             ToolName::Search => output_schema_of::<Structured<SearchResult>>(),
-            ToolName::Glob => output_schema_of::<Structured<GlobResult>>(),
+            ToolName::Glob => output_schema_of::<Structured<GlobStructured>>(),
             ToolName::WriteFile | ToolName::EditFile => {
                 output_schema_of::<Structured<WriteResult>>()
             }
@@ -516,6 +516,73 @@ pub struct ListDirResult {
     pub truncated: bool,
 }
 
+/// `list_dir`'s result as programs get it over MCP (`structuredContent`): the entries in one
+/// string rather than an array.
+///
+/// An MCP client parses every answer into its language's values, and the official Python SDK
+/// pays for each item of an array: a 1,000-entry listing as an array of strings cost it about
+/// 400 µs more per call than the same entries as one string, more than all of Monad's own
+/// processes spend on the call (`docs/benchmarks.md`, the Python SDK cases' twelfth round). The
+/// separator is NUL, which no path can hold, so a program splits the string unambiguously,
+/// whatever the names hold (a newline, say). The wire between Monad's processes keeps
+/// [`ListDirResult`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ListDirStructured {
+    /// The listed directory, relative to the workspace root (`.` for the root).
+    pub path: String,
+    /// Every entry's path relative to the workspace root, sorted, directories before their
+    /// contents, each directory's path followed by `/`; separated by NUL characters (`\u0000`,
+    /// which no path can hold: split on it), and empty when there are none.
+    pub entries: String,
+    /// The kind of each entry that is neither a regular file nor a directory, by its path as in
+    /// `entries`: `symlink` (a symbolic link, never followed) or `other` (a device, FIFO or
+    /// socket). Absent when there are none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(schema_with = "object_described_in_words")]
+    pub kinds: std::collections::BTreeMap<String, EntryKind>,
+    /// True when the entry cap left some out.
+    pub truncated: bool,
+}
+
+/// The separator of [`ListDirStructured::entries`] and [`GlobStructured::paths`].
+pub const ENTRY_SEPARATOR: &str = "\0";
+
+impl From<ListDirResult> for ListDirStructured {
+    fn from(listing: ListDirResult) -> ListDirStructured {
+        let mut entries =
+            String::with_capacity(listing.entries.iter().map(|e| e.path.len() + 2).sum());
+        let mut kinds = std::collections::BTreeMap::new();
+        for (i, entry) in listing.entries.into_iter().enumerate() {
+            if i > 0 {
+                entries.push_str(ENTRY_SEPARATOR);
+            }
+            entries.push_str(&entry.path);
+            match entry.kind {
+                EntryKind::File => {}
+                EntryKind::Dir => entries.push('/'),
+                EntryKind::Symlink | EntryKind::Other => {
+                    kinds.insert(entry.path, entry.kind);
+                }
+            }
+        }
+        ListDirStructured {
+            path: listing.path,
+            entries,
+            kinds,
+            truncated: listing.truncated,
+        }
+    }
+}
+
+/// The schema of a map whose values are described in words (`ListDirStructured`'s `kinds`):
+/// only `"type": "object"`, so that a client checks it once rather than once per entry (a
+/// directory of symbolic links, such as `node_modules/.bin`, has hundreds).
+fn object_described_in_words(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+    })
+}
+
 /// Arguments of `stat`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -621,6 +688,26 @@ pub struct GlobResult {
     pub paths: Vec<String>,
     /// True when the result cap left some out.
     pub truncated: bool,
+}
+
+/// `glob`'s result as programs get it over MCP (`structuredContent`): the paths in one string,
+/// for the reason [`ListDirStructured`] gives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GlobStructured {
+    /// The matching paths relative to the workspace root, sorted; separated by NUL characters
+    /// (`\u0000`, which no path can hold: split on it), and empty when none match.
+    pub paths: String,
+    /// True when the result cap left some out.
+    pub truncated: bool,
+}
+
+impl From<GlobResult> for GlobStructured {
+    fn from(found: GlobResult) -> GlobStructured {
+        GlobStructured {
+            paths: found.paths.join(ENTRY_SEPARATOR),
+            truncated: found.truncated,
+        }
+    }
 }
 
 /// Arguments of `write_file`.
@@ -1012,7 +1099,9 @@ pub struct MemoryRecallResult {
 /// tool's result type `T`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Structured<T> {
-    /// The workspace that ran the call; null when none was reached.
+    /// The workspace that ran the call, `{"name": ..., "uri": ...}` (its short name and its
+    /// URI, two strings); null when none was reached.
+    #[schemars(schema_with = "workspace_described_in_words")]
     pub workspace: Option<crate::wire::WorkspaceRef>,
     /// The tool's result, when it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1020,6 +1109,16 @@ pub struct Structured<T> {
     /// Why it failed, when it did (the result is then marked `isError`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<crate::error::ToolError>,
+}
+
+/// The schema of [`Structured`]'s `workspace`: an object or null, its two fields described in
+/// words. Every answer carries it, and the official Python SDK's check of it (three descents
+/// into subschemas, with `required` and `additionalProperties`) took 26 of the 57 µs it spent on
+/// a whole 1,000-entry listing (`docs/benchmarks.md`, the Python SDK cases' twelfth round).
+fn workspace_described_in_words(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": ["object", "null"],
+    })
 }
 
 /// The JSON Schema of what `T` serializes to (the serialize contract: a field skipped when empty
@@ -1277,32 +1376,97 @@ mod tests {
     }
 
     #[test]
-    fn long_result_arrays_are_described_without_a_per_item_schema() {
+    fn long_results_are_declared_so_that_a_client_checks_them_once() {
+        // Search's matches: an array without a per-item schema.
+        let schema = ToolName::Search.output_schema();
+        let array = &schema["properties"]["result"]["properties"]["matches"];
+        assert_eq!(array["type"], "array");
+        assert!(array.get("items").is_none(), "{array}");
+        let described = array["description"].as_str().unwrap();
+        assert!(described.contains("line_number"), "{described}");
+        // A listing's entries and a glob's paths: one string each, split on NUL.
         for (tool, field, said) in [
-            (ToolName::Search, "matches", "line_number"),
+            (ToolName::ListDir, "entries", "followed by `/`"),
             (ToolName::Glob, "paths", "relative to the workspace root"),
         ] {
             let schema = tool.output_schema();
-            let array = &schema["properties"]["result"]["properties"][field];
-            assert_eq!(array["type"], "array", "{tool}");
-            assert!(array.get("items").is_none(), "{tool}: {array}");
-            let described = array["description"].as_str().unwrap();
-            assert!(described.contains(said), "{tool}: {described}");
+            let result = &schema["properties"]["result"];
+            assert_eq!(result["properties"][field]["type"], "string", "{tool}");
+            let described = result["properties"][field]["description"].as_str().unwrap();
+            assert!(
+                described.contains(said) && described.contains("NUL"),
+                "{tool}: {described}"
+            );
+            assert!(
+                result["required"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&json!("truncated"))
+            );
         }
         let schema = ToolName::ListDir.output_schema();
-        let entries = &schema["properties"]["result"]["properties"]["entries"];
-        assert_eq!(entries["type"], "array");
-        assert!(entries.get("items").is_none(), "{entries}");
-        let said = entries["description"].as_str().unwrap();
-        assert!(
-            said.contains("by `/`") && said.contains("symlink"),
-            "{said}"
+        let kinds = &schema["properties"]["result"]["properties"]["kinds"];
+        assert_eq!(kinds["type"], "object");
+        assert!(kinds.get("additionalProperties").is_none(), "{kinds}");
+        // Every answer's workspace: an object or null, its fields in words.
+        for tool in ToolName::ALL {
+            let workspace = &tool.output_schema()["properties"]["workspace"];
+            assert_eq!(workspace["type"], json!(["object", "null"]), "{tool}");
+            assert!(workspace.get("properties").is_none(), "{tool}: {workspace}");
+            let said = workspace["description"].as_str().unwrap();
+            assert!(
+                said.contains("\"name\"") && said.contains("\"uri\""),
+                "{said}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_listing_for_programs_keeps_every_entry_and_says_which_are_neither_files_nor_directories() {
+        let entry = |path: &str, kind| DirEntry {
+            path: path.into(),
+            kind,
+        };
+        let listing = ListDirResult {
+            path: ".".into(),
+            entries: vec![
+                entry("a b.txt", EntryKind::File),
+                entry("dir", EntryKind::Dir),
+                entry("dir/line\nbreak", EntryKind::File),
+                entry("dir/link", EntryKind::Symlink),
+                entry("dir/sock", EntryKind::Other),
+            ],
+            truncated: true,
+        };
+        let structured = ListDirStructured::from(listing);
+        assert_eq!(
+            structured
+                .entries
+                .split(ENTRY_SEPARATOR)
+                .collect::<Vec<_>>(),
+            ["a b.txt", "dir/", "dir/line\nbreak", "dir/link", "dir/sock"]
         );
-        assert!(
-            schema["properties"]["result"]["required"]
-                .as_array()
-                .unwrap()
-                .contains(&json!("truncated"))
+        assert_eq!(
+            structured.kinds.into_iter().collect::<Vec<_>>(),
+            [
+                ("dir/link".to_owned(), EntryKind::Symlink),
+                ("dir/sock".to_owned(), EntryKind::Other)
+            ]
         );
+        assert!(structured.truncated);
+        let empty = ListDirStructured::from(ListDirResult {
+            path: "d".into(),
+            entries: vec![],
+            truncated: false,
+        });
+        assert_eq!(
+            serde_json::to_value(&empty).unwrap(),
+            json!({"path": "d", "entries": "", "truncated": false})
+        );
+        let found = GlobStructured::from(GlobResult {
+            paths: vec!["a.rs".into(), "b/c.rs".into()],
+            truncated: false,
+        });
+        assert_eq!(found.paths, "a.rs\0b/c.rs");
     }
 }

@@ -53,9 +53,11 @@ async def exercise(session: ClientSession, transport: str, workspace: str) -> di
 
     listing = await session.call_tool("list_dir", {"workspace": workspace})
     check(not listing.is_error, f"list_dir failed: {listing.content}")
-    # A file is its path, a directory its path and `/`; links and others are {path, kind}.
-    listed = listing.structured_content["result"]["entries"]
-    check(listed == ["notes.txt"], str(listed))
+    # The entries in one string, split on NUL: a file is its path, a directory its path and `/`;
+    # `kinds` names the links and others, and is left out when there are none.
+    listed = listing.structured_content["result"]
+    check(listed["entries"].split("\0") == ["notes.txt"], str(listed))
+    check("kinds" not in listed, str(listed))
     check(listing.content[0].text.splitlines()[1:] == ["notes.txt"], repr(listing.content[0].text))
 
     # Every other result fits its tool's outputSchema too (the SDK checks each one).
@@ -75,6 +77,9 @@ async def exercise(session: ClientSession, transport: str, workspace: str) -> di
         check(not answer.is_error, f"{tool} failed: {answer.content}")
         check(answer.structured_content is not None and "result" in answer.structured_content, tool)
         check(shown in answer.content[0].text, f"{tool}: {shown!r} not in {answer.content[0].text!r}")
+        if tool == "glob":
+            found = answer.structured_content["result"]["paths"]
+            check(found.split("\0") == ["notes.txt"], repr(found))
 
     missing = await session.call_tool("read_file", {"path": "no/such/file.txt", "workspace": workspace})
     check(missing.is_error, "a missing file is a tool error")

@@ -40,7 +40,7 @@ async def look(session: ClientSession, read: str, search: str) -> dict:
     seen["list_workspace"] = (listing.structured_content or {}).get("workspace", {}) or {}
     seen["list_workspace"] = seen["list_workspace"].get("name")
     seen["list"] = (
-        [e if isinstance(e, str) else e["path"] for e in listing.structured_content["result"]["entries"]]
+        listing.structured_content["result"]["entries"].split("\0")
         if not listing.is_error
         else listing.content[0].text
     )
