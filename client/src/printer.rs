@@ -152,6 +152,10 @@ const WRITE_MAX: usize = 4096;
 /// The printing thread: the lines as they come, those that came together in one write (a line
 /// longer than [`WRITE_MAX`] in one write of its own), until every sender is gone.
 fn print(mut out: impl Write, queued: Receiver<String>, done: oneshot::Sender<()>) {
+    // Lines follow the calls they tell of: waking to print one must not preempt a call.
+    if let Err(e) = monad_sandbox::run_as_background() {
+        tracing::debug!("the line printer runs at the usual scheduling policy: {e}");
+    }
     let mut batch = String::new();
     while let Ok(first) = queued.recv() {
         for line in std::iter::once(first).chain(queued.try_iter()) {

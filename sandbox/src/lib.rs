@@ -29,6 +29,8 @@ mod fs;
 mod jail;
 mod limits;
 mod netlog;
+#[allow(unsafe_code)]
+mod sched;
 mod walk;
 
 use std::path::Path;
@@ -51,6 +53,7 @@ pub use fs::Preview;
 pub use jail::{Jail, JailPath};
 pub use limits::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
 pub use netlog::{MAX_FOR_AUDIT, NetworkAudit, NetworkBatch};
+pub use sched::run_as_background;
 
 /// A workspace's jail with its limits and command policy: what runs the workspace tools.
 #[derive(Debug)]

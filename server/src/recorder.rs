@@ -159,6 +159,10 @@ fn gather(rx: &mpsc::Receiver<Job>, window: Duration, due: Option<Instant>) -> O
 }
 
 fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
+    // What it writes follows the answers: its waking must not preempt them.
+    if let Err(e) = monad_sandbox::run_as_background() {
+        tracing::debug!("the recorder runs at the usual scheduling policy: {e}");
+    }
     // Calls per (workspace record, session) not yet written, and when they must be.
     let mut touches: HashMap<(String, String), u64> = HashMap::new();
     let mut touch_due: Option<Instant> = None;
@@ -244,6 +248,46 @@ mod tests {
     use crate::store::{FsStore, SessionStore, WorkspaceStore};
 
     const HOUR: Duration = Duration::from_secs(3600);
+
+    /// The scheduling policies of this process's threads named `name` (`/proc`'s `stat`).
+    #[cfg(target_os = "linux")]
+    fn policies_of(name: &str) -> Vec<u32> {
+        let mut found = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim_end() != name {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                continue; // the thread ended meanwhile
+            };
+            let after = &stat[stat.rfind(')').unwrap() + 2..];
+            found.push(after.split(' ').nth(38).unwrap().parse().unwrap());
+        }
+        found
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_recorder_thread_is_scheduled_as_background_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::start(Arc::new(FsStore::new(dir.path())));
+        // Its first job done, the thread has set its policy.
+        recorder.flush();
+        // Other tests' recorders run beside this one, and one just started may not have set
+        // its policy yet: every one of them is batch work within a moment.
+        let batch = nix::libc::SCHED_BATCH as u32;
+        let mut policies = policies_of("recorder");
+        for _ in 0..100 {
+            if policies.iter().all(|p| *p == batch) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            policies = policies_of("recorder");
+        }
+        assert!(!policies.is_empty(), "no recorder thread");
+        assert!(policies.iter().all(|p| *p == batch), "{policies:?}");
+    }
 
     fn audit(n: u64) -> Job {
         Job::Audit(

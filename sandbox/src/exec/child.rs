@@ -1,4 +1,5 @@
-//! What runs between `fork` and `exec`: the only `unsafe` code of the sandbox.
+//! What runs between `fork` and `exec`: the sandbox's `unsafe` code, beside one call that sets a
+//! thread's scheduling policy (`sched`).
 //!
 //! `Command::pre_exec` runs a closure in the forked child of a multi-threaded process, where only
 //! async-signal-safe work is allowed: system calls, no allocation, no locks. Everything the
