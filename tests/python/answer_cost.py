@@ -1,0 +1,103 @@
+"""What each call costs the MCP client, Monad's answers against the reference server's, through
+the official Python SDK: the median call, the client's own CPU per call, and how often per call
+the client's process gave up its core (voluntary) or was preempted (involuntary).
+
+Usage: MONAD_CONFIG_DIR=DIR python answer_cost.py --client BIN --workspace NAME --dir DIR
+           --reference NODE_SCRIPT --case read|list [--calls N] [--replay [--rewrite R]]
+           [--sides monad,reference]
+
+`BIN mcp` reads the folder attached as workspace NAME; the reference is `node NODE_SCRIPT DIR`
+on the same folder (`small.txt`, `many/` as `bench_mcp.py` has them). With `--replay`, each side
+runs behind `replay_proxy.py`, which answers every call after the first from its recording: the
+servers do no work, so what differs is what the answers cost the client (`--rewrite` reshapes
+them, see `replay_proxy.py`). See docs/benchmarks.md, the Python SDK cases' twelfth round.
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+
+def switches():
+    counts = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            if "ctxt_switches" in line:
+                key, value = line.split(":")
+                counts[key.strip()] = int(value)
+    return counts
+
+
+async def side(command, env, tool, arguments, calls):
+    params = StdioServerParameters(command=command[0], args=command[1:], env={**os.environ, **env})
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            await session.list_tools()
+            for _ in range(100):
+                await session.call_tool(tool, arguments)
+            walls = []
+            before, cpu = switches(), time.process_time_ns()
+            for _ in range(calls):
+                start = time.perf_counter_ns()
+                result = await session.call_tool(tool, arguments)
+                walls.append(time.perf_counter_ns() - start)
+                if result.is_error:
+                    raise AssertionError(f"{tool} failed: {result.content}")
+            cpu, after = time.process_time_ns() - cpu, switches()
+    per_call = lambda key: (after[key] - before[key]) / calls  # noqa: E731
+    return (
+        statistics.median(walls) / 1e3,
+        cpu / calls / 1e3,
+        per_call("voluntary_ctxt_switches"),
+        per_call("nonvoluntary_ctxt_switches"),
+    )
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--client", required=True)
+    parser.add_argument("--workspace", required=True)
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--reference", required=True)
+    parser.add_argument("--case", choices=["read", "list"], required=True)
+    parser.add_argument("--calls", type=int, default=1500)
+    parser.add_argument("--replay", action="store_true")
+    parser.add_argument("--rewrite", choices=["joined", "noschema"])
+    parser.add_argument("--sides", default="monad,reference")
+    args = parser.parse_args()
+    monad_tool, reference_tool = {
+        "read": (("read_file", {"path": "small.txt", "workspace": args.workspace}),
+                 ("read_text_file", {"path": os.path.join(args.dir, "small.txt")})),
+        "list": (("list_dir", {"path": "many", "workspace": args.workspace}),
+                 ("list_directory", {"path": os.path.join(args.dir, "many")})),
+    }[args.case]
+    sides = {
+        "monad": ([args.client, "mcp"], {"RUST_LOG": "warn"}, *monad_tool),
+        "reference": (["node", args.reference, args.dir], {}, *reference_tool),
+    }
+    proxy = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "replay_proxy.py")]
+    if args.rewrite:
+        proxy += ["--rewrite", args.rewrite]
+    for name in args.sides.split(","):
+        command, env, tool, arguments = sides[name]
+        if args.replay:
+            command = proxy + command
+        wall, cpu, voluntary, preempted = await side(command, env, tool, arguments, args.calls)
+        replayed = " (replayed)" if args.replay else ""
+        print(
+            f"{args.case} {name}{replayed}: median {wall:.0f} us, client CPU {cpu:.0f} us per call, "
+            f"switches per call {voluntary:.2f} voluntary, {preempted:.2f} preempted",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
