@@ -14,7 +14,6 @@ use monad_protocol::wire::{
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
-use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{debug, info};
@@ -252,8 +251,8 @@ impl CallEnd {
             Outcome::Error { error } => CallEnd::Failed(error.code),
             Outcome::Ok { .. } if tool != ToolName::RunCommand => CallEnd::Ok,
             Outcome::Ok { result } => {
-                // Read from the tree as it is: a tree result is not copied for it.
-                let Ok(ran) = RunCommandResult::deserialize(result.value().as_ref()) else {
+                // Read from the tree or the text as it is: neither is copied for it.
+                let Ok(ran) = result.decode::<RunCommandResult>() else {
                     return CallEnd::Ok;
                 };
                 match (ran.timed_out, ran.process, ran.exit_code, ran.signal) {

@@ -16,7 +16,6 @@ use monad_protocol::text::{json_safe, printable, printable_lines};
 use monad_protocol::tools::{ProcessReadResult, RunCommandResult};
 use monad_protocol::wire::Outcome;
 use monad_protocol::{ToolError, ToolName};
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::agent::CallReply;
@@ -31,17 +30,18 @@ pub const EXIT_COMMAND_FAILED: u8 = 3;
 /// The exit code of a call of `tool` that ended with `outcome`.
 pub fn exit_code(tool: ToolName, outcome: &Outcome) -> u8 {
     let result = match outcome {
-        Outcome::Ok { result } => result.value(),
+        Outcome::Ok { result } => result,
         Outcome::Error { .. } => return EXIT_TOOL_ERROR,
     };
-    let result = result.as_ref();
     let failed = |exit_code: Option<i32>, signal: Option<i32>, timed_out: bool| {
         timed_out || signal.is_some() || exit_code.is_some_and(|c| c != 0)
     };
     let command_failed = match tool {
-        ToolName::RunCommand => RunCommandResult::deserialize(result)
+        ToolName::RunCommand => result
+            .decode::<RunCommandResult>()
             .is_ok_and(|r| r.process.is_none() && failed(r.exit_code, r.signal, r.timed_out)),
-        ToolName::ProcessRead => ProcessReadResult::deserialize(result)
+        ToolName::ProcessRead => result
+            .decode::<ProcessReadResult>()
             .is_ok_and(|r| !r.running && failed(r.exit_code, r.signal, r.timed_out)),
         _ => false,
     };

@@ -207,7 +207,10 @@ pub fn call_result(
 ) -> CallToolResult {
     match outcome {
         Outcome::Ok { result } => {
-            let (text, result) = written(tool, workspace.as_ref(), result);
+            let (text, result) = match written(tool, workspace.as_ref(), result) {
+                Ok(written) => written,
+                Err(error) => return error_result(workspace, &error),
+            };
             let mut answer = CallToolResult::success(vec![ContentBlock::text(text)]);
             answer.structured_content = Some(json!({ "workspace": workspace, "result": result }));
             answer
@@ -218,30 +221,36 @@ pub fn call_result(
 
 /// A successful call's text for a model and JSON for programs. A listing's entries and a glob's
 /// paths reach programs in one string each ([`ListDirStructured`], [`GlobStructured`]), decoded
-/// from the result once for both; a result that is not of the tool's type (a peer of another
-/// version) is passed on as it is.
+/// from the result once for both. A listing or a glob's result that cannot be read as one (from a
+/// peer of another version) is a `malformed` failure, since its JSON could not match the tool's
+/// `outputSchema`, which a client checks; any other result is passed on as it is.
 fn written(
     tool: ToolName,
     workspace: Option<&WorkspaceRef>,
     result: ToolResult,
-) -> (String, Value) {
-    match tool {
+) -> Result<(String, Value), ToolError> {
+    let unreadable = |e: serde_json::Error| {
+        ToolError::new(
+            ErrorCode::Malformed,
+            format!("the workspace's `{tool}` result could not be read: {e}"),
+        )
+    };
+    Ok(match tool {
         ToolName::ListDir => {
-            if let Ok(listing) = result.decode::<ListDirResult>() {
-                let text = render::list_dir(workspace, &listing);
-                return (text, json!(ListDirStructured::from(listing)));
-            }
+            let listing = result.decode::<ListDirResult>().map_err(unreadable)?;
+            let text = render::list_dir(workspace, &listing);
+            (text, json!(ListDirStructured::from(listing)))
         }
         ToolName::Glob => {
-            if let Ok(found) = result.decode::<GlobResult>() {
-                let text = render::glob(workspace, &found);
-                return (text, json!(GlobStructured::from(found)));
-            }
+            let found = result.decode::<GlobResult>().map_err(unreadable)?;
+            let text = render::glob(workspace, &found);
+            (text, json!(GlobStructured::from(found)))
         }
-        _ => {}
-    }
-    let result = result.into_value();
-    (render::text(tool, workspace, &result), result)
+        _ => {
+            let result = result.into_value();
+            (render::text(tool, workspace, &result), result)
+        }
+    })
 }
 
 /// A failure as an MCP result with `isError: true`.
@@ -1025,28 +1034,43 @@ mod tests {
         );
 
         let found = json!({"paths": ["a.rs", "b/c.rs"], "truncated": true});
-        let answer = call_result(
-            ToolName::Glob,
-            Some(ws.clone()),
-            Outcome::Ok {
-                result: found.clone().into(),
-            },
-        );
-        let s = answer.structured_content.unwrap();
-        assert_eq!(
-            s["result"],
-            json!({"paths": "a.rs\0b/c.rs", "truncated": true})
-        );
-        let shown = serde_json::to_value(&answer.content[0]).unwrap();
-        assert_eq!(
-            shown["text"],
-            render::text(ToolName::Glob, Some(&ws), &found)
-        );
+        let text = serde_json::to_string(&found).unwrap();
+        for result in [
+            ToolResult::from(found.clone()),
+            ToolResult::from(serde_json::value::RawValue::from_string(text).unwrap()),
+        ] {
+            let answer = call_result(ToolName::Glob, Some(ws.clone()), Outcome::Ok { result });
+            let s = answer.structured_content.unwrap();
+            assert_eq!(
+                s["result"],
+                json!({"paths": "a.rs\0b/c.rs", "truncated": true})
+            );
+            let shown = serde_json::to_value(&answer.content[0]).unwrap();
+            assert_eq!(
+                shown["text"],
+                render::text(ToolName::Glob, Some(&ws), &found)
+            );
+        }
 
-        // A result not of the tool's type (a peer of another version) is passed on as it is.
+        // A listing that is not one (from a peer of another version) could not match the
+        // schema: it is a failure that says so. Another tool's odd result is passed on.
+        for odd in [
+            json!({"files": 3}),
+            json!({"path": ".", "truncated": false, "entries": [{"path": "a", "kind": "door"}]}),
+        ] {
+            let answer = call_result(
+                ToolName::ListDir,
+                Some(ws.clone()),
+                Outcome::Ok { result: odd.into() },
+            );
+            assert_eq!(answer.is_error, Some(true));
+            let s = answer.structured_content.unwrap();
+            assert_eq!(s["error"]["code"], "malformed", "{s}");
+            assert!(s.get("result").is_none(), "{s}");
+        }
         let odd = json!({"files": 3});
         let answer = call_result(
-            ToolName::ListDir,
+            ToolName::Stat,
             None,
             Outcome::Ok {
                 result: odd.clone().into(),

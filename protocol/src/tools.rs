@@ -486,9 +486,10 @@ impl<'de> Deserialize<'de> for DirEntry {
     }
 }
 
-/// The schema of a result's long arrays (`list_dir`'s `entries`, `search`'s `matches`,
-/// `glob`'s `paths`): an array, its items described in words (the field's description) rather
-/// than by a per-item schema. An MCP client validates every `structuredContent` against the
+/// The schema of a result's long arrays (`search`'s `matches`, and the wire types' `list_dir`
+/// `entries` and `glob` `paths`, which MCP answers carry as one string each instead:
+/// [`ListDirStructured`], [`GlobStructured`]): an array, its items described in words (the
+/// field's description) rather than by a per-item schema. An MCP client validates every `structuredContent` against the
 /// tool's `outputSchema`, and the official Python SDK does it in pure Python, item by item
 /// whenever the schema has `items`, even `"items": true`: about 190 µs for 1,000 listing
 /// entries, a tenth of the reference filesystem server's whole call, 4.5 ms for 1,000 glob paths

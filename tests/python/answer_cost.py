@@ -1,6 +1,7 @@
 """What each call costs the MCP client, Monad's answers against the reference server's, through
 the official Python SDK: the median call, the client's own CPU per call, and how often per call
-the client's process gave up its core (voluntary) or was preempted (involuntary).
+the client's main thread (where the SDK's event loop runs) gave up its core (voluntary) or was
+preempted (involuntary).
 
 Usage: MONAD_CONFIG_DIR=DIR python answer_cost.py --client BIN --workspace NAME --dir DIR
            --reference NODE_SCRIPT --case read|list [--calls N] [--replay [--rewrite R]]
@@ -26,7 +27,7 @@ from mcp.client.stdio import stdio_client
 
 def switches():
     counts = {}
-    with open("/proc/self/status") as status:
+    with open("/proc/thread-self/status") as status:
         for line in status:
             if "ctxt_switches" in line:
                 key, value = line.split(":")

@@ -14,7 +14,6 @@ turns a Monad listing's `entries` array into one newline-separated string (and d
 """
 
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -36,11 +35,13 @@ def main() -> int:
             result = message.get("result") or {}
             if rewrite and ("tools" in result or "structuredContent" in result):
                 reshape(rewrite, result)
-                line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+                line = (json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
             with lock:
                 key = pending.pop(message.get("id"), None)
                 if key is not None and "result" in message:
-                    recorded[key] = line
+                    # The answer's text, with its id cut out where it stands (a result may hold
+                    # an `id` key of its own, and may come before the message's).
+                    recorded[key] = split_at_id(line, message["id"])
                 out.write(line)
                 out.flush()
 
@@ -52,7 +53,8 @@ def main() -> int:
             with lock:
                 answer = recorded.get(key)
                 if answer is not None:
-                    out.write(re.sub(rb'"id":\s*\d+', b'"id":%d' % message["id"], answer, count=1))
+                    before, after = answer
+                    out.write(before + b'"id":%d' % message["id"] + after)
                     out.flush()
                     continue
                 pending[message["id"]] = key
@@ -60,6 +62,37 @@ def main() -> int:
         real.stdin.flush()
     real.stdin.close()
     return real.wait()
+
+
+def split_at_id(line, id_):
+    """The line before and after its top-level `"id":N` member: the last one, since a JSON-RPC
+    message's own members follow the nested `result` or come before it, and nested objects
+    are found by depth."""
+    depth, i, in_string = 0, 0, False
+    while i < len(line):
+        c = line[i : i + 1]
+        if in_string:
+            if c == b"\\":
+                i += 1
+            elif c == b'"':
+                in_string = False
+        elif c == b'"':
+            if depth == 1 and line.startswith(b'"id":', i):
+                end = i + len(b'"id":')
+                while line[end : end + 1] in b" \t":
+                    end += 1
+                digits = end
+                while line[end : end + 1].isdigit():
+                    end += 1
+                if int(line[digits:end]) == id_:
+                    return line[:i], line[end:]
+            in_string = True
+        elif c in b"{[":
+            depth += 1
+        elif c in b"}]":
+            depth -= 1
+        i += 1
+    raise ValueError(f"no top-level id {id_} in the answer")
 
 
 def reshape(rewrite, result):
