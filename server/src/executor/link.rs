@@ -527,7 +527,7 @@ pub(crate) async fn run<C: Connection>(
                         }
                         let pending = PendingBody {
                             body,
-                            recv,
+                            recv: Some(recv),
                             name: name.to_owned(),
                             deadline: None,
                             received: 0,
@@ -581,7 +581,8 @@ pub(crate) async fn run<C: Connection>(
 pub struct PendingBody<R: RecvHalf = ConnRecv> {
     /// What follows.
     pub body: Body,
-    recv: R,
+    /// Taken only when the body is dropped, to be let go of.
+    recv: Option<R>,
     name: String,
     /// When the call's time runs out.
     pub(super) deadline: Option<tokio::time::Instant>,
@@ -618,6 +619,13 @@ pub enum RelayError {
 }
 
 impl<R: RecvHalf> PendingBody<R> {
+    /// The client's stream the body comes on; it is taken only when the body is dropped.
+    fn recv(&mut self) -> &mut R {
+        self.recv
+            .as_mut()
+            .expect("the stream is taken only on drop")
+    }
+
     /// Relays the body to an agent's stream as it arrives, chunk by chunk, without copying or
     /// parsing it, within the call's time limit. On failure the side that is still there is
     /// told (see [`RelayError`]).
@@ -657,7 +665,7 @@ impl<R: RecvHalf> PendingBody<R> {
             if let Some(code) = code {
                 send.reset(code);
             }
-            self.recv.stop(reset::CANCELLED);
+            self.recv().stop(reset::CANCELLED);
             self.fail(error);
         }
         result
@@ -672,7 +680,7 @@ impl<R: RecvHalf> PendingBody<R> {
         let mut chunks: [Bytes; RELAY_BATCH] = Default::default();
         while self.received < self.body.len {
             let read = tokio::select! {
-                read = self.recv.read_chunks(&mut chunks) => read,
+                read = self.recv().read_chunks(&mut chunks) => read,
                 _ = &mut stopped => return Err(RelayError::Sink),
             };
             let n = match read {
@@ -761,10 +769,13 @@ impl<R: RecvHalf> Drop for PendingBody<R> {
         if let Some(tap) = self.tap.take() {
             tap.finish(&self.body, self.received);
         }
-        // A body read whole is followed by the stream's end (a relay's last batch of chunks
-        // usually takes it along; a stream stopped on a failure has none to read). One look
-        // only: the stream cannot be moved out to wait for it.
-        self.recv.read_end();
+        // A body read whole is followed by the stream's end: a relay's last batch of chunks
+        // usually takes it along, and one still on its way is waited for in the background,
+        // bounded, so that the client is not told to stop a stream it finished (a stream
+        // stopped on a failure has none to read).
+        if let Some(recv) = self.recv.take() {
+            recv.let_go();
+        }
     }
 }
 
@@ -780,7 +791,7 @@ impl<R: RecvHalf> AsyncRead for Tapped<'_, R> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let pending = &mut *self.0;
-        let polled = Pin::new(&mut pending.recv).poll_read(cx, buf);
+        let polled = Pin::new(pending.recv()).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = &polled {
             pending.see(&buf.filled()[before..]);
         }
