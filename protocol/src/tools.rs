@@ -1315,12 +1315,15 @@ mod tests {
         assert_eq!(back, edit);
     }
 
-    #[test]
-    fn a_listing_is_compact_in_json_and_reads_back_every_kind() {
-        let entry = |path: &str, kind| DirEntry {
+    fn entry(path: &str, kind: EntryKind) -> DirEntry {
+        DirEntry {
             path: path.into(),
             kind,
-        };
+        }
+    }
+
+    #[test]
+    fn a_listing_is_compact_in_json_and_reads_back_every_kind() {
         let listing = ListDirResult {
             path: ".".into(),
             entries: vec![
@@ -1424,10 +1427,6 @@ mod tests {
 
     #[test]
     fn a_listing_for_programs_keeps_every_entry_and_says_which_are_neither_files_nor_directories() {
-        let entry = |path: &str, kind| DirEntry {
-            path: path.into(),
-            kind,
-        };
         let listing = ListDirResult {
             path: ".".into(),
             entries: vec![
