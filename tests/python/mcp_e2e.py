@@ -56,9 +56,15 @@ async def exercise(session: ClientSession, transport: str, workspace: str) -> di
     # The entries in one string, split on NUL: a file is its path, a directory its path and `/`;
     # `kinds` names the links and others, and is left out when there are none.
     listed = listing.structured_content["result"]
-    check(listed["entries"].split("\0") == ["notes.txt"], str(listed))
-    check("kinds" not in listed, str(listed))
-    check(listing.content[0].text.splitlines()[1:] == ["notes.txt"], repr(listing.content[0].text))
+    check(listed["entries"].split("\0") == ["docs/", "latest", "notes.txt"], str(listed))
+    check(listed["kinds"] == {"latest": "symlink"}, str(listed))
+    lines = listing.content[0].text.splitlines()
+    check("(`@`: symbolic link)" in lines[0], repr(lines[0]))
+    check(lines[1:] == ["docs/", "latest@", "notes.txt"], repr(listing.content[0].text))
+    inner = await session.call_tool("list_dir", {"path": "docs", "workspace": workspace})
+    check(not inner.is_error, f"list_dir docs failed: {inner.content}")
+    listed = inner.structured_content["result"]
+    check(listed["entries"].split("\0") == ["docs/guide.md"] and "kinds" not in listed, str(listed))
 
     # Every other result fits its tool's outputSchema too (the SDK checks each one).
     for tool, arguments, shown in [

@@ -37,7 +37,12 @@ async fn python_sdk_drives_both_transports_against_an_attached_folder() {
         return;
     };
     let (server, http) = server().await;
-    let dir = folder(&[("notes.txt", "hello from the laptop\n")]);
+    let dir = folder(&[
+        ("notes.txt", "hello from the laptop\n"),
+        ("docs/guide.md", "# guide\n"),
+    ]);
+    // A symbolic link, which a listing names apart (`kinds`).
+    std::os::unix::fs::symlink("notes.txt", dir.path().join("latest")).expect("a link");
     let mut options = attach_options(dir.path(), "laptop");
     options.allow = vec![ToolClass::Read];
     let _attached = Attachment::start(&server.client_config(), options, None).await;
