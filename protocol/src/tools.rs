@@ -486,24 +486,22 @@ impl<'de> Deserialize<'de> for DirEntry {
     }
 }
 
-/// The schema of a result's long arrays (`search`'s `matches`, and the wire types' `list_dir`
-/// `entries` and `glob` `paths`, which MCP answers carry as one string each instead:
-/// [`ListDirStructured`], [`GlobStructured`]): an array, its items described in words (the
-/// field's description) rather than by a per-item schema. An MCP client validates every `structuredContent` against the
-/// tool's `outputSchema`, and the official Python SDK does it in pure Python, item by item
-/// whenever the schema has `items`, even `"items": true`: about 190 µs for 1,000 listing
-/// entries, a tenth of the reference filesystem server's whole call, 4.5 ms for 1,000 glob paths
-/// and 20 ms for 1,000 search matches (three fields each), more than the search itself
-/// (`docs/benchmarks.md`). Without `items` it checks the array once. The results' other fields
-/// keep their full schema.
+/// The schema of `search`'s `matches`: an array, its items described in words (the field's
+/// description) rather than by a per-item schema. An MCP client validates every
+/// `structuredContent` against the tool's `outputSchema`, and the official Python SDK does it in
+/// pure Python, item by item whenever the schema has `items`, even `"items": true`: 20 ms for
+/// 1,000 search matches (three fields each), more than the search itself (`docs/benchmarks.md`).
+/// Without `items` it checks the array once. The result's other fields keep their full schema.
+/// (A listing's entries and a glob's paths go further: one string each, [`ListDirStructured`].)
 fn array_described_in_words(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "array",
     })
 }
 
-/// Result of `list_dir`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// Result of `list_dir` on the wire between Monad's processes; MCP answers carry it as
+/// [`ListDirStructured`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ListDirResult {
     /// The listed directory, relative to the workspace root (`.` for the root).
     pub path: String,
@@ -511,7 +509,6 @@ pub struct ListDirResult {
     /// regular file (its path relative to the workspace root) or a directory (its path followed
     /// by `/`), or an object `{"path": ..., "kind": "symlink" | "other"}` for a symbolic link or
     /// a device, FIFO or socket.
-    #[schemars(schema_with = "array_described_in_words")]
     pub entries: Vec<DirEntry>,
     /// True when the entry cap left some out.
     pub truncated: bool,
@@ -681,11 +678,11 @@ pub struct GlobArgs {
     pub workspace: Option<String>,
 }
 
-/// Result of `glob`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// Result of `glob` on the wire between Monad's processes; MCP answers carry it as
+/// [`GlobStructured`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GlobResult {
-    /// Matching paths relative to the workspace root, sorted; each a string.
-    #[schemars(schema_with = "array_described_in_words")]
+    /// Matching paths relative to the workspace root, sorted.
     pub paths: Vec<String>,
     /// True when the result cap left some out.
     pub truncated: bool,
