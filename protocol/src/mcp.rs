@@ -974,6 +974,13 @@ mod tests {
         assert_eq!(s["result"], result);
     }
 
+    /// A result as a tree, and as the JSON text a relay keeps.
+    fn tree_and_text(result: &Value) -> [ToolResult; 2] {
+        let text = ToolResult::from(serde_json::value::to_raw_value(result).unwrap());
+        assert!(text.is_text(), "{result}");
+        [ToolResult::from(result.clone()), text]
+    }
+
     #[test]
     fn listings_and_globs_reach_programs_as_one_string_split_on_nul() {
         let ws = WorkspaceRef {
@@ -985,12 +992,8 @@ mod tests {
             {"path": "src/link", "kind": "symlink"}, {"path": "src/fifo", "kind": "other"},
             {"path": "src/old.rs", "kind": "file"},
         ]});
-        let text = serde_json::to_string(&listing).unwrap();
         // The same answer whether the result came as a tree or as the text it was relayed in.
-        for result in [
-            ToolResult::from(listing.clone()),
-            ToolResult::from(serde_json::value::RawValue::from_string(text).unwrap()),
-        ] {
+        for result in tree_and_text(&listing) {
             let answer = call_result(ToolName::ListDir, Some(ws.clone()), Outcome::Ok { result });
             let s = answer.structured_content.unwrap();
             assert_eq!(s["workspace"]["uri"], "laptop:~/project");
@@ -1034,11 +1037,7 @@ mod tests {
         );
 
         let found = json!({"paths": ["a.rs", "b/c.rs"], "truncated": true});
-        let text = serde_json::to_string(&found).unwrap();
-        for result in [
-            ToolResult::from(found.clone()),
-            ToolResult::from(serde_json::value::RawValue::from_string(text).unwrap()),
-        ] {
+        for result in tree_and_text(&found) {
             let answer = call_result(ToolName::Glob, Some(ws.clone()), Outcome::Ok { result });
             let s = answer.structured_content.unwrap();
             assert_eq!(

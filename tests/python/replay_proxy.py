@@ -39,9 +39,11 @@ def main() -> int:
             with lock:
                 key = pending.pop(message.get("id"), None)
                 if key is not None and "result" in message:
-                    # The answer's text, with its id cut out where it stands (a result may hold
-                    # an `id` key of its own, and may come before the message's).
-                    recorded[key] = split_at_id(line, message["id"])
+                    # The answer as its server wrote it but for the id, which goes first so that
+                    # each replay can put its own there.
+                    del message["id"]
+                    rest = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+                    recorded[key] = rest[1:].encode() + b"\n"
                 out.write(line)
                 out.flush()
 
@@ -53,8 +55,7 @@ def main() -> int:
             with lock:
                 answer = recorded.get(key)
                 if answer is not None:
-                    before, after = answer
-                    out.write(before + b'"id":%d' % message["id"] + after)
+                    out.write(b'{"id":%d,' % message["id"] + answer)
                     out.flush()
                     continue
                 pending[message["id"]] = key
@@ -62,37 +63,6 @@ def main() -> int:
         real.stdin.flush()
     real.stdin.close()
     return real.wait()
-
-
-def split_at_id(line, id_):
-    """The line before and after its top-level `"id":N` member: the last one, since a JSON-RPC
-    message's own members follow the nested `result` or come before it, and nested objects
-    are found by depth."""
-    depth, i, in_string = 0, 0, False
-    while i < len(line):
-        c = line[i : i + 1]
-        if in_string:
-            if c == b"\\":
-                i += 1
-            elif c == b'"':
-                in_string = False
-        elif c == b'"':
-            if depth == 1 and line.startswith(b'"id":', i):
-                end = i + len(b'"id":')
-                while line[end : end + 1] in b" \t":
-                    end += 1
-                digits = end
-                while line[end : end + 1].isdigit():
-                    end += 1
-                if int(line[digits:end]) == id_:
-                    return line[:i], line[end:]
-            in_string = True
-        elif c in b"{[":
-            depth += 1
-        elif c in b"}]":
-            depth -= 1
-        i += 1
-    raise ValueError(f"no top-level id {id_} in the answer")
 
 
 def reshape(rewrite, result):
