@@ -347,6 +347,36 @@ async fn mcp_over_stdio_large_read_arrives_whole() {
     large_read_arrives_whole(Via::Stdio).await;
 }
 
+/// `monad-client mcp` enlarges the pipe its host reads answers from, so that a large answer goes
+/// in at one write rather than 64 KiB each time the host has read a piece.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_enlarges_the_pipe_its_answers_go_into() {
+    use monad_client::mcp::PIPE_BYTES;
+    use nix::fcntl::{FcntlArg, fcntl};
+    let (server, _http) = server().await;
+    let dir = tempfile::tempdir().expect("config dir");
+    server
+        .client_config()
+        .save(dir.path())
+        .expect("config saved");
+    let mut front = monad_tests::command("monad-client")
+        .arg("mcp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .env("MONAD_CONFIG_DIR", dir.path())
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("monad-client mcp starts");
+    let answers = front.stdout.take().expect("its standard output");
+    let capacity = || fcntl(&answers, FcntlArg::F_GETPIPE_SZ).expect("a pipe");
+    let deadline = std::time::Instant::now() + STEP;
+    while capacity() < PIPE_BYTES && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(capacity(), PIPE_BYTES);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_http_large_read_arrives_whole() {
     large_read_arrives_whole(Via::Http).await;
