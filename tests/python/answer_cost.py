@@ -1,22 +1,24 @@
 """What each call costs the MCP client, Monad's answers against the reference server's, through
 the official Python SDK: the median call, the client's own CPU per call, and how often per call
 the client's main thread (where the SDK's event loop runs) gave up its core (voluntary) or was
-preempted (involuntary).
+preempted (involuntary); the CPU is also split into user and system time.
 
 Usage: MONAD_CONFIG_DIR=DIR python answer_cost.py --client BIN --workspace NAME --dir DIR
-           --reference NODE_SCRIPT --case read|list [--calls N] [--replay [--rewrite R]]
+           --reference NODE_SCRIPT --case read|large|list [--calls N] [--replay [--rewrite R]]
            [--sides monad,reference]
 
 `BIN mcp` reads the folder attached as workspace NAME; the reference is `node NODE_SCRIPT DIR`
-on the same folder (`small.txt`, `many/` as `bench_mcp.py` has them). With `--replay`, each side
-runs behind `replay_proxy.py`, which answers every call after the first from its recording: the
-servers do no work, so what differs is what the answers cost the client (`--rewrite` reshapes
-them, see `replay_proxy.py`). See docs/benchmarks.md, the Python SDK cases' twelfth round.
+on the same folder (`small.txt`, `large.txt`, `many/` as `bench_mcp.py` has them; `large`
+reads `large.txt` whole). With `--replay`, each side runs behind `replay_proxy.py`, which
+answers every call after the first from its recording: the servers do no work, so what differs
+is what the answers cost the client (`--rewrite` reshapes them, see `replay_proxy.py`). See
+docs/benchmarks.md, the Python SDK cases' twelfth and thirteenth rounds.
 """
 
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import sys
 import time
@@ -45,6 +47,7 @@ async def side(command, env, tool, arguments, calls):
                 await session.call_tool(tool, arguments)
             walls = []
             before, cpu = switches(), time.process_time_ns()
+            usage = resource.getrusage(resource.RUSAGE_SELF)
             for _ in range(calls):
                 start = time.perf_counter_ns()
                 result = await session.call_tool(tool, arguments)
@@ -52,10 +55,13 @@ async def side(command, env, tool, arguments, calls):
                 if result.is_error:
                     raise AssertionError(f"{tool} failed: {result.content}")
             cpu, after = time.process_time_ns() - cpu, switches()
+            used = resource.getrusage(resource.RUSAGE_SELF)
     per_call = lambda key: (after[key] - before[key]) / calls  # noqa: E731
     return (
         statistics.median(walls) / 1e3,
         cpu / calls / 1e3,
+        (used.ru_utime - usage.ru_utime) / calls * 1e6,
+        (used.ru_stime - usage.ru_stime) / calls * 1e6,
         per_call("voluntary_ctxt_switches"),
         per_call("nonvoluntary_ctxt_switches"),
     )
@@ -67,7 +73,7 @@ async def main() -> int:
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--reference", required=True)
-    parser.add_argument("--case", choices=["read", "list"], required=True)
+    parser.add_argument("--case", choices=["read", "large", "list"], required=True)
     parser.add_argument("--calls", type=int, default=1500)
     parser.add_argument("--replay", action="store_true")
     parser.add_argument("--rewrite", choices=["joined", "noschema"])
@@ -76,6 +82,8 @@ async def main() -> int:
     monad_tool, reference_tool = {
         "read": (("read_file", {"path": "small.txt", "workspace": args.workspace}),
                  ("read_text_file", {"path": os.path.join(args.dir, "small.txt")})),
+        "large": (("read_file", {"path": "large.txt", "workspace": args.workspace, "limit": 100000}),
+                  ("read_text_file", {"path": os.path.join(args.dir, "large.txt")})),
         "list": (("list_dir", {"path": "many", "workspace": args.workspace}),
                  ("list_directory", {"path": os.path.join(args.dir, "many")})),
     }[args.case]
@@ -90,10 +98,13 @@ async def main() -> int:
         command, env, tool, arguments = sides[name]
         if args.replay:
             command = proxy + command
-        wall, cpu, voluntary, preempted = await side(command, env, tool, arguments, args.calls)
+        wall, cpu, user, system, voluntary, preempted = await side(
+            command, env, tool, arguments, args.calls
+        )
         replayed = " (replayed)" if args.replay else ""
         print(
-            f"{args.case} {name}{replayed}: median {wall:.0f} us, client CPU {cpu:.0f} us per call, "
+            f"{args.case} {name}{replayed}: median {wall:.0f} us, client CPU {cpu:.0f} us per call "
+            f"({user:.0f} user, {system:.0f} system), "
             f"switches per call {voluntary:.2f} voluntary, {preempted:.2f} preempted",
             flush=True,
         )
