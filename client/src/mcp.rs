@@ -249,37 +249,118 @@ where
 /// `monad-client mcp`: MCP over this process's stdin and stdout. When both are pipes (as hosts
 /// launch a server), they are read and written on the runtime's reactor, each on its own open
 /// file description, rather than through the blocking pool, a thread hand-off per message each
-/// way; otherwise (a terminal, a file) through the blocking pool. A stdout pipe is first
-/// enlarged ([`enlarge_pipe`]).
+/// way; otherwise (a terminal, a file) through the blocking pool. The answers' pipe grows when
+/// an answer does not fit ([`GrowingPipe`]).
 pub async fn serve_stdio(config: ClientConfig, session: Option<String>) -> Result<(), ClientError> {
-    match enlarge_pipe(std::io::stdout()) {
-        Ok(bytes) => debug!(bytes, "standard output's pipe enlarged"),
-        // Not a pipe (a terminal, a file), or over what the system lets this user ask for.
-        Err(e) => debug!("standard output keeps its buffer: {e}"),
-    }
-    serve(config, session, rmcp::transport::stdio_pipes()).await
+    let (read, write) = rmcp::transport::stdio_pipes();
+    serve(config, session, (read, GrowingPipe::new(write))).await
 }
 
-/// What [`enlarge_pipe`] asks for: Linux's default `/proc/sys/fs/pipe-max-size`, the most any
-/// user may ask for there. It holds a whole answer up to the default read cap's (a 248 KiB read
-/// is a 541 KB line of JSON).
-pub const PIPE_BYTES: i32 = 1 << 20;
+/// The capacity [`GrowingPipe`] asks for: Linux's default `/proc/sys/fs/pipe-max-size`, the
+/// most an unprivileged process may ask for there. It holds the answer to a read at the default
+/// cap of 256 KiB of ordinary text (a 248 KiB read's is a 541 KB line of JSON).
+pub const PIPE_BYTES: usize = 1 << 20;
 
-/// Asks the kernel to let the pipe `fd` hold [`PIPE_BYTES`]; returns its new capacity. With the
-/// default 64 KiB, a larger answer went into the host's pipe a piece at a time: this process
-/// woke each time the host had read one, on the core where the host was reading, and the host
-/// blocked mid-answer waiting for the next. A 248 KiB read through the official Python SDK,
-/// six alternating pairs: 3–13% faster, the host preempted 0.3–0.5 times per call instead of
-/// 1.5–2.3 (`docs/benchmarks.md`, the Python SDK cases' thirteenth round). The kernel takes
-/// the pages as the pipe fills, not before.
+/// A pipe's capacity on Linux until someone changes it.
+const DEFAULT_PIPE_BYTES: usize = 64 * 1024;
+
+/// The answers' writer, which grows the pipe standard output is (when it is one) the first time
+/// an answer does not fit in a default pipe ([`grow_pipe`]). With the default 64 KiB, a larger
+/// answer went into the host's pipe a piece at a time: this process woke each time the host had
+/// read one, on the core where the host was reading, and the host blocked mid-answer waiting for
+/// the next. A 248 KiB read through the official Python SDK, six alternating pairs: 3–13% faster,
+/// the host preempted 0.3–0.5 times per call instead of 1.5–2.3 (`docs/benchmarks.md`, the
+/// Python SDK cases' thirteenth round). Grown only when needed: Linux counts a pipe's capacity
+/// against its user's allowance of pipe pages (`/proc/sys/fs/pipe-user-pages-soft`), past which
+/// the user's new pipes get two pages.
+struct GrowingPipe<W> {
+    inner: W,
+    /// Whether growing was tried (it is tried once, whatever came of it).
+    tried: bool,
+}
+
+impl<W> GrowingPipe<W> {
+    fn new(inner: W) -> GrowingPipe<W> {
+        GrowingPipe {
+            inner,
+            tried: false,
+        }
+    }
+
+    /// Grows standard output's pipe, once, when `len` bytes are about to be written.
+    fn fit(&mut self, len: usize) {
+        if self.tried || len <= DEFAULT_PIPE_BYTES {
+            return;
+        }
+        self.tried = true;
+        match grow_pipe(std::io::stdout(), len, PIPE_BYTES) {
+            Ok(bytes) => debug!(bytes, "standard output's pipe grown for a large answer"),
+            // Not a pipe (a terminal, a file), or over what the system lets this user ask for.
+            Err(e) => debug!("standard output keeps its buffer: {e}"),
+        }
+    }
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for GrowingPipe<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.fit(buf.len());
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.fit(bufs.iter().map(|b| b.len()).sum());
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Makes the pipe `fd` hold `to` bytes (a power of two) when it holds less than `len` and less
+/// than `to`; returns its capacity then. It never shrinks a pipe. The kernel takes pages as the
+/// pipe fills.
 #[cfg(target_os = "linux")]
-pub fn enlarge_pipe(fd: impl std::os::fd::AsFd) -> nix::Result<i32> {
-    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES))
+pub fn grow_pipe(fd: impl std::os::fd::AsFd, len: usize, to: usize) -> nix::Result<usize> {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let now = usize::try_from(fcntl(&fd, FcntlArg::F_GETPIPE_SZ)?).unwrap_or(0);
+    if now >= len.min(to) {
+        return Ok(now);
+    }
+    let to = i32::try_from(to).map_err(|_| nix::errno::Errno::EINVAL)?;
+    let grown = fcntl(&fd, FcntlArg::F_SETPIPE_SZ(to))?;
+    Ok(usize::try_from(grown).unwrap_or(0))
 }
 
 /// Pipes cannot be resized here: they keep the system's size.
 #[cfg(not(target_os = "linux"))]
-pub fn enlarge_pipe(_fd: impl std::os::fd::AsFd) -> Result<i32, std::io::Error> {
+pub fn grow_pipe(
+    _fd: impl std::os::fd::AsFd,
+    _len: usize,
+    _to: usize,
+) -> Result<usize, std::io::Error> {
     Err(std::io::ErrorKind::Unsupported.into())
 }
 
@@ -289,15 +370,38 @@ mod tests {
 
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_pipe_is_enlarged_to_hold_a_large_answer_and_anything_else_is_left_alone() {
+    fn a_pipe_grows_to_hold_a_large_answer_never_shrinks_and_anything_else_is_left_alone() {
         use nix::fcntl::{FcntlArg, fcntl};
+        let capacity = |fd: &std::os::fd::OwnedFd| {
+            usize::try_from(fcntl(fd, FcntlArg::F_GETPIPE_SZ).unwrap()).unwrap()
+        };
         let (read, write) = nix::unistd::pipe().unwrap();
-        assert!(fcntl(&write, FcntlArg::F_GETPIPE_SZ).unwrap() < PIPE_BYTES);
-        assert_eq!(enlarge_pipe(&write).unwrap(), PIPE_BYTES);
+        // The smallest a pipe can be: one page (on any page size, under PIPE_BYTES).
+        fcntl(&write, FcntlArg::F_SETPIPE_SZ(1)).unwrap();
+        let small = capacity(&write);
+        assert!(small < PIPE_BYTES, "{small}");
+        // What fits leaves it as it is.
+        assert_eq!(grow_pipe(&write, small, PIPE_BYTES).unwrap(), small);
+        assert_eq!(capacity(&write), small);
+        assert_eq!(
+            grow_pipe(&write, small + 1, PIPE_BYTES).unwrap(),
+            PIPE_BYTES
+        );
         // One pipe: its reading end sees the same capacity.
-        assert_eq!(fcntl(&read, FcntlArg::F_GETPIPE_SZ).unwrap(), PIPE_BYTES);
+        assert_eq!(capacity(&read), PIPE_BYTES);
+        // An answer larger than the target does not take more.
+        assert_eq!(
+            grow_pipe(&write, 4 * PIPE_BYTES, PIPE_BYTES).unwrap(),
+            PIPE_BYTES
+        );
+        // A pipe larger than the target stays so.
+        assert_eq!(
+            grow_pipe(&write, 4 * PIPE_BYTES, PIPE_BYTES / 4).unwrap(),
+            PIPE_BYTES
+        );
+        assert_eq!(capacity(&read), PIPE_BYTES);
         let file = tempfile::tempfile().unwrap();
-        assert!(enlarge_pipe(&file).is_err());
+        assert!(grow_pipe(&file, 4 * PIPE_BYTES, PIPE_BYTES).is_err());
     }
 
     #[test]

@@ -13,8 +13,9 @@ The reference server reads its standard input and writes its standard output (fd
 links to fd 1's is written (9 and 10 in the runs of docs/benchmarks.md).
 
 A request is timed from the return of a `read` on the read fd that returned bytes (on any
-thread) to the next `write` or `writev` on the write fd. Prints how many were timed, their
-median and quartiles, in microseconds. See docs/benchmarks.md, the Python SDK cases' thirteenth
+thread) to the next `write` or `writev` on the write fd, so the client must call one request at
+a time, as `answer_cost.py` does (a second request read before the first's answer would restart
+the clock). Prints how many were timed, their median and quartiles, in microseconds. See docs/benchmarks.md, the Python SDK cases' thirteenth
 round.
 """
 
@@ -23,7 +24,8 @@ import re
 import statistics
 import sys
 
-LINE = re.compile(r"\s(\d+)\s+\[\d+\]\s+(\d+\.\d+):\s+syscalls:(\w+):(.*)")
+# `perf script`'s default fields: command, thread (or `pid/tid`), [cpu], time, event, arguments.
+LINE = re.compile(r"\s([\d/]+)\s+\[\d+\]\s+(\d+\.\d+):\s+syscalls:(\w+):(.*)")
 FD = re.compile(r"fd: (0x[0-9a-f]+)")
 
 
@@ -40,15 +42,16 @@ def main() -> int:
         if not m:
             continue
         thread, at, event, rest = m.group(1), float(m.group(2)), m.group(3), m.group(4)
-        if event == "sys_enter_read":
-            reading[thread] = int(FD.search(rest).group(1), 16)
+        fd = FD.search(rest)
+        if event == "sys_enter_read" and fd:
+            reading[thread] = int(fd.group(1), 16)
         elif event == "sys_exit_read":
             returned = int(rest.split()[-1], 16)
             # A negative return (an error, EAGAIN) reads as a huge unsigned number.
             if reading.pop(thread, None) == args.read_fd and 0 < returned < 1 << 63:
                 start = at
-        elif event in ("sys_enter_write", "sys_enter_writev") and start is not None:
-            if int(FD.search(rest).group(1), 16) == args.write_fd:
+        elif event in ("sys_enter_write", "sys_enter_writev") and start is not None and fd:
+            if int(fd.group(1), 16) == args.write_fd:
                 times.append((at - start) * 1e6)
                 start = None
     if not times:

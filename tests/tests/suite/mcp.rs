@@ -347,34 +347,110 @@ async fn mcp_over_stdio_large_read_arrives_whole() {
     large_read_arrives_whole(Via::Stdio).await;
 }
 
-/// `monad-client mcp` enlarges the pipe its host reads answers from, so that a large answer goes
-/// in at one write rather than 64 KiB each time the host has read a piece.
+/// Writes a JSON-RPC request to `monad-client mcp` and reads lines until its answer.
+async fn ask(
+    requests: &mut tokio::process::ChildStdin,
+    answers: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Value {
+    use tokio::io::AsyncWriteExt;
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    requests
+        .write_all(format!("{request}\n").as_bytes())
+        .await
+        .expect("request written");
+    loop {
+        let line = within(STEP, method, answers.next_line())
+            .await
+            .expect("an answer")
+            .expect("before the end");
+        let answer: Value = serde_json::from_str(&line).expect("JSON");
+        // A notification (the warning that this host declares no roots) is not the answer.
+        if answer["id"] == id {
+            return answer;
+        }
+    }
+}
+
+/// `monad-client mcp` grows the pipe its host reads answers from the first time an answer does
+/// not fit in it, so that a large answer goes in at one write rather than 64 KiB each time the
+/// host has read a piece; small answers leave it as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mcp_over_stdio_enlarges_the_pipe_its_answers_go_into() {
+async fn mcp_over_stdio_grows_the_pipe_its_answers_go_into_for_a_large_one() {
     use monad_client::mcp::PIPE_BYTES;
     use nix::fcntl::{FcntlArg, fcntl};
+    use tokio::io::AsyncBufReadExt;
     let (server, _http) = server().await;
-    let dir = tempfile::tempdir().expect("config dir");
+    let line = "the quick brown fox jumps over the lazy dog, again and again.\n";
+    let big = line.repeat(100 * 1024 / line.len());
+    let dir = folder(&[("small.txt", line), ("big.txt", &big)]);
+    let mut options = attach_options(dir.path(), "laptop");
+    options.allow = vec![ToolClass::Read];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let config = tempfile::tempdir().expect("config dir");
     server
         .client_config()
-        .save(dir.path())
+        .save(config.path())
         .expect("config saved");
     let mut front = monad_tests::command("monad-client")
         .arg("mcp")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .env("MONAD_CONFIG_DIR", dir.path())
+        .env("MONAD_CONFIG_DIR", config.path())
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
         .expect("monad-client mcp starts");
-    let answers = front.stdout.take().expect("its standard output");
-    let capacity = || fcntl(&answers, FcntlArg::F_GETPIPE_SZ).expect("a pipe");
-    let deadline = std::time::Instant::now() + STEP;
-    while capacity() < PIPE_BYTES && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert_eq!(capacity(), PIPE_BYTES);
+    let mut requests = front.stdin.take().expect("its standard input");
+    let mut answers =
+        tokio::io::BufReader::new(front.stdout.take().expect("its standard output")).lines();
+    let capacity = |answers: &mut tokio::io::Lines<tokio::io::BufReader<_>>| {
+        let pipe: &tokio::process::ChildStdout = answers.get_mut().get_ref();
+        usize::try_from(fcntl(pipe, FcntlArg::F_GETPIPE_SZ).expect("a pipe")).unwrap()
+    };
+    let at_start = capacity(&mut answers);
+    let init = json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "pipe", "version": "1"},
+    });
+    ask(&mut requests, &mut answers, 1, "initialize", init).await;
+    let read = |path: &str| json!({"name": "read_file", "arguments": {"path": path, "workspace": "laptop"}});
+    let small = ask(
+        &mut requests,
+        &mut answers,
+        2,
+        "tools/call",
+        read("small.txt"),
+    )
+    .await;
+    assert_eq!(small["result"]["isError"], false, "{small}");
+    assert_eq!(
+        capacity(&mut answers),
+        at_start,
+        "a small answer left the pipe alone"
+    );
+    let large = ask(
+        &mut requests,
+        &mut answers,
+        3,
+        "tools/call",
+        read("big.txt"),
+    )
+    .await;
+    assert_eq!(large["result"]["isError"], false, "{large:.300}");
+    assert_eq!(
+        large["result"]["structuredContent"]["result"]["content"], big,
+        "the large answer arrived whole"
+    );
+    let grown = capacity(&mut answers);
+    assert!(
+        grown >= PIPE_BYTES,
+        "{grown} after a {}-byte answer",
+        large.to_string().len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
