@@ -268,11 +268,12 @@ const DEFAULT_PIPE_BYTES: usize = 64 * 1024;
 /// an answer does not fit in a default pipe ([`grow_pipe`]). With the default 64 KiB, a larger
 /// answer went into the host's pipe a piece at a time: this process woke each time the host had
 /// read one, on the core where the host was reading, and the host blocked mid-answer waiting for
-/// the next. A 248 KiB read through the official Python SDK, six alternating pairs: 3–13% faster,
-/// the host preempted 0.3–0.5 times per call instead of 1.5–2.3 (`docs/benchmarks.md`, the
-/// Python SDK cases' thirteenth round). Grown only when needed: Linux counts a pipe's capacity
-/// against its user's allowance of pipe pages (`/proc/sys/fs/pipe-user-pages-soft`), past which
-/// the user's new pipes get two pages.
+/// the next. A 248 KiB read through the official Python SDK, twelve alternating pairs: faster in
+/// ten (by 3–22%), the host no longer blocked mid-answer and was preempted 0.3–0.6 times per
+/// call instead of 0.9–4.1 (`docs/benchmarks.md`, the Python SDK cases' thirteenth round).
+/// Grown only when needed: Linux counts a pipe's capacity against its user's allowance of pipe
+/// pages (`/proc/sys/fs/pipe-user-pages-soft`) as soon as it is set, and past it the user's new
+/// pipes get two pages.
 struct GrowingPipe<W> {
     inner: W,
     /// Whether growing was tried (it is tried once, whatever came of it).
