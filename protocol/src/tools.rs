@@ -186,7 +186,9 @@ impl ToolName {
             ToolName::ProcessKill => schemars::schema_for!(ProcessKillArgs),
             ToolName::ProcessList => schemars::schema_for!(ProcessListArgs),
         };
-        schema.to_value()
+        let mut schema = schema.to_value();
+        formats_standard_only(&mut schema);
+        schema
     }
 
     /// The JSON Schema of what a call returns to programs ([`Structured`] of the tool's result
@@ -1138,7 +1140,34 @@ fn output_schema_of<T: JsonSchema>() -> serde_json::Value {
         map.remove("title");
     }
     constants_as_enums(&mut schema);
+    formats_standard_only(&mut schema);
     schema
+}
+
+/// Takes out of `schema` the `format`s schemars gives Rust's number types (`uint64`, `int32`,
+/// `double`, ...). JSON Schema defines no such formats: validators ignore them, and the
+/// TypeScript SDK's (Ajv) prints a warning for each, twice per tool, to the host's log. What they
+/// say stays said in standard words: an unsigned integer keeps its `"minimum": 0`.
+fn formats_standard_only(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    const RUST_NUMBERS: [&str; 14] = [
+        "uint", "uint8", "uint16", "uint32", "uint64", "uint128", "int", "int8", "int16", "int32",
+        "int64", "int128", "float", "double",
+    ];
+    match schema {
+        Value::Object(map) => {
+            let invented = map
+                .get("format")
+                .and_then(Value::as_str)
+                .is_some_and(|f| RUST_NUMBERS.contains(&f));
+            if invented {
+                map.remove("format");
+            }
+            map.values_mut().for_each(formats_standard_only);
+        }
+        Value::Array(items) => items.iter_mut().for_each(formats_standard_only),
+        _ => {}
+    }
 }
 
 /// Rewrites, throughout `schema`, each `oneOf` whose alternatives are all string constants (a
@@ -1374,6 +1403,39 @@ mod tests {
         }
         let err = serde_json::from_value::<DirEntry>(json!(7)).unwrap_err();
         assert!(err.to_string().contains("a path"), "{err}");
+    }
+
+    #[test]
+    fn schemas_use_only_formats_json_schema_defines_and_keep_what_the_invented_ones_said() {
+        fn formats(schema: &serde_json::Value, found: &mut Vec<String>) {
+            match schema {
+                serde_json::Value::Object(map) => {
+                    if let Some(f) = map.get("format").and_then(|f| f.as_str()) {
+                        found.push(f.to_owned());
+                    }
+                    map.values().for_each(|v| formats(v, found));
+                }
+                serde_json::Value::Array(items) => items.iter().for_each(|v| formats(v, found)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for tool in ToolName::ALL {
+            formats(&tool.input_schema(), &mut found);
+            formats(&tool.output_schema(), &mut found);
+        }
+        assert!(found.is_empty(), "formats left: {found:?}");
+        // An unsigned integer still says so, in standard words.
+        let read = ToolName::ReadFile.output_schema();
+        let start = &read["properties"]["result"]["properties"]["start_line"];
+        assert_eq!(start["type"], "integer");
+        assert_eq!(start["minimum"], 0);
+        let limit = &ToolName::ReadFile.input_schema()["properties"]["limit"];
+        assert_eq!(limit["minimum"], 0, "{limit}");
+        // A property that happens to be called `format` is a schema, not a keyword: kept.
+        let mut named = json!({"properties": {"format": {"type": "string", "format": "uint8"}}});
+        formats_standard_only(&mut named);
+        assert_eq!(named, json!({"properties": {"format": {"type": "string"}}}));
     }
 
     #[test]

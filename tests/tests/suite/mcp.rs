@@ -10,6 +10,7 @@ mod conformance;
 mod model_text;
 mod python;
 mod roots;
+mod typescript;
 
 use std::future::Future;
 use std::io::{Read, Write};
