@@ -141,6 +141,32 @@ async fn server() -> (TestServer, SocketAddr) {
     (server, http)
 }
 
+/// `config` saved in a temporary directory, as a host's `MONAD_CONFIG_DIR`.
+fn saved_config(config: &monad_client::config::ClientConfig) -> TempDir {
+    let dir = tempfile::tempdir().expect("config dir");
+    config.save(dir.path()).expect("config saved");
+    dir
+}
+
+/// Runs `peer` (an SDK's script) to its end within `limit`; returns its standard output and
+/// error, and fails the test with both when it fails.
+async fn peer_output(
+    mut peer: tokio::process::Command,
+    what: &str,
+    limit: std::time::Duration,
+) -> (String, String) {
+    let output = within(limit, what, peer.kill_on_drop(true).output())
+        .await
+        .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed:\n{stdout}\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
 /// Connects an rmcp client over `via`, naming `session` in `initialize` if given.
 async fn connect(
     server: &TestServer,
@@ -155,11 +181,7 @@ async fn connect(
     };
     let (client, config_dir) = match via {
         Via::Stdio => {
-            let dir = tempfile::tempdir().expect("config dir");
-            server
-                .client_config()
-                .save(dir.path())
-                .expect("config saved");
+            let dir = saved_config(&server.client_config());
             // A temporary home and no MONAD_* from outside, like every child of the tests.
             let mut cmd = monad_tests::command("monad-client");
             cmd.arg("mcp")
@@ -390,11 +412,7 @@ async fn mcp_over_stdio_grows_the_pipe_its_answers_go_into_for_a_large_one() {
     let mut options = attach_options(dir.path(), "laptop");
     options.allow = vec![ToolClass::Read];
     let _attached = Attachment::start(&server.client_config(), options, None).await;
-    let config = tempfile::tempdir().expect("config dir");
-    server
-        .client_config()
-        .save(config.path())
-        .expect("config saved");
+    let config = saved_config(&server.client_config());
     let mut front = monad_tests::command("monad-client")
         .arg("mcp")
         .stdin(std::process::Stdio::piped())

@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 
 use monad_protocol::{ToolClass, ToolName};
-use monad_tests::{Attachment, STEP, attach_options, binary, folder, within};
+use monad_tests::{Attachment, STEP, attach_options, binary, folder};
 
-use super::server;
+use super::{peer_output, saved_config, server};
 
 /// The Python with the MCP SDK, if there is one.
 pub(super) fn python() -> Option<PathBuf> {
@@ -46,32 +46,18 @@ async fn python_sdk_drives_both_transports_against_an_attached_folder() {
     let mut options = attach_options(dir.path(), "laptop");
     options.allow = vec![ToolClass::Read];
     let _attached = Attachment::start(&server.client_config(), options, None).await;
-    let config_dir = tempfile::tempdir().expect("config dir");
-    server
-        .client_config()
-        .save(config_dir.path())
-        .expect("config saved");
+    let config_dir = saved_config(&server.client_config());
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/mcp_e2e.py");
-    let output = tokio::process::Command::new(python)
-        .arg(script)
+    let mut peer = tokio::process::Command::new(python);
+    peer.arg(script)
         .arg("--client")
         .arg(binary("monad-client"))
         .arg("--config-dir")
         .arg(config_dir.path())
         .args(["--http", &format!("http://{http}/mcp")])
         .args(["--token", &server.token, "--workspace", "laptop"])
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .output();
-    let output = within(STEP * 3, "the Python SDK script", output)
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the script failed:\n{stdout}\n{stderr}"
-    );
+        .env("RUST_LOG", "warn");
+    let (stdout, _) = peer_output(peer, "the Python SDK script", STEP * 3).await;
     let lines: Vec<serde_json::Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))

@@ -16,6 +16,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use super::python::python;
+use super::{peer_output, saved_config};
 
 /// A `file://` URI of an absolute path, percent-encoded as hosts send them.
 fn file_uri(path: &Path) -> String {
@@ -66,13 +67,6 @@ async fn bind_default(config: &ClientConfig) {
         .expect("default opens");
 }
 
-/// A host's saved config (the device of `config`).
-fn host_config(config: &ClientConfig) -> TempDir {
-    let dir = tempfile::tempdir().expect("config dir");
-    config.save(dir.path()).expect("config saved");
-    dir
-}
-
 /// Runs the Python host with `args`; returns its JSON lines. `None` when there is no Python
 /// with the SDK (the test then says so and passes, or fails under `scripts/test`).
 async fn host(config_dir: &Path, args: &[String]) -> Option<Vec<Value>> {
@@ -89,29 +83,19 @@ async fn host_said(config_dir: &Path, args: &[String]) -> Option<(Vec<Value>, St
         return None;
     };
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/mcp_roots.py");
-    let output = tokio::process::Command::new(python)
-        .arg(script)
+    let mut peer = tokio::process::Command::new(python);
+    peer.arg(script)
         .arg("--client")
         .arg(binary("monad-client"))
         .arg("--config-dir")
         .arg(config_dir)
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    let output = within(STEP * 2, "the Python host", output)
-        .await
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the host failed:\n{stdout}\n{stderr}"
-    );
+        .args(args);
+    let (stdout, stderr) = peer_output(peer, "the Python host", STEP * 2).await;
     let looks = stdout
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
-    Some((looks, stderr.into_owned()))
+    Some((looks, stderr))
 }
 
 /// A server, and a project `proj` attached from the device into a session of its own, the
@@ -136,7 +120,7 @@ impl Attached {
             .expect("a session");
         let attachment = attach(&config, &proj, "proj", Some(&work.id)).await;
         bind_default(&config).await;
-        let dir = host_config(&config);
+        let dir = saved_config(&config);
         Attached {
             _server: server,
             _project: project,
@@ -188,7 +172,7 @@ async fn a_host_whose_root_is_an_attached_folder_lands_in_its_session_and_sees_i
     let attached = attach(&config, &proj, "proj", Some(&work.id)).await;
     assert_eq!(attached.session, work.id);
     bind_default(&config).await;
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
 
     // The root is the folder itself, then a directory inside it: the same landing.
     for root in [proj.clone(), proj.join("src")] {
@@ -226,7 +210,7 @@ async fn a_root_that_reaches_an_attached_folder_through_a_symlink_lands_in_it() 
         .expect("a new session");
     let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
     bind_default(&config).await;
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
     let alias = links.path().join("alias");
     for root in [alias.clone(), alias.join("src")] {
         let mut args = roots(&[file_uri(&root)]);
@@ -244,7 +228,7 @@ async fn sessions_new_in_a_folder_makes_the_next_landing_a_new_session_with_the_
     let config = server.client_config();
     let (_p, proj) = project("proj", "first\n");
     let attached = attach(&config, &proj, "proj", None).await;
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
     let mut args = roots(&[file_uri(&proj)]);
     args.extend(look_args());
     let Some(first) = host(dir.path(), &args).await else {
@@ -310,7 +294,7 @@ async fn restart_keeps_the_folder_s_session(meanwhile: impl FnOnce(&Path)) {
     let config = server.client_config();
     let (_p, proj) = project("proj", "kept\n");
     let mut attached = attach(&config, &proj, "proj", None).await;
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
     let agent = connect_agent(&config).await;
     let fresh = within(
         STEP,
@@ -351,7 +335,7 @@ async fn a_host_on_another_device_does_not_move_the_focus_under_the_first() {
     let (_p1, proj) = project("proj", "first device\n");
     let (_p2, proj2) = project("proj2", "second device\n");
     let _a1 = attach(&first, &proj, "proj", Some("default")).await;
-    let dir1 = host_config(&first);
+    let dir1 = saved_config(&first);
     let mut args1 = roots(&[file_uri(&proj)]);
     args1.extend(look_args());
     let Some(looks) = host(dir1.path(), &args1).await else {
@@ -360,7 +344,7 @@ async fn a_host_on_another_device_does_not_move_the_focus_under_the_first() {
     sees(&looks[0], "default", "proj", "first device\n");
 
     let _a2 = attach(&second, &proj2, "proj2", Some("default")).await;
-    let dir2 = host_config(&second);
+    let dir2 = saved_config(&second);
     let mut args2 = roots(&[file_uri(&proj2)]);
     args2.extend(look_args());
     let Some(looks) = host(dir2.path(), &args2).await else {
@@ -398,7 +382,7 @@ async fn an_offline_inner_folder_does_not_win_a_root_from_the_online_folder_arou
     let outer_session = within(STEP, "a session", agent.open_session(None))
         .await
         .expect("a new session");
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
     // The inner folder is attached, and a host lands in it: the registry remembers it.
     let attached_inner = attach(&config, &inner, "inner", Some(&inner_session.id)).await;
     bind_default(&config).await;
@@ -474,7 +458,7 @@ async fn roots_list_changed_to_another_folder_switches_the_session_and_focus() {
     let _in_a = attach(&config, &a, "alpha", Some(&sa.id)).await;
     let _in_b = attach(&config, &b, "beta", Some(&sb.id)).await;
     bind_default(&config).await;
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
     let mut args = roots(&[file_uri(&a)]);
     args.extend(["--change-to".to_owned(), file_uri(&b)]);
     args.extend(look_args());
@@ -582,7 +566,7 @@ async fn bad_roots_are_skipped_and_too_many_are_cut_without_harm() {
         .expect("a session");
     let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
     bind_default(&config).await;
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
     let good = file_uri(&proj);
     let path = proj.to_str().expect("UTF-8");
     let bad: Vec<String> = vec![
@@ -659,7 +643,7 @@ async fn a_session_the_host_names_wins_over_its_roots() {
         .expect("another session");
     let _attached = attach(&config, &proj, "proj", Some(&work.id)).await;
     bind_default(&config).await;
-    let dir = host_config(&config);
+    let dir = saved_config(&config);
     let mut args = roots(&[file_uri(&proj)]);
     args.extend(["--".to_owned(), "--session".to_owned(), other.id.clone()]);
     let Some(looks) = host(dir.path(), &args).await else {

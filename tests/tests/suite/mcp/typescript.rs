@@ -11,9 +11,9 @@
 use std::path::PathBuf;
 
 use monad_protocol::{ToolClass, ToolName};
-use monad_tests::{Attachment, STEP, attach_options, binary, folder, within};
+use monad_tests::{Attachment, STEP, attach_options, binary, folder};
 
-use super::server;
+use super::{peer_output, saved_config, server};
 
 /// `target/mcp-node` with the SDK, and whether node runs.
 fn sdk() -> Option<PathBuf> {
@@ -45,29 +45,15 @@ async fn typescript_sdk_host_drives_stdio_over_sockets_and_its_schema_check_has_
     let mut options = attach_options(dir.path(), "laptop");
     options.allow = vec![ToolClass::Read];
     let _attached = Attachment::start(&server.client_config(), options, None).await;
-    let config_dir = tempfile::tempdir().expect("config dir");
-    server
-        .client_config()
-        .save(config_dir.path())
-        .expect("config saved");
+    let config_dir = saved_config(&server.client_config());
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mcp/stdio_host.mjs");
-    let output = tokio::process::Command::new("node")
-        .arg(script)
+    let mut peer = tokio::process::Command::new("node");
+    peer.arg(script)
         .arg(sdk)
         .arg(binary("monad-client"))
         .arg(config_dir.path())
-        .arg("laptop")
-        .kill_on_drop(true)
-        .output();
-    let output = within(STEP * 3, "the TypeScript SDK host", output)
-        .await
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the script failed:\n{stdout}\n{stderr}"
-    );
+        .arg("laptop");
+    let (stdout, _) = peer_output(peer, "the TypeScript SDK host", STEP * 3).await;
     let seen: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
     assert_eq!(seen["stdio"], serde_json::json!(["socket", "socket"]));
     assert_eq!(seen["tools"], ToolName::ALL.len(), "every tool is listed");
