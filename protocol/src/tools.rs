@@ -169,26 +169,23 @@ impl ToolName {
 
     /// The JSON Schema of the tool's arguments, generated from the Rust type.
     pub fn input_schema(self) -> serde_json::Value {
-        let schema = match self {
-            ToolName::ReadFile => schemars::schema_for!(ReadFileArgs),
-            ToolName::ListDir => schemars::schema_for!(ListDirArgs),
-            ToolName::Stat => schemars::schema_for!(StatArgs),
-            ToolName::Search => schemars::schema_for!(SearchArgs),
-            ToolName::Glob => schemars::schema_for!(GlobArgs),
-            ToolName::WriteFile => schemars::schema_for!(WriteFileArgs),
-            ToolName::EditFile => schemars::schema_for!(EditFileArgs),
-            ToolName::RunCommand => schemars::schema_for!(RunCommandArgs),
-            ToolName::Workspaces => schemars::schema_for!(WorkspacesArgs),
-            ToolName::MemoryStore => schemars::schema_for!(MemoryStoreArgs),
-            ToolName::MemoryRecall => schemars::schema_for!(MemoryRecallArgs),
-            ToolName::ProcessRead => schemars::schema_for!(ProcessReadArgs),
-            ToolName::ProcessWrite => schemars::schema_for!(ProcessWriteArgs),
-            ToolName::ProcessKill => schemars::schema_for!(ProcessKillArgs),
-            ToolName::ProcessList => schemars::schema_for!(ProcessListArgs),
-        };
-        let mut schema = schema.to_value();
-        formats_standard_only(&mut schema);
-        schema
+        match self {
+            ToolName::ReadFile => input_schema_of::<ReadFileArgs>(),
+            ToolName::ListDir => input_schema_of::<ListDirArgs>(),
+            ToolName::Stat => input_schema_of::<StatArgs>(),
+            ToolName::Search => input_schema_of::<SearchArgs>(),
+            ToolName::Glob => input_schema_of::<GlobArgs>(),
+            ToolName::WriteFile => input_schema_of::<WriteFileArgs>(),
+            ToolName::EditFile => input_schema_of::<EditFileArgs>(),
+            ToolName::RunCommand => input_schema_of::<RunCommandArgs>(),
+            ToolName::Workspaces => input_schema_of::<WorkspacesArgs>(),
+            ToolName::MemoryStore => input_schema_of::<MemoryStoreArgs>(),
+            ToolName::MemoryRecall => input_schema_of::<MemoryRecallArgs>(),
+            ToolName::ProcessRead => input_schema_of::<ProcessReadArgs>(),
+            ToolName::ProcessWrite => input_schema_of::<ProcessWriteArgs>(),
+            ToolName::ProcessKill => input_schema_of::<ProcessKillArgs>(),
+            ToolName::ProcessList => input_schema_of::<ProcessListArgs>(),
+        }
     }
 
     /// The JSON Schema of what a call returns to programs ([`Structured`] of the tool's result
@@ -1130,7 +1127,11 @@ fn workspace_described_in_words(_: &mut schemars::SchemaGenerator) -> schemars::
 /// (which tries every alternative). It accepts exactly what the generated schema accepts; a
 /// 1,000-entry `list_dir` result validates about four times faster.
 fn output_schema_of<T: JsonSchema>() -> serde_json::Value {
-    let mut settings = schemars::generate::SchemaSettings::draft2020_12().for_serialize();
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12()
+        .for_serialize()
+        .with_transform(schemars::transform::RecursiveTransform(
+            no_rust_number_format,
+        ));
     settings.inline_subschemas = true;
     let mut schema = settings
         .into_generator()
@@ -1140,34 +1141,38 @@ fn output_schema_of<T: JsonSchema>() -> serde_json::Value {
         map.remove("title");
     }
     constants_as_enums(&mut schema);
-    formats_standard_only(&mut schema);
     schema
 }
 
-/// Takes out of `schema` the `format`s schemars gives Rust's number types (`uint64`, `int32`,
-/// `double`, ...). JSON Schema defines no such formats: validators ignore them, and the
-/// TypeScript SDK's (Ajv) writes a warning for each to the host's console (40 per connection,
-/// `suite::mcp::typescript`). An unsigned integer keeps its `"minimum": 0`; the widths were
-/// never checked by any validator.
-fn formats_standard_only(schema: &mut serde_json::Value) {
-    use serde_json::Value;
+/// The JSON Schema of `T` as arguments (what `schemars::schema_for!` makes, draft 2020-12),
+/// without schemars' number formats ([`no_rust_number_format`]).
+fn input_schema_of<T: JsonSchema>() -> serde_json::Value {
+    schemars::generate::SchemaSettings::default()
+        .with_transform(schemars::transform::RecursiveTransform(
+            no_rust_number_format,
+        ))
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value()
+}
+
+/// Takes out of a schema the `format` schemars gives Rust's number types (`uint64`, `int32`,
+/// `double`, ...); a generator's transform, applied by `RecursiveTransform` to every subschema
+/// (and to nothing else: not to a value inside a `const`, an `enum` or `examples`). JSON Schema
+/// defines no such formats: validators ignore them, and the TypeScript SDK's (Ajv) writes a
+/// warning for each to the host's console (40 per connection, `suite::mcp::typescript`). An
+/// unsigned integer keeps its `"minimum": 0`; the widths were never checked by any validator.
+fn no_rust_number_format(schema: &mut schemars::Schema) {
     const RUST_NUMBERS: [&str; 14] = [
         "uint", "uint8", "uint16", "uint32", "uint64", "uint128", "int", "int8", "int16", "int32",
         "int64", "int128", "float", "double",
     ];
-    match schema {
-        Value::Object(map) => {
-            let invented = map
-                .get("format")
-                .and_then(Value::as_str)
-                .is_some_and(|f| RUST_NUMBERS.contains(&f));
-            if invented {
-                map.remove("format");
-            }
-            map.values_mut().for_each(formats_standard_only);
-        }
-        Value::Array(items) => items.iter_mut().for_each(formats_standard_only),
-        _ => {}
+    let invented = schema
+        .get("format")
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|f| RUST_NUMBERS.contains(&f));
+    if invented {
+        schema.remove("format");
     }
 }
 
@@ -1459,10 +1464,18 @@ mod tests {
         assert_eq!(start["minimum"], 0);
         let limit = &ToolName::ReadFile.input_schema()["properties"]["limit"];
         assert_eq!(limit["minimum"], 0, "{limit}");
-        // A property that happens to be called `format` is a schema, not a keyword: kept.
-        let mut named = json!({"properties": {"format": {"type": "string", "format": "uint8"}}});
-        formats_standard_only(&mut named);
-        assert_eq!(named, json!({"properties": {"format": {"type": "string"}}}));
+        // A property that happens to be called `format` is a schema, not a keyword: kept; and a
+        // value that merely looks like a schema (a `const`) is left as it is.
+        use schemars::transform::{RecursiveTransform, Transform};
+        let mut named = schemars::json_schema!({
+            "properties": {"format": {"type": "string", "format": "uint8"}},
+            "const": {"format": "uint8"},
+        });
+        RecursiveTransform(no_rust_number_format).transform(&mut named);
+        assert_eq!(
+            named.to_value(),
+            json!({"properties": {"format": {"type": "string"}}, "const": {"format": "uint8"}})
+        );
     }
 
     #[test]
