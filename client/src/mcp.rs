@@ -344,7 +344,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for GrowingPipe<W> 
 /// than `to`; returns its capacity then. It never shrinks a pipe. The kernel takes pages as the
 /// pipe fills.
 #[cfg(target_os = "linux")]
-pub fn grow_pipe(fd: impl std::os::fd::AsFd, len: usize, to: usize) -> nix::Result<usize> {
+fn grow_pipe(fd: impl std::os::fd::AsFd, len: usize, to: usize) -> nix::Result<usize> {
     use nix::fcntl::{FcntlArg, fcntl};
     let now = usize::try_from(fcntl(&fd, FcntlArg::F_GETPIPE_SZ)?).unwrap_or(0);
     if now >= len.min(to) {
@@ -357,7 +357,7 @@ pub fn grow_pipe(fd: impl std::os::fd::AsFd, len: usize, to: usize) -> nix::Resu
 
 /// Pipes cannot be resized here: they keep the system's size.
 #[cfg(not(target_os = "linux"))]
-pub fn grow_pipe(
+fn grow_pipe(
     _fd: impl std::os::fd::AsFd,
     _len: usize,
     _to: usize,
