@@ -1,7 +1,7 @@
 //! `monad-client attach`: keep a folder attached to a session, run what the server asks there
 //! once the user allows it, and reconnect (re-attaching by itself) when the connection drops.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +37,9 @@ const ATTACHMENT_ID: u64 = 1;
 pub struct AttachOptions {
     /// The folder.
     pub dir: PathBuf,
-    /// The folder as the user typed it (for the workspace URI).
+    /// The folder as the workspace's URI shows it, and its identity on the server (a second
+    /// attach of the same path takes the workspace over): `dir` written from the home
+    /// directory (`~/...`) when under it.
     pub shown_path: String,
     /// The session; `None` for the device's bound session, else `default`.
     pub session: Option<String>,
@@ -69,10 +71,12 @@ pub struct AttachOptions {
 }
 
 impl AttachOptions {
-    /// Restricted, nothing pre-approved, every workspace tool offered.
+    /// Restricted, nothing pre-approved, every workspace tool offered. `dir` is the folder
+    /// itself, resolved (`canonicalize`): its identity is then the same whatever way it was
+    /// typed (`.`, a relative name, a symbolic link), from `attach` or from chat's `/attach`.
     pub fn new(dir: PathBuf) -> AttachOptions {
         AttachOptions {
-            shown_path: dir.to_string_lossy().into_owned(),
+            shown_path: home_relative(&dir),
             dir,
             session: None,
             name: None,
@@ -87,6 +91,23 @@ impl AttachOptions {
             focus: false,
             backoff: (Duration::from_millis(200), Duration::from_secs(10)),
         }
+    }
+}
+
+/// `path` (absolute, resolved) as `~/...` when it is under the home directory, else as it is:
+/// as DESIGN.md's URIs show a folder (one user's `~` is one place), never the words typed.
+fn home_relative(path: &Path) -> String {
+    // A home of `/` (a service account) would make every path `~/...`: no home then.
+    let home = directories::BaseDirs::new()
+        .and_then(|d| d.home_dir().canonicalize().ok())
+        .filter(|home| home.parent().is_some());
+    match home
+        .as_deref()
+        .and_then(|home| path.strip_prefix(home).ok())
+    {
+        Some(rest) if rest.as_os_str().is_empty() => "~".to_owned(),
+        Some(rest) => format!("~/{}", rest.to_string_lossy()),
+        None => path.to_string_lossy().into_owned(),
     }
 }
 
@@ -963,6 +984,28 @@ fn error(code: ErrorCode, message: String) -> Outcome {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_folder_under_the_home_directory_is_written_from_it() {
+        let Some(home) =
+            directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok())
+        else {
+            return;
+        };
+        assert_eq!(home_relative(&home), "~");
+        assert_eq!(home_relative(&home.join("dev/monad")), "~/dev/monad");
+        let elsewhere = std::path::Path::new("/no-home-here/proj");
+        assert_eq!(home_relative(elsewhere), "/no-home-here/proj");
+        // The options of every attach (the command's, chat's `/attach`) start from it.
+        assert_eq!(
+            AttachOptions::new(home.join("dev/monad")).shown_path,
+            "~/dev/monad"
+        );
+        assert_eq!(
+            AttachOptions::new(elsewhere.to_path_buf()).shown_path,
+            "/no-home-here/proj"
+        );
+    }
 
     fn command(result: Value) -> Outcome {
         let mut base = json!({"timed_out": false, "stdout": "", "stderr": "",

@@ -631,7 +631,6 @@ impl Chat {
         let mut options = AttachOptions::new(canonical.clone());
         options.limits = self.config.limits.clone().unwrap_or_default();
         options.exec = self.config.exec.clone().unwrap_or_default();
-        options.shown_path = dir.to_string_lossy().into_owned();
         options.session = Some(self.session.clone());
         options.name = canonical
             .file_name()

@@ -401,22 +401,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// `path` (absolute, resolved) as `~/...` when it is under the home directory, else as it is.
-fn home_relative(path: &std::path::Path) -> String {
-    // A home of `/` (a service account) would make every path `~/...`: no home then.
-    let home = directories::BaseDirs::new()
-        .and_then(|d| d.home_dir().canonicalize().ok())
-        .filter(|home| home.parent().is_some());
-    match home
-        .as_deref()
-        .and_then(|home| path.strip_prefix(home).ok())
-    {
-        Some(rest) if rest.as_os_str().is_empty() => "~".to_owned(),
-        Some(rest) => format!("~/{}", rest.to_string_lossy()),
-        None => path.to_string_lossy().into_owned(),
-    }
-}
-
 /// Exits with clap's usage error (status 2) for `call`: the message, then how `call` is used.
 fn call_usage_error(kind: clap::error::ErrorKind, message: impl std::fmt::Display) -> ! {
     let mut cli = Cli::command();
@@ -505,11 +489,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut options = AttachOptions::new(canonical.clone());
             options.limits = config.limits.clone().unwrap_or_default();
             options.exec = config.exec.clone().unwrap_or_default();
-            // The folder's identity on the server (a second attach of the same path takes it
-            // over) and its URI: the folder itself, whatever way it was typed (`.`, a relative
-            // name, a symbolic link), never the words typed; under the home directory as
-            // `~/...`, as DESIGN.md's URIs show it (one user's `~` is one place).
-            options.shown_path = home_relative(&canonical);
             options.session = session;
             options.exact_name = name.is_some();
             options.name = name.or_else(|| {
@@ -947,23 +926,5 @@ async fn status(json: bool) -> Result<ExitCode> {
             errln!("monad-client: {}", printable(&e.to_string()));
             Ok(ExitCode::FAILURE)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_folder_under_the_home_directory_is_written_from_it() {
-        let Some(home) =
-            directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok())
-        else {
-            return;
-        };
-        assert_eq!(home_relative(&home), "~");
-        assert_eq!(home_relative(&home.join("dev/monad")), "~/dev/monad");
-        let elsewhere = std::path::Path::new("/no-home-here/proj");
-        assert_eq!(home_relative(elsewhere), "/no-home-here/proj");
     }
 }

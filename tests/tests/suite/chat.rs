@@ -186,9 +186,10 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
     .await;
     let config_dir = tempfile::tempdir().unwrap();
     server.client_config().save(config_dir.path()).unwrap();
-    let home = tempfile::tempdir().unwrap();
-    let laptop = folder(&[("lap/a.txt", "hi from the laptop\n")]);
-    let lap = laptop.path().join("lap");
+    // The chat's home holds the folder it attaches, reached through a symbolic link.
+    let home = folder(&[("lap/a.txt", "hi from the laptop\n")]);
+    let link = home.path().join("link");
+    std::os::unix::fs::symlink("lap", &link).unwrap();
     let session_md = server.data_dir().join("sessions/default/session.md");
 
     let status_file = home.path().join("status");
@@ -202,7 +203,7 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
 
     // A restricted folder attached from the chat: its approval prompt appears here and is
     // answered with a key; the tool call's line and outcome follow.
-    tmux.line(&format!("/attach {}", lap.display()));
+    tmux.line(&format!("/attach {}", link.display()));
     tmux.wait_for("(restricted: approve its actions here)")
         .await;
     tmux.line("read a.txt");
@@ -264,6 +265,12 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
     } else {
         tmux.wait_for("  lap  ").await
     };
+    // The folder's identity and URI are the folder itself, from the home directory, as
+    // `monad-client attach` gives them: not the words typed.
+    assert!(
+        screen.contains(":~/lap  (attached, restricted)"),
+        "{screen}"
+    );
     assert!(screen.contains("session   default"), "{screen}");
     assert!(screen.contains("provider  openai"), "{screen}");
     assert!(screen.contains("model     scripted-model"), "{screen}");
