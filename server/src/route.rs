@@ -42,7 +42,7 @@ pub enum Plan {
     /// Run in the first of these (in order) that contains `path`; when none does, in
     /// `otherwise` (a write of a new file), else fail with [`not_in_any`]; but a write or edit
     /// ([`writes_where_found`]) that finds it nowhere while one of `offline` may have it fails
-    /// with [`offline_may_have`].
+    /// with [`offline_may_have`]. The caller asks the candidates, and [`settle`] decides.
     FirstContaining {
         /// Indexes of the candidates, the focus first, then in priority order.
         candidates: Vec<usize>,
@@ -160,6 +160,84 @@ pub fn plan(
             offline: offline(),
         }),
         _ => Ok(Plan::Run(candidates[0])),
+    }
+}
+
+/// Whether asking the candidates of a [`Plan::FirstContaining`] for its path stops at this
+/// answer of `tool`'s: at the first that has it, and for a write or edit ([`writes_where_found`])
+/// at the first that could not say, since the file may be there ([`settle`] then refuses).
+pub fn probing_ends(tool: ToolName, presence: Presence) -> bool {
+    match presence {
+        Presence::Present => true,
+        Presence::Absent => false,
+        Presence::Unknown(_) => writes_where_found(tool),
+    }
+}
+
+/// Where a [`Plan::FirstContaining`] of `tool` for `path` runs, from what its candidates said
+/// (`probes`: each asked one and its answer, in order, ended as [`probing_ends`] says), or why
+/// it does not run. `otherwise` and `offline` are the plan's, `workspaces` and `focus` what
+/// [`plan`] was given.
+///
+/// - The first that has the path runs it; but a write or edit there fails
+///   ([`offline_may_have`]) while an offline workspace comes before it (it may hold another
+///   copy), and fails ([`not_asked`]) when one asked before it could not say.
+/// - When none has it: a write or edit fails while any candidate is offline; a new file goes to
+///   `otherwise`; anything else fails with [`not_in_any`].
+pub fn settle(
+    tool: ToolName,
+    path: &str,
+    probes: &[(usize, Presence)],
+    otherwise: Option<usize>,
+    offline: &[usize],
+    workspaces: &[View<'_>],
+    focus: Option<usize>,
+) -> Result<usize, ToolError> {
+    let name = |i: usize| workspaces[i].name;
+    let writes = writes_where_found(tool);
+    let mut tried = Vec::new();
+    let mut unasked = Vec::new();
+    let mut found = None;
+    for &(i, presence) in probes {
+        match presence {
+            Presence::Present => {
+                found = Some(i);
+                break;
+            }
+            Presence::Absent => tried.push(name(i)),
+            // A write or edit never passes over a workspace that may have the file: it could
+            // leave two copies.
+            Presence::Unknown(why) if writes => return Err(not_asked(tool, path, name(i), why)),
+            Presence::Unknown(why) => unasked.push((name(i), why)),
+        }
+    }
+    let rank = |i: usize| order(workspaces.len(), focus).position(|j| j == i);
+    match found {
+        Some(i) if writes => {
+            let above: Vec<&str> = offline
+                .iter()
+                .filter(|&&o| rank(o) < rank(i))
+                .map(|&o| name(o))
+                .collect();
+            if above.is_empty() {
+                Ok(i)
+            } else {
+                Err(offline_may_have(tool, path, Found::Below(name(i)), &above))
+            }
+        }
+        Some(i) => Ok(i),
+        None => {
+            let offline: Vec<&str> = offline.iter().map(|&o| name(o)).collect();
+            if writes && !offline.is_empty() {
+                return Err(offline_may_have(
+                    tool,
+                    path,
+                    Found::Nowhere(&tried),
+                    &offline,
+                ));
+            }
+            otherwise.ok_or_else(|| not_in_any(path, &tried, &unasked, &offline))
+        }
     }
 }
 
@@ -625,6 +703,67 @@ mod tests {
             &[
                 "tried: primary",
                 "`slow` could not be asked",
+                "offline: lap",
+            ],
+        );
+    }
+
+    #[test]
+    fn what_the_candidates_said_settles_where_a_call_runs_or_why_not() {
+        use Presence::{Absent, Present, Unknown};
+        let ws = [
+            view("primary", true, true),
+            view("lap", false, true),
+            view("a", true, true),
+            view("b", true, true),
+        ];
+        let slow = Unknown(Unasked::TimedOut(Duration::from_secs(10)));
+        let settle_with = |tool, probes: &[(usize, Presence)], otherwise, offline: &[usize]| {
+            settle(tool, "x", probes, otherwise, offline, &ws, None)
+        };
+        let (read, write, edit) = (ToolName::ReadFile, ToolName::WriteFile, ToolName::EditFile);
+
+        // Asking stops at the first that has it, and for a write or edit at one that cannot say.
+        assert!(probing_ends(read, Present) && probing_ends(write, Present));
+        assert!(!probing_ends(read, Absent) && !probing_ends(edit, Absent));
+        assert!(!probing_ends(read, slow) && probing_ends(write, slow) && probing_ends(edit, slow));
+
+        // Found: a read runs there, past a workspace that could not say and an offline one.
+        assert_eq!(
+            settle_with(read, &[(0, slow), (2, Present)], None, &[1]),
+            Ok(2)
+        );
+        // A write runs there when nothing offline comes before it...
+        assert_eq!(settle_with(write, &[(0, Present)], Some(0), &[1]), Ok(0));
+        // ...and not when something does: the offline one may have its own copy.
+        let err = settle_with(write, &[(0, Absent), (2, Present)], Some(0), &[1]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
+        says(&err, &["`a` has it", "`lap`", "before it"]);
+        // With the offline one the focus's follower, not before it, the write goes ahead.
+        let focused = settle(write, "x", &[(2, Present)], Some(2), &[1], &ws, Some(2));
+        assert_eq!(focused, Ok(2));
+        // A write never passes over one that could not say.
+        let err = settle_with(edit, &[(0, Absent), (2, slow)], None, &[]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::Timeout);
+        says(&err, &["`a` could not be asked"]);
+
+        // Nowhere: a new file goes to `otherwise`, unless an offline one may have it.
+        assert_eq!(
+            settle_with(write, &[(0, Absent), (2, Absent)], Some(0), &[]),
+            Ok(0)
+        );
+        let err = settle_with(write, &[(0, Absent), (2, Absent)], Some(0), &[1]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
+        says(&err, &["tried: primary, a", "`lap`"]);
+        // Anything else is not found, saying what was asked, what could not say, what is offline.
+        let err =
+            settle_with(read, &[(0, Absent), (2, slow), (3, Absent)], None, &[1]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound);
+        says(
+            &err,
+            &[
+                "tried: primary, b",
+                "`a` could not be asked",
                 "offline: lap",
             ],
         );

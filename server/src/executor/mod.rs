@@ -375,59 +375,17 @@ impl Executor {
                 otherwise,
                 offline,
             }) => {
-                let name = |i: usize| snapshots[i].info.name.as_str();
-                let mut tried = Vec::new();
-                let mut unasked = Vec::new();
-                let mut found = None;
+                let mut probes = Vec::new();
                 for i in candidates {
-                    match contains(&snapshots[i], &path).await {
-                        Presence::Present => {
-                            found = Some(i);
-                            break;
-                        }
-                        Presence::Absent => tried.push(name(i)),
-                        // A write or edit never passes over a workspace that may have the
-                        // file: it could leave two copies.
-                        Presence::Unknown(why) if route::writes_where_found(tool) => {
-                            let error = route::not_asked(tool, &path, name(i), why);
-                            return (CallOutput::error(None, error), Verdict::NOBODY);
-                        }
-                        Presence::Unknown(why) => unasked.push((name(i), why)),
+                    let presence = contains(&snapshots[i], &path).await;
+                    probes.push((i, presence));
+                    if route::probing_ends(tool, presence) {
+                        break;
                     }
                 }
-                // Where each comes for calls without `workspace`.
-                let rank = |i: usize| route::order(snapshots.len(), focus).position(|j| j == i);
-                let outranking = |found: usize| -> Vec<&str> {
-                    offline
-                        .iter()
-                        .filter(|&&o| rank(o) < rank(found))
-                        .map(|&o| name(o))
-                        .collect()
-                };
-                if let Some(i) = found
-                    && route::writes_where_found(tool)
-                    && let above = outranking(i)
-                    && !above.is_empty()
-                {
-                    let found = route::Found::Below(name(i));
-                    let error = route::offline_may_have(tool, &path, found, &above);
-                    return (CallOutput::error(None, error), Verdict::NOBODY);
-                }
-                let offline: Vec<&str> = offline.into_iter().map(name).collect();
-                match found {
-                    Some(i) => i,
-                    None if route::writes_where_found(tool) && !offline.is_empty() => {
-                        let found = route::Found::Nowhere(&tried);
-                        let error = route::offline_may_have(tool, &path, found, &offline);
-                        return (CallOutput::error(None, error), Verdict::NOBODY);
-                    }
-                    None => match otherwise {
-                        Some(i) => i,
-                        None => {
-                            let error = route::not_in_any(&path, &tried, &unasked, &offline);
-                            return (CallOutput::error(None, error), Verdict::NOBODY);
-                        }
-                    },
+                match route::settle(tool, &path, &probes, otherwise, &offline, &views, focus) {
+                    Ok(i) => i,
+                    Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
                 }
             }
             Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
