@@ -268,6 +268,37 @@ mod tests {
         (gate, printer, events)
     }
 
+    /// An output that keeps, for each write, whether its thread ran as background work.
+    #[cfg(target_os = "linux")]
+    #[derive(Clone, Default)]
+    struct BackgroundOrNot(Arc<Mutex<Vec<bool>>>);
+
+    #[cfg(target_os = "linux")]
+    impl Write for BackgroundOrNot {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().push(monad_sandbox::is_background()?);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn lines_are_written_by_a_thread_scheduled_as_background_work() {
+        let out = BackgroundOrNot::default();
+        let (printer, events) = LinesPrinter::start(out.clone(), 4).unwrap();
+        events.send(event(0)).unwrap();
+        drop(events);
+        printer.finish("detached", Duration::from_secs(10)).await;
+        let writes = out.0.lock().unwrap().clone();
+        assert!(!writes.is_empty(), "nothing was written");
+        // Waking the printer for a line must not preempt the call the line tells of.
+        assert!(writes.iter().all(|&background| background), "{writes:?}");
+    }
+
     #[tokio::test]
     async fn a_stuck_output_holds_a_bounded_number_of_lines_and_says_how_many_it_left_out() {
         let (gate, printer, events) = stuck(20).await;

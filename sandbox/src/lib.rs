@@ -53,7 +53,7 @@ pub use fs::Preview;
 pub use jail::{Jail, JailPath};
 pub use limits::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
 pub use netlog::{MAX_FOR_AUDIT, NetworkAudit, NetworkBatch};
-pub use sched::run_as_background;
+pub use sched::{is_background, run_as_background};
 
 /// A workspace's jail with its limits and command policy: what runs the workspace tools.
 #[derive(Debug)]

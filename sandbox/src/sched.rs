@@ -24,31 +24,41 @@ pub fn run_as_background() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether the calling thread runs as background work ([`run_as_background`]); false where
+/// there is no such thing.
+pub fn is_background() -> std::io::Result<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::libc;
+        // SAFETY: `sched_getscheduler` reads the policy of the calling thread (pid 0) and takes
+        // nothing else.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        if policy < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(policy == libc::SCHED_BATCH)
+    }
+    #[cfg(not(target_os = "linux"))]
+    Ok(false)
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
-    /// The scheduling policy of this process's thread `tid` (`/proc`'s `stat`, field 41).
-    fn policy(tid: i32) -> u32 {
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-        // The command name, in parentheses, may hold spaces: count fields after it.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        after.split(' ').nth(38).unwrap().parse().unwrap()
-    }
-
     #[test]
     fn a_background_thread_is_scheduled_as_batch_work_and_the_others_are_not() {
-        let me = nix::unistd::gettid().as_raw();
-        let mine = policy(me);
-        let (tid, policy_there) = std::thread::spawn(|| {
+        let mine = is_background().unwrap();
+        let there = std::thread::spawn(|| {
+            let before = is_background().unwrap();
             run_as_background().unwrap();
-            let tid = nix::unistd::gettid().as_raw();
-            (tid, policy(tid))
+            (before, is_background().unwrap())
         })
         .join()
         .unwrap();
-        assert_eq!(policy_there, nix::libc::SCHED_BATCH as u32, "thread {tid}");
+        assert_eq!(there, (false, true));
         // The thread that did not ask keeps the policy it had.
-        assert_eq!(policy(me), mine);
+        assert!(!mine);
+        assert_eq!(is_background().unwrap(), mine);
     }
 }
