@@ -693,10 +693,7 @@ async fn handle_request(
     };
     match request {
         Message::Probe { id, path, .. } => {
-            let sandbox = folder.sandbox.clone();
-            let exists = tokio::task::spawn_blocking(move || sandbox.exists(&path))
-                .await
-                .unwrap_or(false);
+            let exists = folder.sandbox.exists_async(&path).await;
             let _ = write_message(&mut send, &Message::Probed { id, exists }).await;
             let _ = send.finish();
         }
@@ -705,8 +702,19 @@ async fn handle_request(
             session,
             tool,
             args,
+            if_present,
             ..
         } => {
+            // Asked to run only where the path is: first the probe's answer; where the path is
+            // not, nothing is checked, nobody is asked and nothing runs.
+            if let Some(path) = if_present {
+                let exists = folder.sandbox.exists_async(&path).await;
+                let said = write_message(&mut send, &Message::Probed { id, exists }).await;
+                if !exists || said.is_err() {
+                    let _ = send.finish();
+                    return;
+                }
+            }
             let stopped = send.stopped();
             let run = run(folder, &mut send, id, &session, tool, args);
             let (outcome, decided) = tokio::select! {

@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 7;
+pub const PROTOCOL_MINOR: u32 = 8;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -66,6 +66,11 @@ pub const CHAT_MINOR: u32 = 6;
 pub const CLI_MINOR: u32 = 7;
 /// Longest human name of a session, in bytes.
 pub const MAX_SESSION_NAME: usize = 200;
+// --- Minor 8.
+/// The first minor version where a [`Message::Run`] may carry `if_present`: routing's probe and
+/// the run in one round trip. A server never sends it to a client of a lower one (it probes
+/// first, then runs).
+pub const IF_PRESENT_MINOR: u32 = 8;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -1239,6 +1244,14 @@ pub enum Message {
         tool: ToolName,
         /// Its arguments.
         args: Value,
+        /// Run only if this path exists in the folder (minor [`IF_PRESENT_MINOR`] or later;
+        /// never sent when `None`). The client answers [`Message::Probed`] first, as to a
+        /// [`Message::Probe`] of the path; with `exists: false` it checks nothing else, asks
+        /// nobody, runs nothing and ends the stream; with `exists: true` the run follows as any
+        /// run. Routing sends it, for tools that change nothing, where finding the path would run
+        /// the call at once: a probe and a run in one round trip.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        if_present: Option<String>,
     },
     /// Server to client: does this path exist in the attached folder? Used for routing only;
     /// answered without a prompt, since it reveals only existence.
@@ -1737,6 +1750,15 @@ mod tests {
                 session: "default".into(),
                 tool: ToolName::EditFile,
                 args: json!({"path": "a", "old_string": "x", "new_string": "y"}),
+                if_present: None,
+            },
+            Message::Run {
+                id: 11,
+                attachment: 3,
+                session: "default".into(),
+                tool: ToolName::ReadFile,
+                args: json!({"path": "src/lib.rs"}),
+                if_present: Some("src/lib.rs".into()),
             },
             Message::Probe {
                 id: 10,
@@ -1835,6 +1857,29 @@ mod tests {
         );
         assert!(!json.contains("focus"), "an older server reads it: {json}");
         assert!(!json.contains("folder"), "an older server reads it: {json}");
+    }
+
+    #[test]
+    fn a_run_without_if_present_is_what_older_peers_send_and_read() {
+        let older =
+            br#"{"type":"run","id":1,"attachment":1,"session":"s","tool":"read_file","args":{}}"#;
+        let Message::Run { if_present, .. } = Message::from_json(older).unwrap() else {
+            panic!("a run");
+        };
+        assert_eq!(if_present, None, "an older server's run is unconditional");
+        let plain = Message::Run {
+            id: 1,
+            attachment: 1,
+            session: "s".into(),
+            tool: ToolName::ReadFile,
+            args: json!({}),
+            if_present: None,
+        };
+        let json = String::from_utf8(plain.to_json()).unwrap();
+        assert!(
+            !json.contains("if_present"),
+            "an older client reads it: {json}"
+        );
     }
 
     #[test]

@@ -257,6 +257,14 @@ pub fn writes_where_found(tool: ToolName) -> bool {
     matches!(tool, ToolName::WriteFile | ToolName::EditFile)
 }
 
+/// Whether a candidate of a [`Plan::FirstContaining`] of `tool` may be asked to run the call only
+/// if it has the path (one round trip to a client, where a probe and then the run take two): for
+/// tools that change nothing. A write or edit is probed first, so that it never runs where
+/// [`settle`] would not send it (an offline workspace before it, one that could not say).
+pub fn may_run_where_found(tool: ToolName) -> bool {
+    !writes_where_found(tool)
+}
+
 /// Tools whose `path` argument must name something that already exists.
 pub fn needs_existing_path(tool: ToolName) -> bool {
     tool.reads_existing_path()

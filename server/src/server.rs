@@ -1295,6 +1295,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             attachment: id,
             generation,
             reports_network: ctx.minor >= wire::NETWORK_MINOR,
+            runs_if_present: ctx.minor >= wire::IF_PRESENT_MINOR,
             kick,
         }),
     };

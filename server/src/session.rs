@@ -34,6 +34,10 @@ pub struct ClientLink {
     /// happen (protocol minor [`monad_protocol::wire::NETWORK_MINOR`]): those a result carries
     /// are not audited again.
     pub reports_network: bool,
+    /// Its client takes a `run` with `if_present` (protocol minor
+    /// [`monad_protocol::wire::IF_PRESENT_MINOR`]): routing asks it to run a call only if the path
+    /// is there, rather than probing first.
+    pub runs_if_present: bool,
     /// Tells the attachment's task to end it, with the reason its client is told (another
     /// attach of the folder took over, or `monad-client detach`).
     pub kick: tokio::sync::mpsc::UnboundedSender<String>,

@@ -3,11 +3,12 @@ the official Python SDK: the median call, the client's own CPU per call, and how
 the client's main thread (where the SDK's event loop runs) gave up its core (voluntary) or was
 preempted (involuntary); the CPU is also split into user and system time.
 
-Usage: MONAD_CONFIG_DIR=DIR python answer_cost.py --client BIN --workspace NAME --dir DIR
+Usage: MONAD_CONFIG_DIR=DIR python answer_cost.py --client BIN [--workspace NAME] --dir DIR
            --reference NODE_SCRIPT --case read|large|list [--calls N] [--replay [--rewrite R]]
            [--sides monad,reference]
 
-`BIN mcp` reads the folder attached as workspace NAME; the reference is `node NODE_SCRIPT DIR`
+`BIN mcp` reads the folder attached as workspace NAME (without `--workspace`, the calls name no
+workspace and routing finds the folder, as `bench_mcp.py`'s do); the reference is `node NODE_SCRIPT DIR`
 on the same folder (`small.txt`, `large.txt`, `many/` as `bench_mcp.py` has them; `large`
 reads `large.txt` whole). With `--replay`, each side runs behind `replay_proxy.py`, which
 answers every call after the first from its recording: the servers do no work, so what differs
@@ -70,7 +71,8 @@ async def side(command, env, tool, arguments, calls):
 async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--client", required=True)
-    parser.add_argument("--workspace", required=True)
+    # Left out, calls name no workspace and routing finds the folder, as bench_mcp.py's do.
+    parser.add_argument("--workspace")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--reference", required=True)
     parser.add_argument("--case", choices=["read", "large", "list"], required=True)

@@ -403,7 +403,7 @@ pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) 
             return Presence::Unknown(Unasked::Disconnected);
         };
         let message = Message::Probe {
-            id: 1,
+            id: RUN_ID,
             attachment,
             path: path.to_owned(),
         };
@@ -413,12 +413,7 @@ pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) 
         send.finish();
         let answer = read_message(&mut recv, MAX_PROBE_ANSWER).await;
         recv.let_go();
-        match answer {
-            Ok(Some(Message::Probed { exists: true, .. })) => Presence::Present,
-            Ok(Some(Message::Probed { exists: false, .. })) => Presence::Absent,
-            Ok(None) | Err(ReadError::Io(_)) => Presence::Unknown(Unasked::Disconnected),
-            Ok(Some(_)) | Err(_) => Presence::Unknown(Unasked::Failed),
-        }
+        presence(answer)
     };
     tokio::time::timeout(PROBE_TIMEOUT, asked)
         .await
@@ -441,26 +436,113 @@ pub(crate) async fn run<C: Connection>(
     progress: &dyn ProgressSink,
     watch: &dyn CallWatch,
 ) -> Answer<C::Recv> {
-    let Ok((mut send, mut recv)) = conn.open().await else {
+    let request = RunRequest {
+        attachment,
+        session,
+        tool,
+        args,
+        if_present: None,
+    };
+    let Ok((_send, recv)) = request.send(conn).await else {
         return Answer::failed(disconnected(name), Verdict::NOBODY);
     };
-    let id = 1;
-    let sent = write_message(
-        &mut send,
-        &Message::Run {
-            id,
-            attachment,
-            session: session.to_owned(),
-            tool,
-            args,
-        },
-    )
-    .await;
-    if sent.is_err() {
-        return Answer::failed(disconnected(name), Verdict::NOBODY);
-    }
-    send.finish();
     watch.sent();
+    answer(recv, name, progress, watch).await
+}
+
+/// [`run`], only if `path` exists in the folder: the client says so first, as to a [`probe`], and
+/// runs nothing where it does not. A probe and then a run take two round trips to the client;
+/// this takes one. Until the client has said, it is a probe: the path absent, or the client
+/// not saying within [`PROBE_TIMEOUT`] or gone, is that [`Presence`] and nothing ran (a client
+/// that times out is told to stop: it then withdraws the run, which it may have begun). Once it
+/// has, it is a run. So it is for tools that change nothing: a write or an edit is probed
+/// first, so that it never runs where routing would not send it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_if_present<C: Connection>(
+    conn: &C,
+    attachment: u64,
+    session: &str,
+    name: &str,
+    tool: ToolName,
+    args: Value,
+    path: &str,
+    progress: &dyn ProgressSink,
+    watch: &dyn CallWatch,
+) -> Result<Answer<C::Recv>, Presence> {
+    let request = RunRequest {
+        attachment,
+        session,
+        tool,
+        args,
+        if_present: Some(path),
+    };
+    let asked = async {
+        let Ok((send, mut recv)) = request.send(conn).await else {
+            return Err(Presence::Unknown(Unasked::Disconnected));
+        };
+        match presence(read_message(&mut recv, MAX_PROBE_ANSWER).await) {
+            Presence::Present => Ok((send, recv)),
+            absent_or_unknown => {
+                recv.let_go();
+                Err(absent_or_unknown)
+            }
+        }
+    };
+    let (_send, recv) = tokio::time::timeout(PROBE_TIMEOUT, asked)
+        .await
+        .unwrap_or(Err(Presence::Unknown(Unasked::TimedOut(PROBE_TIMEOUT))))?;
+    watch.sent();
+    Ok(answer(recv, name, progress, watch).await)
+}
+
+/// A [`Message::Run`] to send.
+struct RunRequest<'a> {
+    attachment: u64,
+    session: &'a str,
+    tool: ToolName,
+    args: Value,
+    if_present: Option<&'a str>,
+}
+
+impl RunRequest<'_> {
+    /// Opens a stream, writes the request and finishes the stream's sending side. `Err` when the
+    /// connection is gone.
+    async fn send<C: Connection>(self, conn: &C) -> Result<(C::Send, C::Recv), ()> {
+        let (mut send, recv) = conn.open().await.map_err(drop)?;
+        let message = Message::Run {
+            id: RUN_ID,
+            attachment: self.attachment,
+            session: self.session.to_owned(),
+            tool: self.tool,
+            args: self.args,
+            if_present: self.if_present.map(str::to_owned),
+        };
+        write_message(&mut send, &message).await.map_err(drop)?;
+        send.finish();
+        Ok((send, recv))
+    }
+}
+
+/// The id of the one request on each stream the server opens to a client.
+const RUN_ID: u64 = 1;
+
+/// What a client's answer to a probe of a path says.
+fn presence(answer: Result<Option<Message>, ReadError>) -> Presence {
+    match answer {
+        Ok(Some(Message::Probed { exists: true, .. })) => Presence::Present,
+        Ok(Some(Message::Probed { exists: false, .. })) => Presence::Absent,
+        Ok(None) | Err(ReadError::Io(_)) => Presence::Unknown(Unasked::Disconnected),
+        Ok(Some(_)) | Err(_) => Presence::Unknown(Unasked::Failed),
+    }
+}
+
+/// Reads a client's answer to a run: its progress relayed, who decided, the result.
+async fn answer<R: RecvHalf>(
+    mut recv: R,
+    name: &str,
+    progress: &dyn ProgressSink,
+    watch: &dyn CallWatch,
+) -> Answer<R> {
     // Until the client says who decided (a client refuses a call that cannot run without
     // deciding anything).
     let mut decided_by = Verdict {

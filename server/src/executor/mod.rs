@@ -367,36 +367,111 @@ impl Executor {
         let focus = session
             .focus()
             .and_then(|name| snapshots.iter().position(|s| s.info.name == name));
-        let index = match route::plan(tool, target.as_deref(), path.as_deref(), &views, focus) {
-            Ok(Plan::Run(i)) => i,
-            Ok(Plan::FirstContaining {
-                candidates,
-                path,
-                otherwise,
-                offline,
-            }) => {
-                let mut probes = Vec::new();
-                for i in candidates {
-                    let presence = contains(&snapshots[i], &path).await;
-                    probes.push((i, presence));
-                    if route::probing_ends(tool, presence) {
-                        break;
+        let (index, ran) =
+            match route::plan(tool, target.as_deref(), path.as_deref(), &views, focus) {
+                Ok(Plan::Run(i)) => (i, None),
+                Ok(Plan::FirstContaining {
+                    candidates,
+                    path,
+                    otherwise,
+                    offline,
+                }) => {
+                    let mut probes = Vec::new();
+                    let mut ran = None;
+                    for i in candidates {
+                        let snapshot = &snapshots[i];
+                        let presence = match &snapshot.target {
+                            // Where the path would run the call at once, the client is asked
+                            // to run it only if the path is there: one round trip, not two.
+                            Target::Attached(Some(link))
+                                if link.runs_if_present
+                                    && route::may_run_where_found(tool)
+                                    && !(snapshot.info.trust == Trust::Restricted
+                                        && gate.is_some()) =>
+                            {
+                                let watch = Reached {
+                                    known,
+                                    workspace: workspace_ref(snapshot),
+                                };
+                                let answer = link::run_if_present(
+                                    &link.conn,
+                                    link.attachment,
+                                    &session.id,
+                                    &snapshot.info.name,
+                                    tool,
+                                    args.clone(),
+                                    &path,
+                                    progress,
+                                    &watch,
+                                )
+                                .await;
+                                match answer {
+                                    Ok(answer) => {
+                                        self.touch(session, snapshot);
+                                        ran = Some(answer);
+                                        Presence::Present
+                                    }
+                                    Err(presence) => presence,
+                                }
+                            }
+                            _ => contains(snapshot, &path).await,
+                        };
+                        probes.push((i, presence));
+                        if route::probing_ends(tool, presence) {
+                            break;
+                        }
+                    }
+                    match route::settle(tool, &path, &probes, otherwise, &offline, &views, focus) {
+                        Ok(i) => (i, ran),
+                        Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
                     }
                 }
-                match route::settle(tool, &path, &probes, otherwise, &offline, &views, focus) {
-                    Ok(i) => i,
-                    Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
-                }
-            }
-            Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
-        };
+                Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
+            };
         let snapshot = &snapshots[index];
-        let workspace = Some(WorkspaceRef {
-            name: snapshot.info.name.clone(),
-            uri: snapshot.info.uri.clone(),
-        });
-        known.set_workspace(workspace.clone());
-        let (result, body, verdict) = match &snapshot.target {
+        let workspace = workspace_ref(snapshot);
+        let (result, body, verdict) = match ran {
+            // It ran where the path was (and its workspace is known since the client said so).
+            Some(answer) => (answer.result, answer.body, answer.verdict),
+            None => {
+                known.set_workspace(workspace.clone());
+                self.run_at(session, snapshot, tool, args, progress, gate, known)
+                    .await
+            }
+        };
+        if let Ok(result) = &result {
+            session.note_process(tool, result, &snapshot.info.name);
+        }
+        let output = match result {
+            Ok(result) => CallOutput {
+                workspace,
+                outcome: Outcome::Ok { result },
+                body,
+            },
+            Err(error) => CallOutput::error(workspace, error),
+        };
+        (output, verdict)
+    }
+
+    /// Runs a routed call in `snapshot`'s workspace: in the primary's sandbox, or on the
+    /// attached folder's client (after the front's permission for a restricted one, when the
+    /// front asks).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_at(
+        &self,
+        session: &Arc<Session>,
+        snapshot: &Snapshot,
+        tool: ToolName,
+        args: Value,
+        progress: &dyn ProgressSink,
+        gate: Option<&dyn PermissionGate>,
+        known: &Known,
+    ) -> (
+        Result<ToolResult, ToolError>,
+        Option<link::PendingBody>,
+        Verdict,
+    ) {
+        match &snapshot.target {
             Target::Primary(primary) => {
                 known.set_verdict(Verdict::TRUST);
                 (
@@ -471,9 +546,7 @@ impl Executor {
                     known,
                 )
                 .await;
-                if let (Some(recorder), Some(record)) = (&self.recorder, &snapshot.record) {
-                    recorder.touch(record, &session.id);
-                }
+                self.touch(session, snapshot);
                 (answer.result, answer.body, answer.verdict)
             }
             Target::Attached(None) => (
@@ -481,19 +554,41 @@ impl Executor {
                 None,
                 Verdict::NOBODY,
             ),
-        };
-        if let Ok(result) = &result {
-            session.note_process(tool, result, &snapshot.info.name);
         }
-        let output = match result {
-            Ok(result) => CallOutput {
-                workspace,
-                outcome: Outcome::Ok { result },
-                body,
-            },
-            Err(error) => CallOutput::error(workspace, error),
-        };
-        (output, verdict)
+    }
+
+    /// Notes that an attached folder's workspace record was used.
+    fn touch(&self, session: &Session, snapshot: &Snapshot) {
+        if let (Some(recorder), Some(record)) = (&self.recorder, &snapshot.record) {
+            recorder.touch(record, &session.id);
+        }
+    }
+}
+
+/// A snapshot's workspace, as a result names it.
+fn workspace_ref(snapshot: &Snapshot) -> Option<WorkspaceRef> {
+    Some(WorkspaceRef {
+        name: snapshot.info.name.clone(),
+        uri: snapshot.info.uri.clone(),
+    })
+}
+
+/// The call's watch while a client is asked to run it only if the path is there: once the
+/// client says it is, the call is routed there, then it waits for the client's decision as any
+/// run.
+struct Reached<'a> {
+    known: &'a Known,
+    workspace: Option<WorkspaceRef>,
+}
+
+impl CallWatch for Reached<'_> {
+    fn sent(&self) {
+        self.known.set_workspace(self.workspace.clone());
+        self.known.sent();
+    }
+
+    fn decided(&self, verdict: Verdict) {
+        self.known.decided(verdict);
     }
 }
 
@@ -683,11 +778,10 @@ async fn contains(snapshot: &Snapshot, path: &str) -> Presence {
             let Ok(sandbox) = primary.sandbox().await else {
                 return Presence::Unknown(Unasked::Failed);
             };
-            let path = path.to_owned();
-            match tokio::task::spawn_blocking(move || sandbox.exists(&path)).await {
-                Ok(true) => Presence::Present,
-                Ok(false) => Presence::Absent,
-                Err(_) => Presence::Unknown(Unasked::Failed),
+            if sandbox.exists_async(path).await {
+                Presence::Present
+            } else {
+                Presence::Absent
             }
         }
         Target::Attached(Some(link)) => link::probe(&link.conn, link.attachment, path).await,

@@ -45,6 +45,11 @@ impl Fixture {
     /// A session with one restricted folder attached through an in-memory connection, and the
     /// far end of that connection.
     fn new() -> (Fixture, memory::Peer) {
+        Fixture::with_client(true)
+    }
+
+    /// [`Fixture::new`], its client taking a `run` with `if_present` or not (an older one).
+    fn with_client(runs_if_present: bool) -> (Fixture, memory::Peer) {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(FsStore::new(dir.path()));
         let registry = Registry::new(dir.path(), store.clone(), Layers::default());
@@ -67,6 +72,7 @@ impl Fixture {
                     attachment: ATTACHMENT,
                     generation: 1,
                     reports_network: true,
+                    runs_if_present,
                     kick,
                 }),
             },
@@ -175,6 +181,7 @@ async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
             session,
             tool,
             args,
+            if_present,
         } = request
         else {
             panic!("expected a run, got {request:?}");
@@ -183,6 +190,8 @@ async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
         assert_eq!(session, fx.session.id);
         assert_eq!(tool, ToolName::ReadFile);
         assert_eq!(args["path"], "src/lib.rs");
+        // Named, the folder is not asked first whether it has the path.
+        assert_eq!(if_present, None);
         // The server finished its side after the request.
         assert!(matches!(
             read_message(&mut from_server, 1024).await,
@@ -697,8 +706,8 @@ async fn a_cancelled_call_stops_the_client_stream_and_is_recorded_as_cancelled()
 }
 
 #[tokio::test]
-async fn a_path_is_looked_for_in_the_folder_with_a_probe() {
-    let (fx, mut peer) = Fixture::new();
+async fn a_path_is_looked_for_in_the_folder_of_an_older_client_with_a_probe() {
+    let (fx, mut peer) = Fixture::with_client(false);
     let client = async {
         // The primary workspace has no `only/on/laptop.txt`: routing asks the client.
         let (request, _from_server, mut to_server) = next_request(&mut peer).await;
@@ -739,4 +748,193 @@ async fn a_path_is_looked_for_in_the_folder_with_a_probe() {
     let (output, ()) = bounded("the call", futures_join(call, client)).await;
     assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
     assert_eq!(output.workspace.unwrap().name, fx.folder);
+}
+
+/// Calls `tool` with `args` (no `workspace`) while `client` plays the folder's client; then
+/// checks that the client was asked nothing more.
+async fn routed_call(
+    fx: &Fixture,
+    peer: &mut memory::Peer,
+    tool: &str,
+    args: Value,
+    client: impl AsyncFnOnce(&mut memory::Peer),
+    gate: Option<&dyn PermissionGate>,
+) -> CallOutput {
+    let progress = Lines::default();
+    let call = fx
+        .executor
+        .call_gated(&fx.session, tool, args, &progress, gate);
+    let (output, ()) = bounded("the call", futures_join(call, client(peer))).await;
+    let more = tokio::time::timeout(Duration::from_millis(100), peer.accept()).await;
+    assert!(more.is_err(), "the client was asked something more");
+    output
+}
+
+#[tokio::test]
+async fn a_read_without_workspace_runs_where_the_path_is_in_one_round_trip() {
+    let (fx, mut peer) = Fixture::new();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "read_file",
+        json!({"path": "only/on/laptop.txt"}),
+        async |peer| {
+            // The primary has no such file: the folder is asked to run the read if it has it.
+            let (request, _from_server, mut to_server) = next_request(peer).await;
+            let Message::Run {
+                id,
+                tool,
+                if_present,
+                ..
+            } = request
+            else {
+                panic!("expected a run, got {request:?}");
+            };
+            assert_eq!(tool, ToolName::ReadFile);
+            assert_eq!(if_present.as_deref(), Some("only/on/laptop.txt"));
+            let present = Message::Probed { id, exists: true };
+            let decided = Message::Decided {
+                id,
+                allowed: true,
+                by: Decider::Policy,
+            };
+            let answer = result(
+                id,
+                Outcome::Ok {
+                    result: json!({"path": "only/on/laptop.txt", "content": "hi\n"}).into(),
+                },
+                None,
+            );
+            write_messages(&mut to_server, &[&present, &decided, &answer])
+                .await
+                .unwrap();
+        },
+        None,
+    )
+    .await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+    assert_eq!(output.workspace.unwrap().name, fx.folder);
+    let line = fx.only_audit_line("read_file");
+    assert_eq!(line.decision, AuditDecision::Allowed);
+    assert_eq!(line.decided_by, Decider::Policy);
+}
+
+#[tokio::test]
+async fn a_folder_without_the_path_runs_nothing_and_routing_goes_on() {
+    for silent in [false, true] {
+        let (fx, mut peer) = Fixture::new();
+        let output = routed_call(
+            &fx,
+            &mut peer,
+            "list_dir",
+            json!({"path": "nowhere"}),
+            async |peer| {
+                let (request, _from_server, mut to_server) = next_request(peer).await;
+                let Message::Run { id, if_present, .. } = request else {
+                    panic!("expected a run, got {request:?}");
+                };
+                assert_eq!(if_present.as_deref(), Some("nowhere"));
+                if !silent {
+                    let absent = Message::Probed { id, exists: false };
+                    write_message(&mut to_server, &absent).await.unwrap();
+                }
+                // Gone without a word: as a probe whose client went away.
+            },
+            None,
+        )
+        .await;
+        let error = error_of(&output);
+        assert_eq!(error.code, ErrorCode::NotFound, "{error:?}");
+        let said = if silent {
+            "`project` could not be asked (its client disconnected)"
+        } else {
+            "tried: primary, project"
+        };
+        assert!(error.message.contains(said), "{}", error.message);
+        // Routed nowhere: recorded without a workspace, decided by nobody.
+        let log = fx.audit();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_eq!(log[0].workspace, None);
+        assert_eq!(log[0].outcome, AuditOutcome::Failed(ErrorCode::NotFound));
+    }
+}
+
+/// The scripted client answers a probe of `path` that it exists, then the run that follows
+/// (which must not be conditional) with `result`.
+async fn probed_then_run(peer: &mut memory::Peer, path: &str, answer: Value) {
+    let (request, _from_server, mut to_server) = next_request(peer).await;
+    let Message::Probe {
+        id, path: asked, ..
+    } = request
+    else {
+        panic!("expected a probe, got {request:?}");
+    };
+    assert_eq!(asked, path);
+    write_message(&mut to_server, &Message::Probed { id, exists: true })
+        .await
+        .unwrap();
+    drop(to_server);
+    let (request, _from_server, mut to_server) = next_request(peer).await;
+    let Message::Run { id, if_present, .. } = request else {
+        panic!("expected a run, got {request:?}");
+    };
+    assert_eq!(if_present, None);
+    let answer = result(
+        id,
+        Outcome::Ok {
+            result: answer.into(),
+        },
+        None,
+    );
+    write_message(&mut to_server, &answer).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_write_is_probed_before_it_runs() {
+    let (fx, mut peer) = Fixture::new();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "edit_file",
+        json!({"path": "a.rs", "old_string": "x", "new_string": "y"}),
+        async |peer| {
+            probed_then_run(peer, "a.rs", json!({"path": "a.rs", "replacements": 1})).await
+        },
+        None,
+    )
+    .await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+}
+
+/// A front's permission that allows everything, counting what it was asked.
+#[derive(Default)]
+struct Allow(std::sync::atomic::AtomicUsize);
+
+impl PermissionGate for Allow {
+    fn ask(
+        &self,
+        _: PermissionAsk,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { true })
+    }
+}
+
+#[tokio::test]
+async fn a_front_that_asks_its_user_is_asked_only_for_the_folder_that_has_the_path() {
+    let (fx, mut peer) = Fixture::new();
+    let gate = Allow::default();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "stat",
+        json!({"path": "only/on/laptop.txt"}),
+        async |peer| {
+            probed_then_run(peer, "only/on/laptop.txt", json!({"kind": "file"})).await;
+        },
+        Some(&gate),
+    )
+    .await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+    assert_eq!(gate.0.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

@@ -652,3 +652,40 @@ async fn a_write_found_below_an_offline_folder_is_refused() {
     .await);
     assert_eq!(ran_in, "late");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_asked_to_run_a_read_where_the_path_is_decides_nothing_when_it_is_not_there() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    // The focus, so that it is asked first; nothing pre-approved and nobody to ask: any call
+    // that reaches its policy is denied.
+    let laptop = folder(&[("only-here.txt", "the laptop's\n")]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.focus = true;
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "notes.md", "content": "primary notes\n", "workspace": "primary"}),
+    )
+    .await);
+
+    // Not in the folder: it says so, decides nothing, and the read runs in the primary.
+    let (result, ran_in) = ok(call(&agent, "read_file", json!({"path": "notes.md"})).await);
+    assert_eq!(
+        (result["content"].as_str(), ran_in.as_str()),
+        (Some("primary notes\n"), "primary")
+    );
+    // In the folder: its policy decides, as for any call there.
+    let message = expect_code(
+        call(&agent, "read_file", json!({"path": "only-here.txt"})).await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("without a terminal to ask"), "{message}");
+    // Nowhere: each was asked, none ran it.
+    let message = expect_code(
+        call(&agent, "stat", json!({"path": "missing"})).await,
+        ErrorCode::NotFound,
+    );
+    assert!(message.contains("tried: lap, primary"), "{message}");
+}
