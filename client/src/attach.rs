@@ -693,7 +693,7 @@ async fn handle_request(
     };
     match request {
         Message::Probe { id, path, .. } => {
-            let exists = folder.sandbox.exists_async(&path).await;
+            let exists = folder.sandbox.exists_async(&path).await.unwrap_or(false);
             let _ = write_message(&mut send, &Message::Probed { id, exists }).await;
             let _ = send.finish();
         }
@@ -708,7 +708,7 @@ async fn handle_request(
             // Asked to run only where the path is: first the probe's answer; where the path is
             // not, nothing is checked, nobody is asked and nothing runs.
             if let Some(path) = if_present {
-                let exists = folder.sandbox.exists_async(&path).await;
+                let exists = folder.sandbox.exists_async(&path).await.unwrap_or(false);
                 let said = write_message(&mut send, &Message::Probed { id, exists }).await;
                 if !exists || said.is_err() {
                     let _ = send.finish();
@@ -718,10 +718,13 @@ async fn handle_request(
             let stopped = send.stopped();
             let run = run(folder, &mut send, id, &session, tool, args);
             let (outcome, decided) = tokio::select! {
-                ran = run => ran,
-                // The server stopped reading: the agent cancelled. Dropping `run` withdraws a
-                // pending prompt and kills a running command.
+                // The server stopped reading: the agent cancelled, or routing gave up on a
+                // `run` with `if_present` whose `probed` came too late. Dropping `run`
+                // withdraws a pending prompt and kills a running command; a stop already there
+                // comes first, so that a run the server gave up on does not start.
+                biased;
                 _ = stopped => return,
+                ran = run => ran,
             };
             let _ = send_result(&mut send, id, decided, outcome, bodies).await;
             let _ = send.finish();

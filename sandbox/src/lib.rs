@@ -225,18 +225,18 @@ impl Sandbox {
             .is_ok_and(|p| self.jail.dir().symlink_metadata(p.rel()).is_ok())
     }
 
-    /// [`Sandbox::exists`] from async code: right here on a root on a local disk (one `stat`,
-    /// less than the two thread hand-offs of tokio's blocking pool), else on the blocking pool,
-    /// as [`Sandbox::check_async`] does.
-    pub async fn exists_async(self: &Arc<Self>, path: &str) -> bool {
+    /// [`Sandbox::exists`] from async code: right here on a root on a local disk (the lookup's
+    /// `stat`s take less than the two thread hand-offs of tokio's blocking pool), else on the
+    /// blocking pool, as [`Sandbox::check_async`] does. An error only when the pool's task
+    /// failed: the answer is then unknown, not "no". Known limit, as for reads: the lookup
+    /// crosses into a mount inside a local root on the calling task.
+    pub async fn exists_async(self: &Arc<Self>, path: &str) -> Result<bool, SandboxError> {
         if self.local_device.is_some() {
-            return self.exists(path);
+            return Ok(self.exists(path));
         }
-        let this = Arc::clone(self);
         let path = path.to_owned();
-        tokio::task::spawn_blocking(move || this.exists(&path))
+        self.on_blocking_pool(move |this| Ok(this.exists(&path)))
             .await
-            .unwrap_or(false)
     }
 
     /// The command policy in force.

@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use monad_protocol::{ErrorCode, ToolError, ToolName};
+use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 
 /// What routing needs to know about one workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,10 +259,11 @@ pub fn writes_where_found(tool: ToolName) -> bool {
 
 /// Whether a candidate of a [`Plan::FirstContaining`] of `tool` may be asked to run the call only
 /// if it has the path (one round trip to a client, where a probe and then the run take two): for
-/// tools that change nothing. A write or edit is probed first, so that it never runs where
-/// [`settle`] would not send it (an offline workspace before it, one that could not say).
+/// the tools that only read ([`ToolClass::Read`]), which [`settle`] sends to the first that has
+/// the path whatever came before it. A write or edit is probed first, so that it never runs
+/// where [`settle`] would not send it (an offline workspace before it, one that could not say).
 pub fn may_run_where_found(tool: ToolName) -> bool {
-    !writes_where_found(tool)
+    tool.class() == ToolClass::Read
 }
 
 /// Tools whose `path` argument must name something that already exists.
@@ -763,6 +764,17 @@ mod tests {
         let err = settle_with(write, &[(0, Absent), (2, Absent)], Some(0), &[1]).unwrap_err();
         assert_eq!(err.code, ErrorCode::WorkspaceDisconnected);
         says(&err, &["tried: primary, a", "`lap`"]);
+        // A tool that may run where found runs at the first that has it, whatever comes before
+        // it: routing sends it there before asking `settle`.
+        for tool in ToolName::ALL {
+            if may_run_where_found(tool) {
+                assert!(!writes_where_found(tool), "{tool}");
+                let probes = [(0, slow), (2, Present)];
+                assert_eq!(settle_with(tool, &probes, None, &[1]), Ok(2), "{tool}");
+            }
+        }
+        assert!(may_run_where_found(read) && may_run_where_found(ToolName::Glob));
+        assert!(!may_run_where_found(write) && !may_run_where_found(edit));
         // Anything else is not found, saying what was asked, what could not say, what is offline.
         let err =
             settle_with(read, &[(0, Absent), (2, slow), (3, Absent)], None, &[1]).unwrap_err();

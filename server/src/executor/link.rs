@@ -403,7 +403,7 @@ pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) 
             return Presence::Unknown(Unasked::Disconnected);
         };
         let message = Message::Probe {
-            id: RUN_ID,
+            id: REQUEST_ID,
             attachment,
             path: path.to_owned(),
         };
@@ -452,11 +452,11 @@ pub(crate) async fn run<C: Connection>(
 
 /// [`run`], only if `path` exists in the folder: the client says so first, as to a [`probe`], and
 /// runs nothing where it does not. A probe and then a run take two round trips to the client;
-/// this takes one. Until the client has said, it is a probe: the path absent, or the client
-/// not saying within [`PROBE_TIMEOUT`] or gone, is that [`Presence`] and nothing ran (a client
-/// that times out is told to stop: it then withdraws the run, which it may have begun). Once it
-/// has, it is a run. So it is for tools that change nothing: a write or an edit is probed
-/// first, so that it never runs where routing would not send it.
+/// this takes one. Until the client has said, it is a probe: the path absent, the client gone,
+/// saying something else (it is told to stop) or not saying within [`PROBE_TIMEOUT`] (it is
+/// told to stop, and withdraws the run if its answer crossed the stop), is that [`Presence`].
+/// Once it has, it is a run. So it is for tools that change nothing: a write or an edit is
+/// probed first, so that it never runs where routing would not send it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run_if_present<C: Connection>(
     conn: &C,
@@ -482,9 +482,15 @@ pub(crate) async fn run_if_present<C: Connection>(
         };
         match presence(read_message(&mut recv, MAX_PROBE_ANSWER).await) {
             Presence::Present => Ok((send, recv)),
-            absent_or_unknown => {
+            // Not the probe's answer first (a client that runs the call regardless): it is
+            // told to stop.
+            failed @ Presence::Unknown(Unasked::Failed) => {
+                recv.stop(reset::MALFORMED);
+                Err(failed)
+            }
+            absent_or_gone => {
                 recv.let_go();
-                Err(absent_or_unknown)
+                Err(absent_or_gone)
             }
         }
     };
@@ -510,7 +516,7 @@ impl RunRequest<'_> {
     async fn send<C: Connection>(self, conn: &C) -> Result<(C::Send, C::Recv), ()> {
         let (mut send, recv) = conn.open().await.map_err(drop)?;
         let message = Message::Run {
-            id: RUN_ID,
+            id: REQUEST_ID,
             attachment: self.attachment,
             session: self.session.to_owned(),
             tool: self.tool,
@@ -523,8 +529,8 @@ impl RunRequest<'_> {
     }
 }
 
-/// The id of the one request on each stream the server opens to a client.
-const RUN_ID: u64 = 1;
+/// The id of the one request (a run or a probe) on each stream the server opens to a client.
+const REQUEST_ID: u64 = 1;
 
 /// What a client's answer to a probe of a path says.
 fn presence(answer: Result<Option<Message>, ReadError>) -> Presence {

@@ -386,8 +386,7 @@ impl Executor {
                             Target::Attached(Some(link))
                                 if link.runs_if_present
                                     && route::may_run_where_found(tool)
-                                    && !(snapshot.info.trust == Trust::Restricted
-                                        && gate.is_some()) =>
+                                    && !front_asks(snapshot, gate) =>
                             {
                                 let watch = Reached {
                                     known,
@@ -408,8 +407,8 @@ impl Executor {
                                 match answer {
                                     Ok(answer) => {
                                         self.touch(session, snapshot);
-                                        ran = Some(answer);
-                                        Presence::Present
+                                        ran = Some((i, answer));
+                                        break;
                                     }
                                     Err(presence) => presence,
                                 }
@@ -421,9 +420,17 @@ impl Executor {
                             break;
                         }
                     }
-                    match route::settle(tool, &path, &probes, otherwise, &offline, &views, focus) {
-                        Ok(i) => (i, ran),
-                        Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
+                    // It ran where the path was: the first that has it, which is where
+                    // `settle` sends a call that changes nothing (`route::may_run_where_found`).
+                    if let Some((i, answer)) = ran {
+                        (i, Some(answer))
+                    } else {
+                        match route::settle(
+                            tool, &path, &probes, otherwise, &offline, &views, focus,
+                        ) {
+                            Ok(i) => (i, None),
+                            Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
+                        }
                     }
                 }
                 Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
@@ -503,7 +510,7 @@ impl Executor {
                 )
             }
             Target::Attached(Some(_))
-                if snapshot.info.trust == Trust::Restricted
+                if front_asks(snapshot, gate)
                     && let Some(gate) = gate
                     && !gate
                         .ask(PermissionAsk {
@@ -563,6 +570,12 @@ impl Executor {
             recorder.touch(record, &session.id);
         }
     }
+}
+
+/// Whether a call routed to `snapshot`'s workspace asks the front's user first (`gate`, for a
+/// restricted folder): then the folder is not sent the call before it is routed there.
+fn front_asks(snapshot: &Snapshot, gate: Option<&dyn PermissionGate>) -> bool {
+    snapshot.info.trust == Trust::Restricted && gate.is_some()
 }
 
 /// A snapshot's workspace, as a result names it.
@@ -778,10 +791,10 @@ async fn contains(snapshot: &Snapshot, path: &str) -> Presence {
             let Ok(sandbox) = primary.sandbox().await else {
                 return Presence::Unknown(Unasked::Failed);
             };
-            if sandbox.exists_async(path).await {
-                Presence::Present
-            } else {
-                Presence::Absent
+            match sandbox.exists_async(path).await {
+                Ok(true) => Presence::Present,
+                Ok(false) => Presence::Absent,
+                Err(_) => Presence::Unknown(Unasked::Failed),
             }
         }
         Target::Attached(Some(link)) => link::probe(&link.conn, link.attachment, path).await,

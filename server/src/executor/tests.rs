@@ -708,44 +708,19 @@ async fn a_cancelled_call_stops_the_client_stream_and_is_recorded_as_cancelled()
 #[tokio::test]
 async fn a_path_is_looked_for_in_the_folder_of_an_older_client_with_a_probe() {
     let (fx, mut peer) = Fixture::with_client(false);
-    let client = async {
-        // The primary workspace has no `only/on/laptop.txt`: routing asks the client.
-        let (request, _from_server, mut to_server) = next_request(&mut peer).await;
-        let Message::Probe {
-            id,
-            attachment,
-            path,
-        } = request
-        else {
-            panic!("expected a probe, got {request:?}");
-        };
-        assert_eq!(
-            (attachment, path.as_str()),
-            (ATTACHMENT, "only/on/laptop.txt")
-        );
-        write_message(&mut to_server, &Message::Probed { id, exists: true })
-            .await
-            .unwrap();
-        drop(to_server);
-        let (request, _from_server, mut to_server) = next_request(&mut peer).await;
-        let id = run_id(&request);
-        let answer = result(
-            id,
-            Outcome::Ok {
-                result: json!({"path": "only/on/laptop.txt", "kind": "file"}).into(),
-            },
-            None,
-        );
-        write_message(&mut to_server, &answer).await.unwrap();
-    };
-    let progress = Lines::default();
-    let call = fx.executor.call(
-        &fx.session,
+    // The primary workspace has no `only/on/laptop.txt`: routing asks the client, then runs.
+    let output = routed_call(
+        &fx,
+        &mut peer,
         "stat",
         json!({"path": "only/on/laptop.txt"}),
-        &progress,
-    );
-    let (output, ()) = bounded("the call", futures_join(call, client)).await;
+        async |peer| {
+            let answer = json!({"path": "only/on/laptop.txt", "kind": "file"});
+            probed_then_run(peer, "only/on/laptop.txt", answer).await;
+        },
+        None,
+    )
+    .await;
     assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
     assert_eq!(output.workspace.unwrap().name, fx.folder);
 }
@@ -937,4 +912,145 @@ async fn a_front_that_asks_its_user_is_asked_only_for_the_folder_that_has_the_pa
     .await;
     assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
     assert_eq!(gate.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // A folder without the path: probed, never run, and the front's user never asked.
+    let (fx, mut peer) = Fixture::new();
+    let gate = Allow::default();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "stat",
+        json!({"path": "nowhere"}),
+        async |peer| {
+            let (request, _from_server, mut to_server) = next_request(peer).await;
+            let Message::Probe { id, .. } = request else {
+                panic!("expected a probe, got {request:?}");
+            };
+            let absent = Message::Probed { id, exists: false };
+            write_message(&mut to_server, &absent).await.unwrap();
+        },
+        Some(&gate),
+    )
+    .await;
+    assert_eq!(error_of(&output).code, ErrorCode::NotFound);
+    assert_eq!(gate.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+/// The scripted client takes a `run` with `if_present` and gives it to `then` with its way back.
+async fn conditional_run<F: Future<Output = ()>>(
+    peer: &mut memory::Peer,
+    then: impl FnOnce(u64, DuplexStream) -> F,
+) {
+    let (request, _from_server, to_server) = next_request(peer).await;
+    let Message::Run { id, if_present, .. } = request else {
+        panic!("expected a run, got {request:?}");
+    };
+    assert!(if_present.is_some(), "a run with `if_present`");
+    then(id, to_server).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_folder_that_does_not_say_in_time_is_passed_over_for_a_read_and_told_to_stop() {
+    let (fx, mut peer) = Fixture::new();
+    let (late_tx, late) = tokio::sync::oneshot::channel();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "read_file",
+        json!({"path": "slow.txt"}),
+        async |peer| {
+            conditional_run(peer, async |id, mut to_server| {
+                // Says nothing until the server has given up (the clock is paused: the 10 s
+                // go by as soon as nothing else can run).
+                tokio::time::sleep(Duration::from_secs(11)).await;
+                let present = Message::Probed { id, exists: true };
+                let _ = late_tx.send(write_message(&mut to_server, &present).await);
+            })
+            .await;
+        },
+        None,
+    )
+    .await;
+    let error = error_of(&output);
+    assert_eq!(error.code, ErrorCode::NotFound, "{error:?}");
+    assert!(
+        error
+            .message
+            .contains("`project` could not be asked (its client did not answer within 10 s"),
+        "{}",
+        error.message
+    );
+    assert!(late.await.unwrap().is_err(), "the stream was let go of");
+}
+
+#[tokio::test]
+async fn a_folder_that_runs_the_read_before_saying_it_has_the_path_is_stopped_and_passed_over() {
+    let (fx, mut peer) = Fixture::new();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "read_file",
+        json!({"path": "a.txt"}),
+        async |peer| {
+            conditional_run(peer, async |id, mut to_server| {
+                let decided = Message::Decided {
+                    id,
+                    allowed: true,
+                    by: Decider::Policy,
+                };
+                write_message(&mut to_server, &decided).await.unwrap();
+                // Nothing after that is taken.
+                let mut late = Ok(());
+                for _ in 0..100 {
+                    late = write_message(&mut to_server, &decided).await;
+                    if late.is_err() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                assert!(late.is_err(), "the stream is still read");
+            })
+            .await;
+        },
+        None,
+    )
+    .await;
+    let error = error_of(&output);
+    assert_eq!(error.code, ErrorCode::NotFound, "{error:?}");
+    assert!(
+        error
+            .message
+            .contains("`project` could not be asked (looking there failed"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test]
+async fn a_folder_that_goes_away_after_saying_it_has_the_path_fails_the_call_as_disconnected() {
+    let (fx, mut peer) = Fixture::new();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "read_file",
+        json!({"path": "a.txt"}),
+        async |peer| {
+            conditional_run(peer, async |id, mut to_server| {
+                let present = Message::Probed { id, exists: true };
+                write_message(&mut to_server, &present).await.unwrap();
+            })
+            .await;
+        },
+        None,
+    )
+    .await;
+    // It ran there: the folder is named, and no other workspace is tried.
+    let error = error_of(&output);
+    assert_eq!(error.code, ErrorCode::WorkspaceDisconnected, "{error:?}");
+    assert_eq!(output.workspace.unwrap().name, fx.folder);
+    let line = fx.only_audit_line("read_file");
+    assert_eq!(
+        line.outcome,
+        AuditOutcome::Failed(ErrorCode::WorkspaceDisconnected)
+    );
 }

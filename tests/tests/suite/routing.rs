@@ -2,8 +2,9 @@
 //!
 //! Folders here are attached with reads pre-approved, so no prompt is involved.
 
-use monad_protocol::ErrorCode;
+use monad_client::attach::AttachEvent;
 use monad_protocol::ToolClass;
+use monad_protocol::{ErrorCode, ToolName};
 use std::time::Duration;
 
 use monad_client::config::ClientConfig;
@@ -662,7 +663,7 @@ async fn a_folder_asked_to_run_a_read_where_the_path_is_decides_nothing_when_it_
     let laptop = folder(&[("only-here.txt", "the laptop's\n")]);
     let mut options = attach_options(laptop.path(), "lap");
     options.focus = true;
-    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let mut attached = Attachment::start(&server.client_config(), options, None).await;
     ok(call(
         &agent,
         "write_file",
@@ -688,4 +689,15 @@ async fn a_folder_asked_to_run_a_read_where_the_path_is_decides_nothing_when_it_
         ErrorCode::NotFound,
     );
     assert!(message.contains("tried: lap, primary"), "{message}");
+    // The folder's own account: one call decided, the one whose path it has.
+    let decided = loop {
+        match attached.next_event().await {
+            AttachEvent::Decided { tool, target, .. } => break (tool, target),
+            AttachEvent::Focus { .. } => continue,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(decided, (ToolName::ReadFile, "only-here.txt".to_owned()));
+    let more = tokio::time::timeout(Duration::from_millis(300), attached.next_event()).await;
+    assert!(more.is_err(), "{more:?}");
 }
