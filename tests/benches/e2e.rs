@@ -21,7 +21,7 @@
 //! fetching them from an origin in this process, like Monad's server from the attached client):
 //! the floor of any design with two hops, on this machine.
 //!
-//! `MONAD_BENCH_ALONE=monad|echo|relay` (with `MONAD_BENCH_ONLY=a`) runs one of figure (a)'s
+//! `MONAD_BENCH_ALONE=monad|echo|relay|routed` (with `MONAD_BENCH_ONLY=a`) runs one of figure (a)'s
 //! operations alone, back to back, for `MONAD_BENCH_ALONE_SECS` (10 by default), to read CPU,
 //! datagrams and context switches per call from outside.
 
@@ -586,13 +586,19 @@ async fn attach_folder(config: ClientConfig, dir: &Path, name: &str, limits: Lim
 /// Calls `read_file` on `path` in workspace `workspace` of the default session; returns the
 /// content, panicking on any failure.
 async fn read_file(agent: &Agent, workspace: &str, path: &str) -> String {
+    read_routed(agent, workspace, path, true).await
+}
+
+/// [`read_file`], naming `workspace` in the call when `named`, else leaving routing to find it
+/// there (the primary is looked in first: the file must not be there).
+async fn read_routed(agent: &Agent, workspace: &str, path: &str, named: bool) -> String {
+    let args = if named {
+        json!({"path": path, "workspace": workspace})
+    } else {
+        json!({"path": path})
+    };
     let reply = agent
-        .call(
-            Some("default"),
-            "read_file",
-            json!({"path": path, "workspace": workspace}),
-            |_| {},
-        )
+        .call(Some("default"), "read_file", args, |_| {})
         .await
         .unwrap_or_else(|e| panic!("read_file in `{workspace}` failed as a request: {e}"));
     let name = reply.workspace.map(|w| w.name).unwrap_or_default();
@@ -671,6 +677,8 @@ struct Ctx {
 enum Op {
     /// Monad's `read_file` of this file, of this size.
     Monad(&'static str, usize),
+    /// The same, the call naming no workspace: routing finds the folder.
+    Routed(&'static str, usize),
     /// A raw request with this mode, answered with this many bytes.
     Raw(u8, usize),
 }
@@ -680,6 +688,10 @@ impl Ctx {
         match op {
             Op::Monad(path, len) => {
                 let content = read_file(&self.agent, "bench", path).await;
+                assert_eq!(content.len(), len);
+            }
+            Op::Routed(path, len) => {
+                let content = read_routed(&self.agent, "bench", path, false).await;
                 assert_eq!(content.len(), len);
             }
             Op::Raw(mode, len) => {
@@ -713,7 +725,8 @@ impl Ctx {
 }
 
 /// Figure a: the 4 KiB read against the raw echo (the target) and, for information, the same
-/// bytes through a raw relay (two hops, like Monad's).
+/// bytes through a raw relay (two hops, like Monad's), and the read naming no workspace (routing
+/// looks in the primary, then asks the folder to run it if it has the file: one round trip).
 async fn small_round_trips(quick: bool, ctx: &Ctx, small: &str) {
     let (warmup, iters) = if quick {
         (200, 500)
@@ -725,18 +738,20 @@ async fn small_round_trips(quick: bool, ctx: &Ctx, small: &str) {
         Op::Monad("small.txt", SMALL),
         Op::Raw(MODE_ECHO, SMALL),
         Op::Raw(MODE_RELAY_STORE, SMALL),
+        Op::Routed("small.txt", SMALL),
     ];
     if let Ok(alone) = std::env::var("MONAD_BENCH_ALONE") {
         let op = match alone.as_str() {
             "monad" => ops[0],
             "echo" => ops[1],
             "relay" => ops[2],
-            other => panic!("MONAD_BENCH_ALONE={other}: monad, echo or relay, please"),
+            "routed" => ops[3],
+            other => panic!("MONAD_BENCH_ALONE={other}: monad, echo, relay or routed, please"),
         };
         return alone_for(ctx, &alone, op, warmup).await;
     }
     let stats = ctx.time(&ops, warmup, iters).await;
-    let (m, echo, relay) = (stats[0], stats[1], stats[2]);
+    let (m, echo, relay, routed) = (stats[0], stats[1], stats[2], stats[3]);
     let ratio = m.median.as_secs_f64() / echo.median.as_secs_f64();
     let p = |s: Stats| format!("{} / {}", fmt_dur(s.median), fmt_dur(s.p99));
     line(
@@ -754,6 +769,17 @@ async fn small_round_trips(quick: bool, ctx: &Ctx, small: &str) {
         &format!(
             "{:.2}x",
             m.median.as_secs_f64() / relay.median.as_secs_f64()
+        ),
+        "-",
+        "INFO",
+    );
+    line(
+        "    naming no workspace (routed)",
+        &p(routed),
+        &format!("named {}", p(m)),
+        &format!(
+            "{:.2}x",
+            routed.median.as_secs_f64() / m.median.as_secs_f64()
         ),
         "-",
         "INFO",

@@ -8,7 +8,8 @@ Usage: MONAD_CONFIG_DIR=DIR python answer_cost.py --client BIN [--workspace NAME
            [--sides monad,reference]
 
 `BIN mcp` reads the folder attached as workspace NAME (without `--workspace`, the calls name no
-workspace and routing finds the folder, as `bench_mcp.py`'s do); the reference is `node NODE_SCRIPT DIR`
+workspace and routing finds the folder, as an agent's often do; `bench_mcp.py`'s name it); the
+reference is `node NODE_SCRIPT DIR`
 on the same folder (`small.txt`, `large.txt`, `many/` as `bench_mcp.py` has them; `large`
 reads `large.txt` whole). With `--replay`, each side runs behind `replay_proxy.py`, which
 answers every call after the first from its recording: the servers do no work, so what differs
@@ -71,7 +72,7 @@ async def side(command, env, tool, arguments, calls):
 async def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--client", required=True)
-    # Left out, calls name no workspace and routing finds the folder, as bench_mcp.py's do.
+    # Left out, calls name no workspace and routing finds the folder, as an agent's often do.
     parser.add_argument("--workspace")
     parser.add_argument("--dir", required=True)
     parser.add_argument("--reference", required=True)

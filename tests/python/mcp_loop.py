@@ -2,11 +2,12 @@
 processes can be measured while it runs (`perf stat -p PID`, `perf record -p PID`): the
 per-process figures of docs/benchmarks.md (the Python SDK cases, eleventh round).
 
-Usage: MONAD_CONFIG_DIR=DIR python mcp_loop.py --client BIN --workspace NAME
+Usage: MONAD_CONFIG_DIR=DIR python mcp_loop.py --client BIN [--workspace NAME]
                                               [--case small|list] [--seconds S]
 
-`small` reads `small.txt` and `list` lists `many/` in the workspace, as `bench_mcp.py`'s folder
-has them. After 100 untimed calls it prints `starting` and the front's PID, then calls for
+Without `--workspace`, the calls name no workspace and routing finds the folder, as an agent's
+often do (`bench_mcp.py`'s name it). `small` reads `small.txt` and `list` lists `many/` in the
+workspace, as `bench_mcp.py`'s folder has them. After 100 untimed calls it prints `starting` and the front's PID, then calls for
 `seconds` (10 by default) and prints how many calls it made, the time per call and the median.
 JSON-RPC lines, blocking reads, no SDK, as `raw_mcp.py`.
 """
@@ -22,7 +23,7 @@ import time
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--client", required=True)
-    parser.add_argument("--workspace", required=True)
+    parser.add_argument("--workspace")
     parser.add_argument("--case", choices=["small", "list"], default="small")
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
