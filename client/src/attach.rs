@@ -71,9 +71,9 @@ pub struct AttachOptions {
 }
 
 impl AttachOptions {
-    /// Restricted, nothing pre-approved, every workspace tool offered. `dir` is the folder
-    /// itself, resolved (`canonicalize`): its identity is then the same whatever way it was
-    /// typed (`.`, a relative name, a symbolic link), from `attach` or from chat's `/attach`.
+    /// Restricted, nothing pre-approved, every workspace tool offered. `dir` should be the folder
+    /// itself, resolved (`canonicalize`), as `attach` and chat's `/attach` give it: its identity
+    /// is then the same whatever way it was typed (`.`, a relative name, a symbolic link).
     pub fn new(dir: PathBuf) -> AttachOptions {
         AttachOptions {
             shown_path: home_relative(&dir),
@@ -97,14 +97,15 @@ impl AttachOptions {
 /// `path` (absolute, resolved) as `~/...` when it is under the home directory, else as it is:
 /// as DESIGN.md's URIs show a folder (one user's `~` is one place), never the words typed.
 fn home_relative(path: &Path) -> String {
+    let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+    relative_to(path, home.as_deref())
+}
+
+/// [`home_relative`] with the home directory given.
+fn relative_to(path: &Path, home: Option<&Path>) -> String {
     // A home of `/` (a service account) would make every path `~/...`: no home then.
-    let home = directories::BaseDirs::new()
-        .and_then(|d| d.home_dir().canonicalize().ok())
-        .filter(|home| home.parent().is_some());
-    match home
-        .as_deref()
-        .and_then(|home| path.strip_prefix(home).ok())
-    {
+    let home = home.filter(|home| home.parent().is_some());
+    match home.and_then(|home| path.strip_prefix(home).ok()) {
         Some(rest) if rest.as_os_str().is_empty() => "~".to_owned(),
         Some(rest) => format!("~/{}", rest.to_string_lossy()),
         None => path.to_string_lossy().into_owned(),
@@ -664,7 +665,8 @@ async fn report_network(send: &mut quinn::SendStream, batch: NetworkBatch) -> st
     Ok(())
 }
 
-/// One request from the server: run a tool (after approval), or answer a probe. `bodies`: the
+/// One request from the server: run a tool (after approval), or answer a probe; a run with
+/// `if_present` is answered as a probe first, and runs only where the path is. `bodies`: the
 /// server takes large results as bodies.
 async fn handle_request(
     folder: &Folder,
@@ -693,8 +695,7 @@ async fn handle_request(
     };
     match request {
         Message::Probe { id, path, .. } => {
-            let exists = folder.sandbox.exists_async(&path).await.unwrap_or(false);
-            let _ = write_message(&mut send, &Message::Probed { id, exists }).await;
+            let _ = write_message(&mut send, &presence(folder, id, &path).await).await;
             let _ = send.finish();
         }
         Message::Run {
@@ -708,9 +709,9 @@ async fn handle_request(
             // Asked to run only where the path is: first the probe's answer; where the path is
             // not, nothing is checked, nobody is asked and nothing runs.
             if let Some(path) = if_present {
-                let exists = folder.sandbox.exists_async(&path).await.unwrap_or(false);
-                let said = write_message(&mut send, &Message::Probed { id, exists }).await;
-                if !exists || said.is_err() {
+                let answer = presence(folder, id, &path).await;
+                let said = write_message(&mut send, &answer).await;
+                if !matches!(answer, Message::Probed { exists: true, .. }) || said.is_err() {
                     let _ = send.finish();
                     return;
                 }
@@ -743,6 +744,19 @@ async fn handle_request(
             .await;
             let _ = send.finish();
         }
+    }
+}
+
+/// The answer to a probe of `path` (or the probe a `run` carries): `probed`, or an `error` when
+/// the folder could not be looked in, which the server takes as "could not be asked", not "no"
+/// (a write must not go elsewhere while the file may be here).
+async fn presence(folder: &Folder, id: u64, path: &str) -> Message {
+    match folder.sandbox.exists_async(path).await {
+        Ok(exists) => Message::Probed { id, exists },
+        Err(e) => Message::Error {
+            id,
+            error: e.to_tool_error(),
+        },
     }
 }
 
@@ -998,24 +1012,33 @@ mod tests {
 
     #[test]
     fn a_folder_under_the_home_directory_is_written_from_it() {
-        let Some(home) =
-            directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok())
-        else {
-            return;
-        };
-        assert_eq!(home_relative(&home), "~");
-        assert_eq!(home_relative(&home.join("dev/monad")), "~/dev/monad");
-        let elsewhere = std::path::Path::new("/no-home-here/proj");
-        assert_eq!(home_relative(elsewhere), "/no-home-here/proj");
-        // The options of every attach (the command's, chat's `/attach`) start from it.
+        let home = Some(Path::new("/home/ana"));
+        assert_eq!(relative_to(Path::new("/home/ana"), home), "~");
         assert_eq!(
-            AttachOptions::new(home.join("dev/monad")).shown_path,
+            relative_to(Path::new("/home/ana/dev/monad"), home),
             "~/dev/monad"
         );
-        assert_eq!(
-            AttachOptions::new(elsewhere.to_path_buf()).shown_path,
-            "/no-home-here/proj"
-        );
+        // Whole components only; elsewhere, without a home, or with `/` as the home: as it is.
+        for (path, home) in [
+            ("/home/anabel/proj", home),
+            ("/no-home-here/proj", home),
+            ("/home/ana/proj", None),
+            ("/srv/proj", Some(Path::new("/"))),
+        ] {
+            assert_eq!(relative_to(Path::new(path), home), path, "{home:?}");
+        }
+        // The options of every attach (the command's, chat's `/attach`) start from the user's.
+        let user = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+        match user.filter(|home| home.parent().is_some()) {
+            Some(home) => assert_eq!(
+                AttachOptions::new(home.join("dev/monad")).shown_path,
+                "~/dev/monad"
+            ),
+            None => assert_eq!(
+                AttachOptions::new(PathBuf::from("/srv/proj")).shown_path,
+                "/srv/proj"
+            ),
+        }
     }
 
     fn command(result: Value) -> Outcome {

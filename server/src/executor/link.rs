@@ -4,7 +4,9 @@
 //! A call is a `run` on a fresh bidirectional stream; the client answers with `progress`
 //! lines (such as "waiting for approval"), a `decided` saying who allowed or denied it, then
 //! its `result`, whose large field may follow as a raw body ([`PendingBody`]) that is relayed
-//! to the agent as it arrives. A `probe` asks whether a path exists in the folder.
+//! to the agent as it arrives. A `probe` asks whether a path exists in the folder; a `run` with
+//! `if_present` ([`run_if_present`]) carries that question, answered first, and runs only where
+//! the path is.
 //!
 //! The link is written against [`Connection`] (open a bidirectional stream) and its halves
 //! ([`SendHalf`], [`RecvHalf`]: tokio's `AsyncWrite`/`AsyncRead` plus the few stream controls
@@ -903,17 +905,22 @@ pub(crate) mod memory {
     /// Bytes a pipe holds before its writer waits.
     const PIPE: usize = 64 * 1024;
 
+    /// The codes the server's receiving halves were stopped with, in order.
+    type Stops = std::sync::Arc<std::sync::Mutex<Vec<u32>>>;
+
     /// The server's side of an in-memory connection.
     #[derive(Debug, Clone)]
     pub struct Connection {
         streams: mpsc::UnboundedSender<(DuplexStream, DuplexStream)>,
         pub(super) id: usize,
+        stops: Stops,
     }
 
     /// The client's side: the streams the server opened.
     #[derive(Debug)]
     pub struct Peer {
         streams: mpsc::UnboundedReceiver<(DuplexStream, DuplexStream)>,
+        stops: Stops,
     }
 
     /// A connection and its far end. Dropping the [`Peer`] is the client going away.
@@ -921,10 +928,21 @@ pub(crate) mod memory {
         static IDS: AtomicUsize = AtomicUsize::new(1);
         let (streams, rx) = mpsc::unbounded_channel();
         let id = IDS.fetch_add(1, Ordering::Relaxed);
-        (Connection { streams, id }, Peer { streams: rx })
+        let stops = Stops::default();
+        let peer = Peer {
+            streams: rx,
+            stops: stops.clone(),
+        };
+        (Connection { streams, id, stops }, peer)
     }
 
     impl Peer {
+        /// The codes the server stopped its streams' receiving halves with (QUIC's
+        /// `STOP_SENDING`), in order; a stream let go of is not among them.
+        pub fn stops(&self) -> Vec<u32> {
+            self.stops.lock().unwrap().clone()
+        }
+
         /// The next stream the server opened: what the server sends (`.0`, read it) and what
         /// goes back to it (`.1`, write it; drop it to end the stream). `None` once the
         /// server's side is gone.
@@ -950,7 +968,11 @@ pub(crate) mod memory {
             self.streams
                 .send((peer_reads, peer_writes))
                 .map_err(|_| StreamError::Lost)?;
-            Ok((Send::new(to_peer), Recv(Some(from_peer))))
+            let recv = Recv {
+                pipe: Some(from_peer),
+                stops: self.stops.clone(),
+            };
+            Ok((Send::new(to_peer), recv))
         }
     }
 
@@ -1025,9 +1047,13 @@ pub(crate) mod memory {
         }
     }
 
-    /// The receiving half; stopping it drops the pipe, so the peer's next write fails.
+    /// The receiving half; stopping it drops the pipe, so the peer's next write fails, and
+    /// notes the code for [`Peer::stops`].
     #[derive(Debug)]
-    pub struct Recv(Option<DuplexStream>);
+    pub struct Recv {
+        pipe: Option<DuplexStream>,
+        stops: Stops,
+    }
 
     impl AsyncRead for Recv {
         fn poll_read(
@@ -1035,7 +1061,7 @@ pub(crate) mod memory {
             cx: &mut Context<'_>,
             buf: &mut ReadBuf<'_>,
         ) -> Poll<std::io::Result<()>> {
-            match &mut self.get_mut().0 {
+            match &mut self.get_mut().pipe {
                 Some(pipe) => Pin::new(pipe).poll_read(cx, buf),
                 None => Poll::Ready(Err(gone())),
             }
@@ -1061,8 +1087,9 @@ pub(crate) mod memory {
             }
         }
 
-        fn stop(&mut self, _code: u32) {
-            self.0 = None;
+        fn stop(&mut self, code: u32) {
+            self.stops.lock().unwrap().push(code);
+            self.pipe = None;
         }
     }
 }

@@ -798,17 +798,26 @@ async fn a_read_without_workspace_runs_where_the_path_is_in_one_round_trip() {
 async fn a_folder_without_the_path_runs_nothing_and_routing_goes_on() {
     for silent in [false, true] {
         let (fx, mut peer) = Fixture::new();
+        // The primary has `docs`; the folder, the focus, is asked first.
+        let progress = Lines::default();
+        let args = json!({"path": "docs/a.md", "content": "a\n", "workspace": "primary"});
+        let written = fx
+            .executor
+            .call(&fx.session, "write_file", args, &progress)
+            .await;
+        assert!(matches!(written.outcome, Outcome::Ok { .. }), "{written:?}");
+        fx.session.set_focus(&fx.folder).unwrap();
         let output = routed_call(
             &fx,
             &mut peer,
             "list_dir",
-            json!({"path": "nowhere"}),
+            json!({"path": "docs"}),
             async |peer| {
                 let (request, _from_server, mut to_server) = next_request(peer).await;
                 let Message::Run { id, if_present, .. } = request else {
                     panic!("expected a run, got {request:?}");
                 };
-                assert_eq!(if_present.as_deref(), Some("nowhere"));
+                assert_eq!(if_present.as_deref(), Some("docs"));
                 if !silent {
                     let absent = Message::Probed { id, exists: false };
                     write_message(&mut to_server, &absent).await.unwrap();
@@ -818,19 +827,75 @@ async fn a_folder_without_the_path_runs_nothing_and_routing_goes_on() {
             None,
         )
         .await;
-        let error = error_of(&output);
-        assert_eq!(error.code, ErrorCode::NotFound, "{error:?}");
-        let said = if silent {
-            "`project` could not be asked (its client disconnected)"
-        } else {
-            "tried: primary, project"
+        assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+        assert_eq!(output.workspace.unwrap().name, "primary");
+        // Recorded where it ran, as the primary's call.
+        let log = fx.audit();
+        assert_eq!(log.len(), 2, "{log:?}");
+        assert_eq!(log[1].workspace.as_deref(), Some("primary"));
+        assert_eq!(log[1].decided_by, Decider::Trust);
+        assert!(peer.stops().is_empty(), "{:?}", peer.stops());
+    }
+}
+
+#[tokio::test]
+async fn a_read_cancelled_while_its_folder_is_asked_is_recorded_as_far_as_it_got() {
+    for said in [false, true] {
+        let (fx, mut peer) = Fixture::new();
+        let (asked_tx, asked) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+        let client = tokio::spawn(async move {
+            let (request, _from_server, mut to_server) = next_request(&mut peer).await;
+            let Message::Run { id, .. } = request else {
+                panic!("expected a run, got {request:?}");
+            };
+            if said {
+                let present = Message::Probed { id, exists: true };
+                let waiting = Message::Progress {
+                    id,
+                    message: "waiting for approval".into(),
+                };
+                write_messages(&mut to_server, &[&present, &waiting])
+                    .await
+                    .unwrap();
+            }
+            asked_tx.send(()).unwrap();
+            done.await.unwrap();
+            (peer, to_server)
+        });
+        let (tx, mut shown) = tokio::sync::mpsc::unbounded_channel();
+        let progress = Lines {
+            seen: Mutex::default(),
+            tx: Some(tx),
         };
-        assert!(error.message.contains(said), "{}", error.message);
-        // Routed nowhere: recorded without a workspace, decided by nobody.
+        let call = fx
+            .executor
+            .call(&fx.session, "stat", json!({"path": "src"}), &progress);
+        let finished = bounded("the cancel", async {
+            tokio::select! {
+                output = call => Some(output),
+                _ = async {
+                    asked.await.unwrap();
+                    if said {
+                        // The folder said it has the path: the call is on its way there.
+                        shown.recv().await;
+                    }
+                } => None,
+            }
+        })
+        .await;
+        assert!(
+            finished.is_none(),
+            "the call was still waiting: {finished:?}"
+        );
+        done_tx.send(()).unwrap();
+        let _ = bounded("the client", client).await.unwrap();
         let log = fx.audit();
         assert_eq!(log.len(), 1, "{log:?}");
-        assert_eq!(log[0].workspace, None);
-        assert_eq!(log[0].outcome, AuditOutcome::Failed(ErrorCode::NotFound));
+        assert_eq!(log[0].decision, AuditDecision::Cancelled);
+        // Not routed while only asked; the folder's once it said it has the path.
+        let workspace = said.then(|| fx.folder.clone());
+        assert_eq!(log[0].workspace, workspace, "said: {said}");
     }
 }
 
@@ -1024,6 +1089,7 @@ async fn a_folder_that_runs_the_read_before_saying_it_has_the_path_is_stopped_an
         "{}",
         error.message
     );
+    assert_eq!(peer.stops(), [reset::MALFORMED]);
 }
 
 #[tokio::test]

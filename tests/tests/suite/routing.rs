@@ -1,10 +1,10 @@
 //! Routing: which workspace runs a call (DESIGN.md, "Routing").
 //!
-//! Folders here are attached with reads pre-approved, so no prompt is involved.
+//! Folders here are attached with reads pre-approved, so no prompt is involved (the last test's
+//! has nothing pre-approved and nobody to ask: what reaches its policy is denied).
 
 use monad_client::attach::AttachEvent;
-use monad_protocol::ToolClass;
-use monad_protocol::{ErrorCode, ToolName};
+use monad_protocol::{ErrorCode, ToolClass, ToolName};
 use std::time::Duration;
 
 use monad_client::config::ClientConfig;
