@@ -422,30 +422,32 @@ pub(crate) async fn probe<C: Connection>(conn: &C, attachment: u64, path: &str) 
         .unwrap_or(Presence::Unknown(Unasked::TimedOut(PROBE_TIMEOUT)))
 }
 
-/// Runs a tool in the folder a client attached (`attachment` on its connection, `name` in the
-/// session): one stream to the client, progress relayed, the result read back; a large field
-/// of it is left on the stream as a [`PendingBody`]. A connection that drops mid-call is
-/// `workspace_disconnected`, at once. Who decided, as the client reported it, goes to `watch`
-/// as soon as it arrives.
-#[allow(clippy::too_many_arguments)]
+/// A call for an attached folder's client.
+pub(crate) struct RunRequest<'a> {
+    /// The attachment on the client's connection (the id of its `attach`).
+    pub attachment: u64,
+    /// The session the call comes from.
+    pub session: &'a str,
+    /// The folder's name in the session, for errors.
+    pub name: &'a str,
+    /// The tool.
+    pub tool: ToolName,
+    /// Its arguments.
+    pub args: Value,
+}
+
+/// Runs a tool in the folder a client attached: one stream to the client, progress relayed,
+/// the result read back; a large field of it is left on the stream as a [`PendingBody`]. A
+/// connection that drops mid-call is `workspace_disconnected`, at once. Who decided, as the
+/// client reported it, goes to `watch` as soon as it arrives.
 pub(crate) async fn run<C: Connection>(
     conn: &C,
-    attachment: u64,
-    session: &str,
-    name: &str,
-    tool: ToolName,
-    args: Value,
+    request: RunRequest<'_>,
     progress: &dyn ProgressSink,
     watch: &dyn CallWatch,
 ) -> Answer<C::Recv> {
-    let request = RunRequest {
-        attachment,
-        session,
-        tool,
-        args,
-        if_present: None,
-    };
-    let Ok((_send, recv)) = request.send(conn).await else {
+    let name = request.name;
+    let Ok((_send, recv)) = send(conn, request, None).await else {
         return Answer::failed(disconnected(name), Verdict::NOBODY);
     };
     watch.sent();
@@ -455,31 +457,21 @@ pub(crate) async fn run<C: Connection>(
 /// [`run`], only if `path` exists in the folder: the client says so first, as to a [`probe`], and
 /// runs nothing where it does not. A probe and then a run take two round trips to the client;
 /// this takes one. Until the client has said, it is a probe: the path absent, the client gone,
-/// saying something else (it is told to stop) or not saying within [`PROBE_TIMEOUT`] (it is
-/// told to stop, and withdraws the run if its answer crossed the stop), is that [`Presence`].
-/// Once it has, it is a run. So it is for tools that change nothing: a write or an edit is
-/// probed first, so that it never runs where routing would not send it.
-#[allow(clippy::too_many_arguments)]
+/// saying something else (it is told to stop) or not saying within [`PROBE_TIMEOUT`] (its stream
+/// is dropped, which stops it too), is that [`Presence`]. Once it has, it is a run. A client
+/// whose "yes" crosses the time-out may still run the call, whose answer nobody reads: so this
+/// is for tools that change nothing. A write or an edit is probed first, so that it never runs
+/// where routing would not send it.
 pub(crate) async fn run_if_present<C: Connection>(
     conn: &C,
-    attachment: u64,
-    session: &str,
-    name: &str,
-    tool: ToolName,
-    args: Value,
+    request: RunRequest<'_>,
     path: &str,
     progress: &dyn ProgressSink,
     watch: &dyn CallWatch,
 ) -> Result<Answer<C::Recv>, Presence> {
-    let request = RunRequest {
-        attachment,
-        session,
-        tool,
-        args,
-        if_present: Some(path),
-    };
+    let name = request.name;
     let asked = async {
-        let Ok((send, mut recv)) = request.send(conn).await else {
+        let Ok((send, mut recv)) = send(conn, request, Some(path)).await else {
             return Err(Presence::Unknown(Unasked::Disconnected));
         };
         match presence(read_message(&mut recv, MAX_PROBE_ANSWER).await) {
@@ -503,32 +495,25 @@ pub(crate) async fn run_if_present<C: Connection>(
     Ok(answer(recv, name, progress, watch).await)
 }
 
-/// A [`Message::Run`] to send.
-struct RunRequest<'a> {
-    attachment: u64,
-    session: &'a str,
-    tool: ToolName,
-    args: Value,
-    if_present: Option<&'a str>,
-}
-
-impl RunRequest<'_> {
-    /// Opens a stream, writes the request and finishes the stream's sending side. `Err` when the
-    /// connection is gone.
-    async fn send<C: Connection>(self, conn: &C) -> Result<(C::Send, C::Recv), ()> {
-        let (mut send, recv) = conn.open().await.map_err(drop)?;
-        let message = Message::Run {
-            id: REQUEST_ID,
-            attachment: self.attachment,
-            session: self.session.to_owned(),
-            tool: self.tool,
-            args: self.args,
-            if_present: self.if_present.map(str::to_owned),
-        };
-        write_message(&mut send, &message).await.map_err(drop)?;
-        send.finish();
-        Ok((send, recv))
-    }
+/// Opens a stream, writes `request` as a `run` (with `if_present` when given) and finishes the
+/// stream's sending side. `Err` when the connection is gone.
+async fn send<C: Connection>(
+    conn: &C,
+    request: RunRequest<'_>,
+    if_present: Option<&str>,
+) -> Result<(C::Send, C::Recv), ()> {
+    let (mut send, recv) = conn.open().await.map_err(drop)?;
+    let message = Message::Run {
+        id: REQUEST_ID,
+        attachment: request.attachment,
+        session: request.session.to_owned(),
+        tool: request.tool,
+        args: request.args,
+        if_present: if_present.map(str::to_owned),
+    };
+    write_message(&mut send, &message).await.map_err(drop)?;
+    send.finish();
+    Ok((send, recv))
 }
 
 /// The id of the one request (a run or a probe) on each stream the server opens to a client.

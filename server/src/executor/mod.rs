@@ -32,7 +32,7 @@ mod tests;
 pub use link::{Conn, PendingBody, RelayError};
 pub(crate) use record::record_network;
 
-use link::{CallWatch, disconnected};
+use link::{CallWatch, RunRequest, disconnected};
 use record::{Record, Tap, Verdict, audit_network, describe_target, record};
 use session_tools::{memory_recall, memory_store, workspaces};
 
@@ -392,16 +392,15 @@ impl Executor {
                                     known,
                                     workspace: workspace_ref(snapshot),
                                 };
-                                let answer = link::run_if_present(
-                                    &link.conn,
-                                    link.attachment,
-                                    &session.id,
-                                    &snapshot.info.name,
+                                let request = RunRequest {
+                                    attachment: link.attachment,
+                                    session: &session.id,
+                                    name: &snapshot.info.name,
                                     tool,
-                                    args.clone(),
-                                    &path,
-                                    progress,
-                                    &watch,
+                                    args: args.clone(),
+                                };
+                                let answer = link::run_if_present(
+                                    &link.conn, request, &path, progress, &watch,
                                 )
                                 .await;
                                 match answer {
@@ -542,17 +541,14 @@ impl Executor {
                 )
             }
             Target::Attached(Some(link)) => {
-                let answer = link::run(
-                    &link.conn,
-                    link.attachment,
-                    &session.id,
-                    &snapshot.info.name,
+                let request = RunRequest {
+                    attachment: link.attachment,
+                    session: &session.id,
+                    name: &snapshot.info.name,
                     tool,
                     args,
-                    progress,
-                    known,
-                )
-                .await;
+                };
+                let answer = link::run(&link.conn, request, progress, known).await;
                 self.touch(session, snapshot);
                 (answer.result, answer.body, answer.verdict)
             }
