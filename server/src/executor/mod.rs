@@ -380,39 +380,18 @@ impl Executor {
                     let mut ran = None;
                     for i in candidates {
                         let snapshot = &snapshots[i];
-                        let presence = match &snapshot.target {
-                            // Where the path would run the call at once, the client is asked
-                            // to run it only if the path is there: one round trip, not two.
-                            Target::Attached(Some(link))
-                                if link.runs_if_present
-                                    && route::may_run_where_found(tool)
-                                    && !front_asks(snapshot, gate) =>
-                            {
-                                let watch = Reached {
-                                    known,
-                                    workspace: workspace_ref(snapshot),
-                                };
-                                let request = RunRequest {
-                                    attachment: link.attachment,
-                                    session: &session.id,
-                                    name: &snapshot.info.name,
-                                    tool,
-                                    args: args.clone(),
-                                };
-                                let answer = link::run_if_present(
-                                    &link.conn, request, &path, progress, &watch,
-                                )
-                                .await;
-                                match answer {
-                                    Ok(answer) => {
-                                        self.touch(session, snapshot);
-                                        ran = Some((i, answer));
-                                        break;
-                                    }
-                                    Err(presence) => presence,
-                                }
+                        let asked = self
+                            .run_if_present(
+                                session, snapshot, tool, &args, &path, progress, gate, known,
+                            )
+                            .await;
+                        let presence = match asked {
+                            Some(Ok(answer)) => {
+                                ran = Some((i, answer));
+                                break;
                             }
-                            _ => contains(snapshot, &path).await,
+                            Some(Err(presence)) => presence,
+                            None => contains(snapshot, &path).await,
                         };
                         probes.push((i, presence));
                         if route::probing_ends(tool, presence) {
@@ -457,6 +436,48 @@ impl Executor {
             Err(error) => CallOutput::error(workspace, error),
         };
         (output, verdict)
+    }
+
+    /// Where finding `path` in `snapshot`'s workspace would run the call there at once (a
+    /// folder whose client takes it, a tool that only reads, no front asking its user first),
+    /// asks the client to run it only if the path is there: one round trip, not a probe and
+    /// then the run. `None` where that does not apply (the caller probes); else the answer, or
+    /// what the client said instead ([`link::run_if_present`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_if_present(
+        &self,
+        session: &Arc<Session>,
+        snapshot: &Snapshot,
+        tool: ToolName,
+        args: &Value,
+        path: &str,
+        progress: &dyn ProgressSink,
+        gate: Option<&dyn PermissionGate>,
+        known: &Known,
+    ) -> Option<Result<link::Answer<link::ConnRecv>, Presence>> {
+        let Target::Attached(Some(link)) = &snapshot.target else {
+            return None;
+        };
+        if !link.runs_if_present || !route::may_run_where_found(tool) || front_asks(snapshot, gate)
+        {
+            return None;
+        }
+        let watch = Reached {
+            known,
+            workspace: workspace_ref(snapshot),
+        };
+        let request = RunRequest {
+            attachment: link.attachment,
+            session: &session.id,
+            name: &snapshot.info.name,
+            tool,
+            args: args.clone(),
+        };
+        let answer = link::run_if_present(&link.conn, request, path, progress, &watch).await;
+        if answer.is_ok() {
+            self.touch(session, snapshot);
+        }
+        Some(answer)
     }
 
     /// Runs a routed call in `snapshot`'s workspace: in the primary's sandbox, or on the
