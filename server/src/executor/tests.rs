@@ -162,6 +162,17 @@ fn result(id: u64, outcome: Outcome, body: Option<Body>) -> Message {
     }
 }
 
+/// A successful result with `value`, and no body.
+fn ok_result(id: u64, value: Value) -> Message {
+    result(
+        id,
+        Outcome::Ok {
+            result: value.into(),
+        },
+        None,
+    )
+}
+
 fn error_of(output: &CallOutput) -> &ToolError {
     match &output.outcome {
         Outcome::Error { error } => error,
@@ -206,12 +217,9 @@ async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
             allowed: true,
             by: Decider::Policy,
         };
-        let answer = result(
+        let answer = ok_result(
             id,
-            Outcome::Ok {
-                result: json!({"path": "src/lib.rs", "content": "fn main() {}\n"}).into(),
-            },
-            None,
+            json!({"path": "src/lib.rs", "content": "fn main() {}\n"}),
         );
         write_messages(&mut to_server, &[&progress, &decided, &answer])
             .await
@@ -664,13 +672,7 @@ async fn a_cancelled_call_stops_the_client_stream_and_is_recorded_as_cancelled()
         ));
         // Once the server dropped the call, its answer has nowhere to go.
         cancelled_rx.await.unwrap();
-        let late = result(
-            id,
-            Outcome::Ok {
-                result: json!({"path": "src"}).into(),
-            },
-            None,
-        );
+        let late = ok_result(id, json!({"path": "src"}));
         write_message(&mut to_server, &late).await
     });
     let (tx, mut shown) = tokio::sync::mpsc::unbounded_channel();
@@ -773,13 +775,7 @@ async fn a_read_without_workspace_runs_where_the_path_is_in_one_round_trip() {
                 allowed: true,
                 by: Decider::Policy,
             };
-            let answer = result(
-                id,
-                Outcome::Ok {
-                    result: json!({"path": "only/on/laptop.txt", "content": "hi\n"}).into(),
-                },
-                None,
-            );
+            let answer = ok_result(id, json!({"path": "only/on/laptop.txt", "content": "hi\n"}));
             write_messages(&mut to_server, &[&present, &decided, &answer])
                 .await
                 .unwrap();
@@ -919,13 +915,7 @@ async fn probed_then_run(peer: &mut memory::Peer, path: &str, answer: Value) {
         panic!("expected a run, got {request:?}");
     };
     assert_eq!(if_present, None);
-    let answer = result(
-        id,
-        Outcome::Ok {
-            result: answer.into(),
-        },
-        None,
-    );
+    let answer = ok_result(id, answer);
     write_message(&mut to_server, &answer).await.unwrap();
 }
 
