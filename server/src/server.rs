@@ -1294,8 +1294,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             conn: ctx.conn.clone().into(),
             attachment: id,
             generation,
-            reports_network: ctx.minor >= wire::NETWORK_MINOR,
-            runs_if_present: ctx.minor >= wire::IF_PRESENT_MINOR,
+            minor: ctx.minor,
             kick,
         }),
     };

@@ -30,17 +30,28 @@ pub struct ClientLink {
     pub attachment: u64,
     /// Distinguishes this attachment from an earlier one of the same folder.
     pub generation: u64,
-    /// Its client reports the folder's network connections on the attach stream as they
-    /// happen (protocol minor [`monad_protocol::wire::NETWORK_MINOR`]): those a result carries
-    /// are not audited again.
-    pub reports_network: bool,
-    /// Its client takes a `run` with `if_present` (protocol minor
-    /// [`monad_protocol::wire::IF_PRESENT_MINOR`]): routing asks it to run a call only if the path
-    /// is there, rather than probing first.
-    pub runs_if_present: bool,
+    /// The protocol minor version the connection speaks: what the client understands
+    /// ([`ClientLink::reports_network`], [`ClientLink::runs_if_present`]).
+    pub minor: u32,
     /// Tells the attachment's task to end it, with the reason its client is told (another
     /// attach of the folder took over, or `monad-client detach`).
     pub kick: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl ClientLink {
+    /// Its client reports the folder's network connections on the attach stream as they
+    /// happen (protocol minor [`monad_protocol::wire::NETWORK_MINOR`]): those a result carries
+    /// are not audited again.
+    pub fn reports_network(&self) -> bool {
+        self.minor >= monad_protocol::wire::NETWORK_MINOR
+    }
+
+    /// Its client takes a `run` with `if_present` (protocol minor
+    /// [`monad_protocol::wire::IF_PRESENT_MINOR`]): routing asks it to run a call only if the
+    /// path is there, rather than probing first.
+    pub fn runs_if_present(&self) -> bool {
+        self.minor >= monad_protocol::wire::IF_PRESENT_MINOR
+    }
 }
 
 /// What the `attach` of a folder that another attach of it took over is told.
@@ -204,7 +215,7 @@ impl Session {
             .find(|w| w.info.name == name)
             .is_some_and(|w| match w.target {
                 Target::Primary(_) => true,
-                Target::Attached(link) => link.is_some_and(|link| link.reports_network),
+                Target::Attached(link) => link.as_ref().is_some_and(ClientLink::reports_network),
             })
     }
 

@@ -458,7 +458,9 @@ impl Executor {
         let Target::Attached(Some(link)) = &snapshot.target else {
             return None;
         };
-        if !link.runs_if_present || !route::may_run_where_found(tool) || front_asks(snapshot, gate)
+        if !link.runs_if_present()
+            || !route::may_run_where_found(tool)
+            || front_asks(snapshot, gate)
         {
             return None;
         }

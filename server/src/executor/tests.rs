@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use monad_protocol::frame::{self, MAX_FRAME_PAYLOAD};
 use monad_protocol::io::{read_message, write_message, write_messages};
-use monad_protocol::wire::{Body, Message, Outcome, Trust, reset};
+use monad_protocol::wire::{self, Body, Message, Outcome, Trust, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -45,11 +45,11 @@ impl Fixture {
     /// A session with one restricted folder attached through an in-memory connection, and the
     /// far end of that connection.
     fn new() -> (Fixture, memory::Peer) {
-        Fixture::with_client(true)
+        Fixture::with_client(wire::PROTOCOL_MINOR)
     }
 
-    /// [`Fixture::new`], its client taking a `run` with `if_present` or not (an older one).
-    fn with_client(runs_if_present: bool) -> (Fixture, memory::Peer) {
+    /// [`Fixture::new`], its client speaking protocol minor `minor`.
+    fn with_client(minor: u32) -> (Fixture, memory::Peer) {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(FsStore::new(dir.path()));
         let registry = Registry::new(dir.path(), store.clone(), Layers::default());
@@ -71,8 +71,7 @@ impl Fixture {
                     conn: Conn::Memory(conn),
                     attachment: ATTACHMENT,
                     generation: 1,
-                    reports_network: true,
-                    runs_if_present,
+                    minor,
                     kick,
                 }),
             },
@@ -709,7 +708,7 @@ async fn a_cancelled_call_stops_the_client_stream_and_is_recorded_as_cancelled()
 
 #[tokio::test]
 async fn a_path_is_looked_for_in_the_folder_of_an_older_client_with_a_probe() {
-    let (fx, mut peer) = Fixture::with_client(false);
+    let (fx, mut peer) = Fixture::with_client(wire::IF_PRESENT_MINOR - 1);
     // The primary workspace has no `only/on/laptop.txt`: routing asks the client, then runs.
     let output = routed_call(
         &fx,
