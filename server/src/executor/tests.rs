@@ -50,6 +50,12 @@ impl Fixture {
 
     /// [`Fixture::new`], its client speaking protocol minor `minor`.
     fn with_client(minor: u32) -> (Fixture, memory::Peer) {
+        Fixture::with(minor, Trust::Restricted)
+    }
+
+    /// [`Fixture::new`], its client speaking protocol minor `minor`, its folder attached with
+    /// `trust`.
+    fn with(minor: u32, trust: Trust) -> (Fixture, memory::Peer) {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(FsStore::new(dir.path()));
         let registry = Registry::new(dir.path(), store.clone(), Layers::default());
@@ -61,7 +67,7 @@ impl Fixture {
             Attached {
                 name: "project".into(),
                 uri: "laptop:~/project".into(),
-                trust: Trust::Restricted,
+                trust,
                 tools: ToolName::ALL.to_vec(),
                 device_id: DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap(),
                 path: "~/project".into(),
@@ -988,6 +994,37 @@ async fn a_front_that_asks_its_user_is_asked_only_for_the_folder_that_has_the_pa
     .await;
     assert_eq!(error_of(&output).code, ErrorCode::NotFound);
     assert_eq!(gate.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_fully_trusted_folder_behind_a_front_that_asks_runs_a_read_where_the_path_is_unasked() {
+    // The front's user is asked only about restricted folders: a fully trusted one is sent the
+    // read with its probe, as without a gate.
+    let (fx, mut peer) = Fixture::with(wire::PROTOCOL_MINOR, Trust::Full);
+    let gate = Allow::default();
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "read_file",
+        json!({"path": "only/on/laptop.txt"}),
+        async |peer| {
+            conditional_run(peer, async |id, mut to_server| {
+                let present = Message::Probed { id, exists: true };
+                let answer = ok_result(id, json!({"path": "only/on/laptop.txt", "content": ""}));
+                write_messages(&mut to_server, &[&present, &answer])
+                    .await
+                    .unwrap();
+            })
+            .await;
+        },
+        Some(&gate),
+    )
+    .await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+    assert_eq!(output.workspace.unwrap().name, fx.folder);
+    assert_eq!(gate.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let line = fx.only_audit_line("read_file");
+    assert_eq!(line.decision, AuditDecision::Allowed);
 }
 
 /// The scripted client takes a `run` with `if_present` and gives it to `then` with its way back.
