@@ -520,9 +520,8 @@ impl Executor {
                             }
                             let relay = |line: &str| progress.progress(line);
                             sandbox
-                                .call_with_progress(tool, args, Some(&relay))
+                                .call_for_wire(tool, args, Some(&relay))
                                 .await
-                                .map(ToolResult::from)
                                 .map_err(|e| e.to_tool_error())
                         }
                         Err(e) => Err(e),
