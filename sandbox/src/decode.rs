@@ -43,32 +43,13 @@ pub(crate) fn guess(head: &[u8]) -> Guess {
         [0xFE, 0xFF, ..] => return Guess::Text(Encoding::Utf16Be),
         _ => {}
     }
-    // UTF-16 without a mark: ASCII-range text has a NUL in every other byte, and only there.
-    let pairs = head.len() / 2;
-    if pairs >= 2 {
-        let zero_odd = head
-            .chunks_exact(2)
-            .filter(|p| p[1] == 0 && p[0] != 0)
-            .count();
-        let zero_even = head
-            .chunks_exact(2)
-            .filter(|p| p[0] == 0 && p[1] != 0)
-            .count();
-        if zero_odd * 10 >= pairs * 3 && zero_even == 0 {
-            return Guess::Text(Encoding::Utf16Le);
-        }
-        if zero_even * 10 >= pairs * 3 && zero_odd == 0 {
-            return Guess::Text(Encoding::Utf16Be);
-        }
+    if let Some(encoding) = utf16_by_its_nuls(head) {
+        return Guess::Text(encoding);
     }
     if let Some(at) = head.iter().position(|&b| b == 0) {
         return Guess::Binary(format!("it has a NUL byte (at byte {at})"));
     }
-    // Control characters besides tab, line breaks, form feed and escape: not text.
-    let controls = head
-        .iter()
-        .filter(|&&b| b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r' | 0x0c | 0x1b))
-        .count();
+    let controls = head.iter().filter(|&&b| is_control(b.into())).count();
     if controls * 20 > head.len() {
         return Guess::Binary(format!(
             "{controls} of its first {} bytes are control characters",
@@ -76,6 +57,43 @@ pub(crate) fn guess(head: &[u8]) -> Guess {
         ));
     }
     Guess::Text(Encoding::Latin1)
+}
+
+/// UTF-16 without a mark: text in the ASCII range has a NUL in every other byte, and only
+/// there. At least two such characters, at least 30% of the pairs (text mixing scripts), and
+/// the decoded text is text: no NUL, and control characters no more than in a Latin-1 file
+/// (little-endian integers have NULs in the odd bytes too). Without the last two, a six-byte
+/// file with one NUL was shown as three CJK characters.
+fn utf16_by_its_nuls(head: &[u8]) -> Option<Encoding> {
+    let pairs = head.len() / 2;
+    let zero_odd = head
+        .chunks_exact(2)
+        .filter(|p| p[1] == 0 && p[0] != 0)
+        .count();
+    let zero_even = head
+        .chunks_exact(2)
+        .filter(|p| p[0] == 0 && p[1] != 0)
+        .count();
+    let encoding = match (zero_odd, zero_even) {
+        (n, 0) if n >= 2 && n * 10 >= pairs * 3 => Encoding::Utf16Le,
+        (0, n) if n >= 2 && n * 10 >= pairs * 3 => Encoding::Utf16Be,
+        _ => return None,
+    };
+    let text = decode(&head[..pairs * 2], encoding);
+    let (mut chars, mut controls) = (0usize, 0usize);
+    for c in text.chars() {
+        if c == '\0' {
+            return None;
+        }
+        chars += 1;
+        controls += usize::from(is_control(c));
+    }
+    (controls * 20 <= chars).then_some(encoding)
+}
+
+/// A control character besides tab, the line breaks, form feed and escape: not in text.
+fn is_control(c: char) -> bool {
+    c < ' ' && !matches!(c, '\t' | '\n' | '\r' | '\x0c' | '\x1b')
 }
 
 /// Windows-1252's characters for 0x80-0x9F (where Latin-1 has C1 controls); the five bytes it
@@ -170,5 +188,28 @@ mod tests {
             Guess::Binary(why) => assert!(why.contains("control characters"), "{why}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_few_nuls_in_a_small_file_do_not_make_it_utf16() {
+        // One NUL in three pairs, and a NUL then a control character: binary, not text decoded
+        // as UTF-16 (which showed `慢c搊`, and a NUL and U+0001 to the model).
+        for bytes in [&b"ab\0cd\n"[..], b"\0\0\0\x01"] {
+            match guess(bytes) {
+                Guess::Binary(why) => assert!(why.contains("NUL byte"), "{bytes:?}: {why}"),
+                other => panic!("{bytes:?}: {other:?}"),
+            }
+        }
+        // Little-endian integers have NULs in the odd bytes, as UTF-16 text does; decoded,
+        // they are control characters.
+        let ints: Vec<u8> = (1..=40u16).flat_map(u16::to_le_bytes).collect();
+        assert!(
+            matches!(guess(&ints), Guess::Binary(_)),
+            "{:?}",
+            guess(&ints)
+        );
+        // Two characters are enough for text that is UTF-16.
+        assert_eq!(guess(b"h\0i\0"), Guess::Text(Encoding::Utf16Le));
+        assert_eq!(guess(b"\0h\0i"), Guess::Text(Encoding::Utf16Be));
     }
 }
