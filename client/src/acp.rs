@@ -73,6 +73,13 @@ impl Front {
         Ok(fresh)
     }
 
+    /// Closes the connection to the server, if there is one (see [`crate::interrupts`]).
+    async fn close(&self, reason: &str) {
+        if let Some(agent) = self.agent.lock().await.take() {
+            agent.close(reason).await;
+        }
+    }
+
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Turn>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -279,17 +286,37 @@ fn client_error(config: &ClientConfig, error: ClientError) -> Error {
 }
 
 /// Serves ACP on `output` / `input` (stdio for `monad-client acp`) until the editor closes its
-/// side.
+/// side, or `interrupted` ends first (a signal: it gives the exit status, which this returns).
+/// Either way the connection to the server is closed before this returns, so that the server
+/// ends at once a turn still running and its calls (see [`crate::interrupts`]).
 pub async fn serve(
     config: ClientConfig,
     output: impl tokio::io::AsyncWrite + Send + 'static,
     input: impl tokio::io::AsyncRead + Send + 'static,
-) -> Result<(), ClientError> {
+    interrupted: impl std::future::Future<Output = u8>,
+) -> Result<Option<u8>, ClientError> {
     let front = Arc::new(Front {
         config,
         agent: tokio::sync::Mutex::new(None),
         sessions: Mutex::default(),
     });
+    let ended = tokio::select! {
+        served = serve_front(front.clone(), output, input) => served.map(|()| None),
+        status = interrupted => Ok(Some(status)),
+    };
+    let reason = match ended {
+        Ok(Some(_)) => "the editor ended monad-client acp",
+        _ => "the editor closed its side",
+    };
+    front.close(reason).await;
+    ended
+}
+
+async fn serve_front(
+    front: Arc<Front>,
+    output: impl tokio::io::AsyncWrite + Send + 'static,
+    input: impl tokio::io::AsyncRead + Send + 'static,
+) -> Result<(), ClientError> {
     let transport = ByteStreams::new(output.compat_write(), input.compat());
     let (new, load, prompt, cancel) = (front.clone(), front.clone(), front.clone(), front);
     agent_client_protocol::Agent
@@ -356,9 +383,13 @@ pub async fn serve(
         .map_err(|e| ClientError::Protocol(format!("ACP connection: {e}")))
 }
 
-/// `monad-client acp`: ACP over this process's stdin and stdout.
-pub async fn serve_stdio(config: ClientConfig) -> Result<(), ClientError> {
-    serve(config, tokio::io::stdout(), tokio::io::stdin()).await
+/// `monad-client acp`: ACP over this process's stdin and stdout; `interrupted` ends it as in
+/// [`serve`] (SIGINT and SIGTERM, see [`crate::interrupts`]).
+pub async fn serve_stdio(
+    config: ClientConfig,
+    interrupted: impl std::future::Future<Output = u8>,
+) -> Result<Option<u8>, ClientError> {
+    serve(config, tokio::io::stdout(), tokio::io::stdin(), interrupted).await
 }
 
 // Keep the permission option ids in one place for the request and its answer.

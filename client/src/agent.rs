@@ -121,6 +121,12 @@ impl Agent {
         })
     }
 
+    /// Closes the connection and waits (briefly) until the server has been told: it cancels the
+    /// calls still running on it at once.
+    pub async fn close(&self, reason: &str) {
+        self.connection.close(reason).await;
+    }
+
     /// The user the token authenticated as.
     pub fn user(&self) -> &str {
         &self.connection.user

@@ -22,6 +22,8 @@
 //!   to the session's built-in agent on the server.
 //! - [`call`]: what `monad-client call` prints (the text a model gets, or JSON) and its exit
 //!   codes; the `tools` listing.
+//! - [`interrupts`]: SIGINT and SIGTERM for `call`, `mcp` and `acp`, which close their
+//!   connection before exiting so that the server cancels their calls at once.
 #![deny(missing_docs)]
 
 use std::path::PathBuf;
@@ -36,6 +38,7 @@ pub mod call;
 pub mod chat;
 pub mod config;
 pub mod connect;
+pub mod interrupts;
 pub mod login;
 pub mod mcp;
 pub mod printer;

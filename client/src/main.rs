@@ -14,6 +14,7 @@ use monad_client::approval::Approver;
 use monad_client::attach::{AttachOptions, attach};
 use monad_client::call;
 use monad_client::config::{ClientConfig, default_config_dir};
+use monad_client::interrupts::Interrupts;
 use monad_client::login;
 use monad_client::printer::LinesPrinter;
 use monad_client::terminal::{TerminalApprover, guard_from_setting};
@@ -632,13 +633,25 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             if let Some(w) = workspace {
                 map.insert("workspace".into(), w.into());
             }
+            let mut interrupts = Interrupts::watch().context("cannot watch for signals")?;
             let config = ClientConfig::load(&config_dir()?)?;
-            let agent = Agent::connect(&config).await?;
-            let reply = agent
-                .call(session.as_deref(), tool.as_str(), args, |p| {
-                    errln!("… {}", printable(p))
-                })
-                .await?;
+            let agent = tokio::select! {
+                agent = Agent::connect(&config) => agent?,
+                status = interrupts.next() => return Ok(ExitCode::from(status)),
+            };
+            let called = agent.call(session.as_deref(), tool.as_str(), args, |p| {
+                errln!("… {}", printable(p))
+            });
+            let reply = tokio::select! {
+                reply = called => reply?,
+                status = interrupts.next() => {
+                    // The server cancels the call at once: its prompt is withdrawn, nothing
+                    // more of it runs (`monad_client::interrupts`).
+                    agent.close("the caller interrupted the call").await;
+                    errln!("interrupted: the call is cancelled");
+                    return Ok(ExitCode::from(status));
+                }
+            };
             let printed = call::printed(tool, &reply, json);
             output::err(&printed.stderr);
             output::out(&printed.stdout)?;
@@ -658,14 +671,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp { session } => {
+            let mut interrupts = Interrupts::watch().context("cannot watch for signals")?;
             let config = ClientConfig::load(&config_dir()?)?;
-            monad_client::mcp::serve_stdio(config, session).await?;
-            Ok(ExitCode::SUCCESS)
+            let ended = monad_client::mcp::serve_stdio(config, session, interrupts.next()).await?;
+            Ok(ended.map_or(ExitCode::SUCCESS, ExitCode::from))
         }
         Command::Acp => {
+            let mut interrupts = Interrupts::watch().context("cannot watch for signals")?;
             let config = ClientConfig::load(&config_dir()?)?;
-            monad_client::acp::serve_stdio(config).await?;
-            Ok(ExitCode::SUCCESS)
+            let ended = monad_client::acp::serve_stdio(config, interrupts.next()).await?;
+            Ok(ended.map_or(ExitCode::SUCCESS, ExitCode::from))
         }
         Command::History(command) => history(command).await,
         Command::Chat {

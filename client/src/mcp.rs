@@ -90,6 +90,15 @@ impl AgentBackend {
     }
 }
 
+impl AgentBackend {
+    /// Closes the connection to the server, if there is one (see [`crate::interrupts`]).
+    pub async fn close(&self, reason: &str) {
+        if let Some(agent) = self.agent.lock().await.take() {
+            agent.close(reason).await;
+        }
+    }
+}
+
 /// A client failure outside any tool, as a sentence for a model and its user.
 fn to_tool_error(config: &ClientConfig, error: ClientError) -> ToolError {
     match error {
@@ -221,29 +230,46 @@ impl Backend for AgentBackend {
     }
 }
 
-/// Serves MCP on `transport` (stdio for `monad-client mcp`) until the host closes it. `session`
+/// Serves MCP on `transport` (stdio for `monad-client mcp`) until the host closes it, or
+/// `interrupted` ends first (a signal: it gives the exit status, which this returns). `session`
 /// is the session used when the host's `initialize` names none in `_meta.sessionId` (`None`: the
-/// server's default for this device).
+/// server's default for this device). Either way the connection to the server is closed before
+/// this returns, so that the server cancels at once what is still running (see
+/// [`crate::interrupts`]); after the host closed its input, the answers to calls already made
+/// are still written for up to 5 s first (rmcp's drain), as a host that closes its input and
+/// then reads may expect.
 pub async fn serve<T, E, A>(
     config: ClientConfig,
     session: Option<String>,
     transport: T,
-) -> Result<(), ClientError>
+    interrupted: impl std::future::Future<Output = u8>,
+) -> Result<Option<u8>, ClientError>
 where
     T: IntoTransport<RoleServer, E, A>,
     E: std::error::Error + Send + Sync + 'static,
 {
     let backend = Arc::new(AgentBackend::new(config));
-    let front = McpFront::new(backend, session);
-    let running = front
-        .serve(transport)
-        .await
-        .map_err(|e| ClientError::Protocol(format!("MCP initialization failed: {e}")))?;
-    running
-        .waiting()
-        .await
-        .map_err(|e| ClientError::Protocol(format!("the MCP service stopped: {e}")))?;
-    Ok(())
+    let front = McpFront::new(backend.clone(), session);
+    let served = async {
+        let running = front
+            .serve(transport)
+            .await
+            .map_err(|e| ClientError::Protocol(format!("MCP initialization failed: {e}")))?;
+        running
+            .waiting()
+            .await
+            .map_err(|e| ClientError::Protocol(format!("the MCP service stopped: {e}")))
+    };
+    let ended = tokio::select! {
+        served = served => served.map(|_| None),
+        status = interrupted => Ok(Some(status)),
+    };
+    let reason = match ended {
+        Ok(Some(_)) => "the MCP host ended monad-client mcp",
+        _ => "the MCP host closed its side",
+    };
+    backend.close(reason).await;
+    ended
 }
 
 /// `monad-client mcp`: MCP over this process's stdin and stdout. When both are pipes (as hosts
@@ -251,9 +277,21 @@ where
 /// file description, rather than through the blocking pool, a thread hand-off per message each
 /// way; otherwise (a terminal, a file) through the blocking pool. The answers' pipe grows when
 /// an answer does not fit ([`GrowingPipe`]).
-pub async fn serve_stdio(config: ClientConfig, session: Option<String>) -> Result<(), ClientError> {
+/// `interrupted` ends it as in [`serve`] (`monad-client mcp`: SIGINT and SIGTERM, see
+/// [`crate::interrupts`]).
+pub async fn serve_stdio(
+    config: ClientConfig,
+    session: Option<String>,
+    interrupted: impl std::future::Future<Output = u8>,
+) -> Result<Option<u8>, ClientError> {
     let (read, write) = rmcp::transport::stdio_pipes();
-    serve(config, session, (read, GrowingPipe::new(write))).await
+    serve(
+        config,
+        session,
+        (read, GrowingPipe::new(write)),
+        interrupted,
+    )
+    .await
 }
 
 /// The capacity [`GrowingPipe`] asks for: Linux's default `/proc/sys/fs/pipe-max-size`, the

@@ -510,10 +510,13 @@ async fn handle_connection(
     // Cancelled when the connection ends: what is still running for it stops there.
     let ended = tokio_util::sync::CancellationToken::new();
     let _ending = ended.clone().drop_guard();
-    loop {
+    let why = loop {
         tokio::select! {
             accepted = conn.accept_bi() => {
-                let Ok((send, recv)) = accepted else { break };
+                let (send, recv) = match accepted {
+                    Ok(stream) => stream,
+                    Err(e) => break e,
+                };
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
                     // Over the per-connection bound: refuse this request, keep the connection.
                     let mut send = send;
@@ -557,11 +560,33 @@ async fn handle_connection(
                 return info!(%remote, %user, ?role, "disconnected (server shutting down)");
             }
         }
-    }
+    };
     ended.cancel();
     streams.close();
     streams.wait().await;
-    info!(%remote, %user, ?role, "disconnected");
+    info!(%remote, %user, ?role, "disconnected: {}", disconnected_because(&why));
+}
+
+/// Why a connection ended, for the log: a peer that closed it says why (`monad-client call`
+/// interrupted, an attach detached), one that vanished is noticed by the time-out.
+fn disconnected_because(error: &quinn::ConnectionError) -> String {
+    match error {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            let reason = String::from_utf8_lossy(&close.reason);
+            format!(
+                "closed by the peer ({})",
+                monad_protocol::text::printable(if reason.is_empty() {
+                    "no reason given"
+                } else {
+                    &reason
+                })
+            )
+        }
+        quinn::ConnectionError::TimedOut => {
+            "nothing heard from the peer for the idle time-out".into()
+        }
+        other => other.to_string(),
+    }
 }
 
 /// Reads a request of at most `max` bytes, within `request_read_timeout` of now. `None` when

@@ -455,6 +455,65 @@ async fn new_sessions_get_fresh_ids_load_replays_and_a_meta_session_id_resumes_w
     );
 }
 
+/// An editor that ends `monad-client acp` with a signal mid-turn: the front closes its
+/// connection, so the server ends the turn at once (its model stream is let go), not when the
+/// connection times out (about 8 s) with the turn, and any call it makes, running for nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_by_a_signal_mid_turn_it_closes_its_connection_and_the_turn_ends_at_once() {
+    let provider = ScriptedProvider::start(vec![Reply::Hang {
+        text: vec!["Working on it".into()],
+    }])
+    .await;
+    let server = server_for(&provider).await;
+    let dir = tempfile::tempdir().expect("config dir");
+    let mut child = acp_command(&server, dir.path())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("monad-client acp starts");
+    let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
+    let transport = ByteStreams::new(
+        child.stdin.take().unwrap().compat_write(),
+        child.stdout.take().unwrap().compat(),
+    );
+    let (text_tx, mut text) = tokio::sync::mpsc::unbounded_channel();
+    let conversation = agent_client_protocol::Client
+        .v1()
+        .name("monad-tests")
+        .on_receive_notification(
+            async move |n: SessionNotification, _cx| {
+                if matches!(n.update, SessionUpdate::AgentMessageChunk(_)) {
+                    let _ = text_tx.send(());
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_with(transport, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            cx.send_request(resume("default")).block_task().await?;
+            let _turn = cx.send_request(prompt("default", "long task"));
+            within(STEP, "the first text", text.recv()).await;
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signalled");
+            // The turn's stream at the provider is let go well before the connection's
+            // time-out could have told the server.
+            within(
+                monad_protocol::pin::IDLE_TIMEOUT / 2,
+                "the turn to end",
+                provider.wait_for_abandoned(1),
+            )
+            .await;
+            Ok(())
+        });
+    // The conversation ends with the front; what it says about it does not matter here.
+    let _ = within(STEP, "the conversation", conversation).await;
+    let status = within(STEP, "monad-client acp to exit", child.wait())
+        .await
+        .expect("reaped");
+    assert_eq!(status.code(), Some(143), "{status}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_mid_turn_answers_cancelled_and_keeps_what_was_said() {
     let provider = ScriptedProvider::start(vec![Reply::Hang {

@@ -333,6 +333,78 @@ async fn sigterm_detaches_like_ctrl_c_and_a_call_waiting_on_the_folder_fails_at_
     assert!(now.contains(&("lap".to_owned(), false)), "{now:?}");
 }
 
+/// The attack: an agent's `monad-client call` is interrupted (Ctrl-C) while the folder's owner
+/// is asked about it, and the owner approves a moment later. The call's process used to die
+/// without a word to the server, which noticed only when the connection timed out (about 8 s),
+/// so the prompt stayed up and an approval still ran the write for a caller that was gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_call_closes_its_connection_and_its_prompt_is_withdrawn_at_once() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(data.path(), &[("RUST_LOG", "monad_server=info")]).await;
+    let config = tempfile::tempdir().unwrap();
+    let token = server.first_token.clone().unwrap();
+    server.client_config(&token).save(config.path()).unwrap();
+    let laptop = folder(&[]);
+    let mut cmd = command("monad-client");
+    cmd.arg("attach")
+        .arg(laptop.path())
+        .args(["--name", "lap", "--prompt-timeout", "600"])
+        .env("MONAD_CONFIG_DIR", config.path());
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("attached ", 0).await;
+    let caller = command("monad-client")
+        .args(["call", "write_file", "--workspace", "lap", "--args"])
+        .arg(r#"{"path": "new.txt", "content": "x"}"#)
+        .env("MONAD_CONFIG_DIR", config.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let at = pty.wait_for("new.txt", at).await;
+    let pid = nix::unistd::Pid::from_raw(caller.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = within(
+        STEP,
+        "the interrupted call to exit",
+        caller.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("interrupted: the call is cancelled"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Withdrawn because the caller closed its connection, well before the connection's
+    // time-out could have told the server.
+    within(
+        monad_protocol::pin::IDLE_TIMEOUT / 2,
+        "the prompt to be withdrawn",
+        pty.wait_for("withdrawn", at),
+    )
+    .await;
+    // The server logs why: the caller closed the connection, not a time-out.
+    within(
+        STEP,
+        "the server's line for the caller's connection",
+        async {
+            while !server.stderr().lines().any(|l| {
+                l.contains("disconnected: closed by the peer")
+                    && l.contains("the caller interrupted the call")
+            }) {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    // A key pressed now answers nothing: the write never runs.
+    pty.send(b"y");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!laptop.path().join("new.txt").exists());
+}
+
 async fn status_of(config: &Path) -> Vec<(String, bool)> {
     workspace_names(&status(config).await)
 }

@@ -371,9 +371,9 @@ async fn mcp_over_stdio_large_read_arrives_whole() {
 }
 
 /// Writes a JSON-RPC request to `monad-client mcp` and reads lines until its answer.
-async fn ask(
+async fn ask<R: tokio::io::AsyncBufRead + Unpin>(
     requests: &mut tokio::process::ChildStdin,
-    answers: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    answers: &mut tokio::io::Lines<R>,
     id: u64,
     method: &str,
     params: Value,
@@ -561,6 +561,76 @@ async fn approval_progress_and_cancel(via: Via) {
         .await
         .expect("withdrawn");
     let _ = host.client.cancel().await;
+}
+
+/// The attack: a host ends `monad-client mcp` (SIGTERM, as the MCP SDKs do when they shut down
+/// and the server has not exited) while a call waits for the folder's owner. The process used
+/// to die without a word to the server, which noticed when the connection timed out (about
+/// 8 s): until then the prompt stayed up, and an approval ran a call for a host that was gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_the_prompt() {
+    for signal in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
+        let (server, _http) = server().await;
+        let (asked_tx, mut asked) = mpsc::unbounded_channel();
+        let (withdrawn_tx, mut withdrawn) = mpsc::unbounded_channel();
+        let approver = Hanging {
+            asked: asked_tx,
+            withdrawn: withdrawn_tx,
+        };
+        let dir = folder(&[("notes.txt", "x\n")]);
+        let _attached = Attachment::start(
+            &server.client_config(),
+            attach_options(dir.path(), "laptop"),
+            Some(Arc::new(approver)),
+        )
+        .await;
+        let config = saved_config(&server.client_config());
+        let mut front = monad_tests::command("monad-client")
+            .arg("mcp")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .env("MONAD_CONFIG_DIR", config.path())
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("monad-client mcp starts");
+        let mut requests = front.stdin.take().expect("its standard input");
+        let mut answers = tokio::io::BufReader::new(front.stdout.take().expect("its output"));
+        let init = json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "signal", "version": "1"},
+        });
+        let mut lines = tokio::io::AsyncBufReadExt::lines(&mut answers);
+        let _ = ask(&mut requests, &mut lines, 1, "initialize", init).await;
+        let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "read_file", "arguments": {"path": "notes.txt", "workspace": "laptop"}}});
+        tokio::io::AsyncWriteExt::write_all(&mut requests, format!("{call}\n").as_bytes())
+            .await
+            .expect("the call is written");
+        within(STEP, "the approval prompt", asked.recv())
+            .await
+            .expect("asked");
+        let pid = nix::unistd::Pid::from_raw(front.id().expect("running") as i32);
+        nix::sys::signal::kill(pid, signal).expect("signalled");
+        let status = within(STEP, "monad-client mcp to exit", front.wait())
+            .await
+            .expect("reaped");
+        assert_eq!(
+            status.code(),
+            Some(128 + signal as i32),
+            "{signal}: {status}"
+        );
+        // Withdrawn because the front closed its connection, well before the connection's
+        // time-out could have told the server.
+        within(
+            monad_protocol::pin::IDLE_TIMEOUT / 2,
+            "the prompt to be withdrawn",
+            withdrawn.recv(),
+        )
+        .await
+        .expect("withdrawn");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
