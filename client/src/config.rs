@@ -125,12 +125,30 @@ impl ClientConfig {
                 ClientError::Config(format!("{}: {e}", path.display()))
             }
         })?;
-        let config: ClientConfig = toml::from_str(&text)
-            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
-        normalize_fingerprint(&config.fingerprint)
-            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
-        check_addresses(&config.addresses())
-            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?;
+        // `PATH:LINE: what`, the line of a TOML mistake from its span, on one line.
+        let in_file = |line: Option<usize>, message: &str| {
+            let at = match line {
+                Some(line) => format!("{}:{line}", path.display()),
+                None => path.display().to_string(),
+            };
+            ClientError::Config(format!("{at}: {}", message.trim()))
+        };
+        let config: ClientConfig = toml::from_str(&text).map_err(|e: toml::de::Error| {
+            let line = e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+            in_file(line, e.message())
+        })?;
+        // These say `config: ...` themselves: their message is taken, not their prefix.
+        let checked = |e: ClientError| match e {
+            ClientError::Config(message) => in_file(None, &message),
+            other => other,
+        };
+        normalize_fingerprint(&config.fingerprint).map_err(checked)?;
+        check_addresses(&config.addresses()).map_err(checked)?;
+        if let Some(limits) = &config.limits {
+            limits.check().map_err(|message| in_file(None, &message))?;
+        }
         Ok(config)
     }
 
@@ -267,6 +285,41 @@ mod tests {
         assert_eq!(normalize_fingerprint(&colons.join(":")).unwrap(), hex);
         assert!(normalize_fingerprint("abc").is_err());
         assert!(normalize_fingerprint(&"zz".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn mistakes_in_the_file_say_where_once_on_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig::new("127.0.0.1:4433", "mnd_x", &"ab".repeat(32)).unwrap();
+        config.save(dir.path()).unwrap();
+        let path = dir.path().join("config.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let next = text.lines().count() + 1;
+        let cases = [
+            (format!("{text}garbage = = \n"), format!(":{next}: ")),
+            (
+                format!("{text}[limits]\nread_max_byts = 5\n"),
+                format!(":{}: ", next + 1),
+            ),
+            (
+                format!("{text}[limits]\ncommand_max_timeout_ms = 5\n"),
+                ": `limits.".to_owned(),
+            ),
+            (
+                text.replace(&"ab".repeat(32), "nope"),
+                ": `nope` is not".to_owned(),
+            ),
+        ];
+        for (written, wanted) in cases {
+            std::fs::write(&path, &written).unwrap();
+            let shown = ClientConfig::load_any(dir.path()).unwrap_err().to_string();
+            assert!(
+                shown.starts_with(&format!("config: {}{wanted}", path.display())),
+                "{shown}"
+            );
+            assert!(!shown.contains('\n'), "one line: {shown}");
+            assert_eq!(shown.matches("config:").count(), 1, "{shown}");
+        }
     }
 
     #[test]

@@ -115,8 +115,8 @@ enum Command {
         /// Never prompt: anything not pre-approved is denied.
         #[arg(long)]
         non_interactive: bool,
-        /// Seconds a prompt waits before it denies.
-        #[arg(long, default_value_t = 120)]
+        /// Seconds a prompt waits before it denies (2 to 604800, a week).
+        #[arg(long, default_value_t = 120, value_parser = prompt_seconds())]
         prompt_timeout: u64,
         /// Make this folder the session's focus: an agent's calls that name no workspace try
         /// it first (until it is detached by name, or another folder takes the focus; it stays
@@ -201,8 +201,9 @@ enum Command {
         /// operator did not list in `llm.allowed_base_urls`.
         #[arg(long)]
         base_url: Option<String>,
-        /// Seconds an approval prompt of a folder attached with /attach waits before it denies.
-        #[arg(long, default_value_t = 120)]
+        /// Seconds an approval prompt of a folder attached with /attach waits before it denies
+        /// (2 to 604800, a week).
+        #[arg(long, default_value_t = 120, value_parser = prompt_seconds())]
         prompt_timeout: u64,
     },
     /// List your sessions (* marks this device's current session), start a new one, or switch
@@ -402,6 +403,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--prompt-timeout`'s seconds: at least 2, so that a prompt outlasts the guard that ignores
+/// keys typed just before it appeared (`terminal::PROMPT_GUARD`), and at most a week, so that
+/// the deadline is a time the clock can hold (a larger one overflowed it at the first prompt).
+fn prompt_seconds() -> clap::builder::RangedU64ValueParser {
+    clap::value_parser!(u64).range(2..=7 * 24 * 3600)
+}
+
 /// Exits with clap's usage error (status 2) for `call`: the message, then how `call` is used.
 fn call_usage_error(kind: clap::error::ErrorKind, message: impl std::fmt::Display) -> ! {
     let mut cli = Cli::command();
@@ -509,7 +517,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     ClassArg::Exec => ToolClass::Exec,
                 })
                 .collect();
-            options.prompt_timeout = Duration::from_secs(prompt_timeout.max(1));
+            options.prompt_timeout = Duration::from_secs(prompt_timeout);
             options.focus = focus;
             let (stop, stopping) = tokio::sync::watch::channel(false);
             options.stop = Some(stopping);
@@ -693,7 +701,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let options = monad_client::chat::ChatOptions {
                 session,
                 prompt: monad_client::agent::PromptOptions { model, base_url },
-                prompt_timeout: Duration::from_secs(prompt_timeout.max(1)),
+                prompt_timeout: Duration::from_secs(prompt_timeout),
                 guard: guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref()),
             };
             monad_client::chat::run(config, options).await?;

@@ -54,6 +54,44 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// Checks that the limits can be used together: each bound at least 1 (a zero would cut
+    /// every result to nothing; `diff_max_bytes` may be 0, no diff shown) and the default
+    /// command time limit within the longest a caller may ask for (otherwise every
+    /// `run_command` that gives none would be refused, blaming an argument it never gave).
+    /// The error names the keys.
+    pub fn check(&self) -> Result<(), String> {
+        let at_least_one = [
+            ("read_max_bytes", self.read_max_bytes),
+            ("read_default_lines", self.read_default_lines),
+            ("list_max_entries", self.list_max_entries as u64),
+            ("list_max_depth", u64::from(self.list_max_depth)),
+            ("search_max_results", self.search_max_results as u64),
+            ("search_max_line_chars", self.search_max_line_chars as u64),
+            ("glob_max_results", self.glob_max_results as u64),
+            ("write_max_bytes", self.write_max_bytes),
+            ("output_max_bytes", self.output_max_bytes as u64),
+            (
+                "command_default_timeout_ms",
+                self.command_default_timeout_ms,
+            ),
+            ("command_max_timeout_ms", self.command_max_timeout_ms),
+        ];
+        if let Some((key, _)) = at_least_one.iter().find(|(_, value)| *value == 0) {
+            return Err(format!("`limits.{key}` is 0; it must be at least 1"));
+        }
+        if self.command_default_timeout_ms > self.command_max_timeout_ms {
+            return Err(format!(
+                "`limits.command_default_timeout_ms` ({}) is above `limits.command_max_timeout_ms` \
+                 ({}): a command that gives no time limit gets the default, which must be one a \
+                 caller may ask for",
+                self.command_default_timeout_ms, self.command_max_timeout_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// How `run_command` confines the programs it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -188,6 +226,35 @@ impl Default for ExecPolicy {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn limits_that_cannot_work_together_are_named() {
+        use super::Limits;
+        assert_eq!(Limits::default().check(), Ok(()));
+        let zero = Limits {
+            list_max_entries: 0,
+            ..Limits::default()
+        };
+        assert!(
+            zero.check()
+                .unwrap_err()
+                .contains("`limits.list_max_entries` is 0")
+        );
+        let no_diff = Limits {
+            diff_max_bytes: 0,
+            ..Limits::default()
+        };
+        assert_eq!(no_diff.check(), Ok(()));
+        let short_max = Limits {
+            command_max_timeout_ms: 1000,
+            ..Limits::default()
+        };
+        let e = short_max.check().unwrap_err();
+        assert!(
+            e.contains("command_default_timeout_ms` (120000) is above"),
+            "{e}"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -668,7 +668,10 @@ impl Layers {
             None => toml::Table::new(),
         };
         let env = env_layer(vars)?;
-        Ok(Layers { global, env })
+        let layers = Layers { global, env };
+        // What each layer sets may be fine alone and not together (`limits` bounds).
+        layers.merge(None)?;
+        Ok(layers)
     }
 
     /// Puts `base` (the embedding program's own settings) under every layer: files and the
@@ -704,13 +707,16 @@ impl Layers {
             deep_merge(&mut merged, session);
         }
         deep_merge(&mut merged, self.env.clone());
-        toml::Value::Table(merged)
+        let together = |message: String| ConfigError {
+            source_name: "the configuration (its files and MONAD_* variables together)".into(),
+            line: None,
+            message,
+        };
+        let settings: Settings = toml::Value::Table(merged)
             .try_into()
-            .map_err(|e: toml::de::Error| ConfigError {
-                source_name: "merged configuration".into(),
-                line: None,
-                message: e.message().to_owned(),
-            })
+            .map_err(|e: toml::de::Error| together(e.message().to_owned()))?;
+        settings.limits.check().map_err(together)?;
+        Ok(settings)
     }
 }
 
@@ -1060,6 +1066,36 @@ mod tests {
             .session(Some(("s.toml", "[exec]\nenv = 3\n")))
             .unwrap_err();
         assert_eq!((e.source_name.as_str(), e.line), ("s.toml", Some(2)));
+    }
+
+    #[test]
+    fn limits_that_cannot_work_together_stop_the_start_whichever_layers_set_them() {
+        let e = Layers::new(
+            Some(("c.toml", "[limits]\ncommand_max_timeout_ms = 1000\n")),
+            vec![],
+        )
+        .unwrap_err();
+        assert!(e.message.contains("command_default_timeout_ms"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("files and MONAD_* variables together"),
+            "{e}"
+        );
+        // Each layer fine alone: the default from the file, the maximum from the environment.
+        let e = Layers::new(
+            Some(("c.toml", "[limits]\ncommand_default_timeout_ms = 5000\n")),
+            vars(&[("MONAD_LIMITS_COMMAND_MAX_TIMEOUT_MS", "4000")]),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("(5000) is above"), "{e}");
+        let e = Layers::new(None, vars(&[("MONAD_LIMITS_LIST_MAX_ENTRIES", "0")])).unwrap_err();
+        assert!(e.message.contains("`limits.list_max_entries` is 0"), "{e}");
+        // A session's file is checked with the layers it sits between.
+        let layers = Layers::new(None, vec![]).unwrap();
+        let e = layers
+            .session(Some(("s.toml", "[limits]\ncommand_max_timeout_ms = 10\n")))
+            .unwrap_err();
+        assert!(e.message.contains("command_default_timeout_ms"), "{e}");
     }
 
     #[test]

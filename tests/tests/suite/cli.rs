@@ -285,6 +285,21 @@ async fn options_go_before_or_after_the_folder() {
         "{}",
         text(&out.stderr)
     );
+    // A prompt time-out the clock cannot hold (it overflowed at the first prompt, a panic), or
+    // one shorter than the guard against keys typed early: refused before anything starts.
+    for seconds in ["18446744073709551615", "604801", "0", "1"] {
+        for command in [&["attach", dir][..], &["chat"]] {
+            let mut args = command.to_vec();
+            args.extend(["--prompt-timeout", seconds]);
+            let out = client(config.path(), &args).await;
+            assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
+            assert!(
+                text(&out.stderr).contains("is not in 2..=604800"),
+                "{args:?}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
