@@ -53,6 +53,9 @@ pub struct ApprovalRequest {
     /// For `process_write` and `process_kill`: the background process the call acts on, as this
     /// folder's process table has it (its argv and directory), when it is still there.
     pub process: Option<ProcessInfo>,
+    /// For commands: where the program runs from, in words ([`ProgramSite::shown`]): the prompt
+    /// shows it beside the command, since a name like `ls` may be a file in the folder.
+    pub program: Option<String>,
     /// For commands: the network they get, in words ([`monad_sandbox::ExecPolicy::network_summary`]).
     pub network: String,
     /// For commands: the time-out that applies when the call gives none, in milliseconds.
@@ -230,10 +233,17 @@ impl Rule {
                     ProgramSite::Outside(path) => {
                         format!("{exactly}, `{program}` being {}", printable(path))
                     }
-                    ProgramSite::Workspace => format!(
-                        "{exactly}; `{program}` is a file in this workspace, so this covers \
-                         whatever that file holds when it runs"
-                    ),
+                    ProgramSite::Workspace(path) => {
+                        let found = if printable(path) == program {
+                            String::new()
+                        } else {
+                            format!(" ({})", printable(path))
+                        };
+                        format!(
+                            "{exactly}; `{program}`{found} is a file in this workspace, so this \
+                             covers whatever that file holds when it runs"
+                        )
+                    }
                     ProgramSite::Other => exactly.into(),
                 }
             }
@@ -600,7 +610,10 @@ mod tests {
                 },
                 "{name}"
             );
-            for site in [ProgramSite::Workspace, ProgramSite::Other] {
+            for site in [
+                ProgramSite::Workspace("./run.sh".into()),
+                ProgramSite::Other,
+            ] {
                 assert!(
                     matches!(
                         Rule::of(ToolName::RunCommand, &args(name), &site),
@@ -710,7 +723,11 @@ mod tests {
         }
         // The same argv, its program now found in the workspace (a new .venv/bin/sh).
         assert_eq!(
-            p.check("s", run, &Rule::of(run, &a, &ProgramSite::Workspace)),
+            p.check(
+                "s",
+                run,
+                &Rule::of(run, &a, &ProgramSite::Workspace("./a".into()))
+            ),
             None
         );
         let tar = json!({"argv": ["tar", "-cf", "out.tar", "a.txt"]});
@@ -802,12 +819,22 @@ mod tests {
         let scope = Rule::of(
             ToolName::RunCommand,
             &json!({"argv": ["./test.sh"]}),
-            &ProgramSite::Workspace,
+            &ProgramSite::Workspace("./test.sh".into()),
         )
         .scope("s1");
         assert!(
             scope.contains("exactly this command")
                 && scope.contains("`./test.sh` is a file in this workspace"),
+            "{scope}"
+        );
+        let scope = Rule::of(
+            ToolName::RunCommand,
+            &json!({"argv": ["ls", "-l"]}),
+            &ProgramSite::Workspace(".venv/bin/ls".into()),
+        )
+        .scope("s1");
+        assert!(
+            scope.contains("`ls` (.venv/bin/ls) is a file in this workspace"),
             "{scope}"
         );
     }

@@ -898,6 +898,7 @@ async fn run(
                     target: target.clone(),
                     diff,
                     creates,
+                    program: (tool == ToolName::RunCommand).then(|| site.shown()),
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
                     scope: rule.scope(session),

@@ -2,7 +2,8 @@
 //! of its pager ([`page`]). [`crate::terminal`] only prints what these return.
 //!
 //! A prompt shows everything that decides what the call does: for `run_command` the argv
-//! quoted as a POSIX shell would need it ([`shell_words`]), the working directory, the time-out
+//! quoted as a POSIX shell would need it ([`shell_words`]), where its program runs from (a name
+//! like `ls` may be a file in the folder), the working directory, the time-out
 //! (requested, or the default that applies), `background` and `background_after_ms`, the
 //! network the command gets, and its standard input; for a write or an edit the diff; for
 //! `process_write` the process, the program it runs (argv, directory, network: who reads the
@@ -83,6 +84,9 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
     match r.tool {
         ToolName::RunCommand => {
             field("command", r.target.clone());
+            if let Some(program) = &r.program {
+                field("runs", program.clone());
+            }
             field(
                 "directory",
                 printable(text("cwd").unwrap_or(".")).into_owned(),
@@ -302,6 +306,7 @@ mod tests {
             diff: diff.map(str::to_owned),
             creates: Vec::new(),
             process: None,
+            program: (tool == ToolName::RunCommand).then(|| "/usr/bin/cargo".into()),
             network: "no network".into(),
             default_timeout_ms: 120_000,
             scope: "every read in this workspace".into(),
@@ -338,6 +343,7 @@ mod tests {
         let shown = text(&prompt);
         for part in [
             "$ sh",
+            "runs         /usr/bin/cargo",
             "directory    sub",
             "time-out     5 s (requested)",
             "background   after 1.5 s",

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, PermissionsExt};
+use monad_protocol::text::printable;
 use monad_sandbox::Sandbox;
 use monad_sandbox::exec::{SYSTEM_READ_DIRS, command_path};
 
@@ -33,9 +34,10 @@ pub enum ProgramSite {
     /// Found at this path, in a directory commands may read but not write, outside the
     /// workspace: no call can change what it is.
     Outside(String),
-    /// In the workspace: a path into it, or a name its toolchain directories (`.venv/bin`,
-    /// `node_modules/.bin`, ...) hold. A call that writes files can change what it does.
-    Workspace,
+    /// In the workspace, at this path (as given, or where a name was found: its toolchain
+    /// directories, `.venv/bin`, `node_modules/.bin`, ..., relative to the root). A call that
+    /// writes files can change what it does.
+    Workspace(String),
     /// Anywhere else, or not known: a directory commands may write, a path the sandbox cannot
     /// run, a program not found.
     Other,
@@ -45,11 +47,8 @@ pub enum ProgramSite {
 pub fn locate(sandbox: &Sandbox, program: &str) -> ProgramSite {
     let places = Places::of(sandbox);
     if program.contains('/') {
-        if !program.starts_with('/') {
-            return ProgramSite::Workspace;
-        }
-        if sandbox.jail().resolve(program).is_ok() {
-            return ProgramSite::Workspace;
+        if !program.starts_with('/') || sandbox.jail().resolve(program).is_ok() {
+            return ProgramSite::Workspace(program.to_owned());
         }
         return places.outside(Path::new(program));
     }
@@ -69,7 +68,8 @@ pub fn locate(sandbox: &Sandbox, program: &str) -> ProgramSite {
                 .symlink_metadata(rel.join(program))
                 .is_ok()
             {
-                return ProgramSite::Workspace;
+                let found = rel.join(program).to_string_lossy().into_owned();
+                return ProgramSite::Workspace(found);
             }
             continue;
         }
@@ -95,6 +95,23 @@ pub fn locate(sandbox: &Sandbox, program: &str) -> ProgramSite {
         }
     }
     ProgramSite::Other
+}
+
+impl ProgramSite {
+    /// Where `program` runs from, in words, for the approval prompt (escaped: safe to print).
+    pub fn shown(&self) -> String {
+        match self {
+            ProgramSite::Outside(path) => printable(path).into_owned(),
+            ProgramSite::Workspace(path) => format!(
+                "{} in this folder: a file an agent can write, so it runs whatever that file \
+                 holds then",
+                printable(path)
+            ),
+            ProgramSite::Other => "not from a system directory commands can only read (a \
+                                   directory they may write, or not found)"
+                .into(),
+        }
+    }
 }
 
 /// The directories that decide a site.
@@ -173,19 +190,32 @@ mod tests {
             locate(&sb, "ls")
         );
         assert!(matches!(locate(&sb, "/bin/ls"), ProgramSite::Outside(_)));
-        assert_eq!(locate(&sb, "./test.sh"), ProgramSite::Workspace);
-        assert_eq!(locate(&sb, "bin/x"), ProgramSite::Workspace);
+        assert_eq!(
+            locate(&sb, "./test.sh"),
+            ProgramSite::Workspace("./test.sh".into())
+        );
+        assert_eq!(locate(&sb, "bin/x"), ProgramSite::Workspace("bin/x".into()));
         let inside = dir.path().join("x").to_string_lossy().into_owned();
-        assert_eq!(locate(&sb, &inside), ProgramSite::Workspace);
+        assert_eq!(locate(&sb, &inside), ProgramSite::Workspace(inside.clone()));
         assert_eq!(locate(&sb, "no-such-program-anywhere"), ProgramSite::Other);
         assert_eq!(locate(&sb, "/opt/monad-none/x"), ProgramSite::Other);
         assert_eq!(locate(&sb, ".."), ProgramSite::Other);
         // A workspace toolchain directory that holds the name comes first, executable or not.
         executable(&dir.path().join("node_modules/.bin/ls"));
-        assert_eq!(locate(&sb, "ls"), ProgramSite::Workspace);
+        let ls = locate(&sb, "ls");
+        assert_eq!(ls, ProgramSite::Workspace("node_modules/.bin/ls".into()));
+        assert!(
+            ls.shown()
+                .starts_with("node_modules/.bin/ls in this folder"),
+            "{}",
+            ls.shown()
+        );
         std::fs::create_dir_all(dir.path().join(".venv/bin")).unwrap();
         std::fs::write(dir.path().join(".venv/bin/cat"), "").unwrap();
-        assert_eq!(locate(&sb, "cat"), ProgramSite::Workspace);
+        assert_eq!(
+            locate(&sb, "cat"),
+            ProgramSite::Workspace(".venv/bin/cat".into())
+        );
     }
 
     #[test]

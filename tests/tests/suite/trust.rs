@@ -880,6 +880,29 @@ async fn always_on_a_program_in_the_workspace_allows_only_that_exact_command() {
         ErrorCode::Denied,
     );
     assert_eq!(approver.seen().len(), 4);
+    // The prompt says so beside the command, not only in what "always" covers.
+    let asked = &approver.seen()[2];
+    let runs = asked.program.as_deref().unwrap_or_default();
+    assert!(
+        runs.starts_with("node_modules/.bin/ls in this folder"),
+        "{runs}"
+    );
+    let shown = monad_client::prompt::render(asked).lines.join("\n");
+    assert!(
+        shown.contains("runs         node_modules/.bin/ls in this folder"),
+        "{shown}"
+    );
+    let scope = &asked.scope;
+    assert!(
+        scope.contains("`ls` (node_modules/.bin/ls) is a file"),
+        "{scope}"
+    );
+    assert_eq!(
+        approver.seen()[0].program.as_deref(),
+        Some(
+            "./test.sh in this folder: a file an agent can write, so it runs whatever that file holds then"
+        )
+    );
 }
 
 /// Starts `argv` in the background in `lap` and returns its process id.
