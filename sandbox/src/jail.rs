@@ -144,14 +144,8 @@ impl Jail {
     /// folded lexically (`a/../b` is `b`). `~`, backslashes and `%2e` are ordinary characters.
     /// This check does not look at the disk: links are handled when the path is opened.
     pub fn resolve(&self, raw: &str) -> Result<JailPath, SandboxError> {
-        if raw.contains('\0') {
-            return Err(SandboxError::InvalidPath {
-                path: raw.replace('\0', "\\0"),
-                why: "it contains a NUL byte",
-            });
-        }
         let path = Path::new(raw);
-        let relative = if path.is_absolute() {
+        let relative = if path.is_absolute() && !raw.contains('\0') {
             [&self.canonical_root, &self.root]
                 .iter()
                 .find_map(|root| path.strip_prefix(root).ok())
@@ -162,33 +156,21 @@ impl Jail {
         } else {
             path
         };
-        let mut rel = PathBuf::new();
-        for component in relative.components() {
-            match component {
-                Component::Normal(name) => rel.push(name),
-                Component::CurDir => {}
-                Component::ParentDir => {
-                    if !rel.pop() {
-                        return Err(SandboxError::Escape {
-                            path: raw.to_owned(),
-                            reason: EscapeReason::ParentTraversal,
-                        });
-                    }
-                }
-                // An absolute path was stripped of the root above, so a root or prefix component
-                // can only mean a path such as `//x` that is not inside the root.
-                Component::RootDir | Component::Prefix(_) => {
-                    return Err(SandboxError::Escape {
-                        path: raw.to_owned(),
-                        reason: EscapeReason::AbsoluteOutside,
-                    });
-                }
-            }
-        }
         Ok(JailPath {
-            rel,
+            rel: fold(raw, relative)?,
             given: raw.to_owned(),
         })
+    }
+
+    /// What [`Jail::resolve`] refuses whatever the root is: a NUL byte, and a relative path
+    /// whose `..` climbs above where it starts. (Whether an absolute path is inside depends on
+    /// the root.) Routing asks this before it looks for the path in every workspace, so that
+    /// such a path is refused for what it is, not reported as found nowhere.
+    pub fn refused_under_any_root(raw: &str) -> Option<SandboxError> {
+        if Path::new(raw).is_absolute() && !raw.contains('\0') {
+            return None;
+        }
+        fold(raw, Path::new(raw)).err()
     }
 
     /// Opens a regular file for reading. Devices, FIFOs and sockets are refused without blocking:
@@ -296,6 +278,42 @@ pub(crate) fn read_capped(
         )));
     }
     Ok(buf)
+}
+
+/// `relative` (`raw` stripped of the root, or `raw` itself) as a clean path below the root:
+/// `.` dropped, `..` folded, refused when it would climb above the root; `raw` refused when it
+/// holds a NUL byte.
+fn fold(raw: &str, relative: &Path) -> Result<PathBuf, SandboxError> {
+    if raw.contains('\0') {
+        return Err(SandboxError::InvalidPath {
+            path: raw.replace('\0', "\\0"),
+            why: "it contains a NUL byte",
+        });
+    }
+    let mut rel = PathBuf::new();
+    for component in relative.components() {
+        match component {
+            Component::Normal(name) => rel.push(name),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !rel.pop() {
+                    return Err(SandboxError::Escape {
+                        path: raw.to_owned(),
+                        reason: EscapeReason::ParentTraversal,
+                    });
+                }
+            }
+            // An absolute path was stripped of the root, so a root or prefix component can only
+            // mean a path such as `//x` that is not inside the root.
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(SandboxError::Escape {
+                    path: raw.to_owned(),
+                    reason: EscapeReason::AbsoluteOutside,
+                });
+            }
+        }
+    }
+    Ok(rel)
 }
 
 #[cfg(test)]

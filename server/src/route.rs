@@ -122,6 +122,12 @@ pub fn plan(
         }
         return Ok(Plan::Run(index));
     }
+    // A path no workspace could hold (`..` above the root, a NUL byte) is refused for what it
+    // is, as the workspace itself would refuse it, rather than looked for everywhere and
+    // reported as found nowhere.
+    if let Some(refused) = path.and_then(monad_sandbox::Jail::refused_under_any_root) {
+        return Err(refused.to_tool_error());
+    }
     // The agent works in its focus: while it is offline, no call without `workspace` goes
     // anywhere else (a command or a read there would act on another folder than the one it
     // works in).
@@ -338,8 +344,14 @@ pub fn not_in_any(
     unasked: &[(&str, Unasked)],
     offline: &[&str],
 ) -> ToolError {
+    // An absolute path is looked for inside each workspace's root only.
+    let inside = if path.starts_with('/') {
+        " (an absolute path must be inside a workspace's root; paths are relative to it)"
+    } else {
+        ""
+    };
     let mut message = format!(
-        "`{path}` does not exist in any workspace; tried: {}",
+        "`{path}` does not exist in any workspace{inside}; tried: {}",
         if tried.is_empty() {
             "none".to_owned()
         } else {
@@ -536,6 +548,30 @@ mod tests {
         let err = plan(ToolName::ReadFile, Some("nope"), None, &ws, Some(1)).unwrap_err();
         assert_eq!(err.code, ErrorCode::WorkspaceNotFound);
         assert!(err.message.contains("primary, lap"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_path_no_workspace_could_hold_is_refused_for_what_it_is() {
+        // It was looked for everywhere and reported as `not_found`, as if it might exist.
+        let ws = [view("primary", true, true), view("lap", true, true)];
+        for tool in [ToolName::ReadFile, ToolName::ListDir, ToolName::WriteFile] {
+            let err = plan(tool, None, Some("../etc/passwd"), &ws, Some(1)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::OutsideWorkspace, "{tool}");
+            assert!(err.message.contains("`..`"), "{}", err.message);
+            let err = plan(tool, None, Some("a/../../b"), &ws, None).unwrap_err();
+            assert_eq!(err.code, ErrorCode::OutsideWorkspace, "{tool}");
+            let err = plan(tool, None, Some("a\0b"), &ws, None).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidArguments, "{tool}");
+        }
+        // `..` that stays inside, and absolute paths (inside some root, perhaps), are routed.
+        assert!(plan(ToolName::ReadFile, None, Some("a/../b"), &ws, None).is_ok());
+        assert!(plan(ToolName::ReadFile, None, Some("/etc/passwd"), &ws, None).is_ok());
+        let err = not_in_any("/etc/passwd", &["primary"], &[], &[]);
+        assert!(
+            err.message.contains("must be inside a workspace's root"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
