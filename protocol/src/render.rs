@@ -306,10 +306,13 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
         plural(r.matches.len() as u64, "match", "matches"),
         plural(files.len() as u64, "file", "files"),
     );
-    if r.truncated {
+    if r.at_cap {
         out.push_str(
-            ", stopped at the result cap: narrow with `path` or `glob`, or raise `max_results`",
+            ", stopped at the workspace's cap (more cannot be asked for): narrow with `path` or \
+             `glob`",
         );
+    } else if r.truncated {
+        out.push_str(", stopped at `max_results`: raise it, or narrow with `path` or `glob`");
     }
     out.push(':');
     let mut previous: Option<&str> = None;
@@ -897,10 +900,22 @@ mod tests {
         );
         assert_eq!(
             shown,
-            "3 matches in 2 files in workspace laptop (searched 7 files), stopped at the result \
-             cap: narrow with `path` or `glob`, or raise `max_results`:\na.rs:3: fn main() {\n\
+            "3 matches in 2 files in workspace laptop (searched 7 files), stopped at \
+             `max_results`: raise it, or narrow with `path` or `glob`:\na.rs:3: fn main() {\n\
              a.rs:9:     main();\n\nb.rs:1: // main"
         );
+        // At the workspace's own cap, asking for more is no advice.
+        let capped = render(
+            ToolName::Search,
+            json!({"files_searched": 7, "truncated": true, "at_cap": true, "matches": [
+                {"path": "a.rs", "line_number": 3, "line": "fn main() {"},
+            ]}),
+        );
+        assert!(
+            capped.contains("stopped at the workspace's cap (more cannot be asked for): narrow"),
+            "{capped}"
+        );
+        assert!(!capped.contains("raise"), "{capped}");
         assert_eq!(
             render(
                 ToolName::Search,

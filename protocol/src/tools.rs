@@ -312,9 +312,11 @@ pub struct ReadFileArgs {
     pub path: String,
     /// First line to return, counting from 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub offset: Option<u64>,
-    /// How many lines to return at most.
+    /// How many lines to return at most (at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub limit: Option<u64>,
     /// Workspace to run in: a short name or URI. Default: the session's focus workspace when it
     /// has the path, else the first in priority order that has it.
@@ -381,8 +383,10 @@ pub struct ListDirArgs {
     /// Directory to list, relative to the workspace root. Default: the root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// How many levels to descend; 1 lists only the directory itself. Default 1.
+    /// How many levels to descend; 1 lists only the directory itself. Default 1; at most the
+    /// workspace's `list_max_depth` (32 unless its operator set another).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub depth: Option<u32>,
     /// Include entries whose name starts with a dot. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -627,8 +631,10 @@ pub struct SearchArgs {
     /// Match without regard to case. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub case_insensitive: Option<bool>,
-    /// Stop after this many matching lines.
+    /// Stop after this many matching lines (at least 1). A workspace returns at most its own
+    /// cap (1,000 unless its operator set another); a larger value is taken as that cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub max_results: Option<u32>,
     /// Also search hidden files and directories. Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -661,6 +667,10 @@ pub struct SearchResult {
     pub files_searched: u64,
     /// True when `max_results` (or the workspace's cap) stopped the search early.
     pub truncated: bool,
+    /// True when it was the workspace's own cap (its operator's `search_max_results`), not a
+    /// lower `max_results`, that stopped it: asking for more gives no more. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_cap: bool,
 }
 
 /// Arguments of `glob`.
@@ -774,8 +784,11 @@ pub struct RunCommandArgs {
     /// Working directory, relative to the workspace root. Default: the root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
-    /// Time limit in milliseconds; the whole process group is killed when it runs out.
+    /// Time limit in milliseconds; the whole process group is killed when it runs out. At least
+    /// 1, and at most the workspace's longest (600,000, ten minutes, unless its operator set
+    /// another).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub timeout_ms: Option<u64>,
     /// Text to pass on standard input. Default: none (standard input is empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1463,7 +1476,7 @@ mod tests {
         assert_eq!(start["type"], "integer");
         assert_eq!(start["minimum"], 0);
         let limit = &ToolName::ReadFile.input_schema()["properties"]["limit"];
-        assert_eq!(limit["minimum"], 0, "{limit}");
+        assert_eq!(limit["minimum"], 1, "{limit}");
         // A property that happens to be called `format` is a schema, not a keyword: kept; and a
         // value that merely looks like a schema (a `const`) is left as it is.
         use schemars::transform::{RecursiveTransform, Transform};

@@ -277,6 +277,7 @@ pub(crate) fn search(
     }
     .run(jail, &start)?;
     Ok(SearchResult {
+        at_cap: sink.truncated && max == limits.search_max_results,
         matches: sink.matches,
         files_searched,
         truncated: sink.truncated,

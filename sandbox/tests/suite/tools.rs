@@ -479,6 +479,26 @@ fn search_filters_by_glob_caps_results_and_rejects_bad_patterns() {
     let out = fx.sandbox.search(&args).unwrap();
     assert_eq!(out.matches.len(), 3);
     assert!(out.truncated);
+    assert!(
+        !out.at_cap,
+        "a lower `max_results` stopped it: more may be asked for"
+    );
+
+    // Past the workspace's cap, `max_results` is taken as the cap, and the result says so.
+    let fx_capped = Fixture::with_limits(Limits {
+        search_max_results: 4,
+        ..Limits::default()
+    });
+    for i in 0..5 {
+        fx_capped.put(&format!("d/f{i}.rs"), "hit\nhit\n");
+    }
+    for asked in [None, Some(4), Some(1000)] {
+        let mut args = search("hit");
+        args.max_results = asked;
+        let out = fx_capped.sandbox.search(&args).unwrap();
+        assert_eq!(out.matches.len(), 4, "{asked:?}");
+        assert!(out.truncated && out.at_cap, "{asked:?}");
+    }
 
     let err = fx.sandbox.search(&search("(unclosed")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArguments);
