@@ -278,7 +278,7 @@ fn client_error(config: &ClientConfig, error: ClientError) -> Error {
             Error::invalid_params().data(format!("{}: {}", e.code, e.message))
         }
         ClientError::Unreachable(why) => Error::internal_error().data(format!(
-            "cannot reach the Monad server at {} ({why}); is it running?",
+            "cannot reach the Monad server at {}: {why}",
             config.shown_servers()
         )),
         other => Error::internal_error().data(other.to_string()),

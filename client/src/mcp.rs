@@ -106,7 +106,7 @@ fn to_tool_error(config: &ClientConfig, error: ClientError) -> ToolError {
         ClientError::Unreachable(why) => ToolError::new(
             ErrorCode::Io,
             format!(
-                "cannot reach the Monad server at {} ({why}); is it running?",
+                "cannot reach the Monad server at {}: {why}",
                 config.shown_servers()
             ),
         ),

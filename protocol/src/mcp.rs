@@ -265,11 +265,17 @@ pub fn error_result(workspace: Option<WorkspaceRef>, error: &ToolError) -> CallT
     result
 }
 
-/// The session a request names in its `_meta`, if any.
-pub fn session_from_meta(meta: &JsonObject) -> Option<String> {
-    meta.get(SESSION_META_KEY)
-        .and_then(Value::as_str)
-        .map(str::to_owned)
+/// The session a request names in its `_meta`, if any; an id that is not a string is refused
+/// (JSON-RPC invalid params), not taken for none.
+pub fn session_from_meta(meta: &JsonObject) -> Result<Option<String>, ErrorData> {
+    match meta.get(SESSION_META_KEY) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) => Ok(Some(id.clone())),
+        Some(other) => Err(ErrorData::invalid_params(
+            format!("`_meta.{SESSION_META_KEY}` must be a string (a session id), not {other}"),
+            None,
+        )),
+    }
 }
 
 /// Lines of progress a backend reports while a call waits (for an approval, say).
@@ -582,10 +588,10 @@ impl<B: Backend> McpFront<B> {
     }
 
     /// The session a request runs in: its own `_meta.sessionId`, else the connection's.
-    fn session_for(&self, meta: &JsonObject) -> Option<String> {
-        session_from_meta(meta)
+    fn session_for(&self, meta: &JsonObject) -> Result<Option<String>, ErrorData> {
+        Ok(session_from_meta(meta)?
             .or_else(|| self.state().session.clone())
-            .or_else(|| self.default_session.clone())
+            .or_else(|| self.default_session.clone()))
     }
 
     /// Sends a log message unless the host asked for less. Sent from the request's own task,
@@ -660,9 +666,9 @@ impl<B: Backend> ServerHandler for McpFront<B> {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
-        let wanted = self.session_for(&context.meta);
+        let wanted = self.session_for(&context.meta)?;
         self.state().pinned =
-            session_from_meta(&context.meta).or_else(|| self.default_session.clone());
+            session_from_meta(&context.meta)?.or_else(|| self.default_session.clone());
         let (session, _) = self
             .backend
             .open(&context.extensions, wanted.as_deref())
@@ -741,7 +747,7 @@ impl<B: Backend> ServerHandler for McpFront<B> {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         self.wait_landed(&context.peer).await;
-        let session = self.session_for(&context.meta);
+        let session = self.session_for(&context.meta)?;
         let (_, workspaces) = self
             .backend
             .open(&context.extensions, session.as_deref())
@@ -768,7 +774,7 @@ impl<B: Backend> ServerHandler for McpFront<B> {
         };
         let args = Value::Object(request.arguments.unwrap_or_default());
         self.wait_landed(&context.peer).await;
-        let session = match self.session_for(&context.meta) {
+        let session = match self.session_for(&context.meta)? {
             Some(session) => session,
             // No session chosen anywhere (no `initialize`): the backend's default.
             None => match self.backend.open(&context.extensions, None).await {
@@ -1081,9 +1087,21 @@ mod tests {
     #[test]
     fn the_session_comes_from_meta() {
         let mut meta = JsonObject::new();
-        assert_eq!(session_from_meta(&meta), None);
+        assert_eq!(session_from_meta(&meta).unwrap(), None);
         meta.insert("sessionId".into(), "default".into());
-        assert_eq!(session_from_meta(&meta).as_deref(), Some("default"));
+        assert_eq!(
+            session_from_meta(&meta).unwrap().as_deref(),
+            Some("default")
+        );
+        // Not a string: refused, where it was taken for none (the default session).
+        meta.insert("sessionId".into(), 5.into());
+        let refused = session_from_meta(&meta).unwrap_err();
+        assert_eq!(refused.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert!(
+            refused.message.contains("must be a string"),
+            "{}",
+            refused.message
+        );
     }
 }
 

@@ -59,7 +59,7 @@ pub enum SandboxError {
     #[error("{0}")]
     NotFound(String),
     /// The path exists but is the wrong kind of thing for this operation.
-    #[error("`{path}` {what}")]
+    #[error("{} {what}", quoted(path))]
     WrongFileType {
         /// The path as the caller gave it.
         path: String,
@@ -87,7 +87,7 @@ pub enum SandboxError {
     #[error("{0}")]
     Unapproved(String),
     /// The operating system failed an operation.
-    #[error("{op} `{path}`: {source}")]
+    #[error("{op} {}: {source}", quoted(path))]
     Io {
         /// What was being done (`read`, `write`, `list`, ...).
         op: &'static str,
@@ -97,6 +97,16 @@ pub enum SandboxError {
         #[source]
         source: io::Error,
     },
+}
+
+/// A path as the caller gave it, for a message: in backquotes, or, when it was empty, said so
+/// (an empty path is the workspace root).
+fn quoted(path: &str) -> String {
+    if path.is_empty() {
+        "the workspace root (an empty path)".to_owned()
+    } else {
+        format!("`{path}`")
+    }
 }
 
 impl SandboxError {

@@ -296,12 +296,18 @@ pub fn describe(workspaces: &[View<'_>], focus: Option<usize>) -> String {
         .collect();
     let first = online.first().cloned().unwrap_or_else(|| "none".into());
     let lead = match focus {
-        Some(f) if workspaces[f].online => format!(
-            "Calls without `workspace` go to the focus workspace `{}` first, then the others in \
-             this order: {}.",
-            workspaces[f].name,
-            online.join(", ")
-        ),
+        Some(f) if workspaces[f].online => {
+            let others = &online[1..];
+            format!(
+                "Calls without `workspace` go to the focus workspace `{}` first{}.",
+                workspaces[f].name,
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!(", then to the others in this order: {}", others.join(", "))
+                }
+            )
+        }
         Some(f) => {
             return format!(
                 "The focus workspace `{name}` is offline (its client is disconnected; it is the \
@@ -903,8 +909,8 @@ mod tests {
         let text = describe(&ws, Some(2));
         assert!(
             text.starts_with(
-                "Calls without `workspace` go to the focus workspace `lap` first, then the \
-                 others in this order: `lap`, `primary`, `a`."
+                "Calls without `workspace` go to the focus workspace `lap` first, then to the \
+                 others in this order: `primary`, `a`."
             ),
             "{text}"
         );

@@ -227,6 +227,12 @@ fn read_file_refuses_bad_arguments_and_wrong_kinds_clearly() {
     let err = fx.sandbox.read_file(&read("d")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::WrongFileType);
     assert!(err.to_string().contains("is a directory"), "{err}");
+    // An empty path is the root, and the message says so rather than quoting nothing.
+    let err = fx.sandbox.read_file(&read("")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the workspace root (an empty path) is a directory"
+    );
     let err = fx.sandbox.read_file(&read("missing.txt")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
     assert!(err.to_string().contains("missing.txt"), "{err}");
