@@ -383,6 +383,16 @@ pub async fn attach(
     approver: Option<Arc<dyn Approver>>,
     events: Option<mpsc::UnboundedSender<AttachEvent>>,
 ) -> Result<(), ClientError> {
+    // A folder is known by its path as text (its URI, its workspace record, an MCP root
+    // matched against it): two paths that differ only in bytes that are not UTF-8 would read
+    // alike, and one would take the other over.
+    if options.dir.to_str().is_none() {
+        return Err(ClientError::Folder(format!(
+            "{}: its path is not valid UTF-8, and a folder is known by its path as text; \
+             rename it (or the directory that holds it) so that its path is",
+            options.dir.display()
+        )));
+    }
     let sandbox = Sandbox::open(&options.dir, options.limits.clone(), options.exec.clone())
         .map_err(|e| ClientError::Folder(format!("{}: {e}", options.dir.display())))?;
     if !sandbox

@@ -420,6 +420,40 @@ async fn an_interrupted_call_closes_its_connection_and_its_prompt_is_withdrawn_a
     assert!(!laptop.path().join("new.txt").exists());
 }
 
+/// Two folders whose paths differ only in bytes that are not UTF-8 read alike as text, which is
+/// how a folder is known (its URI): the second attach took the first one's place, and calls
+/// went to the wrong folder. Such a path is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_whose_path_is_not_utf8_is_refused_not_confused_with_another() {
+    use std::os::unix::ffi::OsStrExt;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
+    let parent = folder(&[]);
+    let odd = parent
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"bad\xffdir"));
+    std::fs::create_dir(&odd).unwrap();
+    let out = within(
+        STEP,
+        "attach",
+        command("monad-client")
+            .arg("attach")
+            .arg(&odd)
+            .arg("--non-interactive")
+            .env("MONAD_CONFIG_DIR", config.path())
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("its path is not valid UTF-8"),
+        "{}",
+        text(&out.stderr)
+    );
+    let now = status_of(config.path()).await;
+    assert_eq!(now.len(), 1, "only the primary: {now:?}");
+}
+
 async fn status_of(config: &Path) -> Vec<(String, bool)> {
     workspace_names(&status(config).await)
 }
