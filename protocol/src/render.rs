@@ -87,7 +87,7 @@ fn duration(ms: u64) -> String {
 }
 
 fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
-    let mut out = format!("{}{ws}: ", r.path);
+    let mut out = format!("{}{ws}: ", shown(&r.path));
     if r.binary {
         let _ = write!(out, "binary file, {} bytes, not shown", r.size);
         if let Some(why) = &r.binary_reason {
@@ -178,7 +178,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     let dir = if r.path == "." || r.path.is_empty() {
         "./".to_owned()
     } else {
-        format!("{}/", r.path.trim_end_matches('/'))
+        format!("{}/", shown(r.path.trim_end_matches('/')))
     };
     if r.entries.is_empty() {
         return format!("{dir}{ws}: empty");
@@ -198,7 +198,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     for e in &r.entries {
         let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         out.push('\n');
-        out.push_str(name);
+        out.push_str(&shown(name));
         match e.kind {
             EntryKind::File => {}
             EntryKind::Dir => out.push('/'),
@@ -207,6 +207,17 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         }
     }
     out
+}
+
+/// A path for the text, which puts one per line: a name may hold a line break or another
+/// control character, which would break that layout, so such a name is shown escaped (`\u{a}`,
+/// as the diff's header and the terminal show it). Programs get it exact in the JSON.
+fn shown(path: &str) -> std::borrow::Cow<'_, str> {
+    if path.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        crate::text::printable(path)
+    } else {
+        std::borrow::Cow::Borrowed(path)
+    }
 }
 
 fn kind_word(kind: EntryKind) -> &'static str {
@@ -275,7 +286,7 @@ fn utc(secs: i64) -> String {
 }
 
 fn stat(ws: &Where<'_>, r: StatResult) -> String {
-    let mut out = format!("{}{ws}: {}", r.path, kind_word(r.kind));
+    let mut out = format!("{}{ws}: {}", shown(&r.path), kind_word(r.kind));
     if let Some(target) = &r.link_target {
         let _ = write!(out, " to {target}");
     }
@@ -321,7 +332,7 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
             out.push('\n');
         }
         previous = Some(&m.path);
-        let _ = write!(out, "\n{}:{}: {}", m.path, m.line_number, m.line);
+        let _ = write!(out, "\n{}:{}: {}", shown(&m.path), m.line_number, m.line);
     }
     out
 }
@@ -342,7 +353,7 @@ fn found(ws: &Where<'_>, r: &GlobResult) -> String {
     out.push(':');
     for p in &r.paths {
         out.push('\n');
-        out.push_str(p);
+        out.push_str(&shown(p));
     }
     out
 }
@@ -352,7 +363,7 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
     let mut out = match (r.replacements, r.created) {
         (Some(n), _) => format!(
             "Edited {}{ws}: {}, {bytes} now",
-            r.path,
+            shown(&r.path),
             plural(n, "replacement", "replacements")
         ),
         (None, true) => {
@@ -372,9 +383,9 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
                     dir(last)
                 ),
             };
-            format!("Created {}{ws} ({bytes}{dirs})", r.path)
+            format!("Created {}{ws} ({bytes}{dirs})", shown(&r.path))
         }
-        (None, false) => format!("Wrote {}{ws} ({bytes})", r.path),
+        (None, false) => format!("Wrote {}{ws} ({bytes})", shown(&r.path)),
     };
     if r.diff.is_empty() {
         out.push_str(if r.created { "." } else { ": no change." });
@@ -603,7 +614,8 @@ fn workspaces(r: WorkspacesResult) -> String {
         let _ = write!(
             out,
             "\n{} ({}): {host}, {trust}{online}{focus}",
-            w.name, w.uri
+            shown(&w.name),
+            shown(&w.uri)
         );
     }
     if !r.routing.is_empty() {
@@ -924,6 +936,31 @@ mod tests {
             "No matches in workspace laptop (searched 1 file)."
         );
         assert!(ToolName::Search.input_schema()["properties"]["max_results"].is_object());
+    }
+
+    #[test]
+    fn a_name_with_a_line_break_stays_on_its_line() {
+        // A file name may hold a line break: shown raw, a 2-entry listing printed 3 lines.
+        let listing = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "entries": [
+                {"path": "nl\nname.txt", "kind": "file"},
+                {"path": "b", "kind": "dir"},
+            ]}),
+        );
+        assert_eq!(listing.lines().count(), 3, "{listing}");
+        assert!(listing.contains("\nnl\\u{a}name.txt\nb/"), "{listing}");
+        let globbed = render(
+            ToolName::Glob,
+            json!({"paths": ["nl\nname.txt"], "truncated": false}),
+        );
+        assert_eq!(globbed.lines().count(), 2, "{globbed}");
+        let written = render(
+            ToolName::WriteFile,
+            json!({"path": "nl\nname.txt", "bytes_written": 1, "created": true, "diff": "",
+                   "diff_truncated": false}),
+        );
+        assert_eq!(written.lines().count(), 1, "{written}");
     }
 
     #[test]
