@@ -41,10 +41,7 @@ pub fn with_default_port(server: &str) -> String {
 
 /// What to check when the server does not answer.
 fn unreachable_hint(server: &str) -> String {
-    format!(
-        "is `monad-server` running on {server}? is UDP allowed to it (QUIC runs over UDP)? \
-         (`monad-client status` shows the server this client uses)"
-    )
+    format!("is `monad-server` running on {server}? is UDP allowed to it (QUIC runs over UDP)?")
 }
 
 /// The order to try the hosts in: the config's, except that the host whose connection was just
@@ -77,8 +74,7 @@ pub fn unreachable(attempts: &[(String, String)]) -> ClientError {
                 .collect();
             ClientError::Unreachable(format!(
                 "none of the {} servers answered ({}); is `monad-server` running on them? is \
-                 UDP allowed to them (QUIC runs over UDP)? (`monad-client status` shows the \
-                 servers this client uses)",
+                 UDP allowed to them (QUIC runs over UDP)?",
                 several.len(),
                 tried.join("; ")
             ))

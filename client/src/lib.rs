@@ -50,7 +50,7 @@ pub mod terminal;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// `monad-client login` has not been run.
-    #[error("not logged in (no {}); run `MONAD_TOKEN=TOKEN monad-client login --server HOST:PORT --fingerprint SHA256` first", .0.display())]
+    #[error("not logged in (no token in {}); run `MONAD_TOKEN=TOKEN monad-client login --server HOST:PORT --fingerprint SHA256` first", .0.display())]
     NotLoggedIn(PathBuf),
     /// The client configuration is unreadable or invalid.
     #[error("config: {0}")]

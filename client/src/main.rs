@@ -639,6 +639,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 usage(r#"--args must be a JSON object, like '{"path": "README.md"}'"#.to_owned())
             };
             if let Some(w) = workspace {
+                if let Some(given) = map
+                    .get("workspace")
+                    .filter(|given| given.as_str() != Some(&w))
+                {
+                    usage(format!(
+                        "--workspace {} and the `workspace` in --args ({}) differ: give one",
+                        printable(&w),
+                        printable(&given.to_string())
+                    ));
+                }
                 map.insert("workspace".into(), w.into());
             }
             let mut interrupts = Interrupts::watch().context("cannot watch for signals")?;

@@ -571,6 +571,25 @@ fn data_dir(cli: &Cli) -> Result<PathBuf> {
 
 fn run(cli: Cli) -> Result<()> {
     let dir = data_dir(&cli)?;
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "{} is not a directory: --data-dir (or MONAD_DATA_DIR) names the server's data \
+             directory",
+            dir.display()
+        );
+    }
+    // Only starting the server and `token create` make a data directory; the other commands
+    // look into one, and a mistyped path would otherwise be created and shown empty.
+    let makes_it = matches!(
+        cli.command,
+        None | Some(Command::Serve(_)) | Some(Command::Token(TokenCommand::Create { .. }))
+    );
+    if !makes_it && !dir.exists() {
+        bail!(
+            "no data directory at {}: pass the server's --data-dir (or set MONAD_DATA_DIR)",
+            dir.display()
+        );
+    }
     match cli.command {
         None => serve(dir, cli.serve),
         Some(Command::Serve(args)) => serve(dir, args),

@@ -1419,6 +1419,12 @@ async fn attach_reports(
                 );
             }
             Ok(None) => return,
+            // The client went away (killed, its network lost): the attachment's own end is
+            // reported where it is noticed, not as a malformed message.
+            Err(monad_protocol::io::ReadError::Io(e)) => {
+                debug!(session, workspace, "attach stream ended: {e}");
+                return;
+            }
             Err(e) => {
                 warn!(
                     session,

@@ -312,6 +312,15 @@ async fn call_usage_errors_show_how_call_is_used() {
         &["call", "read_file", "--args", "not json"][..],
         &["call", "read_file", "--args", "[1]"],
         &["call", "--args", "{}"],
+        // Two workspaces named: one was silently dropped.
+        &[
+            "call",
+            "read_file",
+            "--args",
+            r#"{"path": "a", "workspace": "proj"}"#,
+            "--workspace",
+            "primary",
+        ],
     ] {
         let out = client(empty.path(), args).await;
         assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");

@@ -675,6 +675,30 @@ async fn token_create_prints_a_login_line_that_works_and_fingerprint_prints_the_
         "{}",
         text(&out.stderr)
     );
+    // A mistyped data dir is said to be missing, not made and shown empty; a file is not one.
+    let typo = fresh.path().join("dtaa");
+    for args in [
+        &["token", "list"][..],
+        &["session", "list"],
+        &["fingerprint"],
+    ] {
+        let out = server_cmd(&typo, args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("no data directory at"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!typo.exists(), "{args:?} made it");
+    }
+    let file = fresh.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let out = server_cmd(&file, &["token", "list"]).await;
+    assert!(
+        text(&out.stderr).contains("is not a directory"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
