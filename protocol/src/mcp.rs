@@ -265,6 +265,24 @@ pub fn error_result(workspace: Option<WorkspaceRef>, error: &ToolError) -> CallT
     result
 }
 
+/// The requests MCP defines that a host may send a server: one of these that rmcp could not
+/// read had params that do not fit it.
+const MCP_REQUESTS: [&str; 13] = [
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+];
+
 /// The session a request names in its `_meta`, if any; an id that is not a string is refused
 /// (JSON-RPC invalid params), not taken for none.
 pub fn session_from_meta(meta: &JsonObject) -> Result<Option<String>, ErrorData> {
@@ -654,6 +672,35 @@ impl<B: Backend> ServerHandler for McpFront<B> {
                  approval and may be denied: a denial is a tool error that says why and how the \
                  user can allow it.",
             )
+    }
+
+    /// A request rmcp could not read as any it knows. For a method MCP defines, that means its
+    /// params do not fit it (`tools/call` without a `name`, with `arguments` that are not an
+    /// object): invalid params, saying which method, not "method not found".
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        let method = request.method;
+        if MCP_REQUESTS.contains(&method.as_str()) {
+            let expected = match method.as_str() {
+                "tools/call" => {
+                    ": `name` must be a string and `arguments`, when given, an object of the \
+                     tool's arguments"
+                }
+                _ => "",
+            };
+            return Err(ErrorData::invalid_params(
+                format!("the params of `{method}` do not fit it{expected}"),
+                None,
+            ));
+        }
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("no method `{method}`"),
+            None,
+        ))
     }
 
     fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
@@ -1256,6 +1303,42 @@ mod landing_tests {
                 .await;
             self.answer_to(id).await;
         }
+    }
+
+    /// A `tools/call` whose params do not fit was answered "method not found" (-32601, with
+    /// the method as its whole message): it is invalid params (-32602), saying what is wrong.
+    #[tokio::test]
+    async fn a_known_method_with_params_that_do_not_fit_is_invalid_params() {
+        let (mut host, _) = Host::start().await;
+        let bad = [
+            json!({"arguments": {}}),
+            json!({"name": "read_file", "arguments": [1]}),
+            json!({"name": 5}),
+        ];
+        for (id, params) in (10u64..).zip(bad) {
+            host.send(
+                json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
+            )
+            .await;
+            let answer = loop {
+                let message = host.next().await;
+                if message["id"] == id {
+                    break message;
+                }
+            };
+            assert_eq!(answer["error"]["code"], -32602, "{answer}");
+            let message = answer["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("`tools/call` do not fit"), "{answer}");
+        }
+        host.send(json!({"jsonrpc": "2.0", "id": 20, "method": "tools/frobnicate"}))
+            .await;
+        let answer = loop {
+            let message = host.next().await;
+            if message["id"] == 20 {
+                break message;
+            }
+        };
+        assert_eq!(answer["error"]["code"], -32601, "{answer}");
     }
 
     /// Regression: each `notifications/roots/list_changed` (and a repeated
