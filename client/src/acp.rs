@@ -41,6 +41,7 @@ use tracing::{debug, info};
 use crate::ClientError;
 use crate::agent::Agent;
 use crate::config::ClientConfig;
+use crate::interrupts::Signal;
 
 pub mod translate;
 
@@ -71,13 +72,6 @@ impl Front {
         info!(server = %fresh.server(), "connected to the Monad server");
         *agent = Some(fresh.clone());
         Ok(fresh)
-    }
-
-    /// Closes the connection to the server, if there is one (see [`crate::interrupts`]).
-    async fn close(&self, reason: &str) {
-        if let Some(agent) = self.agent.lock().await.take() {
-            agent.close(reason).await;
-        }
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Turn>> {
@@ -286,15 +280,15 @@ fn client_error(config: &ClientConfig, error: ClientError) -> Error {
 }
 
 /// Serves ACP on `output` / `input` (stdio for `monad-client acp`) until the editor closes its
-/// side, or `interrupted` ends first (a signal: it gives the exit status, which this returns).
+/// side, or `interrupted` ends first (a signal, which this returns).
 /// Either way the connection to the server is closed before this returns, so that the server
 /// ends at once a turn still running and its calls (see [`crate::interrupts`]).
 pub async fn serve(
     config: ClientConfig,
     output: impl tokio::io::AsyncWrite + Send + 'static,
     input: impl tokio::io::AsyncRead + Send + 'static,
-    interrupted: impl std::future::Future<Output = u8>,
-) -> Result<Option<u8>, ClientError> {
+    interrupted: impl std::future::Future<Output = Signal>,
+) -> Result<Option<Signal>, ClientError> {
     let front = Arc::new(Front {
         config,
         agent: tokio::sync::Mutex::new(None),
@@ -302,13 +296,9 @@ pub async fn serve(
     });
     let ended = tokio::select! {
         served = serve_front(front.clone(), output, input) => served.map(|()| None),
-        status = interrupted => Ok(Some(status)),
+        signal = interrupted => Ok(Some(signal)),
     };
-    let reason = match ended {
-        Ok(Some(_)) => "the editor ended monad-client acp",
-        _ => "the editor closed its side",
-    };
-    front.close(reason).await;
+    crate::mcp::close_agent(&front.agent, &crate::mcp::ending(&ended, "the editor")).await;
     ended
 }
 
@@ -387,8 +377,8 @@ async fn serve_front(
 /// [`serve`] (SIGINT and SIGTERM, see [`crate::interrupts`]).
 pub async fn serve_stdio(
     config: ClientConfig,
-    interrupted: impl std::future::Future<Output = u8>,
-) -> Result<Option<u8>, ClientError> {
+    interrupted: impl std::future::Future<Output = Signal>,
+) -> Result<Option<Signal>, ClientError> {
     serve(config, tokio::io::stdout(), tokio::io::stdin(), interrupted).await
 }
 

@@ -4,32 +4,62 @@
 //! what they had running at once: a call's approval prompt on the laptop is withdrawn and its
 //! command stopped. A process that simply died left the server to notice when the connection
 //! timed out, about 8 s later, and until then the folder's owner could still approve a call
-//! whose caller was gone, and it ran.
+//! whose caller was gone, and it ran. After closing, the process ends by the same signal
+//! ([`monad_sandbox::signals::die_of`]), so that a shell or a host sees what it would have seen.
 
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use monad_sandbox::signals;
+pub use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
 
 /// SIGINT and SIGTERM, watched from when this is made: from then on they no longer end the
-/// process by themselves, so it is made before the work it interrupts starts.
+/// process by themselves, so it is made before the work it interrupts starts. One that the
+/// process ignores (a background job of a non-interactive shell ignores SIGINT) stays ignored.
 pub struct Interrupts {
-    interrupt: Signal,
-    terminate: Signal,
+    watched: Vec<(Signal, tokio::signal::unix::Signal)>,
 }
 
 impl Interrupts {
     /// Starts watching for SIGINT and SIGTERM.
     pub fn watch() -> std::io::Result<Interrupts> {
-        Ok(Interrupts {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-        })
+        let mut watched = Vec::new();
+        for (which, kind) in [
+            (Signal::SIGINT, SignalKind::interrupt()),
+            (Signal::SIGTERM, SignalKind::terminate()),
+        ] {
+            if !signals::ignored(which) {
+                watched.push((which, signal(kind)?));
+            }
+        }
+        Ok(Interrupts { watched })
     }
 
-    /// Waits for the next of them; returns the exit status of a process that a signal ended
-    /// (128 + its number: 130 for SIGINT, 143 for SIGTERM), which shells and hosts expect.
-    pub async fn next(&mut self) -> u8 {
-        tokio::select! {
-            _ = self.interrupt.recv() => 128 + 2,
-            _ = self.terminate.recv() => 128 + 15,
+    /// Waits for the next of them, and says which.
+    pub async fn next(&mut self) -> Signal {
+        if self.watched.is_empty() {
+            // Both ignored: nothing ends the work.
+            return std::future::pending().await;
+        }
+        let waits = self.watched.iter_mut().map(|(which, stream)| {
+            let which = *which;
+            Box::pin(async move {
+                stream.recv().await;
+                which
+            })
+        });
+        futures_util::future::select_all(waits).await.0
+    }
+
+    /// Stops watching: the signals end the process at once again, as the work they would have
+    /// interrupted is done.
+    pub fn stop(self) {
+        for (which, _) in self.watched {
+            signals::restore_default(which);
         }
     }
+}
+
+/// Ends the process by `signal` ([`monad_sandbox::signals::die_of`]), once what it was caught
+/// for is done.
+pub fn end_by(signal: Signal) -> ! {
+    signals::die_of(signal)
 }

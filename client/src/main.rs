@@ -14,7 +14,7 @@ use monad_client::approval::Approver;
 use monad_client::attach::{AttachOptions, attach};
 use monad_client::call;
 use monad_client::config::{ClientConfig, default_config_dir};
-use monad_client::interrupts::Interrupts;
+use monad_client::interrupts::{Interrupts, end_by};
 use monad_client::login;
 use monad_client::printer::LinesPrinter;
 use monad_client::terminal::{TerminalApprover, guard_from_setting};
@@ -655,21 +655,23 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = tokio::select! {
                 agent = Agent::connect(&config) => agent?,
-                status = interrupts.next() => return Ok(ExitCode::from(status)),
+                signal = interrupts.next() => end_by(signal),
             };
             let called = agent.call(session.as_deref(), tool.as_str(), args, |p| {
                 errln!("… {}", printable(p))
             });
             let reply = tokio::select! {
                 reply = called => reply?,
-                status = interrupts.next() => {
+                signal = interrupts.next() => {
                     // The server cancels the call at once: its prompt is withdrawn, nothing
                     // more of it runs (`monad_client::interrupts`).
                     agent.close("the caller interrupted the call").await;
                     errln!("interrupted: the call is cancelled");
-                    return Ok(ExitCode::from(status));
+                    end_by(signal)
                 }
             };
+            // The answer is in: a signal while it is printed ends the process at once.
+            interrupts.stop();
             let printed = call::printed(tool, &reply, json);
             output::err(&printed.stderr);
             output::out(&printed.stdout)?;
@@ -692,13 +694,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut interrupts = Interrupts::watch().context("cannot watch for signals")?;
             let config = ClientConfig::load(&config_dir()?)?;
             let ended = monad_client::mcp::serve_stdio(config, session, interrupts.next()).await?;
-            Ok(ended.map_or(ExitCode::SUCCESS, ExitCode::from))
+            match ended {
+                Some(signal) => end_by(signal),
+                None => Ok(ExitCode::SUCCESS),
+            }
         }
         Command::Acp => {
             let mut interrupts = Interrupts::watch().context("cannot watch for signals")?;
             let config = ClientConfig::load(&config_dir()?)?;
             let ended = monad_client::acp::serve_stdio(config, interrupts.next()).await?;
-            Ok(ended.map_or(ExitCode::SUCCESS, ExitCode::from))
+            match ended {
+                Some(signal) => end_by(signal),
+                None => Ok(ExitCode::SUCCESS),
+            }
         }
         Command::History(command) => history(command).await,
         Command::Chat {

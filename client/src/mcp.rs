@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 use crate::ClientError;
 use crate::agent::Agent;
 use crate::config::ClientConfig;
+use crate::interrupts::Signal;
 
 /// A host's `file://` root with its path canonicalised on this device (symlinks resolved, as
 /// `attach` resolves the folder it sends), so that a root reached through a symlink matches the
@@ -88,14 +89,28 @@ impl AgentBackend {
         *agent = Some(fresh.clone());
         Ok(fresh)
     }
-}
 
-impl AgentBackend {
     /// Closes the connection to the server, if there is one (see [`crate::interrupts`]).
     pub async fn close(&self, reason: &str) {
-        if let Some(agent) = self.agent.lock().await.take() {
-            agent.close(reason).await;
-        }
+        close_agent(&self.agent, reason).await;
+    }
+}
+
+/// Closes the agent connection `agent` holds, if any (see [`crate::interrupts`]); the MCP and
+/// ACP fronts keep theirs this way.
+pub(crate) async fn close_agent(agent: &tokio::sync::Mutex<Option<Agent>>, reason: &str) {
+    if let Some(agent) = agent.lock().await.take() {
+        agent.close(reason).await;
+    }
+}
+
+/// Why a front closes its connection, for the server's log: `who` closed its side, a signal
+/// ended it, or serving failed.
+pub(crate) fn ending<T>(ended: &Result<Option<Signal>, T>, who: &str) -> String {
+    match ended {
+        Ok(Some(signal)) => format!("ended by {signal}"),
+        Ok(None) => format!("{who} closed its side"),
+        Err(_) => "serving failed".to_owned(),
     }
 }
 
@@ -231,7 +246,7 @@ impl Backend for AgentBackend {
 }
 
 /// Serves MCP on `transport` (stdio for `monad-client mcp`) until the host closes it, or
-/// `interrupted` ends first (a signal: it gives the exit status, which this returns). `session`
+/// `interrupted` ends first (a signal, which this returns). `session`
 /// is the session used when the host's `initialize` names none in `_meta.sessionId` (`None`: the
 /// server's default for this device). Either way the connection to the server is closed before
 /// this returns, so that the server cancels at once what is still running (see
@@ -242,8 +257,8 @@ pub async fn serve<T, E, A>(
     config: ClientConfig,
     session: Option<String>,
     transport: T,
-    interrupted: impl std::future::Future<Output = u8>,
-) -> Result<Option<u8>, ClientError>
+    interrupted: impl std::future::Future<Output = Signal>,
+) -> Result<Option<Signal>, ClientError>
 where
     T: IntoTransport<RoleServer, E, A>,
     E: std::error::Error + Send + Sync + 'static,
@@ -262,13 +277,9 @@ where
     };
     let ended = tokio::select! {
         served = served => served.map(|_| None),
-        status = interrupted => Ok(Some(status)),
+        signal = interrupted => Ok(Some(signal)),
     };
-    let reason = match ended {
-        Ok(Some(_)) => "the MCP host ended monad-client mcp",
-        _ => "the MCP host closed its side",
-    };
-    backend.close(reason).await;
+    backend.close(&ending(&ended, "the MCP host")).await;
     ended
 }
 
@@ -282,8 +293,8 @@ where
 pub async fn serve_stdio(
     config: ClientConfig,
     session: Option<String>,
-    interrupted: impl std::future::Future<Output = u8>,
-) -> Result<Option<u8>, ClientError> {
+    interrupted: impl std::future::Future<Output = Signal>,
+) -> Result<Option<Signal>, ClientError> {
     let (read, write) = rmcp::transport::stdio_pipes();
     serve(
         config,

@@ -31,6 +31,8 @@ mod limits;
 mod netlog;
 #[allow(unsafe_code)]
 mod sched;
+#[allow(unsafe_code)]
+pub mod signals;
 mod walk;
 
 use std::path::Path;

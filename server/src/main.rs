@@ -579,12 +579,15 @@ fn run(cli: Cli) -> Result<()> {
         );
     }
     // Only starting the server and `token create` make a data directory; the other commands
-    // look into one, and a mistyped path would otherwise be created and shown empty.
+    // look into one, and a mistyped path would otherwise be created and shown empty. (With the
+    // store in PostgreSQL, `MONAD_STORE_URL`, the data directory of the host may hold nothing
+    // they need: then it is not asked for.)
     let makes_it = matches!(
         cli.command,
         None | Some(Command::Serve(_)) | Some(Command::Token(TokenCommand::Create { .. }))
     );
-    if !makes_it && !dir.exists() {
+    let store_elsewhere = std::env::var("MONAD_STORE_URL").is_ok_and(|url| !url.trim().is_empty());
+    if !makes_it && !store_elsewhere && !dir.exists() {
         bail!(
             "no data directory at {}: pass the server's --data-dir (or set MONAD_DATA_DIR)",
             dir.display()

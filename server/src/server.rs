@@ -410,9 +410,10 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
         text.as_deref().map(|t| (name.as_str(), t)),
         crate::settings::with_aliases(std::env::vars()),
     )
-    // The error names its own source (this file, or an environment variable) and line.
-    .map_err(|e| ServerError::Invalid(e.to_string()))?
-    .with_base(&base);
+    .and_then(|layers| layers.with_base(&base))
+    // The error names its own source (this file, an environment variable, or the layers
+    // together) and line.
+    .map_err(|e| ServerError::Invalid(e.to_string()))?;
     let settings = layers.global();
     let [
         call,

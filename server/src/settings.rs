@@ -668,22 +668,21 @@ impl Layers {
             None => toml::Table::new(),
         };
         let env = env_layer(vars)?;
-        let layers = Layers { global, env };
-        // What each layer sets may be fine alone and not together (`limits` bounds).
-        layers.merge(None)?;
-        Ok(layers)
+        Ok(Layers { global, env })
     }
 
     /// Puts `base` (the embedding program's own settings) under every layer: files and the
-    /// environment override it key by key.
-    pub fn with_base(mut self, base: &Settings) -> Layers {
+    /// environment override it key by key. Then checks what the layers give together: values
+    /// each fine alone may not work together (the `[limits]` bounds, [`Limits::check`]).
+    pub fn with_base(mut self, base: &Settings) -> Result<Layers, ConfigError> {
         let mut table = match toml::Value::try_from(base) {
             Ok(toml::Value::Table(t)) => t,
             _ => toml::Table::new(),
         };
         deep_merge(&mut table, std::mem::take(&mut self.global));
         self.global = table;
-        self
+        checked(self.merge(None)?)?;
+        Ok(self)
     }
 
     /// The settings with no session file: global < environment.
@@ -692,13 +691,14 @@ impl Layers {
             .expect("both layers were checked on their own")
     }
 
-    /// The settings of a session: global < the session's file < environment.
+    /// The settings of a session: global < the session's file < environment, checked
+    /// together as in [`Layers::with_base`].
     pub fn session(&self, file: Option<(&str, &str)>) -> Result<Settings, ConfigError> {
         let table = match file {
             Some((name, text)) => Some(parse_layer(name, text)?),
             None => None,
         };
-        self.merge(table)
+        checked(self.merge(table)?)
     }
 
     fn merge(&self, session: Option<toml::Table>) -> Result<Settings, ConfigError> {
@@ -707,17 +707,25 @@ impl Layers {
             deep_merge(&mut merged, session);
         }
         deep_merge(&mut merged, self.env.clone());
-        let together = |message: String| ConfigError {
-            source_name: "the configuration (its files and MONAD_* variables together)".into(),
-            line: None,
-            message,
-        };
-        let settings: Settings = toml::Value::Table(merged)
+        toml::Value::Table(merged)
             .try_into()
-            .map_err(|e: toml::de::Error| together(e.message().to_owned()))?;
-        settings.limits.check().map_err(together)?;
-        Ok(settings)
+            .map_err(|e: toml::de::Error| together(e.message().to_owned()))
     }
+}
+
+/// An error of the layers together, not of one of them.
+fn together(message: String) -> ConfigError {
+    ConfigError {
+        source_name: "the configuration (its files and MONAD_* variables together)".into(),
+        line: None,
+        message,
+    }
+}
+
+/// `settings` when what they hold works together ([`Limits::check`]).
+fn checked(settings: Settings) -> Result<Settings, ConfigError> {
+    settings.limits.check().map_err(together)?;
+    Ok(settings)
 }
 
 /// Parses one file and checks it alone against [`Settings`].
@@ -1070,9 +1078,14 @@ mod tests {
 
     #[test]
     fn limits_that_cannot_work_together_stop_the_start_whichever_layers_set_them() {
-        let e = Layers::new(
-            Some(("c.toml", "[limits]\ncommand_max_timeout_ms = 1000\n")),
-            vec![],
+        let start = |file: Option<&str>, env: &[(&str, &str)], base: &Settings| {
+            Layers::new(file.map(|f| ("c.toml", f)), vars(env))?.with_base(base)
+        };
+        let default = Settings::default();
+        let e = start(
+            Some("[limits]\ncommand_max_timeout_ms = 1000\n"),
+            &[],
+            &default,
         )
         .unwrap_err();
         assert!(e.message.contains("command_default_timeout_ms"), "{e}");
@@ -1082,16 +1095,37 @@ mod tests {
             "{e}"
         );
         // Each layer fine alone: the default from the file, the maximum from the environment.
-        let e = Layers::new(
-            Some(("c.toml", "[limits]\ncommand_default_timeout_ms = 5000\n")),
-            vars(&[("MONAD_LIMITS_COMMAND_MAX_TIMEOUT_MS", "4000")]),
+        let e = start(
+            Some("[limits]\ncommand_default_timeout_ms = 5000\n"),
+            &[("MONAD_LIMITS_COMMAND_MAX_TIMEOUT_MS", "4000")],
+            &default,
         )
         .unwrap_err();
         assert!(e.message.contains("(5000) is above"), "{e}");
-        let e = Layers::new(None, vars(&[("MONAD_LIMITS_LIST_MAX_ENTRIES", "0")])).unwrap_err();
+        let e = start(None, &[("MONAD_LIMITS_LIST_MAX_ENTRIES", "0")], &default).unwrap_err();
         assert!(e.message.contains("`limits.list_max_entries` is 0"), "{e}");
+        // The embedding program's base counts: its default under the file's maximum is fine.
+        let mut base = Settings::default();
+        base.limits.command_default_timeout_ms = 30_000;
+        assert!(
+            start(
+                Some("[limits]\ncommand_max_timeout_ms = 60000\n"),
+                &[],
+                &base
+            )
+            .is_ok()
+        );
+        // The layers alone are not checked together: the commands beside a server read only
+        // their `[store]`.
+        assert!(
+            Layers::new(
+                Some(("c.toml", "[limits]\ncommand_max_timeout_ms = 1\n")),
+                vec![]
+            )
+            .is_ok()
+        );
         // A session's file is checked with the layers it sits between.
-        let layers = Layers::new(None, vec![]).unwrap();
+        let layers = start(None, &[], &default).unwrap();
         let e = layers
             .session(Some(("s.toml", "[limits]\ncommand_max_timeout_ms = 10\n")))
             .unwrap_err();
@@ -1105,7 +1139,8 @@ mod tests {
         base.limits.list_max_entries = 43;
         let layers = Layers::new(Some(("c.toml", "[limits]\nlist_max_entries = 1\n")), vec![])
             .unwrap()
-            .with_base(&base);
+            .with_base(&base)
+            .unwrap();
         let g = layers.global();
         assert_eq!(
             (g.limits.read_max_bytes, g.limits.list_max_entries),

@@ -471,10 +471,12 @@ async fn ended_by_a_signal_mid_turn_it_closes_its_connection_and_the_turn_ends_a
         .spawn()
         .expect("monad-client acp starts");
     let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
-    let transport = ByteStreams::new(
-        child.stdin.take().unwrap().compat_write(),
-        child.stdout.take().unwrap().compat(),
-    );
+    let stdin = child.stdin.take().unwrap();
+    // Its standard input stays open until it has exited: nothing it reads may hold it up.
+    let open_input = std::os::fd::AsFd::as_fd(&stdin)
+        .try_clone_to_owned()
+        .unwrap();
+    let transport = ByteStreams::new(stdin.compat_write(), child.stdout.take().unwrap().compat());
     let (text_tx, mut text) = tokio::sync::mpsc::unbounded_channel();
     let conversation = agent_client_protocol::Client
         .v1()
@@ -511,7 +513,9 @@ async fn ended_by_a_signal_mid_turn_it_closes_its_connection_and_the_turn_ends_a
     let status = within(STEP, "monad-client acp to exit", child.wait())
         .await
         .expect("reaped");
-    assert_eq!(status.code(), Some(143), "{status}");
+    drop(open_input);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(15), "ended by SIGTERM: {status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -569,7 +569,13 @@ async fn approval_progress_and_cancel(via: Via) {
 /// 8 s): until then the prompt stayed up, and an approval ran a call for a host that was gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_the_prompt() {
-    for signal in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
+    // (signal, whether the front starts with SIGINT ignored, as a background job of a
+    // non-interactive shell does: it must stay ignored, not become a way to end it)
+    for (signal, ignoring) in [
+        (nix::sys::signal::SIGTERM, false),
+        (nix::sys::signal::SIGINT, false),
+        (nix::sys::signal::SIGTERM, true),
+    ] {
         let (server, _http) = server().await;
         let (asked_tx, mut asked) = mpsc::unbounded_channel();
         let (withdrawn_tx, mut withdrawn) = mpsc::unbounded_channel();
@@ -585,15 +591,29 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
         )
         .await;
         let config = saved_config(&server.client_config());
-        let mut front = monad_tests::command("monad-client")
-            .arg("mcp")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .env("MONAD_CONFIG_DIR", config.path())
-            .env("RUST_LOG", "warn")
-            .kill_on_drop(true)
-            .spawn()
-            .expect("monad-client mcp starts");
+        let mut front = if ignoring {
+            // `trap '' INT` ignores SIGINT, and `exec` keeps it so for the program.
+            let mut sh = monad_tests::command("monad-client");
+            let sh = sh.as_std_mut();
+            let program = sh.get_program().to_owned();
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c")
+                .arg(r#"trap '' INT; exec "$0" mcp"#)
+                .arg(program)
+                .envs(sh.get_envs().filter_map(|(k, v)| Some((k, v?))));
+            cmd
+        } else {
+            let mut cmd = monad_tests::command("monad-client");
+            cmd.arg("mcp");
+            cmd
+        }
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .env("MONAD_CONFIG_DIR", config.path())
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("monad-client mcp starts");
         let mut requests = front.stdin.take().expect("its standard input");
         let mut answers = tokio::io::BufReader::new(front.stdout.take().expect("its output"));
         let init = json!({
@@ -612,14 +632,23 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
             .await
             .expect("asked");
         let pid = nix::unistd::Pid::from_raw(front.id().expect("running") as i32);
+        if ignoring {
+            nix::sys::signal::kill(pid, nix::sys::signal::SIGINT).expect("signalled");
+            let _ = ask(&mut requests, &mut lines, 3, "ping", json!({})).await;
+            assert!(
+                front.try_wait().expect("its state").is_none(),
+                "an ignored SIGINT ended it"
+            );
+        }
         nix::sys::signal::kill(pid, signal).expect("signalled");
         let status = within(STEP, "monad-client mcp to exit", front.wait())
             .await
             .expect("reaped");
+        use std::os::unix::process::ExitStatusExt;
         assert_eq!(
-            status.code(),
-            Some(128 + signal as i32),
-            "{signal}: {status}"
+            status.signal(),
+            Some(signal as i32),
+            "ended by {signal}: {status}"
         );
         // Withdrawn because the front closed its connection, well before the connection's
         // time-out could have told the server.
