@@ -47,8 +47,13 @@ pub enum ProgramSite {
 pub fn locate(sandbox: &Sandbox, program: &str) -> ProgramSite {
     let places = Places::of(sandbox);
     if program.contains('/') {
-        if !program.starts_with('/') || sandbox.jail().resolve(program).is_ok() {
+        // A path the jail takes is in the workspace (`./x`, `bin/x`, an absolute path inside
+        // it); a relative one it refuses climbs out (`../../bin/sh`): not the workspace's.
+        if sandbox.jail().resolve(program).is_ok() {
             return ProgramSite::Workspace(program.to_owned());
+        }
+        if !program.starts_with('/') {
+            return ProgramSite::Other;
         }
         return places.outside(Path::new(program));
     }
@@ -198,6 +203,7 @@ mod tests {
         let inside = dir.path().join("x").to_string_lossy().into_owned();
         assert_eq!(locate(&sb, &inside), ProgramSite::Workspace(inside.clone()));
         assert_eq!(locate(&sb, "no-such-program-anywhere"), ProgramSite::Other);
+        assert_eq!(locate(&sb, "../../bin/sh"), ProgramSite::Other);
         assert_eq!(locate(&sb, "/opt/monad-none/x"), ProgramSite::Other);
         assert_eq!(locate(&sb, ".."), ProgramSite::Other);
         // A workspace toolchain directory that holds the name comes first, executable or not.

@@ -713,9 +713,12 @@ impl<B: Backend> ServerHandler for McpFront<B> {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
-        let wanted = self.session_for(&context.meta)?;
-        self.state().pinned =
-            session_from_meta(&context.meta)?.or_else(|| self.default_session.clone());
+        let named = session_from_meta(&context.meta)?;
+        let wanted = named
+            .clone()
+            .or_else(|| self.state().session.clone())
+            .or_else(|| self.default_session.clone());
+        self.state().pinned = named.or_else(|| self.default_session.clone());
         let (session, _) = self
             .backend
             .open(&context.extensions, wanted.as_deref())

@@ -210,10 +210,11 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
 }
 
 /// A path for the text, which puts one per line: a name may hold a line break or another
-/// control character, which would break that layout, so such a name is shown escaped (`\u{a}`,
-/// as the diff's header and the terminal show it). Programs get it exact in the JSON.
+/// control character, which would break that layout, so such a name is shown as
+/// [`crate::text::printable`] shows it (`\u{a}`, as the diff's header and the terminal do).
+/// Programs get it exact in the JSON. A name of plain ASCII, as most are, is not scanned again.
 fn shown(path: &str) -> std::borrow::Cow<'_, str> {
-    if path.bytes().any(|b| b < 0x20 || b == 0x7f) {
+    if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
         crate::text::printable(path)
     } else {
         std::borrow::Cow::Borrowed(path)
@@ -288,7 +289,7 @@ fn utc(secs: i64) -> String {
 fn stat(ws: &Where<'_>, r: StatResult) -> String {
     let mut out = format!("{}{ws}: {}", shown(&r.path), kind_word(r.kind));
     if let Some(target) = &r.link_target {
-        let _ = write!(out, " to {target}");
+        let _ = write!(out, " to {}", shown(target));
     }
     let _ = write!(
         out,
@@ -369,7 +370,7 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
         (None, true) => {
             // Each directory made is the one before it and one more name: the outermost and
             // the innermost say it all.
-            let dir = |d: &String| format!("{d}/");
+            let dir = |d: &String| format!("{}/", shown(d));
             let dirs = match r.created_dirs.as_slice() {
                 [] => String::new(),
                 [one] => format!("; made the directory {}", dir(one)),
@@ -961,6 +962,12 @@ mod tests {
                    "diff_truncated": false}),
         );
         assert_eq!(written.lines().count(), 1, "{written}");
+        let made = render(
+            ToolName::WriteFile,
+            json!({"path": "a\nb/c.txt", "bytes_written": 1, "created": true, "diff": "",
+                   "diff_truncated": false, "created_dirs": ["a\nb"]}),
+        );
+        assert_eq!(made.lines().count(), 1, "{made}");
     }
 
     #[test]

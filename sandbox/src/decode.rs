@@ -59,11 +59,13 @@ pub(crate) fn guess(head: &[u8]) -> Guess {
     Guess::Text(Encoding::Latin1)
 }
 
-/// UTF-16 without a mark: text in the ASCII range has a NUL in every other byte, and only
-/// there. At least two such characters, at least 30% of the pairs (text mixing scripts), and
-/// the decoded text is text: no NUL, and control characters no more than in a Latin-1 file
+/// UTF-16 without a mark: text in the ASCII range has a NUL in every other byte. At least two
+/// such characters, at least 30% of the pairs (text mixing scripts), the other byte of a pair
+/// NUL in at most a tenth as many (a CJK character such as U+4E00 has one there), and the
+/// decoded text is text: no NUL, and control characters no more than in a Latin-1 file
 /// (little-endian integers have NULs in the odd bytes too). Without the last two, a six-byte
-/// file with one NUL was shown as three CJK characters.
+/// file with one NUL was shown as three CJK characters; a file shorter than that (two CJK
+/// characters and a line break, say) needs its byte order mark to be read as UTF-16.
 fn utf16_by_its_nuls(head: &[u8]) -> Option<Encoding> {
     let pairs = head.len() / 2;
     let zero_odd = head
@@ -74,10 +76,13 @@ fn utf16_by_its_nuls(head: &[u8]) -> Option<Encoding> {
         .chunks_exact(2)
         .filter(|p| p[0] == 0 && p[1] != 0)
         .count();
-    let encoding = match (zero_odd, zero_even) {
-        (n, 0) if n >= 2 && n * 10 >= pairs * 3 => Encoding::Utf16Le,
-        (0, n) if n >= 2 && n * 10 >= pairs * 3 => Encoding::Utf16Be,
-        _ => return None,
+    let likely = |n: usize, other: usize| n >= 2 && n * 10 >= pairs * 3 && other * 10 <= n;
+    let encoding = if likely(zero_odd, zero_even) {
+        Encoding::Utf16Le
+    } else if likely(zero_even, zero_odd) {
+        Encoding::Utf16Be
+    } else {
+        return None;
     };
     let text = decode(&head[..pairs * 2], encoding);
     let (mut chars, mut controls) = (0usize, 0usize);
@@ -211,5 +216,11 @@ mod tests {
         // Two characters are enough for text that is UTF-16.
         assert_eq!(guess(b"h\0i\0"), Guess::Text(Encoding::Utf16Le));
         assert_eq!(guess(b"\0h\0i"), Guess::Text(Encoding::Utf16Be));
+        // A character whose low byte is 0 (U+4E00) among ASCII-range text is still UTF-16.
+        let mixed = "一 is one; 一二三 are one, two, three\r\n";
+        let le: Vec<u8> = mixed.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        assert_eq!(guess(&le), Guess::Text(Encoding::Utf16Le));
+        let be: Vec<u8> = mixed.encode_utf16().flat_map(u16::to_be_bytes).collect();
+        assert_eq!(guess(&be), Guess::Text(Encoding::Utf16Be));
     }
 }

@@ -124,6 +124,9 @@ fn filesystem(fd: impl std::os::fd::AsFd) -> Option<nix::sys::statfs::FsType> {
 impl Sandbox {
     /// Opens `root` as a workspace (see [`Jail::open_ambient`] on ambient authority).
     pub fn open(root: &Path, limits: Limits, exec: ExecPolicy) -> std::io::Result<Sandbox> {
+        limits
+            .check()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let jail = Jail::open_ambient(root)?;
         // Unknown (`fstatfs` failed) counts as neither.
         let kind = filesystem(jail.dir());

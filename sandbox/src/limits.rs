@@ -55,8 +55,9 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Checks that the limits can be used together: each bound at least 1 (a zero would cut
-    /// every result to nothing; `diff_max_bytes` may be 0, no diff shown) and the default
+    /// Checks that the limits can be used together: each bound of what a call reads, lists or
+    /// finds at least 1 (a zero would cut every result to nothing; what is written, shown of a
+    /// diff or kept of a command's output may be 0, an operator's choice) and the default
     /// command time limit within the longest a caller may ask for (otherwise every
     /// `run_command` that gives none would be refused, blaming an argument it never gave).
     /// The error names the keys.
@@ -69,8 +70,6 @@ impl Limits {
             ("search_max_results", self.search_max_results as u64),
             ("search_max_line_chars", self.search_max_line_chars as u64),
             ("glob_max_results", self.glob_max_results as u64),
-            ("write_max_bytes", self.write_max_bytes),
-            ("output_max_bytes", self.output_max_bytes as u64),
             (
                 "command_default_timeout_ms",
                 self.command_default_timeout_ms,

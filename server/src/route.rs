@@ -352,7 +352,8 @@ pub fn not_in_any(
 ) -> ToolError {
     // An absolute path is looked for inside each workspace's root only.
     let inside = if path.starts_with('/') {
-        " (an absolute path must be inside a workspace's root; paths are relative to it)"
+        " (an absolute path is looked for only inside each workspace's root; paths are \
+         relative to it)"
     } else {
         ""
     };
