@@ -410,13 +410,18 @@ fn prompt_seconds() -> clap::builder::RangedU64ValueParser {
     clap::value_parser!(u64).range(2..=7 * 24 * 3600)
 }
 
-/// Exits with clap's usage error (status 2) for `call`: the message, then how `call` is used.
-fn call_usage_error(kind: clap::error::ErrorKind, message: impl std::fmt::Display) -> ! {
+/// Exits with clap's usage error (status 2) for `subcommand`: the message, then how that
+/// subcommand is used (not the top-level `monad-client <COMMAND>`).
+fn usage_error(
+    subcommand: &str,
+    kind: clap::error::ErrorKind,
+    message: impl std::fmt::Display,
+) -> ! {
     let mut cli = Cli::command();
-    // Names the subcommand `monad-client call` in its usage line.
+    // Names the subcommand (`monad-client call`) in its usage line.
     cli.build();
-    match cli.find_subcommand_mut("call") {
-        Some(call) => call.error(kind, message).exit(),
+    match cli.find_subcommand_mut(subcommand) {
+        Some(command) => command.error(kind, message).exit(),
         None => cli.error(kind, message).exit(),
     }
 }
@@ -484,9 +489,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             focus,
         } => {
             let (allow, dir) = split_allow(allow, dir).map_err(|message| {
-                Cli::command()
-                    .error(clap::error::ErrorKind::ValueValidation, message)
-                    .exit()
+                usage_error("attach", clap::error::ErrorKind::ValueValidation, message)
             })?;
             let config = ClientConfig::load(&config_dir()?)?;
             let canonical = dir
@@ -619,14 +622,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     return Ok(ExitCode::SUCCESS);
                 }
                 (Some(tool), false) => tool,
-                (None, false) => call_usage_error(
+                (None, false) => usage_error(
+                    "call",
                     clap::error::ErrorKind::MissingRequiredArgument,
                     "the tool to call is missing: `monad-client call TOOL --args JSON` \
                      (`monad-client tools` lists them)",
                 ),
             };
             let usage = |message: String| -> ! {
-                call_usage_error(clap::error::ErrorKind::ValueValidation, message)
+                usage_error("call", clap::error::ErrorKind::ValueValidation, message)
             };
             let mut args: serde_json::Value = match serde_json::from_str(&args) {
                 Ok(args) => args,

@@ -575,7 +575,8 @@ mod tests {
         assert!(plan(ToolName::ReadFile, None, Some("/etc/passwd"), &ws, None).is_ok());
         let err = not_in_any("/etc/passwd", &["primary"], &[], &[]);
         assert!(
-            err.message.contains("looked for only inside each workspace's root"),
+            err.message
+                .contains("looked for only inside each workspace's root"),
             "{}",
             err.message
         );

@@ -281,7 +281,8 @@ async fn options_go_before_or_after_the_folder() {
     let out = client(config.path(), &["attach", "--allow", "bogus", dir]).await;
     assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(
-        text(&out.stderr).contains("read, write or exec"),
+        text(&out.stderr).contains("read, write or exec")
+            && text(&out.stderr).contains("Usage: monad-client attach"),
         "{}",
         text(&out.stderr)
     );
@@ -306,14 +307,7 @@ async fn options_go_before_or_after_the_folder() {
 async fn sigterm_detaches_like_ctrl_c_and_a_call_waiting_on_the_folder_fails_at_once() {
     let (server, _data, config) = ServerProcess::logged_in().await;
     let laptop = folder(&[]);
-    // On a terminal, so that a write waits for its prompt (for 10 minutes, unanswered).
-    let mut cmd = command("monad-client");
-    cmd.arg("attach")
-        .arg(laptop.path())
-        .args(["--name", "lap", "--prompt-timeout", "600"])
-        .env("MONAD_CONFIG_DIR", config.path());
-    let mut pty = Pty::spawn(cmd);
-    let at = pty.wait_for("attached ", 0).await;
+    let (mut pty, at) = attached_on_a_terminal(config.path(), laptop.path()).await;
     let token = server.first_token.clone().unwrap();
     let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
     let waiting = tokio::spawn(async move {
@@ -360,13 +354,7 @@ async fn an_interrupted_call_closes_its_connection_and_its_prompt_is_withdrawn_a
     let token = server.first_token.clone().unwrap();
     server.client_config(&token).save(config.path()).unwrap();
     let laptop = folder(&[]);
-    let mut cmd = command("monad-client");
-    cmd.arg("attach")
-        .arg(laptop.path())
-        .args(["--name", "lap", "--prompt-timeout", "600"])
-        .env("MONAD_CONFIG_DIR", config.path());
-    let mut pty = Pty::spawn(cmd);
-    let at = pty.wait_for("attached ", 0).await;
+    let (mut pty, at) = attached_on_a_terminal(config.path(), laptop.path()).await;
     let caller = command("monad-client")
         .args(["call", "write_file", "--workspace", "lap", "--args"])
         .arg(r#"{"path": "new.txt", "content": "x"}"#)
@@ -460,6 +448,20 @@ async fn a_folder_whose_path_is_not_utf8_is_refused_not_confused_with_another() 
     );
     let now = status_of(config.path()).await;
     assert_eq!(now.len(), 1, "only the primary: {now:?}");
+}
+
+/// `monad-client attach` of `laptop` as `lap`, on a terminal so that a call that needs
+/// approval waits for its prompt (for 10 minutes, unanswered); once attached, with where its
+/// screen is.
+async fn attached_on_a_terminal(config: &Path, laptop: &Path) -> (Pty, usize) {
+    let mut cmd = command("monad-client");
+    cmd.arg("attach")
+        .arg(laptop)
+        .args(["--name", "lap", "--prompt-timeout", "600"])
+        .env("MONAD_CONFIG_DIR", config);
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("attached ", 0).await;
+    (pty, at)
 }
 
 async fn status_of(config: &Path) -> Vec<(String, bool)> {

@@ -502,6 +502,39 @@ impl Approver for Hanging {
     }
 }
 
+/// A folder `laptop` (holding `notes.txt`) attached to a server, whose owner never answers:
+/// each question asked, and each withdrawn, arrives on its receiver.
+struct Unanswered {
+    asked: mpsc::UnboundedReceiver<ApprovalRequest>,
+    withdrawn: mpsc::UnboundedReceiver<()>,
+    _attached: Attachment,
+    _dir: TempDir,
+}
+
+impl Unanswered {
+    async fn attach(server: &TestServer) -> Unanswered {
+        let (asked_tx, asked) = mpsc::unbounded_channel();
+        let (withdrawn_tx, withdrawn) = mpsc::unbounded_channel();
+        let approver = Hanging {
+            asked: asked_tx,
+            withdrawn: withdrawn_tx,
+        };
+        let dir = folder(&[("notes.txt", "x\n")]);
+        let attached = Attachment::start(
+            &server.client_config(),
+            attach_options(dir.path(), "laptop"),
+            Some(Arc::new(approver)),
+        )
+        .await;
+        Unanswered {
+            asked,
+            withdrawn,
+            _attached: attached,
+            _dir: dir,
+        }
+    }
+}
+
 /// While a call waits for approval the host sees progress and a log line; cancelling the
 /// request withdraws the prompt on the laptop.
 async fn approval_progress_and_cancel(via: Via) {
@@ -509,19 +542,7 @@ async fn approval_progress_and_cancel(via: Via) {
     let mut host = connect(&server, http, via, None)
         .await
         .expect("the host connects");
-    let (asked_tx, mut asked) = mpsc::unbounded_channel();
-    let (withdrawn_tx, mut withdrawn) = mpsc::unbounded_channel();
-    let approver = Hanging {
-        asked: asked_tx,
-        withdrawn: withdrawn_tx,
-    };
-    let dir = folder(&[("notes.txt", "x\n")]);
-    let _attached = Attachment::start(
-        &server.client_config(),
-        attach_options(dir.path(), "laptop"),
-        Some(Arc::new(approver)),
-    )
-    .await;
+    let mut laptop = Unanswered::attach(&server).await;
 
     let params = CallToolRequestParams::new("read_file")
         .with_arguments(json!({"path": "notes.txt"}).as_object().cloned().unwrap());
@@ -533,7 +554,7 @@ async fn approval_progress_and_cancel(via: Via) {
         )
         .await
         .expect("the call is sent");
-    let request = within(STEP, "the approval prompt", asked.recv())
+    let request = within(STEP, "the approval prompt", laptop.asked.recv())
         .await
         .expect("asked");
     assert_eq!(request.target, "notes.txt");
@@ -557,7 +578,7 @@ async fn approval_progress_and_cancel(via: Via) {
         .cancel(Some("the user changed their mind".into()))
         .await
         .expect("cancel is sent");
-    within(STEP, "the prompt to be withdrawn", withdrawn.recv())
+    within(STEP, "the prompt to be withdrawn", laptop.withdrawn.recv())
         .await
         .expect("withdrawn");
     let _ = host.client.cancel().await;
@@ -577,19 +598,7 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
         (nix::sys::signal::SIGTERM, true),
     ] {
         let (server, _http) = server().await;
-        let (asked_tx, mut asked) = mpsc::unbounded_channel();
-        let (withdrawn_tx, mut withdrawn) = mpsc::unbounded_channel();
-        let approver = Hanging {
-            asked: asked_tx,
-            withdrawn: withdrawn_tx,
-        };
-        let dir = folder(&[("notes.txt", "x\n")]);
-        let _attached = Attachment::start(
-            &server.client_config(),
-            attach_options(dir.path(), "laptop"),
-            Some(Arc::new(approver)),
-        )
-        .await;
+        let mut laptop = Unanswered::attach(&server).await;
         let config = saved_config(&server.client_config());
         let mut front = if ignoring {
             // `trap '' INT` ignores SIGINT, and `exec` keeps it so for the program.
@@ -628,7 +637,7 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
         tokio::io::AsyncWriteExt::write_all(&mut requests, format!("{call}\n").as_bytes())
             .await
             .expect("the call is written");
-        within(STEP, "the approval prompt", asked.recv())
+        within(STEP, "the approval prompt", laptop.asked.recv())
             .await
             .expect("asked");
         let pid = nix::unistd::Pid::from_raw(front.id().expect("running") as i32);
@@ -655,7 +664,7 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
         within(
             monad_protocol::pin::IDLE_TIMEOUT / 2,
             "the prompt to be withdrawn",
-            withdrawn.recv(),
+            laptop.withdrawn.recv(),
         )
         .await
         .expect("withdrawn");
