@@ -1142,6 +1142,36 @@ impl Registry {
         self.default_of(user)
     }
 
+    /// The id `user` means by `id` without creating anything: `default` is the user's own
+    /// default (the well-known `default` when it is theirs, else the one of their own kept for
+    /// them; `None` when they have none yet), any other id is itself. For reads over HTTP,
+    /// where `default` must not name another user's session.
+    pub fn existing_id(&self, id: &str, user: &str) -> Option<String> {
+        if id != DEFAULT_SESSION {
+            return Some(id.to_owned());
+        }
+        match self.stored_owner_of(DEFAULT_SESSION) {
+            Ok(Some(owner)) if owner == user => return Some(DEFAULT_SESSION.to_owned()),
+            Ok(None) => return None,
+            Ok(Some(_)) | Err(_) => {}
+        }
+        self.store
+            .default_session(user)
+            .ok()
+            .flatten()
+            .filter(|own| self.owner_of(own).as_deref() == Some(user))
+    }
+
+    /// The session `user` means by `id`, opened: `default` is their own default (created on
+    /// first need, as [`Registry::resolve`] takes it), any other id exactly that session
+    /// ([`Registry::open`]). For the HTTP fronts, which bind no device.
+    pub fn open_own(&self, id: &str, user: &str) -> Result<Arc<Session>, ToolError> {
+        if id == DEFAULT_SESSION {
+            return self.resolve(Some(id), user, None);
+        }
+        self.open(id, user)
+    }
+
     /// The user's default session: the well-known `default` when it is theirs or nobody's yet,
     /// else a session of their own, created on first need.
     fn default_of(&self, user: &str) -> Result<String, ToolError> {

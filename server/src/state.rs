@@ -118,8 +118,8 @@ pub enum Lookup<'a> {
         /// The connection's device, when it has one.
         device: Option<&'a DeviceId>,
     },
-    /// The HTTP front's rule: the session with exactly this id ([`Registry::open`]), else the
-    /// user's default (HTTP has no device to bind).
+    /// The HTTP front's rule: the session with exactly this id, `default` meaning the user's
+    /// own ([`Registry::open_own`]), else the user's default (HTTP has no device to bind).
     Open(Option<&'a str>),
 }
 
@@ -165,7 +165,7 @@ impl State {
             }
             Lookup::Open(Some(id)) => {
                 let id = id.to_owned();
-                tokio::task::spawn_blocking(move || state.registry.open(&id, &user))
+                tokio::task::spawn_blocking(move || state.registry.open_own(&id, &user))
             }
             Lookup::Open(None) => {
                 tokio::task::spawn_blocking(move || state.registry.resolve(None, &user, None))

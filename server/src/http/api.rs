@@ -1018,6 +1018,16 @@ fn store_upload(
 ) -> Result<ArtifactCreated, HttpError> {
     let record = owned_record(state, user, id)?;
     let store = state.registry.store();
+    // `default` is the caller's own default (made on first need, as over QUIC), never the
+    // session of whoever used `default` first.
+    if checked.session == crate::session::DEFAULT_SESSION {
+        checked.session = state
+            .registry
+            .open_own(&checked.session, user)
+            .map_err(tool_error)?
+            .id
+            .clone();
+    }
     // Another user's session is a 404, before anything is made.
     match store.load(&checked.session) {
         Ok(Some(meta)) if meta.owner != user => {
@@ -1056,7 +1066,7 @@ fn store_upload(
     }
     let session = state
         .registry
-        .open(&checked.session, user)
+        .open_own(&checked.session, user)
         .map_err(tool_error)?;
     checked.upload.workspace_id = record.id.clone();
     let size = checked.content.len() as u64;

@@ -179,7 +179,11 @@ pub async fn blocking<T: Send + 'static>(
 /// someone else's).
 pub fn owned_session(state: &State, user: &str, id: &str) -> Result<SessionMeta, HttpError> {
     let not_found = || HttpError::not_found(format!("session `{id}`"));
-    let Ok(id) = crate::session::normalize_id(id) else {
+    // `default` is the caller's own default, never another user's.
+    let Some(id) = state.registry.existing_id(id, user) else {
+        return Err(not_found());
+    };
+    let Ok(id) = crate::session::normalize_id(&id) else {
         return Err(not_found());
     };
     match state.registry.store().load(&id) {

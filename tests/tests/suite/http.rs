@@ -336,6 +336,34 @@ async fn another_users_requests_on_an_mcp_session_are_not_found_and_leave_it_alo
     .await;
 }
 
+/// `default` in `_meta.sessionId` is the caller's own default, as over QUIC: a second user who
+/// named it was refused, "belongs to another user".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_user_who_names_default_over_mcp_gets_their_own() {
+    let (server, http) = server(|_| {}).await;
+    let ana = format!("Bearer {}", server.token);
+    let ben = format!("Bearer {}", server.create_token("ben"));
+    const NAMING_DEFAULT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"_meta":{"sessionId":"default"},"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    blocking("two users naming default", move || {
+        let session_of = |auth: &str| {
+            let opened = request(http, "POST", &[("Authorization", auth)], NAMING_DEFAULT);
+            assert_eq!(opened.status, 200, "{opened:?}");
+            assert!(!opened.body.contains("\"error\""), "{opened:?}");
+            let at = opened
+                .body
+                .find("\"sessionId\":\"")
+                .expect("the session in _meta")
+                + 13;
+            opened.body[at..].split('"').next().unwrap().to_owned()
+        };
+        assert_eq!(session_of(&ana), "default");
+        let bens = session_of(&ben);
+        assert_ne!(bens, "default", "ana's is not ben's");
+        assert_eq!(session_of(&ben), bens, "and it stays his");
+    })
+    .await;
+}
+
 /// A connection to `http` from `127.0.0.<n>` (on Linux every address of 127/8 is the loopback
 /// interface's). Call from a blocking task.
 fn from_loopback(n: u8, http: SocketAddr) -> TcpStream {

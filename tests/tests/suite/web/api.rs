@@ -484,6 +484,55 @@ async fn a_second_user_sees_nothing_of_the_first_and_their_ids_answer_404() {
     );
 }
 
+/// `default` names the caller's own default session, as over QUIC: a second user naming it got
+/// a 404 (or over `/mcp`, "belongs to another user") because the first user's `default` was
+/// taken for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_names_each_users_own_session() {
+    let (server, http) = server().await;
+    let ana = Api::new(http, &server.token);
+    let bob = Api::new(http, &server.create_token("bob"));
+    // An upload into `default`: "YW5h" and "Ym9i" are "ana" and "bob" in base64.
+    let into_default = |content: &str| {
+        json!({"sessionId": "default", "artifactType": "tool_output", "artifactName": "o.txt",
+               "contentType": "text/plain", "contentBase64": content})
+    };
+    let ana_ws = ana.workspace(Some("/a")).await;
+    let hers = ana
+        .post(
+            &format!("/api/v1/workspaces/{ana_ws}/artifacts"),
+            &into_default("YW5h"),
+        )
+        .await;
+    assert_eq!(hers.status, 201, "{}", hers.text());
+    // Bob has no default yet: his `default` is not found, and it is not hers.
+    let none = bob.get("/api/v1/sessions/default").await;
+    assert_eq!(none.status, 404, "{}", none.text());
+    let bob_ws = bob.workspace(Some("/b")).await;
+    let his = bob
+        .post(
+            &format!("/api/v1/workspaces/{bob_ws}/artifacts"),
+            &into_default("Ym9i"),
+        )
+        .await;
+    assert_eq!(his.status, 201, "{}", his.text());
+    let his_default = bob.get("/api/v1/sessions/default").await;
+    assert_eq!(his_default.status, 200, "{}", his_default.text());
+    let his_id = his_default.json()["sessionId"].as_str().unwrap().to_owned();
+    assert_ne!(his_id, "default", "the well-known one is ana's");
+    let artifacts = bob.get("/api/v1/sessions/default/artifacts").await;
+    assert_eq!(artifacts.status, 200, "{}", artifacts.text());
+    assert_eq!(
+        artifacts.json()["artifacts"].as_array().map(Vec::len),
+        Some(1)
+    );
+    // Hers is untouched and still hers.
+    let her_default = ana.get("/api/v1/sessions/default").await.json();
+    assert_eq!(her_default["sessionId"], "default");
+    let her_artifacts = ana.get("/api/v1/sessions/default/artifacts").await.json();
+    assert_eq!(her_artifacts["artifacts"].as_array().map(Vec::len), Some(1));
+}
+
 /// Every session id of a listing, page by page with `limit`, checking the order as it goes.
 async fn page_all(api: &Api, path: &str, limit: usize) -> Vec<String> {
     let mut ids = Vec::new();
