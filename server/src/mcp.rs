@@ -229,8 +229,8 @@ async fn delete_answers_no_content(request: Request, next: Next) -> Response {
 /// MCP endpoint at [`PATH`] behind, from the outside in, the `Origin`
 /// check (403), token authentication (401) and MCP session ownership (404).
 /// `local` is the address it is served on: on a loopback address only loopback `Host` headers
-/// are accepted (against DNS rebinding), and the server's own loopback origins; elsewhere any
-/// host is, since every request needs a token anyway. Cancelling `shutdown` ends every MCP
+/// are accepted, on every path (against DNS rebinding), and the server's own loopback origins;
+/// elsewhere any host is, since every request needs a token anyway. Cancelling `shutdown` ends every MCP
 /// session.
 pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken) -> axum::Router {
     let web = crate::http::router(state.clone(), shutdown.clone());
@@ -254,13 +254,55 @@ pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken)
         local,
         &state.config.http_limits.allowed_origins,
     ));
-    axum::Router::new()
+    let app = axum::Router::new()
         .route_service(PATH, service)
         .layer(middleware::from_fn(delete_answers_no_content))
         .layer(middleware::from_fn_with_state(sessions, owned_sessions))
         .layer(middleware::from_fn_with_state(state, authenticate))
         .layer(middleware::from_fn_with_state(origins, check_origin))
-        .merge(web)
+        .merge(web);
+    if local.ip().is_loopback() {
+        // The API and the web view too, not only `/mcp`: a page on another site whose name
+        // was made to resolve to 127.0.0.1 reaches them under its own name.
+        app.layer(middleware::from_fn(loopback_host))
+    } else {
+        app
+    }
+}
+
+/// Refuses a request whose `Host` (or HTTP/2 authority) is not a loopback name, with 403: for a
+/// server served on a loopback address, against DNS rebinding.
+async fn loopback_host(request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    if host.is_some_and(is_loopback_host) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::FORBIDDEN,
+            [
+                (header::CONNECTION, "close"),
+                (header::CONTENT_TYPE, "application/json"),
+            ],
+            r#"{"error":"forbidden","message":"this server answers on a loopback address only to loopback host names (localhost, 127.0.0.1, [::1])"}"#,
+        )
+            .into_response()
+    }
+}
+
+/// Whether `host` (`name[:port]`, `[v6]:port`) names this machine's loopback interface.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The origins `/mcp` accepts: the server's own loopback origins when it is served on a

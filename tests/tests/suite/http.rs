@@ -336,6 +336,45 @@ async fn another_users_requests_on_an_mcp_session_are_not_found_and_leave_it_alo
     .await;
 }
 
+/// On a loopback address, every path answers only to loopback host names: a page on another
+/// site whose name resolves to 127.0.0.1 (DNS rebinding) reached the API and the web view under
+/// its own name; only `/mcp` checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_loopback_every_path_refuses_a_host_that_is_not_loopback() {
+    let (server, http) = server(|_| {}).await;
+    let bearer = format!("Bearer {}", server.token);
+    blocking("requests under other host names", move || {
+        let get = |path: &str, host: &str| {
+            let text = format!(
+                "GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {bearer}\r\n\
+                 Connection: close\r\n\r\n"
+            );
+            let mut stream = TcpStream::connect(http).expect("connects");
+            stream.set_read_timeout(Some(STEP)).expect("read time-out");
+            stream.write_all(text.as_bytes()).expect("sent");
+            let mut raw = String::new();
+            let _ = stream.read_to_string(&mut raw);
+            parse(&raw)
+        };
+        let port = http.port();
+        for path in ["/api/v1/sessions", "/login", "/"] {
+            for host in ["evil.example", "evil.example:80", "127.0.0.1.evil.example"] {
+                let answer = get(path, host);
+                assert_eq!(answer.status, 403, "{path} as {host}: {answer:?}");
+            }
+            for host in [
+                format!("127.0.0.1:{port}"),
+                format!("localhost:{port}"),
+                "127.0.0.1".to_owned(),
+            ] {
+                let answer = get(path, &host);
+                assert_ne!(answer.status, 403, "{path} as {host}: {answer:?}");
+            }
+        }
+    })
+    .await;
+}
+
 /// `default` in `_meta.sessionId` is the caller's own default, as over QUIC: a second user who
 /// named it was refused, "belongs to another user".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
