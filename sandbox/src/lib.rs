@@ -283,9 +283,10 @@ impl Sandbox {
         self.processes.shared.network.audit()
     }
 
-    /// Whether a background process of this workspace still runs.
-    pub fn has_running_processes(&self) -> bool {
-        self.processes.any_running()
+    /// Whether this workspace keeps a background process: one that still runs, or one that
+    /// exited with output not read yet (`process_read` gives it, then it goes).
+    pub fn has_processes(&self) -> bool {
+        self.processes.any()
     }
 
     /// Runs a workspace tool by name with JSON arguments and returns its JSON result. File tools

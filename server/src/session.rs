@@ -107,11 +107,12 @@ impl PrimaryWorkspace {
         }
     }
 
-    /// Whether a background process started here still runs (only once the sandbox is open).
-    pub fn has_running_processes(&self) -> bool {
+    /// Whether a background process started here is kept: still running, or exited with
+    /// output not read yet (only once the sandbox is open).
+    pub fn has_processes(&self) -> bool {
         self.sandbox
             .get()
-            .is_some_and(|sandbox| sandbox.has_running_processes())
+            .is_some_and(|sandbox| sandbox.has_processes())
     }
 
     /// The sandbox, opened (and its root created) on the first call; later calls share it.
@@ -316,13 +317,14 @@ impl Session {
     /// (dropping it would split the session in two at its next load): a request or task holding
     /// it (any reference besides the registry's own, on which this is called), a folder
     /// attached and online, a watcher (an MCP host, `watch`) waiting for its changes, or a
-    /// background process still running in the primary workspace (unloading would kill it).
+    /// background process of the primary workspace, still running or exited with output not
+    /// read yet (unloading would kill the one and lose the other's output).
     /// The one predicate for unloading idle sessions and for evicting one to make room.
     pub fn in_use(self: &Arc<Self>) -> bool {
         Arc::strong_count(self) > 1
             || self.changes.receiver_count() > 0
             || self.has_online_attachments()
-            || self.primary.has_running_processes()
+            || self.primary.has_processes()
     }
 
     /// When the session was last used.

@@ -517,8 +517,9 @@ impl Table {
     }
 
     /// Whether a background process still runs (a workspace with one is in use).
-    pub(crate) fn any_running(&self) -> bool {
-        self.lock().iter().any(|p| p.exit().is_none())
+    /// Whether it keeps any process: running, or exited with output not read yet.
+    pub(crate) fn any(&self) -> bool {
+        !self.lock().is_empty()
     }
 }
 

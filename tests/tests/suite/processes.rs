@@ -235,6 +235,52 @@ async fn a_background_process_in_the_primary_runs_across_calls() {
     assert_eq!(r["signal"], 9, "{r}");
 }
 
+/// A background process that has exited keeps its session in memory until its output is read:
+/// a session was unloaded as soon as none of its processes ran, and the output and exit status
+/// of a finished build were lost (`process_read` then said the session had no such process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exited_background_process_keeps_its_output_until_it_is_read() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let (started, _) = ok(call(
+        &agent,
+        "run_command",
+        json!({"argv": ["sh", "-c", "echo BUILD-RESULT-42; exit 7"], "background": true}),
+    )
+    .await);
+    let id = started["process"].as_str().unwrap().to_owned();
+    // Until it has exited (listing does not read its output).
+    within(STEP, "the process to exit", async {
+        loop {
+            let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
+            if listed["processes"][0]["running"] == false {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Idle sessions are unloaded (as `idle_unload_hours` or the memory bound would): not this.
+    server
+        .state()
+        .registry
+        .unload_idle(std::time::Duration::ZERO);
+    let (read, _) = ok(call(&agent, "process_read", json!({"process": id})).await);
+    assert!(
+        read["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("BUILD-RESULT-42"),
+        "{read}"
+    );
+    assert_eq!(read["exit_code"], 7, "{read}");
+    // Read to its end, it is gone, and the session may go too.
+    expect_code(
+        call(&agent, "process_read", json!({"process": id})).await,
+        ErrorCode::NotFound,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_command_reports_progress_to_the_agent_from_either_workspace() {
     let server = TestServer::start().await;
