@@ -240,9 +240,11 @@ fn atomic(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     })
 }
 
-/// Opens `path` to append to it, creating it (private) when absent.
+/// Opens `path` to append to it (and to read its last byte), creating it (private) when
+/// absent.
 fn open_append(path: &Path) -> Result<std::fs::File, StoreError> {
     std::fs::OpenOptions::new()
+        .read(true)
         .append(true)
         .create(true)
         .mode(PRIVATE_FILE)
@@ -252,15 +254,46 @@ fn open_append(path: &Path) -> Result<std::fs::File, StoreError> {
 
 /// Appends `bytes` (whole lines) with one write, then fsyncs. A write that fails part way (a
 /// full disk) is cut off again, so the file never keeps part of a line that the next append
-/// would run into.
+/// would run into. A file whose last line a crash cut (it does not end with a line break) has
+/// that part of a line cut first: it was never a whole record and no reader can take it, and
+/// the first line written after it would otherwise have run into it and been lost with it.
 fn append_durable(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let mut file = open_append(path)?;
-    let before = file.metadata().map_err(map_io("stat", path))?.len();
+    let mut before = file.metadata().map_err(map_io("stat", path))?.len();
+    let whole = whole_lines_end(&file, before).map_err(map_io("read", path))?;
+    if whole < before {
+        file.set_len(whole)
+            .map_err(map_io("cut a torn line of", path))?;
+        tracing::warn!(
+            "{}: cut the last {} bytes, part of a line a crash left, before appending",
+            path.display(),
+            before - whole
+        );
+        before = whole;
+    }
     if let Err(e) = file.write_all(bytes) {
         let _ = file.set_len(before);
         return Err(StoreError::io("append to", path, e));
     }
     file.sync_data().map_err(map_io("sync", path))
+}
+
+/// Where the whole lines of a file `len` bytes long end: just after its last line break (0
+/// when it has none), read backwards a piece at a time.
+fn whole_lines_end(file: &std::fs::File, len: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut end = len;
+    let mut piece = [0u8; 4096];
+    while end > 0 {
+        let start = end.saturating_sub(piece.len() as u64);
+        let got = &mut piece[..(end - start) as usize];
+        file.read_exact_at(got, start)?;
+        if let Some(at) = got.iter().rposition(|&b| b == b'\n') {
+            return Ok(start + at as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
 
 /// How long a temporary file must have been left alone before start-up removes it: far longer
@@ -2124,6 +2157,20 @@ mod tests {
         assert_eq!(
             page.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
             ["f3", "f4"]
+        );
+        // What is written after the torn line (the server restarted after a crash) is all
+        // there: the first record used to run into the torn line and be lost with it.
+        let mut after = records[..2].to_vec();
+        after[0].target = "after-1".into();
+        after[1].target = "after-2".into();
+        store.audit("default", &after[..1]).unwrap();
+        store.audit("default", &after[1..]).unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), 7);
+        let (page, total) = store.audit_page("default", 5, 10).unwrap();
+        assert_eq!(total, 7);
+        assert_eq!(
+            page.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
+            ["after-1", "after-2"]
         );
     }
 
