@@ -406,7 +406,7 @@ fn call_markup(session: &str, c: &AuditEntry, has_diff: bool) -> Markup {
                 span.mono { (c.tool) }
                 span { (c.workspace.as_deref().unwrap_or("—")) }
                 span.mono.target title=(c.target) { (c.target) }
-                span { span.badge class=(c.decision) { (c.decision) } " " span.muted { (c.decided_by) } }
+                span { span class={ "badge " (c.decision) } { (c.decision) } " " span.muted { (c.decided_by) } }
                 span.mono { (c.duration_ms) " ms" }
                 span class=(outcome_class) { (c.outcome) @if has_diff { " " span.badge { "diff" } } }
             }

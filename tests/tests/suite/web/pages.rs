@@ -277,6 +277,9 @@ async fn markup_in_history_file_names_and_artifacts_comes_out_inert() {
         .get(&format!("/sessions/{session}/calls?from=0"))
         .await
         .text();
+    // Each decision is styled by its class: one `class` attribute (a second is ignored).
+    assert!(calls.contains(r#"class="badge "#), "{calls}");
+    assert!(!calls.contains(r#"class="badge" class="#), "{calls}");
     html.push_str(&calls);
     // The diffs of the calls, as the timeline loads them.
     let audit = api
