@@ -235,12 +235,14 @@ fn sessions_table(sessions: &[SessionMeta]) -> Table {
 
 /// Deletes `ids` after showing them (and asking, unless `yes`); `max_age`: only those still
 /// unused for that long.
+/// Deletes the `listed` sessions, after asking unless `yes`. For `gc`, `unused` is the age they
+/// were listed for and when: only those still unused since then are deleted.
 fn remove(
     remover: &monad_server::admin::Remover,
     listed: &[SessionMeta],
     yes: bool,
     dry_run: bool,
-    max_age: Option<Duration>,
+    unused: Option<(Duration, std::time::Instant)>,
 ) -> Result<()> {
     let what = count(listed.len(), "session", "sessions");
     let through = if remover.through_server() {
@@ -266,6 +268,13 @@ fn remove(
         return Ok(());
     }
     let ids: Vec<String> = listed.iter().map(|s| s.id.clone()).collect();
+    // Unused since the listing: its age plus the time the question took (in whole seconds,
+    // up), so that a session used while the user read the list is kept, whatever the age
+    // (with `--max-age 0`, any use before now looked old enough).
+    let max_age = unused.map(|(age, listed_at)| {
+        let waited = listed_at.elapsed();
+        age + Duration::from_secs(waited.as_secs() + u64::from(waited.subsec_nanos() > 0))
+    });
     let (deleted, kept) = remover.delete(&ids, max_age).map_err(anyhow::Error::msg)?;
     for id in &deleted {
         outln!("{}", p(id))?;
@@ -333,13 +342,14 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             dry_run,
         } => {
             let remover = admin.remover().map_err(anyhow::Error::msg)?;
+            let listed_at = std::time::Instant::now();
             let unused = remover.unused(max_age).map_err(anyhow::Error::msg)?;
             errln!(
                 "{} unused for {} (never `default`, never one in use)",
                 count(unused.len(), "session", "sessions"),
                 describe_age(max_age)
             );
-            remove(&remover, &unused, yes, dry_run, Some(max_age))?;
+            remove(&remover, &unused, yes, dry_run, Some((max_age, listed_at)))?;
         }
         SessionCommand::History { id, json } => {
             let id = resolve(&id)?;

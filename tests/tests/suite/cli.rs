@@ -968,6 +968,21 @@ async fn gc_and_delete_through_the_running_server(url: Option<&str>) {
     pty.wait_for("nothing deleted", at).await;
     assert!(listed(d, &old).await);
 
+    // Used while the question waits: kept, even at `--max-age 0` (any use before the answer
+    // looked old enough, and it was deleted).
+    let mut cmd = command("monad-server");
+    cmd.arg("--data-dir")
+        .arg(d)
+        .args(["session", "gc", "--max-age", "0"]);
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("[y/N]", 0).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let used = client(config.path(), &["call", "list_dir", "--session", &old]).await;
+    assert!(used.status.success(), "{}", text(&used.stderr));
+    pty.send(b"y\n");
+    pty.wait_for("used since it was listed", at).await;
+    assert!(listed(d, &old).await);
+
     // A session in use (a folder attached) is kept, whatever its age.
     let laptop = folder(&[]);
     let _attached = Attaching::start(
