@@ -256,6 +256,11 @@ fn remove(
     }
     output::err(&sessions_table(listed).render(true));
     if dry_run {
+        // The ids on standard output, one per line, as a real run prints those it deleted:
+        // for a script (`| wc -l`, `| xargs`); the table and the words go to standard error.
+        for session in listed {
+            outln!("{}", p(&session.id))?;
+        }
         errln!("would delete {what}{through}; nothing deleted (--dry-run)");
         return Ok(());
     }

@@ -932,6 +932,12 @@ async fn gc_and_delete_through_the_running_server(url: Option<&str>) {
         said.contains("2 sessions") && said.contains("through the running server"),
         "{said}"
     );
+    // The ids alone on standard output, for a script, as a real run prints those it deleted.
+    let mut ids: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    ids.sort();
+    let mut both = vec![old.clone(), doomed.clone()];
+    both.sort();
+    assert_eq!(ids, both);
     // Reading beside it: the sessions of the configured store, by a prefix of their id.
     let out = server_cmd(d, &["session", "show", &old[..8], "--json"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
