@@ -464,6 +464,16 @@ async fn attached_on_a_terminal(config: &Path, laptop: &Path) -> (Pty, usize) {
     (pty, at)
 }
 
+/// `monad-server --data-dir DATA ARGS` on a terminal, once it asks `[y/N]`, with where its
+/// screen is.
+async fn asking(data: &Path, args: &[&str]) -> (Pty, usize) {
+    let mut cmd = command("monad-server");
+    cmd.arg("--data-dir").arg(data).args(args);
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("[y/N]", 0).await;
+    (pty, at)
+}
+
 async fn status_of(config: &Path) -> Vec<(String, bool)> {
     workspace_names(&status(config).await)
 }
@@ -950,12 +960,7 @@ async fn gc_and_delete_through_the_running_server(url: Option<&str>) {
     assert!(listed(d, &doomed).await);
 
     // On a terminal, it asks; `y` deletes, through the server, which forgets it at once.
-    let mut cmd = command("monad-server");
-    cmd.arg("--data-dir")
-        .arg(d)
-        .args(["session", "delete", &doomed[..8]]);
-    let mut pty = Pty::spawn(cmd);
-    let at = pty.wait_for("[y/N]", 0).await;
+    let (mut pty, at) = asking(d, &["session", "delete", &doomed[..8]]).await;
     pty.send(b"y\n");
     pty.wait_for("deleted 1 session (through the running server)", at)
         .await;
@@ -964,24 +969,15 @@ async fn gc_and_delete_through_the_running_server(url: Option<&str>) {
     assert!(!text(&theirs.stdout).contains(&doomed));
 
     // `n` keeps it.
-    let mut cmd = command("monad-server");
-    cmd.arg("--data-dir")
-        .arg(d)
-        .args(["session", "gc", "--max-age", "0"]);
-    let mut pty = Pty::spawn(cmd);
-    let at = pty.wait_for("[y/N]", 0).await;
+    let gc = ["session", "gc", "--max-age", "0"];
+    let (mut pty, at) = asking(d, &gc).await;
     pty.send(b"n\n");
     pty.wait_for("nothing deleted", at).await;
     assert!(listed(d, &old).await);
 
     // Used while the question waits: kept, even at `--max-age 0` (any use before the answer
     // looked old enough, and it was deleted).
-    let mut cmd = command("monad-server");
-    cmd.arg("--data-dir")
-        .arg(d)
-        .args(["session", "gc", "--max-age", "0"]);
-    let mut pty = Pty::spawn(cmd);
-    let at = pty.wait_for("[y/N]", 0).await;
+    let (mut pty, at) = asking(d, &gc).await;
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let used = client(config.path(), &["call", "list_dir", "--session", &old]).await;
     assert!(used.status.success(), "{}", text(&used.stderr));
