@@ -1002,20 +1002,16 @@ async fn a_fully_trusted_folder_behind_a_front_that_asks_runs_a_read_where_the_p
     // read with its probe, as without a gate.
     let (fx, mut peer) = Fixture::with(wire::PROTOCOL_MINOR, Trust::Full);
     let gate = Allow::default();
-    let output = routed_call(
+    let output = read_if_present(
         &fx,
         &mut peer,
-        "read_file",
         json!({"path": "only/on/laptop.txt"}),
-        async |peer| {
-            conditional_run(peer, async |id, mut to_server| {
-                let present = Message::Probed { id, exists: true };
-                let answer = ok_result(id, json!({"path": "only/on/laptop.txt", "content": ""}));
-                write_messages(&mut to_server, &[&present, &answer])
-                    .await
-                    .unwrap();
-            })
-            .await;
+        async |id, mut to_server| {
+            let present = Message::Probed { id, exists: true };
+            let answer = ok_result(id, json!({"path": "only/on/laptop.txt", "content": ""}));
+            write_messages(&mut to_server, &[&present, &answer])
+                .await
+                .unwrap();
         },
         Some(&gate),
     )
@@ -1025,6 +1021,26 @@ async fn a_fully_trusted_folder_behind_a_front_that_asks_runs_a_read_where_the_p
     assert_eq!(gate.0.load(std::sync::atomic::Ordering::SeqCst), 0);
     let line = fx.only_audit_line("read_file");
     assert_eq!(line.decision, AuditDecision::Allowed);
+}
+
+/// Calls `read_file` with `args` (no `workspace`) while the scripted client takes the `run` with
+/// `if_present` it must get and plays it with `then` ([`conditional_run`]).
+async fn read_if_present<F: Future<Output = ()>>(
+    fx: &Fixture,
+    peer: &mut memory::Peer,
+    args: Value,
+    then: impl FnOnce(u64, DuplexStream) -> F,
+    gate: Option<&dyn PermissionGate>,
+) -> CallOutput {
+    routed_call(
+        fx,
+        peer,
+        "read_file",
+        args,
+        async move |peer| conditional_run(peer, then).await,
+        gate,
+    )
+    .await
 }
 
 /// The scripted client takes a `run` with `if_present` and gives it to `then` with its way back.
@@ -1044,20 +1060,16 @@ async fn conditional_run<F: Future<Output = ()>>(
 async fn a_folder_that_does_not_say_in_time_is_passed_over_for_a_read_and_told_to_stop() {
     let (fx, mut peer) = Fixture::new();
     let (late_tx, late) = tokio::sync::oneshot::channel();
-    let output = routed_call(
+    let output = read_if_present(
         &fx,
         &mut peer,
-        "read_file",
         json!({"path": "slow.txt"}),
-        async |peer| {
-            conditional_run(peer, async |id, mut to_server| {
-                // Says nothing until the server has given up (the clock is paused: the 10 s
-                // go by as soon as nothing else can run).
-                tokio::time::sleep(Duration::from_secs(11)).await;
-                let present = Message::Probed { id, exists: true };
-                let _ = late_tx.send(write_message(&mut to_server, &present).await);
-            })
-            .await;
+        async |id, mut to_server| {
+            // Says nothing until the server has given up (the clock is paused: the 10 s
+            // go by as soon as nothing else can run).
+            tokio::time::sleep(Duration::from_secs(11)).await;
+            let present = Message::Probed { id, exists: true };
+            let _ = late_tx.send(write_message(&mut to_server, &present).await);
         },
         None,
     )
@@ -1077,31 +1089,27 @@ async fn a_folder_that_does_not_say_in_time_is_passed_over_for_a_read_and_told_t
 #[tokio::test]
 async fn a_folder_that_runs_the_read_before_saying_it_has_the_path_is_stopped_and_passed_over() {
     let (fx, mut peer) = Fixture::new();
-    let output = routed_call(
+    let output = read_if_present(
         &fx,
         &mut peer,
-        "read_file",
         json!({"path": "a.txt"}),
-        async |peer| {
-            conditional_run(peer, async |id, mut to_server| {
-                let decided = Message::Decided {
-                    id,
-                    allowed: true,
-                    by: Decider::Policy,
-                };
-                write_message(&mut to_server, &decided).await.unwrap();
-                // Nothing after that is taken.
-                let mut late = Ok(());
-                for _ in 0..100 {
-                    late = write_message(&mut to_server, &decided).await;
-                    if late.is_err() {
-                        break;
-                    }
-                    tokio::task::yield_now().await;
+        async |id, mut to_server| {
+            let decided = Message::Decided {
+                id,
+                allowed: true,
+                by: Decider::Policy,
+            };
+            write_message(&mut to_server, &decided).await.unwrap();
+            // Nothing after that is taken.
+            let mut late = Ok(());
+            for _ in 0..100 {
+                late = write_message(&mut to_server, &decided).await;
+                if late.is_err() {
+                    break;
                 }
-                assert!(late.is_err(), "the stream is still read");
-            })
-            .await;
+                tokio::task::yield_now().await;
+            }
+            assert!(late.is_err(), "the stream is still read");
         },
         None,
     )
@@ -1121,17 +1129,13 @@ async fn a_folder_that_runs_the_read_before_saying_it_has_the_path_is_stopped_an
 #[tokio::test]
 async fn a_folder_that_goes_away_after_saying_it_has_the_path_fails_the_call_as_disconnected() {
     let (fx, mut peer) = Fixture::new();
-    let output = routed_call(
+    let output = read_if_present(
         &fx,
         &mut peer,
-        "read_file",
         json!({"path": "a.txt"}),
-        async |peer| {
-            conditional_run(peer, async |id, mut to_server| {
-                let present = Message::Probed { id, exists: true };
-                write_message(&mut to_server, &present).await.unwrap();
-            })
-            .await;
+        async |id, mut to_server| {
+            let present = Message::Probed { id, exists: true };
+            write_message(&mut to_server, &present).await.unwrap();
         },
         None,
     )
