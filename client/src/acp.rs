@@ -298,7 +298,11 @@ pub async fn serve(
         served = serve_front(front.clone(), output, input) => served.map(|()| None),
         signal = interrupted => Ok(Some(signal)),
     };
-    crate::mcp::close_agent(&front.agent, &crate::mcp::ending(&ended, "the editor")).await;
+    crate::agent::close_held(
+        &front.agent,
+        &crate::interrupts::ending(&ended, "the editor"),
+    )
+    .await;
     ended
 }
 

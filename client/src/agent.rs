@@ -113,6 +113,14 @@ pub struct Agent {
     connection: Connection,
 }
 
+/// Closes the agent connection `slot` holds, if any, taking it out (see [`Agent::close`]): the
+/// MCP and ACP fronts keep their connection this way and close it as they end.
+pub(crate) async fn close_held(slot: &tokio::sync::Mutex<Option<Agent>>, reason: &str) {
+    if let Some(agent) = slot.lock().await.take() {
+        agent.close(reason).await;
+    }
+}
+
 impl Agent {
     /// Connects and authenticates as an agent.
     pub async fn connect(config: &ClientConfig) -> Result<Agent, ClientError> {

@@ -63,3 +63,13 @@ impl Interrupts {
 pub fn end_by(signal: Signal) -> ! {
     signals::die_of(signal)
 }
+
+/// Why a front closes its connection, for the server's log: `who` closed its side, a signal
+/// ended it, or serving failed.
+pub(crate) fn ending<T>(ended: &Result<Option<Signal>, T>, who: &str) -> String {
+    match ended {
+        Ok(Some(signal)) => format!("ended by {signal}"),
+        Ok(None) => format!("{who} closed its side"),
+        Err(_) => "serving failed".to_owned(),
+    }
+}

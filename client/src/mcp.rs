@@ -92,25 +92,7 @@ impl AgentBackend {
 
     /// Closes the connection to the server, if there is one (see [`crate::interrupts`]).
     pub async fn close(&self, reason: &str) {
-        close_agent(&self.agent, reason).await;
-    }
-}
-
-/// Closes the agent connection `agent` holds, if any (see [`crate::interrupts`]); the MCP and
-/// ACP fronts keep theirs this way.
-pub(crate) async fn close_agent(agent: &tokio::sync::Mutex<Option<Agent>>, reason: &str) {
-    if let Some(agent) = agent.lock().await.take() {
-        agent.close(reason).await;
-    }
-}
-
-/// Why a front closes its connection, for the server's log: `who` closed its side, a signal
-/// ended it, or serving failed.
-pub(crate) fn ending<T>(ended: &Result<Option<Signal>, T>, who: &str) -> String {
-    match ended {
-        Ok(Some(signal)) => format!("ended by {signal}"),
-        Ok(None) => format!("{who} closed its side"),
-        Err(_) => "serving failed".to_owned(),
+        crate::agent::close_held(&self.agent, reason).await;
     }
 }
 
@@ -279,7 +261,9 @@ where
         served = served => served.map(|_| None),
         signal = interrupted => Ok(Some(signal)),
     };
-    backend.close(&ending(&ended, "the MCP host")).await;
+    backend
+        .close(&crate::interrupts::ending(&ended, "the MCP host"))
+        .await;
     ended
 }
 
