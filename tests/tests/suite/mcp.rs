@@ -370,6 +370,21 @@ async fn mcp_over_stdio_large_read_arrives_whole() {
     large_read_arrives_whole(Via::Stdio).await;
 }
 
+/// Starts `cmd` (`monad-client mcp`, or what execs it) as a host does: its standard input and
+/// output piped, logged in through the config in `config`.
+fn front_on_pipes(
+    mut cmd: tokio::process::Command,
+    config: &std::path::Path,
+) -> tokio::process::Child {
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .env("MONAD_CONFIG_DIR", config)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("monad-client mcp starts")
+}
+
 /// Writes a JSON-RPC request to `monad-client mcp` and reads lines until its answer.
 async fn ask<R: tokio::io::AsyncBufRead + Unpin>(
     requests: &mut tokio::process::ChildStdin,
@@ -413,15 +428,9 @@ async fn mcp_over_stdio_grows_the_pipe_its_answers_go_into_for_a_large_one() {
     options.allow = vec![ToolClass::Read];
     let _attached = Attachment::start(&server.client_config(), options, None).await;
     let config = saved_config(&server.client_config());
-    let mut front = monad_tests::command("monad-client")
-        .arg("mcp")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .env("MONAD_CONFIG_DIR", config.path())
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("monad-client mcp starts");
+    let mut cmd = monad_tests::command("monad-client");
+    cmd.arg("mcp");
+    let mut front = front_on_pipes(cmd, config.path());
     let mut requests = front.stdin.take().expect("its standard input");
     let mut answers =
         tokio::io::BufReader::new(front.stdout.take().expect("its standard output")).lines();
@@ -600,7 +609,7 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
         let (server, _http) = server().await;
         let mut laptop = Unanswered::attach(&server).await;
         let config = saved_config(&server.client_config());
-        let mut front = if ignoring {
+        let cmd = if ignoring {
             // `trap '' INT` ignores SIGINT, and `exec` keeps it so for the program.
             let mut sh = monad_tests::command("monad-client");
             let sh = sh.as_std_mut();
@@ -615,14 +624,8 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
             let mut cmd = monad_tests::command("monad-client");
             cmd.arg("mcp");
             cmd
-        }
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .env("MONAD_CONFIG_DIR", config.path())
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .expect("monad-client mcp starts");
+        };
+        let mut front = front_on_pipes(cmd, config.path());
         let mut requests = front.stdin.take().expect("its standard input");
         let mut answers = tokio::io::BufReader::new(front.stdout.take().expect("its output"));
         let init = json!({
