@@ -492,30 +492,23 @@ async fn default_names_each_users_own_session() {
     let (server, http) = server().await;
     let ana = Api::new(http, &server.token);
     let bob = Api::new(http, &server.create_token("bob"));
-    // An upload into `default`: "YW5h" and "Ym9i" are "ana" and "bob" in base64.
-    let into_default = |content: &str| {
-        json!({"sessionId": "default", "artifactType": "tool_output", "artifactName": "o.txt",
-               "contentType": "text/plain", "contentBase64": content})
+    // An upload into `default`, in a workspace of its own; "YW5h" and "Ym9i" are "ana" and
+    // "bob" in base64.
+    let into_default = async |api: &Api, path: &str, content: &str| {
+        let ws = api.workspace(Some(path)).await;
+        let body = json!({"sessionId": "default", "artifactType": "tool_output",
+                          "artifactName": "o.txt", "contentType": "text/plain",
+                          "contentBase64": content});
+        let stored = api
+            .post(&format!("/api/v1/workspaces/{ws}/artifacts"), &body)
+            .await;
+        assert_eq!(stored.status, 201, "{}", stored.text());
     };
-    let ana_ws = ana.workspace(Some("/a")).await;
-    let hers = ana
-        .post(
-            &format!("/api/v1/workspaces/{ana_ws}/artifacts"),
-            &into_default("YW5h"),
-        )
-        .await;
-    assert_eq!(hers.status, 201, "{}", hers.text());
+    into_default(&ana, "/a", "YW5h").await;
     // Bob has no default yet: his `default` is not found, and it is not hers.
     let none = bob.get("/api/v1/sessions/default").await;
     assert_eq!(none.status, 404, "{}", none.text());
-    let bob_ws = bob.workspace(Some("/b")).await;
-    let his = bob
-        .post(
-            &format!("/api/v1/workspaces/{bob_ws}/artifacts"),
-            &into_default("Ym9i"),
-        )
-        .await;
-    assert_eq!(his.status, 201, "{}", his.text());
+    into_default(&bob, "/b", "Ym9i").await;
     let his_default = bob.get("/api/v1/sessions/default").await;
     assert_eq!(his_default.status, 200, "{}", his_default.text());
     let his_id = his_default.json()["sessionId"].as_str().unwrap().to_owned();
