@@ -426,18 +426,129 @@ fn ending(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> Strin
     }
 }
 
-/// Standard output and error as sections; nothing when both are empty.
+/// Standard output and error as sections; nothing when both are empty. A long stream is shown
+/// by its first and last lines ([`abridge`]).
 fn streams(out: &mut String, stdout: (&str, &str), stderr: (&str, &str)) {
     for (name, (text, note)) in [("stdout", stdout), ("stderr", stderr)] {
         if text.is_empty() && note.is_empty() {
             continue;
         }
-        let _ = write!(out, "\n--- {name}{note}");
-        if !text.is_empty() {
-            out.push('\n');
-            out.push_str(text.strip_suffix('\n').unwrap_or(text));
-        }
+        let text = text.strip_suffix('\n').unwrap_or(text);
+        let Some(parts) = abridge(text) else {
+            let _ = write!(out, "\n--- {name}{note}");
+            if !text.is_empty() {
+                out.push('\n');
+                out.push_str(text);
+            }
+            continue;
+        };
+        let _ = write!(
+            out,
+            "\n--- {name}{note}: {}, {} bytes; its first and last lines are shown here\n{}\n\
+             [... {} left out of this text: the result's `{name}` field holds them for a \
+             program; to read them, run the command again with its output sent to a file, \
+             then read_file or search that file ...]\n{}",
+            plural(count_lines(text), "line", "lines"),
+            text.len(),
+            parts.head,
+            match parts.left_out_lines {
+                0 => plural(parts.left_out_bytes, "byte", "bytes"),
+                lines => format!(
+                    "{} ({} bytes)",
+                    plural(lines, "line", "lines"),
+                    parts.left_out_bytes
+                ),
+            },
+            parts.tail,
+        );
     }
+}
+
+/// Most lines a command's stream shows from each end of it.
+const STREAM_END_LINES: usize = 128;
+/// Most bytes a command's stream shows from each end of it.
+const STREAM_END_BYTES: usize = 8 * 1024;
+
+/// The two ends of a stream too long for a model to be given whole.
+#[derive(Debug, PartialEq)]
+struct Abridged<'a> {
+    head: &'a str,
+    tail: &'a str,
+    left_out_lines: u64,
+    left_out_bytes: u64,
+}
+
+/// A command's output reaches the text whole up to `2 × STREAM_END_LINES` lines and
+/// `2 × STREAM_END_BYTES` bytes; past either, its first and last lines (at most
+/// [`STREAM_END_LINES`] and [`STREAM_END_BYTES`] each) with what was left out counted between
+/// them: a build or a test run says what matters at its start and its end, and a megabyte of
+/// output (the default output cap) in a model's context would crowd out everything else.
+/// Programs get every byte in the JSON. `None` when `text` is shown whole. A line longer than
+/// the bytes allowed is cut inside, at a character boundary.
+fn abridge(text: &str) -> Option<Abridged<'_>> {
+    if text.len() <= 2 * STREAM_END_BYTES && count_lines(text) <= 2 * STREAM_END_LINES as u64 {
+        return None;
+    }
+    // The head: whole lines while they fit, or the first line's start.
+    let mut head_end = 0;
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        if n == STREAM_END_LINES || head_end + line.len() > STREAM_END_BYTES {
+            if n == 0 {
+                head_end = floor_boundary(text, STREAM_END_BYTES);
+            }
+            break;
+        }
+        head_end += line.len();
+    }
+    // The tail, the same way from the end; `text` has no final line break here.
+    let mut tail_start = text.len();
+    for (n, line) in text.rsplit('\n').enumerate() {
+        let taken = line.len() + usize::from(n > 0);
+        if n == STREAM_END_LINES || text.len() - tail_start + taken > STREAM_END_BYTES {
+            if n == 0 {
+                tail_start = ceil_boundary(text, text.len() - STREAM_END_BYTES);
+            }
+            break;
+        }
+        tail_start -= taken;
+    }
+    // The line break that ends the head is shown as the break before the marker; the one
+    // before the tail is left out with the lines between.
+    let tail_start = tail_start.max(head_end);
+    let middle = &text[head_end..tail_start];
+    Some(Abridged {
+        head: text[..head_end]
+            .strip_suffix('\n')
+            .unwrap_or(&text[..head_end]),
+        tail: &text[tail_start..],
+        left_out_lines: middle.bytes().filter(|&b| b == b'\n').count() as u64,
+        left_out_bytes: middle.len() as u64,
+    })
+}
+
+/// Lines in a text without its final line break: line breaks plus one, none when empty.
+fn count_lines(text: &str) -> u64 {
+    if text.is_empty() {
+        0
+    } else {
+        text.bytes().filter(|&b| b == b'\n').count() as u64 + 1
+    }
+}
+
+/// The largest character boundary of `text` at or before `at`.
+fn floor_boundary(text: &str, mut at: usize) -> usize {
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// The smallest character boundary of `text` at or after `at`.
+fn ceil_boundary(text: &str, mut at: usize) -> usize {
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    at
 }
 
 fn network(out: &mut String, events: &[NetworkEvent]) {
@@ -1011,6 +1122,90 @@ mod tests {
             "timed out and was killed in workspace laptop, after 30.0 s (ran without a \
              sandbox); no output\n--- network\nrefused example.com:443: not in the allowlist"
         );
+    }
+
+    /// A command's result with `stdout` (and nothing on stderr).
+    fn ran(stdout: &str) -> Value {
+        json!({"exit_code": 0, "timed_out": false, "stdout": stdout, "stderr": "",
+               "stdout_truncated": false, "stderr_truncated": false, "duration_ms": 10,
+               "sandbox": "landlock"})
+    }
+
+    #[test]
+    fn a_long_output_shows_its_first_and_last_lines_and_counts_the_rest() {
+        let output: String = (1..=10_000).map(|n| format!("line {n}\n")).collect();
+        let shown = render(ToolName::RunCommand, ran(&output));
+        let head: String = (1..=128).map(|n| format!("line {n}\n")).collect();
+        let tail: String = (9_873..=10_000).map(|n| format!("line {n}\n")).collect();
+        let left_out = output.len() - head.len() - tail.len();
+        assert_eq!(
+            shown,
+            format!(
+                "exit status 0 in workspace laptop, after 10 ms\n--- stdout: 10000 lines, {} \
+                 bytes; its first and last lines are shown here\n{head}[... 9744 lines \
+                 ({left_out} bytes) left out of this text: the result's `stdout` field holds \
+                 them for a program; to read them, run the command again with its output sent \
+                 to a file, then read_file or search that file ...]\n{}",
+                output.len() - 1,
+                tail.trim_end()
+            )
+        );
+        // Up to 256 lines and 16 KiB, the output is shown whole.
+        let fits: String = (1..=256).map(|n| format!("{n}\n")).collect();
+        assert!(render(ToolName::RunCommand, ran(&fits)).ends_with(&fits[..fits.len() - 1]));
+        assert!(!render(ToolName::RunCommand, ran(&fits)).contains("left out"));
+        let one_more = format!("{fits}257\n");
+        assert!(render(ToolName::RunCommand, ran(&one_more)).contains("[... 1 line (4 bytes)"));
+    }
+
+    #[test]
+    fn an_output_cut_anywhere_keeps_every_byte_between_its_two_ends() {
+        let long_line = "é".repeat(300_000);
+        let cases = [
+            // One line of 600,000 bytes, of two-byte characters.
+            long_line.clone(),
+            // Long lines around short ones, and short ones around a long one.
+            format!("{}\n{long_line}\n{}", "a\n".repeat(50), "b\n".repeat(50)),
+            format!("{long_line}\nshort\n{long_line}"),
+            "x\n".repeat(257),
+            format!("{}\n", "y".repeat(2 * STREAM_END_BYTES + 1)),
+            "\n".repeat(1_000),
+        ];
+        for text in cases {
+            let text = text.strip_suffix('\n').unwrap_or(&text);
+            let parts = abridge(text).expect("too long to be shown whole");
+            assert!(parts.head.len() <= STREAM_END_BYTES && parts.tail.len() <= STREAM_END_BYTES);
+            assert!(count_lines(parts.head) <= STREAM_END_LINES as u64);
+            assert!(count_lines(parts.tail) <= STREAM_END_LINES as u64);
+            // The head, what was left out and the tail are the text, in order.
+            let head_end = text[parts.head.len()..]
+                .strip_prefix('\n')
+                .map_or(parts.head.len(), |_| parts.head.len() + 1);
+            let middle = &text[head_end..text.len() - parts.tail.len()];
+            assert!(text.starts_with(parts.head) && text.ends_with(parts.tail));
+            assert_eq!(parts.left_out_bytes, middle.len() as u64);
+            assert_eq!(
+                parts.left_out_lines,
+                middle.matches('\n').count() as u64,
+                "{:?}",
+                &text[..40.min(text.len())]
+            );
+        }
+        assert_eq!(abridge(""), None);
+        assert_eq!(abridge(&"z".repeat(2 * STREAM_END_BYTES)), None);
+    }
+
+    #[test]
+    fn a_long_read_of_a_background_process_is_shown_by_its_two_ends_too() {
+        let output = "tick\n".repeat(5_000);
+        let shown = render(
+            ToolName::ProcessRead,
+            json!({"process": "p", "running": true, "stdout": output, "stderr": "",
+                   "duration_ms": 5}),
+        );
+        assert!(shown.contains("--- stdout: 5000 lines, 24999 bytes; its first and last"));
+        assert!(shown.contains("[... 4744 lines (23720 bytes) left out of this text"));
+        assert!(shown.len() < 3_000, "{}", shown.len());
     }
 
     #[test]

@@ -257,7 +257,8 @@ impl ToolName {
                  read and write only the workspace and read the system's runtime directories, \
                  without privileges, with no network unless the workspace's policy allows some, \
                  with a time limit (`timeout_ms`) and capped output; everything it starts ends \
-                 with it. Returns the exit code, stdout and stderr. For builds, test suites and \
+                 with it. Returns the exit code, stdout and stderr; of a long output, its \
+                 first and last lines (send it to a file to read it all). For builds, test suites and \
                  servers that run long, set `background: true` to get a process id at once, or \
                  `background_after_ms` to wait that long and then leave it running; then use \
                  `process_read`, `process_write` and `process_kill`."

@@ -330,6 +330,43 @@ async fn mcp_over_http_lists_calls_and_follows_attachments() {
     tools_calls_and_list_changed(Via::Http).await;
 }
 
+/// A command's long output reaches the model as its two ends, with what was left out counted
+/// and how to read it, and programs whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_command_output_reaches_the_model_by_its_ends_and_programs_whole() {
+    let (server, http) = server().await;
+    let host = connect(&server, http, Via::Stdio, None)
+        .await
+        .expect("the host connects");
+    let result = host
+        .call(
+            "run_command",
+            json!({"argv": ["seq", "1", "100000"], "workspace": "primary"}),
+        )
+        .await;
+    assert_eq!(result.is_error, Some(false), "{:.300}", text(&result));
+    let all: String = (1..=100_000).map(|n| format!("{n}\n")).collect();
+    let structured = result.structured_content.clone().unwrap();
+    assert!(
+        structured["result"]["stdout"] == all.as_str(),
+        "programs get every line"
+    );
+    let shown = text(&result);
+    assert!(shown.len() < 4_000, "{} bytes of text", shown.len());
+    let head: String = (1..=128).map(|n| format!("{n}\n")).collect();
+    assert!(
+        shown.contains(&format!(
+            "--- stdout: 100000 lines, {} bytes; its first and last lines are shown here\n{head}\
+             [... 99744 lines (",
+            all.len() - 1
+        )),
+        "{shown}"
+    );
+    let tail: String = (99_873..=100_000).map(|n| format!("{n}\n")).collect();
+    assert!(shown.ends_with(tail.trim_end()), "{shown}");
+    let _ = host.client.cancel().await;
+}
+
 /// A result large enough to travel as a raw body (from the attached client to the server, and
 /// from the server to `monad-client mcp`) reaches the host whole.
 async fn large_read_arrives_whole(via: Via) {
