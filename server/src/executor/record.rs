@@ -356,7 +356,21 @@ fn record_call(
     let call_id = uuid::Uuid::new_v4().to_string();
     let workspace = output.workspace.as_ref().map(|w| w.name.clone());
     let decision = r.verdict.decision(&output.outcome);
+    // A command's result, looked into for how it ended and for its network lines.
+    let command = result_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead]);
     let outcome = match &output.outcome {
+        // The call answered, but the command it ran was killed at its time limit: the log
+        // says so, as `monad-client call` does with its exit status.
+        Outcome::Ok { .. }
+            if tool == ToolName::RunCommand.as_str()
+                && command
+                    .as_ref()
+                    .and_then(|c| c.get("timed_out"))
+                    .and_then(Value::as_bool)
+                    == Some(true) =>
+        {
+            AuditOutcome::Failed(ErrorCode::Timeout)
+        }
         Outcome::Ok { .. } => AuditOutcome::Ok,
         Outcome::Error { error } => AuditOutcome::Failed(error.code),
     };
@@ -379,8 +393,7 @@ fn record_call(
     // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
     if let Some(name) = &workspace
         && !session.reports_network(name)
-        && let Some(result) =
-            result_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead])
+        && let Some(result) = &command
         && let Some(events) = result.get("network").and_then(Value::as_array)
     {
         for event in events {

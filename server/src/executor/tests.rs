@@ -256,6 +256,51 @@ async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
     assert_eq!(artifacts[0].kind, ArtifactKind::ToolOutput);
 }
 
+#[tokio::test]
+async fn a_command_killed_at_its_time_limit_is_logged_as_timed_out_and_one_that_failed_as_ok() {
+    for (timed_out, exit_code, logged) in [
+        (true, Value::Null, AuditOutcome::Failed(ErrorCode::Timeout)),
+        // The call did what it was asked: the command ran and said it failed.
+        (false, json!(2), AuditOutcome::Ok),
+    ] {
+        let (fx, mut peer) = Fixture::new();
+        let client = async {
+            let (request, _, mut to_server) = next_request(&mut peer).await;
+            let id = run_id(&request);
+            let decided = Message::Decided {
+                id,
+                allowed: true,
+                by: Decider::User,
+            };
+            let answer = ok_result(
+                id,
+                json!({"exit_code": exit_code, "timed_out": timed_out, "stdout": "", "stderr": "",
+                       "stdout_truncated": false, "stderr_truncated": false,
+                       "duration_ms": 1000, "sandbox": "landlock"}),
+            );
+            write_messages(&mut to_server, &[&decided, &answer])
+                .await
+                .unwrap();
+        };
+        let (output, ()) = bounded(
+            "the command",
+            futures_join(
+                fx.call(
+                    "run_command",
+                    json!({"argv": ["sleep", "5"], "timeout_ms": 1000}),
+                    &Lines::default(),
+                ),
+                client,
+            ),
+        )
+        .await;
+        assert!(matches!(output.outcome, Outcome::Ok { .. }));
+        let line = fx.only_audit_line("run_command");
+        assert_eq!(line.decision, AuditDecision::Allowed);
+        assert_eq!(line.outcome, logged, "timed out: {timed_out}");
+    }
+}
+
 /// `futures::join!` for two futures, without the macro's crate.
 async fn futures_join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     tokio::join!(a, b)
