@@ -23,34 +23,90 @@ use crate::session::Registry;
 use crate::settings::Layers;
 use crate::store::{ArtifactMeta, AuditRecord, FsStore, Page, SessionMeta, Store, StoreError};
 
-/// The data directory's lock: held by a running server for its whole life.
+/// The data directory's lock: held by a running server for its whole life, and by a command
+/// that changes the directory while no server runs (`session delete`, `session gc`). The file
+/// says who holds it (`PID WHAT`), so that whoever finds it taken can say by whom.
 #[derive(Debug)]
 pub struct DataLock {
     _lock: Flock<File>,
 }
 
+/// Why the data directory's lock could not be taken.
+#[derive(Debug)]
+pub struct LockRefused {
+    /// The sentence for the user: who holds it, or what failed.
+    pub message: String,
+    /// Whether a server holds it (as far as the lock file says).
+    pub by_server: bool,
+}
+
 impl DataLock {
-    /// Takes the lock on `<data_dir>/server.lock`, or says who holds it.
-    pub fn take(data_dir: &Path) -> Result<DataLock, String> {
+    /// What a serving server writes as its part in the lock file.
+    pub const SERVER: &'static str = "monad-server serving";
+
+    /// Takes the lock on `<data_dir>/server.lock` for `what` (a server: [`DataLock::SERVER`];
+    /// a command: `monad-server session gc`, say), or says who holds it.
+    pub fn take(data_dir: &Path, what: &str) -> Result<DataLock, LockRefused> {
+        let other = |message: String| LockRefused {
+            message,
+            by_server: false,
+        };
         crate::fsutil::create_private_dir(data_dir)
-            .map_err(|e| format!("{}: {e}", data_dir.display()))?;
+            .map_err(|e| other(format!("{}: {e}", data_dir.display())))?;
         let path = data_dir.join("server.lock");
         let file = File::options()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
             .mode(crate::fsutil::PRIVATE_FILE)
             .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        Flock::lock(file, FlockArg::LockExclusiveNonblock)
-            .map(|lock| DataLock { _lock: lock })
-            .map_err(|_| {
-                format!(
-                    "a monad-server is running on {} (it holds {}); stop it first",
-                    data_dir.display(),
-                    path.display()
-                )
-            })
+            .map_err(|e| other(format!("{}: {e}", path.display())))?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(mut lock) => {
+                // Who holds it, for whoever finds it taken; the lock stands without it.
+                let noted = lock.set_len(0).and_then(|()| {
+                    use std::io::{Seek, Write};
+                    lock.rewind()?;
+                    writeln!(lock, "{} {what}", std::process::id())
+                });
+                if let Err(e) = noted {
+                    warn!("cannot note this process in {}: {e}", path.display());
+                }
+                Ok(DataLock { _lock: lock })
+            }
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
+                let holder = std::io::read_to_string(file).unwrap_or_default();
+                let holder = holder.trim();
+                let (pid, holder_what) = holder.split_once(' ').unwrap_or(("", ""));
+                let by_server = holder_what == Self::SERVER || holder.is_empty();
+                let who = match (pid.parse::<u32>(), holder_what) {
+                    (Ok(pid), what) if what == Self::SERVER => {
+                        format!("a monad-server (process {pid}) is running on it")
+                    }
+                    (Ok(pid), what) if !what.is_empty() => format!(
+                        "`{}` (process {pid}) is working on it",
+                        monad_protocol::text::printable(what)
+                    ),
+                    // Written by a version that did not say who it was: a server.
+                    _ => "a monad-server is running on it".to_owned(),
+                };
+                let wait = if by_server {
+                    "stop it first"
+                } else {
+                    "wait for it to finish"
+                };
+                Err(LockRefused {
+                    message: format!(
+                        "{} is in use: {who} (it holds {}); {wait}",
+                        data_dir.display(),
+                        path.display()
+                    ),
+                    by_server,
+                })
+            }
+            Err((_, errno)) => Err(other(format!("cannot lock {}: {errno}", path.display()))),
+        }
     }
 }
 
@@ -229,20 +285,23 @@ impl Admin {
 
     /// Who deletes: the running server (through its socket), or this process (holding the
     /// data directory's lock, so that no server starts meanwhile).
-    pub fn remover(&self) -> Result<Remover, String> {
-        match DataLock::take(&self.data_dir) {
+    /// `command` (`session gc`, say) is what the lock file names while this process holds it.
+    pub fn remover(&self, command: &str) -> Result<Remover, String> {
+        match DataLock::take(&self.data_dir, &format!("monad-server {command}")) {
             Ok(lock) => Ok(Remover::Here {
                 registry: Box::new(self.registry()),
                 _lock: lock,
             }),
-            Err(running) => {
+            Err(refused) if !refused.by_server => Err(refused.message),
+            Err(refused) => {
                 let socket = self.data_dir.join(ADMIN_SOCKET);
                 if socket.exists() {
                     Ok(Remover::Server(socket))
                 } else {
                     Err(format!(
-                        "{running} (it is older than this command and cannot delete sessions \
-                         while it runs)"
+                        "{} (it is older than this command and cannot delete sessions while it \
+                         runs)",
+                        refused.message
                     ))
                 }
             }

@@ -338,7 +338,9 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
         SessionCommand::Delete { id, yes, dry_run } => {
             let id = resolve(&id)?;
             let meta = admin.show(&id)?.meta;
-            let remover = admin.remover().map_err(anyhow::Error::msg)?;
+            let remover = admin
+                .remover("session delete")
+                .map_err(anyhow::Error::msg)?;
             remove(&remover, &[meta], yes, dry_run, None)?;
         }
         SessionCommand::Gc {
@@ -346,7 +348,7 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             yes,
             dry_run,
         } => {
-            let remover = admin.remover().map_err(anyhow::Error::msg)?;
+            let remover = admin.remover("session gc").map_err(anyhow::Error::msg)?;
             let listed_at = std::time::Instant::now();
             let unused = remover.unused(max_age).map_err(anyhow::Error::msg)?;
             errln!(

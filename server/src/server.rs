@@ -65,7 +65,8 @@ impl Server {
     pub fn bind(config: ServerConfig) -> Result<(Server, Option<FirstStart>), ServerError> {
         crate::fsutil::create_private_dir(&config.data_dir)
             .map_err(|e| ServerError::io("create", &config.data_dir, e))?;
-        let lock = crate::admin::DataLock::take(&config.data_dir).map_err(ServerError::Invalid)?;
+        let lock = crate::admin::DataLock::take(&config.data_dir, crate::admin::DataLock::SERVER)
+            .map_err(|refused| ServerError::Invalid(refused.message))?;
         // The data dir itself at once (one call: it closes everything below it to others); what
         // is inside it in the background, below.
         if let Err(e) = crate::fsutil::tighten_data_dir(&config.data_dir) {

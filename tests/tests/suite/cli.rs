@@ -998,6 +998,28 @@ async fn gc_and_delete_through_the_running_server(url: Option<&str>) {
     assert!(listed(d, &old).await);
     drop(server);
 
+    // With no server, a command that deletes holds the directory's lock while it asks: a
+    // server, or another such command, is told which process holds it and to wait for it.
+    let (mut pty, at) = asking(d, &gc).await;
+    let pid = pty.child.id().expect("it asks");
+    let holder = format!("`monad-server session gc` (process {pid}) is working on it");
+    let out = server_cmd(d, &["--listen", "127.0.0.1:0", "--no-http"]).await;
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&holder) && said.contains("wait for it to finish"),
+        "{said}"
+    );
+    let out = server_cmd(d, &["session", "delete", &old[..8], "--yes"]).await;
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&holder) && !said.contains("older than"),
+        "{said}"
+    );
+    pty.send(b"n\n");
+    pty.wait_for("nothing deleted", at).await;
+
     // --max-age: days bare or with d, hours with h; anything else is refused.
     for bad in ["12m", "1.5", "-1", "soon"] {
         let age = format!("--max-age={bad}");
