@@ -167,6 +167,35 @@ impl ToolName {
         )
     }
 
+    /// Why `args` are not this tool's arguments (an unknown or misspelled field, a value of the
+    /// wrong type, a missing one), in the words a workspace refuses them with; `None` when they
+    /// are. For a caller that answers before any workspace has looked at them.
+    pub fn args_error(self, args: &serde_json::Value) -> Option<String> {
+        fn error<T: serde::de::DeserializeOwned>(
+            tool: ToolName,
+            args: &serde_json::Value,
+        ) -> Option<String> {
+            T::deserialize(args).err().map(|e| format!("{tool}: {e}"))
+        }
+        match self {
+            ToolName::ReadFile => error::<ReadFileArgs>(self, args),
+            ToolName::ListDir => error::<ListDirArgs>(self, args),
+            ToolName::Stat => error::<StatArgs>(self, args),
+            ToolName::Search => error::<SearchArgs>(self, args),
+            ToolName::Glob => error::<GlobArgs>(self, args),
+            ToolName::WriteFile => error::<WriteFileArgs>(self, args),
+            ToolName::EditFile => error::<EditFileArgs>(self, args),
+            ToolName::RunCommand => error::<RunCommandArgs>(self, args),
+            ToolName::Workspaces => error::<WorkspacesArgs>(self, args),
+            ToolName::MemoryStore => error::<MemoryStoreArgs>(self, args),
+            ToolName::MemoryRecall => error::<MemoryRecallArgs>(self, args),
+            ToolName::ProcessRead => error::<ProcessReadArgs>(self, args),
+            ToolName::ProcessWrite => error::<ProcessWriteArgs>(self, args),
+            ToolName::ProcessKill => error::<ProcessKillArgs>(self, args),
+            ToolName::ProcessList => error::<ProcessListArgs>(self, args),
+        }
+    }
+
     /// The JSON Schema of the tool's arguments, generated from the Rust type.
     pub fn input_schema(self) -> serde_json::Value {
         match self {
@@ -1247,6 +1276,20 @@ fn constants_as_enums(schema: &mut serde_json::Value) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_tool_names_an_argument_it_does_not_take() {
+        for tool in ToolName::ALL {
+            let why = tool
+                .args_error(&json!({"bogus": 1}))
+                .unwrap_or_else(|| panic!("{tool} took `bogus`"));
+            assert!(why.starts_with(&format!("{tool}: ")), "{why}");
+            assert!(why.contains("`bogus`"), "{why}");
+        }
+        assert_eq!(ToolName::ReadFile.args_error(&json!({"path": "a"})), None);
+        let wrong = ToolName::ReadFile.args_error(&json!({"path": 3})).unwrap();
+        assert!(wrong.contains("invalid type"), "{wrong}");
+    }
+
     use super::*;
     use serde_json::json;
 

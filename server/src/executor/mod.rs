@@ -407,7 +407,15 @@ impl Executor {
                             tool, &path, &probes, otherwise, &offline, &views, focus,
                         ) {
                             Ok(i) => (i, None),
-                            Err(e) => return (CallOutput::error(None, e), Verdict::NOBODY),
+                            // Arguments no workspace would take (a misspelled `ofset`) are
+                            // what the agent must mend, not where the path is.
+                            Err(e) => {
+                                let e = match tool.args_error(&args) {
+                                    Some(why) => ToolError::new(ErrorCode::InvalidArguments, why),
+                                    None => e,
+                                };
+                                return (CallOutput::error(None, e), Verdict::NOBODY);
+                            }
                         }
                     }
                 }

@@ -885,6 +885,43 @@ async fn a_folder_without_the_path_runs_nothing_and_routing_goes_on() {
 }
 
 #[tokio::test]
+async fn a_path_found_nowhere_with_a_misspelled_argument_reports_the_argument() {
+    for (args, code, said) in [
+        (
+            json!({"path": "nope.txt", "ofset": 5}),
+            ErrorCode::InvalidArguments,
+            "unknown field `ofset`",
+        ),
+        (
+            json!({"path": "nope.txt", "offset": 5}),
+            ErrorCode::NotFound,
+            "does not exist in any workspace",
+        ),
+    ] {
+        let (fx, mut peer) = Fixture::new();
+        let output = routed_call(
+            &fx,
+            &mut peer,
+            "read_file",
+            args,
+            async |peer| {
+                let (request, _from_server, mut to_server) = next_request(peer).await;
+                let Message::Run { id, .. } = request else {
+                    panic!("expected a run, got {request:?}");
+                };
+                let absent = Message::Probed { id, exists: false };
+                write_message(&mut to_server, &absent).await.unwrap();
+            },
+            None,
+        )
+        .await;
+        let error = error_of(&output);
+        assert_eq!(error.code, code, "{error:?}");
+        assert!(error.message.contains(said), "{error:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_read_cancelled_while_its_folder_is_asked_is_recorded_as_far_as_it_got() {
     for said in [false, true] {
         let (fx, mut peer) = Fixture::new();
