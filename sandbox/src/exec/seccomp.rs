@@ -23,7 +23,14 @@
 //!    surface) or join another one;
 //! 6. `bpf`, `keyctl`, `add_key` and `request_key` fail with `EPERM`: the kernel's BPF loader and
 //!    the key rings (shared by every process of a user) are not for commands;
-//! 7. everything else is allowed (landlock, namespaces, rlimits and the process tree do the
+//! 7. a file mode with set-user-ID or set-group-ID fails with `EPERM`: `chmod`, `fchmod`,
+//!    `fchmodat`, `fchmodat2`, `mknod` and `mknodat` with either bit, and `open`, `openat` and
+//!    `creat` that create a file (`O_CREAT`, `O_TMPFILE`) with either; `openat2`, whose mode
+//!    lives in memory a filter cannot read, fails with `ENOSYS` (the C library falls back to
+//!    `openat`). Inside the sandbox the workspace is mounted `nosuid`, but outside it is not:
+//!    a set-user-ID copy of a shell left in the folder would let anyone who runs it act as the
+//!    folder's owner;
+//! 8. everything else is allowed (landlock, namespaces, rlimits and the process tree do the
 //!    rest).
 
 use std::mem::offset_of;
@@ -81,6 +88,45 @@ enum Label {
     Socket,
     Socketpair,
     NamespaceFlags,
+    /// The mode is argument 1 (`chmod`, `fchmod`, `creat`, `mknod`).
+    Mode1,
+    /// The mode is argument 2 (`fchmodat`, `fchmodat2`, `mknodat`).
+    Mode2,
+    /// `open(path, flags, mode)`: the mode counts when the flags create a file.
+    Open,
+    /// `openat(dirfd, path, flags, mode)`: the same.
+    Openat,
+}
+
+/// The set-user-ID and set-group-ID bits of a file mode.
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
+
+/// The `open` flags that create a file, whose mode argument then counts: `O_CREAT` and
+/// `__O_TMPFILE` (`O_TMPFILE` without `O_DIRECTORY`).
+const CREATING: u32 = (libc::O_CREAT | (libc::O_TMPFILE & !libc::O_DIRECTORY)) as u32;
+
+/// `fchmodat2` (Linux 6.6): the same number on every architecture.
+const SYS_FCHMODAT2: libc::c_long = 452;
+
+/// The calls that set a mode, and where their mode argument is ([`Label::Mode1`],
+/// [`Label::Mode2`], [`Label::Open`], [`Label::Openat`]).
+fn mode_calls() -> Vec<(libc::c_long, Label)> {
+    let mut calls = vec![
+        (libc::SYS_fchmod, Label::Mode1),
+        (libc::SYS_fchmodat, Label::Mode2),
+        (SYS_FCHMODAT2, Label::Mode2),
+        (libc::SYS_mknodat, Label::Mode2),
+        (libc::SYS_openat, Label::Openat),
+        (libc::SYS_openat2, Label::Enosys),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([
+        (libc::SYS_chmod, Label::Mode1),
+        (libc::SYS_creat, Label::Mode1),
+        (libc::SYS_mknod, Label::Mode1),
+        (libc::SYS_open, Label::Open),
+    ]);
+    calls
 }
 
 /// One instruction, with symbolic jump targets (`None`: the next instruction).
@@ -199,7 +245,30 @@ pub fn filter(sockets: Sockets) -> Option<Vec<libc::sock_filter>> {
     ] {
         program.push(Eq(nr(call), Some(to), None));
     }
+    for (call, to) in mode_calls() {
+        program.push(Eq(nr(call), Some(to), None));
+    }
     program.push(Ret(libc::SECCOMP_RET_ALLOW));
+
+    // The calls that set a mode: never with set-user-ID or set-group-ID.
+    program.extend([
+        At(Open),
+        Load(arg(1)),
+        Set(CREATING, None, Some(Allow)),
+        Load(arg(2)),
+        Set(SET_ID_BITS, Some(Eperm), Some(Allow)),
+        At(Openat),
+        Load(arg(2)),
+        Set(CREATING, None, Some(Allow)),
+        Load(arg(3)),
+        Set(SET_ID_BITS, Some(Eperm), Some(Allow)),
+        At(Mode1),
+        Load(arg(1)),
+        Set(SET_ID_BITS, Some(Eperm), Some(Allow)),
+        At(Mode2),
+        Load(arg(2)),
+        Set(SET_ID_BITS, Some(Eperm), Some(Allow)),
+    ]);
 
     // socket(domain, type, protocol).
     program.extend([At(Socket), Load(arg(0))]);
@@ -394,6 +463,53 @@ mod tests {
         assert_eq!(evaluate(&inet, libc::SYS_socket, arch, sneaky), EACCES);
         let sneaky = [0xffff_ffff_0000_0000 | libc::AF_INET as u64, 1, 0, 0, 0, 0];
         assert_eq!(evaluate(&inet, libc::SYS_socket, arch, sneaky), ALLOW);
+    }
+
+    #[test]
+    fn no_mode_with_set_user_or_group_id_is_allowed() {
+        let Some(filter) = filter(Sockets::None) else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let run = |nr, args| evaluate(&filter, nr, arch, args);
+        let creat = libc::O_CREAT as u64 | libc::O_WRONLY as u64;
+        let tmpfile = libc::O_TMPFILE as u64 | libc::O_RDWR as u64;
+        for (bits, want) in [
+            (0o4755, EPERM),
+            (0o2755, EPERM),
+            (0o6000, EPERM),
+            (0o0755, ALLOW),
+            (0o1777, ALLOW),
+            // The kernel reads a mode from the low 32 bits; so does the filter.
+            (0xffff_ffff_0000_0000 | 0o644, ALLOW),
+        ] {
+            assert_eq!(
+                run(libc::SYS_fchmod, [3, bits, 0, 0, 0, 0]),
+                want,
+                "{bits:o}"
+            );
+            assert_eq!(run(libc::SYS_fchmodat, [3, 0, bits, 0, 0, 0]), want);
+            assert_eq!(run(SYS_FCHMODAT2, [3, 0, bits, 0, 0, 0]), want);
+            assert_eq!(run(libc::SYS_mknodat, [3, 0, bits, 0, 0, 0]), want);
+            assert_eq!(run(libc::SYS_openat, [3, 0, creat, bits, 0, 0]), want);
+            assert_eq!(run(libc::SYS_openat, [3, 0, tmpfile, bits, 0, 0]), want);
+            #[cfg(target_arch = "x86_64")]
+            {
+                assert_eq!(run(libc::SYS_chmod, [0, bits, 0, 0, 0, 0]), want);
+                assert_eq!(run(libc::SYS_creat, [0, bits, 0, 0, 0, 0]), want);
+                assert_eq!(run(libc::SYS_mknod, [0, bits, 0, 0, 0, 0]), want);
+                assert_eq!(run(libc::SYS_open, [0, creat, bits, 0, 0, 0]), want);
+            }
+        }
+        // Without a flag that creates, the mode argument is whatever the caller left there.
+        let read_only = libc::O_RDONLY as u64 | libc::O_CLOEXEC as u64;
+        assert_eq!(
+            run(libc::SYS_openat, [3, 0, read_only, 0o7777, 0, 0]),
+            ALLOW
+        );
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(run(libc::SYS_open, [0, read_only, 0o7777, 0, 0, 0]), ALLOW);
+        assert_eq!(run(libc::SYS_openat2, [3, 0, 0, 24, 0, 0]), ENOSYS);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! its processes, memory, shared memory and `/proc`. Adversarial, run as root in CI (as Monad
 //! may be): each attack is what a command did before commands were contained.
 
+use std::os::unix::fs::PermissionsExt;
+
 use monad_sandbox::{ExecPolicy, Limits, NamespacePolicy};
 
 use super::support::{COMMAND_UID, Fixture, SECRET, run, sh};
@@ -165,6 +167,77 @@ fn a_set_uid_program_gives_nothing() {
     .unwrap();
     let out = run(&bare, &["./suid-id", "-u"]);
     assert_eq!(out.stdout.trim(), COMMAND_UID.to_string(), "{out:?}");
+}
+
+/// A command cannot leave a set-user-ID or set-group-ID program in the workspace: outside the
+/// sandbox (where the folder's mount is not `nosuid`) anyone who runs it would act as the
+/// folder's owner. Every way of setting the bits is refused; the other mode bits still work.
+#[test]
+fn a_command_cannot_leave_a_set_uid_or_set_gid_program_behind() {
+    let script = r#"
+import os, errno
+def attempt(name, f):
+    try:
+        f()
+        print(name, 'done')
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+open('plain', 'w').close()
+attempt('chmod', lambda: os.chmod('plain', 0o4755))
+attempt('chmod-g', lambda: os.chmod('plain', 0o2755))
+fd = os.open('plain', os.O_RDONLY)
+attempt('fchmod', lambda: os.fchmod(fd, 0o6755))
+attempt('fchmodat', lambda: os.chmod('plain', 0o4700, dir_fd=os.open('.', os.O_RDONLY)))
+attempt('open-creat', lambda: os.close(os.open('made', os.O_CREAT | os.O_WRONLY, 0o4755)))
+attempt('openat-creat', lambda: os.close(os.open('made2', os.O_CREAT | os.O_WRONLY, 0o2755, dir_fd=os.open('.', os.O_RDONLY))))
+attempt('mknod', lambda: os.mknod('node', 0o100000 | 0o4755))
+attempt('chmod-x', lambda: os.chmod('plain', 0o755))
+attempt('open-read', lambda: os.close(os.open('plain', os.O_RDONLY, 0o7777)))
+for name in ['plain', 'made', 'made2', 'node']:
+    try:
+        print(name, oct(os.stat(name).st_mode & 0o7777))
+    except FileNotFoundError:
+        print(name, 'absent')
+"#;
+    for policy in [ExecPolicy::default(), without_namespaces()] {
+        let fx = Fixture::with(Limits::default(), policy.clone());
+        let out = run(&fx, &[PYTHON, "-c", script]);
+        assert_eq!(out.exit_code, Some(0), "{out:?}");
+        let said: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(
+            said,
+            [
+                "chmod EPERM",
+                "chmod-g EPERM",
+                "fchmod EPERM",
+                "fchmodat EPERM",
+                "open-creat EPERM",
+                "openat-creat EPERM",
+                "mknod EPERM",
+                "chmod-x done",
+                "open-read done",
+                "plain 0o755",
+                "made absent",
+                "made2 absent",
+                "node absent",
+            ],
+            "{policy:?}: {out:?}"
+        );
+        for left in std::fs::read_dir(fx.root()).unwrap() {
+            let mode = left.unwrap().metadata().unwrap().permissions().mode();
+            assert_eq!(mode & 0o6000, 0, "{mode:o}");
+        }
+        let out = run(
+            &fx,
+            &["sh", "-c", "cp /usr/bin/id ./myid && chmod 6755 ./myid"],
+        );
+        assert_ne!(out.exit_code, Some(0), "{out:?}");
+        let mode = std::fs::metadata(fx.root().join("myid"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o6000, 0, "{mode:o}");
+    }
 }
 
 #[test]
