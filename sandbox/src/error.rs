@@ -86,6 +86,10 @@ pub enum SandboxError {
     /// the prompt waited); nothing was done.
     #[error("{0}")]
     Unapproved(String),
+    /// The file a write was to replace changed under it (another program wrote it); nothing
+    /// was written.
+    #[error("{0}")]
+    Changed(String),
     /// The operating system failed an operation.
     #[error("{op} {}: {source}", quoted(path))]
     Io {
@@ -126,6 +130,7 @@ impl SandboxError {
             SandboxError::SandboxUnavailable(_) => ErrorCode::SandboxUnavailable,
             SandboxError::Timeout(_) => ErrorCode::Timeout,
             SandboxError::Unapproved(_) => ErrorCode::Denied,
+            SandboxError::Changed(_) => ErrorCode::Io,
             SandboxError::Io { .. } => ErrorCode::Io,
         }
     }

@@ -1040,6 +1040,28 @@ struct OldFile {
     mode: u32,
     /// Its owner (uid, gid), kept when a write replaces it.
     owner: (u32, u32),
+    /// What identifies this version of it: checked again just before it is replaced.
+    stamp: Stamp,
+}
+
+/// A file's inode, size and modification time: another program that writes the file between
+/// the read and the rename changes at least one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    len: u64,
+    modified: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &cap_std::fs::Metadata) -> Stamp {
+        use cap_std::fs::MetadataExt;
+        Stamp {
+            ino: meta.ino(),
+            len: meta.len(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+        }
+    }
 }
 
 /// When Monad runs as root, what its tools create belongs to whoever owns the place it is
@@ -1200,8 +1222,12 @@ impl Target {
                 let bytes = read_capped(file, meta.len(), limits.write_max_bytes, path.given())?;
                 Some(OldFile {
                     bytes,
-                    mode: PermissionsExt::mode(&meta.permissions()) & 0o7777,
+                    // A rewrite by someone else takes away set-user-ID and set-group-ID, as
+                    // the kernel does when another user writes to such a file: an agent must
+                    // not be able to put its own program behind those bits.
+                    mode: PermissionsExt::mode(&meta.permissions()) & 0o1777,
                     owner: owner_of(&meta),
+                    stamp: Stamp::of(&meta),
                 })
             }
             Ok(meta) if meta.is_dir() => {
@@ -1264,13 +1290,42 @@ impl Target {
             .and_then(|()| file.set_permissions(Permissions::from_mode(mode)))
             .and_then(|()| file.sync_all());
         drop(file);
-        let renamed =
-            written.and_then(|()| self.parent.rename(&tmp_name, &self.parent, &self.name));
-        if let Err(e) = renamed {
+        if let Err(e) = written {
+            let _ = self.parent.remove_file(&tmp_name);
+            return Err(SandboxError::from_io("write", given, e));
+        }
+        // Another program (an editor, a formatter, the user) may have written the file since
+        // it was read: replacing it then would throw their change away unseen.
+        if let Err(changed) = self.unchanged() {
+            let _ = self.parent.remove_file(&tmp_name);
+            return Err(changed);
+        }
+        if let Err(e) = self.parent.rename(&tmp_name, &self.parent, &self.name) {
             let _ = self.parent.remove_file(&tmp_name);
             return Err(SandboxError::from_io("write", given, e));
         }
         Ok(())
+    }
+
+    /// Whether what is at the name is still what was read there (or still nothing).
+    fn unchanged(&self) -> Result<(), SandboxError> {
+        let now = match self.parent.symlink_metadata(&self.name) {
+            Ok(meta) => Some(Stamp::of(&meta)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(SandboxError::from_io("stat", self.path.given(), e)),
+        };
+        if now == self.old.as_ref().map(|old| old.stamp) {
+            return Ok(());
+        }
+        let what = if self.old.is_none() {
+            "was created by another program while it was being written"
+        } else {
+            "was changed by another program since it was read for this write"
+        };
+        Err(SandboxError::Changed(format!(
+            "`{}` {what}; nothing was written: read it again and redo the change",
+            self.path.given()
+        )))
     }
 }
 
@@ -1620,6 +1675,42 @@ mod tests {
             kind_of(FileType::Directory, &dir, c"gone").unwrap(),
             Some(EntryKind::Dir)
         );
+    }
+
+    /// Another program that writes the file (or creates it) between a write's read and its
+    /// rename keeps its change: the write fails and says so, and leaves no temporary file.
+    #[test]
+    fn a_write_refuses_to_replace_what_another_program_changed_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let jail = Jail::open_ambient(dir.path()).unwrap();
+        let limits = Limits::default();
+        for existed in [true, false] {
+            let name = if existed { "theirs.txt" } else { "new.txt" };
+            if existed {
+                jail.dir().write(name, "before\n").unwrap();
+            }
+            let path = jail.resolve(name).unwrap();
+            let target = Target::locate(&jail, &path, Parents::Require, &limits).unwrap();
+            // Their write: longer, so that the size differs whatever the clock's grain.
+            jail.dir().write(name, "their change\n").unwrap();
+            let refused = target.replace(b"mine\n").unwrap_err();
+            assert!(matches!(refused, SandboxError::Changed(_)), "{refused:?}");
+            assert!(
+                refused.to_string().contains("nothing was written"),
+                "{refused}"
+            );
+            assert_eq!(jail.dir().read_to_string(name).unwrap(), "their change\n");
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        // Unchanged, it is replaced.
+        let path = jail.resolve("theirs.txt").unwrap();
+        let target = Target::locate(&jail, &path, Parents::Require, &limits).unwrap();
+        target.replace(b"mine\n").unwrap();
+        assert_eq!(jail.dir().read_to_string("theirs.txt").unwrap(), "mine\n");
     }
 
     /// Reads `bytes` as a whole file both ways and checks that they agree.

@@ -73,6 +73,10 @@ pub struct Sandbox {
     inline_listings: AtomicU64,
     /// Background processes (dropped with the sandbox: they are killed).
     processes: exec::process::Table,
+    /// Held by each write and edit from its read of the file to its rename: calls run in
+    /// parallel (an MCP host sends several at once), and two edits of one file that both read
+    /// it first would each replace it with their own change alone, the second losing the first.
+    writes: std::sync::Mutex<()>,
 }
 
 /// Largest file [`Sandbox::call`] reads on the calling task rather than on tokio's blocking pool
@@ -141,6 +145,7 @@ impl Sandbox {
             lists_inline,
             inline_listings: AtomicU64::new(0),
             processes: exec::process::Table::new(exec.max_background),
+            writes: std::sync::Mutex::new(()),
             jail,
             limits,
             exec,
@@ -184,7 +189,14 @@ impl Sandbox {
 
     /// `write_file`: atomic create or replace, with a diff.
     pub fn write_file(&self, args: &WriteFileArgs) -> Result<WriteResult, SandboxError> {
+        let _one_at_a_time = self.writing();
         fs::write_file(&self.jail, &self.limits, args, None)
+    }
+
+    /// The write lock ([`Sandbox::writes`]); a write that panicked left nothing half done that
+    /// the next one must not see (the file is replaced by a rename or not at all).
+    fn writing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `write_file` as its owner approved it, from async code: it creates only the directories
@@ -199,6 +211,7 @@ impl Sandbox {
         let args: WriteFileArgs = parse_args(ToolName::WriteFile, args)?;
         let written = self
             .on_blocking_pool(move |this| {
+                let _one_at_a_time = this.writing();
                 fs::write_file(&this.jail, &this.limits, &args, Some(&creates))
             })
             .await?;
@@ -207,6 +220,7 @@ impl Sandbox {
 
     /// `edit_file`: a unique (or every) replacement, atomic, with a diff.
     pub fn edit_file(&self, args: &EditFileArgs) -> Result<WriteResult, SandboxError> {
+        let _one_at_a_time = self.writing();
         fs::edit_file(&self.jail, &self.limits, args)
     }
 

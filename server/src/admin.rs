@@ -36,8 +36,17 @@ pub struct DataLock {
 pub struct LockRefused {
     /// The sentence for the user: who holds it, or what failed.
     pub message: String,
-    /// Whether a server holds it (as far as the lock file says).
-    pub by_server: bool,
+    /// Who holds it, when someone does.
+    pub holder: Option<Holder>,
+}
+
+/// Who holds the data directory's lock, as its file says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// A serving server (or a version that did not say who it was).
+    Server,
+    /// A command working on the directory while no server runs.
+    Command,
 }
 
 impl DataLock {
@@ -49,7 +58,7 @@ impl DataLock {
     pub fn take(data_dir: &Path, what: &str) -> Result<DataLock, LockRefused> {
         let other = |message: String| LockRefused {
             message,
-            by_server: false,
+            holder: None,
         };
         crate::fsutil::create_private_dir(data_dir)
             .map_err(|e| other(format!("{}: {e}", data_dir.display())))?;
@@ -102,7 +111,11 @@ impl DataLock {
                         data_dir.display(),
                         path.display()
                     ),
-                    by_server,
+                    holder: Some(if by_server {
+                        Holder::Server
+                    } else {
+                        Holder::Command
+                    }),
                 })
             }
             Err((_, errno)) => Err(other(format!("cannot lock {}: {errno}", path.display()))),
@@ -292,17 +305,21 @@ impl Admin {
                 registry: Box::new(self.registry()),
                 _lock: lock,
             }),
-            Err(refused) if !refused.by_server => Err(refused.message),
+            Err(refused) if refused.holder == Some(Holder::Command) => Err(refused.message),
+            // Held by a server, or not to be opened by this user (the server's own files are
+            // private): a running server's socket is the way, and decides who may.
             Err(refused) => {
                 let socket = self.data_dir.join(ADMIN_SOCKET);
                 if socket.exists() {
                     Ok(Remover::Server(socket))
-                } else {
+                } else if refused.holder.is_some() {
                     Err(format!(
                         "{} (it is older than this command and cannot delete sessions while it \
                          runs)",
                         refused.message
                     ))
+                } else {
+                    Err(refused.message)
                 }
             }
         }

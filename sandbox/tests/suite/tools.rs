@@ -1195,3 +1195,55 @@ fn results_for_the_wire_are_the_json_of_results_as_trees() {
     let tree = rt.block_on(fx.sandbox.call(ToolName::ListDir, missing));
     assert_eq!(wire.unwrap_err().to_string(), tree.unwrap_err().to_string());
 }
+
+/// Calls run in parallel (an MCP host sends several at once); edits of one file each keep the
+/// others' changes, whichever order they run in.
+#[test]
+fn edits_of_one_file_made_at_once_all_land() {
+    let fx = Fixture::new();
+    let lines: String = (0..32).map(|n| format!("item{n:03}\n")).collect();
+    fx.put("many.txt", &lines);
+    let rt = runtime();
+    rt.block_on(async {
+        let edits = (0..32).map(|n| {
+            let sandbox = fx.sandbox.clone();
+            tokio::spawn(async move {
+                let args = json!({"path": "many.txt", "old_string": format!("item{n:03}\n"),
+                                  "new_string": format!("DONE{n:03}\n")});
+                sandbox.call(ToolName::EditFile, args).await
+            })
+        });
+        for edit in edits.collect::<Vec<_>>() {
+            edit.await.unwrap().expect("each edit finds its line");
+        }
+    });
+    let done: String = (0..32).map(|n| format!("DONE{n:03}\n")).collect();
+    assert_eq!(
+        std::fs::read_to_string(fx.root().join("many.txt")).unwrap(),
+        done
+    );
+}
+
+/// An agent cannot put its own program behind set-user-ID or set-group-ID bits by rewriting a
+/// file that has them: a rewrite takes them away, as the kernel does for another user's write.
+#[test]
+fn a_rewrite_takes_away_set_user_and_group_id() {
+    let fx = Fixture::new();
+    for (name, mode, kept) in [("s.sh", 0o6755, 0o755), ("t.sh", 0o1750, 0o1750)] {
+        fx.put(name, "#!/bin/sh\necho ok\n");
+        std::fs::set_permissions(fx.root().join(name), std::fs::Permissions::from_mode(mode))
+            .unwrap();
+        fx.sandbox
+            .edit_file(&edit(name, "ok", "mine"))
+            .expect("edited");
+        let now = std::fs::metadata(fx.root().join(name)).unwrap();
+        assert_eq!(now.permissions().mode() & 0o7777, kept, "{name}");
+        std::fs::set_permissions(fx.root().join(name), std::fs::Permissions::from_mode(mode))
+            .unwrap();
+        fx.sandbox
+            .write_file(&write(name, "#!/bin/sh\n"))
+            .expect("written");
+        let now = std::fs::metadata(fx.root().join(name)).unwrap();
+        assert_eq!(now.permissions().mode() & 0o7777, kept, "{name}");
+    }
+}
