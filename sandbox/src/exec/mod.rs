@@ -223,7 +223,7 @@ impl SandboxPlan {
             write_dirs,
             devices: DEVICE_FILES.iter().map(PathBuf::from).collect(),
             env,
-            cpu_seconds: timeout.map(|t| t.as_secs() + 1),
+            cpu_seconds: timeout.map(cpu_seconds),
             isolation,
             sockets,
             own_network,
@@ -329,6 +329,15 @@ pub(crate) struct Rlimits {
     nofile: u64,
     fsize: u64,
     address_space: Option<u64>,
+}
+
+/// The `RLIMIT_CPU` that backs a wall-clock limit of `timeout`, a second over it on every core.
+/// The kernel counts the CPU time of all of a process's threads: a parallel compiler or `zstd
+/// -T0` on eight cores spends eight CPU seconds a second, and a limit of the time limit alone
+/// killed it (`SIGKILL`, shown as "Killed") an eighth of the way to its time-out.
+fn cpu_seconds(timeout: Duration) -> u64 {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as u64;
+    (timeout.as_secs() + 1).saturating_mul(cores)
 }
 
 impl Rlimits {
@@ -1165,7 +1174,9 @@ mod tests {
                 .iter()
                 .any(|p| p.starts_with("/proc") || p.starts_with("/home"))
         );
-        assert_eq!(plan.cpu_seconds, Some(6));
+        // The time limit (5 s) and a second, on every core: a process's threads share it.
+        let cores = std::thread::available_parallelism().unwrap().get() as u64;
+        assert_eq!(plan.cpu_seconds, Some(6 * cores));
     }
 
     #[test]
