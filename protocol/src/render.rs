@@ -20,9 +20,9 @@ use serde_json::Value;
 
 use crate::tools::{
     EntryKind, GlobResult, ListDirResult, MemoryRecallResult, MemoryStoreResult, NetworkEvent,
-    ProcessKillResult, ProcessListResult, ProcessReadResult, ProcessWriteResult, ReadFileResult,
-    RunCommandResult, SearchResult, StatResult, ToolName, Truncation, WorkspacesResult,
-    WriteResult,
+    OutputGap, ProcessKillResult, ProcessListResult, ProcessReadResult, ProcessWriteResult,
+    ReadFileResult, RunCommandResult, SearchResult, StatResult, ToolName, Truncation,
+    WorkspacesResult, WriteResult,
 };
 use crate::wire::{Host, Trust, WorkspaceRef};
 
@@ -426,11 +426,31 @@ fn ending(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> Strin
     }
 }
 
+/// One of a command's streams as its result gives it.
+struct Stream<'a> {
+    name: &'static str,
+    text: &'a str,
+    /// Said after the name (`(10 older bytes were dropped)`, or nothing).
+    note: String,
+    /// Where the bytes dropped at the output cap were, when some were.
+    gap: Option<OutputGap>,
+}
+
 /// Standard output and error as sections; nothing when both are empty. A long stream is shown
 /// by its first and last lines ([`abridge`]).
-fn streams(out: &mut String, stdout: (&str, &str), stderr: (&str, &str)) {
-    for (name, (text, note)) in [("stdout", stdout), ("stderr", stderr)] {
+fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
+    for Stream {
+        name,
+        text,
+        note,
+        gap,
+    } in streams
+    {
         if text.is_empty() && note.is_empty() {
+            continue;
+        }
+        if let Some(gap) = gap {
+            cut_at_the_cap(out, name, text, gap);
             continue;
         }
         let text = text.strip_suffix('\n').unwrap_or(text);
@@ -446,8 +466,7 @@ fn streams(out: &mut String, stdout: (&str, &str), stderr: (&str, &str)) {
             out,
             "\n--- {name}{note}: {}, {} bytes; its first and last lines are shown here\n{}\n\
              [... {} left out of this text: the result's `{name}` field holds them for a \
-             program; to read them, run the command again with its output sent to a file, \
-             then read_file or search that file ...]\n{}",
+             program; {READ_IT_ALL} ...]\n{}",
             plural(count_lines(text), "line", "lines"),
             text.len(),
             parts.head,
@@ -462,6 +481,37 @@ fn streams(out: &mut String, stdout: (&str, &str), stderr: (&str, &str)) {
             parts.tail,
         );
     }
+}
+
+/// How to read what a command's text leaves out.
+const READ_IT_ALL: &str = "to read them, run the command again with its output sent to a \
+                           file, then read_file or search that file";
+
+/// A stream that went over the output cap: what was kept of its start, then of its end (`text`
+/// holds both, split at `gap.at`), each shown by its own end.
+fn cut_at_the_cap(out: &mut String, name: &str, text: &str, gap: OutputGap) {
+    let at = usize::try_from(gap.at)
+        .ok()
+        .filter(|&at| text.is_char_boundary(at))
+        .unwrap_or(text.len());
+    let (first, last) = text.split_at(at);
+    let last = last.strip_suffix('\n').unwrap_or(last);
+    let head_end = head_end(first);
+    let tail_start = tail_start(last);
+    let left_out = (first.len() - head_end) as u64 + gap.dropped + tail_start as u64;
+    let _ = write!(
+        out,
+        "\n--- {name}: {} bytes, more than the output cap keeps; its first and last lines are \
+         shown here\n{}\n[... {} left out of this text, {} of them not kept at all (the \
+         output cap); {READ_IT_ALL} ...]\n{}",
+        text.len() as u64 + gap.dropped,
+        first[..head_end]
+            .strip_suffix('\n')
+            .unwrap_or(&first[..head_end]),
+        plural(left_out, "byte", "bytes"),
+        gap.dropped,
+        &last[tail_start..],
+    );
 }
 
 /// Most lines a command's stream shows from each end of it.
@@ -489,32 +539,10 @@ fn abridge(text: &str) -> Option<Abridged<'_>> {
     if text.len() <= 2 * STREAM_END_BYTES && count_lines(text) <= 2 * STREAM_END_LINES as u64 {
         return None;
     }
-    // The head: whole lines while they fit, or the first line's start.
-    let mut head_end = 0;
-    for (n, line) in text.split_inclusive('\n').enumerate() {
-        if n == STREAM_END_LINES || head_end + line.len() > STREAM_END_BYTES {
-            if n == 0 {
-                head_end = floor_boundary(text, STREAM_END_BYTES);
-            }
-            break;
-        }
-        head_end += line.len();
-    }
-    // The tail, the same way from the end; `text` has no final line break here.
-    let mut tail_start = text.len();
-    for (n, line) in text.rsplit('\n').enumerate() {
-        let taken = line.len() + usize::from(n > 0);
-        if n == STREAM_END_LINES || text.len() - tail_start + taken > STREAM_END_BYTES {
-            if n == 0 {
-                tail_start = ceil_boundary(text, text.len() - STREAM_END_BYTES);
-            }
-            break;
-        }
-        tail_start -= taken;
-    }
+    let head_end = head_end(text);
     // The line break that ends the head is shown as the break before the marker; the one
     // before the tail is left out with the lines between.
-    let tail_start = tail_start.max(head_end);
+    let tail_start = tail_start(text).max(head_end);
     let middle = &text[head_end..tail_start];
     Some(Abridged {
         head: text[..head_end]
@@ -524,6 +552,39 @@ fn abridge(text: &str) -> Option<Abridged<'_>> {
         left_out_lines: middle.bytes().filter(|&b| b == b'\n').count() as u64,
         left_out_bytes: middle.len() as u64,
     })
+}
+
+/// Where the head of `text` shown to a model ends: whole lines while they fit (with their line
+/// breaks), or the first line's start.
+fn head_end(text: &str) -> usize {
+    let mut end = 0;
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        if n == STREAM_END_LINES || end + line.len() > STREAM_END_BYTES {
+            if n == 0 {
+                end = floor_boundary(text, STREAM_END_BYTES);
+            }
+            break;
+        }
+        end += line.len();
+    }
+    end
+}
+
+/// Where the tail of `text` (without a final line break) shown to a model starts: the same way
+/// from the end.
+fn tail_start(text: &str) -> usize {
+    let mut start = text.len();
+    for (n, line) in text.rsplit('\n').enumerate() {
+        let taken = line.len() + usize::from(n > 0);
+        if n == STREAM_END_LINES || text.len() - start + taken > STREAM_END_BYTES {
+            if n == 0 {
+                start = ceil_boundary(text, text.len() - STREAM_END_BYTES);
+            }
+            break;
+        }
+        start -= taken;
+    }
+    start
 }
 
 /// Lines in a text without its final line break: line breaks plus one, none when empty.
@@ -584,11 +645,12 @@ fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
     if r.sandbox == "none" {
         out.push_str(" (ran without a sandbox)");
     }
-    let cut = |truncated: bool| {
-        if truncated {
-            " (cut at the output cap)"
+    // A peer of an earlier version cut the output at the cap and kept its start only.
+    let cut = |truncated: bool, gap: Option<OutputGap>| {
+        if truncated && gap.is_none() {
+            " (cut at the output cap)".to_owned()
         } else {
-            ""
+            String::new()
         }
     };
     if r.stdout.is_empty() && r.stderr.is_empty() && r.process.is_none() {
@@ -596,8 +658,20 @@ fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
     }
     streams(
         &mut out,
-        (&r.stdout, cut(r.stdout_truncated)),
-        (&r.stderr, cut(r.stderr_truncated)),
+        [
+            Stream {
+                name: "stdout",
+                text: &r.stdout,
+                note: cut(r.stdout_truncated, r.stdout_gap),
+                gap: r.stdout_gap,
+            },
+            Stream {
+                name: "stderr",
+                text: &r.stderr,
+                note: cut(r.stderr_truncated, r.stderr_gap),
+                gap: r.stderr_gap,
+            },
+        ],
     );
     network(&mut out, &r.network);
     out
@@ -631,8 +705,23 @@ fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
             format!(" ({n} older bytes were dropped)")
         }
     };
-    let (out_note, err_note) = (dropped(r.stdout_dropped), dropped(r.stderr_dropped));
-    streams(&mut out, (&r.stdout, &out_note), (&r.stderr, &err_note));
+    streams(
+        &mut out,
+        [
+            Stream {
+                name: "stdout",
+                text: &r.stdout,
+                note: dropped(r.stdout_dropped),
+                gap: None,
+            },
+            Stream {
+                name: "stderr",
+                text: &r.stderr,
+                note: dropped(r.stderr_dropped),
+                gap: None,
+            },
+        ],
+    );
     network(&mut out, &r.network);
     out
 }
@@ -1156,6 +1245,35 @@ mod tests {
         assert!(!render(ToolName::RunCommand, ran(&fits)).contains("left out"));
         let one_more = format!("{fits}257\n");
         assert!(render(ToolName::RunCommand, ran(&one_more)).contains("[... 1 line (4 bytes)"));
+    }
+
+    #[test]
+    fn an_output_over_the_cap_shows_its_kept_start_and_end_and_counts_what_was_dropped() {
+        let first: String = (1..=1_000).map(|n| format!("{n}\n")).collect();
+        let last: String = (99_001..=100_000).map(|n| format!("{n}\n")).collect();
+        let mut result = ran(&format!("{first}{last}"));
+        result["stdout_truncated"] = json!(true);
+        result["stdout_gap"] = json!({"at": first.len(), "dropped": 600_000});
+        let shown = render(ToolName::RunCommand, result);
+        let head: String = (1..=128).map(|n| format!("{n}\n")).collect();
+        let tail: String = (99_873..=100_000).map(|n| format!("{n}\n")).collect();
+        let left_out = first.len() - head.len() + 600_000 + last.len() - tail.len();
+        assert_eq!(
+            shown,
+            format!(
+                "exit status 0 in workspace laptop, after 10 ms\n--- stdout: {} bytes, more \
+                 than the output cap keeps; its first and last lines are shown here\n{head}\
+                 [... {left_out} bytes left out of this text, 600000 of them not kept at all \
+                 (the output cap); to read them, run the command again with its output sent \
+                 to a file, then read_file or search that file ...]\n{}",
+                first.len() + last.len() + 600_000,
+                tail.trim_end()
+            )
+        );
+        // A peer of an earlier version kept the start only, and said so.
+        let mut old = ran("start\n");
+        old["stdout_truncated"] = json!(true);
+        assert!(render(ToolName::RunCommand, old).contains("--- stdout (cut at the output cap)"));
     }
 
     #[test]

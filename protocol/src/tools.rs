@@ -849,14 +849,22 @@ pub struct RunCommandResult {
     pub signal: Option<i32>,
     /// True when the time limit ran out and the process group was killed.
     pub timed_out: bool,
-    /// Standard output (lossy UTF-8), capped.
+    /// Standard output (lossy UTF-8), capped: past the cap, its first and last bytes (see
+    /// `stdout_gap`).
     pub stdout: String,
-    /// Standard error (lossy UTF-8), capped.
+    /// Standard error (lossy UTF-8), capped like `stdout`.
     pub stderr: String,
-    /// True when standard output went over the cap; the rest was read and dropped.
+    /// True when standard output went over the cap: bytes in its middle were read and dropped.
     pub stdout_truncated: bool,
-    /// True when standard error went over the cap; the rest was read and dropped.
+    /// True when standard error went over the cap.
     pub stderr_truncated: bool,
+    /// Where in `stdout` the bytes dropped at the cap were, and how many: the output's end,
+    /// where builds and tests say what failed, is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_gap: Option<OutputGap>,
+    /// The same for `stderr`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_gap: Option<OutputGap>,
     /// Wall-clock time from start to exit, in milliseconds.
     pub duration_ms: u64,
     /// How the command was confined: `landlock` or `none` (only when the operator allowed
@@ -870,6 +878,16 @@ pub struct RunCommandResult {
     /// Network connections it asked the workspace's proxy for (with `network = "allowlist"`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<NetworkEvent>,
+}
+
+/// The bytes dropped from the middle of a command's output that went over the output cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct OutputGap {
+    /// Where they were: a byte offset in the output as returned (the first kept bytes before
+    /// it, the last ones from it on).
+    pub at: u64,
+    /// How many bytes were dropped there.
+    pub dropped: u64,
 }
 
 /// Arguments of `process_read`.

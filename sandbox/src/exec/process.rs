@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use monad_protocol::tools::{
-    NetworkEvent, ProcessInfo, ProcessKillArgs, ProcessKillResult, ProcessListResult,
+    NetworkEvent, OutputGap, ProcessInfo, ProcessKillArgs, ProcessKillResult, ProcessListResult,
     ProcessReadArgs, ProcessReadResult, ProcessWriteArgs, ProcessWriteResult, RunCommandArgs,
     RunCommandResult,
 };
@@ -197,12 +197,17 @@ struct Exit {
 /// One output stream's unread bytes.
 #[derive(Debug)]
 struct Output {
+    /// Background: the newest bytes. Foreground: the first bytes, up to half the cap.
     bytes: VecDeque<u8>,
+    /// Foreground: the newest bytes once the first half is full, up to the other half.
+    tail: VecDeque<u8>,
     cap: usize,
-    /// Keep the newest bytes (background) rather than the first ones (foreground).
+    /// Keep the newest bytes (background) rather than the first and the last (foreground).
     keep_tail: bool,
-    /// Foreground: bytes past the cap were dropped.
+    /// Foreground: bytes between the first and the last were dropped.
     truncated: bool,
+    /// Foreground: how many bytes were dropped between the first and the last.
+    omitted: u64,
     /// Background: bytes dropped, oldest first, since the last read.
     dropped: u64,
 }
@@ -211,9 +216,11 @@ impl Output {
     fn new(cap: usize) -> Output {
         Output {
             bytes: VecDeque::new(),
+            tail: VecDeque::new(),
             cap,
             keep_tail: false,
             truncated: false,
+            omitted: 0,
             dropped: 0,
         }
     }
@@ -227,11 +234,19 @@ impl Output {
                 self.dropped += over as u64;
             }
         } else {
-            let room = self.cap.saturating_sub(self.bytes.len());
-            if data.len() > room {
+            // The first half of the cap holds the start; the rest rolls through the second
+            // half, so that the end (where a build or a test run says what failed) is kept.
+            let head_cap = self.cap - self.cap / 2;
+            let room = head_cap.saturating_sub(self.bytes.len());
+            let (head, rest) = data.split_at(data.len().min(room));
+            self.bytes.extend(head);
+            self.tail.extend(rest);
+            let over = self.tail.len().saturating_sub(self.cap / 2);
+            if over > 0 {
+                self.tail.drain(..over);
+                self.omitted += over as u64;
                 self.truncated = true;
             }
-            self.bytes.extend(&data[..data.len().min(room)]);
         }
     }
 
@@ -246,10 +261,53 @@ impl Output {
             let rest = bytes.split_off(e.valid_up_to());
             self.bytes.extend(rest);
         }
-        match String::from_utf8(bytes) {
-            Ok(text) => text,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        lossy(bytes)
+    }
+
+    /// A foreground output taken whole: its first and last bytes, and where the dropped ones
+    /// were. The cut falls between characters: a character the cut split is dropped with the
+    /// rest, not turned into a replacement character.
+    fn take_whole(&mut self, finished: bool) -> (String, Option<OutputGap>) {
+        if self.omitted == 0 {
+            self.bytes.extend(self.tail.drain(..));
+            return (self.take(finished), None);
         }
+        let mut head: Vec<u8> = self.bytes.drain(..).collect();
+        let mut tail: Vec<u8> = self.tail.drain(..).collect();
+        let mut dropped = self.omitted;
+        if let Err(e) = std::str::from_utf8(&head)
+            && e.error_len().is_none()
+        {
+            dropped += (head.len() - e.valid_up_to()) as u64;
+            head.truncate(e.valid_up_to());
+        }
+        // A character's continuation bytes (`10xxxxxx`), at most three.
+        let split = tail
+            .iter()
+            .take(3)
+            .take_while(|&&b| b & 0xc0 == 0x80)
+            .count();
+        dropped += split as u64;
+        tail.drain(..split);
+        let head = lossy(head);
+        let at = head.len() as u64;
+        let text = head + &self.take_rest(tail, finished);
+        self.omitted = 0;
+        (text, Some(OutputGap { at, dropped }))
+    }
+
+    /// `bytes` as text, keeping an unfinished last character for later, as [`Output::take`].
+    fn take_rest(&mut self, bytes: Vec<u8>, finished: bool) -> String {
+        self.bytes.extend(bytes);
+        self.take(finished)
+    }
+}
+
+/// Bytes as text, invalid sequences as U+FFFD.
+fn lossy(bytes: Vec<u8>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
     }
 }
 
@@ -718,6 +776,8 @@ where
             stderr: String::new(),
             stdout_truncated: false,
             stderr_truncated: false,
+            stdout_gap: None,
+            stderr_gap: None,
             duration_ms: 0,
             sandbox: proc.sandbox.to_owned(),
             process: Some(proc.id.clone()),
@@ -779,8 +839,8 @@ where
 fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCommandResult {
     let mut state = proc.lock();
     let finished = exit.is_some();
-    let stdout = state.stdout.take(finished);
-    let stderr = state.stderr.take(finished);
+    let (stdout, stdout_gap) = state.stdout.take_whole(finished);
+    let (stderr, stderr_gap) = state.stderr.take_whole(finished);
     RunCommandResult {
         exit_code: exit.and_then(|e| e.code),
         signal: exit.and_then(|e| e.signal),
@@ -789,6 +849,8 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
         stderr,
         stdout_truncated: state.stdout.truncated,
         stderr_truncated: state.stderr.truncated,
+        stdout_gap,
+        stderr_gap,
         duration_ms: proc.elapsed(exit).as_millis() as u64,
         sandbox: proc.sandbox.to_owned(),
         process,
@@ -1174,11 +1236,37 @@ mod tests {
     }
 
     #[test]
-    fn foreground_output_keeps_the_head_and_background_the_tail() {
-        let mut head = Output::new(4);
-        head.push(b"abcdef");
-        assert_eq!(head.take(true), "abcd");
-        assert!(head.truncated);
+    fn foreground_output_keeps_its_two_ends_and_background_the_tail() {
+        let mut ends = Output::new(4);
+        ends.push(b"abc");
+        ends.push(b"def");
+        ends.push(b"g");
+        assert_eq!(
+            ends.take_whole(true),
+            ("abfg".to_owned(), Some(OutputGap { at: 2, dropped: 3 }))
+        );
+        assert!(ends.truncated);
+        let mut fits = Output::new(4);
+        fits.push(b"ab");
+        fits.push(b"cd");
+        assert_eq!(fits.take_whole(true), ("abcd".to_owned(), None));
+        assert!(!fits.truncated);
+        // A cut inside a character drops the character with the rest.
+        let mut head_cut = Output::new(4);
+        head_cut.push("aé".as_bytes()); // 61 c3 | a9: the first half ends inside `é`
+        head_cut.push(b"xyz");
+        assert_eq!(
+            head_cut.take_whole(true),
+            ("ayz".to_owned(), Some(OutputGap { at: 1, dropped: 3 }))
+        );
+        let mut tail_cut = Output::new(4);
+        tail_cut.push(b"ab");
+        tail_cut.push("cé".as_bytes());
+        tail_cut.push(b"d"); // the kept end starts inside `é`: a9 64
+        assert_eq!(
+            tail_cut.take_whole(true),
+            ("abd".to_owned(), Some(OutputGap { at: 2, dropped: 3 }))
+        );
         let mut tail = Output::new(4);
         tail.keep_tail = true;
         tail.push(b"abc");

@@ -163,11 +163,19 @@ fn output_is_capped_and_the_rest_drained() {
         ..Limits::default()
     };
     let fx = Fixture::with_limits(limits);
-    let out = sh(&fx, "head -c 5000000 /dev/zero | tr '\\0' a; echo done >&2");
+    let out = sh(
+        &fx,
+        "echo START; head -c 5000000 /dev/zero | tr '\\0' a; echo; echo END; echo done >&2",
+    );
     assert_eq!(out.exit_code, Some(0), "{out:?}");
     assert_eq!(out.stdout.len(), 1000);
     assert!(out.stdout_truncated && !out.stderr_truncated);
-    assert_eq!(out.stderr, "done\n");
+    // Its start and its end are kept, the middle dropped and said where.
+    assert!(out.stdout.starts_with("START\naaa"), "{:.50}", out.stdout);
+    assert!(out.stdout.ends_with("aaa\nEND\n"));
+    let gap = out.stdout_gap.expect("where the middle was");
+    assert_eq!((gap.at, gap.dropped), (500, 6 + 5_000_000 + 1 + 4 - 1000));
+    assert_eq!((out.stderr.as_str(), out.stderr_gap), ("done\n", None));
 }
 
 #[test]

@@ -364,6 +364,40 @@ async fn a_long_command_output_reaches_the_model_by_its_ends_and_programs_whole(
     );
     let tail: String = (99_873..=100_000).map(|n| format!("{n}\n")).collect();
     assert!(shown.ends_with(tail.trim_end()), "{shown}");
+
+    // Over the output cap (1 MiB), its start and its end are kept: what failed is at the end.
+    let result = host
+        .call(
+            "run_command",
+            json!({"argv": ["sh", "-c", "seq 1 400000; echo FINAL_ERROR: it failed; exit 1"],
+                   "workspace": "primary"}),
+        )
+        .await;
+    let structured = result.structured_content.clone().unwrap();
+    let ran = &structured["result"];
+    assert_eq!(ran["exit_code"], 1);
+    assert_eq!(ran["stdout_truncated"], true);
+    let stdout = ran["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("1\n2\n3\n"), "{:.100}", stdout);
+    assert!(stdout.ends_with("400000\nFINAL_ERROR: it failed\n"));
+    assert_eq!(stdout.len(), 1024 * 1024);
+    let at = ran["stdout_gap"]["at"].as_u64().unwrap() as usize;
+    let dropped = ran["stdout_gap"]["dropped"].as_u64().unwrap() as usize;
+    let whole: usize = (1..=400_000)
+        .map(|n: u32| n.to_string().len() + 1)
+        .sum::<usize>()
+        + "FINAL_ERROR: it failed\n".len();
+    assert_eq!(stdout.len() + dropped, whole);
+    assert_eq!(at, 512 * 1024);
+    let shown = text(&result);
+    assert!(shown.starts_with("exit status 1"), "{:.200}", shown);
+    assert!(shown.ends_with("400000\nFINAL_ERROR: it failed"), "{shown}");
+    assert!(
+        shown.contains(&format!(
+            "--- stdout: {whole} bytes, more than the output cap keeps"
+        )),
+        "{shown}"
+    );
     let _ = host.client.cancel().await;
 }
 
