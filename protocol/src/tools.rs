@@ -271,8 +271,8 @@ impl ToolName {
             }
             ToolName::WriteFile => {
                 "Create or replace a file in a workspace with the given UTF-8 content, \
-                 atomically, creating missing parent directories. Returns a unified diff of the \
-                 change."
+                 atomically, creating missing parent directories (never git's own files in \
+                 `.git`: use git). Returns a unified diff of the change."
             }
             ToolName::EditFile => {
                 "Replace `old_string` with `new_string` in a text file in a workspace. Fails, \

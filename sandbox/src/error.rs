@@ -86,6 +86,9 @@ pub enum SandboxError {
     /// the prompt waited); nothing was done.
     #[error("{0}")]
     Unapproved(String),
+    /// A write to a file no agent may write (git's own files); nothing was written.
+    #[error("{0}")]
+    Protected(String),
     /// The file a write was to replace changed under it (another program wrote it); nothing
     /// was written.
     #[error("{0}")]
@@ -131,6 +134,7 @@ impl SandboxError {
             SandboxError::Timeout(_) => ErrorCode::Timeout,
             SandboxError::Unapproved(_) => ErrorCode::Denied,
             SandboxError::Changed(_) => ErrorCode::Io,
+            SandboxError::Protected(_) => ErrorCode::Denied,
             SandboxError::Io { .. } => ErrorCode::Io,
         }
     }

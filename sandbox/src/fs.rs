@@ -1170,6 +1170,7 @@ impl Target {
             path = jail.resolve(&resolved.to_string_lossy())?;
             path.set_given(given);
         }
+        refuse_git_internals(jail, &path)?;
         let Some((parent_path, name)) = path.split() else {
             return Err(SandboxError::WrongFileType {
                 path: path.given().to_owned(),
@@ -1327,6 +1328,42 @@ impl Target {
             self.path.given()
         )))
     }
+}
+
+/// Refuses a write or edit of git's own files: anything in a `.git` directory, or a `.git`
+/// file (a worktree's pointer to its git directory), at any depth, however the path reaches it
+/// (a link on the way counts). git's config names programs it runs (`core.fsmonitor`,
+/// `core.pager`, aliases) and its hooks are programs: written by an agent, they would run
+/// outside any sandbox the next time the folder's owner runs git, and `git status` and `git
+/// diff` would not show the change. Agents use git itself, through `run_command`.
+fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError> {
+    let rel = path.rel();
+    // The nearest directory above it that exists, as it really is, and the rest as given.
+    let mut real = std::path::PathBuf::new();
+    let mut rest = rel;
+    for above in rel.ancestors().skip(1) {
+        if above.as_os_str().is_empty() {
+            break;
+        }
+        if let Ok(canonical) = jail.dir().canonicalize(above) {
+            real = canonical;
+            rest = rel.strip_prefix(above).unwrap_or(rel);
+            break;
+        }
+    }
+    let git = real
+        .components()
+        .chain(rest.components())
+        .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"));
+    if git {
+        return Err(SandboxError::Protected(format!(
+            "`{}` is one of git's own files (in or of `.git`): Monad's file tools do not write \
+             them, since git runs programs its config and hooks name, outside any sandbox; use \
+             git itself through run_command, or ask the folder's owner",
+            path.given()
+        )));
+    }
+    Ok(())
 }
 
 /// Why a write refuses a missing directory's place taken by something else.

@@ -1247,3 +1247,55 @@ fn a_rewrite_takes_away_set_user_and_group_id() {
         assert_eq!(now.permissions().mode() & 0o7777, kept, "{name}");
     }
 }
+
+/// git runs what its config names (`core.fsmonitor`, a pager, aliases) and its hooks, outside
+/// any sandbox, and `git status` does not show a change to them: the file tools never write
+/// git's own files, however the path reaches them.
+#[test]
+fn git_s_own_files_are_never_written_by_the_file_tools() {
+    let fx = Fixture::new();
+    fx.put(".git/config", "[core]\n\tbare = false\n");
+    fx.put(".git/hooks/README", "hooks\n");
+    fx.put("sub/.git", "gitdir: ../.git\n");
+    fx.symlink(".git", "to-git");
+    fx.symlink(".git/config", "config-link");
+    let fsmonitor = "[core]\n\tfsmonitor = \"touch /tmp/pwned; false\"\n";
+    for path in [
+        ".git/config",
+        ".git/hooks/pre-commit",
+        ".git/new-dir/x",
+        "sub/.git",
+        "sub/deeper/.git/config",
+        "to-git/config",
+        "to-git/hooks/post-checkout",
+        "config-link",
+        ".GIT/config",
+    ] {
+        let refused = fx.sandbox.write_file(&write(path, fsmonitor)).unwrap_err();
+        assert_eq!(refused.code(), ErrorCode::Denied, "{path}: {refused}");
+        assert!(refused.to_string().contains("git's own files"), "{refused}");
+        let checked = fx
+            .sandbox
+            .check(ToolName::WriteFile, &json!({"path": path, "content": fsmonitor}))
+            .unwrap_err();
+        assert_eq!(checked.code(), ErrorCode::Denied, "checked before asking: {path}");
+    }
+    let refused = fx
+        .sandbox
+        .edit_file(&edit(".git/config", "bare = false", "bare = true"))
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Denied);
+    assert_eq!(
+        std::fs::read_to_string(fx.root().join(".git/config")).unwrap(),
+        "[core]\n\tbare = false\n"
+    );
+    assert!(!fx.root().join(".git/hooks/pre-commit").exists());
+    assert!(!fx.root().join(".git/new-dir").exists());
+    assert!(!fx.root().join("sub/deeper").exists());
+    // Files whose names only start like it are the project's own.
+    for path in [".gitignore", ".github/workflows/ci.yml", "src/.gitkeep", "git/config"] {
+        fx.sandbox
+            .write_file(&write(path, "x\n"))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+}
