@@ -751,6 +751,9 @@ fn process_kill(ws: &Where<'_>, r: ProcessKillResult) -> String {
 }
 
 fn process_list(ws: &Where<'_>, r: ProcessListResult) -> String {
+    // A list gathered from several workspaces names each process's, not one for all.
+    let gathered = r.processes.iter().any(|p| p.workspace.is_some()) || !r.unavailable.is_empty();
+    let ws = if gathered { &Where(None) } else { ws };
     let mut out = if r.processes.is_empty() {
         format!("No background processes{ws}.")
     } else {
@@ -1370,15 +1373,26 @@ mod tests {
                 {"process": "p1", "argv": ["sh", "-c", "sleep 9; echo 'hi'"], "cwd": ".",
                  "running": true, "duration_ms": 3000, "unread_bytes": 0, "workspace": "laptop"},
                 {"process": "p2", "argv": ["make"], "cwd": "src", "running": false,
-                 "exit_code": 2, "duration_ms": 10, "unread_bytes": 5},
+                 "exit_code": 2, "duration_ms": 10, "unread_bytes": 5, "workspace": "primary"},
             ], "unavailable": [{"workspace": "old", "code": "workspace_disconnected",
                                "message": "offline"}]}),
         );
+        // Gathered from the workspaces that have some: each line names its own.
         assert_eq!(
             list,
-            "2 background processes in workspace laptop:\np1: running for 3.0 s, workspace \
-             laptop: sh -c 'sleep 9; echo '\\''hi'\\'''\np2: exit status 2, in src, 5 bytes \
-             unread: make\nnot listed: workspace old: workspace_disconnected: offline"
+            "2 background processes:\np1: running for 3.0 s, workspace laptop: sh -c 'sleep 9; \
+             echo '\\''hi'\\'''\np2: exit status 2, workspace primary, in src, 5 bytes unread: \
+             make\nnot listed: workspace old: workspace_disconnected: offline"
+        );
+        let one = render(
+            ToolName::ProcessList,
+            json!({"processes": [{"process": "p3", "argv": ["make"], "cwd": ".", "running": true,
+                                  "duration_ms": 10, "unread_bytes": 0}],
+                   "unavailable": []}),
+        );
+        assert_eq!(
+            one,
+            "1 background process in workspace laptop:\np3: running for 10 ms: make"
         );
         assert_eq!(
             render(

@@ -1276,9 +1276,16 @@ fn git_s_own_files_are_never_written_by_the_file_tools() {
         assert!(refused.to_string().contains("git's own files"), "{refused}");
         let checked = fx
             .sandbox
-            .check(ToolName::WriteFile, &json!({"path": path, "content": fsmonitor}))
+            .check(
+                ToolName::WriteFile,
+                &json!({"path": path, "content": fsmonitor}),
+            )
             .unwrap_err();
-        assert_eq!(checked.code(), ErrorCode::Denied, "checked before asking: {path}");
+        assert_eq!(
+            checked.code(),
+            ErrorCode::Denied,
+            "checked before asking: {path}"
+        );
     }
     let refused = fx
         .sandbox
@@ -1293,7 +1300,12 @@ fn git_s_own_files_are_never_written_by_the_file_tools() {
     assert!(!fx.root().join(".git/new-dir").exists());
     assert!(!fx.root().join("sub/deeper").exists());
     // Files whose names only start like it are the project's own.
-    for path in [".gitignore", ".github/workflows/ci.yml", "src/.gitkeep", "git/config"] {
+    for path in [
+        ".gitignore",
+        ".github/workflows/ci.yml",
+        "src/.gitkeep",
+        "git/config",
+    ] {
         fx.sandbox
             .write_file(&write(path, "x\n"))
             .unwrap_or_else(|e| panic!("{path}: {e}"));
