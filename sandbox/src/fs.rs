@@ -994,13 +994,30 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             what: "is not UTF-8 text",
         });
     };
-    let count = old_text.matches(args.old_string.as_str()).count();
+    // In a file whose every line ends with CRLF, an agent's LF (what it reads and writes) means
+    // the file's line break: matched as CRLF, and written as CRLF so that the file keeps one
+    // kind of line ending.
+    let crlf = ends_lines_with_crlf(old_text);
+    let (old_string, new_string) = if crlf {
+        (with_crlf(&args.old_string), with_crlf(&args.new_string))
+    } else {
+        (
+            args.old_string.as_str().into(),
+            args.new_string.as_str().into(),
+        )
+    };
+    let count = old_text.matches(old_string.as_ref()).count();
     let replace_all = args.replace_all.unwrap_or(false);
     match count {
         0 => {
+            let endings = if old_text.contains("\r\n") && !crlf {
+                " (some of its lines end with CRLF, some with LF)"
+            } else {
+                ""
+            };
             return Err(SandboxError::NoMatch(format!(
-                "`old_string` does not occur in `{}`; read the file again and copy the text \
-                 exactly, including white space",
+                "`old_string` does not occur in `{}`{endings}; read the file again and copy the \
+                 text exactly, including white space",
                 path.display()
             )));
         }
@@ -1014,9 +1031,9 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
         _ => {}
     }
     let new_text = if replace_all {
-        old_text.replace(args.old_string.as_str(), &args.new_string)
+        old_text.replace(old_string.as_ref(), &new_string)
     } else {
-        old_text.replacen(args.old_string.as_str(), &args.new_string, 1)
+        old_text.replacen(old_string.as_ref(), &new_string, 1)
     };
     if new_text.len() as u64 > limits.write_max_bytes {
         return Err(SandboxError::LimitExceeded(format!(
@@ -1032,6 +1049,35 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
         new_text,
         replacements: if replace_all { count as u64 } else { 1 },
     })
+}
+
+/// Whether `text` has line breaks and every one of them is CRLF.
+fn ends_lines_with_crlf(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut breaks = bytes
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b == b'\n')
+        .map(|(at, _)| at)
+        .peekable();
+    breaks.peek().is_some() && breaks.all(|at| at > 0 && bytes[at - 1] == b'\r')
+}
+
+/// `text` with each LF that is not already part of a CRLF made CRLF.
+fn with_crlf(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains('\n') {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + text.len() / 16);
+    let mut last = '\0';
+    for c in text.chars() {
+        if c == '\n' && last != '\r' {
+            out.push('\r');
+        }
+        out.push(c);
+        last = c;
+    }
+    out.into()
 }
 
 /// The existing content of a file about to be replaced.
