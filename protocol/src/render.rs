@@ -96,7 +96,14 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         return out;
     }
     if let Some(encoding) = &r.encoding {
-        let _ = write!(out, "text decoded from {encoding}, ");
+        match encoding.as_str() {
+            "utf-8" => {
+                out.push_str("UTF-8 text with bytes that are not UTF-8 (shown as \u{fffd}), ")
+            }
+            _ => {
+                let _ = write!(out, "text decoded from {encoding}, ");
+            }
+        }
     }
     let first = r.start_line;
     let last = first + r.lines.saturating_sub(1);

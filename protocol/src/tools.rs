@@ -389,8 +389,9 @@ pub struct ReadFileResult {
     /// `content` is then empty, and `binary_reason` says why.
     pub binary: bool,
     /// The encoding the file's text was decoded from when it is not UTF-8 (`utf-16le`,
-    /// `utf-16be`, `windows-1252`, which covers Latin-1); absent for UTF-8. Decoding is lossy:
-    /// what does not decode becomes U+FFFD.
+    /// `utf-16be`, `windows-1252`, which covers Latin-1, or `utf-8` for UTF-8 text with a few
+    /// bytes that are not); absent for UTF-8. Decoding is lossy: what does not decode becomes
+    /// U+FFFD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<String>,
     /// Why a binary file's content is not shown (a NUL byte, control characters).

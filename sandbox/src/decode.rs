@@ -13,6 +13,9 @@ pub(crate) enum Encoding {
     Utf16Be,
     /// Windows-1252, the superset of ISO 8859-1 (Latin-1) that such files use in practice.
     Latin1,
+    /// UTF-8 with a few bytes that are not (a stray byte in a UTF-8 file): those become U+FFFD,
+    /// the rest reads as written.
+    Utf8,
 }
 
 impl Encoding {
@@ -22,6 +25,7 @@ impl Encoding {
             Encoding::Utf16Le => "utf-16le",
             Encoding::Utf16Be => "utf-16be",
             Encoding::Latin1 => "windows-1252",
+            Encoding::Utf8 => "utf-8",
         }
     }
 }
@@ -56,7 +60,24 @@ pub(crate) fn guess(head: &[u8]) -> Guess {
             head.len()
         ));
     }
+    if mostly_utf8(head) {
+        return Guess::Text(Encoding::Utf8);
+    }
     Guess::Text(Encoding::Latin1)
+}
+
+/// Whether text that is not valid UTF-8 is UTF-8 all the same, with a few stray bytes: it has
+/// more characters beyond ASCII correctly encoded in UTF-8 than bytes that are not UTF-8. A
+/// Latin-1 file's accented letters are single bytes, which UTF-8 never takes alone; read as
+/// Latin-1, a UTF-8 file's every such character became two or three wrong ones, and a
+/// `write_file` of what was read made that for good.
+fn mostly_utf8(head: &[u8]) -> bool {
+    let (mut encoded, mut stray) = (0usize, 0usize);
+    for chunk in head.utf8_chunks() {
+        encoded += chunk.valid().chars().filter(|c| !c.is_ascii()).count();
+        stray += chunk.invalid().len();
+    }
+    encoded > stray
 }
 
 /// UTF-16 without a mark: text in the ASCII range has a NUL in every other byte. At least two
@@ -113,6 +134,7 @@ const CP1252_HIGH: [char; 32] = [
 /// surrogate, an odd last byte) becomes U+FFFD.
 pub(crate) fn decode(bytes: &[u8], encoding: Encoding) -> String {
     match encoding {
+        Encoding::Utf8 => String::from_utf8_lossy(bytes).into_owned(),
         Encoding::Latin1 => bytes
             .iter()
             .map(|&b| match b {
@@ -169,6 +191,30 @@ mod tests {
             decode(&[0x41, 0, 0x00, 0xD8, 0x42], Encoding::Utf16Le),
             "A\u{FFFD}\u{FFFD}"
         );
+    }
+
+    #[test]
+    fn utf8_with_a_stray_byte_is_read_as_utf8_not_latin1() {
+        let mut bytes = "# 日本語のコメント\nprint(\"héllo\")\n# stray byte: "
+            .as_bytes()
+            .to_vec();
+        bytes.extend(b"\xff\n");
+        assert_eq!(guess(&bytes), Guess::Text(Encoding::Utf8));
+        let decoded = decode(&bytes, Encoding::Utf8);
+        assert!(
+            decoded.starts_with("# 日本語のコメント\nprint(\"héllo\")"),
+            "{decoded}"
+        );
+        assert!(decoded.ends_with("\u{fffd}\n"));
+        // Latin-1's accented letters are single bytes, never UTF-8 alone.
+        assert_eq!(
+            guess(b"caf\xe9 cr\xe8me br\xfbl\xe9e\n"),
+            Guess::Text(Encoding::Latin1)
+        );
+        // One valid character and two stray bytes: not UTF-8.
+        let mut two_stray = "é ".as_bytes().to_vec();
+        two_stray.extend(b"\xff \xfe");
+        assert_eq!(guess(&two_stray), Guess::Text(Encoding::Latin1));
     }
 
     #[test]

@@ -991,7 +991,8 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
     let Ok(old_text) = std::str::from_utf8(&old.bytes) else {
         return Err(SandboxError::WrongFileType {
             path: path.given().to_owned(),
-            what: "is not UTF-8 text",
+            what: "is not UTF-8 text, which edit_file changes only (write_file would store the \
+                   whole file as UTF-8)",
         });
     };
     // In a file whose every line ends with CRLF, an agent's LF (what it reads and writes) means

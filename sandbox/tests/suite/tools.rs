@@ -1365,3 +1365,30 @@ fn an_edit_of_a_crlf_file_matches_and_writes_its_line_endings() {
         "x\nz\nw\n"
     );
 }
+
+/// A UTF-8 file with a stray byte reads as the UTF-8 it is (the stray byte as U+FFFD), not as
+/// Latin-1, whose every character beyond ASCII would be two or three wrong ones.
+#[test]
+fn a_utf8_file_with_a_stray_byte_reads_as_utf8() {
+    let fx = Fixture::new();
+    let mut bytes = "# 日本語のコメント\nprint(\"héllo\")\n# stray: "
+        .as_bytes()
+        .to_vec();
+    bytes.extend(b"\xff\n");
+    std::fs::write(fx.root().join("mostly.py"), &bytes).unwrap();
+    let read = fx.sandbox.read_file(&read("mostly.py")).unwrap();
+    assert_eq!(read.encoding.as_deref(), Some("utf-8"));
+    assert_eq!(
+        read.content,
+        "# 日本語のコメント\nprint(\"héllo\")\n# stray: \u{fffd}\n"
+    );
+    let text = monad_protocol::render::text(
+        ToolName::ReadFile,
+        None,
+        &serde_json::to_value(&read).unwrap(),
+    );
+    assert!(
+        text.starts_with("mostly.py: UTF-8 text with bytes that are not UTF-8 (shown as \u{fffd})"),
+        "{text}"
+    );
+}
