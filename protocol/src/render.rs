@@ -198,7 +198,10 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         out.push_str(" (`@`: symbolic link)");
     }
     if r.truncated {
-        out.push_str(", cut at the entry cap: list a subdirectory, or a smaller depth");
+        out.push_str(
+            ", cut at the entry cap: list a subdirectory or a smaller depth, or find names \
+             with glob",
+        );
     }
     let prefix = if dir == "./" { String::new() } else { dir };
     out.reserve(r.entries.iter().map(|e| e.path.len() + 2).sum());
@@ -212,6 +215,14 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
             EntryKind::Symlink => out.push('@'),
             EntryKind::Other => out.push_str(" (device, FIFO or socket)"),
         }
+    }
+    for unreadable in &r.unreadable {
+        let name = unreadable.strip_prefix(&prefix).unwrap_or(unreadable);
+        let _ = write!(
+            out,
+            "\n(could not read the entries of {}: no permission)",
+            shown(name)
+        );
     }
     out
 }

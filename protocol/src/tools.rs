@@ -546,6 +546,10 @@ pub struct ListDirResult {
     pub entries: Vec<DirEntry>,
     /// True when the entry cap left some out.
     pub truncated: bool,
+    /// Directories below the listed one whose entries could not be read (no permission),
+    /// each as in `entries` (its path followed by `/`); absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
 }
 
 /// `list_dir`'s result as programs get it over MCP (`structuredContent`): the entries in one
@@ -574,6 +578,10 @@ pub struct ListDirStructured {
     pub kinds: std::collections::BTreeMap<String, EntryKind>,
     /// True when the entry cap left some out.
     pub truncated: bool,
+    /// Directories below the listed one whose entries could not be read (no permission),
+    /// each as in `entries`; absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
 }
 
 /// The separator of [`ListDirStructured::entries`] and [`GlobStructured::paths`].
@@ -602,6 +610,7 @@ impl From<ListDirResult> for ListDirStructured {
             entries,
             kinds,
             truncated: listing.truncated,
+            unreadable: listing.unreadable,
         }
     }
 }
@@ -1442,6 +1451,7 @@ mod tests {
                 entry("odd name@", EntryKind::File),
             ],
             truncated: false,
+            unreadable: Vec::new(),
         };
         let value = serde_json::to_value(&listing).unwrap();
         assert_eq!(
@@ -1612,6 +1622,7 @@ mod tests {
                 entry("dir/sock", EntryKind::Other),
             ],
             truncated: true,
+            unreadable: Vec::new(),
         };
         let structured = ListDirStructured::from(listing);
         assert_eq!(
@@ -1633,6 +1644,7 @@ mod tests {
             path: "d".into(),
             entries: vec![],
             truncated: false,
+            unreadable: Vec::new(),
         });
         assert_eq!(
             serde_json::to_value(&empty).unwrap(),

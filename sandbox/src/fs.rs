@@ -653,6 +653,7 @@ fn list_walk(
         path: path.display(),
         entries: Vec::new(),
         truncated: false,
+        unreadable: Vec::new(),
     };
     let walk = ListWalk {
         include_hidden: args.include_hidden.unwrap_or(false),
@@ -732,11 +733,23 @@ impl ListWalk<'_> {
             out.entries.push(DirEntry { path, kind });
             if let Some(sub_prefix) = sub_prefix {
                 // Never follow a link: a directory swapped for one since the listing is skipped.
-                let Ok(sub) = dir.open_dir_nofollow(&name) else {
-                    continue;
+                let sub = match dir.open_dir_nofollow(&name) {
+                    Ok(sub) => sub,
+                    Err(e) if is_permission(&e) => {
+                        out.unreadable.push(sub_prefix);
+                        continue;
+                    }
+                    Err(_) => continue,
                 };
-                if !self.list(&sub, &sub_prefix, depth - 1, buf, out)? {
-                    return Ok(false);
+                // A directory below whose entries cannot be read (a build container's, owned
+                // by another user) is named, and the rest of the listing goes on.
+                match self.list(&sub, &sub_prefix, depth - 1, buf, out) {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(false),
+                    Err(SandboxError::Io { source, .. }) if is_permission(&source) => {
+                        out.unreadable.push(sub_prefix);
+                    }
+                    Err(e) => return Err(e),
                 }
                 if out.truncated {
                     return Ok(true);
@@ -746,6 +759,11 @@ impl ListWalk<'_> {
         out.truncated |= dropped;
         Ok(true)
     }
+}
+
+/// Whether `e` says the directory may not be read (its mode, or a security module).
+fn is_permission(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::PermissionDenied
 }
 
 /// What [`read_entries`] kept of a directory: at most the `keep` first names, unsorted, and

@@ -1392,3 +1392,47 @@ fn a_utf8_file_with_a_stray_byte_reads_as_utf8() {
         "{text}"
     );
 }
+
+/// A directory below the listed one that its user cannot read (a build container's, owned by
+/// root) is named as such, and the rest is listed: it failed the whole listing, blaming the
+/// root. Run as an ordinary user, whom file modes bind.
+#[test]
+fn a_listing_names_a_directory_it_cannot_read_and_lists_the_rest() {
+    let as_user = nix::unistd::geteuid()
+        .is_root()
+        .then_some(super::support::COMMAND_UID);
+    super::support::in_own_process("suite::tools::own_process_unreadable_listing", as_user);
+}
+
+#[test]
+#[ignore = "run by a_listing_names_a_directory_it_cannot_read_and_lists_the_rest"]
+fn own_process_unreadable_listing() {
+    if !super::support::in_own_process_now() {
+        return;
+    }
+    assert!(
+        !nix::unistd::geteuid().is_root(),
+        "runs as an ordinary user"
+    );
+    let fx = Fixture::new();
+    fx.put("open/a.txt", "a\n");
+    fx.put("secret/s.txt", "s\n");
+    fx.put("z.txt", "z\n");
+    let secret = fx.root().join("secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o000)).unwrap();
+    let listed = fx.sandbox.list_dir(&list(None, Some(3)));
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let listed = listed.expect("the rest is listed");
+    let paths: Vec<&str> = listed.entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["open", "open/a.txt", "secret", "z.txt"]);
+    assert_eq!(listed.unreadable, ["secret/"]);
+    let text = monad_protocol::render::text(
+        ToolName::ListDir,
+        None,
+        &serde_json::to_value(&listed).unwrap(),
+    );
+    assert!(
+        text.ends_with("\n(could not read the entries of secret/: no permission)"),
+        "{text}"
+    );
+}
