@@ -1112,8 +1112,8 @@ mod tests {
         );
         assert_eq!(
             root,
-            "./ in workspace laptop: 1 entry, cut at the entry cap: list a subdirectory, or a \
-             smaller depth\na"
+            "./ in workspace laptop: 1 entry, cut at the entry cap: list a subdirectory or a \
+             smaller depth, or find names with glob\na"
         );
         let empty = render(
             ToolName::ListDir,
