@@ -691,7 +691,8 @@ pub struct SearchMatch {
     pub path: String,
     /// Line number, from 1.
     pub line_number: u64,
-    /// The line, without its line ending; cut at a fixed length for very long lines.
+    /// The line, without its line ending; a very long one cut to a fixed length around its
+    /// first match, with `…` where it was cut.
     pub line: String,
 }
 

@@ -244,6 +244,7 @@ pub(crate) fn search(
         .binary_detection(BinaryDetection::quit(0))
         .build();
     let mut sink = Collect {
+        matcher: &matcher,
         path: String::new(),
         matches: Vec::new(),
         max,
@@ -288,13 +289,15 @@ fn search_one(
     searcher: &mut Searcher,
     matcher: &grep_regex::RegexMatcher,
     file: &std::fs::File,
-    sink: &mut Collect,
+    sink: &mut Collect<'_>,
 ) -> Result<(), std::io::Error> {
     searcher.search_file(matcher, file, sink)
 }
 
 /// Collects matching lines up to a cap.
-struct Collect {
+struct Collect<'m> {
+    /// The search's matcher, to find where in a long line the match is.
+    matcher: &'m grep_regex::RegexMatcher,
     path: String,
     matches: Vec<SearchMatch>,
     max: usize,
@@ -302,7 +305,7 @@ struct Collect {
     truncated: bool,
 }
 
-impl Sink for &mut Collect {
+impl Sink for &mut Collect<'_> {
     type Error = std::io::Error;
 
     fn matched(&mut self, _: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
@@ -310,12 +313,18 @@ impl Sink for &mut Collect {
             self.truncated = true;
             return Ok(false);
         }
-        let mut line = String::from_utf8_lossy(mat.bytes()).into_owned();
+        let bytes = mat.bytes();
+        let mut line = String::from_utf8_lossy(bytes).into_owned();
         let trimmed = line.trim_end_matches(['\n', '\r']).len();
         line.truncate(trimmed);
-        if let Some((cut, _)) = line.char_indices().nth(self.max_line_chars) {
-            line.truncate(cut);
-            line.push('…');
+        if line.chars().nth(self.max_line_chars).is_some() {
+            // Where the match starts, in the line as text (lossy decoding keeps valid UTF-8's
+            // offsets; past an invalid byte the offset is near enough).
+            let at = grep_matcher::Matcher::find(self.matcher, bytes)
+                .ok()
+                .flatten()
+                .map_or(0, |m| m.start());
+            line = window(&line, at, self.max_line_chars);
         }
         self.matches.push(SearchMatch {
             path: self.path.clone(),
@@ -324,6 +333,39 @@ impl Sink for &mut Collect {
         });
         Ok(true)
     }
+}
+
+/// `max_chars` characters of a long `line` around byte `at` (where the match starts), with `…`
+/// where it was cut: from the line's start when the match is within its first half, else from
+/// a little before the match. A minified file's match ten thousand characters in was shown as
+/// the line's start, without it.
+fn window(line: &str, at: usize, max_chars: usize) -> String {
+    let mut at = at.min(line.len());
+    while !line.is_char_boundary(at) {
+        at -= 1;
+    }
+    let before = line[..at].chars().count();
+    let lead = max_chars / 4;
+    let start_char = if before <= max_chars / 2 {
+        0
+    } else {
+        before - lead
+    };
+    let start = line
+        .char_indices()
+        .nth(start_char)
+        .map_or(line.len(), |(i, _)| i);
+    let shown: String = line[start..].chars().take(max_chars).collect();
+    let cut_end = start + shown.len() < line.len();
+    let mut out = String::with_capacity(shown.len() + 8);
+    if start > 0 {
+        out.push('…');
+    }
+    out.push_str(&shown);
+    if cut_end {
+        out.push('…');
+    }
+    out
 }
 
 pub(crate) fn glob(

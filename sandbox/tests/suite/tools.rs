@@ -530,6 +530,21 @@ fn search_of_a_single_file_and_long_lines_are_cut() {
     let out = fx.sandbox.search(&args).unwrap();
     assert_eq!(out.matches.len(), 1);
     assert_eq!(out.matches[0].line, "needlexxxx…");
+    // A match far into a long line (a minified file) is shown with what is around it.
+    fx.put(
+        "min.js",
+        &format!("{}NEEDLE{}\n", "a".repeat(10_000), "b".repeat(10_000)),
+    );
+    let mut args = search("NEEDLE");
+    args.path = Some("min.js".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches[0].line, "…aaNEEDLEbb…");
+    // Toward the end: cut at the start only.
+    fx.put("end.js", &format!("{}é NEEDLE\n", "é".repeat(50)));
+    let mut args = search("NEEDLE");
+    args.path = Some("end.js".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches[0].line, "…é NEEDLE");
 }
 
 #[test]
