@@ -1327,27 +1327,30 @@ fn git_s_own_files_are_never_written_by_the_file_tools() {
     }
 }
 
+/// Edits `path` (replacing `old` with `new`, which must succeed) and reads the file back.
+fn edited(fx: &Fixture, path: &str, old: &str, new: &str) -> String {
+    let done = fx
+        .sandbox
+        .edit_file(&edit(path, old, new))
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(done.replacements, Some(1));
+    fx.read(path)
+}
+
 /// Agents read and write LF; in a file whose lines all end with CRLF, an edit's LF means the
 /// file's line break, and the file keeps one kind of line ending.
 #[test]
 fn an_edit_of_a_crlf_file_matches_and_writes_its_line_endings() {
     let fx = Fixture::new();
     fx.put("dos.txt", "line1\r\nline2\r\nline3\r\n");
-    let done = fx
-        .sandbox
-        .edit_file(&edit("dos.txt", "line1\nline2", "LINE1\nLINE2\nextra"))
-        .expect("LF matches CRLF");
-    assert_eq!(done.replacements, Some(1));
     assert_eq!(
-        std::fs::read_to_string(fx.root().join("dos.txt")).unwrap(),
-        "LINE1\r\nLINE2\r\nextra\r\nline3\r\n"
+        edited(&fx, "dos.txt", "line1\nline2", "LINE1\nLINE2\nextra"),
+        "LINE1\r\nLINE2\r\nextra\r\nline3\r\n",
+        "LF matches CRLF"
     );
     // Given as CRLF, the same.
-    fx.sandbox
-        .edit_file(&edit("dos.txt", "extra\r\nline3", "line3"))
-        .unwrap();
     assert_eq!(
-        std::fs::read_to_string(fx.root().join("dos.txt")).unwrap(),
+        edited(&fx, "dos.txt", "extra\r\nline3", "line3"),
         "LINE1\r\nLINE2\r\nline3\r\n"
     );
     // A file with both kinds is taken as it is, and the failure says why it may not match.
@@ -1363,22 +1366,10 @@ fn an_edit_of_a_crlf_file_matches_and_writes_its_line_endings() {
             .contains("some of its lines end with CRLF"),
         "{refused}"
     );
-    fx.sandbox
-        .edit_file(&edit("mixed.txt", "b\nc", "B\nC"))
-        .unwrap();
-    assert_eq!(
-        std::fs::read_to_string(fx.root().join("mixed.txt")).unwrap(),
-        "a\r\nB\nC\r\n"
-    );
+    assert_eq!(edited(&fx, "mixed.txt", "b\nc", "B\nC"), "a\r\nB\nC\r\n");
     // An LF file is untouched by any of it.
     fx.put("unix.txt", "x\ny\n");
-    fx.sandbox
-        .edit_file(&edit("unix.txt", "x\ny", "x\nz\nw"))
-        .unwrap();
-    assert_eq!(
-        std::fs::read_to_string(fx.root().join("unix.txt")).unwrap(),
-        "x\nz\nw\n"
-    );
+    assert_eq!(edited(&fx, "unix.txt", "x\ny", "x\nz\nw"), "x\nz\nw\n");
 }
 
 /// A UTF-8 file with a stray byte reads as the UTF-8 it is (the stray byte as U+FFFD), not as
