@@ -39,9 +39,11 @@ pub(crate) enum Guess {
     Binary(String),
 }
 
-/// Guesses what `head` (the start of a file that is not valid UTF-8) is.
-pub(crate) fn guess(head: &[u8]) -> Guess {
-    let head = &head[..head.len().min(SNIFF)];
+/// Guesses what `bytes` (the start of a file that is not valid UTF-8) are; mostly from their
+/// first [`SNIFF`] bytes, but UTF-8 with stray bytes from all of them, since those may come
+/// after a header of plain ASCII.
+pub(crate) fn guess(bytes: &[u8]) -> Guess {
+    let head = &bytes[..bytes.len().min(SNIFF)];
     match head {
         [0xFF, 0xFE, ..] => return Guess::Text(Encoding::Utf16Le),
         [0xFE, 0xFF, ..] => return Guess::Text(Encoding::Utf16Be),
@@ -60,10 +62,30 @@ pub(crate) fn guess(head: &[u8]) -> Guess {
             head.len()
         ));
     }
-    if mostly_utf8(head) {
+    if mostly_utf8(&bytes[..complete_utf8_len(bytes)]) {
         return Guess::Text(Encoding::Utf8);
     }
     Guess::Text(Encoding::Latin1)
+}
+
+/// The length of `bytes` without a UTF-8 character cut at its end (one to three bytes of a
+/// sequence whose lead byte says it goes on), whatever comes before.
+pub(crate) fn complete_utf8_len(bytes: &[u8]) -> usize {
+    let len = bytes.len();
+    // The last byte that is not a continuation byte (`10xxxxxx`), among the last four.
+    let Some(lead_at) = (len.saturating_sub(4)..len)
+        .rev()
+        .find(|&i| bytes[i] & 0xc0 != 0x80)
+    else {
+        return len;
+    };
+    let wants = match bytes[lead_at] {
+        0xc0..=0xdf => 2,
+        0xe0..=0xef => 3,
+        0xf0..=0xf7 => 4,
+        _ => 1,
+    };
+    if len - lead_at < wants { lead_at } else { len }
 }
 
 /// Whether text that is not valid UTF-8 is UTF-8 all the same, with a few stray bytes: it has
@@ -215,6 +237,25 @@ mod tests {
         let mut two_stray = "é ".as_bytes().to_vec();
         two_stray.extend(b"\xff \xfe");
         assert_eq!(guess(&two_stray), Guess::Text(Encoding::Latin1));
+    }
+
+    #[test]
+    fn a_character_cut_at_the_end_is_found_whatever_comes_before() {
+        let e = "é".as_bytes(); // c3 a9
+        let euro = "€".as_bytes(); // e2 82 ac
+        assert_eq!(complete_utf8_len(b"abc"), 3);
+        assert_eq!(complete_utf8_len(&[b'a', e[0]]), 1);
+        assert_eq!(complete_utf8_len(&[b'a', e[0], e[1]]), 3);
+        assert_eq!(complete_utf8_len(&[b'a', euro[0], euro[1]]), 1);
+        // A stray byte before does not hide the cut at the end.
+        assert_eq!(complete_utf8_len(&[0xff, b'a', euro[0]]), 2);
+        assert_eq!(complete_utf8_len(&[]), 0);
+        // A UTF-8 file whose first 8 KiB are ASCII is still found to be UTF-8.
+        let mut bytes = "# licence\n".repeat(1_000).into_bytes();
+        bytes.extend("日本語 é\n".as_bytes());
+        bytes.push(0xff);
+        bytes.extend(&euro[..2]);
+        assert_eq!(guess(&bytes), Guess::Text(Encoding::Utf8));
     }
 
     #[test]

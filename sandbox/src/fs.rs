@@ -127,8 +127,16 @@ fn decode_other(
         }
         crate::decode::Guess::Text(encoding) => encoding,
     };
-    if !whole && encoding != crate::decode::Encoding::Latin1 {
-        raw.truncate(raw.len() & !1); // a cut UTF-16 unit is not decoded
+    match encoding {
+        // A cut UTF-16 unit is not decoded.
+        crate::decode::Encoding::Utf16Le | crate::decode::Encoding::Utf16Be if !whole => {
+            raw.truncate(raw.len() & !1);
+        }
+        // Nor a cut UTF-8 character.
+        crate::decode::Encoding::Utf8 if !whole => {
+            raw.truncate(crate::decode::complete_utf8_len(&raw));
+        }
+        _ => {}
     }
     let text = crate::decode::decode(&raw, encoding);
     let offset = args.offset.unwrap_or(1);
@@ -1109,13 +1117,16 @@ struct OldFile {
     stamp: Stamp,
 }
 
-/// A file's inode, size and modification time: another program that writes the file between
-/// the read and the rename changes at least one of them.
+/// A file's inode, size, and modification and change times: another program that writes the
+/// file between this call's read and its rename changes one of them, unless it writes as many
+/// bytes in place within the file system's clock grain (a few milliseconds on most; two
+/// seconds on FAT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
     ino: u64,
     len: u64,
     modified: (i64, i64),
+    changed: (i64, i64),
 }
 
 impl Stamp {
@@ -1125,6 +1136,7 @@ impl Stamp {
             ino: meta.ino(),
             len: meta.len(),
             modified: (meta.mtime(), meta.mtime_nsec()),
+            changed: (meta.ctime(), meta.ctime_nsec()),
         }
     }
 }
@@ -1361,7 +1373,7 @@ impl Target {
             return Err(SandboxError::from_io("write", given, e));
         }
         // Another program (an editor, a formatter, the user) may have written the file since
-        // it was read: replacing it then would throw their change away unseen.
+        // this call read it: replacing it then would throw their change away unseen.
         if let Err(changed) = self.unchanged() {
             let _ = self.parent.remove_file(&tmp_name);
             return Err(changed);
@@ -1386,7 +1398,7 @@ impl Target {
         let what = if self.old.is_none() {
             "was created by another program while it was being written"
         } else {
-            "was changed by another program since it was read for this write"
+            "was changed by another program while this call was writing it"
         };
         Err(SandboxError::Changed(format!(
             "`{}` {what}; nothing was written: read it again and redo the change",

@@ -318,12 +318,12 @@ impl Sink for &mut Collect<'_> {
         let trimmed = line.trim_end_matches(['\n', '\r']).len();
         line.truncate(trimmed);
         if line.chars().nth(self.max_line_chars).is_some() {
-            // Where the match starts, in the line as text (lossy decoding keeps valid UTF-8's
-            // offsets; past an invalid byte the offset is near enough).
+            // Where the match starts, in the line as text: each byte that is not UTF-8 became
+            // three there.
             let at = grep_matcher::Matcher::find(self.matcher, bytes)
                 .ok()
                 .flatten()
-                .map_or(0, |m| m.start());
+                .map_or(0, |m| String::from_utf8_lossy(&bytes[..m.start()]).len());
             line = window(&line, at, self.max_line_chars);
         }
         self.matches.push(SearchMatch {

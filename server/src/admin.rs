@@ -31,6 +31,14 @@ pub struct DataLock {
     _lock: Flock<File>,
 }
 
+impl Drop for DataLock {
+    /// Says nobody holds it any more, so that a later holder that writes no note (a server of
+    /// an earlier version) is not taken for this one.
+    fn drop(&mut self) {
+        let _ = self._lock.set_len(0);
+    }
+}
+
 /// Why the data directory's lock could not be taken.
 #[derive(Debug)]
 pub struct LockRefused {
@@ -73,12 +81,16 @@ impl DataLock {
             .map_err(|e| other(format!("{}: {e}", path.display())))?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(mut lock) => {
-                // Who holds it, for whoever finds it taken; the lock stands without it.
-                let noted = lock.set_len(0).and_then(|()| {
+                // Who holds it, for whoever finds it taken; the lock stands without it. Written
+                // over the last holder's and then cut to its length, so that a reader never
+                // finds the file empty (its first line is the note).
+                let note = format!("{} {what}\n", std::process::id());
+                let noted = {
                     use std::io::{Seek, Write};
-                    lock.rewind()?;
-                    writeln!(lock, "{} {what}", std::process::id())
-                });
+                    lock.rewind()
+                        .and_then(|_| lock.write_all(note.as_bytes()))
+                        .and_then(|()| lock.set_len(note.len() as u64))
+                };
                 if let Err(e) = noted {
                     warn!("cannot note this process in {}: {e}", path.display());
                 }
@@ -86,7 +98,7 @@ impl DataLock {
             }
             Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
                 let holder = std::io::read_to_string(file).unwrap_or_default();
-                let holder = holder.trim();
+                let holder = holder.lines().next().unwrap_or("").trim();
                 let (pid, holder_what) = holder.split_once(' ').unwrap_or(("", ""));
                 let by_server = holder_what == Self::SERVER || holder.is_empty();
                 let who = match (pid.parse::<u32>(), holder_what) {

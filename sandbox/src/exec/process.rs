@@ -275,12 +275,9 @@ impl Output {
         let mut head: Vec<u8> = self.bytes.drain(..).collect();
         let mut tail: Vec<u8> = self.tail.drain(..).collect();
         let mut dropped = self.omitted;
-        if let Err(e) = std::str::from_utf8(&head)
-            && e.error_len().is_none()
-        {
-            dropped += (head.len() - e.valid_up_to()) as u64;
-            head.truncate(e.valid_up_to());
-        }
+        let whole = crate::decode::complete_utf8_len(&head);
+        dropped += (head.len() - whole) as u64;
+        head.truncate(whole);
         // A character's continuation bytes (`10xxxxxx`), at most three.
         let split = tail
             .iter()
@@ -1252,6 +1249,18 @@ mod tests {
         assert_eq!(fits.take_whole(true), ("abcd".to_owned(), None));
         assert!(!fits.truncated);
         // A cut inside a character drops the character with the rest.
+        // A stray byte earlier does not hide a character cut at the end of the kept start.
+        let mut stray_then_cut = Output::new(6);
+        stray_then_cut.push(b"\xffa");
+        stray_then_cut.push("é".as_bytes());
+        stray_then_cut.push(b"xyzw");
+        assert_eq!(
+            stray_then_cut.take_whole(true),
+            (
+                "\u{fffd}ayzw".to_owned(),
+                Some(OutputGap { at: 4, dropped: 3 })
+            )
+        );
         let mut head_cut = Output::new(4);
         head_cut.push("aé".as_bytes()); // 61 c3 | a9: the first half ends inside `é`
         head_cut.push(b"xyz");

@@ -545,6 +545,19 @@ fn search_of_a_single_file_and_long_lines_are_cut() {
     args.path = Some("end.js".into());
     let out = fx.sandbox.search(&args).unwrap();
     assert_eq!(out.matches[0].line, "…é NEEDLE");
+    // Bytes that are not UTF-8 before the match (Latin-1) do not move the window off it.
+    let mut latin1 = vec![0xe9u8; 100];
+    latin1.extend(b"NEEDLE");
+    latin1.extend(vec![0xe8u8; 100]);
+    latin1.push(b'\n');
+    std::fs::write(fx.root().join("latin1.js"), latin1).unwrap();
+    let mut args = search("NEEDLE");
+    args.path = Some("latin1.js".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(
+        out.matches[0].line,
+        "…\u{fffd}\u{fffd}NEEDLE\u{fffd}\u{fffd}…"
+    );
 }
 
 #[test]
@@ -1382,16 +1395,16 @@ fn a_utf8_file_with_a_stray_byte_reads_as_utf8() {
         .to_vec();
     bytes.extend(b"\xff\n");
     std::fs::write(fx.root().join("mostly.py"), &bytes).unwrap();
-    let read = fx.sandbox.read_file(&read("mostly.py")).unwrap();
-    assert_eq!(read.encoding.as_deref(), Some("utf-8"));
+    let whole = fx.sandbox.read_file(&read("mostly.py")).unwrap();
+    assert_eq!(whole.encoding.as_deref(), Some("utf-8"));
     assert_eq!(
-        read.content,
+        whole.content,
         "# 日本語のコメント\nprint(\"héllo\")\n# stray: \u{fffd}\n"
     );
     let text = monad_protocol::render::text(
         ToolName::ReadFile,
         None,
-        &serde_json::to_value(&read).unwrap(),
+        &serde_json::to_value(&whole).unwrap(),
     );
     assert!(
         text.starts_with("mostly.py: UTF-8 text with bytes that are not UTF-8 (shown as \u{fffd})"),

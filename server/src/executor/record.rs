@@ -356,18 +356,19 @@ fn record_call(
     let call_id = uuid::Uuid::new_v4().to_string();
     let workspace = output.workspace.as_ref().map(|w| w.name.clone());
     let decision = r.verdict.decision(&output.outcome);
-    // A command's result, looked into for how it ended and for its network lines.
-    let command = result_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead]);
+    /// Of a command's result, only whether it was killed at its time limit: read from the
+    /// text without making a tree of its output.
+    #[derive(serde::Deserialize)]
+    struct Ended {
+        #[serde(default)]
+        timed_out: bool,
+    }
     let outcome = match &output.outcome {
         // The call answered, but the command it ran was killed at its time limit: the log
         // says so, as `monad-client call` does with its exit status.
-        Outcome::Ok { .. }
+        Outcome::Ok { result }
             if tool == ToolName::RunCommand.as_str()
-                && command
-                    .as_ref()
-                    .and_then(|c| c.get("timed_out"))
-                    .and_then(Value::as_bool)
-                    == Some(true) =>
+                && result.decode::<Ended>().is_ok_and(|e| e.timed_out) =>
         {
             AuditOutcome::Failed(ErrorCode::Timeout)
         }
@@ -393,7 +394,8 @@ fn record_call(
     // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
     if let Some(name) = &workspace
         && !session.reports_network(name)
-        && let Some(result) = &command
+        && let Some(result) =
+            result_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead])
         && let Some(events) = result.get("network").and_then(Value::as_array)
     {
         for event in events {
