@@ -192,6 +192,14 @@ pub(crate) struct Bind {
     pub masked: bool,
 }
 
+impl Bind {
+    /// Neither writable nor under a mask: a part of a writable bind made read-only again (git's
+    /// own files in the workspace), mounted after it.
+    fn read_only_within(&self) -> bool {
+        !self.writable && !self.masked
+    }
+}
+
 /// Memory a process runs on from its start to `exec`: mapped apart, with a page below it that
 /// faults, so that running out of it kills that process instead of writing over its parent's
 /// memory.
@@ -954,6 +962,10 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
             if set_mount_attr(&bind.target, AT_RECURSIVE, set, clear).is_err() {
                 set_mount_attr(&bind.target, 0, set, clear)?;
             }
+        }
+        // What the writable binds made writable again that must not be.
+        for bind in ns.binds.iter().filter(|b| b.read_only_within()) {
+            set_mount_attr(&bind.target, 0, MOUNT_ATTR_RDONLY, 0)?;
         }
         Ok(())
     }

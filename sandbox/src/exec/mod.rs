@@ -709,7 +709,7 @@ fn spawn(
             })
         };
         let (mut binds, masks) = view()?;
-        if with_ids(&mut binds, &ids, jail.root_path(), root_id).is_err() {
+        let (mut binds, masks) = if with_ids(&mut binds, &ids, jail.root_path(), root_id).is_err() {
             // A path of the view changed since it was made: make it again.
             slot.forget_view();
             let (mut fresh, masks) = view()?;
@@ -722,7 +722,10 @@ fn spawn(
             (fresh, masks)
         } else {
             (binds, masks)
-        }
+        };
+        // Looked at for each command: a repository may be made or cloned between two.
+        binds.extend(git_protections(jail));
+        (binds, masks)
     } else {
         (Vec::new(), Vec::new())
     };
@@ -980,6 +983,48 @@ fn view(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| SandboxError::InvalidArguments("a path holds a NUL".into()))?;
     Ok((binds.into_iter().map(|(_, b)| b).collect(), masks))
+}
+
+/// git's own files that name programs git runs outside any sandbox (`.git/config`: its fsmonitor,
+/// pager and aliases; `.git/hooks`), bound read-only over themselves in a namespaced command's
+/// view, after the workspace: the command may still write the rest of `.git` (`git commit`
+/// does), but writing these fails with `EROFS`, and renaming over them with `EBUSY`. landlock
+/// could not do it, since it cannot take a part out of a tree it grants. Only a real `.git`
+/// directory at the root, and only what is there now (a regular file, a directory; never a
+/// link); each is checked again in the child to be what was found here.
+fn git_protections(jail: &Jail) -> Vec<child::Bind> {
+    use cap_std::fs::MetadataExt;
+    let is_dir = |rel: &str| {
+        jail.dir()
+            .symlink_metadata(rel)
+            .is_ok_and(|m| m.file_type().is_dir())
+    };
+    if !is_dir(".git") {
+        return Vec::new();
+    }
+    let mut protected = Vec::new();
+    for (rel, dir) in [(".git/config", false), (".git/hooks", true)] {
+        let Ok(meta) = jail.dir().symlink_metadata(rel) else {
+            continue;
+        };
+        let kind = meta.file_type();
+        if (dir && !kind.is_dir()) || (!dir && !kind.is_file()) {
+            continue;
+        }
+        let path = jail.root_path().join(rel);
+        let Ok(target) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        protected.push(child::Bind {
+            target,
+            from: path,
+            id: (meta.dev(), meta.ino()),
+            writable: false,
+            dir,
+            masked: false,
+        });
+    }
+    protected
 }
 
 /// The directories to mask so that `paths` can be reached: for each path, its highest strict

@@ -857,3 +857,43 @@ fn own_process_maker_watch() {
         .collect();
     assert!(seen.is_empty(), "as the commands' user: {seen:#?}");
 }
+
+/// git runs what `.git/config` names (`core.fsmonitor`, a pager, aliases) and its hooks,
+/// outside any sandbox, the next time the folder's owner runs it. In its namespaces a command
+/// may write the rest of `.git` (so that `git commit` works) but not those.
+#[test]
+fn a_command_cannot_change_what_git_runs_but_can_commit() {
+    let fx = Fixture::new();
+    let setup = sh(
+        &fx,
+        "git init -q . && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m one \
+         && ls .git/config .git/hooks >/dev/null && echo ready",
+    );
+    assert_eq!(setup.stdout, "ready\n", "{setup:?}");
+    let before = std::fs::read_to_string(fx.root().join(".git/config")).unwrap();
+    let attack = sh(
+        &fx,
+        r##"
+try() { if ( eval "$1" ) 2>/dev/null; then echo "$2 done"; else echo "$2 refused"; fi; }
+try 'echo "[core] fsmonitor = touch /tmp/pwned" >> .git/config' append
+try 'git config core.fsmonitor "touch /tmp/pwned"' git-config
+try 'cp .git/config c && mv -f c .git/config' rename
+try 'printf "#!/bin/sh\nid\n" > .git/hooks/pre-commit' hook
+try 'rm -rf .git/hooks' remove-hooks
+try 'echo x > .git/description' other-file
+try 'echo more > f && git add f && git -c user.name=a -c user.email=a@b commit -q -m two' commit
+"##,
+    );
+    assert_eq!(
+        attack.stdout,
+        "append refused\ngit-config refused\nrename refused\nhook refused\nremove-hooks \
+         refused\nother-file done\ncommit done\n",
+        "{attack:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fx.root().join(".git/config")).unwrap(),
+        before
+    );
+    assert!(!fx.root().join(".git/hooks/pre-commit").exists());
+    assert!(fx.root().join(".git/hooks").is_dir());
+}
