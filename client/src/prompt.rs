@@ -116,6 +116,12 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             field("network", printable(&r.network).into_owned());
             match text("stdin") {
                 Some(stdin) => long = Some(("standard input", stdin, TEXT_LINES)),
+                // In the background its input stays open for `process_write` (each a call of
+                // its own): a shell started so waits for commands rather than ending.
+                None if flag("background") == Some(true) => field(
+                    "stdin",
+                    "none yet: it stays open, for what process_write sends later".into(),
+                ),
                 None => field("stdin", "none (empty)".into()),
             }
         }
@@ -368,7 +374,10 @@ mod tests {
         let shown = text(&render(&r));
         assert!(shown.contains("time-out     none"), "{shown}");
         assert!(shown.contains("background   yes"), "{shown}");
-        assert!(shown.contains("stdin        none"), "{shown}");
+        assert!(
+            shown.contains("stdin        none yet: it stays open, for what process_write"),
+            "{shown}"
+        );
         let r = request(ToolName::RunCommand, json!({"argv": ["ls"]}), None);
         assert!(text(&render(&r)).contains("120 s (the default)"));
     }

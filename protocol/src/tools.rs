@@ -908,7 +908,8 @@ pub struct ProcessReadArgs {
     /// The process id `run_command` returned.
     pub process: String,
     /// When there is no new output yet, wait up to this many milliseconds for some (or for the
-    /// process to exit). Default 0: answer at once.
+    /// process to exit). Default 0: answer at once; at most 300000 (5 minutes): a longer wait
+    /// is cut to that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
     /// Workspace to run in: a short name or URI. Default: the workspace that started the
