@@ -120,6 +120,11 @@ impl SandboxError {
     /// The wire code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
+            // Inside the workspace, but not a file it opens.
+            SandboxError::Escape {
+                reason: EscapeReason::SpecialFile,
+                ..
+            } => ErrorCode::WrongFileType,
             SandboxError::Escape { .. } => ErrorCode::OutsideWorkspace,
             SandboxError::InvalidPath { .. } | SandboxError::InvalidArguments(_) => {
                 ErrorCode::InvalidArguments
