@@ -50,7 +50,23 @@ impl Walk<'_> {
             .metadata(start.rel())
             .map_err(|e| SandboxError::from_io("search", start.given(), e))?;
         if meta.is_file() {
-            // A file named explicitly is searched even when an ignore file would skip it.
+            // A file named explicitly is searched even when an ignore file would skip it; named
+            // through a link, the file it leads to inside the root (never followed out of it).
+            let linked = jail
+                .dir()
+                .symlink_metadata(start.rel())
+                .is_ok_and(|m| m.file_type().is_symlink());
+            let start = if linked {
+                let resolved = jail
+                    .dir()
+                    .canonicalize(start.rel())
+                    .map_err(|e| SandboxError::from_io("resolve", start.given(), e))?;
+                let mut target = jail.resolve(&resolved.to_string_lossy())?;
+                target.set_given(start.given().to_owned());
+                target
+            } else {
+                start.clone()
+            };
             let (parent, name) = start.split().expect("a file is never the root");
             let dir = jail.open_dir(&parent)?;
             (self.visit)(&dir, name, &start.display());

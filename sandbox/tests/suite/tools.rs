@@ -1455,3 +1455,26 @@ fn own_process_unreadable_listing() {
         "{text}"
     );
 }
+
+/// `search` given a link to a file searches the file it leads to inside the root, as
+/// `read_file` reads it; a link out of the root is refused.
+#[test]
+fn search_through_a_link_to_a_file_searches_that_file() {
+    let fx = Fixture::new();
+    fx.put("real.txt", "one\nneedle two\n");
+    fx.symlink("real.txt", "inlink");
+    let mut args = search("needle");
+    args.path = Some("inlink".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.files_searched, 1);
+    assert_eq!(out.matches.len(), 1);
+    assert_eq!(
+        (out.matches[0].path.as_str(), out.matches[0].line_number),
+        ("real.txt", 2)
+    );
+    fx.symlink(fx.root().join("../outside/secret.txt"), "outlink");
+    let mut args = search("e");
+    args.path = Some("outlink".into());
+    let refused = fx.sandbox.search(&args).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::OutsideWorkspace, "{refused}");
+}
