@@ -326,8 +326,17 @@ fn stat(ws: &Where<'_>, r: StatResult) -> String {
 
 fn search(ws: &Where<'_>, r: SearchResult) -> String {
     let searched = plural(r.files_searched, "file", "files");
+    let mut stopped = String::new();
+    for path in &r.stopped_at_binary {
+        let _ = write!(
+            stopped,
+            "\n(the search of {} stopped at a NUL byte past its start: what follows it was not \
+             searched; read_file shows it)",
+            shown(path)
+        );
+    }
     if r.matches.is_empty() {
-        return format!("No matches{ws} (searched {searched}).");
+        return format!("No matches{ws} (searched {searched}).{stopped}");
     }
     let mut files: Vec<&str> = r.matches.iter().map(|m| m.path.as_str()).collect();
     files.dedup();
@@ -352,6 +361,10 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
         }
         previous = Some(&m.path);
         let _ = write!(out, "\n{}:{}: {}", shown(&m.path), m.line_number, m.line);
+    }
+    if !stopped.is_empty() {
+        out.push('\n');
+        out.push_str(&stopped);
     }
     out
 }

@@ -2,7 +2,7 @@
 //! binary, and says why a file it does not show is binary. Pure functions of the bytes.
 
 /// How much of a file the guess looks at.
-const SNIFF: usize = 8 * 1024;
+pub(crate) const SNIFF: usize = 8 * 1024;
 
 /// A text encoding `read_file` decodes besides UTF-8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -261,6 +261,7 @@ pub(crate) fn search(
         .build();
     let mut sink = Collect {
         matcher: &matcher,
+        stopped_at_binary: Vec::new(),
         path: String::new(),
         matches: Vec::new(),
         max,
@@ -298,6 +299,7 @@ pub(crate) fn search(
         matches: sink.matches,
         files_searched,
         truncated: sink.truncated,
+        stopped_at_binary: sink.stopped_at_binary,
     })
 }
 
@@ -314,6 +316,8 @@ fn search_one(
 struct Collect<'m> {
     /// The search's matcher, to find where in a long line the match is.
     matcher: &'m grep_regex::RegexMatcher,
+    /// Files whose search stopped at a NUL byte past their start.
+    stopped_at_binary: Vec<String>,
     path: String,
     matches: Vec<SearchMatch>,
     max: usize,
@@ -323,6 +327,16 @@ struct Collect<'m> {
 
 impl Sink for &mut Collect<'_> {
     type Error = std::io::Error;
+
+    /// A NUL byte stops the file's search (ripgrep's binary detection). One past the part
+    /// `read_file` looks at to tell text from binary is in a file shown as text: said, so that
+    /// "no matches" is not taken for the whole file's answer.
+    fn binary_data(&mut self, _: &Searcher, offset: u64) -> Result<bool, std::io::Error> {
+        if offset >= crate::decode::SNIFF as u64 {
+            self.stopped_at_binary.push(self.path.clone());
+        }
+        Ok(false)
+    }
 
     fn matched(&mut self, _: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
         if self.matches.len() >= self.max {

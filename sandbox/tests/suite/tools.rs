@@ -1478,3 +1478,28 @@ fn search_through_a_link_to_a_file_searches_that_file() {
     let refused = fx.sandbox.search(&args).unwrap_err();
     assert_eq!(refused.code(), ErrorCode::OutsideWorkspace, "{refused}");
 }
+
+/// A text file with a NUL byte far in (a log that caught binary data): ripgrep's binary
+/// detection stops its search there, and the result says so rather than answering "no matches"
+/// for the whole file. One that starts with binary data is simply not searched.
+#[test]
+fn a_search_that_stops_at_a_late_nul_says_so() {
+    let fx = Fixture::new();
+    let mut late = "line\n".repeat(4_000).into_bytes();
+    late.extend(b"\0junk\nneedle after\n");
+    std::fs::write(fx.root().join("late.log"), &late).unwrap();
+    std::fs::write(fx.root().join("early.bin"), b"\0\x01needle\n").unwrap();
+    let out = fx.sandbox.search(&search("needle")).unwrap();
+    assert!(out.matches.is_empty());
+    assert_eq!(out.stopped_at_binary, ["late.log"]);
+    assert!(!fx.sandbox.read_file(&read("late.log")).unwrap().binary);
+    let text =
+        monad_protocol::render::text(ToolName::Search, None, &serde_json::to_value(&out).unwrap());
+    assert!(
+        text.ends_with(
+            "\n(the search of late.log stopped at a NUL byte past its start: what follows it \
+             was not searched; read_file shows it)"
+        ),
+        "{text}"
+    );
+}
