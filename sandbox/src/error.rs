@@ -86,7 +86,8 @@ pub enum SandboxError {
     /// the prompt waited); nothing was done.
     #[error("{0}")]
     Unapproved(String),
-    /// A write to a file no agent may write (git's own files); nothing was written.
+    /// A write to a file no agent may write (git's own files, or one its user may not write);
+    /// nothing was written.
     #[error("{0}")]
     Protected(String),
     /// The file a write was to replace changed under it (another program wrote it); nothing

@@ -1295,6 +1295,24 @@ impl Target {
     ) -> Result<Option<OldFile>, SandboxError> {
         let old = match parent.symlink_metadata(name) {
             Ok(meta) if meta.is_file() => {
+                // A file its user may not write (read-only, another user's) is not replaced
+                // behind that, as a rename over it would: the user's own tools would refuse.
+                if let Err(e) = rustix::fs::accessat(
+                    parent,
+                    Path::new(name),
+                    rustix::fs::Access::WRITE_OK,
+                    rustix::fs::AtFlags::EACCESS | rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                ) && e == rustix::io::Errno::ACCESS
+                {
+                    use cap_std::fs::MetadataExt;
+                    return Err(SandboxError::Protected(format!(
+                        "`{}` is not writable by this workspace's user (mode {:04o}, owner {}): \
+                         its owner must make it writable first",
+                        path.given(),
+                        meta.mode() & 0o7777,
+                        meta.uid()
+                    )));
+                }
                 let (file, meta) =
                     crate::jail::open_regular_nofollow(parent, Path::new(name), path.given())?;
                 let bytes = read_capped(file, meta.len(), limits.write_max_bytes, path.given())?;

@@ -1503,3 +1503,43 @@ fn a_search_that_stops_at_a_late_nul_says_so() {
         "{text}"
     );
 }
+
+/// A file its user may not write (read-only, or another user's) is not replaced by a write or an
+/// edit, as a rename over it would: run as an ordinary user, whom file modes bind.
+#[test]
+fn a_file_its_user_may_not_write_is_not_replaced() {
+    let as_user = nix::unistd::geteuid()
+        .is_root()
+        .then_some(super::support::COMMAND_UID);
+    super::support::in_own_process("suite::tools::own_process_read_only_file", as_user);
+}
+
+#[test]
+#[ignore = "run by a_file_its_user_may_not_write_is_not_replaced"]
+fn own_process_read_only_file() {
+    if !super::support::in_own_process_now() {
+        return;
+    }
+    assert!(
+        !nix::unistd::geteuid().is_root(),
+        "runs as an ordinary user"
+    );
+    let fx = Fixture::new();
+    fx.put("locked.txt", "keep\n");
+    fx.put("open.txt", "change\n");
+    let locked = fx.root().join("locked.txt");
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let refused = fx
+        .sandbox
+        .write_file(&write("locked.txt", "gone\n"))
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Denied, "{refused}");
+    assert!(refused.to_string().contains("mode 0444"), "{refused}");
+    let refused = fx
+        .sandbox
+        .edit_file(&edit("locked.txt", "keep", "gone"))
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Denied, "{refused}");
+    assert_eq!(fx.read("locked.txt"), "keep\n");
+    assert_eq!(edited(&fx, "open.txt", "change", "changed"), "changed\n");
+}
