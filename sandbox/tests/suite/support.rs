@@ -303,6 +303,28 @@ pub fn in_own_process(name: &str, uid: Option<u32>) {
     );
 }
 
+/// [`in_own_process`] as an ordinary user, whom file modes bind (as `nobody` when this process
+/// is root; as itself otherwise).
+pub fn as_ordinary_user(name: &str) {
+    in_own_process(
+        name,
+        nix::unistd::geteuid().is_root().then_some(COMMAND_UID),
+    );
+}
+
+/// In the body of a test [`as_ordinary_user`] runs: whether this is that process (a test run
+/// otherwise returns at once), checked to be an ordinary user's.
+pub fn is_ordinary_users_own_process() -> bool {
+    if !in_own_process_now() {
+        return false;
+    }
+    assert!(
+        !nix::unistd::geteuid().is_root(),
+        "runs as an ordinary user"
+    );
+    true
+}
+
 /// Processes on the host (not zombies) whose command line is exactly `argv`, by pid.
 pub fn processes_running(argv: &[&str]) -> Vec<i32> {
     let want: Vec<u8> = argv

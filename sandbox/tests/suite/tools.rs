@@ -1417,22 +1417,15 @@ fn a_utf8_file_with_a_stray_byte_reads_as_utf8() {
 /// root. Run as an ordinary user, whom file modes bind.
 #[test]
 fn a_listing_names_a_directory_it_cannot_read_and_lists_the_rest() {
-    let as_user = nix::unistd::geteuid()
-        .is_root()
-        .then_some(super::support::COMMAND_UID);
-    super::support::in_own_process("suite::tools::own_process_unreadable_listing", as_user);
+    super::support::as_ordinary_user("suite::tools::own_process_unreadable_listing");
 }
 
 #[test]
 #[ignore = "run by a_listing_names_a_directory_it_cannot_read_and_lists_the_rest"]
 fn own_process_unreadable_listing() {
-    if !super::support::in_own_process_now() {
+    if !super::support::is_ordinary_users_own_process() {
         return;
     }
-    assert!(
-        !nix::unistd::geteuid().is_root(),
-        "runs as an ordinary user"
-    );
     let fx = Fixture::new();
     fx.put("open/a.txt", "a\n");
     fx.put("secret/s.txt", "s\n");
@@ -1508,22 +1501,15 @@ fn a_search_that_stops_at_a_late_nul_says_so() {
 /// edit, as a rename over it would: run as an ordinary user, whom file modes bind.
 #[test]
 fn a_file_its_user_may_not_write_is_not_replaced() {
-    let as_user = nix::unistd::geteuid()
-        .is_root()
-        .then_some(super::support::COMMAND_UID);
-    super::support::in_own_process("suite::tools::own_process_read_only_file", as_user);
+    super::support::as_ordinary_user("suite::tools::own_process_read_only_file");
 }
 
 #[test]
 #[ignore = "run by a_file_its_user_may_not_write_is_not_replaced"]
 fn own_process_read_only_file() {
-    if !super::support::in_own_process_now() {
+    if !super::support::is_ordinary_users_own_process() {
         return;
     }
-    assert!(
-        !nix::unistd::geteuid().is_root(),
-        "runs as an ordinary user"
-    );
     let fx = Fixture::new();
     fx.put("locked.txt", "keep\n");
     fx.put("open.txt", "change\n");
