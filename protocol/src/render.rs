@@ -480,6 +480,16 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
         if text.is_empty() && note.is_empty() {
             continue;
         }
+        if looks_binary(text) {
+            let _ = write!(
+                out,
+                "\n--- {name}{note}: binary data, {} bytes, not shown (the result's `{name}` \
+                 field holds it as UTF-8, each byte that is not UTF-8 as U+FFFD; send it to a \
+                 file to keep it)",
+                text.len()
+            );
+            continue;
+        }
         if let Some(gap) = gap {
             cut_at_the_cap(out, name, text, gap);
             continue;
@@ -512,6 +522,27 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
             parts.tail,
         );
     }
+}
+
+/// Whether a command's output is binary data rather than text: a NUL, or more than one
+/// character in ten a replacement character (a byte that was not UTF-8) or a control character
+/// other than a tab or a line break. Such bytes read as noise to a model (`head -c 300
+/// /bin/ls`), at up to three bytes of text each.
+fn looks_binary(text: &str) -> bool {
+    let mut odd = 0usize;
+    let mut all = 0usize;
+    for c in text.chars() {
+        if c == '\0' {
+            return true;
+        }
+        all += 1;
+        if c == char::REPLACEMENT_CHARACTER
+            || (c.is_control() && !matches!(c, '\t' | '\n' | '\r' | '\u{1b}'))
+        {
+            odd += 1;
+        }
+    }
+    odd * 10 > all
 }
 
 /// How to read what a command's text leaves out.
@@ -1308,6 +1339,25 @@ mod tests {
         let mut old = ran("start\n");
         old["stdout_truncated"] = json!(true);
         assert!(render(ToolName::RunCommand, old).contains("--- stdout (cut at the output cap)"));
+    }
+
+    #[test]
+    fn binary_output_is_counted_not_shown() {
+        let garbage: String = "\u{7f}ELF\u{2}\u{1}\u{1}\u{fffd}\u{fffd}\u{3}".repeat(20);
+        let shown = render(ToolName::RunCommand, ran(&garbage));
+        assert_eq!(
+            shown,
+            format!(
+                "exit status 0 in workspace laptop, after 10 ms\n--- stdout: binary data, {} \
+                 bytes, not shown (the result's `stdout` field holds it as UTF-8, each byte \
+                 that is not UTF-8 as U+FFFD; send it to a file to keep it)",
+                garbage.len()
+            )
+        );
+        assert!(render(ToolName::RunCommand, ran("a\0b\n")).contains("binary data, 4 bytes"));
+        // Text with a few odd characters, and colours, is text.
+        let text = "build \u{1b}[32mok\u{1b}[0m\ncaf\u{fffd}\n";
+        assert!(render(ToolName::RunCommand, ran(text)).ends_with("caf\u{fffd}"));
     }
 
     #[test]
