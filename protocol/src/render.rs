@@ -419,6 +419,15 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
         }
         (None, false) => format!("Wrote {}{ws} ({bytes})", shown(&r.path)),
     };
+    if let Some(encoding) = &r.encoding {
+        let _ = write!(out, ", in {encoding} as the file was");
+    }
+    if let Some(was) = &r.reencoded_from {
+        let _ = write!(
+            out,
+            ", in UTF-8: the file was {was}, which cannot hold all of the new content"
+        );
+    }
     if r.diff.is_empty() {
         out.push_str(if r.created { "." } else { ": no change." });
         return out;

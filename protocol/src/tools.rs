@@ -800,6 +800,14 @@ pub struct WriteResult {
     /// workspace root (absent when it made none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub created_dirs: Vec<String>,
+    /// The encoding the file was written in when it is not UTF-8: that of the file it replaced
+    /// (`utf-16le`, `utf-16be` with its byte order mark, `windows-1252`). Absent for UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    /// The encoding of the file it replaced, when that could not hold the new content: the
+    /// file is UTF-8 now. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reencoded_from: Option<String>,
 }
 
 /// Arguments of `edit_file`.

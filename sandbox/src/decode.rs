@@ -152,6 +152,63 @@ const CP1252_HIGH: [char; 32] = [
     'ž', 'Ÿ',
 ];
 
+/// How a file that is not UTF-8 holds its text: what a write keeps when it replaces the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub encoding: Encoding,
+    /// It starts with a UTF-16 byte order mark.
+    pub bom: bool,
+}
+
+/// How `bytes` (a whole file) hold text when not as UTF-8; `None` for UTF-8 and for binary.
+pub(crate) fn held(bytes: &[u8]) -> Option<Held> {
+    if std::str::from_utf8(bytes).is_ok() {
+        return None;
+    }
+    match guess(bytes) {
+        Guess::Text(encoding) => Some(Held {
+            encoding,
+            bom: matches!(bytes, [0xFF, 0xFE, ..] | [0xFE, 0xFF, ..])
+                && matches!(encoding, Encoding::Utf16Le | Encoding::Utf16Be),
+        }),
+        Guess::Binary(_) => None,
+    }
+}
+
+/// `text` in the encoding `held` says, its byte order mark kept; `None` when the encoding
+/// cannot hold one of its characters (windows-1252 holds 251 of them). UTF-8 with stray bytes
+/// is written as UTF-8: the stray bytes are gone from the text already.
+pub(crate) fn encode(text: &str, held: Held) -> Option<Vec<u8>> {
+    match held.encoding {
+        Encoding::Utf8 => Some(text.as_bytes().to_vec()),
+        Encoding::Latin1 => text
+            .chars()
+            .map(|c| match u32::from(c) {
+                n @ (0..=0x7F | 0xA0..=0xFF) => u8::try_from(n).ok(),
+                _ => CP1252_HIGH
+                    .iter()
+                    .position(|&h| h == c && h != char::REPLACEMENT_CHARACTER)
+                    .and_then(|i| u8::try_from(0x80 + i).ok()),
+            })
+            .collect(),
+        Encoding::Utf16Le | Encoding::Utf16Be => {
+            let le = held.encoding == Encoding::Utf16Le;
+            let mut out = Vec::with_capacity(2 + text.len() * 2);
+            if held.bom {
+                out.extend(if le { [0xFF, 0xFE] } else { [0xFE, 0xFF] });
+            }
+            for unit in text.encode_utf16() {
+                out.extend(if le {
+                    unit.to_le_bytes()
+                } else {
+                    unit.to_be_bytes()
+                });
+            }
+            Some(out)
+        }
+    }
+}
+
 /// Decodes `bytes` (a byte order mark dropped); what cannot be decoded (an unpaired UTF-16
 /// surrogate, an odd last byte) becomes U+FFFD.
 pub(crate) fn decode(bytes: &[u8], encoding: Encoding) -> String {
@@ -256,6 +313,30 @@ mod tests {
         bytes.push(0xff);
         bytes.extend(&euro[..2]);
         assert_eq!(guess(&bytes), Guess::Text(Encoding::Utf8));
+    }
+
+    #[test]
+    fn text_is_written_back_in_the_encoding_it_was_read_from() {
+        let latin1 = b"caf\xe9 \x80 cr\xe8me\n";
+        let held_latin1 = held(latin1).unwrap();
+        assert_eq!(held_latin1.encoding, Encoding::Latin1);
+        let text = decode(latin1, Encoding::Latin1);
+        assert_eq!(text, "café € crème\n");
+        assert_eq!(encode(&text, held_latin1).unwrap(), latin1);
+        assert_eq!(encode("日本", held_latin1), None, "not in windows-1252");
+        let mut utf16 = vec![0xFF, 0xFE];
+        utf16.extend("hé\n".encode_utf16().flat_map(u16::to_le_bytes));
+        let held_utf16 = held(&utf16).unwrap();
+        assert_eq!(
+            (held_utf16.encoding, held_utf16.bom),
+            (Encoding::Utf16Le, true)
+        );
+        assert_eq!(
+            encode(&decode(&utf16, Encoding::Utf16Le), held_utf16).unwrap(),
+            utf16
+        );
+        assert_eq!(held("plain UTF-8 é\n".as_bytes()), None);
+        assert_eq!(held(b"\0\x01\x02binary"), None);
     }
 
     #[test]

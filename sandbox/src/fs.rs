@@ -930,7 +930,25 @@ pub(crate) fn write_file(
     };
     let mut target = Target::locate(jail, &path, parents, limits)?;
     let old = target.old_text();
-    if let Err(e) = target.replace(args.content.as_bytes()) {
+    // A file in another encoding than UTF-8 stays in it, when it can hold the new text.
+    let (bytes, encoding, reencoded_from) = match target.held() {
+        Some(held) if held.encoding != crate::decode::Encoding::Utf8 => {
+            match crate::decode::encode(&args.content, held) {
+                Some(bytes) => (bytes.into(), Some(held.encoding.as_str()), None),
+                None => (
+                    args.content.as_bytes().into(),
+                    None,
+                    Some(held.encoding.as_str()),
+                ),
+            }
+        }
+        _ => (
+            std::borrow::Cow::Borrowed(args.content.as_bytes()),
+            None,
+            None,
+        ),
+    };
+    if let Err(e) = target.replace(&bytes) {
         std::mem::take(&mut target.new_dirs).undo();
         return Err(e);
     }
@@ -943,11 +961,13 @@ pub(crate) fn write_file(
     Ok(WriteResult {
         path: target.path.display(),
         created: target.old.is_none(),
-        bytes_written: args.content.len() as u64,
+        bytes_written: bytes.len() as u64,
         replacements: None,
         diff,
         diff_truncated,
         created_dirs: target.new_dirs.shown(),
+        encoding: encoding.map(str::to_owned),
+        reencoded_from: reencoded_from.map(str::to_owned),
     })
 }
 
@@ -968,7 +988,7 @@ pub(crate) fn edit_file(
     args: &EditFileArgs,
 ) -> Result<WriteResult, SandboxError> {
     let edit = plan_edit(jail, limits, args)?;
-    edit.target.replace(edit.new_text.as_bytes())?;
+    edit.target.replace(&edit.new_bytes)?;
     let (diff, diff_truncated) = unified_diff(
         &edit.target.path.display(),
         Some(&edit.old_text),
@@ -978,11 +998,13 @@ pub(crate) fn edit_file(
     Ok(WriteResult {
         path: edit.target.path.display(),
         created: false,
-        bytes_written: edit.new_text.len() as u64,
+        bytes_written: edit.new_bytes.len() as u64,
         replacements: Some(edit.replacements),
         diff,
         diff_truncated,
         created_dirs: Vec::new(),
+        encoding: edit.encoding.map(str::to_owned),
+        reencoded_from: None,
     })
 }
 
@@ -991,6 +1013,10 @@ struct Edit {
     target: Target,
     old_text: String,
     new_text: String,
+    /// `new_text` in the file's encoding.
+    new_bytes: Vec<u8>,
+    /// The file's encoding when it is not UTF-8.
+    encoding: Option<&'static str>,
     replacements: u64,
 }
 
@@ -1014,12 +1040,26 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             path.given()
         )));
     };
-    let Ok(old_text) = std::str::from_utf8(&old.bytes) else {
-        return Err(SandboxError::WrongFileType {
-            path: path.given().to_owned(),
-            what: "is not UTF-8 text, which edit_file changes only (write_file would store the \
-                   whole file as UTF-8)",
-        });
+    // A Latin-1 or UTF-16 file is edited as the text it holds, and written back so; UTF-8
+    // with stray bytes is not (they would become U+FFFD for good).
+    let held = target
+        .held()
+        .filter(|h| h.encoding != crate::decode::Encoding::Utf8);
+    let decoded;
+    let old_text = match (std::str::from_utf8(&old.bytes), held) {
+        (Ok(text), _) => text,
+        (Err(_), Some(held)) => {
+            decoded = crate::decode::decode(&old.bytes, held.encoding);
+            decoded.as_str()
+        }
+        (Err(_), None) => {
+            return Err(SandboxError::WrongFileType {
+                path: path.given().to_owned(),
+                what: "is not text in an encoding edit_file can write back (UTF-8 with bytes \
+                       that are not UTF-8, or binary); write_file would store the whole file \
+                       as UTF-8",
+            });
+        }
     };
     // In a file whose every line ends with CRLF, an agent's LF (what it reads and writes) means
     // the file's line break: matched as CRLF, and written as CRLF so that the file keeps one
@@ -1069,11 +1109,24 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             limits.write_max_bytes
         )));
     }
+    let new_bytes = match held {
+        None => new_text.as_bytes().to_vec(),
+        Some(held) => crate::decode::encode(&new_text, held).ok_or_else(|| {
+            SandboxError::InvalidArguments(format!(
+                "`{}` is {} text, which cannot hold every character of `new_string`; nothing \
+                 was changed (write_file would store the whole file as UTF-8)",
+                path.given(),
+                held.encoding.as_str()
+            ))
+        })?,
+    };
     let old_text = old_text.to_owned();
     Ok(Edit {
         target,
         old_text,
         new_text,
+        new_bytes,
+        encoding: held.map(|h| h.encoding.as_str()),
         replacements: if replace_all { count as u64 } else { 1 },
     })
 }
@@ -1351,10 +1404,20 @@ impl Target {
         Ok(old)
     }
 
+    /// The text of the file it replaces, decoded as `read_file` decodes it.
     fn old_text(&self) -> Option<String> {
+        let old = self.old.as_ref()?;
+        Some(match self.held() {
+            Some(held) => crate::decode::decode(&old.bytes, held.encoding),
+            None => String::from_utf8_lossy(&old.bytes).into_owned(),
+        })
+    }
+
+    /// How the file it replaces holds its text, when not as UTF-8.
+    fn held(&self) -> Option<crate::decode::Held> {
         self.old
             .as_ref()
-            .map(|old| String::from_utf8_lossy(&old.bytes).into_owned())
+            .and_then(|old| crate::decode::held(&old.bytes))
     }
 
     /// Writes `content` to a new temporary file beside the target, syncs it, and renames it over

@@ -932,7 +932,7 @@ fn edit_file_changes_nothing_when_old_string_is_missing_or_ambiguous() {
             .code(),
         ErrorCode::NotFound
     );
-    std::fs::write(fx.root().join("bin"), b"\xff\xfe a").unwrap();
+    std::fs::write(fx.root().join("bin"), b"\x00\x01\xff a").unwrap();
     assert_eq!(
         fx.sandbox
             .edit_file(&edit("bin", "a", "b"))
@@ -1528,4 +1528,65 @@ fn own_process_read_only_file() {
     assert_eq!(refused.code(), ErrorCode::Denied, "{refused}");
     assert_eq!(fx.read("locked.txt"), "keep\n");
     assert_eq!(edited(&fx, "open.txt", "change", "changed"), "changed\n");
+}
+
+/// A Latin-1 or UTF-16 file stays in its encoding when written or edited (it was rewritten as
+/// UTF-8, and its diff showed the old bytes as garbage); an edit it cannot hold is refused, and
+/// a write it cannot hold says the file is UTF-8 now.
+#[test]
+fn writes_and_edits_keep_a_file_s_encoding() {
+    let fx = Fixture::new();
+    std::fs::write(fx.root().join("latin1.txt"), b"caf\xe9\nna\xefve\n").unwrap();
+    let done = fx
+        .sandbox
+        .edit_file(&edit("latin1.txt", "naïve", "crème"))
+        .expect("edited as the text it holds");
+    assert_eq!(done.encoding.as_deref(), Some("windows-1252"));
+    assert!(done.diff.contains("-naïve\n+crème"), "{}", done.diff);
+    assert_eq!(
+        std::fs::read(fx.root().join("latin1.txt")).unwrap(),
+        b"caf\xe9\ncr\xe8me\n"
+    );
+    let refused = fx
+        .sandbox
+        .edit_file(&edit("latin1.txt", "crème", "日本"))
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::InvalidArguments);
+    assert!(
+        refused.to_string().contains("windows-1252 text"),
+        "{refused}"
+    );
+    let mut utf16 = vec![0xFF, 0xFE];
+    utf16.extend("hé\n".encode_utf16().flat_map(u16::to_le_bytes));
+    std::fs::write(fx.root().join("utf16.txt"), &utf16).unwrap();
+    let done = fx
+        .sandbox
+        .write_file(&write("utf16.txt", "hé là\n"))
+        .unwrap();
+    assert_eq!(done.encoding.as_deref(), Some("utf-16le"));
+    assert!(done.diff.contains("-hé\n+hé là"), "{}", done.diff);
+    let mut want = vec![0xFF, 0xFE];
+    want.extend("hé là\n".encode_utf16().flat_map(u16::to_le_bytes));
+    assert_eq!(std::fs::read(fx.root().join("utf16.txt")).unwrap(), want);
+    // Content windows-1252 cannot hold: the file becomes UTF-8, and the result says so.
+    let done = fx
+        .sandbox
+        .write_file(&write("latin1.txt", "日本\n"))
+        .unwrap();
+    assert_eq!(
+        (done.encoding.as_deref(), done.reencoded_from.as_deref()),
+        (None, Some("windows-1252"))
+    );
+    assert_eq!(fx.read("latin1.txt"), "日本\n");
+    let text = monad_protocol::render::text(
+        ToolName::WriteFile,
+        None,
+        &serde_json::to_value(&done).unwrap(),
+    );
+    assert!(
+        text.starts_with(
+            "Wrote latin1.txt (7 bytes), in UTF-8: the file was windows-1252, which cannot hold"
+        ),
+        "{text}"
+    );
 }
