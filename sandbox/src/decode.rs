@@ -1,6 +1,8 @@
 //! Text that is not UTF-8: `read_file` decodes a UTF-16 or Latin-1 file instead of calling it
 //! binary, and says why a file it does not show is binary. Pure functions of the bytes.
 
+use std::borrow::Cow;
+
 /// How much of a file the guess looks at.
 pub(crate) const SNIFF: usize = 8 * 1024;
 
@@ -160,26 +162,31 @@ pub(crate) struct Held {
     pub bom: bool,
 }
 
-/// How `bytes` (a whole file) hold text when not as UTF-8; `None` for UTF-8 and for binary.
+/// How `bytes` (a whole file) hold text in an encoding a write keeps (windows-1252, UTF-16);
+/// `None` for UTF-8, for UTF-8 with stray bytes (which are U+FFFD in the text already: written
+/// back, it is UTF-8) and for binary.
 pub(crate) fn held(bytes: &[u8]) -> Option<Held> {
     if std::str::from_utf8(bytes).is_ok() {
         return None;
     }
     match guess(bytes) {
+        Guess::Text(Encoding::Utf8) | Guess::Binary(_) => None,
         Guess::Text(encoding) => Some(Held {
             encoding,
             bom: matches!(bytes, [0xFF, 0xFE, ..] | [0xFE, 0xFF, ..])
                 && matches!(encoding, Encoding::Utf16Le | Encoding::Utf16Be),
         }),
-        Guess::Binary(_) => None,
     }
 }
 
-/// `text` in the encoding `held` says, its byte order mark kept; `None` when the encoding
-/// cannot hold one of its characters (windows-1252 holds 251 of them). UTF-8 with stray bytes
-/// is written as UTF-8: the stray bytes are gone from the text already.
-pub(crate) fn encode(text: &str, held: Held) -> Option<Vec<u8>> {
-    match held.encoding {
+/// `text` as the bytes of a file that holds it as `held` says (UTF-8 when `None`), its byte
+/// order mark kept; `Err` with `held` when its encoding cannot hold one of the characters
+/// (windows-1252 holds 251).
+pub(crate) fn encode(text: &str, held: Option<Held>) -> Result<Cow<'_, [u8]>, Held> {
+    let Some(held) = held else {
+        return Ok(Cow::Borrowed(text.as_bytes()));
+    };
+    let bytes = match held.encoding {
         Encoding::Utf8 => Some(text.as_bytes().to_vec()),
         Encoding::Latin1 => text
             .chars()
@@ -206,7 +213,8 @@ pub(crate) fn encode(text: &str, held: Held) -> Option<Vec<u8>> {
             }
             Some(out)
         }
-    }
+    };
+    bytes.map(Cow::Owned).ok_or(held)
 }
 
 /// Decodes `bytes` (a byte order mark dropped); what cannot be decoded (an unpaired UTF-16
@@ -322,8 +330,13 @@ mod tests {
         assert_eq!(held_latin1.encoding, Encoding::Latin1);
         let text = decode(latin1, Encoding::Latin1);
         assert_eq!(text, "café € crème\n");
-        assert_eq!(encode(&text, held_latin1).unwrap(), latin1);
-        assert_eq!(encode("日本", held_latin1), None, "not in windows-1252");
+        assert_eq!(*encode(&text, Some(held_latin1)).unwrap(), latin1[..]);
+        assert_eq!(
+            encode("日本", Some(held_latin1)),
+            Err(held_latin1),
+            "not in windows-1252"
+        );
+        assert_eq!(*encode("é", None).unwrap(), *"é".as_bytes());
         let mut utf16 = vec![0xFF, 0xFE];
         utf16.extend("hé\n".encode_utf16().flat_map(u16::to_le_bytes));
         let held_utf16 = held(&utf16).unwrap();
@@ -332,11 +345,19 @@ mod tests {
             (Encoding::Utf16Le, true)
         );
         assert_eq!(
-            encode(&decode(&utf16, Encoding::Utf16Le), held_utf16).unwrap(),
-            utf16
+            *encode(&decode(&utf16, Encoding::Utf16Le), Some(held_utf16)).unwrap(),
+            utf16[..]
         );
         assert_eq!(held("plain UTF-8 é\n".as_bytes()), None);
         assert_eq!(held(b"\0\x01\x02binary"), None);
+        let mut stray = "é ".as_bytes().to_vec();
+        stray.extend(b"\xff ");
+        stray.extend("日本\n".as_bytes());
+        assert_eq!(
+            held(&stray),
+            None,
+            "UTF-8 with a stray byte is written as UTF-8"
+        );
     }
 
     #[test]

@@ -931,21 +931,13 @@ pub(crate) fn write_file(
     let mut target = Target::locate(jail, &path, parents, limits)?;
     let old = target.old_text();
     // A file in another encoding than UTF-8 stays in it, when it can hold the new text.
-    let (bytes, encoding, reencoded_from) = match target.held() {
-        Some(held) if held.encoding != crate::decode::Encoding::Utf8 => {
-            match crate::decode::encode(&args.content, held) {
-                Some(bytes) => (bytes.into(), Some(held.encoding.as_str()), None),
-                None => (
-                    args.content.as_bytes().into(),
-                    None,
-                    Some(held.encoding.as_str()),
-                ),
-            }
-        }
-        _ => (
-            std::borrow::Cow::Borrowed(args.content.as_bytes()),
+    let held = target.held();
+    let (bytes, encoding, reencoded_from) = match crate::decode::encode(&args.content, held) {
+        Ok(bytes) => (bytes, held.map(|h| h.encoding.as_str()), None),
+        Err(held) => (
+            args.content.as_bytes().into(),
             None,
-            None,
+            Some(held.encoding.as_str()),
         ),
     };
     if let Err(e) = target.replace(&bytes) {
@@ -1042,9 +1034,7 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
     };
     // A Latin-1 or UTF-16 file is edited as the text it holds, and written back so; UTF-8
     // with stray bytes is not (they would become U+FFFD for good).
-    let held = target
-        .held()
-        .filter(|h| h.encoding != crate::decode::Encoding::Utf8);
+    let held = target.held();
     let decoded;
     let old_text = match (std::str::from_utf8(&old.bytes), held) {
         (Ok(text), _) => text,
@@ -1109,17 +1099,16 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             limits.write_max_bytes
         )));
     }
-    let new_bytes = match held {
-        None => new_text.as_bytes().to_vec(),
-        Some(held) => crate::decode::encode(&new_text, held).ok_or_else(|| {
+    let new_bytes = crate::decode::encode(&new_text, held)
+        .map_err(|held| {
             SandboxError::InvalidArguments(format!(
                 "`{}` is {} text, which cannot hold every character of `new_string`; nothing \
                  was changed (write_file would store the whole file as UTF-8)",
                 path.given(),
                 held.encoding.as_str()
             ))
-        })?,
-    };
+        })?
+        .into_owned();
     let old_text = old_text.to_owned();
     Ok(Edit {
         target,
@@ -1168,6 +1157,8 @@ struct OldFile {
     owner: (u32, u32),
     /// What identifies this version of it: checked again just before it is replaced.
     stamp: Stamp,
+    /// How it holds its text when in an encoding a write keeps (windows-1252, UTF-16).
+    held: Option<crate::decode::Held>,
 }
 
 /// A file's inode, size, and modification and change times: another program that writes the
@@ -1282,24 +1273,8 @@ impl Target {
         parents: Parents<'_>,
         limits: &Limits,
     ) -> Result<Target, SandboxError> {
-        let mut path = path.clone();
-        // Resolve a final link once: the canonical path has no links left in it.
-        if let Ok(meta) = jail.dir().symlink_metadata(path.rel())
-            && meta.file_type().is_symlink()
-        {
-            let resolved = jail.dir().canonicalize(path.rel()).map_err(|e| {
-                match SandboxError::from_io("resolve", path.given(), e) {
-                    SandboxError::NotFound(_) => SandboxError::WrongFileType {
-                        path: path.given().to_owned(),
-                        what: "is a symbolic link whose target does not exist",
-                    },
-                    other => other,
-                }
-            })?;
-            let given = path.given().to_owned();
-            path = jail.resolve(&resolved.to_string_lossy())?;
-            path.set_given(given);
-        }
+        // The file a final link leads to: the canonical path has no links left in it.
+        let path = jail.through_final_link(path)?;
         refuse_git_internals(jail, &path)?;
         let Some((parent_path, name)) = path.split() else {
             return Err(SandboxError::WrongFileType {
@@ -1359,8 +1334,8 @@ impl Target {
                 {
                     use cap_std::fs::MetadataExt;
                     return Err(SandboxError::Protected(format!(
-                        "`{}` is not writable by this workspace's user (mode {:04o}, owner {}): \
-                         its owner must make it writable first",
+                        "`{}` is not writable by this workspace's user (mode {:04o}, owned by \
+                         uid {}): its owner must make it writable first",
                         path.given(),
                         meta.mode() & 0o7777,
                         meta.uid()
@@ -1370,6 +1345,7 @@ impl Target {
                     crate::jail::open_regular_nofollow(parent, Path::new(name), path.given())?;
                 let bytes = read_capped(file, meta.len(), limits.write_max_bytes, path.given())?;
                 Some(OldFile {
+                    held: crate::decode::held(&bytes),
                     bytes,
                     // A rewrite by someone else takes away set-user-ID and set-group-ID, as
                     // the kernel does when another user writes to such a file: an agent must
@@ -1407,17 +1383,15 @@ impl Target {
     /// The text of the file it replaces, decoded as `read_file` decodes it.
     fn old_text(&self) -> Option<String> {
         let old = self.old.as_ref()?;
-        Some(match self.held() {
+        Some(match old.held {
             Some(held) => crate::decode::decode(&old.bytes, held.encoding),
             None => String::from_utf8_lossy(&old.bytes).into_owned(),
         })
     }
 
-    /// How the file it replaces holds its text, when not as UTF-8.
+    /// How the file it replaces holds its text, when in an encoding a write keeps.
     fn held(&self) -> Option<crate::decode::Held> {
-        self.old
-            .as_ref()
-            .and_then(|old| crate::decode::held(&old.bytes))
+        self.old.as_ref().and_then(|old| old.held)
     }
 
     /// Writes `content` to a new temporary file beside the target, syncs it, and renames it over

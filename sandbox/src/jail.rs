@@ -137,6 +137,32 @@ impl Jail {
         &self.canonical_root
     }
 
+    /// `path` with a final symbolic link resolved inside the root (the canonical path, with no
+    /// links left in it), keeping the name the caller gave; `path` itself when it is not a link.
+    /// A link leading out of the root is refused; one whose target does not exist says so.
+    pub fn through_final_link(&self, path: &JailPath) -> Result<JailPath, SandboxError> {
+        let linked = self
+            .dir
+            .symlink_metadata(path.rel())
+            .is_ok_and(|m| m.file_type().is_symlink());
+        if !linked {
+            return Ok(path.clone());
+        }
+        let resolved =
+            self.dir.canonicalize(path.rel()).map_err(|e| {
+                match SandboxError::from_io("resolve", path.given(), e) {
+                    SandboxError::NotFound(_) => SandboxError::WrongFileType {
+                        path: path.given().to_owned(),
+                        what: "is a symbolic link whose target does not exist",
+                    },
+                    other => other,
+                }
+            })?;
+        let mut target = self.resolve(&resolved.to_string_lossy())?;
+        target.set_given(path.given().to_owned());
+        Ok(target)
+    }
+
     /// Checks `raw` lexically and turns it into a clean path relative to the root.
     ///
     /// Refuses NUL bytes, absolute paths outside the root (either spelling of the root is

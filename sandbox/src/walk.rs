@@ -52,21 +52,7 @@ impl Walk<'_> {
         if meta.is_file() {
             // A file named explicitly is searched even when an ignore file would skip it; named
             // through a link, the file it leads to inside the root (never followed out of it).
-            let linked = jail
-                .dir()
-                .symlink_metadata(start.rel())
-                .is_ok_and(|m| m.file_type().is_symlink());
-            let start = if linked {
-                let resolved = jail
-                    .dir()
-                    .canonicalize(start.rel())
-                    .map_err(|e| SandboxError::from_io("resolve", start.given(), e))?;
-                let mut target = jail.resolve(&resolved.to_string_lossy())?;
-                target.set_given(start.given().to_owned());
-                target
-            } else {
-                start.clone()
-            };
+            let start = jail.through_final_link(start)?;
             let (parent, name) = start.split().expect("a file is never the root");
             let dir = jail.open_dir(&parent)?;
             (self.visit)(&dir, name, &start.display());
@@ -370,11 +356,7 @@ impl Sink for &mut Collect<'_> {
 /// a little before the match. A minified file's match ten thousand characters in was shown as
 /// the line's start, without it.
 fn window(line: &str, at: usize, max_chars: usize) -> String {
-    let mut at = at.min(line.len());
-    while !line.is_char_boundary(at) {
-        at -= 1;
-    }
-    let before = line[..at].chars().count();
+    let before = monad_protocol::text::head(line, at).chars().count();
     let lead = max_chars / 4;
     let start_char = if before <= max_chars / 2 {
         0
