@@ -204,9 +204,8 @@ struct Output {
     cap: usize,
     /// Keep the newest bytes (background) rather than the first and the last (foreground).
     keep_tail: bool,
-    /// Foreground: bytes between the first and the last were dropped.
-    truncated: bool,
-    /// Foreground: how many bytes were dropped between the first and the last.
+    /// Foreground: how many bytes were dropped between the first and the last (the output
+    /// was cut when there are some).
     omitted: u64,
     /// Background: bytes dropped, oldest first, since the last read.
     dropped: u64,
@@ -219,7 +218,6 @@ impl Output {
             tail: VecDeque::new(),
             cap,
             keep_tail: false,
-            truncated: false,
             omitted: 0,
             dropped: 0,
         }
@@ -245,7 +243,6 @@ impl Output {
             if over > 0 {
                 self.tail.drain(..over);
                 self.omitted += over as u64;
-                self.truncated = true;
             }
         }
     }
@@ -288,15 +285,11 @@ impl Output {
         tail.drain(..split);
         let head = lossy(head);
         let at = head.len() as u64;
-        let text = head + &self.take_rest(tail, finished);
+        // The kept end, an unfinished last character kept for later as `take` keeps it.
+        self.bytes.extend(tail);
+        let text = head + &self.take(finished);
         self.omitted = 0;
         (text, Some(OutputGap { at, dropped }))
-    }
-
-    /// `bytes` as text, keeping an unfinished last character for later, as [`Output::take`].
-    fn take_rest(&mut self, bytes: Vec<u8>, finished: bool) -> String {
-        self.bytes.extend(bytes);
-        self.take(finished)
     }
 }
 
@@ -475,7 +468,6 @@ impl Table {
             let state = &mut *guard;
             for output in [&mut state.stdout, &mut state.stderr] {
                 output.keep_tail = true;
-                output.truncated = false;
             }
         }
         procs.push(proc.clone());
@@ -844,8 +836,8 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
         timed_out: exit.is_some_and(|e| e.timed_out),
         stdout,
         stderr,
-        stdout_truncated: state.stdout.truncated,
-        stderr_truncated: state.stderr.truncated,
+        stdout_truncated: stdout_gap.is_some(),
+        stderr_truncated: stderr_gap.is_some(),
         stdout_gap,
         stderr_gap,
         duration_ms: proc.elapsed(exit).as_millis() as u64,
@@ -1242,12 +1234,10 @@ mod tests {
             ends.take_whole(true),
             ("abfg".to_owned(), Some(OutputGap { at: 2, dropped: 3 }))
         );
-        assert!(ends.truncated);
         let mut fits = Output::new(4);
         fits.push(b"ab");
         fits.push(b"cd");
         assert_eq!(fits.take_whole(true), ("abcd".to_owned(), None));
-        assert!(!fits.truncated);
         // A cut inside a character drops the character with the rest.
         // A stray byte earlier does not hide a character cut at the end of the kept start.
         let mut stray_then_cut = Output::new(6);
