@@ -632,7 +632,7 @@ fn head_end(text: &str) -> usize {
     for (n, line) in text.split_inclusive('\n').enumerate() {
         if n == STREAM_END_LINES || end + line.len() > STREAM_END_BYTES {
             if n == 0 {
-                end = floor_boundary(text, STREAM_END_BYTES);
+                end = crate::text::head(text, STREAM_END_BYTES).len();
             }
             break;
         }
@@ -665,14 +665,6 @@ fn count_lines(text: &str) -> u64 {
     } else {
         text.bytes().filter(|&b| b == b'\n').count() as u64 + 1
     }
-}
-
-/// The largest character boundary of `text` at or before `at`.
-fn floor_boundary(text: &str, mut at: usize) -> usize {
-    while !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    at
 }
 
 /// The smallest character boundary of `text` at or after `at`.
