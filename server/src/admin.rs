@@ -97,25 +97,32 @@ impl DataLock {
                 Ok(DataLock { _lock: lock })
             }
             Err((file, nix::errno::Errno::EWOULDBLOCK)) => {
-                let holder = std::io::read_to_string(file).unwrap_or_default();
-                let holder = holder.lines().next().unwrap_or("").trim();
-                let (pid, holder_what) = holder.split_once(' ').unwrap_or(("", ""));
-                let by_server = holder_what == Self::SERVER || holder.is_empty();
-                let who = match (pid.parse::<u32>(), holder_what) {
-                    (Ok(pid), what) if what == Self::SERVER => {
-                        format!("a monad-server (process {pid}) is running on it")
-                    }
-                    (Ok(pid), what) if !what.is_empty() => format!(
-                        "`{}` (process {pid}) is working on it",
-                        monad_protocol::text::printable(what)
-                    ),
-                    // Written by a version that did not say who it was: a server.
-                    _ => "a monad-server is running on it".to_owned(),
-                };
-                let wait = if by_server {
-                    "stop it first"
+                let note = std::io::read_to_string(file).unwrap_or_default();
+                let note = note.lines().next().unwrap_or("").trim();
+                let (pid, what) = note.split_once(' ').unwrap_or(("", note));
+                // A file without a note was written by a version that did not say who it
+                // was: a server.
+                let holder = if what.is_empty() || what == Self::SERVER {
+                    Holder::Server
                 } else {
-                    "wait for it to finish"
+                    Holder::Command
+                };
+                let process = match pid.parse::<u32>() {
+                    Ok(pid) => format!(" (process {pid})"),
+                    Err(_) => String::new(),
+                };
+                let (who, wait) = match holder {
+                    Holder::Server => (
+                        format!("a monad-server{process} is running on it"),
+                        "stop it first",
+                    ),
+                    Holder::Command => (
+                        format!(
+                            "`{}`{process} is working on it",
+                            monad_protocol::text::printable(what)
+                        ),
+                        "wait for it to finish",
+                    ),
                 };
                 Err(LockRefused {
                     message: format!(
@@ -123,11 +130,7 @@ impl DataLock {
                         data_dir.display(),
                         path.display()
                     ),
-                    holder: Some(if by_server {
-                        Holder::Server
-                    } else {
-                        Holder::Command
-                    }),
+                    holder: Some(holder),
                 })
             }
             Err((_, errno)) => Err(other(format!("cannot lock {}: {errno}", path.display()))),
