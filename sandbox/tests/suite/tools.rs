@@ -50,6 +50,11 @@ fn edit(path: &str, old: &str, new: &str) -> EditFileArgs {
     }
 }
 
+/// The text a model gets for `result` of `tool` (no workspace named).
+fn rendered(tool: ToolName, result: &impl serde::Serialize) -> String {
+    monad_protocol::render::text(tool, None, &serde_json::to_value(result).unwrap())
+}
+
 fn list(path: Option<&str>, depth: Option<u32>) -> ListDirArgs {
     ListDirArgs {
         path: path.map(Into::into),
@@ -1401,11 +1406,7 @@ fn a_utf8_file_with_a_stray_byte_reads_as_utf8() {
         whole.content,
         "# 日本語のコメント\nprint(\"héllo\")\n# stray: \u{fffd}\n"
     );
-    let text = monad_protocol::render::text(
-        ToolName::ReadFile,
-        None,
-        &serde_json::to_value(&whole).unwrap(),
-    );
+    let text = rendered(ToolName::ReadFile, &whole);
     assert!(
         text.starts_with("mostly.py: UTF-8 text with bytes that are not UTF-8 (shown as \u{fffd})"),
         "{text}"
@@ -1438,11 +1439,7 @@ fn own_process_unreadable_listing() {
     let paths: Vec<&str> = listed.entries.iter().map(|e| e.path.as_str()).collect();
     assert_eq!(paths, ["open", "open/a.txt", "secret", "z.txt"]);
     assert_eq!(listed.unreadable, ["secret/"]);
-    let text = monad_protocol::render::text(
-        ToolName::ListDir,
-        None,
-        &serde_json::to_value(&listed).unwrap(),
-    );
+    let text = rendered(ToolName::ListDir, &listed);
     assert!(
         text.ends_with("\n(could not read the entries of secret/: no permission)"),
         "{text}"
@@ -1486,8 +1483,7 @@ fn a_search_that_stops_at_a_late_nul_says_so() {
     assert!(out.matches.is_empty());
     assert_eq!(out.stopped_at_binary, ["late.log"]);
     assert!(!fx.sandbox.read_file(&read("late.log")).unwrap().binary);
-    let text =
-        monad_protocol::render::text(ToolName::Search, None, &serde_json::to_value(&out).unwrap());
+    let text = rendered(ToolName::Search, &out);
     assert!(
         text.ends_with(
             "\n(the search of late.log stopped at a NUL byte past its start: what follows it \
@@ -1578,11 +1574,7 @@ fn writes_and_edits_keep_a_file_s_encoding() {
         (None, Some("windows-1252"))
     );
     assert_eq!(fx.read("latin1.txt"), "日本\n");
-    let text = monad_protocol::render::text(
-        ToolName::WriteFile,
-        None,
-        &serde_json::to_value(&done).unwrap(),
-    );
+    let text = rendered(ToolName::WriteFile, &done);
     assert!(
         text.starts_with(
             "Wrote latin1.txt (7 bytes), in UTF-8: the file was windows-1252, which cannot hold"
