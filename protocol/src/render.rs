@@ -156,10 +156,25 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         out.push('\n');
         push_right_aligned(&mut out, n, width);
         out.push('\t');
-        out.push_str(line);
+        if line.len() > READ_LINE_MAX_BYTES {
+            let shown = crate::text::head(line, READ_LINE_MAX_BYTES);
+            out.push_str(shown);
+            let _ = write!(
+                out,
+                " \u{2026} [{} more bytes of this line not shown: `search` finds text in it]",
+                line.len() - shown.len()
+            );
+        } else {
+            out.push_str(line);
+        }
     }
     out
 }
+
+/// Bytes of one line a read shows a model: a minified bundle's single line of 200 KB would fill
+/// its context with what it cannot use. The JSON's `content` keeps the line whole, and `search`
+/// shows the part of it around a match.
+const READ_LINE_MAX_BYTES: usize = 2000;
 
 /// How many decimal digits `n` has.
 fn digits(n: u64) -> usize {
@@ -1103,6 +1118,37 @@ mod tests {
             "min.js in workspace laptop: lines 1-1 of 1, line 1 cut at the byte cap after 4 \
              bytes (the rest of it cannot be shown)\n1\tabcd"
         );
+    }
+
+    #[test]
+    fn a_long_line_is_shown_by_its_start_and_the_rest_counted() {
+        let long = format!("{}\u{e9}{}", "a".repeat(1999), "b".repeat(5000));
+        let content = format!("short\n{long}\nend\n");
+        let shown = render(
+            ToolName::ReadFile,
+            json!({"path": "min.js", "content": content, "start_line": 1, "lines": 3,
+                   "total_lines": 3, "size": content.len(), "binary": false, "truncated": false}),
+        );
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[1], "1\tshort");
+        // The cut is before the two-byte character that would cross 2,000 bytes.
+        assert_eq!(
+            lines[2],
+            format!(
+                "2\t{} \u{2026} [5002 more bytes of this line not shown: `search` finds text in it]",
+                "a".repeat(1999)
+            )
+        );
+        assert_eq!(lines[3], "3\tend");
+        // A line of exactly the cap is shown whole.
+        let exact = "x".repeat(2000);
+        let shown = render(
+            ToolName::ReadFile,
+            json!({"path": "a", "content": exact, "start_line": 1, "lines": 1,
+                   "total_lines": 1, "size": 2000, "binary": false, "truncated": false}),
+        );
+        assert!(shown.ends_with(&format!("1\t{exact}")), "{shown}");
     }
 
     #[test]
