@@ -247,7 +247,8 @@ impl ToolName {
                 "Read a UTF-8 text file in a workspace. Returns its lines, numbered from 1; use \
                  `offset` (first line, 1-based) and `limit` (number of lines) to page through \
                  large files. Output is capped in bytes and lines: when `truncated` is true, \
-                 `next_offset` says where to continue. Binary files are reported, not dumped."
+                 `next_offset` says where to continue. A line over 2,000 bytes is shown cut; `search` \
+                 finds text in it. Binary files are reported, not dumped."
             }
             ToolName::ListDir => {
                 "List a directory in a workspace (default: its root), `depth` levels deep \
@@ -272,7 +273,8 @@ impl ToolName {
             ToolName::WriteFile => {
                 "Create or replace a file in a workspace with the given UTF-8 content, \
                  atomically, creating missing parent directories (never git's own files in \
-                 `.git`: use git). Returns a unified diff of the change."
+                 `.git`: use git). Refused when the file changed since you last read or \
+                 wrote it: read it again first. Returns a unified diff of the change."
             }
             ToolName::EditFile => {
                 "Replace `old_string` with `new_string` in a text file in a workspace. Fails, \

@@ -19,11 +19,15 @@ use serde::Deserialize;
 use crate::error::{EscapeReason, SandboxError};
 use crate::jail::{Jail, JailPath, read_capped};
 use crate::limits::Limits;
+use crate::seen::{Seen, Stamp};
 
 /// How far into a file `read_file` looks for a NUL byte to call it binary.
 const BINARY_SNIFF_BYTES: usize = 8 * 1024;
 
-pub(crate) fn read_file(
+/// `read_file` in one step, for the tests; [`crate::Sandbox`] opens first, to remember what it
+/// read ([`crate::seen`]).
+#[cfg(test)]
+fn read_file(
     jail: &Jail,
     limits: &Limits,
     args: &ReadFileArgs,
@@ -37,6 +41,7 @@ pub(crate) struct OpenedFile {
     file: cap_std::fs::File,
     size: u64,
     device: u64,
+    stamp: Stamp,
 }
 
 impl OpenedFile {
@@ -48,6 +53,11 @@ impl OpenedFile {
     /// The device (filesystem) the file is on.
     pub(crate) fn device(&self) -> u64 {
         self.device
+    }
+
+    /// Remembers, in `seen`, the file as it was when opened.
+    pub(crate) fn note_in(&self, seen: &Seen) {
+        seen.note(self.path.rel(), self.stamp);
     }
 }
 
@@ -70,6 +80,7 @@ pub(crate) fn open_for_read(jail: &Jail, args: &ReadFileArgs) -> Result<OpenedFi
         file,
         size: meta.len(),
         device: cap_std::fs::MetadataExt::dev(&meta),
+        stamp: Stamp::of(&meta),
     })
 }
 
@@ -918,6 +929,7 @@ pub(crate) fn stat(jail: &Jail, args: &StatArgs) -> Result<StatResult, SandboxEr
 pub(crate) fn write_file(
     jail: &Jail,
     limits: &Limits,
+    seen: &Seen,
     args: &WriteFileArgs,
     approved: Option<&[String]>,
 ) -> Result<WriteResult, SandboxError> {
@@ -929,6 +941,7 @@ pub(crate) fn write_file(
         (true, Some(creates)) => Parents::Approved(creates),
     };
     let mut target = Target::locate(jail, &path, parents, limits)?;
+    target.check_seen(seen)?;
     let old = target.old_text();
     // A file in another encoding than UTF-8 stays in it, when it can hold the new text.
     let held = target.held();
@@ -940,9 +953,12 @@ pub(crate) fn write_file(
             Some(held.encoding.as_str()),
         ),
     };
-    if let Err(e) = target.replace(&bytes) {
-        std::mem::take(&mut target.new_dirs).undo();
-        return Err(e);
+    match target.replace(&bytes) {
+        Ok(stamp) => target.note_in(seen, stamp),
+        Err(e) => {
+            std::mem::take(&mut target.new_dirs).undo();
+            return Err(e);
+        }
     }
     let (diff, diff_truncated) = unified_diff(
         &target.path.display(),
@@ -977,10 +993,12 @@ fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), Sandbox
 pub(crate) fn edit_file(
     jail: &Jail,
     limits: &Limits,
+    seen: &Seen,
     args: &EditFileArgs,
 ) -> Result<WriteResult, SandboxError> {
     let edit = plan_edit(jail, limits, args)?;
-    edit.target.replace(&edit.new_bytes)?;
+    let stamp = edit.target.replace(&edit.new_bytes)?;
+    edit.target.note_in(seen, stamp);
     let (diff, diff_truncated) = unified_diff(
         &edit.target.path.display(),
         Some(&edit.old_text),
@@ -1159,30 +1177,6 @@ struct OldFile {
     stamp: Stamp,
     /// How it holds its text when in an encoding a write keeps (windows-1252, UTF-16).
     held: Option<crate::decode::Held>,
-}
-
-/// A file's inode, size, and modification and change times: another program that writes the
-/// file between this call's read and its rename changes one of them, unless it writes as many
-/// bytes in place within the file system's clock grain (a few milliseconds on most; two
-/// seconds on FAT).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    ino: u64,
-    len: u64,
-    modified: (i64, i64),
-    changed: (i64, i64),
-}
-
-impl Stamp {
-    fn of(meta: &cap_std::fs::Metadata) -> Stamp {
-        use cap_std::fs::MetadataExt;
-        Stamp {
-            ino: meta.ino(),
-            len: meta.len(),
-            modified: (meta.mtime(), meta.mtime_nsec()),
-            changed: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
 }
 
 /// When Monad runs as root, what its tools create belongs to whoever owns the place it is
@@ -1396,8 +1390,9 @@ impl Target {
 
     /// Writes `content` to a new temporary file beside the target, syncs it, and renames it over
     /// the target. `rename` replaces a directory entry and never follows a link, so whatever was
-    /// swapped in at the final name, nothing outside the root is written.
-    fn replace(&self, content: &[u8]) -> Result<(), SandboxError> {
+    /// swapped in at the final name, nothing outside the root is written. Gives the new file's
+    /// stamp, when it can still be looked at.
+    fn replace(&self, content: &[u8]) -> Result<Option<Stamp>, SandboxError> {
         let given = self.path.given();
         let mode = self.old.as_ref().map_or(0o644, |old| old.mode);
         let mut attempt = 0u32;
@@ -1437,7 +1432,28 @@ impl Target {
             let _ = self.parent.remove_file(&tmp_name);
             return Err(SandboxError::from_io("write", given, e));
         }
-        Ok(())
+        Ok(self
+            .parent
+            .symlink_metadata(&self.name)
+            .ok()
+            .map(|meta| Stamp::of(&meta)))
+    }
+
+    /// Refuses to replace a file changed since this workspace's tools last saw it.
+    fn check_seen(&self, seen: &Seen) -> Result<(), SandboxError> {
+        match &self.old {
+            Some(old) => seen.check(&self.path, old.stamp),
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers what this call wrote as what the tools last saw there (forgets it, when it
+    /// could not be looked at after the rename: the next write is then not checked).
+    fn note_in(&self, seen: &Seen, stamp: Option<Stamp>) {
+        match stamp {
+            Some(stamp) => seen.note(self.path.rel(), stamp),
+            None => seen.forget(self.path.rel()),
+        }
     }
 
     /// Whether what is at the name is still what was read there (or still nothing).
@@ -1767,6 +1783,7 @@ pub struct Preview {
 pub(crate) fn preview(
     jail: &Jail,
     limits: &Limits,
+    seen: &Seen,
     tool: monad_protocol::ToolName,
     args: &serde_json::Value,
 ) -> Result<Option<Preview>, SandboxError> {
@@ -1778,7 +1795,11 @@ pub(crate) fn preview(
             check_write_size(limits, &args)?;
             let path = resolve_file(jail, &args.path)?;
             let (old, creates) = match Target::locate(jail, &path, Parents::Require, limits) {
-                Ok(target) => (target.old_text(), Vec::new()),
+                Ok(target) => {
+                    // Refused before its owner is asked, as the write itself would be.
+                    target.check_seen(seen)?;
+                    (target.old_text(), Vec::new())
+                }
                 // A new file in directories the write will create (each checked again as it
                 // is made).
                 Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {

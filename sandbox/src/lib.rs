@@ -31,6 +31,7 @@ mod limits;
 mod netlog;
 #[allow(unsafe_code)]
 mod sched;
+mod seen;
 #[allow(unsafe_code)]
 pub mod signals;
 mod walk;
@@ -77,6 +78,9 @@ pub struct Sandbox {
     /// parallel (an MCP host sends several at once), and two edits of one file that both read
     /// it first would each replace it with their own change alone, the second losing the first.
     writes: std::sync::Mutex<()>,
+    /// What the tools last saw of each file they read or wrote: a `write_file` of one changed
+    /// since is refused.
+    seen: seen::Seen,
 }
 
 /// Largest file [`Sandbox::call`] reads on the calling task rather than on tokio's blocking pool
@@ -146,6 +150,7 @@ impl Sandbox {
             inline_listings: AtomicU64::new(0),
             processes: exec::process::Table::new(exec.max_background),
             writes: std::sync::Mutex::new(()),
+            seen: seen::Seen::default(),
             jail,
             limits,
             exec,
@@ -164,7 +169,9 @@ impl Sandbox {
 
     /// `read_file`: lines of a text file, capped in lines and bytes.
     pub fn read_file(&self, args: &ReadFileArgs) -> Result<ReadFileResult, SandboxError> {
-        fs::read_file(&self.jail, &self.limits, args)
+        let opened = fs::open_for_read(&self.jail, args)?;
+        opened.note_in(&self.seen);
+        fs::read_opened(opened, &self.limits, args)
     }
 
     /// `list_dir`: a directory's entries, sorted, to a depth, capped.
@@ -190,7 +197,7 @@ impl Sandbox {
     /// `write_file`: atomic create or replace, with a diff.
     pub fn write_file(&self, args: &WriteFileArgs) -> Result<WriteResult, SandboxError> {
         let _one_at_a_time = self.writing();
-        fs::write_file(&self.jail, &self.limits, args, None)
+        fs::write_file(&self.jail, &self.limits, &self.seen, args, None)
     }
 
     /// The write lock ([`Sandbox::writes`]); a write that panicked left nothing half done that
@@ -212,7 +219,7 @@ impl Sandbox {
         let written = self
             .on_blocking_pool(move |this| {
                 let _one_at_a_time = this.writing();
-                fs::write_file(&this.jail, &this.limits, &args, Some(&creates))
+                fs::write_file(&this.jail, &this.limits, &this.seen, &args, Some(&creates))
             })
             .await?;
         to_json(written)
@@ -221,7 +228,7 @@ impl Sandbox {
     /// `edit_file`: a unique (or every) replacement, atomic, with a diff.
     pub fn edit_file(&self, args: &EditFileArgs) -> Result<WriteResult, SandboxError> {
         let _one_at_a_time = self.writing();
-        fs::edit_file(&self.jail, &self.limits, args)
+        fs::edit_file(&self.jail, &self.limits, &self.seen, args)
     }
 
     /// What a `write_file` or `edit_file` call would do, without doing it (for approval
@@ -233,7 +240,7 @@ impl Sandbox {
         tool: ToolName,
         args: &serde_json::Value,
     ) -> Result<Option<Preview>, SandboxError> {
-        fs::preview(&self.jail, &self.limits, tool, args)
+        fs::preview(&self.jail, &self.limits, &self.seen, tool, args)
     }
 
     /// Whether `path` names something that exists inside the root (links are not followed at
@@ -430,6 +437,7 @@ impl Sandbox {
                 .await;
         };
         let opened = fs::open_for_read(&self.jail, &args)?;
+        opened.note_in(&self.seen);
         if opened.size() <= INLINE_READ_MAX && opened.device() == root_device {
             return fs::read_opened(opened, &self.limits, &args);
         }

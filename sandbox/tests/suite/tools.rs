@@ -1582,3 +1582,78 @@ fn writes_and_edits_keep_a_file_s_encoding() {
         "{text}"
     );
 }
+
+/// A `write_file` replaces a file with what the agent made of what it read. When something else
+/// changed the file since (a command the agent ran, an editor, the folder's owner), that change
+/// would be lost unseen: the write is refused, before anyone is asked, until the file is read
+/// again. A file never read is written as before, and the tools' own writes and edits count as
+/// seeing the file.
+#[test]
+fn a_write_of_a_file_changed_since_it_was_read_is_refused() {
+    let fx = Fixture::new();
+    fx.put("f.txt", "one\n");
+    let rt = runtime();
+    // Never read: written.
+    fx.sandbox.write_file(&write("f.txt", "two\n")).unwrap();
+    // Read through the async path an attached folder uses, then changed by a command.
+    rt.block_on(
+        fx.sandbox
+            .call(ToolName::ReadFile, json!({"path": "f.txt"})),
+    )
+    .unwrap();
+    let ran = rt
+        .block_on(fx.sandbox.call(
+            ToolName::RunCommand,
+            json!({"argv": ["sh", "-c", "echo formatted >> f.txt"]}),
+        ))
+        .unwrap();
+    assert_eq!(ran["exit_code"], 0, "{ran}");
+    let refused = fx
+        .sandbox
+        .write_file(&write("f.txt", "mine\n"))
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Io, "{refused}");
+    assert!(
+        refused.to_string().contains("changed") && refused.to_string().contains("read it again"),
+        "{refused}"
+    );
+    // Refused at the check too, so that its owner is not asked about it.
+    let previewed = fx
+        .sandbox
+        .preview(
+            ToolName::WriteFile,
+            &json!({"path": "f.txt", "content": "mine\n"}),
+        )
+        .unwrap_err();
+    assert_eq!(previewed.to_string(), refused.to_string());
+    assert_eq!(fx.read("f.txt"), "two\nformatted\n");
+    // An edit matches what is there now: it goes through, and counts as seeing the file.
+    fx.sandbox
+        .edit_file(&edit("f.txt", "formatted", "edited"))
+        .unwrap();
+    fx.sandbox.write_file(&write("f.txt", "mine\n")).unwrap();
+    assert_eq!(fx.read("f.txt"), "mine\n");
+    // Changed by another program (an editor saving through a rename), then read again: written.
+    std::fs::write(fx.root().join("f.tmp"), "theirs\n").unwrap();
+    std::fs::rename(fx.root().join("f.tmp"), fx.root().join("f.txt")).unwrap();
+    assert!(fx.sandbox.write_file(&write("f.txt", "lost?\n")).is_err());
+    fx.sandbox.read_file(&read("f.txt")).unwrap();
+    fx.sandbox
+        .write_file(&write("f.txt", "theirs, and mine\n"))
+        .unwrap();
+    assert_eq!(fx.read("f.txt"), "theirs, and mine\n");
+    // Its mode changed (a `chmod +x`), not what it holds: written.
+    std::fs::set_permissions(
+        fx.root().join("f.txt"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    fx.sandbox
+        .write_file(&write("f.txt", "#!/bin/sh\n"))
+        .unwrap();
+    // Removed since it was read, then made again by someone else: refused as well.
+    std::fs::remove_file(fx.root().join("f.txt")).unwrap();
+    std::fs::write(fx.root().join("f.txt"), "new of theirs\n").unwrap();
+    assert!(fx.sandbox.write_file(&write("f.txt", "mine\n")).is_err());
+    assert_eq!(fx.read("f.txt"), "new of theirs\n");
+}
