@@ -267,8 +267,9 @@ impl ToolName {
             }
             ToolName::Glob => {
                 "Find paths in a workspace matching a glob pattern such as `**/*.rs` or \
-                 `src/*.toml`, honouring .gitignore. Returns paths relative to the workspace \
-                 root, capped."
+                 `src/*.toml`, honouring .gitignore. The pattern is matched against paths \
+                 relative to `path` (default: the root); an absolute one, against the root. \
+                 Returns paths relative to the workspace root, capped."
             }
             ToolName::WriteFile => {
                 "Create or replace a file in a workspace with the given UTF-8 content, \

@@ -380,24 +380,58 @@ fn window(line: &str, at: usize, max_chars: usize) -> String {
     out
 }
 
+/// An absolute pattern as one relative to the root (agents give absolute paths: the part
+/// before the first wildcard is taken as a path, as every tool takes one), or `None` for a
+/// relative one. One that starts outside the root is refused, saying how to write it.
+fn rooted_pattern(jail: &Jail, pattern: &str) -> Result<Option<String>, SandboxError> {
+    if !pattern.starts_with('/') {
+        return Ok(None);
+    }
+    let wild = |part: &str| part.contains(['*', '?', '[', '{', '\\']);
+    let literal = pattern
+        .split('/')
+        .take_while(|part| !wild(part))
+        .collect::<Vec<_>>()
+        .join("/");
+    let rest = &pattern[literal.len()..];
+    let prefix = jail
+        .resolve(if literal.is_empty() { "/" } else { &literal })
+        .map_err(|_| {
+            SandboxError::InvalidArguments(format!(
+                "`pattern` {pattern} starts outside the workspace root; patterns are matched \
+                 against paths relative to the root (or to `path`), such as `**/*.rs`"
+            ))
+        })?;
+    let rest = rest.trim_start_matches('/');
+    Ok(Some(match (prefix.is_root(), rest.is_empty()) {
+        (true, _) => rest.to_owned(),
+        (false, true) => prefix.display(),
+        (false, false) => format!("{}/{rest}", prefix.display()),
+    }))
+}
+
 pub(crate) fn glob(
     jail: &Jail,
     limits: &Limits,
     args: &GlobArgs,
 ) -> Result<GlobResult, SandboxError> {
-    let matcher = globset::GlobBuilder::new(&args.pattern)
+    let rooted = rooted_pattern(jail, &args.pattern)?;
+    let pattern = rooted.as_deref().unwrap_or(&args.pattern);
+    let matcher = globset::GlobBuilder::new(pattern)
         .literal_separator(true)
         .build()
         .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?
         .compile_matcher();
     let start = jail.resolve(args.path.as_deref().unwrap_or(""))?;
-    let base = if start.is_root() {
+    // A pattern is matched against paths relative to `path`, an absolute one (made relative to
+    // the root) against paths relative to the root.
+    let base = if start.is_root() || rooted.is_some() {
         0
     } else {
         start.display().len() + 1
     };
     // Hidden files are found only by a pattern that names them (`.github/**`, `**/.env`).
-    let include_hidden = args.pattern.starts_with('.') || args.pattern.contains("/.");
+    let include_hidden = pattern.starts_with('.') || pattern.contains("/.");
     let mut paths = Vec::new();
     let mut truncated = false;
     let max = limits.glob_max_results;

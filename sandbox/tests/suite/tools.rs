@@ -593,6 +593,31 @@ fn glob_matches_paths_relative_to_its_base() {
     );
     assert_eq!(g("*.rs", Some("src")), ["src/lib.rs"]);
     assert_eq!(g(".github/*", None), [".github/ci.yml"]);
+    // An absolute pattern inside the root (either spelling of it) is taken from the root,
+    // as an absolute path is by every tool, with or without `path`.
+    for root in [fx.root(), fx.root().canonicalize().unwrap()] {
+        let root = root.display().to_string();
+        assert_eq!(
+            g(&format!("{root}/src/**/*.rs"), None),
+            ["src/deep/mod.rs", "src/lib.rs"]
+        );
+        assert_eq!(g(&format!("{root}/src/*.rs"), Some("src")), ["src/lib.rs"]);
+        assert_eq!(g(&format!("{root}/*.toml"), None), ["Cargo.toml"]);
+        assert_eq!(g(&format!("{root}/.github/*"), None), [".github/ci.yml"]);
+    }
+    // Outside it, refused with how to write it rather than matching nothing.
+    for outside in ["/**/*.rs", "/etc/*.conf"] {
+        let refused = fx
+            .sandbox
+            .glob(&GlobArgs {
+                pattern: outside.into(),
+                path: None,
+                workspace: None,
+            })
+            .unwrap_err();
+        assert_eq!(refused.code(), ErrorCode::InvalidArguments, "{refused}");
+        assert!(refused.to_string().contains("**/*.rs"), "{refused}");
+    }
 }
 
 #[test]
