@@ -360,7 +360,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "monad_client=warn,monad_protocol=warn".into()),
+                // rmcp's errors: a host's request dropped for its length, say.
+                .unwrap_or_else(|_| "monad_client=warn,monad_protocol=warn,rmcp=error".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(output::log_colours(

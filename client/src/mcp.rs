@@ -280,14 +280,19 @@ pub async fn serve_stdio(
     interrupted: impl std::future::Future<Output = Signal>,
 ) -> Result<Option<Signal>, ClientError> {
     let (read, write) = rmcp::transport::stdio_pipes();
-    serve(
-        config,
-        session,
-        (read, GrowingPipe::new(write)),
-        interrupted,
-    )
-    .await
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new(read, GrowingPipe::new(write))
+        .with_max_line_length(MAX_REQUEST_LINE);
+    serve(config, session, transport, interrupted).await
 }
+
+/// The longest request line taken from a host; a longer one is dropped, and said so on standard
+/// error (the host's log), with no answer: a line cut short has no id to answer. rmcp's default
+/// of 16 MiB was shorter than the `write_file` of 16 MiB that a workspace takes by default
+/// (`write_max_bytes`) once its content is JSON-escaped, and the host waited for an answer
+/// forever. Four times that and one more MiB holds such a write of ordinary text (its line
+/// breaks and quotes escaped in two bytes each), or of text half made of control characters
+/// (six bytes each); the buffer grows only as long lines come.
+pub const MAX_REQUEST_LINE: usize = 65 * 1024 * 1024;
 
 /// The capacity [`GrowingPipe`] asks for: Linux's default `/proc/sys/fs/pipe-max-size`, the
 /// most an unprivileged process may ask for there. It holds the answer to a read at the default

@@ -552,6 +552,63 @@ async fn mcp_over_stdio_grows_the_pipe_its_answers_go_into_for_a_large_one() {
     );
 }
 
+/// A `write_file` as large as a workspace takes (16 MiB) is a longer request line than that
+/// once JSON-escaped: `monad-client mcp` takes it and answers, as it does one a byte over the
+/// limit (refused by the workspace), rather than dropping the line and leaving its host waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_answers_a_write_as_large_as_a_workspace_takes() {
+    use tokio::io::AsyncBufReadExt;
+    let (server, _http) = server().await;
+    let config = saved_config(&server.client_config());
+    let mut cmd = monad_tests::command("monad-client");
+    cmd.arg("mcp");
+    let mut front = front_on_pipes(cmd, config.path());
+    let mut requests = front.stdin.take().expect("its standard input");
+    let mut answers =
+        tokio::io::BufReader::new(front.stdout.take().expect("its standard output")).lines();
+    let init = json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "big", "version": "1"},
+    });
+    ask(&mut requests, &mut answers, 1, "initialize", init).await;
+    let limit = monad_sandbox::Limits::default().write_max_bytes as usize;
+    // Lines of 1 KiB with their line breaks: the request line is longer than the content.
+    let mut content = format!("{}\n", "x".repeat(1023)).repeat(limit / 1024);
+    assert_eq!(content.len(), limit);
+    let write = |content: &str| {
+        json!({"name": "write_file",
+                                       "arguments": {"path": "big.txt", "content": content}})
+    };
+    let written = ask(
+        &mut requests,
+        &mut answers,
+        2,
+        "tools/call",
+        write(&content),
+    )
+    .await;
+    assert_eq!(written["result"]["isError"], false, "{written:.300}");
+    assert_eq!(
+        written["result"]["structuredContent"]["result"]["bytes_written"], limit,
+        "{written:.300}"
+    );
+    content.push('x');
+    let refused = ask(
+        &mut requests,
+        &mut answers,
+        3,
+        "tools/call",
+        write(&content),
+    )
+    .await;
+    assert_eq!(refused["result"]["isError"], true, "{refused:.300}");
+    assert_eq!(
+        refused["result"]["structuredContent"]["error"]["code"], "limit_exceeded",
+        "{refused:.300}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_http_large_read_arrives_whole() {
     large_read_arrives_whole(Via::Http).await;
