@@ -1,6 +1,7 @@
 //! Tokens: created by the operator, stored hashed in `tokens.toml` (or, when the store is
 //! PostgreSQL, in its `tokens` table), each belonging to a user.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use monad_protocol::text::is_hidden;
@@ -138,6 +139,33 @@ impl TokenStore {
         }
     }
 
+    /// Reads the file, lets `change` change it, and writes it back (when `change` says so), under
+    /// an exclusive lock on `tokens.toml.lock` beside it: `token create` and `token revoke` run
+    /// as processes of their own, and two at once each wrote the file as it was before the
+    /// other's change, so that one was lost: a token created and not stored, or one revoked,
+    /// said so, and still working. (The file itself cannot be locked: each write replaces it.)
+    fn change<T>(
+        &self,
+        change: impl FnOnce(&mut TokenFile) -> (T, bool),
+    ) -> Result<T, ServerError> {
+        let lock_path = self.path.with_extension("toml.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| ServerError::io("open", &lock_path, e))?;
+        let _locked = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| ServerError::io("lock", &lock_path, e.into()))?;
+        let mut tokens = self.load()?;
+        let (out, changed) = change(&mut tokens);
+        if changed {
+            self.save(&tokens)?;
+        }
+        Ok(out)
+    }
+
     fn save(&self, file: &TokenFile) -> Result<(), ServerError> {
         let text = toml::to_string(file).map_err(|e| ServerError::Config {
             path: self.path.clone(),
@@ -161,9 +189,10 @@ impl TokenStore {
             db.insert_token(&record).map_err(store_error)?;
             return Ok((record, token));
         }
-        let mut file = self.load()?;
-        file.tokens.push(record.clone());
-        self.save(&file)?;
+        self.change(|file| {
+            file.tokens.push(record.clone());
+            ((), true)
+        })?;
         Ok((record, token))
     }
 
@@ -180,14 +209,12 @@ impl TokenStore {
         if let Some(db) = &self.db {
             return db.delete_token(id).map_err(store_error);
         }
-        let mut file = self.load()?;
-        let before = file.tokens.len();
-        file.tokens.retain(|t| t.id != id);
-        if file.tokens.len() == before {
-            return Ok(false);
-        }
-        self.save(&file)?;
-        Ok(true)
+        self.change(|file| {
+            let before = file.tokens.len();
+            file.tokens.retain(|t| t.id != id);
+            let revoked = file.tokens.len() < before;
+            (revoked, revoked)
+        })
     }
 
     /// The user a token belongs to, or `None` for an unknown or revoked token.
@@ -326,6 +353,56 @@ fn random_bytes<const N: usize>() -> Result<[u8; N], ServerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `monad-server token create` and `token revoke` run as separate processes, at the same
+    /// time when a script makes several: each change lands, and a revoke that says it revoked
+    /// holds (each store below has its own open file, as each process would).
+    #[test]
+    fn tokens_created_and_revoked_at_once_all_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let doomed: Vec<_> = (0..8)
+            .map(|n| {
+                TokenStore::new(dir.path())
+                    .create(&format!("old{n}"))
+                    .unwrap()
+            })
+            .collect();
+        let threads: Vec<_> = (0..16)
+            .map(|n| {
+                let dir = dir.path().to_owned();
+                let revoke = doomed.get(n).map(|(record, _)| record.id.clone());
+                std::thread::spawn(move || {
+                    let store = TokenStore::new(&dir);
+                    match revoke {
+                        Some(id) => {
+                            assert!(store.revoke(&id).unwrap());
+                            None
+                        }
+                        None => Some(store.create(&format!("new{n}")).unwrap().1),
+                    }
+                })
+            })
+            .collect();
+        let created: Vec<String> = threads
+            .into_iter()
+            .filter_map(|t| t.join().unwrap())
+            .collect();
+        let store = TokenStore::new(dir.path());
+        for token in &created {
+            assert!(
+                store.verify(token).unwrap().is_some(),
+                "a created token was lost"
+            );
+        }
+        for (_, token) in &doomed {
+            assert_eq!(
+                store.verify(token).unwrap(),
+                None,
+                "a revoked token still works"
+            );
+        }
+        assert_eq!(store.list().unwrap().len(), created.len());
+    }
 
     #[test]
     fn tokens_verify_until_revoked_and_are_stored_hashed() {
