@@ -182,7 +182,7 @@ impl TokenStore {
         let record = TokenRecord {
             id,
             user: user.to_owned(),
-            hash: hash(&token),
+            hash: token_hash(&token),
             created_at: now_rfc3339(),
         };
         if let Some(db) = &self.db {
@@ -219,9 +219,14 @@ impl TokenStore {
 
     /// The user a token belongs to, or `None` for an unknown or revoked token.
     pub fn verify(&self, token: &str) -> Result<Option<String>, ServerError> {
-        let presented = hash(token);
+        self.verify_hash(&token_hash(token))
+    }
+
+    /// [`TokenStore::verify`] of the token whose hash ([`token_hash`]) is `presented`: what a
+    /// connection keeps, to check again that its token has not been revoked since its hello.
+    pub fn verify_hash(&self, presented: &str) -> Result<Option<String>, ServerError> {
         if let Some(db) = &self.db {
-            return db.token_user(&presented).map_err(store_error);
+            return db.token_user(presented).map_err(store_error);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let stamp = Stamp::of(&self.path)?;
@@ -245,7 +250,7 @@ impl TokenStore {
         // an attacker cannot choose the bytes of the hash it makes.
         Ok(cache
             .as_ref()
-            .and_then(|(_, users)| users.get(&presented).cloned()))
+            .and_then(|(_, users)| users.get(presented).cloned()))
     }
 
     /// How many tokens the in-memory map holds (tests only).
@@ -328,7 +333,8 @@ fn store_error(e: crate::store::StoreError) -> ServerError {
     ServerError::Invalid(format!("tokens: {e}"))
 }
 
-fn hash(token: &str) -> String {
+/// What is stored of a token, and what a connection keeps of it.
+pub fn token_hash(token: &str) -> String {
     sha256_hex(token.as_bytes())
 }
 

@@ -38,6 +38,31 @@ const ANSWER_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// QUIC application close codes.
 const CLOSE_REFUSED: u32 = 1;
 const CLOSE_SHUTDOWN: u32 = 2;
+/// The connection's token was revoked.
+const CLOSE_REVOKED: u32 = 3;
+
+/// How often a connection's token is checked again after its hello.
+const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the token whose hash is `token` still belongs to `user`. Looked up on the blocking
+/// pool, since a PostgreSQL store answers with a query. One that cannot be read counts as valid
+/// (the failure is logged): a store that cannot be reached for a moment does not cut everyone
+/// off.
+async fn token_still_valid(state: &Arc<State>, token: Option<String>, user: &str) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    let tokens = state.tokens.clone();
+    match tokio::task::spawn_blocking(move || tokens.verify_hash(&token)).await {
+        Ok(Ok(Some(holder))) => holder == user,
+        Ok(Ok(None)) => false,
+        Ok(Err(e)) => {
+            warn!("cannot read tokens to check a connection's again: {e}");
+            true
+        }
+        Err(_) => true,
+    }
+}
 
 /// What the first start made: the first token, shown once.
 #[derive(Debug, Clone)]
@@ -491,7 +516,8 @@ async fn handle_connection(
     };
     // Said hello (or not in time): no longer an unauthenticated handshake.
     drop(pending);
-    let ((role, user, device_id, client_name, minor, origin), _connection_slot) = match hello {
+    let ((role, user, device_id, client_name, minor, origin, token), _connection_slot) = match hello
+    {
         Ok(Ok(who)) => who,
         Ok(Err(e)) => {
             // One line per refused connection; the token itself is never logged.
@@ -512,8 +538,19 @@ async fn handle_connection(
     // Cancelled when the connection ends: what is still running for it stops there.
     let ended = tokio_util::sync::CancellationToken::new();
     let _ending = ended.clone().drop_guard();
+    // Its token is checked again every few seconds: a revoked token's connection is closed (an
+    // attached folder kept serving calls through one, and an agent calling).
+    let mut recheck =
+        tokio::time::interval_at(tokio::time::Instant::now() + TOKEN_RECHECK, TOKEN_RECHECK);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let why = loop {
         tokio::select! {
+            _ = recheck.tick(), if token.is_some() => {
+                if !token_still_valid(&state, token.clone(), &user).await {
+                    conn.close(CLOSE_REVOKED.into(), b"the token was revoked");
+                    info!(%remote, %user, ?role, "closing: its token was revoked");
+                }
+            }
             accepted = conn.accept_bi() => {
                 let (send, recv) = match accepted {
                     Ok(stream) => stream,
@@ -652,7 +689,7 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
         conn.set_max_concurrent_bi_streams(state.config.transport.streams_for(*role).into());
     }
     let (reply, result) = match checked {
-        Ok(((role, user, device_id, client_name, minor, origin), slot)) => (
+        Ok(((role, user, device_id, client_name, minor, origin, token), slot)) => (
             Message::Welcome {
                 protocol: wire::PROTOCOL_MAJOR,
                 minor: wire::negotiate_minor(minor),
@@ -667,6 +704,7 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
                     client_name,
                     wire::negotiate_minor(minor),
                     origin,
+                    token,
                 ),
                 slot,
             )),
@@ -693,7 +731,9 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
 
 /// Who a hello says it is: role, user, device, client name, protocol minor version, and
 /// whether another host forwards its calls.
-type Who = (Role, String, DeviceId, String, u32, Origin);
+/// Who a hello says the peer is; the last part is the hash of the token it presented (none for
+/// a host forwarding its agent's calls), checked again while the connection lasts.
+type Who = (Role, String, DeviceId, String, u32, Origin, Option<String>);
 
 fn check_hello(
     state: &State,
@@ -754,7 +794,15 @@ fn check_hello(
             .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
         validate_client_name(&client_name)
             .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
-        return Ok((role, user, device_id, client_name, minor, Origin::Forwarded));
+        return Ok((
+            role,
+            user,
+            device_id,
+            client_name,
+            minor,
+            Origin::Forwarded,
+            None,
+        ));
     }
     let user = match state.tokens.verify(&token) {
         Ok(Some(user)) => user,
@@ -778,7 +826,16 @@ fn check_hello(
         DeviceId::parse(&device_id).map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
     validate_client_name(&client_name)
         .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
-    Ok((role, user, device_id, client_name, minor, Origin::Agent))
+    let presented = crate::auth::token_hash(&token);
+    Ok((
+        role,
+        user,
+        device_id,
+        client_name,
+        minor,
+        Origin::Agent,
+        Some(presented),
+    ))
 }
 
 /// What a request handler knows about its connection.

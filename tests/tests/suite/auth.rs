@@ -4,6 +4,8 @@
 use monad_client::ClientError;
 use monad_client::agent::Agent;
 use monad_protocol::ErrorCode;
+use monad_protocol::tools::ToolClass;
+use monad_protocol::wire::Outcome;
 use monad_tests::{
     Attachment, STEP, TestServer, attach_options, call, call_in, connect_agent, expect_code,
     folder, ok, within,
@@ -55,6 +57,48 @@ async fn revoked_token_is_refused() {
     assert_unauthorized(&refused(&config).await);
     // Other tokens still work.
     assert_eq!(server.agent().await.user(), "admin");
+}
+
+/// Revoking a token cuts off what is connected with it, not only new connections: an attached
+/// folder kept serving calls (the user's other tokens reached it) and an agent kept calling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_s_connections_are_closed() {
+    let server = TestServer::start().await;
+    let revoked = server.create_token("carol");
+    let kept = server.create_token("carol");
+    let dir = folder(&[("a.txt", "hello\n")]);
+    let mut options = attach_options(dir.path(), "laptop");
+    options.allow = vec![ToolClass::Read];
+    let _attached = Attachment::start(&server.client_config_with(&revoked), options, None).await;
+    let cut = connect_agent(&server.client_config_with(&revoked)).await;
+    let agent = connect_agent(&server.client_config_with(&kept)).await;
+    let read = json!({"path": "a.txt", "workspace": "laptop"});
+    ok(call(&agent, "read_file", read.clone()).await);
+    ok(call(&cut, "read_file", read.clone()).await);
+    let id = revoked.split('_').nth(1).expect("mnd_ID_SECRET");
+    assert!(server.state().tokens.revoke(id).unwrap());
+    // Checked every 5 s: within three checks the folder is offline and the agent cut off.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let reply = call(&agent, "read_file", read.clone()).await;
+        if let Outcome::Error { error } = &reply.outcome {
+            assert_ne!(error.code, ErrorCode::Internal, "{error}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the folder attached with a revoked token still serves calls"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    match cut.call(None, "read_file", read, |_| {}).await {
+        Ok(reply) => assert!(
+            matches!(reply.outcome, Outcome::Error { .. }),
+            "a call on a revoked token's connection was served"
+        ),
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+    assert_unauthorized(&refused(&server.client_config_with(&revoked)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
