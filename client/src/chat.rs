@@ -529,6 +529,8 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), Clien
         }
     }
     chat.detach_all();
+    // Told before the process ends, rather than left to the server's idle time-out.
+    chat.agent.close("the chat ended").await;
     Ok(())
 }
 

@@ -290,6 +290,19 @@ enum HistoryCommand {
 async fn history(command: HistoryCommand) -> Result<ExitCode> {
     let config = ClientConfig::load(&config_dir()?)?;
     let agent = Agent::connect(&config).await?;
+    let done = history_on(&agent, command).await;
+    agent.close(DONE).await;
+    done
+}
+
+/// What a command that connected says as it closes its connection ([`Agent::close`]). Each one
+/// closes it before it exits, and waits (at most 1 s) until the server has been told: a
+/// connection left open is held by the server until its idle time-out, counted against the
+/// user's connections (`server.max_connections_per_user`), and a script calling in a few loops
+/// at once was refused.
+const DONE: &str = "done";
+
+async fn history_on(agent: &Agent, command: HistoryCommand) -> Result<ExitCode> {
     match command {
         HistoryCommand::Append {
             role,
@@ -578,7 +591,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Detach { name, session } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
-            let id = agent.detach(session.as_deref(), &name).await?;
+            let detached = agent.detach(session.as_deref(), &name).await;
+            agent.close(DONE).await;
+            let id = detached?;
             errln!(
                 "detached `{}` from session {}: it is no longer in the session",
                 printable(&name),
@@ -677,6 +692,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             };
             // The answer is in: a signal while it is printed ends the process at once.
             interrupts.stop();
+            agent.close(DONE).await;
             let printed = call::printed(tool, &reply, json);
             output::err(&printed.stderr);
             output::out(&printed.stdout)?;
@@ -736,7 +752,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
-            let session = agent.open_session(Some(&id)).await?;
+            let opened = agent.open_session(Some(&id)).await;
+            agent.close(DONE).await;
+            let session = opened?;
             errln!(
                 "this device now uses session {}{}",
                 printable(&session.id),
@@ -765,10 +783,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             };
             let agent = Agent::connect(&config).await?;
             let here = here.as_deref().and_then(|p| p.to_str());
-            let session = match &name {
-                Some(name) => agent.new_named_session(here, name).await?,
-                None => agent.open_session_in(None, here).await?,
+            let started = match &name {
+                Some(name) => agent.new_named_session(here, name).await,
+                None => agent.open_session_in(None, here).await,
             };
+            agent.close(DONE).await;
+            let session = started?;
             for w in session
                 .workspaces
                 .iter()
@@ -792,9 +812,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
-            let sessions = agent.sessions().await?;
-            // This device's current session: what a command without --session uses.
-            let (current, _) = agent.workspaces(None).await?;
+            let listed = async {
+                let sessions = agent.sessions().await?;
+                // This device's current session: what a command without --session uses.
+                let (current, _) = agent.workspaces(None).await?;
+                Ok::<_, monad_client::ClientError>((sessions, current))
+            }
+            .await;
+            agent.close(DONE).await;
+            let (sessions, current) = listed?;
             if json {
                 let listed: Vec<serde_json::Value> = sessions
                     .iter()
@@ -880,24 +906,28 @@ async fn status(json: bool) -> Result<ExitCode> {
     let dir = config_dir()?;
     let config = ClientConfig::load(&dir)?;
     let reached = match Agent::connect(&config).await {
-        Ok(agent) => match agent.workspaces(None).await {
-            Ok((session, workspaces)) => {
-                let named = agent
-                    .sessions()
-                    .await
-                    .ok()
-                    .and_then(|all| all.into_iter().find(|s| s.id == session))
-                    .and_then(|s| s.name);
-                Ok((
-                    agent.user().to_owned(),
-                    session,
-                    named,
-                    workspaces,
-                    agent.server().to_owned(),
-                ))
-            }
-            Err(e) => Err(e),
-        },
+        Ok(agent) => {
+            let reached = match agent.workspaces(None).await {
+                Ok((session, workspaces)) => {
+                    let named = agent
+                        .sessions()
+                        .await
+                        .ok()
+                        .and_then(|all| all.into_iter().find(|s| s.id == session))
+                        .and_then(|s| s.name);
+                    Ok((
+                        agent.user().to_owned(),
+                        session,
+                        named,
+                        workspaces,
+                        agent.server().to_owned(),
+                    ))
+                }
+                Err(e) => Err(e),
+            };
+            agent.close(DONE).await;
+            reached
+        }
         Err(e) => Err(e),
     };
     if json {

@@ -1380,3 +1380,35 @@ async fn an_attachment_whose_standard_error_is_not_read_keeps_answering_and_exit
         stopped.elapsed()
     );
 }
+
+/// Each command closes its connection before it exits, so that the server lets it go at once
+/// rather than at its idle time-out: a script that calls in a loop stays within the user's
+/// connections (`server.max_connections_per_user`, 2 here). Before, some of the commands left
+/// theirs open, and the next calls were refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_close_their_connection_so_a_loop_of_calls_stays_within_the_limit() {
+    let server =
+        monad_tests::TestServer::start_with(|c| c.quotas.max_connections_per_user = 2).await;
+    let config = tempfile::tempdir().unwrap();
+    server
+        .client_config()
+        .save(config.path())
+        .expect("the client config is saved");
+    let commands: [&[&str]; 4] = [
+        &["call", "workspaces"],
+        &["call", "stat", "--args", r#"{"path": "."}"#],
+        &["status"],
+        &["sessions"],
+    ];
+    for round in 0..4 {
+        for args in commands {
+            let out = client(config.path(), args).await;
+            assert!(
+                out.status.success(),
+                "round {round}, `monad-client {}`: {}",
+                args.join(" "),
+                text(&out.stderr)
+            );
+        }
+    }
+}
