@@ -469,10 +469,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut config = ClientConfig::with_servers(&servers, &token, &fingerprint)?;
             // Keep the device id across logins (and a logout), so bindings and workspace
             // records stay.
-            if let Ok(old) = ClientConfig::load_any(&dir) {
-                config.device_id = old.device_id;
-                config.limits = old.limits;
-                config.exec = old.exec;
+            match ClientConfig::load_any(&dir) {
+                Ok(old) => {
+                    config.device_id = old.device_id;
+                    config.limits = old.limits;
+                    config.exec = old.exec;
+                }
+                // None yet: this is the device's first login.
+                Err(_) if !dir.join("config.toml").exists() => {}
+                // One that cannot be read is not replaced: its device id (this device's
+                // sessions) and its settings would be lost without a word.
+                Err(e) => bail!(
+                    "{e}\nlogin keeps this device's id and settings from that file, and would \
+                     lose them by replacing it: fix it, or move it aside to start afresh"
+                ),
             }
             let checked = check_login(&config).await?;
             config.save(&dir)?;
@@ -775,10 +785,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let here = match folder {
-                Some(dir) => Some(
-                    dir.canonicalize()
-                        .with_context(|| format!("cannot open {}", dir.display()))?,
-                ),
+                Some(dir) => {
+                    let resolved = dir
+                        .canonicalize()
+                        .with_context(|| format!("cannot open {}", dir.display()))?;
+                    // As `attach` takes it: a folder, not a file in one.
+                    if !resolved.is_dir() {
+                        bail!("{} is not a directory", dir.display());
+                    }
+                    Some(resolved)
+                }
                 None => std::env::current_dir().and_then(|d| d.canonicalize()).ok(),
             };
             let agent = Agent::connect(&config).await?;

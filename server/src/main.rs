@@ -627,8 +627,17 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Some(Command::Token(cmd)) => {
+            let new = !dir.exists();
             monad_server::fsutil::create_private_dir(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
+            if new {
+                // Said, since a mistyped --data-dir makes a deployment no server uses.
+                errln!(
+                    "made a new data directory at {}, which no server has used yet: start \
+                     `monad-server --data-dir` with it, or pass the running server's",
+                    dir.display()
+                );
+            }
             let store = TokenStore::open(&dir)?;
             match cmd {
                 TokenCommand::Create { user, server } => {

@@ -44,12 +44,18 @@ pub(crate) async fn answer(
 fn session_name(raw: &str) -> Result<String, ToolError> {
     let name = raw.trim();
     let printable = monad_protocol::text::printable(name);
-    if name.is_empty() || name.len() > monad_protocol::wire::MAX_SESSION_NAME || printable != name {
+    // A tab too: it would split the name's column in the tab-separated listings.
+    if name.is_empty()
+        || name.len() > monad_protocol::wire::MAX_SESSION_NAME
+        || printable != name
+        || name.contains('\t')
+    {
+        let printable = printable.replace('\t', "\\t");
         return Err(ToolError::new(
             ErrorCode::InvalidArguments,
             format!(
-                "`{printable}` cannot be a session's name: 1 to {} bytes, no control, escape, \
-                 bidi or invisible characters",
+                "`{printable}` cannot be a session's name: 1 to {} bytes, no tab, control, \
+                 escape, bidi or invisible characters",
                 monad_protocol::wire::MAX_SESSION_NAME
             ),
         ));

@@ -246,6 +246,32 @@ async fn login_takes_the_token_from_the_environment_standard_input_a_terminal_or
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(saved_token(dir.path()), server.token);
 
+    // A config that cannot be read is not replaced (its device id and settings would go).
+    let dir = tempfile::tempdir().unwrap();
+    let broken = "device_id = \"x\"\n[limits]\nread_max_bytes = 0\n";
+    std::fs::write(dir.path().join("config.toml"), broken).unwrap();
+    let out = within(
+        STEP,
+        "login",
+        command("monad-client")
+            .args(login)
+            .env("MONAD_TOKEN", &server.token)
+            .env("MONAD_CONFIG_DIR", dir.path())
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("move it aside"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("config.toml")).unwrap(),
+        broken
+    );
+
     // `--token`, still accepted.
     let dir = tempfile::tempdir().unwrap();
     let out = client(

@@ -564,6 +564,26 @@ async fn status_says_who_where_and_which_session_and_logout_forgets_the_token() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_mark_the_current_one_carry_names_take_prefixes_and_use_switches() {
     let (_server, _data, config) = ServerProcess::logged_in().await;
+    // A name with a tab would split the listings' columns; a file is not a folder.
+    let out = client(config.path(), &["sessions", "--new", "--name", "a\tb"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no tab"),
+        "{}",
+        text(&out.stderr)
+    );
+    let file = config.path().join("config.toml");
+    let out = client(
+        config.path(),
+        &["sessions", "--new", "--folder", file.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not a directory"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = client(config.path(), &["sessions", "--new", "--name", "refactor"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_owned();
@@ -1411,4 +1431,26 @@ async fn commands_close_their_connection_so_a_loop_of_calls_stays_within_the_lim
             );
         }
     }
+}
+
+/// `token create` makes the data directory when there is none (a token before the first
+/// start), and says so: with a mistyped `--data-dir` it makes a deployment no server uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_create_says_when_it_makes_a_new_data_directory() {
+    let parent = tempfile::tempdir().unwrap();
+    let data = parent.path().join("typo");
+    let out = server_cmd(&data, &["token", "create", "--user", "ana"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("made a new data directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    let again = server_cmd(&data, &["token", "create", "--user", "ben"]).await;
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        !text(&again.stderr).contains("made a new data directory"),
+        "{}",
+        text(&again.stderr)
+    );
 }
