@@ -463,6 +463,8 @@ mod tests {
                 last_active: "2026-11-27T00:00:00Z".into(),
                 provider: None,
                 model: None,
+                focus: None,
+                folders: Vec::new(),
             })
             .unwrap();
     }

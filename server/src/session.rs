@@ -13,7 +13,7 @@ use tracing::warn;
 use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::settings::{Layers, Settings};
-use crate::store::{SessionMeta, Store, StoreError};
+use crate::store::{KeptFolder, SessionMeta, Store, StoreError};
 
 /// The id of the well-known session.
 pub const DEFAULT_SESSION: &str = "default";
@@ -167,6 +167,8 @@ pub struct Session {
     /// ([`Session::set_focus`]); it stays while the workspace is offline, follows it when it is
     /// renamed, and ends when it is detached by name ([`Session::forget`]).
     focus: Mutex<Option<String>>,
+    /// Saves the metadata when the folders or the focus change ([`Session::keep`]).
+    recorder: Option<crate::recorder::Recorder>,
 }
 
 /// Background processes a session remembers the workspace of (far more than a workspace may
@@ -639,8 +641,69 @@ impl Session {
     }
 
     fn changed(&self) {
+        self.keep();
         self.changes.send_modify(|n| *n += 1);
     }
+
+    /// Keeps the folders and the focus in the metadata ([`SessionMeta::folders`]), saved in the
+    /// background by the recorder when they changed: a folder offline when the server stops,
+    /// or when the session leaves memory, is in the session again, offline, when it is loaded.
+    fn keep(&self) {
+        let folders: Vec<KeptFolder> = self
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|a| KeptFolder {
+                name: a.name.clone(),
+                uri: a.uri.clone(),
+                trust: a.trust,
+                tools: a.tools.iter().map(|t| t.as_str().to_owned()).collect(),
+                device_id: a.device_id.as_str().to_owned(),
+                path: a.path.clone(),
+                record: a.record.clone(),
+                folder: a.folder.clone(),
+            })
+            .collect();
+        let focus = self.focus();
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        if meta.folders == folders && meta.focus == focus {
+            return;
+        }
+        meta.folders = folders;
+        meta.focus = focus;
+        if let Some(recorder) = &self.recorder {
+            recorder.save_meta(meta.clone());
+        }
+    }
+}
+
+/// The folders a session kept ([`Session::keep`]), offline, and its focus when it is one of
+/// them (or the primary workspace). A folder whose device id cannot be read is left out, and
+/// a tool a later version added.
+fn kept_folders(meta: &SessionMeta) -> (Vec<Attached>, Option<String>) {
+    let folders: Vec<Attached> = meta
+        .folders
+        .iter()
+        .filter_map(|k| {
+            Some(Attached {
+                name: k.name.clone(),
+                uri: k.uri.clone(),
+                trust: k.trust,
+                tools: k.tools.iter().filter_map(|t| ToolName::parse(t)).collect(),
+                device_id: DeviceId::parse(&k.device_id).ok()?,
+                path: k.path.clone(),
+                record: k.record.clone(),
+                folder: k.folder.clone(),
+                link: None,
+            })
+        })
+        .collect();
+    let focus = meta
+        .focus
+        .clone()
+        .filter(|f| f == "primary" || folders.iter().any(|a| &a.name == f));
+    (folders, focus)
 }
 
 /// A short workspace name from a folder name: no slashes, no control, format or invisible
@@ -944,6 +1007,7 @@ impl Registry {
             settings.exec.clone(),
         );
         let now = Instant::now();
+        let (kept, focus) = kept_folders(&meta);
         let session = Arc::new(Session {
             id: meta.id.clone(),
             owner: meta.owner.clone(),
@@ -956,10 +1020,11 @@ impl Registry {
                 last_saved: now,
                 dirty: false,
             }),
-            attached: Mutex::new(Vec::new()),
+            attached: Mutex::new(kept),
             changes: tokio::sync::watch::channel(0).0,
             processes: Mutex::new(Vec::new()),
-            focus: Mutex::new(None),
+            focus: Mutex::new(focus),
+            recorder: self.recorder.clone(),
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if self
@@ -1803,6 +1868,8 @@ fn fresh_meta(id: &str, user: &str) -> SessionMeta {
         last_active: now,
         provider: None,
         model: None,
+        focus: None,
+        folders: Vec::new(),
     }
 }
 

@@ -115,6 +115,8 @@ fn write_sessions(data: &Path, n: usize) {
             last_active: rfc3339(base + i as u64),
             provider: None,
             model: None,
+            focus: None,
+            folders: Vec::new(),
         };
         std::fs::write(dir.join("session.toml"), toml::to_string(&meta).unwrap()).unwrap();
         let mut talk = history::empty(meta.created_at.clone(), None, None);
@@ -136,6 +138,8 @@ fn write_big_session(data: &Path, id: &str, calls: usize) {
             last_active: now.clone(),
             provider: None,
             model: None,
+            focus: None,
+            folders: Vec::new(),
         })
         .unwrap();
     let mut history = history::empty(now.clone(), None, None);

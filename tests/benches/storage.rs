@@ -101,6 +101,8 @@ fn write_sessions(data: &Path, n: usize) {
             last_active: rfc3339(base + i as u64),
             provider: None,
             model: None,
+            focus: None,
+            folders: Vec::new(),
         };
         std::fs::write(dir.join("session.toml"), toml::to_string(&meta).unwrap()).unwrap();
         let empty = history::empty(meta.created_at.clone(), None, None);
@@ -167,6 +169,8 @@ fn appends(rt: &tokio::runtime::Runtime, quick: bool) {
         last_active: rfc3339(1_780_000_000),
         provider: Some("anthropic".into()),
         model: Some("claude".into()),
+        focus: None,
+        folders: Vec::new(),
     };
     store.create(&meta).unwrap();
     let message = |i: usize| HistoryMessage {
@@ -496,6 +500,8 @@ fn backend_figures(
         last_active: rfc3339(base + i as u64),
         provider: None,
         model: None,
+        focus: None,
+        folders: Vec::new(),
     };
     store.create(&meta(0)).unwrap();
     if !artifacts_only {

@@ -1514,6 +1514,8 @@ mod tests {
             last_active: "2026-01-01T00:00:00Z".into(),
             provider: Some("claude".into()),
             model: None,
+            focus: None,
+            folders: Vec::new(),
         }
     }
 

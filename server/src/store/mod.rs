@@ -124,6 +124,38 @@ pub struct SessionMeta {
     /// Model, when an agent host said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The focus workspace's short name, when the session has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub focus: Option<String>,
+    /// The folders attached to the session, online or not: kept so that one whose attach
+    /// stopped stays in the session, offline (and the focus with it), across a restart of the
+    /// server or the session's leaving memory. Calls without `workspace` that it would take
+    /// then fail, as they do while the server runs, rather than run in another workspace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub folders: Vec<KeptFolder>,
+}
+
+/// An attached folder as a session keeps it ([`SessionMeta::folders`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptFolder {
+    /// Its short name in the session.
+    pub name: String,
+    /// Its URI.
+    pub uri: String,
+    /// The trust its user chose.
+    pub trust: monad_protocol::wire::Trust,
+    /// The tools its client offers (names; one a later version added is skipped when read).
+    pub tools: Vec<String>,
+    /// The device that attached it.
+    pub device_id: String,
+    /// The folder as the user gave it.
+    pub path: String,
+    /// Its workspace record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<String>,
+    /// Its absolute path on its device, when its client said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<String>,
 }
 
 /// One line of `audit.jsonl`: a tool call and what became of it.

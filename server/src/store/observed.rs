@@ -512,6 +512,8 @@ mod tests {
                 last_active: when.into(),
                 provider: None,
                 model: None,
+                focus: None,
+                folders: Vec::new(),
             })
             .unwrap();
     }

@@ -102,6 +102,8 @@ fn a_stale_owners_late_writes_are_refused_after_another_host_took_its_lease_over
         last_active: "2026-01-01T00:00:00Z".into(),
         provider: None,
         model: None,
+        focus: None,
+        folders: Vec::new(),
     })
     .unwrap();
 
@@ -283,6 +285,8 @@ fn a_restarted_server_takes_its_own_live_leases_over_at_once_and_fences_its_form
             last_active: "2026-01-01T00:00:00Z".into(),
             provider: None,
             model: None,
+            focus: None,
+            folders: Vec::new(),
         })
         .unwrap();
     assert_eq!(before.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });

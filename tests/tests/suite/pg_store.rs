@@ -121,6 +121,8 @@ fn meta(id: &str, owner: &str, last_active: &str) -> SessionMeta {
         last_active: last_active.into(),
         provider: Some("anthropic".into()),
         model: None,
+        focus: None,
+        folders: Vec::new(),
     }
 }
 
@@ -184,6 +186,24 @@ fn exercise(store: &dyn Store) {
     assert_eq!(m, meta("s2", "ana", "2026-01-03T00:00:00Z"));
     m.name = Some("named".into());
     m.last_active = "2026-01-04T00:00:00Z".into();
+    store.save(&m).unwrap();
+    assert_eq!(store.load("s2").unwrap().unwrap(), m);
+    // The attached folders and the focus are kept, and given up.
+    m.focus = Some("lap".into());
+    m.folders = vec![monad_server::store::KeptFolder {
+        name: "lap".into(),
+        uri: "laptop:/home/ana/proj".into(),
+        trust: monad_protocol::wire::Trust::Restricted,
+        tools: vec!["read_file".into(), "run_command".into()],
+        device_id: "00000000-0000-4000-8000-000000000001".into(),
+        path: "/home/ana/proj".into(),
+        record: Some("r1".into()),
+        folder: None,
+    }];
+    store.save(&m).unwrap();
+    assert_eq!(store.load("s2").unwrap().unwrap(), m);
+    m.focus = None;
+    m.folders.clear();
     store.save(&m).unwrap();
     assert_eq!(store.load("s2").unwrap().unwrap(), m);
     let mut ids: Vec<String> = store

@@ -427,6 +427,8 @@ fn auto_purge_on(backend: Backend) {
                     last_active: last_active.into(),
                     provider: None,
                     model: None,
+                    focus: None,
+                    folders: Vec::new(),
                 })
                 .unwrap();
         }

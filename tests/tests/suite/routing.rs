@@ -347,6 +347,79 @@ async fn the_focus_stays_while_its_folder_is_offline_and_comes_back_with_it() {
     assert_eq!(ran_in, "lap");
 }
 
+/// An offline folder, the focus among them, stays in its session across a restart of the
+/// server: before, the restarted server had forgotten it, and a new file without `workspace`
+/// went to the primary workspace, the second copy the focus exists to prevent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_focus_folder_stays_across_a_restart_of_the_server() {
+    let server = TestServer::start().await;
+    let laptop = folder(&[("only-lap.txt", "lap\n")]);
+    let other = folder(&[("b.txt", "b\n")]);
+    let device = server.client_config();
+    let attached = attach_focused(&device, laptop.path(), "lap").await;
+    let mut options = attach_options(other.path(), "other");
+    options.allow = vec![ToolClass::Read];
+    let second = Attachment::start(&device, options, None).await;
+    let agent = server.agent().await;
+    drop(attached);
+    drop(second);
+    until_online(&agent, "lap", false).await;
+    drop(agent);
+    let server = server.stop().await.restart().await;
+    let agent = server.agent().await;
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(listed["focus"], "lap", "{listed}");
+    let names: Vec<(&str, bool)> = listed["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["name"].as_str().unwrap(), w["online"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [("primary", true), ("lap", false), ("other", false)],
+        "{listed}"
+    );
+    let message = expect_code(
+        call(
+            &agent,
+            "write_file",
+            json!({"path": "new.txt", "content": "x"}),
+        )
+        .await,
+        ErrorCode::WorkspaceDisconnected,
+    );
+    assert!(message.contains("focus workspace `lap`"), "{message}");
+    let primary = server.data_dir().join("sessions/default/workspace/new.txt");
+    assert!(
+        !primary.exists(),
+        "written in the primary workspace instead"
+    );
+    // Attached again (without --focus): the same folder, the focus again, as before the restart.
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Write];
+    let again = Attachment::start(&device, options, None).await;
+    assert_eq!(again.workspace.name, "lap");
+    let (_, ran_in) = ok(call(&agent, "list_dir", json!({})).await);
+    assert_eq!(ran_in, "lap");
+    // (A new file without `workspace` still waits for `other`, offline: it may be there.)
+    // Detached by name, they are gone for good, across a restart too.
+    drop(again);
+    until_online(&agent, "lap", false).await;
+    agent.detach(None, "lap").await.expect("detached");
+    agent.detach(None, "other").await.expect("detached");
+    drop(agent);
+    let server = server.stop().await.restart().await;
+    let agent = server.agent().await;
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(
+        listed["workspaces"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+    assert_eq!(listed["focus"], json!(null), "{listed}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_focus_ends_when_its_folder_is_detached_by_name() {
     let server = TestServer::start().await;

@@ -246,6 +246,8 @@ pub fn many_sessions(server: &TestServer, owner: &str, n: usize) -> Vec<String> 
                     last_active: when,
                     provider: None,
                     model: None,
+                    focus: None,
+                    folders: Vec::new(),
                 })
                 .expect("session created");
             id

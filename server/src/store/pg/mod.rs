@@ -31,7 +31,29 @@ use crate::fsutil::{create_workspace_root, now_rfc3339};
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "initial", include_str!("0001_initial.sql")),
     (2, "leases", include_str!("0002_leases.sql")),
+    (3, "kept folders", include_str!("0003_kept_folders.sql")),
 ];
+
+/// What the `kept` column holds: a session's focus and folders ([`SessionMeta::folders`]).
+#[derive(Default, Serialize, Deserialize)]
+struct Kept {
+    #[serde(default)]
+    focus: Option<String>,
+    #[serde(default)]
+    folders: Vec<KeptFolder>,
+}
+
+/// The `kept` column of `meta`: NULL when it has neither focus nor folders.
+fn kept_of(meta: &SessionMeta) -> Option<String> {
+    if meta.focus.is_none() && meta.folders.is_empty() {
+        return None;
+    }
+    serde_json::to_string(&Kept {
+        focus: meta.focus.clone(),
+        folders: meta.folders.clone(),
+    })
+    .ok()
+}
 
 /// The store on PostgreSQL.
 pub struct PgStore {
@@ -372,6 +394,18 @@ fn meta_of(row: &Row) -> Result<SessionMeta, StoreError> {
         last_active: row.get("last_active"),
         provider: row.get("provider"),
         model: row.get("model"),
+        focus: None,
+        folders: Vec::new(),
+    };
+    // Unreadable (a later version's), it is as none: the folders come back as they attach.
+    let kept: Option<String> = row.get("kept");
+    let kept = kept
+        .and_then(|text| serde_json::from_str::<Kept>(&text).ok())
+        .unwrap_or_default();
+    let meta = SessionMeta {
+        focus: kept.focus,
+        folders: kept.folders,
+        ..meta
     };
     if meta.owner.trim().is_empty() {
         return Err(StoreError::Invalid(format!(
@@ -423,7 +457,7 @@ fn record_of(row: &Row) -> WorkspaceRecord {
     }
 }
 
-const SESSION_COLUMNS: &str = "id, name, owner, created_at, last_active, provider, model";
+const SESSION_COLUMNS: &str = "id, name, owner, created_at, last_active, provider, model, kept";
 const RECORD_COLUMNS: &str = "id, user_name, device_id, path, uri, created_at, last_active";
 
 /// Whether a session exists (for appends, which must not make a conversation of nothing).
@@ -448,8 +482,8 @@ impl SessionStore for PgStore {
         let created = self.with(move |c| async move {
             c.execute(
                 "INSERT INTO sessions (id, name, owner, created_at, last_active, provider, model,
-                     history_created_at, history_provider, history_model)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7)
+                     history_created_at, history_provider, history_model, kept)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7, $8)
                  ON CONFLICT (id) DO NOTHING",
                 &[
                     &m.id,
@@ -459,6 +493,7 @@ impl SessionStore for PgStore {
                     &m.last_active,
                     &m.provider,
                     &m.model,
+                    &kept_of(&m),
                 ],
             )
             .await
@@ -494,10 +529,10 @@ impl SessionStore for PgStore {
             fencing.check(&tx, &m.id).await?;
             tx.execute(
                 "INSERT INTO sessions (id, name, owner, created_at, last_active, provider, model,
-                     history_created_at, history_provider, history_model)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7)
+                     history_created_at, history_provider, history_model, kept)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7, $8)
                  ON CONFLICT (id) DO UPDATE SET name = $2, owner = $3, created_at = $4,
-                     last_active = $5, provider = $6, model = $7",
+                     last_active = $5, provider = $6, model = $7, kept = $8",
                 &[
                     &m.id,
                     &m.name,
@@ -506,6 +541,7 @@ impl SessionStore for PgStore {
                     &m.last_active,
                     &m.provider,
                     &m.model,
+                    &kept_of(&m),
                 ],
             )
             .await
