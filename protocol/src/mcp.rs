@@ -259,10 +259,36 @@ pub fn error_result(workspace: Option<WorkspaceRef>, error: &ToolError) -> CallT
         Some(w) => format!(" (in workspace `{}`, {})", w.name, w.uri),
         None => String::new(),
     };
+    let error = shortened(error);
     let text = format!("{}: {}{place}", error.code, error.message);
     let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
     result.structured_content = Some(json!({ "workspace": workspace, "error": error }));
     result
+}
+
+/// Longest error message a host gets whole ([`shortened`]).
+const ERROR_MESSAGE_MAX: usize = 4096;
+
+/// `error`, with a message over [`ERROR_MESSAGE_MAX`] bytes cut to its start and end: a message
+/// names what it refused (a path, a workspace), and a path of 100 KB came back twice, in the
+/// text and the JSON, for a model to read.
+fn shortened(error: &ToolError) -> std::borrow::Cow<'_, ToolError> {
+    let message = &error.message;
+    if message.len() <= ERROR_MESSAGE_MAX {
+        return std::borrow::Cow::Borrowed(error);
+    }
+    let head = crate::text::head(message, ERROR_MESSAGE_MAX / 2);
+    let mut tail_at = message.len() - ERROR_MESSAGE_MAX / 4;
+    while !message.is_char_boundary(tail_at) {
+        tail_at += 1;
+    }
+    let tail = &message[tail_at..];
+    let mut short = error.clone();
+    short.message = format!(
+        "{head} \u{2026} [{} bytes left out] \u{2026} {tail}",
+        message.len() - head.len() - tail.len()
+    );
+    std::borrow::Cow::Owned(short)
 }
 
 /// The requests MCP defines that a host may send a server: one of these that rmcp could not
@@ -572,7 +598,7 @@ impl<B: Backend> McpFront<B> {
         }
         let message = match (&landing.folder, &landing.focus) {
             (Some(folder), Some(focus)) => format!(
-                "working in session {}, focused on workspace `{focus}` (the root {folder})",
+                "working in session {} (the root {folder}), whose focus is workspace `{focus}`",
                 landing.session
             ),
             (Some(folder), None) => format!(
@@ -967,6 +993,37 @@ mod tests {
         // The serialize contract: what is always written is required, what is skipped is not.
         assert!(required.contains(&"content") && required.contains(&"start_line"));
         assert!(!required.contains(&"next_offset") && !required.contains(&"total_lines"));
+    }
+
+    #[test]
+    fn a_long_error_message_reaches_the_host_by_its_two_ends() {
+        let path = "d/".repeat(50_000);
+        let error = ToolError::new(ErrorCode::NotFound, format!("`{path}x` does not exist"));
+        let result = error_result(None, &error);
+        let message = result.structured_content.as_ref().unwrap()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(message.len() < 4200, "{}", message.len());
+        assert!(message.starts_with("`d/d/"), "{message:.40}");
+        assert!(message.ends_with("d/x` does not exist"), "{message}");
+        assert!(message.contains("bytes left out"), "{message}");
+        let text = serde_json::to_value(&result.content[0]).unwrap()["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            text.starts_with("not_found: `d/d/") && text.len() < 4300,
+            "{}",
+            text.len()
+        );
+        // A short one is as it was.
+        let short = ToolError::new(ErrorCode::NotFound, "`a.txt` does not exist");
+        let result = error_result(None, &short);
+        assert_eq!(
+            result.structured_content.unwrap()["error"]["message"],
+            "`a.txt` does not exist"
+        );
     }
 
     #[test]

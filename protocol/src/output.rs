@@ -95,8 +95,19 @@ impl Table {
         }
     }
 
-    /// Adds a row (one cell per header; missing cells print empty).
+    /// Adds a row (one cell per header; missing cells print empty). A tab in a cell is shown
+    /// as `\t`: it would split the cell in two when piped, and break the columns on a terminal.
     pub fn row(&mut self, cells: Vec<String>) {
+        let cells = cells
+            .into_iter()
+            .map(|c| {
+                if c.contains('\t') {
+                    c.replace('\t', "\\t")
+                } else {
+                    c
+                }
+            })
+            .collect();
         self.rows.push(cells);
     }
 
@@ -202,6 +213,11 @@ mod tests {
             "a1\tana\t2026-11-26\nb22222\tbo\t2026-11-25\n"
         );
         assert_eq!(Table::new(&["id"]).render(false), "");
+        // A tab in a cell does not make another column.
+        let mut tabbed = Table::new(&["id", "name"]);
+        tabbed.row(vec!["a1".into(), "tab\there".into()]);
+        assert_eq!(tabbed.render(false), "a1\ttab\\there\n");
+        assert_eq!(tabbed.render(true), "ID  NAME\na1  tab\\there\n");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::tools::{
     EntryKind, GlobResult, ListDirResult, MemoryRecallResult, MemoryStoreResult, NetworkEvent,
     OutputGap, ProcessKillResult, ProcessListResult, ProcessReadResult, ProcessWriteResult,
-    ReadFileResult, RunCommandResult, SearchResult, StatResult, ToolName, Truncation,
+    ReadFileResult, RunCommandResult, SearchMatch, SearchResult, StatResult, ToolName, Truncation,
     WorkspacesResult, WriteResult,
 };
 use crate::wire::{Host, Trust, WorkspaceRef};
@@ -369,13 +369,24 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
         out.push_str(", stopped at `max_results`: raise it, or narrow with `path` or `glob`");
     }
     out.push(':');
-    let mut previous: Option<&str> = None;
-    for m in &r.matches {
-        if previous.is_some_and(|p| p != m.path) {
+    // Files with several matches are set apart by a blank line, as ripgrep's headings are;
+    // files with one follow each other line by line (a blank line each doubled the lines of a
+    // search that found one match in each of 600 files).
+    let mut groups: Vec<&[SearchMatch]> = Vec::new();
+    let mut rest = &r.matches[..];
+    while let Some(first) = rest.first() {
+        let len = rest.iter().take_while(|m| m.path == first.path).count();
+        let (group, after) = rest.split_at(len);
+        groups.push(group);
+        rest = after;
+    }
+    for (i, group) in groups.iter().enumerate() {
+        if i > 0 && (group.len() > 1 || groups[i - 1].len() > 1) {
             out.push('\n');
         }
-        previous = Some(&m.path);
-        let _ = write!(out, "\n{}:{}: {}", shown(&m.path), m.line_number, m.line);
+        for m in *group {
+            let _ = write!(out, "\n{}:{}: {}", shown(&m.path), m.line_number, m.line);
+        }
     }
     if !stopped.is_empty() {
         out.push('\n');
@@ -1228,6 +1239,24 @@ mod tests {
             "3 matches in 2 files in workspace laptop (searched 7 files), stopped at \
              `max_results`: raise it, or narrow with `path` or `glob`:\na.rs:3: fn main() {\n\
              a.rs:9:     main();\n\nb.rs:1: // main"
+        );
+        // Files of one match each follow each other without a blank line; a file of several
+        // is set apart.
+        let one_each = render(
+            ToolName::Search,
+            json!({"files_searched": 4, "truncated": false, "matches": [
+                {"path": "a.rs", "line_number": 1, "line": "x"},
+                {"path": "b.rs", "line_number": 2, "line": "x"},
+                {"path": "c.rs", "line_number": 3, "line": "x"},
+                {"path": "c.rs", "line_number": 4, "line": "x"},
+                {"path": "d.rs", "line_number": 5, "line": "x"},
+                {"path": "e.rs", "line_number": 6, "line": "x"},
+            ]}),
+        );
+        assert_eq!(
+            one_each,
+            "6 matches in 5 files in workspace laptop (searched 4 files):\na.rs:1: x\nb.rs:2: x\n\n\
+             c.rs:3: x\nc.rs:4: x\n\nd.rs:5: x\ne.rs:6: x"
         );
         // At the workspace's own cap, asking for more is no advice.
         let capped = render(

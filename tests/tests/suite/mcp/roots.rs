@@ -187,7 +187,10 @@ async fn a_host_whose_root_is_an_attached_folder_lands_in_its_session_and_sees_i
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        assert!(landing.contains("focused on workspace `proj`"), "{landing}");
+        assert!(
+            landing.contains("whose focus is workspace `proj`"),
+            "{landing}"
+        );
     }
     assert!(
         server.data_dir().join("folder_sessions.toml").exists(),
