@@ -151,7 +151,8 @@ enum Command {
             monad_protocol::ToolName::ALL.map(monad_protocol::ToolName::as_str)
         ))]
         tool: Option<String>,
-        /// The arguments, as a JSON object.
+        /// The arguments, as a JSON object; `-` reads them from standard input, `@FILE` from a
+        /// file (a `write_file` of more than the 128 KiB one command-line argument may hold).
         #[arg(long, default_value = "{}")]
         args: String,
         #[arg(long, help = SESSION_HELP)]
@@ -555,9 +556,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 match TerminalApprover::start(options.prompt_timeout, guard) {
                     Some(a) => Some(Arc::new(a)),
                     None => {
-                        errln!(
-                            "no terminal: actions that are not pre-approved (--allow) will be denied"
-                        );
+                        // With full trust nothing is asked: nothing to say.
+                        if options.trust != Trust::Full {
+                            errln!(
+                                "no terminal: actions that are not pre-approved (--allow) will \
+                                 be denied"
+                            );
+                        }
                         None
                     }
                 }
@@ -658,11 +663,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let usage = |message: String| -> ! {
                 usage_error("call", clap::error::ErrorKind::ValueValidation, message)
             };
+            let args = match args.strip_prefix('@') {
+                _ if args == "-" => std::io::read_to_string(std::io::stdin())
+                    .context("cannot read --args from standard input")?,
+                Some(file) => std::fs::read_to_string(file)
+                    .with_context(|| format!("cannot read --args from {file}"))?,
+                None => args,
+            };
             let mut args: serde_json::Value = match serde_json::from_str(&args) {
                 Ok(args) => args,
                 Err(e) => usage(format!(
-                    "--args is not valid JSON ({e}): {}",
-                    printable(&args)
+                    "--args is not valid JSON ({e}): {}{}",
+                    printable(monad_protocol::text::head(&args, 200)),
+                    if args.len() > 200 { "\u{2026}" } else { "" }
                 )),
             };
             let Some(map) = args.as_object_mut() else {

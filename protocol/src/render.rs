@@ -516,12 +516,16 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
             continue;
         }
         if looks_binary(text) {
+            // Counted as the program wrote it: a byte that was not UTF-8 is one U+FFFD here,
+            // three bytes of text.
+            let replaced = text.matches('\u{fffd}').count();
+            let about = if replaced > 0 { "about " } else { "" };
             let _ = write!(
                 out,
-                "\n--- {name}{note}: binary data, {} bytes, not shown (the result's `{name}` \
-                 field holds it as UTF-8, each byte that is not UTF-8 as U+FFFD; send it to a \
-                 file to keep it)",
-                text.len()
+                "\n--- {name}{note}: binary data, {about}{} bytes, not shown (the result's \
+                 `{name}` field holds it as UTF-8, each byte that is not UTF-8 as U+FFFD; send \
+                 it to a file to keep it)",
+                text.len() - 2 * replaced
             );
             continue;
         }
@@ -1424,10 +1428,11 @@ mod tests {
         assert_eq!(
             shown,
             format!(
-                "exit status 0 in workspace laptop, after 10 ms\n--- stdout: binary data, {} \
-                 bytes, not shown (the result's `stdout` field holds it as UTF-8, each byte \
-                 that is not UTF-8 as U+FFFD; send it to a file to keep it)",
-                garbage.len()
+                "exit status 0 in workspace laptop, after 10 ms\n--- stdout: binary data, \
+                 about {} bytes, not shown (the result's `stdout` field holds it as UTF-8, each \
+                 byte that is not UTF-8 as U+FFFD; send it to a file to keep it)",
+                // The bytes the program wrote: each U+FFFD was one.
+                garbage.len() - 2 * 40
             )
         );
         assert!(render(ToolName::RunCommand, ran("a\0b\n")).contains("binary data, 4 bytes"));

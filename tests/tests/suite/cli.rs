@@ -1454,3 +1454,65 @@ async fn token_create_says_when_it_makes_a_new_data_directory() {
         text(&again.stderr)
     );
 }
+
+/// `--args -` reads the arguments from standard input and `--args @FILE` from a file: one
+/// command-line argument holds at most 128 KiB, less than a `write_file` of a large file; bad
+/// JSON is quoted by its start, not echoed whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_takes_its_arguments_from_standard_input_or_a_file() {
+    use tokio::io::AsyncWriteExt;
+    let (server, _data, config) = ServerProcess::logged_in().await;
+    let content = "0123456789abcdef\n".repeat(200 * 1024 / 17);
+    let args = json!({"path": "big.txt", "content": content, "workspace": "primary"}).to_string();
+    let mut child = command("monad-client")
+        .args(["call", "write_file", "--json", "--args", "-"])
+        .env("MONAD_CONFIG_DIR", config.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(args.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = within(STEP, "call", child.wait_with_output())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let file = config.path().join("args.json");
+    std::fs::write(
+        &file,
+        json!({"path": "big.txt", "workspace": "primary", "limit": 100_000}).to_string(),
+    )
+    .unwrap();
+    let at = format!("@{}", file.display());
+    let out = client(
+        config.path(),
+        &["call", "read_file", "--json", "--args", &at],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let read: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        read["outcome"]["result"]["content"] == content.as_str(),
+        "the file read back is not what was written ({} bytes of JSON)",
+        out.stdout.len()
+    );
+    // A missing file, and bad JSON quoted by its start.
+    let out = client(
+        config.path(),
+        &["call", "read_file", "--args", "@/nonexistent/a.json"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot read --args"),
+        "{}",
+        text(&out.stderr)
+    );
+    let bad = format!("{{{}", "x".repeat(100_000));
+    let out = client(config.path(), &["call", "read_file", "--args", &bad]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(out.stderr.len() < 2000, "{}", out.stderr.len());
+    drop(server);
+}

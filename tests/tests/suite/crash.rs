@@ -234,8 +234,9 @@ fn check_data_dir(dir: &Path, rel: &str, checked: &mut usize) {
         }
         let read = || std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{what}: {e}"));
         match name.as_str() {
-            // The administration socket a killed server leaves (the next one replaces it).
-            "server.lock" | "admin.sock" => {}
+            // The administration socket a killed server leaves (the next one replaces it), and
+            // the (empty) lock files.
+            "server.lock" | "admin.sock" | "tokens.toml.lock" => {}
             "address" => {
                 let text = read();
                 text.trim()

@@ -546,7 +546,9 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
         Some(Decision::AllowOnce),
         Some(Decision::AllowOnce),
     ]));
-    let attached = attach_laptop(&b.client_config(&token), laptop.path(), &approver).await;
+    // The laptop's config: one device, whichever host it reaches.
+    let laptop_config = b.client_config(&token);
+    let attached = attach_laptop(&laptop_config, laptop.path(), &approver).await;
 
     // Through host A, served by host B: a read, a write (a diff artifact), a history message.
     let agent = connect_agent(&a.client_config(&token)).await;
@@ -597,7 +599,7 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
     )
     .await;
     let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
-    let _attached = attach_laptop(&a.client_config(&token), laptop.path(), &approver).await;
+    let _attached = attach_laptop(&a.retarget(&laptop_config), laptop.path(), &approver).await;
     let holder_a = psql(
         &pg.url,
         &format!("SELECT holder || ' ' || epoch FROM leases WHERE session_id = '{SESSION}'"),
