@@ -704,7 +704,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 errln!("… {}", printable(p))
             });
             let reply = tokio::select! {
-                reply = called => reply?,
+                reply = called => match reply {
+                    Ok(reply) => reply,
+                    Err(e) => {
+                        // Refused (a limit, an unknown session): closed all the same.
+                        agent.close(DONE).await;
+                        return Err(e.into());
+                    }
+                },
                 signal = interrupts.next() => {
                     // The server cancels the call at once: its prompt is withdrawn, nothing
                     // more of it runs (`monad_client::interrupts`).

@@ -291,7 +291,8 @@ pub async fn serve_stdio(
 /// (`write_max_bytes`) once its content is JSON-escaped, and the host waited for an answer
 /// forever. Four times that and one more MiB holds such a write of ordinary text (its line
 /// breaks and quotes escaped in two bytes each), or of text half made of control characters
-/// (six bytes each); the buffer grows only as long lines come.
+/// (six bytes each). The buffer grows only as long lines come, and keeps its size afterwards (one
+/// such line, one such buffer, for the bridge's life).
 pub const MAX_REQUEST_LINE: usize = 65 * 1024 * 1024;
 
 /// The capacity [`GrowingPipe`] asks for: Linux's default `/proc/sys/fs/pipe-max-size`, the

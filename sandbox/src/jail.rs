@@ -163,6 +163,16 @@ impl Jail {
         Ok(target)
     }
 
+    /// What follows the root in `text`, when `text` starts with the root (either spelling) as
+    /// whole components; `None` otherwise. Text, not a path: a glob pattern may follow.
+    pub fn strip_root<'a>(&self, text: &'a str) -> Option<&'a str> {
+        [&self.canonical_root, &self.root].iter().find_map(|root| {
+            let root = root.to_str()?.trim_end_matches('/');
+            let rest = text.strip_prefix(root)?;
+            (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+        })
+    }
+
     /// Checks `raw` lexically and turns it into a clean path relative to the root.
     ///
     /// Refuses NUL bytes, absolute paths outside the root (either spelling of the root is

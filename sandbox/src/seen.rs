@@ -47,8 +47,9 @@ const SEEN_MAX: usize = 4096;
 /// The stamp of each file a tool of this workspace read or wrote last, by its path relative to
 /// the root as the call named it (a read through a link is remembered under the link's name,
 /// which a write, going to the link's target, does not look up: unchecked, never refused).
-/// Shared by the workspace's sessions and calls: a change made by another session's write is a
-/// change this one did not see.
+/// Shared by the workspace's sessions and calls: what one agent read or wrote counts as seen for
+/// every agent working in the workspace (a check against changes from outside Monad's tools,
+/// not between agents).
 #[derive(Debug, Default)]
 pub(crate) struct Seen(Mutex<Files>);
 

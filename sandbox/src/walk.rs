@@ -387,6 +387,10 @@ fn rooted_pattern(jail: &Jail, pattern: &str) -> Result<Option<String>, SandboxE
     if !pattern.starts_with('/') {
         return Ok(None);
     }
+    // The root itself (either spelling) is taken off first: its own name may hold `[` or `{`.
+    if let Some(rest) = jail.strip_root(pattern) {
+        return Ok(Some(rest.trim_start_matches('/').to_owned()));
+    }
     let wild = |part: &str| part.contains(['*', '?', '[', '{', '\\']);
     let literal = pattern
         .split('/')

@@ -41,7 +41,7 @@ const CLOSE_SHUTDOWN: u32 = 2;
 /// The connection's token was revoked.
 const CLOSE_REVOKED: u32 = 3;
 
-/// How often a connection's token is checked again after its hello.
+/// How often the tokens are looked at for one revoked since ([`sweep_tokens`]).
 const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether the token whose hash is `token` still belongs to `user`. Looked up on the blocking
@@ -61,6 +61,28 @@ async fn token_still_valid(state: &Arc<State>, token: Option<String>, user: &str
             true
         }
         Err(_) => true,
+    }
+}
+
+/// Every [`TOKEN_RECHECK`], reads the tokens (on the blocking pool: a PostgreSQL store answers
+/// with a query) and publishes their hashes ([`State::valid_tokens`]), on which every
+/// connection checks its own, in memory. One read per sweep for the whole server, rather than
+/// one per connection; a sweep that cannot read them is skipped (logged), and the connections
+/// stay.
+async fn sweep_tokens(state: Arc<State>) {
+    let mut tick = tokio::time::interval(TOKEN_RECHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let tokens = state.tokens.clone();
+        match tokio::task::spawn_blocking(move || tokens.list()).await {
+            Ok(Ok(records)) => {
+                let hashes = records.into_iter().map(|r| r.hash).collect();
+                state.valid_tokens.send_replace(Some(Arc::new(hashes)));
+            }
+            Ok(Err(e)) => warn!("cannot read tokens to look for revoked ones: {e}"),
+            Err(_) => {}
+        }
     }
 }
 
@@ -226,6 +248,7 @@ impl Server {
             generations: AtomicU64::new(1),
             calls: watch::channel(0).0,
             housekeeping: housekeeping.clone(),
+            valid_tokens: watch::channel(None).0,
         });
         Ok((
             Server {
@@ -294,6 +317,8 @@ impl Server {
                 }
             })
         };
+        // Revoked tokens: their connections are closed.
+        let sweep = tokio::spawn(sweep_tokens(self.state.clone()));
         // The auto-purge (`[retention] max_age_days`), when on.
         let purge = self
             .state
@@ -343,6 +368,7 @@ impl Server {
             }
         }
         reaper.abort();
+        sweep.abort();
         if let Some(purge) = purge {
             purge.abort();
         }
@@ -538,15 +564,18 @@ async fn handle_connection(
     // Cancelled when the connection ends: what is still running for it stops there.
     let ended = tokio_util::sync::CancellationToken::new();
     let _ending = ended.clone().drop_guard();
-    // Its token is checked again every few seconds: a revoked token's connection is closed (an
-    // attached folder kept serving calls through one, and an agent calling).
-    let mut recheck =
-        tokio::time::interval_at(tokio::time::Instant::now() + TOKEN_RECHECK, TOKEN_RECHECK);
-    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Its token is checked again at each sweep of the tokens: a revoked token's connection is
+    // closed (an attached folder kept serving calls through one, and an agent calling).
+    let mut swept = state.valid_tokens.subscribe();
     let why = loop {
         tokio::select! {
-            _ = recheck.tick(), if token.is_some() => {
-                if !token_still_valid(&state, token.clone(), &user).await {
+            Ok(()) = swept.changed(), if token.is_some() => {
+                let missing = swept.borrow_and_update().as_ref().is_some_and(|valid| {
+                    token.as_ref().is_some_and(|token| !valid.contains(token))
+                });
+                // Asked again before closing: a token created after the sweep read the tokens
+                // is not among them.
+                if missing && !token_still_valid(&state, token.clone(), &user).await {
                     conn.close(CLOSE_REVOKED.into(), b"the token was revoked");
                     info!(%remote, %user, ?role, "closing: its token was revoked");
                 }

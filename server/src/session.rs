@@ -645,15 +645,23 @@ impl Session {
         self.changes.send_modify(|n| *n += 1);
     }
 
-    /// Keeps the folders and the focus in the metadata ([`SessionMeta::folders`]), saved in the
-    /// background by the recorder when they changed: a folder offline when the server stops,
-    /// or when the session leaves memory, is in the session again, offline, when it is loaded.
+    /// Keeps the focus, and the folder it is when it is an attached one, in the metadata
+    /// ([`SessionMeta::folders`]), saved in the background by the recorder when they changed: a
+    /// focus folder offline when the server stops, or when the session leaves memory, is the
+    /// session's focus again, offline, when it is loaded (calls without `workspace` it would take
+    /// fail meanwhile rather than run elsewhere). Other folders are not kept: an offline folder
+    /// holds back every new file written without `workspace` (it may be there), and one kept for
+    /// good would hold them back until detached by name. The metadata's lock is taken first, so
+    /// that two changes at once save the later state, never the earlier.
     fn keep(&self) {
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let focus = self.focus();
         let folders: Vec<KeptFolder> = self
             .attached
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
+            .filter(|a| focus.as_deref() == Some(a.name.as_str()))
             .map(|a| KeptFolder {
                 name: a.name.clone(),
                 uri: a.uri.clone(),
@@ -665,8 +673,6 @@ impl Session {
                 folder: a.folder.clone(),
             })
             .collect();
-        let focus = self.focus();
-        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
         if meta.folders == folders && meta.focus == focus {
             return;
         }

@@ -49,6 +49,9 @@ pub struct State {
     pub(crate) user_reads: Arc<PerUser>,
     /// Connections that have not said hello yet.
     pub(crate) handshakes: Arc<Admissions>,
+    /// The hashes of the tokens as the last sweep read them ([`crate::server`]'s, every 5 s;
+    /// none before the first): a connection whose token is not among them is closed.
+    pub(crate) valid_tokens: watch::Sender<Option<Arc<std::collections::HashSet<String>>>>,
 }
 
 impl State {

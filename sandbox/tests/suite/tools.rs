@@ -605,6 +605,25 @@ fn glob_matches_paths_relative_to_its_base() {
         assert_eq!(g(&format!("{root}/*.toml"), None), ["Cargo.toml"]);
         assert_eq!(g(&format!("{root}/.github/*"), None), [".github/ci.yml"]);
     }
+    // A root whose own name holds glob characters.
+    let odd = Fixture::new();
+    let root = odd.root().join("proj[1]");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("a.rs"), "").unwrap();
+    let sandbox = monad_sandbox::Sandbox::open(
+        &root,
+        Limits::default(),
+        monad_sandbox::ExecPolicy::default(),
+    )
+    .unwrap();
+    let found = sandbox
+        .glob(&GlobArgs {
+            pattern: format!("{}/*.rs", root.display()),
+            path: None,
+            workspace: None,
+        })
+        .unwrap();
+    assert_eq!(found.paths, ["a.rs"]);
     // Outside it, refused with how to write it rather than matching nothing.
     for outside in ["/**/*.rs", "/etc/*.conf"] {
         let refused = fx

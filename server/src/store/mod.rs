@@ -127,10 +127,12 @@ pub struct SessionMeta {
     /// The focus workspace's short name, when the session has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub focus: Option<String>,
-    /// The folders attached to the session, online or not: kept so that one whose attach
-    /// stopped stays in the session, offline (and the focus with it), across a restart of the
-    /// server or the session's leaving memory. Calls without `workspace` that it would take
-    /// then fail, as they do while the server runs, rather than run in another workspace.
+    /// The focus folder (at most one: the focus, when it is an attached folder), kept so that
+    /// it stays the session's focus, offline, across a restart of the server or the session's
+    /// leaving memory: calls without `workspace` that it would take then fail, as they do while
+    /// the server runs, rather than run in another workspace. A list, for what a later version
+    /// may keep. An earlier version refuses a `session.toml` that has it (see
+    /// `docs/operations.md`, downgrades).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub folders: Vec<KeptFolder>,
 }
