@@ -210,19 +210,24 @@ async fn login_takes_the_token_from_the_environment_standard_input_a_terminal_or
         config["token"].as_str().unwrap().to_owned()
     };
 
+    // `login` with the token in MONAD_TOKEN and its config in `dir`.
+    let login_in = async |dir: &Path| {
+        within(
+            STEP,
+            "login",
+            command("monad-client")
+                .args(login)
+                .env("MONAD_TOKEN", &server.token)
+                .env("MONAD_CONFIG_DIR", dir)
+                .output(),
+        )
+        .await
+        .unwrap()
+    };
+
     // MONAD_TOKEN.
     let dir = tempfile::tempdir().unwrap();
-    let out = within(
-        STEP,
-        "login",
-        command("monad-client")
-            .args(login)
-            .env("MONAD_TOKEN", &server.token)
-            .env("MONAD_CONFIG_DIR", dir.path())
-            .output(),
-    )
-    .await
-    .unwrap();
+    let out = login_in(dir.path()).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(saved_token(dir.path()), server.token);
 
@@ -250,17 +255,7 @@ async fn login_takes_the_token_from_the_environment_standard_input_a_terminal_or
     let dir = tempfile::tempdir().unwrap();
     let broken = "device_id = \"x\"\n[limits]\nread_max_bytes = 0\n";
     std::fs::write(dir.path().join("config.toml"), broken).unwrap();
-    let out = within(
-        STEP,
-        "login",
-        command("monad-client")
-            .args(login)
-            .env("MONAD_TOKEN", &server.token)
-            .env("MONAD_CONFIG_DIR", dir.path())
-            .output(),
-    )
-    .await
-    .unwrap();
+    let out = login_in(dir.path()).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("move it aside"),

@@ -576,37 +576,24 @@ async fn mcp_over_stdio_answers_a_write_as_large_as_a_workspace_takes() {
     // Lines of 1 KiB with their line breaks: the request line is longer than the content.
     let mut content = format!("{}\n", "x".repeat(1023)).repeat(limit / 1024);
     assert_eq!(content.len(), limit);
-    let write = |content: &str| {
-        json!({"name": "write_file",
-                                       "arguments": {"path": "big.txt", "content": content}})
-    };
-    let written = ask(
-        &mut requests,
-        &mut answers,
-        2,
-        "tools/call",
-        write(&content),
-    )
-    .await;
-    assert_eq!(written["result"]["isError"], false, "{written:.300}");
-    assert_eq!(
-        written["result"]["structuredContent"]["result"]["bytes_written"], limit,
-        "{written:.300}"
-    );
-    content.push('x');
-    let refused = ask(
-        &mut requests,
-        &mut answers,
-        3,
-        "tools/call",
-        write(&content),
-    )
-    .await;
-    assert_eq!(refused["result"]["isError"], true, "{refused:.300}");
-    assert_eq!(
-        refused["result"]["structuredContent"]["error"]["code"], "limit_exceeded",
-        "{refused:.300}"
-    );
+    // As large as the workspace takes: written; a byte more: refused by the workspace.
+    for (id, over) in [(2, false), (3, true)] {
+        if over {
+            content.push('x');
+        }
+        let args = json!({"path": "big.txt", "content": content});
+        let params = json!({"name": "write_file", "arguments": args});
+        let answer = ask(&mut requests, &mut answers, id, "tools/call", params).await;
+        let result = &answer["result"];
+        assert_eq!(result["isError"], over, "{answer:.300}");
+        if over {
+            let code = &result["structuredContent"]["error"]["code"];
+            assert_eq!(code, "limit_exceeded", "{answer:.300}");
+        } else {
+            let written = &result["structuredContent"]["result"]["bytes_written"];
+            assert_eq!(written, limit, "{answer:.300}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
