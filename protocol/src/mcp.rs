@@ -278,11 +278,7 @@ fn shortened(error: &ToolError) -> std::borrow::Cow<'_, ToolError> {
         return std::borrow::Cow::Borrowed(error);
     }
     let head = crate::text::head(message, ERROR_MESSAGE_MAX / 2);
-    let mut tail_at = message.len() - ERROR_MESSAGE_MAX / 4;
-    while !message.is_char_boundary(tail_at) {
-        tail_at += 1;
-    }
-    let tail = &message[tail_at..];
+    let tail = crate::text::tail(message, ERROR_MESSAGE_MAX / 4);
     let mut short = error.clone();
     short.message = format!(
         "{head} \u{2026} [{} bytes left out] \u{2026} {tail}",

@@ -353,12 +353,12 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
     if r.matches.is_empty() {
         return format!("No matches{ws} (searched {searched}).{stopped}");
     }
-    let mut files: Vec<&str> = r.matches.iter().map(|m| m.path.as_str()).collect();
-    files.dedup();
+    // A file's matches come together: one group each.
+    let groups: Vec<&[SearchMatch]> = r.matches.chunk_by(|a, b| a.path == b.path).collect();
     let mut out = format!(
         "{} in {}{ws} (searched {searched})",
         plural(r.matches.len() as u64, "match", "matches"),
-        plural(files.len() as u64, "file", "files"),
+        plural(groups.len() as u64, "file", "files"),
     );
     if r.at_cap {
         out.push_str(
@@ -372,14 +372,6 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
     // Files with several matches are set apart by a blank line, as ripgrep's headings are;
     // files with one follow each other line by line (a blank line each doubled the lines of a
     // search that found one match in each of 600 files).
-    let mut groups: Vec<&[SearchMatch]> = Vec::new();
-    let mut rest = &r.matches[..];
-    while let Some(first) = rest.first() {
-        let len = rest.iter().take_while(|m| m.path == first.path).count();
-        let (group, after) = rest.split_at(len);
-        groups.push(group);
-        rest = after;
-    }
     for (i, group) in groups.iter().enumerate() {
         if i > 0 && (group.len() > 1 || groups[i - 1].len() > 1) {
             out.push('\n');
@@ -679,7 +671,7 @@ fn tail_start(text: &str) -> usize {
         let taken = line.len() + usize::from(n > 0);
         if n == STREAM_END_LINES || text.len() - start + taken > STREAM_END_BYTES {
             if n == 0 {
-                start = ceil_boundary(text, text.len() - STREAM_END_BYTES);
+                start = text.len() - crate::text::tail(text, STREAM_END_BYTES).len();
             }
             break;
         }
@@ -695,14 +687,6 @@ fn count_lines(text: &str) -> u64 {
     } else {
         text.bytes().filter(|&b| b == b'\n').count() as u64 + 1
     }
-}
-
-/// The smallest character boundary of `text` at or after `at`.
-fn ceil_boundary(text: &str, mut at: usize) -> usize {
-    while !text.is_char_boundary(at) {
-        at += 1;
-    }
-    at
 }
 
 fn network(out: &mut String, events: &[NetworkEvent]) {

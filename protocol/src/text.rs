@@ -120,9 +120,30 @@ pub fn head(text: &str, max_bytes: usize) -> &str {
     &text[..end]
 }
 
+/// The longest end of `text` of at most `max_bytes` bytes that does not cut a character.
+pub fn tail(text: &str, max_bytes: usize) -> &str {
+    let mut start = text.len().saturating_sub(max_bytes);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn head_and_tail_never_cut_a_character() {
+        let text = "a\u{e9}b\u{e9}";
+        assert_eq!(head(text, 2), "a");
+        assert_eq!(head(text, 3), "a\u{e9}");
+        assert_eq!(tail(text, 2), "\u{e9}");
+        assert_eq!(tail(text, 3), "b\u{e9}");
+        assert_eq!(tail(text, 4), "b\u{e9}");
+        assert_eq!(tail(text, 99), text);
+        assert_eq!(tail(text, 0), "");
+    }
 
     /// One example of each class of character that must be escaped.
     const CLASSES: &[(&str, char)] = &[
