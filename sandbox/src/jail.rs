@@ -163,14 +163,14 @@ impl Jail {
         Ok(target)
     }
 
-    /// What follows the root in `text`, when `text` starts with the root (either spelling) as
-    /// whole components; `None` otherwise. Text, not a path: a glob pattern may follow.
+    /// What follows the root in the absolute `text`, when it starts with the root (either
+    /// spelling) as whole components, as [`Jail::resolve`] takes an absolute path; `None`
+    /// otherwise. Nothing after the root is looked at: a glob pattern may follow, and the root's
+    /// own name may hold `[` or `{`.
     pub fn strip_root<'a>(&self, text: &'a str) -> Option<&'a str> {
-        [&self.canonical_root, &self.root].iter().find_map(|root| {
-            let root = root.to_str()?.trim_end_matches('/');
-            let rest = text.strip_prefix(root)?;
-            (rest.is_empty() || rest.starts_with('/')).then_some(rest)
-        })
+        [&self.canonical_root, &self.root]
+            .iter()
+            .find_map(|root| Path::new(text).strip_prefix(root).ok()?.to_str())
     }
 
     /// Checks `raw` lexically and turns it into a clean path relative to the root.

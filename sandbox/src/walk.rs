@@ -387,26 +387,23 @@ fn rooted_pattern(jail: &Jail, pattern: &str) -> Result<Option<String>, SandboxE
     if !pattern.starts_with('/') {
         return Ok(None);
     }
-    // The root itself (either spelling) is taken off first: its own name may hold `[` or `{`.
-    if let Some(rest) = jail.strip_root(pattern) {
-        return Ok(Some(rest.trim_start_matches('/').to_owned()));
-    }
+    let outside = || {
+        SandboxError::InvalidArguments(format!(
+            "`pattern` {pattern} starts outside the workspace root; patterns are matched \
+             against paths relative to the root (or to `path`), such as `**/*.rs`"
+        ))
+    };
+    // The root (its name may hold `[` or `{`) is taken off first, then what comes before the
+    // first wildcard is folded as a path relative to it.
+    let relative = jail.strip_root(pattern).ok_or_else(outside)?;
     let wild = |part: &str| part.contains(['*', '?', '[', '{', '\\']);
-    let literal = pattern
+    let literal = relative
         .split('/')
         .take_while(|part| !wild(part))
         .collect::<Vec<_>>()
         .join("/");
-    let rest = &pattern[literal.len()..];
-    let prefix = jail
-        .resolve(if literal.is_empty() { "/" } else { &literal })
-        .map_err(|_| {
-            SandboxError::InvalidArguments(format!(
-                "`pattern` {pattern} starts outside the workspace root; patterns are matched \
-                 against paths relative to the root (or to `path`), such as `**/*.rs`"
-            ))
-        })?;
-    let rest = rest.trim_start_matches('/');
+    let prefix = jail.resolve(&literal).map_err(|_| outside())?;
+    let rest = relative[literal.len()..].trim_start_matches('/');
     Ok(Some(match (prefix.is_root(), rest.is_empty()) {
         (true, _) => rest.to_owned(),
         (false, true) => prefix.display(),
