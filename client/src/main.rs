@@ -291,17 +291,18 @@ enum HistoryCommand {
 async fn history(command: HistoryCommand) -> Result<ExitCode> {
     let config = ClientConfig::load(&config_dir()?)?;
     let agent = Agent::connect(&config).await?;
-    let done = history_on(&agent, command).await;
-    agent.close(DONE).await;
-    done
+    closed(&agent, history_on(&agent, command).await).await
 }
 
-/// What a command that connected says as it closes its connection ([`Agent::close`]). Each one
-/// closes it before it exits, and waits (at most 1 s) until the server has been told: a
-/// connection left open is held by the server until its idle time-out, counted against the
-/// user's connections (`server.max_connections_per_user`), and a script calling in a few loops
-/// at once was refused.
-const DONE: &str = "done";
+/// Closes `agent`'s connection ([`Agent::close`]) and gives back `done`, what the command got
+/// through it. Each command closes its connection before it exits, whatever it got, and waits
+/// (at most 1 s) until the close is sent: a connection left open is held by the server until
+/// its idle time-out, counted against the user's connections
+/// (`server.max_connections_per_user`), and a script calling in a few loops at once was refused.
+async fn closed<T>(agent: &Agent, done: T) -> T {
+    agent.close("done").await;
+    done
+}
 
 async fn history_on(agent: &Agent, command: HistoryCommand) -> Result<ExitCode> {
     match command {
@@ -606,9 +607,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Detach { name, session } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
-            let detached = agent.detach(session.as_deref(), &name).await;
-            agent.close(DONE).await;
-            let id = detached?;
+            let id = closed(&agent, agent.detach(session.as_deref(), &name).await).await?;
             errln!(
                 "detached `{}` from session {}: it is no longer in the session",
                 printable(&name),
@@ -704,14 +703,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 errln!("… {}", printable(p))
             });
             let reply = tokio::select! {
-                reply = called => match reply {
-                    Ok(reply) => reply,
-                    Err(e) => {
-                        // Refused (a limit, an unknown session): closed all the same.
-                        agent.close(DONE).await;
-                        return Err(e.into());
-                    }
-                },
+                reply = called => reply,
                 signal = interrupts.next() => {
                     // The server cancels the call at once: its prompt is withdrawn, nothing
                     // more of it runs (`monad_client::interrupts`).
@@ -720,9 +712,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     end_by(signal)
                 }
             };
-            // The answer is in: a signal while it is printed ends the process at once.
+            // The answer is in (or the call was refused): a signal while it is printed ends the
+            // process at once.
             interrupts.stop();
-            agent.close(DONE).await;
+            let reply = closed(&agent, reply).await?;
             let printed = call::printed(tool, &reply, json);
             output::err(&printed.stderr);
             output::out(&printed.stdout)?;
@@ -782,9 +775,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let config = ClientConfig::load(&config_dir()?)?;
             let agent = Agent::connect(&config).await?;
-            let opened = agent.open_session(Some(&id)).await;
-            agent.close(DONE).await;
-            let session = opened?;
+            let session = closed(&agent, agent.open_session(Some(&id)).await).await?;
             errln!(
                 "this device now uses session {}{}",
                 printable(&session.id),
@@ -823,8 +814,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 Some(name) => agent.new_named_session(here, name).await,
                 None => agent.open_session_in(None, here).await,
             };
-            agent.close(DONE).await;
-            let session = started?;
+            let session = closed(&agent, started).await?;
             for w in session
                 .workspaces
                 .iter()
@@ -853,10 +843,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 // This device's current session: what a command without --session uses.
                 let (current, _) = agent.workspaces(None).await?;
                 Ok::<_, monad_client::ClientError>((sessions, current))
-            }
-            .await;
-            agent.close(DONE).await;
-            let (sessions, current) = listed?;
+            };
+            let (sessions, current) = closed(&agent, listed.await).await?;
             if json {
                 let listed: Vec<serde_json::Value> = sessions
                     .iter()
@@ -943,26 +931,23 @@ async fn status(json: bool) -> Result<ExitCode> {
     let config = ClientConfig::load(&dir)?;
     let reached = match Agent::connect(&config).await {
         Ok(agent) => {
-            let reached = match agent.workspaces(None).await {
-                Ok((session, workspaces)) => {
-                    let named = agent
-                        .sessions()
-                        .await
-                        .ok()
-                        .and_then(|all| all.into_iter().find(|s| s.id == session))
-                        .and_then(|s| s.name);
-                    Ok((
-                        agent.user().to_owned(),
-                        session,
-                        named,
-                        workspaces,
-                        agent.server().to_owned(),
-                    ))
-                }
-                Err(e) => Err(e),
+            let reached = async {
+                let (session, workspaces) = agent.workspaces(None).await?;
+                let named = agent
+                    .sessions()
+                    .await
+                    .ok()
+                    .and_then(|all| all.into_iter().find(|s| s.id == session))
+                    .and_then(|s| s.name);
+                Ok((
+                    agent.user().to_owned(),
+                    session,
+                    named,
+                    workspaces,
+                    agent.server().to_owned(),
+                ))
             };
-            agent.close(DONE).await;
-            reached
+            closed(&agent, reached.await).await
         }
         Err(e) => Err(e),
     };
