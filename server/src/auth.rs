@@ -228,6 +228,31 @@ impl TokenStore {
         if let Some(db) = &self.db {
             return db.token_user(presented).map_err(store_error);
         }
+        // The stored value is a hash, so looking it up leaks nothing useful through timing:
+        // an attacker cannot choose the bytes of the hash it makes.
+        Ok(self
+            .users()?
+            .as_ref()
+            .and_then(|(_, users)| users.get(presented).cloned()))
+    }
+
+    /// The hash of every token there is now: what the server looks for each connection's token
+    /// in, to close those of revoked ones. From memory while the file is unchanged.
+    pub fn hashes(&self) -> Result<std::collections::HashSet<String>, ServerError> {
+        if let Some(db) = &self.db {
+            let records = db.token_records().map_err(store_error)?;
+            return Ok(records.into_iter().map(|r| r.hash).collect());
+        }
+        Ok(self
+            .users()?
+            .as_ref()
+            .map(|(_, users)| users.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    /// The file's tokens as each hash's user, read again only when the file changed; `None`
+    /// when there is no file.
+    fn users(&self) -> Result<std::sync::MutexGuard<'_, Option<Cached>>, ServerError> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         let stamp = Stamp::of(&self.path)?;
         let fresh = matches!((&*cache, stamp), (Some((cached, _)), Some(now)) if *cached == now);
@@ -240,17 +265,9 @@ impl TokenStore {
                 .map(|record| (record.hash, record.user))
                 .collect();
             // Stamped as of before the read: a change during the read is seen next time.
-            if let Some(stamp) = stamp {
-                *cache = Some((stamp, users));
-            } else {
-                return Ok(None);
-            }
+            *cache = stamp.map(|stamp| (stamp, users));
         }
-        // The stored value is a hash, so looking it up leaks nothing useful through timing:
-        // an attacker cannot choose the bytes of the hash it makes.
-        Ok(cache
-            .as_ref()
-            .and_then(|(_, users)| users.get(presented).cloned()))
+        Ok(cache)
     }
 
     /// How many tokens the in-memory map holds (tests only).

@@ -48,10 +48,7 @@ const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 /// pool, since a PostgreSQL store answers with a query. One that cannot be read counts as valid
 /// (the failure is logged): a store that cannot be reached for a moment does not cut everyone
 /// off.
-async fn token_still_valid(state: &Arc<State>, token: Option<String>, user: &str) -> bool {
-    let Some(token) = token else {
-        return true;
-    };
+async fn token_still_valid(state: &Arc<State>, token: String, user: &str) -> bool {
     let tokens = state.tokens.clone();
     match tokio::task::spawn_blocking(move || tokens.verify_hash(&token)).await {
         Ok(Ok(Some(holder))) => holder == user,
@@ -64,8 +61,8 @@ async fn token_still_valid(state: &Arc<State>, token: Option<String>, user: &str
     }
 }
 
-/// Every [`TOKEN_RECHECK`], reads the tokens (on the blocking pool: a PostgreSQL store answers
-/// with a query) and publishes their hashes ([`State::valid_tokens`]), on which every
+/// Every [`TOKEN_RECHECK`], reads the tokens' hashes (on the blocking pool: a PostgreSQL store
+/// answers with a query; the file is read again only when it changed) and publishes them ([`State::valid_tokens`]), on which every
 /// connection checks its own, in memory. One read per sweep for the whole server, rather than
 /// one per connection; a sweep that cannot read them is skipped (logged), and the connections
 /// stay.
@@ -75,9 +72,8 @@ async fn sweep_tokens(state: Arc<State>) {
     loop {
         tick.tick().await;
         let tokens = state.tokens.clone();
-        match tokio::task::spawn_blocking(move || tokens.list()).await {
-            Ok(Ok(records)) => {
-                let hashes = records.into_iter().map(|r| r.hash).collect();
+        match tokio::task::spawn_blocking(move || tokens.hashes()).await {
+            Ok(Ok(hashes)) => {
                 state.valid_tokens.send_replace(Some(Arc::new(hashes)));
             }
             Ok(Err(e)) => warn!("cannot read tokens to look for revoked ones: {e}"),
@@ -570,9 +566,11 @@ async fn handle_connection(
     let why = loop {
         tokio::select! {
             Ok(()) = swept.changed(), if token.is_some() => {
-                let missing = swept.borrow_and_update().as_ref().is_some_and(|valid| {
-                    token.as_ref().is_some_and(|token| !valid.contains(token))
-                });
+                let Some(token) = &token else { continue };
+                let missing = swept
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|valid| !valid.contains(token));
                 // Asked again before closing: a token created after the sweep read the tokens
                 // is not among them.
                 if missing && !token_still_valid(&state, token.clone(), &user).await {
