@@ -82,6 +82,42 @@ pub struct Attached {
     pub link: Option<ClientLink>,
 }
 
+impl Attached {
+    /// The folder as its session keeps it ([`Session::keep`]).
+    fn kept(&self) -> KeptFolder {
+        KeptFolder {
+            name: self.name.clone(),
+            uri: self.uri.clone(),
+            trust: self.trust,
+            tools: self.tools.iter().map(|t| t.as_str().to_owned()).collect(),
+            device_id: self.device_id.as_str().to_owned(),
+            path: self.path.clone(),
+            record: self.record.clone(),
+            folder: self.folder.clone(),
+        }
+    }
+
+    /// A kept folder, offline until its client attaches it again; `None` when its device id
+    /// cannot be read. A tool a later version added is left out.
+    fn offline(kept: &KeptFolder) -> Option<Attached> {
+        Some(Attached {
+            name: kept.name.clone(),
+            uri: kept.uri.clone(),
+            trust: kept.trust,
+            tools: kept
+                .tools
+                .iter()
+                .filter_map(|t| ToolName::parse(t))
+                .collect(),
+            device_id: DeviceId::parse(&kept.device_id).ok()?,
+            path: kept.path.clone(),
+            record: kept.record.clone(),
+            folder: kept.folder.clone(),
+            link: None,
+        })
+    }
+}
+
 /// A session's primary workspace: its [`Sandbox`] (an open directory) is opened on first use,
 /// once, off the async workers; a session that is only listed or looked at holds no descriptor.
 #[derive(Debug)]
@@ -662,16 +698,7 @@ impl Session {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|a| focus.as_deref() == Some(a.name.as_str()))
-            .map(|a| KeptFolder {
-                name: a.name.clone(),
-                uri: a.uri.clone(),
-                trust: a.trust,
-                tools: a.tools.iter().map(|t| t.as_str().to_owned()).collect(),
-                device_id: a.device_id.as_str().to_owned(),
-                path: a.path.clone(),
-                record: a.record.clone(),
-                folder: a.folder.clone(),
-            })
+            .map(Attached::kept)
             .collect();
         if meta.folders == folders && meta.focus == focus {
             return;
@@ -688,23 +715,7 @@ impl Session {
 /// them (or the primary workspace). A folder whose device id cannot be read is left out, and
 /// a tool a later version added.
 fn kept_folders(meta: &SessionMeta) -> (Vec<Attached>, Option<String>) {
-    let folders: Vec<Attached> = meta
-        .folders
-        .iter()
-        .filter_map(|k| {
-            Some(Attached {
-                name: k.name.clone(),
-                uri: k.uri.clone(),
-                trust: k.trust,
-                tools: k.tools.iter().filter_map(|t| ToolName::parse(t)).collect(),
-                device_id: DeviceId::parse(&k.device_id).ok()?,
-                path: k.path.clone(),
-                record: k.record.clone(),
-                folder: k.folder.clone(),
-                link: None,
-            })
-        })
-        .collect();
+    let folders: Vec<Attached> = meta.folders.iter().filter_map(Attached::offline).collect();
     let focus = meta
         .focus
         .clone()

@@ -386,6 +386,11 @@ fn role_of(word: &str) -> Option<Role> {
 /// A session row's metadata; a row no server writes (an empty owner, which no user has) is
 /// corrupt: [`StoreError::Invalid`], so that it is refused to everyone and never re-created.
 fn meta_of(row: &Row) -> Result<SessionMeta, StoreError> {
+    // Unreadable (a later version's), it is as none: the focus comes back as its folder attaches.
+    let kept: Option<String> = row.get("kept");
+    let kept = kept
+        .and_then(|text| serde_json::from_str::<Kept>(&text).ok())
+        .unwrap_or_default();
     let meta = SessionMeta {
         id: row.get("id"),
         name: row.get("name"),
@@ -394,18 +399,8 @@ fn meta_of(row: &Row) -> Result<SessionMeta, StoreError> {
         last_active: row.get("last_active"),
         provider: row.get("provider"),
         model: row.get("model"),
-        focus: None,
-        folders: Vec::new(),
-    };
-    // Unreadable (a later version's), it is as none: the folders come back as they attach.
-    let kept: Option<String> = row.get("kept");
-    let kept = kept
-        .and_then(|text| serde_json::from_str::<Kept>(&text).ok())
-        .unwrap_or_default();
-    let meta = SessionMeta {
         focus: kept.focus,
         folders: kept.folders,
-        ..meta
     };
     if meta.owner.trim().is_empty() {
         return Err(StoreError::Invalid(format!(
