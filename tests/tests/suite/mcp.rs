@@ -456,6 +456,38 @@ fn front_on_pipes(
         .expect("monad-client mcp starts")
 }
 
+/// The lines `monad-client mcp` answers in.
+type Answers = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+/// `monad-client mcp` started on pipes ([`front_on_pipes`]): the process, where its requests go
+/// and its answers' lines.
+fn mcp_front(
+    config: &std::path::Path,
+) -> (tokio::process::Child, tokio::process::ChildStdin, Answers) {
+    use tokio::io::AsyncBufReadExt;
+    let mut cmd = monad_tests::command("monad-client");
+    cmd.arg("mcp");
+    let mut front = front_on_pipes(cmd, config);
+    let requests = front.stdin.take().expect("its standard input");
+    let answers =
+        tokio::io::BufReader::new(front.stdout.take().expect("its standard output")).lines();
+    (front, requests, answers)
+}
+
+/// Sends `initialize` as the host `name` and waits for its answer.
+async fn initialize<R: tokio::io::AsyncBufRead + Unpin>(
+    requests: &mut tokio::process::ChildStdin,
+    answers: &mut tokio::io::Lines<R>,
+    name: &str,
+) -> Value {
+    let init = json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": name, "version": "1"},
+    });
+    ask(requests, answers, 1, "initialize", init).await
+}
+
 /// Writes a JSON-RPC request to `monad-client mcp` and reads lines until its answer.
 async fn ask<R: tokio::io::AsyncBufRead + Unpin>(
     requests: &mut tokio::process::ChildStdin,
@@ -490,7 +522,6 @@ async fn ask<R: tokio::io::AsyncBufRead + Unpin>(
 async fn mcp_over_stdio_grows_the_pipe_its_answers_go_into_for_a_large_one() {
     use monad_client::mcp::PIPE_BYTES;
     use nix::fcntl::{FcntlArg, fcntl};
-    use tokio::io::AsyncBufReadExt;
     let (server, _http) = server().await;
     let line = "the quick brown fox jumps over the lazy dog, again and again.\n";
     let big = line.repeat(100 * 1024 / line.len());
@@ -499,23 +530,13 @@ async fn mcp_over_stdio_grows_the_pipe_its_answers_go_into_for_a_large_one() {
     options.allow = vec![ToolClass::Read];
     let _attached = Attachment::start(&server.client_config(), options, None).await;
     let config = saved_config(&server.client_config());
-    let mut cmd = monad_tests::command("monad-client");
-    cmd.arg("mcp");
-    let mut front = front_on_pipes(cmd, config.path());
-    let mut requests = front.stdin.take().expect("its standard input");
-    let mut answers =
-        tokio::io::BufReader::new(front.stdout.take().expect("its standard output")).lines();
-    let capacity = |answers: &mut tokio::io::Lines<tokio::io::BufReader<_>>| {
+    let (_front, mut requests, mut answers) = mcp_front(config.path());
+    let capacity = |answers: &mut Answers| {
         let pipe: &tokio::process::ChildStdout = answers.get_mut().get_ref();
         usize::try_from(fcntl(pipe, FcntlArg::F_GETPIPE_SZ).expect("a pipe")).unwrap()
     };
     let at_start = capacity(&mut answers);
-    let init = json!({
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "pipe", "version": "1"},
-    });
-    ask(&mut requests, &mut answers, 1, "initialize", init).await;
+    initialize(&mut requests, &mut answers, "pipe").await;
     let read = |path: &str| json!({"name": "read_file", "arguments": {"path": path, "workspace": "laptop"}});
     let small = ask(
         &mut requests,
@@ -557,21 +578,10 @@ async fn mcp_over_stdio_grows_the_pipe_its_answers_go_into_for_a_large_one() {
 /// limit (refused by the workspace), rather than dropping the line and leaving its host waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_over_stdio_answers_a_write_as_large_as_a_workspace_takes() {
-    use tokio::io::AsyncBufReadExt;
     let (server, _http) = server().await;
     let config = saved_config(&server.client_config());
-    let mut cmd = monad_tests::command("monad-client");
-    cmd.arg("mcp");
-    let mut front = front_on_pipes(cmd, config.path());
-    let mut requests = front.stdin.take().expect("its standard input");
-    let mut answers =
-        tokio::io::BufReader::new(front.stdout.take().expect("its standard output")).lines();
-    let init = json!({
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "big", "version": "1"},
-    });
-    ask(&mut requests, &mut answers, 1, "initialize", init).await;
+    let (_front, mut requests, mut answers) = mcp_front(config.path());
+    initialize(&mut requests, &mut answers, "big").await;
     let limit = monad_sandbox::Limits::default().write_max_bytes as usize;
     // Lines of 1 KiB with their line breaks: the request line is longer than the content.
     let mut content = format!("{}\n", "x".repeat(1023)).repeat(limit / 1024);
@@ -743,13 +753,8 @@ async fn mcp_over_stdio_ended_by_a_signal_closes_its_connection_and_withdraws_th
         let mut front = front_on_pipes(cmd, config.path());
         let mut requests = front.stdin.take().expect("its standard input");
         let mut answers = tokio::io::BufReader::new(front.stdout.take().expect("its output"));
-        let init = json!({
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "signal", "version": "1"},
-        });
         let mut lines = tokio::io::AsyncBufReadExt::lines(&mut answers);
-        let _ = ask(&mut requests, &mut lines, 1, "initialize", init).await;
+        initialize(&mut requests, &mut lines, "signal").await;
         let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
             "name": "read_file", "arguments": {"path": "notes.txt", "workspace": "laptop"}}});
         tokio::io::AsyncWriteExt::write_all(&mut requests, format!("{call}\n").as_bytes())
