@@ -1224,47 +1224,35 @@ mod tests {
         assert!(free, "the command outlived its dropped start");
     }
 
+    /// What a foreground output of `cap` bytes keeps whole of `pieces` pushed in turn.
+    fn kept(cap: usize, pieces: &[&[u8]]) -> (String, Option<OutputGap>) {
+        let mut output = Output::new(cap);
+        for piece in pieces {
+            output.push(piece);
+        }
+        output.take_whole(true)
+    }
+
     #[test]
     fn foreground_output_keeps_its_two_ends_and_background_the_tail() {
-        let mut ends = Output::new(4);
-        ends.push(b"abc");
-        ends.push(b"def");
-        ends.push(b"g");
-        assert_eq!(
-            ends.take_whole(true),
-            ("abfg".to_owned(), Some(OutputGap { at: 2, dropped: 3 }))
-        );
-        let mut fits = Output::new(4);
-        fits.push(b"ab");
-        fits.push(b"cd");
-        assert_eq!(fits.take_whole(true), ("abcd".to_owned(), None));
+        let gap = |at, dropped| Some(OutputGap { at, dropped });
+        assert_eq!(kept(4, &[b"abc", b"def", b"g"]), ("abfg".into(), gap(2, 3)));
+        assert_eq!(kept(4, &[b"ab", b"cd"]), ("abcd".into(), None));
         // A cut inside a character drops the character with the rest.
         // A stray byte earlier does not hide a character cut at the end of the kept start.
-        let mut stray_then_cut = Output::new(6);
-        stray_then_cut.push(b"\xffa");
-        stray_then_cut.push("é".as_bytes());
-        stray_then_cut.push(b"xyzw");
         assert_eq!(
-            stray_then_cut.take_whole(true),
-            (
-                "\u{fffd}ayzw".to_owned(),
-                Some(OutputGap { at: 4, dropped: 3 })
-            )
+            kept(6, &[b"\xffa", "é".as_bytes(), b"xyzw"]),
+            ("\u{fffd}ayzw".into(), gap(4, 3))
         );
-        let mut head_cut = Output::new(4);
-        head_cut.push("aé".as_bytes()); // 61 c3 | a9: the first half ends inside `é`
-        head_cut.push(b"xyz");
+        // 61 c3 | a9: the first half ends inside `é`.
         assert_eq!(
-            head_cut.take_whole(true),
-            ("ayz".to_owned(), Some(OutputGap { at: 1, dropped: 3 }))
+            kept(4, &["aé".as_bytes(), b"xyz"]),
+            ("ayz".into(), gap(1, 3))
         );
-        let mut tail_cut = Output::new(4);
-        tail_cut.push(b"ab");
-        tail_cut.push("cé".as_bytes());
-        tail_cut.push(b"d"); // the kept end starts inside `é`: a9 64
+        // The kept end starts inside `é`: a9 64.
         assert_eq!(
-            tail_cut.take_whole(true),
-            ("abd".to_owned(), Some(OutputGap { at: 2, dropped: 3 }))
+            kept(4, &[b"ab", "cé".as_bytes(), b"d"]),
+            ("abd".into(), gap(2, 3))
         );
         let mut tail = Output::new(4);
         tail.keep_tail = true;
