@@ -408,7 +408,7 @@ pub fn nobody_to_ask(tool: ToolName, dir: &str) -> String {
 pub const DESCRIBED_TEXT_CHARS: usize = 80;
 
 /// The call in one line, escaped: its command line (argv quoted as a POSIX shell would need it,
-/// see [`crate::prompt::shell_words`]), its path or pattern, or the process it acts on (with,
+/// see [`monad_protocol::text::shell_words`]), its path or pattern, or the process it acts on (with,
 /// for `process_write`, the first line of the text, cut at [`DESCRIBED_TEXT_CHARS`] with `…`
 /// when more follows; for `process_kill` the signal).
 pub fn describe(tool: ToolName, args: &Value) -> String {
@@ -420,7 +420,7 @@ pub fn describe(tool: ToolName, args: &Value) -> String {
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            format!("$ {}", crate::prompt::shell_words(&argv))
+            format!("$ {}", monad_protocol::text::shell_words(&argv))
         }
         ToolName::Search | ToolName::Glob => match text("path") {
             Some(path) => format!(

@@ -16,7 +16,7 @@
 use std::fmt::Write;
 
 use monad_protocol::ToolName;
-use monad_protocol::text::printable;
+use monad_protocol::text::{printable, shell_words};
 use serde_json::Value;
 
 use crate::approval::ApprovalRequest;
@@ -44,25 +44,6 @@ pub struct Whole {
     pub what: &'static str,
     /// Its lines, escaped.
     pub lines: Vec<String>,
-}
-
-/// `argv` as one line a POSIX shell would read back as the same words: `["echo", "a b"]` is
-/// `echo 'a b'` and `["echo", "a", "b"]` is `echo a b`; an empty argument shows as `''`.
-/// Quoted with the `shlex` crate (tested against bash, dash, zsh and others), then escaped
-/// ([`printable`]), so control and invisible characters show as `\u{..}`; an argument with a
-/// NUL byte (which no command can receive) shows it as `\u{0}` too.
-pub fn shell_words(argv: &[&str]) -> String {
-    let quoter = shlex::Quoter::new().allow_nul(true);
-    argv.iter()
-        .map(|word| {
-            let quoted = quoter
-                .quote(word)
-                .map(|q| q.into_owned())
-                .unwrap_or_else(|_| format!("'{word}'"));
-            printable(&quoted).into_owned()
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// The prompt for `request`.
@@ -322,18 +303,6 @@ mod tests {
 
     fn text(prompt: &Prompt) -> String {
         prompt.lines.join("\n")
-    }
-
-    #[test]
-    fn argv_is_quoted_so_that_different_argvs_look_different() {
-        assert_eq!(shell_words(&["echo", "a b"]), "echo 'a b'");
-        assert_eq!(shell_words(&["echo", "a", "b"]), "echo a b");
-        assert_eq!(shell_words(&["echo", ""]), "echo ''");
-        assert_eq!(shell_words(&["echo", "it's"]), r#"echo "it's""#);
-        assert_eq!(shell_words(&["echo", "$HOME", "*"]), "echo '$HOME' '*'");
-        assert_eq!(shell_words(&["echo", "a\nb"]), "echo 'a\\u{a}b'");
-        assert_eq!(shell_words(&["ec\u{202e}ho"]), "'ec\\u{202e}ho'");
-        assert_eq!(shell_words(&["a\u{0}b"]), "'a\\u{0}b'");
     }
 
     #[test]

@@ -459,21 +459,6 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
     out
 }
 
-/// A command line as one line, arguments with spaces or quotes in single quotes.
-fn command_line(argv: &[String]) -> String {
-    let quote = |a: &String| {
-        let plain = !a.is_empty()
-            && a.chars()
-                .all(|c| c.is_alphanumeric() || "-_./=:,+@%".contains(c));
-        if plain {
-            a.clone()
-        } else {
-            format!("'{}'", a.replace('\'', r"'\''"))
-        }
-    };
-    argv.iter().map(quote).collect::<Vec<_>>().join(" ")
-}
-
 /// How a process ended, or that it runs.
 fn ending(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> String {
     match (timed_out, exit_code, signal) {
@@ -859,7 +844,7 @@ fn process_list(ws: &Where<'_>, r: ProcessListResult) -> String {
         if p.unread_bytes > 0 {
             let _ = write!(out, ", {} unread", plural(p.unread_bytes, "byte", "bytes"));
         }
-        let _ = write!(out, ": {}", command_line(&p.argv));
+        let _ = write!(out, ": {}", crate::text::shell_words(&p.argv));
     }
     for u in &r.unavailable {
         let _ = write!(
@@ -1526,8 +1511,8 @@ mod tests {
         // Gathered from the workspaces that have some: each line names its own.
         assert_eq!(
             list,
-            "2 background processes:\np1: running for 3.0 s, workspace laptop: sh -c 'sleep 9; \
-             echo '\\''hi'\\'''\np2: exit status 2, workspace primary, in src, 5 bytes unread: \
+            "2 background processes:\np1: running for 3.0 s, workspace laptop: sh -c \"sleep 9; \
+             echo 'hi'\"\np2: exit status 2, workspace primary, in src, 5 bytes unread: \
              make\nnot listed: workspace old: workspace_disconnected: offline"
         );
         let one = render(

@@ -11,6 +11,8 @@
 //!   included (tabs stay);
 //! - [`printable_lines`] for text of many lines (diffs, history, command output): the same, but
 //!   `\n` stays;
+//! - [`shell_words`] for a command line: each argument quoted as a POSIX shell would read it
+//!   back, then escaped as [`printable`] does;
 //! - [`json_safe`] for serialized JSON: such characters become `\uXXXX` escapes, so the text is
 //!   still valid JSON with the same value.
 
@@ -87,6 +89,26 @@ pub fn printable_lines(text: &str) -> Cow<'_, str> {
     escape_with(text, true)
 }
 
+/// `argv` as one line a POSIX shell would read back as the same words: `["echo", "a b"]` is
+/// `echo 'a b'` and `["echo", "a", "b"]` is `echo a b`; an empty argument shows as `''`.
+/// Quoted with the `shlex` crate (tested against bash, dash, zsh and others), then escaped
+/// ([`printable`]), so control and invisible characters show as `\u{..}`; an argument with a
+/// NUL byte (which no command can receive) shows it as `\u{0}` too.
+pub fn shell_words<S: AsRef<str>>(argv: &[S]) -> String {
+    let quoter = shlex::Quoter::new().allow_nul(true);
+    argv.iter()
+        .map(|word| {
+            let word = word.as_ref();
+            let quoted = quoter
+                .quote(word)
+                .map(|q| q.into_owned())
+                .unwrap_or_else(|_| format!("'{word}'"));
+            printable(&quoted).into_owned()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Serialized JSON made safe to print: every character [`is_hidden`] finds inside it becomes a
 /// `\uXXXX` escape (a surrogate pair above U+FFFF), so the text is still valid JSON with the same
 /// value. Raw `\n`, `\r` and tabs can only be white space between tokens in valid JSON and are
@@ -132,6 +154,18 @@ pub fn tail(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn argv_is_quoted_so_that_different_argvs_look_different() {
+        assert_eq!(shell_words(&["echo", "a b"]), "echo 'a b'");
+        assert_eq!(shell_words(&["echo", "a", "b"]), "echo a b");
+        assert_eq!(shell_words(&["echo", ""]), "echo ''");
+        assert_eq!(shell_words(&["echo", "it's"]), r#"echo "it's""#);
+        assert_eq!(shell_words(&["echo", "$HOME", "*"]), "echo '$HOME' '*'");
+        assert_eq!(shell_words(&["echo", "a\nb"]), "echo 'a\\u{a}b'");
+        assert_eq!(shell_words(&["ec\u{202e}ho"]), "'ec\\u{202e}ho'");
+        assert_eq!(shell_words(&["a\u{0}b"]), "'a\\u{0}b'");
+    }
 
     #[test]
     fn head_and_tail_never_cut_a_character() {
