@@ -180,9 +180,29 @@ impl Admin {
     /// `config.toml` (or `MONAD_STORE_URL`) names one under `[store] url`, else the files of
     /// the directory. A bad URL or an unreachable database is an error that says so.
     pub fn open(data_dir: &Path) -> Result<Admin, crate::ServerError> {
+        Admin::open_with(data_dir, false)
+    }
+
+    /// [`Admin::open`] for a command that only looks (`session show`, `workspace list`, ...):
+    /// with the files of the data directory, a corrupt one is reported and left where it is
+    /// ([`FsStore::inspecting`]), not kept aside as the server does.
+    pub fn open_to_look(data_dir: &Path) -> Result<Admin, crate::ServerError> {
+        Admin::open_with(data_dir, true)
+    }
+
+    fn open_with(data_dir: &Path, looking: bool) -> Result<Admin, crate::ServerError> {
         let settings = crate::settings::store_settings(data_dir)?;
         let Some(url) = settings.url.as_deref().filter(|u| !u.trim().is_empty()) else {
-            return Ok(Admin::new(data_dir));
+            let store = if looking {
+                FsStore::inspecting(data_dir)
+            } else {
+                FsStore::new(data_dir)
+            };
+            return Ok(Admin {
+                data_dir: data_dir.to_path_buf(),
+                store: Arc::new(store),
+                in_database: false,
+            });
         };
         let blobs = crate::store::blobs_for(&settings, data_dir)?;
         let store = crate::store::PgStore::connect(url, data_dir, blobs, settings.pool_options())
@@ -308,7 +328,17 @@ impl Admin {
             .collect();
         crate::session::match_prefix(prefix, &ids)
             .map(str::to_owned)
-            .map_err(|e| e.message)
+            .map_err(|e| {
+                // Left out of the listing because its metadata cannot be read: say so, not
+                // that it does not exist.
+                let unreadable = crate::store::check_id(prefix)
+                    .ok()
+                    .and_then(|()| self.store.load(prefix).err());
+                match unreadable {
+                    Some(why) => format!("session `{prefix}` cannot be read: {why}"),
+                    None => e.message,
+                }
+            })
     }
 
     /// Who deletes: the running server (through its socket), or this process (holding the

@@ -613,8 +613,20 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         None => serve(dir, cli.serve),
         Some(Command::Serve(args)) => serve(dir, args),
-        Some(Command::Session(cmd)) => session_command(&Admin::open(&dir)?, cmd),
-        Some(Command::Workspace(cmd)) => workspace_command(&Admin::open(&dir)?, cmd),
+        Some(Command::Session(cmd)) => {
+            // Only `delete` and `gc` change anything; the rest look, and leave even a corrupt
+            // file where it is.
+            let admin = if matches!(
+                cmd,
+                SessionCommand::Delete { .. } | SessionCommand::Gc { .. }
+            ) {
+                Admin::open(&dir)?
+            } else {
+                Admin::open_to_look(&dir)?
+            };
+            session_command(&admin, cmd)
+        }
+        Some(Command::Workspace(cmd)) => workspace_command(&Admin::open_to_look(&dir)?, cmd),
         Some(Command::Fingerprint) => {
             match Admin::new(&dir).fingerprint().map_err(anyhow::Error::msg)? {
                 Some(fingerprint) => outln!("{fingerprint}")?,

@@ -41,6 +41,10 @@ pub struct FsStore {
     /// Devices of one user with a binding, at most (binding one more forgets the user's least
     /// recently used).
     max_devices_per_user: usize,
+    /// Opened to look, by a command that only reads (`session show`, `workspace list`): a
+    /// corrupt file is reported and left where it is, and nothing is written; the server keeps
+    /// it aside at its next read ([`FsStore::inspecting`]).
+    inspecting: bool,
 }
 
 /// A binding's use is written down again (on a lookup) once it is this old, so that its
@@ -312,8 +316,17 @@ fn is_temp_name(name: &str) -> bool {
     !base.is_empty() && n.parse::<u64>().is_ok() && pid.parse::<u32>().is_ok()
 }
 
-/// Moves a corrupt file aside as `<name>.corrupt-<time>` so nothing is lost.
-fn keep_aside(path: &Path, why: &str) {
+/// Moves a corrupt file aside as `<name>.corrupt-<time>` so nothing is lost; when the store is
+/// only looking ([`FsStore::inspecting`]), says so and leaves it.
+fn keep_aside(path: &Path, why: &str, inspecting: bool) {
+    if inspecting {
+        warn!(
+            "{} is corrupt ({why}); left as it is (the server keeps it aside as \
+             .corrupt-<time> when it next reads it)",
+            path.display()
+        );
+        return;
+    }
     let stamp = now_rfc3339().replace(':', "");
     let ext = path
         .extension()
@@ -336,21 +349,6 @@ fn keep_aside(path: &Path, why: &str) {
     }
 }
 
-/// Session ids (`default` or a UUID) and artifact ids (`session_history`, UUIDs): letters,
-/// digits, `-` and `_` only, so an id never names anything but one entry of its directory.
-fn check_id(id: &str) -> Result<(), StoreError> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!("`{id}` is not a session id")))
-    }
-}
-
 impl FsStore {
     /// A store in `data_dir` (created as needed).
     pub fn new(data_dir: &Path) -> FsStore {
@@ -363,6 +361,18 @@ impl FsStore {
             folders: Mutex::new(None),
             workspaces: Mutex::new(None),
             max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
+            inspecting: false,
+        }
+    }
+
+    /// The store in `data_dir` for a command that only looks (`session list`, `session show`,
+    /// `workspace list`, ...), possibly while the server runs: a corrupt file is reported and
+    /// left where it is rather than kept aside, a corrupt `session.md` is an error rather than
+    /// a fresh conversation, and nothing is written.
+    pub fn inspecting(data_dir: &Path) -> FsStore {
+        FsStore {
+            inspecting: true,
+            ..FsStore::new(data_dir)
         }
     }
 
@@ -512,8 +522,15 @@ impl FsStore {
         };
         let history = match parsed {
             Ok(history) => history,
+            Err(why) if self.inspecting => {
+                return Err(StoreError::Invalid(format!(
+                    "{} is corrupt ({why}); the server keeps it aside as .corrupt-<time> and \
+                     starts the conversation again when it next reads it",
+                    path.display()
+                )));
+            }
             Err(why) => {
-                keep_aside(&path, &why);
+                keep_aside(&path, &why, false);
                 let fresh = self.fresh_history(id)?;
                 atomic(&path, history::render_frontmatter(&fresh).as_bytes())?;
                 fresh
@@ -609,7 +626,7 @@ impl FsStore {
                         Ok(file) => {
                             map.insert(file.record.id.clone(), file);
                         }
-                        Err(why) => keep_aside(&path, &why),
+                        Err(why) => keep_aside(&path, &why, self.inspecting),
                     }
                 }
             }
@@ -642,7 +659,7 @@ impl FsStore {
                             (BindingsFile::migrate(old, owner), true)
                         }
                         Err(_) => {
-                            keep_aside(&path, &e.to_string());
+                            keep_aside(&path, &e.to_string(), self.inspecting);
                             (BindingsFile::default(), false)
                         }
                     },
@@ -652,7 +669,7 @@ impl FsStore {
                 }
                 Err(e) => return Err(StoreError::io("read", &path, e)),
             };
-            if migrated {
+            if migrated && !self.inspecting {
                 self.write_bindings(&path, &file)?;
             }
             *guard = Some(file);
@@ -687,13 +704,13 @@ impl FsStore {
                 Ok(text) => match toml::from_str::<FoldersFile>(&text) {
                     Ok(file) => file,
                     Err(e) => {
-                        keep_aside(&path, &e.to_string());
+                        keep_aside(&path, &e.to_string(), self.inspecting);
                         FoldersFile::default()
                     }
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => FoldersFile::default(),
                 Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                    keep_aside(&path, "not UTF-8 text");
+                    keep_aside(&path, "not UTF-8 text", self.inspecting);
                     FoldersFile::default()
                 }
                 Err(e) => return Err(StoreError::io("read", &path, e)),

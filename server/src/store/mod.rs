@@ -462,6 +462,22 @@ pub trait SessionStore: Send + Sync {
     }
 }
 
+/// Session ids (`default` or a UUID), record and artifact ids (`session_history`, UUIDs):
+/// letters, digits, `-` and `_` only, at most 64, so that an id never names anything but one
+/// entry of its directory, and is a safe blob key part.
+pub fn check_id(id: &str) -> Result<(), StoreError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!("`{id}` is not a session id")))
+    }
+}
+
 /// Whether a conversation contains every one of `words` (lowercased), case-insensitively: what
 /// [`SessionStore::search_sessions`] asks of each conversation.
 pub fn conversation_contains(history: &History, words: &[String]) -> bool {

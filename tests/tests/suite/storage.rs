@@ -47,6 +47,27 @@ async fn refused(agent: &Agent, session: &str) -> String {
     }
 }
 
+/// Every file under `dir` with its content, sorted.
+fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(at) = todo.pop() {
+        for entry in std::fs::read_dir(&at).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else {
+                out.push((
+                    path.strip_prefix(dir).unwrap().display().to_string(),
+                    std::fs::read(&path).unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The names in `dir` that start with `prefix`.
 fn entries_starting(dir: &Path, prefix: &str) -> Vec<String> {
     std::fs::read_dir(dir)
@@ -371,6 +392,46 @@ async fn corrupt_files_are_kept_aside_with_a_warning_and_the_server_keeps_servin
         .join("workspaces")
         .join(format!("{record}.json"));
     std::fs::write(&record_file, "{ not json").unwrap();
+
+    // The commands that only look leave every corrupt file where it is, and say what is wrong
+    // with it rather than that the session does not exist.
+    let before = tree(data.path());
+    let d = data.path().to_str().unwrap();
+    for args in [
+        &["session", "list"][..],
+        &["workspace", "list"],
+        &["workspace", "show", &record],
+        &["session", "show", md_bad],
+        &["session", "history", md_unread],
+        &["session", "show", toml_bad],
+        &["session", "artifacts", toml_bad],
+    ] {
+        let out = server_command(&[&["--data-dir", d][..], args].concat()).await;
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!said.contains("kept aside as"), "{args:?}: {said}");
+        match args {
+            ["session", "show" | "history", id] if *id != toml_bad => {
+                assert!(!out.status.success(), "{args:?}");
+                assert!(said.contains("session.md is corrupt"), "{args:?}: {said}");
+            }
+            ["session", _, id] if *id == toml_bad => {
+                assert!(!out.status.success(), "{args:?}");
+                assert!(
+                    said.contains(&format!("session `{toml_bad}` cannot be read"))
+                        && said.contains("session.toml is corrupt")
+                        && !said.contains("does not exist"),
+                    "{args:?}: {said}"
+                );
+            }
+            ["workspace", "show", _] => assert!(!out.status.success(), "{args:?}"),
+            _ => assert!(out.status.success(), "{args:?}: {said}"),
+        }
+    }
+    assert_eq!(
+        tree(data.path()),
+        before,
+        "a command that only looks changed the data dir"
+    );
 
     let server = ServerProcess::start(data.path(), &[]).await;
     let agent = connect_agent(&server.retarget(&config)).await;

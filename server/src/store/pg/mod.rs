@@ -1487,21 +1487,6 @@ impl ArtifactStore for PgStore {
     }
 }
 
-/// Session, record and artifact ids: letters, digits, `-` and `_` (as the filesystem store
-/// accepts them), so that an id is also a safe blob key part and directory name.
-fn check_id(id: &str) -> Result<(), StoreError> {
-    let ok = !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!("`{id}` is not a session id")))
-    }
-}
-
 /// The default bounds of the pool.
 impl Default for PoolOptions {
     fn default() -> Self {
