@@ -167,7 +167,12 @@ fn handle(
             session: requested,
             workspace,
         } => {
-            let s = session(requested)?;
+            // Acts on the session named, without going to work there: binds nothing, and
+            // creates nothing (`docs/protocol.md`, device bindings).
+            let s = match requested {
+                Some(requested) => registry.open_existing(&requested, user)?,
+                None => session(None)?,
+            };
             let gone = s.forget(
                 &workspace,
                 "detached by `monad-client detach` (the folder is no longer in the session)",

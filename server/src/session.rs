@@ -1246,6 +1246,21 @@ impl Registry {
             .filter(|own| self.owner_of(own).as_deref() == Some(user))
     }
 
+    /// The session `user` names by `requested` (an id, a unique prefix of one, or `default`),
+    /// opened only if it exists, and binding no device: for a request that acts on a session
+    /// without going to work in it (`detach`), which must neither create one nor move the
+    /// device's unnamed calls there.
+    pub fn open_existing(&self, requested: &str, user: &str) -> Result<Arc<Session>, ToolError> {
+        let id = match self
+            .existing_id(requested, user)
+            .map(|id| normalize_id(&id))
+        {
+            Some(Ok(id)) if self.exists_for(&id, user) => id,
+            _ => self.by_prefix(requested, user)?,
+        };
+        self.open(&id, user)
+    }
+
     /// The session `user` means by `id`, opened: `default` is their own default (created on
     /// first need, as [`Registry::resolve`] takes it), any other id exactly that session
     /// ([`Registry::open`]). For the HTTP fronts, which bind no device.

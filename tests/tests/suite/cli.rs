@@ -517,6 +517,28 @@ async fn detach_by_name_from_another_terminal_stops_the_attach_and_forgets_offli
     );
     let out = client(config.path(), &["detach", "primary"]).await;
     assert!(!out.status.success());
+
+    // A detach in another session, refused there, leaves this device where it was.
+    let out = client(config.path(), &["sessions", "--new", "--name", "other"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = client(config.path(), &["sessions", "use", "default"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let never_used = "7e57ab1e-0000-4000-8000-000000000001";
+    for session in ["other", never_used] {
+        let out = client(config.path(), &["detach", "lap", "--session", session]).await;
+        assert!(!out.status.success(), "{session}");
+        assert_eq!(
+            self::status(config.path()).await["session"]["id"],
+            "default"
+        );
+    }
+    // Nor does it make a session.
+    let listed = client(config.path(), &["sessions"]).await;
+    assert!(
+        !text(&listed.stdout).contains(never_used),
+        "{}",
+        text(&listed.stdout)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
