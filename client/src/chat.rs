@@ -474,8 +474,11 @@ fn out(text: &str) {
     let _ = monad_protocol::output::out(text);
 }
 
-/// Runs the chat until `/quit`, Ctrl-D on an empty line or Ctrl-C at the input line.
-pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), ClientError> {
+/// Runs the chat until `/quit`, Ctrl-D on an empty line or Ctrl-C at the input line. Returns
+/// whether the last message sent got its answer (true when none was sent): a script that pipes
+/// its messages in learns from the exit status that the model did not answer, as a shell's
+/// status is its last command's. Commands and typos at the input line do not count.
+pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<bool, ClientError> {
     let agent = Agent::connect(&config).await?;
     let session = match &options.session {
         Some(id) => agent.open_session(Some(id)).await?.id,
@@ -500,6 +503,7 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), Clien
         "chat with the agent of session {} (/help lists the commands)\n",
         printable(&chat.session)
     ));
+    let mut answered = true;
     loop {
         out("> ");
         let line = tokio::select! {
@@ -519,7 +523,7 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), Clien
         match input {
             Input::Empty => {}
             Input::Invalid(message) => errln!("{message}"),
-            Input::Message(text) => chat.turn(&text, &mut interrupts).await,
+            Input::Message(text) => answered = chat.turn(&text, &mut interrupts).await,
             Input::Command(Command::Quit) => break,
             Input::Command(command) => {
                 if let Err(e) = chat.command(command).await {
@@ -531,18 +535,24 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<(), Clien
     chat.detach_all();
     // Told before the process ends, rather than left to the server's idle time-out.
     chat.agent.close("the chat ended").await;
-    Ok(())
+    Ok(answered)
 }
 
 impl Chat {
-    /// Sends `text` and prints the turn as it happens; Ctrl-C cancels it.
-    async fn turn(&mut self, text: &str, interrupts: &mut tokio::signal::unix::Signal) {
+    /// Sends `text` and prints the turn as it happens; Ctrl-C cancels it. Returns whether the
+    /// model answered (not cancelled, failed, or stopped at a limit).
+    async fn turn(&mut self, text: &str, interrupts: &mut tokio::signal::unix::Signal) -> bool {
         self.busy.store(true, Ordering::Relaxed);
-        self.turn_inner(text, interrupts).await;
+        let answered = self.turn_inner(text, interrupts).await;
         self.busy.store(false, Ordering::Relaxed);
+        answered
     }
 
-    async fn turn_inner(&mut self, text: &str, interrupts: &mut tokio::signal::unix::Signal) {
+    async fn turn_inner(
+        &mut self,
+        text: &str,
+        interrupts: &mut tokio::signal::unix::Signal,
+    ) -> bool {
         let mut transcript = Transcript::new();
         let answer = {
             let shown = &mut transcript;
@@ -559,14 +569,19 @@ impl Chat {
             }
         };
         match answer {
-            Some(Ok(reply)) => out(&transcript.end(Some(&reply.result))),
+            Some(Ok(reply)) => {
+                out(&transcript.end(Some(&reply.result)));
+                matches!(reply.result.stop, StopReason::Answered)
+            }
             Some(Err(e)) => {
                 out(&transcript.end(None));
                 errln!("{}", printable(&e.to_string()));
+                false
             }
             None => {
                 out(&transcript.end(None));
                 out("(cancelled)\n");
+                false
             }
         }
     }

@@ -79,14 +79,14 @@ enum Command {
     Login {
         /// HOST:PORT of the server (HOST alone means port 4433); repeat for each host of a
         /// deployment of several.
-        #[arg(long = "server", value_name = "HOST:PORT", required = true)]
+        #[arg(long = "server", value_name = "HOST:PORT", required = true, value_parser = server_arg)]
         servers: Vec<String>,
         /// A token from `monad-server token create` (or the first start). Prefer MONAD_TOKEN or
         /// standard input: a command line is visible to other users of the machine.
         #[arg(long)]
         token: Option<String>,
         /// The certificate fingerprint the server printed at start-up.
-        #[arg(long)]
+        #[arg(long, value_parser = fingerprint_arg)]
         fingerprint: String,
     },
     /// Attach a folder to a session and approve what agents do in it. Options go before or
@@ -424,6 +424,28 @@ fn main() -> ExitCode {
 /// the deadline is a time the clock can hold (a larger one overflowed it at the first prompt).
 fn prompt_seconds() -> clap::builder::RangedU64ValueParser {
     clap::value_parser!(u64).range(2..=7 * 24 * 3600)
+}
+
+/// `login --server`: `HOST:PORT` (`HOST` alone means port 4433), checked as the config checks
+/// it, so that a malformed one is a usage error (status 2) like any other bad flag.
+fn server_arg(raw: &str) -> Result<String, String> {
+    let address = monad_client::connect::with_default_port(raw);
+    monad_client::config::check_addresses(std::slice::from_ref(&address))
+        .map_err(config_message)?;
+    Ok(address)
+}
+
+/// `login --fingerprint`, normalized as the config keeps it; malformed, a usage error.
+fn fingerprint_arg(raw: &str) -> Result<String, String> {
+    monad_client::config::normalize_fingerprint(raw).map_err(config_message)
+}
+
+/// A config error's sentence, without the `config:` its display starts with.
+fn config_message(e: ClientError) -> String {
+    match e {
+        ClientError::Config(message) => message,
+        other => other.to_string(),
+    }
 }
 
 /// Exits with clap's usage error (status 2) for `subcommand`: the message, then how that
@@ -766,8 +788,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 prompt_timeout: Duration::from_secs(prompt_timeout),
                 guard: guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref()),
             };
-            monad_client::chat::run(config, options).await?;
-            Ok(ExitCode::SUCCESS)
+            if monad_client::chat::run(config, options).await? {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Ok(ExitCode::from(call::EXIT_TOOL_ERROR))
+            }
         }
         Command::Sessions {
             action: Some(SessionsAction::Use { id }),

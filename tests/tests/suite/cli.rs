@@ -1538,3 +1538,64 @@ async fn call_takes_its_arguments_from_standard_input_or_a_file() {
     assert!(out.stderr.len() < 2000, "{}", out.stderr.len());
     drop(server);
 }
+
+/// A malformed `login --server` or `--fingerprint` is a usage error (status 2, and where help
+/// is), like any other bad flag; nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_flags_that_cannot_be_right_are_usage_errors() {
+    let config = tempfile::tempdir().unwrap();
+    let good = "ab".repeat(32);
+    for (args, said) in [
+        (
+            ["--server", "127.0.0.1:4433", "--fingerprint", "zz"],
+            "not a certificate fingerprint",
+        ),
+        (
+            ["--server", "host:99999", "--fingerprint", good.as_str()],
+            "not a server address",
+        ),
+    ] {
+        let out = client(
+            config.path(),
+            &[&["login", "--token", "mnd_x"][..], &args].concat(),
+        )
+        .await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(said) && err.contains("--help"),
+            "{err}"
+        );
+        assert!(!config.path().join("config.toml").exists());
+    }
+}
+
+/// `monad-client chat` fed its messages on a pipe exits non-zero when the last one got no
+/// answer (here: the server has no model), so that a script notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_on_a_pipe_exits_non_zero_when_its_last_message_got_no_answer() {
+    use tokio::io::AsyncWriteExt;
+    let (_server, _data, config) = ServerProcess::logged_in().await;
+    let mut child = command("monad-client")
+        .arg("chat")
+        .env("MONAD_CONFIG_DIR", config.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"hello\n/help\n").await.unwrap();
+    drop(stdin);
+    let out = within(STEP, "chat", child.wait_with_output())
+        .await
+        .unwrap();
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(said.contains("no model"), "{said}");
+    assert_eq!(out.status.code(), Some(1), "{said}");
+}
