@@ -33,13 +33,33 @@ struct Cli {
     serve: ServeArgs,
 }
 
+/// `--listen` and `--http`: an IP address and port, or a host name and port (`localhost:4433`)
+/// resolved once at start, to its first IPv4 address if it has one (the address clients are
+/// then given), else its first.
+fn listen_addr(raw: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = raw.parse() {
+        return Ok(addr);
+    }
+    let addrs: Vec<SocketAddr> = raw
+        .to_socket_addrs()
+        .map_err(|e| format!("expected IP:PORT or HOST:PORT ({e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| "the name resolves to no address".to_owned())
+}
+
 #[derive(clap::Args, Clone)]
 struct ServeArgs {
-    /// QUIC address to listen on.
-    #[arg(long, default_value = monad_server::config::DEFAULT_LISTEN)]
+    /// QUIC address to listen on (IP:PORT, or HOST:PORT with a name this machine resolves).
+    #[arg(long, default_value = monad_server::config::DEFAULT_LISTEN, value_parser = listen_addr)]
     listen: SocketAddr,
     /// Address of the MCP over HTTP endpoint for AI hosts (http://ADDR/mcp, bearer tokens).
-    #[arg(long, default_value = monad_server::config::DEFAULT_HTTP)]
+    #[arg(long, default_value = monad_server::config::DEFAULT_HTTP, value_parser = listen_addr)]
     http: SocketAddr,
     /// Do not serve MCP over HTTP.
     #[arg(long, conflicts_with = "http")]

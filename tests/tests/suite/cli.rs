@@ -1567,10 +1567,7 @@ async fn login_flags_that_cannot_be_right_are_usage_errors() {
             text(&out.stderr)
         );
         let err = text(&out.stderr);
-        assert!(
-            err.contains(said) && err.contains("--help"),
-            "{err}"
-        );
+        assert!(err.contains(said) && err.contains("--help"), "{err}");
         assert!(!config.path().join("config.toml").exists());
     }
 }
@@ -1598,4 +1595,33 @@ async fn chat_on_a_pipe_exits_non_zero_when_its_last_message_got_no_answer() {
     let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(said.contains("no model"), "{said}");
     assert_eq!(out.status.code(), Some(1), "{said}");
+}
+
+/// `--listen` takes a host name as well as an address (`localhost:PORT` listens on
+/// 127.0.0.1); a name that does not resolve is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_listens_on_a_host_name() {
+    let data = tempfile::tempdir().unwrap();
+    let mut server = command("monad-server")
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["--listen", "localhost:0", "--no-http"])
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(server.stderr.take().unwrap()).lines();
+    let line = wait_for_line(&mut lines, STEP, "the listening line", |l| {
+        l.starts_with("monad-server listening on ")
+    })
+    .await;
+    assert!(
+        line.starts_with("monad-server listening on 127.0.0.1:"),
+        "{line}"
+    );
+    let out = server_cmd(data.path(), &["--listen", "no-such-host.invalid:4433"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--listen"),
+        "{}",
+        text(&out.stderr)
+    );
 }
