@@ -400,7 +400,9 @@ type View = (Vec<child::Bind>, Vec<std::ffi::CString>);
 
 /// A workspace's temporary directory: `tmp`, owned by the commands' user, inside a directory of
 /// the caller's (root's, when it runs as root) that only its owner may change, so that the
-/// commands' user can neither move `tmp` nor put anything in its place. Removed when dropped.
+/// commands' user can neither move `tmp` nor put anything in its place. Removed when dropped;
+/// left behind by a process that was killed, and then removed by the next process of Monad that
+/// makes one ([`sweep_leftovers`]).
 #[derive(Debug)]
 pub(crate) struct TmpDir {
     outer: tempfile::TempDir,
@@ -408,12 +410,75 @@ pub(crate) struct TmpDir {
     identity: Option<Identity>,
     /// The device and inode of `tmp` when it was made.
     id: (u64, u64),
+    /// The lock on `ALIVE`, held while this process lives (the kernel lets go of it when the
+    /// process ends, however it ends).
+    _alive: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// What the directories of [`TmpDir`] start with, in the system's temporary directory.
+const TMP_PREFIX: &str = "monad-exec-";
+/// The file in a [`TmpDir`]'s outer directory that its process holds locked while it lives.
+const ALIVE: &str = "alive";
+
+/// Removes the directories of [`TmpDir`] in `base` whose process is gone: those whose `ALIVE`
+/// file nobody holds locked (a lock works across processes, users and PID namespaces, where a
+/// process id would not). Only directories of this user's, never through a symbolic link; one
+/// without `ALIVE` (being made, or from an older version) is left alone. Returns how many were
+/// removed.
+fn sweep_leftovers(base: &std::path::Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return 0;
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            continue;
+        }
+        let dir = entry.path();
+        let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me);
+        let Ok(alive) = std::fs::File::open(dir.join(ALIVE)) else {
+            continue;
+        };
+        if !ours {
+            continue;
+        }
+        // Held by its process while it lives; ours only once that process is gone.
+        if let Ok(_gone) =
+            nix::fcntl::Flock::lock(alive, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => removed += 1,
+                Err(e) => tracing::debug!("cannot remove {}: {e}", dir.display()),
+            }
+        }
+    }
+    removed
 }
 
 impl TmpDir {
     fn make(identity: Option<Identity>) -> std::io::Result<TmpDir> {
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-        let outer = tempfile::Builder::new().prefix("monad-exec-").tempdir()?;
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+        // Once per process: what a killed process of Monad left behind.
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| {
+            let removed = sweep_leftovers(&std::env::temp_dir());
+            if removed > 0 {
+                tracing::info!("removed {removed} temporary directories of ended processes");
+            }
+        });
+        let outer = tempfile::Builder::new().prefix(TMP_PREFIX).tempdir()?;
+        // Locked before it is named `ALIVE`, so that a sweep never finds it unlocked.
+        let held = outer.path().join(".alive");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&held)?;
+        let alive = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| std::io::Error::from(e))?;
+        std::fs::rename(&held, outer.path().join(ALIVE))?;
         // Others may pass through (to `tmp`), not list it nor change it.
         std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o711))?;
         let inner = outer.path().join("tmp");
@@ -427,6 +492,7 @@ impl TmpDir {
             inner,
             identity,
             id: (meta.dev(), meta.ino()),
+            _alive: alive,
         })
     }
 
@@ -535,6 +601,53 @@ mod tests {
     use super::*;
     use child::MakerStage;
     use nix::libc::{EACCES, EINVAL, EMFILE, ENOMEM, ENOSPC, EPERM};
+
+    /// A killed process leaves its commands' temporary directory behind: the next process that
+    /// makes one removes it, and nothing of a process still running, nor what is not its own.
+    #[test]
+    fn temporary_directories_of_ended_processes_are_swept_and_live_ones_are_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = |name: &str| {
+            let dir = base.path().join(format!("{TMP_PREFIX}{name}"));
+            std::fs::create_dir_all(dir.join("tmp/deep")).unwrap();
+            std::fs::write(dir.join("tmp/deep/file"), "x").unwrap();
+            dir
+        };
+        let ended = dir("ended");
+        std::fs::write(ended.join(ALIVE), "").unwrap();
+        let live = dir("live");
+        std::fs::write(live.join(ALIVE), "").unwrap();
+        let held = nix::fcntl::Flock::lock(
+            std::fs::File::open(live.join(ALIVE)).unwrap(),
+            nix::fcntl::FlockArg::LockExclusiveNonblock,
+        )
+        .unwrap();
+        let unmarked = dir("unmarked");
+        let other = base.path().join("not-monad");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join(ALIVE), "").unwrap();
+        let link = base.path().join(format!("{TMP_PREFIX}link"));
+        std::os::unix::fs::symlink(&ended, &link).unwrap();
+
+        // The link is not followed; the directory it points to goes under its own name.
+        assert_eq!(sweep_leftovers(base.path()), 1);
+        assert!(!ended.exists());
+        assert!(live.join("tmp/deep/file").exists());
+        assert!(unmarked.exists() && other.exists());
+        assert!(std::fs::symlink_metadata(&link).is_ok());
+        drop(held);
+        assert_eq!(sweep_leftovers(base.path()), 1);
+        assert!(!live.exists());
+
+        // One being made is locked before it is named: a sweep never takes it.
+        let made = TmpDir::make(None).unwrap();
+        let outer = made.path().parent().unwrap().to_path_buf();
+        assert!(outer.join(ALIVE).exists());
+        sweep_leftovers(outer.parent().unwrap());
+        assert!(made.path().is_dir());
+        drop(made);
+        assert!(!outer.exists());
+    }
 
     #[test]
     fn only_a_kernel_that_refuses_for_good_turns_namespaces_off() {
