@@ -1220,14 +1220,17 @@ fn output_schema_of<T: JsonSchema>() -> serde_json::Value {
         .for_serialize()
         .with_transform(schemars::transform::RecursiveTransform(
             no_rust_number_format,
-        ));
+        ))
+        .with_transform(schemars::transform::RecursiveTransform(prose_description));
     settings.inline_subschemas = true;
     let mut schema = settings
         .into_generator()
         .into_root_schema_for::<T>()
         .to_value();
     if let Some(map) = schema.as_object_mut() {
+        // The wrapper's own doc comment speaks of Rust, not of the tool.
         map.remove("title");
+        map.remove("description");
     }
     constants_as_enums(&mut schema);
     schema
@@ -1240,9 +1243,59 @@ fn input_schema_of<T: JsonSchema>() -> serde_json::Value {
         .with_transform(schemars::transform::RecursiveTransform(
             no_rust_number_format,
         ))
+        .with_transform(schemars::transform::RecursiveTransform(prose_description))
         .into_generator()
         .into_root_schema_for::<T>()
         .to_value()
+}
+
+/// Makes a subschema's `description`, a Rust doc comment, read as prose for a model and a
+/// person: the lines wrapped in the source are joined (a blank line still ends a paragraph, and
+/// a line starting with `- ` an item), and rustdoc's links keep only their text (`` [`Type`] ``
+/// and `` [`Type`](path) `` become `` `Type` ``). A generator's transform, as
+/// [`no_rust_number_format`].
+fn prose_description(schema: &mut schemars::Schema) {
+    if let Some(serde_json::Value::String(text)) = schema.get_mut("description") {
+        *text = unlinked(&unwrapped(text));
+    }
+}
+
+/// `doc` with its wrapped lines joined ([`prose_description`]).
+fn unwrapped(doc: &str) -> String {
+    let mut out = String::with_capacity(doc.len());
+    let mut previous: Option<&str> = None;
+    for line in doc.lines() {
+        let line = line.trim_end();
+        if let Some(previous) = previous {
+            let apart = line.is_empty() || previous.is_empty() || line.starts_with("- ");
+            out.push(if apart { '\n' } else { ' ' });
+        }
+        out.push_str(line);
+        previous = Some(line);
+    }
+    out
+}
+
+/// `text` with rustdoc's links as their code text ([`prose_description`]).
+fn unlinked(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("[`") {
+        // The code is from the backtick after `[` to the one before `]`.
+        let Some(len) = rest[start + 1..].find("`]") else {
+            break;
+        };
+        out.push_str(&rest[..start]);
+        out.push_str(&rest[start + 1..start + len + 2]);
+        rest = &rest[start + len + 3..];
+        if rest.starts_with('(')
+            && let Some(end) = rest.find(')')
+        {
+            rest = &rest[end + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Takes out of a schema the `format` schemars gives Rust's number types (`uint64`, `int32`,
@@ -1352,6 +1405,52 @@ mod tests {
         assert_eq!(ToolName::EditFile.class(), ToolClass::Write);
         assert_eq!(ToolName::RunCommand.class(), ToolClass::Exec);
         assert_eq!(ToolName::MemoryStore.class(), ToolClass::System);
+    }
+
+    /// A description is a doc comment made prose: no line break where the source wrapped a
+    /// line, no rustdoc link; paragraphs and items stay.
+    #[test]
+    fn schema_descriptions_read_as_prose_without_the_source_s_wrapping_or_rustdoc_links() {
+        assert_eq!(
+            unwrapped("one line\nwrapped here.\n\nA paragraph:\n- an item\n- another"),
+            "one line wrapped here.\n\nA paragraph:\n- an item\n- another"
+        );
+        assert_eq!(
+            unlinked("see [`Foo::bar`] and [`Baz`](crate::Baz), `[` alone, [`open"),
+            "see `Foo::bar` and `Baz`, `[` alone, [`open"
+        );
+        fn walk(value: &serde_json::Value, tool: ToolName, found: &mut Vec<String>) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    for (key, value) in map {
+                        match (key.as_str(), value) {
+                            ("description", serde_json::Value::String(text)) => {
+                                let wrapped =
+                                    text.split("\n")
+                                        .zip(text.split("\n").skip(1))
+                                        .any(|(a, b)| {
+                                            !a.is_empty() && !b.is_empty() && !b.starts_with("- ")
+                                        });
+                                if wrapped || text.contains("[`") {
+                                    found.push(format!("{}: {text}", tool.as_str()));
+                                }
+                            }
+                            _ => walk(value, tool, found),
+                        }
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    items.iter().for_each(|v| walk(v, tool, found));
+                }
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for tool in ToolName::ALL {
+            walk(&tool.input_schema(), tool, &mut found);
+            walk(&tool.output_schema(), tool, &mut found);
+        }
+        assert!(found.is_empty(), "{found:#?}");
     }
 
     #[test]
