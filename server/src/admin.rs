@@ -223,12 +223,16 @@ impl Admin {
         Ok(all)
     }
 
+    /// One session's metadata.
+    pub fn meta(&self, id: &str) -> Result<SessionMeta, StoreError> {
+        self.store
+            .load(id)?
+            .ok_or_else(|| StoreError::NotFound(format!("session {id}")))
+    }
+
     /// One session's report.
     pub fn show(&self, id: &str) -> Result<SessionReport, StoreError> {
-        let meta = self
-            .store
-            .load(id)?
-            .ok_or_else(|| StoreError::NotFound(format!("session {id}")))?;
+        let meta = self.meta(id)?;
         let history = self.store.history(id)?;
         let audit = self.store.audit_log(id)?;
         let mut workspaces = Vec::new();

@@ -357,8 +357,9 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
         }
         SessionCommand::Delete { id, yes, dry_run } => {
             let id = resolve(&id)?;
-            let meta = admin.show(&id)?.meta;
-            let remover = admin
+            // Only what it is: a session whose conversation is corrupt can still be deleted.
+            let meta = admin.meta(&id)?;
+            let remover = Admin::open(admin.data_dir())?
                 .remover("session delete")
                 .map_err(anyhow::Error::msg)?;
             remove(&remover, &[meta], yes, dry_run, None)?;
@@ -368,7 +369,9 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             yes,
             dry_run,
         } => {
-            let remover = admin.remover("session gc").map_err(anyhow::Error::msg)?;
+            let remover = Admin::open(admin.data_dir())?
+                .remover("session gc")
+                .map_err(anyhow::Error::msg)?;
             let listed_at = std::time::Instant::now();
             let unused = remover.unused(max_age).map_err(anyhow::Error::msg)?;
             errln!(
@@ -633,19 +636,9 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         None => serve(dir, cli.serve),
         Some(Command::Serve(args)) => serve(dir, args),
-        Some(Command::Session(cmd)) => {
-            // Only `delete` and `gc` change anything; the rest look, and leave even a corrupt
-            // file where it is.
-            let admin = if matches!(
-                cmd,
-                SessionCommand::Delete { .. } | SessionCommand::Gc { .. }
-            ) {
-                Admin::open(&dir)?
-            } else {
-                Admin::open_to_look(&dir)?
-            };
-            session_command(&admin, cmd)
-        }
+        // They look, and leave even a corrupt file where it is; `session delete` and `gc`
+        // delete through a store of their own (`Admin::remover`).
+        Some(Command::Session(cmd)) => session_command(&Admin::open_to_look(&dir)?, cmd),
         Some(Command::Workspace(cmd)) => workspace_command(&Admin::open_to_look(&dir)?, cmd),
         Some(Command::Fingerprint) => {
             match Admin::new(&dir).fingerprint().map_err(anyhow::Error::msg)? {

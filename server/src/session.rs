@@ -949,6 +949,12 @@ impl Registry {
     /// of another user is refused. A session whose `session.toml` is corrupt is refused for
     /// everyone (with a warning for the operator), never re-created: the file names its owner.
     pub fn open(&self, id: &str, user: &str) -> Result<Arc<Session>, ToolError> {
+        self.open_or(id, user, true)
+    }
+
+    /// [`Registry::open`], creating the session when `create`, else refusing one that does not
+    /// exist (`not_found`).
+    fn open_or(&self, id: &str, user: &str, create: bool) -> Result<Arc<Session>, ToolError> {
         let id = normalize_id(id)?;
         if let Some(session) = self.in_memory(&id) {
             owned_by(&session, user)?;
@@ -975,6 +981,12 @@ impl Registry {
                          in PostgreSQL) is corrupt; the server's operator must repair it (the \
                          server's log says what is wrong)"
                     ),
+                ));
+            }
+            Ok(None) if !create => {
+                return Err(ToolError::new(
+                    ErrorCode::NotFound,
+                    format!("there is no session {id}"),
                 ));
             }
             Ok(None) => {
@@ -1251,14 +1263,16 @@ impl Registry {
     /// without going to work in it (`detach`), which must neither create one nor move the
     /// device's unnamed calls there.
     pub fn open_existing(&self, requested: &str, user: &str) -> Result<Arc<Session>, ToolError> {
-        let id = match self
+        if let Some(Ok(id)) = self
             .existing_id(requested, user)
             .map(|id| normalize_id(&id))
         {
-            Some(Ok(id)) if self.exists_for(&id, user) => id,
-            _ => self.by_prefix(requested, user)?,
-        };
-        self.open(&id, user)
+            match self.open_or(&id, user, false) {
+                Err(e) if e.code == ErrorCode::NotFound => {}
+                opened => return opened,
+            }
+        }
+        self.open_or(&self.by_prefix(requested, user)?, user, false)
     }
 
     /// The session `user` means by `id`, opened: `default` is their own default (created on

@@ -411,8 +411,9 @@ pub(crate) struct TmpDir {
     /// The device and inode of `tmp` when it was made.
     id: (u64, u64),
     /// The lock on `ALIVE`, held while this process lives (the kernel lets go of it when the
-    /// process ends, however it ends).
-    _alive: nix::fcntl::Flock<std::fs::File>,
+    /// process ends, however it ends); `None` on a file system that refuses locks, where the
+    /// directory has no `ALIVE` and a sweep leaves it alone.
+    _alive: Option<nix::fcntl::Flock<std::fs::File>>,
 }
 
 /// What the directories of [`TmpDir`] start with, in the system's temporary directory.
@@ -422,36 +423,54 @@ const ALIVE: &str = "alive";
 
 /// Removes the directories of [`TmpDir`] in `base` whose process is gone: those whose `ALIVE`
 /// file nobody holds locked (a lock works across processes, users and PID namespaces, where a
-/// process id would not). Only directories of this user's, never through a symbolic link; one
-/// without `ALIVE` (being made, or from an older version) is left alone. Returns how many were
-/// removed.
+/// process id would not). Only directories of this user's, and only a regular file of this
+/// user's as `ALIVE`, opened without following a link or waiting (another user may have made a
+/// `monad-exec-*` of their own, with a link or a pipe in it); one without `ALIVE` (being made,
+/// or from an older version) is left alone. `tmp` goes first and `ALIVE` last, so that a
+/// directory that cannot be removed whole keeps its mark for the next sweep. Returns how many
+/// were removed.
 fn sweep_leftovers(base: &std::path::Path) -> usize {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let Ok(entries) = std::fs::read_dir(base) else {
         return 0;
     };
     let me = nix::unistd::geteuid().as_raw();
+    let ours = |m: &std::fs::Metadata, dir: bool| {
+        m.uid() == me && if dir { m.is_dir() } else { m.is_file() }
+    };
     let mut removed = 0;
     for entry in entries.flatten() {
         if !entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
             continue;
         }
         let dir = entry.path();
-        let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me);
-        let Ok(alive) = std::fs::File::open(dir.join(ALIVE)) else {
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| ours(&m, true)) {
+            continue;
+        }
+        let Ok(alive) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(dir.join(ALIVE))
+        else {
             continue;
         };
-        if !ours {
+        if !alive.metadata().is_ok_and(|m| ours(&m, false)) {
             continue;
         }
         // Held by its process while it lives; ours only once that process is gone.
-        if let Ok(_gone) =
-            nix::fcntl::Flock::lock(alive, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        {
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => removed += 1,
-                Err(e) => tracing::debug!("cannot remove {}: {e}", dir.display()),
-            }
+        let Ok(_gone) = nix::fcntl::Flock::lock(alive, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        else {
+            continue;
+        };
+        let gone = std::fs::remove_dir_all(dir.join("tmp"))
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .and_then(|()| std::fs::remove_dir_all(&dir));
+        match gone {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::debug!("cannot remove {}: {e}", dir.display()),
         }
     }
     removed
@@ -469,16 +488,27 @@ impl TmpDir {
             }
         });
         let outer = tempfile::Builder::new().prefix(TMP_PREFIX).tempdir()?;
-        // Locked before it is named `ALIVE`, so that a sweep never finds it unlocked.
+        // Locked before it is named `ALIVE`, so that a sweep never finds it unlocked. A file
+        // system that refuses locks gets no `ALIVE`: the directory is then only removed when
+        // dropped, as before there were sweeps.
         let held = outer.path().join(".alive");
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(&held)?;
-        let alive = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, e)| std::io::Error::from(e))?;
-        std::fs::rename(&held, outer.path().join(ALIVE))?;
+        let alive = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        {
+            Ok(alive) => {
+                std::fs::rename(&held, outer.path().join(ALIVE))?;
+                Some(alive)
+            }
+            Err((_, e)) => {
+                tracing::debug!("no lock for {}: {e}", outer.path().display());
+                std::fs::remove_file(&held)?;
+                None
+            }
+        };
         // Others may pass through (to `tmp`), not list it nor change it.
         std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o711))?;
         let inner = outer.path().join("tmp");
@@ -628,12 +658,18 @@ mod tests {
         std::fs::write(other.join(ALIVE), "").unwrap();
         let link = base.path().join(format!("{TMP_PREFIX}link"));
         std::os::unix::fs::symlink(&ended, &link).unwrap();
+        // What another user could make: a pipe (opening it would wait for ever) and a link
+        // (opening it would open what it points to) as `ALIVE`.
+        let piped = dir("piped");
+        nix::unistd::mkfifo(&piped.join(ALIVE), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let linked = dir("linked");
+        std::os::unix::fs::symlink("/dev/null", linked.join(ALIVE)).unwrap();
 
         // The link is not followed; the directory it points to goes under its own name.
         assert_eq!(sweep_leftovers(base.path()), 1);
         assert!(!ended.exists());
         assert!(live.join("tmp/deep/file").exists());
-        assert!(unmarked.exists() && other.exists());
+        assert!(unmarked.exists() && other.exists() && piped.exists() && linked.exists());
         assert!(std::fs::symlink_metadata(&link).is_ok());
         drop(held);
         assert_eq!(sweep_leftovers(base.path()), 1);

@@ -365,6 +365,19 @@ impl FsStore {
         }
     }
 
+    /// Refuses a write to `path` by a store that only looks ([`FsStore::inspecting`]): what it
+    /// holds in memory may stand for a corrupt file it left in place, which a write would
+    /// replace without keeping it aside.
+    fn writable(&self, path: &Path) -> Result<(), StoreError> {
+        if self.inspecting {
+            return Err(StoreError::Invalid(format!(
+                "{} is not written by a command that only looks",
+                path.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// The store in `data_dir` for a command that only looks (`session list`, `session show`,
     /// `workspace list`, ...), possibly while the server runs: a corrupt file is reported and
     /// left where it is rather than kept aside, a corrupt `session.md` is an error rather than
@@ -677,6 +690,7 @@ impl FsStore {
         let file = guard.as_mut().expect("loaded above");
         let (out, changed) = f(file);
         if changed {
+            self.writable(&path)?;
             self.write_bindings(&path, file)?;
         }
         Ok(out)
@@ -720,6 +734,7 @@ impl FsStore {
         let file = guard.as_mut().expect("loaded above");
         let (out, changed) = f(file);
         if changed {
+            self.writable(&path)?;
             let text = toml::to_string(file).expect("the folder registry serializes");
             create_private_dir(&self.root).map_err(map_io("create", &self.root))?;
             atomic(&path, text.as_bytes())?;

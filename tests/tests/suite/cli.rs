@@ -521,10 +521,11 @@ async fn detach_by_name_from_another_terminal_stops_the_attach_and_forgets_offli
     // A detach in another session, refused there, leaves this device where it was.
     let out = client(config.path(), &["sessions", "--new", "--name", "other"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let other = text(&out.stdout).trim().to_owned();
     let out = client(config.path(), &["sessions", "use", "default"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let never_used = "7e57ab1e-0000-4000-8000-000000000001";
-    for session in ["other", never_used] {
+    for session in [other.as_str(), &other[..8], never_used] {
         let out = client(config.path(), &["detach", "lap", "--session", session]).await;
         assert!(!out.status.success(), "{session}");
         assert_eq!(

@@ -405,11 +405,16 @@ async fn corrupt_files_are_kept_aside_with_a_warning_and_the_server_keeps_servin
         &["session", "history", md_unread],
         &["session", "show", toml_bad],
         &["session", "artifacts", toml_bad],
+        // Reads the devices bound to it, from the corrupt bindings.toml.
+        &["session", "show", "default"],
+        // Deletes nothing, and a session whose conversation is corrupt can be deleted.
+        &["session", "delete", md_bad, "--dry-run"],
     ] {
         let out = server_command(&[&["--data-dir", d][..], args].concat()).await;
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(!said.contains("kept aside as"), "{args:?}: {said}");
         match args {
+            ["session", "show", "default"] => assert!(out.status.success(), "{said}"),
             ["session", "show" | "history", id] if *id != toml_bad => {
                 assert!(!out.status.success(), "{args:?}");
                 assert!(said.contains("session.md is corrupt"), "{args:?}: {said}");
