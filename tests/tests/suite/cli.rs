@@ -24,6 +24,33 @@ async fn client(config_dir: &Path, args: &[&str]) -> Output {
         .expect("monad-client runs")
 }
 
+/// Runs `monad-client args` with the config in `config_dir` and `input` on its standard input,
+/// to completion (bounded).
+async fn client_fed(config_dir: &Path, args: &[&str], input: &[u8]) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut child = command("monad-client")
+        .args(args)
+        .env("MONAD_CONFIG_DIR", config_dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("monad-client starts");
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin
+        .write_all(input)
+        .await
+        .expect("standard input written");
+    drop(stdin);
+    within(
+        STEP,
+        &format!("`monad-client {}`", args.join(" ")),
+        child.wait_with_output(),
+    )
+    .await
+    .expect("monad-client runs")
+}
+
 /// Runs `monad-server --data-dir DIR args` to completion (bounded).
 async fn server_cmd(data: &Path, args: &[&str]) -> Output {
     let mut all = vec!["--data-dir", data.to_str().unwrap()];
@@ -1483,24 +1510,15 @@ async fn token_create_says_when_it_makes_a_new_data_directory() {
 /// JSON is quoted by its start, not echoed whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_takes_its_arguments_from_standard_input_or_a_file() {
-    use tokio::io::AsyncWriteExt;
     let (server, _data, config) = ServerProcess::logged_in().await;
     let content = "0123456789abcdef\n".repeat(200 * 1024 / 17);
     let args = json!({"path": "big.txt", "content": content, "workspace": "primary"}).to_string();
-    let mut child = command("monad-client")
-        .args(["call", "write_file", "--json", "--args", "-"])
-        .env("MONAD_CONFIG_DIR", config.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(args.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = within(STEP, "call", child.wait_with_output())
-        .await
-        .unwrap();
+    let out = client_fed(
+        config.path(),
+        &["call", "write_file", "--json", "--args", "-"],
+        args.as_bytes(),
+    )
+    .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let file = config.path().join("args.json");
     std::fs::write(
@@ -1577,22 +1595,8 @@ async fn login_flags_that_cannot_be_right_are_usage_errors() {
 /// answer (here: the server has no model), so that a script notices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_on_a_pipe_exits_non_zero_when_its_last_message_got_no_answer() {
-    use tokio::io::AsyncWriteExt;
     let (_server, _data, config) = ServerProcess::logged_in().await;
-    let mut child = command("monad-client")
-        .arg("chat")
-        .env("MONAD_CONFIG_DIR", config.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"hello\n/help\n").await.unwrap();
-    drop(stdin);
-    let out = within(STEP, "chat", child.wait_with_output())
-        .await
-        .unwrap();
+    let out = client_fed(config.path(), &["chat"], b"hello\n/help\n").await;
     let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(said.contains("no model"), "{said}");
     assert_eq!(out.status.code(), Some(1), "{said}");
