@@ -44,6 +44,11 @@ pub const PATH: &str = "/mcp";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct McpUser(pub String);
 
+/// The hash of a request's bearer token ([`crate::auth::token_hash`]), beside its [`McpUser`]:
+/// a call that runs is cancelled when the token is revoked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct McpToken(String);
+
 /// The HTTP transport's backend: sessions from the registry, calls through the executor.
 #[derive(Debug)]
 pub struct ExecutorBackend {
@@ -98,17 +103,36 @@ impl Backend for ExecutorBackend {
         };
         // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
         // the call needs until it is done.
-        let (output, _call) = self
-            .state
-            .call(
-                &user.0,
-                Lookup::Open(Some(session)),
-                tool.as_str(),
-                args,
-                &sink,
-            )
-            .await?;
-        Ok(output.complete().await)
+        let run = async {
+            let (output, _call) = self
+                .state
+                .call(
+                    &user.0,
+                    Lookup::Open(Some(session)),
+                    tool.as_str(),
+                    args,
+                    &sink,
+                )
+                .await?;
+            Ok(output.complete().await)
+        };
+        // Each request's token is checked as it comes; one that runs is cut short when the
+        // token is revoked meanwhile (dropping it cancels it, as a QUIC agent's reset does).
+        let token = caller
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<McpToken>())
+            .cloned();
+        let Some(McpToken(token)) = token else {
+            return run.await;
+        };
+        let revoked = crate::server::until_revoked(self.state.clone(), token, user.0.clone());
+        tokio::select! {
+            answered = run => answered,
+            () = revoked => Err(ToolError::new(
+                ErrorCode::Unauthorized,
+                "the token was revoked while this call ran: the call was cancelled",
+            )),
+        }
     }
 
     async fn watch(
@@ -185,7 +209,9 @@ async fn authenticate(
                 )
                     .into_response();
             }
+            let hash = McpToken(crate::auth::token_hash(token));
             request.extensions_mut().insert(McpUser(user));
+            request.extensions_mut().insert(hash);
             next.run(request).await
         }
         Ok(None) => refuse(

@@ -61,6 +61,24 @@ async fn token_still_valid(state: &Arc<State>, token: String, user: &str) -> boo
     }
 }
 
+/// Resolves once the token whose hash is `token` (of `user`) is revoked: when a sweep of the
+/// tokens ([`sweep_tokens`]) no longer finds it and the store, asked once more, does not know it
+/// either (a token created after the sweep's read is not among its hashes). Never, while the
+/// tokens cannot be read.
+pub(crate) async fn until_revoked(state: Arc<State>, token: String, user: String) {
+    let mut swept = state.valid_tokens.subscribe();
+    while swept.changed().await.is_ok() {
+        let missing = swept
+            .borrow_and_update()
+            .as_ref()
+            .is_some_and(|valid| !valid.contains(&token));
+        if missing && !token_still_valid(&state, token.clone(), &user).await {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 /// Every [`TOKEN_RECHECK`], reads the tokens' hashes (on the blocking pool: a PostgreSQL store
 /// answers with a query; the file is read again only when it changed) and publishes them ([`State::valid_tokens`]), on which every
 /// connection checks its own, in memory. One read per sweep for the whole server, rather than
@@ -561,22 +579,24 @@ async fn handle_connection(
     let ended = tokio_util::sync::CancellationToken::new();
     let _ending = ended.clone().drop_guard();
     // Its token is checked again at each sweep of the tokens: a revoked token's connection is
-    // closed (an attached folder kept serving calls through one, and an agent calling).
-    let mut swept = state.valid_tokens.subscribe();
+    // closed (an attached folder kept serving calls through one, and an agent calling). A
+    // forwarded connection has no token of its own.
+    let revoked = match &token {
+        Some(token) => futures_util::future::Either::Left(until_revoked(
+            state.clone(),
+            token.clone(),
+            user.clone(),
+        )),
+        None => futures_util::future::Either::Right(std::future::pending()),
+    };
+    tokio::pin!(revoked);
+    let mut closing = false;
     let why = loop {
         tokio::select! {
-            Ok(()) = swept.changed(), if token.is_some() => {
-                let Some(token) = &token else { continue };
-                let missing = swept
-                    .borrow_and_update()
-                    .as_ref()
-                    .is_some_and(|valid| !valid.contains(token));
-                // Asked again before closing: a token created after the sweep read the tokens
-                // is not among them.
-                if missing && !token_still_valid(&state, token.clone(), &user).await {
-                    conn.close(CLOSE_REVOKED.into(), b"the token was revoked");
-                    info!(%remote, %user, ?role, "closing: its token was revoked");
-                }
+            () = &mut revoked, if !closing => {
+                closing = true;
+                conn.close(CLOSE_REVOKED.into(), b"the token was revoked");
+                info!(%remote, %user, ?role, "closing: its token was revoked");
             }
             accepted = conn.accept_bi() => {
                 let (send, recv) = match accepted {

@@ -930,3 +930,50 @@ async fn mcp_over_stdio_reconnects_after_a_server_restart_and_keeps_following_th
     );
     let _ = host.client.cancel().await;
 }
+
+/// A token revoked while one of its calls runs over MCP HTTP cuts that call short: it is
+/// cancelled (its command stopped) and answered as such, rather than left to run out its time
+/// on a token that no longer holds. (Its later requests were already refused.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_over_http_is_cancelled_when_its_token_is_revoked() {
+    let (server, http) = server().await;
+    let host = connect(&server, http, Via::Http, None)
+        .await
+        .expect("the host connects");
+    let primary = server.data_dir().join("sessions/default/workspace");
+    let args = json!({
+        "argv": ["sh", "-c", "echo started > running; exec sleep 60.25"],
+        "workspace": "primary",
+        "timeout_ms": 120_000,
+    });
+    let call = tokio::spawn(async move { host.try_call("run_command", args).await });
+    // Its `sleep` is found by its argument (the command's own PID is its namespace's).
+    let sleeping = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x0060.25\x00")
+        })
+    };
+    within(STEP, "the command to start", async {
+        while !(primary.join("running").exists() && sleeping()) {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let id = server.token.split('_').nth(1).expect("mnd_ID_SECRET");
+    assert!(server.state().tokens.revoke(id).unwrap());
+    // Checked every 5 s: the call ends well within `STEP`, not after its 60 s.
+    let answered = call.await.expect("the call's task");
+    match answered {
+        Ok(result) => {
+            assert_eq!(result.is_error, Some(true), "{result:?}");
+            assert!(text(&result).contains("revoked"), "{}", text(&result));
+        }
+        Err(e) => assert!(e.to_string().contains("revoked"), "{e}"),
+    }
+    within(STEP, "the command to be stopped", async {
+        while sleeping() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
