@@ -288,12 +288,16 @@ impl Admin {
         self.store.artifacts(id)
     }
 
-    /// One artifact.
+    /// One artifact, by its id or a unique start of it.
     pub fn artifact(
         &self,
         id: &str,
         artifact: &str,
     ) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
+        let ids: Vec<String> = self.artifacts(id)?.into_iter().map(|a| a.id).collect();
+        let listed = format!("`monad-server session artifacts {id}` lists them");
+        let artifact = crate::session::match_id_prefix("artifact", &listed, artifact, &ids)
+            .map_err(|e| StoreError::Invalid(e.message))?;
         self.store.artifact(id, artifact)
     }
 
@@ -309,6 +313,10 @@ impl Admin {
         limit: usize,
         next: Option<&str>,
     ) -> Result<(WorkspaceRecord, Page<WorkspaceSession>), StoreError> {
+        let ids: Vec<String> = self.workspaces()?.into_iter().map(|r| r.id).collect();
+        let listed = "`monad-server workspace list` lists them";
+        let id = crate::session::match_id_prefix("workspace record", listed, id, &ids)
+            .map_err(|e| StoreError::Invalid(e.message))?;
         let record = self
             .store
             .record(id)?

@@ -1919,9 +1919,26 @@ fn fresh_meta(id: &str, user: &str) -> SessionMeta {
     }
 }
 
-/// The one id of `ids` that starts with `prefix` (an exact match wins); refused when none or
-/// several do, naming them.
+/// The one session id of `ids` that starts with `prefix` (an exact match wins); refused when
+/// none or several do, naming them ([`match_id_prefix`]).
 pub fn match_prefix<'a>(prefix: &str, ids: &'a [String]) -> Result<&'a str, ToolError> {
+    match_id_prefix(
+        "session",
+        "`monad-client sessions` and `monad-server session list` list them",
+        prefix,
+        ids,
+    )
+}
+
+/// The one id of `ids` that starts with `prefix` (an exact match wins), as docker and git take
+/// ids; refused when none or several do, naming them. `what` is what the ids name (`session`),
+/// and `listed` says where to find them.
+pub fn match_id_prefix<'a>(
+    what: &str,
+    listed: &str,
+    prefix: &str,
+    ids: &'a [String],
+) -> Result<&'a str, ToolError> {
     if let Some(exact) = ids.iter().find(|id| *id == prefix) {
         return Ok(exact);
     }
@@ -1935,15 +1952,14 @@ pub fn match_prefix<'a>(prefix: &str, ids: &'a [String]) -> Result<&'a str, Tool
         [] => Err(ToolError::new(
             ErrorCode::NotFound,
             format!(
-                "session `{}` does not exist: no session id is or starts with it (`monad-client \
-                 sessions` and `monad-server session list` list them)",
+                "{what} `{}` does not exist: no {what} id is or starts with it ({listed})",
                 monad_protocol::text::printable(prefix)
             ),
         )),
         several => Err(ToolError::new(
             ErrorCode::InvalidArguments,
             format!(
-                "`{}` is the start of {} sessions' ids ({}): give more of it",
+                "`{}` is the start of {} {what} ids ({}): give more of it",
                 monad_protocol::text::printable(prefix),
                 several.len(),
                 several

@@ -883,6 +883,26 @@ async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
         "{}",
         text(&out.stdout)
     );
+    // An artifact, like a session, by a unique start of its id.
+    let out = server_cmd(d, &["session", "artifacts", &id[..8], "--json"]).await;
+    let artifacts: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let output = artifacts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "tool_output")
+        .expect("the write's output");
+    let artifact = output["id"].as_str().unwrap();
+    let out = server_cmd(d, &["session", "artifact", &id[..8], &artifact[..8]]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("a.txt"), "{}", text(&out.stdout));
+    let out = server_cmd(d, &["session", "artifact", &id[..8], "zz"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("artifact `zz` does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // On a terminal: aligned under a header.
     let mut cmd = command("monad-server");

@@ -566,7 +566,8 @@ async fn hostile_names_paths_and_history_reach_no_terminal_raw() {
         vec!["workspace", "list"],
         vec!["workspace", "list", "--json"],
         vec!["workspace", "show", &record],
-        vec!["workspace", "show", &record, "--json"],
+        // A record, like a session, by a unique start of its id.
+        vec!["workspace", "show", &record[..8], "--json"],
         vec!["session", "list"],
         vec!["session", "list", "--json"],
         vec!["session", "show", "default"],
