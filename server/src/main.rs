@@ -240,14 +240,16 @@ fn confirm(question: &str) -> Result<bool> {
 }
 
 fn sessions_table(sessions: &[SessionMeta]) -> Table {
-    let mut table = Table::new(&["id", "name", "owner", "created", "last active"]);
+    // The columns in the order `monad-client sessions` shows them (id, name, last active,
+    // created: the list is most recently active first), with the owner after the name.
+    let mut table = Table::new(&["id", "name", "owner", "last active", "created"]);
     for s in sessions {
         table.row(vec![
             p(&s.id).into_owned(),
             p(s.name.as_deref().unwrap_or("-")).into_owned(),
             p(&s.owner).into_owned(),
-            p(&s.created_at).into_owned(),
             p(&s.last_active).into_owned(),
+            p(&s.created_at).into_owned(),
         ]);
     }
     table

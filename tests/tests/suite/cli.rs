@@ -874,6 +874,20 @@ async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
         .map(|_| "")
         .collect();
     assert_eq!(fields.len(), 3, "id, user, created");
+    // The columns in the client's order: id, name, (owner,) last active, created.
+    let out = server_cmd(d, &["session", "list"]).await;
+    let json = server_cmd(d, &["session", "list", "--json"]).await;
+    let json: Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let first: Vec<String> = text(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .split('\t')
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(first[0], json[0]["id"].as_str().unwrap());
+    assert_eq!(first[3], json[0]["last_active"].as_str().unwrap());
+    assert_eq!(first[4], json[0]["created_at"].as_str().unwrap());
     let out = server_cmd(d, &["session", "history", &id[..8], "--json"]).await;
     let history: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(history["history"]["messages"][0]["text"], "hi");
@@ -909,7 +923,8 @@ async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
     cmd.arg("--data-dir").arg(d).args(["session", "list"]);
     let mut pty = Pty::spawn(cmd);
     let at = pty.wait_for("ID", 0).await;
-    pty.wait_for("LAST ACTIVE", at).await;
+    let after = pty.wait_for("LAST ACTIVE", at).await;
+    pty.wait_for("CREATED", after).await;
     pty.wait_for("notes", at).await;
 }
 
