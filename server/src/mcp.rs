@@ -195,7 +195,9 @@ async fn authenticate(
             "missing `Authorization: Bearer <token>`; create a token with `monad-server token create`\n",
         );
     };
-    match state.tokens.verify(token) {
+    // Hashed once: what the store looks up, and what a running call is checked against.
+    let hash = crate::auth::token_hash(token);
+    match state.tokens.verify_hash(&hash) {
         Ok(Some(user)) => {
             if let Some(connection) = request.extensions().get::<HttpConnection>()
                 && !connection.authenticated(&user)
@@ -209,9 +211,8 @@ async fn authenticate(
                 )
                     .into_response();
             }
-            let hash = McpToken(crate::auth::token_hash(token));
             request.extensions_mut().insert(McpUser(user));
-            request.extensions_mut().insert(hash);
+            request.extensions_mut().insert(McpToken(hash));
             next.run(request).await
         }
         Ok(None) => refuse(

@@ -435,16 +435,13 @@ fn sweep_leftovers(base: &std::path::Path) -> usize {
         return 0;
     };
     let me = nix::unistd::geteuid().as_raw();
-    let ours = |m: &std::fs::Metadata, dir: bool| {
-        m.uid() == me && if dir { m.is_dir() } else { m.is_file() }
-    };
     let mut removed = 0;
     for entry in entries.flatten() {
         if !entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
             continue;
         }
         let dir = entry.path();
-        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| ours(&m, true)) {
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me) {
             continue;
         }
         let Ok(alive) = std::fs::OpenOptions::new()
@@ -454,7 +451,7 @@ fn sweep_leftovers(base: &std::path::Path) -> usize {
         else {
             continue;
         };
-        if !alive.metadata().is_ok_and(|m| ours(&m, false)) {
+        if !alive.metadata().is_ok_and(|m| m.is_file() && m.uid() == me) {
             continue;
         }
         // Held by its process while it lives; ours only once that process is gone.

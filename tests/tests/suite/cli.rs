@@ -1599,9 +1599,12 @@ async fn call_takes_its_arguments_from_standard_input_or_a_file() {
 async fn login_flags_that_cannot_be_right_are_usage_errors() {
     let config = tempfile::tempdir().unwrap();
     let good = "ab".repeat(32);
+    // Never reached (the flags are refused first), but never a port a real server may use.
+    let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let server = free.local_addr().unwrap().to_string();
     for (args, said) in [
         (
-            ["--server", "127.0.0.1:4433", "--fingerprint", "zz"],
+            ["--server", server.as_str(), "--fingerprint", "zz"],
             "not a certificate fingerprint",
         ),
         (
@@ -1657,7 +1660,9 @@ async fn the_server_listens_on_a_host_name() {
         line.starts_with("monad-server listening on 127.0.0.1:"),
         "{line}"
     );
-    let out = server_cmd(data.path(), &["--listen", "no-such-host.invalid:4433"]).await;
+    let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let unresolved = format!("no-such-host.invalid:{}", free.local_addr().unwrap().port());
+    let out = server_cmd(data.path(), &["--listen", &unresolved]).await;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("--listen"),
