@@ -105,6 +105,11 @@ impl Connection {
     /// has drained (`Endpoint::wait_idle`): that is three probe time-outs more, about 90 ms on
     /// loopback, which every command paid before it could exit.
     pub async fn close(&self, reason: &str) {
+        // Already closed (by the server, a time-out, a lost network): nothing more goes out,
+        // and waiting for a datagram would only make a failed command wait its full second.
+        if self.conn.close_reason().is_some() {
+            return;
+        }
         // The close goes out as a datagram of its own (quinn counts no close frame it sends).
         let before = self.conn.stats().udp_tx.datagrams;
         self.conn.close(0u32.into(), reason.as_bytes());

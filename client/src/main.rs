@@ -500,7 +500,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     config.exec = old.exec;
                 }
                 // None yet: this is the device's first login.
-                Err(_) if !dir.join("config.toml").exists() => {}
+                Err(ClientError::NotLoggedIn(_)) => {}
                 // One that cannot be read is not replaced: its device id (this device's
                 // sessions) and its settings would be lost without a word.
                 Err(e) => bail!(

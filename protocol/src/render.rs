@@ -1126,13 +1126,21 @@ mod tests {
         );
         assert_eq!(lines[3], "3\tend");
         // A line of exactly the cap is shown whole.
-        let exact = "x".repeat(2000);
+        let exact = "x".repeat(READ_LINE_MAX_BYTES);
         let shown = render(
             ToolName::ReadFile,
             json!({"path": "a", "content": exact, "start_line": 1, "lines": 1,
-                   "total_lines": 1, "size": 2000, "binary": false, "truncated": false}),
+                   "total_lines": 1, "size": READ_LINE_MAX_BYTES, "binary": false,
+                   "truncated": false}),
         );
         assert!(shown.ends_with(&format!("1\t{exact}")), "{shown}");
+        // The tool's description says the same cap.
+        let cap = format!(
+            "A line over {},{:03} bytes",
+            READ_LINE_MAX_BYTES / 1000,
+            READ_LINE_MAX_BYTES % 1000
+        );
+        assert!(ToolName::ReadFile.description().contains(&cap), "{cap}");
     }
 
     #[test]

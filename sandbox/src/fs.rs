@@ -1391,8 +1391,8 @@ impl Target {
     /// Writes `content` to a new temporary file beside the target, syncs it, and renames it over
     /// the target. `rename` replaces a directory entry and never follows a link, so whatever was
     /// swapped in at the final name, nothing outside the root is written. Gives the new file's
-    /// stamp, when it can still be looked at.
-    fn replace(&self, content: &[u8]) -> Result<Option<Stamp>, SandboxError> {
+    /// stamp.
+    fn replace(&self, content: &[u8]) -> Result<Stamp, SandboxError> {
         let given = self.path.given();
         let mode = self.old.as_ref().map_or(0o644, |old| old.mode);
         let mut attempt = 0u32;
@@ -1416,12 +1416,18 @@ impl Target {
             .and_then(|owner| give_to(&file, owner))
             .and_then(|()| file.write_all(content))
             .and_then(|()| file.set_permissions(Permissions::from_mode(mode)))
-            .and_then(|()| file.sync_all());
+            .and_then(|()| file.sync_all())
+            // The new file's stamp, from its own handle: a rename keeps its inode, size and
+            // modification time, and a look by name afterwards could see another program's file.
+            .and_then(|()| file.metadata());
         drop(file);
-        if let Err(e) = written {
-            let _ = self.parent.remove_file(&tmp_name);
-            return Err(SandboxError::from_io("write", given, e));
-        }
+        let stamp = match written {
+            Ok(meta) => Stamp::of(&meta),
+            Err(e) => {
+                let _ = self.parent.remove_file(&tmp_name);
+                return Err(SandboxError::from_io("write", given, e));
+            }
+        };
         // Another program (an editor, a formatter, the user) may have written the file since
         // this call read it: replacing it then would throw their change away unseen.
         if let Err(changed) = self.unchanged() {
@@ -1432,11 +1438,7 @@ impl Target {
             let _ = self.parent.remove_file(&tmp_name);
             return Err(SandboxError::from_io("write", given, e));
         }
-        Ok(self
-            .parent
-            .symlink_metadata(&self.name)
-            .ok()
-            .map(|meta| Stamp::of(&meta)))
+        Ok(stamp)
     }
 
     /// Refuses to replace a file changed since this workspace's tools last saw it.
@@ -1447,13 +1449,9 @@ impl Target {
         }
     }
 
-    /// Remembers what this call wrote as what the tools last saw there (forgets it, when it
-    /// could not be looked at after the rename: the next write is then not checked).
-    fn note_in(&self, seen: &Seen, stamp: Option<Stamp>) {
-        match stamp {
-            Some(stamp) => seen.note(self.path.rel(), stamp),
-            None => seen.forget(self.path.rel()),
-        }
+    /// Remembers what this call wrote as what the tools last saw there.
+    fn note_in(&self, seen: &Seen, stamp: Stamp) {
+        seen.note(self.path.rel(), stamp);
     }
 
     /// Whether what is at the name is still what was read there (or still nothing).

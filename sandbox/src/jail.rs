@@ -182,9 +182,8 @@ impl Jail {
     pub fn resolve(&self, raw: &str) -> Result<JailPath, SandboxError> {
         let path = Path::new(raw);
         let relative = if path.is_absolute() && !raw.contains('\0') {
-            [&self.canonical_root, &self.root]
-                .iter()
-                .find_map(|root| path.strip_prefix(root).ok())
+            self.strip_root(raw)
+                .map(Path::new)
                 .ok_or_else(|| SandboxError::Escape {
                     path: raw.to_owned(),
                     reason: EscapeReason::AbsoluteOutside,

@@ -169,9 +169,15 @@ impl Sandbox {
 
     /// `read_file`: lines of a text file, capped in lines and bytes.
     pub fn read_file(&self, args: &ReadFileArgs) -> Result<ReadFileResult, SandboxError> {
+        fs::read_opened(self.open_read(args)?, &self.limits, args)
+    }
+
+    /// Opens the file `read_file` reads, and notes what it is as what the tools saw there (a
+    /// later `write_file` of it is refused if it changes meanwhile: [`seen`]).
+    fn open_read(&self, args: &ReadFileArgs) -> Result<fs::OpenedFile, SandboxError> {
         let opened = fs::open_for_read(&self.jail, args)?;
         opened.note_in(&self.seen);
-        fs::read_opened(opened, &self.limits, args)
+        Ok(opened)
     }
 
     /// `list_dir`: a directory's entries, sorted, to a depth, capped.
@@ -436,8 +442,7 @@ impl Sandbox {
                 .on_blocking_pool(move |this| this.read_file(&args))
                 .await;
         };
-        let opened = fs::open_for_read(&self.jail, &args)?;
-        opened.note_in(&self.seen);
+        let opened = self.open_read(&args)?;
         if opened.size() <= INLINE_READ_MAX && opened.device() == root_device {
             return fs::read_opened(opened, &self.limits, &args);
         }

@@ -10,23 +10,21 @@ use std::sync::Mutex;
 use crate::error::SandboxError;
 use crate::jail::JailPath;
 
-/// A file's inode, size, and modification and change times: another program that writes the
-/// file changes one of them, unless it writes as many bytes in place within the file system's
-/// clock grain (a few milliseconds on most; two seconds on FAT).
+/// A file's inode, size and modification time: another program that writes the file changes
+/// one of them, unless it writes as many bytes in place within the file system's clock grain (a
+/// few milliseconds on most; two seconds on FAT). Not the change time, which also moves with its
+/// mode or owner (a `chmod +x`) and with a rename, none of which changes what a write would lose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stamp {
     ino: u64,
     len: u64,
     modified: (i64, i64),
-    changed: (i64, i64),
 }
 
 impl Stamp {
-    /// Whether `self` and `other` are one version of the file's content: the same inode, size
-    /// and modification time. The change time also moves with its mode or owner (a `chmod +x`),
-    /// which changes nothing a write would lose.
+    /// Whether `self` and `other` are one version of the file's content.
     fn same_content(&self, other: &Stamp) -> bool {
-        (self.ino, self.len, self.modified) == (other.ino, other.len, other.modified)
+        self == other
     }
 
     pub(crate) fn of(meta: &cap_std::fs::Metadata) -> Stamp {
@@ -35,7 +33,6 @@ impl Stamp {
             ino: meta.ino(),
             len: meta.len(),
             modified: (meta.mtime(), meta.mtime_nsec()),
-            changed: (meta.ctime(), meta.ctime_nsec()),
         }
     }
 }
@@ -73,12 +70,6 @@ impl Seen {
         }
     }
 
-    /// Forgets what was seen at `rel`.
-    pub(crate) fn forget(&self, rel: &Path) {
-        let mut files = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        files.stamps.remove(rel);
-    }
-
     /// Refuses to replace the file at `path`, now stamped `now`, when a tool saw it stamped
     /// otherwise: something else changed it since.
     pub(crate) fn check(&self, path: &JailPath, now: Stamp) -> Result<(), SandboxError> {
@@ -104,7 +95,6 @@ mod tests {
             ino,
             len: 1,
             modified: (0, 0),
-            changed: (0, 0),
         }
     }
 

@@ -851,7 +851,9 @@ fn check_hello(
             None,
         ));
     }
-    let user = match state.tokens.verify(&token) {
+    // Hashed once: what the store looks up, and what the connection checks again at each sweep.
+    let presented = crate::auth::token_hash(&token);
+    let user = match state.tokens.verify_hash(&presented) {
         Ok(Some(user)) => user,
         Ok(None) => {
             return Err(ToolError::new(
@@ -873,7 +875,6 @@ fn check_hello(
         DeviceId::parse(&device_id).map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
     validate_client_name(&client_name)
         .map_err(|m| ToolError::new(ErrorCode::InvalidArguments, m))?;
-    let presented = crate::auth::token_hash(&token);
     Ok((
         role,
         user,
