@@ -71,11 +71,12 @@ enum ClassArg {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Save the server, token and certificate fingerprint (checked by connecting). The token is
-    /// taken from --token, else MONAD_TOKEN, else standard input (its first line, or a prompt
-    /// that does not echo on a terminal), so that it need not be in the command line. Several
-    /// hosts of one deployment (one store, one certificate): repeat --server; they are tried in
-    /// that order, and a laptop whose host dies re-attaches through another.
+    /// Save the server, token and certificate fingerprint (checked by connecting).
+    ///
+    /// The token is taken from --token, else MONAD_TOKEN, else standard input (its first line, or a
+    /// prompt that does not echo on a terminal), so that it need not be in the command line.
+    /// Several hosts of one deployment (one store, one certificate): repeat --server; they are
+    /// tried in that order, and a laptop whose host dies re-attaches through another.
     Login {
         /// HOST:PORT of the server (HOST alone means port 4433); repeat for each host of a
         /// deployment of several.
@@ -89,9 +90,10 @@ enum Command {
         #[arg(long, value_parser = fingerprint_arg)]
         fingerprint: String,
     },
-    /// Attach a folder to a session and approve what agents do in it. Options go before or
-    /// after the folder. Ctrl-C (or SIGTERM) detaches; attaching the same folder again (from
-    /// another terminal) takes it over, and this one says so and exits.
+    /// Attach a folder to a session and approve what agents do in it.
+    ///
+    /// Options go before or after the folder. Ctrl-C (or SIGTERM) detaches; attaching the same
+    /// folder again (from another terminal) takes it over, and this one says so and exits.
     Attach {
         /// The folder.
         dir: Option<PathBuf>,
@@ -124,16 +126,18 @@ enum Command {
         #[arg(long)]
         focus: bool,
     },
-    /// Detach a folder from a session by its short name (or URI), from any terminal: its
-    /// `attach` stops, and the session forgets it (an offline folder is no longer listed).
+    /// Detach a folder from a session by its short name (or URI), from any terminal.
+    ///
+    /// Its `attach` stops, and the session forgets it (an offline folder is no longer listed).
     Detach {
         /// The folder's short name in the session (`status` lists them), or its URI.
         name: String,
         #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
     },
-    /// Who you are, which server (and its fingerprint), this device's current session and its
-    /// workspaces, online or not.
+    /// Who you are, which server, this device's current session and its workspaces.
+    ///
+    /// The server's certificate fingerprint is shown too, and whether each workspace is online.
     Status {
         /// Print JSON (stable for scripts).
         #[arg(long)]
@@ -141,9 +145,11 @@ enum Command {
     },
     /// Forget the token (the server, device id and settings stay for the next login).
     Logout,
-    /// Call a tool as an agent and print its result: the text a model gets, or JSON with --json.
-    /// Exit codes: 0 done; 1 the tool (or the client) failed; 2 usage error; 3 the command ran
-    /// but exited non-zero, was killed or timed out.
+    /// Call a tool as an agent and print its result.
+    ///
+    /// It prints the text a model gets, or JSON with --json. Exit codes: 0 done; 1 the tool (or the
+    /// client) failed; 2 usage error; 3 the command ran but exited non-zero, was killed or timed
+    /// out.
     #[command(disable_help_flag = true)]
     Call {
         /// Tool name (`monad-client tools` lists them; `call TOOL --help` shows its arguments).
@@ -187,11 +193,14 @@ enum Command {
         #[arg(long)]
         session: Option<String>,
     },
-    /// Serve the Agent Client Protocol on stdin/stdout for an editor (Zed, and others): the
-    /// session's built-in agent, bridged to the server.
+    /// Serve the Agent Client Protocol on stdin/stdout for an editor (Zed, and others).
+    ///
+    /// The editor talks to the session's built-in agent, bridged to the server.
     Acp,
-    /// Talk to the session's built-in agent in this terminal: streamed answers, tool calls as
-    /// they run, approvals of folders attached with /attach, and slash commands (/help).
+    /// Talk to the session's built-in agent in this terminal.
+    ///
+    /// Answers are streamed and tool calls shown as they run; folders attached with /attach
+    /// are approved here, and slash commands do the rest (/help lists them).
     Chat {
         #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
@@ -207,8 +216,9 @@ enum Command {
         #[arg(long, default_value_t = 120, value_parser = prompt_seconds())]
         prompt_timeout: u64,
     },
-    /// List your sessions (* marks this device's current session), start a new one, or switch
-    /// to one (`sessions use ID`).
+    /// List your sessions, start a new one, or switch to one.
+    ///
+    /// `*` marks this device's current session; `sessions use ID` switches to one.
     #[command(args_conflicts_with_subcommands = true)]
     Sessions {
         #[command(subcommand)]
@@ -271,9 +281,11 @@ enum HistoryCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Replace the conversation with a snapshot (overwrite semantics): a JSON file holding a
-    /// history (`{"created_at": ..., "messages": [{"role": "user", "text": ...}]}`, optionally
-    /// `provider` and `model`), or what `history show --json` prints. `-` reads stdin.
+    /// Replace the conversation with a snapshot (overwrite semantics).
+    ///
+    /// The snapshot is a JSON file holding a history (`{"created_at": ..., "messages":
+    /// [{"role": "user", "text": ...}]}`, optionally `provider` and `model`), or what `history
+    /// show --json` prints. `-` reads stdin.
     Replace {
         /// The snapshot file, or `-` for standard input.
         #[arg(long)]
@@ -666,6 +678,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 }
                 (None, true) => {
                     let mut cli = Cli::command();
+                    // Names the subcommand (`monad-client call`) in its usage line.
+                    cli.build();
                     let help = cli
                         .find_subcommand_mut("call")
                         .map(|c| c.render_long_help().to_string())

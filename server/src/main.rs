@@ -113,8 +113,9 @@ enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a session with its workspace, history and artifacts (through the running server
-    /// when there is one). Asks first on a terminal.
+    /// Delete a session with its workspace, history and artifacts.
+    ///
+    /// It goes through the running server when there is one. Asks first on a terminal.
     Delete {
         /// The session id (or a unique start of it).
         id: String,
@@ -125,8 +126,10 @@ enum SessionCommand {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Delete sessions unused for a while, never `default` nor one in use (through the running
-    /// server when there is one). Lists them and asks first on a terminal.
+    /// Delete sessions unused for a while, never `default` nor one in use.
+    ///
+    /// It goes through the running server when there is one. Lists them and asks first on a
+    /// terminal.
     Gc {
         /// How long unused: days (`90` or `90d`) or hours (`12h`).
         #[arg(long, value_parser = parse_age_arg)]
@@ -146,8 +149,9 @@ enum SessionCommand {
         #[arg(long)]
         json: bool,
     },
-    /// A session's tool calls from its audit log: time, tool, workspace, who decided, outcome,
-    /// duration.
+    /// A session's tool calls from its audit log.
+    ///
+    /// Each with its time, tool, workspace, who decided, outcome and duration.
     Audit {
         /// The session id (or a unique start of it).
         id: String,
@@ -555,8 +559,10 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
 
 #[derive(Subcommand)]
 enum TokenCommand {
-    /// Create a token and print the complete `monad-client login ...` line for it (server
-    /// address, token, certificate fingerprint); the token is shown only once.
+    /// Create a token and print the `monad-client login` line for it.
+    ///
+    /// The line is complete: server address, token, certificate fingerprint. The token is shown
+    /// only once.
     Create {
         /// The user the token authenticates as.
         #[arg(long, default_value = "admin")]

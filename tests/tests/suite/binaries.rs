@@ -314,6 +314,10 @@ async fn call_help_lists_every_tool_and_an_unknown_tool_is_refused_before_connec
     for tool in monad_protocol::ToolName::ALL {
         assert!(help.contains(tool.as_str()), "{tool} missing from:\n{help}");
     }
+    assert!(
+        help.contains("Usage: monad-client call [OPTIONS] [TOOL]"),
+        "{help}"
+    );
     // Not logged in either: the name is checked first, and the error lists the tools.
     let out = client(empty.path(), &["call", "read_fil", "--args", "{}"]).await;
     assert!(!out.status.success());
@@ -322,6 +326,72 @@ async fn call_help_lists_every_tool_and_an_unknown_tool_is_refused_before_connec
         error.contains("read_fil") && error.contains("process_kill"),
         "{error}"
     );
+}
+
+/// The command lists of `--help` give each command one short line on a terminal of 100
+/// columns (its details are in the command's own `--help`), and help is wrapped to the terminal's width (`COLUMNS` when it is
+/// not a terminal), not left as lines of any length. Both programs, every list of commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_lists_each_command_on_one_short_line_and_wraps_to_the_terminal() {
+    let empty = tempfile::tempdir().unwrap();
+    let help = async |program: &str, args: &[&str], columns: usize| {
+        let output = command(program)
+            .args(args)
+            .env("MONAD_CONFIG_DIR", empty.path())
+            .env("MONAD_DATA_DIR", empty.path())
+            .env("COLUMNS", columns.to_string())
+            .output();
+        let what = format!("`{program} {}`", args.join(" "));
+        let out = within(STEP, &what, output).await.expect("it runs");
+        assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+        let help = text(&out.stdout);
+        for line in help.lines() {
+            assert!(
+                line.chars().count() <= columns,
+                "{what}: {line:?} in:\n{help}"
+            );
+        }
+        help
+    };
+    let lists = [
+        ("monad-client", &["--help"][..]),
+        ("monad-client", &["history", "--help"]),
+        ("monad-server", &["--help"]),
+        ("monad-server", &["token", "--help"]),
+        ("monad-server", &["session", "--help"]),
+        ("monad-server", &["workspace", "--help"]),
+    ];
+    for (program, args) in lists {
+        // One line each on a terminal of 100 columns.
+        let out = help(program, args, 100).await;
+        let commands: Vec<&str> = out
+            .lines()
+            .skip_while(|l| *l != "Commands:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert!(commands.len() >= 3, "{out}");
+        for line in &commands {
+            // `  name  summary`: a line each (the summary not wrapped onto a next line, which
+            // would start with spaces only), no sentence after the first.
+            assert!(
+                line.starts_with("  ") && !line.starts_with("   "),
+                "{line:?}"
+            );
+            assert!(!line.trim_end_matches('.').contains(". "), "{line:?}");
+        }
+    }
+    for (program, args) in lists {
+        help(program, args, 60).await;
+    }
+    for args in [&["attach", "--help"][..], &["call", "--help"]] {
+        help("monad-client", args, 60).await;
+    }
+    // The details are still there, in the command's own help.
+    let call = help("monad-client", &["call", "--help"], 100).await;
+    assert!(call.contains("Exit codes"), "{call}");
+    let delete = help("monad-server", &["session", "delete", "--help"], 100).await;
+    assert!(delete.contains("running server"), "{delete}");
 }
 
 /// Regression: errors of `call`'s own checks were built from the top-level command, so they
