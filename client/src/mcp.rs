@@ -65,6 +65,10 @@ const MAX_RETRY: Duration = Duration::from_secs(10);
 pub struct AgentBackend {
     config: ClientConfig,
     agent: tokio::sync::Mutex<Option<Agent>>,
+    /// The host's last landing: its roots (as sent) and the session it landed in. A connection
+    /// made again after one dropped lands there again, so that the server knows this host
+    /// still works on its folder (the hold on the focus goes with the connection that landed).
+    landed: std::sync::Mutex<Option<(Vec<String>, String)>>,
 }
 
 impl AgentBackend {
@@ -73,6 +77,7 @@ impl AgentBackend {
         AgentBackend {
             config,
             agent: tokio::sync::Mutex::new(None),
+            landed: std::sync::Mutex::new(None),
         }
     }
 
@@ -86,6 +91,16 @@ impl AgentBackend {
             .await
             .map_err(|e| to_tool_error(&self.config, e))?;
         info!(server = %fresh.server(), "connected to the Monad server");
+        let landed = self
+            .landed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some((roots, session)) = landed
+            && let Err(e) = fresh.land(roots, Some(&session)).await
+        {
+            debug!("landing again after a reconnect: {e}");
+        }
         *agent = Some(fresh.clone());
         Ok(fresh)
     }
@@ -155,15 +170,17 @@ impl Backend for AgentBackend {
     ) -> Result<Option<Landing>, ToolError> {
         let agent = self.agent().await?;
         // As the folders were attached: resolved on this device, symlinks and all.
-        let roots = tokio::task::spawn_blocking(move || {
+        let roots: Vec<String> = tokio::task::spawn_blocking(move || {
             roots.into_iter().map(|r| canonical_root(&r)).collect()
         })
         .await
         .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?;
         let landed = agent
-            .land(roots, session)
+            .land(roots.clone(), session)
             .await
             .map_err(|e| to_tool_error(&self.config, e))?;
+        *self.landed.lock().unwrap_or_else(|p| p.into_inner()) =
+            landed.as_ref().map(|l| (roots, l.session.clone()));
         if landed.is_none() {
             warn!(
                 "the Monad server is too old to land by the host's roots; working in the \

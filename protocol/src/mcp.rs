@@ -540,8 +540,16 @@ impl<B: Backend> McpFront<B> {
         {
             Ok(Ok(listed)) => listed.roots.into_iter().map(|r| r.uri).collect(),
             Ok(Err(e)) => {
+                // rmcp's words for an answer that does not parse as roots say nothing of them.
+                let why = match e {
+                    rmcp::ServiceError::UnexpectedResponse => {
+                        "its answer to roots/list is not a list of roots, each with a `uri`"
+                            .to_owned()
+                    }
+                    other => other.to_string(),
+                };
                 let message =
-                    format!("the host's roots are unknown ({e}); working in session {current}");
+                    format!("the host's roots are unknown ({why}); working in session {current}");
                 tracing::warn!("{message}");
                 self.log(peer, LoggingLevel::Warning, &message).await;
                 return;
@@ -594,14 +602,21 @@ impl<B: Backend> McpFront<B> {
         }
         let message = match (&landing.folder, &landing.focus) {
             (Some(folder), Some(focus)) => format!(
-                "working in session {} (the root {folder}), whose focus is workspace `{focus}`",
+                "working in session {} (the attached folder {folder} holds the host's root), \
+                 whose focus is workspace `{focus}`",
                 landing.session
             ),
             (Some(folder), None) => format!(
-                "working in session {} (the root {folder} is not attached there now)",
+                "working in session {} (the folder {folder}, which holds the host's root, is \
+                 not attached there now)",
                 landing.session
             ),
-            (None, _) => format!(
+            (None, Some(focus)) => format!(
+                "working in session {} (no root is in a folder attached from this machine); \
+                 calls that name no workspace try its focus first, workspace `{focus}`",
+                landing.session
+            ),
+            (None, None) => format!(
                 "working in session {} (no root is in a folder attached from this machine)",
                 landing.session
             ),

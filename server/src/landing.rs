@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use crate::auth::DeviceId;
 use crate::roots::{FolderSessions, best_match, parse_root};
-use crate::session::{Attached, Registry, Session};
+use crate::session::{Attached, HostHold, Registry, Session};
 
 /// Where a host landed.
 #[derive(Debug)]
@@ -24,6 +24,9 @@ pub(crate) struct Landed {
     pub folder: Option<String>,
     /// The session's focus after landing.
     pub focus: Option<String>,
+    /// The host's hold on the focus when it is the folder its roots matched: its connection
+    /// keeps it while the host works there.
+    pub hold: Option<HostHold>,
 }
 
 /// The time now, Unix milliseconds.
@@ -215,9 +218,9 @@ pub(crate) fn land(
     let session = match (requested, &matched) {
         (Some(id), _) => {
             let session = registry.resolve(Some(id), user, Some(device))?;
-            // Not under another device's host working there.
+            // Not under another host working there.
             if let Some(folder) = &matched
-                && !session.focus_held_by_other_device(device)
+                && !session.focus_held_against(device, folder)
             {
                 focus_if_attached(&session, device, folder);
             }
@@ -238,10 +241,11 @@ pub(crate) fn land(
             };
             let mut session = registry.resolve(Some(&active), user, Some(device))?;
             // One focus per session, shared by its agents: a session focused on another
-            // device's folder, online, is that device's host's. Moving the focus under it would
-            // send its un-targeted writes to this folder; this host gets a session of its own
-            // for its folder instead (which becomes the folder's active session).
-            if session.focus_held_by_other_device(device) {
+            // device's folder, online, is that device's hosts'; one focused on another folder
+            // an MCP host landed on is that host's. Moving the focus under them would send
+            // their un-targeted writes to this folder; this host gets a session of its own for
+            // its folder instead (which becomes the folder's active session).
+            if session.focus_held_against(device, folder) {
                 let own = registry.create(user)?;
                 session = registry.resolve(Some(&own.id), user, Some(device))?;
             }
@@ -258,10 +262,14 @@ pub(crate) fn land(
             session
         }
     };
+    let hold = matched
+        .as_deref()
+        .and_then(|folder| session.hold_for_host(device, folder));
     Ok(Landed {
         focus: session.focus(),
         session,
         folder: matched,
+        hold,
     })
 }
 

@@ -9,7 +9,7 @@ use monad_protocol::{ErrorCode, ToolError};
 use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::server::State;
-use crate::session::{Session, store_error};
+use crate::session::{HostHold, Session, store_error};
 use crate::store::{ArtifactKind, ArtifactMeta, history};
 
 /// Default page size of session lists.
@@ -19,7 +19,13 @@ const DEFAULT_PAGE: u32 = 20;
 pub(crate) struct Caller<'a> {
     pub user: &'a str,
     pub device: Option<&'a DeviceId>,
+    /// Where the connection keeps its MCP host's hold on the focus it landed on (a landing
+    /// replaces it; the connection's end drops it).
+    pub landing: &'a HostSlot,
 }
+
+/// A connection's [`HostHold`], when its host landed on the focus.
+pub(crate) type HostSlot = Arc<std::sync::Mutex<Option<HostHold>>>;
 
 /// Answers a session, history or record request; `None` when `request` is none of those.
 pub(crate) async fn answer(
@@ -31,11 +37,13 @@ pub(crate) async fn answer(
     let state = state.clone();
     let user = caller.user.to_owned();
     let device = caller.device.cloned();
+    let landing = caller.landing.clone();
     // Store calls block (fsync); they run on the blocking pool.
-    let answer =
-        tokio::task::spawn_blocking(move || handle(&state, &user, device.as_ref(), request))
-            .await
-            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
+    let answer = tokio::task::spawn_blocking(move || {
+        handle(&state, &user, device.as_ref(), &landing, request)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
     Some(answer.unwrap_or_else(|error| Message::Error { id, error }))
 }
 
@@ -83,6 +91,7 @@ fn handle(
     state: &State,
     user: &str,
     device: Option<&DeviceId>,
+    landing: &HostSlot,
     request: Message,
 ) -> Result<Message, ToolError> {
     let registry = &state.registry;
@@ -136,6 +145,9 @@ fn handle(
                     "landing by roots needs a device (monad-client mcp)",
                 ));
             };
+            // This host's hold from an earlier landing goes first: landing again (its roots
+            // changed) may move the focus it held.
+            drop(landing.lock().unwrap_or_else(|p| p.into_inner()).take());
             let landed = crate::landing::land(
                 registry,
                 user,
@@ -144,6 +156,7 @@ fn handle(
                 requested.as_deref(),
                 crate::landing::now_ms(),
             )?;
+            *landing.lock().unwrap_or_else(|p| p.into_inner()) = landed.hold;
             Ok(Message::Landed {
                 id,
                 session: landed.session.id.clone(),

@@ -578,6 +578,8 @@ async fn handle_connection(
     // Cancelled when the connection ends: what is still running for it stops there.
     let ended = tokio_util::sync::CancellationToken::new();
     let _ending = ended.clone().drop_guard();
+    // Its MCP host's hold on the focus it landed on: released with the connection.
+    let landing = crate::requests::HostSlot::default();
     // Its token is checked again at each sweep of the tokens: a revoked token's connection is
     // closed (an attached folder kept serving calls through one, and an agent calling). A
     // forwarded connection has no token of its own.
@@ -622,6 +624,7 @@ async fn handle_connection(
                     minor,
                     origin,
                     stop: stop.clone(),
+                    landing: landing.clone(),
                 };
                 let ended = ended.clone();
                 streams.spawn(async move {
@@ -899,6 +902,8 @@ struct Ctx {
     origin: Origin,
     /// Turns true when the server shuts down.
     stop: watch::Receiver<bool>,
+    /// The hold of this connection's MCP host on the focus it landed on.
+    landing: crate::requests::HostSlot,
 }
 
 impl Ctx {
@@ -1267,6 +1272,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let caller = crate::requests::Caller {
                 user: &ctx.user,
                 device: Some(&ctx.device_id),
+                landing: &ctx.landing,
             };
             match crate::requests::answer(&ctx.state, &caller, other).await {
                 Some(answer) => {

@@ -203,8 +203,41 @@ pub struct Session {
     /// ([`Session::set_focus`]); it stays while the workspace is offline, follows it when it is
     /// renamed, and ends when it is detached by name ([`Session::forget`]).
     focus: Mutex<Option<String>>,
+    /// The folders MCP hosts landed on and work in now, as (device, absolute path): one entry
+    /// per host's connection, for as long as its [`HostHold`] lives.
+    hosts: Mutex<Vec<(DeviceId, String)>>,
     /// Saves the metadata when the folders or the focus change ([`Session::keep`]).
     recorder: Option<crate::recorder::Recorder>,
+}
+
+/// An MCP host working in a session on the folder it landed on ([`Session::hold_for_host`]),
+/// held by its connection: while it lives, another host's landing does not move the session's
+/// focus away from that folder (`docs/mcp.md`, "Roots"). Dropped when the connection ends or the
+/// host lands again.
+#[derive(Debug)]
+pub struct HostHold {
+    session: Arc<Session>,
+    device: DeviceId,
+    folder: String,
+}
+
+impl HostHold {
+    /// The session held.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+}
+
+impl Drop for HostHold {
+    fn drop(&mut self) {
+        let mut hosts = self.session.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = hosts
+            .iter()
+            .position(|(d, f)| d == &self.device && f == &self.folder)
+        {
+            hosts.swap_remove(at);
+        }
+    }
 }
 
 /// Background processes a session remembers the workspace of (far more than a workspace may
@@ -393,17 +426,59 @@ impl Session {
             .collect()
     }
 
-    /// Whether the focus is a folder another device attached, online: that device's agents
-    /// work in it, so a landing from `device` must not move the focus under them.
-    pub fn focus_held_by_other_device(&self, device: &DeviceId) -> bool {
+    /// Whether a host landing from `device` on `folder` (an absolute path there) must leave the
+    /// focus where it is: the focus is a folder another device attached, online (that device's
+    /// agents work in it), or another folder an MCP host landed on and works in now
+    /// ([`HostHold`]). Moving the focus under either would send their calls that name no
+    /// workspace, writes included, into this folder.
+    pub fn focus_held_against(&self, device: &DeviceId, folder: &str) -> bool {
         let Some(focus) = self.focus() else {
             return false;
         };
-        self.attached
+        let attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(held) = attached.iter().find(|a| a.name == focus) else {
+            return false;
+        };
+        if held.link.is_some() && &held.device_id != device {
+            return true;
+        }
+        let Some(path) = held.folder.as_deref() else {
+            return false;
+        };
+        if &held.device_id == device && path == folder {
+            return false;
+        }
+        self.hosts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .any(|a| a.name == focus && a.link.is_some() && &a.device_id != device)
+            .any(|(d, f)| d == &held.device_id && f == path)
+    }
+
+    /// Notes an MCP host working on `folder` of `device`, when that folder is the session's
+    /// focus, until the returned hold is dropped; `None` when it is not the focus.
+    pub fn hold_for_host(self: &Arc<Self>, device: &DeviceId, folder: &str) -> Option<HostHold> {
+        let focus = self.focus()?;
+        let is_focus = self
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|a| {
+                a.name == focus && &a.device_id == device && a.folder.as_deref() == Some(folder)
+            });
+        if !is_focus {
+            return None;
+        }
+        self.hosts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((device.clone(), folder.to_owned()));
+        Some(HostHold {
+            session: self.clone(),
+            device: device.clone(),
+            folder: folder.to_owned(),
+        })
     }
 
     /// The workspace record of an attached folder, by short name.
@@ -1053,6 +1128,7 @@ impl Registry {
             changes: tokio::sync::watch::channel(0).0,
             processes: Mutex::new(Vec::new()),
             focus: Mutex::new(focus),
+            hosts: Mutex::new(Vec::new()),
             recorder: self.recorder.clone(),
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());

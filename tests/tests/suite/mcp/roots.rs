@@ -721,3 +721,142 @@ async fn another_user_claiming_the_device_id_cannot_land_in_or_share_the_folder(
         .expect("the owner's session");
     assert_eq!(owners_list.len(), 2, "the owner's session is unchanged");
 }
+
+/// Two hosts of one device, each working in its own folder, both folders attached into one
+/// session: the second host's landing does not move the focus under the first (whose writes
+/// that name no workspace would then land in the second's project); it works in a session of
+/// its own, with its folder. The first host's hold on the focus ends with its connection: a
+/// host landing afterwards may move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_host_in_another_folder_does_not_move_the_focus_under_the_first() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p1, one) = project("one", "first\n");
+    let (_p2, two) = project("two", "second\n");
+    let mut attached = Vec::new();
+    for (dir, name) in [(&one, "one"), (&two, "two")] {
+        let mut options = attach_options(dir, name);
+        options.allow = vec![ToolClass::Read, ToolClass::Write];
+        options.session = Some("default".into());
+        attached.push(Attachment::start(&config, options, None).await);
+    }
+    let land = async |agent: &monad_client::agent::Agent, root: &Path, session: Option<&str>| {
+        within(STEP, "a landing", agent.land(vec![file_uri(root)], session))
+            .await
+            .expect("landed")
+            .expect("a server that lands by roots")
+    };
+    let write = async |agent: &monad_client::agent::Agent, session: &str, path: &str| {
+        let args = serde_json::json!({"path": path, "content": "x\n"});
+        let reply = within(
+            STEP,
+            "a write",
+            agent.call(Some(session), "write_file", args, |_| {}),
+        )
+        .await
+        .expect("the write is answered");
+        reply.workspace.expect("a workspace ran it").name
+    };
+
+    let first = connect_agent(&config).await;
+    let landed = land(&first, &one, None).await;
+    assert_eq!(landed.session, "default");
+    assert_eq!(landed.focus.as_deref(), Some("one"));
+
+    let second = connect_agent(&config).await;
+    let other = land(&second, &two, None).await;
+    assert_ne!(
+        other.session, "default",
+        "the second host took the first's session"
+    );
+    assert_eq!(other.focus.as_deref(), Some("two"));
+
+    // Each host's write that names no workspace lands in its own project.
+    assert_eq!(write(&first, "default", "from_first.txt").await, "one");
+    assert_eq!(
+        write(&second, &other.session, "from_second.txt").await,
+        "two"
+    );
+    assert!(one.join("from_first.txt").exists() && !two.join("from_first.txt").exists());
+    assert!(two.join("from_second.txt").exists() && !one.join("from_second.txt").exists());
+
+    // The first host landing again (its roots changed to the same folder) keeps its focus.
+    let again = land(&first, &one, None).await;
+    assert_eq!(
+        (again.session.as_str(), again.focus.as_deref()),
+        ("default", Some("one"))
+    );
+
+    // Gone, it holds nothing: a host landing on `two` in `default` moves the focus there
+    // (once the server has seen the connection end).
+    first.close("done").await;
+    drop(first);
+    let third = connect_agent(&config).await;
+    let moved = within(
+        STEP,
+        "the focus to move once the first host is gone",
+        async {
+            loop {
+                let landed = land(&third, &two, Some("default")).await;
+                if landed.focus.as_deref() == Some("two") {
+                    break landed;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+    assert_eq!(moved.session, "default");
+    assert_eq!(write(&third, "default", "from_third.txt").await, "two");
+}
+
+/// `monad-client mcp`'s backend lands again on a connection it makes after the last one ended
+/// (the server gone and back, a network change): the host's hold on its focus goes with the
+/// connection that landed, and a second host landing meanwhile must still find it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_focus() {
+    use monad_protocol::mcp::Backend;
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p1, one) = project("one", "first\n");
+    let (_p2, two) = project("two", "second\n");
+    let _a1 = attach(&config, &one, "one", Some("default")).await;
+    let _a2 = attach(&config, &two, "two", Some("default")).await;
+    let caller = rmcp::model::Extensions::default();
+
+    let bridge = monad_client::mcp::AgentBackend::new(config.clone());
+    let landed = within(
+        STEP,
+        "the bridge to land",
+        bridge.land(&caller, vec![file_uri(&one)], None),
+    )
+    .await
+    .expect("landed")
+    .expect("a server that lands by roots");
+    assert_eq!(landed.session, "default");
+    assert_eq!(landed.focus.as_deref(), Some("one"));
+    // Its connection ends; the next call makes another, which lands again.
+    bridge.close("gone for a while").await;
+    let (session, _) = within(
+        STEP,
+        "the bridge to reconnect",
+        bridge.open(&caller, Some("default")),
+    )
+    .await
+    .expect("reconnected");
+    assert_eq!(session, "default");
+
+    // Once the server has seen the first connection end, only the landing on the new one can
+    // hold the focus: a second host on `two` still gets a session of its own.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let second = connect_agent(&config).await;
+    let other = within(STEP, "a landing", second.land(vec![file_uri(&two)], None))
+        .await
+        .expect("landed")
+        .expect("a server that lands by roots");
+    assert_ne!(
+        other.session, "default",
+        "the bridge's hold was lost with its connection"
+    );
+    assert_eq!(other.focus.as_deref(), Some("two"));
+}
