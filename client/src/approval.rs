@@ -287,8 +287,10 @@ pub enum Basis {
     User,
     /// Nobody answered the prompt in time.
     Timeout,
-    /// There is no terminal to ask on (`--non-interactive`, or none).
+    /// There is no terminal to ask on.
     NoTerminal,
+    /// The user attached with `--non-interactive`: nobody is asked.
+    NonInteractive,
     /// The call cannot run ([`monad_sandbox::Sandbox::check`] refused it); nobody was asked.
     Invalid,
 }
@@ -303,6 +305,7 @@ impl Basis {
             Basis::User => "answered".into(),
             Basis::Timeout => "nobody answered".into(),
             Basis::NoTerminal => "no terminal".into(),
+            Basis::NonInteractive => "--non-interactive".into(),
             Basis::Invalid => "cannot run".into(),
         }
     }
@@ -314,7 +317,7 @@ impl Basis {
             Basis::PreApproved(_) | Basis::Remembered => Decider::Policy,
             Basis::User => Decider::User,
             Basis::Timeout => Decider::Timeout,
-            Basis::NoTerminal => Decider::NoTerminal,
+            Basis::NoTerminal | Basis::NonInteractive => Decider::NoTerminal,
             Basis::Invalid => Decider::Client,
         }
     }
@@ -394,12 +397,17 @@ impl Policy {
     }
 }
 
-/// The reason given when nobody can be asked.
-pub fn nobody_to_ask(tool: ToolName, dir: &str) -> String {
+/// The reason given when nobody can be asked: the user chose so (`--non-interactive`), or the
+/// client has no terminal to ask on.
+pub fn nobody_to_ask(tool: ToolName, dir: &str, chosen: bool) -> String {
+    let why = if chosen {
+        "the user attached it with --non-interactive, so nobody is asked"
+    } else {
+        "the client runs without a terminal to ask"
+    };
     format!(
-        "`{tool}` in this restricted workspace needs its user's approval, and the client runs \
-         without a terminal to ask; the user can pre-approve it by attaching with \
-         `monad-client attach {dir} --allow {}`",
+        "`{tool}` in this restricted workspace needs its user's approval, and {why}; the user \
+         can pre-approve it by attaching with `monad-client attach {dir} --allow {}`",
         tool.class().as_str()
     )
 }

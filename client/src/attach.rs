@@ -68,6 +68,9 @@ pub struct AttachOptions {
     pub focus: bool,
     /// First and longest wait between reconnection attempts.
     pub backoff: (Duration, Duration),
+    /// The user chose never to be asked (`--non-interactive`): with no approver, a denial
+    /// says so, rather than that there is no terminal.
+    pub non_interactive: bool,
 }
 
 impl AttachOptions {
@@ -90,6 +93,7 @@ impl AttachOptions {
             tools: ToolName::WORKSPACE_TOOLS.to_vec(),
             focus: false,
             backoff: (Duration::from_millis(200), Duration::from_secs(10)),
+            non_interactive: false,
         }
     }
 }
@@ -184,7 +188,7 @@ impl AttachEvent {
                 workspace,
                 server,
             } => Some(format!(
-                "attached {} as `{}` to session {} on {} ({}); Ctrl-C detaches",
+                "attached {} as `{}` to session {} on {} ({}); Ctrl-C disconnects",
                 printable(&workspace.uri),
                 printable(&workspace.name),
                 printable(session),
@@ -872,8 +876,12 @@ async fn run(
     let (verdict, basis) = match known {
         Some(known) => known,
         None => match &folder.approver {
+            None if o.non_interactive => (
+                Verdict::Deny(nobody_to_ask(tool, &o.shown_path, true)),
+                Basis::NonInteractive,
+            ),
             None => (
-                Verdict::Deny(nobody_to_ask(tool, &o.shown_path)),
+                Verdict::Deny(nobody_to_ask(tool, &o.shown_path, false)),
                 Basis::NoTerminal,
             ),
             Some(approver) => {
@@ -1170,7 +1178,7 @@ mod tests {
             attached.line().as_deref(),
             Some(
                 "attached monad://laptop/home/me/lap as `lap` to session s1 on 10.0.0.2:4433 \
-                 (restricted); Ctrl-C detaches"
+                 (restricted); Ctrl-C disconnects"
             ),
             "the host it is on is named"
         );

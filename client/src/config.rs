@@ -27,7 +27,9 @@ pub struct ClientConfig {
     pub token: String,
     /// SHA-256 of the server's certificate, 64 hex digits: anything else is refused.
     pub fingerprint: String,
-    /// This installation's stable id.
+    /// This installation's stable id: a UUID, lowercase and hyphenated, as the server takes it
+    /// ([`check_device_id`]). A missing or malformed one is made again at the next login.
+    #[serde(default)]
     pub device_id: String,
     /// This machine's name, used in workspace URIs.
     pub client_name: String,
@@ -98,6 +100,12 @@ impl ClientConfig {
         if config.token.is_empty() {
             return Err(ClientError::NotLoggedIn(dir.join("config.toml")));
         }
+        check_device_id(&config.device_id).map_err(|why| {
+            ClientError::Config(format!(
+                "{}: {why}; `monad-client login` makes a new one",
+                dir.join("config.toml").display()
+            ))
+        })?;
         Ok(config)
     }
 
@@ -105,9 +113,9 @@ impl ClientConfig {
     /// that the next login keeps this device's bindings. Returns the servers it was logged in
     /// to (in one line), `None` when it was not.
     pub fn logout(dir: &Path) -> Result<Option<String>, ClientError> {
-        let mut config = match ClientConfig::load(dir) {
-            Ok(config) => config,
-            Err(ClientError::NotLoggedIn(_)) => return Ok(None),
+        let mut config = match ClientConfig::load_any(dir) {
+            Ok(config) if !config.token.is_empty() => config,
+            Ok(_) | Err(ClientError::NotLoggedIn(_)) => return Ok(None),
             Err(e) => return Err(e),
         };
         config.token.clear();
@@ -198,34 +206,27 @@ pub fn check_addresses(addresses: &[String]) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// One `HOST:PORT`: a host name or an IP address (IPv6 in brackets), a colon, a port 1-65535.
+/// One `HOST:PORT` ([`monad_protocol::address::check_host_port`]).
 fn check_address(address: &str) -> Result<(), ClientError> {
-    let bad = |why: &str| {
+    monad_protocol::address::check_host_port(address).map_err(|why| {
         ClientError::Config(format!(
             "`{}` is not a server address: {why} (expected HOST:PORT, like \
              monad.example.com:4433 or 10.0.0.2:4433)",
             printable(address)
         ))
-    };
-    if address.parse::<std::net::SocketAddr>().is_ok() {
-        return Ok(());
-    }
-    let Some((host, port)) = address.rsplit_once(':') else {
-        return Err(bad("no port"));
-    };
-    match port.parse::<u16>() {
-        Ok(0) | Err(_) => return Err(bad("the port is not a number from 1 to 65535")),
-        Ok(_) => {}
-    }
-    let host_ok = !host.is_empty()
-        && host.len() <= 253
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
-    if host_ok {
-        Ok(())
-    } else {
-        Err(bad("not a host name"))
+    })
+}
+
+/// Checks a device id: a UUID in its lowercase hyphenated form, the only form the server
+/// takes (it keys this device's bindings).
+pub fn check_device_id(id: &str) -> Result<(), String> {
+    match uuid::Uuid::try_parse(id) {
+        Ok(uuid) if uuid.hyphenated().to_string() == id => Ok(()),
+        _ if id.is_empty() => Err("no device_id".to_owned()),
+        _ => Err(format!(
+            "device_id `{}` is not a UUID in lowercase hyphenated form",
+            printable(id)
+        )),
     }
 }
 
@@ -363,6 +364,35 @@ mod tests {
         ));
     }
 
+    /// A device id the server would refuse is reported where the config is read, naming the
+    /// file and what makes a new one (before, every command failed at the server with advice
+    /// that `login` did not follow); missing, it loads, so that `login` can make one.
+    #[test]
+    fn a_device_id_the_server_would_refuse_is_reported_with_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for (line, said) in [
+            ("device_id = \"nope\"\n", "device_id `nope` is not a UUID"),
+            (
+                "device_id = \"6F1C3B9E-2D4A-4C8E-9F1A-0B2C3D4E5F60\"\n",
+                "not a UUID in lowercase",
+            ),
+            ("", "no device_id"),
+        ] {
+            let text = format!(
+                "server = \"10.0.0.2:4433\"\ntoken = \"mnd_x\"\nfingerprint = \"{}\"\n\
+                 {line}client_name = \"laptop\"\n",
+                "ab".repeat(32)
+            );
+            std::fs::write(dir.path().join("config.toml"), &text).unwrap();
+            let err = ClientConfig::load(dir.path()).unwrap_err().to_string();
+            assert!(
+                err.contains(said) && err.contains("config.toml") && err.contains("login"),
+                "{err}"
+            );
+            assert!(ClientConfig::load_any(dir.path()).is_ok(), "{line}");
+        }
+    }
+
     fn strings(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| (*s).to_owned()).collect()
     }
@@ -372,7 +402,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = format!(
             "server = \"10.0.0.2:4433\"\ntoken = \"mnd_x\"\nfingerprint = \"{}\"\n\
-             device_id = \"d1\"\nclient_name = \"laptop\"\n",
+             device_id = \"6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f60\"\nclient_name = \"laptop\"\n",
             "ab".repeat(32)
         );
         std::fs::write(dir.path().join("config.toml"), &old).unwrap();

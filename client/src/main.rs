@@ -92,8 +92,9 @@ enum Command {
     },
     /// Attach a folder to a session and approve what agents do in it.
     ///
-    /// Options go before or after the folder. Ctrl-C (or SIGTERM) detaches; attaching the same
-    /// folder again (from another terminal) takes it over, and this one says so and exits.
+    /// Options go before or after the folder. Ctrl-C (or SIGTERM) disconnects: the folder stays
+    /// in the session, offline, until it is attached again (`detach` removes it). Attaching the
+    /// same folder again (from another terminal) takes it over, and this one says so and exits.
     Attach {
         /// The folder.
         dir: Option<PathBuf>,
@@ -117,7 +118,8 @@ enum Command {
         /// Never prompt: anything not pre-approved is denied.
         #[arg(long)]
         non_interactive: bool,
-        /// Seconds a prompt waits before it denies (2 to 604800, a week).
+        /// Seconds a prompt waits for an answer; then the call is refused as timed out (2 to
+        /// 604800, a week).
         #[arg(long, default_value_t = 120, value_parser = prompt_seconds())]
         prompt_timeout: u64,
         /// Make this folder the session's focus: an agent's calls that name no workspace try
@@ -209,10 +211,10 @@ enum Command {
         model: Option<String>,
         /// The API base URL for this chat instead of the session's; the server refuses one its
         /// operator did not list in `llm.allowed_base_urls`.
-        #[arg(long)]
+        #[arg(long, value_parser = base_url_arg)]
         base_url: Option<String>,
-        /// Seconds an approval prompt of a folder attached with /attach waits before it denies
-        /// (2 to 604800, a week).
+        /// Seconds an approval prompt of a folder attached with /attach waits for an answer;
+        /// then the call is refused as timed out (2 to 604800, a week).
         #[arg(long, default_value_t = 120, value_parser = prompt_seconds())]
         prompt_timeout: u64,
     },
@@ -239,7 +241,7 @@ enum Command {
         #[arg(long, requires = "new")]
         folder: Option<PathBuf>,
     },
-    /// The session's conversation (`session.md`): append, show, clear.
+    /// The session's conversation (`session.md`): append, show, replace, clear.
     #[command(subcommand)]
     History(HistoryCommand),
 }
@@ -249,6 +251,7 @@ enum SessionsAction {
     /// Make a session this device's current one: commands without --session use it.
     Use {
         /// The session id, or a unique start of it.
+        #[arg(value_parser = clap::builder::NonEmptyStringValueParser::new())]
         id: String,
     },
 }
@@ -431,6 +434,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// `chat --base-url`: an `http://` or `https://` URL with a host, checked before the chat
+/// starts rather than refused by the server at the first message.
+fn base_url_arg(raw: &str) -> Result<String, String> {
+    let host = raw
+        .strip_prefix("https://")
+        .or_else(|| raw.strip_prefix("http://"))
+        .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+    match host {
+        Some(host) if !host.is_empty() && !raw.contains(char::is_whitespace) => Ok(raw.to_owned()),
+        _ => Err("expected an http:// or https:// URL, like https://api.example.com/v1".into()),
+    }
+}
+
 /// `--prompt-timeout`'s seconds: at least 2, so that a prompt outlasts the guard that ignores
 /// keys typed just before it appeared (`terminal::PROMPT_GUARD`), and at most a week, so that
 /// the deadline is a time the clock can hold (a larger one overflowed it at the first prompt).
@@ -493,6 +509,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             token,
             fingerprint,
         } => {
+            if let Some(twice) = servers
+                .iter()
+                .enumerate()
+                .find_map(|(i, s)| servers[..i].contains(s).then_some(s))
+            {
+                usage_error(
+                    "login",
+                    clap::error::ErrorKind::ValueValidation,
+                    format!("--server {} is given twice", printable(twice)),
+                );
+            }
             let dir = config_dir()?;
             let source = login::source(
                 token,
@@ -507,7 +534,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             // records stay.
             match ClientConfig::load_any(&dir) {
                 Ok(old) => {
-                    config.device_id = old.device_id;
+                    // One the server would refuse is made again (this device's earlier
+                    // bindings were keyed by an id no server took).
+                    match monad_client::config::check_device_id(&old.device_id) {
+                        Ok(()) => config.device_id = old.device_id,
+                        Err(why) => errln!(
+                            "{why} in {}: this device gets a new one",
+                            dir.join("config.toml").display()
+                        ),
+                    }
                     config.limits = old.limits;
                     config.exec = old.exec;
                 }
@@ -516,11 +551,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 // One that cannot be read is not replaced: its device id (this device's
                 // sessions) and its settings would be lost without a word.
                 Err(e) => bail!(
-                    "{e}\nlogin keeps this device's id and settings from that file, and would \
+                    "{e}; login keeps this device's id and settings from that file, and would \
                      lose them by replacing it: fix it, or move it aside to start afresh"
                 ),
             }
-            let checked = check_login(&config).await?;
+            let checked = check_login(&config).await.map_err(|e| match e {
+                // The pin being set here, not one kept from an earlier login.
+                ClientError::FingerprintMismatch {
+                    server,
+                    expected,
+                    presented,
+                } => anyhow::anyhow!(
+                    "the server at {server} presents the certificate fingerprint {presented}, \
+                     not {expected} given with --fingerprint: use the one the server printed at \
+                     start-up (`monad-server fingerprint` prints it again); another one may mean \
+                     that something else answers at that address"
+                ),
+                other => other.into(),
+            })?;
             config.save(&dir)?;
             errln!(
                 "logged in to {} as {}; saved in {}",
@@ -582,6 +630,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 .collect();
             options.prompt_timeout = Duration::from_secs(prompt_timeout);
             options.focus = focus;
+            options.non_interactive = non_interactive;
             let (stop, stopping) = tokio::sync::watch::channel(false);
             options.stop = Some(stopping);
             let guard = guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref());
@@ -628,7 +677,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             // all through the printer: written directly, a stuck standard error would keep
             // this process from exiting.
             let (last, code) = match result {
-                Ok(()) => ("detached".to_owned(), ExitCode::SUCCESS),
+                // Ctrl-C or SIGTERM: the server knows the folder left, and keeps it, offline.
+                Ok(()) => (
+                    "disconnected: the folder stays in the session, offline, until it is \
+                     attached again (`monad-client detach NAME` removes it)"
+                        .to_owned(),
+                    ExitCode::SUCCESS,
+                ),
                 Err(ClientError::Detached(reason)) => (
                     format!("detached: {}", printable(&reason)),
                     ExitCode::SUCCESS,
@@ -705,6 +760,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     .with_context(|| format!("cannot read --args from {file}"))?,
                 None => args,
             };
+            if args.trim().is_empty() {
+                usage(
+                    "--args is empty (standard input or the file gave nothing): give a JSON \
+                     object, `{}` for no arguments"
+                        .to_owned(),
+                );
+            }
             let mut args: serde_json::Value = match serde_json::from_str(&args) {
                 Ok(args) => args,
                 Err(e) => usage(format!(
@@ -834,6 +896,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             action: None,
         } => {
             let config = ClientConfig::load(&config_dir()?)?;
+            let named_folder = folder.is_some();
             let here = match folder {
                 Some(dir) => {
                     let resolved = dir
@@ -854,11 +917,31 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 None => agent.open_session_in(None, here).await,
             };
             let session = closed(&agent, started).await?;
-            for w in session
+            let mut serving = session
                 .workspaces
                 .iter()
                 .filter(|w| w.online && w.host == Host::Client)
+                .peekable();
+            if serving.peek().is_none()
+                && named_folder
+                && let Some(here) = here
             {
+                // Only a folder this device has attached (or an MCP host landed in) can have
+                // an active session: say so, rather than nothing.
+                errln!(
+                    "{} is not attached from this device now, so the new session is not its \
+                     active session: `{}` attaches it there",
+                    printable(here),
+                    monad_protocol::text::shell_words(&[
+                        "monad-client",
+                        "attach",
+                        here,
+                        "--session",
+                        &session.id
+                    ])
+                );
+            }
+            for w in serving {
                 errln!(
                     "`{}` ({}) works in the new session: it is the folder's active session",
                     printable(&w.name),

@@ -2,6 +2,8 @@
 //!
 //! This crate holds data and pure functions only, no I/O:
 //!
+//! - [`address`]: `HOST:PORT` as a client logs in to it and a host of a deployment advertises
+//!   it, checked the same way everywhere.
 //! - [`agent`]: the built-in agent's turn as data: the events a front sees while it runs and
 //!   how it ended.
 //! - [`tools`]: the tool contract. [`tools::ToolName`] names every tool and gives its approval
@@ -26,6 +28,7 @@
 //!   telling its peer to stop.
 #![deny(missing_docs)]
 
+pub mod address;
 pub mod agent;
 pub mod error;
 pub mod frame;

@@ -159,11 +159,19 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         if line.len() > READ_LINE_MAX_BYTES {
             let shown = crate::text::head(line, READ_LINE_MAX_BYTES);
             out.push_str(shown);
-            let _ = write!(
-                out,
-                " \u{2026} [{} more bytes of this line not shown: `search` finds text in it]",
-                line.len() - shown.len()
-            );
+            if line_cut && n == last {
+                // Only the head of this line was read (the byte cap): how long the rest is,
+                // the read does not know.
+                out.push_str(
+                    " \u{2026} [the rest of this line not shown: `search` finds text in it]",
+                );
+            } else {
+                let _ = write!(
+                    out,
+                    " \u{2026} [{} more bytes of this line not shown: `search` finds text in it]",
+                    line.len() - shown.len()
+                );
+            }
         } else {
             out.push_str(line);
         }
@@ -1125,6 +1133,21 @@ mod tests {
             )
         );
         assert_eq!(lines[3], "3\tend");
+        // A line longer than the read's byte cap, of which the read has only a head: what is
+        // left of it in the file is not known, so no count is given (it said the 2 bytes past
+        // the 2,000 shown of a 262,144-byte head of a 15 MiB line were all there was).
+        let head = "c".repeat(READ_LINE_MAX_BYTES + 2);
+        let shown = render(
+            ToolName::ReadFile,
+            json!({"path": "big.js", "content": head, "start_line": 1, "lines": 1,
+                   "size": 15_000_000, "binary": false, "truncated": true,
+                   "truncation": "bytes", "next_offset": 2}),
+        );
+        let line = shown.lines().nth(1).unwrap();
+        assert!(
+            line.ends_with("\u{2026} [the rest of this line not shown: `search` finds text in it]"),
+            "{line}"
+        );
         // A line of exactly the cap is shown whole.
         let exact = "x".repeat(READ_LINE_MAX_BYTES);
         let shown = render(

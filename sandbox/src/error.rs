@@ -52,8 +52,9 @@ pub enum SandboxError {
         /// What is wrong with it.
         why: &'static str,
     },
-    /// The arguments do not fit the tool or each other.
-    #[error("invalid arguments: {0}")]
+    /// The arguments do not fit the tool or each other. The message alone: its code,
+    /// `invalid_arguments`, goes before it wherever it is shown.
+    #[error("{0}")]
     InvalidArguments(String),
     /// Nothing exists at the path; the message names it.
     #[error("{0}")]

@@ -342,15 +342,42 @@ impl Admin {
             .map(str::to_owned)
             .map_err(|e| {
                 // Left out of the listing because its metadata cannot be read: say so, not
-                // that it does not exist.
-                let unreadable = crate::store::check_id(prefix)
-                    .ok()
-                    .and_then(|()| self.store.load(prefix).err());
+                // that it does not exist (by its whole id or a unique start of it).
+                let unreadable = match self.unreadable_start(prefix, &ids).as_slice() {
+                    [id] => self.store.load(id).err().map(|why| (id.clone(), why)),
+                    _ => None,
+                };
                 match unreadable {
-                    Some(why) => format!("session `{prefix}` cannot be read: {why}"),
+                    Some((id, why)) => format!("session `{id}` cannot be read: {why}"),
                     None => e.message,
                 }
             })
+    }
+
+    /// The sessions of the data directory whose id is, or starts with, `prefix` and which the
+    /// listing `ids` left out (their metadata cannot be read). An exact id counts whether its
+    /// directory is here or not (a store elsewhere).
+    fn unreadable_start(&self, prefix: &str, ids: &[String]) -> Vec<String> {
+        let here: Vec<String> = std::fs::read_dir(self.data_dir.join("sessions"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|entry| entry.file_name().into_string().ok())
+                    .filter(|id| {
+                        id.starts_with(prefix)
+                            && crate::store::check_id(id).is_ok()
+                            && !ids.contains(id)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // An exact id wins, and one of a store elsewhere (no directory here) is asked for.
+        if here.iter().any(|id| id == prefix)
+            || (here.is_empty() && crate::store::check_id(prefix).is_ok())
+        {
+            return vec![prefix.to_owned()];
+        }
+        here
     }
 
     /// Who deletes: the running server (through its socket), or this process (holding the

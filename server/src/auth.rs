@@ -132,7 +132,7 @@ impl TokenStore {
         match std::fs::read_to_string(&self.path) {
             Ok(text) => toml::from_str(&text).map_err(|e| ServerError::Config {
                 path: self.path.clone(),
-                message: e.to_string(),
+                message: crate::fsutil::toml_problem(&text, &e),
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TokenFile::default()),
             Err(e) => Err(ServerError::io("read", &self.path, e)),
@@ -341,7 +341,8 @@ pub fn validate_user(user: &str) -> Result<(), ServerError> {
         Ok(())
     } else {
         Err(ServerError::Invalid(format!(
-            "user name `{user}` must be 1 to 64 letters, digits, `.`, `_` or `-`"
+            "user name `{}` must be 1 to 64 letters, digits, `.`, `_` or `-`",
+            monad_protocol::text::printable(user)
         )))
     }
 }

@@ -149,6 +149,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ServerEr
     Ok(())
 }
 
+/// What is wrong with a TOML file, on one line: `line N: what` (the parser's own text is a
+/// snippet of several lines, which a one-line log or error would show as escapes).
+pub fn toml_problem(text: &str, error: &toml::de::Error) -> String {
+    let what = error
+        .message()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    match error.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {what}")
+        }
+        None => what,
+    }
+}
+
 /// The current time as RFC 3339 in UTC, to the second (`2026-11-26T10:00:00Z`).
 pub fn now_rfc3339() -> String {
     let secs = std::time::SystemTime::now()

@@ -53,6 +53,14 @@ fn listen_addr(raw: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| "the name resolves to no address".to_owned())
 }
 
+/// `--advertise` and `token create --server`: `HOST:PORT` as a client's login checks it, so that
+/// an address no client could use is a usage error, not a token or a host nobody reaches.
+fn host_port_arg(raw: &str) -> Result<String, String> {
+    monad_protocol::address::check_host_port(raw)
+        .map(|()| raw.to_owned())
+        .map_err(|why| format!("is not HOST:PORT: {why} (like monad.example.com:4433)"))
+}
+
 #[derive(clap::Args, Clone)]
 struct ServeArgs {
     /// QUIC address to listen on (IP:PORT, or HOST:PORT with a name this machine resolves).
@@ -66,7 +74,7 @@ struct ServeArgs {
     no_http: bool,
     /// HOST:PORT where the other hosts of the same store reach this one (several hosts; also
     /// `MONAD_ADVERTISE` or `[cluster] advertise`). Default: the QUIC listen address.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = host_port_arg)]
     advertise: Option<String>,
     /// Keep sessions, workspace records, bindings, tokens, audit and the artifact index in
     /// PostgreSQL (`postgres://USER:PASSWORD@HOST:PORT/DATABASE`), for several hosts on one
@@ -192,8 +200,8 @@ enum WorkspaceCommand {
         /// The record id.
         id: String,
         /// Page size, 1 to 100.
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=100))]
+        limit: u16,
         /// The `next` token printed with the previous page.
         #[arg(long)]
         next: Option<String>,
@@ -213,6 +221,13 @@ fn print_json(value: &impl serde::Serialize) -> Result<()> {
 /// A field from a user, an agent or a client (names, paths, URIs, ids), safe to print.
 fn p(text: &str) -> std::borrow::Cow<'_, str> {
     printable(text)
+}
+
+/// `token create --user`: a name the token store takes, so that a bad one is a usage error.
+fn user_arg(raw: &str) -> Result<String, String> {
+    monad_server::auth::validate_user(raw)
+        .map(|()| raw.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_age_arg(text: &str) -> Result<Duration, String> {
@@ -292,7 +307,8 @@ fn remove(
     }
     if !yes
         && !confirm(&format!(
-            "delete {what} with their workspaces, history and artifacts?"
+            "delete {what} with {} workspaces, history and artifacts?",
+            if listed.len() == 1 { "its" } else { "their" }
         ))?
     {
         errln!("nothing deleted");
@@ -525,7 +541,7 @@ fn workspace_command(admin: &Admin, cmd: WorkspaceCommand) -> Result<()> {
             next,
             json,
         } => {
-            let (record, page) = admin.workspace(&id, limit, next.as_deref())?;
+            let (record, page) = admin.workspace(&id, usize::from(limit), next.as_deref())?;
             if json {
                 return print_json(&serde_json::json!({
                     "record": record,
@@ -564,12 +580,12 @@ enum TokenCommand {
     /// The line is complete: server address, token, certificate fingerprint. The token is shown
     /// only once.
     Create {
-        /// The user the token authenticates as.
-        #[arg(long, default_value = "admin")]
+        /// The user the token authenticates as: 1 to 64 letters, digits, `.`, `_` or `-`.
+        #[arg(long, default_value = "admin", value_parser = user_arg)]
         user: String,
         /// The HOST:PORT clients reach the server at, for the login line (default: the address
         /// the server last listened on).
-        #[arg(long)]
+        #[arg(long, value_name = "HOST:PORT", value_parser = host_port_arg)]
         server: Option<String>,
     },
     /// List tokens (ids and users; tokens themselves are stored hashed).
@@ -599,7 +615,7 @@ fn main() -> ExitCode {
         // A closed standard error must not turn into a panic (the report would be printed there).
         .log_internal_errors(false)
         .init();
-    match run(Cli::parse()) {
+    match run(parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Errors may quote a session id or a path from a user: escaped.
@@ -607,6 +623,39 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line. Serving's flags also stand before any command (`monad-server --listen
+/// ...` serves); before another command they would do nothing, so that `monad-server --store
+/// URL session gc` would clean the files of the data directory, not the database it names:
+/// refused as a usage error, as they are after the command.
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches, parser::ValueSource};
+    let mut command = Cli::command();
+    let matches = command.get_matches_mut();
+    if let Some((name, _)) = matches.subcommand() {
+        let given = matches.ids().find(|id| {
+            matches.value_source(id.as_str()) == Some(ValueSource::CommandLine)
+                && command
+                    .get_arguments()
+                    .any(|a| a.get_id() == *id && !a.is_global_set())
+        });
+        if let Some(id) = given {
+            let flag = format!("--{}", id.as_str().replace('_', "-"));
+            let to = if name == "serve" {
+                format!("put it after `serve` (`monad-server serve {flag} ...`)")
+            } else {
+                format!("it is a flag of serving (`monad-server {flag} ...`), not of `{name}`")
+            };
+            command
+                .error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!("{flag} before `{name}` would be ignored: {to}"),
+                )
+                .exit();
+        }
+    }
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 fn data_dir(cli: &Cli) -> Result<PathBuf> {
@@ -733,6 +782,15 @@ fn run(cli: Cli) -> Result<()> {
 
 fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     raise_open_files_limit();
+    for name in monad_server::settings::unknown_variables(
+        // `vars()` would panic on a name or value that is not UTF-8.
+        std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+    ) {
+        tracing::warn!(
+            "{name} is neither a setting (MONAD_<SECTION>_<KEY>, the sections of config.toml) \
+             nor a variable Monad reads: ignored"
+        );
+    }
     let mut config = ServerConfig::new(dir);
     config.listen = args.listen;
     config.http = (!args.no_http).then_some(args.http);

@@ -73,19 +73,13 @@ impl ClusterSettings {
         let Some(advertise) = &self.advertise else {
             return Ok(());
         };
-        let host_port = advertise.rsplit_once(':').filter(|(host, port)| {
-            !host.trim().is_empty()
-                && !host.contains(char::is_whitespace)
-                && port.parse::<u16>().is_ok_and(|p| p > 0)
-        });
-        match host_port {
-            Some(_) => Ok(()),
-            None => Err(format!(
-                "the advertised address `{}` is not HOST:PORT (--advertise, MONAD_ADVERTISE or \
-                 [cluster] advertise)",
+        monad_protocol::address::check_host_port(advertise).map_err(|why| {
+            format!(
+                "the advertised address `{}` is not HOST:PORT: {why} (--advertise, \
+                 MONAD_ADVERTISE or [cluster] advertise)",
                 monad_protocol::text::printable(advertise)
-            )),
-        }
+            )
+        })
     }
 }
 
@@ -773,6 +767,33 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
     })
 }
 
+/// The `MONAD_*` variables a Monad program reads that are not settings: the server's (data
+/// directory, advertised address) and the client's, which a shell that runs both may hold.
+const OTHER_VARIABLES: [&str; 5] = [
+    "MONAD_DATA_DIR",
+    "MONAD_ADVERTISE",
+    "MONAD_CONFIG_DIR",
+    "MONAD_TOKEN",
+    "MONAD_PROMPT_GUARD_MS",
+];
+
+/// The names among `vars` that start with `MONAD_` but are neither a setting
+/// (`MONAD_<SECTION>_<KEY>` of a real section; a wrong key there is an error of its own) nor a
+/// variable a Monad program reads: a mistyped section (`MONAD_LIMIT_READ_MAX_BYTES`) would
+/// otherwise be ignored without a word. The server warns of them at start.
+pub fn unknown_variables(vars: impl IntoIterator<Item = String>) -> Vec<String> {
+    vars.into_iter()
+        .filter(|name| {
+            let Some(rest) = name.strip_prefix("MONAD_") else {
+                return false;
+            };
+            let rest = rest.to_ascii_lowercase();
+            !OTHER_VARIABLES.contains(&name.as_str())
+                && !SECTIONS.iter().any(|s| rest.starts_with(&format!("{s}_")))
+        })
+        .collect()
+}
+
 /// `MONAD_<SECTION>_<KEY>=value` as a table. Values are read as TOML (numbers, booleans, arrays,
 /// inline tables) and otherwise taken as strings. `MONAD_DATA_DIR` and `MONAD_CONFIG_DIR` are not
 /// settings and are left alone; any other `MONAD_<SECTION>_...` must name a real key.
@@ -835,6 +856,24 @@ fn deep_merge(base: &mut toml::Table, over: toml::Table) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn variables_that_are_neither_settings_nor_known_are_named() {
+        let names = [
+            "MONAD_LIMIT_READ_MAX_BYTES",
+            "MONAD_BOGUS",
+            "MONAD_LIMITS_READ_MAX_BYTES",
+            "MONAD_DATA_DIR",
+            "MONAD_TOKEN",
+            "MONAD_ADVERTISE",
+            "PATH",
+        ]
+        .map(str::to_owned);
+        assert_eq!(
+            unknown_variables(names),
+            ["MONAD_LIMIT_READ_MAX_BYTES", "MONAD_BOGUS"]
+        );
+    }
 
     fn vars(v: &[(&str, &str)]) -> Vec<(String, String)> {
         v.iter()

@@ -566,7 +566,7 @@ impl FsStore {
         let why = match toml::from_str::<SessionMeta>(&text) {
             Ok(meta) if meta.id == id => return Ok(Some(meta)),
             Ok(meta) => format!("it names session {}", meta.id),
-            Err(e) => e.to_string(),
+            Err(e) => crate::fsutil::toml_problem(&text, &e),
         };
         Err(StoreError::Invalid(format!(
             "{} is corrupt: {why}",
@@ -672,7 +672,8 @@ impl FsStore {
                             (BindingsFile::migrate(old, owner), true)
                         }
                         Err(_) => {
-                            keep_aside(&path, &e.to_string(), self.inspecting);
+                            let why = crate::fsutil::toml_problem(&text, &e);
+                            keep_aside(&path, &why, self.inspecting);
                             (BindingsFile::default(), false)
                         }
                     },
@@ -718,7 +719,8 @@ impl FsStore {
                 Ok(text) => match toml::from_str::<FoldersFile>(&text) {
                     Ok(file) => file,
                     Err(e) => {
-                        keep_aside(&path, &e.to_string(), self.inspecting);
+                        let why = crate::fsutil::toml_problem(&text, &e);
+                        keep_aside(&path, &why, self.inspecting);
                         FoldersFile::default()
                     }
                 },

@@ -159,6 +159,13 @@ async fn first_start_login_attach_and_call() {
             .is_some_and(|m| m.contains("--allow write")),
         "{answer}"
     );
+    // Denied because the user chose never to be asked, and said so: not "no terminal".
+    assert!(
+        answer["outcome"]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("attached it with --non-interactive")),
+        "{answer}"
+    );
     assert_eq!(
         std::fs::read_to_string(laptop.path().join("hello.txt")).unwrap(),
         "hello from the laptop\n"
@@ -167,7 +174,7 @@ async fn first_start_login_attach_and_call() {
         &mut attach_err,
         STEP,
         "the refused write's event line",
-        |l| l.contains("write_file hello.txt (no terminal)"),
+        |l| l.contains("write_file hello.txt (--non-interactive)"),
     )
     .await;
 
@@ -262,10 +269,36 @@ async fn login_takes_the_token_from_the_environment_standard_input_a_terminal_or
         "{}",
         text(&out.stderr)
     );
+    // On one line, not with its line breaks shown as escapes.
+    assert!(
+        !text(&out.stderr).contains("\\u{a}"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("config.toml")).unwrap(),
         broken
     );
+
+    // A device id the server would refuse is made again by login (the server's refusal says
+    // `login` makes one), the settings kept.
+    let dir = tempfile::tempdir().unwrap();
+    let odd = format!(
+        "server = \"10.0.0.2:7000\"\ntoken = \"\"\nfingerprint = \"{}\"\ndevice_id = \"nope\"\n\
+         client_name = \"laptop\"\n[limits]\nread_max_bytes = 4096\n",
+        "ab".repeat(32)
+    );
+    std::fs::write(dir.path().join("config.toml"), odd).unwrap();
+    let out = login_in(dir.path()).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("new one"),
+        "{}",
+        text(&out.stderr)
+    );
+    let saved = monad_client::config::ClientConfig::load(dir.path()).unwrap();
+    assert!(monad_client::config::check_device_id(&saved.device_id).is_ok());
+    assert_eq!(saved.limits.map(|l| l.read_max_bytes), Some(4096));
 
     // `--token`, still accepted.
     let dir = tempfile::tempdir().unwrap();

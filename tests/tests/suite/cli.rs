@@ -348,7 +348,9 @@ async fn sigterm_detaches_like_ctrl_c_and_a_call_waiting_on_the_folder_fails_at_
     let at = pty.wait_for("new.txt", at).await;
     let pid = nix::unistd::Pid::from_raw(pty.child.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    pty.wait_for("detached", at).await;
+    // Said as it is: the folder leaves the session's online workspaces, not the session.
+    pty.wait_for("disconnected: the folder stays in the session, offline", at)
+        .await;
     let status = within(STEP, "attach to exit", pty.child.wait())
         .await
         .unwrap();
@@ -1602,19 +1604,24 @@ async fn login_flags_that_cannot_be_right_are_usage_errors() {
     // Never reached (the flags are refused first), but never a port a real server may use.
     let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let server = free.local_addr().unwrap().to_string();
+    let twice = ["--server", server.as_str(), "--server", server.as_str()];
     for (args, said) in [
         (
-            ["--server", server.as_str(), "--fingerprint", "zz"],
+            &["--server", server.as_str(), "--fingerprint", "zz"][..],
             "not a certificate fingerprint",
         ),
         (
-            ["--server", "host:99999", "--fingerprint", good.as_str()],
+            &["--server", "host:99999", "--fingerprint", good.as_str()],
             "not a server address",
+        ),
+        (
+            &[&twice[..], &["--fingerprint", good.as_str()]].concat(),
+            "given twice",
         ),
     ] {
         let out = client(
             config.path(),
-            &[&["login", "--token", "mnd_x"][..], &args].concat(),
+            &[&["login", "--token", "mnd_x"][..], args].concat(),
         )
         .await;
         assert_eq!(
@@ -1668,5 +1675,146 @@ async fn the_server_listens_on_a_host_name() {
         text(&out.stderr).contains("--listen"),
         "{}",
         text(&out.stderr)
+    );
+}
+
+/// Serving's flags before another command would be ignored: `monad-server --store URL session
+/// gc` cleaned the data directory's files, not the database it named. They are usage errors,
+/// as after the command, and nothing is touched. Addresses no client could reach are refused
+/// too: `token create --server` made a token and a login line that cannot work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_flags_before_another_command_and_unusable_addresses_are_usage_errors() {
+    let data = tempfile::tempdir().unwrap();
+    let made = server_cmd(data.path(), &["token", "create", "--user", "ana"]).await;
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let tokens = || std::fs::read(data.path().join("tokens.toml")).unwrap_or_default();
+    let before = tokens();
+    let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let listen = free.local_addr().unwrap().to_string();
+    for (args, flag) in [
+        (
+            &[
+                "--store",
+                "postgres://u@localhost/x",
+                "session",
+                "gc",
+                "--max-age",
+                "1",
+                "--dry-run",
+            ][..],
+            "--store",
+        ),
+        (&["--objects", "s3://b/p", "session", "list"], "--objects"),
+        (&["--listen", &listen, "token", "create"], "--listen"),
+        (&["--no-http", "workspace", "list"], "--no-http"),
+        (
+            &["--listen", &listen, "serve", "--no-http"],
+            "after `serve`",
+        ),
+    ] {
+        let out = server_cmd(data.path(), args).await;
+        let said = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains(flag) && said.contains("ignored"),
+            "{args:?}: {said}"
+        );
+    }
+    for bad in ["http://a b/", "host", "host:0", "a b:80"] {
+        let out = server_cmd(data.path(), &["token", "create", "--server", bad]).await;
+        let said = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {said}");
+        assert!(said.contains("is not HOST:PORT"), "{bad}: {said}");
+    }
+    // Other values no command could take, before anything is done.
+    for args in [
+        &["token", "create", "--user", "bad name"][..],
+        &["workspace", "show", "x", "--limit", "0"],
+        &["workspace", "show", "x", "--limit", "101"],
+    ] {
+        let out = server_cmd(data.path(), args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let empty = tempfile::tempdir().unwrap();
+    let out = client(empty.path(), &["sessions", "use", ""]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = client(empty.path(), &["chat", "--base-url", "notaurl"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = client_fed(empty.path(), &["call", "stat", "--args", "-"], b"").await;
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("--args is empty"), "{said}");
+    assert_eq!(tokens(), before, "a refused command changed the tokens");
+    // A usable one still works.
+    let out = server_cmd(
+        data.path(),
+        &["token", "create", "--server", "monad.example.com:7000"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("--server monad.example.com:7000"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// A login whose `--fingerprint` is not the server's says that the fingerprint just given is
+/// not the server's and where to find the right one, not to "log in again" (which the user is
+/// doing); nothing is saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_with_the_wrong_fingerprint_says_which_one_to_give() {
+    let data = tempfile::tempdir().unwrap();
+    let server = monad_tests::ServerProcess::start(data.path(), &[]).await;
+    let token = server.first_token.clone().expect("a first start");
+    let config = tempfile::tempdir().unwrap();
+    let wrong = "0".repeat(64);
+    let address = server.addr.to_string();
+    let out = client(
+        config.path(),
+        &[
+            "login",
+            "--server",
+            &address,
+            "--fingerprint",
+            &wrong,
+            "--token",
+            &token,
+        ],
+    )
+    .await;
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("given with --fingerprint")
+            && said.contains("monad-server fingerprint")
+            && said.contains(&server.fingerprint)
+            && !said.contains("log in again"),
+        "{said}"
+    );
+    assert!(!config.path().join("config.toml").exists());
+}
+
+/// `sessions --new --folder DIR` for a folder this device has not attached cannot make the new
+/// session the folder's active session: it says so, with the line that attaches it there,
+/// rather than nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_new_for_a_folder_not_attached_says_so() {
+    let (_server, _data, config) = ServerProcess::logged_in().await;
+    let project = folder(&[]);
+    let dir = project.path().to_str().unwrap();
+    let out = client(config.path(), &["sessions", "--new", "--folder", dir]).await;
+    let said = text(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let id = text(&out.stdout).trim().to_owned();
+    assert!(
+        said.contains("is not attached from this device now")
+            && said.contains(&format!("--session {id}")),
+        "{said}"
     );
 }
