@@ -517,7 +517,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 usage_error(
                     "login",
                     clap::error::ErrorKind::ValueValidation,
-                    format!("--server {} is given twice", printable(twice)),
+                    format!("--server {} is listed twice", printable(twice)),
                 );
             }
             let dir = config_dir()?;

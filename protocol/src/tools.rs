@@ -695,7 +695,8 @@ pub struct SearchMatch {
     /// Line number, from 1.
     pub line_number: u64,
     /// The line, without its line ending; a very long one cut to a fixed length around its
-    /// first match, with `…` where it was cut.
+    /// first match, with `…` where it was cut. A line that is not UTF-8 is decoded as
+    /// `read_file` decodes its file (Windows-1252, or UTF-8 with stray bytes as U+FFFD).
     pub line: String,
 }
 

@@ -330,16 +330,18 @@ impl Sink for &mut Collect<'_> {
             return Ok(false);
         }
         let bytes = mat.bytes();
-        let mut line = String::from_utf8_lossy(bytes).into_owned();
+        let (mut line, encoding) = crate::decode::line_text(bytes);
         let trimmed = line.trim_end_matches(['\n', '\r']).len();
         line.truncate(trimmed);
         if line.chars().nth(self.max_line_chars).is_some() {
-            // Where the match starts, in the line as text: each byte that is not UTF-8 became
-            // three there.
+            // Where the match starts, in the line as text: a byte that is not UTF-8 became two
+            // or three there.
             let at = grep_matcher::Matcher::find(self.matcher, bytes)
                 .ok()
                 .flatten()
-                .map_or(0, |m| String::from_utf8_lossy(&bytes[..m.start()]).len());
+                .map_or(0, |m| {
+                    crate::decode::decode(&bytes[..m.start()], encoding).len()
+                });
             line = window(&line, at, self.max_line_chars);
         }
         self.matches.push(SearchMatch {

@@ -559,10 +559,20 @@ fn search_of_a_single_file_and_long_lines_are_cut() {
     let mut args = search("NEEDLE");
     args.path = Some("latin1.js".into());
     let out = fx.sandbox.search(&args).unwrap();
-    assert_eq!(
-        out.matches[0].line,
-        "…\u{fffd}\u{fffd}NEEDLE\u{fffd}\u{fffd}…"
-    );
+    // Shown as `read_file` shows the file (windows-1252), not as U+FFFD.
+    assert_eq!(out.matches[0].line, "…ééNEEDLEèè…");
+    // A short Latin-1 line, whole: what `edit_file` will match once `read_file` decoded it.
+    std::fs::write(fx.root().join("menu.txt"), b"caf\xe9 pin\n").unwrap();
+    let mut args = search("pin");
+    args.path = Some("menu.txt".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches[0].line, "café pin");
+    // UTF-8 with a stray byte keeps its characters, the stray byte U+FFFD (as `read_file`).
+    std::fs::write(fx.root().join("mixed.txt"), b"\xc3\xa9t\xc3\xa9 pin\xff\n").unwrap();
+    let mut args = search("pin");
+    args.path = Some("mixed.txt".into());
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches[0].line, "été pin\u{fffd}");
 }
 
 #[test]

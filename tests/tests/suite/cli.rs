@@ -1616,7 +1616,7 @@ async fn login_flags_that_cannot_be_right_are_usage_errors() {
         ),
         (
             &[&twice[..], &["--fingerprint", good.as_str()]].concat(),
-            "given twice",
+            "listed twice",
         ),
     ] {
         let out = client(
