@@ -144,7 +144,7 @@ impl ClientConfig {
         let config: ClientConfig = toml::from_str(&text).map_err(|e: toml::de::Error| {
             let line = e
                 .span()
-                .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+                .map(|span| monad_protocol::text::line_at(&text, span.start));
             in_file(line, e.message())
         })?;
         // These say `config: ...` themselves: their message is taken, not their prefix.
@@ -220,10 +220,10 @@ fn check_address(address: &str) -> Result<(), ClientError> {
 /// Checks a device id: a UUID in its lowercase hyphenated form, the only form the server
 /// takes (it keys this device's bindings).
 pub fn check_device_id(id: &str) -> Result<(), String> {
-    match uuid::Uuid::try_parse(id) {
-        Ok(uuid) if uuid.hyphenated().to_string() == id => Ok(()),
-        _ if id.is_empty() => Err("no device_id".to_owned()),
-        _ => Err(format!(
+    match monad_protocol::wire::is_device_id(id) {
+        true => Ok(()),
+        false if id.is_empty() => Err("no device_id".to_owned()),
+        false => Err(format!(
             "device_id `{}` is not a UUID in lowercase hyphenated form",
             printable(id)
         )),

@@ -437,9 +437,11 @@ fn main() -> ExitCode {
 /// `chat --base-url`: an `http://` or `https://` URL with a host, checked before the chat
 /// starts rather than refused by the server at the first message.
 fn base_url_arg(raw: &str) -> Result<String, String> {
-    let host = raw
+    // A scheme is case-insensitive (RFC 3986).
+    let lower = raw.to_ascii_lowercase();
+    let host = lower
         .strip_prefix("https://")
-        .or_else(|| raw.strip_prefix("http://"))
+        .or_else(|| lower.strip_prefix("http://"))
         .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
     match host {
         Some(host) if !host.is_empty() && !raw.contains(char::is_whitespace) => Ok(raw.to_owned()),
@@ -509,15 +511,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             token,
             fingerprint,
         } => {
-            if let Some(twice) = servers
-                .iter()
-                .enumerate()
-                .find_map(|(i, s)| servers[..i].contains(s).then_some(s))
-            {
+            // Each --server was checked alone; together, as the config checks them (a server
+            // listed twice), before the token is read.
+            if let Err(e) = monad_client::config::check_addresses(&servers) {
                 usage_error(
                     "login",
                     clap::error::ErrorKind::ValueValidation,
-                    format!("--server {} is listed twice", printable(twice)),
+                    config_message(e),
                 );
             }
             let dir = config_dir()?;
@@ -927,10 +927,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 && let Some(here) = here
             {
                 // Only a folder this device has attached (or an MCP host landed in) can have
-                // an active session: say so, rather than nothing.
+                // an active session: say what to do if it is neither, rather than nothing.
                 errln!(
-                    "{} is not attached from this device now, so the new session is not its \
-                     active session: `{}` attaches it there",
+                    "no folder of this device serves the new session now; if {} is not attached \
+                     from this device, the new session is not its active session: `{}` attaches \
+                     it there",
                     printable(here),
                     monad_protocol::text::shell_words(&[
                         "monad-client",

@@ -65,10 +65,46 @@ const MAX_RETRY: Duration = Duration::from_secs(10);
 pub struct AgentBackend {
     config: ClientConfig,
     agent: tokio::sync::Mutex<Option<Agent>>,
-    /// The host's last landing: its roots (as sent) and the session it landed in. A connection
-    /// made again after one dropped lands there again, so that the server knows this host
-    /// still works on its folder (the hold on the focus goes with the connection that landed).
-    landed: std::sync::Mutex<Option<(Vec<String>, String)>>,
+    /// The host's last landing. A connection made again after one dropped lands there again,
+    /// so that the server knows this host still works on its folder (the hold on the focus
+    /// goes with the connection that landed): the watch's at once ([`Backend::watch`]), the
+    /// calls' at their next call.
+    landed: Arc<std::sync::Mutex<Option<Landed>>>,
+}
+
+/// Where the host landed: its roots as sent, the session and its focus then.
+#[derive(Debug, Clone)]
+struct Landed {
+    roots: Vec<String>,
+    session: String,
+    focus: Option<String>,
+}
+
+/// Lands `agent` again where the host landed (`landed`), in the same session: the hold on the
+/// focus came with the connection that landed, and went with it. When the focus has moved
+/// meanwhile (another host landed on another folder while this one had no connection), the
+/// host's calls that name no workspace go elsewhere: said on standard error, the host's log.
+async fn land_again(agent: &Agent, landed: &std::sync::Mutex<Option<Landed>>) {
+    let Some(before) = landed.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+        return;
+    };
+    match agent.land(before.roots, Some(&before.session)).await {
+        Ok(Some(now)) if now.focus != before.focus => warn!(
+            "after a reconnect, session {}'s focus is {} (it was {}): calls that name no \
+             workspace try it first; name `workspace` to work in the host's folder",
+            monad_protocol::text::printable(&now.session),
+            now.focus.as_deref().map_or("none".into(), |f| format!(
+                "`{}`",
+                monad_protocol::text::printable(f)
+            )),
+            before.focus.as_deref().map_or("none".into(), |f| format!(
+                "`{}`",
+                monad_protocol::text::printable(f)
+            )),
+        ),
+        Ok(_) => {}
+        Err(e) => debug!("landing again after a reconnect: {e}"),
+    }
 }
 
 impl AgentBackend {
@@ -77,7 +113,7 @@ impl AgentBackend {
         AgentBackend {
             config,
             agent: tokio::sync::Mutex::new(None),
-            landed: std::sync::Mutex::new(None),
+            landed: Arc::new(std::sync::Mutex::new(None)),
         }
     }
 
@@ -91,16 +127,7 @@ impl AgentBackend {
             .await
             .map_err(|e| to_tool_error(&self.config, e))?;
         info!(server = %fresh.server(), "connected to the Monad server");
-        let landed = self
-            .landed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some((roots, session)) = landed
-            && let Err(e) = fresh.land(roots, Some(&session)).await
-        {
-            debug!("landing again after a reconnect: {e}");
-        }
+        land_again(&fresh, &self.landed).await;
         *agent = Some(fresh.clone());
         Ok(fresh)
     }
@@ -168,6 +195,8 @@ impl Backend for AgentBackend {
         roots: Vec<String>,
         session: Option<&str>,
     ) -> Result<Option<Landing>, ToolError> {
+        // Landing anew: a connection made for it does not land on the old roots first.
+        self.landed.lock().unwrap_or_else(|p| p.into_inner()).take();
         let agent = self.agent().await?;
         // As the folders were attached: resolved on this device, symlinks and all.
         let roots: Vec<String> = tokio::task::spawn_blocking(move || {
@@ -179,8 +208,11 @@ impl Backend for AgentBackend {
             .land(roots.clone(), session)
             .await
             .map_err(|e| to_tool_error(&self.config, e))?;
-        *self.landed.lock().unwrap_or_else(|p| p.into_inner()) =
-            landed.as_ref().map(|l| (roots, l.session.clone()));
+        *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = landed.as_ref().map(|l| Landed {
+            roots,
+            session: l.session.clone(),
+            focus: l.focus.clone(),
+        });
         if landed.is_none() {
             warn!(
                 "the Monad server is too old to land by the host's roots; working in the \
@@ -207,6 +239,7 @@ impl Backend for AgentBackend {
         let (tx, rx) = mpsc::channel(8);
         let config = self.config.clone();
         let session = session.to_owned();
+        let landed = self.landed.clone();
         tokio::spawn(async move {
             let mut retry = Duration::from_millis(200);
             loop {
@@ -229,7 +262,12 @@ impl Backend for AgentBackend {
                     }
                     retry = (retry * 2).min(MAX_RETRY);
                     let renewed = match Agent::connect(&config).await {
-                        Ok(agent) => agent.watch(Some(&session)).await.ok(),
+                        Ok(agent) => {
+                            // At once, not at the host's next call: until then, another host
+                            // could take the focus this one works on.
+                            land_again(&agent, &landed).await;
+                            agent.watch(Some(&session)).await.ok()
+                        }
                         Err(_) => None,
                     };
                     if let Some(renewed) = renewed {

@@ -132,6 +132,17 @@ pub fn json_safe(json: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The line (from 1) that byte `at` of `text` is on, for a parser's error given as a byte
+/// span: `PATH:LINE: what`. An offset past the end is on the last line.
+pub fn line_at(text: &str, at: usize) -> usize {
+    let bytes = text.as_bytes();
+    bytes[..at.min(bytes.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
 /// The longest start of `text` of at most `max_bytes` bytes that does not cut a character (as
 /// `str::floor_char_boundary`, newer than this crate's minimum Rust).
 pub fn head(text: &str, max_bytes: usize) -> &str {
@@ -154,6 +165,16 @@ pub fn tail(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn line_at_counts_lines_up_to_a_byte_even_inside_a_character_or_past_the_end() {
+        let text = "a = 1\nb = \u{e9}\nc";
+        assert_eq!(line_at(text, 0), 1);
+        assert_eq!(line_at(text, 6), 2);
+        // Inside the two bytes of `é`: no panic, still line 2.
+        assert_eq!(line_at(text, 11), 2);
+        assert_eq!(line_at(text, 1_000), 3);
+    }
 
     #[test]
     fn argv_is_quoted_so_that_different_argvs_look_different() {

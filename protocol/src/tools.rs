@@ -696,7 +696,8 @@ pub struct SearchMatch {
     pub line_number: u64,
     /// The line, without its line ending; a very long one cut to a fixed length around its
     /// first match, with `…` where it was cut. A line that is not UTF-8 is decoded as
-    /// `read_file` decodes its file (Windows-1252, or UTF-8 with stray bytes as U+FFFD).
+    /// `read_file` decodes its file (Windows-1252, or UTF-8 with stray bytes as U+FFFD); a
+    /// line that is UTF-8 is shown as such.
     pub line: String,
 }
 

@@ -82,6 +82,17 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// Whether `id` is a device id as a hello must give it: a UUID in its canonical form, 36
+/// characters, lowercase hex digits and hyphens at 8, 13, 18 and 23. The server refuses any
+/// other (it keys the device's bindings), and the client's config says so where it is read.
+pub fn is_device_id(id: &str) -> bool {
+    id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => matches!(b, b'0'..=b'9' | b'a'..=b'f'),
+        })
+}
+
 /// The minor version both sides speak: the lower of the two.
 pub fn negotiate_minor(peer: u32) -> u32 {
     peer.min(PROTOCOL_MINOR)
@@ -1425,6 +1436,23 @@ impl Message {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_id_is_a_uuid_in_its_canonical_form_only() {
+        assert!(is_device_id("6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f60"));
+        for bad in [
+            "",
+            "nope",
+            "6F1C3B9E-2D4A-4C8E-9F1A-0B2C3D4E5F60",
+            "6f1c3b9e2d4a4c8e9f1a0b2c3d4e5f60",
+            "{6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f60}",
+            "6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f6g",
+            "6f1c3b9e-2d4a-4c8e-9f1a0-b2c3d4e5f60",
+            "6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f6\u{e9}",
+        ] {
+            assert!(!is_device_id(bad), "{bad}");
+        }
+    }
     use crate::error::ErrorCode;
     use serde_json::json;
 

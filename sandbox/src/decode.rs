@@ -70,18 +70,6 @@ pub(crate) fn guess(bytes: &[u8]) -> Guess {
     Guess::Text(Encoding::Latin1)
 }
 
-/// A line `search` found, as text the way `read_file` shows its file: UTF-8 as it is; a line
-/// that is not UTF-8 as UTF-8 with stray bytes when it mostly is, else as Windows-1252. A
-/// Latin-1 file's `café` was shown as `caf\u{FFFD}`, which an `edit_file` copied from it could
-/// not match.
-pub(crate) fn line_text(bytes: &[u8]) -> (String, Encoding) {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => (text.to_owned(), Encoding::Utf8),
-        Err(_) if mostly_utf8(bytes) => (decode(bytes, Encoding::Utf8), Encoding::Utf8),
-        Err(_) => (decode(bytes, Encoding::Latin1), Encoding::Latin1),
-    }
-}
-
 /// The length of `bytes` without a UTF-8 character cut at its end (one to three bytes of a
 /// sequence whose lead byte says it goes on), whatever comes before.
 pub(crate) fn complete_utf8_len(bytes: &[u8]) -> usize {

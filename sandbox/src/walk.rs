@@ -12,6 +12,7 @@ use std::ffi::OsStr;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use crate::decode::Encoding;
 use cap_fs_ext::DirExt;
 use cap_std::fs::Dir;
 use grep_regex::RegexMatcherBuilder;
@@ -253,6 +254,8 @@ pub(crate) fn search(
         max,
         max_line_chars: limits.search_max_line_chars,
         truncated: false,
+        undecoded: Vec::new(),
+        sniff_bytes: usize::try_from(limits.read_max_bytes).unwrap_or(usize::MAX),
     };
     let mut files_searched = 0u64;
     let mut visit = |dir: &Dir, name: &OsStr, rel: &str| {
@@ -295,7 +298,24 @@ fn search_one(
     file: &std::fs::File,
     sink: &mut Collect<'_>,
 ) -> Result<(), std::io::Error> {
-    searcher.search_file(matcher, file, sink)
+    let searched = searcher.search_file(matcher, file, &mut *sink);
+    sink.decode_lines(file);
+    searched
+}
+
+/// A matched line as `search` shows it: without its line ending, decoded as `encoding`, and a
+/// very long one cut to `max_chars` characters around `at`, the match's first byte in `bytes`.
+fn shown_line(bytes: &[u8], at: Option<usize>, encoding: Encoding, max_chars: usize) -> String {
+    let mut line = crate::decode::decode(bytes, encoding);
+    let trimmed = line.trim_end_matches(['\n', '\r']).len();
+    line.truncate(trimmed);
+    if line.chars().nth(max_chars).is_some() {
+        // Where the match starts, in the line as text: a byte that is not UTF-8 became two or
+        // three there.
+        let at = at.map_or(0, |at| crate::decode::decode(&bytes[..at], encoding).len());
+        line = window(&line, at, max_chars);
+    }
+    line
 }
 
 /// Collects matching lines up to a cap.
@@ -309,6 +329,50 @@ struct Collect<'m> {
     max: usize,
     max_line_chars: usize,
     truncated: bool,
+    /// The current file's matched lines that are not UTF-8 (their index in `matches`, their
+    /// bytes, where the match starts), shown once the file's encoding is known
+    /// ([`Collect::decode_lines`]).
+    undecoded: Vec<(usize, Vec<u8>, Option<usize>)>,
+    /// How much of a file is looked at to tell its encoding: what a `read_file` reads.
+    sniff_bytes: usize,
+}
+
+impl Collect<'_> {
+    /// Shows the current file's lines that are not UTF-8 as `read_file` shows the file: its
+    /// encoding told from what a read of it holds (Windows-1252, or UTF-8 with stray bytes),
+    /// the same for every line. Line by line, one Latin-1 line of a UTF-8 file read `café`
+    /// where `read_file` (and so `edit_file`) has `caf\u{FFFD}`.
+    fn decode_lines(&mut self, file: &std::fs::File) {
+        if self.undecoded.is_empty() {
+            return;
+        }
+        let encoding = match crate::decode::guess(&read_head(file, self.sniff_bytes)) {
+            crate::decode::Guess::Text(Encoding::Latin1) => Encoding::Latin1,
+            // UTF-8 with stray bytes, or what a read would not show as these lines (UTF-16,
+            // binary): the bytes that are not UTF-8 as U+FFFD.
+            _ => Encoding::Utf8,
+        };
+        for (index, bytes, at) in self.undecoded.drain(..) {
+            if let Some(found) = self.matches.get_mut(index) {
+                found.line = shown_line(&bytes, at, encoding, self.max_line_chars);
+            }
+        }
+    }
+}
+
+/// Up to `max` bytes from the start of `file` (fewer at its end, or when reading fails).
+fn read_head(file: &std::fs::File, max: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut head = vec![0u8; max.min(16 * 1024 * 1024)];
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read_at(&mut head[filled..], filled as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => filled += n,
+        }
+    }
+    head.truncate(filled);
+    head
 }
 
 impl Sink for &mut Collect<'_> {
@@ -330,20 +394,20 @@ impl Sink for &mut Collect<'_> {
             return Ok(false);
         }
         let bytes = mat.bytes();
-        let (mut line, encoding) = crate::decode::line_text(bytes);
-        let trimmed = line.trim_end_matches(['\n', '\r']).len();
-        line.truncate(trimmed);
-        if line.chars().nth(self.max_line_chars).is_some() {
-            // Where the match starts, in the line as text: a byte that is not UTF-8 became two
-            // or three there.
-            let at = grep_matcher::Matcher::find(self.matcher, bytes)
+        let at = || {
+            grep_matcher::Matcher::find(self.matcher, bytes)
                 .ok()
                 .flatten()
-                .map_or(0, |m| {
-                    crate::decode::decode(&bytes[..m.start()], encoding).len()
-                });
-            line = window(&line, at, self.max_line_chars);
-        }
+                .map(|m| m.start())
+        };
+        let line = if std::str::from_utf8(bytes).is_ok() {
+            shown_line(bytes, at(), Encoding::Utf8, self.max_line_chars)
+        } else {
+            // Shown once the file's encoding is known, after its search.
+            self.undecoded
+                .push((self.matches.len(), bytes.to_vec(), at()));
+            String::new()
+        };
         self.matches.push(SearchMatch {
             path: self.path.clone(),
             line_number: mat.line_number().unwrap_or(0),

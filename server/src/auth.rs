@@ -287,9 +287,9 @@ pub struct DeviceId(String);
 impl DeviceId {
     /// Checks a device id from a hello.
     pub fn parse(raw: &str) -> Result<DeviceId, String> {
-        match uuid::Uuid::try_parse(raw) {
-            Ok(uuid) if uuid.hyphenated().to_string() == raw => Ok(DeviceId(raw.to_owned())),
-            _ => Err(format!(
+        match monad_protocol::wire::is_device_id(raw) {
+            true => Ok(DeviceId(raw.to_owned())),
+            false => Err(format!(
                 "the device id {raw:?} is not a UUID in lowercase hyphenated form; \
                  `monad-client login` makes one"
             )),

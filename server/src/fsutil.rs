@@ -158,10 +158,10 @@ pub fn toml_problem(text: &str, error: &toml::de::Error) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     match error.span() {
-        Some(span) => {
-            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            format!("line {line}: {what}")
-        }
+        Some(span) => format!(
+            "line {}: {what}",
+            monad_protocol::text::line_at(text, span.start)
+        ),
         None => what,
     }
 }

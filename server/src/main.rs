@@ -787,8 +787,9 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
         std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
     ) {
         tracing::warn!(
-            "{name} is neither a setting (MONAD_<SECTION>_<KEY>, the sections of config.toml) \
-             nor a variable Monad reads: ignored"
+            "{} is neither a setting (MONAD_<SECTION>_<KEY>, the sections of config.toml) nor \
+             a variable Monad reads: ignored",
+            printable(&name)
         );
     }
     let mut config = ServerConfig::new(dir);

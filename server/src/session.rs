@@ -226,6 +226,11 @@ impl HostHold {
     pub fn session(&self) -> &Arc<Session> {
         &self.session
     }
+
+    /// The folder (its absolute path on the host's device) the host works on.
+    pub fn folder(&self) -> &str {
+        &self.folder
+    }
 }
 
 impl Drop for HostHold {

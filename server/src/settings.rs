@@ -736,7 +736,7 @@ fn parse_layer(name: &str, text: &str) -> Result<toml::Table, ConfigError> {
             source_name: name.to_owned(),
             line: e
                 .span()
-                .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1),
+                .map(|span| monad_protocol::text::line_at(text, span.start)),
             message,
         }
     };

@@ -573,6 +573,31 @@ fn search_of_a_single_file_and_long_lines_are_cut() {
     args.path = Some("mixed.txt".into());
     let out = fx.sandbox.search(&args).unwrap();
     assert_eq!(out.matches[0].line, "été pin\u{fffd}");
+    // The file's encoding decides how a line that is not UTF-8 is shown, not the line alone:
+    // a UTF-8 file with one Latin-1 line shows it as `read_file` does (with U+FFFD), so that
+    // an edit copied from either matches; a Latin-1 file's line as Latin-1.
+    for (name, bytes) in [
+        (
+            "stray.txt",
+            &b"\xc3\xa9t\xc3\xa9 \xc3\xa0\ncaf\xe9 pin\n"[..],
+        ),
+        ("legacy.txt", &b"caf\xe9 na\xefve\nd\xe9j\xe0 pin\n"[..]),
+    ] {
+        std::fs::write(fx.root().join(name), bytes).unwrap();
+        let read = fx.sandbox.read_file(&read(name)).unwrap();
+        let mut args = search("pin");
+        args.path = Some(name.into());
+        let out = fx.sandbox.search(&args).unwrap();
+        assert_eq!(
+            Some(out.matches[0].line.as_str()),
+            read.content.lines().nth(1),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        fx.sandbox.read_file(&read("stray.txt")).unwrap().content,
+        "été à\ncaf\u{fffd} pin\n"
+    );
 }
 
 #[test]

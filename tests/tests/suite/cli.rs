@@ -1813,7 +1813,7 @@ async fn sessions_new_for_a_folder_not_attached_says_so() {
     assert!(out.status.success(), "{said}");
     let id = text(&out.stdout).trim().to_owned();
     assert!(
-        said.contains("is not attached from this device now")
+        said.contains("no folder of this device serves the new session")
             && said.contains(&format!("--session {id}")),
         "{said}"
     );

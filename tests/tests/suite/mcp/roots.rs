@@ -812,7 +812,8 @@ async fn a_second_host_in_another_folder_does_not_move_the_focus_under_the_first
 
 /// `monad-client mcp`'s backend lands again on a connection it makes after the last one ended
 /// (the server gone and back, a network change): the host's hold on its focus goes with the
-/// connection that landed, and a second host landing meanwhile must still find it held.
+/// connection that landed, and a second host landing afterwards must still find it held. The
+/// calls' connection lands again at the next call; the watch's at once, when it reconnects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_focus() {
     use monad_protocol::mcp::Backend;
@@ -823,7 +824,14 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     let _a1 = attach(&config, &one, "one", Some("default")).await;
     let _a2 = attach(&config, &two, "two", Some("default")).await;
     let caller = rmcp::model::Extensions::default();
+    let land = async |agent: &monad_client::agent::Agent, roots: Vec<String>, session| {
+        within(STEP, "a landing", agent.land(roots, session))
+            .await
+            .expect("landed")
+            .expect("a server that lands by roots")
+    };
 
+    // The calls' connection.
     let bridge = monad_client::mcp::AgentBackend::new(config.clone());
     let landed = within(
         STEP,
@@ -835,8 +843,30 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     .expect("a server that lands by roots");
     assert_eq!(landed.session, "default");
     assert_eq!(landed.focus.as_deref(), Some("one"));
-    // Its connection ends; the next call makes another, which lands again.
     bridge.close("gone for a while").await;
+    // Once the server has let the closed connection's hold go, a landing on `two` moves the
+    // focus; moved back and let go, `one` is the focus and nobody holds it.
+    let third = connect_agent(&config).await;
+    within(STEP, "the closed connection's hold to go", async {
+        while land(&third, vec![file_uri(&two)], Some("default"))
+            .await
+            .focus
+            .as_deref()
+            != Some("two")
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        land(&third, vec![file_uri(&one)], Some("default"))
+            .await
+            .focus
+            .as_deref(),
+        Some("one")
+    );
+    land(&third, Vec::new(), Some("default")).await;
+    // The bridge's next call connects again, and lands again first.
     let (session, _) = within(
         STEP,
         "the bridge to reconnect",
@@ -845,18 +875,45 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     .await
     .expect("reconnected");
     assert_eq!(session, "default");
-
-    // Once the server has seen the first connection end, only the landing on the new one can
-    // hold the focus: a second host on `two` still gets a session of its own.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let second = connect_agent(&config).await;
-    let other = within(STEP, "a landing", second.land(vec![file_uri(&two)], None))
-        .await
-        .expect("landed")
-        .expect("a server that lands by roots");
+    let other = land(&second, vec![file_uri(&two)], None).await;
     assert_ne!(
         other.session, "default",
         "the bridge's hold was lost with its connection"
     );
     assert_eq!(other.focus.as_deref(), Some("two"));
+
+    // The watch's connection, made again by itself, lands again before its first list (in a
+    // session of their own: the bridge above still holds `default`'s focus).
+    let work = within(STEP, "a session", third.open_session(None))
+        .await
+        .expect("a session")
+        .id;
+    let (_p3, three) = project("three", "third\n");
+    let (_p4, four) = project("four", "fourth\n");
+    let _a3 = attach(&config, &three, "three", Some(&work)).await;
+    let _a4 = attach(&config, &four, "four", Some(&work)).await;
+    let watcher = monad_client::mcp::AgentBackend::new(config.clone());
+    let landed = within(
+        STEP,
+        "a landing",
+        watcher.land(&caller, vec![file_uri(&three)], Some(&work)),
+    )
+    .await
+    .expect("landed")
+    .expect("a server that lands by roots");
+    assert_eq!(landed.focus.as_deref(), Some("three"));
+    let mut lists = within(STEP, "a watch", watcher.watch(&caller, &work))
+        .await
+        .expect("watching");
+    within(STEP, "the first list", lists.recv())
+        .await
+        .expect("a list");
+    watcher.close("gone for a while").await;
+    within(STEP, "the list after the watch reconnected", lists.recv())
+        .await
+        .expect("a list");
+    let fourth = connect_agent(&config).await;
+    let other = land(&fourth, vec![file_uri(&four)], None).await;
+    assert_ne!(other.session, work, "the watch did not land again");
 }
