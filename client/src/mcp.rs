@@ -195,19 +195,24 @@ impl Backend for AgentBackend {
         roots: Vec<String>,
         session: Option<&str>,
     ) -> Result<Option<Landing>, ToolError> {
-        // Landing anew: a connection made for it does not land on the old roots first.
-        self.landed.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let agent = self.agent().await?;
+        // Landing anew: a connection made for it does not land on the old roots first. A
+        // landing that fails leaves the host where it was, and so what to land on again.
+        let earlier = self.landed.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let restore = |e: ToolError| {
+            *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = earlier.clone();
+            e
+        };
+        let agent = self.agent().await.map_err(restore)?;
         // As the folders were attached: resolved on this device, symlinks and all.
         let roots: Vec<String> = tokio::task::spawn_blocking(move || {
             roots.into_iter().map(|r| canonical_root(&r)).collect()
         })
         .await
-        .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?;
+        .map_err(|e| restore(ToolError::new(ErrorCode::Internal, e.to_string())))?;
         let landed = agent
             .land(roots.clone(), session)
             .await
-            .map_err(|e| to_tool_error(&self.config, e))?;
+            .map_err(|e| restore(to_tool_error(&self.config, e)))?;
         *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = landed.as_ref().map(|l| Landed {
             roots,
             session: l.session.clone(),
