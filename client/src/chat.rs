@@ -154,8 +154,15 @@ pub fn render_workspace(info: &ChatInfo, chat: &PromptOptions) -> String {
         printable(&info.provider),
         info.messages
     );
+    // Names and URIs in columns, as the lists of `sessions` and `status` are.
+    let width = |text: &str| printable(text).chars().count();
+    let names = info.workspaces.iter().map(|w| width(&w.name)).max();
+    let uris = info.workspaces.iter().map(|w| width(&w.uri)).max();
     for w in &info.workspaces {
-        out.push_str(&format!("  {}\n", workspace_line(w)));
+        out.push_str(&format!(
+            "  {}\n",
+            workspace_line(w, names.unwrap_or(0), uris.unwrap_or(0))
+        ));
     }
     if let Some(url) = &chat.base_url {
         out.push_str(&format!("base URL  {} (this chat's)\n", printable(url)));
@@ -163,13 +170,15 @@ pub fn render_workspace(info: &ChatInfo, chat: &PromptOptions) -> String {
     out
 }
 
-fn workspace_line(w: &WorkspaceInfo) -> String {
+/// One workspace of `/workspace`, its name and URI padded to `name_width` and `uri_width`
+/// characters.
+fn workspace_line(w: &WorkspaceInfo, name_width: usize, uri_width: usize) -> String {
     let place = match w.host {
         Host::Server => "server",
         Host::Client => "attached",
     };
     format!(
-        "{}  {}  ({place}, {}{})",
+        "{:name_width$}  {:uri_width$}  ({place}, {}{})",
         printable(&w.name),
         printable(&w.uri),
         w.trust.as_str(),
@@ -820,12 +829,15 @@ mod tests {
         assert!(text.contains("provider  openai\n"), "{text}");
         assert!(text.contains("model     gpt\\u{1b}[2J\n"), "{text}");
         assert!(text.contains("messages  5\n"), "{text}");
+        // In columns: names and URIs padded to the longest.
         assert!(
-            text.contains("primary  server:/sessions/default  (server, full)"),
+            text.contains("\n  primary  server:/sessions/default  (server, full)\n"),
             "{text}"
         );
         assert!(
-            text.contains("lap  dev:/home/me/lap  (attached, restricted, offline)"),
+            text.contains(
+                "\n  lap      dev:/home/me/lap          (attached, restricted, offline)\n"
+            ),
             "{text}"
         );
         let none = render_workspace(

@@ -606,6 +606,22 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             if !canonical.is_dir() {
                 bail!("{} is not a directory", dir.display());
             }
+            // Allowed (a user may mean it), but said: every file of the machine, or of the
+            // user, is then within the agents' reach.
+            let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+            if canonical.parent().is_none() || home.as_deref() == Some(canonical.as_path()) {
+                errln!(
+                    "warning: {} is {}: every file in it that you can read is within reach of \
+                     the session's agents (what --allow and --trust do not pre-approve is still \
+                     asked); attach the project's folder instead if that is what they need",
+                    canonical.display(),
+                    if canonical.parent().is_none() {
+                        "the whole filesystem"
+                    } else {
+                        "your home directory"
+                    }
+                );
+            }
             let mut options = AttachOptions::new(canonical.clone());
             options.limits = config.limits.clone().unwrap_or_default();
             options.exec = config.exec.clone().unwrap_or_default();

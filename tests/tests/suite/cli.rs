@@ -1818,3 +1818,47 @@ async fn sessions_new_for_a_folder_not_attached_says_so() {
         "{said}"
     );
 }
+
+/// Attaching the whole filesystem (or one's home directory) is allowed, but said: every file
+/// the user can read is then within the agents' reach. A project's folder is not warned of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attaching_the_filesystem_root_says_what_it_puts_within_reach() {
+    let (_server, _data, config) = ServerProcess::logged_in().await;
+    let project = folder(&[]);
+    for (dir, name, warned) in [
+        (Path::new("/"), "all", true),
+        (project.path(), "proj", false),
+    ] {
+        let mut child = command("monad-client")
+            .arg("attach")
+            .arg(dir)
+            .args(["--name", name, "--non-interactive"])
+            .env("MONAD_CONFIG_DIR", config.path())
+            .spawn()
+            .expect("attach starts");
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut before = Vec::new();
+        let attached = within(STEP, "the attach confirmation", async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.starts_with("attached ") {
+                    return true;
+                }
+                before.push(line);
+            }
+            false
+        })
+        .await;
+        let said = before.join("\n");
+        assert!(attached, "{dir:?}: {said}");
+        assert_eq!(
+            said.contains("warning: / is the whole filesystem"),
+            warned,
+            "{dir:?}: {said}"
+        );
+        let pid = nix::unistd::Pid::from_raw(child.id().expect("running") as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signalled");
+        within(STEP, "attach to exit", child.wait())
+            .await
+            .expect("reaped");
+    }
+}
