@@ -825,7 +825,12 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
                     "First start: created a certificate and a token for user `{}`.",
                     first.user
                 );
-                errln!("On the machine whose folder you want to attach, run:");
+                // The login line goes to standard output, for a script to take; this says
+                // where it is when the two are read apart (a log of standard error alone).
+                errln!(
+                    "On the machine whose folder you want to attach, run the login line (on \
+                     standard output):"
+                );
                 errln!();
                 // The token goes in the environment, not in the client's argv.
                 outln!(
