@@ -614,7 +614,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     "warning: {} is {}: every file in it that you can read is within reach of \
                      the session's agents (what --allow and --trust do not pre-approve is still \
                      asked); attach the project's folder instead if that is what they need",
-                    canonical.display(),
+                    printable(&canonical.to_string_lossy()),
                     if canonical.parent().is_none() {
                         "the whole filesystem"
                     } else {

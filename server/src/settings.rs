@@ -777,6 +777,10 @@ const OTHER_VARIABLES: [&str; 5] = [
     "MONAD_PROMPT_GUARD_MS",
 ];
 
+/// The prefixes of the variables Monad's own tests and benches read (`MONAD_TEST_PYTHON`,
+/// `MONAD_BENCH_ONLY`, ...), which reach the servers they start.
+const OTHER_PREFIXES: [&str; 3] = ["MONAD_TEST_", "MONAD_BENCH_", "MONAD_SANDBOX_TEST_"];
+
 /// The names among `vars` that start with `MONAD_` but are neither a setting
 /// (`MONAD_<SECTION>_<KEY>` of a real section; a wrong key there is an error of its own) nor a
 /// variable a Monad program reads: a mistyped section (`MONAD_LIMIT_READ_MAX_BYTES`) would
@@ -789,6 +793,7 @@ pub fn unknown_variables(vars: impl IntoIterator<Item = String>) -> Vec<String> 
             };
             let rest = rest.to_ascii_lowercase();
             !OTHER_VARIABLES.contains(&name.as_str())
+                && !OTHER_PREFIXES.iter().any(|p| name.starts_with(p))
                 && !SECTIONS.iter().any(|s| rest.starts_with(&format!("{s}_")))
         })
         .collect()
@@ -866,6 +871,7 @@ mod tests {
             "MONAD_DATA_DIR",
             "MONAD_TOKEN",
             "MONAD_ADVERTISE",
+            "MONAD_BENCH_ONLY",
             "PATH",
         ]
         .map(str::to_owned);
