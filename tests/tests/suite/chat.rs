@@ -267,8 +267,11 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
     };
     // The folder's identity and URI are the folder itself, from the home directory, as
     // `monad-client attach` gives them: not the words typed.
+    // (In columns: the URI padded to the longest one.)
     assert!(
-        screen.contains(":~/lap  (attached, restricted)"),
+        screen.lines().any(|l| l.trim_start().starts_with("lap ")
+            && l.contains(":~/lap ")
+            && l.trim_end().ends_with("(attached, restricted)")),
         "{screen}"
     );
     assert!(screen.contains("session   default"), "{screen}");
