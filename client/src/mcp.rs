@@ -88,19 +88,18 @@ async fn land_again(agent: &Agent, landed: &std::sync::Mutex<Option<Landed>>) {
     let Some(before) = landed.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
         return;
     };
+    let shown = |focus: &Option<String>| {
+        focus.as_deref().map_or("none".into(), |f| {
+            format!("`{}`", monad_protocol::text::printable(f))
+        })
+    };
     match agent.land(before.roots, Some(&before.session)).await {
         Ok(Some(now)) if now.focus != before.focus => warn!(
             "after a reconnect, session {}'s focus is {} (it was {}): calls that name no \
              workspace try it first; name `workspace` to work in the host's folder",
             monad_protocol::text::printable(&now.session),
-            now.focus.as_deref().map_or("none".into(), |f| format!(
-                "`{}`",
-                monad_protocol::text::printable(f)
-            )),
-            before.focus.as_deref().map_or("none".into(), |f| format!(
-                "`{}`",
-                monad_protocol::text::printable(f)
-            )),
+            shown(&now.focus),
+            shown(&before.focus),
         ),
         Ok(_) => {}
         Err(e) => debug!("landing again after a reconnect: {e}"),

@@ -105,20 +105,12 @@ pub(crate) fn read_opened(
     Ok(result)
 }
 
-/// Reads a file `read_utf8` found not to be UTF-8 text again, from its start (at most
-/// `read_max_bytes` of it): decoded into `result` when it is text in another encoding, else
-/// left binary with the reason.
-fn decode_other(
-    result: &mut ReadFileResult,
-    file: &std::fs::File,
-    limits: &Limits,
-    args: &ReadFileArgs,
-) -> std::io::Result<()> {
+/// The first `max` bytes of `file` (of `size` bytes), read by position: fewer when it is
+/// shorter than it was said to be. What `read_file` decodes when a file is not UTF-8, and what
+/// `search` tells a file's encoding from.
+pub(crate) fn read_start(file: &std::fs::File, size: u64, max: u64) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
-    let max_bytes = limits.read_max_bytes as usize;
-    let want = usize::try_from(result.size)
-        .unwrap_or(usize::MAX)
-        .min(max_bytes);
+    let want = usize::try_from(size.min(max)).unwrap_or(usize::MAX);
     let mut raw = vec![0u8; want];
     let mut got = 0;
     while got < want {
@@ -130,6 +122,21 @@ fn decode_other(
         }
     }
     raw.truncate(got);
+    Ok(raw)
+}
+
+/// Reads a file `read_utf8` found not to be UTF-8 text again, from its start (at most
+/// `read_max_bytes` of it): decoded into `result` when it is text in another encoding, else
+/// left binary with the reason.
+fn decode_other(
+    result: &mut ReadFileResult,
+    file: &std::fs::File,
+    limits: &Limits,
+    args: &ReadFileArgs,
+) -> std::io::Result<()> {
+    let max_bytes = limits.read_max_bytes as usize;
+    let mut raw = read_start(file, result.size, limits.read_max_bytes)?;
+    let got = raw.len();
     let whole = (got as u64) >= result.size;
     let encoding = match crate::decode::guess(&raw) {
         crate::decode::Guess::Binary(why) => {

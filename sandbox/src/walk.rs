@@ -255,7 +255,7 @@ pub(crate) fn search(
         max_line_chars: limits.search_max_line_chars,
         truncated: false,
         undecoded: Vec::new(),
-        sniff_bytes: usize::try_from(limits.read_max_bytes).unwrap_or(usize::MAX),
+        sniff_bytes: limits.read_max_bytes,
     };
     let mut files_searched = 0u64;
     let mut visit = |dir: &Dir, name: &OsStr, rel: &str| {
@@ -334,7 +334,7 @@ struct Collect<'m> {
     /// ([`Collect::decode_lines`]).
     undecoded: Vec<(usize, Vec<u8>, Option<usize>)>,
     /// How much of a file is looked at to tell its encoding: what a `read_file` reads.
-    sniff_bytes: usize,
+    sniff_bytes: u64,
 }
 
 impl Collect<'_> {
@@ -346,7 +346,12 @@ impl Collect<'_> {
         if self.undecoded.is_empty() {
             return;
         }
-        let encoding = match crate::decode::guess(&read_head(file, self.sniff_bytes)) {
+        // What a read of the file holds (nothing, when it cannot be read: then as UTF-8).
+        let head = file
+            .metadata()
+            .and_then(|meta| crate::fs::read_start(file, meta.len(), self.sniff_bytes))
+            .unwrap_or_default();
+        let encoding = match crate::decode::guess(&head) {
             crate::decode::Guess::Text(Encoding::Latin1) => Encoding::Latin1,
             // UTF-8 with stray bytes, or what a read would not show as these lines (UTF-16,
             // binary): the bytes that are not UTF-8 as U+FFFD.
@@ -358,21 +363,6 @@ impl Collect<'_> {
             }
         }
     }
-}
-
-/// Up to `max` bytes from the start of `file` (fewer at its end, or when reading fails).
-fn read_head(file: &std::fs::File, max: usize) -> Vec<u8> {
-    use std::os::unix::fs::FileExt;
-    let mut head = vec![0u8; max.min(16 * 1024 * 1024)];
-    let mut filled = 0;
-    while filled < head.len() {
-        match file.read_at(&mut head[filled..], filled as u64) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => filled += n,
-        }
-    }
-    head.truncate(filled);
-    head
 }
 
 impl Sink for &mut Collect<'_> {
