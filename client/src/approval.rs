@@ -398,8 +398,8 @@ impl Policy {
 }
 
 /// The reason given when nobody can be asked: the user chose so (`--non-interactive`), or the
-/// client has no terminal to ask on.
-pub fn nobody_to_ask(tool: ToolName, dir: &str, chosen: bool) -> String {
+/// client has no terminal to ask on. `again` is the attach command that would pre-approve it.
+pub fn nobody_to_ask(tool: ToolName, again: &str, chosen: bool) -> String {
     let why = if chosen {
         "the user attached it with --non-interactive, so nobody is asked"
     } else {
@@ -407,8 +407,7 @@ pub fn nobody_to_ask(tool: ToolName, dir: &str, chosen: bool) -> String {
     };
     format!(
         "`{tool}` in this restricted workspace needs its user's approval, and {why}; the user \
-         can pre-approve it by attaching with `monad-client attach {dir} --allow {}`",
-        tool.class().as_str()
+         can pre-approve it by attaching again with `{again}`"
     )
 }
 

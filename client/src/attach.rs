@@ -74,6 +74,36 @@ pub struct AttachOptions {
 }
 
 impl AttachOptions {
+    /// The `monad-client attach` line that attaches this folder again as it is, with `class`
+    /// pre-approved too: its name, session, pre-approved classes and choices of asking and
+    /// focus (other options, such as `--trust`, are not repeated).
+    pub fn attach_again(&self, class: ToolClass) -> String {
+        let mut line = format!("monad-client attach {}", self.shown_path);
+        let mut words = Vec::new();
+        if let Some(name) = &self.name {
+            words.extend(["--name".to_owned(), name.clone()]);
+        }
+        if let Some(session) = &self.session {
+            words.extend(["--session".to_owned(), session.clone()]);
+        }
+        let mut allow = self.allow.clone();
+        if !allow.contains(&class) {
+            allow.push(class);
+        }
+        for class in allow {
+            words.extend(["--allow".to_owned(), class.as_str().to_owned()]);
+        }
+        if self.non_interactive {
+            words.push("--non-interactive".to_owned());
+        }
+        if self.focus {
+            words.push("--focus".to_owned());
+        }
+        line.push(' ');
+        line.push_str(&monad_protocol::text::shell_words(&words));
+        line
+    }
+
     /// Restricted, nothing pre-approved, every workspace tool offered. `dir` should be the folder
     /// itself, resolved (`canonicalize`), as `attach` and chat's `/attach` give it: its identity
     /// is then the same whatever way it was typed (`.`, a relative name, a symbolic link).
@@ -877,11 +907,11 @@ async fn run(
         Some(known) => known,
         None => match &folder.approver {
             None if o.non_interactive => (
-                Verdict::Deny(nobody_to_ask(tool, &o.shown_path, true)),
+                Verdict::Deny(nobody_to_ask(tool, &o.attach_again(tool.class()), true)),
                 Basis::NonInteractive,
             ),
             None => (
-                Verdict::Deny(nobody_to_ask(tool, &o.shown_path, false)),
+                Verdict::Deny(nobody_to_ask(tool, &o.attach_again(tool.class()), false)),
                 Basis::NoTerminal,
             ),
             Some(approver) => {

@@ -140,10 +140,9 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
             out.push_str(", cut at the byte cap");
         }
         if let Some(next) = r.next_offset {
+            // Each read is cut at the byte cap again and says where to go on: the offset is
+            // all a model needs, whatever `limit` it gave.
             let _ = write!(out, "; read on with offset={next}");
-            if r.truncation == Some(Truncation::Bytes) && !line_cut {
-                out.push_str(" (and a smaller limit)");
-            }
         }
     }
     if r.lines == 0 {
@@ -210,11 +209,18 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     } else {
         format!("{}/", shown(r.path.trim_end_matches('/')))
     };
+    let hidden = match r.hidden {
+        0 => String::new(),
+        1 => " (1 entry whose name starts with `.` not listed: include_hidden lists it)".into(),
+        n => format!(
+            " ({n} entries whose names start with `.` not listed: include_hidden lists them)"
+        ),
+    };
     if r.entries.is_empty() {
-        return format!("{dir}{ws}: empty");
+        return format!("{dir}{ws}: empty{hidden}");
     }
     let mut out = format!(
-        "{dir}{ws}: {}",
+        "{dir}{ws}: {}{hidden}",
         plural(r.entries.len() as u64, "entry", "entries")
     );
     if r.entries.iter().any(|e| e.kind == EntryKind::Symlink) {
@@ -518,6 +524,8 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
             cut_at_the_cap(out, name, text, gap);
             continue;
         }
+        // The size is the stream's own (what `wc -c` counts); the last line break is not shown.
+        let size = text.len();
         let text = text.strip_suffix('\n').unwrap_or(text);
         let Some(parts) = abridge(text) else {
             let _ = write!(out, "\n--- {name}{note}");
@@ -533,7 +541,7 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
              [... {} left out of this text: the result's `{name}` field holds them for a \
              program; {READ_IT_ALL} ...]\n{}",
             plural(count_lines(text), "line", "lines"),
-            text.len(),
+            size,
             parts.head,
             match parts.left_out_lines {
                 0 => plural(parts.left_out_bytes, "byte", "bytes"),
@@ -604,6 +612,9 @@ fn cut_at_the_cap(out: &mut String, name: &str, text: &str, gap: OutputGap) {
 const STREAM_END_LINES: usize = 128;
 /// Most bytes a command's stream shows from each end of it.
 const STREAM_END_BYTES: usize = 8 * 1024;
+/// Fewest bytes a stream's text leaves out between its two ends: about the notice that says
+/// so, which would otherwise stand for less than it takes.
+const LEFT_OUT_MIN_BYTES: usize = 256;
 
 /// The two ends of a stream too long for a model to be given whole.
 #[derive(Debug, PartialEq)]
@@ -630,6 +641,10 @@ fn abridge(text: &str) -> Option<Abridged<'_>> {
     // before the tail is left out with the lines between.
     let tail_start = tail_start(text).max(head_end);
     let middle = &text[head_end..tail_start];
+    if middle.len() <= LEFT_OUT_MIN_BYTES {
+        // The notice would be longer than what it stands for.
+        return None;
+    }
     Some(Abridged {
         head: text[..head_end]
             .strip_suffix('\n')
@@ -1066,7 +1081,7 @@ mod tests {
         assert!(
             bytes.starts_with(
                 "x in workspace laptop: lines 1-1 (the file goes on), cut at the byte cap; read \
-                 on with offset=2 (and a smaller limit)\n"
+                 on with offset=2\n"
             ),
             "{bytes}"
         );
@@ -1226,6 +1241,27 @@ mod tests {
             json!({"path": "d", "truncated": false, "entries": []}),
         );
         assert_eq!(empty, "d/ in workspace laptop: empty");
+        // Entries left out for their names' starting with `.` are counted, so that a model
+        // knows to ask for them.
+        let hidden = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "hidden": 2,
+                   "entries": [{"path": "a", "kind": "file"}]}),
+        );
+        assert_eq!(
+            hidden,
+            "./ in workspace laptop: 1 entry (2 entries whose names start with `.` not listed: \
+             include_hidden lists them)\na"
+        );
+        let only_hidden = render(
+            ToolName::ListDir,
+            json!({"path": "d", "truncated": false, "hidden": 1, "entries": []}),
+        );
+        assert_eq!(
+            only_hidden,
+            "d/ in workspace laptop: empty (1 entry whose name starts with `.` not listed: \
+             include_hidden lists it)"
+        );
     }
 
     #[test]
@@ -1380,7 +1416,7 @@ mod tests {
                  ({left_out} bytes) left out of this text: the result's `stdout` field holds \
                  them for a program; to read them, run the command again with its output sent \
                  to a file, then read_file or search that file ...]\n{}",
-                output.len() - 1,
+                output.len(),
                 tail.trim_end()
             )
         );
@@ -1388,8 +1424,11 @@ mod tests {
         let fits: String = (1..=256).map(|n| format!("{n}\n")).collect();
         assert!(render(ToolName::RunCommand, ran(&fits)).ends_with(&fits[..fits.len() - 1]));
         assert!(!render(ToolName::RunCommand, ran(&fits)).contains("left out"));
+        // Past it, a few bytes more are shown rather than a notice longer than they are.
         let one_more = format!("{fits}257\n");
-        assert!(render(ToolName::RunCommand, ran(&one_more)).contains("[... 1 line (4 bytes)"));
+        assert!(render(ToolName::RunCommand, ran(&one_more)).ends_with("256\n257"));
+        let more: String = (1..=400).map(|n| format!("{n}\n")).collect();
+        assert!(render(ToolName::RunCommand, ran(&more)).contains("[... 144 lines (576 bytes)"));
     }
 
     #[test]
@@ -1450,8 +1489,11 @@ mod tests {
             // Long lines around short ones, and short ones around a long one.
             format!("{}\n{long_line}\n{}", "a\n".repeat(50), "b\n".repeat(50)),
             format!("{long_line}\nshort\n{long_line}"),
-            "x\n".repeat(257),
-            format!("{}\n", "y".repeat(2 * STREAM_END_BYTES + 1)),
+            "x\n".repeat(400),
+            format!(
+                "{}\n",
+                "y".repeat(2 * STREAM_END_BYTES + LEFT_OUT_MIN_BYTES + 1)
+            ),
             "\n".repeat(1_000),
         ];
         for text in cases {
@@ -1476,6 +1518,9 @@ mod tests {
         }
         assert_eq!(abridge(""), None);
         assert_eq!(abridge(&"z".repeat(2 * STREAM_END_BYTES)), None);
+        // Just past the limits, what would be left out is shorter than the notice.
+        assert_eq!(abridge(&"x\n".repeat(300)), None);
+        assert_eq!(abridge(&"z".repeat(2 * STREAM_END_BYTES + 1)), None);
     }
 
     #[test]
@@ -1486,7 +1531,7 @@ mod tests {
             json!({"process": "p", "running": true, "stdout": output, "stderr": "",
                    "duration_ms": 5}),
         );
-        assert!(shown.contains("--- stdout: 5000 lines, 24999 bytes; its first and last"));
+        assert!(shown.contains("--- stdout: 5000 lines, 25000 bytes; its first and last"));
         assert!(shown.contains("[... 4744 lines (23720 bytes) left out of this text"));
         assert!(shown.len() < 3_000, "{}", shown.len());
     }

@@ -167,6 +167,40 @@ impl ToolName {
         )
     }
 
+    /// Why a value is not this tool's arguments, from the decoder's error, with the Rust type
+    /// names it speaks of (`expected u64`, `floating point`) in the words of the tool's schema.
+    pub fn argument_error(self, error: &serde_json::Error) -> String {
+        const NUMBERS: [(&str, &str); 6] = [
+            (
+                "expected u64",
+                "expected a whole number from 0 to 18446744073709551615",
+            ),
+            (
+                "expected usize",
+                "expected a whole number from 0 to 18446744073709551615",
+            ),
+            (
+                "expected u32",
+                "expected a whole number from 0 to 4294967295",
+            ),
+            ("expected u16", "expected a whole number from 0 to 65535"),
+            ("expected u8", "expected a whole number from 0 to 255"),
+            ("expected i64", "expected a whole number"),
+        ];
+        let mut said = error.to_string();
+        for (rust, words) in NUMBERS {
+            if let Some(at) = said.find(rust) {
+                // Only the whole word: `expected u64` but not `expected u64s`.
+                let end = at + rust.len();
+                if !said[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
+                    said.replace_range(at..end, words);
+                }
+            }
+        }
+        let said = said.replace("floating point `", "number `");
+        format!("{self}: {said}")
+    }
+
     /// Why `args` are not this tool's arguments (an unknown or misspelled field, a value of the
     /// wrong type, a missing one), in the words a workspace refuses them with; `None` when they
     /// are. For a caller that answers before any workspace has looked at them.
@@ -175,7 +209,7 @@ impl ToolName {
             tool: ToolName,
             args: &serde_json::Value,
         ) -> Option<String> {
-            T::deserialize(args).err().map(|e| format!("{tool}: {e}"))
+            T::deserialize(args).err().map(|e| tool.argument_error(&e))
         }
         match self {
             ToolName::ReadFile => error::<ReadFileArgs>(self, args),
@@ -266,10 +300,11 @@ impl ToolName {
                  lines with their paths and line numbers, capped at `max_results`."
             }
             ToolName::Glob => {
-                "Find paths in a workspace matching a glob pattern such as `**/*.rs` or \
-                 `src/*.toml`, honouring .gitignore. The pattern is matched against paths \
+                "Find files in a workspace whose paths match a glob pattern such as `**/*.rs` \
+                 or `src/*.toml`, honouring .gitignore. The pattern is matched against paths \
                  relative to `path` (default: the root); an absolute one, against the root. \
-                 Returns paths relative to the workspace root, capped."
+                 Returns the paths of regular files (not directories or symbolic links: \
+                 list_dir shows those) relative to the workspace root, capped."
             }
             ToolName::WriteFile => {
                 "Create or replace a file in a workspace with the given UTF-8 content, \
@@ -310,8 +345,9 @@ impl ToolName {
                  (default), `INT`, `HUP`, `QUIT`, `USR1`, `USR2` or `KILL`."
             }
             ToolName::ProcessList => {
-                "List the session's background processes in a workspace: their ids, command \
-                 lines, and whether they are still running."
+                "List the session's background processes (in one workspace when `workspace` \
+                 is given, else in every one): their ids, command lines, and whether they are \
+                 still running."
             }
             ToolName::Workspaces => {
                 "List the session's workspaces: their short names, URIs, trust levels, hosts, \
@@ -553,6 +589,10 @@ pub struct ListDirResult {
     /// each as in `entries` (its path followed by `/`); absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
+    /// How many entries of the listed directories were left out for their names' starting
+    /// with `.` (`include_hidden` lists them); absent when none were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hidden: u64,
 }
 
 /// `list_dir`'s result as programs get it over MCP (`structuredContent`): the entries in one
@@ -585,6 +625,10 @@ pub struct ListDirStructured {
     /// each as in `entries`; absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
+    /// How many entries of the listed directories were left out for their names' starting
+    /// with `.` (`include_hidden` lists them); absent when none were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hidden: u64,
 }
 
 /// The separator of [`ListDirStructured::entries`] and [`GlobStructured::paths`].
@@ -614,6 +658,7 @@ impl From<ListDirResult> for ListDirStructured {
             kinds,
             truncated: listing.truncated,
             unreadable: listing.unreadable,
+            hidden: listing.hidden,
         }
     }
 }
@@ -679,7 +724,7 @@ pub struct SearchArgs {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_results: Option<u32>,
-    /// Also search hidden files and directories. Default false.
+    /// Also search hidden files and directories (never git's own `.git`). Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_hidden: Option<bool>,
     /// Workspace to run in: a short name or URI.
@@ -1391,6 +1436,33 @@ mod tests {
         assert!(wrong.contains("invalid type"), "{wrong}");
     }
 
+    /// A number of the wrong kind is refused in the words of the schema, not Rust's.
+    #[test]
+    fn a_number_out_of_range_is_refused_without_rust_type_names() {
+        for (tool, args, said) in [
+            (
+                ToolName::ReadFile,
+                json!({"path": "a", "offset": -1}),
+                "read_file: invalid value: integer `-1`, expected a whole number from 0 to \
+                 18446744073709551615",
+            ),
+            (
+                ToolName::ReadFile,
+                json!({"path": "a", "limit": 1.8446744073709552e19}),
+                "read_file: invalid type: number `1.8446744073709552e+19`, expected a whole \
+                 number from 0 to 18446744073709551615",
+            ),
+            (
+                ToolName::ListDir,
+                json!({"depth": 5_000_000_000u64}),
+                "list_dir: invalid value: integer `5000000000`, expected a whole number from 0 \
+                 to 4294967295",
+            ),
+        ] {
+            assert_eq!(tool.args_error(&args).as_deref(), Some(said));
+        }
+    }
+
     use super::*;
     use serde_json::json;
 
@@ -1571,6 +1643,7 @@ mod tests {
             ],
             truncated: false,
             unreadable: Vec::new(),
+            hidden: 0,
         };
         let value = serde_json::to_value(&listing).unwrap();
         assert_eq!(
@@ -1742,8 +1815,10 @@ mod tests {
             ],
             truncated: true,
             unreadable: Vec::new(),
+            hidden: 2,
         };
         let structured = ListDirStructured::from(listing);
+        assert_eq!(structured.hidden, 2);
         assert_eq!(
             structured
                 .entries
@@ -1764,6 +1839,7 @@ mod tests {
             entries: vec![],
             truncated: false,
             unreadable: Vec::new(),
+            hidden: 0,
         });
         assert_eq!(
             serde_json::to_value(&empty).unwrap(),

@@ -80,13 +80,7 @@ impl Sandbox {
                         "`max_results` must be at least 1".into(),
                     ));
                 }
-                grep_regex::RegexMatcherBuilder::new()
-                    .case_insensitive(args.case_insensitive.unwrap_or(false))
-                    .line_terminator(Some(b'\n'))
-                    .build(&args.pattern)
-                    .map_err(|e| {
-                        SandboxError::InvalidArguments(format!("invalid regular expression: {e}"))
-                    })?;
+                crate::walk::matcher(&args)?;
                 if let Some(glob) = &args.glob {
                     ignore::overrides::OverrideBuilder::new("/")
                         .add(glob)
@@ -215,7 +209,7 @@ impl Sandbox {
 }
 
 fn parse<A: DeserializeOwned>(tool: ToolName, args: &serde_json::Value) -> Result<A, SandboxError> {
-    A::deserialize(args).map_err(|e| SandboxError::InvalidArguments(format!("{tool}: {e}")))
+    A::deserialize(args).map_err(|e| SandboxError::InvalidArguments(tool.argument_error(&e)))
 }
 
 /// The directories a command's program may be in, each as a handle: the workspace (through the

@@ -632,7 +632,18 @@ pub(crate) fn open_for_list(
         )));
     }
     let path = jail.resolve(args.path.as_deref().unwrap_or(""))?;
-    let dir = jail.open_dir(&path)?;
+    let dir = jail.open_dir(&path).map_err(|e| match e {
+        // The path itself is a file, not one of the directories on its way.
+        SandboxError::WrongFileType { .. }
+            if jail.dir().metadata(path.rel()).is_ok_and(|m| m.is_file()) =>
+        {
+            SandboxError::WrongFileType {
+                path: path.given().to_owned(),
+                what: "is a file, not a directory (read_file reads it)",
+            }
+        }
+        e => e,
+    })?;
     let meta = dir
         .dir_metadata()
         .map_err(|e| SandboxError::from_io("open directory", path.given(), e))?;
@@ -680,6 +691,7 @@ fn list_walk(
         entries: Vec::new(),
         truncated: false,
         unreadable: Vec::new(),
+        hidden: 0,
     };
     let walk = ListWalk {
         include_hidden: args.include_hidden.unwrap_or(false),
@@ -735,11 +747,13 @@ impl ListWalk<'_> {
         let Some(Kept {
             mut entries,
             dropped,
+            hidden,
         }) = read_entries(dir, self.include_hidden, self.unknown, keep, buf)
             .map_err(|e| SandboxError::from_io("list", self.given, e))?
         else {
             return Ok(false);
         };
+        out.hidden += hidden;
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         out.entries.reserve(
             entries
@@ -797,6 +811,8 @@ fn is_permission(e: &std::io::Error) -> bool {
 struct Kept {
     entries: Vec<(OsString, EntryKind)>,
     dropped: bool,
+    /// Entries left out for their names' starting with `.`.
+    hidden: u64,
 }
 
 /// Keeps the `keep` smallest names of `entries` (in any order); true when it dropped some.
@@ -836,11 +852,16 @@ fn read_entries(
     let mut raw = RawDir::new(&fd, buf);
     let mut entries = Vec::new();
     let mut dropped = false;
+    let mut hidden = 0;
     let hold = keep.saturating_mul(2).max(1);
     while let Some(entry) = raw.next() {
         let entry = entry?;
         let name = entry.file_name().to_bytes();
-        if name == b"." || name == b".." || (!include_hidden && name.first() == Some(&b'.')) {
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if !include_hidden && name.first() == Some(&b'.') {
+            hidden += 1;
             continue;
         }
         let file_type = entry.file_type();
@@ -856,7 +877,11 @@ fn read_entries(
         }
     }
     dropped |= keep_first(&mut entries, keep);
-    Ok(Some(Kept { entries, dropped }))
+    Ok(Some(Kept {
+        entries,
+        dropped,
+        hidden,
+    }))
 }
 
 /// An entry's kind from its directory record, or, when the record does not say
@@ -1280,7 +1305,7 @@ impl Target {
         let Some((parent_path, name)) = path.split() else {
             return Err(SandboxError::WrongFileType {
                 path: path.given().to_owned(),
-                what: "is the workspace root, not a file",
+                what: "is a directory, not a file to write",
             });
         };
         let name = name.to_owned();
@@ -1720,11 +1745,34 @@ fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
     } else {
         "/dev/null".to_owned()
     };
-    similar::TextDiff::from_lines(old_text, new)
+    // Lines end at a line feed only: a lone carriage return stays inside its line, as `git
+    // diff` shows it. `similar`'s own split and its writer end a line at either, so that its
+    // diff glues the next line onto one ending in `\r` (` lone\r cr`), and a last line ending
+    // in `\r` onto the diff's next; the hunks are written here for that.
+    let old_lines: Vec<&str> = old_text.split_inclusive('\n').collect();
+    let new_lines: Vec<&str> = new.split_inclusive('\n').collect();
+    let diff = similar::TextDiff::configure()
+        .newline_terminated(true)
+        .diff_slices(&old_lines, &new_lines);
+    let mut out = String::new();
+    for (n, hunk) in diff
         .unified_diff()
         .context_radius(3)
-        .header(&old_header, &format!("b/{path}"))
-        .to_string()
+        .iter_hunks()
+        .enumerate()
+    {
+        if n == 0 {
+            let _ = write!(out, "--- {old_header}\n+++ b/{path}\n");
+        }
+        let _ = writeln!(out, "{}", hunk.header());
+        for change in hunk.iter_changes() {
+            let _ = write!(out, "{}{}", change.tag(), change.value());
+            if !change.value().ends_with('\n') {
+                out.push_str("\n\\ No newline at end of file\n");
+            }
+        }
+    }
+    out
 }
 
 /// A unified diff from `old` (absent for a new file) to `new`, cut at the diff cap.
@@ -1746,7 +1794,7 @@ pub(crate) fn check_write(
     args: &serde_json::Value,
 ) -> Result<(), SandboxError> {
     use monad_protocol::ToolName;
-    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(format!("{tool}: {e}"));
+    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(tool.argument_error(&e));
     match tool {
         ToolName::WriteFile => {
             let args = WriteFileArgs::deserialize(args).map_err(parse)?;
@@ -1757,7 +1805,7 @@ pub(crate) fn check_write(
                 Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
                     let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
                         path: path.given().to_owned(),
-                        what: "is the workspace root, not a file",
+                        what: "is a directory, not a file to write",
                     })?;
                     missing_parents(jail, &parent).map(drop)
                 }
@@ -1793,7 +1841,7 @@ pub(crate) fn preview(
     args: &serde_json::Value,
 ) -> Result<Option<Preview>, SandboxError> {
     use monad_protocol::ToolName;
-    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(format!("{tool}: {e}"));
+    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(tool.argument_error(&e));
     match tool {
         ToolName::WriteFile => {
             let args = WriteFileArgs::deserialize(args).map_err(parse)?;
@@ -1810,7 +1858,7 @@ pub(crate) fn preview(
                 Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
                     let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
                         path: path.given().to_owned(),
-                        what: "is the workspace root, not a file",
+                        what: "is a directory, not a file to write",
                     })?;
                     (None, missing_parents(jail, &parent)?)
                 }
@@ -1870,6 +1918,32 @@ mod tests {
             kind_of(FileType::Directory, &dir, c"gone").unwrap(),
             Some(EntryKind::Dir)
         );
+    }
+
+    /// A lone carriage return is inside its line in a diff, as `git diff` shows it: the line
+    /// after it is not glued onto it, and a last line without a line break is marked so.
+    #[test]
+    fn a_diff_splits_lines_at_line_feeds_only() {
+        let old = "a\tb\nmixed crlf\r\nlone\rcr\nend";
+        let new = "a b\nmixed crlf\r\nlone\rcr\nend";
+        let diff = full_diff("f.txt", Some(old), new);
+        assert_eq!(
+            diff,
+            "--- a/f.txt\n+++ b/f.txt\n@@ -1,4 +1,4 @@\n-a\tb\n+a b\n mixed crlf\r\n \
+             lone\rcr\n end\n\\ No newline at end of file\n"
+        );
+        // A file of lines ending in `\r` alone (the old Mac's) is one line here, marked as
+        // ending without a line break; a new file's diff starts from nothing.
+        assert_eq!(
+            full_diff("m.txt", Some("one\rtwo\r"), "one\rtoo\r"),
+            "--- a/m.txt\n+++ b/m.txt\n@@ -1 +1 @@\n-one\rtwo\r\n\\ No newline at end of \
+             file\n+one\rtoo\r\n\\ No newline at end of file\n"
+        );
+        assert_eq!(
+            full_diff("n.txt", None, "x\ny\n"),
+            "--- /dev/null\n+++ b/n.txt\n@@ -0,0 +1,2 @@\n+x\n+y\n"
+        );
+        assert_eq!(full_diff("same.txt", Some("x\n"), "x\n"), "");
     }
 
     /// Another program that writes the file (or creates it) between a write's read and its

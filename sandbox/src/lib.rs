@@ -250,11 +250,21 @@ impl Sandbox {
     }
 
     /// Whether `path` names something that exists inside the root (links are not followed at
-    /// the last component). Used for routing probes; reveals nothing but existence.
+    /// the last component), or leads out of the root through a link on its way (or round a
+    /// loop of links): such a path is there, and a call routed here says why it is refused,
+    /// where "absent from every workspace" would send the model looking elsewhere. Used for
+    /// routing probes; reveals nothing but that.
     pub fn exists(&self, path: &str) -> bool {
-        self.jail
-            .resolve(path)
-            .is_ok_and(|p| self.jail.dir().symlink_metadata(p.rel()).is_ok())
+        let Ok(resolved) = self.jail.resolve(path) else {
+            return false;
+        };
+        match self.jail.dir().symlink_metadata(resolved.rel()) {
+            Ok(_) => true,
+            Err(e) => matches!(
+                SandboxError::from_io("look up", path, e),
+                SandboxError::Escape { .. } | SandboxError::LinkLoop(_)
+            ),
+        }
     }
 
     /// [`Sandbox::exists`] from async code: right here on a root on a local disk (the lookup's
@@ -561,7 +571,8 @@ fn parse_args<A: DeserializeOwned>(
     tool: ToolName,
     args: serde_json::Value,
 ) -> Result<A, SandboxError> {
-    serde_json::from_value(args).map_err(|e| SandboxError::InvalidArguments(format!("{tool}: {e}")))
+    serde_json::from_value(args)
+        .map_err(|e| SandboxError::InvalidArguments(tool.argument_error(&e)))
 }
 
 fn to_json<R: Serialize>(result: R) -> Result<serde_json::Value, SandboxError> {

@@ -187,6 +187,28 @@ fn load_ignore(dir: &Dir, rel: &str) -> Option<Gitignore> {
     builder.and_then(|b| b.build().ok())
 }
 
+/// The search's matcher for `args.pattern`, or why the pattern is not one.
+pub(crate) fn matcher(args: &SearchArgs) -> Result<grep_regex::RegexMatcher, SandboxError> {
+    let case_insensitive = args.case_insensitive.unwrap_or(false);
+    RegexMatcherBuilder::new()
+        .case_insensitive(case_insensitive)
+        .line_terminator(Some(b'\n'))
+        .build(&args.pattern)
+        .map_err(|e| {
+            // `grep-regex` reports the pattern as it wraps it (`(?:...)`), the caret under its
+            // own text; the parser's own error points into the pattern as given.
+            let parsed = regex_syntax::ParserBuilder::new()
+                .case_insensitive(case_insensitive)
+                .build()
+                .parse(&args.pattern);
+            let said = match parsed {
+                Err(own) => own.to_string(),
+                Ok(_) => e.to_string(),
+            };
+            SandboxError::InvalidArguments(format!("invalid regular expression: {said}"))
+        })
+}
+
 /// Paths are matched as if the root were `/`, so each matcher strips its own directory.
 fn virtual_path(rel: &str) -> PathBuf {
     Path::new("/").join(rel)
@@ -221,11 +243,7 @@ pub(crate) fn search(
         Some(n) => (n as usize).min(limits.search_max_results),
         None => limits.search_max_results,
     };
-    let matcher = RegexMatcherBuilder::new()
-        .case_insensitive(args.case_insensitive.unwrap_or(false))
-        .line_terminator(Some(b'\n'))
-        .build(&args.pattern)
-        .map_err(|e| SandboxError::InvalidArguments(format!("invalid regular expression: {e}")))?;
+    let matcher = matcher(args)?;
     let start = jail.resolve(args.path.as_deref().unwrap_or(""))?;
     let filter = match &args.glob {
         Some(glob) => {

@@ -262,9 +262,13 @@ fn list_dir_lists_sorted_entries_with_kinds_and_hides_dotfiles() {
     fx.put("a/inner.txt", "");
     fx.put(".hidden", "");
     fx.symlink("b.txt", "link");
+    fx.put("a/.inner-hidden", "");
     let out = fx.sandbox.list_dir(&list(None, None)).unwrap();
     assert_eq!(out.path, ".");
     assert_eq!(paths(&out), ["a", "b.txt", "link"]);
+    // What was left out for being hidden is counted, in every directory listed.
+    assert_eq!(out.hidden, 1);
+    assert_eq!(fx.sandbox.list_dir(&list(None, Some(2))).unwrap().hidden, 2);
     let kinds: Vec<EntryKind> = out.entries.iter().map(|e| e.kind).collect();
     assert_eq!(kinds, [EntryKind::Dir, EntryKind::File, EntryKind::Symlink]);
     let mut args = list(None, Some(2));
@@ -272,11 +276,38 @@ fn list_dir_lists_sorted_entries_with_kinds_and_hides_dotfiles() {
     let out = fx.sandbox.list_dir(&args).unwrap();
     assert_eq!(
         paths(&out),
-        [".hidden", "a", "a/inner.txt", "b.txt", "link"]
+        [
+            ".hidden",
+            "a",
+            "a/.inner-hidden",
+            "a/inner.txt",
+            "b.txt",
+            "link"
+        ]
     );
     assert!(!out.truncated);
+    assert_eq!(out.hidden, 0);
     let out = fx.sandbox.list_dir(&list(Some("a"), None)).unwrap();
     assert_eq!(paths(&out), ["a/inner.txt"]);
+    // A file is said to be one (and a link to one too); a file on the way is a component
+    // that is not a directory.
+    for path in ["b.txt", "link"] {
+        let err = fx.sandbox.list_dir(&list(Some(path), None)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::WrongFileType);
+        assert!(
+            err.to_string().contains("is a file, not a directory"),
+            "{err}"
+        );
+    }
+    let err = fx
+        .sandbox
+        .list_dir(&list(Some("b.txt/x"), None))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("has a component that is not a directory"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -514,6 +545,12 @@ fn search_filters_by_glob_caps_results_and_rejects_bad_patterns() {
     let err = fx.sandbox.search(&search("(unclosed")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArguments);
     assert!(err.to_string().contains("regular expression"), "{err}");
+    // The error shows the pattern as given, its caret under the open parenthesis, not the
+    // matcher's own wrapping of it.
+    let said = err.to_string();
+    assert!(!said.contains("(?:"), "{said}");
+    assert!(said.contains("\n    (unclosed\n    ^\n"), "{said}");
+    assert!(said.contains("unclosed group"), "{said}");
     let mut args = search("hit");
     args.glob = Some("[".into());
     assert_eq!(

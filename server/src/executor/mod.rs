@@ -289,7 +289,8 @@ impl Executor {
             }
         };
         let (target, path) = match (string_arg("workspace"), string_arg("path")) {
-            (Ok(t), Ok(p)) => (t, p),
+            // An empty `workspace` is one left unset: models fill optional strings with "".
+            (Ok(t), Ok(p)) => (t.filter(|t| !t.is_empty()), p),
             (Err(e), _) | (_, Err(e)) => return (CallOutput::error(None, e), Verdict::NOBODY),
         };
         let primary = WorkspaceRef {

@@ -14,7 +14,7 @@ const MAX_KEY_LEN: usize = 100;
 
 fn parse<A: serde::de::DeserializeOwned>(tool: ToolName, args: Value) -> Result<A, ToolError> {
     serde_json::from_value(args)
-        .map_err(|e| ToolError::new(ErrorCode::InvalidArguments, format!("{tool}: {e}")))
+        .map_err(|e| ToolError::new(ErrorCode::InvalidArguments, tool.argument_error(&e)))
 }
 
 pub(super) fn workspaces(session: &Session, args: &Value) -> Result<Value, ToolError> {

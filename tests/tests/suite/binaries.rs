@@ -156,8 +156,12 @@ async fn first_start_login_attach_and_call() {
     assert!(
         answer["outcome"]["error"]["message"]
             .as_str()
-            .is_some_and(|m| m.contains("--allow write")),
-        "{answer}"
+            .is_some_and(|m| m.contains(&format!(
+                "attaching again with `monad-client attach {} --name laptop --allow read \
+                 --allow write --non-interactive`",
+                laptop.path().display()
+            ))),
+        "the attach line to run keeps the flags it was attached with: {answer}"
     );
     // Denied because the user chose never to be asked, and said so: not "no terminal".
     assert!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use monad_client::config::ClientConfig;
 use monad_tests::{
-    Attachment, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
+    Attachment, STEP, TestServer, attach_options, call, err, expect_code, folder, ok, within,
 };
 use serde_json::json;
 
@@ -132,6 +132,15 @@ async fn unknown_workspace_and_missing_path_fail_saying_what_exists() {
         message.contains("primary, lap"),
         "lists the workspaces: {message}"
     );
+
+    // An empty `workspace` is one left out.
+    let (_, workspace) = ok(call(
+        &agent,
+        "read_file",
+        json!({"path": "a.txt", "workspace": ""}),
+    )
+    .await);
+    assert_eq!(workspace, "lap");
 
     let message = expect_code(
         call(&agent, "read_file", json!({"path": "nowhere.txt"})).await,
@@ -774,4 +783,42 @@ async fn a_folder_asked_to_run_a_read_where_the_path_is_decides_nothing_when_it_
     assert_eq!(decided, (ToolName::ReadFile, "only-here.txt".to_owned()));
     let more = tokio::time::timeout(Duration::from_millis(300), attached.next_event()).await;
     assert!(more.is_err(), "{more:?}");
+}
+
+/// A path that leads out of a folder through a link on its way (`up/` → `..`) is there, in
+/// that folder: a call that names no workspace is refused for what the path is, as the same
+/// call naming the folder is, not reported as absent from every workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_out_through_a_link_on_its_way_is_refused_for_that_not_found_nowhere() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("proj/README.md", "hi\n")]);
+    std::os::unix::fs::symlink("..", laptop.path().join("proj/up")).unwrap();
+    std::os::unix::fs::symlink("loop", laptop.path().join("proj/loop")).unwrap();
+    let _attached = attach_readable(&server, &laptop.path().join("proj"), "lap").await;
+
+    for path in ["up/proj/README.md", "loop/x"] {
+        let named = err(call(
+            &agent,
+            "read_file",
+            json!({"path": path, "workspace": "lap"}),
+        )
+        .await);
+        assert_ne!(named.code, ErrorCode::NotFound, "{path}: {named}");
+        let routed = err(call(&agent, "read_file", json!({"path": path})).await);
+        assert_eq!(
+            (routed.code, &routed.message),
+            (named.code, &named.message),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        err(call(&agent, "read_file", json!({"path": "up/proj/README.md"})).await).code,
+        ErrorCode::OutsideWorkspace
+    );
+    // A path that is nowhere is still reported so.
+    expect_code(
+        call(&agent, "read_file", json!({"path": "no/such/x"})).await,
+        ErrorCode::NotFound,
+    );
 }
