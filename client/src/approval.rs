@@ -50,6 +50,9 @@ pub struct ApprovalRequest {
     /// For writes: the directories it would create first, outermost first, relative to the
     /// folder (empty when its directory exists).
     pub creates: Vec<String>,
+    /// For writes and edits of a path that is a symbolic link: the file it leads to, which is
+    /// the one written (relative to the folder).
+    pub through_link: Option<String>,
     /// For `process_write` and `process_kill`: the background process the call acts on, as this
     /// folder's process table has it (its argv and directory), when it is still there.
     pub process: Option<ProcessInfo>,

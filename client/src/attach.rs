@@ -165,6 +165,14 @@ pub enum AttachEvent {
         /// True when the folder is the focus.
         set: bool,
     },
+    /// The session's focus moved to this folder, or away from it, other than at this attach's
+    /// asking (`--focus`): an agent's calls that name no workspace try the focus first.
+    FocusMoved {
+        /// True when the folder is now the focus.
+        focus: bool,
+        /// The session's focus now, when it has one.
+        now: Option<String>,
+    },
     /// A re-attach landed in another session than the one before (this device's binding
     /// changed meanwhile): the earlier session's background processes were ended and its
     /// "always" answers forgotten, so the new session can neither use nor see them.
@@ -234,6 +242,25 @@ impl AttachEvent {
                 "--focus ignored: the server is too old to make a folder the session's focus; \
                  agents must name this folder's workspace"
                     .into(),
+            ),
+            AttachEvent::FocusMoved { focus: true, .. } => Some(
+                "this folder is now the session's focus: an agent's calls that name no \
+                 workspace try it first"
+                    .into(),
+            ),
+            AttachEvent::FocusMoved {
+                focus: false,
+                now: Some(now),
+            } => Some(format!(
+                "this folder is no longer the session's focus: `{}` is, and an agent's calls \
+                 that name no workspace try it first",
+                printable(now)
+            )),
+            AttachEvent::FocusMoved {
+                focus: false,
+                now: None,
+            } => Some(
+                "this folder is no longer the session's focus; the session has none now".into(),
             ),
             AttachEvent::SessionChanged {
                 from,
@@ -395,12 +422,25 @@ struct Folder {
     events: Option<mpsc::UnboundedSender<AttachEvent>>,
     /// The session of the latest attach, to tell a re-attach into another one.
     session: std::sync::Mutex<Option<String>>,
+    /// The name the session lists the folder under (`alpha-2` when `alpha` was taken), once
+    /// attached: what its prompts call it.
+    listed_as: std::sync::Mutex<Option<String>>,
     /// The connections its commands ask the network proxy for, as they happen: sent to the
     /// server (by one connection at a time) for the session's audit log.
     network: tokio::sync::Mutex<Option<NetworkAudit>>,
 }
 
 impl Folder {
+    /// The folder's name for its owner: the one the session lists it under, else the one asked
+    /// for, else its path.
+    fn shown_name(&self) -> String {
+        let listed = self.listed_as.lock().unwrap_or_else(|p| p.into_inner());
+        listed
+            .clone()
+            .or_else(|| self.options.name.clone())
+            .unwrap_or_else(|| self.options.shown_path.clone())
+    }
+
     fn emit(&self, event: AttachEvent) {
         if let Some(events) = &self.events {
             let _ = events.send(event);
@@ -449,6 +489,7 @@ pub async fn attach(
         events,
         options,
         session: std::sync::Mutex::new(None),
+        listed_as: std::sync::Mutex::new(None),
     });
     let (first_wait, max_wait) = folder.options.backoff;
     let mut wait = first_wait;
@@ -512,11 +553,16 @@ async fn stopped(stop: Option<&mut tokio::sync::watch::Receiver<bool>>) {
 }
 
 /// What the server says on an attach stream after `attached`: the attachment ended
-/// ([`Message::Detached`], why). Pending forever otherwise (an older server says nothing).
-async fn next_notice(recv: &mut quinn::RecvStream) -> String {
+/// ([`Message::Detached`], why), returned; the session's focus moved to or from the folder
+/// ([`Message::Focused`]), told to its owner. Pending forever otherwise (an older server says
+/// nothing).
+async fn next_notice(recv: &mut quinn::RecvStream, folder: &Folder) -> String {
     loop {
         match read_message(recv, 64 * 1024).await {
             Ok(Some(Message::Detached { reason, .. })) => return reason,
+            Ok(Some(Message::Focused { focus, now, .. })) => {
+                folder.emit(AttachEvent::FocusMoved { focus, now });
+            }
             Ok(Some(other)) => debug!("ignored `{}` on the attach stream", other.kind()),
             Ok(None) | Err(_) => return std::future::pending().await,
         }
@@ -610,6 +656,8 @@ async fn serve_once(
                     rules,
                 }
             });
+            *folder.listed_as.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(workspace.name.clone());
             folder.emit(AttachEvent::Attached {
                 session,
                 workspace,
@@ -647,7 +695,7 @@ async fn serve_once(
     };
     let mut requests = tokio::task::JoinSet::new();
     // One reader for the whole attachment: a message is never cut by another branch.
-    let notice = next_notice(&mut recv);
+    let notice = next_notice(&mut recv, folder);
     tokio::pin!(notice);
     let reason = loop {
         tokio::select! {
@@ -889,8 +937,8 @@ async fn run(
     } else {
         folder.sandbox.check_async(tool, &args).await.map(|()| None)
     };
-    let (diff, creates) = match checked {
-        Ok(preview) => preview.map_or((None, Vec::new()), |p| (Some(p.diff), p.creates)),
+    let preview = match checked {
+        Ok(preview) => preview,
         Err(e) => {
             debug!(%tool, "refused before asking: {e}");
             folder.emit(ran(false, Basis::Invalid));
@@ -902,7 +950,7 @@ async fn run(
             );
         }
     };
-    let mut approved_creates = None;
+    let mut approved = None;
     let (verdict, basis) = match known {
         Some(known) => known,
         None => match &folder.approver {
@@ -933,19 +981,21 @@ async fn run(
                     }
                     _ => None,
                 };
-                // A write makes only the directories its owner was shown (the folder may
-                // change while the prompt waits).
-                if tool == ToolName::WriteFile {
-                    approved_creates = Some(creates.clone());
-                }
+                // A write or an edit is made as its owner was shown it, or not at all: only
+                // the directories shown are made, and only the version of the file the diff
+                // was made from is replaced (the folder may change while the prompt waits).
+                approved.clone_from(&preview);
                 let request = ApprovalRequest {
                     process,
                     session: session.to_owned(),
-                    workspace: o.name.clone().unwrap_or_else(|| o.shown_path.clone()),
+                    workspace: folder.shown_name(),
                     tool,
                     target: target.clone(),
-                    diff,
-                    creates,
+                    diff: preview.as_ref().map(|p| p.diff.clone()),
+                    creates: preview
+                        .as_ref()
+                        .map_or_else(Vec::new, |p| p.creates.clone()),
+                    through_link: preview.as_ref().and_then(|p| p.through_link.clone()),
                     program: (tool == ToolName::RunCommand).then(|| site.shown()),
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
@@ -1009,9 +1059,9 @@ async fn run(
     };
     let sandbox = folder.sandbox.clone();
     let call = async {
-        match approved_creates {
-            Some(creates) => sandbox
-                .write_file_approved(args, creates)
+        match approved {
+            Some(approved) => sandbox
+                .call_approved(tool, args, approved)
                 .await
                 .map(ToolResult::from),
             // Encoded for the wire at once, not made a tree first.

@@ -155,6 +155,12 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
                     }
                 }
             }
+            if let Some(file) = &r.through_link {
+                field(
+                    "writes to",
+                    format!("{} (the path is a symbolic link to it)", printable(file)),
+                );
+            }
             if let Some(content) = text("content") {
                 field("content", format!("{} bytes", content.len()));
             }
@@ -292,6 +298,7 @@ mod tests {
             args,
             diff: diff.map(str::to_owned),
             creates: Vec::new(),
+            through_link: None,
             process: None,
             program: (tool == ToolName::RunCommand).then(|| "/usr/bin/cargo".into()),
             network: "no network".into(),
@@ -513,6 +520,25 @@ mod tests {
         );
         r.creates.clear();
         assert!(!text(&render(&r)).contains("creates"));
+    }
+
+    #[test]
+    fn a_write_through_a_symbolic_link_names_the_file_it_writes() {
+        let mut r = request(
+            ToolName::WriteFile,
+            json!({"path": "inlink", "content": "x"}),
+            Some("--- a/target.txt\n+++ b/target.txt\n-y\n+x\n"),
+        );
+        assert!(!text(&render(&r)).contains("writes to"));
+        r.through_link = Some("docs/target\u{1b}.txt".into());
+        let shown = text(&render(&r));
+        assert!(shown.contains("path         inlink\n"), "{shown}");
+        assert!(
+            shown.contains(
+                "writes to    docs/target\\u{1b}.txt (the path is a symbolic link to it)"
+            ),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 8;
+pub const PROTOCOL_MINOR: u32 = 9;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -71,6 +71,11 @@ pub const MAX_SESSION_NAME: usize = 200;
 /// the run in one round trip. A server never sends it to a client of a lower one (it probes
 /// first, then runs).
 pub const IF_PRESENT_MINOR: u32 = 8;
+// --- Minor 9.
+/// The first minor version where the server tells an attached folder's client when the
+/// session's focus moves to or from the folder ([`Message::Focused`], on the attach stream). A
+/// server never sends it to a client of a lower one.
+pub const FOCUSED_MINOR: u32 = 9;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -1234,6 +1239,20 @@ pub enum Message {
         /// Why, for the user of the `attach` that stops.
         reason: String,
     },
+    /// Server to client, on the attach stream (minor [`FOCUSED_MINOR`] or later): the session's
+    /// focus moved to this folder, or away from it, other than at the client's own asking
+    /// (`focus` in [`Message::Attach`]): a folder that joins its active session without a focus,
+    /// an MCP host landing, another folder attached with `focus`, a detach. Its owner is told:
+    /// calls that name no workspace try the focus first.
+    Focused {
+        /// The attachment (the id of its [`Message::Attach`]).
+        attachment: u64,
+        /// True when this folder is now the session's focus.
+        focus: bool,
+        /// The session's focus now (its short name), when it has one; absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        now: Option<String>,
+    },
     /// The server accepted an attachment.
     Attached {
         /// The request id of the [`Message::Attach`].
@@ -1424,6 +1443,7 @@ impl Message {
             Message::Attach { .. } => "attach",
             Message::Detach { .. } => "detach",
             Message::Detached { .. } => "detached",
+            Message::Focused { .. } => "focused",
             Message::Attached { .. } => "attached",
             Message::Run { .. } => "run",
             Message::Probe { .. } => "probe",

@@ -955,24 +955,30 @@ pub(crate) fn stat(jail: &Jail, args: &StatArgs) -> Result<StatResult, SandboxEr
     })
 }
 
-/// `write_file`. With `approved` (the directories an approval prompt said it would create),
-/// a missing directory that is not among them is not made: the folder changed while the
-/// prompt waited, and the write is refused ([`SandboxError::Unapproved`]).
+/// `write_file`. With `approved` (what an approval prompt showed), a missing directory that is
+/// not among those it said the write would create is not made ([`SandboxError::Unapproved`]),
+/// and a file that is not the one its diff was made from is not replaced
+/// ([`SandboxError::Changed`]): the folder changed while the prompt waited.
 pub(crate) fn write_file(
     jail: &Jail,
     limits: &Limits,
     seen: &Seen,
     args: &WriteFileArgs,
-    approved: Option<&[String]>,
+    approved: Option<&Preview>,
 ) -> Result<WriteResult, SandboxError> {
     check_write_size(limits, args)?;
     let path = resolve_file(jail, &args.path)?;
     let parents = match (args.create_parents.unwrap_or(true), approved) {
         (false, _) => Parents::Require,
         (true, None) => Parents::Create,
-        (true, Some(creates)) => Parents::Approved(creates),
+        (true, Some(approved)) => Parents::Approved(&approved.creates),
     };
     let mut target = Target::locate(jail, &path, parents, limits)?;
+    if let Some(approved) = approved {
+        target.check_approved(approved).inspect_err(|_| {
+            std::mem::take(&mut target.new_dirs).undo();
+        })?;
+    }
     target.check_seen(seen)?;
     let old = target.old_text();
     // A file in another encoding than UTF-8 stays in it, when it can hold the new text.
@@ -1022,13 +1028,19 @@ fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), Sandbox
     Ok(())
 }
 
+/// `edit_file`; with `approved` (what an approval prompt showed), only of the version of the
+/// file its diff was made from ([`SandboxError::Changed`] otherwise).
 pub(crate) fn edit_file(
     jail: &Jail,
     limits: &Limits,
     seen: &Seen,
     args: &EditFileArgs,
+    approved: Option<&Preview>,
 ) -> Result<WriteResult, SandboxError> {
     let edit = plan_edit(jail, limits, args)?;
+    if let Some(approved) = approved {
+        edit.target.check_approved(approved)?;
+    }
     let stamp = edit.target.replace(&edit.new_bytes)?;
     edit.target.note_in(seen, stamp);
     let (diff, diff_truncated) = unified_diff(
@@ -1481,6 +1493,27 @@ impl Target {
         }
     }
 
+    /// Refuses to write over anything but the version of the file (or its absence) that an
+    /// approval prompt's diff was made from: its owner approved that change, not one to what
+    /// was put there while the prompt waited.
+    fn check_approved(&self, approved: &Preview) -> Result<(), SandboxError> {
+        let now = self.old.as_ref().map(|old| old.stamp);
+        if now == approved.base.0 {
+            return Ok(());
+        }
+        let what = match (approved.base.0, now) {
+            (None, _) => "was created",
+            (Some(_), None) => "was deleted",
+            (Some(_), Some(_)) => "was changed",
+        };
+        Err(SandboxError::Changed(format!(
+            "`{}` {what} while its owner was being asked to approve this change, so the diff \
+             they approved is not the change it would make now; nothing was written: read it \
+             again and redo the change",
+            self.path.given()
+        )))
+    }
+
     /// Remembers what this call wrote as what the tools last saw there.
     fn note_in(&self, seen: &Seen, stamp: Stamp) {
         seen.note(self.path.rel(), stamp);
@@ -1828,6 +1861,29 @@ pub struct Preview {
     /// The directories a write would create first, outermost first, relative to the root
     /// (empty when its directory exists, and for an edit).
     pub creates: Vec<String>,
+    /// The file it writes, relative to the root, when the path given is a symbolic link to it
+    /// (the write goes to the link's target); `None` otherwise.
+    pub through_link: Option<String>,
+    /// The version of the file the diff was made from (none: the file did not exist). The
+    /// write or edit made as approved ([`crate::Sandbox::call_approved`]) checks that it is
+    /// still there.
+    base: DiffBase,
+}
+
+/// The version of a file a [`Preview`]'s diff was made from: its [`Stamp`], or `None` when
+/// there was no file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DiffBase(Option<Stamp>);
+
+impl Target {
+    fn base(&self) -> DiffBase {
+        DiffBase(self.old.as_ref().map(|old| old.stamp))
+    }
+
+    /// The path written, when a link at the given path leads to another.
+    fn through_link(&self, given: &JailPath) -> Option<String> {
+        (self.path.rel() != given.rel()).then(|| self.path.display())
+    }
 }
 
 /// What a `write_file` or `edit_file` would do (its whole diff, and the directories it would
@@ -1847,31 +1903,48 @@ pub(crate) fn preview(
             let args = WriteFileArgs::deserialize(args).map_err(parse)?;
             check_write_size(limits, &args)?;
             let path = resolve_file(jail, &args.path)?;
-            let (old, creates) = match Target::locate(jail, &path, Parents::Require, limits) {
-                Ok(target) => {
-                    // Refused before its owner is asked, as the write itself would be.
-                    target.check_seen(seen)?;
-                    (target.old_text(), Vec::new())
-                }
-                // A new file in directories the write will create (each checked again as it
-                // is made).
-                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
-                    let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
-                        path: path.given().to_owned(),
-                        what: "is a directory, not a file to write",
-                    })?;
-                    (None, missing_parents(jail, &parent)?)
-                }
-                Err(e) => return Err(e),
-            };
+            let (old, creates, base, through_link, shown) =
+                match Target::locate(jail, &path, Parents::Require, limits) {
+                    Ok(target) => {
+                        // Refused before its owner is asked, as the write itself would be.
+                        target.check_seen(seen)?;
+                        (
+                            target.old_text(),
+                            Vec::new(),
+                            target.base(),
+                            target.through_link(&path),
+                            target.path.display(),
+                        )
+                    }
+                    // A new file in directories the write will create (each checked again as it
+                    // is made).
+                    Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
+                        let (parent, _) =
+                            path.split().ok_or_else(|| SandboxError::WrongFileType {
+                                path: path.given().to_owned(),
+                                what: "is a directory, not a file to write",
+                            })?;
+                        (
+                            None,
+                            missing_parents(jail, &parent)?,
+                            DiffBase(None),
+                            None,
+                            path.display(),
+                        )
+                    }
+                    Err(e) => return Err(e),
+                };
             Ok(Some(Preview {
-                diff: full_diff(&path.display(), old.as_deref(), &args.content),
+                diff: full_diff(&shown, old.as_deref(), &args.content),
                 creates,
+                through_link,
+                base,
             }))
         }
         ToolName::EditFile => {
             let args = EditFileArgs::deserialize(args).map_err(parse)?;
             let edit = plan_edit(jail, limits, &args)?;
+            let given = resolve_file(jail, &args.path)?;
             Ok(Some(Preview {
                 diff: full_diff(
                     &edit.target.path.display(),
@@ -1879,6 +1952,8 @@ pub(crate) fn preview(
                     &edit.new_text,
                 ),
                 creates: Vec::new(),
+                through_link: edit.target.through_link(&given),
+                base: edit.target.base(),
             }))
         }
         _ => Ok(None),

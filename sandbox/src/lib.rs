@@ -212,29 +212,48 @@ impl Sandbox {
         self.writes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `write_file` as its owner approved it, from async code: it creates only the directories
-    /// `creates` names (what [`Sandbox::preview`] said it would create, which the prompt
-    /// showed). If the folder changed while the prompt waited and another one is missing now,
-    /// it writes nothing and fails with [`SandboxError::Unapproved`].
-    pub async fn write_file_approved(
+    /// `write_file` or `edit_file` as its owner approved it, from async code: `approved` is the
+    /// [`Sandbox::preview`] the prompt showed. A write creates only the directories it said the
+    /// write would create; either replaces only the version of the file (or its absence) the
+    /// diff was made from. If the folder changed while the prompt waited, it writes nothing and
+    /// fails ([`SandboxError::Unapproved`] for a directory, [`SandboxError::Changed`] for the
+    /// file). Other tools are refused: they have no preview.
+    pub async fn call_approved(
         self: &Arc<Self>,
+        tool: ToolName,
         args: serde_json::Value,
-        creates: Vec<String>,
+        approved: Preview,
     ) -> Result<serde_json::Value, SandboxError> {
-        let args: WriteFileArgs = parse_args(ToolName::WriteFile, args)?;
-        let written = self
-            .on_blocking_pool(move |this| {
-                let _one_at_a_time = this.writing();
-                fs::write_file(&this.jail, &this.limits, &this.seen, &args, Some(&creates))
-            })
-            .await?;
+        let written = match tool {
+            ToolName::WriteFile => {
+                let args: WriteFileArgs = parse_args(tool, args)?;
+                self.on_blocking_pool(move |this| {
+                    let _one_at_a_time = this.writing();
+                    fs::write_file(&this.jail, &this.limits, &this.seen, &args, Some(&approved))
+                })
+                .await?
+            }
+            ToolName::EditFile => {
+                let args: EditFileArgs = parse_args(tool, args)?;
+                self.on_blocking_pool(move |this| {
+                    let _one_at_a_time = this.writing();
+                    fs::edit_file(&this.jail, &this.limits, &this.seen, &args, Some(&approved))
+                })
+                .await?
+            }
+            _ => {
+                return Err(SandboxError::InvalidArguments(format!(
+                    "`{tool}` has no preview to be approved by"
+                )));
+            }
+        };
         to_json(written)
     }
 
     /// `edit_file`: a unique (or every) replacement, atomic, with a diff.
     pub fn edit_file(&self, args: &EditFileArgs) -> Result<WriteResult, SandboxError> {
         let _one_at_a_time = self.writing();
-        fs::edit_file(&self.jail, &self.limits, &self.seen, args)
+        fs::edit_file(&self.jail, &self.limits, &self.seen, args, None)
     }
 
     /// What a `write_file` or `edit_file` call would do, without doing it (for approval

@@ -1447,6 +1447,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         (_, name) => session.attach(folder, name),
     };
     // In the folder's active session, the folder is the focus unless the session has one.
+    let asked_focus = focus;
     let focus = focus || (active && session.focus().is_none());
     if focus {
         // Just attached under this connection: online, so this cannot fail but for a detach
@@ -1481,21 +1482,51 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         let mut stop = ctx.stop.clone();
         let mut calls = ctx.state.calls.subscribe();
         let recorder = ctx.state.executor.recorder.as_ref();
-        tokio::select! {
-            () = attach_reports(recorder, &session.id, &workspace.name, &mut recv) => {}
-            _ = async {
-                let _ = stop.wait_for(|stopping| *stopping).await;
-                let _ = calls.wait_for(|n| *n == 0).await;
-            } => {}
-            // Taken over by another attach of the folder, or detached by name: its client is
-            // told why (one that knows how to hear it), so that it stops.
-            Some(reason) = kicked.recv() => {
-                info!(session = %session.id, workspace = %workspace.name, "{reason}");
-                if ctx.minor >= wire::CLI_MINOR {
-                    let detached = Message::Detached { attachment: id, reason };
-                    let _ = write_message(&mut send, &detached).await;
+        let reports = attach_reports(recorder, &session.id, &workspace.name, &mut recv);
+        tokio::pin!(reports);
+        let stopping = async {
+            let _ = stop.wait_for(|stopping| *stopping).await;
+            let _ = calls.wait_for(|n| *n == 0).await;
+        };
+        tokio::pin!(stopping);
+        // What the client knows of the focus: what it asked for. A focus it did not ask for
+        // (the folder's active session had none), and every move to or from the folder after,
+        // it is told of (one that knows how to hear it), so that its owner knows where an
+        // agent's calls that name no workspace go.
+        let mut focus_moves = session.watch_focus();
+        let mut told = asked_focus;
+        loop {
+            let now = focus_moves.borrow_and_update().clone();
+            let is_focus = now.as_deref() == Some(workspace.name.as_str());
+            if is_focus != told && ctx.minor >= wire::FOCUSED_MINOR {
+                let moved = Message::Focused {
+                    attachment: id,
+                    focus: is_focus,
+                    now,
+                };
+                if write_message(&mut send, &moved).await.is_err() {
+                    break;
                 }
-                finish(&mut send).await;
+            }
+            told = is_focus;
+            tokio::select! {
+                // A detach by name also ends the focus: the client hears why it stops, not
+                // first that the focus left.
+                biased;
+                // Taken over by another attach of the folder, or detached by name: its client
+                // is told why (one that knows how to hear it), so that it stops.
+                Some(reason) = kicked.recv() => {
+                    info!(session = %session.id, workspace = %workspace.name, "{reason}");
+                    if ctx.minor >= wire::CLI_MINOR {
+                        let detached = Message::Detached { attachment: id, reason };
+                        let _ = write_message(&mut send, &detached).await;
+                    }
+                    finish(&mut send).await;
+                    break;
+                }
+                () = &mut reports => break,
+                () = &mut stopping => break,
+                Ok(()) = focus_moves.changed() => {}
             }
         }
     }

@@ -201,8 +201,9 @@ pub struct Session {
     processes: Mutex<Vec<(String, String)>>,
     /// The short name of the focus workspace: the one calls without `workspace` try first
     /// ([`Session::set_focus`]); it stays while the workspace is offline, follows it when it is
-    /// renamed, and ends when it is detached by name ([`Session::forget`]).
-    focus: Mutex<Option<String>>,
+    /// renamed, and ends when it is detached by name ([`Session::forget`]). Watched by the
+    /// attach streams of its folders, whose owners are told when it moves to or from theirs.
+    focus: tokio::sync::watch::Sender<Option<String>>,
     /// The folders MCP hosts landed on and work in now, as (device, absolute path): one entry
     /// per host's connection, for as long as its [`HostHold`] lives.
     hosts: Mutex<Vec<(DeviceId, String)>>,
@@ -538,11 +539,13 @@ impl Session {
             {
                 // Renamed: the focus follows the folder, never the old name (which another
                 // folder may take later).
-                let mut focus = self.focus.lock().unwrap_or_else(|p| p.into_inner());
-                if focus.as_deref() == Some(existing.name.as_str()) {
-                    *focus = Some(wanted.to_owned());
-                }
-                drop(focus);
+                self.focus.send_if_modified(|focus| {
+                    let renamed = focus.as_deref() == Some(existing.name.as_str());
+                    if renamed {
+                        *focus = Some(wanted.to_owned());
+                    }
+                    renamed
+                });
                 existing.name = wanted.to_owned();
             }
             existing.link = folder.link;
@@ -615,11 +618,13 @@ impl Session {
         if let Some(link) = &gone.link {
             let _ = link.kick.send(reason.to_owned());
         }
-        let mut focus = self.focus.lock().unwrap_or_else(|p| p.into_inner());
-        if focus.as_deref() == Some(gone.name.as_str()) {
-            *focus = None;
-        }
-        drop(focus);
+        self.focus.send_if_modified(|focus| {
+            let ended = focus.as_deref() == Some(gone.name.as_str());
+            if ended {
+                *focus = None;
+            }
+            ended
+        });
         self.changed();
         Ok(gone)
     }
@@ -671,12 +676,14 @@ impl Session {
                 ),
             ));
         }
-        let previous = self
-            .focus
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(workspace.info.name.clone());
-        if previous.as_deref() != Some(workspace.info.name.as_str()) {
+        let moved = self.focus.send_if_modified(|focus| {
+            let moved = focus.as_deref() != Some(workspace.info.name.as_str());
+            if moved {
+                *focus = Some(workspace.info.name.clone());
+            }
+            moved
+        });
+        if moved {
             self.changed();
         }
         Ok(())
@@ -684,15 +691,20 @@ impl Session {
 
     /// Ends the focus: calls without `workspace` go in priority order again.
     pub fn clear_focus(&self) {
-        let previous = self.focus.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if previous.is_some() {
+        if self.focus.send_if_modified(|focus| focus.take().is_some()) {
             self.changed();
         }
     }
 
     /// The short name of the focus workspace, when the session has one.
     pub fn focus(&self) -> Option<String> {
-        self.focus.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.focus.borrow().clone()
+    }
+
+    /// The focus's short name as it moves ([`Session::focus`]), for an attach stream to tell its
+    /// folder's owner when it moves to or from their folder.
+    pub fn watch_focus(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.focus.subscribe()
     }
 
     /// The workspace that runs background process `id`, when this session started it.
@@ -1132,7 +1144,7 @@ impl Registry {
             attached: Mutex::new(kept),
             changes: tokio::sync::watch::channel(0).0,
             processes: Mutex::new(Vec::new()),
-            focus: Mutex::new(focus),
+            focus: tokio::sync::watch::Sender::new(focus),
             hosts: Mutex::new(Vec::new()),
             recorder: self.recorder.clone(),
         });

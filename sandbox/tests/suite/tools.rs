@@ -5,7 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use monad_protocol::tools::*;
 use monad_protocol::{ErrorCode, ToolName};
-use monad_sandbox::Limits;
+use monad_sandbox::{Limits, Preview};
 use serde_json::json;
 
 use super::support::{Fixture, runtime};
@@ -865,46 +865,163 @@ fn a_write_creates_at_most_sixty_four_directories() {
 fn an_approved_write_makes_only_the_directories_its_owner_was_shown() {
     let fx = Fixture::new();
     fx.put("a/keep.txt", "k");
+    let preview = |args: &serde_json::Value| {
+        fx.sandbox
+            .preview(ToolName::WriteFile, args)
+            .unwrap()
+            .unwrap()
+    };
+    let approved = |args: &serde_json::Value, shown: Preview| {
+        runtime().block_on(
+            fx.sandbox
+                .call_approved(ToolName::WriteFile, args.clone(), shown),
+        )
+    };
     let args = json!({"path": "a/b/c.txt", "content": "x"});
-    let shown = fx
-        .sandbox
-        .preview(ToolName::WriteFile, &args)
-        .unwrap()
-        .unwrap()
-        .creates;
-    assert_eq!(shown, ["a/b"]);
+    let shown = preview(&args);
+    assert_eq!(shown.creates, ["a/b"]);
     // The folder changes while the prompt waits: `a` goes, so the write would now make `a`
     // too. It is refused, and nothing is made.
     std::fs::remove_dir_all(fx.root().join("a")).unwrap();
-    let err = runtime()
-        .block_on(fx.sandbox.write_file_approved(args.clone(), shown.clone()))
-        .unwrap_err();
+    let err = approved(&args, shown).unwrap_err();
     assert_eq!(err.code(), ErrorCode::Denied, "{err}");
     assert!(err.to_string().contains("`a/`"), "{err}");
     assert!(!fx.root().join("a").exists());
-    // Approved `a` and `a/b`, but `a/b/x` is missing too now: what was made is taken back.
-    let args = json!({"path": "a/b/x/c.txt", "content": "x"});
-    let err = runtime()
-        .block_on(
-            fx.sandbox
-                .write_file_approved(args, vec!["a".into(), "a/b".into()]),
-        )
-        .unwrap_err();
+    // Approved `a` and `a/b` only (as a prompt had shown them), but `a/b/x` is missing too:
+    // what was made is taken back.
+    let deeper = json!({"path": "a/b/x/c.txt", "content": "x"});
+    let mut shown = preview(&deeper);
+    assert_eq!(shown.creates, ["a", "a/b", "a/b/x"]);
+    shown.creates.pop();
+    let err = approved(&deeper, shown).unwrap_err();
     assert_eq!(err.code(), ErrorCode::Denied, "{err}");
     assert!(
         !fx.root().join("a").exists(),
         "the directories made are removed"
     );
     // As shown: written. Fewer missing than shown (made meanwhile) is fine too.
+    let shown = preview(&args);
+    assert_eq!(shown.creates, ["a", "a/b"]);
     std::fs::create_dir(fx.root().join("a")).unwrap();
-    let args = json!({"path": "a/b/c.txt", "content": "x"});
-    runtime()
-        .block_on(
-            fx.sandbox
-                .write_file_approved(args, vec!["a".into(), "a/b".into()]),
-        )
-        .unwrap();
+    approved(&args, shown).unwrap();
     assert_eq!(fx.read("a/b/c.txt"), "x");
+}
+
+/// A write or an edit approved from a prompt replaces only the version of the file the prompt's
+/// diff was made from: a file created, changed or deleted while the prompt waited (by its owner,
+/// an editor, or a command the agent left running) is not overwritten with a change nobody saw.
+#[test]
+fn an_approved_write_or_edit_replaces_only_the_file_its_owner_was_shown() {
+    let fx = Fixture::new();
+    let approved = |tool: ToolName, args: &serde_json::Value, shown: Preview| {
+        runtime().block_on(fx.sandbox.call_approved(tool, args.clone(), shown))
+    };
+    let preview =
+        |tool: ToolName, args: &serde_json::Value| fx.sandbox.preview(tool, args).unwrap().unwrap();
+
+    // A new file, created while the prompt waited.
+    let args = json!({"path": "race.txt", "content": "agent content\n"});
+    let shown = preview(ToolName::WriteFile, &args);
+    assert!(shown.diff.starts_with("--- /dev/null"), "{}", shown.diff);
+    fx.put("race.txt", "owner precious data\n");
+    let err = approved(ToolName::WriteFile, &args, shown).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Io, "{err}");
+    assert!(
+        err.to_string()
+            .contains("was created while its owner was being asked"),
+        "{err}"
+    );
+    assert_eq!(fx.read("race.txt"), "owner precious data\n");
+
+    // A file no tool read, changed while the prompt waited.
+    fx.put("unread.txt", "line1\n");
+    let args = json!({"path": "unread.txt", "content": "line1 agent\n"});
+    let shown = preview(ToolName::WriteFile, &args);
+    fx.put("unread.txt", "line1\nowner added important line\n");
+    let err = approved(ToolName::WriteFile, &args, shown).unwrap_err();
+    assert!(
+        err.to_string().contains("was changed while its owner"),
+        "{err}"
+    );
+    assert_eq!(fx.read("unread.txt"), "line1\nowner added important line\n");
+
+    // Deleted while the prompt waited: not made again from a diff against what was there.
+    let shown = preview(ToolName::WriteFile, &args);
+    std::fs::remove_file(fx.root().join("unread.txt")).unwrap();
+    let err = approved(ToolName::WriteFile, &args, shown).unwrap_err();
+    assert!(
+        err.to_string().contains("was deleted while its owner"),
+        "{err}"
+    );
+    assert!(!fx.root().join("unread.txt").exists());
+
+    // An edit, of a file changed while the prompt waited.
+    fx.put("e.txt", "alpha\nbeta\n");
+    let edit = json!({"path": "e.txt", "old_string": "alpha", "new_string": "ALPHA"});
+    let shown = preview(ToolName::EditFile, &edit);
+    fx.put("e.txt", "alpha\nbeta\ngamma\n");
+    let err = approved(ToolName::EditFile, &edit, shown).unwrap_err();
+    assert!(
+        err.to_string().contains("was changed while its owner"),
+        "{err}"
+    );
+    assert_eq!(fx.read("e.txt"), "alpha\nbeta\ngamma\n");
+
+    // Unchanged: made as shown.
+    let shown = preview(ToolName::EditFile, &edit);
+    approved(ToolName::EditFile, &edit, shown).unwrap();
+    assert_eq!(fx.read("e.txt"), "ALPHA\nbeta\ngamma\n");
+    let args = json!({"path": "race.txt", "content": "agent content\n"});
+    let shown = preview(ToolName::WriteFile, &args);
+    approved(ToolName::WriteFile, &args, shown).unwrap();
+    assert_eq!(fx.read("race.txt"), "agent content\n");
+    // Only writes and edits have a preview to be approved by.
+    let shown = preview(ToolName::WriteFile, &args);
+    let err = approved(ToolName::ReadFile, &json!({"path": "race.txt"}), shown).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+}
+
+/// A write or an edit of a path that is a symbolic link goes to the file it leads to, and its
+/// preview says so: the diff names that file, as the result will.
+#[test]
+fn a_preview_through_a_symbolic_link_names_the_file_written() {
+    let fx = Fixture::new();
+    fx.put("docs/target.txt", "old\n");
+    fx.symlink("docs/target.txt", "inlink");
+    let shown = fx
+        .sandbox
+        .preview(
+            ToolName::WriteFile,
+            &json!({"path": "inlink", "content": "new\n"}),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(shown.through_link.as_deref(), Some("docs/target.txt"));
+    assert!(
+        shown
+            .diff
+            .starts_with("--- a/docs/target.txt\n+++ b/docs/target.txt\n"),
+        "{}",
+        shown.diff
+    );
+    let edit = fx
+        .sandbox
+        .preview(
+            ToolName::EditFile,
+            &json!({"path": "inlink", "old_string": "old", "new_string": "new"}),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(edit.through_link.as_deref(), Some("docs/target.txt"));
+    let direct = fx
+        .sandbox
+        .preview(
+            ToolName::WriteFile,
+            &json!({"path": "docs/target.txt", "content": "new\n"}),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(direct.through_link, None);
 }
 
 #[test]

@@ -65,6 +65,30 @@ async fn allow_once_runs_and_asks_again_next_time() {
     assert!(seen[0].target.contains("a.txt"), "{}", seen[0].target);
 }
 
+/// A second folder asking for a name the session already has is listed under another: its
+/// prompts call it by that name, not by the first folder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_names_the_folder_as_the_session_lists_it() {
+    let (server, agent, _dir, _a, _approver) = scripted([], &[]).await;
+    let other = folder(&[("b.txt", "beta\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
+    let second = Attachment::start(
+        &server.client_config(),
+        attach_options(other.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let listed = second.workspace.name.clone();
+    assert_ne!(listed, "lap");
+    ok(call(
+        &agent,
+        "read_file",
+        json!({"path": "b.txt", "workspace": listed}),
+    )
+    .await);
+    assert_eq!(approver.seen()[0].workspace, listed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_always_is_not_asked_again_for_the_same_class() {
     let (_server, agent, dir, _a, approver) =
@@ -286,6 +310,65 @@ async fn a_write_makes_no_directory_its_prompt_did_not_show() {
     assert!(message.contains("did not cover"), "{message}");
     assert_eq!(approver.seen.lock().unwrap()[0].creates, ["src/new"]);
     assert!(!dir.path().join("src").exists(), "nothing was made");
+}
+
+/// A user who, before answering, writes the file a call names (as they may in an editor while
+/// the prompt waits, or a command the agent left running may), then allows.
+struct WritesThenAllows {
+    dir: std::path::PathBuf,
+    /// What is written, by the file's name.
+    contents: Vec<(&'static str, &'static str)>,
+}
+
+impl Approver for WritesThenAllows {
+    fn decide(
+        &self,
+        request: monad_client::approval::ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>> {
+        let name = request.args["path"].as_str().unwrap();
+        let (_, content) = self.contents.iter().find(|(n, _)| *n == name).unwrap();
+        std::fs::write(self.dir.join(name), content).unwrap();
+        Box::pin(async { Decision::AllowOnce })
+    }
+}
+
+/// The owner approves the diff the prompt shows: a file created or changed while it waited is
+/// not overwritten with a change they never saw, though no tool had read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_write_does_not_overwrite_what_changed_while_the_prompt_waited() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("unread.txt", "line1\n")]);
+    let contents = vec![
+        ("new.txt", "owner precious data\n"),
+        ("unread.txt", "line1\nowner added important line\n"),
+    ];
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(Arc::new(WritesThenAllows {
+            dir: dir.path().to_owned(),
+            contents: contents.clone(),
+        }) as Arc<dyn Approver>),
+    )
+    .await;
+    for (name, content) in contents {
+        let message = expect_code(
+            call(
+                &agent,
+                "write_file",
+                json!({"path": name, "content": "agent content\n", "workspace": "lap"}),
+            )
+            .await,
+            ErrorCode::Io,
+        );
+        assert!(
+            message.contains("while its owner was being asked"),
+            "{message}"
+        );
+        let now = std::fs::read_to_string(dir.path().join(name)).unwrap();
+        assert_eq!(now, content, "{name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

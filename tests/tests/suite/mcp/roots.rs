@@ -917,3 +917,65 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     let other = land(&fourth, vec![file_uri(&four)], None).await;
     assert_ne!(other.session, work, "the watch did not land again");
 }
+
+/// The next move of the session's focus to or from an attached folder, as its owner is told
+/// (other events skipped).
+async fn next_focus_move(attached: &mut Attachment) -> (bool, Option<String>) {
+    loop {
+        if let monad_client::attach::AttachEvent::FocusMoved { focus, now } =
+            attached.next_event().await
+        {
+            return (focus, now);
+        }
+    }
+}
+
+/// The owner of an attached folder is told when a host's landing makes it the session's focus
+/// (an agent's calls that name no workspace then go there), and when the focus leaves it for
+/// another folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_s_owner_is_told_when_the_focus_moves_to_it_or_away() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p1, one) = project("one", "first\n");
+    let (_p2, two) = project("two", "second\n");
+    let mut first = attach(&config, &one, "one", Some("default")).await;
+    let mut second = attach(&config, &two, "two", Some("default")).await;
+    let agent = connect_agent(&config).await;
+    let land = async |root: &Path| {
+        within(
+            STEP,
+            "a landing",
+            agent.land(vec![file_uri(root)], Some("default")),
+        )
+        .await
+        .expect("landed")
+        .expect("a server that lands by roots")
+    };
+    assert_eq!(land(&one).await.focus.as_deref(), Some("one"));
+    assert_eq!(
+        next_focus_move(&mut first).await,
+        (true, Some("one".to_owned()))
+    );
+    // The same host's roots move to the other folder: the focus follows, and both owners hear.
+    assert_eq!(land(&two).await.focus.as_deref(), Some("two"));
+    assert_eq!(
+        next_focus_move(&mut first).await,
+        (false, Some("two".to_owned()))
+    );
+    assert_eq!(
+        next_focus_move(&mut second).await,
+        (true, Some("two".to_owned()))
+    );
+    // Their terminals say so in words.
+    let line = monad_client::attach::AttachEvent::FocusMoved {
+        focus: false,
+        now: Some("two".into()),
+    }
+    .line()
+    .unwrap();
+    assert!(
+        line.contains("no longer the session's focus: `two` is"),
+        "{line}"
+    );
+}
