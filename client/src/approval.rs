@@ -134,15 +134,19 @@ pub enum Rule {
     /// Every tool of a class.
     Class(ToolClass),
     /// `run_command` of one of the [`INERT_PROGRAMS`], found at one place outside the workspace,
-    /// with any arguments and standard input.
+    /// with any arguments and standard input, in the foreground or (a rule of its own) in the
+    /// background.
     Program {
         /// `argv[0]`, a name.
         name: String,
         /// Where it is found ([`ProgramSite::Outside`]).
         path: String,
+        /// Whether it may be left running in the background ([`in_background`]).
+        background: bool,
     },
     /// Exactly one command: the same argv, in the same directory, with the same standard input,
-    /// its program found at the same place.
+    /// its program found at the same place, in the foreground or (a rule of its own) in the
+    /// background.
     Command {
         /// The whole argv.
         argv: Vec<String>,
@@ -152,6 +156,8 @@ pub enum Rule {
         stdin: Option<String>,
         /// Where its program is found.
         site: ProgramSite,
+        /// Whether it may be left running in the background ([`in_background`]).
+        background: bool,
     },
     /// Exactly one call of a tool: the same arguments (for `process_write`: the same process and
     /// text, since the process may be a shell reading its input).
@@ -182,11 +188,13 @@ impl Rule {
                     })
                     .unwrap_or_default();
                 let program = argv.first().map_or("", String::as_str);
+                let background = in_background(args);
                 match site {
                     ProgramSite::Outside(path) if INERT_PROGRAMS.contains(&program) => {
                         Rule::Program {
                             name: program.to_owned(),
                             path: path.clone(),
+                            background,
                         }
                     }
                     _ => Rule::Command {
@@ -198,6 +206,7 @@ impl Rule {
                         stdin: args.get("stdin").and_then(Value::as_str).map(str::to_owned),
                         site: site.clone(),
                         argv,
+                        background,
                     },
                 }
             }
@@ -222,16 +231,29 @@ impl Rule {
             Rule::Class(ToolClass::Read) => "every read in this workspace".into(),
             Rule::Class(ToolClass::Write) => "every write and edit in this workspace".into(),
             Rule::Class(class) => format!("every {} call in this workspace", class.as_str()),
-            Rule::Program { name, path } => format!(
-                "every run of `{}` ({}) in this workspace, with any arguments and input: it only \
-                 reads and prints, and runs no other program",
+            Rule::Program {
+                name,
+                path,
+                background,
+            } => format!(
+                "every run of `{}` ({}) in this workspace {}, with any arguments, input and \
+                 time-out: it only reads and prints, and runs no other program",
                 printable(name),
-                printable(path)
+                printable(path),
+                mode(*background)
             ),
-            Rule::Command { argv, site, .. } => {
+            Rule::Command {
+                argv,
+                site,
+                background,
+                ..
+            } => {
                 let program = printable(argv.first().map_or("", String::as_str)).into_owned();
-                let exactly = "exactly this command (same arguments, directory and standard \
-                               input)";
+                let exactly = format!(
+                    "exactly this command (same arguments, directory and standard input) {}, \
+                     with any time-out",
+                    mode(*background)
+                );
                 match site {
                     ProgramSite::Outside(path) => {
                         format!("{exactly}, `{program}` being {}", printable(path))
@@ -247,7 +269,7 @@ impl Rule {
                              covers whatever that file holds when it runs"
                         )
                     }
-                    ProgramSite::Other => exactly.into(),
+                    ProgramSite::Other => exactly,
                 }
             }
             Rule::Exact { tool, .. } => {
@@ -264,6 +286,25 @@ impl Rule {
             self.describe(),
             printable(session)
         )
+    }
+}
+
+/// Whether a `run_command` call may leave its process running in the background (`background`,
+/// or `background_after_ms`): a command approved "always" in the foreground, where it ends
+/// within its time-out, is asked about again before it runs unattended, and the other way round.
+fn in_background(args: &Value) -> bool {
+    args.get("background").and_then(Value::as_bool) == Some(true)
+        || args
+            .get("background_after_ms")
+            .is_some_and(|v| !v.is_null())
+}
+
+/// How a command rule runs, in words.
+fn mode(background: bool) -> &'static str {
+    if background {
+        "left running in the background"
+    } else {
+        "in the foreground"
     }
 }
 
@@ -616,7 +657,8 @@ mod tests {
                 command(&args(name)),
                 Rule::Program {
                     name: (*name).to_owned(),
-                    path: format!("/usr/bin/{name}")
+                    path: format!("/usr/bin/{name}"),
+                    background: false,
                 },
                 "{name}"
             );
@@ -715,6 +757,7 @@ mod tests {
                 cwd: ".".into(),
                 stdin: None,
                 site: outside("sh"),
+                background: false,
             }
         );
         p.record("s", command(&a), Decision::AllowAlways);
@@ -728,9 +771,37 @@ mod tests {
             json!({"argv": ["sh", "-c", "echo A"], "stdin": "rm -rf ~"}),
             json!({"argv": ["sh"], "stdin": "echo A"}),
             json!({"argv": ["/bin/sh", "-c", "echo A"]}),
+            // Left running unattended, which the foreground run approved did not do.
+            json!({"argv": ["sh", "-c", "echo A"], "background": true}),
+            json!({"argv": ["sh", "-c", "echo A"], "background_after_ms": 1000}),
         ] {
             assert_eq!(p.check("s", run, &command(&other)), None, "{other}");
         }
+        // Any time-out, as the prompt's scope says.
+        let longer = json!({"argv": ["sh", "-c", "echo A"], "timeout_ms": 600_000});
+        assert_eq!(
+            p.check("s", run, &command(&longer)),
+            Some((Verdict::Allow, Basis::Remembered))
+        );
+        assert!(
+            command(&a)
+                .describe()
+                .contains("in the foreground, with any time-out")
+        );
+        // An inert program's rule is per mode too: `sleep 1` always does not cover
+        // `sleep infinity` left in the background.
+        p.record(
+            "s",
+            command(&json!({"argv": ["sleep", "1"]})),
+            Decision::AllowAlways,
+        );
+        let forever = json!({"argv": ["sleep", "infinity"], "background": true});
+        assert_eq!(p.check("s", run, &command(&forever)), None);
+        assert!(
+            command(&forever)
+                .describe()
+                .contains("left running in the background")
+        );
         // The same argv, its program now found in the workspace (a new .venv/bin/sh).
         assert_eq!(
             p.check(

@@ -99,7 +99,10 @@ fn error_line(reply: &CallReply, error: &ToolError) -> String {
         ),
         None => String::new(),
     };
-    // A message of several lines keeps them; what else could move the cursor is escaped.
+    // A message of several lines keeps them; what else could move the cursor is escaped. One
+    // that names a huge argument (a path of 100 KB) is cut as a model gets it (`--json` keeps
+    // it whole).
+    let error = monad_protocol::mcp::shortened(error);
     format!(
         "monad-client: {}: {}{place}",
         error.code,
@@ -238,6 +241,21 @@ mod tests {
             shown.stderr,
             "monad-client: not_found: no such file `x\\u{202e}`\n"
         );
+
+        // An error naming a huge argument is cut as a model gets it; `--json` keeps it whole.
+        let huge = format!("`{}` does not exist", "d/".repeat(50_000));
+        let failed = CallReply {
+            workspace: None,
+            outcome: Outcome::Error {
+                error: ToolError::new(ErrorCode::NotFound, huge.clone()),
+            },
+        };
+        let shown = printed(ToolName::ReadFile, &failed, false);
+        assert!(shown.stderr.len() < 5_000, "{}", shown.stderr.len());
+        assert!(shown.stderr.contains("bytes left out"), "{}", shown.stderr);
+        assert!(shown.stderr.ends_with("does not exist\n"));
+        let json = printed(ToolName::ReadFile, &failed, true);
+        assert!(json.stdout.contains(&huge));
     }
 
     /// Regression: a tool error of several lines (a command's own message, say) was squashed

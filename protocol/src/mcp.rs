@@ -272,7 +272,7 @@ const ERROR_MESSAGE_MAX: usize = 4096;
 /// `error`, with a message over [`ERROR_MESSAGE_MAX`] bytes cut to its start and end: a message
 /// names what it refused (a path, a workspace), and a path of 100 KB came back twice, in the
 /// text and the JSON, for a model to read.
-fn shortened(error: &ToolError) -> std::borrow::Cow<'_, ToolError> {
+pub fn shortened(error: &ToolError) -> std::borrow::Cow<'_, ToolError> {
     let message = &error.message;
     if message.len() <= ERROR_MESSAGE_MAX {
         return std::borrow::Cow::Borrowed(error);
