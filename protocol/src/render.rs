@@ -374,13 +374,19 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
         plural(r.matches.len() as u64, "match", "matches"),
         plural(groups.len() as u64, "file", "files"),
     );
+    // Every match in one file: `path` and `glob` cannot narrow it further.
+    let narrow = if groups.len() == 1 {
+        "use a more specific pattern, or read_file the file around these lines"
+    } else {
+        "narrow with `path` or `glob`"
+    };
     if r.at_cap {
-        out.push_str(
-            ", stopped at the workspace's cap (more cannot be asked for): narrow with `path` or \
-             `glob`",
+        let _ = write!(
+            out,
+            ", stopped at the workspace's cap (more cannot be asked for): {narrow}"
         );
     } else if r.truncated {
-        out.push_str(", stopped at `max_results`: raise it, or narrow with `path` or `glob`");
+        let _ = write!(out, ", stopped at `max_results`: raise it, or {narrow}");
     }
     out.push(':');
     // Files with several matches are set apart by a blank line, as ripgrep's headings are;
@@ -1306,10 +1312,24 @@ mod tests {
             ]}),
         );
         assert!(
-            capped.contains("stopped at the workspace's cap (more cannot be asked for): narrow"),
+            capped.contains(
+                "stopped at the workspace's cap (more cannot be asked for): use a more specific \
+                 pattern, or read_file the file around these lines"
+            ),
             "{capped}"
         );
         assert!(!capped.contains("raise"), "{capped}");
+        let capped_in_two = render(
+            ToolName::Search,
+            json!({"files_searched": 7, "truncated": true, "at_cap": true, "matches": [
+                {"path": "a.rs", "line_number": 3, "line": "fn main() {"},
+                {"path": "b.rs", "line_number": 3, "line": "fn main() {"},
+            ]}),
+        );
+        assert!(
+            capped_in_two.contains("(more cannot be asked for): narrow with `path` or `glob`"),
+            "{capped_in_two}"
+        );
         assert_eq!(
             render(
                 ToolName::Search,
