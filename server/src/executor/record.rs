@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use monad_protocol::text::{printable, shell_words};
+use monad_protocol::text::{fed_text, printable, shell_words};
 use monad_protocol::tools::NetworkEvent;
 use monad_protocol::wire::{Body, Outcome, WorkspaceRef};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
@@ -486,13 +486,15 @@ impl std::io::Write for CappedWriter {
     }
 }
 
-/// Characters of text written to a process that its audit target keeps.
+/// Characters of text written to a process, or given to a command as its standard input, that
+/// its audit target keeps.
 const TARGET_TEXT_CHARS: usize = 120;
 
 /// The path, pattern, command line or process a call acts on, in one line for the audit log,
 /// the event lines and the question the built-in agent's front asks (an editor's permission
 /// title): for `process_write` the process and the first line of the text (`proc-1 < make test
-/// …`, cut at [`TARGET_TEXT_CHARS`], `…` when more follows), for `process_kill` the process and
+/// …`, cut at [`TARGET_TEXT_CHARS`], `…` when more follows; [`fed_text`]), for a command with
+/// a standard input its first line the same way (`sh < rm -rf x …`), for `process_kill` the process and
 /// the signal asked for, for `process_read` the process. A command line is quoted as a shell
 /// would read it back ([`shell_words`]), so that `rm 'a b'` and `rm a b` differ, and everything
 /// the agent wrote is escaped ([`printable`]): a line break or a bidi control cannot hide the
@@ -500,19 +502,17 @@ const TARGET_TEXT_CHARS: usize = 120;
 pub(super) fn describe_target(args: &Value) -> String {
     if let Some(argv) = args.get("argv").and_then(Value::as_array) {
         let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
-        return shell_words(&words);
+        let mut target = shell_words(&words);
+        // A command's standard input may be a whole script (`sh` reading it).
+        if let Some(stdin) = args.get("stdin").and_then(Value::as_str) {
+            target.push_str(&fed_text(stdin, TARGET_TEXT_CHARS));
+        }
+        return target;
     }
     if let Some(process) = args.get("process").and_then(Value::as_str) {
         let mut target = printable(process).into_owned();
         if let Some(text) = args.get("text").and_then(Value::as_str) {
-            let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
-            let kept: String = first.chars().take(TARGET_TEXT_CHARS).collect();
-            let more = kept.len() < first.len() || !rest.is_empty();
-            target.push_str(" < ");
-            target.push_str(&printable(&kept));
-            if more {
-                target.push_str(" …");
-            }
+            target.push_str(&fed_text(text, TARGET_TEXT_CHARS));
         }
         if let Some(signal) = args.get("signal").and_then(Value::as_str) {
             target.push(' ');
@@ -548,6 +548,10 @@ mod tests {
             ),
             (json!({"process": "proc-1", "wait_ms": 10}), "proc-1"),
             (json!({"argv": ["ls", "-l"]}), "ls -l"),
+            (
+                json!({"argv": ["sh"], "stdin": "echo hi > x.txt\nrm -rf y\n"}),
+                "sh < echo hi > x.txt …",
+            ),
             (json!({"path": "src/main.rs"}), "src/main.rs"),
             (json!({}), ""),
         ];
