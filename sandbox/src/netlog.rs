@@ -14,6 +14,12 @@ const MAX_FOR_ANSWER: usize = 1000;
 /// Events waiting for the audit reader; more are only counted.
 pub const MAX_FOR_AUDIT: usize = 4096;
 
+/// Events kept for the audit reader per second once a burst of [`MAX_FOR_AUDIT`] is spent;
+/// more are only counted. A command asking the proxy for ten thousand names a second (each
+/// refused) wrote 2.7 MB a second to the session's audit log, with no end for one left running
+/// in the background; so its lines come at most this fast, and the rest as a count.
+pub const AUDIT_PER_SECOND: u32 = 50;
+
 /// A workspace's connections (one per sandbox, shared with its proxy).
 #[derive(Debug, Default)]
 pub(crate) struct NetworkLog {
@@ -25,8 +31,13 @@ pub(crate) struct NetworkLog {
 struct State {
     for_answer: Vec<NetworkEvent>,
     for_audit: VecDeque<NetworkEvent>,
-    /// Events the audit reader will not see (the queue was full), not told yet.
+    /// Events the audit reader will not see (the queue was full, or they came too fast), not
+    /// told yet.
     dropped: u64,
+    /// The events the audit reader may still be given at once: a bucket of [`MAX_FOR_AUDIT`]
+    /// that fills at [`AUDIT_PER_SECOND`], as of `filled` (`None`: full, nothing taken yet).
+    allowance: f64,
+    filled: Option<std::time::Instant>,
     /// A reader took [`NetworkAudit`]: events are kept for it from then on.
     audited: bool,
     /// The reader was taken already.
@@ -52,9 +63,24 @@ impl NetworkLog {
 
     /// The proxy reports a connection.
     pub(crate) fn report(&self, event: NetworkEvent) {
+        self.report_at(event, std::time::Instant::now());
+    }
+
+    /// [`NetworkLog::report`], at `now`.
+    fn report_at(&self, event: NetworkEvent, now: std::time::Instant) {
         let mut state = self.lock();
         if state.audited && !state.closed {
-            if state.for_audit.len() < MAX_FOR_AUDIT {
+            let burst = MAX_FOR_AUDIT as f64;
+            state.allowance = match state.filled {
+                None => burst,
+                Some(then) => (state.allowance
+                    + now.saturating_duration_since(then).as_secs_f64()
+                        * f64::from(AUDIT_PER_SECOND))
+                .min(burst),
+            };
+            state.filled = Some(now);
+            if state.for_audit.len() < MAX_FOR_AUDIT && state.allowance >= 1.0 {
+                state.allowance -= 1.0;
                 state.for_audit.push_back(event.clone());
             } else {
                 state.dropped += 1;
@@ -167,15 +193,45 @@ mod tests {
     fn a_full_audit_queue_counts_what_it_drops_and_the_reader_is_told() {
         let log = Arc::new(NetworkLog::default());
         let mut audit = log.audit().unwrap();
+        let start = std::time::Instant::now();
         for i in 0..MAX_FOR_AUDIT + 5 {
-            log.report(event(i as u16));
+            log.report_at(event(i as u16), start);
         }
         let batch = now(audit.next()).flatten().unwrap();
         assert_eq!(batch.events.len(), MAX_FOR_AUDIT);
         assert_eq!(batch.dropped, 5);
-        log.report(event(7));
+        // A second on, there is room again.
+        log.report_at(event(7), start + std::time::Duration::from_secs(1));
         let batch = now(audit.next()).flatten().unwrap();
         assert_eq!((batch.events, batch.dropped), (vec![event(7)], 0));
+    }
+
+    /// Past a burst as large as the queue, the reader is given events at most
+    /// [`AUDIT_PER_SECOND`] a second, and the rest are counted, however fast it reads.
+    #[test]
+    fn the_audit_reader_gets_events_at_a_bounded_rate_and_a_count_of_the_rest() {
+        let log = Arc::new(NetworkLog::default());
+        let mut audit = log.audit().unwrap();
+        let start = std::time::Instant::now();
+        let mut kept = 0;
+        let mut dropped = 0;
+        // Ten seconds of a thousand refused connections a second, read as they come.
+        for ms in 0..10_000u64 {
+            let at = start + std::time::Duration::from_millis(ms);
+            log.report_at(event(1), at);
+            if let Some(Some(batch)) = now(audit.next()) {
+                kept += batch.events.len() as u64;
+                dropped += batch.dropped;
+            }
+        }
+        log.close();
+        while let Some(Some(batch)) = now(audit.next()) {
+            kept += batch.events.len() as u64;
+            dropped += batch.dropped;
+        }
+        assert_eq!(kept + dropped, 10_000);
+        let most = MAX_FOR_AUDIT as u64 + 10 * u64::from(AUDIT_PER_SECOND);
+        assert!(kept <= most && kept >= most - 1, "{kept}");
     }
 
     #[test]

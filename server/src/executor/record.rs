@@ -11,6 +11,7 @@ use monad_protocol::text::{fed_text, printable, shell_words};
 use monad_protocol::tools::NetworkEvent;
 use monad_protocol::wire::{Body, Outcome, WorkspaceRef};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
+use monad_sandbox::{AUDIT_PER_SECOND, MAX_FOR_AUDIT};
 use serde_json::Value;
 
 use super::CallOutput;
@@ -206,8 +207,8 @@ pub(super) async fn audit_network(
 
 /// Writes connections a workspace's commands asked its network proxy for to the session's
 /// audit log, as they happen: one line each, each with an id of its own (the proxy cannot tell
-/// which command asked), and one line counting `dropped` (connections that happened while too
-/// many were waiting to be written).
+/// which command asked), and one line counting `dropped` (connections that came too many, too
+/// fast: see [`monad_sandbox::AUDIT_PER_SECOND`]).
 pub(crate) fn record_network(
     recorder: &Recorder,
     session: &str,
@@ -227,7 +228,7 @@ pub(crate) fn record_network(
             session,
             workspace,
             dropped,
-            "network connections not recorded: too many waiting"
+            "network connections not recorded: too many, too fast"
         );
         recorder.audit(
             session,
@@ -236,7 +237,10 @@ pub(crate) fn record_network(
                 call_id: uuid::Uuid::new_v4().to_string(),
                 tool: "network".to_owned(),
                 workspace: Some(workspace.to_owned()),
-                target: format!("{dropped} connections not recorded: too many were waiting"),
+                target: format!(
+                    "{dropped} connections not recorded: too many, too fast (the audit log takes \
+                     a burst of {MAX_FOR_AUDIT}, then {AUDIT_PER_SECOND} a second)"
+                ),
                 decision: AuditDecision::None,
                 decided_by: Decider::NetworkPolicy,
                 outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
