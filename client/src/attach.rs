@@ -78,7 +78,12 @@ impl AttachOptions {
     /// pre-approved too: its name, session, pre-approved classes and choices of asking and
     /// focus (other options, such as `--trust`, are not repeated).
     pub fn attach_again(&self, class: ToolClass) -> String {
-        let mut line = format!("monad-client attach {}", self.shown_path);
+        // Quoted as a shell reads it back, `~/` left outside the quotes for the shell to expand.
+        let path = match self.shown_path.strip_prefix("~/") {
+            Some(rest) => format!("~/{}", monad_protocol::text::shell_words(&[rest])),
+            None => monad_protocol::text::shell_words(&[&self.shown_path]),
+        };
+        let mut line = format!("monad-client attach {path}");
         let mut words = Vec::new();
         if let Some(name) = &self.name {
             words.extend(["--name".to_owned(), name.clone()]);
@@ -984,18 +989,21 @@ async fn run(
                 // A write or an edit is made as its owner was shown it, or not at all: only
                 // the directories shown are made, and only the version of the file the diff
                 // was made from is replaced (the folder may change while the prompt waits).
-                approved.clone_from(&preview);
+                // The diff goes to the prompt; the rest stays for the call.
+                let mut shown = preview;
+                let diff = shown.as_mut().map(|p| std::mem::take(&mut p.diff));
+                let creates = shown.as_ref().map_or_else(Vec::new, |p| p.creates.clone());
+                let through_link = shown.as_ref().and_then(|p| p.through_link.clone());
+                approved = shown;
                 let request = ApprovalRequest {
                     process,
                     session: session.to_owned(),
                     workspace: folder.shown_name(),
                     tool,
                     target: target.clone(),
-                    diff: preview.as_ref().map(|p| p.diff.clone()),
-                    creates: preview
-                        .as_ref()
-                        .map_or_else(Vec::new, |p| p.creates.clone()),
-                    through_link: preview.as_ref().and_then(|p| p.through_link.clone()),
+                    diff,
+                    creates,
+                    through_link,
                     program: (tool == ToolName::RunCommand).then(|| site.shown()),
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
@@ -1108,6 +1116,31 @@ fn error(code: ErrorCode, message: String) -> Outcome {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The attach line a denial suggests keeps the folder's flags, and its path is quoted as a
+    /// shell reads it back (a name with a space or `;` would otherwise be two words, or two
+    /// commands), `~/` left for the shell to expand.
+    #[test]
+    fn the_attach_line_to_run_again_keeps_the_flags_and_quotes_the_path() {
+        let mut o = AttachOptions::new(PathBuf::from("/x"));
+        o.shown_path = "~/dev/my proj;rm -rf ~".into();
+        o.name = Some("lap top".into());
+        o.allow = vec![ToolClass::Read];
+        o.non_interactive = true;
+        assert_eq!(
+            o.attach_again(ToolClass::Exec),
+            "monad-client attach ~/'dev/my proj;rm -rf ~' --name 'lap top' --allow read \
+             --allow exec --non-interactive"
+        );
+        o.shown_path = "/srv/plain".into();
+        o.name = None;
+        o.non_interactive = false;
+        o.focus = true;
+        assert_eq!(
+            o.attach_again(ToolClass::Read),
+            "monad-client attach /srv/plain --allow read --focus"
+        );
+    }
 
     #[test]
     fn a_folder_under_the_home_directory_is_written_from_it() {

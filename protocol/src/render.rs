@@ -636,8 +636,9 @@ struct Abridged<'a> {
 /// [`STREAM_END_LINES`] and [`STREAM_END_BYTES`] each) with what was left out counted between
 /// them: a build or a test run says what matters at its start and its end, and a megabyte of
 /// output (the default output cap) in a model's context would crowd out everything else.
-/// Programs get every byte in the JSON. `None` when `text` is shown whole. A line longer than
-/// the bytes allowed is cut inside, at a character boundary.
+/// Programs get every byte in the JSON. `None` when `text` is shown whole, also when no more
+/// than [`LEFT_OUT_MIN_BYTES`] would be left out. A line longer than the bytes allowed is cut
+/// inside, at a character boundary.
 fn abridge(text: &str) -> Option<Abridged<'_>> {
     if text.len() <= 2 * STREAM_END_BYTES && count_lines(text) <= 2 * STREAM_END_LINES as u64 {
         return None;

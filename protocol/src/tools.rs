@@ -170,25 +170,17 @@ impl ToolName {
     /// Why a value is not this tool's arguments, from the decoder's error, with the Rust type
     /// names it speaks of (`expected u64`, `floating point`) in the words of the tool's schema.
     pub fn argument_error(self, error: &serde_json::Error) -> String {
-        const NUMBERS: [(&str, &str); 6] = [
-            (
-                "expected u64",
-                "expected a whole number from 0 to 18446744073709551615",
-            ),
-            (
-                "expected usize",
-                "expected a whole number from 0 to 18446744073709551615",
-            ),
-            (
-                "expected u32",
-                "expected a whole number from 0 to 4294967295",
-            ),
-            ("expected u16", "expected a whole number from 0 to 65535"),
-            ("expected u8", "expected a whole number from 0 to 255"),
-            ("expected i64", "expected a whole number"),
+        let up_to = |max: u64| format!("expected a whole number from 0 to {max}");
+        let numbers = [
+            ("expected u64", up_to(u64::MAX)),
+            ("expected usize", up_to(usize::MAX as u64)),
+            ("expected u32", up_to(u32::MAX.into())),
+            ("expected u16", up_to(u16::MAX.into())),
+            ("expected u8", up_to(u8::MAX.into())),
+            ("expected i64", "expected a whole number".to_owned()),
         ];
         let mut said = error.to_string();
-        for (rust, words) in NUMBERS {
+        for (rust, words) in &numbers {
             if let Some(at) = said.find(rust) {
                 // Only the whole word: `expected u64` but not `expected u64s`.
                 let end = at + rust.len();

@@ -1242,8 +1242,8 @@ pub enum Message {
     /// Server to client, on the attach stream (minor [`FOCUSED_MINOR`] or later): the session's
     /// focus moved to this folder, or away from it, other than at the client's own asking
     /// (`focus` in [`Message::Attach`]): a folder that joins its active session without a focus,
-    /// an MCP host landing, another folder attached with `focus`, a detach. Its owner is told:
-    /// calls that name no workspace try the focus first.
+    /// an MCP host landing, another folder attached with `focus`. Its owner is told: calls that
+    /// name no workspace try the focus first.
     Focused {
         /// The attachment (the id of its [`Message::Attach`]).
         attachment: u64,
@@ -1687,6 +1687,16 @@ mod tests {
                 attachment: 1,
                 reason: "attached again from another terminal".into(),
             },
+            Message::Focused {
+                attachment: 1,
+                focus: true,
+                now: Some("monad".into()),
+            },
+            Message::Focused {
+                attachment: 1,
+                focus: false,
+                now: None,
+            },
             Message::Land {
                 id: 18,
                 roots: vec!["file:///home/ana/p".into()],
@@ -1835,7 +1845,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 41, "one case per message type");
+        assert_eq!(kinds.len(), 42, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

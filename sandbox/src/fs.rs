@@ -4,7 +4,7 @@ use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cap_fs_ext::DirExt;
 use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
@@ -1064,6 +1064,8 @@ pub(crate) fn edit_file(
 
 /// An edit worked out and not made yet: where, the old and new text, how many replacements.
 struct Edit {
+    /// The path as the call gave it, resolved in the jail (links not followed).
+    given: JailPath,
     target: Target,
     old_text: String,
     new_text: String,
@@ -1173,6 +1175,7 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
         .into_owned();
     let old_text = old_text.to_owned();
     Ok(Edit {
+        given: path,
         target,
         old_text,
         new_text,
@@ -1497,21 +1500,29 @@ impl Target {
     /// approval prompt's diff was made from: its owner approved that change, not one to what
     /// was put there while the prompt waited.
     fn check_approved(&self, approved: &Preview) -> Result<(), SandboxError> {
-        let now = self.old.as_ref().map(|old| old.stamp);
-        if now == approved.base.0 {
+        let now = self.base();
+        if now == approved.base {
             return Ok(());
         }
-        let what = match (approved.base.0, now) {
+        let what = match (approved.base.stamp, now.stamp) {
+            // A link on the way now leads elsewhere: the write would go to another file.
+            _ if now.path != approved.base.path => "now leads to another file",
             (None, _) => "was created",
             (Some(_), None) => "was deleted",
             (Some(_), Some(_)) => "was changed",
         };
-        Err(SandboxError::Changed(format!(
-            "`{}` {what} while its owner was being asked to approve this change, so the diff \
-             they approved is not the change it would make now; nothing was written: read it \
-             again and redo the change",
-            self.path.given()
+        Err(self.changed(&format!(
+            "{what} while its owner was being asked to approve this change, so the diff they \
+             approved is not the change it would make now"
         )))
+    }
+
+    /// [`SandboxError::Changed`]: the file `what` (happened), so nothing was written.
+    fn changed(&self, what: &str) -> SandboxError {
+        SandboxError::Changed(format!(
+            "`{}` {what}; nothing was written: read it again and redo the change",
+            self.path.given()
+        ))
     }
 
     /// Remembers what this call wrote as what the tools last saw there.
@@ -1529,15 +1540,11 @@ impl Target {
         if now == self.old.as_ref().map(|old| old.stamp) {
             return Ok(());
         }
-        let what = if self.old.is_none() {
+        Err(self.changed(if self.old.is_none() {
             "was created by another program while it was being written"
         } else {
             "was changed by another program while this call was writing it"
-        };
-        Err(SandboxError::Changed(format!(
-            "`{}` {what}; nothing was written: read it again and redo the change",
-            self.path.given()
-        )))
+        }))
     }
 }
 
@@ -1870,14 +1877,20 @@ pub struct Preview {
     base: DiffBase,
 }
 
-/// The version of a file a [`Preview`]'s diff was made from: its [`Stamp`], or `None` when
-/// there was no file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct DiffBase(Option<Stamp>);
+/// The file a [`Preview`]'s diff was made from: the path it is at (relative to the root, links
+/// resolved: where the write goes) and its [`Stamp`], or `None` when there was no file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DiffBase {
+    path: PathBuf,
+    stamp: Option<Stamp>,
+}
 
 impl Target {
     fn base(&self) -> DiffBase {
-        DiffBase(self.old.as_ref().map(|old| old.stamp))
+        DiffBase {
+            path: self.path.rel().to_owned(),
+            stamp: self.old.as_ref().map(|old| old.stamp),
+        }
     }
 
     /// The path written, when a link at the given path leads to another.
@@ -1903,48 +1916,41 @@ pub(crate) fn preview(
             let args = WriteFileArgs::deserialize(args).map_err(parse)?;
             check_write_size(limits, &args)?;
             let path = resolve_file(jail, &args.path)?;
-            let (old, creates, base, through_link, shown) =
-                match Target::locate(jail, &path, Parents::Require, limits) {
-                    Ok(target) => {
-                        // Refused before its owner is asked, as the write itself would be.
-                        target.check_seen(seen)?;
-                        (
-                            target.old_text(),
-                            Vec::new(),
-                            target.base(),
-                            target.through_link(&path),
-                            target.path.display(),
-                        )
-                    }
-                    // A new file in directories the write will create (each checked again as it
-                    // is made).
-                    Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
-                        let (parent, _) =
-                            path.split().ok_or_else(|| SandboxError::WrongFileType {
-                                path: path.given().to_owned(),
-                                what: "is a directory, not a file to write",
-                            })?;
-                        (
-                            None,
-                            missing_parents(jail, &parent)?,
-                            DiffBase(None),
-                            None,
-                            path.display(),
-                        )
-                    }
-                    Err(e) => return Err(e),
-                };
-            Ok(Some(Preview {
-                diff: full_diff(&shown, old.as_deref(), &args.content),
-                creates,
-                through_link,
-                base,
-            }))
+            match Target::locate(jail, &path, Parents::Require, limits) {
+                Ok(target) => {
+                    // Refused before its owner is asked, as the write itself would be.
+                    target.check_seen(seen)?;
+                    let old = target.old_text();
+                    Ok(Some(Preview {
+                        diff: full_diff(&target.path.display(), old.as_deref(), &args.content),
+                        creates: Vec::new(),
+                        through_link: target.through_link(&path),
+                        base: target.base(),
+                    }))
+                }
+                // A new file in directories the write will create (each checked again as it is
+                // made).
+                Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
+                    let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
+                        path: path.given().to_owned(),
+                        what: "is a directory, not a file to write",
+                    })?;
+                    Ok(Some(Preview {
+                        diff: full_diff(&path.display(), None, &args.content),
+                        creates: missing_parents(jail, &parent)?,
+                        through_link: None,
+                        base: DiffBase {
+                            path: path.rel().to_owned(),
+                            stamp: None,
+                        },
+                    }))
+                }
+                Err(e) => Err(e),
+            }
         }
         ToolName::EditFile => {
             let args = EditFileArgs::deserialize(args).map_err(parse)?;
             let edit = plan_edit(jail, limits, &args)?;
-            let given = resolve_file(jail, &args.path)?;
             Ok(Some(Preview {
                 diff: full_diff(
                     &edit.target.path.display(),
@@ -1952,7 +1958,7 @@ pub(crate) fn preview(
                     &edit.new_text,
                 ),
                 creates: Vec::new(),
-                through_link: edit.target.through_link(&given),
+                through_link: edit.target.through_link(&edit.given),
                 base: edit.target.base(),
             }))
         }

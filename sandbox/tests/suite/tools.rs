@@ -1022,6 +1022,25 @@ fn a_preview_through_a_symbolic_link_names_the_file_written() {
         .unwrap()
         .unwrap();
     assert_eq!(direct.through_link, None);
+
+    // While the prompt waits, the file is moved (its inode, size and time kept) and the link
+    // pointed at its new name: the approved write would go to a file the prompt did not name.
+    let args = json!({"path": "inlink", "content": "new\n"});
+    std::fs::rename(
+        fx.root().join("docs/target.txt"),
+        fx.root().join("docs/moved.txt"),
+    )
+    .unwrap();
+    std::fs::remove_file(fx.root().join("inlink")).unwrap();
+    fx.symlink("docs/moved.txt", "inlink");
+    let err = runtime()
+        .block_on(fx.sandbox.call_approved(ToolName::WriteFile, args, shown))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("now leads to another file"),
+        "{err}"
+    );
+    assert_eq!(fx.read("docs/moved.txt"), "old\n");
 }
 
 #[test]
