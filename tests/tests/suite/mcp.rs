@@ -358,7 +358,7 @@ async fn a_long_command_output_reaches_the_model_by_its_ends_and_programs_whole(
         shown.contains(&format!(
             "--- stdout: 100000 lines, {} bytes; its first and last lines are shown here\n{head}\
              [... 99744 lines (",
-            all.len() - 1
+            all.len()
         )),
         "{shown}"
     );
