@@ -178,6 +178,9 @@ pub enum AttachEvent {
         /// The session's focus now, when it has one.
         now: Option<String>,
     },
+    /// The network policy refused connections the folder's commands asked its proxy for (one
+    /// event per batch the audit log is sent).
+    NetworkRefused(NetworkRefused),
     /// A re-attach landed in another session than the one before (this device's binding
     /// changed meanwhile): the earlier session's background processes were ended and its
     /// "always" answers forgotten, so the new session can neither use nor see them.
@@ -267,6 +270,7 @@ impl AttachEvent {
             } => Some(
                 "this folder is no longer the session's focus; the session has none now".into(),
             ),
+            AttachEvent::NetworkRefused(refused) => Some(refused.line()),
             AttachEvent::SessionChanged {
                 from,
                 to,
@@ -308,6 +312,44 @@ impl AttachEvent {
                 Some(format!("{mark} {tool} {target}: {}", end.describe()))
             }
         }
+    }
+}
+
+/// Connections the network policy refused a folder's commands, in one batch of the audit's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkRefused {
+    /// The first one refused: its `host:port` and why.
+    pub first: String,
+    /// How many more: refused, or only counted by the audit (past its rate, whether allowed or
+    /// not).
+    pub more: u64,
+}
+
+impl NetworkRefused {
+    /// The refused connections of `batch`, when there are any.
+    fn of(batch: &monad_sandbox::NetworkBatch) -> Option<NetworkRefused> {
+        let mut refused = batch.events.iter().filter(|e| !e.allowed);
+        let first = refused.next()?;
+        let why = first
+            .reason
+            .as_deref()
+            .map(|why| format!(" ({why})"))
+            .unwrap_or_default();
+        Some(NetworkRefused {
+            first: format!("{}:{}{why}", first.host, first.port),
+            more: refused.count() as u64 + batch.dropped,
+        })
+    }
+
+    fn line(&self) -> String {
+        let more = match self.more {
+            0 => String::new(),
+            n => format!(" (and {n} more asked for)"),
+        };
+        format!(
+            "network: the folder's policy refused a command's connection to {}{more}",
+            printable(&self.first)
+        )
     }
 }
 
@@ -717,6 +759,10 @@ async fn serve_once(
                 return Ok(Served::Stopped);
             }
             Some(batch) = next_network(network.as_deref_mut()) => {
+                // The owner sees what the folder's commands were refused, not only the audit.
+                if let Some(refused) = NetworkRefused::of(&batch) {
+                    folder.emit(AttachEvent::NetworkRefused(refused));
+                }
                 if let Err(e) = report_network(&mut send, batch).await {
                     break format!("connection to {} lost: {e}", connection.server);
                 }
@@ -1116,6 +1162,39 @@ fn error(code: ErrorCode, message: String) -> Outcome {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A batch of the audit's with refused connections is one line on the owner's terminal,
+    /// the first named with why, the rest counted; one with none says nothing.
+    #[test]
+    fn refused_connections_are_one_line_naming_the_first() {
+        let event = |host: &str, allowed: bool| monad_protocol::tools::NetworkEvent {
+            host: host.into(),
+            port: 443,
+            allowed,
+            address: None,
+            reason: (!allowed).then(|| "not in the allowlist".into()),
+        };
+        let batch = monad_sandbox::NetworkBatch {
+            events: vec![
+                event("ok.example", true),
+                event("x1.example\u{1b}[2J", false),
+                event("x2.example", false),
+            ],
+            dropped: 40,
+        };
+        let refused = NetworkRefused::of(&batch).unwrap();
+        assert_eq!(refused.more, 41);
+        assert_eq!(
+            refused.line(),
+            "network: the folder's policy refused a command's connection to \
+             x1.example\\u{1b}[2J:443 (not in the allowlist) (and 41 more asked for)"
+        );
+        let allowed = monad_sandbox::NetworkBatch {
+            events: vec![event("ok.example", true)],
+            dropped: 3,
+        };
+        assert_eq!(NetworkRefused::of(&allowed), None);
+    }
 
     /// The attach line a denial suggests keeps the folder's flags, and its path is quoted as a
     /// shell reads it back (a name with a space or `;` would otherwise be two words, or two

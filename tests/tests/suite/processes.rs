@@ -403,7 +403,7 @@ async fn a_connection_of_an_attached_folders_background_command_nobody_reads_is_
     options.allow = vec![ToolClass::Read, ToolClass::Exec];
     options.exec.network = NetworkMode::Allowlist;
     options.exec.allow = vec!["192.0.2.1:80".into()];
-    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let mut attached = Attachment::start(&server.client_config(), options, None).await;
     let script = format!(
         "curl -sS --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:{unlisted}/; sleep 60"
     );
@@ -419,6 +419,25 @@ async fn a_connection_of_an_attached_folders_background_command_nobody_reads_is_
     assert_eq!(lines[0]["decision"], "denied", "{lines:?}");
     assert_eq!(lines[0]["decided_by"], "network_policy", "{lines:?}");
     assert_eq!(lines[0]["workspace"], "lap", "{lines:?}");
+    // The folder's owner is told too, on the attach terminal.
+    let refused = loop {
+        if let monad_client::attach::AttachEvent::NetworkRefused(refused) =
+            attached.next_event().await
+        {
+            break refused;
+        }
+    };
+    assert!(
+        refused.first.starts_with(&format!("127.0.0.1:{unlisted}")),
+        "{refused:?}"
+    );
+    let line = monad_client::attach::AttachEvent::NetworkRefused(refused)
+        .line()
+        .unwrap();
+    assert!(
+        line.starts_with("network: the folder's policy refused a command's connection to"),
+        "{line}"
+    );
     // Read now: the answer carries it too, and it is not recorded again.
     let (read, _) = ok(call(
         &agent,
