@@ -81,6 +81,7 @@ impl AttachOptions {
         // Quoted as a shell reads it back, `~/` left outside the quotes for the shell to expand.
         let path = match self.shown_path.strip_prefix("~/") {
             Some(rest) => format!("~/{}", monad_protocol::text::shell_words(&[rest])),
+            None if self.shown_path == "~" => "~".to_owned(),
             None => monad_protocol::text::shell_words(&[&self.shown_path]),
         };
         let mut line = format!("monad-client attach {path}");
@@ -1210,6 +1211,11 @@ mod tests {
             o.attach_again(ToolClass::Exec),
             "monad-client attach ~/'dev/my proj;rm -rf ~' --name 'lap top' --allow read \
              --allow exec --non-interactive"
+        );
+        o.shown_path = "~".into();
+        assert!(
+            o.attach_again(ToolClass::Exec)
+                .starts_with("monad-client attach ~ --name")
         );
         o.shown_path = "/srv/plain".into();
         o.name = None;
