@@ -93,16 +93,39 @@ async fn land_again(agent: &Agent, landed: &std::sync::Mutex<Option<Landed>>) {
             format!("`{}`", monad_protocol::text::printable(f))
         })
     };
-    match agent.land(before.roots, Some(&before.session)).await {
-        Ok(Some(now)) if now.focus != before.focus => warn!(
-            "after a reconnect, session {}'s focus is {} (it was {}): calls that name no \
-             workspace try it first; name `workspace` to work in the host's folder",
-            monad_protocol::text::printable(&now.session),
-            shown(&now.focus),
-            shown(&before.focus),
-        ),
-        Ok(_) => {}
+    match agent
+        .land(before.roots.clone(), Some(&before.session))
+        .await
+    {
+        Ok(Some(now)) => {
+            if now.focus != before.focus {
+                warn!(
+                    "after a reconnect, session {}'s focus is {} (it was {}): calls that name \
+                     no workspace try it first; name `workspace` to work in the host's folder",
+                    monad_protocol::text::printable(&now.session),
+                    shown(&now.focus),
+                    shown(&before.focus),
+                );
+            }
+            note_landing(landed, &before, &now);
+        }
+        Ok(None) => {}
         Err(e) => debug!("landing again after a reconnect: {e}"),
+    }
+}
+
+/// Keeps where a landing again (from `before`) put the host, so that the next reconnect
+/// compares with it (a moved focus is said once, not at every reconnect after), unless the
+/// host's roots changed meanwhile (`land` keeps the new landing then).
+fn note_landing(
+    landed: &std::sync::Mutex<Option<Landed>>,
+    before: &Landed,
+    now: &crate::agent::Landing,
+) {
+    let mut landed = landed.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(kept) = landed.as_mut().filter(|kept| kept.roots == before.roots) {
+        kept.session.clone_from(&now.session);
+        kept.focus.clone_from(&now.focus);
     }
 }
 
@@ -466,6 +489,42 @@ fn grow_pipe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A landing again keeps where the host now is, so that a moved focus is said at the
+    /// reconnect that finds it, not at every one after; a landing of other roots meanwhile is
+    /// left as it is.
+    #[test]
+    fn a_landing_again_is_kept_for_the_next_reconnect_unless_the_roots_changed() {
+        let before = Landed {
+            roots: vec!["file:///p".into()],
+            session: "s1".into(),
+            focus: Some("p".into()),
+        };
+        let now = crate::agent::Landing {
+            session: "s1".into(),
+            folder: None,
+            focus: Some("q".into()),
+        };
+        let landed = std::sync::Mutex::new(Some(before.clone()));
+        note_landing(&landed, &before, &now);
+        let kept = landed.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            (kept.session.as_str(), kept.focus.as_deref()),
+            ("s1", Some("q"))
+        );
+        let other = Landed {
+            roots: vec!["file:///r".into()],
+            session: "s2".into(),
+            focus: Some("r".into()),
+        };
+        let landed = std::sync::Mutex::new(Some(other));
+        note_landing(&landed, &before, &now);
+        let kept = landed.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            (kept.session.as_str(), kept.focus.as_deref()),
+            ("s2", Some("r"))
+        );
+    }
 
     #[cfg(target_os = "linux")]
     #[test]
