@@ -272,7 +272,6 @@ pub(crate) fn search(
         max,
         max_line_chars: limits.search_max_line_chars,
         truncated: false,
-        undecoded: Vec::new(),
         sniff_bytes: limits.read_max_bytes,
     };
     let mut files_searched = 0u64;
@@ -282,14 +281,21 @@ pub(crate) fn search(
         {
             return Flow::Continue;
         }
-        let Ok((file, _)) = open_regular_nofollow(dir, Path::new(name), rel) else {
+        let Ok((file, meta)) = open_regular_nofollow(dir, Path::new(name), rel) else {
             return Flow::Continue;
         };
         files_searched += 1;
         sink.path.clear();
         sink.path.push_str(rel);
         // An unreadable file is skipped like ripgrep does; its matches so far are kept.
-        let _ = search_one(&mut searcher, &matcher, &file.into_std(), &mut sink);
+        let file = file.into_std();
+        let mut in_file = InFile {
+            collect: &mut sink,
+            file: &file,
+            len: meta.len(),
+            encoding: None,
+        };
+        let _ = searcher.search_file(&matcher, &file, &mut in_file);
         if sink.truncated {
             Flow::Stop
         } else {
@@ -310,27 +316,22 @@ pub(crate) fn search(
     })
 }
 
-fn search_one(
-    searcher: &mut Searcher,
-    matcher: &grep_regex::RegexMatcher,
-    file: &std::fs::File,
-    sink: &mut Collect<'_>,
-) -> Result<(), std::io::Error> {
-    let searched = searcher.search_file(matcher, file, &mut *sink);
-    sink.decode_lines(file);
-    searched
-}
-
 /// A matched line as `search` shows it: without its line ending, decoded as `encoding`, and a
-/// very long one cut to `max_chars` characters around `at`, the match's first byte in `bytes`.
-fn shown_line(bytes: &[u8], at: Option<usize>, encoding: Encoding, max_chars: usize) -> String {
+/// very long one cut to `max_chars` characters around the match's first byte in `bytes` (`at`,
+/// asked only then: it runs the matcher again).
+fn shown_line(
+    bytes: &[u8],
+    at: impl FnOnce() -> Option<usize>,
+    encoding: Encoding,
+    max_chars: usize,
+) -> String {
     let mut line = crate::decode::decode(bytes, encoding);
     let trimmed = line.trim_end_matches(['\n', '\r']).len();
     line.truncate(trimmed);
     if line.chars().nth(max_chars).is_some() {
         // Where the match starts, in the line as text: a byte that is not UTF-8 became two or
         // three there.
-        let at = at.map_or(0, |at| crate::decode::decode(&bytes[..at], encoding).len());
+        let at = at().map_or(0, |at| crate::decode::decode(&bytes[..at], encoding).len());
         line = window(&line, at, max_chars);
     }
     line
@@ -347,43 +348,43 @@ struct Collect<'m> {
     max: usize,
     max_line_chars: usize,
     truncated: bool,
-    /// The current file's matched lines that are not UTF-8 (their index in `matches`, their
-    /// bytes, where the match starts), shown once the file's encoding is known
-    /// ([`Collect::decode_lines`]).
-    undecoded: Vec<(usize, Vec<u8>, Option<usize>)>,
     /// How much of a file is looked at to tell its encoding: what a `read_file` reads.
     sniff_bytes: u64,
 }
 
-impl Collect<'_> {
-    /// Shows the current file's lines that are not UTF-8 as `read_file` shows the file: its
-    /// encoding told from what a read of it holds (Windows-1252, or UTF-8 with stray bytes),
-    /// the same for every line. Line by line, one Latin-1 line of a UTF-8 file read `café`
-    /// where `read_file` (and so `edit_file`) has `caf\u{FFFD}`.
-    fn decode_lines(&mut self, file: &std::fs::File) {
-        if self.undecoded.is_empty() {
-            return;
-        }
-        // What a read of the file holds (nothing, when it cannot be read: then as UTF-8).
-        let head = file
-            .metadata()
-            .and_then(|meta| crate::fs::read_start(file, meta.len(), self.sniff_bytes))
-            .unwrap_or_default();
-        let encoding = match crate::decode::guess(&head) {
-            crate::decode::Guess::Text(Encoding::Latin1) => Encoding::Latin1,
-            // UTF-8 with stray bytes, or what a read would not show as these lines (UTF-16,
-            // binary): the bytes that are not UTF-8 as U+FFFD.
-            _ => Encoding::Utf8,
-        };
-        for (index, bytes, at) in self.undecoded.drain(..) {
-            if let Some(found) = self.matches.get_mut(index) {
-                found.line = shown_line(&bytes, at, encoding, self.max_line_chars);
+/// [`Collect`] for one file: what a search of it gives is collected, its lines shown as
+/// `read_file` shows the file.
+struct InFile<'a, 'm> {
+    collect: &'a mut Collect<'m>,
+    file: &'a std::fs::File,
+    /// The file's size, to read its start.
+    len: u64,
+    /// How its lines that are not UTF-8 are decoded, once one was met.
+    encoding: Option<Encoding>,
+}
+
+impl InFile<'_, '_> {
+    /// How the file's lines that are not UTF-8 are shown: as `read_file` shows the file, its
+    /// encoding told from what a read of it holds (Windows-1252, or UTF-8 with stray bytes), the
+    /// same for every line. Line by line, one Latin-1 line of a UTF-8 file read `café` where
+    /// `read_file` (and so `edit_file`) has `caf\u{FFFD}`. Looked at once per file, at its first
+    /// such line (`read_start` reads at an offset: the search's own reading is not moved).
+    fn encoding(&mut self) -> Encoding {
+        let (file, len, sniff) = (self.file, self.len, self.collect.sniff_bytes);
+        *self.encoding.get_or_insert_with(|| {
+            // What a read of the file holds (nothing, when it cannot be read: then as UTF-8).
+            let head = crate::fs::read_start(file, len, sniff).unwrap_or_default();
+            match crate::decode::guess(&head) {
+                crate::decode::Guess::Text(Encoding::Latin1) => Encoding::Latin1,
+                // UTF-8 with stray bytes, or what a read would not show as these lines (UTF-16,
+                // binary): the bytes that are not UTF-8 as U+FFFD.
+                _ => Encoding::Utf8,
             }
-        }
+        })
     }
 }
 
-impl Sink for &mut Collect<'_> {
+impl Sink for &mut InFile<'_, '_> {
     type Error = std::io::Error;
 
     /// A NUL byte stops the file's search (ripgrep's binary detection). One past the part
@@ -391,33 +392,33 @@ impl Sink for &mut Collect<'_> {
     /// "no matches" is not taken for the whole file's answer.
     fn binary_data(&mut self, _: &Searcher, offset: u64) -> Result<bool, std::io::Error> {
         if offset >= crate::decode::SNIFF as u64 {
-            self.stopped_at_binary.push(self.path.clone());
+            let collect = &mut *self.collect;
+            collect.stopped_at_binary.push(collect.path.clone());
         }
         Ok(false)
     }
 
     fn matched(&mut self, _: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
-        if self.matches.len() >= self.max {
-            self.truncated = true;
+        if self.collect.matches.len() >= self.collect.max {
+            self.collect.truncated = true;
             return Ok(false);
         }
         let bytes = mat.bytes();
+        let encoding = if std::str::from_utf8(bytes).is_ok() {
+            Encoding::Utf8
+        } else {
+            self.encoding()
+        };
+        let matcher = self.collect.matcher;
         let at = || {
-            grep_matcher::Matcher::find(self.matcher, bytes)
+            grep_matcher::Matcher::find(matcher, bytes)
                 .ok()
                 .flatten()
                 .map(|m| m.start())
         };
-        let line = if std::str::from_utf8(bytes).is_ok() {
-            shown_line(bytes, at(), Encoding::Utf8, self.max_line_chars)
-        } else {
-            // Shown once the file's encoding is known, after its search.
-            self.undecoded
-                .push((self.matches.len(), bytes.to_vec(), at()));
-            String::new()
-        };
-        self.matches.push(SearchMatch {
-            path: self.path.clone(),
+        let line = shown_line(bytes, at, encoding, self.collect.max_line_chars);
+        self.collect.matches.push(SearchMatch {
+            path: self.collect.path.clone(),
             line_number: mat.line_number().unwrap_or(0),
             line,
         });
