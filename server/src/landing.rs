@@ -190,6 +190,7 @@ pub(crate) fn land(
     roots: &[String],
     requested: Option<&str>,
     now: u64,
+    mine: Option<&HostHold>,
 ) -> Result<Landed, ToolError> {
     if roots.len() > MAX_ROOTS {
         return Err(ToolError::new(
@@ -220,7 +221,7 @@ pub(crate) fn land(
             let session = registry.resolve(Some(id), user, Some(device))?;
             // Not under another host working there.
             if let Some(folder) = &matched
-                && !session.focus_held_against(device, folder)
+                && !session.focus_held_against(device, folder, mine)
             {
                 focus_if_attached(&session, device, folder);
             }
@@ -245,7 +246,7 @@ pub(crate) fn land(
             // an MCP host landed on is that host's. Moving the focus under them would send
             // their un-targeted writes to this folder; this host gets a session of its own for
             // its folder instead (which becomes the folder's active session).
-            if session.focus_held_against(device, folder) {
+            if session.focus_held_against(device, folder, mine) {
                 let own = registry.create(user)?;
                 session = registry.resolve(Some(&own.id), user, Some(device))?;
             }

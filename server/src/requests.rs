@@ -145,32 +145,22 @@ fn handle(
                     "landing by roots needs a device (monad-client mcp)",
                 ));
             };
-            // This host's hold from an earlier landing is let go first: landing again (its
-            // roots changed) may move the focus it held. A landing that fails gives it back, as
-            // the host stays where it was.
-            let earlier = landing.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let again = earlier
-                .as_ref()
-                .map(|held| (held.session().clone(), held.folder().to_owned()));
-            drop(earlier);
-            let landed = match crate::landing::land(
+            // This host's hold from an earlier landing holds nothing against its landing
+            // again (its roots changed, and may move the focus it held); it is let go once the
+            // new landing holds, and kept when the landing fails, as the host stays where it
+            // was.
+            let mut held = landing.lock().unwrap_or_else(|p| p.into_inner());
+            let landed = crate::landing::land(
                 registry,
                 user,
                 device,
                 &roots,
                 requested.as_deref(),
                 crate::landing::now_ms(),
-            ) {
-                Ok(landed) => landed,
-                Err(e) => {
-                    if let Some((session, folder)) = again {
-                        *landing.lock().unwrap_or_else(|p| p.into_inner()) =
-                            session.hold_for_host(device, &folder);
-                    }
-                    return Err(e);
-                }
-            };
-            *landing.lock().unwrap_or_else(|p| p.into_inner()) = landed.hold;
+                held.as_ref(),
+            )?;
+            *held = landed.hold;
+            drop(held);
             Ok(Message::Landed {
                 id,
                 session: landed.session.id.clone(),

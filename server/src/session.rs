@@ -222,18 +222,6 @@ pub struct HostHold {
     folder: String,
 }
 
-impl HostHold {
-    /// The session held.
-    pub fn session(&self) -> &Arc<Session> {
-        &self.session
-    }
-
-    /// The folder (its absolute path on the host's device) the host works on.
-    pub fn folder(&self) -> &str {
-        &self.folder
-    }
-}
-
 impl Drop for HostHold {
     fn drop(&mut self) {
         let mut hosts = self.session.hosts.lock().unwrap_or_else(|p| p.into_inner());
@@ -436,8 +424,14 @@ impl Session {
     /// focus where it is: the focus is a folder another device attached, online (that device's
     /// agents work in it), or another folder an MCP host landed on and works in now
     /// ([`HostHold`]). Moving the focus under either would send their calls that name no
-    /// workspace, writes included, into this folder.
-    pub fn focus_held_against(&self, device: &DeviceId, folder: &str) -> bool {
+    /// workspace, writes included, into this folder. `mine` is the landing host's own hold from
+    /// its landing before, which holds nothing against it.
+    pub fn focus_held_against(
+        &self,
+        device: &DeviceId,
+        folder: &str,
+        mine: Option<&HostHold>,
+    ) -> bool {
         let Some(focus) = self.focus() else {
             return false;
         };
@@ -454,11 +448,20 @@ impl Session {
         if &held.device_id == device && path == folder {
             return false;
         }
-        self.hosts
+        let holding = self
+            .hosts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .any(|(d, f)| d == &held.device_id && f == path)
+            .filter(|(d, f)| d == &held.device_id && f == path)
+            .count();
+        // The landing host's own hold (from its landing before) holds nothing against it.
+        let own = mine.is_some_and(|mine| {
+            std::ptr::eq(Arc::as_ptr(&mine.session), self)
+                && mine.device == held.device_id
+                && mine.folder == path
+        });
+        holding > usize::from(own)
     }
 
     /// Notes an MCP host working on `folder` of `device`, when that folder is the session's
