@@ -788,15 +788,22 @@ const OTHER_PREFIXES: [&str; 3] = ["MONAD_TEST_", "MONAD_BENCH_", "MONAD_SANDBOX
 pub fn unknown_variables(vars: impl IntoIterator<Item = String>) -> Vec<String> {
     vars.into_iter()
         .filter(|name| {
-            let Some(rest) = name.strip_prefix("MONAD_") else {
-                return false;
-            };
-            let rest = rest.to_ascii_lowercase();
-            !OTHER_VARIABLES.contains(&name.as_str())
+            name.starts_with("MONAD_")
+                && !OTHER_VARIABLES.contains(&name.as_str())
                 && !OTHER_PREFIXES.iter().any(|p| name.starts_with(p))
-                && !SECTIONS.iter().any(|s| rest.starts_with(&format!("{s}_")))
+                && setting_of(name).is_none()
         })
         .collect()
+}
+
+/// The section and key a `MONAD_<SECTION>_<KEY>` variable sets (lower case), when it names a
+/// real section; `None` for any other name.
+fn setting_of(name: &str) -> Option<(&'static str, String)> {
+    let rest = name.strip_prefix("MONAD_")?.to_ascii_lowercase();
+    let section = SECTIONS
+        .iter()
+        .find(|s| rest.starts_with(&format!("{s}_")))?;
+    Some((section, rest[section.len() + 1..].to_owned()))
 }
 
 /// `MONAD_<SECTION>_<KEY>=value` as a table. Values are read as TOML (numbers, booleans, arrays,
@@ -805,22 +812,17 @@ pub fn unknown_variables(vars: impl IntoIterator<Item = String>) -> Vec<String> 
 fn env_layer(vars: impl IntoIterator<Item = (String, String)>) -> Result<toml::Table, ConfigError> {
     let mut table = toml::Table::new();
     for (name, value) in vars {
-        let Some(rest) = name.strip_prefix("MONAD_") else {
+        let Some((section, key)) = setting_of(&name) else {
             continue;
         };
-        let rest = rest.to_ascii_lowercase();
-        let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
-            continue;
-        };
-        let key = &rest[section.len() + 1..];
         let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(value.clone()));
         let mut one = toml::Table::new();
         let mut inner = toml::Table::new();
-        inner.insert(key.to_owned(), parsed);
-        one.insert((*section).to_owned(), toml::Value::Table(inner));
+        inner.insert(key, parsed);
+        one.insert(section.to_owned(), toml::Value::Table(inner));
         toml::Value::Table(one.clone())
             .try_into::<Settings>()
             .map_err(|e| ConfigError {
