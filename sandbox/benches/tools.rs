@@ -501,14 +501,27 @@ fn bench_run_command(quick: bool, root: &Path) {
         rb.unwrap();
         assert!(status.unwrap().success());
     };
+    // A server's commands join their user's process group (a cgroup) first.
+    let groups = match monad_sandbox::exec::cgroup::ProcessGroups::create(4096, None) {
+        Ok(groups) => Some(groups),
+        Err(why) => {
+            println!("note: no process groups here ({why}); that variant is not timed");
+            None
+        }
+    };
     let variants = [
-        ("default (namespaces, no network)", ExecPolicy::default()),
+        (
+            "default (namespaces, no network)",
+            ExecPolicy::default(),
+            false,
+        ),
         (
             "namespaces, host network",
             ExecPolicy {
                 network: monad_sandbox::NetworkMode::Host,
                 ..ExecPolicy::default()
             },
+            false,
         ),
         (
             "no namespaces (fallback)",
@@ -516,10 +529,28 @@ fn bench_run_command(quick: bool, root: &Path) {
                 namespaces: monad_sandbox::NamespacePolicy::Off,
                 ..ExecPolicy::default()
             },
+            false,
+        ),
+        (
+            "default, in a user's process group (a server's commands)",
+            ExecPolicy::default(),
+            true,
         ),
     ];
-    for (label, policy) in variants {
-        let mut sandbox = Sandbox::open(root, Limits::default(), policy).unwrap();
+    for (label, policy, grouped) in variants {
+        let open = |policy| {
+            let sandbox = Sandbox::open(root, Limits::default(), policy).unwrap();
+            match &groups {
+                Some(groups) if grouped => {
+                    sandbox.in_process_group(groups.for_user("bench").map_err(|e| e.to_string()))
+                }
+                _ => sandbox,
+            }
+        };
+        if grouped && groups.is_none() {
+            continue;
+        }
+        let mut sandbox = open(policy);
         let mut note = label.to_owned();
         match rt.block_on(sandbox.run_command(&args)) {
             Ok(r) => {
@@ -532,7 +563,7 @@ fn bench_run_command(quick: bool, root: &Path) {
                     allow_unsandboxed_exec: true,
                     ..ExecPolicy::default()
                 };
-                sandbox = Sandbox::open(root, Limits::default(), policy).unwrap();
+                sandbox = open(policy);
                 note = format!("UNSANDBOXED (no landlock): {label}");
             }
             Err(e) => panic!("run_command: {e}"),

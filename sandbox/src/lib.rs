@@ -81,6 +81,10 @@ pub struct Sandbox {
     /// What the tools last saw of each file they read or wrote: a `write_file` of one changed
     /// since is refused.
     seen: seen::Seen,
+    /// The process group (a cgroup) the commands join, bounded with every other command of
+    /// their user ([`exec::cgroup`]); `Err` when it was asked for and could not be made, which
+    /// refuses commands rather than run them unbounded.
+    group: Option<Result<Arc<exec::cgroup::ProcessGroup>, String>>,
 }
 
 /// Largest file [`Sandbox::call`] reads on the calling task rather than on tokio's blocking pool
@@ -151,10 +155,21 @@ impl Sandbox {
             processes: exec::process::Table::new(exec.max_background),
             writes: std::sync::Mutex::new(()),
             seen: seen::Seen::default(),
+            group: None,
             jail,
             limits,
             exec,
         })
+    }
+
+    /// Runs the commands in `group` (see [`exec::cgroup`]): `Err` (why it could not be made)
+    /// refuses them.
+    pub fn in_process_group(
+        mut self,
+        group: Result<Arc<exec::cgroup::ProcessGroup>, String>,
+    ) -> Sandbox {
+        self.group = Some(group);
+        self
     }
 
     /// The jail.
@@ -534,6 +549,16 @@ impl Sandbox {
         cpu_limit: Option<std::time::Duration>,
         pipe_stdin: bool,
     ) -> Result<exec::Started, SandboxError> {
+        let group = match &self.group {
+            None => None,
+            Some(Ok(group)) => Some(group),
+            Some(Err(why)) => {
+                return Err(SandboxError::SandboxUnavailable(format!(
+                    "commands here are bounded with the other commands of their user, and that \
+                     bound (a cgroup) could not be set up: {why}"
+                )));
+            }
+        };
         exec::start(
             &self.jail,
             &self.exec,
@@ -541,6 +566,7 @@ impl Sandbox {
             args,
             cpu_limit,
             pipe_stdin,
+            group,
         )
     }
 

@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub store: crate::settings::StoreSettings,
     /// Several hosts on one database: leases, the host-to-host secret, the advertised address.
     pub cluster: crate::settings::ClusterSettings,
+    /// The cgroup under which each user's process group is made (`[server] process_cgroup`);
+    /// `None`: under the server's own.
+    pub process_cgroup: Option<PathBuf>,
     /// The store named by `serve --store/--objects`: over `[store]` of `config.toml` and the
     /// `MONAD_STORE_*` variables (which `store` is put under).
     pub store_flags: crate::settings::StoreFlags,
@@ -84,6 +87,9 @@ pub struct Quotas {
     /// Bytes of artifacts one user may have stored through the API (uploads and history
     /// snapshots, over all their sessions); an upload that would pass it is refused with `507`.
     pub max_artifact_bytes_per_user: u64,
+    /// Processes and threads one user's commands may have at once over all their sessions (a
+    /// cgroup's `pids.max` per user: `monad_sandbox::exec::cgroup`); 0 for no such bound.
+    pub max_processes_per_user: u64,
 }
 
 impl Default for Quotas {
@@ -100,6 +106,7 @@ impl Default for Quotas {
             max_mcp_sessions_per_user: 32,
             max_workspaces_per_user: 10_000,
             max_artifact_bytes_per_user: 4 * 1024 * 1024 * 1024,
+            max_processes_per_user: 4096,
         }
     }
 }
@@ -168,6 +175,7 @@ impl ServerConfig {
             store: Default::default(),
             cluster: Default::default(),
             store_flags: Default::default(),
+            process_cgroup: None,
         }
     }
 }

@@ -109,6 +109,43 @@ pub struct FirstStart {
     pub token: String,
 }
 
+/// The process groups that bound each user's commands together
+/// (`server.max_processes_per_user`), made under `server.process_cgroup` or the server's own
+/// cgroup. `None` when the bound is 0, or when the server's own cgroup cannot have them (said
+/// loudly: commands then run bounded per workspace only); an error when the cgroup the operator
+/// named cannot.
+fn process_groups(
+    config: &ServerConfig,
+) -> Result<Option<Arc<monad_sandbox::exec::cgroup::ProcessGroups>>, ServerError> {
+    let max = config.quotas.max_processes_per_user;
+    if max == 0 {
+        return Ok(None);
+    }
+    let named = config.process_cgroup.as_deref();
+    match monad_sandbox::exec::cgroup::ProcessGroups::create(max, named) {
+        Ok(groups) => {
+            info!(
+                "each user's commands may have {max} processes and threads at once \
+                 (server.max_processes_per_user), in the cgroups under {}",
+                groups.dir().display()
+            );
+            Ok(Some(Arc::new(groups)))
+        }
+        Err(why) if named.is_some() => Err(ServerError::Invalid(format!(
+            "server.process_cgroup: {why}"
+        ))),
+        Err(why) => {
+            warn!(
+                "one user's commands over all their sessions are NOT bounded together \
+                 (server.max_processes_per_user): {why}; each workspace's own bound \
+                 ([exec] max_processes) still applies (see \"One user cannot exhaust the \
+                 server\" in docs/security.md)"
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// A bound server, ready to run.
 #[derive(Debug)]
 pub struct Server {
@@ -234,12 +271,14 @@ impl Server {
                 done.send_replace(true);
             });
         let recorder = Recorder::start(store.clone());
+        let groups = process_groups(&config)?;
         let state = Arc::new(State {
             registry: Registry::new(&config.data_dir, store, layers)
                 .with_quotas(
                     config.quotas.max_sessions_in_memory_per_user,
                     config.quotas.max_sessions_per_user,
                 )
+                .with_process_groups(groups)
                 .with_cluster(cluster.clone())
                 .with_recorder(recorder.clone()),
             cluster,
@@ -460,6 +499,8 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_mcp_sessions_per_user: config.quotas.max_mcp_sessions_per_user,
             max_workspaces_per_user: config.quotas.max_workspaces_per_user,
             max_artifact_bytes_per_user: config.quotas.max_artifact_bytes_per_user,
+            max_processes_per_user: config.quotas.max_processes_per_user,
+            process_cgroup: config.process_cgroup.clone(),
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,
             http_max_connections: config.http_limits.max_connections,
@@ -501,6 +542,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     config.transport.keep_alive = keep_alive;
     config.transport.idle_timeout = idle;
     config.quotas = settings.server.quotas();
+    config.process_cgroup = settings.server.process_cgroup.clone();
     config.http_limits = settings.server.http_limits();
     // The object store's variables given by the embedder are no setting (never in a file).
     config.store = config.store_flags.over(crate::settings::StoreSettings {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use monad_protocol::wire::{Host, SessionInfo, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use monad_sandbox::Sandbox;
+use monad_sandbox::exec::cgroup::ProcessGroups;
 use tracing::warn;
 
 use crate::auth::DeviceId;
@@ -125,6 +126,9 @@ pub struct PrimaryWorkspace {
     root: PathBuf,
     limits: monad_sandbox::Limits,
     exec: monad_sandbox::ExecPolicy,
+    /// The process groups of the server's users and this session's owner, whose group its
+    /// commands join (`server.max_processes_per_user`).
+    groups: Option<(Arc<ProcessGroups>, String)>,
     sandbox: tokio::sync::OnceCell<Arc<Sandbox>>,
 }
 
@@ -139,8 +143,16 @@ impl PrimaryWorkspace {
             root,
             limits,
             exec,
+            groups: None,
             sandbox: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Runs its commands in `owner`'s group of `groups`, bounded with the owner's other
+    /// commands.
+    pub fn in_group_of(mut self, groups: Option<Arc<ProcessGroups>>, owner: &str) -> Self {
+        self.groups = groups.map(|groups| (groups, owner.to_owned()));
+        self
     }
 
     /// Whether a background process started here is kept: still running, or exited with
@@ -157,12 +169,21 @@ impl PrimaryWorkspace {
             .get_or_try_init(|| async {
                 let (root, limits, exec) =
                     (self.root.clone(), self.limits.clone(), self.exec.clone());
+                let groups = self.groups.clone();
                 tokio::task::spawn_blocking(move || {
                     crate::fsutil::create_workspace_root(&root)?;
                     // Run as root, the server's commands run as an unprivileged user: the
                     // folder is theirs.
                     monad_sandbox::exec::give_to_command_user(&root, &exec)?;
-                    Sandbox::open(&root, limits, exec)
+                    let sandbox = Sandbox::open(&root, limits, exec)?;
+                    Ok::<_, std::io::Error>(match groups {
+                        Some((groups, owner)) => sandbox.in_process_group(
+                            groups
+                                .for_user(&owner)
+                                .map_err(|e| format!("{}: {e}", groups.dir().display())),
+                        ),
+                        None => sandbox,
+                    })
                 })
                 .await
                 .map_err(internal)?
@@ -906,6 +927,8 @@ pub struct Registry {
     /// records (its metadata's last use among them) written after the delete would put the
     /// session back.
     recorder: Option<crate::recorder::Recorder>,
+    /// The process groups that bound each user's commands together, when the server has them.
+    groups: Option<Arc<ProcessGroups>>,
 }
 
 /// A session a device was bound to here, as loaded then, and when.
@@ -944,7 +967,14 @@ impl Registry {
             cluster: None,
             recorder: None,
             folders: Mutex::new(()),
+            groups: None,
         }
+    }
+
+    /// Bounds each user's commands together in `groups` (`server.max_processes_per_user`).
+    pub fn with_process_groups(mut self, groups: Option<Arc<ProcessGroups>>) -> Registry {
+        self.groups = groups;
+        self
     }
 
     /// Held while the MCP roots registry is read, changed and saved ([`crate::landing`]).
@@ -1129,7 +1159,8 @@ impl Registry {
             self.sessions_dir.join(&id).join("workspace"),
             settings.limits.clone(),
             settings.exec.clone(),
-        );
+        )
+        .in_group_of(self.groups.clone(), &meta.owner);
         let now = Instant::now();
         let (kept, focus) = kept_folders(&meta);
         let session = Arc::new(Session {

@@ -422,6 +422,13 @@ pub struct ServerSettings {
     pub max_workspaces_per_user: usize,
     /// Bytes of artifacts one user may have stored through the API.
     pub max_artifact_bytes_per_user: u64,
+    /// Processes and threads one user's commands may have at once, over all their sessions (a
+    /// cgroup per user); 0 for no such bound.
+    pub max_processes_per_user: u64,
+    /// The cgroup directory the users' process groups are made under; unset: the server's own
+    /// cgroup (of cgroup v1's pids hierarchy, or of cgroup v2 when it can have them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_cgroup: Option<std::path::PathBuf>,
     /// Longest an HTTP request head may take to arrive, in milliseconds.
     pub http_header_timeout_ms: u64,
     /// An HTTP connection with no request in progress is closed after this, in milliseconds.
@@ -463,6 +470,8 @@ impl Default for ServerSettings {
             max_mcp_sessions_per_user: quotas.max_mcp_sessions_per_user,
             max_workspaces_per_user: quotas.max_workspaces_per_user,
             max_artifact_bytes_per_user: quotas.max_artifact_bytes_per_user,
+            max_processes_per_user: quotas.max_processes_per_user,
+            process_cgroup: None,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
             http_max_connections: http.max_connections,
@@ -590,6 +599,7 @@ impl ServerSettings {
             max_mcp_sessions_per_user: self.max_mcp_sessions_per_user.max(1),
             max_workspaces_per_user: self.max_workspaces_per_user.max(1),
             max_artifact_bytes_per_user: self.max_artifact_bytes_per_user.max(1),
+            max_processes_per_user: self.max_processes_per_user,
         }
     }
 

@@ -69,11 +69,14 @@ pub(crate) enum Failed {
     Limits,
     /// The process tree could not be set up (subreaper, pipes, the init process).
     Tree,
+    /// The supervisor could not join its user's process group (a cgroup: [`super::cgroup`]).
+    Group,
 }
 
 impl Failed {
     /// Every step, in the order a spawn takes them.
-    pub(crate) const ALL: [Failed; 9] = [
+    pub(crate) const ALL: [Failed; 10] = [
+        Failed::Group,
         Failed::Landlock,
         Failed::Seccomp,
         Failed::Namespaces,
@@ -342,6 +345,9 @@ pub(crate) struct Spec {
     /// `RLIMIT_NPROC` for the command: in its user namespace, or (as root, without namespaces)
     /// for its workspace's own user.
     pub nproc: Option<u64>,
+    /// `cgroup.procs` of the process group of the command's user, which the supervisor joins
+    /// before anything else (see [`super::cgroup`]); open in the parent until the spawn returns.
+    pub group: Option<RawFd>,
     /// The working directory, opened through the jail.
     pub cwd: OwnedFd,
     /// Who the command runs as, when not as the caller (the caller is root).
@@ -394,6 +400,12 @@ unsafe fn run(spec: &Spec) -> std::io::Result<()> {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        // Counted with every other command of its user from here on, and all it starts with it.
+        if let Some(procs) = spec.group
+            && libc::write(procs, c"0".as_ptr().cast(), 1) != 1
+        {
+            return Err(fail(Failed::Group));
+        }
         // A copy of the caller's memory: nobody but root may read it, and it never dumps core.
         // The command's own limits are set just before its `exec` (set here, the descriptor
         // limit would refuse the pipes this tree needs when the caller holds many).

@@ -14,7 +14,10 @@
 //!   `process_write`, `process_kill` and `process_list`.
 //! - [`netpolicy`] decides which destinations `network = "allowlist"` lets through (pure), and
 //!   [`proxy`] is the HTTP CONNECT and SOCKS5 proxy that enforces it.
+//! - [`cgroup`] bounds the processes of all of a user's commands together, whatever workspace
+//!   runs them.
 
+pub mod cgroup;
 #[allow(unsafe_code)]
 pub(crate) mod child;
 pub mod netpolicy;
@@ -27,8 +30,8 @@ pub(crate) mod users;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 pub use child::Identity;
@@ -522,6 +525,8 @@ pub(crate) struct Started {
     /// Read end of the start pipe (see [`Started::started`]).
     status: OwnedFd,
     isolation: Isolation,
+    /// The process group it was started in, to tell a failure to start at its bound.
+    bound: Option<Bound>,
 }
 
 /// The program of `argv`, or why `argv` cannot be run: empty, an empty program, a NUL byte.
@@ -553,11 +558,18 @@ pub(crate) fn start(
     args: &RunCommandArgs,
     timeout: Option<Duration>,
     pipe_stdin: bool,
+    group: Option<&Arc<cgroup::ProcessGroup>>,
 ) -> Result<Started, SandboxError> {
     check_argv(&args.argv)?;
     let identity = identity(jail, policy, slot)?;
     let first = isolation(policy, identity);
-    match spawn(jail, policy, slot, args, timeout, pipe_stdin, first) {
+    let bound = group.map(|group| Bound::new(group.clone()));
+    let try_spawn = |isolation| {
+        spawn(
+            jail, policy, slot, args, timeout, pipe_stdin, isolation, &bound,
+        )
+    };
+    let started = match try_spawn(first) {
         Err(SpawnFailure::Namespaces(why))
             if first.namespaced && policy.namespaces == NamespacePolicy::Auto =>
         {
@@ -579,10 +591,49 @@ pub(crate) fn start(
                 namespaced: false,
                 identity,
             };
-            spawn(jail, policy, slot, args, timeout, pipe_stdin, fallback)
-                .map_err(|e| e.into_error())
+            try_spawn(fallback).map_err(|e| e.into_error())
         }
         other => other.map_err(|e| e.into_error()),
+    };
+    started.map_err(|e| match &bound {
+        Some(bound) => bound.explain(e),
+        None => e,
+    })
+}
+
+/// The process group of a command's user (see [`cgroup`]), and how many forks it had refused
+/// when the command started: a start that fails after it refused more failed at its bound.
+#[derive(Debug)]
+pub(crate) struct Bound {
+    group: Arc<cgroup::ProcessGroup>,
+    refusals: Option<u64>,
+}
+
+impl Bound {
+    fn new(group: Arc<cgroup::ProcessGroup>) -> Bound {
+        Bound {
+            refusals: group.refusals(),
+            group,
+        }
+    }
+
+    /// `err`, or, when the group refused a fork since the command started, why: its bound.
+    fn explain(&self, err: SandboxError) -> SandboxError {
+        let refused = |now: u64| self.refusals.is_none_or(|before| now > before);
+        match err {
+            SandboxError::SandboxUnavailable(_) if self.group.refusals().is_some_and(refused) => {
+                let now = self
+                    .group
+                    .current()
+                    .map(|n| format!("{n} processes and threads"))
+                    .unwrap_or_else(|| "as many processes and threads as they may".into());
+                SandboxError::LimitExceeded(format!(
+                    "this user's commands on this server have {now}, and may have {} at once                      over all their sessions (server.max_processes_per_user); end some                      (process_list and process_kill, in each session), then retry",
+                    self.group.max()
+                ))
+            }
+            other => other,
+        }
     }
 }
 
@@ -610,6 +661,7 @@ impl From<SandboxError> for SpawnFailure {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn spawn(
     jail: &Jail,
     policy: &ExecPolicy,
@@ -618,6 +670,7 @@ fn spawn(
     timeout: Option<Duration>,
     pipe_stdin: bool,
     isolation: Isolation,
+    bound: &Option<Bound>,
 ) -> Result<Started, SpawnFailure> {
     let program = &args.argv[0];
     let cwd_path = jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
@@ -795,6 +848,7 @@ fn spawn(
     let spec = child::Spec {
         rlimits: Rlimits::new(policy, plan.cpu_seconds),
         nproc,
+        group: bound.as_ref().map(|bound| bound.group.procs()),
         cwd,
         identity: isolation.identity,
         namespaces,
@@ -846,6 +900,10 @@ fn spawn(
         sandbox,
         status: status_read,
         isolation,
+        bound: bound.as_ref().map(|bound| Bound {
+            group: bound.group.clone(),
+            refusals: bound.refusals,
+        }),
     })
 }
 
@@ -896,11 +954,15 @@ impl Started {
         };
         let _ = process::end(&mut self.child, &self.supervisor).await;
         self.guard.disarm();
-        Err(spawn_error(
+        let err = spawn_error(
             program,
             std::io::Error::from_raw_os_error(errno),
             self.isolation,
-        ))
+        );
+        Err(match &self.bound {
+            Some(bound) => bound.explain(err),
+            None => err,
+        })
     }
 }
 
@@ -1141,6 +1203,10 @@ fn spawn_error(program: &str, err: std::io::Error, isolation: Isolation) -> Sand
         (Failed::Limits, _) => format!("the command's rlimits could not be set{said}"),
         (Failed::Tree, _) => format!(
             "the process tree that ends everything the command starts could not be made{said}"
+        ),
+        (Failed::Group, _) => format!(
+            "the command could not join the process group (a cgroup) that bounds its user's \
+             processes{said}"
         ),
     };
     SandboxError::SandboxUnavailable(message)

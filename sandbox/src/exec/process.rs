@@ -1208,6 +1208,7 @@ mod tests {
             &args,
             None,
             false,
+            None,
         )
         .unwrap();
         let ready = root.join("held.ready");

@@ -278,3 +278,159 @@ async fn a_connection_gets_streams_for_its_role_only_after_its_hello() {
         "an agent may open {max} streams at once (one fewer while its hello's stream counts)"
     );
 }
+
+/// Reads process `id` of `session` until its output holds `want` or it ends: its standard output
+/// and standard error so far, and the last answer.
+async fn read_in_until(agent: &Agent, session: &str, id: &str, want: &str) -> (String, String) {
+    let (mut out, mut err) = (String::new(), String::new());
+    within(STEP, &format!("`{want}` from process {id}"), async {
+        loop {
+            let (r, _) = ok(call_in(
+                agent,
+                Some(session),
+                "process_read",
+                json!({"process": id, "wait_ms": 2000}),
+            )
+            .await);
+            out.push_str(r["stdout"].as_str().unwrap_or_default());
+            err.push_str(r["stderr"].as_str().unwrap_or_default());
+            if out.contains(want) || r["running"] == false {
+                return;
+            }
+        }
+    })
+    .await;
+    (out, err)
+}
+
+/// A command that starts `sleepers` processes that sleep, says `started` for each, then `all`,
+/// and waits for them: it holds them (a command's processes end with it).
+fn sleepers(sleepers: u32) -> serde_json::Value {
+    let script =
+        format!("for i in $(seq {sleepers}); do sleep 60 & echo started; done; echo all; wait");
+    json!({"argv": ["sh", "-c", script], "background": true})
+}
+
+/// One user's commands over all their sessions are bounded together
+/// (`server.max_processes_per_user`, a cgroup's `pids.max` per user): each session's primary
+/// workspace runs its commands as a user of its own, so the per-workspace `max_processes` let one
+/// user take every process id of the host through many sessions, and another user's commands
+/// then failed to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_processes_are_bounded_over_all_their_sessions_while_another_still_works() {
+    let server = TestServer::start_with(|c| c.quotas.max_processes_per_user = 40).await;
+    let agent = connect_agent(&server.client_config()).await;
+    let (one, two, three) = (
+        "00000000-0000-4000-8000-0000000000a1",
+        "00000000-0000-4000-8000-0000000000a2",
+        "00000000-0000-4000-8000-0000000000a3",
+    );
+    // Session one holds 34 sleepers: with its supervisor, init and shell, 37 of admin's 40.
+    let (held, _) = ok(call_in(&agent, Some(one), "run_command", sleepers(34)).await);
+    let held = held["process"].as_str().expect("a process id").to_owned();
+    let (out, err) = read_in_until(&agent, one, &held, "all").await;
+    assert_eq!(out.matches("started").count(), 34, "{out}{err}");
+    // Session two's shell gets what is left (its supervisor, init and itself), and its first
+    // `fork` fails.
+    let (started, _) = ok(call_in(&agent, Some(two), "run_command", sleepers(34)).await);
+    let id = started["process"]
+        .as_str()
+        .expect("a process id")
+        .to_owned();
+    let (out, err) = read_in_until(&agent, two, &id, "all").await;
+    let count = out.matches("started").count();
+    assert_eq!(
+        count, 0,
+        "{count} of 34 started past the user's bound: {out}{err}"
+    );
+    assert!(err.contains("fork"), "{out}{err}");
+    // Session three takes the last three: the user is at the bound.
+    let (last, _) = ok(call_in(
+        &agent,
+        Some(three),
+        "run_command",
+        json!({"argv": ["sleep", "60"], "background": true}),
+    )
+    .await);
+    let last = last["process"].as_str().expect("a process id").to_owned();
+    // A command that cannot even start is refused, naming the bound, in any session.
+    for session in [one, two, three] {
+        let refused = monad_tests::err(
+            call_in(
+                &agent,
+                Some(session),
+                "run_command",
+                json!({"argv": ["true"]}),
+            )
+            .await,
+        );
+        assert_eq!(refused.code, ErrorCode::LimitExceeded, "{refused}");
+        assert!(
+            refused.message.contains("server.max_processes_per_user")
+                && refused.message.contains("may have 40 at once"),
+            "{refused}"
+        );
+    }
+
+    // Ben is not affected.
+    let ben = connect_agent(&server.client_config_with(&server.create_token("ben"))).await;
+    let bens = "00000000-0000-4000-8000-0000000000bb";
+    let (ran, _) = ok(call_in(&ben, Some(bens), "run_command", sleepers(20)).await);
+    let bens_id = ran["process"].as_str().expect("a process id").to_owned();
+    let (out, err) = read_in_until(&ben, bens, &bens_id, "all").await;
+    assert_eq!(out.matches("started").count(), 20, "{out}{err}");
+
+    // Once session one's command ends, admin's commands start again.
+    ok(call_in(
+        &agent,
+        Some(one),
+        "process_kill",
+        json!({"process": held, "signal": "KILL"}),
+    )
+    .await);
+    read_in_until(&agent, one, &held, "\u{0}never").await;
+    let (again, _) = ok(call_in(&agent, Some(three), "run_command", sleepers(10)).await);
+    let again = again["process"].as_str().expect("a process id").to_owned();
+    let (out, err) = read_in_until(&agent, three, &again, "all").await;
+    assert_eq!(out.matches("started").count(), 10, "{out}{err}");
+    for (agent, session, id) in [
+        (&agent, three, &again),
+        (&agent, three, &last),
+        (&ben, bens, &bens_id),
+    ] {
+        ok(call_in(
+            agent,
+            Some(session),
+            "process_kill",
+            json!({"process": id, "signal": "KILL"}),
+        )
+        .await);
+    }
+    server.stop().await;
+}
+
+/// A `process_cgroup` that is no cgroup stops the start with an error naming it; with the bound
+/// off (`max_processes_per_user = 0`) it is not looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_cgroup_that_is_no_cgroup_is_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    let not_a_cgroup = tempfile::tempdir().unwrap();
+    let config = |bound: u64| {
+        format!(
+            "[server]\nmax_processes_per_user = {bound}\nprocess_cgroup = {:?}\n",
+            not_a_cgroup.path().display().to_string()
+        )
+    };
+    std::fs::write(data.path().join("config.toml"), config(100)).unwrap();
+    let error = monad_server::Server::bind(monad_tests::test_config(data.path().to_path_buf()))
+        .expect_err("a server started with a process_cgroup that is no cgroup")
+        .to_string();
+    assert!(
+        error.contains("server.process_cgroup") && error.contains("is not a cgroup directory"),
+        "{error}"
+    );
+    assert_eq!(std::fs::read_dir(not_a_cgroup.path()).unwrap().count(), 0);
+    std::fs::write(data.path().join("config.toml"), config(0)).unwrap();
+    let started = monad_server::Server::bind(monad_tests::test_config(data.path().to_path_buf()));
+    assert!(started.is_ok(), "{:?}", started.err());
+}
