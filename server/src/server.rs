@@ -177,6 +177,7 @@ impl Server {
         let http = config.http.map(crate::mcp::bind).transpose()?;
         let (mut config, layers) = load_settings(config)?;
         config.cluster.check().map_err(ServerError::Invalid)?;
+        let groups = process_groups(&config)?;
         if config.cluster.advertise.is_none() {
             // Other hosts reach this one where it listens, unless it says otherwise.
             let listening = endpoint
@@ -271,7 +272,6 @@ impl Server {
                 done.send_replace(true);
             });
         let recorder = Recorder::start(store.clone());
-        let groups = process_groups(&config)?;
         let state = Arc::new(State {
             registry: Registry::new(&config.data_dir, store, layers)
                 .with_quotas(

@@ -296,7 +296,20 @@ async fn read_socks<S: AsyncRead + AsyncWrite + Unpin>(client: &mut S) -> Result
             let mut name = vec![0u8; usize::from(len)];
             client.read_exact(&mut name).await.map_err(io)?;
             let name = String::from_utf8_lossy(&name).into_owned();
-            Host::parse(&name).or_else(|why| refuse(RefusalKind::Socks, why))?
+            match Host::parse(&name) {
+                Ok(host) => host,
+                // Recorded as asked for (its port read too), escaped: a name a command makes up
+                // is refused in the owner's view and the audit log, not only answered.
+                Err(why) => {
+                    let port = client.read_u16().await.map_err(io)?;
+                    return Err(Refusal {
+                        host: Some(name.escape_debug().to_string()),
+                        port: Some(port),
+                        reason: why,
+                        kind: RefusalKind::Socks,
+                    });
+                }
+            }
         }
         _ => return refuse(RefusalKind::Socks, "an unknown SOCKS address type"),
     };
@@ -543,5 +556,30 @@ mod tests {
         let huge = vec![b'a'; MAX_HEAD * 2];
         let mut reader = &huge[1..];
         assert!(read_http(&mut reader, huge[0]).await.is_err());
+    }
+
+    /// A SOCKS name that is no host name is refused with its port and the name as asked for,
+    /// escaped, so that the refusal is recorded (it was answered, and recorded nowhere).
+    #[tokio::test]
+    async fn a_malformed_socks_name_is_refused_with_what_was_asked_for() {
+        let name = b"no such\x1b[2Jname";
+        let mut asked = vec![1, 0, 5, 1, 0, 3, name.len() as u8];
+        asked.extend_from_slice(name);
+        asked.extend_from_slice(&443u16.to_be_bytes());
+        let (mut proxy, mut command) = tokio::io::duplex(1024);
+        command.write_all(&asked).await.unwrap();
+        let Err(refusal) = read_socks(&mut proxy).await else {
+            panic!("a malformed name was taken");
+        };
+        assert_eq!(refusal.host.as_deref(), Some(r"no such\u{1b}[2Jname"));
+        assert_eq!(refusal.port, Some(443));
+        assert!(!refusal.reason.is_empty());
+        let mut answer = [0u8; 2];
+        command.read_exact(&mut answer).await.unwrap();
+        assert_eq!(
+            answer,
+            [5, 0],
+            "the method was chosen before the name was read"
+        );
     }
 }

@@ -89,3 +89,78 @@ async fn a_call_ends_its_streams_without_stopping_either_peer() {
         "STOP_SENDING frames the attached client got"
     );
 }
+
+/// Attaches folder `name` to the device's session over a connection of its own that speaks
+/// `minor`, `focus` as asked; the attach stream, once `attached` is read.
+async fn attach_speaking(
+    config: &monad_client::config::ClientConfig,
+    minor: u32,
+    name: &str,
+    focus: bool,
+) -> (quinn::Endpoint, quinn::SendStream, quinn::RecvStream) {
+    let (endpoint, client, _) = connect_speaking(config, Role::Client, minor).await;
+    let (mut send, mut recv) = client.open_bi().await.expect("a stream");
+    let attach = Message::Attach {
+        id: 1,
+        session: None,
+        name: Some(name.to_owned()),
+        path: format!("/fake/{name}"),
+        trust: monad_protocol::wire::Trust::Full,
+        tools: vec![ToolName::ReadFile],
+        focus,
+        folder: None,
+        exact_name: false,
+    };
+    write_message(&mut send, &attach)
+        .await
+        .expect("attach sent");
+    let attached = within(STEP, "attached", read_message(&mut recv, 1 << 20)).await;
+    assert!(
+        matches!(attached, Ok(Some(Message::Attached { .. }))),
+        "{attached:?}"
+    );
+    (endpoint, send, recv)
+}
+
+/// A folder whose owner made it the focus is told when the focus moves away (`focused` on its
+/// attach stream), but only by a client of minor [`FOCUSED_MINOR`] or later: an older one
+/// would fail on a message it does not know. Each folder is then taken over by another attach,
+/// and what its stream held before the `detached` that ends it is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_client_that_knows_focused_is_sent_it() {
+    use monad_protocol::wire::FOCUSED_MINOR;
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    for minor in [FOCUSED_MINOR - 1, FOCUSED_MINOR] {
+        let name = format!("minor{minor}");
+        let (_endpoint, _send, mut recv) = attach_speaking(&config, minor, &name, true).await;
+        // Another folder takes the focus, then another attach of this one takes it over.
+        let mover = format!("mover{minor}");
+        let (_mover, _mover_send, _) = attach_speaking(&config, FOCUSED_MINOR, &mover, true).await;
+        let _taker = FakeClient::attach(&config, &name, vec![ToolName::ReadFile]).await;
+        let mut seen = Vec::new();
+        loop {
+            let message = within(
+                STEP,
+                "the server's next message",
+                read_message(&mut recv, 1 << 20),
+            )
+            .await
+            .expect("a message")
+            .expect("not the stream's end");
+            let detached = matches!(message, Message::Detached { .. });
+            seen.push(message);
+            if detached {
+                break;
+            }
+        }
+        let focused = seen
+            .iter()
+            .filter(|m| matches!(m, Message::Focused { focus: false, .. }))
+            .count();
+        let expected = if minor >= FOCUSED_MINOR { 1 } else { 0 };
+        assert_eq!(focused, expected, "minor {minor}: {seen:?}");
+        assert_eq!(seen.len(), expected + 1, "minor {minor}: {seen:?}");
+    }
+    server.stop().await;
+}
