@@ -479,6 +479,18 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
     out
 }
 
+/// Said after how a command ended when the kernel killed a process of its user's commands at
+/// their memory bound while it ran.
+fn memory_bound(hit: bool) -> &'static str {
+    if hit {
+        " (meanwhile the kernel killed a process of this user's commands at their memory bound \
+         on the server, server.max_memory_per_user: end other commands that hold memory, or use \
+         less)"
+    } else {
+        ""
+    }
+}
+
 /// How a process ended, or that it runs.
 fn ending(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> String {
     match (timed_out, exit_code, signal) {
@@ -729,9 +741,10 @@ fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
             duration(r.duration_ms)
         ),
         None => format!(
-            "{}{ws}, after {}",
+            "{}{ws}, after {}{}",
             ending(r.exit_code, r.signal, r.timed_out),
-            duration(r.duration_ms)
+            duration(r.duration_ms),
+            memory_bound(r.memory_bound)
         ),
     };
     if r.sandbox == "none" {
@@ -778,10 +791,11 @@ fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
         )
     } else {
         format!(
-            "Process {}{ws}: {} after {}",
+            "Process {}{ws}: {} after {}{}",
             r.process,
             ending(r.exit_code, r.signal, r.timed_out),
-            duration(r.duration_ms)
+            duration(r.duration_ms),
+            memory_bound(r.memory_bound)
         )
     };
     if r.stdout.is_empty() && r.stderr.is_empty() {
@@ -1412,6 +1426,20 @@ mod tests {
             quiet,
             "timed out and was killed in workspace laptop, after 30.0 s (ran without a \
              sandbox); no output\n--- network\nrefused example.com:443: not in the allowlist"
+        );
+        let killed = render(
+            ToolName::RunCommand,
+            json!({"signal": 9, "timed_out": false, "memory_bound": true, "stdout": "",
+            "stderr": "", "stdout_truncated": false, "stderr_truncated": false,
+            "duration_ms": 300, "sandbox": "landlock"}),
+        );
+        assert!(
+            killed.starts_with(
+                "killed by signal 9 in workspace laptop, after 300 ms (meanwhile the kernel \
+                 killed a process of this user's commands at their memory bound on the server, \
+                 server.max_memory_per_user:"
+            ),
+            "{killed}"
         );
     }
 

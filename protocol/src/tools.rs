@@ -915,6 +915,10 @@ pub struct RunCommandResult {
     pub signal: Option<i32>,
     /// True when the time limit ran out and the process group was killed.
     pub timed_out: bool,
+    /// True when, while it ran, the kernel killed a process of its user's commands at their
+    /// memory bound on the server (`server.max_memory_per_user`, over all the user's sessions).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_bound: bool,
     /// Standard output (lossy UTF-8), capped: past the cap, its first and last bytes (see
     /// `stdout_gap`).
     pub stdout: String,
@@ -989,6 +993,10 @@ pub struct ProcessReadResult {
     /// True when its time limit ran out and it was killed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
+    /// True when, while it ran, the kernel killed a process of its user's commands at their
+    /// memory bound on the server (`server.max_memory_per_user`, over all the user's sessions).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_bound: bool,
     /// Standard output written since the last read (lossy UTF-8).
     pub stdout: String,
     /// Standard error written since the last read (lossy UTF-8).

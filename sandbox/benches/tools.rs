@@ -502,7 +502,11 @@ fn bench_run_command(quick: bool, root: &Path) {
         assert!(status.unwrap().success());
     };
     // A server's commands join their user's process group (a cgroup) first.
-    let groups = match monad_sandbox::exec::cgroup::ProcessGroups::create(4096, None) {
+    let bounds = monad_sandbox::exec::cgroup::Bounds {
+        processes: 4096,
+        memory_bytes: 1 << 30,
+    };
+    let groups = match monad_sandbox::exec::cgroup::ProcessGroups::create(bounds, None) {
         Ok(groups) => Some(groups),
         Err(why) => {
             println!("note: no process groups here ({why}); that variant is not timed");

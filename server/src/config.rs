@@ -90,6 +90,9 @@ pub struct Quotas {
     /// Processes and threads one user's commands may have at once over all their sessions (a
     /// cgroup's `pids.max` per user: `monad_sandbox::exec::cgroup`); 0 for no such bound.
     pub max_processes_per_user: u64,
+    /// Bytes of memory one user's commands may use at once over all their sessions (the same
+    /// cgroups' `memory.max`); 0 for no such bound. Default: half of the host's memory.
+    pub max_memory_per_user: u64,
 }
 
 impl Default for Quotas {
@@ -107,8 +110,23 @@ impl Default for Quotas {
             max_workspaces_per_user: 10_000,
             max_artifact_bytes_per_user: 4 * 1024 * 1024 * 1024,
             max_processes_per_user: 4096,
+            max_memory_per_user: half_the_memory(),
         }
     }
+}
+
+/// Half of the host's memory (`MemTotal` of `/proc/meminfo`), the default bound of one user's
+/// commands; 0 (no bound) when it cannot be read.
+pub fn half_the_memory() -> u64 {
+    static HALF: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *HALF.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        info.lines()
+            .find_map(|line| line.strip_prefix("MemTotal:"))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024 / 2)
+    })
 }
 
 /// Bounds of the HTTP listener (MCP over HTTP).

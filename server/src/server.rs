@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use monad_protocol::io::{read_message, write_message};
 use monad_protocol::wire::{self, Message, Role, Trust, reset};
 use monad_protocol::{ErrorCode, ToolError};
+use monad_sandbox::exec::cgroup::{self, ProcessGroups};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, info, warn};
 
@@ -110,37 +111,45 @@ pub struct FirstStart {
 }
 
 /// The process groups that bound each user's commands together
-/// (`server.max_processes_per_user`), made under `server.process_cgroup` or the server's own
-/// cgroup. `None` when the bound is 0, or when the server's own cgroup cannot have them (said
-/// loudly: commands then run bounded per workspace only); an error when the cgroup the operator
-/// named cannot.
-fn process_groups(
-    config: &ServerConfig,
-) -> Result<Option<Arc<monad_sandbox::exec::cgroup::ProcessGroups>>, ServerError> {
-    let max = config.quotas.max_processes_per_user;
-    if max == 0 {
+/// (`server.max_processes_per_user`, `server.max_memory_per_user`), made under
+/// `server.process_cgroup` or the server's own cgroups. `None` when both bounds are 0, or when
+/// the server's own cgroups cannot have them (said loudly: commands are then bounded per
+/// workspace only); an error when the cgroup the operator named cannot.
+fn process_groups(config: &ServerConfig) -> Result<Option<Arc<ProcessGroups>>, ServerError> {
+    let bounds = cgroup::Bounds {
+        processes: config.quotas.max_processes_per_user,
+        memory_bytes: config.quotas.max_memory_per_user,
+    };
+    if bounds == cgroup::Bounds::default() {
         return Ok(None);
     }
     let named = config.process_cgroup.as_deref();
-    match monad_sandbox::exec::cgroup::ProcessGroups::create(max, named) {
+    let unbounded = |why: &str| {
+        warn!(
+            "one user's commands over all their sessions are NOT bounded together: {why}; each \
+             workspace's own bounds ([exec] max_processes, max_memory_bytes) still apply (see \
+             \"One user cannot exhaust the server\" in docs/security.md)"
+        )
+    };
+    match ProcessGroups::create(bounds, named) {
         Ok(groups) => {
+            let dirs: Vec<String> = groups.dirs().map(|d| d.display().to_string()).collect();
             info!(
-                "each user's commands may have {max} processes and threads at once \
-                 (server.max_processes_per_user), in the cgroups under {}",
-                groups.dir().display()
+                processes = bounds.processes,
+                memory_bytes = bounds.memory_bytes,
+                "each user's commands are bounded together, in the cgroups under {}",
+                dirs.join(" and ")
             );
+            for why in groups.missing() {
+                unbounded(why);
+            }
             Ok(Some(Arc::new(groups)))
         }
         Err(why) if named.is_some() => Err(ServerError::Invalid(format!(
             "server.process_cgroup: {why}"
         ))),
         Err(why) => {
-            warn!(
-                "one user's commands over all their sessions are NOT bounded together \
-                 (server.max_processes_per_user): {why}; each workspace's own bound \
-                 ([exec] max_processes) still applies (see \"One user cannot exhaust the \
-                 server\" in docs/security.md)"
-            );
+            unbounded(&why);
             Ok(None)
         }
     }
@@ -500,6 +509,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_workspaces_per_user: config.quotas.max_workspaces_per_user,
             max_artifact_bytes_per_user: config.quotas.max_artifact_bytes_per_user,
             max_processes_per_user: config.quotas.max_processes_per_user,
+            max_memory_per_user: config.quotas.max_memory_per_user,
             process_cgroup: config.process_cgroup.clone(),
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,

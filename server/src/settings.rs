@@ -425,6 +425,9 @@ pub struct ServerSettings {
     /// Processes and threads one user's commands may have at once, over all their sessions (a
     /// cgroup per user); 0 for no such bound.
     pub max_processes_per_user: u64,
+    /// Bytes of memory one user's commands may use at once, over all their sessions (the same
+    /// cgroups); 0 for no such bound. Default: half of the host's memory.
+    pub max_memory_per_user: u64,
     /// The cgroup directory the users' process groups are made under; unset: the server's own
     /// cgroup (of cgroup v1's pids hierarchy, or of cgroup v2 when it can have them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -471,6 +474,7 @@ impl Default for ServerSettings {
             max_workspaces_per_user: quotas.max_workspaces_per_user,
             max_artifact_bytes_per_user: quotas.max_artifact_bytes_per_user,
             max_processes_per_user: quotas.max_processes_per_user,
+            max_memory_per_user: quotas.max_memory_per_user,
             process_cgroup: None,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
@@ -600,6 +604,7 @@ impl ServerSettings {
             max_workspaces_per_user: self.max_workspaces_per_user.max(1),
             max_artifact_bytes_per_user: self.max_artifact_bytes_per_user.max(1),
             max_processes_per_user: self.max_processes_per_user,
+            max_memory_per_user: self.max_memory_per_user,
         }
     }
 

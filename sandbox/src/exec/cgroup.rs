@@ -37,31 +37,108 @@ use std::sync::{Arc, Mutex};
 /// Which cgroup filesystem a directory is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Version {
-    /// A `pids` hierarchy of cgroup v1.
+    /// A hierarchy of cgroup v1 (one or a few controllers mounted on their own).
     V1,
     /// The unified hierarchy.
     V2,
 }
 
-/// A server's directory of per-user process groups, each bounded to the same `pids.max`.
-/// Dropped, it removes the groups that hold no process, and itself when it can.
+/// A controller that bounds a user's commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Controller {
+    /// Processes and threads (`pids.max`).
+    Pids,
+    /// Memory (`memory.max`; cgroup v1's `memory.limit_in_bytes`).
+    Memory,
+}
+
+impl Controller {
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Pids => "pids",
+            Controller::Memory => "memory",
+        }
+    }
+
+    /// The file that holds its bound.
+    fn limit_file(self, version: Version) -> &'static str {
+        match (self, version) {
+            (Controller::Pids, _) => "pids.max",
+            (Controller::Memory, Version::V1) => "memory.limit_in_bytes",
+            (Controller::Memory, Version::V2) => "memory.max",
+        }
+    }
+
+    /// The setting that sets it, for messages.
+    fn setting(self) -> &'static str {
+        match self {
+            Controller::Pids => "server.max_processes_per_user",
+            Controller::Memory => "server.max_memory_per_user",
+        }
+    }
+}
+
+/// What each user's commands may have at once, together; 0 leaves a bound out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Bounds {
+    /// Processes and threads.
+    pub processes: u64,
+    /// Bytes of memory (what the processes use, their shared memory and the page cache of the
+    /// files they touch); past it the kernel reclaims, then kills one of the user's processes.
+    pub memory_bytes: u64,
+}
+
+impl Bounds {
+    /// The controllers these bounds need, each with its bound.
+    fn wanted(self) -> Vec<(Controller, u64)> {
+        [
+            (Controller::Pids, self.processes),
+            (Controller::Memory, self.memory_bytes),
+        ]
+        .into_iter()
+        .filter(|(_, bound)| *bound > 0)
+        .collect()
+    }
+}
+
+/// A server's directories of per-user groups (one per cgroup hierarchy its controllers are in:
+/// one on cgroup v2, one per controller on cgroup v1). Dropped, it removes the groups that hold
+/// no process, and its directories when it can.
 #[derive(Debug)]
 pub struct ProcessGroups {
-    dir: PathBuf,
-    version: Version,
-    max_per_user: u64,
+    trees: Vec<Tree>,
+    bounds: Bounds,
+    /// The bounds that could not be had, each with why (for the operator).
+    missing: Vec<String>,
     users: Mutex<HashMap<String, Arc<ProcessGroup>>>,
 }
 
-/// One user's cgroup: the commands that join it share its `pids.max`.
+/// This server's directory in one hierarchy, and the controllers it bounds there.
+#[derive(Debug)]
+struct Tree {
+    dir: PathBuf,
+    version: Version,
+    controllers: Vec<(Controller, u64)>,
+}
+
+/// One user's cgroups: the commands that join them share their bounds.
 #[derive(Debug)]
 pub struct ProcessGroup {
-    dir: PathBuf,
-    /// Its `cgroup.procs`, open for writing (close-on-exec): a command's supervisor writes `0`
-    /// to it to join.
-    procs: OwnedFd,
-    max: u64,
+    /// Each cgroup's directory, its version, the controllers it bounds, and its `cgroup.procs`
+    /// open for writing (close-on-exec): a command's supervisor writes `0` to each to join.
+    members: Vec<Member>,
 }
+
+#[derive(Debug)]
+struct Member {
+    dir: PathBuf,
+    version: Version,
+    controllers: Vec<(Controller, u64)>,
+    procs: OwnedFd,
+}
+
+/// Most hierarchies a user's group spans (pids and memory on cgroup v1).
+pub(crate) const MAX_MEMBERS: usize = 2;
 
 /// Numbers the directories of one process's [`ProcessGroups`] (a test process makes many).
 static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -70,74 +147,99 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 const PREFIX: &str = "monad-";
 
 impl ProcessGroups {
-    /// Makes this server's directory of process groups, each user's bounded to `max_per_user`
-    /// processes and threads, under `under` (a cgroup directory), or when `None` under the
-    /// server's own cgroup of the pids controller. Directories left by servers that are gone
-    /// are removed first. `Err` says why the bound cannot be had here, for the operator.
-    pub fn create(max_per_user: u64, under: Option<&Path>) -> Result<ProcessGroups, String> {
-        let (parent, version) = match under {
+    /// Makes this server's directories of per-user groups with `bounds`, under `under` (a
+    /// cgroup directory), or when `None` under the server's own cgroup of each controller.
+    /// Directories left by servers that are gone are removed first. `Err` says why, for the
+    /// operator: when `under` is named and a bound cannot be had there, or when none can be had
+    /// at all; a bound that cannot be had under the server's own cgroup while another can is
+    /// left out and listed by [`ProcessGroups::missing`].
+    pub fn create(bounds: Bounds, under: Option<&Path>) -> Result<ProcessGroups, String> {
+        let wanted = bounds.wanted();
+        if wanted.is_empty() {
+            return Err("no bound asked for".into());
+        }
+        // Where each hierarchy's directory goes (`dir`: the parent).
+        let mut places: Vec<Tree> = Vec::new();
+        let mut missing = Vec::new();
+        let own = match under {
             Some(dir) => {
-                let version = if dir.join("cgroup.subtree_control").exists() {
-                    Version::V2
-                } else if dir.join("cgroup.procs").exists() {
-                    Version::V1
-                } else {
-                    return Err(format!("{} is not a cgroup directory", dir.display()));
-                };
-                (dir.to_path_buf(), version)
+                named(dir)?;
+                None
             }
             None => {
                 let read = |path: &str| {
                     fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))
                 };
-                locate(&read("/proc/self/cgroup")?, &read("/proc/self/mountinfo")?)?
+                Some((read("/proc/self/cgroup")?, read("/proc/self/mountinfo")?))
             }
         };
-        sweep(&parent);
-        if version == Version::V2 {
-            give_pids_below(&parent).map_err(|e| {
-                format!(
-                    "the pids controller cannot be enabled for the cgroups under {} ({e}){}",
-                    parent.display(),
-                    if under.is_none() {
-                        "; that is the server's own cgroup, which cannot have it while it holds \
-                         the server's processes: name a cgroup for the commands in [server] \
-                         process_cgroup (with systemd: `Delegate=pids` and \
-                         `DelegateSubgroup=server` in the unit, and the unit's cgroup here)"
-                    } else {
-                        ""
-                    }
-                )
-            })?;
+        for (controller, bound) in wanted {
+            let place = match (under, &own) {
+                (Some(dir), _) => named(dir),
+                (None, Some((cgroups, mountinfo))) => locate(cgroups, mountinfo, controller),
+                (None, None) => unreachable!("read above"),
+            };
+            match place {
+                Ok((dir, version)) => match places.iter_mut().find(|place| place.dir == dir) {
+                    Some(place) => place.controllers.push((controller, bound)),
+                    None => places.push(Tree {
+                        dir,
+                        version,
+                        controllers: vec![(controller, bound)],
+                    }),
+                },
+                Err(why) => missing.push(format!(
+                    "{} ({}): {why}",
+                    controller.setting(),
+                    controller.name()
+                )),
+            }
         }
-        let name = format!(
-            "{PREFIX}{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let dir = parent.join(name);
-        fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let mut trees = Vec::new();
+        for place in places {
+            match make_tree(
+                &place.dir,
+                place.version,
+                place.controllers.clone(),
+                under.is_none(),
+            ) {
+                Ok(tree) => trees.push(tree),
+                Err(why) => {
+                    for (controller, _) in place.controllers {
+                        missing.push(format!(
+                            "{} ({}): {why}",
+                            controller.setting(),
+                            controller.name()
+                        ));
+                    }
+                }
+            }
+        }
         let groups = ProcessGroups {
-            dir,
-            version,
-            max_per_user,
+            trees,
+            bounds,
+            missing,
             users: Mutex::new(HashMap::new()),
         };
-        if version == Version::V2 {
-            give_pids_below(&groups.dir)
-                .map_err(|e| format!("cannot enable pids in {}: {e}", groups.dir.display()))?;
+        if groups.trees.is_empty() || (under.is_some() && !groups.missing.is_empty()) {
+            return Err(groups.missing.join("; "));
         }
         Ok(groups)
     }
 
-    /// This server's directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// This server's directories, one per hierarchy.
+    pub fn dirs(&self) -> impl Iterator<Item = &Path> {
+        self.trees.iter().map(|tree| tree.dir.as_path())
     }
 
-    /// The bound of each user's group.
-    pub fn max_per_user(&self) -> u64 {
-        self.max_per_user
+    /// The bounds asked for.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// The bounds that could not be had, each with why.
+    pub fn missing(&self) -> &[String] {
+        &self.missing
     }
 
     /// `user`'s group, made on first use; later calls share it.
@@ -152,69 +254,211 @@ impl ProcessGroups {
                 format!("the user name `{user}` is too long for a process group"),
             )
         })?;
-        let dir = self.dir.join(name);
-        match fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+        let mut members = Vec::new();
+        for tree in &self.trees {
+            let dir = tree.dir.join(&name);
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            for (controller, bound) in &tree.controllers {
+                fs::write(
+                    dir.join(controller.limit_file(tree.version)),
+                    bound.to_string(),
+                )?;
+            }
+            let procs = fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::libc::O_CLOEXEC)
+                .open(dir.join("cgroup.procs"))?;
+            members.push(Member {
+                dir,
+                version: tree.version,
+                controllers: tree.controllers.clone(),
+                procs: procs.into(),
+            });
         }
-        fs::write(dir.join("pids.max"), self.max_per_user.to_string())?;
-        let procs = fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(nix::libc::O_CLOEXEC)
-            .open(dir.join("cgroup.procs"))?;
-        let group = Arc::new(ProcessGroup {
-            dir,
-            procs: procs.into(),
-            max: self.max_per_user,
-        });
+        let group = Arc::new(ProcessGroup { members });
         users.insert(user.to_owned(), group.clone());
         Ok(group)
     }
 }
 
+/// A cgroup directory the operator named, and its version.
+fn named(dir: &Path) -> Result<(PathBuf, Version), String> {
+    if dir.join("cgroup.subtree_control").exists() {
+        Ok((dir.to_path_buf(), Version::V2))
+    } else if dir.join("cgroup.procs").exists() {
+        Ok((dir.to_path_buf(), Version::V1))
+    } else {
+        Err(format!("{} is not a cgroup directory", dir.display()))
+    }
+}
+
+/// Makes this server's directory under `parent` with `controllers` (given to the cgroups under
+/// it, on cgroup v2). `own`: `parent` is the server's own cgroup.
+fn make_tree(
+    parent: &Path,
+    version: Version,
+    controllers: Vec<(Controller, u64)>,
+    own: bool,
+) -> Result<Tree, String> {
+    sweep(parent);
+    if version == Version::V2 {
+        for (controller, _) in &controllers {
+            give_below(parent, *controller).map_err(|e| {
+                format!(
+                    "the {} controller cannot be enabled for the cgroups under {} ({e}){}",
+                    controller.name(),
+                    parent.display(),
+                    if own {
+                        "; that is the server's own cgroup, which cannot have it while it holds \
+                         the server's processes: name a cgroup for the commands in [server] \
+                         process_cgroup (with systemd: `Delegate=pids memory` and \
+                         `DelegateSubgroup=server` in the unit, and the unit's cgroup here)"
+                    } else {
+                        ""
+                    }
+                )
+            })?;
+        }
+    }
+    let name = format!(
+        "{PREFIX}{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let dir = parent.join(name);
+    fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    let tree = Tree {
+        dir,
+        version,
+        controllers,
+    };
+    // Removed again if a controller cannot be had there.
+    let made = scopeguard_dir(&tree.dir);
+    for (controller, _) in &tree.controllers {
+        if version == Version::V2 {
+            give_below(&tree.dir, *controller).map_err(|e| {
+                format!(
+                    "cannot enable {} in {}: {e}",
+                    controller.name(),
+                    tree.dir.display()
+                )
+            })?;
+        }
+        // A hierarchy without the controller has no such file (a named cgroup of another
+        // hierarchy, on cgroup v1).
+        if !tree.dir.join(controller.limit_file(version)).exists() {
+            return Err(format!(
+                "{} has no {} controller",
+                parent.display(),
+                controller.name()
+            ));
+        }
+    }
+    made.keep();
+    Ok(tree)
+}
+
+/// Removes a directory just made when dropped, unless kept.
+struct MadeDir<'a>(Option<&'a Path>);
+
+impl MadeDir<'_> {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for MadeDir<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0 {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+}
+
+fn scopeguard_dir(dir: &Path) -> MadeDir<'_> {
+    MadeDir(Some(dir))
+}
+
 impl Drop for ProcessGroups {
     fn drop(&mut self) {
-        remove_tree(&self.dir);
-        tracing::debug!(dir = %self.dir.display(), version = ?self.version, "process groups gone");
+        for tree in &self.trees {
+            remove_tree(&tree.dir);
+        }
     }
 }
 
 impl ProcessGroup {
-    /// The group's cgroup directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The cgroup that bounds `controller`, with its version and bound.
+    fn member(&self, controller: Controller) -> Option<(&Member, u64)> {
+        self.members.iter().find_map(|member| {
+            let (_, bound) = member.controllers.iter().find(|(c, _)| *c == controller)?;
+            Some((member, *bound))
+        })
     }
 
-    /// Processes and threads the group may have at once.
-    pub fn max(&self) -> u64 {
-        self.max
+    /// The group's cgroup directories.
+    pub fn dirs(&self) -> impl Iterator<Item = &Path> {
+        self.members.iter().map(|member| member.dir.as_path())
     }
 
-    /// Processes and threads in the group now; `None` when the kernel's file cannot be read.
-    pub fn current(&self) -> Option<u64> {
-        fs::read_to_string(self.dir.join("pids.current"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+    /// Processes and threads the group may have at once; `None` when it bounds none.
+    pub fn max_processes(&self) -> Option<u64> {
+        self.member(Controller::Pids).map(|(_, bound)| bound)
+    }
+
+    /// Processes and threads in the group now; `None` when it bounds none, or the kernel's
+    /// file cannot be read.
+    pub fn processes(&self) -> Option<u64> {
+        let (member, _) = self.member(Controller::Pids)?;
+        read_number(&member.dir.join("pids.current"))
     }
 
     /// How many times a `fork` in the group failed at its bound (`pids.events`' `max`).
     pub(crate) fn refusals(&self) -> Option<u64> {
-        let events = fs::read_to_string(self.dir.join("pids.events")).ok()?;
-        events
-            .lines()
-            .find_map(|line| line.strip_prefix("max "))?
-            .trim()
-            .parse()
-            .ok()
+        let (member, _) = self.member(Controller::Pids)?;
+        counter(&member.dir.join("pids.events"), "max")
     }
 
-    /// Its `cgroup.procs`, open for writing.
-    pub(crate) fn procs(&self) -> RawFd {
-        self.procs.as_raw_fd()
+    /// Bytes of memory the group may use; `None` when it bounds none.
+    pub fn max_memory(&self) -> Option<u64> {
+        self.member(Controller::Memory).map(|(_, bound)| bound)
     }
+
+    /// How many of the group's processes the kernel killed at its memory bound.
+    pub fn memory_kills(&self) -> Option<u64> {
+        let (member, _) = self.member(Controller::Memory)?;
+        match member.version {
+            Version::V1 => counter(&member.dir.join("memory.oom_control"), "oom_kill"),
+            Version::V2 => counter(&member.dir.join("memory.events"), "oom_kill"),
+        }
+    }
+
+    /// Each cgroup's `cgroup.procs`, open for writing; -1 for none.
+    pub(crate) fn procs(&self) -> [RawFd; MAX_MEMBERS] {
+        let mut fds = [-1; MAX_MEMBERS];
+        for (fd, member) in fds.iter_mut().zip(&self.members) {
+            *fd = member.procs.as_raw_fd();
+        }
+        fds
+    }
+}
+
+/// The number a kernel file holds.
+fn read_number(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The count named `key` in a kernel file of `key value` lines.
+fn counter(path: &Path, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines().find_map(|line| {
+        let (name, value) = line.split_once(' ')?;
+        (name == key).then(|| value.trim().parse().ok())?
+    })
 }
 
 /// The directory name of `user`'s group: `user-<name>` for a name of letters, digits, `.`, `_`
@@ -236,15 +480,15 @@ fn group_name(user: &str) -> Option<String> {
     })
 }
 
-/// Makes the pids controller available to the cgroups under `dir` (cgroup v2).
-fn give_pids_below(dir: &Path) -> std::io::Result<()> {
+/// Makes `controller` available to the cgroups under `dir` (cgroup v2).
+fn give_below(dir: &Path, controller: Controller) -> std::io::Result<()> {
     let control = dir.join("cgroup.subtree_control");
     let enabled = fs::read_to_string(&control)?;
-    if enabled.split_whitespace().any(|c| c == "pids") {
+    if enabled.split_whitespace().any(|c| c == controller.name()) {
         return Ok(());
     }
     let mut file = fs::OpenOptions::new().write(true).open(&control)?;
-    file.write_all(b"+pids")
+    file.write_all(format!("+{}", controller.name()).as_bytes())
 }
 
 /// Removes `dir`'s sub-directories, then `dir`, where they hold no process (the kernel refuses
@@ -286,10 +530,15 @@ fn sweep(parent: &Path) {
     }
 }
 
-/// Where this process's cgroup of the pids controller is, from `/proc/self/cgroup` and
-/// `/proc/self/mountinfo`: a `pids` hierarchy of cgroup v1 if there is one, else the unified
-/// hierarchy.
-fn locate(cgroups: &str, mountinfo: &str) -> Result<(PathBuf, Version), String> {
+/// Where this process's cgroup of `controller` is, from `/proc/self/cgroup` and
+/// `/proc/self/mountinfo`: in a hierarchy of cgroup v1 that has it if there is one, else in the
+/// unified hierarchy.
+fn locate(
+    cgroups: &str,
+    mountinfo: &str,
+    controller: Controller,
+) -> Result<(PathBuf, Version), String> {
+    let name = controller.name();
     let entries = cgroups.lines().filter_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -297,24 +546,25 @@ fn locate(cgroups: &str, mountinfo: &str) -> Result<(PathBuf, Version), String> 
     });
     let mut unified = None;
     for (controllers, path) in entries {
-        if controllers.split(',').any(|c| c == "pids") {
+        if controllers.split(',').any(|c| c == name) {
             let mount = mount_of(mountinfo, |fs, options| {
-                fs == "cgroup" && options.split(',').any(|o| o == "pids")
+                fs == "cgroup" && options.split(',').any(|o| o == name)
             })
-            .ok_or("the pids hierarchy of cgroup v1 is not mounted")?;
+            .ok_or_else(|| format!("the {name} hierarchy of cgroup v1 is not mounted"))?;
             return Ok((within(&mount, path), Version::V1));
         }
         if controllers.is_empty() {
             unified = Some(path);
         }
     }
-    let path = unified.ok_or("this process is in no cgroup of the pids controller")?;
+    let path =
+        unified.ok_or_else(|| format!("this process is in no cgroup of the {name} controller"))?;
     let mount = mount_of(mountinfo, |fs, _| fs == "cgroup2").ok_or("cgroup v2 is not mounted")?;
     let dir = within(&mount, path);
     let controllers = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
-    if !controllers.split_whitespace().any(|c| c == "pids") {
+    if !controllers.split_whitespace().any(|c| c == name) {
         return Err(format!(
-            "the pids controller is not available in {} (cgroup v2)",
+            "the {name} controller is not available in {} (cgroup v2)",
             dir.display()
         ));
     }
@@ -388,7 +638,7 @@ mod tests {
     #[test]
     fn a_pids_hierarchy_of_cgroup_v1_is_found_before_the_unified_one() {
         let cgroups = "9:name=systemd:/\n8:pids:/user.slice/x\n4:memory:/m\n0::/u\n";
-        let (dir, version) = locate(cgroups, MOUNTS_V1).unwrap();
+        let (dir, version) = locate(cgroups, MOUNTS_V1, Controller::Pids).unwrap();
         assert_eq!(
             (dir, version),
             (
@@ -396,25 +646,38 @@ mod tests {
                 Version::V1
             )
         );
+        // Each controller in its own hierarchy.
+        let (dir, _) = locate(cgroups, MOUNTS_V1, Controller::Memory).unwrap();
+        assert_eq!(dir, PathBuf::from("/sys/fs/cgroup/memory/m"));
         // Listed with other controllers, and mounted at a root of its own (a container's).
         let mounts = "39 31 0:36 /ctr /sys/fs/cgroup/cpu\\054pids rw - cgroup cgroup rw,cpu,pids";
-        let (dir, _) = locate("3:cpu,pids:/ctr/job\n", mounts).unwrap();
+        let (dir, _) = locate("3:cpu,pids:/ctr/job\n", mounts, Controller::Pids).unwrap();
         assert_eq!(dir, PathBuf::from("/sys/fs/cgroup/cpu,pids/job"));
-        let err = locate("8:pids:/\n", "1 0 0:1 / / rw - ext4 /dev/vda rw").unwrap_err();
+        let err = locate(
+            "8:pids:/\n",
+            "1 0 0:1 / / rw - ext4 /dev/vda rw",
+            Controller::Pids,
+        )
+        .unwrap_err();
         assert!(err.contains("not mounted"), "{err}");
     }
 
     #[test]
     fn without_cgroup_v1_the_unified_hierarchy_needs_the_pids_controller() {
         let mounts = "30 23 0:27 / /nowhere/cgroup rw - cgroup2 cgroup2 rw";
-        let err = locate("0::/system.slice/monad.service\n", mounts).unwrap_err();
+        let err = locate("0::/system.slice/monad.service\n", mounts, Controller::Pids).unwrap_err();
         assert!(
             err.contains("/nowhere/cgroup/system.slice/monad.service") && err.contains("v2"),
             "{err}"
         );
-        let err = locate("0::/\n", "1 0 0:1 / / rw - ext4 /dev/vda rw").unwrap_err();
+        let err = locate(
+            "0::/\n",
+            "1 0 0:1 / / rw - ext4 /dev/vda rw",
+            Controller::Memory,
+        )
+        .unwrap_err();
         assert!(err.contains("not mounted"), "{err}");
-        assert!(locate("", MOUNTS_V1).is_err());
+        assert!(locate("", MOUNTS_V1, Controller::Pids).is_err());
     }
 
     #[test]
@@ -432,8 +695,12 @@ mod tests {
 
     /// Makes groups under this process's own cgroup: `None` (said loudly) where that cannot
     /// be done, which is only when not running as root.
-    fn groups(max: u64) -> Option<ProcessGroups> {
-        match ProcessGroups::create(max, None) {
+    fn groups(processes: u64, memory_bytes: u64) -> Option<ProcessGroups> {
+        let bounds = Bounds {
+            processes,
+            memory_bytes,
+        };
+        match ProcessGroups::create(bounds, None) {
             Ok(groups) => Some(groups),
             Err(why) if !nix::unistd::geteuid().is_root() => {
                 eprintln!("SKIPPED: process groups need root here: {why}");
@@ -445,33 +712,53 @@ mod tests {
 
     #[test]
     fn a_users_group_is_bounded_and_the_directory_goes_with_its_server() {
-        let Some(groups) = groups(77) else { return };
-        let dir = groups.dir().to_path_buf();
-        let ben = groups.for_user("ben").unwrap();
-        assert!(Arc::ptr_eq(&ben, &groups.for_user("ben").unwrap()));
-        assert_eq!(ben.dir(), dir.join("user-ben"));
-        let max = fs::read_to_string(ben.dir().join("pids.max")).unwrap();
-        assert_eq!(max.trim(), "77");
-        assert_eq!(ben.current(), Some(0));
+        let Some(both) = groups(77, 64 << 20) else {
+            return;
+        };
+        assert_eq!(both.missing(), [] as [String; 0], "this machine has both");
+        let dirs: Vec<PathBuf> = both.dirs().map(Path::to_path_buf).collect();
+        let ben = both.for_user("ben").unwrap();
+        assert!(Arc::ptr_eq(&ben, &both.for_user("ben").unwrap()));
+        let bens: Vec<PathBuf> = ben.dirs().map(Path::to_path_buf).collect();
+        assert!(bens.iter().all(|d| d.ends_with("user-ben")), "{bens:?}");
+        assert!(
+            bens.iter()
+                .all(|d| dirs.contains(&d.parent().unwrap().to_path_buf()))
+        );
+        assert_eq!(ben.max_processes(), Some(77));
+        assert_eq!(ben.max_memory(), Some(64 << 20));
+        assert_eq!(ben.processes(), Some(0));
         assert_eq!(ben.refusals(), Some(0));
+        assert_eq!(ben.memory_kills(), Some(0));
+        assert_eq!(
+            ben.procs().iter().filter(|fd| **fd >= 0).count(),
+            bens.len()
+        );
         drop(ben);
-        drop(groups);
-        assert!(!dir.exists(), "{} is left", dir.display());
+        drop(both);
+        for dir in dirs {
+            assert!(!dir.exists(), "{} is left", dir.display());
+        }
+        // Only the bound asked for.
+        let Some(pids) = groups(5, 0) else { return };
+        let ben = pids.for_user("ben").unwrap();
+        assert_eq!((ben.max_processes(), ben.max_memory()), (Some(5), None));
     }
 
     #[test]
     fn the_directory_of_a_server_that_is_gone_is_swept_and_a_live_ones_is_not() {
-        let Some(live) = groups(10) else { return };
-        let parent = live.dir().parent().unwrap().to_path_buf();
+        let Some(live) = groups(10, 0) else { return };
+        let own = live.dirs().next().unwrap();
+        let parent = own.parent().unwrap().to_path_buf();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
         let left = parent.join(format!("{PREFIX}{dead}-1"));
         fs::create_dir(&left).unwrap();
         fs::create_dir(left.join("user-ben")).unwrap();
-        let again = groups(10).unwrap();
+        let again = groups(10, 0).unwrap();
         assert!(!left.exists(), "{} was not swept", left.display());
-        assert!(live.dir().exists() && again.dir().exists());
+        assert!(own.exists() && again.dirs().all(Path::exists));
     }
 
     #[test]

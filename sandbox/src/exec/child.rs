@@ -345,9 +345,10 @@ pub(crate) struct Spec {
     /// `RLIMIT_NPROC` for the command: in its user namespace, or (as root, without namespaces)
     /// for its workspace's own user.
     pub nproc: Option<u64>,
-    /// `cgroup.procs` of the process group of the command's user, which the supervisor joins
-    /// before anything else (see [`super::cgroup`]); open in the parent until the spawn returns.
-    pub group: Option<RawFd>,
+    /// `cgroup.procs` of each cgroup of the process group of the command's user (-1: none),
+    /// which the supervisor joins before anything else (see [`super::cgroup`]); open in the
+    /// parent until the spawn returns.
+    pub group: [RawFd; super::cgroup::MAX_MEMBERS],
     /// The working directory, opened through the jail.
     pub cwd: OwnedFd,
     /// Who the command runs as, when not as the caller (the caller is root).
@@ -401,10 +402,10 @@ unsafe fn run(spec: &Spec) -> std::io::Result<()> {
         libc::sigfillset(&mut all);
         libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
         // Counted with every other command of its user from here on, and all it starts with it.
-        if let Some(procs) = spec.group
-            && libc::write(procs, c"0".as_ptr().cast(), 1) != 1
-        {
-            return Err(fail(Failed::Group));
+        for procs in spec.group {
+            if procs >= 0 && libc::write(procs, c"0".as_ptr().cast(), 1) != 1 {
+                return Err(fail(Failed::Group));
+            }
         }
         // A copy of the caller's memory: nobody but root may read it, and it never dumps core.
         // The command's own limits are set just before its `exec` (set here, the descriptor

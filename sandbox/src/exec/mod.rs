@@ -607,14 +607,25 @@ pub(crate) fn start(
 pub(crate) struct Bound {
     group: Arc<cgroup::ProcessGroup>,
     refusals: Option<u64>,
+    /// Its processes killed at its memory bound, when the command started.
+    memory_kills: Option<u64>,
 }
 
 impl Bound {
     fn new(group: Arc<cgroup::ProcessGroup>) -> Bound {
         Bound {
             refusals: group.refusals(),
+            memory_kills: group.memory_kills(),
             group,
         }
+    }
+
+    /// Whether the kernel killed a process of the group at its memory bound since the command
+    /// started.
+    fn killed_at_memory_bound(&self) -> bool {
+        self.group
+            .memory_kills()
+            .is_some_and(|now| now > self.memory_kills.unwrap_or(0))
     }
 
     /// `err`, or, when the group refused a fork since the command started, why: its bound.
@@ -624,12 +635,14 @@ impl Bound {
             SandboxError::SandboxUnavailable(_) if self.group.refusals().is_some_and(refused) => {
                 let now = self
                     .group
-                    .current()
+                    .processes()
                     .map(|n| format!("{n} processes and threads"))
                     .unwrap_or_else(|| "as many processes and threads as they may".into());
+                let max = self.group.max_processes().unwrap_or_default();
                 SandboxError::LimitExceeded(format!(
-                    "this user's commands on this server have {now}, and may have {} at once                      over all their sessions (server.max_processes_per_user); end some                      (process_list and process_kill, in each session), then retry",
-                    self.group.max()
+                    "this user's commands on this server have {now}, and may have {max} at \
+                     once over all their sessions (server.max_processes_per_user); end some \
+                     (process_list and process_kill, in each session), then retry"
                 ))
             }
             other => other,
@@ -848,7 +861,9 @@ fn spawn(
     let spec = child::Spec {
         rlimits: Rlimits::new(policy, plan.cpu_seconds),
         nproc,
-        group: bound.as_ref().map(|bound| bound.group.procs()),
+        group: bound
+            .as_ref()
+            .map_or([-1; cgroup::MAX_MEMBERS], |bound| bound.group.procs()),
         cwd,
         identity: isolation.identity,
         namespaces,
@@ -903,6 +918,7 @@ fn spawn(
         bound: bound.as_ref().map(|bound| Bound {
             group: bound.group.clone(),
             refusals: bound.refusals,
+            memory_kills: bound.memory_kills,
         }),
     })
 }
@@ -929,6 +945,14 @@ fn with_ids(
 }
 
 impl Started {
+    /// Whether the kernel killed a process of its user's commands at their memory bound since
+    /// it started.
+    pub(crate) fn killed_at_memory_bound(&self) -> bool {
+        self.bound
+            .as_ref()
+            .is_some_and(Bound::killed_at_memory_bound)
+    }
+
     /// Waits (bounded) until the command's process has run `exec`: `Err` with what failed
     /// before, when it did not (the tree is then ended).
     pub(crate) async fn started(&mut self, program: &str) -> Result<(), SandboxError> {

@@ -191,6 +191,8 @@ struct Exit {
     code: Option<i32>,
     signal: Option<i32>,
     timed_out: bool,
+    /// The kernel killed a process of the user's commands at their memory bound meanwhile.
+    memory_bound: bool,
     duration: Duration,
 }
 
@@ -761,6 +763,7 @@ where
             exit_code: None,
             signal: None,
             timed_out: false,
+            memory_bound: false,
             stdout: String::new(),
             stderr: String::new(),
             stdout_truncated: false,
@@ -834,6 +837,7 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
         exit_code: exit.and_then(|e| e.code),
         signal: exit.and_then(|e| e.signal),
         timed_out: exit.is_some_and(|e| e.timed_out),
+        memory_bound: exit.is_some_and(|e| e.memory_bound),
         stdout,
         stderr,
         stdout_truncated: stdout_gap.is_some(),
@@ -891,11 +895,13 @@ async fn drive(
     .await;
     pumps.abort_all();
     started.guard.disarm();
+    let memory_bound = started.killed_at_memory_bound();
     let exit = match status {
         Ok(status) => Exit {
             code: status.code(),
             signal: status.signal(),
             timed_out,
+            memory_bound,
             duration,
         },
         Err(e) => {
@@ -904,6 +910,7 @@ async fn drive(
                 code: None,
                 signal: None,
                 timed_out,
+                memory_bound,
                 duration,
             }
         }
@@ -986,6 +993,7 @@ pub(crate) async fn read(
         exit_code: exit.and_then(|e| e.code),
         signal: exit.and_then(|e| e.signal),
         timed_out: exit.is_some_and(|e| e.timed_out),
+        memory_bound: exit.is_some_and(|e| e.memory_bound),
         stdout: state.stdout.take(finished),
         stderr: state.stderr.take(finished),
         stdout_dropped: std::mem::take(&mut state.stdout.dropped),

@@ -367,7 +367,9 @@ async fn one_users_processes_are_bounded_over_all_their_sessions_while_another_s
         assert_eq!(refused.code, ErrorCode::LimitExceeded, "{refused}");
         assert!(
             refused.message.contains("server.max_processes_per_user")
-                && refused.message.contains("may have 40 at once"),
+                && refused
+                    .message
+                    .contains("may have 40 at once over all their sessions ("),
             "{refused}"
         );
     }
@@ -409,15 +411,16 @@ async fn one_users_processes_are_bounded_over_all_their_sessions_while_another_s
     server.stop().await;
 }
 
-/// A `process_cgroup` that is no cgroup stops the start with an error naming it; with the bound
-/// off (`max_processes_per_user = 0`) it is not looked at.
+/// A `process_cgroup` that is no cgroup stops the start with an error naming it; with both
+/// bounds off (`max_processes_per_user = 0`, `max_memory_per_user = 0`) it is not looked at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_cgroup_that_is_no_cgroup_is_refused_at_start() {
     let data = tempfile::tempdir().unwrap();
     let not_a_cgroup = tempfile::tempdir().unwrap();
     let config = |bound: u64| {
         format!(
-            "[server]\nmax_processes_per_user = {bound}\nprocess_cgroup = {:?}\n",
+            "[server]\nmax_processes_per_user = {bound}\nmax_memory_per_user = {bound}\n\
+             process_cgroup = {:?}\n",
             not_a_cgroup.path().display().to_string()
         )
     };
@@ -433,4 +436,70 @@ async fn a_process_cgroup_that_is_no_cgroup_is_refused_at_start() {
     std::fs::write(data.path().join("config.toml"), config(0)).unwrap();
     let started = monad_server::Server::bind(monad_tests::test_config(data.path().to_path_buf()));
     assert!(started.is_ok(), "{:?}", started.err());
+}
+
+/// A command that builds a string of `bytes` bytes in its shell (twice that at its peak, while
+/// the shell grows it), says `held`, then runs `then`.
+fn holding(bytes: u64, then: &str) -> serde_json::Value {
+    let script = format!("x=$(head -c {bytes} /dev/zero | tr '\\0' a); echo held; {then}");
+    json!({"argv": ["sh", "-c", script]})
+}
+
+/// One user's commands over all their sessions share one memory bound
+/// (`server.max_memory_per_user`, the same cgroups' memory bound): a command that fits alone
+/// but not with the user's other commands is killed, and another user's is not. Before, each
+/// command was bounded only by its own processes' address space (`[exec] max_memory_bytes`, off
+/// by default), and one user's commands over many sessions could take the host's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_memory_is_bounded_over_all_their_sessions_while_another_still_works() {
+    let server = TestServer::start_with(|c| c.quotas.max_memory_per_user = 100 << 20).await;
+    let agent = connect_agent(&server.client_config()).await;
+    let (one, two) = (
+        "00000000-0000-4000-8000-0000000000a4",
+        "00000000-0000-4000-8000-0000000000a5",
+    );
+    // Session one holds 40 MB (80 MB at its peak: under the user's 100 MiB).
+    let mut hold = holding(40_000_000, "sleep 60");
+    hold["background"] = json!(true);
+    let (held, _) = ok(call_in(&agent, Some(one), "run_command", hold).await);
+    let held = held["process"].as_str().expect("a process id").to_owned();
+    let (out, err) = read_in_until(&agent, one, &held, "held").await;
+    assert!(out.contains("held"), "{out}{err}");
+    // The same in session two passes the bound with session one's: it is killed.
+    let (r, _) = ok(call_in(&agent, Some(two), "run_command", holding(40_000_000, "")).await);
+    assert_eq!(
+        (r["signal"].clone(), r["memory_bound"].clone()),
+        (json!(9), json!(true)),
+        "{r}"
+    );
+    assert!(
+        !r["stdout"].as_str().unwrap_or_default().contains("held"),
+        "{r}"
+    );
+    // Ben's runs.
+    let ben = connect_agent(&server.client_config_with(&server.create_token("ben"))).await;
+    let bens = "00000000-0000-4000-8000-0000000000bc";
+    let (r, _) = ok(call_in(&ben, Some(bens), "run_command", holding(40_000_000, "")).await);
+    assert_eq!(
+        (r["exit_code"].clone(), r["stdout"].clone()),
+        (json!(0), json!("held\n")),
+        "{r}"
+    );
+    assert_eq!(r.get("memory_bound"), None, "{r}");
+    // Once session one's command ends, session two's runs.
+    ok(call_in(
+        &agent,
+        Some(one),
+        "process_kill",
+        json!({"process": held, "signal": "KILL"}),
+    )
+    .await);
+    read_in_until(&agent, one, &held, "\u{0}never").await;
+    let (r, _) = ok(call_in(&agent, Some(two), "run_command", holding(40_000_000, "")).await);
+    assert_eq!(
+        (r["exit_code"].clone(), r["stdout"].clone()),
+        (json!(0), json!("held\n")),
+        "{r}"
+    );
+    server.stop().await;
 }
