@@ -507,7 +507,7 @@ fn bench_run_command(quick: bool, root: &Path) {
         memory_bytes: 1 << 30,
     };
     let groups = match monad_sandbox::exec::cgroup::ProcessGroups::create(bounds, None) {
-        Ok(groups) => Some(groups),
+        Ok(groups) => Some(std::sync::Arc::new(groups)),
         Err(why) => {
             println!("note: no process groups here ({why}); that variant is not timed");
             None
@@ -545,9 +545,7 @@ fn bench_run_command(quick: bool, root: &Path) {
         let open = |policy| {
             let sandbox = Sandbox::open(root, Limits::default(), policy).unwrap();
             match &groups {
-                Some(groups) if grouped => {
-                    sandbox.in_process_group(groups.for_user("bench").map_err(|e| e.to_string()))
-                }
+                Some(groups) if grouped => sandbox.in_process_group(groups.clone(), "bench"),
                 _ => sandbox,
             }
         };

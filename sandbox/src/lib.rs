@@ -81,10 +81,9 @@ pub struct Sandbox {
     /// What the tools last saw of each file they read or wrote: a `write_file` of one changed
     /// since is refused.
     seen: seen::Seen,
-    /// The process group (a cgroup) the commands join, bounded with every other command of
-    /// their user ([`exec::cgroup`]); `Err` when it was asked for and could not be made, which
-    /// refuses commands rather than run them unbounded.
-    group: Option<Result<Arc<exec::cgroup::ProcessGroup>, String>>,
+    /// The process groups (cgroups) of the server's users and the user whose group the
+    /// commands join, bounded with every other command of that user ([`exec::cgroup`]).
+    groups: Option<(Arc<exec::cgroup::ProcessGroups>, String)>,
 }
 
 /// Largest file [`Sandbox::call`] reads on the calling task rather than on tokio's blocking pool
@@ -155,20 +154,21 @@ impl Sandbox {
             processes: exec::process::Table::new(exec.max_background),
             writes: std::sync::Mutex::new(()),
             seen: seen::Seen::default(),
-            group: None,
+            groups: None,
             jail,
             limits,
             exec,
         })
     }
 
-    /// Runs the commands in `group` (see [`exec::cgroup`]): `Err` (why it could not be made)
-    /// refuses them.
+    /// Runs the commands in `user`'s group of `groups` (see [`exec::cgroup`]), made at the
+    /// first command; a command is refused while it cannot be made.
     pub fn in_process_group(
         mut self,
-        group: Result<Arc<exec::cgroup::ProcessGroup>, String>,
+        groups: Arc<exec::cgroup::ProcessGroups>,
+        user: &str,
     ) -> Sandbox {
-        self.group = Some(group);
+        self.groups = Some((groups, user.to_owned()));
         self
     }
 
@@ -549,15 +549,16 @@ impl Sandbox {
         cpu_limit: Option<std::time::Duration>,
         pipe_stdin: bool,
     ) -> Result<exec::Started, SandboxError> {
-        let group = match &self.group {
+        let group = match &self.groups {
             None => None,
-            Some(Ok(group)) => Some(group),
-            Some(Err(why)) => {
-                return Err(SandboxError::SandboxUnavailable(format!(
+            Some((groups, user)) => Some(groups.for_user(user).map_err(|e| {
+                let dirs: Vec<String> = groups.dirs().map(|d| d.display().to_string()).collect();
+                SandboxError::SandboxUnavailable(format!(
                     "commands here are bounded with the other commands of their user, and that \
-                     bound (a cgroup) could not be set up: {why}"
-                )));
-            }
+                     bound (cgroups under {}) could not be set up: {e}",
+                    dirs.join(" and ")
+                ))
+            })?),
         };
         exec::start(
             &self.jail,
@@ -566,7 +567,7 @@ impl Sandbox {
             args,
             cpu_limit,
             pipe_stdin,
-            group,
+            group.as_ref(),
         )
     }
 

@@ -177,13 +177,7 @@ impl PrimaryWorkspace {
                     monad_sandbox::exec::give_to_command_user(&root, &exec)?;
                     let sandbox = Sandbox::open(&root, limits, exec)?;
                     Ok::<_, std::io::Error>(match groups {
-                        Some((groups, owner)) => {
-                            sandbox.in_process_group(groups.for_user(&owner).map_err(|e| {
-                                let dirs: Vec<String> =
-                                    groups.dirs().map(|d| d.display().to_string()).collect();
-                                format!("{}: {e}", dirs.join(", "))
-                            }))
-                        }
+                        Some((groups, owner)) => sandbox.in_process_group(groups, &owner),
                         None => sandbox,
                     })
                 })

@@ -603,7 +603,8 @@ impl ServerSettings {
             max_mcp_sessions_per_user: self.max_mcp_sessions_per_user.max(1),
             max_workspaces_per_user: self.max_workspaces_per_user.max(1),
             max_artifact_bytes_per_user: self.max_artifact_bytes_per_user.max(1),
-            max_processes_per_user: self.max_processes_per_user,
+            // The most `pids.max` takes (the kernel's `PID_MAX_LIMIT`): as many as a host has.
+            max_processes_per_user: self.max_processes_per_user.min(4 * 1024 * 1024),
             max_memory_per_user: self.max_memory_per_user,
         }
     }

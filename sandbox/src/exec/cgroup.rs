@@ -1,26 +1,29 @@
-//! One bound on the processes of all of a user's commands, whatever workspace runs them: a
-//! cgroup with a `pids.max` per user.
+//! Bounds on the processes and the memory of all of a user's commands together, whatever
+//! workspace runs them: cgroups per user, with a `pids.max` and a memory bound.
 //!
 //! `RLIMIT_NPROC` (`[exec] max_processes`) counts per uid, and each primary workspace's commands
 //! run as a user of their own, so it bounds one workspace: a user with many sessions could start
 //! a thousand processes in each, take every process id of the host, and leave other users'
-//! commands failing to `fork`. The pids controller counts every process and thread of a cgroup
-//! and of the cgroups under it, whatever their uids, and a `fork` past its `pids.max` fails with
-//! `EAGAIN` (moving a process in never fails).
+//! commands failing to `fork`; and nothing bounded their memory together. The pids controller
+//! counts every process and thread of a cgroup and of the cgroups under it, whatever their uids,
+//! and a `fork` past its `pids.max` fails with `EAGAIN` (moving a process in never fails); past
+//! a memory bound the kernel reclaims, then kills the largest process in the cgroup.
 //!
-//! A server makes one directory of its own ([`ProcessGroups`], `monad-<pid>-<n>`) and one cgroup
-//! in it per user whose commands run ([`ProcessGroup`], `user-<name>`). A command's supervisor
-//! joins its user's cgroup first thing after `fork`, by writing `0` to the cgroup's
-//! `cgroup.procs` (opened by the parent: see [`super::child`]), before it starts anything, so
-//! that all the command starts is counted.
+//! A server makes one directory of its own per hierarchy ([`ProcessGroups`],
+//! `monad-<pid namespace>-<pid>-<n>`) and cgroups in it per user whose commands run
+//! ([`ProcessGroup`], `user-<name>`, see `Member`). A command's supervisor joins its user's
+//! process bound first thing after `fork`, before it starts anything, so that all the command
+//! starts is counted; the command's own process joins the memory bound just before `exec`, so
+//! that the kernel, out of memory there, kills a command, never a supervisor. Each joins by
+//! writing `0` to a `cgroup.procs` the server opened (see [`super::child`]).
 //!
 //! Where the directory goes:
-//! - cgroup v1 (a `pids` hierarchy mounted on its own): under the server's cgroup there.
-//! - cgroup v2: under the server's cgroup, when the pids controller can be given to the cgroups
-//!   under it, which needs it to hold no process (the root of a cgroup namespace, as in a
-//!   container, may); else under a cgroup the operator names (`[server] process_cgroup`), such
-//!   as a systemd service's with `Delegate=pids` and `DelegateSubgroup=` (the service's processes
-//!   then live in the subgroup, and its own cgroup can have the controller enabled below it).
+//! - cgroup v1 (a hierarchy per controller): under the server's cgroup in each.
+//! - cgroup v2: under the server's cgroup, when the controllers can be given to the cgroups
+//!   under it, which needs it to hold no process (only the hierarchy's real root is exempt);
+//!   else under a cgroup the operator names (`[server] process_cgroup`), such as a systemd
+//!   service's with `Delegate=pids memory` and `DelegateSubgroup=` (the service's processes then
+//!   live in the subgroup, and its own cgroup can have the controllers enabled below it).
 //!
 //! Hand-written rather than with the `cgroups-rs` crate: it is a handful of reads and writes of
 //! files, which that crate wraps in a few dozen modules and dependencies.
@@ -124,17 +127,31 @@ struct Tree {
 /// One user's cgroups: the commands that join them share their bounds.
 #[derive(Debug)]
 pub struct ProcessGroup {
-    /// Each cgroup's directory, its version, the controllers it bounds, and its `cgroup.procs`
-    /// open for writing (close-on-exec): a command's supervisor writes `0` to each to join.
+    /// One per hierarchy.
     members: Vec<Member>,
 }
 
+/// A user's cgroups in one hierarchy: `user-<name>`, which holds the process bound, and, when
+/// the hierarchy has both controllers, `user-<name>/tree` (the supervisors and inits) and
+/// `user-<name>/command` (the commands, which hold the memory bound).
+///
+/// A command's supervisor and init are copies of the server's memory, charged to the server:
+/// in the cgroup whose memory runs out they would count as large, and the kernel, which kills
+/// the largest process there, would kill a supervisor (and so another command of the user)
+/// rather than the command that took the memory. So the supervisor joins the process bound
+/// first thing, and the command's own process joins the memory bound just before `exec`.
 #[derive(Debug)]
 struct Member {
+    /// `user-<name>`.
     dir: PathBuf,
     version: Version,
     controllers: Vec<(Controller, u64)>,
-    procs: OwnedFd,
+    /// The directory whose `memory.events` (or `memory.oom_control`) counts the kills.
+    memory_dir: Option<PathBuf>,
+    /// `cgroup.procs` the supervisor joins, and the one the command joins, open for writing
+    /// (close-on-exec): each writes `0` to join.
+    supervisor: Option<OwnedFd>,
+    command: Option<OwnedFd>,
 }
 
 /// Most hierarchies a user's group spans (pids and memory on cgroup v1).
@@ -143,16 +160,16 @@ pub(crate) const MAX_MEMBERS: usize = 2;
 /// Numbers the directories of one process's [`ProcessGroups`] (a test process makes many).
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
-/// The prefix of a server's directory: `monad-<pid>-<n>`.
+/// The prefix of a server's directory: `monad-<pid namespace>-<pid>-<n>`.
 const PREFIX: &str = "monad-";
 
 impl ProcessGroups {
     /// Makes this server's directories of per-user groups with `bounds`, under `under` (a
     /// cgroup directory), or when `None` under the server's own cgroup of each controller.
     /// Directories left by servers that are gone are removed first. `Err` says why, for the
-    /// operator: when `under` is named and a bound cannot be had there, or when none can be had
-    /// at all; a bound that cannot be had under the server's own cgroup while another can is
-    /// left out and listed by [`ProcessGroups::missing`].
+    /// operator, when `under` is no cgroup or no bound can be had at all; a bound that cannot
+    /// be had while another can (on cgroup v1, a named cgroup is in one hierarchy: of pids or
+    /// of memory) is left out and listed by [`ProcessGroups::missing`].
     pub fn create(bounds: Bounds, under: Option<&Path>) -> Result<ProcessGroups, String> {
         let wanted = bounds.wanted();
         if wanted.is_empty() {
@@ -161,24 +178,22 @@ impl ProcessGroups {
         // Where each hierarchy's directory goes (`dir`: the parent).
         let mut places: Vec<Tree> = Vec::new();
         let mut missing = Vec::new();
-        let own = match under {
+        let place_of: Box<dyn Fn(Controller) -> Place> = match under {
             Some(dir) => {
-                named(dir)?;
-                None
+                let place = named(dir)?;
+                Box::new(move |_| Ok(place.clone()))
             }
             None => {
                 let read = |path: &str| {
                     fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))
                 };
-                Some((read("/proc/self/cgroup")?, read("/proc/self/mountinfo")?))
+                let (cgroups, mountinfo) =
+                    (read("/proc/self/cgroup")?, read("/proc/self/mountinfo")?);
+                Box::new(move |controller| locate(&cgroups, &mountinfo, controller))
             }
         };
         for (controller, bound) in wanted {
-            let place = match (under, &own) {
-                (Some(dir), _) => named(dir),
-                (None, Some((cgroups, mountinfo))) => locate(cgroups, mountinfo, controller),
-                (None, None) => unreachable!("read above"),
-            };
+            let place = place_of(controller);
             match place {
                 Ok((dir, version)) => match places.iter_mut().find(|place| place.dir == dir) {
                     Some(place) => place.controllers.push((controller, bound)),
@@ -221,7 +236,7 @@ impl ProcessGroups {
             missing,
             users: Mutex::new(HashMap::new()),
         };
-        if groups.trees.is_empty() || (under.is_some() && !groups.missing.is_empty()) {
+        if groups.trees.is_empty() {
             return Err(groups.missing.join("; "));
         }
         Ok(groups)
@@ -256,28 +271,7 @@ impl ProcessGroups {
         })?;
         let mut members = Vec::new();
         for tree in &self.trees {
-            let dir = tree.dir.join(&name);
-            match fs::create_dir(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-            for (controller, bound) in &tree.controllers {
-                fs::write(
-                    dir.join(controller.limit_file(tree.version)),
-                    bound.to_string(),
-                )?;
-            }
-            let procs = fs::OpenOptions::new()
-                .write(true)
-                .custom_flags(nix::libc::O_CLOEXEC)
-                .open(dir.join("cgroup.procs"))?;
-            members.push(Member {
-                dir,
-                version: tree.version,
-                controllers: tree.controllers.clone(),
-                procs: procs.into(),
-            });
+            members.push(tree.member(&name)?);
         }
         let group = Arc::new(ProcessGroup { members });
         users.insert(user.to_owned(), group.clone());
@@ -285,8 +279,88 @@ impl ProcessGroups {
     }
 }
 
+impl Tree {
+    /// `name`'s cgroups in this hierarchy, made (or found) with their bounds.
+    fn member(&self, name: &str) -> std::io::Result<Member> {
+        let made = |dir: &Path| match fs::create_dir(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+            _ => Ok(()),
+        };
+        let procs = |dir: &Path| {
+            fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::libc::O_CLOEXEC)
+                .open(dir.join("cgroup.procs"))
+                .map(OwnedFd::from)
+        };
+        let bound = |controller| {
+            self.controllers
+                .iter()
+                .find(|(c, _)| *c == controller)
+                .map(|(_, bound)| *bound)
+        };
+        let dir = self.dir.join(name);
+        made(&dir)?;
+        if let Some(max) = bound(Controller::Pids) {
+            fs::write(
+                dir.join(Controller::Pids.limit_file(self.version)),
+                max.to_string(),
+            )?;
+        }
+        let (supervisor, command, memory_dir) =
+            match (bound(Controller::Pids), bound(Controller::Memory)) {
+                (Some(_), Some(memory)) => {
+                    if self.version == Version::V2 {
+                        give_below(&dir, Controller::Memory)?;
+                    }
+                    let (tree, command) = (dir.join("tree"), dir.join("command"));
+                    made(&tree)?;
+                    made(&command)?;
+                    limit_memory(&command, self.version, memory)?;
+                    (Some(procs(&tree)?), Some(procs(&command)?), Some(command))
+                }
+                (Some(_), None) => (Some(procs(&dir)?), None, None),
+                (None, Some(memory)) => {
+                    limit_memory(&dir, self.version, memory)?;
+                    (None, Some(procs(&dir)?), Some(dir.clone()))
+                }
+                (None, None) => (None, None, None),
+            };
+        Ok(Member {
+            dir,
+            version: self.version,
+            controllers: self.controllers.clone(),
+            memory_dir,
+            supervisor,
+            command,
+        })
+    }
+}
+
+/// Bounds the memory of cgroup `dir` to `bytes`, swap included where the kernel accounts it
+/// (so that the bound is not passed by swapping out).
+fn limit_memory(dir: &Path, version: Version, bytes: u64) -> std::io::Result<()> {
+    fs::write(
+        dir.join(Controller::Memory.limit_file(version)),
+        bytes.to_string(),
+    )?;
+    let (swap, value) = match version {
+        // Memory and swap together, so: as much as memory alone.
+        Version::V1 => ("memory.memsw.limit_in_bytes", bytes.to_string()),
+        Version::V2 => ("memory.swap.max", "0".to_owned()),
+    };
+    let swap = dir.join(swap);
+    if swap.exists() {
+        fs::write(swap, value)?;
+    }
+    Ok(())
+}
+
+/// Where a hierarchy's cgroup is, and its version, or why it cannot be had.
+type Place = Result<(PathBuf, Version), String>;
+
 /// A cgroup directory the operator named, and its version.
-fn named(dir: &Path) -> Result<(PathBuf, Version), String> {
+fn named(dir: &Path) -> Place {
     if dir.join("cgroup.subtree_control").exists() {
         Ok((dir.to_path_buf(), Version::V2))
     } else if dir.join("cgroup.procs").exists() {
@@ -324,20 +398,28 @@ fn make_tree(
             })?;
         }
     }
-    let name = format!(
-        "{PREFIX}{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let dir = parent.join(name);
-    fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    let dir = loop {
+        let name = format!(
+            "{PREFIX}{}-{}-{}",
+            pid_namespace(),
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = parent.join(name);
+        match fs::create_dir(&dir) {
+            Ok(()) => break dir,
+            // Left by a process of this number that is gone, and still holding processes.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
+        }
+    };
     let tree = Tree {
         dir,
         version,
         controllers,
     };
     // Removed again if a controller cannot be had there.
-    let made = scopeguard_dir(&tree.dir);
+    let made = RemovedUnlessKept(Some(&tree.dir));
     for (controller, _) in &tree.controllers {
         if version == Version::V2 {
             give_below(&tree.dir, *controller).map_err(|e| {
@@ -362,25 +444,21 @@ fn make_tree(
     Ok(tree)
 }
 
-/// Removes a directory just made when dropped, unless kept.
-struct MadeDir<'a>(Option<&'a Path>);
+/// A directory just made, removed when this is dropped unless it is kept.
+struct RemovedUnlessKept<'a>(Option<&'a Path>);
 
-impl MadeDir<'_> {
+impl RemovedUnlessKept<'_> {
     fn keep(mut self) {
         self.0 = None;
     }
 }
 
-impl Drop for MadeDir<'_> {
+impl Drop for RemovedUnlessKept<'_> {
     fn drop(&mut self) {
         if let Some(dir) = self.0 {
             let _ = fs::remove_dir(dir);
         }
     }
-}
-
-fn scopeguard_dir(dir: &Path) -> MadeDir<'_> {
-    MadeDir(Some(dir))
 }
 
 impl Drop for ProcessGroups {
@@ -392,7 +470,7 @@ impl Drop for ProcessGroups {
 }
 
 impl ProcessGroup {
-    /// The cgroup that bounds `controller`, with its version and bound.
+    /// The cgroups that bound `controller`, with the bound.
     fn member(&self, controller: Controller) -> Option<(&Member, u64)> {
         self.members.iter().find_map(|member| {
             let (_, bound) = member.controllers.iter().find(|(c, _)| *c == controller)?;
@@ -400,7 +478,7 @@ impl ProcessGroup {
         })
     }
 
-    /// The group's cgroup directories.
+    /// The group's cgroup directories, one per hierarchy.
     pub fn dirs(&self) -> impl Iterator<Item = &Path> {
         self.members.iter().map(|member| member.dir.as_path())
     }
@@ -423,28 +501,39 @@ impl ProcessGroup {
         counter(&member.dir.join("pids.events"), "max")
     }
 
-    /// Bytes of memory the group may use; `None` when it bounds none.
+    /// Bytes of memory the group's commands may use; `None` when it bounds none.
     pub fn max_memory(&self) -> Option<u64> {
         self.member(Controller::Memory).map(|(_, bound)| bound)
     }
 
-    /// How many of the group's processes the kernel killed at its memory bound.
+    /// How many of the group's commands' processes the kernel killed for want of memory.
     pub fn memory_kills(&self) -> Option<u64> {
         let (member, _) = self.member(Controller::Memory)?;
+        let dir = member.memory_dir.as_ref()?;
         match member.version {
-            Version::V1 => counter(&member.dir.join("memory.oom_control"), "oom_kill"),
-            Version::V2 => counter(&member.dir.join("memory.events"), "oom_kill"),
+            Version::V1 => counter(&dir.join("memory.oom_control"), "oom_kill"),
+            Version::V2 => counter(&dir.join("memory.events"), "oom_kill"),
         }
     }
 
-    /// Each cgroup's `cgroup.procs`, open for writing; -1 for none.
-    pub(crate) fn procs(&self) -> [RawFd; MAX_MEMBERS] {
-        let mut fds = [-1; MAX_MEMBERS];
-        for (fd, member) in fds.iter_mut().zip(&self.members) {
-            *fd = member.procs.as_raw_fd();
-        }
-        fds
+    /// The `cgroup.procs` a command's supervisor writes to, open for writing; -1 for none.
+    pub(crate) fn supervisor_joins(&self) -> [RawFd; MAX_MEMBERS] {
+        joins(self.members.iter().map(|m| m.supervisor.as_ref()))
     }
+
+    /// The `cgroup.procs` a command's own process writes to just before `exec`; -1 for none.
+    pub(crate) fn command_joins(&self) -> [RawFd; MAX_MEMBERS] {
+        joins(self.members.iter().map(|m| m.command.as_ref()))
+    }
+}
+
+/// The descriptors of `fds`, -1 for none, as an array the child can read without allocating.
+fn joins<'a>(fds: impl Iterator<Item = Option<&'a OwnedFd>>) -> [RawFd; MAX_MEMBERS] {
+    let mut out = [-1; MAX_MEMBERS];
+    for (slot, fd) in out.iter_mut().zip(fds.flatten()) {
+        *slot = fd.as_raw_fd();
+    }
+    out
 }
 
 /// The number a kernel file holds.
@@ -504,17 +593,26 @@ fn remove_tree(dir: &Path) {
     let _ = fs::remove_dir(dir);
 }
 
-/// Removes the directories under `parent` of servers whose process is gone (killed before they
-/// could remove them).
+/// This process's PID namespace (its inode): servers in other namespaces cannot be asked
+/// whether they live, so their directories are left alone.
+fn pid_namespace() -> u64 {
+    fs::metadata("/proc/self/ns/pid").map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m))
+}
+
+/// Removes the directories under `parent` of servers of this PID namespace whose process is
+/// gone (killed before they could remove them).
 fn sweep(parent: &Path) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
     };
+    let namespace = pid_namespace().to_string();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|n| n.strip_prefix(namespace.as_str()))
+            .and_then(|n| n.strip_prefix('-'))
             .and_then(|n| n.split_once('-'))
             .and_then(|(pid, _)| pid.parse::<i32>().ok())
         else {
@@ -547,7 +645,7 @@ fn locate(
     let mut unified = None;
     for (controllers, path) in entries {
         if controllers.split(',').any(|c| c == name) {
-            let mount = mount_of(mountinfo, |fs, options| {
+            let mount = mount_of(mountinfo, path, |fs, options| {
                 fs == "cgroup" && options.split(',').any(|o| o == name)
             })
             .ok_or_else(|| format!("the {name} hierarchy of cgroup v1 is not mounted"))?;
@@ -559,7 +657,8 @@ fn locate(
     }
     let path =
         unified.ok_or_else(|| format!("this process is in no cgroup of the {name} controller"))?;
-    let mount = mount_of(mountinfo, |fs, _| fs == "cgroup2").ok_or("cgroup v2 is not mounted")?;
+    let mount =
+        mount_of(mountinfo, path, |fs, _| fs == "cgroup2").ok_or("cgroup v2 is not mounted")?;
     let dir = within(&mount, path);
     let controllers = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
     if !controllers.split_whitespace().any(|c| c == name) {
@@ -577,19 +676,31 @@ struct Mount {
     at: PathBuf,
 }
 
-/// The first mount in `mountinfo` whose filesystem type and super options pass `wanted`.
-fn mount_of(mountinfo: &str, wanted: impl Fn(&str, &str) -> bool) -> Option<Mount> {
-    mountinfo.lines().find_map(|line| {
-        let (mount, filesystem) = line.split_once(" - ")?;
-        let mut fields = mount.split(' ');
-        let (root, at) = (fields.nth(3)?, fields.next()?);
-        let mut filesystem = filesystem.split(' ');
-        let (kind, options) = (filesystem.next()?, filesystem.nth(1).unwrap_or(""));
-        wanted(kind, options).then(|| Mount {
-            root: PathBuf::from(unescape(root)),
-            at: PathBuf::from(unescape(at)),
+/// The mount in `mountinfo` whose filesystem type and super options pass `wanted` and that
+/// shows cgroup `path` (its root holds it), else the first that passes.
+fn mount_of(mountinfo: &str, path: &str, wanted: impl Fn(&str, &str) -> bool) -> Option<Mount> {
+    let mounts: Vec<Mount> = mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (mount, filesystem) = line.split_once(" - ")?;
+            let mut fields = mount.split(' ');
+            let (root, at) = (fields.nth(3)?, fields.next()?);
+            let mut filesystem = filesystem.split(' ');
+            let (kind, options) = (filesystem.next()?, filesystem.nth(1).unwrap_or(""));
+            wanted(kind, options).then(|| Mount {
+                root: PathBuf::from(unescape(root)),
+                at: PathBuf::from(unescape(at)),
+            })
         })
-    })
+        .collect();
+    let shows = mounts
+        .iter()
+        .position(|mount| Path::new(path).starts_with(&mount.root));
+    let mut mounts = mounts;
+    match shows {
+        Some(at) => Some(mounts.swap_remove(at)),
+        None => mounts.into_iter().next(),
+    }
 }
 
 /// `mountinfo`'s octal escapes (`\040` for a space) decoded.
@@ -730,9 +841,11 @@ mod tests {
         assert_eq!(ben.processes(), Some(0));
         assert_eq!(ben.refusals(), Some(0));
         assert_eq!(ben.memory_kills(), Some(0));
+        // The supervisor joins the process bound, the command the memory bound.
+        let joined = |fds: [RawFd; MAX_MEMBERS]| fds.iter().filter(|fd| **fd >= 0).count();
         assert_eq!(
-            ben.procs().iter().filter(|fd| **fd >= 0).count(),
-            bens.len()
+            (joined(ben.supervisor_joins()), joined(ben.command_joins())),
+            (1, 1)
         );
         drop(ben);
         drop(both);
@@ -753,11 +866,16 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
-        let left = parent.join(format!("{PREFIX}{dead}-1"));
+        let left = parent.join(format!("{PREFIX}{}-{dead}-1", pid_namespace()));
+        // Another PID namespace's, which cannot be asked about: left alone.
+        let other = parent.join(format!("{PREFIX}1-{dead}-1"));
+        fs::create_dir(&other).unwrap();
         fs::create_dir(&left).unwrap();
         fs::create_dir(left.join("user-ben")).unwrap();
         let again = groups(10, 0).unwrap();
         assert!(!left.exists(), "{} was not swept", left.display());
+        assert!(other.exists());
+        fs::remove_dir(&other).unwrap();
         assert!(own.exists() && again.dirs().all(Path::exists));
     }
 

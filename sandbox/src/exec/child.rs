@@ -345,10 +345,11 @@ pub(crate) struct Spec {
     /// `RLIMIT_NPROC` for the command: in its user namespace, or (as root, without namespaces)
     /// for its workspace's own user.
     pub nproc: Option<u64>,
-    /// `cgroup.procs` of each cgroup of the process group of the command's user (-1: none),
-    /// which the supervisor joins before anything else (see [`super::cgroup`]); open in the
-    /// parent until the spawn returns.
+    /// `cgroup.procs` of the cgroups of the command's user's process group that the supervisor
+    /// joins before anything else, and of those the command's own process joins just before
+    /// `exec` (-1: none; see [`super::cgroup`]); open in the parent until the spawn returns.
     pub group: [RawFd; super::cgroup::MAX_MEMBERS],
+    pub command_group: [RawFd; super::cgroup::MAX_MEMBERS],
     /// The working directory, opened through the jail.
     pub cwd: OwnedFd,
     /// Who the command runs as, when not as the caller (the caller is root).
@@ -402,11 +403,7 @@ unsafe fn run(spec: &Spec) -> std::io::Result<()> {
         libc::sigfillset(&mut all);
         libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
         // Counted with every other command of its user from here on, and all it starts with it.
-        for procs in spec.group {
-            if procs >= 0 && libc::write(procs, c"0".as_ptr().cast(), 1) != 1 {
-                return Err(fail(Failed::Group));
-            }
-        }
+        join(&spec.group)?;
         // A copy of the caller's memory: nobody but root may read it, and it never dumps core.
         // The command's own limits are set just before its `exec` (set here, the descriptor
         // limit would refuse the pipes this tree needs when the caller holds many).
@@ -860,6 +857,10 @@ extern "C" fn run_command(arg: *mut libc::c_void) -> c_int {
 /// rlimits take effect (no more descriptors are needed here).
 unsafe fn last_before_exec(spec: &Spec) -> std::io::Result<()> {
     unsafe {
+        // The memory bound of its user's commands: the command and what it starts, not its
+        // supervisor and init (see `cgroup::Member`). The descriptors were opened by the server,
+        // whose rights the kernel checks.
+        join(&spec.command_group)?;
         if libc::syscall(
             libc::SYS_close_range,
             3 as libc::c_uint,
@@ -889,6 +890,17 @@ unsafe fn last_before_exec(spec: &Spec) -> std::io::Result<()> {
         }
         Ok(())
     }
+}
+
+/// Joins each cgroup of `procs` (its `cgroup.procs`, open for writing; -1: none).
+unsafe fn join(procs: &[RawFd]) -> std::io::Result<()> {
+    for &fd in procs {
+        // SAFETY: a write of a static byte to a descriptor, which the caller holds open.
+        if fd >= 0 && unsafe { libc::write(fd, c"0".as_ptr().cast(), 1) } != 1 {
+            return Err(fail(Failed::Group));
+        }
+    }
+    Ok(())
 }
 
 /// The private mounts that init managed to make.

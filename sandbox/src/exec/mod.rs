@@ -564,12 +564,13 @@ pub(crate) fn start(
     let identity = identity(jail, policy, slot)?;
     let first = isolation(policy, identity);
     let bound = group.map(|group| Bound::new(group.clone()));
+    let bound = bound.as_ref();
     let try_spawn = |isolation| {
         spawn(
-            jail, policy, slot, args, timeout, pipe_stdin, isolation, &bound,
+            jail, policy, slot, args, timeout, pipe_stdin, isolation, bound,
         )
     };
-    let started = match try_spawn(first) {
+    match try_spawn(first) {
         Err(SpawnFailure::Namespaces(why))
             if first.namespaced && policy.namespaces == NamespacePolicy::Auto =>
         {
@@ -594,20 +595,15 @@ pub(crate) fn start(
             try_spawn(fallback).map_err(|e| e.into_error())
         }
         other => other.map_err(|e| e.into_error()),
-    };
-    started.map_err(|e| match &bound {
-        Some(bound) => bound.explain(e),
-        None => e,
-    })
+    }
 }
 
-/// The process group of a command's user (see [`cgroup`]), and how many forks it had refused
-/// when the command started: a start that fails after it refused more failed at its bound.
-#[derive(Debug)]
+/// The process group of a command's user (see [`cgroup`]), and its counts when the command
+/// started: a fork refused at its bound since, or a process killed for want of memory since.
+#[derive(Debug, Clone)]
 pub(crate) struct Bound {
     group: Arc<cgroup::ProcessGroup>,
     refusals: Option<u64>,
-    /// Its processes killed at its memory bound, when the command started.
     memory_kills: Option<u64>,
 }
 
@@ -620,33 +616,32 @@ impl Bound {
         }
     }
 
-    /// Whether the kernel killed a process of the group at its memory bound since the command
-    /// started.
-    fn killed_at_memory_bound(&self) -> bool {
-        self.group
-            .memory_kills()
-            .is_some_and(|now| now > self.memory_kills.unwrap_or(0))
+    /// Whether the group refused a fork at its bound since the command started.
+    fn refused_since(&self) -> bool {
+        let before = self.refusals;
+        before.is_some_and(|before| self.group.refusals().is_some_and(|now| now > before))
     }
 
-    /// `err`, or, when the group refused a fork since the command started, why: its bound.
-    fn explain(&self, err: SandboxError) -> SandboxError {
-        let refused = |now: u64| self.refusals.is_none_or(|before| now > before);
-        match err {
-            SandboxError::SandboxUnavailable(_) if self.group.refusals().is_some_and(refused) => {
-                let now = self
-                    .group
-                    .processes()
-                    .map(|n| format!("{n} processes and threads"))
-                    .unwrap_or_else(|| "as many processes and threads as they may".into());
-                let max = self.group.max_processes().unwrap_or_default();
-                SandboxError::LimitExceeded(format!(
-                    "this user's commands on this server have {now}, and may have {max} at \
-                     once over all their sessions (server.max_processes_per_user); end some \
-                     (process_list and process_kill, in each session), then retry"
-                ))
-            }
-            other => other,
-        }
+    /// Whether the kernel killed a process of the group's commands for want of memory since
+    /// the command started.
+    fn killed_at_memory_bound(&self) -> bool {
+        let before = self.memory_kills;
+        before.is_some_and(|before| self.group.memory_kills().is_some_and(|now| now > before))
+    }
+
+    /// Why a command could not start, when it was the bound.
+    fn refusal(&self) -> SandboxError {
+        let now = self
+            .group
+            .processes()
+            .map(|n| format!("{n} processes and threads"))
+            .unwrap_or_else(|| "as many processes and threads as they may".into());
+        let max = self.group.max_processes().unwrap_or_default();
+        SandboxError::LimitExceeded(format!(
+            "this user's commands on this server have {now}, and may have {max} at once over \
+             all their sessions (server.max_processes_per_user); end some (process_list and \
+             process_kill, in each session), then retry"
+        ))
     }
 }
 
@@ -683,7 +678,7 @@ fn spawn(
     timeout: Option<Duration>,
     pipe_stdin: bool,
     isolation: Isolation,
-    bound: &Option<Bound>,
+    bound: Option<&Bound>,
 ) -> Result<Started, SpawnFailure> {
     let program = &args.argv[0];
     let cwd_path = jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
@@ -861,9 +856,12 @@ fn spawn(
     let spec = child::Spec {
         rlimits: Rlimits::new(policy, plan.cpu_seconds),
         nproc,
-        group: bound
-            .as_ref()
-            .map_or([-1; cgroup::MAX_MEMBERS], |bound| bound.group.procs()),
+        group: bound.map_or([-1; cgroup::MAX_MEMBERS], |bound| {
+            bound.group.supervisor_joins()
+        }),
+        command_group: bound.map_or([-1; cgroup::MAX_MEMBERS], |bound| {
+            bound.group.command_joins()
+        }),
         cwd,
         identity: isolation.identity,
         namespaces,
@@ -898,7 +896,7 @@ fn spawn(
     drop(command);
     let child = match spawned {
         Ok(child) => child,
-        Err(e) => return Err(spawn_error(program, e, isolation).into()),
+        Err(e) => return Err(spawn_error(program, e, isolation, bound).into()),
     };
     let pid = child.id().ok_or_else(|| SandboxError::Io {
         op: "start",
@@ -915,11 +913,7 @@ fn spawn(
         sandbox,
         status: status_read,
         isolation,
-        bound: bound.as_ref().map(|bound| Bound {
-            group: bound.group.clone(),
-            refusals: bound.refusals,
-            memory_kills: bound.memory_kills,
-        }),
+        bound: bound.cloned(),
     })
 }
 
@@ -978,15 +972,12 @@ impl Started {
         };
         let _ = process::end(&mut self.child, &self.supervisor).await;
         self.guard.disarm();
-        let err = spawn_error(
+        Err(spawn_error(
             program,
             std::io::Error::from_raw_os_error(errno),
             self.isolation,
-        );
-        Err(match &self.bound {
-            Some(bound) => bound.explain(err),
-            None => err,
-        })
+            self.bound.as_ref(),
+        ))
     }
 }
 
@@ -1151,7 +1142,14 @@ fn cap_last() -> u32 {
     })
 }
 
-fn spawn_error(program: &str, err: std::io::Error, isolation: Isolation) -> SandboxError {
+/// Why a command could not start, from the error its spawn or its start pipe gave; `bound`: its
+/// user's process group, whose bound is named when a fork failed at it.
+fn spawn_error(
+    program: &str,
+    err: std::io::Error,
+    isolation: Isolation,
+    bound: Option<&Bound>,
+) -> SandboxError {
     use child::Failed;
     let user = isolation
         .identity
@@ -1187,6 +1185,11 @@ fn spawn_error(program: &str, err: std::io::Error, isolation: Isolation) -> Sand
             };
         }
     };
+    if errno == libc::EAGAIN
+        && let Some(bound) = bound.filter(|bound| bound.refused_since())
+    {
+        return bound.refusal();
+    }
     // What the system call said, when one failed (0: a check failed).
     let said = match errno {
         0 => String::new(),
@@ -1397,7 +1400,12 @@ mod tests {
         for what in Failed::ALL {
             let packed = child::pack(what, libc::EMFILE);
             assert_eq!(child::unpack(packed), Ok((what, libc::EMFILE)));
-            let err = spawn_error("x", std::io::Error::from_raw_os_error(packed), isolation);
+            let err = spawn_error(
+                "x",
+                std::io::Error::from_raw_os_error(packed),
+                isolation,
+                None,
+            );
             assert_eq!(err.code(), ErrorCode::SandboxUnavailable, "{err}");
             assert!(err.to_string().contains("Too many open files"), "{err}");
         }
@@ -1405,6 +1413,7 @@ mod tests {
             "x",
             std::io::Error::from_raw_os_error(child::pack(Failed::Cwd, libc::EACCES)),
             isolation,
+            None,
         );
         assert!(cwd.to_string().contains("uid 65534"), "{cwd}");
         // `execve`'s own errors are plain errno values.
@@ -1413,6 +1422,7 @@ mod tests {
             "x",
             std::io::Error::from_raw_os_error(libc::ENOENT),
             isolation,
+            None,
         );
         assert_eq!(missing.code(), ErrorCode::NotFound);
     }
