@@ -317,6 +317,13 @@ async fn read_in_until(agent: &Agent, session: &str, id: &str, want: &str) -> (S
     (out, err)
 }
 
+/// Kills process `id` of `session` and waits until it has ended.
+async fn end(agent: &Agent, session: &str, id: &str) {
+    let kill = json!({"process": id, "signal": "KILL"});
+    ok(call_in(agent, Some(session), "process_kill", kill).await);
+    read_in_until(agent, session, id, "\u{0}never").await;
+}
+
 /// A command that starts `sleepers` processes that sleep, says `started` for each, then `all`,
 /// and waits for them: it holds them (a command's processes end with it).
 fn sleepers(sleepers: u32) -> serde_json::Value {
@@ -400,14 +407,7 @@ async fn one_users_processes_are_bounded_over_all_their_sessions_while_another_s
     assert_eq!(out.matches("started").count(), 20, "{out}{err}");
 
     // Once session one's command ends, admin's commands start again.
-    ok(call_in(
-        &agent,
-        Some(one),
-        "process_kill",
-        json!({"process": held, "signal": "KILL"}),
-    )
-    .await);
-    read_in_until(&agent, one, &held, "\u{0}never").await;
+    end(&agent, one, &held).await;
     let (again, _) = ok(call_in(&agent, Some(three), "run_command", sleepers(10)).await);
     let again = again["process"].as_str().expect("a process id").to_owned();
     let (out, err) = read_in_until(&agent, three, &again, "all").await;
@@ -417,13 +417,7 @@ async fn one_users_processes_are_bounded_over_all_their_sessions_while_another_s
         (&agent, three, &last),
         (&ben, bens, &bens_id),
     ] {
-        ok(call_in(
-            agent,
-            Some(session),
-            "process_kill",
-            json!({"process": id, "signal": "KILL"}),
-        )
-        .await);
+        end(agent, session, id).await;
     }
     server.stop().await;
 }
@@ -512,14 +506,7 @@ async fn one_users_memory_is_bounded_over_all_their_sessions_while_another_still
     );
     assert_eq!(r.get("memory_bound"), None, "{r}");
     // Once session one's command ends, session two's runs.
-    ok(call_in(
-        &agent,
-        Some(one),
-        "process_kill",
-        json!({"process": held, "signal": "KILL"}),
-    )
-    .await);
-    read_in_until(&agent, one, &held, "\u{0}never").await;
+    end(&agent, one, &held).await;
     let (r, _) = ok(call_in(&agent, Some(two), "run_command", holding(40_000_000, "")).await);
     assert_eq!(
         (r["exit_code"].clone(), r["stdout"].clone()),
