@@ -506,13 +506,24 @@ impl ProcessGroup {
         self.member(Controller::Memory).map(|(_, bound)| bound)
     }
 
-    /// How many of the group's commands' processes the kernel killed for want of memory.
-    pub fn memory_kills(&self) -> Option<u64> {
+    /// How many of the group's commands' processes the kernel killed for want of memory, and
+    /// how many times the group reached its memory bound (cgroup v2's `oom` event): a kill
+    /// counted with no new time at the bound was the host's, not the bound's. On cgroup v1 the
+    /// two are the kills.
+    pub fn memory_events(&self) -> Option<(u64, u64)> {
         let (member, _) = self.member(Controller::Memory)?;
         let dir = member.memory_dir.as_ref()?;
         match member.version {
-            Version::V1 => counter(&dir.join("memory.oom_control"), "oom_kill"),
-            Version::V2 => counter(&dir.join("memory.events"), "oom_kill"),
+            // No count there tells the bound's kills from the host's (`memory.failcnt` stays
+            // 0 when the kernel kills at the bound with swap accounted): every kill counts.
+            Version::V1 => {
+                let kills = counter(&dir.join("memory.oom_control"), "oom_kill")?;
+                Some((kills, kills))
+            }
+            Version::V2 => Some((
+                counter(&dir.join("memory.events"), "oom_kill")?,
+                counter(&dir.join("memory.events"), "oom")?,
+            )),
         }
     }
 
@@ -844,7 +855,7 @@ mod tests {
         assert_eq!(ben.max_memory(), Some(64 << 20));
         assert_eq!(ben.processes(), Some(0));
         assert_eq!(ben.refusals(), Some(0));
-        assert_eq!(ben.memory_kills(), Some(0));
+        assert_eq!(ben.memory_events(), Some((0, 0)));
         // The supervisor joins the process bound, the command the memory bound.
         let joined = |fds: [RawFd; MAX_MEMBERS]| fds.iter().filter(|fd| **fd >= 0).count();
         assert_eq!(

@@ -604,14 +604,14 @@ pub(crate) fn start(
 pub(crate) struct Bound {
     group: Arc<cgroup::ProcessGroup>,
     refusals: Option<u64>,
-    memory_kills: Option<u64>,
+    memory_events: Option<(u64, u64)>,
 }
 
 impl Bound {
     fn new(group: Arc<cgroup::ProcessGroup>) -> Bound {
         Bound {
             refusals: group.refusals(),
-            memory_kills: group.memory_kills(),
+            memory_events: group.memory_events(),
             group,
         }
     }
@@ -622,11 +622,15 @@ impl Bound {
         before.is_some_and(|before| self.group.refusals().is_some_and(|now| now > before))
     }
 
-    /// Whether the kernel killed a process of the group's commands for want of memory since
-    /// the command started.
+    /// Whether the kernel killed a process of the group's commands at its memory bound since
+    /// the command started (a kill, and the bound reached).
     fn killed_at_memory_bound(&self) -> bool {
-        let before = self.memory_kills;
-        before.is_some_and(|before| self.group.memory_kills().is_some_and(|now| now > before))
+        let (Some((kills, reached)), Some((kills_now, reached_now))) =
+            (self.memory_events, self.group.memory_events())
+        else {
+            return false;
+        };
+        kills_now > kills && reached_now > reached
     }
 
     /// Why a command could not start, when it was the bound.
