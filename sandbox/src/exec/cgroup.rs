@@ -894,6 +894,53 @@ mod tests {
         assert!(own.exists() && again.dirs().all(Path::exists));
     }
 
+    /// A command's supervisor joins the process bound and the command the memory bound, with
+    /// namespaces and in the fallback: the memory bound's cgroup holds the command alone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commands_supervisor_and_the_command_join_their_bounds_with_namespaces_and_without() {
+        use crate::{ExecPolicy, Limits, NamespacePolicy, Sandbox};
+        let Some(groups) = groups(64, 256 << 20) else {
+            return;
+        };
+        let groups = Arc::new(groups);
+        let ben = groups.for_user("ben").unwrap();
+        let procs = |controller| {
+            let (member, _) = ben.member(controller).unwrap();
+            let dir = match controller {
+                Controller::Pids => &member.dir,
+                Controller::Memory => member.memory_dir.as_ref().unwrap(),
+            };
+            let text = fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            text.lines().map(str::to_owned).collect::<Vec<_>>()
+        };
+        for namespaces in [NamespacePolicy::Auto, NamespacePolicy::Off] {
+            let root = tempfile::tempdir().unwrap();
+            let exec = ExecPolicy {
+                namespaces,
+                ..ExecPolicy::default()
+            };
+            crate::exec::give_to_command_user(root.path(), &exec).unwrap();
+            let sandbox = Sandbox::open(root.path(), Limits::default(), exec)
+                .unwrap()
+                .in_process_group(groups.clone(), "ben");
+            let args = crate::RunCommandArgs {
+                argv: ["sleep", "30"].map(String::from).to_vec(),
+                background: Some(true),
+                ..Default::default()
+            };
+            let ran = sandbox.run_command(&args).await.unwrap();
+            assert!(ran.process.is_some(), "{namespaces:?}: {ran:?}");
+            // The supervisor (and init) in the process bound, the command alone in the memory
+            // bound.
+            assert!(!procs(Controller::Pids).is_empty(), "{namespaces:?}");
+            let commands = procs(Controller::Memory);
+            assert_eq!(commands.len(), 1, "{namespaces:?}: {commands:?}");
+            let comm = fs::read_to_string(format!("/proc/{}/comm", commands[0])).unwrap();
+            assert_eq!(comm.trim(), "sleep", "{namespaces:?}");
+            drop(sandbox);
+        }
+    }
+
     #[test]
     fn escapes_of_mountinfo_are_decoded() {
         assert_eq!(unescape("/a\\040b\\134c"), "/a b\\c");
