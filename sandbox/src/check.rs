@@ -208,7 +208,11 @@ impl Sandbox {
     }
 }
 
-fn parse<A: DeserializeOwned>(tool: ToolName, args: &serde_json::Value) -> Result<A, SandboxError> {
+/// A tool's arguments as its type, or an argument error written for a model.
+pub(crate) fn parse<A: DeserializeOwned>(
+    tool: ToolName,
+    args: &serde_json::Value,
+) -> Result<A, SandboxError> {
     A::deserialize(args).map_err(|e| SandboxError::InvalidArguments(tool.argument_error(&e)))
 }
 

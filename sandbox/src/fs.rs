@@ -14,8 +14,6 @@ use monad_protocol::tools::{
     StatArgs, StatResult, Truncation, WriteFileArgs, WriteResult,
 };
 
-use serde::Deserialize;
-
 use crate::error::{EscapeReason, SandboxError};
 use crate::jail::{Jail, JailPath, read_capped};
 use crate::limits::Limits;
@@ -1834,10 +1832,9 @@ pub(crate) fn check_write(
     args: &serde_json::Value,
 ) -> Result<(), SandboxError> {
     use monad_protocol::ToolName;
-    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(tool.argument_error(&e));
     match tool {
         ToolName::WriteFile => {
-            let args = WriteFileArgs::deserialize(args).map_err(parse)?;
+            let args: WriteFileArgs = crate::check::parse(tool, args)?;
             check_write_size(limits, &args)?;
             let path = resolve_file(jail, &args.path)?;
             match Target::locate(jail, &path, Parents::Require, limits) {
@@ -1853,7 +1850,7 @@ pub(crate) fn check_write(
             }
         }
         ToolName::EditFile => {
-            let args = EditFileArgs::deserialize(args).map_err(parse)?;
+            let args: EditFileArgs = crate::check::parse(tool, args)?;
             plan_edit(jail, limits, &args).map(drop)
         }
         _ => Ok(()),
@@ -1910,10 +1907,9 @@ pub(crate) fn preview(
     args: &serde_json::Value,
 ) -> Result<Option<Preview>, SandboxError> {
     use monad_protocol::ToolName;
-    let parse = |e: serde_json::Error| SandboxError::InvalidArguments(tool.argument_error(&e));
     match tool {
         ToolName::WriteFile => {
-            let args = WriteFileArgs::deserialize(args).map_err(parse)?;
+            let args: WriteFileArgs = crate::check::parse(tool, args)?;
             check_write_size(limits, &args)?;
             let path = resolve_file(jail, &args.path)?;
             match Target::locate(jail, &path, Parents::Require, limits) {
@@ -1949,7 +1945,7 @@ pub(crate) fn preview(
             }
         }
         ToolName::EditFile => {
-            let args = EditFileArgs::deserialize(args).map_err(parse)?;
+            let args: EditFileArgs = crate::check::parse(tool, args)?;
             let edit = plan_edit(jail, limits, &args)?;
             Ok(Some(Preview {
                 diff: full_diff(
