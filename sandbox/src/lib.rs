@@ -552,11 +552,10 @@ impl Sandbox {
         let group = match &self.groups {
             None => None,
             Some((groups, user)) => Some(groups.for_user(user).map_err(|e| {
-                let dirs: Vec<String> = groups.dirs().map(|d| d.display().to_string()).collect();
                 SandboxError::SandboxUnavailable(format!(
                     "commands here are bounded with the other commands of their user, and that \
                      bound (cgroups under {}) could not be set up: {e}",
-                    dirs.join(" and ")
+                    groups.shown()
                 ))
             })?),
         };
@@ -617,6 +616,7 @@ fn parse_args<A: DeserializeOwned>(
     tool: ToolName,
     args: serde_json::Value,
 ) -> Result<A, SandboxError> {
+    // By value: a write's content is moved into its arguments, not copied.
     serde_json::from_value(args)
         .map_err(|e| SandboxError::InvalidArguments(tool.argument_error(&e)))
 }

@@ -45,7 +45,7 @@ pub struct ServerConfig {
     /// Several hosts on one database: leases, the host-to-host secret, the advertised address.
     pub cluster: crate::settings::ClusterSettings,
     /// The cgroup under which each user's process group is made (`[server] process_cgroup`);
-    /// `None`: under the server's own.
+    /// `None`: under the server's own cgroup of each controller.
     pub process_cgroup: Option<PathBuf>,
     /// The store named by `serve --store/--objects`: over `[store]` of `config.toml` and the
     /// `MONAD_STORE_*` variables (which `store` is put under).
@@ -117,7 +117,7 @@ impl Default for Quotas {
 
 /// Half of the host's memory (`MemTotal` of `/proc/meminfo`), the default bound of one user's
 /// commands; 0 (no bound) when it cannot be read.
-pub fn half_the_memory() -> u64 {
+fn half_the_memory() -> u64 {
     static HALF: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *HALF.get_or_init(|| {
         let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();

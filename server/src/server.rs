@@ -133,12 +133,11 @@ fn process_groups(config: &ServerConfig) -> Result<Option<Arc<ProcessGroups>>, S
     };
     match ProcessGroups::create(bounds, named) {
         Ok(groups) => {
-            let dirs: Vec<String> = groups.dirs().map(|d| d.display().to_string()).collect();
             info!(
                 processes = bounds.processes,
                 memory_bytes = bounds.memory_bytes,
                 "each user's commands are bounded together, in the cgroups under {}",
-                dirs.join(" and ")
+                groups.shown()
             );
             for why in groups.missing() {
                 unbounded(why);

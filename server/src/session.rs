@@ -127,7 +127,7 @@ pub struct PrimaryWorkspace {
     limits: monad_sandbox::Limits,
     exec: monad_sandbox::ExecPolicy,
     /// The process groups of the server's users and this session's owner, whose group its
-    /// commands join (`server.max_processes_per_user`).
+    /// commands join (`server.max_processes_per_user`, `server.max_memory_per_user`).
     groups: Option<(Arc<ProcessGroups>, String)>,
     sandbox: tokio::sync::OnceCell<Arc<Sandbox>>,
 }
@@ -967,7 +967,8 @@ impl Registry {
         }
     }
 
-    /// Bounds each user's commands together in `groups` (`server.max_processes_per_user`).
+    /// Bounds each user's commands together in `groups` (`server.max_processes_per_user`,
+    /// `server.max_memory_per_user`).
     pub fn with_process_groups(mut self, groups: Option<Arc<ProcessGroups>>) -> Registry {
         self.groups = groups;
         self

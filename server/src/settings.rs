@@ -429,7 +429,8 @@ pub struct ServerSettings {
     /// cgroups); 0 for no such bound. Default: half of the host's memory.
     pub max_memory_per_user: u64,
     /// The cgroup directory the users' process groups are made under; unset: the server's own
-    /// cgroup (of cgroup v1's pids hierarchy, or of cgroup v2 when it can have them).
+    /// cgroup of each controller (on cgroup v1, in each controller's hierarchy; on cgroup v2,
+    /// when the controllers can be enabled under it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_cgroup: Option<std::path::PathBuf>,
     /// Longest an HTTP request head may take to arrive, in milliseconds.

@@ -79,6 +79,11 @@ impl Controller {
             Controller::Memory => "server.max_memory_per_user",
         }
     }
+
+    /// Why its bound cannot be had, for the operator.
+    fn missing(self, why: &str) -> String {
+        format!("{} ({}): {why}", self.setting(), self.name())
+    }
 }
 
 /// What each user's commands may have at once, together; 0 leaves a bound out.
@@ -110,7 +115,6 @@ impl Bounds {
 #[derive(Debug)]
 pub struct ProcessGroups {
     trees: Vec<Tree>,
-    bounds: Bounds,
     /// The bounds that could not be had, each with why (for the operator).
     missing: Vec<String>,
     users: Mutex<HashMap<String, Arc<ProcessGroup>>>,
@@ -175,26 +179,26 @@ impl ProcessGroups {
         if wanted.is_empty() {
             return Err("no bound asked for".into());
         }
-        // Where each hierarchy's directory goes (`dir`: the parent).
-        let mut places: Vec<Tree> = Vec::new();
-        let mut missing = Vec::new();
-        let place_of: Box<dyn Fn(Controller) -> Place> = match under {
+        let under = match under {
             Some(dir) => {
-                let place = named(dir)?;
-                Box::new(move |_| Ok(place.clone()))
+                let (dir, version) = named(dir)?;
+                Under::Named(dir, version)
             }
             None => {
                 let read = |path: &str| {
                     fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))
                 };
-                let (cgroups, mountinfo) =
-                    (read("/proc/self/cgroup")?, read("/proc/self/mountinfo")?);
-                Box::new(move |controller| locate(&cgroups, &mountinfo, controller))
+                Under::Own {
+                    cgroups: read("/proc/self/cgroup")?,
+                    mountinfo: read("/proc/self/mountinfo")?,
+                }
             }
         };
+        // Where each hierarchy's directory goes (`dir`: the parent), with its controllers.
+        let mut places: Vec<Tree> = Vec::new();
+        let mut missing = Vec::new();
         for (controller, bound) in wanted {
-            let place = place_of(controller);
-            match place {
+            match under.place(controller) {
                 Ok((dir, version)) => match places.iter_mut().find(|place| place.dir == dir) {
                     Some(place) => place.controllers.push((controller, bound)),
                     None => places.push(Tree {
@@ -203,36 +207,19 @@ impl ProcessGroups {
                         controllers: vec![(controller, bound)],
                     }),
                 },
-                Err(why) => missing.push(format!(
-                    "{} ({}): {why}",
-                    controller.setting(),
-                    controller.name()
-                )),
+                Err(why) => missing.push(controller.missing(&why)),
             }
         }
+        let own = matches!(under, Under::Own { .. });
         let mut trees = Vec::new();
         for place in places {
-            match make_tree(
-                &place.dir,
-                place.version,
-                place.controllers.clone(),
-                under.is_none(),
-            ) {
-                Ok(tree) => trees.push(tree),
-                Err(why) => {
-                    for (controller, _) in place.controllers {
-                        missing.push(format!(
-                            "{} ({}): {why}",
-                            controller.setting(),
-                            controller.name()
-                        ));
-                    }
-                }
+            match make_dir(&place, own) {
+                Ok(dir) => trees.push(Tree { dir, ..place }),
+                Err(why) => missing.extend(place.controllers.iter().map(|(c, _)| c.missing(&why))),
             }
         }
         let groups = ProcessGroups {
             trees,
-            bounds,
             missing,
             users: Mutex::new(HashMap::new()),
         };
@@ -242,14 +229,15 @@ impl ProcessGroups {
         Ok(groups)
     }
 
+    /// This server's directories, for a person: `DIR and DIR`.
+    pub fn shown(&self) -> String {
+        let dirs: Vec<String> = self.dirs().map(|d| d.display().to_string()).collect();
+        dirs.join(" and ")
+    }
+
     /// This server's directories, one per hierarchy.
     pub fn dirs(&self) -> impl Iterator<Item = &Path> {
         self.trees.iter().map(|tree| tree.dir.as_path())
-    }
-
-    /// The bounds asked for.
-    pub fn bounds(&self) -> Bounds {
-        self.bounds
     }
 
     /// The bounds that could not be had, each with why.
@@ -356,11 +344,25 @@ fn limit_memory(dir: &Path, version: Version, bytes: u64) -> std::io::Result<()>
     Ok(())
 }
 
-/// Where a hierarchy's cgroup is, and its version, or why it cannot be had.
-type Place = Result<(PathBuf, Version), String>;
+/// Where a server makes its directories: under the cgroup the operator named, or under its own
+/// cgroup of each controller (from `/proc/self/cgroup` and `/proc/self/mountinfo`).
+enum Under {
+    Named(PathBuf, Version),
+    Own { cgroups: String, mountinfo: String },
+}
+
+impl Under {
+    /// The cgroup under which `controller`'s directory goes, and its version.
+    fn place(&self, controller: Controller) -> Result<(PathBuf, Version), String> {
+        match self {
+            Under::Named(dir, version) => Ok((dir.clone(), *version)),
+            Under::Own { cgroups, mountinfo } => locate(cgroups, mountinfo, controller),
+        }
+    }
+}
 
 /// A cgroup directory the operator named, and its version.
-fn named(dir: &Path) -> Place {
+fn named(dir: &Path) -> Result<(PathBuf, Version), String> {
     if dir.join("cgroup.subtree_control").exists() {
         Ok((dir.to_path_buf(), Version::V2))
     } else if dir.join("cgroup.procs").exists() {
@@ -370,17 +372,13 @@ fn named(dir: &Path) -> Place {
     }
 }
 
-/// Makes this server's directory under `parent` with `controllers` (given to the cgroups under
-/// it, on cgroup v2). `own`: `parent` is the server's own cgroup.
-fn make_tree(
-    parent: &Path,
-    version: Version,
-    controllers: Vec<(Controller, u64)>,
-    own: bool,
-) -> Result<Tree, String> {
+/// Makes this server's directory under `place.dir` with `place.controllers` (given to the
+/// cgroups under it, on cgroup v2). `own`: `place.dir` is the server's own cgroup.
+fn make_dir(place: &Tree, own: bool) -> Result<PathBuf, String> {
+    let (parent, version) = (&place.dir, place.version);
     sweep(parent);
     if version == Version::V2 {
-        for (controller, _) in &controllers {
+        for (controller, _) in &place.controllers {
             give_below(parent, *controller).map_err(|e| {
                 format!(
                     "the {} controller cannot be enabled for the cgroups under {} ({e}){}",
@@ -413,26 +411,21 @@ fn make_tree(
             Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
         }
     };
-    let tree = Tree {
-        dir,
-        version,
-        controllers,
-    };
     // Removed again if a controller cannot be had there.
-    let made = RemovedUnlessKept(Some(&tree.dir));
-    for (controller, _) in &tree.controllers {
+    let made = RemovedUnlessKept(Some(&dir));
+    for (controller, _) in &place.controllers {
         if version == Version::V2 {
-            give_below(&tree.dir, *controller).map_err(|e| {
+            give_below(&dir, *controller).map_err(|e| {
                 format!(
                     "cannot enable {} in {}: {e}",
                     controller.name(),
-                    tree.dir.display()
+                    dir.display()
                 )
             })?;
         }
         // A hierarchy without the controller has no such file (a named cgroup of another
         // hierarchy, on cgroup v1).
-        if !tree.dir.join(controller.limit_file(version)).exists() {
+        if !dir.join(controller.limit_file(version)).exists() {
             return Err(format!(
                 "{} has no {} controller",
                 parent.display(),
@@ -441,7 +434,7 @@ fn make_tree(
         }
     }
     made.keep();
-    Ok(tree)
+    Ok(dir)
 }
 
 /// A directory just made, removed when this is dropped unless it is kept.
@@ -520,10 +513,10 @@ impl ProcessGroup {
                 let kills = counter(&dir.join("memory.oom_control"), "oom_kill")?;
                 Some((kills, kills))
             }
-            Version::V2 => Some((
-                counter(&dir.join("memory.events"), "oom_kill")?,
-                counter(&dir.join("memory.events"), "oom")?,
-            )),
+            Version::V2 => {
+                let events = fs::read_to_string(dir.join("memory.events")).ok()?;
+                Some((count(&events, "oom_kill")?, count(&events, "oom")?))
+            }
         }
     }
 
@@ -554,7 +547,11 @@ fn read_number(path: &Path) -> Option<u64> {
 
 /// The count named `key` in a kernel file of `key value` lines.
 fn counter(path: &Path, key: &str) -> Option<u64> {
-    let text = fs::read_to_string(path).ok()?;
+    count(&fs::read_to_string(path).ok()?, key)
+}
+
+/// The count named `key` in `key value` lines.
+fn count(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let (name, value) = line.split_once(' ')?;
         (name == key).then(|| value.trim().parse().ok())?
