@@ -798,8 +798,18 @@ fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
             memory_bound(r.memory_bound)
         )
     };
-    if r.stdout.is_empty() && r.stderr.is_empty() {
-        out.push_str("; no new output");
+    match r.last_lines {
+        Some(_) if r.stdout.is_empty() && r.stderr.is_empty() => {
+            out.push_str("; no output kept");
+        }
+        Some(n) => {
+            out.push_str(&format!(
+                "; each stream's last {}, read before or not",
+                plural(n, "line", "lines")
+            ));
+        }
+        None if r.stdout.is_empty() && r.stderr.is_empty() => out.push_str("; no new output"),
+        None => {}
     }
     if r.running {
         out.push_str(" (read again for more; `wait_ms` waits for it)");
@@ -1608,6 +1618,17 @@ mod tests {
             read,
             "Process proc-7 in workspace laptop: exit status 0 after 1 min 1 s\n--- stderr (10 \
              older bytes were dropped)\nwarn"
+        );
+        let again = render(
+            ToolName::ProcessRead,
+            json!({"process": "proc-7", "running": true, "stdout": "b\nc\n", "stderr": "",
+                   "last_lines": 2, "duration_ms": 61000}),
+        );
+        assert_eq!(
+            again,
+            "Process proc-7 in workspace laptop: running for 1 min 1 s; each stream's last 2 \
+             lines, read before or not (read again for more; `wait_ms` waits for it)\n--- \
+             stdout\nb\nc"
         );
         let running = render(
             ToolName::ProcessRead,

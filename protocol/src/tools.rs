@@ -324,8 +324,9 @@ impl ToolName {
             }
             ToolName::ProcessRead => {
                 "Read what a background process (from `run_command` with `background`) wrote \
-                 since the last read, waiting up to `wait_ms` for more when there is none yet. \
-                 Says whether it is still running, and how it ended when it has. Output stays \
+                 since the last read, waiting up to `wait_ms` for more when there is none yet; \
+                 `last_lines` shows each stream's last lines again, read before or not. Says \
+                 whether it is still running, and how it ended when it has. Output stays \
                  readable after the process exits, until it has been read."
             }
             ToolName::ProcessWrite => {
@@ -971,6 +972,12 @@ pub struct ProcessReadArgs {
     /// is cut to that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// Instead of only what is new, each stream's last this many lines, read before or not, as
+    /// far back as the output cap keeps them (1 MiB per stream by default); what is new is then
+    /// read too. For output an earlier read returned (the start of an error scrolled past).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub last_lines: Option<u64>,
     /// Workspace to run in: a short name or URI. Default: the workspace that started the
     /// process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -997,10 +1004,16 @@ pub struct ProcessReadResult {
     /// memory bound on the server (`server.max_memory_per_user`, over all the user's sessions).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub memory_bound: bool,
-    /// Standard output written since the last read (lossy UTF-8).
+    /// Standard output written since the last read (lossy UTF-8); with `last_lines`, its last
+    /// lines.
     pub stdout: String,
-    /// Standard error written since the last read (lossy UTF-8).
+    /// Standard error written since the last read (lossy UTF-8); with `last_lines`, its last
+    /// lines.
     pub stderr: String,
+    /// The `last_lines` asked for, when it was: `stdout` and `stderr` then hold up to that many
+    /// of their last lines, output earlier reads returned included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_lines: Option<u64>,
     /// Bytes of standard output dropped, oldest first, because more than the cap piled up
     /// between two reads.
     #[serde(default, skip_serializing_if = "is_zero")]

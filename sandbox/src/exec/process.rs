@@ -196,11 +196,17 @@ struct Exit {
     duration: Duration,
 }
 
-/// One output stream's unread bytes.
+/// One output stream's bytes: in the foreground, those not yet taken; in the background, the
+/// newest up to the cap, read or not (`seen` says how many of them were read), so that a read
+/// can show the last lines again.
 #[derive(Debug)]
 struct Output {
     /// Background: the newest bytes. Foreground: the first bytes, up to half the cap.
     bytes: VecDeque<u8>,
+    /// Background: how many of `bytes`, from the front, an earlier read returned.
+    seen: usize,
+    /// Background: whether the cap pushed out the start of `bytes`'s first line.
+    cut: bool,
     /// Foreground: the newest bytes once the first half is full, up to the other half.
     tail: VecDeque<u8>,
     cap: usize,
@@ -217,6 +223,8 @@ impl Output {
     fn new(cap: usize) -> Output {
         Output {
             bytes: VecDeque::new(),
+            seen: 0,
+            cut: false,
             tail: VecDeque::new(),
             cap,
             keep_tail: false,
@@ -230,8 +238,11 @@ impl Output {
             self.bytes.extend(data);
             let over = self.bytes.len().saturating_sub(self.cap);
             if over > 0 {
+                self.cut = self.bytes[over - 1] != b'\n';
                 self.bytes.drain(..over);
-                self.dropped += over as u64;
+                // Bytes already read go first; only unread ones count as dropped.
+                self.dropped += over.saturating_sub(self.seen) as u64;
+                self.seen = self.seen.saturating_sub(over);
             }
         } else {
             // The first half of the cap holds the start; the rest rolls through the second
@@ -249,18 +260,73 @@ impl Output {
         }
     }
 
-    /// Takes what is there as text. While the process runs, a character cut in the middle
-    /// stays for the next read instead of becoming a replacement character.
-    fn take(&mut self, finished: bool) -> String {
-        let mut bytes: Vec<u8> = self.bytes.drain(..).collect();
-        if !finished
-            && let Err(e) = std::str::from_utf8(&bytes)
-            && e.error_len().is_none()
-        {
-            let rest = bytes.split_off(e.valid_up_to());
-            self.bytes.extend(rest);
+    /// Bytes not read yet (background), or not taken yet (foreground).
+    fn unread(&self) -> usize {
+        self.bytes.len() - self.seen
+    }
+
+    /// How many of the unread bytes a read takes: all of them, but while the process runs, a
+    /// character cut in the middle stays for the next read instead of becoming a replacement
+    /// character.
+    fn readable(&self, finished: bool) -> usize {
+        let unread = self.unread();
+        if finished {
+            return unread;
         }
-        lossy(bytes)
+        let end: Vec<u8> = self
+            .bytes
+            .range(self.bytes.len() - unread.min(4)..)
+            .copied()
+            .collect();
+        unread - (end.len() - crate::decode::complete_utf8_len(&end))
+    }
+
+    /// Background: what was written since the last read, as text, marked read (and kept for
+    /// [`Output::last_lines`]).
+    fn take_new(&mut self, finished: bool) -> String {
+        let n = self.readable(finished);
+        let new: Vec<u8> = self
+            .bytes
+            .range(self.seen..self.seen + n)
+            .copied()
+            .collect();
+        self.seen += n;
+        lossy(new)
+    }
+
+    /// Background: the last `lines` lines of what is kept, read before or not, as text; what is
+    /// new is marked read. A first line the cap cut is left out, unless it is all there is.
+    fn last_lines(&mut self, lines: u64, finished: bool) -> String {
+        let end = self.seen + self.readable(finished);
+        self.seen = end;
+        let kept: Vec<u8> = self.bytes.range(..end).copied().collect();
+        // Where the last `lines` lines start: after the `lines`-th line break from the end, not
+        // counting one that ends the text.
+        let body = kept.strip_suffix(b"\n").unwrap_or(&kept);
+        let mut start = body
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|&(_, &b)| b == b'\n')
+            .nth(usize::try_from(lines.saturating_sub(1)).unwrap_or(usize::MAX))
+            .map_or(0, |(i, _)| i + 1);
+        if start == 0
+            && self.cut
+            && let Some(i) = body.iter().position(|&b| b == b'\n')
+        {
+            start = i + 1;
+        }
+        lossy(kept[start..].to_vec())
+    }
+
+    /// Takes what is there as text (in the background, [`Output::take_new`]); a character cut
+    /// in the middle stays, as [`Output::readable`] says.
+    fn take(&mut self, finished: bool) -> String {
+        if self.keep_tail {
+            return self.take_new(finished);
+        }
+        let n = self.readable(finished);
+        lossy(self.bytes.drain(..n).collect())
     }
 
     /// A foreground output taken whole: its first and last bytes, and where the dropped ones
@@ -967,12 +1033,17 @@ pub(crate) async fn read(
     table: &Table,
     args: &ProcessReadArgs,
 ) -> Result<ProcessReadResult, SandboxError> {
+    if args.last_lines == Some(0) {
+        return Err(SandboxError::InvalidArguments(
+            "`last_lines` must be at least 1".into(),
+        ));
+    }
     let proc = table.get(&args.process)?;
     let wait = Duration::from_millis(args.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
     let mut changes = proc.activity.subscribe();
     let has_news = |proc: &Proc| {
         let state = proc.lock();
-        state.exit.is_some() || !state.stdout.bytes.is_empty() || !state.stderr.bytes.is_empty()
+        state.exit.is_some() || state.stdout.unread() > 0 || state.stderr.unread() > 0
     };
     if !wait.is_zero() && !has_news(&proc) {
         let _ = tokio::time::timeout(wait, async {
@@ -994,8 +1065,15 @@ pub(crate) async fn read(
         signal: exit.and_then(|e| e.signal),
         timed_out: exit.is_some_and(|e| e.timed_out),
         memory_bound: exit.is_some_and(|e| e.memory_bound),
-        stdout: state.stdout.take(finished),
-        stderr: state.stderr.take(finished),
+        stdout: match args.last_lines {
+            Some(n) => state.stdout.last_lines(n, finished),
+            None => state.stdout.take(finished),
+        },
+        stderr: match args.last_lines {
+            Some(n) => state.stderr.last_lines(n, finished),
+            None => state.stderr.take(finished),
+        },
+        last_lines: args.last_lines,
         stdout_dropped: std::mem::take(&mut state.stdout.dropped),
         stderr_dropped: std::mem::take(&mut state.stderr.dropped),
         duration_ms: proc.elapsed(exit).as_millis() as u64,
@@ -1282,5 +1360,46 @@ mod tests {
         assert_eq!(out.take(false), "é");
         out.push(&[0xff, b'x']);
         assert_eq!(out.take(true), "\u{fffd}x");
+        // The same in the background, where what was read is kept.
+        let mut out = Output::new(100);
+        out.keep_tail = true;
+        out.push(b"caf");
+        out.push(&e_acute[..1]);
+        assert_eq!(out.take(false), "caf");
+        assert_eq!(out.last_lines(5, false), "caf");
+        assert_eq!(out.unread(), 1);
+        out.push(&e_acute[1..]);
+        assert_eq!(out.take(false), "é");
+        assert_eq!(out.last_lines(1, true), "café");
+    }
+
+    #[test]
+    fn a_background_output_shows_its_last_lines_again_as_far_as_the_cap_keeps_them() {
+        let mut out = Output::new(20);
+        out.keep_tail = true;
+        out.push(b"one\ntwo\nthree\n");
+        assert_eq!(out.take(false), "one\ntwo\nthree\n");
+        assert_eq!(out.take(false), "");
+        // Read before: shown again, the last lines only, a final line break not counted.
+        assert_eq!(out.last_lines(2, false), "two\nthree\n");
+        assert_eq!(out.last_lines(10, false), "one\ntwo\nthree\n");
+        // What is new comes with them, and is read by it.
+        out.push(b"four");
+        assert_eq!(out.last_lines(2, false), "three\nfour");
+        assert_eq!((out.unread(), out.take(false).as_str()), (0, ""));
+        // Past the cap, read bytes go first and are not counted as dropped; a first line the
+        // cap cut is left out, a whole one stays.
+        out.push(b"\nfive\n");
+        assert_eq!(out.dropped, 0);
+        assert_eq!(out.bytes.len(), 20);
+        assert_eq!(out.last_lines(10, false), "two\nthree\nfour\nfive\n");
+        out.push(b"6");
+        assert_eq!(out.last_lines(10, false), "three\nfour\nfive\n6");
+        // Unread bytes pushed out are: 25 new bytes, 20 kept, of which the 5 read ones went
+        // first.
+        out.push(b"0123456789abcdefghijklmnopqrstuvwxy");
+        assert_eq!(out.dropped, 15);
+        // A cut line that is all there is stays.
+        assert_eq!(out.last_lines(3, false), "fghijklmnopqrstuvwxy");
     }
 }

@@ -235,6 +235,96 @@ async fn a_background_process_in_the_primary_runs_across_calls() {
     assert_eq!(r["signal"], 9, "{r}");
 }
 
+/// An agent that read a background process's output (a build's error scrolled past) reads its
+/// last lines again, in an attached folder and in the primary: until then `process_read` only
+/// ever gave what was new, and what an earlier read returned was gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reads_a_background_processs_last_lines_again_in_either_workspace() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    let script = "i=1; while [ $i -le 40 ]; do echo line $i; i=$((i+1)); done; \
+                  echo oops >&2; echo printed; read x; echo more; read y";
+    for workspace in ["lap", "primary"] {
+        let (started, ran_in) = ok(call(
+            &agent,
+            "run_command",
+            json!({"argv": ["sh", "-c", script], "background": true, "workspace": workspace}),
+        )
+        .await);
+        assert_eq!(ran_in, workspace);
+        let id = started["process"].as_str().unwrap().to_owned();
+        let (seen, _) = read_until(&agent, &id, "printed").await;
+        assert!(
+            seen.starts_with("line 1\n") && seen.ends_with("printed\n"),
+            "{seen}"
+        );
+        // Everything was read: nothing is new, yet the last lines are still there.
+        let (again, ran_in) = ok(call(
+            &agent,
+            "process_read",
+            json!({"process": id, "last_lines": 3}),
+        )
+        .await);
+        assert_eq!(ran_in, workspace);
+        assert_eq!(again["stdout"], "line 39\nline 40\nprinted\n", "{again}");
+        assert_eq!(again["stderr"], "oops\n", "{again}");
+        assert_eq!(
+            (&again["last_lines"], &again["running"]),
+            (&json!(3), &json!(true))
+        );
+        // New output comes with them, and is read by it.
+        ok(call(
+            &agent,
+            "process_write",
+            json!({"process": id, "text": "go\n"}),
+        )
+        .await);
+        let (again, _) = within(STEP, "`more` among the last lines", async {
+            loop {
+                let r = ok(call(
+                    &agent,
+                    "process_read",
+                    json!({"process": id, "last_lines": 2, "wait_ms": 5000}),
+                )
+                .await);
+                if r.0["stdout"].as_str().unwrap_or_default().contains("more") {
+                    return r;
+                }
+            }
+        })
+        .await;
+        assert_eq!(again["stdout"], "printed\nmore\n", "{again}");
+        let (next, _) = ok(call(&agent, "process_read", json!({"process": id})).await);
+        assert_eq!(
+            (&next["stdout"], &next["running"]),
+            (&json!(""), &json!(true)),
+            "read by the call that showed it: {next}"
+        );
+        // Zero lines is no request at all.
+        expect_code(
+            call(
+                &agent,
+                "process_read",
+                json!({"process": id, "last_lines": 0}),
+            )
+            .await,
+            ErrorCode::InvalidArguments,
+        );
+        ok(call(
+            &agent,
+            "process_kill",
+            json!({"process": id, "signal": "KILL"}),
+        )
+        .await);
+        let (_, r) = read_until(&agent, &id, "\u{0}never").await;
+        assert_eq!(r["signal"], 9, "{r}");
+    }
+}
+
 /// A background process that has exited keeps its session in memory until its output is read:
 /// a session was unloaded as soon as none of its processes ran, and the output and exit status
 /// of a finished build were lost (`process_read` then said the session had no such process).
