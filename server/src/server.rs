@@ -1549,17 +1549,16 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         loop {
             let now = focus_moves.borrow_and_update().clone();
             let is_focus = now.as_deref() == Some(workspace.name.as_str());
-            if is_focus != told && ctx.minor >= wire::FOCUSED_MINOR {
-                let moved = Message::Focused {
+            let tell =
+                (is_focus != told && ctx.minor >= wire::FOCUSED_MINOR).then(|| Message::Focused {
                     attachment: id,
                     focus: is_focus,
                     now,
-                };
-                if write_message(&mut send, &moved).await.is_err() {
-                    break;
-                }
-            }
+                });
             told = is_focus;
+            // The focus's move is written while the rest is watched: a client that does not
+            // read its stream holds the write, and must not hold this task past a takeover, its
+            // connection's end or the server's shutdown.
             tokio::select! {
                 // A detach by name also ends the focus: the client hears why it stops, not
                 // first that the focus left.
@@ -1568,16 +1567,31 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                 // is told why (one that knows how to hear it), so that it stops.
                 Some(reason) = kicked.recv() => {
                     info!(session = %session.id, workspace = %workspace.name, "{reason}");
-                    if ctx.minor >= wire::CLI_MINOR {
-                        let detached = Message::Detached { attachment: id, reason };
-                        let _ = write_message(&mut send, &detached).await;
+                    let told = async {
+                        if ctx.minor >= wire::CLI_MINOR {
+                            let detached = Message::Detached { attachment: id, reason };
+                            let _ = write_message(&mut send, &detached).await;
+                        }
+                        finish(&mut send).await;
+                    };
+                    if tokio::time::timeout(ANSWER_ACK_WAIT, told).await.is_err() {
+                        let _ = send.reset(reset::CANCELLED.into());
                     }
-                    finish(&mut send).await;
                     break;
                 }
                 () = &mut reports => break,
                 () = &mut stopping => break,
-                Ok(()) = focus_moves.changed() => {}
+                wrote = async {
+                    match &tell {
+                        Some(moved) => write_message(&mut send, moved).await,
+                        None => std::future::pending().await,
+                    }
+                }, if tell.is_some() => {
+                    if wrote.is_err() {
+                        break;
+                    }
+                }
+                Ok(()) = focus_moves.changed(), if tell.is_none() => {}
             }
         }
     }

@@ -288,9 +288,21 @@ pub async fn connect_agent(config: &ClientConfig) -> Agent {
 /// A connection to the server whose handshake is done and which has said nothing yet. Returns
 /// the endpoint (keep it alive) and the connection.
 pub async fn connect_without_hello(config: &ClientConfig) -> (quinn::Endpoint, quinn::Connection) {
-    let (client, _) =
+    connect_over(config, None).await
+}
+
+/// [`connect_without_hello`], over `transport` when given (a receive window of the test's
+/// choosing, say).
+async fn connect_over(
+    config: &ClientConfig,
+    transport: Option<quinn::TransportConfig>,
+) -> (quinn::Endpoint, quinn::Connection) {
+    let (mut client, _) =
         monad_client::connect::pinned_config(&config.fingerprint, monad_protocol::wire::ALPN)
             .expect("a client configuration");
+    if let Some(transport) = transport {
+        client.transport_config(Arc::new(transport));
+    }
     let mut endpoint =
         quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("a UDP socket");
     endpoint.set_default_client_config(client);
@@ -313,9 +325,19 @@ pub async fn connect_speaking(
     role: monad_protocol::wire::Role,
     minor: u32,
 ) -> (quinn::Endpoint, quinn::Connection, u32) {
+    connect_speaking_over(config, role, minor, None).await
+}
+
+/// [`connect_speaking`], over `transport` when given.
+pub async fn connect_speaking_over(
+    config: &ClientConfig,
+    role: monad_protocol::wire::Role,
+    minor: u32,
+    transport: Option<quinn::TransportConfig>,
+) -> (quinn::Endpoint, quinn::Connection, u32) {
     use monad_protocol::io::{read_message, write_message};
     use monad_protocol::wire::{self, Message};
-    let (endpoint, conn) = connect_without_hello(config).await;
+    let (endpoint, conn) = connect_over(config, transport).await;
     let (mut send, mut recv) = conn.open_bi().await.expect("a stream");
     let hello = Message::Hello {
         protocol: wire::PROTOCOL_MAJOR,

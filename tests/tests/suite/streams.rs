@@ -8,7 +8,7 @@ use std::time::Duration;
 use monad_protocol::ToolName;
 use monad_protocol::io::{read_message, write_message};
 use monad_protocol::wire::{Body, Message, Outcome, PROTOCOL_MINOR, Role};
-use monad_tests::{FakeClient, STEP, TestServer, connect_speaking, within};
+use monad_tests::{FakeClient, STEP, TestServer, connect_speaking, connect_speaking_over, within};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +98,18 @@ async fn attach_speaking(
     name: &str,
     focus: bool,
 ) -> (quinn::Endpoint, quinn::SendStream, quinn::RecvStream) {
-    let (endpoint, client, _) = connect_speaking(config, Role::Client, minor).await;
+    attach_over(config, minor, name, focus, None).await
+}
+
+/// [`attach_speaking`], over `transport` when given.
+async fn attach_over(
+    config: &monad_client::config::ClientConfig,
+    minor: u32,
+    name: &str,
+    focus: bool,
+    transport: Option<quinn::TransportConfig>,
+) -> (quinn::Endpoint, quinn::SendStream, quinn::RecvStream) {
+    let (endpoint, client, _) = connect_speaking_over(config, Role::Client, minor, transport).await;
     let (mut send, mut recv) = client.open_bi().await.expect("a stream");
     let attach = Message::Attach {
         id: 1,
@@ -163,4 +174,47 @@ async fn only_a_client_that_knows_focused_is_sent_it() {
         assert_eq!(seen.len(), expected + 1, "minor {minor}: {seen:?}");
     }
     server.stop().await;
+}
+
+/// A client that stops reading its attach stream holds the server's write of a focus move (its
+/// receive window full): that write must not hold the folder's task past the server's shutdown.
+/// It did: the task waited in the write, and every shutdown waited the whole grace for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_its_attach_stream_does_not_hold_the_shutdown() {
+    use monad_protocol::wire::FOCUSED_MINOR;
+    // A grace the test would notice: far longer than it waits.
+    let server = TestServer::start_with(|c| c.shutdown_grace = Duration::from_secs(600)).await;
+    let config = server.client_config();
+    let mut transport = quinn::TransportConfig::default();
+    // Less than one `focused` message: the server's first write of one cannot complete.
+    transport.stream_receive_window(quinn::VarInt::from_u32(16));
+    let (_endpoint, _send, _recv) =
+        attach_over(&config, FOCUSED_MINOR, "stuck", true, Some(transport)).await;
+    // Another folder takes the focus: the server tells `stuck`, which never reads.
+    let (_mover, _mover_send, _) = attach_speaking(&config, FOCUSED_MINOR, "mover", true).await;
+    // Until the focus has moved (the move is what starts the write).
+    within(STEP, "the focus to move", async {
+        let session = loop {
+            if let Some(session) = server
+                .state()
+                .registry
+                .loaded_of("admin")
+                .into_iter()
+                .next()
+            {
+                break session;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        while session.focus().as_deref() != Some("mover") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    within(
+        STEP,
+        "the server to shut down without the grace",
+        server.stop(),
+    )
+    .await;
 }
