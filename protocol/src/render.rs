@@ -223,8 +223,16 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         "{dir}{ws}: {}{hidden}",
         plural(r.entries.len() as u64, "entry", "entries")
     );
-    if r.entries.iter().any(|e| e.kind == EntryKind::Symlink) {
-        out.push_str(" (`@`: symbolic link)");
+    let links = r.entries.iter().any(|e| e.kind == EntryKind::Symlink);
+    // A name's own final `@` is escaped, so that `@` after a name always marks a link.
+    let own_at = r.entries.iter().any(|e| e.path.ends_with('@'));
+    match (links, own_at) {
+        (true, false) => out.push_str(" (`@`: symbolic link)"),
+        (true, true) => {
+            out.push_str(" (`@`: symbolic link; a name's own final `@` shows as `\\u{40}`)")
+        }
+        (false, true) => out.push_str(" (a name's own final `@` shows as `\\u{40}`)"),
+        (false, false) => {}
     }
     if r.truncated {
         out.push_str(
@@ -237,7 +245,14 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     for e in &r.entries {
         let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         out.push('\n');
-        out.push_str(&shown(name));
+        let name = shown(name);
+        match name.strip_suffix('@') {
+            Some(stem) => {
+                out.push_str(stem);
+                out.push_str("\\u{40}");
+            }
+            None => out.push_str(&name),
+        }
         match e.kind {
             EntryKind::File => {}
             EntryKind::Dir => out.push('/'),
@@ -1257,6 +1272,29 @@ mod tests {
             shown,
             "src/ in workspace laptop: 4 entries (`@`: symbolic link)\nbin/\nbin/main.rs\nlib.rs\n\
              link@"
+        );
+        // A file whose name ends with `@` is not taken for a link, nor a link so named for a
+        // link without it.
+        let at = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "entries": [
+                {"path": "mail@", "kind": "file"},
+                {"path": "mail", "kind": "symlink"},
+                {"path": "to@", "kind": "symlink"},
+            ]}),
+        );
+        assert_eq!(
+            at,
+            "./ in workspace laptop: 3 entries (`@`: symbolic link; a name's own final `@` shows \
+             as `\\u{40}`)\nmail\\u{40}\nmail@\nto\\u{40}@"
+        );
+        let own = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "entries": [{"path": "a@", "kind": "file"}]}),
+        );
+        assert_eq!(
+            own,
+            "./ in workspace laptop: 1 entry (a name's own final `@` shows as `\\u{40}`)\na\\u{40}"
         );
         let root = render(
             ToolName::ListDir,
