@@ -1179,7 +1179,7 @@ pub(crate) fn list(table: &Table) -> ProcessListResult {
                     exit_code: exit.and_then(|e| e.code),
                     signal: exit.and_then(|e| e.signal),
                     duration_ms: proc.elapsed(exit).as_millis() as u64,
-                    unread_bytes: (state.stdout.bytes.len() + state.stderr.bytes.len()) as u64,
+                    unread_bytes: (state.stdout.unread() + state.stderr.unread()) as u64,
                     workspace: None,
                 }
             })

@@ -276,6 +276,9 @@ async fn an_agent_reads_a_background_processs_last_lines_again_in_either_workspa
             (&again["last_lines"], &again["running"]),
             (&json!(3), &json!(true))
         );
+        // What is kept for that is not counted as unread.
+        let (listed, _) = ok(call(&agent, "process_list", json!({"workspace": workspace})).await);
+        assert_eq!(listed["processes"][0]["unread_bytes"], 0, "{listed}");
         // New output comes with them, and is read by it.
         ok(call(
             &agent,
