@@ -1343,6 +1343,18 @@ impl Message {
         serde_json::to_vec(self).expect("messages always serialize")
     }
 
+    /// The message's frames, headers and payloads, as the bytes a stream carries: for a writer
+    /// that must be able to stop between two writes and go on later without cutting a frame.
+    pub fn to_frames(&self) -> Vec<u8> {
+        let json = self.to_json();
+        let mut bytes = Vec::with_capacity(json.len() + crate::frame::HEADER_LEN);
+        for (header, chunk) in crate::frame::frames(&json) {
+            bytes.extend_from_slice(&header);
+            bytes.extend_from_slice(chunk);
+        }
+        bytes
+    }
+
     /// Decodes a message from JSON.
     ///
     /// A tool's result, the one message that can be large, is decoded straight into its fields;
@@ -1852,6 +1864,20 @@ mod tests {
             assert_eq!(back, message);
             let value: Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(value["type"], message.kind());
+            // As frames, whole or cut anywhere, it decodes to the same.
+            let frames = message.to_frames();
+            let mut decoder = crate::frame::Decoder::new(crate::frame::DEFAULT_MAX_MESSAGE);
+            match decoder.decode(&frames).unwrap() {
+                crate::frame::Decoded::Message(json, used) => {
+                    assert_eq!((json, used), (bytes, frames.len()));
+                }
+                incomplete => panic!("{incomplete:?}"),
+            }
+            let cut = frames.len() / 2;
+            assert!(matches!(
+                crate::frame::Decoder::new(1 << 20).decode(&frames[..cut]),
+                Ok(crate::frame::Decoded::Incomplete(_))
+            ));
         }
     }
 

@@ -1546,19 +1546,26 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         // agent's calls that name no workspace go.
         let mut focus_moves = session.watch_focus();
         let mut told = asked_focus;
+        // The frames of a focus move not written yet. They are written while the rest is
+        // watched: a client that does not read its stream holds the write, and must not hold
+        // this task past a takeover, its connection's end or the server's shutdown. Written
+        // piece by piece (`SendStream::write` writes a piece or nothing), so that a `detached`
+        // after them never lands inside a frame.
+        let mut unsent: Vec<u8> = Vec::new();
         loop {
-            let now = focus_moves.borrow_and_update().clone();
-            let is_focus = now.as_deref() == Some(workspace.name.as_str());
-            let tell =
-                (is_focus != told && ctx.minor >= wire::FOCUSED_MINOR).then(|| Message::Focused {
-                    attachment: id,
-                    focus: is_focus,
-                    now,
-                });
-            told = is_focus;
-            // The focus's move is written while the rest is watched: a client that does not
-            // read its stream holds the write, and must not hold this task past a takeover, its
-            // connection's end or the server's shutdown.
+            if unsent.is_empty() {
+                let now = focus_moves.borrow_and_update().clone();
+                let is_focus = now.as_deref() == Some(workspace.name.as_str());
+                if is_focus != told && ctx.minor >= wire::FOCUSED_MINOR {
+                    let moved = Message::Focused {
+                        attachment: id,
+                        focus: is_focus,
+                        now,
+                    };
+                    unsent = moved.to_frames();
+                }
+                told = is_focus;
+            }
             tokio::select! {
                 // A detach by name also ends the focus: the client hears why it stops, not
                 // first that the focus left.
@@ -1567,32 +1574,39 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                 // is told why (one that knows how to hear it), so that it stops.
                 Some(reason) = kicked.recv() => {
                     info!(session = %session.id, workspace = %workspace.name, "{reason}");
-                    let told = async {
-                        if ctx.minor >= wire::CLI_MINOR {
-                            let detached = Message::Detached { attachment: id, reason };
-                            let _ = write_message(&mut send, &detached).await;
+                    // The rest of a focus move first, then why; a client that does not take
+                    // them in time gets its stream reset.
+                    let said = tokio::time::timeout(ANSWER_ACK_WAIT, async {
+                        if send.write_all(&unsent).await.is_err() {
+                            return false;
                         }
+                        unsent.clear();
+                        let detached = Message::Detached { attachment: id, reason };
+                        ctx.minor < wire::CLI_MINOR
+                            || write_message(&mut send, &detached).await.is_ok()
+                    })
+                    .await;
+                    if said == Ok(true) {
                         finish(&mut send).await;
-                    };
-                    if tokio::time::timeout(ANSWER_ACK_WAIT, told).await.is_err() {
+                    } else {
                         let _ = send.reset(reset::CANCELLED.into());
                     }
                     break;
                 }
                 () = &mut reports => break,
                 () = &mut stopping => break,
-                wrote = async {
-                    match &tell {
-                        Some(moved) => write_message(&mut send, moved).await,
-                        None => std::future::pending().await,
+                wrote = send.write(&unsent), if !unsent.is_empty() => match wrote {
+                    Ok(n) => {
+                        unsent.drain(..n);
                     }
-                }, if tell.is_some() => {
-                    if wrote.is_err() {
-                        break;
-                    }
-                }
-                Ok(()) = focus_moves.changed(), if tell.is_none() => {}
+                    Err(_) => break,
+                },
+                Ok(()) = focus_moves.changed(), if unsent.is_empty() => {}
             }
+        }
+        if !unsent.is_empty() {
+            // Ended with a focus move cut short: the stream must not end as if it were whole.
+            let _ = send.reset(reset::CANCELLED.into());
         }
     }
 }

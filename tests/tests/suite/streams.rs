@@ -218,3 +218,62 @@ async fn a_client_that_does_not_read_its_attach_stream_does_not_hold_the_shutdow
     )
     .await;
 }
+
+/// A folder taken over while the server's write of a focus move to it is held (its client slow
+/// to read) is told it was, after that move: the `detached` is written once the move's frames
+/// are, never inside them, so that its client, reading on, gets two whole messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_taken_over_while_a_focus_move_is_held_hears_both_whole() {
+    use monad_protocol::wire::FOCUSED_MINOR;
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let mut transport = quinn::TransportConfig::default();
+    // Less than one `focused` message: the server's write of one stops inside it.
+    transport.stream_receive_window(quinn::VarInt::from_u32(16));
+    let (_endpoint, _send, mut recv) =
+        attach_over(&config, FOCUSED_MINOR, "slow", true, Some(transport)).await;
+    let (_mover, _mover_send, _) = attach_speaking(&config, FOCUSED_MINOR, "mover", true).await;
+    within(STEP, "the focus to move", async {
+        let session = loop {
+            if let Some(session) = server
+                .state()
+                .registry
+                .loaded_of("admin")
+                .into_iter()
+                .next()
+            {
+                break session;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        while session.focus().as_deref() != Some("mover") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Taken over while the move's write waits for the client.
+    let _taker = FakeClient::attach(&config, "slow", vec![ToolName::ReadFile]).await;
+    let mut seen = Vec::new();
+    loop {
+        let message = within(STEP, "the next message", read_message(&mut recv, 1 << 20))
+            .await
+            .expect("a whole message, not a frame cut by another")
+            .expect("not the stream's end before `detached`");
+        let detached = matches!(message, Message::Detached { .. });
+        seen.push(message);
+        if detached {
+            break;
+        }
+    }
+    assert!(
+        matches!(
+            seen.as_slice(),
+            [
+                Message::Focused { focus: false, .. },
+                Message::Detached { .. }
+            ]
+        ),
+        "{seen:?}"
+    );
+    server.stop().await;
+}
