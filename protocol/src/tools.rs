@@ -974,7 +974,8 @@ pub struct ProcessReadArgs {
     pub wait_ms: Option<u64>,
     /// Instead of only what is new, each stream's last this many lines, read before or not, as
     /// far back as the output cap keeps them (1 MiB per stream by default); what is new is then
-    /// read too. For output an earlier read returned (the start of an error scrolled past).
+    /// read too. For output an earlier read returned (the start of an error scrolled past),
+    /// while the process runs: an exited one goes once a read has told its end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub last_lines: Option<u64>,

@@ -299,24 +299,56 @@ impl Output {
     fn last_lines(&mut self, lines: u64, finished: bool) -> String {
         let end = self.seen + self.readable(finished);
         self.seen = end;
-        let kept: Vec<u8> = self.bytes.range(..end).copied().collect();
         // Where the last `lines` lines start: after the `lines`-th line break from the end, not
-        // counting one that ends the text.
-        let body = kept.strip_suffix(b"\n").unwrap_or(&kept);
-        let mut start = body
-            .iter()
-            .enumerate()
-            .rev()
-            .filter(|&(_, &b)| b == b'\n')
-            .nth(usize::try_from(lines.saturating_sub(1)).unwrap_or(usize::MAX))
-            .map_or(0, |(i, _)| i + 1);
+        // counting one that ends the text. Found in place: only those lines are copied (this
+        // runs under the process's lock, which its output waits for).
+        let body = if end > 0 && self.bytes[end - 1] == b'\n' {
+            end - 1
+        } else {
+            end
+        };
+        let breaks = |range: std::ops::Range<usize>| {
+            self.bytes
+                .range(range.clone())
+                .enumerate()
+                .filter(|&(_, &b)| b == b'\n')
+                .map(move |(i, _)| range.start + i)
+        };
+        let skip = usize::try_from(lines.saturating_sub(1)).unwrap_or(usize::MAX);
+        let mut start = breaks(0..body).rev().nth(skip).map_or(0, |i| i + 1);
         if start == 0
             && self.cut
-            && let Some(i) = body.iter().position(|&b| b == b'\n')
+            && let Some(i) = breaks(0..body).next()
         {
             start = i + 1;
         }
-        lossy(kept[start..].to_vec())
+        lossy(self.bytes.range(start..end).copied().collect())
+    }
+
+    /// Switches a foreground output to the background once an answer took it whole (`shown`,
+    /// its text, and the `gap` in it): the end of what it showed is kept as read, after the gap
+    /// only, so that [`Output::last_lines`] can show it again. Nothing changes for an output
+    /// that is in the background already.
+    fn move_to_background(&mut self, shown: &str, gap: Option<OutputGap>) {
+        if self.keep_tail {
+            return;
+        }
+        self.keep_tail = true;
+        // What the answer did not take: a character its end cut, still unread.
+        let rest: Vec<u8> = self.bytes.drain(..).collect();
+        let after_gap = gap.map_or(0, |g| usize::try_from(g.at).unwrap_or(usize::MAX));
+        let shown = shown.as_bytes().get(after_gap..).unwrap_or_default();
+        let from = shown
+            .len()
+            .saturating_sub(self.cap.saturating_sub(rest.len()));
+        // The first kept line is whole when it starts the output or follows a line break.
+        self.cut = match from.checked_sub(1) {
+            Some(before) => shown[before] != b'\n',
+            None => gap.is_some(),
+        };
+        self.bytes.extend(&shown[from..]);
+        self.seen = self.bytes.len();
+        self.bytes.extend(rest);
     }
 
     /// Takes what is there as text (in the background, [`Output::take_new`]); a character cut
@@ -531,13 +563,6 @@ impl Table {
             return None;
         }
         let answer = result_of(proc, None, Some(proc.id.clone()));
-        {
-            let mut guard = proc.lock();
-            let state = &mut *guard;
-            for output in [&mut state.stdout, &mut state.stderr] {
-                output.keep_tail = true;
-            }
-        }
         procs.push(proc.clone());
         Some(answer)
     }
@@ -894,11 +919,20 @@ where
 
 /// The answer of `run_command`: what the process printed (and has not been read), how it ended
 /// when it has, and its id when it goes on in the background.
+/// With a `process` id, the process goes on in the background: a foreground one that moves
+/// there keeps the end of what this answer shows, as read, under the same lock (so that no output
+/// comes in between), for `process_read`'s `last_lines`.
 fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCommandResult {
-    let mut state = proc.lock();
+    let mut guard = proc.lock();
+    let state = &mut *guard;
     let finished = exit.is_some();
     let (stdout, stdout_gap) = state.stdout.take_whole(finished);
     let (stderr, stderr_gap) = state.stderr.take_whole(finished);
+    if process.is_some() {
+        state.stdout.move_to_background(&stdout, stdout_gap);
+        state.stderr.move_to_background(&stderr, stderr_gap);
+    }
+    drop(guard);
     RunCommandResult {
         exit_code: exit.and_then(|e| e.code),
         signal: exit.and_then(|e| e.signal),
@@ -1043,7 +1077,7 @@ pub(crate) async fn read(
     let mut changes = proc.activity.subscribe();
     let has_news = |proc: &Proc| {
         let state = proc.lock();
-        state.exit.is_some() || state.stdout.unread() > 0 || state.stderr.unread() > 0
+        state.exit.is_some() || state.stdout.readable(false) > 0 || state.stderr.readable(false) > 0
     };
     if !wait.is_zero() && !has_news(&proc) {
         let _ = tokio::time::timeout(wait, async {
@@ -1371,6 +1405,37 @@ mod tests {
         out.push(&e_acute[1..]);
         assert_eq!(out.take(false), "é");
         assert_eq!(out.last_lines(1, true), "café");
+    }
+
+    #[test]
+    fn an_output_moved_to_the_background_keeps_what_its_answer_showed_as_read() {
+        let mut out = Output::new(100);
+        out.push(b"one\ntwo\n");
+        let (shown, gap) = out.take_whole(false);
+        out.move_to_background(&shown, gap);
+        assert_eq!(out.unread(), 0);
+        out.push(b"three\n");
+        assert_eq!(out.take(false), "three\n");
+        assert_eq!(out.last_lines(5, false), "one\ntwo\nthree\n");
+        // An answer with a gap: only what follows it is kept, its first line taken as cut.
+        let mut out = Output::new(8);
+        out.push(b"ab\ncd\nef\ngh\n");
+        let (shown, gap) = out.take_whole(false);
+        assert_eq!(
+            (shown.as_str(), gap),
+            ("ab\nc\ngh\n", Some(OutputGap { at: 4, dropped: 4 }))
+        );
+        out.move_to_background(&shown, gap);
+        assert_eq!(out.last_lines(5, false), "gh\n");
+        // A character the answer's end cut stays unread.
+        let mut out = Output::new(100);
+        out.push(b"caf\xc3");
+        let (shown, gap) = out.take_whole(false);
+        out.move_to_background(&shown, gap);
+        assert_eq!((shown.as_str(), out.unread()), ("caf", 1));
+        out.push(b"\xa9\n");
+        assert_eq!(out.take(false), "é\n");
+        assert_eq!(out.last_lines(1, false), "café\n");
     }
 
     #[test]

@@ -183,7 +183,8 @@ fn a_foreground_command_can_move_to_the_background_when_it_runs_long() {
             &fx,
             ToolName::RunCommand,
             json!({
-                "argv": ["sh", "-c", "echo early; while [ ! -e go ]; do sleep 0.02; done; echo late"],
+                "argv": ["sh", "-c", "echo early; while [ ! -e go ]; do sleep 0.02; done; echo late; \
+                          while [ ! -e stop ]; do sleep 0.02; done"],
                 "background_after_ms": 300,
             }),
         )
@@ -197,8 +198,22 @@ fn a_foreground_command_can_move_to_the_background_when_it_runs_long() {
         "{out:?}"
     );
     fx.put("go", "");
+    let (seen, r) = read_until(&fx, &id, |s| s.contains("late"));
+    assert_eq!((seen.as_str(), r.running), ("late\n", true));
+    // What the first answer showed is kept too, for reading the last lines again.
+    let again: ProcessReadResult = serde_json::from_value(
+        call(
+            &fx,
+            ToolName::ProcessRead,
+            json!({"process": id, "last_lines": 5}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(again.stdout, "early\nlate\n", "{again:?}");
+    fx.put("stop", "");
     let (seen, r) = read_until(&fx, &id, |_| false);
-    assert_eq!(seen, "late\n");
+    assert_eq!(seen, "");
     assert_eq!(r.exit_code, Some(0));
     // One that finishes in time answers as before.
     let out: RunCommandResult = serde_json::from_value(
