@@ -176,22 +176,26 @@ async fn only_a_client_that_knows_focused_is_sent_it() {
     server.stop().await;
 }
 
-/// A client that stops reading its attach stream holds the server's write of a focus move (its
-/// receive window full): that write must not hold the folder's task past the server's shutdown.
-/// It did: the task waited in the write, and every shutdown waited the whole grace for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_does_not_read_its_attach_stream_does_not_hold_the_shutdown() {
+/// Folder `name`, attached (by the device of `config`) over a connection whose stream receive
+/// window (16 bytes) is less than one `focused` message, loses the focus to another folder: the
+/// server's write of that move stops inside it, held until the client reads. Returns what keeps both attachments (their
+/// connections and the send sides of their attach streams, whose end would detach them) and
+/// the attach stream of `name`.
+async fn a_slow_folder_losing_the_focus(
+    server: &TestServer,
+    config: &monad_client::config::ClientConfig,
+    name: &str,
+) -> (
+    (Vec<quinn::Endpoint>, Vec<quinn::SendStream>),
+    quinn::RecvStream,
+) {
     use monad_protocol::wire::FOCUSED_MINOR;
-    // A grace the test would notice: far longer than it waits.
-    let server = TestServer::start_with(|c| c.shutdown_grace = Duration::from_secs(600)).await;
-    let config = server.client_config();
     let mut transport = quinn::TransportConfig::default();
-    // Less than one `focused` message: the server's first write of one cannot complete.
     transport.stream_receive_window(quinn::VarInt::from_u32(16));
-    let (_endpoint, _send, _recv) =
-        attach_over(&config, FOCUSED_MINOR, "stuck", true, Some(transport)).await;
-    // Another folder takes the focus: the server tells `stuck`, which never reads.
-    let (_mover, _mover_send, _) = attach_speaking(&config, FOCUSED_MINOR, "mover", true).await;
+    let (endpoint, send, recv) =
+        attach_over(config, FOCUSED_MINOR, name, true, Some(transport)).await;
+    // Another folder takes the focus: the server tells `name`, which does not read.
+    let (mover, mover_send, _) = attach_speaking(config, FOCUSED_MINOR, "mover", true).await;
     // Until the focus has moved (the move is what starts the write).
     within(STEP, "the focus to move", async {
         let session = loop {
@@ -211,6 +215,18 @@ async fn a_client_that_does_not_read_its_attach_stream_does_not_hold_the_shutdow
         }
     })
     .await;
+    ((vec![endpoint, mover], vec![send, mover_send]), recv)
+}
+
+/// A client that stops reading its attach stream holds the server's write of a focus move (its
+/// receive window full): that write must not hold the folder's task past the server's shutdown.
+/// It did: the task waited in the write, and every shutdown waited the whole grace for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_its_attach_stream_does_not_hold_the_shutdown() {
+    // A grace the test would notice: far longer than it waits.
+    let server = TestServer::start_with(|c| c.shutdown_grace = Duration::from_secs(600)).await;
+    let config = server.client_config();
+    let _held = a_slow_folder_losing_the_focus(&server, &config, "stuck").await;
     within(
         STEP,
         "the server to shut down without the grace",
@@ -224,34 +240,10 @@ async fn a_client_that_does_not_read_its_attach_stream_does_not_hold_the_shutdow
 /// are, never inside them, so that its client, reading on, gets two whole messages.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_taken_over_while_a_focus_move_is_held_hears_both_whole() {
-    use monad_protocol::wire::FOCUSED_MINOR;
     let server = TestServer::start().await;
     let config = server.client_config();
-    let mut transport = quinn::TransportConfig::default();
-    // Less than one `focused` message: the server's write of one stops inside it.
-    transport.stream_receive_window(quinn::VarInt::from_u32(16));
-    let (_endpoint, _send, mut recv) =
-        attach_over(&config, FOCUSED_MINOR, "slow", true, Some(transport)).await;
-    let (_mover, _mover_send, _) = attach_speaking(&config, FOCUSED_MINOR, "mover", true).await;
-    within(STEP, "the focus to move", async {
-        let session = loop {
-            if let Some(session) = server
-                .state()
-                .registry
-                .loaded_of("admin")
-                .into_iter()
-                .next()
-            {
-                break session;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
-        while session.focus().as_deref() != Some("mover") {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    // Taken over while the move's write waits for the client.
+    let (_held, mut recv) = a_slow_folder_losing_the_focus(&server, &config, "slow").await;
+    // Taken over, from the same device, while the move's write waits for the client.
     let _taker = FakeClient::attach(&config, "slow", vec![ToolName::ReadFile]).await;
     let mut seen = Vec::new();
     loop {
