@@ -919,9 +919,10 @@ where
 
 /// The answer of `run_command`: what the process printed (and has not been read), how it ended
 /// when it has, and its id when it goes on in the background.
+///
 /// With a `process` id, the process goes on in the background: a foreground one that moves
-/// there keeps the end of what this answer shows, as read, under the same lock (so that no output
-/// comes in between), for `process_read`'s `last_lines`.
+/// there keeps the end of what this answer shows, as read, under the same lock (so that no
+/// output comes in between), for `process_read`'s `last_lines`.
 fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCommandResult {
     let mut guard = proc.lock();
     let state = &mut *guard;
