@@ -234,6 +234,12 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         (false, true) => out.push_str(" (a name's own final `@` shows as `\\u{40}`)"),
         (false, false) => {}
     }
+    if r.entries.iter().any(|e| e.path.contains('\u{FFFD}')) {
+        out.push_str(
+            " (`\u{FFFD}`: bytes of a name that are not UTF-8, which a path cannot name; \
+             run_command reaches such a file)",
+        );
+    }
     if r.truncated {
         out.push_str(
             ", cut at the entry cap: list a subdirectory or a smaller depth, or find names \
@@ -1287,6 +1293,18 @@ mod tests {
             at,
             "./ in workspace laptop: 3 entries (`@`: symbolic link; a name's own final `@` shows \
              as `\\u{40}`)\nmail\\u{40}\nmail@\nto\\u{40}@"
+        );
+        // A name that is not UTF-8, shown with U+FFFD: what that is, and how to reach it.
+        let lossy = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "entries": [
+                {"path": "caf\u{FFFD}.txt", "kind": "file"},
+            ]}),
+        );
+        assert_eq!(
+            lossy,
+            "./ in workspace laptop: 1 entry (`\u{FFFD}`: bytes of a name that are not UTF-8, \
+             which a path cannot name; run_command reaches such a file)\ncaf\u{FFFD}.txt"
         );
         let own = render(
             ToolName::ListDir,

@@ -188,6 +188,15 @@ impl SandboxError {
             _ => {}
         }
         match err.kind() {
+            // A name Monad showed with U+FFFD held bytes that are not UTF-8, which a tool's
+            // path (text) cannot name: said, rather than leaving the model to wonder.
+            io::ErrorKind::NotFound if path.contains('\u{FFFD}') => {
+                SandboxError::NotFound(format!(
+                    "`{path}` does not exist: a `\u{FFFD}` in a name a listing showed stands for \
+                 bytes that are not UTF-8, which a path cannot name; run_command reaches such a \
+                 file (a shell glob matches it)"
+                ))
+            }
             io::ErrorKind::NotFound => SandboxError::NotFound(format!("`{path}` does not exist")),
             io::ErrorKind::PermissionDenied if err.raw_os_error().is_none() => {
                 SandboxError::Escape {

@@ -1909,3 +1909,36 @@ fn a_write_of_a_file_changed_since_it_was_read_is_refused() {
     assert!(fx.sandbox.write_file(&write("f.txt", "mine\n")).is_err());
     assert_eq!(fx.read("f.txt"), "new of theirs\n");
 }
+
+/// A name that is not UTF-8 is listed with U+FFFD, and the model is told what that stands for;
+/// reading the name as shown says why it cannot be named (it said only that it did not exist),
+/// and a command reaches the file.
+#[test]
+fn a_name_that_is_not_utf8_is_listed_explained_and_reached_by_a_command() {
+    let fx = Fixture::new();
+    std::fs::create_dir(fx.root().join("odd")).unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"caf\xe9.txt");
+    std::fs::write(fx.root().join("odd").join(name), "latin\n").unwrap();
+    let listed = fx.sandbox.list_dir(&list(Some("odd"), None)).unwrap();
+    assert_eq!(paths(&listed), ["odd/caf\u{FFFD}.txt"]);
+    let text = rendered(ToolName::ListDir, &listed);
+    assert!(
+        text.contains("bytes of a name that are not UTF-8"),
+        "{text}"
+    );
+    let err = fx
+        .sandbox
+        .read_file(&read("odd/caf\u{FFFD}.txt"))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert!(
+        err.to_string().contains("run_command reaches such a file"),
+        "{err}"
+    );
+    let out = super::support::sh(&fx, "cat odd/caf*.txt");
+    assert_eq!(
+        (out.exit_code, out.stdout.as_str()),
+        (Some(0), "latin\n"),
+        "{out:?}"
+    );
+}
