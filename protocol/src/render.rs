@@ -236,8 +236,8 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     }
     if r.entries.iter().any(|e| e.path.contains('\u{FFFD}')) {
         out.push_str(
-            " (`\u{FFFD}`: bytes of a name that are not UTF-8, which a path cannot name; \
-             run_command reaches such a file)",
+            " (`\u{FFFD}`: bytes of a name that are not UTF-8; a path spelled as shown \
+             reaches the name)",
         );
     }
     if r.truncated {
@@ -1294,7 +1294,7 @@ mod tests {
             "./ in workspace laptop: 3 entries (`@`: symbolic link; a name's own final `@` shows \
              as `\\u{40}`)\nmail\\u{40}\nmail@\nto\\u{40}@"
         );
-        // A name that is not UTF-8, shown with U+FFFD: what that is, and how to reach it.
+        // A name that is not UTF-8, shown with U+FFFD: what that is, and that it can be named so.
         let lossy = render(
             ToolName::ListDir,
             json!({"path": ".", "truncated": false, "entries": [
@@ -1303,8 +1303,8 @@ mod tests {
         );
         assert_eq!(
             lossy,
-            "./ in workspace laptop: 1 entry (`\u{FFFD}`: bytes of a name that are not UTF-8, \
-             which a path cannot name; run_command reaches such a file)\ncaf\u{FFFD}.txt"
+            "./ in workspace laptop: 1 entry (`\u{FFFD}`: bytes of a name that are not UTF-8; a \
+             path spelled as shown reaches the name)\ncaf\u{FFFD}.txt"
         );
         let own = render(
             ToolName::ListDir,

@@ -188,13 +188,12 @@ impl SandboxError {
             _ => {}
         }
         match err.kind() {
-            // A name Monad showed with U+FFFD held bytes that are not UTF-8, which a tool's
-            // path (text) cannot name: said, rather than leaving the model to wonder.
+            // A path with U+FFFD that matched no name that is not UTF-8 (`Jail::unlossy`): said,
+            // rather than leaving the model to wonder whether the character was the trouble.
             io::ErrorKind::NotFound if path.contains('\u{FFFD}') => {
                 SandboxError::NotFound(format!(
-                    "`{path}` does not exist: a `\u{FFFD}` in a name a listing showed stands for \
-                 bytes that are not UTF-8, which a path cannot name; run_command reaches such a \
-                 file (a shell glob matches it)"
+                    "`{path}` does not exist (`\u{FFFD}` stands for bytes of a name that are not \
+                     UTF-8, as a listing shows them, and no name here reads so)"
                 ))
             }
             io::ErrorKind::NotFound => SandboxError::NotFound(format!("`{path}` does not exist")),

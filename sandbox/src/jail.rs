@@ -1,7 +1,8 @@
 //! The jail: a workspace root held as an open directory handle.
 //!
-//! Every path a tool receives goes through [`Jail::resolve`] (a pure, lexical check that turns it
-//! into a clean path relative to the root) and is then opened through the root's
+//! Every path a tool receives goes through [`Jail::resolve`] (a lexical check that turns it into a
+//! clean path relative to the root; only a name holding U+FFFD, as listings show bytes that are
+//! not UTF-8, is looked up in its directory) and is then opened through the root's
 //! [`cap_std::fs::Dir`], which resolves it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`
 //! or cap-std's own component-by-component walk. Symbolic links are followed only while they stay
 //! beneath the root, so a link swapped in by another process at any moment cannot lead out.
@@ -178,7 +179,8 @@ impl Jail {
     /// Refuses NUL bytes, absolute paths outside the root (either spelling of the root is
     /// accepted as a prefix), and `..` that would climb above the root. `..` inside the root is
     /// folded lexically (`a/../b` is `b`). `~`, backslashes and `%2e` are ordinary characters.
-    /// This check does not look at the disk: links are handled when the path is opened.
+    /// This check does not look at the disk (links are handled when the path is opened), but for
+    /// a path holding U+FFFD: see [`Jail::unlossy`].
     pub fn resolve(&self, raw: &str) -> Result<JailPath, SandboxError> {
         let path = Path::new(raw);
         let relative = if path.is_absolute() && !raw.contains('\0') {
@@ -191,10 +193,66 @@ impl Jail {
         } else {
             path
         };
+        let mut rel = fold(raw, relative)?;
+        if raw.contains('\u{FFFD}') {
+            rel = self.unlossy(rel, raw)?;
+        }
         Ok(JailPath {
-            rel: fold(raw, relative)?,
+            rel,
             given: raw.to_owned(),
         })
+    }
+
+    /// `rel` with each name that holds U+FFFD and does not exist as spelled replaced by the one
+    /// entry of its directory whose name is not UTF-8 and reads so decoded lossily, as listings,
+    /// globs and searches show it: a tool's path is text, which cannot spell such a name
+    /// otherwise. The directories on the way are opened through the root's handle, as any path's
+    /// are (links followed only while they stay inside), and what is found is a plain name in
+    /// its directory, which is then opened like any other; so this reaches nothing a path of
+    /// UTF-8 names could not. Several entries reading the same are refused: which one is meant
+    /// cannot be told. A directory is read only for such a name (rare), on whichever thread
+    /// resolves it.
+    fn unlossy(&self, rel: PathBuf, raw: &str) -> Result<PathBuf, SandboxError> {
+        let mut found = PathBuf::new();
+        for name in rel.iter() {
+            let spelled = found.join(name);
+            let Some(shown) = name.to_str().filter(|n| n.contains('\u{FFFD}')) else {
+                found = spelled;
+                continue;
+            };
+            if self.dir.symlink_metadata(&spelled).is_ok() {
+                found = spelled;
+                continue;
+            }
+            let parent = if found.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                found.as_path()
+            };
+            // A directory that cannot be opened here fails as itself when the path is opened.
+            let Ok(entries) = self.dir.open_dir(parent).and_then(|dir| dir.entries()) else {
+                found = spelled;
+                continue;
+            };
+            let mut reading_so = entries
+                .filter_map(Result::ok)
+                .map(|entry| entry.file_name())
+                .filter(|entry| entry.to_str().is_none() && entry.to_string_lossy() == shown);
+            match (reading_so.next(), reading_so.next()) {
+                (Some(one), None) => found.push(one),
+                (Some(_), Some(_)) => {
+                    return Err(SandboxError::InvalidArguments(format!(
+                        "`{raw}`: more than one name in `{}` that is not UTF-8 reads `{shown}` \
+                         (`\u{FFFD}` stands for its bytes that are not UTF-8), so which one is \
+                         meant cannot be told; run_command reaches them (a shell glob matches \
+                         them)",
+                        parent.display()
+                    )));
+                }
+                (None, _) => found = spelled,
+            }
+        }
+        Ok(found)
     }
 
     /// What [`Jail::resolve`] refuses whatever the root is: a NUL byte, and a relative path
@@ -416,6 +474,38 @@ mod tests {
         assert_eq!(jail.resolve("~/x").unwrap().display(), "~/x");
         assert_eq!(jail.resolve("..\\x").unwrap().display(), "..\\x");
         assert_eq!(jail.resolve("%2e%2e/x").unwrap().display(), "%2e%2e/x");
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_reached_by_the_name_a_listing_shows() {
+        use std::os::unix::ffi::OsStrExt;
+        let (tmp, jail) = jail();
+        let raw = |bytes: &[u8]| std::ffi::OsStr::from_bytes(bytes).to_owned();
+        std::fs::create_dir(tmp.path().join(raw(b"d\xff"))).unwrap();
+        std::fs::write(tmp.path().join(raw(b"d\xff")).join(raw(b"caf\xe9")), "x").unwrap();
+        let path = jail.resolve("d\u{FFFD}/caf\u{FFFD}").unwrap();
+        assert_eq!(path.rel().as_os_str().as_bytes(), b"d\xff/caf\xe9");
+        assert_eq!(path.given(), "d\u{FFFD}/caf\u{FFFD}");
+        assert!(jail.open_regular(&path).is_ok());
+        // A name spelled with U+FFFD itself wins over one that only reads so.
+        std::fs::write(tmp.path().join("caf\u{FFFD}"), "literal").unwrap();
+        std::fs::write(tmp.path().join(raw(b"caf\xe8")), "latin").unwrap();
+        assert_eq!(
+            jail.resolve("caf\u{FFFD}").unwrap().rel(),
+            Path::new("caf\u{FFFD}")
+        );
+        // Nothing reads so: the path stays as spelled (and is not found when opened).
+        assert_eq!(
+            jail.resolve("new\u{FFFD}").unwrap().rel(),
+            Path::new("new\u{FFFD}")
+        );
+        // Two that read the same: which one is meant cannot be told.
+        std::fs::write(tmp.path().join(raw(b"two\xe8")), "a").unwrap();
+        std::fs::write(tmp.path().join(raw(b"two\xe9")), "b").unwrap();
+        let err = jail.resolve("two\u{FFFD}").unwrap_err();
+        assert!(matches!(err, SandboxError::InvalidArguments(_)), "{err:?}");
+        // `..` is folded before any lookup, and still cannot climb out.
+        assert!(jail.resolve("d\u{FFFD}/../../x").is_err());
     }
 
     #[test]

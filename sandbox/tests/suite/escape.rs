@@ -1485,6 +1485,66 @@ fn search_and_glob_never_descend_into_links_leading_outside() {
     );
 }
 
+/// A name that is not UTF-8 is reached by the name a listing shows (U+FFFD for its stray bytes):
+/// links so named that lead out are refused by every tool as any link is, and `..` after such a
+/// name still cannot climb out.
+#[test]
+fn names_that_are_not_utf8_reach_nothing_outside() {
+    let e = |name, call| escape(name, call, WHY_LINK);
+    run_cases(
+        "names that are not UTF-8",
+        vec![
+            e("read a file link so named", read("lnk\u{FFFD}")).with_setup(plant_lossy_links),
+            e("write a file link so named", write("lnk\u{FFFD}")).with_setup(plant_lossy_links),
+            e("edit a file link so named", edit("lnk\u{FFFD}")).with_setup(plant_lossy_links),
+            e("list a dir link so named", list("dlnk\u{FFFD}")).with_setup(plant_lossy_links),
+            e(
+                "read through a dir link so named",
+                read("dlnk\u{FFFD}/secret.txt"),
+            )
+            .with_setup(plant_lossy_links),
+            e(
+                "write through a dir link so named",
+                write("dlnk\u{FFFD}/new.txt"),
+            )
+            .with_setup(plant_lossy_links),
+            e(
+                "read through a dir so named, then a link out",
+                read("d\u{FFFD}/out/secret.txt"),
+            )
+            .with_setup(plant_lossy_links),
+            refused(
+                "read .. after a name so named",
+                read("d\u{FFFD}/../../outside/secret.txt"),
+                ErrorCode::OutsideWorkspace,
+                WHY_DOTDOT,
+            )
+            .with_setup(plant_lossy_links),
+            allowed(
+                "read the file inside so named",
+                read("d\u{FFFD}/in\u{FFFD}.txt"),
+                |_, v| ensure(v["content"] == INNER, || format!("{v}")),
+            )
+            .with_setup(plant_lossy_links),
+        ],
+    );
+}
+
+/// `lnk\xff` -> the outside secret, `dlnk\xff` -> the outside dir, and a directory `d\xff` holding
+/// `in\xe9.txt` and `out` -> the outside dir.
+fn plant_lossy_links(fx: &Fixture) {
+    use std::os::unix::ffi::OsStrExt;
+    let root = fx.root();
+    let raw = |bytes: &[u8]| std::ffi::OsStr::from_bytes(bytes).to_owned();
+    std::os::unix::fs::symlink(fx.outside().join("secret.txt"), root.join(raw(b"lnk\xff")))
+        .unwrap();
+    std::os::unix::fs::symlink(fx.outside(), root.join(raw(b"dlnk\xff"))).unwrap();
+    let dir = root.join(raw(b"d\xff"));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join(raw(b"in\xe9.txt")), INNER).unwrap();
+    std::os::unix::fs::symlink(fx.outside(), dir.join("out")).unwrap();
+}
+
 /// `sub/a/b/c/out` -> the outside dir, four levels down.
 fn plant_deep_link(fx: &Fixture) {
     fx.put("sub/a/b/c/leaf.txt", "leaf\n");

@@ -62,6 +62,35 @@ async fn read_in_attached_folder_returns_content_and_names_the_workspace() {
     assert!(!laptop.path().join("plan.md").exists());
 }
 
+/// A file whose name is not UTF-8, in an attached folder: listed with U+FFFD, and read over QUIC
+/// by the name as listed, named workspace or not (it was "does not exist" either way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_that_is_not_utf8_is_read_by_the_name_its_listing_shows() {
+    use std::os::unix::ffi::OsStrExt;
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[]);
+    let name = std::ffi::OsStr::from_bytes(b"r\xe9sum\xe9.txt");
+    std::fs::write(laptop.path().join(name), "latin-1 name\n").unwrap();
+    let _attached = attach_readable(&server, laptop.path(), "lap").await;
+    let (listed, _) = ok(call(&agent, "list_dir", json!({"workspace": "lap"})).await);
+    let shown = listed["entries"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .to_owned();
+    assert_eq!(shown, "r\u{FFFD}sum\u{FFFD}.txt");
+    for args in [
+        json!({"path": shown, "workspace": "lap"}),
+        json!({"path": shown}),
+    ] {
+        let (read, ran_in) = ok(call(&agent, "read_file", args).await);
+        assert_eq!(
+            (read["content"].as_str(), ran_in.as_str()),
+            (Some("latin-1 name\n"), "lap")
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_in_both_goes_to_primary_unless_a_workspace_is_named() {
     let server = TestServer::start().await;
