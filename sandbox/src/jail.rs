@@ -16,6 +16,10 @@ use cap_std::fs::{Dir, File, OpenOptions, OpenOptionsExt};
 
 use crate::error::{EscapeReason, SandboxError};
 
+/// Most directory entries [`Jail::resolve`] reads to find the names a path spelled with U+FFFD
+/// means (see `Jail::unlossy`), over the whole path.
+pub const LOSSY_SCAN_MAX: usize = 4096;
+
 /// A workspace root. The only way to build one is [`Jail::open_ambient`], the single place where
 /// Monad uses ambient authority on a path; everything else goes through the handle.
 #[derive(Debug)]
@@ -58,11 +62,6 @@ impl JailPath {
     /// The path as the caller gave it.
     pub fn given(&self) -> &str {
         &self.given
-    }
-
-    /// Replaces the caller's spelling kept for messages.
-    pub(crate) fn set_given(&mut self, given: String) {
-        self.given = given;
     }
 
     /// True for the root itself.
@@ -159,9 +158,12 @@ impl Jail {
                     other => other,
                 }
             })?;
-        let mut target = self.resolve(&resolved.to_string_lossy())?;
-        target.set_given(path.given().to_owned());
-        Ok(target)
+        // The target's own bytes, folded as a path is (no text in between: a name that is not
+        // UTF-8 stays exactly that name).
+        Ok(JailPath {
+            rel: fold(&resolved.to_string_lossy(), &resolved)?,
+            given: path.given().to_owned(),
+        })
     }
 
     /// What follows the root in the absolute `text`, when it starts with the root (either
@@ -203,16 +205,27 @@ impl Jail {
         })
     }
 
-    /// `rel` with each name that holds U+FFFD and does not exist as spelled replaced by the one
-    /// entry of its directory whose name is not UTF-8 and reads so decoded lossily, as listings,
-    /// globs and searches show it: a tool's path is text, which cannot spell such a name
-    /// otherwise. The directories on the way are opened through the root's handle, as any path's
-    /// are (links followed only while they stay inside), and what is found is a plain name in
-    /// its directory, which is then opened like any other; so this reaches nothing a path of
-    /// UTF-8 names could not. Several entries reading the same are refused: which one is meant
-    /// cannot be told. A directory is read only for such a name (rare), on whichever thread
-    /// resolves it.
+    /// `rel` with each name that holds U+FFFD replaced by the one entry of its directory whose
+    /// name is not UTF-8 and reads so decoded lossily, as listings, globs and searches show it: a
+    /// tool's path is text, which cannot spell such a name otherwise. A name spelled so that
+    /// matches no such entry stays as spelled (it may exist with U+FFFD itself, or be created);
+    /// one that matches two entries, or an entry and itself spelled with U+FFFD, is refused,
+    /// since which one is meant cannot be told. The directories on the way are opened through
+    /// the root's handle, as any path's are (links followed only while they stay inside), and
+    /// what is found is a plain name in its directory, which is then opened like any other; so
+    /// this reaches nothing a path of UTF-8 names could not. At most [`LOSSY_SCAN_MAX`] entries
+    /// are read per path, whichever thread resolves it (links can make one path name a
+    /// directory many times): past that, the path is refused.
     fn unlossy(&self, rel: PathBuf, raw: &str) -> Result<PathBuf, SandboxError> {
+        let ambiguous = |parent: &Path, shown: &str| {
+            SandboxError::InvalidArguments(format!(
+                "`{raw}`: more than one name in `{}` reads `{shown}` (`\u{FFFD}` stands for bytes \
+                 of a name that are not UTF-8), so which one is meant cannot be told; \
+                 run_command reaches them (a shell glob matches them)",
+                parent.display()
+            ))
+        };
+        let mut budget = LOSSY_SCAN_MAX;
         let mut found = PathBuf::new();
         for name in rel.iter() {
             let spelled = found.join(name);
@@ -220,36 +233,42 @@ impl Jail {
                 found = spelled;
                 continue;
             };
-            if self.dir.symlink_metadata(&spelled).is_ok() {
-                found = spelled;
-                continue;
-            }
             let parent = if found.as_os_str().is_empty() {
                 Path::new(".")
             } else {
                 found.as_path()
             };
-            // A directory that cannot be opened here fails as itself when the path is opened.
+            // A directory that cannot be opened or read here fails as itself when the path is
+            // opened.
             let Ok(entries) = self.dir.open_dir(parent).and_then(|dir| dir.entries()) else {
                 found = spelled;
                 continue;
             };
-            let mut reading_so = entries
-                .filter_map(Result::ok)
-                .map(|entry| entry.file_name())
-                .filter(|entry| entry.to_str().is_none() && entry.to_string_lossy() == shown);
-            match (reading_so.next(), reading_so.next()) {
-                (Some(one), None) => found.push(one),
-                (Some(_), Some(_)) => {
+            let mut matches = Vec::new();
+            for entry in entries {
+                let Some(left) = budget.checked_sub(1) else {
                     return Err(SandboxError::InvalidArguments(format!(
-                        "`{raw}`: more than one name in `{}` that is not UTF-8 reads `{shown}` \
-                         (`\u{FFFD}` stands for its bytes that are not UTF-8), so which one is \
-                         meant cannot be told; run_command reaches them (a shell glob matches \
-                         them)",
-                        parent.display()
+                        "`{raw}`: looked through {LOSSY_SCAN_MAX} entries for the names that \
+                         read as it does (`\u{FFFD}` stands for bytes of a name that are not \
+                         UTF-8), and stopped; run_command reaches such a name (a shell glob \
+                         matches it)"
                     )));
+                };
+                budget = left;
+                let Ok(entry) = entry else {
+                    matches.clear();
+                    break;
+                };
+                let entry = entry.file_name();
+                if entry.to_str().is_none() && entry.to_string_lossy() == shown {
+                    matches.push(entry);
                 }
-                (None, _) => found = spelled,
+            }
+            let literal = self.dir.symlink_metadata(&spelled).is_ok();
+            match (matches.len(), literal) {
+                (0, _) => found = spelled,
+                (1, false) => found.push(matches.remove(0)),
+                _ => return Err(ambiguous(parent, shown)),
             }
         }
         Ok(found)
@@ -487,13 +506,31 @@ mod tests {
         assert_eq!(path.rel().as_os_str().as_bytes(), b"d\xff/caf\xe9");
         assert_eq!(path.given(), "d\u{FFFD}/caf\u{FFFD}");
         assert!(jail.open_regular(&path).is_ok());
-        // A name spelled with U+FFFD itself wins over one that only reads so.
+        // A name spelled with U+FFFD itself is that name, unless another reads so too.
         std::fs::write(tmp.path().join("caf\u{FFFD}"), "literal").unwrap();
-        std::fs::write(tmp.path().join(raw(b"caf\xe8")), "latin").unwrap();
         assert_eq!(
             jail.resolve("caf\u{FFFD}").unwrap().rel(),
             Path::new("caf\u{FFFD}")
         );
+        std::fs::write(tmp.path().join(raw(b"caf\xe8")), "latin").unwrap();
+        assert!(matches!(
+            jail.resolve("caf\u{FFFD}"),
+            Err(SandboxError::InvalidArguments(_))
+        ));
+        // A final link to such a name is followed to its exact bytes.
+        std::os::unix::fs::symlink(raw(b"d\xff"), tmp.path().join("to_d")).unwrap();
+        let linked = jail
+            .through_final_link(&jail.resolve("to_d").unwrap())
+            .unwrap();
+        assert_eq!(linked.rel().as_os_str().as_bytes(), b"d\xff");
+        // The entries read for one path are bounded, links or not.
+        let big = tmp.path().join("big");
+        std::fs::create_dir(&big).unwrap();
+        for i in 0..=LOSSY_SCAN_MAX {
+            std::fs::write(big.join(format!("f{i}")), "").unwrap();
+        }
+        let err = jail.resolve("big/x\u{FFFD}").unwrap_err();
+        assert!(err.to_string().contains("stopped"), "{err}");
         // Nothing reads so: the path stays as spelled (and is not found when opened).
         assert_eq!(
             jail.resolve("new\u{FFFD}").unwrap().rel(),

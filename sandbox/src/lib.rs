@@ -289,8 +289,12 @@ impl Sandbox {
     /// where "absent from every workspace" would send the model looking elsewhere. Used for
     /// routing probes; reveals nothing but that.
     pub fn exists(&self, path: &str) -> bool {
-        let Ok(resolved) = self.jail.resolve(path) else {
-            return false;
+        let resolved = match self.jail.resolve(path) {
+            Ok(resolved) => resolved,
+            // A name spelled with U+FFFD that reads as several here is here: the call says why
+            // it cannot go on, rather than going to another workspace.
+            Err(SandboxError::InvalidArguments(_)) => return true,
+            Err(_) => return false,
         };
         match self.jail.dir().symlink_metadata(resolved.rel()) {
             Ok(_) => true,

@@ -1520,6 +1520,31 @@ fn names_that_are_not_utf8_reach_nothing_outside() {
                 WHY_DOTDOT,
             )
             .with_setup(plant_lossy_links),
+            e(
+                "stat through a dir link so named",
+                stat("dlnk\u{FFFD}/secret.txt"),
+            )
+            .with_setup(plant_lossy_links),
+            e("search a dir link so named", search_in("dlnk\u{FFFD}"))
+                .with_setup(plant_lossy_links),
+            e("glob in a dir link so named", glob_in("dlnk\u{FFFD}")).with_setup(plant_lossy_links),
+            e(
+                "run with cwd a dir link so named",
+                run_in("dlnk\u{FFFD}", &["ls"]),
+            )
+            .with_setup(plant_lossy_links),
+            // A name looked up beyond a link out is never looked for outside: two names there
+            // read the same, and the path is refused for the link, not for them.
+            e(
+                "read a name so named through a dir link so named",
+                read("dlnk\u{FFFD}/s\u{FFFD}"),
+            )
+            .with_setup(plant_lossy_links),
+            e(
+                "read a name so named through a dir link",
+                read("abs_dir_link/s\u{FFFD}"),
+            )
+            .with_setup(plant_lossy_links),
             allowed(
                 "read the file inside so named",
                 read("d\u{FFFD}/in\u{FFFD}.txt"),
@@ -1543,6 +1568,9 @@ fn plant_lossy_links(fx: &Fixture) {
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(dir.join(raw(b"in\xe9.txt")), INNER).unwrap();
     std::os::unix::fs::symlink(fx.outside(), dir.join("out")).unwrap();
+    // Outside, two names that read the same: only a lookup there could tell they are two.
+    std::fs::write(fx.outside().join(raw(b"s\xe8")), SECRET).unwrap();
+    std::fs::write(fx.outside().join(raw(b"s\xe9")), SECRET).unwrap();
 }
 
 /// `sub/a/b/c/out` -> the outside dir, four levels down.
