@@ -477,7 +477,12 @@ fn rooted_pattern(jail: &Jail, pattern: &str) -> Result<Option<String>, SandboxE
         .take_while(|part| !wild(part))
         .collect::<Vec<_>>()
         .join("/");
-    let prefix = jail.resolve(&literal).map_err(|_| outside())?;
+    // A name spelled with U+FFFD that cannot be told apart says so; anything else refused here
+    // starts outside.
+    let prefix = jail.resolve(&literal).map_err(|e| match e {
+        SandboxError::InvalidArguments(_) => e,
+        _ => outside(),
+    })?;
     let rest = relative[literal.len()..].trim_start_matches('/');
     Ok(Some(match (prefix.is_root(), rest.is_empty()) {
         (true, _) => rest.to_owned(),

@@ -1955,6 +1955,17 @@ fn a_name_that_is_not_utf8_is_listed_explained_and_reached_as_shown() {
         err.to_string().contains("run_command reaches them"),
         "{err}"
     );
+    // So does an absolute glob pattern that starts with it (it said the pattern started outside).
+    let pattern = format!("{}/odd/caf\u{FFFD}.txt/*", fx.root().display());
+    let err = fx
+        .sandbox
+        .glob(&GlobArgs {
+            pattern,
+            path: None,
+            workspace: None,
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("more than one name"), "{err}");
     // A name that reads so nowhere: not found, saying what the character stands for.
     let err = fx
         .sandbox
