@@ -223,9 +223,15 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         "{dir}{ws}: {}{hidden}",
         plural(r.entries.len() as u64, "entry", "entries")
     );
-    let links = r.entries.iter().any(|e| e.kind == EntryKind::Symlink);
-    // A name's own final `@` is escaped, so that `@` after a name always marks a link.
-    let own_at = r.entries.iter().any(|e| e.path.ends_with('@'));
+    // What the header must explain, found in one pass over the entries: links (`@` after the
+    // name), a name's own final `@` (escaped, so that `@` after a name always marks a link), and
+    // a name that is not UTF-8 (U+FFFD for its stray bytes).
+    let (mut links, mut own_at, mut lossy) = (false, false, false);
+    for e in &r.entries {
+        links |= e.kind == EntryKind::Symlink;
+        own_at |= e.path.ends_with('@');
+        lossy |= e.path.contains('\u{FFFD}');
+    }
     match (links, own_at) {
         (true, false) => out.push_str(" (`@`: symbolic link)"),
         (true, true) => {
@@ -234,7 +240,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         (false, true) => out.push_str(" (a name's own final `@` shows as `\\u{40}`)"),
         (false, false) => {}
     }
-    if r.entries.iter().any(|e| e.path.contains('\u{FFFD}')) {
+    if lossy {
         out.push_str(
             " (`\u{FFFD}`: bytes of a name that are not UTF-8; a path spelled as shown \
              reaches the name)",

@@ -264,10 +264,12 @@ impl Jail {
                     matches.push(entry);
                 }
             }
-            let literal = self.dir.symlink_metadata(&spelled).is_ok();
-            match (matches.len(), literal) {
-                (0, _) => found = spelled,
-                (1, false) => found.push(matches.remove(0)),
+            match matches.len() {
+                0 => found = spelled,
+                // One, unless the name spelled with U+FFFD itself is there too.
+                1 if self.dir.symlink_metadata(&spelled).is_err() => {
+                    found.push(matches.remove(0));
+                }
                 _ => return Err(ambiguous(parent, shown)),
             }
         }

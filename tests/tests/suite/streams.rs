@@ -90,6 +90,27 @@ async fn a_call_ends_its_streams_without_stopping_either_peer() {
     );
 }
 
+/// What an attach stream carries up to and including the `detached` that ends it: each a whole
+/// message (a frame cut by another fails here), none missing before it.
+async fn until_detached(recv: &mut quinn::RecvStream) -> Vec<Message> {
+    let mut seen = Vec::new();
+    loop {
+        let message = within(
+            STEP,
+            "the server's next message",
+            read_message(recv, 1 << 20),
+        )
+        .await
+        .expect("a whole message, not a frame cut by another")
+        .expect("not the stream's end before `detached`");
+        let detached = matches!(message, Message::Detached { .. });
+        seen.push(message);
+        if detached {
+            return seen;
+        }
+    }
+}
+
 /// Attaches folder `name` to the device's session over a connection of its own that speaks
 /// `minor`, `focus` as asked; the attach stream, once `attached` is read.
 async fn attach_speaking(
@@ -149,22 +170,7 @@ async fn only_a_client_that_knows_focused_is_sent_it() {
         let mover = format!("mover{minor}");
         let (_mover, _mover_send, _) = attach_speaking(&config, FOCUSED_MINOR, &mover, true).await;
         let _taker = FakeClient::attach(&config, &name, vec![ToolName::ReadFile]).await;
-        let mut seen = Vec::new();
-        loop {
-            let message = within(
-                STEP,
-                "the server's next message",
-                read_message(&mut recv, 1 << 20),
-            )
-            .await
-            .expect("a message")
-            .expect("not the stream's end");
-            let detached = matches!(message, Message::Detached { .. });
-            seen.push(message);
-            if detached {
-                break;
-            }
-        }
+        let seen = until_detached(&mut recv).await;
         let focused = seen
             .iter()
             .filter(|m| matches!(m, Message::Focused { focus: false, .. }))
@@ -245,18 +251,7 @@ async fn a_folder_taken_over_while_a_focus_move_is_held_hears_both_whole() {
     let (_held, mut recv) = a_slow_folder_losing_the_focus(&server, &config, "slow").await;
     // Taken over, from the same device, while the move's write waits for the client.
     let _taker = FakeClient::attach(&config, "slow", vec![ToolName::ReadFile]).await;
-    let mut seen = Vec::new();
-    loop {
-        let message = within(STEP, "the next message", read_message(&mut recv, 1 << 20))
-            .await
-            .expect("a whole message, not a frame cut by another")
-            .expect("not the stream's end before `detached`");
-        let detached = matches!(message, Message::Detached { .. });
-        seen.push(message);
-        if detached {
-            break;
-        }
-    }
+    let seen = until_detached(&mut recv).await;
     assert!(
         matches!(
             seen.as_slice(),
