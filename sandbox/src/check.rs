@@ -187,12 +187,9 @@ impl Sandbox {
                 "program `{program}` is not found in the sandbox's PATH ({path_env})"
             )));
         }
-        let path = if Path::new(program).is_absolute() {
-            match self.jail.resolve(program) {
-                // Inside the workspace, however it was spelled.
-                Ok(inside) => self.jail.root_path().join(inside.rel()),
-                Err(_) => PathBuf::from(program),
-            }
+        let inside = if Path::new(program).is_absolute() {
+            // Inside the workspace, however it was spelled; or outside it, looked up below.
+            self.jail.resolve(program).ok()
         } else {
             let joined = format!("{}/{program}", cwd.display());
             let inside = self.jail.resolve(&joined).map_err(|e| match e {
@@ -202,7 +199,24 @@ impl Sandbox {
                 },
                 other => other,
             })?;
-            self.jail.root_path().join(inside.rel())
+            Some(inside)
+        };
+        // The lookup took a name spelled with U+FFFD to be one that is not UTF-8 (as a listing
+        // shows it), but the command runs `argv[0]` as spelled, which names nothing: said here,
+        // rather than passing the check and failing to start as "not found".
+        if let Some(inside) = &inside
+            && inside.rel().to_str().is_none()
+        {
+            return Err(SandboxError::Unspellable(format!(
+                "`argv[0]` `{program}` names a program whose name is not UTF-8 (`\u{FFFD}` \
+                 stands for its bytes, as a listing shows them); a command runs its program by \
+                 the name as spelled, which is not that one: run it through a shell glob \
+                 (`sh -c`, with `?` for the character)"
+            )));
+        }
+        let path = match inside {
+            Some(inside) => self.jail.root_path().join(inside.rel()),
+            None => PathBuf::from(program),
         };
         lookup.executable(&path, program)
     }

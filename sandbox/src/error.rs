@@ -56,6 +56,11 @@ pub enum SandboxError {
     /// `invalid_arguments`, goes before it wherever it is shown.
     #[error("{0}")]
     InvalidArguments(String),
+    /// A path spelled with U+FFFD (as a listing shows bytes of a name that are not UTF-8) that
+    /// cannot be looked up: two names read as it does, or the lookup's bound was reached (see
+    /// `Jail::unlossy`). The name may well be there; its code is `invalid_arguments`.
+    #[error("{0}")]
+    Unspellable(String),
     /// Nothing exists at the path; the message names it.
     #[error("{0}")]
     NotFound(String),
@@ -128,9 +133,9 @@ impl SandboxError {
                 ..
             } => ErrorCode::WrongFileType,
             SandboxError::Escape { .. } => ErrorCode::OutsideWorkspace,
-            SandboxError::InvalidPath { .. } | SandboxError::InvalidArguments(_) => {
-                ErrorCode::InvalidArguments
-            }
+            SandboxError::InvalidPath { .. }
+            | SandboxError::InvalidArguments(_)
+            | SandboxError::Unspellable(_) => ErrorCode::InvalidArguments,
             SandboxError::NotFound(_) => ErrorCode::NotFound,
             SandboxError::WrongFileType { .. } | SandboxError::LinkLoop(_) => {
                 ErrorCode::WrongFileType

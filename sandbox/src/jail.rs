@@ -218,7 +218,7 @@ impl Jail {
     /// directory many times): past that, the path is refused.
     fn unlossy(&self, rel: PathBuf, raw: &str) -> Result<PathBuf, SandboxError> {
         let ambiguous = |parent: &Path, shown: &str| {
-            SandboxError::InvalidArguments(format!(
+            SandboxError::Unspellable(format!(
                 "`{raw}`: more than one name in `{}` reads `{shown}` (`\u{FFFD}` stands for bytes \
                  of a name that are not UTF-8), so which one is meant cannot be told; \
                  run_command reaches them (a shell glob matches them)",
@@ -247,7 +247,7 @@ impl Jail {
             let mut matches = Vec::new();
             for entry in entries {
                 let Some(left) = budget.checked_sub(1) else {
-                    return Err(SandboxError::InvalidArguments(format!(
+                    return Err(SandboxError::Unspellable(format!(
                         "`{raw}`: looked through {LOSSY_SCAN_MAX} entries for the names that \
                          read as it does (`\u{FFFD}` stands for bytes of a name that are not \
                          UTF-8), and stopped; run_command reaches such a name (a shell glob \
@@ -517,7 +517,7 @@ mod tests {
         std::fs::write(tmp.path().join(raw(b"caf\xe8")), "latin").unwrap();
         assert!(matches!(
             jail.resolve("caf\u{FFFD}"),
-            Err(SandboxError::InvalidArguments(_))
+            Err(SandboxError::Unspellable(_))
         ));
         // A final link to such a name is followed to its exact bytes.
         std::os::unix::fs::symlink(raw(b"d\xff"), tmp.path().join("to_d")).unwrap();
@@ -532,6 +532,7 @@ mod tests {
             std::fs::write(big.join(format!("f{i}")), "").unwrap();
         }
         let err = jail.resolve("big/x\u{FFFD}").unwrap_err();
+        assert!(matches!(err, SandboxError::Unspellable(_)), "{err:?}");
         assert!(err.to_string().contains("stopped"), "{err}");
         // Nothing reads so: the path stays as spelled (and is not found when opened).
         assert_eq!(
@@ -542,7 +543,7 @@ mod tests {
         std::fs::write(tmp.path().join(raw(b"two\xe8")), "a").unwrap();
         std::fs::write(tmp.path().join(raw(b"two\xe9")), "b").unwrap();
         let err = jail.resolve("two\u{FFFD}").unwrap_err();
-        assert!(matches!(err, SandboxError::InvalidArguments(_)), "{err:?}");
+        assert!(matches!(err, SandboxError::Unspellable(_)), "{err:?}");
         // `..` is folded before any lookup, and still cannot climb out.
         assert!(jail.resolve("d\u{FFFD}/../../x").is_err());
     }

@@ -293,7 +293,7 @@ impl Sandbox {
             Ok(resolved) => resolved,
             // A name spelled with U+FFFD that reads as several here is here: the call says why
             // it cannot go on, rather than going to another workspace.
-            Err(SandboxError::InvalidArguments(_)) => return true,
+            Err(SandboxError::Unspellable(_)) => return true,
             Err(_) => return false,
         };
         match self.jail.dir().symlink_metadata(resolved.rel()) {

@@ -480,7 +480,7 @@ fn rooted_pattern(jail: &Jail, pattern: &str) -> Result<Option<String>, SandboxE
     // A name spelled with U+FFFD that cannot be told apart says so; anything else refused here
     // starts outside.
     let prefix = jail.resolve(&literal).map_err(|e| match e {
-        SandboxError::InvalidArguments(_) => e,
+        SandboxError::Unspellable(_) => e,
         _ => outside(),
     })?;
     let rest = relative[literal.len()..].trim_start_matches('/');

@@ -1,7 +1,7 @@
 //! `run_command`: positive controls, limits, and confinement of real processes.
 
-use monad_protocol::ErrorCode;
 use monad_protocol::tools::RunCommandArgs;
+use monad_protocol::{ErrorCode, ToolName};
 use monad_sandbox::Limits;
 
 use super::support::{Fixture, SECRET, args, run, runtime, sh, try_run};
@@ -233,6 +233,34 @@ fn programs_outside_the_allowed_directories_cannot_be_executed() {
     // The same program inside the workspace runs.
     std::fs::copy("/bin/true", fx.root().join("mytrue")).unwrap();
     assert_eq!(run(&fx, &["./mytrue"]).exit_code, Some(0));
+}
+
+#[test]
+fn a_program_whose_name_is_not_utf8_is_refused_by_its_listed_name_and_runs_through_a_glob() {
+    use std::os::unix::ffi::OsStrExt;
+    let fx = Fixture::new();
+    let name = std::ffi::OsStr::from_bytes(b"tru\xe9");
+    std::fs::create_dir(fx.root().join("bin")).unwrap();
+    std::fs::copy("/bin/true", fx.root().join("bin").join(name)).unwrap();
+    let check = |program: &str| {
+        let args = serde_json::json!({ "argv": [program] });
+        fx.sandbox.check(ToolName::RunCommand, &args)
+    };
+    // The name a listing shows passed the check (the one a call is approved by) and then
+    // failed to start as "not found": now the check says why and what to do.
+    let absolute = format!("{}/bin/tru\u{FFFD}", fx.root().display());
+    for program in ["./bin/tru\u{FFFD}", "bin/tru\u{FFFD}", &absolute] {
+        let err = check(program).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+        assert!(err.to_string().contains("shell glob"), "{err}");
+    }
+    // What the message says to do runs it.
+    check("sh").unwrap();
+    assert_eq!(sh(&fx, "./bin/tru?").exit_code, Some(0));
+    // A program whose name holds U+FFFD itself runs by it.
+    std::fs::copy("/bin/true", fx.root().join("bin/lit\u{FFFD}")).unwrap();
+    check("./bin/lit\u{FFFD}").unwrap();
+    assert_eq!(run(&fx, &["./bin/lit\u{FFFD}"]).exit_code, Some(0));
 }
 
 #[test]
