@@ -325,9 +325,10 @@ impl ToolName {
             ToolName::ProcessRead => {
                 "Read what a background process (from `run_command` with `background`) wrote \
                  since the last read, waiting up to `wait_ms` for more when there is none yet; \
-                 `last_lines` shows each stream's last lines again, read before or not. Says \
-                 whether it is still running, and how it ended when it has. Output stays \
-                 readable after the process exits, until it has been read."
+                 `last_lines` shows each stream's last lines again, read before or not, even \
+                 after a read told its end. Says whether it is still running, and how it ended \
+                 when it has. Output stays readable after the process exits, until it has been \
+                 read."
             }
             ToolName::ProcessWrite => {
                 "Write `text` to a background process's standard input; `close_stdin` closes it \
@@ -975,7 +976,8 @@ pub struct ProcessReadArgs {
     /// Instead of only what is new, each stream's last this many lines, read before or not, as
     /// far back as the output cap keeps them (1 MiB per stream by default); what is new is then
     /// read too. For output an earlier read returned (the start of an error scrolled past),
-    /// while the process runs: an exited one goes once a read has told its end.
+    /// while the process runs and after: once a read has told its end, a workspace keeps the
+    /// last 64 KiB of each stream of its last 8 processes so read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub last_lines: Option<u64>,

@@ -213,9 +213,9 @@ pub struct Session {
     activity: Mutex<Activity>,
     attached: Mutex<Vec<Attached>>,
     changes: tokio::sync::watch::Sender<u64>,
-    /// Background processes started in this session: id -> the workspace that runs them, the
-    /// most recent last (bounded: the oldest go first).
-    processes: Mutex<Vec<(String, String)>>,
+    /// Background processes started in this session, the most recent last (bounded: the
+    /// oldest go first).
+    processes: Mutex<Vec<Started>>,
     /// The short name of the focus workspace: the one calls without `workspace` try first
     /// ([`Session::set_focus`]); it stays while the workspace is offline, follows it when it is
     /// renamed, and ends when it is detached by name ([`Session::forget`]). Watched by the
@@ -254,6 +254,16 @@ impl Drop for HostHold {
 /// Background processes a session remembers the workspace of (far more than a workspace may
 /// keep at once).
 const MAX_REMEMBERED_PROCESSES: usize = 1024;
+
+/// A background process a session started: where it runs, so that the agent need not say.
+#[derive(Debug)]
+struct Started {
+    id: String,
+    workspace: String,
+    /// A read told its end: its workspace may still show its last lines (`process_read` with
+    /// `last_lines`), but has nothing of it to list.
+    ended: bool,
+}
 
 #[derive(Debug)]
 struct Activity {
@@ -733,25 +743,26 @@ impl Session {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .find(|(p, _)| p == id)
-            .map(|(_, w)| w.clone())
+            .find(|p| p.id == id)
+            .map(|p| p.workspace.clone())
     }
 
-    /// The workspaces that run (or ran) background processes this session started, each once,
-    /// in the order of their oldest remembered process.
+    /// The workspaces that keep background processes this session started (running, or
+    /// exited and not read to their end), each once, in the order of their oldest one.
     pub fn process_workspaces(&self) -> Vec<String> {
         let processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
         let mut names: Vec<String> = Vec::new();
-        for (_, workspace) in processes.iter() {
-            if !names.contains(workspace) {
-                names.push(workspace.clone());
+        for process in processes.iter().filter(|p| !p.ended) {
+            if !names.contains(&process.workspace) {
+                names.push(process.workspace.clone());
             }
         }
         names
     }
 
     /// Notes what a call's result says about background processes: `run_command` started one
-    /// (its `process`) in `workspace`; `process_read` read one to its end (`running: false`).
+    /// (its `process`) in `workspace`; `process_read` read one to its end (`running: false`),
+    /// which is still remembered, for its last lines.
     pub fn note_process(
         &self,
         tool: ToolName,
@@ -768,8 +779,12 @@ impl Session {
         let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
         match (tool, id) {
             (ToolName::RunCommand, Some(id)) => {
-                processes.retain(|(p, _)| p != id);
-                processes.push((id.to_owned(), workspace.to_owned()));
+                processes.retain(|p| p.id != id);
+                processes.push(Started {
+                    id: id.to_owned(),
+                    workspace: workspace.to_owned(),
+                    ended: false,
+                });
                 if processes.len() > MAX_REMEMBERED_PROCESSES {
                     processes.remove(0);
                 }
@@ -777,7 +792,9 @@ impl Session {
             (ToolName::ProcessRead, Some(id))
                 if result.get("running") == Some(&serde_json::Value::Bool(false)) =>
             {
-                processes.retain(|(p, _)| p != id);
+                if let Some(process) = processes.iter_mut().find(|p| p.id == id) {
+                    process.ended = true;
+                }
             }
             _ => {}
         }

@@ -325,6 +325,18 @@ impl Output {
         lossy(self.bytes.range(start..end).copied().collect())
     }
 
+    /// Keeps the newest `max` bytes at most, for a process read to its end (see [`Ended`]).
+    fn keep_last(&mut self, max: usize) {
+        let over = self.bytes.len().saturating_sub(max);
+        if over > 0 {
+            self.cut = self.bytes[over - 1] != b'\n';
+            self.bytes.drain(..over);
+            self.seen = self.seen.saturating_sub(over);
+        }
+        self.bytes.shrink_to_fit();
+        self.tail = VecDeque::new();
+    }
+
     /// Switches a foreground output to the background once an answer took it whole (`shown`,
     /// its text, and the `gap` in it): the end of what it showed is kept as read, after the gap
     /// only, so that [`Output::last_lines`] can show it again. Nothing changes for an output
@@ -518,10 +530,47 @@ impl Proc {
     }
 }
 
+/// How many background processes read to their end a workspace still keeps (the newest), so
+/// that `process_read` with `last_lines` shows their last lines again.
+pub(crate) const ENDED_KEPT: usize = 8;
+
+/// Bytes of each stream a process read to its end keeps, at most.
+pub(crate) const ENDED_KEPT_BYTES: usize = 64 * 1024;
+
+/// A background process read to its end: how it ended and its last output, nothing else (its
+/// namespaces and its supervisor are let go).
+#[derive(Debug)]
+struct Ended {
+    id: String,
+    exit: Exit,
+    stdout: Output,
+    stderr: Output,
+}
+
+/// Where a [`Table`] keeps a process.
+enum Kept {
+    /// Running, or exited and not read to its end.
+    Live(Arc<Proc>),
+    /// Read to its end: see [`Ended`].
+    Ended,
+    /// Nowhere.
+    Not,
+}
+
+/// There is no process `id`.
+fn not_kept(id: &str) -> SandboxError {
+    SandboxError::NotFound(format!(
+        "there is no background process `{id}` in this workspace (one read to its end is kept \
+         only until {ENDED_KEPT} more have been; `process_list` lists the others)"
+    ))
+}
+
 /// A workspace's background processes, oldest first; bounded. Dropping it kills them all.
 #[derive(Debug)]
 pub(crate) struct Table {
     procs: Mutex<Vec<Arc<Proc>>>,
+    /// The last [`ENDED_KEPT`] processes read to their end, oldest first.
+    ended: Mutex<VecDeque<Ended>>,
     max: usize,
     /// The namespaces the workspace's commands share (made on the first one).
     pub(crate) shared: super::shared::Slot,
@@ -532,6 +581,7 @@ impl Table {
     pub(crate) fn new(max: usize) -> Table {
         Table {
             procs: Mutex::new(Vec::new()),
+            ended: Mutex::new(VecDeque::new()),
             max,
             shared: super::shared::Slot::default(),
         }
@@ -579,22 +629,40 @@ impl Table {
         Ok(())
     }
 
-    fn get(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
-        self.lock()
-            .iter()
-            .find(|p| p.id == id)
-            .cloned()
-            .ok_or_else(|| {
-                SandboxError::NotFound(format!(
-                    "there is no background process `{id}` in this workspace (an exited one \
-                     goes once its output has been read; `process_list` lists them)"
-                ))
-            })
+    fn lock_ended(&self) -> std::sync::MutexGuard<'_, VecDeque<Ended>> {
+        self.ended.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `NotFound` unless the table keeps process `id`.
+    /// Where the table keeps process `id`.
+    fn find(&self, id: &str) -> Kept {
+        if let Some(proc) = self.lock().iter().find(|p| p.id == id) {
+            return Kept::Live(proc.clone());
+        }
+        if self.lock_ended().iter().any(|e| e.id == id) {
+            return Kept::Ended;
+        }
+        Kept::Not
+    }
+
+    /// Process `id`, running or exited but not read to its end; else why there is none.
+    fn get(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
+        match self.find(id) {
+            Kept::Live(proc) => Ok(proc),
+            Kept::Ended => Err(SandboxError::InvalidArguments(format!(
+                "process `{id}` has exited, and a read told its end; `process_read` with \
+                 `last_lines` shows its last lines again"
+            ))),
+            Kept::Not => Err(not_kept(id)),
+        }
+    }
+
+    /// `NotFound` unless the table keeps process `id`, running, exited, or read to its end
+    /// (`process_read`'s check).
     pub(crate) fn check_exists(&self, id: &str) -> Result<(), SandboxError> {
-        self.get(id).map(drop)
+        match self.find(id) {
+            Kept::Not => Err(not_kept(id)),
+            Kept::Live(_) | Kept::Ended => Ok(()),
+        }
     }
 
     /// Process `id`, when it still runs (`process_kill`); else why it cannot be signalled.
@@ -607,6 +675,65 @@ impl Table {
             )));
         }
         Ok(proc)
+    }
+
+    /// Forgets process `id`, read to its end (`exit`), keeping how it ended and its last output
+    /// (see [`Ended`]); the oldest such one goes when more than [`ENDED_KEPT`] are kept.
+    fn retire(&self, proc: &Proc, exit: Exit) {
+        // Under the table's lock throughout, so that the id is in one of the two lists at every
+        // moment, and a second read that told the end meanwhile finds it gone.
+        let mut procs = self.lock();
+        let Some(at) = procs.iter().position(|p| p.id == proc.id) else {
+            return;
+        };
+        procs.remove(at);
+        let mut state = proc.lock();
+        let cap = state.stdout.cap;
+        let take = |output: &mut Output| {
+            let mut kept = std::mem::replace(output, Output::new(cap));
+            kept.keep_last(ENDED_KEPT_BYTES);
+            kept
+        };
+        let ended = Ended {
+            id: proc.id.clone(),
+            exit,
+            stdout: take(&mut state.stdout),
+            stderr: take(&mut state.stderr),
+        };
+        drop(state);
+        let mut kept = self.lock_ended();
+        kept.push_back(ended);
+        if kept.len() > ENDED_KEPT {
+            kept.pop_front();
+        }
+    }
+
+    /// `process_read` of a process read to its end: how it ended, nothing new, and with
+    /// `last_lines` its last lines again; `None` when the table does not keep it so.
+    fn read_ended(&self, args: &ProcessReadArgs) -> Option<ProcessReadResult> {
+        let mut kept = self.lock_ended();
+        let ended = kept.iter_mut().find(|e| e.id == args.process)?;
+        let exit = ended.exit;
+        let lines = |output: &mut Output| {
+            args.last_lines
+                .map(|n| output.last_lines(n, true))
+                .unwrap_or_default()
+        };
+        Some(ProcessReadResult {
+            process: ended.id.clone(),
+            running: false,
+            exit_code: exit.code,
+            signal: exit.signal,
+            timed_out: exit.timed_out,
+            memory_bound: exit.memory_bound,
+            stdout: lines(&mut ended.stdout),
+            stderr: lines(&mut ended.stderr),
+            last_lines: args.last_lines,
+            stdout_dropped: 0,
+            stderr_dropped: 0,
+            duration_ms: exit.duration.as_millis() as u64,
+            network: Vec::new(),
+        })
     }
 
     /// `process_kill`'s check: process `id` runs.
@@ -629,10 +756,6 @@ impl Table {
         self.writable(id).map(drop)
     }
 
-    fn remove(&self, id: &str) {
-        self.lock().retain(|p| p.id != id);
-    }
-
     /// A fresh id, unique in this table.
     fn new_id(&self) -> String {
         use std::hash::{BuildHasher, Hasher};
@@ -640,15 +763,18 @@ impl Table {
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
             hasher.write_u128(Instant::now().elapsed().as_nanos());
             let id = format!("proc-{:08x}", hasher.finish() as u32);
-            if self.lock().iter().all(|p| p.id != id) {
+            if self.lock().iter().all(|p| p.id != id)
+                && self.lock_ended().iter().all(|e| e.id != id)
+            {
                 return id;
             }
         }
     }
 
-    /// Kills every process of the table (each whole tree) and forgets them, output included;
-    /// returns how many there were.
+    /// Kills every process of the table (each whole tree) and forgets them, output included,
+    /// and those read to their end; returns how many there were (not counting those).
     pub(crate) fn end_all(&self) -> usize {
+        self.lock_ended().clear();
         let procs: Vec<Arc<Proc>> = self.lock().drain(..).collect();
         for proc in &procs {
             proc.abort();
@@ -1073,6 +1199,9 @@ pub(crate) async fn read(
             "`last_lines` must be at least 1".into(),
         ));
     }
+    if let Some(ended) = table.read_ended(args) {
+        return Ok(ended);
+    }
     let proc = table.get(&args.process)?;
     let wait = Duration::from_millis(args.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
     let mut changes = proc.activity.subscribe();
@@ -1115,9 +1244,9 @@ pub(crate) async fn read(
         network: proc.take_events(),
     };
     drop(state);
-    if finished {
-        // Read to the end: it goes.
-        table.remove(&proc.id);
+    if let Some(exit) = exit {
+        // Read to the end: it goes, but for how it ended and its last output.
+        table.retire(&proc, exit);
     }
     Ok(result)
 }
@@ -1226,6 +1355,18 @@ pub(crate) fn list(table: &Table) -> ProcessListResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_reads_schema_says_what_a_process_read_to_its_end_keeps() {
+        let schema = monad_protocol::ToolName::ProcessRead
+            .input_schema()
+            .to_string();
+        let kept = format!(
+            "last {} KiB of each stream of its last {ENDED_KEPT} processes",
+            ENDED_KEPT_BYTES / 1024
+        );
+        assert!(schema.contains(&kept), "{schema}");
+    }
     use crate::jail::Jail;
 
     /// Polls `done` every 10 ms for up to `limit`; whether it came true.

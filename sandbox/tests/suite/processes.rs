@@ -94,9 +94,77 @@ fn a_background_command_is_read_while_it_runs_and_written_to() {
     let (seen, r) = read_until(&fx, &id, |_| false);
     assert_eq!(seen, "input closed\n");
     assert_eq!((r.running, r.exit_code), (false, Some(3)), "{r:?}");
-    // Read to the end: it is gone.
-    let err = call(&fx, ToolName::ProcessRead, json!({"process": id})).unwrap_err();
-    assert_eq!(err.code(), monad_protocol::ErrorCode::NotFound, "{err}");
+    // Read to the end: a read again tells how it ended, with nothing new.
+    let again = read(&fx, &id, 0);
+    assert_eq!(
+        (again.running, again.exit_code, again.stdout.as_str()),
+        (false, Some(3), ""),
+        "{again:?}"
+    );
+}
+
+fn last_lines(fx: &Fixture, process: &str, n: u64) -> Result<ProcessReadResult, SandboxError> {
+    let args = json!({"process": process, "last_lines": n});
+    call(fx, ToolName::ProcessRead, args).map(|v| serde_json::from_value(v).unwrap())
+}
+
+#[test]
+fn a_process_read_to_its_end_shows_its_last_lines_again_for_a_while() {
+    use monad_protocol::ErrorCode;
+    let fx = Fixture::new();
+    let id = start(&fx, "seq 1 5; echo oops >&2; exit 2");
+    let (seen, r) = read_until(&fx, &id, |_| false);
+    assert_eq!((seen.as_str(), r.running), ("1\n2\n3\n4\n5\n", false));
+    let r = last_lines(&fx, &id, 2).unwrap();
+    assert_eq!(
+        (r.stdout.as_str(), r.stderr.as_str(), r.exit_code, r.running),
+        ("4\n5\n", "oops\n", Some(2), false),
+        "{r:?}"
+    );
+    assert_eq!(r.last_lines, Some(2));
+    // The approval's check agrees; it is not listed, signalled or written to.
+    let check = |tool, args: Value| fx.sandbox.check(tool, &args).map_err(|e| e.code());
+    check(
+        ToolName::ProcessRead,
+        json!({"process": id, "last_lines": 1}),
+    )
+    .unwrap();
+    let listed: ProcessListResult =
+        serde_json::from_value(call(&fx, ToolName::ProcessList, json!({})).unwrap()).unwrap();
+    assert!(listed.processes.is_empty(), "{listed:?}");
+    for (tool, args) in [
+        (ToolName::ProcessKill, json!({"process": id})),
+        (ToolName::ProcessWrite, json!({"process": id, "text": "x"})),
+    ] {
+        let err = call(&fx, tool, args.clone()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+        assert!(err.to_string().contains("told its end"), "{err}");
+        assert_eq!(check(tool, args), Err(ErrorCode::InvalidArguments));
+    }
+    // Of a long output, the last 64 KiB, from a whole line on.
+    let big = start(&fx, "seq 1 100000");
+    read_until(&fx, &big, |_| false);
+    assert_eq!(last_lines(&fx, &big, 1).unwrap().stdout, "100000\n");
+    let all = last_lines(&fx, &big, 1_000_000).unwrap().stdout;
+    assert!(
+        all.len() <= 64 * 1024 && all.len() > 60 * 1024,
+        "{}",
+        all.len()
+    );
+    let first: u32 = all.lines().next().unwrap().parse().unwrap();
+    assert_eq!(all.lines().count(), 100_000 - first as usize + 1);
+    // The newest eight so read are kept: the first goes once eight more have been.
+    for _ in 0..7 {
+        let p = start(&fx, "echo x");
+        read_until(&fx, &p, |_| false);
+    }
+    let err = last_lines(&fx, &id, 1).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert_eq!(
+        check(ToolName::ProcessRead, json!({"process": id})),
+        Err(ErrorCode::NotFound)
+    );
+    assert_eq!(last_lines(&fx, &big, 1).unwrap().stdout, "100000\n");
 }
 
 #[test]

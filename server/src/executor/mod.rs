@@ -336,8 +336,7 @@ impl Executor {
                                         ErrorCode::NotFound,
                                         format!(
                                             "this session has no background process `{id}` \
-                                             (`process_list` lists a workspace's; an exited \
-                                             one goes once its output has been read)"
+                                             (`process_list` lists a workspace's)"
                                         ),
                                     ),
                                 ),

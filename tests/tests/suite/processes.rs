@@ -86,9 +86,16 @@ async fn a_background_process_in_an_attached_folder_is_found_by_its_id_alone() {
         let (_, r) = read_until(&agent, &id, "\u{0}never").await;
         assert_eq!(r["exit_code"], 0, "{r}");
     }
-    // Read to its end, it is gone; an unknown id is refused before reaching any workspace.
+    // Read to its end, a read again still finds it, and says how it ended; an unknown id is
+    // refused before reaching any workspace.
+    let (again, ran_in) = ok(call(&agent, "process_read", json!({"process": id})).await);
+    assert_eq!(ran_in, "lap");
+    assert_eq!(
+        (&again["running"], &again["exit_code"]),
+        (&json!(false), &json!(0))
+    );
     expect_code(
-        call(&agent, "process_read", json!({"process": id})).await,
+        call(&agent, "process_read", json!({"process": "proc-00000000"})).await,
         ErrorCode::NotFound,
     );
 
@@ -325,6 +332,22 @@ async fn an_agent_reads_a_background_processs_last_lines_again_in_either_workspa
         .await);
         let (_, r) = read_until(&agent, &id, "\u{0}never").await;
         assert_eq!(r["signal"], 9, "{r}");
+        // Read to its end, it still shows its last lines, and the session still knows where.
+        let (after, ran_in) = ok(call(
+            &agent,
+            "process_read",
+            json!({"process": id, "last_lines": 1}),
+        )
+        .await);
+        assert_eq!(ran_in, workspace);
+        assert_eq!(
+            (&after["stdout"], &after["running"], &after["signal"]),
+            (&json!("more\n"), &json!(false), &json!(9)),
+            "{after}"
+        );
+        // It is not listed any more: no workspace is asked for it.
+        let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
+        assert_eq!(listed["processes"], json!([]), "{listed}");
     }
 }
 
@@ -367,7 +390,22 @@ async fn an_exited_background_process_keeps_its_output_until_it_is_read() {
         "{read}"
     );
     assert_eq!(read["exit_code"], 7, "{read}");
-    // Read to its end, it is gone, and the session may go too.
+    // Read to its end, it still tells how it ended; that does not keep the session, which may
+    // go now, and the process with it.
+    let (again, _) = ok(call(
+        &agent,
+        "process_read",
+        json!({"process": id, "last_lines": 1}),
+    )
+    .await);
+    assert_eq!(
+        (&again["stdout"], &again["exit_code"]),
+        (&json!("BUILD-RESULT-42\n"), &json!(7))
+    );
+    server
+        .state()
+        .registry
+        .unload_idle(std::time::Duration::ZERO);
     expect_code(
         call(&agent, "process_read", json!({"process": id})).await,
         ErrorCode::NotFound,
