@@ -286,12 +286,19 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
 /// A path for the text, which puts one per line: a name may hold a line break or another
 /// control character, which would break that layout, so such a name is shown as
 /// [`crate::text::printable`] shows it (`\u{a}`, as the diff's header and the terminal do).
-/// Programs get it exact in the JSON. A name of plain ASCII, as most are, is not scanned again.
+/// A name's own `\u{` has its backslash shown so too (`\u{5c}u{`), so that every `\u{..}` in a
+/// path shown is an escape: a file named `a\u{40}` is not taken for `a@`. Programs get it exact
+/// in the JSON. A name of plain ASCII without that, as most are, is not scanned again.
 fn shown(path: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    if path.contains("\\u{") {
+        let own = path.replace("\\u{", "\\u{5c}u{");
+        return Cow::Owned(crate::text::printable(&own).into_owned());
+    }
     if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
         crate::text::printable(path)
     } else {
-        std::borrow::Cow::Borrowed(path)
+        Cow::Borrowed(path)
     }
 }
 
@@ -1311,6 +1318,19 @@ mod tests {
             lossy,
             "./ in workspace laptop: 1 entry (`\u{FFFD}`: bytes of a name that are not UTF-8; a \
              path spelled as shown reaches the name)\ncaf\u{FFFD}.txt"
+        );
+        // A name's own `\u{` cannot be taken for an escape.
+        let literal = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "entries": [
+                {"path": "a\\u{40}", "kind": "file"},
+                {"path": "b\\u{a}\n", "kind": "file"},
+                {"path": "c\\x", "kind": "file"},
+            ]}),
+        );
+        assert_eq!(
+            literal,
+            "./ in workspace laptop: 3 entries\na\\u{5c}u{40}\nb\\u{5c}u{a}\\u{a}\nc\\x"
         );
         let own = render(
             ToolName::ListDir,
