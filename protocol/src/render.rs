@@ -226,11 +226,22 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     // What the header must explain, found in one pass over the entries: links (`@` after the
     // name), a name's own final `@` (escaped, so that `@` after a name always marks a link), and
     // a name that is not UTF-8 (U+FFFD for its stray bytes).
-    let (mut links, mut own_at, mut lossy) = (false, false, false);
+    // Taken off each entry's own path, before it is shown.
+    let prefix = if dir == "./" {
+        String::new()
+    } else {
+        format!("{}/", r.path.trim_end_matches('/'))
+    };
+    let (mut links, mut own_at, mut lossy, mut own_escape) = (false, false, false, false);
     for e in &r.entries {
         links |= e.kind == EntryKind::Symlink;
         own_at |= e.path.ends_with('@');
         lossy |= e.path.contains('\u{FFFD}');
+        own_escape |= e
+            .path
+            .strip_prefix(&prefix)
+            .unwrap_or(&e.path)
+            .contains("\\u{");
     }
     match (links, own_at) {
         (true, false) => out.push_str(" (`@`: symbolic link)"),
@@ -246,13 +257,16 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
              reaches the name)",
         );
     }
+    if own_escape {
+        out.push_str(" (a name's own `\\u{` shows as `\\u{5c}u{`)");
+    }
     if r.truncated {
         out.push_str(
             ", cut at the entry cap: list a subdirectory or a smaller depth, or find names \
              with glob",
         );
     }
-    let prefix = if dir == "./" { String::new() } else { dir };
+
     out.reserve(r.entries.iter().map(|e| e.path.len() + 2).sum());
     for e in &r.entries {
         let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
@@ -1319,6 +1333,17 @@ mod tests {
             "./ in workspace laptop: 1 entry (`\u{FFFD}`: bytes of a name that are not UTF-8; a \
              path spelled as shown reaches the name)\ncaf\u{FFFD}.txt"
         );
+        // A directory shown escaped still lists its entries by their names.
+        let odd_dir = render(
+            ToolName::ListDir,
+            json!({"path": "d\\u{1}\u{1}", "truncated": false, "entries": [
+                {"path": "d\\u{1}\u{1}/x", "kind": "file"},
+            ]}),
+        );
+        assert_eq!(
+            odd_dir,
+            "d\\u{5c}u{1}\\u{1}/ in workspace laptop: 1 entry\nx"
+        );
         // A name's own `\u{` cannot be taken for an escape.
         let literal = render(
             ToolName::ListDir,
@@ -1330,7 +1355,8 @@ mod tests {
         );
         assert_eq!(
             literal,
-            "./ in workspace laptop: 3 entries\na\\u{5c}u{40}\nb\\u{5c}u{a}\\u{a}\nc\\x"
+            "./ in workspace laptop: 3 entries (a name's own `\\u{` shows as `\\u{5c}u{`)\n\
+             a\\u{5c}u{40}\nb\\u{5c}u{a}\\u{a}\nc\\x"
         );
         let own = render(
             ToolName::ListDir,

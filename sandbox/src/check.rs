@@ -35,7 +35,7 @@ use monad_protocol::tools::{
 use serde::de::DeserializeOwned;
 
 use crate::exec::SYSTEM_READ_DIRS;
-use crate::{Sandbox, SandboxError};
+use crate::{Jail, Sandbox, SandboxError};
 
 /// Symbolic links followed at most while looking up a program (the kernel's own limit).
 const MAX_LINKS: usize = 40;
@@ -187,26 +187,30 @@ impl Sandbox {
                 "program `{program}` is not found in the sandbox's PATH ({path_env})"
             )));
         }
-        let inside = if Path::new(program).is_absolute() {
-            // Inside the workspace, however it was spelled; or outside it, looked up below.
-            self.jail.resolve(program).ok()
+        // Whether the lookup took a name of the program's spelled with U+FFFD to be one that
+        // is not UTF-8 (as a listing shows it).
+        let (inside, looked_up) = if Path::new(program).is_absolute() {
+            // Inside the workspace, however it was spelled (every name of it from the text); or
+            // outside it, looked up below.
+            let inside = self.jail.resolve(program).ok();
+            let looked_up = inside.as_ref().is_some_and(|i| i.rel().to_str().is_none());
+            (inside, looked_up)
         } else {
-            let joined = format!("{}/{program}", cwd.display());
-            let inside = self.jail.resolve(&joined).map_err(|e| match e {
+            // From the working directory's own bytes, as the command will run it.
+            let named = |e| match e {
                 SandboxError::Escape { reason, .. } => SandboxError::Escape {
                     path: program.to_owned(),
                     reason,
                 },
                 other => other,
-            })?;
-            Some(inside)
+            };
+            let inside = self.jail.resolve_from(&cwd, program).map_err(named)?;
+            let looked_up = inside.rel() != Jail::spelled_from(&cwd, program).map_err(named)?;
+            (Some(inside), looked_up)
         };
-        // The lookup took a name spelled with U+FFFD to be one that is not UTF-8 (as a listing
-        // shows it), but the command runs `argv[0]` as spelled, which names nothing: said here,
-        // rather than passing the check and failing to start as "not found".
-        if let Some(inside) = &inside
-            && inside.rel().to_str().is_none()
-        {
+        // The command runs `argv[0]` as spelled, which then names nothing: said here, rather
+        // than passing the check and failing to start as "not found".
+        if looked_up {
             return Err(SandboxError::Unspellable(format!(
                 "`argv[0]` `{program}` names a program whose name is not UTF-8 (`\u{FFFD}` \
                  stands for its bytes, as a listing shows them); a command runs its program by \

@@ -205,6 +205,26 @@ impl Jail {
         })
     }
 
+    /// `raw`, a relative path, taken from `base` as a command takes a path from its working
+    /// directory: `base`'s own bytes joined with `raw`, checked and folded as [`Jail::resolve`]
+    /// does (no climbing above the root), where only `raw`'s names spelled with U+FFFD are
+    /// looked up (a name of `base` that is not UTF-8 stays exactly that name).
+    pub fn resolve_from(&self, base: &JailPath, raw: &str) -> Result<JailPath, SandboxError> {
+        let mut rel = Jail::spelled_from(base, raw)?;
+        if raw.contains('\u{FFFD}') {
+            rel = self.unlossy(rel, raw)?;
+        }
+        Ok(JailPath {
+            rel,
+            given: raw.to_owned(),
+        })
+    }
+
+    /// [`Jail::resolve_from`] without the lookup: the path as spelled, folded. Pure.
+    pub fn spelled_from(base: &JailPath, raw: &str) -> Result<PathBuf, SandboxError> {
+        fold(raw, &base.rel.join(raw))
+    }
+
     /// `rel` with each name that holds U+FFFD replaced by the one entry of its directory whose
     /// name is not UTF-8 and reads so decoded lossily, as listings, globs and searches show it: a
     /// tool's path is text, which cannot spell such a name otherwise. A name spelled so that

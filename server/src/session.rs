@@ -785,8 +785,11 @@ impl Session {
                     workspace: workspace.to_owned(),
                     ended: false,
                 });
+                // The oldest ended one goes first: a process still kept (a dev server started
+                // long ago) keeps being found by its id alone.
                 if processes.len() > MAX_REMEMBERED_PROCESSES {
-                    processes.remove(0);
+                    let oldest = processes.iter().position(|p| p.ended).unwrap_or(0);
+                    processes.remove(oldest);
                 }
             }
             (ToolName::ProcessRead, Some(id))
@@ -2190,6 +2193,37 @@ mod tests {
         reg.delete(id).unwrap();
         reg.open(id, "ana").unwrap();
         assert!(reg.resolve_in_memory(Some(id), "ana", Some(&dev)).is_none());
+    }
+
+    #[test]
+    fn a_session_remembers_where_its_processes_run_and_forgets_ended_ones_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let s = reg.resolve(Some("default"), "ana", None).unwrap();
+        let started = |id: &str, workspace: &str| {
+            let result = monad_protocol::wire::ToolResult::from(serde_json::json!({"process": id}));
+            s.note_process(ToolName::RunCommand, &result, workspace);
+        };
+        let ended = |id: &str| {
+            let result = serde_json::json!({"process": id, "running": false}).into();
+            s.note_process(ToolName::ProcessRead, &result, "ignored");
+        };
+        started("server", "lap");
+        started("build", "primary");
+        // Read to its end: still found by its id, no longer a workspace to list.
+        ended("build");
+        assert_eq!(s.process_workspace("build").as_deref(), Some("primary"));
+        assert_eq!(s.process_workspaces(), ["lap"]);
+        // Ended ones go before the oldest still kept, however many ran since.
+        for i in 0..MAX_REMEMBERED_PROCESSES {
+            started(&format!("p{i}"), "primary");
+            ended(&format!("p{i}"));
+        }
+        assert_eq!(s.process_workspace("server").as_deref(), Some("lap"));
+        assert_eq!(s.process_workspace("build"), None);
+        assert_eq!(s.process_workspace("p0"), None);
+        let last = format!("p{}", MAX_REMEMBERED_PROCESSES - 1);
+        assert_eq!(s.process_workspace(&last).as_deref(), Some("primary"));
     }
 
     #[test]

@@ -420,6 +420,9 @@ struct State {
     exit: Option<Exit>,
     /// The last bytes written to either stream, for progress lines.
     tail: VecDeque<u8>,
+    /// A read told its end and its output moved to the table's [`Ended`]: a read that waited
+    /// meanwhile answers from there.
+    retired: bool,
 }
 
 /// What the task driving a process is told: when its time runs out, and whether to end it now.
@@ -700,6 +703,7 @@ impl Table {
             stdout: take(&mut state.stdout),
             stderr: take(&mut state.stderr),
         };
+        state.retired = true;
         drop(state);
         let mut kept = self.lock_ended();
         kept.push_back(ended);
@@ -927,6 +931,7 @@ where
             stderr: output(),
             exit: None,
             tail: VecDeque::new(),
+            retired: false,
         }),
         activity,
         stdin: Arc::default(),
@@ -1199,10 +1204,16 @@ pub(crate) async fn read(
             "`last_lines` must be at least 1".into(),
         ));
     }
-    if let Some(ended) = table.read_ended(args) {
-        return Ok(ended);
-    }
-    let proc = table.get(&args.process)?;
+    let ended = || {
+        table
+            .read_ended(args)
+            .ok_or_else(|| not_kept(&args.process))
+    };
+    let proc = match table.find(&args.process) {
+        Kept::Live(proc) => proc,
+        Kept::Ended => return ended(),
+        Kept::Not => return Err(not_kept(&args.process)),
+    };
     let wait = Duration::from_millis(args.wait_ms.unwrap_or(0)).min(MAX_READ_WAIT);
     let mut changes = proc.activity.subscribe();
     let has_news = |proc: &Proc| {
@@ -1221,6 +1232,11 @@ pub(crate) async fn read(
     }
     let exit = proc.exit();
     let mut state = proc.lock();
+    if state.retired {
+        // Another read told its end while this one waited.
+        drop(state);
+        return ended();
+    }
     let finished = exit.is_some();
     let result = ProcessReadResult {
         process: proc.id.clone(),
@@ -1355,6 +1371,25 @@ pub(crate) fn list(table: &Table) -> ProcessListResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ended_output_keeps_its_last_bytes_from_a_whole_line_on() {
+        let ended = |max: usize| {
+            let mut out = Output::new(1024);
+            out.keep_tail = true;
+            out.push(b"one\ntwo\nthree\n");
+            assert_eq!(out.take(true), "one\ntwo\nthree\n");
+            out.keep_last(max);
+            out
+        };
+        // Cut inside `two`: that line is left out.
+        assert_eq!(ended(9).last_lines(10, true), "three\n");
+        // Cut after a line break: nothing is cut.
+        let mut whole = ended(10);
+        assert_eq!(whole.last_lines(10, true), "two\nthree\n");
+        assert_eq!((whole.unread(), whole.cut), (0, false));
+        assert_eq!(ended(100).last_lines(2, true), "two\nthree\n");
+    }
 
     #[test]
     fn process_reads_schema_says_what_a_process_read_to_its_end_keeps() {

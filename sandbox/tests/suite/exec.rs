@@ -257,6 +257,19 @@ fn a_program_whose_name_is_not_utf8_is_refused_by_its_listed_name_and_runs_throu
     // What the message says to do runs it.
     check("sh").unwrap();
     assert_eq!(sh(&fx, "./bin/tru?").exit_code, Some(0));
+    // From a working directory whose name is not UTF-8, a program named in UTF-8 passes and
+    // runs (its directory is taken as its own bytes).
+    let in_odd = serde_json::json!({ "argv": ["./true"], "cwd": "bin/d\u{FFFD}" });
+    let odd = fx
+        .root()
+        .join("bin")
+        .join(std::ffi::OsStr::from_bytes(b"d\xff"));
+    std::fs::create_dir(&odd).unwrap();
+    std::fs::copy("/bin/true", odd.join("true")).unwrap();
+    fx.sandbox.check(ToolName::RunCommand, &in_odd).unwrap();
+    let mut run_there = args(&["./true"]);
+    run_there.cwd = Some("bin/d\u{FFFD}".into());
+    assert_eq!(try_run(&fx, &run_there).unwrap().exit_code, Some(0));
     // A program whose name holds U+FFFD itself runs by it.
     std::fs::copy("/bin/true", fx.root().join("bin/lit\u{FFFD}")).unwrap();
     check("./bin/lit\u{FFFD}").unwrap();
