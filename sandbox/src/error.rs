@@ -195,10 +195,11 @@ impl SandboxError {
         match err.kind() {
             // A path with U+FFFD that matched no name that is not UTF-8 (`Jail::unlossy`): said,
             // rather than leaving the model to wonder whether the character was the trouble.
+            // Whether a directory on the way was missing, or the name in it, is not known here.
             io::ErrorKind::NotFound if path.contains('\u{FFFD}') => {
                 SandboxError::NotFound(format!(
                     "`{path}` does not exist (`\u{FFFD}` stands for bytes of a name that are not \
-                     UTF-8, as a listing shows them, and no name here reads so)"
+                     UTF-8, as a listing shows them; no name on this path reads so)"
                 ))
             }
             io::ErrorKind::NotFound => SandboxError::NotFound(format!("`{path}` does not exist")),
