@@ -223,26 +223,25 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         "{dir}{ws}: {}{hidden}",
         plural(r.entries.len() as u64, "entry", "entries")
     );
-    // What the header must explain, found in one pass over the entries: links (`@` after the
-    // name), a name's own final `@` (escaped, so that `@` after a name always marks a link), and
-    // a name that is not UTF-8 (U+FFFD for its stray bytes).
     // Taken off each entry's own path, before it is shown.
     let prefix = if dir == "./" {
         String::new()
     } else {
         format!("{}/", r.path.trim_end_matches('/'))
     };
+    // What the header must explain, found in one pass over the entries: links (`@` after the
+    // name), a name's own final `@` (escaped, so that `@` after a name always marks a link; a
+    // directory's on the way too, so that a name reads the same in every line), a name that is
+    // not UTF-8 (U+FFFD for its stray bytes), and a name's own `\u{`.
     let (mut links, mut own_at, mut lossy, mut own_escape) = (false, false, false, false);
     for e in &r.entries {
+        let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         links |= e.kind == EntryKind::Symlink;
-        own_at |= e.path.ends_with('@');
+        own_at |= name.ends_with('@') || name.contains("@/");
         lossy |= e.path.contains('\u{FFFD}');
-        own_escape |= e
-            .path
-            .strip_prefix(&prefix)
-            .unwrap_or(&e.path)
-            .contains("\\u{");
+        own_escape |= name.contains("\\u{");
     }
+    own_escape |= r.path.contains("\\u{");
     match (links, own_at) {
         (true, false) => out.push_str(" (`@`: symbolic link)"),
         (true, true) => {
@@ -254,7 +253,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     if lossy {
         out.push_str(
             " (`\u{FFFD}`: bytes of a name that are not UTF-8; a path spelled as shown \
-             reaches the name)",
+             reaches the name, unless two read the same)",
         );
     }
     if own_escape {
@@ -271,7 +270,10 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     for e in &r.entries {
         let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         out.push('\n');
-        let name = shown(name);
+        let mut name = shown(name);
+        if name.contains("@/") {
+            name = name.replace("@/", "\\u{40}/").into();
+        }
         match name.strip_suffix('@') {
             Some(stem) => {
                 out.push_str(stem);
@@ -1331,7 +1333,20 @@ mod tests {
         assert_eq!(
             lossy,
             "./ in workspace laptop: 1 entry (`\u{FFFD}`: bytes of a name that are not UTF-8; a \
-             path spelled as shown reaches the name)\ncaf\u{FFFD}.txt"
+             path spelled as shown reaches the name, unless two read the same)\ncaf\u{FFFD}.txt"
+        );
+        // A directory's own final `@` reads the same in the lines below it.
+        let nested = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "entries": [
+                {"path": "Dat@", "kind": "dir"},
+                {"path": "Dat@/f", "kind": "file"},
+            ]}),
+        );
+        assert_eq!(
+            nested,
+            "./ in workspace laptop: 2 entries (a name's own final `@` shows as `\\u{40}`)\n\
+             Dat\\u{40}/\nDat\\u{40}/f"
         );
         // A directory shown escaped still lists its entries by their names.
         let odd_dir = render(
@@ -1342,7 +1357,8 @@ mod tests {
         );
         assert_eq!(
             odd_dir,
-            "d\\u{5c}u{1}\\u{1}/ in workspace laptop: 1 entry\nx"
+            "d\\u{5c}u{1}\\u{1}/ in workspace laptop: 1 entry (a name's own `\\u{` shows as \
+             `\\u{5c}u{`)\nx"
         );
         // A name's own `\u{` cannot be taken for an escape.
         let literal = render(

@@ -35,7 +35,7 @@ use monad_protocol::tools::{
 use serde::de::DeserializeOwned;
 
 use crate::exec::SYSTEM_READ_DIRS;
-use crate::{Jail, Sandbox, SandboxError};
+use crate::{Sandbox, SandboxError};
 
 /// Symbolic links followed at most while looking up a program (the kernel's own limit).
 const MAX_LINKS: usize = 40;
@@ -184,42 +184,12 @@ impl Sandbox {
                 }
             }
             return Err(SandboxError::NotFound(format!(
-                "program `{program}` is not found in the sandbox's PATH ({path_env})"
+                "program `{program}` is not found in the sandbox's PATH ({path_env}){}",
+                crate::exec::lossy_hint(program)
             )));
         }
-        // Whether the lookup took a name of the program's spelled with U+FFFD to be one that
-        // is not UTF-8 (as a listing shows it).
-        let (inside, looked_up) = if Path::new(program).is_absolute() {
-            // Inside the workspace, however it was spelled (every name of it from the text); or
-            // outside it, looked up below.
-            let inside = self.jail.resolve(program).ok();
-            let looked_up = inside.as_ref().is_some_and(|i| i.rel().to_str().is_none());
-            (inside, looked_up)
-        } else {
-            // From the working directory's own bytes, as the command will run it.
-            let named = |e| match e {
-                SandboxError::Escape { reason, .. } => SandboxError::Escape {
-                    path: program.to_owned(),
-                    reason,
-                },
-                other => other,
-            };
-            let inside = self.jail.resolve_from(&cwd, program).map_err(named)?;
-            let looked_up = inside.rel() != Jail::spelled_from(&cwd, program).map_err(named)?;
-            (Some(inside), looked_up)
-        };
-        // The command runs `argv[0]` as spelled, which then names nothing: said here, rather
-        // than passing the check and failing to start as "not found".
-        if looked_up {
-            return Err(SandboxError::Unspellable(format!(
-                "`argv[0]` `{program}` names a program whose name is not UTF-8 (`\u{FFFD}` \
-                 stands for its bytes, as a listing shows them); a command runs its program by \
-                 the name as spelled, which is not that one: run it through a shell glob \
-                 (`sh -c`, with `?` for the character)"
-            )));
-        }
-        let path = match inside {
-            Some(inside) => self.jail.root_path().join(inside.rel()),
+        let path = match crate::exec::program_path(&self.jail, &cwd, program)? {
+            Some(inside) => self.jail.root_path().join(inside),
             None => PathBuf::from(program),
         };
         lookup.executable(&path, program)

@@ -202,6 +202,11 @@ impl SandboxError {
                      UTF-8, as a listing shows them; no name on this path reads so)"
                 ))
             }
+            // A name copied from a listing with an escape in it (`\u{40}` for a final `@`).
+            io::ErrorKind::NotFound if path.contains("\\u{") => SandboxError::NotFound(format!(
+                "`{path}` does not exist (in a listing, `\\u{{..}}` stands for the one character of \
+                 that code point, such as `\\u{{40}}` for `@`: spell the character itself)"
+            )),
             io::ErrorKind::NotFound => SandboxError::NotFound(format!("`{path}` does not exist")),
             io::ErrorKind::PermissionDenied if err.raw_os_error().is_none() => {
                 SandboxError::Escape {

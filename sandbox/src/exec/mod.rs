@@ -45,7 +45,7 @@ use nix::sys::resource::{Resource, getrlimit, setrlimit};
 pub use seccomp::Sockets;
 
 use crate::error::SandboxError;
-use crate::jail::Jail;
+use crate::jail::{Jail, JailPath};
 use crate::limits::{ExecPolicy, NamespacePolicy, NetworkMode};
 
 /// Directories a sandboxed program may read and execute from.
@@ -549,6 +549,86 @@ pub(crate) fn check_argv(argv: &[String]) -> Result<&str, SandboxError> {
     Ok(program)
 }
 
+/// For a program not found whose name holds U+FFFD: what that character is, and how to run a
+/// program whose name is not UTF-8; nothing for any other.
+pub(crate) fn lossy_hint(program: &str) -> &'static str {
+    if program.contains('\u{FFFD}') {
+        " (`\u{FFFD}` stands for bytes of a name that are not UTF-8, as a listing shows them, \
+         which a program's name as spelled cannot hold: name such a program by a shell glob with \
+         `*` where `\u{FFFD}` stands and the directory it is in, such as `sh -c '/dir/name*'`)"
+    } else {
+        ""
+    }
+}
+
+/// What a program spelled with U+FFFD that names nothing so is told (`hint`: why, first).
+fn unspellable_program(program: &str, hint: &str) -> String {
+    let pattern = program.replace('\u{FFFD}', "*");
+    format!(
+        "`argv[0]` `{program}` names no program as spelled: {hint}`\u{FFFD}` stands for bytes \
+         of a name that are not UTF-8, as a listing shows them, and a command's program is run by \
+         the name as spelled, which cannot hold them; run it through a shell glob with `*` where \
+         `\u{FFFD}` stands, such as `{}`",
+        monad_protocol::text::shell_words(&["sh", "-c", &pattern])
+    )
+}
+
+/// The program `argv[0]` names when it is a path (it holds a `/`), relative to the root, as
+/// `exec` takes it: spelled, from the command's working directory `cwd` (its own bytes, as the
+/// command runs there); `None` for an absolute path that is not inside the workspace. A path
+/// spelled with U+FFFD that names nothing so, where every other tool would take a name that is
+/// not UTF-8 for it ([`Jail::resolve`]), is refused, saying how to run that one: `exec` would
+/// only say "not found". The one rule for the check before approval and the run.
+pub(crate) fn program_path(
+    jail: &Jail,
+    cwd: &JailPath,
+    program: &str,
+) -> Result<Option<std::path::PathBuf>, SandboxError> {
+    let absolute = std::path::Path::new(program).is_absolute();
+    let named = |e| match e {
+        SandboxError::Escape { reason, .. } => SandboxError::Escape {
+            path: program.to_owned(),
+            reason,
+        },
+        other => other,
+    };
+    let spelled = if absolute {
+        let root = jail.resolve("")?;
+        match jail
+            .strip_root(program)
+            .map(|rest| Jail::spelled_from(&root, rest))
+        {
+            Some(Ok(spelled)) => spelled,
+            // Outside, or climbing out of it: looked up as any path outside.
+            _ => return Ok(None),
+        }
+    } else {
+        Jail::spelled_from(cwd, program).map_err(named)?
+    };
+    let at = if spelled.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        &spelled
+    };
+    if !program.contains('\u{FFFD}') || jail.dir().symlink_metadata(at).is_ok() {
+        return Ok(Some(spelled));
+    }
+    let looked_up = if absolute {
+        jail.resolve(program)
+    } else {
+        jail.resolve_from(cwd, program)
+    };
+    match looked_up {
+        Ok(found) if found.rel() == at => Ok(Some(spelled)),
+        Ok(_) => Err(SandboxError::Unspellable(unspellable_program(program, ""))),
+        Err(SandboxError::Unspellable(_)) => Err(SandboxError::Unspellable(unspellable_program(
+            program,
+            "more than one name reads as it does, and ",
+        ))),
+        Err(e) => Err(named(e)),
+    }
+}
+
 /// Checks `args` and starts the command (see the module documentation). `timeout`: its time
 /// limit, if any (for `RLIMIT_CPU`; the caller enforces the wall-clock limit).
 pub(crate) fn start(
@@ -686,6 +766,9 @@ fn spawn(
 ) -> Result<Started, SpawnFailure> {
     let program = &args.argv[0];
     let cwd_path = jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
+    if program.contains('/') {
+        program_path(jail, &cwd_path, program)?;
+    }
     let cwd: OwnedFd = jail.open_dir(&cwd_path)?.into();
     let tmp = slot
         .tmp_dir(isolation.identity)
@@ -1172,7 +1255,8 @@ fn spawn_error(
         Err(libc::ENOENT) => {
             return SandboxError::NotFound(format!(
                 "program `{program}` was not found (looked up in the sandbox's PATH when it has \
-                 no slash)"
+                 no slash){}",
+                lossy_hint(program)
             ));
         }
         Err(libc::EACCES) => {

@@ -233,10 +233,26 @@ impl Output {
         }
     }
 
+    /// How many of the oldest bytes to drop so that at most `max` stay, starting with a whole
+    /// character: a character the cut would split goes with them (at most three bytes more),
+    /// rather than showing as U+FFFD.
+    fn overflow(&self, max: usize) -> usize {
+        let over = self.bytes.len().saturating_sub(max);
+        if over == 0 {
+            return 0;
+        }
+        over + self
+            .bytes
+            .range(over..)
+            .take(3)
+            .take_while(|&&b| b & 0xc0 == 0x80)
+            .count()
+    }
+
     fn push(&mut self, data: &[u8]) {
         if self.keep_tail {
             self.bytes.extend(data);
-            let over = self.bytes.len().saturating_sub(self.cap);
+            let over = self.overflow(self.cap);
             if over > 0 {
                 self.cut = self.bytes[over - 1] != b'\n';
                 self.bytes.drain(..over);
@@ -327,7 +343,7 @@ impl Output {
 
     /// Keeps the newest `max` bytes at most, for a process read to its end (see [`Ended`]).
     fn keep_last(&mut self, max: usize) {
-        let over = self.bytes.len().saturating_sub(max);
+        let over = self.overflow(max);
         if over > 0 {
             self.cut = self.bytes[over - 1] != b'\n';
             self.bytes.drain(..over);
@@ -563,8 +579,9 @@ enum Kept {
 /// There is no process `id`.
 fn not_kept(id: &str) -> SandboxError {
     SandboxError::NotFound(format!(
-        "there is no background process `{id}` in this workspace (one read to its end is kept \
-         only until {ENDED_KEPT} more have been; `process_list` lists the others)"
+        "there is no background process `{id}` in this workspace: it may run in another (left \
+         out, `workspace` is where the process runs), or it was read to its end before \
+         {ENDED_KEPT} others were (`process_list` lists what runs here)"
     ))
 }
 
@@ -1389,6 +1406,19 @@ mod tests {
         assert_eq!(whole.last_lines(10, true), "two\nthree\n");
         assert_eq!((whole.unread(), whole.cut), (0, false));
         assert_eq!(ended(100).last_lines(2, true), "two\nthree\n");
+        // A cut inside a character drops all of it: a line of one, cut, shows no U+FFFD.
+        let mut out = Output::new(1024);
+        out.keep_tail = true;
+        out.push("é日本".as_bytes());
+        out.take(true);
+        out.keep_last(7);
+        assert_eq!(out.last_lines(1, true), "日本");
+        // So does the cap of a running one.
+        let mut running = Output::new(3);
+        running.keep_tail = true;
+        running.push("a日b".as_bytes());
+        assert_eq!(running.take(false), "b");
+        assert_eq!(running.dropped, 4);
     }
 
     #[test]

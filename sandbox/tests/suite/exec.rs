@@ -239,41 +239,62 @@ fn programs_outside_the_allowed_directories_cannot_be_executed() {
 fn a_program_whose_name_is_not_utf8_is_refused_by_its_listed_name_and_runs_through_a_glob() {
     use std::os::unix::ffi::OsStrExt;
     let fx = Fixture::new();
-    let name = std::ffi::OsStr::from_bytes(b"tru\xe9");
+    let bytes = |b: &[u8]| std::ffi::OsStr::from_bytes(b).to_owned();
     std::fs::create_dir(fx.root().join("bin")).unwrap();
-    std::fs::copy("/bin/true", fx.root().join("bin").join(name)).unwrap();
+    std::fs::copy("/bin/true", fx.root().join("bin").join(bytes(b"tru\xe9"))).unwrap();
     let check = |program: &str| {
         let args = serde_json::json!({ "argv": [program] });
         fx.sandbox.check(ToolName::RunCommand, &args)
     };
     // The name a listing shows passed the check (the one a call is approved by) and then
-    // failed to start as "not found": now the check says why and what to do.
+    // failed to start as "not found"; the run (a primary workspace's, which nobody approves)
+    // said only that. Now both say why and what to do.
     let absolute = format!("{}/bin/tru\u{FFFD}", fx.root().display());
     for program in ["./bin/tru\u{FFFD}", "bin/tru\u{FFFD}", &absolute] {
-        let err = check(program).unwrap_err();
-        assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+        for err in [
+            check(program).unwrap_err(),
+            try_run(&fx, &args(&[program])).unwrap_err(),
+        ] {
+            assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+            assert!(err.to_string().contains("bin/tru*'`"), "{err}");
+        }
+    }
+    // What the message says to do runs it, also where `\u{FFFD}` stands for two bytes.
+    check("sh").unwrap();
+    assert_eq!(sh(&fx, "./bin/tru*").exit_code, Some(0));
+    std::fs::copy("/bin/true", fx.root().join("bin").join(bytes(b"x\xe6\x97"))).unwrap();
+    let err = check("./bin/x\u{FFFD}").unwrap_err();
+    assert!(err.to_string().contains("sh -c './bin/x*'"), "{err}");
+    assert_eq!(sh(&fx, "./bin/x*").exit_code, Some(0));
+    // A program so named in the PATH: not found, saying what the character is and how.
+    std::fs::create_dir_all(fx.root().join(".venv/bin")).unwrap();
+    let in_path = fx.root().join(".venv/bin").join(bytes(b"pathprog\xe9"));
+    std::fs::copy("/bin/true", in_path).unwrap();
+    for err in [
+        check("pathprog\u{FFFD}").unwrap_err(),
+        try_run(&fx, &args(&["pathprog\u{FFFD}"])).unwrap_err(),
+    ] {
+        assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
         assert!(err.to_string().contains("shell glob"), "{err}");
     }
-    // What the message says to do runs it.
-    check("sh").unwrap();
-    assert_eq!(sh(&fx, "./bin/tru?").exit_code, Some(0));
     // From a working directory whose name is not UTF-8, a program named in UTF-8 passes and
     // runs (its directory is taken as its own bytes).
     let in_odd = serde_json::json!({ "argv": ["./true"], "cwd": "bin/d\u{FFFD}" });
-    let odd = fx
-        .root()
-        .join("bin")
-        .join(std::ffi::OsStr::from_bytes(b"d\xff"));
+    let odd = fx.root().join("bin").join(bytes(b"d\xff"));
     std::fs::create_dir(&odd).unwrap();
     std::fs::copy("/bin/true", odd.join("true")).unwrap();
     fx.sandbox.check(ToolName::RunCommand, &in_odd).unwrap();
     let mut run_there = args(&["./true"]);
     run_there.cwd = Some("bin/d\u{FFFD}".into());
     assert_eq!(try_run(&fx, &run_there).unwrap().exit_code, Some(0));
-    // A program whose name holds U+FFFD itself runs by it.
+    // A program whose name holds U+FFFD itself runs by it, a twin that is not UTF-8 or not:
+    // that spelling names it.
     std::fs::copy("/bin/true", fx.root().join("bin/lit\u{FFFD}")).unwrap();
-    check("./bin/lit\u{FFFD}").unwrap();
-    assert_eq!(run(&fx, &["./bin/lit\u{FFFD}"]).exit_code, Some(0));
+    std::fs::copy("/bin/true", fx.root().join("bin/tru\u{FFFD}")).unwrap();
+    for program in ["./bin/lit\u{FFFD}", "./bin/tru\u{FFFD}"] {
+        check(program).unwrap();
+        assert_eq!(run(&fx, &[program]).exit_code, Some(0));
+    }
 }
 
 #[test]

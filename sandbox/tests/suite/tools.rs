@@ -1972,12 +1972,23 @@ fn a_name_that_is_not_utf8_is_listed_explained_and_reached_as_shown() {
         .read_file(&read("odd/n\u{FFFD}.txt"))
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
-    assert!(err.to_string().contains("no name on this path reads so"), "{err}");
+    assert!(
+        err.to_string().contains("no name on this path reads so"),
+        "{err}"
+    );
+    // A name copied from a listing with an escape in it: what the escape stands for.
+    std::fs::write(fx.root().join("mail@"), "m").unwrap();
+    let err = fx.sandbox.read_file(&read("mail\\u{40}")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert!(err.to_string().contains("`\\u{40}` for `@`"), "{err}");
     // Nor when a directory on the way is missing: not said to be the name's fault alone.
     let err = fx
         .sandbox
         .read_file(&read("gone/n\u{FFFD}.txt"))
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
-    assert!(err.to_string().contains("no name on this path reads so"), "{err}");
+    assert!(
+        err.to_string().contains("no name on this path reads so"),
+        "{err}"
+    );
 }
