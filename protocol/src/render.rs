@@ -207,7 +207,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     let dir = if r.path == "." || r.path.is_empty() {
         "./".to_owned()
     } else {
-        format!("{}/", shown(r.path.trim_end_matches('/')))
+        format!("{}/", listed(shown(r.path.trim_end_matches('/'))))
     };
     let hidden = match r.hidden {
         0 => String::new(),
@@ -242,6 +242,10 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         own_escape |= name.contains("\\u{");
     }
     own_escape |= r.path.contains("\\u{");
+    own_at |= dir.contains("\\u{40}/")
+        || r.unreadable
+            .iter()
+            .any(|u| u.ends_with('@') || u.contains("@/"));
     match (links, own_at) {
         (true, false) => out.push_str(" (`@`: symbolic link)"),
         (true, true) => {
@@ -270,17 +274,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     for e in &r.entries {
         let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         out.push('\n');
-        let mut name = shown(name);
-        if name.contains("@/") {
-            name = name.replace("@/", "\\u{40}/").into();
-        }
-        match name.strip_suffix('@') {
-            Some(stem) => {
-                out.push_str(stem);
-                out.push_str("\\u{40}");
-            }
-            None => out.push_str(&name),
-        }
+        out.push_str(&listed(shown(name)));
         match e.kind {
             EntryKind::File => {}
             EntryKind::Dir => out.push('/'),
@@ -293,7 +287,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         let _ = write!(
             out,
             "\n(could not read the entries of {}: no permission)",
-            shown(name)
+            listed(shown(name))
         );
     }
     out
@@ -316,6 +310,20 @@ fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     } else {
         Cow::Borrowed(path)
     }
+}
+
+/// A name of a listing as shown ([`shown`]), with a name's own final `@`, and a directory's on
+/// the way, as `\u{40}`: in a listing, `@` after a name marks a symbolic link.
+fn listed(name: std::borrow::Cow<'_, str>) -> std::borrow::Cow<'_, str> {
+    if !name.contains('@') {
+        return name;
+    }
+    let mut out = name.replace("@/", "\\u{40}/");
+    if out.ends_with('@') {
+        out.pop();
+        out.push_str("\\u{40}");
+    }
+    out.into()
 }
 
 fn kind_word(kind: EntryKind) -> &'static str {
@@ -1347,6 +1355,18 @@ mod tests {
             nested,
             "./ in workspace laptop: 2 entries (a name's own final `@` shows as `\\u{40}`)\n\
              Dat\\u{40}/\nDat\\u{40}/f"
+        );
+        // And the same in the header and in a directory that could not be read.
+        let inside = render(
+            ToolName::ListDir,
+            json!({"path": "Dat@", "truncated": false, "entries": [
+                {"path": "Dat@/f", "kind": "file"},
+            ], "unreadable": ["Dat@/no@"]}),
+        );
+        assert_eq!(
+            inside,
+            "Dat\\u{40}/ in workspace laptop: 1 entry (a name's own final `@` shows as \
+             `\\u{40}`)\nf\n(could not read the entries of no\\u{40}: no permission)"
         );
         // A directory shown escaped still lists its entries by their names.
         let odd_dir = render(

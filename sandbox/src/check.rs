@@ -253,7 +253,8 @@ impl<'a> Lookup<'a> {
         let not_found = || {
             SandboxError::NotFound(format!(
                 "program `{given}` does not exist where commands can run it (the workspace, \
-                 the system's directories and the ones the operator added)"
+                 the system's directories and the ones the operator added){}",
+                crate::exec::lossy_hint(given)
             ))
         };
         let mut path = lexical(path).ok_or_else(not_found)?;

@@ -195,11 +195,13 @@ impl SandboxError {
         match err.kind() {
             // A path with U+FFFD that matched no name that is not UTF-8 (`Jail::unlossy`): said,
             // rather than leaving the model to wonder whether the character was the trouble.
-            // Whether a directory on the way was missing, or the name in it, is not known here.
+            // Which name on the way was missing, and whether one was looked up, is not known
+            // here: the hint explains, and claims nothing.
             io::ErrorKind::NotFound if path.contains('\u{FFFD}') => {
                 SandboxError::NotFound(format!(
                     "`{path}` does not exist (`\u{FFFD}` stands for bytes of a name that are not \
-                     UTF-8, as a listing shows them; no name on this path reads so)"
+                     UTF-8, as a listing shows them; spelled so, a path reaches such a name where \
+                     one reads so)"
                 ))
             }
             // A name copied from a listing with an escape in it (`\u{40}` for a final `@`).

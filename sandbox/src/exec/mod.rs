@@ -563,7 +563,18 @@ pub(crate) fn lossy_hint(program: &str) -> &'static str {
 
 /// What a program spelled with U+FFFD that names nothing so is told (`hint`: why, first).
 fn unspellable_program(program: &str, hint: &str) -> String {
-    let pattern = program.replace('\u{FFFD}', "*");
+    // The spelled parts quoted for the shell, `*` left bare between them.
+    let pattern = program
+        .split('\u{FFFD}')
+        .map(|part| {
+            if part.is_empty() {
+                String::new()
+            } else {
+                monad_protocol::text::shell_words(&[part])
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("*");
     format!(
         "`argv[0]` `{program}` names no program as spelled: {hint}`\u{FFFD}` stands for bytes \
          of a name that are not UTF-8, as a listing shows them, and a command's program is run by \
@@ -575,7 +586,10 @@ fn unspellable_program(program: &str, hint: &str) -> String {
 
 /// The program `argv[0]` names when it is a path (it holds a `/`), relative to the root, as
 /// `exec` takes it: spelled, from the command's working directory `cwd` (its own bytes, as the
-/// command runs there); `None` for an absolute path that is not inside the workspace. A path
+/// command runs there); `None` for an absolute path that is not inside the workspace. Known
+/// limit: `..` is folded as text, as every tool's path is, where the kernel follows a link
+/// before it (`link/../x`), so the check may then look at another file than the one that runs;
+/// what runs is bounded by landlock either way. A path
 /// spelled with U+FFFD that names nothing so, where every other tool would take a name that is
 /// not UTF-8 for it ([`Jail::resolve`]), is refused, saying how to run that one: `exec` would
 /// only say "not found". The one rule for the check before approval and the run.
@@ -623,7 +637,8 @@ pub(crate) fn program_path(
         Ok(_) => Err(SandboxError::Unspellable(unspellable_program(program, ""))),
         Err(SandboxError::Unspellable(_)) => Err(SandboxError::Unspellable(unspellable_program(
             program,
-            "more than one name reads as it does, and ",
+            "more than one name reads as it does (a glob matches them all: narrow it, or list \
+             them first), and ",
         ))),
         Err(e) => Err(named(e)),
     }

@@ -264,8 +264,17 @@ fn a_program_whose_name_is_not_utf8_is_refused_by_its_listed_name_and_runs_throu
     assert_eq!(sh(&fx, "./bin/tru*").exit_code, Some(0));
     std::fs::copy("/bin/true", fx.root().join("bin").join(bytes(b"x\xe6\x97"))).unwrap();
     let err = check("./bin/x\u{FFFD}").unwrap_err();
-    assert!(err.to_string().contains("sh -c './bin/x*'"), "{err}");
+    assert!(err.to_string().contains("sh -c './bin/x*'`"), "{err}");
     assert_eq!(sh(&fx, "./bin/x*").exit_code, Some(0));
+    // A path the shell would read otherwise is quoted in the advice, but for the `*`.
+    std::fs::create_dir(fx.root().join("my dir")).unwrap();
+    std::fs::copy("/bin/true", fx.root().join("my dir").join(bytes(b"t\xe9"))).unwrap();
+    let err = check("./my dir/t\u{FFFD}").unwrap_err();
+    assert!(
+        err.to_string().contains(r#"`sh -c "'./my dir/t'*"`"#),
+        "{err}"
+    );
+    assert_eq!(sh(&fx, "'./my dir/t'*").exit_code, Some(0));
     // A program so named in the PATH: not found, saying what the character is and how.
     std::fs::create_dir_all(fx.root().join(".venv/bin")).unwrap();
     let in_path = fx.root().join(".venv/bin").join(bytes(b"pathprog\xe9"));

@@ -1973,7 +1973,8 @@ fn a_name_that_is_not_utf8_is_listed_explained_and_reached_as_shown() {
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
     assert!(
-        err.to_string().contains("no name on this path reads so"),
+        err.to_string()
+            .contains("a path reaches such a name where one reads so"),
         "{err}"
     );
     // A name copied from a listing with an escape in it: what the escape stands for.
@@ -1988,7 +1989,8 @@ fn a_name_that_is_not_utf8_is_listed_explained_and_reached_as_shown() {
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
     assert!(
-        err.to_string().contains("no name on this path reads so"),
+        err.to_string()
+            .contains("a path reaches such a name where one reads so"),
         "{err}"
     );
 }
