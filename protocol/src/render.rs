@@ -235,12 +235,16 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     // not UTF-8 (U+FFFD for its stray bytes), and a name's own `\u{`.
     let (mut links, mut own_at, mut lossy, mut own_escape) = (false, false, false, false);
     for e in &r.entries {
-        let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         links |= e.kind == EntryKind::Symlink;
+        if plain(&e.path) {
+            continue;
+        }
+        let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         own_at |= name.ends_with('@') || name.contains("@/");
-        lossy |= e.path.contains('\u{FFFD}');
+        lossy |= name.contains('\u{FFFD}');
         own_escape |= name.contains("\\u{");
     }
+    lossy |= r.path.contains('\u{FFFD}');
     own_escape |= r.path.contains("\\u{");
     own_at |= dir.contains("\\u{40}/")
         || r.unreadable
@@ -274,7 +278,11 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     for e in &r.entries {
         let name = e.path.strip_prefix(&prefix).unwrap_or(&e.path);
         out.push('\n');
-        out.push_str(&listed(shown(name)));
+        if plain(name) {
+            out.push_str(name);
+        } else {
+            out.push_str(&listed(shown(name)));
+        }
         match e.kind {
             EntryKind::File => {}
             EntryKind::Dir => out.push('/'),
@@ -301,7 +309,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
 /// in the JSON. A name of plain ASCII without that, as most are, is not scanned again.
 fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
-    if path.contains("\\u{") {
+    if path.contains('\\') && path.contains("\\u{") {
         let own = path.replace("\\u{", "\\u{5c}u{");
         return Cow::Owned(crate::text::printable(&own).into_owned());
     }
@@ -310,6 +318,13 @@ fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     } else {
         Cow::Borrowed(path)
     }
+}
+
+/// Whether a name is shown in a listing as it is: printable ASCII with no `\\` and no `@`, as
+/// most are. One pass over its bytes, which a listing of many names makes on each.
+fn plain(name: &str) -> bool {
+    name.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'\\' && b != b'@')
 }
 
 /// A name of a listing as shown ([`shown`]), with a name's own final `@`, and a directory's on
