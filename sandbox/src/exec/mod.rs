@@ -586,13 +586,14 @@ fn unspellable_program(program: &str, hint: &str) -> String {
 
 /// The program `argv[0]` names when it is a path (it holds a `/`), relative to the root, as
 /// `exec` takes it: spelled, from the command's working directory `cwd` (its own bytes, as the
-/// command runs there); `None` for an absolute path that is not inside the workspace. Known
-/// limit: `..` is folded as text, as every tool's path is, where the kernel follows a link
-/// before it (`link/../x`), so the check may then look at another file than the one that runs;
-/// what runs is bounded by landlock either way. A path
+/// command runs there); `None` for an absolute path that is not inside the workspace. A path
 /// spelled with U+FFFD that names nothing so, where every other tool would take a name that is
 /// not UTF-8 for it ([`Jail::resolve`]), is refused, saying how to run that one: `exec` would
 /// only say "not found". The one rule for the check before approval and the run.
+///
+/// Known limit: `..` is folded as text, as every tool's path is, where the kernel follows a link
+/// before it (`link/../x`), so the check may then look at another file than the one that runs;
+/// what runs is bounded by landlock either way.
 pub(crate) fn program_path(
     jail: &Jail,
     cwd: &JailPath,

@@ -697,8 +697,9 @@ impl Table {
         Ok(proc)
     }
 
-    /// Forgets process `id`, read to its end (`exit`), keeping how it ended and its last output
-    /// (see [`Ended`]); the oldest such one goes when more than [`ENDED_KEPT`] are kept.
+    /// Forgets `proc`, read to its end (`exit`), but for how it ended and its last output (see
+    /// [`Ended`]); the oldest such one goes when more than [`ENDED_KEPT`] are kept. Nothing
+    /// when another read did so first.
     fn retire(&self, proc: &Proc, exit: Exit) {
         // Under the table's lock throughout, so that the id is in one of the two lists at every
         // moment, and a second read that told the end meanwhile finds it gone.
