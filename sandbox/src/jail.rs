@@ -166,6 +166,20 @@ impl Jail {
         })
     }
 
+    /// `path` with every symbolic link on it resolved inside the root, as the kernel takes a
+    /// directory it opens (so that a `..` after it climbs from where its links lead), keeping
+    /// the name the caller gave. A link leading out of the root is refused.
+    pub fn canonical(&self, path: &JailPath) -> Result<JailPath, SandboxError> {
+        let resolved = self
+            .dir
+            .canonicalize(path.rel())
+            .map_err(|e| SandboxError::from_io("resolve", path.given(), e))?;
+        Ok(JailPath {
+            rel: fold(&resolved.to_string_lossy(), &resolved)?,
+            given: path.given().to_owned(),
+        })
+    }
+
     /// What follows the root in the absolute `text`, when it starts with the root (either
     /// spelling) as whole components, as [`Jail::resolve`] takes an absolute path; `None`
     /// otherwise. Nothing after the root is looked at: a glob pattern may follow, and the root's

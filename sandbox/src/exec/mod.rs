@@ -591,9 +591,10 @@ fn unspellable_program(program: &str, hint: &str) -> String {
 /// not UTF-8 for it ([`Jail::resolve`]), is refused, saying how to run that one: `exec` would
 /// only say "not found". The one rule for the check before approval and the run.
 ///
-/// Known limit: `..` is folded as text, as every tool's path is, where the kernel follows a link
-/// before it (`link/../x`), so the check may then look at another file than the one that runs;
-/// what runs is bounded by landlock either way.
+/// A `..` in a relative program climbs from the working directory as the command has it, its
+/// links resolved. Known limit: within the program's own path, `..` is folded as text, as every
+/// tool's path is, where the kernel follows a link before it (`bin/link/../x`), so the check may
+/// then look at another file than the one that runs; what runs is bounded by landlock either way.
 pub(crate) fn program_path(
     jail: &Jail,
     cwd: &JailPath,
@@ -607,6 +608,16 @@ pub(crate) fn program_path(
         },
         other => other,
     };
+    // The command's `..` climbs from the directory it runs in, where the links of the path it
+    // was given lead, not from that path's text.
+    let climbs = std::path::Path::new(program)
+        .components()
+        .any(|c| c == std::path::Component::ParentDir);
+    let base = if climbs && !absolute {
+        jail.canonical(cwd)?
+    } else {
+        cwd.clone()
+    };
     let spelled = if absolute {
         let root = jail.resolve("")?;
         match jail
@@ -618,7 +629,7 @@ pub(crate) fn program_path(
             _ => return Ok(None),
         }
     } else {
-        Jail::spelled_from(cwd, program).map_err(named)?
+        Jail::spelled_from(&base, program).map_err(named)?
     };
     let at = if spelled.as_os_str().is_empty() {
         std::path::Path::new(".")
@@ -631,7 +642,7 @@ pub(crate) fn program_path(
     let looked_up = if absolute {
         jail.resolve(program)
     } else {
-        jail.resolve_from(cwd, program)
+        jail.resolve_from(&base, program)
     };
     match looked_up {
         Ok(found) if found.rel() == at => Ok(Some(spelled)),

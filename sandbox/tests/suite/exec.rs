@@ -307,6 +307,36 @@ fn a_program_whose_name_is_not_utf8_is_refused_by_its_listed_name_and_runs_throu
 }
 
 #[test]
+fn a_program_climbing_from_a_working_directory_that_is_a_link_is_checked_where_it_runs() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.root().join("deep/a/b")).unwrap();
+    std::os::unix::fs::symlink("deep/a/b", fx.root().join("link")).unwrap();
+    std::fs::copy("/bin/true", fx.root().join("deep/a/x")).unwrap();
+    // `../x` from `link` is `deep/a/x` to the command; read as text it was `x`, which is not
+    // there, and the check refused a command that runs.
+    let args_json = serde_json::json!({ "argv": ["../x"], "cwd": "link" });
+    fx.sandbox.check(ToolName::RunCommand, &args_json).unwrap();
+    let mut there = args(&["../x"]);
+    there.cwd = Some("link".into());
+    assert_eq!(try_run(&fx, &there).unwrap().exit_code, Some(0));
+    // And the other way: a program at `x` is not what `../x` from `link` runs.
+    std::fs::copy("/bin/true", fx.root().join("y")).unwrap();
+    let args_json = serde_json::json!({ "argv": ["../y"], "cwd": "link" });
+    let err = fx
+        .sandbox
+        .check(ToolName::RunCommand, &args_json)
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    // A name spelled with U+FFFD there is looked for there too: nothing, so not found.
+    let args_json = serde_json::json!({ "argv": ["../n\u{FFFD}"], "cwd": "link" });
+    let err = fx
+        .sandbox
+        .check(ToolName::RunCommand, &args_json)
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+}
+
+#[test]
 fn cat_of_an_outside_file_is_denied() {
     let fx = Fixture::new();
     let secret = fx.outside().join("secret.txt");
