@@ -148,21 +148,12 @@ impl Jail {
         if !linked {
             return Ok(path.clone());
         }
-        let resolved =
-            self.dir.canonicalize(path.rel()).map_err(|e| {
-                match SandboxError::from_io("resolve", path.given(), e) {
-                    SandboxError::NotFound(_) => SandboxError::WrongFileType {
-                        path: path.given().to_owned(),
-                        what: "is a symbolic link whose target does not exist",
-                    },
-                    other => other,
-                }
-            })?;
-        // The target's own bytes, folded as a path is (no text in between: a name that is not
-        // UTF-8 stays exactly that name).
-        Ok(JailPath {
-            rel: fold(&resolved.to_string_lossy(), &resolved)?,
-            given: path.given().to_owned(),
+        self.canonical(path).map_err(|e| match e {
+            SandboxError::NotFound(_) => SandboxError::WrongFileType {
+                path: path.given().to_owned(),
+                what: "is a symbolic link whose target does not exist",
+            },
+            other => other,
         })
     }
 
@@ -174,6 +165,8 @@ impl Jail {
             .dir
             .canonicalize(path.rel())
             .map_err(|e| SandboxError::from_io("resolve", path.given(), e))?;
+        // The target's own bytes, folded as a path is (no text in between: a name that is not
+        // UTF-8 stays exactly that name).
         Ok(JailPath {
             rel: fold(&resolved.to_string_lossy(), &resolved)?,
             given: path.given().to_owned(),
@@ -209,10 +202,17 @@ impl Jail {
         } else {
             path
         };
-        let mut rel = fold(raw, relative)?;
-        if raw.contains('\u{FFFD}') {
-            rel = self.unlossy(rel, raw)?;
-        }
+        self.looked_up(fold(raw, relative)?, raw)
+    }
+
+    /// `rel`, folded from `raw`, as a [`JailPath`]: through [`Jail::unlossy`] when `raw` holds
+    /// U+FFFD.
+    fn looked_up(&self, rel: PathBuf, raw: &str) -> Result<JailPath, SandboxError> {
+        let rel = if raw.contains('\u{FFFD}') {
+            self.unlossy(rel, raw)?
+        } else {
+            rel
+        };
         Ok(JailPath {
             rel,
             given: raw.to_owned(),
@@ -224,14 +224,7 @@ impl Jail {
     /// does (no climbing above the root), where only `raw`'s names spelled with U+FFFD are
     /// looked up (a name of `base` that is not UTF-8 stays exactly that name).
     pub fn resolve_from(&self, base: &JailPath, raw: &str) -> Result<JailPath, SandboxError> {
-        let mut rel = Jail::spelled_from(base, raw)?;
-        if raw.contains('\u{FFFD}') {
-            rel = self.unlossy(rel, raw)?;
-        }
-        Ok(JailPath {
-            rel,
-            given: raw.to_owned(),
-        })
+        self.looked_up(Jail::spelled_from(base, raw)?, raw)
     }
 
     /// [`Jail::resolve_from`] without the lookup: the path as spelled, folded. Pure.
@@ -254,8 +247,8 @@ impl Jail {
         let ambiguous = |parent: &Path, shown: &str| {
             SandboxError::Unspellable(format!(
                 "`{raw}`: more than one name in `{}` reads `{shown}` (`\u{FFFD}` stands for bytes \
-                 of a name that are not UTF-8), so which one is meant cannot be told; \
-                 run_command reaches them (a shell glob matches them)",
+                 of a name that are not UTF-8), so which one is meant cannot be told; a command \
+                 reaches them through a shell glob (`run_command` with `sh -c`)",
                 parent.display()
             ))
         };
@@ -284,8 +277,8 @@ impl Jail {
                     return Err(SandboxError::Unspellable(format!(
                         "`{raw}`: looked through {LOSSY_SCAN_MAX} entries for the names that \
                          read as it does (`\u{FFFD}` stands for bytes of a name that are not \
-                         UTF-8), and stopped; run_command reaches such a name (a shell glob \
-                         matches it)"
+                         UTF-8), and stopped; a command reaches such a name through a shell \
+                         glob (`run_command` with `sh -c`)"
                     )));
                 };
                 budget = left;

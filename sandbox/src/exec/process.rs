@@ -249,17 +249,25 @@ impl Output {
             .count()
     }
 
+    /// Background: drops the oldest bytes so that at most `max` stay ([`Output::overflow`]),
+    /// noting whether the first line kept was cut; how many of them had not been read.
+    fn drop_oldest(&mut self, max: usize) -> usize {
+        let over = self.overflow(max);
+        if over == 0 {
+            return 0;
+        }
+        self.cut = self.bytes[over - 1] != b'\n';
+        self.bytes.drain(..over);
+        let unread = over.saturating_sub(self.seen);
+        self.seen = self.seen.saturating_sub(over);
+        unread
+    }
+
     fn push(&mut self, data: &[u8]) {
         if self.keep_tail {
             self.bytes.extend(data);
-            let over = self.overflow(self.cap);
-            if over > 0 {
-                self.cut = self.bytes[over - 1] != b'\n';
-                self.bytes.drain(..over);
-                // Bytes already read go first; only unread ones count as dropped.
-                self.dropped += over.saturating_sub(self.seen) as u64;
-                self.seen = self.seen.saturating_sub(over);
-            }
+            // Bytes already read go first; only unread ones count as dropped.
+            self.dropped += self.drop_oldest(self.cap) as u64;
         } else {
             // The first half of the cap holds the start; the rest rolls through the second
             // half, so that the end (where a build or a test run says what failed) is kept.
@@ -343,12 +351,7 @@ impl Output {
 
     /// Keeps the newest `max` bytes at most, for a process read to its end (see [`Ended`]).
     fn keep_last(&mut self, max: usize) {
-        let over = self.overflow(max);
-        if over > 0 {
-            self.cut = self.bytes[over - 1] != b'\n';
-            self.bytes.drain(..over);
-            self.seen = self.seen.saturating_sub(over);
-        }
+        self.drop_oldest(max);
         self.bytes.shrink_to_fit();
         self.tail = VecDeque::new();
     }
@@ -377,6 +380,15 @@ impl Output {
         self.bytes.extend(&shown[from..]);
         self.seen = self.bytes.len();
         self.bytes.extend(rest);
+    }
+
+    /// What a `process_read` returns of this stream: with `last_lines`, its last lines
+    /// ([`Output::last_lines`]); else what is new ([`Output::take`]).
+    fn read(&mut self, last_lines: Option<u64>, finished: bool) -> String {
+        match last_lines {
+            Some(n) => self.last_lines(n, finished),
+            None => self.take(finished),
+        }
     }
 
     /// Takes what is there as text (in the background, [`Output::take_new`]); a character cut
@@ -579,9 +591,9 @@ enum Kept {
 /// There is no process `id`.
 fn not_kept(id: &str) -> SandboxError {
     SandboxError::NotFound(format!(
-        "there is no background process `{id}` in this workspace: it may run in another (left \
-         out, `workspace` is where the process runs), or it was read to its end before \
-         {ENDED_KEPT} others were (`process_list` lists what runs here)"
+        "there is no background process `{id}` in this workspace: it may run in another (leave \
+         `workspace` out, and the call goes where the process runs), or it was read to its end \
+         before {ENDED_KEPT} others were (`process_list` lists what runs here)"
     ))
 }
 
@@ -736,11 +748,6 @@ impl Table {
         let mut kept = self.lock_ended();
         let ended = kept.iter_mut().find(|e| e.id == args.process)?;
         let exit = ended.exit;
-        let lines = |output: &mut Output| {
-            args.last_lines
-                .map(|n| output.last_lines(n, true))
-                .unwrap_or_default()
-        };
         Some(ProcessReadResult {
             process: ended.id.clone(),
             running: false,
@@ -748,8 +755,9 @@ impl Table {
             signal: exit.signal,
             timed_out: exit.timed_out,
             memory_bound: exit.memory_bound,
-            stdout: lines(&mut ended.stdout),
-            stderr: lines(&mut ended.stderr),
+            // All of it was read: nothing is new.
+            stdout: ended.stdout.read(args.last_lines, true),
+            stderr: ended.stderr.read(args.last_lines, true),
             last_lines: args.last_lines,
             stdout_dropped: 0,
             stderr_dropped: 0,
@@ -1263,14 +1271,8 @@ pub(crate) async fn read(
         signal: exit.and_then(|e| e.signal),
         timed_out: exit.is_some_and(|e| e.timed_out),
         memory_bound: exit.is_some_and(|e| e.memory_bound),
-        stdout: match args.last_lines {
-            Some(n) => state.stdout.last_lines(n, finished),
-            None => state.stdout.take(finished),
-        },
-        stderr: match args.last_lines {
-            Some(n) => state.stderr.last_lines(n, finished),
-            None => state.stderr.take(finished),
-        },
+        stdout: state.stdout.read(args.last_lines, finished),
+        stderr: state.stderr.read(args.last_lines, finished),
         last_lines: args.last_lines,
         stdout_dropped: std::mem::take(&mut state.stdout.dropped),
         stderr_dropped: std::mem::take(&mut state.stderr.dropped),

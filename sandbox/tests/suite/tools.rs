@@ -1952,7 +1952,8 @@ fn a_name_that_is_not_utf8_is_listed_explained_and_reached_as_shown() {
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
     assert!(
-        err.to_string().contains("run_command reaches them"),
+        err.to_string()
+            .contains("a command reaches them through a shell glob"),
         "{err}"
     );
     // So does an absolute glob pattern that starts with it (it said the pattern started outside).
