@@ -173,6 +173,40 @@ impl Jail {
         })
     }
 
+    /// `raw`, a relative path, from `base` as the kernel takes a path that climbs: its names up
+    /// to its last `..` resolved on disk, each link followed (inside the root) before a `..`
+    /// after it climbs, so that `bin/link/../x` climbs from where `link` leads. Answers that
+    /// directory and the rest of `raw` after it; `None` when `raw` holds no `..`. A climb out
+    /// of the root, or through a link leading out, is refused.
+    pub fn climbed<'a>(
+        &self,
+        base: &JailPath,
+        raw: &'a str,
+    ) -> Result<Option<(JailPath, &'a str)>, SandboxError> {
+        let mut last = None;
+        let mut at = 0;
+        for name in raw.split('/') {
+            at += name.len() + 1;
+            if name == ".." {
+                last = Some(at.min(raw.len()));
+            }
+        }
+        let Some(end) = last else {
+            return Ok(None);
+        };
+        let (head, rest) = raw.split_at(end);
+        let joined = base.rel.join(head);
+        let resolved = self
+            .dir
+            .canonicalize(&joined)
+            .map_err(|e| SandboxError::from_io("resolve", raw, e))?;
+        let dir = JailPath {
+            rel: fold(&resolved.to_string_lossy(), &resolved)?,
+            given: raw.to_owned(),
+        };
+        Ok(Some((dir, rest)))
+    }
+
     /// What follows the root in the absolute `text`, when it starts with the root (either
     /// spelling) as whole components, as [`Jail::resolve`] takes an absolute path; `None`
     /// otherwise. Nothing after the root is looked at: a glob pattern may follow, and the root's

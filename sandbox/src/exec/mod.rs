@@ -586,15 +586,12 @@ fn unspellable_program(program: &str, hint: &str) -> String {
 
 /// The program `argv[0]` names when it is a path (it holds a `/`), relative to the root, as
 /// `exec` takes it: spelled, from the command's working directory `cwd` (its own bytes, as the
-/// command runs there); `None` for an absolute path that is not inside the workspace. A path
-/// spelled with U+FFFD that names nothing so, where every other tool would take a name that is
-/// not UTF-8 for it ([`Jail::resolve`]), is refused, saying how to run that one: `exec` would
-/// only say "not found". The one rule for the check before approval and the run.
-///
-/// A `..` in a relative program climbs from the working directory as the command has it, its
-/// links resolved. Known limit: within the program's own path, `..` is folded as text, as every
-/// tool's path is, where the kernel follows a link before it (`bin/link/../x`), so the check may
-/// then look at another file than the one that runs; what runs is bounded by landlock either way.
+/// command runs there); `None` for an absolute path that is not inside the workspace. A `..`
+/// climbs as the kernel climbs, from where the links before it lead ([`Jail::climbed`]), be
+/// they in `cwd` or in the program's own path (`bin/link/../x`). A path spelled with U+FFFD
+/// that names nothing so, where every other tool would take a name that is not UTF-8 for it
+/// ([`Jail::resolve`]), is refused, saying how to run that one: `exec` would only say "not
+/// found". The one rule for the check before approval and the run.
 pub(crate) fn program_path(
     jail: &Jail,
     cwd: &JailPath,
@@ -608,29 +605,23 @@ pub(crate) fn program_path(
         },
         other => other,
     };
-    // The command's `..` climbs from the directory it runs in, where the links of the path it
-    // was given lead, not from that path's text.
-    let climbs = std::path::Path::new(program)
-        .components()
-        .any(|c| c == std::path::Component::ParentDir);
-    let base = if climbs && !absolute {
-        jail.canonical(cwd)?
-    } else {
-        cwd.clone()
-    };
-    let spelled = if absolute {
-        let root = jail.resolve("")?;
-        match jail
-            .strip_root(program)
-            .map(|rest| Jail::spelled_from(&root, rest))
-        {
-            Some(Ok(spelled)) => spelled,
-            // Outside, or climbing out of it: looked up as any path outside.
-            _ => return Ok(None),
+    let (from, rest) = if absolute {
+        match jail.strip_root(program) {
+            Some(rest) => (jail.resolve("")?, rest),
+            // Outside: looked up as any path outside.
+            None => return Ok(None),
         }
     } else {
-        Jail::spelled_from(&base, program).map_err(named)?
+        (cwd.clone(), program)
     };
+    let (from, rest) = match jail.climbed(&from, rest) {
+        Ok(Some(climbed)) => climbed,
+        Ok(None) => (from, rest),
+        // Climbing out of it: looked up as any path outside.
+        Err(SandboxError::Escape { .. }) if absolute => return Ok(None),
+        Err(e) => return Err(named(e)),
+    };
+    let spelled = Jail::spelled_from(&from, rest).map_err(named)?;
     let at = if spelled.as_os_str().is_empty() {
         std::path::Path::new(".")
     } else {
@@ -639,12 +630,7 @@ pub(crate) fn program_path(
     if !program.contains('\u{FFFD}') || jail.dir().symlink_metadata(at).is_ok() {
         return Ok(Some(spelled));
     }
-    let looked_up = if absolute {
-        jail.resolve(program)
-    } else {
-        jail.resolve_from(&base, program)
-    };
-    match looked_up {
+    match jail.resolve_from(&from, rest) {
         Ok(found) if found.rel() == at => Ok(Some(spelled)),
         Ok(_) => Err(SandboxError::Unspellable(unspellable_program(program, ""))),
         Err(SandboxError::Unspellable(_)) => Err(SandboxError::Unspellable(unspellable_program(

@@ -333,6 +333,55 @@ fn a_program_climbing_from_a_working_directory_that_is_a_link_is_checked_where_i
 }
 
 #[test]
+fn a_program_climbing_after_a_link_in_its_own_path_is_checked_where_it_runs() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.root().join("deep/a/b")).unwrap();
+    std::fs::create_dir_all(fx.root().join("bin")).unwrap();
+    std::os::unix::fs::symlink("../deep/a/b", fx.root().join("bin/link")).unwrap();
+    std::fs::copy("/bin/true", fx.root().join("deep/a/x")).unwrap();
+    // `bin/link/../x` is `deep/a/x` to the kernel, which follows `link` before it climbs; read
+    // as text it was `bin/x`, which is not there, and the check refused a command that runs.
+    for (program, cwd) in [
+        ("bin/link/../x", None),
+        ("./bin/link/../x", None),
+        ("../bin/link/../x", Some("bin")),
+        ("bin/link/../../a/x", None),
+    ] {
+        let args_json = serde_json::json!({ "argv": [program], "cwd": cwd });
+        fx.sandbox
+            .check(ToolName::RunCommand, &args_json)
+            .unwrap_or_else(|e| panic!("{program} from {cwd:?}: {e}"));
+        let mut there = args(&[program]);
+        there.cwd = cwd.map(Into::into);
+        assert_eq!(
+            try_run(&fx, &there).unwrap().exit_code,
+            Some(0),
+            "{program}"
+        );
+    }
+    let absolute = format!("{}/bin/link/../x", fx.root().display());
+    let args_json = serde_json::json!({ "argv": [absolute] });
+    fx.sandbox.check(ToolName::RunCommand, &args_json).unwrap();
+    // And the other way: `bin/y` is there, but `bin/link/../y` is `deep/a/y`, which is not: the
+    // check passed a command that fails, after its owner was asked.
+    std::fs::copy("/bin/true", fx.root().join("bin/y")).unwrap();
+    let args_json = serde_json::json!({ "argv": ["bin/link/../y"] });
+    let err = fx
+        .sandbox
+        .check(ToolName::RunCommand, &args_json)
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    // A link to the root climbs out of it: refused, as climbing out is.
+    std::os::unix::fs::symlink("..", fx.root().join("bin/up")).unwrap();
+    let args_json = serde_json::json!({ "argv": ["bin/up/../x"] });
+    let err = fx
+        .sandbox
+        .check(ToolName::RunCommand, &args_json)
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutsideWorkspace, "{err}");
+}
+
+#[test]
 fn cat_of_an_outside_file_is_denied() {
     let fx = Fixture::new();
     let secret = fx.outside().join("secret.txt");
