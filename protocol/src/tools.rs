@@ -167,10 +167,28 @@ impl ToolName {
         )
     }
 
-    /// Why a value is not this tool's arguments, from the decoder's error, with the Rust type
-    /// names it speaks of (`expected u64`, `floating point`) in the words of the tool's schema.
-    pub fn argument_error(self, error: &serde_json::Error) -> String {
-        let up_to = |max: u64| format!("expected a whole number from 0 to {max}");
+    /// `args` as this tool's arguments, or why not, written for a model: the argument at fault
+    /// named, and the Rust type names the decoder speaks of (`expected u64`, `floating point`)
+    /// in the words of the tool's schema, its lowest value included (`limit` is a whole number
+    /// from 1, not from 0 as its type would say). By value or by reference (`&Value`).
+    pub fn decode_args<'de, A, D>(self, args: D) -> Result<A, String>
+    where
+        A: serde::Deserialize<'de>,
+        D: serde::Deserializer<'de, Error = serde_json::Error>,
+    {
+        serde_path_to_error::deserialize(args)
+            .map_err(|e| self.argument_error(&e.path().to_string(), e.inner()))
+    }
+
+    /// Why a value is not this tool's arguments: `error`, about the argument `at` (`.` for the
+    /// arguments as a whole).
+    fn argument_error(self, at: &str, error: &serde_json::Error) -> String {
+        // The lowest value the schema allows, where it is not the type's own 0.
+        let lowest = (at != ".")
+            .then(|| self.input_schema()["properties"][at]["minimum"].as_u64())
+            .flatten()
+            .unwrap_or(0);
+        let up_to = |max: u64| format!("expected a whole number from {lowest} to {max}");
         let numbers = [
             ("expected u64", up_to(u64::MAX)),
             ("expected usize", up_to(usize::MAX as u64)),
@@ -190,7 +208,12 @@ impl ToolName {
             }
         }
         let said = said.replace("floating point `", "number `");
-        format!("{self}: {said}")
+        // An unknown argument's own error names it already.
+        if at == "." || said.starts_with("unknown field") {
+            format!("{self}: {said}")
+        } else {
+            format!("{self}: `{at}`: {said}")
+        }
     }
 
     /// Why `args` are not this tool's arguments (an unknown or misspelled field, a value of the
@@ -201,7 +224,7 @@ impl ToolName {
             tool: ToolName,
             args: &serde_json::Value,
         ) -> Option<String> {
-            T::deserialize(args).err().map(|e| tool.argument_error(&e))
+            tool.decode_args::<T, _>(args).err()
         }
         match self {
             ToolName::ReadFile => error::<ReadFileArgs>(self, args),
@@ -1452,27 +1475,52 @@ mod tests {
         assert!(wrong.contains("invalid type"), "{wrong}");
     }
 
-    /// A number of the wrong kind is refused in the words of the schema, not Rust's.
+    /// A number of the wrong kind is refused in the words of the schema, not Rust's: the
+    /// argument named, and its lowest value the schema's (a `last_lines` of -1 was told "from
+    /// 0", and then 0 "at least 1").
     #[test]
     fn a_number_out_of_range_is_refused_without_rust_type_names() {
         for (tool, args, said) in [
             (
                 ToolName::ReadFile,
                 json!({"path": "a", "offset": -1}),
-                "read_file: invalid value: integer `-1`, expected a whole number from 0 to \
-                 18446744073709551615",
+                "read_file: `offset`: invalid value: integer `-1`, expected a whole number from \
+                 1 to 18446744073709551615",
             ),
             (
                 ToolName::ReadFile,
                 json!({"path": "a", "limit": 1.8446744073709552e19}),
-                "read_file: invalid type: number `1.8446744073709552e+19`, expected a whole \
-                 number from 0 to 18446744073709551615",
+                "read_file: `limit`: invalid type: number `1.8446744073709552e+19`, expected a \
+                 whole number from 1 to 18446744073709551615",
             ),
             (
                 ToolName::ListDir,
                 json!({"depth": 5_000_000_000u64}),
-                "list_dir: invalid value: integer `5000000000`, expected a whole number from 0 \
-                 to 4294967295",
+                "list_dir: `depth`: invalid value: integer `5000000000`, expected a whole number \
+                 from 1 to 4294967295",
+            ),
+            (
+                ToolName::ProcessRead,
+                json!({"process": "p1", "wait_ms": -5}),
+                "process_read: `wait_ms`: invalid value: integer `-5`, expected a whole number \
+                 from 0 to 18446744073709551615",
+            ),
+            (
+                ToolName::ProcessRead,
+                json!({"process": "p1", "last_lines": -1}),
+                "process_read: `last_lines`: invalid value: integer `-1`, expected a whole \
+                 number from 1 to 18446744073709551615",
+            ),
+            (
+                ToolName::Search,
+                json!({"pattern": "x", "max_results": "ten"}),
+                "search: `max_results`: invalid type: string \"ten\", expected a whole number \
+                 from 1 to 4294967295",
+            ),
+            (
+                ToolName::RunCommand,
+                json!({"argv": ["true", 1]}),
+                "run_command: `argv[1]`: invalid type: integer `1`, expected a string",
             ),
         ] {
             assert_eq!(tool.args_error(&args).as_deref(), Some(said));

@@ -201,7 +201,8 @@ pub(crate) fn parse<A: DeserializeOwned>(
     tool: ToolName,
     args: &serde_json::Value,
 ) -> Result<A, SandboxError> {
-    A::deserialize(args).map_err(|e| SandboxError::InvalidArguments(tool.argument_error(&e)))
+    tool.decode_args(args)
+        .map_err(SandboxError::InvalidArguments)
 }
 
 /// The directories a command's program may be in, each as a handle: the workspace (through the

@@ -621,8 +621,8 @@ fn parse_args<A: DeserializeOwned>(
     args: serde_json::Value,
 ) -> Result<A, SandboxError> {
     // By value: a write's content is moved into its arguments, not copied.
-    serde_json::from_value(args)
-        .map_err(|e| SandboxError::InvalidArguments(tool.argument_error(&e)))
+    tool.decode_args(args)
+        .map_err(SandboxError::InvalidArguments)
 }
 
 fn to_json<R: Serialize>(result: R) -> Result<serde_json::Value, SandboxError> {

@@ -13,8 +13,8 @@ use crate::session::Session;
 const MAX_KEY_LEN: usize = 100;
 
 fn parse<A: serde::de::DeserializeOwned>(tool: ToolName, args: Value) -> Result<A, ToolError> {
-    serde_json::from_value(args)
-        .map_err(|e| ToolError::new(ErrorCode::InvalidArguments, tool.argument_error(&e)))
+    tool.decode_args(args)
+        .map_err(|why| ToolError::new(ErrorCode::InvalidArguments, why))
 }
 
 pub(super) fn workspaces(session: &Session, args: &Value) -> Result<Value, ToolError> {
