@@ -352,6 +352,25 @@ impl Executor {
                         .list_processes(session, &names, progress, gate, known)
                         .await;
                 }
+                // The session started none that runs or waits to be read, anywhere: it says so
+                // itself, where one workspace's answer would speak for that workspace alone.
+                if tool.args_error(&args).is_none() {
+                    let none = ProcessListResult {
+                        processes: Vec::new(),
+                        unavailable: Vec::new(),
+                    };
+                    let result = serde_json::to_value(none).expect("a list serializes");
+                    return (
+                        CallOutput {
+                            workspace: None,
+                            outcome: Outcome::Ok {
+                                result: result.into(),
+                            },
+                            body: None,
+                        },
+                        Verdict::SESSION,
+                    );
+                }
             }
         }
         let snapshots = session.workspaces();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
-use monad_protocol::{ErrorCode, ToolClass};
+use monad_protocol::{ErrorCode, ToolClass, ToolName};
 use monad_sandbox::NetworkMode;
 use monad_tests::{
     Attachment, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
@@ -153,6 +153,19 @@ async fn process_list_without_a_workspace_lists_every_workspace_and_reports_an_o
                 .to_owned()
         }
     };
+    // None started yet: the session says so itself, not one workspace for itself alone (it
+    // said "No background processes in workspace primary.").
+    let (listed, ran_in) = ok(call(&agent, "process_list", json!({})).await);
+    assert_eq!(listed, json!({"processes": []}));
+    assert_eq!(ran_in, "");
+    assert_eq!(
+        monad_protocol::render::text(ToolName::ProcessList, None, &listed),
+        "No background processes."
+    );
+    expect_code(
+        call(&agent, "process_list", json!({"bogus": true})).await,
+        ErrorCode::InvalidArguments,
+    );
     let here = start("primary").await;
     let there = start("lap").await;
     let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
