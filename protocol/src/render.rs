@@ -303,20 +303,26 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
 
 /// A path for the text, which puts one per line: a name may hold a line break or another
 /// control character, which would break that layout, so such a name is shown as
-/// [`crate::text::printable`] shows it (`\u{a}`, as the diff's header and the terminal do).
+/// [`crate::text::printable`] shows it (`\u{a}`, as the diff's header and the terminal do),
+/// and a tab as `\u{9}` too, which would read as spaces.
 /// A name's own `\u{` has its backslash shown so too (`\u{5c}u{`), so that every `\u{..}` in a
 /// path shown is an escape: a file named `a\u{40}` is not taken for `a@`. Programs get it exact
 /// in the JSON. A name of plain ASCII without that, as most are, is not scanned again.
 fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
-    if path.contains('\\') && path.contains("\\u{") {
+    let escaped = if path.contains('\\') && path.contains("\\u{") {
         let own = path.replace("\\u{", "\\u{5c}u{");
-        return Cow::Owned(crate::text::printable(&own).into_owned());
-    }
-    if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
+        Cow::Owned(crate::text::printable(&own).into_owned())
+    } else if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
         crate::text::printable(path)
     } else {
-        Cow::Borrowed(path)
+        return Cow::Borrowed(path);
+    };
+    // A tab, which a one-line field keeps, reads as spaces in a path: `a<TAB>b` for `a b`.
+    if escaped.contains('\t') {
+        Cow::Owned(escaped.replace('\t', "\\u{9}"))
+    } else {
+        escaped
     }
 }
 
@@ -1553,6 +1559,32 @@ mod tests {
                    "diff_truncated": false, "created_dirs": ["a\nb"]}),
         );
         assert_eq!(made.lines().count(), 1, "{made}");
+    }
+
+    #[test]
+    fn a_tab_in_a_name_is_shown_as_its_escape_not_as_spaces() {
+        let listing = render(
+            ToolName::ListDir,
+            json!({"path": "d\tir", "truncated": false, "entries": [
+                {"path": "d\tir/a\tb.txt", "kind": "file"},
+            ]}),
+        );
+        assert!(
+            listing.starts_with("d\\u{9}ir/ in workspace laptop: 1 entry\na\\u{9}b.txt"),
+            "{listing}"
+        );
+        let globbed = render(
+            ToolName::Glob,
+            json!({"paths": ["x\ty.rs"], "truncated": false}),
+        );
+        assert!(globbed.ends_with("\nx\\u{9}y.rs"), "{globbed}");
+        let found = render(
+            ToolName::Search,
+            json!({"matches": [{"path": "t\tab.rs", "line_number": 3, "line": "\tindented"}],
+                   "truncated": false, "files_searched": 1}),
+        );
+        // The path escaped; the line's own tab is text, kept.
+        assert!(found.ends_with("\nt\\u{9}ab.rs:3: \tindented"), "{found}");
     }
 
     #[test]
