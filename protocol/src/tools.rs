@@ -183,27 +183,33 @@ impl ToolName {
     /// Why a value is not this tool's arguments: `error`, about the argument `at` (`.` for the
     /// arguments as a whole).
     fn argument_error(self, at: &str, error: &serde_json::Error) -> String {
-        // The lowest value the schema allows, where it is not the type's own 0.
-        let lowest = (at != ".")
-            .then(|| self.input_schema()["properties"][at]["minimum"].as_u64())
-            .flatten()
-            .unwrap_or(0);
-        let up_to = |max: u64| format!("expected a whole number from {lowest} to {max}");
+        // In words: a whole number up to the type's largest (`None`: of any sign), from the
+        // lowest value the schema allows where it is not the type's own 0.
+        let words = |max: Option<u64>| {
+            let Some(max) = max else {
+                return "expected a whole number".to_owned();
+            };
+            let lowest = (at != ".")
+                .then(|| self.input_schema()["properties"][at]["minimum"].as_u64())
+                .flatten()
+                .unwrap_or(0);
+            format!("expected a whole number from {lowest} to {max}")
+        };
         let numbers = [
-            ("expected u64", up_to(u64::MAX)),
-            ("expected usize", up_to(usize::MAX as u64)),
-            ("expected u32", up_to(u32::MAX.into())),
-            ("expected u16", up_to(u16::MAX.into())),
-            ("expected u8", up_to(u8::MAX.into())),
-            ("expected i64", "expected a whole number".to_owned()),
+            ("expected u64", Some(u64::MAX)),
+            ("expected usize", Some(usize::MAX as u64)),
+            ("expected u32", Some(u32::MAX.into())),
+            ("expected u16", Some(u16::MAX.into())),
+            ("expected u8", Some(u8::MAX.into())),
+            ("expected i64", None),
         ];
         let mut said = error.to_string();
-        for (rust, words) in &numbers {
-            if let Some(at) = said.find(rust) {
+        for (rust, max) in numbers {
+            if let Some(found) = said.find(rust) {
                 // Only the whole word: `expected u64` but not `expected u64s`.
-                let end = at + rust.len();
+                let end = found + rust.len();
                 if !said[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
-                    said.replace_range(at..end, words);
+                    said.replace_range(found..end, &words(max));
                 }
             }
         }

@@ -174,14 +174,16 @@ impl Jail {
     }
 
     /// `raw`, a relative path, from `base` as the kernel takes a path that climbs: its names up
-    /// to its last `..` resolved on disk, each link followed (inside the root) before a `..`
-    /// after it climbs, so that `bin/link/../x` climbs from where `link` leads. Answers that
-    /// directory and the rest of `raw` after it; `None` when `raw` holds no `..`. A climb out
-    /// of the root, or through a link leading out, is refused.
+    /// to its last `..` resolved on disk ([`Jail::canonical`]), each link followed (inside the
+    /// root) before a `..` after it climbs, so that `bin/link/../x` climbs from where `link`
+    /// leads. Answers that directory and the rest of `raw` after it; `None` when `raw` holds no
+    /// `..`. A climb out of the root, by the `..`s themselves or through a link, is refused.
+    /// `given`: the path as errors name it (the caller's whole path, when `raw` is its tail).
     pub fn climbed<'a>(
         &self,
         base: &JailPath,
         raw: &'a str,
+        given: &str,
     ) -> Result<Option<(JailPath, &'a str)>, SandboxError> {
         let mut last = None;
         let mut at = 0;
@@ -195,16 +197,22 @@ impl Jail {
             return Ok(None);
         };
         let (head, rest) = raw.split_at(end);
-        let joined = base.rel.join(head);
-        let resolved = self
-            .dir
-            .canonicalize(&joined)
-            .map_err(|e| SandboxError::from_io("resolve", raw, e))?;
-        let dir = JailPath {
-            rel: fold(&resolved.to_string_lossy(), &resolved)?,
-            given: raw.to_owned(),
+        let joined = JailPath {
+            rel: base.rel.join(head),
+            given: given.to_owned(),
         };
-        Ok(Some((dir, rest)))
+        let dir = self.canonical(&joined).map_err(|e| match e {
+            // Climbing out as text too: the `..`s did it, whatever links are on the way.
+            SandboxError::Escape { .. } if fold(given, &joined.rel).is_err() => {
+                SandboxError::Escape {
+                    path: given.to_owned(),
+                    reason: EscapeReason::ParentTraversal,
+                }
+            }
+            other => other,
+        })?;
+        // `..//x` names `x` there, as the kernel reads it, not `/x`.
+        Ok(Some((dir, rest.trim_start_matches('/'))))
     }
 
     /// What follows the root in the absolute `text`, when it starts with the root (either
@@ -499,6 +507,45 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let jail = Jail::open_ambient(tmp.path()).unwrap();
         (tmp, jail)
+    }
+
+    #[test]
+    fn a_climbing_path_is_resolved_up_to_its_last_parent_as_the_kernel_takes_it() {
+        use monad_protocol::ErrorCode;
+        let (tmp, jail) = jail();
+        std::fs::create_dir_all(tmp.path().join("deep/a/b")).unwrap();
+        std::fs::write(tmp.path().join("deep/file"), "").unwrap();
+        std::os::unix::fs::symlink("deep/a/b", tmp.path().join("link")).unwrap();
+        let root = jail.resolve("").unwrap();
+        let climbed = |raw: &str| {
+            jail.climbed(&root, raw, raw)
+                .map(|found| found.map(|(dir, rest)| (dir.rel().to_owned(), rest.to_owned())))
+        };
+        assert_eq!(climbed("deep/a/x").unwrap(), None);
+        for (raw, dir, rest) in [
+            ("link/../x", "deep/a", "x"),
+            ("link/..", "deep/a", ""),
+            ("link/../", "deep/a", ""),
+            ("link/..//x/y", "deep/a", "x/y"),
+            ("./link/../../x", "deep", "x"),
+            ("deep/a/b/../../..", ".", ""),
+        ] {
+            assert_eq!(
+                climbed(raw).unwrap(),
+                Some((PathBuf::from(dir), rest.to_owned())),
+                "{raw}"
+            );
+        }
+        let err = climbed("deep/file/../x").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::WrongFileType, "{err}");
+        let err = climbed("nodir/../x").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+        std::os::unix::fs::symlink("../..", tmp.path().join("deep/out")).unwrap();
+        for (raw, why) in [("../x", "climb above"), ("deep/out/../x", "symbolic link")] {
+            let err = climbed(raw).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::OutsideWorkspace, "{raw}: {err}");
+            assert!(err.to_string().contains(why), "{raw}: {err}");
+        }
     }
 
     #[test]

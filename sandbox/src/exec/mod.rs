@@ -606,19 +606,23 @@ pub(crate) fn program_path(
         other => other,
     };
     let (from, rest) = if absolute {
+        let root = jail.resolve("")?;
         match jail.strip_root(program) {
-            Some(rest) => (jail.resolve("")?, rest),
+            // Inside, unless its `..`s climb out of it as text.
+            Some(rest) if Jail::spelled_from(&root, rest).is_ok() => (root, rest),
             // Outside: looked up as any path outside.
-            None => return Ok(None),
+            _ => return Ok(None),
         }
     } else {
         (cwd.clone(), program)
     };
-    let (from, rest) = match jail.climbed(&from, rest) {
+    let (from, rest) = match jail.climbed(&from, rest, program) {
         Ok(Some(climbed)) => climbed,
         Ok(None) => (from, rest),
-        // Climbing out of it: looked up as any path outside.
-        Err(SandboxError::Escape { .. }) if absolute => return Ok(None),
+        // A name spelled with U+FFFD on the way up: `exec` takes it as spelled, as below.
+        Err(SandboxError::NotFound(_)) if program.contains('\u{FFFD}') => {
+            return Err(SandboxError::Unspellable(unspellable_program(program, "")));
+        }
         Err(e) => return Err(named(e)),
     };
     let spelled = Jail::spelled_from(&from, rest).map_err(named)?;
@@ -779,10 +783,11 @@ fn spawn(
 ) -> Result<Started, SpawnFailure> {
     let program = &args.argv[0];
     let cwd_path = jail.resolve(args.cwd.as_deref().unwrap_or(""))?;
+    // The working directory first, as the check takes it: a missing one is said as itself.
+    let cwd: OwnedFd = jail.open_dir(&cwd_path)?.into();
     if program.contains('/') {
         program_path(jail, &cwd_path, program)?;
     }
-    let cwd: OwnedFd = jail.open_dir(&cwd_path)?.into();
     let tmp = slot
         .tmp_dir(isolation.identity)
         .map_err(|e| SandboxError::Io {

@@ -346,6 +346,8 @@ fn a_program_climbing_after_a_link_in_its_own_path_is_checked_where_it_runs() {
         ("./bin/link/../x", None),
         ("../bin/link/../x", Some("bin")),
         ("bin/link/../../a/x", None),
+        ("bin/link/..//x", None),
+        ("bin/link/.././/x", None),
     ] {
         let args_json = serde_json::json!({ "argv": [program], "cwd": cwd });
         fx.sandbox
@@ -371,14 +373,73 @@ fn a_program_climbing_after_a_link_in_its_own_path_is_checked_where_it_runs() {
         .check(ToolName::RunCommand, &args_json)
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
-    // A link to the root climbs out of it: refused, as climbing out is.
+    // A link to the root climbs out of it: refused, as climbing out is, spelled relative or
+    // absolute (the absolute one was checked as `bin/x`), at the check and at the run.
     std::os::unix::fs::symlink("..", fx.root().join("bin/up")).unwrap();
-    let args_json = serde_json::json!({ "argv": ["bin/up/../x"] });
+    let up = format!("{}/bin/up/../x", fx.root().display());
+    for program in ["bin/up/../x", &up] {
+        let args_json = serde_json::json!({ "argv": [program] });
+        let err = fx
+            .sandbox
+            .check(ToolName::RunCommand, &args_json)
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::OutsideWorkspace, "{program}: {err}");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let err = try_run(&fx, &args(&[program])).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::OutsideWorkspace, "{program}: {err}");
+    }
+    // A name that is not UTF-8 on the way up, spelled as a listing shows it: `exec` takes it as
+    // spelled, so it is refused with the advice that runs it (it was folded away and passed).
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = fx
+            .root()
+            .join("deep")
+            .join(std::ffi::OsStr::from_bytes(b"d\xff"));
+        std::fs::create_dir(odd).unwrap();
+    }
     let err = fx
         .sandbox
-        .check(ToolName::RunCommand, &args_json)
+        .check(
+            ToolName::RunCommand,
+            &serde_json::json!({ "argv": ["deep/d\u{FFFD}/../a/x"] }),
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments, "{err}");
+    assert!(err.to_string().contains("shell glob"), "{err}");
+    // `..` alone climbing out says so, not that a link did.
+    let err = fx
+        .sandbox
+        .check(
+            ToolName::RunCommand,
+            &serde_json::json!({ "argv": ["../x"] }),
+        )
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::OutsideWorkspace, "{err}");
+    assert!(err.to_string().contains("climb above"), "{err}");
+    // A missing directory on the way up is not found, named as the agent gave the program; a
+    // working directory that is missing is said as itself, at the check and at the run.
+    let err = fx
+        .sandbox
+        .check(
+            ToolName::RunCommand,
+            &serde_json::json!({ "argv": ["nodir/../x"] }),
+        )
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(err.to_string().contains("`nodir/../x`"), "{err}");
+    let mut elsewhere = args(&["../x"]);
+    elsewhere.cwd = Some("gone".into());
+    let at_run = try_run(&fx, &elsewhere).unwrap_err();
+    let at_check = fx
+        .sandbox
+        .check(
+            ToolName::RunCommand,
+            &serde_json::json!({ "argv": ["../x"], "cwd": "gone" }),
+        )
+        .unwrap_err();
+    assert_eq!(at_run.to_string(), at_check.to_string());
+    assert!(at_run.to_string().contains("`gone`"), "{at_run}");
 }
 
 #[test]
