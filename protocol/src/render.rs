@@ -259,10 +259,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
         (false, false) => {}
     }
     if lossy {
-        out.push_str(
-            " (`\u{FFFD}`: bytes of a name that are not UTF-8; a path spelled as shown \
-             reaches the name, unless two read the same)",
-        );
+        out.push_str(LOSSY_NOTE);
     }
     if own_escape {
         out.push_str(" (a name's own `\\u{` shows as `\\u{5c}u{`)");
@@ -325,6 +322,10 @@ fn shown(path: &str) -> std::borrow::Cow<'_, str> {
         escaped
     }
 }
+
+/// What a listing's, a glob's or a search's header says when a path shown holds U+FFFD.
+const LOSSY_NOTE: &str = " (`\u{FFFD}`: bytes of a name that are not UTF-8; a path spelled as \
+                          shown reaches the name, unless two read the same)";
 
 /// Whether a name is shown in a listing as it is: printable ASCII with no `\\` and no `@`, as
 /// most are. One pass over its bytes, which a listing of many names makes on each.
@@ -467,6 +468,9 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
     } else if r.truncated {
         let _ = write!(out, ", stopped at `max_results`: raise it, or {narrow}");
     }
+    if r.matches.iter().any(|m| m.path.contains('\u{FFFD}')) {
+        out.push_str(LOSSY_NOTE);
+    }
     out.push(':');
     // Files with several matches are set apart by a blank line, as ripgrep's headings are;
     // files with one follow each other line by line (a blank line each doubled the lines of a
@@ -498,6 +502,9 @@ fn found(ws: &Where<'_>, r: &GlobResult) -> String {
     let mut out = format!("{}{ws}", plural(r.paths.len() as u64, "path", "paths"));
     if r.truncated {
         out.push_str(", cut at the result cap: narrow the pattern or `path`");
+    }
+    if r.paths.iter().any(|p| p.contains('\u{FFFD}')) {
+        out.push_str(LOSSY_NOTE);
     }
     out.push(':');
     for p in &r.paths {
@@ -972,7 +979,7 @@ fn process_list(ws: &Where<'_>, r: ProcessListResult) -> String {
             let _ = write!(out, ", workspace {w}");
         }
         if p.cwd != "." {
-            let _ = write!(out, ", in {}", p.cwd);
+            let _ = write!(out, ", in {}", shown(&p.cwd));
         }
         if p.unread_bytes > 0 {
             let _ = write!(out, ", {} unread", plural(p.unread_bytes, "byte", "bytes"));
@@ -1585,6 +1592,35 @@ mod tests {
         );
         // The path escaped; the line's own tab is text, kept.
         assert!(found.ends_with("\nt\\u{9}ab.rs:3: \tindented"), "{found}");
+        let listed = render(
+            ToolName::ProcessList,
+            json!({"processes": [{"process": "p1", "argv": ["sh", "-c", "a\tb"], "cwd": "t\tx",
+                   "running": true, "duration_ms": 5, "unread_bytes": 0}]}),
+        );
+        assert!(
+            listed.ends_with("p1: running for 5 ms, in t\\u{9}x: sh -c 'a\\u{9}b'"),
+            "{listed}"
+        );
+    }
+
+    #[test]
+    fn a_glob_or_a_search_says_what_the_replacement_character_stands_for() {
+        let globbed = render(
+            ToolName::Glob,
+            json!({"paths": ["bad\u{FFFD}x.txt"], "truncated": false}),
+        );
+        assert!(globbed.contains(LOSSY_NOTE), "{globbed}");
+        let found = render(
+            ToolName::Search,
+            json!({"matches": [{"path": "bad\u{FFFD}x.txt", "line_number": 1, "line": "n"}],
+                   "truncated": false, "files_searched": 1}),
+        );
+        assert!(found.contains(LOSSY_NOTE), "{found}");
+        let plain = render(
+            ToolName::Glob,
+            json!({"paths": ["good.txt"], "truncated": false}),
+        );
+        assert!(!plain.contains("UTF-8"), "{plain}");
     }
 
     #[test]

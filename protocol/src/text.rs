@@ -92,7 +92,7 @@ pub fn printable_lines(text: &str) -> Cow<'_, str> {
 /// `argv` as one line a POSIX shell would read back as the same words: `["echo", "a b"]` is
 /// `echo 'a b'` and `["echo", "a", "b"]` is `echo a b`; an empty argument shows as `''`.
 /// Quoted with the `shlex` crate (tested against bash, dash, zsh and others), then escaped
-/// ([`printable`]), so control and invisible characters show as `\u{..}`; an argument with a
+/// ([`printable`]), so control and invisible characters show as `\u{..}`, a tab too; an argument with a
 /// NUL byte (which no command can receive) shows it as `\u{0}` too.
 pub fn shell_words<S: AsRef<str>>(argv: &[S]) -> String {
     let quoter = shlex::Quoter::new().allow_nul(true);
@@ -103,7 +103,8 @@ pub fn shell_words<S: AsRef<str>>(argv: &[S]) -> String {
                 .quote(word)
                 .map(|q| q.into_owned())
                 .unwrap_or_else(|_| format!("'{word}'"));
-            printable(&quoted).into_owned()
+            // A tab, which a one-line field keeps, would read as a space inside the quotes.
+            printable(&quoted).replace('\t', "\\u{9}")
         })
         .collect::<Vec<_>>()
         .join(" ")
@@ -209,6 +210,7 @@ mod tests {
         assert_eq!(shell_words(&["echo", "it's"]), r#"echo "it's""#);
         assert_eq!(shell_words(&["echo", "$HOME", "*"]), "echo '$HOME' '*'");
         assert_eq!(shell_words(&["echo", "a\nb"]), "echo 'a\\u{a}b'");
+        assert_eq!(shell_words(&["echo", "a\tb"]), "echo 'a\\u{9}b'");
         assert_eq!(shell_words(&["ec\u{202e}ho"]), "'ec\\u{202e}ho'");
         assert_eq!(shell_words(&["a\u{0}b"]), "'a\\u{0}b'");
     }

@@ -183,33 +183,39 @@ impl ToolName {
     /// Why a value is not this tool's arguments: `error`, about the argument `at` (`.` for the
     /// arguments as a whole).
     fn argument_error(self, at: &str, error: &serde_json::Error) -> String {
-        // In words: a whole number up to the type's largest (`None`: of any sign), from the
-        // lowest value the schema allows where it is not the type's own 0.
-        let words = |max: Option<u64>| {
-            let Some(max) = max else {
+        let mut said = error.to_string();
+        // In words: the lowest value the schema allows (not the type's own 0 where it says
+        // more), and no largest: the type's is no bound a workspace takes (`depth` stops at
+        // `limits.list_max_depth`, which the workspace's own check says), so a whole number too
+        // large for the type is only said to be too large.
+        let too_large = said.contains("integer `") && !said.contains("integer `-");
+        let words = |unsigned: bool| {
+            if !unsigned {
                 return "expected a whole number".to_owned();
-            };
+            }
+            if too_large {
+                return "expected a smaller whole number".to_owned();
+            }
             let lowest = (at != ".")
                 .then(|| self.input_schema()["properties"][at]["minimum"].as_u64())
                 .flatten()
                 .unwrap_or(0);
-            format!("expected a whole number from {lowest} to {max}")
+            format!("expected a whole number of at least {lowest}")
         };
         let numbers = [
-            ("expected u64", Some(u64::MAX)),
-            ("expected usize", Some(usize::MAX as u64)),
-            ("expected u32", Some(u32::MAX.into())),
-            ("expected u16", Some(u16::MAX.into())),
-            ("expected u8", Some(u8::MAX.into())),
-            ("expected i64", None),
+            ("expected u64", true),
+            ("expected usize", true),
+            ("expected u32", true),
+            ("expected u16", true),
+            ("expected u8", true),
+            ("expected i64", false),
         ];
-        let mut said = error.to_string();
-        for (rust, max) in numbers {
+        for (rust, unsigned) in numbers {
             if let Some(found) = said.find(rust) {
                 // Only the whole word: `expected u64` but not `expected u64s`.
                 let end = found + rust.len();
                 if !said[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
-                    said.replace_range(found..end, &words(max));
+                    said.replace_range(found..end, &words(unsigned));
                 }
             }
         }
@@ -929,6 +935,7 @@ pub struct RunCommandArgs {
     /// its process id, and leave it running in the background instead of waiting (or killing it
     /// at the default time limit, which no longer applies; a `timeout_ms` given still does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub background_after_ms: Option<u64>,
     /// Workspace to run in: a short name or URI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1490,38 +1497,44 @@ mod tests {
             (
                 ToolName::ReadFile,
                 json!({"path": "a", "offset": -1}),
-                "read_file: `offset`: invalid value: integer `-1`, expected a whole number from \
-                 1 to 18446744073709551615",
+                "read_file: `offset`: invalid value: integer `-1`, expected a whole number of \
+                 at least 1",
             ),
             (
                 ToolName::ReadFile,
                 json!({"path": "a", "limit": 1.8446744073709552e19}),
                 "read_file: `limit`: invalid type: number `1.8446744073709552e+19`, expected a \
-                 whole number from 1 to 18446744073709551615",
+                 whole number of at least 1",
             ),
             (
                 ToolName::ListDir,
                 json!({"depth": 5_000_000_000u64}),
-                "list_dir: `depth`: invalid value: integer `5000000000`, expected a whole number \
-                 from 1 to 4294967295",
+                "list_dir: `depth`: invalid value: integer `5000000000`, expected a smaller whole \
+                 number",
             ),
             (
                 ToolName::ProcessRead,
                 json!({"process": "p1", "wait_ms": -5}),
                 "process_read: `wait_ms`: invalid value: integer `-5`, expected a whole number \
-                 from 0 to 18446744073709551615",
+                 of at least 0",
             ),
             (
                 ToolName::ProcessRead,
                 json!({"process": "p1", "last_lines": -1}),
                 "process_read: `last_lines`: invalid value: integer `-1`, expected a whole \
-                 number from 1 to 18446744073709551615",
+                 number of at least 1",
             ),
             (
                 ToolName::Search,
                 json!({"pattern": "x", "max_results": "ten"}),
                 "search: `max_results`: invalid type: string \"ten\", expected a whole number \
-                 from 1 to 4294967295",
+                 of at least 1",
+            ),
+            (
+                ToolName::RunCommand,
+                json!({"argv": ["true"], "background_after_ms": -1}),
+                "run_command: `background_after_ms`: invalid value: integer `-1`, expected a \
+                 whole number of at least 1",
             ),
             (
                 ToolName::RunCommand,

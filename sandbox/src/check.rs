@@ -54,15 +54,7 @@ impl Sandbox {
             }
             ToolName::ListDir => {
                 let args: ListDirArgs = parse(tool, args)?;
-                let depth = args.depth.unwrap_or(1);
-                if depth == 0 || depth > self.limits.list_max_depth {
-                    return Err(SandboxError::InvalidArguments(format!(
-                        "`depth` must be between 1 and {}",
-                        self.limits.list_max_depth
-                    )));
-                }
-                let path = self.jail.resolve(args.path.as_deref().unwrap_or(""))?;
-                self.jail.open_dir(&path).map(drop)
+                crate::fs::open_for_list(&self.jail, &self.limits, &args).map(drop)
             }
             ToolName::Stat => {
                 let args: StatArgs = parse(tool, args)?;
@@ -251,13 +243,7 @@ impl<'a> Lookup<'a> {
     /// Whether `path` (absolute) names an executable regular file the sandbox can run: walked
     /// from a base's handle one component at a time, links followed by hand.
     fn executable(&self, path: &Path, given: &str) -> Result<(), SandboxError> {
-        let not_found = || {
-            SandboxError::NotFound(format!(
-                "program `{given}` does not exist where commands can run it (the workspace, \
-                 the system's directories and the ones the operator added){}",
-                crate::exec::lossy_hint(given)
-            ))
-        };
+        let not_found = || crate::exec::program_not_found(given);
         let mut path = lexical(path).ok_or_else(not_found)?;
         for _ in 0..MAX_LINKS {
             let Some((base, dir)) = self.base_of(&path)? else {

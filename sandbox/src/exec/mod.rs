@@ -561,6 +561,15 @@ pub(crate) fn lossy_hint(program: &str) -> &'static str {
     }
 }
 
+/// What a program named by a path (it holds a `/`) that names no program is told.
+pub(crate) fn program_not_found(program: &str) -> SandboxError {
+    SandboxError::NotFound(format!(
+        "program `{program}` does not exist where commands can run it (the workspace, the \
+         system's directories and the ones the operator added){}",
+        lossy_hint(program)
+    ))
+}
+
 /// What a program spelled with U+FFFD that names nothing so is told (`hint`: why, first).
 fn unspellable_program(program: &str, hint: &str) -> String {
     // The spelled parts quoted for the shell, `*` left bare between them.
@@ -1269,11 +1278,13 @@ fn spawn_error(
     };
     let (what, errno) = match child::unpack(code) {
         Ok(failed) => failed,
-        // `execve`'s own.
+        // `execve`'s own, said as the check before approval says it.
+        Err(libc::ENOENT | libc::ENOTDIR) if program.contains('/') => {
+            return program_not_found(program);
+        }
         Err(libc::ENOENT) => {
             return SandboxError::NotFound(format!(
-                "program `{program}` was not found (looked up in the sandbox's PATH when it has \
-                 no slash){}",
+                "program `{program}` is not found in the sandbox's PATH{}",
                 lossy_hint(program)
             ));
         }

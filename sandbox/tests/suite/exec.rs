@@ -442,6 +442,34 @@ fn a_program_climbing_after_a_link_in_its_own_path_is_checked_where_it_runs() {
     assert!(at_run.to_string().contains("`gone`"), "{at_run}");
 }
 
+/// A program that is not there is said the same way before approval (an attached folder's
+/// check) and at the run (a primary workspace's, which nobody approves): the run said "was not
+/// found (looked up in the sandbox's PATH when it has no slash)" of a path, and "Not a
+/// directory (os error 20)" of one through a file.
+#[test]
+fn a_missing_program_is_said_alike_before_approval_and_at_the_run() {
+    let fx = Fixture::new();
+    fx.put("bin/y", "not a directory\n");
+    for program in ["bin/nothere", "bin/y/z", "./nothere"] {
+        let checked = fx
+            .sandbox
+            .check(
+                ToolName::RunCommand,
+                &serde_json::json!({ "argv": [program] }),
+            )
+            .unwrap_err();
+        let ran = try_run(&fx, &args(&[program])).unwrap_err();
+        assert_eq!(ran.code(), ErrorCode::NotFound, "{program}: {ran}");
+        assert_eq!(ran.to_string(), checked.to_string(), "{program}");
+    }
+    let ran = try_run(&fx, &args(&["no-such-program-here"])).unwrap_err();
+    assert_eq!(ran.code(), ErrorCode::NotFound, "{ran}");
+    assert!(
+        ran.to_string().contains("not found in the sandbox's PATH"),
+        "{ran}"
+    );
+}
+
 #[test]
 fn cat_of_an_outside_file_is_denied() {
     let fx = Fixture::new();

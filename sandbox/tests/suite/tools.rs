@@ -291,6 +291,8 @@ fn list_dir_lists_sorted_entries_with_kinds_and_hides_dotfiles() {
     assert_eq!(paths(&out), ["a/inner.txt"]);
     // A file is said to be one (and a link to one too); a file on the way is a component
     // that is not a directory.
+    // The check before approval says the same (it said "has a component that is not a
+    // directory").
     for path in ["b.txt", "link"] {
         let err = fx.sandbox.list_dir(&list(Some(path), None)).unwrap_err();
         assert_eq!(err.code(), ErrorCode::WrongFileType);
@@ -298,6 +300,11 @@ fn list_dir_lists_sorted_entries_with_kinds_and_hides_dotfiles() {
             err.to_string().contains("is a file, not a directory"),
             "{err}"
         );
+        let checked = fx
+            .sandbox
+            .check(ToolName::ListDir, &json!({ "path": path }))
+            .unwrap_err();
+        assert_eq!(checked.to_string(), err.to_string());
     }
     let err = fx
         .sandbox

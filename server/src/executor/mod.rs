@@ -328,6 +328,8 @@ impl Executor {
                 if let Ok(Some(id)) = string_arg("process") {
                     match session.process_workspace(&id) {
                         Some(name) => target = Some(name),
+                        // Wrong arguments are said first, as a workspace says them.
+                        None if tool.args_error(&args).is_some() => {}
                         None => {
                             return (
                                 CallOutput::error(
@@ -711,6 +713,8 @@ impl Executor {
             }
         }
         let (workspace, verdict) = first.unwrap_or((None, Verdict::NOBODY));
+        // A list of several workspaces is no one workspace's: each process names its own.
+        let workspace = if names.len() == 1 { workspace } else { None };
         let result = serde_json::to_value(merged).expect("a list serializes");
         (
             CallOutput {

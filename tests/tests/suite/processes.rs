@@ -166,9 +166,22 @@ async fn process_list_without_a_workspace_lists_every_workspace_and_reports_an_o
         call(&agent, "process_list", json!({"bogus": true})).await,
         ErrorCode::InvalidArguments,
     );
+    // A wrong argument is said as such, before the unknown process is.
+    let said = expect_code(
+        call(
+            &agent,
+            "process_read",
+            json!({"process": "p999", "last_lines": -1}),
+        )
+        .await,
+        ErrorCode::InvalidArguments,
+    );
+    assert!(said.contains("`last_lines`"), "{said}");
     let here = start("primary").await;
     let there = start("lap").await;
-    let (listed, _) = ok(call(&agent, "process_list", json!({})).await);
+    // The list covers two workspaces: it names no one workspace as the one that ran it.
+    let (listed, ran_in) = ok(call(&agent, "process_list", json!({})).await);
+    assert_eq!(ran_in, "", "{listed}");
     let found: Vec<(Value, Value)> = listed["processes"]
         .as_array()
         .unwrap()
