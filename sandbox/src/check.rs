@@ -241,25 +241,46 @@ impl<'a> Lookup<'a> {
     }
 
     /// Whether `path` (absolute) names an executable regular file the sandbox can run: walked
-    /// from a base's handle one component at a time, links followed by hand.
+    /// from a base's handle one component at a time, links followed by hand, and a `..` taken
+    /// as the kernel takes it, from where the links before it led (the names walked hold none).
     fn executable(&self, path: &Path, given: &str) -> Result<(), SandboxError> {
         let not_found = || crate::exec::program_not_found(given);
-        let mut path = lexical(path).ok_or_else(not_found)?;
+        if !path.is_absolute() {
+            return Err(not_found());
+        }
+        let mut path = path.to_path_buf();
         for _ in 0..MAX_LINKS {
             let Some((base, dir)) = self.base_of(&path)? else {
                 return Err(not_found());
             };
             let rel = path.strip_prefix(&base).map_err(|_| not_found())?;
-            let parts: Vec<&std::ffi::OsStr> = rel
-                .components()
-                .filter_map(|c| match c {
-                    Component::Normal(name) => Some(name),
-                    _ => None,
-                })
-                .collect();
+            let parts: Vec<Component<'_>> = rel.components().collect();
             let mut walked = PathBuf::new();
             let mut next = None;
             for (i, part) in parts.iter().enumerate() {
+                let part = match part {
+                    Component::Normal(name) => *name,
+                    Component::ParentDir => {
+                        if !walked.pop() {
+                            // Above the base: on from its parent, whichever base holds that.
+                            // The `..`s that follow climb the base's own path as text: the
+                            // root's is canonical (an operator's directory is taken as given).
+                            let mut above = base.parent().unwrap_or(&base).to_path_buf();
+                            let mut rest = parts[i + 1..].iter().peekable();
+                            while let Some(c) = rest
+                                .next_if(|c| matches!(c, Component::ParentDir | Component::CurDir))
+                            {
+                                if *c == Component::ParentDir {
+                                    above.pop();
+                                }
+                            }
+                            next = Some(above.join(rest.collect::<PathBuf>()));
+                            break;
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                };
                 let here = walked.join(part);
                 let meta = match dir.symlink_metadata(&here) {
                     Ok(meta) => meta,
@@ -275,12 +296,12 @@ impl<'a> Lookup<'a> {
                         .read_link_contents(&here)
                         .map_err(|e| SandboxError::from_io("look up", given, e))?;
                     let rest: PathBuf = parts[i + 1..].iter().collect();
-                    let resolved = if target.is_absolute() {
+                    // Not folded: a `..` in it climbs from where a link before it leads.
+                    next = Some(if target.is_absolute() {
                         target.join(rest)
                     } else {
                         base.join(&walked).join(target).join(rest)
-                    };
-                    next = Some(lexical(&resolved).ok_or_else(not_found)?);
+                    });
                     break;
                 }
                 if !last {
@@ -323,25 +344,6 @@ impl<'a> Lookup<'a> {
         }
         Err(SandboxError::LinkLoop(given.to_owned()))
     }
-}
-
-/// `path` made absolute-and-clean without touching the disk: `.` dropped, `..` folded (`..` of
-/// the root stays the root, as in the kernel). `None` for a relative path.
-fn lexical(path: &Path) -> Option<PathBuf> {
-    if !path.is_absolute() {
-        return None;
-    }
-    let mut out = PathBuf::from("/");
-    for c in path.components() {
-        match c {
-            Component::Normal(name) => out.push(name),
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
-        }
-    }
-    Some(out)
 }
 
 #[cfg(test)]

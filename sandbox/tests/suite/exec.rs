@@ -442,6 +442,37 @@ fn a_program_climbing_after_a_link_in_its_own_path_is_checked_where_it_runs() {
     assert!(at_run.to_string().contains("`gone`"), "{at_run}");
 }
 
+/// A program that is a link whose target climbs after another link (`l1 -> l2/../x`) is checked
+/// where the kernel runs it: the check folded the target as text (`x`, beside `l1`).
+#[test]
+fn a_program_through_a_link_whose_target_climbs_after_a_link_is_checked_where_it_runs() {
+    let fx = Fixture::new();
+    std::fs::create_dir_all(fx.root().join("deep/a/b")).unwrap();
+    std::fs::copy("/bin/true", fx.root().join("deep/a/x")).unwrap();
+    std::fs::copy("/bin/true", fx.root().join("y")).unwrap();
+    std::os::unix::fs::symlink("deep/a/b", fx.root().join("l2")).unwrap();
+    std::os::unix::fs::symlink("l2/../x", fx.root().join("l1")).unwrap();
+    std::os::unix::fs::symlink("l2/../y", fx.root().join("l3")).unwrap();
+    let check = |program: &str| {
+        fx.sandbox.check(
+            ToolName::RunCommand,
+            &serde_json::json!({ "argv": [program] }),
+        )
+    };
+    check("./l1").unwrap();
+    assert_eq!(try_run(&fx, &args(&["./l1"])).unwrap().exit_code, Some(0));
+    // `l3` leads to `deep/a/y`, which is not there, though `y` is.
+    let checked = check("./l3").unwrap_err();
+    assert_eq!(checked.code(), ErrorCode::NotFound, "{checked}");
+    let ran = try_run(&fx, &args(&["./l3"])).unwrap_err();
+    assert_eq!(ran.to_string(), checked.to_string());
+    // A system program reached by climbing out of the workspace's absolute path is looked up
+    // where it is, and one that climbs out of a system directory too.
+    check("/usr/lib/../bin/true").unwrap();
+    let inside = format!("{}/../../../../../../../usr/bin/true", fx.root().display());
+    check(&inside).unwrap();
+}
+
 /// A program that is not there is said the same way before approval (an attached folder's
 /// check) and at the run (a primary workspace's, which nobody approves): the run said "was not
 /// found (looked up in the sandbox's PATH when it has no slash)" of a path, and "Not a
