@@ -170,8 +170,39 @@ impl ToolName {
     /// `args` as this tool's arguments, or why not, written for a model: the argument at fault
     /// named, and the Rust type names the decoder speaks of (`expected u64`, `floating point`)
     /// in the words of the tool's schema, its lowest value included (`limit` is a whole number
-    /// from 1, not from 0 as its type would say). By value or by reference (`&Value`).
-    pub fn decode_args<'de, A, D>(self, args: D) -> Result<A, String>
+    /// from 1, not from 0 as its type would say). A whole number written with a zero fraction
+    /// (`100.0`), which JSON Schema counts an integer, is taken as one.
+    pub fn decode_args<A: serde::de::DeserializeOwned>(
+        self,
+        mut args: serde_json::Value,
+    ) -> Result<A, String> {
+        if let Some(fields) = args.as_object_mut() {
+            for value in fields.values_mut() {
+                if let Some(whole) = whole_number(value) {
+                    *value = whole;
+                }
+            }
+        }
+        self.decoded(args)
+    }
+
+    /// [`ToolName::decode_args`] of arguments borrowed (copied only when a number must be
+    /// rewritten).
+    pub fn decode_args_ref<A: serde::de::DeserializeOwned>(
+        self,
+        args: &serde_json::Value,
+    ) -> Result<A, String> {
+        let rewrite = args
+            .as_object()
+            .is_some_and(|fields| fields.values().any(|v| whole_number(v).is_some()));
+        if rewrite {
+            self.decode_args(args.clone())
+        } else {
+            self.decoded(args)
+        }
+    }
+
+    fn decoded<'de, A, D>(self, args: D) -> Result<A, String>
     where
         A: serde::Deserialize<'de>,
         D: serde::Deserializer<'de, Error = serde_json::Error>,
@@ -236,7 +267,7 @@ impl ToolName {
             tool: ToolName,
             args: &serde_json::Value,
         ) -> Option<String> {
-            tool.decode_args::<T, _>(args).err()
+            tool.decode_args_ref::<T>(args).err()
         }
         match self {
             ToolName::ReadFile => error::<ReadFileArgs>(self, args),
@@ -398,6 +429,23 @@ impl ToolName {
 impl std::fmt::Display for ToolName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// `value` as an integer when it is a whole number written as a float (`100.0`, `-1.0`) that
+/// fits one; `None` otherwise (an integer already, a fraction, anything else).
+fn whole_number(value: &serde_json::Value) -> Option<serde_json::Value> {
+    let float = value.as_f64().filter(|_| value.is_f64())?;
+    if float.fract() != 0.0 {
+        return None;
+    }
+    // 2^64 and -2^63: the bounds of the two integer kinds a JSON number decodes to.
+    if (0.0..18_446_744_073_709_551_616.0).contains(&float) {
+        Some((float as u64).into())
+    } else if (-9_223_372_036_854_775_808.0..0.0).contains(&float) {
+        Some((float as i64).into())
+    } else {
+        None
     }
 }
 
@@ -1537,6 +1585,18 @@ mod tests {
                  whole number of at least 1",
             ),
             (
+                ToolName::ReadFile,
+                json!({"path": "a", "limit": 2.5}),
+                "read_file: `limit`: invalid type: number `2.5`, expected a whole number of at \
+                 least 1",
+            ),
+            (
+                ToolName::ReadFile,
+                json!({"path": "a", "offset": -1.0}),
+                "read_file: `offset`: invalid value: integer `-1`, expected a whole number of \
+                 at least 1",
+            ),
+            (
                 ToolName::RunCommand,
                 json!({"argv": ["true", 1]}),
                 "run_command: `argv[1]`: invalid type: integer `1`, expected a string",
@@ -1544,6 +1604,15 @@ mod tests {
         ] {
             assert_eq!(tool.args_error(&args).as_deref(), Some(said));
         }
+        // A whole number with a zero fraction is one, as JSON Schema's `integer` counts it.
+        let read: ReadFileArgs = ToolName::ReadFile
+            .decode_args(json!({"path": "a", "offset": 3.0, "limit": 1e3}))
+            .unwrap();
+        assert_eq!((read.offset, read.limit), (Some(3), Some(1000)));
+        assert_eq!(
+            ToolName::ReadFile.args_error(&json!({"path": "a", "limit": 100.0})),
+            None
+        );
     }
 
     use super::*;

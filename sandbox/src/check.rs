@@ -193,7 +193,7 @@ pub(crate) fn parse<A: DeserializeOwned>(
     tool: ToolName,
     args: &serde_json::Value,
 ) -> Result<A, SandboxError> {
-    tool.decode_args(args)
+    tool.decode_args_ref(args)
         .map_err(SandboxError::InvalidArguments)
 }
 

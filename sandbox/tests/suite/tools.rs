@@ -115,6 +115,14 @@ fn read_file_pages_by_offset_and_limit() {
         (out.content.as_str(), out.lines, out.total_lines),
         ("", 0, Some(10))
     );
+    // Whole numbers written as `4.0` by a host's JSON are whole numbers, at the check before
+    // approval and at the call (they were refused as floats, which the schema's `integer` is not).
+    let floats = json!({"path": "ten.txt", "offset": 4.0, "limit": 3.0});
+    fx.sandbox.check(ToolName::ReadFile, &floats).unwrap();
+    let called = runtime()
+        .block_on(fx.sandbox.call(ToolName::ReadFile, floats))
+        .unwrap();
+    assert_eq!(called["content"], "line 4\nline 5\nline 6\n");
 }
 
 #[test]
