@@ -205,7 +205,7 @@ impl SandboxError {
                 ))
             }
             // A name copied from a listing with an escape in it (`\u{40}` for a final `@`).
-            io::ErrorKind::NotFound if path.contains("\\u{") => SandboxError::NotFound(format!(
+            io::ErrorKind::NotFound if holds_an_escape(&path) => SandboxError::NotFound(format!(
                 "`{path}` does not exist (in a listing, `\\u{{..}}` stands for the one character of \
                  that code point, such as `\\u{{40}}` for `@`: spell the character itself)"
             )),
@@ -223,6 +223,17 @@ impl SandboxError {
             },
         }
     }
+}
+
+/// Whether `path` holds an escape as a listing writes one: `\u{`, one to six hex digits, `}`.
+fn holds_an_escape(path: &str) -> bool {
+    path.match_indices("\\u{").any(|(at, _)| {
+        let digits = path[at + 3..]
+            .bytes()
+            .take_while(u8::is_ascii_hexdigit)
+            .count();
+        (1..=6).contains(&digits) && path.as_bytes().get(at + 3 + digits) == Some(&b'}')
+    })
 }
 
 impl From<SandboxError> for ToolError {

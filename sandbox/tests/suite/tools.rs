@@ -1998,4 +1998,14 @@ fn a_name_that_is_not_utf8_is_listed_explained_and_reached_as_shown() {
     let err = fx.sandbox.read_file(&read("mail\\u{40}")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
     assert!(err.to_string().contains("`\\u{40}` for `@`"), "{err}");
+    // Text that only looks like the start of one is no escape, and is not explained as one.
+    for path in ["mail\\u{zz}", "mail\\u{}", "mail\\u{1234567}", "mail\\u{40"] {
+        let err = fx.sandbox.read_file(&read(path)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NotFound);
+        assert_eq!(
+            err.to_string(),
+            format!("`{path}` does not exist"),
+            "{path}"
+        );
+    }
 }
