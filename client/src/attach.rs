@@ -178,6 +178,9 @@ pub enum AttachEvent {
         focus: bool,
         /// The session's focus now, when it has one.
         now: Option<String>,
+        /// The session, when it is another than the one the folder attached to: one the
+        /// folder serves too (an MCP host's roots landed on it there).
+        session: Option<String>,
     },
     /// The network policy refused connections the folder's commands asked its proxy for (one
     /// event per batch the audit log is sent).
@@ -252,7 +255,11 @@ impl AttachEvent {
                  agents must name this folder's workspace"
                     .into(),
             ),
-            AttachEvent::FocusMoved { focus: true, .. } => Some(
+            AttachEvent::FocusMoved {
+                focus: true,
+                session: None,
+                ..
+            } => Some(
                 "this folder is now the session's focus: an agent's calls that name no \
                  workspace try it first"
                     .into(),
@@ -260,6 +267,7 @@ impl AttachEvent {
             AttachEvent::FocusMoved {
                 focus: false,
                 now: Some(now),
+                session: None,
             } => Some(format!(
                 "this folder is no longer the session's focus: `{}` is, and an agent's calls \
                  that name no workspace try it first",
@@ -268,9 +276,32 @@ impl AttachEvent {
             AttachEvent::FocusMoved {
                 focus: false,
                 now: None,
+                session: None,
             } => Some(
                 "this folder is no longer the session's focus; the session has none now".into(),
             ),
+            AttachEvent::FocusMoved {
+                focus: true,
+                session: Some(session),
+                ..
+            } => Some(format!(
+                "this folder now serves session {} as well, as its focus (an MCP host's roots, \
+                 or `sessions --new`, put it there): an agent's calls in that session that name \
+                 no workspace try it first",
+                printable(session)
+            )),
+            AttachEvent::FocusMoved {
+                focus: false,
+                now,
+                session: Some(session),
+            } => Some(format!(
+                "this folder is no longer the focus of session {}{}",
+                printable(session),
+                match now {
+                    Some(now) => format!(": `{}` is", printable(now)),
+                    None => "; it has none now".into(),
+                }
+            )),
             AttachEvent::NetworkRefused(refused) => Some(refused.line()),
             AttachEvent::SessionChanged {
                 from,
@@ -608,8 +639,17 @@ async fn next_notice(recv: &mut quinn::RecvStream, folder: &Folder) -> String {
     loop {
         match read_message(recv, 64 * 1024).await {
             Ok(Some(Message::Detached { reason, .. })) => return reason,
-            Ok(Some(Message::Focused { focus, now, .. })) => {
-                folder.emit(AttachEvent::FocusMoved { focus, now });
+            Ok(Some(Message::Focused {
+                focus,
+                now,
+                session,
+                ..
+            })) => {
+                folder.emit(AttachEvent::FocusMoved {
+                    focus,
+                    now,
+                    session,
+                });
             }
             Ok(Some(other)) => debug!("ignored `{}` on the attach stream", other.kind()),
             Ok(None) | Err(_) => return std::future::pending().await,

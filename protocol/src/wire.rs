@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 9;
+pub const PROTOCOL_MINOR: u32 = 10;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -76,6 +76,12 @@ pub const IF_PRESENT_MINOR: u32 = 8;
 /// session's focus moves to or from the folder ([`Message::Focused`], on the attach stream). A
 /// server never sends it to a client of a lower one.
 pub const FOCUSED_MINOR: u32 = 9;
+// --- Minor 10.
+/// The first minor version where the server also tells an attached folder's client of the
+/// focus in the other sessions the folder serves (an MCP host landing in it in a session of its
+/// own, `sessions --new` in it), naming that session ([`Message::Focused`]'s `session`). A
+/// server tells a client of a lower one of the session it attached to only.
+pub const SHARED_FOCUS_MINOR: u32 = 10;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -1252,6 +1258,11 @@ pub enum Message {
         /// The session's focus now (its short name), when it has one; absent otherwise.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         now: Option<String>,
+        /// The session whose focus moved, when it is another than the one the folder attached
+        /// to: one the folder was shared into and serves too (minor [`SHARED_FOCUS_MINOR`] or
+        /// later). Absent: the session it attached to.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<String>,
     },
     /// The server accepted an attachment.
     Attached {
@@ -1703,11 +1714,13 @@ mod tests {
                 attachment: 1,
                 focus: true,
                 now: Some("monad".into()),
+                session: None,
             },
             Message::Focused {
                 attachment: 1,
                 focus: false,
                 now: None,
+                session: Some("0b0c7f2e-54a4-4f3c-9d6e-1c2b3a4d5e6f".into()),
             },
             Message::Land {
                 id: 18,

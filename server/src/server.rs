@@ -1461,7 +1461,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         .and_then(|r| r.inspect_err(|e| warn!("workspace record: {e}")).ok())
     };
     let generation = ctx.state.generations.fetch_add(1, Ordering::Relaxed);
-    ctx.state.registry.link_attached(generation);
+    let mut shared_moves = ctx.state.registry.link_attached(generation);
     let base = path
         .trim_end_matches('/')
         .rsplit('/')
@@ -1546,6 +1546,9 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         // agent's calls that name no workspace go.
         let mut focus_moves = session.watch_focus();
         let mut told = asked_focus;
+        // The same for each session the folder was shared into and serves too (an MCP host's
+        // roots landed on it there), told to a client that knows how to hear which.
+        let mut told_shared: HashMap<String, bool> = HashMap::new();
         // The frames of a focus move not written yet. They are written while the rest is
         // watched: a client that does not read its stream holds the write, and must not hold
         // this task past a takeover, its connection's end or the server's shutdown. Written
@@ -1561,6 +1564,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                         attachment: id,
                         focus: is_focus,
                         now,
+                        session: None,
                     };
                     unsent = moved.to_frames();
                 }
@@ -1602,6 +1606,21 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                     Err(_) => break,
                 },
                 Ok(()) = focus_moves.changed(), if unsent.is_empty() => {}
+                Some(moved) = shared_moves.recv(), if unsent.is_empty() => {
+                    let is_focus = moved.now.as_deref() == Some(moved.name.as_str());
+                    let was = told_shared.insert(moved.session.clone(), is_focus);
+                    if was.unwrap_or(false) != is_focus
+                        && ctx.minor >= wire::SHARED_FOCUS_MINOR
+                    {
+                        unsent = Message::Focused {
+                            attachment: id,
+                            focus: is_focus,
+                            now: moved.now,
+                            session: Some(moved.session),
+                        }
+                        .to_frames();
+                    }
+                }
             }
         }
         if !unsent.is_empty() {

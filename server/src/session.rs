@@ -9,6 +9,7 @@ use monad_protocol::wire::{Host, SessionInfo, Trust, WorkspaceInfo};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use monad_sandbox::Sandbox;
 use monad_sandbox::exec::cgroup::ProcessGroups;
+use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::auth::DeviceId;
@@ -910,6 +911,26 @@ fn sanitize_name(raw: &str) -> String {
     }
 }
 
+/// A live attachment's link as shared ([`Registry::share`]).
+#[derive(Debug)]
+struct Link {
+    /// The other sessions it serves.
+    shared: Vec<std::sync::Weak<Session>>,
+    /// Where their focus moves go: to the attachment's own task.
+    moves: mpsc::UnboundedSender<SharedFocus>,
+}
+
+/// The focus of a session an attachment was shared into, as it is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedFocus {
+    /// The session.
+    pub session: String,
+    /// The attachment's folder's short name there.
+    pub name: String,
+    /// The session's focus now (its short name), if any.
+    pub now: Option<String>,
+}
+
 /// All sessions: loaded from the store on first use, dropped from memory when idle.
 pub struct Registry {
     store: Arc<dyn Store>,
@@ -925,7 +946,7 @@ pub struct Registry {
     creating: Mutex<HashMap<String, usize>>,
     /// Live attachments by generation, with the other sessions their link was shared into
     /// ([`Registry::share`]); an attachment's detach takes it offline in all of them.
-    links: Mutex<HashMap<u64, Vec<std::sync::Weak<Session>>>>,
+    links: Mutex<HashMap<u64, Link>>,
     /// Per user and device, the session it was last bound to here and when: a request naming
     /// that session again is answered from memory ([`Registry::resolve_in_memory`]). The weak
     /// reference is to the session as loaded then: one reloaded or re-created is bound afresh.
@@ -1012,12 +1033,18 @@ impl Registry {
     }
 
     /// Notes a new live attachment (its link's `generation`), so that it can be shared into
-    /// other sessions until it detaches ([`Registry::detach_everywhere`]).
-    pub fn link_attached(&self, generation: u64) {
-        self.links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(generation, Vec::new());
+    /// other sessions until it detaches ([`Registry::detach_everywhere`]). Returns where the
+    /// focus of each session it is shared into is told, from the share on.
+    pub fn link_attached(&self, generation: u64) -> mpsc::UnboundedReceiver<SharedFocus> {
+        let (moves, told) = mpsc::unbounded_channel();
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            generation,
+            Link {
+                shared: Vec::new(),
+                moves,
+            },
+        );
+        told
     }
 
     /// Attaches a live folder of one session to `into` as well, over the same link, so that
@@ -1028,10 +1055,36 @@ impl Registry {
     pub fn share(&self, folder: &Attached, into: &Arc<Session>) -> Option<WorkspaceInfo> {
         let generation = folder.link.as_ref()?.generation;
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        let shared = links.get_mut(&generation)?;
+        let link = links.get_mut(&generation)?;
         let info = into.attach(folder.clone(), Some(&folder.name));
-        shared.retain(|s| s.strong_count() > 0);
-        shared.push(Arc::downgrade(into));
+        link.shared.retain(|s| s.strong_count() > 0);
+        link.shared.push(Arc::downgrade(into));
+        // The attachment's owner hears where that session's focus goes, as of its own: each
+        // move, while both the session and the attachment last.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let moves = link.moves.clone();
+            let mut focus = into.watch_focus();
+            let session = into.id.clone();
+            let name = info.name.clone();
+            runtime.spawn(async move {
+                loop {
+                    let now = focus.borrow_and_update().clone();
+                    let told = SharedFocus {
+                        session: session.clone(),
+                        name: name.clone(),
+                        now,
+                    };
+                    if moves.send(told).is_err() {
+                        break;
+                    }
+                    // Until the session goes, or the attachment's task does.
+                    tokio::select! {
+                        changed = focus.changed() => if changed.is_err() { break },
+                        () = moves.closed() => break,
+                    }
+                }
+            });
+        }
         Some(info)
     }
 
@@ -1043,6 +1096,7 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&generation)
+            .map(|link| link.shared)
             .unwrap_or_default();
         session.detach(generation);
         for other in shared.iter().filter_map(std::sync::Weak::upgrade) {

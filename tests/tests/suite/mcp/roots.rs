@@ -921,11 +921,27 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
 /// The next move of the session's focus to or from an attached folder, as its owner is told
 /// (other events skipped).
 async fn next_focus_move(attached: &mut Attachment) -> (bool, Option<String>) {
+    let (focus, now, session) = next_focus_move_anywhere(attached).await;
+    assert_eq!(
+        session, None,
+        "a move in another session than the folder's own"
+    );
+    (focus, now)
+}
+
+/// The next move of the focus to or from an attached folder in any session it serves (`None`:
+/// the one it attached to).
+async fn next_focus_move_anywhere(
+    attached: &mut Attachment,
+) -> (bool, Option<String>, Option<String>) {
     loop {
-        if let monad_client::attach::AttachEvent::FocusMoved { focus, now } =
-            attached.next_event().await
+        if let monad_client::attach::AttachEvent::FocusMoved {
+            focus,
+            now,
+            session,
+        } = attached.next_event().await
         {
-            return (focus, now);
+            return (focus, now, session);
         }
     }
 }
@@ -971,11 +987,83 @@ async fn a_folder_s_owner_is_told_when_the_focus_moves_to_it_or_away() {
     let line = monad_client::attach::AttachEvent::FocusMoved {
         focus: false,
         now: Some("two".into()),
+        session: None,
     }
     .line()
     .unwrap();
     assert!(
         line.contains("no longer the session's focus: `two` is"),
+        "{line}"
+    );
+}
+
+/// A host whose roots land on a folder whose session's focus another host holds gets a session
+/// of its own, which the folder then serves too, as its focus: the folder's owner is told so,
+/// naming that session, and told again when the focus leaves it there (its terminal said
+/// nothing: it only watched the session the folder attached to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p1, one) = project("one", "first\n");
+    let (_p2, two) = project("two", "second\n");
+    let _first = attach(&config, &one, "one", Some("default")).await;
+    let mut second = attach(&config, &two, "two", Some("default")).await;
+    let land = async |agent: &monad_client::agent::Agent, roots: Vec<String>, session| {
+        within(STEP, "a landing", agent.land(roots, session))
+            .await
+            .expect("landed")
+            .expect("a server that lands by roots")
+    };
+    let holder = connect_agent(&config).await;
+    let held = land(&holder, vec![file_uri(&one)], None).await;
+    assert_eq!(
+        (held.session.as_str(), held.focus.as_deref()),
+        ("default", Some("one"))
+    );
+    let other = connect_agent(&config).await;
+    let landed = land(&other, vec![file_uri(&two)], None).await;
+    assert_ne!(landed.session, "default");
+    assert_eq!(landed.focus.as_deref(), Some("two"));
+    assert_eq!(
+        within(
+            STEP,
+            "the owner to hear",
+            next_focus_move_anywhere(&mut second)
+        )
+        .await,
+        (true, Some("two".to_owned()), Some(landed.session.clone()))
+    );
+    // A third folder attached into that session as its focus: the focus there leaves `two`,
+    // and its owner hears that as well.
+    let (_p3, three) = project("three", "third\n");
+    let mut options = attach_options(&three, "three");
+    options.allow = vec![ToolClass::Read];
+    options.session = Some(landed.session.clone());
+    options.focus = true;
+    let _third = Attachment::start(&config, options, None).await;
+    assert_eq!(
+        within(
+            STEP,
+            "the owner to hear",
+            next_focus_move_anywhere(&mut second)
+        )
+        .await,
+        (
+            false,
+            Some("three".to_owned()),
+            Some(landed.session.clone())
+        )
+    );
+    let line = monad_client::attach::AttachEvent::FocusMoved {
+        focus: true,
+        now: Some("two".into()),
+        session: Some(landed.session.clone()),
+    }
+    .line()
+    .unwrap();
+    assert!(
+        line.contains(&format!("now serves session {} as well", landed.session)),
         "{line}"
     );
 }
