@@ -574,11 +574,19 @@ impl<B: Backend> McpFront<B> {
         let before = roots.len();
         roots.retain(|r| r.len() <= MAX_ROOT_LEN);
         if roots.len() < before {
+            let skipped = before - roots.len();
             tracing::warn!(
-                "{} roots longer than {MAX_ROOT_LEN} bytes were skipped",
-                before - roots.len()
+                "{skipped} root{} longer than {MAX_ROOT_LEN} bytes {} skipped",
+                if skipped == 1 { "" } else { "s" },
+                if skipped == 1 { "was" } else { "were" },
             );
         }
+        // The roots as paths, to say where the host's paths start when its root is inside the
+        // folder that holds it.
+        let asked: Vec<std::path::PathBuf> = roots
+            .iter()
+            .filter_map(|uri| crate::roots::parse_root(uri).ok())
+            .collect();
         let pinned = self.state().pinned.clone();
         let landing = match self.backend.land(caller, roots, pinned.as_deref()).await {
             Ok(Some(landing)) => landing,
@@ -600,9 +608,21 @@ impl<B: Backend> McpFront<B> {
             }
             let _ = peer.notify_tool_list_changed().await;
         }
+        // A root inside the folder, not the folder itself: a tool's path is from the folder.
+        let inside = landing.folder.as_deref().and_then(|folder| {
+            let root = asked
+                .iter()
+                .find(|root| root.starts_with(folder))
+                .filter(|root| root.as_path() != std::path::Path::new(folder))?;
+            Some(format!(
+                "; a tool's path is relative to {folder}, not to the root {}",
+                root.display()
+            ))
+        });
+        let inside = inside.unwrap_or_default();
         let message = match (&landing.folder, &landing.focus) {
             (Some(folder), Some(focus)) => format!(
-                "working in session {} (the attached folder {folder} holds the host's root), \
+                "working in session {} (the attached folder {folder} holds the host's root{inside}), \
                  whose focus is workspace `{focus}`",
                 landing.session
             ),

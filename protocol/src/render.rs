@@ -126,6 +126,17 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
             let _ = write!(out, "lines {first}-{last} (the file goes on)");
         }
     }
+    // Lines that all end with CRLF are shown without the CR, which a terminal would show as
+    // `\u{d}` on every line and a model copy into an edit: an edit's LF stands for CRLF in such
+    // a file. In a file of both endings, the CRs stay.
+    let crlf = r.content.contains('\r')
+        && r.content.contains('\n')
+        && r.content
+            .split_inclusive('\n')
+            .all(|line| !line.ends_with('\n') || line.ends_with("\r\n"));
+    if crlf {
+        out.push_str(", CRLF line endings (not shown; an edit's LF stands for CRLF)");
+    }
     // A line longer than the byte cap: its head alone is shown, without its line ending.
     let line_cut =
         r.lines > 0 && r.truncation == Some(Truncation::Bytes) && !r.content.ends_with('\n');
@@ -152,6 +163,10 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
     out.reserve(r.content.len() + (width + 2) * r.lines as usize);
     for (n, line) in (first..).zip(r.content.split_inclusive('\n')) {
         let line = line.strip_suffix('\n').unwrap_or(line);
+        let line = match line.strip_suffix('\r') {
+            Some(bare) if crlf => bare,
+            _ => line,
+        };
         out.push('\n');
         push_right_aligned(&mut out, n, width);
         out.push('\t');
@@ -1566,6 +1581,30 @@ mod tests {
                    "diff_truncated": false, "created_dirs": ["a\nb"]}),
         );
         assert_eq!(made.lines().count(), 1, "{made}");
+    }
+
+    #[test]
+    fn a_file_of_crlf_lines_is_shown_without_its_crs_and_says_so() {
+        let read = |content: &str| {
+            render(
+                ToolName::ReadFile,
+                json!({"path": "w.txt", "content": content, "start_line": 1,
+                       "lines": content.lines().count(), "total_lines": content.lines().count(),
+                       "size": content.len(), "binary": false, "truncated": false}),
+            )
+        };
+        assert_eq!(
+            read("a\r\nb\r\n"),
+            "w.txt in workspace laptop: lines 1-2 of 2, CRLF line endings (not shown; an edit's \
+             LF stands for CRLF)\n1\ta\n2\tb"
+        );
+        // Both endings: as they are (an edit's LF is then an LF), and no word of CRLF.
+        let mixed = read("a\r\nb\n");
+        assert!(mixed.ends_with("\n1\ta\r\n2\tb"), "{mixed:?}");
+        assert!(!mixed.contains("CRLF"), "{mixed}");
+        // A CR inside a line is the line's own.
+        let inside = read("a\rb\n");
+        assert!(inside.ends_with("\n1\ta\rb"), "{inside:?}");
     }
 
     #[test]

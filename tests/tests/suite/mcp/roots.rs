@@ -191,6 +191,13 @@ async fn a_host_whose_root_is_an_attached_folder_lands_in_its_session_and_sees_i
             landing.contains("whose focus is workspace `proj`"),
             "{landing}"
         );
+        // A root inside the folder: the host is told where a tool's paths start.
+        let told = landing.contains(&format!(
+            "a tool's path is relative to {}, not to the root {}",
+            proj.display(),
+            root.display()
+        ));
+        assert_eq!(told, root != proj, "{landing}");
     }
     assert!(
         server.data_dir().join("folder_sessions.toml").exists(),
