@@ -105,6 +105,8 @@ pub struct Landing {
     pub folder: Option<String>,
     /// The session's focus workspace after landing.
     pub focus: Option<String>,
+    /// Whether that focus is a folder offline now.
+    pub focus_offline: bool,
 }
 
 /// An agent's connection: one QUIC connection, one stream per request.
@@ -676,11 +678,13 @@ impl Agent {
                 session,
                 folder,
                 focus,
+                focus_offline,
                 ..
             } => Ok(Some(Landing {
                 session,
                 folder,
                 focus,
+                focus_offline,
             })),
             other => Err(unexpected(&other)),
         }

@@ -250,6 +250,7 @@ impl Backend for AgentBackend {
             session: l.session,
             folder: l.folder,
             focus: l.focus,
+            focus_offline: l.focus_offline,
         }))
     }
 
@@ -504,6 +505,7 @@ mod tests {
             session: "s1".into(),
             folder: None,
             focus: Some("q".into()),
+            focus_offline: false,
         };
         let landed = std::sync::Mutex::new(Some(before.clone()));
         note_landing(&landed, &before, &now);

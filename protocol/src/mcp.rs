@@ -69,6 +69,9 @@ pub struct Landing {
     pub folder: Option<String>,
     /// The session's focus workspace after landing.
     pub focus: Option<String>,
+    /// Whether that focus is a folder offline now: calls that name no workspace fail until it
+    /// is attached again.
+    pub focus_offline: bool,
 }
 
 /// The `_meta` key of a request that names the session to use (seed 001: resume by id).
@@ -620,10 +623,16 @@ impl<B: Backend> McpFront<B> {
             ))
         });
         let inside = inside.unwrap_or_default();
+        let offline = if landing.focus_offline {
+            " (offline now: calls that name no workspace fail until it is attached again, or \
+             name another workspace)"
+        } else {
+            ""
+        };
         let message = match (&landing.folder, &landing.focus) {
             (Some(folder), Some(focus)) => format!(
                 "working in session {} (the attached folder {folder} holds the host's root{inside}), \
-                 whose focus is workspace `{focus}`",
+                 whose focus is workspace `{focus}`{offline}",
                 landing.session
             ),
             (Some(folder), None) => format!(
@@ -633,7 +642,7 @@ impl<B: Backend> McpFront<B> {
             ),
             (None, Some(focus)) => format!(
                 "working in session {} (no root is in a folder attached from this machine); \
-                 calls that name no workspace try its focus first, workspace `{focus}`",
+                 calls that name no workspace try its focus first, workspace `{focus}`{offline}",
                 landing.session
             ),
             (None, None) => format!(

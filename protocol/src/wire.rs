@@ -82,6 +82,9 @@ pub const FOCUSED_MINOR: u32 = 9;
 /// own, `sessions --new` in it), naming that session ([`Message::Focused`]'s `session`). A
 /// server tells a client of a lower one of the session it attached to only.
 pub const SHARED_FOCUS_MINOR: u32 = 10;
+/// The first minor version where [`Message::Landed`] says when the session's focus is a
+/// folder that is offline (`focus_offline`); left out for an older peer, which would refuse it.
+pub const OFFLINE_FOCUS_MINOR: u32 = 10;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -1099,6 +1102,10 @@ pub enum Message {
         /// The session's focus workspace after landing (short name), if it has one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         focus: Option<String>,
+        /// True when that focus is a folder offline now: calls that name no workspace fail
+        /// until it is attached again (minor [`OFFLINE_FOCUS_MINOR`] or later).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        focus_offline: bool,
     },
     /// The answer to [`Message::OpenSession`].
     SessionOpened {
@@ -1413,6 +1420,11 @@ impl Message {
     /// are left out (a peer refuses fields it does not know). Only answers carry such fields;
     /// requests are never built with them for an older peer.
     pub fn for_minor(mut self, minor: u32) -> Message {
+        if minor < OFFLINE_FOCUS_MINOR
+            && let Message::Landed { focus_offline, .. } = &mut self
+        {
+            *focus_offline = false;
+        }
         if minor < CLI_MINOR {
             match &mut self {
                 Message::Sessions { sessions, .. } => {
@@ -1732,6 +1744,7 @@ mod tests {
                 session: "default".into(),
                 folder: Some("/home/ana/p".into()),
                 focus: Some("p".into()),
+                focus_offline: true,
             },
             Message::SessionOpened {
                 id: 11,

@@ -24,6 +24,8 @@ pub(crate) struct Landed {
     pub folder: Option<String>,
     /// The session's focus after landing.
     pub focus: Option<String>,
+    /// Whether that focus is a folder offline now.
+    pub focus_offline: bool,
     /// The host's hold on the focus when it is the folder its roots matched: its connection
     /// keeps it while the host works there.
     pub hold: Option<HostHold>,
@@ -266,8 +268,16 @@ pub(crate) fn land(
     let hold = matched
         .as_deref()
         .and_then(|folder| session.hold_for_host(device, folder));
+    let focus = session.focus();
+    let focus_offline = focus.as_ref().is_some_and(|name| {
+        session
+            .workspaces()
+            .iter()
+            .any(|w| w.info.name == *name && !w.info.online)
+    });
     Ok(Landed {
-        focus: session.focus(),
+        focus,
+        focus_offline,
         session,
         folder: matched,
         hold,

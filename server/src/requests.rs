@@ -166,6 +166,7 @@ fn handle(
                 session: landed.session.id.clone(),
                 folder: landed.folder,
                 focus: landed.focus,
+                focus_offline: landed.focus_offline,
             })
         }
         Message::OpenSession {

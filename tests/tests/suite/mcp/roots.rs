@@ -1004,6 +1004,45 @@ async fn a_folder_s_owner_is_told_when_the_focus_moves_to_it_or_away() {
     );
 }
 
+/// A host that lands where the focus is a folder offline now is told so: every call that
+/// names no workspace then fails until the folder is back (the landing said only "whose focus
+/// is workspace `one`").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landing_on_a_focus_that_is_offline_says_so() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p1, one) = project("one", "first\n");
+    let first = attach(&config, &one, "one", Some("default")).await;
+    let agent = connect_agent(&config).await;
+    let land = async || {
+        within(
+            STEP,
+            "a landing",
+            agent.land(vec![file_uri(&one)], Some("default")),
+        )
+        .await
+        .expect("landed")
+        .expect("a server that lands by roots")
+    };
+    let landed = land().await;
+    assert_eq!(
+        (landed.focus.as_deref(), landed.focus_offline),
+        (Some("one"), false)
+    );
+    drop(first);
+    within(STEP, "a landing on the folder offline", async {
+        loop {
+            let landed = land().await;
+            if landed.focus_offline {
+                assert_eq!(landed.focus.as_deref(), Some("one"));
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 /// A host whose roots land on a folder whose session's focus another host holds gets a session
 /// of its own, which the folder then serves too, as its focus: the folder's owner is told so,
 /// naming that session, and told again when the focus leaves it there (its terminal said
