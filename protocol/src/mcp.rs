@@ -133,7 +133,8 @@ pub fn describe_workspaces(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Stri
         "Workspace to run in: its short name or URI. Default: the session's focus workspace \
          when it has one (`workspaces` names it and says where calls go), then the order below: \
          the first that offers the tool and, for a path that must exist or a file to overwrite, \
-         contains the path; a new file goes to the focus, else the first. While the focus is \
+         contains the path; a new file goes to the first that has its directory, else to the \
+         focus, else the first. While the focus is \
          offline, calls without `workspace` fail; a write or edit fails while a workspace that \
          may have the file is offline.",
     );

@@ -325,7 +325,10 @@ pub fn describe(workspaces: &[View<'_>], focus: Option<usize>) -> String {
         ),
     };
     let new_file = if offline.is_empty() {
-        format!("a new file goes to {first}")
+        format!(
+            "a new file goes to the first that has its directory (`many/` for `many/new.txt`), \
+             else to {first}"
+        )
     } else {
         format!(
             "a file that none of them has is not written while {} {} offline (it may be \
@@ -916,11 +919,15 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("a new file goes to `lap`"), "{text}");
+        assert!(text.contains("else to `lap`"), "{text}");
         let text = describe(&ws[..2], None);
         assert!(text.contains("no focus workspace"), "{text}");
         assert!(text.contains("`primary`, `a`"), "{text}");
-        assert!(text.contains("a new file goes to `primary`"), "{text}");
+        assert!(
+            text.contains("a new file goes to the first that has its directory"),
+            "{text}"
+        );
+        assert!(text.contains("else to `primary`"), "{text}");
         // An offline focus stays the focus, and says so: calls without `workspace` wait for it.
         let ws = [view("primary", true, true), view("lap", false, true)];
         let text = describe(&ws, Some(1));

@@ -427,6 +427,16 @@ impl Executor {
                         match route::settle(
                             tool, &path, &probes, otherwise, &offline, &views, focus,
                         ) {
+                            // A new file (no workspace has it): where its directory is,
+                            // when only some have that.
+                            Ok(i)
+                                if Some(i) == otherwise
+                                    && probes.iter().all(|(_, p)| *p == Presence::Absent) =>
+                            {
+                                let order: Vec<usize> = probes.iter().map(|(i, _)| *i).collect();
+                                let home = home_of_new_file(&snapshots, &order, &path).await;
+                                (home.unwrap_or(i), None)
+                            }
                             Ok(i) => (i, None),
                             // Arguments no workspace would take (a misspelled `ofset`) are
                             // what the agent must mend, not where the path is.
@@ -831,6 +841,29 @@ fn session_tool(primary: WorkspaceRef, result: Result<Value, ToolError>) -> Call
         },
         Err(error) => CallOutput::error(Some(primary), error),
     }
+}
+
+/// Where a file that no workspace has (`path`, relative) is written when the call names no
+/// workspace: the first of `order` that has its deepest directory that any of them has, so
+/// that `many/new.txt`, where only an attached folder has `many/`, is not written into a second
+/// `many/` in the primary workspace; `None` when none has any of its directories (or the path
+/// is absolute, or in the root), and the plan's first candidate takes it. A probe that cannot
+/// answer counts as not there.
+async fn home_of_new_file(snapshots: &[Snapshot], order: &[usize], path: &str) -> Option<usize> {
+    if order.len() < 2 || std::path::Path::new(path).is_absolute() {
+        return None;
+    }
+    let mut dir = std::path::Path::new(path).parent();
+    while let Some(here) = dir.filter(|d| !d.as_os_str().is_empty()) {
+        let here_text = here.to_str()?;
+        for &i in order {
+            if contains(&snapshots[i], here_text).await == Presence::Present {
+                return Some(i);
+            }
+        }
+        dir = here.parent();
+    }
+    None
 }
 
 /// Whether `path` exists in the workspace: locally for the primary, by a probe for a client.

@@ -343,7 +343,51 @@ async fn with_a_focus_folder_calls_without_a_workspace_act_in_it() {
     assert_eq!(listed["focus"], "lap");
     let routing = listed["routing"].as_str().unwrap();
     assert!(routing.contains("focus workspace `lap` first"), "{routing}");
-    assert!(routing.contains("a new file goes to `lap`"), "{routing}");
+    assert!(routing.contains("else to `lap`"), "{routing}");
+}
+
+/// A new file named without `workspace` goes where its directory is: the agent listed `many/`
+/// in the attached folder and wrote `many/new.txt`, which went into a second `many/` made in
+/// the primary workspace. A directory only the primary has takes it there, and a file in the
+/// root, or in a directory no workspace has, goes to the first as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_file_goes_where_its_directory_is() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("many/a/one.txt", "1\n")]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Write];
+    let _attached = Attachment::start(&server.client_config(), options, None).await;
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "docs/plan.md", "content": "p\n", "workspace": "primary"}),
+    )
+    .await);
+    for (path, goes) in [
+        ("many/new.txt", "lap"),
+        ("many/a/b/c/deep.txt", "lap"),
+        ("docs/more.md", "primary"),
+        ("top.txt", "primary"),
+        ("nowhere/x.txt", "primary"),
+    ] {
+        let (written, ran_in) = ok(call(
+            &agent,
+            "write_file",
+            json!({"path": path, "content": "new\n"}),
+        )
+        .await);
+        assert_eq!(ran_in, goes, "{path}: {written}");
+    }
+    assert!(laptop.path().join("many/new.txt").is_file());
+    assert!(laptop.path().join("many/a/b/c/deep.txt").is_file());
+    let primary = server.primary_dir("default");
+    assert!(
+        !primary.join("many").exists(),
+        "a second many/ in the primary"
+    );
+    assert!(primary.join("docs/more.md").is_file());
+    assert!(primary.join("nowhere/x.txt").is_file());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
