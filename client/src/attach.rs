@@ -285,9 +285,9 @@ impl AttachEvent {
                 session: Some(session),
                 ..
             } => Some(format!(
-                "this folder now serves session {} as well, as its focus (an MCP host's roots, \
-                 or `sessions --new`, put it there): an agent's calls in that session that name \
-                 no workspace try it first",
+                "this folder is now the focus of session {}, which it serves as well (an MCP \
+                 host's roots, or `sessions --new`, put it there): an agent's calls in that \
+                 session that name no workspace try it first",
                 printable(session)
             )),
             AttachEvent::FocusMoved {

@@ -133,8 +133,8 @@ pub fn describe_workspaces(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Stri
         "Workspace to run in: its short name or URI. Default: the session's focus workspace \
          when it has one (`workspaces` names it and says where calls go), then the order below: \
          the first that offers the tool and, for a path that must exist or a file to overwrite, \
-         contains the path; a new file goes to the first that has its directory, else to the \
-         focus, else the first. While the focus is \
+         contains the path; a new file goes to the focus, else to the first that has its \
+         directory, else the first. While the focus is \
          offline, calls without `workspace` fail; a write or edit fails while a workspace that \
          may have the file is offline.",
     );
@@ -612,14 +612,16 @@ impl<B: Backend> McpFront<B> {
             }
             let _ = peer.notify_tool_list_changed().await;
         }
-        // A root inside the folder, not the folder itself: a tool's path is from the folder.
+        // A root inside the folder, and none the folder itself: a tool's relative path is from
+        // the folder.
         let inside = landing.folder.as_deref().and_then(|folder| {
-            let root = asked
-                .iter()
-                .find(|root| root.starts_with(folder))
-                .filter(|root| root.as_path() != std::path::Path::new(folder))?;
+            let folder_path = std::path::Path::new(folder);
+            if asked.iter().any(|root| root.as_path() == folder_path) {
+                return None;
+            }
+            let root = asked.iter().find(|root| root.starts_with(folder))?;
             Some(format!(
-                "; a tool's path is relative to {folder}, not to the root {}",
+                "; a tool's relative path is from {folder}, not from the root {}",
                 root.display()
             ))
         });

@@ -134,8 +134,11 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         && r.content
             .split_inclusive('\n')
             .all(|line| !line.ends_with('\n') || line.ends_with("\r\n"));
-    if crlf {
+    if crlf && first == 1 && !r.truncated {
         out.push_str(", CRLF line endings (not shown; an edit's LF stands for CRLF)");
+    } else if crlf {
+        // A page: `edit_file` decides from the whole file, which may end lines both ways.
+        out.push_str(", the lines shown end with CRLF (the CR not shown)");
     }
     // A line longer than the byte cap: its head alone is shown, without its line ending.
     let line_cut =
@@ -162,10 +165,11 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
     let width = digits(last);
     out.reserve(r.content.len() + (width + 2) * r.lines as usize);
     for (n, line) in (first..).zip(r.content.split_inclusive('\n')) {
-        let line = line.strip_suffix('\n').unwrap_or(line);
-        let line = match line.strip_suffix('\r') {
-            Some(bare) if crlf => bare,
-            _ => line,
+        // The CR of a line ending only: a last line's own final CR stays.
+        let line = match line.strip_suffix('\n') {
+            Some(ended) if crlf => ended.strip_suffix('\r').unwrap_or(ended),
+            Some(ended) => ended,
+            None => line,
         };
         out.push('\n');
         push_right_aligned(&mut out, n, width);
@@ -1602,9 +1606,24 @@ mod tests {
         let mixed = read("a\r\nb\n");
         assert!(mixed.ends_with("\n1\ta\r\n2\tb"), "{mixed:?}");
         assert!(!mixed.contains("CRLF"), "{mixed}");
-        // A CR inside a line is the line's own.
+        // A CR inside a line is the line's own, and so is a last line's without a line end.
         let inside = read("a\rb\n");
         assert!(inside.ends_with("\n1\ta\rb"), "{inside:?}");
+        let last = read("a\r\nb\r");
+        assert!(last.ends_with("\n1\ta\n2\tb\r"), "{last:?}");
+        // A page of a file says what it saw, not what an edit of the whole file takes.
+        let page = render(
+            ToolName::ReadFile,
+            json!({"path": "w.txt", "content": "c\r\nd\r\n", "start_line": 3, "lines": 2,
+                   "size": 99, "binary": false, "truncated": true, "next_offset": 5}),
+        );
+        assert!(
+            page.contains(
+                "lines 3-4 (the file goes on), the lines shown end with CRLF (the CR \
+                           not shown); read on with offset=5\n3\tc\n4\td"
+            ),
+            "{page:?}"
+        );
     }
 
     #[test]

@@ -1493,6 +1493,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_landing_s_offline_focus_is_left_out_for_a_peer_older_than_minor_10() {
+        let landed = Message::Landed {
+            id: 1,
+            session: "default".into(),
+            folder: None,
+            focus: Some("p".into()),
+            focus_offline: true,
+        };
+        let older =
+            serde_json::to_value(landed.clone().for_minor(OFFLINE_FOCUS_MINOR - 1)).unwrap();
+        assert!(older.get("focus_offline").is_none(), "{older}");
+        let newer = serde_json::to_value(landed.for_minor(OFFLINE_FOCUS_MINOR)).unwrap();
+        assert_eq!(newer["focus_offline"], true, "{newer}");
+    }
+
+    #[test]
     fn a_device_id_is_a_uuid_in_its_canonical_form_only() {
         assert!(is_device_id("6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f60"));
         for bad in [

@@ -6,7 +6,9 @@
 //!    in attach order): the first that is online, offers the tool and, for tools that touch an
 //!    existing path (reads, and writes or edits of a file that exists), contains that path. A
 //!    write of a file that exists nowhere goes to the first of them (the focus, else the
-//!    primary), so a file is never read from one workspace and written to another. Containment
+//!    primary; without a focus, the first that has its directory, which the executor asks
+//!    after [`settle`]), so a file is never read from one workspace and written to another.
+//!    Containment
 //!    needs I/O, so the plan lists the candidates, the executor asks them in order (a folder is
 //!    probed, or for a read sent the run with `if_present`: [`may_run_where_found`]), and
 //!    [`settle`] decides from the answers.
@@ -42,7 +44,8 @@ pub enum Plan {
     /// Run in the workspace at this index.
     Run(usize),
     /// Run in the first of these (in order) that contains `path`; when none does, in
-    /// `otherwise` (a write of a new file), else fail with [`not_in_any`]; but a write or edit
+    /// `otherwise` (a write of a new file; without a focus, the executor first looks for the
+    /// first that has its directory), else fail with [`not_in_any`]; but a write or edit
     /// ([`writes_where_found`]) that finds it nowhere while one of `offline` may have it fails
     /// with [`offline_may_have`]. The caller asks the candidates, and [`settle`] decides.
     FirstContaining {
@@ -324,17 +327,19 @@ pub fn describe(workspaces: &[View<'_>], focus: Option<usize>) -> String {
             online.join(", ")
         ),
     };
-    let new_file = if offline.is_empty() {
-        format!(
-            "a new file goes to the first that has its directory (`many/` for `many/new.txt`), \
-             else to {first}"
-        )
-    } else {
+    let new_file = if !offline.is_empty() {
         format!(
             "a file that none of them has is not written while {} {} offline (it may be \
              there): pass `workspace` to choose",
             offline.join(", "),
             if offline.len() == 1 { "is" } else { "are" }
+        )
+    } else if focus.is_some() {
+        format!("a new file goes to {first}")
+    } else {
+        format!(
+            "a new file goes to the first that has its directory (`many/` for `many/new.txt`), \
+             else to {first}"
         )
     };
     format!(
@@ -919,7 +924,7 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("else to `lap`"), "{text}");
+        assert!(text.contains("a new file goes to `lap`"), "{text}");
         let text = describe(&ws[..2], None);
         assert!(text.contains("no focus workspace"), "{text}");
         assert!(text.contains("`primary`, `a`"), "{text}");

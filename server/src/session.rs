@@ -917,7 +917,7 @@ struct Link {
     /// The other sessions it serves.
     shared: Vec<std::sync::Weak<Session>>,
     /// Where their focus moves go: to the attachment's own task.
-    moves: mpsc::UnboundedSender<SharedFocus>,
+    moves: mpsc::Sender<SharedFocus>,
 }
 
 /// The focus of a session an attachment was shared into, as it is now.
@@ -1035,8 +1035,10 @@ impl Registry {
     /// Notes a new live attachment (its link's `generation`), so that it can be shared into
     /// other sessions until it detaches ([`Registry::detach_everywhere`]). Returns where the
     /// focus of each session it is shared into is told, from the share on.
-    pub fn link_attached(&self, generation: u64) -> mpsc::UnboundedReceiver<SharedFocus> {
-        let (moves, told) = mpsc::unbounded_channel();
+    pub fn link_attached(&self, generation: u64) -> mpsc::Receiver<SharedFocus> {
+        // One at a time: a forwarder whose move waits sends the latest focus after it, so
+        // that a client that does not read its stream holds one move per session, not all.
+        let (moves, told) = mpsc::channel(1);
         self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(
             generation,
             Link {
@@ -1053,15 +1055,19 @@ impl Registry {
     /// has no link or already detached: a folder is never shown online where calls cannot
     /// reach it.
     pub fn share(&self, folder: &Attached, into: &Arc<Session>) -> Option<WorkspaceInfo> {
-        let generation = folder.link.as_ref()?.generation;
+        let link = folder.link.as_ref()?;
+        let (generation, minor) = (link.generation, link.minor);
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let link = links.get_mut(&generation)?;
         let info = into.attach(folder.clone(), Some(&folder.name));
         link.shared.retain(|s| s.strong_count() > 0);
         link.shared.push(Arc::downgrade(into));
         // The attachment's owner hears where that session's focus goes, as of its own: each
-        // move, while both the session and the attachment last.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        // move, while both the session and the attachment last (a client that cannot hear
+        // which session is told of its own only).
+        if minor >= monad_protocol::wire::SHARED_FOCUS_MINOR
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
             let moves = link.moves.clone();
             let mut focus = into.watch_focus();
             let session = into.id.clone();
@@ -1074,7 +1080,7 @@ impl Registry {
                         name: name.clone(),
                         now,
                     };
-                    if moves.send(told).is_err() {
+                    if moves.send(told).await.is_err() {
                         break;
                     }
                     // Until the session goes, or the attachment's task does.

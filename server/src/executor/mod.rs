@@ -431,6 +431,7 @@ impl Executor {
                             // when only some have that.
                             Ok(i)
                                 if Some(i) == otherwise
+                                    && focus.is_none()
                                     && probes.iter().all(|(_, p)| *p == Presence::Absent) =>
                             {
                                 let order: Vec<usize> = probes.iter().map(|(i, _)| *i).collect();
@@ -844,24 +845,41 @@ fn session_tool(primary: WorkspaceRef, result: Result<Value, ToolError>) -> Call
 }
 
 /// Where a file that no workspace has (`path`, relative) is written when the call names no
-/// workspace: the first of `order` that has its deepest directory that any of them has, so
-/// that `many/new.txt`, where only an attached folder has `many/`, is not written into a second
-/// `many/` in the primary workspace; `None` when none has any of its directories (or the path
-/// is absolute, or in the root), and the plan's first candidate takes it. A probe that cannot
-/// answer counts as not there.
+/// workspace and the session has no focus (a focus takes new files): the first of `order` that
+/// has its deepest directory that any of them has, so that `many/new.txt`, where only an
+/// attached folder has `many/`, is not written into a second `many/` in the primary workspace.
+/// `None` when none has any of its directories, or a workspace cannot answer whether it has
+/// one (it is not passed over), or the path is absolute or climbs: the plan's first candidate
+/// takes it, as before. The workspaces are asked together, a directory at a time.
 async fn home_of_new_file(snapshots: &[Snapshot], order: &[usize], path: &str) -> Option<usize> {
-    if order.len() < 2 || std::path::Path::new(path).is_absolute() {
+    use std::path::{Component, Path, PathBuf};
+    if order.len() < 2 {
         return None;
     }
-    let mut dir = std::path::Path::new(path).parent();
-    while let Some(here) = dir.filter(|d| !d.as_os_str().is_empty()) {
-        let here_text = here.to_str()?;
-        for &i in order {
-            if contains(&snapshots[i], here_text).await == Presence::Present {
-                return Some(i);
+    let mut names = Vec::new();
+    for part in Path::new(path).components() {
+        match part {
+            Component::Normal(name) => names.push(name),
+            Component::CurDir => {}
+            // Absolute, or climbing: where it leads is each workspace's to say.
+            _ => return None,
+        }
+    }
+    names.pop();
+    while !names.is_empty() {
+        let dir: PathBuf = names.iter().collect();
+        let dir = dir.to_str()?;
+        let asked =
+            futures_util::future::join_all(order.iter().map(|&i| contains(&snapshots[i], dir)))
+                .await;
+        for (&i, presence) in order.iter().zip(asked) {
+            match presence {
+                Presence::Present => return Some(i),
+                Presence::Absent => {}
+                Presence::Unknown(_) => return None,
             }
         }
-        dir = here.parent();
+        names.pop();
     }
     None
 }

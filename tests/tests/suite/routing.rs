@@ -343,7 +343,7 @@ async fn with_a_focus_folder_calls_without_a_workspace_act_in_it() {
     assert_eq!(listed["focus"], "lap");
     let routing = listed["routing"].as_str().unwrap();
     assert!(routing.contains("focus workspace `lap` first"), "{routing}");
-    assert!(routing.contains("else to `lap`"), "{routing}");
+    assert!(routing.contains("a new file goes to `lap`"), "{routing}");
 }
 
 /// A new file named without `workspace` goes where its directory is: the agent listed `many/`

@@ -193,7 +193,7 @@ async fn a_host_whose_root_is_an_attached_folder_lands_in_its_session_and_sees_i
         );
         // A root inside the folder: the host is told where a tool's paths start.
         let told = landing.contains(&format!(
-            "a tool's path is relative to {}, not to the root {}",
+            "a tool's relative path is from {}, not from the root {}",
             proj.display(),
             root.display()
         ));
@@ -1109,7 +1109,10 @@ async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
     .line()
     .unwrap();
     assert!(
-        line.contains(&format!("now serves session {} as well", landed.session)),
+        line.contains(&format!(
+            "now the focus of session {}, which it serves as well",
+            landed.session
+        )),
         "{line}"
     );
 }
