@@ -32,6 +32,18 @@ fn file_uri(path: &Path) -> String {
     uri
 }
 
+/// Lands `agent` by `roots`, in `session` when it names one, on a server that lands by roots.
+async fn land_by(
+    agent: &monad_client::agent::Agent,
+    roots: Vec<String>,
+    session: Option<&str>,
+) -> monad_client::agent::Landing {
+    within(STEP, "a landing", agent.land(roots, session))
+        .await
+        .expect("landed")
+        .expect("a server that lands by roots")
+}
+
 /// A project folder (`notes.txt`, `src/main.rs`) inside a fresh directory, under a name with a
 /// space (so its root URI has a percent escape); its canonical path.
 fn project(name: &str, note: &str) -> (TempDir, PathBuf) {
@@ -748,10 +760,7 @@ async fn a_second_host_in_another_folder_does_not_move_the_focus_under_the_first
         attached.push(Attachment::start(&config, options, None).await);
     }
     let land = async |agent: &monad_client::agent::Agent, root: &Path, session: Option<&str>| {
-        within(STEP, "a landing", agent.land(vec![file_uri(root)], session))
-            .await
-            .expect("landed")
-            .expect("a server that lands by roots")
+        land_by(agent, vec![file_uri(root)], session).await
     };
     let write = async |agent: &monad_client::agent::Agent, session: &str, path: &str| {
         let args = serde_json::json!({"path": path, "content": "x\n"});
@@ -831,12 +840,6 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     let _a1 = attach(&config, &one, "one", Some("default")).await;
     let _a2 = attach(&config, &two, "two", Some("default")).await;
     let caller = rmcp::model::Extensions::default();
-    let land = async |agent: &monad_client::agent::Agent, roots: Vec<String>, session| {
-        within(STEP, "a landing", agent.land(roots, session))
-            .await
-            .expect("landed")
-            .expect("a server that lands by roots")
-    };
 
     // The calls' connection.
     let bridge = monad_client::mcp::AgentBackend::new(config.clone());
@@ -855,7 +858,7 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     // focus; moved back and let go, `one` is the focus and nobody holds it.
     let third = connect_agent(&config).await;
     within(STEP, "the closed connection's hold to go", async {
-        while land(&third, vec![file_uri(&two)], Some("default"))
+        while land_by(&third, vec![file_uri(&two)], Some("default"))
             .await
             .focus
             .as_deref()
@@ -866,13 +869,13 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     })
     .await;
     assert_eq!(
-        land(&third, vec![file_uri(&one)], Some("default"))
+        land_by(&third, vec![file_uri(&one)], Some("default"))
             .await
             .focus
             .as_deref(),
         Some("one")
     );
-    land(&third, Vec::new(), Some("default")).await;
+    land_by(&third, Vec::new(), Some("default")).await;
     // The bridge's next call connects again, and lands again first.
     let (session, _) = within(
         STEP,
@@ -883,7 +886,7 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     .expect("reconnected");
     assert_eq!(session, "default");
     let second = connect_agent(&config).await;
-    let other = land(&second, vec![file_uri(&two)], None).await;
+    let other = land_by(&second, vec![file_uri(&two)], None).await;
     assert_ne!(
         other.session, "default",
         "the bridge's hold was lost with its connection"
@@ -921,7 +924,7 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
         .await
         .expect("a list");
     let fourth = connect_agent(&config).await;
-    let other = land(&fourth, vec![file_uri(&four)], None).await;
+    let other = land_by(&fourth, vec![file_uri(&four)], None).await;
     assert_ne!(other.session, work, "the watch did not land again");
 }
 
@@ -965,16 +968,7 @@ async fn a_folder_s_owner_is_told_when_the_focus_moves_to_it_or_away() {
     let mut first = attach(&config, &one, "one", Some("default")).await;
     let mut second = attach(&config, &two, "two", Some("default")).await;
     let agent = connect_agent(&config).await;
-    let land = async |root: &Path| {
-        within(
-            STEP,
-            "a landing",
-            agent.land(vec![file_uri(root)], Some("default")),
-        )
-        .await
-        .expect("landed")
-        .expect("a server that lands by roots")
-    };
+    let land = async |root: &Path| land_by(&agent, vec![file_uri(root)], Some("default")).await;
     assert_eq!(land(&one).await.focus.as_deref(), Some("one"));
     assert_eq!(
         next_focus_move(&mut first).await,
@@ -1014,16 +1008,7 @@ async fn a_landing_on_a_focus_that_is_offline_says_so() {
     let (_p1, one) = project("one", "first\n");
     let first = attach(&config, &one, "one", Some("default")).await;
     let agent = connect_agent(&config).await;
-    let land = async || {
-        within(
-            STEP,
-            "a landing",
-            agent.land(vec![file_uri(&one)], Some("default")),
-        )
-        .await
-        .expect("landed")
-        .expect("a server that lands by roots")
-    };
+    let land = async || land_by(&agent, vec![file_uri(&one)], Some("default")).await;
     let landed = land().await;
     assert_eq!(
         (landed.focus.as_deref(), landed.focus_offline),
@@ -1055,20 +1040,14 @@ async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
     let (_p2, two) = project("two", "second\n");
     let _first = attach(&config, &one, "one", Some("default")).await;
     let mut second = attach(&config, &two, "two", Some("default")).await;
-    let land = async |agent: &monad_client::agent::Agent, roots: Vec<String>, session| {
-        within(STEP, "a landing", agent.land(roots, session))
-            .await
-            .expect("landed")
-            .expect("a server that lands by roots")
-    };
     let holder = connect_agent(&config).await;
-    let held = land(&holder, vec![file_uri(&one)], None).await;
+    let held = land_by(&holder, vec![file_uri(&one)], None).await;
     assert_eq!(
         (held.session.as_str(), held.focus.as_deref()),
         ("default", Some("one"))
     );
     let other = connect_agent(&config).await;
-    let landed = land(&other, vec![file_uri(&two)], None).await;
+    let landed = land_by(&other, vec![file_uri(&two)], None).await;
     assert_ne!(landed.session, "default");
     assert_eq!(landed.focus.as_deref(), Some("two"));
     assert_eq!(
