@@ -319,26 +319,21 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
 
 /// A path for the text, which puts one per line: a name may hold a line break or another
 /// control character, which would break that layout, so such a name is shown as
-/// [`crate::text::printable`] shows it (`\u{a}`, as the diff's header and the terminal do),
-/// and a tab as `\u{9}` too, which would read as spaces.
+/// [`crate::text::printable_name`] shows it (`\u{a}`, as the diff's header and the terminal
+/// do; a tab too, `\u{9}`, which would read as spaces).
 /// A name's own `\u{` has its backslash shown so too (`\u{5c}u{`), so that every `\u{..}` in a
 /// path shown is an escape: a file named `a\u{40}` is not taken for `a@`. Programs get it exact
 /// in the JSON. A name of plain ASCII without that, as most are, is not scanned again.
 fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
-    let escaped = if path.contains('\\') && path.contains("\\u{") {
+    if path.contains('\\') && path.contains("\\u{") {
         let own = path.replace("\\u{", "\\u{5c}u{");
-        Cow::Owned(crate::text::printable(&own).into_owned())
-    } else if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
-        crate::text::printable(path)
+        return Cow::Owned(crate::text::printable_name(&own).into_owned());
+    }
+    if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
+        crate::text::printable_name(path)
     } else {
-        return Cow::Borrowed(path);
-    };
-    // A tab, which a one-line field keeps, reads as spaces in a path: `a<TAB>b` for `a b`.
-    if escaped.contains('\t') {
-        Cow::Owned(escaped.replace('\t', "\\u{9}"))
-    } else {
-        escaped
+        Cow::Borrowed(path)
     }
 }
 

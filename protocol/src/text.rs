@@ -9,6 +9,8 @@
 //!
 //! - [`printable`] for one-line fields: escapes every character [`is_hidden`] finds, line breaks
 //!   included (tabs stay);
+//! - [`printable_name`] for a path or a word: the same, and a tab too, which would read as
+//!   spaces;
 //! - [`printable_lines`] for text of many lines (diffs, history, command output): the same, but
 //!   `\n` stays;
 //! - [`shell_words`] for a command line: each argument quoted as a POSIX shell would read it
@@ -61,8 +63,23 @@ pub fn is_hidden(c: char) -> bool {
         )
 }
 
-fn escape_with(text: &str, keep_newlines: bool) -> Cow<'_, str> {
-    let hidden = |c: char| is_hidden(c) && !(keep_newlines && c == '\n');
+/// What [`escape_with`] leaves as it is of what [`is_hidden`] finds, or escapes besides.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Escape {
+    /// Everything [`is_hidden`] finds.
+    Hidden,
+    /// The same but `\n`.
+    HiddenButNewlines,
+    /// The same and a tab.
+    HiddenAndTabs,
+}
+
+fn escape_with(text: &str, escape: Escape) -> Cow<'_, str> {
+    let hidden = |c: char| match c {
+        '\n' if escape == Escape::HiddenButNewlines => false,
+        '\t' => escape == Escape::HiddenAndTabs,
+        c => is_hidden(c),
+    };
     if !text.chars().any(hidden) {
         return Cow::Borrowed(text);
     }
@@ -80,20 +97,26 @@ fn escape_with(text: &str, keep_newlines: bool) -> Cow<'_, str> {
 /// One line of text from an agent or a peer, safe to print: every character [`is_hidden`] finds
 /// (line breaks included) is shown as `\u{..}`. Borrows when there is nothing to escape.
 pub fn printable(text: &str) -> Cow<'_, str> {
-    escape_with(text, false)
+    escape_with(text, Escape::Hidden)
+}
+
+/// A path or a word, safe to print: like [`printable`], and a tab is shown as `\u{9}` too, where
+/// it would read as spaces (`a<TAB>b` for `a b`).
+pub fn printable_name(text: &str) -> Cow<'_, str> {
+    escape_with(text, Escape::HiddenAndTabs)
 }
 
 /// Text of many lines from an agent or a peer, safe to print: like [`printable`], but `\n`
 /// stays a line break (a `\r` is still escaped, so it cannot overwrite a line).
 pub fn printable_lines(text: &str) -> Cow<'_, str> {
-    escape_with(text, true)
+    escape_with(text, Escape::HiddenButNewlines)
 }
 
 /// `argv` as one line a POSIX shell would read back as the same words: `["echo", "a b"]` is
 /// `echo 'a b'` and `["echo", "a", "b"]` is `echo a b`; an empty argument shows as `''`.
 /// Quoted with the `shlex` crate (tested against bash, dash, zsh and others), then escaped
-/// ([`printable`]), so control and invisible characters show as `\u{..}`, a tab too; an argument with a
-/// NUL byte (which no command can receive) shows it as `\u{0}` too.
+/// ([`printable_name`]), so control and invisible characters show as `\u{..}`, a tab too; an
+/// argument with a NUL byte (which no command can receive) shows it as `\u{0}` too.
 pub fn shell_words<S: AsRef<str>>(argv: &[S]) -> String {
     let quoter = shlex::Quoter::new().allow_nul(true);
     argv.iter()
@@ -103,8 +126,7 @@ pub fn shell_words<S: AsRef<str>>(argv: &[S]) -> String {
                 .quote(word)
                 .map(|q| q.into_owned())
                 .unwrap_or_else(|_| format!("'{word}'"));
-            // A tab, which a one-line field keeps, would read as a space inside the quotes.
-            printable(&quoted).replace('\t', "\\u{9}")
+            printable_name(&quoted).into_owned()
         })
         .collect::<Vec<_>>()
         .join(" ")
