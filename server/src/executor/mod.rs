@@ -348,30 +348,14 @@ impl Executor {
                     }
                 }
             } else if tool == ToolName::ProcessList {
+                // With none (the session started none that runs or waits to be read), the
+                // session's empty list, where one workspace's answer would speak for that
+                // workspace alone; wrong arguments go on to a workspace's check, which says so.
                 let names = session.process_workspaces();
-                if !names.is_empty() {
+                if !names.is_empty() || tool.args_error(&args).is_none() {
                     return self
                         .list_processes(session, &names, progress, gate, known)
                         .await;
-                }
-                // The session started none that runs or waits to be read, anywhere: it says so
-                // itself, where one workspace's answer would speak for that workspace alone.
-                if tool.args_error(&args).is_none() {
-                    let none = ProcessListResult {
-                        processes: Vec::new(),
-                        unavailable: Vec::new(),
-                    };
-                    let result = serde_json::to_value(none).expect("a list serializes");
-                    return (
-                        CallOutput {
-                            workspace: None,
-                            outcome: Outcome::Ok {
-                                result: result.into(),
-                            },
-                            body: None,
-                        },
-                        Verdict::SESSION,
-                    );
                 }
             }
         }
@@ -667,7 +651,8 @@ impl Executor {
     /// `process_list` without a workspace: each of `names` (the session's workspaces with
     /// background processes) listed in turn, as a call naming it would; merged, each process
     /// with its workspace. One that cannot be listed (offline, refused) is reported in
-    /// `unavailable` rather than failing the call. Recorded under the first workspace listed.
+    /// `unavailable` rather than failing the call. Recorded under the first workspace listed;
+    /// the answer names it only when it is the one listed. With no `names`, an empty list.
     async fn list_processes(
         &self,
         session: &Arc<Session>,
@@ -723,7 +708,13 @@ impl Executor {
                 }),
             }
         }
-        let (workspace, verdict) = first.unwrap_or((None, Verdict::NOBODY));
+        // No workspace answered: the session's own empty list when none was asked.
+        let nobody = if names.is_empty() {
+            Verdict::SESSION
+        } else {
+            Verdict::NOBODY
+        };
+        let (workspace, verdict) = first.unwrap_or((None, nobody));
         // A list of several workspaces is no one workspace's: each process names its own.
         let workspace = if names.len() == 1 { workspace } else { None };
         let result = serde_json::to_value(merged).expect("a list serializes");
