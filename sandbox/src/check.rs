@@ -261,23 +261,12 @@ impl<'a> Lookup<'a> {
                 let part = match part {
                     Component::Normal(name) => *name,
                     Component::ParentDir => {
-                        if !walked.pop() {
-                            // Above the base: on from its parent, whichever base holds that.
-                            // The `..`s that follow climb the base's own path as text: the
-                            // root's is canonical (an operator's directory is taken as given).
-                            let mut above = base.parent().unwrap_or(&base).to_path_buf();
-                            let mut rest = parts[i + 1..].iter().peekable();
-                            while let Some(c) = rest
-                                .next_if(|c| matches!(c, Component::ParentDir | Component::CurDir))
-                            {
-                                if *c == Component::ParentDir {
-                                    above.pop();
-                                }
-                            }
-                            next = Some(above.join(rest.collect::<PathBuf>()));
-                            break;
+                        if walked.pop() {
+                            continue;
                         }
-                        continue;
+                        // Above the base: on from its parent, whichever base holds that.
+                        next = Some(above_base(&base, &parts[i + 1..]));
+                        break;
                     }
                     _ => continue,
                 };
@@ -346,10 +335,39 @@ impl<'a> Lookup<'a> {
     }
 }
 
+/// Where a path that climbs above `base` by a `..` goes on, `rest` the components after that
+/// `..`: from `base`'s parent, the `..`s that lead `rest` climbing `base`'s own path as text (the
+/// root's path is canonical; an operator's directory is taken as given).
+fn above_base(base: &Path, rest: &[Component<'_>]) -> PathBuf {
+    let mut above = base.parent().unwrap_or(base).to_path_buf();
+    let mut rest = rest.iter().peekable();
+    while let Some(c) = rest.next_if(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
+        if *c == Component::ParentDir {
+            above.pop();
+        }
+    }
+    above.join(rest.collect::<PathBuf>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{ExecPolicy, Limits};
+
+    #[test]
+    fn a_climb_above_a_base_goes_on_from_its_parent_and_stops_at_the_root() {
+        let rest = |s: &'static str| Path::new(s).components().collect::<Vec<_>>();
+        let root = Path::new("/w/root");
+        assert_eq!(above_base(root, &rest("x")), PathBuf::from("/w/x"));
+        assert_eq!(
+            above_base(root, &rest("../.././usr/bin")),
+            PathBuf::from("/usr/bin")
+        );
+        assert_eq!(
+            above_base(Path::new("/"), &rest("../x")),
+            PathBuf::from("/x")
+        );
+    }
     use serde_json::json;
 
     fn sandbox(files: &[(&str, &str, u32)]) -> (tempfile::TempDir, Sandbox) {
