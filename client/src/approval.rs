@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 
-use monad_protocol::text::printable;
+use monad_protocol::text::{printable, printable_name};
 use monad_protocol::tools::ProcessInfo;
 use monad_protocol::wire::{Decider, Trust};
 use monad_protocol::{ToolClass, ToolName};
@@ -238,8 +238,8 @@ impl Rule {
             } => format!(
                 "every run of `{}` ({}) in this workspace {}, with any arguments, input and \
                  time-out: it only reads and prints, and runs no other program",
-                printable(name),
-                printable(path),
+                printable_name(name),
+                printable_name(path),
                 mode(*background)
             ),
             Rule::Command {
@@ -248,7 +248,7 @@ impl Rule {
                 background,
                 ..
             } => {
-                let program = printable(argv.first().map_or("", String::as_str)).into_owned();
+                let program = printable_name(argv.first().map_or("", String::as_str)).into_owned();
                 let exactly = format!(
                     "exactly this command (same arguments, directory and standard input) {}, \
                      with any time-out",
@@ -256,13 +256,13 @@ impl Rule {
                 );
                 match site {
                     ProgramSite::Outside(path) => {
-                        format!("{exactly}, `{program}` being {}", printable(path))
+                        format!("{exactly}, `{program}` being {}", printable_name(path))
                     }
                     ProgramSite::Workspace(path) => {
-                        let found = if printable(path) == program {
+                        let found = if printable_name(path) == program {
                             String::new()
                         } else {
-                            format!(" ({})", printable(path))
+                            format!(" ({})", printable_name(path))
                         };
                         format!(
                             "{exactly}; `{program}`{found} is a file in this workspace, so this \
@@ -483,13 +483,19 @@ pub fn describe(tool: ToolName, args: &Value) -> String {
         ToolName::Search | ToolName::Glob => match text("path") {
             Some(path) => format!(
                 "pattern `{}` under `{}`",
-                printable(text("pattern").unwrap_or("")),
-                printable(path)
+                printable_name(text("pattern").unwrap_or("")),
+                printable_name(path)
             ),
-            None => format!("pattern `{}`", printable(text("pattern").unwrap_or(""))),
+            None => format!(
+                "pattern `{}`",
+                printable_name(text("pattern").unwrap_or(""))
+            ),
         },
         ToolName::ProcessRead | ToolName::ProcessWrite | ToolName::ProcessKill => {
-            let mut line = format!("process `{}`", printable(text("process").unwrap_or("")));
+            let mut line = format!(
+                "process `{}`",
+                printable_name(text("process").unwrap_or(""))
+            );
             if tool == ToolName::ProcessWrite {
                 let written = text("text").unwrap_or("");
                 line.push_str(&monad_protocol::text::fed_text(
@@ -499,12 +505,12 @@ pub fn describe(tool: ToolName, args: &Value) -> String {
             }
             if tool == ToolName::ProcessKill {
                 line.push_str(", signal ");
-                line.push_str(&printable(text("signal").unwrap_or("TERM")));
+                line.push_str(&printable_name(text("signal").unwrap_or("TERM")));
             }
             line
         }
         ToolName::ProcessList => "the background processes".into(),
-        _ => printable(text("path").unwrap_or(".")).into_owned(),
+        _ => printable_name(text("path").unwrap_or(".")).into_owned(),
     }
 }
 

@@ -769,11 +769,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let usage = |message: String| -> ! {
                 usage_error("call", clap::error::ErrorKind::ValueValidation, message)
             };
+            // Arguments that cannot be read are the command line's fault, as bad JSON is: a
+            // usage error, not a failed call.
             let args = match args.strip_prefix('@') {
-                _ if args == "-" => std::io::read_to_string(std::io::stdin())
-                    .context("cannot read --args from standard input")?,
-                Some(file) => std::fs::read_to_string(file)
-                    .with_context(|| format!("cannot read --args from {file}"))?,
+                _ if args == "-" => std::io::read_to_string(std::io::stdin()).unwrap_or_else(|e| {
+                    usage(format!("cannot read --args from standard input: {e}"))
+                }),
+                Some(file) => std::fs::read_to_string(file).unwrap_or_else(|e| {
+                    usage(format!("cannot read --args from {}: {e}", printable(file)))
+                }),
                 None => args,
             };
             if args.trim().is_empty() {

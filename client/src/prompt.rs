@@ -16,7 +16,7 @@
 use std::fmt::Write;
 
 use monad_protocol::ToolName;
-use monad_protocol::text::{printable, shell_words};
+use monad_protocol::text::{printable, printable_name, shell_words};
 use serde_json::Value;
 
 use crate::approval::ApprovalRequest;
@@ -52,8 +52,8 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
     let mut lines = vec![format!(
         "{} in `{}` (session {})",
         r.tool,
-        printable(&r.workspace),
-        printable(&r.session)
+        printable_name(&r.workspace),
+        printable_name(&r.session)
     )];
     let args = &r.args;
     let text = |key: &str| args.get(key).and_then(Value::as_str);
@@ -70,7 +70,7 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             }
             field(
                 "directory",
-                printable(text("cwd").unwrap_or(".")).into_owned(),
+                printable_name(text("cwd").unwrap_or(".")).into_owned(),
             );
             field(
                 "time-out",
@@ -109,7 +109,7 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
         ToolName::ProcessWrite => {
             field(
                 "process",
-                printable(text("process").unwrap_or("")).into_owned(),
+                printable_name(text("process").unwrap_or("")).into_owned(),
             );
             process_fields(&mut field, r);
             if flag("close_stdin") == Some(true) {
@@ -120,13 +120,13 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
         ToolName::ProcessKill => {
             field(
                 "process",
-                printable(text("process").unwrap_or("")).into_owned(),
+                printable_name(text("process").unwrap_or("")).into_owned(),
             );
             process_fields(&mut field, r);
             field(
                 "signal",
                 match text("signal") {
-                    Some(signal) => printable(signal).into_owned(),
+                    Some(signal) => printable_name(signal).into_owned(),
                     None => "TERM (the default)".into(),
                 },
             );
@@ -151,14 +151,17 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
                         "workspace" | "content" | "old_string" | "new_string"
                     );
                     if key != main && !skip {
-                        field(&printable(key), show(value));
+                        field(&printable_name(key), show(value));
                     }
                 }
             }
             if let Some(file) = &r.through_link {
                 field(
                     "writes to",
-                    format!("{} (the path is a symbolic link to it)", printable(file)),
+                    format!(
+                        "{} (the path is a symbolic link to it)",
+                        printable_name(file)
+                    ),
                 );
             }
             if let Some(content) = text("content") {
@@ -166,7 +169,7 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             }
             // Each directory is the one before it and one more name: the outermost and the
             // innermost say it all, however deep.
-            let dir = |d: &String| format!("{}/", printable(d));
+            let dir = |d: &String| format!("{}/", printable_name(d));
             match r.creates.as_slice() {
                 [] => {}
                 [one] => field("creates", format!("new directory {}", dir(one))),
@@ -224,7 +227,7 @@ fn process_fields(field: &mut impl FnMut(&str, String), r: &ApprovalRequest) {
         Some(process) => {
             let argv: Vec<&str> = process.argv.iter().map(String::as_str).collect();
             field("program", format!("$ {}", shell_words(&argv)));
-            field("directory", printable(&process.cwd).into_owned());
+            field("directory", printable_name(&process.cwd).into_owned());
             field(
                 "state",
                 if process.running {
@@ -245,8 +248,8 @@ fn process_fields(field: &mut impl FnMut(&str, String), r: &ApprovalRequest) {
 /// A JSON argument's value in one escaped line: strings as they are, anything else as JSON.
 fn show(value: &Value) -> String {
     match value {
-        Value::String(s) => printable(s).into_owned(),
-        other => printable(&other.to_string()).into_owned(),
+        Value::String(s) => printable_name(s).into_owned(),
+        other => printable_name(&other.to_string()).into_owned(),
     }
 }
 
@@ -380,6 +383,32 @@ mod tests {
         let shown = text(&render(&r));
         assert!(shown.contains("path         a\\u{200b}b"), "{shown}");
         assert!(shown.contains("limit        3"), "{shown}");
+    }
+
+    /// A tab in a path reads as spaces: `notes.txt<TAB>(draft)` would pass for a name with
+    /// spaces in it. The owner sees its escape, in the prompt's fields and its one-line
+    /// summary alike.
+    #[test]
+    fn a_tab_in_a_path_or_a_pattern_is_shown_as_its_escape() {
+        let r = request(
+            ToolName::WriteFile,
+            json!({"path": "notes.txt\t(draft)", "content": "x"}),
+            None,
+        );
+        let shown = text(&render(&r));
+        assert!(
+            shown.contains("path         notes.txt\\u{9}(draft)"),
+            "{shown}"
+        );
+        assert_eq!(r.target, "notes.txt\\u{9}(draft)");
+        assert!(!shown.contains('\t'), "{shown}");
+        let r = request(
+            ToolName::Search,
+            json!({"pattern": "a\tb", "path": "src\tx"}),
+            None,
+        );
+        assert_eq!(r.target, "pattern `a\\u{9}b` under `src\\u{9}x`");
+        assert!(!text(&render(&r)).contains('\t'));
     }
 
     #[test]

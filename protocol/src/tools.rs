@@ -219,7 +219,9 @@ impl ToolName {
         // more), and no largest: the type's is no bound a workspace takes (`depth` stops at
         // `limits.list_max_depth`, which the workspace's own check says), so a whole number too
         // large for the type is only said to be too large.
-        let too_large = said.contains("integer `") && !said.contains("integer `-");
+        let beyond = beyond_every_integer(&said);
+        let too_large = (said.contains("integer `") && !said.contains("integer `-"))
+            || beyond == Some(std::cmp::Ordering::Greater);
         let words = |unsigned: bool| {
             if !unsigned {
                 return "expected a whole number".to_owned();
@@ -250,7 +252,11 @@ impl ToolName {
                 }
             }
         }
-        let said = said.replace("floating point `", "number `");
+        let mut said = said.replace("floating point `", "number `");
+        // A whole number past every integer type is of the right kind, only out of range.
+        if beyond.is_some() {
+            said = said.replacen("invalid type: number `", "invalid value: number `", 1);
+        }
         // An unknown argument's own error names it already.
         if at == "." || said.starts_with("unknown field") {
             format!("{self}: {said}")
@@ -429,6 +435,23 @@ impl ToolName {
 impl std::fmt::Display for ToolName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Whether serde_json's `said` is about a number written as a float past every integer type
+/// here (`1e20`, `-1e20`): a whole number (every float that large is one) above 2^64 - 1
+/// (`Greater`) or below -2^63 (`Less`).
+fn beyond_every_integer(said: &str) -> Option<std::cmp::Ordering> {
+    let number = said
+        .split_once("floating point `")
+        .and_then(|(_, rest)| rest.split_once('`'))
+        .and_then(|(number, _)| number.parse::<f64>().ok())?;
+    if number >= 18_446_744_073_709_551_616.0 {
+        Some(std::cmp::Ordering::Greater)
+    } else if number < -9_223_372_036_854_775_808.0 {
+        Some(std::cmp::Ordering::Less)
+    } else {
+        None
     }
 }
 
@@ -1551,8 +1574,19 @@ mod tests {
             (
                 ToolName::ReadFile,
                 json!({"path": "a", "limit": 1.8446744073709552e19}),
-                "read_file: `limit`: invalid type: number `1.8446744073709552e+19`, expected a \
-                 whole number of at least 1",
+                "read_file: `limit`: invalid value: number `1.8446744073709552e+19`, expected a \
+                 smaller whole number",
+            ),
+            (
+                ToolName::ListDir,
+                json!({"depth": 1e300}),
+                "list_dir: `depth`: invalid value: number `1e+300`, expected a smaller whole number",
+            ),
+            (
+                ToolName::ReadFile,
+                json!({"path": "a", "offset": -1e20}),
+                "read_file: `offset`: invalid value: number `-1e+20`, expected a whole number of \
+                 at least 1",
             ),
             (
                 ToolName::ListDir,

@@ -176,7 +176,8 @@ impl Sandbox {
                 }
             }
             return Err(SandboxError::NotFound(format!(
-                "program `{program}` is not found in the sandbox's PATH ({path_env}){}",
+                "program `{}` is not found in the sandbox's PATH ({path_env}){}",
+                crate::error::shown(program),
                 crate::exec::lossy_hint(program)
             )));
         }

@@ -37,7 +37,7 @@ impl EscapeReason {
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// The jail refused a path; nothing was read or changed.
-    #[error("refused `{path}`: {}", reason.explain())]
+    #[error("refused `{}`: {}", shown(path), reason.explain())]
     Escape {
         /// The path as the caller gave it.
         path: String,
@@ -45,7 +45,7 @@ pub enum SandboxError {
         reason: EscapeReason,
     },
     /// The path is malformed (a NUL byte, an empty name where one is needed).
-    #[error("invalid path `{path}`: {why}")]
+    #[error("invalid path `{}`: {why}", shown(path))]
     InvalidPath {
         /// The path as the caller gave it (NUL bytes shown escaped).
         path: String,
@@ -73,7 +73,7 @@ pub enum SandboxError {
         what: &'static str,
     },
     /// A symbolic link loop, or a chain of links too long to follow.
-    #[error("`{0}` has too many levels of symbolic links (a link loop?)")]
+    #[error("`{}` has too many levels of symbolic links (a link loop?)", shown(.0))]
     LinkLoop(String),
     /// `edit_file` could not find a unique `old_string`.
     #[error("{0}")]
@@ -119,8 +119,15 @@ fn quoted(path: &str) -> String {
     if path.is_empty() {
         "the workspace root (an empty path)".to_owned()
     } else {
-        format!("`{path}`")
+        format!("`{}`", shown(path))
     }
+}
+
+/// A path as the caller gave it, escaped for a message: a control or invisible character, a tab
+/// too, as `\u{..}` ([`monad_protocol::text::printable_name`]), so that the message reads as one
+/// line and a tab in a name is not taken for spaces.
+pub(crate) fn shown(path: &str) -> std::borrow::Cow<'_, str> {
+    monad_protocol::text::printable_name(path)
 }
 
 impl SandboxError {
@@ -199,17 +206,21 @@ impl SandboxError {
             // here: the hint explains, and claims nothing.
             io::ErrorKind::NotFound if path.contains('\u{FFFD}') => {
                 SandboxError::NotFound(format!(
-                    "`{path}` does not exist (`\u{FFFD}` stands for bytes of a name that are not \
+                    "`{}` does not exist (`\u{FFFD}` stands for bytes of a name that are not \
                      UTF-8, as a listing shows them; spelled so, a path reaches such a name where \
-                     one reads so)"
+                     one reads so)",
+                    shown(&path)
                 ))
             }
             // A name copied from a listing with an escape in it (`\u{40}` for a final `@`).
             io::ErrorKind::NotFound if holds_an_escape(&path) => SandboxError::NotFound(format!(
-                "`{path}` does not exist (in a listing, `\\u{{..}}` stands for the one character of \
-                 that code point, such as `\\u{{40}}` for `@`: spell the character itself)"
+                "`{}` does not exist (in a listing, `\\u{{..}}` stands for the one character of \
+                 that code point, such as `\\u{{40}}` for `@`: spell the character itself)",
+                shown(&path)
             )),
-            io::ErrorKind::NotFound => SandboxError::NotFound(format!("`{path}` does not exist")),
+            io::ErrorKind::NotFound => {
+                SandboxError::NotFound(format!("`{}` does not exist", shown(&path)))
+            }
             io::ErrorKind::PermissionDenied if err.raw_os_error().is_none() => {
                 SandboxError::Escape {
                     path,

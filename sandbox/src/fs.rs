@@ -1091,7 +1091,7 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
     let Some(old) = target.old.as_ref() else {
         return Err(SandboxError::NotFound(format!(
             "`{}` does not exist",
-            path.given()
+            path.shown()
         )));
     };
     // A Latin-1 or UTF-16 file is edited as the text it holds, and written back so; UTF-8
@@ -1137,14 +1137,14 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             return Err(SandboxError::NoMatch(format!(
                 "`old_string` does not occur in `{}`{endings}; read the file again and copy the \
                  text exactly, including white space",
-                path.display()
+                crate::error::shown(&path.display())
             )));
         }
         n if n > 1 && !replace_all => {
             return Err(SandboxError::NoMatch(format!(
                 "`old_string` occurs {n} times in `{}`; add surrounding text to make it unique, \
                  or set `replace_all` to replace every occurrence",
-                path.display()
+                crate::error::shown(&path.display())
             )));
         }
         _ => {}
@@ -1166,7 +1166,7 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             SandboxError::InvalidArguments(format!(
                 "`{}` is {} text, which cannot hold every character of `new_string`; nothing \
                  was changed (write_file would store the whole file as UTF-8)",
-                path.given(),
+                path.shown(),
                 held.encoding.as_str()
             ))
         })?
@@ -1331,8 +1331,8 @@ impl Target {
                 return Err(SandboxError::NotFound(format!(
                     "the parent directory `{}` of `{}` does not exist (`create_parents: \
                      false` was given; leave it out to create it)",
-                    parent_path.display(),
-                    path.given(),
+                    crate::error::shown(&parent_path.display()),
+                    path.shown(),
                 )));
             }
             Err(e) => return Err(e),
@@ -1375,7 +1375,7 @@ impl Target {
                     return Err(SandboxError::Protected(format!(
                         "`{}` is not writable by this workspace's user (mode {:04o}, owned by \
                          uid {}): its owner must make it writable first",
-                        path.given(),
+                        path.shown(),
                         meta.mode() & 0o7777,
                         meta.uid()
                     )));
@@ -1519,7 +1519,7 @@ impl Target {
     fn changed(&self, what: &str) -> SandboxError {
         SandboxError::Changed(format!(
             "`{}` {what}; nothing was written: read it again and redo the change",
-            self.path.given()
+            self.path.shown()
         ))
     }
 
@@ -1576,7 +1576,7 @@ fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError
             "`{}` is one of git's own files (in or of `.git`): Monad's file tools do not write \
              them, since git runs programs its config and hooks name, outside any sandbox; use \
              git itself through run_command, or ask the folder's owner",
-            path.given()
+            path.shown()
         )));
     }
     Ok(())
@@ -1670,9 +1670,10 @@ fn make_parents_into(
         {
             return Err(SandboxError::Unapproved(format!(
                 "the folder changed while the write of `{}` waited for approval: it would now \
-                 also create the directory `{shown}/`, which the approval did not cover; \
+                 also create the directory `{}/`, which the approval did not cover; \
                  nothing was written (call again to be asked about what it would do now)",
-                parent.given()
+                parent.shown(),
+                crate::error::shown(&shown)
             )));
         }
         let fail = |e| SandboxError::from_io("create directory", &shown, e);
@@ -1718,7 +1719,7 @@ fn too_many_new_dirs(parent: &JailPath, missing: usize) -> Result<(), SandboxErr
         return Err(SandboxError::LimitExceeded(format!(
             "writing to `{}` would create {missing} new directories, over the \
              {MAX_NEW_DIRECTORIES} one write may create",
-            parent.given()
+            parent.shown()
         )));
     }
     Ok(())

@@ -64,6 +64,12 @@ impl JailPath {
         &self.given
     }
 
+    /// The path as the caller gave it, escaped for a message (a control or invisible
+    /// character, a tab too, as `\u{..}`).
+    pub fn shown(&self) -> std::borrow::Cow<'_, str> {
+        crate::error::shown(&self.given)
+    }
+
     /// True for the root itself.
     pub fn is_root(&self) -> bool {
         self.rel.as_os_str().is_empty()
@@ -288,10 +294,12 @@ impl Jail {
     fn unlossy(&self, rel: PathBuf, raw: &str) -> Result<PathBuf, SandboxError> {
         let ambiguous = |parent: &Path, shown: &str| {
             SandboxError::Unspellable(format!(
-                "`{raw}`: more than one name in `{}` reads `{shown}` (`\u{FFFD}` stands for bytes \
+                "`{}`: more than one name in `{}` reads `{}` (`\u{FFFD}` stands for bytes \
                  of a name that are not UTF-8), so which one is meant cannot be told; a command \
                  reaches them through a shell glob (`run_command` with `sh -c`)",
-                parent.display()
+                crate::error::shown(raw),
+                crate::error::shown(&parent.to_string_lossy()),
+                crate::error::shown(shown)
             ))
         };
         let mut budget = LOSSY_SCAN_MAX;
@@ -317,10 +325,11 @@ impl Jail {
             for entry in entries {
                 let Some(left) = budget.checked_sub(1) else {
                     return Err(SandboxError::Unspellable(format!(
-                        "`{raw}`: looked through {LOSSY_SCAN_MAX} entries for the names that \
+                        "`{}`: looked through {LOSSY_SCAN_MAX} entries for the names that \
                          read as it does (`\u{FFFD}` stands for bytes of a name that are not \
                          UTF-8), and stopped; a command reaches such a name through a shell \
-                         glob (`run_command` with `sh -c`)"
+                         glob (`run_command` with `sh -c`)",
+                        crate::error::shown(raw)
                     )));
                 };
                 budget = left;
@@ -447,7 +456,8 @@ pub(crate) fn read_capped(
 ) -> Result<Vec<u8>, SandboxError> {
     if size_hint > cap {
         return Err(SandboxError::LimitExceeded(format!(
-            "`{given}` is {size_hint} bytes, over the {cap}-byte limit for this operation"
+            "`{}` is {size_hint} bytes, over the {cap}-byte limit for this operation",
+            crate::error::shown(given)
         )));
     }
     let mut buf = Vec::with_capacity(size_hint as usize + 1);
@@ -457,7 +467,8 @@ pub(crate) fn read_capped(
         .map_err(|e| SandboxError::from_io("read", given, e))?;
     if buf.len() as u64 > cap {
         return Err(SandboxError::LimitExceeded(format!(
-            "`{given}` grew past the {cap}-byte limit for this operation while being read"
+            "`{}` grew past the {cap}-byte limit for this operation while being read",
+            crate::error::shown(given)
         )));
     }
     Ok(buf)

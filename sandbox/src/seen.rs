@@ -79,7 +79,7 @@ impl Seen {
                 "`{}` was changed (by a command, an editor or another program) since it was \
                  last read or written here; nothing was written: read it again and make the \
                  change to what it holds now, or use edit_file",
-                path.given()
+                path.shown()
             ))),
             _ => Ok(()),
         }

@@ -564,8 +564,9 @@ pub(crate) fn lossy_hint(program: &str) -> &'static str {
 /// What a program named by a path (it holds a `/`) that names no program is told.
 pub(crate) fn program_not_found(program: &str) -> SandboxError {
     SandboxError::NotFound(format!(
-        "program `{program}` does not exist where commands can run it (the workspace, the \
+        "program `{}` does not exist where commands can run it (the workspace, the \
          system's directories and the ones the operator added){}",
+        crate::error::shown(program),
         lossy_hint(program)
     ))
 }
@@ -585,10 +586,11 @@ fn unspellable_program(program: &str, hint: &str) -> String {
         .collect::<Vec<_>>()
         .join("*");
     format!(
-        "`argv[0]` `{program}` names no program as spelled: {hint}`\u{FFFD}` stands for bytes \
+        "`argv[0]` `{}` names no program as spelled: {hint}`\u{FFFD}` stands for bytes \
          of a name that are not UTF-8, as a listing shows them, and a command's program is run by \
          the name as spelled, which cannot hold them; run it through a shell glob with `*` where \
          `\u{FFFD}` stands, such as `{}`",
+        crate::error::shown(program),
         monad_protocol::text::shell_words(&["sh", "-c", &pattern])
     )
 }
@@ -1284,14 +1286,16 @@ fn spawn_error(
         }
         Err(libc::ENOENT) => {
             return SandboxError::NotFound(format!(
-                "program `{program}` is not found in the sandbox's PATH{}",
+                "program `{}` is not found in the sandbox's PATH{}",
+                crate::error::shown(program),
                 lossy_hint(program)
             ));
         }
         Err(libc::EACCES) => {
             return SandboxError::InvalidArguments(format!(
-                "`{program}` cannot be executed here: it is not executable, or it lies outside \
-                 the workspace and the system directories the sandbox allows"
+                "`{}` cannot be executed here: it is not executable, or it lies outside \
+                 the workspace and the system directories the sandbox allows",
+                crate::error::shown(program)
             ));
         }
         Err(errno) => {

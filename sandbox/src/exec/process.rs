@@ -591,9 +591,10 @@ enum Kept {
 /// There is no process `id`.
 fn not_kept(id: &str) -> SandboxError {
     SandboxError::NotFound(format!(
-        "there is no background process `{id}` in this workspace: it may run in another (leave \
+        "there is no background process `{}` in this workspace: it may run in another (leave \
          `workspace` out, and the call goes where the process runs), or it was read to its end \
-         before {ENDED_KEPT} others were (`process_list` lists what runs here)"
+         before {ENDED_KEPT} others were (`process_list` lists what runs here)",
+        crate::error::shown(id)
     ))
 }
 

@@ -2009,3 +2009,27 @@ fn a_name_that_is_not_utf8_is_listed_explained_and_reached_as_shown() {
         );
     }
 }
+
+/// A path's control characters, a tab included, are escaped where a message repeats it: a tab
+/// read as spaces, or a line break splitting the message, would misname the file to the model
+/// and to the person reading the message.
+#[test]
+fn a_path_in_a_message_is_escaped_a_tab_and_a_line_break_included() {
+    let fx = Fixture::new();
+    let err = fx.sandbox.read_file(&read("a\tb\nc.txt")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert_eq!(err.to_string(), "`a\\u{9}b\\u{a}c.txt` does not exist");
+    let err = fx.sandbox.read_file(&read("../x\ty")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutsideWorkspace);
+    assert!(
+        err.to_string().starts_with("refused `../x\\u{9}y`: "),
+        "{err}"
+    );
+    std::fs::create_dir(fx.root().join("d\tir")).unwrap();
+    let err = fx.sandbox.read_file(&read("d\tir")).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::WrongFileType);
+    assert!(
+        err.to_string().starts_with("`d\\u{9}ir` is a directory"),
+        "{err}"
+    );
+}

@@ -1546,7 +1546,8 @@ async fn token_create_says_when_it_makes_a_new_data_directory() {
 
 /// `--args -` reads the arguments from standard input and `--args @FILE` from a file: one
 /// command-line argument holds at most 128 KiB, less than a `write_file` of a large file; bad
-/// JSON is quoted by its start, not echoed whole.
+/// JSON is quoted by its start, not echoed whole; a file that cannot be read is a usage error
+/// (status 2), as bad JSON is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_takes_its_arguments_from_standard_input_or_a_file() {
     let (server, _data, config) = ServerProcess::logged_in().await;
@@ -1584,7 +1585,7 @@ async fn call_takes_its_arguments_from_standard_input_or_a_file() {
         &["call", "read_file", "--args", "@/nonexistent/a.json"],
     )
     .await;
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("cannot read --args"),
         "{}",
