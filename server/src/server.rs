@@ -1461,7 +1461,10 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         .and_then(|r| r.inspect_err(|e| warn!("workspace record: {e}")).ok())
     };
     let generation = ctx.state.generations.fetch_add(1, Ordering::Relaxed);
-    let mut shared_moves = ctx.state.registry.link_attached(generation);
+    let mut shared_moves =
+        ctx.state
+            .registry
+            .link_attached(generation, &ctx.user, &ctx.device_id, &path);
     let base = path
         .trim_end_matches('/')
         .rsplit('/')
@@ -1487,6 +1490,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             kick,
         }),
     };
+    let mut again = folder.clone();
     let workspace = match (exact_name, name.as_deref()) {
         (true, Some(name)) => match session.attach_exact(folder, name) {
             Ok(workspace) => workspace,
@@ -1507,6 +1511,11 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             warn!(session = %session.id, workspace = %workspace.name, "focus: {}", e.message);
         }
     }
+    // Back, too, in the sessions it was shared into before and that still list it (an MCP
+    // host's, which landed on it there): a folder's connection that dropped and came back
+    // would otherwise leave such a host's calls failing on it, offline, until it landed again.
+    again.name.clone_from(&workspace.name);
+    ctx.state.registry.share_again(&again, &session);
     info!(session = %session.id, workspace = %workspace.name, focus, "attached");
     // Detaches however this task ends: when the connection drops, its handler may abort this
     // task before the read below fails, and a folder left online with a dead link would stay

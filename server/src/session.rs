@@ -660,6 +660,15 @@ impl Session {
         Ok(gone)
     }
 
+    /// Whether the session lists the folder at `path` on `device`, online or not.
+    pub fn lists_folder(&self, device: &DeviceId, path: &str) -> bool {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|a| a.device_id == *device && a.path == path)
+    }
+
     /// Marks the folder attached under `generation` as disconnected. A newer attachment of the
     /// same folder (after a reconnect) is left alone. When it was the focus, it stays the focus,
     /// offline: meanwhile the calls without `workspace` it would take fail rather than run in
@@ -911,14 +920,33 @@ fn sanitize_name(raw: &str) -> String {
     }
 }
 
-/// A live attachment's link as shared ([`Registry::share`]).
+/// A live attachment's link, as [`Registry::share`] needs it.
 #[derive(Debug)]
 struct Link {
-    /// The other sessions it serves.
-    shared: Vec<std::sync::Weak<Session>>,
-    /// Where their focus moves go: to the attachment's own task.
+    /// Its folder.
+    folder: FolderKey,
+    /// Where the focus moves of the sessions it is shared into go: to the attachment's own
+    /// task.
     moves: mpsc::Sender<SharedFocus>,
 }
+
+/// A folder as its attachments know it, whichever connection carries it: its owner, the
+/// device it is on and its path there.
+type FolderKey = (String, DeviceId, String);
+
+/// The sessions a folder serves besides the one it attaches into, remembered across its
+/// attachments ([`Registry::share`]).
+#[derive(Debug, Default)]
+struct Links {
+    /// Live attachments by generation.
+    live: HashMap<u64, Link>,
+    /// Per folder, the other sessions it was shared into.
+    shared: HashMap<FolderKey, Vec<std::sync::Weak<Session>>>,
+}
+
+/// Folders whose shares are remembered at most; past it, those with no session left in memory
+/// go first.
+const SHARED_FOLDERS_MAX: usize = 4096;
 
 /// The focus of a session an attachment was shared into, as it is now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -944,9 +972,10 @@ pub struct Registry {
     /// Per user, creations under way: counted with the stored sessions, so that racing
     /// creations cannot pass the bound together (an entry goes when its last creation ends).
     creating: Mutex<HashMap<String, usize>>,
-    /// Live attachments by generation, with the other sessions their link was shared into
-    /// ([`Registry::share`]); an attachment's detach takes it offline in all of them.
-    links: Mutex<HashMap<u64, Link>>,
+    /// Live attachments by generation, and the other sessions each folder was shared into
+    /// ([`Registry::share`]): an attachment's detach takes it offline in all of them, and the
+    /// folder's next attachment brings it back there ([`Registry::share_again`]).
+    links: Mutex<Links>,
     /// Per user and device, the session it was last bound to here and when: a request naming
     /// that session again is answered from memory ([`Registry::resolve_in_memory`]). The weak
     /// reference is to the session as loaded then: one reloaded or re-created is bound afresh.
@@ -998,7 +1027,7 @@ impl Registry {
             max_in_memory: usize::MAX,
             max_stored: usize::MAX,
             creating: Mutex::new(HashMap::new()),
-            links: Mutex::new(HashMap::new()),
+            links: Mutex::new(Links::default()),
             recent_binds: Mutex::new(HashMap::new()),
             deleting: Mutex::new(std::collections::HashSet::new()),
             cluster: None,
@@ -1032,21 +1061,54 @@ impl Registry {
         self
     }
 
-    /// Notes a new live attachment (its link's `generation`), so that it can be shared into
-    /// other sessions until it detaches ([`Registry::detach_everywhere`]). Returns where the
-    /// focus of each session it is shared into is told, from the share on.
-    pub fn link_attached(&self, generation: u64) -> mpsc::Receiver<SharedFocus> {
+    /// Notes a new live attachment of the folder at `path` on `device`, of `user` (its link's
+    /// `generation`), so that it can be shared into other sessions until it detaches
+    /// ([`Registry::detach_everywhere`]). Returns where the focus of each session it is shared
+    /// into is told, from the share on.
+    pub fn link_attached(
+        &self,
+        generation: u64,
+        user: &str,
+        device: &DeviceId,
+        path: &str,
+    ) -> mpsc::Receiver<SharedFocus> {
         // One at a time: a forwarder whose move waits sends the latest focus after it, so
         // that a client that does not read its stream holds one move per session, not all.
         let (moves, told) = mpsc::channel(1);
-        self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            generation,
-            Link {
-                shared: Vec::new(),
-                moves,
-            },
-        );
+        let folder = (user.to_owned(), device.clone(), path.to_owned());
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .live
+            .insert(generation, Link { folder, moves });
         told
+    }
+
+    /// Shares a folder just attached into `home` ([`Session::attach`]; `folder` as `home`
+    /// lists it, with its live link) into every session it was shared into before and that
+    /// still lists it: an MCP host that landed on it there finds it again after the folder's
+    /// connection dropped and came back (or after `attach` was run again), whichever of the old
+    /// connection's end and the new attach came first.
+    pub fn share_again(&self, folder: &Attached, home: &Session) {
+        let key = (
+            home.owner.clone(),
+            folder.device_id.clone(),
+            folder.path.clone(),
+        );
+        let before: Vec<Arc<Session>> = {
+            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(shared) = links.shared.get_mut(&key) else {
+                return;
+            };
+            shared.retain(|s| s.strong_count() > 0);
+            shared.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        for session in before {
+            // A session whose owner detached the folder by name keeps it detached.
+            if session.id != home.id && session.lists_folder(&folder.device_id, &folder.path) {
+                self.share(folder, &session);
+            }
+        }
     }
 
     /// Attaches a live folder of one session to `into` as well, over the same link, so that
@@ -1058,10 +1120,15 @@ impl Registry {
         let link = folder.link.as_ref()?;
         let (generation, minor) = (link.generation, link.minor);
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        let link = links.get_mut(&generation)?;
+        let Links { live, shared } = &mut *links;
+        let link = live.get(&generation)?;
         let info = into.attach(folder.clone(), Some(&folder.name));
-        link.shared.retain(|s| s.strong_count() > 0);
-        link.shared.push(Arc::downgrade(into));
+        if !shared.contains_key(&link.folder) && shared.len() >= SHARED_FOLDERS_MAX {
+            shared.retain(|_, sessions| sessions.iter().any(|s| s.strong_count() > 0));
+        }
+        let sessions = shared.entry(link.folder.clone()).or_default();
+        sessions.retain(|s| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), Arc::as_ptr(into)));
+        sessions.push(Arc::downgrade(into));
         // The attachment's owner hears where that session's focus goes, as of its own: each
         // move, while both the session and the attachment last (a client that cannot hear
         // which session is told of its own only).
@@ -1094,18 +1161,25 @@ impl Registry {
         Some(info)
     }
 
-    /// Detaches the attachment of `generation` from `session` and from every session it was
-    /// shared into.
+    /// Detaches the attachment of `generation` from `session` and from every session its
+    /// folder was shared into. Those sessions stay remembered for the folder's next attachment
+    /// ([`Registry::share_again`]).
     pub fn detach_everywhere(&self, session: &Session, generation: u64) {
-        let shared = self
-            .links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&generation)
-            .map(|link| link.shared)
-            .unwrap_or_default();
+        let shared: Vec<Arc<Session>> = {
+            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+            let Links { live, shared } = &mut *links;
+            live.remove(&generation)
+                .and_then(|link| shared.get(&link.folder))
+                .map(|sessions| {
+                    sessions
+                        .iter()
+                        .filter_map(std::sync::Weak::upgrade)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
         session.detach(generation);
-        for other in shared.iter().filter_map(std::sync::Weak::upgrade) {
+        for other in shared {
             other.detach(generation);
         }
     }

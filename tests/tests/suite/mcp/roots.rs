@@ -1095,3 +1095,92 @@ async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
         "{line}"
     );
 }
+
+/// Whether session `session` lists workspace `name` online, as `agent` sees it.
+async fn online_in(agent: &monad_client::agent::Agent, session: &str, name: &str) -> bool {
+    let (_, workspaces) = within(STEP, "the workspaces", agent.workspaces(Some(session)))
+        .await
+        .expect("listed");
+    workspaces.iter().any(|w| w.name == name && w.online)
+}
+
+/// Waits (bounded) until session `default` lists workspace `name` offline.
+async fn gone_from_default(agent: &monad_client::agent::Agent, name: &str) {
+    within(STEP, "the folder to go offline", async {
+        while online_in(agent, "default", name).await {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// A host's read of `notes.txt` naming no workspace, in `session`: its text, or why it failed.
+async fn notes(agent: &monad_client::agent::Agent, session: &str) -> Result<String, String> {
+    let reply = within(
+        STEP,
+        "a read",
+        agent.call(
+            Some(session),
+            "read_file",
+            serde_json::json!({"path": "notes.txt"}),
+            |_| {},
+        ),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    match reply.outcome {
+        monad_protocol::wire::Outcome::Ok { result } => Ok(result.into_value()["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()),
+        monad_protocol::wire::Outcome::Error { error } => Err(error.to_string()),
+    }
+}
+
+/// A folder shared into a host's session (the host landed on it while the folder's own session
+/// had its focus held) comes back there when it attaches again: by a new attach that takes the
+/// old connection over, and by one after the old one went. Before, the host's session kept it
+/// offline, and every call of the host that named no workspace failed until the host landed
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p1, one) = project("one", "first\n");
+    let (_p2, two) = project("two", "second\n");
+    let _first = attach(&config, &one, "one", Some("default")).await;
+    let second = attach(&config, &two, "two", Some("default")).await;
+    let holder = connect_agent(&config).await;
+    land_by(&holder, vec![file_uri(&one)], None).await;
+    let host = connect_agent(&config).await;
+    let landed = land_by(&host, vec![file_uri(&two)], None).await;
+    let shared = landed.session.clone();
+    assert_ne!(shared, "default");
+    assert_eq!(landed.focus.as_deref(), Some("two"));
+    assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
+
+    // Attached again while the first attach still runs: the new one takes it over.
+    let again = attach(&config, &two, "two", Some("default")).await;
+    drop(second);
+    assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
+    assert!(online_in(&host, &shared, "two").await);
+
+    // Gone, then attached again.
+    drop(again);
+    gone_from_default(&holder, "two").await;
+    assert!(!online_in(&host, &shared, "two").await);
+    let _third = attach(&config, &two, "two", Some("default")).await;
+    assert!(online_in(&host, &shared, "two").await);
+    assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
+
+    // A session whose owner detached the folder by name does not get it back.
+    drop(_third);
+    gone_from_default(&holder, "two").await;
+    let detached = within(STEP, "a detach", host.detach(Some(&shared), "two")).await;
+    assert!(detached.is_ok(), "{detached:?}");
+    let _fourth = attach(&config, &two, "two", Some("default")).await;
+    let (_, listed) = within(STEP, "the workspaces", host.workspaces(Some(&shared)))
+        .await
+        .expect("listed");
+    assert!(listed.iter().all(|w| w.name != "two"), "{listed:?}");
+}
