@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 
-use monad_protocol::text::{printable, printable_name};
+use monad_protocol::text::printable_name;
 use monad_protocol::tools::ProcessInfo;
 use monad_protocol::wire::{Decider, Trust};
 use monad_protocol::{ToolClass, ToolName};
@@ -284,7 +284,7 @@ impl Rule {
         format!(
             "{}; until this attach ends, in session {} only",
             self.describe(),
-            printable(session)
+            printable_name(session)
         )
     }
 }

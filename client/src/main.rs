@@ -776,7 +776,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     usage(format!("cannot read --args from standard input: {e}"))
                 }),
                 Some(file) => std::fs::read_to_string(file).unwrap_or_else(|e| {
-                    usage(format!("cannot read --args from {}: {e}", printable(file)))
+                    usage(format!(
+                        "cannot read --args from {}: {e}",
+                        monad_protocol::text::printable_name(file)
+                    ))
                 }),
                 None => args,
             };

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, PermissionsExt};
-use monad_protocol::text::printable;
+use monad_protocol::text::printable_name;
 use monad_sandbox::Sandbox;
 use monad_sandbox::exec::{SYSTEM_READ_DIRS, command_path};
 
@@ -106,11 +106,11 @@ impl ProgramSite {
     /// Where `program` runs from, in words, for the approval prompt (escaped: safe to print).
     pub fn shown(&self) -> String {
         match self {
-            ProgramSite::Outside(path) => printable(path).into_owned(),
+            ProgramSite::Outside(path) => printable_name(path).into_owned(),
             ProgramSite::Workspace(path) => format!(
                 "{} in this folder: a file an agent can write, so it runs whatever that file \
                  holds then",
-                printable(path)
+                printable_name(path)
             ),
             ProgramSite::Other => "not from a system directory commands can only read (a \
                                    directory they may write, or not found)"

@@ -220,7 +220,8 @@ impl ToolName {
         // `limits.list_max_depth`, which the workspace's own check says), so a whole number too
         // large for the type is only said to be too large.
         let beyond = beyond_every_integer(&said);
-        let too_large = (said.contains("integer `") && !said.contains("integer `-"))
+        let too_large = (said.starts_with("invalid value: integer `")
+            && !said.starts_with("invalid value: integer `-"))
             || beyond == Some(std::cmp::Ordering::Greater);
         let words = |unsigned: bool| {
             if !unsigned {
@@ -244,7 +245,9 @@ impl ToolName {
             ("expected i64", false),
         ];
         for (rust, unsigned) in numbers {
-            if let Some(found) = said.find(rust) {
+            // The last: what was expected ends the message, after the value, which may read
+            // like it.
+            if let Some(found) = said.rfind(rust) {
                 // Only the whole word: `expected u64` but not `expected u64s`.
                 let end = found + rust.len();
                 if !said[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
@@ -252,7 +255,14 @@ impl ToolName {
                 }
             }
         }
-        let mut said = said.replace("floating point `", "number `");
+        // Rust's name for a JSON number with a fraction or an exponent, where it opens the
+        // message (not in a string value that reads so).
+        for kind in ["invalid type: ", "invalid value: "] {
+            if let Some(rest) = said.strip_prefix(&format!("{kind}floating point `")) {
+                said = format!("{kind}number `{rest}");
+                break;
+            }
+        }
         // A whole number past every integer type is of the right kind, only out of range.
         if beyond.is_some() {
             said = said.replacen("invalid type: number `", "invalid value: number `", 1);
@@ -442,10 +452,16 @@ impl std::fmt::Display for ToolName {
 /// here (`1e20`, `-1e20`): a whole number (every float that large is one) above 2^64 - 1
 /// (`Greater`) or below -2^63 (`Less`).
 fn beyond_every_integer(said: &str) -> Option<std::cmp::Ordering> {
-    let number = said
-        .split_once("floating point `")
-        .and_then(|(_, rest)| rest.split_once('`'))
-        .and_then(|(number, _)| number.parse::<f64>().ok())?;
+    // serde_json's words for a float given where an integer type was expected, and nothing
+    // else: `invalid type: floating point `1e20`, expected u64` (not a string argument's
+    // value that reads so, nor a float where a string was expected).
+    let (number, expected) = said
+        .strip_prefix("invalid type: floating point `")?
+        .split_once("`, expected ")?;
+    if !["u64", "usize", "u32", "u16", "u8", "i64"].contains(&expected) {
+        return None;
+    }
+    let number = number.parse::<f64>().ok()?;
     if number >= 18_446_744_073_709_551_616.0 {
         Some(std::cmp::Ordering::Greater)
     } else if number < -9_223_372_036_854_775_808.0 {
@@ -1634,6 +1650,25 @@ mod tests {
                 ToolName::RunCommand,
                 json!({"argv": ["true", 1]}),
                 "run_command: `argv[1]`: invalid type: integer `1`, expected a string",
+            ),
+            // A large float where no number goes is of the wrong kind, not out of range; nor
+            // is a string that reads like the decoder's words.
+            (
+                ToolName::ReadFile,
+                json!({"path": 1e20}),
+                "read_file: `path`: invalid type: number `1e+20`, expected a string",
+            ),
+            (
+                ToolName::ReadFile,
+                json!({"path": "a", "limit": "integer `7`, expected u64"}),
+                "read_file: `limit`: invalid type: string \"integer `7`, expected u64\", expected \
+                 a whole number of at least 1",
+            ),
+            (
+                ToolName::ReadFile,
+                json!({"path": "a", "limit": "floating point `1e99`"}),
+                "read_file: `limit`: invalid type: string \"floating point `1e99`\", expected a \
+                 whole number of at least 1",
             ),
         ] {
             assert_eq!(tool.args_error(&args).as_deref(), Some(said));

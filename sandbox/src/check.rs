@@ -76,9 +76,7 @@ impl Sandbox {
                 if let Some(glob) = &args.glob {
                     ignore::overrides::OverrideBuilder::new("/")
                         .add(glob)
-                        .map_err(|e| {
-                            SandboxError::InvalidArguments(format!("invalid glob: {e}"))
-                        })?;
+                        .map_err(crate::walk::invalid_glob)?;
                 }
                 self.check_exists(args.path.as_deref())
             }
@@ -87,7 +85,7 @@ impl Sandbox {
                 globset::GlobBuilder::new(&args.pattern)
                     .literal_separator(true)
                     .build()
-                    .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?;
+                    .map_err(crate::walk::invalid_glob)?;
                 self.check_exists(args.path.as_deref())
             }
             ToolName::WriteFile | ToolName::EditFile => {

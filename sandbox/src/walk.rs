@@ -209,6 +209,15 @@ pub(crate) fn matcher(args: &SearchArgs) -> Result<grep_regex::RegexMatcher, San
         })
 }
 
+/// A glob that does not parse, said with the glob's own words for why, escaped (it repeats the
+/// glob).
+pub(crate) fn invalid_glob(error: impl std::fmt::Display) -> SandboxError {
+    SandboxError::InvalidArguments(format!(
+        "invalid glob: {}",
+        crate::error::shown(&error.to_string())
+    ))
+}
+
 /// Paths are matched as if the root were `/`, so each matcher strips its own directory.
 fn virtual_path(rel: &str) -> PathBuf {
     Path::new("/").join(rel)
@@ -249,14 +258,8 @@ pub(crate) fn search(
         Some(glob) => {
             let mut builder =
                 ignore::overrides::OverrideBuilder::new(virtual_path(dir_path_rel(&start)));
-            builder
-                .add(glob)
-                .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?;
-            Some(
-                builder
-                    .build()
-                    .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?,
-            )
+            builder.add(glob).map_err(invalid_glob)?;
+            Some(builder.build().map_err(invalid_glob)?)
         }
         None => None,
     };
@@ -464,8 +467,9 @@ fn rooted_pattern(jail: &Jail, pattern: &str) -> Result<Option<String>, SandboxE
     }
     let outside = || {
         SandboxError::InvalidArguments(format!(
-            "`pattern` {pattern} starts outside the workspace root; patterns are matched \
-             against paths relative to the root (or to `path`), such as `**/*.rs`"
+            "`pattern` {} starts outside the workspace root; patterns are matched \
+             against paths relative to the root (or to `path`), such as `**/*.rs`",
+            crate::error::shown(pattern)
         ))
     };
     // The root (its name may hold `[` or `{`) is taken off first, then what comes before the
@@ -501,7 +505,7 @@ pub(crate) fn glob(
     let matcher = globset::GlobBuilder::new(pattern)
         .literal_separator(true)
         .build()
-        .map_err(|e| SandboxError::InvalidArguments(format!("invalid glob: {e}")))?
+        .map_err(invalid_glob)?
         .compile_matcher();
     let start = jail.resolve(args.path.as_deref().unwrap_or(""))?;
     // A pattern is matched against paths relative to `path`, an absolute one (made relative to

@@ -531,29 +531,71 @@ impl Session {
     /// Attaches a folder (or re-attaches it after a reconnect: same device and path get their
     /// old name back). Returns the workspace as listed.
     pub fn attach(&self, folder: Attached, wanted: Option<&str>) -> WorkspaceInfo {
-        match self.attach_as(folder, wanted, false) {
-            Ok(info) => info,
-            Err(_) => unreachable!("only an exact name is refused"),
+        match self.attach_as(folder, wanted, Joining::Own { exact: false }) {
+            Ok(Some(info)) => info,
+            _ => unreachable!(
+                "an attach of its own is always listed, and only an exact name is refused"
+            ),
         }
+    }
+
+    /// Lists `folder`, a live attachment of another session's, here too, over its link
+    /// ([`Registry::share`]); `again`: the generation of the link an earlier share brought
+    /// ([`Registry::share_again`]). `None` when it is left out: a share never replaces the
+    /// link of a newer attachment of the folder, and a share again only takes the entry the
+    /// session lists already, offline or carrying that earlier link (not one its owner
+    /// detached by name, nor one live here by an attach of its own).
+    pub fn attach_shared(&self, folder: Attached, again: Option<u64>) -> Option<WorkspaceInfo> {
+        let wanted = folder.name.clone();
+        let joining = match again {
+            Some(previous) => Joining::SharedAgain { previous },
+            None => Joining::Shared,
+        };
+        self.attach_as(folder, Some(&wanted), joining)
+            .ok()
+            .flatten()
     }
 
     /// Like [`Session::attach`], but the folder gets exactly the name `wanted` (`attach
     /// --name`): refused, with nothing changed, when it is not a valid short name, is
     /// reserved (`primary`), or another folder of the session has it (online or not).
     pub fn attach_exact(&self, folder: Attached, wanted: &str) -> Result<WorkspaceInfo, ToolError> {
-        self.attach_as(folder, Some(wanted), true)
+        let listed = self.attach_as(folder, Some(wanted), Joining::Own { exact: true })?;
+        listed.ok_or_else(|| {
+            ToolError::new(ErrorCode::Internal, "an attach of its own was not listed")
+        })
     }
 
+    /// Attaches `folder` as `joining` says; `Ok(None)` when a share leaves it out (see
+    /// [`Session::attach_shared`]).
     fn attach_as(
         &self,
         mut folder: Attached,
         wanted: Option<&str>,
-        exact: bool,
-    ) -> Result<WorkspaceInfo, ToolError> {
+        joining: Joining,
+    ) -> Result<Option<WorkspaceInfo>, ToolError> {
         let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
         let same = |a: &Attached| a.device_id == folder.device_id && a.path == folder.path;
+        let exact = joining == Joining::Own { exact: true };
         if exact && let Some(wanted) = wanted {
             name_usable(wanted, attached.iter().filter(|a| !same(a)))?;
+        }
+        // Decided under the same lock as the change: a detach by name cannot come between.
+        let carried = |a: &Attached| a.link.as_ref().map(|l| l.generation);
+        let arriving = folder.link.as_ref().map(|l| l.generation);
+        let left_out = match (joining, attached.iter().find(|a| same(a))) {
+            (Joining::Own { .. }, _) => false,
+            (Joining::Shared, existing) => existing
+                .and_then(carried)
+                .zip(arriving)
+                .is_some_and(|(now, arriving)| now > arriving),
+            (Joining::SharedAgain { .. }, None) => true,
+            (Joining::SharedAgain { previous }, Some(existing)) => {
+                carried(existing).is_some_and(|now| now != previous)
+            }
+        };
+        if left_out {
+            return Ok(None);
         }
         let info = if let Some(existing) = attached.iter_mut().find(|a| same(a)) {
             // Another live attach of the same folder (not a reconnect of the same connection):
@@ -601,14 +643,14 @@ impl Session {
         };
         drop(attached);
         self.changed();
-        Ok(WorkspaceInfo {
+        Ok(Some(WorkspaceInfo {
             name: info.name,
             uri: info.uri,
             trust: info.trust,
             host: Host::Client,
             online: true,
             tools: info.tools,
-        })
+        }))
     }
 
     /// Detaches the folder named `name` (short name or URI) and forgets it: it is no longer
@@ -658,15 +700,6 @@ impl Session {
         });
         self.changed();
         Ok(gone)
-    }
-
-    /// Whether the session lists the folder at `path` on `device`, online or not.
-    pub fn lists_folder(&self, device: &DeviceId, path: &str) -> bool {
-        self.attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .any(|a| a.device_id == *device && a.path == path)
     }
 
     /// Marks the folder attached under `generation` as disconnected. A newer attachment of the
@@ -920,6 +953,24 @@ fn sanitize_name(raw: &str) -> String {
     }
 }
 
+/// How a folder comes to be listed in a session ([`Session::attach_as`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Joining {
+    /// By an attach of its own, under exactly the name it asked for when `exact`.
+    Own {
+        /// `attach --name`: that name or nothing.
+        exact: bool,
+    },
+    /// Shared from a live attachment in another session, never over a newer one's link.
+    Shared,
+    /// Shared back after the folder attached again: only into the entry listed already,
+    /// offline or carrying the link of generation `previous`, which the earlier share brought.
+    SharedAgain {
+        /// That earlier link's generation.
+        previous: u64,
+    },
+}
+
 /// A live attachment's link, as [`Registry::share`] needs it.
 #[derive(Debug)]
 struct Link {
@@ -940,8 +991,9 @@ type FolderKey = (String, DeviceId, String);
 struct Links {
     /// Live attachments by generation.
     live: HashMap<u64, Link>,
-    /// Per folder, the other sessions it was shared into.
-    shared: HashMap<FolderKey, Vec<std::sync::Weak<Session>>>,
+    /// Per folder, the other sessions it was shared into, each with the generation of the
+    /// link it was shared over last.
+    shared: HashMap<FolderKey, Vec<(std::sync::Weak<Session>, u64)>>,
 }
 
 /// Folders whose shares are remembered at most; past it, those with no session left in memory
@@ -1086,27 +1138,41 @@ impl Registry {
 
     /// Shares a folder just attached into `home` ([`Session::attach`]; `folder` as `home`
     /// lists it, with its live link) into every session it was shared into before and that
-    /// still lists it: an MCP host that landed on it there finds it again after the folder's
-    /// connection dropped and came back (or after `attach` was run again), whichever of the old
-    /// connection's end and the new attach came first.
+    /// still lists it, offline or over that earlier link: an MCP host that landed on it there
+    /// finds it again after the folder's connection dropped and came back (or after `attach`
+    /// was run again), whichever of the old connection's end and the new attach came first. A
+    /// session whose owner detached the folder by name, or that has it live by an attach of its
+    /// own, is left alone, and forgotten here.
     pub fn share_again(&self, folder: &Attached, home: &Session) {
-        let key = (
-            home.owner.clone(),
-            folder.device_id.clone(),
-            folder.path.clone(),
-        );
-        let before: Vec<Arc<Session>> = {
+        let Some(generation) = folder.link.as_ref().map(|l| l.generation) else {
+            return;
+        };
+        let (key, before) = {
             let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(shared) = links.shared.get_mut(&key) else {
+            let Links { live, shared } = &mut *links;
+            let Some(key) = live.get(&generation).map(|link| link.folder.clone()) else {
                 return;
             };
-            shared.retain(|s| s.strong_count() > 0);
-            shared.iter().filter_map(std::sync::Weak::upgrade).collect()
+            let Some(sessions) = shared.get_mut(&key) else {
+                return;
+            };
+            sessions.retain(|(s, _)| s.strong_count() > 0);
+            let before: Vec<(Arc<Session>, u64)> = sessions
+                .iter()
+                .filter_map(|(s, previous)| s.upgrade().map(|s| (s, *previous)))
+                .collect();
+            (key, before)
         };
-        for session in before {
-            // A session whose owner detached the folder by name keeps it detached.
-            if session.id != home.id && session.lists_folder(&folder.device_id, &folder.path) {
-                self.share(folder, &session);
+        let mut left: Vec<String> = Vec::new();
+        for (session, previous) in before {
+            if session.id != home.id && self.share_as(folder, &session, Some(previous)).is_none() {
+                left.push(session.id.clone());
+            }
+        }
+        if !left.is_empty() {
+            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(sessions) = links.shared.get_mut(&key) {
+                sessions.retain(|(s, _)| s.upgrade().is_some_and(|s| !left.contains(&s.id)));
             }
         }
     }
@@ -1117,18 +1183,35 @@ impl Registry {
     /// has no link or already detached: a folder is never shown online where calls cannot
     /// reach it.
     pub fn share(&self, folder: &Attached, into: &Arc<Session>) -> Option<WorkspaceInfo> {
+        self.share_as(folder, into, None)
+    }
+
+    /// [`Registry::share`], or with `again` (the generation of the link an earlier share
+    /// brought) a share back after the folder attached again ([`Session::attach_shared`]). A
+    /// folder attached with full trust is not shared into a session whose settings refuse such
+    /// folders (`attach.allow_full_trust = false`), as its own attach would not be.
+    fn share_as(
+        &self,
+        folder: &Attached,
+        into: &Arc<Session>,
+        again: Option<u64>,
+    ) -> Option<WorkspaceInfo> {
         let link = folder.link.as_ref()?;
         let (generation, minor) = (link.generation, link.minor);
+        if folder.trust == Trust::Full && !into.settings.attach.allow_full_trust {
+            return None;
+        }
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let Links { live, shared } = &mut *links;
         let link = live.get(&generation)?;
-        let info = into.attach(folder.clone(), Some(&folder.name));
+        let info = into.attach_shared(folder.clone(), again)?;
         if !shared.contains_key(&link.folder) && shared.len() >= SHARED_FOLDERS_MAX {
-            shared.retain(|_, sessions| sessions.iter().any(|s| s.strong_count() > 0));
+            shared.retain(|_, sessions| sessions.iter().any(|(s, _)| s.strong_count() > 0));
         }
         let sessions = shared.entry(link.folder.clone()).or_default();
-        sessions.retain(|s| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), Arc::as_ptr(into)));
-        sessions.push(Arc::downgrade(into));
+        sessions
+            .retain(|(s, _)| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), Arc::as_ptr(into)));
+        sessions.push((Arc::downgrade(into), generation));
         // The attachment's owner hears where that session's focus goes, as of its own: each
         // move, while both the session and the attachment last (a client that cannot hear
         // which session is told of its own only).
@@ -1170,12 +1253,7 @@ impl Registry {
             let Links { live, shared } = &mut *links;
             live.remove(&generation)
                 .and_then(|link| shared.get(&link.folder))
-                .map(|sessions| {
-                    sessions
-                        .iter()
-                        .filter_map(std::sync::Weak::upgrade)
-                        .collect()
-                })
+                .map(|sessions| sessions.iter().filter_map(|(s, _)| s.upgrade()).collect())
                 .unwrap_or_default()
         };
         session.detach(generation);
@@ -2273,10 +2351,150 @@ fn internal(e: impl std::fmt::Display) -> ToolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::link::{Conn, memory};
     use crate::store::FsStore;
 
     fn registry(dir: &Path) -> Registry {
         Registry::new(dir, Arc::new(FsStore::new(dir)), Layers::default())
+    }
+
+    /// A live attachment of the folder `~/two` of `ana`'s laptop, of `generation` and with
+    /// `trust`, noted in `reg`; the receiver hears it being taken over.
+    fn live_folder(
+        reg: &Registry,
+        generation: u64,
+        trust: Trust,
+    ) -> (
+        Attached,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+        memory::Peer,
+    ) {
+        let device = DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap();
+        let (conn, peer) = memory::pair();
+        let (kick, kicked) = tokio::sync::mpsc::unbounded_channel();
+        drop(reg.link_attached(generation, "ana", &device, "~/two"));
+        let folder = Attached {
+            name: "two".into(),
+            uri: "laptop:~/two".into(),
+            trust,
+            tools: ToolName::ALL.to_vec(),
+            device_id: device,
+            path: "~/two".into(),
+            record: None,
+            folder: None,
+            link: Some(ClientLink {
+                conn: Conn::Memory(conn),
+                attachment: 1,
+                generation,
+                minor: monad_protocol::wire::PROTOCOL_MINOR,
+                kick,
+            }),
+        };
+        (folder, kicked, peer)
+    }
+
+    /// The generation of the link session `s` carries the folder `~/two` over: `None` when it
+    /// does not list it, `Some(None)` offline.
+    fn carried(s: &Session) -> Option<Option<u64>> {
+        s.attached
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|a| a.path == "~/two")
+            .map(|a| a.link.as_ref().map(|l| l.generation))
+    }
+
+    /// A folder shared into another session comes back there when it attaches again, whichever
+    /// of the old link's end and the new attach comes first; a landing's share of an older link
+    /// never replaces a newer one (it would take the new connection over); a session whose owner
+    /// detached the folder by name, or that has it live by an attach of its own, is left alone.
+    #[tokio::test]
+    async fn a_folder_attached_again_is_shared_back_only_where_an_earlier_share_left_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let home = reg.open("default", "ana").unwrap();
+        let host = reg
+            .open("00000000-0000-4000-8000-00000000b001", "ana")
+            .unwrap();
+        let (first, _, _p1) = live_folder(&reg, 1, Trust::Restricted);
+        home.attach(first.clone(), None);
+        assert!(reg.share(&first, &host).is_some());
+        assert_eq!(carried(&host), Some(Some(1)));
+
+        // The new attach first, the old link's end after: the share moves to the new link,
+        // and the old one's end leaves it alone.
+        let (second, _, _p2) = live_folder(&reg, 2, Trust::Restricted);
+        home.attach(second.clone(), None);
+        reg.share_again(&second, &home);
+        assert_eq!(carried(&host), Some(Some(2)));
+        reg.detach_everywhere(&home, 1);
+        assert_eq!(
+            (carried(&home), carried(&host)),
+            (Some(Some(2)), Some(Some(2)))
+        );
+        // A landing that saw the older link shares it too late: refused, the newer one kept.
+        assert!(reg.share(&first, &host).is_none());
+        assert_eq!(carried(&host), Some(Some(2)));
+
+        // The old link's end first, the new attach after.
+        reg.detach_everywhere(&home, 2);
+        assert_eq!(carried(&host), Some(None));
+        let (third, _, _p3) = live_folder(&reg, 3, Trust::Restricted);
+        home.attach(third.clone(), None);
+        reg.share_again(&third, &home);
+        assert_eq!(carried(&host), Some(Some(3)));
+
+        // Detached there by name while offline: not brought back.
+        reg.detach_everywhere(&home, 3);
+        host.forget("two", "detached").unwrap();
+        let (fourth, _, _p4) = live_folder(&reg, 4, Trust::Restricted);
+        home.attach(fourth.clone(), None);
+        reg.share_again(&fourth, &home);
+        assert_eq!(carried(&host), None);
+
+        // Live there by an attach of its own (another connection): not taken over.
+        let own = reg
+            .open("00000000-0000-4000-8000-00000000b002", "ana")
+            .unwrap();
+        assert!(reg.share(&fourth, &own).is_some());
+        reg.detach_everywhere(&home, 4);
+        let (mine, mut kicked, _p5) = live_folder(&reg, 5, Trust::Restricted);
+        own.attach(mine, None);
+        let (sixth, _, _p6) = live_folder(&reg, 6, Trust::Restricted);
+        home.attach(sixth.clone(), None);
+        reg.share_again(&sixth, &home);
+        assert_eq!(carried(&own), Some(Some(5)));
+        assert!(kicked.try_recv().is_err(), "its own attach was taken over");
+    }
+
+    /// A folder attached with full trust is not shared into a session whose settings refuse
+    /// such folders, as its own attach there would be refused.
+    #[tokio::test]
+    async fn a_full_trust_folder_is_not_shared_into_a_session_that_refuses_full_trust() {
+        const LOCKED: &str = "00000000-0000-4000-8000-00000000b004";
+        let dir = tempfile::tempdir().unwrap();
+        let locked = dir.path().join("sessions").join(LOCKED);
+        std::fs::create_dir_all(&locked).unwrap();
+        std::fs::write(
+            locked.join("config.toml"),
+            "[attach]\nallow_full_trust = false\n",
+        )
+        .unwrap();
+        let reg = registry(dir.path());
+        let home = reg.open("default", "ana").unwrap();
+        let locked = reg.open(LOCKED, "ana").unwrap();
+        assert!(!locked.settings.attach.allow_full_trust);
+        let open = reg
+            .open("00000000-0000-4000-8000-00000000b003", "ana")
+            .unwrap();
+        let (full, _, _p) = live_folder(&reg, 1, Trust::Full);
+        home.attach(full.clone(), None);
+        assert!(reg.share(&full, &locked).is_none());
+        assert_eq!(carried(&locked), None);
+        assert!(reg.share(&full, &open).is_some());
+        let (restricted, _, _p2) = live_folder(&reg, 2, Trust::Restricted);
+        home.attach(restricted.clone(), None);
+        assert!(reg.share(&restricted, &locked).is_some());
     }
 
     #[test]

@@ -862,7 +862,7 @@ fn spawn(
         std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
             SandboxError::SandboxUnavailable(format!(
                 "the path {} holds a NUL byte",
-                path.display()
+                crate::error::shown(&path.to_string_lossy())
             ))
         })
     };
@@ -893,7 +893,7 @@ fn spawn(
             with_ids(&mut fresh, &ids, jail.root_path(), root_id).map_err(|path| {
                 SandboxError::SandboxUnavailable(format!(
                     "{} changed while the command's view of the filesystem was made",
-                    path.display()
+                    crate::error::shown(&path.to_string_lossy())
                 ))
             })?;
             (fresh, masks)
@@ -1146,7 +1146,10 @@ fn view(
         }
         let dir = std::fs::metadata(&path).is_ok_and(|m| m.is_dir());
         let target = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
-            SandboxError::InvalidArguments(format!("{} holds a NUL", path.display()))
+            SandboxError::InvalidArguments(format!(
+                "{} holds a NUL",
+                crate::error::shown(&path.to_string_lossy())
+            ))
         })?;
         binds.push((
             path,
@@ -1381,7 +1384,8 @@ pub(crate) fn parse_signal(name: Option<&str>) -> Result<(c_signal, &'static str
     .find(|(_, n)| *n == bare);
     found.ok_or_else(|| {
         SandboxError::InvalidArguments(format!(
-            "signal `{name}` is not one of TERM, INT, HUP, QUIT, USR1, USR2, KILL"
+            "signal `{}` is not one of TERM, INT, HUP, QUIT, USR1, USR2, KILL",
+            crate::error::shown(name)
         ))
     })
 }

@@ -1104,10 +1104,10 @@ async fn online_in(agent: &monad_client::agent::Agent, session: &str, name: &str
     workspaces.iter().any(|w| w.name == name && w.online)
 }
 
-/// Waits (bounded) until session `default` lists workspace `name` offline.
-async fn gone_from_default(agent: &monad_client::agent::Agent, name: &str) {
+/// Waits (bounded) until session `session` lists workspace `name` offline, or not at all.
+async fn gone_from(agent: &monad_client::agent::Agent, session: &str, name: &str) {
     within(STEP, "the folder to go offline", async {
-        while online_in(agent, "default", name).await {
+        while online_in(agent, session, name).await {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
@@ -1167,15 +1167,16 @@ async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into()
 
     // Gone, then attached again.
     drop(again);
-    gone_from_default(&holder, "two").await;
-    assert!(!online_in(&host, &shared, "two").await);
-    let _third = attach(&config, &two, "two", Some("default")).await;
+    gone_from(&holder, "default", "two").await;
+    gone_from(&host, &shared, "two").await;
+    let third = attach(&config, &two, "two", Some("default")).await;
     assert!(online_in(&host, &shared, "two").await);
     assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
 
     // A session whose owner detached the folder by name does not get it back.
-    drop(_third);
-    gone_from_default(&holder, "two").await;
+    drop(third);
+    gone_from(&holder, "default", "two").await;
+    gone_from(&host, &shared, "two").await;
     let detached = within(STEP, "a detach", host.detach(Some(&shared), "two")).await;
     assert!(detached.is_ok(), "{detached:?}");
     let _fourth = attach(&config, &two, "two", Some("default")).await;
