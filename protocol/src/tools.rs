@@ -244,16 +244,11 @@ impl ToolName {
             ("expected u8", true),
             ("expected i64", false),
         ];
-        for (rust, unsigned) in numbers {
-            // The last: what was expected ends the message, after the value, which may read
-            // like it.
-            if let Some(found) = said.rfind(rust) {
-                // Only the whole word: `expected u64` but not `expected u64s`.
-                let end = found + rust.len();
-                if !said[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
-                    said.replace_range(found..end, &words(unsigned));
-                }
-            }
+        // What was expected ends serde's message, after the value given (which may read like
+        // it): only there is it rewritten.
+        if let Some((rust, unsigned)) = numbers.iter().find(|(rust, _)| said.ends_with(rust)) {
+            said.truncate(said.len() - rust.len());
+            said.push_str(&words(*unsigned));
         }
         // Rust's name for a JSON number with a fraction or an exponent, where it opens the
         // message (not in a string value that reads so).
@@ -1663,6 +1658,12 @@ mod tests {
                 json!({"path": "a", "limit": "integer `7`, expected u64"}),
                 "read_file: `limit`: invalid type: string \"integer `7`, expected u64\", expected \
                  a whole number of at least 1",
+            ),
+            (
+                ToolName::ReadFile,
+                json!({"path": "a", "limit": "expected u32"}),
+                "read_file: `limit`: invalid type: string \"expected u32\", expected a whole \
+                 number of at least 1",
             ),
             (
                 ToolName::ReadFile,

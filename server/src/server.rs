@@ -1461,10 +1461,6 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         .and_then(|r| r.inspect_err(|e| warn!("workspace record: {e}")).ok())
     };
     let generation = ctx.state.generations.fetch_add(1, Ordering::Relaxed);
-    let mut shared_moves =
-        ctx.state
-            .registry
-            .link_attached(generation, &ctx.user, &ctx.device_id, &path);
     let base = path
         .trim_end_matches('/')
         .rsplit('/')
@@ -1490,6 +1486,14 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             kick,
         }),
     };
+    let mut shared_moves = ctx
+        .state
+        .registry
+        .link_attached(&ctx.user, &session.id, &folder);
+    // A link another session's attachment left here by a share is let go of, not taken over.
+    ctx.state
+        .registry
+        .release_shared(&session, &ctx.device_id, &folder.path);
     let mut again = folder.clone();
     let workspace = match (exact_name, name.as_deref()) {
         (true, Some(name)) => match session.attach_exact(folder, name) {

@@ -539,21 +539,55 @@ impl Session {
         }
     }
 
-    /// Lists `folder`, a live attachment of another session's, here too, over its link
-    /// ([`Registry::share`]); `again`: the generation of the link an earlier share brought
-    /// ([`Registry::share_again`]). `None` when it is left out: a share never replaces the
-    /// link of a newer attachment of the folder, and a share again only takes the entry the
-    /// session lists already, offline or carrying that earlier link (not one its owner
-    /// detached by name, nor one live here by an attach of its own).
-    pub fn attach_shared(&self, folder: Attached, again: Option<u64>) -> Option<WorkspaceInfo> {
+    /// Lists `folder`, a live attachment of another session's, here too, over its link, as
+    /// `joining` says ([`Registry::share`], [`Registry::share_again`]). `None` when it is left
+    /// out: a share never replaces the link of a newer attachment of the folder, and a share
+    /// back never takes an entry its owner detached by name, nor one live over another link
+    /// than the one the new attach took over.
+    pub(crate) fn attach_shared(
+        &self,
+        folder: Attached,
+        joining: Joining,
+    ) -> Option<WorkspaceInfo> {
         let wanted = folder.name.clone();
-        let joining = match again {
-            Some(previous) => Joining::SharedAgain { previous },
-            None => Joining::Shared,
-        };
         self.attach_as(folder, Some(&wanted), joining)
             .ok()
             .flatten()
+    }
+
+    /// The generation of the link the session carries the folder at `path` on `device` over:
+    /// `None` when it does not list it or lists it offline.
+    fn carried(&self, device: &DeviceId, path: &str) -> Option<u64> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|a| a.device_id == *device && a.path == path)
+            .and_then(|a| a.link.as_ref().map(|l| l.generation))
+    }
+
+    /// Whether the session lists the folder at `path` on `device`, online or not.
+    fn lists_folder(&self, device: &DeviceId, path: &str) -> bool {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|a| a.device_id == *device && a.path == path)
+    }
+
+    /// Lets go, without telling its client, of the link of `generation` the session carries
+    /// the folder at `path` on `device` over, if it still does: the folder stays listed,
+    /// offline ([`Registry::release_shared`]).
+    fn let_go_of(&self, device: &DeviceId, path: &str, generation: u64) {
+        let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        let held = attached.iter_mut().find(|a| {
+            a.device_id == *device
+                && a.path == path
+                && a.link.as_ref().is_some_and(|l| l.generation == generation)
+        });
+        if let Some(entry) = held {
+            entry.link = None;
+        }
     }
 
     /// Like [`Session::attach`], but the folder gets exactly the name `wanted` (`attach
@@ -589,9 +623,8 @@ impl Session {
                 .and_then(carried)
                 .zip(arriving)
                 .is_some_and(|(now, arriving)| now > arriving),
-            (Joining::SharedAgain { .. }, None) => true,
-            (Joining::SharedAgain { previous }, Some(existing)) => {
-                carried(existing).is_some_and(|now| now != previous)
+            (Joining::SharedAgain { over }, existing) => {
+                existing.is_none_or(|e| carried(e).is_some_and(|now| Some(now) != over))
             }
         };
         if left_out {
@@ -955,7 +988,7 @@ fn sanitize_name(raw: &str) -> String {
 
 /// How a folder comes to be listed in a session ([`Session::attach_as`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Joining {
+pub(crate) enum Joining {
     /// By an attach of its own, under exactly the name it asked for when `exact`.
     Own {
         /// `attach --name`: that name or nothing.
@@ -964,10 +997,10 @@ enum Joining {
     /// Shared from a live attachment in another session, never over a newer one's link.
     Shared,
     /// Shared back after the folder attached again: only into the entry listed already,
-    /// offline or carrying the link of generation `previous`, which the earlier share brought.
+    /// offline or carrying the link `over` (one the new attach took over in its own session).
     SharedAgain {
-        /// That earlier link's generation.
-        previous: u64,
+        /// That link's generation.
+        over: Option<u64>,
     },
 }
 
@@ -976,6 +1009,10 @@ enum Joining {
 struct Link {
     /// Its folder.
     folder: FolderKey,
+    /// The session it attached into.
+    home: String,
+    /// The folder as attached, with this link: what is shared back over it.
+    attached: Attached,
     /// Where the focus moves of the sessions it is shared into go: to the attachment's own
     /// task.
     moves: mpsc::Sender<SharedFocus>,
@@ -991,9 +1028,8 @@ type FolderKey = (String, DeviceId, String);
 struct Links {
     /// Live attachments by generation.
     live: HashMap<u64, Link>,
-    /// Per folder, the other sessions it was shared into, each with the generation of the
-    /// link it was shared over last.
-    shared: HashMap<FolderKey, Vec<(std::sync::Weak<Session>, u64)>>,
+    /// Per folder, the other sessions it was shared into.
+    shared: HashMap<FolderKey, Vec<std::sync::Weak<Session>>>,
 }
 
 /// Folders whose shares are remembered at most; past it, those with no session left in memory
@@ -1113,66 +1149,114 @@ impl Registry {
         self
     }
 
-    /// Notes a new live attachment of the folder at `path` on `device`, of `user` (its link's
-    /// `generation`), so that it can be shared into other sessions until it detaches
+    /// Notes a new live attachment, `folder` with its link, of `user`, into session `home`,
+    /// so that it can be shared into other sessions until it detaches
     /// ([`Registry::detach_everywhere`]). Returns where the focus of each session it is shared
     /// into is told, from the share on.
     pub fn link_attached(
         &self,
-        generation: u64,
         user: &str,
-        device: &DeviceId,
-        path: &str,
+        home: &str,
+        folder: &Attached,
     ) -> mpsc::Receiver<SharedFocus> {
         // One at a time: a forwarder whose move waits sends the latest focus after it, so
         // that a client that does not read its stream holds one move per session, not all.
         let (moves, told) = mpsc::channel(1);
-        let folder = (user.to_owned(), device.clone(), path.to_owned());
-        self.links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .live
-            .insert(generation, Link { folder, moves });
+        if let Some(generation) = folder.link.as_ref().map(|l| l.generation) {
+            let key = (
+                user.to_owned(),
+                folder.device_id.clone(),
+                folder.path.clone(),
+            );
+            let link = Link {
+                folder: key,
+                home: home.to_owned(),
+                attached: folder.clone(),
+                moves,
+            };
+            self.links
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .live
+                .insert(generation, link);
+        }
         told
     }
 
-    /// Shares a folder just attached into `home` ([`Session::attach`]; `folder` as `home`
-    /// lists it, with its live link) into every session it was shared into before and that
-    /// still lists it, offline or over that earlier link: an MCP host that landed on it there
-    /// finds it again after the folder's connection dropped and came back (or after `attach`
-    /// was run again), whichever of the old connection's end and the new attach came first. A
-    /// session whose owner detached the folder by name, or that has it live by an attach of its
-    /// own, is left alone, and forgotten here.
+    /// Before a folder's own attach into `session`: a link of another session's attachment
+    /// that an earlier share left there (the session listed the folder offline then) is let go
+    /// of quietly, so that the attach takes the entry over without telling that other
+    /// attachment it was taken over, which would stop it.
+    pub fn release_shared(&self, session: &Session, device: &DeviceId, path: &str) {
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(generation) = session.carried(device, path)
+            && links
+                .live
+                .get(&generation)
+                .is_some_and(|link| link.home != session.id)
+        {
+            session.let_go_of(device, path, generation);
+        }
+    }
+
+    /// Shares a folder just attached into `home` ([`Session::attach`]; `folder` with its live
+    /// link) back into every session it was shared into before and that lists it offline: an
+    /// MCP host that landed on it there finds it again after the folder's connection dropped
+    /// and came back, or after `attach` was run again. When the new attach came before the old
+    /// connection's end, those sessions still carry the old link; they get the new one at
+    /// that end ([`Registry::detach_everywhere`]). A session whose owner detached the folder by
+    /// name is left alone, and forgotten here.
     pub fn share_again(&self, folder: &Attached, home: &Session) {
         let Some(generation) = folder.link.as_ref().map(|l| l.generation) else {
             return;
         };
-        let (key, before) = {
-            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-            let Links { live, shared } = &mut *links;
-            let Some(key) = live.get(&generation).map(|link| link.folder.clone()) else {
-                return;
-            };
-            let Some(sessions) = shared.get_mut(&key) else {
-                return;
-            };
-            sessions.retain(|(s, _)| s.strong_count() > 0);
-            let before: Vec<(Arc<Session>, u64)> = sessions
-                .iter()
-                .filter_map(|(s, previous)| s.upgrade().map(|s| (s, *previous)))
-                .collect();
-            (key, before)
+        let Some((key, before)) = self.shared_into(generation, home) else {
+            return;
         };
-        let mut left: Vec<String> = Vec::new();
-        for (session, previous) in before {
-            if session.id != home.id && self.share_as(folder, &session, Some(previous)).is_none() {
-                left.push(session.id.clone());
-            }
+        for (session, over) in &before {
+            self.share_as(folder, session, Joining::SharedAgain { over: *over });
         }
-        if !left.is_empty() {
-            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(sessions) = links.shared.get_mut(&key) {
-                sessions.retain(|(s, _)| s.upgrade().is_some_and(|s| !left.contains(&s.id)));
+        self.forget_detached(&key);
+    }
+
+    /// The folder of the live link of `generation`, which attached into `home`, and the other
+    /// sessions it was shared into that are still in memory, each with the link it carries the
+    /// folder over when that is an older link of `home`'s, which this attach took over.
+    #[allow(clippy::type_complexity)]
+    fn shared_into(
+        &self,
+        generation: u64,
+        home: &Session,
+    ) -> Option<(FolderKey, Vec<(Arc<Session>, Option<u64>)>)> {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let Links { live, shared } = &mut *links;
+        let key = live.get(&generation)?.folder.clone();
+        let sessions = shared.get_mut(&key)?;
+        sessions.retain(|s| s.strong_count() > 0);
+        let (_, device, path) = &key;
+        let others = sessions
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|s| s.id != home.id)
+            .map(|s| {
+                let over = s
+                    .carried(device, path)
+                    .filter(|g| *g < generation && live.get(g).is_some_and(|l| l.home == home.id));
+                (s, over)
+            })
+            .collect();
+        Some((key, others))
+    }
+
+    /// Forgets, for the folder of `key`, the sessions that no longer list it (their owner
+    /// detached it by name) or left memory.
+    fn forget_detached(&self, key: &FolderKey) {
+        let (_, device, path) = key;
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sessions) = links.shared.get_mut(key) {
+            sessions.retain(|s| s.upgrade().is_some_and(|s| s.lists_folder(device, path)));
+            if sessions.is_empty() {
+                links.shared.remove(key);
             }
         }
     }
@@ -1183,18 +1267,18 @@ impl Registry {
     /// has no link or already detached: a folder is never shown online where calls cannot
     /// reach it.
     pub fn share(&self, folder: &Attached, into: &Arc<Session>) -> Option<WorkspaceInfo> {
-        self.share_as(folder, into, None)
+        self.share_as(folder, into, Joining::Shared)
     }
 
-    /// [`Registry::share`], or with `again` (the generation of the link an earlier share
-    /// brought) a share back after the folder attached again ([`Session::attach_shared`]). A
-    /// folder attached with full trust is not shared into a session whose settings refuse such
-    /// folders (`attach.allow_full_trust = false`), as its own attach would not be.
+    /// [`Registry::share`], or a share back after the folder attached again, as `joining`
+    /// says ([`Session::attach_shared`]). A folder attached with full trust is not shared into
+    /// a session whose settings refuse such folders (`attach.allow_full_trust = false`), as
+    /// its own attach there would be refused.
     fn share_as(
         &self,
         folder: &Attached,
         into: &Arc<Session>,
-        again: Option<u64>,
+        joining: Joining,
     ) -> Option<WorkspaceInfo> {
         let link = folder.link.as_ref()?;
         let (generation, minor) = (link.generation, link.minor);
@@ -1204,14 +1288,13 @@ impl Registry {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let Links { live, shared } = &mut *links;
         let link = live.get(&generation)?;
-        let info = into.attach_shared(folder.clone(), again)?;
+        let info = into.attach_shared(folder.clone(), joining)?;
         if !shared.contains_key(&link.folder) && shared.len() >= SHARED_FOLDERS_MAX {
-            shared.retain(|_, sessions| sessions.iter().any(|(s, _)| s.strong_count() > 0));
+            shared.retain(|_, sessions| sessions.iter().any(|s| s.strong_count() > 0));
         }
         let sessions = shared.entry(link.folder.clone()).or_default();
-        sessions
-            .retain(|(s, _)| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), Arc::as_ptr(into)));
-        sessions.push((Arc::downgrade(into), generation));
+        sessions.retain(|s| s.strong_count() > 0 && !std::ptr::eq(s.as_ptr(), Arc::as_ptr(into)));
+        sessions.push(Arc::downgrade(into));
         // The attachment's owner hears where that session's focus goes, as of its own: each
         // move, while both the session and the attachment last (a client that cannot hear
         // which session is told of its own only).
@@ -1246,19 +1329,36 @@ impl Registry {
 
     /// Detaches the attachment of `generation` from `session` and from every session its
     /// folder was shared into. Those sessions stay remembered for the folder's next attachment
-    /// ([`Registry::share_again`]).
+    /// ([`Registry::share_again`]); when one is live already (it attached before this one's
+    /// end), they get its link now.
     pub fn detach_everywhere(&self, session: &Session, generation: u64) {
-        let shared: Vec<Arc<Session>> = {
+        let (shared, newer) = {
             let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
             let Links { live, shared } = &mut *links;
-            live.remove(&generation)
-                .and_then(|link| shared.get(&link.folder))
-                .map(|sessions| sessions.iter().filter_map(|(s, _)| s.upgrade()).collect())
-                .unwrap_or_default()
+            match live.remove(&generation) {
+                Some(link) => {
+                    let sessions: Vec<Arc<Session>> = shared
+                        .get(&link.folder)
+                        .map(|s| s.iter().filter_map(std::sync::Weak::upgrade).collect())
+                        .unwrap_or_default();
+                    let newer = live
+                        .iter()
+                        .filter(|(g, l)| **g > generation && l.folder == link.folder)
+                        .max_by_key(|(g, _)| **g)
+                        .map(|(_, l)| l.attached.clone());
+                    (sessions, newer)
+                }
+                None => (Vec::new(), None),
+            }
         };
         session.detach(generation);
-        for other in shared {
+        for other in &shared {
             other.detach(generation);
+        }
+        if let Some(newer) = newer {
+            for other in &shared {
+                self.share_as(&newer, other, Joining::SharedAgain { over: None });
+            }
         }
     }
 
@@ -2358,10 +2458,11 @@ mod tests {
         Registry::new(dir, Arc::new(FsStore::new(dir)), Layers::default())
     }
 
-    /// A live attachment of the folder `~/two` of `ana`'s laptop, of `generation` and with
-    /// `trust`, noted in `reg`; the receiver hears it being taken over.
+    /// A live attachment of the folder `~/two` of `ana`'s laptop into session `home`, of
+    /// `generation` and with `trust`, noted in `reg`; the receiver hears it being taken over.
     fn live_folder(
         reg: &Registry,
+        home: &str,
         generation: u64,
         trust: Trust,
     ) -> (
@@ -2369,16 +2470,14 @@ mod tests {
         tokio::sync::mpsc::UnboundedReceiver<String>,
         memory::Peer,
     ) {
-        let device = DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap();
         let (conn, peer) = memory::pair();
         let (kick, kicked) = tokio::sync::mpsc::unbounded_channel();
-        drop(reg.link_attached(generation, "ana", &device, "~/two"));
         let folder = Attached {
             name: "two".into(),
             uri: "laptop:~/two".into(),
             trust,
             tools: ToolName::ALL.to_vec(),
-            device_id: device,
+            device_id: DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap(),
             path: "~/two".into(),
             record: None,
             folder: None,
@@ -2390,6 +2489,7 @@ mod tests {
                 kick,
             }),
         };
+        drop(reg.link_attached("ana", home, &folder));
         (folder, kicked, peer)
     }
 
@@ -2404,67 +2504,95 @@ mod tests {
             .map(|a| a.link.as_ref().map(|l| l.generation))
     }
 
+    /// A folder's own attach into `session`, as the server makes it.
+    fn own_attach(reg: &Registry, session: &Session, folder: &Attached) {
+        reg.release_shared(session, &folder.device_id, &folder.path);
+        session.attach(folder.clone(), None);
+        reg.share_again(folder, session);
+    }
+
     /// A folder shared into another session comes back there when it attaches again, whichever
     /// of the old link's end and the new attach comes first; a landing's share of an older link
-    /// never replaces a newer one (it would take the new connection over); a session whose owner
-    /// detached the folder by name, or that has it live by an attach of its own, is left alone.
+    /// never replaces a newer one; a session whose owner detached the folder by name is left
+    /// alone; and no share, or share back, stops an attachment that still serves its own
+    /// session.
     #[tokio::test]
     async fn a_folder_attached_again_is_shared_back_only_where_an_earlier_share_left_it() {
+        const HOST: &str = "00000000-0000-4000-8000-00000000b001";
+        const OWN: &str = "00000000-0000-4000-8000-00000000b002";
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
         let home = reg.open("default", "ana").unwrap();
-        let host = reg
-            .open("00000000-0000-4000-8000-00000000b001", "ana")
-            .unwrap();
-        let (first, _, _p1) = live_folder(&reg, 1, Trust::Restricted);
-        home.attach(first.clone(), None);
+        let host = reg.open(HOST, "ana").unwrap();
+        let (first, _, _p1) = live_folder(&reg, "default", 1, Trust::Restricted);
+        own_attach(&reg, &home, &first);
         assert!(reg.share(&first, &host).is_some());
         assert_eq!(carried(&host), Some(Some(1)));
 
-        // The new attach first, the old link's end after: the share moves to the new link,
-        // and the old one's end leaves it alone.
-        let (second, _, _p2) = live_folder(&reg, 2, Trust::Restricted);
-        home.attach(second.clone(), None);
-        reg.share_again(&second, &home);
+        // The new attach first, into the same session: the share moves to the new link at
+        // once (the old one was just taken over); a landing that saw the old link after that is
+        // too late, and refused; the old link's end leaves it alone.
+        let (second, _, _p2) = live_folder(&reg, "default", 2, Trust::Restricted);
+        own_attach(&reg, &home, &second);
+        assert_eq!(carried(&host), Some(Some(2)));
+        assert!(reg.share(&first, &host).is_none());
         assert_eq!(carried(&host), Some(Some(2)));
         reg.detach_everywhere(&home, 1);
         assert_eq!(
             (carried(&home), carried(&host)),
             (Some(Some(2)), Some(Some(2)))
         );
-        // A landing that saw the older link shares it too late: refused, the newer one kept.
-        assert!(reg.share(&first, &host).is_none());
+
+        // The new attach first, into another session: the host's session keeps the link that
+        // still serves until it ends (nothing is taken over), then gets the new one.
+        const ELSEWHERE: &str = "00000000-0000-4000-8000-00000000b003";
+        let elsewhere = reg.open(ELSEWHERE, "ana").unwrap();
+        let (third, _, _p3) = live_folder(&reg, ELSEWHERE, 3, Trust::Restricted);
+        own_attach(&reg, &elsewhere, &third);
         assert_eq!(carried(&host), Some(Some(2)));
+        reg.detach_everywhere(&home, 2);
+        assert_eq!(carried(&host), Some(Some(3)));
+        reg.detach_everywhere(&elsewhere, 3);
 
         // The old link's end first, the new attach after.
-        reg.detach_everywhere(&home, 2);
         assert_eq!(carried(&host), Some(None));
-        let (third, _, _p3) = live_folder(&reg, 3, Trust::Restricted);
-        home.attach(third.clone(), None);
-        reg.share_again(&third, &home);
-        assert_eq!(carried(&host), Some(Some(3)));
+        let (fourth, _, _p4) = live_folder(&reg, "default", 4, Trust::Restricted);
+        own_attach(&reg, &home, &fourth);
+        assert_eq!(carried(&host), Some(Some(4)));
 
         // Detached there by name while offline: not brought back.
-        reg.detach_everywhere(&home, 3);
+        reg.detach_everywhere(&home, 4);
         host.forget("two", "detached").unwrap();
-        let (fourth, _, _p4) = live_folder(&reg, 4, Trust::Restricted);
-        home.attach(fourth.clone(), None);
-        reg.share_again(&fourth, &home);
+        let (fifth, mut fifth_kicked, _p5) = live_folder(&reg, "default", 5, Trust::Restricted);
+        own_attach(&reg, &home, &fifth);
         assert_eq!(carried(&host), None);
 
-        // Live there by an attach of its own (another connection): not taken over.
-        let own = reg
-            .open("00000000-0000-4000-8000-00000000b002", "ana")
-            .unwrap();
-        assert!(reg.share(&fourth, &own).is_some());
-        reg.detach_everywhere(&home, 4);
-        let (mine, mut kicked, _p5) = live_folder(&reg, 5, Trust::Restricted);
-        own.attach(mine, None);
-        let (sixth, _, _p6) = live_folder(&reg, 6, Trust::Restricted);
-        home.attach(sixth.clone(), None);
-        reg.share_again(&sixth, &home);
-        assert_eq!(carried(&own), Some(Some(5)));
-        assert!(kicked.try_recv().is_err(), "its own attach was taken over");
+        // A session that had the folder shared in gets an attach of its own: the shared link
+        // is let go of, and the attachment it belongs to keeps serving its session.
+        let own = reg.open(OWN, "ana").unwrap();
+        assert!(reg.share(&fifth, &own).is_some());
+        let (mine, mut mine_kicked, _p6) = live_folder(&reg, OWN, 6, Trust::Restricted);
+        own_attach(&reg, &own, &mine);
+        assert_eq!(
+            (carried(&own), carried(&home)),
+            (Some(Some(6)), Some(Some(5)))
+        );
+        assert!(
+            fifth_kicked.try_recv().is_err(),
+            "the shared attachment was stopped"
+        );
+        // The folder attached again into the first session: the second keeps its own link.
+        let (seventh, _, _p7) = live_folder(&reg, "default", 7, Trust::Restricted);
+        own_attach(&reg, &home, &seventh);
+        reg.detach_everywhere(&home, 5);
+        assert_eq!(
+            (carried(&own), carried(&home)),
+            (Some(Some(6)), Some(Some(7)))
+        );
+        assert!(
+            mine_kicked.try_recv().is_err(),
+            "its own attach was taken over"
+        );
     }
 
     /// A folder attached with full trust is not shared into a session whose settings refuse
@@ -2487,12 +2615,12 @@ mod tests {
         let open = reg
             .open("00000000-0000-4000-8000-00000000b003", "ana")
             .unwrap();
-        let (full, _, _p) = live_folder(&reg, 1, Trust::Full);
+        let (full, _, _p) = live_folder(&reg, "default", 1, Trust::Full);
         home.attach(full.clone(), None);
         assert!(reg.share(&full, &locked).is_none());
         assert_eq!(carried(&locked), None);
         assert!(reg.share(&full, &open).is_some());
-        let (restricted, _, _p2) = live_folder(&reg, 2, Trust::Restricted);
+        let (restricted, _, _p2) = live_folder(&reg, "default", 2, Trust::Restricted);
         home.attach(restricted.clone(), None);
         assert!(reg.share(&restricted, &locked).is_some());
     }
