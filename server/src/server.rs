@@ -1490,20 +1490,19 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         .state
         .registry
         .link_attached(&ctx.user, &session.id, &folder);
-    // A link another session's attachment left here by a share is let go of, not taken over.
-    ctx.state
-        .registry
-        .release_shared(&session, &ctx.device_id, &folder.path);
     let mut again = folder.clone();
-    let workspace = match (exact_name, name.as_deref()) {
-        (true, Some(name)) => match session.attach_exact(folder, name) {
-            Ok(workspace) => workspace,
-            Err(e) => {
-                ctx.state.registry.detach_everywhere(&session, generation);
-                return send_error(&mut send, id, e).await;
-            }
-        },
-        (_, name) => session.attach(folder, name),
+    // A link another session's attachment left here by a share is replaced, not taken over.
+    let exact = exact_name && name.is_some();
+    let workspace = match ctx
+        .state
+        .registry
+        .attach_own(&session, folder, name.as_deref(), exact)
+    {
+        Ok(workspace) => workspace,
+        Err(e) => {
+            ctx.state.registry.detach_everywhere(&session, generation);
+            return send_error(&mut send, id, e).await;
+        }
     };
     // In the folder's active session, the folder is the focus unless the session has one.
     let asked_focus = focus;

@@ -531,7 +531,11 @@ impl Session {
     /// Attaches a folder (or re-attaches it after a reconnect: same device and path get their
     /// old name back). Returns the workspace as listed.
     pub fn attach(&self, folder: Attached, wanted: Option<&str>) -> WorkspaceInfo {
-        match self.attach_as(folder, wanted, Joining::Own { exact: false }) {
+        let joining = Joining::Own {
+            exact: false,
+            quiet: None,
+        };
+        match self.attach_as(folder, wanted, joining) {
             Ok(Some(info)) => info,
             _ => unreachable!(
                 "an attach of its own is always listed, and only an exact name is refused"
@@ -575,29 +579,28 @@ impl Session {
             .any(|a| a.device_id == *device && a.path == path)
     }
 
-    /// Lets go, without telling its client, of the link of `generation` the session carries
-    /// the folder at `path` on `device` over, if it still does: the folder stays listed,
-    /// offline ([`Registry::release_shared`]).
-    fn let_go_of(&self, device: &DeviceId, path: &str, generation: u64) {
-        let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
-        let held = attached.iter_mut().find(|a| {
-            a.device_id == *device
-                && a.path == path
-                && a.link.as_ref().is_some_and(|l| l.generation == generation)
-        });
-        if let Some(entry) = held {
-            entry.link = None;
-        }
+    /// A folder's own attach ([`Session::attach`], or [`Session::attach_exact`] when `exact`),
+    /// where `quiet` is the link of another session's attachment that a share left here: let
+    /// go of without telling that attachment it was taken over (it serves its own session on)
+    /// ([`Registry::attach_own`]).
+    pub(crate) fn attach_own(
+        &self,
+        folder: Attached,
+        wanted: Option<&str>,
+        exact: bool,
+        quiet: Option<u64>,
+    ) -> Result<WorkspaceInfo, ToolError> {
+        let listed = self.attach_as(folder, wanted, Joining::Own { exact, quiet })?;
+        listed.ok_or_else(|| {
+            ToolError::new(ErrorCode::Internal, "an attach of its own was not listed")
+        })
     }
 
     /// Like [`Session::attach`], but the folder gets exactly the name `wanted` (`attach
     /// --name`): refused, with nothing changed, when it is not a valid short name, is
     /// reserved (`primary`), or another folder of the session has it (online or not).
     pub fn attach_exact(&self, folder: Attached, wanted: &str) -> Result<WorkspaceInfo, ToolError> {
-        let listed = self.attach_as(folder, Some(wanted), Joining::Own { exact: true })?;
-        listed.ok_or_else(|| {
-            ToolError::new(ErrorCode::Internal, "an attach of its own was not listed")
-        })
+        self.attach_own(folder, Some(wanted), true, None)
     }
 
     /// Attaches `folder` as `joining` says; `Ok(None)` when a share leaves it out (see
@@ -610,7 +613,10 @@ impl Session {
     ) -> Result<Option<WorkspaceInfo>, ToolError> {
         let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
         let same = |a: &Attached| a.device_id == folder.device_id && a.path == folder.path;
-        let exact = joining == Joining::Own { exact: true };
+        let (exact, quiet) = match joining {
+            Joining::Own { exact, quiet } => (exact, quiet),
+            _ => (false, None),
+        };
         if exact && let Some(wanted) = wanted {
             name_usable(wanted, attached.iter().filter(|a| !same(a)))?;
         }
@@ -636,6 +642,7 @@ impl Session {
             // folder it no longer serves.
             if let (Some(old), Some(new)) = (&existing.link, &folder.link)
                 && old.conn.stable_id() != new.conn.stable_id()
+                && quiet != Some(old.generation)
             {
                 let _ = old.kick.send(TAKEN_OVER.to_owned());
             }
@@ -993,6 +1000,9 @@ pub(crate) enum Joining {
     Own {
         /// `attach --name`: that name or nothing.
         exact: bool,
+        /// A link of another session's attachment that a share left here, replaced without
+        /// telling that attachment (it serves its own session on).
+        quiet: Option<u64>,
     },
     /// Shared from a live attachment in another session, never over a newer one's link.
     Shared,
@@ -1183,20 +1193,28 @@ impl Registry {
         told
     }
 
-    /// Before a folder's own attach into `session`: a link of another session's attachment
-    /// that an earlier share left there (the session listed the folder offline then) is let go
-    /// of quietly, so that the attach takes the entry over without telling that other
-    /// attachment it was taken over, which would stop it.
-    pub fn release_shared(&self, session: &Session, device: &DeviceId, path: &str) {
+    /// A folder's own attach into `session` ([`Session::attach`], or
+    /// [`Session::attach_exact`] when `exact`). A link of another session's attachment that a
+    /// share left there (the session listed the folder offline then) is replaced without
+    /// telling that attachment it was taken over, which would stop it; decided while no share
+    /// can come between (shares hold the same lock).
+    pub fn attach_own(
+        &self,
+        session: &Session,
+        folder: Attached,
+        wanted: Option<&str>,
+        exact: bool,
+    ) -> Result<WorkspaceInfo, ToolError> {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(generation) = session.carried(device, path)
-            && links
-                .live
-                .get(&generation)
-                .is_some_and(|link| link.home != session.id)
-        {
-            session.let_go_of(device, path, generation);
-        }
+        let quiet = session
+            .carried(&folder.device_id, &folder.path)
+            .filter(|g| {
+                links
+                    .live
+                    .get(g)
+                    .is_some_and(|link| link.home != session.id)
+            });
+        session.attach_own(folder, wanted, exact, quiet)
     }
 
     /// Shares a folder just attached into `home` ([`Session::attach`]; `folder` with its live
@@ -1221,7 +1239,8 @@ impl Registry {
 
     /// The folder of the live link of `generation`, which attached into `home`, and the other
     /// sessions it was shared into that are still in memory, each with the link it carries the
-    /// folder over when that is an older link of `home`'s, which this attach took over.
+    /// folder over when that is an older link of `home`'s, which this attach took over, or one
+    /// that ended already.
     #[allow(clippy::type_complexity)]
     fn shared_into(
         &self,
@@ -1239,9 +1258,10 @@ impl Registry {
             .filter_map(std::sync::Weak::upgrade)
             .filter(|s| s.id != home.id)
             .map(|s| {
+                // A link that ended already counts too: its end is on its way here.
                 let over = s
                     .carried(device, path)
-                    .filter(|g| *g < generation && live.get(g).is_some_and(|l| l.home == home.id));
+                    .filter(|g| *g < generation && live.get(g).is_none_or(|l| l.home == home.id));
                 (s, over)
             })
             .collect();
@@ -2506,8 +2526,8 @@ mod tests {
 
     /// A folder's own attach into `session`, as the server makes it.
     fn own_attach(reg: &Registry, session: &Session, folder: &Attached) {
-        reg.release_shared(session, &folder.device_id, &folder.path);
-        session.attach(folder.clone(), None);
+        reg.attach_own(session, folder.clone(), None, false)
+            .unwrap();
         reg.share_again(folder, session);
     }
 
@@ -2572,6 +2592,12 @@ mod tests {
         let own = reg.open(OWN, "ana").unwrap();
         assert!(reg.share(&fifth, &own).is_some());
         let (mine, mut mine_kicked, _p6) = live_folder(&reg, OWN, 6, Trust::Restricted);
+        // One refused (`--name primary`) changes nothing there.
+        assert!(
+            reg.attach_own(&own, mine.clone(), Some("primary"), true)
+                .is_err()
+        );
+        assert_eq!(carried(&own), Some(Some(5)));
         own_attach(&reg, &own, &mine);
         assert_eq!(
             (carried(&own), carried(&home)),
