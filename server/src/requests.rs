@@ -191,7 +191,8 @@ fn handle(
                 Some(requested) => registry.open_existing(&requested, user)?,
                 None => session(None)?,
             };
-            let gone = s.forget(
+            let gone = registry.forget(
+                &s,
                 &workspace,
                 "detached by `monad-client detach` (the folder is no longer in the session)",
             )?;

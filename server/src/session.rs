@@ -545,9 +545,8 @@ impl Session {
 
     /// Lists `folder`, a live attachment of another session's, here too, over its link, as
     /// `joining` says ([`Registry::share`], [`Registry::share_again`]). `None` when it is left
-    /// out: a share never replaces the link of a newer attachment of the folder, and a share
-    /// back never takes an entry its owner detached by name, nor one live over another link
-    /// than the one the new attach took over.
+    /// out: a share never replaces a link that serves on (it would stop that attachment), and
+    /// a share back never takes an entry its owner detached by name.
     pub(crate) fn attach_shared(
         &self,
         folder: Attached,
@@ -567,6 +566,17 @@ impl Session {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .find(|a| a.device_id == *device && a.path == path)
+            .and_then(|a| a.link.as_ref().map(|l| l.generation))
+    }
+
+    /// The generation of the link the session carries its folder named `name` (short name or
+    /// URI) over, if it lists one online.
+    fn carried_by_name(&self, name: &str) -> Option<u64> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|a| a.name == name || a.uri == name)
             .and_then(|a| a.link.as_ref().map(|l| l.generation))
     }
 
@@ -622,16 +632,12 @@ impl Session {
         }
         // Decided under the same lock as the change: a detach by name cannot come between.
         let carried = |a: &Attached| a.link.as_ref().map(|l| l.generation);
-        let arriving = folder.link.as_ref().map(|l| l.generation);
         let left_out = match (joining, attached.iter().find(|a| same(a))) {
             (Joining::Own { .. }, _) => false,
-            (Joining::Shared, existing) => existing
-                .and_then(carried)
-                .zip(arriving)
-                .is_some_and(|(now, arriving)| now > arriving),
-            (Joining::SharedAgain { over }, existing) => {
-                existing.is_none_or(|e| carried(e).is_some_and(|now| Some(now) != over))
-            }
+            (Joining::Shared { again, over }, existing) => match existing {
+                None => again,
+                Some(e) => carried(e).is_some_and(|now| Some(now) != over),
+            },
         };
         if left_out {
             return Ok(None);
@@ -698,6 +704,18 @@ impl Session {
     /// focus any more. Returns it as it was; refused for the primary workspace and for a
     /// name the session does not have.
     pub fn forget(&self, name: &str, reason: &str) -> Result<Attached, ToolError> {
+        self.forget_as(name, reason, None)
+    }
+
+    /// [`Session::forget`], where `quiet` is the link of another session's attachment that a
+    /// share left here: its client is not told, since it serves its own session on
+    /// ([`Registry::forget`]).
+    pub(crate) fn forget_as(
+        &self,
+        name: &str,
+        reason: &str,
+        quiet: Option<u64>,
+    ) -> Result<Attached, ToolError> {
         if name == "primary" || name == self.primary_uri() {
             return Err(ToolError::new(
                 ErrorCode::InvalidArguments,
@@ -728,7 +746,7 @@ impl Session {
         };
         let gone = attached.remove(at);
         drop(attached);
-        if let Some(link) = &gone.link {
+        if let Some(link) = gone.link.as_ref().filter(|l| quiet != Some(l.generation)) {
             let _ = link.kick.send(reason.to_owned());
         }
         self.focus.send_if_modified(|focus| {
@@ -1004,12 +1022,13 @@ pub(crate) enum Joining {
         /// telling that attachment (it serves its own session on).
         quiet: Option<u64>,
     },
-    /// Shared from a live attachment in another session, never over a newer one's link.
-    Shared,
-    /// Shared back after the folder attached again: only into the entry listed already,
-    /// offline or carrying the link `over` (one the new attach took over in its own session).
-    SharedAgain {
-        /// That link's generation.
+    /// Shared from a live attachment in another session: into an entry offline, or carrying
+    /// the link `over` (one that ended, or was taken over, or this very link), never over a
+    /// link that serves on; with `again`, only into an entry the session lists already.
+    Shared {
+        /// A share back after the folder attached again ([`Registry::share_again`]).
+        again: bool,
+        /// The one link the share may replace.
         over: Option<u64>,
     },
 }
@@ -1217,6 +1236,25 @@ impl Registry {
         session.attach_own(folder, wanted, exact, quiet)
     }
 
+    /// Detaches the folder `name` from `session` by name ([`Session::forget`]). One the session
+    /// has over another session's attachment (shared in) is let go of without stopping that
+    /// attachment, which serves its own session on.
+    pub fn forget(
+        &self,
+        session: &Session,
+        name: &str,
+        reason: &str,
+    ) -> Result<Attached, ToolError> {
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let quiet = session.carried_by_name(name).filter(|g| {
+            links
+                .live
+                .get(g)
+                .is_some_and(|link| link.home != session.id)
+        });
+        session.forget_as(name, reason, quiet)
+    }
+
     /// Shares a folder just attached into `home` ([`Session::attach`]; `folder` with its live
     /// link) back into every session it was shared into before and that lists it offline: an
     /// MCP host that landed on it there finds it again after the folder's connection dropped
@@ -1232,15 +1270,14 @@ impl Registry {
             return;
         };
         for (session, over) in &before {
-            self.share_as(folder, session, Joining::SharedAgain { over: *over });
+            self.share_as(folder, session, true, *over);
         }
         self.forget_detached(&key);
     }
 
     /// The folder of the live link of `generation`, which attached into `home`, and the other
     /// sessions it was shared into that are still in memory, each with the link it carries the
-    /// folder over when that is an older link of `home`'s, which this attach took over, or one
-    /// that ended already.
+    /// folder over when that is another link of `home`'s, which this attach took over there.
     #[allow(clippy::type_complexity)]
     fn shared_into(
         &self,
@@ -1258,10 +1295,9 @@ impl Registry {
             .filter_map(std::sync::Weak::upgrade)
             .filter(|s| s.id != home.id)
             .map(|s| {
-                // A link that ended already counts too: its end is on its way here.
                 let over = s
                     .carried(device, path)
-                    .filter(|g| *g < generation && live.get(g).is_none_or(|l| l.home == home.id));
+                    .filter(|g| *g != generation && live.get(g).is_some_and(|l| l.home == home.id));
                 (s, over)
             })
             .collect();
@@ -1287,18 +1323,21 @@ impl Registry {
     /// has no link or already detached: a folder is never shown online where calls cannot
     /// reach it.
     pub fn share(&self, folder: &Attached, into: &Arc<Session>) -> Option<WorkspaceInfo> {
-        self.share_as(folder, into, Joining::Shared)
+        self.share_as(folder, into, false, None)
     }
 
-    /// [`Registry::share`], or a share back after the folder attached again, as `joining`
-    /// says ([`Session::attach_shared`]). A folder attached with full trust is not shared into
-    /// a session whose settings refuse such folders (`attach.allow_full_trust = false`), as
-    /// its own attach there would be refused.
+    /// [`Registry::share`], or with `again` a share back after the folder attached again, into
+    /// an entry `into` lists already ([`Session::attach_shared`]). The share takes an entry
+    /// offline, or over a link that ended, or over `taken_over` (one the new attach took over
+    /// in its own session), never over a link that serves on. A folder attached with full
+    /// trust is not shared into a session whose settings refuse such folders
+    /// (`attach.allow_full_trust = false`), as its own attach there would be refused.
     fn share_as(
         &self,
         folder: &Attached,
         into: &Arc<Session>,
-        joining: Joining,
+        again: bool,
+        taken_over: Option<u64>,
     ) -> Option<WorkspaceInfo> {
         let link = folder.link.as_ref()?;
         let (generation, minor) = (link.generation, link.minor);
@@ -1308,7 +1347,11 @@ impl Registry {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let Links { live, shared } = &mut *links;
         let link = live.get(&generation)?;
-        let info = into.attach_shared(folder.clone(), joining)?;
+        // Decided while no attach of its own can come between (those hold this lock too).
+        let over = into
+            .carried(&folder.device_id, &folder.path)
+            .filter(|g| *g == generation || !live.contains_key(g) || taken_over == Some(*g));
+        let info = into.attach_shared(folder.clone(), Joining::Shared { again, over })?;
         if !shared.contains_key(&link.folder) && shared.len() >= SHARED_FOLDERS_MAX {
             shared.retain(|_, sessions| sessions.iter().any(|s| s.strong_count() > 0));
         }
@@ -1349,8 +1392,9 @@ impl Registry {
 
     /// Detaches the attachment of `generation` from `session` and from every session its
     /// folder was shared into. Those sessions stay remembered for the folder's next attachment
-    /// ([`Registry::share_again`]); when one is live already (it attached before this one's
-    /// end), they get its link now.
+    /// ([`Registry::share_again`]); when another attachment of the folder lives (one that
+    /// attached before this one's end, or an older one that serves on elsewhere), those left
+    /// offline get the newest one's link now.
     pub fn detach_everywhere(&self, session: &Session, generation: u64) {
         let (shared, newer) = {
             let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
@@ -1361,9 +1405,10 @@ impl Registry {
                         .get(&link.folder)
                         .map(|s| s.iter().filter_map(std::sync::Weak::upgrade).collect())
                         .unwrap_or_default();
+                    // The newest that lives on, whatever its age: an older one may serve still.
                     let newer = live
                         .iter()
-                        .filter(|(g, l)| **g > generation && l.folder == link.folder)
+                        .filter(|(_, l)| l.folder == link.folder)
                         .max_by_key(|(g, _)| **g)
                         .map(|(_, l)| l.attached.clone());
                     (sessions, newer)
@@ -1377,7 +1422,7 @@ impl Registry {
         }
         if let Some(newer) = newer {
             for other in &shared {
-                self.share_as(&newer, other, Joining::SharedAgain { over: None });
+                self.share_as(&newer, other, true, None);
             }
         }
     }
@@ -2608,7 +2653,7 @@ mod tests {
             "the shared attachment was stopped"
         );
         // The folder attached again into the first session: the second keeps its own link.
-        let (seventh, _, _p7) = live_folder(&reg, "default", 7, Trust::Restricted);
+        let (seventh, mut seventh_kicked, _p7) = live_folder(&reg, "default", 7, Trust::Restricted);
         own_attach(&reg, &home, &seventh);
         reg.detach_everywhere(&home, 5);
         assert_eq!(
@@ -2617,6 +2662,27 @@ mod tests {
         );
         assert!(
             mine_kicked.try_recv().is_err(),
+            "its own attach was taken over"
+        );
+
+        // Its own attach ends: the session gets the link that serves on elsewhere, though it is
+        // not the newest there ever was.
+        reg.detach_everywhere(&own, 6);
+        assert_eq!(carried(&own), Some(Some(7)));
+        // Detached by name there: the attachment it came from is not stopped.
+        reg.forget(&own, "two", "detached by name").unwrap();
+        assert_eq!((carried(&own), carried(&home)), (None, Some(Some(7))));
+        assert!(
+            seventh_kicked.try_recv().is_err(),
+            "the shared attachment was stopped"
+        );
+        // A landing's share never replaces a link that serves its own session.
+        let (eighth, mut eighth_kicked, _p8) = live_folder(&reg, OWN, 8, Trust::Restricted);
+        own_attach(&reg, &own, &eighth);
+        assert!(reg.share(&seventh, &own).is_none());
+        assert_eq!(carried(&own), Some(Some(8)));
+        assert!(
+            eighth_kicked.try_recv().is_err(),
             "its own attach was taken over"
         );
     }
