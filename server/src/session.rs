@@ -1287,9 +1287,14 @@ impl Registry {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let Links { live, shared } = &mut *links;
         let key = live.get(&generation)?.folder.clone();
+        let (_, device, path) = &key;
+        // Only while this attach is the one its session carries: one taken over meanwhile by
+        // another attach of the folder there must not take that one's shares over in turn.
+        if home.carried(device, path) != Some(generation) {
+            return None;
+        }
         let sessions = shared.get_mut(&key)?;
         sessions.retain(|s| s.strong_count() > 0);
-        let (_, device, path) = &key;
         let others = sessions
             .iter()
             .filter_map(std::sync::Weak::upgrade)
@@ -1352,6 +1357,8 @@ impl Registry {
             .carried(&folder.device_id, &folder.path)
             .filter(|g| *g == generation || !live.contains_key(g) || taken_over == Some(*g));
         let info = into.attach_shared(folder.clone(), Joining::Shared { again, over })?;
+        // The same link shared there again (a landing, a link's end): its forwarder runs.
+        let new_here = over != Some(generation);
         if !shared.contains_key(&link.folder) && shared.len() >= SHARED_FOLDERS_MAX {
             shared.retain(|_, sessions| sessions.iter().any(|s| s.strong_count() > 0));
         }
@@ -1362,14 +1369,23 @@ impl Registry {
         // move, while both the session and the attachment last (a client that cannot hear
         // which session is told of its own only).
         if minor >= monad_protocol::wire::SHARED_FOCUS_MINOR
+            && new_here
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let moves = link.moves.clone();
             let mut focus = into.watch_focus();
             let session = into.id.clone();
             let name = info.name.clone();
+            let there = Arc::downgrade(into);
+            let (device, path) = (folder.device_id.clone(), folder.path.clone());
             runtime.spawn(async move {
                 loop {
+                    // Only while the session carries this link: not after a detach by name
+                    // there, nor once another link took its place.
+                    let carried = there.upgrade().and_then(|s| s.carried(&device, &path));
+                    if carried != Some(generation) {
+                        break;
+                    }
                     let now = focus.borrow_and_update().clone();
                     let told = SharedFocus {
                         session: session.clone(),
@@ -1393,10 +1409,10 @@ impl Registry {
     /// Detaches the attachment of `generation` from `session` and from every session its
     /// folder was shared into. Those sessions stay remembered for the folder's next attachment
     /// ([`Registry::share_again`]); when another attachment of the folder lives (one that
-    /// attached before this one's end, or an older one that serves on elsewhere), those left
-    /// offline get the newest one's link now.
+    /// attached before this one's end, or an older one that serves on elsewhere), each left
+    /// offline gets the link of the newest it can take now.
     pub fn detach_everywhere(&self, session: &Session, generation: u64) {
-        let (shared, newer) = {
+        let (shared, others) = {
             let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
             let Links { live, shared } = &mut *links;
             match live.remove(&generation) {
@@ -1405,24 +1421,29 @@ impl Registry {
                         .get(&link.folder)
                         .map(|s| s.iter().filter_map(std::sync::Weak::upgrade).collect())
                         .unwrap_or_default();
-                    // The newest that lives on, whatever its age: an older one may serve still.
-                    let newer = live
+                    // Those that live on, newest first, whatever their age: an older one may
+                    // serve still.
+                    let mut others: Vec<(u64, Attached)> = live
                         .iter()
                         .filter(|(_, l)| l.folder == link.folder)
-                        .max_by_key(|(g, _)| **g)
-                        .map(|(_, l)| l.attached.clone());
-                    (sessions, newer)
+                        .map(|(g, l)| (*g, l.attached.clone()))
+                        .collect();
+                    others.sort_by_key(|(g, _)| std::cmp::Reverse(*g));
+                    (sessions, others)
                 }
-                None => (Vec::new(), None),
+                None => (Vec::new(), Vec::new()),
             }
         };
         session.detach(generation);
         for other in &shared {
             other.detach(generation);
         }
-        if let Some(newer) = newer {
-            for other in &shared {
-                self.share_as(&newer, other, true, None);
+        // Each session left offline takes the newest it can (one refuses a full-trust folder).
+        for other in &shared {
+            for (_, live) in &others {
+                if self.share_as(live, other, true, None).is_some() {
+                    break;
+                }
             }
         }
     }
@@ -2685,6 +2706,26 @@ mod tests {
             eighth_kicked.try_recv().is_err(),
             "its own attach was taken over"
         );
+
+        // Two attaches into one session racing: the second takes the first over there, and
+        // the first's share back, late, takes nothing from the second.
+        let (ninth, _, _p9) = live_folder(&reg, "default", 9, Trust::Restricted);
+        let (tenth, mut tenth_kicked, _p10) = live_folder(&reg, "default", 10, Trust::Restricted);
+        reg.detach_everywhere(&home, 7);
+        let shared_in = reg.open(HOST, "ana").unwrap();
+        reg.attach_own(&home, ninth.clone(), None, false).unwrap();
+        assert!(reg.share(&ninth, &shared_in).is_some());
+        reg.attach_own(&home, tenth.clone(), None, false).unwrap();
+        reg.share_again(&tenth, &home);
+        reg.share_again(&ninth, &home);
+        assert_eq!(
+            (carried(&home), carried(&shared_in)),
+            (Some(Some(10)), Some(Some(10)))
+        );
+        assert!(
+            tenth_kicked.try_recv().is_err(),
+            "the attach that won was stopped"
+        );
     }
 
     /// A folder attached with full trust is not shared into a session whose settings refuse
@@ -2715,6 +2756,17 @@ mod tests {
         let (restricted, _, _p2) = live_folder(&reg, "default", 2, Trust::Restricted);
         home.attach(restricted.clone(), None);
         assert!(reg.share(&restricted, &locked).is_some());
+        // Left offline there, it takes the newest live attachment it can: not a full-trust
+        // one, newer as it is.
+        const ELSEWHERE: &str = "00000000-0000-4000-8000-00000000b005";
+        let elsewhere = reg.open(ELSEWHERE, "ana").unwrap();
+        let (other, _, _p3) = live_folder(&reg, ELSEWHERE, 3, Trust::Restricted);
+        reg.attach_own(&elsewhere, other, None, false).unwrap();
+        let (newest, _, _p4) =
+            live_folder(&reg, "00000000-0000-4000-8000-00000000b003", 4, Trust::Full);
+        reg.attach_own(&open, newest, None, false).unwrap();
+        reg.detach_everywhere(&home, 2);
+        assert_eq!(carried(&locked), Some(Some(3)));
     }
 
     #[test]
