@@ -1381,18 +1381,18 @@ impl Registry {
             runtime.spawn(async move {
                 loop {
                     // Only while the session carries this link: not after a detach by name
-                    // there, nor once another link took its place.
+                    // there, nor once another link took its place. The move that finds it so
+                    // is still told (a detach by name leaves the session without a focus), and
+                    // is the last.
                     let carried = there.upgrade().and_then(|s| s.carried(&device, &path));
-                    if carried != Some(generation) {
-                        break;
-                    }
+                    let serving = carried == Some(generation);
                     let now = focus.borrow_and_update().clone();
                     let told = SharedFocus {
                         session: session.clone(),
                         name: name.clone(),
                         now,
                     };
-                    if moves.send(told).await.is_err() {
+                    if moves.send(told).await.is_err() || !serving {
                         break;
                     }
                     // Until the session goes, or the attachment's task does.

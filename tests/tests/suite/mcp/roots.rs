@@ -1185,3 +1185,62 @@ async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into()
         .expect("listed");
     assert!(listed.iter().all(|w| w.name != "two"), "{listed:?}");
 }
+
+/// A folder shared into a host's session and detached there by name keeps serving its own
+/// session, and its owner hears that it is no longer the focus there. Before, the detach
+/// stopped the folder's `attach`, and its own session lost it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_detached_by_name_where_it_was_shared_in_serves_its_own_session_on() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_p1, one) = project("one", "first\n");
+    let (_p2, two) = project("two", "second\n");
+    let _first = attach(&config, &one, "one", Some("default")).await;
+    let mut second = attach(&config, &two, "two", Some("default")).await;
+    let holder = connect_agent(&config).await;
+    land_by(&holder, vec![file_uri(&one)], None).await;
+    let host = connect_agent(&config).await;
+    let landed = land_by(&host, vec![file_uri(&two)], None).await;
+    let shared = landed.session.clone();
+    assert_ne!(shared, "default");
+    let told = |now: Option<&str>, focus| (focus, now.map(str::to_owned), Some(shared.clone()));
+    assert_eq!(
+        within(
+            STEP,
+            "the owner to hear",
+            next_focus_move_anywhere(&mut second)
+        )
+        .await,
+        told(Some("two"), true)
+    );
+    let detached = within(STEP, "a detach", host.detach(Some(&shared), "two")).await;
+    assert!(detached.is_ok(), "{detached:?}");
+    assert_eq!(
+        within(
+            STEP,
+            "the owner to hear",
+            next_focus_move_anywhere(&mut second)
+        )
+        .await,
+        told(None, false)
+    );
+    assert!(online_in(&holder, "default", "two").await);
+    let reply = within(
+        STEP,
+        "a read",
+        holder.call(
+            Some("default"),
+            "read_file",
+            serde_json::json!({"path": "notes.txt", "workspace": "two"}),
+            |_| {},
+        ),
+    )
+    .await
+    .expect("answered");
+    match reply.outcome {
+        monad_protocol::wire::Outcome::Ok { result } => {
+            assert_eq!(result.into_value()["content"], "second\n");
+        }
+        monad_protocol::wire::Outcome::Error { error } => panic!("{error}"),
+    }
+}
