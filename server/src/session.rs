@@ -1061,6 +1061,10 @@ struct Links {
     shared: HashMap<FolderKey, Vec<std::sync::Weak<Session>>>,
 }
 
+/// A folder, and the sessions it was shared into, each with the link a share back may replace
+/// there ([`Registry::shared_into`]).
+type SharedInto = (FolderKey, Vec<(Arc<Session>, Option<u64>)>);
+
 /// Folders whose shares are remembered at most; past it, those with no session left in memory
 /// go first.
 const SHARED_FOLDERS_MAX: usize = 4096;
@@ -1255,13 +1259,13 @@ impl Registry {
         session.forget_as(name, reason, quiet)
     }
 
-    /// Shares a folder just attached into `home` ([`Session::attach`]; `folder` with its live
-    /// link) back into every session it was shared into before and that lists it offline: an
-    /// MCP host that landed on it there finds it again after the folder's connection dropped
-    /// and came back, or after `attach` was run again. When the new attach came before the old
-    /// connection's end, those sessions still carry the old link; they get the new one at
-    /// that end ([`Registry::detach_everywhere`]). A session whose owner detached the folder by
-    /// name is left alone, and forgotten here.
+    /// Shares a folder just attached into `home` ([`Registry::attach_own`]; `folder` with its
+    /// live link) back into every session it was shared into before and that lists it offline,
+    /// or over the link of `home`'s this attach took over there: an MCP host that landed on it
+    /// there finds it again after the folder's connection dropped and came back, or after
+    /// `attach` was run again. One still served by another attachment of the folder gets a
+    /// live link when that one ends ([`Registry::detach_everywhere`]). A session whose owner
+    /// detached the folder by name is left alone, and forgotten here.
     pub fn share_again(&self, folder: &Attached, home: &Session) {
         let Some(generation) = folder.link.as_ref().map(|l| l.generation) else {
             return;
@@ -1278,12 +1282,7 @@ impl Registry {
     /// The folder of the live link of `generation`, which attached into `home`, and the other
     /// sessions it was shared into that are still in memory, each with the link it carries the
     /// folder over when that is another link of `home`'s, which this attach took over there.
-    #[allow(clippy::type_complexity)]
-    fn shared_into(
-        &self,
-        generation: u64,
-        home: &Session,
-    ) -> Option<(FolderKey, Vec<(Arc<Session>, Option<u64>)>)> {
+    fn shared_into(&self, generation: u64, home: &Session) -> Option<SharedInto> {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let Links { live, shared } = &mut *links;
         let key = live.get(&generation)?.folder.clone();
