@@ -1028,28 +1028,70 @@ async fn a_landing_on_a_focus_that_is_offline_says_so() {
     .await;
 }
 
-/// A host whose roots land on a folder whose session's focus another host holds gets a session
-/// of its own, which the folder then serves too, as its focus: the folder's owner is told so,
-/// naming that session, and told again when the focus leaves it there (its terminal said
-/// nothing: it only watched the session the folder attached to).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
+/// Two folders of this device attached into `default`, `one` and `two`; a holder landed on
+/// `one` (it holds `default`'s focus), then a host landed on `two`, which got a session of its
+/// own (`shared`) that `two` is shared into, as its focus.
+struct SharedIn {
+    server: TestServer,
+    config: ClientConfig,
+    _projects: [TempDir; 2],
+    two: PathBuf,
+    _first: Attachment,
+    second: Attachment,
+    holder: monad_client::agent::Agent,
+    host: monad_client::agent::Agent,
+    shared: String,
+}
+
+async fn shared_into_a_host_s_session() -> SharedIn {
     let server = TestServer::start().await;
     let config = server.client_config();
-    let (_p1, one) = project("one", "first\n");
-    let (_p2, two) = project("two", "second\n");
-    let _first = attach(&config, &one, "one", Some("default")).await;
-    let mut second = attach(&config, &two, "two", Some("default")).await;
+    let (p1, one) = project("one", "first\n");
+    let (p2, two) = project("two", "second\n");
+    let first = attach(&config, &one, "one", Some("default")).await;
+    let second = attach(&config, &two, "two", Some("default")).await;
     let holder = connect_agent(&config).await;
     let held = land_by(&holder, vec![file_uri(&one)], None).await;
     assert_eq!(
         (held.session.as_str(), held.focus.as_deref()),
         ("default", Some("one"))
     );
-    let other = connect_agent(&config).await;
-    let landed = land_by(&other, vec![file_uri(&two)], None).await;
+    let host = connect_agent(&config).await;
+    let landed = land_by(&host, vec![file_uri(&two)], None).await;
     assert_ne!(landed.session, "default");
     assert_eq!(landed.focus.as_deref(), Some("two"));
+    SharedIn {
+        server,
+        config,
+        _projects: [p1, p2],
+        two,
+        _first: first,
+        second,
+        holder,
+        host,
+        shared: landed.session,
+    }
+}
+
+/// A host whose roots land on a folder whose session's focus another host holds gets a session
+/// of its own, which the folder then serves too, as its focus: the folder's owner is told so,
+/// naming that session, and told again when the focus leaves it there (its terminal said
+/// nothing: it only watched the session the folder attached to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
+    let SharedIn {
+        server: _server,
+        config,
+        two: _,
+        mut second,
+        shared,
+        // Bound, not dropped: the folders, the first attach and the landed hosts last the test.
+        holder: _holder,
+        host: _host,
+        _projects,
+        _first,
+        ..
+    } = shared_into_a_host_s_session().await;
     assert_eq!(
         within(
             STEP,
@@ -1057,14 +1099,14 @@ async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
             next_focus_move_anywhere(&mut second)
         )
         .await,
-        (true, Some("two".to_owned()), Some(landed.session.clone()))
+        (true, Some("two".to_owned()), Some(shared.clone()))
     );
     // A third folder attached into that session as its focus: the focus there leaves `two`,
     // and its owner hears that as well.
     let (_p3, three) = project("three", "third\n");
     let mut options = attach_options(&three, "three");
     options.allow = vec![ToolClass::Read];
-    options.session = Some(landed.session.clone());
+    options.session = Some(shared.clone());
     options.focus = true;
     let _third = Attachment::start(&config, options, None).await;
     assert_eq!(
@@ -1074,23 +1116,19 @@ async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
             next_focus_move_anywhere(&mut second)
         )
         .await,
-        (
-            false,
-            Some("three".to_owned()),
-            Some(landed.session.clone())
-        )
+        (false, Some("three".to_owned()), Some(shared.clone()))
     );
     let line = monad_client::attach::AttachEvent::FocusMoved {
         focus: true,
         now: Some("two".into()),
-        session: Some(landed.session.clone()),
+        session: Some(shared.clone()),
     }
     .line()
     .unwrap();
     assert!(
         line.contains(&format!(
             "now the focus of session {}, which it serves as well",
-            landed.session
+            shared
         )),
         "{line}"
     );
@@ -1144,19 +1182,19 @@ async fn notes(agent: &monad_client::agent::Agent, session: &str) -> Result<Stri
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into() {
-    let server = TestServer::start().await;
-    let config = server.client_config();
-    let (_p1, one) = project("one", "first\n");
-    let (_p2, two) = project("two", "second\n");
-    let _first = attach(&config, &one, "one", Some("default")).await;
-    let second = attach(&config, &two, "two", Some("default")).await;
-    let holder = connect_agent(&config).await;
-    land_by(&holder, vec![file_uri(&one)], None).await;
-    let host = connect_agent(&config).await;
-    let landed = land_by(&host, vec![file_uri(&two)], None).await;
-    let shared = landed.session.clone();
-    assert_ne!(shared, "default");
-    assert_eq!(landed.focus.as_deref(), Some("two"));
+    let SharedIn {
+        server: _server,
+        config,
+        two,
+        second,
+        holder,
+        host,
+        shared,
+        // Bound, not dropped: the folders and the first attach last the test.
+        _projects,
+        _first,
+        ..
+    } = shared_into_a_host_s_session().await;
     assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
 
     // Attached again while the first attach still runs: the new one takes it over.
@@ -1191,18 +1229,17 @@ async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into()
 /// stopped the folder's `attach`, and its own session lost it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_detached_by_name_where_it_was_shared_in_serves_its_own_session_on() {
-    let server = TestServer::start().await;
-    let config = server.client_config();
-    let (_p1, one) = project("one", "first\n");
-    let (_p2, two) = project("two", "second\n");
-    let _first = attach(&config, &one, "one", Some("default")).await;
-    let mut second = attach(&config, &two, "two", Some("default")).await;
-    let holder = connect_agent(&config).await;
-    land_by(&holder, vec![file_uri(&one)], None).await;
-    let host = connect_agent(&config).await;
-    let landed = land_by(&host, vec![file_uri(&two)], None).await;
-    let shared = landed.session.clone();
-    assert_ne!(shared, "default");
+    let SharedIn {
+        server: _server,
+        mut second,
+        holder,
+        host,
+        shared,
+        // Bound, not dropped: the folders and the first attach last the test.
+        _projects,
+        _first,
+        ..
+    } = shared_into_a_host_s_session().await;
     let told = |now: Option<&str>, focus| (focus, now.map(str::to_owned), Some(shared.clone()));
     assert_eq!(
         within(
