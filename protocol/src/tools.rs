@@ -236,19 +236,11 @@ impl ToolName {
                 .unwrap_or(0);
             format!("expected a whole number of at least {lowest}")
         };
-        let numbers = [
-            ("expected u64", true),
-            ("expected usize", true),
-            ("expected u32", true),
-            ("expected u16", true),
-            ("expected u8", true),
-            ("expected i64", false),
-        ];
         // What was expected ends serde's message, after the value given (which may read like
         // it): only there is it rewritten.
-        if let Some((rust, unsigned)) = numbers.iter().find(|(rust, _)| said.ends_with(rust)) {
+        if let Some((rust, unsigned)) = expected_integer(&said) {
             said.truncate(said.len() - rust.len());
-            said.push_str(&words(*unsigned));
+            said.push_str(&words(unsigned));
         }
         // Rust's name for a JSON number with a fraction or an exponent, where it opens the
         // message (not in a string value that reads so).
@@ -443,6 +435,31 @@ impl std::fmt::Display for ToolName {
     }
 }
 
+/// The integer types tool arguments decode to, as serde_json names them at the end of a message
+/// (`expected u64`), and whether each is unsigned.
+const INTEGER_TYPES: [(&str, bool); 6] = [
+    ("expected u64", true),
+    ("expected usize", true),
+    ("expected u32", true),
+    ("expected u16", true),
+    ("expected u8", true),
+    ("expected i64", false),
+];
+
+/// 2^64, the first whole number past `u64`: with [`I64_MIN`], the bounds of the two integer
+/// kinds a JSON number decodes to.
+const PAST_U64: f64 = 18_446_744_073_709_551_616.0;
+/// -2^63, the least `i64`.
+const I64_MIN: f64 = -9_223_372_036_854_775_808.0;
+
+/// The integer type serde_json's `said` ends expecting (its words, and whether it is unsigned),
+/// if it does.
+fn expected_integer(said: &str) -> Option<(&'static str, bool)> {
+    INTEGER_TYPES
+        .into_iter()
+        .find(|(rust, _)| said.ends_with(rust))
+}
+
 /// Whether serde_json's `said` is about a number written as a float past every integer type
 /// here (`1e20`, `-1e20`): a whole number (every float that large is one) above 2^64 - 1
 /// (`Greater`) or below -2^63 (`Less`).
@@ -450,16 +467,14 @@ fn beyond_every_integer(said: &str) -> Option<std::cmp::Ordering> {
     // serde_json's words for a float given where an integer type was expected, and nothing
     // else: `invalid type: floating point `1e20`, expected u64` (not a string argument's
     // value that reads so, nor a float where a string was expected).
-    let (number, expected) = said
+    expected_integer(said)?;
+    let (number, _) = said
         .strip_prefix("invalid type: floating point `")?
-        .split_once("`, expected ")?;
-    if !["u64", "usize", "u32", "u16", "u8", "i64"].contains(&expected) {
-        return None;
-    }
+        .split_once('`')?;
     let number = number.parse::<f64>().ok()?;
-    if number >= 18_446_744_073_709_551_616.0 {
+    if number >= PAST_U64 {
         Some(std::cmp::Ordering::Greater)
-    } else if number < -9_223_372_036_854_775_808.0 {
+    } else if number < I64_MIN {
         Some(std::cmp::Ordering::Less)
     } else {
         None
@@ -473,10 +488,9 @@ fn whole_number(value: &serde_json::Value) -> Option<serde_json::Value> {
     if float.fract() != 0.0 {
         return None;
     }
-    // 2^64 and -2^63: the bounds of the two integer kinds a JSON number decodes to.
-    if (0.0..18_446_744_073_709_551_616.0).contains(&float) {
+    if (0.0..PAST_U64).contains(&float) {
         Some((float as u64).into())
-    } else if (-9_223_372_036_854_775_808.0..0.0).contains(&float) {
+    } else if (I64_MIN..0.0).contains(&float) {
         Some((float as i64).into())
     } else {
         None

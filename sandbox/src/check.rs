@@ -352,6 +352,7 @@ fn above_base(base: &Path, rest: &[Component<'_>]) -> PathBuf {
 mod tests {
     use super::*;
     use crate::{ExecPolicy, Limits};
+    use serde_json::json;
 
     #[test]
     fn a_climb_above_a_base_goes_on_from_its_parent_and_stops_at_the_root() {
@@ -367,7 +368,6 @@ mod tests {
             PathBuf::from("/x")
         );
     }
-    use serde_json::json;
 
     fn sandbox(files: &[(&str, &str, u32)]) -> (tempfile::TempDir, Sandbox) {
         use std::os::unix::fs::PermissionsExt as _;

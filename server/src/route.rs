@@ -8,10 +8,9 @@
 //!    write of a file that exists nowhere goes to the first of them (the focus, else the
 //!    primary; without a focus, the first that has its directory, which the executor asks
 //!    after [`settle`]), so a file is never read from one workspace and written to another.
-//!    Containment
-//!    needs I/O, so the plan lists the candidates, the executor asks them in order (a folder is
-//!    probed, or for a read sent the run with `if_present`: [`may_run_where_found`]), and
-//!    [`settle`] decides from the answers.
+//!    Containment needs I/O, so the plan lists the candidates, the executor asks them in order
+//!    (a folder is probed, or for a read sent the run with `if_present`:
+//!    [`may_run_where_found`]), and [`settle`] decides from the answers.
 //! 3. Otherwise `not_found`, listing the workspaces that were tried.
 //!
 //! While the focus is offline, the calls without `workspace` it would take fail

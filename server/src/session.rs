@@ -558,35 +558,22 @@ impl Session {
             .flatten()
     }
 
+    /// The generation of the link the session carries the first folder `which` picks over:
+    /// `None` when it lists none, `Some(None)` while that one is offline.
+    fn listed_link(&self, which: impl Fn(&Attached) -> bool) -> Option<Option<u64>> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|a| which(a))
+            .map(|a| a.link.as_ref().map(|l| l.generation))
+    }
+
     /// The generation of the link the session carries the folder at `path` on `device` over:
     /// `None` when it does not list it or lists it offline.
     fn carried(&self, device: &DeviceId, path: &str) -> Option<u64> {
-        self.attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find(|a| a.device_id == *device && a.path == path)
-            .and_then(|a| a.link.as_ref().map(|l| l.generation))
-    }
-
-    /// The generation of the link the session carries its folder named `name` (short name or
-    /// URI) over, if it lists one online.
-    fn carried_by_name(&self, name: &str) -> Option<u64> {
-        self.attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find(|a| a.name == name || a.uri == name)
-            .and_then(|a| a.link.as_ref().map(|l| l.generation))
-    }
-
-    /// Whether the session lists the folder at `path` on `device`, online or not.
-    fn lists_folder(&self, device: &DeviceId, path: &str) -> bool {
-        self.attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .any(|a| a.device_id == *device && a.path == path)
+        self.listed_link(|a| a.device_id == *device && a.path == path)
+            .flatten()
     }
 
     /// A folder's own attach ([`Session::attach`], or [`Session::attach_exact`] when `exact`),
@@ -1250,7 +1237,8 @@ impl Registry {
         reason: &str,
     ) -> Result<Attached, ToolError> {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-        let quiet = session.carried_by_name(name).filter(|g| {
+        let by_name = session.listed_link(|a| a.name == name || a.uri == name);
+        let quiet = by_name.flatten().filter(|g| {
             links
                 .live
                 .get(g)
@@ -1312,9 +1300,13 @@ impl Registry {
     /// detached it by name) or left memory.
     fn forget_detached(&self, key: &FolderKey) {
         let (_, device, path) = key;
+        let lists = |s: &Session| {
+            s.listed_link(|a| a.device_id == *device && a.path == *path)
+                .is_some()
+        };
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(sessions) = links.shared.get_mut(key) {
-            sessions.retain(|s| s.upgrade().is_some_and(|s| s.lists_folder(device, path)));
+            sessions.retain(|s| s.upgrade().is_some_and(|s| lists(&s)));
             if sessions.is_empty() {
                 links.shared.remove(key);
             }
@@ -2581,12 +2573,7 @@ mod tests {
     /// The generation of the link session `s` carries the folder `~/two` over: `None` when it
     /// does not list it, `Some(None)` offline.
     fn carried(s: &Session) -> Option<Option<u64>> {
-        s.attached
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|a| a.path == "~/two")
-            .map(|a| a.link.as_ref().map(|l| l.generation))
+        s.listed_link(|a| a.path == "~/two")
     }
 
     /// A folder's own attach into `session`, as the server makes it.

@@ -10,7 +10,7 @@ use monad_client::config::ClientConfig;
 use monad_protocol::wire::MAX_ROOTS;
 use monad_protocol::{ErrorCode, ToolClass};
 use monad_tests::{
-    Attachment, STEP, TestServer, attach_options, binary, connect_agent, folder, within,
+    Attachment, STEP, TestServer, attach_options, binary, call_in, connect_agent, folder, within,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -940,20 +940,23 @@ async fn next_focus_move(attached: &mut Attachment) -> (bool, Option<String>) {
 }
 
 /// The next move of the focus to or from an attached folder in any session it serves (`None`:
-/// the one it attached to).
+/// the one it attached to), within [`STEP`].
 async fn next_focus_move_anywhere(
     attached: &mut Attachment,
 ) -> (bool, Option<String>, Option<String>) {
-    loop {
-        if let monad_client::attach::AttachEvent::FocusMoved {
-            focus,
-            now,
-            session,
-        } = attached.next_event().await
-        {
-            return (focus, now, session);
+    within(STEP, "the owner to hear", async {
+        loop {
+            if let monad_client::attach::AttachEvent::FocusMoved {
+                focus,
+                now,
+                session,
+            } = attached.next_event().await
+            {
+                return (focus, now, session);
+            }
         }
-    }
+    })
+    .await
 }
 
 /// The owner of an attached folder is told when a host's landing makes it the session's focus
@@ -1093,12 +1096,7 @@ async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
         ..
     } = shared_into_a_host_s_session().await;
     assert_eq!(
-        within(
-            STEP,
-            "the owner to hear",
-            next_focus_move_anywhere(&mut second)
-        )
-        .await,
+        next_focus_move_anywhere(&mut second).await,
         (true, Some("two".to_owned()), Some(shared.clone()))
     );
     // A third folder attached into that session as its focus: the focus there leaves `two`,
@@ -1110,12 +1108,7 @@ async fn a_folder_s_owner_is_told_of_the_focus_in_another_session_it_serves() {
     options.focus = true;
     let _third = Attachment::start(&config, options, None).await;
     assert_eq!(
-        within(
-            STEP,
-            "the owner to hear",
-            next_focus_move_anywhere(&mut second)
-        )
-        .await,
+        next_focus_move_anywhere(&mut second).await,
         (false, Some("three".to_owned()), Some(shared.clone()))
     );
     let line = monad_client::attach::AttachEvent::FocusMoved {
@@ -1152,21 +1145,21 @@ async fn gone_from(agent: &monad_client::agent::Agent, session: &str, name: &str
     .await;
 }
 
-/// A host's read of `notes.txt` naming no workspace, in `session`: its text, or why it failed.
-async fn notes(agent: &monad_client::agent::Agent, session: &str) -> Result<String, String> {
-    let reply = within(
-        STEP,
-        "a read",
-        agent.call(
-            Some(session),
-            "read_file",
-            serde_json::json!({"path": "notes.txt"}),
-            |_| {},
-        ),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    match reply.outcome {
+/// A read of `notes.txt` by `agent` in `session`, in `workspace` or naming none: its text, or
+/// why it failed.
+async fn notes(
+    agent: &monad_client::agent::Agent,
+    session: &str,
+    workspace: Option<&str>,
+) -> Result<String, String> {
+    let mut args = serde_json::json!({"path": "notes.txt"});
+    if let Some(workspace) = workspace {
+        args["workspace"] = workspace.into();
+    }
+    match call_in(agent, Some(session), "read_file", args)
+        .await
+        .outcome
+    {
         monad_protocol::wire::Outcome::Ok { result } => Ok(result.into_value()["content"]
             .as_str()
             .unwrap_or_default()
@@ -1195,12 +1188,12 @@ async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into()
         _first,
         ..
     } = shared_into_a_host_s_session().await;
-    assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
+    assert_eq!(notes(&host, &shared, None).await.as_deref(), Ok("second\n"));
 
     // Attached again while the first attach still runs: the new one takes it over.
     let again = attach(&config, &two, "two", Some("default")).await;
     drop(second);
-    assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
+    assert_eq!(notes(&host, &shared, None).await.as_deref(), Ok("second\n"));
     assert!(online_in(&host, &shared, "two").await);
 
     // Gone, then attached again.
@@ -1209,7 +1202,7 @@ async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into()
     gone_from(&host, &shared, "two").await;
     let third = attach(&config, &two, "two", Some("default")).await;
     assert!(online_in(&host, &shared, "two").await);
-    assert_eq!(notes(&host, &shared).await.as_deref(), Ok("second\n"));
+    assert_eq!(notes(&host, &shared, None).await.as_deref(), Ok("second\n"));
 
     // A session whose owner detached the folder by name does not get it back.
     drop(third);
@@ -1242,42 +1235,18 @@ async fn a_folder_detached_by_name_where_it_was_shared_in_serves_its_own_session
     } = shared_into_a_host_s_session().await;
     let told = |now: Option<&str>, focus| (focus, now.map(str::to_owned), Some(shared.clone()));
     assert_eq!(
-        within(
-            STEP,
-            "the owner to hear",
-            next_focus_move_anywhere(&mut second)
-        )
-        .await,
+        next_focus_move_anywhere(&mut second).await,
         told(Some("two"), true)
     );
     let detached = within(STEP, "a detach", host.detach(Some(&shared), "two")).await;
     assert!(detached.is_ok(), "{detached:?}");
     assert_eq!(
-        within(
-            STEP,
-            "the owner to hear",
-            next_focus_move_anywhere(&mut second)
-        )
-        .await,
+        next_focus_move_anywhere(&mut second).await,
         told(None, false)
     );
     assert!(online_in(&holder, "default", "two").await);
-    let reply = within(
-        STEP,
-        "a read",
-        holder.call(
-            Some("default"),
-            "read_file",
-            serde_json::json!({"path": "notes.txt", "workspace": "two"}),
-            |_| {},
-        ),
-    )
-    .await
-    .expect("answered");
-    match reply.outcome {
-        monad_protocol::wire::Outcome::Ok { result } => {
-            assert_eq!(result.into_value()["content"], "second\n");
-        }
-        monad_protocol::wire::Outcome::Error { error } => panic!("{error}"),
-    }
+    assert_eq!(
+        notes(&holder, "default", Some("two")).await.as_deref(),
+        Ok("second\n")
+    );
 }
