@@ -205,6 +205,8 @@ pub(crate) fn matcher(args: &SearchArgs) -> Result<grep_regex::RegexMatcher, San
                 Err(own) => own.to_string(),
                 Ok(_) => e.to_string(),
             };
+            // It repeats the pattern: escaped, its lines kept (the caret has a line of its own).
+            let said = monad_protocol::text::printable_lines(&said);
             SandboxError::InvalidArguments(format!("invalid regular expression: {said}"))
         })
 }

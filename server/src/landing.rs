@@ -232,17 +232,23 @@ pub(crate) fn land(
         (None, None) => registry.resolve(None, user, Some(device))?,
         (None, Some(folder)) => {
             let entry = entries.iter().find(|e| &e.folder == folder);
-            let active = match entry {
-                Some(entry) => entry.active.clone(),
-                None => match live
-                    .iter()
-                    .find(|(_, a)| a.folder.as_deref() == Some(folder))
-                {
-                    Some((session, _)) => session.id.clone(),
-                    None => registry.create(user)?.id.clone(),
-                },
+            let there = live
+                .iter()
+                .find(|(_, a)| a.folder.as_deref() == Some(folder));
+            let active = match (entry, there) {
+                (Some(entry), _) => entry.active.clone(),
+                (None, Some((session, _))) => session.id.clone(),
+                (None, None) => registry.create(user)?.id.clone(),
             };
             let mut session = registry.resolve(Some(&active), user, Some(device))?;
+            // A session whose settings refuse the folder (attached with full trust, where
+            // `attach.allow_full_trust = false`) would have the host work without it: the
+            // session the folder is attached to now instead, which took it.
+            if let Some((home, attached)) = there
+                && session.refuses(attached.trust)
+            {
+                session = home.clone();
+            }
             // One focus per session, shared by its agents: a session focused on another
             // device's folder, online, is that device's hosts'; one focused on another folder
             // an MCP host landed on is that host's. Moving the focus under them would send
@@ -348,6 +354,57 @@ mod tests {
     use super::*;
     use crate::settings::Layers;
     use crate::store::{FolderStore, FsStore};
+
+    /// A folder attached with full trust, whose active session's settings refuse such folders:
+    /// the host lands where the folder is attached, which becomes its active session, so that
+    /// its next `attach` (naming no session) goes there too, not where it would be refused.
+    #[tokio::test]
+    async fn a_host_is_not_landed_where_its_folder_would_be_refused() {
+        use crate::session::tests::live_folder_at;
+        use monad_protocol::wire::Trust;
+        const LOCKED: &str = "00000000-0000-4000-8000-00000000c001";
+        const HOME: &str = "00000000-0000-4000-8000-00000000c002";
+        const FOLDER: &str = "/home/ana/two";
+        let dir = tempfile::tempdir().unwrap();
+        let locked_dir = dir.path().join("sessions").join(LOCKED);
+        std::fs::create_dir_all(&locked_dir).unwrap();
+        std::fs::write(
+            locked_dir.join("config.toml"),
+            "[attach]\nallow_full_trust = false\n",
+        )
+        .unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let registry = Registry::new(dir.path(), store.clone(), Layers::default());
+        let device = DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap();
+        let now = now_ms();
+        let locked = registry.open(LOCKED, "ana").unwrap();
+        assert!(locked.refuses(Trust::Full));
+        let home = registry.open(HOME, "ana").unwrap();
+        // The folder's active session is the locked one (a host landed there when the folder
+        // was attached restricted); it is attached with full trust in another now.
+        store
+            .save_folder_sessions(&FolderSessions::new(
+                "ana",
+                device.as_str(),
+                FOLDER,
+                LOCKED,
+                now,
+            ))
+            .unwrap();
+        let (full, _kicked, _peer) = live_folder_at(&registry, HOME, 1, Trust::Full, Some(FOLDER));
+        home.attach(full, None);
+        let roots = [format!("file://{FOLDER}/src")];
+        let landed = land(&registry, "ana", &device, &roots, None, now, None).unwrap();
+        assert_eq!(landed.session.id, HOME);
+        assert_eq!(landed.folder.as_deref(), Some(FOLDER));
+        assert_eq!(landed.focus.as_deref(), Some("two"));
+        assert!(!landed.focus_offline);
+        assert!(locked.workspaces().iter().all(|w| w.info.name != "two"));
+        assert_eq!(
+            attach_target(&registry, "ana", &device, FOLDER, now).as_deref(),
+            Some(HOME)
+        );
+    }
 
     /// A landing reads a folder's entry and saves it whole: `sessions --new` run many times at
     /// once in one folder must not save over each other (each new session stays in the entry).

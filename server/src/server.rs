@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use monad_protocol::io::{read_message, write_message};
-use monad_protocol::wire::{self, Message, Role, Trust, reset};
+use monad_protocol::wire::{self, Message, Role, reset};
 use monad_protocol::{ErrorCode, ToolError};
 use monad_sandbox::exec::cgroup::{self, ProcessGroups};
 use tokio::sync::{Semaphore, watch};
@@ -1429,7 +1429,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             Err(e) => return send_error(&mut send, id, e).await,
         }
     }
-    if trust == Trust::Full && !session.settings.attach.allow_full_trust {
+    if session.refuses(trust) {
         return send_error(
             &mut send,
             id,

@@ -448,6 +448,13 @@ impl Session {
             .collect()
     }
 
+    /// Whether this session's settings refuse a folder attached with `trust`: one with full
+    /// trust where `attach.allow_full_trust = false`. Such a folder is neither attached here
+    /// nor shared in, and a host is not landed here for it.
+    pub fn refuses(&self, trust: Trust) -> bool {
+        trust == Trust::Full && !self.settings.attach.allow_full_trust
+    }
+
     /// Whether a host landing from `device` on `folder` (an absolute path there) must leave the
     /// focus where it is: the focus is a folder another device attached, online (that device's
     /// agents work in it), or another folder an MCP host landed on and works in now
@@ -1337,7 +1344,7 @@ impl Registry {
     ) -> Option<WorkspaceInfo> {
         let link = folder.link.as_ref()?;
         let (generation, minor) = (link.generation, link.minor);
-        if folder.trust == Trust::Full && !into.settings.attach.allow_full_trust {
+        if into.refuses(folder.trust) {
             return None;
         }
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
@@ -2526,7 +2533,7 @@ fn internal(e: impl std::fmt::Display) -> ToolError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::executor::link::{Conn, memory};
     use crate::store::FsStore;
@@ -2547,6 +2554,21 @@ mod tests {
         tokio::sync::mpsc::UnboundedReceiver<String>,
         memory::Peer,
     ) {
+        live_folder_at(reg, home, generation, trust, None)
+    }
+
+    /// [`live_folder`], its absolute path on the laptop `folder` (what a host's roots match).
+    pub(crate) fn live_folder_at(
+        reg: &Registry,
+        home: &str,
+        generation: u64,
+        trust: Trust,
+        folder: Option<&str>,
+    ) -> (
+        Attached,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+        memory::Peer,
+    ) {
         let (conn, peer) = memory::pair();
         let (kick, kicked) = tokio::sync::mpsc::unbounded_channel();
         let folder = Attached {
@@ -2557,7 +2579,7 @@ mod tests {
             device_id: DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap(),
             path: "~/two".into(),
             record: None,
-            folder: None,
+            folder: folder.map(str::to_owned),
             link: Some(ClientLink {
                 conn: Conn::Memory(conn),
                 attachment: 1,

@@ -566,6 +566,14 @@ fn search_filters_by_glob_caps_results_and_rejects_bad_patterns() {
     assert!(!said.contains("(?:"), "{said}");
     assert!(said.contains("\n    (unclosed\n    ^\n"), "{said}");
     assert!(said.contains("unclosed group"), "{said}");
+    // It repeats the pattern: a control character in it is escaped, as in every message.
+    let said = fx
+        .sandbox
+        .search(&search("\u{1b}[2J("))
+        .unwrap_err()
+        .to_string();
+    assert!(said.contains("\n    \\u{1b}[2J(\n"), "{said}");
+    assert!(!said.contains('\u{1b}'), "{said}");
     let mut args = search("hit");
     args.glob = Some("[".into());
     assert_eq!(
