@@ -8,7 +8,7 @@
 //! |---|---|
 //! | 0 | the tool succeeded (for `run_command`: the command exited 0, or runs on in the background) |
 //! | 1 | the tool failed (not found, denied, invalid arguments, ...), or `monad-client` itself did (not logged in, server unreachable) |
-//! | 2 | usage error: unknown tool, bad flag, `--args` not a JSON object or not readable |
+//! | 2 | usage error: unknown tool, bad flag, the arguments (`ARGS` or `--args`) not a JSON object or not readable |
 //! | 3 | `run_command` ran but the command exited non-zero, was killed by a signal or timed out; or `process_read` reports a process that ended so |
 
 use monad_protocol::render;

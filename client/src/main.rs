@@ -159,10 +159,14 @@ enum Command {
             monad_protocol::ToolName::ALL.map(monad_protocol::ToolName::as_str)
         ))]
         tool: Option<String>,
+        /// The arguments, as a JSON object (default `{}`), in place of `--args`: `monad-client
+        /// call read_file '{"path": "a.txt"}'`. The same forms as `--args` (`-`, `@FILE`).
+        #[arg(value_name = "ARGS", conflicts_with = "args")]
+        given_args: Option<String>,
         /// The arguments, as a JSON object; `-` reads them from standard input, `@FILE` from a
         /// file (a `write_file` of more than the 128 KiB one command-line argument may hold).
-        #[arg(long, default_value = "{}")]
-        args: String,
+        #[arg(long, value_name = "JSON")]
+        args: Option<String>,
         #[arg(long, help = SESSION_HELP)]
         session: Option<String>,
         /// Workspace to run in (short name or URI).
@@ -736,6 +740,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Call {
             tool,
+            given_args,
             args,
             session,
             workspace,
@@ -762,44 +767,51 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 (None, false) => usage_error(
                     "call",
                     clap::error::ErrorKind::MissingRequiredArgument,
-                    "the tool to call is missing: `monad-client call TOOL --args JSON` \
+                    "the tool to call is missing: `monad-client call TOOL [ARGS]` \
                      (`monad-client tools` lists them)",
                 ),
             };
             let usage = |message: String| -> ! {
                 usage_error("call", clap::error::ErrorKind::ValueValidation, message)
             };
+            // What the messages call the arguments: as the command line gave them.
+            let (args, named) = match (given_args, args) {
+                (Some(given), _) => (given, "ARGS"),
+                (None, Some(args)) => (args, "--args"),
+                (None, None) => ("{}".to_owned(), "--args"),
+            };
             // Arguments that cannot be read are the command line's fault, as bad JSON is: a
             // usage error, not a failed call.
             let args = match args.strip_prefix('@') {
                 _ if args == "-" => std::io::read_to_string(std::io::stdin()).unwrap_or_else(|e| {
-                    usage(format!("cannot read --args from standard input: {e}"))
+                    usage(format!("cannot read {named} from standard input: {e}"))
                 }),
                 Some(file) => std::fs::read_to_string(file).unwrap_or_else(|e| {
                     usage(format!(
-                        "cannot read --args from {}: {e}",
+                        "cannot read {named} from {}: {e}",
                         monad_protocol::text::printable_name(file)
                     ))
                 }),
                 None => args,
             };
             if args.trim().is_empty() {
-                usage(
-                    "--args is empty (standard input or the file gave nothing): give a JSON \
-                     object, `{}` for no arguments"
-                        .to_owned(),
-                );
+                usage(format!(
+                    "{named} is empty (standard input or the file gave nothing): give a JSON \
+                     object, `{{}}` for no arguments"
+                ));
             }
             let mut args: serde_json::Value = match serde_json::from_str(&args) {
                 Ok(args) => args,
                 Err(e) => usage(format!(
-                    "--args is not valid JSON ({e}): {}{}",
+                    "{named} is not valid JSON ({e}): {}{}",
                     printable(monad_protocol::text::head(&args, 200)),
                     if args.len() > 200 { "\u{2026}" } else { "" }
                 )),
             };
             let Some(map) = args.as_object_mut() else {
-                usage(r#"--args must be a JSON object, like '{"path": "README.md"}'"#.to_owned())
+                usage(format!(
+                    r#"{named} must be a JSON object, like '{{"path": "README.md"}}'"#
+                ))
             };
             if let Some(w) = workspace {
                 if let Some(given) = map
@@ -807,7 +819,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     .filter(|given| given.as_str() != Some(&w))
                 {
                     usage(format!(
-                        "--workspace {} and the `workspace` in --args ({}) differ: give one",
+                        "--workspace {} and the `workspace` in {named} ({}) differ: give one",
                         printable(&w),
                         printable(&given.to_string())
                     ));

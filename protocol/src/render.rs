@@ -1082,7 +1082,9 @@ pub fn tool_help(tool: ToolName) -> String {
     let Some(properties) = schema["properties"].as_object() else {
         return out;
     };
-    out.push_str("\n\nArguments (--args '{\"name\": value, ...}'):\n");
+    out.push_str(&format!(
+        "\n\nArguments, as one JSON object (monad-client call {tool} '{{\"name\": value, ...}}'):\n"
+    ));
     // Required ones first, then the rest, each in schema order.
     let mut names: Vec<&String> = properties.keys().collect();
     names.sort_by_key(|n| !required.contains(&n.as_str()));

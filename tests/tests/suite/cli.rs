@@ -1595,6 +1595,33 @@ async fn call_takes_its_arguments_from_standard_input_or_a_file() {
     let out = client(config.path(), &["call", "read_file", "--args", &bad]).await;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(out.stderr.len() < 2000, "{}", out.stderr.len());
+    // The arguments after the tool, in place of `--args`, in the same forms; not both.
+    let out = client(config.path(), &["call", "read_file", "--json", &at]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let read: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(read["outcome"]["result"]["content"] == content.as_str());
+    let given = json!({"path": "big.txt", "workspace": "primary", "limit": 1}).to_string();
+    let out = client(config.path(), &["call", "read_file", &given]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("big.txt in workspace primary: lines 1-1 "),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = client(
+        config.path(),
+        &["call", "read_file", &given, "--args", &given],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cannot be used with"));
+    let out = client(config.path(), &["call", "read_file", "[1]"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("ARGS must be a JSON object"),
+        "{}",
+        text(&out.stderr)
+    );
     drop(server);
 }
 
