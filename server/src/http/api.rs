@@ -1215,8 +1215,10 @@ pub fn owned_artifact(
     if session.is_some_and(|want| want != s) {
         return Err(not_found());
     }
-    owned_session(state, user, s).map_err(|_| not_found())?;
-    match state.registry.store().artifact(s, a) {
+    // The session as its owner's id: `default` is the caller's own default, which may be a
+    // session of another id; the one whose id is `default` may be another user's.
+    let owned = owned_session(state, user, s).map_err(|_| not_found())?;
+    match state.registry.store().artifact(&owned.id, a) {
         Ok(found) => Ok(found),
         Err(StoreError::NotFound(_)) | Err(StoreError::Invalid(_)) => Err(not_found()),
         Err(e) => Err(HttpError::internal(e)),

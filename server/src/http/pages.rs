@@ -648,8 +648,9 @@ async fn call(
 ) -> PageResult {
     let state = web.state.clone();
     let (sid, found) = blocking(move || {
-        let metas = api::artifact_list(&state, &user.user, &id)?;
-        let sid = crate::session::normalize_id(&id).unwrap_or(id);
+        // As its owner's id: `default` is the caller's own default (see `owned_session`).
+        let sid = owned_session(&state, &user.user, &id)?.id;
+        let metas = api::artifact_list(&state, &user.user, &sid)?;
         let mut found = Vec::new();
         for meta in metas
             .into_iter()

@@ -217,6 +217,85 @@ async fn pages_of_another_users_session_workspace_or_artifact_are_404() {
     assert!(!workspaces.contains(&ws));
 }
 
+/// `default` names each user's own default session: a user whose `default` is a session of
+/// their own never reads, through `default` in an artifact's id or path, an artifact of the
+/// session another user owns under that name; and their own calls' outputs show under it.
+#[tokio::test]
+async fn another_users_default_never_reaches_the_artifacts_of_the_first_default() {
+    let (server, http) = server().await;
+    let ana = Api::new(http, &server.token);
+    let ws = ana.workspace(Some("/ana")).await;
+    let hers = ana
+        .upload(
+            &ws,
+            "tool_output",
+            "default",
+            "o.txt",
+            "text/plain",
+            b"ana's secret",
+        )
+        .await;
+    assert!(hers.starts_with("default."), "{hers}");
+    let bob_token = server.create_token("bob");
+    let bob_api = Api::new(http, &bob_token);
+    let bob_ws = bob_api.workspace(Some("/bob")).await;
+    bob_api
+        .upload(
+            &bob_ws,
+            "tool_output",
+            "default",
+            "b.txt",
+            "text/plain",
+            b"bob's",
+        )
+        .await;
+    let mut bob = Browser::new(http);
+    bob.sign_in(&bob_token).await;
+    for path in [
+        format!("/api/v1/sessions/default/artifacts/{hers}"),
+        format!("/api/v1/workspaces/{bob_ws}/artifacts/{hers}"),
+    ] {
+        let answer = bob_api.get(&path).await;
+        assert_eq!(answer.status, 404, "{path}: {}", answer.text());
+        assert!(!answer.text().contains("secret"), "{path}");
+    }
+    let path = format!("/sessions/default/artifacts/{hers}");
+    let answer = bob.get(&path).await;
+    assert_eq!(answer.status, 404, "{path}: {}", answer.text());
+    assert!(!answer.text().contains("secret"), "{path}");
+    // His own call's output, under his `default`.
+    let agent = monad_tests::connect_agent(&server.client_config_with(&bob_token)).await;
+    ok(call_in(
+        &agent,
+        Some("default"),
+        "write_file",
+        json!({"path": "his.txt", "content": "bob's own output\n"}),
+    )
+    .await);
+    // The recorder stores it in the background.
+    let call = monad_tests::within(monad_tests::STEP, "his call's output listed", async {
+        loop {
+            let listed = bob_api
+                .get("/api/v1/sessions/default/artifacts")
+                .await
+                .json();
+            let call = listed["artifacts"]
+                .as_array()
+                .and_then(|all| all.iter().find_map(|a| a["callId"].as_str()))
+                .map(str::to_owned);
+            if let Some(call) = call {
+                return call;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let page = bob.get(&format!("/sessions/default/calls/{call}")).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    assert!(page.text().contains("his.txt"), "{}", page.text());
+    assert!(!page.text().contains("secret"));
+}
+
 /// Markup that would run if any of it reached a page unescaped.
 const XSS: &[&str] = &[
     "<script>document.body.dataset.pwned='script'</script>",
