@@ -488,6 +488,10 @@ impl<B: Backend> McpFront<B> {
         {
             let mut landings = self.landings();
             landings.again = true;
+            // Calls and listings from now on wait for where the host lands (a host that
+            // switched projects and calls at once means the new one), at most
+            // [`LANDING_WAIT`].
+            self.landed.send_replace(false);
             if landings.running {
                 return;
             }
@@ -498,12 +502,13 @@ impl<B: Backend> McpFront<B> {
                 let mut landings = self.landings();
                 if !landings.again {
                     landings.running = false;
+                    // Done only when no landing is due after this one.
+                    self.landed.send_replace(true);
                     return;
                 }
                 landings.again = false;
             }
             self.land(peer, caller).await;
-            self.landed.send_replace(true);
         }
     }
 
@@ -922,6 +927,17 @@ impl<B: Backend> McpFront<B> {
         let mut step = 0u32;
         let reply = loop {
             tokio::select! {
+                // The host cancelled. Looked at first: a call cancelled while it waited (for a
+                // landing, for a connection) is never started; one that runs is dropped, which
+                // cancels it on every hop (the QUIC stream is reset, the client withdraws its
+                // prompt or kills the command).
+                biased;
+                () = context.ct.cancelled() => {
+                    return Ok(error_result(None, &ToolError::new(
+                        ErrorCode::Cancelled,
+                        "the call was cancelled by the host",
+                    )).into());
+                }
                 reply = &mut call => break reply,
                 Some(message) = progress_rx.recv() => {
                     step += 1;
@@ -931,14 +947,6 @@ impl<B: Backend> McpFront<B> {
                         let _ = context.peer.notify_progress(param).await;
                     }
                     self.log(&context.peer, LoggingLevel::Info, &message).await;
-                }
-                // The host cancelled: dropping the call cancels it on every hop (the QUIC
-                // stream is reset, the client withdraws its prompt or kills the command).
-                () = context.ct.cancelled() => {
-                    return Ok(error_result(None, &ToolError::new(
-                        ErrorCode::Cancelled,
-                        "the call was cancelled by the host",
-                    )).into());
                 }
             }
         };
@@ -1268,10 +1276,12 @@ mod landing_tests {
 
     use super::*;
 
-    /// A backend that lands nowhere and counts how often it was asked to.
+    /// A backend that lands nowhere and counts how often it was asked to, and how many calls
+    /// it started.
     #[derive(Default)]
     struct Counting {
         landings: AtomicUsize,
+        calls: AtomicUsize,
     }
 
     impl Backend for Counting {
@@ -1292,8 +1302,12 @@ mod landing_tests {
             _progress: ProgressSender,
         ) -> impl Future<Output = Result<(Option<WorkspaceRef>, Outcome), ToolError>> + Send
         {
-            let error = ToolError::new(ErrorCode::NotFound, "nothing here");
-            std::future::ready(Ok((None, Outcome::Error { error })))
+            // Started when first polled, as a real call is.
+            async move {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                let error = ToolError::new(ErrorCode::NotFound, "nothing here");
+                Ok((None, Outcome::Error { error }))
+            }
         }
 
         fn watch(
@@ -1479,6 +1493,71 @@ mod landing_tests {
         host.answer_roots(&third).await;
         host.ping(4).await;
         assert_eq!(backend.landings.load(Ordering::SeqCst), 3);
+    }
+
+    /// Regression: calls did not wait for a landing that `notifications/roots/list_changed`
+    /// started, so a host that switched projects and called at once ran the call in the
+    /// session (and focus) of the project before.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_after_the_roots_change_waits_for_the_landing() {
+        let (mut host, backend) = Host::start().await;
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let first = host.roots_asked().await;
+        host.answer_roots(&first).await;
+        host.call(2).await;
+        assert_eq!(backend.calls.load(Ordering::SeqCst), 1);
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+            .await;
+        host.send(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "read_file", "arguments": {"path": "a.txt"}}}))
+            .await;
+        let asked = loop {
+            let message = host.next().await;
+            assert_ne!(message["id"], 3, "answered before the landing: {message}");
+            if message["method"] == "roots/list" {
+                break message;
+            }
+        };
+        // Everything that would run has run when the paused clock moves on (less than the
+        // wait for an answer to `roots/list`).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            backend.calls.load(Ordering::SeqCst),
+            1,
+            "the call ran first"
+        );
+        host.answer_roots(&asked).await;
+        host.answer_to(3).await;
+        assert_eq!(backend.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(backend.landings.load(Ordering::SeqCst), 2);
+    }
+
+    /// Regression: a call the host cancelled while it waited for the landing was still
+    /// started once the landing was done, about one time in three (whichever the call's
+    /// `select!` polled first).
+    #[tokio::test(start_paused = true)]
+    async fn a_call_cancelled_while_it_waits_is_never_started() {
+        let (mut host, backend) = Host::start().await;
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let asked = host.roots_asked().await;
+        for id in 10..30 {
+            host.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "read_file", "arguments": {"path": "a.txt"}}}))
+                .await;
+            host.send(
+                json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                "params": {"requestId": id, "reason": "changed my mind"}}),
+            )
+            .await;
+        }
+        // Every cancellation has reached the front before the ping is answered.
+        host.ping(2).await;
+        host.answer_roots(&asked).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        host.ping(3).await;
+        assert_eq!(backend.calls.load(Ordering::SeqCst), 0);
     }
 
     /// Regression: a host that declares `roots` but never sends `notifications/initialized`
