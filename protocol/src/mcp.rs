@@ -1293,21 +1293,18 @@ mod landing_tests {
             std::future::ready(Ok(("default".to_owned(), Vec::new())))
         }
 
-        fn call(
+        // Started when first polled, as a real call is.
+        async fn call(
             &self,
             _caller: &Extensions,
             _session: &str,
             _tool: ToolName,
             _args: Value,
             _progress: ProgressSender,
-        ) -> impl Future<Output = Result<(Option<WorkspaceRef>, Outcome), ToolError>> + Send
-        {
-            // Started when first polled, as a real call is.
-            async move {
-                self.calls.fetch_add(1, Ordering::SeqCst);
-                let error = ToolError::new(ErrorCode::NotFound, "nothing here");
-                Ok((None, Outcome::Error { error }))
-            }
+        ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let error = ToolError::new(ErrorCode::NotFound, "nothing here");
+            Ok((None, Outcome::Error { error }))
         }
 
         fn watch(
