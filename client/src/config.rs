@@ -160,13 +160,28 @@ impl ClientConfig {
         Ok(config)
     }
 
-    /// Saves atomically to `<dir>/config.toml`, mode 0600.
+    /// Saves atomically to `<dir>/config.toml`, mode 0600; through a symbolic link there, to
+    /// the file it leads to (a dotfiles repository's), which is written, not replaced by a file
+    /// of its own. A file there already keeps what it says beside the connection's keys
+    /// ([`ClientConfig::OWN_KEYS`], set or removed in place): its comments, its order, and its
+    /// `[limits]` and `[exec]` as written, absent keys left to their defaults.
     pub fn save(&self, dir: &Path) -> Result<(), ClientError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| ClientError::Config(format!("{}: {e}", dir.display())))?;
-        let path = dir.join("config.toml");
-        let tmp = dir.join(".config.toml.tmp");
-        let text = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
+        let given = dir.join("config.toml");
+        let path = std::fs::canonicalize(&given).unwrap_or_else(|_| given.clone());
+        let failed =
+            |e: &dyn std::fmt::Display| ClientError::Config(format!("{}: {e}", given.display()));
+        let file_name = path.file_name().map_or_else(
+            || "config.toml".into(),
+            |name| name.to_string_lossy().into_owned(),
+        );
+        let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+        let fresh = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(old) => Self::merged(&old, &fresh).unwrap_or(fresh),
+            Err(_) => fresh,
+        };
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -181,8 +196,42 @@ impl ClientConfig {
         write().map_err(|e| {
             // Leave no half-written copy beside the config (it may hold the token).
             let _ = std::fs::remove_file(&tmp);
-            ClientError::Config(format!("{}: {e}", path.display()))
+            failed(&e)
         })
+    }
+
+    /// The keys `login` and `logout` write: the connection's. Everything else in the file is
+    /// the person's, kept as written.
+    pub const OWN_KEYS: [&str; 6] = [
+        "server",
+        "servers",
+        "token",
+        "fingerprint",
+        "device_id",
+        "client_name",
+    ];
+
+    /// `old`'s text with [`ClientConfig::OWN_KEYS`] as in `fresh` (this config, serialized):
+    /// each set in place, or removed where `fresh` leaves it out. `None` when either does not
+    /// parse as TOML.
+    fn merged(old: &str, fresh: &str) -> Option<String> {
+        let mut doc: toml_edit::DocumentMut = old.parse().ok()?;
+        let fresh: toml_edit::DocumentMut = fresh.parse().ok()?;
+        for key in Self::OWN_KEYS {
+            match fresh.get(key) {
+                Some(value) => match doc.get_mut(key) {
+                    // In place: the key's comments and position stay.
+                    Some(item) => *item = value.clone(),
+                    None => {
+                        doc.insert(key, value.clone());
+                    }
+                },
+                None => {
+                    doc.remove(key);
+                }
+            }
+        }
+        Some(doc.to_string())
     }
 }
 
@@ -255,8 +304,9 @@ pub fn normalize_fingerprint(raw: &str) -> Result<String, ClientError> {
         Ok(hex)
     } else {
         Err(ClientError::Config(format!(
-            "`{raw}` is not a certificate fingerprint: expected the 64 hex digits that \
-             monad-server prints at start-up"
+            "`{}` is not a certificate fingerprint: expected the 64 hex digits that \
+             monad-server prints at start-up",
+            printable(raw)
         )))
     }
 }
@@ -413,6 +463,69 @@ mod tests {
         loaded.save(dir.path()).unwrap();
         let saved = std::fs::read_to_string(dir.path().join("config.toml")).unwrap();
         assert_eq!(saved, old, "no `servers` key is added");
+    }
+
+    /// `logout` and a later `login` rewrote the whole file from what was loaded: comments
+    /// gone, every default of `[limits]` and `[exec]` written in, and a `config.toml` that is a
+    /// link replaced by a file of its own (the token left in the file it led to, while
+    /// `logout` said it was forgotten). Now only the login's keys change, in place.
+    #[test]
+    fn saving_changes_only_the_logins_keys_in_place_and_writes_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let dotfiles = dir.path().join("dotfiles");
+        let config_dir = dir.path().join("config");
+        std::fs::create_dir_all(&dotfiles).unwrap();
+        std::fs::create_dir_all(&config_dir).unwrap();
+        let old = format!(
+            "# my laptop's Monad\nserver = \"10.0.0.2:4433\"\ntoken = \"mnd_secret\"\n\
+             fingerprint = \"{}\"\ndevice_id = \"6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f60\"\n\
+             # set by hand\nclient_name = \"work-laptop\"\n\n\
+             [exec]\n# for cargo\nextra_read_paths = [\"/home/me/.rustup\"]\n",
+            "ab".repeat(32)
+        );
+        let real = dotfiles.join("monad.toml");
+        std::fs::write(&real, &old).unwrap();
+        let link = config_dir.join("config.toml");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert!(ClientConfig::logout(&config_dir).unwrap().is_some());
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the link stays a link"
+        );
+        let after = std::fs::read_to_string(&real).unwrap();
+        assert!(!after.contains("mnd_secret"), "{after}");
+        assert_eq!(after, old.replace("mnd_secret", ""), "nothing else changed");
+        assert!(matches!(
+            ClientConfig::load(&config_dir),
+            Err(ClientError::NotLoggedIn(_))
+        ));
+        // A login to several hosts: its keys set, `servers` added; the rest as written.
+        let mut config = ClientConfig::load_any(&config_dir).unwrap();
+        config.token = "mnd_new".into();
+        config.servers = vec!["10.0.0.3:4433".into()];
+        config.save(&config_dir).unwrap();
+        let after = std::fs::read_to_string(&real).unwrap();
+        for kept in ["# my laptop's Monad", "# set by hand", "# for cargo"] {
+            assert!(after.contains(kept), "{kept}: {after}");
+        }
+        assert!(
+            !after.contains("path_env"),
+            "no default written in: {after}"
+        );
+        let loaded = ClientConfig::load(&config_dir).unwrap();
+        assert_eq!(loaded.token, "mnd_new");
+        assert_eq!(loaded.addresses(), ["10.0.0.2:4433", "10.0.0.3:4433"]);
+        assert_eq!(loaded.client_name, "work-laptop");
+        assert_eq!(
+            loaded.exec.unwrap().extra_read_paths,
+            [PathBuf::from("/home/me/.rustup")]
+        );
+        // No temporary copy is left, here or beside the file the link leads to.
+        assert_eq!(std::fs::read_dir(&config_dir).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(&dotfiles).unwrap().count(), 1);
     }
 
     #[test]

@@ -308,9 +308,40 @@ enum HistoryCommand {
 }
 
 async fn history(command: HistoryCommand) -> Result<ExitCode> {
+    // A snapshot that cannot be used is the command line's fault, as bad `call` arguments are:
+    // a usage error, said before connecting.
+    let snapshot = match &command {
+        HistoryCommand::Replace { file, .. } => Some(read_snapshot(file)),
+        _ => None,
+    };
     let config = ClientConfig::load(&config_dir()?)?;
     let agent = Agent::connect(&config).await?;
-    closed(&agent, history_on(&agent, command).await).await
+    closed(&agent, history_on(&agent, command, snapshot).await).await
+}
+
+/// The history `history replace --file` names (`-`: standard input), or a usage error (exit 2)
+/// saying why it cannot be had.
+fn read_snapshot(file: &std::path::Path) -> History {
+    let usage = |message: String| -> ! {
+        usage_error("history", clap::error::ErrorKind::ValueValidation, message)
+    };
+    let shown = monad_protocol::text::printable_name(&file.to_string_lossy()).into_owned();
+    let text = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+            .unwrap_or_else(|e| usage(format!("cannot read standard input: {e}")))
+    } else {
+        std::fs::read_to_string(file).unwrap_or_else(|e| usage(format!("cannot read {shown}: {e}")))
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| usage(format!("{shown} is not JSON ({e})")));
+    // Accept `history show --json` output as well as a bare history.
+    let history = value.get("history").cloned().unwrap_or(value);
+    serde_json::from_value(history).unwrap_or_else(|e| {
+        usage(format!(
+            "{shown} is not a history ({e}): expected {{\"created_at\": ..., \"messages\": \
+             [{{\"role\": \"user\", \"text\": ...}}]}}"
+        ))
+    })
 }
 
 /// Closes `agent`'s connection ([`Agent::close`]) and gives back `done`, what the command got
@@ -323,7 +354,11 @@ async fn closed<T>(agent: &Agent, done: T) -> T {
     done
 }
 
-async fn history_on(agent: &Agent, command: HistoryCommand) -> Result<ExitCode> {
+async fn history_on(
+    agent: &Agent,
+    command: HistoryCommand,
+    snapshot: Option<History>,
+) -> Result<ExitCode> {
     match command {
         HistoryCommand::Append {
             role,
@@ -356,24 +391,8 @@ async fn history_on(agent: &Agent, command: HistoryCommand) -> Result<ExitCode> 
                 }
             }
         }
-        HistoryCommand::Replace { file, session } => {
-            let text = if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin()).context("cannot read standard input")?
-            } else {
-                std::fs::read_to_string(&file)
-                    .with_context(|| format!("cannot read {}", file.display()))?
-            };
-            let value: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not JSON", file.display()))?;
-            // Accept `history show --json` output as well as a bare history.
-            let history = value.get("history").cloned().unwrap_or(value);
-            let history: History = serde_json::from_value(history).with_context(|| {
-                format!(
-                    "{} is not a history: expected {{\"created_at\": ..., \"messages\": \
-                     [{{\"role\": \"user\", \"text\": ...}}]}}",
-                    file.display()
-                )
-            })?;
+        HistoryCommand::Replace { session, .. } => {
+            let history = snapshot.context("the snapshot is read before connecting")?;
             let count_messages = history.messages.len();
             let id = agent.history_replace(session.as_deref(), history).await?;
             errln!(
@@ -546,6 +565,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                             "{why} in {}: this device gets a new one",
                             dir.join("config.toml").display()
                         ),
+                    }
+                    // The machine's name as the file says: one given by hand (the host part
+                    // of this device's workspace URIs) is not reset.
+                    if !old.client_name.is_empty() {
+                        config.client_name = old.client_name;
                     }
                     config.limits = old.limits;
                     config.exec = old.exec;
@@ -1116,7 +1140,8 @@ async fn status(json: bool) -> Result<ExitCode> {
             "fingerprint": config.fingerprint,
             "device_id": config.device_id,
             "client_name": config.client_name,
-            "config": dir.join("config.toml"),
+            // As text: a path that is not UTF-8 has no JSON form of its own.
+            "config": dir.join("config.toml").to_string_lossy(),
         });
         match &reached {
             Ok((user, session, name, workspaces, on)) => {

@@ -1625,6 +1625,46 @@ async fn call_takes_its_arguments_from_standard_input_or_a_file() {
     drop(server);
 }
 
+/// A snapshot `history replace --file` cannot use is a usage error (2), said before connecting
+/// (it was a failed command, 1, after a connection); and `status --json` of a config directory
+/// whose path is not UTF-8 prints it (it panicked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_cannot_be_used_and_a_path_that_is_not_utf8_are_said_clearly() {
+    let (server, _data, config) = ServerProcess::logged_in().await;
+    let not_json = config.path().join("not.json");
+    std::fs::write(&not_json, "[1").unwrap();
+    let not_history = config.path().join("other.json");
+    std::fs::write(&not_history, r#"{"a": 1}"#).unwrap();
+    let files = [
+        ("/nonexistent/snapshot.json".to_owned(), "cannot read"),
+        (not_json.display().to_string(), "is not JSON"),
+        (not_history.display().to_string(), "is not a history"),
+    ];
+    for (file, said) in files {
+        let out = client(config.path(), &["history", "replace", "--file", &file]).await;
+        assert_eq!(out.status.code(), Some(2), "{file}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(said), "{}", text(&out.stderr));
+    }
+    let shown = client(config.path(), &["history", "show", "--json"]).await;
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    use std::os::unix::ffi::OsStrExt as _;
+    let odd = config
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"conf\xffig"));
+    std::fs::create_dir(&odd).unwrap();
+    std::fs::copy(config.path().join("config.toml"), odd.join("config.toml")).unwrap();
+    let out = client(&odd, &["status", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        status["config"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("conf\u{fffd}ig/config.toml")),
+        "{status}"
+    );
+    drop(server);
+}
+
 /// A malformed `login --server` or `--fingerprint` is a usage error (status 2, and where help
 /// is), like any other bad flag; nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
