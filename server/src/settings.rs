@@ -733,10 +733,66 @@ fn together(message: String) -> ConfigError {
     }
 }
 
-/// `settings` when what they hold works together ([`Limits::check`]).
+/// `settings` when what they hold works together ([`Limits::check`]) and no time or count is
+/// past what the server can hold ([`bounded`]).
 fn checked(settings: Settings) -> Result<Settings, ConfigError> {
     settings.limits.check().map_err(together)?;
+    bounded(&settings).map_err(together)?;
     Ok(settings)
+}
+
+/// The longest time a setting may give: ten years, in seconds. A deadline further away is past
+/// the clock's range (`Instant + Duration` panics on every call, connection or lease), and past
+/// what QUIC's idle time-out can say.
+const LONGEST_SECS: i64 = 10 * 365 * 24 * 3600;
+
+/// The most a count may be (connections, calls, sessions, a pool's connections, deletions per
+/// pass): more than any machine serves, and within what a semaphore holds (2^61 permits).
+const MOST: i64 = u32::MAX as i64;
+
+/// Refuses a time (a key ending in `_secs`, `_ms` or `_hours`) over [`LONGEST_SECS`], and a
+/// count (a key of `[server]`, `[store]` or `[retention]` starting `max_` or holding `_max_`,
+/// `pool_size`, `busy_pending_handshakes`; bytes and memory aside) over [`MOST`]. Such values
+/// read as "no bound" to a person, and made the server panic or refuse everyone.
+fn bounded(settings: &Settings) -> Result<(), String> {
+    let Ok(toml::Value::Table(sections)) = toml::Value::try_from(settings) else {
+        return Ok(());
+    };
+    for (section, keys) in &sections {
+        let Some(keys) = keys.as_table() else {
+            continue;
+        };
+        for (key, value) in keys {
+            let Some(n) = value.as_integer() else {
+                continue;
+            };
+            let count = matches!(section.as_str(), "server" | "store" | "retention")
+                && (key.starts_with("max_")
+                    || key.contains("_max_")
+                    || key == "pool_size"
+                    || key == "busy_pending_handshakes")
+                && !key.contains("bytes")
+                && !key.contains("memory");
+            let most = if key.ends_with("_secs") {
+                LONGEST_SECS
+            } else if key.ends_with("_ms") {
+                LONGEST_SECS * 1000
+            } else if key.ends_with("_hours") {
+                LONGEST_SECS / 3600
+            } else if count {
+                MOST
+            } else {
+                continue;
+            };
+            if n > most {
+                let what = if count { "" } else { " (ten years)" };
+                return Err(format!(
+                    "`{section}.{key}` is {n}; it must be at most {most}{what}"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Parses one file and checks it alone against [`Settings`].
@@ -1168,6 +1224,55 @@ mod tests {
         assert!(e.message.contains("(5000) is above"), "{e}");
         let e = start(None, &[("MONAD_LIMITS_LIST_MAX_ENTRIES", "0")], &default).unwrap_err();
         assert!(e.message.contains("`limits.list_max_entries` is 0"), "{e}");
+        // A time or a count meant as "no bound" panicked the server (on every call,
+        // connection or lease) or had it refuse every connection: refused, whichever layer.
+        for (file, env, key) in [
+            (
+                "[server]\ncall_timeout_secs = 9223372036854775807\n",
+                None,
+                "server.call_timeout_secs",
+            ),
+            (
+                "[server]\nidle_timeout_ms = 5000000000000000000\n",
+                None,
+                "server.idle_timeout_ms",
+            ),
+            (
+                "[retention]\npurge_every_secs = 9223372036854775807\n",
+                None,
+                "retention.purge_every_secs",
+            ),
+            (
+                "[cluster]\nlease_secs = 9223372036854775807\n",
+                None,
+                "cluster.lease_secs",
+            ),
+            (
+                "",
+                Some((
+                    "MONAD_SERVER_MAX_CALLS_PER_CONNECTION",
+                    "9223372036854775807",
+                )),
+                "server.max_calls_per_connection",
+            ),
+            ("[store]\npool_size = 4294967296\n", None, "store.pool_size"),
+        ] {
+            let env: Vec<(&str, &str)> = env.into_iter().collect();
+            let e = start(Some(file), &env, &default).unwrap_err();
+            assert!(e.message.contains(&format!("`{key}` is ")), "{key}: {e}");
+        }
+        // At the bounds, and bytes past any count, are taken.
+        assert!(
+            start(
+                Some(
+                    "[server]\ncall_timeout_secs = 315360000\nmax_calls_per_connection = \
+                     4294967295\nmax_artifact_bytes_per_user = 9223372036854775807\n"
+                ),
+                &[],
+                &default
+            )
+            .is_ok()
+        );
         // The embedding program's base counts: its default under the file's maximum is fine.
         let mut base = Settings::default();
         base.limits.command_default_timeout_ms = 30_000;
