@@ -706,7 +706,11 @@ impl Layers {
     /// together as in [`Layers::with_base`].
     pub fn session(&self, file: Option<(&str, &str)>) -> Result<Settings, ConfigError> {
         let table = match file {
-            Some((name, text)) => Some(parse_layer(name, text)?),
+            Some((name, text)) => {
+                let table = parse_layer(name, text)?;
+                session_keys_only(name, text, &table)?;
+                Some(table)
+            }
             None => None,
         };
         checked(self.merge(table)?)
@@ -791,6 +795,52 @@ fn bounded(settings: &Settings) -> Result<(), String> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// The sections a session's `config.toml` may set, and the keys of `[retention]` it may: what
+/// a session reads from its own settings. The rest is the server's (connections, the store,
+/// the cluster, when sessions are unloaded or purged), read from the global file and the
+/// environment only.
+const SESSION_SECTIONS: [&str; 4] = ["limits", "exec", "attach", "llm"];
+const SESSION_RETENTION_KEYS: [&str; 2] = ["artifact_max_bytes", "keep_artifacts"];
+
+/// Refuses, in the session file `name`, a section or key only the global layers set: it would
+/// be taken without a word and do nothing.
+fn session_keys_only(name: &str, text: &str, table: &toml::Table) -> Result<(), ConfigError> {
+    for (section, value) in table {
+        let (what, line_starts) = match section.as_str() {
+            s if SESSION_SECTIONS.contains(&s) => continue,
+            "retention" => {
+                let Some(key) = value.as_table().and_then(|keys| {
+                    keys.keys()
+                        .find(|k| !SESSION_RETENTION_KEYS.contains(&k.as_str()))
+                }) else {
+                    continue;
+                };
+                (format!("retention.{key}"), key.clone())
+            }
+            other => (format!("[{other}]"), format!("[{other}")),
+        };
+        let line = text
+            .lines()
+            .position(|l| l.trim_start().starts_with(&line_starts))
+            .map(|i| i + 1);
+        return Err(ConfigError {
+            source_name: name.to_owned(),
+            line,
+            message: format!(
+                "`{what}` is the server's, read from the global config.toml and the MONAD_* \
+                 variables only; a session's file sets {} and `retention.artifact_max_bytes` \
+                 and `retention.keep_artifacts`",
+                SESSION_SECTIONS
+                    .iter()
+                    .map(|s| format!("`[{s}]`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
     }
     Ok(())
 }
@@ -1194,6 +1244,34 @@ mod tests {
             .session(Some(("s.toml", "[exec]\nenv = 3\n")))
             .unwrap_err();
         assert_eq!((e.source_name.as_str(), e.line), ("s.toml", Some(2)));
+        // What only the global layers set, in a session's file, was taken and did nothing.
+        for (file, what, line) in [
+            (
+                "[limits]\nread_max_bytes = 9\n\n[server]\ncall_timeout_secs = 5\n",
+                "`[server]`",
+                4,
+            ),
+            ("[store]\npool_size = 2\n", "`[store]`", 1),
+            ("[cluster]\nlease_secs = 3\n", "`[cluster]`", 1),
+            (
+                "[retention]\nkeep_artifacts = false\nidle_unload_hours = 1\n",
+                "`retention.idle_unload_hours`",
+                3,
+            ),
+        ] {
+            let e = layers.session(Some(("s.toml", file))).unwrap_err();
+            assert!(e.message.contains(what), "{e}");
+            assert_eq!(e.line, Some(line), "{e}");
+        }
+        let s = layers
+            .session(Some((
+                "s.toml",
+                "[retention]\nartifact_max_bytes = 10\nkeep_artifacts = false\n[attach]\n\
+                 allow_full_trust = false\n",
+            )))
+            .unwrap();
+        assert_eq!(s.retention.artifact_max_bytes, 10);
+        assert!(!s.attach.allow_full_trust);
     }
 
     #[test]
