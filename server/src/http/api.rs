@@ -1018,26 +1018,27 @@ fn store_upload(
 ) -> Result<ArtifactCreated, HttpError> {
     let record = owned_record(state, user, id)?;
     let store = state.registry.store();
-    // `default` is the caller's own default (made on first need, as over QUIC), never the
-    // session of whoever used `default` first.
-    if checked.session == crate::session::DEFAULT_SESSION {
-        checked.session = state
-            .registry
-            .open_own(&checked.session, user)
-            .map_err(tool_error)?
-            .id
-            .clone();
-    }
-    // Another user's session is a 404, before anything is made.
-    match store.load(&checked.session) {
-        Ok(Some(meta)) if meta.owner != user => {
-            return Err(HttpError::not_found(format!(
-                "session `{}`",
-                checked.session
-            )));
+    // `default` is the caller's own default, never the session of whoever used `default`
+    // first; one the caller has none of yet is made only once the checks below pass (as over
+    // QUIC, on first need), so that a refused upload makes nothing.
+    let new_default = checked.session == crate::session::DEFAULT_SESSION
+        && match state.registry.existing_id(&checked.session, user) {
+            Some(own) => {
+                checked.session = own;
+                false
+            }
+            None => true,
+        };
+    // Another user's session is a 404, before anything is made; so is one whose metadata
+    // cannot be read (the store's words would name the server's files).
+    let not_found = || HttpError::not_found(format!("session `{}`", checked.session));
+    if !new_default {
+        match store.load(&checked.session) {
+            Ok(Some(meta)) if meta.owner != user => return Err(not_found()),
+            Ok(_) => {}
+            Err(StoreError::Invalid(_) | StoreError::NotFound(_)) => return Err(not_found()),
+            Err(e) => return Err(HttpError::store(e)),
         }
-        Ok(_) => {}
-        Err(e) => return Err(HttpError::store(e)),
     }
     // The quota check and the write are one step: uploads at once cannot pass it together.
     // (Only API uploads count, and they all pass here; deletes meanwhile only free room.)
@@ -1053,7 +1054,11 @@ fn store_upload(
         let page = store
             .record_sessions(&record.id, 1, None)
             .map_err(HttpError::store)?;
-        if let Some(other) = page.items.first().filter(|s| s.session != checked.session) {
+        if let Some(other) = page
+            .items
+            .first()
+            .filter(|s| new_default || s.session != checked.session)
+        {
             return Err(HttpError {
                 status: StatusCode::CONFLICT,
                 code: "conflict",

@@ -508,6 +508,51 @@ async fn default_names_each_users_own_session() {
     // Bob has no default yet: his `default` is not found, and it is not hers.
     let none = bob.get("/api/v1/sessions/default").await;
     assert_eq!(none.status, 404, "{}", none.text());
+    // An upload into `default` that is refused (a `general` workspace holds another session)
+    // makes him none either: a refused request stores nothing.
+    let general = bob.workspace(None).await;
+    bob.upload(
+        &general,
+        "tool_output",
+        &new_session(),
+        "x.txt",
+        "text/plain",
+        b"x",
+    )
+    .await;
+    let body = json!({"sessionId": "default", "artifactType": "tool_output",
+                      "artifactName": "o.txt", "contentType": "text/plain",
+                      "contentBase64": "Ym9i"});
+    let refused = bob
+        .post(&format!("/api/v1/workspaces/{general}/artifacts"), &body)
+        .await;
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    let none = bob.get("/api/v1/sessions/default").await;
+    assert_eq!(
+        none.status,
+        404,
+        "a refused upload made him a default: {}",
+        none.text()
+    );
+    // A session whose metadata is corrupt is not found either, without the server's paths.
+    let corrupt = new_session();
+    let dir = server.data_dir().join("sessions").join(&corrupt);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("session.toml"), "not = [toml").unwrap();
+    let mut into_corrupt = body.clone();
+    into_corrupt["sessionId"] = corrupt.clone().into();
+    let ws = bob.workspace(Some("/c")).await;
+    let refused = bob
+        .post(&format!("/api/v1/workspaces/{ws}/artifacts"), &into_corrupt)
+        .await;
+    assert_eq!(refused.status, 404, "{}", refused.text());
+    assert!(
+        !refused
+            .text()
+            .contains(&server.data_dir().display().to_string()),
+        "{}",
+        refused.text()
+    );
     into_default(&bob, "/b", "Ym9i").await;
     let his_default = bob.get("/api/v1/sessions/default").await;
     assert_eq!(his_default.status, 200, "{}", his_default.text());
