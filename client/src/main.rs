@@ -319,13 +319,19 @@ async fn history(command: HistoryCommand) -> Result<ExitCode> {
     closed(&agent, history_on(&agent, command, snapshot).await).await
 }
 
+/// A path as the terminal should see it: lossy where it is not UTF-8, its control characters
+/// (a tab too) escaped.
+fn shown_path(path: &std::path::Path) -> String {
+    monad_protocol::text::printable_name(&path.to_string_lossy()).into_owned()
+}
+
 /// The history `history replace --file` names (`-`: standard input), or a usage error (exit 2)
 /// saying why it cannot be had.
 fn read_snapshot(file: &std::path::Path) -> History {
     let usage = |message: String| -> ! {
         usage_error("history", clap::error::ErrorKind::ValueValidation, message)
     };
-    let shown = monad_protocol::text::printable_name(&file.to_string_lossy()).into_owned();
+    let shown = shown_path(file);
     let text = if file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())
             .unwrap_or_else(|e| usage(format!("cannot read standard input: {e}")))
@@ -563,7 +569,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                         Ok(()) => config.device_id = old.device_id,
                         Err(why) => errln!(
                             "{why} in {}: this device gets a new one",
-                            dir.join("config.toml").display()
+                            shown_path(&dir.join("config.toml"))
                         ),
                     }
                     // The machine's name as the file says: one given by hand (the host part
@@ -602,7 +608,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "logged in to {} as {}; saved in {}",
                 printable(&config.shown_servers()),
                 printable(&checked.user),
-                dir.join("config.toml").display()
+                shown_path(&dir.join("config.toml"))
             );
             for (server, why) in &checked.unreachable {
                 errln!(
@@ -630,9 +636,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let config = ClientConfig::load(&config_dir()?)?;
             let canonical = dir
                 .canonicalize()
-                .with_context(|| format!("cannot open {}", dir.display()))?;
+                .with_context(|| format!("cannot open {}", shown_path(&dir)))?;
             if !canonical.is_dir() {
-                bail!("{} is not a directory", dir.display());
+                bail!("{} is not a directory", shown_path(&dir));
             }
             // Allowed (a user may mean it), but said: every file of the machine, or of the
             // user, is then within the agents' reach.
@@ -756,7 +762,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     "logged out of {}: the token is forgotten (the device id and settings stay \
                      in {})",
                     printable(&server),
-                    dir.join("config.toml").display()
+                    shown_path(&dir.join("config.toml"))
                 ),
                 None => errln!("not logged in"),
             }
@@ -960,10 +966,17 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 Some(dir) => {
                     let resolved = dir
                         .canonicalize()
-                        .with_context(|| format!("cannot open {}", dir.display()))?;
-                    // As `attach` takes it: a folder, not a file in one.
+                        .with_context(|| format!("cannot open {}", shown_path(&dir)))?;
+                    // As `attach` takes it: a folder, not a file in one, named in UTF-8 (the
+                    // server keeps folders by their path as text).
                     if !resolved.is_dir() {
-                        bail!("{} is not a directory", dir.display());
+                        bail!("{} is not a directory", shown_path(&dir));
+                    }
+                    if resolved.to_str().is_none() {
+                        bail!(
+                            "{} is not valid UTF-8: no folder of that path can be attached, so                              none has sessions",
+                            shown_path(&resolved)
+                        );
                     }
                     Some(resolved)
                 }
@@ -1174,7 +1187,7 @@ async fn status(json: bool) -> Result<ExitCode> {
             printable(&config.client_name),
             printable(&config.device_id)
         )?;
-        outln!("config       {}", dir.join("config.toml").display())?;
+        outln!("config       {}", shown_path(&dir.join("config.toml")))?;
         if let Ok((user, session, name, workspaces, _)) = &reached {
             outln!("user         {}", printable(user))?;
             outln!(

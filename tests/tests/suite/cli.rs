@@ -1626,10 +1626,11 @@ async fn call_takes_its_arguments_from_standard_input_or_a_file() {
 }
 
 /// A snapshot `history replace --file` cannot use is a usage error (2), said before connecting
-/// (it was a failed command, 1, after a connection); and `status --json` of a config directory
-/// whose path is not UTF-8 prints it (it panicked).
+/// (it was a failed command, 1, after a connection); `status --json` of a config directory
+/// whose path is not UTF-8 prints it (it panicked); `sessions --new --folder` of such a folder
+/// is refused, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_that_cannot_be_used_and_a_path_that_is_not_utf8_are_said_clearly() {
+async fn a_snapshot_that_cannot_be_used_and_paths_that_are_not_utf8_are_said_clearly() {
     let (server, _data, config) = ServerProcess::logged_in().await;
     let not_json = config.path().join("not.json");
     std::fs::write(&not_json, "[1").unwrap();
@@ -1653,6 +1654,20 @@ async fn a_snapshot_that_cannot_be_used_and_a_path_that_is_not_utf8_are_said_cle
         .join(std::ffi::OsStr::from_bytes(b"conf\xffig"));
     std::fs::create_dir(&odd).unwrap();
     std::fs::copy(config.path().join("config.toml"), odd.join("config.toml")).unwrap();
+    // `sessions --new --folder` of such a folder says it has no sessions to give (it started
+    // a session of no folder, and said nothing).
+    let out = command("monad-client")
+        .args(["sessions", "--new", "--folder"])
+        .arg(&odd)
+        .env("MONAD_CONFIG_DIR", config.path())
+        .output();
+    let out = within(STEP, "sessions --new --folder", out).await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not valid UTF-8"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = client(&odd, &["status", "--json"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
