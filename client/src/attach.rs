@@ -986,6 +986,9 @@ async fn run(
     args: Value,
 ) -> (Outcome, Option<Message>) {
     let o = &folder.options;
+    // As the tool will read them: the prompt, the rule and the run see the same numbers
+    // (`"background_after_ms": 1000.0` showed no background and the default time-out).
+    let args = monad_protocol::tools::with_whole_numbers(args);
     let target = describe(tool, &args);
     let ran = |allowed: bool, basis: Basis| AttachEvent::Decided {
         tool,

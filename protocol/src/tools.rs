@@ -174,16 +174,9 @@ impl ToolName {
     /// (`100.0`), which JSON Schema counts an integer, is taken as one.
     pub fn decode_args<A: serde::de::DeserializeOwned>(
         self,
-        mut args: serde_json::Value,
+        args: serde_json::Value,
     ) -> Result<A, String> {
-        if let Some(fields) = args.as_object_mut() {
-            for value in fields.values_mut() {
-                if let Some(whole) = whole_number(value) {
-                    *value = whole;
-                }
-            }
-        }
-        self.decoded(args)
+        self.decoded(with_whole_numbers(args))
     }
 
     /// [`ToolName::decode_args`] of arguments borrowed (copied only when a number must be
@@ -479,6 +472,21 @@ fn beyond_every_integer(said: &str) -> Option<std::cmp::Ordering> {
     } else {
         None
     }
+}
+
+/// `args` with each argument that is a whole number written as a float (`1000.0`) as the
+/// integer it is, as every tool reads it ([`ToolName::decode_args`]). What shows a call before
+/// it runs (an approval prompt, an "always" rule) reads the arguments so rewritten, so that it
+/// says what will run: `"timeout_ms": 600000.0` is a time-out of 600 s there too.
+pub fn with_whole_numbers(mut args: serde_json::Value) -> serde_json::Value {
+    if let Some(fields) = args.as_object_mut() {
+        for value in fields.values_mut() {
+            if let Some(whole) = whole_number(value) {
+                *value = whole;
+            }
+        }
+    }
+    args
 }
 
 /// `value` as an integer when it is a whole number written as a float (`100.0`, `-1.0`) that

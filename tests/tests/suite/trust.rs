@@ -906,6 +906,34 @@ async fn always_on_a_program_in_the_workspace_allows_only_that_exact_command() {
     );
 }
 
+/// Numbers written as decimals (`1000.0`) are read by the tools as the whole numbers they are;
+/// the prompt showed none of them (no background, the default time-out) for a command that
+/// went to the background after a second with no time limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prompt_reads_numbers_written_as_decimals_as_the_command_will() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "a\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::Deny)]));
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let args = json!({"argv": ["sleep", "30"], "workspace": "lap",
+                      "background_after_ms": 1000.0, "timeout_ms": 600000.0});
+    expect_code(call(&agent, "run_command", args).await, ErrorCode::Denied);
+    let asked = &approver.seen()[0];
+    let shown = monad_client::prompt::render(asked).lines.join("\n");
+    assert!(
+        shown.contains("after 1 s: then it keeps running unattended"),
+        "{shown}"
+    );
+    assert!(shown.contains("600 s (requested)"), "{shown}");
+    assert!(!shown.contains("(the default)"), "{shown}");
+}
+
 /// Starts `argv` in the background in `lap` and returns its process id.
 async fn background(agent: &monad_client::agent::Agent, argv: Value) -> String {
     let (started, _) = ok(call(
