@@ -159,7 +159,7 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
                 field(
                     "writes to",
                     format!(
-                        "{} (the path is a symbolic link to it)",
+                        "{} (a symbolic link on the path leads there)",
                         printable_name(file)
                     ),
                 );
@@ -564,7 +564,7 @@ mod tests {
         assert!(shown.contains("path         inlink\n"), "{shown}");
         assert!(
             shown.contains(
-                "writes to    docs/target\\u{1b}.txt (the path is a symbolic link to it)"
+                "writes to    docs/target\\u{1b}.txt (a symbolic link on the path leads there)"
             ),
             "{shown}"
         );

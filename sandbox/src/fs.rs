@@ -1553,23 +1553,8 @@ impl Target {
 /// outside any sandbox the next time the folder's owner runs git, and `git status` and `git
 /// diff` would not show the change. Agents use git itself, through `run_command`.
 fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError> {
-    let rel = path.rel();
-    // The nearest directory above it that exists, as it really is, and the rest as given.
-    let mut real = std::path::PathBuf::new();
-    let mut rest = rel;
-    for above in rel.ancestors().skip(1) {
-        if above.as_os_str().is_empty() {
-            break;
-        }
-        if let Ok(canonical) = jail.dir().canonicalize(above) {
-            real = canonical;
-            rest = rel.strip_prefix(above).unwrap_or(rel);
-            break;
-        }
-    }
-    let git = real
+    let git = real_place(jail, path)
         .components()
-        .chain(rest.components())
         .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"));
     if git {
         return Err(SandboxError::Protected(format!(
@@ -1580,6 +1565,29 @@ fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError
         )));
     }
     Ok(())
+}
+
+/// Where `path` really is, relative to the root: the nearest directory above it that exists,
+/// with every symbolic link on the way resolved (inside the root), then the rest as given. A
+/// write to `docs/hook` where `docs` is a link to `.husky` lands in `.husky/hook`.
+fn real_place(jail: &Jail, path: &JailPath) -> std::path::PathBuf {
+    let rel = path.rel();
+    for above in rel.ancestors().skip(1) {
+        if above.as_os_str().is_empty() {
+            break;
+        }
+        if let Ok(canonical) = jail.dir().canonicalize(above) {
+            return canonical.join(rel.strip_prefix(above).unwrap_or(rel));
+        }
+    }
+    rel.to_owned()
+}
+
+/// Where a write to `path` lands, when a symbolic link on the way (a directory's, or the
+/// file's own) makes it another place than the path says: what its owner must be shown.
+fn landing_elsewhere(jail: &Jail, path: &JailPath) -> Option<String> {
+    let real = real_place(jail, path);
+    (real != path.rel()).then(|| real.to_string_lossy().into_owned())
 }
 
 /// Why a write refuses a missing directory's place taken by something else.
@@ -1866,8 +1874,8 @@ pub struct Preview {
     /// The directories a write would create first, outermost first, relative to the root
     /// (empty when its directory exists, and for an edit).
     pub creates: Vec<String>,
-    /// The file it writes, relative to the root, when the path given is a symbolic link to it
-    /// (the write goes to the link's target); `None` otherwise.
+    /// The file it writes, relative to the root, when a symbolic link on the path given (the
+    /// file's own, or a directory's on the way) makes it another place; `None` otherwise.
     pub through_link: Option<String>,
     /// The version of the file the diff was made from (none: the file did not exist). The
     /// write or edit made as approved ([`crate::Sandbox::call_approved`]) checks that it is
@@ -1891,9 +1899,10 @@ impl Target {
         }
     }
 
-    /// The path written, when a link at the given path leads to another.
-    fn through_link(&self, given: &JailPath) -> Option<String> {
-        (self.path.rel() != given.rel()).then(|| self.path.display())
+    /// The path written, when a link on the given path leads to another place.
+    fn through_link(&self, jail: &Jail, given: &JailPath) -> Option<String> {
+        landing_elsewhere(jail, &self.path)
+            .or_else(|| (self.path.rel() != given.rel()).then(|| self.path.display()))
     }
 }
 
@@ -1921,7 +1930,7 @@ pub(crate) fn preview(
                     Ok(Some(Preview {
                         diff: full_diff(&target.path.display(), old.as_deref(), &args.content),
                         creates: Vec::new(),
-                        through_link: target.through_link(&path),
+                        through_link: target.through_link(jail, &path),
                         base: target.base(),
                     }))
                 }
@@ -1935,7 +1944,7 @@ pub(crate) fn preview(
                     Ok(Some(Preview {
                         diff: full_diff(&path.display(), None, &args.content),
                         creates: missing_parents(jail, &parent)?,
-                        through_link: None,
+                        through_link: landing_elsewhere(jail, &path),
                         base: DiffBase {
                             path: path.rel().to_owned(),
                             stamp: None,
@@ -1955,7 +1964,7 @@ pub(crate) fn preview(
                     &edit.new_text,
                 ),
                 creates: Vec::new(),
-                through_link: edit.target.through_link(&edit.given),
+                through_link: edit.target.through_link(jail, &edit.given),
                 base: edit.target.base(),
             }))
         }

@@ -1045,6 +1045,35 @@ fn a_preview_through_a_symbolic_link_names_the_file_written() {
         .unwrap()
         .unwrap();
     assert_eq!(direct.through_link, None);
+    // A directory on the way that is a link: the write lands where it leads (it was shown as
+    // the path given, `docs/pre-commit`, with no word of `.husky`), a new file, a file there,
+    // and a new directory under it alike.
+    fx.put(".husky/old", "x\n");
+    fx.symlink(".husky", "hooks");
+    for (path, lands) in [
+        ("hooks/pre-commit", ".husky/pre-commit"),
+        ("hooks/old", ".husky/old"),
+        ("hooks/new/pre-push", ".husky/new/pre-push"),
+    ] {
+        let shown = fx
+            .sandbox
+            .preview(
+                ToolName::WriteFile,
+                &json!({"path": path, "content": "x\n"}),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(shown.through_link.as_deref(), Some(lands), "{path}");
+    }
+    let edit = fx
+        .sandbox
+        .preview(
+            ToolName::EditFile,
+            &json!({"path": "hooks/old", "old_string": "x", "new_string": "y"}),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(edit.through_link.as_deref(), Some(".husky/old"));
 
     // While the prompt waits, the file is moved (its inode, size and time kept) and the link
     // pointed at its new name: the approved write would go to a file the prompt did not name.
