@@ -63,7 +63,8 @@ pub struct Quotas {
     pub max_sessions_per_user: usize,
     /// QUIC connections of one user at once; one more is refused at its hello.
     pub max_connections_per_user: usize,
-    /// Tool calls of one user in flight at once, over every connection and MCP over HTTP.
+    /// Tool calls of one user in flight at once, over every connection and MCP over HTTP, and
+    /// their other QUIC requests (session listings, history, landings).
     pub max_calls_per_user: usize,
     /// Connections that have not said hello yet, over all peers. One more makes room by closing
     /// the oldest (see [`crate::admission`]).

@@ -1299,6 +1299,12 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             }
         }
         Message::ListSessions { id, limit, next } => {
+            // One of the user's requests in flight, as a call is: bounded per user, not only
+            // per connection, on the blocking pool every user shares.
+            let _slot = match ctx.state.user_call(&ctx.user) {
+                Ok(slot) => slot,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
             // Listing reads every session's metadata from the store the first time: off the
             // async workers.
             let (state, user) = (ctx.state.clone(), ctx.user.clone());
@@ -1320,6 +1326,12 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
         }
         other => {
             let kind = other.kind();
+            // Store requests (sessions, history, landings) run on the blocking pool every user
+            // shares: one of the user's requests in flight each, as a call is.
+            let _slot = match ctx.state.user_call(&ctx.user) {
+                Ok(slot) => slot,
+                Err(e) => return send_error(&mut send, 0, e).await,
+            };
             let caller = crate::requests::Caller {
                 user: &ctx.user,
                 device: Some(&ctx.device_id),

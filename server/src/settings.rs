@@ -405,7 +405,8 @@ pub struct ServerSettings {
     pub max_sessions_per_user: usize,
     /// QUIC connections of one user at once.
     pub max_connections_per_user: usize,
-    /// Tool calls of one user in flight at once (QUIC and HTTP together).
+    /// Tool calls of one user in flight at once (QUIC and HTTP together), and their other QUIC
+    /// requests (session listings, history, landings).
     pub max_calls_per_user: usize,
     /// Connections that have not said hello yet, over all peers.
     pub max_pending_handshakes: usize,

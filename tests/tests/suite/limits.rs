@@ -104,12 +104,12 @@ async fn a_user_over_their_limits_is_refused_while_another_still_works() {
     )
     .await;
     expect_limit(third, "server.max_calls_per_user");
-    // A second session in memory while `default` is in use: over admin's sessions in memory
-    // (asked with a request that is not a tool call), and not even created.
-    let admins = "00000000-0000-4000-8000-0000000000aa";
-    let second = within(STEP, "a second session", agent.history(Some(admins))).await;
-    expect_limit(second, "server.max_sessions_in_memory_per_user");
-    assert!(!server.data_dir().join("sessions").join(admins).exists());
+    // So are requests that are not tool calls (they run on the blocking pool every user
+    // shares): a listing, a history.
+    let listing = within(STEP, "a listing", agent.sessions()).await;
+    expect_limit(listing, "server.max_calls_per_user");
+    let history = within(STEP, "a history", agent.history(None)).await;
+    expect_limit(history, "server.max_calls_per_user");
     // A third connection is fine, a fourth is refused at its hello.
     let _third_connection = connect_agent(&config).await;
     match within(STEP, "a fourth connection", Agent::connect(&config)).await {
@@ -134,8 +134,15 @@ async fn a_user_over_their_limits_is_refused_while_another_still_works() {
 
     // When admin's calls end, admin can call again.
     drop(held);
-    drop(fake);
     while stuck.join_next().await.is_some() {}
+    // A second session in memory while `default` is in use (its folder attached): over
+    // admin's sessions in memory (asked with a request that is not a tool call), and not even
+    // created.
+    let admins = "00000000-0000-4000-8000-0000000000aa";
+    let second = within(STEP, "a second session", agent.history(Some(admins))).await;
+    expect_limit(second, "server.max_sessions_in_memory_per_user");
+    assert!(!server.data_dir().join("sessions").join(admins).exists());
+    drop(fake);
     ok(call_in(&agent, None, "workspaces", json!({})).await);
 }
 
