@@ -20,6 +20,37 @@ pub const MAX_FOR_AUDIT: usize = 4096;
 /// in the background; so its lines come at most this fast, and the rest as a count.
 pub const AUDIT_PER_SECOND: u32 = 50;
 
+/// How many lines a stream of audited events may still write at once: a bucket of
+/// [`MAX_FOR_AUDIT`] that fills at [`AUDIT_PER_SECOND`]. The sandbox keeps its own reader to
+/// it, and the server keeps each attached folder's reports to it as well, since it does not
+/// take a client's word for how fast they come.
+#[derive(Debug, Default, Clone)]
+pub struct AuditAllowance {
+    /// Lines it may write now, as of `filled` (`None`: full, nothing taken yet).
+    left: f64,
+    filled: Option<std::time::Instant>,
+}
+
+impl AuditAllowance {
+    /// Takes one line's worth at `now`; `false` when none is left (the event is only counted).
+    pub fn take(&mut self, now: std::time::Instant) -> bool {
+        let burst = MAX_FOR_AUDIT as f64;
+        self.left = match self.filled {
+            None => burst,
+            Some(then) => (self.left
+                + now.saturating_duration_since(then).as_secs_f64() * f64::from(AUDIT_PER_SECOND))
+            .min(burst),
+        };
+        self.filled = Some(now);
+        if self.left >= 1.0 {
+            self.left -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// A workspace's connections (one per sandbox, shared with its proxy).
 #[derive(Debug, Default)]
 pub(crate) struct NetworkLog {
@@ -34,10 +65,8 @@ struct State {
     /// Events the audit reader will not see (the queue was full, or they came too fast), not
     /// told yet.
     dropped: u64,
-    /// The events the audit reader may still be given at once: a bucket of [`MAX_FOR_AUDIT`]
-    /// that fills at [`AUDIT_PER_SECOND`], as of `filled` (`None`: full, nothing taken yet).
-    allowance: f64,
-    filled: Option<std::time::Instant>,
+    /// The events the audit reader may still be given at once.
+    allowance: AuditAllowance,
     /// A reader took [`NetworkAudit`]: events are kept for it from then on.
     audited: bool,
     /// The reader was taken already.
@@ -70,17 +99,7 @@ impl NetworkLog {
     fn report_at(&self, event: NetworkEvent, now: std::time::Instant) {
         let mut state = self.lock();
         if state.audited && !state.closed {
-            let burst = MAX_FOR_AUDIT as f64;
-            state.allowance = match state.filled {
-                None => burst,
-                Some(then) => (state.allowance
-                    + now.saturating_duration_since(then).as_secs_f64()
-                        * f64::from(AUDIT_PER_SECOND))
-                .min(burst),
-            };
-            state.filled = Some(now);
-            if state.for_audit.len() < MAX_FOR_AUDIT && state.allowance >= 1.0 {
-                state.allowance -= 1.0;
+            if state.for_audit.len() < MAX_FOR_AUDIT && state.allowance.take(now) {
                 state.for_audit.push_back(event.clone());
             } else {
                 state.dropped += 1;

@@ -1661,19 +1661,48 @@ const MAX_REPORT: usize = 256 * 1024;
 /// Reads an attach stream until it ends: the folder's network connections its client reports
 /// go to the session's audit log. Anything else is ignored; after a malformed message the rest
 /// of the stream is only drained.
+///
+/// The client's word is not taken for how many connections a message holds nor how fast they
+/// come (its sandbox bounds them, but a client of its own need not): at most
+/// [`wire::MAX_NETWORK_EVENTS`] a message, and lines only as fast as a sandbox keeps them
+/// ([`monad_sandbox::AuditAllowance`]); the rest are counted, the count written with the next
+/// line the allowance takes, or at the stream's end. Without it one user's client could fill
+/// the recorder every user's records go through, and the disk.
 async fn attach_reports(
     recorder: Option<&crate::recorder::Recorder>,
     session: &str,
     workspace: &str,
     recv: &mut quinn::RecvStream,
 ) {
+    let mut allowance = monad_sandbox::AuditAllowance::default();
+    // Connections not recorded and not yet said.
+    let mut unsaid: u64 = 0;
     loop {
         match read_message(recv, MAX_REPORT).await {
             Ok(Some(Message::Network {
                 events, dropped, ..
             })) => {
-                if let Some(recorder) = recorder {
-                    crate::executor::record_network(recorder, session, workspace, &events, dropped);
+                let now = std::time::Instant::now();
+                unsaid = unsaid.saturating_add(dropped);
+                // The count is a line of its own, from the same allowance, taken first: a
+                // client that keeps it spent on connections still has them counted as it goes.
+                let said = if unsaid > 0 && allowance.take(now) {
+                    std::mem::take(&mut unsaid)
+                } else {
+                    0
+                };
+                let mut kept = Vec::new();
+                for (i, event) in events.into_iter().enumerate() {
+                    if i < wire::MAX_NETWORK_EVENTS && allowance.take(now) {
+                        kept.push(event);
+                    } else {
+                        unsaid = unsaid.saturating_add(1);
+                    }
+                }
+                if let Some(recorder) = recorder
+                    && (!kept.is_empty() || said > 0)
+                {
+                    crate::executor::record_network(recorder, session, workspace, &kept, said);
                 }
             }
             Ok(Some(other)) => {
@@ -1684,12 +1713,12 @@ async fn attach_reports(
                     other.kind()
                 );
             }
-            Ok(None) => return,
+            Ok(None) => break,
             // The client went away (killed, its network lost): the attachment's own end is
             // reported where it is noticed, not as a malformed message.
             Err(monad_protocol::io::ReadError::Io(e)) => {
                 debug!(session, workspace, "attach stream ended: {e}");
-                return;
+                break;
             }
             Err(e) => {
                 warn!(
@@ -1698,9 +1727,14 @@ async fn attach_reports(
                 );
                 let mut sink = [0u8; 64];
                 while let Ok(Some(_)) = recv.read(&mut sink).await {}
-                return;
+                break;
             }
         }
+    }
+    if let Some(recorder) = recorder
+        && unsaid > 0
+    {
+        crate::executor::record_network(recorder, session, workspace, &[], unsaid);
     }
 }
 

@@ -413,6 +413,21 @@ impl FakeClient {
         }
     }
 
+    /// Sends `message` on the attach stream, as a client reports its folder's network
+    /// connections there.
+    pub async fn report(&mut self, message: &monad_protocol::wire::Message) {
+        monad_protocol::io::write_message(&mut self._attach, message)
+            .await
+            .expect("a report sent");
+    }
+
+    /// Ends the attach stream, as a client detaching does, and waits (bounded) until the
+    /// server has read all of it.
+    pub async fn end_reports(&mut self) {
+        let _ = self._attach.finish();
+        let _ = within(STEP, "the attach stream read", self._attach.stopped()).await;
+    }
+
     /// Waits (bounded) for the server's next request; returns it with its stream.
     pub async fn next_request(
         &self,

@@ -146,6 +146,73 @@ async fn a_user_over_their_limits_is_refused_while_another_still_works() {
     ok(call_in(&agent, None, "workspaces", json!({})).await);
 }
 
+/// A client of its own that reports more network connections than a sandbox would, and
+/// faster: the server writes no more lines than a sandbox keeps (a burst, then a few a second)
+/// and counts the rest, so that one user cannot fill the recorder every user's records go
+/// through, nor the disk (it wrote a line for each of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_reports_past_what_a_sandbox_sends_are_counted_not_written() {
+    use monad_protocol::tools::NetworkEvent;
+    use monad_protocol::wire::Message;
+    use serde_json::Value;
+    use std::time::Duration;
+    let server = TestServer::start().await;
+    let mut fake = FakeClient::attach(&server.client_config(), "noisy", vec![]).await;
+    let event = |i: usize| NetworkEvent {
+        host: format!("h{i}.example"),
+        port: 443,
+        allowed: false,
+        address: None,
+        reason: Some("not in the allowlist".into()),
+    };
+    let (messages, per_message, dropped) = (100, 1_000, 5);
+    for _ in 0..messages {
+        let report = Message::Network {
+            attachment: 1,
+            events: (0..per_message).map(event).collect(),
+            dropped,
+        };
+        fake.report(&report).await;
+    }
+    fake.end_reports().await;
+    let sent = (messages * per_message) as u64 + messages as u64 * dropped;
+    // Every connection is accounted for: a line each, or in a count.
+    let accounted = |lines: &[Value]| -> (usize, u64) {
+        let network: Vec<&Value> = lines.iter().filter(|l| l["tool"] == "network").collect();
+        let counted: u64 = network
+            .iter()
+            .filter_map(|l| l["target"].as_str())
+            .filter_map(|t| t.split_once(" connections not recorded"))
+            .filter_map(|(n, _)| n.parse::<u64>().ok())
+            .sum();
+        let each = network
+            .iter()
+            .filter(|l| {
+                !l["target"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("connections not recorded"))
+            })
+            .count();
+        (each, counted)
+    };
+    let lines = within(STEP, "every connection accounted for", async {
+        loop {
+            let lines = server.audit_lines("default", 0).await;
+            let (each, counted) = accounted(&lines);
+            if each as u64 + counted >= sent {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let (each, counted) = accounted(&lines);
+    assert_eq!(each as u64 + counted, sent);
+    let most = monad_sandbox::MAX_FOR_AUDIT + 60 * monad_sandbox::AUDIT_PER_SECOND as usize;
+    assert!(each <= most, "{each} lines written");
+    assert!(counted >= sent - most as u64, "{counted}");
+}
+
 /// Opens a request stream on `agent`'s connection and sends only part of a request: a frame
 /// that announces 1,000 bytes, and 10 of them. The server is left reading it.
 async fn half_a_request(agent: &Agent) -> (quinn::SendStream, quinn::RecvStream) {
