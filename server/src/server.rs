@@ -1367,6 +1367,9 @@ fn workspaces_message(id: u64, session: &Session) -> Message {
     }
 }
 
+/// The longest path an attached folder may have, in bytes: Linux's `PATH_MAX`.
+const MAX_FOLDER_PATH: usize = 4096;
+
 /// One client request: an attachment, held for as long as its stream stays open.
 async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
     let Some(request) = read_request(ctx, &mut send, &mut recv, MAX_HELLO).await else {
@@ -1394,6 +1397,20 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         )
         .await;
     };
+    // A path no file system takes (Linux's PATH_MAX) is no folder: refused before anything
+    // keeps it (a record, a session's list, the registry).
+    for (what, given) in [("path", Some(&path)), ("folder", folder.as_ref())] {
+        if let Some(given) = given.filter(|g| g.len() > MAX_FOLDER_PATH) {
+            let error = ToolError::new(
+                ErrorCode::InvalidArguments,
+                format!(
+                    "the folder's {what} is {} bytes; a path is at most {MAX_FOLDER_PATH}",
+                    given.len()
+                ),
+            );
+            return send_error(&mut send, id, error).await;
+        }
+    }
     // Without a session named, a folder with an active session (an MCP host's, or one
     // `sessions --new` started in it) attaches there, so that host and folder meet.
     let folder = folder.filter(|f| std::path::Path::new(f).is_absolute());
@@ -1463,14 +1480,39 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             uri.clone(),
         );
         let session_id = session.id.clone();
-        tokio::task::spawn_blocking(move || {
-            let record = store.resolve_record(&user, &device, &path, &uri)?;
-            store.touch_record(&record.id, &session_id, 0)?;
-            Ok::<_, crate::store::StoreError>(record.id)
+        let max = ctx.state.config.quotas.max_workspaces_per_user;
+        let resolved = tokio::task::spawn_blocking(move || {
+            // A folder never attached before makes a record: within the user's records, as
+            // one made through the API is (each attach of another path made one, unbounded).
+            let records = store.records(Some(&user)).unwrap_or_default();
+            let known = records
+                .iter()
+                .any(|r| r.device_id == device && r.path == path);
+            if !known && records.len() >= max {
+                return Err(ToolError::new(
+                    ErrorCode::LimitExceeded,
+                    format!(
+                        "you have {} workspace records, the most this server keeps for one user \
+                         (server.max_workspaces_per_user); delete one (DELETE \
+                         /api/v1/workspaces/ID) to attach a folder never attached before",
+                        records.len()
+                    ),
+                ));
+            }
+            let record = store
+                .resolve_record(&user, &device, &path, &uri)
+                .and_then(|record| {
+                    store.touch_record(&record.id, &session_id, 0)?;
+                    Ok(record.id)
+                });
+            Ok(record.inspect_err(|e| warn!("workspace record: {e}")).ok())
         })
         .await
-        .ok()
-        .and_then(|r| r.inspect_err(|e| warn!("workspace record: {e}")).ok())
+        .unwrap_or(Ok(None));
+        match resolved {
+            Ok(record) => record,
+            Err(e) => return send_error(&mut send, id, e).await,
+        }
     };
     let generation = ctx.state.generations.fetch_add(1, Ordering::Relaxed);
     let base = path

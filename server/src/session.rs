@@ -256,6 +256,10 @@ impl Drop for HostHold {
 /// keep at once).
 const MAX_REMEMBERED_PROCESSES: usize = 1024;
 
+/// Attached folders one session keeps listing when some are offline: past it, a new one takes
+/// the place of the oldest offline one.
+pub const MAX_FOLDERS: usize = 64;
+
 /// A background process a session started: where it runs, so that the agent need not say.
 #[derive(Debug)]
 struct Started {
@@ -669,6 +673,24 @@ impl Session {
             existing.uri = folder.uri;
             existing.clone()
         } else {
+            // Past [`MAX_FOLDERS`], a new folder takes the place of the oldest offline one
+            // that is not the focus (it comes back as new when it attaches again): each attach
+            // of another path was kept, offline, without end. Folders online are bounded by
+            // the user's connections.
+            if attached.len() >= MAX_FOLDERS {
+                let focus = self.focus.borrow().clone();
+                if let Some(oldest) = attached
+                    .iter()
+                    .position(|a| a.link.is_none() && focus.as_deref() != Some(a.name.as_str()))
+                {
+                    let gone = attached.remove(oldest);
+                    tracing::debug!(
+                        session = %self.id,
+                        folder = %gone.name,
+                        "an offline folder left the list for a new one"
+                    );
+                }
+            }
             let base = sanitize_name(wanted.unwrap_or(&folder.name));
             let taken = |n: &str| n == "primary" || attached.iter().any(|a| a.name == n);
             let mut name = base.clone();
@@ -2775,6 +2797,56 @@ pub(crate) mod tests {
         reg.attach_own(&open, newest, None, false).unwrap();
         reg.detach_everywhere(&home, 2);
         assert_eq!(carried(&locked), Some(Some(3)));
+    }
+
+    #[tokio::test]
+    async fn past_the_most_a_session_lists_a_new_folder_takes_the_oldest_offline_ones_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let session = reg.open("default", "ana").unwrap();
+        let offline = |i: usize| Attached {
+            name: format!("f{i}"),
+            uri: format!("laptop:~/f{i}"),
+            trust: Trust::Restricted,
+            tools: ToolName::ALL.to_vec(),
+            device_id: DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap(),
+            path: format!("~/f{i}"),
+            record: None,
+            folder: None,
+            link: None,
+        };
+        // The oldest is the focus, offline now (its client went away).
+        let (two, _kicked, _peer) = live_folder(&reg, "default", 1, Trust::Restricted);
+        session.attach(two, None);
+        session.set_focus("two").unwrap();
+        session.detach(1);
+        for i in 1..MAX_FOLDERS {
+            session.attach(offline(i), None);
+        }
+        // The next oldest offline one goes.
+        session.attach(offline(MAX_FOLDERS), None);
+        let names: Vec<String> = session
+            .workspaces()
+            .into_iter()
+            .map(|w| w.info.name)
+            .collect();
+        assert_eq!(
+            names.len(),
+            MAX_FOLDERS + 1,
+            "the primary and {MAX_FOLDERS} folders"
+        );
+        assert!(names.contains(&"two".to_owned()), "the focus stays");
+        assert_eq!(session.focus().as_deref(), Some("two"));
+        assert!(
+            !names.contains(&"f1".to_owned()),
+            "the oldest offline one went"
+        );
+        assert!(names.contains(&format!("f{MAX_FOLDERS}")));
+        // Each attach of another path was kept without end: never more than the most.
+        for i in MAX_FOLDERS + 1..MAX_FOLDERS * 3 {
+            session.attach(offline(i), None);
+        }
+        assert_eq!(session.workspaces().len(), MAX_FOLDERS + 1);
     }
 
     #[test]
