@@ -910,6 +910,17 @@ impl SessionStore for FsStore {
         self.read_history(id, false)
     }
 
+    fn history_size(&self, id: &str) -> Result<u64, StoreError> {
+        check_id(id)?;
+        // The file's own size: its messages and their headers, without reading it.
+        let path = self.history_path(id);
+        match std::fs::metadata(&path) {
+            Ok(meta) => Ok(meta.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(StoreError::io("look at", &path, e)),
+        }
+    }
+
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         check_id(id)?;
         let _guard = self.lock(id);

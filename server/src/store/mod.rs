@@ -373,6 +373,12 @@ pub struct Page<T> {
     pub next: Option<String>,
 }
 
+/// The most a conversation appended to or replaced by a client's request may hold, in bytes:
+/// far more than any model reads, and small enough that reading it whole (as `history show`
+/// and the built-in agent do) stays cheap. Each append of up to a request's size grew it
+/// without end.
+pub const MAX_HISTORY_BYTES: u64 = 8 << 20;
+
 /// Sessions: metadata, history, audit log, per-session config.
 pub trait SessionStore: Send + Sync {
     /// Creates a session; fails if the id exists.
@@ -396,6 +402,17 @@ pub trait SessionStore: Send + Sync {
     fn delete(&self, id: &str) -> Result<(), StoreError>;
     /// The conversation. A corrupt `session.md` is kept aside and an empty one takes its place.
     fn history(&self, id: &str) -> Result<History, StoreError>;
+    /// About how many bytes the conversation holds (its messages' text; a store may count its
+    /// own framing too), to bound it before it grows ([`MAX_HISTORY_BYTES`]). This default
+    /// reads it whole.
+    fn history_size(&self, id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .history(id)?
+            .messages
+            .iter()
+            .map(|m| m.text.len() as u64)
+            .sum())
+    }
     /// Appends one message (durable when this returns).
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError>;
     /// Replaces the whole conversation (atomically).

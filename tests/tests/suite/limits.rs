@@ -213,6 +213,49 @@ async fn network_reports_past_what_a_sandbox_sends_are_counted_not_written() {
     assert!(counted >= sent - most as u64, "{counted}");
 }
 
+/// A conversation grows by a client's appends up to what one holds at most, then refuses
+/// more (each append of up to a request's size grew it without end, read whole by `history
+/// show` and the built-in agent); a replace past it is refused too, and a clear makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_grows_only_up_to_what_one_holds() {
+    use monad_protocol::wire::{History, HistoryMessage, HistoryRole};
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let big = |c: char| HistoryMessage {
+        role: HistoryRole::User,
+        text: c.to_string().repeat(3 << 20),
+    };
+    for c in ['a', 'b'] {
+        within(STEP, "an append", agent.history_append(None, big(c)))
+            .await
+            .expect("within the bound");
+    }
+    let third = within(STEP, "a third append", agent.history_append(None, big('c'))).await;
+    expect_limit(third, "the 8 MiB one holds at most");
+    let (_, kept) = within(STEP, "the history", agent.history(None))
+        .await
+        .unwrap();
+    assert_eq!(kept.messages.len(), 2, "nothing of the refused append kept");
+    let too_big = History {
+        provider: None,
+        model: None,
+        created_at: String::new(),
+        messages: vec![big('d'), big('e'), big('f')],
+    };
+    let replaced = within(STEP, "a replace", agent.history_replace(None, too_big)).await;
+    expect_limit(replaced, "the 8 MiB one holds at most");
+    within(STEP, "a clear", agent.history_clear(None))
+        .await
+        .unwrap();
+    within(
+        STEP,
+        "an append after",
+        agent.history_append(None, big('g')),
+    )
+    .await
+    .expect("room again");
+}
+
 /// Attaches `path` as a client of its own would, and returns the server's answer (the
 /// connection is kept with it, so that an attachment lasts until the answer is dropped).
 async fn attach_raw(

@@ -236,6 +236,12 @@ fn exercise(store: &dyn Store) {
             msg(HistoryRole::Assistant, tricky)
         ]
     );
+    // Its size, to bound it: at least its messages' text (a store may count its framing), and
+    // nothing for a session that has none.
+    let text = ("Find the bug".len() + tricky.len()) as u64;
+    let size = store.history_size("s2").unwrap();
+    assert!((text..text + 512).contains(&size), "{size}");
+    assert!(store.history_size("s3").unwrap() < 512);
     let snapshot = History {
         provider: Some("openai".into()),
         model: Some("gpt".into()),

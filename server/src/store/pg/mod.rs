@@ -668,6 +668,22 @@ impl SessionStore for PgStore {
         })
     }
 
+    fn history_size(&self, id: &str) -> Result<u64, StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        self.with(move |c| async move {
+            let row = c
+                .query_one(
+                    "SELECT COALESCE(SUM(octet_length(text)), 0)::BIGINT
+                     FROM messages WHERE session_id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?;
+            Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        })
+    }
+
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         check_id(id)?;
         let id = id.to_owned();
