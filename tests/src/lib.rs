@@ -378,6 +378,33 @@ impl FakeClient {
         name: &str,
         tools: Vec<monad_protocol::ToolName>,
     ) -> FakeClient {
+        use monad_protocol::wire::Message;
+        let (answer, connection, send) =
+            FakeClient::ask_attach(config, Some(name), &format!("/fake/{name}"), tools).await;
+        let workspace = match answer {
+            Message::Attached { workspace, .. } => workspace,
+            other => panic!("the server answered attach with {other:?}"),
+        };
+        FakeClient {
+            connection,
+            workspace,
+            _attach: send,
+        }
+    }
+
+    /// Connects as a client and asks to attach `path` (full trust, offering `tools`, named
+    /// `name` when given) to the default session; returns the server's answer, whatever it
+    /// is, with the connection and the attach stream (an attachment lasts while both do).
+    pub async fn ask_attach(
+        config: &ClientConfig,
+        name: Option<&str>,
+        path: &str,
+        tools: Vec<monad_protocol::ToolName>,
+    ) -> (
+        monad_protocol::wire::Message,
+        monad_client::connect::Connection,
+        quinn::SendStream,
+    ) {
         use monad_protocol::io::{read_message, write_message};
         use monad_protocol::wire::{Message, Role, Trust};
         let connection = within(
@@ -391,8 +418,8 @@ impl FakeClient {
         let attach = Message::Attach {
             id: 1,
             session: None,
-            name: Some(name.to_owned()),
-            path: format!("/fake/{name}"),
+            name: name.map(str::to_owned),
+            path: path.to_owned(),
             trust: Trust::Full,
             tools,
             focus: false,
@@ -402,15 +429,15 @@ impl FakeClient {
         write_message(&mut send, &attach)
             .await
             .expect("attach sent");
-        let workspace = match within(STEP, "attached", read_message(&mut recv, 1 << 20)).await {
-            Ok(Some(Message::Attached { workspace, .. })) => workspace,
-            other => panic!("the server answered attach with {other:?}"),
-        };
-        FakeClient {
-            connection,
-            workspace,
-            _attach: send,
-        }
+        let answer = within(
+            STEP,
+            "the answer to attach",
+            read_message(&mut recv, 1 << 20),
+        )
+        .await
+        .expect("a readable answer")
+        .expect("an answer");
+        (answer, connection, send)
     }
 
     /// Sends `message` on the attach stream, as a client reports its folder's network

@@ -256,47 +256,6 @@ async fn a_conversation_grows_only_up_to_what_one_holds() {
     .expect("room again");
 }
 
-/// Attaches `path` as a client of its own would, and returns the server's answer (the
-/// connection is kept with it, so that an attachment lasts until the answer is dropped).
-async fn attach_raw(
-    config: &monad_client::config::ClientConfig,
-    path: &str,
-) -> (
-    monad_protocol::wire::Message,
-    monad_client::connect::Connection,
-    quinn::SendStream,
-) {
-    use monad_protocol::io::{read_message, write_message};
-    use monad_protocol::wire::{Message, Trust};
-    let connection = within(
-        STEP,
-        "a client to connect",
-        monad_client::connect::connect(config, Role::Client),
-    )
-    .await
-    .expect("the client connects");
-    let (mut send, mut recv) = connection.conn.open_bi().await.expect("a stream");
-    let attach = Message::Attach {
-        id: 1,
-        session: None,
-        name: None,
-        path: path.to_owned(),
-        trust: Trust::Full,
-        tools: vec![ToolName::ReadFile],
-        focus: false,
-        folder: None,
-        exact_name: false,
-    };
-    write_message(&mut send, &attach)
-        .await
-        .expect("attach sent");
-    let answer = within(STEP, "the answer", read_message(&mut recv, 1 << 20))
-        .await
-        .expect("an answer")
-        .expect("a message");
-    (answer, connection, send)
-}
-
 /// A folder's path no file system takes is refused before anything keeps it, and folders
 /// never attached before make workspace records only within the user's quota of them (each
 /// attach of another path made one, without end).
@@ -306,7 +265,10 @@ async fn attaching_is_bounded_in_path_length_and_in_workspace_records() {
     let server = TestServer::start_with(|c| c.quotas.max_workspaces_per_user = 2).await;
     let config = server.client_config();
     let long = format!("/{}", "d/".repeat(2_100));
-    match attach_raw(&config, &long).await.0 {
+    match FakeClient::ask_attach(&config, None, &long, vec![ToolName::ReadFile])
+        .await
+        .0
+    {
         Message::Error { error, .. } => {
             assert_eq!(error.code, ErrorCode::InvalidArguments, "{error}");
             assert!(error.message.contains("at most 4096"), "{error}");
@@ -315,11 +277,15 @@ async fn attaching_is_bounded_in_path_length_and_in_workspace_records() {
     }
     let mut kept = Vec::new();
     for path in ["/w/one", "/w/two"] {
-        let (answer, conn, send) = attach_raw(&config, path).await;
+        let (answer, conn, send) =
+            FakeClient::ask_attach(&config, None, path, vec![ToolName::ReadFile]).await;
         assert!(matches!(answer, Message::Attached { .. }), "{answer:?}");
         kept.push((conn, send));
     }
-    match attach_raw(&config, "/w/three").await.0 {
+    match FakeClient::ask_attach(&config, None, "/w/three", vec![ToolName::ReadFile])
+        .await
+        .0
+    {
         Message::Error { error, .. } => {
             assert_eq!(error.code, ErrorCode::LimitExceeded, "{error}");
             assert!(
@@ -331,7 +297,8 @@ async fn attaching_is_bounded_in_path_length_and_in_workspace_records() {
     }
     // A folder attached before is no new record: it attaches again.
     drop(kept);
-    let (again, _conn, _send) = attach_raw(&config, "/w/one").await;
+    let (again, _conn, _send) =
+        FakeClient::ask_attach(&config, None, "/w/one", vec![ToolName::ReadFile]).await;
     assert!(matches!(again, Message::Attached { .. }), "{again:?}");
 }
 
