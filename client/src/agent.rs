@@ -107,6 +107,8 @@ pub struct Landing {
     pub focus: Option<String>,
     /// Whether that focus is a folder offline now.
     pub focus_offline: bool,
+    /// With `folder`: whether it is the focus (`None` from a server older than minor 11).
+    pub folder_focus: Option<bool>,
 }
 
 /// An agent's connection: one QUIC connection, one stream per request.
@@ -679,12 +681,14 @@ impl Agent {
                 folder,
                 focus,
                 focus_offline,
+                folder_focus,
                 ..
             } => Ok(Some(Landing {
                 session,
                 folder,
                 focus,
                 focus_offline,
+                folder_focus,
             })),
             other => Err(unexpected(&other)),
         }

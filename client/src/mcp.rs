@@ -251,6 +251,7 @@ impl Backend for AgentBackend {
             folder: l.folder,
             focus: l.focus,
             focus_offline: l.focus_offline,
+            folder_focus: l.folder_focus,
         }))
     }
 
@@ -506,6 +507,7 @@ mod tests {
             folder: None,
             focus: Some("q".into()),
             focus_offline: false,
+            folder_focus: None,
         };
         let landed = std::sync::Mutex::new(Some(before.clone()));
         note_landing(&landed, &before, &now);

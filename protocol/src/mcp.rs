@@ -72,6 +72,9 @@ pub struct Landing {
     /// Whether that focus is a folder offline now: calls that name no workspace fail until it
     /// is attached again.
     pub focus_offline: bool,
+    /// With `folder`: whether that folder is the focus (`None`: not known, from an older
+    /// server).
+    pub folder_focus: Option<bool>,
 }
 
 /// The `_meta` key of a request that names the session to use (seed 001: resume by id).
@@ -637,7 +640,16 @@ impl<B: Backend> McpFront<B> {
         } else {
             ""
         };
+        // A folder that is not the focus (not attached in a session the host named, or the
+        // focus held by another device's folder): calls go to the focus, and their paths are
+        // not from the folder.
+        let elsewhere = landing.folder_focus == Some(false);
         let message = match (&landing.folder, &landing.focus) {
+            (Some(folder), Some(focus)) if elsewhere => format!(
+                "working in session {} (the folder {folder} holds the host's root, but is not \
+                 its focus): calls that name no workspace try workspace `{focus}` first{offline}",
+                landing.session
+            ),
             (Some(folder), Some(focus)) => format!(
                 "working in session {} (the attached folder {folder} holds the host's root{inside}), \
                  whose focus is workspace `{focus}`{offline}",
@@ -659,8 +671,8 @@ impl<B: Backend> McpFront<B> {
             ),
         };
         // Roots that match no attached folder leave the host where it was: a warning, like a
-        // host that does not answer.
-        if landing.folder.is_none() {
+        // host that does not answer; so does a folder that is not the focus.
+        if landing.folder.is_none() || elsewhere {
             tracing::warn!("{message}");
             self.log(peer, LoggingLevel::Warning, &message).await;
         } else {
@@ -1282,6 +1294,8 @@ mod landing_tests {
     struct Counting {
         landings: AtomicUsize,
         calls: AtomicUsize,
+        /// Where every landing lands (`None`: nowhere, as by roots that match no folder).
+        lands: std::sync::Mutex<Option<Landing>>,
     }
 
     impl Backend for Counting {
@@ -1327,7 +1341,7 @@ mod landing_tests {
             _session: Option<&str>,
         ) -> impl Future<Output = Result<Option<Landing>, ToolError>> + Send {
             self.landings.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Ok(None))
+            std::future::ready(Ok(self.lands.lock().unwrap().clone()))
         }
     }
 
@@ -1490,6 +1504,43 @@ mod landing_tests {
         host.answer_roots(&third).await;
         host.ping(4).await;
         assert_eq!(backend.landings.load(Ordering::SeqCst), 3);
+    }
+
+    /// Regression: a landing whose folder is not the focus (a session the host named, where
+    /// the folder is not attached) told the host that its relative paths are from the folder,
+    /// while its calls went to the focus.
+    #[tokio::test(start_paused = true)]
+    async fn a_landing_says_when_the_folder_of_the_roots_is_not_the_focus() {
+        let (mut host, backend) = Host::start().await;
+        *backend.lands.lock().unwrap() = Some(Landing {
+            session: "default".into(),
+            folder: Some("/home/ana/p".into()),
+            focus: Some("other".into()),
+            focus_offline: false,
+            folder_focus: Some(false),
+        });
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let asked = host.roots_asked().await;
+        let id = asked["id"].clone();
+        host.send(json!({"jsonrpc": "2.0", "id": id, "result": {"roots": [
+            {"uri": "file:///home/ana/p/src"}]}}))
+            .await;
+        let said = loop {
+            let message = host.next().await;
+            let data = message["params"]["data"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if message["method"] == "notifications/message" && data.contains("working in") {
+                break message;
+            }
+        };
+        let data = said["params"]["data"].as_str().unwrap();
+        assert!(data.contains("but is not its focus"), "{data}");
+        assert!(data.contains("try workspace `other` first"), "{data}");
+        assert!(!data.contains("relative path is from"), "{data}");
+        assert_eq!(said["params"]["level"], "warning", "{said}");
     }
 
     /// Regression: calls did not wait for a landing that `notifications/roots/list_changed`

@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 10;
+pub const PROTOCOL_MINOR: u32 = 11;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -85,6 +85,11 @@ pub const SHARED_FOCUS_MINOR: u32 = 10;
 /// The first minor version where [`Message::Landed`] says when the session's focus is a
 /// folder that is offline (`focus_offline`); left out for an older peer, which would refuse it.
 pub const OFFLINE_FOCUS_MINOR: u32 = 10;
+// --- Minor 11.
+/// The first minor version where [`Message::Landed`] says whether the folder a root matched
+/// became the session's focus (`folder_focus`); left out for an older peer, which would refuse
+/// it.
+pub const FOLDER_FOCUS_MINOR: u32 = 11;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -1106,6 +1111,11 @@ pub enum Message {
         /// until it is attached again (minor [`OFFLINE_FOCUS_MINOR`] or later).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         focus_offline: bool,
+        /// With `folder`: whether that folder is the focus now (not when it is not attached
+        /// there, or the focus is held by another device's folder). Minor
+        /// [`FOLDER_FOCUS_MINOR`] or later; absent from an older server.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        folder_focus: Option<bool>,
     },
     /// The answer to [`Message::OpenSession`].
     SessionOpened {
@@ -1420,10 +1430,18 @@ impl Message {
     /// are left out (a peer refuses fields it does not know). Only answers carry such fields;
     /// requests are never built with them for an older peer.
     pub fn for_minor(mut self, minor: u32) -> Message {
-        if minor < OFFLINE_FOCUS_MINOR
-            && let Message::Landed { focus_offline, .. } = &mut self
+        if let Message::Landed {
+            focus_offline,
+            folder_focus,
+            ..
+        } = &mut self
         {
-            *focus_offline = false;
+            if minor < OFFLINE_FOCUS_MINOR {
+                *focus_offline = false;
+            }
+            if minor < FOLDER_FOCUS_MINOR {
+                *folder_focus = None;
+            }
         }
         if minor < CLI_MINOR {
             match &mut self {
@@ -1497,15 +1515,20 @@ mod tests {
         let landed = Message::Landed {
             id: 1,
             session: "default".into(),
-            folder: None,
+            folder: Some("/home/ana/p".into()),
             focus: Some("p".into()),
             focus_offline: true,
+            folder_focus: Some(false),
         };
         let older =
             serde_json::to_value(landed.clone().for_minor(OFFLINE_FOCUS_MINOR - 1)).unwrap();
         assert!(older.get("focus_offline").is_none(), "{older}");
-        let newer = serde_json::to_value(landed.for_minor(OFFLINE_FOCUS_MINOR)).unwrap();
+        let newer = serde_json::to_value(landed.clone().for_minor(OFFLINE_FOCUS_MINOR)).unwrap();
         assert_eq!(newer["focus_offline"], true, "{newer}");
+        // Whether the matched folder is the focus: from minor 11.
+        assert!(newer.get("folder_focus").is_none(), "{newer}");
+        let newest = serde_json::to_value(landed.for_minor(FOLDER_FOCUS_MINOR)).unwrap();
+        assert_eq!(newest["folder_focus"], false, "{newest}");
     }
 
     #[test]
@@ -1761,6 +1784,7 @@ mod tests {
                 folder: Some("/home/ana/p".into()),
                 focus: Some("p".into()),
                 focus_offline: true,
+                folder_focus: Some(true),
             },
             Message::SessionOpened {
                 id: 11,

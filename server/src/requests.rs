@@ -176,6 +176,8 @@ fn handle(
                 crate::landing::now_ms(),
                 held.as_ref(),
             )?;
+            // The host holds the focus exactly when its folder is it.
+            let folder_focus = landed.folder.as_ref().map(|_| landed.hold.is_some());
             *held = landed.hold;
             drop(held);
             Ok(Message::Landed {
@@ -184,6 +186,7 @@ fn handle(
                 folder: landed.folder,
                 focus: landed.focus,
                 focus_offline: landed.focus_offline,
+                folder_focus,
             })
         }
         Message::OpenSession {
