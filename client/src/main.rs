@@ -974,7 +974,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                     if resolved.to_str().is_none() {
                         bail!(
-                            "{} is not valid UTF-8: no folder of that path can be attached, so                              none has sessions",
+                            "{} is not valid UTF-8: no folder of that path can be attached, so \
+                             none has sessions",
                             shown_path(&resolved)
                         );
                     }

@@ -10,7 +10,7 @@ use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::server::State;
 use crate::session::{HostHold, Session, store_error};
-use crate::store::{ArtifactKind, ArtifactMeta, MAX_HISTORY_BYTES, history};
+use crate::store::{ArtifactKind, ArtifactMeta, MAX_HISTORY_BYTES, StoreError, history};
 
 /// Default page size of session lists.
 const DEFAULT_PAGE: u32 = 20;
@@ -85,23 +85,6 @@ fn request_id(request: &Message) -> Option<u64> {
         | Message::RecordSessions { id, .. } => Some(*id),
         _ => None,
     }
-}
-
-/// Refuses a conversation of `bytes` for session `s` past [`MAX_HISTORY_BYTES`].
-fn history_fits(s: &Session, bytes: u64) -> Result<(), ToolError> {
-    if bytes <= MAX_HISTORY_BYTES {
-        return Ok(());
-    }
-    Err(ToolError::new(
-        ErrorCode::LimitExceeded,
-        format!(
-            "the conversation of session {} would hold {bytes} bytes, past the {} MiB one \
-             holds at most: clear it (`history clear`) or replace it with a shorter one \
-             (`history replace`)",
-            s.id,
-            MAX_HISTORY_BYTES >> 20
-        ),
-    ))
 }
 
 fn handle(
@@ -225,8 +208,6 @@ fn handle(
             message,
         } => {
             let s = session(requested)?;
-            let size = store.history_size(&s.id).map_err(store_error)?;
-            history_fits(&s, size.saturating_add(message.text.len() as u64))?;
             store.append(&s.id, &message).map_err(store_error)?;
             Ok(done(id, &s))
         }
@@ -248,10 +229,11 @@ fn handle(
             history,
         } => {
             let s = session(requested)?;
-            history_fits(
-                &s,
-                history.messages.iter().map(|m| m.text.len() as u64).sum(),
-            )?;
+            // Refused past what a conversation holds before anything else changes.
+            let bytes: u64 = history.messages.iter().map(|m| m.text.len() as u64).sum();
+            if bytes > MAX_HISTORY_BYTES {
+                return Err(store_error(StoreError::history_full(&s.id, bytes)));
+            }
             let meta = s.set_model(history.provider.clone(), history.model.clone());
             store.save(&meta).map_err(store_error)?;
             let history = History {

@@ -2446,6 +2446,7 @@ pub(crate) fn store_error(e: StoreError) -> ToolError {
         }
         StoreError::Invalid(why) => ToolError::new(ErrorCode::InvalidArguments, why),
         e @ StoreError::Fenced { .. } => ToolError::new(ErrorCode::Denied, e.to_string()),
+        StoreError::Full(why) => ToolError::new(ErrorCode::LimitExceeded, why),
         other => ToolError::new(ErrorCode::Internal, other.to_string()),
     }
 }

@@ -1029,6 +1029,17 @@ fn store_upload(
             }
             None => true,
         };
+    // A snapshot past what a conversation holds is refused before anything is stored (the
+    // store would refuse it only after its artifact was kept).
+    if let Some(messages) = &checked.history {
+        let bytes: u64 = messages.iter().map(|m| m.text.len() as u64).sum();
+        if bytes > crate::store::MAX_HISTORY_BYTES {
+            return Err(HttpError::store(StoreError::history_full(
+                &checked.session,
+                bytes,
+            )));
+        }
+    }
     // Another user's session is a 404, before anything is made; so is one whose metadata
     // cannot be read (the store's words would name the server's files).
     let not_found = || HttpError::not_found(format!("session `{}`", checked.session));
@@ -1044,7 +1055,7 @@ fn store_upload(
     // (Only API uploads count, and they all pass here; deletes meanwhile only free room.)
     static UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _quota = UPLOADS.lock().unwrap_or_else(|p| p.into_inner());
-    check_quota(state, user, &checked)?;
+    check_quota(state, user, &checked, new_default)?;
     // The check below and the write that adds the session to the record are one step: two
     // uploads naming different sessions to one `general` workspace at once cannot both pass.
     static GENERAL_UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -1133,13 +1144,21 @@ fn store_upload(
 /// Refuses an upload that would take `user`'s uploaded bytes past
 /// `max_artifact_bytes_per_user` (a history snapshot replaces the session's previous one, whose
 /// bytes it frees). The caller holds the uploads' lock until the upload is stored.
-fn check_quota(state: &State, user: &str, checked: &Checked) -> Result<(), HttpError> {
+fn check_quota(
+    state: &State,
+    user: &str,
+    checked: &Checked,
+    new_default: bool,
+) -> Result<(), HttpError> {
     let store = state.registry.store();
     let used = match store.uploaded_bytes(user).map_err(HttpError::store)? {
         Some(used) => used,
         None => crate::store::uploaded_bytes(store.as_ref(), user).map_err(HttpError::store)?,
     };
     let replaced = match checked.kind {
+        // A default not made yet has no snapshot to replace (`default` there is another
+        // user's session).
+        ArtifactKind::SessionHistory if new_default => 0,
         ArtifactKind::SessionHistory => crate::store::session_uploaded_bytes(
             store.as_ref(),
             &checked.session,

@@ -142,6 +142,7 @@ impl HttpError {
             StoreError::NotFound(what) => HttpError::not_found(what),
             StoreError::Invalid(message) => HttpError::bad(message),
             e @ StoreError::Fenced { .. } => HttpError::conflict(e.to_string()),
+            StoreError::Full(why) => HttpError::quota(why),
             e @ (StoreError::Io { .. } | StoreError::Database(_) | StoreError::Objects(_)) => {
                 HttpError::internal(e)
             }

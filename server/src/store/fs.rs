@@ -910,17 +910,6 @@ impl SessionStore for FsStore {
         self.read_history(id, false)
     }
 
-    fn history_size(&self, id: &str) -> Result<u64, StoreError> {
-        check_id(id)?;
-        // The file's own size: its messages and their headers, without reading it.
-        let path = self.history_path(id);
-        match std::fs::metadata(&path) {
-            Ok(meta) => Ok(meta.len()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(StoreError::io("look at", &path, e)),
-        }
-    }
-
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         check_id(id)?;
         let _guard = self.lock(id);
@@ -930,13 +919,28 @@ impl SessionStore for FsStore {
             // what is kept aside at the next read. (Also writes a missing file's frontmatter.)
             self.read_history(id, true)?;
         }
-        append_durable(&path, render_message(message).as_bytes())
+        let rendered = render_message(message);
+        // The file's own size, under the session's lock: measured and written as one step.
+        let size = match std::fs::metadata(&path) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(StoreError::io("look at", &path, e)),
+        };
+        let after = size.saturating_add(rendered.len() as u64);
+        if after > MAX_HISTORY_BYTES {
+            return Err(StoreError::history_full(id, after));
+        }
+        append_durable(&path, rendered.as_bytes())
     }
 
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
         check_id(id)?;
+        let rendered = history::render(history);
+        if rendered.len() as u64 > MAX_HISTORY_BYTES {
+            return Err(StoreError::history_full(id, rendered.len() as u64));
+        }
         let _guard = self.lock(id);
-        atomic(&self.history_path(id), history::render(history).as_bytes())?;
+        atomic(&self.history_path(id), rendered.as_bytes())?;
         self.mark_checked(id, true);
         Ok(())
     }

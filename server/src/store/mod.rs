@@ -67,6 +67,10 @@ pub enum StoreError {
         /// Why, e.g. the epoch that took over.
         why: String,
     },
+    /// A bound of what the store keeps would be passed ([`MAX_HISTORY_BYTES`]). Nothing was
+    /// written.
+    #[error("{0}")]
+    Full(String),
 }
 
 impl StoreError {
@@ -87,7 +91,18 @@ impl StoreError {
                 session: session.clone(),
                 why: why.clone(),
             },
+            StoreError::Full(what) => StoreError::Full(what.clone()),
         }
+    }
+
+    /// A conversation of session `id` that would hold `bytes`, past [`MAX_HISTORY_BYTES`].
+    pub(crate) fn history_full(id: &str, bytes: u64) -> StoreError {
+        StoreError::Full(format!(
+            "the conversation of session {id} would hold {bytes} bytes, past the {} MiB one \
+             holds at most: clear it (`history clear`) or replace it with a shorter one \
+             (`history replace`)",
+            MAX_HISTORY_BYTES >> 20
+        ))
     }
 
     pub(crate) fn io(
@@ -373,10 +388,11 @@ pub struct Page<T> {
     pub next: Option<String>,
 }
 
-/// The most a conversation appended to or replaced by a client's request may hold, in bytes:
-/// far more than any model reads, and small enough that reading it whole (as `history show`
-/// and the built-in agent do) stays cheap. Each append of up to a request's size grew it
-/// without end.
+/// The most a conversation may hold, in bytes (its messages' text; the filesystem store counts
+/// its file, headers included): far more than any model reads, and small enough that reading
+/// it whole (as `history show` and the built-in agent do) stays cheap. Every write of it is
+/// bounded here, whoever makes it (a client's append or replace, a prompt, the agent's answers,
+/// an uploaded snapshot): each append of up to a request's size grew it without end.
 pub const MAX_HISTORY_BYTES: u64 = 8 << 20;
 
 /// Sessions: metadata, history, audit log, per-session config.
@@ -402,20 +418,12 @@ pub trait SessionStore: Send + Sync {
     fn delete(&self, id: &str) -> Result<(), StoreError>;
     /// The conversation. A corrupt `session.md` is kept aside and an empty one takes its place.
     fn history(&self, id: &str) -> Result<History, StoreError>;
-    /// About how many bytes the conversation holds (its messages' text; a store may count its
-    /// own framing too), to bound it before it grows ([`MAX_HISTORY_BYTES`]). This default
-    /// reads it whole.
-    fn history_size(&self, id: &str) -> Result<u64, StoreError> {
-        Ok(self
-            .history(id)?
-            .messages
-            .iter()
-            .map(|m| m.text.len() as u64)
-            .sum())
-    }
-    /// Appends one message (durable when this returns).
+    /// Appends one message (durable when this returns); refused ([`StoreError::Full`]) when
+    /// the conversation would hold more than [`MAX_HISTORY_BYTES`], measured and written as one
+    /// step.
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError>;
-    /// Replaces the whole conversation (atomically).
+    /// Replaces the whole conversation (atomically); refused as [`SessionStore::append`] is
+    /// past [`MAX_HISTORY_BYTES`].
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError>;
     /// Appends audit records.
     fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError>;

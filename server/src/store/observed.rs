@@ -118,9 +118,6 @@ impl SessionStore for Observed {
     fn history(&self, id: &str) -> Result<History, StoreError> {
         self.inner.history(id)
     }
-    fn history_size(&self, id: &str) -> Result<u64, StoreError> {
-        self.inner.history_size(id)
-    }
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         self.inner.append(id, message)?;
         if let Some(signature) = self

@@ -489,6 +489,26 @@ async fn without_a_model_the_turn_fails_clearly_and_writes_nothing() {
     assert!(!session_md(&server).contains("hello?"));
 }
 
+/// A prompt's text counts against what a conversation holds, as a client's append does: a turn
+/// whose question would take it past the bound fails before the model is asked, and keeps
+/// nothing (each prompt of up to a request's size grew it without end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_past_what_a_conversation_holds_fails_and_keeps_nothing() {
+    let provider = ScriptedProvider::start(vec![]).await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
+    let huge = "q".repeat(monad_server::store::MAX_HISTORY_BYTES as usize + 1);
+    let (reply, _) = prompt(&agent, &huge).await;
+    match &reply.result.stop {
+        StopReason::Failed { message } => {
+            assert!(message.contains("8 MiB one holds at most"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!session_md(&server).contains("qqqq"));
+    assert!(provider.requests().is_empty(), "the model was not asked");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_error_ends_the_turn_with_its_message() {
     for kind in KINDS {

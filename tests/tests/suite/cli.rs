@@ -1664,7 +1664,8 @@ async fn a_snapshot_that_cannot_be_used_and_paths_that_are_not_utf8_are_said_cle
     let out = within(STEP, "sessions --new --folder", out).await.unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("is not valid UTF-8"),
+        text(&out.stderr)
+            .contains("is not valid UTF-8: no folder of that path can be attached, so none"),
         "{}",
         text(&out.stderr)
     );

@@ -236,12 +236,27 @@ fn exercise(store: &dyn Store) {
             msg(HistoryRole::Assistant, tricky)
         ]
     );
-    // Its size, to bound it: at least its messages' text (a store may count its framing), and
-    // nothing for a session that has none.
-    let text = ("Find the bug".len() + tricky.len()) as u64;
-    let size = store.history_size("s2").unwrap();
-    assert!((text..text + 512).contains(&size), "{size}");
-    assert!(store.history_size("s3").unwrap() < 512);
+    // Bounded: an append or a replace that would take it past what a conversation holds is
+    // refused, and nothing of it is kept.
+    let max = monad_server::store::MAX_HISTORY_BYTES as usize;
+    let half = msg(HistoryRole::User, &"x".repeat(max / 2));
+    store.append("s2", &half).unwrap();
+    assert!(matches!(
+        store.append("s2", &half),
+        Err(StoreError::Full(_))
+    ));
+    assert_eq!(store.history("s2").unwrap().messages.len(), 3);
+    let too_big = History {
+        provider: None,
+        model: None,
+        created_at: "2026-01-01T00:00:00Z".into(),
+        messages: vec![msg(HistoryRole::User, &"y".repeat(max + 1))],
+    };
+    assert!(matches!(
+        store.replace("s2", &too_big),
+        Err(StoreError::Full(_))
+    ));
+    assert_eq!(store.history("s2").unwrap().messages.len(), 3);
     let snapshot = History {
         provider: Some("openai".into()),
         model: Some("gpt".into()),

@@ -668,22 +668,6 @@ impl SessionStore for PgStore {
         })
     }
 
-    fn history_size(&self, id: &str) -> Result<u64, StoreError> {
-        check_id(id)?;
-        let id = id.to_owned();
-        self.with(move |c| async move {
-            let row = c
-                .query_one(
-                    "SELECT COALESCE(SUM(octet_length(text)), 0)::BIGINT
-                     FROM messages WHERE session_id = $1",
-                    &[&id],
-                )
-                .await
-                .map_err(db)?;
-            Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
-        })
-    }
-
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
         check_id(id)?;
         let id = id.to_owned();
@@ -692,6 +676,30 @@ impl SessionStore for PgStore {
         self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
             fencing.check(&tx, &id).await?;
+            // The session's row locked first: two appends to one conversation measure and
+            // write it one after the other.
+            let locked = tx
+                .query_opt("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[&id])
+                .await
+                .map_err(db)?;
+            if locked.is_none() {
+                return Err(StoreError::NotFound(format!("session {id}")));
+            }
+            let held: i64 = tx
+                .query_one(
+                    "SELECT COALESCE(SUM(octet_length(text)), 0)::BIGINT
+                     FROM messages WHERE session_id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(db)?
+                .get(0);
+            let after = u64::try_from(held)
+                .unwrap_or(0)
+                .saturating_add(text.len() as u64);
+            if after > MAX_HISTORY_BYTES {
+                return Err(StoreError::history_full(&id, after));
+            }
             let n = tx
                 .execute(
                     "INSERT INTO messages (session_id, role, text)
@@ -709,6 +717,10 @@ impl SessionStore for PgStore {
 
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
         check_id(id)?;
+        let bytes: u64 = history.messages.iter().map(|m| m.text.len() as u64).sum();
+        if bytes > MAX_HISTORY_BYTES {
+            return Err(StoreError::history_full(id, bytes));
+        }
         let id = id.to_owned();
         let h = history.clone();
         let fencing = self.fencing(&id, lease::Write::Record);
