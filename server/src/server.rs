@@ -301,6 +301,7 @@ impl Server {
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
             user_reads: PerUser::new(config.quotas.max_calls_per_user),
+            network_reports: Default::default(),
             handshakes: Admissions::new(Bounds {
                 total: config.quotas.max_pending_handshakes,
                 per_source: config.quotas.max_pending_handshakes_per_address,
@@ -1599,7 +1600,14 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         let mut stop = ctx.stop.clone();
         let mut calls = ctx.state.calls.subscribe();
         let recorder = ctx.state.executor.recorder.as_ref();
-        let reports = attach_reports(recorder, &session.id, &workspace.name, &mut recv);
+        let reports = attach_reports(
+            &ctx.state,
+            &ctx.user,
+            recorder,
+            &session.id,
+            &workspace.name,
+            &mut recv,
+        );
         tokio::pin!(reports);
         let stopping = async {
             let _ = stop.wait_for(|stopping| *stopping).await;
@@ -1706,17 +1714,19 @@ const MAX_REPORT: usize = 256 * 1024;
 ///
 /// The client's word is not taken for how many connections a message holds nor how fast they
 /// come (its sandbox bounds them, but a client of its own need not): at most
-/// [`wire::MAX_NETWORK_EVENTS`] a message, and lines only as fast as a sandbox keeps them
-/// ([`monad_sandbox::AuditAllowance`]); the rest are counted, the count written with the next
-/// line the allowance takes, or at the stream's end. Without it one user's client could fill
-/// the recorder every user's records go through, and the disk.
+/// [`wire::MAX_NETWORK_EVENTS`] a message, and lines only as fast as a sandbox keeps them, over
+/// all of `user`'s attach streams together ([`State::network_line`]); the rest are counted,
+/// the count written with the next line the allowance takes, or at the stream's end. Without
+/// it one user's client could fill the recorder every user's records go through, and the disk.
 async fn attach_reports(
+    state: &State,
+    user: &str,
     recorder: Option<&crate::recorder::Recorder>,
     session: &str,
     workspace: &str,
     recv: &mut quinn::RecvStream,
 ) {
-    let mut allowance = monad_sandbox::AuditAllowance::default();
+    let take = |now| state.network_line(user, now);
     // Connections not recorded and not yet said.
     let mut unsaid: u64 = 0;
     loop {
@@ -1728,14 +1738,14 @@ async fn attach_reports(
                 unsaid = unsaid.saturating_add(dropped);
                 // The count is a line of its own, from the same allowance, taken first: a
                 // client that keeps it spent on connections still has them counted as it goes.
-                let said = if unsaid > 0 && allowance.take(now) {
+                let said = if unsaid > 0 && take(now) {
                     std::mem::take(&mut unsaid)
                 } else {
                     0
                 };
                 let mut kept = Vec::new();
                 for (i, event) in events.into_iter().enumerate() {
-                    if i < wire::MAX_NETWORK_EVENTS && allowance.take(now) {
+                    if i < wire::MAX_NETWORK_EVENTS && take(now) {
                         kept.push(event);
                     } else {
                         unsaid = unsaid.saturating_add(1);

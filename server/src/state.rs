@@ -17,6 +17,7 @@ use crate::config::ServerConfig;
 use crate::executor::{CallOutput, Executor, ProgressSink};
 use crate::quota::{PerUser, Slot};
 use crate::session::{Registry, Session};
+use monad_sandbox::AuditAllowance;
 
 /// Shared state of a running server.
 #[derive(Debug)]
@@ -49,6 +50,9 @@ pub struct State {
     pub(crate) user_reads: Arc<PerUser>,
     /// Connections that have not said hello yet.
     pub(crate) handshakes: Arc<Admissions>,
+    /// Per user, how many of their attached folders' network reports the audit log may still
+    /// take: one allowance over all their attach streams ([`State::network_line`]).
+    pub(crate) network_reports: std::sync::Mutex<std::collections::HashMap<String, AuditAllowance>>,
     /// The hashes of the tokens as the last sweep read them ([`crate::server`]'s, every 5 s;
     /// none before the first): a connection whose token is not among them is closed.
     pub(crate) valid_tokens: watch::Sender<Option<Arc<std::collections::HashSet<String>>>>,
@@ -75,6 +79,20 @@ impl State {
                 ),
             )
         })
+    }
+
+    /// Whether the audit log takes one more line of `user`'s attached folders' network
+    /// reports at `now`: a burst, then a few a second, over all their attach streams (a new
+    /// stream, or many at once, bring no allowance of their own).
+    pub(crate) fn network_line(&self, user: &str, now: std::time::Instant) -> bool {
+        let mut all = self
+            .network_reports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match all.get_mut(user) {
+            Some(allowance) => allowance.take(now),
+            None => all.entry(user.to_owned()).or_default().take(now),
+        }
     }
 
     /// One of `user`'s slots for a request being read, or `limit_exceeded` saying which

@@ -157,7 +157,9 @@ async fn network_reports_past_what_a_sandbox_sends_are_counted_not_written() {
     use serde_json::Value;
     use std::time::Duration;
     let server = TestServer::start().await;
+    // Two attach streams of one user share one allowance: a new stream brings none of its own.
     let mut fake = FakeClient::attach(&server.client_config(), "noisy", vec![]).await;
+    let mut other = FakeClient::attach(&server.client_config(), "other", vec![]).await;
     let event = |i: usize| NetworkEvent {
         host: format!("h{i}.example"),
         port: 443,
@@ -166,15 +168,20 @@ async fn network_reports_past_what_a_sandbox_sends_are_counted_not_written() {
         reason: Some("not in the allowlist".into()),
     };
     let (messages, per_message, dropped) = (100, 1_000, 5);
-    for _ in 0..messages {
+    for i in 0..messages {
         let report = Message::Network {
             attachment: 1,
             events: (0..per_message).map(event).collect(),
             dropped,
         };
-        fake.report(&report).await;
+        if i % 2 == 0 {
+            fake.report(&report).await;
+        } else {
+            other.report(&report).await;
+        }
     }
     fake.end_reports().await;
+    other.end_reports().await;
     let sent = (messages * per_message) as u64 + messages as u64 * dropped;
     // Every connection is accounted for: a line each, or in a count.
     let accounted = |lines: &[Value]| -> (usize, u64) {
