@@ -1484,12 +1484,20 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         let max = ctx.state.config.quotas.max_workspaces_per_user;
         let resolved = tokio::task::spawn_blocking(move || {
             // A folder never attached before makes a record: within the user's records, as
-            // one made through the API is (each attach of another path made one, unbounded).
-            let records = store.records(Some(&user)).unwrap_or_default();
-            let known = records
-                .iter()
-                .any(|r| r.device_id == device && r.path == path);
-            if !known && records.len() >= max {
+            // one made through the API is (each attach of another path made one, unbounded),
+            // counted and added as one step (a folder attached before takes no lock).
+            let known = |records: &[crate::store::WorkspaceRecord]| {
+                records
+                    .iter()
+                    .any(|r| r.device_id == device && r.path == path)
+            };
+            let mut records = store.records(Some(&user)).unwrap_or_default();
+            let _creating = (!known(&records)).then(|| {
+                let creating = crate::store::record_creations();
+                records = store.records(Some(&user)).unwrap_or_default();
+                creating
+            });
+            if !known(&records) && records.len() >= max {
                 return Err(ToolError::new(
                     ErrorCode::LimitExceeded,
                     format!(

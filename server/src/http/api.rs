@@ -772,8 +772,7 @@ fn create_record(
     let store = state.registry.store();
     // Counting the user's records and adding one are one step: creations at once cannot pass
     // the quota together.
-    static CREATIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = CREATIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let _one_at_a_time = crate::store::record_creations();
     let records = store.records(Some(user)).map_err(HttpError::store)?;
     if let Some(path) = &path
         && let Some(record) = records.iter().find(|r| r.path == *path)

@@ -395,6 +395,14 @@ pub struct Page<T> {
 /// an uploaded snapshot): each append of up to a request's size grew it without end.
 pub const MAX_HISTORY_BYTES: u64 = 8 << 20;
 
+/// Held while a user's workspace records are counted and one is added (through the API, or
+/// by an attach of a folder never attached before): creations at once cannot pass
+/// `max_workspaces_per_user` together.
+pub(crate) fn record_creations() -> std::sync::MutexGuard<'static, ()> {
+    static CREATIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    CREATIONS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Sessions: metadata, history, audit log, per-session config.
 pub trait SessionStore: Send + Sync {
     /// Creates a session; fails if the id exists.
