@@ -10,7 +10,7 @@ use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::server::State;
 use crate::session::{HostHold, Session, store_error};
-use crate::store::{ArtifactKind, ArtifactMeta, MAX_HISTORY_BYTES, StoreError, history};
+use crate::store::{self, ArtifactKind, ArtifactMeta, history};
 
 /// Default page size of session lists.
 const DEFAULT_PAGE: u32 = 20;
@@ -230,10 +230,8 @@ fn handle(
         } => {
             let s = session(requested)?;
             // Refused past what a conversation holds before anything else changes.
-            let bytes: u64 = history.messages.iter().map(|m| m.text.len() as u64).sum();
-            if bytes > MAX_HISTORY_BYTES {
-                return Err(store_error(StoreError::history_full(&s.id, bytes)));
-            }
+            store::history_fits(&s.id, store::history_bytes(&history.messages))
+                .map_err(store_error)?;
             let meta = s.set_model(history.provider.clone(), history.model.clone());
             store.save(&meta).map_err(store_error)?;
             let history = History {

@@ -1031,13 +1031,8 @@ fn store_upload(
     // A snapshot past what a conversation holds is refused before anything is stored (the
     // store would refuse it only after its artifact was kept).
     if let Some(messages) = &checked.history {
-        let bytes: u64 = messages.iter().map(|m| m.text.len() as u64).sum();
-        if bytes > crate::store::MAX_HISTORY_BYTES {
-            return Err(HttpError::store(StoreError::history_full(
-                &checked.session,
-                bytes,
-            )));
-        }
+        crate::store::history_fits(&checked.session, crate::store::history_bytes(messages))
+            .map_err(HttpError::store)?;
     }
     // Another user's session is a 404, before anything is made; so is one whose metadata
     // cannot be read (the store's words would name the server's files).

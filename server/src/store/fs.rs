@@ -926,21 +926,17 @@ impl SessionStore for FsStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
             Err(e) => return Err(StoreError::io("look at", &path, e)),
         };
-        let after = size.saturating_add(rendered.len() as u64);
-        if after > MAX_HISTORY_BYTES {
-            return Err(StoreError::history_full(id, after));
-        }
+        history_fits(id, size.saturating_add(rendered.len() as u64))?;
         append_durable(&path, rendered.as_bytes())
     }
 
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
         check_id(id)?;
-        let rendered = history::render(history);
-        if rendered.len() as u64 > MAX_HISTORY_BYTES {
-            return Err(StoreError::history_full(id, rendered.len() as u64));
-        }
+        // Counted as every store and the requests before it count it: a replace they let
+        // through is not refused here after they changed the session.
+        history_fits(id, history_bytes(&history.messages))?;
         let _guard = self.lock(id);
-        atomic(&self.history_path(id), rendered.as_bytes())?;
+        atomic(&self.history_path(id), history::render(history).as_bytes())?;
         self.mark_checked(id, true);
         Ok(())
     }

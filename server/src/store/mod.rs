@@ -95,16 +95,6 @@ impl StoreError {
         }
     }
 
-    /// A conversation of session `id` that would hold `bytes`, past [`MAX_HISTORY_BYTES`].
-    pub(crate) fn history_full(id: &str, bytes: u64) -> StoreError {
-        StoreError::Full(format!(
-            "the conversation of session {id} would hold {bytes} bytes, past the {} MiB one \
-             holds at most: clear it (`history clear`) or replace it with a shorter one \
-             (`history replace`)",
-            MAX_HISTORY_BYTES >> 20
-        ))
-    }
-
     pub(crate) fn io(
         op: &'static str,
         path: &std::path::Path,
@@ -388,12 +378,32 @@ pub struct Page<T> {
     pub next: Option<String>,
 }
 
-/// The most a conversation may hold, in bytes (its messages' text; the filesystem store counts
-/// its file, headers included): far more than any model reads, and small enough that reading
+/// The most a conversation may hold, in bytes (its messages' text, [`history_bytes`]; an append
+/// to the filesystem store counts its file, headers included, which holds more): far more than any model reads, and small enough that reading
 /// it whole (as `history show` and the built-in agent do) stays cheap. Every write of it is
 /// bounded here, whoever makes it (a client's append or replace, a prompt, the agent's answers,
 /// an uploaded snapshot): each append of up to a request's size grew it without end.
 pub const MAX_HISTORY_BYTES: u64 = 8 << 20;
+
+/// The bytes a conversation of `messages` holds, as [`MAX_HISTORY_BYTES`] counts them: their
+/// text.
+pub(crate) fn history_bytes(messages: &[HistoryMessage]) -> u64 {
+    messages.iter().map(|m| m.text.len() as u64).sum()
+}
+
+/// Refuses ([`StoreError::Full`]) a conversation of session `id` that would hold `bytes`, past
+/// [`MAX_HISTORY_BYTES`].
+pub(crate) fn history_fits(id: &str, bytes: u64) -> Result<(), StoreError> {
+    if bytes <= MAX_HISTORY_BYTES {
+        return Ok(());
+    }
+    Err(StoreError::Full(format!(
+        "the conversation of session {id} would hold {bytes} bytes, past the {} MiB one holds \
+         at most: clear it (`history clear`) or replace it with a shorter one (`history \
+         replace`)",
+        MAX_HISTORY_BYTES >> 20
+    )))
+}
 
 /// Held while a user's workspace records are counted and one is added (through the API, or
 /// by an attach of a folder never attached before): creations at once cannot pass

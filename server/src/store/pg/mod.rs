@@ -697,9 +697,7 @@ impl SessionStore for PgStore {
             let after = u64::try_from(held)
                 .unwrap_or(0)
                 .saturating_add(text.len() as u64);
-            if after > MAX_HISTORY_BYTES {
-                return Err(StoreError::history_full(&id, after));
-            }
+            history_fits(&id, after)?;
             let n = tx
                 .execute(
                     "INSERT INTO messages (session_id, role, text)
@@ -717,10 +715,7 @@ impl SessionStore for PgStore {
 
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
         check_id(id)?;
-        let bytes: u64 = history.messages.iter().map(|m| m.text.len() as u64).sum();
-        if bytes > MAX_HISTORY_BYTES {
-            return Err(StoreError::history_full(id, bytes));
-        }
+        history_fits(id, history_bytes(&history.messages))?;
         let id = id.to_owned();
         let h = history.clone();
         let fencing = self.fencing(&id, lease::Write::Record);
