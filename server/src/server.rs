@@ -1483,31 +1483,30 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         let session_id = session.id.clone();
         let max = ctx.state.config.quotas.max_workspaces_per_user;
         let resolved = tokio::task::spawn_blocking(move || {
-            // A folder never attached before makes a record: within the user's records, as
-            // one made through the API is (each attach of another path made one, unbounded),
-            // counted and added as one step (a folder attached before takes no lock).
-            let known = |records: &[crate::store::WorkspaceRecord]| {
-                records
-                    .iter()
-                    .any(|r| r.device_id == device && r.path == path)
-            };
-            let mut records = store.records(Some(&user)).unwrap_or_default();
-            let _creating = (!known(&records)).then(|| {
-                let creating = crate::store::record_creations();
-                records = store.records(Some(&user)).unwrap_or_default();
-                creating
+            // A folder never attached before makes a record within the user's records, as one
+            // made through the API does (each attach of another path made one, unbounded). A
+            // store that cannot say lets the attach go on, its record left out, as before.
+            let room = crate::store::record_room(store.as_ref(), &user, max, |r| {
+                r.device_id == device && r.path == path
             });
-            if !known(&records) && records.len() >= max {
-                return Err(ToolError::new(
-                    ErrorCode::LimitExceeded,
-                    format!(
-                        "you have {} workspace records, the most this server keeps for one user \
-                         (server.max_workspaces_per_user); delete one (DELETE \
-                         /api/v1/workspaces/ID) to attach a folder never attached before",
-                        records.len()
-                    ),
-                ));
-            }
+            let _creating = match room {
+                Ok(crate::store::RecordRoom::Full(count)) => {
+                    return Err(ToolError::new(
+                        ErrorCode::LimitExceeded,
+                        format!(
+                            "you have {count} workspace records, the most this server keeps for \
+                             one user (server.max_workspaces_per_user); delete one (DELETE \
+                             /api/v1/workspaces/ID) to attach a folder never attached before"
+                        ),
+                    ));
+                }
+                Ok(crate::store::RecordRoom::Free(creating)) => Some(creating),
+                Ok(crate::store::RecordRoom::Known(_)) => None,
+                Err(e) => {
+                    warn!("workspace records: {e}");
+                    None
+                }
+            };
             let record = store
                 .resolve_record(&user, &device, &path, &uri)
                 .and_then(|record| {

@@ -24,8 +24,8 @@ use crate::feed::{Event, Phase};
 use crate::fsutil::now_rfc3339;
 use crate::server::State;
 use crate::store::{
-    ArtifactKind, ArtifactMeta, AuditRecord, History, HistoryMessage, Role, StoreError, Upload,
-    WorkspaceRecord,
+    ArtifactKind, ArtifactMeta, AuditRecord, History, HistoryMessage, RecordRoom, Role, StoreError,
+    Upload, WorkspaceRecord,
 };
 
 /// The largest request body accepted (an artifact of 16 MiB, base64-encoded, with room).
@@ -770,24 +770,21 @@ fn create_record(
     path: Option<String>,
 ) -> Result<(WorkspaceRecord, bool), HttpError> {
     let store = state.registry.store();
-    // Counting the user's records and adding one are one step: creations at once cannot pass
-    // the quota together.
-    let _one_at_a_time = crate::store::record_creations();
-    let records = store.records(Some(user)).map_err(HttpError::store)?;
-    if let Some(path) = &path
-        && let Some(record) = records.iter().find(|r| r.path == *path)
-    {
-        // The existing record: nothing new is stored, whatever the quota.
-        return Ok((record.clone(), false));
-    }
     let max = state.config.quotas.max_workspaces_per_user;
-    if records.len() >= max {
-        return Err(HttpError::quota(format!(
-            "user `{user}` has {} workspaces, the most this server keeps for one user \
-             (server.max_workspaces_per_user = {max}); delete one to make another",
-            records.len()
-        )));
-    }
+    let room = crate::store::record_room(store.as_ref(), user, max, |r| {
+        path.as_ref().is_some_and(|path| r.path == *path)
+    })
+    .map_err(HttpError::store)?;
+    let _creating = match room {
+        RecordRoom::Known(record) => return Ok((record, false)),
+        RecordRoom::Full(count) => {
+            return Err(HttpError::quota(format!(
+                "user `{user}` has {count} workspaces, the most this server keeps for one user \
+                 (server.max_workspaces_per_user = {max}); delete one to make another"
+            )));
+        }
+        RecordRoom::Free(creating) => creating,
+    };
     match path {
         Some(path) => {
             let record = store

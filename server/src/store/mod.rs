@@ -405,12 +405,40 @@ pub(crate) fn history_fits(id: &str, bytes: u64) -> Result<(), StoreError> {
     )))
 }
 
-/// Held while a user's workspace records are counted and one is added (through the API, or
-/// by an attach of a folder never attached before): creations at once cannot pass
-/// `max_workspaces_per_user` together.
-pub(crate) fn record_creations() -> std::sync::MutexGuard<'static, ()> {
+/// Whether `user` may have one more workspace record, for a folder `is_it` finds among their
+/// records if they have one already: the API's `local` workspaces and folders attached over
+/// QUIC alike, within `max_workspaces_per_user` (`max`).
+pub(crate) enum RecordRoom {
+    /// It has one: nothing new is stored, whatever the quota.
+    Known(WorkspaceRecord),
+    /// Room for one: hold this while it is added, so that creations at once cannot pass the
+    /// quota together.
+    Free(std::sync::MutexGuard<'static, ()>),
+    /// The user has this many, the most.
+    Full(usize),
+}
+
+/// [`RecordRoom`] for `user`'s folder that `is_it` finds. One that has a record takes no lock.
+pub(crate) fn record_room(
+    store: &dyn Store,
+    user: &str,
+    max: usize,
+    is_it: impl Fn(&WorkspaceRecord) -> bool,
+) -> Result<RecordRoom, StoreError> {
     static CREATIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    CREATIONS.lock().unwrap_or_else(|p| p.into_inner())
+    if let Some(known) = store.records(Some(user))?.into_iter().find(|r| is_it(r)) {
+        return Ok(RecordRoom::Known(known));
+    }
+    let creating = CREATIONS.lock().unwrap_or_else(|p| p.into_inner());
+    // Again under the lock: one may have been made meanwhile.
+    let records = store.records(Some(user))?;
+    if let Some(known) = records.iter().find(|r| is_it(r)) {
+        return Ok(RecordRoom::Known(known.clone()));
+    }
+    if records.len() >= max {
+        return Ok(RecordRoom::Full(records.len()));
+    }
+    Ok(RecordRoom::Free(creating))
 }
 
 /// Sessions: metadata, history, audit log, per-session config.
