@@ -170,8 +170,6 @@ impl ClientConfig {
             .map_err(|e| ClientError::Config(format!("{}: {e}", dir.display())))?;
         let given = dir.join("config.toml");
         let path = std::fs::canonicalize(&given).unwrap_or_else(|_| given.clone());
-        let failed =
-            |e: &dyn std::fmt::Display| ClientError::Config(format!("{}: {e}", given.display()));
         let file_name = path.file_name().map_or_else(
             || "config.toml".into(),
             |name| name.to_string_lossy().into_owned(),
@@ -196,7 +194,7 @@ impl ClientConfig {
         write().map_err(|e| {
             // Leave no half-written copy beside the config (it may hold the token).
             let _ = std::fs::remove_file(&tmp);
-            failed(&e)
+            ClientError::Config(format!("{}: {e}", given.display()))
         })
     }
 

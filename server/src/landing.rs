@@ -366,13 +366,7 @@ mod tests {
         const HOME: &str = "00000000-0000-4000-8000-00000000c002";
         const FOLDER: &str = "/home/ana/two";
         let dir = tempfile::tempdir().unwrap();
-        let locked_dir = dir.path().join("sessions").join(LOCKED);
-        std::fs::create_dir_all(&locked_dir).unwrap();
-        std::fs::write(
-            locked_dir.join("config.toml"),
-            "[attach]\nallow_full_trust = false\n",
-        )
-        .unwrap();
+        crate::session::tests::refusing_full_trust(dir.path(), LOCKED);
         let store = Arc::new(FsStore::new(dir.path()));
         let registry = Registry::new(dir.path(), store.clone(), Layers::default());
         let device = DeviceId::parse("00000000-0000-4000-8000-000000000001").unwrap();

@@ -2565,6 +2565,18 @@ pub(crate) mod tests {
         Registry::new(dir, Arc::new(FsStore::new(dir)), Layers::default())
     }
 
+    /// Writes the `config.toml` of session `id` under data dir `dir` that refuses folders
+    /// attached with full trust (`attach.allow_full_trust = false`).
+    pub(crate) fn refusing_full_trust(dir: &Path, id: &str) {
+        let session = dir.join("sessions").join(id);
+        std::fs::create_dir_all(&session).unwrap();
+        std::fs::write(
+            session.join("config.toml"),
+            "[attach]\nallow_full_trust = false\n",
+        )
+        .unwrap();
+    }
+
     /// A live attachment of the folder `~/two` of `ana`'s laptop into session `home`, of
     /// `generation` and with `trust`, noted in `reg`; the receiver hears it being taken over.
     fn live_folder(
@@ -2765,13 +2777,7 @@ pub(crate) mod tests {
     async fn a_full_trust_folder_is_not_shared_into_a_session_that_refuses_full_trust() {
         const LOCKED: &str = "00000000-0000-4000-8000-00000000b004";
         let dir = tempfile::tempdir().unwrap();
-        let locked = dir.path().join("sessions").join(LOCKED);
-        std::fs::create_dir_all(&locked).unwrap();
-        std::fs::write(
-            locked.join("config.toml"),
-            "[attach]\nallow_full_trust = false\n",
-        )
-        .unwrap();
+        refusing_full_trust(dir.path(), LOCKED);
         let reg = registry(dir.path());
         let home = reg.open("default", "ana").unwrap();
         let locked = reg.open(LOCKED, "ana").unwrap();

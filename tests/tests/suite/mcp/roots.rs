@@ -1175,43 +1175,41 @@ async fn notes(
 /// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into() {
-    let SharedIn {
-        server: _server,
-        config,
-        two,
-        second,
-        holder,
-        host,
-        shared,
-        // Bound, not dropped: the folders and the first attach last the test.
-        _projects,
-        _first,
-        ..
-    } = shared_into_a_host_s_session().await;
-    assert_eq!(notes(&host, &shared, None).await.as_deref(), Ok("second\n"));
+    // The folders and the first attach last the test, held in the fixture.
+    let fx = shared_into_a_host_s_session().await;
+    assert_eq!(
+        notes(&fx.host, &fx.shared, None).await.as_deref(),
+        Ok("second\n")
+    );
 
     // Attached again while the first attach still runs: the new one takes it over.
-    let again = attach(&config, &two, "two", Some("default")).await;
-    drop(second);
-    assert_eq!(notes(&host, &shared, None).await.as_deref(), Ok("second\n"));
-    assert!(online_in(&host, &shared, "two").await);
+    let again = attach(&fx.config, &fx.two, "two", Some("default")).await;
+    drop(fx.second);
+    assert_eq!(
+        notes(&fx.host, &fx.shared, None).await.as_deref(),
+        Ok("second\n")
+    );
+    assert!(online_in(&fx.host, &fx.shared, "two").await);
 
     // Gone, then attached again.
     drop(again);
-    gone_from(&holder, "default", "two").await;
-    gone_from(&host, &shared, "two").await;
-    let third = attach(&config, &two, "two", Some("default")).await;
-    assert!(online_in(&host, &shared, "two").await);
-    assert_eq!(notes(&host, &shared, None).await.as_deref(), Ok("second\n"));
+    gone_from(&fx.holder, "default", "two").await;
+    gone_from(&fx.host, &fx.shared, "two").await;
+    let third = attach(&fx.config, &fx.two, "two", Some("default")).await;
+    assert!(online_in(&fx.host, &fx.shared, "two").await);
+    assert_eq!(
+        notes(&fx.host, &fx.shared, None).await.as_deref(),
+        Ok("second\n")
+    );
 
     // A session whose owner detached the folder by name does not get it back.
     drop(third);
-    gone_from(&holder, "default", "two").await;
-    gone_from(&host, &shared, "two").await;
-    let detached = within(STEP, "a detach", host.detach(Some(&shared), "two")).await;
+    gone_from(&fx.holder, "default", "two").await;
+    gone_from(&fx.host, &fx.shared, "two").await;
+    let detached = within(STEP, "a detach", fx.host.detach(Some(&fx.shared), "two")).await;
     assert!(detached.is_ok(), "{detached:?}");
-    let _fourth = attach(&config, &two, "two", Some("default")).await;
-    let (_, listed) = within(STEP, "the workspaces", host.workspaces(Some(&shared)))
+    let _fourth = attach(&fx.config, &fx.two, "two", Some("default")).await;
+    let (_, listed) = within(STEP, "the workspaces", fx.host.workspaces(Some(&fx.shared)))
         .await
         .expect("listed");
     assert!(listed.iter().all(|w| w.name != "two"), "{listed:?}");
@@ -1222,31 +1220,22 @@ async fn a_folder_attached_again_comes_back_in_the_sessions_it_was_shared_into()
 /// stopped the folder's `attach`, and its own session lost it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_folder_detached_by_name_where_it_was_shared_in_serves_its_own_session_on() {
-    let SharedIn {
-        server: _server,
-        mut second,
-        holder,
-        host,
-        shared,
-        // Bound, not dropped: the folders and the first attach last the test.
-        _projects,
-        _first,
-        ..
-    } = shared_into_a_host_s_session().await;
-    let told = |now: Option<&str>, focus| (focus, now.map(str::to_owned), Some(shared.clone()));
+    // The folders and the first attach last the test, held in the fixture.
+    let mut fx = shared_into_a_host_s_session().await;
+    let told = |now: Option<&str>, focus| (focus, now.map(str::to_owned), Some(fx.shared.clone()));
     assert_eq!(
-        next_focus_move_anywhere(&mut second).await,
+        next_focus_move_anywhere(&mut fx.second).await,
         told(Some("two"), true)
     );
-    let detached = within(STEP, "a detach", host.detach(Some(&shared), "two")).await;
+    let detached = within(STEP, "a detach", fx.host.detach(Some(&fx.shared), "two")).await;
     assert!(detached.is_ok(), "{detached:?}");
     assert_eq!(
-        next_focus_move_anywhere(&mut second).await,
+        next_focus_move_anywhere(&mut fx.second).await,
         told(None, false)
     );
-    assert!(online_in(&holder, "default", "two").await);
+    assert!(online_in(&fx.holder, "default", "two").await);
     assert_eq!(
-        notes(&holder, "default", Some("two")).await.as_deref(),
+        notes(&fx.holder, "default", Some("two")).await.as_deref(),
         Ok("second\n")
     );
 }
