@@ -1466,8 +1466,13 @@ async fn session_history(
 
 /// The artifacts of a session `user` owns.
 pub fn artifact_list(state: &State, user: &str, id: &str) -> Result<Vec<ArtifactMeta>, HttpError> {
-    let meta = owned_session(state, user, id)?;
-    match state.registry.store().artifacts(&meta.id) {
+    artifacts_of(state, &owned_session(state, user, id)?.id)
+}
+
+/// The artifacts of session `id`, its owner checked already (its id as [`owned_session`]
+/// gives it).
+pub fn artifacts_of(state: &State, id: &str) -> Result<Vec<ArtifactMeta>, HttpError> {
+    match state.registry.store().artifacts(id) {
         Ok(list) => Ok(list),
         Err(StoreError::NotFound(_)) => Ok(Vec::new()),
         Err(e) => Err(HttpError::store(e)),

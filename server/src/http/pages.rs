@@ -462,7 +462,7 @@ fn session_data(web: &Web, user: &str, id: &str) -> Result<SessionData, HttpErro
     let (records, total) = store
         .audit_page(&view.session_id, start, CALLS_SHOWN)
         .map_err(HttpError::store)?;
-    let artifacts = api::artifact_list(state, user, &view.session_id)?;
+    let artifacts = api::artifacts_of(state, &view.session_id)?;
     Ok(SessionData {
         calls: records.iter().map(AuditEntry::of).collect(),
         start,
@@ -589,7 +589,7 @@ async fn calls(
         let (records, total) = store
             .audit_page(&meta.id, q.from, limit)
             .map_err(HttpError::store)?;
-        let artifacts = api::artifact_list(&state, &user.user, &meta.id)?;
+        let artifacts = api::artifacts_of(&state, &meta.id)?;
         Ok((meta.id, records, total, artifacts))
     })
     .await?;
@@ -650,7 +650,7 @@ async fn call(
     let (sid, found) = blocking(move || {
         // As its owner's id: `default` is the caller's own default (see `owned_session`).
         let sid = owned_session(&state, &user.user, &id)?.id;
-        let metas = api::artifact_list(&state, &user.user, &sid)?;
+        let metas = api::artifacts_of(&state, &sid)?;
         let mut found = Vec::new();
         for meta in metas
             .into_iter()
