@@ -527,6 +527,8 @@ pub(crate) struct Started {
     isolation: Isolation,
     /// The process group it was started in, to tell a failure to start at its bound.
     bound: Option<Bound>,
+    /// Looks at `.git/commondir` when the command ended.
+    pub git: Option<GitGuard>,
 }
 
 /// The program of `argv`, or why `argv` cannot be run: empty, an empty program, a NUL byte.
@@ -1006,6 +1008,8 @@ fn spawn(
         // Ended through its supervisor (see `process::Supervisor`), which takes the whole tree.
         .kill_on_drop(false);
     child::install(&mut command, spec);
+    // Opened before the command starts, so that what it makes is seen at its end.
+    let git = GitGuard::of(jail);
     let spawned = command.spawn();
     // The closure (and with it this process's copy of the start pipe's write end) goes now, so
     // that the pipe ends when the command's process has run `exec`.
@@ -1030,6 +1034,7 @@ fn spawn(
         status: status_read,
         isolation,
         bound: bound.cloned(),
+        git,
     })
 }
 
@@ -1166,11 +1171,12 @@ fn view(
     }
     // Parents before what lies under them.
     binds.sort_by_key(|(path, _)| path.components().count());
-    if binds.len() > child::MAX_BINDS {
+    // Room is kept for git's own files, bound for each command after these.
+    if binds.len() + GIT_BINDS > child::MAX_BINDS {
         return Err(SandboxError::SandboxUnavailable(format!(
             "a command may see at most {} extra paths ([exec] extra_read_paths and \
              extra_write_paths)",
-            child::MAX_BINDS
+            child::MAX_BINDS - GIT_BINDS
         )));
     }
     let masks = masks
@@ -1181,25 +1187,35 @@ fn view(
     Ok((binds.into_iter().map(|(_, b)| b).collect(), masks))
 }
 
+/// How many paths [`git_protections`] may bind.
+const GIT_BINDS: usize = 4;
+
 /// git's own files that name programs git runs outside any sandbox (`.git/config`: its fsmonitor,
-/// pager and aliases; `.git/hooks`), bound read-only over themselves in a namespaced command's
-/// view, after the workspace: the command may still write the rest of `.git` (`git commit`
-/// does), but writing these fails with `EROFS`, and renaming over them with `EBUSY`. landlock
-/// could not do it, since it cannot take a part out of a tree it grants. Only a real `.git`
-/// directory at the root, and only what is there now (a regular file, a directory; never a
-/// link); each is checked again in the child to be what was found here.
+/// pager and aliases; `.git/hooks`; `.git/commondir`, when there is one, which names the
+/// directory git reads those from), bound read-only over themselves in a namespaced command's
+/// view, after the workspace and after `.git` itself, bound over itself: the command may still
+/// write the rest of `.git` (`git commit` does), but writing these fails with `EROFS`, and
+/// renaming over them, or renaming or replacing `.git` (with a copy whose config it wrote), with
+/// `EBUSY`. landlock could not do it, since it cannot take a part out of a tree it grants. Only a
+/// real `.git` directory at the root, and only what is there now (a regular file, a directory;
+/// never a link); each is checked again in the child to be what was found here. A
+/// `.git/commondir` the command makes is taken away when it ends ([`GitGuard`]).
 fn git_protections(jail: &Jail) -> Vec<child::Bind> {
     use cap_std::fs::MetadataExt;
-    let is_dir = |rel: &str| {
-        jail.dir()
-            .symlink_metadata(rel)
-            .is_ok_and(|m| m.file_type().is_dir())
+    const PROTECTED: [(&str, bool, bool); GIT_BINDS] = [
+        (".git", true, true),
+        (".git/config", false, false),
+        (".git/hooks", true, false),
+        (".git/commondir", false, false),
+    ];
+    let Ok(git) = jail.dir().symlink_metadata(".git") else {
+        return Vec::new();
     };
-    if !is_dir(".git") {
+    if !git.file_type().is_dir() {
         return Vec::new();
     }
     let mut protected = Vec::new();
-    for (rel, dir) in [(".git/config", false), (".git/hooks", true)] {
+    for (rel, dir, writable) in PROTECTED {
         let Ok(meta) = jail.dir().symlink_metadata(rel) else {
             continue;
         };
@@ -1215,12 +1231,51 @@ fn git_protections(jail: &Jail) -> Vec<child::Bind> {
             target,
             from: path,
             id: (meta.dev(), meta.ino()),
-            writable: false,
+            writable,
             dir,
             masked: false,
         });
     }
     protected
+}
+
+/// Watches over `.git/commondir` at the workspace's root while a command runs, in or out of
+/// namespaces. git reads its config and hooks (programs it runs outside any sandbox when the
+/// folder's owner next runs it) from the directory that file names; git makes one only in a
+/// linked worktree's git directory, never in a repository's own `.git`. One the command made
+/// there (a copy of `.git` with a config of its choosing elsewhere in the workspace) is removed
+/// when the command ends, and said on its standard error. One that was there before is bound
+/// read-only in namespaces ([`git_protections`]).
+pub(crate) struct GitGuard {
+    /// The workspace's `.git` directory, as opened when the command started.
+    git: cap_std::fs::Dir,
+}
+
+impl GitGuard {
+    /// A guard over `jail`'s `.git`, when it is a directory without a `commondir`.
+    fn of(jail: &Jail) -> Option<GitGuard> {
+        let git = cap_fs_ext::DirExt::open_dir_nofollow(jail.dir(), ".git").ok()?;
+        if git.symlink_metadata("commondir").is_ok() {
+            return None;
+        }
+        Some(GitGuard { git })
+    }
+
+    /// Once the command ended: removes a `commondir` it made (a file or a link) and says what
+    /// was done, or why it could not be.
+    pub(crate) fn check(&self) -> Option<String> {
+        let meta = self.git.symlink_metadata("commondir").ok()?;
+        if meta.is_dir() {
+            // git cannot read a directory as the name of another: nothing is redirected.
+            return None;
+        }
+        let said = "the command made .git/commondir, which would make git read its config and \
+                    hooks (programs it runs outside any sandbox) from another directory";
+        Some(match self.git.remove_file("commondir") {
+            Ok(()) => format!("monad: {said}; it was removed\n"),
+            Err(e) => format!("monad: {said}; it could not be removed ({e}): remove it\n"),
+        })
+    }
 }
 
 /// The directories to mask so that `paths` can be reached: for each path, its highest strict

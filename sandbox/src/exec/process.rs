@@ -1154,6 +1154,10 @@ async fn drive(
     .await;
     pumps.abort_all();
     started.guard.disarm();
+    if let Some(said) = started.git.as_ref().and_then(super::GitGuard::check) {
+        tracing::warn!(process = %proc.id, "{}", said.trim_end());
+        proc.output(true, said.as_bytes());
+    }
     let memory_bound = started.killed_at_memory_bound();
     let exit = match status {
         Ok(status) => Exit {

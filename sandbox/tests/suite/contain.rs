@@ -880,6 +880,7 @@ try 'git config core.fsmonitor "touch /tmp/pwned"' git-config
 try 'cp .git/config c && mv -f c .git/config' rename
 try 'printf "#!/bin/sh\nid\n" > .git/hooks/pre-commit' hook
 try 'rm -rf .git/hooks' remove-hooks
+try 'mv .git .git.old' move-git
 try 'echo x > .git/description' other-file
 try 'echo more > f && git add f && git -c user.name=a -c user.email=a@b commit -q -m two' commit
 "##,
@@ -887,8 +888,31 @@ try 'echo more > f && git add f && git -c user.name=a -c user.email=a@b commit -
     assert_eq!(
         attack.stdout,
         "append refused\ngit-config refused\nrename refused\nhook refused\nremove-hooks \
-         refused\nother-file done\ncommit done\n",
+         refused\nmove-git refused\nother-file done\ncommit done\n",
         "{attack:?}"
+    );
+    // git reads its config and hooks from the directory `.git/commondir` names: a copy of
+    // `.git` with a config of the command's choosing. The file goes when the command ends.
+    let redirect = sh(
+        &fx,
+        "rm -rf g && mkdir g && cp -a .git/. g/ && git config -f g/config core.fsmonitor \
+         'touch /tmp/pwned' && echo ../g > .git/commondir && git rev-parse --git-common-dir",
+    );
+    assert!(redirect.stdout.ends_with("/root/g\n"), "{redirect:?}");
+    assert!(
+        redirect
+            .stderr
+            .contains("made .git/commondir, which would make git read its config"),
+        "{redirect:?}"
+    );
+    assert!(!fx.root().join(".git/commondir").exists());
+    // One that was there before is kept as it is.
+    std::fs::write(fx.root().join(".git/commondir"), ".\n").unwrap();
+    let rewrite = sh(&fx, "echo ../g > .git/commondir || echo refused");
+    assert_eq!(rewrite.stdout, "refused\n", "{rewrite:?}");
+    assert_eq!(
+        std::fs::read_to_string(fx.root().join(".git/commondir")).unwrap(),
+        ".\n"
     );
     assert_eq!(
         std::fs::read_to_string(fx.root().join(".git/config")).unwrap(),
