@@ -236,7 +236,7 @@ impl Backend for AgentBackend {
             .await
             .map_err(|e| restore(to_tool_error(&self.config, e)))?;
         *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = landed.as_ref().map(|l| Landed {
-            roots,
+            roots: roots.clone(),
             session: l.session.clone(),
             focus: l.focus.clone(),
         });
@@ -252,6 +252,7 @@ impl Backend for AgentBackend {
             focus: l.focus,
             focus_offline: l.focus_offline,
             folder_focus: l.folder_focus,
+            roots,
         }))
     }
 

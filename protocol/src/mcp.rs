@@ -75,6 +75,10 @@ pub struct Landing {
     /// With `folder`: whether that folder is the focus (`None`: not known, from an older
     /// server).
     pub folder_focus: Option<bool>,
+    /// The host's roots as they were landed on, one for each root given and in the same order:
+    /// resolved on the host's machine (symbolic links followed) where the backend resolves
+    /// them, so that they compare with `folder`.
+    pub roots: Vec<String>,
 }
 
 /// The `_meta` key of a request that names the session to use (seed 001: resume by id).
@@ -515,6 +519,16 @@ impl<B: Backend> McpFront<B> {
         }
     }
 
+    /// Works in `session` from now on, without a watch of it: the one of the session before
+    /// ends.
+    fn work_in_unwatched(&self, session: &str) {
+        let mut state = self.state();
+        state.session = Some(session.to_owned());
+        if let Some(old) = state.watcher.take() {
+            old.abort();
+        }
+    }
+
     /// Works in `session` from now on: watches it, so that its changes reach the host as
     /// `tools/list_changed`, in place of the session watched before.
     async fn watch_session(
@@ -593,12 +607,7 @@ impl<B: Backend> McpFront<B> {
                 if skipped == 1 { "was" } else { "were" },
             );
         }
-        // The roots as paths, to say where the host's paths start when its root is inside the
-        // folder that holds it.
-        let asked: Vec<std::path::PathBuf> = roots
-            .iter()
-            .filter_map(|uri| crate::roots::parse_root(uri).ok())
-            .collect();
+        let given = roots.clone();
         let pinned = self.state().pinned.clone();
         let landing = match self.backend.land(caller, roots, pinned.as_deref()).await {
             Ok(Some(landing)) => landing,
@@ -615,22 +624,41 @@ impl<B: Backend> McpFront<B> {
         };
         if landing.session != current {
             if let Err(e) = self.watch_session(caller, peer, &landing.session).await {
-                tracing::warn!("cannot watch session {}: {}", landing.session, e.message);
-                return;
+                // The server landed the host there (the focus is held for it): its calls go
+                // there all the same, and the host is told that the session's changes will not
+                // reach it. Staying put sent its calls to the session before, while a reconnect
+                // landed it in this one.
+                self.work_in_unwatched(&landing.session);
+                let message = format!(
+                    "cannot watch session {} ({}): changes to its workspaces will not reach the \
+                     host until it lands again",
+                    landing.session, e.message
+                );
+                tracing::warn!("{message}");
+                self.log(peer, LoggingLevel::Warning, &message).await;
             }
             let _ = peer.notify_tool_list_changed().await;
         }
         // A root inside the folder, and none the folder itself: a tool's relative path is from
-        // the folder.
+        // the folder. The roots are compared as landed (resolved: a root through a symbolic
+        // link is inside the folder it leads to), and named as the host gave them.
         let inside = landing.folder.as_deref().and_then(|folder| {
-            let folder_path = std::path::Path::new(folder);
-            if asked.iter().any(|root| root.as_path() == folder_path) {
+            let folder = std::path::Path::new(folder);
+            let landed: Vec<(std::path::PathBuf, &String)> = landing
+                .roots
+                .iter()
+                .zip(&given)
+                .filter_map(|(landed, given)| Some((crate::roots::parse_root(landed).ok()?, given)))
+                .collect();
+            if landed.iter().any(|(root, _)| root == folder) {
                 return None;
             }
-            let root = asked.iter().find(|root| root.starts_with(folder))?;
+            let (root, given) = landed.iter().find(|(root, _)| root.starts_with(folder))?;
+            let shown = crate::roots::parse_root(given).unwrap_or_else(|_| root.clone());
             Some(format!(
-                "; a tool's relative path is from {folder}, not from the root {}",
-                root.display()
+                "; a tool's relative path is from {}, not from the root {}",
+                folder.display(),
+                shown.display()
             ))
         });
         let inside = inside.unwrap_or_default();
@@ -1296,6 +1324,10 @@ mod landing_tests {
         calls: AtomicUsize,
         /// Where every landing lands (`None`: nowhere, as by roots that match no folder).
         lands: std::sync::Mutex<Option<Landing>>,
+        /// The session each call ran in, in order.
+        called_in: std::sync::Mutex<Vec<String>>,
+        /// A session whose watch fails.
+        unwatchable: std::sync::Mutex<Option<String>>,
     }
 
     impl Backend for Counting {
@@ -1311,12 +1343,13 @@ mod landing_tests {
         async fn call(
             &self,
             _caller: &Extensions,
-            _session: &str,
+            session: &str,
             _tool: ToolName,
             _args: Value,
             _progress: ProgressSender,
         ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            self.called_in.lock().unwrap().push(session.to_owned());
             let error = ToolError::new(ErrorCode::NotFound, "nothing here");
             Ok((None, Outcome::Error { error }))
         }
@@ -1324,10 +1357,15 @@ mod landing_tests {
         fn watch(
             &self,
             _caller: &Extensions,
-            _session: &str,
+            session: &str,
         ) -> impl Future<Output = Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError>> + Send
         {
-            std::future::ready(Ok(mpsc::channel(1).1))
+            let fails = self.unwatchable.lock().unwrap().as_deref() == Some(session);
+            std::future::ready(if fails {
+                Err(ToolError::new(ErrorCode::Io, "the connection dropped"))
+            } else {
+                Ok(mpsc::channel(1).1)
+            })
         }
 
         fn lands_by_roots(&self) -> bool {
@@ -1518,6 +1556,7 @@ mod landing_tests {
             focus: Some("other".into()),
             focus_offline: false,
             folder_focus: Some(false),
+            roots: vec!["file:///home/ana/p/src".into()],
         });
         host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             .await;
@@ -1541,6 +1580,44 @@ mod landing_tests {
         assert!(data.contains("try workspace `other` first"), "{data}");
         assert!(!data.contains("relative path is from"), "{data}");
         assert_eq!(said["params"]["level"], "warning", "{said}");
+    }
+
+    /// Regression: a landing whose session could not be watched left the host's calls in the
+    /// session before, said only in this process's log, while the server had landed it (and
+    /// a reconnect landed it again) in the new one.
+    #[tokio::test(start_paused = true)]
+    async fn a_landing_whose_session_cannot_be_watched_still_works_there_and_says_so() {
+        let (mut host, backend) = Host::start().await;
+        *backend.unwatchable.lock().unwrap() = Some("s2".into());
+        *backend.lands.lock().unwrap() = Some(Landing {
+            session: "s2".into(),
+            folder: Some("/home/ana/p".into()),
+            focus: Some("p".into()),
+            focus_offline: false,
+            folder_focus: Some(true),
+            roots: vec!["file:///home/ana/p".into()],
+        });
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let asked = host.roots_asked().await;
+        host.answer_roots(&asked).await;
+        let warned = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let message = host.next().await;
+                let data = message["params"]["data"].as_str().unwrap_or_default();
+                if message["method"] == "notifications/message" && data.contains("cannot watch") {
+                    return data.to_owned();
+                }
+            }
+        })
+        .await
+        .expect("the host is told that the session cannot be watched");
+        assert!(
+            warned.contains("session s2 (the connection dropped)"),
+            "{warned}"
+        );
+        host.call(2).await;
+        assert_eq!(*backend.called_in.lock().unwrap(), ["s2"]);
     }
 
     /// Regression: calls did not wait for a landing that `notifications/roots/list_changed`

@@ -218,7 +218,8 @@ async fn a_host_whose_root_is_an_attached_folder_lands_in_its_session_and_sees_i
 }
 
 /// Issue 11 review, item 4: `attach` sends the folder resolved, but the host's roots went as
-/// given, so a root that is a symlink to the folder (or inside it through one) matched nothing.
+/// given, so a root that is a symlink to the folder (or inside it through one) matched nothing;
+/// then, once it matched, the note on where a tool's paths start was left out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_that_reaches_an_attached_folder_through_a_symlink_lands_in_it() {
     let server = TestServer::start().await;
@@ -241,6 +242,16 @@ async fn a_root_that_reaches_an_attached_folder_through_a_symlink_lands_in_it() 
             return;
         };
         sees(&looks[0], &work.id, "proj", "through a link\n");
+        // A root inside the folder through the link: the host is told where a tool's paths
+        // start, naming its root as it gave it (this was left out: the root as given was not
+        // inside the folder as attached).
+        let landing = looks[0]["landings"][0].as_str().unwrap_or_default();
+        let told = landing.contains(&format!(
+            "a tool's relative path is from {}, not from the root {}",
+            proj.display(),
+            root.display()
+        ));
+        assert_eq!(told, root != alias, "{landing}");
     }
 }
 
