@@ -195,6 +195,18 @@ impl Decider {
         Decider::Front,
     ];
 
+    /// Who decided, as a client says it of a folder it attached (with full trust or not):
+    /// only what a client decides; any other word (the server, a session tool, the network
+    /// policy, the editor, or trust for a restricted folder) is [`Decider::Client`], so that a
+    /// client cannot make the audit log say that someone else decided.
+    pub fn said_by_client(self, full_trust: bool) -> Decider {
+        match self {
+            Decider::Trust if full_trust => Decider::Trust,
+            Decider::Policy | Decider::User | Decider::Timeout | Decider::NoTerminal => self,
+            _ => Decider::Client,
+        }
+    }
+
     /// The word on the wire and in the audit log.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -460,6 +472,14 @@ impl ToolResult {
         }
     }
 
+    /// The length of the text the result was read as, when it is kept so.
+    pub fn text_len(&self) -> Option<usize> {
+        match &self.0 {
+            Repr::Tree(_) => None,
+            Repr::Text(text) => Some(text.get().len()),
+        }
+    }
+
     /// True when the result is kept as the text it was read as.
     pub fn is_text(&self) -> bool {
         matches!(self.0, Repr::Text(_))
@@ -472,6 +492,10 @@ const MAX_NESTING: usize = 127;
 /// Longest run of digits passed on as text: serde_json refuses a number out of a double's range
 /// (over about 1.8e308, so 309 digits and more) when it makes a tree, not when it keeps text.
 const MAX_DIGITS: usize = 300;
+
+/// The largest relayed result read as a tree when it cannot be passed on as text
+/// ([`Message::from_json_relayed`]).
+pub const MAX_TREE_RESULT: usize = 1024 * 1024;
 
 /// True when JSON text can be passed on as it is, because every reader decodes it as a tree:
 /// its arrays and objects nest at most `max` deep, it escapes no UTF-16 surrogate (`\ud800` to
@@ -1398,13 +1422,24 @@ impl Message {
 
     /// [`Message::from_json`], with a tool's result kept as the JSON text it came in
     /// ([`ToolResult`]): for a server, which relays and records an attached client's result
-    /// without looking inside it. A result the fast path refuses is a tree, as there.
+    /// without looking inside it. A result the fast path refuses is a tree, as there, when it
+    /// is at most [`MAX_TREE_RESULT`] bytes; a larger one is refused.
     pub fn from_json_relayed(bytes: &[u8]) -> Result<Message, serde_json::Error> {
         let message = Message::decode::<RelayedOutcome>(bytes)?;
         // What a server passes on must be what every reader can decode (see `passes_as_text`).
         if matches!(&message, Message::Result { outcome: Outcome::Ok { result }, .. } if result.is_text())
             && !passes_as_text(bytes, MAX_NESTING)
         {
+            // Made a tree, which can be many times the text's size (a list of small numbers,
+            // each 32 bytes in memory for 2 on the wire): only a small one. Monad's own clients
+            // never write what does not pass.
+            if bytes.len() > MAX_TREE_RESULT {
+                return Err(serde::de::Error::custom(format!(
+                    "a result over {MAX_TREE_RESULT} bytes must be plain JSON text to be relayed \
+                     (no exponents, escaped surrogates, runs of over {MAX_DIGITS} digits or \
+                     nesting over {MAX_NESTING} levels)"
+                )));
+            }
             return Message::from_json(bytes);
         }
         Ok(message)
@@ -2384,6 +2419,42 @@ mod tests {
             matches!(&kept, Message::Result { outcome: Outcome::Ok { result }, .. } if result.is_text())
         );
         refused_alike(&nested(deepest + 1));
+        // One that does not pass, over what is made a tree (a list of numbers with exponents,
+        // many times its size as a tree), is refused, saying why; at the bound it is decoded.
+        let list = |len: usize| {
+            let mut numbers = "1e0,".repeat(len / 4);
+            numbers.pop();
+            numbered(&format!("[{numbers}]"))
+        };
+        let under = list(MAX_TREE_RESULT - 200);
+        assert!(under.len() <= MAX_TREE_RESULT, "{}", under.len());
+        assert!(Message::from_json_relayed(under.as_bytes()).is_ok());
+        let over = list(MAX_TREE_RESULT + 200);
+        let refused = Message::from_json_relayed(over.as_bytes()).unwrap_err();
+        assert!(
+            refused.to_string().contains("must be plain JSON text"),
+            "{refused}"
+        );
+    }
+
+    /// A client could say that the server, a session tool, the network policy or the editor
+    /// decided its call, or that trust did for a restricted folder, and the audit log said so.
+    #[test]
+    fn a_client_says_only_what_a_client_decides() {
+        for by in Decider::ALL {
+            let own = matches!(
+                by,
+                Decider::Policy | Decider::User | Decider::Timeout | Decider::NoTerminal
+            );
+            let full = if own || by == Decider::Trust {
+                by
+            } else {
+                Decider::Client
+            };
+            assert_eq!(by.said_by_client(true), full, "{by}");
+            let restricted = if own { by } else { Decider::Client };
+            assert_eq!(by.said_by_client(false), restricted, "{by}");
+        }
     }
 
     #[test]

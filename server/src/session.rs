@@ -256,6 +256,12 @@ impl Drop for HostHold {
 /// keep at once).
 const MAX_REMEMBERED_PROCESSES: usize = 1024;
 
+/// Whether `id` is a process id as sandboxes make them (`proc-` and eight hexadecimal digits).
+fn is_process_id(id: &str) -> bool {
+    id.strip_prefix("proc-")
+        .is_some_and(|hex| hex.len() == 8 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Attached folders one session keeps listing when some are offline: past it, a new one takes
 /// the place of the oldest offline one.
 pub const MAX_FOLDERS: usize = 64;
@@ -891,11 +897,45 @@ impl Session {
         if !matches!(tool, ToolName::RunCommand | ToolName::ProcessRead) {
             return;
         }
-        let result = result.value();
-        let id = result.get("process").and_then(serde_json::Value::as_str);
+        /// What a result says of a process: read from its text alone, not as a tree of all of
+        /// it (a client's answer could make one many times its size).
+        #[derive(serde::Deserialize)]
+        struct Said {
+            process: Option<String>,
+            running: Option<bool>,
+        }
+        let Ok(said) = result.decode::<Said>() else {
+            return;
+        };
+        let Some(id) = said.process.as_deref() else {
+            return;
+        };
+        // An id as sandboxes make them. A client's answer is not trusted to name a process of
+        // another workspace (taking its `process_write` text and answering for it), nor to keep
+        // ids of any length here.
+        if !is_process_id(id) {
+            tracing::warn!(
+                session = %self.id,
+                workspace,
+                "a result named a process id that no sandbox makes; not kept"
+            );
+            return;
+        }
         let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
-        match (tool, id) {
-            (ToolName::RunCommand, Some(id)) => {
+        if processes
+            .iter()
+            .any(|p| p.id == id && p.workspace != workspace)
+        {
+            tracing::warn!(
+                session = %self.id,
+                workspace,
+                process = id,
+                "a result named another workspace's process; not taken over"
+            );
+            return;
+        }
+        match tool {
+            ToolName::RunCommand => {
                 processes.retain(|p| p.id != id);
                 processes.push(Started {
                     id: id.to_owned(),
@@ -909,9 +949,7 @@ impl Session {
                     processes.remove(oldest);
                 }
             }
-            (ToolName::ProcessRead, Some(id))
-                if result.get("running") == Some(&serde_json::Value::Bool(false)) =>
-            {
+            ToolName::ProcessRead if said.running == Some(false) => {
                 if let Some(process) = processes.iter_mut().find(|p| p.id == id) {
                     process.ended = true;
                 }

@@ -36,6 +36,8 @@ use crate::store::Decider;
 
 /// Largest answer accepted from a client (a 64 MiB file as JSON fits).
 pub(crate) const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
+/// Largest rest of a result whose large field comes as a body.
+const MAX_BODY_HEAD: usize = 1024 * 1024;
 /// How long a client has to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest answer to a probe.
@@ -430,6 +432,9 @@ pub(crate) struct RunRequest<'a> {
     pub session: &'a str,
     /// The folder's name in the session, for errors.
     pub name: &'a str,
+    /// Whether the folder was attached with full trust (its client may then say that trust
+    /// decided).
+    pub full_trust: bool,
     /// The tool.
     pub tool: ToolName,
     /// Its arguments.
@@ -446,12 +451,12 @@ pub(crate) async fn run<C: Connection>(
     progress: &dyn ProgressSink,
     watch: &dyn CallWatch,
 ) -> Answer<C::Recv> {
-    let name = request.name;
+    let (name, full_trust) = (request.name, request.full_trust);
     let Ok((_send, recv)) = send(conn, request, None).await else {
         return Answer::failed(disconnected(name), Verdict::NOBODY);
     };
     watch.sent();
-    answer(recv, name, progress, watch).await
+    answer(recv, name, full_trust, progress, watch).await
 }
 
 /// [`run`], only if `path` exists in the folder: the client says so first, as to a [`probe`], and
@@ -469,7 +474,7 @@ pub(crate) async fn run_if_present<C: Connection>(
     progress: &dyn ProgressSink,
     watch: &dyn CallWatch,
 ) -> Result<Answer<C::Recv>, Presence> {
-    let name = request.name;
+    let (name, full_trust) = (request.name, request.full_trust);
     let asked = async {
         let Ok((send, mut recv)) = send(conn, request, Some(path)).await else {
             return Err(Presence::Unknown(Unasked::Disconnected));
@@ -492,7 +497,7 @@ pub(crate) async fn run_if_present<C: Connection>(
         .await
         .unwrap_or(Err(Presence::Unknown(Unasked::TimedOut(PROBE_TIMEOUT))))?;
     watch.sent();
-    Ok(answer(recv, name, progress, watch).await)
+    Ok(answer(recv, name, full_trust, progress, watch).await)
 }
 
 /// Opens a stream, writes `request` as a `run` (with `if_present` when given) and finishes the
@@ -533,6 +538,7 @@ fn presence(answer: Result<Option<Message>, ReadError>) -> Presence {
 async fn answer<R: RecvHalf>(
     mut recv: R,
     name: &str,
+    full_trust: bool,
     progress: &dyn ProgressSink,
     watch: &dyn CallWatch,
 ) -> Answer<R> {
@@ -554,7 +560,7 @@ async fn answer<R: RecvHalf>(
             Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
             Ok(Some(Message::Decided { by, allowed, .. })) => {
                 decided_by = Verdict {
-                    by,
+                    by: by.said_by_client(full_trust),
                     allowed: Some(allowed),
                 };
                 watch.decided(decided_by);
@@ -582,8 +588,15 @@ async fn answer<R: RecvHalf>(
             })) => {
                 return match outcome {
                     Outcome::Ok { result } => {
-                        let head = result.value();
-                        if !head.is_object() || head.get(&body.field).is_some() {
+                        // The rest of a result whose large field comes as a body is small: it
+                        // is looked at only up to a bound, and for its names alone (a tree of
+                        // a client's answer could be many times its size).
+                        let fits = result.text_len().is_none_or(|len| len <= MAX_BODY_HEAD)
+                            && result
+                                .decode::<std::collections::HashMap<String, serde::de::IgnoredAny>>(
+                                )
+                                .is_ok_and(|head| !head.contains_key(&body.field));
+                        if !fits {
                             let error = malformed(format!(
                                 "a body for `{}` that does not fit its result",
                                 body.field

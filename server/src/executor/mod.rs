@@ -496,6 +496,7 @@ impl Executor {
             attachment: link.attachment,
             session: &session.id,
             name: &snapshot.info.name,
+            full_trust: snapshot.info.trust == monad_protocol::wire::Trust::Full,
             tool,
             args: args.clone(),
         };
@@ -591,6 +592,7 @@ impl Executor {
                     attachment: link.attachment,
                     session: &session.id,
                     name: &snapshot.info.name,
+                    full_trust: snapshot.info.trust == monad_protocol::wire::Trust::Full,
                     tool,
                     args,
                 };

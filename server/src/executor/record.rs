@@ -160,10 +160,22 @@ pub(super) struct Record {
 /// The audit line of a connection a command asked the network proxy for, decided by the
 /// workspace's network policy.
 fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>) -> AuditRecord {
+    // A client's report is taken as it says, but not at any length: a host name has at most
+    // 253 characters, an address far fewer, and the proxy's reasons are a sentence.
+    let cut = |text: &str, max: usize| {
+        let kept = monad_protocol::text::head(text, max);
+        if kept.len() < text.len() {
+            format!("{kept}…")
+        } else {
+            kept.to_owned()
+        }
+    };
+    let host = cut(&event.host, MAX_REPORTED_HOST);
+    let port = event.port;
     let target = match (&event.address, &event.reason) {
-        (Some(address), _) => format!("{}:{} ({address})", event.host, event.port),
-        (None, Some(reason)) => format!("{}:{}: {reason}", event.host, event.port),
-        (None, None) => format!("{}:{}", event.host, event.port),
+        (Some(address), _) => format!("{host}:{port} ({})", cut(address, MAX_REPORTED_ADDRESS)),
+        (None, Some(reason)) => format!("{host}:{port}: {}", cut(reason, MAX_REPORTED_REASON)),
+        (None, None) => format!("{host}:{port}"),
     };
     AuditRecord {
         time: now_rfc3339(),
@@ -183,6 +195,53 @@ fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>
             AuditOutcome::Failed(ErrorCode::Denied)
         },
         duration_ms: 0,
+    }
+}
+
+/// Bytes of a reported connection's host name, address and reason that its audit line keeps.
+const MAX_REPORTED_HOST: usize = 255;
+const MAX_REPORTED_ADDRESS: usize = 64;
+const MAX_REPORTED_REASON: usize = 256;
+
+/// The most connections one command's result reports (the sandbox keeps as many for an answer);
+/// a result that says more is a client's that does not follow the protocol, and the rest are
+/// counted in one line.
+const MAX_RESULT_NETWORK_EVENTS: usize = 1000;
+
+/// The connections a command's result reports, at most [`MAX_RESULT_NETWORK_EVENTS`] of them
+/// kept, the rest counted: read from the result's text without making a tree of it.
+#[derive(Default)]
+struct ReportedNetwork {
+    kept: Vec<NetworkEvent>,
+    more: u64,
+}
+
+impl<'de> serde::Deserialize<'de> for ReportedNetwork {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Events;
+        impl<'de> serde::de::Visitor<'de> for Events {
+            type Value = ReportedNetwork;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of connections")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ReportedNetwork, A::Error> {
+                let mut reported = ReportedNetwork::default();
+                while reported.kept.len() < MAX_RESULT_NETWORK_EVENTS {
+                    match seq.next_element::<NetworkEvent>()? {
+                        Some(event) => reported.kept.push(event),
+                        None => return Ok(reported),
+                    }
+                }
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    reported.more += 1;
+                }
+                Ok(reported)
+            }
+        }
+        deserializer.deserialize_seq(Events)
     }
 }
 
@@ -333,17 +392,18 @@ impl OutputSize {
     }
 }
 
-/// The successful result of a call of `tool` as a tree, when `tool` is one of `tools`: only the
-/// results the record looks into are parsed (a relayed result is JSON text, see
-/// [`monad_protocol::wire::ToolResult`]).
-fn result_of<'a>(
-    output: &'a CallOutput,
+/// What the record reads of a successful result of a call of `tool`, when `tool` is one of
+/// `tools`: decoded from the result's text into `T` alone (a relayed result is JSON text, see
+/// [`monad_protocol::wire::ToolResult`]), never into a tree of all of it, which a client's
+/// answer could make many times its size.
+fn read_of<T: serde::de::DeserializeOwned>(
+    output: &CallOutput,
     tool: &str,
     tools: &[ToolName],
-) -> Option<std::borrow::Cow<'a, Value>> {
+) -> Option<T> {
     match &output.outcome {
         Outcome::Ok { result } if ToolName::parse(tool).is_some_and(|t| tools.contains(&t)) => {
-            Some(result.value())
+            result.decode().ok()
         }
         _ => None,
     }
@@ -397,20 +457,24 @@ fn record_call(
     // The connections a command asked the network proxy for, as the result reports them: one
     // line each, unless they reach the audit log as they happen (the primary workspace's, see
     // [`audit_network`], and a folder's whose client reports them, see [`record_network`]).
+    #[derive(serde::Deserialize)]
+    struct Reported {
+        #[serde(default)]
+        network: ReportedNetwork,
+    }
     if let Some(name) = &workspace
         && !session.reports_network(name)
-        && let Some(result) =
-            result_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead])
-        && let Some(events) = result.get("network").and_then(Value::as_array)
+        && let Some(Reported { network }) =
+            read_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead])
     {
-        for event in events {
-            let Ok(event) = serde_json::from_value::<NetworkEvent>(event.clone()) else {
-                continue;
-            };
+        for event in &network.kept {
             recorder.audit(
                 &session.id,
-                network_line(&event, call_id.clone(), workspace.clone()),
+                network_line(event, call_id.clone(), workspace.clone()),
             );
+        }
+        if network.more > 0 {
+            record_network(recorder, &session.id, name, &[], network.more);
         }
     }
     let retention = &session.settings.retention;
@@ -439,11 +503,14 @@ fn record_call(
             unseen: r.unseen,
         },
     );
-    let written = result_of(output, tool, &[ToolName::WriteFile, ToolName::EditFile]);
-    let diff = written
-        .as_ref()
-        .and_then(|result| result.get("diff").and_then(Value::as_str));
-    let diff = diff.map(|diff| {
+    #[derive(serde::Deserialize)]
+    struct Written {
+        diff: Option<String>,
+    }
+    let written: Option<Written> =
+        read_of(output, tool, &[ToolName::WriteFile, ToolName::EditFile]);
+    let diff = written.and_then(|written| written.diff);
+    let diff = diff.as_deref().map(|diff| {
         let mut bytes = diff.as_bytes().to_vec();
         bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
         let meta = ArtifactMeta {
@@ -536,6 +603,36 @@ pub(super) fn describe_target(args: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A client's result could report any number of connections, each of any length, and each
+    /// was an audit line through the recorder every user shares: at most as many as a sandbox
+    /// reports are written, the rest counted, each cut to what a host name and a reason hold.
+    #[test]
+    fn a_results_connections_are_bounded_in_number_and_length() {
+        #[derive(serde::Deserialize)]
+        struct Reported {
+            network: ReportedNetwork,
+        }
+        let event = json!({"host": "h.example", "port": 443, "allowed": true});
+        let many = MAX_RESULT_NETWORK_EVENTS + 7;
+        let result: monad_protocol::wire::ToolResult =
+            json!({"network": vec![event; many], "stdout": ""}).into();
+        let Reported { network } = result.decode().unwrap();
+        assert_eq!(network.kept.len(), MAX_RESULT_NETWORK_EVENTS);
+        assert_eq!(network.more, 7);
+        let long = NetworkEvent {
+            host: "é".repeat(1000),
+            port: 80,
+            allowed: false,
+            address: None,
+            reason: Some("r".repeat(10_000)),
+        };
+        let line = network_line(&long, "c".into(), None);
+        assert!(line.target.len() < 700, "{}", line.target.len());
+        assert!(line.target.starts_with("éé"), "{}", line.target);
+        assert!(line.target.contains("…:80: rrr"), "{}", line.target);
+        assert!(line.target.ends_with('…'), "{}", line.target);
+    }
 
     #[test]
     fn audit_targets_name_the_process_and_the_first_line_written_to_it() {
