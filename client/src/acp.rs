@@ -195,7 +195,12 @@ impl Front {
             Ok(text) => self.turn(&id, &text, cancel_rx, cx).await,
             Err(e) => Err(e),
         };
-        if let Some(turn) = self.sessions().get_mut(&id) {
+        // This turn's own sender only (its receiver is gone with the turn): after a cancel, the
+        // editor's next prompt may have begun already, and its sender must stay, or a cancel
+        // of that turn would do nothing.
+        if let Some(turn) = self.sessions().get_mut(&id)
+            && turn.cancel.as_ref().is_some_and(|c| c.is_closed())
+        {
             turn.cancel = None;
         }
         answer

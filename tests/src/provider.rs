@@ -60,6 +60,17 @@ pub enum Reply {
         /// What is sent before the wait.
         text: Vec<String>,
     },
+    /// A whole answer, its end marker included, then the connection kept open with nothing
+    /// more, as a proxy that holds it may.
+    Linger {
+        /// The answer's text.
+        text: Vec<String>,
+    },
+    /// A redirect (307) to `location`.
+    Redirect {
+        /// Where to.
+        location: String,
+    },
 }
 
 impl Reply {
@@ -263,6 +274,15 @@ async fn answer(state: AppState, api: Api, request: Request) -> Response {
             api_events(api, &model, &text, &[], (0, 0), false),
             Tail::Hang(state.shared.clone()),
         ),
+        Reply::Linger { text } => sse(
+            api_events(api, &model, &text, &[], (10, 5), true),
+            Tail::Hang(state.shared.clone()),
+        ),
+        Reply::Redirect { location } => Response::builder()
+            .status(StatusCode::TEMPORARY_REDIRECT)
+            .header("location", location)
+            .body(Body::empty())
+            .expect("a valid response"),
     }
 }
 

@@ -245,6 +245,10 @@ impl Decoder for StreamDecoder {
         Ok(out)
     }
 
+    fn over(&self) -> bool {
+        self.done
+    }
+
     fn done(&self) -> bool {
         self.done
     }

@@ -227,6 +227,9 @@ pub trait Decoder: Send {
     fn feed(&mut self, event: &str, data: &str) -> Result<Vec<Event>, LlmError>;
     /// Whether the answer is complete (its end marker was seen).
     fn done(&self) -> bool;
+    /// Whether the stream's last event was seen (OpenAI's `[DONE]`, Anthropic's
+    /// `message_stop`): nothing after it is read.
+    fn over(&self) -> bool;
     /// What is still pending when the stream ends cleanly after `done` (e.g. calls waiting for
     /// OpenAI's `[DONE]`).
     fn finish(&mut self) -> Vec<Event>;
@@ -252,6 +255,9 @@ impl HttpProvider {
         let client = http_client_builder()?
             .connect_timeout(endpoint.idle_timeout)
             .read_timeout(endpoint.idle_timeout)
+            // The key goes to the base URL the operator set or allowed, and nowhere else: a
+            // redirect is an error (reqwest keeps headers such as `x-api-key` across hosts).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| LlmError::Config(format!("HTTP client: {e}")))?;
         Ok(HttpProvider { endpoint, client })
@@ -297,10 +303,15 @@ impl HttpProvider {
         let status = response.status().as_u16();
         if !(200..300).contains(&status) {
             let retry_after = retry_after(response.headers());
-            let text = response.text().await.unwrap_or_default();
+            let text = error_text(response).await;
             return Err(status_error(status, retry_after, &text));
         }
-        let sse = sse_stream::SseStream::new(reqwest::Body::from(response));
+        // An answer that never ends, or a line that never does, stops at the bound.
+        let body = http_body_util::BodyExt::map_err(
+            http_body_util::Limited::new(reqwest::Body::from(response), MAX_ANSWER_BYTES),
+            std::io::Error::other,
+        );
+        let sse = sse_stream::SseStream::new(body);
         Ok(Box::pin(decode(sse, decoder)))
     }
 }
@@ -348,6 +359,30 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The most of one answer's stream that is read: far more than any model's longest answer in
+/// events (a few hundred bytes of JSON each), and a bound on a stream that does not end.
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The longest one answer's stream is read for, however steadily it comes (the idle time-out
+/// bounds the wait between two pieces).
+pub const MAX_ANSWER_TIME: Duration = Duration::from_secs(60 * 60);
+
+/// The most of an error answer's body that is read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// The start of an error answer's body, as text: at most [`MAX_ERROR_BODY`] bytes of it.
+async fn error_text(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY);
+    String::from_utf8_lossy(&body).into_owned()
+}
+
 /// `retry-after` in seconds (OpenAI and Anthropic both send seconds).
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let value = headers.get("retry-after")?.to_str().ok()?.trim();
@@ -364,6 +399,9 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         })
 }
 
+/// Characters of a provider's error message that are kept.
+const MAX_ERROR_CHARS: usize = 500;
+
 /// The error for a non-2xx answer: the provider's own message (`error.message` in both APIs),
 /// 429 as [`LlmError::RateLimited`].
 pub fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> LlmError {
@@ -376,7 +414,12 @@ pub fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> L
                 .and_then(Value::as_str)
                 .map(str::to_owned)
         })
-        .unwrap_or_else(|| body.chars().take(500).collect::<String>().trim().to_owned());
+        .unwrap_or_else(|| body.to_owned());
+    // The provider's words, at the length of a message.
+    let message = match message.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((end, _)) => format!("{}…", message[..end].trim_end()),
+        None => message.trim().to_owned(),
+    };
     if status == 429 {
         LlmError::RateLimited {
             retry_after,
@@ -402,12 +445,14 @@ where
         decoder: Box<dyn Decoder>,
         pending: std::collections::VecDeque<Event>,
         ended: bool,
+        deadline: tokio::time::Instant,
     }
     let state = State {
         sse: Box::pin(sse),
         decoder,
         pending: Default::default(),
         ended: false,
+        deadline: tokio::time::Instant::now() + MAX_ANSWER_TIME,
     };
     futures_util::stream::unfold(state, |mut st| async move {
         loop {
@@ -417,18 +462,39 @@ where
             if st.ended {
                 return None;
             }
-            match st.sse.next().await {
+            let Ok(next) = tokio::time::timeout_at(st.deadline, st.sse.next()).await else {
+                st.ended = true;
+                return Some((
+                    Err(LlmError::Dropped(format!(
+                        "the answer was still coming after {} minutes",
+                        MAX_ANSWER_TIME.as_secs() / 60
+                    ))),
+                    st,
+                ));
+            };
+            match next {
                 Some(Ok(sse)) => {
                     let Some(data) = sse.data.as_deref() else {
                         continue;
                     };
                     match st.decoder.feed(sse.event.as_deref().unwrap_or(""), data) {
-                        Ok(events) => st.pending.extend(events),
+                        Ok(events) => {
+                            st.pending.extend(events);
+                            // Nothing after the stream's last event is read: a connection
+                            // that then stalls or breaks does not undo a complete answer.
+                            st.ended = st.decoder.over();
+                        }
                         Err(e) => {
                             st.ended = true;
                             return Some((Err(e), st));
                         }
                     }
+                }
+                // The answer was complete (its finish reason came) before the connection broke.
+                Some(Err(_)) if st.decoder.done() => {
+                    st.ended = true;
+                    let rest = st.decoder.finish();
+                    st.pending.extend(rest);
                 }
                 Some(Err(e)) => {
                     st.ended = true;

@@ -182,6 +182,10 @@ impl Decoder for StreamDecoder {
         Ok(out)
     }
 
+    fn over(&self) -> bool {
+        self.done
+    }
+
     fn done(&self) -> bool {
         self.done || self.finish.is_some()
     }

@@ -583,6 +583,54 @@ async fn a_cancel_sent_right_after_the_prompt_is_not_lost() {
     assert_eq!(stop, StopReason::Cancelled);
 }
 
+/// Regression: a prompt sent right after a cancel, before the cancelled turn had answered, lost
+/// its way to be cancelled: the cancelled turn, ending, cleared the session's cancel, which was
+/// the new turn's by then. The new turn ran on, its commands and approvals with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_sent_right_after_a_cancel_can_itself_be_cancelled() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Hang {
+            text: vec!["first".into()],
+        },
+        Reply::Hang {
+            text: vec!["second".into()],
+        },
+    ])
+    .await;
+    let server = server_for(&provider).await;
+    let editor = Editor::answering([]);
+
+    let stops = editor
+        .run(&server, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            cx.send_request(resume("default")).block_task().await?;
+            let first = cx.send_request(prompt("default", "first task"));
+            editor
+                .wait_for("the first turn's text", |u| {
+                    matches!(u, SessionUpdate::AgentMessageChunk(_))
+                })
+                .await;
+            // No wait in between: the next prompt reaches the agent before the cancelled turn
+            // has answered.
+            cx.send_notification(CancelNotification::new("default"))?;
+            let second = cx.send_request(prompt("default", "second task"));
+            let first = within(STEP, "the first answer", first.block_task())
+                .await?
+                .stop_reason;
+            provider.wait_for_requests(2).await;
+            cx.send_notification(CancelNotification::new("default"))?;
+            let second = within(STEP, "the second answer", second.block_task())
+                .await?
+                .stop_reason;
+            Ok((first, second))
+        })
+        .await;
+
+    assert_eq!(stops, (StopReason::Cancelled, StopReason::Cancelled));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_errors_and_the_agent_goes_on() {
     let provider = ScriptedProvider::start(vec![]).await;

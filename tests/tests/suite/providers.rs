@@ -267,3 +267,78 @@ async fn dropping_the_stream_ends_the_request_at_the_provider() {
         server.wait_for_abandoned(1).await;
     }
 }
+
+/// Regression: the decoders kept reading after the answer's end marker (`[DONE]`,
+/// `message_stop`), so a complete answer on a connection that then stayed open failed at the
+/// idle time-out, its tool calls never run.
+#[tokio::test]
+async fn a_complete_answer_on_a_connection_that_stays_open_ends_at_its_end_marker() {
+    for kind in KINDS {
+        let server = ScriptedProvider::start(vec![Reply::Linger {
+            text: vec!["all ".into(), "done".into()],
+        }])
+        .await;
+        let p = HttpProvider::new(Endpoint {
+            kind,
+            base_url: match kind {
+                ProviderKind::Openai => server.openai_base_url(),
+                ProviderKind::Anthropic => server.anthropic_base_url(),
+            },
+            api_key: None,
+            // Longer than the wait below: the answer must end at its marker, not at this.
+            idle_timeout: STEP * 3,
+        })
+        .unwrap();
+        let events = collect(&p, &request()).await.unwrap();
+        assert!(
+            events.contains(&Event::Finish(FinishReason::Stop)),
+            "{kind:?}: {events:?}"
+        );
+    }
+}
+
+/// Regression: reqwest followed a redirect with the request's headers but `Authorization`, so
+/// Anthropic's `x-api-key` (and the whole conversation, on a 307) went to a host the operator
+/// never allowed. A redirect is now the provider's error.
+#[tokio::test]
+async fn a_redirect_is_an_error_and_the_key_goes_nowhere_else() {
+    let elsewhere = ScriptedProvider::start(vec![Reply::text(["stolen"])]).await;
+    for kind in KINDS {
+        let location = match kind {
+            ProviderKind::Openai => format!("{}/chat/completions", elsewhere.openai_base_url()),
+            ProviderKind::Anthropic => format!("{}/v1/messages", elsewhere.anthropic_base_url()),
+        };
+        let server = ScriptedProvider::start(vec![Reply::Redirect { location }]).await;
+        let error = collect(&provider(&server, kind), &request())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, LlmError::Http { status: 307, .. }),
+            "{kind:?}: {error}"
+        );
+    }
+    assert!(
+        elsewhere.requests().is_empty(),
+        "{:?}",
+        elsewhere.requests()
+    );
+}
+
+/// A provider's error message of any length reaches the front at the length of a message.
+#[tokio::test]
+async fn a_long_error_message_is_cut() {
+    for kind in KINDS {
+        let server = ScriptedProvider::start(vec![Reply::Status {
+            status: 500,
+            message: "x".repeat(100_000),
+            retry_after: None,
+        }])
+        .await;
+        let error = collect(&provider(&server, kind), &request())
+            .await
+            .unwrap_err();
+        let shown = error.to_string();
+        assert!(shown.len() < 1_000, "{kind:?}: {} bytes", shown.len());
+        assert!(shown.contains("xxx…"), "{kind:?}: {shown}");
+    }
+}
