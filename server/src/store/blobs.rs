@@ -60,14 +60,16 @@ pub struct Swept {
     pub removed: usize,
 }
 
-/// Checks a blob key: exactly two parts, each 1 to 64 letters, digits, `-` and `_`, so a key
+/// Checks a blob key: exactly two parts, each 1 to 128 letters, digits, `-`, `_` and `.`, not
+/// starting with `.` (so never `.` or `..`, nor a temporary file of a write in flight), so a key
 /// never names anything outside its root (a directory, a bucket prefix).
 pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
     let part = |p: &str| {
         !p.is_empty()
-            && p.len() <= 64
+            && p.len() <= 128
+            && !p.starts_with('.')
             && p.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
     };
     match key.split_once('/') {
         Some((scope, id)) if part(scope) && part(id) => Ok(()),
@@ -194,6 +196,10 @@ mod tests {
             "a/",
             "/b",
             "a/..",
+            "a/.",
+            "../b",
+            ".a/b",
+            "a/.b",
         ] {
             assert!(blobs.put(bad, b"x").is_err(), "{bad}");
             assert!(blobs.get(bad).is_err(), "{bad}");

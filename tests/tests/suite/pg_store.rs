@@ -465,6 +465,36 @@ fn exercise(store: &dyn Store) {
     assert_eq!(store.audit_count("s2").unwrap(), 0);
     assert_eq!(store.artifacts("s2").unwrap(), []);
     assert_eq!(store.count_sessions("ana").unwrap(), 1);
+
+    // Two sessions' history snapshots uploaded to one workspace (each with the fixed id) keep
+    // their own content, and one's going leaves the other's (in PostgreSQL they shared their
+    // content's key: the second upload's content was served for the first, and deleting one
+    // took the other's).
+    let snapshot_of = |session: &str, body: &[u8]| {
+        let mut snapshot = artifact(session, "session_history", ArtifactKind::SessionHistory);
+        snapshot.size = body.len() as u64;
+        snapshot.upload = Some(Box::new(Upload {
+            workspace_id: general.id.clone(),
+            task_id: None,
+            step_id: None,
+            name: None,
+            metadata: Default::default(),
+        }));
+        store.put_artifact(&snapshot, body).unwrap();
+    };
+    snapshot_of("default", b"ana's");
+    snapshot_of("s3", b"ben's");
+    assert_eq!(
+        store.artifact("default", "session_history").unwrap().1,
+        b"ana's"
+    );
+    store
+        .delete_artifacts("s3", &["session_history".into()])
+        .unwrap();
+    assert_eq!(
+        store.artifact("default", "session_history").unwrap().1,
+        b"ana's"
+    );
 }
 
 #[test]

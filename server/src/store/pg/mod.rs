@@ -431,7 +431,8 @@ fn artifact_of(session: &str, id: &str, json: &str, key: &str) -> Result<Artifac
             "artifact {id} of session {session}: its record is not readable: {e}"
         ))
     })?;
-    if meta.session != session || meta.id != id || blob_key(&meta) != key {
+    let its_own = blob_key(&meta) == key || old_blob_key(&meta).is_some_and(|old| old == key);
+    if meta.session != session || meta.id != id || !its_own {
         return Err(StoreError::Invalid(format!(
             "artifact {id} of session {session}: its record does not match its row (corrupt); \
              it is not served"
@@ -1370,14 +1371,23 @@ impl FolderStore for PgStore {
     }
 }
 
-/// Where an artifact's content is: `{workspaceId}/{artifactId}` for an upload to a workspace,
-/// `{sessionId}/{artifactId}` otherwise.
+/// Where an artifact's content is: `{workspaceId}/{sessionId}.{artifactId}` for an upload to a
+/// workspace (seed 004's `{workspaceId}/{artifactId}`, with the artifact's public id),
+/// `{sessionId}/{artifactId}` otherwise. An artifact's id is its session's own (the history
+/// snapshot's is always `session_history`), so the session is in every key.
 pub fn blob_key(meta: &ArtifactMeta) -> String {
-    let scope = meta
-        .upload
+    match &meta.upload {
+        Some(upload) => format!("{}/{}.{}", upload.workspace_id, meta.session, meta.id),
+        None => format!("{}/{}", meta.session, meta.id),
+    }
+}
+
+/// The key an upload's content had before the session was in it (`{workspaceId}/{artifactId}`),
+/// for the rows written then: still served, and dropped with them.
+fn old_blob_key(meta: &ArtifactMeta) -> Option<String> {
+    meta.upload
         .as_ref()
-        .map_or(meta.session.as_str(), |u| u.workspace_id.as_str());
-    format!("{scope}/{}", meta.id)
+        .map(|upload| format!("{}/{}", upload.workspace_id, meta.id))
 }
 
 impl ArtifactStore for PgStore {
@@ -1580,7 +1590,7 @@ mod tests {
     }
 
     #[test]
-    fn blob_keys_are_the_workspace_or_the_session_then_the_artifact() {
+    fn blob_keys_are_the_workspace_then_the_session_then_the_artifact() {
         let mut meta = ArtifactMeta {
             id: "a1".into(),
             session: "s1".into(),
@@ -1603,6 +1613,6 @@ mod tests {
             name: None,
             metadata: Default::default(),
         }));
-        assert_eq!(blob_key(&meta), "w1/a1");
+        assert_eq!(blob_key(&meta), "w1/s1.a1");
     }
 }
