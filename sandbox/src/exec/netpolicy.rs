@@ -129,6 +129,28 @@ impl NetPolicy {
         Err(format!("{host}:{port} is not in the allowlist"))
     }
 
+    /// [`NetPolicy::check_name`] for a tunnel (`CONNECT`, SOCKS), which carries whatever the
+    /// command sends: to port 80, a plain HTTP request whose `Host` the proxy does not see, so
+    /// an allowed shared front (a CDN, an ingress) could be asked for a site the allowlist does
+    /// not list. A tunnel to port 80 needs an `allow` entry that names the port; through an
+    /// entry without one, the command sends the `http://` URL to the proxy, which keeps the
+    /// URL's host.
+    pub fn check_tunnel(&self, host: &Host, port: u16) -> Result<(), String> {
+        self.check_name(host, port)?;
+        if port != 80
+            || self
+                .allow
+                .iter()
+                .any(|e| e.port == Some(80) && e.matches_host(host, port))
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "a tunnel to {host}:80 would carry a plain HTTP request for any site; send the \
+             `http://` URL to the proxy instead, or allow `{host}:80` by name"
+        ))
+    }
+
     /// The second check, on the addresses `host` resolved to (or the address it is): those
     /// that may be connected to, in order, or the reason none may.
     pub fn check_addresses(
@@ -401,6 +423,13 @@ mod tests {
         );
         assert!(p.check_name(&host("evilpythonhosted.org"), 443).is_err());
         assert!(p.check_name(&host("git.example.com"), 22).is_ok());
+        // A tunnel to port 80 needs an entry that names the port; plain HTTP does not.
+        assert!(p.check_tunnel(&host("pypi.org"), 443).is_ok());
+        let refused = p.check_tunnel(&host("pypi.org"), 80).unwrap_err();
+        assert!(refused.contains("send the `http://` URL"), "{refused}");
+        assert!(p.check_tunnel(&host("evil.pypi.org"), 443).is_err());
+        let named = NetPolicy::parse(&["cdn.example:80".into()], &[]).unwrap();
+        assert!(named.check_tunnel(&host("cdn.example"), 80).is_ok());
         assert!(p.check_name(&host("git.example.com"), 443).is_err());
         assert!(p.check_name(&host("10.0.0.1"), 443).is_err());
     }

@@ -122,7 +122,8 @@ async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
         address: address.map(|a| a.to_string()),
         reason,
     };
-    let upstream = match connect(policy, &request.host, request.port).await {
+    let tunnel = matches!(request.kind, Kind::Socks | Kind::Connect(_));
+    let upstream = match connect(policy, &request.host, request.port, tunnel).await {
         Ok(upstream) => upstream,
         Err(reason) => {
             sink(event(false, None, Some(reason.clone())));
@@ -153,13 +154,19 @@ async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
     }
 }
 
-/// Resolves (for a name), checks, and connects to the first address that answers.
+/// Resolves (for a name), checks (as a `tunnel` when it is one), and connects to the first
+/// address that answers.
 async fn connect(
     policy: &NetPolicy,
     host: &Host,
     port: u16,
+    tunnel: bool,
 ) -> Result<(TcpStream, SocketAddr), String> {
-    policy.check_name(host, port)?;
+    if tunnel {
+        policy.check_tunnel(host, port)?;
+    } else {
+        policy.check_name(host, port)?;
+    }
     let addresses: Vec<IpAddr> = match host {
         Host::Address(ip) => vec![*ip],
         Host::Name(name) => {
