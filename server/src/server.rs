@@ -1080,7 +1080,8 @@ impl WireFront {
             let waiting = waiting.clone();
             async move {
                 while let Ok(Some(Message::PermissionAnswer { call_id, allow, .. })) =
-                    read_message(&mut *recv, wire::MAX_CALL_ID_LEN + 256).await
+                    // Each byte of the id escaped as `\u00XX` at worst, and the rest.
+                    read_message(&mut *recv, 6 * wire::MAX_CALL_ID_LEN + 256).await
                 {
                     let answer = waiting
                         .lock()
@@ -1260,6 +1261,26 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
+            // With several hosts, a conversation runs only where its session is served: its
+            // calls reach the folders attached there, and one host writes its history.
+            if let Some(cluster) = &ctx.state.cluster {
+                match cluster.route(&session.id, ctx.origin).await {
+                    Ok(crate::cluster::Route::Local) => {}
+                    Ok(crate::cluster::Route::Forward { address }) => {
+                        let error = ToolError::new(
+                            ErrorCode::WorkspaceDisconnected,
+                            format!(
+                                "session {} is served by the host at {address}: a conversation \
+                                 runs where its session is served; connect to that host, or \
+                                 prompt again once it has let the session go",
+                                session.id
+                            ),
+                        );
+                        return send_error(&mut send, id, error).await;
+                    }
+                    Err(e) => return send_error(&mut send, id, e).await,
+                }
+            }
             let answers = (ask && ctx.minor >= wire::PERMISSION_MINOR).then_some(recv);
             let overrides = PromptOverrides { model, base_url };
             prompt(ctx, id, session, text, overrides, send, answers).await;

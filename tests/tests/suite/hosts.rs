@@ -434,6 +434,22 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
     )
     .await;
 
+    // A conversation runs where its session is served: a prompt at host A is refused, naming
+    // host B (it ran on A, its calls in A's primary workspace, away from the laptop).
+    let refused = within(
+        STEP,
+        "the prompt's refusal",
+        agent.prompt(Some(SESSION), "what do the notes say?", |_| {}),
+    )
+    .await
+    .expect_err("a prompt where the session is not served is refused")
+    .to_string();
+    assert!(
+        refused.contains("is served by the host at") && refused.contains(SESSION),
+        "{refused}"
+    );
+    assert_eq!(approver.seen().len(), 1, "nothing more reached the laptop");
+
     // A host with another secret cannot forward: host B refuses it, and the agent is told.
     let c = start_host(
         &pg,
