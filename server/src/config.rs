@@ -244,6 +244,9 @@ impl Transport {
         // Raised by role once the hello is accepted (`Transport::streams_for`).
         t.max_concurrent_bidi_streams(HELLO_STREAMS.into());
         t.max_concurrent_uni_streams(0u32.into());
+        // Monad speaks on streams only: no datagrams are taken, where quinn would otherwise
+        // keep up to 1.25 MiB of them per connection (that has said hello or not) unread.
+        t.datagram_receive_buffer_size(None);
         t
     }
 

@@ -535,6 +535,30 @@ async fn a_provider_error_ends_the_turn_with_its_message() {
     }
 }
 
+/// A tool call's id goes to the editor with a permission request, and comes back with the
+/// answer, which the server reads up to a bound: a longer one could never be answered (the
+/// editor's "allow" was recorded as its rejection, and every restricted call after it refused).
+/// Such a call ends the turn, saying why, and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_whose_id_could_not_be_answered_ends_the_turn() {
+    let long = "c".repeat(monad_protocol::wire::MAX_CALL_ID_LEN + 1);
+    let provider =
+        ScriptedProvider::start(vec![Reply::tool_call(&long, "workspaces", json!({}))]).await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "hi").await;
+    match &reply.result.stop {
+        StopReason::Failed { message } => {
+            assert!(
+                message.contains("a tool call whose id is over"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(reply.result.tool_calls, 0, "{events:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_during_an_approval_withdraws_it_and_the_audit_says_cancelled() {
     let provider = ScriptedProvider::start(vec![Reply::tool_call(
