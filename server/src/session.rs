@@ -2953,25 +2953,34 @@ pub(crate) mod tests {
             let result = monad_protocol::wire::ToolResult::from(serde_json::json!({"process": id}));
             s.note_process(ToolName::RunCommand, &result, workspace);
         };
-        let ended = |id: &str| {
+        let ended = |id: &str, workspace: &str| {
             let result = serde_json::json!({"process": id, "running": false}).into();
-            s.note_process(ToolName::ProcessRead, &result, "ignored");
+            s.note_process(ToolName::ProcessRead, &result, workspace);
         };
-        started("server", "lap");
-        started("build", "primary");
+        let p = |i: usize| format!("proc-{:08x}", 0x100 + i);
+        let (server, build) = ("proc-0000000a", "proc-0000000b");
+        started(server, "lap");
+        started(build, "primary");
+        // Another workspace's result cannot take it over, nor end it; an id that no sandbox
+        // makes is not kept.
+        started(build, "lap");
+        ended(build, "lap");
+        started("build", "lap");
+        assert_eq!(s.process_workspace("build"), None);
+        assert_eq!(s.process_workspaces(), ["lap", "primary"]);
         // Read to its end: still found by its id, no longer a workspace to list.
-        ended("build");
-        assert_eq!(s.process_workspace("build").as_deref(), Some("primary"));
+        ended(build, "primary");
+        assert_eq!(s.process_workspace(build).as_deref(), Some("primary"));
         assert_eq!(s.process_workspaces(), ["lap"]);
         // Ended ones go before the oldest still kept, however many ran since.
         for i in 0..MAX_REMEMBERED_PROCESSES {
-            started(&format!("p{i}"), "primary");
-            ended(&format!("p{i}"));
+            started(&p(i), "primary");
+            ended(&p(i), "primary");
         }
-        assert_eq!(s.process_workspace("server").as_deref(), Some("lap"));
-        assert_eq!(s.process_workspace("build"), None);
-        assert_eq!(s.process_workspace("p0"), None);
-        let last = format!("p{}", MAX_REMEMBERED_PROCESSES - 1);
+        assert_eq!(s.process_workspace(server).as_deref(), Some("lap"));
+        assert_eq!(s.process_workspace(build), None);
+        assert_eq!(s.process_workspace(&p(0)), None);
+        let last = p(MAX_REMEMBERED_PROCESSES - 1);
         assert_eq!(s.process_workspace(&last).as_deref(), Some("primary"));
     }
 
