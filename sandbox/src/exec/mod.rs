@@ -1188,18 +1188,17 @@ fn view(
 }
 
 /// How many paths [`git_protections`] may bind.
-const GIT_BINDS: usize = 4;
+const GIT_BINDS: usize = 5;
 
 /// git's own files that name programs git runs outside any sandbox (`.git/config`: its fsmonitor,
-/// pager and aliases; `.git/hooks`; `.git/commondir`, when there is one, which names the
-/// directory git reads those from), bound read-only over themselves in a namespaced command's
+/// pager and aliases; `.git/hooks`; and, when they are there, the [`GIT_REDIRECTS`]), bound read-only over themselves in a namespaced command's
 /// view, after the workspace and after `.git` itself, bound over itself: the command may still
 /// write the rest of `.git` (`git commit` does), but writing these fails with `EROFS`, and
 /// renaming over them, or renaming or replacing `.git` (with a copy whose config it wrote), with
 /// `EBUSY`. landlock could not do it, since it cannot take a part out of a tree it grants. Only a
 /// real `.git` directory at the root, and only what is there now (a regular file, a directory;
-/// never a link); each is checked again in the child to be what was found here. A
-/// `.git/commondir` the command makes is taken away when it ends ([`GitGuard`]).
+/// never a link); each is checked again in the child to be what was found here. One of the
+/// [`GIT_REDIRECTS`] the command makes is taken away when it ends ([`GitGuard`]).
 fn git_protections(jail: &Jail) -> Vec<child::Bind> {
     use cap_std::fs::MetadataExt;
     const PROTECTED: [(&str, bool, bool); GIT_BINDS] = [
@@ -1207,6 +1206,7 @@ fn git_protections(jail: &Jail) -> Vec<child::Bind> {
         (".git/config", false, false),
         (".git/hooks", true, false),
         (".git/commondir", false, false),
+        (".git/config.worktree", false, false),
     ];
     let Ok(git) = jail.dir().symlink_metadata(".git") else {
         return Vec::new();
@@ -1239,42 +1239,70 @@ fn git_protections(jail: &Jail) -> Vec<child::Bind> {
     protected
 }
 
-/// Watches over `.git/commondir` at the workspace's root while a command runs, in or out of
-/// namespaces. git reads its config and hooks (programs it runs outside any sandbox when the
-/// folder's owner next runs it) from the directory that file names; git makes one only in a
-/// linked worktree's git directory, never in a repository's own `.git`. One the command made
-/// there (a copy of `.git` with a config of its choosing elsewhere in the workspace) is removed
-/// when the command ends, and said on its standard error. One that was there before is bound
-/// read-only in namespaces ([`git_protections`]).
+/// Files in `.git` that git reads config (and so programs it runs outside any sandbox, when the
+/// folder's owner next runs it) from, that git itself makes only elsewhere or on the config's
+/// say: `commondir` names the directory git reads its config and hooks from (git makes one only
+/// in a linked worktree's git directory); `config.worktree` is read when the config turns
+/// `extensions.worktreeConfig` on. Watched by [`GitGuard`], bound read-only when there
+/// ([`git_protections`]).
+const GIT_REDIRECTS: [&str; 2] = ["commondir", "config.worktree"];
+
+/// Watches over [`GIT_REDIRECTS`] in `.git` at the workspace's root while a command runs, in or
+/// out of namespaces: one the command made (say, a `commondir` naming a copy of `.git` with a
+/// config of its choosing elsewhere in the workspace) is removed when the command ends, and said
+/// on its standard error; or when the guard goes without that (the command's task dropped, the
+/// process shutting down), all the same. One that was there before is bound read-only in
+/// namespaces ([`git_protections`]).
 pub(crate) struct GitGuard {
     /// The workspace's `.git` directory, as opened when the command started.
     git: cap_std::fs::Dir,
+    /// Those of [`GIT_REDIRECTS`] that were not there then.
+    watched: Vec<&'static str>,
 }
 
 impl GitGuard {
-    /// A guard over `jail`'s `.git`, when it is a directory without a `commondir`.
+    /// A guard over `jail`'s `.git`, when it is a directory that lacks one of [`GIT_REDIRECTS`].
     fn of(jail: &Jail) -> Option<GitGuard> {
         let git = cap_fs_ext::DirExt::open_dir_nofollow(jail.dir(), ".git").ok()?;
-        if git.symlink_metadata("commondir").is_ok() {
-            return None;
-        }
-        Some(GitGuard { git })
+        let watched: Vec<&'static str> = GIT_REDIRECTS
+            .into_iter()
+            .filter(|name| git.symlink_metadata(name).is_err())
+            .collect();
+        (!watched.is_empty()).then_some(GitGuard { git, watched })
     }
 
-    /// Once the command ended: removes a `commondir` it made (a file or a link) and says what
-    /// was done, or why it could not be.
+    /// Removes what the command made of [`GIT_REDIRECTS`] (a file, a link, a directory) and
+    /// says what was done, or why it could not be.
     pub(crate) fn check(&self) -> Option<String> {
-        let meta = self.git.symlink_metadata("commondir").ok()?;
-        if meta.is_dir() {
-            // git cannot read a directory as the name of another: nothing is redirected.
-            return None;
+        let mut said = String::new();
+        for name in &self.watched {
+            let Ok(meta) = self.git.symlink_metadata(name) else {
+                continue;
+            };
+            let removed = if meta.is_dir() {
+                self.git.remove_dir_all(name)
+            } else {
+                self.git.remove_file(name)
+            };
+            let what = format!(
+                "the command made .git/{name}, which would make git read its config and hooks \
+                 (programs it runs outside any sandbox) from elsewhere, or fail"
+            );
+            said.push_str(&match removed {
+                Ok(()) => format!("monad: {what}; it was removed\n"),
+                Err(e) => format!("monad: {what}; it could not be removed ({e}): remove it\n"),
+            });
         }
-        let said = "the command made .git/commondir, which would make git read its config and \
-                    hooks (programs it runs outside any sandbox) from another directory";
-        Some(match self.git.remove_file("commondir") {
-            Ok(()) => format!("monad: {said}; it was removed\n"),
-            Err(e) => format!("monad: {said}; it could not be removed ({e}): remove it\n"),
-        })
+        (!said.is_empty()).then_some(said)
+    }
+}
+
+impl Drop for GitGuard {
+    fn drop(&mut self) {
+        // After `check`, nothing is left to remove.
+        if let Some(said) = self.check() {
+            tracing::warn!("{}", said.trim_end());
+        }
     }
 }
 

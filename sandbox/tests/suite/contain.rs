@@ -906,6 +906,19 @@ try 'echo more > f && git add f && git -c user.name=a -c user.email=a@b commit -
         "{redirect:?}"
     );
     assert!(!fx.root().join(".git/commondir").exists());
+    // The same for the config git reads when `extensions.worktreeConfig` is on, and for a
+    // `commondir` made a directory (git then fails on every run).
+    let more = sh(
+        &fx,
+        "printf '[core]\\n\\tfsmonitor = x\\n' > .git/config.worktree && mkdir .git/commondir",
+    );
+    assert!(
+        more.stderr.contains("made .git/config.worktree")
+            && more.stderr.contains("made .git/commondir"),
+        "{more:?}"
+    );
+    assert!(!fx.root().join(".git/config.worktree").exists());
+    assert!(!fx.root().join(".git/commondir").exists());
     // One that was there before is kept as it is.
     std::fs::write(fx.root().join(".git/commondir"), ".\n").unwrap();
     let rewrite = sh(&fx, "echo ../g > .git/commondir || echo refused");
