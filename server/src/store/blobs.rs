@@ -1,6 +1,7 @@
 //! Artifact content, by key, behind one small trait: the PostgreSQL store keeps the index in rows
-//! and the content here. Keys are `{workspaceId or sessionId}/{artifactId}` (seed 004's object
-//! keys), so an object store (S3) implements the same trait with the same keys.
+//! and the content here. Keys are `{sessionId}/{artifactId}`, or `{workspaceId}/{sessionId}.
+//! {artifactId}` for an upload to a workspace (seed 004's `{workspaceId}/{artifactId}`, with the
+//! artifact's public id), so an object store (S3) implements the same trait with the same keys.
 //!
 //! A `put` returns once the content is durable: the caller writes the row that names it only
 //! after. So a crash between the two leaves content that no row names (an orphan), never a row
@@ -60,13 +61,13 @@ pub struct Swept {
     pub removed: usize,
 }
 
-/// Checks a blob key: exactly two parts, each 1 to 128 letters, digits, `-`, `_` and `.`, not
+/// Checks a blob key: exactly two parts, each 1 to 160 letters, digits, `-`, `_` and `.`, not
 /// starting with `.` (so never `.` or `..`, nor a temporary file of a write in flight), so a key
 /// never names anything outside its root (a directory, a bucket prefix).
 pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
     let part = |p: &str| {
         !p.is_empty()
-            && p.len() <= 128
+            && p.len() <= 160
             && !p.starts_with('.')
             && p.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
@@ -92,8 +93,8 @@ impl FsBlobs {
         }
     }
 
-    /// The file of `key`: exactly two parts, each letters, digits, `-` and `_`, so a key never
-    /// names anything outside the root.
+    /// The file of `key`: exactly two parts, checked as [`check_key`] does, so a key never names
+    /// anything outside the root.
     fn path(&self, key: &str) -> Result<PathBuf, StoreError> {
         check_key(key)?;
         let (scope, id) = key.split_once('/').expect("a checked key has two parts");

@@ -227,10 +227,12 @@ impl PgStore {
         })
     }
 
-    /// Removes the content of `keys` whose rows are gone. A failure is logged, not returned:
-    /// nothing names the content any more, and the orphan sweep takes it later.
-    fn drop_content(&self, keys: &[String]) {
-        for key in keys {
+    /// Removes the content of `keys`, `session`'s, whose rows are gone. A failure is logged, not
+    /// returned: nothing names the content any more, and the orphan sweep takes it later. An
+    /// upload's key of the layout before the session was in it may be another session's too,
+    /// and is left to the sweep, which takes what no row names ([`owned_key`]).
+    fn drop_content(&self, session: &str, keys: &[String]) {
+        for key in keys.iter().filter(|key| owned_key(session, key)) {
             if let Err(e) = self.blobs.delete(key) {
                 tracing::warn!("artifact content {key} stays until the orphan sweep: {e}");
             }
@@ -599,7 +601,7 @@ impl SessionStore for PgStore {
         })?;
         let (n, keys) = blob_keys;
         self.forget_lease(id);
-        self.drop_content(&keys);
+        self.drop_content(id, &keys);
         let dir = self.session_dir(id);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
@@ -1382,6 +1384,17 @@ pub fn blob_key(meta: &ArtifactMeta) -> String {
     }
 }
 
+/// Whether `key` is one of `session`'s own keys ([`blob_key`]: `{session}/…` or
+/// `{workspace}/{session}.…`), which no other session's row names.
+fn owned_key(session: &str, key: &str) -> bool {
+    key.split_once('/').is_some_and(|(scope, id)| {
+        scope == session
+            || id
+                .strip_prefix(session)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
 /// The key an upload's content had before the session was in it (`{workspaceId}/{artifactId}`),
 /// for the rows written then: still served, and dropped with them.
 fn old_blob_key(meta: &ArtifactMeta) -> Option<String> {
@@ -1439,7 +1452,7 @@ impl ArtifactStore for PgStore {
             Ok(old.filter(|k| *k != stored_key))
         })?;
         if let Some(old) = replaced {
-            self.drop_content(&[old]);
+            self.drop_content(&meta.session, &[old]);
         }
         Ok(())
     }
@@ -1497,6 +1510,7 @@ impl ArtifactStore for PgStore {
 
     fn delete_artifacts(&self, session: &str, ids: &[String]) -> Result<(), StoreError> {
         check_id(session)?;
+        let session_of_keys = session.to_owned();
         let session = session.to_owned();
         let ids = ids.to_vec();
         let fencing = self.fencing(&session, lease::Write::Record);
@@ -1515,7 +1529,7 @@ impl ArtifactStore for PgStore {
             tx.commit().await.map_err(db)?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })?;
-        self.drop_content(&keys);
+        self.drop_content(&session_of_keys, &keys);
         Ok(())
     }
 }
@@ -1614,5 +1628,10 @@ mod tests {
             metadata: Default::default(),
         }));
         assert_eq!(blob_key(&meta), "w1/s1.a1");
+        // Only a session's own keys are dropped with its rows: an upload's key of the layout
+        // before (`w1/a1`) may name another session's content too.
+        assert!(owned_key("s1", "s1/a1") && owned_key("s1", "w1/s1.a1"));
+        assert!(!owned_key("s1", "w1/a1") && !owned_key("s1", "w1/s10.a1"));
+        assert!(!owned_key("s1", "s10/a1"));
     }
 }
