@@ -622,7 +622,9 @@ impl<B: Backend> McpFront<B> {
                 return;
             }
         };
-        if landing.session != current {
+        // A session the front works in without a watch (one failed) is watched again.
+        let unwatched = self.state().watcher.is_none();
+        if landing.session != current || unwatched {
             if let Err(e) = self.watch_session(caller, peer, &landing.session).await {
                 // The server landed the host there (the focus is held for it): its calls go
                 // there all the same, and the host is told that the session's changes will not
@@ -1328,6 +1330,8 @@ mod landing_tests {
         called_in: std::sync::Mutex<Vec<String>>,
         /// A session whose watch fails.
         unwatchable: std::sync::Mutex<Option<String>>,
+        /// The sessions watched, in order.
+        watched: std::sync::Mutex<Vec<String>>,
     }
 
     impl Backend for Counting {
@@ -1361,6 +1365,9 @@ mod landing_tests {
         ) -> impl Future<Output = Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError>> + Send
         {
             let fails = self.unwatchable.lock().unwrap().as_deref() == Some(session);
+            if !fails {
+                self.watched.lock().unwrap().push(session.to_owned());
+            }
             std::future::ready(if fails {
                 Err(ToolError::new(ErrorCode::Io, "the connection dropped"))
             } else {
@@ -1618,6 +1625,14 @@ mod landing_tests {
         );
         host.call(2).await;
         assert_eq!(*backend.called_in.lock().unwrap(), ["s2"]);
+        // Landing again in the same session watches it, as the warning said.
+        *backend.unwatchable.lock().unwrap() = None;
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+            .await;
+        let asked = host.roots_asked().await;
+        host.answer_roots(&asked).await;
+        host.ping(3).await;
+        assert_eq!(*backend.watched.lock().unwrap(), ["default", "s2"]);
     }
 
     /// Regression: calls did not wait for a landing that `notifications/roots/list_changed`

@@ -703,14 +703,6 @@ impl Turn<'_> {
                         monad_protocol::wire::MAX_CALL_ID_LEN
                     )));
                 }
-                // Its id goes to the front with a permission request and comes back with the
-                // answer, which is read up to a bound: a longer one could never be answered.
-                Event::ToolCall(call) if call.id.len() > monad_protocol::wire::MAX_CALL_ID_LEN => {
-                    return Err(LlmError::Protocol(format!(
-                        "a tool call whose id is over {} bytes",
-                        monad_protocol::wire::MAX_CALL_ID_LEN
-                    )));
-                }
                 Event::ToolCall(call) => step.calls.push(call),
                 Event::Usage(usage) => {
                     let mut tally = lock(self.tally);

@@ -1270,10 +1270,11 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                         let error = ToolError::new(
                             ErrorCode::WorkspaceDisconnected,
                             format!(
-                                "session {} is served by the host at {address}: a conversation \
-                                 runs where its session is served; connect to that host, or \
-                                 prompt again once it has let the session go",
-                                session.id
+                                "session {} is served by the host at {}: a conversation runs \
+                                 where its session is served; connect to that host, or prompt \
+                                 again once it has let the session go",
+                                session.id,
+                                crate::cluster::shown(&address)
                             ),
                         );
                         return send_error(&mut send, id, error).await;

@@ -187,6 +187,11 @@ impl ScriptedProvider {
         format!("http://{}", self.addr)
     }
 
+    /// Forgets the replies not used yet.
+    pub fn clear(&self) {
+        self.shared.script.lock().unwrap().clear();
+    }
+
     /// Appends replies to the script.
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
         self.shared.script.lock().unwrap().extend(replies);

@@ -228,10 +228,20 @@ impl<'de> serde::Deserialize<'de> for ReportedNetwork {
                 self,
                 mut seq: A,
             ) -> Result<ReportedNetwork, A::Error> {
+                /// One element: a connection, or nothing for one that does not read as one
+                /// (skipped, as the rest are still recorded).
+                struct Lenient(Option<NetworkEvent>);
+                impl<'de> serde::Deserialize<'de> for Lenient {
+                    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                        let value = Value::deserialize(d)?;
+                        Ok(Lenient(NetworkEvent::deserialize(value).ok()))
+                    }
+                }
                 let mut reported = ReportedNetwork::default();
                 while reported.kept.len() < MAX_RESULT_NETWORK_EVENTS {
-                    match seq.next_element::<NetworkEvent>()? {
-                        Some(event) => reported.kept.push(event),
+                    match seq.next_element::<Lenient>()? {
+                        Some(Lenient(Some(event))) => reported.kept.push(event),
+                        Some(Lenient(None)) => {}
                         None => return Ok(reported),
                     }
                 }
@@ -474,7 +484,25 @@ fn record_call(
             );
         }
         if network.more > 0 {
-            record_network(recorder, &session.id, name, &[], network.more);
+            let more = network.more;
+            tracing::warn!(session = %session.id, workspace = %name, more, "a result reported more connections than a sandbox does");
+            recorder.audit(
+                &session.id,
+                AuditRecord {
+                    time: now_rfc3339(),
+                    call_id: call_id.clone(),
+                    tool: "network".to_owned(),
+                    workspace: workspace.clone(),
+                    target: format!(
+                        "{more} connections not recorded: the result reported more than the \
+                         {MAX_RESULT_NETWORK_EVENTS} a sandbox reports"
+                    ),
+                    decision: AuditDecision::None,
+                    decided_by: Decider::NetworkPolicy,
+                    outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
+                    duration_ms: 0,
+                },
+            );
         }
     }
     let retention = &session.settings.retention;
@@ -615,11 +643,14 @@ mod tests {
         }
         let event = json!({"host": "h.example", "port": 443, "allowed": true});
         let many = MAX_RESULT_NETWORK_EVENTS + 7;
+        let mut events = vec![event; many];
+        // One that does not read as a connection is skipped; the rest are kept.
+        events[0] = json!({"host": 5});
         let result: monad_protocol::wire::ToolResult =
-            json!({"network": vec![event; many], "stdout": ""}).into();
+            json!({"network": events, "stdout": ""}).into();
         let Reported { network } = result.decode().unwrap();
         assert_eq!(network.kept.len(), MAX_RESULT_NETWORK_EVENTS);
-        assert_eq!(network.more, 7);
+        assert_eq!(network.more, 6);
         let long = NetworkEvent {
             host: "é".repeat(1000),
             port: 80,

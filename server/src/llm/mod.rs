@@ -309,7 +309,16 @@ impl HttpProvider {
         // An answer that never ends, or a line that never does, stops at the bound.
         let body = http_body_util::BodyExt::map_err(
             http_body_util::Limited::new(reqwest::Body::from(response), MAX_ANSWER_BYTES),
-            std::io::Error::other,
+            |e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    std::io::Error::other(format!(
+                        "the answer went on past {} MiB",
+                        MAX_ANSWER_BYTES >> 20
+                    ))
+                } else {
+                    std::io::Error::other(e)
+                }
+            },
         );
         let sse = sse_stream::SseStream::new(body);
         Ok(Box::pin(decode(sse, decoder)))
@@ -370,12 +379,17 @@ pub const MAX_ANSWER_TIME: Duration = Duration::from_secs(60 * 60);
 /// The most of an error answer's body that is read.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// The start of an error answer's body, as text: at most [`MAX_ERROR_BODY`] bytes of it.
+/// The longest an error answer's body is read for.
+const MAX_ERROR_TIME: Duration = Duration::from_secs(30);
+
+/// The start of an error answer's body, as text: at most [`MAX_ERROR_BODY`] bytes of it, what
+/// came within [`MAX_ERROR_TIME`].
 async fn error_text(mut response: reqwest::Response) -> String {
     let mut body = Vec::new();
+    let deadline = tokio::time::Instant::now() + MAX_ERROR_TIME;
     while body.len() < MAX_ERROR_BODY {
-        match response.chunk().await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
             _ => break,
         }
     }

@@ -585,20 +585,21 @@ async fn a_cancel_sent_right_after_the_prompt_is_not_lost() {
 
 /// Regression: a prompt sent right after a cancel, before the cancelled turn had answered, lost
 /// its way to be cancelled: the cancelled turn, ending, cleared the session's cancel, which was
-/// the new turn's by then. The new turn ran on, its commands and approvals with it.
+/// the new turn's by then. The new turn ran on, its commands and approvals with it. (The server
+/// may refuse the second prompt while the first winds down, when the cancel reaches it after
+/// the prompt does: then the race is run again.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_sent_right_after_a_cancel_can_itself_be_cancelled() {
-    let provider = ScriptedProvider::start(vec![
-        Reply::Hang {
-            text: vec!["first".into()],
-        },
-        Reply::Hang {
-            text: vec!["second".into()],
-        },
-    ])
-    .await;
+    let provider = ScriptedProvider::start(Vec::new()).await;
     let server = server_for(&provider).await;
     let editor = Editor::answering([]);
+    let text_of = |u: &SessionUpdate| match u {
+        SessionUpdate::AgentMessageChunk(c) => match &c.content {
+            ContentBlock::Text(t) => t.text.clone(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    };
 
     let stops = editor
         .run(&server, async |cx| {
@@ -606,29 +607,60 @@ async fn a_prompt_sent_right_after_a_cancel_can_itself_be_cancelled() {
                 .block_task()
                 .await?;
             cx.send_request(resume("default")).block_task().await?;
-            let first = cx.send_request(prompt("default", "first task"));
-            editor
-                .wait_for("the first turn's text", |u| {
-                    matches!(u, SessionUpdate::AgentMessageChunk(_))
+            for attempt in 0..5 {
+                let marker = format!("first turn {attempt}");
+                provider.push([
+                    Reply::Hang {
+                        text: vec![marker.clone()],
+                    },
+                    Reply::Hang {
+                        text: vec!["second turn".into()],
+                    },
+                ]);
+                let asked = provider.requests().len();
+                let first = cx.send_request(prompt("default", "first task"));
+                editor
+                    .wait_for("the first turn's text", |u| text_of(u) == marker)
+                    .await;
+                // No wait in between: the next prompt reaches the agent before the cancelled
+                // turn has answered.
+                cx.send_notification(CancelNotification::new("default"))?;
+                let second = cx.send_request(prompt("default", "second task"));
+                let first = within(STEP, "the first answer", first.block_task())
+                    .await?
+                    .stop_reason;
+                let mut second = std::pin::pin!(second.block_task());
+                let started = within(STEP, "the second turn to start or be refused", async {
+                    loop {
+                        tokio::select! {
+                            answer = &mut second => return Err(answer),
+                            () = tokio::time::sleep(Duration::from_millis(20)) => {
+                                if provider.requests().len() > asked + 1 {
+                                    return Ok(());
+                                }
+                            }
+                        }
+                    }
                 })
                 .await;
-            // No wait in between: the next prompt reaches the agent before the cancelled turn
-            // has answered.
-            cx.send_notification(CancelNotification::new("default"))?;
-            let second = cx.send_request(prompt("default", "second task"));
-            let first = within(STEP, "the first answer", first.block_task())
-                .await?
-                .stop_reason;
-            provider.wait_for_requests(2).await;
-            cx.send_notification(CancelNotification::new("default"))?;
-            let second = within(STEP, "the second answer", second.block_task())
-                .await?
-                .stop_reason;
-            Ok((first, second))
+                if let Err(refused) = started {
+                    // Refused while the first turn wound down: its scripted reply is unused.
+                    let _ = refused;
+                    provider.clear();
+                    continue;
+                }
+                cx.send_notification(CancelNotification::new("default"))?;
+                let second = within(STEP, "the second answer", second).await?.stop_reason;
+                return Ok((first, second, attempt));
+            }
+            panic!("the second prompt was refused in every attempt")
         })
         .await;
 
-    assert_eq!(stops, (StopReason::Cancelled, StopReason::Cancelled));
+    assert_eq!(
+        (stops.0, stops.1),
+        (StopReason::Cancelled, StopReason::Cancelled)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
