@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::GenericClient;
 
@@ -223,8 +223,22 @@ impl Fencing {
 /// A lease this host took: still held, or found lost (expired or taken over) by a renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Taken {
-    Held(i64),
+    /// Held at `epoch`, surely until `until`: the database's lease lasts its time from when the
+    /// statement ran, which was after `until`'s count began (see [`held_until`]).
+    Held {
+        epoch: i64,
+        until: Instant,
+    },
     Lost(i64),
+}
+
+/// Until when a lease taken or renewed by a statement sent at `asked` surely lasts, by this
+/// host's clock: nine tenths of the lease time from `asked` (the database counts the whole time
+/// from its own `now()`, later). A host that was paused, or cut off from the database, past it
+/// no longer takes its memory's word that it serves the session: it asks the database again,
+/// and runs nothing if it cannot.
+fn held_until(asked: Instant, ttl: Duration) -> Instant {
+    asked + ttl.mul_f64(0.9)
 }
 
 /// The leases this host took: session → epoch, held or lost.
@@ -241,7 +255,7 @@ impl Held {
             .unwrap_or_else(|p| p.into_inner())
             .get(session)
         {
-            Some(Taken::Held(e) | Taken::Lost(e)) => Some(*e),
+            Some(Taken::Held { epoch: e, .. } | Taken::Lost(e)) => Some(*e),
             None => None,
         }
     }
@@ -253,7 +267,7 @@ impl Held {
             .unwrap_or_else(|p| p.into_inner())
             .get(session)
         {
-            Some(Taken::Held(e)) => Some(*e),
+            Some(Taken::Held { epoch, until }) if Instant::now() < *until => Some(*epoch),
             _ => None,
         }
     }
@@ -272,10 +286,24 @@ impl Held {
             .remove(session)
     }
 
+    /// Notes that the lease of `session` at `epoch` was renewed: held until `until`, unless it
+    /// was taken again (at another epoch) or lost meanwhile.
+    fn renewed(&self, session: &str, epoch: i64, until: Instant) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Taken::Held {
+            epoch: e,
+            until: kept,
+        }) = held.get_mut(session)
+            && *e == epoch
+        {
+            *kept = until.max(*kept);
+        }
+    }
+
     /// Marks `session` lost, unless it was taken again (at another epoch) meanwhile.
     fn lose(&self, session: &str, epoch: i64) {
         let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if held.get(session) == Some(&Taken::Held(epoch)) {
+        if matches!(held.get(session), Some(Taken::Held { epoch: e, .. }) if *e == epoch) {
             held.insert(session.to_owned(), Taken::Lost(epoch));
         }
     }
@@ -286,7 +314,7 @@ impl Held {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter_map(|(s, t)| match t {
-                Taken::Held(e) => Some((s.clone(), *e)),
+                Taken::Held { epoch, .. } => Some((s.clone(), *epoch)),
                 Taken::Lost(_) => None,
             })
             .collect()
@@ -332,6 +360,7 @@ impl PgStore {
     pub fn take_lease(&self, session: &str) -> Result<Lease, StoreError> {
         let (session, host) = (session.to_owned(), self.host.clone());
         let key = session.clone();
+        let asked = Instant::now();
         let lease = self.with(move |c| async move {
             let taken = c
                 .query_opt(
@@ -367,10 +396,17 @@ impl PgStore {
             })
         })?;
         match &lease {
-            Lease::Held { epoch } => self.held.set(&key, Taken::Held(*epoch)),
+            Lease::Held { epoch } => self.held.set(
+                &key,
+                Taken::Held {
+                    epoch: *epoch,
+                    until: held_until(asked, self.host.ttl),
+                },
+            ),
             // Taken before and lost: stays lost (its writes stay fenced).
             Lease::Elsewhere { .. } => {
-                if let Some(Taken::Held(epoch) | Taken::Lost(epoch)) = self.held.forget(&key) {
+                if let Some(Taken::Held { epoch, .. } | Taken::Lost(epoch)) = self.held.forget(&key)
+                {
                     self.held.set(&key, Taken::Lost(epoch));
                 }
             }
@@ -387,6 +423,7 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let host = self.host.clone();
+        let asked = Instant::now();
         let (sessions, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
         let renewed: Vec<String> = self.with(move |c| async move {
             let rows = c
@@ -403,6 +440,10 @@ impl PgStore {
                 .map_err(db)?;
             Ok(rows.iter().map(|r| r.get(0)).collect())
         })?;
+        for (session, epoch) in held.iter().filter(|(s, _)| renewed.contains(s)) {
+            self.held
+                .renewed(session, *epoch, held_until(asked, self.host.ttl));
+        }
         let lost: Vec<String> = held
             .into_iter()
             .filter(|(s, _)| !renewed.contains(s))
@@ -417,7 +458,7 @@ impl PgStore {
     /// Gives up the lease of `session` (it expires now; the epoch stays, so the next holder's
     /// is higher).
     pub fn release_lease(&self, session: &str) -> Result<(), StoreError> {
-        let Some(Taken::Held(epoch)) = self.held.forget(session) else {
+        let Some(Taken::Held { epoch, .. }) = self.held.forget(session) else {
             return Ok(());
         };
         let (session, holder) = (session.to_owned(), self.host.id.clone());
@@ -493,6 +534,35 @@ mod tests {
             epoch,
             live,
         }
+    }
+
+    /// Regression: a host took its memory's word that it held a lease with no time limit, so
+    /// one that was paused (or cut off from the database) past its lease ran calls for the
+    /// session on its laptops after another host had taken it over, until a renewal found it
+    /// lost. Past nine tenths of the lease time from the statement that took or renewed it, the
+    /// lease is no longer held by memory alone (the database is asked again); its epoch still
+    /// fences its writes.
+    #[test]
+    fn a_lease_is_held_by_memory_only_within_its_time() {
+        let held = Held::default();
+        let ttl = Duration::from_secs(10);
+        let long_ago = Instant::now() - Duration::from_secs(60);
+        held.set(
+            "s",
+            Taken::Held {
+                epoch: 3,
+                until: held_until(long_ago, ttl),
+            },
+        );
+        assert_eq!(held.held("s"), None);
+        assert_eq!(held.epoch("s"), Some(3));
+        // A renewal at the epoch held extends it; one of another epoch does not.
+        held.renewed("s", 2, held_until(Instant::now(), ttl));
+        assert_eq!(held.held("s"), None);
+        held.renewed("s", 3, held_until(Instant::now(), ttl));
+        assert_eq!(held.held("s"), Some(3));
+        assert_eq!(held.all_held(), [("s".to_owned(), 3)]);
+        assert!(held_until(long_ago, ttl) < long_ago + ttl);
     }
 
     #[test]
