@@ -55,7 +55,9 @@ pub use error::{EscapeReason, SandboxError};
 pub use fs::Preview;
 pub use jail::{Jail, JailPath};
 pub use limits::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
-pub use netlog::{AUDIT_PER_SECOND, AuditAllowance, MAX_FOR_AUDIT, NetworkAudit, NetworkBatch};
+pub use netlog::{
+    AUDIT_PER_SECOND, AuditAllowance, MAX_FOR_ANSWER, MAX_FOR_AUDIT, NetworkAudit, NetworkBatch,
+};
 pub use sched::{is_background, run_as_background};
 
 /// A workspace's jail with its limits and command policy: what runs the workspace tools.

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use monad_protocol::tools::NetworkEvent;
 
-/// Events kept for the next answer; more are dropped (and said so in the log).
-const MAX_FOR_ANSWER: usize = 1000;
+/// Events kept for the next answer; more are dropped (and said so in the log). A server takes
+/// no more than this from one result.
+pub const MAX_FOR_ANSWER: usize = 1000;
 
 /// Events waiting for the audit reader; more are only counted.
 pub const MAX_FOR_AUDIT: usize = 4096;

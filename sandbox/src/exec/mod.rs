@@ -527,7 +527,7 @@ pub(crate) struct Started {
     isolation: Isolation,
     /// The process group it was started in, to tell a failure to start at its bound.
     bound: Option<Bound>,
-    /// Looks at `.git/commondir` when the command ended.
+    /// Removes what the command made of git's [`GIT_REDIRECTS`] when it ended.
     pub git: Option<GitGuard>,
 }
 
@@ -1191,8 +1191,9 @@ fn view(
 const GIT_BINDS: usize = 5;
 
 /// git's own files that name programs git runs outside any sandbox (`.git/config`: its fsmonitor,
-/// pager and aliases; `.git/hooks`; and, when they are there, the [`GIT_REDIRECTS`]), bound read-only over themselves in a namespaced command's
-/// view, after the workspace and after `.git` itself, bound over itself: the command may still
+/// pager and aliases; `.git/hooks`; and, when they are there, the [`GIT_REDIRECTS`]), bound
+/// read-only over themselves in a namespaced command's view, after the workspace and after
+/// `.git` itself, bound over itself: the command may still
 /// write the rest of `.git` (`git commit` does), but writing these fails with `EROFS`, and
 /// renaming over them, or renaming or replacing `.git` (with a copy whose config it wrote), with
 /// `EBUSY`. landlock could not do it, since it cannot take a part out of a tree it grants. Only a

@@ -203,10 +203,10 @@ const MAX_REPORTED_HOST: usize = 255;
 const MAX_REPORTED_ADDRESS: usize = 64;
 const MAX_REPORTED_REASON: usize = 256;
 
-/// The most connections one command's result reports (the sandbox keeps as many for an answer);
-/// a result that says more is a client's that does not follow the protocol, and the rest are
+/// The most connections one command's result reports (what a sandbox keeps for an answer); a
+/// result that says more is a client's that does not follow the protocol, and the rest are
 /// counted in one line.
-const MAX_RESULT_NETWORK_EVENTS: usize = 1000;
+const MAX_RESULT_NETWORK_EVENTS: usize = monad_sandbox::MAX_FOR_ANSWER;
 
 /// The connections a command's result reports, at most [`MAX_RESULT_NETWORK_EVENTS`] of them
 /// kept, the rest counted: read from the result's text without making a tree of it.
@@ -485,7 +485,12 @@ fn record_call(
         }
         if network.more > 0 {
             let more = network.more;
-            tracing::warn!(session = %session.id, workspace = %name, more, "a result reported more connections than a sandbox does");
+            tracing::warn!(
+                session = %session.id,
+                workspace = %name,
+                more,
+                "a result reported more connections than a sandbox does"
+            );
             recorder.audit(
                 &session.id,
                 AuditRecord {
