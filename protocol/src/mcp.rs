@@ -519,12 +519,12 @@ impl<B: Backend> McpFront<B> {
         }
     }
 
-    /// Works in `session` from now on, without a watch of it: the one of the session before
-    /// ends.
-    fn work_in_unwatched(&self, session: &str) {
+    /// Works in `session` from now on, watched by `watcher` (`None`: without a watch); the
+    /// watch of the session before ends.
+    fn work_in(&self, session: &str, watcher: Option<tokio::task::AbortHandle>) {
         let mut state = self.state();
         state.session = Some(session.to_owned());
-        if let Some(old) = state.watcher.take() {
+        if let Some(old) = std::mem::replace(&mut state.watcher, watcher) {
             old.abort();
         }
     }
@@ -548,11 +548,7 @@ impl<B: Backend> McpFront<B> {
                 }
             }
         });
-        let mut state = self.state();
-        state.session = Some(session.to_owned());
-        if let Some(old) = state.watcher.replace(watcher.abort_handle()) {
-            old.abort();
-        }
+        self.work_in(session, Some(watcher.abort_handle()));
         Ok(())
     }
 
@@ -630,7 +626,7 @@ impl<B: Backend> McpFront<B> {
                 // there all the same, and the host is told that the session's changes will not
                 // reach it. Staying put sent its calls to the session before, while a reconnect
                 // landed it in this one.
-                self.work_in_unwatched(&landing.session);
+                self.work_in(&landing.session, None);
                 let message = format!(
                     "cannot watch session {} ({}): changes to its workspaces will not reach the \
                      host until it lands again",
@@ -1448,6 +1444,22 @@ mod landing_tests {
             }
         }
 
+        /// Reads up to the next log message whose text holds `said` (failing after a minute of
+        /// the test's clock, paused or not).
+        async fn logged(&mut self, said: &str) -> Value {
+            tokio::time::timeout(Duration::from_secs(60), async {
+                loop {
+                    let message = self.next().await;
+                    let data = message["params"]["data"].as_str().unwrap_or_default();
+                    if message["method"] == "notifications/message" && data.contains(said) {
+                        return message;
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("no log message saying {said:?}"))
+        }
+
         /// Reads up to the next `roots/list` request.
         async fn roots_asked(&mut self) -> Value {
             loop {
@@ -1572,16 +1584,7 @@ mod landing_tests {
         host.send(json!({"jsonrpc": "2.0", "id": id, "result": {"roots": [
             {"uri": "file:///home/ana/p/src"}]}}))
             .await;
-        let said = loop {
-            let message = host.next().await;
-            let data = message["params"]["data"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            if message["method"] == "notifications/message" && data.contains("working in") {
-                break message;
-            }
-        };
+        let said = host.logged("working in").await;
         let data = said["params"]["data"].as_str().unwrap();
         assert!(data.contains("but is not its focus"), "{data}");
         assert!(data.contains("try workspace `other` first"), "{data}");
@@ -1608,17 +1611,8 @@ mod landing_tests {
             .await;
         let asked = host.roots_asked().await;
         host.answer_roots(&asked).await;
-        let warned = tokio::time::timeout(Duration::from_secs(60), async {
-            loop {
-                let message = host.next().await;
-                let data = message["params"]["data"].as_str().unwrap_or_default();
-                if message["method"] == "notifications/message" && data.contains("cannot watch") {
-                    return data.to_owned();
-                }
-            }
-        })
-        .await
-        .expect("the host is told that the session cannot be watched");
+        let warned = host.logged("cannot watch").await;
+        let warned = warned["params"]["data"].as_str().unwrap();
         assert!(
             warned.contains("session s2 (the connection dropped)"),
             "{warned}"

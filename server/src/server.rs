@@ -1511,7 +1511,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             let room = crate::store::record_room(store.as_ref(), &user, max, |r| {
                 r.device_id == device && r.path == path
             });
-            let _creating = match room {
+            let (_creating, known) = match room {
                 Ok(crate::store::RecordRoom::Full(count)) => {
                     return Err(ToolError::new(
                         ErrorCode::LimitExceeded,
@@ -1522,19 +1522,22 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                         ),
                     ));
                 }
-                Ok(crate::store::RecordRoom::Free(creating)) => Some(creating),
-                Ok(crate::store::RecordRoom::Known(_)) => None,
+                Ok(crate::store::RecordRoom::Free(creating)) => (Some(creating), None),
+                Ok(crate::store::RecordRoom::Known(record)) => (None, Some(record)),
                 Err(e) => {
                     warn!("workspace records: {e}");
-                    None
+                    (None, None)
                 }
             };
-            let record = store
-                .resolve_record(&user, &device, &path, &uri)
-                .and_then(|record| {
-                    store.touch_record(&record.id, &session_id, 0)?;
-                    Ok(record.id)
-                });
+            // A record found with this uri is the one resolving would give back unchanged.
+            let record = match known {
+                Some(record) if record.uri == uri => Ok(record),
+                _ => store.resolve_record(&user, &device, &path, &uri),
+            }
+            .and_then(|record| {
+                store.touch_record(&record.id, &session_id, 0)?;
+                Ok(record.id)
+            });
             Ok(record.inspect_err(|e| warn!("workspace record: {e}")).ok())
         })
         .await

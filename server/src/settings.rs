@@ -833,13 +833,17 @@ fn session_keys_only(name: &str, text: &str, table: &toml::Table) -> Result<(), 
             line,
             message: format!(
                 "`{what}` is the server's, read from the global config.toml and the MONAD_* \
-                 variables only; a session's file sets {} and `retention.artifact_max_bytes` \
-                 and `retention.keep_artifacts`",
+                 variables only; a session's file sets {} and {}",
                 SESSION_SECTIONS
                     .iter()
                     .map(|s| format!("`[{s}]`"))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                SESSION_RETENTION_KEYS
+                    .iter()
+                    .map(|k| format!("`retention.{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             ),
         });
     }

@@ -455,6 +455,29 @@ impl FakeClient {
         let _ = within(STEP, "the attach stream read", self._attach.stopped()).await;
     }
 
+    /// Waits (bounded) for the server's next request, a `run`, answers it with `result` as a
+    /// success, and returns the tool it named.
+    pub async fn answer_run(&self, result: Value) -> monad_protocol::ToolName {
+        use monad_protocol::wire::{Message, Outcome};
+        let (request, mut send, _recv) = self.next_request().await;
+        let Message::Run { id, tool, .. } = request else {
+            panic!("the server asked {request:?}, not a run");
+        };
+        let answer = Message::Result {
+            id,
+            workspace: None,
+            outcome: Outcome::Ok {
+                result: result.into(),
+            },
+            body: None,
+        };
+        monad_protocol::io::write_message(&mut send, &answer)
+            .await
+            .expect("answered");
+        let _ = send.finish();
+        tool
+    }
+
     /// Waits (bounded) for the server's next request; returns it with its stream.
     pub async fn next_request(
         &self,

@@ -1273,10 +1273,10 @@ impl GitGuard {
     }
 
     /// Removes what the command made of [`GIT_REDIRECTS`] (a file, a link, a directory) and
-    /// says what was done, or why it could not be.
-    pub(crate) fn check(&self) -> Option<String> {
+    /// says what was done, or why it could not be. Once: a second call looks at nothing.
+    pub(crate) fn check(&mut self) -> Option<String> {
         let mut said = String::new();
-        for name in &self.watched {
+        for name in std::mem::take(&mut self.watched) {
             let Ok(meta) = self.git.symlink_metadata(name) else {
                 continue;
             };
@@ -1300,7 +1300,7 @@ impl GitGuard {
 
 impl Drop for GitGuard {
     fn drop(&mut self) {
-        // After `check`, nothing is left to remove.
+        // Only when `check` was not made (the command's task dropped).
         if let Some(said) = self.check() {
             tracing::warn!("{}", said.trim_end());
         }

@@ -1154,7 +1154,7 @@ async fn drive(
     .await;
     pumps.abort_all();
     started.guard.disarm();
-    if let Some(said) = started.git.as_ref().and_then(super::GitGuard::check) {
+    if let Some(said) = started.git.as_mut().and_then(super::GitGuard::check) {
         tracing::warn!(process = %proc.id, "{}", said.trim_end());
         proc.output(true, said.as_bytes());
     }

@@ -162,13 +162,9 @@ pub(super) struct Record {
 fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>) -> AuditRecord {
     // A client's report is taken as it says, but not at any length: a host name has at most
     // 253 characters, an address far fewer, and the proxy's reasons are a sentence.
-    let cut = |text: &str, max: usize| {
-        let kept = monad_protocol::text::head(text, max);
-        if kept.len() < text.len() {
-            format!("{kept}…")
-        } else {
-            kept.to_owned()
-        }
+    let cut = |text: &str, max: usize| match monad_protocol::agent::cut(text, max) {
+        (kept, true) => format!("{kept}…"),
+        (kept, false) => kept,
     };
     let host = cut(&event.host, MAX_REPORTED_HOST);
     let port = event.port;
@@ -301,21 +297,30 @@ pub(crate) fn record_network(
         );
         recorder.audit(
             session,
-            AuditRecord {
-                time: now_rfc3339(),
-                call_id: uuid::Uuid::new_v4().to_string(),
-                tool: "network".to_owned(),
-                workspace: Some(workspace.to_owned()),
-                target: format!(
+            not_recorded(
+                uuid::Uuid::new_v4().to_string(),
+                Some(workspace.to_owned()),
+                format!(
                     "{dropped} connections not recorded: too many, too fast (the audit log takes \
                      a burst of {MAX_FOR_AUDIT}, then {AUDIT_PER_SECOND} a second)"
                 ),
-                decision: AuditDecision::None,
-                decided_by: Decider::NetworkPolicy,
-                outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
-                duration_ms: 0,
-            },
+            ),
         );
+    }
+}
+
+/// The audit line that counts connections not recorded one by one, saying why (`target`).
+fn not_recorded(call_id: String, workspace: Option<String>, target: String) -> AuditRecord {
+    AuditRecord {
+        time: now_rfc3339(),
+        call_id,
+        tool: "network".to_owned(),
+        workspace,
+        target,
+        decision: AuditDecision::None,
+        decided_by: Decider::NetworkPolicy,
+        outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
+        duration_ms: 0,
     }
 }
 
@@ -493,20 +498,14 @@ fn record_call(
             );
             recorder.audit(
                 &session.id,
-                AuditRecord {
-                    time: now_rfc3339(),
-                    call_id: call_id.clone(),
-                    tool: "network".to_owned(),
-                    workspace: workspace.clone(),
-                    target: format!(
+                not_recorded(
+                    call_id.clone(),
+                    workspace.clone(),
+                    format!(
                         "{more} connections not recorded: the result reported more than the \
                          {MAX_RESULT_NETWORK_EVENTS} a sandbox reports"
                     ),
-                    decision: AuditDecision::None,
-                    decided_by: Decider::NetworkPolicy,
-                    outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
-                    duration_ms: 0,
-                },
+                ),
             );
         }
     }

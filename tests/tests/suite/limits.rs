@@ -696,82 +696,47 @@ async fn one_users_memory_is_bounded_over_all_their_sessions_while_another_still
 /// another workspace started, is noted from a client's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clients_result_cannot_take_over_another_workspaces_process() {
-    use monad_protocol::io::write_message;
-    use monad_protocol::wire::{Message, Outcome};
+    use monad_protocol::wire::Outcome;
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let tools = vec![ToolName::RunCommand, ToolName::ProcessWrite];
     let victim = FakeClient::attach(&server.client_config(), "victim", tools.clone()).await;
     let taker = FakeClient::attach(&server.client_config(), "taker", tools).await;
+    // A call from the agent, answered by a fake client meanwhile.
+    let calling = |tool: &'static str, args: serde_json::Value| {
+        let agent = agent.clone();
+        tokio::spawn(async move { call_in(&agent, None, tool, args).await })
+    };
     // Each starts a background command; the taker's result names the victim's process, then
     // one of an id no sandbox makes.
-    let started = |process: &str| Outcome::Ok {
-        result: json!({"exit_code": null, "stdout": "", "stderr": "", "timed_out": false,
-            "duration_ms": 1, "sandbox": "landlock", "process": process})
-        .into(),
-    };
     for (fake, process) in [
         (&victim, "proc-0000abcd"),
         (&taker, "proc-0000abcd"),
         (&taker, "proc-xx"),
     ] {
         let name = fake.workspace.name.clone();
-        let calling = {
-            let agent = agent.clone();
-            tokio::spawn(async move {
-                call_in(
-                    &agent,
-                    None,
-                    "run_command",
-                    json!({"argv": ["sleep", "60"], "background_after_ms": 0, "workspace": name}),
-                )
-                .await
-            })
-        };
-        let (request, mut send, _recv) = fake.next_request().await;
-        let Message::Run { id, .. } = request else {
-            panic!("{request:?}");
-        };
-        let answer = Message::Result {
-            id,
-            workspace: None,
-            outcome: started(process),
-            body: None,
-        };
-        write_message(&mut send, &answer).await.expect("answered");
-        let _ = send.finish();
-        within(STEP, "the run's answer", calling)
+        let running = calling(
+            "run_command",
+            json!({"argv": ["sleep", "60"], "background_after_ms": 0, "workspace": name}),
+        );
+        let tool = fake
+            .answer_run(json!({"exit_code": null, "stdout": "", "stderr": "",
+                "timed_out": false, "duration_ms": 1, "sandbox": "landlock", "process": process}))
+            .await;
+        assert_eq!(tool, ToolName::RunCommand);
+        within(STEP, "the run's answer", running)
             .await
             .expect("no panic");
     }
     // Writing to the victim's process, naming no workspace, goes to the victim.
-    let writing = {
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            call_in(
-                &agent,
-                None,
-                "process_write",
-                json!({"process": "proc-0000abcd", "text": "hunter2\n"}),
-            )
-            .await
-        })
-    };
-    let (request, mut send, _recv) = victim.next_request().await;
-    let Message::Run { id, tool, .. } = request else {
-        panic!("{request:?}");
-    };
+    let writing = calling(
+        "process_write",
+        json!({"process": "proc-0000abcd", "text": "hunter2\n"}),
+    );
+    let tool = victim
+        .answer_run(json!({"process": "proc-0000abcd", "running": true, "written": 8}))
+        .await;
     assert_eq!(tool, ToolName::ProcessWrite);
-    let answer = Message::Result {
-        id,
-        workspace: None,
-        outcome: Outcome::Ok {
-            result: json!({"process": "proc-0000abcd", "running": true, "written": 8}).into(),
-        },
-        body: None,
-    };
-    write_message(&mut send, &answer).await.expect("answered");
-    let _ = send.finish();
     ok(within(STEP, "the write's answer", writing)
         .await
         .expect("no panic"));
