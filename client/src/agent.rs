@@ -359,48 +359,8 @@ impl Agent {
         } else {
             self.request(&request).await?
         };
-        let mut asked = futures_util::stream::FuturesUnordered::new();
-        loop {
-            let next = tokio::select! {
-                next = read_message(&mut *recv, MAX_ANSWER) => next,
-                Some((call_id, allow)) = futures_util::StreamExt::next(&mut asked), if !asked.is_empty() => {
-                    let answer = Message::PermissionAnswer { id: 1, call_id, allow };
-                    write_message(&mut send, &answer)
-                        .await
-                        .map_err(|e| ClientError::Unreachable(e.to_string()))?;
-                    continue;
-                }
-            };
-            match next {
-                Ok(Some(Message::AgentEvent { event: e, .. })) => {
-                    if let (AgentEvent::Permission { call_id, .. }, Some(permission)) =
-                        (&e, permission.as_mut())
-                        && ask
-                    {
-                        let call_id = call_id.clone();
-                        let answer = permission(&e);
-                        asked.push(async move { (call_id, answer.await) });
-                    }
-                    event(e)
-                }
-                Ok(Some(Message::TurnDone {
-                    session, result, ..
-                })) => return Ok(PromptReply { session, result }),
-                Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
-                Ok(Some(other)) => {
-                    return Err(ClientError::Protocol(format!(
-                        "unexpected `{}` in answer to a prompt",
-                        other.kind()
-                    )));
-                }
-                Ok(None) => {
-                    return Err(ClientError::Unreachable(
-                        "the server closed the prompt without an answer".into(),
-                    ));
-                }
-                Err(e) => return Err(ClientError::Unreachable(e.to_string())),
-            }
-        }
+        let permission = if ask { permission.as_mut() } else { None };
+        answer_turn(&mut *recv, &mut send, &mut event, permission).await
     }
 
     /// What the chat front shows about `session`'s agent (`None`: the default): provider,
@@ -783,9 +743,163 @@ pub async fn check_login(config: &ClientConfig) -> Result<LoginCheck, ClientErro
     }
 }
 
+/// Reads a prompt's answer to its end: events go to `event`; a permission question, when
+/// `permission` is given, to `permission`, whose answers are written back on `send` as they come,
+/// in whatever order, while events keep coming.
+///
+/// The answer's messages are read by one future that lives across the loop's turns (an
+/// `unfold` stream): an answer written while a message is half read must not drop what was read
+/// of it, or the stream would be read from the middle of a frame on.
+async fn answer_turn<R, W, F>(
+    recv: R,
+    send: &mut W,
+    event: &mut impl FnMut(AgentEvent),
+    mut permission: Option<&mut impl FnMut(&AgentEvent) -> F>,
+) -> Result<PromptReply, ClientError>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+    F: std::future::Future<Output = bool>,
+{
+    use futures_util::StreamExt;
+    let messages = futures_util::stream::unfold(recv, |mut recv| async move {
+        let next = read_message(&mut recv, MAX_ANSWER).await;
+        Some((next, recv))
+    });
+    let mut messages = std::pin::pin!(messages);
+    let mut asked = futures_util::stream::FuturesUnordered::new();
+    loop {
+        let next = tokio::select! {
+            Some(next) = messages.next() => next,
+            Some((call_id, allow)) = asked.next(), if !asked.is_empty() => {
+                let answer = Message::PermissionAnswer { id: 1, call_id, allow };
+                write_message(send, &answer)
+                    .await
+                    .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+                continue;
+            }
+        };
+        match next {
+            Ok(Some(Message::AgentEvent { event: e, .. })) => {
+                if let (AgentEvent::Permission { call_id, .. }, Some(permission)) =
+                    (&e, permission.as_mut())
+                {
+                    let call_id = call_id.clone();
+                    let answer = permission(&e);
+                    asked.push(async move { (call_id, answer.await) });
+                }
+                event(e)
+            }
+            Ok(Some(Message::TurnDone {
+                session, result, ..
+            })) => return Ok(PromptReply { session, result }),
+            Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
+            Ok(Some(other)) => {
+                return Err(ClientError::Protocol(format!(
+                    "unexpected `{}` in answer to a prompt",
+                    other.kind()
+                )));
+            }
+            Ok(None) => {
+                return Err(ClientError::Unreachable(
+                    "the server closed the prompt without an answer".into(),
+                ));
+            }
+            Err(e) => return Err(ClientError::Unreachable(e.to_string())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A permission answered while an event is half read: the event is still read whole, and
+    /// the answer goes out. (The answer's future used to drop the half-read message, and the
+    /// stream was read from the middle of its frame on.)
+    #[tokio::test]
+    async fn an_answer_written_while_an_event_is_half_read_loses_none_of_it() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (client, mut server) = tokio::io::duplex(1 << 20);
+        let (client_read, mut client_write) = tokio::io::split(client);
+        let (allow, allowed) = tokio::sync::oneshot::channel::<bool>();
+        let mut allowed = Some(allowed);
+        let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = events.clone();
+        let turn = tokio::spawn(async move {
+            let mut event = |e: AgentEvent| seen.lock().unwrap().push(e);
+            let mut permission = |_: &AgentEvent| {
+                let allowed = allowed.take().expect("one question");
+                async move { allowed.await.unwrap_or(false) }
+            };
+            answer_turn(
+                client_read,
+                &mut client_write,
+                &mut event,
+                Some(&mut permission),
+            )
+            .await
+        });
+        let frame = |message: &Message| {
+            let mut bytes = Vec::new();
+            futures_util::FutureExt::now_or_never(write_message(&mut bytes, message))
+                .expect("a Vec never waits")
+                .unwrap();
+            bytes
+        };
+        let question = frame(&Message::AgentEvent {
+            id: 1,
+            event: AgentEvent::Permission {
+                call_id: "c1".into(),
+                tool: "write_file".into(),
+                workspace: WorkspaceRef {
+                    name: "lap".into(),
+                    uri: "monad://lap".into(),
+                },
+                what: "a.txt".into(),
+            },
+        });
+        let long = "x".repeat(200_000);
+        let text = frame(&Message::AgentEvent {
+            id: 1,
+            event: AgentEvent::Text { text: long.clone() },
+        });
+        server.write_all(&question).await.unwrap();
+        // Half of the long event, read by the turn before the answer is given.
+        server.write_all(&text[..text.len() / 2]).await.unwrap();
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        allow.send(true).unwrap();
+        let answer = read_message(&mut server, MAX_ANSWER).await.unwrap();
+        assert!(
+            matches!(
+                answer,
+                Some(Message::PermissionAnswer { ref call_id, allow: true, .. }) if call_id == "c1"
+            ),
+            "{answer:?}"
+        );
+        server.write_all(&text[text.len() / 2..]).await.unwrap();
+        let done = frame(&Message::TurnDone {
+            id: 1,
+            session: "s".into(),
+            result: TurnResult {
+                stop: monad_protocol::agent::StopReason::Answered,
+                tool_calls: 1,
+                input_tokens: 0,
+                output_tokens: 0,
+            },
+        });
+        server.write_all(&done).await.unwrap();
+        let reply = turn.await.unwrap().expect("the turn ends with its answer");
+        assert_eq!(reply.session, "s");
+        let events = std::mem::take(&mut *events.lock().unwrap());
+        assert_eq!(events.len(), 2);
+        assert!(matches!(&events[1], AgentEvent::Text { text } if *text == long));
+        let mut rest = Vec::new();
+        server.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+    }
 
     /// What reading an answer's stream gives when the server reset it with `code`.
     fn reset(code: u32) -> ReadError {
