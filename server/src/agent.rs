@@ -643,11 +643,12 @@ impl Turn<'_> {
             {
                 let meta = session.set_model(Some(provider.clone()), Some(model.clone()));
                 store.save(&meta).map_err(|e| e.to_string())?;
+                // Only the frontmatter: a message appended since the read above stays.
+                store
+                    .set_history_model(&session.id, Some(&provider), Some(&model))
+                    .map_err(|e| e.to_string())?;
                 history.provider = Some(provider);
                 history.model = Some(model);
-                store
-                    .replace(&session.id, &history)
-                    .map_err(|e| e.to_string())?;
             }
             Ok::<_, String>(history)
         })

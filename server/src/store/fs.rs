@@ -941,6 +941,25 @@ impl SessionStore for FsStore {
         Ok(())
     }
 
+    fn set_history_model(
+        &self,
+        id: &str,
+        provider: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_id(id)?;
+        let _guard = self.lock(id);
+        if self.load(id)?.is_none() {
+            return Err(StoreError::NotFound(format!("session {id}")));
+        }
+        let mut history = self.read_history(id, false)?;
+        history.provider = provider.map(str::to_owned);
+        history.model = model.map(str::to_owned);
+        atomic(&self.history_path(id), history::render(&history).as_bytes())?;
+        self.mark_checked(id, true);
+        Ok(())
+    }
+
     fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError> {
         check_id(id)?;
         if records.is_empty() {

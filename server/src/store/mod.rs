@@ -471,6 +471,15 @@ pub trait SessionStore: Send + Sync {
     /// Replaces the whole conversation (atomically); refused as [`SessionStore::append`] is
     /// past [`MAX_HISTORY_BYTES`].
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError>;
+    /// Sets the conversation's provider and model (`session.md`'s frontmatter), every message
+    /// kept: one step with the appends, so that none made meanwhile is lost (as it would be by
+    /// reading the conversation and replacing it).
+    fn set_history_model(
+        &self,
+        id: &str,
+        provider: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<(), StoreError>;
     /// Appends audit records.
     fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError>;
     /// The audit log (a torn last line, from a crash, is skipped).

@@ -139,6 +139,16 @@ impl SessionStore for Observed {
         self.feed.publish(id, Event::History);
         Ok(())
     }
+    fn set_history_model(
+        &self,
+        id: &str,
+        provider: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_history_model(id, provider, model)?;
+        self.feed.publish(id, Event::History);
+        Ok(())
+    }
     fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError> {
         self.inner.audit(id, records)?;
         for record in records {

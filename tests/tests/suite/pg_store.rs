@@ -268,6 +268,35 @@ fn exercise(store: &dyn Store) {
     };
     store.replace("s2", &snapshot).unwrap();
     assert_eq!(store.history("s2").unwrap(), snapshot);
+    // The model changes while messages are appended: every message stays.
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for i in 0..40 {
+                store
+                    .append("s2", &msg(HistoryRole::User, &format!("m{i}")))
+                    .unwrap();
+            }
+        });
+        for i in 0..40 {
+            store
+                .set_history_model("s2", Some("openai"), Some(&format!("gpt-{i}")))
+                .unwrap();
+        }
+    });
+    let h = store.history("s2").unwrap();
+    assert_eq!(h.model.as_deref(), Some("gpt-39"));
+    assert_eq!(h.provider.as_deref(), Some("openai"));
+    assert_eq!(
+        h.messages.len(),
+        42,
+        "no message appended meanwhile is lost"
+    );
+    assert_eq!(h.messages[..2], snapshot.messages[..]);
+    assert!(matches!(
+        store.set_history_model("nope", None, None),
+        Err(StoreError::NotFound(_))
+    ));
+    store.replace("s2", &snapshot).unwrap();
     store
         .append("s3", &msg(HistoryRole::User, "the Bug is here"))
         .unwrap();

@@ -753,6 +753,34 @@ impl SessionStore for PgStore {
         })
     }
 
+    fn set_history_model(
+        &self,
+        id: &str,
+        provider: Option<&str>,
+        model: Option<&str>,
+    ) -> Result<(), StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        let (provider, model) = (provider.map(str::to_owned), model.map(str::to_owned));
+        let fencing = self.fencing(&id, lease::Write::Record);
+        self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            fencing.check(&tx, &id).await?;
+            // The messages are rows of their own: only the session's row changes.
+            let n = tx
+                .execute(
+                    "UPDATE sessions SET history_provider = $2, history_model = $3 WHERE id = $1",
+                    &[&id, &provider, &model],
+                )
+                .await
+                .map_err(db)?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("session {id}")));
+            }
+            tx.commit().await.map_err(db)
+        })
+    }
+
     fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError> {
         check_id(id)?;
         if records.is_empty() {
