@@ -8,9 +8,10 @@ use monad_protocol::wire::{HistoryMessage, HistoryRole, WorkspaceRecord};
 use monad_server::roots::FolderSessions;
 use monad_server::store::pg::{MIGRATIONS, PoolOptions};
 use monad_server::store::{
-    ArtifactKind, ArtifactMeta, ArtifactStore, AuditDecision, AuditOutcome, AuditRecord, BlobEntry,
-    Blobs, Decider, FolderStore, FsBlobs, FsStore, History, PgStore, S3Blobs, S3Options,
-    SessionMeta, SessionStore, Store, StoreError, Swept, Upload, WorkspaceStore,
+    ArtifactKind, ArtifactMeta, ArtifactStore, AuditDecision, AuditOutcome, AuditRecord,
+    BindingStore, BlobEntry, Blobs, Decider, FolderStore, FsBlobs, FsStore, History, PgStore,
+    S3Blobs, S3Options, SessionMeta, SessionStore, Store, StoreError, Swept, Upload,
+    WorkspaceStore,
 };
 use monad_tests::{STEP, peer_missing, pg, s3, test_config, within};
 
@@ -846,6 +847,70 @@ fn concurrent_resolves_of_one_folder_from_several_hosts_make_one_record() {
         threads.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(ids.len(), 1, "{ids:?}");
     assert_eq!(stores[0].records(Some("ana")).unwrap().len(), 1);
+}
+
+/// An operation that timed out inside a transaction does not hand its connection, still in
+/// that transaction, to the next one: what the next one writes is committed. (The session's
+/// unbinding opened its transaction with a bare `BEGIN`, and a connection went back to the pool
+/// when its operation was dropped: a later write on it went into the open transaction, said it
+/// succeeded, and was never committed.)
+#[test]
+fn an_operation_that_timed_out_midway_leaves_no_open_transaction_behind() {
+    let Some(url) = pg_url("an_operation_that_timed_out_midway_leaves_no_open_transaction_behind")
+    else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let store = PgStore::connect(
+        &url,
+        data.path(),
+        Arc::new(FsBlobs::new(&data.path().join("blobs"))),
+        PoolOptions {
+            size: 1,
+            connect_timeout: std::time::Duration::from_secs(5),
+            op_timeout: std::time::Duration::from_secs(1),
+        },
+    )
+    .unwrap();
+    store
+        .create(&meta("s1", "ana", "2026-01-01T00:00:00Z"))
+        .unwrap();
+    store
+        .create(&meta("s2", "ben", "2026-01-01T00:00:00Z"))
+        .unwrap();
+    let cluster = pg::cluster().unwrap();
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    // Another client holds the bindings table for a while.
+    let holder = {
+        let database = database.clone();
+        std::thread::spawn(move || {
+            pg::cluster().unwrap().psql(
+                &database,
+                "BEGIN; LOCK TABLE bindings IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT;",
+            )
+        })
+    };
+    let locked = "SELECT count(*) FROM pg_locks WHERE relation = 'bindings'::regclass \
+                  AND mode = 'AccessExclusiveLock' AND granted";
+    let start = std::time::Instant::now();
+    while cluster.psql(&database, locked).unwrap() != "1" {
+        assert!(start.elapsed() < STEP, "the lock was never taken");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let e = store.unbind_session("s1").unwrap_err().to_string();
+    assert!(e.contains("took longer than"), "{e}");
+    holder.join().unwrap().unwrap();
+    store.set_default_session("ben", "s2").unwrap();
+    assert_eq!(
+        cluster
+            .psql(
+                &database,
+                "SELECT session_id FROM defaults WHERE user_name = 'ben'"
+            )
+            .unwrap(),
+        "s2",
+        "what the store said it wrote is committed"
+    );
 }
 
 #[test]

@@ -184,8 +184,8 @@ impl PgStore {
         };
         let pool = store.pool.clone();
         store.driver.run(async move {
-            let mut conn = pool.get().await?;
-            migrate(&mut conn, MIGRATIONS).await
+            pool.with_conn(|mut conn| async move { migrate(&mut conn, MIGRATIONS).await })
+                .await
         })?;
         Ok(store)
     }
@@ -247,10 +247,7 @@ impl PgStore {
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         let pool = self.pool.clone();
-        self.driver.run(async move {
-            let conn = pool.get().await?;
-            f(conn).await
-        })
+        self.driver.run(async move { pool.with_conn(f).await })
     }
 
     fn session_dir(&self, id: &str) -> PathBuf {
@@ -1250,20 +1247,16 @@ impl BindingStore for PgStore {
 
     fn unbind_session(&self, session: &str) -> Result<(), StoreError> {
         let session = session.to_owned();
-        self.with(move |c| async move {
-            c.batch_execute("BEGIN").await.map_err(db)?;
-            let done = async {
-                c.execute("DELETE FROM bindings WHERE session_id = $1", &[&session])
-                    .await?;
-                c.execute("DELETE FROM defaults WHERE session_id = $1", &[&session])
-                    .await?;
-                c.batch_execute("COMMIT").await
-            }
-            .await;
-            if done.is_err() {
-                let _ = c.batch_execute("ROLLBACK").await;
-            }
-            done.map_err(db)
+        self.with(move |mut c| async move {
+            // A transaction dropped midway (the operation's time-out) is rolled back.
+            let tx = c.transaction().await.map_err(db)?;
+            tx.execute("DELETE FROM bindings WHERE session_id = $1", &[&session])
+                .await
+                .map_err(db)?;
+            tx.execute("DELETE FROM defaults WHERE session_id = $1", &[&session])
+                .await
+                .map_err(db)?;
+            tx.commit().await.map_err(db)
         })
     }
 

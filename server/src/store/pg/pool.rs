@@ -39,36 +39,37 @@ pub(super) struct Pool {
     pub(super) name: String,
 }
 
-/// A connection taken from the pool; it goes back when dropped, unless it closed.
+/// A connection taken from the pool for one operation ([`Pool::with_conn`]).
+///
+/// When it is dropped it goes into its operation's hand-back slot, and from there back to the
+/// idle list only once the operation finished. An operation dropped midway (its time-out) drops
+/// the slot with the connection in it, which closes it: its state is not known (a query or a
+/// transaction still open on the server), and the server rolls back what a closed connection
+/// left open.
 pub(super) struct Conn {
-    client: Option<Client>,
-    pool: Arc<Pool>,
-    _permit: OwnedSemaphorePermit,
+    taken: Option<(Client, OwnedSemaphorePermit)>,
+    hand_back: Arc<Mutex<Option<(Client, OwnedSemaphorePermit)>>>,
 }
 
 impl std::ops::Deref for Conn {
     type Target = Client;
     fn deref(&self) -> &Client {
-        self.client.as_ref().expect("held until drop")
+        &self.taken.as_ref().expect("held until drop").0
     }
 }
 
 impl std::ops::DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut Client {
-        self.client.as_mut().expect("held until drop")
+        &mut self.taken.as_mut().expect("held until drop").0
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let Some(client) = self.client.take()
-            && !client.is_closed()
+        if let Some(taken) = self.taken.take()
+            && !taken.0.is_closed()
         {
-            self.pool
-                .idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(client);
+            *self.hand_back.lock().unwrap_or_else(|p| p.into_inner()) = Some(taken);
         }
     }
 }
@@ -84,8 +85,30 @@ impl Pool {
         }
     }
 
-    /// A connection: an idle one, or a new one (bounded by the connect timeout).
-    pub(super) async fn get(self: &Arc<Pool>) -> Result<Conn, StoreError> {
+    /// Runs `f` with a connection (an idle one, or a new one bounded by the connect timeout),
+    /// which goes back to the idle list when `f` finished, not when it was dropped midway.
+    pub(super) async fn with_conn<T, F, Fut>(self: &Arc<Pool>, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let hand_back = Arc::new(Mutex::new(None));
+        let conn = self.get(hand_back.clone()).await?;
+        let out = f(conn).await;
+        let back = hand_back.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((client, _permit)) = back {
+            self.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(client);
+        }
+        out
+    }
+
+    async fn get(
+        self: &Arc<Pool>,
+        hand_back: Arc<Mutex<Option<(Client, OwnedSemaphorePermit)>>>,
+    ) -> Result<Conn, StoreError> {
         let permit = self
             .permits
             .clone()
@@ -102,9 +125,8 @@ impl Pool {
             None => self.connect().await?,
         };
         Ok(Conn {
-            client: Some(client),
-            pool: self.clone(),
-            _permit: permit,
+            taken: Some((client, permit)),
+            hand_back,
         })
     }
 
