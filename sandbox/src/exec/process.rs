@@ -43,6 +43,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 const MAX_READ_WAIT: Duration = Duration::from_secs(300);
 /// Longest a `process_write` waits for the process to take its input.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// What a pipe takes whole or not at all, in bytes.
+const PIPE_BUF: usize = nix::libc::PIPE_BUF;
 /// Characters of the latest output line shown in progress.
 const PROGRESS_LINE_CHARS: usize = 200;
 
@@ -1318,17 +1320,40 @@ pub(crate) async fn write(
     let Some(pipe) = slot.as_mut() else {
         return Err(stdin_closed(&proc));
     };
-    let written = tokio::time::timeout_at(deadline, pipe.write_all(args.text.as_bytes())).await;
+    // Written in pieces the pipe takes whole or not at all (at most `PIPE_BUF` bytes, ending on
+    // a character's end), so that what it took when the time runs out is known, and is whole
+    // characters: the answer says where the rest starts, and nothing is written twice when the
+    // caller sends only the rest.
+    let text = args.text.as_str();
+    let mut taken = 0;
+    let written = tokio::time::timeout_at(deadline, async {
+        while taken < text.len() {
+            let piece = &text[taken..piece_end(text, taken)];
+            match pipe.write(piece.as_bytes()).await? {
+                0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                n => taken += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
     match written {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
             proc.close_stdin(&mut slot);
             return Err(SandboxError::InvalidArguments(format!(
-                "process `{}` closed its standard input",
-                proc.id
+                "process `{}` closed its standard input{}",
+                proc.id,
+                taken_part(text, taken),
             )));
         }
-        Err(_) => return Err(not_reading("it is not reading its standard input")),
+        Err(_) if taken == 0 => return Err(not_reading("it is not reading its standard input")),
+        Err(_) => {
+            return Err(not_reading(&format!(
+                "it is not reading its standard input{}",
+                taken_part(text, taken)
+            )));
+        }
     }
     if args.close_stdin.unwrap_or(false) {
         proc.close_stdin(&mut slot);
@@ -1338,6 +1363,30 @@ pub(crate) async fn write(
         bytes_written: args.text.len() as u64,
         stdin_closed: slot.is_none(),
     })
+}
+
+/// Where the piece of `text` that starts at `from` ends: at most [`PIPE_BUF`] bytes later (what a
+/// pipe takes whole or not at all), on a character's end.
+fn piece_end(text: &str, from: usize) -> usize {
+    let mut end = (from + PIPE_BUF).min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
+}
+
+/// What a write that stopped midway took, for its error: nothing when it took nothing.
+fn taken_part(text: &str, taken: usize) -> String {
+    if taken == 0 {
+        return String::new();
+    }
+    let chars = text[..taken].chars().count();
+    format!(
+        "; it took the first {taken} of {} bytes (the first {chars} characters) and the rest \
+         was not written: send only the text from character {} on (counting from 1)",
+        text.len(),
+        chars + 1
+    )
 }
 
 fn stdin_closed(proc: &Proc) -> SandboxError {

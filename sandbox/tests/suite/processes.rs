@@ -508,6 +508,51 @@ fn process_write_behind_unread_initial_input_answers_in_bounded_time() {
     .unwrap();
 }
 
+/// A write the process stops taking midway says how much it took, in whole characters, and the
+/// rest sent again completes the input with nothing twice. (The write was cancelled at its time
+/// limit with whatever part the pipe had taken already written, unsaid: sending the text again
+/// gave the process its first part twice.)
+#[test]
+fn a_write_taken_in_part_says_where_the_rest_starts() {
+    let fx = Fixture::new();
+    // Reads nothing for longer than a write waits, then counts what came.
+    let id = start(&fx, "sleep 13; wc -c");
+    // Two-byte characters: a cut between bytes would split one.
+    let text = "é".repeat(100_000);
+    let err = call(
+        &fx,
+        ToolName::ProcessWrite,
+        json!({"process": id, "text": text}),
+    )
+    .expect_err("the pipe cannot take it all");
+    assert_eq!(err.code(), monad_protocol::ErrorCode::Timeout, "{err}");
+    let message = err.to_string();
+    let from: usize = message
+        .split("send only the text from character ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{message}"));
+    let taken_chars = from - 1;
+    assert!(
+        taken_chars > 0 && taken_chars < 100_000,
+        "the pipe took part of it: {message}"
+    );
+    assert!(
+        message.contains(&format!("the first {} of 200000 bytes", taken_chars * 2)),
+        "{message}"
+    );
+    let rest: String = text.chars().skip(taken_chars).collect();
+    call(
+        &fx,
+        ToolName::ProcessWrite,
+        json!({"process": id, "text": rest, "close_stdin": true}),
+    )
+    .unwrap();
+    let (seen, _) = read_until(&fx, &id, |seen| seen.trim().parse::<u64>().is_ok());
+    assert_eq!(seen.trim(), "200000", "every byte once");
+}
+
 /// Regression: the initial `stdin` was written by a task that took the pipe only when it first
 /// ran, so a `process_write` right after the start could go first.
 #[test]
