@@ -19,6 +19,9 @@ pub enum ReadError {
     Json(serde_json::Error),
     /// A result's body does not fit its result.
     Body(BodyError),
+    /// The reader's caller would not hold more of the message in memory
+    /// ([`read_message_relayed_counted`]).
+    Refused,
 }
 
 impl std::fmt::Display for ReadError {
@@ -28,6 +31,7 @@ impl std::fmt::Display for ReadError {
             ReadError::Frame(e) => write!(f, "bad frame: {e}"),
             ReadError::Json(e) => write!(f, "bad message: {e}"),
             ReadError::Body(e) => write!(f, "bad body: {e}"),
+            ReadError::Refused => write!(f, "the message is more than the reader would hold"),
         }
     }
 }
@@ -46,7 +50,7 @@ pub async fn read_message<R: AsyncRead + Unpin>(
     reader: &mut R,
     max_message: usize,
 ) -> Result<Option<Message>, ReadError> {
-    read_with(reader, max_message, Message::from_json).await
+    read_with(reader, max_message, Message::from_json, &mut |_| true).await
 }
 
 /// [`read_message`], with a tool's result kept as the JSON text it came in
@@ -55,13 +59,28 @@ pub async fn read_message_relayed<R: AsyncRead + Unpin>(
     reader: &mut R,
     max_message: usize,
 ) -> Result<Option<Message>, ReadError> {
-    read_with(reader, max_message, Message::from_json_relayed).await
+    read_with(reader, max_message, Message::from_json_relayed, &mut |_| {
+        true
+    })
+    .await
+}
+
+/// [`read_message_relayed`], asking `hold` before each frame's payload is read whether the
+/// message may grow by that many bytes: when it says no, nothing more is read and the read
+/// fails with [`ReadError::Refused`] (what was read of the message is dropped).
+pub async fn read_message_relayed_counted<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_message: usize,
+    hold: &mut (dyn FnMut(usize) -> bool + Send),
+) -> Result<Option<Message>, ReadError> {
+    read_with(reader, max_message, Message::from_json_relayed, hold).await
 }
 
 async fn read_with<R: AsyncRead + Unpin>(
     reader: &mut R,
     max_message: usize,
     decode: fn(&[u8]) -> Result<Message, serde_json::Error>,
+    hold: &mut (dyn FnMut(usize) -> bool + Send),
 ) -> Result<Option<Message>, ReadError> {
     // Payloads are read straight into the message being assembled: no buffer per frame, no
     // copy, no zeroing (a 64 MiB result is 64 frames).
@@ -88,6 +107,9 @@ async fn read_with<R: AsyncRead + Unpin>(
         let header = frame::decode_header(header).map_err(ReadError::Frame)?;
         if message.len() + header.len > max_message {
             return Err(ReadError::Frame(FrameError::MessageTooLarge(max_message)));
+        }
+        if !hold(header.len) {
+            return Err(ReadError::Refused);
         }
         message.reserve(header.len);
         let got = (&mut *reader)

@@ -726,6 +726,8 @@ impl Turn<'_> {
                 args: call.arguments.clone(),
             })
             .await;
+        // What the answer holds in memory counts until its text is made.
+        let memory = Arc::new(self.state.answer_bytes.holder(self.user));
         let (workspace, outcome) = match self.state.user_call(self.user) {
             Ok(_slot) => {
                 // Progress is best effort: a front that does not keep up misses some lines.
@@ -741,16 +743,15 @@ impl Turn<'_> {
                     front,
                     call_id: &call.id,
                 });
-                let output = self
-                    .state
-                    .executor
-                    .call_gated(
-                        self.session,
-                        &call.name,
-                        call.arguments.clone(),
-                        &progress,
-                        gate.as_ref().map(|g| g as &dyn PermissionGate),
-                    )
+                let call = self.state.executor.call_gated(
+                    self.session,
+                    &call.name,
+                    call.arguments.clone(),
+                    &progress,
+                    gate.as_ref().map(|g| g as &dyn PermissionGate),
+                );
+                let output = crate::executor::link::ANSWER_MEMORY
+                    .scope(memory.clone(), call)
                     .await;
                 output.complete().await
             }

@@ -28,19 +28,44 @@ impl PerUser {
 
     /// Takes one of `user`'s slots, or `None` when they hold `limit` already.
     pub fn try_acquire(self: &Arc<Self>, user: &str) -> Option<Slot> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let n = held.entry(user.to_owned()).or_default();
-        if *n >= self.limit {
-            if *n == 0 {
-                held.remove(user);
-            }
-            return None;
-        }
-        *n += 1;
-        Some(Slot {
+        self.take(user, 1).then(|| Slot {
             counter: self.clone(),
             user: user.to_owned(),
         })
+    }
+
+    /// What `user` will hold a varying amount of, starting at none ([`Held::take`]).
+    pub fn holder(self: &Arc<Self>, user: &str) -> Held {
+        Held {
+            counter: self.clone(),
+            user: user.to_owned(),
+            taken: Mutex::new(0),
+        }
+    }
+
+    /// Adds `n` to what `user` holds, unless that would pass the bound.
+    fn take(&self, user: &str, n: usize) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let now = held.get(user).copied().unwrap_or(0);
+        match now.checked_add(n).filter(|&after| after <= self.limit) {
+            Some(after) if after > 0 => {
+                held.insert(user.to_owned(), after);
+                true
+            }
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// Takes `n` off what `user` holds.
+    fn give_back(&self, user: &str, n: usize) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(now) = held.get_mut(user) {
+            *now = now.saturating_sub(n);
+            if *now == 0 {
+                held.remove(user);
+            }
+        }
     }
 
     /// How many slots `user` holds.
@@ -64,13 +89,49 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut held = self.counter.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.user) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.user);
-            }
+        self.counter.give_back(&self.user, 1);
+    }
+}
+
+/// A varying amount one user holds against a [`PerUser`] bound (the bytes of answers a call
+/// holds in memory), taken a piece at a time; all of it is given back when dropped.
+#[derive(Debug)]
+pub struct Held {
+    counter: Arc<PerUser>,
+    user: String,
+    taken: Mutex<usize>,
+}
+
+impl Held {
+    /// Takes `n` more, or `false` (and takes nothing) when the user's total would pass the
+    /// bound.
+    pub fn take(&self, n: usize) -> bool {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.counter.take(&self.user, n) {
+            return false;
         }
+        *taken += n;
+        true
+    }
+
+    /// Gives back `n` of what was taken (what was kept for a while, then let go).
+    pub fn give_back(&self, n: usize) {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        let n = n.min(*taken);
+        *taken -= n;
+        self.counter.give_back(&self.user, n);
+    }
+
+    /// The bound it is held against.
+    pub fn limit(&self) -> usize {
+        self.counter.limit
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let taken = *self.taken.get_mut().unwrap_or_else(|p| p.into_inner());
+        self.counter.give_back(&self.user, taken);
     }
 }
 
@@ -90,5 +151,28 @@ mod tests {
         assert!(counter.try_acquire("ana").is_some());
         drop(b);
         assert_eq!(counter.users(), 1, "a user holding nothing takes no room");
+    }
+
+    #[test]
+    fn what_is_held_grows_within_the_users_bound_and_all_of_it_comes_back() {
+        let bytes = PerUser::new(100);
+        let one = bytes.holder("ana");
+        let two = bytes.holder("ana");
+        assert!(one.take(60));
+        assert!(!two.take(41), "over the user's bound together");
+        assert!(two.take(40));
+        assert_eq!(bytes.held("ana"), 100);
+        assert!(
+            bytes.holder("ben").take(100),
+            "another user's bound is their own"
+        );
+        two.give_back(30);
+        assert_eq!(bytes.held("ana"), 70);
+        two.give_back(1_000);
+        assert_eq!(bytes.held("ana"), 60, "only what it took");
+        assert!(!one.take(usize::MAX), "no overflow");
+        drop(one);
+        assert_eq!(bytes.held("ana"), 0);
+        assert_eq!(bytes.users(), 0);
     }
 }

@@ -301,6 +301,7 @@ impl Server {
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
             user_reads: PerUser::new(config.quotas.max_calls_per_user),
+            answer_bytes: PerUser::new(config.quotas.max_answer_bytes_per_user),
             network_reports: Default::default(),
             handshakes: Admissions::new(Bounds {
                 total: config.quotas.max_pending_handshakes,
@@ -501,6 +502,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_sessions_per_user: config.quotas.max_sessions_per_user,
             max_connections_per_user: config.quotas.max_connections_per_user,
             max_calls_per_user: config.quotas.max_calls_per_user,
+            max_answer_bytes_per_user: config.quotas.max_answer_bytes_per_user,
             max_pending_handshakes: config.quotas.max_pending_handshakes,
             max_pending_handshakes_per_address: config.quotas.max_pending_handshakes_per_address,
             busy_pending_handshakes: config.quotas.busy_pending_handshakes,

@@ -15,7 +15,7 @@ use crate::auth::{DeviceId, TokenStore};
 use crate::cluster::{Origin, Route};
 use crate::config::ServerConfig;
 use crate::executor::{CallOutput, Executor, ProgressSink};
-use crate::quota::{PerUser, Slot};
+use crate::quota::{Held, PerUser, Slot};
 use crate::session::{Registry, Session};
 use monad_sandbox::AuditAllowance;
 
@@ -48,6 +48,9 @@ pub struct State {
     pub(crate) user_calls: Arc<PerUser>,
     /// QUIC requests being read per user (bounded like calls in flight).
     pub(crate) user_reads: Arc<PerUser>,
+    /// Bytes of attached clients' answers each user's calls hold in memory
+    /// ([`crate::executor::link::ANSWER_MEMORY`]).
+    pub(crate) answer_bytes: Arc<PerUser>,
     /// Connections that have not said hello yet.
     pub(crate) handshakes: Arc<Admissions>,
     /// Per user, how many of their attached folders' network reports the audit log may still
@@ -146,10 +149,12 @@ pub enum Lookup<'a> {
 
 /// Holds what an agent's call counts against while it runs: one of the user's call slots and
 /// the server's count of calls in flight (at shutdown, attached clients stay while it is not
-/// zero). Keep it until the answer, body included, is sent.
+/// zero), and the bytes of attached clients' answers it holds in memory. Keep it until the
+/// answer, body included, is sent.
 pub(crate) struct CallGuard<'a> {
     _slot: Slot,
     _in_flight: CallInFlight<'a>,
+    _memory: Arc<Held>,
 }
 
 impl State {
@@ -225,6 +230,7 @@ impl State {
         progress: &dyn ProgressSink,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
         let slot = self.user_call(user)?;
+        let memory = Arc::new(self.answer_bytes.holder(user));
         let session = self.session(user, lookup).await?;
         let in_flight = self.call_in_flight();
         let route = match &self.cluster {
@@ -240,7 +246,12 @@ impl State {
                     .await?
             }
             _ => {
-                let output = self.executor.call(&session, tool, args, progress).await;
+                let output = crate::executor::link::ANSWER_MEMORY
+                    .scope(
+                        memory.clone(),
+                        self.executor.call(&session, tool, args, progress),
+                    )
+                    .await;
                 // The session is not needed any more (a body's recording holds its own
                 // reference): it goes before the answer, so the agent's next request finds it
                 // unused.
@@ -251,6 +262,7 @@ impl State {
         let guard = CallGuard {
             _slot: slot,
             _in_flight: in_flight,
+            _memory: memory,
         };
         Ok((output, guard))
     }

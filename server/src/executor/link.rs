@@ -18,12 +18,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use monad_protocol::frame::FrameError;
-use monad_protocol::io::{ReadError, read_body, read_message, read_message_relayed, write_message};
+use monad_protocol::io::{
+    ReadError, read_body, read_message, read_message_relayed_counted, write_message,
+};
 use monad_protocol::wire::{Body, Message, Outcome, ToolResult, Utf8Stream, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::Value;
@@ -38,6 +41,33 @@ use crate::store::Decider;
 pub(crate) const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
 /// Largest rest of a result whose large field comes as a body.
 const MAX_BODY_HEAD: usize = 1024 * 1024;
+
+tokio::task_local! {
+    /// The bytes of attached clients' answers the call running in this task holds in memory,
+    /// against its user's `server.max_answer_bytes_per_user` (set by
+    /// [`crate::state::State::call_from`] and the built-in agent around a call, and held until
+    /// its answer is written). A call outside such a scope (the executor's own tests) is not
+    /// counted. One task per call: the answer is read in the calling task.
+    pub(crate) static ANSWER_MEMORY: Arc<crate::quota::Held>;
+}
+
+/// The answer memory of the call running in this task, if it is counted.
+fn answer_memory() -> Option<Arc<crate::quota::Held>> {
+    ANSWER_MEMORY.try_with(Arc::clone).ok()
+}
+
+/// The error of a call whose answer would take its user past what their answers may hold.
+fn over_answer_memory(name: &str, limit: usize) -> ToolError {
+    ToolError::new(
+        ErrorCode::LimitExceeded,
+        format!(
+            "the answer from `{name}` would take your calls' answers in this server's memory past \
+             {} MiB, its limit (server.max_answer_bytes_per_user); wait for other calls to \
+             finish, or ask for less at once",
+            limit / (1024 * 1024)
+        ),
+    )
+}
 /// How long a client has to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest answer to a probe.
@@ -554,9 +584,26 @@ async fn answer<R: RecvHalf>(
             format!("the client of `{name}` answered with {what}"),
         )
     };
+    let memory = answer_memory();
     loop {
-        // The result is relayed and recorded as the client wrote it, not decoded here.
-        match read_message_relayed(&mut recv, MAX_CLIENT_MESSAGE).await {
+        // The result is relayed and recorded as the client wrote it, not decoded here; what
+        // it holds in memory is counted as it arrives, and a message that is not the result
+        // gives its bytes back once looked at.
+        let mut held = 0;
+        let mut hold = |n: usize| {
+            let fits = memory.as_ref().is_none_or(|m| m.take(n));
+            if fits {
+                held += n;
+            }
+            fits
+        };
+        let read = read_message_relayed_counted(&mut recv, MAX_CLIENT_MESSAGE, &mut hold).await;
+        if !matches!(read, Ok(Some(Message::Result { .. })))
+            && let Some(memory) = &memory
+        {
+            memory.give_back(held);
+        }
+        match read {
             Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
             Ok(Some(Message::Decided { by, allowed, .. })) => {
                 decided_by = Verdict {
@@ -620,6 +667,7 @@ async fn answer<R: RecvHalf>(
                             deadline: None,
                             received: 0,
                             tap: None,
+                            memory: memory.clone(),
                         };
                         Answer {
                             result: Ok(result),
@@ -638,6 +686,11 @@ async fn answer<R: RecvHalf>(
             }
             Ok(None) | Err(ReadError::Io(_)) => {
                 return Answer::failed(disconnected(name), decided_by);
+            }
+            Err(ReadError::Refused) => {
+                recv.stop(reset::CANCELLED);
+                let limit = memory.as_ref().map_or(0, |m| m.limit());
+                return Answer::failed(over_answer_memory(name, limit), decided_by);
             }
             Err(ReadError::Frame(FrameError::MessageTooLarge(max))) => {
                 recv.stop(reset::MALFORMED);
@@ -677,6 +730,8 @@ pub struct PendingBody<R: RecvHalf = ConnRecv> {
     received: u64,
     /// What records the call once the body is done with.
     pub(super) tap: Option<Tap>,
+    /// What the call's answers hold in memory, when counted: a body read whole is.
+    memory: Option<Arc<crate::quota::Held>>,
 }
 
 impl<R: RecvHalf> std::fmt::Debug for PendingBody<R> {
@@ -803,6 +858,17 @@ impl<R: RecvHalf> PendingBody<R> {
     /// within the call's time limit. On failure the call is recorded with the error returned.
     pub(super) async fn read_into(mut self, outcome: &mut Outcome) -> Result<(), ToolError> {
         let announced = self.body.clone();
+        // Counted as announced (a body longer than the bound is refused before this).
+        let len = usize::try_from(announced.len).unwrap_or(usize::MAX);
+        if let Some(memory) = &self.memory
+            && len <= MAX_CLIENT_MESSAGE
+            && !memory.take(len)
+        {
+            let error = over_answer_memory(&self.name, memory.limit());
+            self.recv().stop(reset::CANCELLED);
+            self.fail(error.clone());
+            return Err(error);
+        }
         let deadline = self.deadline;
         let read = {
             let mut tapped = Tapped(&mut self);

@@ -754,3 +754,168 @@ async fn a_clients_result_cannot_take_over_another_workspaces_process() {
         unknown.outcome
     );
 }
+
+/// What one user's calls hold of attached clients' answers in the server's memory is bounded
+/// over all their calls: a client that sends several large answers at once, slowly, gets the
+/// one that would pass the bound refused, and the others through. (Each call read up to 256 MiB
+/// of its answer into memory, and a user had 256 calls: 64 GiB.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answers_one_users_calls_hold_in_memory_are_bounded_together() {
+    use monad_protocol::frame;
+    use monad_protocol::wire::{Message, Outcome};
+    const MIB: usize = 1024 * 1024;
+    let server =
+        TestServer::start_with(|config| config.quotas.max_answer_bytes_per_user = 5 * MIB).await;
+    let agent = server.agent().await;
+    let fake = FakeClient::attach(&server.client_config(), "lap", vec![ToolName::ReadFile]).await;
+    let calling = |path: &'static str| {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            call_in(
+                &agent,
+                None,
+                "read_file",
+                json!({"path": path, "workspace": "lap"}),
+            )
+            .await
+        })
+    };
+    // Two answers of 3 MiB each, all but their last frame sent: together past the bound.
+    let mut held = Vec::new();
+    for path in ["a.txt", "b.txt"] {
+        let call = calling(path);
+        let (request, mut send, _recv) = fake.next_request().await;
+        let Message::Run { id, .. } = request else {
+            panic!("the server asked {request:?}, not a run");
+        };
+        let content = "x".repeat(3 * MIB);
+        let answer = Message::Result {
+            id,
+            workspace: None,
+            outcome: Outcome::Ok {
+                result: json!({"path": path, "content": content, "start_line": 1, "lines": 1,
+                    "size": content.len(), "binary": false, "truncated": false})
+                .into(),
+            },
+            body: None,
+        };
+        let bytes = answer.to_json();
+        let pieces: Vec<_> = frame::frames(&bytes).collect();
+        let (last, rest) = pieces.split_last().unwrap();
+        for (header, payload) in rest {
+            let _ = send.write_all(header).await;
+            let _ = send.write_all(payload).await;
+        }
+        held.push((call, send, last.0, last.1.to_vec(), _recv));
+    }
+    // Then their ends.
+    let mut outcomes = Vec::new();
+    for (call, mut send, header, payload, _recv) in held {
+        let _ = send.write_all(&header).await;
+        let _ = send.write_all(&payload).await;
+        let _ = send.finish();
+        outcomes.push(
+            within(STEP, "the call's answer", call)
+                .await
+                .unwrap()
+                .outcome,
+        );
+    }
+    let refused: Vec<_> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Error { error } => Some(error),
+            Outcome::Ok { .. } => None,
+        })
+        .collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "one answer through, one refused: {refused:?}"
+    );
+    assert_eq!(refused[0].code, ErrorCode::LimitExceeded, "{}", refused[0]);
+    assert!(
+        refused[0]
+            .message
+            .contains("server.max_answer_bytes_per_user"),
+        "{}",
+        refused[0]
+    );
+    // What the calls held came back: an answer of the same size goes through alone.
+    let call = calling("c.txt");
+    let tool = fake
+        .answer_run(
+            json!({"path": "c.txt", "content": "y".repeat(3 * MIB), "start_line": 1,
+            "lines": 1, "size": 3 * MIB, "binary": false, "truncated": false}),
+        )
+        .await;
+    assert_eq!(tool, ToolName::ReadFile);
+    ok(within(STEP, "the third call", call).await.unwrap());
+
+    // A body read whole, for an agent of a version that takes results inline, counts too: one
+    // past the bound is refused, one within it goes through.
+    let (_endpoint, conn, _) = monad_tests::connect_speaking(
+        &server.client_config(),
+        Role::Agent,
+        monad_protocol::wire::BODY_MINOR - 1,
+    )
+    .await;
+    for (len, fits) in [(6 * MIB, false), (3 * MIB, true)] {
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let request = Message::Call {
+            id: 5,
+            session: None,
+            tool: "read_file".into(),
+            args: json!({"path": "big.txt", "workspace": "lap"}),
+        };
+        monad_protocol::io::write_message(&mut send, &request)
+            .await
+            .unwrap();
+        send.finish().unwrap();
+        let (_, mut answer, _recv) = fake.next_request().await;
+        let head = Message::Result {
+            id: 1,
+            workspace: None,
+            outcome: Outcome::Ok {
+                result: json!({"path": "big.txt", "size": len, "binary": false}).into(),
+            },
+            body: Some(monad_protocol::wire::Body {
+                field: "content".into(),
+                len: len as u64,
+            }),
+        };
+        monad_protocol::io::write_message(&mut answer, &head)
+            .await
+            .unwrap();
+        let _ = answer.write_all(&vec![b'z'; len]).await;
+        let _ = answer.finish();
+        let reply = within(
+            STEP,
+            "the answer",
+            monad_protocol::io::read_message(&mut recv, 64 << 20),
+        )
+        .await;
+        match reply {
+            Ok(Some(Message::Result {
+                outcome: Outcome::Ok { result },
+                ..
+            })) if fits => assert_eq!(result.value()["content"].as_str().map(str::len), Some(len)),
+            Ok(Some(Message::Result {
+                outcome: Outcome::Error { error },
+                ..
+            })) if !fits => assert!(
+                error.code == ErrorCode::LimitExceeded
+                    && error.message.contains("server.max_answer_bytes_per_user"),
+                "{error}"
+            ),
+            Ok(Some(Message::Result { outcome, .. })) => panic!(
+                "{len} bytes: {}",
+                match outcome {
+                    Outcome::Ok { .. } => "went through".to_owned(),
+                    Outcome::Error { error } => error.to_string(),
+                }
+            ),
+            other => panic!("{len} bytes: {:?}", other.map(|m| m.map(|m| m.kind()))),
+        }
+    }
+}
