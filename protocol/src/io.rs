@@ -82,6 +82,20 @@ async fn read_with<R: AsyncRead + Unpin>(
     decode: fn(&[u8]) -> Result<Message, serde_json::Error>,
     hold: &mut (dyn FnMut(usize) -> bool + Send),
 ) -> Result<Option<Message>, ReadError> {
+    match read_frames(reader, max_message, hold).await? {
+        Some(message) => decode(&message).map(Some).map_err(ReadError::Json),
+        None => Ok(None),
+    }
+}
+
+/// Reads one message's bytes, not decoded (for a reader that looks at them first), asking
+/// `hold` before each frame's payload as [`read_message_relayed_counted`] does. `Ok(None)` when
+/// the stream ended cleanly before a new message began.
+pub async fn read_frames<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_message: usize,
+    hold: &mut (dyn FnMut(usize) -> bool + Send),
+) -> Result<Option<Vec<u8>>, ReadError> {
     // Payloads are read straight into the message being assembled: no buffer per frame, no
     // copy, no zeroing (a 64 MiB result is 64 frames).
     let mut message: Vec<u8> = Vec::new();
@@ -121,7 +135,7 @@ async fn read_with<R: AsyncRead + Unpin>(
             return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
         }
         if header.fin {
-            return decode(&message).map(Some).map_err(ReadError::Json);
+            return Ok(Some(message));
         }
     }
 }

@@ -14,6 +14,8 @@
 //! - [`wire`]: the messages of the QUIC protocol ([`wire::Message`]), the ALPN and versions.
 //! - [`frame`]: how messages are cut into length-prefixed frames, as pure functions on byte
 //!   slices; [`io`] (feature `tokio`) reads and writes them on async streams.
+//! - [`values`]: how many values a JSON document holds, counted without making a tree of it,
+//!   for a reader that looks before it makes one of what a peer sent.
 //! - [`render`]: tool results as text written for a model (numbered file lines, one entry per
 //!   line, `path:line: text` matches, exit status then output), which the MCP front and
 //!   `monad-client call` share; and tools' arguments described for people.
@@ -46,6 +48,7 @@ pub mod roots;
 pub mod stream;
 pub mod text;
 pub mod tools;
+pub mod values;
 pub mod wire;
 
 pub use error::{ErrorCode, ToolError};

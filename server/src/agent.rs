@@ -727,7 +727,7 @@ impl Turn<'_> {
             })
             .await;
         // What the answer holds in memory counts until its text is made.
-        let memory = Arc::new(self.state.answer_bytes.holder(self.user));
+        let memory = Arc::new(self.state.call_bytes.holder(self.user));
         let (workspace, outcome) = match self.state.user_call(self.user) {
             Ok(_slot) => {
                 // Progress is best effort: a front that does not keep up misses some lines.
@@ -750,7 +750,7 @@ impl Turn<'_> {
                     &progress,
                     gate.as_ref().map(|g| g as &dyn PermissionGate),
                 );
-                let output = crate::executor::link::ANSWER_MEMORY
+                let output = crate::executor::link::CALL_MEMORY
                     .scope(memory.clone(), call)
                     .await;
                 output.complete().await

@@ -69,7 +69,7 @@ pub struct Quotas {
     /// Bytes of attached clients' answers one user's calls may hold in the server's memory at
     /// once (read, or read whole for a front that needs the result as one value, until written
     /// out); an answer that would pass it fails its call with `limit_exceeded`.
-    pub max_answer_bytes_per_user: usize,
+    pub max_call_bytes_per_user: usize,
     /// Connections that have not said hello yet, over all peers. One more makes room by closing
     /// the oldest (see [`crate::admission`]).
     pub max_pending_handshakes: usize,
@@ -107,7 +107,7 @@ impl Default for Quotas {
             max_sessions_per_user: 10_000,
             max_connections_per_user: 64,
             max_calls_per_user: 256,
-            max_answer_bytes_per_user: 1024 * 1024 * 1024,
+            max_call_bytes_per_user: 1024 * 1024 * 1024,
             max_pending_handshakes: 256,
             max_pending_handshakes_per_address: 32,
             busy_pending_handshakes: 16,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use monad_protocol::io::{read_message, write_message};
+use monad_protocol::io::{ReadError, read_frames, read_message, write_message};
 use monad_protocol::wire::{self, Message, Role, reset};
 use monad_protocol::{ErrorCode, ToolError};
 use monad_sandbox::exec::cgroup::{self, ProcessGroups};
@@ -18,7 +18,7 @@ use crate::auth::{DeviceId, validate_client_name};
 use crate::cluster::Origin;
 use crate::config::ServerConfig;
 use crate::executor::Executor;
-use crate::quota::{PerUser, Slot};
+use crate::quota::{Held, PerUser, Slot};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
@@ -34,6 +34,14 @@ const MAX_HELLO: usize = 64 * 1024;
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
 const MAX_REQUEST: usize = 40 * 1024 * 1024;
+/// Most JSON values one request may hold: its tree is made only then.
+const MAX_REQUEST_VALUES: usize = 1_000_000;
+/// What one value of a request's tree is counted as in its user's memory, in bytes: a
+/// `serde_json::Value` and its share of the array or map holding it.
+const VALUE_BYTES: usize = 48;
+/// Requests of at most this many bytes are not counted value by value: they are taken to hold
+/// one value per two bytes.
+const COUNTED_FROM: usize = 16 * 1024;
 /// Longest wait for the peer to acknowledge an answer before its stream is left behind.
 const ANSWER_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// QUIC application close codes.
@@ -301,7 +309,7 @@ impl Server {
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
             user_reads: PerUser::new(config.quotas.max_calls_per_user),
-            answer_bytes: PerUser::new(config.quotas.max_answer_bytes_per_user),
+            call_bytes: PerUser::new(config.quotas.max_call_bytes_per_user),
             network_reports: Default::default(),
             handshakes: Admissions::new(Bounds {
                 total: config.quotas.max_pending_handshakes,
@@ -502,7 +510,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_sessions_per_user: config.quotas.max_sessions_per_user,
             max_connections_per_user: config.quotas.max_connections_per_user,
             max_calls_per_user: config.quotas.max_calls_per_user,
-            max_answer_bytes_per_user: config.quotas.max_answer_bytes_per_user,
+            max_call_bytes_per_user: config.quotas.max_call_bytes_per_user,
             max_pending_handshakes: config.quotas.max_pending_handshakes,
             max_pending_handshakes_per_address: config.quotas.max_pending_handshakes_per_address,
             busy_pending_handshakes: config.quotas.busy_pending_handshakes,
@@ -740,15 +748,27 @@ async fn read_request(
     send: &mut quinn::SendStream,
     recv: &mut quinn::RecvStream,
     max: usize,
+    memory: &Held,
 ) -> Option<Message> {
     let limit = ctx.state.config.request_read_timeout;
-    match tokio::time::timeout(limit, read_message(recv, max)).await {
-        Ok(Ok(request)) => request,
+    let mut hold = |n: usize| memory.take(n);
+    let bytes = match tokio::time::timeout(limit, read_frames(recv, max, &mut hold)).await {
+        Ok(Ok(bytes)) => bytes?,
+        Ok(Err(ReadError::Refused)) => {
+            let _ = recv.stop(reset::CANCELLED.into());
+            send_error(
+                send,
+                0,
+                crate::state::over_call_memory(memory.limit(), "the request"),
+            )
+            .await;
+            return None;
+        }
         Ok(Err(e)) => {
             // Malformed or oversized: close it, and answer if the stream still can.
             let _ = recv.stop(reset::MALFORMED.into());
             send_error(send, 0, e.to_tool_error()).await;
-            None
+            return None;
         }
         Err(_) => {
             let _ = recv.stop(reset::TIMEOUT.into());
@@ -761,6 +781,35 @@ async fn read_request(
                 ),
             );
             send_error(send, 0, error).await;
+            return None;
+        }
+    };
+    // The tree the request becomes is counted before it is made: a document of small numbers
+    // holds a value (32 bytes, and its share of what holds it) for every two of its bytes.
+    let values = if bytes.len() <= COUNTED_FROM {
+        bytes.len() / 2 + 1
+    } else {
+        match monad_protocol::values::count(&bytes, MAX_REQUEST_VALUES) {
+            Ok(values) => values,
+            Err(e) => {
+                send_error(send, 0, ReadError::Json(e).to_tool_error()).await;
+                return None;
+            }
+        }
+    };
+    if !memory.take(values.saturating_mul(VALUE_BYTES)) {
+        send_error(
+            send,
+            0,
+            crate::state::over_call_memory(memory.limit(), "the request"),
+        )
+        .await;
+        return None;
+    }
+    match Message::from_json(&bytes) {
+        Ok(request) => Some(request),
+        Err(e) => {
+            send_error(send, 0, ReadError::Json(e).to_tool_error()).await;
             None
         }
     }
@@ -1171,7 +1220,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             return send_error(&mut send, 0, e).await;
         }
     };
-    let request = read_request(ctx, &mut send, &mut recv, MAX_REQUEST).await;
+    // What the request and its answers hold in memory, counted until the answer is written.
+    let memory = Arc::new(ctx.state.call_bytes.holder(&ctx.user));
+    let request = read_request(ctx, &mut send, &mut recv, MAX_REQUEST, &memory).await;
     drop(reading);
     let Some(request) = request else {
         return;
@@ -1190,7 +1241,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let lookup = ctx.lookup(session.as_deref());
             let mut call = Box::pin(
                 ctx.state
-                    .call_from(ctx.origin, &ctx.user, lookup, &tool, args, &sink),
+                    .call_from(ctx.origin, &ctx.user, lookup, &tool, args, &sink, memory),
             );
             let called = loop {
                 tokio::select! {
@@ -1397,9 +1448,11 @@ const MAX_FOLDER_PATH: usize = 4096;
 
 /// One client request: an attachment, held for as long as its stream stays open.
 async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
-    let Some(request) = read_request(ctx, &mut send, &mut recv, MAX_HELLO).await else {
+    let memory = ctx.state.call_bytes.holder(&ctx.user);
+    let Some(request) = read_request(ctx, &mut send, &mut recv, MAX_HELLO, &memory).await else {
         return;
     };
+    drop(memory);
     let Message::Attach {
         id,
         session,

@@ -409,7 +409,7 @@ pub struct ServerSettings {
     /// requests (session listings, history, landings).
     pub max_calls_per_user: usize,
     /// Bytes of attached clients' answers one user's calls may hold in memory at once.
-    pub max_answer_bytes_per_user: usize,
+    pub max_call_bytes_per_user: usize,
     /// Connections that have not said hello yet, over all peers.
     pub max_pending_handshakes: usize,
     /// Connections that have not said hello yet, from one address (an IPv6 /64).
@@ -470,7 +470,7 @@ impl Default for ServerSettings {
             max_sessions_per_user: quotas.max_sessions_per_user,
             max_connections_per_user: quotas.max_connections_per_user,
             max_calls_per_user: quotas.max_calls_per_user,
-            max_answer_bytes_per_user: quotas.max_answer_bytes_per_user,
+            max_call_bytes_per_user: quotas.max_call_bytes_per_user,
             max_pending_handshakes: quotas.max_pending_handshakes,
             max_pending_handshakes_per_address: quotas.max_pending_handshakes_per_address,
             busy_pending_handshakes: quotas.busy_pending_handshakes,
@@ -601,7 +601,7 @@ impl ServerSettings {
             max_sessions_per_user: self.max_sessions_per_user.max(1),
             max_connections_per_user: self.max_connections_per_user.max(1),
             max_calls_per_user: self.max_calls_per_user.max(1),
-            max_answer_bytes_per_user: self.max_answer_bytes_per_user.max(1),
+            max_call_bytes_per_user: self.max_call_bytes_per_user.max(1),
             max_pending_handshakes: self.max_pending_handshakes.max(1),
             max_pending_handshakes_per_address: self.max_pending_handshakes_per_address.max(1),
             busy_pending_handshakes: self.busy_pending_handshakes,

@@ -49,8 +49,8 @@ pub struct State {
     /// QUIC requests being read per user (bounded like calls in flight).
     pub(crate) user_reads: Arc<PerUser>,
     /// Bytes of attached clients' answers each user's calls hold in memory
-    /// ([`crate::executor::link::ANSWER_MEMORY`]).
-    pub(crate) answer_bytes: Arc<PerUser>,
+    /// ([`crate::executor::link::CALL_MEMORY`]).
+    pub(crate) call_bytes: Arc<PerUser>,
     /// Connections that have not said hello yet.
     pub(crate) handshakes: Arc<Admissions>,
     /// Per user, how many of their attached folders' network reports the audit log may still
@@ -147,6 +147,20 @@ pub enum Lookup<'a> {
     Open(Option<&'a str>),
 }
 
+/// The error of a request, or an answer, that would take its user's calls past what they may
+/// hold in memory (`what`: "the request", "the answer from `lap`").
+pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::LimitExceeded,
+        format!(
+            "{what} would take your calls past {} MiB in this server's memory, its limit \
+             (server.max_call_bytes_per_user); wait for other calls to finish, or send or ask \
+             for less at once",
+            limit / (1024 * 1024)
+        ),
+    )
+}
+
 /// Holds what an agent's call counts against while it runs: one of the user's call slots and
 /// the server's count of calls in flight (at shutdown, attached clients stay while it is not
 /// zero), and the bytes of attached clients' answers it holds in memory. Keep it until the
@@ -212,14 +226,18 @@ impl State {
         args: Value,
         progress: &dyn ProgressSink,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
-        self.call_from(Origin::Agent, user, lookup, tool, args, progress)
+        let memory = Arc::new(self.call_bytes.holder(user));
+        self.call_from(Origin::Agent, user, lookup, tool, args, progress, memory)
             .await
     }
 
     /// [`State::call`] for a call from `origin`. With several hosts on one store, the call runs
     /// where its session is served ([`crate::cluster::Cluster::route`]): here (this host holds
     /// or takes the session's lease), or forwarded to the host that holds it, as `user`; a call
-    /// another host forwarded here is never forwarded again.
+    /// another host forwarded here is never forwarded again. `memory` counts what the call's
+    /// request and answers hold in memory (the request's share already taken), until the guard
+    /// goes.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn call_from(
         self: &Arc<Self>,
         origin: Origin,
@@ -228,9 +246,9 @@ impl State {
         tool: &str,
         args: Value,
         progress: &dyn ProgressSink,
+        memory: Arc<Held>,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
         let slot = self.user_call(user)?;
-        let memory = Arc::new(self.answer_bytes.holder(user));
         let session = self.session(user, lookup).await?;
         let in_flight = self.call_in_flight();
         let route = match &self.cluster {
@@ -246,7 +264,7 @@ impl State {
                     .await?
             }
             _ => {
-                let output = crate::executor::link::ANSWER_MEMORY
+                let output = crate::executor::link::CALL_MEMORY
                     .scope(
                         memory.clone(),
                         self.executor.call(&session, tool, args, progress),

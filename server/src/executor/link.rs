@@ -35,6 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::ProgressSink;
 use super::record::{Tap, Verdict};
 use crate::route::{Presence, Unasked};
+use crate::state::over_call_memory;
 use crate::store::Decider;
 
 /// Largest answer accepted from a client (a 64 MiB file as JSON fits).
@@ -43,31 +44,20 @@ pub(crate) const MAX_CLIENT_MESSAGE: usize = 256 * 1024 * 1024;
 const MAX_BODY_HEAD: usize = 1024 * 1024;
 
 tokio::task_local! {
-    /// The bytes of attached clients' answers the call running in this task holds in memory,
-    /// against its user's `server.max_answer_bytes_per_user` (set by
+    /// The bytes the call running in this task holds in memory (its request, counted as it was
+    /// read, and its attached client's answer), against its user's
+    /// `server.max_call_bytes_per_user` (set by
     /// [`crate::state::State::call_from`] and the built-in agent around a call, and held until
     /// its answer is written). A call outside such a scope (the executor's own tests) is not
     /// counted. One task per call: the answer is read in the calling task.
-    pub(crate) static ANSWER_MEMORY: Arc<crate::quota::Held>;
+    pub(crate) static CALL_MEMORY: Arc<crate::quota::Held>;
 }
 
-/// The answer memory of the call running in this task, if it is counted.
-fn answer_memory() -> Option<Arc<crate::quota::Held>> {
-    ANSWER_MEMORY.try_with(Arc::clone).ok()
+/// The memory count of the call running in this task, if it is counted.
+fn call_memory() -> Option<Arc<crate::quota::Held>> {
+    CALL_MEMORY.try_with(Arc::clone).ok()
 }
 
-/// The error of a call whose answer would take its user past what their answers may hold.
-fn over_answer_memory(name: &str, limit: usize) -> ToolError {
-    ToolError::new(
-        ErrorCode::LimitExceeded,
-        format!(
-            "the answer from `{name}` would take your calls' answers in this server's memory past \
-             {} MiB, its limit (server.max_answer_bytes_per_user); wait for other calls to \
-             finish, or ask for less at once",
-            limit / (1024 * 1024)
-        ),
-    )
-}
 /// How long a client has to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest answer to a probe.
@@ -584,7 +574,7 @@ async fn answer<R: RecvHalf>(
             format!("the client of `{name}` answered with {what}"),
         )
     };
-    let memory = answer_memory();
+    let memory = call_memory();
     loop {
         // The result is relayed and recorded as the client wrote it, not decoded here; what
         // it holds in memory is counted as it arrives, and a message that is not the result
@@ -689,8 +679,10 @@ async fn answer<R: RecvHalf>(
             }
             Err(ReadError::Refused) => {
                 recv.stop(reset::CANCELLED);
-                let limit = memory.as_ref().map_or(0, |m| m.limit());
-                return Answer::failed(over_answer_memory(name, limit), decided_by);
+                // Refused only by a count, so `memory` is there.
+                let limit = memory.as_ref().map_or(usize::MAX, |m| m.limit());
+                let error = over_call_memory(limit, &format!("the answer from `{name}`"));
+                return Answer::failed(error, decided_by);
             }
             Err(ReadError::Frame(FrameError::MessageTooLarge(max))) => {
                 recv.stop(reset::MALFORMED);
@@ -864,7 +856,8 @@ impl<R: RecvHalf> PendingBody<R> {
             && len <= MAX_CLIENT_MESSAGE
             && !memory.take(len)
         {
-            let error = over_answer_memory(&self.name, memory.limit());
+            let what = format!("the answer from `{}`", self.name);
+            let error = over_call_memory(memory.limit(), &what);
             self.recv().stop(reset::CANCELLED);
             self.fail(error.clone());
             return Err(error);

@@ -765,7 +765,7 @@ async fn the_answers_one_users_calls_hold_in_memory_are_bounded_together() {
     use monad_protocol::wire::{Message, Outcome};
     const MIB: usize = 1024 * 1024;
     let server =
-        TestServer::start_with(|config| config.quotas.max_answer_bytes_per_user = 5 * MIB).await;
+        TestServer::start_with(|config| config.quotas.max_call_bytes_per_user = 5 * MIB).await;
     let agent = server.agent().await;
     let fake = FakeClient::attach(&server.client_config(), "lap", vec![ToolName::ReadFile]).await;
     let calling = |path: &'static str| {
@@ -837,7 +837,7 @@ async fn the_answers_one_users_calls_hold_in_memory_are_bounded_together() {
     assert!(
         refused[0]
             .message
-            .contains("server.max_answer_bytes_per_user"),
+            .contains("server.max_call_bytes_per_user"),
         "{}",
         refused[0]
     );
@@ -905,7 +905,7 @@ async fn the_answers_one_users_calls_hold_in_memory_are_bounded_together() {
                 ..
             })) if !fits => assert!(
                 error.code == ErrorCode::LimitExceeded
-                    && error.message.contains("server.max_answer_bytes_per_user"),
+                    && error.message.contains("server.max_call_bytes_per_user"),
                 "{error}"
             ),
             Ok(Some(Message::Result { outcome, .. })) => panic!(
@@ -918,4 +918,56 @@ async fn the_answers_one_users_calls_hold_in_memory_are_bounded_together() {
             other => panic!("{len} bytes: {:?}", other.map(|m| m.map(|m| m.kind()))),
         }
     }
+}
+
+/// The tree a request becomes is counted before it is made: one of more values than any tool
+/// takes is refused, and one whose tree would take its user's calls past what they may hold
+/// is refused too, saying so; the user's next call goes through. (A 40 MiB request of small
+/// numbers became a 640 MiB tree, held for as long as its call ran, 256 calls at once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_tree_is_counted_before_it_is_made() {
+    use monad_protocol::wire::Outcome;
+    const MIB: usize = 1024 * 1024;
+    let server =
+        TestServer::start_with(|config| config.quotas.max_call_bytes_per_user = 5 * MIB).await;
+    let agent = server.agent().await;
+    // Refused before any call starts: the server's answer to the request itself.
+    let refused = |args: serde_json::Value| {
+        let agent = agent.clone();
+        async move {
+            match within(
+                STEP,
+                "the refusal",
+                agent.call(None, "run_command", args, |_| {}),
+            )
+            .await
+            {
+                Err(ClientError::Refused(error)) => error,
+                other => panic!(
+                    "the request was not refused: {:?}",
+                    other.map(|r| r.outcome)
+                ),
+            }
+        }
+    };
+    let zeros = |n: usize| vec![0; n];
+    let many = refused(json!({"argv": zeros(1_000_001)})).await;
+    assert!(
+        many.message.contains("more than 1000000 JSON values"),
+        "{many}"
+    );
+    let big = refused(json!({"argv": zeros(120_000)})).await;
+    assert_eq!(big.code, ErrorCode::LimitExceeded, "{big}");
+    assert!(
+        big.message.contains("server.max_call_bytes_per_user"),
+        "{big}"
+    );
+    // Within the bound it is read (and refused by the tool, for what it is), and what the
+    // refused ones held came back.
+    let within_bound = call_in(&agent, None, "run_command", json!({"argv": zeros(50_000)})).await;
+    match within_bound.outcome {
+        Outcome::Error { error } => assert_eq!(error.code, ErrorCode::InvalidArguments, "{error}"),
+        Outcome::Ok { .. } => panic!("an argv of numbers ran"),
+    }
+    ok(call_in(&agent, None, "workspaces", json!({})).await);
 }
