@@ -23,8 +23,13 @@ use axum::response::{IntoResponse, Redirect, Response};
 use super::{HttpError, Web, bearer};
 use crate::auth::sha256_hex;
 
-/// The sign-in cookie's name.
+/// The sign-in cookie's name over plain HTTP.
 pub const COOKIE: &str = "monad_signin";
+/// Its name over HTTPS: a browser keeps a `__Host-` cookie only when it is `Secure`, has
+/// `Path=/` and names no domain, so a page of a neighbouring host (`evil.example.com` beside
+/// `monad.example.com`) cannot set one for this server (a sign-in of its own choosing, or one
+/// that shadows the user's).
+pub const HOST_COOKIE: &str = "__Host-monad_signin";
 /// How long a sign-in lasts.
 pub const LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
 /// Sign-ins one user may hold at once (signing in once more ends their oldest).
@@ -162,11 +167,22 @@ fn over_https(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("https"))
 }
 
+/// The sign-in cookie's name for a request: [`HOST_COOKIE`] over HTTPS (the only one read
+/// there), [`COOKIE`] over plain HTTP, where a browser keeps no `__Host-` cookie.
+fn cookie_name(headers: &HeaderMap) -> &'static str {
+    if over_https(headers) {
+        HOST_COOKIE
+    } else {
+        COOKIE
+    }
+}
+
 /// The `Set-Cookie` value that gives a browser its sign-in.
 pub fn set_cookie(headers: &HeaderMap, id: &str) -> String {
     let secure = if over_https(headers) { "; Secure" } else { "" };
     format!(
-        "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        "{}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        cookie_name(headers),
         LIFETIME.as_secs()
     )
 }
@@ -174,7 +190,10 @@ pub fn set_cookie(headers: &HeaderMap, id: &str) -> String {
 /// The `Set-Cookie` value that removes it.
 pub fn clear_cookie(headers: &HeaderMap) -> String {
     let secure = if over_https(headers) { "; Secure" } else { "" };
-    format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}")
+    format!(
+        "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}",
+        cookie_name(headers)
+    )
 }
 
 /// Whether a state-changing request comes from a page of this same server: its `Origin` names
@@ -285,7 +304,7 @@ impl FromRequestParts<Arc<Web>> for PageUser {
                 Redirect::to("/login").into_response()
             }
         };
-        let Some(id) = cookie(&parts.headers, COOKIE) else {
+        let Some(id) = cookie(&parts.headers, cookie_name(&parts.headers)) else {
             return Err(to_signin());
         };
         let Some(signin) = web.signins.lookup(id) else {
@@ -375,5 +394,24 @@ mod tests {
         assert!(!plain.contains("Secure"));
         let tls = set_cookie(&headers(&[("x-forwarded-proto", "https")]), "abc");
         assert!(tls.ends_with("; Secure"));
+        // Over HTTPS its name keeps neighbouring hosts from setting it; over plain HTTP a
+        // browser would keep no such cookie.
+        assert!(tls.starts_with("__Host-monad_signin=abc; Path=/;"), "{tls}");
+        assert!(!tls.contains("Domain"));
+        assert!(plain.starts_with("monad_signin=abc;"), "{plain}");
+        let cleared = clear_cookie(&headers(&[("x-forwarded-proto", "https")]));
+        assert!(cleared.starts_with("__Host-monad_signin=;"), "{cleared}");
+        // What is read is the one of the request's scheme: over HTTPS a plain `monad_signin`
+        // (which another host of the domain can set) is not taken.
+        let tossed = headers(&[
+            ("x-forwarded-proto", "https"),
+            ("cookie", "monad_signin=planted"),
+        ]);
+        assert_eq!(cookie(&tossed, cookie_name(&tossed)), None);
+        let both = headers(&[
+            ("x-forwarded-proto", "https"),
+            ("cookie", "monad_signin=planted; __Host-monad_signin=mine"),
+        ]);
+        assert_eq!(cookie(&both, cookie_name(&both)), Some("mine"));
     }
 }
