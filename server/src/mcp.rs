@@ -38,6 +38,9 @@ use crate::state::{Lookup, State, WorkspaceWatch, listing};
 
 /// The path of the MCP endpoint.
 pub const PATH: &str = "/mcp";
+/// The largest MCP request body read (rmcp's own bound, said here so that the count below reads
+/// no more than rmcp would).
+const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// The user a request's bearer token belongs to, put in the request's extensions by the
 /// authentication layer.
@@ -240,6 +243,84 @@ pub(crate) fn connection_counts_for(extensions: &axum::http::Extensions, user: &
         .is_none_or(|connection| connection.authenticated(user))
 }
 
+/// Counts a `POST`'s body in its user's call memory (`server.max_call_bytes_per_user`) before
+/// rmcp makes a tree of it: its bytes, and the tree's values counted without making one (a
+/// body of more than [`crate::state::MAX_REQUEST_VALUES`] values is refused with `413`, one
+/// past the user's bound with `429`). What is counted is held until the response's body is
+/// done with: for a tool call, until its result is sent. (A 4 MiB body of small numbers became
+/// a 64 MiB tree, any number of them while they waited for a landing or a call slot.)
+async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next: Next) -> Response {
+    let Some(McpUser(user)) = request.extensions().get::<McpUser>().cloned() else {
+        return next.run(request).await;
+    };
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY).await else {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is over {MAX_BODY} bytes, or did not arrive whole\n"),
+        )
+            .into_response();
+    };
+    let tree = match crate::state::tree_bytes(&bytes) {
+        Ok(tree) => tree,
+        // Not JSON: rmcp says what is wrong with it.
+        Err(e) if !e.is_data() => 0,
+        Err(e) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body is refused: {e}\n"),
+            )
+                .into_response();
+        }
+    };
+    let memory = state.call_bytes.holder(&user);
+    if !memory.take(bytes.len().saturating_add(tree)) {
+        let error = crate::state::over_call_memory(memory.limit(), "the request");
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{}\n", error.message),
+        )
+            .into_response();
+    }
+    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    let response = next.run(request).await;
+    response.map(|body| {
+        axum::body::Body::new(HeldUntilDone {
+            body,
+            _held: memory,
+        })
+    })
+}
+
+/// A response body that holds what its request counted until it is done with.
+struct HeldUntilDone {
+    body: axum::body::Body,
+    _held: crate::quota::Held,
+}
+
+impl http_body::Body for HeldUntilDone {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// rmcp answers a session's `DELETE` with `202 Accepted`; hosts expect `200` or `204` (the
 /// Python SDK logs a warning at every disconnect otherwise). The session is gone at once, so
 /// `204 No Content` is the honest answer.
@@ -261,7 +342,9 @@ async fn delete_answers_no_content(request: Request, next: Next) -> Response {
 /// session.
 pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken) -> axum::Router {
     let web = crate::http::router(state.clone(), shutdown.clone());
-    let mut config = StreamableHttpServerConfig::default().with_cancellation_token(shutdown);
+    let mut config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(shutdown)
+        .with_max_request_body_bytes(MAX_BODY);
     if !local.ip().is_loopback() {
         config = config.disable_allowed_hosts();
     }
@@ -284,6 +367,7 @@ pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken)
     let app = axum::Router::new()
         .route_service(PATH, service)
         .layer(middleware::from_fn(delete_answers_no_content))
+        .layer(middleware::from_fn_with_state(state.clone(), counted_body))
         .layer(middleware::from_fn_with_state(sessions, owned_sessions))
         .layer(middleware::from_fn_with_state(state, authenticate))
         .layer(middleware::from_fn_with_state(origins, check_origin))

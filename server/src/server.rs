@@ -34,14 +34,6 @@ const MAX_HELLO: usize = 64 * 1024;
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
 const MAX_REQUEST: usize = 40 * 1024 * 1024;
-/// Most JSON values one request may hold: its tree is made only then.
-const MAX_REQUEST_VALUES: usize = 1_000_000;
-/// What one value of a request's tree is counted as in its user's memory, in bytes: a
-/// `serde_json::Value` and its share of the array or map holding it.
-const VALUE_BYTES: usize = 48;
-/// Requests of at most this many bytes are not counted value by value: they are taken to hold
-/// one value per two bytes.
-const COUNTED_FROM: usize = 16 * 1024;
 /// Longest wait for the peer to acknowledge an answer before its stream is left behind.
 const ANSWER_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// QUIC application close codes.
@@ -784,20 +776,15 @@ async fn read_request(
             return None;
         }
     };
-    // The tree the request becomes is counted before it is made: a document of small numbers
-    // holds a value (32 bytes, and its share of what holds it) for every two of its bytes.
-    let values = if bytes.len() <= COUNTED_FROM {
-        bytes.len() / 2 + 1
-    } else {
-        match monad_protocol::values::count(&bytes, MAX_REQUEST_VALUES) {
-            Ok(values) => values,
-            Err(e) => {
-                send_error(send, 0, ReadError::Json(e).to_tool_error()).await;
-                return None;
-            }
+    // The tree the request becomes is counted before it is made.
+    let tree = match crate::state::tree_bytes(&bytes) {
+        Ok(tree) => tree,
+        Err(e) => {
+            send_error(send, 0, ReadError::Json(e).to_tool_error()).await;
+            return None;
         }
     };
-    if !memory.take(values.saturating_mul(VALUE_BYTES)) {
+    if !memory.take(tree) {
         send_error(
             send,
             0,

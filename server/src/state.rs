@@ -147,6 +147,27 @@ pub enum Lookup<'a> {
     Open(Option<&'a str>),
 }
 
+/// Most JSON values one request may hold: its tree is made only then.
+pub(crate) const MAX_REQUEST_VALUES: usize = 1_000_000;
+/// What one value of a request's tree is counted as in its user's memory, in bytes: a
+/// `serde_json::Value` and its share of the array or map holding it.
+const VALUE_BYTES: usize = 48;
+/// Requests of at most this many bytes are not counted value by value: they are taken to hold
+/// one value per two bytes.
+const COUNTED_FROM: usize = 16 * 1024;
+
+/// What the tree of the request `json` would take in memory beyond its bytes, counted before it
+/// is made (a document of small numbers holds a value for every two of its bytes), or why it
+/// is refused: more than [`MAX_REQUEST_VALUES`] values, or not JSON.
+pub(crate) fn tree_bytes(json: &[u8]) -> Result<usize, serde_json::Error> {
+    let values = if json.len() <= COUNTED_FROM {
+        json.len() / 2 + 1
+    } else {
+        monad_protocol::values::count(json, MAX_REQUEST_VALUES)?
+    };
+    Ok(values.saturating_mul(VALUE_BYTES))
+}
+
 /// The error of a request, or an answer, that would take its user's calls past what they may
 /// hold in memory (`what`: "the request", "the answer from `lap`").
 pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {

@@ -602,3 +602,58 @@ async fn one_user_holds_at_most_their_bound_of_connections() {
     })
     .await;
 }
+
+/// An MCP request's body counts in its user's call memory before rmcp makes a tree of it: one
+/// of more values than any tool takes is refused with `413`, one whose tree would take the
+/// user's calls past their bound with `429` naming the key, and a call within it goes through.
+/// (A 4 MiB body of small numbers became a 64 MiB tree, any number of them at once while they
+/// waited for a landing or a call slot.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_requests_tree_is_counted_before_it_is_made() {
+    const MIB: usize = 1024 * 1024;
+    let (server, http) = server(|c| c.quotas.max_call_bytes_per_user = 5 * MIB).await;
+    let ana = format!("Bearer {}", server.token);
+    blocking("MCP calls of many values", move || {
+        let opened = request(http, "POST", &[("Authorization", &ana)], INITIALIZE);
+        assert_eq!(opened.status, 200, "{opened:?}");
+        let id = opened
+            .header("mcp-session-id")
+            .expect("a session id")
+            .to_owned();
+        let headers = [
+            ("Authorization", ana.as_str()),
+            ("Mcp-Session-Id", id.as_str()),
+            ("MCP-Protocol-Version", "2025-06-18"),
+        ];
+        assert_eq!(request(http, "POST", &headers, INITIALIZED).status, 202);
+        let call = |values: usize| {
+            let argv = serde_json::Value::Array(vec![serde_json::json!(0); values]);
+            let body = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "run_command", "arguments": {"argv": argv}}});
+            request(http, "POST", &headers, &body.to_string())
+        };
+        let many = call(1_000_001);
+        assert_eq!(many.status, 413, "{many:?}");
+        assert!(
+            many.body.contains("more than 1000000 JSON values"),
+            "{many:?}"
+        );
+        let big = call(120_000);
+        assert_eq!(big.status, 429, "{big:?}");
+        assert!(
+            big.body.contains("server.max_call_bytes_per_user"),
+            "{big:?}"
+        );
+        // Within the bound it reaches the tool (which refuses an argv of numbers), and what the
+        // refused ones held came back.
+        let within_bound = call(50_000);
+        assert_eq!(within_bound.status, 200, "{within_bound:?}");
+        assert!(within_bound.body.contains("argv"), "{within_bound:?}");
+        assert!(
+            within_bound.body.contains("\"isError\":true"),
+            "{within_bound:?}"
+        );
+        assert_eq!(request(http, "POST", &headers, PING).status, 200);
+    })
+    .await;
+}
