@@ -104,6 +104,11 @@ impl Backend for ExecutorBackend {
         let sink = move |line: &str| {
             let _ = progress.send(line.to_owned());
         };
+        // The answer counts with its request until the response is sent ([`counted_body`]).
+        let memory = caller
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<McpMemory>())
+            .map(|memory| memory.0.clone());
         // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
         // the call needs until it is done.
         let run = async {
@@ -115,6 +120,7 @@ impl Backend for ExecutorBackend {
                     tool.as_str(),
                     args,
                     &sink,
+                    memory,
                 )
                 .await?;
             Ok(output.complete().await)
@@ -266,8 +272,9 @@ async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next:
     };
     let tree = match crate::state::tree_bytes(&bytes) {
         Ok(tree) => tree,
-        // Not JSON: rmcp says what is wrong with it.
-        Err(e) if !e.is_data() => 0,
+        // Not JSON (rmcp says what is wrong with it): counted as the most a tree of its bytes
+        // could take, as rmcp makes one of what comes before the fault.
+        Err(e) if !e.is_data() => crate::state::most_tree_bytes(bytes.len()),
         Err(e) => {
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -276,7 +283,7 @@ async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next:
                 .into_response();
         }
     };
-    let memory = state.call_bytes.holder(&user);
+    let memory = Arc::new(state.call_bytes.holder(&user));
     if !memory.take(bytes.len().saturating_add(tree)) {
         let error = crate::state::over_call_memory(memory.limit(), "the request");
         return (
@@ -285,41 +292,21 @@ async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next:
         )
             .into_response();
     }
-    let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    request.extensions_mut().insert(McpMemory(memory.clone()));
     let response = next.run(request).await;
     response.map(|body| {
-        axum::body::Body::new(HeldUntilDone {
+        axum::body::Body::new(GuardedBody {
             body,
-            _held: memory,
+            _guard: memory,
         })
     })
 }
 
-/// A response body that holds what its request counted until it is done with.
-struct HeldUntilDone {
-    body: axum::body::Body,
-    _held: crate::quota::Held,
-}
-
-impl http_body::Body for HeldUntilDone {
-    type Data = axum::body::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
+/// What a `POST`'s body and the call it makes hold in memory ([`counted_body`]), in the
+/// request's extensions for the call to count its answer in too.
+#[derive(Clone)]
+struct McpMemory(Arc<crate::quota::Held>);
 
 /// rmcp answers a session's `DELETE` with `202 Accepted`; hosts expect `200` or `204` (the
 /// Python SDK logs a warning at every disconnect otherwise). The session is gone at once, so
@@ -890,13 +877,14 @@ impl HttpConnection {
     }
 }
 
-/// A response body that keeps its request [`InProgress`] until it is done.
-struct TrackedBody {
+/// A response body that keeps `_guard` until it is done with: its request [`InProgress`], or
+/// what it counts in its user's memory ([`counted_body`]).
+struct GuardedBody<G> {
     body: axum::body::Body,
-    _in_progress: InProgress,
+    _guard: G,
 }
 
-impl http_body::Body for TrackedBody {
+impl<G: Unpin> http_body::Body for GuardedBody<G> {
     type Data = bytes::Bytes;
     type Error = axum::Error;
 
@@ -1025,9 +1013,9 @@ async fn serve_connection(
             let answer = hyper::service::Service::call(&inner, request);
             async move {
                 let response = answer.await?;
-                Ok::<_, std::convert::Infallible>(response.map(|body| TrackedBody {
+                Ok::<_, std::convert::Infallible>(response.map(|body| GuardedBody {
                     body,
-                    _in_progress: in_progress,
+                    _guard: in_progress,
                 }))
             }
         });

@@ -780,7 +780,15 @@ async fn read_request(
     let tree = match crate::state::tree_bytes(&bytes) {
         Ok(tree) => tree,
         Err(e) => {
-            send_error(send, 0, ReadError::Json(e).to_tool_error()).await;
+            let error = if e.is_data() {
+                ToolError::new(
+                    ErrorCode::LimitExceeded,
+                    format!("the request is refused: {e}"),
+                )
+            } else {
+                ReadError::Json(e).to_tool_error()
+            };
+            send_error(send, 0, error).await;
             return None;
         }
     };

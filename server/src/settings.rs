@@ -408,7 +408,8 @@ pub struct ServerSettings {
     /// Tool calls of one user in flight at once (QUIC and HTTP together), and their other QUIC
     /// requests (session listings, history, landings).
     pub max_calls_per_user: usize,
-    /// Bytes of attached clients' answers one user's calls may hold in memory at once.
+    /// Bytes one user's calls may hold in memory at once (their requests and their attached
+    /// clients' answers).
     pub max_call_bytes_per_user: usize,
     /// Connections that have not said hello yet, over all peers.
     pub max_pending_handshakes: usize,

@@ -48,8 +48,8 @@ pub struct State {
     pub(crate) user_calls: Arc<PerUser>,
     /// QUIC requests being read per user (bounded like calls in flight).
     pub(crate) user_reads: Arc<PerUser>,
-    /// Bytes of attached clients' answers each user's calls hold in memory
-    /// ([`crate::executor::link::CALL_MEMORY`]).
+    /// Bytes each user's calls hold in memory: their requests and the trees they become, and
+    /// their attached clients' answers ([`crate::executor::link::CALL_MEMORY`]).
     pub(crate) call_bytes: Arc<PerUser>,
     /// Connections that have not said hello yet.
     pub(crate) handshakes: Arc<Admissions>,
@@ -160,12 +160,16 @@ const COUNTED_FROM: usize = 16 * 1024;
 /// is made (a document of small numbers holds a value for every two of its bytes), or why it
 /// is refused: more than [`MAX_REQUEST_VALUES`] values, or not JSON.
 pub(crate) fn tree_bytes(json: &[u8]) -> Result<usize, serde_json::Error> {
-    let values = if json.len() <= COUNTED_FROM {
-        json.len() / 2 + 1
-    } else {
-        monad_protocol::values::count(json, MAX_REQUEST_VALUES)?
-    };
+    if json.len() <= COUNTED_FROM {
+        return Ok(most_tree_bytes(json.len()));
+    }
+    let values = monad_protocol::values::count(json, MAX_REQUEST_VALUES)?;
     Ok(values.saturating_mul(VALUE_BYTES))
+}
+
+/// The most the tree of `len` bytes of JSON can take beyond them: a value for every two bytes.
+pub(crate) fn most_tree_bytes(len: usize) -> usize {
+    (len / 2 + 1).saturating_mul(VALUE_BYTES)
 }
 
 /// The error of a request, or an answer, that would take its user's calls past what they may
@@ -174,10 +178,14 @@ pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {
     ToolError::new(
         ErrorCode::LimitExceeded,
         format!(
-            "{what} would take your calls past {} MiB in this server's memory, its limit \
+            "{what} would take your calls past {} in this server's memory, its limit \
              (server.max_call_bytes_per_user); wait for other calls to finish, or send or ask \
              for less at once",
-            limit / (1024 * 1024)
+            if limit >= 1024 * 1024 {
+                format!("{} MiB", limit / (1024 * 1024))
+            } else {
+                format!("{limit} bytes")
+            }
         ),
     )
 }
@@ -246,8 +254,9 @@ impl State {
         tool: &str,
         args: Value,
         progress: &dyn ProgressSink,
+        memory: Option<Arc<Held>>,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
-        let memory = Arc::new(self.call_bytes.holder(user));
+        let memory = memory.unwrap_or_else(|| Arc::new(self.call_bytes.holder(user)));
         self.call_from(Origin::Agent, user, lookup, tool, args, progress, memory)
             .await
     }

@@ -1328,8 +1328,8 @@ pub(crate) async fn write(
     let mut taken = 0;
     let written = tokio::time::timeout_at(deadline, async {
         while taken < text.len() {
-            let piece = &text[taken..piece_end(text, taken)];
-            match pipe.write(piece.as_bytes()).await? {
+            let piece = &text.as_bytes()[taken..piece_end(text, taken)];
+            match pipe.write(piece).await? {
                 0 => return Err(std::io::ErrorKind::WriteZero.into()),
                 n => taken += n,
             }
@@ -1366,13 +1366,13 @@ pub(crate) async fn write(
 }
 
 /// Where the piece of `text` that starts at `from` ends: at most [`PIPE_BUF`] bytes later (what a
-/// pipe takes whole or not at all), on a character's end.
+/// pipe takes whole or not at all), on a character's end. (A short write that left `from` inside
+/// a character, which a pipe never makes, goes on to that character's end.)
 fn piece_end(text: &str, from: usize) -> usize {
-    let mut end = (from + PIPE_BUF).min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    end
+    let start = (from..=text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    start + monad_protocol::text::head(&text[start..], PIPE_BUF).len()
 }
 
 /// What a write that stopped midway took, for its error: nothing when it took nothing.
@@ -1380,7 +1380,7 @@ fn taken_part(text: &str, taken: usize) -> String {
     if taken == 0 {
         return String::new();
     }
-    let chars = text[..taken].chars().count();
+    let chars = monad_protocol::text::head(text, taken).chars().count();
     format!(
         "; it took the first {taken} of {} bytes (the first {chars} characters) and the rest \
          was not written: send only the text from character {} on (counting from 1)",

@@ -952,6 +952,7 @@ async fn a_requests_tree_is_counted_before_it_is_made() {
     };
     let zeros = |n: usize| vec![0; n];
     let many = refused(json!({"argv": zeros(1_000_001)})).await;
+    assert_eq!(many.code, ErrorCode::LimitExceeded, "{many}");
     assert!(
         many.message.contains("more than 1000000 JSON values"),
         "{many}"
