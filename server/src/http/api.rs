@@ -22,6 +22,7 @@ use super::signin::{ApiUser, Credential};
 use super::{HttpError, Web, blocking, owned_record, owned_session, page_limit};
 use crate::feed::{Event, Phase};
 use crate::fsutil::now_rfc3339;
+use crate::quota::Held;
 use crate::server::State;
 use crate::store::{
     ArtifactKind, ArtifactMeta, AuditRecord, History, HistoryMessage, RecordRoom, Role, StoreError,
@@ -689,13 +690,35 @@ fn required(name: &str, value: &str) -> Result<(), HttpError> {
 }
 
 /// A JSON body of at most [`MAX_BODY`] bytes, read as `T`: a body over the limit, or one that
-/// is not `T`, is a `400` saying so.
-async fn json_body<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, HttpError> {
+/// is not `T`, is a `400` saying so. The body and the tree it becomes count in `user`'s call
+/// memory (`server.max_call_bytes_per_user`, `429` past it; counted before the tree is made, a
+/// body of more values than any request takes is a `400`) for as long as the returned count is
+/// kept: until the handler has answered.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    state: &State,
+    user: &str,
+    body: Body,
+) -> Result<(T, Held), HttpError> {
     let bytes = axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|_| HttpError::bad(format!("the body is over {MAX_BODY} bytes")))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| HttpError::bad(format!("the body is not valid: {e}")))
+    let tree = match crate::state::tree_bytes(&bytes) {
+        Ok(tree) => tree,
+        // Not JSON: said below, once what precedes the fault has been made a tree.
+        Err(e) if !e.is_data() => crate::state::most_tree_bytes(bytes.len()),
+        Err(e) => return Err(HttpError::bad(format!("the body is refused: {e}"))),
+    };
+    let memory = state.call_bytes.holder(user);
+    if !memory.take(bytes.len().saturating_add(tree)) {
+        let limit = memory.limit();
+        return Err(tool_error(crate::state::over_call_memory(
+            limit,
+            "the request",
+        )));
+    }
+    let value = serde_json::from_slice(&bytes)
+        .map_err(|e| HttpError::bad(format!("the body is not valid: {e}")))?;
+    Ok((value, memory))
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
@@ -721,7 +744,7 @@ async fn create_workspace(
     ApiUser(user): ApiUser,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let request: CreateWorkspace = json_body(body).await?;
+    let (request, _memory): (CreateWorkspace, _) = json_body(&web.state, &user, body).await?;
     if let Some(claimed) = &request.user_id
         && *claimed != user
     {
@@ -897,7 +920,7 @@ async fn upload_artifact(
     // times MAX_BODY while it is decoded); the others wait with their bodies unread.
     let _turn = web.uploads.acquire().await;
     // The whole body is read and checked before anything is looked up or written.
-    let upload: UploadArtifact = json_body(body).await?;
+    let (upload, _memory): (UploadArtifact, _) = json_body(&web.state, &user, body).await?;
     let checked = check_upload(upload)?;
     let state = web.state.clone();
     let created = blocking(move || store_upload(&state, &user, &id, checked)).await?;

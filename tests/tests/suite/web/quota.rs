@@ -237,3 +237,51 @@ async fn concurrent_creations_cannot_pass_the_workspace_quota_together() {
         .unwrap();
     assert_eq!(records.len(), 4);
 }
+
+/// An API body counts in its user's call memory before a tree is made of it: an upload whose
+/// `metadata` holds more values than any request takes is a `400`, one whose tree would take
+/// the user past their bound a `429` naming the key, and one within it is stored. (A 24 MiB
+/// `metadata` of small numbers became a 384 MiB tree.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_bodys_tree_is_counted_before_it_is_made() {
+    const MIB: usize = 1024 * 1024;
+    let (server, http) = server_with(|c| c.quotas.max_call_bytes_per_user = 5 * MIB).await;
+    let api = Api::new(http, &server.token);
+    let workspace = api.workspace(None).await;
+    let session = new_session();
+    let upload = |zeros: usize| {
+        let api = api.clone();
+        let (workspace, session) = (workspace.clone(), session.clone());
+        async move {
+            api.post(
+                &format!("/api/v1/workspaces/{workspace}/artifacts"),
+                &json!({
+                    "sessionId": session,
+                    "artifactType": "tool_output",
+                    "artifactName": "out.txt",
+                    "contentType": "text/plain",
+                    "contentBase64": "eA==",
+                    "metadata": {"many": vec![0; zeros]},
+                }),
+            )
+            .await
+        }
+    };
+    let many = upload(1_000_001).await;
+    assert_eq!(many.status, 400, "{}", many.text());
+    assert!(
+        many.text().contains("more than 1000000 JSON values"),
+        "{}",
+        many.text()
+    );
+    let big = upload(120_000).await;
+    assert_eq!(big.status, 429, "{}", big.text());
+    assert_eq!(big.json()["error"], "limit_exceeded", "{}", big.text());
+    assert!(
+        big.text().contains("server.max_call_bytes_per_user"),
+        "{}",
+        big.text()
+    );
+    let fits = upload(1_000).await;
+    assert_eq!(fits.status, 201, "{}", fits.text());
+}
