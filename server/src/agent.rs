@@ -750,9 +750,7 @@ impl Turn<'_> {
                     &progress,
                     gate.as_ref().map(|g| g as &dyn PermissionGate),
                 );
-                let output = crate::executor::link::CALL_MEMORY
-                    .scope(memory.clone(), call)
-                    .await;
+                let output = crate::executor::link::counted(&memory, call).await;
                 output.complete().await
             }
             Err(error) => (None, Outcome::Error { error }),

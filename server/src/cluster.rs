@@ -306,11 +306,22 @@ impl Cluster {
             .await
             .map_err(|e| lost(&e))?;
         let _ = send.finish();
+        // Read as text, not made a tree, and counted with the call's other memory: what the
+        // owner host relays is what the user's own client answered.
+        let memory = crate::executor::link::call_memory();
         loop {
-            let message = read_message(&mut *recv, MAX_ANSWER)
-                .await
-                .map_err(|e| lost(&e))?
-                .ok_or_else(|| lost(&"the stream ended before the answer"))?;
+            let read =
+                crate::executor::link::read_answer(&mut *recv, MAX_ANSWER, memory.as_deref());
+            let message = match read.await {
+                Ok(Some(message)) => message,
+                Ok(None) => return Err(lost(&"the stream ended before the answer")),
+                Err(monad_protocol::io::ReadError::Refused) => {
+                    let limit = memory.as_ref().map_or(usize::MAX, |m| m.limit());
+                    let what = format!("the answer forwarded from {address}");
+                    return Err(crate::state::over_call_memory(limit, &what));
+                }
+                Err(e) => return Err(lost(&e)),
+            };
             match message {
                 Message::Progress { message, .. } => progress.progress(&message),
                 Message::Result {

@@ -66,8 +66,9 @@ pub struct Quotas {
     /// Tool calls of one user in flight at once, over every connection and MCP over HTTP, and
     /// their other QUIC requests (session listings, history, landings).
     pub max_calls_per_user: usize,
-    /// Bytes one user's calls may hold in the server's memory at once: their requests (QUIC, and
-    /// MCP over HTTP) with the trees they become, and their attached clients' answers (read, or
+    /// Bytes one user's calls may hold in the server's memory at once: their requests (QUIC, MCP
+    /// over HTTP, the API's JSON bodies) with the trees they become, and their attached clients'
+    /// answers, a cluster's forwarded ones included (read, or
     /// read whole for a front that needs the result as one value), each until its answer is
     /// written out; a request or an answer that would pass it fails with `limit_exceeded`.
     pub max_call_bytes_per_user: usize,

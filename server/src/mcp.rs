@@ -38,8 +38,8 @@ use crate::state::{Lookup, State, WorkspaceWatch, listing};
 
 /// The path of the MCP endpoint.
 pub const PATH: &str = "/mcp";
-/// The largest MCP request body read (rmcp's own bound, said here so that the count below reads
-/// no more than rmcp would).
+/// The largest MCP request body read: given to rmcp as its bound, and read whole (no more) by
+/// [`counted_body`] before rmcp reads it.
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// The user a request's bearer token belongs to, put in the request's extensions by the
@@ -74,11 +74,17 @@ impl ExecutorBackend {
     }
 }
 
-/// The user the authentication layer found for a request.
-fn caller_user(caller: &Extensions) -> Result<&McpUser, ToolError> {
+/// What this server's layers put in a request's extensions ([`McpUser`], [`McpToken`],
+/// [`McpMemory`]), as rmcp hands the request's parts to a handler.
+fn from_request<T: Send + Sync + 'static>(caller: &Extensions) -> Option<&T> {
     caller
         .get::<axum::http::request::Parts>()
-        .and_then(|parts| parts.extensions.get::<McpUser>())
+        .and_then(|parts| parts.extensions.get::<T>())
+}
+
+/// The user the authentication layer found for a request.
+fn caller_user(caller: &Extensions) -> Result<&McpUser, ToolError> {
+    from_request::<McpUser>(caller)
         .ok_or_else(|| ToolError::new(ErrorCode::Unauthorized, "no authenticated user"))
 }
 
@@ -105,10 +111,7 @@ impl Backend for ExecutorBackend {
             let _ = progress.send(line.to_owned());
         };
         // The answer counts with its request until the response is sent ([`counted_body`]).
-        let memory = caller
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<McpMemory>())
-            .map(|memory| memory.0.clone());
+        let memory = from_request::<McpMemory>(caller).map(|memory| memory.0.clone());
         // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
         // the call needs until it is done.
         let run = async {
@@ -127,10 +130,7 @@ impl Backend for ExecutorBackend {
         };
         // Each request's token is checked as it comes; one that runs is cut short when the
         // token is revoked meanwhile (dropping it cancels it, as a QUIC agent's reset does).
-        let token = caller
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<McpToken>())
-            .cloned();
+        let token = from_request::<McpToken>(caller).cloned();
         let Some(McpToken(token)) = token else {
             return run.await;
         };
@@ -270,27 +270,17 @@ async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next:
         )
             .into_response();
     };
-    let tree = match crate::state::tree_bytes(&bytes) {
-        Ok(tree) => tree,
-        // Not JSON (rmcp says what is wrong with it): counted as the most a tree of its bytes
-        // could take, as rmcp makes one of what comes before the fault.
-        Err(e) if !e.is_data() => crate::state::most_tree_bytes(bytes.len()),
-        Err(e) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the request body is refused: {e}\n"),
-            )
-                .into_response();
-        }
-    };
     let memory = Arc::new(state.call_bytes.holder(&user));
-    if !memory.take(bytes.len().saturating_add(tree)) {
-        let error = crate::state::over_call_memory(memory.limit(), "the request");
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("{}\n", error.message),
-        )
-            .into_response();
+    match crate::state::hold_request(&memory, &bytes, false) {
+        Ok(()) => {}
+        Err(crate::state::NotHeld::TooManyValues(e)) => {
+            let refused = format!("the request body is refused: {e}\n");
+            return (StatusCode::PAYLOAD_TOO_LARGE, refused).into_response();
+        }
+        Err(crate::state::NotHeld::OverMemory(error)) => {
+            let refused = format!("{}\n", error.message);
+            return (StatusCode::TOO_MANY_REQUESTS, refused).into_response();
+        }
     }
     let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
     request.extensions_mut().insert(McpMemory(memory.clone()));

@@ -1,6 +1,7 @@
-//! Per-user counters: how many of something (connections, calls in flight) each user holds,
-//! against a bound. A slot is taken with [`PerUser::try_acquire`] and given back when dropped;
-//! a user holding nothing takes no room.
+//! Per-user counters: how much of something (connections, calls in flight, bytes in memory) each
+//! user holds, against a bound. A slot is taken with [`PerUser::try_acquire`], a varying amount
+//! with a [`Held`] ([`PerUser::holder`]); both are given back when dropped, and a user holding
+//! nothing takes no room.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -47,14 +48,18 @@ impl PerUser {
     fn take(&self, user: &str, n: usize) -> bool {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let now = held.get(user).copied().unwrap_or(0);
-        match now.checked_add(n).filter(|&after| after <= self.limit) {
-            Some(after) if after > 0 => {
+        let Some(after) = now.checked_add(n).filter(|&after| after <= self.limit) else {
+            return false;
+        };
+        match held.get_mut(user) {
+            Some(count) => *count = after,
+            // A user holding nothing takes no room.
+            None if after > 0 => {
                 held.insert(user.to_owned(), after);
-                true
             }
-            Some(_) => true,
-            None => false,
+            None => {}
         }
+        true
     }
 
     /// Takes `n` off what `user` holds.
@@ -93,8 +98,8 @@ impl Drop for Slot {
     }
 }
 
-/// A varying amount one user holds against a [`PerUser`] bound (the bytes of answers a call
-/// holds in memory), taken a piece at a time; all of it is given back when dropped.
+/// A varying amount one user holds against a [`PerUser`] bound (the bytes a call's request and
+/// answers hold in memory), taken a piece at a time; all of it is given back when dropped.
 #[derive(Debug)]
 pub struct Held {
     counter: Arc<PerUser>,

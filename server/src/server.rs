@@ -22,6 +22,7 @@ use crate::quota::{Held, PerUser, Slot};
 use crate::recorder::Recorder;
 use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
+use crate::state::NotHeld;
 use crate::store::FsStore;
 use crate::store::pg::Lease;
 use crate::tls;
@@ -777,29 +778,20 @@ async fn read_request(
         }
     };
     // The tree the request becomes is counted before it is made.
-    let tree = match crate::state::tree_bytes(&bytes) {
-        Ok(tree) => tree,
-        Err(e) => {
-            let error = if e.is_data() {
-                ToolError::new(
-                    ErrorCode::LimitExceeded,
-                    format!("the request is refused: {e}"),
-                )
-            } else {
-                ReadError::Json(e).to_tool_error()
-            };
+    match crate::state::hold_request(memory, &bytes, true) {
+        Ok(()) => {}
+        Err(NotHeld::TooManyValues(e)) => {
+            let error = ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!("the request is refused: {e}"),
+            );
             send_error(send, 0, error).await;
             return None;
         }
-    };
-    if !memory.take(tree) {
-        send_error(
-            send,
-            0,
-            crate::state::over_call_memory(memory.limit(), "the request"),
-        )
-        .await;
-        return None;
+        Err(NotHeld::OverMemory(error)) => {
+            send_error(send, 0, error).await;
+            return None;
+        }
     }
     match Message::from_json(&bytes) {
         Ok(request) => Some(request),
@@ -1305,6 +1297,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             model,
             base_url,
         } => {
+            // The request's count is for a call's answer; a turn's calls count their own.
+            drop(memory);
             let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
@@ -1345,6 +1339,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             finish(&mut send).await;
         }
         Message::Watch { id, session } => {
+            // A watch lasts: its small request counts no longer than it was read.
+            drop(memory);
             let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,

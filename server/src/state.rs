@@ -14,6 +14,7 @@ use crate::admission::Admissions;
 use crate::auth::{DeviceId, TokenStore};
 use crate::cluster::{Origin, Route};
 use crate::config::ServerConfig;
+use crate::executor::link::counted;
 use crate::executor::{CallOutput, Executor, ProgressSink};
 use crate::quota::{Held, PerUser, Slot};
 use crate::session::{Registry, Session};
@@ -158,18 +159,41 @@ const COUNTED_FROM: usize = 16 * 1024;
 
 /// What the tree of the request `json` would take in memory beyond its bytes, counted before it
 /// is made (a document of small numbers holds a value for every two of its bytes), or why it
-/// is refused: more than [`MAX_REQUEST_VALUES`] values, or not JSON.
-pub(crate) fn tree_bytes(json: &[u8]) -> Result<usize, serde_json::Error> {
+/// is refused: more than [`MAX_REQUEST_VALUES`] values. A body that is not JSON is counted as
+/// the most its tree could take: a reader makes a tree of what comes before the fault.
+fn tree_bytes(json: &[u8]) -> Result<usize, serde_json::Error> {
+    let most = (json.len() / 2 + 1).saturating_mul(VALUE_BYTES);
     if json.len() <= COUNTED_FROM {
-        return Ok(most_tree_bytes(json.len()));
+        return Ok(most);
     }
-    let values = monad_protocol::values::count(json, MAX_REQUEST_VALUES)?;
-    Ok(values.saturating_mul(VALUE_BYTES))
+    match monad_protocol::values::count(json, MAX_REQUEST_VALUES) {
+        Ok(values) => Ok(values.saturating_mul(VALUE_BYTES)),
+        Err(e) if e.is_data() => Err(e),
+        Err(_) => Ok(most),
+    }
 }
 
-/// The most the tree of `len` bytes of JSON can take beyond them: a value for every two bytes.
-pub(crate) fn most_tree_bytes(len: usize) -> usize {
-    (len / 2 + 1).saturating_mul(VALUE_BYTES)
+/// Why a request's body was not taken in its user's memory ([`hold_request`]).
+pub(crate) enum NotHeld {
+    /// It holds more JSON values than any request takes.
+    TooManyValues(serde_json::Error),
+    /// It would take its user's calls past `server.max_call_bytes_per_user`.
+    OverMemory(ToolError),
+}
+
+/// Takes in `memory` what the request `json` holds: its tree, counted before it is made, and its
+/// bytes unless they were counted as they arrived (`bytes_counted`).
+pub(crate) fn hold_request(memory: &Held, json: &[u8], bytes_counted: bool) -> Result<(), NotHeld> {
+    let tree = tree_bytes(json).map_err(NotHeld::TooManyValues)?;
+    let bytes = if bytes_counted { 0 } else { json.len() };
+    if memory.take(tree.saturating_add(bytes)) {
+        Ok(())
+    } else {
+        Err(NotHeld::OverMemory(over_call_memory(
+            memory.limit(),
+            "the request",
+        )))
+    }
 }
 
 /// The error of a request, or an answer, that would take its user's calls past what they may
@@ -192,8 +216,8 @@ pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {
 
 /// Holds what an agent's call counts against while it runs: one of the user's call slots and
 /// the server's count of calls in flight (at shutdown, attached clients stay while it is not
-/// zero), and the bytes of attached clients' answers it holds in memory. Keep it until the
-/// answer, body included, is sent.
+/// zero), and the bytes its request and its answer hold in memory. Keep it until the answer,
+/// body included, is sent.
 pub(crate) struct CallGuard<'a> {
     _slot: Slot,
     _in_flight: CallInFlight<'a>,
@@ -289,17 +313,12 @@ impl State {
             (Route::Forward { address }, Some(cluster)) => {
                 let id = session.id.clone();
                 drop(session);
-                cluster
-                    .forward(&address, user, &id, tool, args, progress)
-                    .await?
+                let forward = cluster.forward(&address, user, &id, tool, args, progress);
+                counted(&memory, forward).await?
             }
             _ => {
-                let output = crate::executor::link::CALL_MEMORY
-                    .scope(
-                        memory.clone(),
-                        self.executor.call(&session, tool, args, progress),
-                    )
-                    .await;
+                let call = self.executor.call(&session, tool, args, progress);
+                let output = counted(&memory, call).await;
                 // The session is not needed any more (a body's recording holds its own
                 // reference): it goes before the answer, so the agent's next request finds it
                 // unused.

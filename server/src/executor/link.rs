@@ -54,8 +54,39 @@ tokio::task_local! {
 }
 
 /// The memory count of the call running in this task, if it is counted.
-fn call_memory() -> Option<Arc<crate::quota::Held>> {
+pub(crate) fn call_memory() -> Option<Arc<crate::quota::Held>> {
     CALL_MEMORY.try_with(Arc::clone).ok()
+}
+
+/// Runs `work` (a call) with what it reads of answers counted in `memory`.
+pub(crate) async fn counted<F: Future>(memory: &Arc<crate::quota::Held>, work: F) -> F::Output {
+    CALL_MEMORY.scope(memory.clone(), work).await
+}
+
+/// Reads one message of an answer, its result kept as text, each frame counted in `memory`
+/// (when the call is counted) as it arrives: a result's count stays with the call, any other
+/// message's (progress, a decision) is given back once read. [`ReadError::Refused`] when the
+/// message would take the call's user past their bound.
+pub(crate) async fn read_answer<R: tokio::io::AsyncRead + Unpin>(
+    recv: &mut R,
+    max: usize,
+    memory: Option<&crate::quota::Held>,
+) -> Result<Option<Message>, ReadError> {
+    let mut held = 0;
+    let mut hold = |n: usize| {
+        let fits = memory.is_none_or(|m| m.take(n));
+        if fits {
+            held += n;
+        }
+        fits
+    };
+    let read = read_message_relayed_counted(recv, max, &mut hold).await;
+    if !matches!(read, Ok(Some(Message::Result { .. })))
+        && let Some(memory) = memory
+    {
+        memory.give_back(held);
+    }
+    read
 }
 
 /// How long a client has to answer a probe.
@@ -577,23 +608,8 @@ async fn answer<R: RecvHalf>(
     let memory = call_memory();
     loop {
         // The result is relayed and recorded as the client wrote it, not decoded here; what
-        // it holds in memory is counted as it arrives, and a message that is not the result
-        // gives its bytes back once looked at.
-        let mut held = 0;
-        let mut hold = |n: usize| {
-            let fits = memory.as_ref().is_none_or(|m| m.take(n));
-            if fits {
-                held += n;
-            }
-            fits
-        };
-        let read = read_message_relayed_counted(&mut recv, MAX_CLIENT_MESSAGE, &mut hold).await;
-        if !matches!(read, Ok(Some(Message::Result { .. })))
-            && let Some(memory) = &memory
-        {
-            memory.give_back(held);
-        }
-        match read {
+        // it holds in memory is counted as it arrives.
+        match read_answer(&mut recv, MAX_CLIENT_MESSAGE, memory.as_deref()).await {
             Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
             Ok(Some(Message::Decided { by, allowed, .. })) => {
                 decided_by = Verdict {

@@ -24,6 +24,7 @@ use crate::feed::{Event, Phase};
 use crate::fsutil::now_rfc3339;
 use crate::quota::Held;
 use crate::server::State;
+use crate::state::NotHeld;
 use crate::store::{
     ArtifactKind, ArtifactMeta, AuditRecord, History, HistoryMessage, RecordRoom, Role, StoreError,
     Upload, WorkspaceRecord,
@@ -702,19 +703,13 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     let bytes = axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|_| HttpError::bad(format!("the body is over {MAX_BODY} bytes")))?;
-    let tree = match crate::state::tree_bytes(&bytes) {
-        Ok(tree) => tree,
-        // Not JSON: said below, once what precedes the fault has been made a tree.
-        Err(e) if !e.is_data() => crate::state::most_tree_bytes(bytes.len()),
-        Err(e) => return Err(HttpError::bad(format!("the body is refused: {e}"))),
-    };
     let memory = state.call_bytes.holder(user);
-    if !memory.take(bytes.len().saturating_add(tree)) {
-        let limit = memory.limit();
-        return Err(tool_error(crate::state::over_call_memory(
-            limit,
-            "the request",
-        )));
+    match crate::state::hold_request(&memory, &bytes, false) {
+        Ok(()) => {}
+        Err(NotHeld::TooManyValues(e)) => {
+            return Err(HttpError::bad(format!("the body is refused: {e}")));
+        }
+        Err(NotHeld::OverMemory(error)) => return Err(tool_error(error)),
     }
     let value = serde_json::from_slice(&bytes)
         .map_err(|e| HttpError::bad(format!("the body is not valid: {e}")))?;
