@@ -316,9 +316,8 @@ impl Cluster {
                 Ok(Some(message)) => message,
                 Ok(None) => return Err(lost(&"the stream ended before the answer")),
                 Err(monad_protocol::io::ReadError::Refused) => {
-                    let limit = memory.as_ref().map_or(usize::MAX, |m| m.limit());
                     let what = format!("the answer forwarded from {address}");
-                    return Err(crate::state::over_call_memory(limit, &what));
+                    return Err(crate::executor::link::refused(memory.as_deref(), &what));
                 }
                 Err(e) => return Err(lost(&e)),
             };

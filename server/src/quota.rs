@@ -47,19 +47,18 @@ impl PerUser {
     /// Adds `n` to what `user` holds, unless that would pass the bound.
     fn take(&self, user: &str, n: usize) -> bool {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let now = held.get(user).copied().unwrap_or(0);
-        let Some(after) = now.checked_add(n).filter(|&after| after <= self.limit) else {
-            return false;
-        };
+        let fits = |now: usize| now.checked_add(n).filter(|&after| after <= self.limit);
         match held.get_mut(user) {
-            Some(count) => *count = after,
+            Some(now) => fits(*now).map(|after| *now = after).is_some(),
             // A user holding nothing takes no room.
-            None if after > 0 => {
-                held.insert(user.to_owned(), after);
-            }
-            None => {}
+            None => fits(0)
+                .map(|after| {
+                    if after > 0 {
+                        held.insert(user.to_owned(), after);
+                    }
+                })
+                .is_some(),
         }
-        true
     }
 
     /// Takes `n` off what `user` holds.

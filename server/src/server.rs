@@ -1214,6 +1214,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
     let Some(request) = request else {
         return;
     };
+    // A call's answer counts with its request until it is written; any other request's count
+    // ends once it is read (a turn's calls count their own; a watch lasts).
+    let memory = matches!(request, Message::Call { .. }).then_some(memory);
     match request {
         Message::Call {
             id,
@@ -1297,8 +1300,6 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             model,
             base_url,
         } => {
-            // The request's count is for a call's answer; a turn's calls count their own.
-            drop(memory);
             let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
@@ -1339,8 +1340,6 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             finish(&mut send).await;
         }
         Message::Watch { id, session } => {
-            // A watch lasts: its small request counts no longer than it was read.
-            drop(memory);
             let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,

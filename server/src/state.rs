@@ -280,7 +280,6 @@ impl State {
         progress: &dyn ProgressSink,
         memory: Option<Arc<Held>>,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
-        let memory = memory.unwrap_or_else(|| Arc::new(self.call_bytes.holder(user)));
         self.call_from(Origin::Agent, user, lookup, tool, args, progress, memory)
             .await
     }
@@ -289,8 +288,8 @@ impl State {
     /// where its session is served ([`crate::cluster::Cluster::route`]): here (this host holds
     /// or takes the session's lease), or forwarded to the host that holds it, as `user`; a call
     /// another host forwarded here is never forwarded again. `memory` counts what the call's
-    /// request and answers hold in memory (the request's share already taken), until the guard
-    /// goes.
+    /// request and answers hold in memory (the request's share already taken; `None`: a count
+    /// of its own, from nothing), until the guard goes.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn call_from(
         self: &Arc<Self>,
@@ -300,9 +299,10 @@ impl State {
         tool: &str,
         args: Value,
         progress: &dyn ProgressSink,
-        memory: Arc<Held>,
+        memory: Option<Arc<Held>>,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
         let slot = self.user_call(user)?;
+        let memory = memory.unwrap_or_else(|| Arc::new(self.call_bytes.holder(user)));
         let session = self.session(user, lookup).await?;
         let in_flight = self.call_in_flight();
         let route = match &self.cluster {

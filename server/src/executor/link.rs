@@ -58,6 +58,12 @@ pub(crate) fn call_memory() -> Option<Arc<crate::quota::Held>> {
     CALL_MEMORY.try_with(Arc::clone).ok()
 }
 
+/// The error of an answer [`read_answer`] refused (`what`: "the answer from `lap`").
+pub(crate) fn refused(memory: Option<&crate::quota::Held>, what: &str) -> ToolError {
+    // Only a count refuses, so `memory` is there.
+    over_call_memory(memory.map_or(usize::MAX, |m| m.limit()), what)
+}
+
 /// Runs `work` (a call) with what it reads of answers counted in `memory`.
 pub(crate) async fn counted<F: Future>(memory: &Arc<crate::quota::Held>, work: F) -> F::Output {
     CALL_MEMORY.scope(memory.clone(), work).await
@@ -695,9 +701,7 @@ async fn answer<R: RecvHalf>(
             }
             Err(ReadError::Refused) => {
                 recv.stop(reset::CANCELLED);
-                // Refused only by a count, so `memory` is there.
-                let limit = memory.as_ref().map_or(usize::MAX, |m| m.limit());
-                let error = over_call_memory(limit, &format!("the answer from `{name}`"));
+                let error = refused(memory.as_deref(), &format!("the answer from `{name}`"));
                 return Answer::failed(error, decided_by);
             }
             Err(ReadError::Frame(FrameError::MessageTooLarge(max))) => {

@@ -173,25 +173,15 @@ fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>
         (None, Some(reason)) => format!("{host}:{port}: {}", cut(reason, MAX_REPORTED_REASON)),
         (None, None) => format!("{host}:{port}"),
     };
-    AuditRecord {
-        time: now_rfc3339(),
-        call_id,
-        tool: "network".to_owned(),
-        workspace,
-        target,
-        decision: if event.allowed {
-            AuditDecision::Allowed
-        } else {
-            AuditDecision::Denied
-        },
-        decided_by: Decider::NetworkPolicy,
-        outcome: if event.allowed {
-            AuditOutcome::Ok
-        } else {
-            AuditOutcome::Failed(ErrorCode::Denied)
-        },
-        duration_ms: 0,
-    }
+    let (decision, outcome) = if event.allowed {
+        (AuditDecision::Allowed, AuditOutcome::Ok)
+    } else {
+        (
+            AuditDecision::Denied,
+            AuditOutcome::Failed(ErrorCode::Denied),
+        )
+    };
+    network_record(call_id, workspace, target, decision, outcome)
 }
 
 /// Bytes of a reported connection's host name, address and reason that its audit line keeps.
@@ -311,15 +301,27 @@ pub(crate) fn record_network(
 
 /// The audit line that counts connections not recorded one by one, saying why (`target`).
 fn not_recorded(call_id: String, workspace: Option<String>, target: String) -> AuditRecord {
+    let outcome = AuditOutcome::Failed(ErrorCode::LimitExceeded);
+    network_record(call_id, workspace, target, AuditDecision::None, outcome)
+}
+
+/// An audit line of the network policy's (`tool` is `network`).
+fn network_record(
+    call_id: String,
+    workspace: Option<String>,
+    target: String,
+    decision: AuditDecision,
+    outcome: AuditOutcome,
+) -> AuditRecord {
     AuditRecord {
         time: now_rfc3339(),
         call_id,
         tool: "network".to_owned(),
         workspace,
         target,
-        decision: AuditDecision::None,
+        decision,
         decided_by: Decider::NetworkPolicy,
-        outcome: AuditOutcome::Failed(ErrorCode::LimitExceeded),
+        outcome,
         duration_ms: 0,
     }
 }

@@ -82,6 +82,16 @@ const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","param
 const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
 const PING: &str = r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#;
 
+/// Opens an MCP session as the holder of `auth` (`Bearer ...`); its id.
+fn open_session(http: SocketAddr, auth: &str) -> String {
+    let opened = request(http, "POST", &[("Authorization", auth)], INITIALIZE);
+    assert_eq!(opened.status, 200, "{opened:?}");
+    opened
+        .header("mcp-session-id")
+        .expect("a session id")
+        .to_owned()
+}
+
 /// Runs blocking socket work off the runtime, bounded.
 async fn blocking<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     within(STEP, what, tokio::task::spawn_blocking(f))
@@ -300,12 +310,7 @@ async fn another_users_requests_on_an_mcp_session_are_not_found_and_leave_it_alo
     let ana = format!("Bearer {}", server.token);
     let ben = format!("Bearer {}", server.create_token("ben"));
     blocking("two users and one MCP session", move || {
-        let opened = request(http, "POST", &[("Authorization", &ana)], INITIALIZE);
-        assert_eq!(opened.status, 200, "{opened:?}");
-        let id = opened
-            .header("mcp-session-id")
-            .expect("a session id")
-            .to_owned();
+        let id = open_session(http, &ana);
         let in_session = |auth: &str| {
             vec![
                 ("Authorization", auth.to_owned()),
@@ -614,12 +619,7 @@ async fn an_mcp_requests_tree_is_counted_before_it_is_made() {
     let (server, http) = server(|c| c.quotas.max_call_bytes_per_user = 5 * MIB).await;
     let ana = format!("Bearer {}", server.token);
     blocking("MCP calls of many values", move || {
-        let opened = request(http, "POST", &[("Authorization", &ana)], INITIALIZE);
-        assert_eq!(opened.status, 200, "{opened:?}");
-        let id = opened
-            .header("mcp-session-id")
-            .expect("a session id")
-            .to_owned();
+        let id = open_session(http, &ana);
         let headers = [
             ("Authorization", ana.as_str()),
             ("Mcp-Session-Id", id.as_str()),

@@ -467,6 +467,14 @@ async fn session_exists(c: &impl GenericClient, id: &str) -> Result<(), StoreErr
     }
 }
 
+/// `NotFound` when a statement on session `id`'s row changed none (`n` rows).
+fn session_changed(n: u64, id: &str) -> Result<(), StoreError> {
+    if n == 0 {
+        return Err(StoreError::NotFound(format!("session {id}")));
+    }
+    Ok(())
+}
+
 impl SessionStore for PgStore {
     fn create(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
@@ -605,10 +613,7 @@ impl SessionStore for PgStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(StoreError::io("delete", &dir, e)),
         }
-        if n == 0 {
-            return Err(StoreError::NotFound(format!("session {id}")));
-        }
-        Ok(())
+        session_changed(n, id)
     }
 
     fn history(&self, id: &str) -> Result<History, StoreError> {
@@ -706,9 +711,7 @@ impl SessionStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
-            if n == 0 {
-                return Err(StoreError::NotFound(format!("session {id}")));
-            }
+            session_changed(n, &id)?;
             tx.commit().await.map_err(db)
         })
     }
@@ -730,9 +733,7 @@ impl SessionStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
-            if n == 0 {
-                return Err(StoreError::NotFound(format!("session {id}")));
-            }
+            session_changed(n, &id)?;
             tx.execute("DELETE FROM messages WHERE session_id = $1", &[&id])
                 .await
                 .map_err(db)?;
@@ -771,9 +772,7 @@ impl SessionStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
-            if n == 0 {
-                return Err(StoreError::NotFound(format!("session {id}")));
-            }
+            session_changed(n, &id)?;
             tx.commit().await.map_err(db)
         })
     }

@@ -12,6 +12,17 @@ use super::{Answer, Api, new_session, server_with};
 
 /// Uploads `size` bytes as a `tool_output` of `session` to `workspace`, answer as it comes.
 async fn upload(api: &Api, workspace: &str, session: &str, size: usize) -> Answer {
+    upload_with(api, workspace, session, size, json!({})).await
+}
+
+/// [`upload`], with `metadata`.
+async fn upload_with(
+    api: &Api,
+    workspace: &str,
+    session: &str,
+    size: usize,
+    metadata: Value,
+) -> Answer {
     api.post(
         &format!("/api/v1/workspaces/{workspace}/artifacts"),
         &json!({
@@ -20,6 +31,7 @@ async fn upload(api: &Api, workspace: &str, session: &str, size: usize) -> Answe
             "artifactName": "out.txt",
             "contentType": "text/plain",
             "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'x'; size]),
+            "metadata": metadata,
         }),
     )
     .await
@@ -250,22 +262,13 @@ async fn an_api_bodys_tree_is_counted_before_it_is_made() {
     let workspace = api.workspace(None).await;
     let session = new_session();
     let upload = |zeros: usize| {
-        let api = api.clone();
-        let (workspace, session) = (workspace.clone(), session.clone());
-        async move {
-            api.post(
-                &format!("/api/v1/workspaces/{workspace}/artifacts"),
-                &json!({
-                    "sessionId": session,
-                    "artifactType": "tool_output",
-                    "artifactName": "out.txt",
-                    "contentType": "text/plain",
-                    "contentBase64": "eA==",
-                    "metadata": {"many": vec![0; zeros]},
-                }),
-            )
-            .await
-        }
+        upload_with(
+            &api,
+            &workspace,
+            &session,
+            1,
+            json!({"many": vec![0; zeros]}),
+        )
     };
     let many = upload(1_000_001).await;
     assert_eq!(many.status, 400, "{}", many.text());
