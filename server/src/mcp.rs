@@ -32,9 +32,10 @@ use crate::ServerError;
 use crate::admission::{
     Admissions, Admitted, Bounds, Outcome as Admission, Refusal, Source, Standing,
 };
+use crate::http::BodyNotRead;
 use crate::quota::{PerUser, Slot};
 use crate::session::Session;
-use crate::state::{Lookup, State, WorkspaceWatch, listing};
+use crate::state::{Lookup, NotHeld, State, WorkspaceWatch, listing};
 
 /// The path of the MCP endpoint.
 pub const PATH: &str = "/mcp";
@@ -263,25 +264,23 @@ async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next:
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY).await else {
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is over {MAX_BODY} bytes, or did not arrive whole\n"),
-        )
-            .into_response();
-    };
     let memory = Arc::new(state.call_bytes.holder(&user));
-    match crate::state::hold_request(&memory, &bytes, false) {
-        Ok(()) => {}
-        Err(crate::state::NotHeld::TooManyValues(e)) => {
+    let bytes = match crate::http::read_body_held(body, MAX_BODY, &memory).await {
+        Ok(bytes) => bytes,
+        Err(BodyNotRead::TooLarge) => {
+            let refused =
+                format!("the request body is over {MAX_BODY} bytes, or did not arrive whole\n");
+            return (StatusCode::PAYLOAD_TOO_LARGE, refused).into_response();
+        }
+        Err(BodyNotRead::NotHeld(NotHeld::TooManyValues(e))) => {
             let refused = format!("the request body is refused: {e}\n");
             return (StatusCode::PAYLOAD_TOO_LARGE, refused).into_response();
         }
-        Err(crate::state::NotHeld::OverMemory(error)) => {
+        Err(BodyNotRead::NotHeld(NotHeld::OverMemory(error))) => {
             let refused = format!("{}\n", error.message);
             return (StatusCode::TOO_MANY_REQUESTS, refused).into_response();
         }
-    }
+    };
     let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
     request.extensions_mut().insert(McpMemory(memory.clone()));
     let response = next.run(request).await;

@@ -778,7 +778,7 @@ async fn read_request(
         }
     };
     // The tree the request becomes is counted before it is made.
-    match crate::state::hold_request(memory, &bytes, true) {
+    match crate::state::hold_request(memory, &bytes) {
         Ok(()) => {}
         Err(NotHeld::TooManyValues(e)) => {
             let error = ToolError::new(

@@ -181,12 +181,11 @@ pub(crate) enum NotHeld {
     OverMemory(ToolError),
 }
 
-/// Takes in `memory` what the request `json` holds: its tree, counted before it is made, and its
-/// bytes unless they were counted as they arrived (`bytes_counted`).
-pub(crate) fn hold_request(memory: &Held, json: &[u8], bytes_counted: bool) -> Result<(), NotHeld> {
+/// Takes in `memory` the tree the request `json` will become, counted before it is made (its
+/// bytes were counted as they arrived).
+pub(crate) fn hold_request(memory: &Held, json: &[u8]) -> Result<(), NotHeld> {
     let tree = tree_bytes(json).map_err(NotHeld::TooManyValues)?;
-    let bytes = if bytes_counted { 0 } else { json.len() };
-    if memory.take(tree.saturating_add(bytes)) {
+    if memory.take(tree) {
         Ok(())
     } else {
         Err(NotHeld::OverMemory(over_call_memory(

@@ -19,12 +19,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::signin::{ApiUser, Credential};
-use super::{HttpError, Web, blocking, owned_record, owned_session, page_limit};
+use super::{BodyNotRead, HttpError, Web, blocking, owned_record, owned_session, page_limit};
 use crate::feed::{Event, Phase};
 use crate::fsutil::now_rfc3339;
 use crate::quota::Held;
 use crate::server::State;
-use crate::state::NotHeld;
+use crate::state::{NotHeld, over_call_memory};
 use crate::store::{
     ArtifactKind, ArtifactMeta, AuditRecord, History, HistoryMessage, RecordRoom, Role, StoreError,
     Upload, WorkspaceRecord,
@@ -700,17 +700,18 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     user: &str,
     body: Body,
 ) -> Result<(T, Held), HttpError> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|_| HttpError::bad(format!("the body is over {MAX_BODY} bytes")))?;
     let memory = state.call_bytes.holder(user);
-    match crate::state::hold_request(&memory, &bytes, false) {
-        Ok(()) => {}
-        Err(NotHeld::TooManyValues(e)) => {
+    let bytes = match super::read_body_held(body, MAX_BODY, &memory).await {
+        Ok(bytes) => bytes,
+        Err(BodyNotRead::TooLarge) => {
+            let refused = format!("the body is over {MAX_BODY} bytes, or did not arrive whole");
+            return Err(HttpError::bad(refused));
+        }
+        Err(BodyNotRead::NotHeld(NotHeld::TooManyValues(e))) => {
             return Err(HttpError::bad(format!("the body is refused: {e}")));
         }
-        Err(NotHeld::OverMemory(error)) => return Err(tool_error(error)),
-    }
+        Err(BodyNotRead::NotHeld(NotHeld::OverMemory(error))) => return Err(tool_error(error)),
+    };
     let value = serde_json::from_slice(&bytes)
         .map_err(|e| HttpError::bad(format!("the body is not valid: {e}")))?;
     Ok((value, memory))
@@ -915,8 +916,8 @@ async fn upload_artifact(
     // times MAX_BODY while it is decoded); the others wait with their bodies unread.
     let _turn = web.uploads.acquire().await;
     // The whole body is read and checked before anything is looked up or written.
-    let (upload, _memory): (UploadArtifact, _) = json_body(&web.state, &user, body).await?;
-    let checked = check_upload(upload)?;
+    let (upload, memory): (UploadArtifact, _) = json_body(&web.state, &user, body).await?;
+    let checked = check_upload(upload, &memory)?;
     let state = web.state.clone();
     let created = blocking(move || store_upload(&state, &user, &id, checked)).await?;
     Ok(json(StatusCode::CREATED, &created))
@@ -933,8 +934,9 @@ struct Checked {
     history: Option<Vec<HistoryMessage>>,
 }
 
-/// Checks every field of an upload and decodes its content; nothing is stored yet.
-fn check_upload(upload: UploadArtifact) -> Result<Checked, HttpError> {
+/// Checks every field of an upload and decodes its content, counted in `memory`; nothing is
+/// stored yet.
+fn check_upload(upload: UploadArtifact, memory: &Held) -> Result<Checked, HttpError> {
     let session_of = |id: &str| {
         crate::session::normalize_id(id).map_err(|_| {
             HttpError::bad(format!(
@@ -943,8 +945,12 @@ fn check_upload(upload: UploadArtifact) -> Result<Checked, HttpError> {
         })
     };
     match upload {
-        UploadArtifact::ToolOutput(file) => check_file(ArtifactKind::ToolOutput, file, session_of),
-        UploadArtifact::FileDiff(file) => check_file(ArtifactKind::FileDiff, file, session_of),
+        UploadArtifact::ToolOutput(file) => {
+            check_file(ArtifactKind::ToolOutput, file, session_of, memory)
+        }
+        UploadArtifact::FileDiff(file) => {
+            check_file(ArtifactKind::FileDiff, file, session_of, memory)
+        }
         UploadArtifact::SessionHistory(snapshot) => {
             let session = session_of(&snapshot.session_id)?;
             required("snapshotAt", &snapshot.snapshot_at)?;
@@ -967,6 +973,10 @@ fn check_upload(upload: UploadArtifact) -> Result<Checked, HttpError> {
                 })
                 .collect();
             let content = serde_json::to_vec_pretty(&snapshot).map_err(HttpError::internal)?;
+            // The stored copy counts beside the body it came from, until it is stored.
+            if !memory.take(content.capacity()) {
+                return Err(tool_error(over_call_memory(memory.limit(), "the snapshot")));
+            }
             Ok(Checked {
                 session,
                 kind: ArtifactKind::SessionHistory,
@@ -989,6 +999,7 @@ fn check_file(
     kind: ArtifactKind,
     file: FileArtifact,
     session_of: impl Fn(&str) -> Result<String, HttpError>,
+    memory: &Held,
 ) -> Result<Checked, HttpError> {
     let session = session_of(&file.session_id)?;
     required("artifactName", &file.artifact_name)?;
@@ -1003,6 +1014,14 @@ fn check_file(
         if let Some(v) = value {
             field(name, v)?;
         }
+    }
+    // The decoded content counts beside the body it came in, until the upload is stored.
+    let decoded = base64::decoded_len_estimate(file.content_base64.len());
+    if !memory.take(decoded) {
+        return Err(tool_error(over_call_memory(
+            memory.limit(),
+            "the upload's content",
+        )));
     }
     let content = base64::engine::general_purpose::STANDARD
         .decode(file.content_base64.as_bytes())

@@ -26,7 +26,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::quota::Held;
 use crate::server::State;
+use crate::state::{NotHeld, hold_request, over_call_memory};
 use crate::store::{SessionMeta, StoreError};
 
 /// What the HTTP front shares between requests.
@@ -55,6 +57,63 @@ pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) 
         uploads: tokio::sync::Semaphore::new(api::UPLOADS_AT_ONCE),
     });
     api::routes().merge(pages::routes()).with_state(web)
+}
+
+/// Why a request's body was not read ([`read_body_held`]).
+pub(crate) enum BodyNotRead {
+    /// It is over the size allowed, or did not arrive whole.
+    TooLarge,
+    /// It was not taken in its user's call memory.
+    NotHeld(NotHeld),
+}
+
+/// Reads a request's body of at most `max` bytes, taking in `memory` what it will hold before
+/// it is held: its announced length at once or, for a body of unknown length, the buffer's
+/// growth before each growth; then the tree it will become ([`hold_request`]). A body thus
+/// counts while it arrives, not once whole: each of a user's connections could otherwise hold a
+/// body of the largest size uncounted.
+pub(crate) async fn read_body_held(
+    mut body: axum::body::Body,
+    max: usize,
+    memory: &Held,
+) -> Result<bytes::Bytes, BodyNotRead> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+    let refused = |memory: &Held| {
+        let error = over_call_memory(memory.limit(), "the request");
+        BodyNotRead::NotHeld(NotHeld::OverMemory(error))
+    };
+    let mut buffer: Vec<u8> = Vec::new();
+    // A body of announced length is taken at once, then read into a buffer that never grows.
+    if let Some(announced) = body.size_hint().exact() {
+        let announced = usize::try_from(announced).unwrap_or(usize::MAX);
+        if announced > max {
+            return Err(BodyNotRead::TooLarge);
+        }
+        if !memory.take(announced) {
+            return Err(refused(memory));
+        }
+        buffer.reserve_exact(announced);
+    }
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| BodyNotRead::TooLarge)?.into_data() else {
+            continue; // trailers
+        };
+        let needed = buffer.len() + data.len();
+        if needed > max {
+            return Err(BodyNotRead::TooLarge);
+        }
+        if needed > buffer.capacity() {
+            let capacity = needed.max(buffer.capacity() * 2).min(max);
+            if !memory.take(capacity - buffer.capacity()) {
+                return Err(refused(memory));
+            }
+            buffer.reserve_exact(capacity - buffer.len());
+        }
+        buffer.extend_from_slice(&data);
+    }
+    hold_request(memory, &buffer).map_err(BodyNotRead::NotHeld)?;
+    Ok(buffer.into())
 }
 
 /// Default page size of a listing.

@@ -40,8 +40,19 @@ impl Answer {
 
 /// One request on its own connection (`Connection: close`), read to its end.
 fn request(addr: SocketAddr, method: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    request_to(addr, method, "/mcp", headers, body)
+}
+
+/// [`request`] on `path`.
+fn request_to(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
     let mut text = format!(
-        "{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
          Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
         addr.port(),
         body.len()
@@ -654,6 +665,71 @@ async fn an_mcp_requests_tree_is_counted_before_it_is_made() {
             "{within_bound:?}"
         );
         assert_eq!(request(http, "POST", &headers, PING).status, 200);
+    })
+    .await;
+}
+
+/// A request's body counts in its user's call memory as it arrives, not once it is whole, on
+/// `/mcp` and on the workspace service API alike: a connection that has sent all of a large
+/// body but its end holds it in the server's memory, and another request that would take the
+/// user past their bound meanwhile is refused with `429`; once that connection goes, what it
+/// held comes back. (Counted only once whole, each of a user's 64 connections could hold a body
+/// of the largest size uncounted: 1.5 GiB over the API.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_counts_in_its_users_memory_while_it_arrives() {
+    const MIB: usize = 1024 * 1024;
+    let (server, http) = server(|c| {
+        c.quotas.max_call_bytes_per_user = 5 * MIB;
+        c.http_limits.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let auth = format!("Bearer {}", server.token);
+    blocking("bodies held while they arrive", move || {
+        for (path, body) in [
+            (
+                "/mcp",
+                r#"{"jsonrpc":"2.0","id":9,"method":"ping","params":{"pad":"PAD"}}"#,
+            ),
+            ("/api/v1/workspaces", r#"{"name":"w","pad":"PAD"}"#),
+        ] {
+            // 3.5 MiB of a 4 MiB body (the most `/mcp` takes), its end never sent.
+            let mut held = TcpStream::connect(http).expect("connects");
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {auth}\r\n\
+                 Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+                 Content-Length: {}\r\n\r\n",
+                4 * MIB
+            );
+            held.write_all(head.as_bytes()).expect("sent");
+            held.write_all(&vec![b' '; 7 * MIB / 2]).expect("sent");
+            // 2 MiB more would pass 5 MiB once the server has read what `held` sent.
+            let other = body.replace("PAD", &"x".repeat(2 * MIB));
+            let headers = [("Authorization", auth.as_str())];
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let refused = loop {
+                let answer = request_to(http, "POST", path, &headers, &other);
+                if answer.status == 429 || std::time::Instant::now() > deadline {
+                    break answer;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            assert_eq!(refused.status, 429, "{path}: {refused:?}");
+            assert!(
+                refused.body.contains("server.max_call_bytes_per_user"),
+                "{path}: {refused:?}"
+            );
+            drop(held);
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let served = loop {
+                let answer = request_to(http, "POST", path, &headers, &other);
+                if answer.status != 429 || std::time::Instant::now() > deadline {
+                    break answer;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            assert_ne!(served.status, 429, "{path}: {served:?}");
+            assert_ne!(served.status, 0, "{path}: {served:?}");
+        }
     })
     .await;
 }

@@ -288,3 +288,35 @@ async fn an_api_bodys_tree_is_counted_before_it_is_made() {
     let fits = upload(1_000).await;
     assert_eq!(fits.status, 201, "{}", fits.text());
 }
+
+/// An upload's decoded content counts in its user's call memory beside its body: an upload whose
+/// body fits the user's bound but whose body and content together do not is refused with `429`
+/// naming the key, and stores nothing; a smaller one is stored. (The content, up to 16 MiB, was
+/// decoded uncounted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploads_decoded_content_counts_with_its_body() {
+    const MIB: usize = 1024 * 1024;
+    let (server, http) = server_with(|c| c.quotas.max_call_bytes_per_user = 5 * MIB).await;
+    let api = Api::new(http, &server.token);
+    let workspace = api.workspace(None).await;
+    let session = new_session();
+    // A body of 3 MiB (the content in base64) and 2.25 MiB decoded: 5.25 MiB together.
+    let big = upload(&api, &workspace, &session, 9 * MIB / 4).await;
+    assert_eq!(big.status, 429, "{}", big.text());
+    assert_eq!(big.json()["error"], "limit_exceeded", "{}", big.text());
+    assert!(
+        big.text().contains("server.max_call_bytes_per_user"),
+        "{}",
+        big.text()
+    );
+    let listed = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await;
+    assert!(
+        listed.status == 404 || listed.json()["artifacts"] == json!([]),
+        "{}",
+        listed.text()
+    );
+    let fits = upload(&api, &workspace, &session, MIB).await;
+    assert_eq!(fits.status, 201, "{}", fits.text());
+}
