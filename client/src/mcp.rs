@@ -15,9 +15,12 @@ use monad_protocol::mcp::{Backend, Landing, McpFront, ProgressSender};
 use monad_protocol::wire::{Outcome, WorkspaceInfo, WorkspaceRef};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use rmcp::ServiceExt;
-use rmcp::model::Extensions;
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, Extensions, JsonRpcMessage, ProtocolVersion,
+    ServerJsonRpcMessage,
+};
 use rmcp::service::RoleServer;
-use rmcp::transport::IntoTransport;
+use rmcp::transport::{IntoTransport, Transport};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -332,6 +335,8 @@ where
 {
     let backend = Arc::new(AgentBackend::new(config));
     let front = McpFront::new(backend.clone(), session);
+    let versions = rmcp::ServerHandler::supported_protocol_versions(&front).into_owned();
+    let transport = InOrder::new(transport.into_transport(), versions);
     let served = async {
         let running = front
             .serve(transport)
@@ -350,6 +355,89 @@ where
         .close(&crate::interrupts::ending(&ended, "the MCP host"))
         .await;
     ended
+}
+
+/// A host's messages in the order rmcp can serve them. Before a host's lifecycle starts (its
+/// `initialize`, or a request carrying a newer protocol's metadata inline), rmcp answers a ping
+/// and refuses other requests, but stops the service at anything else: a notification (a host
+/// that sends `notifications/initialized` or a cancellation too early) or a response, and the
+/// bridge exited with its host none the wiser. Those are dropped here, said on standard error
+/// (the host's log).
+struct InOrder<T> {
+    inner: T,
+    /// The protocol versions the front serves (a request of another version is refused).
+    versions: Vec<ProtocolVersion>,
+    started: bool,
+}
+
+impl<T> InOrder<T> {
+    fn new(inner: T, versions: Vec<ProtocolVersion>) -> Self {
+        InOrder {
+            inner,
+            versions,
+            started: false,
+        }
+    }
+
+    /// Whether rmcp starts the host's lifecycle on `request` (as `serve_server` decides): an
+    /// `initialize`, or a request with a served protocol's metadata complete inline.
+    fn starts_lifecycle(&self, request: &ClientRequest) -> bool {
+        use rmcp::model::GetMeta;
+        match request {
+            ClientRequest::InitializeRequest(_) => true,
+            ClientRequest::PingRequest(_) | ClientRequest::DiscoverRequest(_) => false,
+            request => {
+                let meta = request.get_meta();
+                meta.missing_required_keys(&ProtocolVersion::V_2026_07_28)
+                    .is_empty()
+                    && meta
+                        .protocol_version()
+                        .is_some_and(|v| self.versions.contains(&v))
+            }
+        }
+    }
+}
+
+impl<T: Transport<RoleServer>> Transport<RoleServer> for InOrder<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: ServerJsonRpcMessage,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        loop {
+            let message = self.inner.receive().await?;
+            match &message {
+                JsonRpcMessage::Request(r) => {
+                    self.started = self.started || self.starts_lifecycle(&r.request);
+                }
+                _ if self.started => {}
+                JsonRpcMessage::Notification(n) => {
+                    let method = serde_json::to_value(&n.notification)
+                        .ok()
+                        .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_owned));
+                    warn!(
+                        ?method,
+                        "the host sent a notification before `initialize`; ignored"
+                    );
+                    continue;
+                }
+                _ => {
+                    warn!("the host sent a response before `initialize`; ignored");
+                    continue;
+                }
+            }
+            return Some(message);
+        }
+    }
+
+    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
 }
 
 /// `monad-client mcp`: MCP over this process's stdin and stdout. When both are pipes (as hosts

@@ -977,3 +977,44 @@ async fn a_call_over_http_is_cancelled_when_its_token_is_revoked() {
     })
     .await;
 }
+
+/// Out of order over stdio: a notification or a response before `initialize` is ignored (the
+/// bridge exited on it, its host none the wiser), a ping there is answered and another request
+/// refused with an error; a second `initialize` is answered in the same session; the session
+/// goes on after each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_answers_messages_out_of_order_and_goes_on() {
+    use tokio::io::AsyncWriteExt;
+    let (server, _http) = server().await;
+    let config = saved_config(&server.client_config());
+    let (mut front, mut requests, mut answers) = mcp_front(config.path());
+    for early in [
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}),
+        json!({"jsonrpc": "2.0", "id": 40, "result": {}}),
+    ] {
+        requests
+            .write_all(format!("{early}\n").as_bytes())
+            .await
+            .expect("written");
+    }
+    let ping = ask(&mut requests, &mut answers, 7, "ping", json!({})).await;
+    assert_eq!(ping["result"], json!({}), "{ping}");
+    let list = ask(&mut requests, &mut answers, 8, "tools/list", json!({})).await;
+    assert!(list["error"].is_object(), "{list:.300}");
+    let first = initialize(&mut requests, &mut answers, "order").await;
+    assert!(first["result"]["serverInfo"].is_object(), "{first:.300}");
+    // A second `initialize` is answered as the first (the session kept).
+    let again = initialize(&mut requests, &mut answers, "order").await;
+    assert_eq!(
+        again["result"]["_meta"], first["result"]["_meta"],
+        "{again:.300}"
+    );
+    let call = json!({"name": "write_file", "arguments": {"path": "a.txt", "content": "in order"}});
+    let wrote = ask(&mut requests, &mut answers, 9, "tools/call", call).await;
+    assert_eq!(wrote["result"]["isError"], false, "{wrote:.300}");
+    assert!(
+        front.try_wait().expect("its state").is_none(),
+        "still running"
+    );
+}
