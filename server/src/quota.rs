@@ -72,7 +72,7 @@ impl PerUser {
         }
     }
 
-    /// How many slots `user` holds.
+    /// How many slots (or, for a [`Held`] bound, bytes) `user` holds.
     pub fn held(&self, user: &str) -> usize {
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         held.get(user).copied().unwrap_or(0)

@@ -70,6 +70,12 @@ impl State {
         let _ = done.wait_for(|done| *done).await;
     }
 
+    /// The bytes `user`'s calls hold in memory now, as `server.max_call_bytes_per_user` counts
+    /// them.
+    pub fn call_bytes_held(&self, user: &str) -> usize {
+        self.call_bytes.held(user)
+    }
+
     /// One of `user`'s slots for a tool call in flight, or `limit_exceeded` when they have
     /// `server.max_calls_per_user` in flight already (over every connection and HTTP).
     pub(crate) fn user_call(&self, user: &str) -> Result<Slot, ToolError> {

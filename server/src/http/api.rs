@@ -914,13 +914,28 @@ async fn upload_artifact(
 ) -> Result<Response, HttpError> {
     // At most UPLOADS_AT_ONCE bodies are read and decoded at a time (each can take several
     // times MAX_BODY while it is decoded); the others wait with their bodies unread.
-    let _turn = web.uploads.acquire().await;
+    let turn = web.uploads.clone().acquire_owned().await;
     // The whole body is read and checked before anything is looked up or written.
     let (upload, memory): (UploadArtifact, _) = json_body(&web.state, &user, body).await?;
     let checked = check_upload(upload, &memory)?;
     let state = web.state.clone();
-    let created = blocking(move || store_upload(&state, &user, &id, checked)).await?;
+    // The turn and the count go with the content: they last until it is stored, even when the
+    // client goes away meanwhile (the handler is dropped, the store's work is not).
+    let created = blocking(move || {
+        let _held = (turn, memory);
+        store_upload(&state, &user, &id, checked)
+    })
+    .await?;
     Ok(json(StatusCode::CREATED, &created))
+}
+
+/// Takes `n` bytes more in an upload's `memory`, or the `429` saying `what` would pass the bound.
+fn take(memory: &Held, n: usize, what: &str) -> Result<(), HttpError> {
+    if memory.take(n) {
+        Ok(())
+    } else {
+        Err(tool_error(over_call_memory(memory.limit(), what)))
+    }
 }
 
 /// An upload, checked: what will be stored.
@@ -964,6 +979,11 @@ fn check_upload(upload: UploadArtifact, memory: &Held) -> Result<Checked, HttpEr
                     }
                 }
             }
+            // The conversation's copy and the stored copy count beside the body they came
+            // from, until stored: the first before it is made, the second once made (its size
+            // is known then).
+            let texts = snapshot.messages.iter().map(|m| m.content.len()).sum();
+            take(memory, texts, "the snapshot")?;
             let history = snapshot
                 .messages
                 .iter()
@@ -973,10 +993,7 @@ fn check_upload(upload: UploadArtifact, memory: &Held) -> Result<Checked, HttpEr
                 })
                 .collect();
             let content = serde_json::to_vec_pretty(&snapshot).map_err(HttpError::internal)?;
-            // The stored copy counts beside the body it came from, until it is stored.
-            if !memory.take(content.capacity()) {
-                return Err(tool_error(over_call_memory(memory.limit(), "the snapshot")));
-            }
+            take(memory, content.capacity(), "the snapshot")?;
             Ok(Checked {
                 session,
                 kind: ArtifactKind::SessionHistory,
@@ -1017,12 +1034,7 @@ fn check_file(
     }
     // The decoded content counts beside the body it came in, until the upload is stored.
     let decoded = base64::decoded_len_estimate(file.content_base64.len());
-    if !memory.take(decoded) {
-        return Err(tool_error(over_call_memory(
-            memory.limit(),
-            "the upload's content",
-        )));
-    }
+    take(memory, decoded, "the upload's content")?;
     let content = base64::engine::general_purpose::STANDARD
         .decode(file.content_base64.as_bytes())
         .map_err(|e| HttpError::bad(format!("`contentBase64` is not base64: {e}")))?;

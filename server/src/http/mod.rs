@@ -44,7 +44,7 @@ pub struct Web {
     /// Cancelled when the server shuts down: event streams end.
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Turns of artifact uploads ([`api::UPLOADS_AT_ONCE`]).
-    pub uploads: tokio::sync::Semaphore,
+    pub uploads: Arc<tokio::sync::Semaphore>,
 }
 
 /// The HTTP routes of this module, to merge beside `/mcp`.
@@ -54,7 +54,7 @@ pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) 
         signer: token::Signer::random(),
         signins: signin::Signins::default(),
         shutdown,
-        uploads: tokio::sync::Semaphore::new(api::UPLOADS_AT_ONCE),
+        uploads: Arc::new(tokio::sync::Semaphore::new(api::UPLOADS_AT_ONCE)),
     });
     api::routes().merge(pages::routes()).with_state(web)
 }
@@ -67,11 +67,13 @@ pub(crate) enum BodyNotRead {
     NotHeld(NotHeld),
 }
 
-/// Reads a request's body of at most `max` bytes, taking in `memory` what it will hold before
-/// it is held: its announced length at once or, for a body of unknown length, the buffer's
-/// growth before each growth; then the tree it will become ([`hold_request`]). A body thus
-/// counts while it arrives, not once whole: each of a user's connections could otherwise hold a
-/// body of the largest size uncounted.
+/// Reads a request's body of at most `max` bytes, taking in `memory` what it holds as it
+/// arrives (the buffer's growth, before each growth: doubling, up to the announced length),
+/// then the tree it will become ([`hold_request`]). Counted while it arrives, not once whole:
+/// each of a user's connections could otherwise hold a body of the largest size uncounted.
+/// Nothing is taken for what has not arrived, as a QUIC request's frames are counted
+/// (`monad_protocol::io::read_frames`). A body refused for memory is read to its end and let go,
+/// so that its sender gets the answer rather than a connection cut while it was sending.
 pub(crate) async fn read_body_held(
     mut body: axum::body::Body,
     max: usize,
@@ -79,38 +81,42 @@ pub(crate) async fn read_body_held(
 ) -> Result<bytes::Bytes, BodyNotRead> {
     use http_body::Body as _;
     use http_body_util::BodyExt;
-    let refused = |memory: &Held| {
-        let error = over_call_memory(memory.limit(), "the request");
-        BodyNotRead::NotHeld(NotHeld::OverMemory(error))
-    };
-    let mut buffer: Vec<u8> = Vec::new();
-    // A body of announced length is taken at once, then read into a buffer that never grows.
-    if let Some(announced) = body.size_hint().exact() {
-        let announced = usize::try_from(announced).unwrap_or(usize::MAX);
-        if announced > max {
-            return Err(BodyNotRead::TooLarge);
-        }
-        if !memory.take(announced) {
-            return Err(refused(memory));
-        }
-        buffer.reserve_exact(announced);
+    let announced = body.size_hint().exact();
+    let announced = announced.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    if announced.is_some_and(|n| n > max) {
+        return Err(BodyNotRead::TooLarge);
     }
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut refused = false;
+    let mut arrived = 0usize;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(|_| BodyNotRead::TooLarge)?.into_data() else {
             continue; // trailers
         };
-        let needed = buffer.len() + data.len();
-        if needed > max {
+        arrived += data.len();
+        if arrived > max {
             return Err(BodyNotRead::TooLarge);
         }
-        if needed > buffer.capacity() {
-            let capacity = needed.max(buffer.capacity() * 2).min(max);
+        if refused {
+            continue;
+        }
+        if arrived > buffer.capacity() {
+            let most = announced.unwrap_or(max).max(arrived);
+            let capacity = arrived.max(buffer.capacity() * 2).min(most);
             if !memory.take(capacity - buffer.capacity()) {
-                return Err(refused(memory));
+                // What it held is let go and given back while the rest is read.
+                refused = true;
+                memory.give_back(buffer.capacity());
+                buffer = Vec::new();
+                continue;
             }
             buffer.reserve_exact(capacity - buffer.len());
         }
         buffer.extend_from_slice(&data);
+    }
+    if refused {
+        let error = over_call_memory(memory.limit(), "the request");
+        return Err(BodyNotRead::NotHeld(NotHeld::OverMemory(error)));
     }
     hold_request(memory, &buffer).map_err(BodyNotRead::NotHeld)?;
     Ok(buffer.into())

@@ -669,11 +669,35 @@ async fn an_mcp_requests_tree_is_counted_before_it_is_made() {
     .await;
 }
 
+/// A `POST` to `path` whose body is sent in chunks of 64 KiB (no `Content-Length`).
+fn chunked_request(addr: SocketAddr, path: &str, auth: &str, body: &str) -> Answer {
+    let mut stream = TcpStream::connect(addr).expect("connects");
+    stream.set_read_timeout(Some(STEP)).expect("read time-out");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {auth}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).expect("sent");
+    for chunk in body.as_bytes().chunks(64 * 1024) {
+        stream
+            .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+            .expect("sent");
+        stream.write_all(chunk).expect("sent");
+        stream.write_all(b"\r\n").expect("sent");
+    }
+    stream.write_all(b"0\r\n\r\n").expect("sent");
+    let mut raw = String::new();
+    let _ = stream.read_to_string(&mut raw);
+    parse(&raw)
+}
+
 /// A request's body counts in its user's call memory as it arrives, not once it is whole, on
 /// `/mcp` and on the workspace service API alike: a connection that has sent all of a large
 /// body but its end holds it in the server's memory, and another request that would take the
 /// user past their bound meanwhile is refused with `429`; once that connection goes, what it
-/// held comes back. (Counted only once whole, each of a user's 64 connections could hold a body
+/// held comes back. The refused request is read to its end, so that its sender gets the answer
+/// whole. (Counted only once whole, each of a user's 64 connections could hold a body
 /// of the largest size uncounted: 1.5 GiB over the API.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_counts_in_its_users_memory_while_it_arrives() {
@@ -684,6 +708,7 @@ async fn a_body_counts_in_its_users_memory_while_it_arrives() {
     })
     .await;
     let auth = format!("Bearer {}", server.token);
+    let state = server.state().clone();
     blocking("bodies held while they arrive", move || {
         for (path, body) in [
             (
@@ -702,31 +727,33 @@ async fn a_body_counts_in_its_users_memory_while_it_arrives() {
             );
             held.write_all(head.as_bytes()).expect("sent");
             held.write_all(&vec![b' '; 7 * MIB / 2]).expect("sent");
-            // 2 MiB more would pass 5 MiB once the server has read what `held` sent.
+            // Counted as it arrived (counted once whole, it never was).
+            let held_now = || state.call_bytes_held("admin");
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while held_now() < 7 * MIB / 2 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(held_now() >= 7 * MIB / 2, "{path}: {} held", held_now());
+            // 2 MiB more passes 5 MiB: refused, with the answer read whole.
             let other = body.replace("PAD", &"x".repeat(2 * MIB));
             let headers = [("Authorization", auth.as_str())];
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            let refused = loop {
-                let answer = request_to(http, "POST", path, &headers, &other);
-                if answer.status == 429 || std::time::Instant::now() > deadline {
-                    break answer;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
+            let refused = request_to(http, "POST", path, &headers, &other);
             assert_eq!(refused.status, 429, "{path}: {refused:?}");
             assert!(
                 refused.body.contains("server.max_call_bytes_per_user"),
                 "{path}: {refused:?}"
             );
+            // The same in chunks, of no announced length.
+            let chunked = chunked_request(http, path, &auth, &other);
+            assert_eq!(chunked.status, 429, "{path}: {chunked:?}");
+            // Once `held` goes, what it held comes back, and the same request is served.
             drop(held);
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            let served = loop {
-                let answer = request_to(http, "POST", path, &headers, &other);
-                if answer.status != 429 || std::time::Instant::now() > deadline {
-                    break answer;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
+            while held_now() > 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(held_now(), 0, "{path}");
+            let served = request_to(http, "POST", path, &headers, &other);
             assert_ne!(served.status, 429, "{path}: {served:?}");
             assert_ne!(served.status, 0, "{path}: {served:?}");
         }
