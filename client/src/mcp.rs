@@ -362,7 +362,8 @@ where
 /// and refuses other requests, but stops the service at anything else: a notification (a host
 /// that sends `notifications/initialized` or a cancellation too early) or a response, and the
 /// bridge exited with its host none the wiser. Those are dropped here, said on standard error
-/// (the host's log).
+/// (the host's log). Should the two disagree on when the session starts, what rmcp would serve
+/// could be dropped: rmcp is pinned to the version this mirrors (the workspace's `Cargo.toml`).
 struct InOrder<T> {
     inner: T,
     /// The protocol versions the front serves (a request of another version is refused).
