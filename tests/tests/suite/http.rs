@@ -62,9 +62,16 @@ fn request_to(
     }
     text.push_str("\r\n");
     text.push_str(body);
+    exchange(addr, [text.as_bytes()])
+}
+
+/// Sends `pieces` on a connection of their own and reads the answer to its end.
+fn exchange<'a>(addr: SocketAddr, pieces: impl IntoIterator<Item = &'a [u8]>) -> Answer {
     let mut stream = TcpStream::connect(addr).expect("connects");
     stream.set_read_timeout(Some(STEP)).expect("read time-out");
-    stream.write_all(text.as_bytes()).expect("sent");
+    for piece in pieces {
+        stream.write_all(piece).expect("sent");
+    }
     let mut raw = String::new();
     let _ = stream.read_to_string(&mut raw);
     parse(&raw)
@@ -671,25 +678,32 @@ async fn an_mcp_requests_tree_is_counted_before_it_is_made() {
 
 /// A `POST` to `path` whose body is sent in chunks of 64 KiB (no `Content-Length`).
 fn chunked_request(addr: SocketAddr, path: &str, auth: &str, body: &str) -> Answer {
-    let mut stream = TcpStream::connect(addr).expect("connects");
-    stream.set_read_timeout(Some(STEP)).expect("read time-out");
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {auth}\r\n\
          Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
          Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     );
-    stream.write_all(head.as_bytes()).expect("sent");
-    for chunk in body.as_bytes().chunks(64 * 1024) {
-        stream
-            .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
-            .expect("sent");
-        stream.write_all(chunk).expect("sent");
-        stream.write_all(b"\r\n").expect("sent");
+    let chunks: Vec<Vec<u8>> = body
+        .as_bytes()
+        .chunks(64 * 1024)
+        .map(|chunk| [format!("{:x}\r\n", chunk.len()).as_bytes(), chunk, b"\r\n"].concat())
+        .collect();
+    let pieces = std::iter::once(head.as_bytes())
+        .chain(chunks.iter().map(Vec::as_slice))
+        .chain([b"0\r\n\r\n".as_slice()]);
+    exchange(addr, pieces)
+}
+
+/// Whether `done` comes true within 5 s, looked at every 20 ms.
+fn comes_true(done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !done() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    stream.write_all(b"0\r\n\r\n").expect("sent");
-    let mut raw = String::new();
-    let _ = stream.read_to_string(&mut raw);
-    parse(&raw)
+    true
 }
 
 /// A request's body counts in its user's call memory as it arrives, not once it is whole, on
@@ -729,11 +743,8 @@ async fn a_body_counts_in_its_users_memory_while_it_arrives() {
             held.write_all(&vec![b' '; 7 * MIB / 2]).expect("sent");
             // Counted as it arrived (counted once whole, it never was).
             let held_now = || state.call_bytes_held("admin");
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while held_now() < 7 * MIB / 2 && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            assert!(held_now() >= 7 * MIB / 2, "{path}: {} held", held_now());
+            let counted = comes_true(|| held_now() >= 7 * MIB / 2);
+            assert!(counted, "{path}: {} held", held_now());
             // 2 MiB more passes 5 MiB: refused, with the answer read whole.
             let other = body.replace("PAD", &"x".repeat(2 * MIB));
             let headers = [("Authorization", auth.as_str())];
@@ -748,11 +759,11 @@ async fn a_body_counts_in_its_users_memory_while_it_arrives() {
             assert_eq!(chunked.status, 429, "{path}: {chunked:?}");
             // Once `held` goes, what it held comes back, and the same request is served.
             drop(held);
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while held_now() > 0 && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            assert_eq!(held_now(), 0, "{path}");
+            assert!(
+                comes_true(|| held_now() == 0),
+                "{path}: {} held",
+                held_now()
+            );
             let served = request_to(http, "POST", path, &headers, &other);
             assert_ne!(served.status, 429, "{path}: {served:?}");
             assert_ne!(served.status, 0, "{path}: {served:?}");

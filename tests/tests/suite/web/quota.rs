@@ -8,6 +8,8 @@ use std::sync::Arc;
 use base64::Engine;
 use serde_json::{Value, json};
 
+use monad_tests::TestServer;
+
 use super::{Answer, Api, new_session, server_with};
 
 /// Uploads `size` bytes as a `tool_output` of `session` to `workspace`, answer as it comes.
@@ -250,17 +252,38 @@ async fn concurrent_creations_cannot_pass_the_workspace_quota_together() {
     assert_eq!(records.len(), 4);
 }
 
+/// A server whose users' calls may hold 5 MiB in memory, its API as its first user, a workspace
+/// of theirs and a new session id.
+async fn five_mib_of_call_memory() -> (TestServer, Api, String, String) {
+    let (server, http) = server_with(|c| c.quotas.max_call_bytes_per_user = 5 * 1024 * 1024).await;
+    let api = Api::new(http, &server.token);
+    let workspace = api.workspace(None).await;
+    (server, api, workspace, new_session())
+}
+
+/// `answer` is the `429` of a request past its user's call memory, naming the key.
+fn assert_over_call_memory(answer: &Answer) {
+    assert_eq!(answer.status, 429, "{}", answer.text());
+    assert_eq!(
+        answer.json()["error"],
+        "limit_exceeded",
+        "{}",
+        answer.text()
+    );
+    assert!(
+        answer.text().contains("server.max_call_bytes_per_user"),
+        "{}",
+        answer.text()
+    );
+}
+
 /// An API body counts in its user's call memory before a tree is made of it: an upload whose
 /// `metadata` holds more values than any request takes is a `400`, one whose tree would take
 /// the user past their bound a `429` naming the key, and one within it is stored. (A 24 MiB
 /// `metadata` of small numbers became a 384 MiB tree.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_bodys_tree_is_counted_before_it_is_made() {
-    const MIB: usize = 1024 * 1024;
-    let (server, http) = server_with(|c| c.quotas.max_call_bytes_per_user = 5 * MIB).await;
-    let api = Api::new(http, &server.token);
-    let workspace = api.workspace(None).await;
-    let session = new_session();
+    let (_server, api, workspace, session) = five_mib_of_call_memory().await;
     let upload = |zeros: usize| {
         upload_with(
             &api,
@@ -277,14 +300,7 @@ async fn an_api_bodys_tree_is_counted_before_it_is_made() {
         "{}",
         many.text()
     );
-    let big = upload(120_000).await;
-    assert_eq!(big.status, 429, "{}", big.text());
-    assert_eq!(big.json()["error"], "limit_exceeded", "{}", big.text());
-    assert!(
-        big.text().contains("server.max_call_bytes_per_user"),
-        "{}",
-        big.text()
-    );
+    assert_over_call_memory(&upload(120_000).await);
     let fits = upload(1_000).await;
     assert_eq!(fits.status, 201, "{}", fits.text());
 }
@@ -296,19 +312,9 @@ async fn an_api_bodys_tree_is_counted_before_it_is_made() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uploads_decoded_content_counts_with_its_body() {
     const MIB: usize = 1024 * 1024;
-    let (server, http) = server_with(|c| c.quotas.max_call_bytes_per_user = 5 * MIB).await;
-    let api = Api::new(http, &server.token);
-    let workspace = api.workspace(None).await;
-    let session = new_session();
+    let (_server, api, workspace, session) = five_mib_of_call_memory().await;
     // A body of 3 MiB (the content in base64) and 2.25 MiB decoded: 5.25 MiB together.
-    let big = upload(&api, &workspace, &session, 9 * MIB / 4).await;
-    assert_eq!(big.status, 429, "{}", big.text());
-    assert_eq!(big.json()["error"], "limit_exceeded", "{}", big.text());
-    assert!(
-        big.text().contains("server.max_call_bytes_per_user"),
-        "{}",
-        big.text()
-    );
+    assert_over_call_memory(&upload(&api, &workspace, &session, 9 * MIB / 4).await);
     let listed = api
         .get(&format!("/api/v1/sessions/{session}/artifacts"))
         .await;
