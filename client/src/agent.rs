@@ -2,7 +2,9 @@
 //! bridge uses.
 
 use monad_protocol::agent::{AgentEvent, TurnResult};
-use monad_protocol::io::{ReadError, read_body, read_message, read_message_relayed, write_message};
+use monad_protocol::io::{
+    ReadError, read_body, read_message, read_message_relayed, write_encoded, write_message,
+};
 use monad_protocol::stream::QuietRecv;
 use monad_protocol::wire::{
     self, ChatInfo, History, HistoryMessage, Message, Outcome, ROOTS_MINOR, Role, SessionInfo,
@@ -17,6 +19,35 @@ use crate::connect::{Connection, connect};
 
 /// Largest answer accepted (a 64 MiB file as JSON fits).
 const MAX_ANSWER: usize = 256 * 1024 * 1024;
+
+/// A call whose arguments hold more text than this is encoded on the blocking pool, not on the
+/// task that sends it. `monad-client mcp` runs on one thread, which also answers its QUIC
+/// connection's packets: encoding a `write_file` of 16 MiB there (escaping every line break)
+/// kept the connection silent for as long as it took (45 ms in a release build, 0.7 s in a
+/// debug one: on a loaded machine, past the 8 s idle time-out, and the call ended with
+/// `connection lost`); meanwhile the answers of the host's other calls waited too.
+const ENCODE_ON_POOL: usize = 1024 * 1024;
+
+/// How many bytes of text (strings and keys) `value` holds; walked without recursion, so any
+/// depth is fine.
+fn text_bytes(value: &Value) -> usize {
+    let mut total = 0usize;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::String(s) => total = total.saturating_add(s.len()),
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                for (key, item) in map {
+                    total = total.saturating_add(key.len());
+                    stack.push(item);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    total
+}
 
 /// The answer to a call.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,13 +187,21 @@ impl Agent {
         &self,
         request: &Message,
     ) -> Result<(quinn::SendStream, QuietRecv), ClientError> {
+        self.request_encoded(&request.to_json()).await
+    }
+
+    /// [`Agent::request`] for a request already encoded ([`Message::to_json`]).
+    async fn request_encoded(
+        &self,
+        json: &[u8],
+    ) -> Result<(quinn::SendStream, QuietRecv), ClientError> {
         let (mut send, recv) = self
             .connection
             .conn
             .open_bi()
             .await
             .map_err(|e| ClientError::Unreachable(e.to_string()))?;
-        write_message(&mut send, request)
+        write_encoded(&mut send, json)
             .await
             .map_err(|e| ClientError::Unreachable(e.to_string()))?;
         let _ = send.finish();
@@ -181,14 +220,22 @@ impl Agent {
     ) -> Result<CallReply, ClientError> {
         // Named in an error if the server's reset overtakes its result (see `reset_error`).
         let targeted = targeted(&args);
-        let (_send, mut recv) = self
-            .request(&Message::Call {
-                id: 1,
-                session: session.map(str::to_owned),
-                tool: tool.to_owned(),
-                args,
-            })
-            .await?;
+        let large = text_bytes(&args) > ENCODE_ON_POOL;
+        let request = Message::Call {
+            id: 1,
+            session: session.map(str::to_owned),
+            tool: tool.to_owned(),
+            args,
+        };
+        let json = if large {
+            tokio::task::spawn_blocking(move || request.to_json())
+                .await
+                .map_err(|e| ClientError::Protocol(format!("encoding the call failed: {e}")))?
+        } else {
+            request.to_json()
+        };
+        let (_send, mut recv) = self.request_encoded(&json).await?;
+        drop(json);
         loop {
             // The result stays the text it came in until its reader decodes it: the MCP front
             // decodes a listing straight into its type, not through a tree.

@@ -177,6 +177,26 @@ pub async fn write_message<W: AsyncWrite + Unpin>(
     write_messages(writer, &[message]).await
 }
 
+/// Writes one message already encoded as JSON ([`Message::to_json`]), cut into frames: for a
+/// sender that encodes a large message elsewhere than on its async task (see
+/// `monad-client`'s calls).
+pub async fn write_encoded<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    json: &[u8],
+) -> std::io::Result<()> {
+    if json.len() <= MAX_FRAME_PAYLOAD {
+        let mut buf = Vec::with_capacity(json.len() + HEADER_LEN);
+        buf.extend_from_slice(&frame::encode_header(json.len(), true));
+        buf.extend_from_slice(json);
+        return writer.write_all(&buf).await;
+    }
+    for (header, chunk) in frame::frames(json) {
+        writer.write_all(&header).await?;
+        writer.write_all(chunk).await?;
+    }
+    Ok(())
+}
+
 /// Writes several messages, in one write when each fits one frame, so that small ones share a
 /// packet (a `decided` and the `result` after it); larger ones are written one by one, without
 /// copying them into a common buffer.
@@ -187,10 +207,7 @@ pub async fn write_messages<W: AsyncWrite + Unpin>(
     let encoded: Vec<Vec<u8>> = messages.iter().map(|m| m.to_json()).collect();
     if encoded.iter().any(|json| json.len() > MAX_FRAME_PAYLOAD) {
         for json in &encoded {
-            for (header, chunk) in frame::frames(json) {
-                writer.write_all(&header).await?;
-                writer.write_all(chunk).await?;
-            }
+            write_encoded(writer, json).await?;
         }
         return Ok(());
     }
@@ -234,13 +251,18 @@ mod tests {
             write_messages(&mut a, &sent.iter().collect::<Vec<_>>())
                 .await
                 .unwrap();
-            // ...and two small ones in one buffer.
+            // ...and two small ones in one buffer...
             write_messages(&mut a, &[&sent[0], &sent[0]]).await.unwrap();
+            // ...and each encoded beforehand.
+            for m in &sent {
+                write_encoded(&mut a, &m.to_json()).await.unwrap();
+            }
         });
         for m in messages
             .iter()
             .chain(&messages)
             .chain([&messages[0], &messages[0]])
+            .chain(&messages)
         {
             let got = read_message(&mut b, frame::DEFAULT_MAX_MESSAGE)
                 .await
