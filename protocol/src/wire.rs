@@ -1201,6 +1201,18 @@ pub enum Message {
         /// The session it applied to (its id resolved).
         session: String,
     },
+    /// Host to host, on a forwarded connection (several hosts on one store): give up `session`
+    /// if nothing uses it on this host (no folder attached, no call or conversation running, no
+    /// agent following its workspaces, no background command), so that the asking host, where
+    /// a folder is attaching, takes its lease at once. Answered by [`Message::Done`] once it
+    /// left this host (or was not here), or by [`Message::Error`] (`denied`) saying what keeps
+    /// it here.
+    Yield {
+        /// Request id.
+        id: u64,
+        /// The session, by its exact id.
+        session: String,
+    },
     /// Agent to server: the user's workspace records.
     ListRecords {
         /// Request id.
@@ -1523,6 +1535,7 @@ impl Message {
             Message::HistoryClear { .. } => "history_clear",
             Message::HistoryIs { .. } => "history_is",
             Message::Done { .. } => "done",
+            Message::Yield { .. } => "yield",
             Message::ListRecords { .. } => "list_records",
             Message::Records { .. } => "records",
             Message::RecordSessions { .. } => "record_sessions",
@@ -1855,6 +1868,10 @@ mod tests {
                 id: 15,
                 session: "default".into(),
             },
+            Message::Yield {
+                id: 15,
+                session: "default".into(),
+            },
             Message::ListRecords { id: 16 },
             Message::Records {
                 id: 16,
@@ -1958,7 +1975,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 42, "one case per message type");
+        assert_eq!(kinds.len(), 43, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

@@ -28,6 +28,18 @@ use crate::store::pg::Lease;
 /// that the session's owner is unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long asking a session's holder to give it up ([`Cluster::take_for_attach`]) may take,
+/// connecting included, before the attach waits for its lease instead.
+const YIELD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a session's holder did not give it up.
+enum Unyielding {
+    /// Something uses it there (in words).
+    Kept(String),
+    /// It could not be asked, or did not understand (an older host).
+    Unknown(String),
+}
+
 /// The largest answer a forwarded call brings back (the owner sends large contents inline to
 /// a forwarding host).
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
@@ -252,8 +264,36 @@ impl Cluster {
     /// it has, instead of being refused while the dead host's lease runs. A live holder keeps
     /// renewing its lease, and the attach is refused once the wait is over. The lease has no
     /// notification in the database to wait on, so its row is read again every 250 ms.
-    pub async fn take_for_attach(&self, session: &str) -> Result<Lease, ToolError> {
+    ///
+    /// First, the holder is asked to give the session up ([`Message::Yield`], as `user`): a
+    /// host that holds it only because an agent's calls ran there (it stays in memory for
+    /// hours when idle) lets it go, and the attach goes through at once; a holder where
+    /// something uses it (a folder attached, a call running) says what, and the attach is
+    /// refused at once rather than after the wait. A holder that cannot be asked (it died, it
+    /// has no address, or this host has no secret) is waited for as before.
+    pub async fn take_for_attach(&self, session: &str, user: &str) -> Result<Lease, ToolError> {
         let deadline = tokio::time::Instant::now() + self.store.host().ttl + Duration::from_secs(1);
+        if let Lease::Elsewhere { address, .. } = self.take(session).await?
+            && self.forwards()
+            && !address.trim().is_empty()
+        {
+            match self.ask_to_yield(&address, user, session).await {
+                Ok(()) => {}
+                Err(Unyielding::Kept(why)) => {
+                    return Err(ToolError::new(
+                        ErrorCode::Denied,
+                        format!(
+                            "session {session} is served by another host ({address}), where \
+                             {why}: attach there, or again once it is no longer in use there"
+                        ),
+                    ));
+                }
+                Err(Unyielding::Unknown(why)) => tracing::debug!(
+                    "the host at {address} was not asked to give session {session} up ({why}); \
+                     waiting for its lease"
+                ),
+            }
+        }
         loop {
             let lease = self.take(session).await?;
             match lease {
@@ -262,6 +302,51 @@ impl Cluster {
                 }
                 lease => return Ok(lease),
             }
+        }
+    }
+
+    /// Asks the host at `address` to give `session` up ([`Message::Yield`]), as `user`.
+    async fn ask_to_yield(
+        &self,
+        address: &str,
+        user: &str,
+        session: &str,
+    ) -> Result<(), Unyielding> {
+        let asked = async {
+            let conn = self.link(address, user).await?;
+            let (mut send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+            let mut recv = monad_protocol::stream::QuietRecv::new(recv);
+            let request = Message::Yield {
+                id: 1,
+                session: session.to_owned(),
+            };
+            write_message(&mut send, &request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = send.finish();
+            let answer = read_message(&mut *recv, 64 * 1024)
+                .await
+                .map_err(|e| e.to_string())?;
+            recv.let_go();
+            Ok::<_, String>(answer)
+        };
+        match tokio::time::timeout(YIELD_TIMEOUT, asked).await {
+            Ok(Ok(Some(Message::Done { .. }))) => Ok(()),
+            Ok(Ok(Some(Message::Error { error, .. }))) if error.code == ErrorCode::Denied => {
+                Err(Unyielding::Kept(error.message))
+            }
+            // An older host does not know the request (`malformed`).
+            Ok(Ok(Some(Message::Error { error, .. }))) => Err(Unyielding::Unknown(error.message)),
+            Ok(Ok(Some(other))) => Err(Unyielding::Unknown(format!(
+                "it answered `{}`",
+                other.kind()
+            ))),
+            Ok(Ok(None)) => Err(Unyielding::Unknown("it closed the stream".into())),
+            Ok(Err(why)) => Err(Unyielding::Unknown(why)),
+            Err(_) => Err(Unyielding::Unknown(format!(
+                "no answer within {} s",
+                YIELD_TIMEOUT.as_secs()
+            ))),
         }
     }
 

@@ -1390,6 +1390,30 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let _ = write_message(&mut send, &answer).await;
             finish(&mut send).await;
         }
+        // Only another host of the deployment asks this (see `Cluster::take_for_attach`).
+        Message::Yield { id, session } if ctx.origin == Origin::Forwarded => {
+            let (state, user, asked) = (ctx.state.clone(), ctx.user.clone(), session.clone());
+            let given = tokio::task::spawn_blocking(move || state.registry.give_up(&asked, &user))
+                .await
+                .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
+            match given {
+                Ok(()) => {
+                    tracing::info!(
+                        "gave session {session} up to another host, where a folder attaches"
+                    );
+                    let _ = write_message(&mut send, &Message::Done { id, session }).await;
+                    finish(&mut send).await;
+                }
+                Err(e) => send_error(&mut send, id, e).await,
+            }
+        }
+        Message::Yield { id, .. } => {
+            let error = ToolError::new(
+                ErrorCode::Denied,
+                "only another host of this deployment asks a host to give a session up",
+            );
+            send_error(&mut send, id, error).await;
+        }
         other => {
             let kind = other.kind();
             // Store requests (sessions, history, landings) run on the blocking pool every user
@@ -1509,7 +1533,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     };
     // Several hosts on one store: the host a folder attaches to serves its session live.
     if let Some(cluster) = &ctx.state.cluster {
-        match cluster.take_for_attach(&session.id).await {
+        match cluster.take_for_attach(&session.id, &ctx.user).await {
             Ok(Lease::Held { .. }) => {}
             Ok(Lease::Elsewhere { address, .. }) => {
                 let error = ToolError::new(

@@ -424,10 +424,22 @@ impl Session {
     /// read yet (unloading would kill the one and lose the other's output).
     /// The one predicate for unloading idle sessions and for evicting one to make room.
     pub fn in_use(self: &Arc<Self>) -> bool {
-        Arc::strong_count(self) > 1
-            || self.changes.receiver_count() > 0
-            || self.has_online_attachments()
-            || self.primary.has_processes()
+        self.kept_by().is_some()
+    }
+
+    /// What keeps this session in memory ([`Session::in_use`]), in words, if anything.
+    pub fn kept_by(self: &Arc<Self>) -> Option<&'static str> {
+        if self.has_online_attachments() {
+            Some("a folder is attached to it")
+        } else if Arc::strong_count(self) > 1 {
+            Some("a call, a conversation or another request is using it")
+        } else if self.changes.receiver_count() > 0 {
+            Some("an agent follows its workspaces (an MCP host, `watch`)")
+        } else if self.primary.has_processes() {
+            Some("a background command of its primary workspace runs, or has output not read yet")
+        } else {
+            None
+        }
     }
 
     /// When the session was last used.
@@ -2227,6 +2239,33 @@ impl Registry {
         dropped.len()
     }
 
+    /// Lets `user`'s session `id` go from this host, when another host asks for it (a folder
+    /// is attaching there: [`crate::cluster::Cluster::take_for_attach`]): it leaves memory, its
+    /// unsaved activity saved, and its lease is given up, so that the asking host takes it at
+    /// once. A session not in memory here has nothing to let go. Refused (`denied`, saying
+    /// what) while something uses it here ([`Session::kept_by`]), under the registry's lock, so
+    /// that no request takes it meanwhile (a request after finds it gone and loads it again).
+    pub fn give_up(&self, id: &str, user: &str) -> Result<(), ToolError> {
+        let dropped = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(session) = sessions.get(id) else {
+                return Ok(());
+            };
+            owned_by(session, user)?;
+            if let Some(why) = session.kept_by() {
+                return Err(ToolError::new(ErrorCode::Denied, why));
+            }
+            sessions.remove(id)
+        };
+        if let Some(session) = dropped {
+            self.save_unsaved(&session);
+            if let Some(cluster) = &self.cluster {
+                cluster.release(&session.id);
+            }
+        }
+        Ok(())
+    }
+
     /// Saves the metadata of every loaded session with unsaved activity (on shutdown).
     pub fn flush(&self) {
         let sessions = self
@@ -3206,6 +3245,35 @@ pub(crate) mod tests {
         assert_eq!(s.id, upper.to_lowercase());
         let fresh = reg.create("ana").unwrap();
         assert!(uuid::Uuid::parse_str(&fresh.id).is_ok());
+    }
+
+    #[test]
+    fn a_session_is_given_up_to_another_host_only_by_its_owner_and_while_nothing_uses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let s = reg.create("ana").unwrap();
+        let id = s.id.clone();
+        // Held by a request: kept, saying why.
+        let kept = reg.give_up(&id, "ana").unwrap_err();
+        assert_eq!(kept.code, ErrorCode::Denied);
+        assert!(kept.message.contains("request is using it"), "{kept:?}");
+        // Another user's: refused, kept.
+        drop(s);
+        assert_eq!(
+            reg.give_up(&id, "bob").unwrap_err().code,
+            ErrorCode::Unauthorized
+        );
+        assert_eq!(reg.loaded(), 1);
+        // Followed by a watcher (an MCP host): kept.
+        let watcher = reg.open(&id, "ana").unwrap().subscribe();
+        let kept = reg.give_up(&id, "ana").unwrap_err();
+        assert!(kept.message.contains("follows its workspaces"), "{kept:?}");
+        drop(watcher);
+        // Unused: it leaves memory, and stays in the store; not in memory, nothing to do.
+        reg.give_up(&id, "ana").unwrap();
+        assert_eq!(reg.loaded(), 0);
+        reg.give_up(&id, "ana").unwrap();
+        assert!(reg.list("ana").iter().any(|info| info.id == id));
     }
 
     #[test]

@@ -650,6 +650,131 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
     .await;
 }
 
+/// The live lease of `SESSION`, as `holder epoch`.
+fn lease_of_session(pg: &Pg) -> String {
+    psql(
+        &pg.url,
+        &format!(
+            "SELECT holder || ' ' || epoch FROM leases
+             WHERE session_id = '{SESSION}' AND expires_at > now()"
+        ),
+    )
+}
+
+/// A host that holds a session only because an agent's calls ran there gives it up to a laptop
+/// attaching at another host: the attach goes through at once (it waited out the lease and was
+/// refused, since the idle session stays in its host's memory for hours, renewed), and the
+/// agent's next calls reach the folder through the host it attached to. A host where a folder
+/// is attached keeps its session: a second laptop attaching elsewhere is refused at once, told
+/// where and why. An agent's own connection cannot ask a host to give a session up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_attaching_elsewhere()
+{
+    let Some(pg) = Pg::alone("a_host_that_only_ran_an_agents_calls_gives_the_session_up") else {
+        return;
+    };
+    let (data_a, data_b) = (dir(), dir());
+    // Leases of 60 s: waiting one out would take longer than any step of the test may.
+    let a = start_host(&pg, data_a.path(), "the-hosts-secret", 60, None).await;
+    let b = start_host(
+        &pg,
+        data_b.path(),
+        "the-hosts-secret",
+        60,
+        Some(data_a.path()),
+    )
+    .await;
+    let token = a.first_token.clone().expect("the first host's first start");
+
+    // An agent's call on host A, in the session's primary workspace: A serves the session.
+    let agent = connect_agent(&a.client_config(&token)).await;
+    ok(call_in(&agent, Some(SESSION), "list_dir", json!({"path": "."})).await);
+    let before = lease_of_session(&pg);
+    assert!(!before.is_empty(), "host A holds the session's lease");
+
+    // A laptop attaches at host B: A gives the session up, and B takes it at a higher epoch.
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new([
+        Some(Decision::AllowOnce),
+        Some(Decision::AllowOnce),
+    ]));
+    let attached = within(
+        STEP,
+        "the laptop's attach at host B",
+        attach_laptop(&b.client_config(&token), laptop.path(), &approver),
+    )
+    .await;
+    assert_eq!(attached.session, SESSION);
+    let after = lease_of_session(&pg);
+    let (old, new) = (
+        before.split_once(' ').unwrap(),
+        after.split_once(' ').unwrap(),
+    );
+    assert_ne!(old.0, new.0, "host B holds it now: {before} then {after}");
+    assert!(
+        new.1.parse::<i64>().unwrap() > old.1.parse::<i64>().unwrap(),
+        "{before} then {after}"
+    );
+
+    // The agent, still on host A, reads the laptop's file: forwarded to B, approved there.
+    let (result, workspace) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
+    assert_eq!(workspace, "lap");
+    assert!(
+        result.to_string().contains("written on the laptop"),
+        "{result}"
+    );
+
+    // A second laptop attaching at host A: B keeps the session (a folder is attached there),
+    // and says so at once.
+    let other = folder(&[("other.txt", "another laptop\n")]);
+    let mut options = attach_options(other.path(), "other");
+    options.session = Some(SESSION.into());
+    let refused = within(
+        Duration::from_secs(10),
+        "the second laptop's refusal",
+        monad_client::attach::attach(&a.client_config(&token), options, None, None),
+    )
+    .await
+    .expect_err("host B keeps the session its laptop is attached to")
+    .to_string();
+    assert!(
+        refused.contains(SESSION)
+            && refused.contains(&b.addr.to_string())
+            && refused.contains("a folder is attached to it"),
+        "{refused}"
+    );
+    assert_eq!(lease_of_session(&pg), after, "host B still holds it");
+
+    // An agent's own connection asking host B to give the session up is refused.
+    let own = connect_agent(&b.client_config(&token)).await;
+    let (mut send, mut recv) = own.quic().open_bi().await.unwrap();
+    let request = monad_protocol::wire::Message::Yield {
+        id: 7,
+        session: SESSION.into(),
+    };
+    monad_protocol::io::write_message(&mut send, &request)
+        .await
+        .unwrap();
+    send.finish().unwrap();
+    let answer = within(
+        STEP,
+        "the answer to an agent's yield",
+        monad_protocol::io::read_message(&mut recv, 64 * 1024),
+    )
+    .await
+    .unwrap();
+    match answer {
+        Some(monad_protocol::wire::Message::Error { id: 7, error }) => {
+            assert_eq!(error.code, monad_protocol::ErrorCode::Denied, "{error:?}");
+        }
+        other => panic!("an agent's yield answered {other:?}"),
+    }
+    let (result, _) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
+    assert!(result.to_string().contains("written on the laptop"));
+    assert_eq!(lease_of_session(&pg), after, "host B still holds it");
+    drop(attached);
+}
+
 #[tokio::test]
 async fn serve_refuses_an_advertised_address_that_is_not_host_and_port() {
     let data = dir();
