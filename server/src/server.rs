@@ -42,6 +42,9 @@ const CLOSE_REFUSED: u32 = 1;
 const CLOSE_SHUTDOWN: u32 = 2;
 /// The connection's token was revoked.
 const CLOSE_REVOKED: u32 = 3;
+/// The code a folder's connection is closed with when this host finds that another host took
+/// its session's lease over: its client reconnects, and attaches where the session is served.
+const CLOSE_MOVED: u32 = 4;
 
 /// How often the tokens are looked at for one revoked since ([`sweep_tokens`]).
 const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
@@ -314,6 +317,24 @@ impl Server {
             housekeeping: housekeeping.clone(),
             valid_tokens: watch::channel(None).0,
         });
+        if let Some(cluster) = &state.cluster {
+            // A host paused past its lease (a stopped VM), woken after another host took its
+            // sessions over, still had their folders attached: unreachable from the new owner
+            // until they reconnected, which nothing made them do. Their connections are closed
+            // now; each client reconnects and attaches where its session is served.
+            let weak = Arc::downgrade(&state);
+            cluster.store().on_lease_lost(Box::new(move |session| {
+                let Some(state) = weak.upgrade() else {
+                    return;
+                };
+                for link in state.registry.online_links(session) {
+                    link.conn.close(
+                        CLOSE_MOVED,
+                        &format!("another host serves session {session} now: attach again, there"),
+                    );
+                }
+            }));
+        }
         Ok((
             Server {
                 endpoint,

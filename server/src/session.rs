@@ -459,6 +459,16 @@ impl Session {
             .any(|a| a.link.is_some())
     }
 
+    /// The connections of the folders attached to this session and online now.
+    pub fn online_links(&self) -> Vec<ClientLink> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(|a| a.link.clone())
+            .collect()
+    }
+
     /// The folders `device` attached to this session that are online now.
     pub fn online_folders(&self, device: &DeviceId) -> Vec<Attached> {
         self.attached
@@ -2264,6 +2274,13 @@ impl Registry {
             }
         }
         Ok(())
+    }
+
+    /// The connections of the folders online in session `id`, when it is in memory.
+    pub fn online_links(&self, id: &str) -> Vec<ClientLink> {
+        self.in_memory(id)
+            .map(|session| session.online_links())
+            .unwrap_or_default()
     }
 
     /// Saves the metadata of every loaded session with unsaved activity (on shutdown).

@@ -1080,6 +1080,22 @@ impl ServerProcess {
             .expect("monad-server is reaped");
     }
 
+    /// Pauses it (SIGSTOP), as a stopped VM or a long pause would: it answers nothing, and its
+    /// timers and threads stand still, until [`ServerProcess::resume`].
+    pub fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a paused server go on (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = self.child.id().expect("still running") as i32;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal sent");
+    }
+
     /// Stops it with SIGTERM (a graceful shutdown) and waits (bounded); panics unless it exits
     /// successfully. Returns what it wrote to standard error.
     pub async fn stop(mut self) -> String {

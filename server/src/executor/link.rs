@@ -238,6 +238,15 @@ pub enum Conn {
 }
 
 impl Conn {
+    /// Closes the connection, telling the client why (`code`, `reason`).
+    pub fn close(&self, code: u32, reason: &str) {
+        match self {
+            Conn::Quic(conn) => conn.close(code.into(), reason.as_bytes()),
+            #[cfg(test)]
+            Conn::Memory(_) => {}
+        }
+    }
+
     /// Tells this connection from another one to the same client.
     pub fn stable_id(&self) -> usize {
         match self {

@@ -246,6 +246,46 @@ fn a_released_lease_is_taken_at_once_by_another_host_at_a_higher_epoch() {
 }
 
 #[test]
+fn a_host_is_told_once_of_each_lease_it_finds_lost_and_never_of_one_it_gave_up() {
+    let Some(url) = pg_url("a_host_is_told_once_of_each_lease_it_finds_lost") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = dir.path().join("objects");
+    let ttl = Duration::from_secs(600);
+    let one = host(&url, &dir.path().join("one"), &blobs, ttl);
+    let two = host(&url, &dir.path().join("two"), &blobs, ttl);
+    let told = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = told.clone();
+    one.on_lease_lost(Box::new(move |s| sink.lock().unwrap().push(s.to_owned())));
+    for session in ["s1", "s2", "s3"] {
+        assert_eq!(one.take_lease(session).unwrap(), Lease::Held { epoch: 1 });
+    }
+    // The first host stood still past two of its leases, which the second host took.
+    psql(
+        &url,
+        "UPDATE leases SET expires_at = now() WHERE session_id IN ('s1', 's2')",
+    );
+    assert_eq!(two.take_lease("s1").unwrap(), Lease::Held { epoch: 2 });
+    assert_eq!(two.take_lease("s2").unwrap(), Lease::Held { epoch: 2 });
+    // Found by a take (a call for it), then by a renewal; each once.
+    assert!(matches!(
+        one.take_lease("s2").unwrap(),
+        Lease::Elsewhere { .. }
+    ));
+    assert_eq!(one.renew_leases().unwrap(), ["s1"]);
+    assert!(one.renew_leases().unwrap().is_empty());
+    assert!(matches!(
+        one.take_lease("s2").unwrap(),
+        Lease::Elsewhere { .. }
+    ));
+    // A lease given up is not lost.
+    one.release_lease("s3").unwrap();
+    assert!(one.renew_leases().unwrap().is_empty());
+    assert_eq!(*told.lock().unwrap(), ["s2", "s1"]);
+}
+
+#[test]
 fn a_restarted_server_takes_its_own_live_leases_over_at_once_and_fences_its_former_process() {
     let Some(url) = pg_url("a_restarted_server_takes_its_own_live_leases") else {
         return;
@@ -773,6 +813,75 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
     assert!(result.to_string().contains("written on the laptop"));
     assert_eq!(lease_of_session(&pg), after, "host B still holds it");
     drop(attached);
+}
+
+/// A host paused past its lease (a stopped VM), whose session another host took over
+/// meanwhile, lets the session's folder go when it wakes: the laptop reconnects and attaches
+/// where the session is served, and the agent's calls reach the folder again. Before, the
+/// laptop stayed attached to the woken host, out of every call's reach, until something else
+/// made it reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_woken_after_its_lease_was_taken_over_lets_its_folders_go() {
+    let Some(pg) = Pg::alone("a_host_woken_after_its_lease_was_taken_over") else {
+        return;
+    };
+    let (data_a, data_b) = (dir(), dir());
+    // Leases of 1 s: host A's pause outlasts its lease and stays well within QUIC's 8 s idle
+    // time-out, so the laptop's connection to it survives the pause.
+    let a = start_host(&pg, data_a.path(), "the-hosts-secret", 1, None).await;
+    let b = start_host(
+        &pg,
+        data_b.path(),
+        "the-hosts-secret",
+        1,
+        Some(data_a.path()),
+    )
+    .await;
+    let token = a.first_token.clone().expect("the first host's first start");
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new(vec![Some(Decision::AllowOnce); 8]));
+    let mut attached = attach_laptop(&a.client_config(&token), laptop.path(), &approver).await;
+    let agent = connect_agent(&b.client_config(&token)).await;
+    let (result, _) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
+    assert!(result.to_string().contains("written on the laptop"));
+    let before = lease_of_session(&pg);
+
+    // Host A stands still. Once its lease has run out, an agent's call at host B (in the
+    // session's primary workspace) takes the session over.
+    a.pause();
+    until_true(
+        &pg,
+        "host A's lease to expire",
+        &format!("SELECT expires_at <= now() FROM leases WHERE session_id = '{SESSION}'"),
+    )
+    .await;
+    let primary = json!({"path": ".", "workspace": "primary"});
+    ok(call_in(&agent, Some(SESSION), "list_dir", primary).await);
+    let during = lease_of_session(&pg);
+    assert_ne!(
+        before.split_once(' ').unwrap().0,
+        during.split_once(' ').unwrap().0,
+        "host B took the session over: {before} then {during}"
+    );
+
+    // Host A wakes, finds its lease lost, and lets the laptop go: the laptop attaches again,
+    // and the agent's read reaches it.
+    a.resume();
+    attached.wait_attached().await;
+    within(STEP, "a read of the laptop's file through host B", async {
+        loop {
+            let reply = call_in(&agent, Some(SESSION), "read_file", read_notes()).await;
+            match reply.outcome {
+                monad_protocol::wire::Outcome::Ok { result }
+                    if result.to_string().contains("written on the laptop") =>
+                {
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -220,6 +220,9 @@ impl Fencing {
     }
 }
 
+/// What a host does with a session whose lease it finds lost ([`PgStore::on_lease_lost`]).
+pub type LostHook = Box<dyn Fn(&str) + Send + Sync>;
+
 /// A lease this host took: still held, or found lost (expired or taken over) by a renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Taken {
@@ -300,12 +303,15 @@ impl Held {
         }
     }
 
-    /// Marks `session` lost, unless it was taken again (at another epoch) meanwhile.
-    fn lose(&self, session: &str, epoch: i64) {
+    /// Marks `session` lost, unless it was taken again (at another epoch), lost or given up
+    /// meanwhile; true when it was marked.
+    fn lose(&self, session: &str, epoch: i64) -> bool {
         let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if matches!(held.get(session), Some(Taken::Held { epoch: e, .. }) if *e == epoch) {
+        let marked = matches!(held.get(session), Some(Taken::Held { epoch: e, .. }) if *e == epoch);
+        if marked {
             held.insert(session.to_owned(), Taken::Lost(epoch));
         }
+        marked
     }
 
     fn all_held(&self) -> Vec<(String, i64)> {
@@ -404,12 +410,14 @@ impl PgStore {
                 },
             ),
             // Taken before and lost: stays lost (its writes stay fenced).
-            Lease::Elsewhere { .. } => {
-                if let Some(Taken::Held { epoch, .. } | Taken::Lost(epoch)) = self.held.forget(&key)
-                {
+            Lease::Elsewhere { .. } => match self.held.forget(&key) {
+                Some(Taken::Held { epoch, .. }) => {
                     self.held.set(&key, Taken::Lost(epoch));
+                    self.lost(&key);
                 }
-            }
+                Some(Taken::Lost(epoch)) => self.held.set(&key, Taken::Lost(epoch)),
+                None => {}
+            },
         }
         Ok(lease)
     }
@@ -447,12 +455,28 @@ impl PgStore {
         let lost: Vec<String> = held
             .into_iter()
             .filter(|(s, _)| !renewed.contains(s))
-            .map(|(s, epoch)| {
-                self.held.lose(&s, epoch);
-                s
-            })
+            .filter(|(s, epoch)| self.held.lose(s, *epoch))
+            .map(|(s, _)| s)
             .collect();
+        for session in &lost {
+            self.lost(session);
+        }
         Ok(lost)
+    }
+
+    /// Has `hook` called with each session whose lease this host finds lost, by a renewal or
+    /// by a take that finds another host serving a session this host held (a host paused past
+    /// its lease, then woken): the server lets the session's folders go, so that they attach
+    /// again where it is served now. Set once; a second hook is ignored.
+    pub fn on_lease_lost(&self, hook: LostHook) {
+        let _ = self.on_lost.set(hook);
+    }
+
+    /// Tells the hook, if any, that the lease of `session` was lost.
+    fn lost(&self, session: &str) {
+        if let Some(hook) = self.on_lost.get() {
+            hook(session);
+        }
     }
 
     /// Gives up the lease of `session` (it expires now; the epoch stays, so the next holder's

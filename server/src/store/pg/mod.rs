@@ -66,6 +66,8 @@ pub struct PgStore {
     host: Host,
     /// The leases this host holds.
     held: lease::Held,
+    /// Told of each session whose lease this host finds lost ([`PgStore::on_lease_lost`]).
+    on_lost: std::sync::OnceLock<lease::LostHook>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -181,6 +183,7 @@ impl PgStore {
             max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
             host: Host::new("", Duration::from_secs(10)),
             held: lease::Held::default(),
+            on_lost: std::sync::OnceLock::new(),
         };
         let pool = store.pool.clone();
         store.driver.run(async move {
