@@ -96,7 +96,12 @@ impl ClientError {
     pub fn is_fatal(&self) -> bool {
         match self {
             ClientError::Unreachable(_) => false,
-            ClientError::Refused(e) => !matches!(e.code, ErrorCode::Internal),
+            // A session another host serves now (it may let go of it, or the folder reaches
+            // that host next): tried again.
+            ClientError::Refused(e) => !matches!(
+                e.code,
+                ErrorCode::Internal | ErrorCode::WorkspaceDisconnected
+            ),
             ClientError::NotLoggedIn(_)
             | ClientError::Config(_)
             | ClientError::FingerprintMismatch { .. }

@@ -273,18 +273,20 @@ impl Cluster {
     /// has no address, or this host has no secret) is waited for as before.
     pub async fn take_for_attach(&self, session: &str, user: &str) -> Result<Lease, ToolError> {
         let deadline = tokio::time::Instant::now() + self.store.host().ttl + Duration::from_secs(1);
-        if let Lease::Elsewhere { address, .. } = self.take(session).await?
-            && self.forwards()
-            && !address.trim().is_empty()
-        {
+        let address = match self.take(session).await? {
+            Lease::Elsewhere { address, .. } => address,
+            held => return Ok(held),
+        };
+        if self.forwards() && !address.trim().is_empty() {
             match self.ask_to_yield(&address, user, session).await {
                 Ok(()) => {}
                 Err(Unyielding::Kept(why)) => {
                     return Err(ToolError::new(
-                        ErrorCode::Denied,
+                        ErrorCode::WorkspaceDisconnected,
                         format!(
                             "session {session} is served by another host ({address}), where \
-                             {why}: attach there, or again once it is no longer in use there"
+                             {why}: attach there, or once it is no longer in use there (the \
+                             attach tries again)"
                         ),
                     ));
                 }

@@ -327,6 +327,12 @@ impl Server {
                 let Some(state) = weak.upgrade() else {
                     return;
                 };
+                // Taken here again meanwhile (a call for it): its folders are where it is served.
+                if let Some(cluster) = &state.cluster
+                    && cluster.store().held_epoch(session).is_some()
+                {
+                    return;
+                }
                 for link in state.registry.online_links(session) {
                     link.conn.close(
                         CLOSE_MOVED,
@@ -1558,10 +1564,11 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             Ok(Lease::Held { .. }) => {}
             Ok(Lease::Elsewhere { address, .. }) => {
                 let error = ToolError::new(
-                    ErrorCode::Denied,
+                    ErrorCode::WorkspaceDisconnected,
                     format!(
                         "session {} is served by another host ({}), which keeps \
-                         renewing its lease: attach there, or again once that host is gone",
+                         renewing its lease: attach there, or once that host is gone (the \
+                         attach tries again)",
                         session.id,
                         crate::cluster::shown(&address)
                     ),

@@ -2253,34 +2253,42 @@ impl Registry {
     /// is attaching there: [`crate::cluster::Cluster::take_for_attach`]): it leaves memory, its
     /// unsaved activity saved, and its lease is given up, so that the asking host takes it at
     /// once. A session not in memory here has nothing to let go. Refused (`denied`, saying
-    /// what) while something uses it here ([`Session::kept_by`]), under the registry's lock, so
-    /// that no request takes it meanwhile (a request after finds it gone and loads it again).
+    /// what) while something uses it here ([`Session::kept_by`]). Decided, its activity saved
+    /// and its lease given up under the registry's lock (two statements; another host asks
+    /// this rarely), so that no request takes the session meanwhile: one after finds it gone,
+    /// loads it again and asks the database for its lease, which the asking host holds by then
+    /// or takes after it. (A request in between, which found the lease held here in memory,
+    /// would have run here while the other host took over.)
     pub fn give_up(&self, id: &str, user: &str) -> Result<(), ToolError> {
-        let dropped = {
-            let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(session) = sessions.get(id) else {
-                return Ok(());
-            };
-            owned_by(session, user)?;
-            if let Some(why) = session.kept_by() {
-                return Err(ToolError::new(ErrorCode::Denied, why));
-            }
-            sessions.remove(id)
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(session) = sessions.get(id) else {
+            return Ok(());
         };
-        if let Some(session) = dropped {
-            self.save_unsaved(&session);
-            if let Some(cluster) = &self.cluster {
-                cluster.release(&session.id);
-            }
+        owned_by(session, user)?;
+        if let Some(why) = session.kept_by() {
+            return Err(ToolError::new(ErrorCode::Denied, why));
         }
+        self.save_unsaved(session);
+        if let Some(cluster) = &self.cluster {
+            cluster.release(id);
+        }
+        sessions.remove(id);
         Ok(())
     }
 
-    /// The connections of the folders online in session `id`, when it is in memory.
+    /// The connections of the folders attached into session `id` and online, when it is in
+    /// memory: not those of folders shared into it from another session (an MCP host's roots),
+    /// which that session's attachment carries.
     pub fn online_links(&self, id: &str) -> Vec<ClientLink> {
-        self.in_memory(id)
-            .map(|session| session.online_links())
-            .unwrap_or_default()
+        let Some(session) = self.in_memory(id) else {
+            return Vec::new();
+        };
+        let online = session.online_links();
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        online
+            .into_iter()
+            .filter(|l| links.live.get(&l.generation).is_some_and(|x| x.home == id))
+            .collect()
     }
 
     /// Saves the metadata of every loaded session with unsaved activity (on shutdown).

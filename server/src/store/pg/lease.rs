@@ -228,11 +228,9 @@ pub type LostHook = Box<dyn Fn(&str) + Send + Sync>;
 enum Taken {
     /// Held at `epoch`, surely until `until`: the database's lease lasts its time from when the
     /// statement ran, which was after `until`'s count began (see [`held_until`]).
-    Held {
-        epoch: i64,
-        until: Instant,
-    },
-    Lost(i64),
+    Held { epoch: i64, until: Instant },
+    /// Lost at `epoch`; `told` once the hook heard that another host serves it now.
+    Lost { epoch: i64, told: bool },
 }
 
 /// Until when a lease taken or renewed by a statement sent at `asked` surely lasts, by this
@@ -258,7 +256,7 @@ impl Held {
             .unwrap_or_else(|p| p.into_inner())
             .get(session)
         {
-            Some(Taken::Held { epoch: e, .. } | Taken::Lost(e)) => Some(*e),
+            Some(Taken::Held { epoch: e, .. } | Taken::Lost { epoch: e, .. }) => Some(*e),
             None => None,
         }
     }
@@ -309,9 +307,36 @@ impl Held {
         let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let marked = matches!(held.get(session), Some(Taken::Held { epoch: e, .. }) if *e == epoch);
         if marked {
-            held.insert(session.to_owned(), Taken::Lost(epoch));
+            let told = false;
+            held.insert(session.to_owned(), Taken::Lost { epoch, told });
         }
         marked
+    }
+
+    /// Marks `session` lost to another host, which holds its lease at `now` (a take found
+    /// it): true when the hook is to hear of it, as it was held here or lost without the hook
+    /// told. A lease taken here again at `now` or later (by a take that ran meanwhile) stays.
+    fn lost_to(&self, session: &str, now: i64) -> bool {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (epoch, tell) = match held.get(session) {
+            Some(Taken::Held { epoch, .. }) if *epoch < now => (*epoch, true),
+            Some(Taken::Lost { epoch, told }) => (*epoch, !told),
+            _ => return false,
+        };
+        let told = true;
+        held.insert(session.to_owned(), Taken::Lost { epoch, told });
+        tell
+    }
+
+    /// The sessions lost whose hook has not heard that another host serves them.
+    fn untold(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, t)| matches!(t, Taken::Lost { told: false, .. }))
+            .map(|(s, _)| s.clone())
+            .collect()
     }
 
     fn all_held(&self) -> Vec<(String, i64)> {
@@ -321,7 +346,7 @@ impl Held {
             .iter()
             .filter_map(|(s, t)| match t {
                 Taken::Held { epoch, .. } => Some((s.clone(), *epoch)),
-                Taken::Lost(_) => None,
+                Taken::Lost { .. } => None,
             })
             .collect()
     }
@@ -401,6 +426,14 @@ impl PgStore {
                 epoch: row.get(2),
             })
         })?;
+        let lease = match lease {
+            // This host's own take, which ran meanwhile, holds it (read after this one's
+            // statement failed): held, as that take notes too.
+            Lease::Elsewhere { holder, epoch, .. } if holder == self.host.id => {
+                Lease::Held { epoch }
+            }
+            lease => lease,
+        };
         match &lease {
             Lease::Held { epoch } => self.held.set(
                 &key,
@@ -409,15 +442,13 @@ impl PgStore {
                     until: held_until(asked, self.host.ttl),
                 },
             ),
-            // Taken before and lost: stays lost (its writes stay fenced).
-            Lease::Elsewhere { .. } => match self.held.forget(&key) {
-                Some(Taken::Held { epoch, .. }) => {
-                    self.held.set(&key, Taken::Lost(epoch));
+            // Taken before and lost: stays lost (its writes stay fenced), and the hook hears
+            // once that another host serves it.
+            Lease::Elsewhere { epoch, .. } => {
+                if self.held.lost_to(&key, *epoch) {
                     self.lost(&key);
                 }
-                Some(Taken::Lost(epoch)) => self.held.set(&key, Taken::Lost(epoch)),
-                None => {}
-            },
+            }
         }
         Ok(lease)
     }
@@ -458,16 +489,44 @@ impl PgStore {
             .filter(|(s, epoch)| self.held.lose(s, *epoch))
             .map(|(s, _)| s)
             .collect();
-        for session in &lost {
-            self.lost(session);
-        }
+        self.tell_taken_over()?;
         Ok(lost)
     }
 
-    /// Has `hook` called with each session whose lease this host finds lost, by a renewal or
-    /// by a take that finds another host serving a session this host held (a host paused past
-    /// its lease, then woken): the server lets the session's folders go, so that they attach
-    /// again where it is served now. Set once; a second hook is ignored.
+    /// Tells the hook of the sessions lost here that another host serves now (a lease that
+    /// only expired, the database unreachable or this host paused, is not: nobody else serves
+    /// it, and its next use here takes it again). Looked at again at each renewal, so that one
+    /// taken over later is told then.
+    fn tell_taken_over(&self) -> Result<(), StoreError> {
+        let untold = self.held.untold();
+        if untold.is_empty() || self.on_lost.get().is_none() {
+            return Ok(());
+        }
+        let me = self.host.id.clone();
+        let served: Vec<(String, i64)> = self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT session_id, epoch FROM leases
+                     WHERE session_id = ANY($1) AND holder <> $2 AND expires_at > now()",
+                    &[&untold, &me],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })?;
+        for (session, epoch) in served {
+            if self.held.lost_to(&session, epoch) {
+                self.lost(&session);
+            }
+        }
+        Ok(())
+    }
+
+    /// Has `hook` called, once, with each session whose lease this host held and another host
+    /// holds now (a host paused past its lease, woken after another took it over), as a take or
+    /// a renewal finds it: the server lets the session's folders go, so that they attach again
+    /// where it is served now. A lease that only expired (nobody took it) is not told. Set
+    /// once; a second hook is ignored.
     pub fn on_lease_lost(&self, hook: LostHook) {
         let _ = self.on_lost.set(hook);
     }

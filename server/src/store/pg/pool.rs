@@ -29,6 +29,14 @@ pub struct PoolOptions {
     pub op_timeout: Duration,
 }
 
+/// How long the database lets one of this host's transactions sit idle before it ends it.
+/// A transaction's statements follow each other at once (no object is written inside one), so
+/// only a host that stopped mid-transaction (a paused VM, a stopped process) reaches it. Its
+/// locks went with it before only when it woke: a write of a session reads the lease row
+/// `FOR SHARE`, so another host's take-over of the session waited on the sleeper, its calls
+/// with it.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
 /// The pool: idle connections, and a permit per connection that may exist.
 pub(super) struct Pool {
     config: Config,
@@ -161,6 +169,19 @@ impl Pool {
                 warn!("PostgreSQL connection to {name} ended: {}", describe(&e));
             }
         });
+        client
+            .batch_execute(&format!(
+                "SET idle_in_transaction_session_timeout = {}",
+                IDLE_IN_TRANSACTION.as_millis()
+            ))
+            .await
+            .map_err(|e| {
+                StoreError::Database(format!(
+                    "cannot set up a PostgreSQL connection to {}: {}",
+                    self.name,
+                    describe(&e)
+                ))
+            })?;
         Ok(client)
     }
 }
