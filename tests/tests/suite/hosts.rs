@@ -33,6 +33,17 @@ fn host(url: &str, data: &std::path::Path, blobs: &std::path::Path, ttl: Duratio
     .with_host(Host::new("127.0.0.1:1", ttl))
 }
 
+/// Two hosts on the database at `url`, sharing artifact content, with leases of ten minutes
+/// (none expires unless the test makes it); and the directory they keep their files in.
+fn two_stores(url: &str) -> (tempfile::TempDir, PgStore, PgStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let blobs = dir.path().join("objects");
+    let ttl = Duration::from_secs(600);
+    let one = host(url, &dir.path().join("one"), &blobs, ttl);
+    let two = host(url, &dir.path().join("two"), &blobs, ttl);
+    (dir, one, two)
+}
+
 /// Runs SQL in the database of `url` (the tests' cluster).
 fn psql(url: &str, sql: &str) -> String {
     let database = url.rsplit('/').next().unwrap();
@@ -89,11 +100,7 @@ fn a_stale_owners_late_writes_are_refused_after_another_host_took_its_lease_over
     let Some(url) = pg_url("a_stale_owners_late_writes_are_refused") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let blobs = dir.path().join("objects");
-    let ttl = Duration::from_secs(600);
-    let one = host(&url, &dir.path().join("one"), &blobs, ttl);
-    let two = host(&url, &dir.path().join("two"), &blobs, ttl);
+    let (_dir, one, two) = two_stores(&url);
     one.create(&SessionMeta {
         id: "s1".into(),
         name: None,
@@ -227,11 +234,7 @@ fn a_released_lease_is_taken_at_once_by_another_host_at_a_higher_epoch() {
     let Some(url) = pg_url("a_released_lease_is_taken_at_once") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let blobs = dir.path().join("objects");
-    let ttl = Duration::from_secs(600);
-    let one = host(&url, &dir.path().join("one"), &blobs, ttl);
-    let two = host(&url, &dir.path().join("two"), &blobs, ttl);
+    let (_dir, one, two) = two_stores(&url);
     assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
     assert_eq!(
         one.take_lease("s1").unwrap(),
@@ -250,11 +253,7 @@ fn a_host_is_told_once_of_each_lease_another_host_took_over_and_never_of_one_tha
     let Some(url) = pg_url("a_host_is_told_once_of_each_lease_another_host_took") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let blobs = dir.path().join("objects");
-    let ttl = Duration::from_secs(600);
-    let one = host(&url, &dir.path().join("one"), &blobs, ttl);
-    let two = host(&url, &dir.path().join("two"), &blobs, ttl);
+    let (_dir, one, two) = two_stores(&url);
     let told = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let sink = told.clone();
     one.on_lease_lost(Box::new(move |s| sink.lock().unwrap().push(s.to_owned())));
@@ -404,6 +403,30 @@ async fn start_host_with(
     }
 }
 
+/// Two hosts of one store with the hosts' secret and leases of `lease_secs`: the first, and a
+/// second sharing its certificate (hosts of one store share `tls/`); with the first start's
+/// token, and their data dirs (kept for as long as the hosts run).
+async fn two_hosts(
+    pg: &Pg,
+    lease_secs: u64,
+) -> (ServerProcess, ServerProcess, String, [tempfile::TempDir; 2]) {
+    let dirs = [dir(), dir()];
+    let first = start_host(pg, dirs[0].path(), "the-hosts-secret", lease_secs, None).await;
+    let second = start_host(
+        pg,
+        dirs[1].path(),
+        "the-hosts-secret",
+        lease_secs,
+        Some(dirs[0].path()),
+    )
+    .await;
+    let token = first
+        .first_token
+        .clone()
+        .expect("the first host's first start");
+    (first, second, token, dirs)
+}
+
 /// Attaches `laptop` to `SESSION` at the host `config` names, restricted, with `approver`.
 async fn attach_laptop(
     config: &ClientConfig,
@@ -438,21 +461,12 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
     let Some(pg) = Pg::alone("an_agent_on_one_host_reads_a_file_on_a_laptop_attached") else {
         return;
     };
-    let (data_a, data_b, data_c) = (dir(), dir(), dir());
-    let b = start_host(&pg, data_b.path(), "the-hosts-secret", 10, None).await;
-    let a = start_host(
-        &pg,
-        data_a.path(),
-        "the-hosts-secret",
-        10,
-        Some(data_b.path()),
-    )
-    .await;
+    let (b, a, token, dirs) = two_hosts(&pg, 10).await;
+    let (data_b, data_c) = (&dirs[0], dir());
     assert_eq!(
         a.fingerprint, b.fingerprint,
         "the hosts share one certificate"
     );
-    let token = b.first_token.clone().expect("the first host's first start");
 
     let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
     let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
@@ -596,17 +610,7 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
     let Some(pg) = Pg::alone("when_the_owner_host_is_killed") else {
         return;
     };
-    let (data_a, data_b) = (dir(), dir());
-    let b = start_host(&pg, data_b.path(), "the-hosts-secret", 1, None).await;
-    let a = start_host(
-        &pg,
-        data_a.path(),
-        "the-hosts-secret",
-        1,
-        Some(data_b.path()),
-    )
-    .await;
-    let token = b.first_token.clone().expect("the first host's first start");
+    let (b, a, token, _dirs) = two_hosts(&pg, 1).await;
     let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
     let approver = Arc::new(ScriptedApprover::new([
         Some(Decision::AllowOnce),
@@ -649,10 +653,7 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
         ),
     )
     .await;
-    let holder_b = psql(
-        &pg.url,
-        &format!("SELECT holder || ' ' || epoch FROM leases WHERE session_id = '{SESSION}'"),
-    );
+    let holder_b = lease_of_session(&pg);
 
     // Host B dies. Until its lease expires, the session is nobody's to serve; then the laptop
     // attaches to host A, which takes the session over at a higher epoch.
@@ -666,19 +667,7 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
     .await;
     let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
     let _attached = attach_laptop(&a.retarget(&laptop_config), laptop.path(), &approver).await;
-    let holder_a = psql(
-        &pg.url,
-        &format!("SELECT holder || ' ' || epoch FROM leases WHERE session_id = '{SESSION}'"),
-    );
-    let (old, new) = (
-        holder_b.split_once(' ').unwrap(),
-        holder_a.split_once(' ').unwrap(),
-    );
-    assert_ne!(old.0, new.0, "another host holds it");
-    assert!(
-        new.1.parse::<i64>().unwrap() > old.1.parse::<i64>().unwrap(),
-        "{holder_b} then {holder_a}"
-    );
+    assert_taken_over(&holder_b, &lease_of_session(&pg));
 
     // Calls work again, and what was written before the kill is all there.
     let (result, _) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
@@ -711,6 +700,20 @@ fn lease_of_session(pg: &Pg) -> String {
     )
 }
 
+/// Asserts that the lease `after` (`holder epoch`, [`lease_of_session`]) is another host's
+/// than `before`, at a higher epoch.
+fn assert_taken_over(before: &str, after: &str) {
+    let (old, new) = (
+        before.split_once(' ').expect("a lease"),
+        after.split_once(' ').expect("a lease"),
+    );
+    assert_ne!(old.0, new.0, "another host holds it: {before} then {after}");
+    assert!(
+        new.1.parse::<i64>().unwrap() > old.1.parse::<i64>().unwrap(),
+        "{before} then {after}"
+    );
+}
+
 /// A host that holds a session only because an agent's calls ran there gives it up to a laptop
 /// attaching at another host: the attach goes through at once (it waited out the lease and was
 /// refused, since the idle session stays in its host's memory for hours, renewed), and the
@@ -723,18 +726,8 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
     let Some(pg) = Pg::alone("a_host_that_only_ran_an_agents_calls_gives_the_session_up") else {
         return;
     };
-    let (data_a, data_b) = (dir(), dir());
     // Leases of 60 s: waiting one out would take longer than any step of the test may.
-    let a = start_host(&pg, data_a.path(), "the-hosts-secret", 60, None).await;
-    let b = start_host(
-        &pg,
-        data_b.path(),
-        "the-hosts-secret",
-        60,
-        Some(data_a.path()),
-    )
-    .await;
-    let token = a.first_token.clone().expect("the first host's first start");
+    let (a, b, token, _dirs) = two_hosts(&pg, 60).await;
 
     // An agent's call on host A, in the session's primary workspace: A serves the session.
     let agent = connect_agent(&a.client_config(&token)).await;
@@ -756,15 +749,7 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
     .await;
     assert_eq!(attached.session, SESSION);
     let after = lease_of_session(&pg);
-    let (old, new) = (
-        before.split_once(' ').unwrap(),
-        after.split_once(' ').unwrap(),
-    );
-    assert_ne!(old.0, new.0, "host B holds it now: {before} then {after}");
-    assert!(
-        new.1.parse::<i64>().unwrap() > old.1.parse::<i64>().unwrap(),
-        "{before} then {after}"
-    );
+    assert_taken_over(&before, &after);
 
     // The agent, still on host A, reads the laptop's file: forwarded to B, approved there.
     let (result, workspace) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
@@ -851,19 +836,9 @@ async fn a_host_woken_after_its_lease_was_taken_over_lets_its_folders_go() {
     let Some(pg) = Pg::alone("a_host_woken_after_its_lease_was_taken_over") else {
         return;
     };
-    let (data_a, data_b) = (dir(), dir());
     // Leases of 2 s: host A's pause outlasts its lease and stays within QUIC's 8 s idle
     // time-out, so the laptop's connection to it survives the pause.
-    let a = start_host(&pg, data_a.path(), "the-hosts-secret", 2, None).await;
-    let b = start_host(
-        &pg,
-        data_b.path(),
-        "the-hosts-secret",
-        2,
-        Some(data_a.path()),
-    )
-    .await;
-    let token = a.first_token.clone().expect("the first host's first start");
+    let (a, b, token, _dirs) = two_hosts(&pg, 2).await;
     let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
     let approver = Arc::new(ScriptedApprover::new(vec![Some(Decision::AllowOnce); 8]));
     let mut attached = attach_laptop(&a.client_config(&token), laptop.path(), &approver).await;
@@ -893,12 +868,7 @@ async fn a_host_woken_after_its_lease_was_taken_over_lets_its_folders_go() {
     .await;
     let primary = json!({"path": ".", "workspace": "primary"});
     ok(call_in(&agent, Some(SESSION), "list_dir", primary).await);
-    let during = lease_of_session(&pg);
-    assert_ne!(
-        before.split_once(' ').unwrap().0,
-        during.split_once(' ').unwrap().0,
-        "host B took the session over: {before} then {during}"
-    );
+    assert_taken_over(&before, &lease_of_session(&pg));
 
     // Host A wakes, finds its lease lost, and lets the laptop go: the laptop attaches again,
     // and the agent's read reaches it.
