@@ -328,9 +328,11 @@ impl Server {
                     return;
                 };
                 // Taken here again meanwhile (a call for it): its folders are where it is served.
-                if let Some(cluster) = &state.cluster
-                    && cluster.store().held_epoch(session).is_some()
-                {
+                let here = state
+                    .cluster
+                    .as_ref()
+                    .map(|c| c.store().held_epoch(session));
+                if here.flatten().is_some() {
                     return;
                 }
                 for link in state.registry.online_links(session) {

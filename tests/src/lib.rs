@@ -1099,12 +1099,7 @@ impl ServerProcess {
     /// Stops it with SIGTERM (a graceful shutdown) and waits (bounded); panics unless it exits
     /// successfully. Returns what it wrote to standard error.
     pub async fn stop(mut self) -> String {
-        let pid = self.child.id().expect("still running") as i32;
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .expect("SIGTERM sent");
+        self.signal(nix::sys::signal::Signal::SIGTERM);
         let status = within(STEP, "monad-server to stop", self.child.wait())
             .await
             .expect("monad-server is reaped");
