@@ -489,7 +489,11 @@ impl PgStore {
             .filter(|(s, epoch)| self.held.lose(s, *epoch))
             .map(|(s, _)| s)
             .collect();
-        self.tell_taken_over()?;
+        // The renewal itself went through: a failure to look for take-overs is told, and
+        // looked at again at the next renewal.
+        if let Err(e) = self.tell_taken_over() {
+            tracing::warn!("cannot look for leases other hosts took over (tried again soon): {e}");
+        }
         Ok(lost)
     }
 
