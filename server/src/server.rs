@@ -328,11 +328,8 @@ impl Server {
                     return;
                 };
                 // Taken here again meanwhile (a call for it): its folders are where it is served.
-                let here = state
-                    .cluster
-                    .as_ref()
-                    .map(|c| c.store().held_epoch(session));
-                if here.flatten().is_some() {
+                let here = state.cluster.as_ref();
+                if here.and_then(|c| c.store().held_epoch(session)).is_some() {
                     return;
                 }
                 for link in state.registry.online_links(session) {
