@@ -858,10 +858,13 @@ async fn handle_request(
     mut send: quinn::SendStream,
     recv: quinn::RecvStream,
 ) {
-    // A request is one message and the stream's end, read when done with it, so that the
-    // server is not told to stop a stream it finished.
+    // A request is one message and the stream's end; that end, which may come after the
+    // message, is read (`stream::let_go`), so that the server is not told to stop a stream it
+    // finished.
     let mut recv = monad_protocol::stream::QuietRecv::new(recv);
-    let request = match read_message(&mut *recv, MAX_REQUEST).await {
+    let read = read_message(&mut *recv, MAX_REQUEST).await;
+    recv.let_go();
+    let request = match read {
         Ok(Some(m)) => m,
         Ok(None) => return,
         Err(e) => {

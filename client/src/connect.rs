@@ -249,7 +249,9 @@ async fn connect_to(
     .await
     .map_err(|e| ClientError::Unreachable(e.to_string()))?;
     let _ = send.finish();
-    match read_message(&mut *recv, 64 * 1024).await {
+    let welcome = read_message(&mut *recv, 64 * 1024).await;
+    recv.let_go();
+    match welcome {
         Ok(Some(Message::Welcome { user, minor, .. })) => Ok(Connection {
             conn,
             server: server.to_owned(),

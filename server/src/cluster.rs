@@ -500,7 +500,10 @@ impl Cluster {
         .await
         .map_err(|e| e.to_string())?;
         let _ = send.finish();
-        match read_message(&mut *recv, 64 * 1024).await {
+        let welcome = read_message(&mut *recv, 64 * 1024).await;
+        // The welcome is the stream's one message; its end may still be on its way.
+        recv.let_go();
+        match welcome {
             Ok(Some(Message::Welcome { .. })) => Ok(conn),
             Ok(Some(Message::Refused { error })) => Err(format!("it refused: {}", error.message)),
             Ok(Some(other)) => Err(format!("it answered `{}` to the hello", other.kind())),

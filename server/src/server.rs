@@ -836,8 +836,11 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
         .await
         .map_err(|e| ServerError::Protocol(e.to_string()))?;
     let mut recv = monad_protocol::stream::QuietRecv::new(recv);
-    let checked = check_hello(state, read_message(&mut *recv, MAX_HELLO).await).and_then(|who| {
-        match state.connections.try_acquire(&who.1) {
+    let hello = read_message(&mut *recv, MAX_HELLO).await;
+    // The hello is the stream's one message; its end may still be on its way.
+    recv.let_go();
+    let checked =
+        check_hello(state, hello).and_then(|who| match state.connections.try_acquire(&who.1) {
             Some(slot) => Ok((who, slot)),
             None => Err(ToolError::new(
                 ErrorCode::LimitExceeded,
@@ -848,8 +851,7 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
                     state.connections.limit()
                 ),
             )),
-        }
-    });
+        });
     // Before the welcome, so that the peer's next stream never waits for the credit.
     if let Ok(((role, ..), _)) = &checked {
         conn.set_max_concurrent_bi_streams(state.config.transport.streams_for(*role).into());
@@ -1240,6 +1242,15 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
     let Some(request) = request else {
         return;
     };
+    // Nothing more comes on the stream but its end (which may still be on its way), save the
+    // answers of a front that answers a turn's permission questions.
+    let answers = match &request {
+        Message::Prompt { ask: true, .. } if ctx.minor >= wire::PERMISSION_MINOR => Some(recv),
+        _ => {
+            recv.let_go();
+            None
+        }
+    };
     // A call's answer counts with its request until it is written; any other request's count
     // ends once it is read (a turn's calls count their own; a watch lasts).
     let memory = matches!(request, Message::Call { .. }).then_some(memory);
@@ -1322,9 +1333,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             id,
             session,
             text,
-            ask,
             model,
             base_url,
+            ..
         } => {
             let session = match ctx.session(session.as_deref()).await {
                 Ok(s) => s,
@@ -1351,7 +1362,6 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                     Err(e) => return send_error(&mut send, id, e).await,
                 }
             }
-            let answers = (ask && ctx.minor >= wire::PERMISSION_MINOR).then_some(recv);
             let overrides = PromptOverrides { model, base_url };
             prompt(ctx, id, session, text, overrides, send, answers).await;
         }

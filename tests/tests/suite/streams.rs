@@ -90,6 +90,58 @@ async fn a_call_ends_its_streams_without_stopping_either_peer() {
     );
 }
 
+/// A peer's FIN may leave in a datagram of its own, after its message (a loaded machine's
+/// connection task sends what was written before the stream is finished). The server, done
+/// with a hello or a request once its message is read, waits for that end rather than telling
+/// the peer to stop a stream it finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_end_comes_after_its_answer_is_not_stopped() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let (_endpoint, agent) = monad_tests::connect_without_hello(&config).await;
+    // Each request finished only once its answer is in, well after the message itself.
+    let requests = [
+        Message::Hello {
+            protocol: monad_protocol::wire::PROTOCOL_MAJOR,
+            minor: PROTOCOL_MINOR,
+            role: Role::Agent,
+            token: config.token.clone(),
+            device_id: config.device_id.clone(),
+            client_name: config.client_name.clone(),
+            capabilities: Vec::new(),
+            forwarded_for: None,
+        },
+        Message::ListWorkspaces {
+            id: 1,
+            session: None,
+        },
+        Message::Call {
+            id: 2,
+            session: None,
+            tool: "list_dir".into(),
+            args: json!({"path": "."}),
+        },
+    ];
+    for request in &requests {
+        let (mut send, mut recv) = agent.open_bi().await.expect("a stream");
+        write_message(&mut send, request).await.expect("sent");
+        let answer = within(STEP, "the answer", recv.read_to_end(1 << 20)).await;
+        assert!(
+            !answer.expect("an answer").is_empty(),
+            "no answer to {}",
+            request.kind()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        send.finish().expect("finished");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        agent.stats().frame_rx.stop_sending,
+        0,
+        "STOP_SENDING frames the agent got"
+    );
+}
+
 /// What an attach stream carries up to and including the `detached` that ends it: each a whole
 /// message (a frame cut by another fails here), none missing before it.
 async fn until_detached(recv: &mut quinn::RecvStream) -> Vec<Message> {
