@@ -9,8 +9,8 @@ use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
 use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{
-    BODY_MINOR, CLI_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message, NETWORK_MINOR, Outcome,
-    ROOTS_MINOR, Role, ToolResult, Trust, WorkspaceInfo,
+    BODY_MINOR, CLI_MINOR, ELSEWHERE_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message,
+    NETWORK_MINOR, Outcome, ROOTS_MINOR, Role, ToolResult, Trust, WorkspaceInfo,
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
@@ -198,6 +198,14 @@ pub enum AttachEvent {
         /// How many remembered answers were forgotten.
         rules: usize,
     },
+    /// The host asked serves nothing of the session: another host of the deployment does, and
+    /// keeps it; the folder attaches there now.
+    Elsewhere {
+        /// That host's `HOST:PORT`.
+        host: String,
+        /// Why, as the server said it.
+        reason: String,
+    },
     /// The connection dropped; reconnecting after `retry_in`.
     Disconnected {
         /// Why.
@@ -316,6 +324,11 @@ impl AttachEvent {
                 if *processes == 1 { "" } else { "es" },
                 printable(from),
                 if *rules == 1 { "" } else { "s" },
+            )),
+            AttachEvent::Elsewhere { host, reason } => Some(format!(
+                "{}: attaching there ({})",
+                printable(reason),
+                printable(host)
             )),
             AttachEvent::Disconnected { reason, retry_in } => Some(format!(
                 "{}; reconnecting in {:.1} s",
@@ -576,17 +589,39 @@ pub async fn attach(
     // The host whose connection was lost last: it may be down, so the deployment's other hosts
     // are tried first.
     let mut lost: Option<String> = None;
+    // The host the last attach was sent to (another host of the deployment serves the session
+    // and keeps it): tried first, at once. Twice in a row, the backoff's wait comes first (two
+    // hosts that each name the other while the session moves between them).
+    let mut elsewhere: Option<String> = None;
+    let mut sent_elsewhere = false;
     loop {
-        let servers = crate::connect::order(&config.addresses(), lost.as_deref());
+        let mut servers = crate::connect::order(&config.addresses(), lost.as_deref());
+        if let Some(host) = elsewhere.take() {
+            servers.retain(|s| *s != host);
+            servers.insert(0, host);
+        }
         let reason = match serve_once(config, &servers, &folder).await {
             Ok(Served::Lost { server, reason }) => {
                 wait = first_wait; // it was attached: start the backoff afresh
+                sent_elsewhere = false;
                 lost = Some(server);
                 reason
             }
             Ok(Served::Stopped) => return Ok(()),
+            Err(ClientError::Elsewhere { host, reason }) => {
+                elsewhere = Some(host.clone());
+                if !std::mem::replace(&mut sent_elsewhere, true) {
+                    debug!("{}; attaching at {}", printable(&reason), printable(&host));
+                    folder.emit(AttachEvent::Elsewhere { host, reason });
+                    continue;
+                }
+                format!("{reason}; to be attached there ({host})")
+            }
             Err(e) if e.is_fatal() => return Err(e),
-            Err(e) => e.to_string(),
+            Err(e) => {
+                sent_elsewhere = false;
+                e.to_string()
+            }
         };
         // Said once, by the event's line on the attach terminal; the log has it at debug.
         debug!(
@@ -761,6 +796,20 @@ async fn serve_once(
             }
         }
         Ok(Some(Message::Error { error, .. })) => return Err(ClientError::Refused(error)),
+        Ok(Some(Message::Elsewhere { host, reason, .. }))
+            if connection.minor >= ELSEWHERE_MINOR =>
+        {
+            connection.close("attaching at another host").await;
+            // Only a host this config could name: the same pinned certificate is asked of it.
+            return match monad_protocol::address::check_host_port(&host) {
+                Ok(()) => Err(ClientError::Elsewhere { host, reason }),
+                Err(why) => Err(ClientError::Protocol(format!(
+                    "the server sent this folder to another host whose address is not \
+                     HOST:PORT ({}: {why})",
+                    printable(&host)
+                ))),
+            };
+        }
         Ok(Some(other)) => {
             return Err(ClientError::Protocol(format!(
                 "the server answered attach with `{}`",
@@ -1346,6 +1395,23 @@ mod tests {
         // A process that exited, read by `process_read`, is not how the read ended.
         let read = command(json!({"exit_code": 2}));
         assert_eq!(CallEnd::of(ToolName::ProcessRead, &read), CallEnd::Ok);
+    }
+
+    #[test]
+    fn a_folder_sent_to_another_host_is_told_where_and_why_escaped() {
+        let event = AttachEvent::Elsewhere {
+            host: "b.example:4433".into(),
+            reason: "session s is served by another host (b.example:4433), where a folder is \
+                     attached to it\u{1b}[2J"
+                .into(),
+        };
+        assert_eq!(
+            event.line().as_deref(),
+            Some(
+                "session s is served by another host (b.example:4433), where a folder is \
+                 attached to it\\u{1b}[2J: attaching there (b.example:4433)"
+            )
+        );
     }
 
     #[test]

@@ -89,13 +89,22 @@ pub enum ClientError {
     /// `monad-client detach` detached it. Not retried.
     #[error("detached: {0}")]
     Detached(String),
+    /// Another host of the deployment serves the session, and keeps it: the folder attaches
+    /// at `host` next.
+    #[error("{reason}")]
+    Elsewhere {
+        /// That host's `HOST:PORT`, checked.
+        host: String,
+        /// Why, as the server said it.
+        reason: String,
+    },
 }
 
 impl ClientError {
     /// Errors that retrying cannot fix.
     pub fn is_fatal(&self) -> bool {
         match self {
-            ClientError::Unreachable(_) => false,
+            ClientError::Unreachable(_) | ClientError::Elsewhere { .. } => false,
             // A session another host serves now (it may let go of it, or the folder reaches
             // that host next): tried again.
             ClientError::Refused(e) => !matches!(

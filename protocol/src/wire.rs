@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 11;
+pub const PROTOCOL_MINOR: u32 = 12;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -90,6 +90,12 @@ pub const OFFLINE_FOCUS_MINOR: u32 = 10;
 /// became the session's focus (`folder_focus`); left out for an older peer, which would refuse
 /// it.
 pub const FOLDER_FOCUS_MINOR: u32 = 11;
+// --- Minor 12.
+/// The first minor version where a folder attaching to a session that another host of the
+/// deployment serves, and keeps, is told that host's address ([`Message::Elsewhere`]) rather
+/// than refused: its client attaches there. A client of a lower one is refused
+/// (`workspace_disconnected`), as before.
+pub const ELSEWHERE_MINOR: u32 = 12;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 
@@ -1317,6 +1323,20 @@ pub enum Message {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         session: Option<String>,
     },
+    /// Server to client, the answer to an [`Message::Attach`] (minor [`ELSEWHERE_MINOR`] or
+    /// later) that this host cannot take: another host of the same deployment serves the
+    /// session, and keeps it (something uses it there). The client attaches at `host` instead,
+    /// over a connection pinned to the same certificate; nothing was attached here.
+    Elsewhere {
+        /// The request id of the [`Message::Attach`].
+        id: u64,
+        /// The session.
+        session: String,
+        /// The `HOST:PORT` the other host advertised (`serve --advertise`).
+        host: String,
+        /// Why that host keeps the session, for the folder's owner (one sentence).
+        reason: String,
+    },
     /// The server accepted an attachment.
     Attached {
         /// The request id of the [`Message::Attach`].
@@ -1545,6 +1565,7 @@ impl Message {
             Message::Detach { .. } => "detach",
             Message::Detached { .. } => "detached",
             Message::Focused { .. } => "focused",
+            Message::Elsewhere { .. } => "elsewhere",
             Message::Attached { .. } => "attached",
             Message::Run { .. } => "run",
             Message::Probe { .. } => "probe",
@@ -1872,6 +1893,12 @@ mod tests {
                 id: 15,
                 session: "default".into(),
             },
+            Message::Elsewhere {
+                id: 1,
+                session: "default".into(),
+                host: "b.example:4433".into(),
+                reason: "a call is running there".into(),
+            },
             Message::ListRecords { id: 16 },
             Message::Records {
                 id: 16,
@@ -1975,7 +2002,7 @@ mod tests {
     fn every_message_round_trips() {
         let all = every_message();
         let kinds: std::collections::HashSet<&str> = all.iter().map(Message::kind).collect();
-        assert_eq!(kinds.len(), 43, "one case per message type");
+        assert_eq!(kinds.len(), 44, "one case per message type");
         for message in all {
             let bytes = message.to_json();
             let back = Message::from_json(&bytes).unwrap();

@@ -108,6 +108,21 @@ pub fn decide(
     }
 }
 
+/// Where a folder attaching to a session goes ([`Cluster::take_for_attach`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachAt {
+    /// Here: this host holds the session's lease now.
+    Here,
+    /// Another host serves the session and keeps it.
+    Elsewhere {
+        /// Its advertised `HOST:PORT` (empty when it advertised none).
+        address: String,
+        /// Why it keeps the session, as a clause after its address ("where a folder is
+        /// attached to it", "which keeps renewing its lease").
+        why: String,
+    },
+}
+
 /// A holder's address as an error shows it (it may have advertised none).
 pub(crate) fn shown(address: &str) -> &str {
     if address.trim().is_empty() {
@@ -271,24 +286,20 @@ impl Cluster {
     /// something uses it (a folder attached, a call running) says what, and the attach is
     /// refused at once rather than after the wait. A holder that cannot be asked (it died, it
     /// has no address, or this host has no secret) is waited for as before.
-    pub async fn take_for_attach(&self, session: &str, user: &str) -> Result<Lease, ToolError> {
+    pub async fn take_for_attach(&self, session: &str, user: &str) -> Result<AttachAt, ToolError> {
         let deadline = tokio::time::Instant::now() + self.store.host().ttl + Duration::from_secs(1);
         let address = match self.take(session).await? {
             Lease::Elsewhere { address, .. } => address,
-            held => return Ok(held),
+            Lease::Held { .. } => return Ok(AttachAt::Here),
         };
         if self.forwards() && !address.trim().is_empty() {
             match self.ask_to_yield(&address, user, session).await {
                 Ok(()) => {}
                 Err(Unyielding::Kept(why)) => {
-                    return Err(ToolError::new(
-                        ErrorCode::WorkspaceDisconnected,
-                        format!(
-                            "session {session} is served by another host ({address}), where \
-                             {why}: attach there, or once it is no longer in use there (the \
-                             attach tries again)"
-                        ),
-                    ));
+                    return Ok(AttachAt::Elsewhere {
+                        address,
+                        why: format!("where {why}"),
+                    });
                 }
                 Err(Unyielding::Unknown(why)) => tracing::debug!(
                     "the host at {address} was not asked to give session {session} up ({why}); \
@@ -297,12 +308,17 @@ impl Cluster {
             }
         }
         loop {
-            let lease = self.take(session).await?;
-            match lease {
+            match self.take(session).await? {
                 Lease::Elsewhere { .. } if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                lease => return Ok(lease),
+                Lease::Elsewhere { address, .. } => {
+                    return Ok(AttachAt::Elsewhere {
+                        address,
+                        why: "which keeps renewing its lease".into(),
+                    });
+                }
+                Lease::Held { .. } => return Ok(AttachAt::Here),
             }
         }
     }

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use crate::ServerError;
 use crate::admission::{Admissions, Admitted, Bounds, Outcome, Source};
 use crate::auth::{DeviceId, validate_client_name};
-use crate::cluster::Origin;
+use crate::cluster::{AttachAt, Origin};
 use crate::config::ServerConfig;
 use crate::executor::Executor;
 use crate::quota::{Held, PerUser, Slot};
@@ -24,7 +24,6 @@ use crate::session::{Attached, ClientLink, Registry, Session};
 use crate::settings::{Layers, PromptOverrides, ServerSettings, Settings};
 use crate::state::NotHeld;
 use crate::store::FsStore;
-use crate::store::pg::Lease;
 use crate::tls;
 
 pub use crate::state::State;
@@ -1570,16 +1569,29 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     // Several hosts on one store: the host a folder attaches to serves its session live.
     if let Some(cluster) = &ctx.state.cluster {
         match cluster.take_for_attach(&session.id, &ctx.user).await {
-            Ok(Lease::Held { .. }) => {}
-            Ok(Lease::Elsewhere { address, .. }) => {
+            Ok(AttachAt::Here) => {}
+            Ok(AttachAt::Elsewhere { address, why }) => {
+                let reason = format!(
+                    "session {} is served by another host ({}), {why}",
+                    session.id,
+                    crate::cluster::shown(&address)
+                );
+                // A client that knows where to go attaches there; nothing was attached here.
+                if ctx.minor >= wire::ELSEWHERE_MINOR && !address.trim().is_empty() {
+                    let elsewhere = Message::Elsewhere {
+                        id,
+                        session: session.id.clone(),
+                        host: address,
+                        reason,
+                    };
+                    let _ = write_message(&mut send, &elsewhere).await;
+                    return finish(&mut send).await;
+                }
                 let error = ToolError::new(
                     ErrorCode::WorkspaceDisconnected,
                     format!(
-                        "session {} is served by another host ({}), which keeps \
-                         renewing its lease: attach there, or once that host is gone (the \
-                         attach tries again)",
-                        session.id,
-                        crate::cluster::shown(&address)
+                        "{reason}: attach there, or once it lets the session go (the attach \
+                         tries again)"
                     ),
                 );
                 return send_error(&mut send, id, error).await;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_client::attach::AttachEvent;
 use monad_client::config::ClientConfig;
 use monad_protocol::wire::{HistoryMessage, HistoryRole};
 use monad_server::store::pg::{Host, Lease, PoolOptions};
@@ -718,8 +719,10 @@ fn assert_taken_over(before: &str, after: &str) {
 /// attaching at another host: the attach goes through at once (it waited out the lease and was
 /// refused, since the idle session stays in its host's memory for hours, renewed), and the
 /// agent's next calls reach the folder through the host it attached to. A host where a folder
-/// is attached keeps its session: a second laptop attaching elsewhere is refused at once, told
-/// where and why. An agent's own connection cannot ask a host to give a session up.
+/// is attached keeps its session: a second laptop attaching elsewhere is sent there at once,
+/// told why, and attaches there (before, it was refused and tried again, at the one host its
+/// config names, until the other let go); a client of an older protocol minor is refused,
+/// told where and why. An agent's own connection cannot ask a host to give a session up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_attaching_elsewhere()
 {
@@ -759,40 +762,103 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
         "{result}"
     );
 
-    // A second laptop attaching at host A: B keeps the session (a folder is attached there),
-    // and says so at once; the second laptop tries again (until B lets go).
+    // A second laptop whose config names host A only: B keeps the session (a folder is attached
+    // there) and says so at once; A sends the laptop to B, where it attaches.
     let other = folder(&[("other.txt", "another laptop\n")]);
     let mut options = attach_options(other.path(), "other");
     options.session = Some(SESSION.into());
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let config = a.client_config(&token);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
     let second = tokio::spawn(async move {
-        monad_client::attach::attach(&config, options, None, Some(tx)).await
+        let approver = Some(approver as Arc<dyn Approver>);
+        monad_client::attach::attach(&config, options, approver, Some(tx)).await
     });
-    let refused = within(
-        Duration::from_secs(10),
-        "the second laptop's refusal",
-        async {
-            loop {
-                match events.recv().await {
-                    Some(monad_client::attach::AttachEvent::Disconnected { reason, .. }) => {
-                        break reason;
-                    }
-                    Some(_) => {}
-                    None => panic!("the second attach ended: {:?}", second.is_finished()),
+    let mut sent = None;
+    let server = within(STEP, "the second laptop's attach at host B", async {
+        loop {
+            match events.recv().await {
+                Some(AttachEvent::Elsewhere { host, reason }) => sent = Some((host, reason)),
+                Some(AttachEvent::Attached {
+                    session, server, ..
+                }) => {
+                    assert_eq!(session, SESSION);
+                    break server;
                 }
+                Some(AttachEvent::Disconnected { reason, .. }) => {
+                    panic!("the second laptop did not attach: {reason}")
+                }
+                Some(_) => {}
+                None => panic!("the second attach ended: {:?}", second.is_finished()),
             }
-        },
+        }
+    })
+    .await;
+    assert_eq!(server, b.addr.to_string(), "attached through host B");
+    let (host, reason) = sent.expect("told where the session is served");
+    assert_eq!(host, b.addr.to_string());
+    assert!(
+        reason.contains(SESSION) && reason.contains("a folder is attached to it"),
+        "{reason}"
+    );
+    assert_eq!(lease_of_session(&pg), after, "host B still holds it");
+    // The agent on host A reads the second laptop's file, forwarded to B.
+    let (result, workspace) = ok(call_in(
+        &agent,
+        Some(SESSION),
+        "read_file",
+        json!({"path": "other.txt", "workspace": "other"}),
+    )
+    .await);
+    assert_eq!(workspace, "other");
+    assert!(result.to_string().contains("another laptop"), "{result}");
+    second.abort();
+
+    // A client of the previous protocol minor, which does not know where to go, is refused at
+    // once, with the host named (it tries again until B lets go).
+    let (_endpoint, older, _) = monad_tests::connect_speaking(
+        &a.client_config(&token),
+        monad_protocol::wire::Role::Client,
+        monad_protocol::wire::ELSEWHERE_MINOR - 1,
     )
     .await;
-    assert!(
-        refused.contains(SESSION)
-            && refused.contains(&b.addr.to_string())
-            && refused.contains("a folder is attached to it"),
-        "{refused}"
-    );
-    assert!(!second.is_finished(), "the second attach tries again");
-    second.abort();
+    let (mut send, mut recv) = older.open_bi().await.unwrap();
+    let attach = monad_protocol::wire::Message::Attach {
+        id: 1,
+        session: Some(SESSION.into()),
+        name: Some("old".into()),
+        path: "/old".into(),
+        trust: monad_protocol::wire::Trust::Restricted,
+        tools: Vec::new(),
+        focus: false,
+        folder: None,
+        exact_name: false,
+    };
+    monad_protocol::io::write_message(&mut send, &attach)
+        .await
+        .unwrap();
+    let answer = within(
+        STEP,
+        "the answer to an older client's attach",
+        monad_protocol::io::read_message(&mut recv, 64 * 1024),
+    )
+    .await
+    .unwrap();
+    match answer {
+        Some(monad_protocol::wire::Message::Error { error, .. }) => {
+            assert_eq!(
+                error.code,
+                monad_protocol::ErrorCode::WorkspaceDisconnected,
+                "{error:?}"
+            );
+            assert!(
+                error.message.contains(&b.addr.to_string())
+                    && error.message.contains("a folder is attached to it"),
+                "{error:?}"
+            );
+        }
+        other => panic!("an older client's attach answered {other:?}"),
+    }
     assert_eq!(lease_of_session(&pg), after, "host B still holds it");
 
     // An agent's own connection asking host B to give the session up is refused.
