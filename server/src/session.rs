@@ -1704,7 +1704,7 @@ impl Registry {
         sessions.insert(id, session.clone());
         drop(sessions);
         if let Some(evicted) = evicted {
-            self.save_unsaved(&evicted);
+            self.let_go(&evicted);
         }
         Ok(session)
     }
@@ -2241,12 +2241,19 @@ impl Registry {
             idle.iter().filter_map(|id| sessions.remove(id)).collect()
         };
         for session in &dropped {
-            self.save_unsaved(session);
-            if let Some(cluster) = &self.cluster {
-                cluster.release(&session.id);
-            }
+            self.let_go(session);
         }
         dropped.len()
+    }
+
+    /// What a session dropped from memory leaves behind: its unsaved activity saved, then its
+    /// lease given up (several hosts), so that another host may serve it at once rather than
+    /// after this host renewed the lease of a session it no longer has, for as long as it runs.
+    fn let_go(&self, session: &Session) {
+        self.save_unsaved(session);
+        if let Some(cluster) = &self.cluster {
+            cluster.release(&session.id);
+        }
     }
 
     /// Lets `user`'s session `id` go from this host, when another host asks for it (a folder

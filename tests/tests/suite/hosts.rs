@@ -388,6 +388,19 @@ async fn start_host_with(
     tls: Option<&Path>,
     http: Option<std::net::SocketAddr>,
 ) -> ServerProcess {
+    start_host_env(pg, data, secret, lease_secs, tls, http, &[]).await
+}
+
+/// [`start_host_with`], with the environment variables `extra` besides.
+async fn start_host_env(
+    pg: &Pg,
+    data: &Path,
+    secret: &str,
+    lease_secs: u64,
+    tls: Option<&Path>,
+    http: Option<std::net::SocketAddr>,
+    extra: &[(&str, &str)],
+) -> ServerProcess {
     if let Some(from) = tls {
         std::fs::create_dir_all(data.join("tls")).unwrap();
         for file in ["cert.pem", "key.pem"] {
@@ -397,6 +410,11 @@ async fn start_host_with(
     let mut env = pg.env();
     env.push(("MONAD_CLUSTER_SECRET".into(), secret.into()));
     env.push(("MONAD_CLUSTER_LEASE_SECS".into(), lease_secs.to_string()));
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
     let envs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     match http {
         Some(http) => ServerProcess::start_with_http(data, &envs, http).await,
@@ -889,6 +907,79 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
     assert!(result.to_string().contains("written on the laptop"));
     assert_eq!(lease_of_session(&pg), after, "host B still holds it");
     drop(attached);
+}
+
+/// A session a host drops from memory to make room for another of its user's
+/// (`max_sessions_in_memory_per_user`) gives its lease up, as one unloaded for being idle does,
+/// so that a laptop attaching to it at another host gets in at once. Before, the host kept
+/// renewing the lease of a session it no longer had, for as long as it ran: the laptop waited
+/// the lease out and was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_dropped_from_memory_to_make_room_gives_its_lease_up() {
+    let Some(pg) = Pg::alone("a_session_dropped_from_memory_to_make_room") else {
+        return;
+    };
+    // Leases of 60 s: one kept would outlast every step of the test.
+    let dirs = [dir(), dir()];
+    let one_in_memory = [("MONAD_SERVER_MAX_SESSIONS_IN_MEMORY_PER_USER", "1")];
+    let a = start_host_env(
+        &pg,
+        dirs[0].path(),
+        "the-hosts-secret",
+        60,
+        None,
+        None,
+        &one_in_memory,
+    )
+    .await;
+    let b = start_host(
+        &pg,
+        dirs[1].path(),
+        "the-hosts-secret",
+        60,
+        Some(dirs[0].path()),
+    )
+    .await;
+    let token = a.first_token.clone().expect("the first host's first start");
+
+    // The agent's call on host A: A serves the session.
+    let agent = connect_agent(&a.client_config(&token)).await;
+    ok(call_in(&agent, Some(SESSION), "list_dir", json!({"path": "."})).await);
+    assert!(
+        !lease_of_session(&pg).is_empty(),
+        "host A holds the session's lease"
+    );
+
+    // A call in another session of the same user: A drops the first from memory, and its lease
+    // goes with it.
+    let other = "5c8e4f3a-0d2b-4f6c-9a7e-3b4c5d6e7f80";
+    ok(call_in(&agent, Some(other), "list_dir", json!({"path": "."})).await);
+    until_true(
+        &pg,
+        "the dropped session's lease to go",
+        &format!(
+            "SELECT NOT EXISTS (SELECT 1 FROM leases WHERE session_id = '{SESSION}' \
+             AND expires_at > now())"
+        ),
+    )
+    .await;
+
+    // A laptop attaching to it at host B gets in at once.
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
+    let attached = within(
+        STEP,
+        "the laptop's attach at host B",
+        attach_laptop(&b.client_config(&token), laptop.path(), &approver),
+    )
+    .await;
+    assert_eq!(attached.session, SESSION);
+    // The agent, on host A, reads the laptop's file through B.
+    let (result, _) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
+    assert!(
+        result.to_string().contains("written on the laptop"),
+        "{result}"
+    );
 }
 
 /// A host paused past its lease (a stopped VM), whose session another host took over
