@@ -595,11 +595,11 @@ pub async fn attach(
     let mut elsewhere: Option<String> = None;
     let mut sent_elsewhere = false;
     loop {
-        let mut servers = crate::connect::order(&config.addresses(), lost.as_deref());
-        if let Some(host) = elsewhere.take() {
-            servers.retain(|s| *s != host);
-            servers.insert(0, host);
-        }
+        let sent_to = elsewhere.take();
+        let servers = match &sent_to {
+            Some(host) => vec![host.clone()],
+            None => crate::connect::order(&config.addresses(), lost.as_deref()),
+        };
         let reason = match serve_once(config, &servers, &folder).await {
             Ok(Served::Lost { server, reason }) => {
                 wait = first_wait; // it was attached: start the backoff afresh
@@ -616,6 +616,19 @@ pub async fn attach(
                     continue;
                 }
                 format!("{reason}; to be attached there ({host})")
+            }
+            // The host it was sent to cannot be reached from here, or is not of this
+            // deployment (another certificate): the hosts of its config again, in turn.
+            Err(
+                e @ (ClientError::Unreachable(_)
+                | ClientError::FingerprintMismatch { .. }
+                | ClientError::Protocol(_)),
+            ) if sent_to.is_some() => {
+                sent_elsewhere = false;
+                format!(
+                    "cannot attach at {}, where the session is served: {e}",
+                    sent_to.as_deref().unwrap_or_default()
+                )
             }
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {
@@ -800,13 +813,24 @@ async fn serve_once(
             if connection.minor >= ELSEWHERE_MINOR =>
         {
             connection.close("attaching at another host").await;
-            // Only a host this config could name: the same pinned certificate is asked of it.
-            return match monad_protocol::address::check_host_port(&host) {
-                Ok(()) => Err(ClientError::Elsewhere { host, reason }),
-                Err(why) => Err(ClientError::Protocol(format!(
-                    "the server sent this folder to another host whose address is not \
-                     HOST:PORT ({}: {why})",
-                    printable(&host)
+            // Connected to with the same pinned certificate, so the token goes there only if
+            // it holds the deployment's key. An address that names no host is not followed:
+            // tried again, as a refusal (the hosts of the config, in turn).
+            let unusable = match monad_protocol::address::check_host_port(&host) {
+                Err(why) => Some(why),
+                Ok(()) => host
+                    .parse::<std::net::SocketAddr>()
+                    .is_ok_and(|a| a.ip().is_unspecified())
+                    .then_some("a wildcard address, which names no host"),
+            };
+            return match unusable {
+                None => Err(ClientError::Elsewhere { host, reason }),
+                Some(why) => Err(ClientError::Refused(ToolError::new(
+                    ErrorCode::WorkspaceDisconnected,
+                    format!(
+                        "{reason}; its address cannot be attached at ({}: {why})",
+                        printable(&host)
+                    ),
                 ))),
             };
         }

@@ -89,7 +89,8 @@ pub use monad_protocol::pin::{Presented, fingerprint};
 pub struct Connection {
     /// The QUIC connection.
     pub conn: quinn::Connection,
-    /// The host it is connected to (`HOST:PORT`, one of the config's addresses).
+    /// The host it is connected to (`HOST:PORT`: one of the config's addresses, or the host an
+    /// attach was sent to, [`monad_protocol::wire::Message::Elsewhere`]).
     pub server: String,
     /// The user the token authenticated as.
     pub user: String,

@@ -123,6 +123,16 @@ pub enum AttachAt {
     },
 }
 
+/// Whether a laptop can be sent to a holder's advertised `address` ([`Message::Elsewhere`]):
+/// one was advertised, and it is not a wildcard (`0.0.0.0`, `[::]`: the default of a host that
+/// listens on every address and advertises nothing, which names no host).
+pub(crate) fn can_send_to(address: &str) -> bool {
+    !address.trim().is_empty()
+        && address
+            .parse::<std::net::SocketAddr>()
+            .map_or(true, |a| !a.ip().is_unspecified())
+}
+
 /// A holder's address as an error shows it (it may have advertised none).
 pub(crate) fn shown(address: &str) -> &str {
     if address.trim().is_empty() {
@@ -277,15 +287,16 @@ impl Cluster {
     /// (and a second) for another host's lease to run out. A laptop comes here when its host
     /// died, whose lease then expires within `lease_secs`: the attach goes through as soon as
     /// it has, instead of being refused while the dead host's lease runs. A live holder keeps
-    /// renewing its lease, and the attach is refused once the wait is over. The lease has no
+    /// renewing its lease, and the folder is sent to it once the wait is over. The lease has no
     /// notification in the database to wait on, so its row is read again every 250 ms.
     ///
     /// First, the holder is asked to give the session up ([`Message::Yield`], as `user`): a
     /// host that holds it only because an agent's calls ran there (it stays in memory for
     /// hours when idle) lets it go, and the attach goes through at once; a holder where
-    /// something uses it (a folder attached, a call running) says what, and the attach is
-    /// refused at once rather than after the wait. A holder that cannot be asked (it died, it
-    /// has no address, or this host has no secret) is waited for as before.
+    /// something uses it (a folder attached, a call running) says what, and the folder is sent
+    /// there at once ([`AttachAt::Elsewhere`]) rather than after the wait. A holder that cannot
+    /// be asked (it died, it has no address, or this host has no secret) is waited for as
+    /// before.
     pub async fn take_for_attach(&self, session: &str, user: &str) -> Result<AttachAt, ToolError> {
         let deadline = tokio::time::Instant::now() + self.store.host().ttl + Duration::from_secs(1);
         let address = match self.take(session).await? {
@@ -546,6 +557,24 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_laptop_is_sent_only_to_an_address_that_names_a_host() {
+        for named in [
+            "10.0.0.2:4433",
+            "b.example:4433",
+            // Hosts of one machine.
+            "127.0.0.1:4433",
+            "[::1]:4433",
+        ] {
+            assert!(can_send_to(named), "{named}");
+        }
+        // Nothing advertised, or a host's default listen address, which names no host: the
+        // attach is refused, naming it, as for an older client.
+        for unnamed in ["", " ", "0.0.0.0:4433", "[::]:4433"] {
+            assert!(!can_send_to(unnamed), "{unnamed:?}");
+        }
+    }
 
     fn elsewhere(address: &str) -> Lease {
         Lease::Elsewhere {

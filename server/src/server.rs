@@ -1577,7 +1577,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                     crate::cluster::shown(&address)
                 );
                 // A client that knows where to go attaches there; nothing was attached here.
-                if ctx.minor >= wire::ELSEWHERE_MINOR && !address.trim().is_empty() {
+                if ctx.minor >= wire::ELSEWHERE_MINOR && crate::cluster::can_send_to(&address) {
                     let elsewhere = Message::Elsewhere {
                         id,
                         session: session.id.clone(),

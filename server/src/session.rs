@@ -1180,6 +1180,8 @@ pub struct Registry {
     /// Sessions being deleted: an open that read one from the store before its rows went
     /// must not put it in memory (it would write the deleted session back).
     deleting: Mutex<std::collections::HashSet<String>>,
+    /// Sessions dropped from memory (idle, or to make room) whose leaving is not done yet.
+    leaving: Leaving,
     /// Several hosts on one store: a session that leaves memory gives up its lease.
     cluster: Option<Arc<crate::cluster::Cluster>>,
     /// Held across a read-modify-write of the MCP roots registry ([`crate::landing`]): two
@@ -1196,6 +1198,58 @@ pub struct Registry {
 
 /// A session a device was bound to here, as loaded then, and when.
 type RecentBind = (std::sync::Weak<Session>, Instant);
+
+/// Sessions dropped from memory whose leaving is not done yet: their activity is being saved
+/// and their lease given up ([`Registry::let_go`]), after the registry's lock was released (both
+/// are a store's write, which other requests must not wait on). An open of one waits until it
+/// is done: loaded before, it would miss the activity being saved, and a call would be routed
+/// here on the lease about to be given up, so that another host could take the session while
+/// the call ran here.
+#[derive(Default)]
+struct Leaving {
+    ids: Mutex<std::collections::HashSet<String>>,
+    left: std::sync::Condvar,
+}
+
+/// How long an open waits for a session's leaving (a store's write or two, each bounded by
+/// the store's own time-out).
+const LEAVING_WAIT: Duration = Duration::from_secs(120);
+
+impl Leaving {
+    /// Marks `id` as leaving; under the registry's lock, as it leaves the map.
+    fn start(&self, id: &str) {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_owned());
+    }
+
+    /// `id` has left: the opens waiting for it go on.
+    fn done(&self, id: &str) {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        self.left.notify_all();
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
+    }
+
+    /// Waits until `id` is not leaving, at most `limit`: false when it still is.
+    fn wait(&self, id: &str, limit: Duration) -> bool {
+        let ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        let (ids, _) = self
+            .left
+            .wait_timeout_while(ids, limit, |ids| ids.contains(id))
+            .unwrap_or_else(|p| p.into_inner());
+        !ids.contains(id)
+    }
+}
 
 /// How long a binding made here is taken as current without asking the store again (the
 /// store keeps a binding's last use to the day: sooner than that is enough).
@@ -1227,6 +1281,7 @@ impl Registry {
             links: Mutex::new(Links::default()),
             recent_binds: Mutex::new(HashMap::new()),
             deleting: Mutex::new(std::collections::HashSet::new()),
+            leaving: Leaving::default(),
             cluster: None,
             recorder: None,
             folders: Mutex::new(()),
@@ -1580,6 +1635,17 @@ impl Registry {
             owned_by(&session, user)?;
             return Ok(session);
         }
+        if !self.leaving.wait(&id, LEAVING_WAIT) {
+            return Err(ToolError::new(
+                ErrorCode::Internal,
+                format!(
+                    "session {id} is still leaving this host's memory (its activity being \
+                     saved, its lease given up) after {} s: the store is slow or unreachable; \
+                     retry",
+                    LEAVING_WAIT.as_secs()
+                ),
+            ));
+        }
         // No room in memory for another of the user's sessions: refused before anything is
         // read or created (the same check, with eviction, is made again when it is inserted).
         self.room_for(user)?;
@@ -1696,9 +1762,15 @@ impl Registry {
             owned_by(&loaded, user)?;
             return Ok(loaded);
         }
+        if self.leaving.contains(&id) {
+            // Loaded, then dropped again, by others while this open read the store: what it
+            // read may be older than what is being saved. Read again once it has left.
+            drop(sessions);
+            return self.open_or(&id, user, create);
+        }
         let evicted = match Self::evictable(&sessions, user, self.max_in_memory) {
             Ok(None) => None,
-            Ok(Some(victim)) => sessions.remove(&victim),
+            Ok(Some(victim)) => self.take_out(&mut sessions, &victim),
             Err(()) => return Err(self.no_room()),
         };
         sessions.insert(id, session.clone());
@@ -2238,7 +2310,9 @@ impl Registry {
                 .filter(|s| s.idle() >= max_idle && !s.in_use())
                 .map(|s| s.id.clone())
                 .collect();
-            idle.iter().filter_map(|id| sessions.remove(id)).collect()
+            idle.iter()
+                .filter_map(|id| self.take_out(&mut sessions, id))
+                .collect()
         };
         for session in &dropped {
             self.let_go(session);
@@ -2246,14 +2320,28 @@ impl Registry {
         dropped.len()
     }
 
-    /// What a session dropped from memory leaves behind: its unsaved activity saved, then its
-    /// lease given up (several hosts), so that another host may serve it at once rather than
-    /// after this host renewed the lease of a session it no longer has, for as long as it runs.
+    /// Drops session `id` from memory (`sessions`, the registry's map, locked) to leave: an
+    /// open of it waits until [`Registry::let_go`] has let it go.
+    fn take_out(
+        &self,
+        sessions: &mut HashMap<String, Arc<Session>>,
+        id: &str,
+    ) -> Option<Arc<Session>> {
+        let session = sessions.remove(id)?;
+        self.leaving.start(id);
+        Some(session)
+    }
+
+    /// What a session taken out of memory ([`Registry::take_out`]) leaves behind: its unsaved
+    /// activity saved, then its lease given up (several hosts), so that another host may serve
+    /// it at once rather than after this host renewed the lease of a session it no longer has,
+    /// for as long as it runs. Then an open of it may load it again.
     fn let_go(&self, session: &Session) {
         self.save_unsaved(session);
         if let Some(cluster) = &self.cluster {
             cluster.release(&session.id);
         }
+        self.leaving.done(&session.id);
     }
 
     /// Lets `user`'s session `id` go from this host, when another host asks for it (a folder
@@ -3306,6 +3394,45 @@ pub(crate) mod tests {
         assert_eq!(reg.loaded(), 0);
         reg.give_up(&id, "ana").unwrap();
         assert!(reg.list("ana").iter().any(|info| info.id == id));
+    }
+
+    /// A session dropped from memory is let go (its activity saved; with several hosts, its
+    /// lease given up) after the registry's lock is released: an open of it meanwhile waits,
+    /// then reads what was saved. Before, it loaded the session at once, without the activity
+    /// being saved, and a call was routed here on the lease about to be given up.
+    #[test]
+    fn an_open_of_a_session_leaving_memory_waits_until_it_has_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Arc::new(registry(dir.path()));
+        let session = reg.create("ana").unwrap();
+        let id = session.id.clone();
+        // Activity a second after the creation, not saved yet (saves come once a minute).
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(session.touch().is_none());
+        let active = session.meta().last_active;
+        drop(session);
+        // An unload's first half, under the registry's lock: out of memory, leaving.
+        let leaving = {
+            let mut sessions = reg.sessions.lock().unwrap();
+            reg.take_out(&mut sessions, &id).unwrap()
+        };
+        let opener = std::thread::spawn({
+            let (reg, id) = (reg.clone(), id.clone());
+            move || reg.open(&id, "ana").unwrap().meta().last_active
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !opener.is_finished(),
+            "the open waits for the session to leave"
+        );
+        reg.let_go(&leaving);
+        assert_eq!(
+            opener.join().unwrap(),
+            active,
+            "loaded again with the activity saved on its way out"
+        );
+        // Not leaving any more: opened at once.
+        assert!(reg.leaving.wait(&id, Duration::ZERO));
     }
 
     #[test]

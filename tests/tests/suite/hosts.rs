@@ -909,6 +909,87 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
     drop(attached);
 }
 
+/// A laptop sent to the host that keeps its session, at an address where it finds another
+/// certificate (that host advertises an address the laptop cannot use: here another server's),
+/// does not give up: it says where it could not attach, and goes on with the hosts its config
+/// names, with its back-off. (A fingerprint mismatch ends an attach to a host of the config:
+/// that host is the one the user logged in to.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_laptop_sent_to_a_host_it_cannot_use_goes_on_with_the_hosts_it_knows() {
+    let Some(pg) = Pg::alone("a_laptop_sent_to_a_host_it_cannot_use") else {
+        return;
+    };
+    // Another deployment's server, with a certificate of its own, where host B says it is.
+    let stranger = monad_tests::TestServer::start().await;
+    let stranger_addr = stranger.addr.to_string();
+    let dirs = [dir(), dir()];
+    let a = start_host(&pg, dirs[0].path(), "the-hosts-secret", 2, None).await;
+    let advertised = [("MONAD_ADVERTISE", stranger_addr.as_str())];
+    let b = start_host_env(
+        &pg,
+        dirs[1].path(),
+        "the-hosts-secret",
+        2,
+        Some(dirs[0].path()),
+        None,
+        &advertised,
+    )
+    .await;
+    let token = a.first_token.clone().expect("the first host's first start");
+
+    // A laptop attached at host B: B keeps the session.
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
+    let _attached = attach_laptop(&b.client_config(&token), laptop.path(), &approver).await;
+
+    // A second laptop whose config names host A: A cannot ask B (it is not where B says), waits
+    // B's lease out, and sends the laptop to B's advertised address, where it finds another
+    // certificate.
+    let other = folder(&[("other.txt", "another laptop\n")]);
+    let mut options = attach_options(other.path(), "other");
+    options.session = Some(SESSION.into());
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let config = a.client_config(&token);
+    let second = tokio::spawn(async move {
+        monad_client::attach::attach(&config, options, None, Some(tx)).await
+    });
+    let failed = within(STEP, "the second laptop's attempt at B's address", async {
+        loop {
+            match events.recv().await {
+                Some(AttachEvent::Disconnected { reason, .. })
+                    if reason.starts_with("cannot attach at") =>
+                {
+                    break reason;
+                }
+                Some(AttachEvent::Attached { server, .. }) => {
+                    panic!("the second laptop attached through {server}")
+                }
+                Some(_) => {}
+                None => panic!("the second attach ended: {:?}", second.is_finished()),
+            }
+        }
+    })
+    .await;
+    assert!(
+        failed.contains(&stranger_addr) && failed.contains("certificate"),
+        "{failed}"
+    );
+    // Not the end of the attach: it tries host A again, and is sent to B again.
+    let again = within(STEP, "the second laptop's next attempt", async {
+        loop {
+            match events.recv().await {
+                Some(AttachEvent::Elsewhere { host, .. }) => break host,
+                Some(_) => {}
+                None => panic!("the second attach ended"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(again, stranger_addr);
+    assert!(!second.is_finished(), "the attach goes on");
+    second.abort();
+}
+
 /// A session a host drops from memory to make room for another of its user's
 /// (`max_sessions_in_memory_per_user`) gives its lease up, as one unloaded for being idle does,
 /// so that a laptop attaching to it at another host gets in at once. Before, the host kept
