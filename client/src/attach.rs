@@ -590,8 +590,9 @@ pub async fn attach(
     // are tried first.
     let mut lost: Option<String> = None;
     // The host the last attach was sent to (another host of the deployment serves the session
-    // and keeps it): tried first, at once. Twice in a row, the backoff's wait comes first (two
-    // hosts that each name the other while the session moves between them).
+    // and keeps it): tried alone, at once; then the config's hosts again. Sent twice in a row,
+    // the backoff's wait comes first (two hosts that each name the other while the session
+    // moves between them).
     let mut elsewhere: Option<String> = None;
     let mut sent_elsewhere = false;
     loop {
@@ -816,16 +817,9 @@ async fn serve_once(
             // Connected to with the same pinned certificate, so the token goes there only if
             // it holds the deployment's key. An address that names no host is not followed:
             // tried again, as a refusal (the hosts of the config, in turn).
-            let unusable = match monad_protocol::address::check_host_port(&host) {
-                Err(why) => Some(why),
-                Ok(()) => host
-                    .parse::<std::net::SocketAddr>()
-                    .is_ok_and(|a| a.ip().is_unspecified())
-                    .then_some("a wildcard address, which names no host"),
-            };
-            return match unusable {
-                None => Err(ClientError::Elsewhere { host, reason }),
-                Some(why) => Err(ClientError::Refused(ToolError::new(
+            return match monad_protocol::address::check_destination(&host) {
+                Ok(()) => Err(ClientError::Elsewhere { host, reason }),
+                Err(why) => Err(ClientError::Refused(ToolError::new(
                     ErrorCode::WorkspaceDisconnected,
                     format!(
                         "{reason}; its address cannot be attached at ({}: {why})",

@@ -24,9 +24,37 @@ pub fn check_host_port(address: &str) -> Result<(), &'static str> {
     }
 }
 
+/// Checks an address a host gives a client to go to ([`crate::wire::Message::Elsewhere`]): a
+/// `HOST:PORT` ([`check_host_port`]) that names a host, not a wildcard (`0.0.0.0`, `[::]`: a
+/// host listening on every address advertises that when told nothing).
+pub fn check_destination(address: &str) -> Result<(), &'static str> {
+    check_host_port(address)?;
+    match address.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => Err("a wildcard address, which names no host"),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check_host_port;
+    use super::{check_destination, check_host_port};
+
+    #[test]
+    fn a_client_is_sent_only_to_an_address_that_names_a_host() {
+        for named in [
+            "10.0.0.2:4433",
+            "b.example:4433",
+            // Hosts of one machine.
+            "127.0.0.1:4433",
+            "[::1]:4433",
+        ] {
+            assert_eq!(check_destination(named), Ok(()), "{named}");
+        }
+        // Nothing, not HOST:PORT, or a host's default listen address, which names no host.
+        for unnamed in ["", " ", "b.example", "0.0.0.0:4433", "[::]:4433"] {
+            assert!(check_destination(unnamed).is_err(), "{unnamed:?}");
+        }
+    }
 
     #[test]
     fn host_names_and_addresses_with_a_port_pass_and_anything_else_says_why() {

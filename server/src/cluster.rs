@@ -123,16 +123,6 @@ pub enum AttachAt {
     },
 }
 
-/// Whether a laptop can be sent to a holder's advertised `address` ([`Message::Elsewhere`]):
-/// one was advertised, and it is not a wildcard (`0.0.0.0`, `[::]`: the default of a host that
-/// listens on every address and advertises nothing, which names no host).
-pub(crate) fn can_send_to(address: &str) -> bool {
-    !address.trim().is_empty()
-        && address
-            .parse::<std::net::SocketAddr>()
-            .map_or(true, |a| !a.ip().is_unspecified())
-}
-
 /// A holder's address as an error shows it (it may have advertised none).
 pub(crate) fn shown(address: &str) -> &str {
     if address.trim().is_empty() {
@@ -557,24 +547,6 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_laptop_is_sent_only_to_an_address_that_names_a_host() {
-        for named in [
-            "10.0.0.2:4433",
-            "b.example:4433",
-            // Hosts of one machine.
-            "127.0.0.1:4433",
-            "[::1]:4433",
-        ] {
-            assert!(can_send_to(named), "{named}");
-        }
-        // Nothing advertised, or a host's default listen address, which names no host: the
-        // attach is refused, naming it, as for an older client.
-        for unnamed in ["", " ", "0.0.0.0:4433", "[::]:4433"] {
-            assert!(!can_send_to(unnamed), "{unnamed:?}");
-        }
-    }
 
     fn elsewhere(address: &str) -> Lease {
         Lease::Elsewhere {

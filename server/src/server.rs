@@ -1577,7 +1577,10 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                     crate::cluster::shown(&address)
                 );
                 // A client that knows where to go attaches there; nothing was attached here.
-                if ctx.minor >= wire::ELSEWHERE_MINOR && crate::cluster::can_send_to(&address) {
+                // A host that advertised nothing, or a wildcard, is only named.
+                if ctx.minor >= wire::ELSEWHERE_MINOR
+                    && monad_protocol::address::check_destination(&address).is_ok()
+                {
                     let elsewhere = Message::Elsewhere {
                         id,
                         session: session.id.clone(),

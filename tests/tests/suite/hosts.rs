@@ -457,6 +457,49 @@ async fn attach_laptop(
     Attachment::start(config, options, Some(approver.clone() as Arc<dyn Approver>)).await
 }
 
+/// A second laptop's folder (`other.txt`), attached as `other` to `SESSION` at the host
+/// `config` names, in a task of its own: the folder (keep it), the task, and its events.
+fn second_laptop(
+    config: &ClientConfig,
+    approver: Option<Arc<dyn Approver>>,
+) -> (
+    tempfile::TempDir,
+    tokio::task::JoinHandle<Result<(), monad_client::ClientError>>,
+    tokio::sync::mpsc::UnboundedReceiver<AttachEvent>,
+) {
+    let other = folder(&[("other.txt", "another laptop\n")]);
+    let mut options = attach_options(other.path(), "other");
+    options.session = Some(SESSION.into());
+    let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+    let config = config.clone();
+    let task = tokio::spawn(async move {
+        monad_client::attach::attach(&config, options, approver, Some(tx)).await
+    });
+    (other, task, events)
+}
+
+/// The first of an attach's next events that `pick` takes (bounded): the attach must not
+/// end before.
+async fn next_event<T>(
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<AttachEvent>,
+    what: &str,
+    mut pick: impl FnMut(AttachEvent) -> Option<T>,
+) -> T {
+    within(STEP, what, async {
+        loop {
+            match events.recv().await {
+                Some(event) => {
+                    if let Some(picked) = pick(event) {
+                        return picked;
+                    }
+                }
+                None => panic!("the attach ended before {what}"),
+            }
+        }
+    })
+    .await
+}
+
 fn read_notes() -> serde_json::Value {
     json!({"path": "notes.txt", "workspace": "lap"})
 }
@@ -782,35 +825,32 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
 
     // A second laptop whose config names host A only: B keeps the session (a folder is attached
     // there) and says so at once; A sends the laptop to B, where it attaches.
-    let other = folder(&[("other.txt", "another laptop\n")]);
-    let mut options = attach_options(other.path(), "other");
-    options.session = Some(SESSION.into());
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let config = a.client_config(&token);
     let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
-    let second = tokio::spawn(async move {
-        let approver = Some(approver as Arc<dyn Approver>);
-        monad_client::attach::attach(&config, options, approver, Some(tx)).await
-    });
+    let (_other, second, mut events) = second_laptop(
+        &a.client_config(&token),
+        Some(approver as Arc<dyn Approver>),
+    );
     let mut sent = None;
-    let server = within(STEP, "the second laptop's attach at host B", async {
-        loop {
-            match events.recv().await {
-                Some(AttachEvent::Elsewhere { host, reason }) => sent = Some((host, reason)),
-                Some(AttachEvent::Attached {
-                    session, server, ..
-                }) => {
-                    assert_eq!(session, SESSION);
-                    break server;
-                }
-                Some(AttachEvent::Disconnected { reason, .. }) => {
-                    panic!("the second laptop did not attach: {reason}")
-                }
-                Some(_) => {}
-                None => panic!("the second attach ended: {:?}", second.is_finished()),
+    let server = next_event(
+        &mut events,
+        "the second laptop's attach",
+        |event| match event {
+            AttachEvent::Elsewhere { host, reason } => {
+                sent = Some((host, reason));
+                None
             }
-        }
-    })
+            AttachEvent::Attached {
+                session, server, ..
+            } => {
+                assert_eq!(session, SESSION);
+                Some(server)
+            }
+            AttachEvent::Disconnected { reason, .. } => {
+                panic!("the second laptop did not attach: {reason}")
+            }
+            _ => None,
+        },
+    )
     .await;
     assert_eq!(server, b.addr.to_string(), "attached through host B");
     let (host, reason) = sent.expect("told where the session is served");
@@ -945,44 +985,29 @@ async fn a_laptop_sent_to_a_host_it_cannot_use_goes_on_with_the_hosts_it_knows()
     // A second laptop whose config names host A: A cannot ask B (it is not where B says), waits
     // B's lease out, and sends the laptop to B's advertised address, where it finds another
     // certificate.
-    let other = folder(&[("other.txt", "another laptop\n")]);
-    let mut options = attach_options(other.path(), "other");
-    options.session = Some(SESSION.into());
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let config = a.client_config(&token);
-    let second = tokio::spawn(async move {
-        monad_client::attach::attach(&config, options, None, Some(tx)).await
-    });
-    let failed = within(STEP, "the second laptop's attempt at B's address", async {
-        loop {
-            match events.recv().await {
-                Some(AttachEvent::Disconnected { reason, .. })
-                    if reason.starts_with("cannot attach at") =>
-                {
-                    break reason;
-                }
-                Some(AttachEvent::Attached { server, .. }) => {
-                    panic!("the second laptop attached through {server}")
-                }
-                Some(_) => {}
-                None => panic!("the second attach ended: {:?}", second.is_finished()),
+    let (_other, second, mut events) = second_laptop(&a.client_config(&token), None);
+    let failed = next_event(
+        &mut events,
+        "the attempt at B's address",
+        |event| match event {
+            AttachEvent::Disconnected { reason, .. } if reason.starts_with("cannot attach at") => {
+                Some(reason)
             }
-        }
-    })
+            AttachEvent::Attached { server, .. } => {
+                panic!("the second laptop attached through {server}")
+            }
+            _ => None,
+        },
+    )
     .await;
     assert!(
         failed.contains(&stranger_addr) && failed.contains("certificate"),
         "{failed}"
     );
     // Not the end of the attach: it tries host A again, and is sent to B again.
-    let again = within(STEP, "the second laptop's next attempt", async {
-        loop {
-            match events.recv().await {
-                Some(AttachEvent::Elsewhere { host, .. }) => break host,
-                Some(_) => {}
-                None => panic!("the second attach ended"),
-            }
-        }
+    let again = next_event(&mut events, "the next attempt", |event| match event {
+        AttachEvent::Elsewhere { host, .. } => Some(host),
+        _ => None,
     })
     .await;
     assert_eq!(again, stranger_addr);
