@@ -376,22 +376,11 @@ async fn start_host(
     lease_secs: u64,
     tls: Option<&Path>,
 ) -> ServerProcess {
-    start_host_with(pg, data, secret, lease_secs, tls, None).await
+    start_host_env(pg, data, secret, lease_secs, tls, None, &[]).await
 }
 
-/// [`start_host`], with MCP over HTTP on `http` when given.
-async fn start_host_with(
-    pg: &Pg,
-    data: &Path,
-    secret: &str,
-    lease_secs: u64,
-    tls: Option<&Path>,
-    http: Option<std::net::SocketAddr>,
-) -> ServerProcess {
-    start_host_env(pg, data, secret, lease_secs, tls, http, &[]).await
-}
-
-/// [`start_host_with`], with the environment variables `extra` besides.
+/// [`start_host`], with MCP over HTTP on `http` when given and the environment variables
+/// `extra` besides.
 async fn start_host_env(
     pg: &Pg,
     data: &Path,
@@ -457,6 +446,25 @@ async fn attach_laptop(
     Attachment::start(config, options, Some(approver.clone() as Arc<dyn Approver>)).await
 }
 
+/// A laptop's folder holding `notes.txt`, attached as `lap` to `SESSION` at the host `config`
+/// names (bounded), its user allowing `answers` calls once each: the folder (keep it) and the
+/// attachment.
+async fn notes_laptop_at(config: &ClientConfig, answers: usize) -> (tempfile::TempDir, Attachment) {
+    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
+    let approver = Arc::new(ScriptedApprover::new(vec![
+        Some(Decision::AllowOnce);
+        answers
+    ]));
+    let attached = within(
+        STEP,
+        "the laptop's attach",
+        attach_laptop(config, laptop.path(), &approver),
+    )
+    .await;
+    assert_eq!(attached.session, SESSION);
+    (laptop, attached)
+}
+
 /// A second laptop's folder (`other.txt`), attached as `other` to `SESSION` at the host
 /// `config` names, in a task of its own: the folder (keep it), the task, and its events.
 fn second_laptop(
@@ -498,6 +506,26 @@ async fn next_event<T>(
         }
     })
     .await
+}
+
+/// Sends `request` on a stream of its own over `conn`, finished, and reads the answer (bounded).
+async fn ask(
+    conn: &quinn::Connection,
+    request: &monad_protocol::wire::Message,
+    what: &str,
+) -> Option<monad_protocol::wire::Message> {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    monad_protocol::io::write_message(&mut send, request)
+        .await
+        .unwrap();
+    send.finish().unwrap();
+    within(
+        STEP,
+        what,
+        monad_protocol::io::read_message(&mut recv, 64 * 1024),
+    )
+    .await
+    .unwrap()
 }
 
 fn read_notes() -> serde_json::Value {
@@ -632,13 +660,14 @@ async fn an_mcp_host_on_one_host_reads_a_file_on_a_laptop_attached_to_another() 
     let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let http = free.local_addr().expect("its address");
     drop(free);
-    let _a = start_host_with(
+    let _a = start_host_env(
         &pg,
         data_a.path(),
         "the-hosts-secret",
         10,
         Some(data_b.path()),
         Some(http),
+        &[],
     )
     .await;
     let token = b.first_token.clone().expect("the first host's first start");
@@ -800,18 +829,7 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
     assert!(!before.is_empty(), "host A holds the session's lease");
 
     // A laptop attaches at host B: A gives the session up, and B takes it at a higher epoch.
-    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
-    let approver = Arc::new(ScriptedApprover::new([
-        Some(Decision::AllowOnce),
-        Some(Decision::AllowOnce),
-    ]));
-    let attached = within(
-        STEP,
-        "the laptop's attach at host B",
-        attach_laptop(&b.client_config(&token), laptop.path(), &approver),
-    )
-    .await;
-    assert_eq!(attached.session, SESSION);
+    let (_laptop, attached) = notes_laptop_at(&b.client_config(&token), 2).await;
     let after = lease_of_session(&pg);
     assert_taken_over(&before, &after);
 
@@ -880,7 +898,6 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
         monad_protocol::wire::ELSEWHERE_MINOR - 1,
     )
     .await;
-    let (mut send, mut recv) = older.open_bi().await.unwrap();
     let attach = monad_protocol::wire::Message::Attach {
         id: 1,
         session: Some(SESSION.into()),
@@ -892,17 +909,7 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
         folder: None,
         exact_name: false,
     };
-    monad_protocol::io::write_message(&mut send, &attach)
-        .await
-        .unwrap();
-    let answer = within(
-        STEP,
-        "the answer to an older client's attach",
-        monad_protocol::io::read_message(&mut recv, 64 * 1024),
-    )
-    .await
-    .unwrap();
-    match answer {
+    match ask(&older, &attach, "the answer to an older client's attach").await {
         Some(monad_protocol::wire::Message::Error { error, .. }) => {
             assert_eq!(
                 error.code,
@@ -921,23 +928,11 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
 
     // An agent's own connection asking host B to give the session up is refused.
     let own = connect_agent(&b.client_config(&token)).await;
-    let (mut send, mut recv) = own.quic().open_bi().await.unwrap();
     let request = monad_protocol::wire::Message::Yield {
         id: 7,
         session: SESSION.into(),
     };
-    monad_protocol::io::write_message(&mut send, &request)
-        .await
-        .unwrap();
-    send.finish().unwrap();
-    let answer = within(
-        STEP,
-        "the answer to an agent's yield",
-        monad_protocol::io::read_message(&mut recv, 64 * 1024),
-    )
-    .await
-    .unwrap();
-    match answer {
+    match ask(own.quic(), &request, "the answer to an agent's yield").await {
         Some(monad_protocol::wire::Message::Error { id: 7, error }) => {
             assert_eq!(error.code, monad_protocol::ErrorCode::Denied, "{error:?}");
         }
@@ -1071,15 +1066,7 @@ async fn a_session_dropped_from_memory_to_make_room_gives_its_lease_up() {
     .await;
 
     // A laptop attaching to it at host B gets in at once.
-    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
-    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
-    let attached = within(
-        STEP,
-        "the laptop's attach at host B",
-        attach_laptop(&b.client_config(&token), laptop.path(), &approver),
-    )
-    .await;
-    assert_eq!(attached.session, SESSION);
+    let (_laptop, _attached) = notes_laptop_at(&b.client_config(&token), 1).await;
     // The agent, on host A, reads the laptop's file through B.
     let (result, _) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
     assert!(
