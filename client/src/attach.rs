@@ -626,10 +626,18 @@ pub async fn attach(
                 | ClientError::Protocol(_)),
             ) if sent_to.is_some() => {
                 sent_elsewhere = false;
-                format!(
-                    "cannot attach at {}, where the session is served: {e}",
-                    sent_to.as_deref().unwrap_or_default()
-                )
+                let host = sent_to.as_deref().unwrap_or_default();
+                match e {
+                    // Not the mismatch's own advice (log in again with the new fingerprint):
+                    // the user's pin is right, the address the folder was sent to is not.
+                    ClientError::FingerprintMismatch { presented, .. } => format!(
+                        "cannot attach at {host}, where the session is served: another \
+                         certificate answers there (fingerprint {presented}), not this \
+                         deployment's; the host that sent the folder there advertises a wrong \
+                         address (its operator sets `serve --advertise`)"
+                    ),
+                    e => format!("cannot attach at {host}, where the session is served: {e}"),
+                }
             }
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {

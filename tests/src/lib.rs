@@ -600,14 +600,37 @@ async fn next_attached(
     events: &mut mpsc::UnboundedReceiver<AttachEvent>,
     task: &mut JoinHandle<Result<(), ClientError>>,
 ) -> (String, WorkspaceInfo) {
-    within(STEP, "the folder to be attached", async {
+    next_picked(
+        events,
+        task,
+        "the folder to be attached",
+        |event| match event {
+            AttachEvent::Attached {
+                session, workspace, ..
+            } => Some((session, workspace)),
+            _ => None,
+        },
+    )
+    .await
+}
+
+/// The first of an attach's next events that `pick` takes, within [`STEP`] (`what` names it in
+/// the time-out); panics with attach's result if it ends first.
+pub async fn next_picked<T>(
+    events: &mut mpsc::UnboundedReceiver<AttachEvent>,
+    task: &mut JoinHandle<Result<(), ClientError>>,
+    what: &str,
+    mut pick: impl FnMut(AttachEvent) -> Option<T>,
+) -> T {
+    within(STEP, what, async {
         loop {
             match events.recv().await {
-                Some(AttachEvent::Attached {
-                    session, workspace, ..
-                }) => break (session, workspace),
-                Some(_) => {}
-                None => panic!("attach ended before attaching: {:?}", task.await),
+                Some(event) => {
+                    if let Some(picked) = pick(event) {
+                        return picked;
+                    }
+                }
+                None => panic!("attach ended before {what}: {:?}", task.await),
             }
         }
     })

@@ -15,7 +15,8 @@ use monad_server::store::{
     FsBlobs, History, PgStore, SessionMeta, SessionStore, StoreError,
 };
 use monad_tests::{
-    Attachment, STEP, ServerProcess, attach_options, call_in, connect_agent, folder, ok, pg, within,
+    Attachment, STEP, ServerProcess, attach_options, call_in, connect_agent, folder, next_picked,
+    ok, pg, within,
 };
 use serde_json::json;
 
@@ -486,28 +487,6 @@ fn second_laptop(
     (other, task, events)
 }
 
-/// The first of an attach's next events that `pick` takes (bounded): the attach must not
-/// end before.
-async fn next_event<T>(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<AttachEvent>,
-    what: &str,
-    mut pick: impl FnMut(AttachEvent) -> Option<T>,
-) -> T {
-    within(STEP, what, async {
-        loop {
-            match events.recv().await {
-                Some(event) => {
-                    if let Some(picked) = pick(event) {
-                        return picked;
-                    }
-                }
-                None => panic!("the attach ended before {what}"),
-            }
-        }
-    })
-    .await
-}
-
 /// Sends `request` on a stream of its own over `conn`, finished, and reads the answer (bounded).
 async fn ask(
     conn: &quinn::Connection,
@@ -844,13 +823,14 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
     // A second laptop whose config names host A only: B keeps the session (a folder is attached
     // there) and says so at once; A sends the laptop to B, where it attaches.
     let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
-    let (_other, second, mut events) = second_laptop(
+    let (_other, mut second, mut events) = second_laptop(
         &a.client_config(&token),
         Some(approver as Arc<dyn Approver>),
     );
     let mut sent = None;
-    let server = next_event(
+    let server = next_picked(
         &mut events,
+        &mut second,
         "the second laptop's attach",
         |event| match event {
             AttachEvent::Elsewhere { host, reason } => {
@@ -980,9 +960,10 @@ async fn a_laptop_sent_to_a_host_it_cannot_use_goes_on_with_the_hosts_it_knows()
     // A second laptop whose config names host A: A cannot ask B (it is not where B says), waits
     // B's lease out, and sends the laptop to B's advertised address, where it finds another
     // certificate.
-    let (_other, second, mut events) = second_laptop(&a.client_config(&token), None);
-    let failed = next_event(
+    let (_other, mut second, mut events) = second_laptop(&a.client_config(&token), None);
+    let failed = next_picked(
         &mut events,
+        &mut second,
         "the attempt at B's address",
         |event| match event {
             AttachEvent::Disconnected { reason, .. } if reason.starts_with("cannot attach at") => {
@@ -1000,10 +981,15 @@ async fn a_laptop_sent_to_a_host_it_cannot_use_goes_on_with_the_hosts_it_knows()
         "{failed}"
     );
     // Not the end of the attach: it tries host A again, and is sent to B again.
-    let again = next_event(&mut events, "the next attempt", |event| match event {
-        AttachEvent::Elsewhere { host, .. } => Some(host),
-        _ => None,
-    })
+    let again = next_picked(
+        &mut events,
+        &mut second,
+        "the next attempt",
+        |event| match event {
+            AttachEvent::Elsewhere { host, .. } => Some(host),
+            _ => None,
+        },
+    )
     .await;
     assert_eq!(again, stranger_addr);
     assert!(!second.is_finished(), "the attach goes on");
@@ -1089,9 +1075,7 @@ async fn a_host_woken_after_its_lease_was_taken_over_lets_its_folders_go() {
     // Leases of 2 s: host A's pause outlasts its lease and stays within QUIC's 8 s idle
     // time-out, so the laptop's connection to it survives the pause.
     let (a, b, token, _dirs) = two_hosts(&pg, 2).await;
-    let laptop = folder(&[("notes.txt", "written on the laptop\n")]);
-    let approver = Arc::new(ScriptedApprover::new(vec![Some(Decision::AllowOnce); 8]));
-    let mut attached = attach_laptop(&a.client_config(&token), laptop.path(), &approver).await;
+    let (_laptop, mut attached) = notes_laptop_at(&a.client_config(&token), 8).await;
     let agent = connect_agent(&b.client_config(&token)).await;
     let (result, _) = ok(call_in(&agent, Some(SESSION), "read_file", read_notes()).await);
     assert!(result.to_string().contains("written on the laptop"));
