@@ -996,6 +996,78 @@ async fn a_laptop_sent_to_a_host_it_cannot_use_goes_on_with_the_hosts_it_knows()
     second.abort();
 }
 
+/// Two hosts that send a laptop to each other (here host B advertises host A's address, so A
+/// sends the laptop back to itself) do not make it loop: the first time it is sent, it attaches
+/// there at once; sent again in a row, it waits its back-off first, and the wait grows each time
+/// it is sent again, as after any other refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_laptop_sent_back_and_forth_waits_its_back_off_between_tries() {
+    let Some(pg) = Pg::alone("a_laptop_sent_back_and_forth") else {
+        return;
+    };
+    let dirs = [dir(), dir()];
+    let a = start_host(&pg, dirs[0].path(), "the-hosts-secret", 2, None).await;
+    let a_addr = a.addr.to_string();
+    let advertised = [("MONAD_ADVERTISE", a_addr.as_str())];
+    let b = start_host_env(
+        &pg,
+        dirs[1].path(),
+        "the-hosts-secret",
+        2,
+        Some(dirs[0].path()),
+        None,
+        &advertised,
+    )
+    .await;
+    let token = a.first_token.clone().expect("the first host's first start");
+
+    // A laptop attached at host B: B keeps the session, and says it is at A's address.
+    let (_laptop, _attached) = notes_laptop_at(&b.client_config(&token), 0).await;
+
+    // A second laptop whose config names host A. A waits B's lease out, then sends the laptop
+    // to where B says it is: A itself.
+    let (_other, mut second, mut events) = second_laptop(&a.client_config(&token), None);
+    let mut sent = Vec::new();
+    let mut waits = Vec::new();
+    while waits.len() < 2 {
+        let event = next_picked(
+            &mut events,
+            &mut second,
+            "the next attempt's end",
+            |event| match event {
+                AttachEvent::Elsewhere { host, .. } => Some(Ok(host)),
+                AttachEvent::Disconnected { reason, retry_in } => Some(Err((reason, retry_in))),
+                AttachEvent::Attached { server, .. } => {
+                    panic!("the second laptop attached through {server}")
+                }
+                _ => None,
+            },
+        )
+        .await;
+        match event {
+            Ok(host) => {
+                sent.push(host);
+                assert_eq!(sent.len(), 1, "sent again without a wait: {sent:?}");
+            }
+            Err((reason, retry_in)) => {
+                assert!(
+                    reason.contains(&format!("to be attached there ({a_addr})")),
+                    "{reason}"
+                );
+                waits.push(retry_in);
+            }
+        }
+    }
+    // Sent once and attached there at once; sent again, a wait, and a longer one the next time.
+    assert_eq!(sent, std::slice::from_ref(&a_addr), "waits {waits:?}");
+    assert!(
+        waits[0] > Duration::ZERO && waits[1] > waits[0],
+        "{waits:?}"
+    );
+    assert!(!second.is_finished(), "the attach goes on");
+    second.abort();
+}
+
 /// A session a host drops from memory to make room for another of its user's
 /// (`max_sessions_in_memory_per_user`) gives its lease up, as one unloaded for being idle does,
 /// so that a laptop attaching to it at another host gets in at once. Before, the host kept
