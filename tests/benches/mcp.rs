@@ -426,10 +426,17 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
         };
         let ((m50, m99), (r50, r99)) = (side("monad"), side("reference"));
         let ratio = m50 / r50;
+        let mut rounds: Vec<f64> = case["round_ratios"]
+            .as_array()
+            .expect("round_ratios")
+            .iter()
+            .map(|r| r.as_f64().expect("a ratio"))
+            .collect();
+        rounds.sort_by(f64::total_cmp);
         let sdk = |s: &str| case[s]["sdk_us"].as_f64().expect("sdk_us");
         let cpu = |s: &str| case[s]["client_cpu_us"].as_f64().expect("client_cpu_us");
         println!(
-            "  {:<20} Monad {:>8.0} us {:>8.0} us   reference {:>8.0} us {:>8.0} us   x{ratio:.2} {}  ({} calls each; the SDK's own parse and check of one answer: Monad {:.0} us, reference {:.0} us; the client's CPU per call: Monad {:.0} us, reference {:.0} us; pieces the SDK read an answer in: Monad {}, reference {})",
+            "  {:<20} Monad {:>8.0} us {:>8.0} us   reference {:>8.0} us {:>8.0} us   x{ratio:.2} {}  ({} calls each; per round x{:.2} to x{:.2}; the SDK's own parse and check of one answer: Monad {:.0} us, reference {:.0} us; the client's CPU per call: Monad {:.0} us, reference {:.0} us; pieces the SDK read an answer in: Monad {}, reference {})",
             case["case"].as_str().unwrap_or("?"),
             m50,
             m99,
@@ -437,6 +444,8 @@ async fn python_sdk(quick: bool, dir: &FsPath) {
             r99,
             if ratio <= 1.0 { "PASS" } else { "OVER" },
             case["calls"],
+            rounds.first().copied().unwrap_or(f64::NAN),
+            rounds.last().copied().unwrap_or(f64::NAN),
             sdk("monad"),
             sdk("reference"),
             cpu("monad"),

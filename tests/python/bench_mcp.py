@@ -16,7 +16,8 @@ Before timing, each side's answer is checked: the whole file's content (Monad's
 `structuredContent`, the reference's text), every entry of the listing. Then, per case, `warmup`
 untimed calls per side, and `rounds` rounds of `per-round` calls per side, the side that goes
 first alternating from round to round; every call is timed on its own. It prints one JSON line
-per case: the median and p99 (nearest rank) of each side, in microseconds, and the SDK's own
+per case: the median and p99 (nearest rank) of each side, in microseconds, each round's ratio of
+the two sides' medians (`round_ratios`, Monad's over the reference's), and the SDK's own
 work on one of that side's answers (`sdk_us`: parsing it and checking it against the tool's
 `outputSchema`, which each timed call includes) and the CPU this process spent per timed call
 (`client_cpu_us`: everything the SDK did for it, on whichever core), and the median number of
@@ -254,19 +255,32 @@ async def run(args, pinning) -> int:
                 for _ in range(args.warmup):
                     await call(session, t, a)
             samples, cpu, pieces = [[], []], [0, 0], [[], []]
+            # Each round's ratio of the two sides' medians: on a shared machine the hour moves
+            # both sides, and their spread says how far one run's ratio can be trusted.
+            round_ratios = []
             for round_ in range(args.rounds):
+                medians = [0, 0]
                 for k in range(2):
                     i = (round_ + k) % 2
                     session, t, a = sides[i]
+                    this_round = []
                     for _ in range(args.per_round):
                         start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
                         before = PIECES
                         await call(session, t, a)
-                        samples[i].append(time.perf_counter_ns() - start)
+                        this_round.append(time.perf_counter_ns() - start)
                         cpu[i] += time.process_time_ns() - start_cpu
                         pieces[i].append(PIECES - before)
+                    samples[i].extend(this_round)
+                    medians[i] = nearest_rank(sorted(this_round), 0.5)
+                round_ratios.append(medians[0] / medians[1])
             calls = args.rounds * args.per_round
-            line = {"case": name, "calls": calls, "pinned": pinning is not None}
+            line = {
+                "case": name,
+                "calls": calls,
+                "pinned": pinning is not None,
+                "round_ratios": round_ratios,
+            }
             for side, s, c, p, (session, t, a) in zip(
                 ["monad", "reference"], samples, cpu, pieces, sides
             ):
