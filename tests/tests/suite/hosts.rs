@@ -466,6 +466,29 @@ async fn notes_laptop_at(config: &ClientConfig, answers: usize) -> (tempfile::Te
     (laptop, attached)
 }
 
+/// Hosts A and B on `pg` (in `dirs`, leases of 2 s, one certificate), B advertising `address`
+/// to laptops and hosts, or A's own address when none is given: a host that names a wrong
+/// place for itself.
+async fn hosts_b_advertising(
+    pg: &Pg,
+    dirs: &[tempfile::TempDir; 2],
+    address: Option<&str>,
+) -> (ServerProcess, ServerProcess) {
+    let a = start_host(pg, dirs[0].path(), "the-hosts-secret", 2, None).await;
+    let address = address.map_or_else(|| a.addr.to_string(), str::to_owned);
+    let b = start_host_env(
+        pg,
+        dirs[1].path(),
+        "the-hosts-secret",
+        2,
+        Some(dirs[0].path()),
+        None,
+        &[("MONAD_ADVERTISE", address.as_str())],
+    )
+    .await;
+    (a, b)
+}
+
 /// A second laptop's folder (`other.txt`), attached as `other` to `SESSION` at the host
 /// `config` names, in a task of its own: the folder (keep it), the task, and its events.
 fn second_laptop(
@@ -938,18 +961,7 @@ async fn a_laptop_sent_to_a_host_it_cannot_use_goes_on_with_the_hosts_it_knows()
     let stranger = monad_tests::TestServer::start().await;
     let stranger_addr = stranger.addr.to_string();
     let dirs = [dir(), dir()];
-    let a = start_host(&pg, dirs[0].path(), "the-hosts-secret", 2, None).await;
-    let advertised = [("MONAD_ADVERTISE", stranger_addr.as_str())];
-    let b = start_host_env(
-        &pg,
-        dirs[1].path(),
-        "the-hosts-secret",
-        2,
-        Some(dirs[0].path()),
-        None,
-        &advertised,
-    )
-    .await;
+    let (a, b) = hosts_b_advertising(&pg, &dirs, Some(&stranger_addr)).await;
     let token = a.first_token.clone().expect("the first host's first start");
 
     // A laptop attached at host B: B keeps the session.
@@ -1006,19 +1018,8 @@ async fn a_laptop_sent_back_and_forth_waits_its_back_off_between_tries() {
         return;
     };
     let dirs = [dir(), dir()];
-    let a = start_host(&pg, dirs[0].path(), "the-hosts-secret", 2, None).await;
+    let (a, b) = hosts_b_advertising(&pg, &dirs, None).await;
     let a_addr = a.addr.to_string();
-    let advertised = [("MONAD_ADVERTISE", a_addr.as_str())];
-    let b = start_host_env(
-        &pg,
-        dirs[1].path(),
-        "the-hosts-secret",
-        2,
-        Some(dirs[0].path()),
-        None,
-        &advertised,
-    )
-    .await;
     let token = a.first_token.clone().expect("the first host's first start");
 
     // A laptop attached at host B: B keeps the session, and says it is at A's address.
