@@ -1009,7 +1009,7 @@ async fn a_laptop_sent_to_a_host_it_cannot_use_goes_on_with_the_hosts_it_knows()
 }
 
 /// Two hosts that send a laptop to each other (here host B advertises host A's address, so A
-/// sends the laptop back to itself) do not make it loop: the first time it is sent, it attaches
+/// sends the laptop back to itself) do not make it loop: the first time it is sent, it tries
 /// there at once; sent again in a row, it waits its back-off first, and the wait grows each time
 /// it is sent again, as after any other refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1025,8 +1025,8 @@ async fn a_laptop_sent_back_and_forth_waits_its_back_off_between_tries() {
     // A laptop attached at host B: B keeps the session, and says it is at A's address.
     let (_laptop, _attached) = notes_laptop_at(&b.client_config(&token), 0).await;
 
-    // A second laptop whose config names host A. A waits B's lease out, then sends the laptop
-    // to where B says it is: A itself.
+    // A second laptop whose config names host A. A cannot have B give the session up (it asks
+    // the host at B's address: itself), and sends the laptop to where B says it is: A again.
     let (_other, mut second, mut events) = second_laptop(&a.client_config(&token), None);
     let mut sent = Vec::new();
     let mut waits = Vec::new();
@@ -1059,7 +1059,7 @@ async fn a_laptop_sent_back_and_forth_waits_its_back_off_between_tries() {
             }
         }
     }
-    // Sent once and attached there at once; sent again, a wait, and a longer one the next time.
+    // Sent once and tried there at once; sent again, a wait, and a longer one the next time.
     assert_eq!(sent, std::slice::from_ref(&a_addr), "waits {waits:?}");
     assert!(
         waits[0] > Duration::ZERO && waits[1] > waits[0],
