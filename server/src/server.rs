@@ -1281,8 +1281,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 }
             };
             drop(call);
-            // Held until the answer, body included, is sent.
-            let (output, _call) = match called {
+            // Held until the answer, body included, is written.
+            let (output, mut guard) = match called {
                 Ok(called) => called,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
@@ -1314,6 +1314,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 outcome,
                 body: announced,
             };
+            guard.answering();
             if write_message(&mut send, &head).await.is_err() {
                 return;
             }
@@ -1326,6 +1327,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             {
                 return;
             }
+            // What the answer holds until it is acknowledged still counts.
+            let _memory = guard.answered();
             finish(&mut send).await;
         }
         Message::Prompt {
@@ -1402,7 +1405,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
         Message::ListSessions { id, limit, next } => {
             // One of the user's requests in flight, as a call is: bounded per user, not only
             // per connection, on the blocking pool every user shares.
-            let _slot = match ctx.state.user_call(&ctx.user) {
+            let slot = match ctx.state.user_call(&ctx.user) {
                 Ok(slot) => slot,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
@@ -1417,6 +1420,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             })
             .await
             .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
+            // Done before the answer, which the agent may read before acknowledging it.
+            drop(slot);
             let (sessions, next) = match page {
                 Ok(page) => page,
                 Err(e) => return send_error(&mut send, id, e).await,
@@ -1432,10 +1437,17 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 .await
                 .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
             match given {
-                Ok(()) => {
-                    tracing::info!(
-                        "gave session {session} up to another host, where a folder attaches"
-                    );
+                Ok(gave) => {
+                    if gave {
+                        tracing::info!(
+                            "gave session {session} up to another host, where a folder attaches"
+                        );
+                    } else {
+                        tracing::debug!(
+                            "asked to give session {session} up: not in memory here, nothing to \
+                             give"
+                        );
+                    }
                     let _ = write_message(&mut send, &Message::Done { id, session }).await;
                     finish(&mut send).await;
                 }
@@ -1453,7 +1465,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let kind = other.kind();
             // Store requests (sessions, history, landings) run on the blocking pool every user
             // shares: one of the user's requests in flight each, as a call is.
-            let _slot = match ctx.state.user_call(&ctx.user) {
+            let slot = match ctx.state.user_call(&ctx.user) {
                 Ok(slot) => slot,
                 Err(e) => return send_error(&mut send, 0, e).await,
             };
@@ -1462,7 +1474,10 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 device: Some(&ctx.device_id),
                 landing: &ctx.landing,
             };
-            match crate::requests::answer(&ctx.state, &caller, other).await {
+            let answered = crate::requests::answer(&ctx.state, &caller, other).await;
+            // Done before the answer, which the agent may read before acknowledging it.
+            drop(slot);
+            match answered {
                 Some(answer) => {
                     let answer = answer.for_minor(ctx.minor);
                     let _ = write_message(&mut send, &answer).await;

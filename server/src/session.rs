@@ -2353,11 +2353,12 @@ impl Registry {
     /// this rarely), so that no request takes the session meanwhile: one after finds it gone,
     /// loads it again and asks the database for its lease, which the asking host holds by then
     /// or takes after it. (A request in between, which found the lease held here in memory,
-    /// would have run here while the other host took over.)
-    pub fn give_up(&self, id: &str, user: &str) -> Result<(), ToolError> {
+    /// would have run here while the other host took over.) True when the session was here to
+    /// let go.
+    pub fn give_up(&self, id: &str, user: &str) -> Result<bool, ToolError> {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let Some(session) = sessions.get(id) else {
-            return Ok(());
+            return Ok(false);
         };
         owned_by(session, user)?;
         if let Some(why) = session.kept_by() {
@@ -2368,7 +2369,7 @@ impl Registry {
             cluster.release(id);
         }
         sessions.remove(id);
-        Ok(())
+        Ok(true)
     }
 
     /// The connections of the folders attached into session `id` and online, when it is in
@@ -3390,9 +3391,9 @@ pub(crate) mod tests {
         assert!(kept.message.contains("follows its workspaces"), "{kept:?}");
         drop(watcher);
         // Unused: it leaves memory, and stays in the store; not in memory, nothing to do.
-        reg.give_up(&id, "ana").unwrap();
+        assert!(reg.give_up(&id, "ana").unwrap());
         assert_eq!(reg.loaded(), 0);
-        reg.give_up(&id, "ana").unwrap();
+        assert!(!reg.give_up(&id, "ana").unwrap());
         assert!(reg.list("ana").iter().any(|info| info.id == id));
     }
 

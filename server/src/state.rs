@@ -221,12 +221,28 @@ pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {
 
 /// Holds what an agent's call counts against while it runs: one of the user's call slots and
 /// the server's count of calls in flight (at shutdown, attached clients stay while it is not
-/// zero), and the bytes its request and its answer hold in memory. Keep it until the answer,
-/// body included, is sent.
+/// zero), and the bytes its request and its answer hold in memory. Before the answer goes out,
+/// [`CallGuard::answering`]; once it is written, body included, [`CallGuard::answered`].
 pub(crate) struct CallGuard<'a> {
-    _slot: Slot,
+    slot: Option<Slot>,
     _in_flight: CallInFlight<'a>,
-    _memory: Arc<Held>,
+    memory: Arc<Held>,
+}
+
+impl CallGuard<'_> {
+    /// The answer is about to go out: the call's slot goes now. Its agent may make its next
+    /// call (from this connection or another) as soon as it has read the answer, before this
+    /// task goes on, and must not find this one still counted against its limit.
+    pub(crate) fn answering(&mut self) {
+        self.slot = None;
+    }
+
+    /// The answer is written, body included: the count in flight goes (the attached client
+    /// that relayed the body is no longer needed); what the answer holds in memory stays
+    /// counted, returned, while it waits in the stream's buffers to be acknowledged.
+    pub(crate) fn answered(self) -> Arc<Held> {
+        self.memory
+    }
 }
 
 impl State {
@@ -332,9 +348,9 @@ impl State {
             }
         };
         let guard = CallGuard {
-            _slot: slot,
+            slot: Some(slot),
             _in_flight: in_flight,
-            _memory: memory,
+            memory,
         };
         Ok((output, guard))
     }

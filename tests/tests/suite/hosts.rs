@@ -1025,8 +1025,9 @@ async fn a_laptop_sent_back_and_forth_waits_its_back_off_between_tries() {
     // A laptop attached at host B: B keeps the session, and says it is at A's address.
     let (_laptop, _attached) = notes_laptop_at(&b.client_config(&token), 0).await;
 
-    // A second laptop whose config names host A. A cannot have B give the session up (it asks
-    // the host at B's address: itself), and sends the laptop to where B says it is: A again.
+    // A second laptop whose config names host A. A asks the host at B's address to give the
+    // session up: itself, which has nothing to give. It waits B's lease out (B renews it), then
+    // sends the laptop to where B says it is: A again.
     let (_other, mut second, mut events) = second_laptop(&a.client_config(&token), None);
     let mut sent = Vec::new();
     let mut waits = Vec::new();

@@ -146,6 +146,42 @@ async fn a_user_over_their_limits_is_refused_while_another_still_works() {
     ok(call_in(&agent, None, "workspaces", json!({})).await);
 }
 
+/// A call's slot is free by the time its agent has the answer: a user who calls one at a time,
+/// at a limit of one call in flight, is never refused for a call already answered, even from
+/// another connection (which does not carry the first one's acknowledgement of the answer).
+/// Before, the server kept the slot until the answer was acknowledged, and the next call, sent
+/// at once, found it still taken; so did listings and histories, which count as calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_made_one_after_another_are_not_refused_at_a_limit_of_one() {
+    let server = TestServer::start_with(|c| c.quotas.max_calls_per_user = 1).await;
+    let agents = [
+        connect_agent(&server.client_config()).await,
+        connect_agent(&server.client_config()).await,
+    ];
+    let write = json!({"path": "a.txt", "content": "a"});
+    ok(call_in(&agents[0], None, "write_file", write).await);
+    for i in 0..100 {
+        let read = agents[i % 2].call(None, "read_file", json!({"path": "a.txt"}), |_| {});
+        if let Err(e) = within(STEP, "a call", read).await {
+            panic!("call {i}, once the one before was answered: {e}");
+        }
+    }
+    // A listing and a history count as calls do, and are as free once answered.
+    for i in 0..50 {
+        let (first, then) = (&agents[i % 2], &agents[(i + 1) % 2]);
+        if let Err(e) = within(STEP, "a listing", first.sessions()).await {
+            panic!("listing {i}: {e}");
+        }
+        if let Err(e) = within(STEP, "a history", then.history(None)).await {
+            panic!("history {i}, once the listing was answered: {e}");
+        }
+        let read = first.call(None, "read_file", json!({"path": "a.txt"}), |_| {});
+        if let Err(e) = within(STEP, "a call", read).await {
+            panic!("call {i}, once the history was answered: {e}");
+        }
+    }
+}
+
 /// A client of its own that reports more network connections than a sandbox would, and
 /// faster: the server writes no more lines than a sandbox keeps (a burst, then a few a second)
 /// and counts the rest, so that one user cannot fill the recorder every user's records go
