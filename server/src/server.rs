@@ -1281,7 +1281,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 }
             };
             drop(call);
-            // Held until the answer, body included, is written.
+            // The call's slot goes as its answer starts out (`answering`); the rest of what it
+            // counts against, once the answer, body included, is written (`answered`).
             let (output, mut guard) = match called {
                 Ok(called) => called,
                 Err(e) => return send_error(&mut send, id, e).await,
