@@ -1125,8 +1125,14 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             args.new_string.as_str().into(),
         )
     };
-    let count = old_text.matches(old_string.as_ref()).count();
     let replace_all = args.replace_all.unwrap_or(false);
+    // `replace_all` replaces what does not overlap, from the start; a single edit must find one
+    // place only, and two occurrences that overlap (`}\n}` in `}\n}\n}`) are two places.
+    let count = if replace_all {
+        old_text.matches(old_string.as_ref()).count()
+    } else {
+        occurrences(old_text, &old_string)
+    };
     match count {
         0 => {
             let endings = if old_text.contains("\r\n") && !crlf {
@@ -1181,6 +1187,20 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
         encoding: held.map(|h| h.encoding.as_str()),
         replacements: if replace_all { count as u64 } else { 1 },
     })
+}
+
+/// How many times `needle` (not empty) starts in `text`, counting occurrences that overlap.
+fn occurrences(text: &str, needle: &str) -> usize {
+    let mut count = 0;
+    let mut from = 0;
+    while let Some(at) = text[from..].find(needle) {
+        count += 1;
+        // On to the next character after this occurrence's first, so that one overlapping it
+        // is found too.
+        let first = text[from + at..].chars().next().map_or(1, char::len_utf8);
+        from += at + first;
+    }
+    count
 }
 
 /// Whether `text` has line breaks and every one of them is CRLF.

@@ -1208,6 +1208,45 @@ fn edit_file_replaces_a_unique_string_and_reports_a_diff() {
     assert!(temp_leftovers(&fx, ".").is_empty());
 }
 
+/// Two occurrences that overlap (`}\n}` in `}\n}\n}`) are two places the agent may mean: the
+/// edit is refused as ambiguous, not made at the first.
+#[test]
+fn edit_file_counts_overlapping_occurrences_as_ambiguous() {
+    let fx = Fixture::new();
+    fx.put("f.rs", "}\n}\n}\n");
+    let err = fx
+        .sandbox
+        .edit_file(&edit("f.rs", "}\n}", "}\n// end\n}"))
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NoMatch);
+    assert!(err.to_string().contains("2 times"), "{err}");
+    assert_eq!(fx.read("f.rs"), "}\n}\n}\n");
+    // In CRLF text too, where the agent's LF is matched as CRLF; and with a multi-byte
+    // character at the overlap.
+    fx.put("c.rs", "}\r\n}\r\n}\r\n");
+    let err = fx
+        .sandbox
+        .edit_file(&edit("c.rs", "}\n}", "}"))
+        .unwrap_err();
+    assert!(err.to_string().contains("2 times"), "{err}");
+    fx.put("u.txt", "éaéaé");
+    let err = fx
+        .sandbox
+        .edit_file(&edit("u.txt", "éaé", "x"))
+        .unwrap_err();
+    assert!(err.to_string().contains("2 times"), "{err}");
+    assert_eq!(fx.read("u.txt"), "éaéaé");
+    // `replace_all` replaces what does not overlap, from the start, and says how many.
+    let mut args = edit("f.rs", "}\n}", "]");
+    args.replace_all = Some(true);
+    let out = fx.sandbox.edit_file(&args).unwrap();
+    assert_eq!(out.replacements, Some(1));
+    assert_eq!(fx.read("f.rs"), "]\n}\n");
+    // One occurrence is still one.
+    let out = fx.sandbox.edit_file(&edit("f.rs", "]", "}")).unwrap();
+    assert_eq!(out.replacements, Some(1));
+}
+
 #[test]
 fn edit_file_changes_nothing_when_old_string_is_missing_or_ambiguous() {
     let fx = Fixture::new();
