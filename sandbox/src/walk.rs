@@ -497,6 +497,18 @@ fn rooted_pattern(jail: &Jail, pattern: &str) -> Result<Option<String>, SandboxE
     }))
 }
 
+/// `rel` (a path the walk reports) as a glob pattern sees it: relative to `under` (the start
+/// with a `/`, when the pattern is not taken from the root), or, outside it (a file as the
+/// start, or the file a link there leads to), its name.
+fn relative_to<'a>(under: Option<&str>, rel: &'a str) -> &'a str {
+    match under {
+        None => rel,
+        Some(under) => rel
+            .strip_prefix(under)
+            .unwrap_or_else(|| rel.rsplit('/').next().unwrap_or(rel)),
+    }
+}
+
 pub(crate) fn glob(
     jail: &Jail,
     limits: &Limits,
@@ -511,19 +523,16 @@ pub(crate) fn glob(
         .compile_matcher();
     let start = jail.resolve(args.path.as_deref().unwrap_or(""))?;
     // A pattern is matched against paths relative to `path`, an absolute one (made relative to
-    // the root) against paths relative to the root.
-    let base = if start.is_root() || rooted.is_some() {
-        0
-    } else {
-        start.display().len() + 1
-    };
+    // the root) against paths relative to the root. A file as `path` is matched by its name (the
+    // name of the file a link leads to, whose path the walk reports), as `find FILE -name` does.
+    let under = (!start.is_root() && rooted.is_none()).then(|| format!("{}/", start.display()));
     // Hidden files are found only by a pattern that names them (`.github/**`, `**/.env`).
     let include_hidden = pattern.starts_with('.') || pattern.contains("/.");
     let mut paths = Vec::new();
     let mut truncated = false;
     let max = limits.glob_max_results;
     let mut visit = |_: &Dir, _: &OsStr, rel: &str| {
-        if matcher.is_match(&rel[base.min(rel.len())..]) {
+        if matcher.is_match(relative_to(under.as_deref(), rel)) {
             if paths.len() >= max {
                 truncated = true;
                 return Flow::Stop;

@@ -688,6 +688,17 @@ fn glob_matches_paths_relative_to_its_base() {
     );
     assert_eq!(g("*.rs", Some("src")), ["src/lib.rs"]);
     assert_eq!(g(".github/*", None), [".github/ci.yml"]);
+    // A file as `path` is matched by its name, as `find FILE -name` does; named through a link,
+    // by the name of the file the link leads to (the path reported), whatever its characters.
+    assert_eq!(g("*.rs", Some("src/lib.rs")), ["src/lib.rs"]);
+    assert_eq!(g("*.toml", Some("src/lib.rs")), Vec::<String>::new());
+    fx.put("src/xé.rs", "");
+    std::os::unix::fs::symlink("xé.rs", fx.root().join("src/a")).unwrap();
+    assert_eq!(g("*", Some("src/a")), ["src/xé.rs"]);
+    assert_eq!(g("x*.rs", Some("src/a")), ["src/xé.rs"]);
+    assert_eq!(g("a", Some("src/a")), Vec::<String>::new());
+    std::fs::remove_file(fx.root().join("src/a")).unwrap();
+    std::fs::remove_file(fx.root().join("src/xé.rs")).unwrap();
     // An absolute pattern inside the root (either spelling of it) is taken from the root,
     // as an absolute path is by every tool, with or without `path`.
     for root in [fx.root(), fx.root().canonicalize().unwrap()] {
