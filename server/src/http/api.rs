@@ -700,6 +700,17 @@ async fn json_body<T: serde::de::DeserializeOwned>(
     user: &str,
     body: Body,
 ) -> Result<(T, Held), HttpError> {
+    let (bytes, memory) = body_bytes(state, user, body).await?;
+    Ok((parse_body(&bytes)?, memory))
+}
+
+/// Reads a request's body whole, counted in `user`'s call memory (the count lasts as long as the
+/// [`Held`]); nothing is parsed yet.
+async fn body_bytes(
+    state: &State,
+    user: &str,
+    body: Body,
+) -> Result<(bytes::Bytes, Held), HttpError> {
     let memory = state.call_bytes.holder(user);
     let bytes = match super::read_body_held(body, MAX_BODY, &memory).await {
         Ok(bytes) => bytes,
@@ -712,9 +723,12 @@ async fn json_body<T: serde::de::DeserializeOwned>(
         }
         Err(BodyNotRead::NotHeld(NotHeld::OverMemory(error))) => return Err(tool_error(error)),
     };
-    let value = serde_json::from_slice(&bytes)
-        .map_err(|e| HttpError::bad(format!("the body is not valid: {e}")))?;
-    Ok((value, memory))
+    Ok((bytes, memory))
+}
+
+/// A request's body as JSON of type `T`, or the `400` saying what is wrong with it.
+fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
+    serde_json::from_slice(bytes).map_err(|e| HttpError::bad(format!("the body is not valid: {e}")))
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
@@ -912,11 +926,16 @@ async fn upload_artifact(
     Path(id): Path<String>,
     body: Body,
 ) -> Result<Response, HttpError> {
-    // At most UPLOADS_AT_ONCE bodies are read and decoded at a time (each can take several
-    // times MAX_BODY while it is decoded); the others wait with their bodies unread.
+    // The whole body is read and checked before anything is looked up or written. Reading it
+    // takes no turn: a body that is slow to come (or never comes, until the body deadline) holds
+    // only its own connection and its user's call memory, not the other users' uploads.
+    let (bytes, memory) = body_bytes(&web.state, &user, body).await?;
+    // At most UPLOADS_AT_ONCE bodies are decoded at a time, over all users (each can take
+    // several times MAX_BODY while it is decoded); the others wait with their bodies read and
+    // counted.
     let turn = web.uploads.clone().acquire_owned().await;
-    // The whole body is read and checked before anything is looked up or written.
-    let (upload, memory): (UploadArtifact, _) = json_body(&web.state, &user, body).await?;
+    let upload: UploadArtifact = parse_body(&bytes)?;
+    drop(bytes);
     let checked = check_upload(upload, &memory)?;
     let state = web.state.clone();
     // The turn and the count go with the content: they last until it is stored, even when the

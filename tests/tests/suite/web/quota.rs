@@ -326,3 +326,39 @@ async fn an_uploads_decoded_content_counts_with_its_body() {
     let fits = upload(&api, &workspace, &session, MIB).await;
     assert_eq!(fits.status, 201, "{}", fits.text());
 }
+
+/// One user's uploads whose bodies never come do not hold up another user's: the turns that
+/// bound the decoding of uploads across users are taken once a body is in, not while it is
+/// awaited. (Four heads without bodies, as many as `UPLOADS_AT_ONCE`, held every turn until the
+/// body deadline, 60 s, and every upload queued behind them was cut off with no answer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_whose_bodies_never_come_do_not_hold_up_another_users() {
+    use tokio::io::AsyncWriteExt;
+    let (server, http) = super::server().await;
+    let mallory = server.create_token("mallory");
+    let mut stalled = Vec::new();
+    for _ in 0..monad_server::http::api::UPLOADS_AT_ONCE + 1 {
+        let mut stream = tokio::net::TcpStream::connect(http)
+            .await
+            .expect("connects");
+        let head = format!(
+            "POST /api/v1/workspaces/x/artifacts HTTP/1.1\r\nHost: {http}\r\n\
+             Authorization: Bearer {mallory}\r\nContent-Type: application/json\r\n\
+             Content-Length: 1000000\r\n\r\n{{\"sessionId\": \"default\", "
+        );
+        stream.write_all(head.as_bytes()).await.expect("head sent");
+        stalled.push(stream);
+    }
+    // Time for the server to take the heads in (and, before the fix, every turn).
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let api = Api::new(http, &server.token);
+    let workspace = api.workspace(None).await;
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        upload(&api, &workspace, &new_session(), 1000),
+    )
+    .await
+    .expect("another user's upload is answered while the stalled bodies are awaited");
+    assert_eq!(answer.status, 201, "{}", answer.text());
+    drop(stalled);
+}
