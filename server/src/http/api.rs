@@ -1708,8 +1708,10 @@ impl Watch {
             self.credential.clone(),
         );
         tokio::task::spawn_blocking(move || {
+            // The same session, still theirs: `default` may now mean a default of the user's own
+            // while the stream follows the well-known one, which another user may hold by now.
             credential.still_valid(&web, &user)
-                && owned_session(&web.state, &user, &session).is_ok()
+                && owned_session(&web.state, &user, &session).is_ok_and(|meta| meta.id == session)
         })
         .await
         .unwrap_or(false)

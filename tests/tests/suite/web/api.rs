@@ -1016,6 +1016,43 @@ async fn an_event_stream_ends_when_its_token_is_revoked_or_its_session_deleted()
     }
 }
 
+/// A stream that follows `default` ends when the well-known `default` is no longer its user's,
+/// even when they have a default of their own to fall back on: it never goes on to deliver
+/// another user's `default`. (The stream's recheck resolved `default` again, found the user's own
+/// default session and let the stream follow the well-known one, now another user's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_on_default_ends_when_default_becomes_another_users() {
+    let (server, http) = server().await;
+    let ana = Api::new(http, &server.token);
+    let bob = Api::new(http, &server.create_token("bob"));
+    let into_default = async |api: &Api| {
+        let ws = api.workspace(None).await;
+        api.upload(&ws, "tool_output", "default", "o.txt", "text/plain", b"x")
+            .await
+    };
+    // Ana holds the well-known `default`; Bob gets one of his own, kept as his default.
+    into_default(&ana).await;
+    into_default(&bob).await;
+    let his_own = bob.get("/api/v1/sessions/default").await.json()["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(his_own, "default");
+    // Ana's `default` goes; Bob's next use of `default` takes the well-known one, and he watches it.
+    server.state().registry.delete("default").unwrap();
+    into_default(&bob).await;
+    let mut events = Events::open(&bob, "default").await;
+    assert_eq!(events.next().await.0, "ready");
+    // His goes too, and Ana takes it again: his stream must end rather than follow hers.
+    server.state().registry.delete("default").unwrap();
+    into_default(&ana).await;
+    let after = events.until_the_end().await;
+    assert!(
+        after.iter().all(|(name, _)| name == "ready"),
+        "Bob saw Ana's `default`: {after:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_openapi_document_is_generated_from_the_types_and_covers_every_path() {
     let (server, http) = server().await;
