@@ -71,6 +71,54 @@ pub fn routes() -> Router<Arc<Web>> {
         .route("/api/v1/sessions/{id}/events", get(session_events))
         .route("/api/v1", axum::routing::any(unknown))
         .route("/api/v1/{*rest}", axum::routing::any(unknown))
+        .layer(axum::middleware::map_response(errors_in_json))
+}
+
+/// The refusals axum makes itself (a method a path does not take, a path that does not decode)
+/// as the API's JSON errors; every other answer as it is.
+async fn errors_in_json(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if is_json || !status.is_client_error() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // axum's own messages are one short line; anything longer is cut.
+    let said = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let said = String::from_utf8_lossy(&said);
+    let (code, message) = if status == StatusCode::METHOD_NOT_ALLOWED {
+        // axum adds the `Allow` header around this layer, after it.
+        (
+            "method_not_allowed".to_owned(),
+            "this API path does not take that method; the `Allow` header says which it takes"
+                .to_owned(),
+        )
+    } else if status == StatusCode::BAD_REQUEST {
+        (
+            "bad_request".to_owned(),
+            format!("the path is not valid: {said}"),
+        )
+    } else {
+        let reason = status.canonical_reason().unwrap_or("refused");
+        (
+            reason.to_lowercase().replace(' ', "_"),
+            format!("{reason}: {said}"),
+        )
+    };
+    let body = serde_json::to_vec(&super::ErrorBody {
+        error: code,
+        message,
+    })
+    .unwrap_or_default();
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
 }
 
 async fn unknown() -> HttpError {

@@ -1053,6 +1053,48 @@ async fn a_stream_on_default_ends_when_default_becomes_another_users() {
     );
 }
 
+/// Every API error is JSON, those axum makes too: a method a path does not take (a `405` that
+/// still says which it takes) and a path that is not UTF-8. (Both were plain text or empty.)
+#[tokio::test]
+async fn a_wrong_method_or_a_path_that_is_not_utf8_is_answered_in_json() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let wrong = api.get("/api/v1/workspaces").await;
+    assert_eq!(wrong.status, 405, "{}", wrong.text());
+    assert_eq!(
+        wrong.json()["error"],
+        "method_not_allowed",
+        "{}",
+        wrong.text()
+    );
+    assert!(
+        wrong.header("allow").contains("POST"),
+        "{:?}",
+        wrong.headers
+    );
+    assert!(
+        wrong.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("`Allow`"),
+        "{}",
+        wrong.text()
+    );
+    let wrong = api.delete("/api/v1/sessions").await;
+    assert_eq!(wrong.status, 405, "{}", wrong.text());
+    assert_eq!(
+        wrong.json()["error"],
+        "method_not_allowed",
+        "{}",
+        wrong.text()
+    );
+    let odd = api.get("/api/v1/workspaces/%FF").await;
+    odd.assert_bad("path");
+    // The web view's pages are not the API: they keep their own answers.
+    let page = api.delete("/").await;
+    assert_eq!(page.status, 405);
+}
+
 #[tokio::test]
 async fn the_openapi_document_is_generated_from_the_types_and_covers_every_path() {
     let (server, http) = server().await;
