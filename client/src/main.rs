@@ -454,7 +454,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    let ended = runtime.block_on(run(cli));
+    // A prompt still up (the process ends on a signal or a take-over while it asks) gives the
+    // terminal its echo back before anything else is said.
+    monad_client::terminal::restore();
+    match ended {
         Ok(code) => code,
         Err(e) => {
             errln!("{}", failure_line(&e));

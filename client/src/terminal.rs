@@ -134,6 +134,10 @@ impl Approver for TerminalApprover {
 /// Restores the terminal's mode when dropped.
 struct RawMode(Option<termios::Termios>);
 
+/// The terminal's modes from before a [`RawMode`] that is still on, for [`restore`]: the process
+/// may exit (Ctrl-C, SIGTERM, a take-over) while the prompt's thread still holds it.
+static BEFORE_RAW: std::sync::Mutex<Option<termios::Termios>> = std::sync::Mutex::new(None);
+
 impl RawMode {
     fn enter() -> RawMode {
         let stdin = std::io::stdin();
@@ -143,6 +147,7 @@ impl RawMode {
         let mut raw = saved.clone();
         raw.local_flags
             .remove(LocalFlags::ICANON | LocalFlags::ECHO);
+        *BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner()) = Some(saved.clone());
         let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw);
         discard_typed_keys();
         RawMode(Some(saved))
@@ -152,8 +157,20 @@ impl RawMode {
 impl Drop for RawMode {
     fn drop(&mut self) {
         if let Some(saved) = &self.0 {
+            let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
             let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
+            *before = None;
         }
+    }
+}
+
+/// Gives the terminal back its modes from before a prompt that is still up (echo and line
+/// editing), so that a process ending meanwhile does not leave its shell without them. Called
+/// as the process exits; does nothing when no prompt is up.
+pub fn restore() {
+    let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(saved) = before.take() {
+        let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &saved);
     }
 }
 

@@ -1332,6 +1332,17 @@ impl Pty {
         String::from_utf8_lossy(&self.bytes()).into_owned()
     }
 
+    /// Whether the terminal echoes what is typed and gives it line by line (its modes as a shell
+    /// leaves them for the next program), read from the master side: what the child left them
+    /// at, once it has exited.
+    pub fn echoes_lines(&self) -> bool {
+        use nix::sys::termios::LocalFlags;
+        let modes = nix::sys::termios::tcgetattr(&self.master).expect("the terminal's modes");
+        modes
+            .local_flags
+            .contains(LocalFlags::ECHO | LocalFlags::ICANON)
+    }
+
     /// Types `keys`.
     pub fn send(&self, keys: &[u8]) {
         let mut written = 0;

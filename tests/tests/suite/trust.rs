@@ -79,6 +79,36 @@ fn hostile_chars(text: &str) -> Vec<char> {
         .collect()
 }
 
+/// Ctrl-C or SIGTERM while a prompt is up detaches and gives the terminal back as it was: echo
+/// and line editing on. (The prompt's thread put them back only as it noticed the request was
+/// gone, and the process had usually exited by then, leaving the shell without echo.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_a_prompt_leaves_the_terminal_as_it_was() {
+    use nix::sys::signal::Signal;
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        let server = TestServer::start().await;
+        let dir = folder(&[]);
+        let (mut pty, _config) = attached_on_a_terminal(&server, dir.path(), &[]).await;
+        assert!(pty.echoes_lines(), "a fresh terminal echoes");
+        let asked = start_call(
+            &server,
+            "write_file",
+            json!({"path": "a.txt", "content": "x", "workspace": "lap"}),
+        );
+        let at = pty.wait_for("[n] deny", 0).await;
+        assert!(!pty.echoes_lines(), "the prompt reads keys one by one");
+        let pid = nix::unistd::Pid::from_raw(pty.child.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        pty.wait_for("disconnected", at).await;
+        within(STEP, "the client to exit", pty.child.wait())
+            .await
+            .unwrap();
+        assert!(pty.echoes_lines(), "{signal}: left without echo");
+        let _ = reply(asked).await;
+        assert!(!dir.path().join("a.txt").exists());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_shows_stdin_quoted_argv_cwd_time_out_and_network() {
     let server = TestServer::start().await;
