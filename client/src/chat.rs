@@ -541,7 +541,7 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<bool, Cli
             }
         }
     }
-    chat.detach_all();
+    chat.detach_all().await;
     // Told before the process ends, rather than left to the server's idle time-out.
     chat.agent.close("the chat ended").await;
     Ok(answered)
@@ -623,7 +623,7 @@ impl Chat {
                     _ => None,
                 };
                 let opened = self.agent.open_session(id).await?;
-                self.detach_all();
+                self.detach_all().await;
                 self.session = opened.id;
                 out(&format!("now in session {}\n", printable(&self.session)));
             }
@@ -634,6 +634,8 @@ impl Chat {
 
     /// Attaches `dir`, restricted, to the chat's session; its prompts appear here.
     async fn attach(&mut self, dir: PathBuf) -> Result<(), ClientError> {
+        let home = directories::BaseDirs::new().map(|d| d.home_dir().to_owned());
+        let dir = expand_home(dir, home.as_deref());
         let canonical = dir
             .canonicalize()
             .map_err(|e| ClientError::Folder(format!("{}: {e}", dir.display())))?;
@@ -727,11 +729,33 @@ impl Chat {
         }
     }
 
-    fn detach_all(&mut self) {
-        for folder in self.attached.drain(..) {
+    /// Ends the folders attached from the chat and takes them out of its session (a connection
+    /// that ends leaves its folder there, offline, as a `monad-client attach` stopped does).
+    async fn detach_all(&mut self) {
+        for folder in std::mem::take(&mut self.attached) {
             folder.task.abort();
-            out(&format!("detached `{}`\n", printable(&folder.name)));
+            match self.agent.detach(Some(&self.session), &folder.name).await {
+                Ok(_) => out(&format!("detached `{}`\n", printable(&folder.name))),
+                Err(e) => errln!(
+                    "`{}` is left in session {}, offline: {}",
+                    printable(&folder.name),
+                    printable(&self.session),
+                    printable(&e.to_string())
+                ),
+            }
         }
+    }
+}
+
+/// `dir` with a leading `~` (alone or before a `/`) made the home directory, as a shell does
+/// with what it is given to run; the chat reads its line itself.
+fn expand_home(dir: PathBuf, home: Option<&std::path::Path>) -> PathBuf {
+    let Some(home) = home else {
+        return dir;
+    };
+    match dir.strip_prefix("~") {
+        Ok(rest) => home.join(rest),
+        Err(_) => dir,
     }
 }
 
@@ -741,6 +765,21 @@ mod tests {
     use monad_protocol::wire::{Trust, WorkspaceRef};
     use monad_protocol::{ErrorCode, ToolError};
     use serde_json::json;
+
+    #[test]
+    fn a_leading_tilde_is_the_home_directory_and_nothing_else_is() {
+        let home = Some(std::path::Path::new("/home/me"));
+        let expand = |dir: &str| expand_home(PathBuf::from(dir), home);
+        assert_eq!(expand("~/my dir"), PathBuf::from("/home/me/my dir"));
+        assert_eq!(expand("~"), PathBuf::from("/home/me/"));
+        for unchanged in ["~other/x", "a/~/b", "/abs/~", "rel", "./~"] {
+            assert_eq!(expand(unchanged), PathBuf::from(unchanged), "{unchanged}");
+        }
+        assert_eq!(
+            expand_home(PathBuf::from("~/x"), None),
+            PathBuf::from("~/x")
+        );
+    }
 
     #[test]
     fn slash_commands_parse_and_the_rest_is_a_message() {
