@@ -86,7 +86,10 @@ impl AttachOptions {
         };
         let mut line = format!("monad-client attach {path}");
         let mut words = Vec::new();
-        if let Some(name) = &self.name {
+        // Only a name the user gave: the one made from the folder (`.dotfiles`, `primary`, or a
+        // name another folder has, listed with a suffix) is made again the same way, and as
+        // `--name` it would have to be taken exactly.
+        if let Some(name) = self.name.as_ref().filter(|_| self.exact_name) {
             words.extend(["--name".to_owned(), name.clone()]);
         }
         if let Some(session) = &self.session {
@@ -1326,6 +1329,7 @@ mod tests {
         let mut o = AttachOptions::new(PathBuf::from("/x"));
         o.shown_path = "~/dev/my proj;rm -rf ~".into();
         o.name = Some("lap top".into());
+        o.exact_name = true;
         o.allow = vec![ToolClass::Read];
         o.non_interactive = true;
         assert_eq!(
@@ -1337,6 +1341,15 @@ mod tests {
         assert!(
             o.attach_again(ToolClass::Exec)
                 .starts_with("monad-client attach ~ --name")
+        );
+        // A name made from the folder, not given: not repeated, so that it is made again the
+        // same way rather than demanded exactly (`.dotfiles` is not a short name).
+        o.exact_name = false;
+        o.name = Some(".dotfiles".into());
+        assert!(
+            !o.attach_again(ToolClass::Exec).contains("--name"),
+            "{}",
+            o.attach_again(ToolClass::Exec)
         );
         o.shown_path = "/srv/plain".into();
         o.name = None;
