@@ -490,8 +490,17 @@ fn out(text: &str) {
 pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<bool, ClientError> {
     let agent = Agent::connect(&config).await?;
     let session = match &options.session {
-        Some(id) => agent.open_session(Some(id)).await?.id,
-        None => agent.chat_info(None).await?.session,
+        Some(id) => agent.open_session(Some(id)).await.map(|s| s.id),
+        None => agent.chat_info(None).await.map(|info| info.session),
+    };
+    let session = match session {
+        Ok(session) => session,
+        Err(e) => {
+            // Told before the process ends, as at the end of a chat: the server would hold the
+            // connection, counted as one of the user's, until its idle time-out.
+            agent.close("the chat could not start").await;
+            return Err(e);
+        }
     };
     let terminal: TerminalLock = Arc::default();
     let reader = LineReader::start(terminal.clone())

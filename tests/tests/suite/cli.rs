@@ -1520,6 +1520,18 @@ async fn commands_close_their_connection_so_a_loop_of_calls_stays_within_the_lim
             );
         }
     }
+    // A chat that cannot start (a session no id begins with) closes its connection too.
+    for round in 0..3 {
+        let out = client(config.path(), &["chat", "--session", "zzzz"]).await;
+        assert!(!out.status.success(), "round {round}");
+        assert!(
+            !text(&out.stderr).contains("connections"),
+            "round {round}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = client(config.path(), &["status"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
 /// `token create` makes the data directory when there is none (a token before the first
