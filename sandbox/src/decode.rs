@@ -147,11 +147,12 @@ fn is_control(c: char) -> bool {
 }
 
 /// Windows-1252's characters for 0x80-0x9F (where Latin-1 has C1 controls); the five bytes it
-/// leaves undefined decode to U+FFFD.
+/// leaves undefined are the C1 controls of the same value, as the WHATWG Encoding Standard has
+/// them, so that they are written back as they were (as U+FFFD, every edit of a file holding
+/// one was refused: U+FFFD has no byte to go back to).
 const CP1252_HIGH: [char; 32] = [
-    '€', '\u{FFFD}', '‚', 'ƒ', '„', '…', '†', '‡', 'ˆ', '‰', 'Š', '‹', 'Œ', '\u{FFFD}', 'Ž',
-    '\u{FFFD}', '\u{FFFD}', '‘', '’', '“', '”', '•', '–', '—', '˜', '™', 'š', '›', 'œ', '\u{FFFD}',
-    'ž', 'Ÿ',
+    '€', '\u{81}', '‚', 'ƒ', '„', '…', '†', '‡', 'ˆ', '‰', 'Š', '‹', 'Œ', '\u{8D}', 'Ž', '\u{8F}',
+    '\u{90}', '‘', '’', '“', '”', '•', '–', '—', '˜', '™', 'š', '›', 'œ', '\u{9D}', 'ž', 'Ÿ',
 ];
 
 /// How a file that is not UTF-8 holds its text: what a write keeps when it replaces the file.
@@ -166,7 +167,9 @@ pub(crate) struct Held {
 /// `None` for UTF-8, for UTF-8 with stray bytes (which are U+FFFD in the text already: written
 /// back, it is UTF-8) and for binary.
 pub(crate) fn held(bytes: &[u8]) -> Option<Held> {
-    if std::str::from_utf8(bytes).is_ok() {
+    // Valid UTF-8 is UTF-8, unless it has NULs: ASCII text in UTF-16 without a mark is valid
+    // UTF-8 too, and `guess` reads it as UTF-16, as `read_file` shows it.
+    if std::str::from_utf8(bytes).is_ok() && !bytes.contains(&0) {
         return None;
     }
     match guess(bytes) {
@@ -194,7 +197,7 @@ pub(crate) fn encode(text: &str, held: Option<Held>) -> Result<Cow<'_, [u8]>, He
                 n @ (0..=0x7F | 0xA0..=0xFF) => u8::try_from(n).ok(),
                 _ => CP1252_HIGH
                     .iter()
-                    .position(|&h| h == c && h != char::REPLACEMENT_CHARACTER)
+                    .position(|&h| h == c)
                     .and_then(|i| u8::try_from(0x80 + i).ok()),
             })
             .collect(),

@@ -1099,11 +1099,11 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
     let held = target.held();
     let decoded;
     let old_text = match (std::str::from_utf8(&old.bytes), held) {
-        (Ok(text), _) => text,
-        (Err(_), Some(held)) => {
+        (_, Some(held)) => {
             decoded = crate::decode::decode(&old.bytes, held.encoding);
             decoded.as_str()
         }
+        (Ok(text), None) => text,
         (Err(_), None) => {
             return Err(SandboxError::WrongFileType {
                 path: path.given().to_owned(),

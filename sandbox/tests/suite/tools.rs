@@ -1918,6 +1918,22 @@ fn writes_and_edits_keep_a_file_s_encoding() {
     let mut want = vec![0xFF, 0xFE];
     want.extend("hé là\n".encode_utf16().flat_map(u16::to_le_bytes));
     assert_eq!(std::fs::read(fx.root().join("utf16.txt")).unwrap(), want);
+    // The five bytes windows-1252 leaves undefined (0x81, 0x8D, 0x8F, 0x90, 0x9D) go back as
+    // they came: an edit elsewhere in the file is made, and they are kept.
+    std::fs::write(
+        fx.root().join("odd.txt"),
+        b"a\x81b\x8d\x8f\x90\x9d caf\xe9\n",
+    )
+    .unwrap();
+    let done = fx
+        .sandbox
+        .edit_file(&edit("odd.txt", "café", "thé"))
+        .expect("edited, the undefined bytes kept");
+    assert_eq!(done.encoding.as_deref(), Some("windows-1252"));
+    assert_eq!(
+        std::fs::read(fx.root().join("odd.txt")).unwrap(),
+        b"a\x81b\x8d\x8f\x90\x9d th\xe9\n"
+    );
     // Content windows-1252 cannot hold: the file becomes UTF-8, and the result says so.
     let done = fx
         .sandbox
@@ -1934,6 +1950,45 @@ fn writes_and_edits_keep_a_file_s_encoding() {
             "Wrote latin1.txt (7 bytes), in UTF-8: the file was windows-1252, which cannot hold"
         ),
         "{text}"
+    );
+}
+
+/// UTF-16 without a byte order mark whose text is all ASCII is valid UTF-8 too (`h\0i\0`):
+/// read as UTF-16, it is edited and written as UTF-16 as well. (Edits matched nothing, since
+/// they searched the bytes with their NULs, and a write made the file UTF-8 without a word.)
+#[test]
+fn ascii_text_in_utf16_without_a_mark_is_edited_and_written_as_utf16() {
+    let fx = Fixture::new();
+    let le = |text: &str| -> Vec<u8> { text.encode_utf16().flat_map(u16::to_le_bytes).collect() };
+    std::fs::write(fx.root().join("w.txt"), le("hi there\r\nbye\r\n")).unwrap();
+    let read = fx.sandbox.read_file(&read("w.txt")).unwrap();
+    assert_eq!(read.content, "hi there\r\nbye\r\n");
+    assert_eq!(read.encoding.as_deref(), Some("utf-16le"));
+    let done = fx
+        .sandbox
+        .edit_file(&edit("w.txt", "hi there", "ho there"))
+        .expect("edited as the text it holds");
+    assert_eq!(done.encoding.as_deref(), Some("utf-16le"));
+    assert!(
+        done.diff.contains("-hi there")
+            && done.diff.contains("+ho there")
+            && !done.diff.contains('\0'),
+        "{:?}",
+        done.diff
+    );
+    assert_eq!(
+        std::fs::read(fx.root().join("w.txt")).unwrap(),
+        le("ho there\r\nbye\r\n")
+    );
+    let done = fx.sandbox.write_file(&write("w.txt", "new\r\n")).unwrap();
+    assert_eq!(
+        (done.encoding.as_deref(), done.reencoded_from.as_deref()),
+        (Some("utf-16le"), None)
+    );
+    assert!(!done.diff.contains('\0'), "{:?}", done.diff);
+    assert_eq!(
+        std::fs::read(fx.root().join("w.txt")).unwrap(),
+        le("new\r\n")
     );
 }
 
