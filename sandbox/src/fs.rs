@@ -1246,9 +1246,24 @@ struct OldFile {
 
 /// When Monad runs as root, what its tools create belongs to whoever owns the place it is
 /// created in (the file it replaces, else its directory), so that commands, which never run as
-/// root, can still change it; nothing is handed to root itself. Does nothing otherwise.
-fn give_to(file: &impl std::os::fd::AsFd, owner: (u32, u32)) -> std::io::Result<()> {
-    if !nix::unistd::geteuid().is_root() || owner.0 == 0 {
+/// root, can still change it; nothing is handed to root itself. Not as root, a file that
+/// replaces another keeps that one's group when the user is in it (its owner cannot be given
+/// away: it is the user's now), so that the others of the group keep what its mode gives them;
+/// a new file is left as the system makes it.
+fn give_to(
+    file: &impl std::os::fd::AsFd,
+    owner: (u32, u32),
+    replacing: bool,
+) -> std::io::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        if replacing {
+            // Refused (EPERM) when the group is not one of the user's: the file then has the
+            // user's own, as any program's rewrite of it would.
+            let _ = nix::unistd::fchown(file.as_fd(), None, Some(owner.1.into()));
+        }
+        return Ok(());
+    }
+    if owner.0 == 0 {
         return Ok(());
     }
     nix::unistd::fchown(file.as_fd(), Some(owner.0.into()), Some(owner.1.into()))
@@ -1478,7 +1493,7 @@ impl Target {
             None => self.parent.dir_metadata().map(|m| owner_of(&m)),
         };
         let written = owner
-            .and_then(|owner| give_to(&file, owner))
+            .and_then(|owner| give_to(&file, owner, self.old.is_some()))
             .and_then(|()| file.write_all(content))
             .and_then(|()| file.set_permissions(Permissions::from_mode(mode)))
             .and_then(|()| file.sync_all())

@@ -735,3 +735,93 @@ async fn a_closed_pipe_ends_the_output_without_a_panic() {
         assert_eq!(status.code(), Some(0), "monad-server {args:?}");
     }
 }
+
+/// A folder attached by a user who is not root: a `write_file` that replaces a file keeps its
+/// group when the user is in it (the new file took the user's own group, and the others of
+/// the file's group lost what its mode gave them). As uid 4242 in groups 4242 and 4343, through
+/// `setpriv`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_by_a_user_who_is_not_root_keeps_the_files_group() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (uid, own_group, shared_group) = (4242u32, 4242u32, 4343u32);
+    let server = monad_tests::TestServer::start().await;
+    let outer = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(outer.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let laptop = outer.path().join("project");
+    std::fs::create_dir(&laptop).unwrap();
+    std::fs::write(laptop.join("shared.txt"), "old\n").unwrap();
+    std::os::unix::fs::chown(&laptop, Some(uid), Some(shared_group)).unwrap();
+    std::fs::set_permissions(&laptop, std::fs::Permissions::from_mode(0o775)).unwrap();
+    std::os::unix::fs::chown(laptop.join("shared.txt"), Some(uid), Some(shared_group)).unwrap();
+    std::fs::set_permissions(
+        laptop.join("shared.txt"),
+        std::fs::Permissions::from_mode(0o664),
+    )
+    .unwrap();
+    let config = outer.path().join("config");
+    std::fs::create_dir(&config).unwrap();
+    server.client_config().save(&config).expect("config");
+    for entry in [config.clone(), config.join("config.toml")] {
+        std::os::unix::fs::chown(&entry, Some(uid), Some(own_group)).unwrap();
+    }
+    let mut attach = tokio::process::Command::new("setpriv")
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={own_group}"),
+            format!("--groups={own_group},{shared_group}"),
+        ])
+        .arg(monad_tests::binary("monad-client"))
+        .arg("attach")
+        .arg(&laptop)
+        .args(["--name", "laptop", "--non-interactive", "--allow", "write"])
+        .env("MONAD_CONFIG_DIR", &config)
+        .env("HOME", outer.path())
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("setpriv starts monad-client attach");
+    let mut attach_err = tokio::io::BufReader::new(attach.stderr.take().unwrap()).lines();
+    wait_for_line(&mut attach_err, STEP, "the attach confirmation", |l| {
+        l.starts_with("attached ")
+    })
+    .await;
+    let agent = server.agent().await;
+    let reply = monad_tests::call(
+        &agent,
+        "write_file",
+        serde_json::json!({"path": "shared.txt", "content": "new\n", "workspace": "laptop"}),
+    )
+    .await;
+    assert!(
+        matches!(reply.outcome, monad_protocol::wire::Outcome::Ok { .. }),
+        "{reply:?}"
+    );
+    let meta = std::fs::metadata(laptop.join("shared.txt")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(laptop.join("shared.txt")).unwrap(),
+        "new\n"
+    );
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o777),
+        (uid, shared_group, 0o664),
+        "the file's owner, group and mode after the write"
+    );
+    // A new file takes the group the system gives it (here the user's own), as any program's.
+    let reply = monad_tests::call(
+        &agent,
+        "write_file",
+        serde_json::json!({"path": "fresh.txt", "content": "x", "workspace": "laptop"}),
+    )
+    .await;
+    assert!(
+        matches!(reply.outcome, monad_protocol::wire::Outcome::Ok { .. }),
+        "{reply:?}"
+    );
+    assert_eq!(
+        std::fs::metadata(laptop.join("fresh.txt")).unwrap().gid(),
+        own_group
+    );
+    drop(attach);
+}
