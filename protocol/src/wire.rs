@@ -98,6 +98,16 @@ pub const FOLDER_FOCUS_MINOR: u32 = 11;
 pub const ELSEWHERE_MINOR: u32 = 12;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
+/// Longest [`Message::Progress`] line a server passes on, in bytes: a longer one is cut to it
+/// at a character boundary. A client's own lines are a sentence ("waiting for … to approve",
+/// "`cargo` running for 12 s: last line"); the cap keeps a client from making the server hold
+/// and relay megabytes per line.
+pub const MAX_PROGRESS: usize = 4096;
+
+/// A progress line as a server passes it on: at most [`MAX_PROGRESS`] bytes.
+pub fn progress_line(message: &str) -> &str {
+    crate::text::head(message, MAX_PROGRESS)
+}
 
 fn is_zero(n: &u64) -> bool {
     *n == 0

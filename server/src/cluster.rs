@@ -426,7 +426,9 @@ impl Cluster {
                 Err(e) => return Err(lost(&e)),
             };
             match message {
-                Message::Progress { message, .. } => progress.progress(&message),
+                Message::Progress { message, .. } => {
+                    progress.progress(monad_protocol::wire::progress_line(&message))
+                }
                 Message::Result {
                     workspace,
                     outcome,

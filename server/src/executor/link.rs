@@ -27,7 +27,7 @@ use monad_protocol::frame::FrameError;
 use monad_protocol::io::{
     ReadError, read_body, read_message, read_message_relayed_counted, write_message,
 };
-use monad_protocol::wire::{Body, Message, Outcome, ToolResult, Utf8Stream, reset};
+use monad_protocol::wire::{self, Body, Message, Outcome, ToolResult, Utf8Stream, reset};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -625,7 +625,9 @@ async fn answer<R: RecvHalf>(
         // The result is relayed and recorded as the client wrote it, not decoded here; what
         // it holds in memory is counted as it arrives.
         match read_answer(&mut recv, MAX_CLIENT_MESSAGE, memory.as_deref()).await {
-            Ok(Some(Message::Progress { message, .. })) => progress.progress(&message),
+            Ok(Some(Message::Progress { message, .. })) => {
+                progress.progress(wire::progress_line(&message))
+            }
             Ok(Some(Message::Decided { by, allowed, .. })) => {
                 decided_by = Verdict {
                     by: by.said_by_client(full_trust),

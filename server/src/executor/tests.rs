@@ -257,6 +257,41 @@ async fn a_call_is_carried_to_the_client_and_its_answer_comes_back() {
 }
 
 #[tokio::test]
+async fn a_client_s_long_progress_lines_are_cut_before_they_are_passed_on() {
+    let (fx, mut peer) = Fixture::new();
+    let progress = Lines::default();
+    // A megabyte of progress, and a line whose cut would fall inside a character.
+    let long = "x".repeat(1 << 20);
+    let wide = format!("{}é and more", "y".repeat(wire::MAX_PROGRESS - 1));
+    let client = async {
+        let (request, _from_server, mut to_server) = next_request(&mut peer).await;
+        let id = run_id(&request);
+        let lines = [&long, &wide, &"short".to_owned()].map(|message| Message::Progress {
+            id,
+            message: message.clone(),
+        });
+        let answer = ok_result(id, json!({"path": "a.txt", "content": ""}));
+        write_messages(&mut to_server, &[&lines[0], &lines[1], &lines[2], &answer])
+            .await
+            .unwrap();
+    };
+    let (output, ()) = bounded(
+        "the call",
+        futures_join(
+            fx.call("read_file", json!({"path": "a.txt"}), &progress),
+            client,
+        ),
+    )
+    .await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+    let seen = progress.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    assert_eq!(seen[0], long[..wire::MAX_PROGRESS]);
+    assert_eq!(seen[1], wide[..wire::MAX_PROGRESS - 1]);
+    assert_eq!(seen[2], "short");
+}
+
+#[tokio::test]
 async fn a_command_killed_at_its_time_limit_is_logged_as_timed_out_and_one_that_failed_as_ok() {
     for (timed_out, exit_code, logged) in [
         (true, Value::Null, AuditOutcome::Failed(ErrorCode::Timeout)),
