@@ -691,6 +691,8 @@ impl Session {
                     }
                     renamed
                 });
+                // Its background processes follow it too.
+                self.processes_moved(&existing.name, Some(wanted));
                 existing.name = wanted.to_owned();
             }
             existing.link = folder.link;
@@ -712,6 +714,7 @@ impl Session {
                     .position(|a| a.link.is_none() && focus.as_deref() != Some(a.name.as_str()))
                 {
                     let gone = attached.remove(oldest);
+                    self.processes_moved(&gone.name, None);
                     tracing::debug!(
                         session = %self.id,
                         folder = %gone.name,
@@ -789,6 +792,7 @@ impl Session {
             ));
         };
         let gone = attached.remove(at);
+        self.processes_moved(&gone.name, None);
         drop(attached);
         if let Some(link) = gone.link.as_ref().filter(|l| quiet != Some(l.generation)) {
             let _ = link.kick.send(reason.to_owned());
@@ -903,6 +907,22 @@ impl Session {
             }
         }
         names
+    }
+
+    /// The background processes noted in workspace `from` are in `to` now (its folder was
+    /// renamed), or in none (`None`: it left the session). Called while the folder list is
+    /// locked, with the change: processes are found by workspace name, and a name left behind
+    /// could be another folder's later, which would get the `process_write` text and the
+    /// `process_kill` meant for a process of this one.
+    fn processes_moved(&self, from: &str, to: Option<&str>) {
+        let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        match to {
+            Some(to) => processes
+                .iter_mut()
+                .filter(|p| p.workspace == from)
+                .for_each(|p| p.workspace = to.to_owned()),
+            None => processes.retain(|p| p.workspace != from),
+        }
     }
 
     /// Notes what a call's result says about background processes: `run_command` started one
@@ -3142,6 +3162,56 @@ pub(crate) mod tests {
         assert_eq!(s.process_workspace(&p(0)), None);
         let last = p(MAX_REMEMBERED_PROCESSES - 1);
         assert_eq!(s.process_workspace(&last).as_deref(), Some("primary"));
+    }
+
+    #[test]
+    fn a_folder_s_processes_follow_its_new_name_and_leave_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let s = reg.open("default", "ana").unwrap();
+        let folder = |device: &str, path: &str| Attached {
+            name: "lap".into(),
+            uri: format!("{device}:{path}"),
+            trust: Trust::Restricted,
+            tools: vec![ToolName::RunCommand],
+            device_id: DeviceId::parse(match device {
+                "d1" => "00000000-0000-4000-8000-0000000000d1",
+                _ => "00000000-0000-4000-8000-0000000000d2",
+            })
+            .unwrap(),
+            path: path.into(),
+            record: None,
+            folder: None,
+            link: None,
+        };
+        let started = |id: &str, workspace: &str| {
+            let result = monad_protocol::wire::ToolResult::from(serde_json::json!({"process": id}));
+            s.note_process(ToolName::RunCommand, &result, workspace);
+        };
+        assert_eq!(s.attach(folder("d1", "~/a"), None).name, "lap");
+        started("proc-0000000a", "lap");
+        // Renamed by its own attach: the process is found in the folder by its new name.
+        s.attach_exact(folder("d1", "~/a"), "work").unwrap();
+        assert_eq!(
+            s.process_workspace("proc-0000000a").as_deref(),
+            Some("work")
+        );
+        started("proc-0000000b", "work");
+        // Detached by name, then another folder takes the name: it gets none of them.
+        s.forget("work", "detached").unwrap();
+        s.attach_exact(folder("d2", "~/b"), "work").unwrap();
+        assert_eq!(s.process_workspace("proc-0000000a"), None);
+        assert_eq!(s.process_workspace("proc-0000000b"), None);
+        assert!(s.process_workspaces().is_empty());
+        // An offline folder that leaves the list for a new one takes its processes with it.
+        started("proc-0000000c", "work");
+        assert_eq!(s.attach(folder("d1", "~/c"), None).name, "lap");
+        for i in 0..MAX_FOLDERS {
+            s.attach(folder("d1", &format!("~/more/{i}")), None);
+        }
+        let names: Vec<String> = s.workspaces().into_iter().map(|w| w.info.name).collect();
+        assert!(!names.contains(&"work".to_owned()), "{names:?}");
+        assert_eq!(s.process_workspace("proc-0000000c"), None);
     }
 
     #[test]
