@@ -107,25 +107,101 @@ pub(crate) fn read_opened(
 /// shorter than it was said to be. What `read_file` decodes when a file is not UTF-8, and what
 /// `search` tells a file's encoding from.
 pub(crate) fn read_start(file: &std::fs::File, size: u64, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let want = usize::try_from(size.min(max)).unwrap_or(usize::MAX);
+    read_from(file, 0, size, max)
+}
+
+/// At most `max` bytes of `file` (of `size` bytes) from byte `from`, read by position.
+fn read_from(file: &std::fs::File, from: u64, size: u64, max: u64) -> std::io::Result<Vec<u8>> {
+    let want = usize::try_from(size.saturating_sub(from).min(max)).unwrap_or(usize::MAX);
     let mut raw = vec![0u8; want];
+    let got = fill_at(file, &mut raw, from)?;
+    raw.truncate(got);
+    Ok(raw)
+}
+
+/// Fills `buf` from byte `from` of `file`: the bytes read, fewer only at the file's end.
+fn fill_at(file: &std::fs::File, buf: &mut [u8], from: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
     let mut got = 0;
-    while got < want {
-        match file.read_at(&mut raw[got..], got as u64) {
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], from + got as u64) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    raw.truncate(got);
-    Ok(raw)
+    Ok(got)
 }
 
-/// Reads a file `read_utf8` found not to be UTF-8 text again, from its start (at most
-/// `read_max_bytes` of it): decoded into `result` when it is text in another encoding, else
-/// left binary with the reason.
+/// Where the line after the first `ends` line breaks of `file`, text in `encoding`, starts:
+/// `Ok` with its byte offset, or `Err` with how many lines the file has when it has fewer
+/// breaks. Read a chunk at a time, nothing kept: in each of these encodings a line break is a
+/// byte (`\n`) or a UTF-16 unit of its own, which no other character's bytes contain, so it is
+/// found without decoding.
+fn line_start(
+    file: &std::fs::File,
+    encoding: crate::decode::Encoding,
+    ends: u64,
+) -> std::io::Result<Result<u64, u64>> {
+    use crate::decode::Encoding;
+    // Even, so that a UTF-16 unit never falls across two chunks.
+    const CHUNK: usize = 64 * 1024;
+    let mut buf = vec![0u8; CHUNK];
+    let (mut at, mut seen, mut after_last) = (0u64, 0u64, 0u64);
+    loop {
+        let n = fill_at(file, &mut buf, at)?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        let breaks: Vec<usize> = match encoding {
+            Encoding::Utf16Le | Encoding::Utf16Be => {
+                let unit = if encoding == Encoding::Utf16Le {
+                    [b'\n', 0]
+                } else {
+                    [0, b'\n']
+                };
+                chunk
+                    .chunks_exact(2)
+                    .enumerate()
+                    .filter(|(_, pair)| *pair == unit)
+                    .map(|(i, _)| 2 * i + 1)
+                    .collect()
+            }
+            // A chunk without the break looked for is passed over a vector at a time.
+            Encoding::Latin1 | Encoding::Utf8 if seen + count_newlines(chunk) < ends => {
+                seen += count_newlines(chunk);
+                if let Some(last) = chunk.iter().rposition(|&b| b == b'\n') {
+                    after_last = at + last as u64 + 1;
+                }
+                at += n as u64;
+                continue;
+            }
+            Encoding::Latin1 | Encoding::Utf8 => chunk
+                .iter()
+                .enumerate()
+                .filter(|&(_, &b)| b == b'\n')
+                .map(|(i, _)| i)
+                .collect(),
+        };
+        for end in breaks {
+            seen += 1;
+            after_last = at + end as u64 + 1;
+            if seen == ends {
+                return Ok(Ok(after_last));
+            }
+        }
+        at += n as u64;
+    }
+    // Text after the last break is one more line.
+    Ok(Err(seen + u64::from(at > after_last)))
+}
+
+/// Reads a file `read_utf8` found not to be UTF-8 text again: decoded into `result` when it is
+/// text in another encoding (told from its first `read_max_bytes`), else left binary with the
+/// reason. At most `read_max_bytes` of it are decoded, from the line at `offset` (found in the
+/// bytes, [`line_start`]), so the whole file can be read on, as UTF-8 text can.
 fn decode_other(
     result: &mut ReadFileResult,
     file: &std::fs::File,
@@ -133,16 +209,41 @@ fn decode_other(
     args: &ReadFileArgs,
 ) -> std::io::Result<()> {
     let max_bytes = limits.read_max_bytes as usize;
-    let mut raw = read_start(file, result.size, limits.read_max_bytes)?;
-    let got = raw.len();
-    let whole = (got as u64) >= result.size;
-    let encoding = match crate::decode::guess(&raw) {
+    let first = read_start(file, result.size, limits.read_max_bytes)?;
+    let encoding = match crate::decode::guess(&first) {
         crate::decode::Guess::Binary(why) => {
             result.binary_reason = Some(why);
             return Ok(());
         }
         crate::decode::Guess::Text(encoding) => encoding,
     };
+    let offset = args.offset.unwrap_or(1);
+    let max_lines = args.limit.unwrap_or(limits.read_default_lines);
+    result.binary = false;
+    result.binary_reason = None;
+    result.encoding = Some(encoding.as_str().to_owned());
+    result.start_line = offset;
+    let (start, mut raw) = if offset == 1 {
+        (0, first)
+    } else {
+        match line_start(file, encoding, offset - 1)? {
+            Ok(start) => (
+                start,
+                read_from(file, start, result.size, limits.read_max_bytes)?,
+            ),
+            // Past the end: nothing to show, and how many lines there are.
+            Err(total) => {
+                result.content = String::new();
+                result.lines = 0;
+                result.total_lines = Some(total);
+                result.truncated = false;
+                result.truncation = None;
+                result.next_offset = None;
+                return Ok(());
+            }
+        }
+    };
+    let whole = start + raw.len() as u64 >= result.size;
     match encoding {
         // A cut UTF-16 unit is not decoded.
         crate::decode::Encoding::Utf16Le | crate::decode::Encoding::Utf16Be if !whole => {
@@ -155,20 +256,17 @@ fn decode_other(
         _ => {}
     }
     let text = crate::decode::decode(&raw, encoding);
-    let offset = args.offset.unwrap_or(1);
-    let max_lines = args.limit.unwrap_or(limits.read_default_lines);
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
-    // Without the whole file, a last line without its end may go on.
+    // Without the rest of the file, a last line without its end may go on.
     let complete = if whole || text.ends_with('\n') {
         lines.len()
     } else {
         lines.len().saturating_sub(1)
     };
-    let skip = usize::try_from(offset - 1).unwrap_or(usize::MAX);
     let mut content = String::new();
     let mut taken: u64 = 0;
     let mut cut = None;
-    for line in lines.iter().take(complete).skip(skip) {
+    for line in lines.iter().take(complete) {
         if taken == max_lines {
             cut = Some(Truncation::Lines);
             break;
@@ -185,24 +283,19 @@ fn decode_other(
         taken += 1;
     }
     // The line at `offset` does not end within what was read (longer than the cap): its head.
-    if taken == 0 && cut.is_none() && skip == complete && complete < lines.len() {
-        content.push_str(head(lines[complete], max_bytes));
+    if taken == 0 && cut.is_none() && complete == 0 && !lines.is_empty() {
+        content.push_str(head(lines[0], max_bytes));
         taken = 1;
         cut = Some(Truncation::Bytes);
     }
     if cut.is_none() && complete < lines.len() || cut.is_none() && !whole {
         cut = Some(Truncation::Bytes);
     }
-    result.binary = false;
-    result.binary_reason = None;
-    result.encoding = Some(encoding.as_str().to_owned());
     result.content = content;
-    result.start_line = offset;
     result.lines = taken;
-    result.total_lines = (whole && cut.is_none()).then_some(lines.len() as u64);
+    result.total_lines = (whole && cut.is_none()).then_some(offset - 1 + lines.len() as u64);
     result.truncated = cut.is_some();
-    // Only the head of such a file is decoded: past it, nothing more can be read, so no offset
-    // is offered that would give the same answer again.
+    // Reading on from the next line finds it in the bytes, however far in it is.
     result.next_offset = cut
         .filter(|&cut| taken > 0 || cut == Truncation::Lines)
         .map(|_| offset + taken);

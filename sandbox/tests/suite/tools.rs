@@ -182,10 +182,10 @@ fn read_file_decodes_latin1_and_utf16_text_and_says_so() {
     assert_eq!(out.start_line, 2);
 }
 
-/// A decoded file whose first line is longer than the byte cap: its head, and no offset that
-/// would give the same answer again (only the head of such a file is decoded).
+/// A decoded file whose first line is longer than the byte cap: its head, and the next line
+/// after it.
 #[test]
-fn a_decoded_line_longer_than_the_byte_cap_shows_its_head_and_does_not_loop() {
+fn a_decoded_line_longer_than_the_byte_cap_shows_its_head_and_reads_on() {
     let fx = Fixture::with_limits(Limits {
         read_max_bytes: 1024,
         ..Limits::default()
@@ -207,7 +207,63 @@ fn a_decoded_line_longer_than_the_byte_cap_shows_its_head_and_does_not_loop() {
     let mut on = read("long16.txt");
     on.offset = Some(2);
     let out = fx.sandbox.read_file(&on).unwrap();
-    assert_eq!((out.lines, out.truncated, out.next_offset), (0, true, None));
+    assert_eq!(out.content, "b\n");
+    assert_eq!(
+        (out.lines, out.truncated, out.next_offset),
+        (1, false, None)
+    );
+    assert_eq!(out.total_lines, Some(2));
+}
+
+/// A file in another encoding longer than the byte cap is read on to its end, as UTF-8 text is:
+/// each read decodes from the line it starts at, found in the bytes.
+#[test]
+fn a_file_in_another_encoding_past_the_byte_cap_is_read_on_to_its_end() {
+    let fx = Fixture::with_limits(Limits {
+        read_max_bytes: 1024,
+        ..Limits::default()
+    });
+    let text: String = (1..=400)
+        .map(|i| format!("ligne {i}: café crème\n"))
+        .collect();
+    let mut latin1: Vec<u8> = text
+        .chars()
+        .map(|c| u8::try_from(u32::from(c)).unwrap())
+        .collect();
+    latin1.extend(b"sans fin \xe9");
+    std::fs::write(fx.root().join("latin1.txt"), latin1).unwrap();
+    let mut utf16be = vec![0xFE, 0xFF];
+    utf16be.extend(text.encode_utf16().flat_map(u16::to_be_bytes));
+    utf16be.extend("sans fin é".encode_utf16().flat_map(u16::to_be_bytes));
+    std::fs::write(fx.root().join("utf16.txt"), utf16be).unwrap();
+    let whole = format!("{text}sans fin é");
+    for (name, encoding) in [("latin1.txt", "windows-1252"), ("utf16.txt", "utf-16be")] {
+        let mut args = read(name);
+        let mut shown = String::new();
+        let mut reads = 0;
+        let last = loop {
+            let out = fx.sandbox.read_file(&args).unwrap();
+            assert_eq!(out.encoding.as_deref(), Some(encoding), "{name}");
+            assert_eq!(out.start_line, args.offset.unwrap_or(1), "{name}");
+            assert!(out.lines > 0, "{name}: {out:?}");
+            shown.push_str(&out.content);
+            reads += 1;
+            assert!(reads < 100, "{name}: does not end");
+            match out.next_offset {
+                Some(next) => args.offset = Some(next),
+                None => break out,
+            }
+        };
+        assert_eq!(shown, whole, "{name}");
+        assert!(reads > 5, "{name}: {reads} reads");
+        assert_eq!(last.total_lines, Some(401), "{name}");
+        assert!(!last.truncated, "{name}");
+        // Past the end: nothing, and how many lines there are.
+        args.offset = Some(500);
+        let out = fx.sandbox.read_file(&args).unwrap();
+        assert_eq!((out.content.as_str(), out.lines), ("", 0), "{name}");
+        assert_eq!(out.total_lines, Some(401), "{name}");
+    }
 }
 
 #[test]
