@@ -627,14 +627,25 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
         if looks_binary(text) {
             // Counted as the program wrote it: a byte that was not UTF-8 is one U+FFFD here,
             // three bytes of text.
+            // Past the output cap, the bytes dropped between its two ends count too: the size
+            // is what the program wrote, and the text says that not all of it is held.
             let replaced = text.matches('\u{fffd}').count();
             let about = if replaced > 0 { "about " } else { "" };
+            let dropped = gap.map_or(0, |gap| gap.dropped);
+            let held = if dropped > 0 {
+                format!(
+                    "its first and last bytes only, {dropped} between them dropped at the output \
+                     cap, "
+                )
+            } else {
+                "it ".to_owned()
+            };
             let _ = write!(
                 out,
                 "\n--- {name}{note}: binary data, {about}{} bytes, not shown (the result's \
-                 `{name}` field holds it as UTF-8, each byte that is not UTF-8 as U+FFFD; send \
-                 it to a file to keep it)",
-                text.len() - 2 * replaced
+                 `{name}` field holds {held}as UTF-8, each byte that is not UTF-8 as U+FFFD; \
+                 send it to a file to keep it)",
+                (text.len() - 2 * replaced) as u64 + dropped
             );
             continue;
         }
@@ -1840,6 +1851,23 @@ mod tests {
             )
         );
         assert!(render(ToolName::RunCommand, ran("a\0b\n")).contains("binary data, 4 bytes"));
+        // Cut at the output cap: the program's whole size, and that only its ends are held.
+        let mut cut = json!({"exit_code": 0, "timed_out": false, "stdout": "a\0b\nc\0d\n",
+                             "stderr": "", "stdout_truncated": true, "stderr_truncated": false,
+                             "stdout_gap": {"at": 4, "dropped": 1000}, "duration_ms": 10,
+                             "sandbox": "landlock"});
+        assert_eq!(
+            render(ToolName::RunCommand, cut.clone()),
+            "exit status 0 in workspace laptop, after 10 ms\n--- stdout: binary data, 1008 \
+             bytes, not shown (the result's `stdout` field holds its first and last bytes only, \
+             1000 between them dropped at the output cap, as UTF-8, each byte that is not UTF-8 \
+             as U+FFFD; send it to a file to keep it)"
+        );
+        cut["stdout_gap"] = Value::Null;
+        assert!(
+            render(ToolName::RunCommand, cut)
+                .contains("--- stdout (cut at the output cap): binary data, 8 bytes")
+        );
         // Text with a few odd characters, and colours, is text.
         let text = "build \u{1b}[32mok\u{1b}[0m\ncaf\u{fffd}\n";
         assert!(render(ToolName::RunCommand, ran(text)).ends_with("caf\u{fffd}"));
