@@ -1635,6 +1635,13 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         )
         .await;
     }
+    // A name it cannot have is refused before a record is made for the folder.
+    if exact_name
+        && let Some(wanted) = &name
+        && let Err(e) = session.name_usable_for(&ctx.device_id, &path, wanted)
+    {
+        return send_error(&mut send, id, e).await;
+    }
     let uri = format!("{}:{}", ctx.client_name, path);
     let record = {
         let store = ctx.state.registry.store().clone();

@@ -639,6 +639,24 @@ impl Session {
         self.attach_own(folder, Some(wanted), true, None)
     }
 
+    /// Whether the folder at `path` on `device` could take exactly the name `wanted` now (as
+    /// [`Session::attach_exact`] checks it, which decides): so that an attach refused for its
+    /// name is refused before anything is kept for it (a workspace record).
+    pub fn name_usable_for(
+        &self,
+        device: &DeviceId,
+        path: &str,
+        wanted: &str,
+    ) -> Result<(), ToolError> {
+        let attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        name_usable(
+            wanted,
+            attached
+                .iter()
+                .filter(|a| !(a.device_id == *device && a.path == path)),
+        )
+    }
+
     /// Attaches `folder` as `joining` says; `Ok(None)` when a share leaves it out (see
     /// [`Session::attach_shared`]).
     fn attach_as(

@@ -257,7 +257,7 @@ async fn attach_dot_in_two_projects_keeps_both_and_a_folder_typed_two_ways_is_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_that_cannot_be_used_is_an_error_not_a_silent_rename() {
-    let (_server, _data, config) = ServerProcess::logged_in().await;
+    let (server, _data, config) = ServerProcess::logged_in().await;
     let one = folder(&[]);
     let two = folder(&[]);
     let (one, two) = (one.path().to_str().unwrap(), two.path().to_str().unwrap());
@@ -287,6 +287,12 @@ async fn a_name_that_cannot_be_used_is_an_error_not_a_silent_rename() {
         .map(|(n, _)| n)
         .collect();
     assert_eq!(names, ["primary", "work"], "no `work-2`");
+    // Nothing was kept for the folders refused: only the one attached has a workspace record.
+    let token = server.first_token.clone().unwrap();
+    let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
+    let records = within(STEP, "records", agent.records()).await.unwrap();
+    let paths: Vec<&str> = records.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, [one], "{records:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
