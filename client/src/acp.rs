@@ -383,7 +383,7 @@ async fn serve_front(
 }
 
 /// `monad-client acp`: ACP over this process's stdin and stdout; `interrupted` ends it as in
-/// [`serve`] (SIGINT and SIGTERM, see [`crate::interrupts`]).
+/// [`serve`] (SIGINT, SIGTERM and SIGHUP, see [`crate::interrupts`]).
 pub async fn serve_stdio(
     config: ClientConfig,
     interrupted: impl std::future::Future<Output = Signal>,

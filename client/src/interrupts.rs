@@ -1,5 +1,6 @@
 //! Ending on a signal. `monad-client call`, `mcp` and `acp` act for someone who may stop them
-//! (Ctrl-C, or a host that ends its server with SIGTERM, as the MCP SDKs do when they shut down).
+//! (Ctrl-C, a host that ends its server with SIGTERM, as the MCP SDKs do when they shut down, or
+//! the terminal they ran in closing, SIGHUP).
 //! They then close their connection to the server before exiting, so that the server cancels
 //! what they had running at once: a call's approval prompt on the laptop is withdrawn and its
 //! command stopped. A process that simply died left the server to notice when the connection
@@ -11,20 +12,22 @@ use monad_sandbox::signals;
 pub use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
-/// SIGINT and SIGTERM, watched from when this is made: from then on they no longer end the
-/// process by themselves, so it is made before the work it interrupts starts. One that the
-/// process ignores (a background job of a non-interactive shell ignores SIGINT) stays ignored.
+/// SIGINT, SIGTERM and SIGHUP, watched from when this is made: from then on they no longer end
+/// the process by themselves, so it is made before the work it interrupts starts. One that the
+/// process ignores (a background job of a non-interactive shell ignores SIGINT, `nohup` SIGHUP)
+/// stays ignored.
 pub struct Interrupts {
     watched: Vec<(Signal, tokio::signal::unix::Signal)>,
 }
 
 impl Interrupts {
-    /// Starts watching for SIGINT and SIGTERM.
+    /// Starts watching for SIGINT, SIGTERM and SIGHUP.
     pub fn watch() -> std::io::Result<Interrupts> {
         let mut watched = Vec::new();
         for (which, kind) in [
             (Signal::SIGINT, SignalKind::interrupt()),
             (Signal::SIGTERM, SignalKind::terminate()),
+            (Signal::SIGHUP, SignalKind::hangup()),
         ] {
             if !signals::ignored(which) {
                 watched.push((which, signal(kind)?));
@@ -36,7 +39,7 @@ impl Interrupts {
     /// Waits for the next of them, and says which.
     pub async fn next(&mut self) -> Signal {
         if self.watched.is_empty() {
-            // Both ignored: nothing ends the work.
+            // All ignored: nothing ends the work.
             return std::future::pending().await;
         }
         let waits = self.watched.iter_mut().map(|(which, stream)| {

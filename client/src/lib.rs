@@ -22,7 +22,7 @@
 //!   to the session's built-in agent on the server.
 //! - [`call`]: what `monad-client call` prints (the text a model gets, or JSON) and its exit
 //!   codes; the `tools` listing.
-//! - [`interrupts`]: SIGINT and SIGTERM for `call`, `mcp` and `acp`, which close their
+//! - [`interrupts`]: SIGINT, SIGTERM and SIGHUP for `call`, `mcp` and `acp`, which close their
 //!   connection before exiting so that the server cancels their calls at once.
 #![deny(missing_docs)]
 

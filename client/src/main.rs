@@ -92,8 +92,9 @@ enum Command {
     },
     /// Attach a folder to a session and approve what agents do in it.
     ///
-    /// Options go before or after the folder. Ctrl-C (or SIGTERM) disconnects: the folder stays
-    /// in the session, offline, until it is attached again (`detach` removes it). Attaching the
+    /// Options go before or after the folder. Ctrl-C (or SIGTERM, or its terminal closing)
+    /// disconnects: the folder stays in the session, offline, until it is attached again
+    /// (`detach` removes it). Attaching the
     /// same folder again (from another terminal) takes it over, and this one says so and exits.
     Attach {
         /// The folder.
@@ -710,19 +711,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             // stopped with Ctrl-S) holds up its lines only, never the folder's calls or the exit.
             let (printer, tx) = LinesPrinter::start(std::io::stderr(), ATTACH_LINES_HELD)
                 .context("cannot start the thread that prints the attachment's lines")?;
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .context("cannot watch for SIGTERM")?;
+            let mut interrupts = monad_client::interrupts::Interrupts::watch()
+                .context("cannot watch for Ctrl-C, SIGTERM and SIGHUP")?;
             let attached = attach(&config, options, approver, Some(tx));
             tokio::pin!(attached);
-            // Ctrl-C and SIGTERM detach alike: the server is told before this exits.
+            // Ctrl-C, SIGTERM and the terminal closing (SIGHUP) detach alike: the server is
+            // told before this exits, so nothing waits on a folder whose owner is gone.
             let result = tokio::select! {
                 r = &mut attached => r,
-                _ = tokio::signal::ctrl_c() => {
-                    let _ = stop.send(true);
-                    attached.await
-                }
-                _ = term.recv() => {
+                _ = interrupts.next() => {
                     let _ = stop.send(true);
                     attached.await
                 }
@@ -731,7 +728,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             // all through the printer: written directly, a stuck standard error would keep
             // this process from exiting.
             let (last, code) = match result {
-                // Ctrl-C or SIGTERM: the server knows the folder left, and keeps it, offline.
+                // Ctrl-C, SIGTERM or SIGHUP: the server knows the folder left, and keeps it,
+                // offline.
                 Ok(()) => (
                     "disconnected: the folder stays in the session, offline, until it is \
                      attached again (`monad-client detach NAME` removes it)"

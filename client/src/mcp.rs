@@ -446,7 +446,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for InOrder<T> {
 /// file description, rather than through the blocking pool, a thread hand-off per message each
 /// way; otherwise (a terminal, a file) through the blocking pool. The answers' pipe grows when
 /// an answer does not fit ([`GrowingPipe`]).
-/// `interrupted` ends it as in [`serve`] (`monad-client mcp`: SIGINT and SIGTERM, see
+/// `interrupted` ends it as in [`serve`] (`monad-client mcp`: SIGINT, SIGTERM and SIGHUP, see
 /// [`crate::interrupts`]).
 pub async fn serve_stdio(
     config: ClientConfig,

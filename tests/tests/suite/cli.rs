@@ -340,41 +340,44 @@ async fn options_go_before_or_after_the_folder() {
 async fn sigterm_detaches_like_ctrl_c_and_a_call_waiting_on_the_folder_fails_at_once() {
     let (server, _data, config) = ServerProcess::logged_in().await;
     let laptop = folder(&[]);
-    let (mut pty, at) = attached_on_a_terminal(config.path(), laptop.path()).await;
     let token = server.first_token.clone().unwrap();
-    let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
-    let waiting = tokio::spawn(async move {
-        monad_tests::call(
-            &agent,
-            "write_file",
-            json!({"path": "new.txt", "content": "x", "workspace": "lap"}),
-        )
-        .await
-    });
-    let at = pty.wait_for("new.txt", at).await;
-    let pid = nix::unistd::Pid::from_raw(pty.child.id().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    // Said as it is: the folder leaves the session's online workspaces, not the session.
-    pty.wait_for("disconnected: the folder stays in the session, offline", at)
-        .await;
-    let status = within(STEP, "attach to exit", pty.child.wait())
-        .await
-        .unwrap();
-    assert!(status.success(), "SIGTERM detaches cleanly: {status}");
-    // The waiting call ends now (its folder told the server it left), not after the prompt's
-    // ten minutes or the connection's time-out.
-    let reply = within(STEP, "the waiting call", waiting).await.unwrap();
-    let error = monad_tests::err(reply);
-    assert!(
-        matches!(
-            error.code,
-            ErrorCode::WorkspaceDisconnected | ErrorCode::Cancelled
-        ),
-        "{error:?}"
-    );
-    assert!(!laptop.path().join("new.txt").exists());
-    let now = status_of(config.path()).await;
-    assert!(now.contains(&("lap".to_owned(), false)), "{now:?}");
+    // SIGTERM, and its terminal closing (SIGHUP), alike.
+    use nix::sys::signal::Signal;
+    for signal in [Signal::SIGTERM, Signal::SIGHUP] {
+        let (mut pty, at) = attached_on_a_terminal(config.path(), laptop.path()).await;
+        let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
+        let path = format!("new-{signal}.txt");
+        let args = json!({"path": path, "content": "x", "workspace": "lap"});
+        let waiting =
+            tokio::spawn(async move { monad_tests::call(&agent, "write_file", args).await });
+        let at = pty.wait_for(&path, at).await;
+        let pid = nix::unistd::Pid::from_raw(pty.child.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        // Said as it is: the folder leaves the session's online workspaces, not the session.
+        pty.wait_for("disconnected: the folder stays in the session, offline", at)
+            .await;
+        let status = within(STEP, "attach to exit", pty.child.wait())
+            .await
+            .unwrap();
+        assert!(status.success(), "{signal} detaches cleanly: {status}");
+        // The waiting call ends now (its folder told the server it left), not after the
+        // prompt's ten minutes or the connection's time-out.
+        let reply = within(STEP, "the waiting call", waiting).await.unwrap();
+        let error = monad_tests::err(reply);
+        assert!(
+            matches!(
+                error.code,
+                ErrorCode::WorkspaceDisconnected | ErrorCode::Cancelled
+            ),
+            "{signal}: {error:?}"
+        );
+        assert!(!laptop.path().join(&path).exists());
+        let now = status_of(config.path()).await;
+        assert!(
+            now.contains(&("lap".to_owned(), false)),
+            "{signal}: {now:?}"
+        );
+    }
 }
 
 /// The attack: an agent's `monad-client call` is interrupted (Ctrl-C) while the folder's owner
@@ -389,66 +392,77 @@ async fn an_interrupted_call_closes_its_connection_and_its_prompt_is_withdrawn_a
     let token = server.first_token.clone().unwrap();
     server.client_config(&token).save(config.path()).unwrap();
     let laptop = folder(&[]);
-    let (mut pty, at) = attached_on_a_terminal(config.path(), laptop.path()).await;
-    let caller = command("monad-client")
-        .args(["call", "write_file", "--workspace", "lap", "--args"])
-        .arg(r#"{"path": "new.txt", "content": "x"}"#)
-        .env("MONAD_CONFIG_DIR", config.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
+    let (mut pty, mut at) = attached_on_a_terminal(config.path(), laptop.path()).await;
+    // Ctrl-C, and the caller's terminal closing (SIGHUP), alike.
+    use nix::sys::signal::Signal;
+    for (i, signal) in [Signal::SIGINT, Signal::SIGHUP].into_iter().enumerate() {
+        let path = format!("new-{signal}.txt");
+        let caller = command("monad-client")
+            .args(["call", "write_file", "--workspace", "lap", "--args"])
+            .arg(json!({"path": path, "content": "x"}).to_string())
+            .env("MONAD_CONFIG_DIR", config.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        at = pty.wait_for(&path, at).await;
+        let pid = nix::unistd::Pid::from_raw(caller.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let out = within(
+            STEP,
+            "the interrupted call to exit",
+            caller.wait_with_output(),
+        )
+        .await
         .unwrap();
-    let at = pty.wait_for("new.txt", at).await;
-    let pid = nix::unistd::Pid::from_raw(caller.id().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
-    let out = within(
-        STEP,
-        "the interrupted call to exit",
-        caller.wait_with_output(),
-    )
-    .await
-    .unwrap();
-    // Ended by the signal itself, after closing: a shell's loop stops on Ctrl-C as for any
-    // program (a child that only exits with 130 lets it carry on).
-    use std::os::unix::process::ExitStatusExt;
-    assert_eq!(
-        out.status.signal(),
-        Some(nix::sys::signal::Signal::SIGINT as i32),
-        "{}",
-        text(&out.stderr)
-    );
-    assert!(
-        text(&out.stderr).contains("interrupted: the call is cancelled"),
-        "{}",
-        text(&out.stderr)
-    );
-    // Withdrawn because the caller closed its connection, well before the connection's
-    // time-out could have told the server.
-    within(
-        monad_protocol::pin::IDLE_TIMEOUT / 2,
-        "the prompt to be withdrawn",
-        pty.wait_for("withdrawn", at),
-    )
-    .await;
-    // The server logs why: the caller closed the connection, not a time-out.
-    within(
-        STEP,
-        "the server's line for the caller's connection",
-        async {
-            while !server.stderr().lines().any(|l| {
-                l.contains("disconnected: closed by the peer")
-                    && l.contains("the caller interrupted the call")
-            }) {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        },
-    )
-    .await;
-    // A key pressed now answers nothing: the write never runs.
-    pty.send(b"y");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!laptop.path().join("new.txt").exists());
+        // Ended by the signal itself, after closing: a shell's loop stops on Ctrl-C as for any
+        // program (a child that only exits with 130 lets it carry on).
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(signal as i32),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("interrupted: the call is cancelled"),
+            "{signal}: {}",
+            text(&out.stderr)
+        );
+        // Withdrawn because the caller closed its connection, well before the connection's
+        // time-out could have told the server.
+        at = within(
+            monad_protocol::pin::IDLE_TIMEOUT / 2,
+            "the prompt to be withdrawn",
+            pty.wait_for("withdrawn", at),
+        )
+        .await;
+        // The server logs why: the caller closed the connection, not a time-out.
+        within(
+            STEP,
+            "the server's line for the caller's connection",
+            async {
+                while server
+                    .stderr()
+                    .lines()
+                    .filter(|l| {
+                        l.contains("disconnected: closed by the peer")
+                            && l.contains("the caller interrupted the call")
+                    })
+                    .count()
+                    <= i
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            },
+        )
+        .await;
+        // A key pressed now answers nothing: the write never runs.
+        pty.send(b"y");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!laptop.path().join(&path).exists(), "{signal}");
+    }
 }
 
 /// Two folders whose paths differ only in bytes that are not UTF-8 read alike as text, which is
