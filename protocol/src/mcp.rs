@@ -732,14 +732,28 @@ impl<B: Backend> McpFront<B> {
 
     /// Sends a log message unless the host asked for less. Sent from the request's own task,
     /// so that over HTTP it travels on the request's stream, like its progress.
-    async fn log(&self, peer: &rmcp::Peer<RoleServer>, level: LoggingLevel, message: &str) {
+    /// `false` when it was to be sent and could not be ([`notified`]).
+    async fn log(&self, peer: &rmcp::Peer<RoleServer>, level: LoggingLevel, message: &str) -> bool {
         if rank(level) < rank(self.state().log_level) {
-            return;
+            return true;
         }
         let param = LoggingMessageNotificationParam::new(level, Value::String(message.to_owned()))
             .with_logger("monad");
-        let _ = peer.notify_logging_message(param).await;
+        notified(peer.notify_logging_message(param)).await
     }
+}
+
+/// Longest wait for a notification (progress, a log message) to be sent. rmcp answers a send
+/// once the notification is written; once the host has closed its side (stdin at its end, as a
+/// host does when it is done, its last calls still running), nothing writes them any more and
+/// the send waits until rmcp gives up on the connection: a call that waited on one lost its
+/// answer, which rmcp would still have written.
+const NOTIFY_WAIT: Duration = Duration::from_millis(500);
+
+/// Sends a notification with `send`, waiting at most [`NOTIFY_WAIT`]; `false` when it failed or
+/// did not go in time (the caller sends no more).
+async fn notified<E>(send: impl Future<Output = Result<(), E>>) -> bool {
+    matches!(tokio::time::timeout(NOTIFY_WAIT, send).await, Ok(Ok(())))
 }
 
 fn rank(level: LoggingLevel) -> u8 {
@@ -888,7 +902,8 @@ impl<B: Backend> ServerHandler for McpFront<B> {
                  session of the folder it works in; working in session {session}"
             );
             tracing::warn!("{message}");
-            self.log(&context.peer, LoggingLevel::Warning, &message)
+            let _ = self
+                .log(&context.peer, LoggingLevel::Warning, &message)
                 .await;
         }
     }
@@ -969,6 +984,7 @@ impl<B: Backend> McpFront<B> {
             .call(&context.extensions, session, tool, args, progress_tx);
         tokio::pin!(call);
         let mut step = 0u32;
+        let mut telling = true;
         let reply = loop {
             tokio::select! {
                 // The host cancelled. Looked at first: a call cancelled while it waited (for a
@@ -983,14 +999,18 @@ impl<B: Backend> McpFront<B> {
                     )).into());
                 }
                 reply = &mut call => break reply,
+                // Progress is best effort: once a notification cannot be sent (the host closed
+                // its side), the rest are dropped and the call goes on to its answer.
                 Some(message) = progress_rx.recv() => {
                     step += 1;
-                    if let Some(token) = &token {
+                    if telling && let Some(token) = &token {
                         let param = ProgressNotificationParam::new(token.clone(), f64::from(step))
                             .with_message(message.clone());
-                        let _ = context.peer.notify_progress(param).await;
+                        telling = notified(context.peer.notify_progress(param)).await;
                     }
-                    self.log(&context.peer, LoggingLevel::Info, &message).await;
+                    if telling {
+                        telling = self.log(&context.peer, LoggingLevel::Info, &message).await;
+                    }
                 }
             }
         };

@@ -515,6 +515,45 @@ async fn ask<R: tokio::io::AsyncBufRead + Unpin>(
     }
 }
 
+/// A host that closes its side once it has sent its last call still gets that call's answer,
+/// although the call told progress meanwhile (every 2 s): once the host's side is closed, rmcp
+/// writes no notification, and the call waited on its first until rmcp gave up on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_over_stdio_answers_a_call_that_told_progress_after_its_host_closed_its_side() {
+    use tokio::io::AsyncWriteExt;
+    let (server, _http) = server().await;
+    let config = saved_config(&server.client_config());
+    let (mut front, mut requests, mut answers) = mcp_front(config.path());
+    initialize(&mut requests, &mut answers, "leaving").await;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    // Long enough for the command to tell progress before it ends.
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "run_command", "arguments": {"argv": ["sleep", "4.5"]},
+        "_meta": {"progressToken": "t"}}});
+    requests
+        .write_all(format!("{initialized}\n{call}\n").as_bytes())
+        .await
+        .unwrap();
+    drop(requests);
+    let mut seen = Vec::new();
+    while let Some(line) = within(STEP * 2, "the answers", answers.next_line())
+        .await
+        .expect("its output")
+    {
+        seen.push(serde_json::from_str::<Value>(&line).expect("JSON"));
+    }
+    let answer = seen.iter().find(|m| m["id"] == 2);
+    let answer = answer.unwrap_or_else(|| panic!("no answer to the call: {seen:?}"));
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["result"]["exit_code"], 0,
+        "{answer}"
+    );
+    within(STEP, "the front to exit", front.wait())
+        .await
+        .unwrap();
+}
+
 /// `monad-client mcp` grows the pipe its host reads answers from the first time an answer does
 /// not fit in it, so that a large answer goes in at one write rather than 64 KiB each time the
 /// host has read a piece; small answers leave it as it was.
