@@ -1079,6 +1079,40 @@ fn check_upload(upload: UploadArtifact, memory: &Held) -> Result<Checked, HttpEr
     }
 }
 
+/// Largest `metadata` of an upload, as JSON text.
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
+/// Deepest `metadata` of an upload: its index line nests it three levels further, within what
+/// the store reads back (serde_json's 128).
+pub const MAX_METADATA_DEPTH: usize = 32;
+
+/// An upload's `metadata` is kept in its session's artifact index, which every listing, download
+/// and quota check reads whole: refused past [`MAX_METADATA_BYTES`] (one upload's metadata of
+/// 20 MiB, uncounted, made every listing hold gigabytes) and past [`MAX_METADATA_DEPTH`] (nested
+/// 125 deep, it was stored and answered `201`, then never read back).
+fn check_metadata(metadata: &Map<String, Value>) -> Result<(), HttpError> {
+    fn depth(value: &Value) -> usize {
+        match value {
+            Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+            Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+    let deepest = 1 + metadata.values().map(depth).max().unwrap_or(0);
+    if deepest > MAX_METADATA_DEPTH {
+        return Err(HttpError::bad(format!(
+            "`metadata` is nested {deepest} levels deep; at most {MAX_METADATA_DEPTH}"
+        )));
+    }
+    let size = serde_json::to_vec(metadata).map_or(usize::MAX, |text| text.len());
+    if size > MAX_METADATA_BYTES {
+        return Err(HttpError::bad(format!(
+            "`metadata` is {size} bytes as JSON; at most {MAX_METADATA_BYTES} (put large data \
+             in the content)"
+        )));
+    }
+    Ok(())
+}
+
 fn check_file(
     kind: ArtifactKind,
     file: FileArtifact,
@@ -1099,6 +1133,7 @@ fn check_file(
             field(name, v)?;
         }
     }
+    check_metadata(&file.metadata)?;
     // The decoded content counts beside the body it came in, until the upload is stored.
     let decoded = base64::decoded_len_estimate(file.content_base64.len());
     take(memory, decoded, "the upload's content")?;

@@ -317,6 +317,18 @@ async fn bad_input_is_a_400_that_says_what_is_wrong_and_stores_nothing() {
     api.post(&path, &upload(json!({"colour": "red"})))
         .await
         .assert_bad("unknown field `colour`");
+    // Metadata past its bounds: too large, too deep.
+    let large = "m".repeat(monad_server::http::api::MAX_METADATA_BYTES);
+    api.post(&path, &upload(json!({"metadata": {"k": large}})))
+        .await
+        .assert_bad("`metadata` is");
+    let mut deep = json!(1);
+    for _ in 0..monad_server::http::api::MAX_METADATA_DEPTH {
+        deep = json!([deep]);
+    }
+    api.post(&path, &upload(json!({"metadata": {"k": deep}})))
+        .await
+        .assert_bad("nested");
     let mut missing = upload(json!({}));
     missing.as_object_mut().unwrap().remove("artifactName");
     api.post(&path, &missing).await.assert_bad("artifactName");
@@ -369,6 +381,39 @@ async fn bad_input_is_a_400_that_says_what_is_wrong_and_stores_nothing() {
         .await
         .json();
     assert_eq!(page["sessions"], json!([]));
+}
+
+/// Metadata as deep and as large as it may be is stored and read back as it was sent.
+#[tokio::test]
+async fn metadata_at_its_bounds_is_stored_and_read_back() {
+    use monad_server::http::api::{MAX_METADATA_BYTES, MAX_METADATA_DEPTH};
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(Some("/p")).await;
+    let session = new_session();
+    let mut deep = json!(1);
+    for _ in 1..MAX_METADATA_DEPTH {
+        deep = json!([deep]);
+    }
+    // `{"d":…,"k":"…"}`: the string fills what the rest leaves of the bound.
+    let rest = serde_json::to_vec(&json!({"d": deep, "k": ""}))
+        .unwrap()
+        .len();
+    let metadata = json!({"d": deep, "k": "m".repeat(MAX_METADATA_BYTES - rest)});
+    let stored = api
+        .post(
+            &format!("/api/v1/workspaces/{ws}/artifacts"),
+            &json!({"sessionId": session, "artifactType": "tool_output",
+                    "artifactName": "o.txt", "contentType": "text/plain",
+                    "contentBase64": "aGk=", "metadata": metadata}),
+        )
+        .await;
+    assert_eq!(stored.status, 201, "{}", stored.text());
+    let list = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await
+        .json();
+    assert_eq!(list["artifacts"][0]["metadata"], metadata);
 }
 
 #[tokio::test]
