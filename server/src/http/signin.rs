@@ -226,12 +226,14 @@ impl FromRequestParts<Arc<Web>> for ApiUser {
 
     async fn from_request_parts(parts: &mut Parts, web: &Arc<Web>) -> Result<Self, Response> {
         let unauthorized = |message: &str| {
-            HttpError {
-                status: StatusCode::UNAUTHORIZED,
-                code: "unauthorized",
-                message: message.to_owned(),
-            }
-            .into_response()
+            closing(
+                HttpError {
+                    status: StatusCode::UNAUTHORIZED,
+                    code: "unauthorized",
+                    message: message.to_owned(),
+                }
+                .into_response(),
+            )
         };
         let Some(token) = bearer(&parts.headers) else {
             return Err(unauthorized(
@@ -254,14 +256,28 @@ impl FromRequestParts<Arc<Web>> for ApiUser {
 }
 
 fn too_many() -> Response {
-    HttpError {
-        status: StatusCode::TOO_MANY_REQUESTS,
-        code: "too_many_connections",
-        message: "this user has too many HTTP connections open \
-                  (server.http_max_connections_per_user); close some, or try again later"
-            .into(),
-    }
-    .into_response()
+    closing(
+        HttpError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "too_many_connections",
+            message: "this user has too many HTTP connections open \
+                      (server.http_max_connections_per_user); close some, or try again later"
+                .into(),
+        }
+        .into_response(),
+    )
+}
+
+/// `response`, with its connection closed after it, as `/mcp` closes a refused one: a request
+/// that does not authenticate, or is over its user's connections, does not keep a connection
+/// (one a revoked token held stayed open, taking a place of `http_max_connections`, while its
+/// holder sent one refused request after another).
+fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// The signed-in user of a web page request (the sign-in cookie); without one, the browser is

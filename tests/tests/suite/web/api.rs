@@ -430,6 +430,48 @@ async fn requests_without_a_valid_token_are_401() {
         .unwrap();
     assert_eq!(bare.status().as_u16(), 401);
     assert!(bare.headers().contains_key("www-authenticate"));
+    // A refused request does not keep its connection, even one a token authenticated before
+    // (then revoked, say): the server closes it after the answer, though the request asked to
+    // keep it open.
+    let token = server.token.clone();
+    let closed = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(http).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        stream
+            .write_all(
+                format!(
+                    "GET /api/v1/sessions HTTP/1.1\r\nHost: {http}\r\n\
+                     Authorization: Bearer {token}\r\n\r\n\
+                     GET /api/v1/sessions HTTP/1.1\r\nHost: {http}\r\n\
+                     Authorization: Bearer nope\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        (
+            read.map_err(|e| e.kind()),
+            String::from_utf8_lossy(&answer).into_owned(),
+        )
+    })
+    .await
+    .unwrap();
+    let refused = closed.1.split("HTTP/1.1 401").nth(1);
+    assert!(closed.1.starts_with("HTTP/1.1 200"), "{}", closed.1);
+    assert!(
+        refused.is_some_and(|r| r.to_lowercase().contains("connection: close")),
+        "{}",
+        closed.1
+    );
+    assert!(
+        closed.0.is_ok(),
+        "the connection stayed open: {:?}",
+        closed.0
+    );
     drop(server);
 }
 
