@@ -23,6 +23,26 @@ use crate::store::{ArtifactMeta, AuditRecord, Decider, HistoryMessage};
 /// Events a subscriber may fall behind by before it is told it lagged.
 const BACKLOG: usize = 256;
 
+/// Longest text of a message event, in bytes. A session's channel holds its last [`BACKLOG`]
+/// events for as long as one follower has not read them: with messages of up to 8 MiB whole,
+/// a follower that stopped reading held 2 GiB per session it followed. Past it, the event says
+/// how much was cut off, and the conversation has it all.
+pub const MAX_MESSAGE_TEXT: usize = 16 * 1024;
+
+impl Event {
+    /// The event of a message appended: its text cut to [`MAX_MESSAGE_TEXT`].
+    pub fn message(message: &HistoryMessage) -> Event {
+        let text = monad_protocol::text::head(&message.text, MAX_MESSAGE_TEXT);
+        Event::Message {
+            left_out: message.text.len() - text.len(),
+            message: HistoryMessage {
+                role: message.role,
+                text: text.to_owned(),
+            },
+        }
+    }
+}
+
 /// One thing that happened in a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -34,8 +54,10 @@ pub enum Event {
     },
     /// A message was appended to the conversation.
     Message {
-        /// The message.
+        /// The message, its text cut to [`MAX_MESSAGE_TEXT`] bytes.
         message: HistoryMessage,
+        /// How many bytes of its text were cut off (the conversation holds them).
+        left_out: usize,
     },
     /// The whole conversation was replaced (a snapshot, a clear).
     History,

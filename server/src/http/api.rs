@@ -569,6 +569,20 @@ impl CallProgress {
     }
 }
 
+/// A message appended to the conversation, as its event carries it.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventMessage {
+    /// Who said it.
+    pub role: MessageRole,
+    /// What was said (Markdown), at most its first 16 KiB.
+    pub content: String,
+    /// Bytes of `content` cut off after its first 16 KiB, when it was longer: the session's
+    /// conversation (`GET /api/v1/sessions/{id}`) has it whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_left_out: Option<u64>,
+}
+
 /// An event of `GET /api/v1/sessions/{id}/events` (the SSE event name is `type`).
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -593,7 +607,7 @@ pub enum SessionEvent {
     /// A tool call ended or was refused: its record.
     Call(AuditEntry),
     /// A message was appended to the conversation.
-    Message(SnapshotMessage),
+    Message(EventMessage),
     /// The conversation was replaced (a snapshot upload, a clear).
     History {
         /// The session.
@@ -613,11 +627,10 @@ impl SessionEvent {
     fn of(session: &str, event: Event) -> SessionEvent {
         match event {
             Event::Call { record } => SessionEvent::Call(AuditEntry::of(&record)),
-            Event::Message { message } => SessionEvent::Message(SnapshotMessage {
-                message_id: None,
+            Event::Message { message, left_out } => SessionEvent::Message(EventMessage {
                 role: MessageRole::of(message.role),
                 content: message.text,
-                timestamp: None,
+                content_left_out: (left_out > 0).then_some(left_out as u64),
             }),
             Event::History => SessionEvent::History {
                 session_id: session.to_owned(),

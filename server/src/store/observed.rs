@@ -128,9 +128,7 @@ impl SessionStore for Observed {
         {
             signature.add(&message.text.to_lowercase());
         }
-        self.feed.publish_with(id, || Event::Message {
-            message: message.clone(),
-        });
+        self.feed.publish_with(id, || Event::message(message));
         Ok(())
     }
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {

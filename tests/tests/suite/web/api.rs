@@ -972,6 +972,51 @@ async fn the_audit_log_pages_and_the_event_stream_follows_calls_as_they_happen()
     );
 }
 
+/// A message appended is followed with its first 16 KiB: a follower that stops reading keeps
+/// a session's last events in the server, and a message may be megabytes. The event says how
+/// much was cut off; the conversation has it whole.
+#[tokio::test]
+async fn a_long_message_is_followed_by_its_start_and_read_whole_from_the_conversation() {
+    use monad_protocol::wire::{HistoryMessage, HistoryRole};
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let agent = server.agent().await;
+    let session = new_session();
+    let append = |text: String| {
+        let message = HistoryMessage {
+            role: HistoryRole::User,
+            text,
+        };
+        within(
+            STEP,
+            "the append",
+            agent.history_append(Some(&session), message),
+        )
+    };
+    // The session is made by its first message; then it can be followed.
+    append("first".to_owned()).await.unwrap();
+    let mut events = Events::open(&api, &session).await;
+    assert_eq!(events.next().await.0, "ready");
+    // Cut inside a character: the event keeps whole characters only.
+    let text = format!("{}é{}", "a".repeat(16 * 1024 - 1), "b".repeat(2_000_000));
+    for text in [text.clone(), "short".to_owned()] {
+        append(text).await.unwrap();
+    }
+    let (name, long) = events.next().await;
+    assert_eq!(name, "message");
+    let content = long["content"].as_str().unwrap();
+    assert_eq!(content, &text[..16 * 1024 - 1]);
+    assert_eq!(long["contentLeftOut"], text.len() - content.len());
+    let (_, short) = events.next().await;
+    assert_eq!(short["content"], "short");
+    assert!(short.get("contentLeftOut").is_none(), "{short}");
+    let history = api
+        .get(&format!("/api/v1/sessions/{session}/history"))
+        .await
+        .json();
+    assert_eq!(history["messages"][1]["content"], text.as_str());
+}
+
 /// The next event whose name starts with `call` (calls in progress and records), others
 /// (artifacts, messages) skipped.
 async fn next_call_event(events: &mut Events) -> (String, Value) {
