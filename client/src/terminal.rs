@@ -362,30 +362,50 @@ impl Input {
 fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
     let r = &job.request;
     let text = render(r);
-    let mut out = std::io::stderr().lock();
-    let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "── approval needed ───────────────────────────────────────"
-    );
-    for line in &text.lines {
-        let _ = writeln!(out, "  {line}");
+    let mut shown = String::new();
+    {
+        use std::fmt::Write as _;
+        let _ = writeln!(shown);
+        let _ = writeln!(
+            shown,
+            "── approval needed ───────────────────────────────────────"
+        );
+        for line in &text.lines {
+            let _ = writeln!(shown, "  {line}");
+        }
+        let _ = writeln!(
+            shown,
+            "  [a] allow always covers {}",
+            printable_lines(&r.scope)
+        );
+        let _ = writeln!(
+            shown,
+            "  new request — keys are ignored for {} s",
+            guard.as_secs_f64()
+        );
     }
-    let _ = writeln!(
-        out,
-        "  [a] allow always covers {}",
-        printable_lines(&r.scope)
-    );
-    let _ = writeln!(
-        out,
-        "  new request — keys are ignored for {} s",
-        guard.as_secs_f64()
-    );
-    let _ = out.flush();
-    drop(out);
+    let show = || {
+        let mut out = std::io::stderr().lock();
+        let _ = out.write_all(shown.as_bytes());
+        let _ = out.flush();
+    };
+    show();
 
     // A request that waited behind others has less than the full time-out left.
     let deadline = r.deadline.min(Instant::now() + timeout);
+    match wait_for_the_foreground(job, deadline) {
+        Ok(false) => {}
+        // Back in the foreground: the request again, since much may have been printed since.
+        Ok(true) => show(),
+        Err(ended) => {
+            let said = match ended {
+                Ended::Withdrawn => "withdrawn: the agent cancelled this request",
+                _ => "nobody answered in time: refused",
+            };
+            let _ = writeln!(std::io::stderr(), "{said}");
+            return None;
+        }
+    }
     let _raw = RawMode::enter();
     let answer = ask(job, &text, deadline, guard);
     let said = match answer {
@@ -402,6 +422,41 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
         Ok(decision) => Some(decision),
         Err(Ended::Closed) => Some(Decision::Deny),
         Err(Ended::Withdrawn | Ended::TimedOut) => None,
+    }
+}
+
+/// Whether this process is in the foreground of its terminal: not a job the shell runs in the
+/// background (`attach DIR &`). A terminal that is not the process's controlling one (or none)
+/// counts as the foreground: nothing stops the process for using it.
+fn in_the_foreground() -> bool {
+    let stdin = std::io::stdin();
+    nix::unistd::tcgetpgrp(stdin.as_fd()).map_or(true, |group| group == nix::unistd::getpgrp())
+}
+
+/// Waits until this process is in the foreground of its terminal (`true` when it was not at
+/// first), saying so once when it is not: from the background, setting the terminal's mode for the prompt (and reading its keys)
+/// makes the kernel stop the whole process (SIGTTOU, SIGTTIN), its pre-approved calls and its
+/// connection's upkeep with it, until the shell resumes it. Meanwhile the request waits, until
+/// its deadline or until it is withdrawn.
+fn wait_for_the_foreground(job: &Job, deadline: Instant) -> Result<bool, Ended> {
+    if in_the_foreground() {
+        return Ok(false);
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "  this attach runs in the background: bring it to the foreground (`fg`) to answer"
+    );
+    loop {
+        if job.reply.is_closed() {
+            return Err(Ended::Withdrawn);
+        }
+        if Instant::now() >= deadline {
+            return Err(Ended::TimedOut);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if in_the_foreground() {
+            return Ok(true);
+        }
     }
 }
 

@@ -380,6 +380,68 @@ async fn sigterm_detaches_like_ctrl_c_and_a_call_waiting_on_the_folder_fails_at_
     }
 }
 
+/// `monad-client attach DIR &` in a shell with job control: the kernel stops a background job
+/// that sets its terminal's mode, so the first prompt used to stop the whole attach (its
+/// pre-approved calls, its connection's upkeep) until the shell resumed it. Now it serves on,
+/// says the request waits for it to come to the foreground, and asks once it is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_in_the_background_serves_on_and_asks_once_in_the_foreground() {
+    let (server, _data, config) = ServerProcess::logged_in().await;
+    let laptop = folder(&[("notes.txt", "hello\n")]);
+    // An interactive shell on its own terminal, with job control, as a person has.
+    let base = command("monad-client");
+    let mut shell = tokio::process::Command::new("setsid");
+    shell
+        .args(["--ctty", "bash", "--norc", "--noprofile", "-i"])
+        .kill_on_drop(true);
+    for (key, value) in base.as_std().get_envs() {
+        if let Some(value) = value {
+            shell.env(key, value);
+        }
+    }
+    shell
+        .env("MONAD_CONFIG_DIR", config.path())
+        .env("PS1", "$ ");
+    let mut pty = Pty::spawn(shell);
+    let client = monad_tests::binary("monad-client");
+    pty.send(
+        format!(
+            "{} attach {} --name lap --allow read --prompt-timeout 600 &\n",
+            client.display(),
+            laptop.path().display()
+        )
+        .as_bytes(),
+    );
+    let at = pty.wait_for("attached ", 0).await;
+    let token = server.first_token.clone().unwrap();
+    let asking = monad_tests::connect_agent(&server.client_config(&token)).await;
+    let waiting = tokio::spawn(async move {
+        asking
+            .call(
+                None,
+                "write_file",
+                json!({"path": "new.txt", "content": "x", "workspace": "lap"}),
+                |_| {},
+            )
+            .await
+    });
+    let at = pty.wait_for("bring it to the foreground", at).await;
+    // Still serving: a pre-approved read runs at once.
+    let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
+    let read = monad_tests::call(
+        &agent,
+        "read_file",
+        json!({"path": "notes.txt", "workspace": "lap"}),
+    )
+    .await;
+    assert_eq!(monad_tests::ok(read).0["content"], "hello\n");
+    // In the foreground, the request is asked.
+    pty.send(b"fg\n");
+    pty.wait_for("approval needed", at).await;
+    assert!(!waiting.is_finished());
+    waiting.abort();
+}
+
 /// The attack: an agent's `monad-client call` is interrupted (Ctrl-C) while the folder's owner
 /// is asked about it, and the owner approves a moment later. The call's process used to die
 /// without a word to the server, which noticed only when the connection timed out (about 8 s),
