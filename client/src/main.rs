@@ -1097,18 +1097,19 @@ fn sessions_table(sessions: &[SessionInfo], current: &str) -> Table {
 }
 
 /// `attach --allow` takes one or more classes, so `attach --allow read DIR` reads DIR as a
-/// class: a last value that is no class is the folder, when none was given after the options.
+/// class: when no folder was given apart from the options, the one value of the `--allow`s that
+/// is no class is the folder, wherever it is (`--allow write DIR --allow read` too: clap gives
+/// the values of every `--allow` as one list). A second such value is refused.
 fn split_allow(
     allow: Vec<String>,
     dir: Option<PathBuf>,
 ) -> std::result::Result<(Vec<ClassArg>, PathBuf), String> {
     let mut classes = Vec::new();
     let mut dir = dir;
-    let last = allow.len().saturating_sub(1);
-    for (i, value) in allow.into_iter().enumerate() {
+    for value in allow {
         match ClassArg::from_str(&value, true) {
             Ok(class) => classes.push(class),
-            Err(_) if i == last && dir.is_none() => dir = Some(PathBuf::from(value)),
+            Err(_) if dir.is_none() => dir = Some(PathBuf::from(value)),
             Err(_) => {
                 return Err(format!(
                     "invalid value `{}` for --allow: read, write or exec",

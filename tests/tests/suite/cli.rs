@@ -305,11 +305,26 @@ async fn options_go_before_or_after_the_folder() {
         &["--allow", "read", "write", dir],
         &[dir, "--allow", "read"],
         &["--name", "x", dir, "--allow", "exec"],
+        &["--allow", "write", dir, "--allow", "read"],
     ] {
         let attach = Attaching::start(config.path(), args).await;
         attach.signal(nix::sys::signal::Signal::SIGINT);
         let (status, said) = attach.exit().await;
         assert!(status.success(), "{args:?}: {said}");
+    }
+    // Two values that are no class: one is not the folder.
+    for args in [
+        &["attach", "--allow", "bogus", dir][..],
+        &["attach", "--allow", "read", "x", "--allow", "write", dir],
+        &["attach", "--allow", "bogus", "--allow", "read", dir],
+    ] {
+        let out = client(config.path(), args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
+        assert!(
+            text(&out.stderr).contains("read, write or exec"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
     }
     let out = client(config.path(), &["attach", "--allow", "bogus", dir]).await;
     assert_eq!(out.status.code(), Some(2), "a usage error");
