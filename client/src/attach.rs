@@ -474,6 +474,24 @@ impl CallEnd {
     }
 }
 
+/// Longest target a call's lines show, in characters ([`line_target`]).
+const TARGET_SHOWN: usize = 200;
+
+/// A call's target as its lines (started, ended) show it: at most [`TARGET_SHOWN`] characters,
+/// its middle said as what it leaves out. An argument of 100 KB (a command line, a path) made
+/// each of its lines that long, pushing the rest of the attach's lines off the screen; the
+/// prompt shows a call whole (up to its own bound, `prompt::runs_said`).
+fn line_target(target: String) -> String {
+    let count = target.chars().count();
+    if count <= TARGET_SHOWN {
+        return target;
+    }
+    let (head, tail) = (TARGET_SHOWN * 3 / 4, TARGET_SHOWN / 5);
+    let start: String = target.chars().take(head).collect();
+    let end: String = target.chars().skip(count - tail).collect();
+    format!("{start}⟨{} characters not shown⟩{end}", count - head - tail)
+}
+
 /// Says [`CallEnd::Cancelled`] when dropped before [`Running::end`]: the call's future was
 /// dropped (the agent cancelled, or the connection ended) while it ran.
 struct Running {
@@ -1070,7 +1088,7 @@ async fn run(
     // As the tool will read them: the prompt, the rule and the run see the same numbers
     // (`"background_after_ms": 1000.0` showed no background and the default time-out).
     let args = monad_protocol::tools::with_whole_numbers(args);
-    let target = describe(tool, &args);
+    let target = line_target(describe(tool, &args));
     let ran = |allowed: bool, basis: Basis| AttachEvent::Decided {
         tool,
         target: target.clone(),
@@ -1287,6 +1305,27 @@ fn error(code: ErrorCode, message: String) -> Outcome {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A call's lines show a long target by its two ends, a short one whole.
+    #[test]
+    fn a_long_target_is_shown_by_its_ends_on_a_calls_lines() {
+        let argv: Vec<String> = std::iter::once("echo".to_owned())
+            .chain((0..20_000).map(|i| format!("w{i}")))
+            .collect();
+        let target = line_target(describe(ToolName::RunCommand, &json!({"argv": argv})));
+        assert!(target.chars().count() < TARGET_SHOWN + 60, "{target}");
+        assert!(target.starts_with("$ echo w0 w1 w2"), "{target}");
+        assert!(target.ends_with("w19998 w19999"), "{target}");
+        assert!(target.contains("characters not shown⟩"), "{target}");
+        let short = describe(ToolName::ReadFile, &json!({"path": "src/lib.rs"}));
+        assert_eq!(line_target(short.clone()), short);
+        let event = AttachEvent::Finished {
+            tool: ToolName::RunCommand,
+            target,
+            end: CallEnd::Cancelled,
+        };
+        assert!(event.line().unwrap().chars().count() < 400);
+    }
 
     /// A batch of the audit's with refused connections is one line on the owner's terminal,
     /// the first named with why, the rest counted; one with none says nothing.
