@@ -296,6 +296,7 @@ impl Transcript {
                 tool,
                 workspace,
                 error,
+                text,
                 ..
             } => {
                 let took = self
@@ -307,11 +308,20 @@ impl Transcript {
                     .as_ref()
                     .map(|w| format!(" in `{}`", printable(&w.name)))
                     .unwrap_or_default();
-                let outcome = match error {
-                    None => "ok".to_owned(),
-                    Some(e) => format!("error: {}: {}", e.code, printable(&e.message)),
+                // A command that ran and failed is a failure too, as `call` and the folder's
+                // own lines mark it.
+                let failed = ToolName::parse(tool)
+                    .and_then(|tool| monad_protocol::render::command_failure(tool, text));
+                let outcome = match (error, failed) {
+                    (Some(e), _) => format!("error: {}: {}", e.code, printable(&e.message)),
+                    (None, Some(failed)) => failed.to_owned(),
+                    (None, None) => "ok".to_owned(),
                 };
-                let mark = if error.is_none() { '✓' } else { '✗' };
+                let mark = if error.is_none() && failed.is_none() {
+                    '✓'
+                } else {
+                    '✗'
+                };
                 self.line(&format!(
                     "{mark} {}{place}: {outcome}{took}",
                     printable(tool)
@@ -994,6 +1004,38 @@ mod tests {
             t0,
         );
         assert_eq!(ended, "✗ run_command: error: denied: no\\u{1b}[2J\n");
+        // A command that ran and failed is marked failed, with how it ended.
+        for (text, said) in [
+            (
+                "exit status 3 in workspace primary, after 10 ms; no output",
+                Some("exit status 3"),
+            ),
+            (
+                "killed by signal 9 in workspace primary, after 1.0 s",
+                Some("killed by signal 9"),
+            ),
+            (
+                "exit status 0 in workspace primary, after 10 ms; no output",
+                None,
+            ),
+        ] {
+            let ended = t.event(
+                &AgentEvent::ToolCallEnded {
+                    call_id: "c3".into(),
+                    tool: "run_command".into(),
+                    workspace: None,
+                    error: None,
+                    text: text.into(),
+                    truncated: false,
+                },
+                t0,
+            );
+            let wanted = match said {
+                Some(said) => format!("✗ run_command: {said}\n"),
+                None => "✓ run_command: ok\n".to_owned(),
+            };
+            assert_eq!(ended, wanted, "{text}");
+        }
         assert_eq!(
             t.event(
                 &AgentEvent::Text {

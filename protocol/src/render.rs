@@ -592,6 +592,32 @@ fn memory_bound(hit: bool) -> &'static str {
 }
 
 /// How a process ended, or that it runs.
+/// How a command ended, read back from the text [`text`] made of a `run_command` or
+/// `process_read` result, when it did not end well: `exit status 3`, `killed by signal 9`,
+/// `timed out and was killed`. `None` for one that exited with status 0, runs on, or runs in
+/// the background, and for any other tool. For a front that has only the text (the built-in
+/// agent's events) and marks a call that failed as failed.
+pub fn command_failure(tool: ToolName, text: &str) -> Option<&str> {
+    let first = text.lines().next().unwrap_or("");
+    let said = match tool {
+        ToolName::RunCommand => first,
+        // `Process ID in workspace W: ENDING after …` once it ended.
+        ToolName::ProcessRead => first.split_once(": ").map_or("", |(_, rest)| rest),
+        _ => return None,
+    };
+    if let Some(rest) = said.strip_prefix("exit status ") {
+        let code: &str = rest.split([' ', ',']).next().unwrap_or("");
+        let end = "exit status ".len() + code.len();
+        return (code != "0" && code.parse::<i32>().is_ok()).then(|| &said[..end]);
+    }
+    if let Some(rest) = said.strip_prefix("killed by signal ") {
+        let signal = rest.split([' ', ',']).next().unwrap_or("");
+        return Some(&said[.."killed by signal ".len() + signal.len()]);
+    }
+    said.starts_with("timed out and was killed")
+        .then_some("timed out and was killed")
+}
+
 fn ending(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> String {
     match (timed_out, exit_code, signal) {
         (true, _, _) => "timed out and was killed".to_owned(),
@@ -1775,6 +1801,43 @@ mod tests {
         json!({"exit_code": 0, "timed_out": false, "stdout": stdout, "stderr": "",
                "stdout_truncated": false, "stderr_truncated": false, "duration_ms": 10,
                "sandbox": "landlock"})
+    }
+
+    #[test]
+    fn a_commands_failure_is_read_back_from_its_text() {
+        let failure = |tool: ToolName, result: Value| {
+            command_failure(tool, &render(tool, result)).map(str::to_owned)
+        };
+        let mut run = ran("out\n");
+        assert_eq!(failure(ToolName::RunCommand, run.clone()), None);
+        run["exit_code"] = json!(3);
+        assert_eq!(
+            failure(ToolName::RunCommand, run.clone()).as_deref(),
+            Some("exit status 3")
+        );
+        run["exit_code"] = Value::Null;
+        run["signal"] = json!(9);
+        assert_eq!(
+            failure(ToolName::RunCommand, run.clone()).as_deref(),
+            Some("killed by signal 9")
+        );
+        run["timed_out"] = json!(true);
+        assert_eq!(
+            failure(ToolName::RunCommand, run).as_deref(),
+            Some("timed out and was killed")
+        );
+        let read = |exit_code: i32, running: bool| {
+            json!({"process": "proc-0000000a", "running": running, "exit_code": exit_code,
+                   "stdout": "", "stderr": "", "duration_ms": 10})
+        };
+        assert_eq!(failure(ToolName::ProcessRead, read(0, false)), None);
+        assert_eq!(failure(ToolName::ProcessRead, read(0, true)), None);
+        assert_eq!(
+            failure(ToolName::ProcessRead, read(2, false)).as_deref(),
+            Some("exit status 2")
+        );
+        // Another tool's text that reads alike is no command's.
+        assert_eq!(command_failure(ToolName::ReadFile, "exit status 3"), None);
     }
 
     #[test]

@@ -146,11 +146,16 @@ pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
         }
         AgentEvent::ToolCallEnded {
             call_id,
+            tool,
             error,
             text,
             ..
         } => {
-            let status = if error.is_some() {
+            // A command that ran and failed (exit status 3, killed, timed out) failed too.
+            let command_failed = monad_protocol::ToolName::parse(tool)
+                .and_then(|tool| monad_protocol::render::command_failure(tool, text))
+                .is_some();
+            let status = if error.is_some() || command_failed {
                 ToolCallStatus::Failed
             } else {
                 ToolCallStatus::Completed
@@ -343,6 +348,30 @@ mod tests {
             update.fields.content,
             Some(vec![ToolCallContent::from("denied: no")])
         );
+        // A command that ran and exited non-zero failed; one that exited 0 completed.
+        for (text, status) in [
+            (
+                "exit status 1 in workspace lap, after 10 ms; no output",
+                ToolCallStatus::Failed,
+            ),
+            (
+                "exit status 0 in workspace lap, after 10 ms; no output",
+                ToolCallStatus::Completed,
+            ),
+        ] {
+            let ended = updates(&AgentEvent::ToolCallEnded {
+                call_id: "c2".into(),
+                tool: "run_command".into(),
+                workspace: None,
+                error: None,
+                text: text.into(),
+                truncated: false,
+            });
+            let [SessionUpdate::ToolCallUpdate(update)] = &ended[..] else {
+                panic!("{ended:?}")
+            };
+            assert_eq!(update.fields.status, Some(status), "{text}");
+        }
     }
 
     /// An editor shows a call's title in one line: two different argvs must not read alike, and
