@@ -846,6 +846,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 ))
             };
             if let Some(w) = workspace {
+                if w.is_empty() {
+                    usage(
+                        "--workspace is empty: give a workspace's name or URI, or leave it out \
+                         to let the server route the call"
+                            .to_owned(),
+                    );
+                }
                 if let Some(given) = map
                     .get("workspace")
                     .filter(|given| given.as_str() != Some(&w))

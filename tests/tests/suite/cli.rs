@@ -1731,6 +1731,18 @@ async fn call_takes_its_arguments_from_standard_input_or_a_file() {
         "{}",
         text(&out.stderr)
     );
+    // An empty --workspace names none: a usage error, not a call routed as if it were left out.
+    let out = client(
+        config.path(),
+        &["call", "read_file", "--workspace", "", &given],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--workspace is empty"),
+        "{}",
+        text(&out.stderr)
+    );
     drop(server);
 }
 
