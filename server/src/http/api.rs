@@ -995,14 +995,17 @@ async fn upload_artifact(
     // several times MAX_BODY while it is decoded); the others wait with their bodies read and
     // counted.
     let turn = web.uploads.clone().acquire_owned().await;
-    let upload: UploadArtifact = parse_body(&bytes)?;
-    drop(bytes);
-    let checked = check_upload(upload, &memory)?;
     let state = web.state.clone();
-    // The turn and the count go with the content: they last until it is stored, even when the
-    // client goes away meanwhile (the handler is dropped, the store's work is not).
+    // Decoded, checked and stored on the blocking pool: tens of milliseconds of parsing and
+    // base64 for a body of MAX_BODY, which on a runtime worker held up every other request and
+    // connection it serves. The turn and the count go with the content: they last until it is
+    // stored, even when the client goes away meanwhile (the handler is dropped, the store's
+    // work is not).
     let created = blocking(move || {
-        let _held = (turn, memory);
+        let _turn = turn;
+        let upload: UploadArtifact = parse_body(&bytes)?;
+        drop(bytes);
+        let checked = check_upload(upload, &memory)?;
         store_upload(&state, &user, &id, checked)
     })
     .await?;
