@@ -947,7 +947,13 @@ fn record_session_ids(state: &State, record: &str) -> Result<Vec<String>, HttpEr
 
 /// Removes a workspace as seed 004 says: its artifacts and the history snapshots uploaded to
 /// it (the conversation of a session whose snapshot came from it is cleared), then the record.
+/// Taken by an upload from the quota check to the end of its write, and by a workspace's delete
+/// for all of it: an upload to a workspace deleted meanwhile stored its artifact under a record
+/// that was gone (unreachable, its bytes still counted) and answered `404`.
+static STORING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn remove_workspace(state: &State, record: &WorkspaceRecord) -> Result<(), HttpError> {
+    let _storing = STORING.lock().unwrap_or_else(|p| p.into_inner());
     let store = state.registry.store();
     for session in record_session_ids(state, &record.id)? {
         let artifacts = match store.artifacts(&session) {
@@ -1211,8 +1217,10 @@ fn store_upload(
     }
     // The quota check and the write are one step: uploads at once cannot pass it together.
     // (Only API uploads count, and they all pass here; deletes meanwhile only free room.)
-    static UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _quota = UPLOADS.lock().unwrap_or_else(|p| p.into_inner());
+    let _quota = STORING.lock().unwrap_or_else(|p| p.into_inner());
+    // The workspace is looked up again in the same step: one deleted since (its delete takes
+    // the step too) gets nothing stored for it.
+    owned_record(state, user, id)?;
     check_quota(state, user, &checked, new_default)?;
     // The check below and the write that adds the session to the record are one step: two
     // uploads naming different sessions to one `general` workspace at once cannot both pass.
