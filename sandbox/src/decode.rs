@@ -223,6 +223,12 @@ pub(crate) fn encode(text: &str, held: Option<Held>) -> Result<Cow<'_, [u8]>, He
 /// Decodes `bytes` (a byte order mark dropped); what cannot be decoded (an unpaired UTF-16
 /// surrogate, an odd last byte) becomes U+FFFD.
 pub(crate) fn decode(bytes: &[u8], encoding: Encoding) -> String {
+    decode_part(bytes, encoding, true)
+}
+
+/// [`decode`] for bytes that may not be the start of the file (`at_start` false): a UTF-16 byte
+/// order mark there is the character U+FEFF, kept, not a mark.
+pub(crate) fn decode_part(bytes: &[u8], encoding: Encoding, at_start: bool) -> String {
     match encoding {
         Encoding::Utf8 => String::from_utf8_lossy(bytes).into_owned(),
         Encoding::Latin1 => bytes
@@ -238,7 +244,10 @@ pub(crate) fn decode(bytes: &[u8], encoding: Encoding) -> String {
             } else {
                 &[0xFE, 0xFF]
             };
-            let bytes = bytes.strip_prefix(bom).unwrap_or(bytes);
+            let bytes = match bytes.strip_prefix(bom) {
+                Some(rest) if at_start => rest,
+                _ => bytes,
+            };
             let units = bytes.chunks_exact(2).map(|p| match encoding {
                 Encoding::Utf16Le => u16::from_le_bytes([p[0], p[1]]),
                 _ => u16::from_be_bytes([p[0], p[1]]),

@@ -219,10 +219,6 @@ fn decode_other(
     };
     let offset = args.offset.unwrap_or(1);
     let max_lines = args.limit.unwrap_or(limits.read_default_lines);
-    result.binary = false;
-    result.binary_reason = None;
-    result.encoding = Some(encoding.as_str().to_owned());
-    result.start_line = offset;
     let (start, mut raw) = if offset == 1 {
         (0, first)
     } else {
@@ -233,6 +229,10 @@ fn decode_other(
             ),
             // Past the end: nothing to show, and how many lines there are.
             Err(total) => {
+                result.binary = false;
+                result.binary_reason = None;
+                result.encoding = Some(encoding.as_str().to_owned());
+                result.start_line = offset;
                 result.content = String::new();
                 result.lines = 0;
                 result.total_lines = Some(total);
@@ -243,6 +243,34 @@ fn decode_other(
             }
         }
     };
+    // A part further in is told by its own bytes, as the head was: text after a head of plain
+    // ASCII is UTF-8 or windows-1252 by what it holds, and binary data after text is binary. Only
+    // UTF-16, which the head tells for the whole file (its mark, its NULs), is kept.
+    let encoding = match encoding {
+        crate::decode::Encoding::Utf16Le | crate::decode::Encoding::Utf16Be => encoding,
+        _ if start == 0 => encoding,
+        _ => match crate::decode::guess(&raw) {
+            crate::decode::Guess::Text(
+                part @ (crate::decode::Encoding::Latin1 | crate::decode::Encoding::Utf8),
+            ) => part,
+            crate::decode::Guess::Text(_) => {
+                result.binary_reason = Some(format!(
+                    "the part from line {offset} (byte {start}) on is not text: it has NUL bytes"
+                ));
+                return Ok(());
+            }
+            crate::decode::Guess::Binary(why) => {
+                result.binary_reason = Some(format!(
+                    "the part from line {offset} (byte {start}) on is not text: {why}"
+                ));
+                return Ok(());
+            }
+        },
+    };
+    result.binary = false;
+    result.binary_reason = None;
+    result.encoding = Some(encoding.as_str().to_owned());
+    result.start_line = offset;
     let whole = start + raw.len() as u64 >= result.size;
     match encoding {
         // A cut UTF-16 unit is not decoded.
@@ -255,7 +283,7 @@ fn decode_other(
         }
         _ => {}
     }
-    let text = crate::decode::decode(&raw, encoding);
+    let text = crate::decode::decode_part(&raw, encoding, start == 0);
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     // Without the rest of the file, a last line without its end may go on.
     let complete = if whole || text.ends_with('\n') {

@@ -264,6 +264,42 @@ fn a_file_in_another_encoding_past_the_byte_cap_is_read_on_to_its_end() {
         assert_eq!((out.content.as_str(), out.lines), ("", 0), "{name}");
         assert_eq!(out.total_lines, Some(401), "{name}");
     }
+    // Each part is told by its own bytes. Plain ASCII past the cap, then UTF-8 with a stray
+    // byte: UTF-8, not windows-1252 guessed from the ASCII head.
+    let mut mixed = "ascii line\n".repeat(200).into_bytes();
+    mixed.extend("café crème\n".as_bytes());
+    mixed.extend(b"stray \xff\n");
+    std::fs::write(fx.root().join("mixed.txt"), &mixed).unwrap();
+    let mut on = read("mixed.txt");
+    on.offset = Some(201);
+    let out = fx.sandbox.read_file(&on).unwrap();
+    assert_eq!(out.content, "café crème\nstray \u{fffd}\n");
+    assert_eq!(out.encoding.as_deref(), Some("utf-8"));
+    // Text, then binary data: the binary part is binary, said so.
+    let mut tail = "text line\n".repeat(200).into_bytes();
+    tail.push(0xe9);
+    tail.push(b'\n');
+    tail.extend([0u8, 1, 2, 3, 0, 0, 0, 7, b'\n'].repeat(50));
+    std::fs::write(fx.root().join("tail.bin"), &tail).unwrap();
+    let mut on = read("tail.bin");
+    on.offset = Some(202);
+    let out = fx.sandbox.read_file(&on).unwrap();
+    assert!(out.binary, "{out:?}");
+    assert!(
+        out.binary_reason
+            .as_deref()
+            .is_some_and(|why| why.contains("from line 202")),
+        "{out:?}"
+    );
+    // A UTF-16 line that starts with U+FEFF keeps it when read from that line.
+    let text = format!("{}\u{feff}marked\n", "line\n".repeat(300));
+    let mut utf16 = vec![0xFF, 0xFE];
+    utf16.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+    std::fs::write(fx.root().join("marked16.txt"), utf16).unwrap();
+    let mut on = read("marked16.txt");
+    on.offset = Some(301);
+    let out = fx.sandbox.read_file(&on).unwrap();
+    assert_eq!(out.content, "\u{feff}marked\n");
 }
 
 #[test]
