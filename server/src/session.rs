@@ -951,6 +951,7 @@ impl Session {
         tool: ToolName,
         result: &monad_protocol::wire::ToolResult,
         workspace: &str,
+        uri: &str,
     ) {
         // Only these two tools' results say anything about processes: no other result is
         // looked into (a relayed one would be parsed for it).
@@ -981,7 +982,23 @@ impl Session {
             );
             return;
         }
+        // Still the same folder under that name, checked with the list locked, as a rename or a
+        // detach moves the processes noted (`processes_moved`): a folder detached while the call
+        // ran, its name taken by another since, does not get this one's process.
+        let attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        let same = workspace == "primary" && uri == self.primary_uri()
+            || attached.iter().any(|a| a.name == workspace && a.uri == uri);
+        if !same {
+            tracing::debug!(
+                session = %self.id,
+                workspace,
+                process = id,
+                "the folder that started the process left the session meanwhile; not kept"
+            );
+            return;
+        }
         let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        drop(attached);
         if processes
             .iter()
             .any(|p| p.id == id && p.workspace != workspace)
@@ -2797,6 +2814,34 @@ pub(crate) mod tests {
     use crate::executor::link::{Conn, memory};
     use crate::store::FsStore;
 
+    /// A folder named `name` of device `d1` or `d2` at `path`, offline (no client).
+    fn folder_of(name: &str, device: &str, path: &str) -> Attached {
+        Attached {
+            name: name.into(),
+            uri: format!("{device}:{path}"),
+            trust: Trust::Restricted,
+            tools: vec![ToolName::ReadFile, ToolName::RunCommand],
+            device_id: DeviceId::parse(match device {
+                "d1" => "00000000-0000-4000-8000-0000000000d1",
+                _ => "00000000-0000-4000-8000-0000000000d2",
+            })
+            .unwrap(),
+            path: path.into(),
+            record: None,
+            folder: None,
+            link: None,
+        }
+    }
+
+    /// The URI workspace `name` of `s` has now, as a call started there has it.
+    fn uri_in(s: &Session, name: &str) -> String {
+        s.workspaces()
+            .into_iter()
+            .find(|w| w.info.name == name)
+            .map(|w| w.info.uri)
+            .unwrap_or_default()
+    }
+
     fn registry(dir: &Path) -> Registry {
         Registry::new(dir, Arc::new(FsStore::new(dir)), Layers::default())
     }
@@ -3147,13 +3192,24 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
         let s = reg.resolve(Some("default"), "ana", None).unwrap();
+        s.attach(folder_of("lap", "d1", "~/lap"), None);
         let started = |id: &str, workspace: &str| {
             let result = monad_protocol::wire::ToolResult::from(serde_json::json!({"process": id}));
-            s.note_process(ToolName::RunCommand, &result, workspace);
+            s.note_process(
+                ToolName::RunCommand,
+                &result,
+                workspace,
+                &uri_in(&s, workspace),
+            );
         };
         let ended = |id: &str, workspace: &str| {
             let result = serde_json::json!({"process": id, "running": false}).into();
-            s.note_process(ToolName::ProcessRead, &result, workspace);
+            s.note_process(
+                ToolName::ProcessRead,
+                &result,
+                workspace,
+                &uri_in(&s, workspace),
+            );
         };
         let p = |i: usize| format!("proc-{:08x}", 0x100 + i);
         let (server, build) = ("proc-0000000a", "proc-0000000b");
@@ -3187,25 +3243,12 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
         let s = reg.open("default", "ana").unwrap();
-        let folder = |device: &str, path: &str| Attached {
-            name: "lap".into(),
-            uri: format!("{device}:{path}"),
-            trust: Trust::Restricted,
-            tools: vec![ToolName::RunCommand],
-            device_id: DeviceId::parse(match device {
-                "d1" => "00000000-0000-4000-8000-0000000000d1",
-                _ => "00000000-0000-4000-8000-0000000000d2",
-            })
-            .unwrap(),
-            path: path.into(),
-            record: None,
-            folder: None,
-            link: None,
-        };
-        let started = |id: &str, workspace: &str| {
+        let folder = |device: &str, path: &str| folder_of("lap", device, path);
+        let started_in = |id: &str, workspace: &str, uri: &str| {
             let result = monad_protocol::wire::ToolResult::from(serde_json::json!({"process": id}));
-            s.note_process(ToolName::RunCommand, &result, workspace);
+            s.note_process(ToolName::RunCommand, &result, workspace, uri);
         };
+        let started = |id: &str, workspace: &str| started_in(id, workspace, &uri_in(&s, workspace));
         assert_eq!(s.attach(folder("d1", "~/a"), None).name, "lap");
         started("proc-0000000a", "lap");
         // Renamed by its own attach: the process is found in the folder by its new name.
@@ -3215,11 +3258,15 @@ pub(crate) mod tests {
             Some("work")
         );
         started("proc-0000000b", "work");
-        // Detached by name, then another folder takes the name: it gets none of them.
+        // Detached by name, then another folder takes the name: it gets none of them, nor the
+        // process of a call that started in the first folder and ends only now.
+        let before = uri_in(&s, "work");
         s.forget("work", "detached").unwrap();
         s.attach_exact(folder("d2", "~/b"), "work").unwrap();
+        started_in("proc-0000000d", "work", &before);
         assert_eq!(s.process_workspace("proc-0000000a"), None);
         assert_eq!(s.process_workspace("proc-0000000b"), None);
+        assert_eq!(s.process_workspace("proc-0000000d"), None);
         assert!(s.process_workspaces().is_empty());
         // An offline folder that leaves the list for a new one takes its processes with it.
         started("proc-0000000c", "work");
@@ -3631,21 +3678,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
         let s = reg.open("default", "ana").unwrap();
-        let folder = |device: &str, path: &str| Attached {
-            name: "monad".into(),
-            uri: format!("{device}:{path}"),
-            trust: Trust::Restricted,
-            tools: vec![ToolName::ReadFile],
-            device_id: DeviceId::parse(match device {
-                "d1" => "00000000-0000-4000-8000-0000000000d1",
-                _ => "00000000-0000-4000-8000-0000000000d2",
-            })
-            .unwrap(),
-            path: path.into(),
-            record: None,
-            folder: None,
-            link: None,
-        };
+        let folder = |device: &str, path: &str| folder_of("monad", device, path);
         assert_eq!(s.attach(folder("d1", "~/a/monad"), None).name, "monad");
         assert_eq!(s.attach(folder("d2", "~/b/monad"), None).name, "monad-2");
         assert_eq!(

@@ -449,7 +449,7 @@ impl Executor {
             }
         };
         if let Ok(result) = &result {
-            session.note_process(tool, result, &snapshot.info.name);
+            session.note_process(tool, result, &snapshot.info.name, &snapshot.info.uri);
         }
         let output = match result {
             Ok(result) => CallOutput {
