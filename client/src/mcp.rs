@@ -203,7 +203,7 @@ impl Backend for AgentBackend {
             .agent()
             .await?
             .call(Some(session), tool.as_str(), args, |line| {
-                let _ = progress.send(line.to_owned());
+                let _ = progress.try_send(line.to_owned());
             })
             .await
             .map_err(|e| to_tool_error(&self.config, e))?;

@@ -335,8 +335,13 @@ pub fn session_from_meta(meta: &JsonObject) -> Result<Option<String>, ErrorData>
     }
 }
 
-/// Lines of progress a backend reports while a call waits (for an approval, say).
-pub type ProgressSender = mpsc::UnboundedSender<String>;
+/// Lines of progress a backend reports while a call waits (for an approval, say): at most
+/// [`PROGRESS_QUEUE`] wait to be sent to the host, and a backend drops more (`try_send`), so a
+/// host that reads slowly never makes a call hold lines without bound.
+pub type ProgressSender = mpsc::Sender<String>;
+
+/// Progress lines a call keeps for a host that has not taken them yet.
+pub const PROGRESS_QUEUE: usize = 16;
 
 /// What a transport provides: sessions, calls and change notifications. The `caller` is the
 /// request's extensions: the HTTP transport finds the authenticated user there; the stdio bridge,
@@ -751,7 +756,10 @@ impl<B: Backend> McpFront<B> {
 const NOTIFY_WAIT: Duration = Duration::from_millis(500);
 
 /// Sends a notification with `send`, waiting at most [`NOTIFY_WAIT`]; `false` when it failed or
-/// did not go in time (the caller sends no more).
+/// did not go in time, and the caller sends no more. (Only leaving the late one behind is not
+/// enough: after the host closed its side each later line would wait out its time too, and rmcp
+/// writes answers only for a few seconds after that end. A host that does not read for half a
+/// second, busy with another call's large answer, misses the rest of this call's progress.)
 async fn notified<E>(send: impl Future<Output = Result<(), E>>) -> bool {
     matches!(tokio::time::timeout(NOTIFY_WAIT, send).await, Ok(Ok(())))
 }
@@ -978,7 +986,7 @@ impl<B: Backend> McpFront<B> {
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let token = context.meta.get_progress_token();
-        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
+        let (progress_tx, mut progress_rx) = mpsc::channel(PROGRESS_QUEUE);
         let call = self
             .backend
             .call(&context.extensions, session, tool, args, progress_tx);

@@ -109,7 +109,7 @@ impl Backend for ExecutorBackend {
     ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
         let user = caller_user(caller)?;
         let sink = move |line: &str| {
-            let _ = progress.send(line.to_owned());
+            let _ = progress.try_send(line.to_owned());
         };
         // The answer counts with its request until the response is sent ([`counted_body`]).
         let memory = from_request::<McpMemory>(caller).map(|memory| memory.0.clone());
