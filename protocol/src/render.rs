@@ -324,7 +324,7 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
 /// A name's own `\u{` has its backslash shown so too (`\u{5c}u{`), so that every `\u{..}` in a
 /// path shown is an escape: a file named `a\u{40}` is not taken for `a@`. Programs get it exact
 /// in the JSON. A name of plain ASCII without that, as most are, is not scanned again.
-pub(crate) fn shown(path: &str) -> std::borrow::Cow<'_, str> {
+pub fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
     if path.contains('\\') && path.contains("\\u{") {
         let own = path.replace("\\u{", "\\u{5c}u{");

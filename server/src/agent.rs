@@ -189,7 +189,11 @@ pub fn result_text(
         },
         Outcome::Error { error } => {
             let place = match workspace {
-                Some(w) => format!(" (in workspace `{}`, {})", w.name, w.uri),
+                Some(w) => format!(
+                    " (in workspace `{}`, {})",
+                    render::shown(&w.name),
+                    render::shown(&w.uri)
+                ),
                 None => String::new(),
             };
             // Said plainly for the model: the conversation goes on without that machine.
