@@ -591,7 +591,6 @@ fn memory_bound(hit: bool) -> &'static str {
     }
 }
 
-/// How a process ended, or that it runs.
 /// How a command ended, read back from the text [`text`] made of a `run_command` or
 /// `process_read` result, when it did not end well: `exit status 3`, `killed by signal 9`,
 /// `timed out and was killed`. `None` for one that exited with status 0, runs on, or runs in
@@ -618,6 +617,7 @@ pub fn command_failure(tool: ToolName, text: &str) -> Option<&str> {
         .then_some("timed out and was killed")
 }
 
+/// How a process ended, or that it runs.
 fn ending(exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) -> String {
     match (timed_out, exit_code, signal) {
         (true, _, _) => "timed out and was killed".to_owned(),

@@ -578,7 +578,7 @@ pub struct EventMessage {
     /// What was said (Markdown), at most its first 16 KiB.
     pub content: String,
     /// Bytes of `content` cut off after its first 16 KiB, when it was longer: the session's
-    /// conversation (`GET /api/v1/sessions/{id}`) has it whole.
+    /// conversation (`GET /api/v1/sessions/{id}/history`) has it whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_left_out: Option<u64>,
 }
@@ -945,13 +945,13 @@ fn record_session_ids(state: &State, record: &str) -> Result<Vec<String>, HttpEr
     }
 }
 
-/// Removes a workspace as seed 004 says: its artifacts and the history snapshots uploaded to
-/// it (the conversation of a session whose snapshot came from it is cleared), then the record.
 /// Taken by an upload from the quota check to the end of its write, and by a workspace's delete
 /// for all of it: an upload to a workspace deleted meanwhile stored its artifact under a record
 /// that was gone (unreachable, its bytes still counted) and answered `404`.
 static STORING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Removes a workspace as seed 004 says: its artifacts and the history snapshots uploaded to
+/// it (the conversation of a session whose snapshot came from it is cleared), then the record.
 fn remove_workspace(state: &State, record: &WorkspaceRecord) -> Result<(), HttpError> {
     let _storing = STORING.lock().unwrap_or_else(|p| p.into_inner());
     let store = state.registry.store();
