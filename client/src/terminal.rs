@@ -96,6 +96,13 @@ impl TerminalApprover {
         std::thread::Builder::new()
             .name("approval-prompt".into())
             .spawn(move || {
+                // This thread alone uses the terminal from a job that may be in the background:
+                // with SIGTTOU blocked here, setting the terminal's mode (and writing, under
+                // `stty tostop`) never makes the kernel stop the whole process; reads wait for
+                // the foreground (`next_key`).
+                let mut stops = nix::sys::signal::SigSet::empty();
+                stops.add(nix::sys::signal::Signal::SIGTTOU);
+                let _ = stops.thread_block();
                 while let Ok(job) = rx.recv() {
                     if job.reply.is_closed() {
                         continue; // withdrawn while queued
@@ -170,6 +177,10 @@ impl Drop for RawMode {
 pub fn restore() {
     let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(saved) = before.take() {
+        // From the background, as the prompt's thread does (see `TerminalApprover::start_with`).
+        let mut stops = nix::sys::signal::SigSet::empty();
+        stops.add(nix::sys::signal::Signal::SIGTTOU);
+        let _ = stops.thread_block();
         let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &saved);
     }
 }
@@ -207,6 +218,12 @@ fn next_key(job: &Job, deadline: Instant, until: Instant) -> Result<Option<u8>, 
             .min(deadline)
             .saturating_duration_since(now)
             .min(Duration::from_millis(100));
+        // In the background (Ctrl-Z, then `bg`), a read would stop the whole process
+        // (SIGTTIN): the prompt waits until it is in the foreground again.
+        if !in_the_foreground() {
+            std::thread::sleep(slice);
+            continue;
+        }
         let stdin = std::io::stdin();
         let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
         let ready = poll(
@@ -384,28 +401,20 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
             guard.as_secs_f64()
         );
     }
-    let show = || {
-        let mut out = std::io::stderr().lock();
-        let _ = out.write_all(shown.as_bytes());
-        let _ = out.flush();
-    };
-    show();
-
     // A request that waited behind others has less than the full time-out left.
     let deadline = r.deadline.min(Instant::now() + timeout);
-    match wait_for_the_foreground(job, deadline) {
-        Ok(false) => {}
-        // Back in the foreground: the request again, since much may have been printed since.
-        Ok(true) => show(),
-        Err(ended) => {
-            let said = match ended {
-                Ended::Withdrawn => "withdrawn: the agent cancelled this request",
-                _ => "nobody answered in time: refused",
-            };
-            let _ = writeln!(std::io::stderr(), "{said}");
-            return None;
-        }
+    if let Err(ended) = wait_for_the_foreground(job, deadline) {
+        let said = match ended {
+            Ended::Withdrawn => "withdrawn: the agent cancelled this request",
+            _ => "nobody answered in time: refused",
+        };
+        let _ = writeln!(std::io::stderr(), "{said}");
+        return None;
     }
+    let mut out = std::io::stderr().lock();
+    let _ = out.write_all(shown.as_bytes());
+    let _ = out.flush();
+    drop(out);
     let _raw = RawMode::enter();
     let answer = ask(job, &text, deadline, guard);
     let said = match answer {
@@ -433,14 +442,14 @@ fn in_the_foreground() -> bool {
     nix::unistd::tcgetpgrp(stdin.as_fd()).map_or(true, |group| group == nix::unistd::getpgrp())
 }
 
-/// Waits until this process is in the foreground of its terminal (`true` when it was not at
-/// first), saying so once when it is not: from the background, setting the terminal's mode for the prompt (and reading its keys)
+/// Waits until this process is in the foreground of its terminal, saying so once when it is
+/// not: from the background, setting the terminal's mode for the prompt (and reading its keys)
 /// makes the kernel stop the whole process (SIGTTOU, SIGTTIN), its pre-approved calls and its
 /// connection's upkeep with it, until the shell resumes it. Meanwhile the request waits, until
 /// its deadline or until it is withdrawn.
-fn wait_for_the_foreground(job: &Job, deadline: Instant) -> Result<bool, Ended> {
+fn wait_for_the_foreground(job: &Job, deadline: Instant) -> Result<(), Ended> {
     if in_the_foreground() {
-        return Ok(false);
+        return Ok(());
     }
     let _ = writeln!(
         std::io::stderr(),
@@ -455,7 +464,7 @@ fn wait_for_the_foreground(job: &Job, deadline: Instant) -> Result<bool, Ended> 
         }
         std::thread::sleep(Duration::from_millis(100));
         if in_the_foreground() {
-            return Ok(true);
+            return Ok(());
         }
     }
 }

@@ -452,7 +452,22 @@ async fn an_attach_in_the_background_serves_on_and_asks_once_in_the_foreground()
     assert_eq!(monad_tests::ok(read).0["content"], "hello\n");
     // In the foreground, the request is asked.
     pty.send(b"fg\n");
-    pty.wait_for("approval needed", at).await;
+    let at = pty.wait_for("approval needed", at).await;
+    // Stopped (Ctrl-Z) and sent to the background again while it asks: it serves on, the
+    // prompt waiting for the foreground.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    pty.send(b"\x1a");
+    let at = pty.wait_for("Stopped", at).await;
+    pty.send(b"bg\n");
+    pty.wait_for("&", at).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let read = monad_tests::call(
+        &agent,
+        "read_file",
+        json!({"path": "notes.txt", "workspace": "lap"}),
+    )
+    .await;
+    assert_eq!(monad_tests::ok(read).0["content"], "hello\n");
     assert!(!waiting.is_finished());
     waiting.abort();
 }
