@@ -482,14 +482,7 @@ const TARGET_SHOWN: usize = 200;
 /// each of its lines that long, pushing the rest of the attach's lines off the screen; the
 /// prompt shows a call whole (up to its own bound, `prompt::runs_said`).
 fn line_target(target: String) -> String {
-    let count = target.chars().count();
-    if count <= TARGET_SHOWN {
-        return target;
-    }
-    let (head, tail) = (TARGET_SHOWN * 3 / 4, TARGET_SHOWN / 5);
-    let start: String = target.chars().take(head).collect();
-    let end: String = target.chars().skip(count - tail).collect();
-    format!("{start}⟨{} characters not shown⟩{end}", count - head - tail)
+    crate::prompt::middle_said(target.into(), TARGET_SHOWN, "").into_owned()
 }
 
 /// Says [`CallEnd::Cancelled`] when dropped before [`Running::end`]: the call's future was

@@ -287,15 +287,21 @@ fn runs_said(line: &str) -> Cow<'_, str> {
         out.extend(&chars[copied..]);
         Cow::Owned(out)
     };
-    let count = said.chars().count();
-    if count <= LINE_DRAWN {
-        return said;
+    middle_said(said, LINE_DRAWN, ": a line this long is not drawn whole")
+}
+
+/// `text` as it is when it has at most `max` characters; else its first three fifths of `max`
+/// and its last fifth, what is between them said as `⟨N characters not shown{why}⟩`.
+pub(crate) fn middle_said<'a>(text: Cow<'a, str>, max: usize, why: &str) -> Cow<'a, str> {
+    let count = text.chars().count();
+    if count <= max {
+        return text;
     }
-    let (head, tail) = (LINE_DRAWN * 3 / 5, LINE_DRAWN / 5);
-    let start: String = said.chars().take(head).collect();
-    let end: String = said.chars().skip(count - tail).collect();
+    let (head, tail) = (max * 3 / 5, max / 5);
+    let start: String = text.chars().take(head).collect();
+    let end: String = text.chars().skip(count - tail).collect();
     Cow::Owned(format!(
-        "{start}⟨{} characters not shown: a line this long is not drawn whole⟩{end}",
+        "{start}⟨{} characters not shown{why}⟩{end}",
         count - head - tail
     ))
 }
