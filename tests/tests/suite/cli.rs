@@ -443,13 +443,12 @@ async fn an_attach_in_the_background_serves_on_and_asks_once_in_the_foreground()
     let at = pty.wait_for("bring it to the foreground", at).await;
     // Still serving: a pre-approved read runs at once.
     let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
-    let read = monad_tests::call(
-        &agent,
-        "read_file",
-        json!({"path": "notes.txt", "workspace": "lap"}),
-    )
-    .await;
-    assert_eq!(monad_tests::ok(read).0["content"], "hello\n");
+    let reads = || async {
+        let args = json!({"path": "notes.txt", "workspace": "lap"});
+        let read = monad_tests::call(&agent, "read_file", args).await;
+        assert_eq!(monad_tests::ok(read).0["content"], "hello\n");
+    };
+    reads().await;
     // In the foreground, the request is asked.
     pty.send(b"fg\n");
     let at = pty.wait_for("approval needed", at).await;
@@ -461,13 +460,7 @@ async fn an_attach_in_the_background_serves_on_and_asks_once_in_the_foreground()
     pty.send(b"bg\n");
     pty.wait_for("&", at).await;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let read = monad_tests::call(
-        &agent,
-        "read_file",
-        json!({"path": "notes.txt", "workspace": "lap"}),
-    )
-    .await;
-    assert_eq!(monad_tests::ok(read).0["content"], "hello\n");
+    reads().await;
     assert!(!waiting.is_finished());
     waiting.abort();
 }
