@@ -142,7 +142,8 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             };
             if let Some(value) = args.get(main) {
                 field(main, show(value));
-            } else if main == "path" {
+            } else if main == "path" && tool != ToolName::ProcessList {
+                // `process_list` takes no path: it lists the folder's background processes.
                 field("path", ". (the root)".into());
             }
             if let Some(map) = args.as_object() {
@@ -446,6 +447,14 @@ mod tests {
         );
         let r = request(ToolName::RunCommand, json!({"argv": ["ls"]}), None);
         assert!(text(&render(&r)).contains("120 s (the default)"));
+    }
+
+    #[test]
+    fn a_tool_without_a_path_is_not_shown_one() {
+        let listing = text(&render(&request(ToolName::ProcessList, json!({}), None)));
+        assert!(!listing.contains("path"), "{listing}");
+        let read = text(&render(&request(ToolName::ListDir, json!({}), None)));
+        assert!(read.contains(". (the root)"), "{read}");
     }
 
     #[test]
