@@ -29,7 +29,33 @@ const BACKLOG: usize = 256;
 /// how much was cut off, and the conversation has it all.
 pub const MAX_MESSAGE_TEXT: usize = 16 * 1024;
 
+/// Longest target of a call's events (its steps and its record), in bytes: a command line may
+/// be megabytes, which a session's channel would hold [`BACKLOG`] times over for a follower
+/// that stopped reading. The audit log keeps it whole.
+pub const MAX_EVENT_TARGET: usize = 4096;
+
+/// A call's target as its events carry it: its first [`MAX_EVENT_TARGET`] bytes, then how many
+/// more it has. The same for a call's steps and its record, so that a follower matches them.
+pub fn event_target(target: &str) -> String {
+    let head = monad_protocol::text::head(target, MAX_EVENT_TARGET);
+    if head.len() == target.len() {
+        target.to_owned()
+    } else {
+        format!("{head}\u{2026} ({} bytes more)", target.len() - head.len())
+    }
+}
+
 impl Event {
+    /// The event of a call's record: its target as [`event_target`] cuts it.
+    pub fn call(record: &AuditRecord) -> Event {
+        Event::Call {
+            record: AuditRecord {
+                target: event_target(&record.target),
+                ..record.clone()
+            },
+        }
+    }
+
     /// The event of a message appended: its text cut to [`MAX_MESSAGE_TEXT`].
     pub fn message(message: &HistoryMessage) -> Event {
         let text = monad_protocol::text::head(&message.text, MAX_MESSAGE_TEXT);
@@ -245,7 +271,7 @@ impl LiveCall {
             phase: Phase::Started,
             tool: tool.as_str(),
             time: Some(time.to_owned()),
-            target: Some(target.to_owned()),
+            target: Some(event_target(target)),
             workspace: None,
             uri: None,
             decided_by: None,

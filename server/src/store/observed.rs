@@ -150,9 +150,7 @@ impl SessionStore for Observed {
     fn audit(&self, id: &str, records: &[AuditRecord]) -> Result<(), StoreError> {
         self.inner.audit(id, records)?;
         for record in records {
-            self.feed.publish_with(id, || Event::Call {
-                record: record.clone(),
-            });
+            self.feed.publish_with(id, || Event::call(record));
         }
         Ok(())
     }

@@ -1017,6 +1017,61 @@ async fn a_long_message_is_followed_by_its_start_and_read_whole_from_the_convers
     assert_eq!(history["messages"][1]["content"], text.as_str());
 }
 
+/// A call with a long command line is followed with its target's first 4 KiB, the same
+/// in its steps and its record (so a follower matches them); the audit log has it whole.
+#[tokio::test]
+async fn a_long_target_is_followed_by_its_start_the_same_in_steps_and_record() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let agent = server.agent().await;
+    let session = new_session();
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "run_command",
+        json!({"argv": ["true"]}),
+    )
+    .await);
+    let mut events = Events::open(&api, &session).await;
+    assert_eq!(events.next().await.0, "ready");
+    let long = "x".repeat(100_000);
+    ok(call_in(
+        &agent,
+        Some(&session),
+        "run_command",
+        json!({"argv": ["true", long]}),
+    )
+    .await);
+    // The first call's record may come after the stream opened.
+    let started = loop {
+        let (name, data) = next_call_event(&mut events).await;
+        if name == "call_started" {
+            break data;
+        }
+    };
+    let target = started["target"].as_str().unwrap().to_owned();
+    assert!(target.len() < 4200, "{}", target.len());
+    assert!(target.starts_with("true xxxx"), "{target:.40}");
+    assert!(
+        target.ends_with("bytes more)"),
+        "{}",
+        &target[target.len() - 40..]
+    );
+    loop {
+        let (name, data) = next_call_event(&mut events).await;
+        if name == "call" && data["target"] != "true" {
+            assert_eq!(data["target"], target.as_str());
+            break;
+        }
+    }
+    let audit = api
+        .get(&format!("/api/v1/sessions/{session}/audit"))
+        .await
+        .json();
+    let whole = audit["records"][1]["target"].as_str().unwrap_or_default();
+    assert_eq!(whole.len(), "true ".len() + long.len());
+}
+
 /// The next event whose name starts with `call` (calls in progress and records), others
 /// (artifacts, messages) skipped.
 async fn next_call_event(events: &mut Events) -> (String, Value) {
