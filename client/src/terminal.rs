@@ -97,11 +97,13 @@ impl TerminalApprover {
             .name("approval-prompt".into())
             .spawn(move || {
                 // This thread alone uses the terminal from a job that may be in the background:
-                // with SIGTTOU blocked here, setting the terminal's mode (and writing, under
-                // `stty tostop`) never makes the kernel stop the whole process; reads wait for
-                // the foreground (`next_key`).
+                // with SIGTTOU and SIGTTIN blocked here, writing (under `stty tostop`) and a read
+                // that races a move to the background never make the kernel stop the whole
+                // process (the read fails instead); the terminal's mode is changed and keys are
+                // read only from the foreground (`in_the_foreground`, `next_key`).
                 let mut stops = nix::sys::signal::SigSet::empty();
                 stops.add(nix::sys::signal::Signal::SIGTTOU);
+                stops.add(nix::sys::signal::Signal::SIGTTIN);
                 let _ = stops.thread_block();
                 while let Ok(job) = rx.recv() {
                     if job.reply.is_closed() {
@@ -165,9 +167,25 @@ impl Drop for RawMode {
     fn drop(&mut self) {
         if let Some(saved) = &self.0 {
             let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
+            // From the background the terminal is another job's (the shell put its own modes
+            // back when this one stopped): it is left as it is.
+            if in_the_foreground() {
+                let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
+            }
             *before = None;
         }
+    }
+}
+
+/// Puts the terminal back in the prompt's mode (no line editing, no echo) when a prompt is up:
+/// after the job came back to the foreground (`fg`), whose shell had put its own modes back.
+fn raw_again() {
+    let before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(saved) = before.as_ref() {
+        let mut raw = saved.clone();
+        raw.local_flags
+            .remove(LocalFlags::ICANON | LocalFlags::ECHO);
+        let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &raw);
     }
 }
 
@@ -176,19 +194,25 @@ impl Drop for RawMode {
 /// as the process exits; does nothing when no prompt is up.
 pub fn restore() {
     let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(saved) = before.take() {
-        // From the background, as the prompt's thread does (see `TerminalApprover::start_with`).
-        let mut stops = nix::sys::signal::SigSet::empty();
-        stops.add(nix::sys::signal::Signal::SIGTTOU);
-        let _ = stops.thread_block();
+    // From the background the terminal is another job's: left as it is (and setting it would
+    // stop this process as it exits).
+    if let Some(saved) = before.take()
+        && in_the_foreground()
+    {
         let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &saved);
     }
 }
 
-/// Drops every key typed and not read yet.
+/// Drops every key typed and not read yet; from the background, none (they are another job's).
 fn discard_typed_keys() {
-    let _ = termios::tcflush(std::io::stdin().as_fd(), termios::FlushArg::TCIFLUSH);
+    if in_the_foreground() {
+        let _ = termios::tcflush(std::io::stdin().as_fd(), termios::FlushArg::TCIFLUSH);
+    }
 }
+
+/// What [`next_key`] gives when the prompt should be drawn again: the job came back to the
+/// foreground, or the owner pressed Ctrl-L.
+const REDRAW: u8 = 0x0c;
 
 /// Why a prompt ended without an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +227,7 @@ enum Ended {
 
 /// Waits for one key until `until` (or the request's end); `Ok(None)` when `until` passed.
 fn next_key(job: &Job, deadline: Instant, until: Instant) -> Result<Option<u8>, Ended> {
+    let mut away = false;
     loop {
         if job.reply.is_closed() {
             return Err(Ended::Withdrawn);
@@ -219,10 +244,16 @@ fn next_key(job: &Job, deadline: Instant, until: Instant) -> Result<Option<u8>, 
             .saturating_duration_since(now)
             .min(Duration::from_millis(100));
         // In the background (Ctrl-Z, then `bg`), a read would stop the whole process
-        // (SIGTTIN): the prompt waits until it is in the foreground again.
+        // (SIGTTIN): the prompt waits until it is in the foreground again, then puts the
+        // terminal back in its mode and has the request drawn again.
         if !in_the_foreground() {
+            away = true;
             std::thread::sleep(slice);
             continue;
+        }
+        if away {
+            raw_again();
+            return Ok(Some(REDRAW));
         }
         let stdin = std::io::stdin();
         let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
@@ -235,6 +266,9 @@ fn next_key(job: &Job, deadline: Instant, until: Instant) -> Result<Option<u8>, 
         }
         let mut byte = [0u8; 1];
         match nix::unistd::read(std::io::stdin().as_fd(), &mut byte) {
+            // Moved to the background since the check above: the read fails (SIGTTIN is
+            // blocked in this thread), and the prompt waits as above.
+            Err(nix::errno::Errno::EIO) if !in_the_foreground() => {}
             Ok(0) | Err(_) => return Err(Ended::Closed),
             Ok(_) => return Ok(Some(byte[0])),
         }
@@ -395,11 +429,6 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
             "  [a] allow always covers {}",
             printable_lines(&r.scope)
         );
-        let _ = writeln!(
-            shown,
-            "  new request — keys are ignored for {} s",
-            guard.as_secs_f64()
-        );
     }
     // A request that waited behind others has less than the full time-out left.
     let deadline = r.deadline.min(Instant::now() + timeout);
@@ -413,10 +442,15 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
     }
     let mut out = std::io::stderr().lock();
     let _ = out.write_all(shown.as_bytes());
+    let _ = writeln!(
+        out,
+        "  new request — keys are ignored for {} s",
+        guard.as_secs_f64()
+    );
     let _ = out.flush();
     drop(out);
     let _raw = RawMode::enter();
-    let answer = ask(job, &text, deadline, guard);
+    let answer = ask(job, &text, &shown, deadline, guard);
     let said = match answer {
         Ok(Decision::AllowOnce) => "allowed once",
         Ok(Decision::AllowAlways) => "allowed always",
@@ -471,7 +505,13 @@ fn wait_for_the_foreground(job: &Job, deadline: Instant) -> Result<(), Ended> {
 
 /// The guard, then the question (and the pager, and the confirmation of "always") until an
 /// answer.
-fn ask(job: &Job, text: &Prompt, deadline: Instant, guard: Duration) -> Result<Decision, Ended> {
+fn ask(
+    job: &Job,
+    text: &Prompt,
+    shown: &str,
+    deadline: Instant,
+    guard: Duration,
+) -> Result<Decision, Ended> {
     let mut input = Input::default();
     // Keys typed while the prompt is new are read and dropped, and whatever is left is flushed.
     let guard_end = Instant::now() + guard;
@@ -514,6 +554,13 @@ fn ask(job: &Job, text: &Prompt, deadline: Instant, guard: Duration) -> Result<D
                         pager(job, &mut input, whole, deadline)?;
                         break;
                     }
+                }
+                // Back in the foreground (or Ctrl-L): the request, then the question, again.
+                Key::Byte(REDRAW) => {
+                    let mut out = std::io::stderr().lock();
+                    let _ = out.write_all(shown.as_bytes());
+                    let _ = out.flush();
+                    break;
                 }
                 _ => {}
             }

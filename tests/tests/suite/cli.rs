@@ -461,8 +461,22 @@ async fn an_attach_in_the_background_serves_on_and_asks_once_in_the_foreground()
     pty.wait_for("&", at).await;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     reads().await;
+    // Keys typed for the shell meanwhile are the shell's.
+    pty.send(b"true\n");
+    reads().await;
     assert!(!waiting.is_finished());
-    waiting.abort();
+    // Back in the foreground: the request is drawn again, and one key answers it.
+    pty.send(b"fg\n");
+    let at = pty.wait_for("approval needed", at).await;
+    pty.wait_for("answer within", at).await;
+    pty.send(b"n");
+    let denied = within(STEP, "the denied call", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let error = monad_tests::err(denied);
+    assert_eq!(error.code, ErrorCode::Denied, "{error:?}");
+    assert!(!laptop.path().join("new.txt").exists());
 }
 
 /// The attack: an agent's `monad-client call` is interrupted (Ctrl-C) while the folder's owner
