@@ -70,6 +70,21 @@ pub(crate) fn guess(bytes: &[u8]) -> Guess {
     Guess::Text(Encoding::Latin1)
 }
 
+/// Guesses what a part of a file further in is, when the file's head was plain ASCII and so
+/// said nothing of it: binary only for a NUL byte (a short part of text may well hold a control
+/// character, a DOS file's final Ctrl-Z, or start with `ÿþ`), else UTF-8 when it mostly is,
+/// else windows-1252.
+pub(crate) fn guess_part(bytes: &[u8]) -> Guess {
+    if let Some(at) = bytes.iter().position(|&b| b == 0) {
+        return Guess::Binary(format!("it has a NUL byte (at byte {at} of it)"));
+    }
+    if mostly_utf8(&bytes[..complete_utf8_len(bytes)]) {
+        Guess::Text(Encoding::Utf8)
+    } else {
+        Guess::Text(Encoding::Latin1)
+    }
+}
+
 /// The length of `bytes` without a UTF-8 character cut at its end (one to three bytes of a
 /// sequence whose lead byte says it goes on), whatever comes before.
 pub(crate) fn complete_utf8_len(bytes: &[u8]) -> usize {

@@ -199,8 +199,8 @@ fn line_start(
 }
 
 /// Reads a file `read_utf8` found not to be UTF-8 text again: decoded into `result` when it is
-/// text in another encoding (told from its first `read_max_bytes`), else left binary with the
-/// reason. At most `read_max_bytes` of it are decoded, from the line at `offset` (found in the
+/// text in another encoding (told from its first `read_max_bytes`, or, when those are plain
+/// ASCII, from the part read), else left binary with the reason. At most `read_max_bytes` of it are decoded, from the line at `offset` (found in the
 /// bytes, [`line_start`]), so the whole file can be read on, as UTF-8 text can.
 fn decode_other(
     result: &mut ReadFileResult,
@@ -210,6 +210,7 @@ fn decode_other(
 ) -> std::io::Result<()> {
     let max_bytes = limits.read_max_bytes as usize;
     let first = read_start(file, result.size, limits.read_max_bytes)?;
+    let first_ascii = first.is_ascii();
     let encoding = match crate::decode::guess(&first) {
         crate::decode::Guess::Binary(why) => {
             result.binary_reason = Some(why);
@@ -243,29 +244,21 @@ fn decode_other(
             }
         }
     };
-    // A part further in is told by its own bytes, as the head was: text after a head of plain
-    // ASCII is UTF-8 or windows-1252 by what it holds, and binary data after text is binary. Only
-    // UTF-16, which the head tells for the whole file (its mark, its NULs), is kept.
-    let encoding = match encoding {
-        crate::decode::Encoding::Utf16Le | crate::decode::Encoding::Utf16Be => encoding,
-        _ if start == 0 => encoding,
-        _ => match crate::decode::guess(&raw) {
-            crate::decode::Guess::Text(
-                part @ (crate::decode::Encoding::Latin1 | crate::decode::Encoding::Utf8),
-            ) => part,
-            crate::decode::Guess::Text(_) => {
-                result.binary_reason = Some(format!(
-                    "the part from line {offset} (byte {start}) on is not text: it has NUL bytes"
-                ));
-                return Ok(());
-            }
+    // The head tells the file's encoding when it holds anything but plain ASCII; when it does
+    // not, a part further in is told by its own bytes (UTF-8 or windows-1252 by what it holds,
+    // binary for a NUL), rather than by a guess the head could not make.
+    let encoding = if start == 0 || !first_ascii {
+        encoding
+    } else {
+        match crate::decode::guess_part(&raw) {
+            crate::decode::Guess::Text(part) => part,
             crate::decode::Guess::Binary(why) => {
                 result.binary_reason = Some(format!(
                     "the part from line {offset} (byte {start}) on is not text: {why}"
                 ));
                 return Ok(());
             }
-        },
+        }
     };
     result.binary = false;
     result.binary_reason = None;

@@ -291,6 +291,31 @@ fn a_file_in_another_encoding_past_the_byte_cap_is_read_on_to_its_end() {
             .is_some_and(|why| why.contains("from line 202")),
         "{out:?}"
     );
+    // A head that holds more than ASCII tells the whole file: a line reads the same from any
+    // offset (a stray byte in UTF-8 stays U+FFFD, a windows-1252 file's last line with its
+    // Ctrl-Z stays text).
+    let utf8 = b"na\xc3\xafve caf\xc3\xa9 r\xc3\xa9sum\xc3\xa9\n".repeat(3);
+    let utf8 = [utf8, b"caf\xe9\nend\n".to_vec()].concat();
+    std::fs::write(fx.root().join("stray.txt"), &utf8).unwrap();
+    let whole = fx.sandbox.read_file(&read("stray.txt")).unwrap();
+    let mut on = read("stray.txt");
+    on.offset = Some(4);
+    let part = fx.sandbox.read_file(&on).unwrap();
+    assert_eq!(part.content, "caf\u{fffd}\nend\n");
+    assert!(whole.content.ends_with(&part.content), "{whole:?}");
+    assert_eq!(part.encoding, whole.encoding);
+    let dos = [
+        b"\xc9t\xe9\r\n".repeat(3),
+        b"Fin de l'\xe9t\xe9\r\n\x1a".to_vec(),
+    ]
+    .concat();
+    std::fs::write(fx.root().join("dos.txt"), &dos).unwrap();
+    let mut on = read("dos.txt");
+    on.offset = Some(4);
+    let last = fx.sandbox.read_file(&on).unwrap();
+    assert!(!last.binary, "{last:?}");
+    assert_eq!(last.content, "Fin de l'été\r\n\u{1a}");
+    assert_eq!(last.encoding.as_deref(), Some("windows-1252"));
     // A UTF-16 line that starts with U+FEFF keeps it when read from that line.
     let text = format!("{}\u{feff}marked\n", "line\n".repeat(300));
     let mut utf16 = vec![0xFF, 0xFE];
