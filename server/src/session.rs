@@ -952,6 +952,7 @@ impl Session {
         result: &monad_protocol::wire::ToolResult,
         workspace: &str,
         uri: &str,
+        record: Option<&str>,
     ) {
         // Only these two tools' results say anything about processes: no other result is
         // looked into (a relayed one would be parsed for it).
@@ -982,13 +983,21 @@ impl Session {
             );
             return;
         }
-        // Still the same folder under that name, checked with the list locked, as a rename or a
-        // detach moves the processes noted (`processes_moved`): a folder detached while the call
-        // ran, its name taken by another since, does not get this one's process.
+        // The folder that ran the call, found by its URI and its workspace record (one device's
+        // folder: two machines may share a host name) with the list locked, under the name it
+        // has now, as a rename or a detach moves the processes noted (`processes_moved`): one
+        // renamed while the call ran keeps its process, one detached (its name maybe another
+        // folder's since) does not get it.
         let attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
-        let same = workspace == "primary" && uri == self.primary_uri()
-            || attached.iter().any(|a| a.name == workspace && a.uri == uri);
-        if !same {
+        let now = if workspace == "primary" && uri == self.primary_uri() {
+            Some("primary".to_owned())
+        } else {
+            attached
+                .iter()
+                .find(|a| a.uri == uri && a.record.as_deref() == record)
+                .map(|a| a.name.clone())
+        };
+        let Some(workspace) = now else {
             tracing::debug!(
                 session = %self.id,
                 workspace,
@@ -996,7 +1005,8 @@ impl Session {
                 "the folder that started the process left the session meanwhile; not kept"
             );
             return;
-        }
+        };
+        let workspace = workspace.as_str();
         let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
         drop(attached);
         if processes
@@ -2833,12 +2843,12 @@ pub(crate) mod tests {
         }
     }
 
-    /// The URI workspace `name` of `s` has now, as a call started there has it.
-    fn uri_in(s: &Session, name: &str) -> String {
+    /// The URI and record workspace `name` of `s` has now, as a call started there has them.
+    fn uri_in(s: &Session, name: &str) -> (String, Option<String>) {
         s.workspaces()
             .into_iter()
             .find(|w| w.info.name == name)
-            .map(|w| w.info.uri)
+            .map(|w| (w.info.uri, w.record))
             .unwrap_or_default()
     }
 
@@ -3195,20 +3205,24 @@ pub(crate) mod tests {
         s.attach(folder_of("lap", "d1", "~/lap"), None);
         let started = |id: &str, workspace: &str| {
             let result = monad_protocol::wire::ToolResult::from(serde_json::json!({"process": id}));
+            let (uri, record) = uri_in(&s, workspace);
             s.note_process(
                 ToolName::RunCommand,
                 &result,
                 workspace,
-                &uri_in(&s, workspace),
+                &uri,
+                record.as_deref(),
             );
         };
         let ended = |id: &str, workspace: &str| {
             let result = serde_json::json!({"process": id, "running": false}).into();
+            let (uri, record) = uri_in(&s, workspace);
             s.note_process(
                 ToolName::ProcessRead,
                 &result,
                 workspace,
-                &uri_in(&s, workspace),
+                &uri,
+                record.as_deref(),
             );
         };
         let p = |i: usize| format!("proc-{:08x}", 0x100 + i);
@@ -3244,9 +3258,15 @@ pub(crate) mod tests {
         let reg = registry(dir.path());
         let s = reg.open("default", "ana").unwrap();
         let folder = |device: &str, path: &str| folder_of("lap", device, path);
-        let started_in = |id: &str, workspace: &str, uri: &str| {
+        let started_in = |id: &str, workspace: &str, (uri, record): &(String, Option<String>)| {
             let result = monad_protocol::wire::ToolResult::from(serde_json::json!({"process": id}));
-            s.note_process(ToolName::RunCommand, &result, workspace, uri);
+            s.note_process(
+                ToolName::RunCommand,
+                &result,
+                workspace,
+                uri,
+                record.as_deref(),
+            );
         };
         let started = |id: &str, workspace: &str| started_in(id, workspace, &uri_in(&s, workspace));
         assert_eq!(s.attach(folder("d1", "~/a"), None).name, "lap");
@@ -3258,6 +3278,12 @@ pub(crate) mod tests {
             Some("work")
         );
         started("proc-0000000b", "work");
+        // Renamed while a call ran there: the process it started is found by the new name.
+        let before = uri_in(&s, "work");
+        s.attach_exact(folder("d1", "~/a"), "job").unwrap();
+        started_in("proc-0000000f", "work", &before);
+        assert_eq!(s.process_workspace("proc-0000000f").as_deref(), Some("job"));
+        s.attach_exact(folder("d1", "~/a"), "work").unwrap();
         // Detached by name, then another folder takes the name: it gets none of them, nor the
         // process of a call that started in the first folder and ends only now.
         let before = uri_in(&s, "work");
@@ -3268,6 +3294,21 @@ pub(crate) mod tests {
         assert_eq!(s.process_workspace("proc-0000000b"), None);
         assert_eq!(s.process_workspace("proc-0000000d"), None);
         assert!(s.process_workspaces().is_empty());
+        // Nor does a folder of another machine with the same host name, at the same path: the
+        // same URI, another device's workspace record.
+        let of_device = |device: &str, record: &str| Attached {
+            uri: "host:~/p".into(),
+            record: Some(record.into()),
+            ..folder_of("same", device, "~/p")
+        };
+        s.attach_exact(of_device("d1", "rec-1"), "same").unwrap();
+        let before = uri_in(&s, "same");
+        s.forget("same", "detached").unwrap();
+        s.attach_exact(of_device("d2", "rec-2"), "same").unwrap();
+        assert_eq!(uri_in(&s, "same").0, before.0, "the same URI");
+        started_in("proc-0000000e", "same", &before);
+        assert_eq!(s.process_workspace("proc-0000000e"), None);
+        s.forget("same", "detached").unwrap();
         // An offline folder that leaves the list for a new one takes its processes with it.
         started("proc-0000000c", "work");
         assert_eq!(s.attach(folder("d1", "~/c"), None).name, "lap");

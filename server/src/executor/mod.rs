@@ -449,7 +449,8 @@ impl Executor {
             }
         };
         if let Ok(result) = &result {
-            session.note_process(tool, result, &snapshot.info.name, &snapshot.info.uri);
+            let (name, uri) = (&snapshot.info.name, &snapshot.info.uri);
+            session.note_process(tool, result, name, uri, snapshot.record.as_deref());
         }
         let output = match result {
             Ok(result) => CallOutput {
