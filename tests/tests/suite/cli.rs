@@ -428,6 +428,23 @@ async fn an_attach_in_the_background_serves_on_and_asks_once_in_the_foreground()
         .as_bytes(),
     );
     let at = pty.wait_for("attached ", 0).await;
+    // The job's process is no child of this test's: it is killed however the test ends, since
+    // the shell's end does not end a job in the background.
+    let screen = pty.text();
+    let pid: i32 = screen
+        .split("[1] ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("the job's process id: {screen}"));
+    struct Killed(i32);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let pid = nix::unistd::Pid::from_raw(self.0);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let _attach = Killed(pid);
     let token = server.first_token.clone().unwrap();
     let asking = monad_tests::connect_agent(&server.client_config(&token)).await;
     let waiting = tokio::spawn(async move {
