@@ -310,8 +310,7 @@ impl Transcript {
                     .unwrap_or_default();
                 // A command that ran and failed is a failure too, as `call` and the folder's
                 // own lines mark it.
-                let failed = ToolName::parse(tool)
-                    .and_then(|tool| monad_protocol::render::command_failure(tool, text));
+                let failed = monad_protocol::render::command_failure(tool, text);
                 let outcome = match (error, failed) {
                     (Some(e), _) => format!("error: {}: {}", e.code, printable(&e.message)),
                     (None, Some(failed)) => failed.to_owned(),

@@ -153,11 +153,8 @@ impl RawMode {
         let Ok(saved) = termios::tcgetattr(stdin.as_fd()) else {
             return RawMode(None);
         };
-        let mut raw = saved.clone();
-        raw.local_flags
-            .remove(LocalFlags::ICANON | LocalFlags::ECHO);
         *BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner()) = Some(saved.clone());
-        let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw);
+        let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw_of(&saved));
         discard_typed_keys();
         RawMode(Some(saved))
     }
@@ -182,11 +179,16 @@ impl Drop for RawMode {
 fn raw_again() {
     let before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(saved) = before.as_ref() {
-        let mut raw = saved.clone();
-        raw.local_flags
-            .remove(LocalFlags::ICANON | LocalFlags::ECHO);
-        let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &raw);
+        let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &raw_of(saved));
     }
+}
+
+/// The prompt's mode made from the terminal's `saved` one: keys one at a time, not echoed.
+fn raw_of(saved: &termios::Termios) -> termios::Termios {
+    let mut raw = saved.clone();
+    raw.local_flags
+        .remove(LocalFlags::ICANON | LocalFlags::ECHO);
+    raw
 }
 
 /// Gives the terminal back its modes from before a prompt that is still up (echo and line
@@ -223,6 +225,17 @@ enum Ended {
     TimedOut,
     /// The terminal went away.
     Closed,
+}
+
+impl Ended {
+    /// What the prompt's last line says of it.
+    fn said(self) -> &'static str {
+        match self {
+            Ended::Withdrawn => "withdrawn: the agent cancelled this request",
+            Ended::TimedOut => "nobody answered in time: refused",
+            Ended::Closed => "the terminal closed: denied",
+        }
+    }
 }
 
 /// Waits for one key until `until` (or the request's end); `Ok(None)` when `until` passed.
@@ -433,11 +446,7 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
     // A request that waited behind others has less than the full time-out left.
     let deadline = r.deadline.min(Instant::now() + timeout);
     if let Err(ended) = wait_for_the_foreground(job, deadline) {
-        let said = match ended {
-            Ended::Withdrawn => "withdrawn: the agent cancelled this request",
-            _ => "nobody answered in time: refused",
-        };
-        let _ = writeln!(std::io::stderr(), "{said}");
+        let _ = writeln!(std::io::stderr(), "{}", ended.said());
         return None;
     }
     let mut out = std::io::stderr().lock();
@@ -456,9 +465,7 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
         Ok(Decision::AllowAlways) => "allowed always",
         Ok(Decision::Deny) => "denied",
         Ok(Decision::DenyAlways) => "denied always",
-        Err(Ended::Withdrawn) => "withdrawn: the agent cancelled this request",
-        Err(Ended::TimedOut) => "nobody answered in time: refused",
-        Err(Ended::Closed) => "the terminal closed: denied",
+        Err(ended) => ended.said(),
     };
     let _ = writeln!(std::io::stderr(), "{said}");
     match answer {

@@ -267,15 +267,7 @@ fn written(
 
 /// A failure as an MCP result with `isError: true`.
 pub fn error_result(workspace: Option<WorkspaceRef>, error: &ToolError) -> CallToolResult {
-    let place = match &workspace {
-        // A folder's path is the attaching user's to choose: escaped like any path shown.
-        Some(w) => format!(
-            " (in workspace `{}`, {})",
-            crate::render::shown(&w.name),
-            crate::render::shown(&w.uri)
-        ),
-        None => String::new(),
-    };
+    let place = render::in_workspace(workspace.as_ref());
     let error = shortened(error);
     let text = format!("{}: {}{place}", error.code, error.message);
     let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
@@ -336,12 +328,9 @@ pub fn session_from_meta(meta: &JsonObject) -> Result<Option<String>, ErrorData>
 }
 
 /// Lines of progress a backend reports while a call waits (for an approval, say): at most
-/// [`PROGRESS_QUEUE`] wait to be sent to the host, and a backend drops more (`try_send`), so a
-/// host that reads slowly never makes a call hold lines without bound.
+/// [`crate::wire::PROGRESS_QUEUE`] wait to be sent to the host, and a backend drops more
+/// (`try_send`).
 pub type ProgressSender = mpsc::Sender<String>;
-
-/// Progress lines a call keeps for a host that has not taken them yet.
-pub const PROGRESS_QUEUE: usize = 16;
 
 /// What a transport provides: sessions, calls and change notifications. The `caller` is the
 /// request's extensions: the HTTP transport finds the authenticated user there; the stdio bridge,
@@ -986,7 +975,7 @@ impl<B: Backend> McpFront<B> {
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let token = context.meta.get_progress_token();
-        let (progress_tx, mut progress_rx) = mpsc::channel(PROGRESS_QUEUE);
+        let (progress_tx, mut progress_rx) = mpsc::channel(crate::wire::PROGRESS_QUEUE);
         let call = self
             .backend
             .call(&context.extensions, session, tool, args, progress_tx);

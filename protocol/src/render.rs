@@ -317,6 +317,15 @@ fn listing(ws: &Where<'_>, r: &ListDirResult) -> String {
     out
 }
 
+/// ` (in workspace `NAME`, URI)` after an error's message, escaped as paths are ([`shown`]: a
+/// folder's path is the attaching user's to choose); nothing without a workspace.
+pub fn in_workspace(workspace: Option<&WorkspaceRef>) -> String {
+    match workspace {
+        Some(w) => format!(" (in workspace `{}`, {})", shown(&w.name), shown(&w.uri)),
+        None => String::new(),
+    }
+}
+
 /// A path for the text, which puts one per line: a name may hold a line break or another
 /// control character, which would break that layout, so such a name is shown as
 /// [`crate::text::printable_name`] shows it (`\u{a}`, as the diff's header and the terminal
@@ -594,11 +603,11 @@ fn memory_bound(hit: bool) -> &'static str {
 /// How a command ended, read back from the text [`text`] made of a `run_command` or
 /// `process_read` result, when it did not end well: `exit status 3`, `killed by signal 9`,
 /// `timed out and was killed`. `None` for one that exited with status 0, runs on, or runs in
-/// the background, and for any other tool. For a front that has only the text (the built-in
-/// agent's events) and marks a call that failed as failed.
-pub fn command_failure(tool: ToolName, text: &str) -> Option<&str> {
+/// the background, and for any other tool (`tool` is its name, as the built-in agent's events
+/// carry it). For a front that has only the text and marks a call that failed as failed.
+pub fn command_failure<'a>(tool: &str, text: &'a str) -> Option<&'a str> {
     let first = text.lines().next().unwrap_or("");
-    let said = match tool {
+    let said = match ToolName::parse(tool)? {
         ToolName::RunCommand => first,
         // `Process ID in workspace W: ENDING after …` once it ended.
         ToolName::ProcessRead => first.split_once(": ").map_or("", |(_, rest)| rest),
@@ -652,9 +661,8 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
         }
         if looks_binary(text) {
             // Counted as the program wrote it: a byte that was not UTF-8 is one U+FFFD here,
-            // three bytes of text.
-            // Past the output cap, the bytes dropped between its two ends count too: the size
-            // is what the program wrote, and the text says that not all of it is held.
+            // three bytes of text, and past the output cap the bytes dropped between its two
+            // ends count too (the text says that not all of it is held).
             let replaced = text.matches('\u{fffd}').count();
             let about = if replaced > 0 { "about " } else { "" };
             let dropped = gap.map_or(0, |gap| gap.dropped);
@@ -1806,7 +1814,7 @@ mod tests {
     #[test]
     fn a_commands_failure_is_read_back_from_its_text() {
         let failure = |tool: ToolName, result: Value| {
-            command_failure(tool, &render(tool, result)).map(str::to_owned)
+            command_failure(tool.as_str(), &render(tool, result)).map(str::to_owned)
         };
         let mut run = ran("out\n");
         assert_eq!(failure(ToolName::RunCommand, run.clone()), None);
@@ -1837,7 +1845,8 @@ mod tests {
             Some("exit status 2")
         );
         // Another tool's text that reads alike is no command's.
-        assert_eq!(command_failure(ToolName::ReadFile, "exit status 3"), None);
+        assert_eq!(command_failure("read_file", "exit status 3"), None);
+        assert_eq!(command_failure("no_such_tool", "exit status 3"), None);
     }
 
     #[test]

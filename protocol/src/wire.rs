@@ -104,6 +104,11 @@ pub const MAX_NETWORK_EVENTS: usize = 64;
 /// and relay megabytes per line.
 pub const MAX_PROGRESS: usize = 4096;
 
+/// Progress lines a call keeps for its caller (an agent, an MCP host) that has not taken them
+/// yet; more are dropped (`try_send`), so a caller that reads slowly never makes a call hold
+/// lines without bound.
+pub const PROGRESS_QUEUE: usize = 16;
+
 /// A progress line as a server passes it on: at most [`MAX_PROGRESS`] bytes.
 pub fn progress_line(message: &str) -> &str {
     crate::text::head(message, MAX_PROGRESS)

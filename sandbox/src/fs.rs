@@ -200,8 +200,9 @@ fn line_start(
 
 /// Reads a file `read_utf8` found not to be UTF-8 text again: decoded into `result` when it is
 /// text in another encoding (told from its first `read_max_bytes`, or, when those are plain
-/// ASCII, from the part read), else left binary with the reason. At most `read_max_bytes` of it are decoded, from the line at `offset` (found in the
-/// bytes, [`line_start`]), so the whole file can be read on, as UTF-8 text can.
+/// ASCII, from the part read), else left binary with the reason. At most `read_max_bytes` of
+/// it are decoded, from the line at `offset` (found in the bytes, [`line_start`]), so the
+/// whole file can be read on, as UTF-8 text can.
 fn decode_other(
     result: &mut ReadFileResult,
     file: &std::fs::File,
@@ -230,10 +231,7 @@ fn decode_other(
             ),
             // Past the end: nothing to show, and how many lines there are.
             Err(total) => {
-                result.binary = false;
-                result.binary_reason = None;
-                result.encoding = Some(encoding.as_str().to_owned());
-                result.start_line = offset;
+                text_in(result, encoding, offset);
                 result.content = String::new();
                 result.lines = 0;
                 result.total_lines = Some(total);
@@ -260,10 +258,7 @@ fn decode_other(
             }
         }
     };
-    result.binary = false;
-    result.binary_reason = None;
-    result.encoding = Some(encoding.as_str().to_owned());
-    result.start_line = offset;
+    text_in(result, encoding, offset);
     let whole = start + raw.len() as u64 >= result.size;
     match encoding {
         // A cut UTF-16 unit is not decoded.
@@ -322,6 +317,14 @@ fn decode_other(
         .map(|_| offset + taken);
     result.truncation = cut;
     Ok(())
+}
+
+/// Marks `result` as text in `encoding`, read from line `offset` (its content still to come).
+fn text_in(result: &mut ReadFileResult, encoding: crate::decode::Encoding, offset: u64) {
+    result.binary = false;
+    result.binary_reason = None;
+    result.encoding = Some(encoding.as_str().to_owned());
+    result.start_line = offset;
 }
 
 /// `read_file` of UTF-8 text; anything else comes back `binary`.

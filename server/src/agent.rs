@@ -188,14 +188,7 @@ pub fn result_text(
             None => (result.value().to_string(), None),
         },
         Outcome::Error { error } => {
-            let place = match workspace {
-                Some(w) => format!(
-                    " (in workspace `{}`, {})",
-                    render::shown(&w.name),
-                    render::shown(&w.uri)
-                ),
-                None => String::new(),
-            };
+            let place = render::in_workspace(workspace);
             // Said plainly for the model: the conversation goes on without that machine.
             let away = if error.code == ErrorCode::WorkspaceDisconnected {
                 " That workspace is offline: its machine is away. Carry on without it, or ask \

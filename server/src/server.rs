@@ -34,8 +34,6 @@ const MAX_HELLO: usize = 64 * 1024;
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
 const MAX_REQUEST: usize = 40 * 1024 * 1024;
-/// Progress lines a call keeps for an agent that has not taken them yet; more are dropped.
-const PROGRESS_QUEUE: usize = 16;
 /// Longest wait for the peer to acknowledge an answer before its stream is left behind.
 const ANSWER_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// QUIC application close codes.
@@ -1263,11 +1261,12 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             args,
         } => {
             // Progress is best effort: lines an agent does not take in time are dropped, so a
-            // call holds at most `PROGRESS_QUEUE` lines of `wire::MAX_PROGRESS` bytes for it.
+            // call holds at most `wire::PROGRESS_QUEUE` lines for it, each cut where it came in
+            // from an attached client or another host (`wire::progress_line`).
             let (progress_tx, mut progress_rx) =
-                tokio::sync::mpsc::channel::<String>(PROGRESS_QUEUE);
+                tokio::sync::mpsc::channel::<String>(wire::PROGRESS_QUEUE);
             let sink = move |m: &str| {
-                let _ = progress_tx.try_send(wire::progress_line(m).to_owned());
+                let _ = progress_tx.try_send(m.to_owned());
             };
             let lookup = ctx.lookup(session.as_deref());
             let mut call = Box::pin(

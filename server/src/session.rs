@@ -989,6 +989,8 @@ impl Session {
         // renamed while the call ran keeps its process, one detached (its name maybe another
         // folder's since) does not get it.
         let attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        // The primary by its name too: an attached folder's URI is made of what its client
+        // says, which could read like the primary's.
         let now = if workspace == "primary" && uri == self.primary_uri() {
             Some("primary".to_owned())
         } else {

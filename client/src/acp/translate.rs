@@ -152,9 +152,7 @@ pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
             ..
         } => {
             // A command that ran and failed (exit status 3, killed, timed out) failed too.
-            let command_failed = monad_protocol::ToolName::parse(tool)
-                .and_then(|tool| monad_protocol::render::command_failure(tool, text))
-                .is_some();
+            let command_failed = monad_protocol::render::command_failure(tool, text).is_some();
             let status = if error.is_some() || command_failed {
                 ToolCallStatus::Failed
             } else {

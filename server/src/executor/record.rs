@@ -561,20 +561,27 @@ fn record_call(
     })
 }
 
-/// Keeps the first `cap` bytes written to it and counts them all.
-struct CappedWriter {
+/// Keeps the first `cap` bytes written to it and counts them all (with `cap` 0, only counts).
+pub(crate) struct CappedWriter {
     bytes: Vec<u8>,
     cap: usize,
     total: u64,
 }
 
 impl CappedWriter {
-    fn new(cap: u64) -> CappedWriter {
+    pub(crate) fn new(cap: u64) -> CappedWriter {
         CappedWriter {
             bytes: Vec::new(),
             cap: usize::try_from(cap).unwrap_or(usize::MAX),
             total: 0,
         }
+    }
+}
+
+impl CappedWriter {
+    /// Every byte written, kept or not.
+    pub(crate) fn total(&self) -> u64 {
+        self.total
     }
 }
 

@@ -1125,8 +1125,13 @@ fn check_metadata(metadata: &Map<String, Value>) -> Result<(), HttpError> {
             "`metadata` is nested {deepest} levels deep; at most {MAX_METADATA_DEPTH}"
         )));
     }
-    let size = serde_json::to_vec(metadata).map_or(usize::MAX, |text| text.len());
-    if size > MAX_METADATA_BYTES {
+    // Counted as written, not made: metadata can be nearly the whole body.
+    let mut counted = crate::executor::CappedWriter::new(0);
+    let size = match serde_json::to_writer(&mut counted, metadata) {
+        Ok(()) => counted.total(),
+        Err(_) => u64::MAX,
+    };
+    if size > MAX_METADATA_BYTES as u64 {
         return Err(HttpError::bad(format!(
             "`metadata` is {size} bytes as JSON; at most {MAX_METADATA_BYTES} (put large data \
              in the content)"
