@@ -479,8 +479,8 @@ const TARGET_SHOWN: usize = 200;
 
 /// A call's target as its lines (started, ended) show it: at most [`TARGET_SHOWN`] characters,
 /// its middle said as what it leaves out. An argument of 100 KB (a command line, a path) made
-/// each of its lines that long, pushing the rest of the attach's lines off the screen; the
-/// prompt shows a call whole (up to its own bound, `prompt::runs_said`).
+/// each of its lines that long, pushing the rest of the attach's lines off the screen. The
+/// prompt is given the call whole (a field too long to draw there is paged whole).
 fn line_target(target: String) -> String {
     crate::prompt::middle_said(target.into(), TARGET_SHOWN, "").into_owned()
 }
@@ -1081,7 +1081,9 @@ async fn run(
     // As the tool will read them: the prompt, the rule and the run see the same numbers
     // (`"background_after_ms": 1000.0` showed no background and the default time-out).
     let args = monad_protocol::tools::with_whole_numbers(args);
-    let target = line_target(describe(tool, &args));
+    // The prompt shows the call whole; its lines (decided, started, ended) show its ends.
+    let described = describe(tool, &args);
+    let target = line_target(described.clone());
     let ran = |allowed: bool, basis: Basis| AttachEvent::Decided {
         tool,
         target: target.clone(),
@@ -1182,7 +1184,7 @@ async fn run(
                     session: session.to_owned(),
                     workspace: folder.shown_name(),
                     tool,
-                    target: target.clone(),
+                    target: described,
                     diff,
                     creates,
                     through_link,

@@ -626,7 +626,7 @@ fn pager(job: &Job, input: &mut Input, whole: &Whole, deadline: Instant) -> Resu
             };
             match key {
                 Key::Byte(b' ' | b'\n' | b'\r' | b'j' | b'f') | Key::Down | Key::PageDown => {
-                    if top + PAGE_LINES < whole.lines.len() {
+                    if top + PAGE_LINES < whole.rows() {
                         top += PAGE_LINES;
                     }
                     break;
