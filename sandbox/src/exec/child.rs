@@ -1546,12 +1546,13 @@ unsafe fn supervise_namespace(init: libc::pid_t, status_r: RawFd, parent: libc::
         watched[FORWARDED.len() + 1] = KILL_TREE;
         let set = signal_set(&watched);
         loop {
-            match wait_signal(&set) {
-                None => {
-                    if libc::getppid() != parent {
-                        libc::kill(init, libc::SIGKILL);
-                    }
-                }
+            let signal = wait_signal(&set);
+            // Looked at whatever woke it: signals that keep coming must not hide it.
+            if libc::getppid() != parent {
+                libc::kill(init, libc::SIGKILL);
+            }
+            match signal {
+                None => {}
                 Some((libc::SIGCHLD, _)) => {
                     let mut status = 0;
                     if libc::waitpid(init, &mut status, libc::WNOHANG) == init {
@@ -1617,15 +1618,18 @@ unsafe fn supervise_fallback(command: libc::pid_t, parent: libc::pid_t) -> ! {
         let set = signal_set(&watched);
         let me = libc::getpid();
         loop {
-            match wait_signal(&set) {
-                None => {
-                    if libc::getppid() != parent {
-                        // The command is not reaped yet: its group's id is still its own.
-                        libc::kill(-command, libc::SIGKILL);
-                        kill_descendants();
-                        libc::_exit(128 + libc::SIGKILL);
-                    }
-                }
+            let signal = wait_signal(&set);
+            // Looked at whatever woke it: each orphan of the command that ends is a SIGCHLD
+            // here, and a tree whose orphans end more than once a second kept a supervisor
+            // that looked only after a quiet second from ever finding its caller gone.
+            if libc::getppid() != parent {
+                // The command is not reaped yet: its group's id is still its own.
+                libc::kill(-command, libc::SIGKILL);
+                kill_descendants();
+                libc::_exit(128 + libc::SIGKILL);
+            }
+            match signal {
+                None => {}
                 Some((libc::SIGCHLD, _)) => loop {
                     // Looked at, not reaped: while the command is a zombie its pid, and with it
                     // its process group's id, cannot be taken by another process.
@@ -1653,11 +1657,10 @@ unsafe fn supervise_fallback(command: libc::pid_t, parent: libc::pid_t) -> ! {
                     kill_descendants();
                     exit_like(libc::SIGKILL);
                 }
-                Some((signal, sender)) => {
-                    if sender != me {
-                        libc::kill(-command, signal);
-                    }
+                Some((signal, sender)) if sender != me => {
+                    libc::kill(-command, signal);
                 }
+                Some(_) => {}
             }
         }
     }

@@ -1023,7 +1023,15 @@ fn spawn(
         path: program.clone(),
         source: std::io::Error::other("the command exited before it could be watched"),
     })?;
-    let supervisor = process::Supervisor::new(pid, isolation.namespaced);
+    let supervisor =
+        process::Supervisor::new(pid, isolation.namespaced).map_err(|e| SandboxError::Io {
+            op: "start",
+            path: program.clone(),
+            source: std::io::Error::new(
+                e.kind(),
+                format!("the command's supervisor could not be held (pidfd_open): {e}"),
+            ),
+        })?;
     Ok(Started {
         child,
         guard: process::TreeGuard::armed(supervisor.clone()),

@@ -53,7 +53,7 @@ const PROGRESS_LINE_CHARS: usize = 200;
 #[derive(Debug, Clone)]
 pub(crate) struct Supervisor {
     pid: i32,
-    pidfd: Option<Arc<OwnedFd>>,
+    pidfd: Arc<OwnedFd>,
     /// Its tree is in namespaces of its own: killing it kills the tree (init dies with it).
     namespaced: bool,
 }
@@ -91,13 +91,25 @@ pub(crate) fn keep_waiting(
 }
 
 impl Supervisor {
-    /// Takes hold of the supervisor `pid`, which must not have been reaped yet.
-    pub(crate) fn new(pid: u32, namespaced: bool) -> Supervisor {
+    /// Takes hold of the supervisor `pid`, which must not have been reaped yet. Without its
+    /// pidfd (descriptors used up) it is asked to end its tree, by its pid, which cannot have
+    /// been recycled yet, and the error is returned: a supervisor held by its pid alone could
+    /// be signalled, once reaped, as another process of the host.
+    pub(crate) fn new(pid: u32, namespaced: bool) -> std::io::Result<Supervisor> {
         let pid = pid as i32;
-        Supervisor {
-            pid,
-            pidfd: child::pidfd_open(pid).ok().map(Arc::new),
-            namespaced,
+        match child::pidfd_open(pid) {
+            Ok(fd) => Ok(Supervisor {
+                pid,
+                pidfd: Arc::new(fd),
+                namespaced,
+            }),
+            Err(e) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::try_from(child::KILL_TREE).ok(),
+                );
+                Err(e)
+            }
         }
     }
 
@@ -105,9 +117,7 @@ impl Supervisor {
     fn sample(&self) -> Option<Sample> {
         // Through the pidfd first: once the supervisor is reaped its pid may name another
         // process, and the pidfd says so.
-        if let Some(fd) = &self.pidfd
-            && child::pidfd_signal(fd, 0).is_err()
-        {
+        if child::pidfd_signal(&self.pidfd, 0).is_err() {
             return None;
         }
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
@@ -129,14 +139,7 @@ impl Supervisor {
 
     /// Sends `signal`; false when the supervisor is gone.
     fn signal(&self, signal: i32) -> bool {
-        match &self.pidfd {
-            Some(fd) => child::pidfd_signal(fd, signal).is_ok(),
-            None => nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.pid),
-                nix::sys::signal::Signal::try_from(signal).ok(),
-            )
-            .is_ok(),
-        }
+        child::pidfd_signal(&self.pidfd, signal).is_ok()
     }
 
     /// Asks the supervisor to kill the whole tree now.
@@ -151,7 +154,7 @@ impl Supervisor {
 
 /// Kills the tree when dropped while armed (a cancelled call, an aborted task): asks the
 /// supervisor at once, and makes sure it ends as [`end`] does (on the runtime, when there is
-/// one, and only through a pidfd: without the process's handle its pid could be recycled).
+/// one).
 pub(crate) struct TreeGuard(Option<Supervisor>);
 
 impl TreeGuard {
@@ -172,9 +175,7 @@ impl Drop for TreeGuard {
             return;
         };
         supervisor.kill_tree();
-        if supervisor.pidfd.is_some()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let gone = async {
                     while supervisor.sample().is_some() {

@@ -443,3 +443,66 @@ async fn sigkill_mid_stream(pg: Option<super::pg_store::Pg>) {
     let said = server.stop().await;
     assert!(!said.contains("corrupt"), "{said}");
 }
+
+/// The processes whose command line holds `marker`.
+fn processes_marked(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// A SIGKILLed server leaves no command behind without namespaces either, even one whose
+/// orphans keep ending: each ending is a SIGCHLD to the supervisor (a child subreaper), which
+/// looked for its caller only after a whole second without a signal, and so never did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_leaves_no_command_behind_without_namespaces() {
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(
+        data.path().join("config.toml"),
+        "[exec]\nnamespaces = \"off\"\n",
+    )
+    .unwrap();
+    let server = ServerProcess::start(data.path(), &[]).await;
+    let token = server.first_token.clone().expect("first start");
+    let agent = connect_agent(&server.client_config(&token)).await;
+    let marker = format!("monad-leftover-{}", std::process::id());
+    monad_tests::ok(
+        monad_tests::call(
+            &agent,
+            "run_command",
+            json!({"argv": ["sh", "-c", "while :; do (sleep 0.3 &); sleep 0.2; done", marker],
+                   "background": true}),
+        )
+        .await,
+    );
+    assert!(!processes_marked(&marker).is_empty(), "the command runs");
+    server.kill().await;
+    // The supervisor looks for its caller at least once a second.
+    let mut left = processes_marked(&marker);
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = processes_marked(&marker);
+    }
+    for pid in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(
+        left.is_empty(),
+        "left running 5 s after the server died: {left:?}"
+    );
+}
