@@ -1226,6 +1226,7 @@ fn store_upload(
     // The workspace is looked up again in the same step: one deleted since (its delete takes
     // the step too) gets nothing stored for it.
     owned_record(state, user, id)?;
+    checked.upload.workspace_id = record.id.clone();
     check_quota(state, user, &checked, new_default)?;
     // The check below and the write that adds the session to the record are one step: two
     // uploads naming different sessions to one `general` workspace at once cannot both pass.
@@ -1255,7 +1256,6 @@ fn store_upload(
         .registry
         .open_own(&checked.session, user)
         .map_err(tool_error)?;
-    checked.upload.workspace_id = record.id.clone();
     let size = checked.content.len() as u64;
     let meta = ArtifactMeta {
         id: match checked.kind {
@@ -1339,13 +1339,15 @@ fn check_quota(
         ArtifactKind::ToolOutput | ArtifactKind::FileDiff => 0,
     };
     let size = checked.content.len() as u64;
-    let after = used.saturating_sub(replaced).saturating_add(size);
+    let charged = checked.upload.charged_bytes(size);
+    let after = used.saturating_sub(replaced).saturating_add(charged);
     let max = state.config.quotas.max_artifact_bytes_per_user;
     if after > max {
         return Err(HttpError::quota(format!(
-            "storing these {size} bytes would take the artifacts user `{user}` uploaded to \
-             {after} bytes, over this server's quota of {max} bytes per user \
-             (server.max_artifact_bytes_per_user); delete workspaces to free room"
+            "storing these {size} bytes ({charged} with their record and metadata) would take \
+             the artifacts user `{user}` uploaded to {after} bytes, over this server's quota of \
+             {max} bytes per user (server.max_artifact_bytes_per_user); delete workspaces to \
+             free room"
         )));
     }
     Ok(())

@@ -1467,7 +1467,28 @@ impl ArtifactStore for FsStore {
         })
         .expect("metadata serializes");
         line.push(b'\n');
-        append_durable(&dir.join("index.jsonl"), &line)
+        let index = dir.join("index.jsonl");
+        if meta.kind == ArtifactKind::SessionHistory {
+            // A snapshot replaces the last one: its line takes the old one's place (the
+            // index is written again), so that the index does not grow by a line, of up to
+            // 64 KiB of metadata, at every upload.
+            let all: Vec<IndexLine> = read_jsonl(&index)?;
+            if all.iter().any(|l| l.meta.id == meta.id) {
+                let mut kept = Vec::new();
+                let mut placed = false;
+                for old in &all {
+                    if old.meta.id != meta.id {
+                        kept.extend(serde_json::to_vec(old).expect("metadata serializes"));
+                        kept.push(b'\n');
+                    } else if !placed {
+                        kept.extend_from_slice(&line);
+                        placed = true;
+                    }
+                }
+                return atomic(&index, &kept);
+            }
+        }
+        append_durable(&index, &line)
     }
 
     /// A session's tool outputs and diffs go to its pack together, with one sync, then their
@@ -1937,12 +1958,31 @@ mod tests {
         store
             .put_artifact(&art("session_history", ArtifactKind::SessionHistory), b"v2")
             .unwrap();
+        store
+            .put_artifact(&art("a2", ArtifactKind::ToolOutput), b"{}")
+            .unwrap();
+        for _ in 0..50 {
+            store
+                .put_artifact(&art("session_history", ArtifactKind::SessionHistory), b"v3")
+                .unwrap();
+        }
         let list = store.artifacts("default").unwrap();
-        assert_eq!(list.len(), 2);
+        let ids: Vec<&str> = list.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["a1", "session_history", "a2"],
+            "the snapshot keeps its place"
+        );
         assert_eq!(
             store.artifact("default", "session_history").unwrap().1,
-            b"v2"
+            b"v3"
         );
+        // One line per artifact: a replaced snapshot's line is written over, not added to
+        // (before, the index grew by a line, up to 64 KiB of metadata, per upload).
+        let index =
+            std::fs::read_to_string(dir.path().join("sessions/default/artifacts/index.jsonl"))
+                .unwrap();
+        assert_eq!(index.lines().count(), 3, "{index}");
         assert!(store.artifact("default", "nope").is_err());
         assert!(store.artifact("default", "../../x").is_err());
     }

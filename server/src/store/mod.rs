@@ -368,6 +368,33 @@ pub struct Upload {
     pub metadata: serde_json::Map<String, serde_json::Value>,
 }
 
+/// What an upload's record (its id, session, kind, times and sizes) takes beside its content
+/// and its [`Upload`], counted for each upload: an upload of no content still takes room.
+pub const UPLOAD_RECORD_BYTES: u64 = 512;
+
+impl Upload {
+    /// What storing an upload of `content` bytes with this record takes, as
+    /// `max_artifact_bytes_per_user` counts it: the content, what the uploader named and
+    /// described (its metadata, up to 64 KiB, is stored with every artifact), and
+    /// [`UPLOAD_RECORD_BYTES`].
+    pub fn charged_bytes(&self, content: u64) -> u64 {
+        let record = serde_json::to_vec(self).map_or(0, |v| v.len() as u64);
+        content
+            .saturating_add(record)
+            .saturating_add(UPLOAD_RECORD_BYTES)
+    }
+}
+
+impl ArtifactMeta {
+    /// What this artifact counts against its owner's `max_artifact_bytes_per_user`: an
+    /// upload's [`Upload::charged_bytes`]; nothing for what the recorder stored.
+    pub fn charged_bytes(&self) -> u64 {
+        self.upload
+            .as_ref()
+            .map_or(0, |upload| upload.charged_bytes(self.size))
+    }
+}
+
 /// One page of a listing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Page<T> {
@@ -702,9 +729,8 @@ pub fn session_uploaded_bytes(
     };
     Ok(artifacts
         .iter()
-        .filter(|m| m.upload.is_some())
         .filter(|m| ids.is_none_or(|ids| ids.contains(&m.id)))
-        .map(|m| m.size)
+        .map(ArtifactMeta::charged_bytes)
         .sum())
 }
 

@@ -334,7 +334,7 @@ impl ArtifactStore for Observed {
                     ),
                     ArtifactKind::ToolOutput | ArtifactKind::FileDiff => Ok(0),
                 },
-                meta.size,
+                meta.charged_bytes(),
                 || self.inner.put_artifact(meta, content),
             )?;
         } else {

@@ -57,6 +57,19 @@ fn assert_over_quota(answer: &Answer, what: &str) {
     assert!(message.contains(what), "should mention `{what}`: {message}");
 }
 
+/// What an upload by [`upload`] of `size` bytes counts against its user's quota: its content,
+/// and its record and metadata, which name its workspace (by an id as long as a UUID's).
+fn charged(size: usize) -> u64 {
+    monad_server::store::Upload {
+        workspace_id: uuid::Uuid::nil().to_string(),
+        task_id: None,
+        step_id: None,
+        name: Some("out.txt".into()),
+        metadata: serde_json::Map::new(),
+    }
+    .charged_bytes(size as u64)
+}
+
 /// The bytes of the artifacts `api`'s user can list in `sessions`.
 async fn stored_bytes(api: &Api, sessions: &[String]) -> u64 {
     let mut total = 0;
@@ -76,14 +89,17 @@ async fn stored_bytes(api: &Api, sessions: &[String]) -> u64 {
 
 #[tokio::test]
 async fn uploads_past_the_users_byte_quota_are_refused_with_507_and_store_nothing() {
-    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = 10_000).await;
+    // Room for 4,000 + 4,000 + 2,000 bytes, with their records.
+    let quota = charged(4_000) * 2 + charged(2_000);
+    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = quota).await;
     let ana = Api::new(http, &server.token);
     let ws = ana.workspace(Some("/big")).await;
+    assert_eq!(ws.len(), 36, "a UUID: {ws}");
     let (s1, s2) = (new_session(), new_session());
     assert_eq!(upload(&ana, &ws, &s1, 4_000).await.status, 201);
     assert_eq!(upload(&ana, &ws, &s2, 4_000).await.status, 201);
-    // 8,000 stored: 4,000 more would pass 10,000, in any session and any workspace.
-    assert_over_quota(&upload(&ana, &ws, &s1, 4_000).await, "10000");
+    // 8,000 stored: 4,000 more would pass the quota, in any session and any workspace.
+    assert_over_quota(&upload(&ana, &ws, &s1, 4_000).await, &quota.to_string());
     let other = ana.workspace(None).await;
     let s3 = new_session();
     assert_over_quota(&upload(&ana, &other, &s3, 4_000).await, "quota");
@@ -191,9 +207,11 @@ async fn workspaces_past_the_users_record_quota_are_refused_with_507_and_deletin
 /// Many uploads at once, each fitting alone: exactly as many as the quota holds are stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_uploads_cannot_pass_the_byte_quota_together() {
-    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = 10_000).await;
+    let quota = charged(3_000) * 3 + 100;
+    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = quota).await;
     let api = Arc::new(Api::new(http, &server.token));
     let ws = api.workspace(Some("/race")).await;
+    assert_eq!(ws.len(), 36, "a UUID: {ws}");
     let sessions: Vec<String> = (0..12).map(|_| new_session()).collect();
     let uploads: Vec<_> = sessions
         .iter()
@@ -216,6 +234,43 @@ async fn concurrent_uploads_cannot_pass_the_byte_quota_together() {
         "{statuses:?}"
     );
     assert_eq!(stored_bytes(&api, &sessions).await, 9_000);
+}
+
+/// An upload's metadata (up to 64 KiB, stored with it) and its record count, not only its
+/// content: before, uploads of no content with 64 KiB of metadata each counted nothing, and any
+/// number of them grew the artifact index without bound.
+#[tokio::test]
+async fn uploads_of_no_content_count_their_metadata_and_record() {
+    let (server, http) = server_with(|c| c.quotas.max_artifact_bytes_per_user = 1024 * 1024).await;
+    let ana = Api::new(http, &server.token);
+    let ws = ana.workspace(Some("/meta")).await;
+    let metadata = json!({"notes": "m".repeat(60 * 1024)});
+    let mut stored = 0;
+    for _ in 0..40 {
+        let answer = upload_with(&ana, &ws, &new_session(), 0, metadata.clone()).await;
+        if answer.status == 507 {
+            assert_over_quota(&answer, "with their record and metadata");
+            break;
+        }
+        assert_eq!(answer.status, 201, "{}", answer.text());
+        stored += 1;
+    }
+    assert_eq!(
+        stored, 16,
+        "1 MiB holds 16 uploads of 60 KiB of metadata each"
+    );
+    // An empty upload without metadata still counts its record.
+    let (server, http) = server_with(|c| {
+        c.quotas.max_artifact_bytes_per_user = charged(0) * 3;
+    })
+    .await;
+    let ana = Api::new(http, &server.token);
+    let ws = ana.workspace(None).await;
+    let s = new_session();
+    for _ in 0..3 {
+        assert_eq!(upload(&ana, &ws, &s, 0).await.status, 201);
+    }
+    assert_over_quota(&upload(&ana, &ws, &s, 0).await, "quota");
 }
 
 /// Many workspace creations at once: exactly as many as the quota holds are made.
