@@ -11,7 +11,8 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, State as Shared};
+use axum::extract::{DefaultBodyLimit, Form, Path, Query, State as Shared};
+use axum::handler::Handler;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -28,12 +29,23 @@ pub const CALLS_SHOWN: usize = 100;
 /// Sessions per page of the session list.
 pub const SESSIONS_SHOWN: usize = 50;
 
+/// The longest body of the sign-in and sign-out forms (a token, a form token). Signing in comes
+/// before any user is known, so nothing counts what its body holds: axum's own limit (2 MB) let
+/// every unauthenticated connection make the server hold that much.
+const FORM_MAX_BYTES: usize = 4096;
+
 /// The web view's routes.
 pub fn routes() -> Router<Arc<Web>> {
     Router::new()
         .route("/", get(sessions))
-        .route("/login", get(login_form).post(login))
-        .route("/logout", post(logout))
+        .route(
+            "/login",
+            get(login_form).post(login.layer(DefaultBodyLimit::max(FORM_MAX_BYTES))),
+        )
+        .route(
+            "/logout",
+            post(logout.layer(DefaultBodyLimit::max(FORM_MAX_BYTES))),
+        )
         .route("/sessions/rows", get(session_rows))
         .route("/sessions/{id}", get(session))
         .route("/sessions/{id}/conversation", get(conversation))
@@ -197,8 +209,17 @@ async fn login(
     if !same_site(&headers) {
         return cross_site();
     }
-    let Ok(Form(form)) = form else {
-        return login_page(StatusCode::BAD_REQUEST, Some("The form was not complete."));
+    let form = match form {
+        Ok(Form(form)) => form,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return login_page(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Some("The form was too long for a token."),
+            );
+        }
+        Err(_) => {
+            return login_page(StatusCode::BAD_REQUEST, Some("The form was not complete."));
+        }
     };
     let token = form.token.trim().to_owned();
     match web.state.tokens.verify(&token) {
@@ -231,6 +252,15 @@ async fn logout(
     user: PageUser,
     form: Result<Form<LogoutForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
+    if let Err(rejection) = &form
+        && rejection.status() == StatusCode::PAYLOAD_TOO_LARGE
+    {
+        return error_page(&HttpError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "payload_too_large",
+            message: "the form was too long for a form token".into(),
+        });
+    }
     let token_ok = form
         .as_ref()
         .is_ok_and(|Form(f)| user.form_token_ok(&web, &f.form_token));
