@@ -31,7 +31,7 @@ pub const MAX_MESSAGE_TEXT: usize = 16 * 1024;
 
 /// Longest target of a call's events (its steps and its record), in bytes: a command line may
 /// be megabytes, which a session's channel would hold [`BACKLOG`] times over for a follower
-/// that stopped reading. The audit log keeps it whole.
+/// that stopped reading. The audit log keeps more of it (`executor::record::MAX_TARGET`).
 pub const MAX_EVENT_TARGET: usize = 4096;
 
 /// A call's target as its events carry it: its first [`MAX_EVENT_TARGET`] bytes, then how many

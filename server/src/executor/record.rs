@@ -610,8 +610,32 @@ const TARGET_TEXT_CHARS: usize = 120;
 /// the signal asked for, for `process_read` the process. A command line is quoted as a shell
 /// would read it back ([`shell_words`]), so that `rm 'a b'` and `rm a b` differ, and everything
 /// the agent wrote is escaped ([`printable`]): a line break or a bidi control cannot hide the
-/// rest of a command from whoever reads it.
+/// rest of a command from whoever reads it. At most [`MAX_TARGET`] bytes ([`kept_target`]).
 pub(super) fn describe_target(args: &Value) -> String {
+    kept_target(describe_whole(args))
+}
+
+/// The longest target a call's record keeps, in bytes: a path or a command line of megabytes
+/// (a refused one too) made a record of that size, three times over once escaped, at every
+/// call, with no bound on the audit log.
+pub(crate) const MAX_TARGET: usize = 64 * 1024;
+
+/// `target` when it has at most [`MAX_TARGET`] bytes; else its head, how many bytes more it had
+/// and the SHA-256 of the whole, which still tells two long targets apart.
+fn kept_target(target: String) -> String {
+    if target.len() <= MAX_TARGET {
+        return target;
+    }
+    let head = monad_protocol::text::head(&target, MAX_TARGET);
+    format!(
+        "{head}\u{2026} ({} bytes more; SHA-256 of the whole: {})",
+        target.len() - head.len(),
+        crate::auth::sha256_hex(target.as_bytes())
+    )
+}
+
+/// [`describe_target`], however long.
+fn describe_whole(args: &Value) -> String {
     if let Some(argv) = args.get("argv").and_then(Value::as_array) {
         let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
         let mut target = shell_words(&words);
@@ -730,6 +754,28 @@ mod tests {
         for (args, want) in cases {
             assert_eq!(describe_target(&args), want, "{args}");
         }
+    }
+
+    /// A target of megabytes is kept as its head, how much more it had and the hash of the
+    /// whole (a path of 4 MiB, escaped to three times that, was kept whole in every record).
+    #[test]
+    fn a_long_target_is_kept_as_its_head_and_the_hash_of_the_whole() {
+        let path = "\u{ad}".repeat(2 * 1024 * 1024);
+        let whole = describe_whole(&json!({"path": path}));
+        assert_eq!(whole.len(), 12 * 1024 * 1024, "escaped: \\u{{ad}} each");
+        let kept = describe_target(&json!({"path": path}));
+        assert!(kept.len() < MAX_TARGET + 200, "{}", kept.len());
+        assert!(kept.starts_with(r"\u{ad}\u{ad}"), "{}", &kept[..20]);
+        let said = format!(
+            "\u{2026} ({} bytes more; SHA-256 of the whole: {})",
+            whole.len() - MAX_TARGET,
+            crate::auth::sha256_hex(whole.as_bytes())
+        );
+        assert!(kept.ends_with(&said), "{}", &kept[kept.len() - 200..]);
+        let other = describe_target(&json!({"path": format!("{path}x")}));
+        assert_ne!(kept, other, "two long targets differ");
+        let short = json!({"path": "a".repeat(MAX_TARGET)});
+        assert_eq!(describe_target(&short), "a".repeat(MAX_TARGET));
     }
 
     #[test]

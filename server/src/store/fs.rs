@@ -978,15 +978,51 @@ impl SessionStore for FsStore {
         read_jsonl(&self.session_dir(id).join("audit.jsonl"))
     }
 
+    /// Read a buffer at a time: a session of millions of calls is not read into memory to be
+    /// counted.
     fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
+        use std::io::Read;
         check_id(id)?;
         let path = self.session_dir(id).join("audit.jsonl");
-        match std::fs::read(&path) {
-            // Complete lines only: a torn last line (from a crash) is not a record.
-            Ok(bytes) => Ok(bytes.iter().filter(|b| **b == b'\n').count()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(StoreError::io("read", &path, e)),
+        let mut file = match std::fs::File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(StoreError::io("read", &path, e)),
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut lines = 0;
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => break,
+                // Complete lines only: a torn last line (from a crash) is not a record.
+                Ok(n) => lines += buf[..n].iter().filter(|b| **b == b'\n').count(),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(StoreError::io("read", &path, e)),
+            }
         }
+        Ok(lines)
+    }
+
+    /// A line at a time: only the records asked for are kept and made, the others are only
+    /// checked to be records (so that positions are those of [`SessionStore::audit_log`]); a
+    /// page of a log of millions of calls held the whole log, as records, in memory.
+    fn audit_page(
+        &self,
+        id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<AuditRecord>, usize), StoreError> {
+        check_id(id)?;
+        let path = self.session_dir(id).join("audit.jsonl");
+        let mut page = Vec::new();
+        let total = each_record_line(&path, |at, line| {
+            if at >= offset && page.len() < limit {
+                serde_json::from_slice(line).map(|record| page.push(record))
+            } else {
+                serde_json::from_slice::<serde::de::IgnoredAny>(line).map(|_| ())
+            }
+        })?;
+        Ok((page, total))
     }
 
     fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
@@ -1018,6 +1054,41 @@ fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, Sto
             }
         })
         .collect())
+}
+
+/// Calls `each` with every non-empty line of the JSON Lines file at `path` and how many records
+/// came before it; a line `each` cannot read is skipped with a warning, as [`read_jsonl`] skips
+/// it. How many records there are. One line is held at a time.
+fn each_record_line(
+    path: &Path,
+    mut each: impl FnMut(usize, &[u8]) -> Result<(), serde_json::Error>,
+) -> Result<usize, StoreError> {
+    use std::io::BufRead;
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(StoreError::io("read", path, e)),
+    };
+    let mut reader = std::io::BufReader::with_capacity(64 * 1024, file);
+    let mut line = Vec::new();
+    let mut records = 0;
+    loop {
+        line.clear();
+        let n = reader
+            .read_until(b'\n', &mut line)
+            .map_err(map_io("read", path))?;
+        if n == 0 {
+            return Ok(records);
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if text.is_empty() {
+            continue;
+        }
+        match each(records, text) {
+            Ok(()) => records += 1,
+            Err(e) => warn!("{}: skipping an unreadable record: {e}", path.display()),
+        }
+    }
 }
 
 impl WorkspaceStore for FsStore {
@@ -2278,6 +2349,16 @@ mod tests {
             page.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
             ["after-1", "after-2"]
         );
+        // Read a line at a time, every page is that slice of the whole log.
+        let all = store.audit_log("default").unwrap();
+        for offset in 0..9 {
+            for limit in 0..9 {
+                let (page, total) = store.audit_page("default", offset, limit).unwrap();
+                assert_eq!(total, all.len());
+                let want: Vec<&AuditRecord> = all.iter().skip(offset).take(limit).collect();
+                assert_eq!(page.iter().collect::<Vec<_>>(), want, "{offset} {limit}");
+            }
+        }
     }
 
     #[test]
