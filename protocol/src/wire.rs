@@ -501,6 +501,14 @@ impl ToolResult {
         }
     }
 
+    /// The text the result was read as, when it is kept so.
+    pub fn text(&self) -> Option<&str> {
+        match &self.0 {
+            Repr::Tree(_) => None,
+            Repr::Text(text) => Some(text.get()),
+        }
+    }
+
     /// True when the result is kept as the text it was read as.
     pub fn is_text(&self) -> bool {
         matches!(self.0, Repr::Text(_))

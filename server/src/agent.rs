@@ -748,7 +748,9 @@ impl Turn<'_> {
                     gate.as_ref().map(|g| g as &dyn PermissionGate),
                 );
                 let output = crate::executor::link::counted(&memory, call).await;
-                output.complete().await
+                let (workspace, outcome) = output.complete().await;
+                // Its text is made from a tree of the result: counted first.
+                (workspace, crate::state::tree_held(&memory, outcome))
             }
             Err(error) => (None, Outcome::Error { error }),
         };

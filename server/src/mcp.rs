@@ -124,10 +124,15 @@ impl Backend for ExecutorBackend {
                     tool.as_str(),
                     args,
                     &sink,
-                    memory,
+                    memory.clone(),
                 )
                 .await?;
-            Ok(output.complete().await)
+            let (workspace, outcome) = output.complete().await;
+            // The front makes a tree of the result: counted first.
+            Ok(match &memory {
+                Some(memory) => (workspace, crate::state::tree_held(memory, outcome)),
+                None => (workspace, outcome),
+            })
         };
         // Each request's token is checked as it comes; one that runs is cut short when the
         // token is revoked meanwhile (dropping it cancels it, as a QUIC agent's reset does).

@@ -201,6 +201,37 @@ pub(crate) fn hold_request(memory: &Held, json: &[u8]) -> Result<(), NotHeld> {
     }
 }
 
+/// Most JSON values of a result a front makes a tree of ([`tree_held`]): a Monad client's results
+/// hold a few values each (a listing's entries are one string), a search's some thousands.
+pub(crate) const MAX_RESULT_VALUES: usize = 4_000_000;
+
+/// `outcome` for a front that makes a tree of its result (MCP over HTTP, the built-in agent):
+/// the tree of a result relayed as text is counted in `memory` before it is made, as a
+/// request's is ([`hold_request`]). Past [`MAX_RESULT_VALUES`] or the user's bound it becomes a
+/// `limit_exceeded` error: a result of 200 MiB of small numbers, counted as its 200 MiB of
+/// text, made a tree of several GiB.
+pub(crate) fn tree_held(
+    memory: &Held,
+    outcome: monad_protocol::wire::Outcome,
+) -> monad_protocol::wire::Outcome {
+    use monad_protocol::wire::Outcome;
+    let Outcome::Ok { result } = &outcome else {
+        return outcome;
+    };
+    let Some(text) = result.text() else {
+        return outcome;
+    };
+    let refused = match monad_protocol::values::count(text.as_bytes(), MAX_RESULT_VALUES) {
+        Ok(values) if memory.take(values.saturating_mul(VALUE_BYTES)) => return outcome,
+        Ok(_) => over_call_memory(memory.limit(), "the answer, made a tree of,"),
+        Err(e) => ToolError::new(
+            ErrorCode::LimitExceeded,
+            format!("the answer cannot be passed on: {e}"),
+        ),
+    };
+    Outcome::Error { error: refused }
+}
+
 /// The error of a request, or an answer, that would take its user's calls past what they may
 /// hold in memory (`what`: "the request", "the answer from `lap`").
 pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {

@@ -771,3 +771,48 @@ async fn a_body_counts_in_its_users_memory_while_it_arrives() {
     })
     .await;
 }
+
+/// An answer relayed from an attached client is counted as the tree the MCP front makes of it,
+/// not only as its text: 8 MB of small numbers, within a 64 MiB bound as text, is a tree of
+/// about 200 MB, refused with `limit_exceeded` before it is made (it was made, uncounted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answers_tree_is_counted_before_the_mcp_front_makes_it() {
+    const MIB: usize = 1024 * 1024;
+    let (server, http) = server(|c| c.quotas.max_call_bytes_per_user = 64 * MIB).await;
+    let fake = monad_tests::FakeClient::attach(
+        &server.client_config(),
+        "fake",
+        vec![monad_protocol::ToolName::ReadFile],
+    )
+    .await;
+    let ana = format!("Bearer {}", server.token);
+    let call = move || {
+        let id = open_session(http, &ana);
+        let headers = [
+            ("Authorization", ana.as_str()),
+            ("Mcp-Session-Id", id.as_str()),
+            ("MCP-Protocol-Version", "2025-06-18"),
+        ];
+        assert_eq!(request(http, "POST", &headers, INITIALIZED).status, 202);
+        let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt","workspace":"fake"}}}"#;
+        request(http, "POST", &headers, body)
+    };
+    let asked = tokio::task::spawn_blocking(call.clone());
+    let pad = serde_json::Value::Array(vec![serde_json::json!(0); 4 * MIB]);
+    fake.answer_run(serde_json::json!({"path": "a.txt", "content": "x", "pad": pad}))
+        .await;
+    let answer = within(STEP, "the call's answer", asked).await.unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        answer.body.contains("limit_exceeded") && answer.body.contains("\"isError\":true"),
+        "{}",
+        &answer.body[..answer.body.len().min(400)]
+    );
+    assert!(answer.body.len() < 4096, "the answer was passed on");
+    // What it held came back: a small answer goes through.
+    let asked = tokio::task::spawn_blocking(call);
+    fake.answer_run(serde_json::json!({"path": "a.txt", "content": "x"}))
+        .await;
+    let answer = within(STEP, "the call's answer", asked).await.unwrap();
+    assert!(answer.body.contains("\"isError\":false"), "{answer:?}");
+}
