@@ -53,6 +53,9 @@ pub struct ApprovalRequest {
     /// For writes and edits of a path that is a symbolic link: the file it leads to, which is
     /// the one written (relative to the folder).
     pub through_link: Option<String>,
+    /// For `run_command`: the directory it runs in, when a symbolic link on the way of its
+    /// `cwd` makes it another place than `cwd` says (relative to the folder, `.` for the root).
+    pub runs_in: Option<String>,
     /// For `process_write` and `process_kill`: the background process the call acts on, as this
     /// folder's process table has it (its argv and directory), when it is still there.
     pub process: Option<ProcessInfo>,

@@ -1170,6 +1170,15 @@ async fn run(
                     }
                     _ => None,
                 };
+                // Where a command really runs, when a link on its `cwd`'s way leads elsewhere
+                // (`out` leading to the root): `rm -rf ./*` in `out` is not what it reads as.
+                let runs_in = match tool {
+                    ToolName::RunCommand => args
+                        .get("cwd")
+                        .and_then(Value::as_str)
+                        .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd)),
+                    _ => None,
+                };
                 // A write or an edit is made as its owner was shown it, or not at all: only
                 // the directories shown are made, and only the version of the file the diff
                 // was made from is replaced (the folder may change while the prompt waits).
@@ -1188,6 +1197,7 @@ async fn run(
                     diff,
                     creates,
                     through_link,
+                    runs_in,
                     program: (tool == ToolName::RunCommand).then(|| site.shown()),
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,

@@ -79,7 +79,14 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             }
             field(
                 "directory",
-                printable_name(text("cwd").unwrap_or(".")).into_owned(),
+                match &r.runs_in {
+                    Some(real) => format!(
+                        "{} (a symbolic link on the path leads to {}: it runs there)",
+                        printable_name(text("cwd").unwrap_or(".")),
+                        printable_name(real)
+                    ),
+                    None => printable_name(text("cwd").unwrap_or(".")).into_owned(),
+                },
             );
             field(
                 "time-out",
@@ -453,6 +460,7 @@ mod tests {
             diff: diff.map(str::to_owned),
             creates: Vec::new(),
             through_link: None,
+            runs_in: None,
             process: None,
             program: (tool == ToolName::RunCommand).then(|| "/usr/bin/cargo".into()),
             network: "no network".into(),

@@ -285,6 +285,23 @@ impl Sandbox {
         fs::preview(&self.jail, &self.limits, &self.seen, tool, args)
     }
 
+    /// Where a command run in the directory `cwd` really runs, relative to the root (`.` for the
+    /// root), when a symbolic link on the way makes it another place than `cwd` says (`out`
+    /// where `out` leads to `.`): what the owner approving the command must be shown. `None`
+    /// when it is where it says, or cannot be found (the command then fails on it).
+    pub fn directory_elsewhere(&self, cwd: &str) -> Option<String> {
+        let resolved = self.jail.resolve(cwd).ok()?;
+        let real = self.jail.dir().canonicalize(resolved.rel()).ok()?;
+        if real == resolved.rel() {
+            return None;
+        }
+        Some(if real.as_os_str().is_empty() {
+            ".".to_owned()
+        } else {
+            real.to_string_lossy().into_owned()
+        })
+    }
+
     /// Whether `path` names something that exists inside the root (links are not followed at
     /// the last component), or leads out of the root through a link on its way (or round a
     /// loop of links): such a path is there, and a call routed here says why it is refused,

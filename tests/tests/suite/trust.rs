@@ -266,6 +266,53 @@ async fn a_long_command_line_is_shown_whole_or_paged_whole() {
     expect_code(reply(asked).await, ErrorCode::Denied);
 }
 
+/// A command whose directory is reached through a symbolic link says where it really runs:
+/// `rm -rf ./*` in `out`, where `out` leads to the folder's root, read as cleaning a build
+/// folder (the prompt said `directory out`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commands_directory_through_a_link_says_where_it_runs() {
+    let server = TestServer::start().await;
+    let dir = folder(&[("src/main.rs", "fn main() {}\n"), ("build/keep", "")]);
+    std::os::unix::fs::symlink(".", dir.path().join("out")).unwrap();
+    std::os::unix::fs::symlink("../src", dir.path().join("build/gen")).unwrap();
+    let (mut pty, _config) = attached_on_a_terminal(&server, dir.path(), &[]).await;
+    let mut at = 0;
+    for (cwd, shown) in [
+        (
+            "out",
+            "directory    out (a symbolic link on the path leads to .: it runs there)",
+        ),
+        (
+            "build/gen",
+            "directory    build/gen (a symbolic link on the path leads to src: it runs there)",
+        ),
+    ] {
+        let asked = start_call(
+            &server,
+            "run_command",
+            json!({"argv": ["sh", "-c", "rm -rf ./*"], "cwd": cwd, "workspace": "lap"}),
+        );
+        at = pty.wait_for("approval needed", at).await;
+        pty.wait_for(shown, at).await;
+        at = pty.wait_for("[n] deny", at).await;
+        pty.send(b"n");
+        expect_code(reply(asked).await, ErrorCode::Denied);
+    }
+    // A directory that is where it says is shown as it is.
+    let asked = start_call(
+        &server,
+        "run_command",
+        json!({"argv": ["ls"], "cwd": "build", "workspace": "lap"}),
+    );
+    at = pty.wait_for("approval needed", at).await;
+    let end = pty.wait_for("[n] deny", at).await;
+    let prompt = pty.text()[at..end].to_owned();
+    assert!(prompt.contains("directory    build\r\n"), "{prompt}");
+    pty.send(b"n");
+    expect_code(reply(asked).await, ErrorCode::Denied);
+    assert!(dir.path().join("src/main.rs").exists());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bidi_and_zero_width_characters_reach_the_prompt_escaped() {
     let server = TestServer::start().await;
