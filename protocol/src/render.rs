@@ -105,8 +105,10 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
             }
         }
     }
+    // Numbers from a peer of another version, or a client that lies: what they say is shown,
+    // and nothing is sized by them.
     let first = r.start_line;
-    let last = first + r.lines.saturating_sub(1);
+    let last = first.saturating_add(r.lines.saturating_sub(1));
     match (r.lines, r.total_lines) {
         (0, Some(0)) => out.push_str("empty file"),
         (0, Some(total)) => {
@@ -163,8 +165,9 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         return out;
     }
     let width = digits(last);
-    out.reserve(r.content.len() + (width + 2) * r.lines as usize);
-    for (n, line) in (first..).zip(r.content.split_inclusive('\n')) {
+    // Sized by the content, which is here: a result saying `lines: 10^12` asked for 15 TB.
+    out.reserve(r.content.len().saturating_add(r.content.len() / 4));
+    for (n, line) in (first..=u64::MAX).zip(r.content.split_inclusive('\n')) {
         // The CR of a line ending only: a last line's own final CR stays.
         let line = match line.strip_suffix('\n') {
             Some(ended) if crlf => ended.strip_suffix('\r').unwrap_or(ended),
@@ -679,7 +682,7 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
                 "\n--- {name}{note}: binary data, {about}{} bytes, not shown (the result's \
                  `{name}` field holds {held}as UTF-8, each byte that is not UTF-8 as U+FFFD; \
                  send it to a file to keep it)",
-                (text.len() - 2 * replaced) as u64 + dropped
+                ((text.len() - 2 * replaced) as u64).saturating_add(dropped)
             );
             continue;
         }
@@ -755,13 +758,15 @@ fn cut_at_the_cap(out: &mut String, name: &str, text: &str, gap: OutputGap) {
     let last = last.strip_suffix('\n').unwrap_or(last);
     let head_end = head_end(first);
     let tail_start = tail_start(last);
-    let left_out = (first.len() - head_end) as u64 + gap.dropped + tail_start as u64;
+    let left_out = ((first.len() - head_end) as u64)
+        .saturating_add(gap.dropped)
+        .saturating_add(tail_start as u64);
     let _ = write!(
         out,
         "\n--- {name}: {} bytes, more than the output cap keeps; its first and last lines are \
          shown here\n{}\n[... {} left out of this text, {} of them not kept at all (the \
          output cap); {READ_IT_ALL} ...]\n{}",
-        text.len() as u64 + gap.dropped,
+        (text.len() as u64).saturating_add(gap.dropped),
         first[..head_end]
             .strip_suffix('\n')
             .unwrap_or(&first[..head_end]),
@@ -1241,6 +1246,29 @@ mod tests {
         assert_eq!(lines[1], " 1\tline 1");
         assert_eq!(lines[12], "12\tline 12");
         assert_eq!(lines.len(), 13);
+    }
+
+    /// Numbers a client sends are shown, never trusted to size or count anything: `lines:
+    /// 10^12` made the text reserve 15 TB (the process aborted), `start_line` and `dropped`
+    /// near `u64::MAX` overflowed.
+    #[test]
+    fn numbers_a_peer_made_up_are_shown_not_trusted() {
+        for (start, lines) in [(1, 1_000_000_000_000u64), (u64::MAX, 3), (1, u64::MAX)] {
+            let shown = render(
+                ToolName::ReadFile,
+                json!({"path": "a", "content": "x\ny\n", "start_line": start, "lines": lines,
+                       "size": 4, "binary": false, "truncated": false}),
+            );
+            assert!(shown.contains("\tx"), "{shown}");
+            assert!(shown.len() < 200, "{shown}");
+        }
+        let mut result = ran("start\nend\n");
+        result["stdout_truncated"] = json!(true);
+        result["stdout_gap"] = json!({"at": 6, "dropped": u64::MAX});
+        let shown = render(ToolName::RunCommand, result.clone());
+        assert!(shown.contains(&format!("{} bytes", u64::MAX)), "{shown}");
+        result["stdout"] = json!("\u{0}\u{0}bin");
+        assert!(render(ToolName::RunCommand, result).contains("binary data"));
     }
 
     #[test]

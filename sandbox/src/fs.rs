@@ -1272,18 +1272,22 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
         }
         _ => {}
     }
+    // Measured before it is made: 16 MiB of `a` with each `a` replaced by 64 KiB would be a
+    // string of 1 TiB.
+    let replaced = if replace_all { count as u128 } else { 1 };
+    let new_len = old_text.len() as u128 - replaced * old_string.len() as u128
+        + replaced * new_string.len() as u128;
+    if new_len > u128::from(limits.write_max_bytes) {
+        return Err(SandboxError::LimitExceeded(format!(
+            "the edited file would be {new_len} bytes, over the {}-byte write limit",
+            limits.write_max_bytes
+        )));
+    }
     let new_text = if replace_all {
         old_text.replace(old_string.as_ref(), &new_string)
     } else {
         old_text.replacen(old_string.as_ref(), &new_string, 1)
     };
-    if new_text.len() as u64 > limits.write_max_bytes {
-        return Err(SandboxError::LimitExceeded(format!(
-            "the edited file would be {} bytes, over the {}-byte write limit",
-            new_text.len(),
-            limits.write_max_bytes
-        )));
-    }
     let new_bytes = crate::decode::encode(&new_text, held)
         .map_err(|held| {
             SandboxError::InvalidArguments(format!(

@@ -574,7 +574,8 @@ impl Turn<'_> {
                     ..tally().result()
                 };
             }
-            let used = tally().input_tokens + tally().output_tokens;
+            // The provider's numbers: saturated, so that made-up ones cannot wrap past the bound.
+            let used = tally().input_tokens.saturating_add(tally().output_tokens);
             if used > self.llm.max_tokens_per_turn {
                 return TurnResult {
                     stop: StopReason::TokenLimit {
@@ -704,8 +705,8 @@ impl Turn<'_> {
                 Event::ToolCall(call) => step.calls.push(call),
                 Event::Usage(usage) => {
                     let mut tally = lock(self.tally);
-                    tally.input_tokens += usage.input_tokens;
-                    tally.output_tokens += usage.output_tokens;
+                    tally.input_tokens = tally.input_tokens.saturating_add(usage.input_tokens);
+                    tally.output_tokens = tally.output_tokens.saturating_add(usage.output_tokens);
                 }
                 Event::Finish(reason) => step.finish = reason,
             }

@@ -320,7 +320,9 @@ fn remove(
     // (with `--max-age 0`, any use before now looked old enough).
     let max_age = unused.map(|(age, listed_at)| {
         let waited = listed_at.elapsed();
-        age + Duration::from_secs(waited.as_secs() + u64::from(waited.subsec_nanos() > 0))
+        age.saturating_add(Duration::from_secs(
+            waited.as_secs() + u64::from(waited.subsec_nanos() > 0),
+        ))
     });
     let (deleted, kept) = remover.delete(&ids, max_age).map_err(anyhow::Error::msg)?;
     for id in &deleted {

@@ -384,7 +384,7 @@ fn api_events(
                     json!({"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 0,
                            "model": model, "choices": [],
                            "usage": {"prompt_tokens": usage.0, "completion_tokens": usage.1,
-                                     "total_tokens": usage.0 + usage.1}})
+                                     "total_tokens": usage.0.saturating_add(usage.1)}})
                     .to_string(),
                 ));
                 out.push((None, "[DONE]".to_owned()));

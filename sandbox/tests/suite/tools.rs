@@ -1375,6 +1375,35 @@ fn edit_file_counts_overlapping_occurrences_as_ambiguous() {
     assert_eq!(out.replacements, Some(1));
 }
 
+/// An edit whose result would pass the write limit is refused before the result is made: 16
+/// MiB of `a`, each replaced by 64 KiB, was a string of 1 TiB built first (the process died).
+#[test]
+fn an_edit_too_large_for_the_write_limit_is_refused_before_it_is_made() {
+    let fx = Fixture::new();
+    let big = "a".repeat(16 * 1024 * 1024);
+    fx.put("f.txt", &big);
+    let mut args = edit("f.txt", "a", &"b".repeat(64 * 1024));
+    args.replace_all = Some(true);
+    let err = fx.sandbox.edit_file(&args).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LimitExceeded, "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("{} bytes", 16u128 * 1024 * 1024 * 64 * 1024)),
+        "{err}"
+    );
+    // The check and the preview an owner is shown refuse it the same way.
+    let value = serde_json::to_value(&args).unwrap();
+    assert!(fx.sandbox.check(ToolName::EditFile, &value).is_err());
+    assert!(fx.sandbox.preview(ToolName::EditFile, &value).is_err());
+    assert_eq!(fx.read("f.txt").len(), big.len(), "nothing changed");
+    // Within the limit it is made.
+    fx.put("g.txt", "aXa");
+    let mut args = edit("g.txt", "a", "bb");
+    args.replace_all = Some(true);
+    fx.sandbox.edit_file(&args).unwrap();
+    assert_eq!(fx.read("g.txt"), "bbXbb");
+}
+
 #[test]
 fn edit_file_changes_nothing_when_old_string_is_missing_or_ambiguous() {
     let fx = Fixture::new();

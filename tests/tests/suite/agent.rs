@@ -333,6 +333,29 @@ async fn the_token_limit_ends_the_turn_after_the_step_that_crossed_it() {
     );
 }
 
+/// Token counts a provider made up cannot take a turn past its bound by wrapping round: the
+/// tally saturates (it overflowed: a panic in a debug build, a count of 0 in a release one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_token_counts_do_not_wrap_past_the_limit() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let provider = ScriptedProvider::start(vec![Reply::Stream {
+            text: vec!["Listing.".into()],
+            calls: vec![("c1".into(), "list_dir".into(), json!({}))],
+            usage: (u64::MAX, 1),
+        }])
+        .await;
+        let server = server_for(&provider, kind, "max_tokens_per_turn = 1000\n").await;
+        let agent = server.agent().await;
+        let (reply, _) = prompt(&agent, "list").await;
+        assert_eq!(
+            reply.result.stop,
+            StopReason::TokenLimit { limit: 1000 },
+            "{kind:?}"
+        );
+        assert_eq!(reply.result.tool_calls, 0, "{kind:?}: nothing ran");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_is_waited_out_and_the_conversation_continues_across_turns() {
     let provider = ScriptedProvider::start(vec![
