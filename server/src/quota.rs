@@ -1,10 +1,50 @@
 //! Per-user counters: how much of something (connections, calls in flight, bytes in memory) each
 //! user holds, against a bound. A slot is taken with [`PerUser::try_acquire`], a varying amount
 //! with a [`Held`] ([`PerUser::holder`]); both are given back when dropped, and a user holding
-//! nothing takes no room.
+//! nothing takes no room. And per-user locks ([`UserLocks`]): what must be one step for a user
+//! (a quota's check and its write) need not wait for another user's long work.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+
+/// One lock (`T`: a mutex of either kind) per user, made on first use and gone once nobody
+/// holds it: one user's long work under it (deleting a workspace of thousands of sessions)
+/// holds up only that user's own.
+#[derive(Debug)]
+pub struct UserLocks<T> {
+    live: Mutex<Vec<(String, Weak<T>)>>,
+}
+
+impl<T: Default> UserLocks<T> {
+    /// No lock yet.
+    pub const fn new() -> UserLocks<T> {
+        UserLocks {
+            live: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// `user`'s lock: the one someone holds or waits for, else a new one.
+    pub fn of(&self, user: &str) -> Arc<T> {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.retain(|(_, lock)| lock.strong_count() > 0);
+        if let Some(lock) = live
+            .iter()
+            .find(|(name, _)| name == user)
+            .and_then(|(_, lock)| lock.upgrade())
+        {
+            return lock;
+        }
+        let lock = Arc::new(T::default());
+        live.push((user.to_owned(), Arc::downgrade(&lock)));
+        lock
+    }
+}
+
+impl<T: Default> Default for UserLocks<T> {
+    fn default() -> Self {
+        UserLocks::new()
+    }
+}
 
 /// Counts per user, each bounded by `limit`.
 #[derive(Debug)]
@@ -142,6 +182,20 @@ impl Drop for Held {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_lock_is_theirs_alone_and_goes_when_nobody_holds_it() {
+        let locks: UserLocks<Mutex<()>> = UserLocks::new();
+        let ana = locks.of("ana");
+        assert!(Arc::ptr_eq(&ana, &locks.of("ana")), "the same while held");
+        let ben = locks.of("ben");
+        let held = ana.lock().unwrap();
+        assert!(ben.try_lock().is_ok(), "another user's is free");
+        drop(held);
+        drop((ana, ben));
+        let _new = locks.of("cy");
+        assert_eq!(locks.live.lock().unwrap().len(), 1, "the others went");
+    }
 
     #[test]
     fn each_user_is_bounded_alone_and_slots_come_back() {

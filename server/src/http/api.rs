@@ -920,7 +920,9 @@ async fn delete_workspace(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
+    let storing = STORING.of(&user).lock_owned().await;
     blocking(move || {
+        let _storing = storing;
         let record = owned_record(&state, &user, &id)?;
         remove_workspace(&state, &record)
     })
@@ -945,15 +947,19 @@ fn record_session_ids(state: &State, record: &str) -> Result<Vec<String>, HttpEr
     }
 }
 
-/// Taken by an upload from the quota check to the end of its write, and by a workspace's delete
-/// for all of it: an upload to a workspace deleted meanwhile stored its artifact under a record
-/// that was gone (unreachable, its bytes still counted) and answered `404`.
-static STORING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// A user's, taken by an upload of theirs before it is decoded until its write is done (the
+/// quota's check and the write are one step: uploads at once cannot pass it together), and by a
+/// delete of one of their workspaces for all of it (an upload to a workspace deleted meanwhile
+/// stored its artifact under a record that was gone, unreachable, its bytes still counted).
+/// Per user: one lock for every user let one user's delete of a workspace of thousands of
+/// sessions hold up every other user's uploads. Taken before the work goes to the blocking
+/// pool, so that a wait holds no thread and no decoding turn.
+static STORING: crate::quota::UserLocks<tokio::sync::Mutex<()>> = crate::quota::UserLocks::new();
 
 /// Removes a workspace as seed 004 says: its artifacts and the history snapshots uploaded to
 /// it (the conversation of a session whose snapshot came from it is cleared), then the record.
+/// The caller holds the user's [`STORING`].
 fn remove_workspace(state: &State, record: &WorkspaceRecord) -> Result<(), HttpError> {
-    let _storing = STORING.lock().unwrap_or_else(|p| p.into_inner());
     let store = state.registry.store();
     for session in record_session_ids(state, &record.id)? {
         let artifacts = match store.artifacts(&session) {
@@ -1000,6 +1006,7 @@ async fn upload_artifact(
     // At most UPLOADS_AT_ONCE bodies are decoded at a time, over all users (each can take
     // several times MAX_BODY while it is decoded); the others wait with their bodies read and
     // counted.
+    let storing = STORING.of(&user).lock_owned().await;
     let turn = web.uploads.clone().acquire_owned().await;
     let state = web.state.clone();
     // Decoded, checked and stored on the blocking pool: tens of milliseconds of parsing and
@@ -1008,6 +1015,7 @@ async fn upload_artifact(
     // stored, even when the client goes away meanwhile (the handler is dropped, the store's
     // work is not).
     let created = blocking(move || {
+        let _storing = storing;
         let _turn = turn;
         let upload: UploadArtifact = parse_body(&bytes)?;
         drop(bytes);
@@ -1183,7 +1191,7 @@ fn check_file(
     })
 }
 
-/// Stores a checked upload in `user`'s workspace `id`.
+/// Stores a checked upload in `user`'s workspace `id`; the caller holds the user's [`STORING`].
 fn store_upload(
     state: &State,
     user: &str,
@@ -1220,11 +1228,10 @@ fn store_upload(
             Err(e) => return Err(HttpError::store(e)),
         }
     }
-    // The quota check and the write are one step: uploads at once cannot pass it together.
-    // (Only API uploads count, and they all pass here; deletes meanwhile only free room.)
-    let _quota = STORING.lock().unwrap_or_else(|p| p.into_inner());
-    // The workspace is looked up again in the same step: one deleted since (its delete takes
-    // the step too) gets nothing stored for it.
+    // The caller holds the user's STORING: the quota check and the write are one step, and
+    // uploads at once cannot pass it together. (Only API uploads count, and they all pass
+    // here; deletes meanwhile only free room.) The workspace is looked up again in the same
+    // step: one deleted since (its delete takes the step too) gets nothing stored for it.
     owned_record(state, user, id)?;
     checked.upload.workspace_id = record.id.clone();
     check_quota(state, user, &checked, new_default)?;

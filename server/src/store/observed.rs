@@ -28,9 +28,13 @@ use crate::feed::{Event, Feed};
 pub struct Observed {
     inner: Arc<dyn Store>,
     feed: Feed,
-    /// Bytes uploaded through the API, per user whose total was asked for. Held while an
-    /// upload or a delete changes it, so that the total and the store agree.
+    /// Bytes uploaded through the API, per user whose total was asked for.
     uploads: Mutex<HashMap<String, u64>>,
+    /// Per owner: held while an upload or a delete of theirs changes the store and their total,
+    /// and while their total is first counted, so that the total and the store agree. Per
+    /// owner: a delete of a session whose workspace holds gigabytes held up every user's
+    /// uploads and deletes.
+    owners: crate::quota::UserLocks<Mutex<()>>,
     /// Signatures of the conversations, by session, for the search.
     signatures: Mutex<HashMap<String, Signature>>,
 }
@@ -44,25 +48,10 @@ impl Observed {
             .remove(session);
     }
 
-    /// The owner of `session`, when their total is kept (nothing is read when no total is).
-    fn tracked_owner(
-        &self,
-        totals: &HashMap<String, u64>,
-        session: &str,
-    ) -> Result<Option<String>, StoreError> {
-        if totals.is_empty() {
-            return Ok(None);
-        }
-        Ok(self
-            .inner
-            .load(session)?
-            .map(|m| m.owner)
-            .filter(|owner| totals.contains_key(owner)))
-    }
-
     /// Runs `write`, which adds `added` uploaded bytes to `session` and frees those `freed`
-    /// finds there (read before it): the owner's total, when kept, follows. When the change
-    /// cannot be told, every total is dropped, to be counted again on its next use.
+    /// finds there (read before it): the owner's total, when kept, follows. The owner's lock is
+    /// held throughout (no other user waits). When the change cannot be told, every total is
+    /// dropped, to be counted again on its next use.
     fn accounted(
         &self,
         session: &str,
@@ -70,13 +59,26 @@ impl Observed {
         added: u64,
         write: impl FnOnce() -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let mut totals = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
-        let owner = self.tracked_owner(&totals, session);
+        let owner = self.inner.load(session).map(|meta| meta.map(|m| m.owner));
+        let lock = match &owner {
+            Ok(Some(owner)) => Some(self.owners.of(owner)),
+            _ => None,
+        };
+        let _one_step = lock
+            .as_ref()
+            .map(|lock| lock.lock().unwrap_or_else(|p| p.into_inner()));
+        let tracked = |owner: &str| {
+            self.uploads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(owner)
+        };
         let bytes = match &owner {
-            Ok(Some(_)) => freed(self.inner.as_ref()),
+            Ok(Some(owner)) if tracked(owner) => freed(self.inner.as_ref()),
             _ => Ok(0),
         };
         write()?;
+        let mut totals = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
         match (owner, bytes) {
             (Ok(None), _) => {}
             (Ok(Some(owner)), Ok(bytes)) => {
@@ -380,13 +382,28 @@ impl ArtifactStore for Observed {
         )
     }
     fn uploaded_bytes(&self, owner: &str) -> Result<Option<u64>, StoreError> {
-        let mut totals = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(total) = totals.get(owner) {
-            return Ok(Some(*total));
+        let kept = |this: &Observed| {
+            this.uploads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(owner)
+                .copied()
+        };
+        if let Some(total) = kept(self) {
+            return Ok(Some(total));
         }
-        // Counted once, with the lock held: no upload or delete can pass meanwhile.
+        // Counted once, with the owner's lock held: no upload or delete of theirs can pass
+        // meanwhile (and one that counted it meanwhile is taken).
+        let lock = self.owners.of(owner);
+        let _one_step = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(total) = kept(self) {
+            return Ok(Some(total));
+        }
         let total = super::uploaded_bytes(self.inner.as_ref(), owner)?;
-        totals.insert(owner.to_owned(), total);
+        self.uploads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(owner.to_owned(), total);
         Ok(Some(total))
     }
 }
@@ -397,6 +414,7 @@ pub fn observe(inner: Arc<dyn Store>, feed: Feed) -> Arc<dyn Store> {
         inner,
         feed,
         uploads: Mutex::default(),
+        owners: crate::quota::UserLocks::new(),
         signatures: Mutex::default(),
     })
 }
@@ -522,6 +540,85 @@ mod tests {
                 folders: Vec::new(),
             })
             .unwrap();
+    }
+
+    /// An upload of `size` bytes to `session`.
+    fn uploaded(id: &str, session: &str, size: u64) -> ArtifactMeta {
+        ArtifactMeta {
+            id: id.into(),
+            session: session.into(),
+            kind: ArtifactKind::ToolOutput,
+            workspace: None,
+            tool: None,
+            call_id: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            content_type: "text/plain".into(),
+            size,
+            truncated: false,
+            original_size: size,
+            upload: Some(Box::new(super::super::Upload {
+                workspace_id: "w".into(),
+                task_id: None,
+                step_id: None,
+                name: None,
+                metadata: serde_json::Map::new(),
+            })),
+        }
+    }
+
+    /// An owner's upload or delete waits only for that owner's: one user's long delete (a
+    /// session whose workspace holds gigabytes) held a lock every user's uploads waited for.
+    #[test]
+    fn one_owners_writes_wait_for_their_own_lock_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let observed = Arc::new(Observed {
+            inner: Arc::new(FsStore::new(dir.path())),
+            feed: Feed::new(),
+            uploads: Mutex::default(),
+            owners: crate::quota::UserLocks::new(),
+            signatures: Mutex::default(),
+        });
+        session(observed.as_ref(), A, "ana", "2026-01-01T00:00:01Z");
+        session(observed.as_ref(), C, "bob", "2026-01-01T00:00:03Z");
+        assert_eq!(observed.uploaded_bytes("ana").unwrap(), Some(0));
+        assert_eq!(observed.uploaded_bytes("bob").unwrap(), Some(0));
+        let ana = observed.owners.of("ana");
+        let held = ana.lock().unwrap();
+        // Bob's upload goes through while ana's lock is held.
+        let bobs = uploaded("b1", C, 10);
+        let o = observed.clone();
+        let meta = bobs.clone();
+        std::thread::spawn(move || o.put_artifact(&meta, b"0123456789"))
+            .join()
+            .unwrap()
+            .unwrap();
+        // Ana's waits for it.
+        let (done, finished) = std::sync::mpsc::channel();
+        let o = observed.clone();
+        let anas = uploaded("a1", A, 5);
+        let meta = anas.clone();
+        std::thread::spawn(move || {
+            o.put_artifact(&meta, b"01234").unwrap();
+            done.send(()).unwrap();
+        });
+        assert!(
+            finished
+                .recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "ana's upload waits for ana's lock"
+        );
+        drop(held);
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(
+            observed.uploaded_bytes("ana").unwrap(),
+            Some(anas.charged_bytes())
+        );
+        assert_eq!(
+            observed.uploaded_bytes("bob").unwrap(),
+            Some(bobs.charged_bytes())
+        );
     }
 
     const A: &str = "00000000-0000-4000-8000-00000000000a";
