@@ -53,6 +53,9 @@ pub struct ApprovalRequest {
     /// For writes and edits of a path that is a symbolic link: the file it leads to, which is
     /// the one written (relative to the folder).
     pub through_link: Option<String>,
+    /// For writes and edits: what the diff cannot show about the bytes written (the file's
+    /// encoding kept or changed, bytes that are not text replaced).
+    pub bytes_note: Option<String>,
     /// For `run_command`: the directory it runs in, when a symbolic link on the way of its
     /// `cwd` makes it another place than `cwd` says (relative to the folder, `.` for the root).
     pub runs_in: Option<String>,

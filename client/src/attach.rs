@@ -1187,6 +1187,7 @@ async fn run(
                 let diff = shown.as_mut().map(|p| std::mem::take(&mut p.diff));
                 let creates = shown.as_ref().map_or_else(Vec::new, |p| p.creates.clone());
                 let through_link = shown.as_ref().and_then(|p| p.through_link.clone());
+                let bytes_note = shown.as_ref().and_then(|p| p.bytes_note.clone());
                 approved = shown;
                 let request = ApprovalRequest {
                     process,
@@ -1197,6 +1198,7 @@ async fn run(
                     diff,
                     creates,
                     through_link,
+                    bytes_note,
                     runs_in,
                     program: (tool == ToolName::RunCommand).then(|| site.shown()),
                     network: o.exec.network_summary(),

@@ -184,6 +184,9 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
             if let Some(content) = text("content") {
                 field("content", format!("{} bytes", content.len()));
             }
+            if let Some(note) = &r.bytes_note {
+                field("bytes", printable(note).into_owned());
+            }
             // Each directory is the one before it and one more name: the outermost and the
             // innermost say it all, however deep.
             let dir = |d: &String| format!("{}/", printable_name(d));
@@ -460,6 +463,7 @@ mod tests {
             diff: diff.map(str::to_owned),
             creates: Vec::new(),
             through_link: None,
+            bytes_note: None,
             runs_in: None,
             process: None,
             program: (tool == ToolName::RunCommand).then(|| "/usr/bin/cargo".into()),
@@ -714,6 +718,22 @@ mod tests {
         );
         r.creates.clear();
         assert!(!text(&render(&r)).contains("creates"));
+    }
+
+    #[test]
+    fn a_write_says_what_its_diff_cannot_show_about_the_bytes() {
+        let mut r = request(
+            ToolName::WriteFile,
+            json!({"path": "f.txt", "content": "x"}),
+            Some("--- a/f.txt\n+++ b/f.txt\n"),
+        );
+        assert!(!text(&render(&r)).contains("bytes       "));
+        r.bytes_note = Some("the file is windows-1252 text\u{1b}[2J".into());
+        let shown = text(&render(&r));
+        assert!(
+            shown.contains("bytes        the file is windows-1252 text\\u{1b}[2J"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -2033,10 +2033,45 @@ pub struct Preview {
     /// The file it writes, relative to the root, when a symbolic link on the path given (the
     /// file's own, or a directory's on the way) makes it another place; `None` otherwise.
     pub through_link: Option<String>,
+    /// What the diff, made of decoded text, cannot show about the bytes written: a file in
+    /// another encoding than UTF-8 kept in it or written anew as UTF-8, or bytes that are not
+    /// text (shown in the diff as U+FFFD) replaced ([`bytes_note`]).
+    pub bytes_note: Option<String>,
     /// The version of the file the diff was made from (none: the file did not exist). The
     /// write or edit made as approved ([`crate::Sandbox::call_approved`]) checks that it is
     /// still there.
     base: DiffBase,
+}
+
+/// What a write of `new_text` over `target`'s file does to its bytes that its diff (of decoded
+/// text) cannot show: `None` for a UTF-8 file (or a new one). A file in another encoding is kept
+/// in it, or, when the new text holds a character it cannot, written anew as UTF-8 (every byte
+/// of it changes); a file with bytes that are not UTF-8 has them replaced (the diff shows each
+/// as U+FFFD, so an edit elsewhere, or a write of the same text, looks like no change to them).
+fn bytes_note(target: &Target, new_text: &str) -> Option<String> {
+    let old = target.old.as_ref()?;
+    if let Some(held) = old.held {
+        let encoding = held.encoding.as_str();
+        return Some(match crate::decode::encode(new_text, Some(held)) {
+            Ok(_) => format!("the file is {encoding} text, and is written as {encoding}"),
+            Err(_) => format!(
+                "the file is {encoding} text; the new text has characters {encoding} cannot \
+                 hold, so the whole file is written as UTF-8 (every character that is not \
+                 ASCII changes its bytes)"
+            ),
+        });
+    }
+    let not_text: usize = old
+        .bytes
+        .utf8_chunks()
+        .map(|chunk| chunk.invalid().len())
+        .sum();
+    (not_text > 0).then(|| {
+        format!(
+            "the file holds {not_text} bytes that are not UTF-8 text (shown in the diff as \
+             U+FFFD): the write replaces them with the new text's UTF-8"
+        )
+    })
 }
 
 /// The file a [`Preview`]'s diff was made from: the path it is at (relative to the root, links
@@ -2087,6 +2122,7 @@ pub(crate) fn preview(
                         diff: full_diff(&target.path.display(), old.as_deref(), &args.content),
                         creates: Vec::new(),
                         through_link: target.through_link(jail, &path),
+                        bytes_note: bytes_note(&target, &args.content),
                         base: target.base(),
                     }))
                 }
@@ -2101,6 +2137,7 @@ pub(crate) fn preview(
                         diff: full_diff(&path.display(), None, &args.content),
                         creates: missing_parents(jail, &parent)?,
                         through_link: landing_elsewhere(jail, &path),
+                        bytes_note: None,
                         base: DiffBase {
                             path: path.rel().to_owned(),
                             stamp: None,
@@ -2121,6 +2158,7 @@ pub(crate) fn preview(
                 ),
                 creates: Vec::new(),
                 through_link: edit.target.through_link(jail, &edit.given),
+                bytes_note: bytes_note(&edit.target, &edit.new_text),
                 base: edit.target.base(),
             }))
         }

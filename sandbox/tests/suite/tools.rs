@@ -2029,6 +2029,71 @@ fn own_process_read_only_file() {
 /// A Latin-1 or UTF-16 file stays in its encoding when written or edited (it was rewritten as
 /// UTF-8, and its diff showed the old bytes as garbage); an edit it cannot hold is refused, and
 /// a write it cannot hold says the file is UTF-8 now.
+/// The preview an owner approves says what its diff, made of decoded text, cannot show: a
+/// file kept in its encoding or written anew as UTF-8, and bytes that are not text replaced.
+/// (Before, a write of `é é \u{fffd}` over `é é \xff` showed an empty diff, and one that turned
+/// a windows-1252 file into UTF-8 showed only the lines changed.)
+#[test]
+fn a_preview_says_what_its_diff_cannot_show_about_the_bytes() {
+    let fx = Fixture::new();
+    std::fs::write(fx.root().join("latin1.txt"), b"caf\xe9\n").unwrap();
+    std::fs::write(fx.root().join("stray.txt"), b"\xc3\xa9 \xc3\xa9 \xff\n").unwrap();
+    fx.put("plain.txt", "café\n");
+    let note = |tool: ToolName, args: serde_json::Value| {
+        fx.sandbox
+            .preview(tool, &args)
+            .unwrap()
+            .expect("a preview")
+            .bytes_note
+    };
+    let note_of = |path: &str, content: &str| {
+        note(
+            ToolName::WriteFile,
+            serde_json::json!({"path": path, "content": content}),
+        )
+    };
+    assert_eq!(
+        note_of("latin1.txt", "cafe\n").as_deref(),
+        Some("the file is windows-1252 text, and is written as windows-1252")
+    );
+    let anew = note_of("latin1.txt", "café ✓\n").unwrap();
+    assert!(
+        anew.contains("the whole file is written as UTF-8"),
+        "{anew}"
+    );
+    let preview = fx
+        .sandbox
+        .preview(
+            ToolName::WriteFile,
+            &serde_json::json!({"path": "stray.txt", "content": "é é \u{fffd}\n"}),
+        )
+        .unwrap()
+        .unwrap();
+    assert!(
+        !preview.diff.contains("\n-"),
+        "the text looks the same: {}",
+        preview.diff
+    );
+    assert_eq!(
+        preview.bytes_note.as_deref(),
+        Some(
+            "the file holds 1 bytes that are not UTF-8 text (shown in the diff as U+FFFD): \
+             the write replaces them with the new text's UTF-8"
+        )
+    );
+    // An edit keeps the encoding it can, and says so; one of such a file is refused anyway.
+    let edited = note(
+        ToolName::EditFile,
+        serde_json::json!({"path": "latin1.txt", "old_string": "caf", "new_string": "kaf"}),
+    );
+    assert_eq!(
+        edited.as_deref(),
+        Some("the file is windows-1252 text, and is written as windows-1252")
+    );
+    assert_eq!(note_of("plain.txt", "cafe\n"), None, "UTF-8 says nothing");
+    assert_eq!(note_of("new.txt", "x"), None, "nor a new file");
+}
+
 #[test]
 fn writes_and_edits_keep_a_file_s_encoding() {
     let fx = Fixture::new();
