@@ -335,6 +335,7 @@ pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken)
         owners: std::sync::Mutex::new(HashMap::new()),
         manager: manager.clone(),
         max_per_user: state.config.quotas.max_mcp_sessions_per_user,
+        state: state.clone(),
     });
     let service = StreamableHttpService::new(
         move || Ok(McpFront::new(backend.clone(), None)),
@@ -450,6 +451,7 @@ struct McpSessions {
     owners: std::sync::Mutex<HashMap<String, (String, std::time::Instant)>>,
     manager: Arc<LocalSessionManager>,
     max_per_user: usize,
+    state: Arc<State>,
 }
 
 impl McpSessions {
@@ -490,6 +492,32 @@ impl McpSessions {
         for k in surplus {
             debug!("ending MCP session {k} of {user}: over server.max_mcp_sessions_per_user");
             let _ = self.manager.close_session(&k.into()).await;
+        }
+    }
+
+    /// Ends session `id` when `token`, which opened it, is revoked (checked with every
+    /// connection's, every few seconds), or returns once the session has ended otherwise
+    /// (looked at as often). A session's own stream (a `GET`) kept receiving its notifications,
+    /// and kept its Monad session in use, until rmcp's idle time-out.
+    async fn end_when_revoked(self: Arc<Self>, id: String, token: String, user: String) {
+        let revoked = crate::server::until_revoked(self.state.clone(), token, user.clone());
+        tokio::pin!(revoked);
+        let mut look = tokio::time::interval(crate::server::TOKEN_RECHECK);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut revoked => {
+                    debug!("ending MCP session {id} of {user}: its token was revoked");
+                    self.forget(&id);
+                    let _ = self.manager.close_session(&id.clone().into()).await;
+                    return;
+                }
+                _ = look.tick() => {
+                    if !self.manager.sessions.read().await.contains_key(id.as_str()) {
+                        return;
+                    }
+                }
+            }
         }
     }
 
@@ -541,11 +569,15 @@ async fn owned_sessions(
             response
         }
         None => {
+            let token = request.extensions().get::<McpToken>().cloned();
             let response = next.run(request).await;
             if let Some(id) = response.headers().get(SESSION_HEADER)
                 && let Ok(id) = id.to_str()
             {
-                sessions.adopt(id.to_owned(), user).await;
+                sessions.adopt(id.to_owned(), user.clone()).await;
+                if let Some(McpToken(token)) = token {
+                    tokio::spawn(sessions.end_when_revoked(id.to_owned(), token, user));
+                }
             }
             response
         }

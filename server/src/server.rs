@@ -46,7 +46,7 @@ const CLOSE_REVOKED: u32 = 3;
 const CLOSE_MOVED: u32 = 4;
 
 /// How often the tokens are looked at for one revoked since ([`sweep_tokens`]).
-const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether the token whose hash is `token` still belongs to `user`. Looked up on the blocking
 /// pool, since a PostgreSQL store answers with a query. One that cannot be read counts as valid

@@ -816,3 +816,48 @@ async fn an_answers_tree_is_counted_before_the_mcp_front_makes_it() {
     let answer = within(STEP, "the call's answer", asked).await.unwrap();
     assert!(answer.body.contains("\"isError\":false"), "{answer:?}");
 }
+
+/// An MCP session ends when the token that opened it is revoked (checked every 5 s), not only
+/// its calls: its own stream kept getting notifications, and the session stayed, until rmcp's
+/// idle time-out of 5 minutes. Another token of the same user then finds no such session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_session_ends_when_its_token_is_revoked() {
+    let (server, http) = server(|_| {}).await;
+    let first = format!("Bearer {}", server.token);
+    let second = format!("Bearer {}", server.create_token("admin"));
+    let session = {
+        let first = first.clone();
+        blocking("a session opened", move || {
+            let id = open_session(http, &first);
+            let headers = [
+                ("Authorization", first.as_str()),
+                ("Mcp-Session-Id", id.as_str()),
+            ];
+            assert_eq!(request(http, "POST", &headers, INITIALIZED).status, 202);
+            id
+        })
+        .await
+    };
+    let ping = move |auth: String, session: String| {
+        blocking("a ping", move || {
+            let headers = [
+                ("Authorization", auth.as_str()),
+                ("Mcp-Session-Id", session.as_str()),
+            ];
+            request(http, "POST", &headers, PING).status
+        })
+    };
+    assert_eq!(
+        ping(second.clone(), session.clone()).await,
+        200,
+        "the user's own"
+    );
+    let id = server.token.split('_').nth(1).expect("mnd_ID_SECRET");
+    assert!(server.state().tokens.revoke(id).unwrap());
+    within(STEP, "the session to end", async {
+        while ping(second.clone(), session.clone()).await != 404 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+}
