@@ -507,6 +507,9 @@ impl McpSessions {
         loop {
             tokio::select! {
                 () = &mut revoked => {
+                    // Its calls are cancelled at the same sweep and answered as such: their
+                    // answers go out first.
+                    tokio::time::sleep(REVOKED_ANSWERS_GRACE).await;
                     debug!("ending MCP session {id} of {user}: its token was revoked");
                     self.forget(&id);
                     let _ = self.manager.close_session(&id.clone().into()).await;
@@ -583,6 +586,10 @@ async fn owned_sessions(
         }
     }
 }
+
+/// How long a session whose token was revoked stays for the answers of its cancelled calls
+/// (written at once) before it is closed.
+const REVOKED_ANSWERS_GRACE: Duration = Duration::from_secs(1);
 
 /// The header that names an MCP session.
 const SESSION_HEADER: &str = "mcp-session-id";
