@@ -29,6 +29,100 @@ use crate::site::{ProgramSite, locate};
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
 const MAX_REQUEST: usize = 40 * 1024 * 1024;
+/// Bytes a folder's requests may hold at once, by default: each as it is read, the tree it becomes
+/// (counted at [`VALUE_BYTES`] a JSON value before it is made) and the diff of a write waiting
+/// for its owner. A server opening a hundred streams of 40 MiB held 4 GiB of the laptop's
+/// memory; past this a request is refused (`limit_exceeded`) and nothing more of it is read.
+const REQUESTS_HELD_MAX: usize = 256 * 1024 * 1024;
+/// What one JSON value of a request's tree is counted as: a `serde_json::Value` and its share
+/// of the array or map holding it.
+const VALUE_BYTES: usize = 48;
+/// Most JSON values one request may hold (as the server allows an agent's).
+const MAX_REQUEST_VALUES: usize = 1_000_000;
+
+/// What a folder's requests hold in memory at once, up to `max`.
+#[derive(Debug)]
+struct RequestMemory {
+    held: std::sync::atomic::AtomicUsize,
+    max: usize,
+}
+
+impl RequestMemory {
+    fn new(max: usize) -> RequestMemory {
+        RequestMemory {
+            held: std::sync::atomic::AtomicUsize::new(0),
+            max,
+        }
+    }
+}
+
+/// One request's share of its folder's [`RequestMemory`], given back when dropped.
+struct Holding<'a> {
+    memory: &'a RequestMemory,
+    held: usize,
+}
+
+impl<'a> Holding<'a> {
+    fn new(memory: &'a RequestMemory) -> Holding<'a> {
+        Holding { memory, held: 0 }
+    }
+
+    /// Takes `n` bytes more; false (nothing taken) past the folder's bound.
+    fn take(&mut self, n: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        let max = self.memory.max;
+        let taken = self
+            .memory
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|&after| after <= max)
+            });
+        if taken.is_ok() {
+            self.held += n;
+        }
+        taken.is_ok()
+    }
+
+    /// The error of a request that would hold more than its folder's requests may.
+    fn refused(&self, what: &str) -> ToolError {
+        ToolError::new(
+            ErrorCode::LimitExceeded,
+            format!(
+                "{what} would take this folder's requests past {} bytes of the client's \
+                 memory; wait for its other calls to finish",
+                self.memory.max
+            ),
+        )
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.memory
+            .held
+            .fetch_sub(self.held, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A request's message from its bytes, its tree counted in `held` before it is made.
+fn decode_request(bytes: &[u8], held: &mut Holding<'_>) -> Result<Message, ToolError> {
+    let values = monad_protocol::values::count(bytes, MAX_REQUEST_VALUES).map_err(|e| {
+        ToolError::new(
+            ErrorCode::Malformed,
+            format!("the request cannot be read: {e}"),
+        )
+    })?;
+    if !held.take(values.saturating_mul(VALUE_BYTES)) {
+        return Err(held.refused("the request"));
+    }
+    Message::from_json(bytes).map_err(|e| {
+        ToolError::new(
+            ErrorCode::Malformed,
+            format!("the request cannot be read: {e}"),
+        )
+    })
+}
+
 /// The attach request's id on each connection; `Run` and `Probe` name it.
 const ATTACHMENT_ID: u64 = 1;
 
@@ -57,6 +151,8 @@ pub struct AttachOptions {
     pub allow: Vec<ToolClass>,
     /// How long a prompt waits before it denies.
     pub prompt_timeout: Duration,
+    /// Bytes the folder's requests may hold at once ([`REQUESTS_HELD_MAX`] unless changed).
+    pub requests_held_max: usize,
     /// Limits of the folder's tools.
     pub limits: Limits,
     /// Command policy of the folder.
@@ -127,6 +223,7 @@ impl AttachOptions {
             trust: Trust::Restricted,
             allow: Vec::new(),
             prompt_timeout: Duration::from_secs(120),
+            requests_held_max: REQUESTS_HELD_MAX,
             limits: Limits::default(),
             exec: ExecPolicy::default(),
             tools: ToolName::WORKSPACE_TOOLS.to_vec(),
@@ -534,6 +631,8 @@ struct Folder {
     /// The connections its commands ask the network proxy for, as they happen: sent to the
     /// server (by one connection at a time) for the session's audit log.
     network: tokio::sync::Mutex<Option<NetworkAudit>>,
+    /// What its requests hold in memory at once.
+    requests: RequestMemory,
 }
 
 impl Folder {
@@ -587,8 +686,10 @@ pub async fn attach(
         )));
     }
     let network = tokio::sync::Mutex::new(sandbox.take_network_audit());
+    let requests = RequestMemory::new(options.requests_held_max);
     let folder = Arc::new(Folder {
         network,
+        requests,
         sandbox: Arc::new(sandbox),
         policy: Policy::new(options.trust, options.allow.clone()),
         approver,
@@ -951,20 +1052,43 @@ async fn handle_request(
     // message, is read (`stream::let_go`), so that the server is not told to stop a stream it
     // finished.
     let mut recv = monad_protocol::stream::QuietRecv::new(recv);
-    let read = read_message(&mut *recv, MAX_REQUEST).await;
-    recv.let_go();
+    let mut held = Holding::new(&folder.requests);
+    let read =
+        monad_protocol::io::read_frames(&mut *recv, MAX_REQUEST, &mut |n| held.take(n)).await;
     let request = match read {
+        Ok(Some(bytes)) => {
+            recv.let_go();
+            decode_request(&bytes, &mut held).map(Some)
+        }
+        Ok(None) => Ok(None),
+        Err(monad_protocol::io::ReadError::Refused) => {
+            // The rest is read and let go, not held, so that the server, still sending it,
+            // reads the answer (a stream stopped under it reads as the folder gone).
+            let mut rest = tokio::io::AsyncReadExt::take(&mut *recv, MAX_REQUEST as u64);
+            let _ = tokio::io::copy(&mut rest, &mut tokio::io::sink()).await;
+            recv.let_go();
+            Err(held.refused("the request"))
+        }
+        Err(e) => Err(e.to_tool_error()),
+    };
+    let request = match request {
         Ok(Some(m)) => m,
         Ok(None) => return,
-        Err(e) => {
-            let _ = write_message(
-                &mut send,
-                &Message::Error {
-                    id: 0,
-                    error: e.to_tool_error(),
-                },
-            )
-            .await;
+        // Too much to hold: a result, which the server passes on to the agent as the call's
+        // failure (an `error` reads there as a client that does not speak the protocol).
+        Err(error) if error.code == ErrorCode::LimitExceeded => {
+            let answer = Message::Result {
+                id: 0,
+                workspace: None,
+                outcome: Outcome::Error { error },
+                body: None,
+            };
+            let _ = write_message(&mut send, &answer).await;
+            let _ = send.finish();
+            return;
+        }
+        Err(error) => {
+            let _ = write_message(&mut send, &Message::Error { id: 0, error }).await;
             let _ = send.finish();
             return;
         }
@@ -993,7 +1117,7 @@ async fn handle_request(
                 }
             }
             let stopped = send.stopped();
-            let run = run(folder, &mut send, id, &session, tool, args);
+            let run = run(folder, &mut held, &mut send, id, &session, tool, args);
             let (outcome, decided) = tokio::select! {
                 // The server stopped reading: the agent cancelled, or routing gave up on a
                 // `run` with `if_present` whose `probed` came too late. Dropping `run`
@@ -1071,6 +1195,7 @@ async fn send_result(
 /// anyone is asked; no `decided` goes out for it (nobody decided).
 async fn run(
     folder: &Folder,
+    held: &mut Holding<'_>,
     send: &mut quinn::SendStream,
     id: u64,
     session: &str,
@@ -1126,6 +1251,13 @@ async fn run(
     } else {
         folder.sandbox.check_async(tool, &args).await.map(|()| None)
     };
+    // A write's diff waits with it for its owner: counted with the request.
+    let checked = checked.and_then(|preview| match &preview {
+        Some(p) if !held.take(p.diff.len()) => Err(monad_sandbox::SandboxError::LimitExceeded(
+            held.refused("this write's diff").message,
+        )),
+        _ => Ok(preview),
+    });
     let preview = match checked {
         Ok(preview) => preview,
         Err(e) => {
@@ -1312,6 +1444,43 @@ fn error(code: ErrorCode, message: String) -> Outcome {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A request's tree is counted before it is made, and one of more values than any
+    /// request takes is refused; what a folder's requests hold comes back when they end.
+    #[test]
+    fn a_requests_tree_is_counted_before_it_is_made() {
+        let memory = RequestMemory::new(REQUESTS_HELD_MAX);
+        let run = |values: usize| {
+            let argv = vec![json!("x"); values];
+            serde_json::to_vec(
+                &json!({"type": "run", "id": 7, "attachment": 1, "session": "s",
+                "tool": "run_command", "args": {"argv": argv}}),
+            )
+            .unwrap()
+        };
+        let mut held = Holding::new(&memory);
+        let error = decode_request(&run(MAX_REQUEST_VALUES), &mut held).unwrap_err();
+        assert!(
+            error.message.contains("more than 1000000 JSON values"),
+            "{}",
+            error.message
+        );
+        let message = decode_request(&run(1_000), &mut held).expect("a request");
+        assert!(matches!(message, Message::Run { id: 7, .. }), "{message:?}");
+        assert!(held.held >= 1_000 * VALUE_BYTES, "{}", held.held);
+        let mut other = Holding::new(&memory);
+        assert!(
+            !other.take(REQUESTS_HELD_MAX),
+            "past the bound with the first one's"
+        );
+        drop(held);
+        assert!(
+            other.take(REQUESTS_HELD_MAX),
+            "all of it once the first one ended"
+        );
+        drop(other);
+        assert_eq!(memory.held.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
 
     /// A call's lines show a long target by its two ends, a short one whole.
     #[test]

@@ -135,9 +135,19 @@ pub fn pinned_config(
     transport.max_idle_timeout(Some(
         quinn::IdleTimeout::try_from(IDLE_TIMEOUT).expect("in range"),
     ));
+    // What a server may open towards a client: requests to an attached folder, each a stream
+    // of its own; nothing else (no one-way streams, no datagrams), so that a server cannot
+    // make a client hold what it never reads.
+    transport.max_concurrent_bidi_streams(SERVER_STREAMS.into());
+    transport.max_concurrent_uni_streams(0u32.into());
+    transport.datagram_receive_buffer_size(None);
     client.transport_config(Arc::new(transport));
     Ok((client, Presented(verifier)))
 }
+
+/// Requests a server may have open towards a client at once (an attached folder's calls in
+/// flight); more wait for one to end. quinn's default was 100.
+pub const SERVER_STREAMS: u32 = 64;
 
 /// The receive and send buffer a QUIC endpoint's UDP socket asks for. A result of a few hundred
 /// KiB arrives as a burst of datagrams faster than the receiving task drains them; with the

@@ -9,8 +9,8 @@ use monad_client::agent::Agent;
 use monad_protocol::wire::{PROTOCOL_MINOR, Role};
 use monad_protocol::{ErrorCode, ToolName};
 use monad_tests::{
-    FakeClient, STEP, ServerProcess, TestServer, call_in, connect_agent, connect_speaking,
-    connect_without_hello, ok, within,
+    Attachment, FakeClient, STEP, ServerProcess, TestServer, attach_options, call_in,
+    connect_agent, connect_speaking, connect_without_hello, folder, ok, within,
 };
 use serde_json::json;
 
@@ -1007,4 +1007,80 @@ async fn a_requests_tree_is_counted_before_it_is_made() {
         Outcome::Ok { .. } => panic!("an argv of numbers ran"),
     }
     ok(call_in(&agent, None, "workspaces", json!({})).await);
+}
+
+/// An approver that never answers: each request it is shown waits (with its request and diff
+/// held) until the attachment goes.
+struct Waiting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl monad_client::approval::Approver for Waiting {
+    fn decide(
+        &self,
+        _request: monad_client::approval::ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = monad_client::approval::Decision> + Send>>
+    {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(std::future::pending())
+    }
+}
+
+/// What an attached folder's requests hold in the client's memory at once is bounded: writes of
+/// 1 MiB waiting for their owner (each holding its request and its diff, about 2 MiB) fill a
+/// bound of 10.5 MiB at five; the others are refused with `limit_exceeded` rather than held (a
+/// server could make a laptop hold gigabytes of requests it never finished or never answered;
+/// the bound is 256 MiB unless changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_attached_folders_requests_hold_is_bounded() {
+    let server = TestServer::start().await;
+    let dir = folder(&[]);
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut options = attach_options(dir.path(), "lap");
+    options.prompt_timeout = std::time::Duration::from_secs(120);
+    options.requests_held_max = 21 * 512 * 1024;
+    let attachment = Attachment::start(
+        &server.client_config(),
+        options,
+        Some(Arc::new(Waiting(asked.clone()))),
+    )
+    .await;
+    let content = format!("{}\n", "x".repeat(1023)).repeat(1024);
+    let agent = server.agent().await;
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut calls = tokio::task::JoinSet::new();
+    for n in 0..12 {
+        let (agent, content, refused) = (agent.clone(), content.clone(), refused.clone());
+        calls.spawn(async move {
+            let args = json!({"path": format!("f{n}.txt"), "content": content, "workspace": "lap"});
+            // Those held wait for their owner until the attachment goes.
+            let Ok(reply) = agent.call(None, "write_file", args, |_| {}).await else {
+                return;
+            };
+            if let monad_protocol::wire::Outcome::Error { error } = &reply.outcome
+                && error.code == ErrorCode::LimitExceeded
+            {
+                assert!(
+                    error.message.contains("this folder's requests"),
+                    "{}",
+                    error.message
+                );
+                refused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+    }
+    let count =
+        |n: &Arc<std::sync::atomic::AtomicUsize>| n.load(std::sync::atomic::Ordering::SeqCst);
+    within(STEP, "each write asked about or refused", async {
+        while count(&asked) + count(&refused) < 12 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(count(&asked) <= 5, "{} held", count(&asked));
+    assert!(count(&refused) >= 7, "{} refused", count(&refused));
+    drop(attachment);
+    calls.abort_all();
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing written"
+    );
 }
