@@ -123,6 +123,9 @@ fn decode_request(bytes: &[u8], held: &mut Holding<'_>) -> Result<Message, ToolE
     })
 }
 
+/// How long a server has to answer an attach (it may load the session from its store first).
+const ATTACH_ANSWER_WAIT: Duration = Duration::from_secs(30);
+
 /// The attach request's id on each connection; `Run` and `Probe` name it.
 const ATTACHMENT_ID: u64 = 1;
 
@@ -844,10 +847,6 @@ async fn serve_once(
         () = stopped(stop.as_mut()) => return Ok(Served::Stopped),
     };
     let conn = connection.conn.clone();
-    let (mut send, mut recv) = conn
-        .open_bi()
-        .await
-        .map_err(|e| ClientError::Unreachable(e.to_string()))?;
     let o = &folder.options;
     // An older server refuses a field it does not know: asked only of one that knows it.
     let focus = o.focus && connection.minor >= FOCUS_MINOR;
@@ -855,23 +854,51 @@ async fn serve_once(
     let absolute = (connection.minor >= ROOTS_MINOR && o.dir.is_absolute())
         .then(|| o.dir.to_str().map(str::to_owned))
         .flatten();
-    write_message(
-        &mut send,
-        &Message::Attach {
-            id: ATTACHMENT_ID,
-            session: o.session.clone(),
-            name: o.name.clone(),
-            path: o.shown_path.clone(),
-            trust: o.trust,
-            tools: o.tools.clone(),
-            focus,
-            folder: absolute,
-            exact_name: o.exact_name && o.name.is_some() && connection.minor >= CLI_MINOR,
+    let asked = async {
+        let (mut send, mut recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        write_message(
+            &mut send,
+            &Message::Attach {
+                id: ATTACHMENT_ID,
+                session: o.session.clone(),
+                name: o.name.clone(),
+                path: o.shown_path.clone(),
+                trust: o.trust,
+                tools: o.tools.clone(),
+                focus,
+                folder: absolute,
+                exact_name: o.exact_name && o.name.is_some() && connection.minor >= CLI_MINOR,
+            },
+        )
+        .await
+        .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+        let answer = read_message(&mut recv, 64 * 1024).await;
+        Ok::<_, ClientError>((send, recv, answer))
+    };
+    // A server that never answers (or never grants the stream) neither keeps the owner's
+    // Ctrl-C from detaching nor holds the folder for ever: it is tried again, as one that
+    // cannot be reached.
+    let (mut send, mut recv, answer) = tokio::select! {
+        asked = tokio::time::timeout(ATTACH_ANSWER_WAIT, asked) => match asked {
+            Ok(asked) => asked?,
+            Err(_) => {
+                connection.close("no answer to attach").await;
+                return Err(ClientError::Unreachable(format!(
+                    "{} did not answer the attach within {} s",
+                    connection.server,
+                    ATTACH_ANSWER_WAIT.as_secs()
+                )));
+            }
         },
-    )
-    .await
-    .map_err(|e| ClientError::Unreachable(e.to_string()))?;
-    match read_message(&mut recv, 64 * 1024).await {
+        () = stopped(stop.as_mut()) => {
+            connection.close("detached").await;
+            return Ok(Served::Stopped);
+        }
+    };
+    match answer {
         Ok(Some(Message::Attached {
             session, workspace, ..
         })) => {

@@ -2108,3 +2108,83 @@ async fn attaching_the_filesystem_root_says_what_it_puts_within_reach() {
             .expect("reaped");
     }
 }
+
+/// A server that says welcome and then never answers the attach: Ctrl-C still detaches at once
+/// (before, `attach` waited on the answer for as long as the server kept the connection alive,
+/// and every later Ctrl-C, SIGTERM or SIGHUP did nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_ends_an_attach_the_server_never_answers() {
+    use monad_protocol::io::{read_message, write_message};
+    use monad_protocol::wire::{self, Message};
+    let tls = tempfile::tempdir().unwrap();
+    let (identity, _) = monad_server::tls::load_or_create(tls.path()).unwrap();
+    let quic = monad_server::tls::quic_config(&identity, &Default::default()).unwrap();
+    let endpoint =
+        monad_protocol::pin::endpoint("127.0.0.1:0".parse().unwrap(), Some(quic)).unwrap();
+    let address = endpoint.local_addr().unwrap();
+    // Says welcome, takes the attach, and answers nothing more (quinn keeps the connection
+    // alive meanwhile).
+    let (took, attach_taken) = tokio::sync::oneshot::channel();
+    let rogue = tokio::spawn(async move {
+        let conn = endpoint.accept().await.unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let hello = read_message(&mut recv, 1 << 20).await.unwrap();
+        assert!(matches!(hello, Some(Message::Hello { .. })), "{hello:?}");
+        let welcome = Message::Welcome {
+            protocol: wire::PROTOCOL_MAJOR,
+            minor: wire::PROTOCOL_MINOR,
+            user: "ana".into(),
+            server: "rogue".into(),
+        };
+        write_message(&mut send, &welcome).await.unwrap();
+        let _ = send.finish();
+        // As a server does once it knows the connection's role.
+        conn.set_max_concurrent_bi_streams(4u32.into());
+        let (_send, mut recv) = conn.accept_bi().await.unwrap();
+        let attach = read_message(&mut recv, 1 << 20).await.unwrap();
+        assert!(matches!(attach, Some(Message::Attach { .. })), "{attach:?}");
+        let _ = took.send(());
+        std::future::pending::<()>().await;
+        drop((conn, endpoint));
+    });
+    let config_dir = tempfile::tempdir().unwrap();
+    monad_client::config::ClientConfig::new(&address.to_string(), "mnd_a_b", &identity.fingerprint)
+        .unwrap()
+        .save(config_dir.path())
+        .unwrap();
+    let laptop = folder(&[]);
+    let mut attach = command("monad-client");
+    attach
+        .arg("attach")
+        .arg(laptop.path())
+        .args(["--name", "lap"])
+        .env("MONAD_CONFIG_DIR", config_dir.path());
+    let mut child = attach.spawn().unwrap();
+    tokio::select! {
+        taken = attach_taken => taken.unwrap(),
+        exited = child.wait() => {
+            let mut err = String::new();
+            use tokio::io::AsyncReadExt;
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err).await;
+            panic!("attach ended first ({exited:?}): {err}");
+        }
+        () = tokio::time::sleep(STEP) => {
+            let _ = child.start_kill();
+            let mut err = String::new();
+            use tokio::io::AsyncReadExt;
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err).await;
+            panic!("the attach never reached the server: {err}");
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = within(
+        std::time::Duration::from_secs(5),
+        "attach to exit on Ctrl-C",
+        child.wait(),
+    )
+    .await
+    .unwrap();
+    assert!(status.success(), "{status}");
+    rogue.abort();
+}
