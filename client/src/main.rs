@@ -689,10 +689,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let (stop, stopping) = tokio::sync::watch::channel(false);
             options.stop = Some(stopping);
             let guard = guard_from_setting(std::env::var("MONAD_PROMPT_GUARD_MS").ok().as_deref());
+            // Lines are written on a thread of their own, at most ATTACH_LINES_HELD of them
+            // waiting: a standard error that does not take them (a pipe nobody reads, a terminal
+            // stopped with Ctrl-S) holds up its lines only, never the folder's calls or the exit.
+            let (printer, tx) = LinesPrinter::start(std::io::stderr(), ATTACH_LINES_HELD)
+                .context("cannot start the thread that prints the attachment's lines")?;
             let approver: Option<Arc<dyn Approver>> = if non_interactive {
                 None
             } else {
-                match TerminalApprover::start(options.prompt_timeout, guard) {
+                match TerminalApprover::start_holding(
+                    options.prompt_timeout,
+                    guard,
+                    printer.pause(),
+                ) {
                     Some(a) => Some(Arc::new(a)),
                     None => {
                         // With full trust nothing is asked: nothing to say.
@@ -706,11 +715,6 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     }
                 }
             };
-            // Lines are written on a thread of their own, at most ATTACH_LINES_HELD of them
-            // waiting: a standard error that does not take them (a pipe nobody reads, a terminal
-            // stopped with Ctrl-S) holds up its lines only, never the folder's calls or the exit.
-            let (printer, tx) = LinesPrinter::start(std::io::stderr(), ATTACH_LINES_HELD)
-                .context("cannot start the thread that prints the attachment's lines")?;
             let mut interrupts = monad_client::interrupts::Interrupts::watch()
                 .context("cannot watch for Ctrl-C, SIGTERM and SIGHUP")?;
             let attached = attach(&config, options, approver, Some(tx));

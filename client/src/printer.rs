@@ -4,14 +4,53 @@
 //! folder's calls, nor the exit when the attachment ends. While the output is stuck, at most
 //! [`LinesPrinter::start`]'s `capacity` lines wait; later ones are counted and left out, and
 //! the count is printed once the output takes lines again.
+//!
+//! While an approval prompt is up ([`LinesPause::hold`]), the lines wait: printed under it, they
+//! pushed the question off the screen (a server can make as many as it likes), and text drawn
+//! there could pass for another question that the next key answered.
 
 use std::io::Write;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
 use crate::attach::AttachEvent;
+
+/// Holds a printer's lines while a prompt is up: a printer's own ([`LinesPrinter::pause`]).
+#[derive(Debug, Clone, Default)]
+pub struct LinesPause(Arc<(Mutex<usize>, Condvar)>);
+
+/// The lines wait while this lives ([`LinesPause::hold`]).
+#[derive(Debug)]
+pub struct LinesHeld(LinesPause);
+
+impl LinesPause {
+    /// Holds the lines until the guard is dropped.
+    pub fn hold(&self) -> LinesHeld {
+        *self.0.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        LinesHeld(self.clone())
+    }
+
+    /// Waits while the lines are held.
+    fn wait_until_free(&self) {
+        let (held, freed) = &*self.0;
+        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+        while *held > 0 {
+            held = freed.wait(held).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Drop for LinesHeld {
+    fn drop(&mut self) {
+        let (held, freed) = &*self.0.0;
+        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+        *held = held.saturating_sub(1);
+        freed.notify_all();
+    }
+}
 
 /// Prints an attachment's event lines (see the module's doc).
 pub struct LinesPrinter {
@@ -22,6 +61,8 @@ pub struct LinesPrinter {
     relay: tokio::task::JoinHandle<u64>,
     /// Said by the thread when every line is written.
     printed: oneshot::Receiver<()>,
+    /// What holds the lines while a prompt is up.
+    pause: LinesPause,
 }
 
 impl LinesPrinter {
@@ -36,9 +77,11 @@ impl LinesPrinter {
         let (events, mut received) = mpsc::unbounded_channel::<AttachEvent>();
         let (lines, queued) = sync_channel::<String>(capacity.max(1));
         let (done, printed) = oneshot::channel();
+        let pause = LinesPause::default();
+        let paused = pause.clone();
         std::thread::Builder::new()
             .name("attach-lines".into())
-            .spawn(move || print(out, queued, done))?;
+            .spawn(move || print(out, queued, &paused, done))?;
         let queue = lines.clone();
         let relay = tokio::spawn(async move {
             let mut left_out = 0u64;
@@ -57,9 +100,15 @@ impl LinesPrinter {
                 lines,
                 relay,
                 printed,
+                pause,
             },
             events,
         ))
+    }
+
+    /// What holds this printer's lines while a prompt is up (for the prompt's thread).
+    pub fn pause(&self) -> LinesPause {
+        self.pause.clone()
     }
 
     /// Prints `last` after the events' lines, and waits at most `wait` until all of them are
@@ -72,6 +121,7 @@ impl LinesPrinter {
             lines,
             mut relay,
             printed,
+            pause: _,
         } = self;
         let deadline = tokio::time::Instant::now() + wait;
         let left_out = tokio::time::timeout_at(deadline, &mut relay)
@@ -132,7 +182,7 @@ fn offer(queue: &SyncSender<String>, left_out: &mut u64, line: String) -> bool {
 /// The line that says how many lines were left out.
 fn left_out_note(count: u64) -> String {
     format!(
-        "({count} line{} not shown: standard error was not taking them)",
+        "({count} line{} not shown: standard error was not taking them, or a prompt was up)",
         if count == 1 { "" } else { "s" }
     )
 }
@@ -151,13 +201,20 @@ const WRITE_MAX: usize = 4096;
 
 /// The printing thread: the lines as they come, those that came together in one write (a line
 /// longer than [`WRITE_MAX`] in one write of its own), until every sender is gone.
-fn print(mut out: impl Write, queued: Receiver<String>, done: oneshot::Sender<()>) {
+fn print(
+    mut out: impl Write,
+    queued: Receiver<String>,
+    pause: &LinesPause,
+    done: oneshot::Sender<()>,
+) {
     // Lines follow the calls they tell of: waking to print one must not preempt a call.
     if let Err(e) = monad_sandbox::run_as_background() {
         tracing::debug!("the line printer runs at the usual scheduling policy: {e}");
     }
     let mut batch = String::new();
     while let Ok(first) = queued.recv() {
+        // Under a prompt, the lines wait in the queue (bounded: those past it are counted).
+        pause.wait_until_free();
         for line in std::iter::once(first).chain(queued.try_iter()) {
             if !batch.is_empty() && batch.len() + line.len() + 1 > WRITE_MAX {
                 write_out(&mut out, &mut batch);
@@ -299,6 +356,33 @@ mod tests {
         assert!(writes.iter().all(|&background| background), "{writes:?}");
     }
 
+    /// While a prompt holds them, the lines wait (those past the queue's room are counted), and
+    /// come once it is answered: printed under it, they pushed the question off the screen.
+    #[tokio::test]
+    async fn lines_wait_while_a_prompt_is_up() {
+        let gate = Gate::default();
+        gate.open();
+        let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
+        let held = printer.pause().hold();
+        for n in 0..20 {
+            events.send(event(n)).unwrap();
+        }
+        relayed().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(gate.lines().is_empty(), "{:?}", gate.lines());
+        drop(held);
+        until("the held lines are written", || gate.lines().len() >= 4).await;
+        drop(events);
+        printer.finish("detached", Duration::from_secs(10)).await;
+        let lines = gate.lines();
+        assert!(lines[0].contains("line 0"), "{lines:?}");
+        assert!(
+            lines.iter().any(|l| l.contains("16 lines not shown")),
+            "those past the queue's room are counted: {lines:?}"
+        );
+        assert_eq!(lines.last().unwrap(), "detached");
+    }
+
     #[tokio::test]
     async fn a_stuck_output_holds_a_bounded_number_of_lines_and_says_how_many_it_left_out() {
         let (gate, printer, events) = stuck(20).await;
@@ -322,7 +406,7 @@ mod tests {
         assert_eq!(
             lines[5..],
             [
-                "(15 lines not shown: standard error was not taking them)",
+                "(15 lines not shown: standard error was not taking them, or a prompt was up)",
                 "line 20; reconnecting in 0.0 s",
                 "detached"
             ],
@@ -401,7 +485,7 @@ mod tests {
         assert_eq!(
             lines[5..],
             [
-                "(5 lines not shown: standard error was not taking them)",
+                "(5 lines not shown: standard error was not taking them, or a prompt was up)",
                 "detached"
             ],
             "{lines:?}"

@@ -70,7 +70,17 @@ impl TerminalApprover {
     /// Starts the prompt thread, with `guard` as each prompt's guard time (see
     /// [`PROMPT_GUARD`]). `None` when stdin is not a terminal.
     pub fn start(timeout: Duration, guard: Duration) -> Option<TerminalApprover> {
-        TerminalApprover::start_with(timeout, guard, None)
+        TerminalApprover::start_with(timeout, guard, None, None)
+    }
+
+    /// [`TerminalApprover::start`], holding `lines` (an attachment's event lines) while each
+    /// prompt is up: printed under it, they pushed the question off the screen.
+    pub fn start_holding(
+        timeout: Duration,
+        guard: Duration,
+        lines: crate::printer::LinesPause,
+    ) -> Option<TerminalApprover> {
+        TerminalApprover::start_with(timeout, guard, None, Some(lines))
     }
 
     /// [`TerminalApprover::start`] for a terminal another reader shares (the chat's input):
@@ -81,13 +91,14 @@ impl TerminalApprover {
         guard: Duration,
         terminal: std::sync::Arc<std::sync::Mutex<()>>,
     ) -> Option<TerminalApprover> {
-        TerminalApprover::start_with(timeout, guard, Some(terminal))
+        TerminalApprover::start_with(timeout, guard, Some(terminal), None)
     }
 
     fn start_with(
         timeout: Duration,
         guard: Duration,
         terminal: Option<std::sync::Arc<std::sync::Mutex<()>>>,
+        lines: Option<crate::printer::LinesPause>,
     ) -> Option<TerminalApprover> {
         if !nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
             return None;
@@ -112,7 +123,7 @@ impl TerminalApprover {
                     let _held = terminal
                         .as_ref()
                         .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()));
-                    if let Some(decision) = prompt(&job, timeout, guard) {
+                    if let Some(decision) = prompt(&job, timeout, guard, lines.as_ref()) {
                         let _ = job.reply.send(decision);
                     }
                 }
@@ -423,7 +434,12 @@ impl Input {
 }
 
 /// Asks about one request; `None` when it ran out of time (the caller reports the time-out).
-fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
+fn prompt(
+    job: &Job,
+    timeout: Duration,
+    guard: Duration,
+    lines: Option<&crate::printer::LinesPause>,
+) -> Option<Decision> {
     let r = &job.request;
     let text = render(r);
     let mut shown = String::new();
@@ -449,6 +465,8 @@ fn prompt(job: &Job, timeout: Duration, guard: Duration) -> Option<Decision> {
         let _ = writeln!(std::io::stderr(), "{}", ended.said());
         return None;
     }
+    // The attachment's lines wait until the question is answered (or withdrawn).
+    let _lines_held = lines.map(crate::printer::LinesPause::hold);
     let mut out = std::io::stderr().lock();
     let _ = out.write_all(shown.as_bytes());
     let _ = writeln!(

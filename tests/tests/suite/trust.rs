@@ -1419,3 +1419,49 @@ async fn a_reattach_into_another_session_ends_the_earlier_sessions_processes() {
     assert_eq!(approver.seen().len(), 2);
     drop(server);
 }
+
+/// While a prompt is up, the attachment's own lines wait for its answer: printed under it,
+/// lines of pre-approved calls (or a server's notices, as many as it likes) pushed the question
+/// off the screen, and what they drew could pass for another question.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attachments_lines_wait_while_a_prompt_is_up() {
+    let server = TestServer::start().await;
+    let dir = folder(&[("notes.txt", "hello\n")]);
+    let config_dir = tempfile::tempdir().unwrap();
+    server.client_config().save(config_dir.path()).unwrap();
+    let mut cmd = command("monad-client");
+    cmd.arg("attach")
+        .arg(dir.path())
+        .args(["--name", "lap", "--allow", "read"])
+        .env("MONAD_CONFIG_DIR", config_dir.path());
+    let mut pty = Pty::spawn(cmd);
+    let at = pty.wait_for("attached ", 0).await;
+    let asked = start_call(
+        &server,
+        "write_file",
+        json!({"path": "new.txt", "content": "x", "workspace": "lap"}),
+    );
+    let at = pty.wait_for("[n] deny", at).await;
+    let agent = server.agent().await;
+    for _ in 0..5 {
+        let (result, _) = ok(call(
+            &agent,
+            "read_file",
+            json!({"path": "notes.txt", "workspace": "lap"}),
+        )
+        .await);
+        assert_eq!(result["content"], "hello\n", "{result}");
+    }
+    // The reads ran (pre-approved) while the question waited; their lines did not show.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !pty.text()[at..].contains("notes.txt"),
+        "{}",
+        &pty.text()[at..]
+    );
+    pty.send(b"n");
+    expect_code(reply(asked).await, ErrorCode::Denied);
+    let answered = pty.wait_for("denied", at).await;
+    // Then they come, after the answer.
+    pty.wait_for("notes.txt", answered).await;
+}
