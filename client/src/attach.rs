@@ -34,6 +34,10 @@ const MAX_REQUEST: usize = 40 * 1024 * 1024;
 /// for its owner. A server opening a hundred streams of 40 MiB held 4 GiB of the laptop's
 /// memory; past this a request is refused (`limit_exceeded`) and nothing more of it is read.
 const REQUESTS_HELD_MAX: usize = 256 * 1024 * 1024;
+/// What a request may hold whatever the others hold: a probe, a read, a listing are always
+/// served (a probe refused for the writes waiting for their owner sent the agent's reads an
+/// internal error). At most [`monad_protocol::pin::SERVER_STREAMS`] of them at once.
+const SMALL_REQUEST: usize = 64 * 1024;
 /// What one JSON value of a request's tree is counted as: a `serde_json::Value` and its share
 /// of the array or map holding it.
 const VALUE_BYTES: usize = 48;
@@ -67,15 +71,17 @@ impl<'a> Holding<'a> {
         Holding { memory, held: 0 }
     }
 
-    /// Takes `n` bytes more; false (nothing taken) past the folder's bound.
+    /// Takes `n` bytes more; false (nothing taken) past the folder's bound, unless this request
+    /// holds at most [`SMALL_REQUEST`] with them.
     fn take(&mut self, n: usize) -> bool {
         use std::sync::atomic::Ordering;
         let max = self.memory.max;
+        let small = self.held.saturating_add(n) <= SMALL_REQUEST;
         let taken = self
             .memory
             .held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(n).filter(|&after| after <= max)
+                held.checked_add(n).filter(|&after| after <= max || small)
             });
         if taken.is_ok() {
             self.held += n;
@@ -124,7 +130,7 @@ fn decode_request(bytes: &[u8], held: &mut Holding<'_>) -> Result<Message, ToolE
 }
 
 /// How long a server has to answer an attach (it may load the session from its store first).
-const ATTACH_ANSWER_WAIT: Duration = Duration::from_secs(30);
+const ATTACH_ANSWER_WAIT: Duration = Duration::from_secs(60);
 
 /// The attach request's id on each connection; `Run` and `Probe` name it.
 const ATTACHMENT_ID: u64 = 1;
@@ -1505,7 +1511,11 @@ mod tests {
             other.take(REQUESTS_HELD_MAX),
             "all of it once the first one ended"
         );
-        drop(other);
+        // A small request is held whatever the others hold.
+        let mut probe = Holding::new(&memory);
+        assert!(probe.take(SMALL_REQUEST), "a small request past the bound");
+        assert!(!probe.take(1), "not one byte more");
+        drop((probe, other));
         assert_eq!(memory.held.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 

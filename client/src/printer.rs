@@ -377,7 +377,11 @@ mod tests {
         let lines = gate.lines();
         assert!(lines[0].contains("line 0"), "{lines:?}");
         assert!(
-            lines.iter().any(|l| l.contains("16 lines not shown")),
+            // 16, or 15 when the thread had taken the first line off the queue before the
+            // prompt held it.
+            lines
+                .iter()
+                .any(|l| l.contains("16 lines not shown") || l.contains("15 lines not shown")),
             "those past the queue's room are counted: {lines:?}"
         );
         assert_eq!(lines.last().unwrap(), "detached");

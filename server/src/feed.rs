@@ -35,7 +35,9 @@ pub const MAX_MESSAGE_TEXT: usize = 16 * 1024;
 pub const MAX_EVENT_TARGET: usize = 4096;
 
 /// A call's target as its events carry it: its first [`MAX_EVENT_TARGET`] bytes, then how many
-/// more it has. The same for a call's steps and its record, so that a follower matches them.
+/// more the recorded target has (the audit record has them, and says how much more the call's
+/// whole target had). The same for a call's steps and its record, so that a follower matches
+/// them.
 pub fn event_target(target: &str) -> String {
     let head = monad_protocol::text::head(target, MAX_EVENT_TARGET);
     if head.len() == target.len() {

@@ -1805,6 +1805,17 @@ pub(crate) fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
     }
 }
 
+/// Asks supervisor `pid`, a child of this process not reaped yet (so its pid is still its own),
+/// to end its tree ([`KILL_TREE`], a real-time signal, which nix's `Signal` does not name:
+/// through it, nothing was sent and the tree ran on unwatched). For a supervisor that could not
+/// be held by a pidfd.
+pub(crate) fn kill_tree_unwatched(pid: libc::pid_t) {
+    // SAFETY: a plain system call.
+    unsafe {
+        libc::kill(pid, KILL_TREE);
+    }
+}
+
 /// Sends `signal` to the process behind `pidfd`.
 pub(crate) fn pidfd_signal(pidfd: &OwnedFd, signal: c_int) -> std::io::Result<()> {
     // SAFETY: a plain system call on a descriptor we own; no siginfo is passed.

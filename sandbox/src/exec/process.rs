@@ -104,10 +104,9 @@ impl Supervisor {
                 namespaced,
             }),
             Err(e) => {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::try_from(child::KILL_TREE).ok(),
-                );
+                // The `Child` the caller drops is reaped by tokio once the supervisor has ended
+                // the tree and exited.
+                child::kill_tree_unwatched(pid);
                 Err(e)
             }
         }

@@ -2026,9 +2026,6 @@ fn own_process_read_only_file() {
     assert_eq!(edited(&fx, "open.txt", "change", "changed"), "changed\n");
 }
 
-/// A Latin-1 or UTF-16 file stays in its encoding when written or edited (it was rewritten as
-/// UTF-8, and its diff showed the old bytes as garbage); an edit it cannot hold is refused, and
-/// a write it cannot hold says the file is UTF-8 now.
 /// The preview an owner approves says what its diff, made of decoded text, cannot show: a
 /// file kept in its encoding or written anew as UTF-8, and bytes that are not text replaced.
 /// (Before, a write of `é é \u{fffd}` over `é é \xff` showed an empty diff, and one that turned
@@ -2094,6 +2091,9 @@ fn a_preview_says_what_its_diff_cannot_show_about_the_bytes() {
     assert_eq!(note_of("new.txt", "x"), None, "nor a new file");
 }
 
+/// A Latin-1 or UTF-16 file stays in its encoding when written or edited (it was rewritten as
+/// UTF-8, and its diff showed the old bytes as garbage); an edit it cannot hold is refused, and
+/// a write it cannot hold says the file is UTF-8 now.
 #[test]
 fn writes_and_edits_keep_a_file_s_encoding() {
     let fx = Fixture::new();

@@ -33,7 +33,7 @@ pub use link::{Conn, PendingBody, RelayError};
 pub(crate) use record::{CappedWriter, record_network};
 
 use link::{CallWatch, RunRequest, disconnected};
-use record::{Record, Tap, Verdict, audit_network, describe_target, record};
+use record::{Record, Tap, Verdict, audit_network, describe_target, describe_whole, record};
 use session_tools::{memory_recall, memory_store, workspaces};
 
 /// Something that shows a caller how a call is going while it waits.
@@ -566,7 +566,7 @@ impl Executor {
                                 name: snapshot.info.name.clone(),
                                 uri: snapshot.info.uri.clone(),
                             },
-                            what: describe_target(&args),
+                            what: describe_whole(&args),
                         })
                         .await =>
             {

@@ -634,8 +634,9 @@ fn kept_target(target: String) -> String {
     )
 }
 
-/// [`describe_target`], however long.
-fn describe_whole(args: &Value) -> String {
+/// [`describe_target`], however long: what an editor asked to allow a call is shown (it pages
+/// a long one; cut, it hid the end of a command of 64 KiB of filler).
+pub(super) fn describe_whole(args: &Value) -> String {
     if let Some(argv) = args.get("argv").and_then(Value::as_array) {
         let words: Vec<&str> = argv.iter().filter_map(Value::as_str).collect();
         let mut target = shell_words(&words);

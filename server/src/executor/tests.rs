@@ -1058,18 +1058,48 @@ async fn a_write_is_probed_before_it_runs() {
     assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
 }
 
-/// A front's permission that allows everything, counting what it was asked.
+/// A front's permission that allows everything, counting what it was asked and keeping what
+/// each question showed.
 #[derive(Default)]
-struct Allow(std::sync::atomic::AtomicUsize);
+struct Allow(
+    std::sync::atomic::AtomicUsize,
+    std::sync::Mutex<Vec<String>>,
+);
 
 impl PermissionGate for Allow {
     fn ask(
         &self,
-        _: PermissionAsk,
+        ask: PermissionAsk,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.1.lock().unwrap().push(ask.what);
         Box::pin(async { true })
     }
+}
+
+/// An editor asked to allow a call is shown the call whole, however long (the audit keeps its
+/// first 64 KiB): cut, a command of 64 KiB of filler hid its end from the one who allowed it.
+#[tokio::test]
+async fn a_front_is_asked_about_the_call_whole() {
+    let (fx, mut peer) = Fixture::new();
+    let gate = Allow::default();
+    let path = format!("{}/payload.txt", "d".repeat(100 * 1024));
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "stat",
+        json!({ "path": path }),
+        async |peer| {
+            probed_then_run(peer, &path, json!({"kind": "file"})).await;
+        },
+        Some(&gate),
+    )
+    .await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+    let asked = gate.1.lock().unwrap().clone();
+    assert_eq!(asked, std::slice::from_ref(&path), "the whole path");
+    let line = fx.only_audit_line("stat");
+    assert!(line.target.len() < path.len(), "the audit keeps its head");
 }
 
 #[tokio::test]

@@ -1003,9 +1003,9 @@ impl SessionStore for FsStore {
         Ok(lines)
     }
 
-    /// A line at a time: only the records asked for are kept and made, the others are only
-    /// checked to be records (so that positions are those of [`SessionStore::audit_log`]); a
-    /// page of a log of millions of calls held the whole log, as records, in memory.
+    /// A line at a time: only the records asked for are kept, the others read and dropped (so
+    /// that positions are those of [`SessionStore::audit_log`], which skips a line that is not a
+    /// record); a page of a log of millions of calls held the whole log, as records, in memory.
     fn audit_page(
         &self,
         id: &str,
@@ -1019,7 +1019,7 @@ impl SessionStore for FsStore {
             if at >= offset && page.len() < limit {
                 serde_json::from_slice(line).map(|record| page.push(record))
             } else {
-                serde_json::from_slice::<serde::de::IgnoredAny>(line).map(|_| ())
+                serde_json::from_slice::<AuditRecord>(line).map(|_| ())
             }
         })?;
         Ok((page, total))
@@ -2349,10 +2349,18 @@ mod tests {
             page.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(),
             ["after-1", "after-2"]
         );
+        // A line that is JSON but not a record is skipped alike, inside a page or out of it.
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut file, b"{\"not\":\"a record\"}\n").unwrap();
+        store.audit("default", &records[..1]).unwrap();
         // Read a line at a time, every page is that slice of the whole log.
         let all = store.audit_log("default").unwrap();
-        for offset in 0..9 {
-            for limit in 0..9 {
+        assert_eq!(all.len(), 8);
+        for offset in 0..10 {
+            for limit in 0..10 {
                 let (page, total) = store.audit_page("default", offset, limit).unwrap();
                 assert_eq!(total, all.len());
                 let want: Vec<&AuditRecord> = all.iter().skip(offset).take(limit).collect();

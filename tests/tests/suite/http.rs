@@ -110,6 +110,23 @@ fn open_session(http: SocketAddr, auth: &str) -> String {
         .to_owned()
 }
 
+/// The headers of a request in MCP session `id` as the holder of `auth`.
+fn session_headers<'a>(auth: &'a str, id: &'a str) -> [(&'a str, &'a str); 3] {
+    [
+        ("Authorization", auth),
+        ("Mcp-Session-Id", id),
+        ("MCP-Protocol-Version", "2025-06-18"),
+    ]
+}
+
+/// Opens an MCP session as the holder of `auth` and says it is initialized; its id.
+fn initialized_session(http: SocketAddr, auth: &str) -> String {
+    let id = open_session(http, auth);
+    let initialized = request(http, "POST", &session_headers(auth, &id), INITIALIZED);
+    assert_eq!(initialized.status, 202, "{initialized:?}");
+    id
+}
+
 /// Runs blocking socket work off the runtime, bounded.
 async fn blocking<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     within(STEP, what, tokio::task::spawn_blocking(f))
@@ -637,13 +654,8 @@ async fn an_mcp_requests_tree_is_counted_before_it_is_made() {
     let (server, http) = server(|c| c.quotas.max_call_bytes_per_user = 5 * MIB).await;
     let ana = format!("Bearer {}", server.token);
     blocking("MCP calls of many values", move || {
-        let id = open_session(http, &ana);
-        let headers = [
-            ("Authorization", ana.as_str()),
-            ("Mcp-Session-Id", id.as_str()),
-            ("MCP-Protocol-Version", "2025-06-18"),
-        ];
-        assert_eq!(request(http, "POST", &headers, INITIALIZED).status, 202);
+        let id = initialized_session(http, &ana);
+        let headers = session_headers(&ana, &id);
         let call = |values: usize| {
             let argv = serde_json::Value::Array(vec![serde_json::json!(0); values]);
             let body = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
@@ -787,13 +799,8 @@ async fn an_answers_tree_is_counted_before_the_mcp_front_makes_it() {
     .await;
     let ana = format!("Bearer {}", server.token);
     let call = move || {
-        let id = open_session(http, &ana);
-        let headers = [
-            ("Authorization", ana.as_str()),
-            ("Mcp-Session-Id", id.as_str()),
-            ("MCP-Protocol-Version", "2025-06-18"),
-        ];
-        assert_eq!(request(http, "POST", &headers, INITIALIZED).status, 202);
+        let id = initialized_session(http, &ana);
+        let headers = session_headers(&ana, &id);
         let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt","workspace":"fake"}}}"#;
         request(http, "POST", &headers, body)
     };
@@ -828,23 +835,13 @@ async fn an_mcp_session_ends_when_its_token_is_revoked() {
     let session = {
         let first = first.clone();
         blocking("a session opened", move || {
-            let id = open_session(http, &first);
-            let headers = [
-                ("Authorization", first.as_str()),
-                ("Mcp-Session-Id", id.as_str()),
-            ];
-            assert_eq!(request(http, "POST", &headers, INITIALIZED).status, 202);
-            id
+            initialized_session(http, &first)
         })
         .await
     };
     let ping = move |auth: String, session: String| {
         blocking("a ping", move || {
-            let headers = [
-                ("Authorization", auth.as_str()),
-                ("Mcp-Session-Id", session.as_str()),
-            ];
-            request(http, "POST", &headers, PING).status
+            request(http, "POST", &session_headers(&auth, &session), PING).status
         })
     };
     assert_eq!(

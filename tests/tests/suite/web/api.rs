@@ -1018,7 +1018,8 @@ async fn a_long_message_is_followed_by_its_start_and_read_whole_from_the_convers
 }
 
 /// A call with a long command line is followed with its target's first 4 KiB, the same
-/// in its steps and its record (so a follower matches them); the audit log has it whole.
+/// in its steps and its record (so a follower matches them); the audit log has its first 64 KiB,
+/// how many bytes more and the hash of the whole.
 #[tokio::test]
 async fn a_long_target_is_followed_by_its_start_the_same_in_steps_and_record() {
     let (server, http) = server().await;
