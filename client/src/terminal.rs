@@ -602,6 +602,9 @@ fn confirm_always(
     scope: &str,
     deadline: Instant,
 ) -> Result<bool, Ended> {
+    // Dropped before the confirmation is drawn: a key typed once it is on the screen (the
+    // owner's answer to it) was lost when the drop came after the drawing.
+    input.discard();
     let mut out = std::io::stderr().lock();
     let _ = writeln!(out);
     let _ = writeln!(out, "  allow always: {}", printable_lines(scope));
@@ -611,7 +614,6 @@ fn confirm_always(
     );
     let _ = out.flush();
     drop(out);
-    input.discard();
     loop {
         let Some(key) = input.key(job, deadline, deadline + Duration::from_secs(1))? else {
             continue;
