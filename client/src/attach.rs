@@ -388,7 +388,7 @@ impl AttachEvent {
             } => Some(format!(
                 "this folder is no longer the session's focus: `{}` is, and an agent's calls \
                  that name no workspace try it first",
-                printable(now)
+                shown_name(now)
             )),
             AttachEvent::FocusMoved {
                 focus: false,
@@ -405,7 +405,7 @@ impl AttachEvent {
                 "this folder is now the focus of session {}, which it serves as well (an MCP \
                  host's roots, or `sessions --new`, put it there): an agent's calls in that \
                  session that name no workspace try it first",
-                printable(session)
+                shown_name(session)
             )),
             AttachEvent::FocusMoved {
                 focus: false,
@@ -413,9 +413,9 @@ impl AttachEvent {
                 session: Some(session),
             } => Some(format!(
                 "this folder is no longer the focus of session {}{}",
-                printable(session),
+                shown_name(session),
                 match now {
-                    Some(now) => format!(": `{}` is", printable(now)),
+                    Some(now) => format!(": `{}` is", shown_name(now)),
                     None => "; it has none now".into(),
                 }
             )),
@@ -589,6 +589,12 @@ const TARGET_SHOWN: usize = 200;
 /// prompt is given the call whole (a field too long to draw there is paged whole).
 fn line_target(target: String) -> String {
     crate::prompt::middle_said(target.into(), TARGET_SHOWN, "").into_owned()
+}
+
+/// A name the server sent (a session, a workspace) as a line shows it: escaped, and at most
+/// [`TARGET_SHOWN`] characters (a server could send 64 KiB of one).
+fn shown_name(name: &str) -> String {
+    line_target(printable(name).into_owned())
 }
 
 /// Says [`CallEnd::Cancelled`] when dropped before [`Running::end`]: the call's future was
@@ -1517,6 +1523,21 @@ mod tests {
         assert!(!probe.take(1), "not one byte more");
         drop((probe, other));
         assert_eq!(memory.held.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    /// A focus notice shows the names the server sent escaped and bounded.
+    #[test]
+    fn a_focus_notice_shows_the_servers_names_bounded() {
+        let long = format!("s\u{1b}[2J{}", "x".repeat(60 * 1024));
+        let line = AttachEvent::FocusMoved {
+            focus: false,
+            now: Some(long.clone()),
+            session: Some(long),
+        }
+        .line()
+        .unwrap();
+        assert!(line.chars().count() < 600, "{}", line.len());
+        assert!(line.contains("s\\u{1b}[2J"), "{line}");
     }
 
     /// A call's lines show a long target by its two ends, a short one whole.
