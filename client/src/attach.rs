@@ -30,7 +30,7 @@ use crate::site::{ProgramSite, locate};
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
 const MAX_REQUEST: usize = 40 * 1024 * 1024;
 /// Bytes a folder's requests may hold at once, by default: each as it is read, the tree it becomes
-/// (counted at [`VALUE_BYTES`] a JSON value before it is made) and the diff of a write waiting
+/// (counted before it is made, `monad_protocol::values::tree_bytes`) and the diff of a write waiting
 /// for its owner. A server opening a hundred streams of 40 MiB held 4 GiB of the laptop's
 /// memory; past this a request is refused (`limit_exceeded`) and nothing more of it is read.
 const REQUESTS_HELD_MAX: usize = 256 * 1024 * 1024;
@@ -38,11 +38,6 @@ const REQUESTS_HELD_MAX: usize = 256 * 1024 * 1024;
 /// served (a probe refused for the writes waiting for their owner sent the agent's reads an
 /// internal error). At most [`monad_protocol::pin::SERVER_STREAMS`] of them at once.
 const SMALL_REQUEST: usize = 64 * 1024;
-/// What one JSON value of a request's tree is counted as: a `serde_json::Value` and its share
-/// of the array or map holding it.
-const VALUE_BYTES: usize = 48;
-/// Most JSON values one request may hold (as the server allows an agent's).
-const MAX_REQUEST_VALUES: usize = 1_000_000;
 
 /// What a folder's requests hold in memory at once, up to `max`.
 #[derive(Debug)]
@@ -94,9 +89,12 @@ impl<'a> Holding<'a> {
         ToolError::new(
             ErrorCode::LimitExceeded,
             format!(
-                "{what} would take this folder's requests past {} bytes of the client's \
-                 memory; wait for its other calls to finish",
-                self.memory.max
+                "{what} would take this folder's requests past {} of the client's memory; wait \
+                 for its other calls to finish",
+                match self.memory.max {
+                    max if max >= 1 << 20 => format!("{} MiB", max >> 20),
+                    max => format!("{max} bytes"),
+                }
             ),
         )
     }
@@ -112,21 +110,17 @@ impl Drop for Holding<'_> {
 
 /// A request's message from its bytes, its tree counted in `held` before it is made.
 fn decode_request(bytes: &[u8], held: &mut Holding<'_>) -> Result<Message, ToolError> {
-    let values = monad_protocol::values::count(bytes, MAX_REQUEST_VALUES).map_err(|e| {
+    use monad_protocol::values::{MAX_REQUEST_VALUES, tree_bytes};
+    let unreadable = |e: serde_json::Error| {
         ToolError::new(
             ErrorCode::Malformed,
             format!("the request cannot be read: {e}"),
         )
-    })?;
-    if !held.take(values.saturating_mul(VALUE_BYTES)) {
+    };
+    if !held.take(tree_bytes(bytes, MAX_REQUEST_VALUES).map_err(unreadable)?) {
         return Err(held.refused("the request"));
     }
-    Message::from_json(bytes).map_err(|e| {
-        ToolError::new(
-            ErrorCode::Malformed,
-            format!("the request cannot be read: {e}"),
-        )
-    })
+    Message::from_json(bytes).map_err(unreadable)
 }
 
 /// How long a server has to answer an attach (it may load the session from its store first).
@@ -1488,6 +1482,7 @@ mod tests {
     /// request takes is refused; what a folder's requests hold comes back when they end.
     #[test]
     fn a_requests_tree_is_counted_before_it_is_made() {
+        use monad_protocol::values::{MAX_REQUEST_VALUES, VALUE_BYTES};
         let memory = RequestMemory::new(REQUESTS_HELD_MAX);
         let run = |values: usize| {
             let argv = vec![json!("x"); values];

@@ -7,6 +7,20 @@ use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+/// What one JSON value of a tree is counted as in memory, in bytes: a `serde_json::Value` and its
+/// share of the array or map holding it.
+pub const VALUE_BYTES: usize = 48;
+
+/// Most JSON values one request may hold, whoever reads it (the server an agent's, an attached
+/// folder's client the server's): its tree is made only then.
+pub const MAX_REQUEST_VALUES: usize = 1_000_000;
+
+/// What the tree of `json` would take in memory ([`VALUE_BYTES`] a value), counted without
+/// making it; an error past `max` values, or when it is not JSON ([`count`]).
+pub fn tree_bytes(json: &[u8], max: usize) -> Result<usize, serde_json::Error> {
+    count(json, max).map(|values| values.saturating_mul(VALUE_BYTES))
+}
+
 /// The values `json` holds (every scalar, array, object and object key counts one), or an
 /// error once they pass `max` (nothing past that is read) or when it is not JSON.
 pub fn count(json: &[u8], max: usize) -> Result<usize, serde_json::Error> {

@@ -154,11 +154,8 @@ pub enum Lookup<'a> {
     Open(Option<&'a str>),
 }
 
-/// Most JSON values one request may hold: its tree is made only then.
-pub(crate) const MAX_REQUEST_VALUES: usize = 1_000_000;
-/// What one value of a request's tree is counted as in its user's memory, in bytes: a
-/// `serde_json::Value` and its share of the array or map holding it.
-const VALUE_BYTES: usize = 48;
+pub(crate) use monad_protocol::values::MAX_REQUEST_VALUES;
+use monad_protocol::values::VALUE_BYTES;
 /// Requests of at most this many bytes are not counted value by value: they are taken to hold
 /// one value per two bytes.
 const COUNTED_FROM: usize = 16 * 1024;
@@ -172,10 +169,9 @@ fn tree_bytes(json: &[u8]) -> Result<usize, serde_json::Error> {
     if json.len() <= COUNTED_FROM {
         return Ok(most);
     }
-    match monad_protocol::values::count(json, MAX_REQUEST_VALUES) {
-        Ok(values) => Ok(values.saturating_mul(VALUE_BYTES)),
-        Err(e) if e.is_data() => Err(e),
-        Err(_) => Ok(most),
+    match monad_protocol::values::tree_bytes(json, MAX_REQUEST_VALUES) {
+        Err(e) if !e.is_data() => Ok(most),
+        counted => counted,
     }
 }
 
@@ -221,8 +217,8 @@ pub(crate) fn tree_held(
     let Some(text) = result.text() else {
         return outcome;
     };
-    let refused = match monad_protocol::values::count(text.as_bytes(), MAX_RESULT_VALUES) {
-        Ok(values) if memory.take(values.saturating_mul(VALUE_BYTES)) => return outcome,
+    let refused = match monad_protocol::values::tree_bytes(text.as_bytes(), MAX_RESULT_VALUES) {
+        Ok(bytes) if memory.take(bytes) => return outcome,
         Ok(_) => over_call_memory(memory.limit(), "the answer, made a tree of,"),
         Err(e) => ToolError::new(
             ErrorCode::LimitExceeded,

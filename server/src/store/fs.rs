@@ -1036,29 +1036,19 @@ impl SessionStore for FsStore {
     }
 }
 
-/// Reads a JSON-lines file; a line that does not parse (a torn last record) is skipped.
+/// Reads a JSON-lines file, a line at a time ([`each_record_line`]); a line that does not parse
+/// (a torn last record) is skipped.
 fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, StoreError> {
-    let text = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(StoreError::io("read", path, e)),
-    };
-    Ok(text
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .filter_map(|l| match serde_json::from_slice(l) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                warn!("{}: skipping an unreadable record: {e}", path.display());
-                None
-            }
-        })
-        .collect())
+    let mut records = Vec::new();
+    each_record_line(path, |_, line| {
+        serde_json::from_slice(line).map(|record| records.push(record))
+    })?;
+    Ok(records)
 }
 
 /// Calls `each` with every non-empty line of the JSON Lines file at `path` and how many records
-/// came before it; a line `each` cannot read is skipped with a warning, as [`read_jsonl`] skips
-/// it. How many records there are. One line is held at a time.
+/// came before it; a line `each` cannot read (a torn last record) is skipped with a warning. How
+/// many records there are. One line is held at a time.
 fn each_record_line(
     path: &Path,
     mut each: impl FnMut(usize, &[u8]) -> Result<(), serde_json::Error>,

@@ -808,6 +808,14 @@ struct Events {
 }
 
 impl Events {
+    /// [`Events::open`], and its first event, `ready`, taken: the stream and what `ready` said.
+    async fn ready(api: &Api, session: &str) -> (Events, Value) {
+        let mut events = Events::open(api, session).await;
+        let (name, ready) = events.next().await;
+        assert_eq!(name, "ready", "{ready}");
+        (events, ready)
+    }
+
     async fn open(api: &Api, session: &str) -> Events {
         let response = api
             .client
@@ -888,24 +896,33 @@ impl Events {
     }
 }
 
+/// A new session with one call of `tool` made in it by `agent`, its audit line written (a stream
+/// opened after it starts past it); its id.
+async fn session_after_a_call(
+    server: &monad_tests::TestServer,
+    agent: &monad_client::agent::Agent,
+    tool: &str,
+    args: Value,
+) -> String {
+    let session = new_session();
+    ok(call_in(agent, Some(&session), tool, args).await);
+    server.audit_lines(&session, 1).await;
+    session
+}
+
 #[tokio::test]
 async fn the_audit_log_pages_and_the_event_stream_follows_calls_as_they_happen() {
     let (server, http) = server().await;
     let api = Api::new(http, &server.token);
     let agent = server.agent().await;
-    let session = new_session();
-    ok(call_in(
+    let session = session_after_a_call(
+        &server,
         &agent,
-        Some(&session),
         "write_file",
         json!({"path": "a.txt", "content": "1"}),
     )
-    .await);
-    // Its audit line is written (after the answer) before the stream opens.
-    server.audit_lines(&session, 1).await;
-    let mut events = Events::open(&api, &session).await;
-    let (name, ready) = events.next().await;
-    assert_eq!(name, "ready");
+    .await;
+    let (mut events, ready) = Events::ready(&api, &session).await;
     assert_eq!(ready["sessionId"], session.as_str());
     for i in 0..4 {
         ok(call_in(
@@ -995,8 +1012,7 @@ async fn a_long_message_is_followed_by_its_start_and_read_whole_from_the_convers
     };
     // The session is made by its first message; then it can be followed.
     append("first".to_owned()).await.unwrap();
-    let mut events = Events::open(&api, &session).await;
-    assert_eq!(events.next().await.0, "ready");
+    let (mut events, _) = Events::ready(&api, &session).await;
     // Cut inside a character: the event keeps whole characters only.
     let text = format!("{}é{}", "a".repeat(16 * 1024 - 1), "b".repeat(2_000_000));
     for text in [text.clone(), "short".to_owned()] {
@@ -1025,18 +1041,9 @@ async fn a_long_target_is_followed_by_its_start_the_same_in_steps_and_record() {
     let (server, http) = server().await;
     let api = Api::new(http, &server.token);
     let agent = server.agent().await;
-    let session = new_session();
-    ok(call_in(
-        &agent,
-        Some(&session),
-        "run_command",
-        json!({"argv": ["true"]}),
-    )
-    .await);
-    // Its audit line is written (after the answer) before the stream opens.
-    server.audit_lines(&session, 1).await;
-    let mut events = Events::open(&api, &session).await;
-    assert_eq!(events.next().await.0, "ready");
+    let session =
+        session_after_a_call(&server, &agent, "run_command", json!({"argv": ["true"]})).await;
+    let (mut events, _) = Events::ready(&api, &session).await;
     let long = "x".repeat(100_000);
     ok(call_in(
         &agent,
@@ -1103,8 +1110,7 @@ async fn a_call_waiting_for_approval_is_followed_from_its_start_to_its_record() 
         super::gated_folder(&server, &[("notes.txt", "x\n")]).await;
     let session = attached.session.clone();
     let agent = server.agent().await;
-    let mut events = Events::open(&api, &session).await;
-    assert_eq!(events.next().await.0, "ready");
+    let (mut events, _) = Events::ready(&api, &session).await;
 
     let call = call_in(
         &agent,
@@ -1162,21 +1168,18 @@ async fn a_call_waiting_for_approval_is_followed_from_its_start_to_its_record() 
 async fn an_event_stream_ends_when_its_token_is_revoked_or_its_session_deleted() {
     let (server, http) = server().await;
     let agent = server.agent().await;
-    let session = new_session();
-    ok(call_in(
+    let session = session_after_a_call(
+        &server,
         &agent,
-        Some(&session),
         "write_file",
         json!({"path": "a.txt", "content": "1"}),
     )
-    .await);
-    server.audit_lines(&session, 1).await;
+    .await;
 
     // A second token of the same user watches; then it is revoked.
     let watcher = server.create_token("admin");
     let id = watcher.split('_').nth(1).unwrap().to_owned();
-    let mut events = Events::open(&Api::new(http, &watcher), &session).await;
-    assert_eq!(events.next().await.0, "ready");
+    let (mut events, _) = Events::ready(&Api::new(http, &watcher), &session).await;
     assert!(server.state().tokens.revoke(&id).unwrap());
     ok(call_in(
         &agent,
@@ -1193,8 +1196,7 @@ async fn an_event_stream_ends_when_its_token_is_revoked_or_its_session_deleted()
 
     // The session is deleted while a valid token watches it: the stream ends.
     let api = Api::new(http, &server.token);
-    let mut events = Events::open(&api, &session).await;
-    assert_eq!(events.next().await.0, "ready");
+    let (mut events, _) = Events::ready(&api, &session).await;
     drop(agent);
     // Deletable once the server has seen the agent go (a session in use is not deleted).
     let deadline = tokio::time::Instant::now() + STEP;
@@ -1237,8 +1239,7 @@ async fn a_stream_on_default_ends_when_default_becomes_another_users() {
     // Ana's `default` goes; Bob's next use of `default` takes the well-known one, and he watches it.
     server.state().registry.delete("default").unwrap();
     into_default(&bob).await;
-    let mut events = Events::open(&bob, "default").await;
-    assert_eq!(events.next().await.0, "ready");
+    let (mut events, _) = Events::ready(&bob, "default").await;
     // His goes too, and Ana takes it again: his stream must end rather than follow hers.
     server.state().registry.delete("default").unwrap();
     into_default(&ana).await;
