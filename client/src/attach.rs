@@ -1005,47 +1005,68 @@ async fn serve_once(
         None
     };
     let mut requests = tokio::task::JoinSet::new();
-    // One reader for the whole attachment: a message is never cut by another branch.
-    let notice = next_notice(&mut recv, folder);
-    tokio::pin!(notice);
-    let reason = loop {
-        tokio::select! {
-            notice = &mut notice => {
-                drop(requests);
-                connection.close("detached by the server").await;
-                return Err(ClientError::Detached(notice));
-            }
-            () = stopped(stop.as_mut()) => {
-                // Calls in flight end here; the server hears at once that the folder left.
-                drop(requests);
-                let _ = send.finish();
-                connection.close("detached").await;
-                return Ok(Served::Stopped);
-            }
-            Some(batch) = next_network(network.as_deref_mut()) => {
-                // The owner sees what the folder's commands were refused, not only the audit.
-                if let Some(refused) = NetworkRefused::of(&batch) {
-                    folder.emit(AttachEvent::NetworkRefused(refused));
+    let end = {
+        // One reader for the whole attachment: a message is never cut by another branch.
+        let notice = next_notice(&mut recv, folder);
+        tokio::pin!(notice);
+        // The folder's connections are written beside the loop, not inside one of its
+        // branches: a server that stops granting the stream credit holds this writer only,
+        // never the requests, the server's notices or the owner's Ctrl-C.
+        let reporting = report_network(network.as_deref_mut(), &mut send, folder);
+        tokio::pin!(reporting);
+        loop {
+            tokio::select! {
+                notice = &mut notice => break Ended::Detached(notice),
+                () = stopped(stop.as_mut()) => break Ended::Stopped,
+                e = &mut reporting => {
+                    break Ended::Lost(format!("connection to {} lost: {e}", connection.server));
                 }
-                if let Err(e) = report_network(&mut send, batch).await {
-                    break format!("connection to {} lost: {e}", connection.server);
-                }
+                accepted = conn.accept_bi() => match accepted {
+                    Ok((send, recv)) => {
+                        let folder = folder.clone();
+                        requests.spawn(async move {
+                            handle_request(&folder, bodies, send, recv).await
+                        });
+                    }
+                    Err(e) => {
+                        break Ended::Lost(format!("connection to {} lost: {e}", connection.server));
+                    }
+                },
+                Some(_) = requests.join_next(), if !requests.is_empty() => {}
             }
-            accepted = conn.accept_bi() => match accepted {
-                Ok((send, recv)) => {
-                    let folder = folder.clone();
-                    requests.spawn(async move { handle_request(&folder, bodies, send, recv).await });
-                }
-                Err(e) => break format!("connection to {} lost: {e}", connection.server),
-            },
-            Some(_) = requests.join_next(), if !requests.is_empty() => {}
         }
     };
-    drop(send);
-    Ok(Served::Lost {
-        server: connection.server.clone(),
-        reason,
-    })
+    match end {
+        Ended::Detached(notice) => {
+            drop(requests);
+            connection.close("detached by the server").await;
+            Err(ClientError::Detached(notice))
+        }
+        Ended::Stopped => {
+            // Calls in flight end here; the server hears at once that the folder left.
+            drop(requests);
+            let _ = send.finish();
+            connection.close("detached").await;
+            Ok(Served::Stopped)
+        }
+        Ended::Lost(reason) => {
+            drop(send);
+            Ok(Served::Lost {
+                server: connection.server.clone(),
+                reason,
+            })
+        }
+    }
+}
+
+/// How an attachment's serving loop ended.
+enum Ended {
+    /// The server detached the folder, saying why.
+    Detached(String),
+    /// The owner stopped the attach.
+    Stopped,
+    /// The connection was lost.
+    Lost(String),
 }
 
 /// The next connections to report; pending forever when there is nothing to report them from.
@@ -1056,20 +1077,36 @@ async fn next_network(feed: Option<&mut Option<NetworkAudit>>) -> Option<Network
     }
 }
 
-/// Sends `batch` on the attach stream, [`MAX_NETWORK_EVENTS`] a message.
-async fn report_network(send: &mut quinn::SendStream, batch: NetworkBatch) -> std::io::Result<()> {
-    let mut dropped = batch.dropped;
-    let mut events = batch.events;
-    while !events.is_empty() || dropped > 0 {
-        let rest = events.split_off(events.len().min(MAX_NETWORK_EVENTS));
-        let message = Message::Network {
-            attachment: ATTACHMENT_ID,
-            events: std::mem::replace(&mut events, rest),
-            dropped: std::mem::take(&mut dropped),
+/// Sends the folder's connections on the attach stream as they happen, [`MAX_NETWORK_EVENTS`]
+/// a message, and tells the owner those the policy refused; returns only when the stream
+/// fails.
+async fn report_network(
+    mut feed: Option<&mut Option<NetworkAudit>>,
+    send: &mut quinn::SendStream,
+    folder: &Folder,
+) -> std::io::Error {
+    loop {
+        let Some(batch) = next_network(feed.as_deref_mut()).await else {
+            return std::future::pending().await;
         };
-        write_message(send, &message).await?;
+        // The owner sees what the folder's commands were refused, not only the audit.
+        if let Some(refused) = NetworkRefused::of(&batch) {
+            folder.emit(AttachEvent::NetworkRefused(refused));
+        }
+        let mut dropped = batch.dropped;
+        let mut events = batch.events;
+        while !events.is_empty() || dropped > 0 {
+            let rest = events.split_off(events.len().min(MAX_NETWORK_EVENTS));
+            let message = Message::Network {
+                attachment: ATTACHMENT_ID,
+                events: std::mem::replace(&mut events, rest),
+                dropped: std::mem::take(&mut dropped),
+            };
+            if let Err(e) = write_message(send, &message).await {
+                return e;
+            }
+        }
     }
-    Ok(())
 }
 
 /// One request from the server: run a tool (after approval), or answer a probe; a run with

@@ -8,7 +8,7 @@ use monad_client::attach::AttachEvent;
 use monad_protocol::frame::{FLAG_FIN, MAX_FRAME_PAYLOAD, encode_header};
 use monad_protocol::io::read_message;
 use monad_protocol::wire::Message;
-use monad_protocol::{ErrorCode, ToolClass};
+use monad_protocol::{ErrorCode, ToolClass, ToolName};
 use monad_tests::{
     Attachment, STEP, TestServer, attach_options, call, command, connect_agent, expect_code,
     folder, ok, wait_for_line, within,
@@ -304,4 +304,137 @@ async fn shutdown_lets_an_in_flight_call_finish() {
     within(STEP, "the shutdown to complete", stopping)
         .await
         .expect("the shutdown task does not panic");
+}
+
+/// A server that takes an attached folder's network reports and then stops granting the attach
+/// stream credit (a compromised server, or one whose reader is stuck): the folder still answers
+/// its requests. Regression: the reports were written inside the attachment's loop, so a write
+/// waiting for credit held every other branch: no request was taken, and the owner's Ctrl-C
+/// did nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_reading_network_reports_still_gets_answers() {
+    use monad_protocol::io::write_message;
+    use monad_protocol::wire::{self, Host, Trust, WorkspaceInfo};
+    use monad_sandbox::NetworkMode;
+    let tls = tempfile::tempdir().unwrap();
+    let (identity, _) = monad_server::tls::load_or_create(tls.path()).unwrap();
+    let mut quic = monad_server::tls::quic_config(&identity, &Default::default()).unwrap();
+    // A stream window of 4 KiB, never moved on for the attach stream, which is not read.
+    let mut transport = monad_server::config::Transport::default().quinn();
+    transport.stream_receive_window(4096u32.into());
+    quic.transport_config(std::sync::Arc::new(transport));
+    let endpoint =
+        monad_protocol::pin::endpoint("127.0.0.1:0".parse().unwrap(), Some(quic)).unwrap();
+    let address = endpoint.local_addr().unwrap();
+    let (conn_tx, conn_rx) = tokio::sync::oneshot::channel();
+    let rogue = tokio::spawn(async move {
+        let conn = endpoint.accept().await.unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let hello = read_message(&mut recv, 1 << 20).await.unwrap();
+        assert!(matches!(hello, Some(Message::Hello { .. })), "{hello:?}");
+        let welcome = Message::Welcome {
+            protocol: wire::PROTOCOL_MAJOR,
+            minor: wire::PROTOCOL_MINOR,
+            user: "ana".into(),
+            server: "rogue".into(),
+        };
+        write_message(&mut send, &welcome).await.unwrap();
+        let _ = send.finish();
+        conn.set_max_concurrent_bi_streams(4u32.into());
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let Some(Message::Attach { id, name, .. }) =
+            read_message(&mut recv, 1 << 20).await.unwrap()
+        else {
+            panic!("no attach");
+        };
+        let attached = Message::Attached {
+            id,
+            session: "default".into(),
+            workspace: WorkspaceInfo {
+                name: name.unwrap_or_else(|| "lap".into()),
+                uri: "lap:/x".into(),
+                trust: Trust::Restricted,
+                host: Host::Client,
+                online: true,
+                tools: ToolName::ALL.to_vec(),
+            },
+        };
+        write_message(&mut send, &attached).await.unwrap();
+        let _ = conn_tx.send(conn.clone());
+        // The attach stream is held, never read again.
+        std::future::pending::<()>().await;
+        drop((send, recv, endpoint));
+    });
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = monad_client::config::ClientConfig::new(
+        &address.to_string(),
+        "mnd_a_b",
+        &identity.fingerprint,
+    )
+    .unwrap();
+    let laptop = folder(&[("here.txt", "x")]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    options.exec.network = NetworkMode::Allowlist;
+    options.exec.allow = vec!["192.0.2.1:80".into()];
+    let mut attached = Attachment::start(&config, options, None).await;
+    let conn = within(STEP, "the attach", conn_rx).await.unwrap();
+    // Refused connections to long names: about 250 bytes of report each, 10 KiB in all.
+    let long = format!("{0}.{0}.{0}.", "h".repeat(60));
+    let script = format!(
+        "for i in $(seq 40); do curl -sS --noproxy '' -x http://127.0.0.1:3128 http://{long}$i.example/; done; true"
+    );
+    let ask = |message: Message| {
+        let conn = conn.clone();
+        async move {
+            let (mut send, mut recv) = conn.open_bi().await.unwrap();
+            write_message(&mut send, &message).await.unwrap();
+            let mut answers = Vec::new();
+            while let Some(answer) = read_message(&mut recv, 1 << 24).await.unwrap() {
+                answers.push(answer);
+            }
+            answers
+        }
+    };
+    let ran = within(
+        STEP,
+        "the command's answer",
+        ask(Message::Run {
+            id: 1,
+            attachment: 1,
+            session: "default".into(),
+            tool: ToolName::RunCommand,
+            args: json!({"argv": ["sh", "-c", script]}),
+            if_present: None,
+        }),
+    )
+    .await;
+    assert!(
+        ran.iter().any(|m| matches!(m, Message::Result { .. })),
+        "{ran:?}"
+    );
+    // The owner was told of the refusals (so the reports were made), and the folder still
+    // answers.
+    loop {
+        if let AttachEvent::NetworkRefused(_) = attached.next_event().await {
+            break;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let probed = within(
+        Duration::from_secs(10),
+        "a probe's answer while the reports wait for credit",
+        ask(Message::Probe {
+            id: 2,
+            attachment: 1,
+            path: "here.txt".into(),
+        }),
+    )
+    .await;
+    assert!(
+        matches!(probed.as_slice(), [Message::Probed { exists: true, .. }]),
+        "{probed:?}"
+    );
+    rogue.abort();
+    drop(config_dir);
 }
