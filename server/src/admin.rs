@@ -77,8 +77,16 @@ impl DataLock {
             .read(true)
             .write(true)
             .mode(crate::fsutil::PRIVATE_FILE)
+            // Never through a link, nor a FIFO or device in its place: the lock is written to.
+            .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
             .open(&path)
             .map_err(|e| other(format!("{}: {e}", path.display())))?;
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(other(format!(
+                "{} is not a regular file: remove it (nothing else is in it)",
+                path.display()
+            )));
+        }
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(mut lock) => {
                 // Who holds it, for whoever finds it taken; the lock stands without it. Written
@@ -826,6 +834,30 @@ fn answer_admin(registry: &Registry, request: AdminRequest) -> AdminAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: the lock file was opened through a symbolic link in its place and cut to
+    /// its note, truncating the file the link led to.
+    #[test]
+    fn the_lock_is_never_taken_through_a_link_or_on_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let precious = dir.path().join("precious.txt");
+        std::fs::write(&precious, "keep me").unwrap();
+        std::os::unix::fs::symlink(&precious, data.join("server.lock")).unwrap();
+        assert!(DataLock::take(&data, "test").is_err());
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+        std::fs::remove_file(data.join("server.lock")).unwrap();
+        nix::unistd::mkfifo(&data.join("server.lock"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let refused = DataLock::take(&data, "test").err().unwrap();
+        assert!(
+            refused.message.contains("not a regular file"),
+            "{}",
+            refused.message
+        );
+        std::fs::remove_file(data.join("server.lock")).unwrap();
+        let _held = DataLock::take(&data, "test").unwrap();
+    }
 
     #[test]
     fn max_age_takes_days_bare_or_with_d_and_hours_with_h() {

@@ -149,6 +149,102 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ServerEr
     Ok(())
 }
 
+/// The prefix of a directory being deleted by [`remove_dir_by_rename`].
+pub const DELETING_PREFIX: &str = ".deleting-";
+
+/// Removes the directory `dir` so that no crash or failure part of the way leaves a partial
+/// copy under its name: it is first renamed to a hidden sibling ([`DELETING_PREFIX`]) and the
+/// parent synced, then that is removed. A removal that fails there (a read-only directory in a
+/// workspace, a crash) leaves only the hidden copy, which [`remove_deleting_leftovers`] sweeps
+/// later; nothing can open or adopt it under the old name. `NotFound` when `dir` does not
+/// exist.
+pub fn remove_dir_by_rename(dir: &Path) -> std::io::Result<()> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let aside = parent.join(format!(
+        "{DELETING_PREFIX}{name}.{}.{n}",
+        std::process::id()
+    ));
+    std::fs::rename(dir, &aside)?;
+    std::fs::File::open(parent)?.sync_all()?;
+    if let Err(e) = remove_tree(&aside) {
+        tracing::warn!(
+            "{} was deleted, but what it held is not all removed yet ({e}); it is removed at \
+             the next start",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Removes `dir` and everything in it, making a directory that refuses the removal of its
+/// entries (no write permission, as a module cache leaves it) writable first. Never follows a
+/// symbolic link.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            make_writable(dir);
+            std::fs::remove_dir_all(dir)
+        }
+        other => other,
+    }
+}
+
+/// Gives every directory under `dir` (itself included) its owner's write and search bits;
+/// never follows a symbolic link.
+fn make_writable(dir: &Path) {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return;
+    };
+    if !meta.is_dir() {
+        return;
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o700 != 0o700 {
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o700));
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                make_writable(&entry.path());
+            }
+        }
+    }
+}
+
+/// Removes what deletions by [`remove_dir_by_rename`] in `parent` left behind (a crash, or a
+/// removal that failed), but those this process is making; returns how many it removed.
+pub fn remove_deleting_leftovers(parent: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // Not one this process is removing now: `.deleting-<name>.<pid>.<n>`.
+        let ours = name
+            .rsplit('.')
+            .nth(1)
+            .is_some_and(|pid| pid == std::process::id().to_string());
+        let leftover = name.starts_with(DELETING_PREFIX)
+            && !ours
+            && entry.file_type().is_ok_and(|t| t.is_dir());
+        if !leftover {
+            continue;
+        }
+        match remove_tree(&entry.path()) {
+            Ok(()) => removed += 1,
+            Err(e) => tracing::warn!("cannot remove {}: {e}", entry.path().display()),
+        }
+    }
+    removed
+}
+
 /// What is wrong with a TOML file, on one line: `line N: what` (the parser's own text is a
 /// snippet of several lines, which a one-line log or error would show as escapes).
 pub fn toml_problem(text: &str, error: &toml::de::Error) -> String {

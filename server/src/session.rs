@@ -2184,6 +2184,23 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone());
         drop(sessions);
+        // One leaving memory (an idle unload, an eviction) saves its activity on the way out:
+        // deleted after that save, never before it, which would write the session back.
+        if !self.leaving.wait(&id, LEAVING_WAIT) {
+            self.deleting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            return Err(ToolError::new(
+                ErrorCode::Internal,
+                format!(
+                    "session {id} is still leaving this host's memory (its activity being \
+                     saved) after {} s: the store is slow or unreachable; nothing was deleted, \
+                     retry",
+                    LEAVING_WAIT.as_secs()
+                ),
+            ));
+        }
         // What its last calls sent the recorder is written first, then deleted with the rest.
         if let Some(recorder) = &self.recorder {
             recorder.flush();
@@ -3612,6 +3629,32 @@ pub(crate) mod tests {
         );
         // Not leaving any more: opened at once.
         assert!(reg.leaving.wait(&id, Duration::ZERO));
+    }
+
+    /// Regression: a delete while the session left memory (an idle unload) went ahead at
+    /// once, and the unload's save of its activity then wrote the deleted session back.
+    #[test]
+    fn a_delete_of_a_session_leaving_memory_waits_for_its_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Arc::new(registry(dir.path()));
+        let session = reg.create("ana").unwrap();
+        let id = session.id.clone();
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(session.touch().is_none());
+        drop(session);
+        let leaving = {
+            let mut sessions = reg.sessions.lock().unwrap();
+            reg.take_out(&mut sessions, &id).unwrap()
+        };
+        let deleter = std::thread::spawn({
+            let (reg, id) = (reg.clone(), id.clone());
+            move || reg.delete(&id)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        reg.let_go(&leaving);
+        deleter.join().unwrap().unwrap();
+        assert!(reg.store().load(&id).unwrap().is_none(), "written back");
+        assert!(!dir.path().join("sessions").join(&id).exists());
     }
 
     #[test]

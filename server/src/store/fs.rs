@@ -409,6 +409,7 @@ impl FsStore {
     /// under way, by this process or by a command that works beside a running server
     /// (`monad-server token create`). Returns how many it removed.
     pub fn remove_stale_temp_files(&self) -> usize {
+        let mut removed = crate::fsutil::remove_deleting_leftovers(&self.root.join("sessions"));
         let mut dirs = vec![
             self.root.clone(),
             self.root.join("tls"),
@@ -422,7 +423,6 @@ impl FsStore {
                 }
             }
         }
-        let mut removed = 0;
         for dir in dirs {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
@@ -518,8 +518,11 @@ impl FsStore {
     /// replaced by the frontmatter; a missing one is written with it when `write_missing`.
     fn read_history(&self, id: &str, write_missing: bool) -> Result<History, StoreError> {
         let path = self.history_path(id);
-        let parsed = match std::fs::read_to_string(&path) {
-            Ok(text) => history::parse(&text).map_err(|e| e.to_string()),
+        let parsed = match std::fs::read(&path) {
+            Ok(bytes) => match torn_text(&bytes) {
+                Some(text) => history::parse(text).map_err(|e| e.to_string()),
+                None => Err("it is not UTF-8".to_owned()),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let fresh = self.fresh_history(id)?;
                 if write_missing {
@@ -527,9 +530,6 @@ impl FsStore {
                     self.mark_checked(id, true);
                 }
                 return Ok(fresh);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                Err("it is not UTF-8".to_owned())
             }
             Err(e) => return Err(StoreError::io("read", &path, e)),
         };
@@ -625,22 +625,30 @@ impl FsStore {
         let dir = self.workspaces_dir();
         if guard.is_none() {
             let mut map = HashMap::new();
-            if let Ok(entries) = std::fs::read_dir(&dir) {
-                for entry in entries.flatten() {
-                    let path = entry.path();
-                    if path.extension().is_none_or(|e| e != "json") {
-                        continue;
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(entries) => Some(entries),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(StoreError::io("list", &dir, e)),
+            };
+            for entry in entries.into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.extension().is_none_or(|e| e != "json") {
+                    continue;
+                }
+                // A file that cannot be read now (permissions, descriptors used up) is not
+                // corrupt: the error is returned and the records are read again next time.
+                let bytes = std::fs::read(&path).map_err(map_io("read", &path))?;
+                let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+                match serde_json::from_slice::<WorkspaceFile>(&bytes) {
+                    // Its id names the file it is written to: it must be that file's own name.
+                    Ok(file)
+                        if check_id(&file.record.id).is_ok()
+                            && stem.as_deref() == Some(file.record.id.as_str()) =>
+                    {
+                        map.insert(file.record.id.clone(), file);
                     }
-                    match std::fs::read(&path)
-                        .map_err(|e| e.to_string())
-                        .and_then(|b| {
-                            serde_json::from_slice::<WorkspaceFile>(&b).map_err(|e| e.to_string())
-                        }) {
-                        Ok(file) => {
-                            map.insert(file.record.id.clone(), file);
-                        }
-                        Err(why) => keep_aside(&path, &why, self.inspecting),
-                    }
+                    Ok(_) => keep_aside(&path, "its id is not its file's name", self.inspecting),
+                    Err(e) => keep_aside(&path, &e.to_string(), self.inspecting),
                 }
             }
             *guard = Some(map);
@@ -895,7 +903,9 @@ impl SessionStore for FsStore {
         {
             metas.remove(id);
         }
-        match std::fs::remove_dir_all(&dir) {
+        // Renamed away first: a delete cut short leaves nothing under the id that its next
+        // creator (of any user) would take over as its own.
+        match crate::fsutil::remove_dir_by_rename(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 Err(StoreError::NotFound(format!("session {id}")))
@@ -1431,10 +1441,33 @@ fn append_to_pack(path: &Path, contents: &[&[u8]]) -> Result<Vec<[u64; 2]>, Stor
     Ok(ranges)
 }
 
+/// `bytes` as text, or as much of it as is text when only its last line is not: a crash that
+/// cut an append in the middle of a character leaves a torn last line, which reads as a
+/// shorter message (as a torn line of ASCII does), not as a corrupt conversation. `None` when
+/// bytes before the last line are not UTF-8.
+fn torn_text(bytes: &[u8]) -> Option<&str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            let valid = e.valid_up_to();
+            let last_line = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            (e.error_len().is_none() || valid >= last_line)
+                .then(|| std::str::from_utf8(&bytes[..valid]).ok())
+                .flatten()
+        }
+    }
+}
+
 /// Reads `[offset, length]` of the pack; a range the pack does not hold whole is an error.
 fn read_from_pack(path: &Path, [offset, len]: [u64; 2]) -> Result<Vec<u8>, StoreError> {
     use std::os::unix::fs::FileExt;
     let file = std::fs::File::open(path).map_err(map_io("open", path))?;
+    // Checked against the pack before anything is allocated: a corrupt index line's length
+    // (a TiB) would otherwise end the whole process.
+    let size = file.metadata().map_err(map_io("read", path))?.len();
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(corrupt_pack(path, offset, len));
+    }
     let len = usize::try_from(len).map_err(|_| corrupt_pack(path, offset, len))?;
     let mut content = vec![0; len];
     file.read_exact_at(&mut content, offset).map_err(|e| {
@@ -1991,6 +2024,44 @@ mod tests {
         assert!(again.record_sessions(&a.id, 101, None).is_err());
     }
 
+    /// Regression: a record's id was taken from its content and named the file it was written
+    /// back to (`"id": "../../x"` wrote outside the data dir); and a record that could not be
+    /// read for the moment (a directory in its place stands for permissions or descriptors
+    /// used up) was set aside as corrupt.
+    #[test]
+    fn a_workspace_record_is_its_file_and_one_that_cannot_be_read_is_not_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let a = store.resolve_record("ana", "d1", "~/p", "lap:~/p").unwrap();
+        let records = dir.path().join("workspaces");
+        let text = std::fs::read_to_string(records.join(format!("{}.json", a.id))).unwrap();
+        let escaping = text.replace(&a.id, "../../escaped");
+        let other = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+        std::fs::write(records.join(format!("{other}.json")), &escaping).unwrap();
+        let again = FsStore::new(dir.path());
+        assert!(again.record(&a.id).unwrap().is_some());
+        assert!(again.record("../../escaped").unwrap().is_none());
+        assert!(!records.join(format!("{other}.json")).exists(), "set aside");
+        again
+            .resolve_record("ana", "d1", "~/p", "lap3:~/p")
+            .unwrap();
+        assert!(!dir.path().parent().unwrap().join("escaped.json").exists());
+        // Unreadable for now: an error, nothing set aside, read again once it can be.
+        let unreadable = records.join("3fa85f64-5717-4562-b3fc-2c963f66afa6.json");
+        std::fs::create_dir(&unreadable).unwrap();
+        let later = FsStore::new(dir.path());
+        assert!(later.record(&a.id).is_err());
+        std::fs::remove_dir(&unreadable).unwrap();
+        assert!(later.record(&a.id).unwrap().is_some());
+        let aside: Vec<String> = std::fs::read_dir(&records)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+    }
+
     #[test]
     fn artifacts_round_trip_and_history_snapshots_replace() {
         let dir = tempfile::tempdir().unwrap();
@@ -2130,6 +2201,70 @@ mod tests {
         for (i, c) in contents.iter().enumerate() {
             assert_eq!(&again.artifact("default", &format!("a{i}")).unwrap().1, c);
         }
+    }
+
+    /// Regression: an index line naming a TiB of the pack made the read allocate it first,
+    /// which ended the process (a length near `u64::MAX` panicked).
+    #[test]
+    fn an_index_line_naming_more_than_the_pack_holds_is_an_error_not_an_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        store
+            .put_artifact(&tool_output("a0", b"{\"n\":0}"), b"{\"n\":0}")
+            .unwrap();
+        let index = dir.path().join("sessions/default/artifacts/index.jsonl");
+        let line = std::fs::read_to_string(&index).unwrap();
+        let mut record: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        for (i, len) in [1u64 << 40, u64::MAX].into_iter().enumerate() {
+            record["id"] = format!("big{i}").into();
+            record["pack"] = serde_json::json!([0, len]);
+            let mut text = std::fs::read_to_string(&index).unwrap();
+            text.push_str(&format!("{record}\n"));
+            std::fs::write(&index, text).unwrap();
+            let again = FsStore::new(dir.path());
+            let e = again.artifact("default", &format!("big{i}")).unwrap_err();
+            assert!(e.to_string().contains("does not hold"), "{e}");
+        }
+        assert_eq!(
+            FsStore::new(dir.path())
+                .artifact("default", "a0")
+                .unwrap()
+                .1,
+            b"{\"n\":0}"
+        );
+    }
+
+    /// Regression: a crash that cut an append inside a character left `session.md` not quite
+    /// UTF-8, and the whole conversation was set aside as corrupt.
+    #[test]
+    fn a_conversation_cut_inside_a_character_keeps_its_earlier_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let first = HistoryMessage {
+            role: Role::User,
+            text: "héllo wörld".into(),
+        };
+        store.append("default", &first).unwrap();
+        let path = dir.path().join("sessions/default/session.md");
+        let whole = std::fs::read(&path).unwrap();
+        for torn in [
+            &b"\n## Assistant\n\nsecond: \xc3"[..],
+            b"\n## Assistant\n\nse\xffcond",
+        ] {
+            let mut bytes = whole.clone();
+            bytes.extend_from_slice(torn);
+            std::fs::write(&path, &bytes).unwrap();
+            let history = FsStore::new(dir.path()).history("default").unwrap();
+            assert_eq!(history.messages[0].text, "héllo wörld", "{history:?}");
+        }
+        // Bytes that are not UTF-8 before the last line are a corrupt file, as before.
+        let mut bytes = whole.clone();
+        bytes.extend_from_slice(b"\n## Assistant\n\n\xff\nmore\n");
+        std::fs::write(&path, &bytes).unwrap();
+        let history = FsStore::new(dir.path()).history("default").unwrap();
+        assert!(history.messages.is_empty(), "{history:?}");
     }
 
     #[test]
@@ -2405,6 +2540,78 @@ mod tests {
             assert!(path.exists(), "{} should stay", path.display());
         }
         assert_eq!(store.remove_stale_temp_files(), 0);
+    }
+
+    /// A mount point in `dir`, gone with the value (lazily, wherever it was moved).
+    struct Mounted(std::path::PathBuf);
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+
+    /// Regression: a delete removed the session's files in directory order, so one cut short
+    /// (a crash; a directory it may not empty) could leave its conversation and workspace
+    /// without its metadata, which the next creator of that id, of any user, took over.
+    #[test]
+    fn a_delete_cut_short_leaves_nothing_under_the_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("s1")).unwrap();
+        let secret = HistoryMessage {
+            role: Role::User,
+            text: "secret of ana".into(),
+        };
+        store.append("s1", &secret).unwrap();
+        std::fs::write(dir.path().join("sessions/s1/workspace/notes.txt"), "ana's").unwrap();
+        // A mount point cannot be removed: the removal stops part of the way.
+        let busy = dir.path().join("sessions/s1/workspace/busy");
+        std::fs::create_dir(&busy).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&busy)
+            .status()
+            .unwrap();
+        assert!(status.success(), "this test mounts a tmpfs (it needs root)");
+        let _mounted = Mounted(busy);
+        let _ = store.delete("s1");
+        assert!(!dir.path().join("sessions/s1").exists());
+        let mut bob = meta("s1");
+        bob.owner = "bob".into();
+        store.create(&bob).unwrap();
+        let history = store.history("s1").unwrap();
+        assert!(history.messages.is_empty(), "{history:?}");
+        assert!(
+            !dir.path().join("sessions/s1/workspace/notes.txt").exists(),
+            "the new session's workspace holds the old one's file"
+        );
+        // What was left is removed at a start once it can be (not while this process makes it).
+        let leftover = std::fs::read_dir(dir.path().join("sessions"))
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with(".deleting-"))
+            .expect("the part not removed is set aside")
+            .path();
+        assert!(
+            std::process::Command::new("umount")
+                .arg(leftover.join("workspace/busy"))
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert_eq!(
+            store.remove_stale_temp_files(),
+            0,
+            "ours, still being removed"
+        );
+        let renamed = leftover.with_file_name(".deleting-s1.1.0");
+        std::fs::rename(&leftover, &renamed).unwrap();
+        assert_eq!(store.remove_stale_temp_files(), 1);
+        assert!(!renamed.exists());
     }
 
     #[test]

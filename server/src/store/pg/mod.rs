@@ -611,7 +611,7 @@ impl SessionStore for PgStore {
         self.forget_lease(id);
         self.drop_content(id, &keys);
         let dir = self.session_dir(id);
-        match std::fs::remove_dir_all(&dir) {
+        match crate::fsutil::remove_dir_by_rename(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(StoreError::io("delete", &dir, e)),
