@@ -86,9 +86,10 @@ enum Kind {
     Socks,
     /// `CONNECT`, with the bytes the client sent right after its head (kept for the origin).
     Connect(Vec<u8>),
-    /// A plain HTTP request: its head rewritten for the origin server, and the bytes of the
-    /// body already read.
-    Http(Vec<u8>),
+    /// A plain HTTP request: its head rewritten for the origin server with the bytes of the
+    /// body already read, and how many bytes of its body are still to come. Nothing after its
+    /// body is passed on: the next request on the connection could be for another host.
+    Http(Vec<u8>, u64),
 }
 
 async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
@@ -147,10 +148,30 @@ async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
                 Err(e) => Err(e),
             }
         }
-        Kind::Http(head) => upstream.write_all(head).await,
+        Kind::Http(head, _) => upstream.write_all(head).await,
     };
-    if ready.is_ok() {
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    if ready.is_err() {
+        return;
+    }
+    match request.kind {
+        Kind::Http(_, body_left) => {
+            // The rest of this request's body, then nothing more from the client; the answer
+            // goes back until the origin ends it.
+            let (mut client_read, mut client_write) = client.split();
+            let (mut upstream_read, mut upstream_write) = upstream.split();
+            let body = async {
+                let mut body = (&mut client_read).take(body_left);
+                let _ = tokio::io::copy(&mut body, &mut upstream_write).await;
+                std::future::pending::<()>().await
+            };
+            tokio::select! {
+                _ = tokio::io::copy(&mut upstream_read, &mut client_write) => {}
+                () = body => {}
+            }
+        }
+        Kind::Socks | Kind::Connect(_) => {
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        }
     }
 }
 
@@ -218,7 +239,7 @@ enum RefusalKind {
 fn kind_of(kind: &Kind) -> RefusalKind {
     match kind {
         Kind::Socks => RefusalKind::Socks,
-        Kind::Connect(_) | Kind::Http(_) => RefusalKind::Http,
+        Kind::Connect(_) | Kind::Http(..) => RefusalKind::Http,
     }
 }
 
@@ -392,9 +413,18 @@ async fn read_http<S: AsyncRead + Unpin>(client: &mut S, first: u8) -> Result<Re
     // checked: a shared front must not be asked for another site), no proxy headers, one
     // request per connection (the next one could be for another host).
     let mut out = format!("{method} {path} {version}\r\nHost: {authority}\r\n");
+    // Lines end in CRLF and nowhere else: a bare LF or CR inside one would end a line for an
+    // origin that takes them, and smuggle a header (`Host`) or a request past these checks.
+    if request_line.contains(['\r', '\n']) {
+        return refuse(RefusalKind::Http, "a bare CR or LF in the request line");
+    }
+    let mut content_length: Option<u64> = None;
     for line in lines {
         if line.is_empty() {
             continue;
+        }
+        if line.contains(['\r', '\n']) {
+            return refuse(RefusalKind::Http, "a bare CR or LF in a header line");
         }
         if line.starts_with([' ', '\t']) {
             // A folded line (obsolete): it continues a header whose name was checked.
@@ -404,6 +434,30 @@ async fn read_http<S: AsyncRead + Unpin>(client: &mut S, first: u8) -> Result<Re
             );
         }
         let name = line.split(':').next().unwrap_or_default().trim();
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            // Where a chunked body ends is for the origin to decide: through CONNECT, whose
+            // tunnel carries what the client sends as it is.
+            return refuse(
+                RefusalKind::Http,
+                "a body in chunks (Transfer-Encoding) through an http:// URL: use https \
+                 (CONNECT) or a Content-Length",
+            );
+        }
+        if name.eq_ignore_ascii_case("content-length") {
+            let value = line
+                .split_once(':')
+                .map(|(_, v)| v.trim())
+                .unwrap_or_default();
+            let length = value
+                .parse::<u64>()
+                .ok()
+                .filter(|_| value.bytes().all(|b| b.is_ascii_digit()));
+            match (length, content_length) {
+                (Some(n), None) => content_length = Some(n),
+                (Some(n), Some(m)) if n == m => {}
+                _ => return refuse(RefusalKind::Http, "a Content-Length that is not one number"),
+            }
+        }
         let skip = [
             "host",
             "proxy-connection",
@@ -420,11 +474,15 @@ async fn read_http<S: AsyncRead + Unpin>(client: &mut S, first: u8) -> Result<Re
     }
     out.push_str("Connection: close\r\n\r\n");
     let mut bytes = out.into_bytes();
-    bytes.extend_from_slice(&buf[end..]);
+    // Of what came after the head, the body only.
+    let body = content_length.unwrap_or(0);
+    let read = buf.len() - end;
+    let first = usize::try_from(body).map_or(read, |body| body.min(read));
+    bytes.extend_from_slice(&buf[end..end + first]);
     Ok(Request {
         host,
         port,
-        kind: Kind::Http(bytes),
+        kind: Kind::Http(bytes, body - first as u64),
     })
 }
 
@@ -463,18 +521,55 @@ mod tests {
 
     #[tokio::test]
     async fn http_requests_are_rewritten_for_the_origin() {
-        let request = b"GET http://example.com:8080/a?b HTTP/1.1\r\nHost: example.com:8080\r\nProxy-Connection: keep-alive\r\nAccept: */*\r\n\r\nbody";
+        let request = b"GET http://example.com:8080/a?b HTTP/1.1\r\nHost: example.com:8080\r\nProxy-Connection: keep-alive\r\nAccept: */*\r\nContent-Length: 4\r\n\r\nbody";
         let mut reader = &request[1..];
         let parsed = read_http(&mut reader, request[0]).await.ok().unwrap();
         assert_eq!(parsed.host, Host::Name("example.com".into()));
         assert_eq!(parsed.port, 8080);
-        let Kind::Http(head) = parsed.kind else {
+        let Kind::Http(head, _) = parsed.kind else {
             panic!("a plain request");
         };
         assert_eq!(
             String::from_utf8(head).unwrap(),
-            "GET /a?b HTTP/1.1\r\nHost: example.com:8080\r\nAccept: */*\r\nConnection: close\r\n\r\nbody"
+            "GET /a?b HTTP/1.1\r\nHost: example.com:8080\r\nAccept: */*\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbody"
         );
+    }
+
+    /// Regression: a bare LF inside a header line went to the origin as it was (an origin that
+    /// ends lines at LF read a second `Host`), and everything the client sent after its
+    /// request followed it (a second request, for another host, on the same connection).
+    #[tokio::test]
+    async fn a_plain_request_carries_one_request_for_its_own_host_only() {
+        for smuggled in [
+            &b"GET http://allowed.example/ HTTP/1.1\r\nX-A: 1\nHost: internal.example\r\n\r\n"[..],
+            b"GET http://allowed.example/ HTTP/1.1\r\nX-A: 1\rHost: internal.example\r\n\r\n",
+            b"GET http://allowed.example/ HTTP/1.1\nHost: internal.example\r\n\r\n",
+            b"POST http://allowed.example/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"POST http://allowed.example/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 40\r\n\r\n",
+            b"POST http://allowed.example/ HTTP/1.1\r\nContent-Length: +1\r\n\r\n",
+        ] {
+            let mut reader = &smuggled[1..];
+            assert!(
+                read_http(&mut reader, smuggled[0]).await.is_err(),
+                "{}",
+                String::from_utf8_lossy(smuggled)
+            );
+        }
+        // What follows the body is not the origin's: here, a second request.
+        let pipelined = b"POST http://allowed.example/ HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET / HTTP/1.1\r\nHost: internal.example\r\n\r\n";
+        let mut reader = &pipelined[1..];
+        let parsed = read_http(&mut reader, pipelined[0]).await.ok().unwrap();
+        let Kind::Http(head, left) = parsed.kind else {
+            panic!("a plain request");
+        };
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.ends_with("\r\n\r\nhi"), "{head}");
+        assert!(!head.contains("internal"), "{head}");
+        assert_eq!(left, 0);
+        let partial = b"POST http://allowed.example/ HTTP/1.1\r\nContent-Length: 10\r\n\r\nhi";
+        let mut reader = &partial[1..];
+        let parsed = read_http(&mut reader, partial[0]).await.ok().unwrap();
+        assert!(matches!(parsed.kind, Kind::Http(_, 8)));
     }
 
     /// Regression: bytes a client sent right after its `CONNECT` head (a TLS hello sent without
@@ -527,7 +622,7 @@ mod tests {
         ] {
             let mut reader = &request[1..];
             let parsed = read_http(&mut reader, request[0]).await.ok().unwrap();
-            let Kind::Http(head) = parsed.kind else {
+            let Kind::Http(head, _) = parsed.kind else {
                 panic!("a plain request");
             };
             let head = String::from_utf8(head).unwrap();

@@ -314,3 +314,52 @@ fn a_background_server_is_reachable_from_the_workspaces_next_commands_only() {
             .unwrap();
     });
 }
+
+/// Answers every HTTP request on 127.0.0.1 with the length of the body it read (by its
+/// `Content-Length`). Returns the port.
+fn body_length_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                let length: usize = String::from_utf8_lossy(&head)
+                    .lines()
+                    .filter_map(|l| l.split_once(':'))
+                    .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+                    .and_then(|(_, value)| value.trim().parse().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0u8; length];
+                let read = stream.read_exact(&mut body).is_ok();
+                let answer = format!("{read} {}", body.iter().filter(|&&b| b == b'x').count());
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// A plain request's body reaches the origin whole, however it arrives: the proxy passes on its
+/// `Content-Length` bytes, and nothing after them.
+#[test]
+fn a_plain_http_requests_body_reaches_the_origin_whole() {
+    let port = body_length_server();
+    let fx = allowlist(&[&format!("127.0.0.1:{port}")], &[]);
+    std::fs::write(fx.tmp.path().join("root/body.txt"), "x".repeat(300_000)).unwrap();
+    let out = curl(
+        &fx,
+        &["-x", "http://127.0.0.1:3128", "--data-binary", "@body.txt"],
+        &format!("http://127.0.0.1:{port}/"),
+    );
+    assert_eq!(out.stdout, "true 300000", "{out:?}");
+}
