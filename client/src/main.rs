@@ -112,8 +112,8 @@ enum Command {
         /// `restricted` asks before each action; `full` runs everything at once.
         #[arg(long, value_enum, default_value = "restricted")]
         trust: TrustArg,
-        /// Pre-approve classes of actions: read, write, exec (`--allow read write`, or repeat
-        /// the flag).
+        /// Pre-approve classes of actions: read, write, exec (`--allow read write`,
+        /// `--allow read,write`, or repeat the flag).
         #[arg(long, num_args = 1.., value_name = "CLASS")]
         allow: Vec<String>,
         /// Never prompt: anything not pre-approved is denied.
@@ -1107,27 +1107,36 @@ fn sessions_table(sessions: &[SessionInfo], current: &str) -> Table {
     table
 }
 
-/// `attach --allow` takes one or more classes, so `attach --allow read DIR` reads DIR as a
-/// class: when no folder was given apart from the options, the one value of the `--allow`s that
-/// is no class is the folder, wherever it is (`--allow write DIR --allow read` too: clap gives
-/// the values of every `--allow` as one list). A second such value is refused.
+/// `attach --allow` takes one or more classes, each alone or several joined by commas
+/// (`--allow read,write`), so `attach --allow read DIR` reads DIR as a class: when no folder
+/// was given apart from the options, the last value of the `--allow`s that is no class is the
+/// folder, wherever it is (`--allow write DIR --allow read` too: clap gives the values of every
+/// `--allow` as one list). Any other value that is no class is refused by name.
 fn split_allow(
     allow: Vec<String>,
     dir: Option<PathBuf>,
 ) -> std::result::Result<(Vec<ClassArg>, PathBuf), String> {
     let mut classes = Vec::new();
-    let mut dir = dir;
+    let mut others = Vec::new();
     for value in allow {
-        match ClassArg::from_str(&value, true) {
-            Ok(class) => classes.push(class),
-            Err(_) if dir.is_none() => dir = Some(PathBuf::from(value)),
-            Err(_) => {
-                return Err(format!(
-                    "invalid value `{}` for --allow: read, write or exec",
-                    printable(&value)
-                ));
-            }
+        let parts: Option<Vec<ClassArg>> = value
+            .split(',')
+            .map(|part| ClassArg::from_str(part.trim(), true).ok())
+            .collect();
+        match parts {
+            Some(parts) => classes.extend(parts),
+            None => others.push(value),
         }
+    }
+    let dir = match dir {
+        Some(dir) => Some(dir),
+        None => others.pop().map(PathBuf::from),
+    };
+    if let Some(bad) = others.first() {
+        return Err(format!(
+            "invalid value `{}` for --allow: read, write or exec (several: --allow read,write)",
+            printable(bad)
+        ));
     }
     match dir {
         Some(dir) => Ok((classes, dir)),
@@ -1234,5 +1243,44 @@ async fn status(json: bool) -> Result<ExitCode> {
             errln!("monad-client: {}", printable(&e.to_string()));
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod split_allow_tests {
+    use super::*;
+
+    fn split(values: &[&str], dir: Option<&str>) -> std::result::Result<(usize, PathBuf), String> {
+        split_allow(
+            values.iter().map(|v| v.to_string()).collect(),
+            dir.map(PathBuf::from),
+        )
+        .map(|(classes, dir)| (classes.len(), dir))
+    }
+
+    /// Regression: `attach --allow exe DIR` and `--allow read,write DIR` named the folder as
+    /// the value that is no class.
+    #[test]
+    fn the_folder_is_the_last_value_that_is_no_class_and_others_are_named() {
+        assert_eq!(split(&["read", "DIR"], None), Ok((1, PathBuf::from("DIR"))));
+        assert_eq!(
+            split(&["write", "DIR", "read"], None),
+            Ok((2, PathBuf::from("DIR")))
+        );
+        assert_eq!(
+            split(&["read,write", "DIR"], None),
+            Ok((2, PathBuf::from("DIR")))
+        );
+        assert_eq!(
+            split(&["read, exec"], Some("DIR")),
+            Ok((2, PathBuf::from("DIR")))
+        );
+        let e = split(&["exe", "DIR"], None).unwrap_err();
+        assert!(e.contains("`exe`") && !e.contains("DIR"), "{e}");
+        let e = split(&["read,exe", "DIR"], None).unwrap_err();
+        assert!(e.contains("`read,exe`"), "{e}");
+        let e = split(&["exe"], Some("DIR")).unwrap_err();
+        assert!(e.contains("`exe`"), "{e}");
+        assert!(split(&["read"], None).unwrap_err().contains("missing"));
     }
 }
