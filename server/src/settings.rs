@@ -859,11 +859,16 @@ fn session_keys_only(name: &str, text: &str, table: &toml::Table) -> Result<(), 
 fn parse_layer(name: &str, text: &str) -> Result<toml::Table, ConfigError> {
     let located = |e: toml::de::Error| {
         let mut message = e.message().trim().to_owned();
+        let key = e.span().and_then(|span| key_at(text, span.start));
         // Type errors name only the value ("invalid type: string, expected u64"): add its key.
-        if let Some(key) = e.span().and_then(|span| key_at(text, span.start))
-            && !message.contains(key.rsplit('.').next().unwrap_or(&key))
+        if let Some(key) = &key
+            && !message.contains(key.rsplit('.').next().unwrap_or(key))
         {
             message = format!("`{key}`: {message}");
+        }
+        // A secret's value is never repeated (a number there would be, by the type error).
+        if let Some(key) = key.filter(|k| SECRET_KEYS.contains(&k.as_str())) {
+            message = format!("`{key}`: must be a string (its value is not shown here)");
         }
         ConfigError {
             source_name: name.to_owned(),
@@ -877,6 +882,10 @@ fn parse_layer(name: &str, text: &str) -> Result<toml::Table, ConfigError> {
     toml::from_str::<Settings>(text).map_err(located)?;
     Ok(table)
 }
+
+/// The settings whose values are secret: never shown in an error, and taken from the
+/// environment as they are (`[store] url` holds the database's password).
+const SECRET_KEYS: [&str; 2] = ["cluster.secret", "store.url"];
 
 /// The dotted key (`section.key`) assigned on the line that holds byte `offset` of `text`.
 fn key_at(text: &str, offset: usize) -> Option<String> {
@@ -948,10 +957,16 @@ fn env_layer(vars: impl IntoIterator<Item = (String, String)>) -> Result<toml::T
         let Some((section, key)) = setting_of(&name) else {
             continue;
         };
-        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(value.clone()));
+        // A secret is taken as it is: read as TOML, digits would be a number (and its type
+        // error would print it), and quotes would be taken off where the file keeps them.
+        let parsed = if SECRET_KEYS.contains(&format!("{section}.{key}").as_str()) {
+            toml::Value::String(value.clone())
+        } else {
+            toml::from_str::<toml::Table>(&format!("v = {value}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(value.clone()))
+        };
         let mut one = toml::Table::new();
         let mut inner = toml::Table::new();
         inner.insert(key, parsed);
@@ -996,6 +1011,28 @@ fn deep_merge(base: &mut toml::Table, over: toml::Table) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a secret that TOML reads as a number was printed whole in the type error,
+    /// from the file and from `MONAD_CLUSTER_SECRET`; and the variable lost its quotes where
+    /// the file keeps them.
+    #[test]
+    fn a_secret_is_never_repeated_in_an_error_and_taken_from_the_environment_as_it_is() {
+        let e = parse_layer("config.toml", "[cluster]\nsecret = 918273645500112233\n").unwrap_err();
+        let shown = e.to_string();
+        assert!(!shown.contains("918273645500112233"), "{shown}");
+        assert!(shown.contains("cluster.secret"), "{shown}");
+        let e = parse_layer("config.toml", "[store]\nurl = 5\n").unwrap_err();
+        assert!(!e.message.contains('5'), "{e}");
+        let table = env_layer([(
+            "MONAD_CLUSTER_SECRET".to_owned(),
+            "918273645500112233".to_owned(),
+        )])
+        .unwrap();
+        assert_eq!(table["cluster"]["secret"].as_str(), Some("918273645500112233"));
+        let table =
+            env_layer([("MONAD_CLUSTER_SECRET".to_owned(), "\"abc\"".to_owned())]).unwrap();
+        assert_eq!(table["cluster"]["secret"].as_str(), Some("\"abc\""));
+    }
 
     #[test]
     fn variables_that_are_neither_settings_nor_known_are_named() {
