@@ -1493,6 +1493,12 @@ impl Target {
             }
             Err(e) => return Err(e),
         };
+        // Checked by its path above, opened by its path here: a command that swapped a
+        // directory on the way for a link meanwhile (to `.git`) is caught on what was opened.
+        if let Err(e) = check_opened(jail, &parent, &real_place(jail, &path)) {
+            new_dirs.undo();
+            return Err(e);
+        }
         match Target::existing(&parent, &name, &path, limits) {
             Ok(old) => Ok(Target {
                 parent,
@@ -1718,6 +1724,46 @@ fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError
              them, since git runs programs its config and hooks name, outside any sandbox; use \
              git itself through run_command, or ask the folder's owner",
             path.shown()
+        )));
+    }
+    Ok(())
+}
+
+/// Where the open directory `dir` is, as the kernel has it (`/proc/self/fd`): its absolute
+/// path, whatever links led to it. `None` where that cannot be read.
+fn opened_path(dir: &Dir) -> Option<std::path::PathBuf> {
+    use std::os::fd::{AsFd, AsRawFd};
+    std::fs::read_link(format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd())).ok()
+}
+
+/// Checks the directory a write was opened in as its path was checked: inside the root, and
+/// not in or of `.git` (`landing`, the write's real place, names it in the error). A command can swap a directory on the way for a link between the check of the path
+/// and the open (a loop of `rename`s): the write then happens in the directory opened, so that
+/// is the one checked. Where the kernel cannot say where it is (no `/proc`), the path's check
+/// stands alone.
+fn check_opened(jail: &Jail, dir: &Dir, landing: &Path) -> Result<(), SandboxError> {
+    let (Some(root), Some(opened)) = (opened_path(jail.dir()), opened_path(dir)) else {
+        return Ok(());
+    };
+    let moved = || {
+        SandboxError::Changed(format!(
+            "a directory on the way to `{}` was changed (a link put in its place) while the \
+             write was made; nothing was written",
+            landing.display()
+        ))
+    };
+    let Ok(rel) = opened.strip_prefix(&root) else {
+        return Err(moved());
+    };
+    if rel
+        .components()
+        .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"))
+    {
+        return Err(SandboxError::Protected(format!(
+            "`{}` is one of git's own files (in or of `.git`): Monad's file tools do not write \
+             them, since git runs programs its config and hooks name, outside any sandbox; use \
+             git itself through run_command, or ask the folder's owner",
+            landing.display()
         )));
     }
     Ok(())

@@ -1028,9 +1028,11 @@ mod tests {
             "918273645500112233".to_owned(),
         )])
         .unwrap();
-        assert_eq!(table["cluster"]["secret"].as_str(), Some("918273645500112233"));
-        let table =
-            env_layer([("MONAD_CLUSTER_SECRET".to_owned(), "\"abc\"".to_owned())]).unwrap();
+        assert_eq!(
+            table["cluster"]["secret"].as_str(),
+            Some("918273645500112233")
+        );
+        let table = env_layer([("MONAD_CLUSTER_SECRET".to_owned(), "\"abc\"".to_owned())]).unwrap();
         assert_eq!(table["cluster"]["secret"].as_str(), Some("\"abc\""));
     }
 

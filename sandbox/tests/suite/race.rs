@@ -310,3 +310,56 @@ fn read_args(path: &str) -> ReadFileArgs {
         workspace: None,
     }
 }
+
+/// Regression: the check that a write is not into `.git` looked at the path, and the write then
+/// opened its directory by the path again: a command swapping a directory `a` with a link to
+/// `.git` (`alink`) in a loop had `write_file a/config` land in `.git/config` now and then (13
+/// of 100 tries on a release build), which git runs programs from, outside any sandbox. The
+/// directory opened is checked now.
+#[test]
+fn swapping_a_directory_for_a_link_to_git_never_writes_into_git() {
+    let fx = Fixture::new();
+    fx.put(".git/config", "[core]\n\tbare = false\n");
+    fx.put("a/config", "innocent\n");
+    fx.symlink(".git", "alink");
+    let stop = Arc::new(AtomicBool::new(false));
+    let root = std::fs::File::open(fx.root()).unwrap();
+    let swapper = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut swaps = 0u64;
+            while started.elapsed() < MAX_SWAP_TIME && !stop.load(Ordering::Relaxed) {
+                renameat2(&root, "a", &root, "alink", RenameFlags::RENAME_EXCHANGE).unwrap();
+                swaps += 1;
+            }
+            if swaps % 2 == 1 {
+                renameat2(&root, "a", &root, "alink", RenameFlags::RENAME_EXCHANGE).unwrap();
+            }
+        })
+    };
+    let (mut written, mut refused) = (0, 0);
+    for round in 0..400 {
+        // A path of its own each time, so that what the tools last saw of it never refuses it.
+        let alias = format!("l{round}");
+        fx.symlink("a", &alias);
+        let write = fx.sandbox.write_file(&WriteFileArgs {
+            path: format!("{alias}/config"),
+            content: "[core]\n\tfsmonitor = \"touch /tmp/owned; false\"\n".into(),
+            create_parents: None,
+            workspace: None,
+        });
+        match write {
+            Ok(_) => written += 1,
+            Err(_) => refused += 1,
+        }
+        let git = std::fs::read_to_string(fx.root().join(".git/config")).unwrap();
+        assert!(
+            !git.contains("fsmonitor"),
+            "round {round}: .git/config written"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    assert!(written > 0, "no write went through ({refused} refused)");
+}
