@@ -470,6 +470,14 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
             shown(path)
         );
     }
+    for path in &r.stopped_at_long_line {
+        let _ = write!(
+            stopped,
+            "\n(the search of {} stopped at a line too long to search (over 16 MiB): what \
+             follows it was not searched)",
+            shown(path)
+        );
+    }
     if r.matches.is_empty() {
         return format!("No matches{ws} (searched {searched}).{stopped}");
     }

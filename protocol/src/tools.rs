@@ -900,6 +900,10 @@ pub struct SearchResult {
     /// searched. Absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stopped_at_binary: Vec<String>,
+    /// Files whose search stopped at a line longer than a search holds in memory (16 MiB):
+    /// their lines from it on were not searched. Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stopped_at_long_line: Vec<String>,
 }
 
 /// Arguments of `glob`.

@@ -2000,10 +2000,38 @@ fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
     // in `\r` onto the diff's next; the hunks are written here for that.
     let old_lines: Vec<&str> = old_text.split_inclusive('\n').collect();
     let new_lines: Vec<&str> = new.split_inclusive('\n').collect();
+    let mut out = String::new();
+    // A line diff's time grows with the product of the lines where they differ, and `similar`
+    // recurses as deep as its work: on files of many lines it is shown as what it is in the
+    // end, every old line replaced by every new one; under that, it gets a deadline, past
+    // which what is left is shown the same way.
+    if old_lines.len() + new_lines.len() > DIFF_LINES_MAX {
+        let _ = write!(out, "--- {old_header}\n+++ b/{path}\n");
+        let range = |n: usize| match n {
+            0 => "0,0".to_owned(),
+            n => format!("1,{n}"),
+        };
+        let _ = writeln!(
+            out,
+            "@@ -{} +{} @@",
+            range(old_lines.len()),
+            range(new_lines.len())
+        );
+        for (tag, lines) in [('-', &old_lines), ('+', &new_lines)] {
+            for line in lines.iter() {
+                out.push(tag);
+                out.push_str(line);
+                if !line.ends_with('\n') {
+                    out.push_str("\n\\ No newline at end of file\n");
+                }
+            }
+        }
+        return out;
+    }
     let diff = similar::TextDiff::configure()
         .newline_terminated(true)
+        .timeout(DIFF_TIME)
         .diff_slices(&old_lines, &new_lines);
-    let mut out = String::new();
     for (n, hunk) in diff
         .unified_diff()
         .context_radius(3)
@@ -2023,6 +2051,13 @@ fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
     }
     out
 }
+
+/// Files of more lines than this (the old and the new together) are diffed as a whole
+/// replacement.
+const DIFF_LINES_MAX: usize = 200_000;
+
+/// How long a line diff may take; past it, what is left is shown replaced whole.
+const DIFF_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A unified diff from `old` (absent for a new file) to `new`, cut at the diff cap.
 fn unified_diff(path: &str, old: Option<&str>, new: &str, limits: &Limits) -> (String, bool) {

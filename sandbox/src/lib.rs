@@ -59,6 +59,7 @@ pub use netlog::{
     AUDIT_PER_SECOND, AuditAllowance, MAX_FOR_ANSWER, MAX_FOR_AUDIT, NetworkAudit, NetworkBatch,
 };
 pub use sched::{is_background, run_as_background};
+pub use walk::SEARCH_LINE_MAX;
 
 /// A workspace's jail with its limits and command policy: what runs the workspace tools.
 #[derive(Debug)]

@@ -240,6 +240,10 @@ fn ignored(stack: &[Gitignore], rel: &str, is_dir: bool) -> bool {
     false
 }
 
+/// The most a search holds of a line (grep-searcher's buffer, which must hold a line whole):
+/// a longer line stops its file's search, said in the result.
+pub const SEARCH_LINE_MAX: usize = 16 * 1024 * 1024;
+
 pub(crate) fn search(
     jail: &Jail,
     limits: &Limits,
@@ -268,10 +272,14 @@ pub(crate) fn search(
     let mut searcher = SearcherBuilder::new()
         .line_number(true)
         .binary_detection(BinaryDetection::quit(0))
+        // A line is held whole to be searched: one of gigabytes (a file of one line) would
+        // be held whole, three times over, in the server's or the laptop's memory.
+        .heap_limit(Some(SEARCH_LINE_MAX))
         .build();
     let mut sink = Collect {
         matcher: &matcher,
         stopped_at_binary: Vec::new(),
+        stopped_at_long_line: Vec::new(),
         path: String::new(),
         matches: Vec::new(),
         max,
@@ -300,7 +308,11 @@ pub(crate) fn search(
             len: meta.len(),
             encoding: None,
         };
-        let _ = searcher.search_file(&matcher, &file, &mut in_file);
+        if let Err(e) = searcher.search_file(&matcher, &file, &mut in_file)
+            && e.to_string().contains("allocation limit")
+        {
+            sink.stopped_at_long_line.push(rel.to_owned());
+        }
         if sink.truncated {
             Flow::Stop
         } else {
@@ -318,6 +330,7 @@ pub(crate) fn search(
         files_searched,
         truncated: sink.truncated,
         stopped_at_binary: sink.stopped_at_binary,
+        stopped_at_long_line: sink.stopped_at_long_line,
     })
 }
 
@@ -348,6 +361,8 @@ struct Collect<'m> {
     matcher: &'m grep_regex::RegexMatcher,
     /// Files whose search stopped at a NUL byte past their start.
     stopped_at_binary: Vec<String>,
+    /// Files whose search stopped at a line over [`SEARCH_LINE_MAX`].
+    stopped_at_long_line: Vec<String>,
     path: String,
     matches: Vec<SearchMatch>,
     max: usize,

@@ -2386,3 +2386,65 @@ fn a_path_in_a_message_is_escaped_a_tab_and_a_line_break_included() {
         "{err}"
     );
 }
+
+/// Regression: a search held a file's longest line whole in memory, three times over as its
+/// buffer grew (a 4 GB file of one line took 11.5 GB of a server's memory); a line over
+/// `SEARCH_LINE_MAX` now stops that file's search, and the result says so.
+#[test]
+fn a_line_too_long_to_hold_stops_its_files_search_and_says_so() {
+    let fx = Fixture::new();
+    let mut long = b"needle early\n".to_vec();
+    long.resize(long.len() + monad_sandbox::SEARCH_LINE_MAX * 2, b'a');
+    long.extend(b"\nneedle late\n");
+    std::fs::write(fx.root().join("one.line"), &long).unwrap();
+    std::fs::write(fx.root().join("small.txt"), "needle here\n").unwrap();
+    let out = fx.sandbox.search(&search("needle")).unwrap();
+    let found: Vec<(&str, u64)> = out
+        .matches
+        .iter()
+        .map(|m| (m.path.as_str(), m.line_number))
+        .collect();
+    assert_eq!(found, [("one.line", 1), ("small.txt", 1)], "{out:?}");
+    assert_eq!(out.stopped_at_long_line, ["one.line"]);
+    let text = rendered(ToolName::Search, &out);
+    assert!(
+        text.ends_with(
+            "\n(the search of one.line stopped at a line too long to search (over 16 MiB): what \
+             follows it was not searched)"
+        ),
+        "{text}"
+    );
+}
+
+/// Regression: a write's diff had no bound on its time or its recursion: 400,000 lines written
+/// again shuffled overflowed a debug server's stack inside the diff, and took 21-26 s of a
+/// release build's CPU. Files of many lines are diffed as a whole replacement; others get a
+/// deadline.
+#[test]
+fn the_diff_of_a_write_of_many_lines_is_bounded() {
+    let fx = Fixture::with_limits(Limits {
+        write_max_bytes: 64 * 1024 * 1024,
+        diff_max_bytes: 64 * 1024 * 1024,
+        ..Limits::default()
+    });
+    let lines: Vec<String> = (0..150_000).map(|i| format!("line {i}\n")).collect();
+    fx.sandbox
+        .write_file(&write("many.txt", &lines.concat()))
+        .unwrap();
+    let reversed: String = lines.iter().rev().map(String::as_str).collect();
+    let out = fx
+        .sandbox
+        .write_file(&write("many.txt", &reversed))
+        .unwrap();
+    assert!(
+        out.diff
+            .starts_with("--- a/many.txt\n+++ b/many.txt\n@@ -1,150000 +1,150000 @@\n-line 0\n"),
+        "{}",
+        &out.diff[..200]
+    );
+    assert!(out.diff.ends_with("+line 0\n"));
+    assert_eq!(
+        std::fs::read_to_string(fx.root().join("many.txt")).unwrap(),
+        reversed
+    );
+}
