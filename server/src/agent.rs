@@ -505,6 +505,29 @@ struct Turn<'a> {
     front: Option<&'a dyn FrontPermission>,
 }
 
+/// About what `value` takes in memory as a tree: [`monad_protocol::values::VALUE_BYTES`] a
+/// value, and the bytes of its strings and keys.
+fn tree_size(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    let mut size = 0usize;
+    let mut left = vec![value];
+    while let Some(value) = left.pop() {
+        size = size.saturating_add(monad_protocol::values::VALUE_BYTES);
+        match value {
+            Value::String(s) => size = size.saturating_add(s.len()),
+            Value::Array(items) => left.extend(items),
+            Value::Object(map) => {
+                for (key, item) in map {
+                    size = size.saturating_add(key.len() + monad_protocol::values::VALUE_BYTES);
+                    left.push(item);
+                }
+            }
+            _ => {}
+        }
+    }
+    size
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -544,6 +567,20 @@ impl Turn<'_> {
             };
         }
         let mut current = vec![Message::User(text)];
+        // What the turn holds (the model's calls, the tools' answers), counted against what
+        // the user's calls may hold at once: the turn is sent again whole at each step, so a
+        // model writing large arguments step after step (or a provider that sends them) would
+        // otherwise grow it without a bound but the step limit's.
+        let turn_memory = self.state.call_bytes.holder(self.user);
+        let too_large = |tally: Tally| TurnResult {
+            stop: StopReason::Failed {
+                message: "the turn's tool calls and their answers hold more than this server \
+                          lets your calls hold at once (server.max_call_bytes_per_user): ask \
+                          for less at a time"
+                    .to_owned(),
+            },
+            ..tally.result()
+        };
         loop {
             let tools = tool_specs(self.session);
             let fixed = plan::fixed_tokens(&system, &tools);
@@ -597,6 +634,14 @@ impl Turn<'_> {
                     ..tally().result()
                 };
             }
+            let calls_size: usize = step
+                .calls
+                .iter()
+                .map(|c| tree_size(&c.arguments) + c.name.len() + c.id.len())
+                .sum();
+            if !turn_memory.take(calls_size.saturating_add(step.text.len())) {
+                return too_large(tally());
+            }
             let allowed = plan::allowed_calls(
                 tally().tool_calls,
                 step.calls.len(),
@@ -609,6 +654,9 @@ impl Turn<'_> {
             for call in &step.calls[..allowed] {
                 lock(self.tally).tool_calls += 1;
                 let (text, is_error) = self.run_call(call).await;
+                if !turn_memory.take(text.len()) {
+                    return too_large(tally());
+                }
                 current.push(Message::ToolResult {
                     call_id: call.id.clone(),
                     text,

@@ -260,7 +260,11 @@ impl Executor {
                     None,
                     ToolError::new(
                         ErrorCode::InvalidArguments,
-                        format!("unknown tool `{tool}`; the tools are: {}", known.join(", ")),
+                        format!(
+                            "unknown tool `{}`; the tools are: {}",
+                            record::kept_tool_name(tool),
+                            known.join(", ")
+                        ),
                     ),
                 ),
                 Verdict::NOBODY,

@@ -462,7 +462,7 @@ fn record_call(
         AuditRecord {
             time: r.time.clone(),
             call_id: call_id.clone(),
-            tool: tool.to_owned(),
+            tool: kept_tool_name(tool),
             workspace: workspace.clone(),
             target: r.target,
             decision,
@@ -663,6 +663,15 @@ pub(super) fn describe_whole(args: &Value) -> String {
         .map(printable)
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// A tool's name as the audit keeps it: a name no tool has (a model's, a client's) may be
+/// of any length, and is kept to its first 128 bytes.
+pub(crate) fn kept_tool_name(tool: &str) -> String {
+    match monad_protocol::agent::cut(tool, 128) {
+        (kept, false) => kept,
+        (kept, true) => format!("{kept}…"),
+    }
 }
 
 #[cfg(test)]

@@ -102,10 +102,15 @@ enum Block {
     Other,
 }
 
+/// Most content blocks an answer may have started and not ended (each is held until it ends).
+const MAX_OPEN_BLOCKS: usize = 1024;
+
 /// Decodes the event stream.
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     blocks: BTreeMap<u64, Block>,
+    /// The tool calls the answer started so far.
+    tool_calls: usize,
     input_tokens: u64,
     finish: Option<FinishReason>,
     done: bool,
@@ -157,6 +162,15 @@ impl Decoder for StreamDecoder {
                     },
                     _ => Block::Other,
                 };
+                if let Block::Tool { name, .. } = &b {
+                    self.tool_calls += 1;
+                    super::check_call(self.tool_calls, name, "")?;
+                }
+                if self.blocks.len() >= MAX_OPEN_BLOCKS {
+                    return Err(LlmError::Protocol(format!(
+                        "an answer with more than {MAX_OPEN_BLOCKS} content blocks open at once"
+                    )));
+                }
                 self.blocks.insert(index, b);
             }
             "content_block_delta" => {
@@ -175,6 +189,7 @@ impl Decoder for StreamDecoder {
                     (Some(Block::Tool { json, .. }), Some("input_json_delta")) => {
                         if let Some(p) = delta.get("partial_json").and_then(Value::as_str) {
                             json.push_str(p);
+                            super::check_call(0, "", json)?;
                         }
                     }
                     (None, _) => {

@@ -533,13 +533,54 @@ where
     })
 }
 
+/// Most tool calls one answer may hold (a turn's own bound, `max_tool_calls_per_turn`, is
+/// applied after; this one keeps a decoder from holding millions of them).
+pub const MAX_CALLS_PER_ANSWER: usize = 256;
+
+/// Most bytes of a tool's name as a model writes it (the tools' names are a few words).
+pub const MAX_TOOL_NAME_BYTES: usize = 256;
+
+/// Most bytes of one call's arguments as a model writes them.
+pub const MAX_ARGUMENT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Checks a tool call a decoder is assembling, as its pieces come: the answer's `calls` so far,
+/// the call's `name` and `arguments`. A provider's answer is not trusted to be small: one of
+/// 59 MiB held 3.5 million calls, which took 3 GB of the server's memory.
+pub(crate) fn check_call(calls: usize, name: &str, arguments: &str) -> Result<(), LlmError> {
+    if calls > MAX_CALLS_PER_ANSWER {
+        return Err(LlmError::Protocol(format!(
+            "an answer of more than {MAX_CALLS_PER_ANSWER} tool calls"
+        )));
+    }
+    if name.len() > MAX_TOOL_NAME_BYTES {
+        return Err(LlmError::Protocol(format!(
+            "a tool name of more than {MAX_TOOL_NAME_BYTES} bytes"
+        )));
+    }
+    if arguments.len() > MAX_ARGUMENT_BYTES {
+        return Err(LlmError::Protocol(format!(
+            "a tool call's arguments of more than {} MiB",
+            MAX_ARGUMENT_BYTES >> 20
+        )));
+    }
+    Ok(())
+}
+
 /// Parses a tool call's assembled arguments: a JSON value when they parse, else the raw text
-/// (empty text is an empty object: a call of a tool without arguments).
+/// (empty text is an empty object: a call of a tool without arguments). Arguments of more
+/// values than a request may hold are not made a tree (a tree takes about 48 bytes a value: a
+/// few MiB of small numbers would take hundreds): a short text says so, which the tool refuses.
 pub fn parse_arguments(raw: &str) -> Value {
+    use monad_protocol::values::{MAX_REQUEST_VALUES, count};
     if raw.trim().is_empty() {
         return Value::Object(Default::default());
     }
-    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned()))
+    match count(raw.as_bytes(), MAX_REQUEST_VALUES) {
+        Err(e) if e.is_data() => Value::String(format!(
+            "(arguments of more than {MAX_REQUEST_VALUES} JSON values: not read)"
+        )),
+        _ => serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned())),
+    }
 }
 
 #[cfg(test)]
@@ -610,6 +651,15 @@ mod tests {
         assert_eq!(
             parse_arguments("{\"path\":"),
             Value::String("{\"path\":".into())
+        );
+        // Too many values to make a tree of: not made.
+        let many = format!(
+            "[{}1]",
+            "1,".repeat(monad_protocol::values::MAX_REQUEST_VALUES)
+        );
+        assert_eq!(
+            parse_arguments(&many),
+            Value::String("(arguments of more than 1000000 JSON values: not read)".into())
         );
     }
 

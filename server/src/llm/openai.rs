@@ -149,6 +149,7 @@ impl Decoder for StreamDecoder {
                 .unwrap_or_default()
             {
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let calls = self.calls.len() + usize::from(!self.calls.contains_key(&index));
                 let partial = self.calls.entry(index).or_default();
                 if let Some(id) = call.get("id").and_then(Value::as_str) {
                     partial.id = id.to_owned();
@@ -160,6 +161,8 @@ impl Decoder for StreamDecoder {
                 if let Some(args) = function.get("arguments").and_then(Value::as_str) {
                     partial.arguments.push_str(args);
                 }
+                let (name, arguments) = (&partial.name, &partial.arguments);
+                super::check_call(calls, name, arguments)?;
             }
             if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
                 out.extend(self.take_calls());

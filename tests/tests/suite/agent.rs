@@ -958,3 +958,67 @@ async fn live_turn(provider: &str, base_url: &str, model: &str, key_env: &str) {
     assert!(md.contains(&format!("model: {model}")), "{md}");
     assert!(md.contains(&word), "session.md holds the turn: {md}");
 }
+
+/// Regression: a provider's answer was bounded only in its raw bytes (64 MiB): one of 3.5
+/// million tool calls took 3 GB of the server's memory, a 5 MB tool name went whole into the
+/// audit log, and calls of 20 MB of arguments step after step grew the turn past 8 GB. An
+/// answer holds at most 256 calls, names of at most 256 bytes, and a turn holds what the user's
+/// calls may hold at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providers_answer_and_a_turn_are_bounded_in_what_they_hold() {
+    let many: Vec<(String, String, serde_json::Value)> = (0..300)
+        .map(|i| (format!("c{i}"), "list_dir".to_owned(), json!({})))
+        .collect();
+    let long_name = vec![("c1".to_owned(), "x".repeat(300), json!({}))];
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        for (calls, said) in [
+            (many.clone(), "more than 256 tool calls"),
+            (long_name.clone(), "a tool name of more than 256 bytes"),
+        ] {
+            let provider = ScriptedProvider::start(vec![Reply::Stream {
+                text: vec![],
+                calls,
+                usage: (1, 1),
+            }])
+            .await;
+            let server = server_for(&provider, kind, "").await;
+            let agent = server.agent().await;
+            let (reply, _) = prompt(&agent, "go").await;
+            let StopReason::Failed { message } = &reply.result.stop else {
+                panic!("{kind:?}: {:?}", reply.result.stop);
+            };
+            assert!(message.contains(said), "{kind:?}: {message}");
+            assert_eq!(reply.result.tool_calls, 0, "{kind:?}: nothing ran");
+        }
+    }
+    // Arguments larger than what the user's calls may hold at once end the turn.
+    let big = vec![(
+        "c1".to_owned(),
+        "read_file".to_owned(),
+        json!({"path": "a.txt", "junk": "x".repeat(2 * 1024 * 1024)}),
+    )];
+    let provider = ScriptedProvider::start(vec![Reply::Stream {
+        text: vec![],
+        calls: big,
+        usage: (1, 1),
+    }])
+    .await;
+    let server = server_for(
+        &provider,
+        ProviderKind::Openai,
+        "[server]\nmax_call_bytes_per_user = 1048576\n",
+    )
+    .await;
+    let agent = server.agent().await;
+    let (reply, _) = prompt(&agent, "go").await;
+    let StopReason::Failed { message } = &reply.result.stop else {
+        panic!("{:?}", reply.result.stop);
+    };
+    assert!(message.contains("max_call_bytes_per_user"), "{message}");
+    assert_eq!(reply.result.tool_calls, 0);
+    assert_eq!(
+        server.state().call_bytes_held("admin"),
+        0,
+        "let go with the turn"
+    );
+}
