@@ -394,6 +394,10 @@ fn read_serially(
 
     let mut line_no: u64 = 0; // lines consumed so far
     while line_no + 1 < offset {
+        // Gigabytes may come before `offset` (a growing log): a cancelled call stops here.
+        if crate::cancel::cancelled() {
+            return Err(SandboxError::Timeout("the call was cancelled".into()));
+        }
         // Passed over without being kept: a long line before `offset` is not held in memory.
         let n = reader.skip_until(b'\n').map_err(io_err)?;
         if n == 0 {

@@ -21,6 +21,7 @@
 //! Errors are [`SandboxError`]s; [`SandboxError::to_tool_error`] turns one into the wire error.
 #![deny(missing_docs)]
 
+mod cancel;
 mod check;
 mod decode;
 mod error;
@@ -599,13 +600,17 @@ impl Sandbox {
         run: impl FnOnce(&Sandbox) -> Result<R, SandboxError> + Send + 'static,
     ) -> Result<R, SandboxError> {
         let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || run(&this))
-            .await
-            .map_err(|e| SandboxError::Io {
-                op: "run",
-                path: String::new(),
-                source: std::io::Error::other(e.to_string()),
-            })?
+        // Dropped with this future: a job whose call was cancelled stops where it looks.
+        let job = cancel::Job::default();
+        let flag = job.flag();
+        let result =
+            tokio::task::spawn_blocking(move || cancel::Job::run(flag, || run(&this))).await;
+        drop(job);
+        result.map_err(|e| SandboxError::Io {
+            op: "run",
+            path: String::new(),
+            source: std::io::Error::other(e.to_string()),
+        })?
     }
 
     async fn blocking<A, R, E: Encoded>(
@@ -679,6 +684,45 @@ impl Encoded for ToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a blocking job ran on after the call it worked for was cancelled (a search
+    /// of a large tree kept its thread and memory for many seconds after its client went,
+    /// while the call's slot was free again): dropping the future now tells the job, which
+    /// stops where it looks.
+    #[tokio::test]
+    async fn a_blocking_job_is_told_when_its_call_is_cancelled() {
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox =
+            Arc::new(Sandbox::open(dir.path(), Limits::default(), ExecPolicy::default()).unwrap());
+        let (started, ready) = std::sync::mpsc::channel();
+        let (ended, gone) = std::sync::mpsc::channel();
+        let job = sandbox.on_blocking_pool(move |_| {
+            let _ = started.send(());
+            let begun = std::time::Instant::now();
+            while !cancel::cancelled() && begun.elapsed() < std::time::Duration::from_secs(20) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let _ = ended.send(cancel::cancelled());
+            Ok(())
+        });
+        // Polled until the job runs, then dropped, as a cancelled call's future is.
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(200), job).await;
+        ready.recv().unwrap();
+        let told = gone
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the job stopped");
+        assert!(told, "it stopped because it was told");
+        assert!(!cancel::cancelled(), "no flag outside a job");
+        // A walk looks before each entry: a cancelled search searches nothing more.
+        for i in 0..20 {
+            std::fs::write(dir.path().join(format!("f{i}.txt")), "needle\n").unwrap();
+        }
+        let args: SearchArgs =
+            serde_json::from_value(serde_json::json!({"pattern": "needle"})).unwrap();
+        assert_eq!(sandbox.search(&args).unwrap().files_searched, 20);
+        let stopped = cancel::Job::run(Arc::new(true.into()), || sandbox.search(&args));
+        assert_eq!(stopped.unwrap().files_searched, 0);
+    }
 
     #[test]
     fn kernel_filesystems_are_not_local_disks() {

@@ -120,6 +120,9 @@ impl Walk<'_> {
             .collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (name, kind) in entries {
+            if crate::cancel::cancelled() {
+                return Flow::Stop;
+            }
             let bytes = name.as_encoded_bytes();
             if bytes == b".git" || (!self.include_hidden && bytes.first() == Some(&b'.')) {
                 continue;
