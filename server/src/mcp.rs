@@ -115,11 +115,12 @@ impl Backend for ExecutorBackend {
         let memory = from_request::<McpMemory>(caller).map(|memory| memory.0.clone());
         // Counted like a QUIC agent's call, body included: shutdown keeps the attached clients
         // the call needs until it is done.
+        let token = from_request::<McpToken>(caller).cloned();
         let run = async {
             let (output, _call) = self
                 .state
                 .call(
-                    &user.0,
+                    (&user.0, token.as_ref().map(|t| t.0.as_str())),
                     Lookup::Open(Some(session)),
                     tool.as_str(),
                     args,
@@ -136,8 +137,7 @@ impl Backend for ExecutorBackend {
         };
         // Each request's token is checked as it comes; one that runs is cut short when the
         // token is revoked meanwhile (dropping it cancels it, as a QUIC agent's reset does).
-        let token = from_request::<McpToken>(caller).cloned();
-        let Some(McpToken(token)) = token else {
+        let Some(McpToken(token)) = token.clone() else {
             return run.await;
         };
         let revoked = crate::server::until_revoked(self.state.clone(), token, user.0.clone());

@@ -52,7 +52,7 @@ pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_
 /// pool, since a PostgreSQL store answers with a query. One that cannot be read counts as valid
 /// (the failure is logged): a store that cannot be reached for a moment does not cut everyone
 /// off.
-async fn token_still_valid(state: &Arc<State>, token: String, user: &str) -> bool {
+pub(crate) async fn token_still_valid(state: &Arc<State>, token: String, user: &str) -> bool {
     let tokens = state.tokens.clone();
     match tokio::task::spawn_blocking(move || tokens.verify_hash(&token)).await {
         Ok(Ok(Some(holder))) => holder == user,
@@ -96,7 +96,9 @@ async fn sweep_tokens(state: Arc<State>) {
         let tokens = state.tokens.clone();
         match tokio::task::spawn_blocking(move || tokens.hashes()).await {
             Ok(Ok(hashes)) => {
-                state.valid_tokens.send_replace(Some(Arc::new(hashes)));
+                let hashes = Arc::new(hashes);
+                state.valid_tokens.send_replace(Some(hashes.clone()));
+                state.end_revoked_processes(&hashes).await;
             }
             Ok(Err(e)) => warn!("cannot read tokens to look for revoked ones: {e}"),
             Err(_) => {}
@@ -315,6 +317,7 @@ impl Server {
             calls: watch::channel(0).0,
             housekeeping: housekeeping.clone(),
             valid_tokens: watch::channel(None).0,
+            started_by_token: Default::default(),
         });
         if let Some(cluster) = &state.cluster {
             // A host paused past its lease (a stopped VM), woken after another host took its
@@ -699,6 +702,7 @@ async fn handle_connection(
                     state: state.clone(),
                     conn: conn.clone(),
                     user: user.clone(),
+                    token: token.clone(),
                     device_id: device_id.clone(),
                     client_name: client_name.clone(),
                     minor,
@@ -1011,6 +1015,8 @@ struct Ctx {
     state: Arc<State>,
     conn: quinn::Connection,
     user: String,
+    /// The hash of the connection's token (none for a forwarded connection).
+    token: Option<String>,
     device_id: DeviceId,
     client_name: String,
     /// The protocol's minor version on this connection.
@@ -1269,10 +1275,15 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 let _ = progress_tx.try_send(m.to_owned());
             };
             let lookup = ctx.lookup(session.as_deref());
-            let mut call = Box::pin(
-                ctx.state
-                    .call_from(ctx.origin, &ctx.user, lookup, &tool, args, &sink, memory),
-            );
+            let mut call = Box::pin(ctx.state.call_from(
+                ctx.origin,
+                (&ctx.user, ctx.token.as_deref()),
+                lookup,
+                &tool,
+                args,
+                &sink,
+                memory,
+            ));
             let called = loop {
                 tokio::select! {
                     called = &mut call => break called,

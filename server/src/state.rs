@@ -60,7 +60,21 @@ pub struct State {
     /// The hashes of the tokens as the last sweep read them ([`crate::server`]'s, every 5 s;
     /// none before the first): a connection whose token is not among them is closed.
     pub(crate) valid_tokens: watch::Sender<Option<Arc<std::collections::HashSet<String>>>>,
+    /// The background processes each token's calls started in primary workspaces, by the
+    /// token's hash: ended when it is revoked ([`State::end_revoked_processes`]).
+    pub(crate) started_by_token: std::sync::Mutex<std::collections::HashMap<String, Started>>,
 }
+
+/// A token's user and the background processes its calls started: the sandbox each runs in
+/// and its id (at most [`STARTED_PER_TOKEN`], the oldest forgotten first).
+#[derive(Debug, Default)]
+pub(crate) struct Started {
+    user: String,
+    processes: std::collections::VecDeque<(std::sync::Weak<monad_sandbox::Sandbox>, String)>,
+}
+
+/// Most background processes remembered per token (those that ended are let go first).
+const STARTED_PER_TOKEN: usize = 4096;
 
 impl State {
     /// Resolves once the start-up housekeeping of the data dir (modes, stale temporary files,
@@ -321,14 +335,14 @@ impl State {
     /// answer: drop it once the answer (and its body) is sent.
     pub(crate) async fn call(
         self: &Arc<Self>,
-        user: &str,
+        caller: (&str, Option<&str>),
         lookup: Lookup<'_>,
         tool: &str,
         args: Value,
         progress: &dyn ProgressSink,
         memory: Option<Arc<Held>>,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
-        self.call_from(Origin::Agent, user, lookup, tool, args, progress, memory)
+        self.call_from(Origin::Agent, caller, lookup, tool, args, progress, memory)
             .await
     }
 
@@ -342,7 +356,7 @@ impl State {
     pub(crate) async fn call_from(
         self: &Arc<Self>,
         origin: Origin,
-        user: &str,
+        (user, token): (&str, Option<&str>),
         lookup: Lookup<'_>,
         tool: &str,
         args: Value,
@@ -367,6 +381,10 @@ impl State {
             _ => {
                 let call = self.executor.call(&session, tool, args, progress);
                 let output = counted(&memory, call).await;
+                if let Some(token) = token {
+                    self.note_started(token, user, &session, tool, &output)
+                        .await;
+                }
                 // The session is not needed any more (a body's recording holds its own
                 // reference): it goes before the answer, so the agent's next request finds it
                 // unused.
@@ -380,6 +398,108 @@ impl State {
             memory,
         };
         Ok((output, guard))
+    }
+}
+
+impl State {
+    /// Notes a background process a call with the token whose hash is `token` started in
+    /// `session`'s primary workspace, so that it ends when the token is revoked.
+    async fn note_started(
+        &self,
+        token: &str,
+        user: &str,
+        session: &Arc<Session>,
+        tool: &str,
+        output: &CallOutput,
+    ) {
+        if tool != monad_protocol::ToolName::RunCommand.as_str()
+            || output.workspace.as_ref().map(|w| w.uri.as_str())
+                != Some(session.primary_uri().as_str())
+        {
+            return;
+        }
+        let monad_protocol::wire::Outcome::Ok { result } = &output.outcome else {
+            return;
+        };
+        let Some(process) = result
+            .value()
+            .get("process")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
+            return;
+        };
+        let Ok(sandbox) = session.primary.sandbox().await else {
+            return;
+        };
+        let mut started = self
+            .started_by_token
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let entry = started.entry(token.to_owned()).or_default();
+        entry.user = user.to_owned();
+        entry
+            .processes
+            .retain(|(sandbox, _)| sandbox.strong_count() > 0);
+        if entry.processes.len() >= STARTED_PER_TOKEN {
+            entry.processes.pop_front();
+        }
+        entry
+            .processes
+            .push_back((Arc::downgrade(&sandbox), process));
+    }
+
+    /// Ends the background processes started with a token the sweep no longer finds among
+    /// `valid` (and the store, asked once more, does not know: one created after the sweep's
+    /// read is not among them). Revoking a token (a leaked one) cuts off what runs with it, not
+    /// only its connections: a loop it left running in a primary workspace ran on until the
+    /// server stopped.
+    pub(crate) async fn end_revoked_processes(
+        self: &Arc<Self>,
+        valid: &std::collections::HashSet<String>,
+    ) {
+        let missing: Vec<(String, String)> = self
+            .started_by_token
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(token, _)| !valid.contains(*token))
+            .map(|(token, started)| (token.clone(), started.user.clone()))
+            .collect();
+        for (token, user) in missing {
+            if crate::server::token_still_valid(self, token.clone(), &user).await {
+                continue;
+            }
+            let Some(started) = self
+                .started_by_token
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&token)
+            else {
+                continue;
+            };
+            let mut ended = 0;
+            for (sandbox, process) in started.processes {
+                let Some(sandbox) = sandbox.upgrade() else {
+                    continue;
+                };
+                let args = serde_json::json!({"process": process, "signal": "KILL"});
+                if sandbox
+                    .call(monad_protocol::ToolName::ProcessKill, args)
+                    .await
+                    .is_ok()
+                {
+                    ended += 1;
+                }
+            }
+            if ended > 0 {
+                tracing::info!(
+                    %user,
+                    ended,
+                    "ended the background processes a revoked token's calls started"
+                );
+            }
+        }
     }
 }
 

@@ -223,3 +223,54 @@ async fn changed_certificate_is_refused_saying_what_to_do() {
         other => panic!("expected a fingerprint mismatch, got {other:?}"),
     }
 }
+
+/// Regression: revoking a token closed its connections only: a loop a leaked token's call left
+/// running in the background in a primary workspace ran on until the server stopped (and kept
+/// its session from being deleted). The processes its calls started end with it; those another
+/// token of the same user started go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_s_background_processes_end() {
+    let server = TestServer::start().await;
+    let leaked = server.create_token("carol");
+    let kept = server.create_token("carol");
+    let intruder = connect_agent(&server.client_config_with(&leaked)).await;
+    let owner = connect_agent(&server.client_config_with(&kept)).await;
+    let loop_args = |file: &str| {
+        json!({
+            "argv": ["sh", "-c", format!("while true; do echo x >> {file}; sleep 0.1; done")],
+            "background": true,
+        })
+    };
+    let (theirs, _) = ok(call(&intruder, "run_command", loop_args("theirs.txt")).await);
+    let (mine, _) = ok(call(&owner, "run_command", loop_args("mine.txt")).await);
+    let id = leaked.split('_').nth(1).expect("mnd_ID_SECRET");
+    assert!(server.state().tokens.revoke(id).unwrap());
+    let running = |listing: &serde_json::Value, process: &serde_json::Value| {
+        listing["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["process"] == *process && p["running"] == json!(true))
+    };
+    within(
+        std::time::Duration::from_secs(20),
+        "the revoked token's loop to end",
+        async {
+            loop {
+                let (listing, _) = ok(call(&owner, "process_list", json!({})).await);
+                if !running(&listing, &theirs["process"]) {
+                    assert!(running(&listing, &mine["process"]), "{listing}");
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        },
+    )
+    .await;
+    ok(call(
+        &owner,
+        "process_kill",
+        json!({"process": mine["process"], "signal": "KILL"}),
+    )
+    .await);
+}
