@@ -1094,9 +1094,11 @@ pub(crate) fn write_file(
     };
     let mut target = Target::locate(jail, &path, parents, limits)?;
     if let Some(approved) = approved {
-        target.check_approved(approved).inspect_err(|_| {
-            std::mem::take(&mut target.new_dirs).undo();
-        })?;
+        target
+            .check_approved(jail, &path, approved)
+            .inspect_err(|_| {
+                std::mem::take(&mut target.new_dirs).undo();
+            })?;
     }
     target.check_seen(seen)?;
     let old = target.old_text();
@@ -1158,7 +1160,7 @@ pub(crate) fn edit_file(
 ) -> Result<WriteResult, SandboxError> {
     let edit = plan_edit(jail, limits, args)?;
     if let Some(approved) = approved {
-        edit.target.check_approved(approved)?;
+        edit.target.check_approved(jail, &edit.given, approved)?;
     }
     let stamp = edit.target.replace(&edit.new_bytes)?;
     edit.target.note_in(seen, stamp);
@@ -1663,9 +1665,24 @@ impl Target {
     /// Refuses to write over anything but the version of the file (or its absence) that an
     /// approval prompt's diff was made from: its owner approved that change, not one to what
     /// was put there while the prompt waited.
-    fn check_approved(&self, approved: &Preview) -> Result<(), SandboxError> {
+    fn check_approved(
+        &self,
+        jail: &Jail,
+        given: &JailPath,
+        approved: &Preview,
+    ) -> Result<(), SandboxError> {
         let now = self.base();
         if now == approved.base {
+            // A directory on the way swapped for a link while the prompt waited: the file would
+            // be written where its owner was not shown (the file's own stamp cannot tell, for a
+            // new one).
+            if self.through_link(jail, given) != approved.through_link {
+                return Err(self.changed(
+                    "now leads to another place (a link on its way changed) while its owner was \
+                     being asked to approve this change, so it would not be written where they \
+                     were shown",
+                ));
+            }
             return Ok(());
         }
         let what = match (approved.base.stamp, now.stamp) {

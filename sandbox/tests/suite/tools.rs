@@ -2448,3 +2448,45 @@ fn the_diff_of_a_write_of_many_lines_is_bounded() {
         reversed
     );
 }
+
+/// Regression: a directory on the way swapped for a link while the prompt waited took an
+/// approved write elsewhere: `hooks/pre-commit` approved, `hooks` made a link to `.husky`
+/// meanwhile, and the file landed in `.husky/pre-commit` while the result said
+/// `hooks/pre-commit` (the file's own stamp cannot tell, for a new file).
+#[test]
+fn an_approved_write_is_refused_when_a_link_on_its_way_changed() {
+    let fx = Fixture::new();
+    fx.put("hooks/readme", "r");
+    fx.put(".husky/readme", "r");
+    let args = json!({"path": "hooks/pre-commit", "content": "#!/bin/sh\necho hi\n"});
+    let shown = fx
+        .sandbox
+        .preview(ToolName::WriteFile, &args)
+        .unwrap()
+        .unwrap();
+    assert_eq!(shown.through_link, None);
+    std::fs::rename(fx.root().join("hooks"), fx.root().join("hooks.old")).unwrap();
+    fx.symlink(".husky", "hooks");
+    let err = runtime()
+        .block_on(
+            fx.sandbox
+                .call_approved(ToolName::WriteFile, args.clone(), shown),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("now leads to another place"),
+        "{err}"
+    );
+    assert!(!fx.root().join(".husky/pre-commit").exists());
+    // Shown as what it is now, it is written there.
+    let shown = fx
+        .sandbox
+        .preview(ToolName::WriteFile, &args)
+        .unwrap()
+        .unwrap();
+    assert_eq!(shown.through_link.as_deref(), Some(".husky/pre-commit"));
+    runtime()
+        .block_on(fx.sandbox.call_approved(ToolName::WriteFile, args, shown))
+        .unwrap();
+    assert!(fx.root().join(".husky/pre-commit").exists());
+}
