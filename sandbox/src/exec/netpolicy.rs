@@ -170,11 +170,15 @@ impl NetPolicy {
                 continue;
             }
             if let Some(kind) = not_public(ip)
-                && !self.allow.iter().any(|e| e.matches_ip(ip, port))
+                && !self
+                    .allow
+                    .iter()
+                    .any(|e| e.matches_ip(ip, port) && e.only_of_kind(kind))
             {
                 refused.get_or_insert(format!(
                     "{host} resolves to {ip}, a {kind} address; only an `allow` entry naming \
-                     the address or its range lets a command reach it"
+                     the address or a range of {kind} addresses lets a command reach it (a \
+                     wider range, such as `0.0.0.0/0`, does not)"
                 ));
                 continue;
             }
@@ -268,6 +272,26 @@ impl Entry {
                 (Target::Range(..), Host::Address(ip)) => self.matches_ip(*ip, port),
                 _ => false,
             }
+    }
+
+    /// Whether the entry's range holds addresses of `kind` only (its first and last are), as
+    /// a range that lets a command reach such an address must: `0.0.0.0/0`, written to reach
+    /// "the internet" by address, would otherwise open this machine's loopback services, the
+    /// LAN and the link-local metadata address too.
+    fn only_of_kind(&self, kind: &str) -> bool {
+        let Target::Range(net, bits) = self.target else {
+            return false;
+        };
+        let last = match 128u32.checked_sub(u32::from(bits)) {
+            Some(0) | None => net,
+            Some(128) => u128::MAX,
+            Some(free) => net | ((1u128 << free) - 1),
+        };
+        let address = |bits: u128| {
+            let v6 = Ipv6Addr::from(bits);
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        };
+        not_public(address(net)) == Some(kind) && not_public(address(last)) == Some(kind)
     }
 
     /// Whether `ip` (or the IPv4 address it reaches, see the module documentation) is in the
@@ -396,6 +420,50 @@ fn not_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a wide range (`0.0.0.0/0`, to reach "the internet" by address) let commands
+    /// reach this machine's loopback services, the LAN and the link-local metadata address.
+    #[test]
+    fn a_special_address_is_reached_only_through_a_range_of_its_own_kind() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let wide = policy(&["0.0.0.0/0", "::/0", "0.0.0.0/1"], &[]);
+        for special in ["127.0.0.1", "10.1.2.3", "169.254.169.254", "::1", "fd00::1"] {
+            let e = wide
+                .check_addresses(&host("x.example"), 80, &[ip(special)])
+                .unwrap_err();
+            assert!(e.contains("a wider range"), "{special}: {e}");
+        }
+        assert!(
+            wide.check_addresses(&host("x.example"), 80, &[ip("93.184.216.34")])
+                .is_ok()
+        );
+        let own = policy(
+            &[
+                "127.0.0.1",
+                "10.0.0.0/8",
+                "169.254.0.0/16",
+                "fd00::/8",
+                "192.168.0.0/15",
+            ],
+            &[],
+        );
+        for reached in ["127.0.0.1", "10.1.2.3", "169.254.169.254", "fd00::1"] {
+            assert!(
+                own.check_addresses(&host("x.example"), 80, &[ip(reached)])
+                    .is_ok(),
+                "{reached}"
+            );
+        }
+        // A range reaching past its block is not of one kind.
+        assert!(
+            own.check_addresses(&host("x.example"), 80, &[ip("192.168.1.1")])
+                .is_err()
+        );
+        assert!(
+            own.check_addresses(&host("x.example"), 80, &[ip("127.0.0.2")])
+                .is_err()
+        );
+    }
 
     fn policy(allow: &[&str], deny: &[&str]) -> NetPolicy {
         let owned = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -572,12 +640,14 @@ mod tests {
             p.check_addresses(&name, 443, &[ip("1.1.1.1")]).is_ok(),
             "a mapped deny entry denies its own address, not all of IPv4"
         );
-        // The mapped range as a whole is IPv4 as a whole, as written.
+        // The mapped range as a whole is IPv4 as a whole, as written: public addresses, not
+        // the special ones within it (a range of their own kind is needed for those).
         let p = policy(&["[::ffff:0:0/96]"], &[]);
         assert!(
-            p.check_addresses(&name, 80, &[ip("10.9.8.7")]).is_ok(),
+            p.check_addresses(&name, 80, &[ip("93.184.216.34")]).is_ok(),
             "listed by range"
         );
+        assert!(p.check_addresses(&name, 80, &[ip("10.9.8.7")]).is_err());
         assert!(p.check_addresses(&name, 80, &[ip("fd00::1")]).is_err());
     }
 
