@@ -133,6 +133,7 @@ impl ClientConfig {
                 ClientError::Config(format!("{}: {e}", path.display()))
             }
         })?;
+        check_owner(&path)?;
         // `PATH:LINE: what`, the line of a TOML mistake from its span, on one line.
         let in_file = |line: Option<usize>, message: &str| {
             let at = match line {
@@ -166,7 +167,11 @@ impl ClientConfig {
     /// ([`ClientConfig::OWN_KEYS`], set or removed in place): its comments, its order, and its
     /// `[limits]` and `[exec]` as written, absent keys left to their defaults.
     pub fn save(&self, dir: &Path) -> Result<(), ClientError> {
-        std::fs::create_dir_all(dir)
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
             .map_err(|e| ClientError::Config(format!("{}: {e}", dir.display())))?;
         let given = dir.join("config.toml");
         let path = std::fs::canonicalize(&given).unwrap_or_else(|_| given.clone());
@@ -174,7 +179,12 @@ impl ClientConfig {
             || "config.toml".into(),
             |name| name.to_string_lossy().into_owned(),
         );
-        let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+        // A name of this write's own, made anew (never a file or link someone put there
+        // first: the token goes in it).
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = path.with_file_name(format!(".{file_name}.{}.{nanos}.tmp", std::process::id()));
         let fresh = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
         let text = match std::fs::read_to_string(&path) {
             Ok(old) => Self::merged(&old, &fresh).unwrap_or(fresh),
@@ -183,8 +193,8 @@ impl ClientConfig {
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
                 .mode(0o600)
                 .open(&tmp)?;
             f.write_all(text.as_bytes())?;
@@ -318,9 +328,73 @@ fn machine_name() -> String {
         .unwrap_or_else(|| "client".to_owned())
 }
 
+/// Refuses a config another user could have written: one that belongs to another user (but
+/// root), or that others may write. It holds the token and the server's fingerprint: whoever can
+/// change it can send the token to a server of their own, or loosen the folder's sandbox (as
+/// ssh refuses such a key or config).
+fn check_owner(path: &Path) -> Result<(), ClientError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(ClientError::Config(format!(
+            "{} belongs to another user (uid {}): it holds your token, so it is not used; \
+             log in again with a config directory of your own (MONAD_CONFIG_DIR)",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(ClientError::Config(format!(
+            "{} may be written by other users (mode {:o}): it holds your token, so it is not \
+             used; `chmod go-w {}` and check what it says",
+            path.display(),
+            meta.mode() & 0o777,
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: the config was written through a fixed temporary name opened without
+    /// `O_EXCL` or `O_NOFOLLOW` (another user's file or link there got the token), and read
+    /// whoever could write it.
+    #[test]
+    fn the_config_is_written_only_to_a_file_of_its_own_and_read_only_when_its_users_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let config = ClientConfig::new("127.0.0.1:4433", "mnd_x", &"ab".repeat(32)).unwrap();
+        // What the fixed name was: a link to a file of someone else's.
+        let victim = dir.path().join("victim.txt");
+        std::fs::write(&victim, "keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join(".config.toml.tmp")).unwrap();
+        config.save(dir.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+        let path = dir.path().join("config.toml");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(ClientConfig::load_any(dir.path()).is_ok());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = ClientConfig::load_any(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("may be written by other users"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(ClientConfig::load_any(dir.path()).is_ok());
+        let fresh = tempfile::tempdir().unwrap();
+        let nested = fresh.path().join("monad");
+        config.save(&nested).unwrap();
+        assert_eq!(
+            std::fs::metadata(&nested).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+    }
 
     #[test]
     fn fingerprints_are_normalized_or_refused() {
