@@ -39,6 +39,31 @@ impl Drop for DataLock {
     }
 }
 
+/// Refuses a command that writes in `data_dir` when this process's user is not the directory's
+/// owner (the server's user): what it wrote would be its own, mode 0600, which the server could
+/// not read. `sudo monad-server token revoke` left `tokens.toml` root's: the server could no longer
+/// read its tokens, so the revoked token's connections stayed and every new one was refused.
+pub fn writes_as_owner(data_dir: &Path, command: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(data_dir) else {
+        return Ok(());
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() == me {
+        return Ok(());
+    }
+    let owner = nix::unistd::User::from_uid(meta.uid().into())
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {}", meta.uid()), |u| u.name);
+    Err(format!(
+        "{} belongs to {owner}, the server's user, and `monad-server {command}` would write \
+         files there as uid {me}, which the server could not read: run it as {owner} (`sudo -u \
+         {owner} monad-server {command} ...`)",
+        data_dir.display()
+    ))
+}
+
 /// Why the data directory's lock could not be taken.
 #[derive(Debug)]
 pub struct LockRefused {
@@ -393,10 +418,14 @@ impl Admin {
     /// `command` (`session gc`, say) is what the lock file names while this process holds it.
     pub fn remover(&self, command: &str) -> Result<Remover, String> {
         match DataLock::take(&self.data_dir, &format!("monad-server {command}")) {
-            Ok(lock) => Ok(Remover::Here {
-                registry: Box::new(self.registry()),
-                _lock: lock,
-            }),
+            Ok(lock) => {
+                // Files this process writes would be its user's, which the server may not read.
+                writes_as_owner(&self.data_dir, command)?;
+                Ok(Remover::Here {
+                    registry: Box::new(self.registry()),
+                    _lock: lock,
+                })
+            }
             Err(refused) if refused.holder == Some(Holder::Command) => Err(refused.message),
             // Held by a server, or not to be opened by this user (the server's own files are
             // private): a running server's socket is the way, and decides who may.
@@ -834,6 +863,28 @@ fn answer_admin(registry: &Registry, request: AdminRequest) -> AdminAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: `sudo monad-server token revoke` wrote `tokens.toml` as root, mode 0600, and
+    /// the server (another user) could no longer read its tokens.
+    #[test]
+    fn a_command_that_writes_runs_as_the_data_directorys_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        assert_eq!(writes_as_owner(&data, "token revoke"), Ok(()));
+        assert_eq!(
+            writes_as_owner(&dir.path().join("none"), "token revoke"),
+            Ok(())
+        );
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&data, Some(54_321), Some(54_321)).unwrap();
+            let refused = writes_as_owner(&data, "token revoke").unwrap_err();
+            assert!(
+                refused.contains("uid 54321") && refused.contains("sudo -u"),
+                "{refused}"
+            );
+        }
+    }
 
     /// Regression: the lock file was opened through a symbolic link in its place and cut to
     /// its note, truncating the file the link led to.

@@ -722,6 +722,14 @@ fn run(cli: Cli) -> Result<()> {
                     dir.display()
                 );
             }
+            let writes = match &cmd {
+                TokenCommand::Create { .. } => Some("token create"),
+                TokenCommand::Revoke { .. } => Some("token revoke"),
+                TokenCommand::List { .. } => None,
+            };
+            if let Some(command) = writes {
+                monad_server::admin::writes_as_owner(&dir, command).map_err(anyhow::Error::msg)?;
+            }
             let store = TokenStore::open(&dir)?;
             match cmd {
                 TokenCommand::Create { user, server } => {
