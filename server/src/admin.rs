@@ -417,15 +417,14 @@ impl Admin {
     /// data directory's lock, so that no server starts meanwhile).
     /// `command` (`session gc`, say) is what the lock file names while this process holds it.
     pub fn remover(&self, command: &str) -> Result<Remover, String> {
+        // Files this process writes (the lock's first) would be its user's, which the server
+        // may not read; and a running server's socket answers only its own user.
+        writes_as_owner(&self.data_dir, command)?;
         match DataLock::take(&self.data_dir, &format!("monad-server {command}")) {
-            Ok(lock) => {
-                // Files this process writes would be its user's, which the server may not read.
-                writes_as_owner(&self.data_dir, command)?;
-                Ok(Remover::Here {
-                    registry: Box::new(self.registry()),
-                    _lock: lock,
-                })
-            }
+            Ok(lock) => Ok(Remover::Here {
+                registry: Box::new(self.registry()),
+                _lock: lock,
+            }),
             Err(refused) if refused.holder == Some(Holder::Command) => Err(refused.message),
             // Held by a server, or not to be opened by this user (the server's own files are
             // private): a running server's socket is the way, and decides who may.
