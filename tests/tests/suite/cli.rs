@@ -1515,8 +1515,33 @@ async fn another_user_cannot_delete_sessions_through_the_running_servers_socket(
         .await
         .unwrap();
     assert!(!out.status.success(), "{}", text(&out.stdout));
+    // The command itself says whose directory it is.
     let said = text(&out.stderr);
-    assert!(said.contains("refused"), "{said}");
+    assert!(said.contains("run it as"), "{said}");
+    // And the socket, asked directly, hears only the server's own user.
+    let ask = format!(
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); \
+         print(s.makefile().readline()); \
+         s.sendall(b'{{\"op\": \"delete\", \"sessions\": [\"{mine}\"]}}\\n')",
+        socket.display().to_string()
+    );
+    let mut cmd = tokio::process::Command::new("setpriv");
+    cmd.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "python3",
+        "-c",
+    ])
+    .arg(&ask)
+    // The system's Python: one under root's home is not the other user's to run.
+    .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+    .kill_on_drop(true);
+    let out = within(STEP, "the socket asked as another user", cmd.output())
+        .await
+        .unwrap();
+    let said = text(&out.stdout);
+    assert!(said.contains("refused"), "{said}{}", text(&out.stderr));
     assert!(d.join("sessions").join(&mine).is_dir(), "nothing deleted");
 }
 
