@@ -74,7 +74,8 @@ pub mod plan {
 
     /// How many of `history`'s oldest messages to leave out so that `fixed` (the system prompt
     /// and the tools), what is kept of `history` and `current` (this turn, never trimmed) fit in
-    /// `budget` tokens. Whole turns go: the kept part starts at a user message (or is empty).
+    /// `budget` tokens. Whole turns go: the kept part starts at a user message (or is empty),
+    /// even when everything fits.
     /// When even `current` alone does not fit, all of `history` is left out and the rest is sent
     /// as it is (the provider says if it is too long).
     pub fn trim(fixed: u64, history: &[Message], current: &[Message], budget: u64) -> usize {
@@ -89,6 +90,11 @@ pub mod plan {
                 .map_or(history.len(), |i| start + 1 + i);
             total -= history[start..end].iter().map(message_tokens).sum::<u64>();
             start = end;
+        }
+        // What is kept starts at a user message, as providers require: a conversation cleared
+        // while a turn ran keeps that turn's answer at its head, with no question before it.
+        while start < history.len() && !matches!(history[start], Message::User(_)) {
+            start += 1;
         }
         start
     }
@@ -897,6 +903,11 @@ mod tests {
     fn a_history_that_starts_with_an_assistant_message_trims_to_the_next_user_message() {
         let history = [assistant(40), assistant(40), user(40), assistant(40)];
         assert_eq!(trim(0, &history, &[], 28), 2);
+        // Regression: within the budget, such a head was kept (a conversation cleared while a
+        // turn ran begins with that turn's answer), and a provider refuses a request that does
+        // not start with the user.
+        assert_eq!(trim(0, &history, &[], 10_000), 2);
+        assert_eq!(trim(0, &[assistant(4)], &[], 10_000), 1);
     }
 
     #[test]
