@@ -1056,6 +1056,30 @@ fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, Sto
     Ok(records)
 }
 
+/// An index line as its bytes, and what it says when it reads as one.
+type RawIndexLine = (Vec<u8>, Option<IndexLine>);
+
+/// The artifact index's whole lines, each as its bytes (its newline included) and what it says:
+/// `None` for a line that does not read as an index line (a corrupt one, or a newer version's),
+/// which a rewrite keeps as it is: a corrupt file's lines are never dropped, nor the pack
+/// bytes they may name. A torn last line (no newline: a crash in an append) is left out, as
+/// the next append would cut it.
+fn index_lines(index: &Path) -> Result<Vec<RawIndexLine>, StoreError> {
+    let bytes = match std::fs::read(index) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::io("read", index, e)),
+    };
+    Ok(bytes
+        .split_inclusive(|&b| b == b'\n')
+        .filter(|line| line.ends_with(b"\n") && line.len() > 1)
+        .map(|line| {
+            let parsed = serde_json::from_slice(&line[..line.len() - 1]).ok();
+            (line.to_vec(), parsed)
+        })
+        .collect())
+}
+
 /// Calls `each` with every non-empty line of the JSON Lines file at `path` and how many records
 /// came before it; a line `each` cannot read (a torn last record) is skipped with a warning. How
 /// many records there are. One line is held at a time.
@@ -1566,14 +1590,15 @@ impl ArtifactStore for FsStore {
             // A snapshot replaces the last one: its line takes the old one's place (the
             // index is written again), so that the index does not grow by a line, of up to
             // 64 KiB of metadata, at every upload.
-            let all: Vec<IndexLine> = read_jsonl(&index)?;
-            if all.iter().any(|l| l.meta.id == meta.id) {
+            let all = index_lines(&index)?;
+            let ours =
+                |parsed: &Option<IndexLine>| parsed.as_ref().is_some_and(|l| l.meta.id == meta.id);
+            if all.iter().any(|(_, parsed)| ours(parsed)) {
                 let mut kept = Vec::new();
                 let mut placed = false;
-                for old in &all {
-                    if old.meta.id != meta.id {
-                        kept.extend(serde_json::to_vec(old).expect("metadata serializes"));
-                        kept.push(b'\n');
+                for (raw, parsed) in &all {
+                    if !ours(parsed) {
+                        kept.extend_from_slice(raw);
                     } else if !placed {
                         kept.extend_from_slice(&line);
                         placed = true;
@@ -1637,17 +1662,18 @@ impl ArtifactStore for FsStore {
         let dir = self.session_dir(session).join("artifacts");
         let index = dir.join("index.jsonl");
         let _guard = self.lock(session);
-        let all: Vec<IndexLine> = read_jsonl(&index)?;
+        let all = index_lines(&index)?;
         let mut kept = Vec::new();
         let mut erase = Vec::new();
         let mut packed_left = false;
-        for line in &all {
-            if ids.contains(&line.meta.id) {
-                erase.extend(line.pack);
-            } else {
-                packed_left |= line.pack.is_some();
-                kept.extend(serde_json::to_vec(line).expect("metadata serializes"));
-                kept.push(b'\n');
+        for (raw, parsed) in &all {
+            match parsed {
+                Some(line) if ids.contains(&line.meta.id) => erase.extend(line.pack),
+                // One it cannot read may name bytes of the pack: the pack stays with it.
+                _ => {
+                    packed_left |= parsed.as_ref().is_none_or(|line| line.pack.is_some());
+                    kept.extend_from_slice(raw);
+                }
             }
         }
         if !all.is_empty() {
@@ -2233,6 +2259,41 @@ mod tests {
                 .1,
             b"{\"n\":0}"
         );
+    }
+
+    /// Regression: the index was written again from the lines it could read, so a delete (or a
+    /// snapshot's replacement) dropped a corrupt line, or a newer version's, and the pack
+    /// holding its bytes when no line it could read named the pack.
+    #[test]
+    fn a_rewrite_of_the_index_keeps_the_lines_it_cannot_read_and_their_pack() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        store
+            .put_artifact(&tool_output("a0", b"{\"n\":0}"), b"{\"n\":0}")
+            .unwrap();
+        let artifacts = dir.path().join("sessions/default/artifacts");
+        let index = artifacts.join("index.jsonl");
+        let mut text = std::fs::read_to_string(&index).unwrap();
+        let unread = "{\"kind\":\"from_a_newer_version\",\"pack\":[0,7]}\n";
+        text.push_str(unread);
+        std::fs::write(&index, &text).unwrap();
+        store
+            .delete_artifacts("default", &["a0".to_owned()])
+            .unwrap();
+        let after = std::fs::read_to_string(&index).unwrap();
+        assert_eq!(after, unread, "the line it cannot read stays");
+        assert!(artifacts.join(PACK).exists(), "the pack it may name stays");
+        // A snapshot's replacement keeps it too.
+        let history = ArtifactMeta {
+            kind: ArtifactKind::SessionHistory,
+            ..tool_output("session_history", b"h")
+        };
+        store.put_artifact(&history, b"v1").unwrap();
+        store.put_artifact(&history, b"v2").unwrap();
+        let after = std::fs::read_to_string(&index).unwrap();
+        assert!(after.starts_with(unread), "{after}");
+        assert_eq!(after.lines().count(), 2, "{after}");
     }
 
     /// Regression: a crash that cut an append inside a character left `session.md` not quite
