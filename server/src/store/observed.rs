@@ -121,6 +121,17 @@ impl SessionStore for Observed {
         self.inner.history(id)
     }
     fn append(&self, id: &str, message: &HistoryMessage) -> Result<(), StoreError> {
+        let kept;
+        let message = match without_nul(&message.text) {
+            Some(text) => {
+                kept = HistoryMessage {
+                    role: message.role,
+                    text,
+                };
+                &kept
+            }
+            None => message,
+        };
         self.inner.append(id, message)?;
         if let Some(signature) = self
             .signatures
@@ -134,6 +145,19 @@ impl SessionStore for Observed {
         Ok(())
     }
     fn replace(&self, id: &str, history: &History) -> Result<(), StoreError> {
+        let kept;
+        let history = if history.messages.iter().any(|m| m.text.contains('\0')) {
+            let mut clean = history.clone();
+            for message in &mut clean.messages {
+                if let Some(text) = without_nul(&message.text) {
+                    message.text = text;
+                }
+            }
+            kept = clean;
+            &kept
+        } else {
+            history
+        };
         self.inner.replace(id, history)?;
         self.forget_signature(id);
         self.feed.publish(id, Event::History);
@@ -408,6 +432,13 @@ impl ArtifactStore for Observed {
     }
 }
 
+/// `text` with each NUL made U+FFFD, when it holds one: PostgreSQL's text cannot hold NUL, and
+/// a model's answer (or a prompt) with one failed its write there, after it was shown, while
+/// the filesystem store took it; every store keeps the same text this way.
+fn without_nul(text: &str) -> Option<String> {
+    text.contains('\0').then(|| text.replace('\0', "\u{FFFD}"))
+}
+
 /// Wraps a store so that it publishes to `feed`.
 pub fn observe(inner: Arc<dyn Store>, feed: Feed) -> Arc<dyn Store> {
     Arc::new(Observed {
@@ -564,6 +595,25 @@ mod tests {
                 metadata: serde_json::Map::new(),
             })),
         }
+    }
+
+    /// Regression: a NUL in a message failed its write to PostgreSQL (`22021`), losing an
+    /// answer already shown, where the filesystem store took it: every store gets U+FFFD.
+    #[test]
+    fn a_nul_in_a_message_is_kept_as_u_fffd_by_every_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let observed = observe(Arc::new(FsStore::new(dir.path())), Feed::new());
+        session(observed.as_ref(), A, "ana", "2026-01-01T00:00:01Z");
+        let said = HistoryMessage {
+            role: Role::Assistant,
+            text: "a\0b".into(),
+        };
+        observed.append(A, &said).unwrap();
+        assert_eq!(observed.history(A).unwrap().messages[0].text, "a\u{FFFD}b");
+        let mut replaced = history(&["c\0d"]);
+        replaced.created_at = "2026-01-01T00:00:00Z".into();
+        observed.replace(A, &replaced).unwrap();
+        assert_eq!(observed.history(A).unwrap().messages[0].text, "c\u{FFFD}d");
     }
 
     /// An owner's upload or delete waits only for that owner's: one user's long delete (a
