@@ -29,13 +29,12 @@ pub fn with_default_port(server: &str) -> String {
     if server.starts_with('[') && server.ends_with(']') {
         return format!("{server}:{DEFAULT_PORT}");
     }
-    // Digits after the last colon are the port the user meant, even out of range: kept, so
-    // that the check says the port is wrong instead of appending another.
-    match server.rsplit_once(':') {
-        Some((_, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
-            server.to_owned()
-        }
-        _ => format!("{server}:{DEFAULT_PORT}"),
+    // Whatever follows a colon is the port the user meant, even empty or not a number: kept as
+    // typed, so that the check says what is wrong with it rather than with a port appended.
+    if server.contains(':') {
+        server.to_owned()
+    } else {
+        format!("{server}:{DEFAULT_PORT}")
     }
 }
 
@@ -287,8 +286,12 @@ mod tests {
             ("[::1]", "[::1]:4433"),
             ("[::1]:9", "[::1]:9"),
             (" host ", "host:4433"),
-            // A port out of range stays, for the check to name it.
+            // A port out of range stays, for the check to name it; so does one that is empty
+            // or not a number (`host::4433` was checked, an address nobody typed).
             ("example.com:99999", "example.com:99999"),
+            ("host:", "host:"),
+            ("host:abc", "host:abc"),
+            ("127.0.0.1:4433/", "127.0.0.1:4433/"),
         ] {
             assert_eq!(with_default_port(given), meant, "{given}");
         }

@@ -493,6 +493,13 @@ fn prompt_seconds() -> clap::builder::RangedU64ValueParser {
 /// `login --server`: `HOST:PORT` (`HOST` alone means port 4433), checked as the config checks
 /// it, so that a malformed one is a usage error (status 2) like any other bad flag.
 fn server_arg(raw: &str) -> Result<String, String> {
+    if let Some((scheme, _)) = raw.split_once("://") {
+        return Err(format!(
+            "`{}` is a URL: give the server as HOST:PORT, without `{}://` (QUIC, not HTTP)",
+            printable(raw),
+            printable(scheme)
+        ));
+    }
     let address = monad_client::connect::with_default_port(raw);
     monad_client::config::check_addresses(std::slice::from_ref(&address))
         .map_err(config_message)?;
@@ -1247,7 +1254,7 @@ async fn status(json: bool) -> Result<ExitCode> {
 }
 
 #[cfg(test)]
-mod split_allow_tests {
+mod tests {
     use super::*;
 
     fn split(values: &[&str], dir: Option<&str>) -> std::result::Result<(usize, PathBuf), String> {
@@ -1282,5 +1289,24 @@ mod split_allow_tests {
         let e = split(&["exe"], Some("DIR")).unwrap_err();
         assert!(e.contains("`exe`"), "{e}");
         assert!(split(&["read"], None).unwrap_err().contains("missing"));
+    }
+
+    /// Regression: `login --server host:` was checked as `host::4433`, and a URL pasted from
+    /// the MCP line as a host name.
+    #[test]
+    fn a_server_address_is_checked_as_typed() {
+        for (typed, said) in [
+            ("host:", "`host:`"),
+            ("nohost:abc", "`nohost:abc`"),
+            ("127.0.0.1:4433/", "`127.0.0.1:4433/`"),
+            ("http://127.0.0.1:4433", "without `http://`"),
+        ] {
+            let e = server_arg(typed).unwrap_err();
+            assert!(
+                e.contains(said) && !e.contains(":4433:4433"),
+                "{typed}: {e}"
+            );
+        }
+        assert_eq!(server_arg("example.com").unwrap(), "example.com:4433");
     }
 }
