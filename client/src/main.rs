@@ -421,7 +421,10 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 // rmcp's errors: a host's request dropped for its length, say.
-                .unwrap_or_else(|_| "monad_client=warn,monad_protocol=warn,rmcp=error".into()),
+                // and the sandbox's: commands running without namespaces from now on.
+                .unwrap_or_else(|_| {
+                    "monad_client=warn,monad_protocol=warn,monad_sandbox=warn,rmcp=error".into()
+                }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(output::log_colours(

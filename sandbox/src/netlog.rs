@@ -74,6 +74,8 @@ struct State {
     taken: bool,
     /// The sandbox is gone: the reader gets what is left, then the end.
     closed: bool,
+    /// The log said that events for the next answer are being dropped (said once a fill).
+    answer_full_told: bool,
     /// When the last report came (its own time).
     last_report: Option<std::time::Instant>,
     /// The time of the last report before the reader was last told a count of dropped events.
@@ -132,7 +134,8 @@ impl NetworkLog {
         }
         if state.for_answer.len() < MAX_FOR_ANSWER {
             state.for_answer.push(event);
-        } else {
+        } else if !std::mem::replace(&mut state.answer_full_told, true) {
+            // Once until an answer takes them: the log is not flooded with a line a connection.
             tracing::warn!(
                 "network events not reported in an answer yet are over {MAX_FOR_ANSWER}; dropping"
             );
@@ -145,7 +148,9 @@ impl NetworkLog {
 
     /// The events no answer carried yet.
     pub(crate) fn take_for_answer(&self) -> Vec<NetworkEvent> {
-        std::mem::take(&mut self.lock().for_answer)
+        let mut state = self.lock();
+        state.answer_full_told = false;
+        std::mem::take(&mut state.for_answer)
     }
 
     /// The audit reader, the first time; `None` after.

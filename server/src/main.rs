@@ -607,7 +607,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "monad_server=info".into()),
+                // The sandbox's warnings too: commands running without namespaces from now
+                // on, a `.git` a command changed.
+                .unwrap_or_else(|_| "monad_server=info,monad_sandbox=warn".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(output::log_colours(
