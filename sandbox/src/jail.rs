@@ -395,6 +395,12 @@ pub(crate) fn open_regular_in(
     rel: &Path,
     given: &str,
 ) -> Result<(File, cap_std::fs::Metadata), SandboxError> {
+    // Looked at before it is opened: a device's open is its driver's (a serial port raises
+    // DTR, a tape rewinds, a FIFO wakes its writer). The open is checked again below, for
+    // what was put in its place between the two.
+    if let Ok(meta) = dir.metadata(rel) {
+        check_regular(&meta, given)?;
+    }
     let mut options = OpenOptions::new();
     options
         .read(true)

@@ -2490,3 +2490,44 @@ fn an_approved_write_is_refused_when_a_link_on_its_way_changed() {
         .unwrap();
     assert!(fx.root().join(".husky/pre-commit").exists());
 }
+
+/// Regression: `read_file` opened a special file before refusing it, so its driver's open ran
+/// (a serial port raises DTR, a tape rewinds; here, a FIFO's writer waiting in `open` is woken):
+/// it is looked at first now, and never opened.
+#[test]
+fn a_special_file_is_refused_before_it_is_opened() {
+    use std::sync::mpsc;
+    let fx = Fixture::new();
+    let fifo = fx.root().join("pipe");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let (opened, was_opened) = mpsc::channel();
+    let writer = {
+        let fifo = fifo.clone();
+        // Blocks in `open` until a reader opens the FIFO.
+        std::thread::spawn(move || {
+            let file = std::fs::OpenOptions::new().write(true).open(&fifo);
+            let _ = opened.send(());
+            drop(file);
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let err = fx.sandbox.read_file(&read("pipe")).unwrap_err();
+    assert!(
+        err.to_string().contains("FIFO") || err.to_string().contains("special"),
+        "{err}"
+    );
+    assert!(
+        was_opened
+            .recv_timeout(std::time::Duration::from_millis(300))
+            .is_err(),
+        "the FIFO was opened"
+    );
+    // Let the writer go.
+    use std::os::unix::fs::OpenOptionsExt;
+    let _reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    writer.join().unwrap();
+}
