@@ -1607,7 +1607,8 @@ impl Target {
     /// stamp.
     fn replace(&self, content: &[u8]) -> Result<Stamp, SandboxError> {
         let given = self.path.given();
-        let mode = self.old.as_ref().map_or(0o644, |old| old.mode);
+        // A new file gets what its user's own tools would give it: 0666 less the umask.
+        let mode = self.old.as_ref().map_or(0o666 & !umask(), |old| old.mode);
         let mut attempt = 0u32;
         let (tmp_name, mut file) = loop {
             let tmp_name = temp_name(attempt);
@@ -2073,6 +2074,23 @@ fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
     out
 }
 
+/// The process's umask, read once from `/proc/self/status` (the `umask` call both reads and
+/// sets it, which threads creating files at that moment would see); 022 where it cannot be read.
+fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Umask:"))
+                    .and_then(|m| u32::from_str_radix(m.trim(), 8).ok())
+            })
+            .unwrap_or(0o022)
+    })
+}
+
 /// Files of more lines than this (the old and the new together) are diffed as a whole
 /// replacement.
 const DIFF_LINES_MAX: usize = 200_000;
@@ -2271,6 +2289,16 @@ pub(crate) fn preview(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new file's mode follows the umask, as its user's own tools' would (it was 0644
+    /// whatever the umask: a folder attached under `umask 077` got files others could read).
+    /// The umask is read from `/proc`, not set and read back.
+    #[test]
+    fn the_umask_is_read_as_the_process_has_it() {
+        let mask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+        nix::sys::stat::umask(mask);
+        assert_eq!(umask(), mask.bits());
+    }
 
     /// Where a directory record gives no kind (`DT_UNKNOWN`: ext4 without `filetype`, XFS with
     /// `ftype=0`), the entry is looked at without following it; a vanished one is left out.
