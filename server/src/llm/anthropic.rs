@@ -241,11 +241,11 @@ impl Decoder for StreamDecoder {
                     .pointer("/error/type")
                     .and_then(Value::as_str)
                     .unwrap_or("");
-                let message = v
-                    .pointer("/error/message")
-                    .and_then(Value::as_str)
-                    .unwrap_or(kind)
-                    .to_owned();
+                let message = super::cut_error(
+                    v.pointer("/error/message")
+                        .and_then(Value::as_str)
+                        .unwrap_or(kind),
+                );
                 return Err(match kind {
                     "overloaded_error" | "rate_limit_error" => LlmError::RateLimited {
                         retry_after: None,
@@ -401,6 +401,13 @@ mod tests {
                 message: "Overloaded".into()
             })
         );
+        // An error's message in the stream is cut as one in a status answer is.
+        let long = format!(
+            r#"{{"type":"error","error":{{"type":"api_error","message":"{}"}}}}"#,
+            "x".repeat(100_000)
+        );
+        let e = d.feed("error", &long).unwrap_err().to_string();
+        assert!(e.len() < 1_000, "{} bytes", e.len());
         let e = d
             .feed(
                 "error",

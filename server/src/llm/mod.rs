@@ -416,6 +416,15 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 /// Characters of a provider's error message that are kept.
 const MAX_ERROR_CHARS: usize = 500;
 
+/// A provider's error message at the length of a message ([`MAX_ERROR_CHARS`]): one in the
+/// stream may be as long as the answer (64 MiB), and goes to the user and the log.
+pub(crate) fn cut_error(message: &str) -> String {
+    match message.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((end, _)) => format!("{}…", message[..end].trim_end()),
+        None => message.trim().to_owned(),
+    }
+}
+
 /// The error for a non-2xx answer: the provider's own message (`error.message` in both APIs),
 /// 429 as [`LlmError::RateLimited`].
 pub fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> LlmError {
@@ -429,11 +438,7 @@ pub fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> L
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| body.to_owned());
-    // The provider's words, at the length of a message.
-    let message = match message.char_indices().nth(MAX_ERROR_CHARS) {
-        Some((end, _)) => format!("{}…", message[..end].trim_end()),
-        None => message.trim().to_owned(),
-    };
+    let message = cut_error(&message);
     if status == 429 {
         LlmError::RateLimited {
             retry_after,

@@ -124,7 +124,10 @@ impl Decoder for StreamDecoder {
                 .and_then(Value::as_str)
                 .map(str::to_owned)
                 .unwrap_or_else(|| error.to_string());
-            return Err(LlmError::Protocol(format!("an error: {message}")));
+            return Err(LlmError::Protocol(format!(
+                "an error: {}",
+                super::cut_error(&message)
+            )));
         }
         let mut out = Vec::new();
         for choice in chunk
