@@ -553,6 +553,13 @@ pub trait SessionStore: Send + Sync {
         }
         Ok(hits)
     }
+    /// Whether the store answers [`SessionStore::search_sessions`] from the messages it holds
+    /// (a database's query), so that a wrapper's cache of what conversations hold must not
+    /// stand in for it: with several hosts on one database, a host's cache never saw the
+    /// messages other hosts appended.
+    fn searches_itself(&self) -> bool {
+        false
+    }
     /// The page of [`SessionStore::search_sessions`] from position `offset`, at most `limit`
     /// ids, and whether more follow. A store may stop reading once it has them (the default
     /// searches everything and cuts).

@@ -197,7 +197,13 @@ impl SessionStore for Observed {
     ) -> Result<(Vec<AuditRecord>, usize), StoreError> {
         self.inner.audit_page(id, offset, limit)
     }
+    fn searches_itself(&self) -> bool {
+        self.inner.searches_itself()
+    }
     fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
+        if self.inner.searches_itself() {
+            return self.inner.search_sessions(owner, query);
+        }
         self.search(owner, query, usize::MAX)
     }
     fn search_page(
@@ -207,6 +213,9 @@ impl SessionStore for Observed {
         offset: usize,
         limit: usize,
     ) -> Result<(Vec<String>, bool), StoreError> {
+        if self.inner.searches_itself() {
+            return self.inner.search_page(owner, query, offset, limit);
+        }
         // One more than the page: whether more follow.
         let want = offset.saturating_add(limit).saturating_add(1);
         let hits = self.search(owner, query, want)?;

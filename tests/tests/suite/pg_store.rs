@@ -1247,3 +1247,38 @@ fn corrupt_rows_are_a_clear_error_or_skipped_and_never_serve_another_sessions_da
     let e = store.folder_sessions("ana", "d1");
     assert!(matches!(&e, Err(StoreError::Invalid(_))), "{e:?}");
 }
+
+/// Regression: with several hosts on one database, a host searched conversations through a
+/// cache of what each held, which only its own appends updated: a word another host appended
+/// was never found there (until a restart). The database's own search answers now.
+#[test]
+fn a_search_on_one_host_finds_what_another_host_appended() {
+    let Some(url) = pg_url("a_search_on_one_host_finds_what_another_host_appended") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let host = || {
+        monad_server::store::observed::observe(
+            Arc::new(pg_store(&url, data.path())),
+            monad_server::feed::Feed::new(),
+        )
+    };
+    let (a, b) = (host(), host());
+    let id = uuid::Uuid::new_v4().to_string();
+    a.create(&meta(&id, "ana", "2026-01-01T00:00:01Z")).unwrap();
+    a.append(&id, &msg(HistoryRole::User, "deploy the cluster"))
+        .unwrap();
+    assert_eq!(
+        a.search_sessions("ana", "deploy").unwrap(),
+        vec![id.clone()]
+    );
+    assert!(a.search_sessions("ana", "kubernetes").unwrap().is_empty());
+    b.append(&id, &msg(HistoryRole::Assistant, "kubernetes is up"))
+        .unwrap();
+    assert_eq!(
+        a.search_sessions("ana", "kubernetes").unwrap(),
+        vec![id.clone()]
+    );
+    let (page, more) = a.search_page("ana", "kubernetes", 0, 10).unwrap();
+    assert_eq!((page, more), (vec![id], false));
+}

@@ -887,6 +887,10 @@ impl SessionStore for PgStore {
         Ok(text.map(|t| (format!("the config of session {id} (PostgreSQL)"), t)))
     }
 
+    fn searches_itself(&self) -> bool {
+        true
+    }
+
     fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
         // A row with no owner (corrupt) is nobody's.
         if owner.trim().is_empty() {
