@@ -2138,7 +2138,7 @@ impl Registry {
     /// The metadata of the sessions `user` owns, with the activity of loaded sessions, most
     /// recently active first (ties by id); and the loaded sessions.
     fn owned(&self, user: &str) -> (Vec<SessionMeta>, HashMap<String, Arc<Session>>) {
-        let stored = self.store.all_sessions().unwrap_or_else(|e| {
+        let stored = self.store.owner_sessions(user).unwrap_or_else(|e| {
             warn!("cannot list sessions: {e}");
             Vec::new()
         });

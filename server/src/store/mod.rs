@@ -479,6 +479,15 @@ pub trait SessionStore: Send + Sync {
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError>;
     /// Every session's metadata (unreadable ones are skipped with a warning).
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError>;
+    /// The metadata of `owner`'s sessions (a database selects them by its index on the owner,
+    /// rather than every user's rows per listing).
+    fn owner_sessions(&self, owner: &str) -> Result<Vec<SessionMeta>, StoreError> {
+        Ok(self
+            .all_sessions()?
+            .into_iter()
+            .filter(|m| m.owner == owner)
+            .collect())
+    }
     /// How many sessions `owner` has (a database counts them with an index on the owner).
     fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
         Ok(self

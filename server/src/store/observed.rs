@@ -105,6 +105,9 @@ impl SessionStore for Observed {
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
         self.inner.all_sessions()
     }
+    fn owner_sessions(&self, owner: &str) -> Result<Vec<SessionMeta>, StoreError> {
+        self.inner.owner_sessions(owner)
+    }
     fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
         self.inner.count_sessions(owner)
     }
@@ -230,12 +233,7 @@ impl Observed {
     /// may hold them.
     fn search(&self, owner: &str, query: &str, want: usize) -> Result<Vec<String>, StoreError> {
         let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
-        let mut owned: Vec<SessionMeta> = self
-            .inner
-            .all_sessions()?
-            .into_iter()
-            .filter(|m| m.owner == owner)
-            .collect();
+        let mut owned: Vec<SessionMeta> = self.inner.owner_sessions(owner)?;
         owned.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
         let mut hits = Vec::new();
         for meta in owned {

@@ -216,6 +216,15 @@ fn exercise(store: &dyn Store) {
     ids.sort();
     assert_eq!(ids, ["default", "s2", "s3"]);
     assert_eq!(store.count_sessions("ana").unwrap(), 2);
+    let mut anas: Vec<String> = store
+        .owner_sessions("ana")
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    anas.sort();
+    assert_eq!(anas, ["default", "s2"]);
+    assert!(store.owner_sessions("nobody").unwrap().is_empty());
     assert_eq!(store.config_text("s2").unwrap(), None);
 
     // History: appends in order, a replace, the frontmatter from the session.

@@ -566,6 +566,20 @@ impl SessionStore for PgStore {
         })
     }
 
+    fn owner_sessions(&self, owner: &str) -> Result<Vec<SessionMeta>, StoreError> {
+        let owner = owner.to_owned();
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    &format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE owner = $1"),
+                    &[&owner],
+                )
+                .await
+                .map_err(db)?;
+            Ok(readable_metas(&rows))
+        })
+    }
+
     fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
         let owner = owner.to_owned();
         self.with(move |c| async move {
