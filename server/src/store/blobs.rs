@@ -143,6 +143,11 @@ impl Blobs for FsBlobs {
             return Ok(out);
         };
         for scope in scopes.flatten() {
+            // A stray file beside the scopes is no scope (its listing failed, and with it every
+            // sweep after).
+            if !scope.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
             let Some(files) = entries(&scope.path())? else {
                 continue;
             };
@@ -217,6 +222,8 @@ mod tests {
         blobs.put("s1/a1", b"1").unwrap();
         blobs.put("w1/a2", b"2").unwrap();
         std::fs::write(root.join("s1/.a3.tmp"), b"partial").unwrap();
+        // A stray file beside the scopes (its listing failed the whole list before).
+        std::fs::write(root.join("notes.txt"), b"stray").unwrap();
         let mut keys: Vec<String> = blobs.list().unwrap().into_iter().map(|e| e.key).collect();
         keys.sort();
         assert_eq!(keys, ["s1/a1", "w1/a2"]);

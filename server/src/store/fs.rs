@@ -318,14 +318,14 @@ fn is_temp_name(name: &str) -> bool {
 
 /// Moves a corrupt file aside as `<name>.corrupt-<time>` so nothing is lost; when the store is
 /// only looking ([`FsStore::inspecting`]), says so and leaves it.
-fn keep_aside(path: &Path, why: &str, inspecting: bool) {
+fn keep_aside(path: &Path, why: &str, inspecting: bool) -> Result<(), StoreError> {
     if inspecting {
         warn!(
             "{} is corrupt ({why}); left as it is (the server keeps it aside as \
              .corrupt-<time> when it next reads it)",
             path.display()
         );
-        return;
+        return Ok(());
     }
     let stamp = now_rfc3339().replace(':', "");
     let ext = path
@@ -344,9 +344,11 @@ fn keep_aside(path: &Path, why: &str, inspecting: bool) {
         path.display(),
         aside.display()
     );
-    if let Err(e) = std::fs::rename(path, &aside) {
+    // Not kept aside, it is not written over either: the caller's fresh file waits.
+    std::fs::rename(path, &aside).map_err(|e| {
         warn!("cannot keep {} aside: {e}", path.display());
-    }
+        StoreError::io("keep aside", path, e)
+    })
 }
 
 impl FsStore {
@@ -543,7 +545,7 @@ impl FsStore {
                 )));
             }
             Err(why) => {
-                keep_aside(&path, &why, false);
+                keep_aside(&path, &why, false)?;
                 let fresh = self.fresh_history(id)?;
                 atomic(&path, history::render_frontmatter(&fresh).as_bytes())?;
                 fresh
@@ -647,8 +649,13 @@ impl FsStore {
                     {
                         map.insert(file.record.id.clone(), file);
                     }
-                    Ok(_) => keep_aside(&path, "its id is not its file's name", self.inspecting),
-                    Err(e) => keep_aside(&path, &e.to_string(), self.inspecting),
+                    // Left where it is when it cannot be moved: it is not written over.
+                    Ok(_) => {
+                        let _ = keep_aside(&path, "its id is not its file's name", self.inspecting);
+                    }
+                    Err(e) => {
+                        let _ = keep_aside(&path, &e.to_string(), self.inspecting);
+                    }
                 }
             }
             *guard = Some(map);
@@ -681,12 +688,17 @@ impl FsStore {
                         }
                         Err(_) => {
                             let why = crate::fsutil::toml_problem(&text, &e);
-                            keep_aside(&path, &why, self.inspecting);
+                            keep_aside(&path, &why, self.inspecting)?;
                             (BindingsFile::default(), false)
                         }
                     },
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    (BindingsFile::default(), false)
+                }
+                // Not text: corrupt, as the folder registry's is (it failed every call before).
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    keep_aside(&path, "not UTF-8 text", self.inspecting)?;
                     (BindingsFile::default(), false)
                 }
                 Err(e) => return Err(StoreError::io("read", &path, e)),
@@ -728,13 +740,13 @@ impl FsStore {
                     Ok(file) => file,
                     Err(e) => {
                         let why = crate::fsutil::toml_problem(&text, &e);
-                        keep_aside(&path, &why, self.inspecting);
+                        keep_aside(&path, &why, self.inspecting)?;
                         FoldersFile::default()
                     }
                 },
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => FoldersFile::default(),
                 Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                    keep_aside(&path, "not UTF-8 text", self.inspecting);
+                    keep_aside(&path, "not UTF-8 text", self.inspecting)?;
                     FoldersFile::default()
                 }
                 Err(e) => return Err(StoreError::io("read", &path, e)),
@@ -2259,6 +2271,29 @@ mod tests {
                 .1,
             b"{\"n\":0}"
         );
+    }
+
+    /// Regression: a `bindings.toml` that is not UTF-8 failed every call that looked at a
+    /// binding, for good; it is set aside as corrupt, as the folder registry's is.
+    #[test]
+    fn bindings_that_are_not_text_are_set_aside_and_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("bindings.toml"), b"\xff\xfe garbage").unwrap();
+        let store = FsStore::new(dir.path());
+        assert_eq!(store.bound_session("ana", "dev1").unwrap(), None);
+        store.bind("ana", "dev1", "default").unwrap();
+        assert_eq!(
+            FsStore::new(dir.path())
+                .bound_session("ana", "dev1")
+                .unwrap(),
+            Some("default".to_owned())
+        );
+        let aside = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+            .count();
+        assert_eq!(aside, 1);
     }
 
     /// Regression: the index was written again from the lines it could read, so a delete (or a
