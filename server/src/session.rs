@@ -1975,8 +1975,38 @@ impl Registry {
     /// several do.
     pub fn by_prefix(&self, prefix: &str, user: &str) -> Result<String, ToolError> {
         let (owned, _) = self.owned(user);
-        let ids: Vec<String> = owned.into_iter().map(|m| m.id).collect();
-        match_prefix(prefix, &ids).map(str::to_owned)
+        let ids: Vec<String> = owned.iter().map(|m| m.id.clone()).collect();
+        let by_id = match_prefix(prefix, &ids).map(str::to_owned);
+        let Err(e) = &by_id else {
+            return by_id;
+        };
+        if e.code != ErrorCode::NotFound {
+            return by_id;
+        }
+        // No id is or starts with it: the name a session was given (`sessions --new --name`),
+        // when one session of the user's has it.
+        let named: Vec<&SessionMeta> = owned
+            .iter()
+            .filter(|m| m.name.as_deref() == Some(prefix))
+            .collect();
+        match named.as_slice() {
+            [] => by_id,
+            [one] => Ok(one.id.clone()),
+            several => Err(ToolError::new(
+                ErrorCode::InvalidArguments,
+                format!(
+                    "`{}` is the name of {} sessions ({}): give the id",
+                    monad_protocol::text::printable(prefix),
+                    several.len(),
+                    several
+                        .iter()
+                        .take(5)
+                        .map(|m| m.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
     }
 
     /// Creates a new session with a fresh UUID.
@@ -3629,6 +3659,32 @@ pub(crate) mod tests {
         );
         // Not leaving any more: opened at once.
         assert!(reg.leaving.wait(&id, Duration::ZERO));
+    }
+
+    /// Regression: `sessions use alpha` said no session `alpha` exists, while `sessions` listed
+    /// one of that name: a name that is no id's start names the one session that has it.
+    #[test]
+    fn a_sessions_name_finds_it_when_one_has_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let alpha = reg.create("ana").unwrap();
+        alpha.set_name("alpha".into());
+        let dup1 = reg.create("ana").unwrap();
+        dup1.set_name("dup".into());
+        let dup2 = reg.create("ana").unwrap();
+        dup2.set_name("dup".into());
+        let bobs = reg.create("bob").unwrap();
+        bobs.set_name("theirs".into());
+        assert_eq!(reg.open_existing("alpha", "ana").unwrap().id, alpha.id);
+        let e = reg.open_existing("dup", "ana").unwrap_err();
+        assert!(e.message.contains("is the name of 2 sessions"), "{e}");
+        assert_eq!(
+            reg.open_existing("theirs", "ana").unwrap_err().code,
+            ErrorCode::NotFound
+        );
+        // An id's start still wins.
+        let start = &alpha.id[..8];
+        assert_eq!(reg.open_existing(start, "ana").unwrap().id, alpha.id);
     }
 
     /// Regression: a delete while the session left memory (an idle unload) went ahead at
