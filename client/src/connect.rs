@@ -38,8 +38,15 @@ pub fn with_default_port(server: &str) -> String {
     }
 }
 
-/// What to check when the server does not answer.
-fn unreachable_hint(server: &str) -> String {
+/// How a failure to find a host name's address starts: nothing was sent, so the hint about the
+/// server and UDP does not apply.
+const NO_ADDRESS: &str = "cannot find the address of";
+
+/// What to check when the server does not answer (`why`: what failed).
+fn unreachable_hint(server: &str, why: &str) -> String {
+    if why.starts_with(NO_ADDRESS) {
+        return "check the host name".to_owned();
+    }
     format!("is `monad-server` running on {server}? is UDP allowed to it (QUIC runs over UDP)?")
 }
 
@@ -63,9 +70,10 @@ pub fn order(addresses: &[String], lost: Option<&str>) -> Vec<String> {
 pub fn unreachable(attempts: &[(String, String)]) -> ClientError {
     match attempts {
         [] => ClientError::Unreachable("no server to try".into()),
-        [(server, why)] => {
-            ClientError::Unreachable(format!("{server}: {why}; {}", unreachable_hint(server)))
-        }
+        [(server, why)] => ClientError::Unreachable(format!(
+            "{server}: {why}; {}",
+            unreachable_hint(server, why)
+        )),
         several => {
             let tried: Vec<String> = several
                 .iter()
@@ -201,11 +209,12 @@ async fn connect_to(
     server: &str,
     role: Role,
 ) -> Result<Connection, ClientError> {
+    let host = server.rsplit_once(':').map_or(server, |(host, _)| host);
     let addr = tokio::net::lookup_host(server)
         .await
-        .map_err(|e| ClientError::Unreachable(e.to_string()))?
+        .map_err(|e| ClientError::Unreachable(format!("{NO_ADDRESS} `{host}`: {e}")))?
         .next()
-        .ok_or_else(|| ClientError::Unreachable("the name has no address".into()))?;
+        .ok_or_else(|| ClientError::Unreachable(format!("{NO_ADDRESS} `{host}`: it has none")))?;
     let (client, presented) = pinned_config(&config.fingerprint, wire::ALPN)?;
     let mut endpoint = monad_protocol::pin::client_endpoint(addr.is_ipv6())
         .map_err(|e| ClientError::Unreachable(format!("cannot open a UDP socket: {e}")))?;
@@ -336,5 +345,24 @@ mod tests {
         assert!(b < a, "in the order tried: {two}");
         assert!(two.contains("UDP"), "what to check: {two}");
         assert!(matches!(unreachable(&[]), ClientError::Unreachable(_)));
+    }
+
+    /// Regression: a name that does not resolve was blamed on the server and on UDP.
+    #[tokio::test]
+    async fn a_name_without_an_address_is_told_as_such() {
+        let config = ClientConfig::new("nosuch.invalid:4433", "mnd_x", &"ab".repeat(32)).unwrap();
+        let why = match connect_to(&config, "nosuch.invalid:4433", Role::Agent).await {
+            Err(ClientError::Unreachable(why)) => why,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        let said = unreachable(&[("nosuch.invalid:4433".into(), why)]).to_string();
+        assert!(
+            said.contains("cannot find the address of `nosuch.invalid`"),
+            "{said}"
+        );
+        assert!(
+            said.contains("check the host name") && !said.contains("UDP"),
+            "{said}"
+        );
     }
 }
