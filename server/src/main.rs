@@ -421,7 +421,7 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             let (records, mut offset) = admin.audit_from(&id, 0).map_err(anyhow::Error::msg)?;
             print_audit(&records, json && !follow, json, terminal, true)?;
             // Polled like `tail -f`; ends with Ctrl-C, or when the reader of the output leaves.
-            while follow && !output::stdout_closed() {
+            while follow && !output::stdout_closed() && !reader_gone() {
                 std::thread::sleep(Duration::from_millis(300));
                 let (records, next) = admin.audit_from(&id, offset).map_err(anyhow::Error::msg)?;
                 offset = next;
@@ -790,6 +790,21 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Whether standard output is a pipe whose reader has gone (`session audit --follow | head
+/// -1`): without a write to fail, a follow with nothing new to print would wait for the next
+/// call to find out.
+fn reader_gone() -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let stdout = std::io::stdout();
+    let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::empty())];
+    poll(&mut fds, PollTimeout::ZERO).is_ok_and(|_| {
+        fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP))
+    })
 }
 
 fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {

@@ -1118,6 +1118,12 @@ async fn session_audit_shows_the_calls_and_follow_prints_new_ones() {
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     wait_for_line(&mut lines, STEP, "the new call", |l| l.contains("\tglob\t")).await;
+    // Its reader gone (`| head -1`), the follow ends without waiting for a new call to write.
+    drop(lines);
+    let status = within(STEP, "the follow to end with its reader", follow.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
 }
 
 /// A server process on a fresh data dir whose `config.toml` names the PostgreSQL store at `url`
