@@ -1157,8 +1157,30 @@ fn split_allow(
 /// `monad-client status`.
 async fn status(json: bool) -> Result<ExitCode> {
     let dir = config_dir()?;
-    let config = ClientConfig::load(&dir)?;
-    let reached = match Agent::connect(&config).await {
+    // What is known is shown even logged out (the server and fingerprint stay), and `--json`
+    // always answers with an object.
+    let config = match ClientConfig::load_any(&dir) {
+        Ok(config) => config,
+        Err(e) if json => {
+            let value = serde_json::json!({
+                "logged_in": false,
+                "reachable": false,
+                "config": dir.join("config.toml").to_string_lossy(),
+                "error": e.to_string(),
+            });
+            outln!("{}", json_safe(&serde_json::to_string_pretty(&value)?))?;
+            errln!("monad-client: {}", printable(&e.to_string()));
+            return Ok(ExitCode::FAILURE);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let logged_in = !config.token.is_empty();
+    let connected = if logged_in {
+        Agent::connect(&config).await
+    } else {
+        Err(ClientError::NotLoggedIn(dir.join("config.toml")))
+    };
+    let reached = match connected {
         Ok(agent) => {
             let reached = async {
                 let (session, workspaces) = agent.workspaces(None).await?;
@@ -1189,6 +1211,7 @@ async fn status(json: bool) -> Result<ExitCode> {
             "client_name": config.client_name,
             // As text: a path that is not UTF-8 has no JSON form of its own.
             "config": dir.join("config.toml").to_string_lossy(),
+            "logged_in": logged_in,
         });
         match &reached {
             Ok((user, session, name, workspaces, on)) => {
@@ -1222,6 +1245,9 @@ async fn status(json: bool) -> Result<ExitCode> {
             printable(&config.device_id)
         )?;
         outln!("config       {}", shown_path(&dir.join("config.toml")))?;
+        if !logged_in {
+            outln!("logged in    no (monad-client login --server ... --fingerprint ...)")?;
+        }
         if let Ok((user, session, name, workspaces, _)) = &reached {
             outln!("user         {}", printable(user))?;
             outln!(

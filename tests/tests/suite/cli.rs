@@ -733,6 +733,18 @@ async fn status_says_who_where_and_which_session_and_logout_forgets_the_token() 
         "{}",
         text(&out.stderr)
     );
+    // What is known is still shown: the server and fingerprint stay after a logout.
+    assert!(
+        text(&out.stdout).contains(&server.fingerprint)
+            && text(&out.stdout).contains("logged in    no"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = client(config.path(), &["status", "--json"]).await;
+    assert!(!out.status.success());
+    let logged_out: Value = serde_json::from_slice(&out.stdout).expect("an object");
+    assert_eq!(logged_out["logged_in"], false, "{logged_out}");
+    assert_eq!(logged_out["fingerprint"], server.fingerprint.as_str());
     let saved = std::fs::read_to_string(config.path().join("config.toml")).unwrap();
     let token = server.first_token.clone().unwrap();
     assert!(!saved.contains(&token), "the token is gone: {saved}");
