@@ -711,6 +711,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     options.prompt_timeout,
                     guard,
                     printer.pause(),
+                    stop.subscribe(),
                 ) {
                     Some(a) => Some(Arc::new(a)),
                     None => {

@@ -70,17 +70,20 @@ impl TerminalApprover {
     /// Starts the prompt thread, with `guard` as each prompt's guard time (see
     /// [`PROMPT_GUARD`]). `None` when stdin is not a terminal.
     pub fn start(timeout: Duration, guard: Duration) -> Option<TerminalApprover> {
-        TerminalApprover::start_with(timeout, guard, None, None)
+        TerminalApprover::start_with(timeout, guard, None, None, None)
     }
 
     /// [`TerminalApprover::start`], holding `lines` (an attachment's event lines) while each
     /// prompt is up: printed under it, they pushed the question off the screen.
+    /// `stopping` turns true when the attach itself ends (its owner's Ctrl-C): a prompt it takes
+    /// down says so, not that the agent withdrew it.
     pub fn start_holding(
         timeout: Duration,
         guard: Duration,
         lines: crate::printer::LinesPause,
+        stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Option<TerminalApprover> {
-        TerminalApprover::start_with(timeout, guard, None, Some(lines))
+        TerminalApprover::start_with(timeout, guard, None, Some(lines), Some(stopping))
     }
 
     /// [`TerminalApprover::start`] for a terminal another reader shares (the chat's input):
@@ -91,7 +94,7 @@ impl TerminalApprover {
         guard: Duration,
         terminal: std::sync::Arc<std::sync::Mutex<()>>,
     ) -> Option<TerminalApprover> {
-        TerminalApprover::start_with(timeout, guard, Some(terminal), None)
+        TerminalApprover::start_with(timeout, guard, Some(terminal), None, None)
     }
 
     fn start_with(
@@ -99,6 +102,7 @@ impl TerminalApprover {
         guard: Duration,
         terminal: Option<std::sync::Arc<std::sync::Mutex<()>>>,
         lines: Option<crate::printer::LinesPause>,
+        stopping: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> Option<TerminalApprover> {
         if !nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
             return None;
@@ -123,7 +127,9 @@ impl TerminalApprover {
                     let _held = terminal
                         .as_ref()
                         .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()));
-                    if let Some(decision) = prompt(&job, timeout, guard, lines.as_ref()) {
+                    let stopping = || stopping.as_ref().is_some_and(|s| *s.borrow());
+                    if let Some(decision) = prompt(&job, timeout, guard, lines.as_ref(), &stopping)
+                    {
                         let _ = job.reply.send(decision);
                     }
                 }
@@ -439,6 +445,7 @@ fn prompt(
     timeout: Duration,
     guard: Duration,
     lines: Option<&crate::printer::LinesPause>,
+    stopping: &dyn Fn() -> bool,
 ) -> Option<Decision> {
     let r = &job.request;
     let text = render(r);
@@ -483,6 +490,8 @@ fn prompt(
         Ok(Decision::AllowAlways) => "allowed always",
         Ok(Decision::Deny) => "denied",
         Ok(Decision::DenyAlways) => "denied always",
+        // The request ended because the attach does (its owner's Ctrl-C), not the agent.
+        Err(Ended::Withdrawn) if stopping() => "the attach is ending: not run",
         Err(ended) => ended.said(),
     };
     let _ = writeln!(std::io::stderr(), "{said}");

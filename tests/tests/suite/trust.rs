@@ -104,6 +104,13 @@ async fn a_signal_during_a_prompt_leaves_the_terminal_as_it_was() {
             .await
             .unwrap();
         assert!(pty.echoes_lines(), "{signal}: left without echo");
+        // The owner ended it, not the agent (the prompt said "the agent cancelled this
+        // request" when its line came out before the exit).
+        assert!(
+            !pty.text().contains("the agent cancelled"),
+            "{signal}: {}",
+            pty.text()
+        );
         let _ = reply(asked).await;
         assert!(!dir.path().join("a.txt").exists());
     }
