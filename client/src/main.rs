@@ -330,7 +330,11 @@ fn shown_path(path: &std::path::Path) -> String {
 /// saying why it cannot be had.
 fn read_snapshot(file: &std::path::Path) -> History {
     let usage = |message: String| -> ! {
-        usage_error("history", clap::error::ErrorKind::ValueValidation, message)
+        usage_error(
+            "history replace",
+            clap::error::ErrorKind::ValueValidation,
+            message,
+        )
     };
     let shown = shown_path(file);
     let text = if file.as_os_str() == "-" {
@@ -530,12 +534,17 @@ fn usage_error(
     message: impl std::fmt::Display,
 ) -> ! {
     let mut cli = Cli::command();
-    // Names the subcommand (`monad-client call`) in its usage line.
+    // Names the subcommand (`monad-client call`, `monad-client history replace`: words apart)
+    // in its usage line.
     cli.build();
-    match cli.find_subcommand_mut(subcommand) {
-        Some(command) => command.error(kind, message).exit(),
-        None => cli.error(kind, message).exit(),
+    let mut command = cli;
+    for word in subcommand.split(' ') {
+        match command.find_subcommand(word).cloned() {
+            Some(sub) => command = sub,
+            None => break,
+        }
     }
+    command.error(kind, message).exit()
 }
 
 /// The line a command that failed ends with. Errors may quote the server or a peer: escaped,
