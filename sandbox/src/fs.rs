@@ -1676,8 +1676,19 @@ impl Target {
         if now == approved.base {
             // A directory on the way swapped for a link while the prompt waited: the file would
             // be written where its owner was not shown (the file's own stamp cannot tell, for a
-            // new one).
-            if self.through_link(jail, given) != approved.through_link {
+            // new one). Where the kernel says where the opened directory is, that is what is
+            // compared (a swap back after the open would fool a look by name); else by name.
+            let shown = approved
+                .through_link
+                .as_ref()
+                .map_or_else(|| given.rel().to_owned(), std::path::PathBuf::from);
+            let moved = match opened_rel(jail, &self.parent) {
+                Some(parent) if !shown.to_string_lossy().contains('\u{FFFD}') => {
+                    parent.join(&self.name) != shown
+                }
+                _ => self.through_link(jail, given) != approved.through_link,
+            };
+            if moved {
                 return Err(self.changed(
                     "now leads to another place (a link on its way changed) while its owner was \
                      being asked to approve this change, so it would not be written where they \
@@ -1749,6 +1760,13 @@ fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError
         )));
     }
     Ok(())
+}
+
+/// Where the open directory `dir` is relative to the root, as the kernel has it; `None` where
+/// that cannot be read, or it is not under the root.
+fn opened_rel(jail: &Jail, dir: &Dir) -> Option<std::path::PathBuf> {
+    let (root, opened) = (opened_path(jail.dir())?, opened_path(dir)?);
+    opened.strip_prefix(&root).ok().map(Path::to_path_buf)
 }
 
 /// Where the open directory `dir` is, as the kernel has it (`/proc/self/fd`): its absolute

@@ -109,8 +109,9 @@ const MAX_OPEN_BLOCKS: usize = 1024;
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     blocks: BTreeMap<u64, Block>,
-    /// The tool calls the answer started so far.
+    /// The tool calls the answer started so far, and the bytes of their arguments.
     tool_calls: usize,
+    argument_bytes: usize,
     input_tokens: u64,
     finish: Option<FinishReason>,
     done: bool,
@@ -164,7 +165,7 @@ impl Decoder for StreamDecoder {
                 };
                 if let Block::Tool { name, .. } = &b {
                     self.tool_calls += 1;
-                    super::check_call(self.tool_calls, name, "")?;
+                    super::check_call(self.tool_calls, name, self.argument_bytes)?;
                 }
                 if self.blocks.len() >= MAX_OPEN_BLOCKS {
                     return Err(LlmError::Protocol(format!(
@@ -189,7 +190,8 @@ impl Decoder for StreamDecoder {
                     (Some(Block::Tool { json, .. }), Some("input_json_delta")) => {
                         if let Some(p) = delta.get("partial_json").and_then(Value::as_str) {
                             json.push_str(p);
-                            super::check_call(0, "", json)?;
+                            self.argument_bytes += p.len();
+                            super::check_call(0, "", self.argument_bytes)?;
                         }
                     }
                     (None, _) => {

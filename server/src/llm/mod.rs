@@ -545,13 +545,15 @@ pub const MAX_CALLS_PER_ANSWER: usize = 256;
 /// Most bytes of a tool's name as a model writes it (the tools' names are a few words).
 pub const MAX_TOOL_NAME_BYTES: usize = 256;
 
-/// Most bytes of one call's arguments as a model writes them.
+/// Most bytes of the arguments of one answer's calls together, as a model writes them (each
+/// becomes a tree of about 24 times its size at worst before anything counts it).
 pub const MAX_ARGUMENT_BYTES: usize = 4 * 1024 * 1024;
 
-/// Checks a tool call a decoder is assembling, as its pieces come: the answer's `calls` so far,
-/// the call's `name` and `arguments`. A provider's answer is not trusted to be small: one of
-/// 59 MiB held 3.5 million calls, which took 3 GB of the server's memory.
-pub(crate) fn check_call(calls: usize, name: &str, arguments: &str) -> Result<(), LlmError> {
+/// Checks the tool calls a decoder is assembling, as their pieces come: the answer's `calls`
+/// so far, a call's `name`, and the bytes of `arguments` of all the answer's calls so far. A
+/// provider's answer is not trusted to be small: one of 59 MiB held 3.5 million calls, which
+/// took 3 GB of the server's memory.
+pub(crate) fn check_call(calls: usize, name: &str, arguments: usize) -> Result<(), LlmError> {
     if calls > MAX_CALLS_PER_ANSWER {
         return Err(LlmError::Protocol(format!(
             "an answer of more than {MAX_CALLS_PER_ANSWER} tool calls"
@@ -562,9 +564,9 @@ pub(crate) fn check_call(calls: usize, name: &str, arguments: &str) -> Result<()
             "a tool name of more than {MAX_TOOL_NAME_BYTES} bytes"
         )));
     }
-    if arguments.len() > MAX_ARGUMENT_BYTES {
+    if arguments > MAX_ARGUMENT_BYTES {
         return Err(LlmError::Protocol(format!(
-            "a tool call's arguments of more than {} MiB",
+            "tool calls whose arguments take more than {} MiB",
             MAX_ARGUMENT_BYTES >> 20
         )));
     }

@@ -89,6 +89,10 @@ struct PartialCall {
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     calls: BTreeMap<u64, PartialCall>,
+    /// The calls the answer started, and the bytes of their arguments, over the whole answer
+    /// (`calls` is emptied at each `finish_reason`, and the stream read on to `[DONE]`).
+    started: usize,
+    argument_bytes: usize,
     finish: Option<FinishReason>,
     finished_sent: bool,
     done: bool,
@@ -152,7 +156,7 @@ impl Decoder for StreamDecoder {
                 .unwrap_or_default()
             {
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                let calls = self.calls.len() + usize::from(!self.calls.contains_key(&index));
+                self.started += usize::from(!self.calls.contains_key(&index));
                 let partial = self.calls.entry(index).or_default();
                 if let Some(id) = call.get("id").and_then(Value::as_str) {
                     partial.id = id.to_owned();
@@ -163,9 +167,9 @@ impl Decoder for StreamDecoder {
                 }
                 if let Some(args) = function.get("arguments").and_then(Value::as_str) {
                     partial.arguments.push_str(args);
+                    self.argument_bytes += args.len();
                 }
-                let (name, arguments) = (&partial.name, &partial.arguments);
-                super::check_call(calls, name, arguments)?;
+                super::check_call(self.started, &partial.name, self.argument_bytes)?;
             }
             if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
                 out.extend(self.take_calls());
@@ -341,6 +345,37 @@ mod tests {
         );
         assert!(d.done());
         assert_eq!(d.finish(), vec![], "nothing twice");
+    }
+
+    /// Regression: the calls of an answer were counted since its last `finish_reason`, and the
+    /// stream is read on to `[DONE]`: chunks of 200 calls each, every one with a finish, passed
+    /// the bound of 256 without end.
+    #[test]
+    fn an_answers_calls_are_counted_over_the_whole_stream() {
+        let chunk = |from: usize| {
+            let calls: Vec<serde_json::Value> = (from..from + 200)
+                .map(|i| json!({"index": i, "id": format!("c{i}"), "function": {"name": "stat", "arguments": "{}"}}))
+                .collect();
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": "tool_calls"}]})
+                .to_string()
+        };
+        let mut d = StreamDecoder::default();
+        assert!(d.feed("", &chunk(0)).is_ok());
+        let e = d.feed("", &chunk(200)).unwrap_err();
+        assert!(e.to_string().contains("more than 256 tool calls"), "{e}");
+        // And their arguments together.
+        let mut d = StreamDecoder::default();
+        let big = "x".repeat(3 * 1024 * 1024);
+        let one = |i: usize| {
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"name": "stat", "arguments": big}}]}}]})
+                .to_string()
+        };
+        assert!(d.feed("", &one(0)).is_ok());
+        let e = d.feed("", &one(1)).unwrap_err();
+        assert!(
+            e.to_string().contains("arguments take more than 4 MiB"),
+            "{e}"
+        );
     }
 
     #[test]
