@@ -166,10 +166,7 @@ pub fn remove_dir_by_rename(dir: &Path) -> std::io::Result<()> {
         .unwrap_or_default();
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let aside = parent.join(format!(
-        "{DELETING_PREFIX}{name}.{}.{n}",
-        std::process::id()
-    ));
+    let aside = parent.join(format!("{DELETING_PREFIX}{name}.{}.{n}", this_run()));
     std::fs::rename(dir, &aside)?;
     std::fs::File::open(parent)?.sync_all()?;
     if let Err(e) = remove_tree(&aside) {
@@ -180,6 +177,18 @@ pub fn remove_dir_by_rename(dir: &Path) -> std::io::Result<()> {
         );
     }
     Ok(())
+}
+
+/// A name for this run of the process, for the directories it is deleting: its pid and when it
+/// started (a process id alone repeats, at every start of a container).
+fn this_run() -> &'static str {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}-{nanos:x}", std::process::id())
+    })
 }
 
 /// Removes `dir` and everything in it, making a directory that refuses the removal of its
@@ -218,7 +227,8 @@ fn make_writable(dir: &Path) {
 }
 
 /// Removes what deletions by [`remove_dir_by_rename`] in `parent` left behind (a crash, or a
-/// removal that failed), but those this process is making; returns how many it removed.
+/// removal that failed), but those this run of the process is making; returns how many it
+/// removed.
 pub fn remove_deleting_leftovers(parent: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return 0;
@@ -226,11 +236,8 @@ pub fn remove_deleting_leftovers(parent: &Path) -> usize {
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        // Not one this process is removing now: `.deleting-<name>.<pid>.<n>`.
-        let ours = name
-            .rsplit('.')
-            .nth(1)
-            .is_some_and(|pid| pid == std::process::id().to_string());
+        // Not one this process is removing now: `.deleting-<name>.<run>.<n>`.
+        let ours = name.rsplit('.').nth(1) == Some(this_run());
         let leftover = name.starts_with(DELETING_PREFIX)
             && !ours
             && entry.file_type().is_ok_and(|t| t.is_dir());
