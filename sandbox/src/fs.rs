@@ -2045,20 +2045,45 @@ fn full_diff(path: &str, old: Option<&str>, new: &str) -> String {
     // recurses as deep as its work: on files of many lines it is shown as what it is in the
     // end, every old line replaced by every new one; under that, it gets a deadline, past
     // which what is left is shown the same way.
-    if old_lines.len() + new_lines.len() > DIFF_LINES_MAX {
+    // What the two share at their ends is no part of the work: a one-line edit of a long file
+    // is a small diff. Past the bound, the part between is shown replaced, with its context.
+    let prefix = old_lines
+        .iter()
+        .zip(&new_lines)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let suffix = old_lines[prefix..]
+        .iter()
+        .rev()
+        .zip(new_lines[prefix..].iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let (old_end, new_end) = (old_lines.len() - suffix, new_lines.len() - suffix);
+    if (old_end - prefix) + (new_end - prefix) > DIFF_LINES_MAX {
+        let from = prefix.saturating_sub(3);
+        let (old_to, new_to) = (
+            (old_end + 3).min(old_lines.len()),
+            (new_end + 3).min(new_lines.len()),
+        );
         let _ = write!(out, "--- {old_header}\n+++ b/{path}\n");
-        let range = |n: usize| match n {
-            0 => "0,0".to_owned(),
-            n => format!("1,{n}"),
+        let range = |start: usize, n: usize| match n {
+            0 => format!("{start},0"),
+            n => format!("{},{n}", start + 1),
         };
         let _ = writeln!(
             out,
             "@@ -{} +{} @@",
-            range(old_lines.len()),
-            range(new_lines.len())
+            range(from, old_to - from),
+            range(from, new_to - from)
         );
-        for (tag, lines) in [('-', &old_lines), ('+', &new_lines)] {
-            for line in lines.iter() {
+        let lines = [
+            (' ', &old_lines[from..prefix]),
+            ('-', &old_lines[prefix..old_end]),
+            ('+', &new_lines[prefix..new_end]),
+            (' ', &old_lines[old_end..old_to]),
+        ];
+        for (tag, lines) in lines {
+            for line in lines {
                 out.push(tag);
                 out.push_str(line);
                 if !line.ends_with('\n') {
@@ -2109,8 +2134,8 @@ fn umask() -> u32 {
     })
 }
 
-/// Files of more lines than this (the old and the new together) are diffed as a whole
-/// replacement.
+/// Writes whose differing lines (old and new together, past what their ends share) are more
+/// than this are shown as those lines replaced.
 const DIFF_LINES_MAX: usize = 200_000;
 
 /// How long a line diff may take; past it, what is left is shown replaced whole.

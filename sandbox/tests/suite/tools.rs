@@ -2447,6 +2447,41 @@ fn the_diff_of_a_write_of_many_lines_is_bounded() {
         std::fs::read_to_string(fx.root().join("many.txt")).unwrap(),
         reversed
     );
+    // What the ends share is left out of the work: one line changed in a long file is one
+    // small hunk, and a long replaced middle is shown with its context.
+    let mut one: Vec<String> = lines.clone();
+    one[75_000] = "changed\n".into();
+    fx.sandbox
+        .write_file(&write("many.txt", &lines.concat()))
+        .unwrap();
+    let out = fx
+        .sandbox
+        .write_file(&write("many.txt", &one.concat()))
+        .unwrap();
+    assert_eq!(
+        out.diff.lines().filter(|l| l.starts_with('-')).count(),
+        2,
+        "{}",
+        out.diff
+    );
+    assert!(out.diff.contains("-line 75000\n+changed\n"), "{}", out.diff);
+    let mut middle: Vec<String> = lines.clone();
+    middle[10..140_010].reverse();
+    let out = fx
+        .sandbox
+        .write_file(&write("many.txt", &middle.concat()))
+        .unwrap();
+    assert!(
+        out.diff.starts_with(
+            "--- a/many.txt\n+++ b/many.txt\n@@ -8,140006 +8,140006 @@\n line 7\n line 8\n line 9\n-line 10\n"
+        ),
+        "{}",
+        &out.diff[..300]
+    );
+    assert!(
+        out.diff
+            .ends_with("+line 10\n line 140010\n line 140011\n line 140012\n")
+    );
 }
 
 /// Regression: a directory on the way swapped for a link while the prompt waited took an
