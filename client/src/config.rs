@@ -186,9 +186,11 @@ impl ClientConfig {
             .map_or(0, |d| d.subsec_nanos());
         let tmp = path.with_file_name(format!(".{file_name}.{}.{nanos}.tmp", std::process::id()));
         let fresh = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
+        // What the file there says is kept only when it is the user's own (else it is written
+        // anew: another user's `[exec]` would otherwise be taken on).
         let text = match std::fs::read_to_string(&path) {
-            Ok(old) => Self::merged(&old, &fresh).unwrap_or(fresh),
-            Err(_) => fresh,
+            Ok(old) if check_owner(&path).is_ok() => Self::merged(&old, &fresh).unwrap_or(fresh),
+            _ => fresh,
         };
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()

@@ -1129,8 +1129,8 @@ fn sessions_table(sessions: &[SessionInfo], current: &str) -> Table {
 
 /// `attach --allow` takes one or more classes, each alone or several joined by commas
 /// (`--allow read,write`), so `attach --allow read DIR` reads DIR as a class: when no folder
-/// was given apart from the options, the last value of the `--allow`s that is no class is the
-/// folder, wherever it is (`--allow write DIR --allow read` too: clap gives the values of every
+/// was given apart from the options, the value of the `--allow`s that is no class and is a
+/// directory (else the last that is no class) is the folder, wherever it is (`--allow write DIR --allow read` too: clap gives the values of every
 /// `--allow` as one list). Any other value that is no class is refused by name.
 fn split_allow(
     allow: Vec<String>,
@@ -1148,9 +1148,16 @@ fn split_allow(
             None => others.push(value),
         }
     }
+    // The folder: the one of them that is a directory, else the last.
     let dir = match dir {
         Some(dir) => Some(dir),
-        None => others.pop().map(PathBuf::from),
+        None => {
+            let at = others
+                .iter()
+                .rposition(|v| std::path::Path::new(v).is_dir())
+                .or_else(|| others.len().checked_sub(1));
+            at.map(|at| PathBuf::from(others.remove(at)))
+        }
     };
     if let Some(bad) = others.first() {
         return Err(format!(
@@ -1327,6 +1334,11 @@ mod tests {
         assert!(e.contains("`read,exe`"), "{e}");
         let e = split(&["exe"], Some("DIR")).unwrap_err();
         assert!(e.contains("`exe`"), "{e}");
+        // A directory given before a bad class is the folder.
+        let real = std::env::temp_dir();
+        let real = real.to_str().unwrap();
+        let e = split(&["read", real, "exe"], None).unwrap_err();
+        assert!(e.contains("`exe`") && !e.contains(real), "{e}");
         assert!(split(&["read"], None).unwrap_err().contains("missing"));
     }
 

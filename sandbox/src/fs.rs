@@ -2341,6 +2341,23 @@ mod tests {
         let mask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
         nix::sys::stat::umask(mask);
         assert_eq!(umask(), mask.bits());
+        // A new file written is made with it.
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = crate::Sandbox::open(
+            dir.path(),
+            crate::Limits::default(),
+            crate::ExecPolicy::default(),
+        )
+        .unwrap();
+        let args: WriteFileArgs =
+            serde_json::from_value(serde_json::json!({"path": "new.txt", "content": "x"})).unwrap();
+        sandbox.write_file(&args).unwrap();
+        let mode = std::fs::metadata(dir.path().join("new.txt"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o666 & !umask());
     }
 
     /// Where a directory record gives no kind (`DT_UNKNOWN`: ext4 without `filetype`, XFS with

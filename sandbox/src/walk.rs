@@ -166,6 +166,12 @@ fn dir_path_rel(path: &JailPath) -> &str {
 fn load_ignore(dir: &Dir, rel: &str) -> Option<Gitignore> {
     let mut builder: Option<GitignoreBuilder> = None;
     for name in [".gitignore", ".ignore"] {
+        // Looked at before it is opened: a FIFO or a device of that name is not opened (its
+        // open is its driver's, or wakes a FIFO's writer). Other files come from the listing,
+        // whose kinds are known.
+        if !dir.symlink_metadata(name).is_ok_and(|meta| meta.is_file()) {
+            continue;
+        }
         let Ok((mut file, meta)) = open_regular_nofollow(dir, Path::new(name), name) else {
             continue;
         };

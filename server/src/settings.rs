@@ -957,10 +957,17 @@ fn env_layer(vars: impl IntoIterator<Item = (String, String)>) -> Result<toml::T
         let Some((section, key)) = setting_of(&name) else {
             continue;
         };
-        // A secret is taken as it is: read as TOML, digits would be a number (and its type
-        // error would print it), and quotes would be taken off where the file keeps them.
+        // A secret is text: a TOML string (quoted) is that string, as before; anything else is
+        // taken as written (read as TOML, digits would be a number, whose type error would
+        // print it).
         let parsed = if SECRET_KEYS.contains(&format!("{section}.{key}").as_str()) {
-            toml::Value::String(value.clone())
+            match toml::from_str::<toml::Table>(&format!("v = {value}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+            {
+                Some(text @ toml::Value::String(_)) => text,
+                _ => toml::Value::String(value.clone()),
+            }
         } else {
             toml::from_str::<toml::Table>(&format!("v = {value}"))
                 .ok()
@@ -1013,8 +1020,7 @@ mod tests {
     use super::*;
 
     /// Regression: a secret that TOML reads as a number was printed whole in the type error,
-    /// from the file and from `MONAD_CLUSTER_SECRET`; and the variable lost its quotes where
-    /// the file keeps them.
+    /// from the file and from `MONAD_CLUSTER_SECRET`.
     #[test]
     fn a_secret_is_never_repeated_in_an_error_and_taken_from_the_environment_as_it_is() {
         let e = parse_layer("config.toml", "[cluster]\nsecret = 918273645500112233\n").unwrap_err();
@@ -1032,8 +1038,9 @@ mod tests {
             table["cluster"]["secret"].as_str(),
             Some("918273645500112233")
         );
+        // A quoted one is the string it quotes, as it always was.
         let table = env_layer([("MONAD_CLUSTER_SECRET".to_owned(), "\"abc\"".to_owned())]).unwrap();
-        assert_eq!(table["cluster"]["secret"].as_str(), Some("\"abc\""));
+        assert_eq!(table["cluster"]["secret"].as_str(), Some("abc"));
     }
 
     #[test]

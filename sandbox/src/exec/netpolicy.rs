@@ -16,7 +16,9 @@
 //!
 //! Deny wins over allow. An address that is not public (loopback, private, link-local, carrier
 //! NAT, multicast, reserved, documentation, and IPv6 forms that embed such an IPv4 address) is
-//! refused unless an `allow` entry names it as an address or a range: a name is never enough.
+//! refused unless an `allow` entry names it as an address or a range holding only addresses of
+//! its kind: a name is never enough, nor a wider range (`0.0.0.0/0` reaches public addresses,
+//! not this machine's loopback, the LAN or the link-local metadata address).
 //!
 //! Addresses and ranges are compared in IPv6's space, an IPv4 address or range standing for its
 //! IPv4-mapped form (`10.0.0.0/8` is `[::ffff:10.0.0.0/104]`, and `[::ffff:10.0.0.1]` is

@@ -541,8 +541,8 @@ pub trait SessionStore: Send + Sync {
         Ok((all.into_iter().skip(offset).take(limit).collect(), total))
     }
     /// The ids of `owner`'s sessions whose conversation contains every word of `query`
-    /// (case-insensitive), most recently active first (a database answers it from a full-text
-    /// index over the messages; the default reads each conversation).
+    /// (case-insensitive), most recently active first (a database answers it with one query
+    /// over the messages; the default reads each conversation).
     fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
         let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
         let mut owned: Vec<SessionMeta> = self

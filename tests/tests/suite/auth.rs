@@ -243,8 +243,6 @@ async fn a_revoked_token_s_background_processes_end() {
     };
     let (theirs, _) = ok(call(&intruder, "run_command", loop_args("theirs.txt")).await);
     let (mine, _) = ok(call(&owner, "run_command", loop_args("mine.txt")).await);
-    let id = leaked.split('_').nth(1).expect("mnd_ID_SECRET");
-    assert!(server.state().tokens.revoke(id).unwrap());
     let running = |listing: &serde_json::Value, process: &serde_json::Value| {
         listing["processes"]
             .as_array()
@@ -252,6 +250,13 @@ async fn a_revoked_token_s_background_processes_end() {
             .flatten()
             .any(|p| p["process"] == *process && p["running"] == json!(true))
     };
+    let (listing, _) = ok(call(&owner, "process_list", json!({})).await);
+    assert!(
+        running(&listing, &theirs["process"]) && running(&listing, &mine["process"]),
+        "{listing}"
+    );
+    let id = leaked.split('_').nth(1).expect("mnd_ID_SECRET");
+    assert!(server.state().tokens.revoke(id).unwrap());
     within(
         std::time::Duration::from_secs(20),
         "the revoked token's loop to end",
