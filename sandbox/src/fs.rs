@@ -1748,18 +1748,25 @@ impl Target {
 /// outside any sandbox the next time the folder's owner runs git, and `git status` and `git
 /// diff` would not show the change. Agents use git itself, through `run_command`.
 fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError> {
-    let git = real_place(jail, path)
-        .components()
-        .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"));
-    if git {
-        return Err(SandboxError::Protected(format!(
-            "`{}` is one of git's own files (in or of `.git`): Monad's file tools do not write \
-             them, since git runs programs its config and hooks name, outside any sandbox; use \
-             git itself through run_command, or ask the folder's owner",
-            path.shown()
-        )));
+    if in_git(&real_place(jail, path)) {
+        return Err(git_refusal(&path.shown()));
     }
     Ok(())
+}
+
+/// Whether `path` (relative to the root) is in or of a `.git`.
+fn in_git(path: &Path) -> bool {
+    path.components()
+        .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"))
+}
+
+/// The refusal of a write to git's own files, `shown` as the path is shown.
+fn git_refusal(shown: &str) -> SandboxError {
+    SandboxError::Protected(format!(
+        "`{shown}` is one of git's own files (in or of `.git`): Monad's file tools do not write \
+         them, since git runs programs its config and hooks name, outside any sandbox; use git \
+         itself through run_command, or ask the folder's owner"
+    ))
 }
 
 /// Where the open directory `dir` is relative to the root, as the kernel has it; `None` where
@@ -1795,16 +1802,8 @@ fn check_opened(jail: &Jail, dir: &Dir, landing: &Path) -> Result<(), SandboxErr
     let Ok(rel) = opened.strip_prefix(&root) else {
         return Err(moved());
     };
-    if rel
-        .components()
-        .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"))
-    {
-        return Err(SandboxError::Protected(format!(
-            "`{}` is one of git's own files (in or of `.git`): Monad's file tools do not write \
-             them, since git runs programs its config and hooks name, outside any sandbox; use \
-             git itself through run_command, or ask the folder's owner",
-            landing.display()
-        )));
+    if in_git(rel) {
+        return Err(git_refusal(&landing.display().to_string()));
     }
     Ok(())
 }

@@ -1385,3 +1385,63 @@ impl Pty {
         }
     }
 }
+
+/// A QUIC server of a test's own, speaking the real protocol only as far as the test makes it:
+/// for what a compromised or broken server does to a client. Listens on a free port of
+/// 127.0.0.1 with a fresh certificate; `transport` adjusts its transport (a small stream
+/// window, say).
+pub struct RogueServer {
+    /// Its endpoint: accept connections with [`RogueServer::welcome`].
+    pub endpoint: quinn::Endpoint,
+    /// Where it listens.
+    pub address: SocketAddr,
+    fingerprint: String,
+    _tls: TempDir,
+}
+
+impl RogueServer {
+    /// Starts listening.
+    pub fn start(transport: impl FnOnce(&mut quinn::TransportConfig)) -> RogueServer {
+        let tls = tempfile::tempdir().unwrap();
+        let (identity, _) = monad_server::tls::load_or_create(tls.path()).unwrap();
+        let mut quic = monad_server::tls::quic_config(&identity, &Default::default()).unwrap();
+        let mut config = monad_server::config::Transport::default().quinn();
+        transport(&mut config);
+        quic.transport_config(Arc::new(config));
+        let endpoint =
+            monad_protocol::pin::endpoint("127.0.0.1:0".parse().unwrap(), Some(quic)).unwrap();
+        let address = endpoint.local_addr().unwrap();
+        RogueServer {
+            endpoint,
+            address,
+            fingerprint: identity.fingerprint,
+            _tls: tls,
+        }
+    }
+
+    /// A client config logged in to it (with a token it takes without looking).
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig::new(&self.address.to_string(), "mnd_a_b", &self.fingerprint).unwrap()
+    }
+
+    /// Accepts the next connection and answers its hello with a welcome (user `ana`), then
+    /// lets it open a few streams, as a server does once it knows the connection's role.
+    pub async fn welcome(endpoint: &quinn::Endpoint) -> quinn::Connection {
+        use monad_protocol::io::{read_message, write_message};
+        use monad_protocol::wire::{self, Message};
+        let conn = endpoint.accept().await.unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let hello = read_message(&mut recv, 1 << 20).await.unwrap();
+        assert!(matches!(hello, Some(Message::Hello { .. })), "{hello:?}");
+        let welcome = Message::Welcome {
+            protocol: wire::PROTOCOL_MAJOR,
+            minor: wire::PROTOCOL_MINOR,
+            user: "ana".into(),
+            server: "rogue".into(),
+        };
+        write_message(&mut send, &welcome).await.unwrap();
+        let _ = send.finish();
+        conn.set_max_concurrent_bi_streams(4u32.into());
+        conn
+    }
+}

@@ -2157,32 +2157,15 @@ async fn attaching_the_filesystem_root_says_what_it_puts_within_reach() {
 /// and every later Ctrl-C, SIGTERM or SIGHUP did nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_ends_an_attach_the_server_never_answers() {
-    use monad_protocol::io::{read_message, write_message};
-    use monad_protocol::wire::{self, Message};
-    let tls = tempfile::tempdir().unwrap();
-    let (identity, _) = monad_server::tls::load_or_create(tls.path()).unwrap();
-    let quic = monad_server::tls::quic_config(&identity, &Default::default()).unwrap();
-    let endpoint =
-        monad_protocol::pin::endpoint("127.0.0.1:0".parse().unwrap(), Some(quic)).unwrap();
-    let address = endpoint.local_addr().unwrap();
+    use monad_protocol::io::read_message;
+    use monad_protocol::wire::Message;
+    let server = monad_tests::RogueServer::start(|_| {});
+    let endpoint = server.endpoint.clone();
     // Says welcome, takes the attach, and answers nothing more (quinn keeps the connection
     // alive meanwhile).
     let (took, attach_taken) = tokio::sync::oneshot::channel();
     let rogue = tokio::spawn(async move {
-        let conn = endpoint.accept().await.unwrap().await.unwrap();
-        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
-        let hello = read_message(&mut recv, 1 << 20).await.unwrap();
-        assert!(matches!(hello, Some(Message::Hello { .. })), "{hello:?}");
-        let welcome = Message::Welcome {
-            protocol: wire::PROTOCOL_MAJOR,
-            minor: wire::PROTOCOL_MINOR,
-            user: "ana".into(),
-            server: "rogue".into(),
-        };
-        write_message(&mut send, &welcome).await.unwrap();
-        let _ = send.finish();
-        // As a server does once it knows the connection's role.
-        conn.set_max_concurrent_bi_streams(4u32.into());
+        let conn = monad_tests::RogueServer::welcome(&endpoint).await;
         let (_send, mut recv) = conn.accept_bi().await.unwrap();
         let attach = read_message(&mut recv, 1 << 20).await.unwrap();
         assert!(matches!(attach, Some(Message::Attach { .. })), "{attach:?}");
@@ -2191,10 +2174,7 @@ async fn ctrl_c_ends_an_attach_the_server_never_answers() {
         drop((conn, endpoint));
     });
     let config_dir = tempfile::tempdir().unwrap();
-    monad_client::config::ClientConfig::new(&address.to_string(), "mnd_a_b", &identity.fingerprint)
-        .unwrap()
-        .save(config_dir.path())
-        .unwrap();
+    server.client_config().save(config_dir.path()).unwrap();
     let laptop = folder(&[]);
     let mut attach = command("monad-client");
     attach

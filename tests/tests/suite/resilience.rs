@@ -314,33 +314,16 @@ async fn shutdown_lets_an_in_flight_call_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_stops_reading_network_reports_still_gets_answers() {
     use monad_protocol::io::write_message;
-    use monad_protocol::wire::{self, Host, Trust, WorkspaceInfo};
+    use monad_protocol::wire::{Host, Trust, WorkspaceInfo};
     use monad_sandbox::NetworkMode;
-    let tls = tempfile::tempdir().unwrap();
-    let (identity, _) = monad_server::tls::load_or_create(tls.path()).unwrap();
-    let mut quic = monad_server::tls::quic_config(&identity, &Default::default()).unwrap();
     // A stream window of 4 KiB, never moved on for the attach stream, which is not read.
-    let mut transport = monad_server::config::Transport::default().quinn();
-    transport.stream_receive_window(4096u32.into());
-    quic.transport_config(std::sync::Arc::new(transport));
-    let endpoint =
-        monad_protocol::pin::endpoint("127.0.0.1:0".parse().unwrap(), Some(quic)).unwrap();
-    let address = endpoint.local_addr().unwrap();
+    let server = monad_tests::RogueServer::start(|transport| {
+        transport.stream_receive_window(4096u32.into());
+    });
+    let endpoint = server.endpoint.clone();
     let (conn_tx, conn_rx) = tokio::sync::oneshot::channel();
     let rogue = tokio::spawn(async move {
-        let conn = endpoint.accept().await.unwrap().await.unwrap();
-        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
-        let hello = read_message(&mut recv, 1 << 20).await.unwrap();
-        assert!(matches!(hello, Some(Message::Hello { .. })), "{hello:?}");
-        let welcome = Message::Welcome {
-            protocol: wire::PROTOCOL_MAJOR,
-            minor: wire::PROTOCOL_MINOR,
-            user: "ana".into(),
-            server: "rogue".into(),
-        };
-        write_message(&mut send, &welcome).await.unwrap();
-        let _ = send.finish();
-        conn.set_max_concurrent_bi_streams(4u32.into());
+        let conn = monad_tests::RogueServer::welcome(&endpoint).await;
         let (mut send, mut recv) = conn.accept_bi().await.unwrap();
         let Some(Message::Attach { id, name, .. }) =
             read_message(&mut recv, 1 << 20).await.unwrap()
@@ -365,13 +348,7 @@ async fn a_server_that_stops_reading_network_reports_still_gets_answers() {
         std::future::pending::<()>().await;
         drop((send, recv, endpoint));
     });
-    let config_dir = tempfile::tempdir().unwrap();
-    let config = monad_client::config::ClientConfig::new(
-        &address.to_string(),
-        "mnd_a_b",
-        &identity.fingerprint,
-    )
-    .unwrap();
+    let config = server.client_config();
     let laptop = folder(&[("here.txt", "x")]);
     let mut options = attach_options(laptop.path(), "lap");
     options.allow = vec![ToolClass::Read, ToolClass::Exec];
@@ -436,5 +413,4 @@ async fn a_server_that_stops_reading_network_reports_still_gets_answers() {
         "{probed:?}"
     );
     rogue.abort();
-    drop(config_dir);
 }
