@@ -10,6 +10,16 @@ use monad_sandbox::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
 
 use super::support::{Fixture, run, sh, try_run};
 
+/// An HTTP request's head, read a byte at a time (nothing of its body).
+fn read_head(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+        head.push(byte[0]);
+    }
+    head
+}
+
 /// Serves `hello from the host` to every HTTP request on 127.0.0.1, on a thread, until the
 /// test process ends. Returns the port.
 fn http_server() -> u16 {
@@ -19,11 +29,7 @@ fn http_server() -> u16 {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
-                    head.push(byte[0]);
-                }
+                read_head(&mut stream);
                 let body = "hello from the host";
                 let _ = write!(
                     stream,
@@ -45,11 +51,7 @@ fn host_echo_server() -> u16 {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
-                    head.push(byte[0]);
-                }
+                let head = read_head(&mut stream);
                 let head = String::from_utf8_lossy(&head);
                 let hosts: Vec<&str> = head
                     .lines()
@@ -324,11 +326,7 @@ fn body_length_server() -> u16 {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
-                    head.push(byte[0]);
-                }
+                let head = read_head(&mut stream);
                 let length: usize = String::from_utf8_lossy(&head)
                     .lines()
                     .filter_map(|l| l.split_once(':'))
