@@ -32,22 +32,41 @@ const MAX_HEAD: usize = 16 * 1024;
 /// How long the proxy waits after a failed accept (out of descriptors, say) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// What a connection the proxy could not read a destination from is recorded as.
+const UNREAD: &str = "(a request the proxy could not read)";
+
 /// Serves until dropped (the command ended); dropping it ends every connection too.
 pub(crate) async fn serve(listener: TcpListener, policy: Arc<NetPolicy>, sink: Sink) {
+    let over = sink.clone();
     accept_loop(
         || async { listener.accept().await.map(|(stream, _)| stream) },
         move |stream| {
             let (policy, sink) = (policy.clone(), sink.clone());
             async move { handle(stream, &policy, &sink).await }
         },
+        // Closed at once, and recorded: a connection is never made without a trace.
+        move || {
+            over(NetworkEvent {
+                host: "(a connection over the proxy's bound)".to_owned(),
+                port: 0,
+                allowed: false,
+                address: None,
+                reason: Some(format!(
+                    "more than {MAX_CONNECTIONS} connections at once: closed"
+                )),
+            })
+        },
     )
     .await
 }
 
 /// Takes connections from `accept` and runs `handle` on each, at most [`MAX_CONNECTIONS`] at
-/// once (more are closed at once).
-async fn accept_loop<S, A, H>(mut accept: impl FnMut() -> A, mut handle: impl FnMut(S) -> H)
-where
+/// once (more are closed at once, each told to `over`).
+async fn accept_loop<S, A, H>(
+    mut accept: impl FnMut() -> A,
+    mut handle: impl FnMut(S) -> H,
+    mut over: impl FnMut(),
+) where
     A: std::future::Future<Output = std::io::Result<S>>,
     H: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -66,6 +85,7 @@ where
                 };
                 if connections.len() >= MAX_CONNECTIONS {
                     drop(stream);
+                    over();
                     continue;
                 }
                 connections.spawn(handle(stream));
@@ -102,19 +122,31 @@ async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
             reason,
             kind,
         })) => {
-            if let (Some(host), Some(port)) = (host, port) {
-                sink(NetworkEvent {
-                    host,
-                    port,
-                    allowed: false,
-                    address: None,
-                    reason: Some(reason.clone()),
-                });
-            }
+            // Recorded whether or not a destination could be read from it: a request the proxy
+            // cannot read is a refused connection too (the reason names what was asked for).
+            sink(NetworkEvent {
+                host: host.unwrap_or_else(|| UNREAD.to_owned()),
+                port: port.unwrap_or(0),
+                allowed: false,
+                address: None,
+                reason: Some(reason.clone()),
+            });
             answer_refused(&mut client, kind, &reason).await;
             return;
         }
-        Err(_) => return,
+        Err(_) => {
+            sink(NetworkEvent {
+                host: UNREAD.to_owned(),
+                port: 0,
+                allowed: false,
+                address: None,
+                reason: Some(format!(
+                    "no request within {} s",
+                    HANDSHAKE_TIMEOUT.as_secs()
+                )),
+            });
+            return;
+        }
     };
     let event = |allowed: bool, address: Option<SocketAddr>, reason: Option<String>| NetworkEvent {
         host: request.host.to_string(),
@@ -604,11 +636,37 @@ mod tests {
                 }
             },
             |_: TcpStream| async {},
+            || {},
         );
         // Paused time: a loop that sleeps lets the clock run to the time-out.
         let _ = tokio::time::timeout(Duration::from_secs(1), serving).await;
         let calls = calls.load(Ordering::Relaxed);
         assert!(calls <= 21, "{calls} accepts in one second");
+    }
+
+    /// Regression: connections past the bound were closed without a trace; each is told now.
+    #[tokio::test]
+    async fn connections_past_the_bound_are_closed_and_told() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (accepted, over) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let serving = accept_loop(
+            || {
+                let n = accepted.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if n >= MAX_CONNECTIONS + 10 {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<(), std::io::Error>(())
+                }
+            },
+            // Each connection stays open.
+            |()| std::future::pending::<()>(),
+            || {
+                over.fetch_add(1, Ordering::Relaxed);
+            },
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(200), serving).await;
+        assert_eq!(over.load(Ordering::Relaxed), 10);
     }
 
     /// Regression: the client's `Host` header went to the origin unchanged, so a shared front

@@ -361,3 +361,35 @@ fn a_plain_http_requests_body_reaches_the_origin_whole() {
     );
     assert_eq!(out.stdout, "true 300000", "{out:?}");
 }
+
+/// Regression: a request the proxy could not read a destination from (an `https://` URL sent
+/// as a plain request, a `CONNECT` without a port) was answered and recorded nowhere; it is in
+/// the result like any refused connection.
+#[test]
+fn a_request_the_proxy_cannot_read_is_recorded() {
+    let fx = allowlist(&["192.0.2.1:80"], &[]);
+    let out = run(
+        &fx,
+        &[
+            "bash",
+            "-c",
+            "exec 3<>/dev/tcp/127.0.0.1/3128; \
+             printf 'GET https://c2.example/secret HTTP/1.1\\r\\nHost: c2.example\\r\\n\\r\\n' >&3; \
+             head -c 12 <&3",
+        ],
+    );
+    assert!(out.stdout.starts_with("HTTP/1.1 403"), "{out:?}");
+    let recorded = out
+        .network
+        .iter()
+        .find(|e| !e.allowed)
+        .unwrap_or_else(|| panic!("recorded: {out:?}"));
+    assert_eq!(recorded.port, 0, "{recorded:?}");
+    assert!(
+        recorded
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("CONNECT")),
+        "{recorded:?}"
+    );
+}
