@@ -1501,7 +1501,7 @@ impl Target {
         };
         // Checked by its path above, opened by its path here: a command that swapped a
         // directory on the way for a link meanwhile (to `.git`) is caught on what was opened.
-        if let Err(e) = check_opened(jail, &parent, &real_place(jail, &path)) {
+        if let Err(e) = check_opened(jail, &parent, &path.shown()) {
             new_dirs.undo();
             return Err(e);
         }
@@ -1784,26 +1784,23 @@ fn opened_path(dir: &Dir) -> Option<std::path::PathBuf> {
 }
 
 /// Checks the directory a write was opened in as its path was checked: inside the root, and
-/// not in or of `.git` (`landing`, the write's real place, names it in the error). A command can swap a directory on the way for a link between the check of the path
-/// and the open (a loop of `rename`s): the write then happens in the directory opened, so that
-/// is the one checked. Where the kernel cannot say where it is (no `/proc`), the path's check
-/// stands alone.
-fn check_opened(jail: &Jail, dir: &Dir, landing: &Path) -> Result<(), SandboxError> {
+/// not in or of `.git` (`shown`: the path as the errors show it, as the check by path does). A
+/// command can swap a directory on the way for a link between the check of the path and the
+/// open (a loop of `rename`s): the write then happens in the directory opened, so that is the
+/// one checked. Where the kernel cannot say where it is (no `/proc`), the path's check stands
+/// alone.
+fn check_opened(jail: &Jail, dir: &Dir, shown: &str) -> Result<(), SandboxError> {
     let (Some(root), Some(opened)) = (opened_path(jail.dir()), opened_path(dir)) else {
         return Ok(());
     };
-    let moved = || {
-        SandboxError::Changed(format!(
-            "a directory on the way to `{}` was changed (a link put in its place) while the \
-             write was made; nothing was written",
-            landing.display()
-        ))
-    };
     let Ok(rel) = opened.strip_prefix(&root) else {
-        return Err(moved());
+        return Err(SandboxError::Changed(format!(
+            "a directory on the way to `{shown}` was changed (a link put in its place) while \
+             the write was made; nothing was written"
+        )));
     };
     if in_git(rel) {
-        return Err(git_refusal(&landing.display().to_string()));
+        return Err(git_refusal(shown));
     }
     Ok(())
 }

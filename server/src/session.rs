@@ -3626,22 +3626,29 @@ pub(crate) mod tests {
     /// lease given up) after the registry's lock is released: an open of it meanwhile waits,
     /// then reads what was saved. Before, it loaded the session at once, without the activity
     /// being saved, and a call was routed here on the lease about to be given up.
-    #[test]
-    fn an_open_of_a_session_leaving_memory_waits_until_it_has_left() {
-        let dir = tempfile::tempdir().unwrap();
-        let reg = Arc::new(registry(dir.path()));
+    /// A session of ana's with activity not saved yet (saves come once a minute), taken out of
+    /// memory as an unload's first half does, under the registry's lock: its id, its activity,
+    /// and it leaving ([`Registry::let_go`] ends that).
+    fn leaving_with_unsaved_activity(reg: &Registry) -> (String, String, Arc<Session>) {
         let session = reg.create("ana").unwrap();
         let id = session.id.clone();
-        // Activity a second after the creation, not saved yet (saves come once a minute).
+        // Activity a second after the creation.
         std::thread::sleep(Duration::from_millis(1100));
         assert!(session.touch().is_none());
         let active = session.meta().last_active;
         drop(session);
-        // An unload's first half, under the registry's lock: out of memory, leaving.
         let leaving = {
             let mut sessions = reg.sessions.lock().unwrap();
             reg.take_out(&mut sessions, &id).unwrap()
         };
+        (id, active, leaving)
+    }
+
+    #[test]
+    fn an_open_of_a_session_leaving_memory_waits_until_it_has_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = Arc::new(registry(dir.path()));
+        let (id, active, leaving) = leaving_with_unsaved_activity(&reg);
         let opener = std::thread::spawn({
             let (reg, id) = (reg.clone(), id.clone());
             move || reg.open(&id, "ana").unwrap().meta().last_active
@@ -3693,15 +3700,7 @@ pub(crate) mod tests {
     fn a_delete_of_a_session_leaving_memory_waits_for_its_save() {
         let dir = tempfile::tempdir().unwrap();
         let reg = Arc::new(registry(dir.path()));
-        let session = reg.create("ana").unwrap();
-        let id = session.id.clone();
-        std::thread::sleep(Duration::from_millis(1100));
-        assert!(session.touch().is_none());
-        drop(session);
-        let leaving = {
-            let mut sessions = reg.sessions.lock().unwrap();
-            reg.take_out(&mut sessions, &id).unwrap()
-        };
+        let (id, _, leaving) = leaving_with_unsaved_activity(&reg);
         let deleter = std::thread::spawn({
             let (reg, id) = (reg.clone(), id.clone());
             move || reg.delete(&id)

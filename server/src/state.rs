@@ -379,11 +379,14 @@ impl State {
                 counted(&memory, forward).await?
             }
             _ => {
+                // Only a command started in the background outlives its call: the result of
+                // any other is not looked into (a command's output may be megabytes).
+                let background = tool == monad_protocol::ToolName::RunCommand.as_str()
+                    && args.get("background") == Some(&Value::Bool(true));
                 let call = self.executor.call(&session, tool, args, progress);
                 let output = counted(&memory, call).await;
-                if let Some(token) = token {
-                    self.note_started(token, user, &session, tool, &output)
-                        .await;
+                if let Some(token) = token.filter(|_| background) {
+                    self.note_started(token, user, &session, &output).await;
                 }
                 // The session is not needed any more (a body's recording holds its own
                 // reference): it goes before the answer, so the agent's next request finds it
@@ -402,19 +405,17 @@ impl State {
 }
 
 impl State {
-    /// Notes a background process a call with the token whose hash is `token` started in
-    /// `session`'s primary workspace, so that it ends when the token is revoked.
+    /// Notes the background process a `run_command` with the token whose hash is `token`
+    /// started, when it ran in `session`'s primary workspace, so that it ends when the token is
+    /// revoked.
     async fn note_started(
         &self,
         token: &str,
         user: &str,
         session: &Arc<Session>,
-        tool: &str,
         output: &CallOutput,
     ) {
-        if tool != monad_protocol::ToolName::RunCommand.as_str()
-            || output.workspace.as_ref().map(|w| w.uri.as_str())
-                != Some(session.primary_uri().as_str())
+        if output.workspace.as_ref().map(|w| w.uri.as_str()) != Some(session.primary_uri().as_str())
         {
             return;
         }

@@ -10,56 +10,29 @@ use monad_sandbox::{ExecPolicy, Limits, NamespacePolicy, NetworkMode};
 
 use super::support::{Fixture, run, sh, try_run};
 
-/// An HTTP request's head, read a byte at a time (nothing of its body).
-fn read_head(stream: &mut std::net::TcpStream) -> Vec<u8> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
-        head.push(byte[0]);
-    }
-    head
-}
-
-/// Serves `hello from the host` to every HTTP request on 127.0.0.1, on a thread, until the
-/// test process ends. Returns the port.
-fn http_server() -> u16 {
+/// Serves HTTP on 127.0.0.1, on a thread, until the test process ends: each request's head is
+/// read (its header lines given to `answer`, with the stream for its body), and `answer`'s text
+/// is the body of a `200 OK`. Returns the port.
+fn serve_http(answer: fn(&[(String, String)], &mut std::net::TcpStream) -> String) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             std::thread::spawn(move || {
-                read_head(&mut stream);
-                let body = "hello from the host";
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    port
-}
-
-/// Answers every HTTP request on 127.0.0.1 with the `Host` header it came with. Returns the
-/// port.
-fn host_echo_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let head = read_head(&mut stream);
-                let head = String::from_utf8_lossy(&head);
-                let hosts: Vec<&str> = head
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                    head.push(byte[0]);
+                }
+                let headers: Vec<(String, String)> = String::from_utf8_lossy(&head)
                     .lines()
                     .filter_map(|l| l.split_once(':'))
-                    .filter(|(name, _)| name.trim().eq_ignore_ascii_case("host"))
-                    .map(|(_, value)| value.trim())
+                    .map(|(name, value)| {
+                        (name.trim().to_ascii_lowercase(), value.trim().to_owned())
+                    })
                     .collect();
-                let body = hosts.join(",");
+                let body = answer(&headers, &mut stream);
                 let _ = write!(
                     stream,
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -69,6 +42,39 @@ fn host_echo_server() -> u16 {
         }
     });
     port
+}
+
+/// Serves `hello from the host` to every HTTP request on 127.0.0.1. Returns the port.
+fn http_server() -> u16 {
+    serve_http(|_, _| "hello from the host".to_owned())
+}
+
+/// Answers every HTTP request on 127.0.0.1 with the `Host` headers it came with. Returns the
+/// port.
+fn host_echo_server() -> u16 {
+    serve_http(|headers, _| {
+        let hosts: Vec<&str> = headers
+            .iter()
+            .filter(|(name, _)| name == "host")
+            .map(|(_, value)| value.as_str())
+            .collect();
+        hosts.join(",")
+    })
+}
+
+/// Answers every HTTP request on 127.0.0.1 with whether it read the body its `Content-Length`
+/// gave, and how many `x` it held. Returns the port.
+fn body_length_server() -> u16 {
+    serve_http(|headers, stream| {
+        let length: usize = headers
+            .iter()
+            .find(|(name, _)| name == "content-length")
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0u8; length];
+        let read = stream.read_exact(&mut body).is_ok();
+        format!("{read} {}", body.iter().filter(|&&b| b == b'x').count())
+    })
 }
 
 fn allowlist(allow: &[&str], deny: &[&str]) -> Fixture {
@@ -315,36 +321,6 @@ fn a_background_server_is_reachable_from_the_workspaces_next_commands_only() {
             .await
             .unwrap();
     });
-}
-
-/// Answers every HTTP request on 127.0.0.1 with the length of the body it read (by its
-/// `Content-Length`). Returns the port.
-fn body_length_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let head = read_head(&mut stream);
-                let length: usize = String::from_utf8_lossy(&head)
-                    .lines()
-                    .filter_map(|l| l.split_once(':'))
-                    .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
-                    .and_then(|(_, value)| value.trim().parse().ok())
-                    .unwrap_or(0);
-                let mut body = vec![0u8; length];
-                let read = stream.read_exact(&mut body).is_ok();
-                let answer = format!("{read} {}", body.iter().filter(|&&b| b == b'x').count());
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-                    answer.len()
-                );
-            });
-        }
-    });
-    port
 }
 
 /// A plain request's body reaches the origin whole, however it arrives: the proxy passes on its

@@ -102,6 +102,33 @@ impl Observed {
     }
 }
 
+/// Swaps `a` and `b` in the root (`renameat2` with `RENAME_EXCHANGE`, atomic) on a thread of
+/// its own, at most `max` times or for [`MAX_SWAP_TIME`], until `stop`; leaves them as they
+/// started. Returns how many swaps it made.
+fn swap_in_a_loop(
+    fx: &Fixture,
+    a: &'static str,
+    b: &'static str,
+    max: u64,
+    stop: &Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let root = std::fs::File::open(fx.root()).unwrap();
+    let stop = Arc::clone(stop);
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let mut swaps = 0u64;
+        while swaps < max && started.elapsed() < MAX_SWAP_TIME && !stop.load(Ordering::Relaxed) {
+            renameat2(&root, a, &root, b, RenameFlags::RENAME_EXCHANGE).unwrap();
+            swaps += 1;
+        }
+        if swaps % 2 == 1 {
+            renameat2(&root, a, &root, b, RenameFlags::RENAME_EXCHANGE).unwrap();
+            swaps += 1;
+        }
+        swaps
+    })
+}
+
 #[test]
 fn swapping_a_directory_for_a_link_to_outside_never_leaks_or_writes_outside() {
     let fx = Fixture::new();
@@ -112,27 +139,7 @@ fn swapping_a_directory_for_a_link_to_outside_never_leaks_or_writes_outside() {
     let before = fx.outside_snapshot();
 
     let stop = Arc::new(AtomicBool::new(false));
-    let root = std::fs::File::open(fx.root()).unwrap();
-    let swapper = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            let mut swaps = 0u64;
-            while swaps < MAX_SWAPS
-                && started.elapsed() < MAX_SWAP_TIME
-                && !stop.load(Ordering::Relaxed)
-            {
-                renameat2(&root, "d", &root, "d_swap", RenameFlags::RENAME_EXCHANGE).unwrap();
-                swaps += 1;
-            }
-            if swaps % 2 == 1 {
-                // Leave `d` the directory it started as.
-                renameat2(&root, "d", &root, "d_swap", RenameFlags::RENAME_EXCHANGE).unwrap();
-                swaps += 1;
-            }
-            swaps
-        })
-    };
+    let swapper = swap_in_a_loop(&fx, "d", "d_swap", MAX_SWAPS, &stop);
 
     let sandbox = Arc::clone(&fx.sandbox);
     let mut seen = Observed::default();
@@ -323,21 +330,7 @@ fn swapping_a_directory_for_a_link_to_git_never_writes_into_git() {
     fx.put("a/config", "innocent\n");
     fx.symlink(".git", "alink");
     let stop = Arc::new(AtomicBool::new(false));
-    let root = std::fs::File::open(fx.root()).unwrap();
-    let swapper = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || {
-            let started = Instant::now();
-            let mut swaps = 0u64;
-            while started.elapsed() < MAX_SWAP_TIME && !stop.load(Ordering::Relaxed) {
-                renameat2(&root, "a", &root, "alink", RenameFlags::RENAME_EXCHANGE).unwrap();
-                swaps += 1;
-            }
-            if swaps % 2 == 1 {
-                renameat2(&root, "a", &root, "alink", RenameFlags::RENAME_EXCHANGE).unwrap();
-            }
-        })
-    };
+    let swapper = swap_in_a_loop(&fx, "a", "alink", u64::MAX, &stop);
     let (mut written, mut refused) = (0, 0);
     for round in 0..400 {
         // A path of its own each time, so that what the tools last saw of it never refuses it.
