@@ -809,7 +809,10 @@ fn spawn(
             source: e,
         })?;
     let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout, isolation)?;
-    // Both or neither: the landlock ruleset and the seccomp filter are one sandbox.
+    // The sandbox is the landlock ruleset and the seccomp filter together. Where the operator
+    // let commands run without landlock, the filter still holds what it can: it is what keeps
+    // `network = "off"` without a network namespace, and a command the filter cannot hold to
+    // that is refused rather than run with the network its owner was told it would not have.
     let (ruleset, filter, abi) = match (landlock_abi(), seccomp::filter(plan.sockets)) {
         (Some(abi), Some(filter)) if abi >= MIN_ABI => {
             let (ruleset, ids) = plan.ruleset(jail, abi).map_err(|e| {
@@ -817,7 +820,17 @@ fn spawn(
             })?;
             (Some((ruleset, ids)), Some(filter), Some(abi))
         }
-        _ if policy.allow_unsandboxed_exec => (None, None, None),
+        (_, None) if policy.allow_unsandboxed_exec && plan.sockets == seccomp::Sockets::None => {
+            return Err(SandboxError::SandboxUnavailable(format!(
+                "`network = \"off\"` cannot be kept here: commands have no network namespace \
+                 of their own, and there is no seccomp filter for {} to refuse their sockets; \
+                 allow user namespaces, or set `network = \"host\"` to run commands with the \
+                 host's network",
+                std::env::consts::ARCH
+            ))
+            .into());
+        }
+        (_, filter) if policy.allow_unsandboxed_exec => (None, filter, None),
         (None, _) => {
             return Err(SandboxError::SandboxUnavailable(format!(
                 "landlock is not available in this kernel{UNSANDBOXED_HINT}"

@@ -706,6 +706,49 @@ fn own_process_landlock_probe() {
     assert!(!out.stdout.contains(SECRET.trim()), "{out:?}");
 }
 
+/// Where the operator let commands run without landlock (`allow_unsandboxed_exec`, on a kernel
+/// whose landlock is too old) and commands have no namespaces, `network = "off"` is still kept:
+/// the seccomp filter refuses sockets (it was dropped with landlock, and the command reached a
+/// server on the host's loopback while the owner's prompt said "no network"). Run in a process of
+/// its own, with the ABI held at 1.
+#[test]
+fn without_landlock_network_off_still_holds() {
+    super::support::in_own_process("suite::contain::own_process_unsandboxed_network", None);
+}
+
+#[test]
+#[ignore = "run by without_landlock_network_off_still_holds"]
+fn own_process_unsandboxed_network() {
+    if !super::support::in_own_process_now() {
+        return;
+    }
+    monad_sandbox::exec::pretend_landlock_abi_at_most(Some(1));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fx = Fixture::with(
+        Limits::default(),
+        ExecPolicy {
+            allow_unsandboxed_exec: true,
+            ..without_namespaces()
+        },
+    );
+    let out = run(
+        &fx,
+        &[
+            PYTHON,
+            "-c",
+            &format!(
+                "import socket\n\
+                 try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=5)\n    \
+                 print('connected')\n\
+                 except OSError as e:\n    print('refused', e.errno)"
+            ),
+        ],
+    );
+    assert_eq!(out.sandbox, "none", "ran without landlock: {out:?}");
+    assert!(out.stdout.starts_with("refused"), "{out:?}");
+}
+
 /// The lowest descriptor limit under which exactly `spare` descriptors can still be opened.
 fn limit_leaving(spare: usize) -> u64 {
     let open: std::collections::BTreeSet<u64> = std::fs::read_dir("/proc/self/fd")
