@@ -874,8 +874,8 @@ fn count_lines(text: &str) -> u64 {
     }
 }
 
-fn network(out: &mut String, events: &[NetworkEvent]) {
-    if events.is_empty() {
+fn network(out: &mut String, events: &[NetworkEvent], not_shown: u64) {
+    if events.is_empty() && not_shown == 0 {
         return;
     }
     out.push_str("\n--- network");
@@ -895,6 +895,13 @@ fn network(out: &mut String, events: &[NetworkEvent]) {
         if let Some(reason) = &e.reason {
             let _ = write!(out, ": {}", crate::text::printable(reason));
         }
+    }
+    if not_shown > 0 {
+        let _ = write!(
+            out,
+            "\n... and {not_shown} more connection{} not shown (too many for one answer)",
+            if not_shown == 1 { "" } else { "s" }
+        );
     }
 }
 
@@ -943,7 +950,7 @@ fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
             },
         ],
     );
-    network(&mut out, &r.network);
+    network(&mut out, &r.network, r.network_not_shown);
     out
 }
 
@@ -1003,7 +1010,7 @@ fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
             },
         ],
     );
-    network(&mut out, &r.network);
+    network(&mut out, &r.network, r.network_not_shown);
     out
 }
 
@@ -1806,6 +1813,22 @@ mod tests {
             quiet,
             "timed out and was killed in workspace laptop, after 30.0 s (ran without a \
              sandbox); no output\n--- network\nrefused example.com:443: not in the allowlist"
+        );
+        // Past what an answer carries, connections are counted.
+        let counted = render(
+            ToolName::RunCommand,
+            json!({"exit_code": 0, "timed_out": false, "stdout": "", "stderr": "",
+            "stdout_truncated": false, "stderr_truncated": false, "duration_ms": 10,
+            "sandbox": "landlock", "network": [
+                {"host": "example.com", "port": 443, "allowed": true}
+            ], "network_not_shown": 2500}),
+        );
+        assert!(
+            counted.ends_with(
+                "\n--- network\nallowed example.com:443\n... and 2500 more connections not shown \
+                 (too many for one answer)"
+            ),
+            "{counted}"
         );
         // A reason quoting what a command asked for stays on its line.
         let forged = render(

@@ -1094,6 +1094,10 @@ pub struct RunCommandResult {
     /// Network connections it asked the workspace's proxy for (with `network = "allowlist"`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<NetworkEvent>,
+    /// Connections past the most an answer carries: only counted here (the audit log records
+    /// them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub network_not_shown: u64,
 }
 
 /// The bytes dropped from the middle of a command's output that went over the output cap.
@@ -1173,6 +1177,10 @@ pub struct ProcessReadResult {
     /// Network connections it asked the workspace's proxy for since the last read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<NetworkEvent>,
+    /// Connections past the most an answer carries: only counted here (the audit log records
+    /// them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub network_not_shown: u64,
 }
 
 /// Arguments of `process_write`.

@@ -74,6 +74,9 @@ struct State {
     taken: bool,
     /// The sandbox is gone: the reader gets what is left, then the end.
     closed: bool,
+    /// Events past [`MAX_FOR_ANSWER`] since an answer last took them: only counted, and the
+    /// count goes with the next answer.
+    answer_dropped: u64,
     /// The log said that events for the next answer are being dropped (said once a fill).
     answer_full_told: bool,
     /// When the last report came (its own time).
@@ -139,11 +142,15 @@ impl NetworkLog {
         }
         if state.for_answer.len() < MAX_FOR_ANSWER {
             state.for_answer.push(event);
-        } else if !std::mem::replace(&mut state.answer_full_told, true) {
+        } else {
+            state.answer_dropped += 1;
             // Once until an answer takes them: the log is not flooded with a line a connection.
-            tracing::warn!(
-                "network events not reported in an answer yet are over {MAX_FOR_ANSWER}; dropping"
-            );
+            if !std::mem::replace(&mut state.answer_full_told, true) {
+                tracing::warn!(
+                    "network events not reported in an answer yet are over {MAX_FOR_ANSWER}; \
+                     counting the rest"
+                );
+            }
         }
         drop(state);
         if wake {
@@ -151,11 +158,15 @@ impl NetworkLog {
         }
     }
 
-    /// The events no answer carried yet.
-    pub(crate) fn take_for_answer(&self) -> Vec<NetworkEvent> {
+    /// The events no answer carried yet, and how many more there were past
+    /// [`MAX_FOR_ANSWER`].
+    pub(crate) fn take_for_answer(&self) -> (Vec<NetworkEvent>, u64) {
         let mut state = self.lock();
         state.answer_full_told = false;
-        std::mem::take(&mut state.for_answer)
+        (
+            std::mem::take(&mut state.for_answer),
+            std::mem::take(&mut state.answer_dropped),
+        )
     }
 
     /// The audit reader, the first time; `None` after.
@@ -257,13 +268,32 @@ mod tests {
         let mut audit = log.audit().expect("the first reader");
         assert!(log.audit().is_none(), "one reader only");
         log.report(event(1));
-        assert_eq!(log.take_for_answer(), vec![event(1)]);
+        assert_eq!(log.take_for_answer(), (vec![event(1)], 0));
         log.report(event(2));
         let batch = now(audit.next()).flatten().expect("ready at once");
         assert_eq!(batch.events, vec![event(1), event(2)]);
         assert_eq!(batch.dropped, 0);
-        assert_eq!(log.take_for_answer(), vec![event(2)]);
+        assert_eq!(log.take_for_answer(), (vec![event(2)], 0));
         assert!(now(audit.next()).is_none(), "nothing new: it waits");
+    }
+
+    /// Past the most an answer carries, connections are counted for it (they were dropped
+    /// without the answer saying so).
+    #[test]
+    fn an_answer_is_told_how_many_connections_it_does_not_carry() {
+        let log = NetworkLog::default();
+        for n in 0..MAX_FOR_ANSWER + 7 {
+            log.report(event(n as u16));
+        }
+        let (events, more) = log.take_for_answer();
+        assert_eq!(events.len(), MAX_FOR_ANSWER);
+        assert_eq!(more, 7);
+        log.report(event(1));
+        assert_eq!(
+            log.take_for_answer(),
+            (vec![event(1)], 0),
+            "the count was taken"
+        );
     }
 
     #[test]

@@ -524,7 +524,8 @@ impl Proc {
 
     /// The connections the workspace's proxy was asked for since the last report (of any of
     /// the workspace's commands: the proxy cannot tell them apart).
-    fn take_events(&self) -> Vec<NetworkEvent> {
+    /// With how many more there were than an answer carries.
+    fn take_events(&self) -> (Vec<NetworkEvent>, u64) {
         self.network.take_for_answer()
     }
 
@@ -766,6 +767,7 @@ impl Table {
             stderr_dropped: 0,
             duration_ms: exit.duration.as_millis() as u64,
             network: Vec::new(),
+            network_not_shown: 0,
         })
     }
 
@@ -1025,6 +1027,7 @@ where
             sandbox: proc.sandbox.to_owned(),
             process: Some(proc.id.clone()),
             network: Vec::new(),
+            network_not_shown: 0,
         });
     }
     let mut moving_at = after.map(|after| tokio::time::Instant::now() + after);
@@ -1094,6 +1097,7 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
         state.stderr.move_to_background(&stderr, stderr_gap);
     }
     drop(guard);
+    let (network, network_not_shown) = proc.take_events();
     RunCommandResult {
         exit_code: exit.and_then(|e| e.code),
         signal: exit.and_then(|e| e.signal),
@@ -1108,7 +1112,8 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
         duration_ms: proc.elapsed(exit).as_millis() as u64,
         sandbox: proc.sandbox.to_owned(),
         process,
-        network: proc.take_events(),
+        network,
+        network_not_shown,
     }
 }
 
@@ -1271,6 +1276,7 @@ pub(crate) async fn read(
         return ended();
     }
     let finished = exit.is_some();
+    let (network, network_not_shown) = proc.take_events();
     let result = ProcessReadResult {
         process: proc.id.clone(),
         running: !finished,
@@ -1284,7 +1290,8 @@ pub(crate) async fn read(
         stdout_dropped: std::mem::take(&mut state.stdout.dropped),
         stderr_dropped: std::mem::take(&mut state.stderr.dropped),
         duration_ms: proc.elapsed(exit).as_millis() as u64,
-        network: proc.take_events(),
+        network,
+        network_not_shown,
     };
     drop(state);
     if let Some(exit) = exit {

@@ -478,11 +478,16 @@ fn record_call(
     struct Reported {
         #[serde(default)]
         network: ReportedNetwork,
+        /// What the sandbox itself only counted (past what an answer carries).
+        #[serde(default)]
+        network_not_shown: u64,
     }
     if let Some(name) = &workspace
         && !session.reports_network(name)
-        && let Some(Reported { network }) =
-            read_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead])
+        && let Some(Reported {
+            network,
+            network_not_shown,
+        }) = read_of(output, tool, &[ToolName::RunCommand, ToolName::ProcessRead])
     {
         for event in &network.kept {
             recorder.audit(
@@ -506,6 +511,19 @@ fn record_call(
                     format!(
                         "{more} connections not recorded: the result reported more than the \
                          {MAX_RESULT_NETWORK_EVENTS} a sandbox reports"
+                    ),
+                ),
+            );
+        }
+        if network_not_shown > 0 {
+            recorder.audit(
+                &session.id,
+                not_recorded(
+                    call_id.clone(),
+                    workspace.clone(),
+                    format!(
+                        "{network_not_shown} connections not recorded: more than the \
+                         {MAX_RESULT_NETWORK_EVENTS} an answer carries"
                     ),
                 ),
             );
