@@ -658,8 +658,8 @@ struct Stream<'a> {
 }
 
 /// Standard output and error as sections; nothing when both are empty. A long stream is shown
-/// by its first and last lines ([`abridge`]).
-fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
+/// by its first and last lines ([`abridge`]), with `read_all` saying how to read the rest.
+fn streams(out: &mut String, streams: [Stream<'_>; 2], read_all: &str) {
     for Stream {
         name,
         text,
@@ -695,7 +695,7 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
             continue;
         }
         if let Some(gap) = gap {
-            cut_at_the_cap(out, name, text, gap);
+            cut_at_the_cap(out, name, text, gap, read_all);
             continue;
         }
         // The size is the stream's own (what `wc -c` counts); the last line break is not shown.
@@ -712,8 +712,7 @@ fn streams(out: &mut String, streams: [Stream<'_>; 2]) {
         let _ = write!(
             out,
             "\n--- {name}{note}: {}, {} bytes; its first and last lines are shown here\n{}\n\
-             [... {} left out of this text: the result's `{name}` field holds them for a \
-             program; {READ_IT_ALL} ...]\n{}",
+             [... {} left out of this text; {read_all} ...]\n{}",
             plural(count_lines(text), "line", "lines"),
             size,
             parts.head,
@@ -755,9 +754,17 @@ fn looks_binary(text: &str) -> bool {
 const READ_IT_ALL: &str = "to read them, run the command again with its output sent to a \
                            file, then read_file or search that file";
 
+/// What a background process's read leaves out is gone for a model (a read takes what it
+/// shows): running it again is no answer for a long build or a server, so the advice is for
+/// the next start.
+const READ_IT_ALL_NEXT_TIME: &str = "a read takes them, so they cannot be read again; to \
+                                     keep all of a long-running command's output, start it \
+                                     with its output sent to a file (`... > out.log 2>&1`), \
+                                     then read_file or search that file";
+
 /// A stream that went over the output cap: what was kept of its start, then of its end (`text`
 /// holds both, split at `gap.at`), each shown by its own end.
-fn cut_at_the_cap(out: &mut String, name: &str, text: &str, gap: OutputGap) {
+fn cut_at_the_cap(out: &mut String, name: &str, text: &str, gap: OutputGap, read_all: &str) {
     let at = usize::try_from(gap.at)
         .ok()
         .filter(|&at| text.is_char_boundary(at))
@@ -773,7 +780,7 @@ fn cut_at_the_cap(out: &mut String, name: &str, text: &str, gap: OutputGap) {
         out,
         "\n--- {name}: {} bytes, more than the output cap keeps; its first and last lines are \
          shown here\n{}\n[... {} left out of this text, {} of them not kept at all (the \
-         output cap); {READ_IT_ALL} ...]\n{}",
+         output cap); {read_all} ...]\n{}",
         (text.len() as u64).saturating_add(gap.dropped),
         first[..head_end]
             .strip_suffix('\n')
@@ -949,6 +956,7 @@ fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
                 gap: r.stderr_gap,
             },
         ],
+        READ_IT_ALL,
     );
     network(&mut out, &r.network, r.network_not_shown);
     out
@@ -1009,6 +1017,7 @@ fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
                 gap: None,
             },
         ],
+        READ_IT_ALL_NEXT_TIME,
     );
     network(&mut out, &r.network, r.network_not_shown);
     out
@@ -1920,9 +1929,8 @@ mod tests {
             format!(
                 "exit status 0 in workspace laptop, after 10 ms\n--- stdout: 10000 lines, {} \
                  bytes; its first and last lines are shown here\n{head}[... 9744 lines \
-                 ({left_out} bytes) left out of this text: the result's `stdout` field holds \
-                 them for a program; to read them, run the command again with its output sent \
-                 to a file, then read_file or search that file ...]\n{}",
+                 ({left_out} bytes) left out of this text; to read them, run the command again \
+                 with its output sent to a file, then read_file or search that file ...]\n{}",
                 output.len(),
                 tail.trim_end()
             )
@@ -2056,7 +2064,15 @@ mod tests {
                    "duration_ms": 5}),
         );
         assert!(shown.contains("--- stdout: 5000 lines, 25000 bytes; its first and last"));
-        assert!(shown.contains("[... 4744 lines (23720 bytes) left out of this text"));
+        // Running it again is no way to read what a read took: the advice is for next time.
+        assert!(
+            shown.contains(
+                "[... 4744 lines (23720 bytes) left out of this text; a read takes them, so \
+                 they cannot be read again; to keep all of a long-running command's output, \
+                 start it with its output sent to a file"
+            ),
+            "{shown}"
+        );
         assert!(shown.len() < 3_000, "{}", shown.len());
     }
 

@@ -332,16 +332,19 @@ impl ToolName {
     pub fn description(self) -> &'static str {
         match self {
             ToolName::ReadFile => {
-                "Read a UTF-8 text file in a workspace. Returns its lines, numbered from 1; use \
+                "Read a UTF-8 text file in a workspace. Returns its lines, numbered from 1 like \
+                 `cat -n` (the number and a tab before each line: not part of the file); use \
                  `offset` (first line, 1-based) and `limit` (number of lines) to page through \
-                 large files. Output is capped in bytes and lines: when `truncated` is true, \
-                 `next_offset` says where to continue. A line over 2,000 bytes is shown cut; `search` \
-                 finds text in it. Binary files are reported, not dumped."
+                 large files. Output is capped in bytes and lines: the first line of the result \
+                 says which lines it shows and, when the file goes on, the `offset` to read on \
+                 with. A line over 2,000 bytes is shown cut; `search` finds text in it. Binary \
+                 files are reported, not dumped."
             }
             ToolName::ListDir => {
                 "List a directory in a workspace (default: its root), `depth` levels deep \
-                 (default 1). Hidden entries are left out unless `include_hidden` is true. \
-                 Entries are capped; `truncated` says when some were left out."
+                 (default 1). Hidden entries are left out unless `include_hidden` is true. One \
+                 entry a line, relative to the directory listed, with `/` after directories. \
+                 Entries are capped; the result says when some were left out."
             }
             ToolName::Stat => {
                 "Describe one path in a workspace: its kind, size, permissions and modification \
@@ -370,15 +373,17 @@ impl ToolName {
                 "Replace `old_string` with `new_string` in a text file in a workspace. Fails, \
                  changing nothing, when `old_string` does not occur or occurs more than once \
                  (unless `replace_all` is true); include enough surrounding text to make it \
-                 unique. Returns a unified diff of the change."
+                 unique. `old_string` is the file's own text, exactly: never the line numbers \
+                 read_file puts before each line. Returns a unified diff of the change."
             }
             ToolName::RunCommand => {
                 "Run a program in a workspace: `argv` is the program and its arguments (no \
                  shell; pass [\"sh\", \"-c\", \"...\"] for one). It runs sandboxed: it can \
                  read and write only the workspace and read the system's runtime directories, \
                  without privileges, with no network unless the workspace's policy allows some, \
-                 with a time limit (`timeout_ms`) and capped output; everything it starts ends \
-                 with it. Returns the exit code, stdout and stderr; of a long output, its \
+                 with a time limit (`timeout_ms`; 2 minutes unless the operator set another) \
+                 and capped output; everything it starts ends with it. Temporary files go in \
+                 `$TMPDIR` (`/tmp` is not writable). Returns the exit code, stdout and stderr; of a long output, its \
                  first and last lines (send it to a file to read it all). For builds, test suites and \
                  servers that run long, set `background: true` to get a process id at once, or \
                  `background_after_ms` to wait that long and then leave it running; then use \

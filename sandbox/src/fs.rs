@@ -1264,16 +1264,18 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
                 ""
             };
             return Err(SandboxError::NoMatch(format!(
-                "`old_string` does not occur in `{}`{endings}; read the file again and copy the \
-                 text exactly, including white space",
-                crate::error::shown(&path.display())
+                "`old_string` does not occur in `{}`{endings}{}; read the file again and copy \
+                 the text exactly, including white space",
+                crate::error::shown(&path.display()),
+                near_miss(old_text, &args.old_string)
             )));
         }
         n if n > 1 && !replace_all => {
             return Err(SandboxError::NoMatch(format!(
-                "`old_string` occurs {n} times in `{}`; add surrounding text to make it unique, \
-                 or set `replace_all` to replace every occurrence",
-                crate::error::shown(&path.display())
+                "`old_string` occurs {n} times in `{}` ({}); add surrounding text to make it \
+                 unique, or set `replace_all` to replace every occurrence",
+                crate::error::shown(&path.display()),
+                occurrence_lines(old_text, &old_string)
             )));
         }
         _ => {}
@@ -1328,6 +1330,105 @@ fn occurrences(text: &str, needle: &str) -> usize {
         from += at + first;
     }
     count
+}
+
+/// Most places an error names for one `old_string`.
+const PLACES_NAMED: usize = 10;
+
+/// Where `needle` occurs in `text`, overlapping ones too (as [`occurrences`] counts them), as
+/// line numbers for a model to tell them apart: `at lines 3, 17 and 40`.
+fn occurrence_lines(text: &str, needle: &str) -> String {
+    let mut lines = Vec::new();
+    let (mut from, mut line, mut counted_to) = (0, 1, 0);
+    while let Some(at) = text[from..].find(needle) {
+        let at = from + at;
+        line += text.as_bytes()[counted_to..at]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        counted_to = at;
+        if lines.last() != Some(&line) {
+            lines.push(line);
+        }
+        if lines.len() > PLACES_NAMED {
+            break;
+        }
+        from = at + text[at..].chars().next().map_or(1, char::len_utf8);
+    }
+    named_lines(&lines)
+}
+
+/// `at line 3`, `at lines 3, 17 and 40`, `at lines 1, 2, ... and more` past [`PLACES_NAMED`].
+fn named_lines(lines: &[usize]) -> String {
+    let shown: Vec<String> = lines
+        .iter()
+        .take(PLACES_NAMED)
+        .map(ToString::to_string)
+        .collect();
+    match (shown.as_slice(), lines.len() > PLACES_NAMED) {
+        ([], _) => String::new(),
+        ([one], false) => format!("at line {one}"),
+        (all, true) => format!("at lines {} and more", all.join(", ")),
+        ([rest @ .., last], false) => format!("at lines {} and {last}", rest.join(", ")),
+    }
+}
+
+/// Why an `old_string` that does not occur may have missed, for a model to mend its call
+/// rather than read the whole file again: read_file's line numbers copied with the text, or
+/// where its first line occurs, or nearly (but for white space or case). Empty when there is
+/// nothing to say. One pass over the file's lines, only when the edit failed.
+fn near_miss(text: &str, old_string: &str) -> String {
+    let numbered = |line: &str| {
+        let digits = line.trim_start_matches(' ');
+        let rest = digits.trim_start_matches(|c: char| c.is_ascii_digit());
+        rest.len() < digits.len() && rest.starts_with('\t')
+    };
+    let given: Vec<&str> = old_string
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    if !given.is_empty() && given.iter().all(|l| numbered(l)) {
+        return " (its lines start with the line numbers read_file shows, a number and a tab: \
+                they are not part of the file; leave them out)"
+            .to_owned();
+    }
+    let Some(first) = given.first().map(|l| l.trim_end_matches('\r')) else {
+        return String::new();
+    };
+    let (mut exact, mut spaced, mut cased) = (Vec::new(), Vec::new(), Vec::new());
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        if line.contains(first) {
+            exact.push(n + 1);
+        } else if line.trim() == first.trim() {
+            spaced.push(n + 1);
+        } else if line.trim().to_lowercase() == first.trim().to_lowercase() {
+            cased.push(n + 1);
+        }
+        if exact.len() > PLACES_NAMED {
+            break;
+        }
+    }
+    let whole = given.len() == 1;
+    match (exact.is_empty(), spaced.is_empty(), cased.is_empty()) {
+        (false, _, _) if whole => String::new(),
+        (false, _, _) => format!(
+            " (its first line occurs {}: what follows it there differs)",
+            named_lines(&exact)
+        ),
+        (true, false, _) => format!(
+            " ({} {} but for white space)",
+            if whole { "it is" } else { "its first line is" },
+            named_lines(&spaced)
+        ),
+        (true, true, false) => format!(
+            " ({} {} but for case)",
+            if whole { "it is" } else { "its first line is" },
+            named_lines(&cased)
+        ),
+        (true, true, true) if whole => String::new(),
+        (true, true, true) => " (not even its first line occurs)".to_owned(),
+    }
 }
 
 /// Whether `text` has line breaks and every one of them is CRLF.

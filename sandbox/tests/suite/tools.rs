@@ -1447,6 +1447,54 @@ fn edit_file_changes_nothing_when_old_string_is_missing_or_ambiguous() {
     );
 }
 
+/// A failed edit says where a model's `old_string` went wrong: the places of an ambiguous one,
+/// read_file's line numbers copied with it, a first line found but for white space or case.
+#[test]
+fn a_failed_edit_says_where_old_string_went_wrong() {
+    let fx = Fixture::new();
+    fx.put(
+        "m.rs",
+        "fn a() {\n    let x = 1;\n}\nfn b() {\n    let x = 1;\n}\nfn Main() {}\n",
+    );
+    let message = |old: &str| {
+        let err = fx.sandbox.edit_file(&edit("m.rs", old, "z")).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NoMatch, "{err}");
+        err.to_string()
+    };
+    let twice = message("    let x = 1;");
+    assert!(
+        twice.contains("occurs 2 times in `m.rs` (at lines 2 and 5)"),
+        "{twice}"
+    );
+    let numbered = message("     1\tfn a() {\n     2\t    let x = 1;");
+    assert!(
+        numbered.contains("line numbers read_file shows"),
+        "{numbered}"
+    );
+    let spaced = message("let x = 1; ");
+    assert!(
+        spaced.contains("(it is at lines 2 and 5 but for white space)"),
+        "{spaced}"
+    );
+    let cased = message("fn main() {}");
+    assert!(cased.contains("(it is at line 7 but for case)"), "{cased}");
+    let follows = message("fn b() {\n    let y = 1;");
+    assert!(
+        follows.contains("(its first line occurs at line 4: what follows it there differs)"),
+        "{follows}"
+    );
+    let nowhere = message("fn c() {\n}");
+    assert!(
+        nowhere.contains("(not even its first line occurs)"),
+        "{nowhere}"
+    );
+    assert!(!message("fn c() {}").contains(" ("), "nothing to add");
+    assert_eq!(
+        fx.read("m.rs"),
+        "fn a() {\n    let x = 1;\n}\nfn b() {\n    let x = 1;\n}\nfn Main() {}\n"
+    );
+}
+
 #[test]
 fn call_dispatches_json_and_refuses_unknown_arguments() {
     let fx = Fixture::new();
