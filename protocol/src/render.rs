@@ -586,18 +586,51 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
             ", in UTF-8: the file was {was}, which cannot hold all of the new content"
         );
     }
-    if r.diff.is_empty() {
+    // A new file's diff is the content the model just sent, every line of it again: said
+    // only in the JSON.
+    if r.diff.is_empty() || r.created {
         out.push_str(if r.created { "." } else { ": no change." });
         return out;
     }
     out.push(':');
-    if r.diff_truncated {
-        out.push_str(" (the diff is cut at the cap)");
+    let diff = r.diff.trim_end_matches('\n');
+    let shown = crate::text::head(diff, DIFF_TEXT_MAX_BYTES);
+    // Whole lines: a cut inside one would read as a change that is not there.
+    let shown = if shown.len() < diff.len() {
+        shown.rfind('\n').map_or(shown, |at| &shown[..at])
+    } else {
+        shown
+    };
+    let left_out = &diff[shown.len()..];
+    if r.diff_truncated && left_out.is_empty() {
+        out.push_str(" (the diff is cut at the cap; read_file shows the file as it is now)");
     }
     out.push('\n');
-    out.push_str(r.diff.trim_end_matches('\n'));
+    out.push_str(shown);
+    if !left_out.is_empty() {
+        let _ = write!(
+            out,
+            "\n[... the diff goes on for {} ({} bytes){}; read_file shows the file as it is \
+             now ...]",
+            plural(
+                count_lines(left_out.trim_start_matches('\n')),
+                "line",
+                "lines"
+            ),
+            left_out.len(),
+            if r.diff_truncated {
+                ", then it was cut at the cap"
+            } else {
+                ""
+            }
+        );
+    }
     out
 }
+
+/// Most bytes of a write's diff its text shows: a write that replaced every line of a large
+/// file would otherwise hand a model its old and new content, up to the diff's own cap.
+const DIFF_TEXT_MAX_BYTES: usize = 16 * 1024;
 
 /// Said after how a command ended when the kernel killed a process of its user's commands at
 /// their memory bound while it ran.
@@ -1342,6 +1375,48 @@ mod tests {
             "Created a/b/c/f.rs in workspace laptop (2 bytes; made 3 directories, a/ down to \
                  a/b/c/)"
         ));
+    }
+
+    /// A new file's diff is the model's own content again: not in the text. A long diff is
+    /// shown to a bound, in whole lines, with what it leaves out counted.
+    #[test]
+    fn a_writes_text_leaves_out_a_new_files_content_and_bounds_a_long_diff() {
+        let diff: String = (0..2_000).map(|n| format!("+line {n}\n")).collect();
+        let created = render(
+            ToolName::WriteFile,
+            json!({"path": "new.txt", "created": true, "bytes_written": 9000, "diff": diff,
+                   "diff_truncated": false}),
+        );
+        assert_eq!(created, "Created new.txt in workspace laptop (9000 bytes).");
+        let replaced = render(
+            ToolName::WriteFile,
+            json!({"path": "old.txt", "created": false, "bytes_written": 9000, "diff": diff,
+                   "diff_truncated": true}),
+        );
+        let (shown, notice) = replaced.rsplit_once("\n[... ").expect(&replaced);
+        assert!(shown.len() <= DIFF_TEXT_MAX_BYTES + 100, "{}", shown.len());
+        assert!(
+            shown.ends_with(&format!("+line {}", shown.lines().count() - 2)),
+            "{shown}"
+        );
+        let left = 2_000 - (shown.lines().count() - 1);
+        assert!(
+            notice.starts_with(&format!(
+                "the diff goes on for {left} lines ({} bytes), then it was cut at the cap; \
+                 read_file shows the file as it is now ...]",
+                diff.trim_end().len() - (shown.len() - shown.find('\n').unwrap() - 1)
+            )),
+            "{notice}"
+        );
+        let small = render(
+            ToolName::WriteFile,
+            json!({"path": "old.txt", "created": false, "bytes_written": 4,
+                   "diff": "-a\n+b\n", "diff_truncated": false}),
+        );
+        assert_eq!(
+            small,
+            "Wrote old.txt in workspace laptop (4 bytes):\n-a\n+b"
+        );
     }
 
     #[test]
@@ -2188,7 +2263,16 @@ mod tests {
                 json!({"path": "n/y", "created": true, "bytes_written": 1, "diff": "+z\n",
                        "diff_truncated": true})
             ),
-            "Created n/y in workspace laptop (1 byte): (the diff is cut at the cap)\n+z"
+            "Created n/y in workspace laptop (1 byte)."
+        );
+        assert_eq!(
+            render(
+                ToolName::WriteFile,
+                json!({"path": "n/y", "created": false, "bytes_written": 1, "diff": "+z\n",
+                       "diff_truncated": true})
+            ),
+            "Wrote n/y in workspace laptop (1 byte): (the diff is cut at the cap; read_file \
+             shows the file as it is now)\n+z"
         );
         assert_eq!(
             render(

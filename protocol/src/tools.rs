@@ -367,7 +367,7 @@ impl ToolName {
                 "Create or replace a file in a workspace with the given UTF-8 content, \
                  atomically, creating missing parent directories (never git's own files in \
                  `.git`: use git). Refused when the file changed since this workspace's \
-                 tools last read or wrote it: read it again first. Returns a unified diff of the change."
+                 tools last read or wrote it: read it again first. Returns a unified diff of the change to a file that existed."
             }
             ToolName::EditFile => {
                 "Replace `old_string` with `new_string` in a text file in a workspace. Fails, \

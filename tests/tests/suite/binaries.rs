@@ -539,7 +539,7 @@ async fn call_prints_the_models_text_and_its_exit_code_says_how_the_call_went() 
     .await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).starts_with("Created a.txt in workspace primary (8 bytes):\n"),
+        text(&out.stdout) == "Created a.txt in workspace primary (8 bytes).\n",
         "{}",
         text(&out.stdout)
     );
