@@ -136,15 +136,22 @@ pub fn describe_workspaces(tool: ToolName, workspaces: &[WorkspaceInfo]) -> Stri
     if tool.class() == ToolClass::System {
         return "Ignored: this tool works on the whole session.".to_owned();
     }
-    let mut out = String::from(
-        "Workspace to run in: its short name or URI. Default: the session's focus workspace \
-         when it has one (`workspaces` names it and says where calls go), then the order below: \
-         the first that offers the tool and, for a path that must exist or a file to overwrite, \
-         contains the path; a new file goes to the focus, else to the first that has its \
-         directory, else the first. While the focus is \
-         offline, calls without `workspace` fail; a write or edit fails while a workspace that \
-         may have the file is offline.",
-    );
+    // A process tool goes where its process is, and `process_list` lists every workspace's:
+    // their own argument's description says so, and routing's order is not theirs.
+    let own = (ToolName::PROCESS_TOOLS.contains(&tool) || tool == ToolName::ProcessList)
+        .then(|| tool.input_schema()["properties"]["workspace"]["description"].clone());
+    let mut out = match own {
+        Some(Value::String(own)) => own,
+        _ => String::from(
+            "Workspace to run in: its short name or URI. Default: the session's focus \
+             workspace when it has one (`workspaces` names it and says where calls go), then \
+             the order below: the first that offers the tool and, for a path that must exist or \
+             a file to overwrite, contains the path; a new file goes to the focus, else to the \
+             first that has its directory, else the first. While the focus is offline, calls \
+             without `workspace` fail; a write or edit fails while a workspace that may have \
+             the file is offline.",
+        ),
+    };
     let offering: Vec<&WorkspaceInfo> = workspaces
         .iter()
         .filter(|w| w.tools.contains(&tool))
@@ -1105,6 +1112,29 @@ mod tests {
         // The serialize contract: what is always written is required, what is skipped is not.
         assert!(required.contains(&"content") && required.contains(&"start_line"));
         assert!(!required.contains(&"next_offset") && !required.contains(&"total_lines"));
+    }
+
+    /// A process tool goes where its process runs, and `process_list` lists every workspace's:
+    /// their `workspace` says so (routing's order, said for every tool, was not theirs).
+    #[test]
+    fn process_tools_say_their_own_default_workspace() {
+        let offering = workspaces();
+        for tool in ToolName::PROCESS_TOOLS {
+            let described = describe_workspaces(tool, &offering);
+            assert!(
+                described.contains("Default: the workspace that started the"),
+                "{tool}: {described}"
+            );
+            assert!(!described.contains("focus"), "{tool}: {described}");
+            assert!(
+                described.contains("This session's workspaces:"),
+                "{described}"
+            );
+        }
+        let listed = describe_workspaces(ToolName::ProcessList, &offering);
+        assert!(listed.contains("Default: every workspace"), "{listed}");
+        let read = describe_workspaces(ToolName::ReadFile, &offering);
+        assert!(read.contains("Default: the session's focus"), "{read}");
     }
 
     #[test]
