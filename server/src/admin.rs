@@ -582,7 +582,7 @@ const MAX_ADMIN_REQUEST: u64 = 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdminRequest {
-    /// The sessions unused for `max_age_secs` (never `default`, never one in use).
+    /// The sessions unused for `max_age_secs` (never a user's default, never one in use).
     Unused {
         /// The age, in seconds.
         max_age_secs: u64,
@@ -635,7 +635,7 @@ impl Remover {
         matches!(self, Remover::Server(_))
     }
 
-    /// The sessions unused for `max_age` (never `default`, never one in use), oldest first.
+    /// The sessions unused for `max_age` (never a user's default, never one in use), oldest first.
     pub fn unused(&self, max_age: Duration) -> Result<Vec<SessionMeta>, String> {
         match self {
             Remover::Here { registry, .. } => registry.unused_for(max_age).map_err(|e| e.message),

@@ -134,7 +134,7 @@ enum SessionCommand {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Delete sessions unused for a while, never `default` nor one in use.
+    /// Delete sessions unused for a while, never a user's default session nor one in use.
     ///
     /// It goes through the running server when there is one. Lists them and asks first on a
     /// terminal.
@@ -399,7 +399,7 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             let listed_at = std::time::Instant::now();
             let unused = remover.unused(max_age).map_err(anyhow::Error::msg)?;
             errln!(
-                "{} unused for {} (never `default`, never one in use)",
+                "{} unused for {} (never a user's default, never one in use)",
                 count(unused.len(), "session", "sessions"),
                 describe_age(max_age)
             );

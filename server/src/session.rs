@@ -2253,7 +2253,7 @@ impl Registry {
         deleted.map_err(store_error)
     }
 
-    /// The sessions unused for `max_age` (never `default`, never one in use), as `session gc`
+    /// The sessions unused for `max_age` (never a user's default, never one in use), as `session gc`
     /// would delete them now; their metadata with the in-memory `last_active`.
     pub fn unused_for(&self, max_age: Duration) -> Result<Vec<SessionMeta>, ToolError> {
         let cutoff = cutoff_of(max_age);
@@ -2267,6 +2267,9 @@ impl Registry {
             .map(|(id, s)| (id.clone(), (!s.in_use()).then(|| s.meta())))
             .collect();
         let mut unused = Vec::new();
+        // Each user's default, looked up once per owner of an old session: a user's default
+        // is where their unnamed calls and notes go, whoever else first used `default`.
+        let mut defaults: HashMap<String, Option<String>> = HashMap::new();
         for meta in self.store.all_sessions().map_err(store_error)? {
             let meta = match live.get(&meta.id) {
                 Some(None) => continue,
@@ -2277,7 +2280,22 @@ impl Registry {
                 continue;
             }
             match inactive_since(&meta.last_active, &cutoff) {
-                Age::Old => unused.push(meta),
+                Age::Old => {
+                    let default = match defaults.get(&meta.owner) {
+                        Some(default) => default.clone(),
+                        None => {
+                            let default = self
+                                .store
+                                .default_session(&meta.owner)
+                                .map_err(store_error)?;
+                            defaults.insert(meta.owner.clone(), default.clone());
+                            default
+                        }
+                    };
+                    if default.as_deref() != Some(meta.id.as_str()) {
+                        unused.push(meta);
+                    }
+                }
                 Age::Recent => {}
                 // An age that cannot be read is no age: kept, for the operator to look at.
                 Age::Unreadable => warn!(
@@ -2292,7 +2310,7 @@ impl Registry {
         Ok(unused)
     }
 
-    /// Deletes every session unused for `max_age` (never `default`, never one in use);
+    /// Deletes every session unused for `max_age` (never a user's default, never one in use);
     /// returns their ids.
     pub fn gc(&self, max_age: Duration) -> Result<Vec<String>, ToolError> {
         let mut deleted = Vec::new();
@@ -2308,7 +2326,7 @@ impl Registry {
     }
 
     /// One auto-purge pass (`[retention] max_age_days`): deletes the sessions unused for
-    /// `purge.max_age` (as [`Registry::gc`]: never `default`, never one in use, so never one
+    /// `purge.max_age` (as [`Registry::gc`]: never a user's default, never one in use, so never one
     /// with a call in flight), then the workspace records inactive that long that no remaining
     /// session uses and no attached folder names, oldest first, `purge.max_per_pass` of them in
     /// all at most. Blocking (store work): run it off the async workers.
@@ -3730,11 +3748,22 @@ pub(crate) mod tests {
         assert_eq!(reg.unload_idle(Duration::ZERO), 1);
         assert_eq!(reg.loaded(), 0);
         assert_eq!(reg.list("ana").len(), 2, "unloaded sessions stay on disk");
-        // Nothing is older than a day; everything but default is older than "now".
+        // Another user's default is a session of their own (the well-known `default` is
+        // ana's): no gc or purge takes it either (it did, and their notes went with it).
+        let bos_default = reg.bound("bo", None).unwrap();
+        assert_ne!(bos_default, "default");
+        reg.open(&bos_default, "bo").unwrap();
+        assert_eq!(reg.unload_idle(Duration::ZERO), 1);
+        // Nothing is older than a day; everything but the defaults is older than "now".
         assert!(reg.gc(Duration::from_secs(86_400)).unwrap().is_empty());
         std::thread::sleep(Duration::from_millis(1100));
         let deleted = reg.gc(Duration::ZERO).unwrap();
         assert_eq!(deleted, vec![id.clone()]);
+        assert_eq!(
+            reg.bound("bo", None).unwrap(),
+            bos_default,
+            "bo's default stays"
+        );
         assert_eq!(
             reg.bound("ana", Some(&dev)).unwrap(),
             "default",

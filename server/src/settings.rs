@@ -523,7 +523,7 @@ pub struct Retention {
     /// Keep `tool_output` and `file_diff` artifacts at all.
     pub keep_artifacts: bool,
     /// The auto-purge (seed 004, which says 90): the running server deletes sessions inactive
-    /// this many days (never `default`, never one in use) and the workspace records inactive
+    /// this many days (never a user's default, never one in use) and the workspace records inactive
     /// that long that no session uses any more. Absent: off (the default). A fraction is
     /// taken (`0.5` is twelve hours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
