@@ -215,6 +215,14 @@ async fn connect_to(
         .map_err(|e| ClientError::Unreachable(format!("{NO_ADDRESS} `{host}`: {e}")))?
         .next()
         .ok_or_else(|| ClientError::Unreachable(format!("{NO_ADDRESS} `{host}`: it has none")))?;
+    if addr.ip().is_unspecified() {
+        // A server listening on `0.0.0.0` listens on every address of its machine; that is no
+        // address to send to (quinn says only "invalid remote address").
+        return Err(ClientError::Unreachable(format!(
+            "{NO_ADDRESS} the server: `{host}` means every address of the server's own \
+             machine, not one to connect to; use its name or one of its addresses"
+        )));
+    }
     let (client, presented) = pinned_config(&config.fingerprint, wire::ALPN)?;
     let mut endpoint = monad_protocol::pin::client_endpoint(addr.is_ipv6())
         .map_err(|e| ClientError::Unreachable(format!("cannot open a UDP socket: {e}")))?;

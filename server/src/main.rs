@@ -822,6 +822,7 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     let mut config = ServerConfig::new(dir);
     config.listen = args.listen;
     config.http = (!args.no_http).then_some(args.http);
+    let advertise = args.advertise.clone();
     config.cluster.advertise = args.advertise;
     config.store_flags = monad_server::settings::StoreFlags {
         url: args.store,
@@ -831,7 +832,8 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;
         let addr = server.local_addr();
-        if let Err(e) = Admin::new(&config.data_dir).record_address(&addr.to_string()) {
+        let reach = reach_address(addr, advertise.as_deref());
+        if let Err(e) = Admin::new(&config.data_dir).record_address(&reach) {
             tracing::warn!("cannot note the address for `token create`: {e}");
         }
         errln!(
@@ -861,7 +863,7 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
                 errln!();
                 // The token goes in the environment, not in the client's argv.
                 outln!(
-                    "MONAD_TOKEN={} monad-client login --server {addr} --fingerprint {}",
+                    "MONAD_TOKEN={} monad-client login --server {reach} --fingerprint {}",
                     first.token,
                     server.fingerprint()
                 )?;
@@ -901,5 +903,45 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// The `HOST:PORT` a client's login names this server by: the address it listens on, unless
+/// that is every address of the machine (`0.0.0.0`, `::`), which no client can send to; then
+/// `advertise` when given, else this machine's name.
+fn reach_address(listening: SocketAddr, advertise: Option<&str>) -> String {
+    if !listening.ip().is_unspecified() {
+        return listening.to_string();
+    }
+    if let Some(advertise) = advertise {
+        return advertise.to_owned();
+    }
+    let name = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{name}:{}", listening.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server listening on every address printed `--server 0.0.0.0:4433` in its login line,
+    /// which no client can connect to.
+    #[test]
+    fn the_login_line_names_an_address_a_client_can_reach() {
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        assert_eq!(reach_address(at("10.1.2.3:4433"), None), "10.1.2.3:4433");
+        assert_eq!(reach_address(at("[::1]:9"), Some("x:1")), "[::1]:9");
+        assert_eq!(
+            reach_address(at("0.0.0.0:4433"), Some("monad.example:4433")),
+            "monad.example:4433"
+        );
+        let named = reach_address(at("[::]:7000"), None);
+        let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+        assert_eq!(named, format!("{host}:7000"));
+        assert!(!named.starts_with("0.0.0.0") && !named.starts_with("[::]"));
     }
 }
