@@ -2235,10 +2235,14 @@ impl Registry {
         if let Some(recorder) = &self.recorder {
             recorder.flush();
         }
+        // What names it goes first, then the session: a delete cut short (a crash while a
+        // large primary workspace is removed) left devices bound to it and workspace records
+        // listing it, which nothing could clean up once the session was gone. Cut short the
+        // other way, the session stays whole, and a retry finishes.
         let deleted = (|| {
-            self.store.delete(&id)?;
             self.store.unbind_session(&id)?;
-            self.store.forget_session(&id)
+            self.store.forget_session(&id)?;
+            self.store.delete(&id)
         })();
         self.deleting
             .lock()
@@ -3776,6 +3780,40 @@ pub(crate) mod tests {
         );
         reg.delete("default").unwrap();
         assert!(reg.list("ana").is_empty());
+    }
+
+    /// A delete that stops part of the way (a crash, or here the store refusing to remove the
+    /// session: its directory's parent made immutable, which binds root too) left the devices
+    /// bound to the session: once the session was gone nothing could unbind them. What names
+    /// it goes first now.
+    #[test]
+    fn a_delete_cut_short_leaves_no_binding_to_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let dev = DeviceId::parse("00000000-0000-4000-8000-000000000002").unwrap();
+        let s = reg.create("ana").unwrap();
+        reg.bind("ana", &dev, &s.id);
+        let id = s.id.clone();
+        drop(s);
+        assert_eq!(reg.unload_idle(Duration::ZERO), 1);
+        let sessions = dir.path().join("sessions");
+        let chattr = |flag: &str| {
+            std::process::Command::new("chattr")
+                .arg(flag)
+                .arg(&sessions)
+                .status()
+                .unwrap()
+                .success()
+        };
+        assert!(
+            chattr("+i"),
+            "this test sets the immutable flag (root, on ext4 or the like)"
+        );
+        let deleted = reg.delete(&id);
+        assert!(chattr("-i"));
+        assert!(deleted.is_err(), "the store could not remove it");
+        assert_eq!(reg.store().devices_bound_to(&id).unwrap(), 0);
+        reg.delete(&id).unwrap();
     }
 
     /// A call's records still in the recorder when its session is deleted (its metadata's last

@@ -980,15 +980,19 @@ fn remove_workspace(state: &State, record: &WorkspaceRecord) -> Result<(), HttpE
         }
         let ids: Vec<String> = mine.iter().map(|m| m.id.clone()).collect();
         let history = mine.iter().any(|m| m.kind == ArtifactKind::SessionHistory);
-        store
-            .delete_artifacts(&session, &ids)
-            .map_err(HttpError::store)?;
+        // The conversation first: the artifacts are how a retry knows this session took the
+        // workspace's conversation, so a delete cut short between the two (a crash) must leave
+        // them for the retry to clear it (the other way round, a retry answered 204 and left
+        // the conversation).
         if history && let Ok(Some(meta)) = store.load(&session) {
             let cleared = crate::store::history::empty(meta.created_at, meta.provider, meta.model);
             store
                 .replace(&session, &cleared)
                 .map_err(HttpError::store)?;
         }
+        store
+            .delete_artifacts(&session, &ids)
+            .map_err(HttpError::store)?;
     }
     store.delete_record(&record.id).map_err(HttpError::store)
 }

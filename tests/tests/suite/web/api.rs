@@ -757,6 +757,49 @@ async fn deleting_a_workspace_removes_its_artifacts_and_history_on_postgresql_an
     deleting_a_workspace_removes_its_artifacts_and_history_on(Some(pg)).await;
 }
 
+/// A workspace delete that stops part of the way (a crash; here the session's directory made
+/// immutable, which binds root too, so its conversation cannot be cleared) and is retried
+/// clears the conversation: the artifacts that say the session took the workspace's
+/// conversation went first, and the retry answered 204 leaving the conversation.
+#[tokio::test]
+async fn a_workspace_delete_retried_after_it_stopped_part_way_clears_the_conversation() {
+    let (server, http) = super::server_on(None).await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(None).await;
+    let session = new_session();
+    api.snapshot(
+        &ws,
+        &session,
+        "t",
+        &[("user", "from the deleted workspace")],
+    )
+    .await;
+    let dir = server.data_dir().join("sessions").join(&session);
+    let chattr = |flag: &str| {
+        std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(
+        chattr("+i"),
+        "this test sets the immutable flag (root, on ext4 or the like)"
+    );
+    let stopped = api.delete(&format!("/api/v1/workspaces/{ws}")).await;
+    assert!(chattr("-i"));
+    assert_eq!(stopped.status, 500, "{}", stopped.text());
+    let retried = api.delete(&format!("/api/v1/workspaces/{ws}")).await;
+    assert_eq!(retried.status, 204, "{}", retried.text());
+    let history = api
+        .get(&format!("/api/v1/sessions/{session}/history"))
+        .await
+        .json();
+    assert_eq!(history["messages"], json!([]));
+    assert_eq!(artifact_count(&api, &session).await, 0);
+}
+
 /// The case on a backend: the filesystem (`None`) or PostgreSQL with S3.
 async fn deleting_a_workspace_removes_its_artifacts_and_history_on(pg: Option<Pg>) {
     let (server, http) = super::server_on(pg.clone()).await;
