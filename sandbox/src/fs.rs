@@ -1710,17 +1710,19 @@ impl Target {
         let given = self.path.given();
         // A new file gets what its user's own tools would give it: 0666 less the umask.
         let mode = self.old.as_ref().map_or(0o666 & !umask(), |old| old.mode);
-        let mut attempt = 0u32;
-        let (tmp_name, mut file) = loop {
-            let tmp_name = temp_name(attempt);
-            let mut options = OpenOptions::new();
-            options.write(true).create_new(true).mode(0o600);
-            match self.parent.open_with(&tmp_name, &options) {
-                Ok(file) => break (tmp_name, file),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => {
-                    attempt += 1;
-                }
-                Err(e) => return Err(SandboxError::from_io("write", given, e)),
+        // Written without a name where the file system can, and named only once written and
+        // synced: a crash mid-write (megabytes take a while) left a partial `.monad-*.tmp` in
+        // the folder for good, in a user's project among the files git shows.
+        let (mut tmp_name, mut file) = match unnamed_file(&self.parent) {
+            Some(file) => (None, file),
+            None => {
+                let (name, file) = self.named_temp_file()?;
+                (Some(name), file)
+            }
+        };
+        let remove_temp = |name: &Option<String>| {
+            if let Some(name) = name {
+                let _ = self.parent.remove_file(name);
             }
         };
         let owner = match &self.old {
@@ -1735,25 +1737,81 @@ impl Target {
             // The new file's stamp, from its own handle: a rename keeps its inode, size and
             // modification time, and a look by name afterwards could see another program's file.
             .and_then(|()| file.metadata());
-        drop(file);
         let stamp = match written {
             Ok(meta) => Stamp::of(&meta),
             Err(e) => {
-                let _ = self.parent.remove_file(&tmp_name);
+                remove_temp(&tmp_name);
                 return Err(SandboxError::from_io("write", given, e));
             }
         };
         // Another program (an editor, a formatter, the user) may have written the file since
         // this call read it: replacing it then would throw their change away unseen.
         if let Err(changed) = self.unchanged() {
-            let _ = self.parent.remove_file(&tmp_name);
+            remove_temp(&tmp_name);
             return Err(changed);
         }
+        if tmp_name.is_none() {
+            tmp_name = Some(
+                self.name_unnamed(&file)
+                    .map_err(|e| SandboxError::from_io("write", given, e))?,
+            );
+        }
+        drop(file);
+        let tmp_name = tmp_name.unwrap_or_default();
         if let Err(e) = self.parent.rename(&tmp_name, &self.parent, &self.name) {
             let _ = self.parent.remove_file(&tmp_name);
             return Err(SandboxError::from_io("write", given, e));
         }
+        // The rename is in the directory: synced too, or a write acknowledged to the agent
+        // could be undone by a power cut (the file's own sync keeps its content only). The
+        // content is in place either way, so a failure here is told, not returned.
+        if let Err(e) = nix::unistd::fsync(&self.parent) {
+            tracing::warn!(
+                "{}: written, but its directory could not be synced: {e}",
+                crate::error::shown(given)
+            );
+        }
         Ok(stamp)
+    }
+
+    /// A new file under a temporary name in the file's directory, mode 0600.
+    fn named_temp_file(&self) -> Result<(String, cap_std::fs::File), SandboxError> {
+        let mut attempt = 0u32;
+        loop {
+            let tmp_name = temp_name(attempt);
+            let mut options = OpenOptions::new();
+            options.write(true).create_new(true).mode(0o600);
+            match self.parent.open_with(&tmp_name, &options) {
+                Ok(file) => return Ok((tmp_name, file)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(SandboxError::from_io("write", self.path.given(), e)),
+            }
+        }
+    }
+
+    /// Gives the written [`unnamed_file`] a temporary name in the file's directory, for the
+    /// rename: through `/proc/self/fd` (a link by descriptor alone, `AT_EMPTY_PATH`, needs a
+    /// capability).
+    fn name_unnamed(&self, file: &cap_std::fs::File) -> std::io::Result<String> {
+        use std::os::fd::AsRawFd;
+        let by_fd = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let mut attempt = 0u32;
+        loop {
+            let tmp_name = temp_name(attempt);
+            match nix::unistd::linkat(
+                nix::fcntl::AT_FDCWD,
+                by_fd.as_str(),
+                &self.parent,
+                tmp_name.as_str(),
+                nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+            ) {
+                Ok(()) => return Ok(tmp_name),
+                Err(nix::errno::Errno::EEXIST) if attempt < 16 => attempt += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Refuses to replace a file changed since this workspace's tools last saw it.
@@ -2099,6 +2157,20 @@ fn resolve_file(jail: &Jail, given: &str) -> Result<JailPath, SandboxError> {
         });
     }
     Ok(path)
+}
+
+/// A file without a name in `dir` (`O_TMPFILE`), mode 0600; `None` where the file system (or
+/// the kernel) cannot make one.
+fn unnamed_file(dir: &Dir) -> Option<cap_std::fs::File> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::openat(
+        dir,
+        ".",
+        OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .ok()
+    .map(|fd| cap_std::fs::File::from_std(fd.into()))
 }
 
 /// The name of a write's temporary file, beside its target. Not made from the target's name:

@@ -2614,3 +2614,41 @@ fn a_special_file_is_refused_before_it_is_opened() {
         .unwrap();
     writer.join().unwrap();
 }
+
+/// A write is made without a name and named only once written and synced: a crash while it
+/// was written (16 MiB take a while) left a partial `.monad-*.tmp` in the folder for good. A
+/// watcher listing the folder all along never sees a temporary file shorter than the content.
+#[test]
+fn a_write_never_shows_a_partial_temporary_file() {
+    let fx = Fixture::new();
+    let content = "x".repeat(16 * 1024 * 1024 - 1);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = std::thread::spawn({
+        let (root, done, full) = (fx.root().to_path_buf(), done.clone(), content.len() as u64);
+        move || {
+            let mut partial = std::collections::BTreeSet::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for entry in std::fs::read_dir(&root).unwrap().flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(".monad-")
+                        && let Ok(meta) = entry.metadata()
+                        && meta.len() < full
+                    {
+                        partial.insert(name);
+                    }
+                }
+            }
+            partial
+        }
+    });
+    for _ in 0..4 {
+        fx.sandbox.write_file(&write("big.txt", &content)).unwrap();
+        std::fs::remove_file(fx.root().join("big.txt")).unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let partial = watcher.join().unwrap();
+    assert!(
+        partial.is_empty(),
+        "partial temporary files seen: {partial:?}"
+    );
+}
