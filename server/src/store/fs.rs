@@ -412,6 +412,7 @@ impl FsStore {
     /// (`monad-server token create`). Returns how many it removed.
     pub fn remove_stale_temp_files(&self) -> usize {
         let mut removed = crate::fsutil::remove_deleting_leftovers(&self.root.join("sessions"));
+        self.erase_unnamed_everywhere();
         let mut dirs = vec![
             self.root.clone(),
             self.root.join("tls"),
@@ -1588,6 +1589,65 @@ fn erase_from_pack(path: &Path, ranges: &[[u64; 2]]) -> Result<(), StoreError> {
     file.sync_data().map_err(map_io("sync", path))
 }
 
+/// Frees the bytes of `dir`'s pack that no line of its index (`lines`) names: a deleted
+/// artifact's, when a crash came between the index's rewrite and the erasing (they stayed on
+/// disk for good), or an upload's whose line was never written. Nothing when a line cannot be
+/// read: it may name bytes. The caller holds the session's lock.
+fn erase_unnamed<'a>(
+    dir: &Path,
+    lines: impl IntoIterator<Item = &'a RawIndexLine>,
+) -> Result<(), StoreError> {
+    let mut named = Vec::new();
+    for (_, parsed) in lines {
+        match parsed {
+            Some(line) => named.extend(line.pack),
+            None => return Ok(()),
+        }
+    }
+    let pack = dir.join(PACK);
+    let size = match std::fs::metadata(&pack) {
+        Ok(meta) => meta.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io("stat", &pack, e)),
+    };
+    named.sort_unstable();
+    let mut unnamed = Vec::new();
+    let mut at = 0u64;
+    for [offset, len] in named {
+        if offset > at {
+            unnamed.push([at, offset - at]);
+        }
+        at = at.max(offset.saturating_add(len));
+    }
+    if size > at {
+        unnamed.push([at, size - at]);
+    }
+    erase_from_pack(&pack, &unnamed)
+}
+
+impl FsStore {
+    /// [`erase_unnamed`] in every session's pack: what a crash left of deleted artifacts goes
+    /// at the next start. Blocking, on the housekeeping thread.
+    fn erase_unnamed_everywhere(&self) {
+        let Ok(sessions) = std::fs::read_dir(self.root.join("sessions")) else {
+            return;
+        };
+        for session in sessions.flatten() {
+            let name = session.file_name().to_string_lossy().into_owned();
+            let dir = session.path().join("artifacts");
+            if check_id(&name).is_err() || !dir.join(PACK).exists() {
+                continue;
+            }
+            let _guard = self.lock(&name);
+            let erased =
+                index_lines(&dir.join("index.jsonl")).and_then(|lines| erase_unnamed(&dir, &lines));
+            if let Err(e) = erased {
+                warn!("session {name}: cannot free what its artifact pack no longer names: {e}");
+            }
+        }
+    }
+}
+
 impl ArtifactStore for FsStore {
     fn put_artifact(&self, meta: &ArtifactMeta, content: &[u8]) -> Result<(), StoreError> {
         check_id(&meta.session)?;
@@ -1692,15 +1752,18 @@ impl ArtifactStore for FsStore {
         let _guard = self.lock(session);
         let all = index_lines(&index)?;
         let mut kept = Vec::new();
+        let mut kept_lines = Vec::new();
         let mut erase = Vec::new();
         let mut packed_left = false;
-        for (raw, parsed) in &all {
+        for line in &all {
+            let (raw, parsed) = line;
             match parsed {
                 Some(line) if ids.contains(&line.meta.id) => erase.extend(line.pack),
                 // One it cannot read may name bytes of the pack: the pack stays with it.
                 _ => {
                     packed_left |= parsed.as_ref().is_none_or(|line| line.pack.is_some());
                     kept.extend_from_slice(raw);
+                    kept_lines.push(line);
                 }
             }
         }
@@ -1712,6 +1775,8 @@ impl ArtifactStore for FsStore {
         let pack = dir.join(PACK);
         if packed_left {
             erase_from_pack(&pack, &erase)?;
+            // And what an earlier delete cut short left.
+            erase_unnamed(&dir, kept_lines)?;
         } else {
             match std::fs::remove_file(&pack) {
                 Ok(()) => {}
@@ -2255,6 +2320,49 @@ mod tests {
         for (i, c) in contents.iter().enumerate() {
             assert_eq!(&again.artifact("default", &format!("a{i}")).unwrap().1, c);
         }
+    }
+
+    /// A delete cut short between the index's rewrite and the erasing (a crash) left the
+    /// deleted artifact's bytes in the pack for good: the next start frees what no line
+    /// names, and the artifacts still named read back whole.
+    #[test]
+    fn a_deleted_artifacts_bytes_left_by_a_crash_are_erased_at_the_next_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        let contents = [
+            &b"{\"a\":1}"[..],
+            b"{\"secret\":\"TOPSECRET\"}",
+            b"{\"c\":3}",
+        ];
+        for (i, c) in contents.iter().enumerate() {
+            store
+                .put_artifact(&tool_output(&format!("a{i}"), c), c)
+                .unwrap();
+        }
+        // The index rewritten without a1, as a delete does first; then the crash.
+        let artifacts = dir.path().join("sessions/default/artifacts");
+        let index = artifacts.join("index.jsonl");
+        let kept: String = std::fs::read_to_string(&index)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.contains("\"a1\""))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&index, kept).unwrap();
+        let pack = || std::fs::read(artifacts.join(PACK)).unwrap();
+        let has_secret = |bytes: &[u8]| bytes.windows(9).any(|w| w == b"TOPSECRET");
+        assert!(has_secret(&pack()));
+        let again = FsStore::new(dir.path());
+        again.remove_stale_temp_files();
+        assert!(!has_secret(&pack()), "the deleted artifact's bytes stayed");
+        assert_eq!(again.artifact("default", "a0").unwrap().1, contents[0]);
+        assert_eq!(again.artifact("default", "a2").unwrap().1, contents[2]);
+        // A line it cannot read may name bytes: nothing is erased then.
+        std::fs::write(artifacts.join(PACK), b"0123456789").unwrap();
+        std::fs::write(&index, "not json\n").unwrap();
+        again.remove_stale_temp_files();
+        assert_eq!(pack(), b"0123456789");
     }
 
     /// Regression: an index line naming a TiB of the pack made the read allocate it first,
