@@ -1622,6 +1622,9 @@ fn erase_unnamed<'a>(
     if size > at {
         unnamed.push([at, size - at]);
     }
+    if unnamed.is_empty() {
+        return Ok(());
+    }
     erase_from_pack(&pack, &unnamed)
 }
 
