@@ -671,13 +671,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 errln!(
                     "warning: {} is {}: every file in it that you can read is within reach of \
                      the session's agents (what --allow and --trust do not pre-approve is still \
-                     asked); attach the project's folder instead if that is what they need",
+                     {}); attach the project's folder instead if that is what they need",
                     printable(&canonical.to_string_lossy()),
                     if canonical.parent().is_none() {
                         "the whole filesystem"
                     } else {
                         "your home directory"
-                    }
+                    },
+                    if non_interactive { "denied" } else { "asked" }
                 );
             }
             let mut options = AttachOptions::new(canonical.clone());

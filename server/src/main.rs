@@ -66,10 +66,11 @@ struct ServeArgs {
     /// QUIC address to listen on (IP:PORT, or HOST:PORT with a name this machine resolves).
     #[arg(long, default_value = monad_server::config::DEFAULT_LISTEN, value_parser = listen_addr)]
     listen: SocketAddr,
-    /// Address of the MCP over HTTP endpoint for AI hosts (http://ADDR/mcp, bearer tokens).
+    /// Address of the HTTP listener: MCP for AI hosts (http://ADDR/mcp, bearer tokens), the web
+    /// view (http://ADDR/) and the API (http://ADDR/api/v1).
     #[arg(long, default_value = monad_server::config::DEFAULT_HTTP, value_parser = listen_addr)]
     http: SocketAddr,
-    /// Do not serve MCP over HTTP.
+    /// Do not serve HTTP (no MCP over HTTP, web view or API).
     #[arg(long, conflicts_with = "http")]
     no_http: bool,
     /// HOST:PORT where the other hosts of the same store reach this one (several hosts; also
@@ -844,7 +845,7 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
         if let Some(http) = server.http_addr() {
             errln!(
                 "MCP for AI hosts: http://{http}/mcp (header `Authorization: Bearer TOKEN`), or \
-                 `monad-client mcp` on stdio"
+                 `monad-client mcp` on stdio; the web view: http://{http}/"
             );
         }
         match first {
