@@ -397,7 +397,8 @@ impl AttachEvent {
                 ..
             } => Some(format!(
                 "this folder is now the focus of session {}, which it serves as well (an MCP \
-                 host's roots, or `sessions --new`, put it there): an agent's calls in that \
+                 host's roots, an editor's new session over ACP, or `sessions --new`, put it \
+                 there): an agent's calls in that \
                  session that name no workspace try it first",
                 shown_name(session)
             )),
