@@ -684,6 +684,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let mut options = AttachOptions::new(canonical.clone());
             options.limits = config.limits.clone().unwrap_or_default();
             options.exec = config.exec.clone().unwrap_or_default();
+            // As root, commands run as the folder's owner; a folder root owns gets a user of
+            // its own for them, who can read it but not write it: said now, not discovered
+            // through a command's "Permission denied".
+            if nix::unistd::geteuid().is_root()
+                && options.exec.user.is_none()
+                && std::os::unix::fs::MetadataExt::uid(&canonical.metadata()?) == 0
+            {
+                errln!(
+                    "note: root owns {}, so its commands run as a user of their own, who can \
+                     read it but not write it (Monad's file tools still can); to let commands \
+                     write, attach it as, or give it to, an ordinary user, or set [exec] user",
+                    printable(&canonical.to_string_lossy())
+                );
+            }
             options.session = session;
             options.exact_name = name.is_some();
             options.name = name.or_else(|| {

@@ -179,6 +179,21 @@ impl SandboxPlan {
         if let Some(venv) = venv {
             env.push(("VIRTUAL_ENV".to_owned(), venv));
         }
+        // git refuses a repository its user does not own ("dubious ownership"), and a command
+        // may run as a user of its own in a folder another owns (root's, attached by root).
+        // The workspace is the command's to work in, and whatever its `.git` would run, runs
+        // in this same sandbox: it is declared safe, through git's environment (the operator's
+        // `[exec] env`, applied below, may say otherwise).
+        for (key, value) in [
+            ("GIT_CONFIG_COUNT", "1".to_owned()),
+            ("GIT_CONFIG_KEY_0", "safe.directory".to_owned()),
+            (
+                "GIT_CONFIG_VALUE_0",
+                jail.root_path().to_string_lossy().into_owned(),
+            ),
+        ] {
+            env.push((key.to_owned(), value));
+        }
         let (sockets, own_network, proxy_port, deny_tcp) =
             match (policy.network, isolation.namespaced) {
                 (NetworkMode::Host, _) => (Sockets::Inet, false, None, false),
@@ -1531,7 +1546,18 @@ mod tests {
         let keys: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             keys,
-            ["PATH", "HOME", "PWD", "TMPDIR", "TERM", "CI", "LANG"]
+            [
+                "PATH",
+                "HOME",
+                "PWD",
+                "TMPDIR",
+                "TERM",
+                "GIT_CONFIG_COUNT",
+                "GIT_CONFIG_KEY_0",
+                "GIT_CONFIG_VALUE_0",
+                "CI",
+                "LANG"
+            ]
         );
         assert!(plan.env.contains(&("LANG".into(), "en_GB.UTF-8".into())));
         assert_eq!(plan.write_dirs, [PathBuf::from("/tmp/x")]);

@@ -85,10 +85,45 @@ fn the_environment_is_scrubbed() {
     sorted.sort();
     assert_eq!(
         sorted,
-        ["HOME", "LANG", "PATH", "PWD", "TERM", "TMPDIR"],
+        [
+            "GIT_CONFIG_COUNT",
+            "GIT_CONFIG_KEY_0",
+            "GIT_CONFIG_VALUE_0",
+            "HOME",
+            "LANG",
+            "PATH",
+            "PWD",
+            "TERM",
+            "TMPDIR"
+        ],
         "{}",
         out.stdout
     );
+}
+
+/// A command runs as a user of its own in a repository another user owns (root's, as a root
+/// client attaches it): git refused it ("dubious ownership", exit 128), so `git status` failed
+/// in the folder an agent was given. The workspace is declared safe to git.
+#[test]
+fn git_works_in_a_workspace_another_user_owns() {
+    let fx = Fixture::new();
+    fx.put("a.txt", "a\n");
+    let init = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(fx.root())
+        .status()
+        .unwrap();
+    assert!(init.success());
+    // Root's, as a folder a root client attaches is.
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "0:0"])
+        .arg(fx.root())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let out = run(&fx, &["git", "status", "--short"]);
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("a.txt"), "{out:?}");
 }
 
 #[test]
