@@ -692,8 +692,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 && std::os::unix::fs::MetadataExt::uid(&canonical.metadata()?) == 0
             {
                 errln!(
-                    "note: root owns {}, so its commands run as a user of their own, who can \
-                     read it but not write it (Monad's file tools still can); to let commands \
+                    "note: root owns {}, so its commands run as a user of their own, who may \
+                     read it (as its modes allow) but not write it (Monad's file tools still can); to let commands \
                      write, attach it as, or give it to, an ordinary user, or set [exec] user",
                     printable(&canonical.to_string_lossy())
                 );

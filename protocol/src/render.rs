@@ -939,8 +939,8 @@ fn network(out: &mut String, events: &[NetworkEvent], not_shown: u64) {
     if not_shown > 0 {
         let _ = write!(
             out,
-            "\n... and {not_shown} more connection{} not shown (too many for one answer)",
-            if not_shown == 1 { "" } else { "s" }
+            "\n... and {} not shown (too many for one answer)",
+            plural(not_shown, "more connection", "more connections")
         );
     }
 }

@@ -1099,8 +1099,7 @@ pub struct RunCommandResult {
     /// Network connections it asked the workspace's proxy for (with `network = "allowlist"`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<NetworkEvent>,
-    /// Connections past the most an answer carries: only counted here (the audit log records
-    /// them).
+    /// Connections past the most an answer carries: only counted here.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub network_not_shown: u64,
 }
@@ -1182,8 +1181,7 @@ pub struct ProcessReadResult {
     /// Network connections it asked the workspace's proxy for since the last read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<NetworkEvent>,
-    /// Connections past the most an answer carries: only counted here (the audit log records
-    /// them).
+    /// Connections past the most an answer carries: only counted here.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub network_not_shown: u64,
 }

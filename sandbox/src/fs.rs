@@ -1396,13 +1396,14 @@ fn near_miss(text: &str, old_string: &str) -> String {
         return String::new();
     };
     let (mut exact, mut spaced, mut cased) = (Vec::new(), Vec::new(), Vec::new());
+    let (trimmed, lowered) = (first.trim(), first.trim().to_lowercase());
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
         if line.contains(first) {
             exact.push(n + 1);
-        } else if line.trim() == first.trim() {
+        } else if line.trim() == trimmed {
             spaced.push(n + 1);
-        } else if line.trim().to_lowercase() == first.trim().to_lowercase() {
+        } else if line.trim().to_lowercase() == lowered {
             cased.push(n + 1);
         }
         if exact.len() > PLACES_NAMED {
@@ -1708,56 +1709,34 @@ impl Target {
     /// stamp.
     fn replace(&self, content: &[u8]) -> Result<Stamp, SandboxError> {
         let given = self.path.given();
-        // A new file gets what its user's own tools would give it: 0666 less the umask.
-        let mode = self.old.as_ref().map_or(0o666 & !umask(), |old| old.mode);
         // Written without a name where the file system can, and named only once written and
         // synced: a crash mid-write (megabytes take a while) left a partial `.monad-*.tmp` in
-        // the folder for good, in a user's project among the files git shows.
-        let (mut tmp_name, mut file) = match unnamed_file(&self.parent) {
-            Some(file) => (None, file),
+        // the folder for good, in a user's project among the files git shows. Where it cannot
+        // (no `O_TMPFILE`, or no `/proc` to name it through), under a temporary name from the
+        // start.
+        let unnamed = unnamed_file(&self.parent).and_then(|file| {
+            let stamp = self.fill(&file, content).ok()?;
+            Some((self.name_unnamed(&file).ok()?, stamp))
+        });
+        let (tmp_name, stamp) = match unnamed {
+            Some(named) => named,
             None => {
                 let (name, file) = self.named_temp_file()?;
-                (Some(name), file)
-            }
-        };
-        let remove_temp = |name: &Option<String>| {
-            if let Some(name) = name {
-                let _ = self.parent.remove_file(name);
-            }
-        };
-        let owner = match &self.old {
-            Some(old) => Ok(old.owner),
-            None => self.parent.dir_metadata().map(|m| owner_of(&m)),
-        };
-        let written = owner
-            .and_then(|owner| give_to(&file, owner, self.old.is_some()))
-            .and_then(|()| file.write_all(content))
-            .and_then(|()| file.set_permissions(Permissions::from_mode(mode)))
-            .and_then(|()| file.sync_all())
-            // The new file's stamp, from its own handle: a rename keeps its inode, size and
-            // modification time, and a look by name afterwards could see another program's file.
-            .and_then(|()| file.metadata());
-        let stamp = match written {
-            Ok(meta) => Stamp::of(&meta),
-            Err(e) => {
-                remove_temp(&tmp_name);
-                return Err(SandboxError::from_io("write", given, e));
+                match self.fill(&file, content) {
+                    Ok(stamp) => (name, stamp),
+                    Err(e) => {
+                        let _ = self.parent.remove_file(&name);
+                        return Err(SandboxError::from_io("write", given, e));
+                    }
+                }
             }
         };
         // Another program (an editor, a formatter, the user) may have written the file since
         // this call read it: replacing it then would throw their change away unseen.
         if let Err(changed) = self.unchanged() {
-            remove_temp(&tmp_name);
+            let _ = self.parent.remove_file(&tmp_name);
             return Err(changed);
         }
-        if tmp_name.is_none() {
-            tmp_name = Some(
-                self.name_unnamed(&file)
-                    .map_err(|e| SandboxError::from_io("write", given, e))?,
-            );
-        }
-        drop(file);
-        let tmp_name = tmp_name.unwrap_or_default();
         if let Err(e) = self.parent.rename(&tmp_name, &self.parent, &self.name) {
             let _ = self.parent.remove_file(&tmp_name);
             return Err(SandboxError::from_io("write", given, e));
@@ -1765,13 +1744,32 @@ impl Target {
         // The rename is in the directory: synced too, or a write acknowledged to the agent
         // could be undone by a power cut (the file's own sync keeps its content only). The
         // content is in place either way, so a failure here is told, not returned.
-        if let Err(e) = nix::unistd::fsync(&self.parent) {
+        if let Err(e) = sync_dir(&self.parent) {
             tracing::warn!(
                 "{}: written, but its directory could not be synced: {e}",
                 crate::error::shown(given)
             );
         }
         Ok(stamp)
+    }
+
+    /// Writes `content` into the new `file`, gives it the old file's owner and mode (a new
+    /// file's: 0666 less the umask, what its user's own tools would give it) and syncs it; its
+    /// stamp.
+    fn fill(&self, file: &cap_std::fs::File, content: &[u8]) -> std::io::Result<Stamp> {
+        let mode = self.old.as_ref().map_or(0o666 & !umask(), |old| old.mode);
+        let owner = match &self.old {
+            Some(old) => old.owner,
+            None => owner_of(&self.parent.dir_metadata()?),
+        };
+        give_to(file, owner, self.old.is_some())?;
+        let mut writer = file;
+        writer.write_all(content)?;
+        file.set_permissions(Permissions::from_mode(mode))?;
+        file.sync_all()?;
+        // The new file's stamp, from its own handle: a rename keeps its inode, size and
+        // modification time, and a look by name afterwards could see another program's file.
+        Ok(Stamp::of(&file.metadata()?))
     }
 
     /// A new file under a temporary name in the file's directory, mode 0600.
@@ -2159,6 +2157,19 @@ fn resolve_file(jail: &Jail, given: &str) -> Result<JailPath, SandboxError> {
     Ok(path)
 }
 
+/// Syncs directory `dir` (a rename in it, say). `dir` is opened `O_PATH`, which `fsync` does
+/// not take: opened again, for reading.
+fn sync_dir(dir: &Dir) -> std::io::Result<()> {
+    use nix::fcntl::OFlag;
+    let readable = nix::fcntl::openat(
+        dir,
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    Ok(nix::unistd::fsync(readable)?)
+}
+
 /// A file without a name in `dir` (`O_TMPFILE`), mode 0600; `None` where the file system (or
 /// the kernel) cannot make one.
 fn unnamed_file(dir: &Dir) -> Option<cap_std::fs::File> {
@@ -2501,6 +2512,20 @@ pub(crate) fn preview(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The directories the jail opens are `O_PATH` descriptors, which `fsync` refuses (EBADF):
+    /// a write's rename was never synced, and every write warned so. It is opened again.
+    #[test]
+    fn a_jail_directory_can_be_synced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open_ambient_dir(tmp.path(), cap_std::ambient_authority()).unwrap();
+        assert_eq!(
+            nix::unistd::fsync(&dir),
+            Err(nix::errno::Errno::EBADF),
+            "opened O_PATH, as the jail opens directories"
+        );
+        sync_dir(&dir).unwrap();
+    }
 
     /// A new file's mode follows the umask, as its user's own tools' would (it was 0644
     /// whatever the umask: a folder attached under `umask 077` got files others could read).

@@ -227,9 +227,9 @@ fn make_writable(dir: &Path) {
 }
 
 /// Removes what deletions by [`remove_dir_by_rename`] in `parent` left behind (a crash, or a
-/// removal that failed), but those this run of the process is making; returns how many it
-/// removed.
-pub fn remove_deleting_leftovers(parent: &Path) -> usize {
+/// removal that failed), but those this run of the process is making, telling `left` the name
+/// each had (for what still names it to go too); returns how many it removed.
+pub fn remove_deleting_leftovers(parent: &Path, mut left: impl FnMut(&str)) -> usize {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return 0;
     };
@@ -243,6 +243,13 @@ pub fn remove_deleting_leftovers(parent: &Path) -> usize {
             && entry.file_type().is_ok_and(|t| t.is_dir());
         if !leftover {
             continue;
+        }
+        // `.deleting-<name>.<run>.<n>`: the name is what is left once the two numbers go.
+        if let Some(was) = name
+            .strip_prefix(DELETING_PREFIX)
+            .and_then(|rest| rest.rsplitn(3, '.').nth(2))
+        {
+            left(was);
         }
         match remove_tree(&entry.path()) {
             Ok(()) => removed += 1,

@@ -823,7 +823,6 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     let mut config = ServerConfig::new(dir);
     config.listen = args.listen;
     config.http = (!args.no_http).then_some(args.http);
-    let advertise = args.advertise.clone();
     config.cluster.advertise = args.advertise;
     config.store_flags = monad_server::settings::StoreFlags {
         url: args.store,
@@ -833,7 +832,10 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
     runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;
         let addr = server.local_addr();
-        let reach = reach_address(addr, advertise.as_deref());
+        // Where the other hosts reach it: `--advertise`, `MONAD_ADVERTISE` or `[cluster]
+        // advertise`, else where it listens.
+        let advertised = server.state().config.cluster.advertise.clone();
+        let reach = reach_address(addr, advertised.as_deref());
         if let Err(e) = Admin::new(&config.data_dir).record_address(&reach) {
             tracing::warn!("cannot note the address for `token create`: {e}");
         }
@@ -909,12 +911,16 @@ async fn shutdown_signal() {
 
 /// The `HOST:PORT` a client's login names this server by: the address it listens on, unless
 /// that is every address of the machine (`0.0.0.0`, `::`), which no client can send to; then
-/// `advertise` when given, else this machine's name.
+/// the address it advertises to the other hosts when that is one, else this machine's name.
 fn reach_address(listening: SocketAddr, advertise: Option<&str>) -> String {
     if !listening.ip().is_unspecified() {
         return listening.to_string();
     }
-    if let Some(advertise) = advertise {
+    let wildcard = |a: &str| {
+        a.parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_unspecified())
+    };
+    if let Some(advertise) = advertise.filter(|a| !wildcard(a)) {
         return advertise.to_owned();
     }
     let name = nix::unistd::gethostname()
@@ -940,7 +946,7 @@ mod tests {
             reach_address(at("0.0.0.0:4433"), Some("monad.example:4433")),
             "monad.example:4433"
         );
-        let named = reach_address(at("[::]:7000"), None);
+        let named = reach_address(at("[::]:7000"), Some("[::]:7000"));
         let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
         assert_eq!(named, format!("{host}:7000"));
         assert!(!named.starts_with("0.0.0.0") && !named.starts_with("[::]"));

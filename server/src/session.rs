@@ -2235,14 +2235,18 @@ impl Registry {
         if let Some(recorder) = &self.recorder {
             recorder.flush();
         }
-        // What names it goes first, then the session: a delete cut short (a crash while a
-        // large primary workspace is removed) left devices bound to it and workspace records
-        // listing it, which nothing could clean up once the session was gone. Cut short the
-        // other way, the session stays whole, and a retry finishes.
+        // The session first (a delete the store refuses, fenced by another host, say, leaves
+        // it whole, its bindings and default too), then what names it. When the session is
+        // gone already, what names it goes all the same: a delete cut short before (a crash;
+        // the file store also sweeps what such a delete left at its next start) named it
+        // for good otherwise.
         let deleted = (|| {
-            self.store.unbind_session(&id)?;
-            self.store.forget_session(&id)?;
-            self.store.delete(&id)
+            let gone = self.store.delete(&id);
+            if matches!(gone, Ok(()) | Err(StoreError::NotFound(_))) {
+                self.store.unbind_session(&id)?;
+                self.store.forget_session(&id)?;
+            }
+            gone
         })();
         self.deleting
             .lock()
@@ -3782,12 +3786,11 @@ pub(crate) mod tests {
         assert!(reg.list("ana").is_empty());
     }
 
-    /// A delete that stops part of the way (a crash, or here the store refusing to remove the
-    /// session: its directory's parent made immutable, which binds root too) left the devices
-    /// bound to the session: once the session was gone nothing could unbind them. What names
-    /// it goes first now.
+    /// A delete the store refuses (here its directory's parent made immutable, which binds
+    /// root too) leaves the session whole, its devices bound; a delete of a session already
+    /// gone (one cut short by a crash before) unbinds what still names it.
     #[test]
-    fn a_delete_cut_short_leaves_no_binding_to_the_session() {
+    fn a_refused_delete_keeps_the_bindings_and_a_delete_of_a_gone_session_drops_them() {
         let dir = tempfile::tempdir().unwrap();
         let reg = registry(dir.path());
         let dev = DeviceId::parse("00000000-0000-4000-8000-000000000002").unwrap();
@@ -3809,11 +3812,14 @@ pub(crate) mod tests {
             chattr("+i"),
             "this test sets the immutable flag (root, on ext4 or the like)"
         );
-        let deleted = reg.delete(&id);
+        let refused = reg.delete(&id);
         assert!(chattr("-i"));
-        assert!(deleted.is_err(), "the store could not remove it");
+        assert!(refused.is_err(), "the store could not remove it");
+        assert_eq!(reg.store().devices_bound_to(&id).unwrap(), 1);
+        // Gone as a crash after the removal would leave it: the binding is still there.
+        std::fs::remove_dir_all(sessions.join(&id)).unwrap();
+        assert_eq!(reg.delete(&id).unwrap_err().code, ErrorCode::NotFound);
         assert_eq!(reg.store().devices_bound_to(&id).unwrap(), 0);
-        reg.delete(&id).unwrap();
     }
 
     /// A call's records still in the recorder when its session is deleted (its metadata's last

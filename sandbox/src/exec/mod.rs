@@ -825,9 +825,11 @@ fn spawn(
         })?;
     let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout, isolation)?;
     // The sandbox is the landlock ruleset and the seccomp filter together. Where the operator
-    // let commands run without landlock, the filter still holds what it can: it is what keeps
-    // `network = "off"` without a network namespace, and a command the filter cannot hold to
-    // that is refused rather than run with the network its owner was told it would not have.
+    // let commands run without landlock, the filter is still what keeps `network = "off"`
+    // without a network namespace: it is applied then (only then: otherwise such commands keep
+    // what the operator let them have, Unix sockets and namespaces of their own among it), and
+    // a command it cannot hold to that is refused rather than run with the network its owner
+    // was told it would not have.
     let (ruleset, filter, abi) = match (landlock_abi(), seccomp::filter(plan.sockets)) {
         (Some(abi), Some(filter)) if abi >= MIN_ABI => {
             let (ruleset, ids) = plan.ruleset(jail, abi).map_err(|e| {
@@ -845,7 +847,11 @@ fn spawn(
             ))
             .into());
         }
-        (_, filter) if policy.allow_unsandboxed_exec => (None, filter, None),
+        (_, filter) if policy.allow_unsandboxed_exec => (
+            None,
+            filter.filter(|_| plan.sockets == seccomp::Sockets::None),
+            None,
+        ),
         (None, _) => {
             return Err(SandboxError::SandboxUnavailable(format!(
                 "landlock is not available in this kernel{UNSANDBOXED_HINT}"

@@ -984,7 +984,9 @@ fn remove_workspace(state: &State, record: &WorkspaceRecord) -> Result<(), HttpE
         // workspace's conversation, so a delete cut short between the two (a crash) must leave
         // them for the retry to clear it (the other way round, a retry answered 204 and left
         // the conversation).
-        if history && let Ok(Some(meta)) = store.load(&session) {
+        // A session that cannot be read now stops the delete: its artifacts are what a retry
+        // goes by.
+        if history && let Some(meta) = store.load(&session).map_err(HttpError::store)? {
             let cleared = crate::store::history::empty(meta.created_at, meta.provider, meta.model);
             store
                 .replace(&session, &cleared)

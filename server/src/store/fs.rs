@@ -411,8 +411,21 @@ impl FsStore {
     /// under way, by this process or by a command that works beside a running server
     /// (`monad-server token create`). Returns how many it removed.
     pub fn remove_stale_temp_files(&self) -> usize {
-        let mut removed = crate::fsutil::remove_deleting_leftovers(&self.root.join("sessions"));
-        self.erase_unnamed_everywhere();
+        // A session whose delete was cut short after its directory was renamed away: what
+        // still names it (device bindings, a user's default, workspace records) goes too.
+        let mut removed =
+            crate::fsutil::remove_deleting_leftovers(&self.root.join("sessions"), |id| {
+                // Not when a session of that id exists again (`default`, made anew on use):
+                // what names it is the new one's.
+                if check_id(id).is_ok()
+                    && !self.session_dir(id).exists()
+                    && let Err(e) = self
+                        .unbind_session(id)
+                        .and_then(|()| self.forget_session(id))
+                {
+                    warn!("session {id}, deleted: cannot forget its bindings: {e}");
+                }
+            });
         let mut dirs = vec![
             self.root.clone(),
             self.root.join("tls"),
@@ -421,7 +434,19 @@ impl FsStore {
         if let Ok(sessions) = std::fs::read_dir(self.root.join("sessions")) {
             for session in sessions.flatten() {
                 if session.file_type().is_ok_and(|t| t.is_dir()) {
-                    dirs.push(session.path().join("artifacts"));
+                    let artifacts = session.path().join("artifacts");
+                    // What a crash left of deleted artifacts in the pack goes now.
+                    let name = session.file_name().to_string_lossy().into_owned();
+                    if check_id(&name).is_ok() && artifacts.join(PACK).exists() {
+                        let _guard = self.lock(&name);
+                        if let Err(e) = erase_unnamed_at_start(&artifacts) {
+                            warn!(
+                                "session {name}: cannot free what its artifact pack no longer \
+                                 names: {e}"
+                            );
+                        }
+                    }
+                    dirs.push(artifacts);
                     dirs.push(session.path());
                 }
             }
@@ -1099,14 +1124,19 @@ fn index_lines(index: &Path) -> Result<Vec<RawIndexLine>, StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(StoreError::io("read", index, e)),
     };
-    Ok(bytes
+    Ok(parse_index_lines(&bytes))
+}
+
+/// [`index_lines`] of the index's `bytes`.
+fn parse_index_lines(bytes: &[u8]) -> Vec<RawIndexLine> {
+    bytes
         .split_inclusive(|&b| b == b'\n')
         .filter(|line| line.ends_with(b"\n") && line.len() > 1)
         .map(|line| {
             let parsed = serde_json::from_slice(&line[..line.len() - 1]).ok();
             (line.to_vec(), parsed)
         })
-        .collect())
+        .collect()
 }
 
 /// Calls `each` with every non-empty line of the JSON Lines file at `path` and how many records
@@ -1622,33 +1652,41 @@ fn erase_unnamed<'a>(
     if size > at {
         unnamed.push([at, size - at]);
     }
+    // A range erased before stays in the pack as a hole: only what still holds data is
+    // erased (and synced), not every hole again at every start.
+    let file = std::fs::File::open(&pack).map_err(map_io("open", &pack))?;
+    unnamed.retain(|&[offset, len]| {
+        let Ok(start) = i64::try_from(offset) else {
+            return false;
+        };
+        match nix::unistd::lseek(&file, start, nix::unistd::Whence::SeekData) {
+            Ok(data) => (data as u64) < offset.saturating_add(len),
+            // No data from here on.
+            Err(nix::errno::Errno::ENXIO) => false,
+            // A file system that cannot say: erased to be sure.
+            Err(_) => true,
+        }
+    });
     if unnamed.is_empty() {
         return Ok(());
     }
     erase_from_pack(&pack, &unnamed)
 }
 
-impl FsStore {
-    /// [`erase_unnamed`] in every session's pack: what a crash left of deleted artifacts goes
-    /// at the next start. Blocking, on the housekeeping thread.
-    fn erase_unnamed_everywhere(&self) {
-        let Ok(sessions) = std::fs::read_dir(self.root.join("sessions")) else {
-            return;
-        };
-        for session in sessions.flatten() {
-            let name = session.file_name().to_string_lossy().into_owned();
-            let dir = session.path().join("artifacts");
-            if check_id(&name).is_err() || !dir.join(PACK).exists() {
-                continue;
-            }
-            let _guard = self.lock(&name);
-            let erased =
-                index_lines(&dir.join("index.jsonl")).and_then(|lines| erase_unnamed(&dir, &lines));
-            if let Err(e) = erased {
-                warn!("session {name}: cannot free what its artifact pack no longer names: {e}");
-            }
-        }
+/// [`erase_unnamed`] for the pack of the artifacts directory `dir`, at a start. Nothing when
+/// the index ends in a line without its line break (a torn append that readers may still take
+/// as an artifact). The caller holds the session's lock.
+fn erase_unnamed_at_start(dir: &Path) -> Result<(), StoreError> {
+    let index = dir.join("index.jsonl");
+    let bytes = match std::fs::read(&index) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(StoreError::io("read", &index, e)),
+    };
+    if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+        return Ok(());
     }
+    erase_unnamed(dir, &parse_index_lines(&bytes))
 }
 
 impl ArtifactStore for FsStore {
@@ -1778,8 +1816,10 @@ impl ArtifactStore for FsStore {
         let pack = dir.join(PACK);
         if packed_left {
             erase_from_pack(&pack, &erase)?;
-            // And what an earlier delete cut short left.
-            erase_unnamed(&dir, kept_lines)?;
+            // And what an earlier delete cut short left; the delete itself is done.
+            if let Err(e) = erase_unnamed(&dir, kept_lines) {
+                warn!("session {session}: cannot free what its artifact pack no longer names: {e}");
+            }
         } else {
             match std::fs::remove_file(&pack) {
                 Ok(()) => {}
@@ -2361,11 +2401,25 @@ mod tests {
         assert!(!has_secret(&pack()), "the deleted artifact's bytes stayed");
         assert_eq!(again.artifact("default", "a0").unwrap().1, contents[0]);
         assert_eq!(again.artifact("default", "a2").unwrap().1, contents[2]);
-        // A line it cannot read may name bytes: nothing is erased then.
+        // A line it cannot read may name bytes: nothing is erased then; nor when the last
+        // line lacks its line break (a torn append a reader may still take as an artifact).
         std::fs::write(artifacts.join(PACK), b"0123456789").unwrap();
         std::fs::write(&index, "not json\n").unwrap();
         again.remove_stale_temp_files();
         assert_eq!(pack(), b"0123456789");
+        let mut torn = serde_json::to_string(&IndexLine {
+            meta: tool_output("t", b"0123"),
+            pack: Some([0, 4]),
+        })
+        .unwrap();
+        std::fs::write(&index, &torn).unwrap();
+        again.remove_stale_temp_files();
+        assert_eq!(pack(), b"0123456789");
+        torn.push('\n');
+        std::fs::write(&index, &torn).unwrap();
+        again.remove_stale_temp_files();
+        assert_eq!(&pack()[..4], b"0123", "named");
+        assert_eq!(&pack()[4..], &[0; 6], "not named");
     }
 
     /// Regression: an index line naming a TiB of the pack made the read allocate it first,
@@ -2833,8 +2887,16 @@ mod tests {
         );
         let renamed = leftover.with_file_name(".deleting-s1.1.0");
         std::fs::rename(&leftover, &renamed).unwrap();
+        // A crash before the delete's end left a device bound to it: unbound with the sweep
+        // (bob's session of that id gone too; one that exists keeps what names it).
+        store
+            .bind("ana", "00000000-0000-4000-8000-000000000009", "s1")
+            .unwrap();
+        std::fs::remove_dir_all(dir.path().join("sessions/s1")).unwrap();
+        assert_eq!(store.devices_bound_to("s1").unwrap(), 1);
         assert_eq!(store.remove_stale_temp_files(), 1);
         assert!(!renamed.exists());
+        assert_eq!(store.devices_bound_to("s1").unwrap(), 0);
     }
 
     #[test]
