@@ -176,6 +176,17 @@ impl Sandbox {
         self
     }
 
+    /// Bounds the connections through its network proxy with every other of `user`'s
+    /// workspaces' (see [`exec::ConnectionBudgets`]).
+    pub fn with_connection_budget(
+        mut self,
+        budgets: &exec::ConnectionBudgets,
+        user: &str,
+    ) -> Sandbox {
+        self.processes.shared.budget = Some(budgets.of(user));
+        self
+    }
+
     /// The jail.
     pub fn jail(&self) -> &Jail {
         &self.jail

@@ -100,6 +100,10 @@ pub struct Quotas {
     /// Bytes of memory one user's commands may use at once over all their sessions (the same
     /// cgroups' `memory.max`); 0 for no such bound. Default: half of the host's memory.
     pub max_memory_per_user: u64,
+    /// Connections one user's commands may have open at once through the network proxies of
+    /// all their sessions' primary workspaces (each holds two of the server's descriptors); 0
+    /// for no such bound.
+    pub max_proxy_connections_per_user: usize,
 }
 
 impl Default for Quotas {
@@ -119,6 +123,7 @@ impl Default for Quotas {
             max_artifact_bytes_per_user: 4 * 1024 * 1024 * 1024,
             max_processes_per_user: 4096,
             max_memory_per_user: half_the_memory(),
+            max_proxy_connections_per_user: 256,
         }
     }
 }

@@ -292,6 +292,13 @@ impl Server {
                     config.quotas.max_sessions_per_user,
                 )
                 .with_process_groups(groups)
+                .with_connection_budgets((config.quotas.max_proxy_connections_per_user > 0).then(
+                    || {
+                        monad_sandbox::exec::ConnectionBudgets::new(
+                            config.quotas.max_proxy_connections_per_user,
+                        )
+                    },
+                ))
                 .with_cluster(cluster.clone())
                 .with_recorder(recorder.clone()),
             cluster,
@@ -541,6 +548,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_artifact_bytes_per_user: config.quotas.max_artifact_bytes_per_user,
             max_processes_per_user: config.quotas.max_processes_per_user,
             max_memory_per_user: config.quotas.max_memory_per_user,
+            max_proxy_connections_per_user: config.quotas.max_proxy_connections_per_user,
             process_cgroup: config.process_cgroup.clone(),
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: config.http_limits.idle_timeout.as_millis() as u64,

@@ -16,6 +16,7 @@ use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
 use crate::settings::{Layers, Settings};
 use crate::store::{KeptFolder, SessionMeta, Store, StoreError};
+use monad_sandbox::exec::ConnectionBudgets;
 
 /// The id of the well-known session.
 pub const DEFAULT_SESSION: &str = "default";
@@ -130,6 +131,9 @@ pub struct PrimaryWorkspace {
     /// The process groups of the server's users and this session's owner, whose group its
     /// commands join (`server.max_processes_per_user`, `server.max_memory_per_user`).
     groups: Option<(Arc<ProcessGroups>, String)>,
+    /// The session's owner, and the budgets of proxy connections their commands share.
+    owner: String,
+    connections: Option<Arc<ConnectionBudgets>>,
     sandbox: tokio::sync::OnceCell<Arc<Sandbox>>,
 }
 
@@ -145,6 +149,8 @@ impl PrimaryWorkspace {
             limits,
             exec,
             groups: None,
+            owner: String::new(),
+            connections: None,
             sandbox: tokio::sync::OnceCell::new(),
         }
     }
@@ -153,6 +159,17 @@ impl PrimaryWorkspace {
     /// commands.
     pub fn in_group_of(mut self, groups: Option<Arc<ProcessGroups>>, owner: &str) -> Self {
         self.groups = groups.map(|groups| (groups, owner.to_owned()));
+        self
+    }
+
+    /// Bounds its commands' proxy connections with `owner`'s others' in `budgets`.
+    pub fn with_connection_budgets(
+        mut self,
+        budgets: Option<Arc<ConnectionBudgets>>,
+        owner: &str,
+    ) -> Self {
+        self.connections = budgets;
+        self.owner = owner.to_owned();
         self
     }
 
@@ -171,12 +188,16 @@ impl PrimaryWorkspace {
                 let (root, limits, exec) =
                     (self.root.clone(), self.limits.clone(), self.exec.clone());
                 let groups = self.groups.clone();
+                let (owner, connections) = (self.owner.clone(), self.connections.clone());
                 tokio::task::spawn_blocking(move || {
                     crate::fsutil::create_workspace_root(&root)?;
                     // Run as root, the server's commands run as an unprivileged user: the
                     // folder is theirs.
                     monad_sandbox::exec::give_to_command_user(&root, &exec)?;
-                    let sandbox = Sandbox::open(&root, limits, exec)?;
+                    let mut sandbox = Sandbox::open(&root, limits, exec)?;
+                    if let Some(budgets) = &connections {
+                        sandbox = sandbox.with_connection_budget(budgets, &owner);
+                    }
                     Ok::<_, std::io::Error>(match groups {
                         Some((groups, owner)) => sandbox.in_process_group(groups, &owner),
                         None => sandbox,
@@ -1261,6 +1282,8 @@ pub struct Registry {
     recorder: Option<crate::recorder::Recorder>,
     /// The process groups that bound each user's commands together, when the server has them.
     groups: Option<Arc<ProcessGroups>>,
+    /// The budgets that bound each user's proxy connections together.
+    connections: Option<Arc<ConnectionBudgets>>,
 }
 
 /// A session a device was bound to here, as loaded then, and when.
@@ -1353,6 +1376,7 @@ impl Registry {
             recorder: None,
             folders: Mutex::new(()),
             groups: None,
+            connections: None,
         }
     }
 
@@ -1360,6 +1384,13 @@ impl Registry {
     /// `server.max_memory_per_user`).
     pub fn with_process_groups(mut self, groups: Option<Arc<ProcessGroups>>) -> Registry {
         self.groups = groups;
+        self
+    }
+
+    /// Bounds each user's commands' connections through their workspaces' network proxies
+    /// together (`server.max_proxy_connections_per_user`).
+    pub fn with_connection_budgets(mut self, budgets: Option<Arc<ConnectionBudgets>>) -> Registry {
+        self.connections = budgets;
         self
     }
 
@@ -1788,7 +1819,8 @@ impl Registry {
             settings.limits.clone(),
             settings.exec.clone(),
         )
-        .in_group_of(self.groups.clone(), &meta.owner);
+        .in_group_of(self.groups.clone(), &meta.owner)
+        .with_connection_budgets(self.connections.clone(), &meta.owner);
         let now = Instant::now();
         let (kept, focus) = kept_folders(&meta);
         let session = Arc::new(Session {

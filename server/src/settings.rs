@@ -432,6 +432,9 @@ pub struct ServerSettings {
     /// Bytes of memory one user's commands may use at once, over all their sessions (the same
     /// cgroups); 0 for no such bound. Default: half of the host's memory.
     pub max_memory_per_user: u64,
+    /// Connections one user's commands may have open at once through the network proxies of
+    /// all their sessions' primary workspaces; 0 for no such bound.
+    pub max_proxy_connections_per_user: usize,
     /// The cgroup directory the users' process groups are made under; unset: the server's own
     /// cgroup of each controller (on cgroup v1, in each controller's hierarchy; on cgroup v2,
     /// when the controllers can be enabled under it).
@@ -481,6 +484,7 @@ impl Default for ServerSettings {
             max_artifact_bytes_per_user: quotas.max_artifact_bytes_per_user,
             max_processes_per_user: quotas.max_processes_per_user,
             max_memory_per_user: quotas.max_memory_per_user,
+            max_proxy_connections_per_user: quotas.max_proxy_connections_per_user,
             process_cgroup: None,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
             http_idle_timeout_ms: http.idle_timeout.as_millis() as u64,
@@ -613,6 +617,7 @@ impl ServerSettings {
             // The most `pids.max` takes (the kernel's `PID_MAX_LIMIT`): as many as a host has.
             max_processes_per_user: self.max_processes_per_user.min(4 * 1024 * 1024),
             max_memory_per_user: self.max_memory_per_user,
+            max_proxy_connections_per_user: self.max_proxy_connections_per_user,
         }
     }
 

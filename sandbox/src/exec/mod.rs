@@ -22,7 +22,7 @@ pub mod cgroup;
 pub(crate) mod child;
 pub mod netpolicy;
 pub(crate) mod process;
-mod proxy;
+pub(crate) mod proxy;
 pub mod seccomp;
 mod shared;
 pub(crate) mod users;
@@ -42,6 +42,7 @@ use landlock::{
 use monad_protocol::tools::RunCommandArgs;
 use nix::libc;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
+pub use proxy::ConnectionBudgets;
 pub use seccomp::Sockets;
 
 use crate::error::SandboxError;

@@ -15,14 +15,70 @@ use std::time::Duration;
 use monad_protocol::tools::NetworkEvent;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use super::netpolicy::{Host, NetPolicy};
 
 /// Where the proxy reports what it did.
 pub(crate) type Sink = Arc<dyn Fn(NetworkEvent) + Send + Sync>;
 
-/// Connections one command may have open through the proxy at once.
+/// Connections one workspace's commands may have open through its proxy at once.
 const MAX_CONNECTIONS: usize = 64;
+
+/// The connections one user's workspaces may have open through their proxies at once,
+/// together: each holds two of the host's descriptors, and a user's many sessions, each with
+/// its workspace's bound of [`MAX_CONNECTIONS`], could otherwise take the descriptors every
+/// other user's connections need.
+#[derive(Debug)]
+pub struct ConnectionBudgets {
+    per_user: usize,
+    users: std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<Semaphore>>>,
+}
+
+impl ConnectionBudgets {
+    /// Budgets of `per_user` connections each.
+    pub fn new(per_user: usize) -> Arc<ConnectionBudgets> {
+        Arc::new(ConnectionBudgets {
+            per_user,
+            users: Default::default(),
+        })
+    }
+
+    /// `user`'s budget, shared by every workspace of theirs that holds it.
+    pub(crate) fn of(&self, user: &str) -> Budget {
+        let mut users = self.users.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sem) = users.get(user).and_then(std::sync::Weak::upgrade) {
+            return Budget {
+                sem,
+                max: self.per_user,
+            };
+        }
+        // Users whose workspaces are all gone are forgotten.
+        users.retain(|_, sem| sem.strong_count() > 0);
+        let sem = Arc::new(Semaphore::new(self.per_user));
+        users.insert(user.to_owned(), Arc::downgrade(&sem));
+        Budget {
+            sem,
+            max: self.per_user,
+        }
+    }
+}
+
+/// One user's connections through every proxy of theirs (see [`ConnectionBudgets`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
+    sem: Arc<Semaphore>,
+    max: usize,
+}
+
+/// Why a connection was closed as soon as it was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// The workspace's proxy holds [`MAX_CONNECTIONS`].
+    Workspace,
+    /// The user's workspaces hold their [`Budget`] (this many).
+    User(usize),
+}
 /// Longest a client may take to say where it wants to go.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a name may take to resolve, and a connection to open.
@@ -35,8 +91,14 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// What a connection the proxy could not read a destination from is recorded as.
 const UNREAD: &str = "(a request the proxy could not read)";
 
-/// Serves until dropped (the command ended); dropping it ends every connection too.
-pub(crate) async fn serve(listener: TcpListener, policy: Arc<NetPolicy>, sink: Sink) {
+/// Serves until dropped (the command ended); dropping it ends every connection too. With a
+/// `budget`, the user's connections over all their proxies are bounded too.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    policy: Arc<NetPolicy>,
+    sink: Sink,
+    budget: Option<Budget>,
+) {
     let over = sink.clone();
     accept_loop(
         || async { listener.accept().await.map(|(stream, _)| stream) },
@@ -44,16 +106,23 @@ pub(crate) async fn serve(listener: TcpListener, policy: Arc<NetPolicy>, sink: S
             let (policy, sink) = (policy.clone(), sink.clone());
             async move { handle(stream, &policy, &sink).await }
         },
+        budget,
         // Closed at once, and recorded: a connection is never made without a trace.
-        move || {
+        move |why| {
             over(NetworkEvent {
                 host: "(a connection over the proxy's bound)".to_owned(),
                 port: 0,
                 allowed: false,
                 address: None,
-                reason: Some(format!(
-                    "more than {MAX_CONNECTIONS} connections at once: closed"
-                )),
+                reason: Some(match why {
+                    Over::Workspace => {
+                        format!("more than {MAX_CONNECTIONS} connections at once: closed")
+                    }
+                    Over::User(max) => format!(
+                        "more than {max} connections at once over all this user's workspaces \
+                         (server.max_proxy_connections_per_user): closed"
+                    ),
+                }),
             })
         },
     )
@@ -61,11 +130,13 @@ pub(crate) async fn serve(listener: TcpListener, policy: Arc<NetPolicy>, sink: S
 }
 
 /// Takes connections from `accept` and runs `handle` on each, at most [`MAX_CONNECTIONS`] at
-/// once (more are closed at once, each told to `over`).
+/// once, and with a `budget` only while it has room (more are closed at once, each told to
+/// `over` with why).
 async fn accept_loop<S, A, H>(
     mut accept: impl FnMut() -> A,
     mut handle: impl FnMut(S) -> H,
-    mut over: impl FnMut(),
+    budget: Option<Budget>,
+    mut over: impl FnMut(Over),
 ) where
     A: std::future::Future<Output = std::io::Result<S>>,
     H: std::future::Future<Output = ()> + Send + 'static,
@@ -85,10 +156,25 @@ async fn accept_loop<S, A, H>(
                 };
                 if connections.len() >= MAX_CONNECTIONS {
                     drop(stream);
-                    over();
+                    over(Over::Workspace);
                     continue;
                 }
-                connections.spawn(handle(stream));
+                let permit = match &budget {
+                    None => None,
+                    Some(budget) => match budget.sem.clone().try_acquire_owned() {
+                        Ok(permit) => Some(permit),
+                        Err(_) => {
+                            drop(stream);
+                            over(Over::User(budget.max));
+                            continue;
+                        }
+                    },
+                };
+                let handled = handle(stream);
+                connections.spawn(async move {
+                    handled.await;
+                    drop(permit);
+                });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
@@ -636,7 +722,8 @@ mod tests {
                 }
             },
             |_: TcpStream| async {},
-            || {},
+            None,
+            |_| {},
         );
         // Paused time: a loop that sleeps lets the clock run to the time-out.
         let _ = tokio::time::timeout(Duration::from_secs(1), serving).await;
@@ -661,12 +748,71 @@ mod tests {
             },
             // Each connection stays open.
             |()| std::future::pending::<()>(),
-            || {
+            None,
+            |why| {
+                assert_eq!(why, Over::Workspace);
                 over.fetch_add(1, Ordering::Relaxed);
             },
         );
         let _ = tokio::time::timeout(Duration::from_millis(200), serving).await;
         assert_eq!(over.load(Ordering::Relaxed), 10);
+    }
+
+    /// One user's proxies share a budget: with 64 connections a workspace, a user's many
+    /// sessions held two descriptors a connection each, as many as they liked. Two proxies of
+    /// one user, a budget of 30: 30 connections in all, the rest told; another user's proxy
+    /// has a budget of its own, and a connection that ends gives its place back.
+    #[tokio::test]
+    async fn a_users_proxies_share_one_budget() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let budgets = ConnectionBudgets::new(30);
+        let over = Arc::new(AtomicUsize::new(0));
+        let (release, released) = tokio::sync::watch::channel(false);
+        let proxy = |user: &str, connections: usize| {
+            let (over, released) = (over.clone(), released.clone());
+            let accepted = AtomicUsize::new(0);
+            let budget = Some(budgets.of(user));
+            async move {
+                let serving = accept_loop(
+                    || {
+                        let n = accepted.fetch_add(1, Ordering::Relaxed);
+                        async move {
+                            if n >= connections {
+                                std::future::pending::<()>().await;
+                            }
+                            Ok::<(), std::io::Error>(())
+                        }
+                    },
+                    // Each connection stays open until released.
+                    move |()| {
+                        let mut released = released.clone();
+                        async move {
+                            let _ = released.wait_for(|r| *r).await;
+                        }
+                    },
+                    budget,
+                    |why| {
+                        assert_eq!(why, Over::User(30));
+                        over.fetch_add(1, Ordering::Relaxed);
+                    },
+                );
+                let _ = tokio::time::timeout(Duration::from_millis(200), serving).await;
+            }
+        };
+        tokio::join!(proxy("ana", 20), proxy("ana", 20), proxy("bo", 25));
+        assert_eq!(over.load(Ordering::Relaxed), 10, "ana's 40 over her 30");
+        release.send(true).unwrap();
+        // Their connections end with the proxies (their tasks are dropped once the runtime
+        // gets to them): the budget is whole again.
+        let ana = budgets.of("ana");
+        let whole = async {
+            while ana.sem.available_permits() < 30 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), whole)
+            .await
+            .expect("the budget is whole again");
     }
 
     /// Regression: the client's `Host` header went to the origin unchanged, so a shared front

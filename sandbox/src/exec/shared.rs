@@ -94,6 +94,7 @@ impl Shared {
         policy: &ExecPolicy,
         identity: Option<Identity>,
         network: &Arc<NetworkLog>,
+        budget: Option<super::proxy::Budget>,
     ) -> Result<Shared, Failure> {
         let net = policy.network != NetworkMode::Host;
         let allowlist = (policy.network == NetworkMode::Allowlist)
@@ -188,6 +189,7 @@ impl Shared {
                     listener,
                     Arc::new(allowlist),
                     Arc::new(report),
+                    budget,
                 ));
                 Some(task.abort_handle())
             }
@@ -383,6 +385,8 @@ pub(crate) struct Slot {
     own_user: Mutex<Option<Identity>>,
     /// The connections its proxy (whichever it has now) was asked for.
     pub network: Arc<NetworkLog>,
+    /// The connections its proxy may hold, with every other proxy of its user's.
+    pub budget: Option<super::proxy::Budget>,
 }
 
 impl Drop for Slot {
@@ -555,7 +559,12 @@ impl Slot {
         {
             return Ok(shared.clone());
         }
-        let shared = Arc::new(Shared::make(policy, identity, &self.network)?);
+        let shared = Arc::new(Shared::make(
+            policy,
+            identity,
+            &self.network,
+            self.budget.clone(),
+        )?);
         *slot = Some(shared.clone());
         Ok(shared)
     }

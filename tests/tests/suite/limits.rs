@@ -628,6 +628,86 @@ async fn one_users_processes_are_bounded_over_all_their_sessions_while_another_s
     server.stop().await;
 }
 
+/// A command that opens `n` tunnels through its workspace's proxy to `port` and holds them,
+/// saying `ok` for each the proxy let through and `closed` for each it closed, then `all`.
+fn tunnels(n: u32, port: u16) -> serde_json::Value {
+    let script = format!(
+        "import socket, time\n\
+         held = []\n\
+         for _ in range({n}):\n\
+         \x20   s = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n\
+         \x20   s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\nHost: 127.0.0.1:{port}\\r\\n\\r\\n')\n\
+         \x20   try:\n\
+         \x20       answer = s.recv(64)\n\
+         \x20   except OSError:\n\
+         \x20       answer = b''\n\
+         \x20   print('ok' if answer.startswith(b'HTTP/1.1 200') else 'closed', flush=True)\n\
+         \x20   held.append(s)\n\
+         print('all', flush=True)\n\
+         time.sleep(60)\n"
+    );
+    json!({"argv": ["python3", "-c", script], "background": true})
+}
+
+/// One user's connections through the network proxies of all their sessions are bounded
+/// together (`server.max_proxy_connections_per_user`): each workspace's proxy took 64, and a
+/// user with many sessions held two of the server's descriptors per connection, as many as
+/// they liked. Another user's budget is their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_proxy_connections_are_bounded_over_all_their_sessions() {
+    // An origin that takes connections and holds them.
+    let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = origin.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in origin.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let server = TestServer::start_with(|c| {
+        c.quotas.max_proxy_connections_per_user = 3;
+        c.exec.network = monad_sandbox::NetworkMode::Allowlist;
+        c.exec.allow = vec![format!("127.0.0.1:{port}")];
+    })
+    .await;
+    let agent = connect_agent(&server.client_config()).await;
+    let (one, two) = (
+        "00000000-0000-4000-8000-0000000000c1",
+        "00000000-0000-4000-8000-0000000000c2",
+    );
+    let mut held = Vec::new();
+    let mut said = String::new();
+    for session in [one, two] {
+        let (started, _) =
+            ok(call_in(&agent, Some(session), "run_command", tunnels(2, port)).await);
+        let id = started["process"]
+            .as_str()
+            .expect("a process id")
+            .to_owned();
+        let (out, err) = read_in_until(&agent, session, &id, "all").await;
+        assert!(out.contains("all"), "{out}{err}");
+        said.push_str(&out);
+        held.push((session, id));
+    }
+    assert_eq!(
+        (said.matches("ok").count(), said.matches("closed").count()),
+        (3, 1),
+        "{said}"
+    );
+    // Ben is not affected.
+    let ben = connect_agent(&server.client_config_with(&server.create_token("ben"))).await;
+    let bens = "00000000-0000-4000-8000-0000000000cb";
+    let (ran, _) = ok(call_in(&ben, Some(bens), "run_command", tunnels(3, port)).await);
+    let bens_id = ran["process"].as_str().expect("a process id").to_owned();
+    let (out, err) = read_in_until(&ben, bens, &bens_id, "all").await;
+    assert_eq!(out.matches("ok").count(), 3, "{out}{err}");
+    end(&ben, bens, &bens_id).await;
+    for (session, id) in held {
+        end(&agent, session, &id).await;
+    }
+    server.stop().await;
+}
+
 /// A `process_cgroup` that is no cgroup stops the start with an error naming it; with both
 /// bounds off (`max_processes_per_user = 0`, `max_memory_per_user = 0`) it is not looked at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
