@@ -353,7 +353,7 @@ impl Agents {
         &self,
         state: &State,
         session: &Arc<Session>,
-        user: &str,
+        (user, token): (&str, Option<&str>),
         (text, overrides): (String, &PromptOverrides),
         events: mpsc::Sender<AgentEvent>,
         cancel: CancellationToken,
@@ -394,6 +394,7 @@ impl Agents {
             state,
             session,
             user,
+            token,
             llm,
             provider: &*provider,
             events: &events,
@@ -503,6 +504,9 @@ struct Turn<'a> {
     state: &'a State,
     session: &'a Arc<Session>,
     user: &'a str,
+    /// The hash of the token the turn was asked for with: a process its calls leave running
+    /// ends when that token is revoked.
+    token: Option<&'a str>,
     llm: &'a LlmSettings,
     provider: &'a dyn Provider,
     events: &'a mpsc::Sender<AgentEvent>,
@@ -795,6 +799,7 @@ impl Turn<'_> {
                     front,
                     call_id: &call.id,
                 });
+                let background = crate::state::may_outlive_its_call(&call.name, &call.arguments);
                 let call = self.state.executor.call_gated(
                     self.session,
                     &call.name,
@@ -803,6 +808,11 @@ impl Turn<'_> {
                     gate.as_ref().map(|g| g as &dyn PermissionGate),
                 );
                 let output = crate::executor::link::counted(&memory, call).await;
+                if let Some(token) = self.token.filter(|_| background) {
+                    self.state
+                        .note_started(token, self.user, self.session, &output)
+                        .await;
+                }
                 let (workspace, outcome) = output.complete().await;
                 // Its text is made from a tree of the result: counted first.
                 (workspace, crate::state::tree_held(&memory, outcome))

@@ -1076,7 +1076,7 @@ async fn prompt(
         ctx.state.agents.prompt(
             &ctx.state,
             &session,
-            &ctx.user,
+            (&ctx.user, ctx.token.as_deref()),
             (text, &overrides),
             events_tx,
             cancel.clone(),

@@ -379,10 +379,7 @@ impl State {
                 counted(&memory, forward).await?
             }
             _ => {
-                // Only a command started in the background outlives its call: the result of
-                // any other is not looked into (a command's output may be megabytes).
-                let background = tool == monad_protocol::ToolName::RunCommand.as_str()
-                    && args.get("background") == Some(&Value::Bool(true));
+                let background = may_outlive_its_call(tool, &args);
                 let call = self.executor.call(&session, tool, args, progress);
                 let output = counted(&memory, call).await;
                 if let Some(token) = token.filter(|_| background) {
@@ -404,11 +401,22 @@ impl State {
     }
 }
 
+/// Whether a call of `tool` with `args` may leave a process running after it: a `run_command`
+/// started in the background, or told to go there after a while (`background_after_ms`). Only
+/// such a call's result is looked into for its process (a command's output may be megabytes).
+pub(crate) fn may_outlive_its_call(tool: &str, args: &Value) -> bool {
+    tool == monad_protocol::ToolName::RunCommand.as_str()
+        && (args.get("background") == Some(&Value::Bool(true))
+            || args
+                .get("background_after_ms")
+                .is_some_and(|v| !v.is_null()))
+}
+
 impl State {
     /// Notes the background process a `run_command` with the token whose hash is `token`
     /// started, when it ran in `session`'s primary workspace, so that it ends when the token is
     /// revoked.
-    async fn note_started(
+    pub(crate) async fn note_started(
         &self,
         token: &str,
         user: &str,

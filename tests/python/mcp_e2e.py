@@ -74,7 +74,7 @@ async def exercise(session: ClientSession, transport: str, workspace: str) -> di
         ("workspaces", {}, f"\n{workspace} ("),
         ("memory_store", {"key": "plan", "text": "ship it"}, "Stored the note `plan`."),
         ("memory_recall", {"query": "ship"}, "## plan\nship it"),
-        ("write_file", {"path": "out.txt", "content": "one\n", "workspace": "primary"}, "Created out.txt in workspace primary (4 bytes)."),
+        ("write_file", {"path": "out.txt", "content": "one\n", "workspace": "primary"}, "out.txt in workspace primary (4 bytes)"),
         ("edit_file", {"path": "out.txt", "old_string": "one", "new_string": "two", "workspace": "primary"}, "+two"),
         ("run_command", {"argv": ["echo", "hi"], "workspace": "primary"}, "exit status 0"),
         ("process_list", {"workspace": "primary"}, "No background processes"),

@@ -1022,3 +1022,51 @@ async fn a_providers_answer_and_a_turn_are_bounded_in_what_they_hold() {
         "let go with the turn"
     );
 }
+
+/// Processes the built-in agent's turn leaves running end when the token the turn was asked
+/// with is revoked, as those a token's own calls start: a leaked token's turn left its loops
+/// running until the server stopped. One moved to the background after a while
+/// (`background_after_ms`) counts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_tokens_turn_leaves_no_process_running() {
+    let looping = |key: &str, value: Value| {
+        let mut args = json!({"argv": ["sh", "-c", "while true; do sleep 0.1; done"]});
+        args[key] = value;
+        args
+    };
+    let provider = ScriptedProvider::start(vec![
+        Reply::tool_call("c1", "run_command", looping("background", json!(true))),
+        Reply::tool_call(
+            "c2",
+            "run_command",
+            looping("background_after_ms", json!(50)),
+        ),
+        Reply::text(["Started two loops."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let leaked = server.create_token("carol");
+    let kept = server.create_token("carol");
+    let intruder = connect_agent(&server.client_config_with(&leaked)).await;
+    let owner = connect_agent(&server.client_config_with(&kept)).await;
+    prompt(&intruder, "start two loops").await;
+    let running = || async {
+        let (listing, _) =
+            monad_tests::ok(monad_tests::call(&owner, "process_list", json!({})).await);
+        listing["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["running"] == json!(true))
+            .count()
+    };
+    assert_eq!(running().await, 2);
+    let id = leaked.split('_').nth(1).expect("mnd_ID_SECRET");
+    assert!(server.state().tokens.revoke(id).unwrap());
+    within(Duration::from_secs(20), "the turn's loops to end", async {
+        while running().await > 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+}
