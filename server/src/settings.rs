@@ -68,8 +68,18 @@ impl ClusterSettings {
         Duration::from_secs(self.lease_secs.max(1))
     }
 
-    /// Checks `advertise`: `HOST:PORT` (a name or an address, `[v6]:PORT`).
+    /// Checks `advertise`: `HOST:PORT` (a name or an address, `[v6]:PORT`); and the secret, if
+    /// any: at least [`MIN_SECRET_CHARS`] characters (never repeated in the error).
     pub fn check(&self) -> Result<(), String> {
+        if let Some(secret) = self.secret.as_ref().filter(|s| !s.is_blank())
+            && secret.expose().chars().count() < MIN_SECRET_CHARS
+        {
+            return Err(format!(
+                "the hosts' shared secret ([cluster] secret or MONAD_CLUSTER_SECRET) is shorter \
+                 than {MIN_SECRET_CHARS} characters: whoever guesses it can act as any user on \
+                 every host; make a long random one, such as `openssl rand -hex 32` prints"
+            ));
+        }
         let Some(advertise) = &self.advertise else {
             return Ok(());
         };
@@ -82,6 +92,10 @@ impl ClusterSettings {
         })
     }
 }
+
+/// Fewest characters of the hosts' shared secret: a short one can be guessed, one QUIC
+/// handshake a guess, and a host that accepts it lets its sender act as any user.
+pub const MIN_SECRET_CHARS: usize = 16;
 
 /// A secret setting: shown as `<secret>` in debug output and logs, never as itself.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1212,6 +1226,20 @@ mod tests {
                 ..ClusterSettings::default()
             };
             assert_eq!(settings.check(), Ok(()), "{good}");
+        }
+        // A secret short enough to guess is refused, without being repeated; none, or a blank
+        // one, turns forwarding off.
+        let with = |secret: Option<&str>| ClusterSettings {
+            secret: secret.map(Secret::new),
+            ..ClusterSettings::default()
+        };
+        let short = with(Some("hunter2-hunter2")).check().unwrap_err();
+        assert!(
+            short.contains("shorter than 16") && !short.contains("hunter2"),
+            "{short}"
+        );
+        for fine in [None, Some(""), Some("   "), Some("sixteen-chars-ok")] {
+            assert_eq!(with(fine).check(), Ok(()), "{fine:?}");
         }
         let e = Layers::new(Some(("config.toml", "[cluster]\nlease = 3\n")), vars(&[]))
             .unwrap_err()

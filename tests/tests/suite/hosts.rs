@@ -610,7 +610,7 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
     let c = start_host(
         &pg,
         data_c.path(),
-        "not-the-secret",
+        "not-the-hosts-secret",
         10,
         Some(data_b.path()),
     )
