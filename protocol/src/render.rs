@@ -1164,9 +1164,22 @@ fn memory_store(r: MemoryStoreResult) -> String {
 
 fn memory_recall(r: MemoryRecallResult) -> String {
     if r.notes.is_empty() {
-        return "No notes.".to_owned();
+        return match r.not_matching {
+            0 => "No notes.".to_owned(),
+            n => format!(
+                "No note matches the query; the memory holds {} (without `query`, every note).",
+                plural(n, "note", "notes")
+            ),
+        };
     }
     let mut out = plural(r.notes.len() as u64, "note", "notes");
+    if r.not_matching > 0 {
+        let _ = write!(
+            out,
+            " ({} the query did not match; without `query`, every note)",
+            plural(r.not_matching, "other note", "other notes")
+        );
+    }
     out.push(':');
     for n in &r.notes {
         let _ = write!(out, "\n\n## {}\n{}", n.key, n.text.trim_end_matches('\n'));
@@ -2350,6 +2363,22 @@ mod tests {
         assert_eq!(
             render(ToolName::MemoryRecall, json!({"notes": []})),
             "No notes."
+        );
+        // A query that matched nothing does not read as an empty memory.
+        assert_eq!(
+            render(
+                ToolName::MemoryRecall,
+                json!({"notes": [], "not_matching": 3})
+            ),
+            "No note matches the query; the memory holds 3 notes (without `query`, every note)."
+        );
+        assert_eq!(
+            render(
+                ToolName::MemoryRecall,
+                json!({"notes": [{"key": "plan", "text": "ship it"}], "not_matching": 1})
+            ),
+            "1 note (1 other note the query did not match; without `query`, every note):\n\n\
+             ## plan\nship it"
         );
     }
 

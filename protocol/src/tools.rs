@@ -1396,6 +1396,9 @@ pub struct Note {
 pub struct MemoryRecallResult {
     /// The notes found, by key.
     pub notes: Vec<Note>,
+    /// How many other notes the memory holds, which `query` did not match.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_matching: u64,
 }
 
 /// What a program gets for a call (MCP `structuredContent`): the workspace that ran it and either

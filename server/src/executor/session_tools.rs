@@ -105,6 +105,7 @@ pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Valu
             Err(e) => return Err(e.to_tool_error()),
         };
         let mut notes = Vec::new();
+        let mut kept = 0u64;
         for entry in listing.entries {
             let Some(key) = entry
                 .path
@@ -121,6 +122,7 @@ pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Valu
             }) else {
                 continue;
             };
+            kept += 1;
             let matches = query.as_deref().is_none_or(|q| {
                 key.to_lowercase().contains(q) || file.content.to_lowercase().contains(q)
             });
@@ -128,7 +130,13 @@ pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Valu
                 notes.push(json!({ "key": key, "text": file.content }));
             }
         }
-        Ok(json!({ "notes": notes }))
+        // Whether the memory holds others: "no notes" would read as an empty memory.
+        let others = kept - notes.len() as u64;
+        Ok(if others > 0 {
+            json!({ "notes": notes, "not_matching": others })
+        } else {
+            json!({ "notes": notes })
+        })
     })
     .await
     .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?

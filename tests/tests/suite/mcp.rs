@@ -866,6 +866,17 @@ async fn session_meta_resumes_the_session(via: Via) {
     let recalled = again.call("memory_recall", json!({})).await;
     let notes = &recalled.structured_content.clone().unwrap()["result"]["notes"];
     assert_eq!(notes[0]["text"], "ship it", "{notes}");
+    // A query that matches nothing says the memory holds notes (it read as an empty memory),
+    // and the result still fits the tool's outputSchema.
+    let missed = again.call("memory_recall", json!({"query": "zzz"})).await;
+    assert_eq!(
+        text(&missed),
+        "No note matches the query; the memory holds 1 note (without `query`, every note)."
+    );
+    assert_eq!(
+        missed.structured_content.clone().unwrap()["result"]["not_matching"],
+        1
+    );
     // ... and one without it works in `default`, which has no such note.
     let other = connect(&server, http, via, None).await.expect("default");
     let recalled = other.call("memory_recall", json!({})).await;
