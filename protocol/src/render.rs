@@ -460,7 +460,14 @@ fn stat(ws: &Where<'_>, r: StatResult) -> String {
 }
 
 fn search(ws: &Where<'_>, r: SearchResult) -> String {
-    let searched = plural(r.files_searched, "file", "files");
+    let mut searched = plural(r.files_searched, "file", "files");
+    if r.binary_skipped > 0 {
+        let _ = write!(
+            searched,
+            ", of which {} skipped as binary",
+            plural(r.binary_skipped, "file", "files")
+        );
+    }
     let mut stopped = String::new();
     for path in &r.stopped_at_binary {
         let _ = write!(

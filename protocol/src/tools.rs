@@ -900,6 +900,10 @@ pub struct SearchResult {
     /// lower `max_results`, that stopped it: asking for more gives no more. Absent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub at_cap: bool,
+    /// Files skipped as binary (a NUL byte at their start), counted in `files_searched`.
+    /// Absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub binary_skipped: u64,
     /// Files whose search stopped at a NUL byte past their start (text that holds binary data
     /// further on, which `read_file` still shows as text): their lines after it were not
     /// searched. Absent when none.

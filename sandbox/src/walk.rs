@@ -287,6 +287,7 @@ pub(crate) fn search(
         .build();
     let mut sink = Collect {
         matcher: &matcher,
+        binary: 0,
         stopped_at_binary: Vec::new(),
         stopped_at_long_line: Vec::new(),
         path: String::new(),
@@ -338,6 +339,7 @@ pub(crate) fn search(
         matches: sink.matches,
         files_searched,
         truncated: sink.truncated,
+        binary_skipped: sink.binary,
         stopped_at_binary: sink.stopped_at_binary,
         stopped_at_long_line: sink.stopped_at_long_line,
     })
@@ -368,6 +370,8 @@ fn shown_line(
 struct Collect<'m> {
     /// The search's matcher, to find where in a long line the match is.
     matcher: &'m grep_regex::RegexMatcher,
+    /// Files skipped as binary: a NUL byte at their start.
+    binary: u64,
     /// Files whose search stopped at a NUL byte past their start.
     stopped_at_binary: Vec<String>,
     /// Files whose search stopped at a line over [`SEARCH_LINE_MAX`].
@@ -420,9 +424,11 @@ impl Sink for &mut InFile<'_, '_> {
     /// `read_file` looks at to tell text from binary is in a file shown as text: said, so that
     /// "no matches" is not taken for the whole file's answer.
     fn binary_data(&mut self, _: &Searcher, offset: u64) -> Result<bool, std::io::Error> {
+        let collect = &mut *self.collect;
         if offset >= crate::decode::SNIFF as u64 {
-            let collect = &mut *self.collect;
             collect.stopped_at_binary.push(collect.path.clone());
+        } else {
+            collect.binary += 1;
         }
         Ok(false)
     }

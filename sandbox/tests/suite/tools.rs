@@ -2019,7 +2019,8 @@ fn search_through_a_link_to_a_file_searches_that_file() {
 
 /// A text file with a NUL byte far in (a log that caught binary data): ripgrep's binary
 /// detection stops its search there, and the result says so rather than answering "no matches"
-/// for the whole file. One that starts with binary data is simply not searched.
+/// for the whole file. One that starts with binary data is not searched, and counted: a search
+/// of a binary file by name answered "No matches (searched 1 file)" as if it had been.
 #[test]
 fn a_search_that_stops_at_a_late_nul_says_so() {
     let fx = Fixture::new();
@@ -2031,7 +2032,12 @@ fn a_search_that_stops_at_a_late_nul_says_so() {
     assert!(out.matches.is_empty());
     assert_eq!(out.stopped_at_binary, ["late.log"]);
     assert!(!fx.sandbox.read_file(&read("late.log")).unwrap().binary);
+    assert_eq!(out.binary_skipped, 1);
     let text = rendered(ToolName::Search, &out);
+    assert!(
+        text.starts_with("No matches (searched 2 files, of which 1 file skipped as binary)."),
+        "{text}"
+    );
     assert!(
         text.ends_with(
             "\n(the search of late.log stopped at a NUL byte past its start: what follows it \
