@@ -1231,8 +1231,9 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             return Err(SandboxError::WrongFileType {
                 path: path.given().to_owned(),
                 what: "is not text in an encoding edit_file can write back (UTF-8 with bytes \
-                       that are not UTF-8, or binary); write_file would store the whole file \
-                       as UTF-8",
+                       that are not UTF-8, or binary): change it with a program through \
+                       run_command (write_file replaces a file with UTF-8 text, which would lose \
+                       the bytes that are not)",
             });
         }
     };

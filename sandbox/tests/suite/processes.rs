@@ -279,6 +279,18 @@ fn a_foreground_command_can_move_to_the_background_when_it_runs_long() {
     )
     .unwrap();
     assert_eq!(again.stdout, "early\nlate\n", "{again:?}");
+    // Its standard input is closed, and the refusal says why (it said only "is closed").
+    let refused = call(
+        &fx,
+        ToolName::ProcessWrite,
+        json!({"process": id, "text": "more\n"}),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("is closed") && refused.contains("`background_after_ms`"),
+        "{refused}"
+    );
     fx.put("stop", "");
     let (seen, r) = read_until(&fx, &id, |_| false);
     assert_eq!(seen, "");
