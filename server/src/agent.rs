@@ -402,10 +402,20 @@ impl Agents {
             tally: &tally,
             front,
         };
+        let deadline = llm.max_turn_secs.max(1);
         let result = tokio::select! {
             result = turn.run(text) => result,
             () = cancel.cancelled() => TurnResult {
                 stop: StopReason::Cancelled,
+                ..lock(&tally).result()
+            },
+            () = tokio::time::sleep(Duration::from_secs(deadline)) => TurnResult {
+                stop: StopReason::Failed {
+                    message: format!(
+                        "the turn ran for its longest, {deadline} s (llm.max_turn_secs), and was \
+                         stopped; what the model said so far is kept"
+                    ),
+                },
                 ..lock(&tally).result()
             },
         };

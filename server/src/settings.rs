@@ -289,6 +289,10 @@ pub struct LlmSettings {
     /// Longest wait for the provider's first byte, and then between two pieces of its stream,
     /// in seconds.
     pub idle_timeout_secs: u64,
+    /// Longest a turn (one user message, all its requests and calls) may run, in seconds (at
+    /// least 1): past it the turn ends, what the model said kept. A provider that keeps
+    /// sending a little at a time, within `idle_timeout_secs` each, held a turn for ever.
+    pub max_turn_secs: u64,
     /// Base URLs a client may choose for one prompt (`monad-client chat --base-url`), besides
     /// `base_url` itself. Empty: none. The key named by `api_key_env` goes to whichever base
     /// URL a turn uses, so only the operator decides where it may go.
@@ -308,6 +312,7 @@ impl Default for LlmSettings {
             max_tokens_per_turn: 1_000_000,
             context_budget_tokens: 100_000,
             idle_timeout_secs: 120,
+            max_turn_secs: 1800,
             allowed_base_urls: Vec::new(),
         }
     }

@@ -1070,3 +1070,30 @@ async fn a_revoked_tokens_turn_leaves_no_process_running() {
     })
     .await;
 }
+
+/// A turn has a longest time (`llm.max_turn_secs`): a provider that sends a little and then
+/// holds its stream within `idle_timeout_secs` held the turn, and the session, for as long as it
+/// liked. The turn ends, saying why, and what the model said is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_ends_at_its_longest_time() {
+    let provider = ScriptedProvider::start(vec![Reply::Hang {
+        text: vec!["Thinking".into()],
+    }])
+    .await;
+    let server = server_for(
+        &provider,
+        ProviderKind::Openai,
+        "idle_timeout_secs = 600\nmax_turn_secs = 1\n",
+    )
+    .await;
+    let agent = server.agent().await;
+    let (reply, _) = prompt(&agent, "take your time").await;
+    match &reply.result.stop {
+        StopReason::Failed { message } => {
+            assert!(message.contains("llm.max_turn_secs"), "{message}")
+        }
+        other => panic!("ended otherwise: {other:?}"),
+    }
+    provider.wait_for_abandoned(1).await;
+    until_session_md_holds(&server, "## Assistant\n\nThinking\n").await;
+}
