@@ -1715,22 +1715,31 @@ impl Target {
         // the folder for good, in a user's project among the files git shows. Where it cannot
         // (no `O_TMPFILE`, or no `/proc` to name it through), under a temporary name from the
         // start.
-        let unnamed = unnamed_file(&self.parent).and_then(|file| {
-            let stamp = self.fill(&file, content).ok()?;
-            Some((self.name_unnamed(&file).ok()?, stamp))
-        });
+        let unnamed = if NAMING_FAILS.load(std::sync::atomic::Ordering::Relaxed) {
+            None
+        } else {
+            unnamed_file(&self.parent)
+        };
         let (tmp_name, stamp) = match unnamed {
-            Some(named) => named,
-            None => {
-                let (name, file) = self.named_temp_file()?;
-                match self.fill(&file, content) {
-                    Ok(stamp) => (name, stamp),
+            Some(file) => {
+                let stamp = self
+                    .fill(&file, content)
+                    .map_err(|e| SandboxError::from_io("write", given, e))?;
+                match self.name_unnamed(&file) {
+                    Ok(name) => (name, stamp),
                     Err(e) => {
-                        let _ = self.parent.remove_file(&name);
-                        return Err(SandboxError::from_io("write", given, e));
+                        // Not again in this process: each write would be made twice.
+                        if !NAMING_FAILS.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            tracing::warn!(
+                                "a written file cannot be named through /proc/self/fd ({e}): \
+                                 writes go through named temporary files from now on"
+                            );
+                        }
+                        self.write_named(content)?
                     }
                 }
             }
+            None => self.write_named(content)?,
         };
         // Another program (an editor, a formatter, the user) may have written the file since
         // this call read it: replacing it then would throw their change away unseen.
@@ -1771,6 +1780,19 @@ impl Target {
         // The new file's stamp, from its own handle: a rename keeps its inode, size and
         // modification time, and a look by name afterwards could see another program's file.
         Ok(Stamp::of(&file.metadata()?))
+    }
+
+    /// `content` in a new file under a temporary name ([`Target::fill`]): the name and stamp;
+    /// nothing left behind when it fails.
+    fn write_named(&self, content: &[u8]) -> Result<(String, Stamp), SandboxError> {
+        let (name, file) = self.named_temp_file()?;
+        match self.fill(&file, content) {
+            Ok(stamp) => Ok((name, stamp)),
+            Err(e) => {
+                let _ = self.parent.remove_file(&name);
+                Err(SandboxError::from_io("write", self.path.given(), e))
+            }
+        }
     }
 
     /// A new file under a temporary name in the file's directory, mode 0600.
@@ -2170,6 +2192,10 @@ fn sync_dir(dir: &Dir) -> std::io::Result<()> {
     )?;
     Ok(nix::unistd::fsync(readable)?)
 }
+
+/// A written file could not be named through `/proc/self/fd` (no `/proc` mounted, say): writes
+/// go through named temporary files from then on.
+static NAMING_FAILS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A file without a name in `dir` (`O_TMPFILE`), mode 0600; `None` where the file system (or
 /// the kernel) cannot make one.

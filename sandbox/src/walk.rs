@@ -288,6 +288,7 @@ pub(crate) fn search(
     let mut sink = Collect {
         matcher: &matcher,
         binary: 0,
+        late_nul: None,
         stopped_at_binary: Vec::new(),
         stopped_at_long_line: Vec::new(),
         path: String::new(),
@@ -297,6 +298,11 @@ pub(crate) fn search(
         truncated: false,
         sniff_bytes: limits.read_max_bytes,
     };
+    let mut before_nul = SearcherBuilder::new()
+        .line_number(true)
+        .binary_detection(BinaryDetection::none())
+        .heap_limit(Some(SEARCH_LINE_MAX))
+        .build();
     let mut files_searched = 0u64;
     let mut visit = |dir: &Dir, name: &OsStr, rel: &str| {
         if let Some(filter) = &filter
@@ -322,6 +328,31 @@ pub(crate) fn search(
             && e.to_string().contains("allocation limit")
         {
             sink.stopped_at_long_line.push(rel.to_owned());
+        }
+        // Stopped at a NUL past the start: the searcher leaves unsearched what it had read
+        // with the NUL (up to its buffer, 64 KiB, before it), so the part before the NUL is
+        // searched again, whole, in place of what the first pass found of it.
+        if let Some(at) = sink.late_nul.take() {
+            let kept = sink
+                .matches
+                .iter()
+                .rposition(|m| m.path != rel)
+                .map_or(0, |i| i + 1);
+            if kept < sink.matches.len() {
+                sink.matches.truncate(kept);
+                sink.truncated = false;
+            }
+            let mut in_file = InFile {
+                collect: &mut sink,
+                file: &file,
+                len: meta.len(),
+                encoding: None,
+            };
+            let mut head = &file;
+            if std::io::Seek::seek(&mut head, std::io::SeekFrom::Start(0)).is_ok() {
+                let _ =
+                    before_nul.search_reader(&matcher, std::io::Read::take(head, at), &mut in_file);
+            }
         }
         if sink.truncated {
             Flow::Stop
@@ -372,6 +403,8 @@ struct Collect<'m> {
     matcher: &'m grep_regex::RegexMatcher,
     /// Files skipped as binary: a NUL byte at their start.
     binary: u64,
+    /// Where the current file's search stopped at a NUL past its start.
+    late_nul: Option<u64>,
     /// Files whose search stopped at a NUL byte past their start.
     stopped_at_binary: Vec<String>,
     /// Files whose search stopped at a line over [`SEARCH_LINE_MAX`].
@@ -427,6 +460,7 @@ impl Sink for &mut InFile<'_, '_> {
         let collect = &mut *self.collect;
         if offset >= crate::decode::SNIFF as u64 {
             collect.stopped_at_binary.push(collect.path.clone());
+            collect.late_nul = Some(offset);
         } else {
             collect.binary += 1;
         }

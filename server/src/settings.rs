@@ -72,7 +72,7 @@ impl ClusterSettings {
     /// any: at least [`MIN_SECRET_CHARS`] characters (never repeated in the error).
     pub fn check(&self) -> Result<(), String> {
         if let Some(secret) = self.secret.as_ref().filter(|s| !s.is_blank())
-            && secret.expose().chars().count() < MIN_SECRET_CHARS
+            && secret.expose().trim().chars().count() < MIN_SECRET_CHARS
         {
             return Err(format!(
                 "the hosts' shared secret ([cluster] secret or MONAD_CLUSTER_SECRET) is shorter \
@@ -1242,6 +1242,10 @@ mod tests {
         assert!(
             short.contains("shorter than 16") && !short.contains("hunter2"),
             "{short}"
+        );
+        assert!(
+            with(Some("     padded     ")).check().is_err(),
+            "spaces are no secret"
         );
         for fine in [None, Some(""), Some("   "), Some("sixteen-chars-ok")] {
             assert_eq!(with(fine).check(), Ok(()), "{fine:?}");

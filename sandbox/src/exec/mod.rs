@@ -826,11 +826,12 @@ fn spawn(
         })?;
     let plan = SandboxPlan::new(jail, policy, tmp.path().to_path_buf(), timeout, isolation)?;
     // The sandbox is the landlock ruleset and the seccomp filter together. Where the operator
-    // let commands run without landlock, the filter is still what keeps `network = "off"`
-    // without a network namespace: it is applied then (only then: otherwise such commands keep
-    // what the operator let them have, Unix sockets and namespaces of their own among it), and
-    // a command it cannot hold to that is refused rather than run with the network its owner
-    // was told it would not have.
+    // let commands run without landlock, the filter still keeps what the network policy
+    // promises: without a network namespace it refuses every socket (`network = "off"`), and
+    // with one it refuses Unix sockets, io_uring and namespaces of their own, by which a
+    // command would reach past its namespace (a resolver's socket, D-Bus, `docker.sock`). Only
+    // `network = "host"` runs without it. A command it cannot hold to "off" is refused rather
+    // than run with the network its owner was told it would not have.
     let (ruleset, filter, abi) = match (landlock_abi(), seccomp::filter(plan.sockets)) {
         (Some(abi), Some(filter)) if abi >= MIN_ABI => {
             let (ruleset, ids) = plan.ruleset(jail, abi).map_err(|e| {
@@ -850,7 +851,7 @@ fn spawn(
         }
         (_, filter) if policy.allow_unsandboxed_exec => (
             None,
-            filter.filter(|_| plan.sockets == seccomp::Sockets::None),
+            filter.filter(|_| policy.network != NetworkMode::Host),
             None,
         ),
         (None, _) => {

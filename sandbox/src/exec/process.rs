@@ -1398,10 +1398,10 @@ fn taken_part(text: &str, taken: usize) -> String {
 
 fn stdin_closed(proc: &Proc) -> SandboxError {
     SandboxError::InvalidArguments(format!(
-        "the standard input of process `{}` is closed (by a `close_stdin`, or from its start: \
-         only a command started with `background: true` keeps its standard input open for \
-         process_write; one moved to the background by `background_after_ms` had `stdin`'s \
-         text only)",
+        "the standard input of process `{}` is closed (by a `close_stdin`, by the program, or \
+         from its start: only a command started with `background: true` keeps its standard \
+         input open for process_write; one moved to the background by `background_after_ms` \
+         had `stdin`'s text only)",
         proc.id
     ))
 }

@@ -766,6 +766,8 @@ mod tests {
     async fn a_users_proxies_share_one_budget() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let budgets = ConnectionBudgets::new(30);
+        // Held all along: the semaphore the proxies take from, looked at once they are gone.
+        let ana = budgets.of("ana");
         let over = Arc::new(AtomicUsize::new(0));
         let (release, released) = tokio::sync::watch::channel(false);
         let proxy = |user: &str, connections: usize| {
@@ -804,7 +806,7 @@ mod tests {
         release.send(true).unwrap();
         // Their connections end with the proxies (their tasks are dropped once the runtime
         // gets to them): the budget is whole again.
-        let ana = budgets.of("ana");
+        assert!(Arc::ptr_eq(&ana.sem, &budgets.of("ana").sem), "one budget");
         let whole = async {
             while ana.sem.available_permits() < 30 {
                 tokio::task::yield_now().await;

@@ -2033,6 +2033,13 @@ fn a_search_that_stops_at_a_late_nul_says_so() {
     assert_eq!(out.stopped_at_binary, ["late.log"]);
     assert!(!fx.sandbox.read_file(&read("late.log")).unwrap().binary);
     assert_eq!(out.binary_skipped, 1);
+    // A match before the NUL, in the same stretch the searcher reads at once, is found.
+    let mut early_match = b"needle first\n".to_vec();
+    early_match.extend("line\n".repeat(4_000).as_bytes());
+    early_match.extend(b"\0junk\n");
+    std::fs::write(fx.root().join("late.log"), &early_match).unwrap();
+    let found = fx.sandbox.search(&search("needle")).unwrap();
+    assert_eq!(found.matches.len(), 1, "{found:?}");
     let text = rendered(ToolName::Search, &out);
     assert!(
         text.starts_with("No matches (searched 2 files, of which 1 file skipped as binary)."),

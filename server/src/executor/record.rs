@@ -495,6 +495,12 @@ fn record_call(
                 network_line(event, call_id.clone(), workspace.clone()),
             );
         }
+        let uncounted = |why: String| {
+            recorder.audit(
+                &session.id,
+                not_recorded(call_id.clone(), workspace.clone(), why),
+            );
+        };
         if network.more > 0 {
             let more = network.more;
             tracing::warn!(
@@ -503,30 +509,16 @@ fn record_call(
                 more,
                 "a result reported more connections than a sandbox does"
             );
-            recorder.audit(
-                &session.id,
-                not_recorded(
-                    call_id.clone(),
-                    workspace.clone(),
-                    format!(
-                        "{more} connections not recorded: the result reported more than the \
-                         {MAX_RESULT_NETWORK_EVENTS} a sandbox reports"
-                    ),
-                ),
-            );
+            uncounted(format!(
+                "{more} connections not recorded: the result reported more than the \
+                 {MAX_RESULT_NETWORK_EVENTS} a sandbox reports"
+            ));
         }
         if network_not_shown > 0 {
-            recorder.audit(
-                &session.id,
-                not_recorded(
-                    call_id.clone(),
-                    workspace.clone(),
-                    format!(
-                        "{network_not_shown} connections not recorded: more than the \
-                         {MAX_RESULT_NETWORK_EVENTS} an answer carries"
-                    ),
-                ),
-            );
+            uncounted(format!(
+                "{network_not_shown} connections not recorded: more than the \
+                 {MAX_RESULT_NETWORK_EVENTS} an answer carries"
+            ));
         }
     }
     let retention = &session.settings.retention;

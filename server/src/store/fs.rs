@@ -416,9 +416,13 @@ impl FsStore {
         let mut removed =
             crate::fsutil::remove_deleting_leftovers(&self.root.join("sessions"), |id| {
                 // Not when a session of that id exists again (`default`, made anew on use):
-                // what names it is the new one's.
-                if check_id(id).is_ok()
-                    && !self.session_dir(id).exists()
+                // what names it is the new one's. Under the session's lock, where a session is
+                // made, so that one made meanwhile is seen.
+                if check_id(id).is_err() {
+                    return;
+                }
+                let _guard = self.lock(id);
+                if !self.session_dir(id).exists()
                     && let Err(e) = self
                         .unbind_session(id)
                         .and_then(|()| self.forget_session(id))
@@ -1652,25 +1656,49 @@ fn erase_unnamed<'a>(
     if size > at {
         unnamed.push([at, size - at]);
     }
-    // A range erased before stays in the pack as a hole: only what still holds data is
-    // erased (and synced), not every hole again at every start.
+    // A range erased before stays in the pack as a hole (and its partly covered edge blocks as
+    // zeros): only what still holds data is erased (and synced), not every hole again at every
+    // start.
     let file = std::fs::File::open(&pack).map_err(map_io("open", &pack))?;
-    unnamed.retain(|&[offset, len]| {
-        let Ok(start) = i64::try_from(offset) else {
-            return false;
-        };
-        match nix::unistd::lseek(&file, start, nix::unistd::Whence::SeekData) {
-            Ok(data) => (data as u64) < offset.saturating_add(len),
-            // No data from here on.
-            Err(nix::errno::Errno::ENXIO) => false,
-            // A file system that cannot say: erased to be sure.
-            Err(_) => true,
-        }
-    });
+    unnamed.retain(|&[offset, len]| holds_data(&file, offset, len));
     if unnamed.is_empty() {
         return Ok(());
     }
     erase_from_pack(&pack, &unnamed)
+}
+
+/// Whether bytes `offset..offset + len` of `file` hold anything but zeros: the whole blocks in
+/// the range by `SEEK_DATA` (a hole holds none), the partly covered blocks at its ends read.
+/// True when it cannot tell.
+fn holds_data(file: &std::fs::File, offset: u64, len: u64) -> bool {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let Ok(block) = file.metadata().map(|m| m.blksize().max(1)) else {
+        return true;
+    };
+    let end = offset.saturating_add(len);
+    let (inner_start, inner_end) = (offset.div_ceil(block) * block, end / block * block);
+    let zeros = |from: u64, to: u64| {
+        if from >= to {
+            return true;
+        }
+        let mut bytes = vec![0u8; (to - from) as usize];
+        file.read_exact_at(&mut bytes, from).is_ok() && bytes.iter().all(|&b| b == 0)
+    };
+    if inner_start >= inner_end {
+        // Within a block or two: read.
+        return !zeros(offset, end);
+    }
+    let Ok(start) = i64::try_from(inner_start) else {
+        return true;
+    };
+    let inner_data = match nix::unistd::lseek(file, start, nix::unistd::Whence::SeekData) {
+        Ok(data) => (data as u64) < inner_end,
+        // No data from here on.
+        Err(nix::errno::Errno::ENXIO) => false,
+        // A file system that cannot say.
+        Err(_) => true,
+    };
+    inner_data || !zeros(offset, inner_start) || !zeros(inner_end, end)
 }
 
 /// [`erase_unnamed`] for the pack of the artifacts directory `dir`, at a start. Nothing when
@@ -2892,10 +2920,16 @@ mod tests {
         store
             .bind("ana", "00000000-0000-4000-8000-000000000009", "s1")
             .unwrap();
-        std::fs::remove_dir_all(dir.path().join("sessions/s1")).unwrap();
-        assert_eq!(store.devices_bound_to("s1").unwrap(), 1);
         assert_eq!(store.remove_stale_temp_files(), 1);
         assert!(!renamed.exists());
+        assert_eq!(
+            store.devices_bound_to("s1").unwrap(),
+            1,
+            "bob's s1 exists: what names it is his"
+        );
+        std::fs::create_dir(&renamed).unwrap();
+        std::fs::remove_dir_all(dir.path().join("sessions/s1")).unwrap();
+        assert_eq!(store.remove_stale_temp_files(), 1);
         assert_eq!(store.devices_bound_to("s1").unwrap(), 0);
     }
 
