@@ -1555,6 +1555,20 @@ impl NewDirs {
         self.0.iter().map(|(_, _, shown)| shown.clone()).collect()
     }
 
+    /// Syncs the directory each was made in, innermost first, so that the new entries (and
+    /// the file written into the innermost) outlast a power cut; a failure is told, not
+    /// returned (the write is done).
+    fn sync(&self) {
+        for (parent, _, shown) in self.0.iter().rev() {
+            if let Err(e) = sync_dir(parent) {
+                tracing::warn!(
+                    "{}/: made, but the directory it is in could not be synced: {e}",
+                    crate::error::shown(shown)
+                );
+            }
+        }
+    }
+
     /// Removes them, innermost first, by name in the directory each was made in (`rmdir`
     /// never follows a link and removes only an empty directory: whatever was put in one
     /// meanwhile keeps it, and the ones above it).
@@ -1760,6 +1774,7 @@ impl Target {
                 crate::error::shown(given)
             );
         }
+        self.new_dirs.sync();
         Ok(stamp)
     }
 

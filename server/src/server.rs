@@ -278,7 +278,10 @@ impl Server {
                 }
                 let removed = fs_store.remove_stale_temp_files();
                 if removed > 0 {
-                    info!("removed {removed} temporary files left by an interrupted write");
+                    info!(
+                        "removed {removed} leftovers of interrupted writes and deletes \
+                         (temporary files, deleted sessions' directories)"
+                    );
                 }
                 // The data dir stays this server's until the cleanup is done.
                 drop(held);
