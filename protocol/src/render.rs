@@ -124,8 +124,14 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         (_, Some(total)) => {
             let _ = write!(out, "lines {first}-{last} of {total}");
         }
+        // How long the rest is, in lines, is not known (counting them would read the whole
+        // file); its size is.
         (_, None) => {
-            let _ = write!(out, "lines {first}-{last} (the file goes on)");
+            let _ = write!(
+                out,
+                "lines {first}-{last} (the file goes on: {} in all)",
+                plural(r.size, "byte", "bytes")
+            );
         }
     }
     // Lines that all end with CRLF are shown without the CR, which a terminal would show as
@@ -1358,8 +1364,8 @@ mod tests {
         );
         assert_eq!(
             shown,
-            "big.log in workspace laptop: lines 99-100 (the file goes on); read on with \
-             offset=101\n 99\ta\r\n100\tb"
+            "big.log in workspace laptop: lines 99-100 (the file goes on: 9000 bytes in all); \
+             read on with offset=101\n 99\ta\r\n100\tb"
         );
         assert!(ToolName::ReadFile.input_schema()["properties"]["offset"].is_object());
         let bytes = render(
@@ -1370,8 +1376,8 @@ mod tests {
         );
         assert!(
             bytes.starts_with(
-                "x in workspace laptop: lines 1-1 (the file goes on), cut at the byte cap; read \
-                 on with offset=2\n"
+                "x in workspace laptop: lines 1-1 (the file goes on: 9 bytes in all), cut at the \
+                 byte cap; read on with offset=2\n"
             ),
             "{bytes}"
         );
@@ -1446,8 +1452,9 @@ mod tests {
                               "truncation": "bytes", "next_offset": 2});
         assert_eq!(
             render(ToolName::ReadFile, long.clone()),
-            "min.js in workspace laptop: lines 1-1 (the file goes on), line 1 cut at the byte \
-             cap after 4 bytes (the rest of it cannot be shown); read on with offset=2\n1\tabcd"
+            "min.js in workspace laptop: lines 1-1 (the file goes on: 9000 bytes in all), line 1 \
+             cut at the byte cap after 4 bytes (the rest of it cannot be shown); read on with \
+             offset=2\n1\tabcd"
         );
         // The only line of its file: nothing to read on to.
         long["next_offset"] = Value::Null;
@@ -1815,8 +1822,8 @@ mod tests {
         );
         assert!(
             page.contains(
-                "lines 3-4 (the file goes on), the lines shown end with CRLF (the CR \
-                           not shown); read on with offset=5\n3\tc\n4\td"
+                "lines 3-4 (the file goes on: 99 bytes in all), the lines shown end with CRLF \
+                 (the CR not shown); read on with offset=5\n3\tc\n4\td"
             ),
             "{page:?}"
         );
