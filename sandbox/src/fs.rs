@@ -1321,16 +1321,19 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
 
 /// How many times `needle` (not empty) starts in `text`, counting occurrences that overlap.
 fn occurrences(text: &str, needle: &str) -> usize {
-    let mut count = 0;
+    occurrence_starts(text, needle).count()
+}
+
+/// Where `needle` (not empty) starts in `text`, in order, occurrences that overlap included.
+fn occurrence_starts<'a>(text: &'a str, needle: &'a str) -> impl Iterator<Item = usize> + 'a {
     let mut from = 0;
-    while let Some(at) = text[from..].find(needle) {
-        count += 1;
+    std::iter::from_fn(move || {
+        let at = from + text[from..].find(needle)?;
         // On to the next character after this occurrence's first, so that one overlapping it
         // is found too.
-        let first = text[from + at..].chars().next().map_or(1, char::len_utf8);
-        from += at + first;
-    }
-    count
+        from = at + text[at..].chars().next().map_or(1, char::len_utf8);
+        Some(at)
+    })
 }
 
 /// Most places an error names for one `old_string`.
@@ -1340,9 +1343,8 @@ const PLACES_NAMED: usize = 10;
 /// line numbers for a model to tell them apart: `at lines 3, 17 and 40`.
 fn occurrence_lines(text: &str, needle: &str) -> String {
     let mut lines = Vec::new();
-    let (mut from, mut line, mut counted_to) = (0, 1, 0);
-    while let Some(at) = text[from..].find(needle) {
-        let at = from + at;
+    let (mut line, mut counted_to) = (1, 0);
+    for at in occurrence_starts(text, needle) {
         line += text.as_bytes()[counted_to..at]
             .iter()
             .filter(|&&b| b == b'\n')
@@ -1354,7 +1356,6 @@ fn occurrence_lines(text: &str, needle: &str) -> String {
         if lines.len() > PLACES_NAMED {
             break;
         }
-        from = at + text[at..].chars().next().map_or(1, char::len_utf8);
     }
     named_lines(&lines)
 }
@@ -1812,19 +1813,10 @@ impl Target {
 
     /// A new file under a temporary name in the file's directory, mode 0600.
     fn named_temp_file(&self) -> Result<(String, cap_std::fs::File), SandboxError> {
-        let mut attempt = 0u32;
-        loop {
-            let tmp_name = temp_name(attempt);
-            let mut options = OpenOptions::new();
-            options.write(true).create_new(true).mode(0o600);
-            match self.parent.open_with(&tmp_name, &options) {
-                Ok(file) => return Ok((tmp_name, file)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => {
-                    attempt += 1;
-                }
-                Err(e) => return Err(SandboxError::from_io("write", self.path.given(), e)),
-            }
-        }
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true).mode(0o600);
+        under_temp_name(|name| self.parent.open_with(name, &options))
+            .map_err(|e| SandboxError::from_io("write", self.path.given(), e))
     }
 
     /// Gives the written [`unnamed_file`] a temporary name in the file's directory, for the
@@ -1833,21 +1825,16 @@ impl Target {
     fn name_unnamed(&self, file: &cap_std::fs::File) -> std::io::Result<String> {
         use std::os::fd::AsRawFd;
         let by_fd = format!("/proc/self/fd/{}", file.as_raw_fd());
-        let mut attempt = 0u32;
-        loop {
-            let tmp_name = temp_name(attempt);
-            match nix::unistd::linkat(
+        let (name, ()) = under_temp_name(|name| {
+            Ok(nix::unistd::linkat(
                 nix::fcntl::AT_FDCWD,
                 by_fd.as_str(),
                 &self.parent,
-                tmp_name.as_str(),
+                name,
                 nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
-            ) {
-                Ok(()) => return Ok(tmp_name),
-                Err(nix::errno::Errno::EEXIST) if attempt < 16 => attempt += 1,
-                Err(e) => return Err(e.into()),
-            }
-        }
+            )?)
+        })?;
+        Ok(name)
     }
 
     /// Refuses to replace a file changed since this workspace's tools last saw it.
@@ -2224,6 +2211,24 @@ fn unnamed_file(dir: &Dir) -> Option<cap_std::fs::File> {
     )
     .ok()
     .map(|fd| cap_std::fs::File::from_std(fd.into()))
+}
+
+/// Makes something under a new temporary name ([`temp_name`]) with `make`, trying another name
+/// while the one tried is taken (at most 16 more); the name and what `make` gave.
+fn under_temp_name<T>(
+    mut make: impl FnMut(&str) -> std::io::Result<T>,
+) -> std::io::Result<(String, T)> {
+    let mut attempt = 0u32;
+    loop {
+        let name = temp_name(attempt);
+        match make(&name) {
+            Ok(made) => return Ok((name, made)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 16 => {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// The name of a write's temporary file, beside its target. Not made from the target's name:

@@ -1123,12 +1123,16 @@ type RawIndexLine = (Vec<u8>, Option<IndexLine>);
 /// bytes they may name. A torn last line (no newline: a crash in an append) is left out, as
 /// the next append would cut it.
 fn index_lines(index: &Path) -> Result<Vec<RawIndexLine>, StoreError> {
-    let bytes = match std::fs::read(index) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(StoreError::io("read", index, e)),
-    };
-    Ok(parse_index_lines(&bytes))
+    Ok(parse_index_lines(&index_bytes(index)?))
+}
+
+/// The artifact index's bytes; none when there is no index.
+fn index_bytes(index: &Path) -> Result<Vec<u8>, StoreError> {
+    match std::fs::read(index) {
+        Ok(bytes) => Ok(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(StoreError::io("read", index, e)),
+    }
 }
 
 /// [`index_lines`] of the index's `bytes`.
@@ -1705,12 +1709,7 @@ fn holds_data(file: &std::fs::File, offset: u64, len: u64) -> bool {
 /// the index ends in a line without its line break (a torn append that readers may still take
 /// as an artifact). The caller holds the session's lock.
 fn erase_unnamed_at_start(dir: &Path) -> Result<(), StoreError> {
-    let index = dir.join("index.jsonl");
-    let bytes = match std::fs::read(&index) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(StoreError::io("read", &index, e)),
-    };
+    let bytes = index_bytes(&dir.join("index.jsonl"))?;
     if !bytes.is_empty() && !bytes.ends_with(b"\n") {
         return Ok(());
     }
@@ -2350,6 +2349,17 @@ mod tests {
         );
     }
 
+    /// A store with session `default` and one tool output in its pack, `a0`.
+    fn with_one_tool_output() -> (tempfile::TempDir, FsStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        store
+            .put_artifact(&tool_output("a0", b"{\"n\":0}"), b"{\"n\":0}")
+            .unwrap();
+        (dir, store)
+    }
+
     fn tool_output(id: &str, content: &[u8]) -> ArtifactMeta {
         ArtifactMeta {
             id: id.into(),
@@ -2454,12 +2464,7 @@ mod tests {
     /// which ended the process (a length near `u64::MAX` panicked).
     #[test]
     fn an_index_line_naming_more_than_the_pack_holds_is_an_error_not_an_abort() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::new(dir.path());
-        store.create(&meta("default")).unwrap();
-        store
-            .put_artifact(&tool_output("a0", b"{\"n\":0}"), b"{\"n\":0}")
-            .unwrap();
+        let (dir, _store) = with_one_tool_output();
         let index = dir.path().join("sessions/default/artifacts/index.jsonl");
         let line = std::fs::read_to_string(&index).unwrap();
         let mut record: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
@@ -2510,12 +2515,7 @@ mod tests {
     /// holding its bytes when no line it could read named the pack.
     #[test]
     fn a_rewrite_of_the_index_keeps_the_lines_it_cannot_read_and_their_pack() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FsStore::new(dir.path());
-        store.create(&meta("default")).unwrap();
-        store
-            .put_artifact(&tool_output("a0", b"{\"n\":0}"), b"{\"n\":0}")
-            .unwrap();
+        let (dir, store) = with_one_tool_output();
         let artifacts = dir.path().join("sessions/default/artifacts");
         let index = artifacts.join("index.jsonl");
         let mut text = std::fs::read_to_string(&index).unwrap();
