@@ -21,16 +21,25 @@ fn on_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// One browser at a time: three Chromiums starting together beside the rest of the suite on two
+/// cores took more than 20 s to give a session (CI saw it).
+static ONE_BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long a browser session may take to start: a cold Chromium reads some 370 MB from disk.
+const BROWSER_START: std::time::Duration = std::time::Duration::from_secs(90);
+
 /// chromedriver on a port of its choosing, and a headless browser session through it with a
-/// temporary profile.
+/// temporary profile. Holds [`ONE_BROWSER`] while it lives.
 struct Driver {
     client: Client,
     _process: tokio::process::Child,
     _profile: tempfile::TempDir,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Driver {
     async fn start(chromium: &std::path::Path, chromedriver: &std::path::Path) -> Driver {
+        let turn = ONE_BROWSER.lock().await;
         let mut process = tokio::process::Command::new(chromedriver)
             .arg("--port=0")
             .stdout(Stdio::piped())
@@ -68,7 +77,7 @@ impl Driver {
             }),
         );
         let client = within(
-            STEP,
+            BROWSER_START,
             "a browser session",
             ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
                 .capabilities(caps)
@@ -80,6 +89,7 @@ impl Driver {
             client,
             _process: process,
             _profile: profile,
+            _turn: turn,
         }
     }
 
