@@ -65,12 +65,37 @@ pub struct State {
     pub(crate) started_by_token: std::sync::Mutex<std::collections::HashMap<String, Started>>,
 }
 
-/// A token's user and the background processes its calls started: the sandbox each runs in
-/// and its id (at most [`STARTED_PER_TOKEN`], the oldest forgotten first).
+/// A token's user and the background processes its calls started (at most
+/// [`STARTED_PER_TOKEN`], the oldest forgotten first).
 #[derive(Debug, Default)]
 pub(crate) struct Started {
     user: String,
-    processes: std::collections::VecDeque<(std::sync::Weak<monad_sandbox::Sandbox>, String)>,
+    processes: std::collections::VecDeque<StartedProcess>,
+}
+
+/// Where a background process a token's call started runs, and its id.
+#[derive(Debug)]
+enum StartedProcess {
+    /// In a primary workspace served here: the sandbox it runs in.
+    Here(std::sync::Weak<monad_sandbox::Sandbox>, String),
+    /// In the primary workspace (`workspace`, its URI) of `session`, served by another host
+    /// the call was forwarded to: that host has no token to end it by, so it is ended through
+    /// a call routed as any other (to whichever host serves the session then).
+    Forwarded {
+        session: String,
+        workspace: String,
+        process: String,
+    },
+}
+
+impl StartedProcess {
+    /// False once it surely ended (its sandbox is gone); a forwarded one cannot be told.
+    fn may_run(&self) -> bool {
+        match self {
+            StartedProcess::Here(sandbox, _) => sandbox.strong_count() > 0,
+            StartedProcess::Forwarded { .. } => true,
+        }
+    }
 }
 
 /// Most background processes remembered per token (those that ended are let go first).
@@ -374,9 +399,22 @@ impl State {
         let output = match (route, &self.cluster) {
             (Route::Forward { address }, Some(cluster)) => {
                 let id = session.id.clone();
+                let primary = session.primary_uri();
                 drop(session);
+                let background = may_outlive_its_call(tool, &args);
                 let forward = cluster.forward(&address, user, &id, tool, args, progress);
-                counted(&memory, forward).await?
+                let output = counted(&memory, forward).await?;
+                if let Some(token) = token.filter(|_| background)
+                    && let Some(process) = started_in(&output, &primary)
+                {
+                    let forwarded = StartedProcess::Forwarded {
+                        session: id,
+                        workspace: primary,
+                        process,
+                    };
+                    self.remember_started(token, user, forwarded);
+                }
+                output
             }
             _ => {
                 let background = may_outlive_its_call(tool, &args);
@@ -412,6 +450,22 @@ pub(crate) fn may_outlive_its_call(tool: &str, args: &Value) -> bool {
                 .is_some_and(|v| !v.is_null()))
 }
 
+/// The id of the background process `output` says was started, when it was started in the
+/// primary workspace whose URI is `primary`.
+fn started_in(output: &CallOutput, primary: &str) -> Option<String> {
+    if output.workspace.as_ref().map(|w| w.uri.as_str()) != Some(primary) {
+        return None;
+    }
+    let monad_protocol::wire::Outcome::Ok { result } = &output.outcome else {
+        return None;
+    };
+    result
+        .value()
+        .get("process")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
 impl State {
     /// Notes the background process a `run_command` with the token whose hash is `token`
     /// started, when it ran in `session`'s primary workspace, so that it ends when the token is
@@ -423,39 +477,29 @@ impl State {
         session: &Arc<Session>,
         output: &CallOutput,
     ) {
-        if output.workspace.as_ref().map(|w| w.uri.as_str()) != Some(session.primary_uri().as_str())
-        {
-            return;
-        }
-        let monad_protocol::wire::Outcome::Ok { result } = &output.outcome else {
-            return;
-        };
-        let Some(process) = result
-            .value()
-            .get("process")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-        else {
+        let Some(process) = started_in(output, &session.primary_uri()) else {
             return;
         };
         let Ok(sandbox) = session.primary.sandbox().await else {
             return;
         };
+        let here = StartedProcess::Here(Arc::downgrade(&sandbox), process);
+        self.remember_started(token, user, here);
+    }
+
+    /// Remembers `process`, started with the token whose hash is `token`, of `user`.
+    fn remember_started(&self, token: &str, user: &str, process: StartedProcess) {
         let mut started = self
             .started_by_token
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let entry = started.entry(token.to_owned()).or_default();
         entry.user = user.to_owned();
-        entry
-            .processes
-            .retain(|(sandbox, _)| sandbox.strong_count() > 0);
+        entry.processes.retain(StartedProcess::may_run);
         if entry.processes.len() >= STARTED_PER_TOKEN {
             entry.processes.pop_front();
         }
-        entry
-            .processes
-            .push_back((Arc::downgrade(&sandbox), process));
+        entry.processes.push_back(process);
     }
 
     /// Ends the background processes started with a token the sweep no longer finds among
@@ -488,16 +532,8 @@ impl State {
                 continue;
             };
             let mut ended = 0;
-            for (sandbox, process) in started.processes {
-                let Some(sandbox) = sandbox.upgrade() else {
-                    continue;
-                };
-                let args = serde_json::json!({"process": process, "signal": "KILL"});
-                if sandbox
-                    .call(monad_protocol::ToolName::ProcessKill, args)
-                    .await
-                    .is_ok()
-                {
+            for process in started.processes {
+                if self.end_started(&user, process).await {
                     ended += 1;
                 }
             }
@@ -507,6 +543,54 @@ impl State {
                     ended,
                     "ended the background processes a revoked token's calls started"
                 );
+            }
+        }
+    }
+
+    /// Kills `process`, of `user`; true when it was running. One started through a forwarded
+    /// call is killed by a call routed to the host serving its session (recorded there, as
+    /// the call that started it was).
+    async fn end_started(self: &Arc<Self>, user: &str, process: StartedProcess) -> bool {
+        let kill = |process: &str| serde_json::json!({"process": process, "signal": "KILL"});
+        match process {
+            StartedProcess::Here(sandbox, process) => match sandbox.upgrade() {
+                Some(sandbox) => sandbox
+                    .call(monad_protocol::ToolName::ProcessKill, kill(&process))
+                    .await
+                    .is_ok(),
+                None => false,
+            },
+            StartedProcess::Forwarded {
+                session,
+                workspace,
+                process,
+            } => {
+                let mut args = kill(&process);
+                args["workspace"] = Value::String(workspace);
+                let call = self.call_from(
+                    Origin::Agent,
+                    (user, None),
+                    Lookup::Open(Some(&session)),
+                    monad_protocol::ToolName::ProcessKill.as_str(),
+                    args,
+                    &|_: &str| {},
+                    None,
+                );
+                match call.await {
+                    Ok((output, _guard)) => {
+                        matches!(output.outcome, monad_protocol::wire::Outcome::Ok { .. })
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            %user,
+                            %session,
+                            %process,
+                            "cannot end a revoked token's background process: {}",
+                            e.message
+                        );
+                        false
+                    }
+                }
             }
         }
     }

@@ -634,6 +634,99 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
     assert_eq!(approver.seen().len(), 1, "nothing reached the laptop");
 }
 
+/// Regression: a background process started through a call forwarded to the host serving the
+/// session outlived its token's revocation (the host it ran on was given no token; the host
+/// that had it noted only what ran on itself). Revoked, it ends; another token's goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_tokens_process_started_through_another_host_ends() {
+    let Some(pg) = Pg::alone("a_revoked_tokens_process_started_through_another_host") else {
+        return;
+    };
+    let (b, a, kept, dirs) = two_hosts(&pg, 10).await;
+    let (_laptop, _attached) = notes_laptop_at(&b.client_config(&kept), 0).await;
+    let mut create = monad_tests::command("monad-server");
+    create
+        .envs(pg.env())
+        .arg("--data-dir")
+        .arg(dirs[1].path())
+        .args(["token", "create"]);
+    let out = within(STEP, "`token create`", create.output())
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    let leaked = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("MONAD_TOKEN="))
+        .unwrap_or_else(|| panic!("a token in {line}"))
+        .to_owned();
+
+    // Both agents reach host A; the session is served by host B (the laptop is there), so
+    // their commands in its primary workspace run on B.
+    let intruder = connect_agent(&a.client_config(&leaked)).await;
+    let owner = connect_agent(&a.client_config(&kept)).await;
+    let primary = format!("server:/sessions/{SESSION}");
+    let loop_args = |file: &str| {
+        json!({
+            "argv": ["sh", "-c", format!("while true; do echo x >> {file}; sleep 0.1; done")],
+            "background": true,
+            "workspace": primary,
+        })
+    };
+    let start = |agent, file| call_in(agent, Some(SESSION), "run_command", loop_args(file));
+    let (theirs, _) = ok(start(&intruder, "theirs.txt").await);
+    let (mine, _) = ok(start(&owner, "mine.txt").await);
+    let running = |listing: &serde_json::Value, process: &serde_json::Value| {
+        listing["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["process"] == *process && p["running"] == json!(true))
+    };
+    let list = || {
+        call_in(
+            &owner,
+            Some(SESSION),
+            "process_list",
+            json!({"workspace": primary}),
+        )
+    };
+    let (listing, _) = ok(list().await);
+    assert!(
+        running(&listing, &theirs["process"]) && running(&listing, &mine["process"]),
+        "{listing}"
+    );
+    until_true(
+        &pg,
+        "host B to have run the loops",
+        &format!(
+            "SELECT count(*) = 2 FROM audit WHERE session_id = '{SESSION}'
+             AND record LIKE '%run_command%'"
+        ),
+    )
+    .await;
+
+    let id = leaked.split('_').nth(1).expect("mnd_ID_SECRET");
+    psql(&pg.url, &format!("DELETE FROM tokens WHERE id = '{id}'"));
+    within(STEP, "the revoked token's loop to end", async {
+        loop {
+            let (listing, _) = ok(list().await);
+            if !running(&listing, &theirs["process"]) {
+                assert!(running(&listing, &mine["process"]), "{listing}");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let kill = json!({"process": mine["process"], "signal": "KILL", "workspace": primary});
+    ok(call_in(&owner, Some(SESSION), "process_kill", kill).await);
+}
+
 /// An MCP host that names its session in `initialize`.
 #[derive(Debug, Clone)]
 struct McpHost;
