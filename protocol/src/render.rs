@@ -496,11 +496,19 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
     }
     // A file's matches come together: one group each.
     let groups: Vec<&[SearchMatch]> = r.matches.chunk_by(|a, b| a.path == b.path).collect();
-    let mut out = format!(
-        "{} in {}{ws} (searched {searched})",
-        plural(r.matches.len() as u64, "match", "matches"),
-        plural(groups.len() as u64, "file", "files"),
-    );
+    let found = r.matches.iter().filter(|m| !m.context).count();
+    let mut out = if r.files_only {
+        format!(
+            "{} with matches{ws} (searched {searched})",
+            plural(groups.len() as u64, "file", "files"),
+        )
+    } else {
+        format!(
+            "{} in {}{ws} (searched {searched})",
+            plural(found as u64, "match", "matches"),
+            plural(groups.len() as u64, "file", "files"),
+        )
+    };
     // Every match in one file: `path` and `glob` cannot narrow it further.
     let narrow = if groups.len() == 1 {
         "use a more specific pattern, or read_file the file around these lines"
@@ -519,15 +527,34 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
         out.push_str(LOSSY_NOTE);
     }
     out.push(':');
-    // Files with several matches are set apart by a blank line, as ripgrep's headings are;
+    if r.files_only {
+        for group in &groups {
+            out.push('\n');
+            out.push_str(&shown(&group[0].path));
+        }
+    }
+    // Files with several lines are set apart by a blank line, as ripgrep's headings are;
     // files with one follow each other line by line (a blank line each doubled the lines of a
-    // search that found one match in each of 600 files).
-    for (i, group) in groups.iter().enumerate() {
+    // search that found one match in each of 600 files). A line around a match (`context`) is
+    // written `path-N- line`, as grep does, and `--` stands between runs of lines that do not
+    // follow each other.
+    let with_context = r.matches.iter().any(|m| m.context);
+    for (i, group) in groups.iter().enumerate().filter(|_| !r.files_only) {
         if i > 0 && (group.len() > 1 || groups[i - 1].len() > 1) {
             out.push('\n');
         }
-        for m in *group {
-            let _ = write!(out, "\n{}:{}: {}", shown(&m.path), m.line_number, m.line);
+        for (j, m) in group.iter().enumerate() {
+            if with_context && j > 0 && m.line_number != group[j - 1].line_number + 1 {
+                out.push_str("\n--");
+            }
+            let mark = if m.context { '-' } else { ':' };
+            let _ = write!(
+                out,
+                "\n{}{mark}{}{mark} {}",
+                shown(&m.path),
+                m.line_number,
+                m.line
+            );
         }
     }
     if !stopped.is_empty() {

@@ -354,7 +354,9 @@ impl ToolName {
                 "Search file contents in a workspace with a regular expression (Rust regex \
                  syntax), honouring .gitignore and skipping hidden and binary files. Restrict \
                  with `path` (a directory or file) and `glob` (e.g. `*.rs`). Returns matching \
-                 lines with their paths and line numbers, capped at `max_results`."
+                 lines with their paths and line numbers, capped at `max_results`; `context` \
+                 shows lines around each (like `grep -C`), and `files_only` lists only the \
+                 files that match (like `grep -l`)."
             }
             ToolName::Glob => {
                 "Find files in a workspace whose paths match a glob pattern such as `**/*.rs` \
@@ -865,12 +867,49 @@ pub struct SearchArgs {
     /// Also search hidden files and directories (never git's own `.git`). Default false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_hidden: Option<bool>,
+    /// Lines to show before and after each matching line, like `grep -C` (at most
+    /// [`MAX_SEARCH_CONTEXT`], 10). Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 10))]
+    pub context: Option<u32>,
+    /// List each file that has a match once, without its lines, like `grep -l`;
+    /// `max_results` then counts files. Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_only: Option<bool>,
     /// Workspace to run in: a short name or URI.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
 }
 
-/// One matching line.
+/// Most lines of [`SearchArgs::context`] before and after a match.
+pub const MAX_SEARCH_CONTEXT: u32 = 10;
+
+impl SearchArgs {
+    /// `args` of a `search` for a workspace whose client is older than protocol minor
+    /// [`crate::wire::SEARCH_CONTEXT_MINOR`], which refuses `context` and `files_only` as
+    /// unknown fields: taken out where they ask for nothing (0, false, null); else the name of
+    /// the one that asks for what that client cannot do.
+    pub fn for_older_client(args: &mut serde_json::Value) -> Result<(), &'static str> {
+        let Some(object) = args.as_object_mut() else {
+            return Ok(());
+        };
+        for (key, nothing) in [
+            ("context", serde_json::json!(0)),
+            ("files_only", false.into()),
+        ] {
+            match object.get(key) {
+                Some(v) if !v.is_null() && *v != nothing => return Err(key),
+                Some(_) => {
+                    object.remove(key);
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One matching line, or a line shown around one (`context`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SearchMatch {
     /// File path relative to the workspace root.
@@ -882,6 +921,10 @@ pub struct SearchMatch {
     /// `read_file` decodes its file (Windows-1252, or UTF-8 with stray bytes as U+FFFD); a
     /// line that is UTF-8 is shown as such.
     pub line: String,
+    /// True for a line shown around a match (`context`), not a match itself. Absent when
+    /// false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub context: bool,
 }
 
 /// Result of `search`.
@@ -889,9 +932,14 @@ pub struct SearchMatch {
 pub struct SearchResult {
     /// Matching lines, grouped by file in path order. Each is an object `{"path", "line_number",
     /// "line"}`: the file's path relative to the workspace root, the line's number (from 1), and
-    /// the line without its line ending (cut at a fixed length for very long lines).
+    /// the line without its line ending (cut at a fixed length for very long lines); a line
+    /// shown around a match (`context`) also has `"context": true`. With `files_only`, the
+    /// first matching line of each file.
     #[schemars(schema_with = "array_described_in_words")]
     pub matches: Vec<SearchMatch>,
+    /// True when the search listed files only (`files_only`). Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub files_only: bool,
     /// How many files were searched.
     pub files_searched: u64,
     /// True when `max_results` (or the workspace's cap) stopped the search early.

@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 12;
+pub const PROTOCOL_MINOR: u32 = 13;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -96,6 +96,11 @@ pub const FOLDER_FOCUS_MINOR: u32 = 11;
 /// than refused: its client attaches there. A client of a lower one is refused
 /// (`workspace_disconnected`), as before.
 pub const ELSEWHERE_MINOR: u32 = 12;
+// --- Minor 13.
+/// The first minor version whose `search` takes `context` and `files_only`
+/// ([`crate::tools::SearchArgs`]). A server never sends them to an attached folder's client of
+/// a lower one: the call is refused, saying so.
+pub const SEARCH_CONTEXT_MINOR: u32 = 13;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 /// Longest [`Message::Progress`] line a server passes on, in bytes: a longer one is cut to it

@@ -351,6 +351,8 @@ fn bench_search(quick: bool, root: &Path, sandbox: &Sandbox) {
         case_insensitive: None,
         max_results: Some(100_000),
         include_hidden: None,
+        context: None,
+        files_only: None,
         workspace: None,
     };
     let expected = expected_search_matches();

@@ -16,10 +16,14 @@ use crate::decode::Encoding;
 use cap_fs_ext::DirExt;
 use cap_std::fs::Dir;
 use grep_regex::RegexMatcherBuilder;
-use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkMatch};
+use grep_searcher::{
+    BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkContextKind, SinkMatch,
+};
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
-use monad_protocol::tools::{GlobArgs, GlobResult, SearchArgs, SearchMatch, SearchResult};
+use monad_protocol::tools::{
+    GlobArgs, GlobResult, MAX_SEARCH_CONTEXT, SearchArgs, SearchMatch, SearchResult,
+};
 
 use crate::error::{EscapeReason, SandboxError};
 use crate::jail::{Jail, JailPath, open_regular_nofollow};
@@ -267,6 +271,16 @@ pub(crate) fn search(
         Some(n) => (n as usize).min(limits.search_max_results),
         None => limits.search_max_results,
     };
+    let files_only = args.files_only.unwrap_or(false);
+    let context = match args.context.unwrap_or(0) {
+        _ if files_only => 0,
+        n if n > MAX_SEARCH_CONTEXT => {
+            return Err(SandboxError::InvalidArguments(format!(
+                "`context` is at most {MAX_SEARCH_CONTEXT} lines; read_file shows more of a file"
+            )));
+        }
+        n => n as usize,
+    };
     let matcher = matcher(args)?;
     let start = jail.resolve(args.path.as_deref().unwrap_or(""))?;
     let filter = match &args.glob {
@@ -284,9 +298,13 @@ pub(crate) fn search(
         // A line is held whole to be searched: one of gigabytes (a file of one line) would
         // be held whole, three times over, in the server's or the laptop's memory.
         .heap_limit(Some(SEARCH_LINE_MAX))
+        .before_context(context)
+        .after_context(context)
         .build();
     let mut sink = Collect {
         matcher: &matcher,
+        files_only,
+        found: 0,
         binary: 0,
         late_nul: None,
         stopped_at_binary: Vec::new(),
@@ -302,6 +320,8 @@ pub(crate) fn search(
         .line_number(true)
         .binary_detection(BinaryDetection::none())
         .heap_limit(Some(SEARCH_LINE_MAX))
+        .before_context(context)
+        .after_context(context)
         .build();
     let mut files_searched = 0u64;
     let mut visit = |dir: &Dir, name: &OsStr, rel: &str| {
@@ -340,6 +360,7 @@ pub(crate) fn search(
                 .map_or(0, |i| i + 1);
             if kept < sink.matches.len() {
                 sink.matches.truncate(kept);
+                sink.found = sink.matches.iter().filter(|m| !m.context).count();
                 sink.truncated = false;
             }
             let mut in_file = InFile {
@@ -368,6 +389,7 @@ pub(crate) fn search(
     Ok(SearchResult {
         at_cap: sink.truncated && max == limits.search_max_results,
         matches: sink.matches,
+        files_only,
         files_searched,
         truncated: sink.truncated,
         binary_skipped: sink.binary,
@@ -397,10 +419,14 @@ fn shown_line(
     line
 }
 
-/// Collects matching lines up to a cap.
+/// Collects matching lines, and the lines around them (`context`), up to a cap of matches.
 struct Collect<'m> {
     /// The search's matcher, to find where in a long line the match is.
     matcher: &'m grep_regex::RegexMatcher,
+    /// Each file's first match only (`files_only`): the cap counts files.
+    files_only: bool,
+    /// Matches in `matches` (the rest are lines around them).
+    found: usize,
     /// Files skipped as binary: a NUL byte at their start.
     binary: u64,
     /// Where the current file's search stopped at a NUL past its start.
@@ -468,11 +494,31 @@ impl Sink for &mut InFile<'_, '_> {
     }
 
     fn matched(&mut self, _: &Searcher, mat: &SinkMatch<'_>) -> Result<bool, std::io::Error> {
-        if self.collect.matches.len() >= self.collect.max {
+        if self.collect.found >= self.collect.max {
             self.collect.truncated = true;
             return Ok(false);
         }
-        let bytes = mat.bytes();
+        self.collect.found += 1;
+        self.push(mat.bytes(), mat.line_number(), false);
+        // One line names the file: the rest of it is not searched.
+        Ok(!self.collect.files_only)
+    }
+
+    /// A line around a match. One before a match past the cap is left out with that match
+    /// (the searcher gives it before it knows the match is refused).
+    fn context(&mut self, _: &Searcher, ctx: &SinkContext<'_>) -> Result<bool, std::io::Error> {
+        let before = matches!(ctx.kind(), SinkContextKind::Before);
+        if !(before && self.collect.found >= self.collect.max) {
+            self.push(ctx.bytes(), ctx.line_number(), true);
+        }
+        Ok(true)
+    }
+}
+
+impl InFile<'_, '_> {
+    /// Adds the line `bytes` (number `line_number`), a match or a line around one (`context`),
+    /// shown as `read_file` shows its file.
+    fn push(&mut self, bytes: &[u8], line_number: Option<u64>, context: bool) {
         let encoding = if std::str::from_utf8(bytes).is_ok() {
             Encoding::Utf8
         } else {
@@ -488,10 +534,10 @@ impl Sink for &mut InFile<'_, '_> {
         let line = shown_line(bytes, at, encoding, self.collect.max_line_chars);
         self.collect.matches.push(SearchMatch {
             path: self.collect.path.clone(),
-            line_number: mat.line_number().unwrap_or(0),
+            line_number: line_number.unwrap_or(0),
             line,
+            context,
         });
-        Ok(true)
     }
 }
 

@@ -55,6 +55,36 @@ impl ClientLink {
     pub fn runs_if_present(&self) -> bool {
         self.minor >= monad_protocol::wire::IF_PRESENT_MINOR
     }
+
+    /// `args` of `tool` as its client takes them: a `search`'s `context` and `files_only`
+    /// left out for a client older than protocol minor
+    /// [`monad_protocol::wire::SEARCH_CONTEXT_MINOR`] where they ask for nothing, and the call
+    /// refused, saying why, where they ask for what that client cannot do (it would refuse them
+    /// as unknown, after its owner was asked).
+    pub fn takes(
+        &self,
+        name: &str,
+        tool: monad_protocol::ToolName,
+        args: &mut serde_json::Value,
+    ) -> Result<(), monad_protocol::ToolError> {
+        if tool != monad_protocol::ToolName::Search
+            || self.minor >= monad_protocol::wire::SEARCH_CONTEXT_MINOR
+        {
+            return Ok(());
+        }
+        monad_protocol::tools::SearchArgs::for_older_client(args).map_err(|key| {
+            monad_protocol::ToolError::new(
+                monad_protocol::ErrorCode::InvalidArguments,
+                format!(
+                    "`{key}` needs a newer monad-client than the one serving workspace \
+                     `{name}` (protocol minor {}; {} or later takes it): search without it, \
+                     or have the folder's owner update monad-client",
+                    self.minor,
+                    monad_protocol::wire::SEARCH_CONTEXT_MINOR
+                ),
+            )
+        })
+    }
 }
 
 /// What the `attach` of a folder that another attach of it took over is told.

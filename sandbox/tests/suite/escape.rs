@@ -490,6 +490,8 @@ fn perform(sandbox: &Sandbox, call: &Call, shown: &mut String) -> Outcome {
             case_insensitive: Some(true),
             max_results: None,
             include_hidden: Some(*hidden),
+            context: None,
+            files_only: None,
             workspace: None,
         })),
         Call::Glob { pattern, path } => json(sandbox.glob(&GlobArgs {

@@ -224,6 +224,8 @@ fn swapping_a_directory_for_a_link_to_outside_never_leaks_or_writes_outside() {
             case_insensitive: None,
             max_results: None,
             include_hidden: None,
+            context: None,
+            files_only: None,
             workspace: None,
         });
         if let Ok(s) = &search
@@ -265,6 +267,8 @@ fn swapping_a_directory_for_a_link_to_outside_never_leaks_or_writes_outside() {
             case_insensitive: None,
             max_results: None,
             include_hidden: Some(true),
+            context: None,
+            files_only: None,
             workspace: None,
         });
         match &whole {

@@ -27,6 +27,8 @@ fn search(pattern: &str) -> SearchArgs {
         case_insensitive: None,
         max_results: None,
         include_hidden: None,
+        context: None,
+        files_only: None,
         workspace: None,
     }
 }
@@ -697,6 +699,89 @@ fn search_filters_by_glob_caps_results_and_rejects_bad_patterns() {
         fx.sandbox.search(&args).unwrap_err().code(),
         ErrorCode::InvalidArguments
     );
+}
+
+/// `context` shows the lines around each match as grep's `-C` does (each line once where
+/// they overlap, `--` between runs that do not follow each other, `max_results` counting
+/// matches only, a match past it taking its lines before it along), and `files_only` names
+/// each file with a match once, as `-l` does, `max_results` counting files.
+#[test]
+fn search_shows_lines_around_matches_and_lists_files_only() {
+    let fx = Fixture::new();
+    let lines: String = (1..=20)
+        .map(|n| match n {
+            5 | 7 | 15 => format!("hit {n}\n"),
+            _ => format!("line {n}\n"),
+        })
+        .collect();
+    fx.put("a.txt", &lines);
+    fx.put("b.txt", "hit\nhit\n");
+    fx.put("c.txt", "nothing\n");
+    let mut args = search("hit");
+    args.path = Some("a.txt".into());
+    args.context = Some(1);
+    let out = fx.sandbox.search(&args).unwrap();
+    let seen: Vec<(u64, bool)> = out
+        .matches
+        .iter()
+        .map(|m| (m.line_number, m.context))
+        .collect();
+    let (hit, around) = (false, true);
+    assert_eq!(
+        seen,
+        [
+            (4, around),
+            (5, hit),
+            (6, around),
+            (7, hit),
+            (8, around),
+            (14, around),
+            (15, hit),
+            (16, around)
+        ]
+    );
+    assert_eq!(out.matches[0].line, "line 4");
+    let text = rendered(ToolName::Search, &out);
+    assert!(
+        text.starts_with("3 matches in 1 file")
+            && text.contains(
+                "\na.txt-4- line 4\na.txt:5: hit 5\na.txt-6- line 6\na.txt:7: hit 7\n\
+                 a.txt-8- line 8\n--\na.txt-14- line 14\na.txt:15: hit 15\na.txt-16- line 16"
+            ),
+        "{text}"
+    );
+
+    // The cap counts matches: the third match's line before it is left out with it.
+    args.max_results = Some(2);
+    let out = fx.sandbox.search(&args).unwrap();
+    let numbers: Vec<u64> = out.matches.iter().map(|m| m.line_number).collect();
+    assert_eq!(numbers, [4, 5, 6, 7, 8]);
+    assert!(out.truncated);
+
+    args.context = Some(MAX_SEARCH_CONTEXT + 1);
+    let err = fx.sandbox.search(&args).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArguments);
+    assert!(err.to_string().contains("at most 10"), "{err}");
+
+    let mut args = search("hit");
+    args.files_only = Some(true);
+    let out = fx.sandbox.search(&args).unwrap();
+    let files: Vec<(&str, u64)> = out
+        .matches
+        .iter()
+        .map(|m| (m.path.as_str(), m.line_number))
+        .collect();
+    assert_eq!(files, [("a.txt", 5), ("b.txt", 1)]);
+    assert!(out.files_only && !out.truncated);
+    let text = rendered(ToolName::Search, &out);
+    assert!(
+        text.starts_with("2 files with matches") && text.ends_with(":\na.txt\nb.txt"),
+        "{text}"
+    );
+    args.max_results = Some(1);
+    let out = fx.sandbox.search(&args).unwrap();
+    assert_eq!(out.matches.len(), 1);
+    assert!(out.truncated);
 }
 
 #[test]

@@ -487,9 +487,12 @@ impl Executor {
         let Target::Attached(Some(link)) = &snapshot.target else {
             return None;
         };
+        let mut args = args.clone();
         if !link.runs_if_present()
             || !route::may_run_where_found(tool)
             || front_asks(snapshot, gate)
+            // Refused by `run_at`, after the probe, for what it is.
+            || link.takes(&snapshot.info.name, tool, &mut args).is_err()
         {
             return None;
         }
@@ -503,7 +506,7 @@ impl Executor {
             name: &snapshot.info.name,
             full_trust: snapshot.info.trust == monad_protocol::wire::Trust::Full,
             tool,
-            args: args.clone(),
+            args,
         };
         let answer = link::run_if_present(&link.conn, request, path, progress, &watch).await;
         if answer.is_ok() {
@@ -530,6 +533,12 @@ impl Executor {
         Option<link::PendingBody>,
         Verdict,
     ) {
+        let mut args = args;
+        if let Target::Attached(Some(link)) = &snapshot.target
+            && let Err(e) = link.takes(&snapshot.info.name, tool, &mut args)
+        {
+            return (Err(e), None, Verdict::NOBODY);
+        }
         match &snapshot.target {
             Target::Primary(primary) => {
                 known.set_verdict(Verdict::TRUST);

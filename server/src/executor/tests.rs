@@ -1297,3 +1297,48 @@ async fn a_folder_that_goes_away_after_saying_it_has_the_path_fails_the_call_as_
         AuditOutcome::Failed(ErrorCode::WorkspaceDisconnected)
     );
 }
+
+/// A folder's client older than `search`'s `context` and `files_only` refuses them as unknown
+/// fields, after its owner was asked: the server refuses such a search itself, naming the
+/// client, and sends the client one whose values ask for nothing without them.
+#[tokio::test]
+async fn a_search_with_context_is_refused_for_an_older_client_and_empty_values_are_left_out() {
+    let (fx, mut peer) = Fixture::with_client(wire::SEARCH_CONTEXT_MINOR - 1);
+    for asks in [
+        json!({"pattern": "x", "context": 2, "workspace": "project"}),
+        json!({"pattern": "x", "files_only": true, "workspace": "project"}),
+    ] {
+        let output = routed_call(&fx, &mut peer, "search", asks, async |_| {}, None).await;
+        let Outcome::Error { error } = &output.outcome else {
+            panic!("{output:?}");
+        };
+        assert_eq!(error.code, ErrorCode::InvalidArguments, "{error:?}");
+        assert!(
+            error.message.contains("newer monad-client") && error.message.contains("`project`"),
+            "{}",
+            error.message
+        );
+    }
+    let nothing =
+        json!({"pattern": "x", "context": 0, "files_only": false, "workspace": "project"});
+    let output = routed_call(
+        &fx,
+        &mut peer,
+        "search",
+        nothing,
+        async |peer| {
+            let (request, _from_server, mut to_server) = next_request(peer).await;
+            let Message::Run { id, args, .. } = request else {
+                panic!("expected a run, got {request:?}");
+            };
+            assert_eq!(args, json!({"pattern": "x", "workspace": "project"}));
+            let found = json!({"matches": [], "files_searched": 1, "truncated": false});
+            write_message(&mut to_server, &ok_result(id, found))
+                .await
+                .unwrap();
+        },
+        None,
+    )
+    .await;
+    assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
+}

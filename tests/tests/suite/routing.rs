@@ -275,6 +275,51 @@ async fn until_online(agent: &monad_client::agent::Agent, name: &str, online: bo
     .await;
 }
 
+/// `search`'s `context` and `files_only` reach an attached folder's client (of this version)
+/// and come back: the lines around a match, marked, and each file with a match once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folders_search_shows_lines_around_matches_and_lists_files_only() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[
+        (
+            "src/lib.rs",
+            "// one\npub fn hello() {}\n// two\npub fn bye() {}\n",
+        ),
+        ("src/main.rs", "fn main() {}\n"),
+    ]);
+    let _attached = attach_focused(&server.client_config(), laptop.path(), "lap").await;
+    let args = json!({"pattern": "pub fn", "context": 1});
+    let (found, ran_in) = ok(call(&agent, "search", args).await);
+    assert_eq!(ran_in, "lap");
+    let lines: Vec<(u64, bool)> = found["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["line_number"].as_u64().unwrap(),
+                m["context"] == json!(true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [(1, true), (2, false), (3, true), (4, false)],
+        "{found}"
+    );
+    let args = json!({"pattern": "fn ", "files_only": true});
+    let (found, _) = ok(call(&agent, "search", args).await);
+    assert_eq!(found["files_only"], json!(true), "{found}");
+    let files: Vec<&str> = found["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["src/lib.rs", "src/main.rs"], "{found}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_focus_folder_calls_without_a_workspace_act_in_it() {
     let server = TestServer::start().await;
