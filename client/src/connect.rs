@@ -47,6 +47,9 @@ fn unreachable_hint(server: &str, why: &str) -> String {
     if why.starts_with(NO_ADDRESS) {
         return "check the host name".to_owned();
     }
+    if why == PORT_CLOSED {
+        return format!("is `monad-server` running on {server}, on that port?");
+    }
     format!("is `monad-server` running on {server}? is UDP allowed to it (QUIC runs over UDP)?")
 }
 
@@ -202,6 +205,45 @@ pub fn pinned_config(
     monad_protocol::pin::pinned_config(&pinned, alpn).map_err(ClientError::Protocol)
 }
 
+/// Why a host whose port is closed was passed over ([`port_closed`]).
+const PORT_CLOSED: &str = "nothing listens on that port (its machine said so)";
+
+/// Resolves when `addr`'s machine says that nothing listens on its UDP port (an ICMP "port
+/// unreachable", which a connected UDP socket receives as `ECONNREFUSED`); never otherwise.
+/// QUIC itself ignores such an answer (quinn reports none), so a command run while the server
+/// is stopped waited [`CONNECT_TIMEOUT`] for nothing; now it fails at once, as TCP's refusal
+/// would. The probe is an empty datagram, which a QUIC server drops as too short to be a
+/// packet; it is sent twice (an answer may be lost, or held back by the machine's rate limit
+/// on ICMP).
+async fn port_closed(addr: std::net::SocketAddr) {
+    let refused = |e: &std::io::Error| e.kind() == std::io::ErrorKind::ConnectionRefused;
+    let any = if addr.is_ipv6() {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    };
+    let Ok(socket) = tokio::net::UdpSocket::bind(std::net::SocketAddr::new(any, 0)).await else {
+        return std::future::pending().await;
+    };
+    if socket.connect(addr).await.is_err() {
+        return std::future::pending().await;
+    }
+    for wait in [Duration::from_millis(500), CONNECT_TIMEOUT] {
+        match socket.send(&[]).await {
+            Err(e) if refused(&e) => return,
+            _ => {}
+        }
+        let mut buf = [0u8; 1];
+        let answer = tokio::time::timeout(wait, socket.recv(&mut buf)).await;
+        if let Ok(Err(e)) = answer
+            && refused(&e)
+        {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 /// Connects to `server` (one of the config's addresses) and says hello; an
 /// [`ClientError::Unreachable`] says why, without the address.
 async fn connect_to(
@@ -230,7 +272,11 @@ async fn connect_to(
     let connecting = endpoint
         .connect(addr, "localhost")
         .map_err(|e| ClientError::Unreachable(e.to_string()))?;
-    let conn = match connecting.await {
+    let connected = tokio::select! {
+        connected = connecting => connected,
+        () = port_closed(addr) => return Err(ClientError::Unreachable(PORT_CLOSED.into())),
+    };
+    let conn = match connected {
         Ok(conn) => conn,
         Err(e) => {
             let expected = crate::config::normalize_fingerprint(&config.fingerprint)?;

@@ -1323,6 +1323,26 @@ async fn an_unreachable_server_fails_with_what_to_check_and_a_host_alone_means_p
     assert!(said.contains("UDP"), "{said}");
     assert_eq!(said.trim().lines().count(), 1, "{said}");
 
+    // A port nothing listens on: its machine says so, and the command fails at once with that
+    // (it waited 3 s for an answer that never comes, as from a silent one).
+    let closed = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    monad_client::config::ClientConfig::new(&closed.to_string(), "mnd_x", &"0".repeat(64))
+        .unwrap()
+        .save(config.path())
+        .unwrap();
+    let out = client(config.path(), &["sessions"]).await;
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains(&format!("{closed}: nothing listens on that port"))
+            && said.contains("on that port?")
+            && !said.contains("no answer within"),
+        "{said}"
+    );
+
     let fresh = tempfile::tempdir().unwrap();
     let out = command("monad-client")
         .args([
