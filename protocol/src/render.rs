@@ -626,6 +626,9 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
             ", in UTF-8: the file was {was}, which cannot hold all of the new content"
         );
     }
+    if r.crlf_kept {
+        out.push_str(", its lines ending with CRLF as the file's did");
+    }
     // A new file's diff is the content the model just sent, every line of it again: said
     // only in the JSON.
     if r.diff.is_empty() || r.created {

@@ -1052,6 +1052,11 @@ pub struct WriteResult {
     /// file is UTF-8 now. Absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reencoded_from: Option<String>,
+    /// True when `write_file` kept the CRLF line endings of the file it replaced: every line
+    /// of that file ended with CRLF and the content had LF line breaks only, written as CRLF.
+    /// Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub crlf_kept: bool,
 }
 
 /// Arguments of `edit_file`.

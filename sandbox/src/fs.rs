@@ -1102,12 +1102,13 @@ pub(crate) fn write_file(
     }
     target.check_seen(seen)?;
     let old = target.old_text();
+    let content = in_its_line_endings(old.as_deref(), &args.content);
     // A file in another encoding than UTF-8 stays in it, when it can hold the new text.
     let held = target.held();
-    let (bytes, encoding, reencoded_from) = match crate::decode::encode(&args.content, held) {
+    let (bytes, encoding, reencoded_from) = match crate::decode::encode(&content, held) {
         Ok(bytes) => (bytes, held.map(|h| h.encoding.as_str()), None),
         Err(held) => (
-            args.content.as_bytes().into(),
+            content.as_bytes().into(),
             None,
             Some(held.encoding.as_str()),
         ),
@@ -1119,12 +1120,8 @@ pub(crate) fn write_file(
             return Err(e);
         }
     }
-    let (diff, diff_truncated) = unified_diff(
-        &target.path.display(),
-        old.as_deref(),
-        &args.content,
-        limits,
-    );
+    let (diff, diff_truncated) =
+        unified_diff(&target.path.display(), old.as_deref(), &content, limits);
     Ok(WriteResult {
         path: target.path.display(),
         created: target.old.is_none(),
@@ -1135,7 +1132,20 @@ pub(crate) fn write_file(
         created_dirs: target.new_dirs.shown(),
         encoding: encoding.map(str::to_owned),
         reencoded_from: reencoded_from.map(str::to_owned),
+        crlf_kept: matches!(content, std::borrow::Cow::Owned(_)),
     })
+}
+
+/// `content` as a `write_file` of a file whose text is `old` writes it: in a file whose every
+/// line ends with CRLF, content with LF line breaks only (what an agent writes, and what
+/// read_file showed it) gets CRLF ones, as `edit_file` writes them, so that a whole-file
+/// rewrite does not change every line of a Windows file. Content with a CR of its own is
+/// written as given.
+fn in_its_line_endings<'a>(old: Option<&str>, content: &'a str) -> std::borrow::Cow<'a, str> {
+    match old {
+        Some(old) if ends_lines_with_crlf(old) && !content.contains('\r') => with_crlf(content),
+        _ => content.into(),
+    }
 }
 
 fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), SandboxError> {
@@ -1180,6 +1190,7 @@ pub(crate) fn edit_file(
         created_dirs: Vec::new(),
         encoding: edit.encoding.map(str::to_owned),
         reencoded_from: None,
+        crlf_kept: false,
     })
 }
 
@@ -2508,11 +2519,12 @@ pub(crate) fn preview(
                     // Refused before its owner is asked, as the write itself would be.
                     target.check_seen(seen)?;
                     let old = target.old_text();
+                    let content = in_its_line_endings(old.as_deref(), &args.content);
                     Ok(Some(Preview {
-                        diff: full_diff(&target.path.display(), old.as_deref(), &args.content),
+                        diff: full_diff(&target.path.display(), old.as_deref(), &content),
                         creates: Vec::new(),
                         through_link: target.through_link(jail, &path),
-                        bytes_note: bytes_note(&target, &args.content),
+                        bytes_note: bytes_note(&target, &content),
                         base: target.base(),
                     }))
                 }

@@ -1988,6 +1988,56 @@ fn edited(fx: &Fixture, path: &str, old: &str, new: &str) -> String {
     fx.read(path)
 }
 
+/// A whole-file write of a file whose lines all end with CRLF keeps them, as an edit does:
+/// the agent writes the LF lines read_file showed it, and its diff (and its owner's prompt)
+/// shows the one line it changed, not every line. Content with a CR of its own, and a file of
+/// both kinds or of LF, are written as given.
+#[test]
+fn a_write_of_a_crlf_file_keeps_its_line_endings() {
+    let fx = Fixture::new();
+    fx.put("dos.txt", "line1\r\nline2\r\nline3\r\n");
+    let args = json!({"path": "dos.txt", "content": "line1\nLINE2\nline3\n"});
+    let preview = fx
+        .sandbox
+        .preview(ToolName::WriteFile, &args)
+        .unwrap()
+        .unwrap();
+    let changed = |diff: &str| {
+        diff.lines()
+            .filter(|l| l.starts_with(['+', '-']) && !l.starts_with("+++") && !l.starts_with("---"))
+            .count()
+    };
+    assert_eq!(changed(&preview.diff), 2, "{}", preview.diff);
+    let wrote = fx
+        .sandbox
+        .write_file(&write("dos.txt", "line1\nLINE2\nline3\n"))
+        .unwrap();
+    assert_eq!(fx.read("dos.txt"), "line1\r\nLINE2\r\nline3\r\n");
+    assert!(wrote.crlf_kept);
+    assert_eq!(changed(&wrote.diff), 2, "{}", wrote.diff);
+    let text = rendered(ToolName::WriteFile, &wrote);
+    assert!(
+        text.contains("its lines ending with CRLF as the file's did"),
+        "{text}"
+    );
+
+    for (file, before, content) in [
+        ("dos2.txt", "a\r\nb\r\n", "a\r\nb\nc"),
+        ("mixed.txt", "a\r\nb\n", "a\nb\n"),
+        ("unix.txt", "a\nb\n", "a\nc\n"),
+        ("one.txt", "no break", "x\ny\n"),
+    ] {
+        fx.put(file, before);
+        let wrote = fx.sandbox.write_file(&write(file, content)).unwrap();
+        assert_eq!(fx.read(file), content, "{file}");
+        assert!(!wrote.crlf_kept, "{file}");
+    }
+    // A new file is written as given.
+    let wrote = fx.sandbox.write_file(&write("new.txt", "a\nb\n")).unwrap();
+    assert_eq!(fx.read("new.txt"), "a\nb\n");
+    assert!(!wrote.crlf_kept);
+}
+
 /// Agents read and write LF; in a file whose lines all end with CRLF, an edit's LF means the
 /// file's line break, and the file keeps one kind of line ending.
 #[test]
