@@ -1035,7 +1035,21 @@ fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
         READ_IT_ALL,
     );
     network(&mut out, &r.network, r.network_not_shown);
+    let failed = r.process.is_none() && (r.exit_code != Some(0) || r.timed_out);
+    no_network(&mut out, r.network_off && failed);
     out
+}
+
+/// After a command that failed in a workspace whose commands have no network, says so: its
+/// output ("could not resolve host", a registry that "timed out") does not, and a model would
+/// try again, or look for the fault in the project.
+fn no_network(out: &mut String, failed_without: bool) {
+    if failed_without {
+        out.push_str(
+            "\n(this workspace's commands have no network: its network policy is \"off\"; \
+             a command that downloads or connects anywhere fails here)",
+        );
+    }
 }
 
 fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
@@ -1096,6 +1110,8 @@ fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
         READ_IT_ALL_NEXT_TIME,
     );
     network(&mut out, &r.network, r.network_not_shown);
+    let failed = !r.running && (r.exit_code != Some(0) || r.timed_out);
+    no_network(&mut out, r.network_off && failed);
     out
 }
 

@@ -1159,6 +1159,10 @@ pub struct RunCommandResult {
     /// Connections past the most an answer carries: only counted here.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub network_not_shown: u64,
+    /// True when the workspace's commands have no network (`network = "off"`). Absent when
+    /// false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub network_off: bool,
 }
 
 /// The bytes dropped from the middle of a command's output that went over the output cap.
@@ -1241,6 +1245,10 @@ pub struct ProcessReadResult {
     /// Connections past the most an answer carries: only counted here.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub network_not_shown: u64,
+    /// True when the workspace's commands have no network (`network = "off"`). Absent when
+    /// false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub network_off: bool,
 }
 
 /// Arguments of `process_write`.

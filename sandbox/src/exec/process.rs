@@ -482,6 +482,8 @@ pub(crate) struct Proc {
     stdin_closed: std::sync::atomic::AtomicBool,
     /// The connections the workspace's proxy was asked for.
     network: Arc<crate::netlog::NetworkLog>,
+    /// It has no network (`network = "off"`).
+    network_off: bool,
     /// What the task driving it is told.
     control: watch::Sender<Control>,
     /// The workspace's shared namespaces it runs in, when namespaced: held, so they (and the
@@ -768,6 +770,8 @@ impl Table {
             duration_ms: exit.duration.as_millis() as u64,
             network: Vec::new(),
             network_not_shown: 0,
+            // Said by the read that told its end.
+            network_off: false,
         })
     }
 
@@ -968,6 +972,7 @@ where
         stdin: Arc::default(),
         stdin_closed: std::sync::atomic::AtomicBool::new(stdin.is_none()),
         network: table.shared.network.clone(),
+        network_off: policy.network == crate::limits::NetworkMode::Off,
         control: watch::Sender::new(Control {
             deadline: timeout.map(|t| tokio::time::Instant::now() + t),
             abort: false,
@@ -1028,6 +1033,7 @@ where
             process: Some(proc.id.clone()),
             network: Vec::new(),
             network_not_shown: 0,
+            network_off: proc.network_off,
         });
     }
     let mut moving_at = after.map(|after| tokio::time::Instant::now() + after);
@@ -1114,6 +1120,7 @@ fn result_of(proc: &Proc, exit: Option<Exit>, process: Option<String>) -> RunCom
         process,
         network,
         network_not_shown,
+        network_off: proc.network_off,
     }
 }
 
@@ -1292,6 +1299,7 @@ pub(crate) async fn read(
         duration_ms: proc.elapsed(exit).as_millis() as u64,
         network,
         network_not_shown,
+        network_off: proc.network_off,
     };
     drop(state);
     if let Some(exit) = exit {

@@ -115,6 +115,27 @@ fn with_the_network_off_the_hosts_loopback_is_unreachable_and_its_own_works() {
     assert_eq!(out.stdout, "200", "{out:?}");
 }
 
+/// A command that failed where commands have no network is answered with that said: its own
+/// output ("could not connect", "could not resolve host") does not say why. Not after one that
+/// succeeded, nor where commands have network.
+#[test]
+fn a_failed_command_without_network_is_told_so() {
+    let port = http_server();
+    let said = |out: &monad_protocol::tools::RunCommandResult| {
+        let value = serde_json::to_value(out).unwrap();
+        monad_protocol::render::text(monad_protocol::ToolName::RunCommand, None, &value)
+            .contains("its network policy is \"off\"")
+    };
+    let fx = Fixture::new();
+    let failed = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
+    assert!(failed.network_off && said(&failed), "{failed:?}");
+    let worked = sh(&fx, "true");
+    assert!(worked.network_off && !said(&worked), "{worked:?}");
+    let fx = allowlist(&["example.com"], &[]);
+    let failed = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
+    assert!(!failed.network_off && !said(&failed), "{failed:?}");
+}
+
 #[test]
 fn the_allowlist_lets_through_only_what_it_lists() {
     let port = http_server();
