@@ -1036,15 +1036,42 @@ fn run_command(ws: &Where<'_>, r: RunCommandResult) -> String {
     );
     network(&mut out, &r.network, r.network_not_shown);
     let failed = r.process.is_none() && (r.exit_code != Some(0) || r.timed_out);
-    no_network(&mut out, r.network_off && failed);
+    no_network(&mut out, r.network_off && failed, [&r.stdout, &r.stderr]);
     out
 }
 
-/// After a command that failed in a workspace whose commands have no network, says so: its
-/// output ("could not resolve host", a registry that "timed out") does not, and a model would
-/// try again, or look for the fault in the project.
-fn no_network(out: &mut String, failed_without: bool) {
-    if failed_without {
+/// What programs print when they cannot reach the network, lowercase: resolvers (curl and git,
+/// glibc, Node, Go, Rust's), and a connection no route or nobody takes (curl, pip).
+const NO_NETWORK_SAYINGS: &[&str] = &[
+    "could not resolve",
+    "name resolution",
+    "name or service not known",
+    "getaddrinfo",
+    "eai_again",
+    "enotfound",
+    "no such host",
+    "failed to lookup address",
+    "dns error",
+    "network is unreachable",
+    "connection refused",
+    "failed to connect",
+    "couldn't connect",
+    "could not connect",
+    "unable to connect",
+    "failed to establish a new connection",
+];
+
+/// After a command that failed in a workspace whose commands have no network, and whose
+/// output says it could not reach something ([`NO_NETWORK_SAYINGS`]), says why: that output
+/// ("could not resolve host") does not, and a model would try again, or look for the fault in
+/// the project. A failure that says nothing of the network (a failing test) gets no such line,
+/// which would send the model looking there.
+fn no_network(out: &mut String, failed_without: bool, output: [&str; 2]) {
+    let says = |text: &str| {
+        let text = text.to_ascii_lowercase();
+        NO_NETWORK_SAYINGS.iter().any(|s| text.contains(s))
+    };
+    if failed_without && output.iter().any(|text| says(text)) {
         out.push_str(
             "\n(this workspace's commands have no network: its network policy is \"off\"; \
              a command that downloads or connects anywhere fails here)",
@@ -1111,7 +1138,7 @@ fn process_read(ws: &Where<'_>, r: ProcessReadResult) -> String {
     );
     network(&mut out, &r.network, r.network_not_shown);
     let failed = !r.running && (r.exit_code != Some(0) || r.timed_out);
-    no_network(&mut out, r.network_off && failed);
+    no_network(&mut out, r.network_off && failed, [&r.stdout, &r.stderr]);
     out
 }
 

@@ -115,9 +115,10 @@ fn with_the_network_off_the_hosts_loopback_is_unreachable_and_its_own_works() {
     assert_eq!(out.stdout, "200", "{out:?}");
 }
 
-/// A command that failed where commands have no network is answered with that said: its own
-/// output ("could not connect", "could not resolve host") does not say why. Not after one that
-/// succeeded, nor where commands have network.
+/// A command that failed where commands have no network, saying it could not reach something,
+/// is answered with why: its own output ("could not connect", "could not resolve host") does
+/// not say. Not after one that succeeded, one whose failure says nothing of the network, nor
+/// where commands have network.
 #[test]
 fn a_failed_command_without_network_is_told_so() {
     let port = http_server();
@@ -129,8 +130,11 @@ fn a_failed_command_without_network_is_told_so() {
     let fx = Fixture::new();
     let failed = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
     assert!(failed.network_off && said(&failed), "{failed:?}");
-    let worked = sh(&fx, "true");
+    let worked = sh(&fx, "echo could not resolve host");
     assert!(worked.network_off && !said(&worked), "{worked:?}");
+    // A failure that says nothing of the network (a failing test) is not sent looking there.
+    let other = sh(&fx, "echo 'assertion failed' >&2; exit 1");
+    assert!(other.network_off && !said(&other), "{other:?}");
     let fx = allowlist(&["example.com"], &[]);
     let failed = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
     assert!(!failed.network_off && !said(&failed), "{failed:?}");
