@@ -88,7 +88,10 @@ struct PartialCall {
 /// Decodes the chunk stream.
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
-    calls: BTreeMap<u64, PartialCall>,
+    /// The calls being put together, in the order they started.
+    calls: Vec<PartialCall>,
+    /// Which of `calls` a delta of each `index` adds to: the last call started at it.
+    by_index: BTreeMap<u64, usize>,
     /// The calls the answer started, and the bytes of their arguments, over the whole answer
     /// (`calls` is emptied at each `finish_reason`, and the stream read on to `[DONE]`).
     started: usize,
@@ -100,8 +103,9 @@ pub struct StreamDecoder {
 
 impl StreamDecoder {
     fn take_calls(&mut self) -> Vec<Event> {
+        self.by_index.clear();
         std::mem::take(&mut self.calls)
-            .into_values()
+            .into_iter()
             .map(|c| {
                 Event::ToolCall(ToolCall {
                     id: c.id,
@@ -110,6 +114,29 @@ impl StreamDecoder {
                 })
             })
             .collect()
+    }
+}
+
+impl StreamDecoder {
+    /// Where in `calls` the call a delta at `index` (carrying `id`, when it does) adds to is:
+    /// the last one started at that index, or a new one. A delta with another id than that
+    /// call's starts a new call: Ollama gives every call of an answer `index` 0, each with its
+    /// own id, and adding them together made one call of the last one's name with every call's
+    /// arguments run together.
+    fn slot(&mut self, index: u64, id: Option<&str>) -> usize {
+        match self.by_index.get(&index) {
+            Some(&at)
+                if id.is_none_or(|id| self.calls[at].id.is_empty() || self.calls[at].id == id) =>
+            {
+                at
+            }
+            _ => {
+                self.started += 1;
+                self.calls.push(PartialCall::default());
+                self.by_index.insert(index, self.calls.len() - 1);
+                self.calls.len() - 1
+            }
+        }
     }
 }
 
@@ -156,9 +183,10 @@ impl Decoder for StreamDecoder {
                 .unwrap_or_default()
             {
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                self.started += usize::from(!self.calls.contains_key(&index));
-                let partial = self.calls.entry(index).or_default();
-                if let Some(id) = call.get("id").and_then(Value::as_str) {
+                let id = call.get("id").and_then(Value::as_str);
+                let at = self.slot(index, id);
+                let partial = &mut self.calls[at];
+                if let Some(id) = id {
                     partial.id = id.to_owned();
                 }
                 let function = call.get("function").unwrap_or(&Value::Null);
@@ -345,6 +373,41 @@ mod tests {
         );
         assert!(d.done());
         assert_eq!(d.finish(), vec![], "nothing twice");
+    }
+
+    /// Regression: Ollama gives every call of an answer `index` 0, each with an id of its own;
+    /// they were added together into one call of the last one's name, with both calls'
+    /// arguments run together (not JSON). A delta with another id starts a new call; one without
+    /// an id goes on with the last call started at its index.
+    #[test]
+    fn calls_that_share_an_index_but_not_an_id_stay_apart() {
+        let mut d = StreamDecoder::default();
+        let events = feed_all(
+            &mut d,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"name":"write_file","arguments":"{\"path\":"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"a.py\"}"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"stat","arguments":"{\"path\":\"b.py\"}"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+                "[DONE]",
+            ],
+        );
+        assert_eq!(
+            events,
+            vec![
+                Event::ToolCall(ToolCall {
+                    id: "call_a".into(),
+                    name: "write_file".into(),
+                    arguments: json!({"path": "a.py"})
+                }),
+                Event::ToolCall(ToolCall {
+                    id: "call_b".into(),
+                    name: "stat".into(),
+                    arguments: json!({"path": "b.py"})
+                }),
+                Event::Finish(FinishReason::ToolCalls),
+            ]
+        );
     }
 
     /// Regression: the calls of an answer were counted since its last `finish_reason`, and the
