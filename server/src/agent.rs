@@ -381,6 +381,9 @@ impl Agents {
             Err(e) => return Ok(failed(&e, &Tally::default())),
         };
         let _in_flight = state.call_in_flight();
+        // A conversation is activity, as a tool call is: a session used only to talk (or
+        // whose turns ran no tool) kept its old `last_active`, and retention deleted it.
+        crate::requests::touch(state, session);
         let pending: Pending = Arc::default();
         // Dropped mid-turn (its connection gone, its task aborted), the turn still keeps what
         // the model said; on the paths below, `pending` is emptied first and this does nothing.
@@ -424,6 +427,7 @@ impl Agents {
         if !rest.is_empty() {
             let _ = append(state, &session.id, HistoryRole::Assistant, rest).await;
         }
+        crate::requests::touch(state, session);
         Ok(result)
     }
 }

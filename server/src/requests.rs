@@ -323,7 +323,9 @@ fn handle(
     }
 }
 
-fn touch(state: &State, session: &Session) {
+/// Notes activity in `session` (its `last_active`, which retention and `session gc` go by),
+/// saved through the recorder at most every few seconds.
+pub(crate) fn touch(state: &State, session: &Session) {
     if let Some(meta) = session.touch()
         && let Some(recorder) = &state.executor.recorder
     {

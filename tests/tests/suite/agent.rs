@@ -394,6 +394,34 @@ async fn a_rate_limit_is_waited_out_and_the_conversation_continues_across_turns(
     );
 }
 
+/// Regression: a turn did not count as activity (only tool calls did), so a session used only
+/// to talk kept the `last_active` of its creation, and retention or `session gc` deleted it,
+/// conversation and all, while it was in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_without_tool_calls_counts_as_activity() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::text(["First answer."]),
+        Reply::text(["Second answer."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Anthropic, "").await;
+    let agent = server.agent().await;
+    let last_active = || {
+        let loaded = server.state().registry.loaded_of(agent.user());
+        assert_eq!(loaded.len(), 1, "one session");
+        loaded[0].meta().last_active
+    };
+    let (reply, _) = prompt(&agent, "first question").await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    let before = last_active();
+    // `last_active` counts whole seconds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (reply, _) = prompt(&agent, "second question").await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    let after = last_active();
+    assert!(after > before, "{before} then {after}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_turns_are_left_out_past_the_context_budget() {
     let provider =
