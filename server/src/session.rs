@@ -2255,20 +2255,42 @@ impl Registry {
     /// workspace records. Blocking: it waits for the recorder to write what it holds (see
     /// [`Registry::with_recorder`]), then for the store.
     pub fn delete(&self, id: &str) -> Result<(), ToolError> {
+        self.delete_unused(id, None)
+    }
+
+    /// [`Registry::delete`]; with `max_age`, only while the session is still unused for that
+    /// long (`session gc` and the auto-purge, which listed it as such before): one used since
+    /// it was listed is kept ([`ErrorCode::Denied`]). Its age is looked at again where no call
+    /// can use it meanwhile: in memory under the registry's lock, else in the store once it is
+    /// marked as being deleted (no open loads it from then on).
+    fn delete_unused(&self, id: &str, max_age: Option<Duration>) -> Result<(), ToolError> {
         let id = normalize_id(id)?;
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(session) = sessions.get(&id)
-            && session.in_use()
-        {
-            return Err(ToolError::new(
+        let used_since = || {
+            ToolError::new(
                 ErrorCode::Denied,
-                format!(
-                    "session {id} is in use (a folder is attached, an agent is connected to it, \
-                     or a background command runs in it): detach and stop those first"
-                ),
-            ));
+                format!("session {id} was used since it was found unused: kept"),
+            )
+        };
+        let still_old =
+            |meta: &SessionMeta, max_age| inactive_since(&meta.last_active, &cutoff_of(max_age));
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(session) = sessions.get(&id) {
+            if session.in_use() {
+                return Err(ToolError::new(
+                    ErrorCode::Denied,
+                    format!(
+                        "session {id} is in use (a folder is attached, an agent is connected to \
+                         it, or a background command runs in it): detach and stop those first"
+                    ),
+                ));
+            }
+            if let Some(max_age) = max_age
+                && still_old(&session.meta(), max_age) != Age::Old
+            {
+                return Err(used_since());
+            }
         }
-        sessions.remove(&id);
+        let loaded = sessions.remove(&id).is_some();
         // Marked under the registry's lock: from here until its rows are gone, no open puts it
         // back in memory.
         self.deleting
@@ -2276,13 +2298,16 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone());
         drop(sessions);
-        // One leaving memory (an idle unload, an eviction) saves its activity on the way out:
-        // deleted after that save, never before it, which would write the session back.
-        if !self.leaving.wait(&id, LEAVING_WAIT) {
+        let unmark = || {
             self.deleting
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
+                .remove(&id)
+        };
+        // One leaving memory (an idle unload, an eviction) saves its activity on the way out:
+        // deleted after that save, never before it, which would write the session back.
+        if !self.leaving.wait(&id, LEAVING_WAIT) {
+            unmark();
             return Err(ToolError::new(
                 ErrorCode::Internal,
                 format!(
@@ -2297,6 +2322,24 @@ impl Registry {
         if let Some(recorder) = &self.recorder {
             recorder.flush();
         }
+        // Not in memory when it was marked: its age as the store has it now, saved by whatever
+        // used it since it was listed (and left memory again).
+        if let Some(max_age) = max_age
+            && !loaded
+        {
+            let recent = match self.store.load(&id) {
+                Ok(Some(meta)) => still_old(&meta, max_age) != Age::Old,
+                Ok(None) => false,
+                Err(e) => {
+                    unmark();
+                    return Err(store_error(e));
+                }
+            };
+            if recent {
+                unmark();
+                return Err(used_since());
+            }
+        }
         // The session first (a delete the store refuses, fenced by another host, say, leaves
         // it whole, its bindings and default too), then what names it. When the session is
         // gone already, what names it goes all the same: a delete cut short before (a crash;
@@ -2310,10 +2353,7 @@ impl Registry {
             }
             gone
         })();
-        self.deleting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        unmark();
         // It left memory: its lease goes too, as when it unloads. After a delete the store has
         // forgotten it already; after a refused one (fenced, the database down) this host must
         // not keep renewing a lease on a session it no longer serves.
@@ -2385,7 +2425,7 @@ impl Registry {
     pub fn gc(&self, max_age: Duration) -> Result<Vec<String>, ToolError> {
         let mut deleted = Vec::new();
         for meta in self.unused_for(max_age)? {
-            match self.delete(&meta.id) {
+            match self.delete_unused(&meta.id, Some(max_age)) {
                 Ok(()) => deleted.push(meta.id),
                 // In use by now: kept, whatever its age says.
                 Err(e) if e.code == ErrorCode::Denied => {}
@@ -2408,7 +2448,7 @@ impl Registry {
                 done.more = true;
                 return Ok(done);
             }
-            match self.delete(&meta.id) {
+            match self.delete_unused(&meta.id, Some(purge.max_age)) {
                 Ok(()) => {
                     budget -= 1;
                     done.sessions.push(meta);
@@ -3846,6 +3886,55 @@ pub(crate) mod tests {
         );
         reg.delete("default").unwrap();
         assert!(reg.list("ana").is_empty());
+    }
+
+    /// Regression: `session gc` and the auto-purge listed the sessions unused for their age,
+    /// then deleted them one by one without looking again: one used after the listing (files
+    /// written, a conversation) went all the same, and came back empty at its next call. Its
+    /// age is looked at again when it is deleted: in memory, or in the store.
+    #[test]
+    fn gc_keeps_a_session_used_after_it_was_found_unused() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let month = Duration::from_secs(30 * 86_400);
+        let s = reg.create("ana").unwrap();
+        let id = s.id.clone();
+        let aged = |reg: &Registry| {
+            let mut meta = reg.store.load(&id).unwrap().unwrap();
+            meta.last_active = "2025-01-01T00:00:00Z".into();
+            reg.store.save(&meta).unwrap();
+        };
+        drop(s);
+        assert_eq!(reg.unload_idle(Duration::ZERO), 1);
+        aged(&reg);
+        let listed: Vec<String> = reg
+            .unused_for(month)
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        assert_eq!(listed, std::slice::from_ref(&id));
+        // Used in memory since: kept.
+        let used = reg.open(&id, "ana").unwrap();
+        if let Some(meta) = used.touch() {
+            reg.store.save(&meta).unwrap();
+        }
+        drop(used);
+        let kept = reg.delete_unused(&id, Some(month)).unwrap_err();
+        assert_eq!(kept.code, ErrorCode::Denied, "{kept:?}");
+        assert!(reg.store.load(&id).unwrap().is_some());
+        // Used, and gone from memory again (its activity saved): kept, by the store's word.
+        assert_eq!(reg.unload_idle(Duration::ZERO), 1);
+        let kept = reg.delete_unused(&id, Some(month)).unwrap_err();
+        assert_eq!(kept.code, ErrorCode::Denied, "{kept:?}");
+        assert!(reg.store.load(&id).unwrap().is_some());
+        // Opened again: it was not left marked as being deleted.
+        drop(reg.open(&id, "ana").unwrap());
+        assert_eq!(reg.unload_idle(Duration::ZERO), 1);
+        // Still unused: deleted.
+        aged(&reg);
+        reg.delete_unused(&id, Some(month)).unwrap();
+        assert!(reg.store.load(&id).unwrap().is_none());
     }
 
     /// A delete the store refuses (here its directory's parent made immutable, which binds
