@@ -1068,7 +1068,7 @@ async fn prompt(
     session: Arc<Session>,
     text: String,
     overrides: PromptOverrides,
-    mut send: quinn::SendStream,
+    send: quinn::SendStream,
     answers: Option<monad_protocol::stream::QuietRecv>,
 ) {
     let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
@@ -1088,26 +1088,51 @@ async fn prompt(
                 .map(|f| f as &dyn crate::agent::FrontPermission),
         ),
     );
+    // An event is written while the turn goes on being polled: a front that stops reading
+    // holds up that write, not the turn, which goes on to its end (its deadline, a cancel) and
+    // lets the session go. Written in the loop's body, one stuck write held the turn, and its
+    // session, until the connection died. A write in progress is never given up half-way (the
+    // stream would go on mid-message).
+    let stopped = send.stopped();
+    tokio::pin!(stopped);
+    let mut idle = Some(send);
+    let mut writing: Option<Writing> = None;
     let mut gone = false;
     let result = loop {
         tokio::select! {
             result = &mut turn => break result,
-            Some(event) = events.recv() => {
-                if !gone && write_message(&mut send, &Message::AgentEvent { id, event }).await.is_err() {
+            Some(event) = events.recv(), if idle.is_some() && !gone => {
+                let send = idle.take().expect("the stream");
+                writing = Some(write_owned(send, Message::AgentEvent { id, event }));
+            }
+            (send, written) = async { writing.as_mut().expect("a write").await }, if writing.is_some() => {
+                writing = None;
+                idle = Some(send);
+                if written.is_err() {
                     gone = true;
                     cancel.cancel();
                 }
             }
-            _ = send.stopped(), if !gone => {
+            _ = &mut stopped, if !gone => {
                 gone = true;
                 cancel.cancel();
             }
         }
     };
     drop(turn);
+    let session_id = session.id.clone();
+    drop(session);
     if gone {
         return;
     }
+    let mut send = match (idle, writing) {
+        (Some(send), _) => send,
+        (None, Some(write)) => match write.await {
+            (send, Ok(())) => send,
+            (_, Err(_)) => return,
+        },
+        (None, None) => return,
+    };
     while let Ok(event) = events.try_recv() {
         if write_message(&mut send, &Message::AgentEvent { id, event })
             .await
@@ -1120,16 +1145,29 @@ async fn prompt(
         Ok(result) => {
             let done = Message::TurnDone {
                 id,
-                session: session.id.clone(),
+                session: session_id,
                 result,
             };
-            drop(session);
             if write_message(&mut send, &done).await.is_ok() {
                 finish(&mut send).await;
             }
         }
         Err(error) => send_error(&mut send, id, error).await,
     }
+}
+
+/// A message being written on a stream that it holds meanwhile and gives back with how the
+/// write went: polled beside other work (see [`prompt`]), which a front that stops reading
+/// then holds up no longer.
+type Writing =
+    std::pin::Pin<Box<dyn Future<Output = (quinn::SendStream, Result<(), std::io::Error>)> + Send>>;
+
+/// Writes `message` on `send`, holding both for as long as the write takes.
+fn write_owned(mut send: quinn::SendStream, message: Message) -> Writing {
+    Box::pin(async move {
+        let written = write_message(&mut send, &message).await;
+        (send, written)
+    })
 }
 
 /// A prompt's front that approves or rejects restricted calls itself (minor
@@ -1295,28 +1333,45 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 &sink,
                 memory,
             ));
+            // A progress line is written while the call goes on being polled: an agent that
+            // stops reading holds up that write, not the call, which goes on to its end or its
+            // time-out.
+            let stopped = send.stopped();
+            tokio::pin!(stopped);
+            let mut idle = Some(send);
+            let mut writing: Option<Writing> = None;
             let called = loop {
                 tokio::select! {
                     called = &mut call => break called,
-                    Some(message) = progress_rx.recv() => {
-                        let _ = write_message(&mut send, &Message::Progress { id, message }).await;
+                    Some(message) = progress_rx.recv(), if idle.is_some() => {
+                        let send = idle.take().expect("the stream");
+                        writing = Some(write_owned(send, Message::Progress { id, message }));
+                    }
+                    (send, _) = async { writing.as_mut().expect("a write").await }, if writing.is_some() => {
+                        writing = None;
+                        idle = Some(send);
                     }
                     // The agent reset its stream: it cancelled; dropping the call cancels it
                     // everywhere (a client run, a prompt, a command).
-                    _ = send.stopped() => return,
+                    _ = &mut stopped => return,
                 }
             };
             drop(call);
+            let mut send = match (idle, writing) {
+                (Some(send), _) => send,
+                (None, Some(write)) => write.await.0,
+                (None, None) => return,
+            };
+            // Progress sent just before the end loses the race above: relay it before the result.
+            while let Ok(message) = progress_rx.try_recv() {
+                let _ = write_message(&mut send, &Message::Progress { id, message }).await;
+            }
             // The call's slot goes as its answer starts out (`answering`); the rest of what it
             // counts against, once the answer, body included, is written (`answered`).
             let (output, mut guard) = match called {
                 Ok(called) => called,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            // Progress sent just before the end loses the race above: relay it before the result.
-            while let Ok(message) = progress_rx.try_recv() {
-                let _ = write_message(&mut send, &Message::Progress { id, message }).await;
-            }
             // A large `content` goes after the result as raw bytes: relayed as it arrives from
             // an attached client, or moved out of a primary workspace's result. An agent of an
             // older minor version gets it inline.

@@ -1099,6 +1099,56 @@ async fn a_revoked_tokens_turn_leaves_no_process_running() {
     .await;
 }
 
+/// Regression: a front that stops reading its prompt's stream froze the turn: the server wrote
+/// each event in the loop that polls the turn, and once QUIC's flow control held a write up,
+/// the turn (its longest time, a cancel) was not polled again. The session stayed claimed
+/// ("already answering"), and could not be deleted, until the connection died. Now the turn
+/// ends at its longest time, and the session takes another prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_that_stops_reading_does_not_hold_its_turn_past_its_longest_time() {
+    // Some 4 MB of text, past what QUIC lets the server write ahead of a reader.
+    let piece = "x".repeat(2048);
+    let provider = ScriptedProvider::start(vec![
+        Reply::text(std::iter::repeat_n(piece, 2000)),
+        Reply::text(["Second answer."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "max_turn_secs = 2\n").await;
+    let (_endpoint, stuck, _) = monad_tests::connect_speaking(
+        &server.client_config(),
+        monad_protocol::wire::Role::Agent,
+        monad_protocol::wire::PROTOCOL_MINOR,
+    )
+    .await;
+    let (mut send, _recv_never_read) = stuck.open_bi().await.unwrap();
+    let prompt_message = monad_protocol::wire::Message::Prompt {
+        id: 1,
+        session: None,
+        text: "write a lot".into(),
+        ask: false,
+        model: None,
+        base_url: None,
+    };
+    monad_protocol::io::write_message(&mut send, &prompt_message)
+        .await
+        .unwrap();
+    provider.wait_for_requests(1).await;
+    let agent = server.agent().await;
+    let reply = within(STEP, "the session to take another prompt", async {
+        loop {
+            match agent.prompt(None, "and now?", |_| {}).await {
+                Err(e) if e.to_string().contains("already answering") => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => return other.expect("the second prompt is answered"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    drop(send);
+}
+
 /// A turn has a longest time (`llm.max_turn_secs`): a provider that sends a little and then
 /// holds its stream within `idle_timeout_secs` held the turn, and the session, for as long as it
 /// liked. The turn ends, saying why, and what the model said is kept.
