@@ -32,14 +32,18 @@ pub(crate) async fn answer(
     state: &Arc<State>,
     caller: &Caller<'_>,
     request: Message,
+    slot: crate::quota::Slot,
 ) -> Option<Message> {
     let id = request_id(&request)?;
     let state = state.clone();
     let user = caller.user.to_owned();
     let device = caller.device.cloned();
     let landing = caller.landing.clone();
-    // Store calls block (fsync); they run on the blocking pool.
+    // Store calls block (fsync); they run on the blocking pool, holding the user's `slot` to
+    // their end: a request whose connection went away goes on there, and a slot given back
+    // then let a user pile up work on the pool every user shares (send, close, again).
     let answer = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
         handle(&state, &user, device.as_ref(), &landing, request)
     })
     .await
@@ -330,5 +334,68 @@ pub(crate) fn touch(state: &State, session: &Session) {
         && let Some(recorder) = &state.executor.recorder
     {
         recorder.save_meta(meta);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a request's slot was given back when its future was dropped (its connection
+    /// gone), while its store work went on on the blocking pool: a user could pile up work
+    /// there that every user shares (send, close, again). The work holds the slot to its end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_requests_slot_is_held_until_its_store_work_ends() {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = crate::ServerConfig::new(data.path().to_path_buf());
+        config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let (server, _) = crate::server::Server::bind(config).unwrap();
+        let state = server.state().clone();
+        let device = DeviceId::parse("00000000-0000-4000-8000-000000000009").unwrap();
+        // The connection's landing slot, held by a thread of the test's until told: the
+        // landing waits for it on the pool.
+        let landing: HostSlot = Arc::default();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let landing = landing.clone();
+            std::thread::spawn(move || {
+                let _held = landing.lock().unwrap();
+                locked_tx.send(()).unwrap();
+                let _ = release_rx.recv();
+            })
+        };
+        locked_rx.recv().unwrap();
+        let request = Message::Land {
+            id: 1,
+            roots: vec!["file:///nowhere".into()],
+            session: None,
+        };
+        let slot = state.user_call("ana").unwrap();
+        let asked = {
+            let (state, landing, device) = (state.clone(), landing.clone(), device.clone());
+            tokio::spawn(async move {
+                let caller = Caller {
+                    user: "ana",
+                    device: Some(&device),
+                    landing: &landing,
+                };
+                answer(&state, &caller, request, slot).await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        asked.abort();
+        assert!(asked.await.unwrap_err().is_cancelled());
+        assert_eq!(state.user_calls.held("ana"), 1, "its work still runs");
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        let given_back = async {
+            while state.user_calls.held("ana") > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(20), given_back)
+            .await
+            .expect("the slot comes back once the work ends");
     }
 }

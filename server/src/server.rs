@@ -1494,16 +1494,20 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             // Listing reads every session's metadata from the store the first time: off the
             // async workers.
             let (state, user) = (ctx.state.clone(), ctx.user.clone());
-            let page = tokio::task::spawn_blocking(move || match limit {
-                None => Ok((state.registry.list(&user), None)),
-                Some(limit) => state
-                    .registry
-                    .list_page(&user, limit as usize, next.as_deref()),
+            // The slot is held by the work itself: given back as it ends, before the answer
+            // (which the agent may read before acknowledging it), and only then when this
+            // request is dropped before (its connection gone: the work goes on on the pool).
+            let page = tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                match limit {
+                    None => Ok((state.registry.list(&user), None)),
+                    Some(limit) => state
+                        .registry
+                        .list_page(&user, limit as usize, next.as_deref()),
+                }
             })
             .await
             .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
-            // Done before the answer, which the agent may read before acknowledging it.
-            drop(slot);
             let (sessions, next) = match page {
                 Ok(page) => page,
                 Err(e) => return send_error(&mut send, id, e).await,
@@ -1556,9 +1560,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 device: Some(&ctx.device_id),
                 landing: &ctx.landing,
             };
-            let answered = crate::requests::answer(&ctx.state, &caller, other).await;
-            // Done before the answer, which the agent may read before acknowledging it.
-            drop(slot);
+            // Given back as the store work ends, before the answer (which the agent may read
+            // before acknowledging it), and even when this request is dropped before.
+            let answered = crate::requests::answer(&ctx.state, &caller, other, slot).await;
             match answered {
                 Some(answer) => {
                     let answer = answer.for_minor(ctx.minor);
