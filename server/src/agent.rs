@@ -702,6 +702,7 @@ impl Turn<'_> {
     /// records the provider and model in the session and `session.md`'s frontmatter.
     async fn prepare(&self) -> Result<(String, Vec<Message>), String> {
         let store = self.state.registry.store().clone();
+        let recorder = self.state.executor.recorder.clone();
         let session = self.session.clone();
         let provider = self.provider.kind().as_str().to_owned();
         let model = self.llm.model.clone();
@@ -712,7 +713,8 @@ impl Turn<'_> {
                 || history.model.as_deref() != Some(&model)
             {
                 let meta = session.set_model(Some(provider.clone()), Some(model.clone()));
-                store.save(&meta).map_err(|e| e.to_string())?;
+                crate::recorder::Recorder::save_after(recorder.as_ref(), store.as_ref(), &meta)
+                    .map_err(|e| e.to_string())?;
                 // Only the frontmatter: a message appended since the read above stays.
                 store
                     .set_history_model(&session.id, Some(&provider), Some(&model))

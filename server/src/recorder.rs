@@ -106,6 +106,19 @@ impl Recorder {
             let _ = rx.recv();
         }
     }
+    /// Saves `meta` in `store` now, after what the recorder holds: a snapshot it took before
+    /// (a call's activity, queued for up to a batch) is written first, so it cannot write over
+    /// this newer one (a model or name just set). Blocking.
+    pub fn save_after(
+        recorder: Option<&Recorder>,
+        store: &dyn crate::store::Store,
+        meta: &crate::store::SessionMeta,
+    ) -> Result<(), crate::store::StoreError> {
+        if let Some(recorder) = recorder {
+            recorder.flush();
+        }
+        store.save(meta)
+    }
 }
 
 /// How long the recorder gathers jobs after the first one of a batch. A call's records reach the
@@ -396,6 +409,36 @@ mod tests {
             started.elapsed()
         );
         assert_eq!(calls_in(&store, &record.id), 1);
+    }
+
+    /// Regression: a session's metadata queued by its activity (the model it had) was written
+    /// after a newer one saved directly (a model just set), which it undid. Saved after what
+    /// the recorder holds, the newer one stays.
+    #[test]
+    fn a_snapshot_the_recorder_holds_does_not_write_over_a_newer_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let mut meta = crate::store::SessionMeta {
+            id: "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f".into(),
+            owner: "ana".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_active: "2026-01-01T00:00:00Z".into(),
+            name: None,
+            provider: None,
+            model: Some("old".into()),
+            focus: None,
+            folders: Vec::new(),
+        };
+        store.create(&meta).unwrap();
+        let recorder = Recorder::start_with_window(store.clone(), Duration::from_millis(300));
+        recorder.save_meta(meta.clone());
+        // Let the recorder take it and gather.
+        std::thread::sleep(Duration::from_millis(50));
+        meta.model = Some("new".into());
+        Recorder::save_after(Some(&recorder), store.as_ref(), &meta).unwrap();
+        recorder.flush();
+        let saved = store.load(&meta.id).unwrap().unwrap();
+        assert_eq!(saved.model.as_deref(), Some("new"));
     }
 
     /// The calls recorded in `record` for session `default`.

@@ -8,6 +8,7 @@ use monad_protocol::{ErrorCode, ToolError};
 
 use crate::auth::DeviceId;
 use crate::fsutil::now_rfc3339;
+use crate::recorder::Recorder;
 use crate::server::State;
 use crate::session::{HostHold, Session, store_error};
 use crate::store::{self, ArtifactKind, ArtifactMeta, history};
@@ -237,7 +238,8 @@ fn handle(
             store::history_fits(&s.id, store::history_bytes(&history.messages))
                 .map_err(store_error)?;
             let meta = s.set_model(history.provider.clone(), history.model.clone());
-            store.save(&meta).map_err(store_error)?;
+            Recorder::save_after(state.executor.recorder.as_ref(), store.as_ref(), &meta)
+                .map_err(store_error)?;
             let history = History {
                 created_at: meta.created_at.clone(),
                 ..history
