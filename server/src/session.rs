@@ -1757,6 +1757,14 @@ impl Registry {
 
     /// [`Registry::open`], creating the session when `create`, else refusing one that does not
     /// exist (`not_found`).
+    /// Whether session `id` is being deleted ([`Registry::delete`]).
+    fn being_deleted(&self, id: &str) -> bool {
+        self.deleting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
+    }
+
     fn open_or(&self, id: &str, user: &str, create: bool) -> Result<Arc<Session>, ToolError> {
         let id = normalize_id(id)?;
         if let Some(session) = self.in_memory(&id) {
@@ -1803,6 +1811,9 @@ impl Registry {
                     format!("there is no session {id}"),
                 ));
             }
+            // Gone because it is being deleted (its rows went a moment ago): not made again on
+            // disk, which the delete would then leave behind as an empty session.
+            Ok(None) if self.being_deleted(&id) => return Err(being_deleted(&id)),
             Ok(None) => {
                 let meta = fresh_meta(&id, user);
                 let count = || self.store.count_sessions(user).map_err(store_error);
@@ -1873,16 +1884,8 @@ impl Registry {
             recorder: self.recorder.clone(),
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        if self
-            .deleting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&id)
-        {
-            return Err(ToolError::new(
-                ErrorCode::NotFound,
-                format!("session {id} is being deleted"),
-            ));
+        if self.being_deleted(&id) {
+            return Err(being_deleted(&id));
         }
         if let Some(loaded) = sessions.get(&id) {
             // Loaded meanwhile by a racing open: every caller gets the one in memory.
@@ -2891,6 +2894,13 @@ pub(crate) fn store_error(e: StoreError) -> ToolError {
     }
 }
 
+fn being_deleted(id: &str) -> ToolError {
+    ToolError::new(
+        ErrorCode::NotFound,
+        format!("session {id} is being deleted"),
+    )
+}
+
 fn not_yours(id: &str) -> ToolError {
     ToolError::new(
         ErrorCode::Unauthorized,
@@ -3886,6 +3896,28 @@ pub(crate) mod tests {
         );
         reg.delete("default").unwrap();
         assert!(reg.list("ana").is_empty());
+    }
+
+    /// Regression: an open of a session whose delete had removed its rows but not finished
+    /// created it again on disk (empty), then was refused as "being deleted": the delete left
+    /// that empty session behind. It is not created while its delete runs.
+    #[test]
+    fn an_open_during_a_delete_does_not_create_the_session_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let id = "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f";
+        // Its rows gone, its delete not done: as `delete` leaves it between the two.
+        reg.deleting.lock().unwrap().insert(id.to_owned());
+        let refused = reg.open(id, "ana").unwrap_err();
+        assert_eq!(refused.code, ErrorCode::NotFound, "{refused:?}");
+        assert!(refused.message.contains("being deleted"), "{refused:?}");
+        assert!(reg.store.load(id).unwrap().is_none(), "not created again");
+        reg.deleting.lock().unwrap().remove(id);
+        reg.open(id, "ana").unwrap();
+        assert!(
+            reg.store.load(id).unwrap().is_some(),
+            "created once its delete is done"
+        );
     }
 
     /// Regression: `session gc` and the auto-purge listed the sessions unused for their age,
