@@ -285,6 +285,20 @@ impl Providers {
 struct TurnSlot {
     running: Arc<tokio::sync::Mutex<()>>,
     cancel: Mutex<Option<CancellationToken>>,
+    /// A message waits for the cancelled turn to end: another is refused, as while a turn
+    /// runs, rather than queued behind both.
+    waiting: std::sync::atomic::AtomicBool,
+}
+
+/// A message's wait for a cancelled turn to end; its end lets another message wait.
+struct Waiting(Arc<TurnSlot>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0
+            .waiting
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The right to run a turn in a session; the slot is forgotten when nobody holds or waits for it.
@@ -331,9 +345,15 @@ impl Agents {
                 let winding_down = lock(&claim.slot.cancel)
                     .as_ref()
                     .is_none_or(CancellationToken::is_cancelled);
-                if !winding_down {
+                if !winding_down
+                    || claim
+                        .slot
+                        .waiting
+                        .swap(true, std::sync::atomic::Ordering::SeqCst)
+                {
                     return None;
                 }
+                let _waiting = Waiting(claim.slot.clone());
                 claim.slot.running.clone().lock_owned().await
             }
         };
@@ -850,6 +870,40 @@ impl Turn<'_> {
             })
             .await;
         (text, is_error)
+    }
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+
+    /// Regression: two messages sent while a cancelled turn was ending both waited for it, and
+    /// the second then waited for the first one's whole turn, its stream silent, instead of
+    /// being refused as while a turn runs. One waits; another is refused; once the first is
+    /// answered, the session takes messages again.
+    #[tokio::test]
+    async fn one_message_waits_for_a_cancelled_turn_and_another_is_refused() {
+        let agents = Agents::default();
+        let first = CancellationToken::new();
+        let running = agents.claim("s", &first).await.expect("the first turn");
+        first.cancel();
+        let second = CancellationToken::new();
+        let waits = agents.claim("s", &second);
+        tokio::pin!(waits);
+        assert!(
+            futures_util::poll!(waits.as_mut()).is_pending(),
+            "a message after a cancel waits"
+        );
+        let third = CancellationToken::new();
+        let refused = tokio::time::timeout(Duration::from_secs(5), agents.claim("s", &third));
+        assert!(
+            refused.await.expect("answered at once").is_none(),
+            "a second one is refused"
+        );
+        drop(running);
+        let next = waits.await.expect("the waiting message's turn");
+        drop(next);
+        assert!(agents.claim("s", &CancellationToken::new()).await.is_some());
     }
 }
 
