@@ -205,6 +205,9 @@ pub fn pinned_config(
     monad_protocol::pin::pinned_config(&pinned, alpn).map_err(ClientError::Protocol)
 }
 
+/// How long the connect goes on after its machine said nothing listens on the port.
+const REFUSAL_GRACE: Duration = Duration::from_millis(300);
+
 /// Why a host whose port is closed was passed over ([`port_closed`]).
 const PORT_CLOSED: &str = "nothing listens on that port (its machine said so)";
 
@@ -272,9 +275,16 @@ async fn connect_to(
     let connecting = endpoint
         .connect(addr, "localhost")
         .map_err(|e| ClientError::Unreachable(e.to_string()))?;
+    tokio::pin!(connecting);
     let connected = tokio::select! {
-        connected = connecting => connected,
-        () = port_closed(addr) => return Err(ClientError::Unreachable(PORT_CLOSED.into())),
+        connected = &mut connecting => connected,
+        // A refusal is taken once the connect had a moment more: behind a balancer that sends
+        // each source port its own way, the probe may reach a backend that is down while the
+        // connect reaches one that answers.
+        () = port_closed(addr) => match tokio::time::timeout(REFUSAL_GRACE, &mut connecting).await {
+            Ok(connected) => connected,
+            Err(_) => return Err(ClientError::Unreachable(PORT_CLOSED.into())),
+        },
     };
     let conn = match connected {
         Ok(conn) => conn,

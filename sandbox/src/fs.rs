@@ -1103,6 +1103,10 @@ pub(crate) fn write_file(
     target.check_seen(seen)?;
     let old = target.old_text();
     let content = in_its_line_endings(old.as_deref(), &args.content);
+    if let Err(e) = check_size(limits, content.len()) {
+        std::mem::take(&mut target.new_dirs).undo();
+        return Err(e);
+    }
     // A file in another encoding than UTF-8 stays in it, when it can hold the new text.
     let held = target.held();
     let (bytes, encoding, reencoded_from) = match crate::decode::encode(&content, held) {
@@ -1149,10 +1153,15 @@ fn in_its_line_endings<'a>(old: Option<&str>, content: &'a str) -> std::borrow::
 }
 
 fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), SandboxError> {
-    if args.content.len() as u64 > limits.write_max_bytes {
+    check_size(limits, args.content.len())
+}
+
+/// Content of `len` bytes is within the write limit (with a CRLF file's line endings, as
+/// written: [`in_its_line_endings`]).
+fn check_size(limits: &Limits, len: usize) -> Result<(), SandboxError> {
+    if len as u64 > limits.write_max_bytes {
         return Err(SandboxError::LimitExceeded(format!(
-            "content is {} bytes, over the {}-byte write limit",
-            args.content.len(),
+            "content is {len} bytes, over the {}-byte write limit",
             limits.write_max_bytes
         )));
     }

@@ -385,7 +385,8 @@ mod tests {
                 answer(&state, &caller, request, slot).await
             })
         };
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // Time for the task to reach the pool, where its work waits for the landing slot.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         asked.abort();
         assert!(asked.await.unwrap_err().is_cancelled());
         assert_eq!(state.user_calls.held("ana"), 1, "its work still runs");

@@ -1357,6 +1357,12 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 }
             };
             drop(call);
+            // Its slot goes now: a progress line an agent is slow to take, written below, must
+            // not hold one of the user's calls.
+            let called = called.map(|(output, mut guard)| {
+                guard.answering();
+                (output, guard)
+            });
             let mut send = match (idle, writing) {
                 (Some(send), _) => send,
                 (None, Some(write)) => write.await.0,

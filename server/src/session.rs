@@ -2276,6 +2276,15 @@ impl Registry {
         };
         let still_old =
             |meta: &SessionMeta, max_age| inactive_since(&meta.last_active, &cutoff_of(max_age));
+        // Looked at in the store first too, before it is marked (which refuses its opens): a
+        // session used since it was listed is kept without that.
+        if let Some(max_age) = max_age
+            && self.in_memory(&id).is_none()
+            && let Ok(Some(meta)) = self.store.load(&id)
+            && still_old(&meta, max_age) != Age::Old
+        {
+            return Err(used_since());
+        }
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(session) = sessions.get(&id) {
             if session.in_use() {

@@ -85,8 +85,14 @@ enum StartedProcess {
         session: String,
         workspace: String,
         process: String,
+        /// Kills tried that could not be made (the user's call slots full, the host out of
+        /// reach): tried again at the next sweeps, [`FORWARDED_KILL_TRIES`] times in all.
+        tries: u8,
     },
 }
+
+/// How many sweeps of the tokens try to end one forwarded process.
+const FORWARDED_KILL_TRIES: u8 = 3;
 
 impl StartedProcess {
     /// False once it surely ended (its sandbox is gone); a forwarded one cannot be told.
@@ -411,6 +417,7 @@ impl State {
                         session: id,
                         workspace: primary,
                         process,
+                        tries: 0,
                     };
                     self.remember_started(token, user, forwarded);
                 }
@@ -531,26 +538,39 @@ impl State {
             else {
                 continue;
             };
-            let mut ended = 0;
-            for process in started.processes {
-                if self.end_started(&user, process).await {
-                    ended += 1;
+            // On a task of its own: a forwarded kill is a call to another host, and a token's
+            // thousands of them must not hold up the sweep that enforces the other revokes.
+            let state = self.clone();
+            tokio::spawn(async move {
+                let mut ended = 0;
+                for process in started.processes {
+                    if state.end_started(&user, &token, process).await {
+                        ended += 1;
+                    }
                 }
-            }
-            if ended > 0 {
-                tracing::info!(
-                    %user,
-                    ended,
-                    "ended the background processes a revoked token's calls started"
-                );
-            }
+                if ended > 0 {
+                    tracing::info!(
+                        %user,
+                        ended,
+                        "ended the background processes a revoked token's calls started"
+                    );
+                }
+            });
         }
     }
 
     /// Kills `process`, of `user`; true when it was running. One started through a forwarded
     /// call is killed by a call routed to the host serving its session (recorded there, as
     /// the call that started it was).
-    async fn end_started(self: &Arc<Self>, user: &str, process: StartedProcess) -> bool {
+    ///
+    /// A kill that could not be made is remembered again under `token`, for the next sweeps;
+    /// one of a session deleted meanwhile is not made (a call would create it again, empty).
+    async fn end_started(
+        self: &Arc<Self>,
+        user: &str,
+        token: &str,
+        process: StartedProcess,
+    ) -> bool {
         let kill = |process: &str| serde_json::json!({"process": process, "signal": "KILL"});
         match process {
             StartedProcess::Here(sandbox, process) => match sandbox.upgrade() {
@@ -564,9 +584,27 @@ impl State {
                 session,
                 workspace,
                 process,
+                tries,
             } => {
+                let store = self.registry.store().clone();
+                let id = session.clone();
+                match tokio::task::spawn_blocking(move || store.load(&id)).await {
+                    Ok(Ok(Some(_))) => {}
+                    // Deleted: so are its processes (a session with one running is not).
+                    Ok(Ok(None)) => return false,
+                    Ok(Err(_)) | Err(_) => {
+                        let again = StartedProcess::Forwarded {
+                            session,
+                            workspace,
+                            process,
+                            tries: tries + 1,
+                        };
+                        self.try_again(token, user, again);
+                        return false;
+                    }
+                }
                 let mut args = kill(&process);
-                args["workspace"] = Value::String(workspace);
+                args["workspace"] = Value::String(workspace.clone());
                 let call = self.call_from(
                     Origin::Agent,
                     (user, None),
@@ -585,13 +623,35 @@ impl State {
                             %user,
                             %session,
                             %process,
-                            "cannot end a revoked token's background process: {}",
+                            "cannot end a revoked token's background process yet: {}",
                             e.message
                         );
+                        let again = StartedProcess::Forwarded {
+                            session,
+                            workspace,
+                            process,
+                            tries: tries + 1,
+                        };
+                        self.try_again(token, user, again);
                         false
                     }
                 }
             }
+        }
+    }
+
+    /// Remembers a forwarded process whose kill could not be made under its revoked `token`
+    /// again, for the next sweep, unless it was tried [`FORWARDED_KILL_TRIES`] times.
+    fn try_again(&self, token: &str, user: &str, process: StartedProcess) {
+        match &process {
+            StartedProcess::Forwarded { tries, process, .. } if *tries >= FORWARDED_KILL_TRIES => {
+                tracing::warn!(
+                    %user,
+                    %process,
+                    "gave up ending a revoked token's background process on another host"
+                );
+            }
+            _ => self.remember_started(token, user, process),
         }
     }
 }
@@ -630,5 +690,59 @@ impl WorkspaceWatch {
     /// again (the session is gone).
     pub async fn changed(&mut self) -> bool {
         self.changes.changed().await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: ending a revoked token's process started through a forwarded call opened
+    /// its session by id, which creates one it does not find: a session deleted since (gc,
+    /// `session delete`) came back, empty, at the revoke, and counted against its user's
+    /// sessions. A session gone is not opened; its processes went with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forwarded_process_of_a_deleted_session_does_not_bring_it_back() {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = crate::ServerConfig::new(data.path().to_path_buf());
+        config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let (server, _) = crate::server::Server::bind(config).unwrap();
+        let state = server.state().clone();
+        let id = "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f";
+        let process = StartedProcess::Forwarded {
+            session: id.into(),
+            workspace: format!("server:/sessions/{id}"),
+            process: "p1".into(),
+            tries: 0,
+        };
+        assert!(!state.end_started("ana", "a-token-hash", process).await);
+        assert!(state.registry.store().load(id).unwrap().is_none());
+        assert!(
+            state.started_by_token.lock().unwrap().is_empty(),
+            "nothing to try again"
+        );
+
+        // A kill that cannot be made now (every call slot of its user taken, as a revoked
+        // token's calls may hold them) is tried again at the next sweep, not forgotten.
+        let session = state.registry.create("ana").unwrap();
+        let slots: Vec<_> = std::iter::from_fn(|| state.user_call("ana").ok()).collect();
+        assert!(!slots.is_empty());
+        let process = StartedProcess::Forwarded {
+            session: session.id.clone(),
+            workspace: session.primary_uri(),
+            process: "p1".into(),
+            tries: 0,
+        };
+        assert!(!state.end_started("ana", "a-token-hash", process).await);
+        let started = state.started_by_token.lock().unwrap();
+        let again: Vec<u8> = started["a-token-hash"]
+            .processes
+            .iter()
+            .map(|p| match p {
+                StartedProcess::Forwarded { tries, .. } => *tries,
+                StartedProcess::Here(..) => 0,
+            })
+            .collect();
+        assert_eq!(again, [1]);
     }
 }

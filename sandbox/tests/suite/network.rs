@@ -128,8 +128,12 @@ fn a_failed_command_without_network_is_told_so() {
             .contains("its network policy is \"off\"")
     };
     let fx = Fixture::new();
-    let failed = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
+    let failed = curl(&fx, &[], "http://example.com/");
     assert!(failed.network_off && said(&failed), "{failed:?}");
+    // A refused connection is not the network's doing: the workspace's own loopback works, and
+    // a local service that is not running is refused there too.
+    let refused = curl(&fx, &[], &format!("http://127.0.0.1:{port}/"));
+    assert!(refused.network_off && !said(&refused), "{refused:?}");
     let worked = sh(&fx, "echo could not resolve host");
     assert!(worked.network_off && !said(&worked), "{worked:?}");
     // A failure that says nothing of the network (a failing test) is not sent looking there.

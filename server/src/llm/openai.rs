@@ -118,18 +118,18 @@ impl StreamDecoder {
 }
 
 impl StreamDecoder {
-    /// Where in `calls` the call a delta at `index` (carrying `id`, when it does) adds to is:
-    /// the last one started at that index, or a new one. A delta with another id than that
-    /// call's starts a new call: Ollama gives every call of an answer `index` 0, each with its
-    /// own id, and adding them together made one call of the last one's name with every call's
-    /// arguments run together.
-    fn slot(&mut self, index: u64, id: Option<&str>) -> usize {
+    /// Where in `calls` the call a delta at `index` (carrying `id`, when it does, and a
+    /// function name: `named`) adds to is: the last one started at that index, or a new one. A
+    /// delta that names a function with another id than that call's starts a new call: Ollama
+    /// gives every call of an answer `index` 0, each with its own id, and adding them together
+    /// made one call of the last one's name with every call's arguments run together. One
+    /// without a name goes on with the call (some servers give each piece of a call's
+    /// arguments an id of its own).
+    fn slot(&mut self, index: u64, id: Option<&str>, named: bool) -> usize {
+        let goes_on =
+            |call: &PartialCall| !named || id.is_none_or(|id| call.id.is_empty() || call.id == id);
         match self.by_index.get(&index) {
-            Some(&at)
-                if id.is_none_or(|id| self.calls[at].id.is_empty() || self.calls[at].id == id) =>
-            {
-                at
-            }
+            Some(&at) if goes_on(&self.calls[at]) => at,
             _ => {
                 self.started += 1;
                 self.calls.push(PartialCall::default());
@@ -184,9 +184,11 @@ impl Decoder for StreamDecoder {
             {
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
                 let id = call.get("id").and_then(Value::as_str);
-                let at = self.slot(index, id);
+                let named = call.get("function").and_then(|f| f.get("name")).is_some();
+                let at = self.slot(index, id, named);
                 let partial = &mut self.calls[at];
-                if let Some(id) = id {
+                // The id the call started with: a later piece's own id names no call.
+                if let Some(id) = id.filter(|_| partial.id.is_empty()) {
                     partial.id = id.to_owned();
                 }
                 let function = call.get("function").unwrap_or(&Value::Null);
@@ -377,8 +379,9 @@ mod tests {
 
     /// Regression: Ollama gives every call of an answer `index` 0, each with an id of its own;
     /// they were added together into one call of the last one's name, with both calls'
-    /// arguments run together (not JSON). A delta with another id starts a new call; one without
-    /// an id goes on with the last call started at its index.
+    /// arguments run together (not JSON). A delta naming a function with another id starts a
+    /// new call; one without a name goes on with the last call started at its index, whatever
+    /// its id (some servers give each piece an id of its own).
     #[test]
     fn calls_that_share_an_index_but_not_an_id_stay_apart() {
         let mut d = StreamDecoder::default();
@@ -386,7 +389,7 @@ mod tests {
             &mut d,
             &[
                 r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"name":"write_file","arguments":"{\"path\":"}}]}}]}"#,
-                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"a.py\"}"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"piece_2","function":{"arguments":"\"a.py\"}"}}]}}]}"#,
                 r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"stat","arguments":"{\"path\":\"b.py\"}"}}]}}]}"#,
                 r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
                 "[DONE]",
