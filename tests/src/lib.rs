@@ -660,6 +660,15 @@ pub async fn call_in(agent: &Agent, session: Option<&str>, tool: &str, args: Val
     .unwrap_or_else(|e| panic!("`{tool}` failed as a request: {e}"))
 }
 
+/// Whether a `process_list` result `listing` shows `process` (its id) running.
+pub fn process_running(listing: &Value, process: &Value) -> bool {
+    listing["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|p| p["process"] == *process && p["running"] == Value::Bool(true))
+}
+
 /// The result of a call that must succeed, and the name of the workspace that ran it.
 pub fn ok(reply: CallReply) -> (Value, String) {
     let workspace = reply.workspace.map(|w| w.name).unwrap_or_default();

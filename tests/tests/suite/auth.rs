@@ -243,13 +243,7 @@ async fn a_revoked_token_s_background_processes_end() {
     };
     let (theirs, _) = ok(call(&intruder, "run_command", loop_args("theirs.txt")).await);
     let (mine, _) = ok(call(&owner, "run_command", loop_args("mine.txt")).await);
-    let running = |listing: &serde_json::Value, process: &serde_json::Value| {
-        listing["processes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|p| p["process"] == *process && p["running"] == json!(true))
-    };
+    let running = monad_tests::process_running;
     let (listing, _) = ok(call(&owner, "process_list", json!({})).await);
     assert!(
         running(&listing, &theirs["process"]) && running(&listing, &mine["process"]),

@@ -1305,17 +1305,17 @@ async fn an_unreachable_server_fails_with_what_to_check_and_a_host_alone_means_p
     // A UDP port that never answers.
     let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let config = tempfile::tempdir().unwrap();
-    monad_client::config::ClientConfig::new(
-        &silent.local_addr().unwrap().to_string(),
-        "mnd_x",
-        &"0".repeat(64),
-    )
-    .unwrap()
-    .save(config.path())
-    .unwrap();
-    let out = client(config.path(), &["sessions"]).await;
-    assert!(!out.status.success());
-    let said = text(&out.stderr);
+    // `sessions` with a config naming `server`: it fails; what it said.
+    let sessions_at = async |server: std::net::SocketAddr| {
+        monad_client::config::ClientConfig::new(&server.to_string(), "mnd_x", &"0".repeat(64))
+            .unwrap()
+            .save(config.path())
+            .unwrap();
+        let out = client(config.path(), &["sessions"]).await;
+        assert!(!out.status.success());
+        text(&out.stderr)
+    };
+    let said = sessions_at(silent.local_addr().unwrap()).await;
     assert!(
         said.contains("is `monad-server` running on 127.0.0.1:"),
         "{said}"
@@ -1329,13 +1329,7 @@ async fn an_unreachable_server_fails_with_what_to_check_and_a_host_alone_means_p
         .unwrap()
         .local_addr()
         .unwrap();
-    monad_client::config::ClientConfig::new(&closed.to_string(), "mnd_x", &"0".repeat(64))
-        .unwrap()
-        .save(config.path())
-        .unwrap();
-    let out = client(config.path(), &["sessions"]).await;
-    assert!(!out.status.success());
-    let said = text(&out.stderr);
+    let said = sessions_at(closed).await;
     assert!(
         said.contains(&format!("{closed}: nothing listens on that port"))
             && said.contains("on that port?")

@@ -680,13 +680,7 @@ async fn a_revoked_tokens_process_started_through_another_host_ends() {
     let start = |agent, file| call_in(agent, Some(SESSION), "run_command", loop_args(file));
     let (theirs, _) = ok(start(&intruder, "theirs.txt").await);
     let (mine, _) = ok(start(&owner, "mine.txt").await);
-    let running = |listing: &serde_json::Value, process: &serde_json::Value| {
-        listing["processes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|p| p["process"] == *process && p["running"] == json!(true))
-    };
+    let running = monad_tests::process_running;
     let list = || {
         call_in(
             &owner,
