@@ -1070,7 +1070,7 @@ fn no_network(out: &mut String, failed_without: bool, output: [&str; 2]) {
     if failed_without && output.iter().any(|text| says(text)) {
         out.push_str(
             "\n(this workspace's commands have no network: its network policy is \"off\"; \
-             a command that downloads or connects anywhere fails here)",
+             a command that downloads, or connects to another machine, fails here)",
         );
     }
 }

@@ -1500,9 +1500,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             // Listing reads every session's metadata from the store the first time: off the
             // async workers.
             let (state, user) = (ctx.state.clone(), ctx.user.clone());
-            // The slot is held by the work itself: given back as it ends, before the answer
-            // (which the agent may read before acknowledging it), and only then when this
-            // request is dropped before (its connection gone: the work goes on on the pool).
+            // The slot is held by the work itself: given back as the work ends, before the
+            // answer (which the agent may read before acknowledging it), and not sooner when
+            // this request is dropped (its connection gone: the work goes on on the pool).
             let page = tokio::task::spawn_blocking(move || {
                 let _slot = slot;
                 match limit {
