@@ -348,10 +348,7 @@ mod tests {
     /// there that every user shares (send, close, again). The work holds the slot to its end.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_requests_slot_is_held_until_its_store_work_ends() {
-        let data = tempfile::tempdir().unwrap();
-        let mut config = crate::ServerConfig::new(data.path().to_path_buf());
-        config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        let (server, _) = crate::server::Server::bind(config).unwrap();
+        let (_data, server) = crate::server::bound_for_test();
         let state = server.state().clone();
         let device = DeviceId::parse("00000000-0000-4000-8000-000000000009").unwrap();
         // The connection's landing slot, held by a thread of the test's until told: the

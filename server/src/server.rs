@@ -2074,3 +2074,14 @@ impl Drop for DetachOnDrop {
         info!(session = %self.session.id, workspace = %self.name, "detached");
     }
 }
+
+/// A server bound on an ephemeral loopback port with a temporary data dir (kept by the
+/// caller), not serving: its state for the unit tests of what runs on it.
+#[cfg(test)]
+pub(crate) fn bound_for_test() -> (tempfile::TempDir, Server) {
+    let data = tempfile::tempdir().unwrap();
+    let mut config = ServerConfig::new(data.path().to_path_buf());
+    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    let (server, _) = Server::bind(config).unwrap();
+    (data, server)
+}

@@ -586,22 +586,24 @@ impl State {
                 process,
                 tries,
             } => {
+                // Tried again at the next sweep: the kill could not be made now.
+                let retry = |session, workspace, process| {
+                    let again = StartedProcess::Forwarded {
+                        session,
+                        workspace,
+                        process,
+                        tries: tries + 1,
+                    };
+                    self.try_again(token, user, again);
+                    false
+                };
                 let store = self.registry.store().clone();
                 let id = session.clone();
                 match tokio::task::spawn_blocking(move || store.load(&id)).await {
                     Ok(Ok(Some(_))) => {}
                     // Deleted: so are its processes (a session with one running is not).
                     Ok(Ok(None)) => return false,
-                    Ok(Err(_)) | Err(_) => {
-                        let again = StartedProcess::Forwarded {
-                            session,
-                            workspace,
-                            process,
-                            tries: tries + 1,
-                        };
-                        self.try_again(token, user, again);
-                        return false;
-                    }
+                    Ok(Err(_)) | Err(_) => return retry(session, workspace, process),
                 }
                 let mut args = kill(&process);
                 args["workspace"] = Value::String(workspace.clone());
@@ -626,14 +628,7 @@ impl State {
                             "cannot end a revoked token's background process yet: {}",
                             e.message
                         );
-                        let again = StartedProcess::Forwarded {
-                            session,
-                            workspace,
-                            process,
-                            tries: tries + 1,
-                        };
-                        self.try_again(token, user, again);
-                        false
+                        retry(session, workspace, process)
                     }
                 }
             }
@@ -703,10 +698,7 @@ mod tests {
     /// sessions. A session gone is not opened; its processes went with it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_forwarded_process_of_a_deleted_session_does_not_bring_it_back() {
-        let data = tempfile::tempdir().unwrap();
-        let mut config = crate::ServerConfig::new(data.path().to_path_buf());
-        config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        let (server, _) = crate::server::Server::bind(config).unwrap();
+        let (_data, server) = crate::server::bound_for_test();
         let state = server.state().clone();
         let id = "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f";
         let process = StartedProcess::Forwarded {
