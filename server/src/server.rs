@@ -1095,19 +1095,15 @@ async fn prompt(
     // stream would go on mid-message).
     let stopped = send.stopped();
     tokio::pin!(stopped);
-    let mut idle = Some(send);
-    let mut writing: Option<Writing> = None;
+    let mut out = Outgoing::Idle(send);
     let mut gone = false;
     let result = loop {
         tokio::select! {
             result = &mut turn => break result,
-            Some(event) = events.recv(), if idle.is_some() && !gone => {
-                let send = idle.take().expect("the stream");
-                writing = Some(write_owned(send, Message::AgentEvent { id, event }));
+            Some(event) = events.recv(), if out.is_idle() && !gone => {
+                out.start(Message::AgentEvent { id, event });
             }
-            (send, written) = async { writing.as_mut().expect("a write").await }, if writing.is_some() => {
-                writing = None;
-                idle = Some(send);
+            written = out.written(), if !out.is_idle() => {
                 if written.is_err() {
                     gone = true;
                     cancel.cancel();
@@ -1125,13 +1121,8 @@ async fn prompt(
     if gone {
         return;
     }
-    let mut send = match (idle, writing) {
-        (Some(send), _) => send,
-        (None, Some(write)) => match write.await {
-            (send, Ok(())) => send,
-            (_, Err(_)) => return,
-        },
-        (None, None) => return,
+    let Some(mut send) = out.stream().await else {
+        return;
     };
     while let Ok(event) = events.try_recv() {
         if write_message(&mut send, &Message::AgentEvent { id, event })
@@ -1156,18 +1147,65 @@ async fn prompt(
     }
 }
 
-/// A message being written on a stream that it holds meanwhile and gives back with how the
-/// write went: polled beside other work (see [`prompt`]), which a front that stops reading
-/// then holds up no longer.
+/// A front's stream, or the write of a message in progress on it, which holds the stream
+/// meanwhile and gives it back when done: polled beside other work (a turn, a call; see
+/// [`prompt`]), which a front that stops reading then holds up no longer. A write in progress
+/// is finished, never dropped half-way, before another message goes on the stream.
+enum Outgoing {
+    Idle(quinn::SendStream),
+    Writing(Writing),
+    /// A write failed: the stream is gone with it.
+    Broken,
+}
+
+/// A message being written on a stream, and the stream with how the write went.
 type Writing =
     std::pin::Pin<Box<dyn Future<Output = (quinn::SendStream, Result<(), std::io::Error>)> + Send>>;
 
-/// Writes `message` on `send`, holding both for as long as the write takes.
-fn write_owned(mut send: quinn::SendStream, message: Message) -> Writing {
-    Box::pin(async move {
-        let written = write_message(&mut send, &message).await;
-        (send, written)
-    })
+impl Outgoing {
+    /// Whether a message can start out ([`Outgoing::start`]).
+    fn is_idle(&self) -> bool {
+        matches!(self, Outgoing::Idle(_))
+    }
+
+    /// Starts writing `message` on the idle stream (nothing happens otherwise: callers ask
+    /// [`Outgoing::is_idle`] first).
+    fn start(&mut self, message: Message) {
+        if !self.is_idle() {
+            return;
+        }
+        if let Outgoing::Idle(mut send) = std::mem::replace(self, Outgoing::Broken) {
+            *self = Outgoing::Writing(Box::pin(async move {
+                let written = write_message(&mut send, &message).await;
+                (send, written)
+            }));
+        }
+    }
+
+    /// The write in progress, to its end (pending for ever when none is: callers ask
+    /// [`Outgoing::is_idle`] first); the stream is idle again unless it failed.
+    async fn written(&mut self) -> Result<(), std::io::Error> {
+        let Outgoing::Writing(write) = self else {
+            return std::future::pending().await;
+        };
+        let (send, written) = write.await;
+        *self = match written {
+            Ok(()) => Outgoing::Idle(send),
+            Err(_) => Outgoing::Broken,
+        };
+        written
+    }
+
+    /// The stream once the write in progress, if any, is done; `None` when a write failed.
+    async fn stream(mut self) -> Option<quinn::SendStream> {
+        if !self.is_idle() {
+            let _ = self.written().await;
+        }
+        match self {
+            Outgoing::Idle(send) => Some(send),
+            Outgoing::Writing(_) | Outgoing::Broken => None,
+        }
+    }
 }
 
 /// A prompt's front that approves or rejects restricted calls itself (minor
@@ -1338,19 +1376,15 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             // time-out.
             let stopped = send.stopped();
             tokio::pin!(stopped);
-            let mut idle = Some(send);
-            let mut writing: Option<Writing> = None;
+            let mut out = Outgoing::Idle(send);
             let called = loop {
                 tokio::select! {
                     called = &mut call => break called,
-                    Some(message) = progress_rx.recv(), if idle.is_some() => {
-                        let send = idle.take().expect("the stream");
-                        writing = Some(write_owned(send, Message::Progress { id, message }));
+                    Some(message) = progress_rx.recv(), if out.is_idle() => {
+                        out.start(Message::Progress { id, message });
                     }
-                    (send, _) = async { writing.as_mut().expect("a write").await }, if writing.is_some() => {
-                        writing = None;
-                        idle = Some(send);
-                    }
+                    // A failed write: the answer's write fails too, below.
+                    _ = out.written(), if !out.is_idle() => {}
                     // The agent reset its stream: it cancelled; dropping the call cancels it
                     // everywhere (a client run, a prompt, a command).
                     _ = &mut stopped => return,
@@ -1363,10 +1397,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 guard.answering();
                 (output, guard)
             });
-            let mut send = match (idle, writing) {
-                (Some(send), _) => send,
-                (None, Some(write)) => write.await.0,
-                (None, None) => return,
+            let Some(mut send) = out.stream().await else {
+                return;
             };
             // Progress sent just before the end loses the race above: relay it before the result.
             while let Ok(message) = progress_rx.try_recv() {

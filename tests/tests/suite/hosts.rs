@@ -548,6 +548,15 @@ async fn until_true(pg: &Pg, what: &str, sql: &str) {
     .await;
 }
 
+/// Waits (bounded) until the shared store's audit holds `count` calls of `tool` in `SESSION`.
+async fn until_audited(pg: &Pg, what: &str, count: usize, tool: &str) {
+    let sql = format!(
+        "SELECT count(*) = {count} FROM audit WHERE session_id = '{SESSION}'
+         AND record LIKE '%{tool}%'"
+    );
+    until_true(pg, what, &sql).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
     let Some(pg) = Pg::alone("an_agent_on_one_host_reads_a_file_on_a_laptop_attached") else {
@@ -580,15 +589,7 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
         "the laptop's user was asked once: {asked:?}"
     );
     // Host B recorded it (its audit, in the shared store).
-    until_true(
-        &pg,
-        "the forwarded call to be recorded",
-        &format!(
-            "SELECT count(*) = 1 FROM audit WHERE session_id = '{SESSION}'
-             AND record LIKE '%read_file%'"
-        ),
-    )
-    .await;
+    until_audited(&pg, "the forwarded call to be recorded", 1, "read_file").await;
 
     // A conversation runs where its session is served: a prompt at host A is refused, naming
     // host B (it ran on A, its calls in A's primary workspace, away from the laptop).
@@ -694,15 +695,7 @@ async fn a_revoked_tokens_process_started_through_another_host_ends() {
         running(&listing, &theirs["process"]) && running(&listing, &mine["process"]),
         "{listing}"
     );
-    until_true(
-        &pg,
-        "host B to have run the loops",
-        &format!(
-            "SELECT count(*) = 2 FROM audit WHERE session_id = '{SESSION}'
-             AND record LIKE '%run_command%'"
-        ),
-    )
-    .await;
+    until_audited(&pg, "host B to have run the loops", 2, "run_command").await;
 
     let id = leaked.split('_').nth(1).expect("mnd_ID_SECRET");
     psql(&pg.url, &format!("DELETE FROM tokens WHERE id = '{id}'"));
@@ -1242,15 +1235,7 @@ async fn a_host_woken_after_its_lease_was_taken_over_lets_its_folders_go() {
     assert!(result.to_string().contains("written on the laptop"));
     let before = lease_of_session(&pg);
     // Recorded first: host A is paused between transactions, not inside one.
-    until_true(
-        &pg,
-        "the read to be recorded",
-        &format!(
-            "SELECT count(*) = 1 FROM audit WHERE session_id = '{SESSION}'
-             AND record LIKE '%read_file%'"
-        ),
-    )
-    .await;
+    until_audited(&pg, "the read to be recorded", 1, "read_file").await;
 
     // Host A stands still. Once its lease has run out, an agent's call at host B (in the
     // session's primary workspace) takes the session over.
