@@ -10,7 +10,8 @@ use monad_protocol::text::printable;
 use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
 use monad_protocol::wire::{
     BODY_MINOR, CLI_MINOR, ELSEWHERE_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message,
-    NETWORK_MINOR, Outcome, ROOTS_MINOR, Role, ToolResult, Trust, WorkspaceInfo,
+    NETWORK_MINOR, NETWORK_POLICY_MINOR, Outcome, ROOTS_MINOR, Role, ToolResult, Trust,
+    WorkspaceInfo,
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
@@ -878,6 +879,8 @@ async fn serve_once(
                 focus,
                 folder: absolute,
                 exact_name: o.exact_name && o.name.is_some() && connection.minor >= CLI_MINOR,
+                network: (connection.minor >= NETWORK_POLICY_MINOR)
+                    .then(|| o.exec.network_summary()),
             },
         )
         .await
@@ -1826,6 +1829,7 @@ mod tests {
                 host: monad_protocol::wire::Host::Client,
                 online: true,
                 tools: Vec::new(),
+                network: None,
             },
             server: "10.0.0.2:4433".into(),
         };

@@ -177,8 +177,13 @@ fn workspace_line(w: &WorkspaceInfo, name_width: usize, uri_width: usize) -> Str
         Host::Server => "server",
         Host::Client => "attached",
     };
+    let network = w
+        .network
+        .as_deref()
+        .map(|n| format!(", {}", printable(n)))
+        .unwrap_or_default();
     format!(
-        "{:name_width$}  {:uri_width$}  ({place}, {}{})",
+        "{:name_width$}  {:uri_width$}  ({place}, {}{network}{})",
         printable(&w.name),
         printable(&w.uri),
         w.trust.as_str(),
@@ -866,6 +871,7 @@ mod tests {
                     host: Host::Server,
                     online: true,
                     tools: vec![],
+                    network: Some("no network".into()),
                 },
                 WorkspaceInfo {
                     name: "lap".into(),
@@ -874,6 +880,7 @@ mod tests {
                     host: Host::Client,
                     online: false,
                     tools: vec![],
+                    network: None,
                 },
             ],
         }
@@ -888,7 +895,7 @@ mod tests {
         assert!(text.contains("messages  5\n"), "{text}");
         // In columns: names and URIs padded to the longest.
         assert!(
-            text.contains("\n  primary  server:/sessions/default  (server, full)\n"),
+            text.contains("\n  primary  server:/sessions/default  (server, full, no network)\n"),
             "{text}"
         );
         assert!(

@@ -1289,13 +1289,17 @@ async fn status(json: bool) -> Result<ExitCode> {
                     .map(|n| format!(" ({})", printable(n)))
                     .unwrap_or_default()
             )?;
-            let mut table = Table::new(&["workspace", "uri", "trust", "state"]);
+            let mut table = Table::new(&["workspace", "uri", "trust", "state", "network"]);
             for w in workspaces {
                 table.row(vec![
                     printable(&w.name).into_owned(),
                     printable(&w.uri).into_owned(),
                     w.trust.as_str().to_owned(),
                     if w.online { "online" } else { "offline" }.to_owned(),
+                    // Not known: a folder of an older client, or offline since the server began.
+                    w.network
+                        .as_deref()
+                        .map_or_else(|| "-".to_owned(), |n| printable(n).into_owned()),
                 ]);
             }
             outln!(

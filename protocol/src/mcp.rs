@@ -1041,6 +1041,7 @@ mod tests {
                 host: Host::Server,
                 online: true,
                 tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+                network: Some("no network".into()),
             },
             WorkspaceInfo {
                 name: "monad".into(),
@@ -1049,6 +1050,7 @@ mod tests {
                 host: Host::Client,
                 online: false,
                 tools: vec![ToolName::ReadFile],
+                network: None,
             },
         ]
     }

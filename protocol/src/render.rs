@@ -1227,9 +1227,14 @@ fn workspaces(r: WorkspacesResult) -> String {
         } else {
             ""
         };
+        let network = w
+            .network
+            .as_deref()
+            .map(|n| format!(", commands get {}", crate::text::printable(n)))
+            .unwrap_or_default();
         let _ = write!(
             out,
-            "\n{} ({}): {host}, {trust}{online}{focus}",
+            "\n{} ({}): {host}, {trust}{network}{online}{focus}",
             shown(&w.name),
             shown(&w.uri)
         );
@@ -2401,14 +2406,15 @@ mod tests {
                 {"name": "primary", "uri": "server:/sessions/default", "trust": "full",
                  "host": "server", "online": true, "tools": ["read_file"]},
                 {"name": "laptop", "uri": "mac:~/p", "trust": "restricted", "host": "client",
-                 "online": false, "tools": []},
+                 "online": false, "tools": [], "network": "network to pypi.org only\u{202e}"},
             ]}),
         );
         assert_eq!(
             ws,
             "Session default: 2 workspaces\nprimary (server:/sessions/default): on the server, \
              trusted (runs at once)\nlaptop (mac:~/p): attached from a user's machine, \
-             restricted (each action needs its user's approval), offline"
+             restricted (each action needs its user's approval), commands get network to \
+             pypi.org only\\u{202e}, offline"
         );
         let focused = render(
             ToolName::Workspaces,

@@ -382,7 +382,8 @@ impl ToolName {
                 "Run a program in a workspace: `argv` is the program and its arguments (no \
                  shell; pass [\"sh\", \"-c\", \"...\"] for one). It runs sandboxed: it can \
                  read and write only the workspace and read the system's runtime directories, \
-                 without privileges, with no network unless the workspace's policy allows some, \
+                 without privileges, with no network unless the workspace's policy allows some \
+                 (`workspaces` says what), \
                  with a time limit (`timeout_ms`; 2 minutes unless the operator set another) \
                  and capped output; everything it starts ends with it. Temporary files go in \
                  `$TMPDIR` (`/tmp` is not writable). Returns the exit code, stdout and stderr; of a long output, its \
@@ -414,7 +415,7 @@ impl ToolName {
             }
             ToolName::Workspaces => {
                 "List the session's workspaces: their short names, URIs, trust levels, hosts, \
-                 and whether they are online; which one is the focus (tried first by calls \
+                 whether they are online and what network their commands get; which one is the focus (tried first by calls \
                  that name no workspace); and, in `routing`, where such calls go."
             }
             ToolName::MemoryStore => {

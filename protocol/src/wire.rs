@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 13;
+pub const PROTOCOL_MINOR: u32 = 14;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -101,6 +101,14 @@ pub const ELSEWHERE_MINOR: u32 = 12;
 /// ([`crate::tools::SearchArgs`]). A server never sends them to an attached folder's client of
 /// a lower one: the call is refused, saying so.
 pub const SEARCH_CONTEXT_MINOR: u32 = 13;
+// --- Minor 14.
+/// The first minor version where a client says what network its folder's commands get
+/// ([`Message::Attach`]'s `network`) and a workspace's listing says it
+/// ([`WorkspaceInfo::network`]). A peer of a lower one is never sent it.
+pub const NETWORK_POLICY_MINOR: u32 = 14;
+/// Longest [`WorkspaceInfo::network`] a server keeps, in bytes (a longer one is cut, marked
+/// with `…`).
+pub const MAX_NETWORK_SUMMARY: usize = 1024;
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 /// Longest [`Message::Progress`] line a server passes on, in bytes: a longer one is cut to it
@@ -297,6 +305,12 @@ pub struct WorkspaceInfo {
     pub online: bool,
     /// The tools it offers.
     pub tools: Vec<ToolName>,
+    /// What network its commands get, in a few words (`no network`, `network to pypi.org
+    /// only`, `full network (the host's)`); absent when not known (a folder whose client is
+    /// older, or offline since the server started). Minor [`NETWORK_POLICY_MINOR`] or later,
+    /// at most [`MAX_NETWORK_SUMMARY`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// A session as listed to its owner.
@@ -649,6 +663,28 @@ pub enum Outcome {
         /// What went wrong.
         error: ToolError,
     },
+}
+
+impl Outcome {
+    /// The outcome of a call of `tool` as an agent speaking minor `minor` can read it: what a
+    /// `workspaces` result holds that is newer than that is left out (the agent's own copy of
+    /// the tool's output schema, which an MCP host checks results against, refuses fields it
+    /// does not know).
+    pub fn for_minor(&mut self, tool: &str, minor: u32) {
+        if minor >= NETWORK_POLICY_MINOR || tool != ToolName::Workspaces.as_str() {
+            return;
+        }
+        if let Outcome::Ok { result } = self
+            && let Some(list) = result
+                .tree_mut()
+                .get_mut("workspaces")
+                .and_then(Value::as_array_mut)
+        {
+            for workspace in list.iter_mut().filter_map(Value::as_object_mut) {
+                workspace.remove("network");
+            }
+        }
+    }
 }
 
 /// Reads an [`Outcome`] field by field. serde's derive for an internally tagged enum first
@@ -1322,6 +1358,10 @@ pub enum Message {
         /// reserved (`primary`) or not a valid short name, instead of being made unique.
         #[serde(default, skip_serializing_if = "is_false")]
         exact_name: bool,
+        /// What network the folder's commands get, in a few words (its `[exec] network`
+        /// policy; minor [`NETWORK_POLICY_MINOR`] or later): listed with the workspace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
     },
     /// Server to client, on the attach stream (minor [`CLI_MINOR`] or later): the folder is no
     /// longer attached (another `attach` of it took over, or `monad-client detach` detached
@@ -1538,6 +1578,25 @@ impl Message {
                 *folder_focus = None;
             }
         }
+        if minor < NETWORK_POLICY_MINOR {
+            let unknown = |list: &mut [WorkspaceInfo]| {
+                for w in list {
+                    w.network = None;
+                }
+            };
+            match &mut self {
+                Message::Sessions { sessions, .. } => {
+                    for s in sessions {
+                        unknown(&mut s.workspaces);
+                    }
+                }
+                Message::SessionOpened { session, .. } => unknown(&mut session.workspaces),
+                Message::Workspaces { workspaces, .. } => unknown(workspaces),
+                Message::Attached { workspace, .. } => workspace.network = None,
+                Message::ChatInfoIs { info, .. } => unknown(&mut info.workspaces),
+                _ => {}
+            }
+        }
         if minor < CLI_MINOR {
             match &mut self {
                 Message::Sessions { sessions, .. } => {
@@ -1655,6 +1714,7 @@ mod tests {
             host: Host::Client,
             online: true,
             tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+            network: Some("network to pypi.org only".into()),
         }
     }
 
@@ -1970,6 +2030,7 @@ mod tests {
                 focus: false,
                 folder: None,
                 exact_name: true,
+                network: None,
             },
             Message::Attach {
                 id: 4,
@@ -1981,6 +2042,7 @@ mod tests {
                 focus: true,
                 folder: Some("/home/ana/dev/monad".into()),
                 exact_name: false,
+                network: Some("no network".into()),
             },
             Message::Attached {
                 id: 3,
@@ -2090,6 +2152,59 @@ mod tests {
     }
 
     #[test]
+    fn a_workspaces_network_is_left_out_for_a_peer_older_than_minor_14() {
+        let listed = |minor: u32| {
+            let messages = [
+                Message::Workspaces {
+                    id: 1,
+                    session: "default".into(),
+                    workspaces: vec![workspace()],
+                },
+                Message::Attached {
+                    id: 1,
+                    session: "default".into(),
+                    workspace: workspace(),
+                },
+                Message::Sessions {
+                    id: 1,
+                    sessions: vec![session()],
+                    next: None,
+                },
+                Message::SessionOpened {
+                    id: 1,
+                    session: session(),
+                },
+            ];
+            messages
+                .map(|m| String::from_utf8(m.for_minor(minor).to_json()).unwrap())
+                .to_vec()
+        };
+        for json in listed(NETWORK_POLICY_MINOR - 1) {
+            assert!(!json.contains("network"), "{json}");
+        }
+        for json in listed(NETWORK_POLICY_MINOR) {
+            assert!(json.contains("network to pypi.org only"), "{json}");
+        }
+        // A `workspaces` tool result, as an older agent's own output schema takes it.
+        let result = |minor: u32, tool: &str| {
+            let mut outcome = Outcome::Ok {
+                result: ToolResult::from(json!({
+                    "session": "default",
+                    "workspaces": [serde_json::to_value(workspace()).unwrap()],
+                })),
+            };
+            outcome.for_minor(tool, minor);
+            let Outcome::Ok { result } = outcome else {
+                unreachable!()
+            };
+            result.value()["workspaces"][0].get("network").cloned()
+        };
+        assert_eq!(result(NETWORK_POLICY_MINOR - 1, "workspaces"), None);
+        assert!(result(NETWORK_POLICY_MINOR, "workspaces").is_some());
+        assert!(result(NETWORK_POLICY_MINOR - 1, "stat").is_some());
+    }
+
+    #[test]
     fn an_attach_without_focus_is_what_older_peers_send_and_read() {
         let older = br#"{"type":"attach","id":1,"path":"~/p","trust":"restricted","tools":[]}"#;
         let Message::Attach { focus, .. } = Message::from_json(older).unwrap() else {
@@ -2106,8 +2221,13 @@ mod tests {
             focus: false,
             folder: None,
             exact_name: false,
+            network: None,
         };
         let json = String::from_utf8(plain.to_json()).unwrap();
+        assert!(
+            !json.contains("network"),
+            "an older server reads it: {json}"
+        );
         assert!(
             !json.contains("exact_name"),
             "an older server reads it: {json}"

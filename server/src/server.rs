@@ -1428,6 +1428,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 },
                 None => (None, None),
             };
+            outcome.for_minor(&tool, ctx.minor);
             let head = Message::Result {
                 id,
                 workspace,
@@ -1492,7 +1493,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            let answer = workspaces_message(id, &session);
+            let answer = workspaces_message(id, &session).for_minor(ctx.minor);
             drop(session);
             let _ = write_message(&mut send, &answer).await;
             finish(&mut send).await;
@@ -1505,10 +1506,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let mut watch = WorkspaceWatch::new(session);
             let mut stop = ctx.stop.clone();
             loop {
-                if write_message(&mut send, &workspaces_message(id, watch.session()))
-                    .await
-                    .is_err()
-                {
+                let listed = workspaces_message(id, watch.session()).for_minor(ctx.minor);
+                if write_message(&mut send, &listed).await.is_err() {
                     return;
                 }
                 let stopping = tokio::select! {
@@ -1651,6 +1650,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         focus,
         folder,
         exact_name,
+        network,
     } = request
     else {
         return send_error(
@@ -1832,6 +1832,13 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         path,
         record,
         folder,
+        // A few words from the client, listed to agents: bounded, and escaped where shown.
+        network: network.map(|n| {
+            match monad_protocol::agent::cut(&n, wire::MAX_NETWORK_SUMMARY - 3) {
+                (kept, true) => kept + "…",
+                (kept, false) => kept,
+            }
+        }),
         link: Some(ClientLink {
             conn: ctx.conn.clone().into(),
             attachment: id,
@@ -1889,7 +1896,8 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             id,
             session: session.id.clone(),
             workspace: workspace.clone(),
-        },
+        }
+        .for_minor(ctx.minor),
     )
     .await;
     if ok.is_ok() {

@@ -111,6 +111,9 @@ pub struct Attached {
     /// The folder's absolute path on its device, when its client said (protocol minor
     /// [`monad_protocol::wire::ROOTS_MINOR`]): what MCP roots are matched against.
     pub folder: Option<String>,
+    /// What network its commands get, in a few words, when its client said (protocol minor
+    /// [`monad_protocol::wire::NETWORK_POLICY_MINOR`]; kept while it is offline).
+    pub network: Option<String>,
     /// The connection to its client; `None` while disconnected.
     pub link: Option<ClientLink>,
 }
@@ -127,6 +130,7 @@ impl Attached {
             path: self.path.clone(),
             record: self.record.clone(),
             folder: self.folder.clone(),
+            network: self.network.clone(),
         }
     }
 
@@ -146,6 +150,7 @@ impl Attached {
             path: kept.path.clone(),
             record: kept.record.clone(),
             folder: kept.folder.clone(),
+            network: kept.network.clone(),
             link: None,
         })
     }
@@ -183,6 +188,11 @@ impl PrimaryWorkspace {
             connections: None,
             sandbox: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// What network its commands get, in a few words (its `[exec]` policy's).
+    pub fn network(&self) -> String {
+        self.exec.network_summary()
     }
 
     /// Runs its commands in `owner`'s group of `groups`, bounded with the owner's other
@@ -377,7 +387,7 @@ impl Session {
     /// Every workspace, primary first, then attached in attach order.
     pub fn workspaces(&self) -> Vec<Snapshot> {
         let mut out = vec![Snapshot {
-            info: primary_info(&self.id),
+            info: primary_info(&self.id, Some(self.primary.network())),
             target: Target::Primary(self.primary.clone()),
             record: None,
         }];
@@ -390,6 +400,7 @@ impl Session {
                 host: Host::Client,
                 online: a.link.is_some(),
                 tools: a.tools.clone(),
+                network: a.network.clone(),
             },
             target: Target::Attached(a.link.clone()),
             record: a.record.clone(),
@@ -812,6 +823,7 @@ impl Session {
             host: Host::Client,
             online: true,
             tools: info.tools,
+            network: info.network,
         }))
     }
 
@@ -2869,7 +2881,8 @@ fn info_of(meta: SessionMeta, live: &HashMap<String, Arc<Session>>) -> SessionIn
     match live.get(&meta.id) {
         Some(session) => session.info(),
         None => SessionInfo {
-            workspaces: vec![primary_info(&meta.id)],
+            // Its settings (a session may have its own `[exec]`) are not read for a listing.
+            workspaces: vec![primary_info(&meta.id, None)],
             id: meta.id,
             owner: meta.owner,
             created_at: meta.created_at,
@@ -2879,7 +2892,8 @@ fn info_of(meta: SessionMeta, live: &HashMap<String, Arc<Session>>) -> SessionIn
     }
 }
 
-fn primary_info(id: &str) -> WorkspaceInfo {
+/// The primary workspace of session `id` as listed; `network` is what its commands get.
+fn primary_info(id: &str, network: Option<String>) -> WorkspaceInfo {
     WorkspaceInfo {
         name: "primary".into(),
         uri: format!("server:/sessions/{id}"),
@@ -2887,6 +2901,7 @@ fn primary_info(id: &str) -> WorkspaceInfo {
         host: Host::Server,
         online: true,
         tools: ToolName::WORKSPACE_TOOLS.to_vec(),
+        network,
     }
 }
 
@@ -3035,6 +3050,7 @@ pub(crate) mod tests {
             path: path.into(),
             record: None,
             folder: None,
+            network: None,
             link: None,
         }
     }
@@ -3102,6 +3118,7 @@ pub(crate) mod tests {
             path: "~/two".into(),
             record: None,
             folder: folder.map(str::to_owned),
+            network: None,
             link: Some(ClientLink {
                 conn: Conn::Memory(conn),
                 attachment: 1,
@@ -3307,6 +3324,7 @@ pub(crate) mod tests {
             path: format!("~/f{i}"),
             record: None,
             folder: None,
+            network: None,
             link: None,
         };
         // The oldest is the focus, offline now (its client went away).
@@ -4116,6 +4134,7 @@ pub(crate) mod tests {
                 path: "~/lap".into(),
                 record: None,
                 folder: None,
+                network: None,
                 link: None,
             },
             None,

@@ -425,6 +425,7 @@ impl FakeClient {
             focus: false,
             folder: None,
             exact_name: false,
+            network: None,
         };
         write_message(&mut send, &attach)
             .await

@@ -73,6 +73,7 @@ impl Fixture {
                 path: "~/project".into(),
                 record: None,
                 folder: None,
+                network: None,
                 link: Some(ClientLink {
                     conn: Conn::Memory(conn),
                     attachment: ATTACHMENT,

@@ -163,6 +163,9 @@ pub struct KeptFolder {
     /// Its absolute path on its device, when its client said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folder: Option<String>,
+    /// What network its commands get, when its client said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// One line of `audit.jsonl`: a tool call and what became of it.

@@ -272,7 +272,7 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
     assert!(
         screen.lines().any(|l| l.trim_start().starts_with("lap ")
             && l.contains(":~/lap ")
-            && l.trim_end().ends_with("(attached, restricted)")),
+            && l.trim_end().ends_with("(attached, restricted, no network)")),
         "{screen}"
     );
     assert!(screen.contains("session   default"), "{screen}");

@@ -991,6 +991,7 @@ async fn a_host_that_only_ran_an_agents_calls_gives_the_session_up_to_a_laptop_a
         focus: false,
         folder: None,
         exact_name: false,
+        network: None,
     };
     match ask(&older, &attach, "the answer to an older client's attach").await {
         Some(monad_protocol::wire::Message::Error { error, .. }) => {

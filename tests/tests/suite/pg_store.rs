@@ -200,6 +200,7 @@ fn exercise(store: &dyn Store) {
         path: "/home/ana/proj".into(),
         record: Some("r1".into()),
         folder: None,
+        network: Some("network to pypi.org only".into()),
     }];
     store.save(&m).unwrap();
     assert_eq!(store.load("s2").unwrap().unwrap(), m);

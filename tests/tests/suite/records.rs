@@ -31,6 +31,7 @@ async fn attach_once(conn: &quinn::Connection, session: &str, path: &str) {
         focus: false,
         folder: None,
         exact_name: false,
+        network: None,
     };
     write_message(&mut send, &attach).await.expect("sent");
     match read_message(&mut recv, 1 << 20).await {

@@ -340,6 +340,7 @@ async fn a_server_that_stops_reading_network_reports_still_gets_answers() {
                 host: Host::Client,
                 online: true,
                 tools: ToolName::ALL.to_vec(),
+                network: None,
             },
         };
         write_message(&mut send, &attached).await.unwrap();

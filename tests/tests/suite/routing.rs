@@ -940,3 +940,58 @@ async fn a_path_out_through_a_link_on_its_way_is_refused_for_that_not_found_nowh
         ErrorCode::NotFound,
     );
 }
+
+/// An agent sees, before it runs anything, what network each workspace's commands get: the
+/// server's policy for the primary workspace, and for a folder the one its client gives, still
+/// known while the folder is offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspaces_say_what_network_each_workspaces_commands_get() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let laptop = folder(&[("a.txt", "a\n")]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.exec.network = monad_sandbox::NetworkMode::Allowlist;
+    options.exec.allow = vec!["pypi.org".into(), "*.github.com".into()];
+    let attached = Attachment::start(&server.client_config(), options, None).await;
+    let wanted = "network to pypi.org, *.github.com only";
+    assert_eq!(attached.workspace.network.as_deref(), Some(wanted));
+
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    let networks = |listed: &serde_json::Value| -> Vec<(String, Option<String>)> {
+        listed["workspaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                (
+                    w["name"].as_str().unwrap().to_owned(),
+                    w["network"].as_str().map(str::to_owned),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        networks(&listed),
+        [
+            ("primary".to_owned(), Some("no network".to_owned())),
+            ("lap".to_owned(), Some(wanted.to_owned())),
+        ],
+        "{listed}"
+    );
+    // The model's text says it on each workspace's line.
+    let text = monad_protocol::render::text(ToolName::Workspaces, None, &listed);
+    assert!(
+        text.contains("on the server, trusted (runs at once), commands get no network"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("commands get {wanted}")), "{text}");
+
+    drop(attached);
+    until_online(&agent, "lap", false).await;
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(
+        networks(&listed)[1],
+        ("lap".to_owned(), Some(wanted.to_owned())),
+        "still known offline: {listed}"
+    );
+}

@@ -194,6 +194,7 @@ async fn attach_over(
         focus,
         folder: None,
         exact_name: false,
+        network: None,
     };
     write_message(&mut send, &attach)
         .await
