@@ -297,6 +297,11 @@ pub struct LlmSettings {
     /// `base_url` itself. Empty: none. The key named by `api_key_env` goes to whichever base
     /// URL a turn uses, so only the operator decides where it may go.
     pub allowed_base_urls: Vec<String>,
+    /// Models a client may choose for one prompt (`monad-client chat --model`), besides
+    /// `model` itself: names, or a name's start followed by `*` (`gpt-4o-mini*`); `"*"` alone,
+    /// the default, allows any, and `[]` none. The key named by `api_key_env` pays for whatever
+    /// model a turn uses, so the operator may bound what one user can spend it on.
+    pub allowed_models: Vec<String>,
 }
 
 impl Default for LlmSettings {
@@ -314,6 +319,7 @@ impl Default for LlmSettings {
             idle_timeout_secs: 120,
             max_turn_secs: 1800,
             allowed_base_urls: Vec::new(),
+            allowed_models: vec!["*".into()],
         }
     }
 }
@@ -334,6 +340,17 @@ impl LlmSettings {
         if let Some(model) = &overrides.model {
             if model.trim().is_empty() || model.chars().any(char::is_control) {
                 return Err("the model name is empty or has control characters".into());
+            }
+            let listed = |allowed: &String| match allowed.strip_suffix('*') {
+                Some(start) => model.starts_with(start),
+                None => allowed == model,
+            };
+            if *model != self.model && !self.allowed_models.iter().any(listed) {
+                return Err(format!(
+                    "model {:?} is not allowed by this server: the operator's API key pays for \
+                     it; the operator can allow it in llm.allowed_models",
+                    monad_protocol::text::printable(model)
+                ));
             }
             llm.model = model.clone();
         }
@@ -1568,6 +1585,40 @@ mod tests {
             None,
             "unset: no key"
         );
+    }
+
+    #[test]
+    fn a_prompt_may_choose_only_models_the_operator_allowed() {
+        let llm = |allowed: &[&str]| LlmSettings {
+            model: "own".into(),
+            allowed_models: allowed.iter().map(|a| (*a).to_owned()).collect(),
+            ..LlmSettings::default()
+        };
+        let asked = |llm: &LlmSettings, model: &str| {
+            llm.for_prompt(&PromptOverrides {
+                model: Some(model.to_owned()),
+                base_url: None,
+            })
+            .map(|l| l.model)
+        };
+        // The default: any.
+        assert_eq!(asked(&LlmSettings::default(), "any-1").unwrap(), "any-1");
+        let listed = llm(&["small", "mini-*"]);
+        assert_eq!(asked(&listed, "small").unwrap(), "small");
+        assert_eq!(asked(&listed, "mini-2025").unwrap(), "mini-2025");
+        assert_eq!(asked(&listed, "mini-").unwrap(), "mini-");
+        assert_eq!(
+            asked(&listed, "own").unwrap(),
+            "own",
+            "its own is always allowed"
+        );
+        for refused in ["smal", "small-2", "mini", "huge"] {
+            let e = asked(&listed, refused).expect_err(refused);
+            assert!(e.contains("llm.allowed_models"), "{e}");
+        }
+        // None but its own.
+        assert!(asked(&llm(&[]), "small").is_err());
+        assert!(asked(&llm(&[]), "own").is_ok());
     }
 
     #[test]

@@ -758,6 +758,54 @@ async fn a_base_url_the_client_chose_never_receives_the_operators_key() {
     );
 }
 
+/// The operator's key pays for whatever model a turn uses: with `llm.allowed_models` set, a
+/// client may choose only those (and the session's own), so one user cannot run up the bill on
+/// the most expensive model the key can reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_the_operator_did_not_allow_is_refused_before_the_provider_is_asked() {
+    let key = "sk-operator-secret-0123456789";
+    let operator = ScriptedProvider::start(vec![Reply::text(["from the small one"])]).await;
+    let data = tempfile::tempdir().unwrap();
+    let extra = "allowed_models = [\"small-*\"]\n";
+    let server = keyed_server_process(&data.path().join("d"), &operator, key, extra).await;
+    let token = server.first_token.clone().expect("first start");
+    let agent = connect_agent(&server.client_config(&token)).await;
+    let choose = |model: &str| PromptOptions {
+        model: Some(model.to_owned()),
+        base_url: None,
+    };
+    let refused = within(
+        STEP,
+        "the prompt",
+        agent.prompt_with(None, "hello", &choose("huge-reasoner"), |_| {}),
+    )
+    .await;
+    match refused {
+        Err(monad_client::ClientError::Refused(error)) => {
+            assert_eq!(error.code, monad_protocol::ErrorCode::Denied, "{error:?}");
+            assert!(
+                error.message.contains("huge-reasoner")
+                    && error.message.contains("llm.allowed_models"),
+                "the refusal names the model and how to allow it: {error:?}"
+            );
+        }
+        other => panic!("a model the operator did not allow is refused: {other:?}"),
+    }
+    assert!(operator.requests().is_empty(), "the provider was not asked");
+    // One the list allows is used for that prompt.
+    let reply = within(
+        STEP * 2,
+        "the prompt",
+        agent.prompt_with(None, "hello", &choose("small-2025"), |_| {}),
+    )
+    .await
+    .expect("answered");
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    let requests = operator.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].body["model"], json!("small-2025"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_base_url_and_model_the_operator_allowed_are_used_for_that_prompt() {
     let key = "sk-operator-secret-0123456789";
