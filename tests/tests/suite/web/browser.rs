@@ -32,9 +32,18 @@ const BROWSER_START: std::time::Duration = std::time::Duration::from_secs(90);
 /// temporary profile. Holds [`ONE_BROWSER`] while it lives.
 struct Driver {
     client: Client,
-    _process: tokio::process::Child,
+    process: tokio::process::Child,
     _profile: tempfile::TempDir,
     _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(pid) = self.process.id() {
+            let group = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
 }
 
 impl Driver {
@@ -44,6 +53,10 @@ impl Driver {
             .arg("--port=0")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
+            // A group of its own, which the browsers it starts join: all of it is killed when
+            // the driver drops, a test that panicked included (killing chromedriver alone left
+            // its Chromium running).
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .expect("chromedriver starts");
@@ -87,7 +100,7 @@ impl Driver {
         .expect("a WebDriver session");
         Driver {
             client,
-            _process: process,
+            process,
             _profile: profile,
             _turn: turn,
         }
