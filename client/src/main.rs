@@ -1296,7 +1296,7 @@ async fn status(json: bool) -> Result<ExitCode> {
                     printable(&w.uri).into_owned(),
                     w.trust.as_str().to_owned(),
                     if w.online { "online" } else { "offline" }.to_owned(),
-                    // Not known: a folder of an older client, or offline since the server began.
+                    // Not known: a folder last attached by an older client.
                     w.network
                         .as_deref()
                         .map_or_else(|| "-".to_owned(), |n| printable(n).into_owned()),

@@ -109,6 +109,17 @@ pub const NETWORK_POLICY_MINOR: u32 = 14;
 /// Longest [`WorkspaceInfo::network`] a server keeps, in bytes (a longer one is cut, marked
 /// with `…`).
 pub const MAX_NETWORK_SUMMARY: usize = 1024;
+
+/// `summary` as a [`WorkspaceInfo::network`] holds it: cut to at most [`MAX_NETWORK_SUMMARY`]
+/// bytes on a character boundary, marked `…` where cut.
+pub fn bounded_network(summary: &str) -> String {
+    if summary.len() <= MAX_NETWORK_SUMMARY {
+        return summary.to_owned();
+    }
+    let mut kept = crate::text::head(summary, MAX_NETWORK_SUMMARY - '…'.len_utf8()).to_owned();
+    kept.push('…');
+    kept
+}
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;
 /// Longest [`Message::Progress`] line a server passes on, in bytes: a longer one is cut to it
@@ -306,9 +317,9 @@ pub struct WorkspaceInfo {
     /// The tools it offers.
     pub tools: Vec<ToolName>,
     /// What network its commands get, in a few words (`no network`, `network to pypi.org
-    /// only`, `full network (the host's)`); absent when not known (a folder whose client is
-    /// older, or offline since the server started). Minor [`NETWORK_POLICY_MINOR`] or later,
-    /// at most [`MAX_NETWORK_SUMMARY`] bytes.
+    /// only`, `full network (the host's)`); absent when not known (a folder last attached by a
+    /// client older than minor [`NETWORK_POLICY_MINOR`], the primary of a session listed but not
+    /// loaded). At most [`MAX_NETWORK_SUMMARY`] bytes ([`bounded_network`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
 }
@@ -2174,6 +2185,18 @@ mod tests {
                     id: 1,
                     session: session(),
                 },
+                Message::ChatInfoIs {
+                    id: 1,
+                    info: ChatInfo {
+                        session: "default".into(),
+                        provider: "openai".into(),
+                        model: "m".into(),
+                        messages: 0,
+                        context_messages: 0,
+                        conversation_messages: 0,
+                        workspaces: vec![workspace()],
+                    },
+                },
             ];
             messages
                 .map(|m| String::from_utf8(m.for_minor(minor).to_json()).unwrap())
@@ -2202,6 +2225,15 @@ mod tests {
         assert_eq!(result(NETWORK_POLICY_MINOR - 1, "workspaces"), None);
         assert!(result(NETWORK_POLICY_MINOR, "workspaces").is_some());
         assert!(result(NETWORK_POLICY_MINOR - 1, "stat").is_some());
+        // What a workspace's `network` holds is bounded, cut on a character's boundary.
+        assert_eq!(bounded_network("no network"), "no network");
+        let long = format!("network to {} only", "é".repeat(MAX_NETWORK_SUMMARY));
+        let kept = bounded_network(&long);
+        assert!(
+            kept.len() <= MAX_NETWORK_SUMMARY && kept.ends_with('…'),
+            "{kept}"
+        );
+        assert!(kept.starts_with("network to éé"), "{kept}");
     }
 
     #[test]

@@ -1428,7 +1428,11 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 },
                 None => (None, None),
             };
-            outcome.for_minor(&tool, ctx.minor);
+            // A host forwarding its agent's call (which says minor 0 in its hello) leaves out
+            // what its own agent's minor cannot read, itself.
+            if ctx.origin != crate::cluster::Origin::Forwarded {
+                outcome.for_minor(&tool, ctx.minor);
+            }
             let head = Message::Result {
                 id,
                 workspace,
@@ -1833,12 +1837,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         record,
         folder,
         // A few words from the client, listed to agents: bounded, and escaped where shown.
-        network: network.map(|n| {
-            match monad_protocol::agent::cut(&n, wire::MAX_NETWORK_SUMMARY - 3) {
-                (kept, true) => kept + "…",
-                (kept, false) => kept,
-            }
-        }),
+        network: network.as_deref().map(wire::bounded_network),
         link: Some(ClientLink {
             conn: ctx.conn.clone().into(),
             attachment: id,

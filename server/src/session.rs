@@ -387,7 +387,12 @@ impl Session {
     /// Every workspace, primary first, then attached in attach order.
     pub fn workspaces(&self) -> Vec<Snapshot> {
         let mut out = vec![Snapshot {
-            info: primary_info(&self.id, Some(self.primary.network())),
+            info: primary_info(
+                &self.id,
+                Some(monad_protocol::wire::bounded_network(
+                    &self.primary.network(),
+                )),
+            ),
             target: Target::Primary(self.primary.clone()),
             record: None,
         }];
@@ -781,6 +786,8 @@ impl Session {
             existing.trust = folder.trust;
             existing.tools = folder.tools;
             existing.uri = folder.uri;
+            // What its client says now (its policy may have changed, or its version).
+            existing.network = folder.network;
             existing.clone()
         } else {
             // Past [`MAX_FOLDERS`], a new folder takes the place of the oldest offline one

@@ -273,15 +273,33 @@ pub fn permission_details(tool: &str, args: &Value) -> Option<String> {
                 "its one occurrence"
             };
             let _ = writeln!(out, "Edits {} ({which}):", code(&a.path));
+            // Each side has half the room: a long old text cannot push the new one out of
+            // sight. A line keeps its `\r` (escaped where shown).
             let mut diff = String::new();
+            let mut left = Vec::new();
             for (mark, text) in [('-', &a.old_string), ('+', &a.new_string)] {
-                for line in text.lines() {
+                let shown = head(text, SHOWN_TEXT_MAX / 2);
+                for line in shown.split_inclusive('\n') {
                     diff.push(mark);
-                    diff.push_str(line);
+                    diff.push_str(line.strip_suffix('\n').unwrap_or(line));
                     diff.push('\n');
+                }
+                if shown.len() < text.len() {
+                    let side = if mark == '-' { "old" } else { "new" };
+                    left.push(format!(
+                        "{} of the {side} text",
+                        plural(text.len() - shown.len(), "byte")
+                    ));
                 }
             }
             fenced(&mut out, "diff", &diff);
+            if !left.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "… and {} not shown here (the call's raw input holds them).",
+                    left.join(" and ")
+                );
+            }
         }),
         ToolName::ProcessWrite => tool.decode_args_ref::<ProcessWriteArgs>(args).map(|a| {
             let close = if a.close_stdin == Some(true) {
@@ -308,33 +326,47 @@ pub fn permission_details(tool: &str, args: &Value) -> Option<String> {
     Some(out)
 }
 
-/// A command's line, where and how it runs, and its standard input.
+/// A command's line, where and how it runs, and its standard input, in the words of the
+/// owner's own prompt ([`crate::prompt`]): a background command has no time limit unless it
+/// asks for one, and its input stays open for `process_write`.
 fn command_details(out: &mut String, args: &RunCommandArgs) {
     let cwd = args.cwd.as_deref().unwrap_or(".");
+    let background = args.background == Some(true);
     let _ = write!(out, "Runs in {}", code(cwd));
-    match args.timeout_ms {
-        Some(ms) => {
+    match (args.timeout_ms, background, args.background_after_ms) {
+        (Some(ms), _, _) => {
             let _ = write!(out, ", for at most {ms} ms");
         }
-        None => out.push_str(", for at most the workspace's default time"),
+        (None, true, _) => out.push_str(", with no time limit"),
+        (None, false, Some(_)) => out.push_str(", with no time limit once in the background"),
+        (None, false, None) => out.push_str(", for at most the workspace's default time"),
     }
-    if args.background == Some(true) {
-        out.push_str(", in the background");
+    if background {
+        out.push_str(", in the background (it keeps running after the answer)");
     } else if let Some(ms) = args.background_after_ms {
-        out.push_str(&format!(
-            ", left running in the background if not done after {ms} ms"
-        ));
+        let _ = write!(
+            out,
+            ", left running in the background, unattended, if not done after {ms} ms"
+        );
     }
     out.push_str(":\n");
     fenced(out, "sh", &format!("$ {}", shell_words(&args.argv)));
+    let kept_open = if background {
+        ", then kept open for what `process_write` sends later"
+    } else {
+        ""
+    };
     match &args.stdin {
         Some(stdin) => {
             let _ = writeln!(
                 out,
-                "Its standard input ({}):",
+                "Its standard input ({}){kept_open}:",
                 plural(stdin.lines().count(), "line")
             );
             fenced(out, "", stdin);
+        }
+        None if background => {
+            out.push_str("Its standard input stays open, for what `process_write` sends later.\n");
         }
         None => out.push_str("Its standard input is empty.\n"),
     }
@@ -354,9 +386,17 @@ fn backticks(text: &str) -> usize {
     text.split(|c| c != '`').map(str::len).max().unwrap_or(0)
 }
 
-/// A name in a Markdown code span, escaped ([`printable_name`]).
+/// Bytes of a name (a path, a directory, a process id) shown, escaped, in a code span.
+const SHOWN_NAME_MAX: usize = 4096;
+
+/// A name in a Markdown code span, escaped ([`printable_name`]) and cut past
+/// [`SHOWN_NAME_MAX`] bytes (marked `…`).
 fn code(name: &str) -> String {
-    let name = printable_name(name);
+    let escaped = printable_name(name);
+    let name = match head(&escaped, SHOWN_NAME_MAX) {
+        kept if kept.len() < escaped.len() => format!("{kept}…"),
+        _ => escaped.into_owned(),
+    };
     let ticks = "`".repeat(backticks(&name) + 1);
     // A span that starts or ends with a backtick needs a space inside its delimiters.
     if name.starts_with('`') || name.ends_with('`') {
@@ -366,19 +406,20 @@ fn code(name: &str) -> String {
     }
 }
 
-/// `text` in a fenced block (escaped: [`printable_lines`]) cut at [`SHOWN_TEXT_MAX`] bytes with
-/// a line saying how much more there is; the fence is longer than any run of backticks inside.
+/// `text` in a fenced block, escaped ([`printable_lines`]) and then cut at [`SHOWN_TEXT_MAX`]
+/// bytes with a line saying how much more there is; the fence is longer than any run of
+/// backticks inside.
 fn fenced(out: &mut String, lang: &str, text: &str) {
-    let shown = head(text, SHOWN_TEXT_MAX);
-    let shown = printable_lines(shown);
-    let fence = "`".repeat((backticks(&shown) + 1).max(3));
+    let escaped = printable_lines(text);
+    let shown = head(&escaped, SHOWN_TEXT_MAX);
+    let fence = "`".repeat((backticks(shown) + 1).max(3));
     let _ = writeln!(out, "{fence}{lang}");
-    out.push_str(&shown);
+    out.push_str(shown);
     if !shown.ends_with('\n') {
         out.push('\n');
     }
     let _ = writeln!(out, "{fence}");
-    let left = text.len() - head(text, SHOWN_TEXT_MAX).len();
+    let left = escaped.len() - shown.len();
     if left > 0 {
         let _ = writeln!(
             out,
@@ -582,8 +623,34 @@ mod tests {
         .unwrap();
         assert_eq!(
             run,
-            "Runs in `.`, for at most 5000 ms, in the background:\n```sh\n$ sh\n```\n\
-             Its standard input (2 lines):\n```\nls\nrm -rf x\\u{202e}\\u{1b}[2J\n```\n"
+            "Runs in `.`, for at most 5000 ms, in the background (it keeps running after the \
+             answer):\n```sh\n$ sh\n```\nIts standard input (2 lines), then kept open for what \
+             `process_write` sends later:\n```\nls\nrm -rf x\\u{202e}\\u{1b}[2J\n```\n"
+        );
+        // In the words of the owner's prompt: a background command has no time limit unless
+        // it asks for one, and its input stays open; one moved there later, none once there.
+        let shell = permission_details("run_command", &json!({"argv": ["sh"], "background": true}))
+            .unwrap();
+        assert!(
+            shell.starts_with("Runs in `.`, with no time limit, in the background"),
+            "{shell}"
+        );
+        assert!(
+            shell.ends_with(
+                "Its standard input stays open, for what `process_write` sends later.\n"
+            ),
+            "{shell}"
+        );
+        let later = permission_details(
+            "run_command",
+            &json!({"argv": ["make"], "cwd": "src", "background_after_ms": 2000}),
+        )
+        .unwrap();
+        assert_eq!(
+            later,
+            "Runs in `src`, with no time limit once in the background, left running in the \
+             background, unattended, if not done after 2000 ms:\n```sh\n$ make\n```\n\
+             Its standard input is empty.\n"
         );
         // Text with backticks gets a longer fence; a name with backticks a longer code span.
         let write = permission_details(
@@ -605,6 +672,13 @@ mod tests {
             edit,
             "Edits `n.txt` (every occurrence):\n```diff\n-a\n-b\n+c\n```\n"
         );
+        // A CRLF line keeps its `\r`, shown escaped.
+        let crlf = permission_details(
+            "edit_file",
+            &json!({"path": "w.txt", "old_string": "a\r\n", "new_string": "a\n"}),
+        )
+        .unwrap();
+        assert!(crlf.contains("-a\\u{d}\n+a\n"), "{crlf}");
         let fed = permission_details(
             "process_write",
             &json!({"process": "p1", "text": "y\n", "close_stdin": true}),
@@ -633,6 +707,30 @@ mod tests {
         let write =
             permission_details("write_file", &json!({"path": "a", "content": content})).unwrap();
         assert!(write.len() < SHOWN_TEXT_MAX + 200, "{}", write.len());
+        // The cut is of what is shown, escaped: a text of control characters (each six bytes
+        // escaped) is no longer.
+        let controls = "\u{1b}".repeat(SHOWN_TEXT_MAX);
+        let shown =
+            permission_details("write_file", &json!({"path": "a", "content": controls})).unwrap();
+        assert!(shown.len() < SHOWN_TEXT_MAX + 200, "{}", shown.len());
+        // An edit's old text, however long, leaves room for its new one; a name is bounded too.
+        let old = "o\n".repeat(SHOWN_TEXT_MAX);
+        let path = "p".repeat(100_000);
+        let edit = permission_details(
+            "edit_file",
+            &json!({"path": path, "old_string": old, "new_string": "NEW TEXT"}),
+        )
+        .unwrap();
+        assert!(edit.contains("+NEW TEXT\n"), "the new text is shown");
+        assert!(
+            edit.contains(&format!(
+                "… and {} bytes of the old text not shown here",
+                SHOWN_TEXT_MAX * 2 - SHOWN_TEXT_MAX / 2
+            )),
+            "{}",
+            &edit[edit.len() - 200..]
+        );
+        assert!(edit.len() < SHOWN_TEXT_MAX + 4096 + 400, "{}", edit.len());
         assert!(
             write.ends_with(
                 "… and 10 bytes more not shown here (the call's raw input holds them).\n"

@@ -590,6 +590,16 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
     );
     // Host B recorded it (its audit, in the shared store).
     until_audited(&pg, "the forwarded call to be recorded", 1, "read_file").await;
+    // The session's workspaces, answered by host B, say what network each one's commands get
+    // (host B heard the forwarding host say minor 0; host A's agent speaks the newest).
+    let (listed, _) = ok(call_in(&agent, Some(SESSION), "workspaces", json!({})).await);
+    let networks: Vec<&str> = listed["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["network"].as_str().unwrap_or("(missing)"))
+        .collect();
+    assert_eq!(networks, ["no network", "no network"], "{listed}");
 
     // A conversation runs where its session is served: a prompt at host A is refused, naming
     // host B (it ran on A, its calls in A's primary workspace, away from the laptop).

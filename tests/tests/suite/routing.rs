@@ -952,7 +952,8 @@ async fn workspaces_say_what_network_each_workspaces_commands_get() {
     let mut options = attach_options(laptop.path(), "lap");
     options.exec.network = monad_sandbox::NetworkMode::Allowlist;
     options.exec.allow = vec!["pypi.org".into(), "*.github.com".into()];
-    let attached = Attachment::start(&server.client_config(), options, None).await;
+    let device = server.client_config();
+    let attached = Attachment::start(&device, options, None).await;
     let wanted = "network to pypi.org, *.github.com only";
     assert_eq!(attached.workspace.network.as_deref(), Some(wanted));
 
@@ -993,5 +994,19 @@ async fn workspaces_say_what_network_each_workspaces_commands_get() {
         networks(&listed)[1],
         ("lap".to_owned(), Some(wanted.to_owned())),
         "still known offline: {listed}"
+    );
+    // Attached again under another policy: what its client says now is listed.
+    let mut options = attach_options(laptop.path(), "lap");
+    options.exec.network = monad_sandbox::NetworkMode::Host;
+    let again = Attachment::start(&device, options, None).await;
+    assert_eq!(again.workspace.name, "lap");
+    let (listed, _) = ok(call(&agent, "workspaces", json!({})).await);
+    assert_eq!(
+        networks(&listed)[1],
+        (
+            "lap".to_owned(),
+            Some("full network (the host's)".to_owned())
+        ),
+        "{listed}"
     );
 }
