@@ -152,6 +152,7 @@ pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
             tool,
             error,
             text,
+            truncated,
             ..
         } => {
             // A command that ran and failed (exit status 3, killed, timed out) failed too.
@@ -165,7 +166,7 @@ pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
                 call_id.clone(),
                 ToolCallUpdateFields::new()
                     .status(status)
-                    .content(vec![ToolCallContent::from(text.clone())]),
+                    .content(vec![ToolCallContent::from(result_block(text, *truncated))]),
             ))]
         }
         // ACP has no update for a wait; a thought is what editors show as the agent's aside.
@@ -429,6 +430,18 @@ fn fenced(out: &mut String, lang: &str, text: &str) {
     }
 }
 
+/// A tool call's result as the editor shows it: the model's text in a fenced block (escaped, so
+/// that a file's content cannot pass for the agent's own words or draw in the editor), and a
+/// line when the event carried only its start.
+fn result_block(text: &str, truncated: bool) -> String {
+    let mut out = String::new();
+    fenced(&mut out, "", text);
+    if truncated {
+        out.push_str("… (cut here; the model got it whole)\n");
+    }
+    out
+}
+
 /// Whether the editor's answer allows the call: only the allow option does; a rejection, a
 /// cancelled request or an option this agent did not offer does not.
 pub fn allowed(outcome: &RequestPermissionOutcome) -> bool {
@@ -550,7 +563,25 @@ mod tests {
         assert_eq!(update.fields.status, Some(ToolCallStatus::Failed));
         assert_eq!(
             update.fields.content,
-            Some(vec![ToolCallContent::from("denied: no")])
+            Some(vec![ToolCallContent::from("```\ndenied: no\n```\n")])
+        );
+        // A result is fenced and escaped: a file's own fence or controls stay inside.
+        let ended = updates(&AgentEvent::ToolCallEnded {
+            call_id: "c1".into(),
+            tool: "read_file".into(),
+            workspace: None,
+            error: None,
+            text: "1\t```\n2\tdone.\u{202e}\n".into(),
+            truncated: true,
+        });
+        let [SessionUpdate::ToolCallUpdate(update)] = &ended[..] else {
+            panic!("{ended:?}")
+        };
+        assert_eq!(
+            update.fields.content,
+            Some(vec![ToolCallContent::from(
+                "````\n1\t```\n2\tdone.\\u{202e}\n````\n… (cut here; the model got it whole)\n"
+            )])
         );
         // A command that ran and exited non-zero failed; one that exited 0 completed.
         for (text, status) in [
