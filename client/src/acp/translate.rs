@@ -645,13 +645,13 @@ mod tests {
 
     #[test]
     fn a_permission_question_shows_all_a_call_does_escaped_and_fenced() {
+        let shown = |tool: &str, args: Value| permission_details(tool, &args).expect(tool);
         // A command: where, how long, and its whole standard input, escaped.
-        let run = permission_details(
+        let run = shown(
             "run_command",
-            &json!({"argv": ["sh"], "stdin": "ls\nrm -rf x\u{202e}\u{1b}[2J\n", "timeout_ms": 5000,
+            json!({"argv": ["sh"], "stdin": "ls\nrm -rf x\u{202e}\u{1b}[2J\n", "timeout_ms": 5000,
                     "background": true}),
-        )
-        .unwrap();
+        );
         assert_eq!(
             run,
             "Runs in `.`, for at most 5000 ms, in the background (it keeps running after the \
@@ -660,8 +660,7 @@ mod tests {
         );
         // In the words of the owner's prompt: a background command has no time limit unless
         // it asks for one, and its input stays open; one moved there later, none once there.
-        let shell = permission_details("run_command", &json!({"argv": ["sh"], "background": true}))
-            .unwrap();
+        let shell = shown("run_command", json!({"argv": ["sh"], "background": true}));
         assert!(
             shell.starts_with("Runs in `.`, with no time limit, in the background"),
             "{shell}"
@@ -672,11 +671,10 @@ mod tests {
             ),
             "{shell}"
         );
-        let later = permission_details(
+        let later = shown(
             "run_command",
-            &json!({"argv": ["make"], "cwd": "src", "background_after_ms": 2000}),
-        )
-        .unwrap();
+            json!({"argv": ["make"], "cwd": "src", "background_after_ms": 2000}),
+        );
         assert_eq!(
             later,
             "Runs in `src`, with no time limit once in the background, left running in the \
@@ -684,43 +682,39 @@ mod tests {
              Its standard input is empty.\n"
         );
         // Text with backticks gets a longer fence; a name with backticks a longer code span.
-        let write = permission_details(
+        let write = shown(
             "write_file",
-            &json!({"path": "a`b", "content": "x\n````\ny", "create_parents": false}),
-        )
-        .unwrap();
+            json!({"path": "a`b", "content": "x\n````\ny", "create_parents": false}),
+        );
         assert_eq!(
             write,
             "Writes ``a`b`` whole (3 lines, 8 bytes), not creating a missing folder:\n\
              `````\nx\n````\ny\n`````\n"
         );
-        let edit = permission_details(
+        let edit = shown(
             "edit_file",
-            &json!({"path": "n.txt", "old_string": "a\nb", "new_string": "c", "replace_all": true}),
-        )
-        .unwrap();
+            json!({"path": "n.txt", "old_string": "a\nb", "new_string": "c", "replace_all": true}),
+        );
         assert_eq!(
             edit,
             "Edits `n.txt` (every occurrence):\n```diff\n-a\n-b\n+c\n```\n"
         );
         // A CRLF line keeps its `\r`, shown escaped.
-        let crlf = permission_details(
+        let crlf = shown(
             "edit_file",
-            &json!({"path": "w.txt", "old_string": "a\r\n", "new_string": "a\n"}),
-        )
-        .unwrap();
+            json!({"path": "w.txt", "old_string": "a\r\n", "new_string": "a\n"}),
+        );
         assert!(crlf.contains("-a\\u{d}\n+a\n"), "{crlf}");
-        let fed = permission_details(
+        let fed = shown(
             "process_write",
-            &json!({"process": "p1", "text": "y\n", "close_stdin": true}),
-        )
-        .unwrap();
+            json!({"process": "p1", "text": "y\n", "close_stdin": true}),
+        );
         assert_eq!(
             fed,
             "Writes 2 bytes to process `p1`, then closes its input:\n```\ny\n```\n"
         );
         // Arguments that are not the tool's are shown as they came.
-        let odd = permission_details("write_file", &json!({"path": "a", "contents": "z"})).unwrap();
+        let odd = shown("write_file", json!({"path": "a", "contents": "z"}));
         assert!(odd.starts_with("Arguments (not this tool's"), "{odd}");
         assert!(odd.contains("\"contents\": \"z\""), "{odd}");
         // The title says all of a read, a listing, a kill.

@@ -153,6 +153,32 @@ impl Editor {
     }
 }
 
+/// Initializes the connection and resumes session `default` on it.
+async fn open_default(
+    cx: &ConnectionTo<agent_client_protocol::Agent>,
+) -> Result<(), agent_client_protocol::Error> {
+    cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+        .block_task()
+        .await?;
+    cx.send_request(resume("default")).block_task().await?;
+    Ok(())
+}
+
+impl Editor {
+    /// One prompt in session `default` on a fresh connection; how its turn ended.
+    async fn prompt_once(self: &Arc<Self>, server: &TestServer, text: &str) -> StopReason {
+        self.run(server, async |cx| {
+            open_default(&cx).await?;
+            let answer = cx
+                .send_request(prompt("default", text))
+                .block_task()
+                .await?;
+            Ok(answer.stop_reason)
+        })
+        .await
+    }
+}
+
 /// The streamed assistant text among `updates`.
 fn agent_text(updates: &[SessionUpdate]) -> String {
     updates
@@ -346,19 +372,7 @@ async fn an_editor_rejection_denies_the_call_and_the_laptop_is_never_asked() {
     .await;
     let editor = Editor::answering(["reject"]);
 
-    let stop = editor
-        .run(&server, async |cx| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            cx.send_request(resume("default")).block_task().await?;
-            let answer = cx
-                .send_request(prompt("default", "Mark my notes as final."))
-                .block_task()
-                .await?;
-            Ok(answer.stop_reason)
-        })
-        .await;
+    let stop = editor.prompt_once(&server, "Mark my notes as final.").await;
 
     assert_eq!(stop, StopReason::EndTurn);
     assert_eq!(editor.asked().len(), 1);
@@ -432,19 +446,7 @@ async fn an_editors_permission_question_shows_all_a_call_would_do() {
     .await;
     let editor = Editor::answering(["reject", "reject", "reject"]);
 
-    let stop = editor
-        .run(&server, async |cx| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            cx.send_request(resume("default")).block_task().await?;
-            let answer = cx
-                .send_request(prompt("default", "Tidy up."))
-                .block_task()
-                .await?;
-            Ok(answer.stop_reason)
-        })
-        .await;
+    let stop = editor.prompt_once(&server, "Tidy up.").await;
 
     assert_eq!(stop, StopReason::EndTurn);
     let asked = editor.asked();
@@ -584,10 +586,7 @@ async fn ended_by_a_signal_mid_turn_it_closes_its_connection_and_the_turn_ends_a
             agent_client_protocol::on_receive_notification!(),
         )
         .connect_with(transport, async |cx| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            cx.send_request(resume("default")).block_task().await?;
+            open_default(&cx).await?;
             let _turn = cx.send_request(prompt("default", "long task"));
             within(STEP, "the first text", text.recv()).await;
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signalled");
@@ -622,10 +621,7 @@ async fn cancelling_mid_turn_answers_cancelled_and_keeps_what_was_said() {
 
     let stop = editor
         .run(&server, async |cx| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            cx.send_request(resume("default")).block_task().await?;
+            open_default(&cx).await?;
             let turn = cx.send_request(prompt("default", "long task"));
             editor
                 .wait_for("the first text", |u| {
@@ -660,10 +656,7 @@ async fn a_cancel_sent_right_after_the_prompt_is_not_lost() {
 
     let stop = editor
         .run(&server, async |cx| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            cx.send_request(resume("default")).block_task().await?;
+            open_default(&cx).await?;
             // No wait in between: the cancel reaches the agent while the turn is starting.
             let turn = cx.send_request(prompt("default", "long task"));
             cx.send_notification(CancelNotification::new("default"))?;
@@ -696,10 +689,7 @@ async fn a_prompt_sent_right_after_a_cancel_can_itself_be_cancelled() {
 
     let stops = editor
         .run(&server, async |cx| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            cx.send_request(resume("default")).block_task().await?;
+            open_default(&cx).await?;
             for attempt in 0..5 {
                 let marker = format!("first turn {attempt}");
                 provider.push([
