@@ -210,6 +210,14 @@ impl Backend for AgentBackend {
         Ok((reply.workspace, reply.outcome))
     }
 
+    async fn server_minor(&self) -> u32 {
+        match self.agent().await {
+            Ok(agent) => agent.minor(),
+            // Not reachable now: the tools as this version has them (a call says why it fails).
+            Err(_) => monad_protocol::wire::PROTOCOL_MINOR,
+        }
+    }
+
     fn lands_by_roots(&self) -> bool {
         true
     }

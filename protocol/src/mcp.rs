@@ -214,6 +214,35 @@ pub fn tools(workspaces: &[WorkspaceInfo]) -> Vec<Tool> {
     ToolName::ALL.iter().map(|t| tool(*t, workspaces)).collect()
 }
 
+/// [`tools`] as a server of protocol minor `minor` takes them: the arguments it does not know
+/// are not offered to the model (it would refuse a call that names them). A server older than
+/// [`crate::wire::SEARCH_CONTEXT_MINOR`] has no `context` or `files_only` in `search`.
+pub fn tools_for(workspaces: &[WorkspaceInfo], minor: u32) -> Vec<Tool> {
+    let mut tools = tools(workspaces);
+    if minor < crate::wire::SEARCH_CONTEXT_MINOR
+        && let Some(search) = tools
+            .iter_mut()
+            .find(|t| t.name == ToolName::Search.as_str())
+    {
+        let mut schema = (*search.input_schema).clone();
+        if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+            properties.remove("context");
+            properties.remove("files_only");
+        }
+        search.input_schema = Arc::new(schema);
+        if let Some(description) = &search.description {
+            let (before, _) = description
+                .split_once("; `context` shows")
+                .unwrap_or((description, ""));
+            let after = description
+                .split_once("(like `grep -l`).")
+                .map_or("", |(_, after)| after);
+            search.description = Some(format!("{before}.{after}").into());
+        }
+    }
+    tools
+}
+
 /// A call's answer as an MCP result. The text content is written for a model
 /// ([`render::text`]: numbered file lines, one entry per line, exit status then output);
 /// `structuredContent` is the JSON for programs, `{"workspace", "result"}` (or
@@ -370,6 +399,12 @@ pub trait Backend: Send + Sync + 'static {
         caller: &Extensions,
         session: &str,
     ) -> impl Future<Output = Result<mpsc::Receiver<Vec<WorkspaceInfo>>, ToolError>> + Send;
+
+    /// The protocol minor version the server behind this transport speaks: the tools are
+    /// described with the arguments it knows ([`tools_for`]). The newest by default.
+    fn server_minor(&self) -> impl Future<Output = u32> + Send {
+        std::future::ready(crate::wire::PROTOCOL_MINOR)
+    }
 
     /// Whether [`Backend::land`] can land a host (the front asks a host for its roots only
     /// then).
@@ -940,7 +975,11 @@ impl<B: Backend> ServerHandler for McpFront<B> {
             .open(&context.extensions, session.as_deref())
             .await
             .map_err(protocol_error)?;
-        Ok(ListToolsResult::with_all_items(tools(&workspaces)))
+        let minor = self.backend.server_minor().await;
+        Ok(ListToolsResult::with_all_items(tools_for(
+            &workspaces,
+            minor,
+        )))
     }
 
     async fn call_tool(
@@ -1031,6 +1070,37 @@ mod tests {
     use super::*;
     use crate::tools::ENTRY_SEPARATOR;
     use crate::wire::Host;
+
+    #[test]
+    fn a_server_older_than_minor_13_is_not_offered_search_context_or_files_only() {
+        let search = |minor: u32| {
+            tools_for(&workspaces(), minor)
+                .into_iter()
+                .find(|t| t.name == "search")
+                .unwrap()
+        };
+        let old = search(crate::wire::SEARCH_CONTEXT_MINOR - 1);
+        let properties = old.input_schema["properties"].as_object().unwrap();
+        assert!(properties.contains_key("pattern") && properties.contains_key("max_results"));
+        assert!(!properties.contains_key("context") && !properties.contains_key("files_only"));
+        let text = old.description.as_deref().unwrap();
+        assert!(
+            !text.contains("context") && !text.contains("files_only"),
+            "{text}"
+        );
+        assert!(text.contains("capped at `max_results`. "), "{text}");
+        // From minor 13 on, the tools as they are.
+        let new = search(crate::wire::SEARCH_CONTEXT_MINOR);
+        assert_eq!(new, tools(&workspaces())[3], "search as listed");
+        assert!(new.input_schema["properties"].get("context").is_some());
+        let others = |minor| {
+            tools_for(&workspaces(), minor)
+                .into_iter()
+                .filter(|t| t.name != "search")
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(others(0), others(crate::wire::PROTOCOL_MINOR));
+    }
 
     fn workspaces() -> Vec<WorkspaceInfo> {
         vec![
