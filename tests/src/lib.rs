@@ -1437,6 +1437,11 @@ impl RogueServer {
     /// Accepts the next connection and answers its hello with a welcome (user `ana`), then
     /// lets it open a few streams, as a server does once it knows the connection's role.
     pub async fn welcome(endpoint: &quinn::Endpoint) -> quinn::Connection {
+        RogueServer::welcome_as(endpoint, monad_protocol::wire::PROTOCOL_MINOR).await
+    }
+
+    /// [`RogueServer::welcome`], saying protocol minor `minor` (a server of an older version).
+    pub async fn welcome_as(endpoint: &quinn::Endpoint, minor: u32) -> quinn::Connection {
         use monad_protocol::io::{read_message, write_message};
         use monad_protocol::wire::{self, Message};
         let conn = endpoint.accept().await.unwrap().await.unwrap();
@@ -1445,7 +1450,7 @@ impl RogueServer {
         assert!(matches!(hello, Some(Message::Hello { .. })), "{hello:?}");
         let welcome = Message::Welcome {
             protocol: wire::PROTOCOL_MAJOR,
-            minor: wire::PROTOCOL_MINOR,
+            minor,
             user: "ana".into(),
             server: "rogue".into(),
         };

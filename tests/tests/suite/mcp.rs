@@ -1068,3 +1068,86 @@ async fn mcp_over_stdio_answers_messages_out_of_order_and_goes_on() {
         "still running"
     );
 }
+
+/// `monad-client mcp` in front of a server older than protocol minor 13 does not offer the model
+/// `search`'s `context` and `files_only`, which that server would refuse; in front of a current
+/// one it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_arguments_an_older_server_lacks_are_not_offered_to_the_model() {
+    use monad_protocol::io::{read_message, write_message};
+    use monad_protocol::wire::{Host, Message, Trust, WorkspaceInfo};
+    let listed = async |minor: u32| -> Vec<String> {
+        let server = monad_tests::RogueServer::start(|_| {});
+        let endpoint = server.endpoint.clone();
+        // Answers each listing and watch of the workspaces with the primary alone.
+        let rogue = tokio::spawn(async move {
+            let conn = monad_tests::RogueServer::welcome_as(&endpoint, minor).await;
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                tokio::spawn(async move {
+                    let id = match read_message(&mut recv, 1 << 20).await {
+                        Ok(Some(
+                            Message::ListWorkspaces { id, .. } | Message::Watch { id, .. },
+                        )) => id,
+                        _ => return,
+                    };
+                    let primary = WorkspaceInfo {
+                        name: "primary".into(),
+                        uri: "server:/sessions/default".into(),
+                        trust: Trust::Full,
+                        host: Host::Server,
+                        online: true,
+                        tools: monad_protocol::ToolName::WORKSPACE_TOOLS.to_vec(),
+                        network: None,
+                    };
+                    let answer = Message::Workspaces {
+                        id,
+                        session: "default".into(),
+                        workspaces: vec![primary],
+                    };
+                    let _ = write_message(&mut send, &answer).await;
+                    // A watch stays open; a listing ends.
+                    std::future::pending::<()>().await;
+                });
+            }
+            drop(endpoint);
+        });
+        let dir = saved_config(&server.client_config());
+        let mut cmd = monad_tests::command("monad-client");
+        cmd.arg("mcp")
+            .stderr(std::process::Stdio::inherit())
+            .env("MONAD_CONFIG_DIR", dir.path())
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true);
+        let transport = TokioChildProcess::new(cmd).expect("monad-client mcp starts");
+        let client = within(STEP, "initialize over stdio", ().serve(transport))
+            .await
+            .expect("initialized");
+        let tools = within(STEP, "tools/list", client.list_all_tools())
+            .await
+            .expect("listed");
+        rogue.abort();
+        let search = tools
+            .iter()
+            .find(|t| t.name == "search")
+            .expect("search is listed");
+        let mut properties: Vec<String> = search.input_schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        properties.sort();
+        properties
+    };
+    let older = listed(monad_protocol::wire::SEARCH_CONTEXT_MINOR - 1).await;
+    assert!(older.contains(&"pattern".to_owned()), "{older:?}");
+    assert!(
+        !older.contains(&"context".to_owned()) && !older.contains(&"files_only".to_owned()),
+        "{older:?}"
+    );
+    let current = listed(monad_protocol::wire::PROTOCOL_MINOR).await;
+    assert!(
+        current.contains(&"context".to_owned()) && current.contains(&"files_only".to_owned()),
+        "{current:?}"
+    );
+}
