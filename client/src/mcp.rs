@@ -199,9 +199,25 @@ impl Backend for AgentBackend {
         args: Value,
         progress: ProgressSender,
     ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
-        let reply = self
-            .agent()
-            .await?
+        let agent = self.agent().await?;
+        let mut args = args;
+        // A host that listed the tools before a reconnect to an older server may still name
+        // what that server refuses as unknown: left out where it asks for nothing, else refused
+        // saying why.
+        if tool == ToolName::Search
+            && agent.minor() < monad_protocol::wire::SEARCH_CONTEXT_MINOR
+            && let Err(key) = monad_protocol::tools::SearchArgs::for_older_client(&mut args)
+        {
+            return Err(ToolError::new(
+                ErrorCode::InvalidArguments,
+                format!(
+                    "search: the server (protocol minor {}) does not take `{key}`; search \
+                     without it",
+                    agent.minor()
+                ),
+            ));
+        }
+        let reply = agent
             .call(Some(session), tool.as_str(), args, |line| {
                 let _ = progress.try_send(line.to_owned());
             })

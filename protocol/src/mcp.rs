@@ -214,30 +214,47 @@ pub fn tools(workspaces: &[WorkspaceInfo]) -> Vec<Tool> {
     ToolName::ALL.iter().map(|t| tool(*t, workspaces)).collect()
 }
 
+/// Arguments added after the first versions: the tool, its arguments, the protocol minor that
+/// first takes them, and the words of the tool's description that speak of them (a clause
+/// from `; ` to its sentence's end). A server older than that refuses a call that names them.
+const NEWER_ARGUMENTS: [(ToolName, &[&str], u32, &str); 2] = [
+    (
+        ToolName::Search,
+        &["context", "files_only"],
+        crate::wire::SEARCH_CONTEXT_MINOR,
+        "; `context` shows lines around each (like `grep -C`), and `files_only` lists only the \
+         files that match (like `grep -l`).",
+    ),
+    // Added while minor 9 was current, before minor 10: from 10 on, every server takes it.
+    (
+        ToolName::ProcessRead,
+        &["last_lines"],
+        crate::wire::SHARED_FOCUS_MINOR,
+        "; `last_lines` shows each stream's last lines again, read before or not, even after a \
+         read told its end.",
+    ),
+];
+
 /// [`tools`] as a server of protocol minor `minor` takes them: the arguments it does not know
-/// are not offered to the model (it would refuse a call that names them). A server older than
-/// [`crate::wire::SEARCH_CONTEXT_MINOR`] has no `context` or `files_only` in `search`.
+/// ([`NEWER_ARGUMENTS`]) are not offered to the model, in the schema or the description.
 pub fn tools_for(workspaces: &[WorkspaceInfo], minor: u32) -> Vec<Tool> {
     let mut tools = tools(workspaces);
-    if minor < crate::wire::SEARCH_CONTEXT_MINOR
-        && let Some(search) = tools
-            .iter_mut()
-            .find(|t| t.name == ToolName::Search.as_str())
-    {
-        let mut schema = (*search.input_schema).clone();
-        if let Some(Value::Object(properties)) = schema.get_mut("properties") {
-            properties.remove("context");
-            properties.remove("files_only");
+    for (tool, arguments, since, words) in NEWER_ARGUMENTS {
+        if minor >= since {
+            continue;
         }
-        search.input_schema = Arc::new(schema);
-        if let Some(description) = &search.description {
-            let (before, _) = description
-                .split_once("; `context` shows")
-                .unwrap_or((description, ""));
-            let after = description
-                .split_once("(like `grep -l`).")
-                .map_or("", |(_, after)| after);
-            search.description = Some(format!("{before}.{after}").into());
+        let Some(listed) = tools.iter_mut().find(|t| t.name == tool.as_str()) else {
+            continue;
+        };
+        let mut schema = (*listed.input_schema).clone();
+        if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+            for argument in arguments {
+                properties.remove(*argument);
+            }
+        }
+        listed.input_schema = Arc::new(schema);
+        if let Some(description) = &listed.description {
+            listed.description = Some(description.replace(words, ".").into());
         }
     }
     tools
@@ -1072,31 +1089,44 @@ mod tests {
     use crate::wire::Host;
 
     #[test]
-    fn a_server_older_than_minor_13_is_not_offered_search_context_or_files_only() {
-        let search = |minor: u32| {
+    fn a_server_older_than_an_argument_is_not_offered_it() {
+        let listed = |minor: u32, name: &str| {
             tools_for(&workspaces(), minor)
                 .into_iter()
-                .find(|t| t.name == "search")
+                .find(|t| t.name == name)
                 .unwrap()
         };
-        let old = search(crate::wire::SEARCH_CONTEXT_MINOR - 1);
-        let properties = old.input_schema["properties"].as_object().unwrap();
-        assert!(properties.contains_key("pattern") && properties.contains_key("max_results"));
-        assert!(!properties.contains_key("context") && !properties.contains_key("files_only"));
-        let text = old.description.as_deref().unwrap();
+        for (tool, arguments, since, words) in NEWER_ARGUMENTS {
+            // The words are the description's own: a change to one shows here.
+            assert!(tool.description().contains(words), "{tool:?}: {words}");
+            let old = listed(since - 1, tool.as_str());
+            let properties = old.input_schema["properties"].as_object().unwrap();
+            let text = old.description.as_deref().unwrap();
+            for argument in arguments {
+                assert!(!properties.contains_key(*argument), "{tool:?} {argument}");
+                assert!(!text.contains(argument), "{text}");
+            }
+            assert!(properties.contains_key("workspace"), "{tool:?}");
+            assert!(!text.contains(";.") && !text.contains(".."), "{text}");
+            // From that minor on, the tool as it is.
+            let new = listed(since, tool.as_str());
+            let index = ToolName::ALL.iter().position(|t| *t == tool).unwrap();
+            assert_eq!(new, tools(&workspaces())[index], "{tool:?}");
+        }
+        let search = listed(crate::wire::SEARCH_CONTEXT_MINOR - 1, "search");
         assert!(
-            !text.contains("context") && !text.contains("files_only"),
-            "{text}"
+            search
+                .description
+                .as_deref()
+                .unwrap()
+                .contains("capped at `max_results`. "),
+            "{search:?}"
         );
-        assert!(text.contains("capped at `max_results`. "), "{text}");
-        // From minor 13 on, the tools as they are.
-        let new = search(crate::wire::SEARCH_CONTEXT_MINOR);
-        assert_eq!(new, tools(&workspaces())[3], "search as listed");
-        assert!(new.input_schema["properties"].get("context").is_some());
+        // Other tools are the same whatever the minor.
         let others = |minor| {
             tools_for(&workspaces(), minor)
                 .into_iter()
-                .filter(|t| t.name != "search")
+                .filter(|t| !NEWER_ARGUMENTS.iter().any(|(n, ..)| t.name == n.as_str()))
                 .collect::<Vec<_>>()
         };
         assert_eq!(others(0), others(crate::wire::PROTOCOL_MINOR));

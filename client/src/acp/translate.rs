@@ -411,6 +411,11 @@ fn code(name: &str) -> String {
 /// bytes with a line saying how much more there is; the fence is longer than any run of
 /// backticks inside.
 fn fenced(out: &mut String, lang: &str, text: &str) {
+    fenced_whole_in(out, lang, text, "the call's raw input holds them");
+}
+
+/// [`fenced`], the line after a cut saying where the whole text is.
+fn fenced_whole_in(out: &mut String, lang: &str, text: &str, where_all: &str) {
     let escaped = printable_lines(text);
     let shown = head(&escaped, SHOWN_TEXT_MAX);
     let fence = "`".repeat((backticks(shown) + 1).max(3));
@@ -424,7 +429,7 @@ fn fenced(out: &mut String, lang: &str, text: &str) {
     if left > 0 {
         let _ = writeln!(
             out,
-            "… and {} more not shown here (the call's raw input holds them).",
+            "… and {} more not shown here ({where_all}).",
             plural(left, "byte")
         );
     }
@@ -435,7 +440,7 @@ fn fenced(out: &mut String, lang: &str, text: &str) {
 /// line when the event carried only its start.
 fn result_block(text: &str, truncated: bool) -> String {
     let mut out = String::new();
-    fenced(&mut out, "", text);
+    fenced_whole_in(&mut out, "", text, "the model got them");
     if truncated {
         out.push_str("… (cut here; the model got it whole)\n");
     }

@@ -1079,15 +1079,16 @@ async fn search_arguments_an_older_server_lacks_are_not_offered_to_the_model() {
     let listed = async |minor: u32| -> Vec<String> {
         let server = monad_tests::RogueServer::start(|_| {});
         let endpoint = server.endpoint.clone();
-        // Answers each listing and watch of the workspaces with the primary alone.
+        // Answers each listing and watch of the workspaces with the primary alone: a listing's
+        // stream ends, a watch's stays open until the test ends (its tasks aborted together).
         let rogue = tokio::spawn(async move {
             let conn = monad_tests::RogueServer::welcome_as(&endpoint, minor).await;
+            let mut streams = tokio::task::JoinSet::new();
             while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-                tokio::spawn(async move {
-                    let id = match read_message(&mut recv, 1 << 20).await {
-                        Ok(Some(
-                            Message::ListWorkspaces { id, .. } | Message::Watch { id, .. },
-                        )) => id,
+                streams.spawn(async move {
+                    let (id, watch) = match read_message(&mut recv, 1 << 20).await {
+                        Ok(Some(Message::ListWorkspaces { id, .. })) => (id, false),
+                        Ok(Some(Message::Watch { id, .. })) => (id, true),
                         _ => return,
                     };
                     let primary = WorkspaceInfo {
@@ -1105,8 +1106,11 @@ async fn search_arguments_an_older_server_lacks_are_not_offered_to_the_model() {
                         workspaces: vec![primary],
                     };
                     let _ = write_message(&mut send, &answer).await;
-                    // A watch stays open; a listing ends.
-                    std::future::pending::<()>().await;
+                    if watch {
+                        std::future::pending::<()>().await;
+                    }
+                    let _ = send.finish();
+                    let _ = send.stopped().await;
                 });
             }
             drop(endpoint);
