@@ -1129,6 +1129,25 @@ async fn search_arguments_an_older_server_lacks_are_not_offered_to_the_model() {
         let tools = within(STEP, "tools/list", client.list_all_tools())
             .await
             .expect("listed");
+        // A search naming `context` all the same (a host that listed the tools before a
+        // reconnect) is refused by the front, saying why, before it reaches an older server.
+        let params = CallToolRequestParams::new("search").with_arguments(
+            json!({"pattern": "x", "context": 2})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        );
+        let called = within(STEP, "tools/call", client.call_tool(params))
+            .await
+            .expect("answered");
+        if minor < monad_protocol::wire::SEARCH_CONTEXT_MINOR {
+            assert_eq!(called.is_error, Some(true), "{called:?}");
+            assert!(
+                text(&called).contains("does not take `context`"),
+                "{}",
+                text(&called)
+            );
+        }
         rogue.abort();
         let search = tools
             .iter()
