@@ -167,6 +167,18 @@ async fn peer_output(
     (stdout, stderr)
 }
 
+/// `monad-client mcp` logged in through the config saved in `config_dir`, as an rmcp transport
+/// (a temporary home and no MONAD_* from outside, like every child of the tests).
+fn stdio_bridge(config_dir: &std::path::Path) -> TokioChildProcess {
+    let mut cmd = monad_tests::command("monad-client");
+    cmd.arg("mcp")
+        .stderr(std::process::Stdio::inherit())
+        .env("MONAD_CONFIG_DIR", config_dir)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    TokioChildProcess::new(cmd).expect("monad-client mcp starts")
+}
+
 /// Connects an rmcp client over `via`, naming `session` in `initialize` if given.
 async fn connect(
     server: &TestServer,
@@ -182,14 +194,7 @@ async fn connect(
     let (client, config_dir) = match via {
         Via::Stdio => {
             let dir = saved_config(&server.client_config());
-            // A temporary home and no MONAD_* from outside, like every child of the tests.
-            let mut cmd = monad_tests::command("monad-client");
-            cmd.arg("mcp")
-                .stderr(std::process::Stdio::inherit())
-                .env("MONAD_CONFIG_DIR", dir.path())
-                .env("RUST_LOG", "warn")
-                .kill_on_drop(true);
-            let transport = TokioChildProcess::new(cmd).expect("monad-client mcp starts");
+            let transport = stdio_bridge(dir.path());
             let client = within(STEP, "initialize over stdio", host.serve(transport)).await?;
             (client, Some(dir))
         }
@@ -1116,13 +1121,7 @@ async fn search_arguments_an_older_server_lacks_are_not_offered_to_the_model() {
             drop(endpoint);
         });
         let dir = saved_config(&server.client_config());
-        let mut cmd = monad_tests::command("monad-client");
-        cmd.arg("mcp")
-            .stderr(std::process::Stdio::inherit())
-            .env("MONAD_CONFIG_DIR", dir.path())
-            .env("RUST_LOG", "warn")
-            .kill_on_drop(true);
-        let transport = TokioChildProcess::new(cmd).expect("monad-client mcp starts");
+        let transport = stdio_bridge(dir.path());
         let client = within(STEP, "initialize over stdio", ().serve(transport))
             .await
             .expect("initialized");
