@@ -196,11 +196,10 @@ impl Backend for AgentBackend {
         _caller: &Extensions,
         session: &str,
         tool: ToolName,
-        args: Value,
+        mut args: Value,
         progress: ProgressSender,
     ) -> Result<(Option<WorkspaceRef>, Outcome), ToolError> {
         let agent = self.agent().await?;
-        let mut args = args;
         // A host that listed the tools before a reconnect to an older server may still name
         // what that server refuses as unknown: left out where it asks for nothing, else refused
         // saying why.
@@ -211,8 +210,8 @@ impl Backend for AgentBackend {
             return Err(ToolError::new(
                 ErrorCode::InvalidArguments,
                 format!(
-                    "search: the server (protocol minor {}) does not take `{key}`; search \
-                     without it",
+                    "search: the server is older than this client (protocol minor {}) and does \
+                     not take `{key}`; search without it, or ask its operator to upgrade it",
                     agent.minor()
                 ),
             ));

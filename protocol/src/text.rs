@@ -179,6 +179,17 @@ pub fn fed_text(text: &str, max_chars: usize) -> String {
     line
 }
 
+/// `text` kept to its [`head`] of `max_bytes` bytes, marked `…` where it was cut (so at most
+/// `max_bytes` and the marker's 3 bytes).
+pub fn shortened(text: &str, max_bytes: usize) -> Cow<'_, str> {
+    let kept = head(text, max_bytes);
+    if kept.len() == text.len() {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(format!("{kept}…"))
+    }
+}
+
 /// The longest start of `text` of at most `max_bytes` bytes that does not cut a character (as
 /// `str::floor_char_boundary`, newer than this crate's minimum Rust).
 pub fn head(text: &str, max_bytes: usize) -> &str {
@@ -201,6 +212,14 @@ pub fn tail(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shortened_marks_a_cut_and_never_cuts_a_character() {
+        assert_eq!(shortened("abc", 3), "abc");
+        assert_eq!(shortened("abcd", 3), "abc…");
+        assert_eq!(shortened("aé", 2), "a…");
+        assert!(matches!(shortened("abc", 10), Cow::Borrowed(_)));
+    }
 
     #[test]
     fn fed_text_is_its_first_line_escaped_and_says_when_more_follows() {

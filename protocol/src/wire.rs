@@ -116,9 +116,7 @@ pub fn bounded_network(summary: &str) -> String {
     if summary.len() <= MAX_NETWORK_SUMMARY {
         return summary.to_owned();
     }
-    let mut kept = crate::text::head(summary, MAX_NETWORK_SUMMARY - '…'.len_utf8()).to_owned();
-    kept.push('…');
-    kept
+    crate::text::shortened(summary, MAX_NETWORK_SUMMARY - '…'.len_utf8()).into_owned()
 }
 /// Most connections one [`Message::Network`] carries (a client sends more in several).
 pub const MAX_NETWORK_EVENTS: usize = 64;

@@ -1497,7 +1497,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 Ok(s) => s,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
-            let answer = workspaces_message(id, &session).for_minor(ctx.minor);
+            let answer = workspaces_message(id, &session, ctx.minor);
             drop(session);
             let _ = write_message(&mut send, &answer).await;
             finish(&mut send).await;
@@ -1510,7 +1510,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let mut watch = WorkspaceWatch::new(session);
             let mut stop = ctx.stop.clone();
             loop {
-                let listed = workspaces_message(id, watch.session()).for_minor(ctx.minor);
+                let listed = workspaces_message(id, watch.session(), ctx.minor);
                 if write_message(&mut send, &listed).await.is_err() {
                     return;
                 }
@@ -1626,12 +1626,14 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
     }
 }
 
-fn workspaces_message(id: u64, session: &Session) -> Message {
+/// The workspaces of `session` as an agent speaking minor `minor` reads them.
+fn workspaces_message(id: u64, session: &Session, minor: u32) -> Message {
     Message::Workspaces {
         id,
         session: session.id.clone(),
         workspaces: listing(session),
     }
+    .for_minor(minor)
 }
 
 /// The longest path an attached folder may have, in bytes: Linux's `PATH_MAX`.

@@ -190,9 +190,10 @@ impl PrimaryWorkspace {
         }
     }
 
-    /// What network its commands get, in a few words (its `[exec]` policy's).
+    /// What network its commands get, in a few words (its `[exec]` policy's), bounded as a
+    /// listing holds it ([`monad_protocol::wire::bounded_network`]).
     pub fn network(&self) -> String {
-        self.exec.network_summary()
+        monad_protocol::wire::bounded_network(&self.exec.network_summary())
     }
 
     /// Runs its commands in `owner`'s group of `groups`, bounded with the owner's other
@@ -387,12 +388,7 @@ impl Session {
     /// Every workspace, primary first, then attached in attach order.
     pub fn workspaces(&self) -> Vec<Snapshot> {
         let mut out = vec![Snapshot {
-            info: primary_info(
-                &self.id,
-                Some(monad_protocol::wire::bounded_network(
-                    &self.primary.network(),
-                )),
-            ),
+            info: primary_info(&self.id, Some(self.primary.network())),
             target: Target::Primary(self.primary.clone()),
             record: None,
         }];

@@ -9,7 +9,9 @@ use agent_client_protocol::v1::schema::{
 };
 use monad_protocol::ToolName;
 use monad_protocol::agent::{AgentEvent, StopReason as Stop};
-use monad_protocol::text::{head, printable, printable_lines, printable_name, shell_words};
+use monad_protocol::text::{
+    head, printable, printable_lines, printable_name, shell_words, shortened,
+};
 use monad_protocol::tools::{
     EditFileArgs, ProcessWriteArgs, RunCommandArgs, ToolClass, WriteFileArgs,
 };
@@ -394,10 +396,7 @@ const SHOWN_NAME_MAX: usize = 4096;
 /// [`SHOWN_NAME_MAX`] bytes (marked `…`).
 fn code(name: &str) -> String {
     let escaped = printable_name(name);
-    let name = match head(&escaped, SHOWN_NAME_MAX) {
-        kept if kept.len() < escaped.len() => format!("{kept}…"),
-        _ => escaped.into_owned(),
-    };
+    let name = shortened(&escaped, SHOWN_NAME_MAX);
     let ticks = "`".repeat(backticks(&name) + 1);
     // A span that starts or ends with a backtick needs a space inside its delimiters.
     if name.starts_with('`') || name.ends_with('`') {

@@ -162,10 +162,7 @@ pub(super) struct Record {
 fn network_line(event: &NetworkEvent, call_id: String, workspace: Option<String>) -> AuditRecord {
     // A client's report is taken as it says, but not at any length: a host name has at most
     // 253 characters, an address far fewer, and the proxy's reasons are a sentence.
-    let cut = |text: &str, max: usize| match monad_protocol::agent::cut(text, max) {
-        (kept, true) => format!("{kept}…"),
-        (kept, false) => kept,
-    };
+    let cut = |text: &str, max: usize| monad_protocol::text::shortened(text, max).into_owned();
     let host = cut(&event.host, MAX_REPORTED_HOST);
     let port = event.port;
     let target = match (&event.address, &event.reason) {
@@ -678,10 +675,7 @@ pub(super) fn describe_whole(args: &Value) -> String {
 /// A tool's name as the audit keeps it: a name no tool has (a model's, a client's) may be
 /// of any length, and is kept to its first 128 bytes.
 pub(crate) fn kept_tool_name(tool: &str) -> String {
-    match monad_protocol::agent::cut(tool, 128) {
-        (kept, false) => kept,
-        (kept, true) => format!("{kept}…"),
-    }
+    monad_protocol::text::shortened(tool, 128).into_owned()
 }
 
 #[cfg(test)]
