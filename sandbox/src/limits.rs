@@ -186,7 +186,8 @@ fn uid_range<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<[u32; 
 
 impl ExecPolicy {
     /// The network a command gets under this policy, in a few words for a person (approval
-    /// prompts): `no network`, `network to pypi.org, *.github.com only`, `full network`.
+    /// prompts): `no network`, `network to pypi.org, *.github.com only`, `network to
+    /// *.github.com only, never to gist.github.com`, `full network (the host's)`.
     pub fn network_summary(&self) -> String {
         match self.network {
             NetworkMode::Off => "no network".to_owned(),
@@ -194,7 +195,16 @@ impl ExecPolicy {
             NetworkMode::Allowlist if self.allow.is_empty() => {
                 "no network (the allowlist is empty)".to_owned()
             }
-            NetworkMode::Allowlist => format!("network to {} only", self.allow.join(", ")),
+            NetworkMode::Allowlist if self.deny.is_empty() => {
+                format!("network to {} only", self.allow.join(", "))
+            }
+            // Deny wins over allow: a person reading "to *.github.com" must not take it to
+            // include a host the operator refused.
+            NetworkMode::Allowlist => format!(
+                "network to {} only, never to {}",
+                self.allow.join(", "),
+                self.deny.join(", ")
+            ),
         }
     }
 }
@@ -255,6 +265,41 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_network_summary_names_what_the_allowlist_refuses() {
+        let policy = |network, allow: &[&str], deny: &[&str]| ExecPolicy {
+            network,
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: deny.iter().map(|s| s.to_string()).collect(),
+            ..ExecPolicy::default()
+        };
+        assert_eq!(
+            policy(NetworkMode::Off, &["x.org"], &[]).network_summary(),
+            "no network"
+        );
+        assert_eq!(
+            policy(NetworkMode::Host, &[], &["x.org"]).network_summary(),
+            "full network (the host's)"
+        );
+        assert_eq!(
+            policy(NetworkMode::Allowlist, &[], &["x.org"]).network_summary(),
+            "no network (the allowlist is empty)"
+        );
+        assert_eq!(
+            policy(NetworkMode::Allowlist, &["pypi.org", "*.github.com"], &[]).network_summary(),
+            "network to pypi.org, *.github.com only"
+        );
+        assert_eq!(
+            policy(
+                NetworkMode::Allowlist,
+                &["*.github.com"],
+                &["gist.github.com", "10.0.0.0/8"]
+            )
+            .network_summary(),
+            "network to *.github.com only, never to gist.github.com, 10.0.0.0/8"
+        );
+    }
 
     #[test]
     fn a_uid_range_with_root_or_nobody_is_refused_when_the_configuration_is_read() {

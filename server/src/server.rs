@@ -1314,6 +1314,36 @@ async fn finish(send: &mut quinn::SendStream) {
     }
 }
 
+/// Writes the answer to an agent's request other than a call and finishes its stream
+/// ([`write_counted`]).
+async fn answer_counted(ctx: &Ctx, send: &mut quinn::SendStream, id: u64, answer: &Message) {
+    if write_counted(ctx, send, id, answer).await {
+        finish(send).await;
+    }
+}
+
+/// Writes a message of an answer other than a call's. Until it is written, it counts against
+/// what the user's requests may hold in memory (`server.max_call_bytes_per_user`), as a call's
+/// answer does: an agent that reads none of its answers (a conversation of megabytes asked for
+/// on every stream it may open) holds at most that, and an answer past it is refused, saying
+/// so (and the stream finished). Whether the message went out.
+async fn write_counted(
+    ctx: &Ctx,
+    send: &mut quinn::SendStream,
+    id: u64,
+    message: &Message,
+) -> bool {
+    let json = message.to_json();
+    let held = ctx.state.call_bytes.holder(&ctx.user);
+    if !held.take(json.len()) {
+        let refused = crate::state::over_call_memory(held.limit(), "the answer");
+        send_error(send, id, refused).await;
+        return false;
+    }
+    // Once written, what the transport still holds of it is bounded by the agent's window.
+    monad_protocol::io::write_encoded(send, &json).await.is_ok()
+}
+
 /// One agent request: a call, or a listing.
 async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::RecvStream) {
     // A request is one message and the stream's end: read that end when done with it, so the
@@ -1499,8 +1529,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             };
             let answer = workspaces_message(id, &session, ctx.minor);
             drop(session);
-            let _ = write_message(&mut send, &answer).await;
-            finish(&mut send).await;
+            answer_counted(ctx, &mut send, id, &answer).await;
         }
         Message::Watch { id, session } => {
             let session = match ctx.session(session.as_deref()).await {
@@ -1511,7 +1540,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let mut stop = ctx.stop.clone();
             loop {
                 let listed = workspaces_message(id, watch.session(), ctx.minor);
-                if write_message(&mut send, &listed).await.is_err() {
+                if !write_counted(ctx, &mut send, id, &listed).await {
                     return;
                 }
                 let stopping = tokio::select! {
@@ -1554,8 +1583,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
                 Err(e) => return send_error(&mut send, id, e).await,
             };
             let answer = Message::Sessions { id, sessions, next }.for_minor(ctx.minor);
-            let _ = write_message(&mut send, &answer).await;
-            finish(&mut send).await;
+            answer_counted(ctx, &mut send, id, &answer).await;
         }
         // Only another host of the deployment asks this (see `Cluster::take_for_attach`).
         Message::Yield { id, session } if ctx.origin == Origin::Forwarded => {
@@ -1607,8 +1635,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             match answered {
                 Some(answer) => {
                     let answer = answer.for_minor(ctx.minor);
-                    let _ = write_message(&mut send, &answer).await;
-                    finish(&mut send).await;
+                    answer_counted(ctx, &mut send, 0, &answer).await;
                 }
                 None => {
                     send_error(

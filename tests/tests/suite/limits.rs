@@ -1164,3 +1164,78 @@ async fn what_an_attached_folders_requests_hold_is_bounded() {
         "nothing written"
     );
 }
+
+/// The answers to an agent's requests other than calls (a conversation, a listing) count
+/// against what the user's requests may hold in memory until they are written: an agent that
+/// asks for a large conversation on many streams and reads none of the answers (a stream window
+/// of 1 KiB) holds at most that bound, and the answers past it are refused, saying so. (They
+/// were written uncounted, without end: 64 connections of 64 streams each held its answer, a
+/// conversation of up to 8 MiB and its JSON, for as long as the agent kept its connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_an_agent_does_not_read_are_bounded_with_its_calls() {
+    use monad_protocol::io::{read_message, write_message};
+    use monad_protocol::wire::{HistoryMessage, HistoryRole, Message};
+    const MIB: usize = 1024 * 1024;
+    let server =
+        TestServer::start_with(|config| config.quotas.max_call_bytes_per_user = 3 * MIB).await;
+    let agent = server.agent().await;
+    let said = HistoryMessage {
+        role: HistoryRole::User,
+        text: "x".repeat(MIB),
+    };
+    agent.history_append(None, said).await.expect("appended");
+    let mut transport = quinn::TransportConfig::default();
+    transport.stream_receive_window(1024u32.into());
+    let (_endpoint, conn, _) = monad_tests::connect_speaking_over(
+        &server.client_config(),
+        Role::Agent,
+        PROTOCOL_MINOR,
+        Some(transport),
+    )
+    .await;
+    let mut streams = Vec::new();
+    for id in 0..6 {
+        let (mut send, recv) = conn.open_bi().await.unwrap();
+        let ask = Message::HistoryGet { id, session: None };
+        write_message(&mut send, &ask).await.unwrap();
+        send.finish().unwrap();
+        streams.push(recv);
+    }
+    // Two answers of a little over 1 MiB fit in 3 MiB; they wait for the agent to read them.
+    let state = server.state().clone();
+    within(STEP, "the unread answers to be counted", async {
+        while state.call_bytes_held("admin") < 2 * MIB {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(state.call_bytes_held("admin") <= 3 * MIB);
+    let (mut whole, mut refused) = (0, 0);
+    for mut recv in streams {
+        match within(STEP, "an answer", read_message(&mut recv, 16 * MIB)).await {
+            Ok(Some(Message::HistoryIs { history, .. })) => {
+                assert_eq!(history.messages.len(), 1);
+                whole += 1;
+            }
+            Ok(Some(Message::Error { error, .. })) => {
+                assert_eq!(error.code, ErrorCode::LimitExceeded, "{error}");
+                assert!(
+                    error.message.contains("server.max_call_bytes_per_user"),
+                    "{error}"
+                );
+                refused += 1;
+            }
+            other => panic!("{:?}", other.map(|m| m.map(|m| m.kind()))),
+        }
+    }
+    assert_eq!((whole, refused), (2, 4));
+    // Read, they are let go; the user's next request goes through.
+    within(STEP, "the answers to be let go", async {
+        while state.call_bytes_held("admin") > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let (_, history) = agent.history(None).await.expect("the conversation");
+    assert_eq!(history.messages.len(), 1);
+}
