@@ -95,6 +95,13 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
                     None if flag("background") == Some(true) => {
                         "none: it runs in the background until it ends or is killed".into()
                     }
+                    // The default limit ends when the command moves to the background
+                    // (the sandbox's `validate`): it then runs until it ends or is killed.
+                    None if number("background_after_ms").is_some() => format!(
+                        "{} (the default) in the foreground; none once it moves to the \
+                         background",
+                        seconds(r.default_timeout_ms)
+                    ),
                     None => format!("{} (the default)", seconds(r.default_timeout_ms)),
                 },
             );
@@ -522,6 +529,21 @@ mod tests {
         );
         let r = request(ToolName::RunCommand, json!({"argv": ["ls"]}), None);
         assert!(text(&render(&r)).contains("120 s (the default)"));
+        // Moved to the background without a limit of its own, it has none from then on: the
+        // prompt said 120 s.
+        let r = request(
+            ToolName::RunCommand,
+            json!({"argv": ["make"], "background_after_ms": 1000}),
+            None,
+        );
+        let shown = text(&render(&r));
+        assert!(
+            shown.contains(
+                "time-out     120 s (the default) in the foreground; none once it moves to the \
+                 background"
+            ),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -11,9 +11,13 @@
 //!    `AF_UNIX` (landlock up to ABI 7 does not control connecting to a filesystem socket, so an
 //!    ssh-agent, the D-Bus bus or `docker.sock` would be a way out), `AF_NETLINK` (the kernel's
 //!    routing, audit and uevent interfaces), `AF_PACKET`, and the rest;
-//! 3. `socketpair` fails with `EACCES` unless the type is `SOCK_STREAM` or `SOCK_SEQPACKET`: a
-//!    datagram socketpair's socket can `sendto` (or `connect` to) any datagram socket by path.
-//!    Stream and seqpacket pairs are connected to each other for good and reach nothing else;
+//!    An IP socket's protocol must be the default, TCP, UDP or ICMP (else `EACCES`): another
+//!    (SCTP, DCCP...) has the kernel load and run a protocol module no command here needs;
+//! 3. `socketpair` fails with `EACCES` unless the family is `AF_UNIX` (the kernel makes a
+//!    socket of the family asked, loading its module, before it finds the family has no pairs)
+//!    and the type `SOCK_STREAM` or `SOCK_SEQPACKET`: a datagram socketpair's socket can
+//!    `sendto` (or `connect` to) any datagram socket by path. Stream and seqpacket pairs are
+//!    connected to each other for good and reach nothing else;
 //! 4. `io_uring_setup`, `io_uring_enter` and `io_uring_register` fail with `EPERM`: io_uring
 //!    creates and connects sockets without the `socket` system call;
 //! 5. new namespaces: `unshare` and `clone` with any `CLONE_NEW*` flag, and `setns`, fail with
@@ -87,6 +91,8 @@ enum Label {
     Enosys,
     Socket,
     Socketpair,
+    /// The protocol of an `AF_INET` or `AF_INET6` socket.
+    InetProtocol,
     NamespaceFlags,
     /// The mode is argument 1 (`chmod`, `fchmod`, `creat`, `mknod`).
     Mode1,
@@ -97,6 +103,16 @@ enum Label {
     /// `openat(dirfd, path, flags, mode)`: the same.
     Openat,
 }
+
+/// The protocols an IP socket may be made with: the family's default (0), TCP, UDP, and ICMP
+/// and ICMPv6 (unprivileged `ping` sockets).
+const INET_PROTOCOLS: [i32; 5] = [
+    0,
+    libc::IPPROTO_TCP,
+    libc::IPPROTO_UDP,
+    libc::IPPROTO_ICMP,
+    libc::IPPROTO_ICMPV6,
+];
 
 /// The set-user-ID and set-group-ID bits of a file mode.
 const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
@@ -274,15 +290,29 @@ pub fn filter(sockets: Sockets) -> Option<Vec<libc::sock_filter>> {
     program.extend([At(Socket), Load(arg(0))]);
     if sockets == Sockets::Inet {
         program.extend([
-            Eq(libc::AF_INET as u32, Some(Allow), None),
-            Eq(libc::AF_INET6 as u32, Some(Allow), None),
+            Eq(libc::AF_INET as u32, Some(InetProtocol), None),
+            Eq(libc::AF_INET6 as u32, Some(InetProtocol), None),
         ]);
     }
     program.push(Ret(errno(libc::EACCES)));
+    // The protocol of an IP socket: the family's default, TCP, UDP or ICMP (a `ping` socket).
+    // Any other (SCTP, DCCP, L2TP, MPTCP) has the kernel load and run a protocol module
+    // nothing here needs.
+    if sockets == Sockets::Inet {
+        program.extend([At(InetProtocol), Load(arg(2))]);
+        for protocol in INET_PROTOCOLS {
+            program.push(Eq(protocol as u32, Some(Allow), None));
+        }
+        program.push(Ret(errno(libc::EACCES)));
+    }
 
-    // socketpair(domain, type, protocol, sv); the type without SOCK_NONBLOCK/CLOEXEC.
+    // socketpair(domain, type, protocol, sv): Unix only (the kernel makes a socket of the
+    // family asked before it finds the family has no pairs, loading its module: TIPC, RDS,
+    // KCM...); the type without SOCK_NONBLOCK/CLOEXEC.
     program.extend([
         At(Socketpair),
+        Load(arg(0)),
+        Eq(libc::AF_UNIX as u32, None, Some(Eacces)),
         Load(arg(1)),
         And(0xf),
         Eq(libc::SOCK_STREAM as u32, Some(Allow), None),
@@ -534,6 +564,56 @@ mod tests {
         ] {
             let got = evaluate(&filter, libc::SYS_socketpair, arch, [unix, ty, 0, 0, 0, 0]);
             assert_eq!(got, want, "{ty:#x}");
+        }
+        // Of another family, even of a type that would be allowed: the kernel made the socket
+        // (and loaded its family's module) before it refused the pair.
+        for family in [
+            libc::AF_TIPC,
+            libc::AF_INET,
+            libc::AF_RDS,
+            libc::AF_VSOCK,
+            0,
+        ] {
+            for ty in [stream, libc::SOCK_SEQPACKET as u64] {
+                let got = evaluate(
+                    &filter,
+                    libc::SYS_socketpair,
+                    arch,
+                    [family as u64, ty, 0, 0, 0, 0],
+                );
+                assert_eq!(got, EACCES, "family {family}");
+            }
+        }
+    }
+
+    #[test]
+    fn ip_sockets_are_made_with_the_common_protocols_only() {
+        let Some(filter) = filter(Sockets::Inet) else {
+            return;
+        };
+        let arch = AUDIT_ARCH.unwrap();
+        let stream = libc::SOCK_STREAM as u64;
+        let dgram = libc::SOCK_DGRAM as u64;
+        for (family, ty, protocol, want) in [
+            (libc::AF_INET, stream, 0, ALLOW),
+            (libc::AF_INET6, stream, libc::IPPROTO_TCP, ALLOW),
+            (libc::AF_INET, dgram, libc::IPPROTO_UDP, ALLOW),
+            (libc::AF_INET, dgram, libc::IPPROTO_ICMP, ALLOW),
+            (libc::AF_INET6, dgram, libc::IPPROTO_ICMPV6, ALLOW),
+            (libc::AF_INET, stream, libc::IPPROTO_SCTP, EACCES),
+            (
+                libc::AF_INET6,
+                libc::SOCK_SEQPACKET as u64,
+                libc::IPPROTO_SCTP,
+                EACCES,
+            ),
+            (libc::AF_INET, dgram, libc::IPPROTO_UDPLITE, EACCES),
+            (libc::AF_INET, stream, libc::IPPROTO_MPTCP, EACCES),
+            (libc::AF_UNIX, stream, 0, EACCES),
+        ] {
+            let args = [family as u64, ty, protocol as u64, 0, 0, 0];
+            let got = evaluate(&filter, libc::SYS_socket, arch, args);
+            assert_eq!(got, want, "family {family}, protocol {protocol}");
         }
     }
 

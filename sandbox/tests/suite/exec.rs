@@ -824,6 +824,55 @@ fn socketpairs_and_ip_sockets_still_work_inside_the_sandbox() {
     assert_eq!(out.stdout, "b'x'\nb'y'\ninet ok\n", "{out:?}");
 }
 
+/// A socket pair of a family other than Unix, and an IP socket of a protocol other than the
+/// common ones, are refused by the filter (`EACCES`) before the kernel makes a socket of them:
+/// the kernel makes the socket first (loading its family's or protocol's module where it can:
+/// TIPC, RDS, SCTP) and only then finds the family has no pairs.
+#[test]
+fn odd_socket_families_and_protocols_are_refused_before_the_kernel_makes_them() {
+    if !have_python("odd_socket_families_and_protocols_are_refused_before_the_kernel_makes_them") {
+        return;
+    }
+    const TRIES: &str = "import socket\n\
+         for name, make in [\n\
+         ('pair inet', lambda: socket.socketpair(socket.AF_INET, socket.SOCK_STREAM)),\n\
+         ('pair tipc', lambda: socket.socketpair(30, socket.SOCK_SEQPACKET)),\n\
+         ('sctp', lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 132)),\n\
+         ('tcp', lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 6)),\n\
+         ]:\n\
+         \x20   try:\n\
+         \x20       make()\n\
+         \x20       print(name, 'made')\n\
+         \x20   except OSError as e:\n\
+         \x20       print(name, e.errno)\n";
+    let fx = Fixture::with(
+        Limits::default(),
+        monad_sandbox::ExecPolicy {
+            network: monad_sandbox::NetworkMode::Host,
+            ..Default::default()
+        },
+    );
+    let out = run(&fx, &[PYTHON, "-c", TRIES]);
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    let eacces = nix::libc::EACCES;
+    assert_eq!(
+        out.stdout,
+        format!("pair inet {eacces}\npair tipc {eacces}\nsctp {eacces}\ntcp made\n"),
+        "{out:?}"
+    );
+    // Outside, the kernel itself answers each with another error (or makes the socket): the
+    // refusals above are the filter's.
+    let free = std::process::Command::new(PYTHON)
+        .args(["-c", TRIES])
+        .output()
+        .unwrap();
+    let free = String::from_utf8_lossy(&free.stdout);
+    assert!(
+        !free.contains(&format!(" {eacces}\n")),
+        "unsandboxed: {free}"
+    );
+}
+
 /// Calls `io_uring_setup(8, &params)` (syscall 425 on x86_64 and aarch64) and prints the return
 /// value and errno. io_uring can create and connect sockets without the `socket` syscall.
 const PY_IO_URING: &str = "import ctypes\n\
