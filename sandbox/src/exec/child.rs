@@ -963,36 +963,84 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
             );
             check(rc.into(), Failed::View)?;
         }
+        // Each place is looked up again after the masks and the binds before it (it may lie on
+        // them), and never by a path the kernel resolves twice: a command of the same workspace
+        // can swap a directory of it (`.git`) for a link to `/` at any moment, and what is
+        // mounted or made writable must be the place checked.
         for (&fd, bind) in fds.iter().zip(&ns.binds) {
             if bind.masked {
                 make_way(&bind.target, bind.dir)?;
             }
-            let mut source = [0u8; 32];
+            // Under a mask the place is one `make_way` made on the mask's own file system;
+            // elsewhere it is the directory the parent found.
+            let place = open_place(&bind.target, (!bind.masked).then_some(bind.id))?;
+            let (mut source, mut target) = ([0u8; 32], [0u8; 32]);
             fd_path(fd, &mut source);
+            fd_path(place, &mut target);
             let rc = libc::mount(
                 source.as_ptr().cast(),
-                bind.target.as_ptr(),
+                target.as_ptr().cast(),
                 std::ptr::null(),
                 libc::MS_BIND | libc::MS_REC,
                 std::ptr::null(),
             );
             libc::close(fd);
+            libc::close(place);
             check(rc.into(), Failed::View)?;
         }
         // The host's /proc goes read-only with the rest; init mounts the namespace's own over it.
         set_mount_attr(c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
         for bind in ns.binds.iter().filter(|b| b.writable) {
             let (set, clear) = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MOUNT_ATTR_RDONLY);
+            // The bind's own root (what it binds is the directory the parent found): the
+            // kernel refuses a place that is not the root of a mount.
+            let bound = open_place(&bind.target, Some(bind.id))?;
             // Mounts inside it that were read-only before stay so (their flag is locked).
-            if set_mount_attr(&bind.target, AT_RECURSIVE, set, clear).is_err() {
-                set_mount_attr(&bind.target, 0, set, clear)?;
-            }
+            let done = set_bound_attr(bound, AT_RECURSIVE, set, clear)
+                .or_else(|_| set_bound_attr(bound, 0, set, clear));
+            libc::close(bound);
+            done?;
         }
         // What the writable binds made writable again that must not be.
         for bind in ns.binds.iter().filter(|b| b.read_only_within()) {
-            set_mount_attr(&bind.target, 0, MOUNT_ATTR_RDONLY, 0)?;
+            let bound = open_place(&bind.target, Some(bind.id))?;
+            let done = set_bound_attr(bound, 0, MOUNT_ATTR_RDONLY, 0);
+            libc::close(bound);
+            done?;
         }
         Ok(())
+    }
+}
+
+/// Opens `path` (`O_PATH`) without following a symbolic link anywhere on it (every path of a
+/// command's view is canonical: a link on one is one a command swapped in), and, given `id`,
+/// checks that it is that device and inode.
+unsafe fn open_place(path: &CStr, id: Option<(u64, u64)>) -> std::io::Result<RawFd> {
+    unsafe {
+        let how = OpenHow {
+            flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+            mode: 0,
+            resolve: RESOLVE_NO_SYMLINKS,
+        };
+        let fd = libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        );
+        if fd < 0 {
+            return Err(fail(Failed::View));
+        }
+        let fd = fd as RawFd;
+        if let Some(id) = id {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 || (st.st_dev as u64, st.st_ino as u64) != id {
+                libc::close(fd);
+                return Err(fail_with(Failed::View, 0));
+            }
+        }
+        Ok(fd)
     }
 }
 
@@ -1088,6 +1136,27 @@ unsafe fn set_mount_attr(path: &CStr, flags: c_int, set: u64, clear: u64) -> std
     }
 }
 
+/// [`set_mount_attr`] on the mount whose root `fd` is (`AT_EMPTY_PATH`).
+unsafe fn set_bound_attr(fd: RawFd, flags: c_int, set: u64, clear: u64) -> std::io::Result<()> {
+    unsafe {
+        let attr = MountAttr {
+            attr_set: set,
+            attr_clr: clear,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        let rc = libc::syscall(
+            libc::SYS_mount_setattr,
+            fd,
+            c"".as_ptr(),
+            flags | libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        );
+        check(rc, Failed::View)
+    }
+}
+
 /// `struct open_how`.
 #[repr(C)]
 struct OpenHow {
@@ -1096,6 +1165,7 @@ struct OpenHow {
     resolve: u64,
 }
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_BENEATH: u64 = 0x08;
 
 /// Enters the working directory through the namespace's own mounts (the read-write bind of the

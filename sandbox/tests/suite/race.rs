@@ -360,3 +360,76 @@ fn swapping_a_directory_for_a_link_to_git_never_writes_into_git() {
     swapper.join().unwrap();
     assert!(written > 0, "no write went through ({refused} refused)");
 }
+
+/// Regression (a review found it): a command's view of the filesystem bound the workspace's
+/// `.git` by its path and then made that bind writable by its path again, so a command swapping
+/// `.git` with a link to `/` in a loop (another command of the same workspace, in the
+/// background) had, now and then, the next command's whole view made writable: landlock does not
+/// govern a file's mode, owner or times, so that command could change those of any file its user
+/// owns outside the workspace (on a laptop, the owner's own). Every path of the view is now
+/// resolved without following a link and checked to be the directory the parent found.
+#[test]
+fn swapping_git_for_a_link_to_the_root_never_makes_the_view_writable() {
+    use std::os::unix::fs::PermissionsExt;
+    const TRIES: u32 = 400;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: the race needs a file outside the root owned by the command's user");
+        return;
+    }
+    let fx = Fixture::new();
+    // The way to the fixture searchable by the command's user, so that the file outside the
+    // root is in its view (not masked), as a laptop owner's home is.
+    std::fs::set_permissions(fx.tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let theirs = fx.outside().join("theirs.txt");
+    std::fs::write(&theirs, "x").unwrap();
+    std::os::unix::fs::lchown(&theirs, Some(super::support::COMMAND_UID), None).unwrap();
+    let mode = || std::fs::metadata(&theirs).unwrap().permissions().mode() & 0o7777;
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::create_dir(fx.root().join(".git")).unwrap();
+    std::os::unix::fs::symlink("/", fx.root().join("glink")).unwrap();
+    super::support::give_to_command_user(&fx.root());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let root = std::fs::File::open(fx.root()).unwrap();
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(60) {
+                renameat2(&root, ".git", &root, "glink", RenameFlags::RENAME_EXCHANGE).unwrap();
+                swaps += 1;
+            }
+            if swaps % 2 == 1 {
+                renameat2(&root, ".git", &root, "glink", RenameFlags::RENAME_EXCHANGE).unwrap();
+            }
+            swaps
+        })
+    };
+    let target = theirs.to_str().unwrap().to_owned();
+    let (mut refused, mut not_started, mut changed) = (0, 0, Vec::new());
+    for i in 0..TRIES {
+        let ran = super::support::try_run(&fx, &super::support::args(&["chmod", "0600", &target]));
+        match &ran {
+            Ok(out) if out.exit_code == Some(0) => changed.push(format!("try {i}: {out:?}")),
+            Ok(_) => refused += 1,
+            Err(_) => not_started += 1,
+        }
+        if mode() != 0o644 {
+            if !matches!(&ran, Ok(out) if out.exit_code == Some(0)) {
+                changed.push(format!("try {i}: the mode changed: {ran:?}"));
+            }
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(
+        changed.is_empty(),
+        "{} of {TRIES} commands changed a file outside the root ({refused} refused, \
+         {not_started} did not start, {swaps} swaps): {:?}",
+        changed.len(),
+        &changed[..changed.len().min(3)]
+    );
+    assert!(refused > 0, "no command ran ({not_started} did not start)");
+}
