@@ -1696,6 +1696,16 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         )
         .await;
     };
+    // Each tool once, in the order given: a list naming one thousands of times was kept as
+    // sent, with the folder in the session's metadata, which every listing copies.
+    let mut tools = tools;
+    let mut seen = Vec::with_capacity(monad_protocol::ToolName::ALL.len());
+    tools.retain(|tool| {
+        !seen.contains(tool) && {
+            seen.push(*tool);
+            true
+        }
+    });
     // A path no file system takes (Linux's PATH_MAX) is no folder: refused before anything
     // keeps it (a record, a session's list, the registry).
     for (what, given) in [("path", Some(&path)), ("folder", folder.as_ref())] {

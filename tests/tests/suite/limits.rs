@@ -345,6 +345,30 @@ async fn attaching_is_bounded_in_path_length_and_in_workspace_records() {
     assert!(matches!(again, Message::Attached { .. }), "{again:?}");
 }
 
+/// A folder offering one tool many times over is kept with each tool once: the list was kept
+/// as sent (8,000 entries fit the attach's bound), in the session's metadata, which every
+/// listing of every session copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_offers_each_tool_once_however_often_it_names_it() {
+    let server = TestServer::start().await;
+    let mut tools = vec![ToolName::Stat; 8_000];
+    tools.push(ToolName::ReadFile);
+    tools.push(ToolName::Stat);
+    let fake = FakeClient::attach(&server.client_config(), "lap", tools).await;
+    assert_eq!(
+        fake.workspace.tools,
+        vec![ToolName::Stat, ToolName::ReadFile],
+        "as the server answered the attach"
+    );
+    let agent = server.agent().await;
+    let (_, listed) = agent.workspaces(None).await.expect("the workspaces");
+    let lap = listed
+        .iter()
+        .find(|w| w.name == "lap")
+        .expect("the folder is listed");
+    assert_eq!(lap.tools, vec![ToolName::Stat, ToolName::ReadFile]);
+}
+
 /// Opens a request stream on `agent`'s connection and sends only part of a request: a frame
 /// that announces 1,000 bytes, and 10 of them. The server is left reading it.
 async fn half_a_request(agent: &Agent) -> (quinn::SendStream, quinn::RecvStream) {
