@@ -507,6 +507,7 @@ fn bench_run_command(quick: bool, root: &Path) {
     let bounds = monad_sandbox::exec::cgroup::Bounds {
         processes: 4096,
         memory_bytes: 1 << 30,
+        cpu_percent: Some(0),
     };
     let groups = match monad_sandbox::exec::cgroup::ProcessGroups::create(bounds, None) {
         Ok(groups) => Some(std::sync::Arc::new(groups)),

@@ -100,6 +100,11 @@ pub struct Quotas {
     /// Bytes of memory one user's commands may use at once over all their sessions (the same
     /// cgroups' `memory.max`); 0 for no such bound. Default: half of the host's memory.
     pub max_memory_per_user: u64,
+    /// The most processor time one user's commands may take together, in percent of one CPU
+    /// (150: one and a half), over all their sessions (the same cgroups' `cpu.max`); 0 for no
+    /// ceiling. Either way each user's commands together get an equal share of a busy host,
+    /// however many processes they run.
+    pub max_cpu_percent_per_user: u64,
     /// Connections one user's commands may have open at once through the network proxies of
     /// all their sessions' primary workspaces (each holds two of the server's descriptors); 0
     /// for no such bound.
@@ -123,6 +128,7 @@ impl Default for Quotas {
             max_artifact_bytes_per_user: 4 * 1024 * 1024 * 1024,
             max_processes_per_user: 4096,
             max_memory_per_user: half_the_memory(),
+            max_cpu_percent_per_user: 0,
             max_proxy_connections_per_user: 256,
         }
     }

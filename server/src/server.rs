@@ -116,14 +116,23 @@ pub struct FirstStart {
 }
 
 /// The process groups that bound each user's commands together
-/// (`server.max_processes_per_user`, `server.max_memory_per_user`), made under
-/// `server.process_cgroup` or the server's own cgroups. `None` when both bounds are 0, or when
+/// (`server.max_processes_per_user`, `server.max_memory_per_user`, an equal share of the
+/// processor with `server.max_cpu_percent_per_user` as its ceiling), made under
+/// `server.process_cgroup` or the server's own cgroups. `None` when all three are 0, or when
 /// the server's own cgroups cannot have them (said loudly: commands are then bounded per
 /// workspace only); an error when the cgroup the operator named cannot.
 fn process_groups(config: &ServerConfig) -> Result<Option<Arc<ProcessGroups>>, ServerError> {
+    let quotas = &config.quotas;
+    let ceiling = quotas.max_cpu_percent_per_user;
     let bounds = cgroup::Bounds {
-        processes: config.quotas.max_processes_per_user,
-        memory_bytes: config.quotas.max_memory_per_user,
+        processes: quotas.max_processes_per_user,
+        memory_bytes: quotas.max_memory_per_user,
+        // An equal share per user wherever users have groups (the defaults); a ceiling when
+        // the operator set one. With every bound at 0 the operator wants no groups at all.
+        cpu_percent: (quotas.max_processes_per_user > 0
+            || quotas.max_memory_per_user > 0
+            || ceiling > 0)
+            .then_some(ceiling),
     };
     if bounds == cgroup::Bounds::default() {
         return Ok(None);
@@ -141,6 +150,7 @@ fn process_groups(config: &ServerConfig) -> Result<Option<Arc<ProcessGroups>>, S
             info!(
                 processes = bounds.processes,
                 memory_bytes = bounds.memory_bytes,
+                cpu_percent = config.quotas.max_cpu_percent_per_user,
                 "each user's commands are bounded together, in the cgroups under {}",
                 groups.shown()
             );
@@ -551,6 +561,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_artifact_bytes_per_user: config.quotas.max_artifact_bytes_per_user,
             max_processes_per_user: config.quotas.max_processes_per_user,
             max_memory_per_user: config.quotas.max_memory_per_user,
+            max_cpu_percent_per_user: config.quotas.max_cpu_percent_per_user,
             max_proxy_connections_per_user: config.quotas.max_proxy_connections_per_user,
             process_cgroup: config.process_cgroup.clone(),
             http_header_timeout_ms: config.http_limits.header_timeout.as_millis() as u64,

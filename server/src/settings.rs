@@ -468,6 +468,9 @@ pub struct ServerSettings {
     /// Bytes of memory one user's commands may use at once, over all their sessions (the same
     /// cgroups); 0 for no such bound. Default: half of the host's memory.
     pub max_memory_per_user: u64,
+    /// The most processor time one user's commands may take together, in percent of one CPU
+    /// (the same cgroups); 0 for no ceiling (each user still gets an equal share).
+    pub max_cpu_percent_per_user: u64,
     /// Connections one user's commands may have open at once through the network proxies of
     /// all their sessions' primary workspaces; 0 for no such bound.
     pub max_proxy_connections_per_user: usize,
@@ -520,6 +523,7 @@ impl Default for ServerSettings {
             max_artifact_bytes_per_user: quotas.max_artifact_bytes_per_user,
             max_processes_per_user: quotas.max_processes_per_user,
             max_memory_per_user: quotas.max_memory_per_user,
+            max_cpu_percent_per_user: quotas.max_cpu_percent_per_user,
             max_proxy_connections_per_user: quotas.max_proxy_connections_per_user,
             process_cgroup: None,
             http_header_timeout_ms: http.header_timeout.as_millis() as u64,
@@ -653,6 +657,8 @@ impl ServerSettings {
             // The most `pids.max` takes (the kernel's `PID_MAX_LIMIT`): as many as a host has.
             max_processes_per_user: self.max_processes_per_user.min(4 * 1024 * 1024),
             max_memory_per_user: self.max_memory_per_user,
+            // A thousand CPUs at most: past what any host has, within what the kernel takes.
+            max_cpu_percent_per_user: self.max_cpu_percent_per_user.min(100_000),
             max_proxy_connections_per_user: self.max_proxy_connections_per_user,
         }
     }

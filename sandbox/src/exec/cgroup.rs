@@ -1,5 +1,6 @@
-//! Bounds on the processes and the memory of all of a user's commands together, whatever
-//! workspace runs them: cgroups per user, with a `pids.max` and a memory bound.
+//! Bounds on the processes, the memory and the processor time of all of a user's commands
+//! together, whatever workspace runs them: cgroups per user, with a `pids.max`, a memory bound,
+//! and a group of the `cpu` controller (an equal share per user, and a ceiling when asked).
 //!
 //! `RLIMIT_NPROC` (`[exec] max_processes`) counts per uid, and each primary workspace's commands
 //! run as a user of their own, so it bounds one workspace: a user with many sessions could start
@@ -22,7 +23,7 @@
 //! - cgroup v2: under the server's cgroup, when the controllers can be given to the cgroups
 //!   under it, which needs it to hold no process (only the hierarchy's real root is exempt);
 //!   else under a cgroup the operator names (`[server] process_cgroup`), such as a systemd
-//!   service's with `Delegate=pids memory` and `DelegateSubgroup=` (the service's processes then
+//!   service's with `Delegate=pids memory cpu` and `DelegateSubgroup=` (the service's processes then
 //!   live in the subgroup, and its own cgroup can have the controllers enabled below it).
 //!
 //! Hand-written rather than with the `cgroups-rs` crate: it is a handful of reads and writes of
@@ -53,6 +54,10 @@ enum Controller {
     Pids,
     /// Memory (`memory.max`; cgroup v1's `memory.limit_in_bytes`).
     Memory,
+    /// Processor time: each user's group is one entity of equal weight to the scheduler (so a
+    /// thousand busy processes of one user get the share one of another user gets), with a
+    /// ceiling when asked (`cpu.max`; cgroup v1's `cpu.cfs_quota_us`).
+    Cpu,
 }
 
 impl Controller {
@@ -60,6 +65,7 @@ impl Controller {
         match self {
             Controller::Pids => "pids",
             Controller::Memory => "memory",
+            Controller::Cpu => "cpu",
         }
     }
 
@@ -69,6 +75,8 @@ impl Controller {
             (Controller::Pids, _) => "pids.max",
             (Controller::Memory, Version::V1) => "memory.limit_in_bytes",
             (Controller::Memory, Version::V2) => "memory.max",
+            (Controller::Cpu, Version::V1) => "cpu.shares",
+            (Controller::Cpu, Version::V2) => "cpu.weight",
         }
     }
 
@@ -77,6 +85,7 @@ impl Controller {
         match self {
             Controller::Pids => "server.max_processes_per_user",
             Controller::Memory => "server.max_memory_per_user",
+            Controller::Cpu => "server.max_cpu_percent_per_user",
         }
     }
 
@@ -94,18 +103,45 @@ pub struct Bounds {
     /// Bytes of memory (what the processes use, their shared memory and the page cache of the
     /// files they touch); past it the kernel reclaims, then kills one of the user's processes.
     pub memory_bytes: u64,
+    /// Processor time: `None` leaves it to the scheduler's share per thread; `Some(0)` gives
+    /// each user's commands together an equal share (one user's thousand busy processes get
+    /// what another user's one does, when both want more than there is); `Some(percent)` the
+    /// same with a ceiling, in percent of one CPU (150: one and a half).
+    pub cpu_percent: Option<u64>,
 }
 
 impl Bounds {
-    /// The controllers these bounds need, each with its bound.
+    /// The controllers these bounds need, each with its bound (the processor's: its ceiling,
+    /// 0 for none).
     fn wanted(self) -> Vec<(Controller, u64)> {
-        [
+        let mut wanted: Vec<(Controller, u64)> = [
             (Controller::Pids, self.processes),
             (Controller::Memory, self.memory_bytes),
         ]
         .into_iter()
         .filter(|(_, bound)| *bound > 0)
-        .collect()
+        .collect();
+        wanted.extend(self.cpu_percent.map(|percent| (Controller::Cpu, percent)));
+        wanted
+    }
+}
+
+/// The scheduler's period for a processor ceiling, in microseconds (the kernel's default).
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Sets a processor ceiling of `percent` of one CPU on cgroup `dir` (0: none).
+fn limit_cpu(dir: &Path, version: Version, percent: u64) -> std::io::Result<()> {
+    if percent == 0 {
+        return Ok(());
+    }
+    // At least the kernel's smallest quota (1 ms a period).
+    let quota = (percent.saturating_mul(CPU_PERIOD_US) / 100).max(1_000);
+    match version {
+        Version::V1 => {
+            fs::write(dir.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())?;
+            fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())
+        }
+        Version::V2 => fs::write(dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}")),
     }
 }
 
@@ -158,8 +194,8 @@ struct Member {
     command: Option<OwnedFd>,
 }
 
-/// Most hierarchies a user's group spans (pids and memory on cgroup v1).
-pub(crate) const MAX_MEMBERS: usize = 2;
+/// Most hierarchies a user's group spans (pids, memory and cpu on cgroup v1).
+pub(crate) const MAX_MEMBERS: usize = 3;
 
 /// Numbers the directories of one process's [`ProcessGroups`] (a test process makes many).
 static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -212,8 +248,25 @@ impl ProcessGroups {
         }
         let own = matches!(under, Under::Own { .. });
         let mut trees = Vec::new();
-        for place in places {
-            match make_dir(&place, own) {
+        for mut place in places {
+            let mut made = make_dir(&place, own);
+            // On cgroup v2 the processor shares a place with the others: one it cannot have
+            // there (a service delegated `pids memory` only) leaves it out, not them.
+            let with_cpu = place.controllers.iter().any(|(c, _)| *c == Controller::Cpu);
+            if let Err(why) = made.clone()
+                && with_cpu
+                && place.controllers.len() > 1
+            {
+                let all = place.controllers.clone();
+                place.controllers.retain(|(c, _)| *c != Controller::Cpu);
+                made = make_dir(&place, own);
+                if made.is_ok() {
+                    missing.push(Controller::Cpu.missing(&why));
+                } else {
+                    place.controllers = all;
+                }
+            }
+            match made {
                 Ok(dir) => trees.push(Tree { dir, ..place }),
                 Err(why) => missing.extend(place.controllers.iter().map(|(c, _)| c.missing(&why))),
             }
@@ -289,6 +342,9 @@ impl Tree {
         };
         let dir = self.dir.join(name);
         made(&dir)?;
+        if let Some(percent) = bound(Controller::Cpu) {
+            limit_cpu(&dir, self.version, percent)?;
+        }
         if let Some(max) = bound(Controller::Pids) {
             fs::write(
                 dir.join(Controller::Pids.limit_file(self.version)),
@@ -311,6 +367,11 @@ impl Tree {
                 (None, Some(memory)) => {
                     limit_memory(&dir, self.version, memory)?;
                     (None, Some(procs(&dir)?), Some(dir.clone()))
+                }
+                // The processor alone (its own hierarchy, on cgroup v1): the supervisor joins,
+                // and all the command starts is in it.
+                (None, None) if bound(Controller::Cpu).is_some() => {
+                    (Some(procs(&dir)?), None, None)
                 }
                 (None, None) => (None, None, None),
             };
@@ -387,7 +448,7 @@ fn make_dir(place: &Tree, own: bool) -> Result<PathBuf, String> {
                     if own {
                         "; that is the server's own cgroup, which cannot have it while it holds \
                          the server's processes: name a cgroup for the commands in [server] \
-                         process_cgroup (with systemd: `Delegate=pids memory` and \
+                         process_cgroup (with systemd: `Delegate=pids memory cpu` and \
                          `DelegateSubgroup=server` in the unit, and the unit's cgroup here)"
                     } else {
                         ""
@@ -819,6 +880,7 @@ mod tests {
         let bounds = Bounds {
             processes,
             memory_bytes,
+            cpu_percent: Some(0),
         };
         match ProcessGroups::create(bounds, None) {
             Ok(groups) => Some(groups),
@@ -853,11 +915,19 @@ mod tests {
         assert_eq!(ben.processes(), Some(0));
         assert_eq!(ben.refusals(), Some(0));
         assert_eq!(ben.memory_events(), Some((0, 0)));
-        // The supervisor joins the process bound, the command the memory bound.
+        assert!(
+            ben.member(Controller::Cpu).is_some(),
+            "the processor is grouped too"
+        );
+        // The supervisor joins the process bound (and the processor's group where that is a
+        // hierarchy of its own, on cgroup v1), the command the memory bound.
+        let cpu_apart = ben
+            .member(Controller::Cpu)
+            .is_some_and(|(member, _)| member.controllers.len() == 1);
         let joined = |fds: [RawFd; MAX_MEMBERS]| fds.iter().filter(|fd| **fd >= 0).count();
         assert_eq!(
             (joined(ben.supervisor_joins()), joined(ben.command_joins())),
-            (1, 1)
+            (1 + usize::from(cpu_apart), 1)
         );
         drop(ben);
         drop(both);
@@ -904,7 +974,7 @@ mod tests {
         let procs = |controller| {
             let (member, _) = ben.member(controller).unwrap();
             let dir = match controller {
-                Controller::Pids => &member.dir,
+                Controller::Pids | Controller::Cpu => &member.dir,
                 Controller::Memory => member.memory_dir.as_ref().unwrap(),
             };
             let text = fs::read_to_string(dir.join("cgroup.procs")).unwrap();
@@ -930,6 +1000,14 @@ mod tests {
             // The supervisor (and init) in the process bound, the command alone in the memory
             // bound.
             assert!(!procs(Controller::Pids).is_empty(), "{namespaces:?}");
+            // Where the processor has a hierarchy of its own (cgroup v1), the supervisor joins
+            // the user's group there too, and all it starts with it.
+            if ben
+                .member(Controller::Cpu)
+                .is_some_and(|(m, _)| m.controllers.len() == 1)
+            {
+                assert!(!procs(Controller::Cpu).is_empty(), "{namespaces:?}");
+            }
             let commands = procs(Controller::Memory);
             assert_eq!(commands.len(), 1, "{namespaces:?}: {commands:?}");
             let comm = fs::read_to_string(format!("/proc/{}/comm", commands[0])).unwrap();

@@ -523,6 +523,130 @@ fn as_root() -> bool {
     root
 }
 
+/// The cgroup path of the processor's controller in a `/proc/<pid>/cgroup` text: a cgroup v1
+/// hierarchy that has `cpu`, else the unified one.
+fn cpu_cgroup(cgroups: &str) -> Option<&str> {
+    let entries: Vec<(&str, &str)> = cgroups
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            Some((controllers, path))
+        })
+        .collect();
+    entries
+        .iter()
+        .find(|(controllers, _)| controllers.split(',').any(|c| c == "cpu"))
+        .or_else(|| {
+            entries
+                .iter()
+                .find(|(controllers, _)| controllers.is_empty())
+        })
+        .map(|(_, path)| *path)
+}
+
+/// `cpu.stat` of cgroup `path` of the processor's controller, wherever its hierarchy is mounted.
+fn cpu_stat(path: &str) -> String {
+    [
+        "/sys/fs/cgroup/cpu",
+        "/sys/fs/cgroup/cpu,cpuacct",
+        "/sys/fs/cgroup",
+    ]
+    .iter()
+    .find_map(|mount| std::fs::read_to_string(format!("{mount}{path}/cpu.stat")).ok())
+    .unwrap_or_else(|| panic!("no cpu.stat for cgroup {path}"))
+}
+
+/// Each user's commands together are one entity to the processor's scheduler, whatever number
+/// of processes they run, and can be held to a ceiling (`server.max_cpu_percent_per_user`, a
+/// cgroup's `cpu.max`, or cgroup v1's `cpu.cfs_quota_us`, per user). A user's thousand busy
+/// background processes took the host's processors from every other user, and from the server
+/// itself, with nothing to bound them: each was one more thread to the scheduler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_commands_share_the_processor_as_one_and_can_be_held_to_a_ceiling() {
+    if !as_root() {
+        return;
+    }
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let other = connect_agent(&server.client_config_with(&server.create_token("bea"))).await;
+    let where_it_runs = |agent: Agent| async move {
+        let (r, _) = ok(call_in(
+            &agent,
+            None,
+            "run_command",
+            json!({"argv": ["cat", "/proc/self/cgroup"]}),
+        )
+        .await);
+        r["stdout"].as_str().unwrap_or_default().to_owned()
+    };
+    let cgroups = where_it_runs(agent.clone()).await;
+    let cpu = cpu_cgroup(&cgroups).expect("a cgroup of the processor");
+    assert!(cpu.contains("/user-admin"), "{cgroups}");
+    let theirs = where_it_runs(other.clone()).await;
+    assert!(
+        cpu_cgroup(&theirs).is_some_and(|c| c.contains("/user-bea")),
+        "{theirs}"
+    );
+    // What it is for (informational: timings are not asserted): eight busy commands of
+    // admin's beside one of bea's, which says what share of a processor it got. (Each command
+    // is a session of its own, which a kernel with autogroups schedules as one: many busy
+    // processes of one command were never the problem; many commands were.)
+    let mut busy = Vec::new();
+    for _ in 0..8 {
+        let spin = json!({"argv": ["sh", "-c", "while :; do :; done"], "background": true});
+        let (started, _) = ok(call_in(&agent, None, "run_command", spin).await);
+        busy.push(
+            started["process"]
+                .as_str()
+                .expect("a process id")
+                .to_owned(),
+        );
+    }
+    let share = "import time\n\
+                 t, c = time.time(), time.process_time()\n\
+                 while time.time() - t < 2: pass\n\
+                 print(round(100 * (time.process_time() - c) / (time.time() - t)))\n";
+    let (got, _) = ok(call_in(
+        &other,
+        None,
+        "run_command",
+        json!({"argv": ["python3", "-c", share]}),
+    )
+    .await);
+    eprintln!(
+        "bea's one busy command got {}% of a processor beside admin's eight",
+        got["stdout"].as_str().unwrap_or_default().trim()
+    );
+    for id in busy {
+        let kill = json!({"process": id, "signal": "KILL"});
+        ok(call_in(&agent, None, "process_kill", kill).await);
+    }
+    drop(server);
+
+    // With a ceiling of a fifth of a processor, a busy command is throttled.
+    let server = TestServer::start_with(|c| c.quotas.max_cpu_percent_per_user = 20).await;
+    let agent = server.agent().await;
+    let cgroups = where_it_runs(agent.clone()).await;
+    let cpu = cpu_cgroup(&cgroups).expect("a cgroup of the processor");
+    let group = cpu.split("/user-admin").next().unwrap().to_owned() + "/user-admin";
+    let spin = "end=$(( $(date +%s) + 2 )); while [ $(date +%s) -lt $end ]; do :; done";
+    ok(call_in(
+        &agent,
+        None,
+        "run_command",
+        json!({"argv": ["sh", "-c", spin]}),
+    )
+    .await);
+    let stat = cpu_stat(&group);
+    let throttled = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("nr_throttled "))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .expect("nr_throttled in cpu.stat");
+    assert!(throttled > 0, "the ceiling did not hold it back: {stat}");
+}
+
 /// Reads process `id` of `session` until its output holds `want` or it ends: its standard output
 /// and standard error so far, and the last answer.
 async fn read_in_until(agent: &Agent, session: &str, id: &str, want: &str) -> (String, String) {
@@ -733,7 +857,8 @@ async fn one_users_proxy_connections_are_bounded_over_all_their_sessions() {
 }
 
 /// A `process_cgroup` that is no cgroup stops the start with an error naming it; with both
-/// bounds off (`max_processes_per_user = 0`, `max_memory_per_user = 0`) it is not looked at.
+/// bounds off (`max_processes_per_user = 0`, `max_memory_per_user = 0`, and no processor
+/// ceiling) it is not looked at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_cgroup_that_is_no_cgroup_is_refused_at_start() {
     let data = tempfile::tempdir().unwrap();
