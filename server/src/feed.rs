@@ -29,6 +29,12 @@ const BACKLOG: usize = 256;
 /// how much was cut off, and the conversation has it all.
 pub const MAX_MESSAGE_TEXT: usize = 16 * 1024;
 
+/// Most bytes of an upload's metadata (as JSON) an artifact's event carries; past it the event
+/// leaves the metadata out, and says so. A session's last [`BACKLOG`] events stay in memory
+/// until every follower has read them: events of uploads with 64 KiB of metadata each (a tree
+/// of a megabyte in memory) held gigabytes for a few followed sessions.
+pub const MAX_EVENT_METADATA: usize = 4 * 1024;
+
 /// Longest target of a call's events (its steps and its record), in bytes: a command line may
 /// be megabytes, which a session's channel would hold [`BACKLOG`] times over for a follower
 /// that stopped reading. The audit log keeps more of it (`executor::record::MAX_TARGET`).
@@ -55,6 +61,24 @@ impl Event {
                 target: event_target(&record.target),
                 ..record.clone()
             },
+        }
+    }
+
+    /// The event of an artifact stored: its record, without an upload's metadata past
+    /// [`MAX_EVENT_METADATA`] bytes as JSON (its listing has it).
+    pub fn artifact(meta: &ArtifactMeta) -> Event {
+        let mut meta = meta.clone();
+        let large = meta.upload.as_ref().is_some_and(|upload| {
+            !upload.metadata.is_empty()
+                && serde_json::to_vec(&upload.metadata)
+                    .map_or(true, |json| json.len() > MAX_EVENT_METADATA)
+        });
+        if large && let Some(upload) = meta.upload.as_mut() {
+            upload.metadata = serde_json::Map::new();
+        }
+        Event::Artifact {
+            meta: Box::new(meta),
+            metadata_left_out: large,
         }
     }
 
@@ -89,10 +113,12 @@ pub enum Event {
     },
     /// The whole conversation was replaced (a snapshot, a clear).
     History,
-    /// An artifact was stored.
+    /// An artifact was stored ([`Event::artifact`]).
     Artifact {
-        /// Its metadata.
+        /// Its record.
         meta: Box<ArtifactMeta>,
+        /// Its upload's metadata was left out (past [`MAX_EVENT_METADATA`]).
+        metadata_left_out: bool,
     },
     /// A call in progress moved on (started, waits for a decision, was decided, ended).
     Progress {

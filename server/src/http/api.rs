@@ -457,6 +457,10 @@ pub struct ArtifactView {
     /// The uploader's metadata.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
+    /// In an event: its metadata was left out, being past 4 KiB as JSON (the session's
+    /// listing of artifacts has it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metadata_left_out: bool,
 }
 
 /// A session's artifacts.
@@ -635,7 +639,13 @@ impl SessionEvent {
             Event::History => SessionEvent::History {
                 session_id: session.to_owned(),
             },
-            Event::Artifact { meta } => SessionEvent::Artifact(artifact_view(&meta)),
+            Event::Artifact {
+                meta,
+                metadata_left_out,
+            } => SessionEvent::Artifact(ArtifactView {
+                metadata_left_out,
+                ..artifact_view(&meta)
+            }),
             Event::Progress { call } => {
                 let progress = CallProgress::of(&call);
                 match call.phase {
@@ -708,6 +718,7 @@ pub fn artifact_view(meta: &ArtifactMeta) -> ArtifactView {
         task_id: upload.and_then(|u| u.task_id.clone()),
         step_id: upload.and_then(|u| u.step_id.clone()),
         metadata: upload.map(|u| u.metadata.clone()).unwrap_or_default(),
+        metadata_left_out: false,
     }
 }
 

@@ -373,9 +373,8 @@ impl ArtifactStore for Observed {
         } else {
             self.inner.put_artifact(meta, content)?;
         }
-        self.feed.publish_with(&meta.session, || Event::Artifact {
-            meta: Box::new(meta.clone()),
-        });
+        self.feed
+            .publish_with(&meta.session, || Event::artifact(meta));
         Ok(())
     }
     /// Artifacts that are not uploads (tool outputs and diffs, as the recorder stores them)
@@ -391,9 +390,8 @@ impl ArtifactStore for Observed {
         let results = self.inner.put_artifacts(artifacts);
         for ((meta, _), result) in artifacts.iter().zip(&results) {
             if result.is_ok() {
-                self.feed.publish_with(&meta.session, || Event::Artifact {
-                    meta: Box::new(meta.clone()),
-                });
+                self.feed
+                    .publish_with(&meta.session, || Event::artifact(meta));
             }
         }
         results

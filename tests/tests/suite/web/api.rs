@@ -416,6 +416,55 @@ async fn metadata_at_its_bounds_is_stored_and_read_back() {
     assert_eq!(list["artifacts"][0]["metadata"], metadata);
 }
 
+/// An artifact's event carries its upload's metadata only up to 4 KiB as JSON, and says when it
+/// left it out (the listing has it whole): a session's last 256 events stay in memory until
+/// each follower has read them, and events of uploads of 64 KiB of metadata each held
+/// gigabytes for a few followed sessions.
+#[tokio::test]
+async fn an_artifacts_event_leaves_out_large_metadata_and_says_so() {
+    use monad_server::feed::MAX_EVENT_METADATA;
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(Some("/p")).await;
+    let session = new_session();
+    let upload = |name: &str, metadata: Value| {
+        json!({"sessionId": session, "artifactType": "tool_output", "artifactName": name,
+               "contentType": "text/plain", "contentBase64": "aGk=", "metadata": metadata})
+    };
+    let path = format!("/api/v1/workspaces/{ws}/artifacts");
+    let first = api.post(&path, &upload("a.txt", json!({}))).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let (mut events, _) = Events::ready(&api, &session).await;
+    let large = json!({"k": "m".repeat(MAX_EVENT_METADATA)});
+    let small = json!({"k": "m".repeat(100)});
+    for (name, metadata) in [("large.txt", &large), ("small.txt", &small)] {
+        let stored = api.post(&path, &upload(name, metadata.clone())).await;
+        assert_eq!(stored.status, 201, "{}", stored.text());
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let (name, data) = events.next().await;
+        if name == "artifact" {
+            seen.push(data);
+        }
+    }
+    assert_eq!(seen[0]["artifactName"], "large.txt");
+    assert_eq!(seen[0].get("metadata"), None, "{}", seen[0]);
+    assert_eq!(seen[0]["metadataLeftOut"], true, "{}", seen[0]);
+    assert_eq!(seen[1]["artifactName"], "small.txt");
+    assert_eq!(seen[1]["metadata"], small);
+    assert_eq!(seen[1].get("metadataLeftOut"), None, "{}", seen[1]);
+    let list = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await
+        .json();
+    assert_eq!(
+        list["artifacts"][1]["metadata"], large,
+        "the listing has it whole"
+    );
+    assert_eq!(list["artifacts"][1].get("metadataLeftOut"), None);
+}
+
 #[tokio::test]
 async fn requests_without_a_valid_token_are_401() {
     let (server, http) = server().await;
