@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use monad_protocol::ToolName;
 use monad_protocol::agent::{AgentEvent, StopReason, TurnResult};
 use monad_protocol::text::{printable, printable_lines};
 use monad_protocol::wire::{ChatInfo, Host, WorkspaceInfo};
-use monad_protocol::{ToolName, errln};
 use serde_json::Value;
 
 use crate::ClientError;
@@ -32,6 +32,7 @@ use crate::agent::{Agent, PromptOptions};
 use crate::approval::Approver;
 use crate::attach::{AttachEvent, AttachOptions, attach};
 use crate::config::ClientConfig;
+use crate::printer::LinesPause;
 use crate::terminal::TerminalApprover;
 
 /// What the user typed.
@@ -480,6 +481,10 @@ struct Chat {
     attached: Vec<Attached>,
     /// True while a turn runs (its transcript shows the turn's own tool calls).
     busy: Arc<AtomicBool>,
+    /// Where everything the chat prints goes.
+    screen: Screen,
+    /// Held by an approval prompt while it is up: the screen waits.
+    pause: LinesPause,
 }
 
 /// The line a folder attached from the chat prints for `event`, if any. During a turn the
@@ -495,6 +500,76 @@ fn attach_line(event: &AttachEvent, in_turn: bool) -> Option<String> {
 fn out(text: &str) {
     // A closed standard output ends the output quietly.
     let _ = monad_protocol::output::out(text);
+}
+
+/// What the chat prints (the model's text, the transcript, a folder's lines, the input line's
+/// `> `), written in order by a task of its own that waits while an approval prompt is up
+/// ([`LinesPause`]). Drawn under the prompt, a line pushed the question up, and a `> ` passed for
+/// the chat waiting for a message, which the owner then typed into the prompt (its keys raw and
+/// not echoed): a message starting with `y` allowed the call.
+#[derive(Clone)]
+struct Screen {
+    shown: tokio::sync::mpsc::UnboundedSender<Shown>,
+    /// Counts what is queued, for a prompt to let it out first.
+    pause: LinesPause,
+}
+
+/// One thing for the [`Screen`]'s task.
+enum Shown {
+    Out(String),
+    Err(String),
+    /// Said once everything before it is written.
+    Flushed(tokio::sync::oneshot::Sender<()>),
+}
+
+impl Screen {
+    /// Starts the task that writes what is shown, waiting while `pause` is held.
+    fn start(pause: LinesPause) -> Screen {
+        let (shown, mut queued) = tokio::sync::mpsc::unbounded_channel();
+        let writer = pause.clone();
+        tokio::spawn(async move {
+            let pause = writer;
+            while let Some(item) = queued.recv().await {
+                pause.until_free().await;
+                match item {
+                    Shown::Out(text) => out(&text),
+                    Shown::Err(text) => {
+                        monad_protocol::output::err(&text);
+                    }
+                    Shown::Flushed(done) => {
+                        let _ = done.send(());
+                        continue;
+                    }
+                }
+                pause.written();
+            }
+        });
+        Screen { shown, pause }
+    }
+
+    /// Prints `text` to standard output.
+    fn out(&self, text: &str) {
+        self.pause.queued();
+        if self.shown.send(Shown::Out(text.to_owned())).is_err() {
+            self.pause.written();
+        }
+    }
+
+    /// Prints `line` and a line break to standard error.
+    fn err(&self, line: String) {
+        self.pause.queued();
+        if self.shown.send(Shown::Err(line + "\n")).is_err() {
+            self.pause.written();
+        }
+    }
+
+    /// Waits until everything shown so far is written.
+    async fn flush(&self) {
+        let (done, written) = tokio::sync::oneshot::channel();
+        if self.shown.send(Shown::Flushed(done)).is_ok() {
+            let _ = written.await;
+        }
+    }
 }
 
 /// Runs the chat until `/quit`, Ctrl-D on an empty line or Ctrl-C at the input line. Returns
@@ -521,6 +596,7 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<bool, Cli
         .map_err(|e| ClientError::Terminal(format!("cannot read standard input: {e}")))?;
     let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|e| ClientError::Terminal(format!("cannot catch Ctrl-C: {e}")))?;
+    let pause = LinesPause::default();
     let mut chat = Chat {
         config,
         agent,
@@ -530,41 +606,44 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<bool, Cli
         approver: None,
         attached: Vec::new(),
         busy: Arc::default(),
+        screen: Screen::start(pause.clone()),
+        pause,
     };
-    out(&format!(
+    chat.screen.out(&format!(
         "chat with the agent of session {} (/help lists the commands)\n",
         printable(&chat.session)
     ));
     let mut answered = true;
     loop {
-        out("> ");
+        chat.screen.out("> ");
         let line = tokio::select! {
             line = reader.next() => line,
             _ = interrupts.recv() => {
-                out("\n");
+                chat.screen.out("\n");
                 break;
             }
         };
         let input = match line {
             Line::Eof => {
-                out("\n");
+                chat.screen.out("\n");
                 break;
             }
             Line::Text(text) => parse(&text),
         };
         match input {
             Input::Empty => {}
-            Input::Invalid(message) => errln!("{message}"),
+            Input::Invalid(message) => chat.screen.err(message),
             Input::Message(text) => answered = chat.turn(&text, &mut interrupts).await,
             Input::Command(Command::Quit) => break,
             Input::Command(command) => {
                 if let Err(e) = chat.command(command).await {
-                    errln!("{}", printable(&e.to_string()));
+                    chat.screen.err(format!("{}", printable(&e.to_string())));
                 }
             }
         }
     }
     chat.detach_all().await;
+    chat.screen.flush().await;
     // Told before the process ends, rather than left to the server's idle time-out.
     chat.agent.close("the chat ended").await;
     Ok(answered)
@@ -588,10 +667,11 @@ impl Chat {
         let mut transcript = Transcript::new();
         let answer = {
             let shown = &mut transcript;
+            let screen = &self.screen;
             let prompt =
                 self.agent
                     .prompt_with(Some(&self.session), text, &self.options.prompt, |event| {
-                        out(&shown.event(&event, Instant::now()))
+                        screen.out(&shown.event(&event, Instant::now()))
                     });
             // Dropping the prompt's future on Ctrl-C resets its stream: the server cancels the
             // turn (and any running tool call, withdrawing its approval prompt).
@@ -602,17 +682,17 @@ impl Chat {
         };
         match answer {
             Some(Ok(reply)) => {
-                out(&transcript.end(Some(&reply.result)));
+                self.screen.out(&transcript.end(Some(&reply.result)));
                 matches!(reply.result.stop, StopReason::Answered)
             }
             Some(Err(e)) => {
-                out(&transcript.end(None));
-                errln!("{}", printable(&e.to_string()));
+                self.screen.out(&transcript.end(None));
+                self.screen.err(format!("{}", printable(&e.to_string())));
                 false
             }
             None => {
-                out(&transcript.end(None));
-                out("(cancelled)\n");
+                self.screen.out(&transcript.end(None));
+                self.screen.out("(cancelled)\n");
                 false
             }
         }
@@ -622,23 +702,25 @@ impl Chat {
         match command {
             Command::Workspace => {
                 let info = self.agent.chat_info(Some(&self.session)).await?;
-                out(&render_workspace(&info, &self.options.prompt));
+                self.screen
+                    .out(&render_workspace(&info, &self.options.prompt));
             }
             Command::Context => {
-                out(&render_context(
+                self.screen.out(&render_context(
                     &self.agent.chat_info(Some(&self.session)).await?,
                 ));
             }
             Command::Clear => {
                 self.agent.history_clear(Some(&self.session)).await?;
-                out(
+                self.screen.out(
                     "conversation cleared (session.md keeps its frontmatter; the workspaces stay)\n",
                 );
             }
-            Command::Help => out(&format!("{HELP}\n")),
+            Command::Help => self.screen.out(&format!("{HELP}\n")),
             Command::Quit => {}
             Command::Session(SessionChoice::Show) => {
-                out(&format!("session {}\n", printable(&self.session)));
+                self.screen
+                    .out(&format!("session {}\n", printable(&self.session)));
             }
             Command::Session(choice) => {
                 let id = match &choice {
@@ -648,7 +730,8 @@ impl Chat {
                 let opened = self.agent.open_session(id).await?;
                 self.detach_all().await;
                 self.session = opened.id;
-                out(&format!("now in session {}\n", printable(&self.session)));
+                self.screen
+                    .out(&format!("now in session {}\n", printable(&self.session)));
             }
             Command::Attach(dir) => self.attach(dir).await?,
         }
@@ -673,10 +756,12 @@ impl Chat {
                 self.options.prompt_timeout,
                 self.options.guard,
                 self.terminal.clone(),
+                self.pause.clone(),
             )
             .map(|a| Arc::new(a) as Arc<dyn Approver>);
             if self.approver.is_none() {
-                errln!("no terminal: the folder's actions will be denied (nobody to ask)");
+                self.screen
+                    .err("no terminal: the folder's actions will be denied (nobody to ask)".into());
             }
         }
         let mut options = AttachOptions::new(canonical.clone());
@@ -692,6 +777,7 @@ impl Chat {
         let config = self.config.clone();
         let approver = self.approver.clone();
         let busy = self.busy.clone();
+        let screen = self.screen.clone();
         let task = tokio::spawn(async move {
             let mut first_tx = Some(first_tx);
             let serve = attach(&config, options, approver, Some(tx));
@@ -705,7 +791,7 @@ impl Chat {
                         };
                         match first_tx.take() {
                             Some(tx) => { let _ = tx.send(Err(message)); }
-                            None => errln!("attach: {}", printable(&message)),
+                            None => screen.err(format!("attach: {}", printable(&message))),
                         }
                         return;
                     }
@@ -723,11 +809,11 @@ impl Chat {
                                 first_tx = tx;
                                 let in_turn = busy.load(Ordering::Relaxed);
                                 match attach_line(&event, in_turn) {
-                                    Some(line) if in_turn => errln!("{line}"),
+                                    Some(line) if in_turn => screen.err(line),
                                     // Over the idle input line's `> `, which comes back after.
                                     Some(line) => {
-                                        errln!("\r{line}");
-                                        out("\r> ");
+                                        screen.err(format!("\r{line}"));
+                                        screen.out("\r> ");
                                     }
                                     None => {}
                                 }
@@ -739,7 +825,7 @@ impl Chat {
         });
         match first.await {
             Ok(Ok(name)) => {
-                out(&format!(
+                self.screen.out(&format!(
                     "attached {} as `{}` (restricted: approve its actions here)\n",
                     printable(&dir.to_string_lossy()),
                     printable(&name)
@@ -758,13 +844,15 @@ impl Chat {
         for folder in std::mem::take(&mut self.attached) {
             folder.task.abort();
             match self.agent.detach(Some(&self.session), &folder.name).await {
-                Ok(_) => out(&format!("detached `{}`\n", printable(&folder.name))),
-                Err(e) => errln!(
+                Ok(_) => self
+                    .screen
+                    .out(&format!("detached `{}`\n", printable(&folder.name))),
+                Err(e) => self.screen.err(format!(
                     "`{}` is left in session {}, offline: {}",
                     printable(&folder.name),
                     printable(&self.session),
                     printable(&e.to_string())
-                ),
+                )),
             }
         }
     }

@@ -18,37 +18,105 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::attach::AttachEvent;
 
-/// Holds a printer's lines while a prompt is up: a printer's own ([`LinesPrinter::pause`]).
+/// Holds a printer's lines while a prompt is up: a printer's own ([`LinesPrinter::pause`]), or
+/// the chat's, whose writer waits on a task ([`LinesPause::until_free`]) and counts what it has
+/// to write ([`LinesPause::queued`]), so that a prompt first lets out what came before it
+/// ([`LinesPause::settle`]).
 #[derive(Debug, Clone, Default)]
-pub struct LinesPause(Arc<(Mutex<usize>, Condvar)>);
+pub struct LinesPause(Arc<Pause>);
+
+#[derive(Debug, Default)]
+struct Pause {
+    state: Mutex<PauseState>,
+    changed: Condvar,
+    freed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct PauseState {
+    /// Prompts holding the lines.
+    held: usize,
+    /// Lines queued and not written yet (counted by a writer that says so).
+    pending: usize,
+}
 
 /// The lines wait while this lives ([`LinesPause::hold`]).
 #[derive(Debug)]
 pub struct LinesHeld(LinesPause);
 
 impl LinesPause {
+    fn state(&self) -> std::sync::MutexGuard<'_, PauseState> {
+        self.0.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Holds the lines until the guard is dropped.
     pub fn hold(&self) -> LinesHeld {
-        *self.0.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.state().held += 1;
         LinesHeld(self.clone())
+    }
+
+    /// Waits, on a task, while the lines are held.
+    pub async fn until_free(&self) {
+        loop {
+            let freed = self.0.freed.notified();
+            if self.state().held == 0 {
+                return;
+            }
+            freed.await;
+        }
     }
 
     /// Waits while the lines are held.
     fn wait_until_free(&self) {
-        let (held, freed) = &*self.0;
-        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
-        while *held > 0 {
-            held = freed.wait(held).unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state();
+        while state.held > 0 {
+            state = self
+                .0
+                .changed
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A line was queued for writing.
+    pub fn queued(&self) {
+        self.state().pending += 1;
+    }
+
+    /// A queued line was written.
+    pub fn written(&self) {
+        let mut state = self.state();
+        state.pending = state.pending.saturating_sub(1);
+        self.0.changed.notify_all();
+    }
+
+    /// Waits, at most `limit`, until the lines queued so far are written (for a prompt about to
+    /// be drawn: what happened before it shows above it).
+    pub fn settle(&self, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        let mut state = self.state();
+        while state.pending > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            state = self
+                .0
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 }
 
 impl Drop for LinesHeld {
     fn drop(&mut self) {
-        let (held, freed) = &*self.0.0;
-        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
-        *held = held.saturating_sub(1);
-        freed.notify_all();
+        let pause = &self.0;
+        let mut state = pause.state();
+        state.held = state.held.saturating_sub(1);
+        pause.0.changed.notify_all();
+        pause.0.freed.notify_waiters();
     }
 }
 

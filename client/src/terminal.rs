@@ -88,13 +88,15 @@ impl TerminalApprover {
 
     /// [`TerminalApprover::start`] for a terminal another reader shares (the chat's input):
     /// each prompt holds `terminal` while it is up, and that reader reads only while it holds
-    /// it, so the two never read the terminal at once.
+    /// it, so the two never read the terminal at once; and holds `lines` (what the chat prints:
+    /// the model's text, the folder's lines, its `> `), which waits for the answer.
     pub fn start_sharing(
         timeout: Duration,
         guard: Duration,
         terminal: std::sync::Arc<std::sync::Mutex<()>>,
+        lines: crate::printer::LinesPause,
     ) -> Option<TerminalApprover> {
-        TerminalApprover::start_with(timeout, guard, Some(terminal), None, None)
+        TerminalApprover::start_with(timeout, guard, Some(terminal), Some(lines), None)
     }
 
     fn start_with(
@@ -472,7 +474,11 @@ fn prompt(
         let _ = writeln!(std::io::stderr(), "{}", ended.said());
         return None;
     }
-    // The attachment's lines wait until the question is answered (or withdrawn).
+    // What was queued before the question (the chat's line for the call) shows above it; the
+    // lines then wait until it is answered (or withdrawn).
+    if let Some(lines) = lines {
+        lines.settle(Duration::from_millis(500));
+    }
     let _lines_held = lines.map(crate::printer::LinesPause::hold);
     let mut out = std::io::stderr().lock();
     let _ = out.write_all(shown.as_bytes());

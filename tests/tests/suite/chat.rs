@@ -208,11 +208,13 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
     tmux.wait_for("(restricted: approve its actions here)")
         .await;
     tmux.line("read a.txt");
-    tmux.wait_for("⚙ read_file [lap] a.txt").await;
     tmux.wait_for("approval needed").await;
     tmux.wait_for("answer within").await;
     tmux.key("y");
     tmux.wait_for("allowed once").await;
+    // The transcript's line for the call: above the question when it came first, else after
+    // the answer (never drawn under the question).
+    tmux.wait_for("⚙ read_file [lap] a.txt").await;
     tmux.wait_for("✓ read_file in `lap`: ok (").await;
     let screen = tmux.wait_for("The file says hi.").await;
     // The transcript shows the call once: not again in the folder's own start and end lines.
@@ -234,8 +236,29 @@ async fn chat_in_a_real_terminal_streams_runs_tools_asks_approvals_and_obeys_its
     });
     tmux.wait_for_n("approval needed", 2).await;
     tmux.wait_for_n("answer within", 2).await;
+    // While the question is up, a call that cannot run is refused at once, with a line of the
+    // folder's: it waits for the answer. Drawn under the question, it was followed by the
+    // input line's `> `, and the owner's next message answered the question.
+    let refused = server.agent().await;
+    let bad = json!({"path": "missing-dir/", "workspace": "lap", "offset": 0});
+    let reply = refused
+        .call(Some("default"), "read_file", bad, |_| {})
+        .await
+        .expect("the refused call is answered");
+    assert!(
+        matches!(reply.outcome, monad_protocol::wire::Outcome::Error { .. }),
+        "{reply:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let screen = tmux.screen();
+    let last = screen.lines().rev().find(|l| !l.trim().is_empty());
+    assert!(
+        last.is_some_and(|l| l.contains("answer within")),
+        "a line was drawn under the question:\n{screen}"
+    );
     tmux.key("y");
     tmux.wait_for("✓ read_file a.txt: ok").await;
+    tmux.wait_for("✗ read_file").await;
     let reply = monad_tests::within(STEP, "the outside call", outside)
         .await
         .unwrap()
