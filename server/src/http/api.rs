@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::signin::{ApiUser, Credential};
-use super::{BodyNotRead, HttpError, Web, blocking, owned_record, owned_session, page_limit};
+use super::{BodyNotRead, HttpError, Web, blocking_held, owned_record, owned_session, page_limit};
 use crate::feed::{Event, Phase};
 use crate::fsutil::now_rfc3339;
 use crate::quota::Held;
@@ -851,7 +851,8 @@ async fn create_workspace(
         (WorkspaceScope::General, None) => None,
     };
     let state = web.state.clone();
-    let (record, created) = blocking(move || create_record(&state, &user, path)).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let (record, created) = blocking_held(slot, move || create_record(&state, &user, path)).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -921,7 +922,8 @@ async fn get_workspace(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let record = blocking(move || owned_record(&state, &user, &id)).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let record = blocking_held(slot, move || owned_record(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &WorkspaceView::of(&record)))
 }
 
@@ -932,7 +934,8 @@ async fn delete_workspace(
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
     let storing = STORING.of(&user).lock_owned().await;
-    blocking(move || {
+    let slot = super::user_slot(&web.state, &user)?;
+    blocking_held(slot, move || {
         let _storing = storing;
         let record = owned_record(&state, &user, &id)?;
         remove_workspace(&state, &record)
@@ -1031,7 +1034,8 @@ async fn upload_artifact(
     // connection it serves. The turn and the count go with the content: they last until it is
     // stored, even when the client goes away meanwhile (the handler is dropped, the store's
     // work is not).
-    let created = blocking(move || {
+    let slot = super::user_slot(&web.state, &user)?;
+    let created = blocking_held(slot, move || {
         let _storing = storing;
         let _turn = turn;
         let upload: UploadArtifact = parse_body(&bytes)?;
@@ -1452,7 +1456,8 @@ async fn workspace_artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let (meta, content) = blocking(move || {
+    let slot = super::user_slot(&web.state, &user)?;
+    let (meta, content) = blocking_held(slot, move || {
         owned_record(&state, &user, &id)?;
         let (meta, content) = owned_artifact(&state, &user, &artifact, None)?;
         if meta.upload.as_ref().is_none_or(|u| u.workspace_id != id) {
@@ -1473,7 +1478,8 @@ async fn workspace_sessions(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let page = blocking(move || {
+    let slot = super::user_slot(&web.state, &user)?;
+    let page = blocking_held(slot, move || {
         workspace_sessions_page(&web2, &user, &id, limit, q.next_token.as_deref())
     })
     .await?;
@@ -1530,8 +1536,11 @@ async fn list_sessions(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let page =
-        blocking(move || sessions_page(&web2, &user, limit, q.next_token.as_deref())).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let page = blocking_held(slot, move || {
+        sessions_page(&web2, &user, limit, q.next_token.as_deref())
+    })
+    .await?;
     Ok(json(StatusCode::OK, &page))
 }
 
@@ -1629,7 +1638,8 @@ async fn get_session(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let view = blocking(move || session_view(&state, &user, &id)).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let view = blocking_held(slot, move || session_view(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &view))
 }
 
@@ -1666,7 +1676,8 @@ async fn session_history(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let view = blocking(move || history_view(&state, &user, &id)).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let view = blocking_held(slot, move || history_view(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &view))
 }
 
@@ -1691,7 +1702,8 @@ async fn session_artifacts(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let list = blocking(move || artifact_list(&state, &user, &id)).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let list = blocking_held(slot, move || artifact_list(&state, &user, &id)).await?;
     Ok(json(
         StatusCode::OK,
         &ArtifactList {
@@ -1706,8 +1718,11 @@ async fn session_artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let (meta, content) =
-        blocking(move || owned_artifact(&state, &user, &artifact, Some(&id))).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let (meta, content) = blocking_held(slot, move || {
+        owned_artifact(&state, &user, &artifact, Some(&id))
+    })
+    .await?;
     Ok(download(&meta, content))
 }
 
@@ -1753,8 +1768,11 @@ async fn session_audit(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let page =
-        blocking(move || audit_page(&web2, &user, &id, limit, q.next_token.as_deref())).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let page = blocking_held(slot, move || {
+        audit_page(&web2, &user, &id, limit, q.next_token.as_deref())
+    })
+    .await?;
     Ok(json(StatusCode::OK, &page))
 }
 
@@ -1871,7 +1889,8 @@ async fn session_events(
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
     let owner = user.clone();
-    let meta = blocking(move || owned_session(&state, &owner, &id)).await?;
+    let slot = super::user_slot(&web.state, &user)?;
+    let meta = blocking_held(slot, move || owned_session(&state, &owner, &id)).await?;
     // `ApiUser` accepted this request's bearer token, so it is there.
     let token = super::bearer(&headers).unwrap_or_default().to_owned();
     Ok(event_stream(web, meta.id, user, Credential::Bearer(token)).into_response())

@@ -232,13 +232,30 @@ impl IntoResponse for HttpError {
     }
 }
 
-/// Runs store work on the blocking pool.
-pub async fn blocking<T: Send + 'static>(
+/// One of `user`'s requests in flight (`server.max_calls_per_user`, counted with their QUIC
+/// requests and calls), for store work: `429` past it.
+pub fn user_slot(state: &State, user: &str) -> Result<crate::quota::Slot, HttpError> {
+    state.user_call(user).map_err(|e| HttpError {
+        status: StatusCode::TOO_MANY_REQUESTS,
+        code: "limit_exceeded",
+        message: e.message,
+    })
+}
+
+/// Runs store work on the blocking pool every user shares, holding `slot` ([`user_slot`]) until
+/// the work ends, even when its client goes away meanwhile (the handler is dropped, the work is
+/// not): a client that sent a request and closed, again and again, piled work up on the pool
+/// without a bound, each a reading of conversations or logs.
+pub async fn blocking_held<T: Send + 'static>(
+    slot: crate::quota::Slot,
     f: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
 ) -> Result<T, HttpError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(HttpError::internal)?
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        f()
+    })
+    .await
+    .map_err(HttpError::internal)?
 }
 
 /// A session's metadata if `user` owns it; `404` otherwise (no such session, a malformed id, or

@@ -465,6 +465,43 @@ async fn an_artifacts_event_leaves_out_large_metadata_and_says_so() {
     assert_eq!(list["artifacts"][1].get("metadataLeftOut"), None);
 }
 
+/// The API's and the web view's store work counts as one of its user's requests in flight
+/// (`server.max_calls_per_user`, with their QUIC calls), held by the work itself: past it, `429`
+/// naming the key. It was uncounted, and went on on the blocking pool every user shares after
+/// its client went away, so a client that sent a request and closed, again and again, piled
+/// up readings of conversations and logs without a bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apis_store_work_counts_with_its_users_requests_in_flight() {
+    let (server, http) = super::server_with(|c| c.quotas.max_calls_per_user = 1).await;
+    let api = Api::new(http, &server.token);
+    let agent = server.agent().await;
+    let marker = server.primary_dir("default").join("started");
+    let running = {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let argv = json!(["sh", "-c", "touch started; sleep 3"]);
+            call_in(&agent, None, "run_command", json!({"argv": argv})).await
+        })
+    };
+    within(STEP, "the command to start", async {
+        while !marker.exists() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let refused = api.get("/api/v1/sessions").await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.json()["error"], "limit_exceeded");
+    assert!(
+        refused.text().contains("server.max_calls_per_user"),
+        "{}",
+        refused.text()
+    );
+    ok(within(STEP, "the command", running).await.unwrap());
+    let listed = api.get("/api/v1/sessions").await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+}
+
 #[tokio::test]
 async fn requests_without_a_valid_token_are_401() {
     let (server, http) = server().await;
