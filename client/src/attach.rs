@@ -14,6 +14,7 @@ use monad_protocol::wire::{
     WorkspaceInfo,
 };
 use monad_protocol::{ErrorCode, ToolClass, ToolError, ToolName};
+use monad_sandbox::exec::WRITE_TOOK;
 use monad_sandbox::{ExecPolicy, Limits, NetworkAudit, NetworkBatch, Sandbox};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -518,6 +519,11 @@ pub enum CallEnd {
     Failed(ErrorCode),
     /// Its time limit ran out (a command was killed).
     TimedOut,
+    /// A `process_kill` sent nothing: the process had exited meanwhile.
+    NotDelivered,
+    /// A `process_write` stopped partway (the process stopped reading, or closed its input):
+    /// the error's code and what it says of the part the process took.
+    WriteCut(ErrorCode, String),
     /// The agent withdrew the call (or the connection to the server ended) while it ran; a
     /// command was killed. What it did before that stays done.
     Cancelled,
@@ -527,8 +533,24 @@ impl CallEnd {
     /// How a call of `tool` with `outcome` ended.
     pub fn of(tool: ToolName, outcome: &Outcome) -> CallEnd {
         match outcome {
+            // Part of the text the owner approved may have reached the process: said, with how
+            // much (the error says so), not as a plain failure.
+            Outcome::Error { error }
+                if tool == ToolName::ProcessWrite && error.message.contains(WRITE_TOOK) =>
+            {
+                let took = &error.message[error.message.find(WRITE_TOOK).unwrap_or(0)..];
+                // What it took, not what the agent is told to send next.
+                let took = took.split(": send").next().unwrap_or(took);
+                CallEnd::WriteCut(error.code, monad_protocol::text::head(took, 200).to_owned())
+            }
             Outcome::Error { error } if error.code == ErrorCode::Timeout => CallEnd::TimedOut,
             Outcome::Error { error } => CallEnd::Failed(error.code),
+            Outcome::Ok { result } if tool == ToolName::ProcessKill => {
+                match result.value().get("delivered") {
+                    Some(serde_json::Value::Bool(false)) => CallEnd::NotDelivered,
+                    _ => CallEnd::Ok,
+                }
+            }
             Outcome::Ok { .. } if tool != ToolName::RunCommand => CallEnd::Ok,
             Outcome::Ok { result } => {
                 // Read from the tree or the text as it is: neither is copied for it.
@@ -554,6 +576,8 @@ impl CallEnd {
             | CallEnd::Signalled(_)
             | CallEnd::Failed(_)
             | CallEnd::TimedOut
+            | CallEnd::NotDelivered
+            | CallEnd::WriteCut(..)
             | CallEnd::Cancelled => false,
         }
     }
@@ -569,6 +593,10 @@ impl CallEnd {
             }
             CallEnd::Failed(code) => format!("error: {}", code.as_str()),
             CallEnd::TimedOut => "timed out".into(),
+            CallEnd::NotDelivered => "not delivered: the process had exited".into(),
+            CallEnd::WriteCut(code, took) => {
+                format!("error: {}: {}", code.as_str(), printable(took))
+            }
             CallEnd::Cancelled => {
                 "cancelled while it ran (a command is killed; what it did so far stays done)".into()
             }
@@ -1743,6 +1771,38 @@ mod tests {
         // A process that exited, read by `process_read`, is not how the read ended.
         let read = command(json!({"exit_code": 2}));
         assert_eq!(CallEnd::of(ToolName::ProcessRead, &read), CallEnd::Ok);
+        // A kill that sent nothing, and a write the process took part of, say so (they were
+        // `ok`, and `timed out` or `error: invalid_arguments`, though part of the approved text
+        // reached the process).
+        let kill = |delivered: bool| Outcome::Ok {
+            result: json!({"process": "p", "signal": "TERM", "delivered": delivered}).into(),
+        };
+        assert_eq!(CallEnd::of(ToolName::ProcessKill, &kill(true)), CallEnd::Ok);
+        let missed = CallEnd::of(ToolName::ProcessKill, &kill(false));
+        assert_eq!(missed, CallEnd::NotDelivered);
+        assert!(!missed.succeeded());
+        let cut = error(
+            ErrorCode::Timeout,
+            "process `p` is not reading: it is not reading its standard input; it took the \
+             first 4096 of 9000 bytes (the first 4096 characters) and the rest was not written: \
+             send only the text from character 4097 on (counting from 1)"
+                .into(),
+        );
+        let end = CallEnd::of(ToolName::ProcessWrite, &cut);
+        assert_eq!(
+            end.describe(),
+            "error: timeout: it took the first 4096 of 9000 bytes (the first 4096 characters) \
+             and the rest was not written"
+        );
+        let none = error(
+            ErrorCode::Timeout,
+            "it is not reading its standard input".into(),
+        );
+        assert_eq!(
+            CallEnd::of(ToolName::ProcessWrite, &none),
+            CallEnd::TimedOut,
+            "nothing taken: a plain time-out"
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod cgroup;
 pub(crate) mod child;
 pub mod netpolicy;
 pub(crate) mod process;
+pub use process::WRITE_TOOK;
 pub(crate) mod proxy;
 pub mod seccomp;
 mod shared;

@@ -1390,6 +1390,11 @@ fn piece_end(text: &str, from: usize) -> usize {
     start + monad_protocol::text::head(&text[start..], PIPE_BUF).len()
 }
 
+/// How the error of a `process_write` that stopped midway says what the process took
+/// (`; it took the first N of M bytes (...) and the rest was not written: send only ...`): the
+/// folder's owner is told that part ([`taken_part`]).
+pub const WRITE_TOOK: &str = "it took the first ";
+
 /// What a write that stopped midway took, for its error: nothing when it took nothing.
 fn taken_part(text: &str, taken: usize) -> String {
     if taken == 0 {
@@ -1397,7 +1402,7 @@ fn taken_part(text: &str, taken: usize) -> String {
     }
     let chars = monad_protocol::text::head(text, taken).chars().count();
     format!(
-        "; it took the first {taken} of {} bytes (the first {chars} characters) and the rest \
+        "; {WRITE_TOOK}{taken} of {} bytes (the first {chars} characters) and the rest \
          was not written: send only the text from character {} on (counting from 1)",
         text.len(),
         chars + 1
