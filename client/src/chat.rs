@@ -381,14 +381,14 @@ pub struct LineReader {
 
 impl LineReader {
     /// Starts the reading thread.
-    pub fn start(terminal: TerminalLock) -> std::io::Result<LineReader> {
+    fn start(terminal: TerminalLock, screen: Screen) -> std::io::Result<LineReader> {
         let (asks, rx) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<Line>>();
         std::thread::Builder::new()
             .name("chat-input".into())
             .spawn(move || {
                 let mut buffer = Vec::new();
                 while let Ok(reply) = rx.recv() {
-                    let line = read_line(&terminal, &mut buffer, &reply);
+                    let line = read_line(&terminal, &screen, &mut buffer, &reply);
                     let _ = reply.send(line);
                 }
             })?;
@@ -409,6 +409,7 @@ impl LineReader {
 /// gone (the chat stopped waiting).
 fn read_line(
     terminal: &TerminalLock,
+    screen: &Screen,
     buffer: &mut Vec<u8>,
     reply: &tokio::sync::oneshot::Sender<Line>,
 ) -> Line {
@@ -429,7 +430,7 @@ fn read_line(
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
                 let held = terminal.lock().unwrap_or_else(|p| p.into_inner());
-                out("\r> ");
+                screen.out("\r> ");
                 held
             }
         };
@@ -592,11 +593,12 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<bool, Cli
         }
     };
     let terminal: TerminalLock = Arc::default();
-    let reader = LineReader::start(terminal.clone())
+    let pause = LinesPause::default();
+    let screen = Screen::start(pause.clone());
+    let reader = LineReader::start(terminal.clone(), screen.clone())
         .map_err(|e| ClientError::Terminal(format!("cannot read standard input: {e}")))?;
     let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|e| ClientError::Terminal(format!("cannot catch Ctrl-C: {e}")))?;
-    let pause = LinesPause::default();
     let mut chat = Chat {
         config,
         agent,
@@ -606,7 +608,7 @@ pub async fn run(config: ClientConfig, options: ChatOptions) -> Result<bool, Cli
         approver: None,
         attached: Vec::new(),
         busy: Arc::default(),
-        screen: Screen::start(pause.clone()),
+        screen,
         pause,
     };
     chat.screen.out(&format!(

@@ -90,15 +90,16 @@ impl LinesPause {
         self.0.changed.notify_all();
     }
 
-    /// Waits, at most `limit`, until the lines queued so far are written (for a prompt about to
-    /// be drawn: what happened before it shows above it).
-    pub fn settle(&self, limit: Duration) {
+    /// Holds the lines, once those queued so far are written (waiting at most `limit`): for a
+    /// prompt about to be drawn, what happened before it shows above it. The wait and the hold
+    /// are one step: a line queued between them would be written under the prompt.
+    pub fn hold_after_queued(&self, limit: Duration) -> LinesHeld {
         let deadline = std::time::Instant::now() + limit;
         let mut state = self.state();
         while state.pending > 0 {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return;
+                break;
             }
             state = self
                 .0
@@ -107,6 +108,8 @@ impl LinesPause {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+        state.held += 1;
+        LinesHeld(self.clone())
     }
 }
 

@@ -476,10 +476,7 @@ fn prompt(
     }
     // What was queued before the question (the chat's line for the call) shows above it; the
     // lines then wait until it is answered (or withdrawn).
-    if let Some(lines) = lines {
-        lines.settle(Duration::from_millis(500));
-    }
-    let _lines_held = lines.map(crate::printer::LinesPause::hold);
+    let _lines_held = lines.map(|lines| lines.hold_after_queued(Duration::from_millis(500)));
     let mut out = std::io::stderr().lock();
     let _ = out.write_all(shown.as_bytes());
     let _ = writeln!(

@@ -267,7 +267,16 @@ impl ProcessGroups {
                 }
             }
             match made {
-                Ok(dir) => trees.push(Tree { dir, ..place }),
+                Ok(dir) => {
+                    let mut tree = Tree { dir, ..place };
+                    if let Err(why) = tree.try_cpu_ceiling() {
+                        missing.push(format!(
+                            "{} (its ceiling; each user keeps an equal share): {why}",
+                            Controller::Cpu.setting()
+                        ));
+                    }
+                    trees.push(tree);
+                }
                 Err(why) => missing.extend(place.controllers.iter().map(|(c, _)| c.missing(&why))),
             }
         }
@@ -321,6 +330,28 @@ impl ProcessGroups {
 }
 
 impl Tree {
+    /// Sets the processor's ceiling, if any, on a cgroup made for the purpose and removed: a
+    /// ceiling the kernel refuses (cgroup v1 refuses one above its parent's; a kernel without
+    /// CFS bandwidth control has no such file) is dropped here, at the start, with the reason,
+    /// rather than failing every command of every user. The equal share stays.
+    fn try_cpu_ceiling(&mut self) -> Result<(), String> {
+        let Some(at) = self
+            .controllers
+            .iter()
+            .position(|(c, percent)| *c == Controller::Cpu && *percent > 0)
+        else {
+            return Ok(());
+        };
+        let probe = self.dir.join("cpu-ceiling-probe");
+        let tried = fs::create_dir(&probe)
+            .and_then(|()| limit_cpu(&probe, self.version, self.controllers[at].1));
+        let _ = fs::remove_dir(&probe);
+        tried.map_err(|e| {
+            self.controllers[at].1 = 0;
+            format!("the kernel refuses it in {}: {e}", self.dir.display())
+        })
+    }
+
     /// `name`'s cgroups in this hierarchy, made (or found) with their bounds.
     fn member(&self, name: &str) -> std::io::Result<Member> {
         let made = |dir: &Path| match fs::create_dir(dir) {
@@ -938,6 +969,47 @@ mod tests {
         let Some(pids) = groups(5, 0) else { return };
         let ben = pids.for_user("ben").unwrap();
         assert_eq!((ben.max_processes(), ben.max_memory()), (Some(5), None));
+    }
+
+    /// A processor ceiling the kernel refuses (here: past the largest quota it takes) is
+    /// dropped at the start, saying why, and the user's group is still made, with its equal
+    /// share: it failed at each user's first command, and so every command of every user.
+    #[test]
+    fn a_processor_ceiling_the_kernel_refuses_is_dropped_at_the_start() {
+        if groups(10, 0).is_none() {
+            return;
+        }
+        let bounds = Bounds {
+            processes: 10,
+            memory_bytes: 0,
+            cpu_percent: Some(u64::MAX / 4),
+        };
+        let groups = ProcessGroups::create(bounds, None).expect("the groups");
+        assert!(
+            groups
+                .missing()
+                .iter()
+                .any(|why| why.contains("max_cpu_percent_per_user (its ceiling")),
+            "{:?}",
+            groups.missing()
+        );
+        let ben = groups.for_user("ben").expect("the user's group is made");
+        assert!(
+            ben.member(Controller::Cpu)
+                .is_some_and(|(_, ceiling)| ceiling == 0)
+        );
+        // One the kernel takes is kept.
+        let bounds = Bounds {
+            cpu_percent: Some(150),
+            ..bounds
+        };
+        let groups = ProcessGroups::create(bounds, None).expect("the groups");
+        assert_eq!(groups.missing(), [] as [String; 0]);
+        let ben = groups.for_user("ben").expect("the user's group");
+        assert!(
+            ben.member(Controller::Cpu)
+                .is_some_and(|(_, ceiling)| ceiling == 150)
+        );
     }
 
     #[test]

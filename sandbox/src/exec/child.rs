@@ -1070,7 +1070,10 @@ fn fd_path(fd: RawFd, out: &mut [u8; 32]) {
 
 /// Creates the directories down to `target` inside a mask (and `target` itself: a directory,
 /// or an empty file to bind a file over), without allocating: each prefix is copied into a
-/// buffer on the stack.
+/// buffer on the stack. Each is made in its parent as opened without following a link
+/// ([`open_place`]): the way may lie on a bind a command can write (a path under
+/// `extra_write_paths`), where it could swap a directory for a link and have this, as root,
+/// make a directory or a file wherever the link leads.
 unsafe fn make_way(target: &CStr, dir: bool) -> std::io::Result<()> {
     unsafe {
         let bytes = target.to_bytes();
@@ -1078,27 +1081,48 @@ unsafe fn make_way(target: &CStr, dir: bool) -> std::io::Result<()> {
         if bytes.len() >= buf.len() {
             return Err(fail_with(Failed::View, libc::ENAMETOOLONG));
         }
+        // Where the current component starts (after its `/`).
+        let mut start = 1;
         for end in 1..=bytes.len() {
             let last = end == bytes.len();
             if !last && bytes[end] != b'/' {
                 continue;
             }
-            buf[..end].copy_from_slice(&bytes[..end]);
-            buf[end] = 0;
-            let path = buf.as_ptr().cast::<libc::c_char>();
-            if last && !dir {
-                let fd = libc::open(
-                    path,
-                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+            if end == start {
+                start = end + 1;
+                continue; // `//`
+            }
+            // The parent: the prefix before this component (`/` for the first).
+            let parent_len = (start - 1).max(1);
+            buf[..parent_len].copy_from_slice(&bytes[..parent_len]);
+            buf[parent_len] = 0;
+            let parent = open_place(
+                CStr::from_bytes_with_nul_unchecked(&buf[..=parent_len]),
+                None,
+            )?;
+            buf[..end - start].copy_from_slice(&bytes[start..end]);
+            buf[end - start] = 0;
+            let name = buf.as_ptr().cast::<libc::c_char>();
+            let made = if last && !dir {
+                let fd = libc::openat(
+                    parent,
+                    name,
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
                     0o644,
                 );
-                if fd == -1 {
-                    return Err(fail(Failed::View));
+                if fd != -1 {
+                    libc::close(fd);
                 }
-                libc::close(fd);
-            } else if libc::mkdir(path, 0o755) == -1 && errno() != libc::EEXIST {
-                return Err(fail(Failed::View));
+                fd != -1
+            } else {
+                libc::mkdirat(parent, name, 0o755) == 0 || errno() == libc::EEXIST
+            };
+            let err = errno();
+            libc::close(parent);
+            if !made {
+                return Err(fail_with(Failed::View, err));
             }
+            start = end + 1;
         }
         Ok(())
     }

@@ -11,8 +11,9 @@
 //!    `AF_UNIX` (landlock up to ABI 7 does not control connecting to a filesystem socket, so an
 //!    ssh-agent, the D-Bus bus or `docker.sock` would be a way out), `AF_NETLINK` (the kernel's
 //!    routing, audit and uevent interfaces), `AF_PACKET`, and the rest;
-//!    An IP socket's protocol must be the default, TCP, UDP or ICMP (else `EACCES`): another
-//!    (SCTP, DCCP...) has the kernel load and run a protocol module no command here needs;
+//!    An IP socket must be a stream or a datagram, of the default protocol, TCP, UDP or ICMP
+//!    (else `EACCES`): another (SCTP, DCCP...) has the kernel load and run a protocol module no
+//!    command here needs, and the default protocol of a `SOCK_SEQPACKET` is SCTP's;
 //! 3. `socketpair` fails with `EACCES` unless the family is `AF_UNIX` (the kernel makes a
 //!    socket of the family asked, loading its module, before it finds the family has no pairs)
 //!    and the type `SOCK_STREAM` or `SOCK_SEQPACKET`: a datagram socketpair's socket can
@@ -91,8 +92,10 @@ enum Label {
     Enosys,
     Socket,
     Socketpair,
-    /// The protocol of an `AF_INET` or `AF_INET6` socket.
+    /// The type of an `AF_INET` or `AF_INET6` socket...
     InetProtocol,
+    /// ...and its protocol.
+    InetProtocolOf,
     NamespaceFlags,
     /// The mode is argument 1 (`chmod`, `fchmod`, `creat`, `mknod`).
     Mode1,
@@ -295,11 +298,22 @@ pub fn filter(sockets: Sockets) -> Option<Vec<libc::sock_filter>> {
         ]);
     }
     program.push(Ret(errno(libc::EACCES)));
-    // The protocol of an IP socket: the family's default, TCP, UDP or ICMP (a `ping` socket).
-    // Any other (SCTP, DCCP, L2TP, MPTCP) has the kernel load and run a protocol module
-    // nothing here needs.
+    // The type and protocol of an IP socket: a stream or a datagram (without
+    // SOCK_NONBLOCK/CLOEXEC), of the type's default protocol, TCP, UDP or ICMP (a `ping`
+    // socket). Any other (SCTP, DCCP, L2TP, MPTCP) has the kernel load and run a protocol
+    // module nothing here needs; and the default protocol of another type (`SOCK_SEQPACKET`,
+    // `SOCK_DCCP`) is one of those, when its module is loaded.
     if sockets == Sockets::Inet {
-        program.extend([At(InetProtocol), Load(arg(2))]);
+        program.extend([
+            At(InetProtocol),
+            Load(arg(1)),
+            And(0xf),
+            Eq(libc::SOCK_STREAM as u32, Some(InetProtocolOf), None),
+            Eq(libc::SOCK_DGRAM as u32, Some(InetProtocolOf), None),
+            Ret(errno(libc::EACCES)),
+            At(InetProtocolOf),
+            Load(arg(2)),
+        ]);
         for protocol in INET_PROTOCOLS {
             program.push(Eq(protocol as u32, Some(Allow), None));
         }
@@ -462,11 +476,16 @@ mod tests {
         };
         let arch = AUDIT_ARCH.unwrap();
         let flags = (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK) as u64;
-        for ty in [libc::SOCK_STREAM, libc::SOCK_DGRAM, libc::SOCK_RAW] {
+        // (A raw socket needs a capability no command has; the filter refuses it first.)
+        for (ty, want) in [
+            (libc::SOCK_STREAM, ALLOW),
+            (libc::SOCK_DGRAM, ALLOW),
+            (libc::SOCK_RAW, EACCES),
+        ] {
             let ty = ty as u64 | flags;
             for domain in [libc::AF_INET, libc::AF_INET6] {
                 let args = [domain as u64, ty, 0, 0, 0, 0];
-                assert_eq!(evaluate(&inet, libc::SYS_socket, arch, args), ALLOW);
+                assert_eq!(evaluate(&inet, libc::SYS_socket, arch, args), want);
                 assert_eq!(evaluate(&none, libc::SYS_socket, arch, args), EACCES);
             }
             for domain in [
@@ -610,6 +629,23 @@ mod tests {
             (libc::AF_INET, dgram, libc::IPPROTO_UDPLITE, EACCES),
             (libc::AF_INET, stream, libc::IPPROTO_MPTCP, EACCES),
             (libc::AF_UNIX, stream, 0, EACCES),
+            // The default protocol of another type: SCTP's for a seqpacket (a review found it:
+            // protocol 0 passed), DCCP's for its own type (6).
+            (libc::AF_INET, libc::SOCK_SEQPACKET as u64, 0, EACCES),
+            (libc::AF_INET6, libc::SOCK_SEQPACKET as u64, 0, EACCES),
+            (libc::AF_INET, 6, 0, EACCES),
+            (
+                libc::AF_INET,
+                libc::SOCK_RAW as u64,
+                libc::IPPROTO_ICMP,
+                EACCES,
+            ),
+            (
+                libc::AF_INET,
+                stream | (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64,
+                0,
+                ALLOW,
+            ),
         ] {
             let args = [family as u64, ty, protocol as u64, 0, 0, 0];
             let got = evaluate(&filter, libc::SYS_socket, arch, args);

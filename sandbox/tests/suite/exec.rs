@@ -838,6 +838,7 @@ fn odd_socket_families_and_protocols_are_refused_before_the_kernel_makes_them() 
          ('pair inet', lambda: socket.socketpair(socket.AF_INET, socket.SOCK_STREAM)),\n\
          ('pair tipc', lambda: socket.socketpair(30, socket.SOCK_SEQPACKET)),\n\
          ('sctp', lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 132)),\n\
+         ('seqpacket', lambda: socket.socket(socket.AF_INET, socket.SOCK_SEQPACKET, 0)),\n\
          ('tcp', lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 6)),\n\
          ]:\n\
          \x20   try:\n\
@@ -857,7 +858,9 @@ fn odd_socket_families_and_protocols_are_refused_before_the_kernel_makes_them() 
     let eacces = nix::libc::EACCES;
     assert_eq!(
         out.stdout,
-        format!("pair inet {eacces}\npair tipc {eacces}\nsctp {eacces}\ntcp made\n"),
+        format!(
+            "pair inet {eacces}\npair tipc {eacces}\nsctp {eacces}\nseqpacket {eacces}\ntcp made\n"
+        ),
         "{out:?}"
     );
     // Outside, the kernel itself answers each with another error (or makes the socket): the
