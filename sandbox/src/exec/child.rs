@@ -989,7 +989,7 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
             check(rc.into(), Failed::View)?;
         }
         // The host's /proc goes read-only with the rest; init mounts the namespace's own over it.
-        set_mount_attr(c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
+        set_mount_attr(libc::AT_FDCWD, c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
         for bind in ns.binds.iter().filter(|b| b.writable) {
             let (set, clear) = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MOUNT_ATTR_RDONLY);
             // The bind's own root (what it binds is the directory the parent found): the
@@ -1140,7 +1140,15 @@ const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 const AT_RECURSIVE: c_int = 0x8000;
 
-unsafe fn set_mount_attr(path: &CStr, flags: c_int, set: u64, clear: u64) -> std::io::Result<()> {
+/// `mount_setattr` on the mount at `path` from `dirfd` (`AT_FDCWD` with a path, or a mount's
+/// root descriptor with `""` and `AT_EMPTY_PATH`).
+unsafe fn set_mount_attr(
+    dirfd: c_int,
+    path: &CStr,
+    flags: c_int,
+    set: u64,
+    clear: u64,
+) -> std::io::Result<()> {
     unsafe {
         let attr = MountAttr {
             attr_set: set,
@@ -1150,7 +1158,7 @@ unsafe fn set_mount_attr(path: &CStr, flags: c_int, set: u64, clear: u64) -> std
         };
         let rc = libc::syscall(
             libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
+            dirfd,
             path.as_ptr(),
             flags,
             &attr as *const MountAttr,
@@ -1160,25 +1168,9 @@ unsafe fn set_mount_attr(path: &CStr, flags: c_int, set: u64, clear: u64) -> std
     }
 }
 
-/// [`set_mount_attr`] on the mount whose root `fd` is (`AT_EMPTY_PATH`).
+/// [`set_mount_attr`] on the mount whose root `fd` is.
 unsafe fn set_bound_attr(fd: RawFd, flags: c_int, set: u64, clear: u64) -> std::io::Result<()> {
-    unsafe {
-        let attr = MountAttr {
-            attr_set: set,
-            attr_clr: clear,
-            propagation: 0,
-            userns_fd: 0,
-        };
-        let rc = libc::syscall(
-            libc::SYS_mount_setattr,
-            fd,
-            c"".as_ptr(),
-            flags | libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        );
-        check(rc, Failed::View)
-    }
+    unsafe { set_mount_attr(fd, c"", flags | libc::AT_EMPTY_PATH, set, clear) }
 }
 
 /// `struct open_how`.
