@@ -51,7 +51,17 @@ pub struct FolderSessions {
     pub sessions: BTreeMap<String, u64>,
 }
 
+/// Folders one user's registry keeps at most, over all their devices: one more forgets the one
+/// used longest ago. Without it, a user attaching and landing in ever new paths grew the
+/// registry (kept a day) that every landing of every user reads and writes.
+pub const MAX_FOLDERS_PER_USER: usize = 1_000;
+
 impl FolderSessions {
+    /// The latest use of any of its sessions (Unix ms; 0 for none).
+    pub fn last_use(&self) -> u64 {
+        self.sessions.values().copied().max().unwrap_or(0)
+    }
+
     /// A new entry whose only (and active) session is `session`, used `now`.
     pub fn new(user: &str, device: &str, folder: &str, session: &str, now: u64) -> FolderSessions {
         FolderSessions {

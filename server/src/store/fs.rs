@@ -845,6 +845,22 @@ impl FolderStore for FsStore {
                 }
                 (None, true) => false,
                 (None, false) => {
+                    // The user's folders are bounded: the ones used longest ago go first.
+                    let mut theirs: Vec<(u64, usize)> = (file.folders.iter().enumerate())
+                        .filter(|(_, e)| e.user == entry.user)
+                        .map(|(at, e)| (e.last_use(), at))
+                        .collect();
+                    let over =
+                        (theirs.len() + 1).saturating_sub(crate::roots::MAX_FOLDERS_PER_USER);
+                    if over > 0 {
+                        theirs.sort_unstable();
+                        let mut gone: Vec<usize> =
+                            theirs[..over].iter().map(|&(_, at)| at).collect();
+                        gone.sort_unstable_by(|a, b| b.cmp(a));
+                        for at in gone {
+                            file.folders.remove(at);
+                        }
+                    }
                     file.folders.push(entry.clone());
                     true
                 }

@@ -447,6 +447,33 @@ fn exercise(store: &dyn Store) {
         store.save_folder_sessions(&gone).unwrap();
     }
     assert_eq!(store.folder_sessions("ana", "dev-1").unwrap(), []);
+    // One user's folders are bounded over all their devices: one more forgets the one used
+    // longest ago (a user attaching and landing in ever new paths grew it for a day).
+    use monad_server::roots::MAX_FOLDERS_PER_USER;
+    for i in 0..MAX_FOLDERS_PER_USER + 2 {
+        let device = format!("dev-{}", i % 3);
+        let folder = format!("/f/{i}");
+        let at = now + i as u64;
+        let entry = FolderSessions::new("cy", &device, &folder, "s1", at);
+        store.save_folder_sessions(&entry).unwrap();
+    }
+    let theirs: Vec<FolderSessions> = (0..3)
+        .flat_map(|d| store.folder_sessions("cy", &format!("dev-{d}")).unwrap())
+        .collect();
+    assert_eq!(theirs.len(), MAX_FOLDERS_PER_USER);
+    for gone in ["/f/0", "/f/1"] {
+        assert!(theirs.iter().all(|e| e.folder != gone), "{gone} is kept");
+    }
+    let last = format!("/f/{}", MAX_FOLDERS_PER_USER + 1);
+    assert!(theirs.iter().any(|e| e.folder == last));
+    // Another user's are theirs.
+    assert_eq!(store.folder_sessions("ana", "dev-1").unwrap(), []);
+    for i in 0..MAX_FOLDERS_PER_USER + 2 {
+        let mut gone =
+            FolderSessions::new("cy", &format!("dev-{}", i % 3), &format!("/f/{i}"), "s1", 1);
+        gone.sessions.clear();
+        store.save_folder_sessions(&gone).unwrap();
+    }
 
     // Artifacts: listed oldest first, a replaced history snapshot keeps its place.
     store

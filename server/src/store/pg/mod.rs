@@ -1351,6 +1351,19 @@ impl FolderStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
+                // The user's folders are bounded: past it, the ones used longest ago go.
+                let keep = crate::roots::MAX_FOLDERS_PER_USER as i64 - 1;
+                c.execute(
+                    "DELETE FROM folder_sessions WHERE (user_name, device_id, folder) IN (
+                         SELECT user_name, device_id, folder FROM folder_sessions
+                         WHERE user_name = $1 AND NOT (device_id = $2 AND folder = $3)
+                         ORDER BY (SELECT coalesce(max(value::bigint), 0)
+                                   FROM json_each_text(sessions::json)) DESC
+                         OFFSET $4)",
+                    &[&e.user, &e.device, &e.folder, &keep],
+                )
+                .await
+                .map_err(db)?;
             }
             Ok(())
         })
