@@ -424,6 +424,7 @@ impl Agents {
             pending: pending.clone(),
             tally: &tally,
             front,
+            front_ids: Mutex::default(),
         };
         let deadline = llm.max_turn_secs.max(1);
         let result = tokio::select! {
@@ -547,6 +548,8 @@ struct Turn<'a> {
     pending: Pending,
     tally: &'a Mutex<Tally>,
     front: Option<&'a dyn FrontPermission>,
+    /// The ids the turn's calls went to its front by ([`Turn::front_id`]).
+    front_ids: Mutex<std::collections::HashSet<String>>,
 }
 
 /// About what `value` takes in memory as a tree: [`monad_protocol::values::VALUE_BYTES`] a
@@ -808,12 +811,29 @@ impl Turn<'_> {
         Ok(step)
     }
 
+    /// The id a front knows the call the model named `id` by: the model's own, unless the model
+    /// gave none or one of this turn's calls went by it already (a model's ids are its own to
+    /// make): then one of the turn's own. A front's answer is matched to its question by this
+    /// id, so an editor's late "allow" for one call never reaches another that reused its id.
+    fn front_id(&self, id: &str) -> String {
+        let mut used = lock(&self.front_ids);
+        let mut front = id.to_owned();
+        let mut n = used.len();
+        while front.is_empty() || used.contains(&front) {
+            n += 1;
+            front = format!("monad-call-{n}");
+        }
+        used.insert(front.clone());
+        front
+    }
+
     /// Runs one tool call through the executor; its text for the model and whether it failed.
     async fn run_call(&self, call: &ToolCall) -> (String, bool) {
+        let front_id = self.front_id(&call.id);
         let _ = self
             .events
             .send(AgentEvent::ToolCallStarted {
-                call_id: call.id.clone(),
+                call_id: front_id.clone(),
                 tool: call.name.clone(),
                 args: call.arguments.clone(),
             })
@@ -824,7 +844,7 @@ impl Turn<'_> {
             Ok(_slot) => {
                 // Progress is best effort: a front that does not keep up misses some lines.
                 let events = self.events.clone();
-                let call_id = call.id.clone();
+                let call_id = front_id.clone();
                 let progress = move |message: &str| {
                     let _ = events.try_send(AgentEvent::ToolCallProgress {
                         call_id: call_id.clone(),
@@ -833,7 +853,7 @@ impl Turn<'_> {
                 };
                 let gate = self.front.map(|front| CallGate {
                     front,
-                    call_id: &call.id,
+                    call_id: &front_id,
                 });
                 let background = crate::state::may_outlive_its_call(&call.name, &call.arguments);
                 let call = self.state.executor.call_gated(
@@ -861,7 +881,7 @@ impl Turn<'_> {
         let _ = self
             .events
             .send(AgentEvent::ToolCallEnded {
-                call_id: call.id.clone(),
+                call_id: front_id,
                 tool: call.name.clone(),
                 workspace,
                 error,

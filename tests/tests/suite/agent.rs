@@ -1223,3 +1223,76 @@ async fn a_turn_ends_at_its_longest_time() {
     provider.wait_for_abandoned(1).await;
     until_session_md_holds(&server, "## Assistant\n\nThinking\n").await;
 }
+
+/// A front asked about a turn's calls knows each by an id of its own: a model may give its calls
+/// no id, or the same one twice, and a front's answer is matched to its question by the id, so
+/// an editor's late "allow" for one call reached another that reused it (a review found it).
+/// Here two calls without ids, and one reusing another's, are each asked about under an id no
+/// other has, and the events of each call carry that id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_knows_each_call_by_an_id_no_other_call_of_the_turn_has() {
+    let read = |path: &str| json!({"path": path, "workspace": "lap"});
+    let provider = ScriptedProvider::start(vec![
+        Reply::Stream {
+            text: Vec::new(),
+            calls: vec![
+                (String::new(), "read_file".into(), read("a.txt")),
+                (String::new(), "read_file".into(), read("b.txt")),
+                ("call_1".into(), "read_file".into(), read("a.txt")),
+                ("call_1".into(), "read_file".into(), read("b.txt")),
+            ],
+            usage: (10, 5),
+        },
+        Reply::text(["Nothing read."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let dir = folder(&[("a.txt", "a\n"), ("b.txt", "b\n")]);
+    let approver = Arc::new(ScriptedApprover::new([]));
+    let _lap = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(approver.clone() as Arc<dyn Approver>),
+    )
+    .await;
+    let agent = server.agent().await;
+    let (mut started, mut asked) = (Vec::new(), Vec::new());
+    let reply = within(
+        STEP * 2,
+        "the turn to end",
+        agent.prompt_asking(
+            None,
+            "read them",
+            |event| {
+                if let AgentEvent::ToolCallStarted { call_id, .. } = event {
+                    started.push(call_id);
+                }
+            },
+            |event| {
+                if let AgentEvent::Permission { call_id, .. } = event {
+                    asked.push(call_id.clone());
+                }
+                std::future::ready(false)
+            },
+        ),
+    )
+    .await
+    .expect("the prompt is answered");
+    assert_eq!(reply.result.tool_calls, 4);
+    assert_eq!(
+        asked, started,
+        "each call asked about under the id it started with"
+    );
+    assert_eq!(asked.len(), 4);
+    let unique: std::collections::HashSet<&String> = asked.iter().collect();
+    assert_eq!(unique.len(), 4, "{asked:?}");
+    assert!(asked.iter().all(|id| !id.is_empty()), "{asked:?}");
+    assert_eq!(
+        asked[2], "call_1",
+        "a model's own id is kept when it is the first"
+    );
+    assert!(
+        approver.seen().is_empty(),
+        "the editor refused: the owner was never asked"
+    );
+}
