@@ -52,6 +52,9 @@ struct Front {
     config: ClientConfig,
     agent: tokio::sync::Mutex<Option<Agent>>,
     sessions: Mutex<HashMap<String, Turn>>,
+    /// Turns started here: each turn's tool calls go to the editor under ids it prefixes
+    /// ([`translate::in_turn`]).
+    turns: std::sync::atomic::AtomicU64,
 }
 
 /// A session opened here; `cancel` is set while a turn runs.
@@ -215,6 +218,9 @@ impl Front {
     ) -> Result<PromptResponse, Error> {
         let id = id.to_owned();
         let agent = self.agent().await?;
+        let turn_no = 1 + self
+            .turns
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Each call's arguments from its start to its end: its permission question shows them.
         let started: Arc<Mutex<HashMap<String, serde_json::Value>>> = Arc::default();
         let events = {
@@ -231,7 +237,7 @@ impl Front {
                     }
                     _ => {}
                 }
-                for update in translate::updates(&event) {
+                for update in translate::updates(&translate::in_turn(&event, turn_no)) {
                     if let Err(e) =
                         cx.send_notification(SessionNotification::new(id.clone(), update))
                     {
@@ -248,7 +254,8 @@ impl Front {
                     AgentEvent::Permission { call_id, .. } => lock(&started).get(call_id).cloned(),
                     _ => None,
                 };
-                let asked = translate::permission_request(&id, event, args.as_ref());
+                let event = translate::in_turn(event, turn_no);
+                let asked = translate::permission_request(&id, &event, args.as_ref());
                 let cx = cx.clone();
                 async move {
                     let Some(asked) = asked else { return false };
@@ -320,6 +327,7 @@ pub async fn serve(
         config,
         agent: tokio::sync::Mutex::new(None),
         sessions: Mutex::default(),
+        turns: std::sync::atomic::AtomicU64::new(0),
     });
     let ended = tokio::select! {
         served = serve_front(front.clone(), output, input) => served.map(|()| None),

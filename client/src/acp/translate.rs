@@ -125,6 +125,29 @@ pub fn locations(args: &Value) -> Vec<ToolCallLocation> {
         .unwrap_or_default()
 }
 
+/// `event` with its call's id as the editor knows it in turn `turn` of this front: `t3.call_1`.
+/// A call's id is unique in its turn only (the server's, or the model's own), and ACP wants a
+/// tool call's id unique in its session: an editor updated the card of an earlier turn's call
+/// of the same id in place, and tied the new call's permission question to it.
+pub fn in_turn(event: &AgentEvent, turn: u64) -> std::borrow::Cow<'_, AgentEvent> {
+    let mut event = match event {
+        AgentEvent::ToolCallStarted { .. }
+        | AgentEvent::ToolCallProgress { .. }
+        | AgentEvent::ToolCallEnded { .. }
+        | AgentEvent::Permission { .. } => event.clone(),
+        // The rest (a model's text) is passed on as it is.
+        _ => return std::borrow::Cow::Borrowed(event),
+    };
+    if let AgentEvent::ToolCallStarted { call_id, .. }
+    | AgentEvent::ToolCallProgress { call_id, .. }
+    | AgentEvent::ToolCallEnded { call_id, .. }
+    | AgentEvent::Permission { call_id, .. } = &mut event
+    {
+        *call_id = format!("t{turn}.{call_id}");
+    }
+    std::borrow::Cow::Owned(event)
+}
+
 /// The session updates an agent event becomes (none for a permission question, which is a
 /// request of its own; a rate-limit wait is a thought).
 pub fn updates(event: &AgentEvent) -> Vec<SessionUpdate> {
@@ -470,6 +493,38 @@ pub fn stop_reason(stop: &Stop) -> Result<StopReason, String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Each turn's calls reach the editor under ids of that turn (`t2.call_1`): the ids are
+    /// unique in their turn only, and ACP wants them unique in the session (an editor updated
+    /// an earlier turn's card of the same id in place).
+    #[test]
+    fn a_calls_id_is_made_the_turns_own_and_other_events_pass_as_they_are() {
+        let started = AgentEvent::ToolCallStarted {
+            call_id: "call_1".into(),
+            tool: "read_file".into(),
+            args: serde_json::json!({"path": "a"}),
+        };
+        let ids = |event: &AgentEvent| match event {
+            AgentEvent::ToolCallStarted { call_id, .. }
+            | AgentEvent::ToolCallProgress { call_id, .. }
+            | AgentEvent::ToolCallEnded { call_id, .. }
+            | AgentEvent::Permission { call_id, .. } => Some(call_id.clone()),
+            _ => None,
+        };
+        assert_eq!(ids(&in_turn(&started, 1)).as_deref(), Some("t1.call_1"));
+        assert_eq!(ids(&in_turn(&started, 2)).as_deref(), Some("t2.call_1"));
+        let progress = AgentEvent::ToolCallProgress {
+            call_id: "monad-call-1".into(),
+            message: "x".into(),
+        };
+        assert_eq!(
+            ids(&in_turn(&progress, 7)).as_deref(),
+            Some("t7.monad-call-1")
+        );
+        let text = AgentEvent::Text { text: "hi".into() };
+        assert!(matches!(in_turn(&text, 1), std::borrow::Cow::Borrowed(_)));
+    }
+
     use super::*;
     use agent_client_protocol::v1::schema::SelectedPermissionOutcome;
     use monad_protocol::wire::WorkspaceRef;

@@ -1104,16 +1104,10 @@ unsafe fn make_way(target: &CStr, dir: bool) -> std::io::Result<()> {
             buf[end - start] = 0;
             let name = buf.as_ptr().cast::<libc::c_char>();
             let made = if last && !dir {
-                let fd = libc::openat(
-                    parent,
-                    name,
-                    libc::O_CREAT | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                    0o644,
-                );
-                if fd != -1 {
-                    libc::close(fd);
-                }
-                fd != -1
+                // Made, never opened: what is there already (a FIFO would block an open, a file
+                // root may not write would refuse it) is looked at by `open_place` after.
+                libc::mknodat(parent, name, libc::S_IFREG | 0o644, 0) == 0
+                    || errno() == libc::EEXIST
             } else {
                 libc::mkdirat(parent, name, 0o755) == 0 || errno() == libc::EEXIST
             };

@@ -290,7 +290,10 @@ async fn an_editor_prompt_streams_text_and_tool_calls_and_its_approval_goes_on_t
         })
         .collect();
     assert_eq!(calls.len(), 2, "{updates:?}");
-    assert_eq!(&*calls[0].tool_call_id.0, "call_read");
+    assert_eq!(
+        &*calls[0].tool_call_id.0, "t1.call_read",
+        "the turn's own id"
+    );
     assert_eq!(calls[0].kind, ToolKind::Read);
     assert!(calls[0].title.contains("notes.txt"), "{}", calls[0].title);
     assert_eq!(calls[0].locations[0].path, Path::new("notes.txt"));
@@ -321,8 +324,8 @@ async fn an_editor_prompt_streams_text_and_tool_calls_and_its_approval_goes_on_t
     // The editor was asked for both, then the laptop decided both.
     let asked = editor.asked();
     assert_eq!(asked.len(), 2);
-    assert_eq!(&*asked[0].tool_call.tool_call_id.0, "call_read");
-    assert_eq!(&*asked[1].tool_call.tool_call_id.0, "call_edit");
+    assert_eq!(&*asked[0].tool_call.tool_call_id.0, "t1.call_read");
+    assert_eq!(&*asked[1].tool_call.tool_call_id.0, "t1.call_edit");
     assert_eq!(
         approver.seen().len(),
         2,

@@ -129,7 +129,7 @@ async fn the_typescript_sdk_drives_sessions_prompts_permissions_and_errors() {
     assert_eq!(seen["permissions"].as_array().unwrap().len(), 2);
     assert_eq!(
         seen["permissions"][0]["toolCall"]["toolCallId"],
-        "call_read"
+        "t1.call_read"
     );
     assert_eq!(
         approver.seen().len(),
