@@ -5,7 +5,7 @@
 //! [`LinesPrinter::start`]'s `capacity` lines wait; later ones are counted and left out, and
 //! the count is printed once the output takes lines again.
 //!
-//! While an approval prompt is up ([`LinesPause::hold`]), the lines wait: printed under it, they
+//! While an approval prompt is up ([`LinesPause::hold_after_queued`]), the lines wait: printed under it, they
 //! pushed the question off the screen (a server can make as many as it likes), and text drawn
 //! there could pass for another question that the next key answered.
 
@@ -21,7 +21,7 @@ use crate::attach::AttachEvent;
 /// Holds a printer's lines while a prompt is up: a printer's own ([`LinesPrinter::pause`]), or
 /// the chat's, whose writer waits on a task ([`LinesPause::until_free`]) and counts what it has
 /// to write ([`LinesPause::queued`]), so that a prompt first lets out what came before it
-/// ([`LinesPause::settle`]).
+/// ([`LinesPause::hold_after_queued`]).
 #[derive(Debug, Clone, Default)]
 pub struct LinesPause(Arc<Pause>);
 
@@ -40,19 +40,13 @@ struct PauseState {
     pending: usize,
 }
 
-/// The lines wait while this lives ([`LinesPause::hold`]).
+/// The lines wait while this lives ([`LinesPause::hold_after_queued`]).
 #[derive(Debug)]
 pub struct LinesHeld(LinesPause);
 
 impl LinesPause {
     fn state(&self) -> std::sync::MutexGuard<'_, PauseState> {
         self.0.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Holds the lines until the guard is dropped.
-    pub fn hold(&self) -> LinesHeld {
-        self.state().held += 1;
-        LinesHeld(self.clone())
     }
 
     /// Waits, on a task, while the lines are held.
@@ -90,7 +84,8 @@ impl LinesPause {
         self.0.changed.notify_all();
     }
 
-    /// Holds the lines, once those queued so far are written (waiting at most `limit`): for a
+    /// Holds the lines until the guard is dropped, once those queued so far are written
+    /// (waiting at most `limit`; a printer that does not count them has none): for a
     /// prompt about to be drawn, what happened before it shows above it. The wait and the hold
     /// are one step: a line queued between them would be written under the prompt.
     pub fn hold_after_queued(&self, limit: Duration) -> LinesHeld {
@@ -434,7 +429,7 @@ mod tests {
         let gate = Gate::default();
         gate.open();
         let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
-        let held = printer.pause().hold();
+        let held = printer.pause().hold_after_queued(Duration::ZERO);
         for n in 0..20 {
             events.send(event(n)).unwrap();
         }

@@ -150,7 +150,7 @@ fn process_groups(config: &ServerConfig) -> Result<Option<Arc<ProcessGroups>>, S
             info!(
                 processes = bounds.processes,
                 memory_bytes = bounds.memory_bytes,
-                cpu_percent = config.quotas.max_cpu_percent_per_user,
+                cpu_percent = ceiling,
                 "each user's commands are bounded together, in the cgroups under {}",
                 groups.shown()
             );

@@ -121,15 +121,17 @@ impl State {
         self.call_bytes.held(user)
     }
 
-    /// One of `user`'s slots for a tool call in flight, or `limit_exceeded` when they have
-    /// `server.max_calls_per_user` in flight already (over every connection and HTTP).
+    /// One of `user`'s slots for a request in flight (a tool call, or the store work of another
+    /// request), or `limit_exceeded` when they have `server.max_calls_per_user` in flight
+    /// already (over every connection and HTTP).
     pub(crate) fn user_call(&self, user: &str) -> Result<Slot, ToolError> {
         self.user_calls.try_acquire(user).ok_or_else(|| {
             ToolError::new(
                 ErrorCode::LimitExceeded,
                 format!(
-                    "you have {} tool calls in flight, this server's limit \
-                     (server.max_calls_per_user); wait for some to finish, then retry",
+                    "you have {} requests in flight (tool calls, listings, reads of \
+                     conversations and logs), this server's limit (server.max_calls_per_user); \
+                     wait for some to finish, then retry",
                     self.user_calls.limit()
                 ),
             )

@@ -130,14 +130,11 @@ pub fn locations(args: &Value) -> Vec<ToolCallLocation> {
 /// tool call's id unique in its session: an editor updated the card of an earlier turn's call
 /// of the same id in place, and tied the new call's permission question to it.
 pub fn in_turn(event: &AgentEvent, turn: u64) -> std::borrow::Cow<'_, AgentEvent> {
-    let mut event = match event {
-        AgentEvent::ToolCallStarted { .. }
-        | AgentEvent::ToolCallProgress { .. }
-        | AgentEvent::ToolCallEnded { .. }
-        | AgentEvent::Permission { .. } => event.clone(),
-        // The rest (a model's text) is passed on as it is.
-        _ => return std::borrow::Cow::Borrowed(event),
-    };
+    // A model's text, most of the events, is passed on as it is.
+    if matches!(event, AgentEvent::Text { .. }) {
+        return std::borrow::Cow::Borrowed(event);
+    }
+    let mut event = event.clone();
     if let AgentEvent::ToolCallStarted { call_id, .. }
     | AgentEvent::ToolCallProgress { call_id, .. }
     | AgentEvent::ToolCallEnded { call_id, .. }

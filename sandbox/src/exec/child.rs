@@ -945,11 +945,7 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
         // Each must be the directory the parent found there (the one its landlock rule names),
         // not one swapped in since.
         for (&fd, bind) in fds.iter().zip(&ns.binds) {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd, &mut st) != 0 {
-                return Err(fail(Failed::View));
-            }
-            if (st.st_dev as u64, st.st_ino as u64) != bind.id {
+            if !is_at(fd, bind.id) {
                 return Err(fail_with(Failed::View, 0));
             }
         }
@@ -1017,30 +1013,42 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
 /// checks that it is that device and inode.
 unsafe fn open_place(path: &CStr, id: Option<(u64, u64)>) -> std::io::Result<RawFd> {
     unsafe {
+        let fd = openat2(libc::AT_FDCWD, path, libc::O_PATH, RESOLVE_NO_SYMLINKS);
+        if fd < 0 {
+            return Err(fail(Failed::View));
+        }
+        if id.is_some_and(|id| !is_at(fd, id)) {
+            libc::close(fd);
+            return Err(fail_with(Failed::View, 0));
+        }
+        Ok(fd)
+    }
+}
+
+/// Whether `fd` is the file of device and inode `id` (false when it cannot be looked at).
+unsafe fn is_at(fd: RawFd, id: (u64, u64)) -> bool {
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0 && (st.st_dev as u64, st.st_ino as u64) == id
+    }
+}
+
+/// `openat2(dirfd, path, flags | O_CLOEXEC, resolve)`: the descriptor, or -1 (errno set).
+unsafe fn openat2(dirfd: RawFd, path: &CStr, flags: c_int, resolve: u64) -> RawFd {
+    unsafe {
         let how = OpenHow {
-            flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+            flags: (flags | libc::O_CLOEXEC) as u64,
             mode: 0,
-            resolve: RESOLVE_NO_SYMLINKS,
+            resolve,
         };
         let fd = libc::syscall(
             libc::SYS_openat2,
-            libc::AT_FDCWD,
+            dirfd,
             path.as_ptr(),
             &how as *const OpenHow,
             std::mem::size_of::<OpenHow>(),
         );
-        if fd < 0 {
-            return Err(fail(Failed::View));
-        }
-        let fd = fd as RawFd;
-        if let Some(id) = id {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd, &mut st) != 0 || (st.st_dev as u64, st.st_ino as u64) != id {
-                libc::close(fd);
-                return Err(fail_with(Failed::View, 0));
-            }
-        }
-        Ok(fd)
+        if fd < 0 { -1 } else { fd as RawFd }
     }
 }
 
@@ -1190,32 +1198,23 @@ unsafe fn enter_cwd_in_namespace(ns: &Namespaces) -> std::io::Result<()> {
         if root == -1 {
             return Err(fail(Failed::Cwd));
         }
-        let mut st: libc::stat = std::mem::zeroed();
-        let same =
-            libc::fstat(root, &mut st) == 0 && (st.st_dev as u64, st.st_ino as u64) == ns.root_id;
-        if !same {
+        if !is_at(root, ns.root_id) {
             libc::close(root);
             return Err(fail_with(Failed::Cwd, 0));
         }
-        let how = OpenHow {
-            flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
-            mode: 0,
-            resolve: RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-        };
-        let dir = libc::syscall(
-            libc::SYS_openat2,
+        let dir = openat2(
             root,
-            ns.cwd.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
+            &ns.cwd,
+            libc::O_PATH | libc::O_DIRECTORY,
+            RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
         );
         libc::close(root);
         if dir < 0 {
             return Err(fail(Failed::Cwd));
         }
-        let rc = libc::fchdir(dir as c_int);
+        let rc = libc::fchdir(dir);
         let err = errno();
-        libc::close(dir as c_int);
+        libc::close(dir);
         if rc == -1 {
             return Err(fail_with(Failed::Cwd, err));
         }

@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::signin::{ApiUser, Credential};
-use super::{BodyNotRead, HttpError, Web, blocking_held, owned_record, owned_session, page_limit};
+use super::{
+    BodyNotRead, HttpError, Web, blocking_held, owned_record, owned_session, page_limit, user_slot,
+};
 use crate::feed::{Event, Phase};
 use crate::fsutil::now_rfc3339;
 use crate::quota::Held;
@@ -851,7 +853,7 @@ async fn create_workspace(
         (WorkspaceScope::General, None) => None,
     };
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let (record, created) = blocking_held(slot, move || create_record(&state, &user, path)).await?;
     let status = if created {
         StatusCode::CREATED
@@ -922,7 +924,7 @@ async fn get_workspace(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let record = blocking_held(slot, move || owned_record(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &WorkspaceView::of(&record)))
 }
@@ -934,7 +936,7 @@ async fn delete_workspace(
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
     let storing = STORING.of(&user).lock_owned().await;
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     blocking_held(slot, move || {
         let _storing = storing;
         let record = owned_record(&state, &user, &id)?;
@@ -1034,7 +1036,7 @@ async fn upload_artifact(
     // connection it serves. The turn and the count go with the content: they last until it is
     // stored, even when the client goes away meanwhile (the handler is dropped, the store's
     // work is not).
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let created = blocking_held(slot, move || {
         let _storing = storing;
         let _turn = turn;
@@ -1456,7 +1458,7 @@ async fn workspace_artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let (meta, content) = blocking_held(slot, move || {
         owned_record(&state, &user, &id)?;
         let (meta, content) = owned_artifact(&state, &user, &artifact, None)?;
@@ -1478,7 +1480,7 @@ async fn workspace_sessions(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let page = blocking_held(slot, move || {
         workspace_sessions_page(&web2, &user, &id, limit, q.next_token.as_deref())
     })
@@ -1536,7 +1538,7 @@ async fn list_sessions(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let page = blocking_held(slot, move || {
         sessions_page(&web2, &user, limit, q.next_token.as_deref())
     })
@@ -1638,7 +1640,7 @@ async fn get_session(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let view = blocking_held(slot, move || session_view(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &view))
 }
@@ -1676,7 +1678,7 @@ async fn session_history(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let view = blocking_held(slot, move || history_view(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &view))
 }
@@ -1702,7 +1704,7 @@ async fn session_artifacts(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let list = blocking_held(slot, move || artifact_list(&state, &user, &id)).await?;
     Ok(json(
         StatusCode::OK,
@@ -1718,7 +1720,7 @@ async fn session_artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let (meta, content) = blocking_held(slot, move || {
         owned_artifact(&state, &user, &artifact, Some(&id))
     })
@@ -1768,7 +1770,7 @@ async fn session_audit(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let page = blocking_held(slot, move || {
         audit_page(&web2, &user, &id, limit, q.next_token.as_deref())
     })
@@ -1889,7 +1891,7 @@ async fn session_events(
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
     let owner = user.clone();
-    let slot = super::user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user)?;
     let meta = blocking_held(slot, move || owned_session(&state, &owner, &id)).await?;
     // `ApiUser` accepted this request's bearer token, so it is there.
     let token = super::bearer(&headers).unwrap_or_default().to_owned();

@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use super::api::{self, AuditEntry, SessionsPage};
 use super::signin::{PageUser, clear_cookie, same_site, set_cookie};
-use super::{HttpError, Web, blocking_held, owned_record, owned_session};
+use super::{HttpError, Web, blocking_held, owned_record, owned_session, user_slot};
 use crate::store::{ArtifactKind, ArtifactMeta};
 
 /// Tool calls shown at first on a session page (the latest); earlier ones load on request.
@@ -374,7 +374,7 @@ async fn sessions(
     let w = web.clone();
     let u = user.user.clone();
     let q = query.q.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let page = blocking_held(slot, move || {
         list(&w, &u, q.as_deref(), query.next.as_deref())
     })
@@ -408,7 +408,7 @@ async fn session_rows(
     Query(query): Query<ListQuery>,
 ) -> PageResult {
     let q = query.q.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let page = blocking_held(slot, move || {
         list(&web, &user.user, q.as_deref(), query.next.as_deref())
     })
@@ -517,7 +517,7 @@ async fn session(
 ) -> PageResult {
     let w = web.clone();
     let u = user.user.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let data = blocking_held(slot, move || session_data(&w, &u, &id)).await?;
     let form_token = user.form_token(&web);
     let sid = data.view.session_id.clone();
@@ -598,7 +598,7 @@ async fn conversation(
     Path(id): Path<String>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let history = blocking_held(slot, move || api::history_view(&state, &user.user, &id)).await?;
     Ok(respond(StatusCode::OK, conversation_markup(&history)))
 }
@@ -619,7 +619,7 @@ async fn calls(
         return Err(HttpError::bad("`from` must be a number").into());
     };
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let (sid, records, total, artifacts) = blocking_held(slot, move || {
         let meta = owned_session(&state, &user.user, &id)?;
         let store = state.registry.store();
@@ -687,7 +687,7 @@ async fn call(
     Path((id, call_id)): Path<(String, String)>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let (sid, found) = blocking_held(slot, move || {
         // As its owner's id: `default` is the caller's own default (see `owned_session`).
         let sid = owned_session(&state, &user.user, &id)?.id;
@@ -730,7 +730,7 @@ async fn events(
 ) -> PageResult {
     let state = web.state.clone();
     let owner = user.user.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let meta = blocking_held(slot, move || owned_session(&state, &owner, &id)).await?;
     let credential = super::signin::Credential::Signin(user.signin);
     Ok(api::event_stream(web, meta.id, user.user, credential).into_response())
@@ -742,7 +742,7 @@ async fn export(
     Path(id): Path<String>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let (sid, text) = blocking_held(slot, move || {
         let meta = owned_session(&state, &user.user, &id)?;
         let history = state
@@ -766,7 +766,7 @@ async fn artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let (meta, content) = blocking_held(slot, move || {
         api::owned_artifact(&state, &user.user, &artifact, Some(&id))
     })
@@ -780,7 +780,7 @@ async fn artifact(
 async fn workspaces(Shared(web): Shared<Arc<Web>>, user: PageUser) -> PageResult {
     let state = web.state.clone();
     let u = user.user.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let records = blocking_held(slot, move || {
         state
             .registry
@@ -825,7 +825,7 @@ async fn workspace(
 ) -> PageResult {
     let w = web.clone();
     let u = user.user.clone();
-    let slot = super::user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user)?;
     let (record, page) = blocking_held(slot, move || {
         let record = owned_record(&w.state, &u, &id)?;
         let page =
