@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use monad_client::ClientError;
 use monad_client::agent::{Agent, CallReply};
-use monad_client::approval::Approver;
+use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_client::attach::{AttachEvent, AttachOptions, attach};
 use monad_client::config::ClientConfig;
 use monad_protocol::wire::{Outcome, WorkspaceInfo};
@@ -577,6 +577,21 @@ impl Attachment {
             events,
             task,
         }
+    }
+
+    /// [`Attachment::start`] with a [`ScriptedApprover`] of `decisions` as the folder's owner
+    /// (then it denies); returns the attachment and the approver, which keeps what it was asked.
+    pub async fn scripted(
+        config: &ClientConfig,
+        options: AttachOptions,
+        decisions: impl IntoIterator<Item = Option<Decision>>,
+    ) -> (Attachment, Arc<ScriptedApprover>) {
+        let approver = Arc::new(ScriptedApprover::new(decisions));
+        let owner = approver.clone() as Arc<dyn Approver>;
+        (
+            Attachment::start(config, options, Some(owner)).await,
+            approver,
+        )
     }
 
     /// Waits (bounded) for the next `Attached` event (after a reconnect), skipping others;

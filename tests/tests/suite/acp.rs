@@ -17,7 +17,7 @@ use agent_client_protocol::v1::schema::{
     SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, ToolCallContent,
     ToolCallStatus, ToolKind,
 };
-use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_client::approval::Decision;
 use monad_server::llm::ProviderKind;
 use monad_tests::provider::{Reply, ScriptedProvider};
 use monad_tests::{Attachment, STEP, TestServer, attach_options, folder, within};
@@ -238,14 +238,10 @@ async fn an_editor_prompt_streams_text_and_tool_calls_and_its_approval_goes_on_t
     let server = server_for(&provider).await;
     let dir = folder(&[("notes.txt", "status: draft\n")]);
     // The laptop allows the read and denies the edit: the editor's approval does not overrule it.
-    let approver = Arc::new(ScriptedApprover::new([
-        Some(Decision::AllowOnce),
-        Some(Decision::Deny),
-    ]));
-    let _lap = Attachment::start(
+    let (_lap, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [Some(Decision::AllowOnce), Some(Decision::Deny)],
     )
     .await;
     let editor = Editor::answering(["allow", "allow"]);
@@ -366,11 +362,10 @@ async fn an_editor_rejection_denies_the_call_and_the_laptop_is_never_asked() {
     .await;
     let server = server_for(&provider).await;
     let dir = folder(&[("notes.txt", "status: draft\n")]);
-    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
-    let _lap = Attachment::start(
+    let (_lap, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [Some(Decision::AllowOnce)],
     )
     .await;
     let editor = Editor::answering(["reject"]);
@@ -440,11 +435,10 @@ async fn an_editors_permission_question_shows_all_a_call_would_do() {
     .await;
     let server = server_for(&provider).await;
     let dir = folder(&[("notes.txt", "status: draft\n")]);
-    let approver = Arc::new(ScriptedApprover::new([]));
-    let _lap = Attachment::start(
+    let (_lap, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [],
     )
     .await;
     let editor = Editor::answering(["reject", "reject", "reject"]);

@@ -2,11 +2,10 @@
 //! provider, an agent sending prompts over QUIC (`Agent::prompt`), folders attached through the
 //! client library with scripted approvers.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use monad_client::agent::{Agent, PromptOptions, PromptReply};
-use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_client::approval::Decision;
 use monad_protocol::agent::{AgentEvent, StopReason};
 use monad_protocol::wire::{HistoryMessage, HistoryRole, Trust};
 use monad_server::llm::ProviderKind;
@@ -97,14 +96,10 @@ async fn a_prompt_reads_and_edits_a_file_in_a_restricted_folder_through_approval
         .await;
         let server = server_for(&provider, kind, "").await;
         let dir = folder(&[("notes.txt", "status: draft\n")]);
-        let approver = Arc::new(ScriptedApprover::new([
-            Some(Decision::AllowOnce),
-            Some(Decision::AllowOnce),
-        ]));
-        let _lap = Attachment::start(
+        let (_lap, approver) = Attachment::scripted(
             &server.client_config(),
             attach_options(dir.path(), "lap"),
-            Some(approver.clone() as Arc<dyn Approver>),
+            [Some(Decision::AllowOnce), Some(Decision::AllowOnce)],
         )
         .await;
         let agent = server.agent().await;
@@ -621,11 +616,10 @@ async fn cancelling_during_an_approval_withdraws_it_and_the_audit_says_cancelled
     let server = server_for(&provider, ProviderKind::Openai, "").await;
     let dir = folder(&[("a.txt", "alpha\n")]);
     // Nobody answers the laptop's prompt.
-    let approver = Arc::new(ScriptedApprover::new([None]));
-    let _lap = Attachment::start(
+    let (_lap, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [None],
     )
     .await;
     let agent = server.agent().await;
@@ -1248,11 +1242,10 @@ async fn a_front_knows_each_call_by_an_id_no_other_call_of_the_turn_has() {
     .await;
     let server = server_for(&provider, ProviderKind::Openai, "").await;
     let dir = folder(&[("a.txt", "a\n"), ("b.txt", "b\n")]);
-    let approver = Arc::new(ScriptedApprover::new([]));
-    let _lap = Attachment::start(
+    let (_lap, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [],
     )
     .await;
     let agent = server.agent().await;

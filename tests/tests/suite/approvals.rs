@@ -27,11 +27,10 @@ async fn scripted(
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let dir = folder(files);
-    let approver = Arc::new(ScriptedApprover::new(script));
-    let attachment = Attachment::start(
+    let (attachment, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        script,
     )
     .await;
     (server, agent, dir, attachment, approver)
@@ -71,11 +70,10 @@ async fn allow_once_runs_and_asks_again_next_time() {
 async fn a_prompt_names_the_folder_as_the_session_lists_it() {
     let (server, agent, _dir, _a, _approver) = scripted([], &[]).await;
     let other = folder(&[("b.txt", "beta\n")]);
-    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowOnce)]));
-    let second = Attachment::start(
+    let (second, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(other.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [Some(Decision::AllowOnce)],
     )
     .await;
     let listed = second.workspace.name.clone();

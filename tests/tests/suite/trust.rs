@@ -400,11 +400,10 @@ async fn calls_that_cannot_run_fail_before_anyone_is_asked() {
         ("script.sh", "echo hi\n"),
         ("sub/f", ""),
     ]);
-    let approver = Arc::new(ScriptedApprover::new([]));
-    let _a = Attachment::start(
+    let (_a, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [],
     )
     .await;
     let cases: Vec<(&str, Value, ErrorCode)> = vec![
@@ -563,15 +562,14 @@ async fn always_on_a_shell_allows_only_that_exact_command() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let dir = folder(&[]);
-    let approver = Arc::new(ScriptedApprover::new([
-        Some(Decision::AllowAlways),
-        Some(Decision::Deny),
-        Some(Decision::AllowAlways),
-    ]));
-    let _a = Attachment::start(
+    let (_a, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [
+            Some(Decision::AllowAlways),
+            Some(Decision::Deny),
+            Some(Decision::AllowAlways),
+        ],
     )
     .await;
     let run = |argv: Value| json!({"argv": argv, "workspace": "lap"});
@@ -606,11 +604,10 @@ async fn denied_timed_out_and_cancelled_calls_are_three_different_outcomes() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let dir = folder(&[("deny.txt", ""), ("timeout.txt", ""), ("cancel.txt", "")]);
-    let approver = Arc::new(ScriptedApprover::new([Some(Decision::Deny), None]));
-    let _slow = Attachment::start(
+    let (_slow, _approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [Some(Decision::Deny), None],
     )
     .await;
     let mut quick = attach_options(dir.path(), "quick");
@@ -959,11 +956,10 @@ async fn always_on_an_ordinary_program_allows_only_that_exact_command() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let dir = folder(&[("a.txt", "alpha\n")]);
-    let approver = Arc::new(ScriptedApprover::new([Some(Decision::AllowAlways)]));
-    let _a = Attachment::start(
+    let (_a, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [Some(Decision::AllowAlways)],
     )
     .await;
     let run = |argv: Value| json!({"argv": argv, "workspace": "lap"});
@@ -1017,16 +1013,15 @@ async fn always_on_a_program_in_the_workspace_allows_only_that_exact_command() {
         )
         .unwrap();
     }
-    let approver = Arc::new(ScriptedApprover::new([
-        Some(Decision::AllowAlways),
-        Some(Decision::Deny),
-        Some(Decision::AllowAlways),
-        Some(Decision::Deny),
-    ]));
-    let _a = Attachment::start(
+    let (_a, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [
+            Some(Decision::AllowAlways),
+            Some(Decision::Deny),
+            Some(Decision::AllowAlways),
+            Some(Decision::Deny),
+        ],
     )
     .await;
     let run = |argv: Value| json!({"argv": argv, "workspace": "lap"});
@@ -1084,11 +1079,10 @@ async fn the_prompt_reads_numbers_written_as_decimals_as_the_command_will() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let dir = folder(&[("a.txt", "a\n")]);
-    let approver = Arc::new(ScriptedApprover::new([Some(Decision::Deny)]));
-    let _a = Attachment::start(
+    let (_a, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [Some(Decision::Deny)],
     )
     .await;
     let args = json!({"argv": ["sleep", "30"], "workspace": "lap",
@@ -1123,15 +1117,14 @@ async fn process_write_and_kill_prompts_say_which_program_it_is() {
     let server = TestServer::start().await;
     let agent = server.agent().await;
     let dir = folder(&[("sub/keep", "")]);
-    let approver = Arc::new(ScriptedApprover::new([
-        Some(Decision::AllowOnce),
-        Some(Decision::Deny),
-        Some(Decision::Deny),
-    ]));
-    let _a = Attachment::start(
+    let (_a, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [
+            Some(Decision::AllowOnce),
+            Some(Decision::Deny),
+            Some(Decision::Deny),
+        ],
     )
     .await;
     let (started, _) = ok(call(

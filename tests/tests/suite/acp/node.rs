@@ -5,9 +5,8 @@
 //! unknown session, and prints what it saw.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use monad_client::approval::{Approver, Decision, ScriptedApprover};
+use monad_client::approval::Decision;
 use monad_tests::provider::{Reply, ScriptedProvider};
 use monad_tests::{Attachment, STEP, attach_options, folder, within};
 use serde_json::{Value, json};
@@ -57,14 +56,10 @@ async fn the_typescript_sdk_drives_sessions_prompts_permissions_and_errors() {
     .await;
     let server = server_for(&provider).await;
     let dir = folder(&[("notes.txt", "status: draft\n")]);
-    let approver = Arc::new(ScriptedApprover::new([
-        Some(Decision::AllowOnce),
-        Some(Decision::AllowOnce),
-    ]));
-    let _lap = Attachment::start(
+    let (_lap, approver) = Attachment::scripted(
         &server.client_config(),
         attach_options(dir.path(), "lap"),
-        Some(approver.clone() as Arc<dyn Approver>),
+        [Some(Decision::AllowOnce), Some(Decision::AllowOnce)],
     )
     .await;
     let config = tempfile::tempdir().unwrap();
