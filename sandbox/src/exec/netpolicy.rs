@@ -18,7 +18,11 @@
 //! NAT, multicast, reserved, documentation, and IPv6 forms that embed such an IPv4 address) is
 //! refused unless an `allow` entry names it as an address or a range holding only addresses of
 //! its kind: a name is never enough, nor a wider range (`0.0.0.0/0` reaches public addresses,
-//! not this machine's loopback, the LAN or the link-local metadata address).
+//! not this machine's loopback, the LAN or the link-local metadata address). This machine's own
+//! addresses (its interfaces', other than the loopback's: [`own_addresses`], read at each
+//! connection) are refused unless an `allow` entry names the address itself: its services
+//! listen there, often on every address, and neither a range of the LAN nor `0.0.0.0/0` says
+//! the host is meant.
 //!
 //! Addresses and ranges are compared in IPv6's space, an IPv4 address or range standing for its
 //! IPv4-mapped form (`10.0.0.0/8` is `[::ffff:10.0.0.0/104]`, and `[::ffff:10.0.0.1]` is
@@ -154,12 +158,14 @@ impl NetPolicy {
     }
 
     /// The second check, on the addresses `host` resolved to (or the address it is): those
-    /// that may be connected to, in order, or the reason none may.
+    /// that may be connected to, in order, or the reason none may. `own` is this machine's
+    /// own addresses ([`own_addresses`]).
     pub fn check_addresses(
         &self,
         host: &Host,
         port: u16,
         addresses: &[IpAddr],
+        own: &[IpAddr],
     ) -> Result<Vec<SocketAddr>, String> {
         let mut refused = None;
         let mut ok = Vec::new();
@@ -168,6 +174,20 @@ impl NetPolicy {
                 refused.get_or_insert(format!(
                     "{host} resolves to {ip}, which is denied (`{}`)",
                     entry.text
+                ));
+                continue;
+            }
+            if not_public(ip) != Some("loopback")
+                && is_own(ip, own)
+                && !self
+                    .allow
+                    .iter()
+                    .any(|e| e.matches_ip(ip, port) && e.is_one_address())
+            {
+                refused.get_or_insert(format!(
+                    "{host} resolves to {ip}, an address of this machine's own; only an \
+                     `allow` entry naming the address lets a command reach it (a range, such \
+                     as the LAN's or `0.0.0.0/0`, does not)"
                 ));
                 continue;
             }
@@ -296,6 +316,12 @@ impl Entry {
         not_public(address(net)) == Some(kind) && not_public(address(last)) == Some(kind)
     }
 
+    /// Whether the entry names one address (`203.0.113.7`, `[2001:db8::1]`, or a range of
+    /// one: `/32`, `/128`).
+    fn is_one_address(&self) -> bool {
+        matches!(self.target, Target::Range(_, 128))
+    }
+
     /// Whether `ip` (or the IPv4 address it reaches, see the module documentation) is in the
     /// entry's range, on a port it covers.
     fn matches_ip(&self, ip: IpAddr, port: u16) -> bool {
@@ -337,6 +363,31 @@ fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     [0xffff, 0xffff_0000, 0x64_ff9b << 64]
         .contains(&prefix)
         .then(|| Ipv4Addr::from(bits as u32))
+}
+
+/// The addresses of this machine's network interfaces, up or down: the host a command's
+/// connections leave from, whose services listen on them (often on every address at once).
+pub fn own_addresses() -> Result<Vec<IpAddr>, String> {
+    let interfaces = nix::ifaddrs::getifaddrs()
+        .map_err(|e| format!("cannot list this machine's own addresses: {e}"))?;
+    Ok(interfaces
+        .filter_map(|interface| {
+            let address = interface.address?;
+            address
+                .as_sockaddr_in()
+                .map(|a| IpAddr::V4(a.ip()))
+                .or_else(|| address.as_sockaddr_in6().map(|a| IpAddr::V6(a.ip())))
+        })
+        .collect())
+}
+
+/// Whether `ip` is one of `own`, also as the IPv4 address an IPv6 form of it reaches.
+fn is_own(ip: IpAddr, own: &[IpAddr]) -> bool {
+    let (itself, reached) = identities(ip);
+    own.iter().any(|&o| {
+        let (theirs, _) = identities(o);
+        theirs == itself || reached == Some(theirs)
+    })
 }
 
 /// Whether the first `bits` bits (0 to 128; more match nothing) of `ip` and `net` agree.
@@ -431,12 +482,12 @@ mod tests {
         let wide = policy(&["0.0.0.0/0", "::/0", "0.0.0.0/1"], &[]);
         for special in ["127.0.0.1", "10.1.2.3", "169.254.169.254", "::1", "fd00::1"] {
             let e = wide
-                .check_addresses(&host("x.example"), 80, &[ip(special)])
+                .check_addresses(&host("x.example"), 80, &[ip(special)], &[])
                 .unwrap_err();
             assert!(e.contains("a wider range"), "{special}: {e}");
         }
         assert!(
-            wide.check_addresses(&host("x.example"), 80, &[ip("93.184.216.34")])
+            wide.check_addresses(&host("x.example"), 80, &[ip("93.184.216.34")], &[])
                 .is_ok()
         );
         let own = policy(
@@ -451,20 +502,110 @@ mod tests {
         );
         for reached in ["127.0.0.1", "10.1.2.3", "169.254.169.254", "fd00::1"] {
             assert!(
-                own.check_addresses(&host("x.example"), 80, &[ip(reached)])
+                own.check_addresses(&host("x.example"), 80, &[ip(reached)], &[])
                     .is_ok(),
                 "{reached}"
             );
         }
         // A range reaching past its block is not of one kind.
         assert!(
-            own.check_addresses(&host("x.example"), 80, &[ip("192.168.1.1")])
+            own.check_addresses(&host("x.example"), 80, &[ip("192.168.1.1")], &[])
                 .is_err()
         );
         assert!(
-            own.check_addresses(&host("x.example"), 80, &[ip("127.0.0.2")])
+            own.check_addresses(&host("x.example"), 80, &[ip("127.0.0.2")], &[])
                 .is_err()
         );
+    }
+
+    /// Regression: a range listed for the LAN or for the internet (`10.0.0.0/8`, `0.0.0.0/0`)
+    /// let commands reach this machine's own addresses, where its services listen (often on
+    /// every address at once): the server's own ports, or on a laptop its owner's.
+    #[test]
+    fn this_machines_own_address_is_reached_only_through_an_entry_naming_it() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let own = [
+            ip("127.0.0.1"),
+            ip("10.1.2.3"),
+            ip("93.184.216.34"),
+            ip("2001:db8:1::5"),
+        ];
+        let wide = policy(&["0.0.0.0/0", "::/0", "10.0.0.0/8", "[2001:db8::/32]"], &[]);
+        for address in [
+            "10.1.2.3",
+            "93.184.216.34",
+            "::ffff:93.184.216.34",
+            "2001:db8:1::5",
+        ] {
+            let e = wide
+                .check_addresses(&host("x.example"), 80, &[ip(address)], &own)
+                .unwrap_err();
+            assert!(e.contains("this machine's own"), "{address}: {e}");
+        }
+        // Others of the range, and this machine's loopback named outright, as before.
+        assert!(
+            wide.check_addresses(
+                &host("x.example"),
+                80,
+                &[ip("10.1.2.4"), ip("1.1.1.1")],
+                &own
+            )
+            .is_ok_and(|ok| ok.len() == 2)
+        );
+        let loopback = policy(&["127.0.0.1", "127.0.0.0/8"], &[]);
+        assert!(
+            loopback
+                .check_addresses(&host("127.0.0.1"), 80, &[ip("127.0.0.1")], &own)
+                .is_ok()
+        );
+        // Named outright, with or without its port, and as the address it is in IPv6's space.
+        let named = policy(
+            &["93.184.216.34:443", "10.1.2.3/32", "[2001:db8:1::5]"],
+            &[],
+        );
+        for (address, port) in [
+            ("93.184.216.34", 443),
+            ("::ffff:93.184.216.34", 443),
+            ("10.1.2.3", 80),
+            ("2001:db8:1::5", 80),
+        ] {
+            assert!(
+                named
+                    .check_addresses(&host("x.example"), port, &[ip(address)], &own)
+                    .is_ok(),
+                "{address}:{port}"
+            );
+        }
+        assert!(
+            named
+                .check_addresses(&host("x.example"), 80, &[ip("93.184.216.34")], &own)
+                .is_err()
+        );
+    }
+
+    /// What [`own_addresses`] reads is what the kernel has: the loopback's, and each of the
+    /// others `ip` shows.
+    #[test]
+    fn own_addresses_are_the_interfaces() {
+        let own = own_addresses().unwrap();
+        assert!(own.contains(&IpAddr::V4(Ipv4Addr::LOCALHOST)), "{own:?}");
+        let out = std::process::Command::new("ip")
+            .args(["-o", "addr"])
+            .output();
+        let Ok(out) = out else {
+            panic!("the `ip` command (iproute2) is needed to check this machine's addresses");
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let mut words = line.split_whitespace();
+            let Some(address) = words
+                .find(|w| *w == "inet" || *w == "inet6")
+                .and(words.next())
+            else {
+                continue;
+            };
+            let address: IpAddr = address.split('/').next().unwrap().parse().unwrap();
+            assert!(own.contains(&address), "{address} missing from {own:?}");
+        }
     }
 
     fn policy(allow: &[&str], deny: &[&str]) -> NetPolicy {
@@ -537,7 +678,7 @@ mod tests {
             "0.0.0.0",
         ] {
             let ip: IpAddr = private.parse().unwrap();
-            let why = p.check_addresses(&name, 443, &[ip]).unwrap_err();
+            let why = p.check_addresses(&name, 443, &[ip], &[]).unwrap_err();
             assert!(
                 why.contains(private) || why.contains("resolves"),
                 "{private}: {why}"
@@ -547,7 +688,8 @@ mod tests {
         let public: IpAddr = "93.184.216.34".parse().unwrap();
         let private: IpAddr = "10.0.0.5".parse().unwrap();
         assert_eq!(
-            p.check_addresses(&name, 443, &[private, public]).unwrap(),
+            p.check_addresses(&name, 443, &[private, public], &[])
+                .unwrap(),
             [SocketAddr::new(public, 443)]
         );
     }
@@ -560,20 +702,22 @@ mod tests {
         );
         let db = host("db.internal");
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert!(p.check_addresses(&db, 5432, &[ip("10.1.2.3")]).is_ok());
+        assert!(p.check_addresses(&db, 5432, &[ip("10.1.2.3")], &[]).is_ok());
         assert!(
-            p.check_addresses(&db, 5433, &[ip("10.1.2.3")]).is_err(),
+            p.check_addresses(&db, 5433, &[ip("10.1.2.3")], &[])
+                .is_err(),
             "port-bound"
         );
-        assert!(p.check_addresses(&db, 80, &[ip("10.2.0.1")]).is_err());
+        assert!(p.check_addresses(&db, 80, &[ip("10.2.0.1")], &[]).is_err());
         assert!(p.check_name(&host("127.0.0.1"), 8080).is_ok());
         assert!(
-            p.check_addresses(&host("127.0.0.1"), 8080, &[ip("127.0.0.1")])
+            p.check_addresses(&host("127.0.0.1"), 8080, &[ip("127.0.0.1")], &[])
                 .is_ok()
         );
-        assert!(p.check_addresses(&db, 1, &[ip("fd12::1")]).is_ok());
+        assert!(p.check_addresses(&db, 1, &[ip("fd12::1")], &[]).is_ok());
         assert!(
-            p.check_addresses(&db, 1, &[ip("::ffff:127.0.0.1")]).is_ok(),
+            p.check_addresses(&db, 1, &[ip("::ffff:127.0.0.1")], &[])
+                .is_ok(),
             "mapped is the v4 address"
         );
     }
@@ -618,39 +762,43 @@ mod tests {
         ] {
             let p = policy(&[allow], &[]);
             assert!(
-                p.check_addresses(&name, 80, &[ip("10.0.0.1")]).is_ok(),
+                p.check_addresses(&name, 80, &[ip("10.0.0.1")], &[]).is_ok(),
                 "{allow}"
             );
             assert!(
-                p.check_addresses(&name, 80, &[ip("::ffff:10.0.0.1")])
+                p.check_addresses(&name, 80, &[ip("::ffff:10.0.0.1")], &[])
                     .is_ok(),
                 "{allow}"
             );
             for other in ["169.254.169.254", "10.0.1.1", "127.0.0.1", "192.168.0.1"] {
                 assert!(
-                    p.check_addresses(&name, 80, &[ip(other)]).is_err(),
+                    p.check_addresses(&name, 80, &[ip(other)], &[]).is_err(),
                     "{allow} let {other} through"
                 );
             }
         }
         let p = policy(&["*.example.org"], &["::ffff:93.184.216.34"]);
         assert!(
-            p.check_addresses(&name, 443, &[ip("93.184.216.34")])
+            p.check_addresses(&name, 443, &[ip("93.184.216.34")], &[])
                 .is_err()
         );
         assert!(
-            p.check_addresses(&name, 443, &[ip("1.1.1.1")]).is_ok(),
+            p.check_addresses(&name, 443, &[ip("1.1.1.1")], &[]).is_ok(),
             "a mapped deny entry denies its own address, not all of IPv4"
         );
         // The mapped range as a whole is IPv4 as a whole, as written: public addresses, not
         // the special ones within it (a range of their own kind is needed for those).
         let p = policy(&["[::ffff:0:0/96]"], &[]);
         assert!(
-            p.check_addresses(&name, 80, &[ip("93.184.216.34")]).is_ok(),
+            p.check_addresses(&name, 80, &[ip("93.184.216.34")], &[])
+                .is_ok(),
             "listed by range"
         );
-        assert!(p.check_addresses(&name, 80, &[ip("10.9.8.7")]).is_err());
-        assert!(p.check_addresses(&name, 80, &[ip("fd00::1")]).is_err());
+        assert!(
+            p.check_addresses(&name, 80, &[ip("10.9.8.7")], &[])
+                .is_err()
+        );
+        assert!(p.check_addresses(&name, 80, &[ip("fd00::1")], &[]).is_err());
     }
 
     #[test]
@@ -666,7 +814,7 @@ mod tests {
             "::ffff:0:5db8:d822",
         ] {
             assert!(
-                p.check_addresses(&name, 443, &[ip(public)]).is_ok(),
+                p.check_addresses(&name, 443, &[ip(public)], &[]).is_ok(),
                 "{public} embeds a public address"
             );
         }
@@ -681,7 +829,7 @@ mod tests {
             "64:ff9b:1:abcd::5db8:d822",
         ] {
             assert!(
-                p.check_addresses(&name, 443, &[ip(private)]).is_err(),
+                p.check_addresses(&name, 443, &[ip(private)], &[]).is_err(),
                 "{private} let through"
             );
         }
@@ -693,17 +841,17 @@ mod tests {
             "64:ff9b::5db8:d822",
             "::ffff:0:5db8:d822",
         ] {
-            let why = p.check_addresses(&name, 443, &[ip(form)]).unwrap_err();
+            let why = p.check_addresses(&name, 443, &[ip(form)], &[]).unwrap_err();
             assert!(why.contains("denied"), "{form}: {why}");
         }
         // And an allow entry naming a private IPv4 address, too.
         let p = policy(&["10.0.0.5"], &[]);
         assert!(
-            p.check_addresses(&name, 80, &[ip("64:ff9b::a00:5")])
+            p.check_addresses(&name, 80, &[ip("64:ff9b::a00:5")], &[])
                 .is_ok()
         );
         assert!(
-            p.check_addresses(&name, 80, &[ip("64:ff9b::a00:6")])
+            p.check_addresses(&name, 80, &[ip("64:ff9b::a00:6")], &[])
                 .is_err()
         );
     }

@@ -325,7 +325,8 @@ async fn connect(
             ips
         }
     };
-    let allowed = policy.check_addresses(host, port, &addresses)?;
+    let own = super::netpolicy::own_addresses()?;
+    let allowed = policy.check_addresses(host, port, &addresses, &own)?;
     let mut last = String::new();
     for address in allowed {
         match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await {

@@ -14,7 +14,15 @@ use super::support::{Fixture, run, sh, try_run};
 /// read (its header lines given to `answer`, with the stream for its body), and `answer`'s text
 /// is the body of a `200 OK`. Returns the port.
 fn serve_http(answer: fn(&[(String, String)], &mut std::net::TcpStream) -> String) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    serve_http_on("127.0.0.1:0", answer)
+}
+
+/// [`serve_http`] on `bind`.
+fn serve_http_on(
+    bind: &str,
+    answer: fn(&[(String, String)], &mut std::net::TcpStream) -> String,
+) -> u16 {
+    let listener = TcpListener::bind(bind).unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
@@ -268,6 +276,39 @@ fn a_listed_name_that_resolves_to_a_private_address_is_refused() {
         &format!("http://127.0.0.1:{port}/"),
     );
     assert!(!out.stdout.contains("hello"), "{out:?}");
+}
+
+/// Regression: a range an operator lists for the LAN, or `0.0.0.0/0` for the internet, held
+/// this machine's own address too, where its services listen on every address (the server's
+/// own ports; on a laptop, its owner's): a command reached a server of the host's through it.
+#[test]
+fn this_machines_own_address_is_reached_only_through_an_entry_naming_it() {
+    let own = monad_sandbox::exec::netpolicy::own_addresses().unwrap();
+    let Some(address) = own.iter().find_map(|ip| match ip {
+        std::net::IpAddr::V4(v4) if !v4.is_loopback() => Some(*v4),
+        _ => None,
+    }) else {
+        panic!("this machine has no IPv4 address but its loopback's: {own:?}");
+    };
+    let port = serve_http_on("0.0.0.0:0", |_, _| "hello from the host".to_owned());
+    let url = format!("http://{address}:{port}/");
+    // The operator's range for where the address is: the internet, or its /24 of the LAN.
+    let range = if monad_sandbox::exec::netpolicy::not_public(address.into()).is_none() {
+        "0.0.0.0/0".to_owned()
+    } else {
+        let [a, b, c, _] = address.octets();
+        format!("{a}.{b}.{c}.0/24")
+    };
+    let fx = allowlist(&[&range], &[]);
+    let out = curl(&fx, &["-x", "http://127.0.0.1:3128"], &url);
+    assert!(!out.stdout.contains("hello"), "{range}: {out:?}");
+    let refused = out.network.iter().find(|e| !e.allowed).expect("a refusal");
+    let reason = refused.reason.as_deref().unwrap_or("");
+    assert!(reason.contains("this machine's own"), "{reason}");
+
+    let fx = allowlist(&[&address.to_string()], &[]);
+    let out = curl(&fx, &["-x", "http://127.0.0.1:3128"], &url);
+    assert_eq!(out.stdout, "hello from the host", "{out:?}");
 }
 
 #[test]
