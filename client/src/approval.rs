@@ -158,6 +158,10 @@ pub enum Rule {
         argv: Vec<String>,
         /// The working directory as given (`.` when none).
         cwd: String,
+        /// Where that directory really is, when a link on its way makes it another place
+        /// ([`monad_sandbox::Sandbox::directory_elsewhere`]): a rule kept for `tmp` does not
+        /// cover `tmp` once it leads to the root.
+        runs_in: Option<String>,
         /// The standard input, when there is one.
         stdin: Option<String>,
         /// Where its program is found.
@@ -179,8 +183,9 @@ pub enum Rule {
 
 impl Rule {
     /// The rule a call falls under; `site` is where a command's program is found
-    /// ([`crate::site::locate`]; ignored for other tools).
-    pub fn of(tool: ToolName, args: &Value, site: &ProgramSite) -> Rule {
+    /// ([`crate::site::locate`]) and `runs_in` where its directory really is when a link makes
+    /// it another place than its `cwd` says (both ignored for other tools).
+    pub fn of(tool: ToolName, args: &Value, site: &ProgramSite, runs_in: Option<&str>) -> Rule {
         match tool {
             ToolName::RunCommand => {
                 let argv: Vec<String> = args
@@ -209,6 +214,7 @@ impl Rule {
                             .and_then(Value::as_str)
                             .unwrap_or(".")
                             .to_owned(),
+                        runs_in: runs_in.map(str::to_owned),
                         stdin: args.get("stdin").and_then(Value::as_str).map(str::to_owned),
                         site: site.clone(),
                         argv,
@@ -256,8 +262,8 @@ impl Rule {
             } => {
                 let program = printable_name(argv.first().map_or("", String::as_str)).into_owned();
                 let exactly = format!(
-                    "exactly this command (same arguments, directory and standard input) {}, \
-                     with any time-out",
+                    "exactly this command (same arguments, directory, where that directory \
+                     leads, and standard input) {}, with any time-out",
                     mode(*background)
                 );
                 match site {
@@ -577,11 +583,11 @@ mod tests {
     /// The rule of `run_command` with `args`, its program found outside in /usr/bin.
     fn command(args: &Value) -> Rule {
         let name = args["argv"][0].as_str().unwrap_or("");
-        Rule::of(ToolName::RunCommand, args, &outside(name))
+        Rule::of(ToolName::RunCommand, args, &outside(name), None)
     }
 
     fn other(tool: ToolName) -> Rule {
-        Rule::of(tool, &json!({}), &ProgramSite::Other)
+        Rule::of(tool, &json!({}), &ProgramSite::Other, None)
     }
 
     #[test]
@@ -684,7 +690,7 @@ mod tests {
             ] {
                 assert!(
                     matches!(
-                        Rule::of(ToolName::RunCommand, &args(name), &site),
+                        Rule::of(ToolName::RunCommand, &args(name), &site, None),
                         Rule::Command { .. }
                     ),
                     "{name} at {site:?}"
@@ -771,6 +777,7 @@ mod tests {
             Rule::Command {
                 argv: vec!["sh".into(), "-c".into(), "echo A".into()],
                 cwd: ".".into(),
+                runs_in: None,
                 stdin: None,
                 site: outside("sh"),
                 background: false,
@@ -823,7 +830,7 @@ mod tests {
             p.check(
                 "s",
                 run,
-                &Rule::of(run, &a, &ProgramSite::Workspace("./a".into()))
+                &Rule::of(run, &a, &ProgramSite::Workspace("./a".into()), None)
             ),
             None
         );
@@ -839,14 +846,19 @@ mod tests {
             None
         );
         let write = json!({"process": "p1", "text": "ls\n"});
-        let write_rule = Rule::of(ToolName::ProcessWrite, &write, &ProgramSite::Other);
+        let write_rule = Rule::of(ToolName::ProcessWrite, &write, &ProgramSite::Other, None);
         p.record("s", write_rule, Decision::AllowAlways);
         let other_text = json!({"process": "p1", "text": "rm x\n"});
         assert_eq!(
             p.check(
                 "s",
                 ToolName::ProcessWrite,
-                &Rule::of(ToolName::ProcessWrite, &other_text, &ProgramSite::Other)
+                &Rule::of(
+                    ToolName::ProcessWrite,
+                    &other_text,
+                    &ProgramSite::Other,
+                    None
+                )
             ),
             None
         );
@@ -928,6 +940,7 @@ mod tests {
             ToolName::RunCommand,
             &json!({"argv": ["./test.sh"]}),
             &ProgramSite::Workspace("./test.sh".into()),
+            None,
         )
         .scope("s1");
         assert!(
@@ -939,6 +952,7 @@ mod tests {
             ToolName::RunCommand,
             &json!({"argv": ["ls", "-l"]}),
             &ProgramSite::Workspace(".venv/bin/ls".into()),
+            None,
         )
         .scope("s1");
         assert!(

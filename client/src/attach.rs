@@ -1333,7 +1333,17 @@ async fn run(
         Some(program) if tool == ToolName::RunCommand => locate(&folder.sandbox, program),
         _ => ProgramSite::Other,
     };
-    let rule = Rule::of(tool, &args, &site);
+    // Where a command really runs, when a link on its `cwd`'s way leads elsewhere (`out`
+    // leading to the root): `rm -rf ./*` in `out` is not what it reads as. The owner is shown
+    // it, and "always" covers the command there only.
+    let runs_in = match tool {
+        ToolName::RunCommand => args
+            .get("cwd")
+            .and_then(Value::as_str)
+            .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd)),
+        _ => None,
+    };
+    let rule = Rule::of(tool, &args, &site, runs_in.as_deref());
     let known = folder.policy.check(session, tool, &rule);
     // Checked before the policy answers or anyone is asked. For a write or an edit that will be
     // asked about, the check is the preview, whose diff the prompt shows.
@@ -1402,15 +1412,6 @@ async fn run(
                     ToolName::ProcessWrite | ToolName::ProcessKill => {
                         process_info(&folder.sandbox, &args).await
                     }
-                    _ => None,
-                };
-                // Where a command really runs, when a link on its `cwd`'s way leads elsewhere
-                // (`out` leading to the root): `rm -rf ./*` in `out` is not what it reads as.
-                let runs_in = match tool {
-                    ToolName::RunCommand => args
-                        .get("cwd")
-                        .and_then(Value::as_str)
-                        .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd)),
                     _ => None,
                 };
                 // A write or an edit is made as its owner was shown it, or not at all: only

@@ -230,7 +230,8 @@ impl SandboxPlan {
             // Node's own fetch ignores the proxy variables unless told.
             env.push(("NODE_USE_ENV_PROXY".to_owned(), "1".to_owned()));
         }
-        for (key, value) in &policy.env {
+        // `PATH` is the operator's already, its absolute entries only (`command_path`).
+        for (key, value) in policy.env.iter().filter(|(key, _)| *key != "PATH") {
             env.retain(|(k, _)| k != key);
             env.push((key.clone(), value.clone()));
         }
@@ -322,9 +323,20 @@ pub const TOOLCHAIN_DIRS: &[&str] = &[".venv/bin", "venv/bin", "node_modules/.bi
 
 /// The `PATH` commands in `jail` get (the operator's `env.PATH` when set, else the workspace's
 /// toolchain directories that exist, then `path_env`), and the virtualenv it puts first, if any.
+///
+/// The operator's entries that are not absolute paths are left out: `execvp` would look for a
+/// program in them from the command's own directory, inside the workspace (`~/.cargo/bin`, as
+/// a shell would have expanded it, or an empty entry), so `ls` would run a file of the
+/// workspace's while the owner is told, and a remembered rule keeps, that it is `/usr/bin/ls`.
 pub fn command_path(jail: &Jail, policy: &ExecPolicy) -> (String, Option<String>) {
+    let absolute = |path: &str| {
+        path.split(':')
+            .filter(|dir| dir.starts_with('/'))
+            .collect::<Vec<_>>()
+            .join(":")
+    };
     if let Some(path) = policy.env.get("PATH") {
-        return (path.clone(), None);
+        return (absolute(path), None);
     }
     let root = jail.root_path().to_string_lossy();
     let mut path = String::new();
@@ -337,7 +349,7 @@ pub fn command_path(jail: &Jail, policy: &ExecPolicy) -> (String, Option<String>
             }
         }
     }
-    path.push_str(&policy.path_env);
+    path.push_str(&absolute(&policy.path_env));
     (path, venv)
 }
 

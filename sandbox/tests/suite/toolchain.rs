@@ -74,3 +74,41 @@ fn a_project_venv_installs_and_runs_pytest_offline() {
         "{out:?}"
     );
 }
+
+/// Regression: an entry of the operator's `PATH` that is not absolute (`~/.cargo/bin`, written
+/// as a shell would expand it, or an empty one) was searched from the command's own directory,
+/// inside the workspace: `ls` ran the workspace's `~/.cargo/bin/ls`, while the owner was told
+/// (and a remembered rule kept) that `ls` is `/usr/bin/ls`. Such entries are left out.
+#[test]
+fn a_path_entry_that_is_not_absolute_is_not_searched_in_the_workspace() {
+    use std::os::unix::fs::PermissionsExt;
+    for (path_env, env_path) in [
+        ("~/.cargo/bin:/usr/bin:/bin", None),
+        (":/usr/bin:/bin", None),
+        ("/usr/bin:/bin", Some("~/.cargo/bin::/usr/bin:/bin")),
+    ] {
+        let fx = Fixture::with(
+            Limits::default(),
+            ExecPolicy {
+                path_env: path_env.to_owned(),
+                env: env_path
+                    .map(|p| [("PATH".to_owned(), p.to_owned())].into())
+                    .unwrap_or_default(),
+                ..Default::default()
+            },
+        );
+        for shadow in ["~/.cargo/bin/ls", "ls"] {
+            fx.put(shadow, "#!/bin/sh\necho shadow\n");
+            let file = fx.root().join(shadow);
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let out = run(&fx, &["ls"]);
+        assert_eq!(out.exit_code, Some(0), "{path_env}: {out:?}");
+        assert!(!out.stdout.contains("shadow"), "{path_env}: {out:?}");
+        let out = run(&fx, &["sh", "-c", "echo $PATH"]);
+        assert!(
+            out.stdout.split(':').all(|d| d.starts_with('/')),
+            "{path_env}: {out:?}"
+        );
+    }
+}

@@ -994,6 +994,36 @@ async fn always_on_an_ordinary_program_allows_only_that_exact_command() {
     assert!(scope.contains("exactly this command"), "{scope}");
 }
 
+/// Regression: "always" on a command in `tmp` was kept for the directory as the agent named
+/// it, so once `tmp` became a link to the root (made by any command the owner let run), the
+/// same call ran the remembered `rm` in the root without a question.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_on_a_command_does_not_follow_its_directory_to_another_place() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("tmp/scratch.txt", "x\n"), ("precious.txt", "keep\n")]);
+    let (_a, approver) = Attachment::scripted(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        [Some(Decision::AllowAlways)],
+    )
+    .await;
+    let wipe = json!({"argv": ["sh", "-c", "rm -f ./*.txt"], "cwd": "tmp", "workspace": "lap"});
+    ok(call(&agent, "run_command", wipe.clone()).await);
+    assert!(!dir.path().join("tmp/scratch.txt").exists());
+    std::fs::remove_dir_all(dir.path().join("tmp")).unwrap();
+    std::os::unix::fs::symlink(".", dir.path().join("tmp")).unwrap();
+    // The same call now runs in the root: asked about again (the script, now empty, denies).
+    expect_code(call(&agent, "run_command", wipe).await, ErrorCode::Denied);
+    assert!(
+        dir.path().join("precious.txt").exists(),
+        "the rule ran in the root"
+    );
+    let seen = approver.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].runs_in.as_deref(), Some("."));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_on_a_program_in_the_workspace_allows_only_that_exact_command() {
     let server = TestServer::start().await;
