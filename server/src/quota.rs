@@ -101,6 +101,16 @@ impl PerUser {
         }
     }
 
+    /// Adds `n` to what `user` holds, past the bound if need be.
+    fn add(&self, user: &str, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let now = held.entry(user.to_owned()).or_default();
+        *now = now.saturating_add(n);
+    }
+
     /// Takes `n` off what `user` holds.
     fn give_back(&self, user: &str, n: usize) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
@@ -156,6 +166,15 @@ impl Held {
         }
         *taken += n;
         true
+    }
+
+    /// Takes `n` more even past the bound: for what must be kept whatever the user holds
+    /// (a call's records on their way to the store). The user's next [`Held::take`]s fail
+    /// until they are back under it.
+    pub fn take_anyway(&self, n: usize) {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        self.counter.add(&self.user, n);
+        *taken += n;
     }
 
     /// Gives back `n` of what was taken (what was kept for a while, then let go).
@@ -232,5 +251,21 @@ mod tests {
         drop(one);
         assert_eq!(bytes.held("ana"), 0);
         assert_eq!(bytes.users(), 0);
+    }
+
+    #[test]
+    fn what_must_be_kept_is_counted_past_the_bound_and_holds_off_the_next() {
+        let bytes = PerUser::new(100);
+        let records = bytes.holder("ana");
+        records.take_anyway(150);
+        assert_eq!(bytes.held("ana"), 150);
+        assert!(!bytes.holder("ana").take(1), "over the bound: nothing more");
+        assert!(
+            bytes.holder("ben").take(100),
+            "another user's bound is their own"
+        );
+        drop(records);
+        assert_eq!(bytes.held("ana"), 0);
+        assert!(bytes.holder("ana").take(100));
     }
 }

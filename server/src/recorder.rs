@@ -9,6 +9,11 @@
 //! every batch was the recorder's largest cost when an agent read large files in a loop.
 //! [`Recorder::flush`] waits for everything sent so far, activity included (used on shutdown and
 //! by tests), and does not wait out the gathering.
+//!
+//! What waits to be written counts against its user's bytes in memory
+//! ([`Recorder::counting`]: the server's `max_call_bytes_per_user`) until it is written: a
+//! record is never refused, but a user whose records pile up (calls faster than a slow store
+//! takes them) has their next requests refused, rather than the queue growing without bound.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use tracing::warn;
 
+use crate::quota::{Held, PerUser};
 use crate::store::{ArtifactMeta, AuditRecord, SessionMeta, Store};
 
 /// How an artifact's bytes are made on the recorder thread, as its job is taken from the batch;
@@ -36,12 +42,20 @@ enum Job {
     Flush(std::sync::mpsc::Sender<()>),
 }
 
+/// A job, and what its user is charged for it until it is written.
+type Queued = (Job, Option<Held>);
+
+/// What an audit line is counted as beyond its target (its time, ids, names).
+const AUDIT_LINE_BYTES: usize = 256;
+
 /// A handle to the recorder thread; clones share it.
 #[derive(Clone)]
 pub struct Recorder {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Queued>,
     /// Unparked by a flush, which ends the gathering at once (see [`gather`]).
     thread: std::thread::Thread,
+    /// Each user's bytes in memory, which what waits to be written counts against.
+    bytes: Option<Arc<PerUser>>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -58,50 +72,76 @@ impl Recorder {
 
     /// Starts the recorder thread, gathering each batch for `window`.
     fn start_with_window(store: Arc<dyn Store>, window: Duration) -> Recorder {
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let (jobs, rx) = mpsc::channel::<Queued>();
         let thread = std::thread::Builder::new()
             .name("recorder".into())
             .spawn(move || run(store, rx, window))
             .expect("the recorder thread starts")
             .thread()
             .clone();
-        Recorder { jobs, thread }
+        Recorder {
+            jobs,
+            thread,
+            bytes: None,
+        }
     }
 
-    /// Records an audit line for a session.
-    pub fn audit(&self, session: &str, record: AuditRecord) {
-        let _ = self.jobs.send(Job::Audit(session.to_owned(), record));
+    /// This recorder, with what waits to be written counted in `bytes` (each user's bytes in
+    /// memory) until it is written.
+    pub fn counting(mut self, bytes: Arc<PerUser>) -> Recorder {
+        self.bytes = Some(bytes);
+        self
     }
 
-    /// Stores an artifact.
-    pub fn artifact(&self, meta: ArtifactMeta, content: Vec<u8>) {
-        let _ = self.jobs.send(Job::Artifact(meta, content));
+    /// Queues `job`, charging `user` `n` bytes until it is written.
+    fn send(&self, user: &str, n: usize, job: Job) {
+        let charge = self.bytes.as_ref().map(|bytes| {
+            let held = bytes.holder(user);
+            held.take_anyway(n);
+            held
+        });
+        let _ = self.jobs.send((job, charge));
     }
 
-    /// Stores the artifact `meta` with the bytes `make` gives, made on the recorder thread: for
-    /// one whose bytes take long to make (a large read's output serialized as JSON), so that
-    /// the call's path does not wait for them.
-    pub fn artifact_made(&self, meta: ArtifactMeta, make: MakeArtifact) {
-        let _ = self.jobs.send(Job::Make(meta, make));
+    /// Records an audit line for a session of `user`'s.
+    pub fn audit(&self, user: &str, session: &str, record: AuditRecord) {
+        let n = AUDIT_LINE_BYTES + record.target.len() + session.len();
+        self.send(user, n, Job::Audit(session.to_owned(), record));
+    }
+
+    /// Stores an artifact of a session of `user`'s.
+    pub fn artifact(&self, user: &str, meta: ArtifactMeta, content: Vec<u8>) {
+        self.send(user, content.len(), Job::Artifact(meta, content));
+    }
+
+    /// Stores the artifact `meta` of a session of `user`'s with the bytes `make` gives, made on
+    /// the recorder thread: for one whose bytes take long to make (a large read's output
+    /// serialized as JSON), so that the call's path does not wait for them. `holds` is what
+    /// `make` keeps in memory until then.
+    pub fn artifact_made(&self, user: &str, meta: ArtifactMeta, holds: usize, make: MakeArtifact) {
+        self.send(user, holds, Job::Make(meta, make));
     }
 
     /// Notes a call in an attached folder's workspace record.
     pub fn touch(&self, record: &str, session: &str) {
-        let _ = self.jobs.send(Job::Touch {
-            record: record.to_owned(),
-            session: session.to_owned(),
-        });
+        let _ = self.jobs.send((
+            Job::Touch {
+                record: record.to_owned(),
+                session: session.to_owned(),
+            },
+            None,
+        ));
     }
 
     /// Saves a session's metadata.
     pub fn save_meta(&self, meta: SessionMeta) {
-        let _ = self.jobs.send(Job::SaveMeta(meta));
+        let _ = self.jobs.send((Job::SaveMeta(meta), None));
     }
 
     /// Waits until everything sent before this call is written.
     pub fn flush(&self) {
         let (tx, rx) = std::sync::mpsc::channel();
-        if self.jobs.send(Job::Flush(tx)).is_ok() {
+        if self.jobs.send((Job::Flush(tx), None)).is_ok() {
             self.thread.unpark();
             let _ = rx.recv();
         }
@@ -141,7 +181,11 @@ const MAX_BATCH: usize = 4096;
 /// Within the window the thread is parked, not blocked on the channel: a receiver blocked on a
 /// channel is woken by every send, a context switch per job and several per tool call, where
 /// parked it is woken once, when the window ends. A flush unparks it ([`Recorder::flush`]).
-fn gather(rx: &mpsc::Receiver<Job>, window: Duration, due: Option<Instant>) -> Option<Vec<Job>> {
+fn gather(
+    rx: &mpsc::Receiver<Queued>,
+    window: Duration,
+    due: Option<Instant>,
+) -> Option<Vec<Queued>> {
     let first = match due {
         None => rx.recv().ok()?,
         Some(due) => match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
@@ -151,11 +195,11 @@ fn gather(rx: &mpsc::Receiver<Job>, window: Duration, due: Option<Instant>) -> O
         },
     };
     let until = Instant::now() + window;
-    let mut flush = matches!(first, Job::Flush(_));
+    let mut flush = matches!(first, (Job::Flush(_), _));
     let mut batch = vec![first];
     loop {
         for job in rx.try_iter().take(MAX_BATCH.saturating_sub(batch.len())) {
-            flush |= matches!(job, Job::Flush(_));
+            flush |= matches!(job, (Job::Flush(_), _));
             batch.push(job);
         }
         if flush || batch.len() >= MAX_BATCH {
@@ -171,7 +215,7 @@ fn gather(rx: &mpsc::Receiver<Job>, window: Duration, due: Option<Instant>) -> O
     Some(batch)
 }
 
-fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
+fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Queued>, window: Duration) {
     // What it writes follows the answers: its waking must not preempt them.
     if let Err(e) = monad_sandbox::run_as_background() {
         tracing::debug!("the recorder runs at the usual scheduling policy: {e}");
@@ -185,7 +229,10 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
         // Artifacts in a row are stored together (the filesystem store syncs a session's
         // pack and index once for all of them), before any session save that follows them.
         let mut artifacts = Vec::new();
-        for job in batch {
+        // Given back once the batch is written.
+        let mut charges = Vec::new();
+        for (job, charge) in batch {
+            charges.extend(charge);
             match job {
                 Job::Audit(session, record) => audits.entry(session).or_default().push(record),
                 Job::Artifact(meta, content) => artifacts.push((meta, content)),
@@ -220,6 +267,7 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Job>, window: Duration) {
                 warn!("cannot write the audit log of {session}: {e}");
             }
         }
+        drop(charges);
         if !waiters.is_empty() || touch_due.is_some_and(|due| Instant::now() >= due) {
             write_touches(store.as_ref(), std::mem::take(&mut touches));
             touch_due = None;
@@ -274,7 +322,9 @@ mod tests {
         let seen = Arc::new(std::sync::Mutex::new(None));
         let there = seen.clone();
         recorder.artifact_made(
+            "u",
             meta(a, 1),
+            0,
             Box::new(move |_| {
                 *there.lock().unwrap() = Some(monad_sandbox::is_background().unwrap());
                 Vec::new()
@@ -284,8 +334,8 @@ mod tests {
         assert_eq!(*seen.lock().unwrap(), Some(true));
     }
 
-    fn audit(n: u64) -> Job {
-        Job::Audit(
+    fn audit(n: u64) -> Queued {
+        let job = Job::Audit(
             "s".into(),
             AuditRecord {
                 time: "2026-11-27T00:00:00Z".into(),
@@ -298,13 +348,14 @@ mod tests {
                 outcome: AuditOutcome::Ok,
                 duration_ms: n,
             },
-        )
+        );
+        (job, None)
     }
 
-    fn calls(batch: &[Job]) -> Vec<u64> {
+    fn calls(batch: &[Queued]) -> Vec<u64> {
         batch
             .iter()
-            .filter_map(|j| match j {
+            .filter_map(|(j, _)| match j {
                 Job::Audit(_, r) => Some(r.duration_ms),
                 _ => None,
             })
@@ -316,11 +367,11 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let (done, _) = mpsc::channel();
         tx.send(audit(1)).unwrap();
-        tx.send(Job::Flush(done)).unwrap();
+        tx.send((Job::Flush(done), None)).unwrap();
         // The sender stays: only the flush can end a window of an hour.
         let batch = gather(&rx, HOUR, None).unwrap();
         assert_eq!(calls(&batch), [1]);
-        assert!(matches!(batch.last(), Some(Job::Flush(_))));
+        assert!(matches!(batch.last(), Some((Job::Flush(_), _))));
     }
 
     #[test]
@@ -332,7 +383,7 @@ mod tests {
         let batch = gather(&rx, HOUR, None).unwrap();
         assert_eq!(batch.len(), MAX_BATCH);
         let (done, _) = mpsc::channel();
-        tx.send(Job::Flush(done)).unwrap();
+        tx.send((Job::Flush(done), None)).unwrap();
         let next = gather(&rx, HOUR, None).unwrap();
         let n = MAX_BATCH as u64;
         assert_eq!(calls(&next), [n, n + 1, n + 2]);
@@ -349,7 +400,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
             }
             let (done, _) = mpsc::channel();
-            tx.send(Job::Flush(done)).unwrap();
+            tx.send((Job::Flush(done), None)).unwrap();
             // As `Recorder::flush` does: the gathering thread is parked, not blocked on the
             // channel.
             gatherer.unpark();
@@ -387,7 +438,7 @@ mod tests {
 
     #[test]
     fn with_something_due_the_gathering_ends_empty_when_nothing_arrives() {
-        let (_tx, rx) = mpsc::channel::<Job>();
+        let (_tx, rx) = mpsc::channel::<Queued>();
         let batch = gather(&rx, HOUR, Some(Instant::now() + Duration::from_millis(20))).unwrap();
         assert!(batch.is_empty());
     }
@@ -550,7 +601,7 @@ mod tests {
         }
         // Interleaved, as calls of two sessions reach the recorder.
         for (session, n) in [(a, 1), (b, 1), (a, 2), (b, 2), (a, 3)] {
-            recorder.artifact(meta(session, n), format!("{session}{n}").into_bytes());
+            recorder.artifact("u", meta(session, n), format!("{session}{n}").into_bytes());
         }
         recorder.flush();
         for (session, count) in [(a, 3), (b, 2)] {
@@ -571,24 +622,74 @@ mod tests {
         let recorder = Recorder::start(store.clone());
         let a = "00000000-0000-4000-8000-00000000000a";
         create_session(&store, a);
-        recorder.artifact(meta(a, 1), b"one".to_vec());
+        recorder.artifact("u", meta(a, 1), b"one".to_vec());
         recorder.artifact_made(
+            "u",
             meta(a, 2),
+            0,
             Box::new(|meta| {
                 meta.size = 3;
                 b"two".to_vec()
             }),
         );
-        recorder.artifact_made(meta(a, 9), Box::new(|_| panic!("a make that fails")));
-        recorder.artifact(meta(a, 3), b"three".to_vec());
+        recorder.artifact_made(
+            "u",
+            meta(a, 9),
+            0,
+            Box::new(|_| panic!("a make that fails")),
+        );
+        recorder.artifact("u", meta(a, 3), b"three".to_vec());
         recorder.flush();
         assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3"]);
         let (made, content) = store.artifact(a, "a-2").unwrap();
         assert_eq!(content, b"two");
         assert_eq!(made.size, 3, "the sizes the make fills in are kept");
         // The recorder goes on after the panic.
-        recorder.artifact(meta(a, 4), b"four".to_vec());
+        recorder.artifact("u", meta(a, 4), b"four".to_vec());
         recorder.flush();
         assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3", "a-4"]);
+    }
+
+    /// Regression: what waited to be written counted against nothing, so a user whose calls
+    /// came faster than a slow store took their records grew the queue without bound.
+    #[test]
+    fn what_waits_to_be_written_counts_against_its_user_until_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let bytes = PerUser::new(1_000);
+        let recorder = Recorder::start(store.clone()).counting(bytes.clone());
+        let a = "00000000-0000-4000-8000-00000000000a";
+        create_session(&store, a);
+        // The store held up: the recorder's thread waits on the first artifact's make.
+        let (release, held_up) = std::sync::mpsc::channel::<()>();
+        recorder.artifact_made(
+            "ana",
+            meta(a, 1),
+            100,
+            Box::new(move |_| {
+                let _ = held_up.recv();
+                b"one".to_vec()
+            }),
+        );
+        recorder.artifact("ana", meta(a, 2), vec![b'x'; 2_000]);
+        let (Job::Audit(_, record), _) = audit(3) else {
+            unreachable!("an audit job")
+        };
+        recorder.audit("ana", a, record);
+        let waiting = 100 + 2_000 + AUDIT_LINE_BYTES + a.len();
+        assert_eq!(bytes.held("ana"), waiting);
+        assert!(
+            !bytes.holder("ana").take(1),
+            "past the bound: the user's next are refused"
+        );
+        assert!(
+            bytes.holder("ben").take(1_000),
+            "another user's bound is their own"
+        );
+        release.send(()).unwrap();
+        recorder.flush();
+        assert_eq!(bytes.held("ana"), 0, "given back once written");
+        assert_eq!(listed(&store, a), ["a-1", "a-2"]);
+        assert_eq!(store.audit_log(a).unwrap().len(), 1, "nothing refused");
     }
 }

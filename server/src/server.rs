@@ -297,7 +297,9 @@ impl Server {
                 drop(held);
                 done.send_replace(true);
             });
-        let recorder = Recorder::start(store.clone());
+        // What a user's calls hold in memory, their records on the way to the store included.
+        let call_bytes = PerUser::new(config.quotas.max_call_bytes_per_user);
+        let recorder = Recorder::start(store.clone()).counting(call_bytes.clone());
         let state = Arc::new(State {
             registry: Registry::new(&config.data_dir, store, layers)
                 .with_quotas(
@@ -326,7 +328,7 @@ impl Server {
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
             user_reads: PerUser::new(config.quotas.max_calls_per_user),
-            call_bytes: PerUser::new(config.quotas.max_call_bytes_per_user),
+            call_bytes,
             network_reports: Default::default(),
             handshakes: Admissions::new(Bounds {
                 total: config.quotas.max_pending_handshakes,
@@ -2110,7 +2112,9 @@ async fn attach_reports(
                 if let Some(recorder) = recorder
                     && (!kept.is_empty() || said > 0)
                 {
-                    crate::executor::record_network(recorder, session, workspace, &kept, said);
+                    crate::executor::record_network(
+                        recorder, user, session, workspace, &kept, said,
+                    );
                 }
             }
             Ok(Some(other)) => {
@@ -2142,7 +2146,7 @@ async fn attach_reports(
     if let Some(recorder) = recorder
         && unsaid > 0
     {
-        crate::executor::record_network(recorder, session, workspace, &[], unsaid);
+        crate::executor::record_network(recorder, user, session, workspace, &[], unsaid);
     }
 }
 

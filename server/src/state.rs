@@ -282,8 +282,8 @@ pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {
         ErrorCode::LimitExceeded,
         format!(
             "{what} would take your calls past {} in this server's memory, its limit \
-             (server.max_call_bytes_per_user); wait for other calls to finish, or send or ask \
-             for less at once",
+             (server.max_call_bytes_per_user); wait for other calls to finish (and their \
+             records to be written), or send or ask for less at once",
             if limit >= 1024 * 1024 {
                 format!("{} MiB", limit / (1024 * 1024))
             } else {

@@ -552,6 +552,7 @@ impl Executor {
                             {
                                 tokio::spawn(audit_network(
                                     recorder.clone(),
+                                    session.owner.clone(),
                                     session.id.clone(),
                                     snapshot.info.name.clone(),
                                     feed,

@@ -242,6 +242,7 @@ impl<'de> serde::Deserialize<'de> for ReportedNetwork {
 /// log as they happen (see [`record_network`]); ends with the workspace.
 pub(super) async fn audit_network(
     recorder: Recorder,
+    user: String,
     session: String,
     workspace: String,
     mut feed: monad_sandbox::NetworkAudit,
@@ -249,6 +250,7 @@ pub(super) async fn audit_network(
     while let Some(batch) = feed.next().await {
         record_network(
             &recorder,
+            &user,
             &session,
             &workspace,
             &batch.events,
@@ -263,6 +265,7 @@ pub(super) async fn audit_network(
 /// fast: see [`monad_sandbox::AUDIT_PER_SECOND`]).
 pub(crate) fn record_network(
     recorder: &Recorder,
+    user: &str,
     session: &str,
     workspace: &str,
     events: &[NetworkEvent],
@@ -271,6 +274,7 @@ pub(crate) fn record_network(
     for event in events {
         let call_id = uuid::Uuid::new_v4().to_string();
         recorder.audit(
+            user,
             session,
             network_line(event, call_id, Some(workspace.to_owned())),
         );
@@ -283,6 +287,7 @@ pub(crate) fn record_network(
             "network connections not recorded: too many, too fast"
         );
         recorder.audit(
+            user,
             session,
             not_recorded(
                 uuid::Uuid::new_v4().to_string(),
@@ -332,9 +337,9 @@ pub(super) fn record(
     r: Record,
 ) {
     if let Some(artifacts) = record_call(recorder, session, tool, output, r) {
-        artifacts.store(recorder, |mut meta, size| {
+        artifacts.store(recorder, &session.owner, |mut meta, size| {
             let bytes = size.serialize(&mut meta, &output.outcome);
-            recorder.artifact(meta, bytes);
+            recorder.artifact(&session.owner, meta, bytes);
         });
     }
 }
@@ -351,8 +356,16 @@ pub(super) fn record_owned(
 ) {
     if let Some(artifacts) = record_call(recorder, session, tool, &output, r) {
         let outcome = output.outcome;
-        artifacts.store(recorder, |meta, size| {
-            recorder.artifact_made(meta, Box::new(move |meta| size.serialize(meta, &outcome)));
+        artifacts.store(recorder, &session.owner, |meta, size| {
+            // Until it is made, it holds the output, whose body's head is cut to the
+            // artifact's size: counted as that.
+            let holds = usize::try_from(size.max).unwrap_or(usize::MAX);
+            recorder.artifact_made(
+                &session.owner,
+                meta,
+                holds,
+                Box::new(move |meta| size.serialize(meta, &outcome)),
+            );
         });
     }
 }
@@ -369,11 +382,16 @@ impl Artifacts {
     /// Hands the artifacts to the recorder: the output through `store_output` (which makes its
     /// bytes, or has the recorder make them), then the diff, the order they were always stored
     /// in.
-    fn store(self, recorder: &Recorder, store_output: impl FnOnce(ArtifactMeta, OutputSize)) {
+    fn store(
+        self,
+        recorder: &Recorder,
+        user: &str,
+        store_output: impl FnOnce(ArtifactMeta, OutputSize),
+    ) {
         let (meta, size) = self.output;
         store_output(meta, size);
         if let Some((meta, bytes)) = self.diff {
-            recorder.artifact(meta, bytes);
+            recorder.artifact(user, meta, bytes);
         }
     }
 }
@@ -455,6 +473,7 @@ fn record_call(
         Outcome::Error { error } => AuditOutcome::Failed(error.code),
     };
     recorder.audit(
+        &session.owner,
         &session.id,
         AuditRecord {
             time: r.time.clone(),
@@ -488,12 +507,14 @@ fn record_call(
     {
         for event in &network.kept {
             recorder.audit(
+                &session.owner,
                 &session.id,
                 network_line(event, call_id.clone(), workspace.clone()),
             );
         }
         let uncounted = |why: String| {
             recorder.audit(
+                &session.owner,
                 &session.id,
                 not_recorded(call_id.clone(), workspace.clone(), why),
             );

@@ -9,7 +9,7 @@ use monad_client::agent::Agent;
 use monad_protocol::wire::{PROTOCOL_MINOR, Role};
 use monad_protocol::{ErrorCode, ToolName};
 use monad_tests::{
-    Attachment, FakeClient, STEP, ServerProcess, TestServer, attach_options, call_in,
+    Attachment, FakeClient, STEP, ServerProcess, TestServer, attach_options, call, call_in,
     connect_agent, connect_speaking, connect_without_hello, folder, ok, within,
 };
 use serde_json::json;
@@ -1387,4 +1387,93 @@ async fn answers_an_agent_does_not_read_are_bounded_with_its_calls() {
     .await;
     let (_, history) = agent.history(None).await.expect("the conversation");
     assert_eq!(history.messages.len(), 1);
+}
+
+/// Regression: a call's records (its audit line, its output and diff artifacts) waited for the
+/// recorder counted against nothing once its answer was written, so a user whose calls came
+/// faster than the store took them (a slow disk, a database that does not answer) grew the
+/// queue without bound. They count against the user's bytes in memory until written: past
+/// the bound the user's next calls are refused, another user's are not, and nothing recorded
+/// is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_waiting_for_the_store_count_against_their_users_memory() {
+    const MIB: usize = 1024 * 1024;
+    let server =
+        TestServer::start_with(|config| config.quotas.max_call_bytes_per_user = 4 * MIB).await;
+    let agent = server.agent().await;
+    let other = connect_agent(&server.client_config_with(&server.create_token("bea"))).await;
+    let content = "x".repeat(200 * 1024);
+    ok(call(
+        &agent,
+        "write_file",
+        json!({"path": "big.txt", "content": content}),
+    )
+    .await);
+    // The store held up: the recorder waits on a job of nobody's until released.
+    let recorder = server
+        .state()
+        .executor
+        .recorder
+        .clone()
+        .expect("a recorder");
+    let (release, held_up) = std::sync::mpsc::channel::<()>();
+    recorder.artifact_made(
+        "nobody",
+        monad_server::store::ArtifactMeta {
+            id: "held-up".into(),
+            session: "00000000-0000-4000-8000-000000000000".into(),
+            kind: monad_server::store::ArtifactKind::ToolOutput,
+            workspace: None,
+            tool: None,
+            call_id: None,
+            created_at: "2026-12-02T00:00:00Z".into(),
+            content_type: "application/json".into(),
+            size: 0,
+            truncated: false,
+            original_size: 0,
+            upload: None,
+        },
+        0,
+        Box::new(move |_| {
+            let _ = held_up.recv_timeout(std::time::Duration::from_secs(60));
+            Vec::new()
+        }),
+    );
+    let read = json!({"path": "big.txt", "limit": 100_000});
+    let mut answered = 0;
+    // The request is refused as it arrives, before it is a call.
+    let refused = loop {
+        let reply = within(
+            STEP,
+            "a read to answer",
+            agent.call(None, "read_file", read.clone(), |_| {}),
+        )
+        .await;
+        match reply {
+            Ok(reply) => {
+                ok(reply);
+                answered += 1;
+            }
+            Err(e) => break e.to_string(),
+        }
+        assert!(
+            answered < 64,
+            "64 reads of 200 KiB waited for the store, none refused"
+        );
+    };
+    assert!(
+        refused.contains("server.max_call_bytes_per_user"),
+        "{refused}"
+    );
+    assert!(answered >= 10, "only {answered} calls before the bound");
+    // Another user's calls are not held up by it.
+    ok(call(&other, "list_dir", json!({})).await);
+    // Once the store takes them, the user's calls go through again.
+    release.send(()).unwrap();
+    let flushed = recorder.clone();
+    tokio::task::spawn_blocking(move || flushed.flush())
+        .await
+        .unwrap();
+    assert_eq!(server.state().call_bytes_held("admin"), 0);
+    ok(call(&agent, "read_file", read).await);
 }
