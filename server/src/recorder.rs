@@ -10,10 +10,11 @@
 //! [`Recorder::flush`] waits for everything sent so far, activity included (used on shutdown and
 //! by tests), and does not wait out the gathering.
 //!
-//! What waits to be written counts against its user's bytes in memory
-//! ([`Recorder::counting`]: the server's `max_call_bytes_per_user`) until it is written: a
-//! record is never refused, but a user whose records pile up (calls faster than a slow store
-//! takes them) has their next requests refused, rather than the queue growing without bound.
+//! What waits to be written counts against its user's record bytes ([`Recorder::counting`]:
+//! bounded by the server's `max_call_bytes_per_user`, apart from what calls hold) until it is
+//! written: a record is never refused, but a user whose records pile up (calls faster than a
+//! slow store takes them) has their next calls refused, rather than the queue growing without
+//! bound.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -86,8 +87,8 @@ impl Recorder {
         }
     }
 
-    /// This recorder, with what waits to be written counted in `bytes` (each user's bytes in
-    /// memory) until it is written.
+    /// This recorder, with what waits to be written counted in `bytes` (each user's record
+    /// bytes) until it is written.
     pub fn counting(mut self, bytes: Arc<PerUser>) -> Recorder {
         self.bytes = Some(bytes);
         self

@@ -297,9 +297,9 @@ impl Server {
                 drop(held);
                 done.send_replace(true);
             });
-        // What a user's calls hold in memory, their records on the way to the store included.
-        let call_bytes = PerUser::new(config.quotas.max_call_bytes_per_user);
-        let recorder = Recorder::start(store.clone()).counting(call_bytes.clone());
+        // What a user's calls' records hold on their way to the store.
+        let record_bytes = PerUser::new(config.quotas.max_call_bytes_per_user);
+        let recorder = Recorder::start(store.clone()).counting(record_bytes.clone());
         let state = Arc::new(State {
             registry: Registry::new(&config.data_dir, store, layers)
                 .with_quotas(
@@ -328,7 +328,8 @@ impl Server {
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
             user_reads: PerUser::new(config.quotas.max_calls_per_user),
-            call_bytes,
+            call_bytes: PerUser::new(config.quotas.max_call_bytes_per_user),
+            record_bytes,
             network_reports: Default::default(),
             handshakes: Admissions::new(Bounds {
                 total: config.quotas.max_pending_handshakes,

@@ -52,6 +52,10 @@ pub struct State {
     /// Bytes each user's calls hold in memory: their requests and the trees they become, and
     /// their attached clients' answers ([`crate::executor::link::CALL_MEMORY`]).
     pub(crate) call_bytes: Arc<PerUser>,
+    /// Bytes each user's calls' records hold while they wait for the recorder to write them
+    /// ([`crate::recorder::Recorder::counting`]), bounded like `call_bytes` but apart from it:
+    /// a record never refuses an answer; a user at the bound has their next calls refused.
+    pub(crate) record_bytes: Arc<PerUser>,
     /// Connections that have not said hello yet.
     pub(crate) handshakes: Arc<Admissions>,
     /// Per user, how many of their attached folders' network reports the audit log may still
@@ -113,6 +117,28 @@ impl State {
     pub async fn housekeeping(&self) {
         let mut done = self.housekeeping.subscribe();
         let _ = done.wait_for(|done| *done).await;
+    }
+
+    /// `Err` when `user`'s calls' records waiting to be written hold their bound: their calls
+    /// wait for the store to catch up, rather than the records piling up without bound.
+    fn records_written(&self, user: &str) -> Result<(), ToolError> {
+        let limit = self.record_bytes.limit();
+        if self.record_bytes.held(user) < limit {
+            return Ok(());
+        }
+        Err(ToolError::new(
+            ErrorCode::LimitExceeded,
+            format!(
+                "your calls' records waiting to be written to the store hold {}, this server's \
+                 limit (server.max_call_bytes_per_user); wait for the store to catch up",
+                shown_bytes(limit)
+            ),
+        ))
+    }
+
+    /// The bytes `user`'s calls' records waiting to be written hold now.
+    pub fn record_bytes_held(&self, user: &str) -> usize {
+        self.record_bytes.held(user)
     }
 
     /// The bytes `user`'s calls hold in memory now, as `server.max_call_bytes_per_user` counts
@@ -282,15 +308,20 @@ pub(crate) fn over_call_memory(limit: usize, what: &str) -> ToolError {
         ErrorCode::LimitExceeded,
         format!(
             "{what} would take your calls past {} in this server's memory, its limit \
-             (server.max_call_bytes_per_user); wait for other calls to finish (and their \
-             records to be written), or send or ask for less at once",
-            if limit >= 1024 * 1024 {
-                format!("{} MiB", limit / (1024 * 1024))
-            } else {
-                format!("{limit} bytes")
-            }
+             (server.max_call_bytes_per_user); wait for other calls to finish, or send or ask \
+             for less at once",
+            shown_bytes(limit)
         ),
     )
+}
+
+/// A bound in bytes as a message shows it: in MiB from 1 MiB on.
+fn shown_bytes(bytes: usize) -> String {
+    if bytes >= 1024 * 1024 {
+        format!("{} MiB", bytes / (1024 * 1024))
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 /// Holds what an agent's call counts against while it runs: one of the user's call slots and
@@ -397,6 +428,7 @@ impl State {
         memory: Option<Arc<Held>>,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
         let slot = self.user_call(user)?;
+        self.records_written(user)?;
         let memory = memory.unwrap_or_else(|| Arc::new(self.call_bytes.holder(user)));
         let session = self.session(user, lookup).await?;
         let in_flight = self.call_in_flight();

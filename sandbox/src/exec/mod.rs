@@ -324,34 +324,46 @@ pub const TOOLCHAIN_DIRS: &[&str] = &[".venv/bin", "venv/bin", "node_modules/.bi
 /// The `PATH` commands in `jail` get (the operator's `env.PATH` when set, else the workspace's
 /// toolchain directories that exist, then `path_env`), and the virtualenv it puts first, if any.
 ///
-/// The operator's entries that are not absolute paths are left out: `execvp` would look for a
-/// program in them from the command's own directory, inside the workspace (`~/.cargo/bin`, as
-/// a shell would have expanded it, or an empty entry), so `ls` would run a file of the
-/// workspace's while the owner is told, and a remembered rule keeps, that it is `/usr/bin/ls`.
+/// The operator's entries that are not absolute paths are left out: `execvp` (and a shell)
+/// would look for a program in them from the command's own directory, inside the workspace
+/// (`~/.cargo/bin`, as a shell would have expanded it, or an empty entry), so `ls` would run a
+/// file of the workspace's while the owner is told, and a remembered rule keeps, that it is
+/// `/usr/bin/ls`. No entry is ever empty, and a `PATH` left with none is [`NO_PATH`] (an empty
+/// `PATH` is the current directory's too).
 pub fn command_path(jail: &Jail, policy: &ExecPolicy) -> (String, Option<String>) {
     let absolute = |path: &str| {
         path.split(':')
             .filter(|dir| dir.starts_with('/'))
+            .map(str::to_owned)
             .collect::<Vec<_>>()
-            .join(":")
+    };
+    let joined = |dirs: Vec<String>| {
+        if dirs.is_empty() {
+            NO_PATH.to_owned()
+        } else {
+            dirs.join(":")
+        }
     };
     if let Some(path) = policy.env.get("PATH") {
-        return (absolute(path), None);
+        return (joined(absolute(path)), None);
     }
     let root = jail.root_path().to_string_lossy();
-    let mut path = String::new();
+    let mut dirs = Vec::new();
     let mut venv = None;
     for dir in TOOLCHAIN_DIRS {
         if jail.dir().is_dir(dir) {
-            path.push_str(&format!("{root}/{dir}:"));
+            dirs.push(format!("{root}/{dir}"));
             if let Some(env) = dir.strip_suffix("/bin").filter(|d| d.ends_with("venv")) {
                 venv.get_or_insert(format!("{root}/{env}"));
             }
         }
     }
-    path.push_str(&absolute(&policy.path_env));
-    (path, venv)
+    dirs.extend(absolute(&policy.path_env));
+    (joined(dirs), venv)
 }
+
+/// The `PATH` of a command whose operator named no absolute directory: one that finds nothing.
+pub const NO_PATH: &str = "/nonexistent";
 
 /// Rlimits to set in the child, resolved against the current hard limits in the parent.
 #[derive(Debug, Clone, Copy)]

@@ -177,6 +177,15 @@ impl NetPolicy {
                 ));
                 continue;
             }
+            // Linux connects to the unspecified address as to this machine's own loopback:
+            // never a destination an entry could mean.
+            if not_public(ip) == Some("unspecified") {
+                refused.get_or_insert(format!(
+                    "{host} resolves to {ip}, the unspecified address, which reaches this \
+                     machine itself; no entry lets a command reach it"
+                ));
+                continue;
+            }
             if not_public(ip) != Some("loopback")
                 && is_own(ip, own)
                 && !self
@@ -592,8 +601,8 @@ mod tests {
         let out = std::process::Command::new("ip")
             .args(["-o", "addr"])
             .output();
-        let Ok(out) = out else {
-            panic!("the `ip` command (iproute2) is needed to check this machine's addresses");
+        let Some(out) = out.as_ref().ok().filter(|out| out.status.success()) else {
+            panic!("`ip -o addr` (iproute2) is needed to check this machine's addresses: {out:?}");
         };
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let mut words = line.split_whitespace();
@@ -605,6 +614,20 @@ mod tests {
             };
             let address: IpAddr = address.split('/').next().unwrap().parse().unwrap();
             assert!(own.contains(&address), "{address} missing from {own:?}");
+        }
+    }
+
+    /// Regression: an entry naming the unspecified address (`0.0.0.0`, `[::]`) let commands
+    /// connect to it, which Linux takes as this machine's own loopback.
+    #[test]
+    fn the_unspecified_address_is_never_reached() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let p = policy(&["0.0.0.0", "0.0.0.0/8", "[::]", "[::ffff:0.0.0.0]"], &[]);
+        for address in ["0.0.0.0", "0.1.2.3", "::", "::ffff:0.0.0.0"] {
+            let e = p
+                .check_addresses(&host(address), 80, &[ip(address)], &[])
+                .unwrap_err();
+            assert!(e.contains("unspecified"), "{address}: {e}");
         }
     }
 

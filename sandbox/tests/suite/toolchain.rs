@@ -86,6 +86,9 @@ fn a_path_entry_that_is_not_absolute_is_not_searched_in_the_workspace() {
         ("~/.cargo/bin:/usr/bin:/bin", None),
         (":/usr/bin:/bin", None),
         ("/usr/bin:/bin", Some("~/.cargo/bin::/usr/bin:/bin")),
+        // Nothing absolute: no PATH at all would be the current directory too.
+        ("~/.cargo/bin", None),
+        ("/usr/bin:/bin", Some("~/.cargo/bin")),
     ] {
         let fx = Fixture::with(
             Limits::default(),
@@ -102,13 +105,24 @@ fn a_path_entry_that_is_not_absolute_is_not_searched_in_the_workspace() {
             let file = fx.root().join(shadow);
             std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
-        let out = run(&fx, &["ls"]);
-        assert_eq!(out.exit_code, Some(0), "{path_env}: {out:?}");
-        assert!(!out.stdout.contains("shadow"), "{path_env}: {out:?}");
-        let out = run(&fx, &["sh", "-c", "echo $PATH"]);
+        // A toolchain directory of the workspace's, which comes first.
+        std::fs::create_dir_all(fx.root().join(".venv/bin")).unwrap();
+        if env_path.unwrap_or(path_env).contains("/usr/bin") {
+            let out = run(&fx, &["ls"]);
+            assert_eq!(out.exit_code, Some(0), "{path_env}: {out:?}");
+            assert!(!out.stdout.contains("shadow"), "{path_env}: {out:?}");
+        }
+        // Through a shell, which looks the name up in the PATH it was given.
+        let out = run(&fx, &["/bin/sh", "-c", "ls; echo \"[$PATH]\""]);
         assert!(
-            out.stdout.split(':').all(|d| d.starts_with('/')),
-            "{path_env}: {out:?}"
+            !out.stdout.contains("shadow"),
+            "{path_env} {env_path:?}: {out:?}"
+        );
+        let path = out.stdout.lines().last().unwrap_or_default();
+        let path = path.trim_start_matches('[').trim_end_matches(']');
+        assert!(
+            !path.is_empty() && path.split(':').all(|d| d.starts_with('/')),
+            "{path_env} {env_path:?}: {out:?}"
         );
     }
 }

@@ -1441,7 +1441,7 @@ async fn records_waiting_for_the_store_count_against_their_users_memory() {
     );
     let read = json!({"path": "big.txt", "limit": 100_000});
     let mut answered = 0;
-    // The request is refused as it arrives, before it is a call.
+    // The next call is refused, as a request.
     let refused = loop {
         let reply = within(
             STEP,
@@ -1462,7 +1462,8 @@ async fn records_waiting_for_the_store_count_against_their_users_memory() {
         );
     };
     assert!(
-        refused.contains("server.max_call_bytes_per_user"),
+        refused.contains("records waiting to be written")
+            && refused.contains("server.max_call_bytes_per_user"),
         "{refused}"
     );
     assert!(answered >= 10, "only {answered} calls before the bound");
@@ -1474,6 +1475,6 @@ async fn records_waiting_for_the_store_count_against_their_users_memory() {
     tokio::task::spawn_blocking(move || flushed.flush())
         .await
         .unwrap();
-    assert_eq!(server.state().call_bytes_held("admin"), 0);
+    assert_eq!(server.state().record_bytes_held("admin"), 0);
     ok(call(&agent, "read_file", read).await);
 }
