@@ -465,12 +465,17 @@ pub struct ArtifactView {
     pub metadata_left_out: bool,
 }
 
-/// A session's artifacts.
+/// A page of a session's artifacts.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ArtifactList {
     /// Oldest first.
     pub artifacts: Vec<ArtifactView>,
+    /// How many artifacts the session has in all.
+    pub total: u64,
+    /// The next page's token; only when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_token: Option<String>,
 }
 
 /// One tool call of the audit log.
@@ -1698,20 +1703,60 @@ pub fn artifacts_of(state: &State, id: &str) -> Result<Vec<ArtifactMeta>, HttpEr
     }
 }
 
+/// One page of the artifacts of a session `user` owns, oldest first. A position names the
+/// same artifact unless an earlier one is deleted between pages.
+pub fn artifact_page(
+    web: &Web,
+    user: &str,
+    id: &str,
+    limit: usize,
+    next: Option<&str>,
+) -> Result<ArtifactList, HttpError> {
+    let meta = owned_session(&web.state, user, id)?;
+    let listing = format!("artifacts:{}", meta.id);
+    let offset = match next {
+        None => 0,
+        Some(t) => web
+            .signer
+            .verify(user, &listing, t)
+            .ok()
+            .and_then(|p| p.parse::<usize>().ok())
+            .ok_or_else(|| HttpError::bad(super::token::BadToken.to_string()))?,
+    };
+    let (page, total) = match web
+        .state
+        .registry
+        .store()
+        .artifact_page(&meta.id, offset, limit)
+    {
+        Ok(found) => found,
+        Err(StoreError::NotFound(_)) => (Vec::new(), 0),
+        Err(e) => return Err(HttpError::store(e)),
+    };
+    let end = offset + page.len();
+    Ok(ArtifactList {
+        artifacts: page.iter().map(artifact_view).collect(),
+        total: total as u64,
+        next_token: (end < total && !page.is_empty())
+            .then(|| web.signer.sign(user, &listing, &end.to_string())),
+    })
+}
+
 async fn session_artifacts(
     Shared(web): Shared<Arc<Web>>,
     ApiUser(user): ApiUser,
     Path(id): Path<String>,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, HttpError> {
-    let state = web.state.clone();
+    let q = query(q)?;
+    let limit = page_limit(q.limit.as_deref())?;
+    let web2 = web.clone();
     let slot = user_slot(&web.state, &user)?;
-    let list = blocking_held(slot, move || artifact_list(&state, &user, &id)).await?;
-    Ok(json(
-        StatusCode::OK,
-        &ArtifactList {
-            artifacts: list.iter().map(artifact_view).collect(),
-        },
-    ))
+    let page = blocking_held(slot, move || {
+        artifact_page(&web2, &user, &id, limit, q.next_token.as_deref())
+    })
+    .await?;
+    Ok(json(StatusCode::OK, &page))
 }
 
 async fn session_artifact(

@@ -116,7 +116,8 @@ pub fn document() -> Value {
     }));
     paths.insert("/api/v1/sessions/{id}/artifacts".into(), json!({
         "parameters": [sid.clone()],
-        "get": { "summary": "The session's artifacts", "responses": with(errors(&mut g), json!({ "200": answer::<ArtifactList>(&mut g, "oldest first") })) },
+        "get": { "summary": "The session's artifacts, oldest first", "parameters": paging(),
+                 "responses": with(errors(&mut g), json!({ "200": answer::<ArtifactList>(&mut g, "a page") })) },
     }));
     paths.insert("/api/v1/sessions/{id}/artifacts/{artifactId}".into(), json!({
         "parameters": [sid.clone(), art],

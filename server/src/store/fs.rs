@@ -1479,7 +1479,69 @@ pub struct IndexLine {
     pub pack: Option<[u64; 2]>,
 }
 
+/// Of an index line, its artifact's id alone: what a lookup reads of every line, without
+/// making a tree of its metadata.
+#[derive(Deserialize)]
+struct IndexId<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+}
+
 impl FsStore {
+    /// The latest index line of artifact `id`: every line is read for its id alone, and only
+    /// the lines of `id` whole (a download made a tree of every artifact's metadata).
+    fn index_line(&self, session: &str, id: &str) -> Result<Option<IndexLine>, StoreError> {
+        let path = self.session_dir(session).join("artifacts/index.jsonl");
+        let mut found = None;
+        each_record_line(&path, |_, line| {
+            if serde_json::from_slice::<IndexId<'_>>(line)?.id == id {
+                found = Some(serde_json::from_slice(line)?);
+            }
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
+    /// The artifacts at positions `offset..offset + limit` of [`FsStore::index`]'s order, and
+    /// how many there are: one pass reads each line's id alone, the next only the page's lines
+    /// whole.
+    fn index_page(
+        &self,
+        session: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+        let path = self.session_dir(session).join("artifacts/index.jsonl");
+        // Each id in the order it first came, and the record its latest line is.
+        let mut order: Vec<String> = Vec::new();
+        let mut latest: HashMap<String, usize> = HashMap::new();
+        each_record_line(&path, |record, line| {
+            let IndexId { id } = serde_json::from_slice(line)?;
+            if !latest.contains_key(id.as_ref()) {
+                order.push(id.clone().into_owned());
+            }
+            latest.insert(id.into_owned(), record);
+            Ok(())
+        })?;
+        let total = order.len();
+        let wanted: HashMap<usize, usize> = order
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .enumerate()
+            .map(|(place, id)| (latest[id], place))
+            .collect();
+        let mut page: Vec<Option<ArtifactMeta>> = vec![None; wanted.len()];
+        each_record_line(&path, |record, line| {
+            if let Some(&place) = wanted.get(&record) {
+                page[place] = Some(serde_json::from_slice::<IndexLine>(line)?.meta);
+            }
+            Ok(())
+        })?;
+        // A line rewritten between the passes (a delete) is left out of this page.
+        Ok((page.into_iter().flatten().collect(), total))
+    }
+
     /// The index's lines, the latest for each id, oldest id first (a replaced artifact, the
     /// history snapshot, keeps its place).
     fn index(&self, session: &str) -> Result<Vec<IndexLine>, StoreError> {
@@ -1810,13 +1872,21 @@ impl ArtifactStore for FsStore {
         Ok(self.index(session)?.into_iter().map(|l| l.meta).collect())
     }
 
+    fn artifact_page(
+        &self,
+        session: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+        check_id(session)?;
+        self.index_page(session, offset, limit)
+    }
+
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
         check_id(session)?;
         check_id(id).map_err(|_| StoreError::NotFound(format!("artifact {id}")))?;
         let line = self
-            .index(session)?
-            .into_iter()
-            .find(|l| l.meta.id == id)
+            .index_line(session, id)?
             .ok_or_else(|| StoreError::NotFound(format!("artifact {id} in session {session}")))?;
         let dir = self.session_dir(session).join("artifacts");
         let content = match line.pack {

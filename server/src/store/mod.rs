@@ -707,6 +707,19 @@ pub trait ArtifactStore: Send + Sync {
     }
     /// A session's artifacts, oldest first.
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError>;
+    /// `limit` of a session's artifacts from position `offset` (0 = the oldest), and how many
+    /// it has in all: what a listing shows without reading every artifact's metadata into
+    /// memory (an upload's may hold 64 KiB).
+    fn artifact_page(
+        &self,
+        session: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+        let all = self.artifacts(session)?;
+        let total = all.len();
+        Ok((all.into_iter().skip(offset).take(limit).collect(), total))
+    }
     /// One artifact with its content.
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
     /// Removes artifacts of a session (ids it does not have are ignored).

@@ -399,6 +399,14 @@ impl ArtifactStore for Observed {
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
         self.inner.artifacts(session)
     }
+    fn artifact_page(
+        &self,
+        session: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+        self.inner.artifact_page(session, offset, limit)
+    }
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
         self.inner.artifact(session, id)
     }

@@ -504,6 +504,25 @@ fn exercise(store: &dyn Store) {
         .map(|a| a.id)
         .collect();
     assert_eq!(list, ["session_history", "a1", "up1"]);
+    // By pages, in the same order, the replaced snapshot's latest metadata in its place.
+    let page = |offset, limit| {
+        let (page, total) = store.artifact_page("s2", offset, limit).unwrap();
+        (page, total)
+    };
+    let (first, total) = page(0, 2);
+    assert_eq!(total, 3);
+    assert_eq!(
+        first.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+        ["session_history", "a1"]
+    );
+    assert_eq!(first[0].size, 9, "the latest of a replaced artifact");
+    let (rest, _) = page(2, 2);
+    assert_eq!(rest, [uploaded.clone()]);
+    assert_eq!(page(3, 2), (Vec::new(), 3));
+    assert_eq!(
+        store.artifact_page("nobody-s", 0, 5).unwrap(),
+        (Vec::new(), 0)
+    );
     let (m, body) = store.artifact("s2", "session_history").unwrap();
     assert_eq!((m.size, body.as_slice()), (9, &b"{\"v\": 2}"[..]));
     assert_eq!(

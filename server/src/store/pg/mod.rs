@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "initial", include_str!("0001_initial.sql")),
     (2, "leases", include_str!("0002_leases.sql")),
     (3, "kept folders", include_str!("0003_kept_folders.sql")),
+    (
+        4,
+        "artifacts by session",
+        include_str!("0004_artifacts_by_session.sql"),
+    ),
 ];
 
 /// What the `kept` column holds: a session's focus and folders ([`SessionMeta::folders`]).
@@ -1530,6 +1535,53 @@ impl ArtifactStore for PgStore {
                         .ok()
                 })
                 .collect())
+        })
+    }
+
+    fn artifact_page(
+        &self,
+        session: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+        check_id(session)?;
+        let session = session.to_owned();
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |mut c| async move {
+            let tx = c
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(db)?;
+            let total: i64 = tx
+                .query_one(
+                    "SELECT COUNT(*) FROM artifacts WHERE session_id = $1",
+                    &[&session],
+                )
+                .await
+                .map_err(db)?
+                .get(0);
+            let rows = tx
+                .query(
+                    "SELECT id, meta, blob_key FROM artifacts WHERE session_id = $1
+                     ORDER BY seq OFFSET $2 LIMIT $3",
+                    &[&session, &offset, &limit],
+                )
+                .await
+                .map_err(db)?;
+            tx.commit().await.map_err(db)?;
+            let page = rows
+                .iter()
+                .filter_map(|r| {
+                    artifact_of(&session, r.get(0), r.get(1), r.get(2))
+                        .map_err(|e| tracing::warn!("skipping an artifact: {e}"))
+                        .ok()
+                })
+                .collect();
+            Ok((page, usize::try_from(total).unwrap_or(0)))
         })
     }
 

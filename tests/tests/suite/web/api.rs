@@ -279,7 +279,88 @@ async fn artifact_count(api: &Api, session: &str) -> usize {
     if answer.status == 404 {
         return 0;
     }
-    answer.json()["artifacts"].as_array().unwrap().len()
+    answer.json()["total"].as_u64().unwrap() as usize
+}
+
+/// Regression: a session's artifacts were listed whole in one answer (every artifact's
+/// metadata, up to 64 KiB each for an upload, read into memory for each listing). They page
+/// as the other listings do, oldest first, with no gaps and no duplicates, and a token works
+/// for its own user and session only.
+#[tokio::test]
+async fn a_sessions_artifacts_page_oldest_first() {
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(Some("/p")).await;
+    let session = new_session();
+    for n in 0..25 {
+        let stored = api
+            .post(
+                &format!("/api/v1/workspaces/{ws}/artifacts"),
+                &json!({"sessionId": session, "artifactType": "tool_output",
+                        "artifactName": format!("{n:02}.txt"), "contentType": "text/plain",
+                        "contentBase64": "aGk="}),
+            )
+            .await;
+        assert_eq!(stored.status, 201, "{}", stored.text());
+    }
+    let path = format!("/api/v1/sessions/{session}/artifacts");
+    let first = api.get(&path).await.json();
+    assert_eq!(first["artifacts"].as_array().unwrap().len(), 20, "{first}");
+    assert_eq!(first["total"], 25);
+    let mut names = Vec::new();
+    let mut next: Option<String> = None;
+    loop {
+        let url = match &next {
+            Some(t) => format!("{path}?limit=7&nextToken={t}"),
+            None => format!("{path}?limit=7"),
+        };
+        let page = api.get(&url).await;
+        assert_eq!(page.status, 200, "{}", page.text());
+        let page = page.json();
+        let artifacts = page["artifacts"].as_array().unwrap();
+        assert!(artifacts.len() <= 7);
+        names.extend(
+            artifacts
+                .iter()
+                .map(|a| a["artifactName"].as_str().unwrap().to_owned()),
+        );
+        match page.get("nextToken").and_then(Value::as_str) {
+            Some(t) => next = Some(t.to_owned()),
+            None => break,
+        }
+    }
+    let expected: Vec<String> = (0..25).map(|n| format!("{n:02}.txt")).collect();
+    assert_eq!(names, expected);
+    // A token of another session's listing, or made up, is refused.
+    let other = new_session();
+    for _ in 0..2 {
+        let stored = api
+            .post(
+                &format!("/api/v1/workspaces/{ws}/artifacts"),
+                &json!({"sessionId": other, "artifactType": "tool_output",
+                        "artifactName": "o.txt", "contentType": "text/plain",
+                        "contentBase64": "aGk="}),
+            )
+            .await;
+        assert_eq!(stored.status, 201, "{}", stored.text());
+    }
+    let theirs = api
+        .get(&format!("/api/v1/sessions/{other}/artifacts?limit=1"))
+        .await
+        .json();
+    let token = theirs["nextToken"].as_str().expect("a next page");
+    api.get(&format!("{path}?nextToken={token}"))
+        .await
+        .assert_bad("nextToken");
+    api.get(&format!("{path}?nextToken=forged"))
+        .await
+        .assert_bad("nextToken");
+    api.get(&format!("{path}?limit=0"))
+        .await
+        .assert_bad("limit");
+    api.get(&format!("{path}?limit=101"))
+        .await
+        .assert_bad("limit");
 }
 
 #[tokio::test]

@@ -74,14 +74,24 @@ fn charged(size: usize) -> u64 {
 async fn stored_bytes(api: &Api, sessions: &[String]) -> u64 {
     let mut total = 0;
     for session in sessions {
-        let answer = api
-            .get(&format!("/api/v1/sessions/{session}/artifacts"))
-            .await;
-        if answer.status == 404 {
-            continue;
-        }
-        for a in answer.json()["artifacts"].as_array().unwrap() {
-            total += a["size"].as_u64().unwrap();
+        let mut next: Option<String> = None;
+        loop {
+            let path = format!("/api/v1/sessions/{session}/artifacts?limit=100");
+            let answer = match &next {
+                Some(t) => api.get(&format!("{path}&nextToken={t}")).await,
+                None => api.get(&path).await,
+            };
+            if answer.status == 404 {
+                break;
+            }
+            let page = answer.json();
+            for a in page["artifacts"].as_array().unwrap() {
+                total += a["size"].as_u64().unwrap();
+            }
+            match page.get("nextToken").and_then(Value::as_str) {
+                Some(t) => next = Some(t.to_owned()),
+                None => break,
+            }
         }
     }
     total
