@@ -1827,6 +1827,78 @@ async fn session_audit(
 /// event comes to check them on.
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The least time between two of an event stream's checks: events that come faster wait for
+/// the next check together (each check is store work: a token and a session looked up, two
+/// queries of a database), so that a session's many followers do not make a check each per
+/// event. An event waits at most this long for it.
+const CHECK_GAP: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The next event of `rx` a stream may deliver (see [`event_stream`]), `None` when it ends:
+/// from `pending` (events
+/// that came before the last check that passed), else the next to come, checked with `check`
+/// (every [`RECHECK`] without one, on `ticks`) at most every [`CHECK_GAP`] since `checked`,
+/// with what came in the meantime, which then waits in `pending`. No event is delivered unless
+/// a check that passed began after it was published.
+async fn next_checked<C, F>(
+    rx: &mut tokio::sync::broadcast::Receiver<Event>,
+    session: &str,
+    pending: &mut std::collections::VecDeque<SessionEvent>,
+    checked: &mut Option<tokio::time::Instant>,
+    ticks: &mut tokio::time::Interval,
+    shutdown: &tokio_util::sync::CancellationToken,
+    check: C,
+) -> Option<SessionEvent>
+where
+    C: Fn() -> F,
+    F: std::future::Future<Output = bool>,
+{
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    if let Some(event) = pending.pop_front() {
+        return Some(event);
+    }
+    let as_event = |got: Result<Event, RecvError>| match got {
+        Ok(event) => Some(SessionEvent::of(session, event)),
+        Err(RecvError::Lagged(missed)) => Some(SessionEvent::Lagged { missed }),
+        Err(RecvError::Closed) => None,
+    };
+    loop {
+        let got = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            _ = ticks.tick() => None,
+            got = rx.recv() => Some(got),
+        };
+        let Some(got) = got else {
+            if !check().await {
+                return None;
+            }
+            *checked = Some(tokio::time::Instant::now());
+            continue;
+        };
+        let first = as_event(got)?;
+        if let Some(due) = checked.map(|at| at + CHECK_GAP) {
+            tokio::select! {
+                () = shutdown.cancelled() => return None,
+                () = tokio::time::sleep_until(due) => {}
+            }
+        }
+        pending.push_back(first);
+        loop {
+            let more = match rx.try_recv() {
+                Ok(event) => Ok(event),
+                Err(TryRecvError::Lagged(missed)) => Err(RecvError::Lagged(missed)),
+                Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+            };
+            pending.extend(as_event(more));
+        }
+        if !check().await {
+            pending.clear();
+            return None;
+        }
+        *checked = Some(tokio::time::Instant::now());
+        return pending.pop_front();
+    }
+}
+
 /// The server-sent events of a session: `ready` first, then its events as they happen, until
 /// the client goes, the server shuts down, or access is gone: before each event, and every
 /// [`RECHECK`] without one, the stream checks that `credential` still stands for `user` (a
@@ -1851,32 +1923,37 @@ pub fn event_stream(
         credential,
         rx: Some(rx),
         ticks,
+        pending: Default::default(),
+        checked: None,
     };
     let stream =
         futures_util::stream::unfold((Some(first), watch), |(first, mut watch)| async move {
             if let Some(first) = first {
                 return Some((Ok(sse(&first)), (None, watch)));
             }
-            let event = loop {
-                let rx = watch.rx.as_mut()?;
-                let got = tokio::select! {
-                    () = watch.web.shutdown.cancelled() => return None,
-                    _ = watch.ticks.tick() => None,
-                    got = rx.recv() => Some(got),
-                };
-                if !watch.still_allowed().await {
-                    return None;
-                }
-                match got {
-                    None => continue,
-                    Some(Ok(event)) => break SessionEvent::of(&watch.session, event),
-                    Some(Err(tokio::sync::broadcast::error::RecvError::Lagged(missed))) => {
-                        break SessionEvent::Lagged { missed };
-                    }
-                    Some(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
-                }
-            };
-            Some((Ok(sse(&event)), (None, watch)))
+            let Watch {
+                web,
+                session,
+                user,
+                credential,
+                rx,
+                ticks,
+                pending,
+                checked,
+            } = &mut watch;
+            let check = || still_allowed(web, user, session, credential);
+            let shutdown = web.shutdown.clone();
+            let next = next_checked(
+                rx.as_mut()?,
+                session,
+                pending,
+                checked,
+                ticks,
+                &shutdown,
+                check,
+            )
+            .await;
+            next.map(|event| (Ok(sse(&event)), (None, watch)))
         });
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
@@ -1891,6 +1968,10 @@ struct Watch {
     /// Taken only by `drop`.
     rx: Option<tokio::sync::broadcast::Receiver<Event>>,
     ticks: tokio::time::Interval,
+    /// Events that came before the last check that passed, not delivered yet.
+    pending: std::collections::VecDeque<SessionEvent>,
+    /// When the last check that passed began.
+    checked: Option<tokio::time::Instant>,
 }
 
 impl Drop for Watch {
@@ -1901,24 +1982,22 @@ impl Drop for Watch {
     }
 }
 
-impl Watch {
-    /// Whether the stream may go on (see [`event_stream`]).
-    async fn still_allowed(&self) -> bool {
-        let (web, user, session, credential) = (
-            self.web.clone(),
-            self.user.clone(),
-            self.session.clone(),
-            self.credential.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            // The same session, still theirs: `default` may now mean a default of the user's own
-            // while the stream follows the well-known one, which another user may hold by now.
-            credential.still_valid(&web, &user)
-                && owned_session(&web.state, &user, &session).is_ok_and(|meta| meta.id == session)
-        })
-        .await
-        .unwrap_or(false)
-    }
+/// Whether an event stream of `user` following `session` may go on (see [`event_stream`]).
+async fn still_allowed(web: &Arc<Web>, user: &str, session: &str, credential: &Credential) -> bool {
+    let (web, user, session, credential) = (
+        web.clone(),
+        user.to_owned(),
+        session.to_owned(),
+        credential.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        // The same session, still theirs: `default` may now mean a default of the user's own
+        // while the stream follows the well-known one, which another user may hold by now.
+        credential.still_valid(&web, &user)
+            && owned_session(&web.state, &user, &session).is_ok_and(|meta| meta.id == session)
+    })
+    .await
+    .unwrap_or(false)
 }
 
 fn sse(event: &SessionEvent) -> SseEvent {
@@ -1941,4 +2020,80 @@ async fn session_events(
     // `ApiUser` accepted this request's bearer token, so it is there.
     let token = super::bearer(&headers).unwrap_or_default().to_owned();
     Ok(event_stream(web, meta.id, user, Credential::Bearer(token)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Regression: an event stream checked its credential and session (store work: two
+    /// database queries) before every event, so one user's 64 streams made 64 checks per
+    /// event of a busy session. Events that come together share one check, a check comes at
+    /// most every `CHECK_GAP`, and none is delivered past a check that failed.
+    #[tokio::test(start_paused = true)]
+    async fn events_that_come_together_share_a_check_and_none_passes_one_that_failed() {
+        let (tx, mut rx) = tokio::sync::broadcast::channel(1024);
+        let mut pending = std::collections::VecDeque::new();
+        let mut checked = None;
+        let mut ticks = tokio::time::interval(std::time::Duration::from_secs(3600));
+        ticks.tick().await;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let checks = AtomicUsize::new(0);
+        let allowed = std::sync::atomic::AtomicBool::new(true);
+        let check = || {
+            checks.fetch_add(1, Ordering::SeqCst);
+            let allowed = allowed.load(Ordering::SeqCst);
+            async move { allowed }
+        };
+        let mut next = async |rx: &mut tokio::sync::broadcast::Receiver<Event>| {
+            next_checked(
+                rx,
+                "s",
+                &mut pending,
+                &mut checked,
+                &mut ticks,
+                &shutdown,
+                check,
+            )
+            .await
+        };
+        for _ in 0..100 {
+            tx.send(Event::History).unwrap();
+        }
+        for _ in 0..100 {
+            assert!(matches!(
+                next(&mut rx).await,
+                Some(SessionEvent::History { .. })
+            ));
+        }
+        assert_eq!(
+            checks.load(Ordering::SeqCst),
+            1,
+            "one check for what came together"
+        );
+        // Events in a steady stream: a check at most every CHECK_GAP.
+        let started = tokio::time::Instant::now();
+        for _ in 0..20 {
+            tx.send(Event::History).unwrap();
+            assert!(matches!(
+                next(&mut rx).await,
+                Some(SessionEvent::History { .. })
+            ));
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let gaps = started.elapsed().as_millis() / CHECK_GAP.as_millis() + 1;
+        assert!(
+            checks.load(Ordering::SeqCst) as u128 <= 1 + gaps,
+            "{} checks in {:?}",
+            checks.load(Ordering::SeqCst),
+            started.elapsed()
+        );
+        // Access gone: what came before the check that failed is not delivered.
+        allowed.store(false, Ordering::SeqCst);
+        tx.send(Event::History).unwrap();
+        tx.send(Event::History).unwrap();
+        assert!(next(&mut rx).await.is_none());
+        assert!(pending.is_empty());
+    }
 }
