@@ -449,6 +449,11 @@ impl FakeClient {
             .expect("a report sent");
     }
 
+    /// Sends `bytes` as they are on the attach stream (a report cut short, say).
+    pub async fn report_raw(&mut self, bytes: &[u8]) {
+        self._attach.write_all(bytes).await.expect("bytes sent");
+    }
+
     /// Ends the attach stream, as a client detaching does, and waits (bounded) until the
     /// server has read all of it.
     pub async fn end_reports(&mut self) {

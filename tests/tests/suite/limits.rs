@@ -1478,3 +1478,87 @@ async fn records_waiting_for_the_store_count_against_their_users_memory() {
     assert_eq!(server.state().record_bytes_held("admin"), 0);
     ok(call(&agent, "read_file", read).await);
 }
+
+/// Regression: what a client sent on its attach stream (a report of its folder's network
+/// connections, up to 256 KiB) was held in the server's memory as it arrived, counted against
+/// nothing: a user's connections could hold 128 MiB past their bound with reports they never
+/// finished. They count with the user's calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_an_attached_client_never_finishes_count_against_its_users_memory() {
+    use monad_protocol::frame;
+    const KIB: usize = 1024;
+    let server =
+        TestServer::start_with(|config| config.quotas.max_call_bytes_per_user = 1024 * KIB).await;
+    let agent = server.agent().await;
+    let mut clients = Vec::new();
+    for n in 0..4 {
+        let mut client = FakeClient::attach(
+            &server.client_config(),
+            &format!("lap{n}"),
+            vec![ToolName::ReadFile],
+        )
+        .await;
+        // A report of 240 KiB, all but its last byte sent.
+        let report = format!(
+            "{{\"type\":\"network\",\"pad\":\"{}\"}}",
+            "x".repeat(240 * KIB)
+        );
+        let (header, payload) = frame::frames(report.as_bytes()).next().unwrap();
+        client.report_raw(&header).await;
+        client.report_raw(&payload[..payload.len() - 1]).await;
+        clients.push(client);
+    }
+    let state = server.state().clone();
+    within(STEP, "the reports to be counted", async {
+        while state.call_bytes_held("admin") < 4 * 240 * KIB {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Past the bound with them: a request of 100 KiB is refused.
+    let big = json!({"path": "big.txt", "content": "y".repeat(100 * KIB)});
+    match agent.call(None, "write_file", big.clone(), |_| {}).await {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::LimitExceeded, "{e}");
+            assert!(e.message.contains("server.max_call_bytes_per_user"), "{e}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // A fifth report past the bound is not read: that stream's reports are lost from then on,
+    // and the audit log says so.
+    let mut fifth =
+        FakeClient::attach(&server.client_config(), "lap4", vec![ToolName::ReadFile]).await;
+    let report = format!(
+        "{{\"type\":\"network\",\"pad\":\"{}\"}}",
+        "x".repeat(240 * KIB)
+    );
+    for (header, payload) in frame::frames(report.as_bytes()) {
+        fifth.report_raw(&header).await;
+        fifth.report_raw(payload).await;
+    }
+    within(STEP, "the audit log to say reports were lost", async {
+        loop {
+            let lines = server.audit_lines("default", 0).await;
+            if lines.iter().any(|l| {
+                l["tool"] == "network"
+                    && l["target"].as_str().is_some_and(|t| {
+                        t.contains("not recorded from now on")
+                            && t.contains("server.max_call_bytes_per_user")
+                    })
+            }) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The clients gone, what they held comes back.
+    drop((clients, fifth));
+    within(STEP, "the reports' bytes to come back", async {
+        while state.call_bytes_held("admin") > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    ok(call(&agent, "write_file", big).await);
+}
