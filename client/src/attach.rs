@@ -1434,7 +1434,7 @@ async fn run(
                     creates,
                     through_link,
                     bytes_note,
-                    runs_in,
+                    runs_in: runs_in.clone(),
                     program: (tool == ToolName::RunCommand).then(|| site.shown()),
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
@@ -1473,6 +1473,34 @@ async fn run(
             error(ErrorCode::Denied, reason)
         };
         return (outcome, Some(decided));
+    }
+    // A command runs where its owner was shown it would: a link on its directory's way swapped
+    // while they were asked (by a command already running) would take an approved `rm` to
+    // another place.
+    if tool == ToolName::RunCommand && basis == Basis::User {
+        let now = args
+            .get("cwd")
+            .and_then(Value::as_str)
+            .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd));
+        if now != runs_in {
+            folder.emit(ran(false, Basis::Invalid));
+            let shown = |place: &Option<String>| {
+                place
+                    .clone()
+                    .unwrap_or_else(|| "where its `cwd` says".to_owned())
+            };
+            let outcome = error(
+                ErrorCode::Denied,
+                format!(
+                    "the folder changed while the command waited for approval: its directory \
+                     now leads to {}, not {} as its user was shown; nothing was run (call again \
+                     to be asked about where it would run now)",
+                    shown(&now),
+                    shown(&runs_in)
+                ),
+            );
+            return (outcome, Some(decided));
+        }
     }
     // A command may run long, and a user's answer deserves to be on record: the decision goes
     // out now, so the audit log keeps it even if the connection is lost before the result.

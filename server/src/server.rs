@@ -2089,10 +2089,13 @@ async fn attach_reports(
     // Connections not recorded and not yet said.
     let mut unsaid: u64 = 0;
     loop {
-        // A report is held in memory as it arrives: counted with the user's calls.
+        // A report is held in memory as it arrives: counted with the user's calls, never
+        // refused (one stream holds at most one), so that the user's next calls are, and no
+        // connection goes unrecorded for it.
         let memory = state.call_bytes.holder(user);
         let read = monad_protocol::io::read_message_relayed_counted(recv, MAX_REPORT, &mut |n| {
-            memory.take(n)
+            memory.take_anyway(n);
+            true
         })
         .await;
         match read {
@@ -2137,32 +2140,6 @@ async fn attach_reports(
             // reported where it is noticed, not as a malformed message.
             Err(monad_protocol::io::ReadError::Io(e)) => {
                 debug!(session, workspace, "attach stream ended: {e}");
-                break;
-            }
-            // Cut off mid-message: the rest of the stream cannot be read in step.
-            Err(monad_protocol::io::ReadError::Refused) => {
-                warn!(
-                    session,
-                    workspace,
-                    "a report on an attach stream would pass its user's memory bound; the \
-                     stream's reports are not read from now on"
-                );
-                if let Some(recorder) = recorder {
-                    crate::executor::record_reports_lost(
-                        recorder,
-                        user,
-                        session,
-                        workspace,
-                        format!(
-                            "connections not recorded from now on: a report of them would \
-                             have taken the user's calls past {} bytes in the server's memory \
-                             (server.max_call_bytes_per_user)",
-                            memory.limit()
-                        ),
-                    );
-                }
-                let mut sink = [0u8; 64];
-                while let Ok(Some(_)) = recv.read(&mut sink).await {}
                 break;
             }
             Err(e) => {

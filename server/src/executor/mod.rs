@@ -30,7 +30,7 @@ mod session_tools;
 mod tests;
 
 pub use link::{Conn, PendingBody, RelayError};
-pub(crate) use record::{CappedWriter, record_network, record_reports_lost};
+pub(crate) use record::{CappedWriter, record_network};
 
 use link::{CallWatch, RunRequest, disconnected};
 use record::{Record, Tap, Verdict, audit_network, describe_target, describe_whole, record};

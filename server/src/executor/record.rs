@@ -301,26 +301,6 @@ pub(crate) fn record_network(
     }
 }
 
-/// Writes one audit line saying that a workspace's connections are not recorded from now on,
-/// and why (`why`): its client's reports could not be read.
-pub(crate) fn record_reports_lost(
-    recorder: &Recorder,
-    user: &str,
-    session: &str,
-    workspace: &str,
-    why: String,
-) {
-    recorder.audit(
-        user,
-        session,
-        not_recorded(
-            uuid::Uuid::new_v4().to_string(),
-            Some(workspace.to_owned()),
-            why,
-        ),
-    );
-}
-
 /// The audit line that counts connections not recorded one by one, saying why (`target`).
 fn not_recorded(call_id: String, workspace: Option<String>, target: String) -> AuditRecord {
     let outcome = AuditOutcome::Failed(ErrorCode::LimitExceeded);

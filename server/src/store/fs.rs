@@ -1502,44 +1502,76 @@ impl FsStore {
         Ok(found)
     }
 
-    /// The artifacts at positions `offset..offset + limit` of [`FsStore::index`]'s order, and
-    /// how many there are: one pass reads each line's id alone, the next only the page's lines
-    /// whole.
+    /// The artifacts at positions `offset..offset + limit` of [`FsStore::index`]'s order (the
+    /// same lines, skipped the same way). One pass over the index keeps where each id's latest line is, making no more
+    /// than one line's tree at a time; the page's lines are then read again from the same open
+    /// file (a rewrite in between, a delete's, renames a new file over it: this one stays whole).
     fn index_page(
         &self,
         session: &str,
         offset: usize,
         limit: usize,
-    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+    ) -> Result<ArtifactPage, StoreError> {
+        use std::io::BufRead;
+        use std::os::unix::fs::FileExt;
         let path = self.session_dir(session).join("artifacts/index.jsonl");
-        // Each id in the order it first came, and the record its latest line is.
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(ArtifactPage::default());
+            }
+            Err(e) => return Err(StoreError::io("read", &path, e)),
+        };
+        // Each id in the order it first came, and where its latest line is (offset, length).
         let mut order: Vec<String> = Vec::new();
-        let mut latest: HashMap<String, usize> = HashMap::new();
-        each_record_line(&path, |record, line| {
-            let IndexId { id } = serde_json::from_slice(line)?;
-            if !latest.contains_key(id.as_ref()) {
-                order.push(id.clone().into_owned());
+        let mut latest: HashMap<String, (u64, usize)> = HashMap::new();
+        let mut reader = std::io::BufReader::with_capacity(64 * 1024, &file);
+        let mut line = Vec::new();
+        let mut at = 0u64;
+        loop {
+            line.clear();
+            let n = reader
+                .read_until(b'\n', &mut line)
+                .map_err(map_io("read", &path))?;
+            if n == 0 {
+                break;
             }
-            latest.insert(id.into_owned(), record);
-            Ok(())
-        })?;
+            let start = at;
+            at += n as u64;
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            if text.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<IndexLine>(text) {
+                Ok(read) => {
+                    let id = read.meta.id;
+                    if !latest.contains_key(&id) {
+                        order.push(id.clone());
+                    }
+                    latest.insert(id, (start, text.len()));
+                }
+                Err(e) => warn!("{}: skipping an unreadable record: {e}", path.display()),
+            }
+        }
         let total = order.len();
-        let wanted: HashMap<usize, usize> = order
-            .iter()
-            .skip(offset)
-            .take(limit)
-            .enumerate()
-            .map(|(place, id)| (latest[id], place))
-            .collect();
-        let mut page: Vec<Option<ArtifactMeta>> = vec![None; wanted.len()];
-        each_record_line(&path, |record, line| {
-            if let Some(&place) = wanted.get(&record) {
-                page[place] = Some(serde_json::from_slice::<IndexLine>(line)?.meta);
+        let mut page = Vec::new();
+        let mut end = offset.min(total);
+        for id in order.iter().skip(offset).take(limit) {
+            end += 1;
+            let (start, len) = latest[id];
+            let mut bytes = vec![0; len];
+            file.read_exact_at(&mut bytes, start)
+                .map_err(map_io("read", &path))?;
+            match serde_json::from_slice::<IndexLine>(&bytes) {
+                Ok(read) => page.push(read.meta),
+                Err(e) => warn!("{}: skipping an unreadable record: {e}", path.display()),
             }
-            Ok(())
-        })?;
-        // A line rewritten between the passes (a delete) is left out of this page.
-        Ok((page.into_iter().flatten().collect(), total))
+        }
+        Ok(ArtifactPage {
+            artifacts: page,
+            end,
+            total,
+        })
     }
 
     /// The index's lines, the latest for each id, oldest id first (a replaced artifact, the
@@ -1877,7 +1909,7 @@ impl ArtifactStore for FsStore {
         session: &str,
         offset: usize,
         limit: usize,
-    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+    ) -> Result<ArtifactPage, StoreError> {
         check_id(session)?;
         self.index_page(session, offset, limit)
     }
@@ -2656,6 +2688,63 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let history = FsStore::new(dir.path()).history("default").unwrap();
         assert!(history.messages.is_empty(), "{history:?}");
+    }
+
+    #[test]
+    fn an_artifact_page_skips_the_lines_a_whole_listing_skips_and_pages_on_without_repeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.create(&meta("default")).unwrap();
+        for id in ["a", "b"] {
+            store.put_artifact(&tool_output(id, b"x"), b"x").unwrap();
+        }
+        // A corrupt line, a line whose id reads but not the rest (a field of another type),
+        // then more artifacts, and a torn last line.
+        let index = dir.path().join("sessions/default/artifacts/index.jsonl");
+        let mut newer = serde_json::to_value(IndexLine {
+            meta: tool_output("newer", b"x"),
+            pack: None,
+        })
+        .unwrap();
+        newer["size"] = serde_json::json!("large");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&index)
+            .unwrap();
+        writeln!(file, "not json").unwrap();
+        writeln!(file, "{newer}").unwrap();
+        drop(file);
+        for id in ["c", "d"] {
+            store.put_artifact(&tool_output(id, b"x"), b"x").unwrap();
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&index)
+            .unwrap();
+        write!(file, "{{\"id\":").unwrap();
+        drop(file);
+        let whole: Vec<String> = store
+            .artifacts("default")
+            .unwrap()
+            .into_iter()
+            .map(|a| a.id)
+            .collect();
+        assert_eq!(whole, ["a", "b", "c", "d"]);
+        for limit in 1..=5 {
+            let mut ids = Vec::new();
+            let mut offset = 0;
+            loop {
+                let page = store.artifact_page("default", offset, limit).unwrap();
+                assert_eq!(page.total, 4);
+                ids.extend(page.artifacts.into_iter().map(|a| a.id));
+                assert!(page.end > offset || page.end == page.total);
+                if page.end >= page.total {
+                    break;
+                }
+                offset = page.end;
+            }
+            assert_eq!(ids, whole, "pages of {limit}");
+        }
     }
 
     #[test]

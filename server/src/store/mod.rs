@@ -707,18 +707,23 @@ pub trait ArtifactStore: Send + Sync {
     }
     /// A session's artifacts, oldest first.
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError>;
-    /// `limit` of a session's artifacts from position `offset` (0 = the oldest), and how many
-    /// it has in all: what a listing shows without reading every artifact's metadata into
-    /// memory (an upload's may hold 64 KiB).
+    /// `limit` of a session's artifacts from position `offset` (0 = the oldest): what a
+    /// listing shows without reading every artifact's metadata into memory (an upload's may
+    /// hold 64 KiB).
     fn artifact_page(
         &self,
         session: &str,
         offset: usize,
         limit: usize,
-    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+    ) -> Result<ArtifactPage, StoreError> {
         let all = self.artifacts(session)?;
         let total = all.len();
-        Ok((all.into_iter().skip(offset).take(limit).collect(), total))
+        let artifacts: Vec<ArtifactMeta> = all.into_iter().skip(offset).take(limit).collect();
+        Ok(ArtifactPage {
+            end: offset.min(total) + artifacts.len(),
+            artifacts,
+            total,
+        })
     }
     /// One artifact with its content.
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
@@ -733,6 +738,17 @@ pub trait ArtifactStore: Send + Sync {
         let _ = owner;
         Ok(None)
     }
+}
+
+/// A page of a session's artifacts ([`ArtifactStore::artifact_page`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ArtifactPage {
+    /// The page's artifacts, oldest first; one that cannot be read is left out.
+    pub artifacts: Vec<ArtifactMeta>,
+    /// The position after the page's last: where the next page starts, whatever was left out.
+    pub end: usize,
+    /// How many artifacts the session has.
+    pub total: usize,
 }
 
 /// The bytes of the artifacts uploaded through the API in `owner`'s sessions, added up from

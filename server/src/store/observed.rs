@@ -18,9 +18,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::{
-    ArtifactKind, ArtifactMeta, ArtifactStore, AuditRecord, BindingStore, FolderStore, History,
-    HistoryMessage, Page, SessionMeta, SessionStore, Store, StoreError, WorkspaceRecord,
-    WorkspaceSession, WorkspaceStore,
+    ArtifactKind, ArtifactMeta, ArtifactPage, ArtifactStore, AuditRecord, BindingStore,
+    FolderStore, History, HistoryMessage, Page, SessionMeta, SessionStore, Store, StoreError,
+    WorkspaceRecord, WorkspaceSession, WorkspaceStore,
 };
 use crate::feed::{Event, Feed};
 
@@ -404,7 +404,7 @@ impl ArtifactStore for Observed {
         session: &str,
         offset: usize,
         limit: usize,
-    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+    ) -> Result<ArtifactPage, StoreError> {
         self.inner.artifact_page(session, offset, limit)
     }
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {

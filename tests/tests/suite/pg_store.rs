@@ -505,23 +505,28 @@ fn exercise(store: &dyn Store) {
         .collect();
     assert_eq!(list, ["session_history", "a1", "up1"]);
     // By pages, in the same order, the replaced snapshot's latest metadata in its place.
-    let page = |offset, limit| {
-        let (page, total) = store.artifact_page("s2", offset, limit).unwrap();
-        (page, total)
-    };
-    let (first, total) = page(0, 2);
-    assert_eq!(total, 3);
+    let page = |offset, limit| store.artifact_page("s2", offset, limit).unwrap();
+    let first = page(0, 2);
+    assert_eq!((first.end, first.total), (2, 3));
     assert_eq!(
-        first.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(),
+        first
+            .artifacts
+            .iter()
+            .map(|a| a.id.as_str())
+            .collect::<Vec<_>>(),
         ["session_history", "a1"]
     );
-    assert_eq!(first[0].size, 9, "the latest of a replaced artifact");
-    let (rest, _) = page(2, 2);
-    assert_eq!(rest, [uploaded.clone()]);
-    assert_eq!(page(3, 2), (Vec::new(), 3));
+    assert_eq!(
+        first.artifacts[0].size, 9,
+        "the latest of a replaced artifact"
+    );
+    let rest = page(2, 2);
+    assert_eq!((rest.artifacts, rest.end), (vec![uploaded.clone()], 3));
+    let past = page(3, 2);
+    assert_eq!((past.artifacts.len(), past.end, past.total), (0, 3, 3));
     assert_eq!(
         store.artifact_page("nobody-s", 0, 5).unwrap(),
-        (Vec::new(), 0)
+        Default::default()
     );
     let (m, body) = store.artifact("s2", "session_history").unwrap();
     assert_eq!((m.size, body.as_slice()), (9, &b"{\"v\": 2}"[..]));

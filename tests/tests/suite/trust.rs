@@ -1024,6 +1024,46 @@ async fn always_on_a_command_does_not_follow_its_directory_to_another_place() {
     assert_eq!(seen[1].runs_in.as_deref(), Some("."));
 }
 
+/// Regression: where a command runs was shown to its owner, then looked up again when it ran,
+/// so a link on its directory's way swapped while they were asked (by a command already
+/// running) took the `rm` they approved in `tmp` to the root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_does_not_run_where_its_directory_came_to_lead_while_its_owner_was_asked() {
+    /// Allows, after making `tmp` a link to the root.
+    struct Swapping(std::path::PathBuf);
+    impl Approver for Swapping {
+        fn decide(
+            &self,
+            _: monad_client::approval::ApprovalRequest,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>> {
+            let tmp = self.0.join("tmp");
+            std::fs::remove_dir_all(&tmp).unwrap();
+            std::os::unix::fs::symlink(".", &tmp).unwrap();
+            Box::pin(async { Decision::AllowOnce })
+        }
+    }
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("tmp/scratch.txt", "x\n"), ("precious.txt", "keep\n")]);
+    let owner = Arc::new(Swapping(dir.path().to_owned())) as Arc<dyn Approver>;
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(owner),
+    )
+    .await;
+    let wipe = json!({"argv": ["sh", "-c", "rm -f ./*.txt"], "cwd": "tmp", "workspace": "lap"});
+    let refused = expect_code(call(&agent, "run_command", wipe).await, ErrorCode::Denied);
+    assert!(
+        refused.contains("changed while the command waited"),
+        "{refused}"
+    );
+    assert!(
+        dir.path().join("precious.txt").exists(),
+        "it ran in the root"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_on_a_program_in_the_workspace_allows_only_that_exact_command() {
     let server = TestServer::start().await;

@@ -1543,9 +1543,10 @@ impl ArtifactStore for PgStore {
         session: &str,
         offset: usize,
         limit: usize,
-    ) -> Result<(Vec<ArtifactMeta>, usize), StoreError> {
+    ) -> Result<ArtifactPage, StoreError> {
         check_id(session)?;
         let session = session.to_owned();
+        let start = offset;
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |mut c| async move {
@@ -1573,7 +1574,8 @@ impl ArtifactStore for PgStore {
                 .await
                 .map_err(db)?;
             tx.commit().await.map_err(db)?;
-            let page = rows
+            let total = usize::try_from(total).unwrap_or(0);
+            let artifacts = rows
                 .iter()
                 .filter_map(|r| {
                     artifact_of(&session, r.get(0), r.get(1), r.get(2))
@@ -1581,7 +1583,11 @@ impl ArtifactStore for PgStore {
                         .ok()
                 })
                 .collect();
-            Ok((page, usize::try_from(total).unwrap_or(0)))
+            Ok(ArtifactPage {
+                artifacts,
+                end: start.min(total) + rows.len(),
+                total,
+            })
         })
     }
 
