@@ -139,6 +139,21 @@ impl Recorder {
         let _ = self.jobs.send((Job::SaveMeta(meta), None));
     }
 
+    /// Waits until everything sent before this call is written, or until `deadline` has gone
+    /// by: whether it was written. A store that does not answer (a database gone) must not
+    /// hold a shutdown for ever.
+    pub fn flush_within(&self, deadline: Duration) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self.jobs.send((Job::Flush(tx), None)).is_err() {
+            return true;
+        }
+        self.thread.unpark();
+        !matches!(
+            rx.recv_timeout(deadline),
+            Err(mpsc::RecvTimeoutError::Timeout)
+        )
+    }
+
     /// Waits until everything sent before this call is written.
     pub fn flush(&self) {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -692,5 +707,30 @@ mod tests {
         assert_eq!(bytes.held("ana"), 0, "given back once written");
         assert_eq!(listed(&store, a), ["a-1", "a-2"]);
         assert_eq!(store.audit_log(a).unwrap().len(), 1, "nothing refused");
+    }
+
+    /// Regression: a shutdown waited for the recorder without end, so a store that did not
+    /// answer (a database gone) held the server's exit for ever.
+    #[test]
+    fn a_flush_with_a_deadline_gives_up_on_a_store_that_does_not_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let recorder = Recorder::start(store.clone());
+        let a = "00000000-0000-4000-8000-00000000000a";
+        create_session(&store, a);
+        let (release, held_up) = std::sync::mpsc::channel::<()>();
+        recorder.artifact_made(
+            "ana",
+            meta(a, 1),
+            0,
+            Box::new(move |_| {
+                let _ = held_up.recv();
+                b"one".to_vec()
+            }),
+        );
+        assert!(!recorder.flush_within(Duration::from_millis(100)));
+        release.send(()).unwrap();
+        assert!(recorder.flush_within(Duration::from_secs(60)));
+        assert_eq!(listed(&store, a), ["a-1"]);
     }
 }

@@ -515,8 +515,14 @@ impl Server {
         let state = self.state.clone();
         let _ = tokio::task::spawn_blocking(move || {
             state.registry.flush();
-            if let Some(recorder) = &state.executor.recorder {
-                recorder.flush();
+            if let Some(recorder) = &state.executor.recorder
+                && !recorder.flush_within(grace)
+            {
+                warn!(
+                    "the store did not take the calls' records within {} s \
+                     (server.shutdown_grace_secs): those still waiting are lost",
+                    grace.as_secs_f64()
+                );
             }
             // Written whole: the sessions can be served elsewhere at once.
             if let Some(cluster) = &state.cluster {
