@@ -1688,21 +1688,6 @@ async fn session_history(
     Ok(json(StatusCode::OK, &view))
 }
 
-/// The artifacts of a session `user` owns.
-pub fn artifact_list(state: &State, user: &str, id: &str) -> Result<Vec<ArtifactMeta>, HttpError> {
-    artifacts_of(state, &owned_session(state, user, id)?.id)
-}
-
-/// The artifacts of session `id`, its owner checked already (its id as [`owned_session`]
-/// gives it).
-pub fn artifacts_of(state: &State, id: &str) -> Result<Vec<ArtifactMeta>, HttpError> {
-    match state.registry.store().artifacts(id) {
-        Ok(list) => Ok(list),
-        Err(StoreError::NotFound(_)) => Ok(Vec::new()),
-        Err(e) => Err(HttpError::store(e)),
-    }
-}
-
 /// One page of the artifacts of a session `user` owns, oldest first. A position names the
 /// same artifact unless an earlier one is deleted between pages.
 pub fn artifact_page(

@@ -470,13 +470,28 @@ fn calls_markup(
     }
 }
 
-fn diff_calls(artifacts: &[ArtifactMeta]) -> std::collections::HashSet<String> {
-    artifacts
-        .iter()
+/// The calls of `records` (of session `session`) that have a diff kept: their artifacts alone
+/// are read, never every artifact's metadata.
+fn diff_calls(
+    state: &crate::state::State,
+    session: &str,
+    records: &[crate::store::AuditRecord],
+) -> Result<std::collections::HashSet<String>, HttpError> {
+    let calls = records.iter().map(|r| r.call_id.clone()).collect();
+    let artifacts = match state.registry.store().call_artifacts(session, &calls) {
+        Ok(found) => found,
+        Err(crate::store::StoreError::NotFound(_)) => Vec::new(),
+        Err(e) => return Err(HttpError::store(e)),
+    };
+    Ok(artifacts
+        .into_iter()
         .filter(|a| a.kind == ArtifactKind::FileDiff)
-        .filter_map(|a| a.call_id.clone())
-        .collect()
+        .filter_map(|a| a.call_id)
+        .collect())
 }
+
+/// How many of a session's latest artifacts its page shows.
+const ARTIFACTS_SHOWN: usize = 20;
 
 struct SessionData {
     view: api::SessionView,
@@ -484,7 +499,9 @@ struct SessionData {
     calls: Vec<AuditEntry>,
     start: usize,
     total: usize,
+    /// The latest artifacts, the latest first.
     artifacts: Vec<ArtifactMeta>,
+    diffs: std::collections::HashSet<String>,
 }
 
 fn session_data(web: &Web, user: &str, id: &str) -> Result<SessionData, HttpError> {
@@ -499,7 +516,15 @@ fn session_data(web: &Web, user: &str, id: &str) -> Result<SessionData, HttpErro
     let (records, total) = store
         .audit_page(&view.session_id, start, CALLS_SHOWN)
         .map_err(HttpError::store)?;
-    let artifacts = api::artifacts_of(state, &view.session_id)?;
+    let diffs = diff_calls(state, &view.session_id, &records)?;
+    let page = |offset| match store.artifact_page(&view.session_id, offset, ARTIFACTS_SHOWN) {
+        Ok(page) => Ok(page),
+        Err(crate::store::StoreError::NotFound(_)) => Ok(Default::default()),
+        Err(e) => Err(HttpError::store(e)),
+    };
+    let count = page(usize::MAX)?.total;
+    let mut artifacts = page(count.saturating_sub(ARTIFACTS_SHOWN))?.artifacts;
+    artifacts.reverse();
     Ok(SessionData {
         calls: records.iter().map(AuditEntry::of).collect(),
         start,
@@ -507,6 +532,7 @@ fn session_data(web: &Web, user: &str, id: &str) -> Result<SessionData, HttpErro
         view,
         history,
         artifacts,
+        diffs,
     })
 }
 
@@ -521,7 +547,7 @@ async fn session(
     let data = blocking_held(slot, move || session_data(&w, &u, &id)).await?;
     let form_token = user.form_token(&web);
     let sid = data.view.session_id.clone();
-    let diffs = diff_calls(&data.artifacts);
+    let diffs = &data.diffs;
     let title = data.view.name.clone().unwrap_or_else(|| sid.clone());
     Ok(respond(
         StatusCode::OK,
@@ -559,7 +585,7 @@ async fn session(
                             h2 { "Artifacts" }
                             @if data.artifacts.is_empty() { p.muted { "None." } }
                             ul {
-                                @for a in data.artifacts.iter().rev().take(20) {
+                                @for a in &data.artifacts {
                                     @let v = api::artifact_view(a);
                                     li {
                                         a.mono href={ "/sessions/" (sid) "/artifacts/" (v.artifact_id) } {
@@ -584,7 +610,7 @@ async fn session(
                                     hx-target="closest .more" hx-swap="outerHTML" { "Earlier calls (" (data.start) ")" }
                             }
                         }
-                        (calls_markup(&sid, &data.calls, data.start, data.total, &diffs, true))
+                        (calls_markup(&sid, &data.calls, data.start, data.total, diffs, true))
                     }
                 }
             },
@@ -620,7 +646,7 @@ async fn calls(
     };
     let state = web.state.clone();
     let slot = user_slot(&web.state, &user.user)?;
-    let (sid, records, total, artifacts) = blocking_held(slot, move || {
+    let (sid, records, total, diffs) = blocking_held(slot, move || {
         let meta = owned_session(&state, &user.user, &id)?;
         let store = state.registry.store();
         let limit =
@@ -629,12 +655,11 @@ async fn calls(
         let (records, total) = store
             .audit_page(&meta.id, q.from, limit)
             .map_err(HttpError::store)?;
-        let artifacts = api::artifacts_of(&state, &meta.id)?;
-        Ok((meta.id, records, total, artifacts))
+        let diffs = diff_calls(&state, &meta.id, &records)?;
+        Ok((meta.id, records, total, diffs))
     })
     .await?;
     let calls: Vec<AuditEntry> = records.iter().map(AuditEntry::of).collect();
-    let diffs = diff_calls(&artifacts);
     let markup = match q.to {
         // Earlier calls: the rows, after another "earlier" button while there are more.
         Some(_) => html! {
@@ -691,12 +716,14 @@ async fn call(
     let (sid, found) = blocking_held(slot, move || {
         // As its owner's id: `default` is the caller's own default (see `owned_session`).
         let sid = owned_session(&state, &user.user, &id)?.id;
-        let metas = api::artifacts_of(&state, &sid)?;
+        let calls = std::iter::once(call_id).collect();
+        let metas = match state.registry.store().call_artifacts(&sid, &calls) {
+            Ok(found) => found,
+            Err(crate::store::StoreError::NotFound(_)) => Vec::new(),
+            Err(e) => return Err(HttpError::store(e)),
+        };
         let mut found = Vec::new();
-        for meta in metas
-            .into_iter()
-            .filter(|m| m.call_id.as_deref() == Some(call_id.as_str()))
-        {
+        for meta in metas {
             let (meta, content) = state
                 .registry
                 .store()

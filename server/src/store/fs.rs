@@ -1487,7 +1487,46 @@ struct IndexId<'a> {
     id: std::borrow::Cow<'a, str>,
 }
 
+/// Of an index line, its artifact's id and the call it came from, without its metadata's tree.
+#[derive(Deserialize)]
+struct IndexCall<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    call_id: Option<std::borrow::Cow<'a, str>>,
+}
+
 impl FsStore {
+    /// The latest index lines of the artifacts of `calls`, in [`FsStore::index`]'s order: every
+    /// line is read for its id and call alone, and only those of `calls` whole.
+    fn index_of_calls(
+        &self,
+        session: &str,
+        calls: &std::collections::HashSet<String>,
+    ) -> Result<Vec<ArtifactMeta>, StoreError> {
+        let path = self.session_dir(session).join("artifacts/index.jsonl");
+        let mut order: Vec<String> = Vec::new();
+        let mut found: HashMap<String, ArtifactMeta> = HashMap::new();
+        each_record_line(&path, |_, line| {
+            let IndexCall { id, call_id } = serde_json::from_slice(line)?;
+            if call_id.is_some_and(|c| calls.contains(c.as_ref())) {
+                let read: IndexLine = serde_json::from_slice(line)?;
+                if !found.contains_key(id.as_ref()) {
+                    order.push(id.clone().into_owned());
+                }
+                found.insert(id.into_owned(), read.meta);
+            } else {
+                // Its latest line is of another call.
+                found.remove(id.as_ref());
+            }
+            Ok(())
+        })?;
+        Ok(order
+            .into_iter()
+            .filter_map(|id| found.remove(&id))
+            .collect())
+    }
+
     /// The latest index line of artifact `id`: every line is read for its id alone, and only
     /// the lines of `id` whole (a download made a tree of every artifact's metadata).
     fn index_line(&self, session: &str, id: &str) -> Result<Option<IndexLine>, StoreError> {
@@ -1912,6 +1951,15 @@ impl ArtifactStore for FsStore {
     ) -> Result<ArtifactPage, StoreError> {
         check_id(session)?;
         self.index_page(session, offset, limit)
+    }
+
+    fn call_artifacts(
+        &self,
+        session: &str,
+        calls: &std::collections::HashSet<String>,
+    ) -> Result<Vec<ArtifactMeta>, StoreError> {
+        check_id(session)?;
+        self.index_of_calls(session, calls)
     }
 
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {

@@ -725,6 +725,19 @@ pub trait ArtifactStore: Send + Sync {
             total,
         })
     }
+    /// The artifacts of a session that came from the calls `calls` (by their call ids), oldest
+    /// first: what a page showing some calls needs, without every artifact's metadata.
+    fn call_artifacts(
+        &self,
+        session: &str,
+        calls: &std::collections::HashSet<String>,
+    ) -> Result<Vec<ArtifactMeta>, StoreError> {
+        Ok(self
+            .artifacts(session)?
+            .into_iter()
+            .filter(|a| a.call_id.as_ref().is_some_and(|c| calls.contains(c)))
+            .collect())
+    }
     /// One artifact with its content.
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
     /// Removes artifacts of a session (ids it does not have are ignored).

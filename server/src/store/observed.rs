@@ -407,6 +407,13 @@ impl ArtifactStore for Observed {
     ) -> Result<ArtifactPage, StoreError> {
         self.inner.artifact_page(session, offset, limit)
     }
+    fn call_artifacts(
+        &self,
+        session: &str,
+        calls: &std::collections::HashSet<String>,
+    ) -> Result<Vec<ArtifactMeta>, StoreError> {
+        self.inner.call_artifacts(session, calls)
+    }
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
         self.inner.artifact(session, id)
     }

@@ -528,6 +528,19 @@ fn exercise(store: &dyn Store) {
         store.artifact_page("nobody-s", 0, 5).unwrap(),
         Default::default()
     );
+    // Those of some calls alone (all three here say they came from call `c1`).
+    let of_calls = |calls: &[&str]| -> Vec<String> {
+        let calls = calls.iter().map(|c| c.to_string()).collect();
+        store
+            .call_artifacts("s2", &calls)
+            .unwrap()
+            .into_iter()
+            .map(|a| a.id)
+            .collect()
+    };
+    assert_eq!(of_calls(&["c1", "c9"]), ["session_history", "a1", "up1"]);
+    assert_eq!(of_calls(&["c2"]), Vec::<String>::new());
+    assert_eq!(of_calls(&[]), Vec::<String>::new());
     let (m, body) = store.artifact("s2", "session_history").unwrap();
     assert_eq!((m.size, body.as_slice()), (9, &b"{\"v\": 2}"[..]));
     assert_eq!(
