@@ -1474,14 +1474,35 @@ async fn run(
         };
         return (outcome, Some(decided));
     }
-    // A command runs where its owner was shown it would: a link on its directory's way swapped
-    // while they were asked (by a command already running) would take an approved `rm` to
-    // another place.
+    // A command runs where, and as what, its owner was shown it would: a link on its
+    // directory's way swapped while they were asked (by a command already running) would take
+    // an approved `rm` to another place, and a `.venv/bin/python3` made meanwhile would run
+    // instead of the `/usr/bin/python3` they approved.
     if tool == ToolName::RunCommand && basis == Basis::User {
         let now = args
             .get("cwd")
             .and_then(Value::as_str)
             .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd));
+        let program = args
+            .get("argv")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let site_now = locate(&folder.sandbox, program);
+        if site_now != site {
+            folder.emit(ran(false, Basis::Invalid));
+            let outcome = error(
+                ErrorCode::Denied,
+                format!(
+                    "the folder changed while the command waited for approval: its program is \
+                     now {}, not {} as its user was shown; nothing was run (call again to be \
+                     asked about what it would run now)",
+                    site_now.shown(),
+                    site.shown()
+                ),
+            );
+            return (outcome, Some(decided));
+        }
         if now != runs_in {
             folder.emit(ran(false, Basis::Invalid));
             let shown = |place: &Option<String>| {

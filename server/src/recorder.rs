@@ -140,18 +140,15 @@ impl Recorder {
     }
 
     /// Waits until everything sent before this call is written, or until `deadline` has gone
-    /// by: whether it was written. A store that does not answer (a database gone) must not
-    /// hold a shutdown for ever.
+    /// by: whether it was written (not when the recorder's thread is gone, with what it held).
+    /// A store that does not answer (a database gone) must not hold a shutdown for ever.
     pub fn flush_within(&self, deadline: Duration) -> bool {
         let (tx, rx) = std::sync::mpsc::channel();
         if self.jobs.send((Job::Flush(tx), None)).is_err() {
-            return true;
+            return false;
         }
         self.thread.unpark();
-        !matches!(
-            rx.recv_timeout(deadline),
-            Err(mpsc::RecvTimeoutError::Timeout)
-        )
+        rx.recv_timeout(deadline).is_ok()
     }
 
     /// Waits until everything sent before this call is written.

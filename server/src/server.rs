@@ -513,25 +513,40 @@ impl Server {
         // Saving metadata and waiting for the recorder's writes block (fsync): off the async
         // workers.
         let state = self.state.clone();
+        // The records get the grace, and at least `RECORDS_WAIT`: a grace of 0 for the calls
+        // must not lose every shutdown's last records.
+        let wait = grace.max(RECORDS_WAIT);
         let _ = tokio::task::spawn_blocking(move || {
-            state.registry.flush();
-            if let Some(recorder) = &state.executor.recorder
-                && !recorder.flush_within(grace)
-            {
+            // The records first: a session's metadata a batch still holds is older than what
+            // the registry saves, and must not be written over it.
+            let written = state
+                .executor
+                .recorder
+                .as_ref()
+                .is_none_or(|recorder| recorder.flush_within(wait));
+            if !written {
                 warn!(
-                    "the store did not take the calls' records within {} s \
-                     (server.shutdown_grace_secs): those still waiting are lost",
-                    grace.as_secs_f64()
+                    "the store did not take the calls' records within {} s: those still \
+                     waiting are lost",
+                    wait.as_secs_f64()
                 );
             }
-            // Written whole: the sessions can be served elsewhere at once.
-            if let Some(cluster) = &state.cluster {
+            state.registry.flush();
+            // Written whole: the sessions can be served elsewhere at once. Not while the
+            // recorder may still write to them: their leases run out instead.
+            if let Some(cluster) = &state.cluster
+                && written
+            {
                 cluster.store().release_leases();
             }
         })
         .await;
     }
 }
+
+/// The least a shutdown waits for the store to take the calls' records
+/// (`server.shutdown_grace_secs` when longer).
+const RECORDS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Applies `<data_dir>/config.toml` and the `MONAD_*` environment over the programmatic
 /// settings in `config`; returns the updated config and the layers sessions merge their own

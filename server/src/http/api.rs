@@ -1870,7 +1870,12 @@ where
             continue;
         };
         let first = as_event(got)?;
-        if let Some(due) = checked.map(|at| at + CHECK_GAP) {
+        // A backlog of a batch or more is checked at once: spacing it would cap a stream at a
+        // batch per gap, and the channel would drop what a fast reader has not taken.
+        if let Some(due) = checked
+            .map(|at| at + CHECK_GAP)
+            .filter(|_| rx.len() + 1 < MAX_PENDING)
+        {
             tokio::select! {
                 () = shutdown.cancelled() => return None,
                 () = tokio::time::sleep_until(due) => {}

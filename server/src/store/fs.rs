@@ -1497,7 +1497,8 @@ struct IndexCall<'a> {
 }
 
 impl FsStore {
-    /// The latest index lines of the artifacts of `calls`, in [`FsStore::index`]'s order: every
+    /// The latest index lines of the artifacts of `calls`, in the order they first came (as
+    /// [`FsStore::index`]'s, an artifact's id never moving from one call to another): every
     /// line is read for its id and call alone, and only those of `calls` whole.
     fn index_of_calls(
         &self,
@@ -1542,9 +1543,11 @@ impl FsStore {
     }
 
     /// The artifacts at positions `offset..offset + limit` of [`FsStore::index`]'s order (the
-    /// same lines, skipped the same way). One pass over the index keeps where each id's latest line is, making no more
-    /// than one line's tree at a time; the page's lines are then read again from the same open
-    /// file (a rewrite in between, a delete's, renames a new file over it: this one stays whole).
+    /// same lines, skipped the same way). One pass over the index keeps where each id's latest
+    /// line is, making no more than one line's tree at a time; the page's lines are then read
+    /// again from the same open file (a rewrite in between, a delete's, renames a new file over
+    /// it: this one stays whole; a line cut off its end meanwhile, or another in its place, is
+    /// left out).
     fn index_page(
         &self,
         session: &str,
@@ -1599,10 +1602,16 @@ impl FsStore {
             end += 1;
             let (start, len) = latest[id];
             let mut bytes = vec![0; len];
-            file.read_exact_at(&mut bytes, start)
-                .map_err(map_io("read", &path))?;
+            match file.read_exact_at(&mut bytes, start) {
+                Ok(()) => {}
+                // Cut in place meanwhile (a torn line, or a failed append, taken off the end).
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => continue,
+                Err(e) => return Err(StoreError::io("read", &path, e)),
+            }
             match serde_json::from_slice::<IndexLine>(&bytes) {
-                Ok(read) => page.push(read.meta),
+                // The same line, not what an append put in its place after a cut.
+                Ok(read) if read.meta.id == *id => page.push(read.meta),
+                Ok(_) => {}
                 Err(e) => warn!("{}: skipping an unreadable record: {e}", path.display()),
             }
         }

@@ -1064,6 +1064,46 @@ async fn a_command_does_not_run_where_its_directory_came_to_lead_while_its_owner
     );
 }
 
+/// Regression: the program a command runs was shown to its owner (`/usr/bin/sh`), then
+/// looked up again when it ran, so a `.venv/bin/sh` made while they were asked (by a command
+/// already running) ran instead of the one they approved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_does_not_run_a_program_that_came_first_in_its_path_while_its_owner_was_asked() {
+    /// Allows, after making a `.venv/bin/sh` of the folder's.
+    struct Shadowing(std::path::PathBuf);
+    impl Approver for Shadowing {
+        fn decide(
+            &self,
+            _: monad_client::approval::ApprovalRequest,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>> {
+            use std::os::unix::fs::PermissionsExt;
+            let bin = self.0.join(".venv/bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            std::fs::write(bin.join("sh"), "#!/bin/sh\necho shadow > pwned.txt\n").unwrap();
+            std::fs::set_permissions(bin.join("sh"), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            Box::pin(async { Decision::AllowOnce })
+        }
+    }
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "alpha\n")]);
+    let owner = Arc::new(Shadowing(dir.path().to_owned())) as Arc<dyn Approver>;
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(owner),
+    )
+    .await;
+    let run = json!({"argv": ["sh", "-c", "echo ran > ran.txt"], "workspace": "lap"});
+    let refused = expect_code(call(&agent, "run_command", run).await, ErrorCode::Denied);
+    assert!(refused.contains("its program is now"), "{refused}");
+    assert!(
+        !dir.path().join("pwned.txt").exists(),
+        "the folder's sh ran"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn always_on_a_program_in_the_workspace_allows_only_that_exact_command() {
     let server = TestServer::start().await;
