@@ -1324,25 +1324,10 @@ async fn run(
         );
         return (outcome, None);
     }
-    // What "always" would cover depends on where a command's program is found.
-    let site = match args
-        .get("argv")
-        .and_then(|a| a.get(0))
-        .and_then(Value::as_str)
-    {
-        Some(program) if tool == ToolName::RunCommand => locate(&folder.sandbox, program),
-        _ => ProgramSite::Other,
-    };
-    // Where a command really runs, when a link on its `cwd`'s way leads elsewhere (`out`
-    // leading to the root): `rm -rf ./*` in `out` is not what it reads as. The owner is shown
-    // it, and "always" covers the command there only.
-    let runs_in = match tool {
-        ToolName::RunCommand => args
-            .get("cwd")
-            .and_then(Value::as_str)
-            .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd)),
-        _ => None,
-    };
+    // What "always" would cover depends on where a command's program is found, and where it
+    // really runs when a link on its `cwd`'s way leads elsewhere (`out` leading to the root:
+    // `rm -rf ./*` in `out` is not what it reads as). The owner is shown both.
+    let (site, runs_in) = command_place(folder, tool, &args);
     let rule = Rule::of(tool, &args, &site, runs_in.as_deref());
     let known = folder.policy.check(session, tool, &rule);
     // Checked before the policy answers or anyone is asked. For a write or an edit that will be
@@ -1479,45 +1464,31 @@ async fn run(
     // an approved `rm` to another place, and a `.venv/bin/python3` made meanwhile would run
     // instead of the `/usr/bin/python3` they approved.
     if tool == ToolName::RunCommand && basis == Basis::User {
-        let now = args
-            .get("cwd")
-            .and_then(Value::as_str)
-            .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd));
-        let program = args
-            .get("argv")
-            .and_then(|a| a.get(0))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let site_now = locate(&folder.sandbox, program);
-        if site_now != site {
+        let (site_now, runs_in_now) = command_place(folder, tool, &args);
+        let place = |p: &Option<String>| p.clone().unwrap_or_else(|| "where its `cwd` says".into());
+        let changed = if site_now != site {
+            Some(format!(
+                "its program is now {}, not {}",
+                site_now.shown(),
+                site.shown()
+            ))
+        } else if runs_in_now != runs_in {
+            Some(format!(
+                "its directory now leads to {}, not {}",
+                place(&runs_in_now),
+                place(&runs_in)
+            ))
+        } else {
+            None
+        };
+        if let Some(changed) = changed {
             folder.emit(ran(false, Basis::Invalid));
             let outcome = error(
                 ErrorCode::Denied,
                 format!(
-                    "the folder changed while the command waited for approval: its program is \
-                     now {}, not {} as its user was shown; nothing was run (call again to be \
-                     asked about what it would run now)",
-                    site_now.shown(),
-                    site.shown()
-                ),
-            );
-            return (outcome, Some(decided));
-        }
-        if now != runs_in {
-            folder.emit(ran(false, Basis::Invalid));
-            let shown = |place: &Option<String>| {
-                place
-                    .clone()
-                    .unwrap_or_else(|| "where its `cwd` says".to_owned())
-            };
-            let outcome = error(
-                ErrorCode::Denied,
-                format!(
-                    "the folder changed while the command waited for approval: its directory \
-                     now leads to {}, not {} as its user was shown; nothing was run (call again \
-                     to be asked about where it would run now)",
-                    shown(&now),
-                    shown(&runs_in)
+                    "the folder changed while the command waited for approval: {changed} as its \
+                     user was shown; nothing was run (call again to be asked about what it \
+                     would run now)"
                 ),
             );
             return (outcome, Some(decided));
@@ -1584,6 +1555,27 @@ async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInf
         .ok()?;
     let list: ProcessListResult = serde_json::from_value(listed).ok()?;
     list.processes.into_iter().find(|p| p.process == id)
+}
+
+/// Where a call's command finds its program, and where it really runs when a link on its
+/// `cwd`'s way makes that another place than `cwd` says ([`Sandbox::directory_elsewhere`]);
+/// for other tools, neither.
+fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> (ProgramSite, Option<String>) {
+    if tool != ToolName::RunCommand {
+        return (ProgramSite::Other, None);
+    }
+    let site = args
+        .get("argv")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .map_or(ProgramSite::Other, |program| {
+            locate(&folder.sandbox, program)
+        });
+    let runs_in = args
+        .get("cwd")
+        .and_then(Value::as_str)
+        .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd));
+    (site, runs_in)
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {

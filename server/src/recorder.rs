@@ -663,6 +663,22 @@ mod tests {
         assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3", "a-4"]);
     }
 
+    /// The recorder held up on artifact `meta` of `ana`'s, which holds `holds` bytes, until the
+    /// sender given back sends (the store not answering).
+    fn held_up(recorder: &Recorder, meta: ArtifactMeta, holds: usize) -> mpsc::Sender<()> {
+        let (release, held_up) = mpsc::channel::<()>();
+        recorder.artifact_made(
+            "ana",
+            meta,
+            holds,
+            Box::new(move |_| {
+                let _ = held_up.recv();
+                b"one".to_vec()
+            }),
+        );
+        release
+    }
+
     /// Regression: what waited to be written counted against nothing, so a user whose calls
     /// came faster than a slow store took their records grew the queue without bound.
     #[test]
@@ -674,16 +690,7 @@ mod tests {
         let a = "00000000-0000-4000-8000-00000000000a";
         create_session(&store, a);
         // The store held up: the recorder's thread waits on the first artifact's make.
-        let (release, held_up) = std::sync::mpsc::channel::<()>();
-        recorder.artifact_made(
-            "ana",
-            meta(a, 1),
-            100,
-            Box::new(move |_| {
-                let _ = held_up.recv();
-                b"one".to_vec()
-            }),
-        );
+        let release = held_up(&recorder, meta(a, 1), 100);
         recorder.artifact("ana", meta(a, 2), vec![b'x'; 2_000]);
         let (Job::Audit(_, record), _) = audit(3) else {
             unreachable!("an audit job")
@@ -715,16 +722,7 @@ mod tests {
         let recorder = Recorder::start(store.clone());
         let a = "00000000-0000-4000-8000-00000000000a";
         create_session(&store, a);
-        let (release, held_up) = std::sync::mpsc::channel::<()>();
-        recorder.artifact_made(
-            "ana",
-            meta(a, 1),
-            0,
-            Box::new(move |_| {
-                let _ = held_up.recv();
-                b"one".to_vec()
-            }),
-        );
+        let release = held_up(&recorder, meta(a, 1), 0);
         assert!(!recorder.flush_within(Duration::from_millis(100)));
         release.send(()).unwrap();
         assert!(recorder.flush_within(Duration::from_secs(60)));

@@ -1688,6 +1688,25 @@ async fn session_history(
     Ok(json(StatusCode::OK, &view))
 }
 
+/// Where the page `next` (a page token of `listing` for `user`, or none: the first) starts; a
+/// token changed, or made for another user or listing, is a `400`.
+pub fn page_offset(
+    web: &Web,
+    user: &str,
+    listing: &str,
+    next: Option<&str>,
+) -> Result<usize, HttpError> {
+    match next {
+        None => Ok(0),
+        Some(t) => web
+            .signer
+            .verify(user, listing, t)
+            .ok()
+            .and_then(|p| p.parse::<usize>().ok())
+            .ok_or_else(|| HttpError::bad(super::token::BadToken.to_string())),
+    }
+}
+
 /// One page of the artifacts of a session `user` owns, oldest first. A position names the
 /// same artifact unless an earlier one is deleted between pages.
 pub fn artifact_page(
@@ -1699,15 +1718,7 @@ pub fn artifact_page(
 ) -> Result<ArtifactList, HttpError> {
     let meta = owned_session(&web.state, user, id)?;
     let listing = format!("artifacts:{}", meta.id);
-    let offset = match next {
-        None => 0,
-        Some(t) => web
-            .signer
-            .verify(user, &listing, t)
-            .ok()
-            .and_then(|p| p.parse::<usize>().ok())
-            .ok_or_else(|| HttpError::bad(super::token::BadToken.to_string()))?,
-    };
+    let offset = page_offset(web, user, &listing, next)?;
     let page = match web
         .state
         .registry
@@ -1767,15 +1778,7 @@ pub fn audit_page(
 ) -> Result<AuditPage, HttpError> {
     let meta = owned_session(&web.state, user, id)?;
     let listing = format!("audit:{}", meta.id);
-    let offset = match next {
-        None => 0,
-        Some(t) => web
-            .signer
-            .verify(user, &listing, t)
-            .ok()
-            .and_then(|p| p.parse::<usize>().ok())
-            .ok_or_else(|| HttpError::bad(super::token::BadToken.to_string()))?,
-    };
+    let offset = page_offset(web, user, &listing, next)?;
     let (records, total) = web
         .state
         .registry

@@ -296,15 +296,7 @@ fn list(
         None => api::sessions_page(web, user, SESSIONS_SHOWN, next),
         Some(q) => {
             let listing = format!("search:{q}");
-            let offset = match next {
-                None => 0,
-                Some(t) => web
-                    .signer
-                    .verify(user, &listing, t)
-                    .ok()
-                    .and_then(|p| p.parse::<usize>().ok())
-                    .ok_or_else(|| HttpError::bad(super::token::BadToken.to_string()))?,
-            };
+            let offset = api::page_offset(web, user, &listing, next)?;
             let store = web.state.registry.store();
             let (ids, more) = store
                 .search_page(user, q, offset, SESSIONS_SHOWN)
