@@ -1846,11 +1846,12 @@ where
     if !pending.is_empty() {
         // A client reading slowly is checked again on the way through what waits.
         if checked.is_some_and(|at| at.elapsed() >= RECHECK) {
+            let began = tokio::time::Instant::now();
             if !check().await {
                 pending.clear();
                 return None;
             }
-            *checked = Some(tokio::time::Instant::now());
+            *checked = Some(began);
         }
         return pending.pop_front();
     }
@@ -1866,10 +1867,11 @@ where
             got = rx.recv() => Some(got),
         };
         let Some(got) = got else {
+            let began = tokio::time::Instant::now();
             if !check().await {
                 return None;
             }
-            *checked = Some(tokio::time::Instant::now());
+            *checked = Some(began);
             continue;
         };
         let first = as_event(got)?;
@@ -1894,11 +1896,12 @@ where
             };
             pending.extend(as_event(more));
         }
+        let began = tokio::time::Instant::now();
         if !check().await {
             pending.clear();
             return None;
         }
-        *checked = Some(tokio::time::Instant::now());
+        *checked = Some(began);
         return pending.pop_front();
     }
 }
