@@ -1591,6 +1591,43 @@ impl ArtifactStore for PgStore {
         })
     }
 
+    fn call_artifacts(
+        &self,
+        session: &str,
+        calls: &std::collections::HashSet<String>,
+    ) -> Result<Vec<ArtifactMeta>, StoreError> {
+        check_id(session)?;
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let session = session.to_owned();
+        let wanted = calls.clone();
+        let calls: Vec<String> = calls.iter().cloned().collect();
+        self.with(move |c| async move {
+            // Only the rows whose metadata holds one of the call ids leave the database (the
+            // metadata is JSON text, matched as text: a row that is not JSON must not fail the
+            // query), then only those of the calls.
+            let rows = c
+                .query(
+                    "SELECT id, meta, blob_key FROM artifacts WHERE session_id = $1
+                     AND EXISTS (SELECT 1 FROM unnest($2::text[]) AS c WHERE strpos(meta, c) > 0)
+                     ORDER BY seq",
+                    &[&session, &calls],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    artifact_of(&session, r.get(0), r.get(1), r.get(2))
+                        .map_err(|e| tracing::warn!("skipping an artifact: {e}"))
+                        .ok()
+                })
+                .filter(|a| a.call_id.as_ref().is_some_and(|c| wanted.contains(c)))
+                .collect())
+        })
+    }
+
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError> {
         check_id(session)?;
         check_id(id).map_err(|_| StoreError::NotFound(format!("artifact {id}")))?;
