@@ -39,6 +39,28 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
 ];
 
+/// In one read-only snapshot: how many rows `count` counts for session `id`, and the rows
+/// `page` gives for it at (`OFFSET`, `LIMIT`) `at`, so that the total and the page agree.
+async fn counted_page(
+    c: &mut pool::Conn,
+    count: &str,
+    page: &str,
+    id: &str,
+    (offset, limit): (i64, i64),
+) -> Result<(i64, Vec<tokio_postgres::Row>), StoreError> {
+    let tx = c
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(db)?;
+    let total: i64 = tx.query_one(count, &[&id]).await.map_err(db)?.get(0);
+    let rows = tx.query(page, &[&id, &offset, &limit]).await.map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    Ok((total, rows))
+}
+
 /// What the `kept` column holds: a session's focus and folders ([`SessionMeta::folders`]).
 #[derive(Default, Serialize, Deserialize)]
 struct Kept {
@@ -853,27 +875,14 @@ impl SessionStore for PgStore {
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |mut c| async move {
-            let tx = c
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(db)?;
-            let total: i64 = tx
-                .query_one("SELECT COUNT(*) FROM audit WHERE session_id = $1", &[&id])
-                .await
-                .map_err(db)?
-                .get(0);
-            let rows = tx
-                .query(
-                    "SELECT record FROM audit WHERE session_id = $1 ORDER BY seq
-                     OFFSET $2 LIMIT $3",
-                    &[&id, &offset, &limit],
-                )
-                .await
-                .map_err(db)?;
-            tx.commit().await.map_err(db)?;
+            let (total, rows) = counted_page(
+                &mut c,
+                "SELECT COUNT(*) FROM audit WHERE session_id = $1",
+                "SELECT record FROM audit WHERE session_id = $1 ORDER BY seq OFFSET $2 LIMIT $3",
+                &id,
+                (offset, limit),
+            )
+            .await?;
             let records = rows
                 .iter()
                 .filter_map(|r| {
@@ -1550,30 +1559,15 @@ impl ArtifactStore for PgStore {
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |mut c| async move {
-            let tx = c
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(db)?;
-            let total: i64 = tx
-                .query_one(
-                    "SELECT COUNT(*) FROM artifacts WHERE session_id = $1",
-                    &[&session],
-                )
-                .await
-                .map_err(db)?
-                .get(0);
-            let rows = tx
-                .query(
-                    "SELECT id, meta, blob_key FROM artifacts WHERE session_id = $1
-                     ORDER BY seq OFFSET $2 LIMIT $3",
-                    &[&session, &offset, &limit],
-                )
-                .await
-                .map_err(db)?;
-            tx.commit().await.map_err(db)?;
+            let (total, rows) = counted_page(
+                &mut c,
+                "SELECT COUNT(*) FROM artifacts WHERE session_id = $1",
+                "SELECT id, meta, blob_key FROM artifacts WHERE session_id = $1
+                 ORDER BY seq OFFSET $2 LIMIT $3",
+                &session,
+                (offset, limit),
+            )
+            .await?;
             let total = usize::try_from(total).unwrap_or(0);
             let artifacts = rows
                 .iter()
