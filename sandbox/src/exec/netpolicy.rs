@@ -177,16 +177,17 @@ impl NetPolicy {
                 ));
                 continue;
             }
+            let kind = not_public(ip);
             // Linux connects to the unspecified address as to this machine's own loopback:
             // never a destination an entry could mean.
-            if not_public(ip) == Some("unspecified") {
+            if kind == Some("unspecified") {
                 refused.get_or_insert(format!(
                     "{host} resolves to {ip}, the unspecified address, which reaches this \
                      machine itself; no entry lets a command reach it"
                 ));
                 continue;
             }
-            if not_public(ip) != Some("loopback")
+            if kind != Some("loopback")
                 && is_own(ip, own)
                 && !self
                     .allow
@@ -200,7 +201,7 @@ impl NetPolicy {
                 ));
                 continue;
             }
-            if let Some(kind) = not_public(ip)
+            if let Some(kind) = kind
                 && !self
                     .allow
                     .iter()

@@ -1170,15 +1170,26 @@ fn each_record_line(
     path: &Path,
     mut each: impl FnMut(usize, &[u8]) -> Result<(), serde_json::Error>,
 ) -> Result<usize, StoreError> {
-    use std::io::BufRead;
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(StoreError::io("read", path, e)),
     };
+    each_record_line_of(&file, path, |_, records, line| each(records, line))
+}
+
+/// [`each_record_line`] over `file` (open at its start; `path` names it in messages), with
+/// each line's byte offset in the file as well.
+fn each_record_line_of(
+    file: &std::fs::File,
+    path: &Path,
+    mut each: impl FnMut(u64, usize, &[u8]) -> Result<(), serde_json::Error>,
+) -> Result<usize, StoreError> {
+    use std::io::BufRead;
     let mut reader = std::io::BufReader::with_capacity(64 * 1024, file);
     let mut line = Vec::new();
     let mut records = 0;
+    let mut at = 0u64;
     loop {
         line.clear();
         let n = reader
@@ -1187,11 +1198,13 @@ fn each_record_line(
         if n == 0 {
             return Ok(records);
         }
+        let start = at;
+        at += n as u64;
         let text = line.strip_suffix(b"\n").unwrap_or(&line);
         if text.is_empty() {
             continue;
         }
-        match each(records, text) {
+        match each(start, records, text) {
             Ok(()) => records += 1,
             Err(e) => warn!("{}: skipping an unreadable record: {e}", path.display()),
         }
@@ -1554,7 +1567,6 @@ impl FsStore {
         offset: usize,
         limit: usize,
     ) -> Result<ArtifactPage, StoreError> {
-        use std::io::BufRead;
         use std::os::unix::fs::FileExt;
         let path = self.session_dir(session).join("artifacts/index.jsonl");
         let file = match std::fs::File::open(&path) {
@@ -1567,34 +1579,14 @@ impl FsStore {
         // Each id in the order it first came, and where its latest line is (offset, length).
         let mut order: Vec<String> = Vec::new();
         let mut latest: HashMap<String, (u64, usize)> = HashMap::new();
-        let mut reader = std::io::BufReader::with_capacity(64 * 1024, &file);
-        let mut line = Vec::new();
-        let mut at = 0u64;
-        loop {
-            line.clear();
-            let n = reader
-                .read_until(b'\n', &mut line)
-                .map_err(map_io("read", &path))?;
-            if n == 0 {
-                break;
+        each_record_line_of(&file, &path, |start, _, line| {
+            let id = serde_json::from_slice::<IndexLine>(line)?.meta.id;
+            if !latest.contains_key(&id) {
+                order.push(id.clone());
             }
-            let start = at;
-            at += n as u64;
-            let text = line.strip_suffix(b"\n").unwrap_or(&line);
-            if text.is_empty() {
-                continue;
-            }
-            match serde_json::from_slice::<IndexLine>(text) {
-                Ok(read) => {
-                    let id = read.meta.id;
-                    if !latest.contains_key(&id) {
-                        order.push(id.clone());
-                    }
-                    latest.insert(id, (start, text.len()));
-                }
-                Err(e) => warn!("{}: skipping an unreadable record: {e}", path.display()),
-            }
-        }
+            latest.insert(id, (start, line.len()));
+            Ok(())
+        })?;
         let total = order.len();
         let mut page = Vec::new();
         let mut end = offset.min(total);

@@ -39,6 +39,19 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
 ];
 
+/// The artifacts of `session` that rows of `id, meta, blob_key` hold, in their order; one that
+/// cannot be read is skipped with a warning.
+fn readable_artifacts<'a>(
+    session: &'a str,
+    rows: &'a [tokio_postgres::Row],
+) -> impl Iterator<Item = ArtifactMeta> + 'a {
+    rows.iter().filter_map(move |r| {
+        artifact_of(session, r.get(0), r.get(1), r.get(2))
+            .map_err(|e| tracing::warn!("skipping an artifact: {e}"))
+            .ok()
+    })
+}
+
 /// In one read-only snapshot: how many rows `count` counts for session `id`, and the rows
 /// `page` gives for it at (`OFFSET`, `LIMIT`) `at`, so that the total and the page agree.
 async fn counted_page(
@@ -1536,14 +1549,7 @@ impl ArtifactStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
-            Ok(rows
-                .iter()
-                .filter_map(|r| {
-                    artifact_of(&session, r.get(0), r.get(1), r.get(2))
-                        .map_err(|e| tracing::warn!("skipping an artifact: {e}"))
-                        .ok()
-                })
-                .collect())
+            Ok(readable_artifacts(&session, &rows).collect())
         })
     }
 
@@ -1569,14 +1575,7 @@ impl ArtifactStore for PgStore {
             )
             .await?;
             let total = usize::try_from(total).unwrap_or(0);
-            let artifacts = rows
-                .iter()
-                .filter_map(|r| {
-                    artifact_of(&session, r.get(0), r.get(1), r.get(2))
-                        .map_err(|e| tracing::warn!("skipping an artifact: {e}"))
-                        .ok()
-                })
-                .collect();
+            let artifacts = readable_artifacts(&session, &rows).collect();
             Ok(ArtifactPage {
                 artifacts,
                 end: start.min(total) + rows.len(),
@@ -1610,13 +1609,7 @@ impl ArtifactStore for PgStore {
                 )
                 .await
                 .map_err(db)?;
-            Ok(rows
-                .iter()
-                .filter_map(|r| {
-                    artifact_of(&session, r.get(0), r.get(1), r.get(2))
-                        .map_err(|e| tracing::warn!("skipping an artifact: {e}"))
-                        .ok()
-                })
+            Ok(readable_artifacts(&session, &rows)
                 .filter(|a| a.call_id.as_ref().is_some_and(|c| wanted.contains(c)))
                 .collect())
         })
