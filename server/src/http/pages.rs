@@ -434,7 +434,8 @@ fn call_markup(session: &str, c: &AuditEntry, has_diff: bool) -> Markup {
                 span.mono.muted { (c.time.get(11..19).unwrap_or(&c.time)) }
                 span.mono { (c.tool) }
                 span { (c.workspace.as_deref().unwrap_or("—")) }
-                span.mono.target title=(c.target) { (c.target) }
+                @let target = crate::feed::event_target(&c.target);
+                span.mono.target title=(target) { (target) }
                 span { span class={ "badge " (c.decision) } { (c.decision) } " " span.muted { (c.decided_by) } }
                 span.mono { (c.duration_ms) " ms" }
                 span class=(outcome_class) { (c.outcome) @if has_diff { " " span.badge { "diff" } } }
@@ -445,7 +446,8 @@ fn call_markup(session: &str, c: &AuditEntry, has_diff: bool) -> Markup {
 }
 
 /// The calls `[from, to)` of a session, and what follows them: the live tail (when `to` is
-/// the end), which refreshes to the calls after it.
+/// the end), which refreshes to the calls after it, and says when more than one page of them
+/// is already there (`data-more`: the page asks again at once).
 fn calls_markup(
     session: &str,
     calls: &[AuditEntry],
@@ -457,7 +459,9 @@ fn calls_markup(
     html! {
         @for c in calls { (call_markup(session, c, diffs.contains(&c.call_id))) }
         @if tail {
-            div #tail data-src={ "/sessions/" (session) "/calls?from=" (from + calls.len()) } data-total=(total) {}
+            @let next = from + calls.len();
+            div #tail data-src={ "/sessions/" (session) "/calls?from=" (next) } data-total=(total)
+                data-more=[(next < total).then_some("1")] {}
         }
     }
 }
@@ -636,16 +640,20 @@ async fn calls(
     let Ok(Query(q)) = q else {
         return Err(HttpError::bad("`from` must be a number").into());
     };
+    // At most one page of rows per request, whatever was asked: a row holds up to 64 KiB of
+    // target, so ten thousand of them would hold gigabytes for one request. Earlier calls are
+    // the last page before `to`; the live tail the first page from `from` (it says when more
+    // follow).
+    let from =
+        q.to.map_or(q.from, |to| q.from.max(to.saturating_sub(CALLS_SHOWN)));
+    let limit = q.to.map_or(CALLS_SHOWN, |to| to.saturating_sub(from));
     let state = web.state.clone();
     let slot = user_slot(&web.state, &user.user)?;
     let (sid, records, total, diffs) = blocking_held(slot, move || {
         let meta = owned_session(&state, &user.user, &id)?;
         let store = state.registry.store();
-        let limit =
-            q.to.map_or(usize::MAX, |to| to.saturating_sub(q.from))
-                .min(10_000);
         let (records, total) = store
-            .audit_page(&meta.id, q.from, limit)
+            .audit_page(&meta.id, from, limit)
             .map_err(HttpError::store)?;
         let diffs = diff_calls(&state, &meta.id, &records)?;
         Ok((meta.id, records, total, diffs))
@@ -655,15 +663,15 @@ async fn calls(
     let markup = match q.to {
         // Earlier calls: the rows, after another "earlier" button while there are more.
         Some(_) => html! {
-            @if q.from > 0 {
+            @if from > 0 {
                 div.more {
-                    button hx-get={ "/sessions/" (sid) "/calls?from=" (q.from.saturating_sub(CALLS_SHOWN)) "&to=" (q.from) }
-                        hx-target="closest .more" hx-swap="outerHTML" { "Earlier calls (" (q.from) ")" }
+                    button hx-get={ "/sessions/" (sid) "/calls?from=" (from.saturating_sub(CALLS_SHOWN)) "&to=" (from) }
+                        hx-target="closest .more" hx-swap="outerHTML" { "Earlier calls (" (from) ")" }
                 }
             }
-            (calls_markup(&sid, &calls, q.from, total, &diffs, false))
+            (calls_markup(&sid, &calls, from, total, &diffs, false))
         },
-        None => calls_markup(&sid, &calls, q.from, total, &diffs, true),
+        None => calls_markup(&sid, &calls, from, total, &diffs, true),
     };
     Ok(respond(StatusCode::OK, markup))
 }

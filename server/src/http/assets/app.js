@@ -122,7 +122,8 @@
         if (count && fresh) {
           count.textContent = fresh.getAttribute("data-total");
         }
-        if (again) {
+        // A page of calls at a time: ask again while the tail says more are there.
+        if (again || (fresh && fresh.hasAttribute("data-more"))) {
           again = false;
           refreshCalls();
         }

@@ -528,3 +528,81 @@ async fn the_session_list_pages_with_more_rows_and_searches_the_conversations() 
     bob.sign_in(&server.create_token("bob")).await;
     assert_eq!(rows(&bob.get("/?q=flux").await.text()), 0);
 }
+
+#[tokio::test]
+async fn a_request_for_calls_answers_one_page_of_rows_with_their_targets_cut() {
+    use monad_server::http::pages::CALLS_SHOWN;
+    use monad_server::store::{AuditDecision, AuditOutcome, AuditRecord, Decider};
+    let (server, http) = server().await;
+    let session = super::many_sessions(&server, "admin", 1).remove(0);
+    // A long history of commands with long command lines (the audit log keeps 64 KiB of each).
+    let total = 3 * CALLS_SHOWN + 7;
+    let records: Vec<AuditRecord> = (0..total)
+        .map(|i| AuditRecord {
+            time: "2026-01-01T00:00:00Z".to_owned(),
+            call_id: format!("call-{i:04}"),
+            tool: "run_command".to_owned(),
+            workspace: None,
+            target: format!("echo {i} {}", "x".repeat(60 * 1024)),
+            decision: AuditDecision::Allowed,
+            decided_by: Decider::Trust,
+            outcome: AuditOutcome::Ok,
+            duration_ms: 1,
+        })
+        .collect();
+    server
+        .state()
+        .registry
+        .store()
+        .audit(&session, &records)
+        .expect("records written");
+    let mut browser = Browser::new(http);
+    browser.sign_in(&server.token).await;
+    let rows = |html: &str| html.matches("data-call=\"call-").count();
+    let limit = 2 * CALLS_SHOWN * (4096 + 512);
+
+    // The live tail from the start: one page, then a tail that continues after it and says
+    // more are there.
+    let tail = browser
+        .get(&format!("/sessions/{session}/calls?from=0"))
+        .await;
+    assert_eq!(tail.status, 200);
+    let html = tail.text();
+    assert_eq!(rows(&html), CALLS_SHOWN);
+    assert!(html.len() < limit, "{} bytes", html.len());
+    assert!(html.contains("bytes more)"), "the target is cut");
+    assert!(
+        html.contains(&format!("calls?from={CALLS_SHOWN}\"")) && html.contains("data-more"),
+        "the tail continues"
+    );
+    // Its last page says no more.
+    let last = browser
+        .get(&format!(
+            "/sessions/{session}/calls?from={}",
+            3 * CALLS_SHOWN
+        ))
+        .await
+        .text();
+    assert_eq!(rows(&last), 7);
+    assert!(!last.contains("data-more"), "{last}");
+
+    // Earlier calls asked for all at once: the last page before `to`, and a button for the
+    // rest.
+    let earlier = browser
+        .get(&format!("/sessions/{session}/calls?from=0&to={total}"))
+        .await
+        .text();
+    assert_eq!(rows(&earlier), CALLS_SHOWN);
+    assert!(earlier.len() < limit, "{} bytes", earlier.len());
+    assert!(earlier.contains(&format!("call-{:04}", total - 1)));
+    assert!(earlier.contains(&format!(
+        "calls?from={}&amp;to={}",
+        total - 2 * CALLS_SHOWN,
+        total - CALLS_SHOWN
+    )));
+
+    // The session page shows the latest page, cut the same way.
+    let page = browser.get(&format!("/sessions/{session}")).await.text();
+    assert_eq!(rows(&page), CALLS_SHOWN);
+    assert!(page.len() < limit, "{} bytes", page.len());
+}
