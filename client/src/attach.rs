@@ -672,6 +672,11 @@ struct Folder {
     network: tokio::sync::Mutex<Option<NetworkAudit>>,
     /// What its requests hold in memory at once.
     requests: RequestMemory,
+    /// The session that started each background process the folder keeps. A folder serves
+    /// every session of its user it is shared into (an MCP host's landing, `sessions --new`),
+    /// one process table for all: a session's process tools see and reach its own processes
+    /// only. Pruned to what the table keeps at each start, so bounded by it.
+    started: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 impl Folder {
@@ -689,6 +694,25 @@ impl Folder {
         if let Some(events) = &self.events {
             let _ = events.send(event);
         }
+    }
+
+    fn started(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
+        self.started.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that `session` started background process `id`, forgetting the processes the
+    /// folder's table no longer keeps.
+    fn note_started(&self, id: &str, session: &str) {
+        let mut started = self.started();
+        started.retain(|(process, _)| process != id && self.sandbox.keeps_process(process));
+        started.push((id.to_owned(), session.to_owned()));
+    }
+
+    /// Whether `session` started background process `id`.
+    fn started_by(&self, id: &str, session: &str) -> bool {
+        self.started()
+            .iter()
+            .any(|(process, by)| process == id && by == session)
     }
 }
 
@@ -736,6 +760,7 @@ pub async fn attach(
         options,
         session: std::sync::Mutex::new(None),
         listed_as: std::sync::Mutex::new(None),
+        started: std::sync::Mutex::new(Vec::new()),
     });
     let (first_wait, max_wait) = folder.options.backoff;
     let mut wait = first_wait;
@@ -973,6 +998,7 @@ async fn serve_once(
                 .replace(session.clone());
             let changed = earlier.filter(|earlier| *earlier != session).map(|from| {
                 let processes = folder.sandbox.end_processes();
+                folder.started().clear();
                 let rules = folder.policy.forget(&from);
                 AttachEvent::SessionChanged {
                     from,
@@ -1324,6 +1350,19 @@ async fn run(
         );
         return (outcome, None);
     }
+    // Another session's background process (the folder is shared into several of its user's
+    // sessions) is answered as one that is not there, before anyone is asked: neither its
+    // output, its input nor its end are this session's.
+    if matches!(
+        tool,
+        ToolName::ProcessRead | ToolName::ProcessWrite | ToolName::ProcessKill
+    ) {
+        let id = args.get("process").and_then(Value::as_str).unwrap_or("");
+        if !folder.started_by(id, session) {
+            let error = Sandbox::no_such_process(id).to_tool_error();
+            return (Outcome::Error { error }, None);
+        }
+    }
     // What "always" would cover depends on where a command's program is found, and where it
     // really runs when a link on its `cwd`'s way leads elsewhere (`out` leading to the root:
     // `rm -rf ./*` in `out` is not what it reads as). The owner is shown both.
@@ -1483,6 +1522,12 @@ async fn run(
         };
         if let Some(changed) = changed {
             folder.emit(ran(false, Basis::Invalid));
+            // On record as refused by the client, which it was: nothing ran.
+            let decided = Message::Decided {
+                id,
+                allowed: false,
+                by: Basis::Invalid.decider(),
+            };
             let outcome = error(
                 ErrorCode::Denied,
                 format!(
@@ -1537,13 +1582,47 @@ async fn run(
         }
     };
     let outcome = match answer {
-        Ok(result) => Outcome::Ok { result },
+        Ok(result) => Outcome::Ok {
+            result: owned_processes(folder, session, tool, result),
+        },
         Err(e) => Outcome::Error {
             error: e.to_tool_error(),
         },
     };
     running.end(&outcome);
     (outcome, decided)
+}
+
+/// A result as `session` may have it: a command's background process noted as the session's
+/// (before the result, with its id, goes out), and a `process_list` cut to the session's own.
+fn owned_processes(
+    folder: &Folder,
+    session: &str,
+    tool: ToolName,
+    result: ToolResult,
+) -> ToolResult {
+    match tool {
+        ToolName::RunCommand => {
+            #[derive(serde::Deserialize)]
+            struct Started {
+                process: Option<String>,
+            }
+            if let Ok(Started { process: Some(id) }) = result.decode::<Started>() {
+                folder.note_started(&id, session);
+            }
+            result
+        }
+        ToolName::ProcessList => match result.decode::<ProcessListResult>() {
+            Ok(mut list) => {
+                list.processes
+                    .retain(|p| folder.started_by(&p.process, session));
+                serde_json::to_value(list).map_or(result, ToolResult::from)
+            }
+            // Not a listing this client can read: nothing of it is shown.
+            Err(_) => ToolResult::from(serde_json::json!({"processes": []})),
+        },
+        _ => result,
+    }
 }
 
 /// The entry of this folder's process table for the process `args` names, if it is there.

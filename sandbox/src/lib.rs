@@ -375,6 +375,18 @@ impl Sandbox {
         .await
     }
 
+    /// Whether the workspace keeps background process `id` (running, exited with output not
+    /// read, or read to its end and still told of).
+    pub fn keeps_process(&self, id: &str) -> bool {
+        self.processes.keeps(id)
+    }
+
+    /// The error a process tool answers for a process this workspace does not keep: the same
+    /// whether there never was one or it is someone else's.
+    pub fn no_such_process(id: &str) -> SandboxError {
+        exec::process::not_kept(id)
+    }
+
     /// Kills every background process of this workspace (each whole tree) and forgets them,
     /// unread output included, as if the workspace were new; returns how many there were.
     pub fn end_processes(&self) -> usize {

@@ -594,7 +594,7 @@ enum Kept {
 }
 
 /// There is no process `id`.
-fn not_kept(id: &str) -> SandboxError {
+pub(crate) fn not_kept(id: &str) -> SandboxError {
     SandboxError::NotFound(format!(
         "there is no background process `{}` in this workspace: it may run in another (leave \
          `workspace` out, and the call goes where the process runs), or it was read to its end \
@@ -680,6 +680,11 @@ impl Table {
             return Kept::Ended;
         }
         Kept::Not
+    }
+
+    /// Whether the table keeps process `id`, running, exited, or read to its end.
+    pub(crate) fn keeps(&self, id: &str) -> bool {
+        !matches!(self.find(id), Kept::Not)
     }
 
     /// Process `id`, running or exited but not read to its end; else why there is none.

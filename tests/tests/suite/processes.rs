@@ -11,7 +11,7 @@ use monad_client::approval::{Approver, Decision, ScriptedApprover};
 use monad_protocol::{ErrorCode, ToolClass, ToolName};
 use monad_sandbox::NetworkMode;
 use monad_tests::{
-    Attachment, STEP, TestServer, attach_options, call, expect_code, folder, ok, within,
+    Attachment, STEP, TestServer, attach_options, call, call_in, expect_code, folder, ok, within,
 };
 use serde_json::{Value, json};
 
@@ -820,4 +820,142 @@ async fn process_calls_that_cannot_run_are_not_put_to_the_user() {
             "{tool} {shown} was put to the user"
         );
     }
+}
+
+/// One folder of a user's serves every session of theirs it is shared into (an MCP host's
+/// landing, `sessions --new`), with one process table: a session's process tools see and reach
+/// only the processes it started. Another's read as not there, before anyone is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_own() {
+    let server = TestServer::start().await;
+    let config = server.client_config();
+    let agent = monad_tests::connect_agent(&config).await;
+    let project = folder(&[]);
+    let dir = project.path().canonicalize().expect("canonical");
+    let first = within(STEP, "a session", agent.open_session(None))
+        .await
+        .expect("a session")
+        .id;
+    let mut options = attach_options(&dir, "proj");
+    options.allow = vec![ToolClass::Read, ToolClass::Exec];
+    options.session = Some(first.clone());
+    let _attached = Attachment::start(&config, options, None).await;
+    let (started, _) = ok(call_in(
+        &agent,
+        Some(&first),
+        "run_command",
+        json!({"argv": ["sh", "-c", "echo secret; read x; echo \"got $x\"; sleep 600"],
+               "background": true, "workspace": "proj"}),
+    )
+    .await);
+    let id = started["process"]
+        .as_str()
+        .expect("a process id")
+        .to_owned();
+
+    // A new session for the folder, where the next landing goes: the folder is shared in.
+    let second = within(
+        STEP,
+        "sessions --new in the folder",
+        agent.open_session_in(None, dir.to_str()),
+    )
+    .await
+    .expect("a new session")
+    .id;
+    let uri = format!("file://{}", dir.display());
+    let landed = within(STEP, "land", agent.land(vec![uri], None))
+        .await
+        .expect("lands")
+        .expect("lands by roots");
+    assert_eq!(landed.session, second);
+    let (_, listed) = within(STEP, "workspaces", agent.workspaces(Some(&second)))
+        .await
+        .expect("the new session");
+    assert!(listed.iter().any(|w| w.name == "proj"), "{listed:?}");
+
+    let (list, _) = ok(call_in(
+        &agent,
+        Some(&second),
+        "process_list",
+        json!({"workspace": "proj"}),
+    )
+    .await);
+    assert_eq!(list["processes"], json!([]), "{list}");
+    for (tool, args) in [
+        ("process_read", json!({"process": id, "workspace": "proj"})),
+        (
+            "process_write",
+            json!({"process": id, "text": "stolen\n", "workspace": "proj"}),
+        ),
+        ("process_kill", json!({"process": id, "workspace": "proj"})),
+        // Named by its id alone, as an agent would.
+        ("process_read", json!({"process": id})),
+    ] {
+        let said = expect_code(
+            call_in(&agent, Some(&second), tool, args.clone()).await,
+            ErrorCode::NotFound,
+        );
+        assert!(said.contains("no background process"), "{tool}: {said}");
+    }
+    // Its own process, in the same folder, is its own; the first session does not see it.
+    let (own, _) = ok(call_in(
+        &agent,
+        Some(&second),
+        "run_command",
+        json!({"argv": ["sleep", "600"], "background": true, "workspace": "proj"}),
+    )
+    .await);
+    let own = own["process"].as_str().expect("an id").to_owned();
+    let (list, _) = ok(call_in(
+        &agent,
+        Some(&second),
+        "process_list",
+        json!({"workspace": "proj"}),
+    )
+    .await);
+    assert_eq!(
+        list["processes"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
+    assert_eq!(list["processes"][0]["process"], own.as_str());
+
+    // The first session's process still runs, its output and its input untouched.
+    let (list, _) = ok(call_in(
+        &agent,
+        Some(&first),
+        "process_list",
+        json!({"workspace": "proj"}),
+    )
+    .await);
+    let ids: Vec<&str> = list["processes"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|p| p["process"].as_str())
+        .collect();
+    assert_eq!(ids, [id.as_str()], "{list}");
+    ok(call_in(
+        &agent,
+        Some(&first),
+        "process_write",
+        json!({"process": id, "text": "mine\n", "workspace": "proj"}),
+    )
+    .await);
+    let mut seen = String::new();
+    within(STEP, "the first session's output", async {
+        while !seen.contains("got mine") {
+            let (read, _) = ok(call_in(
+                &agent,
+                Some(&first),
+                "process_read",
+                json!({"process": id, "wait_ms": 2000, "workspace": "proj"}),
+            )
+            .await);
+            seen.push_str(read["stdout"].as_str().unwrap_or_default());
+            assert_eq!(read["running"], true, "{read}");
+        }
+    })
+    .await;
+    assert_eq!(seen, "secret\ngot mine\n");
 }

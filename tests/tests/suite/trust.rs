@@ -1102,6 +1102,14 @@ async fn a_command_does_not_run_a_program_that_came_first_in_its_path_while_its_
         !dir.path().join("pwned.txt").exists(),
         "the folder's sh ran"
     );
+    // On record as refused by the client, not as a call its owner allowed.
+    let lines = server.audit_lines("default", 1).await;
+    let line = lines.last().expect("a line");
+    assert_eq!(
+        (&line["tool"], &line["decision"], &line["decided_by"]),
+        (&json!("run_command"), &json!("denied"), &json!("client")),
+        "{line}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
