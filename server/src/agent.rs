@@ -840,7 +840,7 @@ impl Turn<'_> {
             .await;
         // What the answer holds in memory counts until its text is made.
         let memory = Arc::new(self.state.call_bytes.holder(self.user));
-        let (workspace, outcome) = match self.state.user_call(self.user) {
+        let (workspace, outcome) = match self.state.tool_call(self.user) {
             Ok(_slot) => {
                 // Progress is best effort: a front that does not keep up misses some lines.
                 let events = self.events.clone();

@@ -147,6 +147,15 @@ impl State {
         self.call_bytes.held(user)
     }
 
+    /// A slot for one of `user`'s tool calls, from any front (QUIC, HTTP, MCP, the built-in
+    /// agent): one of their requests in flight ([`State::user_call`]), refused too while the
+    /// records of their calls waiting for the store hold their limit.
+    pub(crate) fn tool_call(&self, user: &str) -> Result<Slot, ToolError> {
+        let slot = self.user_call(user)?;
+        self.records_written(user)?;
+        Ok(slot)
+    }
+
     /// One of `user`'s slots for a request in flight (a tool call, or the store work of another
     /// request), or `limit_exceeded` when they have `server.max_calls_per_user` in flight
     /// already (over every connection and HTTP).
@@ -427,8 +436,7 @@ impl State {
         progress: &dyn ProgressSink,
         memory: Option<Arc<Held>>,
     ) -> Result<(CallOutput, CallGuard<'_>), ToolError> {
-        let slot = self.user_call(user)?;
-        self.records_written(user)?;
+        let slot = self.tool_call(user)?;
         let memory = memory.unwrap_or_else(|| Arc::new(self.call_bytes.holder(user)));
         let session = self.session(user, lookup).await?;
         let in_flight = self.call_in_flight();

@@ -1289,3 +1289,79 @@ async fn a_front_knows_each_call_by_an_id_no_other_call_of_the_turn_has() {
         "the editor refused: the owner was never asked"
     );
 }
+
+/// The built-in agent's calls are refused, as every front's are, while the records of its
+/// user's calls waiting for a store that does not keep up hold their limit: a model asking for
+/// call after call does not grow what waits without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_built_in_agents_calls_wait_for_the_store_as_other_calls_do() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Stream {
+            text: vec!["hello".into()],
+            calls: vec![],
+            usage: (1, 1),
+        },
+        Reply::Stream {
+            text: vec![],
+            calls: vec![(
+                "c1".into(),
+                "write_file".into(),
+                json!({"path": "one.txt", "content": "1"}),
+            )],
+            usage: (1, 1),
+        },
+        Reply::Stream {
+            text: vec!["done".into()],
+            calls: vec![],
+            usage: (1, 1),
+        },
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
+    // A first turn records the model in the session (which waits for the recorder).
+    prompt(&agent, "hello").await;
+    // The store held up with the user's limit of records waiting.
+    let recorder = server
+        .state()
+        .executor
+        .recorder
+        .clone()
+        .expect("a recorder");
+    let (release, held_up) = std::sync::mpsc::channel::<()>();
+    recorder.artifact_made(
+        "admin",
+        monad_server::store::ArtifactMeta {
+            id: "held-up".into(),
+            session: "00000000-0000-4000-8000-000000000000".into(),
+            kind: monad_server::store::ArtifactKind::ToolOutput,
+            workspace: None,
+            tool: None,
+            call_id: None,
+            created_at: "2026-12-02T00:00:00Z".into(),
+            content_type: "application/json".into(),
+            size: 0,
+            truncated: false,
+            original_size: 0,
+            upload: None,
+        },
+        server.state().config.quotas.max_call_bytes_per_user,
+        Box::new(move |_| {
+            let _ = held_up.recv_timeout(Duration::from_secs(60));
+            Vec::new()
+        }),
+    );
+    let (reply, _) = prompt(&agent, "write a file").await;
+    assert_eq!(reply.result.stop, StopReason::Answered);
+    let requests = provider.requests();
+    let results = tool_results(&requests[2].body, ProviderKind::Openai);
+    assert!(
+        results.len() == 1 && results[0].contains("records waiting to be written"),
+        "{results:?}"
+    );
+    assert!(
+        !server.primary_dir("default").join("one.txt").exists(),
+        "the call ran"
+    );
+    release.send(()).expect("the recorder waits");
+}
