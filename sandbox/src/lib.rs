@@ -381,6 +381,11 @@ impl Sandbox {
         self.processes.keeps(id)
     }
 
+    /// Whether background process `id` of this workspace is still running.
+    pub fn runs_process(&self, id: &str) -> bool {
+        self.processes.runs(id)
+    }
+
     /// The error a process tool answers for a process this workspace does not keep: the same
     /// whether there never was one or it is someone else's.
     pub fn no_such_process(id: &str) -> SandboxError {

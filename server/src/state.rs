@@ -99,16 +99,22 @@ enum StartedProcess {
 const FORWARDED_KILL_TRIES: u8 = 3;
 
 impl StartedProcess {
-    /// False once it surely ended (its sandbox is gone); a forwarded one cannot be told.
+    /// False once it surely ended (it exited, or its sandbox is gone); a forwarded one cannot
+    /// be told.
     fn may_run(&self) -> bool {
         match self {
-            StartedProcess::Here(sandbox, _) => sandbox.strong_count() > 0,
+            StartedProcess::Here(sandbox, id) => sandbox
+                .upgrade()
+                .is_some_and(|sandbox| sandbox.runs_process(id)),
             StartedProcess::Forwarded { .. } => true,
         }
     }
 }
 
-/// Most background processes remembered per token (those that ended are let go first).
+/// Most background processes remembered per token: those that ended are let go first, then
+/// the oldest forwarded one (whose end this host cannot tell), then the oldest. A token's
+/// processes running here are bounded by its user's (`server.max_processes_per_user`, 4096 by
+/// default), so one of them is let go only past that.
 const STARTED_PER_TOKEN: usize = 4096;
 
 impl State {
@@ -546,7 +552,12 @@ impl State {
         entry.user = user.to_owned();
         entry.processes.retain(StartedProcess::may_run);
         if entry.processes.len() >= STARTED_PER_TOKEN {
-            entry.processes.pop_front();
+            let oldest = entry
+                .processes
+                .iter()
+                .position(|p| matches!(p, StartedProcess::Forwarded { .. }))
+                .unwrap_or(0);
+            entry.processes.remove(oldest);
         }
         entry.processes.push_back(process);
     }
@@ -778,5 +789,54 @@ mod tests {
             })
             .collect();
         assert_eq!(again, [1]);
+    }
+
+    /// Regression: a token's processes that ended were kept while their sandbox lived, so a
+    /// leaked token could run short commands until its long one was forgotten, which then ran
+    /// on after the token was revoked.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tokens_running_process_is_not_forgotten_for_those_that_ended() {
+        let (_data, server) = crate::server::bound_for_test();
+        let state = server.state().clone();
+        let session = state.registry.create("ana").unwrap();
+        let sandbox = session.primary.sandbox().await.unwrap();
+        let run = |argv: &[&str]| {
+            sandbox.call(
+                monad_protocol::ToolName::RunCommand,
+                serde_json::json!({"argv": argv, "background": true}),
+            )
+        };
+        let started = run(&["sleep", "600"]).await.unwrap();
+        let long = started["process"].as_str().unwrap().to_owned();
+        let here = |id: &str| StartedProcess::Here(Arc::downgrade(&sandbox), id.to_owned());
+        state.remember_started("a-token-hash", "ana", here(&long));
+        // One that ran and ended, then as many more as the token keeps (ended too).
+        let short = run(&["true"]).await.unwrap();
+        let short = short["process"].as_str().unwrap().to_owned();
+        while sandbox.runs_process(&short) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        for _ in 0..=STARTED_PER_TOKEN {
+            state.remember_started("a-token-hash", "ana", here(&short));
+        }
+        let started = state.started_by_token.lock().unwrap();
+        let kept: Vec<&str> = started["a-token-hash"]
+            .processes
+            .iter()
+            .filter_map(|p| match p {
+                StartedProcess::Here(_, id) => Some(id.as_str()),
+                StartedProcess::Forwarded { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            kept.len(),
+            2,
+            "{} kept; the first: {:?}",
+            kept.len(),
+            kept.first()
+        );
+        assert_eq!(kept, [long.as_str(), short.as_str()]);
+        drop(started);
+        sandbox.end_processes();
     }
 }

@@ -687,6 +687,11 @@ impl Table {
         !matches!(self.find(id), Kept::Not)
     }
 
+    /// Whether process `id` is kept and still running.
+    pub(crate) fn runs(&self, id: &str) -> bool {
+        matches!(self.find(id), Kept::Live(proc) if proc.exit().is_none())
+    }
+
     /// Process `id`, running or exited but not read to its end; else why there is none.
     fn get(&self, id: &str) -> Result<Arc<Proc>, SandboxError> {
         match self.find(id) {
