@@ -285,6 +285,46 @@ struct ListQuery {
     next: Option<String>,
 }
 
+/// Longest search, in bytes.
+pub const MAX_QUERY_BYTES: usize = 256;
+
+/// Most distinct words of a search (each is looked for in every conversation read).
+pub const MAX_QUERY_WORDS: usize = 8;
+
+/// Per user: held while a search of theirs reads their conversations. A search may read all of
+/// them (a word in none is looked for everywhere), so a user runs one at a time; another asked
+/// meanwhile is a `429`, not a second reader of everything.
+static SEARCHING: crate::quota::UserLocks<std::sync::Mutex<()>> = crate::quota::UserLocks::new();
+
+/// The lock a search of `user`'s holds while it runs (a test holds it to be that search).
+pub fn search_lock(user: &str) -> Arc<std::sync::Mutex<()>> {
+    SEARCHING.of(user)
+}
+
+/// The search `q` as it is run: its distinct words, lower-cased, in their first order; a
+/// `400` past [`MAX_QUERY_BYTES`] or [`MAX_QUERY_WORDS`].
+fn search_words(q: &str) -> Result<String, HttpError> {
+    if q.len() > MAX_QUERY_BYTES {
+        return Err(HttpError::bad(format!(
+            "a search has at most {MAX_QUERY_BYTES} bytes; this one has {}",
+            q.len()
+        )));
+    }
+    let mut words: Vec<String> = Vec::new();
+    for word in q.split_whitespace().map(str::to_lowercase) {
+        if !words.contains(&word) {
+            words.push(word);
+        }
+    }
+    if words.len() > MAX_QUERY_WORDS {
+        return Err(HttpError::bad(format!(
+            "a search has at most {MAX_QUERY_WORDS} different words; this one has {}",
+            words.len()
+        )));
+    }
+    Ok(words.join(" "))
+}
+
 /// A page of the session list: all sessions, or those whose conversation matches `q`.
 fn list(
     web: &Web,
@@ -295,6 +335,18 @@ fn list(
     match q.map(str::trim).filter(|q| !q.is_empty()) {
         None => api::sessions_page(web, user, SESSIONS_SHOWN, next),
         Some(q) => {
+            let q = search_words(q)?;
+            let q = q.as_str();
+            let searching = search_lock(user);
+            let Ok(_searching) = searching.try_lock() else {
+                return Err(HttpError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    code: "limit_exceeded",
+                    message: "a search of yours is running; wait for it to finish, then search \
+                              again"
+                        .into(),
+                });
+            };
             let listing = format!("search:{q}");
             let offset = api::page_offset(web, user, &listing, next)?;
             let store = web.state.registry.store();

@@ -15,6 +15,7 @@
 //! and reads only the conversations whose signature may hold every word.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::{
@@ -36,7 +37,19 @@ pub struct Observed {
     /// uploads and deletes.
     owners: crate::quota::UserLocks<Mutex<()>>,
     /// Signatures of the conversations, by session, for the search.
-    signatures: Mutex<HashMap<String, Signature>>,
+    signatures: Mutex<HashMap<String, Known>>,
+    /// The number of the next read of a conversation for its signature ([`Known::Reading`]).
+    readings: std::sync::atomic::AtomicU64,
+}
+
+/// What the search knows of a conversation.
+#[derive(Debug)]
+enum Known {
+    /// A search reads it to make its signature (that read's number): a change meanwhile drops
+    /// this, and the read's signature is not kept.
+    Reading(u64),
+    /// Its signature.
+    Ready(Signature),
 }
 
 impl Observed {
@@ -136,13 +149,14 @@ impl SessionStore for Observed {
             None => message,
         };
         self.inner.append(id, message)?;
-        if let Some(signature) = self
-            .signatures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(id)
         {
-            signature.add(&message.text.to_lowercase());
+            let mut signatures = self.signatures.lock().unwrap_or_else(|p| p.into_inner());
+            match signatures.get_mut(id) {
+                Some(Known::Ready(signature)) => signature.add(&message.text.to_lowercase()),
+                // Read before this message, maybe: that read's signature would miss it.
+                Some(Known::Reading(_)) => drop(signatures.remove(id)),
+                None => {}
+            }
         }
         self.feed.publish_with(id, || Event::message(message));
         Ok(())
@@ -237,24 +251,15 @@ impl Observed {
         owned.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
         let mut hits = Vec::new();
         for meta in owned {
-            let known = {
-                let signatures = self.signatures.lock().unwrap_or_else(|p| p.into_inner());
-                signatures
-                    .get(&meta.id)
-                    .map(|s| words.iter().all(|w| s.may_contain(w)))
-            };
-            let history = match known {
+            let history = match self.known(&meta.id, &words) {
                 // Not in this conversation: not read.
-                Some(false) => continue,
-                Some(true) => self.inner.history(&meta.id),
-                // Read, and its signature made, with the lock held: an append or a replace of
-                // this conversation comes before (and is in it) or after (and updates it).
-                None => {
-                    let mut signatures = self.signatures.lock().unwrap_or_else(|p| p.into_inner());
+                Ok(false) => continue,
+                Ok(true) => self.inner.history(&meta.id),
+                // Read without the lock (a conversation of megabytes must not hold up every
+                // user's appends); its signature kept only if nothing changed it meanwhile.
+                Err(reading) => {
                     let history = self.inner.history(&meta.id);
-                    if let Ok(history) = &history {
-                        signatures.insert(meta.id.clone(), Signature::of(history));
-                    }
+                    self.keep_signature(&meta.id, reading, history.as_ref().ok());
                     history
                 }
             };
@@ -269,6 +274,36 @@ impl Observed {
             }
         }
         Ok(hits)
+    }
+}
+
+impl Observed {
+    /// Whether the signature of conversation `id` says `words` may all be there; else (none
+    /// yet) the number of the read that will make it, noted.
+    fn known(&self, id: &str, words: &[String]) -> Result<bool, u64> {
+        let mut signatures = self.signatures.lock().unwrap_or_else(|p| p.into_inner());
+        match signatures.get(id) {
+            Some(Known::Ready(s)) => Ok(words.iter().all(|w| s.may_contain(w))),
+            _ => {
+                let reading = self.readings.fetch_add(1, Ordering::Relaxed);
+                signatures.insert(id.to_owned(), Known::Reading(reading));
+                Err(reading)
+            }
+        }
+    }
+
+    /// Keeps the signature of `history`, conversation `id` as read `reading` found it (`None`:
+    /// it could not be read), unless the conversation changed since the read was noted (an
+    /// append or a replace dropped the note) or a later read noted itself.
+    fn keep_signature(&self, id: &str, reading: u64, history: Option<&History>) {
+        let mut signatures = self.signatures.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(signatures.get(id), Some(Known::Reading(r)) if *r == reading) {
+            return;
+        }
+        match history {
+            Some(history) => signatures.insert(id.to_owned(), Known::Ready(Signature::of(history))),
+            None => signatures.remove(id),
+        };
     }
 }
 
@@ -461,14 +496,22 @@ fn without_nul(text: &str) -> Option<String> {
 
 /// Wraps a store so that it publishes to `feed`.
 pub fn observe(inner: Arc<dyn Store>, feed: Feed) -> Arc<dyn Store> {
-    Arc::new(Observed {
-        inner,
-        feed,
-        uploads: Mutex::default(),
-        owners: crate::quota::UserLocks::new(),
-        signatures: Mutex::default(),
-    })
+    Arc::new(Observed::new(inner, feed))
 }
+
+impl Observed {
+    fn new(inner: Arc<dyn Store>, feed: Feed) -> Observed {
+        Observed {
+            inner,
+            feed,
+            uploads: Mutex::default(),
+            owners: crate::quota::UserLocks::new(),
+            signatures: Mutex::default(),
+            readings: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
 /// The trigrams of `text` (already lowercased), as numbers.
 fn trigrams(text: &str) -> impl Iterator<Item = u32> + '_ {
     text.as_bytes()
@@ -641,13 +684,10 @@ mod tests {
     #[test]
     fn one_owners_writes_wait_for_their_own_lock_only() {
         let dir = tempfile::tempdir().unwrap();
-        let observed = Arc::new(Observed {
-            inner: Arc::new(FsStore::new(dir.path())),
-            feed: Feed::new(),
-            uploads: Mutex::default(),
-            owners: crate::quota::UserLocks::new(),
-            signatures: Mutex::default(),
-        });
+        let observed = Arc::new(Observed::new(
+            Arc::new(FsStore::new(dir.path())),
+            Feed::new(),
+        ));
         session(observed.as_ref(), A, "ana", "2026-01-01T00:00:01Z");
         session(observed.as_ref(), C, "bob", "2026-01-01T00:00:03Z");
         assert_eq!(observed.uploaded_bytes("ana").unwrap(), Some(0));
@@ -689,6 +729,60 @@ mod tests {
             observed.uploaded_bytes("bob").unwrap(),
             Some(bobs.charged_bytes())
         );
+    }
+
+    /// A conversation read for its signature while a message is appended to it: the read may
+    /// miss the message, so its signature is not kept, and the next search reads it again.
+    /// (The read holds no lock: a user's conversation of megabytes held up every user's
+    /// appends while it was read.)
+    #[test]
+    fn a_signature_read_while_its_conversation_changed_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Observed::new(Arc::new(FsStore::new(dir.path())), Feed::new());
+        session(&store, A, "ana", "2026-01-01T00:00:01Z");
+        store
+            .replace(A, &history(&["Refactor the parser"]))
+            .unwrap();
+        let words = ["kubernetes".to_owned()];
+        for change in ["append", "replace"] {
+            let Err(reading) = store.known(A, &words) else {
+                panic!("no signature yet");
+            };
+            let before = store.history(A).unwrap();
+            match change {
+                "append" => store
+                    .append(
+                        A,
+                        &HistoryMessage {
+                            role: Role::Assistant,
+                            text: "Kubernetes is up".into(),
+                        },
+                    )
+                    .unwrap(),
+                _ => store
+                    .replace(A, &history(&["Refactor for Kubernetes"]))
+                    .unwrap(),
+            }
+            store.keep_signature(A, reading, Some(&before));
+            assert!(
+                store.known(A, &words).is_err(),
+                "{change}: the read's signature was not kept"
+            );
+            assert_eq!(
+                store.search_sessions("ana", "kubernetes").unwrap(),
+                [A],
+                "{change}"
+            );
+            store
+                .replace(A, &history(&["Refactor the parser"]))
+                .unwrap();
+        }
+        // A read that nothing changed under is kept, and answers the next search alone.
+        let Err(reading) = store.known(A, &words) else {
+            panic!("no signature yet");
+        };
+        store.keep_signature(A, reading, Some(&store.history(A).unwrap()));
+        assert_eq!(store.known(A, &words), Ok(false));
     }
 
     const A: &str = "00000000-0000-4000-8000-00000000000a";

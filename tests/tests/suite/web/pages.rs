@@ -606,3 +606,51 @@ async fn a_request_for_calls_answers_one_page_of_rows_with_their_targets_cut() {
     assert_eq!(rows(&page), CALLS_SHOWN);
     assert!(page.len() < limit, "{} bytes", page.len());
 }
+
+#[tokio::test]
+async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
+    use monad_server::http::pages::{MAX_QUERY_BYTES, MAX_QUERY_WORDS, search_lock};
+    let (server, http) = server().await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(None).await;
+    let needle = new_session();
+    api.snapshot(
+        &ws,
+        &needle,
+        "t",
+        &[("user", "Where is the Flux Capacitor?")],
+    )
+    .await;
+    let mut browser = Browser::new(http);
+    browser.sign_in(&server.token).await;
+    let rows = |html: &str| html.matches("class=\"row session\"").count();
+    // The same word many times over is one word.
+    let repeated = vec!["flux"; 50].join("+");
+    let found = browser.get(&format!("/?q={repeated}")).await;
+    assert_eq!(found.status, 200, "{}", found.text());
+    assert_eq!(rows(&found.text()), 1);
+    // Too long, or too many different words: refused, saying why.
+    let long = browser
+        .get(&format!("/?q={}", "f".repeat(MAX_QUERY_BYTES + 1)))
+        .await;
+    assert_eq!(long.status, 400);
+    assert!(long.text().contains("at most 256 bytes"), "{}", long.text());
+    let many: Vec<String> = (0..=MAX_QUERY_WORDS).map(|i| format!("w{i}")).collect();
+    let many = browser.get(&format!("/?q={}", many.join("+"))).await;
+    assert_eq!(many.status, 400);
+    assert!(many.text().contains("different words"), "{}", many.text());
+    // One search of a user's at a time (the second would read everything again beside it);
+    // another user's searches are theirs.
+    let held = search_lock("admin");
+    let guard = held.lock().unwrap();
+    let second = browser.get("/?q=flux").await;
+    assert_eq!(second.status, 429, "{}", second.text());
+    assert!(second.text().contains("a search of yours is running"));
+    let rows_page = browser.get("/sessions/rows?q=flux").await;
+    assert_eq!(rows_page.status, 429);
+    let mut bob = Browser::new(http);
+    bob.sign_in(&server.create_token("bob")).await;
+    assert_eq!(bob.get("/?q=flux").await.status, 200);
+    drop(guard);
+    assert_eq!(rows(&browser.get("/?q=flux").await.text()), 1);
+}
