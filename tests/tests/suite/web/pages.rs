@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use monad_tests::{call_in, ok};
+use monad_tests::{STEP, call_in, ok, within};
 use serde_json::json;
 
 use super::{Answer, Api, http_client, new_session, server};
@@ -641,8 +641,18 @@ async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
     assert!(many.text().contains("different words"), "{}", many.text());
     // One search of a user's at a time (the second would read everything again beside it);
     // another user's searches are theirs.
-    let held = search_lock("admin");
-    let guard = held.lock().unwrap();
+    let (locked, release) = {
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let held = search_lock("admin");
+            let _guard = held.lock().unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+        });
+        (locked, release)
+    };
+    locked.recv().unwrap();
     let second = browser.get("/?q=flux").await;
     assert_eq!(second.status, 429, "{}", second.text());
     assert!(second.text().contains("a search of yours is running"));
@@ -651,6 +661,12 @@ async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
     let mut bob = Browser::new(http);
     bob.sign_in(&server.create_token("bob")).await;
     assert_eq!(bob.get("/?q=flux").await.status, 200);
-    drop(guard);
+    drop(release);
+    within(STEP, "the search to be free again", async {
+        while browser.get("/?q=flux").await.status == 429 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     assert_eq!(rows(&browser.get("/?q=flux").await.text()), 1);
 }
