@@ -14,8 +14,9 @@
 //! - (b) listing sessions with 10,000 sessions on disk: `Registry::list` on a fresh store (which
 //!   reads every `session.toml` once to build its index; a server does that in the background
 //!   at start) and warm; through the server, `Agent::sessions()` (the whole list in one answer)
-//!   and the first page of 20 (`Agent::sessions_page`). Target for the warm listing and the
-//!   first page: < 50 ms.
+//!   and the first page of 20 (`Agent::sessions_page`); and warm, the list of a user with none of
+//!   them (what one user's listing costs beside another's sessions). Target for the warm
+//!   listing and the first page: < 50 ms.
 //! - (c) the first page (20) of a workspace record's session list, the record used by 10,000
 //!   sessions: `WorkspaceStore::record_sessions` on a fresh store (which loads the record) and
 //!   warm, and `Agent::record_sessions` through the server. Target: < 50 ms.
@@ -305,6 +306,22 @@ fn listings(rt: &tokio::runtime::Runtime, quick: bool) {
         "",
         "< 50 ms",
         verdict(warm.median),
+    );
+    // Another user's list on the same server: their own sessions (none), not everyone's.
+    let mut others: Vec<Duration> = (0..reps * 10)
+        .map(|_| {
+            let (d, list) = time(|| registry.list("bea"));
+            assert!(list.is_empty());
+            d
+        })
+        .collect();
+    let others = Stats::of(&mut others);
+    row(
+        &format!("(b) Registry::list of another user, beside {SESSIONS}"),
+        &others.show(),
+        "one user's sessions, not all",
+        "-",
+        "INFO",
     );
 
     // (c) A record's first page, in the store.

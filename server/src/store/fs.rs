@@ -33,7 +33,7 @@ pub struct FsStore {
     /// Every session's metadata, read from disk at the first listing and kept in step with
     /// every write through this store since (a running server is the data dir's only writer:
     /// it holds the lock), so listings do not read thousands of files.
-    metas: Mutex<Option<HashMap<String, SessionMeta>>>,
+    metas: Mutex<Option<Metas>>,
     bindings: Mutex<Option<BindingsFile>>,
     /// `folder_sessions.toml`, read on first use.
     folders: Mutex<Option<FoldersFile>>,
@@ -45,6 +45,63 @@ pub struct FsStore {
     /// corrupt file is reported and left where it is, and nothing is written; the server keeps
     /// it aside at its next read ([`FsStore::inspecting`]).
     inspecting: bool,
+}
+
+/// Every session's metadata, kept by owner: one owner's listing or count touches their own
+/// sessions only, not every user's, while it holds the lock every load and save takes.
+#[derive(Debug, Default)]
+struct Metas {
+    by_owner: HashMap<String, HashMap<String, SessionMeta>>,
+    /// Each session's owner, by id.
+    owners: HashMap<String, String>,
+}
+
+impl Metas {
+    fn of(all: HashMap<String, SessionMeta>) -> Metas {
+        let mut metas = Metas::default();
+        for meta in all.into_values() {
+            metas.insert(meta);
+        }
+        metas
+    }
+
+    fn get(&self, id: &str) -> Option<&SessionMeta> {
+        self.by_owner.get(self.owners.get(id)?)?.get(id)
+    }
+
+    fn insert(&mut self, meta: SessionMeta) {
+        if self.owners.get(&meta.id) != Some(&meta.owner) {
+            self.remove(&meta.id);
+            self.owners.insert(meta.id.clone(), meta.owner.clone());
+        }
+        self.by_owner
+            .entry(meta.owner.clone())
+            .or_default()
+            .insert(meta.id.clone(), meta);
+    }
+
+    fn remove(&mut self, id: &str) {
+        let Some(owner) = self.owners.remove(id) else {
+            return;
+        };
+        if let Some(owned) = self.by_owner.get_mut(&owner) {
+            owned.remove(id);
+            if owned.is_empty() {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
+
+    fn owned(&self, owner: &str) -> impl Iterator<Item = &SessionMeta> {
+        self.by_owner
+            .get(owner)
+            .into_iter()
+            .flat_map(HashMap::values)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &SessionMeta> {
+        self.by_owner.values().flat_map(HashMap::values)
+    }
 }
 
 /// A binding's use is written down again (on a lookup) once it is this old, so that its
@@ -606,6 +663,15 @@ impl FsStore {
         )))
     }
 
+    /// `look` at every session's metadata, read from disk first if it was not yet.
+    fn with_metas<T>(&self, look: impl FnOnce(&Metas) -> T) -> Result<T, StoreError> {
+        let mut guard = self.metas.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(Metas::of(self.scan_sessions()?));
+        }
+        Ok(look(guard.as_ref().expect("loaded above")))
+    }
+
     fn cache_meta(&self, meta: &SessionMeta) {
         if let Some(metas) = self
             .metas
@@ -613,7 +679,7 @@ impl FsStore {
             .unwrap_or_else(|p| p.into_inner())
             .as_mut()
         {
-            metas.insert(meta.id.clone(), meta.clone());
+            metas.insert(meta.clone());
         }
     }
 
@@ -939,29 +1005,15 @@ impl SessionStore for FsStore {
     }
 
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
-        let mut guard = self.metas.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            *guard = Some(self.scan_sessions()?);
-        }
-        Ok(guard
-            .as_ref()
-            .expect("loaded above")
-            .values()
-            .cloned()
-            .collect())
+        self.with_metas(|metas| metas.all().cloned().collect())
+    }
+
+    fn owner_sessions(&self, owner: &str) -> Result<Vec<SessionMeta>, StoreError> {
+        self.with_metas(|metas| metas.owned(owner).cloned().collect())
     }
 
     fn count_sessions(&self, owner: &str) -> Result<usize, StoreError> {
-        let mut guard = self.metas.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            *guard = Some(self.scan_sessions()?);
-        }
-        Ok(guard
-            .as_ref()
-            .expect("loaded above")
-            .values()
-            .filter(|m| m.owner == owner)
-            .count())
+        self.with_metas(|metas| metas.by_owner.get(owner).map_or(0, HashMap::len))
     }
 
     fn delete(&self, id: &str) -> Result<(), StoreError> {
@@ -2052,6 +2104,62 @@ mod tests {
             focus: None,
             folders: Vec::new(),
         }
+    }
+
+    /// One owner's listing and count are their sessions, kept in step with creates, saves
+    /// and deletes, as a fresh store reading the disk finds them.
+    #[test]
+    fn an_owners_sessions_are_theirs_through_every_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        let of = |owner: &str, n: usize| SessionMeta {
+            owner: owner.into(),
+            ..meta(&format!("{owner}-{n}"))
+        };
+        store.create(&of("ana", 1)).unwrap();
+        // The cache is made here; what follows keeps it in step.
+        assert_eq!(store.count_sessions("ana").unwrap(), 1);
+        for n in 0..3 {
+            store.create(&of("bob", n)).unwrap();
+        }
+        store.create(&of("ana", 2)).unwrap();
+        let mut renamed = of("ana", 2);
+        renamed.name = Some("two".into());
+        store.save(&renamed).unwrap();
+        store.delete("bob-1").unwrap();
+        let ids = |store: &FsStore, owner: &str| {
+            let mut ids: Vec<String> = store
+                .owner_sessions(owner)
+                .unwrap()
+                .into_iter()
+                .map(|m| m.id)
+                .collect();
+            ids.sort();
+            ids
+        };
+        for store in [&store, &FsStore::new(dir.path())] {
+            assert_eq!(ids(store, "ana"), ["ana-1", "ana-2"]);
+            assert_eq!(ids(store, "bob"), ["bob-0", "bob-2"]);
+            assert!(ids(store, "cy").is_empty());
+            assert_eq!(store.count_sessions("ana").unwrap(), 2);
+            assert_eq!(store.count_sessions("bob").unwrap(), 2);
+            assert_eq!(store.count_sessions("cy").unwrap(), 0);
+            let named = store.owner_sessions("ana").unwrap();
+            assert!(named.iter().any(|m| m.name.as_deref() == Some("two")));
+            assert_eq!(store.all_sessions().unwrap().len(), 4);
+        }
+        store.delete("bob-0").unwrap();
+        store.delete("bob-2").unwrap();
+        assert!(
+            !store
+                .metas
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .by_owner
+                .contains_key("bob")
+        );
     }
 
     #[test]
