@@ -341,6 +341,7 @@ impl Server {
             housekeeping: housekeeping.clone(),
             valid_tokens: watch::channel(None).0,
             started_by_token: Default::default(),
+            searching: Default::default(),
         });
         if let Some(cluster) = &state.cluster {
             // A host paused past its lease (a stopped VM), woken after another host took its

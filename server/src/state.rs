@@ -67,6 +67,10 @@ pub struct State {
     /// The background processes each token's calls started in primary workspaces, by the
     /// token's hash: ended when it is revoked ([`State::end_revoked_processes`]).
     pub(crate) started_by_token: std::sync::Mutex<std::collections::HashMap<String, Started>>,
+    /// Per user: held while a search of theirs reads their conversations (the web view's). A
+    /// search may read all of them (a word in none is looked for everywhere), so a user runs
+    /// one at a time; another asked meanwhile is refused, not a second reader of everything.
+    pub searching: crate::quota::UserLocks<std::sync::Mutex<()>>,
 }
 
 /// A token's user and the background processes its calls started (at most
@@ -100,21 +104,25 @@ const FORWARDED_KILL_TRIES: u8 = 3;
 
 impl StartedProcess {
     /// False once it surely ended (it exited, or its sandbox is gone); a forwarded one cannot
-    /// be told.
-    fn may_run(&self) -> bool {
+    /// be told. A sandbox looked at is put in `looked`, for the caller to drop once it holds no
+    /// lock: the last reference to one ends its processes and removes its files.
+    fn may_run(&self, looked: &mut Vec<Arc<monad_sandbox::Sandbox>>) -> bool {
         match self {
-            StartedProcess::Here(sandbox, id) => sandbox
-                .upgrade()
-                .is_some_and(|sandbox| sandbox.runs_process(id)),
+            StartedProcess::Here(sandbox, id) => sandbox.upgrade().is_some_and(|sandbox| {
+                let runs = sandbox.runs_process(id);
+                looked.push(sandbox);
+                runs
+            }),
             StartedProcess::Forwarded { .. } => true,
         }
     }
 }
 
 /// Most background processes remembered per token: those that ended are let go first, then
-/// the oldest forwarded one (whose end this host cannot tell), then the oldest. A token's
-/// processes running here are bounded by its user's (`server.max_processes_per_user`, 4096 by
-/// default), so one of them is let go only past that.
+/// the oldest forwarded one (whose end this host cannot tell), then the oldest. Where each
+/// user's commands have a group of their own, a token's processes running here are bounded by
+/// its user's (`server.max_processes_per_user`, 4096 by default), so one of them is let go only
+/// past that; without the groups, or with that bound raised, past 4096 running.
 const STARTED_PER_TOKEN: usize = 4096;
 
 impl State {
@@ -494,16 +502,7 @@ impl State {
     }
 }
 
-/// Whether a call of `tool` with `args` may leave a process running after it: a `run_command`
-/// started in the background, or told to go there after a while (`background_after_ms`). Only
-/// such a call's result is looked into for its process (a command's output may be megabytes).
-pub(crate) fn may_outlive_its_call(tool: &str, args: &Value) -> bool {
-    tool == monad_protocol::ToolName::RunCommand.as_str()
-        && (args.get("background") == Some(&Value::Bool(true))
-            || args
-                .get("background_after_ms")
-                .is_some_and(|v| !v.is_null()))
-}
+pub(crate) use monad_protocol::tools::may_outlive_its_call;
 
 /// The id of the background process `output` says was started, when it was started in the
 /// primary workspace whose URI is `primary`.
@@ -544,13 +543,15 @@ impl State {
 
     /// Remembers `process`, started with the token whose hash is `token`, of `user`.
     fn remember_started(&self, token: &str, user: &str, process: StartedProcess) {
+        // Dropped after the lock (declared before it).
+        let mut looked = Vec::new();
         let mut started = self
             .started_by_token
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         let entry = started.entry(token.to_owned()).or_default();
         entry.user = user.to_owned();
-        entry.processes.retain(StartedProcess::may_run);
+        entry.processes.retain(|p| p.may_run(&mut looked));
         if entry.processes.len() >= STARTED_PER_TOKEN {
             let oldest = entry
                 .processes

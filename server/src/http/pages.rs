@@ -291,16 +291,6 @@ pub const MAX_QUERY_BYTES: usize = 256;
 /// Most distinct words of a search (each is looked for in every conversation read).
 pub const MAX_QUERY_WORDS: usize = 8;
 
-/// Per user: held while a search of theirs reads their conversations. A search may read all of
-/// them (a word in none is looked for everywhere), so a user runs one at a time; another asked
-/// meanwhile is a `429`, not a second reader of everything.
-static SEARCHING: crate::quota::UserLocks<std::sync::Mutex<()>> = crate::quota::UserLocks::new();
-
-/// The lock a search of `user`'s holds while it runs (a test holds it to be that search).
-pub fn search_lock(user: &str) -> Arc<std::sync::Mutex<()>> {
-    SEARCHING.of(user)
-}
-
 /// The search `q` as it is run: its distinct words, lower-cased, in their first order; a
 /// `400` past [`MAX_QUERY_BYTES`] or [`MAX_QUERY_WORDS`].
 fn search_words(q: &str) -> Result<String, HttpError> {
@@ -337,7 +327,8 @@ fn list(
         Some(q) => {
             let q = search_words(q)?;
             let q = q.as_str();
-            let searching = search_lock(user);
+            // One search of a user's at a time (`State::searching`): `429` for another.
+            let searching = web.state.searching.of(user);
             let Ok(_searching) = searching.try_lock() else {
                 return Err(HttpError {
                     status: StatusCode::TOO_MANY_REQUESTS,
@@ -497,13 +488,20 @@ fn call_markup(session: &str, c: &AuditEntry, has_diff: bool) -> Markup {
     }
 }
 
-/// The calls `[from, to)` of a session, and what follows them: the live tail (when `to` is
-/// the end), which refreshes to the calls after it, and says when more than one page of them
-/// is already there (`data-more`: the page asks again at once).
+/// Where a page of the audit log that asked for `limit` lines from `from`, of `total`, ends:
+/// past the lines it read, whether or not the store could read each (one it could not is left
+/// out of `calls`, and must not be asked for again and again).
+fn page_end(from: usize, limit: usize, total: usize) -> usize {
+    from + limit.min(total.saturating_sub(from))
+}
+
+/// The calls of a session up to `next`, and what follows them: the live tail (when `tail`),
+/// which refreshes to the calls from `next` on, and says when more than one page of them is
+/// already there (`data-more`: the page asks again at once).
 fn calls_markup(
     session: &str,
     calls: &[AuditEntry],
-    from: usize,
+    next: usize,
     total: usize,
     diffs: &std::collections::HashSet<String>,
     tail: bool,
@@ -511,7 +509,6 @@ fn calls_markup(
     html! {
         @for c in calls { (call_markup(session, c, diffs.contains(&c.call_id))) }
         @if tail {
-            @let next = from + calls.len();
             div #tail data-src={ "/sessions/" (session) "/calls?from=" (next) } data-total=(total)
                 data-more=[(next < total).then_some("1")] {}
         }
@@ -546,6 +543,8 @@ struct SessionData {
     history: api::HistoryView,
     calls: Vec<AuditEntry>,
     start: usize,
+    /// Where the calls shown end (see [`page_end`]).
+    end: usize,
     total: usize,
     /// The latest artifacts, the latest first.
     artifacts: Vec<ArtifactMeta>,
@@ -576,6 +575,7 @@ fn session_data(web: &Web, user: &str, id: &str) -> Result<SessionData, HttpErro
     Ok(SessionData {
         calls: records.iter().map(AuditEntry::of).collect(),
         start,
+        end: page_end(start, CALLS_SHOWN, total),
         total,
         view,
         history,
@@ -658,7 +658,7 @@ async fn session(
                                     hx-target="closest .more" hx-swap="outerHTML" { "Earlier calls (" (data.start) ")" }
                             }
                         }
-                        (calls_markup(&sid, &data.calls, data.start, data.total, diffs, true))
+                        (calls_markup(&sid, &data.calls, data.end, data.total, diffs, true))
                     }
                 }
             },
@@ -721,9 +721,16 @@ async fn calls(
                         hx-target="closest .more" hx-swap="outerHTML" { "Earlier calls (" (from) ")" }
                 }
             }
-            (calls_markup(&sid, &calls, from, total, &diffs, false))
+            (calls_markup(&sid, &calls, page_end(from, limit, total), total, &diffs, false))
         },
-        None => calls_markup(&sid, &calls, from, total, &diffs, true),
+        None => calls_markup(
+            &sid,
+            &calls,
+            page_end(from, limit, total),
+            total,
+            &diffs,
+            true,
+        ),
     };
     Ok(respond(StatusCode::OK, markup))
 }

@@ -1197,7 +1197,7 @@ fn tokens_live_hashed_in_postgresql_and_the_token_commands_find_them_through_con
 }
 
 /// Runs SQL in the database of `url` (the tests' cluster).
-fn psql(url: &str, sql: &str) -> String {
+pub fn psql(url: &str, sql: &str) -> String {
     let database = url.rsplit('/').next().unwrap();
     pg::cluster().unwrap().psql(database, sql).unwrap()
 }

@@ -110,8 +110,9 @@
       return;
     }
     busy = true;
+    var asked = tail.getAttribute("data-src");
     htmx
-      .ajax("GET", tail.getAttribute("data-src"), { target: "#tail", swap: "outerHTML" })
+      .ajax("GET", asked, { target: "#tail", swap: "outerHTML" })
       .then(function () {
         busy = false;
         dropRecorded(false);
@@ -122,8 +123,10 @@
         if (count && fresh) {
           count.textContent = fresh.getAttribute("data-total");
         }
-        // A page of calls at a time: ask again while the tail says more are there.
-        if (again || (fresh && fresh.hasAttribute("data-more"))) {
+        // A page of calls at a time: ask again while the tail says more are there, once it
+        // moved on (an answer that failed left the old tail, which is not asked for again).
+        var more = fresh && fresh.hasAttribute("data-more") && fresh.getAttribute("data-src") !== asked;
+        if (again || more) {
           again = false;
           refreshCalls();
         }

@@ -609,7 +609,7 @@ async fn a_request_for_calls_answers_one_page_of_rows_with_their_targets_cut() {
 
 #[tokio::test]
 async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
-    use monad_server::http::pages::{MAX_QUERY_BYTES, MAX_QUERY_WORDS, search_lock};
+    use monad_server::http::pages::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
     let (server, http) = server().await;
     let api = Api::new(http, &server.token);
     let ws = api.workspace(None).await;
@@ -644,8 +644,8 @@ async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
     let (locked, release) = {
         let (locked_tx, locked) = std::sync::mpsc::channel();
         let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let held = server.state().searching.of("admin");
         std::thread::spawn(move || {
-            let held = search_lock("admin");
             let _guard = held.lock().unwrap();
             locked_tx.send(()).unwrap();
             let _ = release_rx.recv();
@@ -669,4 +669,85 @@ async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
     })
     .await;
     assert_eq!(rows(&browser.get("/?q=flux").await.text()), 1);
+}
+
+/// A page of calls ends past the lines it read, readable or not: a store that leaves out a
+/// line it cannot read (PostgreSQL, a record a newer host wrote) must not make the live tail
+/// ask for the same page again and again.
+#[tokio::test]
+async fn the_calls_tail_moves_past_records_the_store_cannot_read_on_postgresql() {
+    use monad_server::http::pages::CALLS_SHOWN;
+    use monad_server::store::{AuditDecision, AuditOutcome, AuditRecord, Decider};
+    let Some(pg) = super::super::pg_store::Pg::alone(
+        "the_calls_tail_moves_past_records_the_store_cannot_read",
+    ) else {
+        return;
+    };
+    let url = pg.url.clone();
+    let (server, http) = super::server_on(Some(pg)).await;
+    let session = super::many_sessions(&server, "admin", 1).remove(0);
+    let total = 2 * CALLS_SHOWN + 5;
+    let records: Vec<AuditRecord> = (0..total)
+        .map(|i| AuditRecord {
+            time: "2026-01-01T00:00:00Z".to_owned(),
+            call_id: format!("call-{i:04}"),
+            tool: "read_file".to_owned(),
+            workspace: None,
+            target: format!("f{i}.txt"),
+            decision: AuditDecision::Allowed,
+            decided_by: Decider::Trust,
+            outcome: AuditOutcome::Ok,
+            duration_ms: 1,
+        })
+        .collect();
+    server
+        .state()
+        .registry
+        .store()
+        .audit(&session, &records)
+        .expect("records written");
+    // Three lines of the first page, and the whole second page, unreadable.
+    super::super::pg_store::psql(
+        &url,
+        &format!(
+            "UPDATE audit SET record = 'not a record' WHERE session_id = '{session}' AND seq IN \
+             ((SELECT seq FROM audit WHERE session_id = '{session}' ORDER BY seq \
+               OFFSET {CALLS_SHOWN} LIMIT {CALLS_SHOWN}) \
+              UNION ALL (SELECT seq FROM audit WHERE session_id = '{session}' \
+               ORDER BY seq LIMIT 3))"
+        ),
+    );
+    let mut browser = Browser::new(http);
+    browser.sign_in(&server.token).await;
+    let rows = |html: &str| html.matches("data-call=\"call-").count();
+    let tail = |html: &str| html[html.find("id=\"tail\"").unwrap_or(0)..].to_owned();
+    let first = browser
+        .get(&format!("/sessions/{session}/calls?from=0"))
+        .await
+        .text();
+    assert_eq!(rows(&first), CALLS_SHOWN - 3);
+    assert!(
+        first.contains(&format!("calls?from={CALLS_SHOWN}\"")),
+        "{first}"
+    );
+    let second = browser
+        .get(&format!("/sessions/{session}/calls?from={CALLS_SHOWN}"))
+        .await
+        .text();
+    assert_eq!(rows(&second), 0);
+    assert!(
+        second.contains(&format!("calls?from={}\"", 2 * CALLS_SHOWN))
+            && second.contains("data-more"),
+        "{}",
+        tail(&second)
+    );
+    let last = browser
+        .get(&format!(
+            "/sessions/{session}/calls?from={}",
+            2 * CALLS_SHOWN
+        ))
+        .await
+        .text();
+    assert_eq!(rows(&last), 5);
+    assert!(last.contains(&format!("calls?from={total}\"")) && !last.contains("data-more"));
 }
