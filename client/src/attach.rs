@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use monad_protocol::io::{read_message, write_message, write_messages};
 use monad_protocol::text::printable;
-use monad_protocol::tools::{ProcessInfo, ProcessListResult, RunCommandResult};
+use monad_protocol::tools::{
+    ProcessInfo, ProcessKillArgs, ProcessListResult, ProcessReadArgs, ProcessWriteArgs,
+    RunCommandResult,
+};
 use monad_protocol::wire::{
     BODY_MINOR, CLI_MINOR, ELSEWHERE_MINOR, FOCUS_MINOR, MAX_NETWORK_EVENTS, Message,
     NETWORK_MINOR, NETWORK_POLICY_MINOR, Outcome, ROOTS_MINOR, Role, ToolResult, Trust,
@@ -708,6 +711,33 @@ impl Folder {
         started.push((id.to_owned(), session.to_owned()));
     }
 
+    /// When the folder's process table is full, lets go of the oldest process another session
+    /// started that has exited (how it ended and its last output stay, for that session's
+    /// `process_read` with `last_lines`): a session sees and reaches only its own processes, so
+    /// another's finished ones, never read, must not keep it from starting any.
+    async fn make_room(&self, session: &str) {
+        if self.sandbox.has_background_room() {
+            return;
+        }
+        let Ok(listed) = self
+            .sandbox
+            .call(ToolName::ProcessList, serde_json::json!({}))
+            .await
+        else {
+            return;
+        };
+        let Ok(list) = serde_json::from_value::<ProcessListResult>(listed) else {
+            return;
+        };
+        if let Some(exited) = list
+            .processes
+            .iter()
+            .find(|p| !p.running && !self.started_by(&p.process, session))
+        {
+            self.sandbox.let_go_exited(&exited.process);
+        }
+    }
+
     /// Whether `session` started background process `id`.
     fn started_by(&self, id: &str, session: &str) -> bool {
         self.started()
@@ -1353,15 +1383,29 @@ async fn run(
     // Another session's background process (the folder is shared into several of its user's
     // sessions) is answered as one that is not there, before anyone is asked: neither its
     // output, its input nor its end are this session's.
-    if matches!(
-        tool,
-        ToolName::ProcessRead | ToolName::ProcessWrite | ToolName::ProcessKill
-    ) {
-        let id = args.get("process").and_then(Value::as_str).unwrap_or("");
-        if !folder.started_by(id, session) {
-            let error = Sandbox::no_such_process(id).to_tool_error();
-            return (Outcome::Error { error }, None);
-        }
+    // (Arguments that are not right are the check's to refuse, below, as for any call.)
+    let named = match tool {
+        ToolName::ProcessRead => tool
+            .decode_args_ref::<ProcessReadArgs>(&args)
+            .map(|a| a.process),
+        ToolName::ProcessWrite => tool
+            .decode_args_ref::<ProcessWriteArgs>(&args)
+            .map(|a| a.process),
+        ToolName::ProcessKill => tool
+            .decode_args_ref::<ProcessKillArgs>(&args)
+            .map(|a| a.process),
+        _ => Err(String::new()),
+    };
+    if let Ok(id) = named
+        && !folder.started_by(&id, session)
+    {
+        let error = Sandbox::no_such_process(&id).to_tool_error();
+        return (Outcome::Error { error }, None);
+    }
+    // A background start's room is made before its check, which looks for it.
+    let may_outlive = monad_protocol::tools::may_outlive_its_call(tool.as_str(), &args);
+    if may_outlive {
+        folder.make_room(session).await;
     }
     // What "always" would cover depends on where a command's program is found, and where it
     // really runs when a link on its `cwd`'s way leads elsewhere (`out` leading to the root:
@@ -1583,7 +1627,7 @@ async fn run(
     };
     let outcome = match answer {
         Ok(result) => Outcome::Ok {
-            result: owned_processes(folder, session, tool, result),
+            result: owned_processes(folder, session, tool, may_outlive, result),
         },
         Err(e) => Outcome::Error {
             error: e.to_tool_error(),
@@ -1599,10 +1643,13 @@ fn owned_processes(
     folder: &Folder,
     session: &str,
     tool: ToolName,
+    may_outlive: bool,
     result: ToolResult,
 ) -> ToolResult {
     match tool {
-        ToolName::RunCommand => {
+        // Only a command that may go to the background is looked into (its output may be
+        // megabytes).
+        ToolName::RunCommand if may_outlive => {
             #[derive(serde::Deserialize)]
             struct Started {
                 process: Option<String>,
@@ -1616,13 +1663,18 @@ fn owned_processes(
             Ok(mut list) => {
                 list.processes
                     .retain(|p| folder.started_by(&p.process, session));
-                serde_json::to_value(list).map_or(result, ToolResult::from)
+                serde_json::to_value(list)
+                    .map_or_else(|_| ToolResult::from(no_processes()), ToolResult::from)
             }
             // Not a listing this client can read: nothing of it is shown.
-            Err(_) => ToolResult::from(serde_json::json!({"processes": []})),
+            Err(_) => ToolResult::from(no_processes()),
         },
         _ => result,
     }
+}
+
+fn no_processes() -> Value {
+    serde_json::json!({"processes": []})
 }
 
 /// The entry of this folder's process table for the process `args` names, if it is there.

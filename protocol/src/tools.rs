@@ -482,6 +482,17 @@ fn beyond_every_integer(said: &str) -> Option<std::cmp::Ordering> {
     }
 }
 
+/// Whether a call of `tool` with `args` may leave a process running after it: a `run_command`
+/// started in the background, or told to go there after a while (`background_after_ms`). Only
+/// such a call's result is looked into for its process (a command's output may be megabytes).
+pub fn may_outlive_its_call(tool: &str, args: &serde_json::Value) -> bool {
+    tool == crate::ToolName::RunCommand.as_str()
+        && (args.get("background") == Some(&serde_json::Value::Bool(true))
+            || args
+                .get("background_after_ms")
+                .is_some_and(|v| !v.is_null()))
+}
+
 /// `args` with each argument that is a whole number written as a float (`1000.0`) as the
 /// integer it is, as every tool reads it ([`ToolName::decode_args`]). What shows a call before
 /// it runs (an approval prompt, an "always" rule) reads the arguments so rewritten, so that it

@@ -822,11 +822,18 @@ async fn process_calls_that_cannot_run_are_not_put_to_the_user() {
     }
 }
 
-/// One folder of a user's serves every session of theirs it is shared into (an MCP host's
-/// landing, `sessions --new`), with one process table: a session's process tools see and reach
-/// only the processes it started. Another's read as not there, before anyone is asked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_own() {
+/// A folder attached (commands pre-approved, `max_background` processes at most) into a first
+/// session, then shared into a second one (`sessions --new` in it, and a landing there).
+struct Shared {
+    _server: TestServer,
+    agent: monad_client::agent::Agent,
+    _folder: tempfile::TempDir,
+    _attached: Attachment,
+    first: String,
+    second: String,
+}
+
+async fn shared_folder(max_background: usize) -> Shared {
     let server = TestServer::start().await;
     let config = server.client_config();
     let agent = monad_tests::connect_agent(&config).await;
@@ -839,21 +846,8 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
     let mut options = attach_options(&dir, "proj");
     options.allow = vec![ToolClass::Read, ToolClass::Exec];
     options.session = Some(first.clone());
-    let _attached = Attachment::start(&config, options, None).await;
-    let (started, _) = ok(call_in(
-        &agent,
-        Some(&first),
-        "run_command",
-        json!({"argv": ["sh", "-c", "echo secret; read x; echo \"got $x\"; sleep 600"],
-               "background": true, "workspace": "proj"}),
-    )
-    .await);
-    let id = started["process"]
-        .as_str()
-        .expect("a process id")
-        .to_owned();
-
-    // A new session for the folder, where the next landing goes: the folder is shared in.
+    options.exec.max_background = max_background;
+    let attached = Attachment::start(&config, options, None).await;
     let second = within(
         STEP,
         "sessions --new in the folder",
@@ -872,10 +866,39 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
         .await
         .expect("the new session");
     assert!(listed.iter().any(|w| w.name == "proj"), "{listed:?}");
+    Shared {
+        _server: server,
+        agent,
+        _folder: project,
+        _attached: attached,
+        first,
+        second,
+    }
+}
+
+/// One folder of a user's serves every session of theirs it is shared into (an MCP host's
+/// landing, `sessions --new`), with one process table: a session's process tools see and reach
+/// only the processes it started. Another's read as not there, before anyone is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_own() {
+    let shared = shared_folder(16).await;
+    let (agent, first, second) = (&shared.agent, &shared.first, &shared.second);
+    let (started, _) = ok(call_in(
+        agent,
+        Some(first),
+        "run_command",
+        json!({"argv": ["sh", "-c", "echo secret; read x; echo \"got $x\"; sleep 600"],
+               "background": true, "workspace": "proj"}),
+    )
+    .await);
+    let id = started["process"]
+        .as_str()
+        .expect("a process id")
+        .to_owned();
 
     let (list, _) = ok(call_in(
-        &agent,
-        Some(&second),
+        agent,
+        Some(second),
         "process_list",
         json!({"workspace": "proj"}),
     )
@@ -892,23 +915,23 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
         ("process_read", json!({"process": id})),
     ] {
         let said = expect_code(
-            call_in(&agent, Some(&second), tool, args.clone()).await,
+            call_in(agent, Some(second), tool, args.clone()).await,
             ErrorCode::NotFound,
         );
         assert!(said.contains("no background process"), "{tool}: {said}");
     }
     // Its own process, in the same folder, is its own; the first session does not see it.
     let (own, _) = ok(call_in(
-        &agent,
-        Some(&second),
+        agent,
+        Some(second),
         "run_command",
         json!({"argv": ["sleep", "600"], "background": true, "workspace": "proj"}),
     )
     .await);
     let own = own["process"].as_str().expect("an id").to_owned();
     let (list, _) = ok(call_in(
-        &agent,
-        Some(&second),
+        agent,
+        Some(second),
         "process_list",
         json!({"workspace": "proj"}),
     )
@@ -922,8 +945,8 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
 
     // The first session's process still runs, its output and its input untouched.
     let (list, _) = ok(call_in(
-        &agent,
-        Some(&first),
+        agent,
+        Some(first),
         "process_list",
         json!({"workspace": "proj"}),
     )
@@ -936,8 +959,8 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
         .collect();
     assert_eq!(ids, [id.as_str()], "{list}");
     ok(call_in(
-        &agent,
-        Some(&first),
+        agent,
+        Some(first),
         "process_write",
         json!({"process": id, "text": "mine\n", "workspace": "proj"}),
     )
@@ -946,8 +969,8 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
     within(STEP, "the first session's output", async {
         while !seen.contains("got mine") {
             let (read, _) = ok(call_in(
-                &agent,
-                Some(&first),
+                agent,
+                Some(first),
                 "process_read",
                 json!({"process": id, "wait_ms": 2000, "workspace": "proj"}),
             )
@@ -958,4 +981,99 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
     })
     .await;
     assert_eq!(seen, "secret\ngot mine\n");
+}
+
+/// A session sees only its own processes in a shared folder, so another's finished ones, never
+/// read, must not fill the table against it: its start lets go of the oldest of them (their end
+/// and last output stay, for their session to read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sessions_finished_processes_do_not_fill_a_shared_folders_table() {
+    let shared = shared_folder(2).await;
+    let (agent, first, second) = (&shared.agent, &shared.first, &shared.second);
+    async fn start_in(
+        agent: &monad_client::agent::Agent,
+        session: &str,
+        argv: Value,
+    ) -> monad_client::agent::CallReply {
+        call_in(
+            agent,
+            Some(session),
+            "run_command",
+            json!({"argv": argv, "background": true, "workspace": "proj"}),
+        )
+        .await
+    }
+    let start = |session, argv| start_in(agent, session, argv);
+    let mut theirs = Vec::new();
+    for n in 0..2 {
+        let (started, _) = ok(start(second, json!(["echo", format!("done-{n}")])).await);
+        theirs.push(started["process"].as_str().expect("an id").to_owned());
+    }
+    within(STEP, "the second session's processes to exit", async {
+        loop {
+            let (list, _) = ok(call_in(
+                agent,
+                Some(second),
+                "process_list",
+                json!({"workspace": "proj"}),
+            )
+            .await);
+            let processes = list["processes"].as_array().cloned().unwrap_or_default();
+            if processes.len() == 2 && processes.iter().all(|p| p["running"] == false) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The first session starts one all the same.
+    let (mine, _) = ok(start(first, json!(["sleep", "600"])).await);
+    assert!(mine["process"].is_string(), "{mine}");
+    // The oldest of the second's was let go, its end and its output still there for it.
+    let (list, _) = ok(call_in(
+        agent,
+        Some(second),
+        "process_list",
+        json!({"workspace": "proj"}),
+    )
+    .await);
+    let listed: Vec<&str> = list["processes"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|p| p["process"].as_str())
+        .collect();
+    assert_eq!(listed, [theirs[1].as_str()], "{list}");
+    let (read, _) = ok(call_in(
+        agent,
+        Some(second),
+        "process_read",
+        json!({"process": theirs[0], "last_lines": 5, "workspace": "proj"}),
+    )
+    .await);
+    assert!(
+        read["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("done-0"),
+        "{read}"
+    );
+    // Running ones are never let go: with the table full of the first's, the second's start
+    // is refused, and the first's keep running.
+    let (also, _) = ok(start(first, json!(["sleep", "600"])).await);
+    let refused = expect_code(
+        start(second, json!(["sleep", "600"])).await,
+        ErrorCode::LimitExceeded,
+    );
+    assert!(refused.contains("background processes"), "{refused}");
+    for id in [&mine["process"], &also["process"]] {
+        let (read, _) = ok(call_in(
+            agent,
+            Some(first),
+            "process_read",
+            json!({"process": id, "workspace": "proj"}),
+        )
+        .await);
+        assert_eq!(read["running"], true, "{read}");
+    }
 }
