@@ -711,31 +711,29 @@ impl Folder {
         started.push((id.to_owned(), session.to_owned()));
     }
 
-    /// When the folder's process table is full, lets go of the oldest process another session
-    /// started that has exited (how it ended and its last output stay, for that session's
-    /// `process_read` with `last_lines`): a session sees and reaches only its own processes, so
-    /// another's finished ones, never read, must not keep it from starting any.
-    async fn make_room(&self, session: &str) {
-        if self.sandbox.has_background_room() {
-            return;
-        }
-        let Ok(listed) = self
+    /// What a full process table means for `session` when the folder keeps processes other
+    /// sessions started (it is shared into several of its user's): how many of its places they
+    /// hold, which this session can neither see nor free.
+    async fn others_in_table(&self, session: &str) -> Option<String> {
+        let listed = self
             .sandbox
             .call(ToolName::ProcessList, serde_json::json!({}))
             .await
-        else {
-            return;
-        };
-        let Ok(list) = serde_json::from_value::<ProcessListResult>(listed) else {
-            return;
-        };
-        if let Some(exited) = list
+            .ok()?;
+        let list = serde_json::from_value::<ProcessListResult>(listed).ok()?;
+        let others = list
             .processes
             .iter()
-            .find(|p| !p.running && !self.started_by(&p.process, session))
-        {
-            self.sandbox.let_go_exited(&exited.process);
-        }
+            .filter(|p| !self.started_by(&p.process, session))
+            .count();
+        (others > 0).then(|| {
+            format!(
+                "{others} of them {} other sessions' of this folder, which this session cannot \
+                 see or end: they are freed when those sessions read or end them, or when the \
+                 folder is attached again",
+                if others == 1 { "is" } else { "are" }
+            )
+        })
     }
 
     /// Whether `session` started background process `id`.
@@ -1402,11 +1400,7 @@ async fn run(
         let error = Sandbox::no_such_process(&id).to_tool_error();
         return (Outcome::Error { error }, None);
     }
-    // A background start's room is made before its check, which looks for it.
     let may_outlive = monad_protocol::tools::may_outlive_its_call(tool.as_str(), &args);
-    if may_outlive {
-        folder.make_room(session).await;
-    }
     // What "always" would cover depends on where a command's program is found, and where it
     // really runs when a link on its `cwd`'s way leads elsewhere (`out` leading to the root:
     // `rm -rf ./*` in `out` is not what it reads as). The owner is shown both.
@@ -1443,12 +1437,15 @@ async fn run(
         Err(e) => {
             debug!(%tool, "refused before asking: {e}");
             folder.emit(ran(false, Basis::Invalid));
-            return (
-                Outcome::Error {
-                    error: e.to_tool_error(),
-                },
-                None,
-            );
+            let mut error = e.to_tool_error();
+            // A full table of a shared folder may be full of what this session cannot see.
+            if may_outlive
+                && error.code == ErrorCode::LimitExceeded
+                && let Some(note) = folder.others_in_table(session).await
+            {
+                error.message = format!("{}; {note}", error.message);
+            }
+            return (Outcome::Error { error }, None);
         }
     };
     let mut approved = None;

@@ -386,18 +386,6 @@ impl Sandbox {
         self.processes.runs(id)
     }
 
-    /// Whether the workspace has room for one more background process.
-    pub fn has_background_room(&self) -> bool {
-        self.processes.has_room()
-    }
-
-    /// Lets go of background process `id` when it has exited, as a read to its end would (how
-    /// it ended and its last output are kept, for `process_read` with `last_lines`); false when
-    /// it is not kept or still runs.
-    pub fn let_go_exited(&self, id: &str) -> bool {
-        self.processes.let_go_exited(id)
-    }
-
     /// The error a process tool answers for a process this workspace does not keep: the same
     /// whether there never was one or it is someone else's.
     pub fn no_such_process(id: &str) -> SandboxError {

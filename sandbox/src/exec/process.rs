@@ -687,25 +687,6 @@ impl Table {
         !matches!(self.find(id), Kept::Not)
     }
 
-    /// Whether there is room for one more background process.
-    pub(crate) fn has_room(&self) -> bool {
-        self.lock().len() < self.max
-    }
-
-    /// Reads process `id` to its end when it has exited: it leaves the table's room to another,
-    /// keeping how it ended and its last output ([`Ended`]). False when it is not kept or still
-    /// runs.
-    pub(crate) fn let_go_exited(&self, id: &str) -> bool {
-        let Kept::Live(proc) = self.find(id) else {
-            return false;
-        };
-        let Some(exit) = proc.exit() else {
-            return false;
-        };
-        self.retire(&proc, exit);
-        true
-    }
-
     /// Whether process `id` is kept and still running.
     pub(crate) fn runs(&self, id: &str) -> bool {
         matches!(self.find(id), Kept::Live(proc) if proc.exit().is_none())

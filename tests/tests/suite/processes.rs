@@ -983,11 +983,11 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
     assert_eq!(seen, "secret\ngot mine\n");
 }
 
-/// A session sees only its own processes in a shared folder, so another's finished ones, never
-/// read, must not fill the table against it: its start lets go of the oldest of them (their end
-/// and last output stay, for their session to read).
+/// A session sees only its own processes in a shared folder, whose table is one: when other
+/// sessions' processes fill it, a start is refused saying so (they are freed by those sessions,
+/// never let go unread), and one read to its end makes room.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_sessions_finished_processes_do_not_fill_a_shared_folders_table() {
+async fn a_full_shared_folder_table_says_which_places_other_sessions_hold() {
     let shared = shared_folder(2).await;
     let (agent, first, second) = (&shared.agent, &shared.first, &shared.second);
     async fn start_in(
@@ -1009,71 +1009,44 @@ async fn another_sessions_finished_processes_do_not_fill_a_shared_folders_table(
         let (started, _) = ok(start(second, json!(["echo", format!("done-{n}")])).await);
         theirs.push(started["process"].as_str().expect("an id").to_owned());
     }
-    within(STEP, "the second session's processes to exit", async {
-        loop {
-            let (list, _) = ok(call_in(
-                agent,
-                Some(second),
-                "process_list",
-                json!({"workspace": "proj"}),
-            )
-            .await);
-            let processes = list["processes"].as_array().cloned().unwrap_or_default();
-            if processes.len() == 2 && processes.iter().all(|p| p["running"] == false) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    // The first session starts one all the same.
-    let (mine, _) = ok(start(first, json!(["sleep", "600"])).await);
-    assert!(mine["process"].is_string(), "{mine}");
-    // The oldest of the second's was let go, its end and its output still there for it.
-    let (list, _) = ok(call_in(
-        agent,
-        Some(second),
-        "process_list",
-        json!({"workspace": "proj"}),
-    )
-    .await);
-    let listed: Vec<&str> = list["processes"]
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter_map(|p| p["process"].as_str())
-        .collect();
-    assert_eq!(listed, [theirs[1].as_str()], "{list}");
-    let (read, _) = ok(call_in(
-        agent,
-        Some(second),
-        "process_read",
-        json!({"process": theirs[0], "last_lines": 5, "workspace": "proj"}),
-    )
-    .await);
-    assert!(
-        read["stdout"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("done-0"),
-        "{read}"
-    );
-    // Running ones are never let go: with the table full of the first's, the second's start
-    // is refused, and the first's keep running.
-    let (also, _) = ok(start(first, json!(["sleep", "600"])).await);
     let refused = expect_code(
-        start(second, json!(["sleep", "600"])).await,
+        start(first, json!(["sleep", "600"])).await,
         ErrorCode::LimitExceeded,
     );
-    assert!(refused.contains("background processes"), "{refused}");
-    for id in [&mine["process"], &also["process"]] {
-        let (read, _) = ok(call_in(
-            agent,
-            Some(first),
-            "process_read",
-            json!({"process": id, "workspace": "proj"}),
-        )
-        .await);
-        assert_eq!(read["running"], true, "{read}");
-    }
+    assert!(
+        refused.contains("2 of them are other sessions' of this folder"),
+        "{refused}"
+    );
+    // Nothing of the second's was let go: both are read whole, the first to its end.
+    let (read, _) = read_until_in(agent, second, &theirs[0]).await;
+    assert_eq!(read, "done-0\n");
+    let (mine, _) = ok(start(first, json!(["sleep", "600"])).await);
+    assert!(mine["process"].is_string(), "{mine}");
+    let (read, _) = read_until_in(agent, second, &theirs[1]).await;
+    assert_eq!(read, "done-1\n");
+}
+
+/// Reads process `id` of the shared folder, in `session`, until it ends: all it printed.
+async fn read_until_in(
+    agent: &monad_client::agent::Agent,
+    session: &str,
+    id: &str,
+) -> (String, Value) {
+    let mut seen = String::new();
+    within(STEP, &format!("process {id} to end"), async {
+        loop {
+            let (r, _) = ok(call_in(
+                agent,
+                Some(session),
+                "process_read",
+                json!({"process": id, "wait_ms": 2000, "workspace": "proj"}),
+            )
+            .await);
+            seen.push_str(r["stdout"].as_str().unwrap_or_default());
+            if r["running"] == false {
+                return (seen.clone(), r);
+            }
+        }
+    })
+    .await
 }
