@@ -111,26 +111,36 @@
     }
     busy = true;
     var asked = tail.getAttribute("data-src");
+    var behind = tail.hasAttribute("data-more");
+    function answered() {
+      busy = false;
+      dropRecorded(false);
+      keepPendingLast();
+      markDiffs();
+      var count = document.getElementById("call-count");
+      var fresh = document.getElementById("tail");
+      if (count && fresh) {
+        count.textContent = fresh.getAttribute("data-total");
+      }
+      var moved = fresh && fresh.getAttribute("data-src") !== asked;
+      if (!moved) {
+        // The answer failed (the old tail is still there, or the request never came back):
+        // asked again later when something was still to come, not at once and not never.
+        if (again || behind) {
+          again = false;
+          setTimeout(refreshCalls, 2000);
+        }
+        return;
+      }
+      // A page of calls at a time: ask again while the tail says more are there.
+      if (again || fresh.hasAttribute("data-more")) {
+        again = false;
+        refreshCalls();
+      }
+    }
     htmx
       .ajax("GET", asked, { target: "#tail", swap: "outerHTML" })
-      .then(function () {
-        busy = false;
-        dropRecorded(false);
-        keepPendingLast();
-        markDiffs();
-        var count = document.getElementById("call-count");
-        var fresh = document.getElementById("tail");
-        if (count && fresh) {
-          count.textContent = fresh.getAttribute("data-total");
-        }
-        // A page of calls at a time: ask again while the tail says more are there, once it
-        // moved on (an answer that failed left the old tail, which is not asked for again).
-        var more = fresh && fresh.hasAttribute("data-more") && fresh.getAttribute("data-src") !== asked;
-        if (again || more) {
-          again = false;
-          refreshCalls();
-        }
-      });
+      .then(answered, answered);
   }
   function refreshConversation() {
     var c = document.getElementById("conversation");
