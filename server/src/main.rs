@@ -829,7 +829,7 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
         objects: args.objects,
     };
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         let (server, first) = Server::bind(config.clone())?;
         let addr = server.local_addr();
         // Where the other hosts reach it: `--advertise`, `MONAD_ADVERTISE` or `[cluster]
@@ -883,8 +883,15 @@ fn serve(dir: PathBuf, args: ServeArgs) -> Result<()> {
         }
         server.run(shutdown_signal()).await;
         Ok(())
-    })
+    });
+    // What still runs on the blocking pool (a request's store work that a store gone does not
+    // answer) does not hold the exit: the shutdown waited for what it must.
+    runtime.shutdown_timeout(LEFTOVERS_WAIT);
+    served
 }
+
+/// How long the exit waits for blocking work still running once the shutdown is done.
+const LEFTOVERS_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Raises the soft limit on open files to the hard limit: every loaded session holds its
 /// primary workspace's directory open (and every connection a socket), and the usual soft limit
@@ -899,13 +906,41 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
+/// Resolves on SIGINT or SIGTERM; a second one, while the server shuts down, ends the process
+/// at once (exit status 1), without waiting for what the shutdown waits for.
 async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let Ok(mut signals) = Signals::new() else {
+        // Without handlers the default disposition stops the process: nothing to wait for.
+        return std::future::pending().await;
+    };
+    signals.next().await;
+    tokio::spawn(async move {
+        signals.next().await;
+        tracing::warn!("a second signal: exiting without waiting for the shutdown to finish");
+        std::process::exit(1);
+    });
+}
+
+/// SIGINT and SIGTERM, as they come.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
     }
 }
 

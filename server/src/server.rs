@@ -532,13 +532,33 @@ impl Server {
                     wait.as_secs_f64()
                 );
             }
-            state.registry.flush();
-            // Written whole: the sessions can be served elsewhere at once. Not while the
-            // recorder may still write to them: their leases run out instead.
-            if let Some(cluster) = &state.cluster
-                && written
+            // The sessions' metadata, on a thread of its own waited for as long again at most:
+            // each save waits on the store, and one that does not answer (a database gone)
+            // must not hold the exit for ever (its saves are lost, with a warning).
+            let (saved, done) = std::sync::mpsc::channel();
+            let saving = state.clone();
+            let save = move || {
+                saving.registry.flush();
+                // Written whole: the sessions can be served elsewhere at once. Not while the
+                // recorder may still write to them: their leases run out instead.
+                if let Some(cluster) = &saving.cluster
+                    && written
+                {
+                    cluster.store().release_leases();
+                }
+                let _ = saved.send(());
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("shutdown-save".into())
+                .spawn(save)
             {
-                cluster.store().release_leases();
+                warn!("cannot save the sessions' metadata at shutdown: {e}");
+            } else if done.recv_timeout(wait).is_err() {
+                warn!(
+                    "the store did not take the sessions' metadata within {} s: what was not \
+                     saved is lost (their last activity), and their leases run out",
+                    wait.as_secs_f64()
+                );
             }
         })
         .await;

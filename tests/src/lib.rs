@@ -1149,6 +1149,26 @@ impl ServerProcess {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal sent");
     }
 
+    /// Sends it SIGTERM (a graceful shutdown), without waiting.
+    pub fn terminate(&self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits until it exits, at most `limit` (panics past it): how it exited and what it wrote
+    /// to standard error.
+    pub async fn exited(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
+        let status = within(limit, "monad-server to exit", self.child.wait())
+            .await
+            .expect("monad-server is reaped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        (status, self.stderr())
+    }
+
     /// Stops it with SIGTERM (a graceful shutdown) and waits (bounded); panics unless it exits
     /// successfully. Returns what it wrote to standard error.
     pub async fn stop(mut self) -> String {

@@ -2225,3 +2225,51 @@ async fn ctrl_c_ends_an_attach_the_server_never_answers() {
     assert!(status.success(), "{status}");
     rogue.abort();
 }
+
+/// Whether a process whose command line holds `marker` runs on this machine.
+fn process_with(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .is_ok_and(|line| String::from_utf8_lossy(&line).contains(marker))
+        })
+}
+
+/// A shutdown waits for the calls in flight (up to its grace); a second SIGTERM ends it at once,
+/// with status 1 (before, it was swallowed: only SIGKILL ended a shutdown that waited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_ends_a_shutdown_that_waits_for_a_call() {
+    let data = tempfile::tempdir().unwrap();
+    let mut server =
+        ServerProcess::start(data.path(), &[("MONAD_SERVER_SHUTDOWN_GRACE_SECS", "300")]).await;
+    let token = server.first_token.clone().expect("a first start");
+    let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
+    let marker = format!("second-signal-{}", std::process::id());
+    let script = format!("sleep 600 # {marker}");
+    let _call = tokio::spawn(async move {
+        agent
+            .call(
+                None,
+                "run_command",
+                json!({"argv": ["sh", "-c", script], "timeout_ms": 600_000}),
+                |_| {},
+            )
+            .await
+    });
+    within(STEP, "the command to run", async {
+        while !process_with(&marker) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    server.terminate();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(server.running(), "the shutdown waits for the call");
+    server.terminate();
+    let (status, said) = server.exited(std::time::Duration::from_secs(10)).await;
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains("a second signal"), "{said}");
+}

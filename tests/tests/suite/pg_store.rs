@@ -1356,3 +1356,73 @@ fn a_search_on_one_host_finds_what_another_host_appended() {
     let (page, more) = a.search_page("ana", "kubernetes", 0, 10).unwrap();
     assert_eq!((page, more), (vec![id], false));
 }
+
+/// A shutdown waits for a store that does not answer at most its grace (10 s at least) for the
+/// records, and as long again for the sessions' metadata, then exits, saying what was lost;
+/// before, each session's save waited out the store's 60 s time-out, one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_stops_answering_does_not_hold_a_shutdown() {
+    let Some(pg) = Pg::alone("a_store_that_stops_answering_does_not_hold_a_shutdown") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let mut env = pg.env();
+    env.push(("MONAD_SERVER_SHUTDOWN_GRACE_SECS".into(), "0".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let server = monad_tests::ServerProcess::start(data.path(), &env).await;
+    let token = server.first_token.clone().expect("a first start");
+    let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
+    // Sessions with activity not saved yet (their last activity is saved at most once a
+    // minute, and at shutdown).
+    for n in 0..3 {
+        let session = within(STEP, "a session", agent.open_session(None))
+            .await
+            .expect("a session")
+            .id;
+        monad_tests::ok(
+            monad_tests::call_in(
+                &agent,
+                Some(&session),
+                "write_file",
+                serde_json::json!({"path": format!("{n}.txt"), "content": "x"}),
+            )
+            .await,
+        );
+    }
+    drop(agent);
+    // Another client holds the sessions table: every save of the server waits on it.
+    let database = pg.url.rsplit('/').next().unwrap().to_owned();
+    let holder = {
+        let database = database.clone();
+        std::thread::spawn(move || {
+            pg::cluster().unwrap().psql(
+                &database,
+                "BEGIN; LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(90); COMMIT;",
+            )
+        })
+    };
+    let cluster = pg::cluster().unwrap();
+    let locked = "SELECT count(*) FROM pg_locks WHERE relation = 'sessions'::regclass \
+                  AND mode = 'AccessExclusiveLock' AND granted";
+    let start = std::time::Instant::now();
+    while cluster.psql(&database, locked).unwrap() != "1" {
+        assert!(start.elapsed() < STEP, "the lock was never taken");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    server.terminate();
+    let (status, said) = server.exited(std::time::Duration::from_secs(40)).await;
+    assert!(status.success(), "{status}: {said}");
+    assert!(
+        said.contains("did not take the sessions' metadata"),
+        "{said}"
+    );
+    // The holder let go.
+    cluster
+        .psql(
+            &database,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE query LIKE '%pg_sleep(90)%' AND pid <> pg_backend_pid()",
+        )
+        .unwrap();
+    let _ = holder.join();
+}
