@@ -909,17 +909,37 @@ fn raise_open_files_limit() {
 /// Resolves on SIGINT or SIGTERM; a second one, while the server shuts down, ends the process
 /// at once (exit status 1), without waiting for what the shutdown waits for.
 async fn shutdown_signal() {
-    let Ok(mut signals) = Signals::new() else {
-        // Without handlers the default disposition stops the process: nothing to wait for.
-        return std::future::pending().await;
+    let mut signals = match Signals::new() {
+        Ok(signals) => signals,
+        Err(e) => {
+            // SIGINT and SIGTERM keep their default action: they end the process at once.
+            tracing::warn!(
+                "cannot handle SIGINT and SIGTERM ({e}): a signal ends the server without its shutdown"
+            );
+            return std::future::pending().await;
+        }
     };
     signals.next().await;
+    let first = std::time::Instant::now();
     tokio::spawn(async move {
-        signals.next().await;
-        tracing::warn!("a second signal: exiting without waiting for the shutdown to finish");
+        loop {
+            signals.next().await;
+            // One action may send both (a terminal's Ctrl-C to the group, and a wrapper passing
+            // it on): a second signal counts from a moment after the first.
+            if first.elapsed() >= SECOND_SIGNAL_AFTER {
+                break;
+            }
+        }
+        tracing::warn!(
+            "a second signal: exiting without waiting for the shutdown to finish (records and \
+             session metadata not yet written are lost; the sessions' leases run out)"
+        );
         std::process::exit(1);
     });
 }
+
+/// How long after the first signal another counts as a second one.
+const SECOND_SIGNAL_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// SIGINT and SIGTERM, as they come.
 struct Signals {

@@ -514,6 +514,10 @@ impl Server {
         // Saving metadata and waiting for the recorder's writes block (fsync): off the async
         // workers.
         let state = self.state.clone();
+        // Held by the metadata's saving until it ends: a saving given up on still holds the
+        // data dir until the process exits, so that no other server or command starts on it
+        // while it may write.
+        let lock = self._lock.clone();
         // The records get the grace, and at least `RECORDS_WAIT`: a grace of 0 for the calls
         // must not lose every shutdown's last records.
         let wait = grace.max(RECORDS_WAIT);
@@ -532,33 +536,50 @@ impl Server {
                     wait.as_secs_f64()
                 );
             }
-            // The sessions' metadata, on a thread of its own waited for as long again at most:
-            // each save waits on the store, and one that does not answer (a database gone)
-            // must not hold the exit for ever (its saves are lost, with a warning).
-            let (saved, done) = std::sync::mpsc::channel();
-            let saving = state.clone();
+            // The sessions' metadata, on a thread of its own, waited for while the store takes
+            // it: at most as long again without a save done (a store that does not answer, a
+            // database gone, must not hold the exit for ever; what it did not take is lost,
+            // with a warning), however many sessions a healthy store saves meanwhile.
+            let (said, saving) = std::sync::mpsc::channel();
+            let state2 = state.clone();
             let save = move || {
-                saving.registry.flush();
+                let _lock = lock;
+                state2.registry.flush_each(|| {
+                    let _ = said.send(false);
+                });
                 // Written whole: the sessions can be served elsewhere at once. Not while the
                 // recorder may still write to them: their leases run out instead.
-                if let Some(cluster) = &saving.cluster
+                if let Some(cluster) = &state2.cluster
                     && written
                 {
                     cluster.store().release_leases();
                 }
-                let _ = saved.send(());
+                let _ = said.send(true);
             };
             if let Err(e) = std::thread::Builder::new()
                 .name("shutdown-save".into())
                 .spawn(save)
             {
                 warn!("cannot save the sessions' metadata at shutdown: {e}");
-            } else if done.recv_timeout(wait).is_err() {
-                warn!(
-                    "the store did not take the sessions' metadata within {} s: what was not \
-                     saved is lost (their last activity), and their leases run out",
-                    wait.as_secs_f64()
-                );
+                return;
+            }
+            loop {
+                match saving.recv_timeout(wait) {
+                    Ok(true) => break,
+                    Ok(false) => continue,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        warn!(
+                            "the store took none of the sessions' metadata for {} s: what was \
+                             not saved is lost (their last activity), and their leases run out",
+                            wait.as_secs_f64()
+                        );
+                        break;
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        warn!("saving the sessions' metadata at shutdown failed part-way");
+                        break;
+                    }
+                }
             }
         })
         .await;

@@ -2658,6 +2658,11 @@ impl Registry {
 
     /// Saves the metadata of every loaded session with unsaved activity (on shutdown).
     pub fn flush(&self) {
+        self.flush_each(|| {});
+    }
+
+    /// [`Registry::flush`], calling `saved` after each session's save (done or failed).
+    pub fn flush_each(&self, mut saved: impl FnMut()) {
         let sessions = self
             .sessions
             .lock()
@@ -2665,6 +2670,7 @@ impl Registry {
             .clone();
         for session in sessions.values() {
             self.save_unsaved(session);
+            saved();
         }
     }
 

@@ -2248,13 +2248,15 @@ async fn a_second_signal_ends_a_shutdown_that_waits_for_a_call() {
     let token = server.first_token.clone().expect("a first start");
     let agent = monad_tests::connect_agent(&server.client_config(&token)).await;
     let marker = format!("second-signal-{}", std::process::id());
-    let script = format!("sleep 600 # {marker}");
+    // The marker is the shell's `$0`: a shell that runs a lone command in its place (bash)
+    // stays here, to wait.
+    let argv = json!(["sh", "-c", "sleep 600 & wait", marker]);
     let _call = tokio::spawn(async move {
         agent
             .call(
                 None,
                 "run_command",
-                json!({"argv": ["sh", "-c", script], "timeout_ms": 600_000}),
+                json!({"argv": argv, "timeout_ms": 600_000}),
                 |_| {},
             )
             .await
