@@ -100,6 +100,9 @@
   }
   var busy = false;
   var again = false;
+  // After an answer that failed: one later try at a time, each further off (2 s to a minute).
+  var retry = null;
+  var retryAfter = 2000;
   function refreshCalls() {
     var tail = document.getElementById("tail");
     if (!tail) {
@@ -108,6 +111,10 @@
     if (busy) {
       again = true;
       return;
+    }
+    if (retry !== null) {
+      clearTimeout(retry);
+      retry = null;
     }
     busy = true;
     var asked = tail.getAttribute("data-src");
@@ -124,14 +131,19 @@
       }
       var moved = fresh && fresh.getAttribute("data-src") !== asked;
       if (!moved) {
-        // The answer failed (the old tail is still there, or the request never came back):
-        // asked again later when something was still to come, not at once and not never.
+        // The answer failed (the old tail is still there): asked again later when something
+        // was still to come, not at once and not never.
         if (again || behind) {
           again = false;
-          setTimeout(refreshCalls, 2000);
+          retry = setTimeout(function () {
+            retry = null;
+            refreshCalls();
+          }, retryAfter);
+          retryAfter = Math.min(retryAfter * 2, 60000);
         }
         return;
       }
+      retryAfter = 2000;
       // A page of calls at a time: ask again while the tail says more are there.
       if (again || fresh.hasAttribute("data-more")) {
         again = false;
