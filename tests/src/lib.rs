@@ -138,6 +138,37 @@ impl TestServer {
         &self.state
     }
 
+    /// Holds the recorder up, as a store that does not keep up would: it waits on a job of
+    /// `user`'s, counted as `holds` bytes of their records, until the sender returned is used
+    /// or dropped (or a minute passes).
+    pub fn hold_up_recorder(&self, user: &str, holds: usize) -> std::sync::mpsc::Sender<()> {
+        let recorder = self.state().executor.recorder.clone().expect("a recorder");
+        let (release, held_up) = std::sync::mpsc::channel::<()>();
+        recorder.artifact_made(
+            user,
+            monad_server::store::ArtifactMeta {
+                id: "held-up".into(),
+                session: "00000000-0000-4000-8000-000000000000".into(),
+                kind: monad_server::store::ArtifactKind::ToolOutput,
+                workspace: None,
+                tool: None,
+                call_id: None,
+                created_at: "2026-12-02T00:00:00Z".into(),
+                content_type: "application/json".into(),
+                size: 0,
+                truncated: false,
+                original_size: 0,
+                upload: None,
+            },
+            holds,
+            Box::new(move |_| {
+                let _ = held_up.recv_timeout(Duration::from_secs(60));
+                Vec::new()
+            }),
+        );
+        release
+    }
+
     /// The configuration it runs with.
     pub fn config(&self) -> &ServerConfig {
         &self.config

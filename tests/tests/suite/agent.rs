@@ -1322,34 +1322,9 @@ async fn the_built_in_agents_calls_wait_for_the_store_as_other_calls_do() {
     // A first turn records the model in the session (which waits for the recorder).
     prompt(&agent, "hello").await;
     // The store held up with the user's limit of records waiting.
-    let recorder = server
-        .state()
-        .executor
-        .recorder
-        .clone()
-        .expect("a recorder");
-    let (release, held_up) = std::sync::mpsc::channel::<()>();
-    recorder.artifact_made(
+    let release = server.hold_up_recorder(
         "admin",
-        monad_server::store::ArtifactMeta {
-            id: "held-up".into(),
-            session: "00000000-0000-4000-8000-000000000000".into(),
-            kind: monad_server::store::ArtifactKind::ToolOutput,
-            workspace: None,
-            tool: None,
-            call_id: None,
-            created_at: "2026-12-02T00:00:00Z".into(),
-            content_type: "application/json".into(),
-            size: 0,
-            truncated: false,
-            original_size: 0,
-            upload: None,
-        },
         server.state().config.quotas.max_call_bytes_per_user,
-        Box::new(move |_| {
-            let _ = held_up.recv_timeout(Duration::from_secs(60));
-            Vec::new()
-        }),
     );
     let (reply, _) = prompt(&agent, "write a file").await;
     assert_eq!(reply.result.stop, StopReason::Answered);

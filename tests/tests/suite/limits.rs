@@ -1410,35 +1410,7 @@ async fn records_waiting_for_the_store_count_against_their_users_memory() {
     )
     .await);
     // The store held up: the recorder waits on a job of nobody's until released.
-    let recorder = server
-        .state()
-        .executor
-        .recorder
-        .clone()
-        .expect("a recorder");
-    let (release, held_up) = std::sync::mpsc::channel::<()>();
-    recorder.artifact_made(
-        "nobody",
-        monad_server::store::ArtifactMeta {
-            id: "held-up".into(),
-            session: "00000000-0000-4000-8000-000000000000".into(),
-            kind: monad_server::store::ArtifactKind::ToolOutput,
-            workspace: None,
-            tool: None,
-            call_id: None,
-            created_at: "2026-12-02T00:00:00Z".into(),
-            content_type: "application/json".into(),
-            size: 0,
-            truncated: false,
-            original_size: 0,
-            upload: None,
-        },
-        0,
-        Box::new(move |_| {
-            let _ = held_up.recv_timeout(std::time::Duration::from_secs(60));
-            Vec::new()
-        }),
-    );
+    let release = server.hold_up_recorder("nobody", 0);
     let read = json!({"path": "big.txt", "limit": 100_000});
     let mut answered = 0;
     // The next call is refused, as a request.
@@ -1471,7 +1443,12 @@ async fn records_waiting_for_the_store_count_against_their_users_memory() {
     ok(call(&other, "list_dir", json!({})).await);
     // Once the store takes them, the user's calls go through again.
     release.send(()).unwrap();
-    let flushed = recorder.clone();
+    let flushed = server
+        .state()
+        .executor
+        .recorder
+        .clone()
+        .expect("a recorder");
     tokio::task::spawn_blocking(move || flushed.flush())
         .await
         .unwrap();

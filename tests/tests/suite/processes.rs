@@ -965,21 +965,8 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
         json!({"process": id, "text": "mine\n", "workspace": "proj"}),
     )
     .await);
-    let mut seen = String::new();
-    within(STEP, "the first session's output", async {
-        while !seen.contains("got mine") {
-            let (read, _) = ok(call_in(
-                agent,
-                Some(first),
-                "process_read",
-                json!({"process": id, "wait_ms": 2000, "workspace": "proj"}),
-            )
-            .await);
-            seen.push_str(read["stdout"].as_str().unwrap_or_default());
-            assert_eq!(read["running"], true, "{read}");
-        }
-    })
-    .await;
+    let (seen, last) = read_in(agent, first, &id, Some("got mine")).await;
+    assert_eq!(last["running"], true, "{last}");
     assert_eq!(seen, "secret\ngot mine\n");
 }
 
@@ -1018,22 +1005,24 @@ async fn a_full_shared_folder_table_says_which_places_other_sessions_hold() {
         "{refused}"
     );
     // Nothing of the second's was let go: both are read whole, the first to its end.
-    let (read, _) = read_until_in(agent, second, &theirs[0]).await;
+    let (read, _) = read_in(agent, second, &theirs[0], None).await;
     assert_eq!(read, "done-0\n");
     let (mine, _) = ok(start(first, json!(["sleep", "600"])).await);
     assert!(mine["process"].is_string(), "{mine}");
-    let (read, _) = read_until_in(agent, second, &theirs[1]).await;
+    let (read, _) = read_in(agent, second, &theirs[1], None).await;
     assert_eq!(read, "done-1\n");
 }
 
-/// Reads process `id` of the shared folder, in `session`, until it ends: all it printed.
-async fn read_until_in(
+/// Reads process `id` of the shared folder, in `session`, until its output holds `want` (or,
+/// without one, until it ends): all it printed, and the last answer.
+async fn read_in(
     agent: &monad_client::agent::Agent,
     session: &str,
     id: &str,
+    want: Option<&str>,
 ) -> (String, Value) {
     let mut seen = String::new();
-    within(STEP, &format!("process {id} to end"), async {
+    within(STEP, &format!("process {id}'s output"), async {
         loop {
             let (r, _) = ok(call_in(
                 agent,
@@ -1043,7 +1032,7 @@ async fn read_until_in(
             )
             .await);
             seen.push_str(r["stdout"].as_str().unwrap_or_default());
-            if r["running"] == false {
+            if want.is_some_and(|w| seen.contains(w)) || r["running"] == false {
                 return (seen.clone(), r);
             }
         }

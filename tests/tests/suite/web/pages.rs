@@ -532,30 +532,13 @@ async fn the_session_list_pages_with_more_rows_and_searches_the_conversations() 
 #[tokio::test]
 async fn a_request_for_calls_answers_one_page_of_rows_with_their_targets_cut() {
     use monad_server::http::pages::CALLS_SHOWN;
-    use monad_server::store::{AuditDecision, AuditOutcome, AuditRecord, Decider};
     let (server, http) = server().await;
     let session = super::many_sessions(&server, "admin", 1).remove(0);
     // A long history of commands with long command lines (the audit log keeps 64 KiB of each).
     let total = 3 * CALLS_SHOWN + 7;
-    let records: Vec<AuditRecord> = (0..total)
-        .map(|i| AuditRecord {
-            time: "2026-01-01T00:00:00Z".to_owned(),
-            call_id: format!("call-{i:04}"),
-            tool: "run_command".to_owned(),
-            workspace: None,
-            target: format!("echo {i} {}", "x".repeat(60 * 1024)),
-            decision: AuditDecision::Allowed,
-            decided_by: Decider::Trust,
-            outcome: AuditOutcome::Ok,
-            duration_ms: 1,
-        })
-        .collect();
-    server
-        .state()
-        .registry
-        .store()
-        .audit(&session, &records)
-        .expect("records written");
+    audit_calls(&server, &session, total, |i| {
+        format!("echo {i} {}", "x".repeat(60 * 1024))
+    });
     let mut browser = Browser::new(http);
     browser.sign_in(&server.token).await;
     let rows = |html: &str| html.matches("data-call=\"call-").count();
@@ -677,7 +660,6 @@ async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
 #[tokio::test]
 async fn the_calls_tail_moves_past_records_the_store_cannot_read_on_postgresql() {
     use monad_server::http::pages::CALLS_SHOWN;
-    use monad_server::store::{AuditDecision, AuditOutcome, AuditRecord, Decider};
     let Some(pg) = super::super::pg_store::Pg::alone(
         "the_calls_tail_moves_past_records_the_store_cannot_read",
     ) else {
@@ -687,25 +669,7 @@ async fn the_calls_tail_moves_past_records_the_store_cannot_read_on_postgresql()
     let (server, http) = super::server_on(Some(pg)).await;
     let session = super::many_sessions(&server, "admin", 1).remove(0);
     let total = 2 * CALLS_SHOWN + 5;
-    let records: Vec<AuditRecord> = (0..total)
-        .map(|i| AuditRecord {
-            time: "2026-01-01T00:00:00Z".to_owned(),
-            call_id: format!("call-{i:04}"),
-            tool: "read_file".to_owned(),
-            workspace: None,
-            target: format!("f{i}.txt"),
-            decision: AuditDecision::Allowed,
-            decided_by: Decider::Trust,
-            outcome: AuditOutcome::Ok,
-            duration_ms: 1,
-        })
-        .collect();
-    server
-        .state()
-        .registry
-        .store()
-        .audit(&session, &records)
-        .expect("records written");
+    audit_calls(&server, &session, total, |i| format!("f{i}.txt"));
     // Three lines of the first page, and the whole second page, unreadable.
     super::super::pg_store::psql(
         &url,
@@ -750,4 +714,34 @@ async fn the_calls_tail_moves_past_records_the_store_cannot_read_on_postgresql()
         .text();
     assert_eq!(rows(&last), 5);
     assert!(last.contains(&format!("calls?from={total}\"")) && !last.contains("data-more"));
+}
+
+/// Writes `n` calls' audit records (`call-0000` on, `target(i)` each) into `session`, straight
+/// in the store, as a long history would have left them.
+fn audit_calls(
+    server: &monad_tests::TestServer,
+    session: &str,
+    n: usize,
+    target: impl Fn(usize) -> String,
+) {
+    use monad_server::store::{AuditDecision, AuditOutcome, AuditRecord, Decider};
+    let records: Vec<AuditRecord> = (0..n)
+        .map(|i| AuditRecord {
+            time: "2026-01-01T00:00:00Z".to_owned(),
+            call_id: format!("call-{i:04}"),
+            tool: "run_command".to_owned(),
+            workspace: None,
+            target: target(i),
+            decision: AuditDecision::Allowed,
+            decided_by: Decider::Trust,
+            outcome: AuditOutcome::Ok,
+            duration_ms: 1,
+        })
+        .collect();
+    server
+        .state()
+        .registry
+        .store()
+        .audit(session, &records)
+        .expect("records written");
 }
