@@ -896,14 +896,7 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
         .expect("a process id")
         .to_owned();
 
-    let (list, _) = ok(call_in(
-        agent,
-        Some(second),
-        "process_list",
-        json!({"workspace": "proj"}),
-    )
-    .await);
-    assert_eq!(list["processes"], json!([]), "{list}");
+    assert!(listed_in(agent, second).await.is_empty());
     for (tool, args) in [
         ("process_read", json!({"process": id, "workspace": "proj"})),
         (
@@ -929,35 +922,10 @@ async fn a_folder_shared_into_another_session_keeps_each_sessions_processes_its_
     )
     .await);
     let own = own["process"].as_str().expect("an id").to_owned();
-    let (list, _) = ok(call_in(
-        agent,
-        Some(second),
-        "process_list",
-        json!({"workspace": "proj"}),
-    )
-    .await);
-    assert_eq!(
-        list["processes"].as_array().map(Vec::len),
-        Some(1),
-        "{list}"
-    );
-    assert_eq!(list["processes"][0]["process"], own.as_str());
+    assert_eq!(listed_in(agent, second).await, [own]);
 
     // The first session's process still runs, its output and its input untouched.
-    let (list, _) = ok(call_in(
-        agent,
-        Some(first),
-        "process_list",
-        json!({"workspace": "proj"}),
-    )
-    .await);
-    let ids: Vec<&str> = list["processes"]
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter_map(|p| p["process"].as_str())
-        .collect();
-    assert_eq!(ids, [id.as_str()], "{list}");
+    assert_eq!(listed_in(agent, first).await, std::slice::from_ref(&id));
     ok(call_in(
         agent,
         Some(first),
@@ -1011,6 +979,23 @@ async fn a_full_shared_folder_table_says_which_places_other_sessions_hold() {
     assert!(mine["process"].is_string(), "{mine}");
     let (read, _) = read_in(agent, second, &theirs[1], None).await;
     assert_eq!(read, "done-1\n");
+}
+
+/// The ids `process_list` gives `session` in the shared folder.
+async fn listed_in(agent: &monad_client::agent::Agent, session: &str) -> Vec<String> {
+    let (list, _) = ok(call_in(
+        agent,
+        Some(session),
+        "process_list",
+        json!({"workspace": "proj"}),
+    )
+    .await);
+    list["processes"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|p| p["process"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// Reads process `id` of the shared folder, in `session`, until its output holds `want` (or,

@@ -492,19 +492,8 @@ async fn a_session_exports_as_its_markdown() {
 #[tokio::test]
 async fn the_session_list_pages_with_more_rows_and_searches_the_conversations() {
     let (server, http) = server().await;
-    let api = Api::new(http, &server.token);
     let made = super::many_sessions(&server, "admin", 120);
-    let ws = api.workspace(None).await;
-    let needle = new_session();
-    api.snapshot(
-        &ws,
-        &needle,
-        "t",
-        &[("user", "Where is the Flux Capacitor documented?")],
-    )
-    .await;
-    let mut browser = Browser::new(http);
-    browser.sign_in(&server.token).await;
+    let (needle, browser) = flux_conversation(&server, http).await;
     let rows = |html: &str| html.matches("class=\"row session\"").count();
     let mut html = browser.get("/").await.text();
     assert_eq!(rows(&html), 50);
@@ -594,18 +583,7 @@ async fn a_request_for_calls_answers_one_page_of_rows_with_their_targets_cut() {
 async fn a_search_is_bounded_in_its_words_and_one_at_a_time_per_user() {
     use monad_server::http::pages::{MAX_QUERY_BYTES, MAX_QUERY_WORDS};
     let (server, http) = server().await;
-    let api = Api::new(http, &server.token);
-    let ws = api.workspace(None).await;
-    let needle = new_session();
-    api.snapshot(
-        &ws,
-        &needle,
-        "t",
-        &[("user", "Where is the Flux Capacitor?")],
-    )
-    .await;
-    let mut browser = Browser::new(http);
-    browser.sign_in(&server.token).await;
+    let (_, browser) = flux_conversation(&server, http).await;
     let rows = |html: &str| html.matches("class=\"row session\"").count();
     // The same word many times over is one word.
     let repeated = vec!["flux"; 50].join("+");
@@ -744,4 +722,25 @@ fn audit_calls(
         .store()
         .audit(session, &records)
         .expect("records written");
+}
+
+/// A session of the admin's whose conversation asks where the Flux Capacitor is documented, and
+/// a browser signed in as the admin.
+async fn flux_conversation(
+    server: &monad_tests::TestServer,
+    http: SocketAddr,
+) -> (String, Browser) {
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(None).await;
+    let needle = new_session();
+    api.snapshot(
+        &ws,
+        &needle,
+        "t",
+        &[("user", "Where is the Flux Capacitor documented?")],
+    )
+    .await;
+    let mut browser = Browser::new(http);
+    browser.sign_in(&server.token).await;
+    (needle, browser)
 }
