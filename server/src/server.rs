@@ -536,53 +536,62 @@ impl Server {
                     wait.as_secs_f64()
                 );
             }
-            // The sessions' metadata, on a thread of its own, waited for while the store takes
-            // it: at most as long again without a save done (a store that does not answer, a
-            // database gone, must not hold the exit for ever; what it did not take is lost,
-            // with a warning), however many sessions a healthy store saves meanwhile.
-            let (said, saving) = std::sync::mpsc::channel();
-            let state2 = state.clone();
-            let save = move || {
-                let _lock = lock;
-                state2.registry.flush_each(|| {
-                    let _ = said.send(false);
-                });
-                // Written whole: the sessions can be served elsewhere at once. Not while the
-                // recorder may still write to them: their leases run out instead.
-                if let Some(cluster) = &state2.cluster
-                    && written
-                {
-                    cluster.store().release_leases();
-                }
-                let _ = said.send(true);
-            };
-            if let Err(e) = std::thread::Builder::new()
-                .name("shutdown-save".into())
-                .spawn(save)
-            {
-                warn!("cannot save the sessions' metadata at shutdown: {e}");
-                return;
-            }
-            loop {
-                match saving.recv_timeout(wait) {
-                    Ok(true) => break,
-                    Ok(false) => continue,
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        warn!(
-                            "the store took none of the sessions' metadata for {} s: what was \
-                             not saved is lost (their last activity), and their leases run out",
-                            wait.as_secs_f64()
-                        );
-                        break;
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                        warn!("saving the sessions' metadata at shutdown failed part-way");
-                        break;
-                    }
-                }
-            }
+            save_sessions(state, lock, written, wait);
         })
         .await;
+    }
+}
+
+/// Saves the sessions' metadata at shutdown (then, when `release` — the records were written —
+/// releases their leases), on a thread of its own holding the data dir's `lock` until it ends,
+/// waited for while the store takes saves: at most `wait` without one (a store that does not
+/// answer, a database gone, must not hold the exit for ever; what it did not take is lost, with
+/// a warning), however many sessions a healthy store saves meanwhile.
+fn save_sessions(
+    state: Arc<State>,
+    lock: Arc<crate::admin::DataLock>,
+    release: bool,
+    wait: std::time::Duration,
+) {
+    use std::sync::mpsc::RecvTimeoutError;
+    // `false` after each save, `true` once all is done.
+    let (said, saving) = std::sync::mpsc::channel();
+    let save = move || {
+        let _lock = lock;
+        state.registry.flush_each(|| {
+            let _ = said.send(false);
+        });
+        // Written whole: the sessions can be served elsewhere at once. Not while the recorder
+        // may still write to them: their leases run out instead.
+        if let Some(cluster) = &state.cluster
+            && release
+        {
+            cluster.store().release_leases();
+        }
+        let _ = said.send(true);
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("shutdown-save".into())
+        .spawn(save)
+    {
+        warn!("cannot save the sessions' metadata at shutdown: {e}");
+        return;
+    }
+    loop {
+        match saving.recv_timeout(wait) {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(RecvTimeoutError::Timeout) => {
+                return warn!(
+                    "the store took none of the sessions' metadata for {} s: what was not saved \
+                     is lost (their last activity), and their leases run out",
+                    wait.as_secs_f64()
+                );
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return warn!("saving the sessions' metadata at shutdown failed part-way");
+            }
+        }
     }
 }
 

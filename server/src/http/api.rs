@@ -1719,16 +1719,12 @@ pub fn artifact_page(
     let meta = owned_session(&web.state, user, id)?;
     let listing = format!("artifacts:{}", meta.id);
     let offset = page_offset(web, user, &listing, next)?;
-    let page = match web
-        .state
-        .registry
-        .store()
-        .artifact_page(&meta.id, offset, limit)
-    {
-        Ok(found) => found,
-        Err(StoreError::NotFound(_)) => Default::default(),
-        Err(e) => return Err(HttpError::store(e)),
-    };
+    let page = HttpError::store_or_nothing(
+        web.state
+            .registry
+            .store()
+            .artifact_page(&meta.id, offset, limit),
+    )?;
     Ok(ArtifactList {
         artifacts: page.artifacts.iter().map(artifact_view).collect(),
         total: page.total as u64,
@@ -1845,13 +1841,9 @@ where
     use tokio::sync::broadcast::error::{RecvError, TryRecvError};
     if !pending.is_empty() {
         // A client reading slowly is checked again on the way through what waits.
-        if checked.is_some_and(|at| at.elapsed() >= RECHECK) {
-            let began = tokio::time::Instant::now();
-            if !check().await {
-                pending.clear();
-                return None;
-            }
-            *checked = Some(began);
+        if checked.is_some_and(|at| at.elapsed() >= RECHECK) && !passes(&check, checked).await {
+            pending.clear();
+            return None;
         }
         return pending.pop_front();
     }
@@ -1867,11 +1859,9 @@ where
             got = rx.recv() => Some(got),
         };
         let Some(got) = got else {
-            let began = tokio::time::Instant::now();
-            if !check().await {
+            if !passes(&check, checked).await {
                 return None;
             }
-            *checked = Some(began);
             continue;
         };
         let first = as_event(got)?;
@@ -1896,14 +1886,27 @@ where
             };
             pending.extend(as_event(more));
         }
-        let began = tokio::time::Instant::now();
-        if !check().await {
+        if !passes(&check, checked).await {
             pending.clear();
             return None;
         }
-        *checked = Some(began);
         return pending.pop_front();
     }
+}
+
+/// Runs an event stream's `check`: whether it passed, noting in `checked` when a check that
+/// passed began (what came before then may go out).
+async fn passes<C, F>(check: &C, checked: &mut Option<tokio::time::Instant>) -> bool
+where
+    C: Fn() -> F,
+    F: std::future::Future<Output = bool>,
+{
+    let began = tokio::time::Instant::now();
+    let passed = check().await;
+    if passed {
+        *checked = Some(began);
+    }
+    passed
 }
 
 /// The server-sent events of a session: `ready` first, then its events as they happen, until

@@ -201,6 +201,16 @@ impl HttpError {
         }
     }
 
+    /// What a store read found, nothing when what it reads is missing (a session's artifacts
+    /// before its first), else its error as [`HttpError::store`] makes it.
+    pub fn store_or_nothing<T: Default>(found: Result<T, StoreError>) -> Result<T, HttpError> {
+        match found {
+            Ok(found) => Ok(found),
+            Err(StoreError::NotFound(_)) => Ok(T::default()),
+            Err(e) => Err(HttpError::store(e)),
+        }
+    }
+
     /// A store error: a missing record is `404`, a refused value `400`, anything else `500`.
     pub fn store(e: StoreError) -> HttpError {
         match e {

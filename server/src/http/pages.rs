@@ -523,11 +523,8 @@ fn diff_calls(
     records: &[crate::store::AuditRecord],
 ) -> Result<std::collections::HashSet<String>, HttpError> {
     let calls = records.iter().map(|r| r.call_id.clone()).collect();
-    let artifacts = match state.registry.store().call_artifacts(session, &calls) {
-        Ok(found) => found,
-        Err(crate::store::StoreError::NotFound(_)) => Vec::new(),
-        Err(e) => return Err(HttpError::store(e)),
-    };
+    let artifacts =
+        HttpError::store_or_nothing(state.registry.store().call_artifacts(session, &calls))?;
     Ok(artifacts
         .into_iter()
         .filter(|a| a.kind == ArtifactKind::FileDiff)
@@ -564,13 +561,8 @@ fn session_data(web: &Web, user: &str, id: &str) -> Result<SessionData, HttpErro
         .audit_page(&view.session_id, start, CALLS_SHOWN)
         .map_err(HttpError::store)?;
     let diffs = diff_calls(state, &view.session_id, &records)?;
-    let page = |offset| match store.artifact_page(&view.session_id, offset, ARTIFACTS_SHOWN) {
-        Ok(page) => Ok(page),
-        Err(crate::store::StoreError::NotFound(_)) => Ok(Default::default()),
-        Err(e) => Err(HttpError::store(e)),
-    };
-    let count = page(usize::MAX)?.total;
-    let mut artifacts = page(count.saturating_sub(ARTIFACTS_SHOWN))?.artifacts;
+    let mut artifacts =
+        HttpError::store_or_nothing(store.latest_artifacts(&view.session_id, ARTIFACTS_SHOWN))?;
     artifacts.reverse();
     Ok(SessionData {
         calls: records.iter().map(AuditEntry::of).collect(),
@@ -776,11 +768,8 @@ async fn call(
         // As its owner's id: `default` is the caller's own default (see `owned_session`).
         let sid = owned_session(&state, &user.user, &id)?.id;
         let calls = std::iter::once(call_id).collect();
-        let metas = match state.registry.store().call_artifacts(&sid, &calls) {
-            Ok(found) => found,
-            Err(crate::store::StoreError::NotFound(_)) => Vec::new(),
-            Err(e) => return Err(HttpError::store(e)),
-        };
+        let metas =
+            HttpError::store_or_nothing(state.registry.store().call_artifacts(&sid, &calls))?;
         let mut found = Vec::new();
         for meta in metas {
             let (meta, content) = state

@@ -1607,8 +1607,9 @@ impl FsStore {
         Ok(found)
     }
 
-    /// The artifacts at positions `offset..offset + limit` of [`FsStore::index`]'s order (the
-    /// same lines, skipped the same way). One pass over the index keeps where each id's latest
+    /// `limit` artifacts from position `offset(total)` of [`FsStore::index`]'s order (the same
+    /// lines, skipped the same way), `total` being how many there are. One pass over the index
+    /// keeps where each id's latest
     /// line is, making no more than one line's tree at a time; the page's lines are then read
     /// again from the same open file (a rewrite in between, a delete's, renames a new file over
     /// it: this one stays whole; a line cut off its end meanwhile, or another in its place, is
@@ -1616,7 +1617,7 @@ impl FsStore {
     fn index_page(
         &self,
         session: &str,
-        offset: usize,
+        offset: impl FnOnce(usize) -> usize,
         limit: usize,
     ) -> Result<ArtifactPage, StoreError> {
         use std::os::unix::fs::FileExt;
@@ -1640,6 +1641,8 @@ impl FsStore {
             Ok(())
         })?;
         let total = order.len();
+        // Where the page starts, of all there are (the latest `n` start at `total - n`).
+        let offset = offset(total);
         let mut page = Vec::new();
         let mut end = offset.min(total);
         for id in order.iter().skip(offset).take(limit) {
@@ -2003,7 +2006,15 @@ impl ArtifactStore for FsStore {
         limit: usize,
     ) -> Result<ArtifactPage, StoreError> {
         check_id(session)?;
-        self.index_page(session, offset, limit)
+        self.index_page(session, |_| offset, limit)
+    }
+
+    fn latest_artifacts(&self, session: &str, n: usize) -> Result<Vec<ArtifactMeta>, StoreError> {
+        check_id(session)?;
+        // One pass over the index, which counts them on the way.
+        Ok(self
+            .index_page(session, |total| total.saturating_sub(n), n)?
+            .artifacts)
     }
 
     fn call_artifacts(
@@ -2901,6 +2912,15 @@ mod tests {
                 offset = page.end;
             }
             assert_eq!(ids, whole, "pages of {limit}");
+        }
+        for n in 0..=5 {
+            let latest: Vec<String> = store
+                .latest_artifacts("default", n)
+                .unwrap()
+                .into_iter()
+                .map(|a| a.id)
+                .collect();
+            assert_eq!(latest, whole[4usize.saturating_sub(n)..], "the latest {n}");
         }
     }
 

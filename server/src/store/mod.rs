@@ -725,6 +725,13 @@ pub trait ArtifactStore: Send + Sync {
             total,
         })
     }
+    /// A session's latest `n` artifacts, oldest first: what its page shows.
+    fn latest_artifacts(&self, session: &str, n: usize) -> Result<Vec<ArtifactMeta>, StoreError> {
+        let total = self.artifact_page(session, usize::MAX, 0)?.total;
+        Ok(self
+            .artifact_page(session, total.saturating_sub(n), n)?
+            .artifacts)
+    }
     /// The artifacts of a session that came from the calls `calls` (by their call ids), oldest
     /// first: what a page showing some calls needs, without every artifact's metadata.
     fn call_artifacts(

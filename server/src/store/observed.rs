@@ -275,9 +275,18 @@ impl Observed {
         }
         Ok(hits)
     }
-}
 
-impl Observed {
+    fn new(inner: Arc<dyn Store>, feed: Feed) -> Observed {
+        Observed {
+            inner,
+            feed,
+            uploads: Mutex::default(),
+            owners: crate::quota::UserLocks::new(),
+            signatures: Mutex::default(),
+            readings: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
     /// Whether the signature of conversation `id` says `words` may all be there; else (none
     /// yet) the number of the read that will make it, noted.
     fn known(&self, id: &str, words: &[String]) -> Result<bool, u64> {
@@ -442,6 +451,9 @@ impl ArtifactStore for Observed {
     ) -> Result<ArtifactPage, StoreError> {
         self.inner.artifact_page(session, offset, limit)
     }
+    fn latest_artifacts(&self, session: &str, n: usize) -> Result<Vec<ArtifactMeta>, StoreError> {
+        self.inner.latest_artifacts(session, n)
+    }
     fn call_artifacts(
         &self,
         session: &str,
@@ -497,19 +509,6 @@ fn without_nul(text: &str) -> Option<String> {
 /// Wraps a store so that it publishes to `feed`.
 pub fn observe(inner: Arc<dyn Store>, feed: Feed) -> Arc<dyn Store> {
     Arc::new(Observed::new(inner, feed))
-}
-
-impl Observed {
-    fn new(inner: Arc<dyn Store>, feed: Feed) -> Observed {
-        Observed {
-            inner,
-            feed,
-            uploads: Mutex::default(),
-            owners: crate::quota::UserLocks::new(),
-            signatures: Mutex::default(),
-            readings: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
 }
 
 /// The trigrams of `text` (already lowercased), as numbers.

@@ -528,6 +528,15 @@ fn exercise(store: &dyn Store) {
         store.artifact_page("nobody-s", 0, 5).unwrap(),
         Default::default()
     );
+    // The latest, as a session's page shows them.
+    let latest = |n| -> Vec<String> {
+        let found = store.latest_artifacts("s2", n).unwrap();
+        found.into_iter().map(|a| a.id).collect()
+    };
+    assert_eq!(latest(2), ["a1", "up1"]);
+    assert_eq!(latest(5), ["session_history", "a1", "up1"]);
+    assert!(latest(0).is_empty());
+    assert!(store.latest_artifacts("nobody-s", 5).unwrap().is_empty());
     // Those of some calls alone (all three here say they came from call `c1`).
     let of_calls = |calls: &[&str]| -> Vec<String> {
         let calls = calls.iter().map(|c| c.to_string()).collect();
