@@ -557,7 +557,6 @@ fn save_sessions(
     // `false` after each save, `true` once all is done.
     let (said, saving) = std::sync::mpsc::channel();
     let save = move || {
-        let _lock = lock;
         state.registry.flush_each(|| {
             let _ = said.send(false);
         });
@@ -568,6 +567,10 @@ fn save_sessions(
         {
             cluster.store().release_leases();
         }
+        // Let go before saying so: a server started on this data dir once this one has returned
+        // must find it free (the lock went with the closure, after the word, and a restart in
+        // that moment was refused).
+        drop(lock);
         let _ = said.send(true);
     };
     if let Err(e) = std::thread::Builder::new()
