@@ -15,7 +15,7 @@ use monad_protocol::wire::{Decider, Trust};
 use monad_protocol::{ToolClass, ToolName};
 use serde_json::Value;
 
-use crate::site::ProgramSite;
+use crate::site::{CommandPlace, Lookup, ProgramSite};
 
 /// What the user answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +166,9 @@ pub enum Rule {
         stdin: Option<String>,
         /// Where its program is found.
         site: ProgramSite,
+        /// How the names it runs are found: a program put first in its `PATH`, or written over
+        /// where the workspace's `PATH` directories hold it, is not what was allowed.
+        lookup: Lookup,
         /// Whether it may be left running in the background ([`in_background`]).
         background: bool,
     },
@@ -182,10 +185,14 @@ pub enum Rule {
 }
 
 impl Rule {
-    /// The rule a call falls under; `site` is where a command's program is found
-    /// ([`crate::site::locate`]) and `runs_in` where its directory really is when a link makes
-    /// it another place than its `cwd` says (both ignored for other tools).
-    pub fn of(tool: ToolName, args: &Value, site: &ProgramSite, runs_in: Option<&str>) -> Rule {
+    /// The rule a call falls under; `place` is where a command runs and what it runs
+    /// ([`CommandPlace`]; ignored for other tools).
+    pub fn of(tool: ToolName, args: &Value, place: &CommandPlace) -> Rule {
+        let CommandPlace {
+            site,
+            runs_in,
+            lookup,
+        } = place;
         match tool {
             ToolName::RunCommand => {
                 let argv: Vec<String> = args
@@ -214,9 +221,10 @@ impl Rule {
                             .and_then(Value::as_str)
                             .unwrap_or(".")
                             .to_owned(),
-                        runs_in: runs_in.map(str::to_owned),
+                        runs_in: runs_in.clone(),
                         stdin: args.get("stdin").and_then(Value::as_str).map(str::to_owned),
                         site: site.clone(),
+                        lookup: lookup.clone(),
                         argv,
                         background,
                     },
@@ -257,6 +265,7 @@ impl Rule {
             Rule::Command {
                 argv,
                 site,
+                lookup,
                 background,
                 ..
             } => {
@@ -266,7 +275,7 @@ impl Rule {
                      leads, and standard input) {}, with any time-out",
                     mode(*background)
                 );
-                match site {
+                let exactly = match site {
                     ProgramSite::Outside(path) => {
                         format!("{exactly}, `{program}` being {}", printable_name(path))
                     }
@@ -282,7 +291,8 @@ impl Rule {
                         )
                     }
                     ProgramSite::Other => exactly,
-                }
+                };
+                format!("{exactly}; {}", looked_up(lookup))
             }
             Rule::Exact { tool, .. } => {
                 format!("exactly this `{tool}` call (same process and text)")
@@ -299,6 +309,35 @@ impl Rule {
             printable_name(session)
         )
     }
+}
+
+/// What "always" on one command covers of the programs it starts by name and the files it
+/// opens, in words (escaped: safe to print).
+fn looked_up(lookup: &Lookup) -> String {
+    let files = "files of this workspace it runs or reads (a script, a Makefile) are covered \
+                 whatever they hold when it runs";
+    if lookup.too_large {
+        return format!(
+            "a directory of its PATH holds more than {} entries, so it is asked about again each \
+             time; {files}",
+            Lookup::MAX_ENTRIES
+        );
+    }
+    if lookup.changeable.is_empty() {
+        return format!(
+            "programs it starts by name are looked up where calls cannot change them; {files}"
+        );
+    }
+    let dirs: Vec<_> = lookup
+        .changeable
+        .iter()
+        .map(|d| format!("`{}`", printable_name(d)))
+        .collect();
+    format!(
+        "programs it starts by name are looked up as they are now: it is asked about again once \
+         one is added, changed or removed in {}; {files}",
+        dirs.join(", ")
+    )
 }
 
 /// Whether a `run_command` call may leave its process running in the background (`background`,
@@ -580,14 +619,23 @@ mod tests {
         ProgramSite::Outside(format!("/usr/bin/{name}"))
     }
 
+    /// A command's place with its program at `site`, where it says it runs, and a `PATH` that
+    /// calls cannot change.
+    fn at(site: ProgramSite) -> CommandPlace {
+        CommandPlace {
+            site,
+            ..CommandPlace::default()
+        }
+    }
+
     /// The rule of `run_command` with `args`, its program found outside in /usr/bin.
     fn command(args: &Value) -> Rule {
         let name = args["argv"][0].as_str().unwrap_or("");
-        Rule::of(ToolName::RunCommand, args, &outside(name), None)
+        Rule::of(ToolName::RunCommand, args, &at(outside(name)))
     }
 
     fn other(tool: ToolName) -> Rule {
-        Rule::of(tool, &json!({}), &ProgramSite::Other, None)
+        Rule::of(tool, &json!({}), &CommandPlace::default())
     }
 
     #[test]
@@ -690,7 +738,7 @@ mod tests {
             ] {
                 assert!(
                     matches!(
-                        Rule::of(ToolName::RunCommand, &args(name), &site, None),
+                        Rule::of(ToolName::RunCommand, &args(name), &at(site.clone())),
                         Rule::Command { .. }
                     ),
                     "{name} at {site:?}"
@@ -780,6 +828,7 @@ mod tests {
                 runs_in: None,
                 stdin: None,
                 site: outside("sh"),
+                lookup: Lookup::default(),
                 background: false,
             }
         );
@@ -830,7 +879,7 @@ mod tests {
             p.check(
                 "s",
                 run,
-                &Rule::of(run, &a, &ProgramSite::Workspace("./a".into()), None)
+                &Rule::of(run, &a, &at(ProgramSite::Workspace("./a".into())))
             ),
             None
         );
@@ -846,7 +895,7 @@ mod tests {
             None
         );
         let write = json!({"process": "p1", "text": "ls\n"});
-        let write_rule = Rule::of(ToolName::ProcessWrite, &write, &ProgramSite::Other, None);
+        let write_rule = Rule::of(ToolName::ProcessWrite, &write, &CommandPlace::default());
         p.record("s", write_rule, Decision::AllowAlways);
         let other_text = json!({"process": "p1", "text": "rm x\n"});
         assert_eq!(
@@ -856,8 +905,7 @@ mod tests {
                 &Rule::of(
                     ToolName::ProcessWrite,
                     &other_text,
-                    &ProgramSite::Other,
-                    None
+                    &CommandPlace::default()
                 )
             ),
             None
@@ -939,8 +987,7 @@ mod tests {
         let scope = Rule::of(
             ToolName::RunCommand,
             &json!({"argv": ["./test.sh"]}),
-            &ProgramSite::Workspace("./test.sh".into()),
-            None,
+            &at(ProgramSite::Workspace("./test.sh".into())),
         )
         .scope("s1");
         assert!(
@@ -951,13 +998,84 @@ mod tests {
         let scope = Rule::of(
             ToolName::RunCommand,
             &json!({"argv": ["ls", "-l"]}),
-            &ProgramSite::Workspace(".venv/bin/ls".into()),
-            None,
+            &at(ProgramSite::Workspace(".venv/bin/ls".into())),
         )
         .scope("s1");
         assert!(
             scope.contains("`ls` (.venv/bin/ls) is a file in this workspace"),
             "{scope}"
+        );
+        assert!(
+            scope.contains("looked up where calls cannot change them")
+                && scope.contains("covered whatever they hold"),
+            "{scope}"
+        );
+    }
+
+    /// A command's rule keeps how the names it runs are found: the same argv once a program was
+    /// added or changed in the folder's `PATH` directories is another rule.
+    #[test]
+    fn always_on_a_command_keeps_how_its_names_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = monad_sandbox::Sandbox::open(
+            dir.path(),
+            monad_sandbox::Limits::default(),
+            monad_sandbox::ExecPolicy::default(),
+        )
+        .unwrap();
+        let place = || CommandPlace {
+            site: outside("sh"),
+            runs_in: None,
+            lookup: crate::site::lookup(&sandbox),
+        };
+        let run = ToolName::RunCommand;
+        let line = json!({"argv": ["sh", "-c", "make"]});
+        let p = Policy::new(Trust::Restricted, vec![]);
+        p.record("s", Rule::of(run, &line, &place()), Decision::AllowAlways);
+        assert!(p.check("s", run, &Rule::of(run, &line, &place())).is_some());
+        // A file elsewhere in the folder: the same rule.
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+        assert!(p.check("s", run, &Rule::of(run, &line, &place())).is_some());
+        // A toolchain directory appears: its `PATH` changed.
+        std::fs::create_dir_all(dir.path().join("node_modules/.bin")).unwrap();
+        assert_eq!(p.check("s", run, &Rule::of(run, &line, &place())), None);
+        p.record("s", Rule::of(run, &line, &place()), Decision::AllowAlways);
+        let scope = Rule::of(run, &line, &place()).scope("s");
+        assert!(
+            scope.contains(
+                "asked about again once one is added, changed or removed in \
+                            `node_modules/.bin`"
+            ),
+            "{scope}"
+        );
+        // A program in it is made, then written over.
+        let make = dir.path().join("node_modules/.bin/make");
+        std::fs::write(&make, "#!/bin/sh\n").unwrap();
+        assert_eq!(p.check("s", run, &Rule::of(run, &line, &place())), None);
+        p.record("s", Rule::of(run, &line, &place()), Decision::AllowAlways);
+        assert!(p.check("s", run, &Rule::of(run, &line, &place())).is_some());
+        std::fs::write(&make, "#!/bin/sh\necho other\n").unwrap();
+        assert_eq!(p.check("s", run, &Rule::of(run, &line, &place())), None);
+        // A link there is followed: what it leads to is what runs.
+        std::fs::create_dir_all(dir.path().join("node_modules/tool")).unwrap();
+        std::fs::write(dir.path().join("node_modules/tool/cli.js"), "a").unwrap();
+        std::os::unix::fs::symlink("../tool/cli.js", dir.path().join("node_modules/.bin/tool"))
+            .unwrap();
+        p.record("s", Rule::of(run, &line, &place()), Decision::AllowAlways);
+        assert!(p.check("s", run, &Rule::of(run, &line, &place())).is_some());
+        std::fs::write(dir.path().join("node_modules/tool/cli.js"), "bb").unwrap();
+        assert_eq!(p.check("s", run, &Rule::of(run, &line, &place())), None);
+        // The inert programs run nothing else: their rule does not keep the lookup.
+        let ls = json!({"argv": ["ls"]});
+        let ls_place = || CommandPlace {
+            site: outside("ls"),
+            ..place()
+        };
+        p.record("s", Rule::of(run, &ls, &ls_place()), Decision::AllowAlways);
+        std::fs::write(&make, "#!/bin/sh\necho third\n").unwrap();
+        assert!(
+            p.check("s", run, &Rule::of(run, &ls, &ls_place()))
+                .is_some()
         );
     }
 }

@@ -29,7 +29,7 @@ use crate::approval::{
 };
 use crate::config::ClientConfig;
 use crate::connect::connect_in_order;
-use crate::site::{ProgramSite, locate};
+use crate::site::{CommandPlace, locate, lookup};
 
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
@@ -1404,8 +1404,8 @@ async fn run(
     // What "always" would cover depends on where a command's program is found, and where it
     // really runs when a link on its `cwd`'s way leads elsewhere (`out` leading to the root:
     // `rm -rf ./*` in `out` is not what it reads as). The owner is shown both.
-    let (site, runs_in) = command_place(folder, tool, &args);
-    let rule = Rule::of(tool, &args, &site, runs_in.as_deref());
+    let place = command_place(folder, tool, &args);
+    let rule = Rule::of(tool, &args, &place);
     let known = folder.policy.check(session, tool, &rule);
     // Checked before the policy answers or anyone is asked. For a write or an edit that will be
     // asked about, the check is the preview, whose diff the prompt shows.
@@ -1499,8 +1499,8 @@ async fn run(
                     creates,
                     through_link,
                     bytes_note,
-                    runs_in: runs_in.clone(),
-                    program: (tool == ToolName::RunCommand).then(|| site.shown()),
+                    runs_in: place.runs_in.clone(),
+                    program: (tool == ToolName::RunCommand).then(|| place.site.shown()),
                     network: o.exec.network_summary(),
                     default_timeout_ms: o.limits.command_default_timeout_ms,
                     scope: rule.scope(session),
@@ -1544,20 +1544,26 @@ async fn run(
     // an approved `rm` to another place, and a `.venv/bin/python3` made meanwhile would run
     // instead of the `/usr/bin/python3` they approved.
     if tool == ToolName::RunCommand && basis == Basis::User {
-        let (site_now, runs_in_now) = command_place(folder, tool, &args);
-        let place = |p: &Option<String>| p.clone().unwrap_or_else(|| "where its `cwd` says".into());
-        let changed = if site_now != site {
+        let now = command_place(folder, tool, &args);
+        let shown = |p: &Option<String>| p.clone().unwrap_or_else(|| "where its `cwd` says".into());
+        let changed = if now.site != place.site {
             Some(format!(
                 "its program is now {}, not {}",
-                site_now.shown(),
-                site.shown()
+                now.site.shown(),
+                place.site.shown()
             ))
-        } else if runs_in_now != runs_in {
+        } else if now.runs_in != place.runs_in {
             Some(format!(
                 "its directory now leads to {}, not {}",
-                place(&runs_in_now),
-                place(&runs_in)
+                shown(&now.runs_in),
+                shown(&place.runs_in)
             ))
+        } else if now.lookup != place.lookup {
+            Some(
+                "a program it may start by name was added, changed or removed in the \
+                 directories of its PATH"
+                    .to_owned(),
+            )
         } else {
             None
         };
@@ -1685,25 +1691,27 @@ async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInf
     list.processes.into_iter().find(|p| p.process == id)
 }
 
-/// Where a call's command finds its program, and where it really runs when a link on its
-/// `cwd`'s way makes that another place than `cwd` says ([`Sandbox::directory_elsewhere`]);
-/// for other tools, neither.
-fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> (ProgramSite, Option<String>) {
+/// Where a call's command finds its program, where it really runs when a link on its `cwd`'s
+/// way makes that another place than `cwd` says ([`Sandbox::directory_elsewhere`]), and how the
+/// names it runs are found ([`lookup`]); for other tools, none of it.
+fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> CommandPlace {
     if tool != ToolName::RunCommand {
-        return (ProgramSite::Other, None);
+        return CommandPlace::default();
     }
     let site = args
         .get("argv")
         .and_then(|a| a.get(0))
         .and_then(Value::as_str)
-        .map_or(ProgramSite::Other, |program| {
-            locate(&folder.sandbox, program)
-        });
+        .map_or_else(Default::default, |program| locate(&folder.sandbox, program));
     let runs_in = args
         .get("cwd")
         .and_then(Value::as_str)
         .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd));
-    (site, runs_in)
+    CommandPlace {
+        site,
+        runs_in,
+        lookup: lookup(&folder.sandbox),
+    }
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {

@@ -28,8 +28,151 @@ use monad_protocol::text::printable_name;
 use monad_sandbox::Sandbox;
 use monad_sandbox::exec::{SYSTEM_READ_DIRS, command_path};
 
+/// What the names a command runs are found among, as far as a call can change it: the `PATH`
+/// commands get, and every entry of its directories in the workspace or where commands may
+/// write (its name, and the inode, size, times and mode of what it is or, through a link, leads
+/// to). A rule for one command keeps it ([`crate::approval::Rule::Command`]): "always" on `sh -c
+/// 'make test'` does not cover a `make` an agent put first in the `PATH` later, nor a program of
+/// `node_modules/.bin` written over since.
+///
+/// What the command itself opens (a script it is given, a Makefile) cannot be pinned so; the
+/// owner is told that "always" covers whatever those hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Lookup {
+    /// The directories of the `PATH` a call can change, in its order, as shown to the owner
+    /// (relative to the root for the workspace's).
+    pub changeable: Vec<String>,
+    /// SHA-256 of the `PATH` and of those directories' entries; random when one holds more
+    /// than [`Lookup::MAX_ENTRIES`], so that the rule is never met again.
+    digest: [u8; 32],
+    /// True when a directory was too large to pin (see `digest`).
+    pub too_large: bool,
+}
+
+impl Lookup {
+    /// The most entries read in one changeable directory to pin a lookup.
+    pub const MAX_ENTRIES: usize = 20_000;
+}
+
+/// How names are looked up for a command in `sandbox` now ([`Lookup`]).
+pub fn lookup(sandbox: &Sandbox) -> Lookup {
+    use ring::digest::{Context, SHA256};
+    let places = Places::of(sandbox);
+    let (path_env, _) = command_path(sandbox.jail(), sandbox.exec_policy());
+    let mut digest = Context::new(&SHA256);
+    digest.update(path_env.as_bytes());
+    let mut changeable = Vec::new();
+    let mut entries = Vec::new();
+    let mut over = false;
+    for dir in path_env
+        .split(':')
+        .map(Path::new)
+        .filter(|d| d.is_absolute())
+    {
+        let listed = if let Ok(rel) = dir.strip_prefix(&places.root) {
+            changeable.push(rel.to_string_lossy().into_owned());
+            // Through the jail: a link on the way is followed only inside the workspace.
+            let rel = if rel.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                rel
+            };
+            entries_of(sandbox.jail().dir(), rel, &mut entries)
+        } else if places.writable(dir) {
+            changeable.push(dir.to_string_lossy().into_owned());
+            Dir::open_ambient_dir(dir, ambient_authority()).map_or(Listed::Missing, |handle| {
+                entries_of(&handle, Path::new("."), &mut entries)
+            })
+        } else {
+            continue;
+        };
+        digest.update(&[0, listed as u8]);
+        for entry in entries.drain(..) {
+            digest.update(&entry);
+        }
+        if listed == Listed::TooMany {
+            over = true;
+        }
+    }
+    let mut pin = [0u8; 32];
+    if over {
+        // Never the same twice: the rule that keeps it is never met again.
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut pin);
+    } else {
+        pin.copy_from_slice(digest.finish().as_ref());
+    }
+    Lookup {
+        changeable,
+        digest: pin,
+        too_large: over,
+    }
+}
+
+/// How a directory of the `PATH` was read for a [`Lookup`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listed {
+    Read = 1,
+    Missing = 2,
+    TooMany = 3,
+}
+
+/// Appends to `out`, sorted by name, one record for each entry of `dir` in `base`: its name and
+/// what it is (followed through links, as running it would; through `base`, so not out of it).
+fn entries_of(base: &Dir, dir: &Path, out: &mut Vec<Vec<u8>>) -> Listed {
+    use cap_std::fs::MetadataExt;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(read) = base.read_dir(dir) else {
+        return Listed::Missing;
+    };
+    for entry in read {
+        if out.len() >= Lookup::MAX_ENTRIES {
+            return Listed::TooMany;
+        }
+        let Ok(entry) = entry else {
+            continue;
+        };
+        let name = entry.file_name();
+        let mut record = name.as_bytes().to_vec();
+        record.push(0);
+        let meta = base.metadata(dir.join(&name)).or_else(|_| entry.metadata());
+        match meta {
+            Ok(m) => {
+                for n in [
+                    m.dev(),
+                    m.ino(),
+                    m.size(),
+                    u64::from(m.mode()),
+                    m.mtime() as u64,
+                    m.mtime_nsec() as u64,
+                    m.ctime() as u64,
+                    m.ctime_nsec() as u64,
+                ] {
+                    record.extend_from_slice(&n.to_le_bytes());
+                }
+            }
+            Err(_) => record.push(0xff),
+        }
+        out.push(record);
+    }
+    out.sort_unstable();
+    Listed::Read
+}
+
+/// Where a command runs and what it runs, as far as "always" is concerned: what a rule for one
+/// command keeps, and what is looked at again once its owner has answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandPlace {
+    /// Where its program (`argv[0]`) is found ([`locate`]).
+    pub site: ProgramSite,
+    /// Where its directory really is, when a link on its `cwd`'s way makes it another place
+    /// ([`Sandbox::directory_elsewhere`]).
+    pub runs_in: Option<String>,
+    /// How the names it runs are found ([`lookup`]).
+    pub lookup: Lookup,
+}
+
 /// Where a command's program is found, as far as "always" is concerned.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub enum ProgramSite {
     /// Found at this path, in a directory commands may read but not write, outside the
     /// workspace: no call can change what it is.
@@ -40,6 +183,7 @@ pub enum ProgramSite {
     Workspace(String),
     /// Anywhere else, or not known: a directory commands may write, a path the sandbox cannot
     /// run, a program not found.
+    #[default]
     Other,
 }
 
@@ -222,6 +366,28 @@ mod tests {
             locate(&sb, "cat"),
             ProgramSite::Workspace(".venv/bin/cat".into())
         );
+    }
+
+    /// A `PATH` directory of the folder's too large to read whole is not pinned: each lookup is
+    /// another, so that "always" on a command there is asked about again rather than covering
+    /// what was not read.
+    #[test]
+    fn a_path_directory_too_large_to_read_is_never_the_same_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let sb = sandbox(dir.path(), ExecPolicy::default());
+        let bin = dir.path().join("node_modules/.bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("tool"), "").unwrap();
+        let first = lookup(&sb);
+        assert!(!first.too_large);
+        assert_eq!(first.changeable, ["node_modules/.bin"]);
+        assert_eq!(lookup(&sb), first);
+        for i in 0..Lookup::MAX_ENTRIES {
+            std::fs::write(bin.join(format!("t{i}")), "").unwrap();
+        }
+        let large = lookup(&sb);
+        assert!(large.too_large);
+        assert_ne!(lookup(&sb), large);
     }
 
     #[test]

@@ -599,6 +599,82 @@ async fn always_on_a_shell_allows_only_that_exact_command() {
     assert!(scope.contains("until this attach ends"), "{scope}");
 }
 
+/// Regression: "always" on a shell line pinned where `sh` is found, not where the names in its
+/// line are: once an `ls` of the folder's came first in the `PATH` (a `.venv` made by an
+/// approved install, say), the remembered `sh -c ls` ran it without anyone being asked, and so
+/// did a remembered line after a program it runs by name in the folder's `node_modules/.bin`
+/// was written over. A change elsewhere in the folder keeps the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_on_a_shell_line_does_not_cover_programs_its_names_find_in_the_folder_later() {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &Path, text: &str| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[("a.txt", "")]);
+    executable(
+        &dir.path().join("node_modules/.bin/greet"),
+        "#!/bin/sh\necho hello\n",
+    );
+    let (_a, approver) = Attachment::scripted(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        [
+            Some(Decision::AllowAlways),
+            Some(Decision::Deny),
+            Some(Decision::AllowAlways),
+            Some(Decision::Deny),
+        ],
+    )
+    .await;
+    let run = |line: &str| json!({"argv": ["sh", "-c", line], "workspace": "lap"});
+    ok(call(&agent, "run_command", run("ls")).await);
+    let scope = approver.seen()[0].scope.clone();
+    assert!(scope.contains("looked up"), "{scope}");
+    assert!(scope.contains("node_modules/.bin"), "{scope}");
+    assert!(scope.contains("whatever they hold"), "{scope}");
+    // Another file of the folder changed: still remembered.
+    std::fs::write(dir.path().join("a.txt"), "changed\n").unwrap();
+    ok(call(&agent, "run_command", run("ls")).await);
+    assert_eq!(approver.seen().len(), 1);
+
+    executable(
+        &dir.path().join(".venv/bin/ls"),
+        "#!/bin/sh\necho shadow > pwned.txt\n",
+    );
+    expect_code(
+        call(&agent, "run_command", run("ls")).await,
+        ErrorCode::Denied,
+    );
+    assert_eq!(approver.seen().len(), 2, "asked again");
+    assert!(
+        !dir.path().join("pwned.txt").exists(),
+        "the folder's ls ran"
+    );
+    std::fs::remove_dir_all(dir.path().join(".venv")).unwrap();
+
+    let (result, _) = ok(call(&agent, "run_command", run("greet")).await);
+    assert_eq!(result["stdout"], "hello\n");
+    ok(call(&agent, "run_command", run("greet")).await);
+    assert_eq!(approver.seen().len(), 3);
+    executable(
+        &dir.path().join("node_modules/.bin/greet"),
+        "#!/bin/sh\necho shadow > pwned.txt\n",
+    );
+    expect_code(
+        call(&agent, "run_command", run("greet")).await,
+        ErrorCode::Denied,
+    );
+    assert_eq!(approver.seen().len(), 4, "asked again");
+    assert!(
+        !dir.path().join("pwned.txt").exists(),
+        "the rewritten greet ran"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_timed_out_and_cancelled_calls_are_three_different_outcomes() {
     let server = TestServer::start().await;
