@@ -54,6 +54,9 @@ struct Metas {
     by_owner: HashMap<String, HashMap<String, SessionMeta>>,
     /// Each session's owner, by id.
     owners: HashMap<String, String>,
+    /// Deletions begun or ended: a load that read a session's metadata from disk puts it in
+    /// only when none came in between ([`FsStore::load`]).
+    deletions: u64,
 }
 
 impl Metas {
@@ -979,20 +982,35 @@ impl SessionStore for FsStore {
         self.save_locked(meta)
     }
 
+    /// From the cache when it has it. Otherwise from disk, without the session's lock (a load
+    /// does not wait for a write), and put in the cache only if nothing came in between: a
+    /// session deleted meanwhile (read before it went, put back after, it was listed, counted
+    /// and loaded until a restart), or saved meanwhile (an older copy over the newer).
     fn load(&self, id: &str) -> Result<Option<SessionMeta>, StoreError> {
         check_id(id)?;
-        if let Some(metas) = self
+        let seen = match self
             .metas
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            && let Some(meta) = metas.get(id)
         {
-            return Ok(Some(meta.clone()));
-        }
+            Some(metas) => match metas.get(id) {
+                Some(meta) => return Ok(Some(meta.clone())),
+                None => Some(metas.deletions),
+            },
+            None => None,
+        };
         let meta = self.load_from_disk(id)?;
-        if let Some(meta) = &meta {
-            self.cache_meta(meta);
+        if let (Some(meta), Some(seen)) = (&meta, seen)
+            && let Some(metas) = self
+                .metas
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+            && metas.deletions == seen
+            && metas.get(id).is_none()
+        {
+            metas.insert(meta.clone());
         }
         Ok(meta)
     }
@@ -1021,17 +1039,25 @@ impl SessionStore for FsStore {
         let _guard = self.lock(id);
         let dir = self.session_dir(id);
         self.mark_checked(id, false);
-        if let Some(metas) = self
-            .metas
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            metas.remove(id);
-        }
+        // Out of the cache before the files go, and again after: a listing's scan or a load
+        // may have read it from disk in between ([`FsStore::load`]).
+        let uncache = || {
+            if let Some(metas) = self
+                .metas
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+            {
+                metas.remove(id);
+                metas.deletions += 1;
+            }
+        };
+        uncache();
         // Renamed away first: a delete cut short leaves nothing under the id that its next
         // creator (of any user) would take over as its own.
-        match crate::fsutil::remove_dir_by_rename(&dir) {
+        let gone = crate::fsutil::remove_dir_by_rename(&dir);
+        uncache();
+        match gone {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 Err(StoreError::NotFound(format!("session {id}")))
@@ -1114,29 +1140,15 @@ impl SessionStore for FsStore {
         read_jsonl(&self.session_dir(id).join("audit.jsonl"))
     }
 
-    /// Read a buffer at a time: a session of millions of calls is not read into memory to be
-    /// counted.
+    /// The records [`SessionStore::audit_page`] pages through: a line that is not a record (one
+    /// a later version wrote, one edited by hand) is not counted, as it is not paged, so that
+    /// the last page of a count is the last records. A line at a time, each read and dropped.
     fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
-        use std::io::Read;
         check_id(id)?;
         let path = self.session_dir(id).join("audit.jsonl");
-        let mut file = match std::fs::File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(StoreError::io("read", &path, e)),
-        };
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut lines = 0;
-        loop {
-            match file.read(&mut buf) {
-                Ok(0) => break,
-                // Complete lines only: a torn last line (from a crash) is not a record.
-                Ok(n) => lines += buf[..n].iter().filter(|b| **b == b'\n').count(),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(StoreError::io("read", &path, e)),
-            }
-        }
-        Ok(lines)
+        each_record_line(&path, |_, line| {
+            serde_json::from_slice::<AuditRecord>(line).map(|_| ())
+        })
     }
 
     /// A line at a time: only the records asked for are kept, the others read and dropped (so
@@ -1581,8 +1593,11 @@ impl FsStore {
                     order.push(id.clone().into_owned());
                 }
                 found.insert(id.into_owned(), read.meta);
-            } else {
-                // Its latest line is of another call.
+            } else if found.contains_key(id.as_ref()) {
+                // Its latest line is of another call, when it is an index line at all (one that
+                // is not is skipped here as everywhere else, and must not take an earlier one's
+                // place).
+                serde_json::from_slice::<IndexLine>(line)?;
                 found.remove(id.as_ref());
             }
             Ok(())
@@ -2663,6 +2678,71 @@ mod tests {
         }
     }
 
+    /// A line of an artifact's id that is not an index line (a later version's, one edited by
+    /// hand) is skipped by every reading of the index; it took the artifact out of its call's.
+    #[test]
+    fn a_line_that_is_not_an_index_line_does_not_take_an_artifact_from_its_call() {
+        let (dir, store) = with_one_tool_output();
+        let mut x = tool_output("x", b"x");
+        x.call_id = Some("c".into());
+        store.put_artifact(&x, b"x").unwrap();
+        let calls = |c: &str| -> Vec<String> {
+            let calls = [c.to_owned()].into_iter().collect();
+            let found = store.call_artifacts("default", &calls).unwrap();
+            found.into_iter().map(|a| a.id).collect()
+        };
+        assert_eq!(calls("c"), ["x"]);
+        let index = dir.path().join("sessions/default/artifacts/index.jsonl");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&index)
+            .unwrap();
+        std::io::Write::write_all(&mut file, b"{\"id\":\"x\"}\n").unwrap();
+        assert_eq!(calls("c"), ["x"]);
+        assert_eq!(
+            store.artifact("default", "x").unwrap().0.call_id.as_deref(),
+            Some("c")
+        );
+        // A real line moving it to another call does.
+        let mut moved = x.clone();
+        moved.call_id = Some("d".into());
+        store.put_artifact(&moved, b"x").unwrap();
+        assert!(calls("c").is_empty());
+        assert_eq!(calls("d"), ["x"]);
+    }
+
+    /// A session deleted while another thread loaded it stays deleted: the load read it before
+    /// it went and put it back in the metadata's cache after, where listings, counts and loads
+    /// found it until a restart.
+    #[test]
+    fn a_load_racing_a_delete_does_not_bring_the_session_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(FsStore::new(dir.path()));
+        for round in 0..300 {
+            let id = format!("s{round}");
+            store.create(&meta(&id)).unwrap();
+            // The cache filled, as after any listing.
+            assert!(store.all_sessions().unwrap().iter().any(|m| m.id == id));
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let loader = {
+                let (store, stop, id) = (store.clone(), stop.clone(), id.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = store.load(&id);
+                    }
+                })
+            };
+            store.delete(&id).unwrap();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            loader.join().unwrap();
+            assert_eq!(store.load(&id).unwrap(), None, "round {round}");
+            assert!(
+                !store.all_sessions().unwrap().iter().any(|m| m.id == id),
+                "round {round}"
+            );
+        }
+    }
+
     #[test]
     fn tool_outputs_share_one_pack_file_and_each_reads_back_its_own_bytes() {
         let dir = tempfile::tempdir().unwrap();
@@ -3136,11 +3216,13 @@ mod tests {
             .append(true)
             .open(&path)
             .unwrap();
-        std::io::Write::write_all(&mut file, b"{\"not\":\"a record\"}\n").unwrap();
+        std::io::Write::write_all(&mut file, b"{\"not\":\"a record\"}\n\n").unwrap();
         store.audit("default", &records[..1]).unwrap();
         // Read a line at a time, every page is that slice of the whole log.
         let all = store.audit_log("default").unwrap();
         assert_eq!(all.len(), 8);
+        // And the count is theirs: the last page of a count ends at the last record.
+        assert_eq!(store.audit_count("default").unwrap(), all.len());
         for offset in 0..10 {
             for limit in 0..10 {
                 let (page, total) = store.audit_page("default", offset, limit).unwrap();
