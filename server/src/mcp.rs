@@ -289,12 +289,7 @@ async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next:
     let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
     request.extensions_mut().insert(McpMemory(memory.clone()));
     let response = next.run(request).await;
-    response.map(|body| {
-        axum::body::Body::new(GuardedBody {
-            body,
-            _guard: memory,
-        })
-    })
+    response.map(|body| axum::body::Body::new(crate::http::CountedBody::new(body, memory)))
 }
 
 /// What a `POST`'s body and the call it makes hold in memory ([`counted_body`]), in the
@@ -875,7 +870,7 @@ impl Drop for ArrivingBody {
 /// One HTTP connection as its requests see it (in their extensions): its place among the open
 /// connections, and the user it authenticated as, whose connection bound it counts against.
 #[derive(Debug, Clone)]
-struct HttpConnection(Arc<ConnectionState>);
+pub(crate) struct HttpConnection(Arc<ConnectionState>);
 
 #[derive(Debug)]
 struct ConnectionState {
@@ -908,10 +903,16 @@ impl HttpConnection {
             .unwrap_or_else(|p| p.into_inner())
             .is_some()
     }
+
+    /// The user its latest authenticated request was of: an HTTP/1 connection's requests come
+    /// one at a time, so once a request was answered, the user it authenticated as.
+    pub(crate) fn user(&self) -> Option<String> {
+        let held = self.0.user.lock().unwrap_or_else(|p| p.into_inner());
+        held.as_ref().map(|(user, _)| user.clone())
+    }
 }
 
-/// A response body that keeps `_guard` until it is done with: its request [`InProgress`], or
-/// what it counts in its user's memory ([`counted_body`]).
+/// A response body that keeps `_guard` until it is done with: its request [`InProgress`].
 struct GuardedBody<G> {
     body: axum::body::Body,
     _guard: G,

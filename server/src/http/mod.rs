@@ -56,7 +56,111 @@ pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) 
         shutdown,
         uploads: Arc::new(tokio::sync::Semaphore::new(api::UPLOADS_AT_ONCE)),
     });
-    api::routes().merge(pages::routes()).with_state(web)
+    let counted = web.state.clone();
+    api::routes().merge(pages::routes()).with_state(web).layer(
+        axum::middleware::from_fn_with_state(counted, counted_answer),
+    )
+}
+
+/// Counts an answer's body in its user's call memory (`server.max_call_bytes_per_user`) until it
+/// has been sent: `429` when it would pass the bound. A client that asked for large answers (an
+/// artifact of 16 MiB, a whole conversation) on many connections and never read them held them
+/// all, past the bound that counts the same answers over QUIC and MCP. An answer of no known
+/// length (an event stream) is counted by what makes its events; one of no user (a sign-in
+/// page) is small.
+pub(crate) async fn counted_answer(
+    axum::extract::State(state): axum::extract::State<Arc<State>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use http_body::Body as _;
+    let connection = request
+        .extensions()
+        .get::<crate::mcp::HttpConnection>()
+        .cloned();
+    let response = next.run(request).await;
+    let Some(user) = connection.and_then(|c| c.user()) else {
+        return response;
+    };
+    let Some(size) = response.body().size_hint().exact() else {
+        return response;
+    };
+    let memory = state.call_bytes.holder(&user);
+    if !memory.take(usize::try_from(size).unwrap_or(usize::MAX)) {
+        return HttpError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "limit_exceeded",
+            message: over_call_memory(memory.limit(), "this answer").message,
+        }
+        .into_response();
+    }
+    response.map(|body| axum::body::Body::new(CountedBody::new(body, memory)))
+}
+
+/// A response body that keeps `_guard` (what its answer counts in its user's memory:
+/// [`counted_answer`], [`crate::mcp`]'s `counted_body`) until the connection has taken all of it
+/// but the last piece. Its bytes are handed over a piece at a time, each a copy: the connection
+/// takes the next piece once it has room for it, so the count lasts while a client does not
+/// read, and the pieces it still holds once the body is done with (its write buffer's, bounded)
+/// do not keep the whole answer alive. (A body handed over whole was done with, and its count
+/// given back, before any of it was sent.)
+pub(crate) struct CountedBody<G> {
+    inner: axum::body::Body,
+    /// What is left of the frame being handed over.
+    rest: bytes::Bytes,
+    _guard: G,
+}
+
+impl<G> CountedBody<G> {
+    /// The most handed over at once.
+    const PIECE: usize = 64 * 1024;
+
+    pub(crate) fn new(inner: axum::body::Body, guard: G) -> CountedBody<G> {
+        CountedBody {
+            inner,
+            rest: bytes::Bytes::new(),
+            _guard: guard,
+        }
+    }
+}
+
+impl<G: Unpin> http_body::Body for CountedBody<G> {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        if self.rest.is_empty() {
+            match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => self.rest = data,
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                },
+                other => return other,
+            }
+        }
+        let n = self.rest.len().min(Self::PIECE);
+        let piece = bytes::Bytes::copy_from_slice(&self.rest[..n]);
+        bytes::Buf::advance(&mut self.rest, n);
+        Poll::Ready(Some(Ok(http_body::Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let mut hint = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        hint.set_lower(hint.lower() + rest);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
+    }
 }
 
 /// Why a request's body was not read ([`read_body_held`]).

@@ -427,3 +427,67 @@ async fn uploads_whose_bodies_never_come_do_not_hold_up_another_users() {
     assert_eq!(answer.status, 201, "{}", answer.text());
     drop(stalled);
 }
+
+/// Answers a client asked for and does not read count in its user's call memory
+/// (`server.max_call_bytes_per_user`) until they are sent, and one past the bound is `429`: a
+/// user asking for a large artifact on each of their connections and reading none held them all,
+/// uncounted (64 connections of 16 MiB each, past the bound that counts the same answers over
+/// QUIC and MCP). Once the connections go, what they held comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_a_client_does_not_read_count_in_its_users_memory() {
+    use tokio::io::AsyncWriteExt;
+    const MIB: usize = 1024 * 1024;
+    let (server, http) = server_with(|c| {
+        c.quotas.max_call_bytes_per_user = 32 * MIB;
+        c.http_limits.idle_timeout = std::time::Duration::from_secs(600);
+    })
+    .await;
+    let api = Api::new(http, &server.token);
+    let ws = api.workspace(None).await;
+    let up = upload(&api, &ws, &new_session(), 12 * MIB).await;
+    assert_eq!(up.status, 201, "{}", up.text());
+    let id = up.json()["artifactId"].as_str().unwrap().to_owned();
+    let path = format!("/api/v1/workspaces/{ws}/artifacts/{id}");
+    let state = server.state().clone();
+    let held_now = move || state.call_bytes_held("admin");
+    let comes_true = |want: &dyn Fn(usize) -> bool| {
+        let deadline = std::time::Instant::now() + monad_tests::STEP;
+        while std::time::Instant::now() < deadline {
+            if want(held_now()) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    };
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {http}\r\nAuthorization: Bearer {}\r\n\r\n",
+        server.token
+    );
+    let mut unread = Vec::new();
+    for n in 1..=2 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.set_recv_buffer_size(4096).expect("a small window");
+        let mut stream = socket.connect(http).await.expect("connects");
+        stream.write_all(request.as_bytes()).await.expect("sent");
+        unread.push(stream);
+        assert!(
+            comes_true(&|held| held >= n * 12 * MIB),
+            "answer {n}: {} held",
+            held_now()
+        );
+    }
+    // A third would take 36 MiB: refused, saying which bound.
+    let third = api.get(&path).await;
+    assert_eq!(third.status, 429, "{}", third.text());
+    assert!(
+        third.text().contains("server.max_call_bytes_per_user"),
+        "{}",
+        third.text()
+    );
+    drop(unread);
+    assert!(comes_true(&|held| held == 0), "{} held", held_now());
+    let whole = api.get(&path).await;
+    assert_eq!(whole.status, 200);
+    assert_eq!(whole.body.len(), 12 * MIB);
+}
