@@ -314,6 +314,17 @@ fn exercise(store: &dyn Store) {
     assert_eq!(store.search_sessions("ana", "be BRIEF").unwrap(), ["s2"]);
     assert_eq!(store.search_sessions("ben", "bug").unwrap(), ["s3"]);
     assert!(store.search_sessions("ana", "bug").unwrap().is_empty());
+    // Paged: every page is that slice of the whole, and says whether more follow.
+    let all = store.search_sessions("ana", "").unwrap();
+    assert!(all.len() >= 2, "{all:?}");
+    for offset in 0..=all.len() + 1 {
+        for limit in 0..=all.len() + 1 {
+            let (page, more) = store.search_page("ana", "", offset, limit).unwrap();
+            let want: Vec<String> = all.iter().skip(offset).take(limit).cloned().collect();
+            assert_eq!(page, want, "{offset} {limit}");
+            assert_eq!(more, all.len() > offset + limit, "{offset} {limit}");
+        }
+    }
 
     // Audit: appended in order, counted, paged by position.
     store.audit("s2", &[audit("c1"), audit("c2")]).unwrap();
@@ -994,6 +1005,75 @@ fn an_operation_that_timed_out_midway_leaves_no_open_transaction_behind() {
         "s2",
         "what the store said it wrote is committed"
     );
+}
+
+/// A statement the store stopped waiting for is stopped in the database as well: a search over
+/// a user's every conversation whose request had failed after the operation's time-out ran on
+/// in PostgreSQL (a closed connection is noticed only when it sends), and its user could start
+/// another each time.
+#[test]
+fn a_statement_the_store_stopped_waiting_for_does_not_run_on_in_the_database() {
+    let Some(url) =
+        pg_url("a_statement_the_store_stopped_waiting_for_does_not_run_on_in_the_database")
+    else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let store = PgStore::connect(
+        &url,
+        data.path(),
+        Arc::new(FsBlobs::new(&data.path().join("blobs"))),
+        PoolOptions {
+            size: 1,
+            connect_timeout: std::time::Duration::from_secs(5),
+            op_timeout: std::time::Duration::from_secs(1),
+        },
+    )
+    .unwrap();
+    store
+        .create(&meta("s1", "ana", "2026-01-01T00:00:00Z"))
+        .unwrap();
+    store
+        .append("s1", &msg(HistoryRole::User, "hello there"))
+        .unwrap();
+    let cluster = pg::cluster().unwrap();
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    // Another client holds the messages for longer than anything below takes.
+    let holder = {
+        let database = database.clone();
+        std::thread::spawn(move || {
+            pg::cluster().unwrap().psql(
+                &database,
+                "BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(8); COMMIT;",
+            )
+        })
+    };
+    let locked = "SELECT count(*) FROM pg_locks WHERE relation = 'messages'::regclass \
+                  AND mode = 'AccessExclusiveLock' AND granted";
+    let start = std::time::Instant::now();
+    while cluster.psql(&database, locked).unwrap() != "1" {
+        assert!(start.elapsed() < STEP, "the lock was never taken");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let e = store
+        .search_sessions("ana", "hello")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("took longer than"), "{e}");
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND pid <> pg_backend_pid() AND state = 'active' \
+                   AND query LIKE '%string_agg%'";
+    let asked = std::time::Instant::now();
+    while cluster.psql(&database, running).unwrap() != "0" {
+        assert!(
+            asked.elapsed() < std::time::Duration::from_secs(4),
+            "the search still runs in the database"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!holder.is_finished(), "the lock was let go first");
+    holder.join().unwrap().unwrap();
+    assert_eq!(store.search_sessions("ana", "hello").unwrap(), ["s1"]);
 }
 
 #[test]

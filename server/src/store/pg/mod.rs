@@ -933,12 +933,43 @@ impl SessionStore for PgStore {
     }
 
     fn search_sessions(&self, owner: &str, query: &str) -> Result<Vec<String>, StoreError> {
+        self.search(owner, query, None)
+    }
+
+    /// Only the page asked for (and one more, to say whether more follow) leaves the database,
+    /// which stops reading conversations once it has them.
+    fn search_page(
+        &self,
+        owner: &str,
+        query: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<String>, bool), StoreError> {
+        let mut found = self.search(owner, query, Some((offset, limit.saturating_add(1))))?;
+        let more = found.len() > limit;
+        found.truncate(limit);
+        Ok((found, more))
+    }
+}
+
+impl PgStore {
+    /// The ids of `owner`'s sessions whose conversation holds every word of `query`, latest
+    /// first; from `offset`, at most `limit`, when `window` is `(offset, limit)`.
+    fn search(
+        &self,
+        owner: &str,
+        query: &str,
+        window: Option<(usize, usize)>,
+    ) -> Result<Vec<String>, StoreError> {
         // A row with no owner (corrupt) is nobody's.
         if owner.trim().is_empty() {
             return Ok(Vec::new());
         }
         let words: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
         let owner = owner.to_owned();
+        let (offset, limit) = window.map_or((0, None), |(o, l)| (o, Some(l)));
+        let as_row = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let (offset, limit) = (as_row(offset), limit.map(as_row));
         self.with(move |c| async move {
             let rows = c
                 .query(
@@ -950,8 +981,9 @@ impl SessionStore for PgStore {
                      WHERE s.owner = $1
                        AND COALESCE((SELECT bool_and(strpos(COALESCE(m.t, ''), w) > 0)
                                      FROM unnest($2::text[]) AS w), true)
-                     ORDER BY s.last_active DESC, s.id",
-                    &[&owner, &words],
+                     ORDER BY s.last_active DESC, s.id
+                     LIMIT $3 OFFSET $4",
+                    &[&owner, &words, &limit, &offset],
                 )
                 .await
                 .map_err(db)?;

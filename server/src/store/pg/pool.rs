@@ -29,6 +29,9 @@ pub struct PoolOptions {
     pub op_timeout: Duration,
 }
 
+/// How much longer than an operation's time-out one of its statements may run in the database.
+const STATEMENT_AFTER_OPERATION: Duration = Duration::from_millis(500);
+
 /// How long the database lets one of this host's transactions sit idle before it ends it.
 /// A transaction's statements follow each other at once (no object is written inside one), so
 /// only a host that stopped mid-transaction (a paused VM, a stopped process) reaches it. Its
@@ -169,10 +172,16 @@ impl Pool {
                 warn!("PostgreSQL connection to {name} ended: {}", describe(&e));
             }
         });
+        // A statement runs hardly longer than the store waits for its operation: one it
+        // stopped waiting for (and whose connection it dropped) is cancelled by the database,
+        // which notices a closed connection only when it sends (a search over a user's every
+        // conversation ran on for minutes after its request had failed). Half a second more,
+        // so that the store's own time-out, which says what took too long, comes first.
         client
             .batch_execute(&format!(
-                "SET idle_in_transaction_session_timeout = {}",
-                IDLE_IN_TRANSACTION.as_millis()
+                "SET idle_in_transaction_session_timeout = {}; SET statement_timeout = {}",
+                IDLE_IN_TRANSACTION.as_millis(),
+                (self.options.op_timeout + STATEMENT_AFTER_OPERATION).as_millis()
             ))
             .await
             .map_err(|e| {
