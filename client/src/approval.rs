@@ -1065,6 +1065,18 @@ mod tests {
         assert!(p.check("s", run, &Rule::of(run, &line, &place())).is_some());
         std::fs::write(dir.path().join("node_modules/tool/cli.js"), "bb").unwrap();
         assert_eq!(p.check("s", run, &Rule::of(run, &line, &place())), None);
+        // Wherever it leads: by an absolute path, to a script of the folder's.
+        std::fs::create_dir_all(dir.path().join("scripts")).unwrap();
+        std::fs::write(dir.path().join("scripts/fmt.sh"), "a").unwrap();
+        std::os::unix::fs::symlink(
+            dir.path().join("scripts/fmt.sh"),
+            dir.path().join("node_modules/.bin/fmt"),
+        )
+        .unwrap();
+        p.record("s", Rule::of(run, &line, &place()), Decision::AllowAlways);
+        assert!(p.check("s", run, &Rule::of(run, &line, &place())).is_some());
+        std::fs::write(dir.path().join("scripts/fmt.sh"), "bb").unwrap();
+        assert_eq!(p.check("s", run, &Rule::of(run, &line, &place())), None);
         // The inert programs run nothing else: their rule does not keep the lookup.
         let ls = json!({"argv": ["ls"]});
         let ls_place = || CommandPlace {

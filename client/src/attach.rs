@@ -25,11 +25,12 @@ use tracing::{debug, info};
 
 use crate::ClientError;
 use crate::approval::{
-    ApprovalRequest, Approver, Basis, Policy, Rule, Verdict, describe, nobody_to_ask,
+    ApprovalRequest, Approver, Basis, INERT_PROGRAMS, Policy, Rule, Verdict, describe,
+    nobody_to_ask,
 };
 use crate::config::ClientConfig;
 use crate::connect::connect_in_order;
-use crate::site::{CommandPlace, locate, lookup};
+use crate::site::{CommandPlace, Lookup, ProgramSite, locate, lookup};
 
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
@@ -1404,8 +1405,9 @@ async fn run(
     // What "always" would cover depends on where a command's program is found, and where it
     // really runs when a link on its `cwd`'s way leads elsewhere (`out` leading to the root:
     // `rm -rf ./*` in `out` is not what it reads as). The owner is shown both.
-    let place = command_place(folder, tool, &args);
+    let place = command_place(folder, tool, &args).await;
     let rule = Rule::of(tool, &args, &place);
+    let keeps_lookup = matches!(rule, Rule::Command { .. });
     let known = folder.policy.check(session, tool, &rule);
     // Checked before the policy answers or anyone is asked. For a write or an edit that will be
     // asked about, the check is the preview, whose diff the prompt shows.
@@ -1544,7 +1546,7 @@ async fn run(
     // an approved `rm` to another place, and a `.venv/bin/python3` made meanwhile would run
     // instead of the `/usr/bin/python3` they approved.
     if tool == ToolName::RunCommand && basis == Basis::User {
-        let now = command_place(folder, tool, &args);
+        let now = command_place(folder, tool, &args).await;
         let shown = |p: &Option<String>| p.clone().unwrap_or_else(|| "where its `cwd` says".into());
         let changed = if now.site != place.site {
             Some(format!(
@@ -1558,7 +1560,12 @@ async fn run(
                 shown(&now.runs_in),
                 shown(&place.runs_in)
             ))
-        } else if now.lookup != place.lookup {
+        } else if keeps_lookup
+            // One too large to pin is another each time: the owner was told they would be
+            // asked each time, and they just were.
+            && !(now.lookup.too_large && place.lookup.too_large)
+            && now.lookup != place.lookup
+        {
             Some(
                 "a program it may start by name was added, changed or removed in the \
                  directories of its PATH"
@@ -1693,25 +1700,39 @@ async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInf
 
 /// Where a call's command finds its program, where it really runs when a link on its `cwd`'s
 /// way makes that another place than `cwd` says ([`Sandbox::directory_elsewhere`]), and how the
-/// names it runs are found ([`lookup`]); for other tools, none of it.
-fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> CommandPlace {
+/// names it runs are found ([`lookup`], for a command whose rule keeps it: not one of the inert
+/// programs, which run nothing else); for other tools, none of it. On the blocking pool: the
+/// lookup reads directories.
+async fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> CommandPlace {
     if tool != ToolName::RunCommand {
         return CommandPlace::default();
     }
-    let site = args
-        .get("argv")
-        .and_then(|a| a.get(0))
-        .and_then(Value::as_str)
-        .map_or_else(Default::default, |program| locate(&folder.sandbox, program));
-    let runs_in = args
-        .get("cwd")
-        .and_then(Value::as_str)
-        .and_then(|cwd| folder.sandbox.directory_elsewhere(cwd));
-    CommandPlace {
-        site,
-        runs_in,
-        lookup: lookup(&folder.sandbox),
-    }
+    let sandbox = folder.sandbox.clone();
+    let args = args.clone();
+    let look = move || {
+        let program = args
+            .get("argv")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str);
+        let site = program.map_or_else(Default::default, |program| locate(&sandbox, program));
+        let runs_in = args
+            .get("cwd")
+            .and_then(Value::as_str)
+            .and_then(|cwd| sandbox.directory_elsewhere(cwd));
+        let inert = matches!(site, ProgramSite::Outside(_))
+            && program.is_some_and(|p| INERT_PROGRAMS.contains(&p));
+        CommandPlace {
+            lookup: if inert {
+                Lookup::default()
+            } else {
+                lookup(&sandbox)
+            },
+            site,
+            runs_in,
+        }
+    };
+    // Not looked at (a task that panicked): the narrowest rule, which nothing remembered is.
+    tokio::task::spawn_blocking(look).await.unwrap_or_default()
 }
 
 fn error(code: ErrorCode, message: String) -> Outcome {

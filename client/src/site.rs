@@ -30,10 +30,11 @@ use monad_sandbox::exec::{SYSTEM_READ_DIRS, command_path};
 
 /// What the names a command runs are found among, as far as a call can change it: the `PATH`
 /// commands get, and every entry of its directories in the workspace or where commands may
-/// write (its name, and the inode, size, times and mode of what it is or, through a link, leads
-/// to). A rule for one command keeps it ([`crate::approval::Rule::Command`]): "always" on `sh -c
-/// 'make test'` does not cover a `make` an agent put first in the `PATH` later, nor a program of
-/// `node_modules/.bin` written over since.
+/// write (its name, and the inode, size, times and mode of what it is or, through a link
+/// wherever it leads, of the file it leads to). A rule for one command keeps it
+/// ([`crate::approval::Rule::Command`]): "always" on `sh -c 'make test'` does not cover a `make`
+/// an agent put first in the `PATH` later, nor a program of `node_modules/.bin` written over
+/// since.
 ///
 /// What the command itself opens (a script it is given, a Makefile) cannot be pinned so; the
 /// owner is told that "always" covers whatever those hold.
@@ -71,17 +72,18 @@ pub fn lookup(sandbox: &Sandbox) -> Lookup {
     {
         let listed = if let Ok(rel) = dir.strip_prefix(&places.root) {
             changeable.push(rel.to_string_lossy().into_owned());
-            // Through the jail: a link on the way is followed only inside the workspace.
+            // Listed through the jail: a link on the directory's way is followed only inside
+            // the workspace.
             let rel = if rel.as_os_str().is_empty() {
                 Path::new(".")
             } else {
                 rel
             };
-            entries_of(sandbox.jail().dir(), rel, &mut entries)
+            entries_of(sandbox.jail().dir(), rel, dir, &mut entries)
         } else if places.writable(dir) {
             changeable.push(dir.to_string_lossy().into_owned());
             Dir::open_ambient_dir(dir, ambient_authority()).map_or(Listed::Missing, |handle| {
-                entries_of(&handle, Path::new("."), &mut entries)
+                entries_of(&handle, Path::new("."), dir, &mut entries)
             })
         } else {
             continue;
@@ -116,11 +118,13 @@ enum Listed {
     TooMany = 3,
 }
 
-/// Appends to `out`, sorted by name, one record for each entry of `dir` in `base`: its name and
-/// what it is (followed through links, as running it would; through `base`, so not out of it).
-fn entries_of(base: &Dir, dir: &Path, out: &mut Vec<Vec<u8>>) -> Listed {
-    use cap_std::fs::MetadataExt;
+/// Appends to `out`, sorted by name, one record for each entry of `dir` in `base` (`absolute`
+/// on the system): its name and what it is, followed through links as running it would, by its
+/// absolute path (a link in `node_modules/.bin` may lead anywhere: to a script of the folder's,
+/// to `~/.local/pipx/...`); a link that leads nowhere, as itself.
+fn entries_of(base: &Dir, dir: &Path, absolute: &Path, out: &mut Vec<Vec<u8>>) -> Listed {
     use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
     let Ok(read) = base.read_dir(dir) else {
         return Listed::Missing;
     };
@@ -134,7 +138,8 @@ fn entries_of(base: &Dir, dir: &Path, out: &mut Vec<Vec<u8>>) -> Listed {
         let name = entry.file_name();
         let mut record = name.as_bytes().to_vec();
         record.push(0);
-        let meta = base.metadata(dir.join(&name)).or_else(|_| entry.metadata());
+        let path = absolute.join(&name);
+        let meta = std::fs::metadata(&path).or_else(|_| std::fs::symlink_metadata(&path));
         match meta {
             Ok(m) => {
                 for n in [

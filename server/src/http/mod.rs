@@ -22,7 +22,7 @@ pub mod token;
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -78,7 +78,12 @@ pub(crate) async fn counted_answer(
         .extensions()
         .get::<crate::mcp::HttpConnection>()
         .cloned();
+    // A request that changes something has done it once it is answered: its answer is counted
+    // whatever the user holds (a refusal would say it failed, and its retry would do it twice).
+    let may_refuse = matches!(*request.method(), Method::GET | Method::HEAD);
     let response = next.run(request).await;
+    // The connection's user is that of its latest authenticated request: this one's when it
+    // was (a request that was not, a sign-in page, is small and counts for whoever it was).
     let Some(user) = connection.and_then(|c| c.user()) else {
         return response;
     };
@@ -86,7 +91,10 @@ pub(crate) async fn counted_answer(
         return response;
     };
     let memory = state.call_bytes.holder(&user);
-    if !memory.take(usize::try_from(size).unwrap_or(usize::MAX)) {
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
+    if !may_refuse {
+        memory.take_anyway(size);
+    } else if !memory.take(size) {
         return HttpError {
             status: StatusCode::TOO_MANY_REQUESTS,
             code: "limit_exceeded",
