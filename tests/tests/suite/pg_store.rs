@@ -943,6 +943,54 @@ fn concurrent_resolves_of_one_folder_from_several_hosts_make_one_record() {
     assert_eq!(stores[0].records(Some("ana")).unwrap().len(), 1);
 }
 
+/// A store on `url` of one connection whose operations time out after a second; its blobs in
+/// `data`.
+fn impatient_store(url: &str, data: &std::path::Path) -> PgStore {
+    PgStore::connect(
+        url,
+        data,
+        Arc::new(FsBlobs::new(&data.join("blobs"))),
+        PoolOptions {
+            size: 1,
+            connect_timeout: std::time::Duration::from_secs(5),
+            op_timeout: std::time::Duration::from_secs(1),
+        },
+    )
+    .unwrap()
+}
+
+/// Another client of `database` holding `table` for `secs` seconds; returns once it holds it.
+fn hold_table(
+    database: &str,
+    table: &str,
+    secs: u32,
+) -> std::thread::JoinHandle<Result<String, String>> {
+    let holder = {
+        let (database, table) = (database.to_owned(), table.to_owned());
+        std::thread::spawn(move || {
+            pg::cluster().unwrap().psql(
+                &database,
+                &format!(
+                    "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE; \
+                     SELECT pg_sleep({secs}); COMMIT;"
+                ),
+            )
+        })
+    };
+    let locked = format!(
+        "SELECT count(*) FROM pg_locks WHERE relation = '{table}'::regclass \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND mode = 'AccessExclusiveLock' AND granted"
+    );
+    let cluster = pg::cluster().unwrap();
+    let start = std::time::Instant::now();
+    while cluster.psql(database, &locked).unwrap() != "1" {
+        assert!(start.elapsed() < STEP, "the lock was never taken");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    holder
+}
+
 /// An operation that timed out inside a transaction does not hand its connection, still in
 /// that transaction, to the next one: what the next one writes is committed. (The session's
 /// unbinding opened its transaction with a bare `BEGIN`, and a connection went back to the pool
@@ -955,17 +1003,7 @@ fn an_operation_that_timed_out_midway_leaves_no_open_transaction_behind() {
         return;
     };
     let data = tempfile::tempdir().unwrap();
-    let store = PgStore::connect(
-        &url,
-        data.path(),
-        Arc::new(FsBlobs::new(&data.path().join("blobs"))),
-        PoolOptions {
-            size: 1,
-            connect_timeout: std::time::Duration::from_secs(5),
-            op_timeout: std::time::Duration::from_secs(1),
-        },
-    )
-    .unwrap();
+    let store = impatient_store(&url, data.path());
     store
         .create(&meta("s1", "ana", "2026-01-01T00:00:00Z"))
         .unwrap();
@@ -975,22 +1013,7 @@ fn an_operation_that_timed_out_midway_leaves_no_open_transaction_behind() {
     let cluster = pg::cluster().unwrap();
     let database = url.rsplit('/').next().unwrap().to_owned();
     // Another client holds the bindings table for a while.
-    let holder = {
-        let database = database.clone();
-        std::thread::spawn(move || {
-            pg::cluster().unwrap().psql(
-                &database,
-                "BEGIN; LOCK TABLE bindings IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT;",
-            )
-        })
-    };
-    let locked = "SELECT count(*) FROM pg_locks WHERE relation = 'bindings'::regclass \
-                  AND mode = 'AccessExclusiveLock' AND granted";
-    let start = std::time::Instant::now();
-    while cluster.psql(&database, locked).unwrap() != "1" {
-        assert!(start.elapsed() < STEP, "the lock was never taken");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let holder = hold_table(&database, "bindings", 3);
     let e = store.unbind_session("s1").unwrap_err().to_string();
     assert!(e.contains("took longer than"), "{e}");
     holder.join().unwrap().unwrap();
@@ -1019,17 +1042,7 @@ fn a_statement_the_store_stopped_waiting_for_does_not_run_on_in_the_database() {
         return;
     };
     let data = tempfile::tempdir().unwrap();
-    let store = PgStore::connect(
-        &url,
-        data.path(),
-        Arc::new(FsBlobs::new(&data.path().join("blobs"))),
-        PoolOptions {
-            size: 1,
-            connect_timeout: std::time::Duration::from_secs(5),
-            op_timeout: std::time::Duration::from_secs(1),
-        },
-    )
-    .unwrap();
+    let store = impatient_store(&url, data.path());
     store
         .create(&meta("s1", "ana", "2026-01-01T00:00:00Z"))
         .unwrap();
@@ -1039,22 +1052,7 @@ fn a_statement_the_store_stopped_waiting_for_does_not_run_on_in_the_database() {
     let cluster = pg::cluster().unwrap();
     let database = url.rsplit('/').next().unwrap().to_owned();
     // Another client holds the messages for longer than anything below takes.
-    let holder = {
-        let database = database.clone();
-        std::thread::spawn(move || {
-            pg::cluster().unwrap().psql(
-                &database,
-                "BEGIN; LOCK TABLE messages IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(8); COMMIT;",
-            )
-        })
-    };
-    let locked = "SELECT count(*) FROM pg_locks WHERE relation = 'messages'::regclass \
-                  AND mode = 'AccessExclusiveLock' AND granted";
-    let start = std::time::Instant::now();
-    while cluster.psql(&database, locked).unwrap() != "1" {
-        assert!(start.elapsed() < STEP, "the lock was never taken");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let holder = hold_table(&database, "messages", 8);
     let e = store
         .search_sessions("ana", "hello")
         .unwrap_err()
@@ -1481,24 +1479,8 @@ async fn a_store_that_stops_answering_does_not_hold_a_shutdown() {
     drop(agent);
     // Another client holds the sessions table: every save of the server waits on it.
     let database = pg.url.rsplit('/').next().unwrap().to_owned();
-    let holder = {
-        let database = database.clone();
-        std::thread::spawn(move || {
-            pg::cluster().unwrap().psql(
-                &database,
-                "BEGIN; LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(90); COMMIT;",
-            )
-        })
-    };
+    let holder = hold_table(&database, "sessions", 90);
     let cluster = pg::cluster().unwrap();
-    let locked = "SELECT count(*) FROM pg_locks WHERE relation = 'sessions'::regclass \
-                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                  AND mode = 'AccessExclusiveLock' AND granted";
-    let start = std::time::Instant::now();
-    while cluster.psql(&database, locked).unwrap() != "1" {
-        assert!(start.elapsed() < STEP, "the lock was never taken");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
     server.terminate();
     let (status, said) = server.exited(std::time::Duration::from_secs(40)).await;
     assert!(status.success(), "{status}: {said}");
