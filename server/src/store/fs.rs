@@ -34,6 +34,8 @@ pub struct FsStore {
     /// every write through this store since (a running server is the data dir's only writer:
     /// it holds the lock), so listings do not read thousands of files.
     metas: Mutex<Option<Metas>>,
+    /// Each session's audit log as far as it was counted ([`AuditTally`]).
+    audit_tallies: Mutex<HashMap<String, AuditTally>>,
     bindings: Mutex<Option<BindingsFile>>,
     /// `folder_sessions.toml`, read on first use.
     folders: Mutex<Option<FoldersFile>>,
@@ -45,6 +47,18 @@ pub struct FsStore {
     /// corrupt file is reported and left where it is, and nothing is written; the server keeps
     /// it aside at its next read ([`FsStore::inspecting`]).
     inspecting: bool,
+}
+
+/// How many records a session's audit log holds in its whole lines up to `upto` bytes, in the
+/// file of that device and inode: a count reads only the lines appended since (a log is only
+/// ever appended to; a torn end is cut back to its last whole line, never before `upto`). A
+/// listing counts each row's log: counting records, not lines, read every log whole each time.
+#[derive(Debug, Clone, Copy, Default)]
+struct AuditTally {
+    dev: u64,
+    ino: u64,
+    upto: u64,
+    records: usize,
 }
 
 /// Every session's metadata, kept by owner: one owner's listing or count touches their own
@@ -419,6 +433,7 @@ impl FsStore {
             session_locks: Mutex::new(HashMap::new()),
             checked: Mutex::new(std::collections::HashSet::new()),
             metas: Mutex::new(None),
+            audit_tallies: Mutex::new(HashMap::new()),
             bindings: Mutex::new(None),
             folders: Mutex::new(None),
             workspaces: Mutex::new(None),
@@ -1053,6 +1068,10 @@ impl SessionStore for FsStore {
             }
         };
         uncache();
+        self.audit_tallies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
         // Renamed away first: a delete cut short leaves nothing under the id that its next
         // creator (of any user) would take over as its own.
         let gone = crate::fsutil::remove_dir_by_rename(&dir);
@@ -1140,29 +1159,60 @@ impl SessionStore for FsStore {
         read_jsonl(&self.session_dir(id).join("audit.jsonl"))
     }
 
-    /// Read a buffer at a time: a session of millions of calls is not read into memory to be
-    /// counted.
+    /// The records [`SessionStore::audit_page`] pages through, in the log's whole lines: a line
+    /// that is not a record (one a later version wrote, one edited by hand) is not counted, as
+    /// it is not paged, so that the last page of a count is the last records. Only the lines
+    /// appended since the last count are read ([`AuditTally`]), a line at a time.
     fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
-        use std::io::Read;
+        use std::io::{BufRead, Seek};
+        use std::os::unix::fs::MetadataExt;
         check_id(id)?;
         let path = self.session_dir(id).join("audit.jsonl");
-        let mut file = match std::fs::File::open(&path) {
+        let file = match std::fs::File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(StoreError::io("read", &path, e)),
         };
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut lines = 0;
-        loop {
-            match file.read(&mut buf) {
-                Ok(0) => break,
-                // Complete lines only: a torn last line (from a crash) is not a record.
-                Ok(n) => lines += buf[..n].iter().filter(|b| **b == b'\n').count(),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(StoreError::io("read", &path, e)),
+        let meta = file.metadata().map_err(map_io("stat", &path))?;
+        let known = self
+            .audit_tallies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .copied();
+        let mut tally = known
+            .filter(|t| t.dev == meta.dev() && t.ino == meta.ino() && t.upto <= meta.len())
+            .unwrap_or(AuditTally {
+                dev: meta.dev(),
+                ino: meta.ino(),
+                ..AuditTally::default()
+            });
+        if tally.upto < meta.len() {
+            let mut reader = std::io::BufReader::with_capacity(64 * 1024, file);
+            reader
+                .seek(std::io::SeekFrom::Start(tally.upto))
+                .map_err(map_io("read", &path))?;
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                let n = reader
+                    .read_until(b'\n', &mut line)
+                    .map_err(map_io("read", &path))?;
+                // A torn end (no line break yet) is not a record, and is read again next time.
+                let Some(text) = line.strip_suffix(b"\n") else {
+                    break;
+                };
+                if !text.is_empty() && serde_json::from_slice::<AuditRecord>(text).is_ok() {
+                    tally.records += 1;
+                }
+                tally.upto += n as u64;
             }
+            self.audit_tallies
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.to_owned(), tally);
         }
-        Ok(lines)
+        Ok(tally.records)
     }
 
     /// A line at a time: only the records asked for are kept, the others read and dropped (so
@@ -3230,11 +3280,13 @@ mod tests {
             .append(true)
             .open(&path)
             .unwrap();
-        std::io::Write::write_all(&mut file, b"{\"not\":\"a record\"}\n").unwrap();
+        std::io::Write::write_all(&mut file, b"{\"not\":\"a record\"}\n\n").unwrap();
         store.audit("default", &records[..1]).unwrap();
         // Read a line at a time, every page is that slice of the whole log.
         let all = store.audit_log("default").unwrap();
         assert_eq!(all.len(), 8);
+        // And the count is theirs: the last page of a count ends at the last record.
+        assert_eq!(store.audit_count("default").unwrap(), all.len());
         for offset in 0..10 {
             for limit in 0..10 {
                 let (page, total) = store.audit_page("default", offset, limit).unwrap();
@@ -3243,6 +3295,19 @@ mod tests {
                 assert_eq!(page.iter().collect::<Vec<_>>(), want, "{offset} {limit}");
             }
         }
+        // Counted again from where it was, and afresh in a store that never counted it.
+        store.audit("default", &records[..2]).unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), all.len() + 2);
+        assert_eq!(
+            FsStore::new(dir.path()).audit_count("default").unwrap(),
+            all.len() + 2
+        );
+        // A session deleted and made again under its id is counted afresh.
+        store.delete("default").unwrap();
+        store.create(&meta("default")).unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), 0);
+        store.audit("default", &records[..1]).unwrap();
+        assert_eq!(store.audit_count("default").unwrap(), 1);
     }
 
     #[test]
