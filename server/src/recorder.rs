@@ -57,6 +57,9 @@ pub struct Recorder {
     thread: std::thread::Thread,
     /// Each user's bytes in memory, which what waits to be written counts against.
     bytes: Option<Arc<PerUser>>,
+    /// True once the sessions' metadata is saved by someone else ([`Recorder::abandon`]); held
+    /// by the thread across each save of metadata.
+    abandoned: Arc<std::sync::Mutex<bool>>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -74,9 +77,11 @@ impl Recorder {
     /// Starts the recorder thread, gathering each batch for `window`.
     fn start_with_window(store: Arc<dyn Store>, window: Duration) -> Recorder {
         let (jobs, rx) = mpsc::channel::<Queued>();
+        let abandoned = Arc::new(std::sync::Mutex::new(false));
+        let gone = abandoned.clone();
         let thread = std::thread::Builder::new()
             .name("recorder".into())
-            .spawn(move || run(store, rx, window))
+            .spawn(move || run(store, rx, window, &gone))
             .expect("the recorder thread starts")
             .thread()
             .clone();
@@ -84,6 +89,7 @@ impl Recorder {
             jobs,
             thread,
             bytes: None,
+            abandoned,
         }
     }
 
@@ -137,6 +143,14 @@ impl Recorder {
     /// Saves a session's metadata.
     pub fn save_meta(&self, meta: SessionMeta) {
         let _ = self.jobs.send((Job::SaveMeta(meta), None));
+    }
+
+    /// Stops the recorder from saving sessions' metadata from now on, once a save it has begun
+    /// has ended (this waits for it): for a shutdown that gave up waiting for the recorder and
+    /// saves every session's metadata itself, over which a snapshot the recorder still held
+    /// (older) must not be written afterwards. Its other work goes on.
+    pub fn abandon(&self) {
+        *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) = true;
     }
 
     /// Waits until everything sent before this call is written, or until `deadline` has gone
@@ -225,7 +239,12 @@ fn gather(
     Some(batch)
 }
 
-fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Queued>, window: Duration) {
+fn run(
+    store: Arc<dyn Store>,
+    rx: mpsc::Receiver<Queued>,
+    window: Duration,
+    abandoned: &std::sync::Mutex<bool>,
+) {
     // What it writes follows the answers: its waking must not preempt them.
     if let Err(e) = monad_sandbox::run_as_background() {
         tracing::debug!("the recorder runs at the usual scheduling policy: {e}");
@@ -264,6 +283,10 @@ fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Queued>, window: Duration) {
                 }
                 Job::SaveMeta(meta) => {
                     put_artifacts(store.as_ref(), std::mem::take(&mut artifacts));
+                    let abandoned = abandoned.lock().unwrap_or_else(|p| p.into_inner());
+                    if *abandoned {
+                        continue;
+                    }
                     if let Err(e) = store.save(&meta) {
                         warn!("cannot save session {}: {e}", meta.id);
                     }
@@ -674,6 +697,37 @@ mod tests {
             }),
         );
         release
+    }
+
+    /// Regression: a shutdown that gave up waiting for the recorder (a store that took long)
+    /// saved every session's metadata, and then the recorder, once the store let it, wrote an
+    /// older snapshot it still held over what was saved: a session's last activity, its focus or
+    /// its folders went back.
+    #[test]
+    fn an_abandoned_recorder_saves_no_metadata_over_what_was_saved_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let recorder = Recorder::start(store.clone());
+        let a = "00000000-0000-4000-8000-00000000000a";
+        create_session(&store, a);
+        let release = held_up(&recorder, meta(a, 1), 0);
+        let named = |name: &str| {
+            let mut meta = store.load(a).unwrap().unwrap();
+            meta.name = Some(name.into());
+            meta
+        };
+        recorder.save_meta(named("older"));
+        assert!(!recorder.flush_within(Duration::from_millis(100)));
+        recorder.abandon();
+        store.save(&named("newer")).unwrap();
+        release.send(()).unwrap();
+        recorder.flush();
+        let now = store.load(a).unwrap().unwrap();
+        assert_eq!(now.name.as_deref(), Some("newer"));
+        // Its other work goes on.
+        recorder.artifact("ana", meta(a, 2), b"two".to_vec());
+        recorder.flush();
+        assert!(store.artifact(a, &meta(a, 2).id).is_ok());
     }
 
     /// Regression: what waited to be written counted against nothing, so a user whose calls

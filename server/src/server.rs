@@ -543,7 +543,8 @@ impl Server {
 }
 
 /// Saves the sessions' metadata at shutdown (then, when `release` — the records were written —
-/// releases their leases), on a thread of its own holding the data dir's `lock` until it ends,
+/// releases their leases; when they were not, every loaded session's metadata, after stopping
+/// the recorder from saving any it still holds), on a thread of its own holding the data dir's `lock` until it ends,
 /// waited for while the store takes saves: at most `wait` without one (a store that does not
 /// answer, a database gone, must not hold the exit for ever; what it did not take is lost, with
 /// a warning), however many sessions a healthy store saves meanwhile.
@@ -557,9 +558,18 @@ fn save_sessions(
     // `false` after each save, `true` once all is done.
     let (said, saving) = std::sync::mpsc::channel();
     let save = move || {
-        state.registry.flush_each(|| {
+        let each = || {
             let _ = said.send(false);
-        });
+        };
+        match &state.executor.recorder {
+            // What the recorder did not write may hold snapshots of metadata older than what
+            // is saved here: it saves none after this, and every session is saved whole.
+            Some(recorder) if !release => {
+                recorder.abandon();
+                state.registry.save_each(each);
+            }
+            _ => state.registry.flush_each(each),
+        }
         // Written whole: the sessions can be served elsewhere at once. Not while the recorder
         // may still write to them: their leases run out instead.
         if let Some(cluster) = &state.cluster

@@ -2674,6 +2674,24 @@ impl Registry {
         }
     }
 
+    /// Saves every loaded session's metadata, changed since its last save or not, calling
+    /// `saved` after each: for a shutdown whose recorder did not write what it held, among
+    /// which snapshots of metadata that counted as saved ([`crate::recorder::Recorder::abandon`]).
+    pub fn save_each(&self, mut saved: impl FnMut()) {
+        let sessions = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for session in sessions.values() {
+            let _ = session.unsaved();
+            if let Err(e) = self.store.save(&session.meta()) {
+                warn!("cannot save session {}: {e}", session.id);
+            }
+            saved();
+        }
+    }
+
     fn save_unsaved(&self, session: &Session) {
         if let Some(meta) = session.unsaved()
             && let Err(e) = self.store.save(&meta)
