@@ -539,8 +539,23 @@ impl Server {
             save_sessions(state, lock, written, wait);
         })
         .await;
+        // The start's housekeeping holds the data dir too, until it is done: once `run` has
+        // returned the data dir must be free (a server restarted on it right after a quick stop
+        // was refused), so its end is waited for, bounded.
+        if tokio::time::timeout(HOUSEKEEPING_WAIT, self.state.housekeeping())
+            .await
+            .is_err()
+        {
+            warn!(
+                "the start's housekeeping of the data dir has not ended; it holds the data dir \
+                 until it does"
+            );
+        }
     }
 }
+
+/// The longest a shutdown waits for the start's housekeeping of the data dir to end.
+const HOUSEKEEPING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Saves the sessions' metadata at shutdown (then, when `release` — the records were written —
 /// releases their leases; when they were not, every loaded session's metadata, after stopping
