@@ -66,6 +66,10 @@ pub struct Quotas {
     /// Tool calls of one user in flight at once, over every connection and MCP over HTTP, and
     /// their other QUIC requests (session listings, history, landings).
     pub max_calls_per_user: usize,
+    /// Requests of one user working on the store at once (listings, conversations, logs,
+    /// artifacts, over QUIC and HTTP), on the blocking threads and store connections every user
+    /// shares; one more is refused with `limit_exceeded` (`429` over HTTP).
+    pub max_store_work_per_user: usize,
     /// Bytes one user's calls may hold in the server's memory at once: their requests (QUIC, MCP
     /// over HTTP, the API's JSON bodies) with the trees they become, and their attached clients'
     /// answers, a cluster's forwarded ones included (read, or
@@ -118,6 +122,7 @@ impl Default for Quotas {
             max_sessions_per_user: 10_000,
             max_connections_per_user: 64,
             max_calls_per_user: 256,
+            max_store_work_per_user: 16,
             max_call_bytes_per_user: 1024 * 1024 * 1024,
             max_pending_handshakes: 256,
             max_pending_handshakes_per_address: 32,

@@ -33,7 +33,7 @@ pub(crate) async fn answer(
     state: &Arc<State>,
     caller: &Caller<'_>,
     request: Message,
-    slot: crate::quota::Slot,
+    slot: crate::state::StoreTurn,
 ) -> Option<Message> {
     let id = request_id(&request)?;
     let state = state.clone();
@@ -370,7 +370,7 @@ mod tests {
             roots: vec!["file:///nowhere".into()],
             session: None,
         };
-        let slot = state.user_call("ana").unwrap();
+        let slot = state.store_turn("ana").unwrap();
         let asked = {
             let (state, landing, device) = (state.clone(), landing.clone(), device.clone());
             tokio::spawn(async move {

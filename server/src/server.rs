@@ -328,6 +328,7 @@ impl Server {
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
             user_reads: PerUser::new(config.quotas.max_calls_per_user),
+            store_work: PerUser::new(config.quotas.max_store_work_per_user),
             call_bytes: PerUser::new(config.quotas.max_call_bytes_per_user),
             record_bytes,
             network_reports: Default::default(),
@@ -654,6 +655,7 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
             max_sessions_per_user: config.quotas.max_sessions_per_user,
             max_connections_per_user: config.quotas.max_connections_per_user,
             max_calls_per_user: config.quotas.max_calls_per_user,
+            max_store_work_per_user: config.quotas.max_store_work_per_user,
             max_call_bytes_per_user: config.quotas.max_call_bytes_per_user,
             max_pending_handshakes: config.quotas.max_pending_handshakes,
             max_pending_handshakes_per_address: config.quotas.max_pending_handshakes_per_address,
@@ -1669,9 +1671,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             }
         }
         Message::ListSessions { id, limit, next } => {
-            // One of the user's requests in flight, as a call is: bounded per user, not only
-            // per connection, on the blocking pool every user shares.
-            let slot = match ctx.state.user_call(&ctx.user) {
+            // One of the user's requests in flight, as a call is, and of their store work:
+            // bounded per user, not only per connection, on the blocking pool every user shares.
+            let slot = match ctx.state.store_turn(&ctx.user) {
                 Ok(slot) => slot,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
@@ -1733,8 +1735,9 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
         other => {
             let kind = other.kind();
             // Store requests (sessions, history, landings) run on the blocking pool every user
-            // shares: one of the user's requests in flight each, as a call is.
-            let slot = match ctx.state.user_call(&ctx.user) {
+            // shares: one of the user's requests in flight each, as a call is, and of their
+            // store work.
+            let slot = match ctx.state.store_turn(&ctx.user) {
                 Ok(slot) => slot,
                 Err(e) => return send_error(&mut send, 0, e).await,
             };

@@ -49,6 +49,8 @@ pub struct State {
     pub(crate) user_calls: Arc<PerUser>,
     /// QUIC requests being read per user (bounded like calls in flight).
     pub(crate) user_reads: Arc<PerUser>,
+    /// Requests working on the store per user (`max_store_work_per_user`): [`State::store_turn`].
+    pub(crate) store_work: Arc<PerUser>,
     /// Bytes each user's calls hold in memory: their requests and the trees they become, and
     /// their attached clients' answers ([`crate::executor::link::CALL_MEMORY`]).
     pub(crate) call_bytes: Arc<PerUser>,
@@ -125,6 +127,14 @@ impl StartedProcess {
 /// past that; without the groups, or with that bound raised, past 4096 running.
 const STARTED_PER_TOKEN: usize = 4096;
 
+/// A request's turn at the store ([`State::store_turn`]), given back when dropped: held by the
+/// work itself, to its end.
+#[derive(Debug)]
+pub(crate) struct StoreTurn {
+    _call: Slot,
+    _work: Slot,
+}
+
 impl State {
     /// Resolves once the start-up housekeeping of the data dir (modes, stale temporary files,
     /// the session index) is done.
@@ -199,6 +209,31 @@ impl State {
             Some(allowance) => allowance.take(now),
             None => all.entry(user.to_owned()).or_default().take(now),
         }
+    }
+
+    /// One of `user`'s requests in flight and one of their turns at the store, for a request
+    /// whose work is the store's (a listing, a conversation, a log, an artifact), or
+    /// `limit_exceeded` saying which setting bounds them. The store's work runs on the blocking
+    /// threads and the database connections every user shares: one user's 256 requests in
+    /// flight took every connection of a PostgreSQL store's pool, and half the blocking threads,
+    /// while everyone else's waited.
+    pub(crate) fn store_turn(&self, user: &str) -> Result<StoreTurn, ToolError> {
+        let call = self.user_call(user)?;
+        let work = self.store_work.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} requests working on the store (listings, conversations, logs, \
+                     artifacts), this server's limit (server.max_store_work_per_user); wait for \
+                     some to finish, then retry",
+                    self.store_work.limit()
+                ),
+            )
+        })?;
+        Ok(StoreTurn {
+            _call: call,
+            _work: work,
+        })
     }
 
     /// One of `user`'s slots for a request being read, or `limit_exceeded` saying which

@@ -355,9 +355,10 @@ impl IntoResponse for HttpError {
 }
 
 /// One of `user`'s requests in flight (`server.max_calls_per_user`, counted with their QUIC
-/// requests and calls), for store work: `429` past it.
-pub fn user_slot(state: &State, user: &str) -> Result<crate::quota::Slot, HttpError> {
-    state.user_call(user).map_err(|e| HttpError {
+/// requests and calls) and of their store work (`server.max_store_work_per_user`), for store
+/// work: `429` past either.
+pub(crate) fn user_slot(state: &State, user: &str) -> Result<crate::state::StoreTurn, HttpError> {
+    state.store_turn(user).map_err(|e| HttpError {
         status: StatusCode::TOO_MANY_REQUESTS,
         code: "limit_exceeded",
         message: e.message,
@@ -368,8 +369,8 @@ pub fn user_slot(state: &State, user: &str) -> Result<crate::quota::Slot, HttpEr
 /// the work ends, even when its client goes away meanwhile (the handler is dropped, the work is
 /// not): a client that sent a request and closed, again and again, piled work up on the pool
 /// without a bound, each a reading of conversations or logs.
-pub async fn blocking_held<T: Send + 'static>(
-    slot: crate::quota::Slot,
+pub(crate) async fn blocking_held<T: Send + 'static>(
+    slot: crate::state::StoreTurn,
     f: impl FnOnce() -> Result<T, HttpError> + Send + 'static,
 ) -> Result<T, HttpError> {
     tokio::task::spawn_blocking(move || {

@@ -960,7 +960,7 @@ fn impatient_store(url: &str, data: &std::path::Path) -> PgStore {
 }
 
 /// Another client of `database` holding `table` for `secs` seconds; returns once it holds it.
-fn hold_table(
+pub fn hold_table(
     database: &str,
     table: &str,
     secs: u32,

@@ -1540,3 +1540,78 @@ async fn the_openapi_document_is_generated_from_the_types_and_covers_every_path(
     assert!(upload.to_string().contains("session_history"));
     assert_eq!(api.get("/api/v1/nothing/here").await.status, 404);
 }
+
+/// One user's requests working on the store are bounded apart from their calls
+/// (`server.max_store_work_per_user`): past it, `429` naming the key, while another user's are
+/// served. Bounded only with their calls (256 in flight), one user's reads of a slow table
+/// could take every connection of the store's pool (8) and half the blocking threads, and
+/// everyone else's store work waited behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_store_work_is_bounded_apart_from_their_calls() {
+    let Some(pg) = Pg::alone("one_users_store_work_is_bounded_apart_from_their_calls") else {
+        return;
+    };
+    let (server, http) = super::server_with(|c| {
+        pg.configure(c);
+        c.quotas.max_store_work_per_user = 2;
+    })
+    .await;
+    let ana = std::sync::Arc::new(Api::new(http, &server.token));
+    let ben = Api::new(http, &server.create_token("ben"));
+    let ws = ana.workspace(None).await;
+    let session = new_session();
+    ana.upload(
+        &ws,
+        "tool_output",
+        &session,
+        "out.txt",
+        "text/plain",
+        b"out",
+    )
+    .await;
+    let database = pg.url.rsplit('/').next().unwrap().to_owned();
+    let holder = {
+        let database = database.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::suite::pg_store::hold_table(&database, "artifacts", 6)
+        })
+        .await
+        .unwrap()
+    };
+    // Two of ana's readings of the table wait on it.
+    let path = format!("/api/v1/sessions/{session}/artifacts");
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let (ana, path) = (ana.clone(), path.clone());
+            tokio::spawn(async move { ana.get(&path).await })
+        })
+        .collect();
+    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock'";
+    let cluster = monad_tests::pg::cluster().unwrap();
+    within(STEP, "both readings to wait on the table", async {
+        while cluster.psql(&database, blocked).unwrap() != "2" {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let refused = ana.get(&path).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.json()["error"], "limit_exceeded");
+    assert!(
+        refused.text().contains("server.max_store_work_per_user"),
+        "{}",
+        refused.text()
+    );
+    // Another user's store work is theirs.
+    let listed = ben.get("/api/v1/sessions").await;
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    for waited in waiting {
+        let answer = within(STEP, "a reading once the table is free", waited)
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+    }
+    let _ = tokio::task::spawn_blocking(move || holder.join()).await;
+    assert_eq!(ana.get(&path).await.status, 200);
+}
