@@ -289,7 +289,12 @@ async fn counted_body(Shared(state): Shared<Arc<State>>, request: Request, next:
     let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
     request.extensions_mut().insert(McpMemory(memory.clone()));
     let response = next.run(request).await;
-    response.map(|body| axum::body::Body::new(crate::http::CountedBody::new(body, memory)))
+    response.map(|body| {
+        axum::body::Body::new(GuardedBody {
+            body,
+            _guard: memory,
+        })
+    })
 }
 
 /// What a `POST`'s body and the call it makes hold in memory ([`counted_body`]), in the
@@ -912,7 +917,9 @@ impl HttpConnection {
     }
 }
 
-/// A response body that keeps `_guard` until it is done with: its request [`InProgress`].
+/// A response body that keeps `_guard` until it is done with: its request [`InProgress`], or
+/// what it counts in its user's memory ([`counted_body`]: an MCP answer's event stream stays
+/// open after the answer, so the count lasts until the host has read it or gone).
 struct GuardedBody<G> {
     body: axum::body::Body,
     _guard: G,

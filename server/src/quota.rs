@@ -46,6 +46,51 @@ impl<T: Default> Default for UserLocks<T> {
     }
 }
 
+/// Turns per user, `limit` at once: a user's next waits for one of theirs to end, and never
+/// for another user's.
+#[derive(Debug)]
+pub struct Turns {
+    limit: usize,
+    live: Mutex<Vec<(String, Weak<tokio::sync::Semaphore>)>>,
+}
+
+/// One turn of one user's ([`Turns::take`]); given back when dropped.
+pub type Turn = tokio::sync::OwnedSemaphorePermit;
+
+impl Turns {
+    /// Turns of `limit` (at least 1) at once per user.
+    pub fn new(limit: usize) -> Turns {
+        Turns {
+            limit: limit.max(1),
+            live: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits for one of `user`'s turns.
+    pub async fn take(&self, user: &str) -> Turn {
+        let turns = {
+            let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            live.retain(|(_, turns)| turns.strong_count() > 0);
+            match live
+                .iter()
+                .find(|(name, _)| name == user)
+                .and_then(|(_, turns)| turns.upgrade())
+            {
+                Some(turns) => turns,
+                None => {
+                    let turns = Arc::new(tokio::sync::Semaphore::new(self.limit));
+                    live.push((user.to_owned(), Arc::downgrade(&turns)));
+                    turns
+                }
+            }
+        };
+        turns
+            .acquire_owned()
+            .await
+            .expect("a user's turns are never closed")
+    }
+}
+
 /// Counts per user, each bounded by `limit`.
 #[derive(Debug)]
 pub struct PerUser {

@@ -39,7 +39,8 @@ enum Job {
         record: String,
         session: String,
     },
-    SaveMeta(SessionMeta),
+    /// Saves the latest snapshot of this session's metadata ([`MetaSaves`]), if not yet saved.
+    SaveMeta(String),
     Flush(std::sync::mpsc::Sender<()>),
 }
 
@@ -57,9 +58,19 @@ pub struct Recorder {
     thread: std::thread::Thread,
     /// Each user's bytes in memory, which what waits to be written counts against.
     bytes: Option<Arc<PerUser>>,
-    /// True once the sessions' metadata is saved by someone else ([`Recorder::abandon`]); held
-    /// by the thread across each save of metadata.
-    abandoned: Arc<std::sync::Mutex<bool>>,
+    /// The snapshots of sessions' metadata not saved yet.
+    metas: Arc<MetaSaves>,
+}
+
+/// The sessions' metadata the recorder is to save: the latest snapshot of each, not yet saved,
+/// and whether it is still to save any ([`Recorder::abandon_within`]).
+#[derive(Default)]
+struct MetaSaves {
+    pending: std::sync::Mutex<HashMap<String, SessionMeta>>,
+    /// True once the shutdown saves the sessions' metadata itself.
+    abandoned: std::sync::atomic::AtomicBool,
+    /// Held by the thread across each save, so that the shutdown can wait for one it began.
+    saving: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -77,11 +88,11 @@ impl Recorder {
     /// Starts the recorder thread, gathering each batch for `window`.
     fn start_with_window(store: Arc<dyn Store>, window: Duration) -> Recorder {
         let (jobs, rx) = mpsc::channel::<Queued>();
-        let abandoned = Arc::new(std::sync::Mutex::new(false));
-        let gone = abandoned.clone();
+        let metas = Arc::new(MetaSaves::default());
+        let saves = metas.clone();
         let thread = std::thread::Builder::new()
             .name("recorder".into())
-            .spawn(move || run(store, rx, window, &gone))
+            .spawn(move || run(store, rx, window, &saves))
             .expect("the recorder thread starts")
             .thread()
             .clone();
@@ -89,7 +100,7 @@ impl Recorder {
             jobs,
             thread,
             bytes: None,
-            abandoned,
+            metas,
         }
     }
 
@@ -142,15 +153,36 @@ impl Recorder {
 
     /// Saves a session's metadata.
     pub fn save_meta(&self, meta: SessionMeta) {
-        let _ = self.jobs.send((Job::SaveMeta(meta), None));
+        let id = meta.id.clone();
+        self.metas
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), meta);
+        let _ = self.jobs.send((Job::SaveMeta(id), None));
     }
 
-    /// Stops the recorder from saving sessions' metadata from now on, once a save it has begun
-    /// has ended (this waits for it): for a shutdown that gave up waiting for the recorder and
-    /// saves every session's metadata itself, over which a snapshot the recorder still held
-    /// (older) must not be written afterwards. Its other work goes on.
-    pub fn abandon(&self) {
-        *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    /// Stops the recorder from saving sessions' metadata from now on, and hands over the
+    /// snapshots it has not saved yet: for a shutdown that gave up waiting for the recorder and
+    /// saves them itself, over which an older one the recorder still held must not be written
+    /// afterwards. A save the recorder has begun is waited for, at most `wait`; `false` with
+    /// the snapshots when it had not ended by then. Its other work goes on.
+    pub fn abandon_within(&self, wait: Duration) -> (Vec<SessionMeta>, bool) {
+        use std::sync::atomic::Ordering;
+        self.metas.abandoned.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + wait;
+        let settled = loop {
+            if self.metas.saving.try_lock().is_ok() {
+                break true;
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let pending =
+            std::mem::take(&mut *self.metas.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        (pending.into_values().collect(), settled)
     }
 
     /// Waits until everything sent before this call is written, or until `deadline` has gone
@@ -239,12 +271,7 @@ fn gather(
     Some(batch)
 }
 
-fn run(
-    store: Arc<dyn Store>,
-    rx: mpsc::Receiver<Queued>,
-    window: Duration,
-    abandoned: &std::sync::Mutex<bool>,
-) {
+fn run(store: Arc<dyn Store>, rx: mpsc::Receiver<Queued>, window: Duration, metas: &MetaSaves) {
     // What it writes follows the answers: its waking must not preempt them.
     if let Err(e) = monad_sandbox::run_as_background() {
         tracing::debug!("the recorder runs at the usual scheduling policy: {e}");
@@ -281,12 +308,21 @@ fn run(
                     *touches.entry((record, session)).or_default() += 1;
                     touch_due.get_or_insert_with(|| Instant::now() + TOUCH_EVERY);
                 }
-                Job::SaveMeta(meta) => {
+                Job::SaveMeta(id) => {
                     put_artifacts(store.as_ref(), std::mem::take(&mut artifacts));
-                    let abandoned = abandoned.lock().unwrap_or_else(|p| p.into_inner());
-                    if *abandoned {
+                    let _saving = metas.saving.lock().unwrap_or_else(|p| p.into_inner());
+                    if metas.abandoned.load(std::sync::atomic::Ordering::SeqCst) {
                         continue;
                     }
+                    // The latest snapshot, once: a later job of the same session finds none.
+                    let taken = metas
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                    let Some(meta) = taken else {
+                        continue;
+                    };
                     if let Err(e) = store.save(&meta) {
                         warn!("cannot save session {}: {e}", meta.id);
                     }
@@ -718,7 +754,11 @@ mod tests {
         };
         recorder.save_meta(named("older"));
         assert!(!recorder.flush_within(Duration::from_millis(100)));
-        recorder.abandon();
+        let (held, settled) = recorder.abandon_within(Duration::from_secs(1));
+        assert!(settled);
+        // The snapshot it did not save is handed over.
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].name.as_deref(), Some("older"));
         store.save(&named("newer")).unwrap();
         release.send(()).unwrap();
         recorder.flush();

@@ -370,7 +370,7 @@ mod tests {
             roots: vec!["file:///nowhere".into()],
             session: None,
         };
-        let slot = state.store_turn("ana").unwrap();
+        let slot = state.store_turn("ana").await.unwrap();
         let asked = {
             let (state, landing, device) = (state.clone(), landing.clone(), device.clone());
             tokio::spawn(async move {

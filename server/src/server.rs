@@ -258,6 +258,15 @@ impl Server {
         let _ = std::thread::Builder::new()
             .name("sessions-index".into())
             .spawn(move || {
+                // Said done however it ends (a panic included), after the data dir's lock went.
+                struct Done(watch::Sender<bool>, Option<Arc<crate::admin::DataLock>>);
+                impl Drop for Done {
+                    fn drop(&mut self) {
+                        drop(self.1.take());
+                        self.0.send_replace(true);
+                    }
+                }
+                let _done = Done(done, Some(held));
                 let tightened = crate::fsutil::tighten_modes(&data_dir);
                 if tightened > 0 {
                     info!(
@@ -293,9 +302,7 @@ impl Server {
                          (temporary files, deleted sessions' directories)"
                     );
                 }
-                // The data dir stays this server's until the cleanup is done.
-                drop(held);
-                done.send_replace(true);
+                // The data dir stays this server's until the cleanup is done (`_done`).
             });
         // What a user's calls' records hold on their way to the store.
         let record_bytes = PerUser::new(config.quotas.max_call_bytes_per_user);
@@ -328,7 +335,7 @@ impl Server {
             connections: PerUser::new(config.quotas.max_connections_per_user),
             user_calls: PerUser::new(config.quotas.max_calls_per_user),
             user_reads: PerUser::new(config.quotas.max_calls_per_user),
-            store_work: PerUser::new(config.quotas.max_store_work_per_user),
+            store_work: crate::quota::Turns::new(config.quotas.max_store_work_per_user),
             call_bytes: PerUser::new(config.quotas.max_call_bytes_per_user),
             record_bytes,
             network_reports: Default::default(),
@@ -555,12 +562,15 @@ impl Server {
     }
 }
 
+/// The longest a shutdown that gave up on the recorder waits for a save of metadata it began.
+const ABANDON_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The longest a shutdown waits for the start's housekeeping of the data dir to end.
 const HOUSEKEEPING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Saves the sessions' metadata at shutdown (then, when `release` — the records were written —
-/// releases their leases; when they were not, every loaded session's metadata, after stopping
-/// the recorder from saving any it still holds), on a thread of its own holding the data dir's `lock` until it ends,
+/// releases their leases; when they were not, also the snapshots the recorder held, after
+/// stopping it from saving any), on a thread of its own holding the data dir's `lock` until it ends,
 /// waited for while the store takes saves: at most `wait` without one (a store that does not
 /// answer, a database gone, must not hold the exit for ever; what it did not take is lost, with
 /// a warning), however many sessions a healthy store saves meanwhile.
@@ -577,15 +587,23 @@ fn save_sessions(
         let each = || {
             let _ = said.send(false);
         };
-        match &state.executor.recorder {
-            // What the recorder did not write may hold snapshots of metadata older than what
-            // is saved here: it saves none after this, and every session is saved whole.
+        // What the recorder did not write may hold snapshots of metadata older than what is
+        // saved here: it saves none after this, and hands them over to be saved here.
+        let held = match &state.executor.recorder {
             Some(recorder) if !release => {
-                recorder.abandon();
-                state.registry.save_each(each);
+                let (held, settled) = recorder.abandon_within(ABANDON_WAIT);
+                if !settled {
+                    warn!(
+                        "the recorder is still saving a session's metadata; it may write an \
+                         older copy over what is saved now"
+                    );
+                }
+                held
             }
-            _ => state.registry.flush_each(each),
-        }
+            _ => Vec::new(),
+        };
+        state.registry.flush_each(each);
+        state.registry.save_held(held, each);
         // Written whole: the sessions can be served elsewhere at once. Not while the recorder
         // may still write to them: their leases run out instead.
         if let Some(cluster) = &state.cluster
@@ -1673,7 +1691,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
         Message::ListSessions { id, limit, next } => {
             // One of the user's requests in flight, as a call is, and of their store work:
             // bounded per user, not only per connection, on the blocking pool every user shares.
-            let slot = match ctx.state.store_turn(&ctx.user) {
+            let slot = match ctx.state.store_turn(&ctx.user).await {
                 Ok(slot) => slot,
                 Err(e) => return send_error(&mut send, id, e).await,
             };
@@ -1737,7 +1755,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             // Store requests (sessions, history, landings) run on the blocking pool every user
             // shares: one of the user's requests in flight each, as a call is, and of their
             // store work.
-            let slot = match ctx.state.store_turn(&ctx.user) {
+            let slot = match ctx.state.store_turn(&ctx.user).await {
                 Ok(slot) => slot,
                 Err(e) => return send_error(&mut send, 0, e).await,
             };

@@ -2674,19 +2674,23 @@ impl Registry {
         }
     }
 
-    /// Saves every loaded session's metadata, changed since its last save or not, calling
-    /// `saved` after each: for a shutdown whose recorder did not write what it held, among
-    /// which snapshots of metadata that counted as saved ([`crate::recorder::Recorder::abandon`]).
-    pub fn save_each(&self, mut saved: impl FnMut()) {
-        let sessions = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        for session in sessions.values() {
-            let _ = session.unsaved();
-            if let Err(e) = self.store.save(&session.meta()) {
-                warn!("cannot save session {}: {e}", session.id);
+    /// Saves the sessions whose snapshots `held` the recorder did not save
+    /// ([`crate::recorder::Recorder::abandon_within`]), calling `saved` after each: a loaded
+    /// session's metadata as it is now (newer than its snapshot), an unloaded one's snapshot.
+    pub fn save_held(&self, held: Vec<SessionMeta>, mut saved: impl FnMut()) {
+        for snapshot in held {
+            let loaded = self
+                .sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&snapshot.id)
+                .cloned();
+            let meta = loaded.map_or(snapshot, |session| {
+                let _ = session.unsaved();
+                session.meta()
+            });
+            if let Err(e) = self.store.save(&meta) {
+                warn!("cannot save session {}: {e}", meta.id);
             }
             saved();
         }

@@ -50,7 +50,7 @@ pub struct State {
     /// QUIC requests being read per user (bounded like calls in flight).
     pub(crate) user_reads: Arc<PerUser>,
     /// Requests working on the store per user (`max_store_work_per_user`): [`State::store_turn`].
-    pub(crate) store_work: Arc<PerUser>,
+    pub(crate) store_work: crate::quota::Turns,
     /// Bytes each user's calls hold in memory: their requests and the trees they become, and
     /// their attached clients' answers ([`crate::executor::link::CALL_MEMORY`]).
     pub(crate) call_bytes: Arc<PerUser>,
@@ -132,7 +132,7 @@ const STARTED_PER_TOKEN: usize = 4096;
 #[derive(Debug)]
 pub(crate) struct StoreTurn {
     _call: Slot,
-    _work: Slot,
+    _work: crate::quota::Turn,
 }
 
 impl State {
@@ -211,25 +211,15 @@ impl State {
         }
     }
 
-    /// One of `user`'s requests in flight and one of their turns at the store, for a request
-    /// whose work is the store's (a listing, a conversation, a log, an artifact), or
-    /// `limit_exceeded` saying which setting bounds them. The store's work runs on the blocking
-    /// threads and the database connections every user shares: one user's 256 requests in
-    /// flight took every connection of a PostgreSQL store's pool, and half the blocking threads,
-    /// while everyone else's waited.
-    pub(crate) fn store_turn(&self, user: &str) -> Result<StoreTurn, ToolError> {
+    /// One of `user`'s requests in flight (`limit_exceeded` past `server.max_calls_per_user`),
+    /// then one of their turns at the store (`server.max_store_work_per_user` at once; the next
+    /// waits for one to end), for a request whose work is the store's (a listing, a
+    /// conversation, a log, an artifact). The store's work runs on the blocking threads and the
+    /// database connections every user shares: one user's 256 requests in flight took half the
+    /// blocking threads while everyone else's waited.
+    pub(crate) async fn store_turn(&self, user: &str) -> Result<StoreTurn, ToolError> {
         let call = self.user_call(user)?;
-        let work = self.store_work.try_acquire(user).ok_or_else(|| {
-            ToolError::new(
-                ErrorCode::LimitExceeded,
-                format!(
-                    "you have {} requests working on the store (listings, conversations, logs, \
-                     artifacts), this server's limit (server.max_store_work_per_user); wait for \
-                     some to finish, then retry",
-                    self.store_work.limit()
-                ),
-            )
-        })?;
+        let work = self.store_work.take(user).await;
         Ok(StoreTurn {
             _call: call,
             _work: work,

@@ -858,7 +858,7 @@ async fn create_workspace(
         (WorkspaceScope::General, None) => None,
     };
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let (record, created) = blocking_held(slot, move || create_record(&state, &user, path)).await?;
     let status = if created {
         StatusCode::CREATED
@@ -929,7 +929,7 @@ async fn get_workspace(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let record = blocking_held(slot, move || owned_record(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &WorkspaceView::of(&record)))
 }
@@ -941,7 +941,7 @@ async fn delete_workspace(
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
     let storing = STORING.of(&user).lock_owned().await;
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     blocking_held(slot, move || {
         let _storing = storing;
         let record = owned_record(&state, &user, &id)?;
@@ -1041,7 +1041,7 @@ async fn upload_artifact(
     // connection it serves. The turn and the count go with the content: they last until it is
     // stored, even when the client goes away meanwhile (the handler is dropped, the store's
     // work is not).
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let created = blocking_held(slot, move || {
         let _storing = storing;
         let _turn = turn;
@@ -1463,7 +1463,7 @@ async fn workspace_artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let (meta, content) = blocking_held(slot, move || {
         owned_record(&state, &user, &id)?;
         let (meta, content) = owned_artifact(&state, &user, &artifact, None)?;
@@ -1485,7 +1485,7 @@ async fn workspace_sessions(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let page = blocking_held(slot, move || {
         workspace_sessions_page(&web2, &user, &id, limit, q.next_token.as_deref())
     })
@@ -1543,7 +1543,7 @@ async fn list_sessions(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let page = blocking_held(slot, move || {
         sessions_page(&web2, &user, limit, q.next_token.as_deref())
     })
@@ -1645,7 +1645,7 @@ async fn get_session(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let view = blocking_held(slot, move || session_view(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &view))
 }
@@ -1683,7 +1683,7 @@ async fn session_history(
     Path(id): Path<String>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let view = blocking_held(slot, move || history_view(&state, &user, &id)).await?;
     Ok(json(StatusCode::OK, &view))
 }
@@ -1742,7 +1742,7 @@ async fn session_artifacts(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let page = blocking_held(slot, move || {
         artifact_page(&web2, &user, &id, limit, q.next_token.as_deref())
     })
@@ -1756,7 +1756,7 @@ async fn session_artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let (meta, content) = blocking_held(slot, move || {
         owned_artifact(&state, &user, &artifact, Some(&id))
     })
@@ -1798,7 +1798,7 @@ async fn session_audit(
     let q = query(q)?;
     let limit = page_limit(q.limit.as_deref())?;
     let web2 = web.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let page = blocking_held(slot, move || {
         audit_page(&web2, &user, &id, limit, q.next_token.as_deref())
     })
@@ -2025,7 +2025,7 @@ async fn session_events(
 ) -> Result<Response, HttpError> {
     let state = web.state.clone();
     let owner = user.clone();
-    let slot = user_slot(&web.state, &user)?;
+    let slot = user_slot(&web.state, &user).await?;
     let meta = blocking_held(slot, move || owned_session(&state, &owner, &id)).await?;
     // `ApiUser` accepted this request's bearer token, so it is there.
     let token = super::bearer(&headers).unwrap_or_default().to_owned();

@@ -106,8 +106,7 @@ pub(crate) async fn counted_answer(
 }
 
 /// A response body that keeps `_guard` (what its answer counts in its user's memory:
-/// [`counted_answer`], [`crate::mcp`]'s `counted_body`) until the connection has taken all of it
-/// but the last piece. Its bytes are handed over a piece at a time, each a copy: the connection
+/// [`counted_answer`]) until the connection has taken all of it but the last piece. Its bytes are handed over a piece at a time, each a copy: the connection
 /// takes the next piece once it has room for it, so the count lasts while a client does not
 /// read, and the pieces it still holds once the body is done with (its write buffer's, bounded)
 /// do not keep the whole answer alive. (A body handed over whole was done with, and its count
@@ -355,10 +354,13 @@ impl IntoResponse for HttpError {
 }
 
 /// One of `user`'s requests in flight (`server.max_calls_per_user`, counted with their QUIC
-/// requests and calls) and of their store work (`server.max_store_work_per_user`), for store
-/// work: `429` past either.
-pub(crate) fn user_slot(state: &State, user: &str) -> Result<crate::state::StoreTurn, HttpError> {
-    state.store_turn(user).map_err(|e| HttpError {
+/// requests and calls; `429` past it), then one of their turns at the store
+/// (`server.max_store_work_per_user`, waited for), for store work.
+pub(crate) async fn user_slot(
+    state: &State,
+    user: &str,
+) -> Result<crate::state::StoreTurn, HttpError> {
+    state.store_turn(user).await.map_err(|e| HttpError {
         status: StatusCode::TOO_MANY_REQUESTS,
         code: "limit_exceeded",
         message: e.message,

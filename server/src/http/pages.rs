@@ -409,7 +409,7 @@ async fn sessions(
     let w = web.clone();
     let u = user.user.clone();
     let q = query.q.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let page = blocking_held(slot, move || {
         list(&w, &u, q.as_deref(), query.next.as_deref())
     })
@@ -443,7 +443,7 @@ async fn session_rows(
     Query(query): Query<ListQuery>,
 ) -> PageResult {
     let q = query.q.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let page = blocking_held(slot, move || {
         list(&web, &user.user, q.as_deref(), query.next.as_deref())
     })
@@ -583,7 +583,7 @@ async fn session(
 ) -> PageResult {
     let w = web.clone();
     let u = user.user.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let data = blocking_held(slot, move || session_data(&w, &u, &id)).await?;
     let form_token = user.form_token(&web);
     let sid = data.view.session_id.clone();
@@ -664,7 +664,7 @@ async fn conversation(
     Path(id): Path<String>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let history = blocking_held(slot, move || api::history_view(&state, &user.user, &id)).await?;
     Ok(respond(StatusCode::OK, conversation_markup(&history)))
 }
@@ -692,7 +692,7 @@ async fn calls(
         q.to.map_or(q.from, |to| q.from.max(to.saturating_sub(CALLS_SHOWN)));
     let limit = q.to.map_or(CALLS_SHOWN, |to| to.saturating_sub(from));
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let (sid, records, total, diffs) = blocking_held(slot, move || {
         let meta = owned_session(&state, &user.user, &id)?;
         let store = state.registry.store();
@@ -763,7 +763,7 @@ async fn call(
     Path((id, call_id)): Path<(String, String)>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let (sid, found) = blocking_held(slot, move || {
         // As its owner's id: `default` is the caller's own default (see `owned_session`).
         let sid = owned_session(&state, &user.user, &id)?.id;
@@ -805,7 +805,7 @@ async fn events(
 ) -> PageResult {
     let state = web.state.clone();
     let owner = user.user.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let meta = blocking_held(slot, move || owned_session(&state, &owner, &id)).await?;
     let credential = super::signin::Credential::Signin(user.signin);
     Ok(api::event_stream(web, meta.id, user.user, credential).into_response())
@@ -817,7 +817,7 @@ async fn export(
     Path(id): Path<String>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let (sid, text) = blocking_held(slot, move || {
         let meta = owned_session(&state, &user.user, &id)?;
         let history = state
@@ -841,7 +841,7 @@ async fn artifact(
     Path((id, artifact)): Path<(String, String)>,
 ) -> PageResult {
     let state = web.state.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let (meta, content) = blocking_held(slot, move || {
         api::owned_artifact(&state, &user.user, &artifact, Some(&id))
     })
@@ -855,7 +855,7 @@ async fn artifact(
 async fn workspaces(Shared(web): Shared<Arc<Web>>, user: PageUser) -> PageResult {
     let state = web.state.clone();
     let u = user.user.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let records = blocking_held(slot, move || {
         state
             .registry
@@ -900,7 +900,7 @@ async fn workspace(
 ) -> PageResult {
     let w = web.clone();
     let u = user.user.clone();
-    let slot = user_slot(&web.state, &user.user)?;
+    let slot = user_slot(&web.state, &user.user).await?;
     let (record, page) = blocking_held(slot, move || {
         let record = owned_record(&w.state, &u, &id)?;
         let page =

@@ -57,6 +57,8 @@ pub struct FsStore {
 struct AuditTally {
     dev: u64,
     ino: u64,
+    /// When the file was made: an inode freed by a deleted session's log may be the next one's.
+    born: Option<std::time::SystemTime>,
     upto: u64,
     records: usize,
 }
@@ -1151,7 +1153,15 @@ impl SessionStore for FsStore {
             serde_json::to_writer(&mut bytes, r).expect("records serialize");
             bytes.push(b'\n');
         }
-        append_durable(&self.session_dir(id).join("audit.jsonl"), &bytes)
+        let appended = append_durable(&self.session_dir(id).join("audit.jsonl"), &bytes);
+        if appended.is_err() {
+            // Cut back to where it was: a count that read the lines meanwhile is not kept.
+            self.audit_tallies
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(id);
+        }
+        appended
     }
 
     fn audit_log(&self, id: &str) -> Result<Vec<AuditRecord>, StoreError> {
@@ -1180,11 +1190,15 @@ impl SessionStore for FsStore {
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
             .copied();
+        let born = meta.created().ok();
         let mut tally = known
-            .filter(|t| t.dev == meta.dev() && t.ino == meta.ino() && t.upto <= meta.len())
+            .filter(|t| {
+                (t.dev, t.ino, t.born) == (meta.dev(), meta.ino(), born) && t.upto <= meta.len()
+            })
             .unwrap_or(AuditTally {
                 dev: meta.dev(),
                 ino: meta.ino(),
+                born,
                 ..AuditTally::default()
             });
         if tally.upto < meta.len() {

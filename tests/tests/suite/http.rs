@@ -858,3 +858,77 @@ async fn an_mcp_session_ends_when_its_token_is_revoked() {
     })
     .await;
 }
+
+/// An MCP answer over HTTP keeps its count in its user's memory while its host does not read
+/// it, and gives it back once the host has gone: a guard beside the API's answers', which were
+/// given back as soon as they were handed to the connection
+/// (`web::quota::answers_a_client_does_not_read_count_in_its_users_memory`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_answer_a_host_does_not_read_stays_counted_until_it_is_taken() {
+    const MIB: usize = 1024 * 1024;
+    let (server, http) = server(|c| {
+        c.quotas.max_call_bytes_per_user = 256 * MIB;
+        c.http_limits.idle_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let fake = monad_tests::FakeClient::attach(
+        &server.client_config(),
+        "fake",
+        vec![monad_protocol::ToolName::ReadFile],
+    )
+    .await;
+    let ana = format!("Bearer {}", server.token);
+    let id = {
+        let ana = ana.clone();
+        blocking("an MCP session", move || initialized_session(http, &ana)).await
+    };
+    let body = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"a.txt","workspace":"fake"}}}"#;
+    let mut text = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
+        http.port(),
+        body.len()
+    );
+    for (name, value) in session_headers(&ana, &id) {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    let unread = {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.set_recv_buffer_size(4096).expect("a small window");
+        let mut stream = socket.connect(http).await.expect("connects");
+        tokio::io::AsyncWriteExt::write_all(&mut stream, text.as_bytes())
+            .await
+            .expect("sent");
+        stream
+    };
+    let content = "x".repeat(12 * MIB);
+    fake.answer_run(serde_json::json!({
+        "path": "a.txt", "content": content, "start_line": 1, "lines": 1, "size": 12 * MIB,
+        "binary": false, "truncated": false,
+    }))
+    .await;
+    let state = server.state().clone();
+    let held_now = move || state.call_bytes_held("admin");
+    let counted = {
+        let held_now = held_now.clone();
+        blocking("the answer counted", move || {
+            comes_true(|| held_now() >= 12 * MIB)
+        })
+        .await
+    };
+    assert!(counted, "{} held", held_now());
+    // Still counted a while later: the host has read none of it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(held_now() >= 12 * MIB, "{} held", held_now());
+    drop(unread);
+    let back = {
+        let held_now = held_now.clone();
+        blocking("the count given back", move || {
+            comes_true(|| held_now() == 0)
+        })
+        .await
+    };
+    assert!(back, "{} held", held_now());
+}
