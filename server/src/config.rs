@@ -68,7 +68,8 @@ pub struct Quotas {
     pub max_calls_per_user: usize,
     /// Requests of one user working on the store at once (listings, conversations, logs,
     /// artifacts, over QUIC and HTTP), on the blocking threads and store connections every user
-    /// shares; one more waits for one of them to end.
+    /// shares; as many more wait for one of them to end, and the next is refused with
+    /// `limit_exceeded` (`429` over HTTP).
     pub max_store_work_per_user: usize,
     /// Bytes one user's calls may hold in the server's memory at once: their requests (QUIC, MCP
     /// over HTTP, the API's JSON bodies) with the trees they become, and their attached clients'

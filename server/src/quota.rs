@@ -47,15 +47,26 @@ impl<T: Default> Default for UserLocks<T> {
 }
 
 /// Turns per user, `limit` at once: a user's next waits for one of theirs to end, and never
-/// for another user's.
+/// for another user's; at most `limit` wait (each holds its request), the next is refused.
 #[derive(Debug)]
 pub struct Turns {
     limit: usize,
-    live: Mutex<Vec<(String, Weak<tokio::sync::Semaphore>)>>,
+    live: Mutex<Vec<(String, Weak<UserTurns>)>>,
+}
+
+/// One user's turns, and how many wait for one.
+#[derive(Debug)]
+struct UserTurns {
+    turns: Arc<tokio::sync::Semaphore>,
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// One turn of one user's ([`Turns::take`]); given back when dropped.
-pub type Turn = tokio::sync::OwnedSemaphorePermit;
+#[derive(Debug)]
+pub struct Turn {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    _user: Arc<UserTurns>,
+}
 
 impl Turns {
     /// Turns of `limit` (at least 1) at once per user.
@@ -66,9 +77,15 @@ impl Turns {
         }
     }
 
-    /// Waits for one of `user`'s turns.
-    pub async fn take(&self, user: &str) -> Turn {
-        let turns = {
+    /// The most turns of one user's at once (and waiting).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Waits for one of `user`'s turns; `None` when `limit` of theirs already wait.
+    pub async fn take(&self, user: &str) -> Option<Turn> {
+        use std::sync::atomic::Ordering;
+        let user_turns = {
             let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
             live.retain(|(_, turns)| turns.strong_count() > 0);
             match live
@@ -78,16 +95,42 @@ impl Turns {
             {
                 Some(turns) => turns,
                 None => {
-                    let turns = Arc::new(tokio::sync::Semaphore::new(self.limit));
+                    let turns = Arc::new(UserTurns {
+                        turns: Arc::new(tokio::sync::Semaphore::new(self.limit)),
+                        waiting: std::sync::atomic::AtomicUsize::new(0),
+                    });
                     live.push((user.to_owned(), Arc::downgrade(&turns)));
                     turns
                 }
             }
         };
-        turns
-            .acquire_owned()
-            .await
-            .expect("a user's turns are never closed")
+        let waiting = &user_turns.waiting;
+        let room = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < self.limit).then_some(n + 1)
+        });
+        if room.is_err() {
+            return None;
+        }
+        // No longer waiting once it has its turn, or once it is dropped before.
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let permit = {
+            let _waiting = Waiting(waiting);
+            user_turns
+                .turns
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("a user's turns are never closed")
+        };
+        Some(Turn {
+            _permit: permit,
+            _user: user_turns,
+        })
     }
 }
 
@@ -246,6 +289,45 @@ impl Drop for Held {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A user's turns: `limit` at once, as many waiting (in order), the next refused; another
+    /// user's are their own; a waiter that gives up leaves its place.
+    #[tokio::test]
+    async fn a_users_turns_wait_in_a_bounded_line_of_their_own() {
+        let turns = Arc::new(Turns::new(2));
+        let held = [turns.take("ana").await, turns.take("ana").await];
+        assert!(held.iter().all(Option::is_some));
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let turns = turns.clone();
+                tokio::spawn(async move { turns.take("ana").await.is_some() })
+            })
+            .collect();
+        // Both in line.
+        let line = || {
+            let live = turns.live.lock().unwrap();
+            let (_, ana) = live.iter().find(|(name, _)| name == "ana").unwrap();
+            ana.upgrade()
+                .unwrap()
+                .waiting
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        while line() < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert!(turns.take("ana").await.is_none(), "the line is full");
+        assert!(turns.take("ben").await.is_some(), "ben's turns are his");
+        drop(held);
+        for waiter in waiters {
+            assert!(waiter.await.unwrap(), "each waiter has its turn");
+        }
+        // One that gives up leaves its place.
+        let held = [turns.take("ana").await, turns.take("ana").await];
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(50), turns.take("ana"));
+        assert!(gave_up.await.is_err());
+        assert_eq!(line(), 0);
+        drop(held);
+    }
 
     #[test]
     fn a_users_lock_is_theirs_alone_and_goes_when_nobody_holds_it() {

@@ -172,7 +172,11 @@ impl Recorder {
         self.metas.abandoned.store(true, Ordering::SeqCst);
         let deadline = Instant::now() + wait;
         let settled = loop {
-            if self.metas.saving.try_lock().is_ok() {
+            // A save that panicked left it poisoned: it ended.
+            if !matches!(
+                self.metas.saving.try_lock(),
+                Err(std::sync::TryLockError::WouldBlock)
+            ) {
                 break true;
             }
             if Instant::now() >= deadline {

@@ -255,18 +255,20 @@ impl Server {
         let housekeeping = watch::channel(false).0;
         let done = housekeeping.clone();
         let data_dir = config.data_dir.clone();
+        // Said done however it ends (a panic, a thread that could not start), after the data
+        // dir's lock went.
+        struct Done(watch::Sender<bool>, Option<Arc<crate::admin::DataLock>>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                drop(self.1.take());
+                self.0.send_replace(true);
+            }
+        }
+        let done = Done(done, Some(held));
         let _ = std::thread::Builder::new()
             .name("sessions-index".into())
             .spawn(move || {
-                // Said done however it ends (a panic included), after the data dir's lock went.
-                struct Done(watch::Sender<bool>, Option<Arc<crate::admin::DataLock>>);
-                impl Drop for Done {
-                    fn drop(&mut self) {
-                        drop(self.1.take());
-                        self.0.send_replace(true);
-                    }
-                }
-                let _done = Done(done, Some(held));
+                let _done = done;
                 let tightened = crate::fsutil::tighten_modes(&data_dir);
                 if tightened > 0 {
                     info!(

@@ -212,14 +212,24 @@ impl State {
     }
 
     /// One of `user`'s requests in flight (`limit_exceeded` past `server.max_calls_per_user`),
-    /// then one of their turns at the store (`server.max_store_work_per_user` at once; the next
-    /// waits for one to end), for a request whose work is the store's (a listing, a
+    /// then one of their turns at the store (`server.max_store_work_per_user` at once; as many
+    /// more wait for one to end, and the next is refused), for a request whose work is the store's (a listing, a
     /// conversation, a log, an artifact). The store's work runs on the blocking threads and the
     /// database connections every user shares: one user's 256 requests in flight took half the
     /// blocking threads while everyone else's waited.
     pub(crate) async fn store_turn(&self, user: &str) -> Result<StoreTurn, ToolError> {
         let call = self.user_call(user)?;
-        let work = self.store_work.take(user).await;
+        let Some(work) = self.store_work.take(user).await else {
+            return Err(ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {n} requests working on the store (listings, conversations, logs, \
+                     artifacts) and {n} more waiting for their turn, this server's limit \
+                     (server.max_store_work_per_user); wait for some to finish, then retry",
+                    n = self.store_work.limit()
+                ),
+            ));
+        };
         Ok(StoreTurn {
             _call: call,
             _work: work,

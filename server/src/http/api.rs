@@ -1034,6 +1034,9 @@ async fn upload_artifact(
     // several times MAX_BODY while it is decoded); the others wait with their bodies read and
     // counted.
     let storing = STORING.of(&user).lock_owned().await;
+    // The user's own turn before the turn every user shares: waiting for theirs must not hold
+    // one of the few that decode uploads.
+    let slot = user_slot(&web.state, &user).await?;
     let turn = web.uploads.clone().acquire_owned().await;
     let state = web.state.clone();
     // Decoded, checked and stored on the blocking pool: tens of milliseconds of parsing and
@@ -1041,7 +1044,6 @@ async fn upload_artifact(
     // connection it serves. The turn and the count go with the content: they last until it is
     // stored, even when the client goes away meanwhile (the handler is dropped, the store's
     // work is not).
-    let slot = user_slot(&web.state, &user).await?;
     let created = blocking_held(slot, move || {
         let _storing = storing;
         let _turn = turn;

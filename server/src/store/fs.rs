@@ -36,6 +36,9 @@ pub struct FsStore {
     metas: Mutex<Option<Metas>>,
     /// Each session's audit log as far as it was counted ([`AuditTally`]).
     audit_tallies: Mutex<HashMap<String, AuditTally>>,
+    /// Tallies forgotten (an append cut back, a delete), under `audit_tallies`' lock: a count
+    /// that began before one keeps nothing it read ([`FsStore::forget_tally`]).
+    audit_forgets: std::sync::atomic::AtomicU64,
     bindings: Mutex<Option<BindingsFile>>,
     /// `folder_sessions.toml`, read on first use.
     folders: Mutex<Option<FoldersFile>>,
@@ -436,6 +439,7 @@ impl FsStore {
             checked: Mutex::new(std::collections::HashSet::new()),
             metas: Mutex::new(None),
             audit_tallies: Mutex::new(HashMap::new()),
+            audit_forgets: std::sync::atomic::AtomicU64::new(0),
             bindings: Mutex::new(None),
             folders: Mutex::new(None),
             workspaces: Mutex::new(None),
@@ -564,6 +568,15 @@ impl FsStore {
         atomic(&dir.join("session.toml"), text.as_bytes())?;
         self.cache_meta(meta);
         Ok(())
+    }
+
+    /// Forgets session `id`'s audit tally, and keeps a count that began before from keeping
+    /// what it read.
+    fn forget_tally(&self, id: &str) {
+        let mut tallies = self.audit_tallies.lock().unwrap_or_else(|p| p.into_inner());
+        tallies.remove(id);
+        self.audit_forgets
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Takes session `id`'s lock; it is given back when the guard drops.
@@ -1070,10 +1083,7 @@ impl SessionStore for FsStore {
             }
         };
         uncache();
-        self.audit_tallies
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.forget_tally(id);
         // Renamed away first: a delete cut short leaves nothing under the id that its next
         // creator (of any user) would take over as its own.
         let gone = crate::fsutil::remove_dir_by_rename(&dir);
@@ -1156,10 +1166,7 @@ impl SessionStore for FsStore {
         let appended = append_durable(&self.session_dir(id).join("audit.jsonl"), &bytes);
         if appended.is_err() {
             // Cut back to where it was: a count that read the lines meanwhile is not kept.
-            self.audit_tallies
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(id);
+            self.forget_tally(id);
         }
         appended
     }
@@ -1178,6 +1185,7 @@ impl SessionStore for FsStore {
         use std::os::unix::fs::MetadataExt;
         check_id(id)?;
         let path = self.session_dir(id).join("audit.jsonl");
+        let forgets = self.audit_forgets.load(std::sync::atomic::Ordering::SeqCst);
         let file = match std::fs::File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
@@ -1221,10 +1229,10 @@ impl SessionStore for FsStore {
                 }
                 tally.upto += n as u64;
             }
-            self.audit_tallies
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id.to_owned(), tally);
+            let mut tallies = self.audit_tallies.lock().unwrap_or_else(|p| p.into_inner());
+            if self.audit_forgets.load(std::sync::atomic::Ordering::SeqCst) == forgets {
+                tallies.insert(id.to_owned(), tally);
+            }
         }
         Ok(tally.records)
     }
