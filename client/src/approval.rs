@@ -208,7 +208,7 @@ impl Rule {
                 let program = argv.first().map_or("", String::as_str);
                 let background = in_background(args);
                 match site {
-                    ProgramSite::Outside(path) if INERT_PROGRAMS.contains(&program) => {
+                    ProgramSite::Outside(path) if runs_nothing_else(program, site) => {
                         Rule::Program {
                             name: program.to_owned(),
                             path: path.clone(),
@@ -338,6 +338,13 @@ fn looked_up(lookup: &Lookup) -> String {
          one is added, changed or removed in {}; {files}",
         dirs.join(", ")
     )
+}
+
+/// Whether `program` (`argv[0]`), found at `site`, is one of the [`INERT_PROGRAMS`] from a
+/// directory commands cannot write: it runs no other program, and "always" covers it with any
+/// arguments ([`Rule::Program`]).
+pub fn runs_nothing_else(program: &str, site: &ProgramSite) -> bool {
+    matches!(site, ProgramSite::Outside(_)) && INERT_PROGRAMS.contains(&program)
 }
 
 /// Whether a `run_command` call may leave its process running in the background (`background`,

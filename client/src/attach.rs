@@ -25,12 +25,12 @@ use tracing::{debug, info};
 
 use crate::ClientError;
 use crate::approval::{
-    ApprovalRequest, Approver, Basis, INERT_PROGRAMS, Policy, Rule, Verdict, describe,
-    nobody_to_ask,
+    ApprovalRequest, Approver, Basis, Policy, Rule, Verdict, describe, nobody_to_ask,
+    runs_nothing_else,
 };
 use crate::config::ClientConfig;
 use crate::connect::connect_in_order;
-use crate::site::{CommandPlace, Lookup, ProgramSite, locate, lookup};
+use crate::site::{CommandPlace, Lookup, locate, lookup};
 
 /// Largest request accepted: a 16 MiB write (the default `write_max_bytes`) as JSON, with room
 /// for escapes. Requests are buffered whole, so this bounds memory per request.
@@ -1719,8 +1719,7 @@ async fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> Command
             .get("cwd")
             .and_then(Value::as_str)
             .and_then(|cwd| sandbox.directory_elsewhere(cwd));
-        let inert = matches!(site, ProgramSite::Outside(_))
-            && program.is_some_and(|p| INERT_PROGRAMS.contains(&p));
+        let inert = program.is_some_and(|p| runs_nothing_else(p, &site));
         CommandPlace {
             lookup: if inert {
                 Lookup::default()
