@@ -328,15 +328,10 @@ fn looked_up(lookup: &Lookup) -> String {
             "programs it starts by name are looked up where calls cannot change them; {files}"
         );
     }
-    let dirs: Vec<_> = lookup
-        .changeable
-        .iter()
-        .map(|d| format!("`{}`", printable_name(d)))
-        .collect();
     format!(
         "programs it starts by name are looked up as they are now: it is asked about again once \
          one is added, changed or removed in {}; {files}",
-        dirs.join(", ")
+        lookup.shown_dirs()
     )
 }
 

@@ -1566,11 +1566,10 @@ async fn run(
             && !(now.lookup.too_large && place.lookup.too_large)
             && now.lookup != place.lookup
         {
-            Some(
-                "a program it may start by name was added, changed or removed in the \
-                 directories of its PATH"
-                    .to_owned(),
-            )
+            Some(format!(
+                "a program it may start by name was added, changed or removed in {}",
+                now.lookup.shown_dirs()
+            ))
         } else {
             None
         };

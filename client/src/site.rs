@@ -53,6 +53,16 @@ pub struct Lookup {
 impl Lookup {
     /// The most entries read in one changeable directory to pin a lookup.
     pub const MAX_ENTRIES: usize = 20_000;
+
+    /// The changeable directories, each in backticks, escaped (safe to print).
+    pub fn shown_dirs(&self) -> String {
+        let dirs: Vec<_> = self
+            .changeable
+            .iter()
+            .map(|d| format!("`{}`", printable_name(d)))
+            .collect();
+        dirs.join(", ")
+    }
 }
 
 /// How names are looked up for a command in `sandbox` now ([`Lookup`]).

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-/// One lock (`T`: a mutex of either kind) per user, made on first use and gone once nobody
+/// One lock (`T`: a mutex of either kind, or a user's [`Turns`]) per user, made on first use and gone once nobody
 /// holds it: one user's long work under it (deleting a workspace of thousands of sessions)
 /// holds up only that user's own.
 #[derive(Debug)]
@@ -16,6 +16,13 @@ pub struct UserLocks<T> {
 }
 
 impl<T: Default> UserLocks<T> {
+    /// `user`'s lock: the one someone holds or waits for, else a new one.
+    pub fn of(&self, user: &str) -> Arc<T> {
+        self.of_or(user, T::default)
+    }
+}
+
+impl<T> UserLocks<T> {
     /// No lock yet.
     pub const fn new() -> UserLocks<T> {
         UserLocks {
@@ -23,8 +30,8 @@ impl<T: Default> UserLocks<T> {
         }
     }
 
-    /// `user`'s lock: the one someone holds or waits for, else a new one.
-    pub fn of(&self, user: &str) -> Arc<T> {
+    /// `user`'s: the one someone holds or waits for, else a new one that `make` makes.
+    pub fn of_or(&self, user: &str, make: impl FnOnce() -> T) -> Arc<T> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
         live.retain(|(_, lock)| lock.strong_count() > 0);
         if let Some(lock) = live
@@ -34,7 +41,7 @@ impl<T: Default> UserLocks<T> {
         {
             return lock;
         }
-        let lock = Arc::new(T::default());
+        let lock = Arc::new(make());
         live.push((user.to_owned(), Arc::downgrade(&lock)));
         lock
     }
@@ -51,7 +58,7 @@ impl<T: Default> Default for UserLocks<T> {
 #[derive(Debug)]
 pub struct Turns {
     limit: usize,
-    live: Mutex<Vec<(String, Weak<UserTurns>)>>,
+    users: UserLocks<UserTurns>,
 }
 
 /// One user's turns, and how many wait for one.
@@ -73,7 +80,7 @@ impl Turns {
     pub fn new(limit: usize) -> Turns {
         Turns {
             limit: limit.max(1),
-            live: Mutex::new(Vec::new()),
+            users: UserLocks::new(),
         }
     }
 
@@ -85,25 +92,10 @@ impl Turns {
     /// Waits for one of `user`'s turns; `None` when `limit` of theirs already wait.
     pub async fn take(&self, user: &str) -> Option<Turn> {
         use std::sync::atomic::Ordering;
-        let user_turns = {
-            let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-            live.retain(|(_, turns)| turns.strong_count() > 0);
-            match live
-                .iter()
-                .find(|(name, _)| name == user)
-                .and_then(|(_, turns)| turns.upgrade())
-            {
-                Some(turns) => turns,
-                None => {
-                    let turns = Arc::new(UserTurns {
-                        turns: Arc::new(tokio::sync::Semaphore::new(self.limit)),
-                        waiting: std::sync::atomic::AtomicUsize::new(0),
-                    });
-                    live.push((user.to_owned(), Arc::downgrade(&turns)));
-                    turns
-                }
-            }
-        };
+        let user_turns = self.users.of_or(user, || UserTurns {
+            turns: Arc::new(tokio::sync::Semaphore::new(self.limit)),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+        });
         let waiting = &user_turns.waiting;
         let room = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
             (n < self.limit).then_some(n + 1)
@@ -305,7 +297,7 @@ mod tests {
             .collect();
         // Both in line.
         let line = || {
-            let live = turns.live.lock().unwrap();
+            let live = turns.users.live.lock().unwrap();
             let (_, ana) = live.iter().find(|(name, _)| name == "ana").unwrap();
             ana.upgrade()
                 .unwrap()

@@ -723,6 +723,20 @@ mod tests {
         assert_eq!(listed(&store, a), ["a-1", "a-2", "a-3", "a-4"]);
     }
 
+    /// The session of [`stuck_recorder`].
+    const STUCK_SESSION: &str = "00000000-0000-4000-8000-00000000000a";
+
+    /// A recorder writing to a store in a new directory (kept by the first), held up on the
+    /// first artifact of session [`STUCK_SESSION`] until the sender sends ([`held_up`]).
+    fn stuck_recorder() -> (tempfile::TempDir, Arc<FsStore>, Recorder, mpsc::Sender<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let recorder = Recorder::start(store.clone());
+        create_session(&store, STUCK_SESSION);
+        let release = held_up(&recorder, meta(STUCK_SESSION, 1), 0);
+        (dir, store, recorder, release)
+    }
+
     /// The recorder held up on artifact `meta` of `ana`'s, which holds `holds` bytes, until the
     /// sender given back sends (the store not answering).
     fn held_up(recorder: &Recorder, meta: ArtifactMeta, holds: usize) -> mpsc::Sender<()> {
@@ -745,12 +759,8 @@ mod tests {
     /// its folders went back.
     #[test]
     fn an_abandoned_recorder_saves_no_metadata_over_what_was_saved_after() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(FsStore::new(dir.path()));
-        let recorder = Recorder::start(store.clone());
-        let a = "00000000-0000-4000-8000-00000000000a";
-        create_session(&store, a);
-        let release = held_up(&recorder, meta(a, 1), 0);
+        let (_dir, store, recorder, release) = stuck_recorder();
+        let a = STUCK_SESSION;
         let named = |name: &str| {
             let mut meta = store.load(a).unwrap().unwrap();
             meta.name = Some(name.into());
@@ -812,12 +822,8 @@ mod tests {
     /// answer (a database gone) held the server's exit for ever.
     #[test]
     fn a_flush_with_a_deadline_gives_up_on_a_store_that_does_not_answer() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(FsStore::new(dir.path()));
-        let recorder = Recorder::start(store.clone());
-        let a = "00000000-0000-4000-8000-00000000000a";
-        create_session(&store, a);
-        let release = held_up(&recorder, meta(a, 1), 0);
+        let (_dir, store, recorder, release) = stuck_recorder();
+        let a = STUCK_SESSION;
         assert!(!recorder.flush_within(Duration::from_millis(100)));
         release.send(()).unwrap();
         assert!(recorder.flush_within(Duration::from_secs(60)));

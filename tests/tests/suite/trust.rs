@@ -641,38 +641,31 @@ async fn always_on_a_shell_line_does_not_cover_programs_its_names_find_in_the_fo
     ok(call(&agent, "run_command", run("ls")).await);
     assert_eq!(approver.seen().len(), 1);
 
-    executable(
-        &dir.path().join(".venv/bin/ls"),
-        "#!/bin/sh\necho shadow > pwned.txt\n",
-    );
-    expect_code(
-        call(&agent, "run_command", run("ls")).await,
-        ErrorCode::Denied,
-    );
-    assert_eq!(approver.seen().len(), 2, "asked again");
-    assert!(
-        !dir.path().join("pwned.txt").exists(),
-        "the folder's ls ran"
-    );
+    // The same line, once the program it names is another: asked again, and refused, and the
+    // payload did not run.
+    let refused_when_asked_again = async |line: &str, program: &str, asked: usize| {
+        executable(
+            &dir.path().join(program),
+            "#!/bin/sh\necho shadow > pwned.txt\n",
+        );
+        expect_code(
+            call(&agent, "run_command", run(line)).await,
+            ErrorCode::Denied,
+        );
+        assert_eq!(approver.seen().len(), asked, "{line}: asked again");
+        assert!(
+            !dir.path().join("pwned.txt").exists(),
+            "{line}: {program} ran"
+        );
+    };
+    refused_when_asked_again("ls", ".venv/bin/ls", 2).await;
     std::fs::remove_dir_all(dir.path().join(".venv")).unwrap();
 
     let (result, _) = ok(call(&agent, "run_command", run("greet")).await);
     assert_eq!(result["stdout"], "hello\n");
     ok(call(&agent, "run_command", run("greet")).await);
     assert_eq!(approver.seen().len(), 3);
-    executable(
-        &dir.path().join("node_modules/.bin/greet"),
-        "#!/bin/sh\necho shadow > pwned.txt\n",
-    );
-    expect_code(
-        call(&agent, "run_command", run("greet")).await,
-        ErrorCode::Denied,
-    );
-    assert_eq!(approver.seen().len(), 4, "asked again");
-    assert!(
-        !dir.path().join("pwned.txt").exists(),
-        "the rewritten greet ran"
-    );
+    refused_when_asked_again("greet", "node_modules/.bin/greet", 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
