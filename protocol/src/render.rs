@@ -1250,11 +1250,25 @@ fn memory_store(r: MemoryStoreResult) -> String {
 }
 
 fn memory_recall(r: MemoryRecallResult) -> String {
+    let left_out = match r.not_shown {
+        0 => String::new(),
+        n => format!(
+            "{} not shown: one recall holds at most {} KiB of notes (a narrower `query` recalls \
+             them, as does `read_file` of `memory/KEY.md` in the primary workspace)",
+            plural(n, "note", "notes"),
+            crate::tools::MEMORY_RECALL_MAX_BYTES / 1024
+        ),
+    };
     if r.notes.is_empty() {
-        return match r.not_matching {
-            0 => "No notes.".to_owned(),
-            n => format!(
+        return match (r.not_matching, left_out.is_empty()) {
+            (0, true) => "No notes.".to_owned(),
+            (0, false) => format!("{left_out}."),
+            (n, true) => format!(
                 "No note matches the query; the memory holds {} (without `query`, every note).",
+                plural(n, "note", "notes")
+            ),
+            (n, false) => format!(
+                "No note shown: {} the query did not match; {left_out}.",
                 plural(n, "note", "notes")
             ),
         };
@@ -1266,6 +1280,9 @@ fn memory_recall(r: MemoryRecallResult) -> String {
             " ({} the query did not match; without `query`, every note)",
             plural(r.not_matching, "other note", "other notes")
         );
+    }
+    if !left_out.is_empty() {
+        let _ = write!(out, "; {left_out}");
     }
     out.push(':');
     for n in &r.notes {
@@ -2468,6 +2485,25 @@ mod tests {
             ),
             "1 note (1 other note the query did not match; without `query`, every note):\n\n\
              ## plan\nship it"
+        );
+        // Notes left out for the answer's size are said to be there, and how to get them.
+        assert_eq!(
+            render(
+                ToolName::MemoryRecall,
+                json!({"notes": [{"key": "a", "text": "x"}], "not_shown": 2})
+            ),
+            "1 note; 2 notes not shown: one recall holds at most 256 KiB of notes (a narrower \
+             `query` recalls them, as does `read_file` of `memory/KEY.md` in the primary \
+             workspace):\n\n## a\nx"
+        );
+        assert_eq!(
+            render(
+                ToolName::MemoryRecall,
+                json!({"notes": [], "not_matching": 1, "not_shown": 1})
+            ),
+            "No note shown: 1 note the query did not match; 1 note not shown: one recall holds \
+             at most 256 KiB of notes (a narrower `query` recalls them, as does `read_file` of \
+             `memory/KEY.md` in the primary workspace)."
         );
     }
 

@@ -424,7 +424,8 @@ impl ToolName {
             }
             ToolName::MemoryRecall => {
                 "Read notes back from the session's memory: those whose key or text contains \
-                 `query`, or all of them without one."
+                 `query`, or all of them without one. One recall holds at most 256 KiB of notes \
+                 (`not_shown` counts the others)."
             }
         }
     }
@@ -1476,7 +1477,23 @@ pub struct MemoryRecallResult {
     /// How many other notes the memory holds, which `query` did not match.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub not_matching: u64,
+    /// How many notes were left out for the answer's size: ones that match but did not fit in
+    /// the [`MEMORY_RECALL_MAX_BYTES`] one recall holds, and ones past the
+    /// [`MEMORY_RECALL_SCAN_MAX_BYTES`] one recall reads (whether those match is not known).
+    /// A narrower `query` recalls them, as does `read_file` of `memory/KEY.md` in the primary
+    /// workspace. Absent when none were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_shown: u64,
 }
+
+/// Most bytes of notes' text one `memory_recall` answers with: the notes in key order, until
+/// the next would not fit (the server holds the whole answer in memory: a memory of 5,000
+/// notes of 256 KiB, or as many links to one, was a 1.25 GiB answer).
+pub const MEMORY_RECALL_MAX_BYTES: usize = 256 * 1024;
+
+/// Most bytes of notes one `memory_recall` reads to look for its `query` (each note is read
+/// whole, up to the primary workspace's read cap).
+pub const MEMORY_RECALL_SCAN_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
 /// What a program gets for a call (MCP `structuredContent`): the workspace that ran it and either
 /// the tool's result or its error. [`ToolName::output_schema`] is this type's schema for each

@@ -20,7 +20,7 @@ pub const ALPN: &[u8] = b"monad/1";
 /// Major version, also in [`ALPN`]: peers with another major version cannot talk.
 pub const PROTOCOL_MAJOR: u32 = 1;
 /// Minor version: additions that older peers can ignore. The lower of the two is used.
-pub const PROTOCOL_MINOR: u32 = 14;
+pub const PROTOCOL_MINOR: u32 = 15;
 /// The first minor version with result bodies ([`Body`]): a peer never sends one on a connection
 /// whose negotiated minor version is lower, and sends the field inline instead.
 pub const BODY_MINOR: u32 = 1;
@@ -109,6 +109,10 @@ pub const NETWORK_POLICY_MINOR: u32 = 14;
 /// Longest [`WorkspaceInfo::network`] a server keeps, in bytes (a longer one is cut, marked
 /// with `…`).
 pub const MAX_NETWORK_SUMMARY: usize = 1024;
+// --- Minor 15.
+/// The first minor version whose `memory_recall` result may say how many notes it left out
+/// ([`crate::tools::MemoryRecallResult::not_shown`]); left out of the result for an older agent.
+pub const RECALL_BOUND_MINOR: u32 = 15;
 
 /// `summary` as a [`WorkspaceInfo::network`] holds it: cut to at most [`MAX_NETWORK_SUMMARY`]
 /// bytes on a character boundary, marked `…` where cut.
@@ -676,14 +680,15 @@ pub enum Outcome {
 
 impl Outcome {
     /// The outcome of a call of `tool` as an agent speaking minor `minor` can read it: what a
-    /// `workspaces` result holds that is newer than that is left out (the agent's own copy of
-    /// the tool's output schema, which an MCP host checks results against, refuses fields it
-    /// does not know).
+    /// `workspaces` or `memory_recall` result holds that is newer than that is left out (the
+    /// agent's own copy of the tool's output schema, which an MCP host checks results against,
+    /// refuses fields it does not know).
     pub fn for_minor(&mut self, tool: &str, minor: u32) {
-        if minor >= NETWORK_POLICY_MINOR || tool != ToolName::Workspaces.as_str() {
+        let Outcome::Ok { result } = self else {
             return;
-        }
-        if let Outcome::Ok { result } = self
+        };
+        if minor < NETWORK_POLICY_MINOR
+            && tool == ToolName::Workspaces.as_str()
             && let Some(list) = result
                 .tree_mut()
                 .get_mut("workspaces")
@@ -692,6 +697,12 @@ impl Outcome {
             for workspace in list.iter_mut().filter_map(Value::as_object_mut) {
                 workspace.remove("network");
             }
+        }
+        if minor < RECALL_BOUND_MINOR
+            && tool == ToolName::MemoryRecall.as_str()
+            && let Some(recalled) = result.tree_mut().as_object_mut()
+        {
+            recalled.remove("not_shown");
         }
     }
 }
@@ -2232,6 +2243,23 @@ mod tests {
             "{kept}"
         );
         assert!(kept.starts_with("network to éé"), "{kept}");
+    }
+
+    #[test]
+    fn a_recalls_count_of_notes_left_out_is_left_out_for_a_peer_older_than_minor_15() {
+        let result = |minor: u32, tool: &str| {
+            let mut outcome = Outcome::Ok {
+                result: ToolResult::from(json!({"notes": [], "not_shown": 3})),
+            };
+            outcome.for_minor(tool, minor);
+            let Outcome::Ok { result } = outcome else {
+                unreachable!()
+            };
+            result.value().get("not_shown").cloned()
+        };
+        assert_eq!(result(RECALL_BOUND_MINOR - 1, "memory_recall"), None);
+        assert_eq!(result(RECALL_BOUND_MINOR, "memory_recall"), Some(json!(3)));
+        assert_eq!(result(RECALL_BOUND_MINOR - 1, "stat"), Some(json!(3)));
     }
 
     #[test]

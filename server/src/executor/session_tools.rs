@@ -2,7 +2,10 @@
 //! workspaces, its focus and where un-targeted calls go), `memory_store` and `memory_recall`
 //! (notes kept as `memory/<key>.md` in the primary workspace).
 
-use monad_protocol::tools::{MemoryRecallArgs, MemoryStoreArgs, WorkspacesArgs, WorkspacesResult};
+use monad_protocol::tools::{
+    MEMORY_RECALL_MAX_BYTES, MEMORY_RECALL_SCAN_MAX_BYTES, MemoryRecallArgs, MemoryRecallResult,
+    MemoryStoreArgs, Note, WorkspacesArgs, WorkspacesResult,
+};
 use monad_protocol::{ErrorCode, ToolError, ToolName};
 use serde_json::{Value, json};
 
@@ -87,6 +90,12 @@ pub(super) async fn memory_store(session: &Session, args: Value) -> Result<Value
     Ok(json!({ "key": args.key, "stored": true }))
 }
 
+/// The notes of `memory/` in the primary workspace whose key or text holds the query, in key
+/// order, bounded: the answer holds at most [`MEMORY_RECALL_MAX_BYTES`] of notes and the recall
+/// reads at most [`MEMORY_RECALL_SCAN_MAX_BYTES`] (notes are files anyone with a command there
+/// can make: 5,000 of 256 KiB, or links to one, were one answer of 1.25 GiB in the server's
+/// memory); what is left out is counted (`not_shown`). A note is `memory/KEY.md`, read whole up
+/// to the workspace's read cap.
 pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Value, ToolError> {
     let args: MemoryRecallArgs = parse(ToolName::MemoryRecall, args)?;
     let sandbox = session.primary.sandbox().await?;
@@ -104,8 +113,12 @@ pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Valu
             }
             Err(e) => return Err(e.to_tool_error()),
         };
-        let mut notes = Vec::new();
-        let mut kept = 0u64;
+        let mut recalled = MemoryRecallResult {
+            notes: Vec::new(),
+            not_matching: 0,
+            not_shown: 0,
+        };
+        let (mut shown, mut read) = (0usize, 0u64);
         for entry in listing.entries {
             let Some(key) = entry
                 .path
@@ -114,29 +127,40 @@ pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Valu
             else {
                 continue;
             };
+            if read >= MEMORY_RECALL_SCAN_MAX_BYTES {
+                recalled.not_shown += 1;
+                continue;
+            }
             let Ok(file) = sandbox.read_file(&monad_protocol::tools::ReadFileArgs {
                 path: entry.path.clone(),
                 offset: None,
-                limit: None,
+                // Whole, up to the read cap: a note of many short lines is not cut at the
+                // default page.
+                limit: Some(u64::MAX),
                 workspace: None,
             }) else {
                 continue;
             };
-            kept += 1;
+            read = read.saturating_add(file.content.len() as u64);
             let matches = query.as_deref().is_none_or(|q| {
                 key.to_lowercase().contains(q) || file.content.to_lowercase().contains(q)
             });
-            if matches {
-                notes.push(json!({ "key": key, "text": file.content }));
+            if !matches {
+                recalled.not_matching += 1;
+            } else if recalled.not_shown == 0
+                && shown.saturating_add(file.content.len()) <= MEMORY_RECALL_MAX_BYTES
+            {
+                shown += file.content.len();
+                recalled.notes.push(Note {
+                    key: key.to_owned(),
+                    text: file.content,
+                });
+            } else {
+                recalled.not_shown += 1;
             }
         }
-        // Whether the memory holds others: "no notes" would read as an empty memory.
-        let others = kept - notes.len() as u64;
-        Ok(if others > 0 {
-            json!({ "notes": notes, "not_matching": others })
-        } else {
-            json!({ "notes": notes })
-        })
+        serde_json::to_value(recalled)
+            .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))
     })
     .await
     .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?

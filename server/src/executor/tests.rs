@@ -1343,3 +1343,59 @@ async fn a_search_with_context_is_refused_for_an_older_client_and_empty_values_a
     .await;
     assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
 }
+
+#[tokio::test]
+async fn a_memory_recall_answers_with_a_bounded_share_of_the_notes_and_counts_the_rest() {
+    use monad_protocol::tools::{
+        MEMORY_RECALL_MAX_BYTES, MEMORY_RECALL_SCAN_MAX_BYTES, MemoryRecallResult,
+    };
+    let (fx, _peer) = Fixture::new();
+    let progress = Lines::default();
+    let call = async |tool: &str, args: Value| {
+        let output = fx.executor.call(&fx.session, tool, args, &progress).await;
+        match output.outcome {
+            Outcome::Ok { result } => result.into_value(),
+            other => panic!("{tool}: {other:?}"),
+        }
+    };
+    // Enough notes of 250,000 bytes that reading them all passes the scan's bound; the last
+    // one, in key order, holds the word looked for.
+    let note = 250_000;
+    let count = MEMORY_RECALL_SCAN_MAX_BYTES / note as u64 + 3;
+    for i in 0..count {
+        let text = "a".repeat(note);
+        call(
+            "memory_store",
+            json!({"key": format!("n{i:03}"), "text": text}),
+        )
+        .await;
+    }
+    call("memory_store", json!({"key": "z", "text": "the needle"})).await;
+    let all = count + 1;
+
+    // Without a query: the notes in key order while they fit, the others counted.
+    let recalled: MemoryRecallResult =
+        serde_json::from_value(call("memory_recall", json!({})).await).unwrap();
+    let shown: usize = recalled.notes.iter().map(|n| n.text.len()).sum();
+    assert!(
+        shown <= MEMORY_RECALL_MAX_BYTES,
+        "{shown} bytes of notes in one answer"
+    );
+    assert_eq!(recalled.notes.len(), MEMORY_RECALL_MAX_BYTES / note);
+    assert_eq!(recalled.notes[0].key, "n000");
+    assert_eq!(recalled.notes.len() as u64 + recalled.not_shown, all);
+    assert_eq!(recalled.not_matching, 0);
+
+    // A query: the notes past what one recall reads are not looked at, and said to be left out
+    // rather than not matching.
+    let recalled: MemoryRecallResult =
+        serde_json::from_value(call("memory_recall", json!({"query": "needle"})).await).unwrap();
+    assert!(recalled.notes.is_empty(), "{:?}", recalled.notes.len());
+    assert!(recalled.not_shown >= 1, "{}", recalled.not_shown);
+    assert_eq!(recalled.not_matching + recalled.not_shown, all);
+    let read = recalled.not_matching * note as u64;
+    assert!(
+        read < MEMORY_RECALL_SCAN_MAX_BYTES + note as u64,
+        "{read} bytes read"
+    );
+}
