@@ -219,20 +219,26 @@ impl State {
     /// blocking threads while everyone else's waited.
     pub(crate) async fn store_turn(&self, user: &str) -> Result<StoreTurn, ToolError> {
         let call = self.user_call(user)?;
-        let Some(work) = self.store_work.take(user).await else {
-            return Err(ToolError::new(
+        Ok(StoreTurn {
+            _call: call,
+            _work: self.store_work_turn(user).await?,
+        })
+    }
+
+    /// One of `user`'s turns at the store alone, for work a request that already holds one of
+    /// their slots does (a call's session opening).
+    async fn store_work_turn(&self, user: &str) -> Result<crate::quota::Turn, ToolError> {
+        self.store_work.take(user).await.ok_or_else(|| {
+            ToolError::new(
                 ErrorCode::LimitExceeded,
                 format!(
                     "you have {n} requests working on the store (listings, conversations, logs, \
-                     artifacts) and {n} more waiting for their turn, this server's limit \
-                     (server.max_store_work_per_user); wait for some to finish, then retry",
+                     artifacts, session openings) and {n} more waiting for their turn, this \
+                     server's limit (server.max_store_work_per_user); wait for some to finish, \
+                     then retry",
                     n = self.store_work.limit()
                 ),
-            ));
-        };
-        Ok(StoreTurn {
-            _call: call,
-            _work: work,
+            )
         })
     }
 
@@ -413,6 +419,11 @@ impl State {
     /// writing (the common case: an agent naming its session call after call), else looked up
     /// on the blocking pool, since opening a session that is not in memory reads (or creates,
     /// with an fsync) its metadata in the store, and binding a device may write the bindings.
+    /// That work takes one of the user's turns at the store ([`State::store_work_turn`]), held
+    /// by it to its end even when the request is dropped before: a lookup by name reads every
+    /// session of the user's, and prompts, workspace listings and watches, which take no call
+    /// slot, or calls cancelled at once, piled such lookups up on the pool and the database
+    /// connections every user shares.
     pub(crate) async fn session(
         self: &Arc<Self>,
         user: &str,
@@ -428,6 +439,7 @@ impl State {
         if let Some(found) = in_memory {
             return found;
         }
+        let turn = self.store_work_turn(user).await?;
         let state = self.clone();
         let user = user.to_owned();
         let task = match lookup {
@@ -435,6 +447,7 @@ impl State {
                 let requested = requested.map(str::to_owned);
                 let device = device.cloned();
                 tokio::task::spawn_blocking(move || {
+                    let _turn = turn;
                     state
                         .registry
                         .resolve(requested.as_deref(), &user, device.as_ref())
@@ -442,11 +455,15 @@ impl State {
             }
             Lookup::Open(Some(id)) => {
                 let id = id.to_owned();
-                tokio::task::spawn_blocking(move || state.registry.open_own(&id, &user))
+                tokio::task::spawn_blocking(move || {
+                    let _turn = turn;
+                    state.registry.open_own(&id, &user)
+                })
             }
-            Lookup::Open(None) => {
-                tokio::task::spawn_blocking(move || state.registry.resolve(None, &user, None))
-            }
+            Lookup::Open(None) => tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                state.registry.resolve(None, &user, None)
+            }),
         };
         task.await
             .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))

@@ -1499,3 +1499,75 @@ async fn a_store_that_stops_answering_does_not_hold_a_shutdown() {
         .unwrap();
     let _ = holder.join();
 }
+
+/// Looking up a session that is not in memory is store work: one of the user's turns
+/// (`server.max_store_work_per_user`), held by the lookup to its end. Prompts, workspace
+/// listings and watches take no call slot, and a lookup by name reads every session of the
+/// user's: without the turn, one user's lookups of a slow table piled up on the blocking threads
+/// and the database connections every user shares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_session_lookups_take_turns_at_the_store() {
+    let Some(pg) = Pg::alone("a_users_session_lookups_take_turns_at_the_store") else {
+        return;
+    };
+    let server = monad_tests::TestServer::start_with(|c| {
+        pg.configure(c);
+        c.quotas.max_store_work_per_user = 1;
+    })
+    .await;
+    let agent = Arc::new(server.agent().await);
+    agent.workspaces(None).await.unwrap();
+    let database = pg.url.rsplit('/').next().unwrap().to_owned();
+    let holder = {
+        let database = database.clone();
+        tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 6))
+            .await
+            .unwrap()
+    };
+    // Three lookups of sessions not in memory: one runs (and waits on the table), one waits
+    // for its turn, the third is refused at once.
+    let mut lookups = tokio::task::JoinSet::new();
+    for i in 0..3 {
+        let agent = agent.clone();
+        lookups.spawn(async move { agent.workspaces(Some(&format!("s{i}"))).await });
+    }
+    let refused = within(STEP, "one lookup to be refused", lookups.join_next())
+        .await
+        .unwrap()
+        .unwrap();
+    let said = refused
+        .expect_err("a lookup past the user's turns is refused")
+        .to_string();
+    assert!(said.contains("max_store_work_per_user"), "{said}");
+    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock'";
+    let cluster = pg::cluster().unwrap();
+    within(STEP, "a lookup to wait on the table", async {
+        while cluster.psql(&database, blocked).unwrap() != "1" {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        cluster.psql(&database, blocked).unwrap(),
+        "1",
+        "one lookup at a time reads the table"
+    );
+    while let Some(looked_up) = within(
+        STEP,
+        "the lookups once the table is free",
+        lookups.join_next(),
+    )
+    .await
+    {
+        // Read, not refused: no such session.
+        let said = looked_up
+            .unwrap()
+            .expect_err("no session of that name")
+            .to_string();
+        assert!(said.contains("does not exist"), "{said}");
+    }
+    let _ = tokio::task::spawn_blocking(move || holder.join()).await;
+    server.stop().await;
+}
