@@ -538,23 +538,35 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
     // search that found one match in each of 600 files). A line around a match (`context`) is
     // written `path-N- line`, as grep does, and `--` stands between runs of lines that do not
     // follow each other.
+    //
+    // A path that holds the marks themselves (`app-10:12:33.log:5: ERROR` reads as line 12 of
+    // `app-10`, `2024-01-15-post.md-9- text` as line 1 of `2024`) would make such lines
+    // ambiguous: then every file's path is a heading of its own, its lines `N: text` under it,
+    // and files are set apart by a blank line, as ripgrep's `--heading` does.
     let with_context = r.matches.iter().any(|m| m.context);
+    let headings = groups.iter().any(|group| {
+        let path = &group[0].path;
+        path.contains(':') || (with_context && path.contains('-'))
+    });
     for (i, group) in groups.iter().enumerate().filter(|_| !r.files_only) {
-        if i > 0 && (group.len() > 1 || groups[i - 1].len() > 1) {
+        if i > 0 && (headings || group.len() > 1 || groups[i - 1].len() > 1) {
             out.push('\n');
+        }
+        if headings {
+            out.push('\n');
+            out.push_str(&shown(&group[0].path));
         }
         for (j, m) in group.iter().enumerate() {
             if with_context && j > 0 && m.line_number != group[j - 1].line_number + 1 {
                 out.push_str("\n--");
             }
             let mark = if m.context { '-' } else { ':' };
-            let _ = write!(
-                out,
-                "\n{}{mark}{}{mark} {}",
-                shown(&m.path),
-                m.line_number,
-                m.line
-            );
+            out.push('\n');
+            if !headings {
+                out.push_str(&shown(&m.path));
+                out.push(mark);
+            }
+            let _ = write!(out, "{}{mark} {}", m.line_number, m.line);
         }
     }
     if !stopped.is_empty() {
@@ -1848,6 +1860,46 @@ mod tests {
             "No matches in workspace laptop (searched 1 file)."
         );
         assert!(ToolName::Search.input_schema()["properties"]["max_results"].is_object());
+    }
+
+    #[test]
+    fn a_path_holding_the_marks_of_a_match_line_is_a_heading_of_its_own() {
+        // `app-10:12:33.log:5: ERROR` would read as line 12 of `app-10`.
+        let colons = render(
+            ToolName::Search,
+            json!({"files_searched": 2, "truncated": false, "matches": [
+                {"path": "app-10:12:33.log", "line_number": 5, "line": "ERROR"},
+                {"path": "b.log", "line_number": 2, "line": "ERROR"},
+            ]}),
+        );
+        assert_eq!(
+            colons,
+            "2 matches in 2 files in workspace laptop (searched 2 files):\napp-10:12:33.log\n\
+             5: ERROR\n\nb.log\n2: ERROR"
+        );
+        // With lines around the matches, `2024-01-15-post.md-9- text` would read as line 1 of
+        // `2024`.
+        let dashes = render(
+            ToolName::Search,
+            json!({"files_searched": 1, "truncated": false, "matches": [
+                {"path": "2024-01-15-post.md", "line_number": 8, "line": "before", "context": true},
+                {"path": "2024-01-15-post.md", "line_number": 9, "line": "the match"},
+                {"path": "2024-01-15-post.md", "line_number": 20, "line": "again"},
+            ]}),
+        );
+        assert_eq!(
+            dashes,
+            "2 matches in 1 file in workspace laptop (searched 1 file):\n2024-01-15-post.md\n\
+             8- before\n9: the match\n--\n20: again"
+        );
+        // Without them, a dash is no mark: the usual lines.
+        let plain = render(
+            ToolName::Search,
+            json!({"files_searched": 1, "truncated": false, "matches": [
+                {"path": "my-file.rs", "line_number": 3, "line": "x"},
+            ]}),
+        );
+        assert!(plain.ends_with(":\nmy-file.rs:3: x"), "{plain}");
     }
 
     #[test]
