@@ -1265,10 +1265,12 @@ fn memory_recall(r: MemoryRecallResult) -> String {
     let left_out = match r.not_shown {
         0 => String::new(),
         n => format!(
-            "{} not shown: one recall holds at most {} KiB of notes (a narrower `query` recalls \
-             them, as does `read_file` of `memory/KEY.md` in the primary workspace)",
+            "{} not shown: one recall holds at most {} KiB of notes and reads at most {} MiB \
+             (`read_file` of `memory/KEY.md` in the primary workspace reads any note; `list_dir` \
+             of `memory` lists them)",
             plural(n, "note", "notes"),
-            crate::tools::MEMORY_RECALL_MAX_BYTES / 1024
+            crate::tools::MEMORY_RECALL_MAX_BYTES / 1024,
+            crate::tools::MEMORY_RECALL_SCAN_MAX_BYTES / (1024 * 1024)
         ),
     };
     if r.notes.is_empty() {
@@ -2544,9 +2546,9 @@ mod tests {
                 ToolName::MemoryRecall,
                 json!({"notes": [{"key": "a", "text": "x"}], "not_shown": 2})
             ),
-            "1 note; 2 notes not shown: one recall holds at most 256 KiB of notes (a narrower \
-             `query` recalls them, as does `read_file` of `memory/KEY.md` in the primary \
-             workspace):\n\n## a\nx"
+            "1 note; 2 notes not shown: one recall holds at most 256 KiB of notes and reads at \
+             most 16 MiB (`read_file` of `memory/KEY.md` in the primary workspace reads any \
+             note; `list_dir` of `memory` lists them):\n\n## a\nx"
         );
         assert_eq!(
             render(
@@ -2554,8 +2556,8 @@ mod tests {
                 json!({"notes": [], "not_matching": 1, "not_shown": 1})
             ),
             "No note shown: 1 note the query did not match; 1 note not shown: one recall holds \
-             at most 256 KiB of notes (a narrower `query` recalls them, as does `read_file` of \
-             `memory/KEY.md` in the primary workspace)."
+             at most 256 KiB of notes and reads at most 16 MiB (`read_file` of `memory/KEY.md` in \
+             the primary workspace reads any note; `list_dir` of `memory` lists them)."
         );
     }
 

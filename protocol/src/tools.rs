@@ -1479,16 +1479,16 @@ pub struct MemoryRecallResult {
     pub not_matching: u64,
     /// How many notes were left out for the answer's size: ones that match but did not fit in
     /// the [`MEMORY_RECALL_MAX_BYTES`] one recall holds, and ones past the
-    /// [`MEMORY_RECALL_SCAN_MAX_BYTES`] one recall reads (whether those match is not known).
-    /// A narrower `query` recalls them, as does `read_file` of `memory/KEY.md` in the primary
-    /// workspace. Absent when none were.
+    /// [`MEMORY_RECALL_SCAN_MAX_BYTES`] one recall reads, in key order (whether those match is
+    /// not known, and no query reaches them). `read_file` of `memory/KEY.md` in the primary
+    /// workspace reads any note; `list_dir` of `memory` lists them. Absent when none were.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub not_shown: u64,
 }
 
-/// Most bytes of notes' text one `memory_recall` answers with: the notes in key order, until
-/// the next would not fit (the server holds the whole answer in memory: a memory of 5,000
-/// notes of 256 KiB, or as many links to one, was a 1.25 GiB answer).
+/// Most bytes of notes (their keys and text) one `memory_recall` answers with: the notes in key
+/// order, each that fits (the server holds the whole answer in memory: a memory of 5,000 notes
+/// of 256 KiB, or as many links to one, was a 1.25 GiB answer).
 pub const MEMORY_RECALL_MAX_BYTES: usize = 256 * 1024;
 
 /// Most bytes of notes one `memory_recall` reads to look for its `query` (each note is read

@@ -89,13 +89,35 @@ impl Turns {
         self.limit
     }
 
+    /// One user's turns.
+    fn of(&self, user: &str) -> Arc<UserTurns> {
+        self.users.of_or(user, || UserTurns {
+            turns: Arc::new(tokio::sync::Semaphore::new(self.limit)),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Waits for one of `user`'s turns, however many of theirs wait: for work whose waiting is
+    /// bounded otherwise (a request that holds a call slot, or one small message of a
+    /// connection's bounded streams) and that must not fail for a burst.
+    pub async fn wait_for(&self, user: &str) -> Turn {
+        let user_turns = self.of(user);
+        let permit = user_turns
+            .turns
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("a user's turns are never closed");
+        Turn {
+            _permit: permit,
+            _user: user_turns,
+        }
+    }
+
     /// Waits for one of `user`'s turns; `None` when `limit` of theirs already wait.
     pub async fn take(&self, user: &str) -> Option<Turn> {
         use std::sync::atomic::Ordering;
-        let user_turns = self.users.of_or(user, || UserTurns {
-            turns: Arc::new(tokio::sync::Semaphore::new(self.limit)),
-            waiting: std::sync::atomic::AtomicUsize::new(0),
-        });
+        let user_turns = self.of(user);
         let waiting = &user_turns.waiting;
         let room = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
             (n < self.limit).then_some(n + 1)
@@ -318,7 +340,23 @@ mod tests {
         let gave_up = tokio::time::timeout(std::time::Duration::from_millis(50), turns.take("ana"));
         assert!(gave_up.await.is_err());
         assert_eq!(line(), 0);
+        // Work whose line is bounded otherwise waits however long the line: not refused, and
+        // still one of the user's turns at a time.
+        let patient: Vec<_> = (0..5)
+            .map(|_| {
+                let turns = turns.clone();
+                tokio::spawn(async move { drop(turns.wait_for("ana").await) })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(
+            patient.iter().all(|p| !p.is_finished()),
+            "they wait for a turn"
+        );
         drop(held);
+        for waiter in patient {
+            waiter.await.unwrap();
+        }
     }
 
     #[test]

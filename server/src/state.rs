@@ -219,26 +219,20 @@ impl State {
     /// blocking threads while everyone else's waited.
     pub(crate) async fn store_turn(&self, user: &str) -> Result<StoreTurn, ToolError> {
         let call = self.user_call(user)?;
-        Ok(StoreTurn {
-            _call: call,
-            _work: self.store_work_turn(user).await?,
-        })
-    }
-
-    /// One of `user`'s turns at the store alone, for work a request that already holds one of
-    /// their slots does (a call's session opening).
-    async fn store_work_turn(&self, user: &str) -> Result<crate::quota::Turn, ToolError> {
-        self.store_work.take(user).await.ok_or_else(|| {
-            ToolError::new(
+        let Some(work) = self.store_work.take(user).await else {
+            return Err(ToolError::new(
                 ErrorCode::LimitExceeded,
                 format!(
                     "you have {n} requests working on the store (listings, conversations, logs, \
-                     artifacts, session openings) and {n} more waiting for their turn, this \
-                     server's limit (server.max_store_work_per_user); wait for some to finish, \
-                     then retry",
+                     artifacts) and {n} more waiting for their turn, this server's limit \
+                     (server.max_store_work_per_user); wait for some to finish, then retry",
                     n = self.store_work.limit()
                 ),
-            )
+            ));
+        };
+        Ok(StoreTurn {
+            _call: call,
+            _work: work,
         })
     }
 
@@ -419,11 +413,14 @@ impl State {
     /// writing (the common case: an agent naming its session call after call), else looked up
     /// on the blocking pool, since opening a session that is not in memory reads (or creates,
     /// with an fsync) its metadata in the store, and binding a device may write the bindings.
-    /// That work takes one of the user's turns at the store ([`State::store_work_turn`]), held
-    /// by it to its end even when the request is dropped before: a lookup by name reads every
-    /// session of the user's, and prompts, workspace listings and watches, which take no call
-    /// slot, or calls cancelled at once, piled such lookups up on the pool and the database
-    /// connections every user shares.
+    /// That work waits for one of the user's turns at the store (`max_store_work_per_user`),
+    /// held by it to its end even when the request is dropped before: a lookup by name reads
+    /// every session of the user's, and prompts, workspace listings and watches, which take no
+    /// call slot, or calls cancelled at once, piled such lookups up on the pool and the
+    /// database connections every user shares. It waits however many wait, never refused: a
+    /// lookup is part of a call (which holds a call slot), an attach or a small request, each
+    /// bounded where it comes in, and refusing one failed a legitimate burst (folders
+    /// attaching again after a restart, whose client gives up on a refusal).
     pub(crate) async fn session(
         self: &Arc<Self>,
         user: &str,
@@ -439,7 +436,7 @@ impl State {
         if let Some(found) = in_memory {
             return found;
         }
-        let turn = self.store_work_turn(user).await?;
+        let turn = self.store_work.wait_for(user).await;
         let state = self.clone();
         let user = user.to_owned();
         let task = match lookup {

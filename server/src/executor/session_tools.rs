@@ -91,8 +91,8 @@ pub(super) async fn memory_store(session: &Session, args: Value) -> Result<Value
 }
 
 /// The notes of `memory/` in the primary workspace whose key or text holds the query, in key
-/// order, bounded: the answer holds at most [`MEMORY_RECALL_MAX_BYTES`] of notes and the recall
-/// reads at most [`MEMORY_RECALL_SCAN_MAX_BYTES`] (notes are files anyone with a command there
+/// order, bounded: the answer holds at most [`MEMORY_RECALL_MAX_BYTES`] of notes (each that fits,
+/// keys counted) and the recall reads at most [`MEMORY_RECALL_SCAN_MAX_BYTES`] (notes are files anyone with a command there
 /// can make: 5,000 of 256 KiB, or links to one, were one answer of 1.25 GiB in the server's
 /// memory); what is left out is counted (`not_shown`). A note is `memory/KEY.md`, read whole up
 /// to the workspace's read cap.
@@ -141,21 +141,25 @@ pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Valu
             }) else {
                 continue;
             };
-            read = read.saturating_add(file.content.len() as u64);
+            // What was read, not what it decoded to: a binary note's content is empty, and
+            // its reading still looked at its start.
+            read = read.saturating_add(file.size.max(file.content.len() as u64));
             let matches = query.as_deref().is_none_or(|q| {
                 key.to_lowercase().contains(q) || file.content.to_lowercase().contains(q)
             });
+            // The key counts too: 5,000 empty notes are an answer of their keys.
+            let size = key.len() + file.content.len();
             if !matches {
                 recalled.not_matching += 1;
-            } else if recalled.not_shown == 0
-                && shown.saturating_add(file.content.len()) <= MEMORY_RECALL_MAX_BYTES
-            {
-                shown += file.content.len();
+            } else if shown.saturating_add(size) <= MEMORY_RECALL_MAX_BYTES {
+                shown += size;
                 recalled.notes.push(Note {
                     key: key.to_owned(),
                     text: file.content,
                 });
             } else {
+                // Left out, and the next that fits is still shown: a note larger than the
+                // bound (a read cap raised past it) does not hide every note after it.
                 recalled.not_shown += 1;
             }
         }

@@ -1371,18 +1371,24 @@ async fn a_memory_recall_answers_with_a_bounded_share_of_the_notes_and_counts_th
         .await;
     }
     call("memory_store", json!({"key": "z", "text": "the needle"})).await;
-    let all = count + 1;
+    // A small note after one that does not fit is still shown.
+    call("memory_store", json!({"key": "n001a", "text": "small"})).await;
+    let all = count + 2;
 
-    // Without a query: the notes in key order while they fit, the others counted.
+    // Without a query: the notes in key order that fit, the others counted.
     let recalled: MemoryRecallResult =
         serde_json::from_value(call("memory_recall", json!({})).await).unwrap();
-    let shown: usize = recalled.notes.iter().map(|n| n.text.len()).sum();
+    let shown: usize = recalled
+        .notes
+        .iter()
+        .map(|n| n.key.len() + n.text.len())
+        .sum();
     assert!(
         shown <= MEMORY_RECALL_MAX_BYTES,
         "{shown} bytes of notes in one answer"
     );
-    assert_eq!(recalled.notes.len(), MEMORY_RECALL_MAX_BYTES / note);
-    assert_eq!(recalled.notes[0].key, "n000");
+    let keys: Vec<&str> = recalled.notes.iter().map(|n| n.key.as_str()).collect();
+    assert_eq!(keys, ["n000", "n001a"]);
     assert_eq!(recalled.notes.len() as u64 + recalled.not_shown, all);
     assert_eq!(recalled.not_matching, 0);
 
@@ -1393,7 +1399,8 @@ async fn a_memory_recall_answers_with_a_bounded_share_of_the_notes_and_counts_th
     assert!(recalled.notes.is_empty(), "{:?}", recalled.notes.len());
     assert!(recalled.not_shown >= 1, "{}", recalled.not_shown);
     assert_eq!(recalled.not_matching + recalled.not_shown, all);
-    let read = recalled.not_matching * note as u64;
+    // Every note read but the small one is of `note` bytes.
+    let read = (recalled.not_matching - 1) * note as u64;
     assert!(
         read < MEMORY_RECALL_SCAN_MAX_BYTES + note as u64,
         "{read} bytes read"

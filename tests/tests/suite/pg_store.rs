@@ -1500,11 +1500,12 @@ async fn a_store_that_stops_answering_does_not_hold_a_shutdown() {
     let _ = holder.join();
 }
 
-/// Looking up a session that is not in memory is store work: one of the user's turns
-/// (`server.max_store_work_per_user`), held by the lookup to its end. Prompts, workspace
+/// Looking up a session that is not in memory is store work: it waits for one of the user's
+/// turns (`server.max_store_work_per_user`), held by the lookup to its end. Prompts, workspace
 /// listings and watches take no call slot, and a lookup by name reads every session of the
 /// user's: without the turn, one user's lookups of a slow table piled up on the blocking threads
-/// and the database connections every user shares.
+/// and the database connections every user shares. A lookup waits rather than being refused:
+/// an attach refused after a restart is one its client gives up on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_session_lookups_take_turns_at_the_store() {
     let Some(pg) = Pg::alone("a_users_session_lookups_take_turns_at_the_store") else {
@@ -1520,25 +1521,17 @@ async fn a_users_session_lookups_take_turns_at_the_store() {
     let database = pg.url.rsplit('/').next().unwrap().to_owned();
     let holder = {
         let database = database.clone();
-        tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 6))
+        tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 4))
             .await
             .unwrap()
     };
-    // Three lookups of sessions not in memory: one runs (and waits on the table), one waits
-    // for its turn, the third is refused at once.
+    // Three lookups of sessions not in memory: one runs (and waits on the table), the others
+    // wait for their turn, none is refused.
     let mut lookups = tokio::task::JoinSet::new();
     for i in 0..3 {
         let agent = agent.clone();
         lookups.spawn(async move { agent.workspaces(Some(&format!("s{i}"))).await });
     }
-    let refused = within(STEP, "one lookup to be refused", lookups.join_next())
-        .await
-        .unwrap()
-        .unwrap();
-    let said = refused
-        .expect_err("a lookup past the user's turns is refused")
-        .to_string();
-    assert!(said.contains("max_store_work_per_user"), "{said}");
     let blocked = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
                    AND wait_event_type = 'Lock'";
     let cluster = pg::cluster().unwrap();
