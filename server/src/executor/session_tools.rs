@@ -91,11 +91,11 @@ pub(super) async fn memory_store(session: &Session, args: Value) -> Result<Value
 }
 
 /// The notes of `memory/` in the primary workspace whose key or text holds the query, in key
-/// order, bounded: the answer holds at most [`MEMORY_RECALL_MAX_BYTES`] of notes (each that fits,
-/// keys counted) and the recall reads at most [`MEMORY_RECALL_SCAN_MAX_BYTES`] (notes are files anyone with a command there
-/// can make: 5,000 of 256 KiB, or links to one, were one answer of 1.25 GiB in the server's
-/// memory); what is left out is counted (`not_shown`). A note is `memory/KEY.md`, read whole up
-/// to the workspace's read cap.
+/// order, bounded: the answer holds at most [`MEMORY_RECALL_MAX_BYTES`] of notes (each that
+/// fits, keys counted) and the recall reads at most [`MEMORY_RECALL_SCAN_MAX_BYTES`] (notes are
+/// files any command there can make: 5,000 of 256 KiB, or links to one, were one answer of
+/// 1.25 GiB in the server's memory); what is left out is counted (`not_shown`). A note is
+/// `memory/KEY.md`, read whole up to the workspace's read cap.
 pub(super) async fn memory_recall(session: &Session, args: Value) -> Result<Value, ToolError> {
     let args: MemoryRecallArgs = parse(ToolName::MemoryRecall, args)?;
     let sandbox = session.primary.sandbox().await?;
