@@ -175,13 +175,15 @@ pub fn plan(
 }
 
 /// Whether asking the candidates of a [`Plan::FirstContaining`] for its path stops at this
-/// answer of `tool`'s: at the first that has it, and for a write or edit ([`writes_where_found`])
-/// at the first that could not say, since the file may be there ([`settle`] then refuses).
-pub fn probing_ends(tool: ToolName, presence: Presence) -> bool {
+/// answer of `tool`'s (from the focus, when `focus`): at the first that has it, and at one that
+/// could not say for a write or edit ([`writes_where_found`]), since the file may be there, or
+/// when it is the focus, which calls without `workspace` do not pass over ([`settle`] then
+/// refuses).
+pub fn probing_ends(tool: ToolName, presence: Presence, focus: bool) -> bool {
     match presence {
         Presence::Present => true,
         Presence::Absent => false,
-        Presence::Unknown(_) => writes_where_found(tool),
+        Presence::Unknown(_) => focus || writes_where_found(tool),
     }
 }
 
@@ -219,6 +221,12 @@ pub fn settle(
             // A write or edit never passes over a workspace that may have the file: it could
             // leave two copies.
             Presence::Unknown(why) if writes => return Err(not_asked(tool, path, name(i), why)),
+            // Nor does any call pass over the focus, the folder the agent works in: a read
+            // from another workspace while the focus could not answer gave the agent another
+            // copy of the file than the one its next write would change.
+            Presence::Unknown(why) if Some(i) == focus => {
+                return Err(focus_not_asked(tool, path, name(i), why));
+            }
             Presence::Unknown(why) => unasked.push((name(i), why)),
         }
     }
@@ -454,6 +462,25 @@ pub fn focus_offline(tool: ToolName, name: &str) -> ToolError {
             "`{tool}` was not run: the focus workspace `{name}` is offline (its client is \
              disconnected), and calls without `workspace` go to it. Pass `workspace` to run \
              elsewhere (for example `primary`), or wait until `{name}` is back online."
+        ),
+    )
+}
+
+/// The error of a call of `tool` on `path` without `workspace` when the focus workspace `name`
+/// could not say whether it has the path.
+pub fn focus_not_asked(tool: ToolName, path: &str, name: &str, why: Unasked) -> ToolError {
+    let code = match why {
+        Unasked::TimedOut(_) => ErrorCode::Timeout,
+        Unasked::Disconnected => ErrorCode::WorkspaceDisconnected,
+        Unasked::Failed => ErrorCode::Internal,
+    };
+    ToolError::new(
+        code,
+        format!(
+            "`{tool}` of `{path}` was not run: the focus workspace `{name}` could not be asked \
+             whether it has it ({}), and calls without `workspace` do not go past the focus to \
+             another copy. Pass `workspace` to choose where, or try again.",
+            why_unasked(why)
         ),
     )
 }
@@ -800,9 +827,27 @@ mod tests {
         let (read, write, edit) = (ToolName::ReadFile, ToolName::WriteFile, ToolName::EditFile);
 
         // Asking stops at the first that has it, and for a write or edit at one that cannot say.
-        assert!(probing_ends(read, Present) && probing_ends(write, Present));
-        assert!(!probing_ends(read, Absent) && !probing_ends(edit, Absent));
-        assert!(!probing_ends(read, slow) && probing_ends(write, slow) && probing_ends(edit, slow));
+        assert!(probing_ends(read, Present, false) && probing_ends(write, Present, false));
+        assert!(!probing_ends(read, Absent, false) && !probing_ends(edit, Absent, false));
+        assert!(!probing_ends(read, slow, false));
+        assert!(probing_ends(write, slow, false) && probing_ends(edit, slow, false));
+        // ...and for any call at the focus that cannot say.
+        assert!(probing_ends(read, slow, true) && !probing_ends(read, Absent, true));
+        let err = settle(
+            read,
+            "x",
+            &[(2, slow), (0, Present)],
+            None,
+            &[1],
+            &ws,
+            Some(2),
+        )
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Timeout);
+        says(
+            &err,
+            &["focus workspace `a` could not be asked", "Pass `workspace`"],
+        );
 
         // Found: a read runs there, past a workspace that could not say and an offline one.
         assert_eq!(

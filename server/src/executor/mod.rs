@@ -403,7 +403,7 @@ impl Executor {
                             None => contains(snapshot, &path).await,
                         };
                         probes.push((i, presence));
-                        if route::probing_ends(tool, presence) {
+                        if route::probing_ends(tool, presence, Some(i) == focus) {
                             break;
                         }
                     }

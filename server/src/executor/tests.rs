@@ -877,7 +877,8 @@ async fn a_read_without_workspace_runs_where_the_path_is_in_one_round_trip() {
 }
 
 #[tokio::test]
-async fn a_folder_without_the_path_runs_nothing_and_routing_goes_on() {
+async fn a_folder_without_the_path_runs_nothing_and_routing_goes_on_but_never_past_a_silent_focus()
+{
     for silent in [false, true] {
         let (fx, mut peer) = Fixture::new();
         // The primary has `docs`; the folder, the focus, is asked first.
@@ -909,6 +910,18 @@ async fn a_folder_without_the_path_runs_nothing_and_routing_goes_on() {
             None,
         )
         .await;
+        if silent {
+            // The focus could not say: the call does not go past it to another copy.
+            let error = error_of(&output);
+            assert_eq!(error.code, ErrorCode::WorkspaceDisconnected, "{error:?}");
+            assert!(
+                error
+                    .message
+                    .contains("the focus workspace `project` could not be asked"),
+                "{error:?}"
+            );
+            continue;
+        }
         assert!(matches!(output.outcome, Outcome::Ok { .. }), "{output:?}");
         assert_eq!(output.workspace.unwrap().name, "primary");
         // Recorded where it ran, as the primary's call.
