@@ -13,7 +13,8 @@ use tracing::{debug, warn};
 
 use crate::auth::DeviceId;
 use crate::roots::{FolderSessions, best_match, parse_root};
-use crate::session::{Attached, HostHold, Registry, Session};
+use crate::session::{Attached, HostHold, Registry, Session, store_error};
+use crate::store::StoreError;
 
 /// Where a host landed.
 #[derive(Debug)]
@@ -39,16 +40,18 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// The registry's entries of `user`'s device, stale sessions (and sessions that no longer
-/// exist) pruned, and the pruning saved.
-fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<FolderSessions> {
+/// exist) pruned, and the pruning saved. A registry that cannot be read is an error, not an
+/// empty one: a landing would save a new entry over the folder's sessions. An entry with a
+/// session whose metadata cannot be read is kept as it is (that session is not known to be
+/// gone).
+fn entries(
+    registry: &Registry,
+    user: &str,
+    device: &DeviceId,
+    now: u64,
+) -> Result<Vec<FolderSessions>, StoreError> {
     let store = registry.store();
-    let mut entries = match store.folder_sessions(user, device.as_str()) {
-        Ok(entries) => entries,
-        Err(e) => {
-            warn!("folder registry: {e}");
-            return Vec::new();
-        }
-    };
+    let mut entries = store.folder_sessions(user, device.as_str())?;
     for entry in &mut entries {
         // A session's work counts as its use here (seed 002 touches a session on each tool
         // call): a host working in it for days keeps it.
@@ -57,6 +60,7 @@ fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<
         // The owners of the sessions whose metadata was read here (`None`: no such session),
         // so that pruning does not read it again.
         let mut owners: HashMap<String, Option<String>> = HashMap::new();
+        let mut unreadable = false;
         for id in ids {
             // A session in memory knows how long it has been idle; one that is not (after a
             // restart, or dropped when idle) has its last activity in its metadata.
@@ -64,19 +68,29 @@ fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<
                 Some(idle) => {
                     Some(now.saturating_sub(u64::try_from(idle.as_millis()).unwrap_or(u64::MAX)))
                 }
-                None => {
-                    let meta = store.load(&id).ok().flatten();
-                    let used = meta
-                        .as_ref()
-                        .and_then(|meta| crate::fsutil::parse_rfc3339(&meta.last_active))
-                        .map(|secs| secs.saturating_mul(1000).min(now));
-                    owners.insert(id.clone(), meta.map(|meta| meta.owner));
-                    used
-                }
+                None => match store.load(&id) {
+                    Ok(meta) => {
+                        let used = meta
+                            .as_ref()
+                            .and_then(|meta| crate::fsutil::parse_rfc3339(&meta.last_active))
+                            .map(|secs| secs.saturating_mul(1000).min(now));
+                        owners.insert(id.clone(), meta.map(|meta| meta.owner));
+                        used
+                    }
+                    Err(e) => {
+                        warn!("folder registry: session {id} could not be read: {e}");
+                        unreadable = true;
+                        break;
+                    }
+                },
             };
             if let Some(used) = used {
                 entry.use_session(&id, used, false);
             }
+        }
+        if unreadable {
+            *entry = before;
+            continue;
         }
         entry.prune(now, |id| match owners.get(id) {
             Some(owner) => owner.as_deref() == Some(user),
@@ -89,7 +103,7 @@ fn entries(registry: &Registry, user: &str, device: &DeviceId, now: u64) -> Vec<
         }
     }
     entries.retain(|e| !e.is_empty());
-    entries
+    Ok(entries)
 }
 
 /// The folders `device` has attached and online now, in any of `user`'s sessions, with their
@@ -215,7 +229,7 @@ pub(crate) fn land(
         })
         .collect();
     let _held = registry.folders_lock();
-    let entries = entries(registry, user, device, now);
+    let entries = entries(registry, user, device, now).map_err(store_error)?;
     let live = live(registry, user, device);
     let matched = pick(&parsed, &entries, &live);
     let session = match (requested, &matched) {
@@ -292,22 +306,27 @@ pub(crate) fn land(
 
 /// The session an attach that names none goes to: the folder's active session, when the
 /// registry has one for it (exactly this folder, on this device) and it still exists. The use
-/// is noted.
+/// is noted. A registry that cannot be read is an error: the folder would attach elsewhere
+/// than where its host works.
 pub(crate) fn attach_target(
     registry: &Registry,
     user: &str,
     device: &DeviceId,
     folder: &str,
     now: u64,
-) -> Option<String> {
+) -> Result<Option<String>, ToolError> {
     let _held = registry.folders_lock();
-    let mut entry = entries(registry, user, device, now)
+    let Some(mut entry) = entries(registry, user, device, now)
+        .map_err(store_error)?
         .into_iter()
-        .find(|e| e.folder == folder)?;
+        .find(|e| e.folder == folder)
+    else {
+        return Ok(None);
+    };
     let active = entry.active.clone();
     entry.use_session(&active, now, false);
     save(registry, &entry);
-    Some(active)
+    Ok(Some(active))
 }
 
 /// `sessions --new` run at `path`: when a folder `device` attached is, or contains, `path`, the
@@ -331,7 +350,9 @@ pub(crate) fn start_in_folder(
         return None;
     }
     let _held = registry.folders_lock();
-    let entries = entries(registry, user, device, now);
+    let entries = entries(registry, user, device, now)
+        .inspect_err(|e| warn!("folder registry: {e}: the new session is not its folder's"))
+        .ok()?;
     let live = live(registry, user, device);
     let folder = pick(&[path.to_path_buf()], &entries, &live)?;
     let mut entry = entries
@@ -395,7 +416,9 @@ mod tests {
         assert!(!landed.focus_offline);
         assert!(locked.workspaces().iter().all(|w| w.info.name != "two"));
         assert_eq!(
-            attach_target(&registry, "ana", &device, FOLDER, now).as_deref(),
+            attach_target(&registry, "ana", &device, FOLDER, now)
+                .unwrap()
+                .as_deref(),
             Some(HOME)
         );
     }
@@ -436,5 +459,43 @@ mod tests {
                 session.id
             );
         }
+    }
+
+    /// A session of a folder's entry whose metadata cannot be read is not taken for gone: the
+    /// entry keeps it, as active, where a landing pruned it and moved the folder's active
+    /// session (a store's passing failure forgot where the folder's host worked).
+    #[test]
+    fn a_session_that_cannot_be_read_is_not_pruned_from_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(FsStore::new(dir.path()));
+        let device = DeviceId::parse(&uuid::Uuid::new_v4().to_string()).unwrap();
+        let now = now_ms();
+        let (active, other) = {
+            let registry = Registry::new(dir.path(), store.clone(), Layers::default());
+            (
+                registry.create("ana").unwrap().id.clone(),
+                registry.create("ana").unwrap().id.clone(),
+            )
+        };
+        let mut entry = FolderSessions::new("ana", device.as_str(), "/home/ana/p", &other, now);
+        entry.use_session(&active, now, true);
+        store.save_folder_sessions(&entry).unwrap();
+        // A fresh registry and store (nothing in memory), the active session unreadable.
+        let store = Arc::new(FsStore::new(dir.path()));
+        let registry = Registry::new(dir.path(), store.clone(), Layers::default());
+        std::fs::write(
+            dir.path()
+                .join("sessions")
+                .join(&active)
+                .join("session.toml"),
+            "id = [",
+        )
+        .unwrap();
+        let roots = ["file:///home/ana/p".to_owned()];
+        assert!(land(&registry, "ana", &device, &roots, None, now, None).is_err());
+        let kept = store.folder_sessions("ana", device.as_str()).unwrap();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept[0].active, active);
+        assert!(kept[0].sessions.contains_key(&other), "{kept:?}");
     }
 }

@@ -1864,7 +1864,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         (None, Some(folder)) => {
             let state = ctx.state.clone();
             let (user, device, folder) = (ctx.user.clone(), ctx.device_id.clone(), folder.clone());
-            let active = tokio::task::spawn_blocking(move || {
+            let target = tokio::task::spawn_blocking(move || {
                 crate::landing::attach_target(
                     &state.registry,
                     &user,
@@ -1874,8 +1874,11 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
                 )
             })
             .await
-            .ok()
-            .flatten();
+            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())));
+            let active = match target {
+                Ok(active) => active,
+                Err(e) => return send_error(&mut send, id, e).await,
+            };
             let is_active = active.is_some();
             (active, is_active)
         }
