@@ -665,6 +665,16 @@ impl<B: Backend> McpFront<B> {
         let given = roots.clone();
         let pinned = self.state().pinned.clone();
         let landing = match self.backend.land(caller, roots, pinned.as_deref()).await {
+            // Roots that match no attached folder leave the host where it works: the server
+            // answers with the device's session, which another host on this device may have
+            // moved since (every call binds it), and following it took this host into that
+            // host's session and focus.
+            Ok(Some(landing)) if landing.folder.is_none() && !current.is_empty() => Landing {
+                focus: None,
+                focus_offline: false,
+                session: current.clone(),
+                ..landing
+            },
             Ok(Some(landing)) => landing,
             Ok(None) => return,
             Err(e) => {
@@ -1777,6 +1787,50 @@ mod landing_tests {
         assert!(data.contains("try workspace `other` first"), "{data}");
         assert!(!data.contains("relative path is from"), "{data}");
         assert_eq!(said["params"]["level"], "warning", "{said}");
+    }
+
+    /// Regression: roots that match no attached folder moved the host into the session the
+    /// server answered with, the device's, which another host on the device had moved to its
+    /// own: this host's writes naming no workspace went into that host's folder.
+    #[tokio::test(start_paused = true)]
+    async fn roots_that_match_no_folder_leave_the_host_where_it_works() {
+        let (mut host, backend) = Host::start().await;
+        *backend.lands.lock().unwrap() = Some(Landing {
+            session: "mine".into(),
+            folder: Some("/home/ana/p".into()),
+            focus: Some("p".into()),
+            focus_offline: false,
+            folder_focus: Some(true),
+            roots: vec!["file:///home/ana/p".into()],
+        });
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let asked = host.roots_asked().await;
+        host.answer_roots(&asked).await;
+        host.call(2).await;
+        // The roots change to a folder not attached; the device's session is another host's.
+        *backend.lands.lock().unwrap() = Some(Landing {
+            session: "theirs".into(),
+            folder: None,
+            focus: Some("their-folder".into()),
+            focus_offline: false,
+            folder_focus: None,
+            roots: vec!["file:///home/ana/scratch".into()],
+        });
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}))
+            .await;
+        let asked = host.roots_asked().await;
+        host.answer_roots(&asked).await;
+        let said = host.logged("working in").await;
+        let data = said["params"]["data"].as_str().unwrap();
+        assert!(
+            data.contains("working in session mine (no root is in a folder"),
+            "{data}"
+        );
+        assert!(!data.contains("their-folder"), "{data}");
+        host.call(3).await;
+        assert_eq!(*backend.called_in.lock().unwrap(), ["mine", "mine"]);
+        assert_eq!(*backend.watched.lock().unwrap(), ["default", "mine"]);
     }
 
     /// Regression: a landing whose session could not be watched left the host's calls in the
