@@ -67,7 +67,11 @@ const MAX_RETRY: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct AgentBackend {
     config: ClientConfig,
-    agent: tokio::sync::Mutex<Option<Agent>>,
+    /// The connection, shared by the calls and the watch: made again by whichever needs it
+    /// first, and used by both after. A watch that made its own held the host's focus on a
+    /// connection the calls did not use, and the host's next landing (its roots changed) was
+    /// held back by that hold as if another host's.
+    agent: Arc<tokio::sync::Mutex<Option<Agent>>>,
     /// The host's last landing. A connection made again after one dropped lands there again,
     /// so that the server knows this host still works on its folder (the hold on the focus
     /// goes with the connection that landed): the watch's at once ([`Backend::watch`]), the
@@ -132,29 +136,39 @@ fn note_landing(
     }
 }
 
+/// The live agent in `slot`, connecting (again) with `config` if there is none or its
+/// connection closed; a connection made again lands again where the host landed (`landed`).
+async fn live_agent(
+    config: &ClientConfig,
+    slot: &tokio::sync::Mutex<Option<Agent>>,
+    landed: &std::sync::Mutex<Option<Landed>>,
+) -> Result<Agent, ToolError> {
+    let mut agent = slot.lock().await;
+    if let Some(live) = agent.as_ref().filter(|a| a.quic().close_reason().is_none()) {
+        return Ok(live.clone());
+    }
+    let fresh = Agent::connect(config)
+        .await
+        .map_err(|e| to_tool_error(config, e))?;
+    info!(server = %fresh.server(), "connected to the Monad server");
+    land_again(&fresh, landed).await;
+    *agent = Some(fresh.clone());
+    Ok(fresh)
+}
+
 impl AgentBackend {
     /// A backend that connects with `config` when first needed.
     pub fn new(config: ClientConfig) -> AgentBackend {
         AgentBackend {
             config,
-            agent: tokio::sync::Mutex::new(None),
+            agent: Arc::new(tokio::sync::Mutex::new(None)),
             landed: Arc::new(std::sync::Mutex::new(None)),
         }
     }
 
     /// The live agent, connecting (again) if there is none or its connection closed.
     async fn agent(&self) -> Result<Agent, ToolError> {
-        let mut agent = self.agent.lock().await;
-        if let Some(live) = agent.as_ref().filter(|a| a.quic().close_reason().is_none()) {
-            return Ok(live.clone());
-        }
-        let fresh = Agent::connect(&self.config)
-            .await
-            .map_err(|e| to_tool_error(&self.config, e))?;
-        info!(server = %fresh.server(), "connected to the Monad server");
-        land_again(&fresh, &self.landed).await;
-        *agent = Some(fresh.clone());
-        Ok(fresh)
+        live_agent(&self.config, &self.agent, &self.landed).await
     }
 
     /// Closes the connection to the server, if there is one (see [`crate::interrupts`]).
@@ -295,7 +309,7 @@ impl Backend for AgentBackend {
         let (tx, rx) = mpsc::channel(8);
         let config = self.config.clone();
         let session = session.to_owned();
-        let landed = self.landed.clone();
+        let (slot, landed) = (self.agent.clone(), self.landed.clone());
         tokio::spawn(async move {
             let mut retry = Duration::from_millis(200);
             loop {
@@ -317,13 +331,10 @@ impl Backend for AgentBackend {
                         () = tx.closed() => return,
                     }
                     retry = (retry * 2).min(MAX_RETRY);
-                    let renewed = match Agent::connect(&config).await {
-                        Ok(agent) => {
-                            // At once, not at the host's next call: until then, another host
-                            // could take the focus this one works on.
-                            land_again(&agent, &landed).await;
-                            agent.watch(Some(&session)).await.ok()
-                        }
+                    // At once, not at the host's next call (the connection made again lands
+                    // again): until then, another host could take the focus this one works on.
+                    let renewed = match live_agent(&config, &slot, &landed).await {
+                        Ok(agent) => agent.watch(Some(&session)).await.ok(),
                         Err(_) => None,
                     };
                     if let Some(renewed) = renewed {

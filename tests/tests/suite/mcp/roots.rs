@@ -937,6 +937,21 @@ async fn the_bridge_lands_again_on_a_new_connection_and_keeps_its_hold_on_the_fo
     let fourth = connect_agent(&config).await;
     let other = land_by(&fourth, vec![file_uri(&four)], None).await;
     assert_ne!(other.session, work, "the watch did not land again");
+    // The host's roots change to another folder of the session: its own hold, on the
+    // connection the watch made again, does not hold it back (its calls use that connection
+    // too; on one of their own, the focus stayed on `three` while the host worked in `five`).
+    let (_p5, five) = project("five", "fifth\n");
+    let _a5 = attach(&config, &five, "five", Some(&work)).await;
+    let moved = within(
+        STEP,
+        "a landing on another folder",
+        watcher.land(&caller, vec![file_uri(&five)], Some(&work)),
+    )
+    .await
+    .expect("landed")
+    .expect("a server that lands by roots");
+    assert_eq!(moved.session, work);
+    assert_eq!(moved.focus.as_deref(), Some("five"));
 }
 
 /// The next move of the session's focus to or from an attached folder, as its owner is told
