@@ -384,6 +384,7 @@ impl Agents {
             .llm
             .for_prompt(overrides)
             .map_err(|message| ToolError::new(ErrorCode::Denied, message))?;
+        let _turn = state.agent_turn(user)?;
         let Some(_claim) = self.claim(&session.id, &cancel).await else {
             return Err(ToolError::new(
                 ErrorCode::LimitExceeded,

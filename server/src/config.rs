@@ -71,6 +71,9 @@ pub struct Quotas {
     /// shares; as many more wait for one of them to end, and the next is refused with
     /// `limit_exceeded` (`429` over HTTP).
     pub max_store_work_per_user: usize,
+    /// Turns of the built-in agent one user runs at once, over all their sessions (each turn
+    /// talks to the model with the operator's key); one more is refused with `limit_exceeded`.
+    pub max_turns_per_user: usize,
     /// Bytes one user's calls may hold in the server's memory at once: their requests (QUIC, MCP
     /// over HTTP, the API's JSON bodies) with the trees they become, and their attached clients'
     /// answers, a cluster's forwarded ones included (read, or
@@ -124,6 +127,7 @@ impl Default for Quotas {
             max_connections_per_user: 64,
             max_calls_per_user: 256,
             max_store_work_per_user: 16,
+            max_turns_per_user: 4,
             max_call_bytes_per_user: 1024 * 1024 * 1024,
             max_pending_handshakes: 256,
             max_pending_handshakes_per_address: 32,

@@ -446,6 +446,8 @@ pub struct ServerSettings {
     pub max_calls_per_user: usize,
     /// Requests of one user working on the store at once (QUIC and HTTP together).
     pub max_store_work_per_user: usize,
+    /// Turns of the built-in agent one user runs at once, over all their sessions.
+    pub max_turns_per_user: usize,
     /// Bytes one user's calls may hold in memory at once (their requests and their attached
     /// clients' answers).
     pub max_call_bytes_per_user: usize,
@@ -516,6 +518,7 @@ impl Default for ServerSettings {
             max_connections_per_user: quotas.max_connections_per_user,
             max_calls_per_user: quotas.max_calls_per_user,
             max_store_work_per_user: quotas.max_store_work_per_user,
+            max_turns_per_user: quotas.max_turns_per_user,
             max_call_bytes_per_user: quotas.max_call_bytes_per_user,
             max_pending_handshakes: quotas.max_pending_handshakes,
             max_pending_handshakes_per_address: quotas.max_pending_handshakes_per_address,
@@ -650,6 +653,7 @@ impl ServerSettings {
             max_connections_per_user: self.max_connections_per_user.max(1),
             max_calls_per_user: self.max_calls_per_user.max(1),
             max_store_work_per_user: self.max_store_work_per_user.max(1),
+            max_turns_per_user: self.max_turns_per_user.max(1),
             max_call_bytes_per_user: self.max_call_bytes_per_user.max(1),
             max_pending_handshakes: self.max_pending_handshakes.max(1),
             max_pending_handshakes_per_address: self.max_pending_handshakes_per_address.max(1),

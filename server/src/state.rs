@@ -51,6 +51,8 @@ pub struct State {
     pub(crate) user_reads: Arc<PerUser>,
     /// Requests working on the store per user (`max_store_work_per_user`): [`State::store_turn`].
     pub(crate) store_work: crate::quota::Turns,
+    /// The built-in agent's turns running per user (`max_turns_per_user`): [`State::agent_turn`].
+    pub(crate) agent_turns: Arc<PerUser>,
     /// Bytes each user's calls hold in memory: their requests and the trees they become, and
     /// their attached clients' answers ([`crate::executor::link::CALL_MEMORY`]).
     pub(crate) call_bytes: Arc<PerUser>,
@@ -233,6 +235,24 @@ impl State {
         Ok(StoreTurn {
             _call: call,
             _work: work,
+        })
+    }
+
+    /// One of `user`'s turns of the built-in agent, held while the turn runs, or
+    /// `limit_exceeded` naming the setting: each turn talks to the model with the operator's
+    /// key, and one user's turns in 256 sessions at once spent the key's rate limit while
+    /// every other user's turns were refused by the provider.
+    pub(crate) fn agent_turn(&self, user: &str) -> Result<Slot, ToolError> {
+        self.agent_turns.try_acquire(user).ok_or_else(|| {
+            ToolError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "you have {} turns of the built-in agent running in your sessions, this \
+                     server's limit (server.max_turns_per_user); wait for one to end or cancel \
+                     one, then send this again",
+                    self.agent_turns.limit()
+                ),
+            )
         })
     }
 

@@ -688,6 +688,73 @@ async fn a_second_prompt_while_a_turn_runs_is_refused() {
     assert!(!session_md(&server).contains("me too"), "nothing written");
 }
 
+/// One user's turns of the built-in agent at once are bounded over all their sessions
+/// (`server.max_turns_per_user`): each talks to the model with the operator's key, and one
+/// user's turns in their every session at once spent the key's rate limit for every user.
+/// Another user's turn is theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_turns_at_once_are_bounded_over_all_their_sessions() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Hang {
+            text: vec!["Thinking".into()],
+        },
+        Reply::Stream {
+            text: vec!["Hello".into()],
+            calls: Vec::new(),
+            usage: (1, 1),
+        },
+    ])
+    .await;
+    let toml = provider.llm_config(ProviderKind::Anthropic, "");
+    let server = TestServer::start_with(|config| {
+        std::fs::write(config.data_dir.join("config.toml"), toml).expect("config.toml written");
+        config.quotas.max_turns_per_user = 1;
+    })
+    .await;
+    let agent = server.agent().await;
+    let [first, other] = [(); 2].map(|()| async {
+        within(STEP, "a session", agent.open_session(None))
+            .await
+            .expect("a session")
+            .id
+    });
+    let (first, other) = (first.await, other.await);
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let mut started_tx = Some(started_tx);
+    let turn = agent.prompt(Some(&first), "long task", move |_| {
+        if let Some(tx) = started_tx.take() {
+            let _ = tx.send(());
+        }
+    });
+    tokio::pin!(turn);
+    tokio::select! {
+        r = &mut turn => panic!("the turn ended by itself: {r:?}"),
+        _ = within(STEP, "the first turn to start", started) => {}
+    }
+    let refused = within(
+        STEP,
+        "a prompt in another session",
+        agent.prompt(Some(&other), "me too", |_| {}),
+    )
+    .await
+    .expect_err("refused");
+    match refused {
+        monad_client::ClientError::Refused(error) => {
+            assert_eq!(
+                error.code,
+                monad_protocol::ErrorCode::LimitExceeded,
+                "{error:?}"
+            );
+            assert!(error.message.contains("max_turns_per_user"), "{error:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Ben's turn is his own.
+    let ben = connect_agent(&server.client_config_with(&server.create_token("ben"))).await;
+    let (reply, _) = prompt(&ben, "hi").await;
+    assert_eq!(reply.result.stop, StopReason::Answered, "{reply:?}");
+}
+
 /// A real server process whose `[llm]` reads its key from `MONAD_CHAT_TEST_KEY` (set to `key`
 /// in its environment only) and talks to `provider`, plus `extra` lines of `[llm]`.
 async fn keyed_server_process(
