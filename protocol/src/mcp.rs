@@ -669,12 +669,18 @@ impl<B: Backend> McpFront<B> {
             // answers with the device's session, which another host on this device may have
             // moved since (every call binds it), and following it took this host into that
             // host's session and focus.
-            Ok(Some(landing)) if landing.folder.is_none() && !current.is_empty() => Landing {
-                focus: None,
-                focus_offline: false,
-                session: current.clone(),
-                ..landing
-            },
+            Ok(Some(landing))
+                if landing.folder.is_none()
+                    && !current.is_empty()
+                    && landing.session != current =>
+            {
+                Landing {
+                    focus: None,
+                    focus_offline: false,
+                    session: current.clone(),
+                    ..landing
+                }
+            }
             Ok(Some(landing)) => landing,
             Ok(None) => return,
             Err(e) => {

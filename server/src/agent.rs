@@ -384,7 +384,6 @@ impl Agents {
             .llm
             .for_prompt(overrides)
             .map_err(|message| ToolError::new(ErrorCode::Denied, message))?;
-        let _turn = state.agent_turn(user)?;
         let Some(_claim) = self.claim(&session.id, &cancel).await else {
             return Err(ToolError::new(
                 ErrorCode::LimitExceeded,
@@ -394,6 +393,9 @@ impl Agents {
                 ),
             ));
         };
+        // After the claim, which waits for a cancelled turn of this session to wind down
+        // (declared after it, so given back before it: the turn the claim wakes finds it free).
+        let _turn = state.agent_turn(user)?;
         let provider = match llm
             .endpoint(|name| std::env::var(name).ok())
             .and_then(|endpoint| self.providers.get(endpoint))

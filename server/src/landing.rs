@@ -39,11 +39,18 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Whether `e` may pass (the disk or the database failing now) rather than say what is there:
+/// a corrupt record ([`StoreError::Invalid`]) stays corrupt.
+fn passing(e: &StoreError) -> bool {
+    !matches!(e, StoreError::Invalid(_) | StoreError::NotFound(_))
+}
+
 /// The registry's entries of `user`'s device, stale sessions (and sessions that no longer
-/// exist) pruned, and the pruning saved. A registry that cannot be read is an error, not an
-/// empty one: a landing would save a new entry over the folder's sessions. An entry with a
-/// session whose metadata cannot be read is kept as it is (that session is not known to be
-/// gone).
+/// exist) pruned, and the pruning saved. A registry that cannot be read now is an error, not an
+/// empty one: a landing would save a new entry over the folder's sessions (a corrupt one is
+/// read as empty, and written over, as the files store keeps a corrupt file aside). An entry
+/// with a session whose metadata cannot be read now is kept as it is (that session is not known
+/// to be gone); a session whose metadata is corrupt goes, as one that does not exist.
 fn entries(
     registry: &Registry,
     user: &str,
@@ -51,7 +58,14 @@ fn entries(
     now: u64,
 ) -> Result<Vec<FolderSessions>, StoreError> {
     let store = registry.store();
-    let mut entries = store.folder_sessions(user, device.as_str())?;
+    let mut entries = match store.folder_sessions(user, device.as_str()) {
+        Ok(entries) => entries,
+        Err(e) if !passing(&e) => {
+            warn!("folder registry: {e}: read as empty");
+            Vec::new()
+        }
+        Err(e) => return Err(e),
+    };
     for entry in &mut entries {
         // A session's work counts as its use here (seed 002 touches a session on each tool
         // call): a host working in it for days keeps it.
@@ -77,10 +91,15 @@ fn entries(
                         owners.insert(id.clone(), meta.map(|meta| meta.owner));
                         used
                     }
-                    Err(e) => {
+                    Err(e) if passing(&e) => {
                         warn!("folder registry: session {id} could not be read: {e}");
                         unreadable = true;
                         break;
+                    }
+                    Err(e) => {
+                        warn!("folder registry: session {id}: {e}: left out");
+                        owners.insert(id.clone(), None);
+                        None
                     }
                 },
             };
@@ -480,22 +499,27 @@ mod tests {
         let mut entry = FolderSessions::new("ana", device.as_str(), "/home/ana/p", &other, now);
         entry.use_session(&active, now, true);
         store.save_folder_sessions(&entry).unwrap();
-        // A fresh registry and store (nothing in memory), the active session unreadable.
+        // A fresh registry and store (nothing in memory), the active session's metadata
+        // unreadable now (a directory where its file is: the read fails, as a disk's would).
         let store = Arc::new(FsStore::new(dir.path()));
         let registry = Registry::new(dir.path(), store.clone(), Layers::default());
-        std::fs::write(
-            dir.path()
-                .join("sessions")
-                .join(&active)
-                .join("session.toml"),
-            "id = [",
-        )
-        .unwrap();
+        let meta = dir
+            .path()
+            .join("sessions")
+            .join(&active)
+            .join("session.toml");
+        std::fs::remove_file(&meta).unwrap();
+        std::fs::create_dir(&meta).unwrap();
         let roots = ["file:///home/ana/p".to_owned()];
         assert!(land(&registry, "ana", &device, &roots, None, now, None).is_err());
         let kept = store.folder_sessions("ana", device.as_str()).unwrap();
         assert_eq!(kept.len(), 1, "{kept:?}");
         assert_eq!(kept[0].active, active);
         assert!(kept[0].sessions.contains_key(&other), "{kept:?}");
+        // Corrupt, it stays corrupt: it goes from the folder, which is not locked out.
+        std::fs::remove_dir(&meta).unwrap();
+        std::fs::write(&meta, "id = [").unwrap();
+        let landed = land(&registry, "ana", &device, &roots, None, now, None).unwrap();
+        assert_eq!(landed.session.id, other);
     }
 }

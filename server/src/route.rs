@@ -15,7 +15,7 @@
 //!
 //! While the focus is offline, the calls without `workspace` it would take fail
 //! ([`focus_offline`]): none runs, reads or lists in another workspace than the one the agent
-//! works in. And a write or edit never guesses: when an attached folder that could hold the file
+//! works in; nor does one the focus could not be asked about ([`focus_not_asked`]). And a write or edit never guesses: when an attached folder that could hold the file
 //! is offline and no online workspace has it, or has it only after that folder, or when a
 //! workspace tried before the one found could not be asked ([`Presence`]), it fails saying
 //! which, rather than writing somewhere else ([`offline_may_have`], [`not_asked`]).
@@ -310,7 +310,8 @@ pub fn describe(workspaces: &[View<'_>], focus: Option<usize>) -> String {
         Some(f) if workspaces[f].online => {
             let others = &online[1..];
             format!(
-                "Calls without `workspace` go to the focus workspace `{}` first{}.",
+                "Calls without `workspace` go to the focus workspace `{}` first{} (when it \
+                 cannot be asked whether it has a path, they fail rather than go on).",
                 workspaces[f].name,
                 if others.is_empty() {
                     String::new()
@@ -978,7 +979,8 @@ mod tests {
         assert!(
             text.starts_with(
                 "Calls without `workspace` go to the focus workspace `lap` first, then to the \
-                 others in this order: `primary`, `a`."
+                 others in this order: `primary`, `a` (when it cannot be asked whether it has a \
+                 path, they fail rather than go on)."
             ),
             "{text}"
         );

@@ -703,6 +703,11 @@ async fn one_users_turns_at_once_are_bounded_over_all_their_sessions() {
             calls: Vec::new(),
             usage: (1, 1),
         },
+        Reply::Stream {
+            text: vec!["Again".into()],
+            calls: Vec::new(),
+            usage: (1, 1),
+        },
     ])
     .await;
     let toml = provider.llm_config(ProviderKind::Anthropic, "");
@@ -726,7 +731,7 @@ async fn one_users_turns_at_once_are_bounded_over_all_their_sessions() {
             let _ = tx.send(());
         }
     });
-    tokio::pin!(turn);
+    let mut turn = Box::pin(turn);
     tokio::select! {
         r = &mut turn => panic!("the turn ended by itself: {r:?}"),
         _ = within(STEP, "the first turn to start", started) => {}
@@ -753,6 +758,17 @@ async fn one_users_turns_at_once_are_bounded_over_all_their_sessions() {
     let ben = connect_agent(&server.client_config_with(&server.create_token("ben"))).await;
     let (reply, _) = prompt(&ben, "hi").await;
     assert_eq!(reply.result.stop, StopReason::Answered, "{reply:?}");
+    // A message sent right after cancelling the turn waits for it to wind down, in its
+    // session, rather than being refused for the turn it replaces.
+    drop(turn);
+    let again = within(
+        STEP * 2,
+        "the message after the cancel",
+        agent.prompt(Some(&first), "again", |_| {}),
+    )
+    .await
+    .expect("answered, not refused");
+    assert_eq!(again.result.stop, StopReason::Answered, "{again:?}");
 }
 
 /// A real server process whose `[llm]` reads its key from `MONAD_CHAT_TEST_KEY` (set to `key`
