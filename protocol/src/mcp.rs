@@ -1766,6 +1766,18 @@ mod landing_tests {
         assert_eq!(backend.landings.load(Ordering::SeqCst), 3);
     }
 
+    /// A landing in `session` by the root `/home/ana/p`, the folder `p` its focus.
+    fn in_folder_p(session: &str) -> Landing {
+        Landing {
+            session: session.into(),
+            folder: Some("/home/ana/p".into()),
+            focus: Some("p".into()),
+            focus_offline: false,
+            folder_focus: Some(true),
+            roots: vec!["file:///home/ana/p".into()],
+        }
+    }
+
     /// Regression: a landing whose folder is not the focus (a session the host named, where
     /// the folder is not attached) told the host that its relative paths are from the folder,
     /// while its calls went to the focus.
@@ -1801,14 +1813,7 @@ mod landing_tests {
     #[tokio::test(start_paused = true)]
     async fn roots_that_match_no_folder_leave_the_host_where_it_works() {
         let (mut host, backend) = Host::start().await;
-        *backend.lands.lock().unwrap() = Some(Landing {
-            session: "mine".into(),
-            folder: Some("/home/ana/p".into()),
-            focus: Some("p".into()),
-            focus_offline: false,
-            folder_focus: Some(true),
-            roots: vec!["file:///home/ana/p".into()],
-        });
+        *backend.lands.lock().unwrap() = Some(in_folder_p("mine"));
         host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             .await;
         let asked = host.roots_asked().await;
@@ -1846,14 +1851,7 @@ mod landing_tests {
     async fn a_landing_whose_session_cannot_be_watched_still_works_there_and_says_so() {
         let (mut host, backend) = Host::start().await;
         *backend.unwatchable.lock().unwrap() = Some("s2".into());
-        *backend.lands.lock().unwrap() = Some(Landing {
-            session: "s2".into(),
-            folder: Some("/home/ana/p".into()),
-            focus: Some("p".into()),
-            focus_offline: false,
-            folder_focus: Some(true),
-            roots: vec!["file:///home/ana/p".into()],
-        });
+        *backend.lands.lock().unwrap() = Some(in_folder_p("s2"));
         host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             .await;
         let asked = host.roots_asked().await;

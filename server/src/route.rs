@@ -467,16 +467,20 @@ pub fn focus_offline(tool: ToolName, name: &str) -> ToolError {
     )
 }
 
-/// The error of a call of `tool` on `path` without `workspace` when the focus workspace `name`
-/// could not say whether it has the path.
-pub fn focus_not_asked(tool: ToolName, path: &str, name: &str, why: Unasked) -> ToolError {
-    let code = match why {
+/// The error code of a workspace that could not be asked, as `why` says.
+fn unasked_code(why: Unasked) -> ErrorCode {
+    match why {
         Unasked::TimedOut(_) => ErrorCode::Timeout,
         Unasked::Disconnected => ErrorCode::WorkspaceDisconnected,
         Unasked::Failed => ErrorCode::Internal,
-    };
+    }
+}
+
+/// The error of a call of `tool` on `path` without `workspace` when the focus workspace `name`
+/// could not say whether it has the path.
+pub fn focus_not_asked(tool: ToolName, path: &str, name: &str, why: Unasked) -> ToolError {
     ToolError::new(
-        code,
+        unasked_code(why),
         format!(
             "`{tool}` of `{path}` was not run: the focus workspace `{name}` could not be asked \
              whether it has it ({}), and calls without `workspace` do not go past the focus to \
@@ -489,13 +493,8 @@ pub fn focus_not_asked(tool: ToolName, path: &str, name: &str, why: Unasked) -> 
 /// The error of a write or edit of `path` when workspace `name`, tried before any that has the
 /// path, could not say whether it has it.
 pub fn not_asked(tool: ToolName, path: &str, name: &str, why: Unasked) -> ToolError {
-    let code = match why {
-        Unasked::TimedOut(_) => ErrorCode::Timeout,
-        Unasked::Disconnected => ErrorCode::WorkspaceDisconnected,
-        Unasked::Failed => ErrorCode::Internal,
-    };
     ToolError::new(
-        code,
+        unasked_code(why),
         format!(
             "`{tool}` of `{path}` was not run: workspace `{name}` could not be asked whether it \
              has the file ({}), and it comes first for calls without `workspace`, so writing it \

@@ -674,6 +674,12 @@ async fn a_second_prompt_while_a_turn_runs_is_refused() {
     )
     .await
     .expect_err("refused");
+    refused_saying(refused, "already answering");
+    assert!(!session_md(&server).contains("me too"), "nothing written");
+}
+
+/// Checks that `refused` is a `limit_exceeded` refusal whose message says `says`.
+fn refused_saying(refused: monad_client::ClientError, says: &str) {
     match refused {
         monad_client::ClientError::Refused(error) => {
             assert_eq!(
@@ -681,11 +687,10 @@ async fn a_second_prompt_while_a_turn_runs_is_refused() {
                 monad_protocol::ErrorCode::LimitExceeded,
                 "{error:?}"
             );
-            assert!(error.message.contains("already answering"), "{error:?}");
+            assert!(error.message.contains(says), "{says}: {error:?}");
         }
         other => panic!("{other:?}"),
     }
-    assert!(!session_md(&server).contains("me too"), "nothing written");
 }
 
 /// One user's turns of the built-in agent at once are bounded over all their sessions
@@ -743,17 +748,7 @@ async fn one_users_turns_at_once_are_bounded_over_all_their_sessions() {
     )
     .await
     .expect_err("refused");
-    match refused {
-        monad_client::ClientError::Refused(error) => {
-            assert_eq!(
-                error.code,
-                monad_protocol::ErrorCode::LimitExceeded,
-                "{error:?}"
-            );
-            assert!(error.message.contains("max_turns_per_user"), "{error:?}");
-        }
-        other => panic!("{other:?}"),
-    }
+    refused_saying(refused, "max_turns_per_user");
     // Ben's turn is his own.
     let ben = connect_agent(&server.client_config_with(&server.create_token("ben"))).await;
     let (reply, _) = prompt(&ben, "hi").await;
