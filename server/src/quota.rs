@@ -68,6 +68,22 @@ struct UserTurns {
     waiting: std::sync::atomic::AtomicUsize,
 }
 
+impl UserTurns {
+    /// Waits for one of these turns.
+    async fn turn(user_turns: Arc<UserTurns>) -> Turn {
+        let permit = user_turns
+            .turns
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("a user's turns are never closed");
+        Turn {
+            _permit: permit,
+            _user: user_turns,
+        }
+    }
+}
+
 /// One turn of one user's ([`Turns::take`]); given back when dropped.
 #[derive(Debug)]
 pub struct Turn {
@@ -101,17 +117,7 @@ impl Turns {
     /// bounded otherwise (a request that holds a call slot, or one small message of a
     /// connection's bounded streams) and that must not fail for a burst.
     pub async fn wait_for(&self, user: &str) -> Turn {
-        let user_turns = self.of(user);
-        let permit = user_turns
-            .turns
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("a user's turns are never closed");
-        Turn {
-            _permit: permit,
-            _user: user_turns,
-        }
+        UserTurns::turn(self.of(user)).await
     }
 
     /// Waits for one of `user`'s turns; `None` when `limit` of theirs already wait.
@@ -132,19 +138,8 @@ impl Turns {
                 self.0.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        let permit = {
-            let _waiting = Waiting(waiting);
-            user_turns
-                .turns
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("a user's turns are never closed")
-        };
-        Some(Turn {
-            _permit: permit,
-            _user: user_turns,
-        })
+        let _waiting = Waiting(waiting);
+        Some(UserTurns::turn(user_turns.clone()).await)
     }
 }
 

@@ -456,34 +456,29 @@ impl State {
         if let Some(found) = in_memory {
             return found;
         }
-        let turn = self.store_work.wait_for(user).await;
-        let state = self.clone();
-        let user = user.to_owned();
-        let task = match lookup {
+        type Work = Box<dyn FnOnce(&Registry, &str) -> Result<Arc<Session>, ToolError> + Send>;
+        let work: Work = match lookup {
             Lookup::Resolve { requested, device } => {
                 let requested = requested.map(str::to_owned);
                 let device = device.cloned();
-                tokio::task::spawn_blocking(move || {
-                    let _turn = turn;
-                    state
-                        .registry
-                        .resolve(requested.as_deref(), &user, device.as_ref())
+                Box::new(move |registry, user| {
+                    registry.resolve(requested.as_deref(), user, device.as_ref())
                 })
             }
             Lookup::Open(Some(id)) => {
                 let id = id.to_owned();
-                tokio::task::spawn_blocking(move || {
-                    let _turn = turn;
-                    state.registry.open_own(&id, &user)
-                })
+                Box::new(move |registry, user| registry.open_own(&id, user))
             }
-            Lookup::Open(None) => tokio::task::spawn_blocking(move || {
-                let _turn = turn;
-                state.registry.resolve(None, &user, None)
-            }),
+            Lookup::Open(None) => Box::new(|registry, user| registry.resolve(None, user, None)),
         };
-        task.await
-            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))
+        let turn = self.store_work.wait_for(user).await;
+        let (state, user) = (self.clone(), user.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            work(&state.registry, &user)
+        })
+        .await
+        .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))
     }
 
     /// An agent's tool call, as both fronts make it: one of `user`'s call slots, the session

@@ -958,6 +958,22 @@ fn impatient_store(url: &str, data: &std::path::Path) -> PgStore {
     )
     .unwrap()
 }
+/// Waits until exactly `n` statements of `database` wait on a lock, then checks, half a second
+/// later, that no more came to wait (`why` says what the count stands for).
+pub async fn steadily_waiting_on_locks(database: &str, n: usize, why: &str) {
+    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock'";
+    let cluster = pg::cluster().unwrap();
+    let n = n.to_string();
+    within(STEP, "statements to wait on a lock", async {
+        while cluster.psql(database, blocked).unwrap() != n {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(cluster.psql(database, blocked).unwrap(), n, "{why}");
+}
 
 /// Another client of `database` holding `table` for `secs` seconds; returns once it holds it.
 pub fn hold_table(
@@ -1532,21 +1548,7 @@ async fn a_users_session_lookups_take_turns_at_the_store() {
         let agent = agent.clone();
         lookups.spawn(async move { agent.workspaces(Some(&format!("s{i}"))).await });
     }
-    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                   AND wait_event_type = 'Lock'";
-    let cluster = pg::cluster().unwrap();
-    within(STEP, "a lookup to wait on the table", async {
-        while cluster.psql(&database, blocked).unwrap() != "1" {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert_eq!(
-        cluster.psql(&database, blocked).unwrap(),
-        "1",
-        "one lookup at a time reads the table"
-    );
+    steadily_waiting_on_locks(&database, 1, "one lookup at a time reads the table").await;
     while let Some(looked_up) = within(
         STEP,
         "the lookups once the table is free",

@@ -1586,21 +1586,12 @@ async fn one_users_store_work_takes_turns_apart_from_their_calls() {
             tokio::spawn(async move { ana.get(&path).await })
         })
         .collect();
-    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                   AND wait_event_type = 'Lock'";
-    let cluster = monad_tests::pg::cluster().unwrap();
-    within(STEP, "two readings to wait on the table", async {
-        while cluster.psql(&database, blocked).unwrap() != "2" {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    })
+    crate::suite::pg_store::steadily_waiting_on_locks(
+        &database,
+        2,
+        "the third reading waits for its turn, not on the table",
+    )
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert_eq!(
-        cluster.psql(&database, blocked).unwrap(),
-        "2",
-        "the third reading waits for its turn, not on the table"
-    );
     // Another user's store work is theirs.
     let listed = ben.get("/api/v1/sessions").await;
     assert_eq!(listed.status, 200, "{}", listed.text());
