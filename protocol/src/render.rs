@@ -340,30 +340,40 @@ pub fn in_workspace(workspace: Option<&WorkspaceRef>) -> String {
 /// [`crate::text::printable_name`] shows it (`\u{a}`, as the diff's header and the terminal
 /// do; a tab too, `\u{9}`, which would read as spaces).
 /// A name's own `\u{` has its backslash shown so too (`\u{5c}u{`), so that every `\u{..}` in a
-/// path shown is an escape: a file named `a\u{40}` is not taken for `a@`. Programs get it exact
-/// in the JSON. A name of plain ASCII without that, as most are, is not scanned again.
+/// path shown is an escape: a file named `a\u{40}` is not taken for `a@`. A final space shows
+/// as `\u{20}`: at the end of a line (a listing's file, a glob's path) it cannot be seen, and a
+/// model would name the file without it. Programs get it exact in the JSON. A name of plain
+/// ASCII without these, as most are, is not scanned again.
 pub fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
-    if path.contains('\\') && path.contains("\\u{") {
+    let mut shown = if path.contains('\\') && path.contains("\\u{") {
         let own = path.replace("\\u{", "\\u{5c}u{");
-        return Cow::Owned(crate::text::printable_name(&own).into_owned());
-    }
-    if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
+        Cow::Owned(crate::text::printable_name(&own).into_owned())
+    } else if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
         crate::text::printable_name(path)
     } else {
         Cow::Borrowed(path)
+    };
+    if shown.ends_with(' ') {
+        let own = shown.to_mut();
+        own.pop();
+        own.push_str("\\u{20}");
     }
+    shown
 }
 
 /// What a listing's, a glob's or a search's header says when a path shown holds U+FFFD.
 const LOSSY_NOTE: &str = " (`\u{FFFD}`: bytes of a name that are not UTF-8; a path spelled as \
                           shown reaches the name, unless two read the same)";
 
-/// Whether a name is shown in a listing as it is: printable ASCII with no `\\` and no `@`, as
-/// most are. One pass over its bytes, which a listing of many names makes on each.
+/// Whether a name is shown in a listing as it is: printable ASCII with no `\\` and no `@`, not
+/// ending with a space, as most are. One pass over its bytes, which a listing of many names
+/// makes on each.
 fn plain(name: &str) -> bool {
-    name.bytes()
-        .all(|b| (0x20..0x7f).contains(&b) && b != b'\\' && b != b'@')
+    !name.ends_with(' ')
+        && name
+            .bytes()
+            .all(|b| (0x20..0x7f).contains(&b) && b != b'\\' && b != b'@')
 }
 
 /// A name of a listing as shown ([`shown`]), with a name's own final `@`, and a directory's on
@@ -554,7 +564,7 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
         }
         if headings {
             out.push('\n');
-            out.push_str(&shown(&group[0].path));
+            out.push_str(&heading(&group[0].path));
         }
         for (j, m) in group.iter().enumerate() {
             if with_context && j > 0 && m.line_number != group[j - 1].line_number + 1 {
@@ -574,6 +584,21 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
         out.push_str(&stopped);
     }
     out
+}
+
+/// A search's file path as a heading of its own ([`shown`]); one that would read as a line of
+/// it (`12: TODO`, `3- x`, `4:`, `--`) begins with `./`, which names the same file.
+fn heading(path: &str) -> std::borrow::Cow<'_, str> {
+    let digits = path.bytes().take_while(u8::is_ascii_digit).count();
+    let like_a_line = path == "--"
+        || (digits > 0
+            && matches!(path.as_bytes().get(digits), Some(b':' | b'-'))
+            && matches!(path.as_bytes().get(digits + 1), None | Some(b' ')));
+    if like_a_line {
+        format!("./{}", shown(path)).into()
+    } else {
+        shown(path)
+    }
 }
 
 /// The text of a glob's paths found in `workspace`, as [`text`] writes it.
@@ -1902,6 +1927,25 @@ mod tests {
             ]}),
         );
         assert!(plain.ends_with(":\nmy-file.rs:3: x"), "{plain}");
+        // A heading that would read as a line of the file before it names the file by `./`.
+        let spoof = render(
+            ToolName::Search,
+            json!({"files_searched": 3, "truncated": false, "matches": [
+                {"path": "a:b", "line_number": 1, "line": "x"},
+                {"path": "12: TODO", "line_number": 4, "line": "y"},
+                {"path": "--", "line_number": 2, "line": "z"},
+                {"path": "7-up", "line_number": 3, "line": "w"},
+                {"path": "7- up", "line_number": 3, "line": "w"},
+                {"path": "8:", "line_number": 1, "line": "u"},
+                {"path": "v1:x", "line_number": 5, "line": "v"},
+            ]}),
+        );
+        assert_eq!(
+            spoof,
+            "7 matches in 7 files in workspace laptop (searched 3 files):\na:b\n1: x\n\n\
+             ./12: TODO\n4: y\n\n./--\n2: z\n\n7-up\n3: w\n\n./7- up\n3: w\n\n./8:\n1: u\n\n\
+             v1:x\n5: v"
+        );
     }
 
     #[test]
@@ -2007,6 +2051,36 @@ mod tests {
             listed.ends_with("p1: running for 5 ms, in t\\u{9}x: sh -c 'a\\u{9}b'"),
             "{listed}"
         );
+    }
+
+    #[test]
+    fn a_names_final_space_is_shown_where_a_line_would_hide_it() {
+        let listing = render(
+            ToolName::ListDir,
+            json!({"path": ".", "truncated": false, "entries": [
+                {"path": "notes ", "kind": "file"},
+                {"path": "notes", "kind": "file"},
+                {"path": "odd \u{1} ", "kind": "file"},
+                {"path": "spaced dir ", "kind": "dir"},
+                {"path": "a b", "kind": "file"},
+            ]}),
+        );
+        assert_eq!(
+            listing,
+            "./ in workspace laptop: 5 entries\nnotes\\u{20}\nnotes\nodd \\u{1}\\u{20}\n\
+             spaced dir\\u{20}/\na b"
+        );
+        let globbed = render(
+            ToolName::Glob,
+            json!({"paths": ["src/a.rs ", "src/a.rs"], "truncated": false}),
+        );
+        assert!(
+            globbed.ends_with(":\nsrc/a.rs\\u{20}\nsrc/a.rs"),
+            "{globbed}"
+        );
+        // A name's own `\u{20}` is not taken for the escape.
+        assert_eq!(shown("x\\u{20}"), "x\\u{5c}u{20}");
+        assert_eq!(shown("x\\u{20} "), "x\\u{5c}u{20}\\u{20}");
     }
 
     #[test]
