@@ -504,6 +504,19 @@ impl Tally {
     }
 }
 
+/// The answer to a call cut off by the output limit: it did not run, and what to do instead.
+fn cut_short_call(limit: u32) -> ToolError {
+    ToolError::new(
+        ErrorCode::InvalidArguments,
+        format!(
+            "this call was cut off: your answer reached its output limit ({limit} tokens, \
+             llm.max_output_tokens) before the call's arguments ended, so it did not run. Send \
+             less in one call: write a large file in parts (write_file a first part, then \
+             edit_file to add the rest), or make several smaller edits"
+        ),
+    )
+}
+
 fn failed(error: &LlmError, tally: &Tally) -> TurnResult {
     TurnResult {
         stop: StopReason::Failed {
@@ -697,13 +710,24 @@ impl Turn<'_> {
                 step.calls.len(),
                 self.llm.max_tool_calls_per_turn,
             );
+            // Each call goes by one id everywhere: the model's own unless it gave none or
+            // reused one (a provider refuses the next request over an empty or repeated id).
+            let mut calls = step.calls;
+            for call in &mut calls {
+                call.id = self.front_id(&call.id);
+            }
+            // An answer cut at the output limit ends inside its last call's arguments, which
+            // do not parse: run, it would only be refused, and the model not know why.
+            let cut_short = matches!(step.finish, FinishReason::Length);
             current.push(Message::Assistant {
                 text: step.text,
-                tool_calls: step.calls.clone(),
+                tool_calls: calls.clone(),
             });
-            for call in &step.calls[..allowed] {
+            for call in &calls[..allowed] {
                 lock(self.tally).tool_calls += 1;
-                let (text, is_error) = self.run_call(call).await;
+                let refused = (cut_short && !call.arguments.is_object())
+                    .then(|| cut_short_call(self.llm.max_output_tokens));
+                let (text, is_error) = self.run_call(call, refused).await;
                 if !turn_memory.take(text.len()) {
                     return too_large(tally());
                 }
@@ -713,7 +737,7 @@ impl Turn<'_> {
                     is_error,
                 });
             }
-            if allowed < step.calls.len() {
+            if allowed < calls.len() {
                 return TurnResult {
                     stop: StopReason::ToolCallLimit {
                         limit: self.llm.max_tool_calls_per_turn,
@@ -755,16 +779,22 @@ impl Turn<'_> {
         Ok(conversation(system, history))
     }
 
-    /// One model request, streamed; rate limits are waited out and asked again.
+    /// One model request, streamed; rate limits are waited out and asked again, whether the
+    /// provider refuses the request (HTTP 429, Anthropic's 529) or says so in the stream before
+    /// anything of the answer (Anthropic's `overloaded_error`). After some of the answer was
+    /// shown, asking again would show it twice: the turn fails.
     async fn step(&self, request: &Request) -> Result<Step, LlmError> {
         let mut retries = 0;
-        let mut stream = loop {
-            match self.provider.stream(request).await {
-                Ok(stream) => break stream,
+        loop {
+            let mut shown = false;
+            match self.attempt(request, &mut shown).await {
                 Err(LlmError::RateLimited {
                     retry_after,
                     message,
-                }) if retries < MAX_RETRIES && retry_after.is_none_or(|d| d <= MAX_RETRY_WAIT) => {
+                }) if !shown
+                    && retries < MAX_RETRIES
+                    && retry_after.is_none_or(|d| d <= MAX_RETRY_WAIT) =>
+                {
                     retries += 1;
                     let wait = retry_after.unwrap_or(DEFAULT_RETRY_WAIT);
                     let _ = self
@@ -776,9 +806,14 @@ impl Turn<'_> {
                         .await;
                     tokio::time::sleep(wait).await;
                 }
-                Err(e) => return Err(e),
+                answer => return answer,
             }
-        };
+        }
+    }
+
+    /// One model request and its answer; `shown` is set once some of it went to the front.
+    async fn attempt(&self, request: &Request, shown: &mut bool) -> Result<Step, LlmError> {
+        let mut stream = self.provider.stream(request).await?;
         let mut step = Step {
             text: String::new(),
             calls: Vec::new(),
@@ -787,6 +822,7 @@ impl Turn<'_> {
         while let Some(event) = stream.next().await {
             match event? {
                 Event::Text(text) => {
+                    *shown = true;
                     step.text.push_str(&text);
                     self.pending
                         .lock()
@@ -802,7 +838,10 @@ impl Turn<'_> {
                         monad_protocol::wire::MAX_CALL_ID_LEN
                     )));
                 }
-                Event::ToolCall(call) => step.calls.push(call),
+                Event::ToolCall(call) => {
+                    *shown = true;
+                    step.calls.push(call);
+                }
                 Event::Usage(usage) => {
                     let mut tally = lock(self.tally);
                     tally.input_tokens = tally.input_tokens.saturating_add(usage.input_tokens);
@@ -814,10 +853,11 @@ impl Turn<'_> {
         Ok(step)
     }
 
-    /// The id a front knows the call the model named `id` by: the model's own, unless the model
-    /// gave none or one of this turn's calls went by it already (a model's ids are its own to
-    /// make): then one of the turn's own. A front's answer is matched to its question by this
-    /// id, so an editor's late "allow" for one call never reaches another that reused its id.
+    /// The id the call the model named `id` goes by, to the front and back to the model: the
+    /// model's own, unless the model gave none or one of this turn's calls went by it already
+    /// (a model's ids are its own to make): then one of the turn's own. A front's answer is
+    /// matched to its question by this id, so an editor's late "allow" for one call never
+    /// reaches another that reused its id.
     fn front_id(&self, id: &str) -> String {
         let mut used = lock(&self.front_ids);
         let mut front = id.to_owned();
@@ -830,9 +870,11 @@ impl Turn<'_> {
         front
     }
 
-    /// Runs one tool call through the executor; its text for the model and whether it failed.
-    async fn run_call(&self, call: &ToolCall) -> (String, bool) {
-        let front_id = self.front_id(&call.id);
+    /// Runs one tool call through the executor (or answers it with `refused`, running
+    /// nothing); its text for the model and whether it failed. Its id is the turn's own
+    /// ([`Turn::front_id`]).
+    async fn run_call(&self, call: &ToolCall, refused: Option<ToolError>) -> (String, bool) {
+        let front_id = call.id.clone();
         let _ = self
             .events
             .send(AgentEvent::ToolCallStarted {
@@ -843,7 +885,11 @@ impl Turn<'_> {
             .await;
         // What the answer holds in memory counts until its text is made.
         let memory = Arc::new(self.state.call_bytes.holder(self.user));
-        let (workspace, outcome) = match self.state.tool_call(self.user) {
+        let slot = match refused {
+            Some(error) => Err(error),
+            None => self.state.tool_call(self.user),
+        };
+        let (workspace, outcome) = match slot {
             Ok(_slot) => {
                 // Progress is best effort: a front that does not keep up misses some lines.
                 let events = self.events.clone();

@@ -66,6 +66,10 @@ pub enum Reply {
         /// The answer's text.
         text: Vec<String>,
     },
+    /// These SSE events (an event's name, when the API names them, and its data) as they are,
+    /// then the end of the response: what the other replies cannot say (a finish for the
+    /// output limit, an error inside the stream).
+    Events(Vec<(Option<&'static str>, String)>),
     /// A redirect (307) to `location`.
     Redirect {
         /// Where to.
@@ -283,6 +287,7 @@ async fn answer(state: AppState, api: Api, request: Request) -> Response {
             api_events(api, &model, &text, &[], (10, 5), true),
             Tail::Hang(state.shared.clone()),
         ),
+        Reply::Events(events) => sse(events, Tail::End),
         Reply::Redirect { location } => Response::builder()
             .status(StatusCode::TEMPORARY_REDIRECT)
             .header("location", location)

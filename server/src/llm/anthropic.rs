@@ -27,7 +27,10 @@ pub fn request_body(request: &Request) -> Value {
             Message::User(text) => ("user", vec![json!({"type": "text", "text": text})]),
             Message::Assistant { text, tool_calls } => {
                 let mut blocks = Vec::new();
-                if !text.is_empty() {
+                // The API refuses a text block of whitespace alone ("text content blocks must
+                // contain non-whitespace text"), which a model may stream before a call: sent
+                // again with the history, it failed every later request of the session.
+                if !text.trim().is_empty() {
                     blocks.push(json!({"type": "text", "text": text}));
                 }
                 for call in tool_calls {
@@ -348,6 +351,53 @@ mod tests {
                 "tools": [{"name": "read_file", "description": "Read a file.",
                            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
             })
+        );
+    }
+
+    /// Regression: an assistant's text of whitespace alone (streamed before a call) was sent
+    /// back as a text block, which the API refuses, failing every later request.
+    #[test]
+    fn an_assistants_text_of_whitespace_alone_is_not_sent() {
+        let call = ToolCall {
+            id: "toolu_1".into(),
+            name: "stat".into(),
+            arguments: json!({}),
+        };
+        let request = Request {
+            model: "claude-test".into(),
+            system: String::new(),
+            messages: vec![
+                Message::User("go".into()),
+                Message::Assistant {
+                    text: "\n\n".into(),
+                    tool_calls: vec![call],
+                },
+                Message::ToolResult {
+                    call_id: "toolu_1".into(),
+                    text: "ok".into(),
+                    is_error: false,
+                },
+                Message::Assistant {
+                    text: " \n".into(),
+                    tool_calls: Vec::new(),
+                },
+                Message::User("again".into()),
+            ],
+            tools: Vec::new(),
+            max_output_tokens: 16,
+        };
+        assert_eq!(
+            request_body(&request)["messages"],
+            json!([
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "stat", "input": {}},
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"},
+                    {"type": "text", "text": "again"},
+                ]},
+            ])
         );
     }
 

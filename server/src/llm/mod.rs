@@ -426,7 +426,7 @@ pub(crate) fn cut_error(message: &str) -> String {
 }
 
 /// The error for a non-2xx answer: the provider's own message (`error.message` in both APIs),
-/// 429 as [`LlmError::RateLimited`].
+/// 429 and Anthropic's 529 ("overloaded") as [`LlmError::RateLimited`]: both pass.
 pub fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> LlmError {
     let message = serde_json::from_str::<Value>(body)
         .ok()
@@ -439,7 +439,7 @@ pub fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> L
         })
         .unwrap_or_else(|| body.to_owned());
     let message = cut_error(&message);
-    if status == 429 {
+    if status == 429 || status == 529 {
         LlmError::RateLimited {
             retry_after,
             message,
@@ -577,6 +577,10 @@ pub(crate) fn check_call(calls: usize, name: &str, arguments: usize) -> Result<(
 /// (empty text is an empty object: a call of a tool without arguments). Arguments of more
 /// values than a request may hold are not made a tree (a tree takes about 48 bytes a value: a
 /// few MiB of small numbers would take hundreds): a short text says so, which the tool refuses.
+///
+/// Arguments nested deeper than [`MAX_ARGUMENT_NESTING`] are not kept either: the front is sent
+/// them inside an event two levels deeper, and past serde_json's 127 levels its reader failed
+/// and the turn's stream was dropped.
 pub fn parse_arguments(raw: &str) -> Value {
     use monad_protocol::values::{MAX_REQUEST_VALUES, count};
     if raw.trim().is_empty() {
@@ -586,13 +590,45 @@ pub fn parse_arguments(raw: &str) -> Value {
         Err(e) if e.is_data() => Value::String(format!(
             "(arguments of more than {MAX_REQUEST_VALUES} JSON values: not read)"
         )),
-        _ => serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned())),
+        _ => match serde_json::from_str(raw) {
+            Ok(value) if nesting(&value) > MAX_ARGUMENT_NESTING => Value::String(format!(
+                "(arguments nested more than {MAX_ARGUMENT_NESTING} levels deep: not read)"
+            )),
+            Ok(value) => value,
+            Err(_) => Value::String(raw.to_owned()),
+        },
+    }
+}
+
+/// How deep a tool call's arguments may nest (a tool's arguments nest two or three levels).
+pub const MAX_ARGUMENT_NESTING: usize = 64;
+
+/// How many arrays and objects deep `value` nests (at most serde_json's 128 when parsed).
+fn nesting(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => 1 + items.iter().map(nesting).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(nesting).max().unwrap_or(0),
+        _ => 0,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: arguments nested 126 levels deep were kept, and the front's reader, two
+    /// levels deeper in the event, failed on them and dropped the turn's stream.
+    #[test]
+    fn arguments_nested_too_deep_are_not_read() {
+        let deep = |n: usize| format!("{{\"x\":{}1{}}}", "[".repeat(n), "]".repeat(n));
+        assert!(parse_arguments(&deep(MAX_ARGUMENT_NESTING - 1))["x"].is_array());
+        assert_eq!(
+            parse_arguments(&deep(125)),
+            Value::String(format!(
+                "(arguments nested more than {MAX_ARGUMENT_NESTING} levels deep: not read)"
+            ))
+        );
+    }
 
     #[test]
     fn status_errors_carry_the_providers_message() {
@@ -621,6 +657,19 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("retry after 7 s"), "{e}");
+        // Anthropic's "overloaded" passes too.
+        let e = status_error(
+            529,
+            None,
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        );
+        assert_eq!(
+            e,
+            LlmError::RateLimited {
+                retry_after: None,
+                message: "Overloaded".into()
+            }
+        );
         let e = status_error(502, None, "bad gateway\n");
         assert_eq!(
             e,

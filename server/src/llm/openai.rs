@@ -149,9 +149,12 @@ impl Decoder for StreamDecoder {
         }
         let chunk: Value = serde_json::from_str(data)
             .map_err(|e| LlmError::Protocol(format!("a chunk that is not JSON ({e})")))?;
-        if let Some(error) = chunk.get("error") {
+        // `"error": null` in every chunk is no error (Foundry Local sends it); a string is the
+        // message itself (Ollama's `{"error": "..."}`).
+        if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
             let message = error
                 .get("message")
+                .or(Some(error))
                 .and_then(Value::as_str)
                 .map(str::to_owned)
                 .unwrap_or_else(|| error.to_string());
@@ -183,16 +186,29 @@ impl Decoder for StreamDecoder {
                 .unwrap_or_default()
             {
                 let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                let id = call.get("id").and_then(Value::as_str);
-                let named = call.get("function").and_then(|f| f.get("name")).is_some();
-                let at = self.slot(index, id, named);
+                let id = call
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|id| !id.is_empty());
+                let function = call.get("function").unwrap_or(&Value::Null);
+                // An empty name is none: LM Studio sends `"name": ""` with each piece of a
+                // call's arguments, each piece with an id of its own.
+                let name = function
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .filter(|name| !name.is_empty());
+                let at = self.slot(index, id, name.is_some());
                 let partial = &mut self.calls[at];
                 // The id the call started with: a later piece's own id names no call.
                 if let Some(id) = id.filter(|_| partial.id.is_empty()) {
                     partial.id = id.to_owned();
                 }
-                let function = call.get("function").unwrap_or(&Value::Null);
-                if let Some(name) = function.get("name").and_then(Value::as_str) {
+                // A name is sent whole once, or in pieces (Gemini), or whole again with every
+                // piece of the call (MiniMax through NVIDIA NIM): the same name again adds
+                // nothing.
+                if let Some(name) = name
+                    && partial.name != name
+                {
                     partial.name.push_str(name);
                 }
                 if let Some(args) = function.get("arguments").and_then(Value::as_str) {
@@ -441,6 +457,73 @@ mod tests {
         assert!(
             e.to_string().contains("arguments take more than 4 MiB"),
             "{e}"
+        );
+    }
+
+    /// Regression: LM Studio sends each piece of a call's arguments with `"name": ""` and an id
+    /// of its own, which started a call of no name per piece; MiniMax through NVIDIA NIM sends
+    /// the whole name with every piece, which was run together (`read_fileread_file`). Gemini's
+    /// name in pieces is still joined.
+    #[test]
+    fn a_calls_name_sent_empty_or_again_with_each_piece_names_one_call() {
+        let call = |id: &str, name: &str, args: &str| {
+            json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": id, "function": {"name": name, "arguments": args}}
+            ]}}]})
+            .to_string()
+        };
+        let end = r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#;
+        let read = |id: &str| {
+            vec![
+                Event::ToolCall(ToolCall {
+                    id: id.into(),
+                    name: "read_file".into(),
+                    arguments: json!({"path": "x"}),
+                }),
+                Event::Finish(FinishReason::ToolCalls),
+            ]
+        };
+        let lm_studio = [
+            call("a", "read_file", ""),
+            call("b", "", "{\"path\":"),
+            call("c", "", "\"x\"}"),
+            end.to_owned(),
+            "[DONE]".to_owned(),
+        ];
+        let repeated = [
+            call("a", "read_file", "{\"path\":"),
+            call("a", "read_file", "\"x\"}"),
+            end.to_owned(),
+            "[DONE]".to_owned(),
+        ];
+        let pieces = [
+            call("a", "read_", "{\"path\":"),
+            call("", "file", "\"x\"}"),
+            end.to_owned(),
+            "[DONE]".to_owned(),
+        ];
+        for chunks in [&lm_studio[..], &repeated[..], &pieces[..]] {
+            let chunks: Vec<&str> = chunks.iter().map(String::as_str).collect();
+            assert_eq!(feed_all(&mut StreamDecoder::default(), &chunks), read("a"));
+        }
+    }
+
+    /// Regression: `"error": null` in each chunk (Foundry Local) failed every answer; an error
+    /// that is a string is its message, not the string quoted.
+    #[test]
+    fn a_chunks_null_error_is_none_and_a_string_error_is_its_message() {
+        let mut d = StreamDecoder::default();
+        let events = d
+            .feed(
+                "",
+                r#"{"choices":[{"index":0,"delta":{"content":"hi"}}],"error":null}"#,
+            )
+            .unwrap();
+        assert_eq!(events, vec![Event::Text("hi".into())]);
+        let e = d.feed("", r#"{"error":"model not loaded"}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            LlmError::Protocol("an error: model not loaded".into()).to_string()
         );
     }
 

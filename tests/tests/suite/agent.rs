@@ -605,6 +605,148 @@ async fn a_tool_call_whose_id_could_not_be_answered_ends_the_turn() {
     assert_eq!(reply.result.tool_calls, 0, "{events:?}");
 }
 
+/// An OpenAI chunk of `delta` and `finish` (null or a reason), as the API streams it.
+fn openai_chunk(delta: Value, finish: Value) -> (Option<&'static str>, String) {
+    let chunk = json!({"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0,
+                       "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    (None, chunk.to_string())
+}
+
+/// Regression: an answer cut at `llm.max_output_tokens` inside a call's arguments ran the call,
+/// which was refused for arguments that are not an object; nothing told the model it had hit
+/// its output limit, and it tried the same large write again step after step. The cut call
+/// runs nothing and its answer says why; a whole call before it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cut_off_at_the_output_limit_runs_nothing_and_the_model_is_told_why() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Events(vec![
+            openai_chunk(
+                json!({"tool_calls": [{"index": 0, "id": "whole", "type": "function",
+                        "function": {"name": "workspaces", "arguments": "{}"}}]}),
+                Value::Null,
+            ),
+            openai_chunk(
+                json!({"tool_calls": [{"index": 1, "id": "cut", "type": "function",
+                        "function": {"name": "write_file",
+                                     "arguments": "{\"path\": \"big.txt\", \"content\": \"aaaa"}}]}),
+                Value::Null,
+            ),
+            openai_chunk(json!({}), json!("length")),
+            (None, "[DONE]".into()),
+        ]),
+        Reply::text(["I will write it in parts."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "max_output_tokens = 300\n").await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "write a big file").await;
+    assert_eq!(reply.result.stop, StopReason::Answered, "{events:?}");
+    let requests = provider.wait_for_requests(2).await;
+    let results = tool_results(&requests[1].body, ProviderKind::Openai);
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(
+        results[0].contains("workspace"),
+        "the whole call ran: {results:?}"
+    );
+    assert!(
+        results[1].contains("cut off") && results[1].contains("300 tokens, llm.max_output_tokens"),
+        "{results:?}"
+    );
+    assert!(
+        !server
+            .data_dir()
+            .join("sessions/default/workspace/big.txt")
+            .exists()
+    );
+}
+
+/// Regression: a call without an id (some OpenAI-compatible servers send none), or with an id
+/// another call of the answer used, went back to the provider so, which refuses the next
+/// request over it. Each call goes by one id of its own, in the model's message and its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_an_id_or_sharing_one_go_back_to_the_model_each_by_an_id_of_its_own() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Stream {
+            text: Vec::new(),
+            calls: vec![
+                (String::new(), "workspaces".into(), json!({})),
+                ("dup".into(), "workspaces".into(), json!({})),
+                ("dup".into(), "workspaces".into(), json!({})),
+            ],
+            usage: (10, 5),
+        },
+        Reply::text(["Done."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "").await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "look").await;
+    assert_eq!(reply.result.stop, StopReason::Answered, "{events:?}");
+    let requests = provider.wait_for_requests(2).await;
+    let messages = requests[1].body["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let asked: Vec<String> = messages
+        .iter()
+        .filter_map(|m| m["tool_calls"].as_array())
+        .flatten()
+        .map(|c| c["id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    let answered: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["tool_call_id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(asked, answered);
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert_eq!(asked[1], "dup");
+    let unique: std::collections::BTreeSet<&String> = asked.iter().collect();
+    assert_eq!(unique.len(), 3, "{asked:?}");
+    assert!(asked.iter().all(|id| !id.is_empty()), "{asked:?}");
+}
+
+/// Regression: Anthropic's "overloaded" ended the turn, said in the stream before any of the
+/// answer (`overloaded_error`) or as status 529, where a 429 is waited out. Both are now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_provider_is_waited_out_as_a_rate_limit() {
+    let ev = |name: &'static str, v: Value| (Some(name), v.to_string());
+    let provider = ScriptedProvider::start(vec![
+        Reply::Events(vec![
+            ev(
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                       "role": "assistant", "content": [], "model": "m", "stop_reason": null,
+                       "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+            ),
+            ev(
+                "error",
+                json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+            ),
+        ]),
+        Reply::Status {
+            status: 529,
+            message: "Overloaded again".into(),
+            retry_after: Some(0),
+        },
+        Reply::text(["Here."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Anthropic, "").await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "hi").await;
+    assert_eq!(reply.result.stop, StopReason::Answered, "{events:?}");
+    let retries: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Retrying { message, .. } => Some(message.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retries, ["Overloaded", "Overloaded again"]);
+    assert_eq!(streamed_text(&events), "Here.");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_during_an_approval_withdraws_it_and_the_audit_says_cancelled() {
     let provider = ScriptedProvider::start(vec![Reply::tool_call(
