@@ -28,6 +28,12 @@ use crate::store::pg::Lease;
 /// that the session's owner is unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// A connection to another host for one user's calls, once made.
+type Link = Arc<tokio::sync::Mutex<Option<quinn::Connection>>>;
+
+/// How many connection slots there may be before those whose connection closed are swept.
+const LINKS_SWEPT_PAST: usize = 64;
+
 /// How long asking a session's holder to give it up ([`Cluster::take_for_attach`]) may take,
 /// connecting included, before the attach waits for its lease instead.
 const YIELD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -153,9 +159,12 @@ pub struct Cluster {
     fingerprint: String,
     /// The device id this host says hello with when it forwards.
     device: String,
-    endpoint: Mutex<Option<quinn::Endpoint>>,
-    /// Open connections to other hosts, by (address, user).
-    links: tokio::sync::Mutex<HashMap<(String, String), quinn::Connection>>,
+    /// The client endpoints calls are forwarded from, one per address family (IPv4, IPv6):
+    /// an endpoint bound for one cannot reach the other.
+    endpoint: Mutex<[Option<quinn::Endpoint>; 2]>,
+    /// Connections to other hosts, by (address, user): each slot locked while its connection
+    /// is made, so that one host that does not answer holds up only the calls to it.
+    links: Mutex<HashMap<(String, String), Link>>,
     /// Sessions found served by another host, with its address and when that was found: a
     /// call in the next [`Cluster::owner_memory`] is forwarded there without asking the
     /// database again (asking takes the lease row's lock, a commit the database syncs: it was
@@ -185,8 +194,8 @@ impl Cluster {
             secret: secret.filter(|s| !s.is_blank()),
             fingerprint: fingerprint.to_owned(),
             device: uuid::Uuid::new_v4().hyphenated().to_string(),
-            endpoint: Mutex::new(None),
-            links: tokio::sync::Mutex::new(HashMap::new()),
+            endpoint: Mutex::new([None, None]),
+            links: Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
         }
     }
@@ -469,18 +478,34 @@ impl Cluster {
             return Err("this host has no [cluster] secret".into());
         };
         let key = (address.to_owned(), user.to_owned());
-        let mut links = self.links.lock().await;
-        if let Some(conn) = links.get(&key)
-            && conn.close_reason().is_none()
+        let slot = {
+            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+            // Slots of connections closed (a host gone, an idle time-out) go as new ones come,
+            // each time their number reaches a power of two, rather than staying for every
+            // address and user ever forwarded for. A slot being connected stays.
+            if !links.contains_key(&key)
+                && links.len() >= LINKS_SWEPT_PAST
+                && links.len().is_power_of_two()
+            {
+                links.retain(|_, slot| match slot.try_lock() {
+                    Ok(conn) => conn.as_ref().is_some_and(|c| c.close_reason().is_none()),
+                    Err(_) => true,
+                });
+            }
+            links.entry(key).or_default().clone()
+        };
+        let mut conn = slot.lock().await;
+        if let Some(open) = conn.as_ref()
+            && open.close_reason().is_none()
         {
-            return Ok(conn.clone());
+            return Ok(open.clone());
         }
-        links.remove(&key);
-        let conn = tokio::time::timeout(CONNECT_TIMEOUT, self.connect(address, user, secret))
+        *conn = None;
+        let made = tokio::time::timeout(CONNECT_TIMEOUT, self.connect(address, user, secret))
             .await
             .map_err(|_| format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()))??;
-        links.insert(key, conn.clone());
-        Ok(conn)
+        *conn = Some(made.clone());
+        Ok(made)
     }
 
     async fn connect(
@@ -531,9 +556,11 @@ impl Cluster {
         }
     }
 
-    /// The client endpoint calls are forwarded from (made on first use).
+    /// The client endpoint calls to an address of this family are forwarded from (made on
+    /// first use).
     fn endpoint(&self, v6: bool) -> Result<quinn::Endpoint, String> {
-        let mut slot = self.endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let mut endpoints = self.endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = &mut endpoints[usize::from(v6)];
         if let Some(endpoint) = slot.as_ref() {
             return Ok(endpoint.clone());
         }

@@ -2617,27 +2617,28 @@ impl Registry {
     /// is attaching there: [`crate::cluster::Cluster::take_for_attach`]): it leaves memory, its
     /// unsaved activity saved, and its lease is given up, so that the asking host takes it at
     /// once. A session not in memory here has nothing to let go. Refused (`denied`, saying
-    /// what) while something uses it here ([`Session::kept_by`]). Decided, its activity saved
-    /// and its lease given up under the registry's lock (two statements; another host asks
-    /// this rarely), so that no request takes the session meanwhile: one after finds it gone,
-    /// loads it again and asks the database for its lease, which the asking host holds by then
-    /// or takes after it. (A request in between, which found the lease held here in memory,
-    /// would have run here while the other host took over.) True when the session was here to
-    /// let go.
+    /// what) while something uses it here ([`Session::kept_by`]). Decided and taken out of
+    /// memory under the registry's lock, so that no request takes the session meanwhile; its
+    /// activity saved and its lease given up after ([`Registry::let_go`]), while a request for
+    /// it waits, then finds it gone, loads it again and asks the database for its lease, which
+    /// the asking host holds by then or takes after it. (Saved under the lock, every lookup of
+    /// every session here waited for the database, up to its time-out.) True when the session
+    /// was here to let go.
     pub fn give_up(&self, id: &str, user: &str) -> Result<bool, ToolError> {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(session) = sessions.get(id) else {
-            return Ok(false);
+        let session = {
+            let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(session) = sessions.get(id) else {
+                return Ok(false);
+            };
+            owned_by(session, user)?;
+            if let Some(why) = session.kept_by() {
+                return Err(ToolError::new(ErrorCode::Denied, why));
+            }
+            self.take_out(&mut sessions, id)
         };
-        owned_by(session, user)?;
-        if let Some(why) = session.kept_by() {
-            return Err(ToolError::new(ErrorCode::Denied, why));
+        if let Some(session) = session {
+            self.let_go(&session);
         }
-        self.save_unsaved(session);
-        if let Some(cluster) = &self.cluster {
-            cluster.release(id);
-        }
-        sessions.remove(id);
         Ok(true)
     }
 

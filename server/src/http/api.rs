@@ -824,8 +824,19 @@ fn query(
 // ---------------------------------------------------------------------------------------------
 // Handlers.
 
+/// The document, made once: it is the same for every request, which needs no sign-in, and
+/// making it (every schema of the API) is work a stream of requests would repeat for nothing.
 async fn openapi() -> Response {
-    json(StatusCode::OK, &super::openapi::document())
+    static DOCUMENT: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let body = DOCUMENT.get_or_init(|| {
+        serde_json::to_vec(&super::openapi::document()).expect("the document serializes")
+    });
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body.as_slice(),
+    )
+        .into_response()
 }
 
 async fn create_workspace(

@@ -645,6 +645,69 @@ async fn an_agent_on_one_host_reads_a_file_on_a_laptop_attached_to_another() {
     assert_eq!(approver.seen().len(), 1, "nothing reached the laptop");
 }
 
+/// Regression: a host connected to another host holding the lock on all its connections to
+/// hosts, so while it tried one that does not answer (a host gone, its lease not expired yet:
+/// up to the 3 s connect time-out each try), every call it forwarded to any other host waited.
+/// A call forwarded to a host that answers goes on while another waits on a silent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_does_not_answer_holds_up_no_call_forwarded_to_another() {
+    let Some(pg) = Pg::alone("a_host_that_does_not_answer_holds_up_no_call_forwarded") else {
+        return;
+    };
+    let (b, a, token, _dirs) = two_hosts(&pg, 10).await;
+    let (_laptop, _attached) = notes_laptop_at(&b.client_config(&token), 0).await;
+    let agent = connect_agent(&a.client_config(&token)).await;
+    // Forwarded to host B once: its connection is made and kept.
+    ok(call_in(&agent, Some(SESSION), "workspaces", json!({})).await);
+    // Session `dark`, served (says its lease) by a host that does not answer.
+    const DARK: &str = "0d0d0d0d-0000-4000-8000-000000000001";
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let address = silent.local_addr().unwrap().to_string();
+    psql(
+        &pg.url,
+        &format!(
+            "INSERT INTO sessions (id, owner, created_at, last_active, history_created_at)
+             SELECT '{DARK}', owner, created_at, last_active, history_created_at
+             FROM sessions WHERE id = '{SESSION}';
+             INSERT INTO leases (session_id, holder, address, epoch, expires_at)
+             VALUES ('{DARK}', 'gone', '{address}', 1, now() + interval '1 hour')"
+        ),
+    );
+    let waiting = {
+        let agent = connect_agent(&a.client_config(&token)).await;
+        tokio::spawn(async move {
+            agent
+                .call(Some(DARK), "workspaces", json!({}), |_| {})
+                .await
+        })
+    };
+    // Its connect under way (it waits up to 3 s), a call for the session host B serves.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    ok(within(
+        Duration::from_millis(1500),
+        "a call forwarded to host B while another waits on a silent host",
+        agent.call(Some(SESSION), "workspaces", json!({}), |_| {}),
+    )
+    .await
+    .unwrap());
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    let dark = within(STEP, "the call for the silent host's session", waiting)
+        .await
+        .unwrap();
+    let said = match dark {
+        Ok(reply) => match reply.outcome {
+            monad_protocol::wire::Outcome::Error { error } => error.message,
+            other => panic!("{other:?}"),
+        },
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        said.contains(DARK) && said.contains("unreachable"),
+        "{said}"
+    );
+}
+
 /// Regression: a background process started through a call forwarded to the host serving the
 /// session outlived its token's revocation (the host it ran on was given no token; the host
 /// that had it noted only what ran on itself). Revoked, it ends; another token's goes on.

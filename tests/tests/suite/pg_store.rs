@@ -1566,3 +1566,58 @@ async fn a_users_session_lookups_take_turns_at_the_store() {
     let _ = tokio::task::spawn_blocking(move || holder.join()).await;
     server.stop().await;
 }
+
+/// Regression: a session given up to another host (a folder attaching there) saved its
+/// activity with the registry's lock held, so every lookup of every session on the host, each a
+/// quick look into memory, waited for the database (up to its time-out), and the host stopped
+/// answering. Another session in memory is found at once while the save waits on a held table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_given_up_to_another_host_saves_without_holding_up_other_sessions() {
+    let Some(pg) = Pg::alone("a_session_given_up_to_another_host_saves_without_holding") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(pg_store(&pg.url, data.path()));
+    let registry = Arc::new(monad_server::session::Registry::new(
+        data.path(),
+        store,
+        monad_server::settings::Layers::default(),
+    ));
+    let leaving = registry.create("ana").unwrap();
+    let other = registry.create("ana").unwrap().id.clone();
+    // Activity a second after the creation: saved as the session leaves.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert!(leaving.touch().is_none());
+    let id = leaving.id.clone();
+    drop(leaving);
+    let database = pg.url.rsplit('/').next().unwrap().to_owned();
+    let holder = {
+        let database = database.clone();
+        tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 4))
+            .await
+            .unwrap()
+    };
+    let given = {
+        let registry = registry.clone();
+        tokio::task::spawn_blocking(move || registry.give_up(&id, "ana"))
+    };
+    steadily_waiting_on_locks(&database, 1, "the save waits on the table").await;
+    let found = within(
+        std::time::Duration::from_secs(2),
+        "another session in memory, while the save waits",
+        tokio::task::spawn_blocking({
+            let registry = registry.clone();
+            move || registry.open(&other, "ana").map(|s| s.id.clone())
+        }),
+    )
+    .await
+    .unwrap();
+    assert!(found.is_ok(), "{found:?}");
+    assert!(
+        within(STEP, "the session given up", given)
+            .await
+            .unwrap()
+            .unwrap()
+    );
+    let _ = tokio::task::spawn_blocking(move || holder.join()).await;
+}

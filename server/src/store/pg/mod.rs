@@ -1627,11 +1627,17 @@ impl ArtifactStore for PgStore {
         }
         let session = session.to_owned();
         let wanted = calls.clone();
-        let calls: Vec<String> = calls.iter().cloned().collect();
+        // Each call's field as `put_artifact` writes the metadata (serde_json, compact): a
+        // call id alone matched any row holding it anywhere, and a made-up one (`-`, `"`)
+        // brought every row of the session, each up to 64 KiB of upload metadata.
+        let calls: Vec<String> = calls
+            .iter()
+            .map(|c| format!("\"call_id\":{}", serde_json::Value::String(c.clone())))
+            .collect();
         self.with(move |c| async move {
-            // Only the rows whose metadata holds one of the call ids leave the database (the
-            // metadata is JSON text, matched as text: a row that is not JSON must not fail the
-            // query), then only those of the calls.
+            // Only the rows whose metadata holds one of the calls' fields leave the database
+            // (the metadata is JSON text, matched as text: a row that is not JSON must not fail
+            // the query), then only those of the calls.
             let rows = c
                 .query(
                     "SELECT id, meta, blob_key FROM artifacts WHERE session_id = $1
