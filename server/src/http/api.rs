@@ -994,24 +994,28 @@ static STORING: crate::quota::UserLocks<tokio::sync::Mutex<()>> = crate::quota::
 fn remove_workspace(state: &State, record: &WorkspaceRecord) -> Result<(), HttpError> {
     let store = state.registry.store();
     for session in record_session_ids(state, &record.id)? {
-        let artifacts = match store.artifacts(&session) {
-            Ok(a) => a,
+        // Their ids alone, read a page at a time: a session's every artifact with its
+        // metadata at once could take gigabytes (an upload's 64 KiB of metadata is a tree of
+        // up to about 1 MiB).
+        let (mut ids, mut history) = (Vec::new(), false);
+        let walked = crate::store::each_artifact(store.as_ref(), &session, |m| {
+            if m.upload
+                .as_ref()
+                .is_some_and(|u| u.workspace_id == record.id)
+            {
+                ids.push(m.id.clone());
+                history |= m.kind == ArtifactKind::SessionHistory;
+            }
+            Ok(())
+        });
+        match walked {
+            Ok(()) => {}
             Err(StoreError::NotFound(_)) => continue,
             Err(e) => return Err(HttpError::store(e)),
-        };
-        let mine: Vec<&ArtifactMeta> = artifacts
-            .iter()
-            .filter(|m| {
-                m.upload
-                    .as_ref()
-                    .is_some_and(|u| u.workspace_id == record.id)
-            })
-            .collect();
-        if mine.is_empty() {
+        }
+        if ids.is_empty() {
             continue;
         }
-        let ids: Vec<String> = mine.iter().map(|m| m.id.clone()).collect();
-        let history = mine.iter().any(|m| m.kind == ArtifactKind::SessionHistory);
         // The conversation first: the artifacts are how a retry knows this session took the
         // workspace's conversation, so a delete cut short between the two (a crash) must leave
         // them for the retry to clear it (the other way round, a retry answered 204 and left

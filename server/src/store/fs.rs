@@ -1280,8 +1280,18 @@ fn read_jsonl<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, Sto
     Ok(records)
 }
 
-/// An index line as its bytes, and what it says when it reads as one.
-type RawIndexLine = (Vec<u8>, Option<IndexLine>);
+/// An index line as its bytes, and, when it reads as one, the artifact it names and where its
+/// content is.
+type RawIndexLine = (Vec<u8>, Option<IndexRef>);
+
+/// Of an index line read whole ([`IndexLine`]), what a rewrite of the index needs: the
+/// artifact's id and its content's place in the pack. The line's tree (an upload's metadata,
+/// up to 64 KiB of JSON, can be a tree of about 1 MiB) is not kept: a rewrite holds one at a
+/// time, not one per artifact of the session.
+struct IndexRef {
+    id: String,
+    pack: Option<[u64; 2]>,
+}
 
 /// The artifact index's whole lines, each as its bytes (its newline included) and what it says:
 /// `None` for a line that does not read as an index line (a corrupt one, or a newer version's),
@@ -1307,7 +1317,12 @@ fn parse_index_lines(bytes: &[u8]) -> Vec<RawIndexLine> {
         .split_inclusive(|&b| b == b'\n')
         .filter(|line| line.ends_with(b"\n") && line.len() > 1)
         .map(|line| {
-            let parsed = serde_json::from_slice(&line[..line.len() - 1]).ok();
+            let parsed = serde_json::from_slice::<IndexLine>(&line[..line.len() - 1])
+                .ok()
+                .map(|l| IndexRef {
+                    id: l.meta.id,
+                    pack: l.pack,
+                });
             (line.to_vec(), parsed)
         })
         .collect()
@@ -2053,8 +2068,7 @@ impl ArtifactStore for FsStore {
             // index is written again), so that the index does not grow by a line, of up to
             // 64 KiB of metadata, at every upload.
             let all = index_lines(&index)?;
-            let ours =
-                |parsed: &Option<IndexLine>| parsed.as_ref().is_some_and(|l| l.meta.id == meta.id);
+            let ours = |parsed: &Option<IndexRef>| parsed.as_ref().is_some_and(|l| l.id == meta.id);
             if all.iter().any(|(_, parsed)| ours(parsed)) {
                 let mut kept = Vec::new();
                 let mut placed = false;
@@ -2110,6 +2124,22 @@ impl ArtifactStore for FsStore {
         self.index_page(session, |_| offset, limit)
     }
 
+    /// One pass over the index, one line's tree at a time (the latest line of an id counts).
+    fn uploaded_bytes_in(&self, session: &str, ids: Option<&[String]>) -> Result<u64, StoreError> {
+        check_id(session)?;
+        let path = self.session_dir(session).join("artifacts/index.jsonl");
+        let mut charged: HashMap<String, u64> = HashMap::new();
+        each_record_line(&path, |_, line| {
+            let id = serde_json::from_slice::<IndexId<'_>>(line)?.id;
+            if ids.is_none_or(|ids| ids.iter().any(|wanted| *wanted == id)) {
+                let line: IndexLine = serde_json::from_slice(line)?;
+                charged.insert(line.meta.id.clone(), line.meta.charged_bytes());
+            }
+            Ok(())
+        })?;
+        Ok(charged.values().fold(0, |sum, &n| sum.saturating_add(n)))
+    }
+
     fn latest_artifacts(&self, session: &str, n: usize) -> Result<Vec<ArtifactMeta>, StoreError> {
         check_id(session)?;
         // One pass over the index, which counts them on the way.
@@ -2157,7 +2187,7 @@ impl ArtifactStore for FsStore {
         for line in &all {
             let (raw, parsed) = line;
             match parsed {
-                Some(line) if ids.contains(&line.meta.id) => erase.extend(line.pack),
+                Some(line) if ids.contains(&line.id) => erase.extend(line.pack),
                 // One it cannot read may name bytes of the pack: the pack stays with it.
                 _ => {
                     packed_left |= parsed.as_ref().is_none_or(|line| line.pack.is_some());

@@ -745,6 +745,20 @@ pub trait ArtifactStore: Send + Sync {
             .filter(|a| a.call_id.as_ref().is_some_and(|c| calls.contains(c)))
             .collect())
     }
+    /// What the artifacts uploaded to `session` (those named by `ids`, when given) count
+    /// against their owner's quota ([`ArtifactMeta::charged_bytes`]), read without every
+    /// artifact's metadata in memory at once (an upload's may hold 64 KiB, a tree many times
+    /// that): a stream of the index, or a query of the ids named.
+    fn uploaded_bytes_in(&self, session: &str, ids: Option<&[String]>) -> Result<u64, StoreError> {
+        let mut charged = 0u64;
+        each_artifact(self, session, |m| {
+            if ids.is_none_or(|ids| ids.contains(&m.id)) {
+                charged = charged.saturating_add(m.charged_bytes());
+            }
+            Ok(())
+        })?;
+        Ok(charged)
+    }
     /// One artifact with its content.
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
     /// Removes artifacts of a session (ids it does not have are ignored).
@@ -790,16 +804,35 @@ pub fn session_uploaded_bytes(
     session: &str,
     ids: Option<&[String]>,
 ) -> Result<u64, StoreError> {
-    let artifacts = match store.artifacts(session) {
-        Ok(artifacts) => artifacts,
-        Err(StoreError::NotFound(_)) => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    Ok(artifacts
-        .iter()
-        .filter(|m| ids.is_none_or(|ids| ids.contains(&m.id)))
-        .map(ArtifactMeta::charged_bytes)
-        .sum())
+    match store.uploaded_bytes_in(session, ids) {
+        Err(StoreError::NotFound(_)) => Ok(0),
+        counted => counted,
+    }
+}
+
+/// How many artifacts' metadata a walk over a session's artifacts holds at once
+/// ([`each_artifact`]): each may be a tree of about 1 MiB.
+pub const ARTIFACTS_READ_AT_ONCE: usize = 32;
+
+/// Calls `each` with every artifact of `session`, oldest first, reading them a page of
+/// [`ARTIFACTS_READ_AT_ONCE`] at a time ([`Store::artifact_page`]) rather than all at once;
+/// stops at `each`'s first error.
+pub fn each_artifact<S: ArtifactStore + ?Sized>(
+    store: &S,
+    session: &str,
+    mut each: impl FnMut(&ArtifactMeta) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let mut offset = 0;
+    loop {
+        let page = store.artifact_page(session, offset, ARTIFACTS_READ_AT_ONCE)?;
+        for meta in &page.artifacts {
+            each(meta)?;
+        }
+        if page.artifacts.is_empty() || page.end >= page.total {
+            return Ok(());
+        }
+        offset = page.end;
+    }
 }
 
 /// The store `config` names: `fs` (the filesystem store in the data dir) when `[store] url` is

@@ -443,6 +443,9 @@ impl ArtifactStore for Observed {
     fn artifacts(&self, session: &str) -> Result<Vec<ArtifactMeta>, StoreError> {
         self.inner.artifacts(session)
     }
+    fn uploaded_bytes_in(&self, session: &str, ids: Option<&[String]>) -> Result<u64, StoreError> {
+        self.inner.uploaded_bytes_in(session, ids)
+    }
     fn artifact_page(
         &self,
         session: &str,

@@ -1585,6 +1585,33 @@ impl ArtifactStore for PgStore {
         })
     }
 
+    /// The ids named, by a query of those rows alone; all of them a page at a time.
+    fn uploaded_bytes_in(&self, session: &str, ids: Option<&[String]>) -> Result<u64, StoreError> {
+        check_id(session)?;
+        let Some(ids) = ids else {
+            let mut charged = 0u64;
+            super::each_artifact(self, session, |m| {
+                charged = charged.saturating_add(m.charged_bytes());
+                Ok(())
+            })?;
+            return Ok(charged);
+        };
+        let (session, ids) = (session.to_owned(), ids.to_vec());
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT id, meta, blob_key FROM artifacts
+                     WHERE session_id = $1 AND id = ANY($2)",
+                    &[&session, &ids],
+                )
+                .await
+                .map_err(db)?;
+            Ok(readable_artifacts(&session, &rows)
+                .map(|m| m.charged_bytes())
+                .fold(0, u64::saturating_add))
+        })
+    }
+
     fn artifact_page(
         &self,
         session: &str,

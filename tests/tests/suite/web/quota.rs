@@ -491,3 +491,45 @@ async fn answers_a_client_does_not_read_count_in_its_users_memory() {
     assert_eq!(whole.status, 200);
     assert_eq!(whole.body.len(), 12 * MIB);
 }
+
+/// The most memory a process has held (`VmHWM`), in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// Regression (memory): a history snapshot's upload read every artifact of its session into
+/// memory, metadata trees and all, twice (the quota's check of the snapshot it replaces, and
+/// the store's tally): 200 uploads of 64 KiB of `[0,0,...]` metadata are about 210 MB of trees,
+/// and a user filling their quota so took the server down for everyone. The server now reads
+/// only the snapshot's own record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_upload_reads_only_the_snapshot_it_replaces_not_every_artifact() {
+    let data = tempfile::tempdir().unwrap();
+    let server =
+        monad_tests::ServerProcess::start_args(data.path(), &[], None, &["--http", "127.0.0.1:0"])
+            .await;
+    let token = server.first_token.clone().expect("a first start");
+    let api = Api::new(server.http.expect("HTTP served"), &token);
+    let workspace = api.workspace(None).await;
+    let session = super::new_session();
+    let zeros = vec![Value::from(0); 32_000];
+    for _ in 0..200 {
+        let answer = upload_with(&api, &workspace, &session, 1, json!({ "a": zeros })).await;
+        assert_eq!(answer.status, 201, "{}", answer.text());
+    }
+    let before = peak_kib(server.pid());
+    let answer = api
+        .snapshot(&workspace, &session, "t1", &[("user", "hello")])
+        .await;
+    assert_eq!(answer.status, 201, "{}", answer.text());
+    let grew = peak_kib(server.pid()).saturating_sub(before);
+    assert!(
+        grew < 64 * 1024,
+        "the server's peak memory grew by {grew} KiB for one snapshot"
+    );
+}
