@@ -453,9 +453,13 @@ impl PgStore {
         Ok(lease)
     }
 
-    /// Renews every live lease this host holds for another lease time. Returns the sessions
-    /// whose lease was lost (expired or taken over): they are marked lost (their writes stay
-    /// fenced), and their next use takes the lease again or finds their new owner.
+    /// Renews every lease this host holds for another lease time, an expired one too when its
+    /// row still names this host at the same epoch: nobody took it meanwhile (a take by another
+    /// host, or by this one, changes the holder or the epoch), so after a database outage or a
+    /// pause longer than the lease the host keeps its sessions rather than losing them all at
+    /// once to whichever host a call reaches first. Returns the sessions whose lease was lost
+    /// (taken over, or gone): they are marked lost (their writes stay fenced), and their next
+    /// use takes the lease again or finds their new owner.
     pub fn renew_leases(&self) -> Result<Vec<String>, StoreError> {
         let held = self.held.all_held();
         if held.is_empty() {
@@ -471,7 +475,7 @@ impl PgStore {
                      SET expires_at = now() + $4::float8 * interval '1 millisecond'
                      FROM unnest($2::text[], $3::bigint[]) AS h(session_id, epoch)
                      WHERE l.session_id = h.session_id AND l.epoch = h.epoch
-                       AND l.holder = $1 AND l.expires_at > now()
+                       AND l.holder = $1
                      RETURNING l.session_id",
                     &[&host.id, &sessions, &epochs, &millis(host.ttl)],
                 )
