@@ -213,11 +213,22 @@ impl Front {
         &self,
         id: &str,
         text: &str,
-        cancel_rx: oneshot::Receiver<()>,
+        mut cancel_rx: oneshot::Receiver<()>,
         cx: ConnectionTo<Client>,
     ) -> Result<PromptResponse, Error> {
         let id = id.to_owned();
-        let agent = self.agent().await?;
+        let cancelled = || {
+            Ok(PromptResponse::new(
+                agent_client_protocol::v1::schema::StopReason::Cancelled,
+            ))
+        };
+        // A cancel while the server is being reached is answered at once (ACP: a cancelled
+        // prompt answers `cancelled`), whether the connection would have come or failed.
+        let agent = tokio::select! {
+            biased;
+            Ok(()) = &mut cancel_rx => return cancelled(),
+            agent = self.agent() => agent?,
+        };
         let turn_no = 1 + self
             .turns
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -249,6 +260,7 @@ impl Front {
         let permission = {
             let cx = cx.clone();
             let id = id.clone();
+            let started = started.clone();
             move |event: &AgentEvent| {
                 let args = match event {
                     AgentEvent::Permission { call_id, .. } => lock(&started).get(call_id).cloned(),
@@ -271,18 +283,32 @@ impl Front {
             }
         };
         let turn = agent.prompt_asking(Some(&id), text, events, permission);
-        tokio::select! {
-            reply = turn => match reply {
-                Ok(reply) => translate::stop_reason(&reply.result.stop)
-                    .map(PromptResponse::new)
-                    .map_err(|why| Error::internal_error().data(why)),
-                Err(e) => Err(client_error(&self.config, e)),
-            },
+        // The cancel first: one already sent is not raced by the prompt's start, which would
+        // write the prompt to the server (and the conversation) after the editor cancelled it.
+        let (answer, why) = tokio::select! {
+            biased;
             // Dropping the turn resets its stream: the server stops the model and the tool.
-            Ok(()) = cancel_rx => Ok(PromptResponse::new(
-                agent_client_protocol::v1::schema::StopReason::Cancelled,
-            )),
+            Ok(()) = &mut cancel_rx => (cancelled(), "the turn was cancelled"),
+            reply = turn => match reply {
+                Ok(reply) => (
+                    translate::stop_reason(&reply.result.stop)
+                        .map(PromptResponse::new)
+                        .map_err(|why| Error::internal_error().data(why)),
+                    "the turn ended",
+                ),
+                Err(e) => (Err(client_error(&self.config, e)), "the turn failed"),
+            },
+        };
+        // A call the turn did not see to its end (cancelled, a time limit, a lost connection)
+        // is shown ended, failed, before the prompt is answered: its card would stay pending.
+        let unfinished: Vec<String> = lock(&started).drain().map(|(call, _)| call).collect();
+        for call in unfinished {
+            let update = translate::unfinished(turn_no, &call, why);
+            if let Err(e) = cx.send_notification(SessionNotification::new(id.clone(), update)) {
+                debug!("cannot send a session update: {e}");
+            }
         }
+        answer
     }
 
     fn cancel(&self, notification: &CancelNotification) {

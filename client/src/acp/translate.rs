@@ -140,9 +140,27 @@ pub fn in_turn(event: &AgentEvent, turn: u64) -> std::borrow::Cow<'_, AgentEvent
     | AgentEvent::ToolCallEnded { call_id, .. }
     | AgentEvent::Permission { call_id, .. } = &mut event
     {
-        *call_id = format!("t{turn}.{call_id}");
+        *call_id = turn_call_id(turn, call_id);
     }
     std::borrow::Cow::Owned(event)
+}
+
+/// The id an editor knows call `call_id` of turn `turn` by ([`in_turn`]).
+fn turn_call_id(turn: u64, call_id: &str) -> String {
+    format!("t{turn}.{call_id}")
+}
+
+/// The update that ends call `call_id` of turn `turn` that the turn did not see to its end
+/// (`why`: cancelled, ended or failed first): failed, saying so.
+pub fn unfinished(turn: u64, call_id: &str, why: &str) -> SessionUpdate {
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+        turn_call_id(turn, call_id),
+        ToolCallUpdateFields::new()
+            .status(ToolCallStatus::Failed)
+            .content(vec![ToolCallContent::from(ContentBlock::from(format!(
+                "{why} before this call did: it may not have run to its end"
+            )))]),
+    ))
 }
 
 /// The session updates an agent event becomes (none for a permission question, which is a

@@ -645,6 +645,51 @@ async fn cancelling_mid_turn_answers_cancelled_and_keeps_what_was_said() {
     .await;
 }
 
+/// Regression: a call running when its turn was cancelled never got a last status: the prompt
+/// answered `cancelled` while the editor's card of the call stayed in progress. It ends failed,
+/// saying why, before the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_running_when_its_turn_is_cancelled_is_shown_ended() {
+    let provider = ScriptedProvider::start(vec![Reply::tool_call(
+        "c1",
+        "run_command",
+        json!({"argv": ["sleep", "30"]}),
+    )])
+    .await;
+    let server = server_for(&provider).await;
+    let editor = Editor::answering([]);
+    let stop = editor
+        .run(&server, async |cx| {
+            open_default(&cx).await?;
+            let turn = cx.send_request(prompt("default", "wait a while"));
+            editor
+                .wait_for("the call's card", |u| {
+                    matches!(u, SessionUpdate::ToolCall(_))
+                })
+                .await;
+            cx.send_notification(CancelNotification::new("default"))?;
+            Ok(within(STEP, "the cancelled answer", turn.block_task())
+                .await?
+                .stop_reason)
+        })
+        .await;
+    assert_eq!(stop, StopReason::Cancelled);
+    let updates = editor.updates();
+    let card = updates
+        .iter()
+        .find_map(|u| match u {
+            SessionUpdate::ToolCall(call) => Some(call.tool_call_id.clone()),
+            _ => None,
+        })
+        .expect("the call's card");
+    let ended = updates.iter().any(|u| {
+        matches!(u, SessionUpdate::ToolCallUpdate(update)
+            if update.tool_call_id == card
+                && update.fields.status == Some(ToolCallStatus::Failed))
+    });
+    assert!(ended, "the card of a cancelled call is ended: {updates:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_sent_right_after_the_prompt_is_not_lost() {
     let provider = ScriptedProvider::start(vec![Reply::Hang { text: vec![] }]).await;
