@@ -306,6 +306,50 @@ fn a_host_is_told_once_of_each_lease_another_host_took_over_and_never_of_one_tha
     assert_eq!(*told.lock().unwrap(), ["s2", "s1", "s3"]);
 }
 
+/// Regression: a host renewed its leases through the connections its users' work takes, first
+/// come first served: a few slow queries of one user (here, every connection waiting on a
+/// table another client holds) delayed the renewal past the lease time, and every session of
+/// the host went to another. The renewal has a connection of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosts_renewal_does_not_wait_behind_its_users_work() {
+    let Some(url) = pg_url("a_hosts_renewal_does_not_wait_behind_its_users_work") else {
+        return;
+    };
+    let (_dir, one, _two) = two_stores(&url);
+    let one = Arc::new(one);
+    assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    let holder = {
+        let database = database.clone();
+        tokio::task::spawn_blocking(move || super::pg_store::hold_table(&database, "sessions", 4))
+            .await
+            .unwrap()
+    };
+    // Every connection of the pool (8) waits on the table.
+    let mut loads = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let one = one.clone();
+        loads.spawn_blocking(move || one.load(&format!("user-{i}")));
+    }
+    super::pg_store::steadily_waiting_on_locks(&database, 8, "the pool's every connection waits")
+        .await;
+    let renewed = within(
+        Duration::from_secs(2),
+        "the renewal while the users' work waits",
+        tokio::task::spawn_blocking({
+            let one = one.clone();
+            move || one.renew_leases()
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(renewed.unwrap(), Vec::<String>::new());
+    while let Some(load) = within(STEP, "the loads", loads.join_next()).await {
+        load.unwrap().unwrap();
+    }
+    let _ = tokio::task::spawn_blocking(move || holder.join()).await;
+}
+
 #[test]
 fn a_restarted_server_takes_its_own_live_leases_over_at_once_and_fences_its_former_process() {
     let Some(url) = pg_url("a_restarted_server_takes_its_own_live_leases") else {

@@ -468,7 +468,7 @@ impl PgStore {
         let host = self.host.clone();
         let asked = Instant::now();
         let (sessions, epochs): (Vec<String>, Vec<i64>) = held.iter().cloned().unzip();
-        let renewed: Vec<String> = self.with(move |c| async move {
+        let renewed: Vec<String> = self.with_renewal(move |c| async move {
             let rows = c
                 .query(
                     "UPDATE leases AS l
@@ -511,7 +511,7 @@ impl PgStore {
             return Ok(());
         }
         let me = self.host.id.clone();
-        let served: Vec<(String, i64)> = self.with(move |c| async move {
+        let served: Vec<(String, i64)> = self.with_renewal(move |c| async move {
             let rows = c
                 .query(
                     "SELECT session_id, epoch FROM leases

@@ -99,6 +99,8 @@ fn kept_of(meta: &SessionMeta) -> Option<String> {
 pub struct PgStore {
     driver: Driver,
     pool: Arc<Pool>,
+    /// One connection of the host's lease renewal alone ([`PgStore::with_renewal`]).
+    renewal: Arc<Pool>,
     blobs: Arc<dyn Blobs>,
     data_dir: PathBuf,
     max_devices_per_user: usize,
@@ -214,10 +216,19 @@ impl PgStore {
     ) -> Result<PgStore, StoreError> {
         let (config, name) = parse_url(url, |k| std::env::var(k).ok())?;
         let driver = Driver::start(options.op_timeout)?;
+        let renewal = Arc::new(Pool::new(
+            config.clone(),
+            PoolOptions {
+                size: 1,
+                ..options.clone()
+            },
+            name.clone(),
+        ));
         let pool = Arc::new(Pool::new(config, options, name));
         let store = PgStore {
             driver,
             pool,
+            renewal,
             blobs,
             data_dir: data_dir.to_path_buf(),
             max_devices_per_user: crate::config::Quotas::default().max_devices_per_user,
@@ -280,6 +291,20 @@ impl PgStore {
                 tracing::warn!("artifact content {key} stays until the orphan sweep: {e}");
             }
         }
+    }
+
+    /// Runs `f` with the connection of the lease renewal, on the driver thread: never behind
+    /// the users' work, which takes the pool's connections first come first served (a few slow
+    /// queries of one user delayed a renewal past the lease time, and every session of the
+    /// host went to another host).
+    fn with_renewal<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(pool::Conn) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let pool = self.renewal.clone();
+        self.driver.run(async move { pool.with_conn(f).await })
     }
 
     /// Runs `f` with a pooled connection on the driver thread.
