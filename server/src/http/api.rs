@@ -1637,12 +1637,9 @@ pub fn session_view(state: &State, user: &str, id: &str) -> Result<SessionView, 
             online: true,
         }],
     };
-    let mut workspace_ids = Vec::new();
-    for record in store.records(Some(user)).map_err(HttpError::store)? {
-        if record_session_ids(state, &record.id)?.contains(&meta.id) {
-            workspace_ids.push(record.id);
-        }
-    }
+    let workspace_ids = store
+        .session_records(user, &meta.id)
+        .map_err(HttpError::store)?;
     Ok(SessionView {
         task_count: store.audit_count(&meta.id).unwrap_or(0) as u64,
         session_id: meta.id,

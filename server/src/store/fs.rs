@@ -1430,6 +1430,22 @@ impl WorkspaceStore for FsStore {
         })
     }
 
+    /// One pass over the records, under the records' lock once (paging through each record's
+    /// sessions took it, and cloned and sorted the record's sessions, once a page).
+    fn session_records(&self, user: &str, session: &str) -> Result<Vec<String>, StoreError> {
+        self.with_workspaces(|map, _| {
+            let mut found: Vec<(&str, &str)> = map
+                .values()
+                .filter(|f| {
+                    f.record.user == user && f.sessions.iter().any(|s| s.session == session)
+                })
+                .map(|f| (f.record.last_active.as_str(), f.record.id.as_str()))
+                .collect();
+            found.sort_by(|a, b| b.0.cmp(a.0).then(a.1.cmp(b.1)));
+            Ok(found.into_iter().map(|(_, id)| id.to_owned()).collect())
+        })
+    }
+
     fn touch_record(&self, id: &str, session: &str, calls: u64) -> Result<(), StoreError> {
         self.with_workspaces(|map, dir| {
             let Some(file) = map.get_mut(id) else {

@@ -638,6 +638,27 @@ pub trait WorkspaceStore: Send + Sync {
         limit: usize,
         next: Option<&str>,
     ) -> Result<Page<WorkspaceSession>, StoreError>;
+    /// The ids of `user`'s records whose folder was used in `session`, most recently active
+    /// first (as [`WorkspaceStore::records`] orders them): what a session's view lists, found
+    /// without paging through every record's sessions (a query of an index, or one pass).
+    fn session_records(&self, user: &str, session: &str) -> Result<Vec<String>, StoreError> {
+        let mut ids = Vec::new();
+        for record in self.records(Some(user))? {
+            let mut next: Option<String> = None;
+            loop {
+                let page = self.record_sessions(&record.id, 100, next.as_deref())?;
+                if page.items.iter().any(|s| s.session == session) {
+                    ids.push(record.id.clone());
+                    break;
+                }
+                match page.next {
+                    Some(n) => next = Some(n),
+                    None => break,
+                }
+            }
+        }
+        Ok(ids)
+    }
     /// Forgets a deleted session in every record.
     fn forget_session(&self, session: &str) -> Result<(), StoreError>;
     /// Adds a record made elsewhere (a `general` workspace of the workspace service API, which

@@ -343,6 +343,9 @@ impl WorkspaceStore for Observed {
     ) -> Result<Page<WorkspaceSession>, StoreError> {
         self.inner.record_sessions(id, limit, next)
     }
+    fn session_records(&self, user: &str, session: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.session_records(user, session)
+    }
     fn forget_session(&self, session: &str) -> Result<(), StoreError> {
         self.inner.forget_session(session)
     }

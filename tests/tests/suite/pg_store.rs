@@ -383,6 +383,16 @@ fn exercise(store: &dyn Store) {
     );
     assert!(store.record_sessions(&r.id, 0, None).is_err());
     assert!(store.record_sessions(&r.id, 2, Some("zz")).is_err());
+    // The records a session's folders were used in, found by the session.
+    store.touch_record(&other.id, "s2", 1).unwrap();
+    let mut of_s2 = store.session_records("ana", "s2").unwrap();
+    of_s2.sort();
+    let mut both = vec![r.id.clone(), other.id.clone()];
+    both.sort();
+    assert_eq!(of_s2, both);
+    assert_eq!(store.session_records("ana", "s3").unwrap(), [r.id.clone()]);
+    assert!(store.session_records("ben", "s2").unwrap().is_empty());
+    assert!(store.session_records("ana", "nope").unwrap().is_empty());
     let general = WorkspaceRecord {
         id: "0b6f9a51-8a39-4d52-9a7e-1f1de0d1c0a1".into(),
         user: "ana".into(),

@@ -1085,6 +1085,24 @@ impl WorkspaceStore for PgStore {
         })
     }
 
+    /// By the index of the records' sessions by session (one statement; paging through every
+    /// record of the user took one or more each).
+    fn session_records(&self, user: &str, session: &str) -> Result<Vec<String>, StoreError> {
+        let (user, session) = (user.to_owned(), session.to_owned());
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT w.id FROM workspace_sessions s JOIN workspaces w ON w.id = s.workspace_id
+                     WHERE s.session_id = $1 AND w.user_name = $2
+                     ORDER BY w.last_active DESC, w.id",
+                    &[&session, &user],
+                )
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
     fn touch_record(&self, id: &str, session: &str, calls: u64) -> Result<(), StoreError> {
         let (id, session) = (id.to_owned(), session.to_owned());
         let calls = i64::try_from(calls).unwrap_or(i64::MAX);
