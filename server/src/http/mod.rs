@@ -49,9 +49,14 @@ pub struct Web {
 
 /// The HTTP routes of this module, to merge beside `/mcp`.
 pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) -> axum::Router {
+    // With several hosts, one key for all of them (from their shared secret).
+    let signer = match &state.config.cluster.secret {
+        Some(secret) => token::Signer::from_secret(secret.expose().as_bytes()),
+        None => token::Signer::random(),
+    };
     let web = Arc::new(Web {
         state,
-        signer: token::Signer::random(),
+        signer,
         signins: signin::Signins::default(),
         shutdown,
         uploads: Arc::new(tokio::sync::Semaphore::new(api::UPLOADS_AT_ONCE)),

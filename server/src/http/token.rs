@@ -33,6 +33,19 @@ impl Signer {
         Signer::with_key(&key)
     }
 
+    /// A signer whose key is derived from the hosts' shared `[cluster] secret` (HKDF-SHA256):
+    /// every host of a deployment verifies the tokens any of them gave, so a `nextToken` works
+    /// whichever host a load balancer sends the next page's request to.
+    pub fn from_secret(secret: &[u8]) -> Signer {
+        use ring::hkdf;
+        let key: hmac::Key = hkdf::Salt::new(hkdf::HKDF_SHA256, b"monad page tokens")
+            .extract(secret)
+            .expand(&[b"nextToken"], hmac::HMAC_SHA256)
+            .expect("one key's length is a valid HKDF output")
+            .into();
+        Signer { key }
+    }
+
     /// A signer with this key.
     pub fn with_key(key: &[u8]) -> Signer {
         Signer {
@@ -103,5 +116,23 @@ mod tests {
             Signer::random().verify("ana", "sessions", &token),
             Err(BadToken)
         );
+    }
+
+    /// Regression: each host signed with a random key of its own, so behind a load balancer a
+    /// `nextToken` sent to another host of the deployment was a `400`. Hosts of one secret
+    /// verify each other's tokens; another secret's are refused.
+    #[test]
+    fn hosts_of_one_secret_verify_each_others_tokens() {
+        let (one, two) = (
+            Signer::from_secret(b"the hosts' secret"),
+            Signer::from_secret(b"the hosts' secret"),
+        );
+        let token = one.sign("ana", "sessions", "42");
+        assert_eq!(two.verify("ana", "sessions", &token).unwrap(), "42");
+        assert_eq!(
+            Signer::from_secret(b"another secret").verify("ana", "sessions", &token),
+            Err(BadToken)
+        );
+        assert_eq!(two.verify("bob", "sessions", &token), Err(BadToken));
     }
 }

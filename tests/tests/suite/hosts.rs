@@ -762,6 +762,50 @@ async fn a_host_that_does_not_answer_holds_up_no_call_forwarded_to_another() {
     );
 }
 
+/// Regression: each host signed page tokens with a random key of its own, so behind a load
+/// balancer a `nextToken` sent to another host of the deployment was refused (`400`, "not a
+/// page token this server gave"). Hosts of one `[cluster] secret` share the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_token_one_host_gave_is_good_at_another() {
+    let Some(pg) = Pg::alone("a_page_token_one_host_gave_is_good_at_another") else {
+        return;
+    };
+    let free = || {
+        let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        free.local_addr().expect("its address")
+    };
+    let dirs = [dir(), dir()];
+    let secret = "the-hosts-secret";
+    let a = start_host_env(&pg, dirs[0].path(), secret, 10, None, Some(free()), &[]).await;
+    let b = start_host_env(
+        &pg,
+        dirs[1].path(),
+        secret,
+        10,
+        Some(dirs[0].path()),
+        Some(free()),
+        &[],
+    )
+    .await;
+    let token = a.first_token.clone().expect("the first host's first start");
+    let agent = connect_agent(&a.client_config(&token)).await;
+    for session in [SESSION, "0e0e0e0e-0000-4000-8000-000000000002"] {
+        ok(call_in(&agent, Some(session), "workspaces", json!({})).await);
+    }
+    let at_a = super::web::Api::new(a.http.expect("HTTP on host A"), &token);
+    let at_b = super::web::Api::new(b.http.expect("HTTP on host B"), &token);
+    let first = at_a.get("/api/v1/sessions?limit=1").await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let next = first.json()["nextToken"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let second = at_b
+        .get(&format!("/api/v1/sessions?limit=1&nextToken={next}"))
+        .await;
+    assert_eq!(second.status, 200, "{}", second.text());
+}
+
 /// Regression: a background process started through a call forwarded to the host serving the
 /// session outlived its token's revocation (the host it ran on was given no token; the host
 /// that had it noted only what ran on itself). Revoked, it ends; another token's goes on.
