@@ -1258,9 +1258,17 @@ fn store_upload(
         };
     // A snapshot past what a conversation holds is refused before anything is stored (the
     // store would refuse it only after its artifact was kept).
+    // The request itself is too large, whatever the user stores: a `400` naming the bound
+    // (not the `507` of a quota, which deleting something would make room for).
     if let Some(messages) = &checked.history {
-        crate::store::history_fits(&checked.session, crate::store::history_bytes(messages))
-            .map_err(HttpError::store)?;
+        let bytes = crate::store::history_bytes(messages);
+        if crate::store::history_fits(&checked.session, bytes).is_err() {
+            return Err(HttpError::bad(format!(
+                "the snapshot's messages hold {bytes} bytes of text, past the {} MiB a \
+                 conversation holds at most: send a shorter snapshot",
+                crate::store::MAX_HISTORY_BYTES >> 20
+            )));
+        }
     }
     // Another user's session is a 404, before anything is made; so is one whose metadata
     // cannot be read (the store's words would name the server's files).

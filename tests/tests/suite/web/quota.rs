@@ -533,3 +533,34 @@ async fn a_snapshot_upload_reads_only_the_snapshot_it_replaces_not_every_artifac
         "the server's peak memory grew by {grew} KiB for one snapshot"
     );
 }
+
+/// Regression: a snapshot past what a conversation holds (8 MiB of text) was answered `507
+/// quota_exceeded`, telling the uploader to clear the conversation with the command line: the
+/// request itself is too large, and no room made would let it in. It is a `400` naming the
+/// bound, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_past_what_a_conversation_holds_is_a_bad_request_naming_the_bound() {
+    let (server, http) = server_with(|_| {}).await;
+    let api = Api::new(http, &server.token);
+    let workspace = api.workspace(None).await;
+    let session = super::new_session();
+    let long = "x".repeat((8 << 20) + 1);
+    let answer = api
+        .snapshot(&workspace, &session, "t1", &[("user", long.as_str())])
+        .await;
+    assert_eq!(answer.status, 400, "{}", answer.text());
+    let body = answer.json();
+    assert_eq!(body["error"], "bad_request", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("8 MiB"),
+        "{body}"
+    );
+    // Nothing stored: the session was not even made.
+    let listed = api
+        .get(&format!("/api/v1/sessions/{session}/artifacts"))
+        .await;
+    assert_eq!(listed.status, 404, "{}", listed.text());
+}
