@@ -921,10 +921,6 @@ fn parse_layer(name: &str, text: &str) -> Result<toml::Table, ConfigError> {
         {
             message = format!("`{key}`: {message}");
         }
-        // A secret's value is never repeated (a number there would be, by the type error).
-        if let Some(key) = key.filter(|k| SECRET_KEYS.contains(&k.as_str())) {
-            message = format!("`{key}`: must be a string (its value is not shown here)");
-        }
         ConfigError {
             source_name: name.to_owned(),
             line: e
@@ -934,7 +930,22 @@ fn parse_layer(name: &str, text: &str) -> Result<toml::Table, ConfigError> {
         }
     };
     let table: toml::Table = toml::from_str(text).map_err(located)?;
-    toml::from_str::<Settings>(text).map_err(located)?;
+    toml::from_str::<Settings>(text).map_err(|e| {
+        let mut error = located(e);
+        // A secret's value is never repeated (a number there would be, by the type error): a
+        // secret that is not a string, found in what the file says rather than in how its text
+        // spells the key (a comment after its section's header, a quoted key, an inline table).
+        if let Some(key) = SECRET_KEYS.into_iter().find(|key| {
+            let (section, name) = key.split_once('.').expect("a secret's key has a section");
+            table
+                .get(section)
+                .and_then(|s| s.get(name))
+                .is_some_and(|v| !v.is_str())
+        }) {
+            error.message = format!("`{key}`: must be a string (its value is not shown here)");
+        }
+        error
+    })?;
     Ok(table)
 }
 
@@ -948,16 +959,18 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
     let start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
     let end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
     let (key, _) = text[start..end].split_once('=')?;
-    let key = key.trim().trim_matches('"');
+    let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
     if key.is_empty() {
         return None;
     }
+    // A header's name is what its brackets hold, a comment after them left out.
     let section = text[..start]
         .lines()
         .rev()
         .map(str::trim)
         .find(|l| l.starts_with('['))
-        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+        .and_then(|l| l.trim_start_matches('[').split(']').next())
+        .map(|name| name.trim().to_owned());
     Some(match section {
         Some(section) => format!("{section}.{key}"),
         None => key.to_owned(),
@@ -1084,6 +1097,28 @@ mod tests {
         assert!(shown.contains("cluster.secret"), "{shown}");
         let e = parse_layer("config.toml", "[store]\nurl = 5\n").unwrap_err();
         assert!(!e.message.contains('5'), "{e}");
+        // However the file spells the key or its section (a header's comment, a quoted key,
+        // an inline table, a dotted key): the key found from the text was wrong, and the value
+        // was shown.
+        for file in [
+            "[cluster] # shared by all hosts\nsecret = 918273645500112233\n",
+            "[cluster]\n'secret' = 918273645500112233\n",
+            "cluster = { secret = 918273645500112233 }\n",
+            "cluster.secret = 918273645500112233\n",
+            "[store]\nurl = [918273645500112233]\n",
+        ] {
+            let e = parse_layer("config.toml", file).unwrap_err();
+            let shown = e.to_string();
+            assert!(!shown.contains("918273645500112233"), "{file}: {shown}");
+            assert!(
+                shown.contains("cluster.secret") || shown.contains("store.url"),
+                "{file}: {shown}"
+            );
+        }
+        // A header's comment no longer garbles the key of another error.
+        let e =
+            parse_layer("config.toml", "[limits] # mine\nread_max_bytes = \"x\"\n").unwrap_err();
+        assert!(e.message.contains("`limits.read_max_bytes`"), "{e}");
         let table = env_layer([(
             "MONAD_CLUSTER_SECRET".to_owned(),
             "918273645500112233".to_owned(),
