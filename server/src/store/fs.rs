@@ -805,7 +805,14 @@ impl FsStore {
             }
             *guard = Some(map);
         }
-        f(guard.as_mut().expect("loaded above"), &dir)
+        let out = f(guard.as_mut().expect("loaded above"), &dir);
+        // A write that failed may leave `f`'s change in memory alone: the records are read
+        // again from the disk at their next use, so that none is served that the disk does not
+        // hold (a deleted record came back at the restart; until then it was gone).
+        if matches!(out, Err(StoreError::Io { .. })) {
+            *guard = None;
+        }
+        out
     }
 
     fn write_workspace(dir: &Path, file: &WorkspaceFile) -> Result<(), StoreError> {
@@ -856,8 +863,15 @@ impl FsStore {
         let file = guard.as_mut().expect("loaded above");
         let (out, changed) = f(file);
         if changed {
-            self.writable(&path)?;
-            self.write_bindings(&path, file)?;
+            // Written, or forgotten: a change the disk does not hold is not served (read
+            // again from the disk at the next use).
+            let written = self
+                .writable(&path)
+                .and_then(|()| self.write_bindings(&path, file));
+            if let Err(e) = written {
+                *guard = None;
+                return Err(e);
+            }
         }
         Ok(out)
     }
@@ -901,10 +915,16 @@ impl FsStore {
         let file = guard.as_mut().expect("loaded above");
         let (out, changed) = f(file);
         if changed {
-            self.writable(&path)?;
-            let text = toml::to_string(file).expect("the folder registry serializes");
-            create_private_dir(&self.root).map_err(map_io("create", &self.root))?;
-            atomic(&path, text.as_bytes())?;
+            // Written, or forgotten (read again from the disk at the next use).
+            let written = self.writable(&path).and_then(|()| {
+                let text = toml::to_string(file).expect("the folder registry serializes");
+                create_private_dir(&self.root).map_err(map_io("create", &self.root))?;
+                atomic(&path, text.as_bytes())
+            });
+            if let Err(e) = written {
+                *guard = None;
+                return Err(e);
+            }
         }
         Ok(out)
     }
@@ -3601,5 +3621,53 @@ mod tests {
                 vec![entry]
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod write_failures {
+    use super::*;
+
+    /// Regression: the bindings, the folder registry and the workspace records were changed in
+    /// memory before they were written; a write that failed (a full disk) answered an error
+    /// but the change stayed, served until a restart undid it (a device bound to a session
+    /// the disk never heard of, a deleted record back after the restart). A failed write now
+    /// leaves the store as the disk has it.
+    #[test]
+    fn a_write_that_fails_leaves_the_store_as_the_disk_has_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsStore::new(dir.path());
+        store.bind("ana", "dev-1", "s1").unwrap();
+        let path = dir.path().join("bindings.toml");
+        let durable = std::fs::read(&path).unwrap();
+        // The file's place taken by a directory that is not empty: the next write's rename
+        // fails.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("x"), b"x").unwrap();
+        assert!(store.bind("ana", "dev-1", "s2").is_err());
+        std::fs::remove_dir_all(&path).unwrap();
+        std::fs::write(&path, &durable).unwrap();
+        assert_eq!(
+            store.bound_session("ana", "dev-1").unwrap().as_deref(),
+            Some("s1")
+        );
+
+        // A record whose delete failed is still listed.
+        let record = store
+            .resolve_record("ana", "dev-1", "/home/ana/p", "laptop:/home/ana/p")
+            .unwrap();
+        let file = dir
+            .path()
+            .join("workspaces")
+            .join(format!("{}.json", record.id));
+        let kept = std::fs::read(&file).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        std::fs::create_dir(&file).unwrap();
+        std::fs::write(file.join("x"), b"x").unwrap();
+        assert!(store.delete_record(&record.id).is_err());
+        std::fs::remove_dir_all(&file).unwrap();
+        std::fs::write(&file, &kept).unwrap();
+        assert_eq!(store.record(&record.id).unwrap(), Some(record));
     }
 }
