@@ -36,8 +36,12 @@ pub enum Decision {
 pub struct ApprovalRequest {
     /// The session the call comes from.
     pub session: String,
-    /// The attached folder's short name.
+    /// The attached folder's short name (the one the session lists it under: the server's
+    /// word).
     pub workspace: String,
+    /// The attached folder on this machine as its owner names it (`~/proj`): this client's
+    /// own word, shown beside the name, which a server could make another folder's.
+    pub folder: String,
     /// The tool.
     pub tool: ToolName,
     /// The call's arguments, as the agent sent them (already checked by

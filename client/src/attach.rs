@@ -1495,6 +1495,7 @@ async fn run(
                     process,
                     session: session.to_owned(),
                     workspace: folder.shown_name(),
+                    folder: folder.options.shown_path.clone(),
                     tool,
                     target: described,
                     diff,

@@ -27,8 +27,6 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::termios::{self, LocalFlags, SetArg};
 
-use monad_protocol::text::printable_lines;
-
 use crate::approval::{ApprovalRequest, Approver, Decision};
 use crate::prompt::{PAGE_LINES, Prompt, Whole, page, render};
 
@@ -465,7 +463,7 @@ fn prompt(
         let _ = writeln!(
             shown,
             "  [a] allow always covers {}",
-            printable_lines(&r.scope)
+            crate::prompt::scope_drawn(&r.scope)
         );
     }
     // A request that waited behind others has less than the full time-out left.
@@ -619,7 +617,7 @@ fn confirm_always(
     input.discard();
     let mut out = std::io::stderr().lock();
     let _ = writeln!(out);
-    let _ = writeln!(out, "  allow always: {}", printable_lines(scope));
+    let _ = writeln!(out, "  allow always: {}", crate::prompt::scope_drawn(scope));
     let _ = write!(
         out,
         "  [y] confirm \"always\"  any other key: back to the question: "
