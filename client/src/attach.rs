@@ -356,10 +356,10 @@ impl AttachEvent {
                 server,
             } => Some(format!(
                 "attached {} as `{}` to session {} on {} ({}); Ctrl-C disconnects",
-                printable(&workspace.uri),
-                printable(&workspace.name),
-                printable(session),
-                printable(server),
+                shown_name(&workspace.uri),
+                shown_name(&workspace.name),
+                shown_name(session),
+                shown_name(server),
                 workspace.trust.as_str()
             )),
             AttachEvent::Focus { set: true } => Some(
@@ -435,14 +435,15 @@ impl AttachEvent {
                 printable(from),
                 if *rules == 1 { "" } else { "s" },
             )),
+            // Words that may be the server's (up to a message's size), bounded.
             AttachEvent::Elsewhere { host, reason } => Some(format!(
                 "{}: attaching there ({})",
-                printable(reason),
-                printable(host)
+                shown_reason(reason),
+                shown_name(host)
             )),
             AttachEvent::Disconnected { reason, retry_in } => Some(format!(
                 "{}; reconnecting in {:.1} s",
-                printable(reason),
+                shown_reason(reason),
                 retry_in.as_secs_f64()
             )),
             AttachEvent::Decided {
@@ -624,6 +625,16 @@ fn line_target(target: String) -> String {
 fn shown_name(name: &str) -> String {
     line_target(printable(name).into_owned())
 }
+
+/// Why an attachment ended or moved, as its line shows it: escaped, and at most
+/// [`REASON_SHOWN`] characters (a server's reason may be 64 KiB, drawn again at every
+/// reconnect; this client's own reasons are a few hundred).
+fn shown_reason(reason: &str) -> String {
+    crate::prompt::middle_said(printable(reason), REASON_SHOWN, "").into_owned()
+}
+
+/// The longest reason an attach line shows whole, in characters.
+const REASON_SHOWN: usize = 1_000;
 
 /// Says [`CallEnd::Cancelled`] when dropped before [`Running::end`]: the call's future was
 /// dropped (the agent cancelled, or the connection ended) while it ran.
@@ -809,9 +820,10 @@ pub async fn attach(
             Some(host) => vec![host.clone()],
             None => crate::connect::order(&config.addresses(), lost.as_deref()),
         };
+        let tried = std::time::Instant::now();
         let reason = match serve_once(config, &servers, &folder).await {
             Ok(Served::Lost { server, reason }) => {
-                wait = first_wait; // it was attached: start the backoff afresh
+                wait = wait_after_lost(wait, tried.elapsed(), first_wait);
                 sent_elsewhere = false;
                 lost = Some(server);
                 reason
@@ -868,6 +880,21 @@ pub async fn attach(
             () = stopped(stop.as_mut()) => return Ok(()),
         }
         wait = (wait * 2).min(max_wait);
+    }
+}
+
+/// How long an attachment must have lasted for its loss to start the backoff afresh.
+const STEADY_ATTACHMENT: Duration = Duration::from_secs(2);
+
+/// The wait before reconnecting after an attachment that lasted `attached_for` was lost: the
+/// first again after one that held ([`STEADY_ATTACHMENT`]), else the backoff goes on (a server
+/// that closed each attachment at once, or two hosts passing a lease to and fro, had the
+/// folder reconnect five times a second for ever, a full handshake and its lines each time).
+fn wait_after_lost(wait: Duration, attached_for: Duration, first: Duration) -> Duration {
+    if attached_for >= STEADY_ATTACHMENT {
+        first
+    } else {
+        wait
     }
 }
 
@@ -1741,6 +1768,25 @@ fn error(code: ErrorCode, message: String) -> Outcome {
 }
 
 #[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    /// Regression: every lost attachment started the backoff afresh, however short it was: a
+    /// server that closed each attachment at once had the folder reconnect five times a
+    /// second for ever. Only one that held starts it afresh.
+    #[test]
+    fn only_an_attachment_that_held_starts_the_backoff_afresh() {
+        let (first, now) = (Duration::from_millis(200), Duration::from_millis(3_200));
+        assert_eq!(wait_after_lost(now, Duration::from_millis(5), first), now);
+        assert_eq!(wait_after_lost(now, STEADY_ATTACHMENT, first), first);
+        assert_eq!(
+            wait_after_lost(now, Duration::from_secs(3_600), first),
+            first
+        );
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
@@ -1821,6 +1867,37 @@ mod tests {
             end: CallEnd::Cancelled,
         };
         assert!(event.line().unwrap().chars().count() < 400);
+    }
+
+    /// Regression: the server's words on the attach's own lines (a reason it closed the
+    /// attachment for, the host it sends the folder to, the workspace's name and URI) were
+    /// drawn whole: up to 64 KiB each, again at every reconnect.
+    #[test]
+    fn the_servers_words_on_the_attach_lines_are_bounded() {
+        let long = "reason ".repeat(10_000);
+        let lines = [
+            AttachEvent::Disconnected {
+                reason: long.clone(),
+                retry_in: Duration::from_millis(200),
+            },
+            AttachEvent::Elsewhere {
+                host: long.clone(),
+                reason: long.clone(),
+            },
+        ];
+        for event in lines {
+            let line = event.line().unwrap();
+            assert!(line.chars().count() < 1_500, "{}", line.len());
+        }
+        let own = "cannot attach at 10.0.0.2:4433, where the session is served: another \
+                   certificate answers there";
+        let line = AttachEvent::Disconnected {
+            reason: own.into(),
+            retry_in: Duration::from_millis(200),
+        }
+        .line()
+        .unwrap();
+        assert!(line.starts_with(own), "{line}");
     }
 
     /// A batch of the audit's with refused connections is one line on the owner's terminal,
