@@ -38,6 +38,8 @@ struct PauseState {
     held: usize,
     /// Lines queued and not written yet (counted by a writer that says so).
     pending: usize,
+    /// A printer's write is under way ([`LinesPause::writing`]): a prompt waits for its end.
+    writing: bool,
 }
 
 /// The lines wait while this lives ([`LinesPause::hold_after_queued`]).
@@ -72,6 +74,27 @@ impl LinesPause {
         }
     }
 
+    /// Runs `write` once the lines are not held, marked as a write under way meanwhile
+    /// ([`LinesPause::hold_after_queued`] waits for its end): each piece of a printer's
+    /// batch is written so, so that none is written under a prompt drawn between two pieces.
+    fn writing<R>(&self, write: impl FnOnce() -> R) -> R {
+        {
+            let mut state = self.state();
+            while state.held > 0 {
+                state = self
+                    .0
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            state.writing = true;
+        }
+        let out = write();
+        self.state().writing = false;
+        self.0.changed.notify_all();
+        out
+    }
+
     /// A line was queued for writing.
     pub fn queued(&self) {
         self.state().pending += 1;
@@ -104,6 +127,20 @@ impl LinesPause {
                 .0;
         }
         state.held += 1;
+        // A piece being written when the hold came ends first (no later one starts): a
+        // write to an output that takes nothing is waited for no longer than the limit.
+        while state.writing {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .0
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
         LinesHeld(self.clone())
     }
 }
@@ -279,16 +316,17 @@ fn print(
     }
     let mut batch = String::new();
     while let Ok(first) = queued.recv() {
-        // Under a prompt, the lines wait in the queue (bounded: those past it are counted).
+        // Under a prompt, the lines wait in the queue (bounded: those past it are counted),
+        // and each piece of a batch taken waits too.
         pause.wait_until_free();
         for line in std::iter::once(first).chain(queued.try_iter()) {
             if !batch.is_empty() && batch.len() + line.len() + 1 > WRITE_MAX {
-                write_out(&mut out, &mut batch);
+                pause.writing(|| write_out(&mut out, &mut batch));
             }
             batch.push_str(&line);
             batch.push('\n');
         }
-        write_out(&mut out, &mut batch);
+        pause.writing(|| write_out(&mut out, &mut batch));
         std::thread::sleep(PRINT_REST);
     }
     let _ = done.send(());
@@ -389,6 +427,94 @@ mod tests {
         }
         relayed().await;
         (gate, printer, events)
+    }
+
+    /// An output that lets through as many writes as it was allowed, the others waiting;
+    /// counts the writes that waited.
+    #[derive(Clone, Default)]
+    struct Turnstile {
+        allowed: Arc<(Mutex<usize>, Condvar)>,
+        waited: Arc<std::sync::atomic::AtomicUsize>,
+        taken: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Turnstile {
+        fn allow(&self, n: usize) {
+            *self.allowed.0.lock().unwrap() += n;
+            self.allowed.1.notify_all();
+        }
+
+        fn text(&self) -> String {
+            String::from_utf8(self.taken.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    impl Write for Turnstile {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let (allowed, changed) = &*self.allowed;
+            let mut left = allowed.lock().unwrap();
+            if *left == 0 {
+                self.waited.fetch_add(1, Ordering::SeqCst);
+            }
+            while *left == 0 {
+                left = changed.wait(left).unwrap();
+            }
+            *left -= 1;
+            self.taken.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Regression: the printer looked at the pause once per batch, then wrote the batch's
+    /// every 4 KiB piece: a prompt drawn while one piece was being written had the next
+    /// pieces written under it (up to the queue's lines, which an agent's calls fill). No
+    /// piece is written while a prompt holds the lines.
+    #[tokio::test]
+    async fn no_piece_of_a_batch_is_written_under_a_prompt() {
+        let out = Turnstile::default();
+        let (printer, events) = LinesPrinter::start(out.clone(), 16).unwrap();
+        let big = |n: u64| AttachEvent::Disconnected {
+            reason: format!("{n}:{}", "x".repeat(3_000)),
+            retry_in: Duration::ZERO,
+        };
+        events.send(big(0)).unwrap();
+        until("the first write waits", || {
+            out.waited.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        // Under 1 KB a line (a reason is cut at 1,000 characters): four to a piece.
+        for n in 1..=5 {
+            events.send(big(n)).unwrap();
+        }
+        relayed().await;
+        // The first written; the next batch's first piece waits in its write.
+        out.allow(1);
+        until("the second write waits", || {
+            out.waited.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        let pause = printer.pause();
+        let held = std::thread::spawn(move || pause.hold_after_queued(Duration::from_millis(300)))
+            .join()
+            .unwrap();
+        out.allow(10);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(out.text().contains("4:xxx"), "{}", out.text());
+        assert!(
+            !out.text().contains("5:xxx"),
+            "a piece was written under the prompt"
+        );
+        drop(held);
+        until("the rest once the prompt is gone", || {
+            out.text().contains("5:xxx")
+        })
+        .await;
+        drop(events);
+        printer.finish("detached", Duration::from_secs(10)).await;
     }
 
     /// An output that keeps, for each write, whether its thread ran as background work.
