@@ -1708,7 +1708,7 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             let page = tokio::task::spawn_blocking(move || {
                 let _slot = slot;
                 match limit {
-                    None => Ok((state.registry.list(&user), None)),
+                    None => state.registry.list(&user).map(|all| (all, None)),
                     Some(limit) => state
                         .registry
                         .list_page(&user, limit as usize, next.as_deref()),

@@ -2054,7 +2054,7 @@ impl Registry {
     /// The id of `user`'s one session whose id starts with `prefix`; refused when none or
     /// several do.
     pub fn by_prefix(&self, prefix: &str, user: &str) -> Result<String, ToolError> {
-        let (owned, _) = self.owned(user);
+        let (owned, _) = self.owned(user)?;
         let ids: Vec<String> = owned.iter().map(|m| m.id.clone()).collect();
         let by_id = match_prefix(prefix, &ids).map(str::to_owned);
         let Err(e) = &by_id else {
@@ -2204,9 +2204,9 @@ impl Registry {
     }
 
     /// The sessions `user` owns, most recently active first.
-    pub fn list(&self, user: &str) -> Vec<SessionInfo> {
-        let (owned, live) = self.owned(user);
-        owned.into_iter().map(|m| info_of(m, &live)).collect()
+    pub fn list(&self, user: &str) -> Result<Vec<SessionInfo>, ToolError> {
+        let (owned, live) = self.owned(user)?;
+        Ok(owned.into_iter().map(|m| info_of(m, &live)).collect())
     }
 
     /// One page of the sessions `user` owns, most recently active first (ties by id): `limit`
@@ -2228,7 +2228,7 @@ impl Registry {
             .map(crate::store::decode_cursor)
             .transpose()
             .map_err(store_error)?;
-        let (owned, live) = self.owned(user);
+        let (owned, live) = self.owned(user)?;
         let start = match &after {
             Some((last_active, id)) => owned.partition_point(|m| {
                 (std::cmp::Reverse(m.last_active.as_str()), m.id.as_str())
@@ -2247,11 +2247,13 @@ impl Registry {
 
     /// The metadata of the sessions `user` owns, with the activity of loaded sessions, most
     /// recently active first (ties by id); and the loaded sessions.
-    fn owned(&self, user: &str) -> (Vec<SessionMeta>, HashMap<String, Arc<Session>>) {
-        let stored = self.store.owner_sessions(user).unwrap_or_else(|e| {
-            warn!("cannot list sessions: {e}");
-            Vec::new()
-        });
+    /// A store that cannot be read is an error: read as "no sessions", a database outage
+    /// listed none (exit 0), and a prefix matched none ("no session starts with").
+    fn owned(
+        &self,
+        user: &str,
+    ) -> Result<(Vec<SessionMeta>, HashMap<String, Arc<Session>>), ToolError> {
+        let stored = self.store.owner_sessions(user).map_err(store_error)?;
         let live = self
             .sessions
             .lock()
@@ -2266,7 +2268,7 @@ impl Registry {
             })
             .collect();
         owned.sort_by(|a, b| b.last_active.cmp(&a.last_active).then(a.id.cmp(&b.id)));
-        (owned, live)
+        Ok((owned, live))
     }
 
     /// Deletes a session with its workspace, history, artifacts, bindings and its place in
@@ -3614,8 +3616,8 @@ pub(crate) mod tests {
             reg2.open("default", "ben").unwrap_err().code,
             ErrorCode::Unauthorized
         );
-        assert_eq!(reg2.list("ana").len(), 1);
-        assert!(reg2.list("ben").is_empty());
+        assert_eq!(reg2.list("ana").unwrap().len(), 1);
+        assert!(reg2.list("ben").unwrap().is_empty());
     }
 
     #[test]
@@ -3761,7 +3763,7 @@ pub(crate) mod tests {
         let reg = registry(dir.path());
         let s = reg.open("default", "ana").unwrap();
         s.info();
-        reg.list("ana");
+        reg.list("ana").unwrap();
         assert!(!s.primary.is_open());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -3816,7 +3818,7 @@ pub(crate) mod tests {
         assert!(reg.give_up(&id, "ana").unwrap());
         assert_eq!(reg.loaded(), 0);
         assert!(!reg.give_up(&id, "ana").unwrap());
-        assert!(reg.list("ana").iter().any(|info| info.id == id));
+        assert!(reg.list("ana").unwrap().iter().any(|info| info.id == id));
     }
 
     /// A session dropped from memory is let go (its activity saved; with several hosts, its
@@ -3926,7 +3928,11 @@ pub(crate) mod tests {
         drop(s);
         assert_eq!(reg.unload_idle(Duration::ZERO), 1);
         assert_eq!(reg.loaded(), 0);
-        assert_eq!(reg.list("ana").len(), 2, "unloaded sessions stay on disk");
+        assert_eq!(
+            reg.list("ana").unwrap().len(),
+            2,
+            "unloaded sessions stay on disk"
+        );
         // Another user's default is a session of their own (the well-known `default` is
         // ana's): no gc or purge takes it either (it did, and their notes went with it).
         let bos_default = reg.bound("bo", None).unwrap();
@@ -3954,7 +3960,7 @@ pub(crate) mod tests {
             "never default"
         );
         reg.delete("default").unwrap();
-        assert!(reg.list("ana").is_empty());
+        assert!(reg.list("ana").unwrap().is_empty());
     }
 
     /// Regression: an open of a session whose delete had removed its rows but not finished
@@ -4104,7 +4110,7 @@ pub(crate) mod tests {
         assert_eq!(reg.unload_idle(Duration::ZERO), 46);
         let busy = reg.create("ana").unwrap();
         busy.touch();
-        let all = reg.list("ana");
+        let all = reg.list("ana").unwrap();
         assert_eq!(all.len(), 46);
         assert_eq!(all[0].id, busy.id, "live activity counts");
         for limit in [1, 7, 46, 100] {

@@ -281,7 +281,7 @@ fn listings(rt: &tokio::runtime::Runtime, quick: bool) {
     let mut cold = Vec::new();
     for _ in 0..if quick { 2 } else { 5 } {
         let registry = fresh();
-        let (d, list) = time(|| registry.list("admin"));
+        let (d, list) = time(|| registry.list("admin").unwrap());
         assert_eq!(list.len(), SESSIONS);
         assert_eq!(list[0].id, session_id(SESSIONS - 1), "most recent first");
         cold.push(d);
@@ -295,9 +295,9 @@ fn listings(rt: &tokio::runtime::Runtime, quick: bool) {
         "INFO",
     );
     let registry = fresh();
-    registry.list("admin");
+    registry.list("admin").unwrap();
     let mut warm: Vec<Duration> = (0..reps)
-        .map(|_| time(|| registry.list("admin")).0)
+        .map(|_| time(|| registry.list("admin").unwrap()).0)
         .collect();
     let warm = Stats::of(&mut warm);
     row(
@@ -310,7 +310,7 @@ fn listings(rt: &tokio::runtime::Runtime, quick: bool) {
     // Another user's list on the same server: their own sessions (none), not everyone's.
     let mut others: Vec<Duration> = (0..reps * 10)
         .map(|_| {
-            let (d, list) = time(|| registry.list("bea"));
+            let (d, list) = time(|| registry.list("bea").unwrap());
             assert!(list.is_empty());
             d
         })
@@ -587,7 +587,7 @@ fn backend_figures(
     let mut listed: Vec<Duration> = (0..reps)
         .map(|_| {
             let registry = Registry::new(data, store.clone(), Layers::default());
-            let (d, list) = time(|| registry.list("admin"));
+            let (d, list) = time(|| registry.list("admin").unwrap());
             assert_eq!(list.len(), sessions);
             assert_eq!(list[0].id, session_id(sessions - 1), "most recent first");
             d

@@ -1634,3 +1634,55 @@ async fn a_session_given_up_to_another_host_saves_without_holding_up_other_sessi
     );
     let _ = tokio::task::spawn_blocking(move || holder.join()).await;
 }
+
+/// Regression: a store that could not be read was read as "no sessions": with the database
+/// down or slow, `monad-client sessions` listed none and exited 0, the HTTP listing answered
+/// 200 with none, and a session's prefix matched none. They fail, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_listing_the_store_cannot_answer_is_an_error_not_an_empty_list() {
+    let Some(pg) = Pg::alone("a_session_listing_the_store_cannot_answer_is_an_error") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let store = PgStore::connect(
+        &pg.url,
+        data.path(),
+        Arc::new(FsBlobs::new(&data.path().join("blobs"))),
+        PoolOptions {
+            op_timeout: std::time::Duration::from_secs(1),
+            ..PoolOptions::default()
+        },
+    )
+    .unwrap();
+    let registry = Arc::new(monad_server::session::Registry::new(
+        data.path(),
+        Arc::new(store),
+        monad_server::settings::Layers::default(),
+    ));
+    let id = registry.create("ana").unwrap().id.clone();
+    assert_eq!(registry.list("ana").unwrap().len(), 1);
+    let database = pg.url.rsplit('/').next().unwrap().to_owned();
+    let holder = tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 4))
+        .await
+        .unwrap();
+    let listed = {
+        let registry = registry.clone();
+        tokio::task::spawn_blocking(move || registry.list("ana"))
+            .await
+            .unwrap()
+    };
+    let e = listed.expect_err("a listing the store did not answer");
+    assert_eq!(e.code, monad_protocol::ErrorCode::Internal, "{e:?}");
+    let prefixed = {
+        let registry = registry.clone();
+        let prefix = id[..8].to_owned();
+        tokio::task::spawn_blocking(move || registry.by_prefix(&prefix, "ana"))
+            .await
+            .unwrap()
+    };
+    assert_ne!(
+        prefixed.expect_err("not answered").code,
+        monad_protocol::ErrorCode::NotFound
+    );
+    let _ = tokio::task::spawn_blocking(move || holder.join()).await;
+}
