@@ -2249,10 +2249,7 @@ impl Registry {
     /// recently active first (ties by id); and the loaded sessions.
     /// A store that cannot be read is an error: read as "no sessions", a database outage
     /// listed none (exit 0), and a prefix matched none ("no session starts with").
-    fn owned(
-        &self,
-        user: &str,
-    ) -> Result<(Vec<SessionMeta>, HashMap<String, Arc<Session>>), ToolError> {
+    fn owned(&self, user: &str) -> Result<Owned, ToolError> {
         let stored = self.store.owner_sessions(user).map_err(store_error)?;
         let live = self
             .sessions
@@ -2938,6 +2935,9 @@ fn primary_info(id: &str, network: Option<String>) -> WorkspaceInfo {
         network,
     }
 }
+
+/// A user's sessions' metadata, most recently active first, and the sessions in memory.
+type Owned = (Vec<SessionMeta>, HashMap<String, Arc<Session>>);
 
 /// A store error as the wire error an agent sees.
 pub(crate) fn store_error(e: StoreError) -> ToolError {
