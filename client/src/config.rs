@@ -158,6 +158,9 @@ impl ClientConfig {
         if let Some(limits) = &config.limits {
             limits.check().map_err(|message| in_file(None, &message))?;
         }
+        if let Some(exec) = &config.exec {
+            exec.check().map_err(|message| in_file(None, &message))?;
+        }
         Ok(config)
     }
 

@@ -91,6 +91,39 @@ impl Limits {
     }
 }
 
+impl ExecPolicy {
+    /// Checks what a command's environment is made of: `env`'s names (not empty, no `=`, no
+    /// NUL) and values, and `path_env` (no NUL). Taken as they are, a NUL failed every
+    /// `run_command` with an error blaming the agent's `argv`, and a name holding `=` set
+    /// another variable than the one named. The error names the key.
+    pub fn check(&self) -> Result<(), String> {
+        if self.path_env.contains('\0') {
+            return Err("`exec.path_env` holds a NUL byte, which no environment can".into());
+        }
+        for (name, value) in &self.env {
+            let shown = monad_protocol::text::printable_name(name);
+            if name.is_empty() {
+                return Err("`exec.env` names a variable with no name".into());
+            }
+            if name.contains('=') {
+                return Err(format!(
+                    "`exec.env.{shown}`: a variable's name cannot hold `=` (it would set `{}` \
+                     instead)",
+                    monad_protocol::text::printable_name(
+                        name.split('=').next().unwrap_or_default()
+                    )
+                ));
+            }
+            if name.contains('\0') || value.contains('\0') {
+                return Err(format!(
+                    "`exec.env.{shown}` holds a NUL byte, which no environment can"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How `run_command` confines the programs it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -230,6 +263,37 @@ impl Default for ExecPolicy {
             allow: Vec::new(),
             deny: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod exec_policy_tests {
+    use super::*;
+
+    /// Regression: a NUL in `[exec] env` failed every command with an error blaming the
+    /// agent's `argv`, and a name holding `=` set another variable; they are refused where
+    /// the config is read, naming the key.
+    #[test]
+    fn an_environment_no_command_could_get_is_refused_naming_its_key() {
+        let with = |name: &str, value: &str| ExecPolicy {
+            env: [(name.to_owned(), value.to_owned())].into(),
+            ..ExecPolicy::default()
+        };
+        assert_eq!(with("LANG", "en_US.UTF-8").check(), Ok(()));
+        let nul = with("LANG", "en\0US").check().unwrap_err();
+        assert!(
+            nul.contains("`exec.env.LANG`") && nul.contains("NUL"),
+            "{nul}"
+        );
+        let eq = with("A=B", "c").check().unwrap_err();
+        assert!(eq.contains("cannot hold `=`"), "{eq}");
+        assert!(with("", "x").check().is_err());
+        let path = ExecPolicy {
+            path_env: "/bin\0".into(),
+            ..ExecPolicy::default()
+        };
+        assert!(path.check().unwrap_err().contains("exec.path_env"));
+        assert_eq!(ExecPolicy::default().check(), Ok(()));
     }
 }
 

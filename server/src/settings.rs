@@ -798,10 +798,11 @@ fn together(message: String) -> ConfigError {
     }
 }
 
-/// `settings` when what they hold works together ([`Limits::check`]) and no time or count is
-/// past what the server can hold ([`bounded`]).
+/// `settings` when what they hold works together ([`Limits::check`], [`ExecPolicy::check`])
+/// and no time or count is past what the server can hold ([`bounded`]).
 fn checked(settings: Settings) -> Result<Settings, ConfigError> {
     settings.limits.check().map_err(together)?;
+    settings.exec.check().map_err(together)?;
     bounded(&settings).map_err(together)?;
     Ok(settings)
 }
