@@ -1117,6 +1117,11 @@ pub(crate) fn write_file(
             Some(held.encoding.as_str()),
         ),
     };
+    // The limit counts the bytes written: in UTF-16 they are about twice the text's.
+    if let Err(e) = check_size(limits, bytes.len()) {
+        std::mem::take(&mut target.new_dirs).undo();
+        return Err(e);
+    }
     match target.replace(&bytes) {
         Ok(stamp) => target.note_in(seen, stamp),
         Err(e) => {
@@ -1327,6 +1332,8 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             ))
         })?
         .into_owned();
+    // The limit counts the bytes written (UTF-16's are about twice the text's).
+    check_size(limits, new_bytes.len())?;
     let old_text = old_text.to_owned();
     Ok(Edit {
         given: path,

@@ -2399,6 +2399,34 @@ fn ascii_text_in_utf16_without_a_mark_is_edited_and_written_as_utf16() {
     );
 }
 
+/// Regression: the write limit was checked on the new text as UTF-8, then the text was written
+/// in the file's own encoding: a UTF-16 file took twice `write_max_bytes` (and its next edit
+/// was refused). The limit counts the bytes written.
+#[test]
+fn a_write_in_utf16_counts_the_bytes_it_writes_against_the_limit() {
+    let fx = Fixture::with_limits(Limits {
+        write_max_bytes: 1_000,
+        ..Limits::default()
+    });
+    let le = |text: &str| -> Vec<u8> { text.encode_utf16().flat_map(u16::to_le_bytes).collect() };
+    let before = le("\u{feff}small\n");
+    std::fs::write(fx.root().join("w.txt"), &before).unwrap();
+    fx.sandbox.read_file(&read("w.txt")).unwrap();
+    let text = format!("{}\n", "a".repeat(599));
+    let refused = fx.sandbox.write_file(&write("w.txt", &text)).unwrap_err();
+    assert!(refused.to_string().contains("write limit"), "{refused}");
+    assert_eq!(std::fs::read(fx.root().join("w.txt")).unwrap(), before);
+    // An edit that would take it past the limit in UTF-16 too.
+    let refused = fx
+        .sandbox
+        .edit_file(&edit("w.txt", "small", &"b".repeat(590)))
+        .unwrap_err();
+    assert!(refused.to_string().contains("write limit"), "{refused}");
+    assert_eq!(std::fs::read(fx.root().join("w.txt")).unwrap(), before);
+    // What fits is written.
+    fx.sandbox.write_file(&write("w.txt", "ok\n")).unwrap();
+}
+
 /// A `write_file` replaces a file with what the agent made of what it read. When something else
 /// changed the file since (a command the agent ran, an editor, the folder's owner), that change
 /// would be lost unseen: the write is refused, before anyone is asked, until the file is read
