@@ -139,12 +139,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ServerEr
         file.write_all(bytes)?;
         file.sync_all()?;
         drop(file);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        std::fs::rename(&tmp, path)
     })();
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
         return Err(ServerError::io("write", path, e));
+    }
+    // Renamed, the new version is the file: a failed sync of the directory (which makes the
+    // rename survive a crash) is told, not returned. Returned, `token create` said it had
+    // failed and showed no token while the token was stored and valid.
+    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        tracing::warn!(
+            "{}: written, but its directory could not be synced (a crash may undo it): {e}",
+            path.display()
+        );
     }
     Ok(())
 }
