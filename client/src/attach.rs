@@ -1477,6 +1477,13 @@ async fn run(
             return (Outcome::Error { error }, None);
         }
     };
+    // A read whose path leads elsewhere through a symbolic link (`CONTRIBUTING.md` to
+    // `.git/config`) shows where: its owner is asked about the file it reads.
+    let read_place = if asking {
+        reached_through_link(folder, tool, &args).await
+    } else {
+        None
+    };
     let mut approved = None;
     let (verdict, basis) = match known {
         Some(known) => known,
@@ -1515,7 +1522,10 @@ async fn run(
                 let mut shown = preview;
                 let diff = shown.as_mut().map(|p| std::mem::take(&mut p.diff));
                 let creates = shown.as_ref().map_or_else(Vec::new, |p| p.creates.clone());
-                let through_link = shown.as_ref().and_then(|p| p.through_link.clone());
+                let through_link = shown
+                    .as_ref()
+                    .and_then(|p| p.through_link.clone())
+                    .or_else(|| read_place.clone());
                 let bytes_note = shown.as_ref().and_then(|p| p.bytes_note.clone());
                 approved = shown;
                 let request = ApprovalRequest {
@@ -1567,6 +1577,27 @@ async fn run(
         } else {
             error(ErrorCode::Denied, reason)
         };
+        return (outcome, Some(decided));
+    }
+    // A read reads what its owner was shown: a link swapped while they were asked would have
+    // it read another file.
+    if basis == Basis::User
+        && read_place.is_some()
+        && reached_through_link(folder, tool, &args).await != read_place
+    {
+        folder.emit(ran(false, Basis::Invalid));
+        let decided = Message::Decided {
+            id,
+            allowed: false,
+            by: Basis::Invalid.decider(),
+        };
+        let outcome = error(
+            ErrorCode::Denied,
+            "the folder changed while the call waited for approval: its path no longer leads \
+             where its user was shown; nothing was read (call again to be asked about what it \
+             reads now)"
+                .into(),
+        );
         return (outcome, Some(decided));
     }
     // A command runs where, and as what, its owner was shown it would: a link on its
@@ -1730,6 +1761,21 @@ async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInf
 /// names it runs are found ([`lookup`], for a command whose rule keeps it: not one of the inert
 /// programs, which run nothing else); for other tools, none of it. On the blocking pool: the
 /// lookup reads directories.
+/// Where a read-only call's `path` really is, relative to the folder, when a symbolic link on
+/// the way makes it another place than the path says; `None` when it is where it says, cannot
+/// be found, or the tool reads no path.
+async fn reached_through_link(folder: &Folder, tool: ToolName, args: &Value) -> Option<String> {
+    if tool.class() != monad_protocol::tools::ToolClass::Read {
+        return None;
+    }
+    let path = args.get("path").and_then(Value::as_str)?.to_owned();
+    let sandbox = folder.sandbox.clone();
+    tokio::task::spawn_blocking(move || sandbox.directory_elsewhere(&path))
+        .await
+        .ok()
+        .flatten()
+}
+
 async fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> CommandPlace {
     if tool != ToolName::RunCommand {
         return CommandPlace::default();

@@ -187,8 +187,13 @@ pub fn render(request: &ApprovalRequest) -> Prompt {
                 }
             }
             if let Some(file) = &r.through_link {
+                let reached = if tool.class() == monad_protocol::tools::ToolClass::Read {
+                    "reads"
+                } else {
+                    "writes to"
+                };
                 field(
-                    "writes to",
+                    reached,
                     format!(
                         "{} (a symbolic link on the path leads there)",
                         printable_name(file)

@@ -64,7 +64,73 @@ async fn allow_once_runs_and_asks_again_next_time() {
     assert!(seen[0].target.contains("a.txt"), "{}", seen[0].target);
 }
 
-/// A second folder asking for a name the session already has is listed under another: its
+/// Regression: a read's prompt showed the path as given, not the file it reads: a cloned
+/// repository's `CONTRIBUTING.md` leading to `.git/config` was approved as a read of
+/// `CONTRIBUTING.md`, and the agent got the remote's URL with its token. The prompt says
+/// which file it reads; a link swapped while it waits is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reads_prompt_names_the_file_a_link_on_its_path_leads_to() {
+    let (_server, agent, dir, _a, approver) = scripted(
+        [Some(Decision::AllowOnce), Some(Decision::AllowOnce)],
+        &[
+            ("dotgit/config", "url = https://token@example.com/x\n"),
+            ("notes.md", "notes\n"),
+        ],
+    )
+    .await;
+    std::os::unix::fs::symlink("dotgit/config", dir.path().join("CONTRIBUTING.md")).unwrap();
+    ok(call(&agent, "read_file", read("CONTRIBUTING.md")).await);
+    let seen = approver.seen();
+    assert_eq!(seen[0].through_link.as_deref(), Some("dotgit/config"));
+    let drawn = monad_client::prompt::render(&seen[0]).lines.join("\n");
+    assert!(
+        drawn.contains("reads        dotgit/config (a symbolic link on the path leads there)"),
+        "{drawn}"
+    );
+    // A plain file's read says nothing of the kind.
+    ok(call(&agent, "read_file", read("notes.md")).await);
+    assert_eq!(approver.seen()[1].through_link, None);
+}
+
+/// An owner who, while asked, finds the link leading elsewhere (a command already running
+/// swaps it): allowed, the read is refused rather than reading what they were not shown.
+struct SwapsLinkThenAllows(std::path::PathBuf);
+
+impl Approver for SwapsLinkThenAllows {
+    fn decide(
+        &self,
+        _request: monad_client::approval::ApprovalRequest,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Decision> + Send>> {
+        let link = self.0.join("CONTRIBUTING.md");
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink("dotgit/credentials", &link).unwrap();
+        Box::pin(async { Decision::AllowOnce })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_read_whose_link_was_swapped_while_it_waited_reads_nothing() {
+    let server = TestServer::start().await;
+    let agent = server.agent().await;
+    let dir = folder(&[
+        ("dotgit/config", "[core]\n"),
+        ("dotgit/credentials", "token\n"),
+    ]);
+    std::os::unix::fs::symlink("dotgit/config", dir.path().join("CONTRIBUTING.md")).unwrap();
+    let _a = Attachment::start(
+        &server.client_config(),
+        attach_options(dir.path(), "lap"),
+        Some(Arc::new(SwapsLinkThenAllows(dir.path().to_owned())) as Arc<dyn Approver>),
+    )
+    .await;
+    let message = expect_code(
+        call(&agent, "read_file", read("CONTRIBUTING.md")).await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("no longer leads"), "{message}");
+}
+
+/// A second folder asking for a name the session already has is listed under another: its/// A second folder asking for a name the session already has is listed under another: its
 /// prompts call it by that name, not by the first folder's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_names_the_folder_as_the_session_lists_it() {
