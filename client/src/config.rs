@@ -327,10 +327,24 @@ pub fn normalize_fingerprint(raw: &str) -> Result<String, ClientError> {
 fn machine_name() -> String {
     std::fs::read_to_string("/etc/hostname")
         .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
+        .and_then(|s| usable_name(&s))
+        .or_else(|| std::env::var("HOSTNAME").ok().and_then(|s| usable_name(&s)))
         .unwrap_or_else(|| "client".to_owned())
+}
+
+/// A machine's name as a client name a server takes: without what a name may not hold (a
+/// control or invisible character, `:`, `/`), at most 64 characters; `None` when nothing is
+/// left. An empty `HOSTNAME` made every login refused ("the client name \"\" must be 1 to 64
+/// characters"), with no word of where the name came from.
+fn usable_name(raw: &str) -> Option<String> {
+    let name: String = raw
+        .trim()
+        .chars()
+        .filter(|&c| !monad_protocol::text::is_hidden(c) && !matches!(c, ':' | '/'))
+        .take(64)
+        .collect();
+    let name = name.trim().to_owned();
+    (!name.is_empty()).then_some(name)
 }
 
 /// Refuses a config another user could have written: one that belongs to another user (but
@@ -366,6 +380,18 @@ fn check_owner(path: &Path) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: an empty `HOSTNAME` (no `/etc/hostname`), or one holding what a client name
+    /// may not, made a client name the server refuses at every login.
+    #[test]
+    fn a_machine_name_is_made_one_a_server_takes() {
+        assert_eq!(usable_name("laptop\n").as_deref(), Some("laptop"));
+        assert_eq!(usable_name("  "), None);
+        assert_eq!(usable_name("").as_deref(), None);
+        assert_eq!(usable_name("work:laptop/1").as_deref(), Some("worklaptop1"));
+        assert_eq!(usable_name(&"x".repeat(100)).map(|n| n.len()), Some(64));
+        assert_eq!(usable_name("a\u{200b}b").as_deref(), Some("ab"));
+    }
 
     /// Regression: the config was written through a fixed temporary name opened without
     /// `O_EXCL` or `O_NOFOLLOW` (another user's file or link there got the token), and read
