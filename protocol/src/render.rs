@@ -346,8 +346,10 @@ pub fn in_workspace(workspace: Option<&WorkspaceRef>) -> String {
 /// ASCII without these, as most are, is not scanned again.
 pub fn shown(path: &str) -> std::borrow::Cow<'_, str> {
     use std::borrow::Cow;
-    // `printable_name` shows a name's own `\u{` so.
-    let mut shown = if path.contains("\\u{") || path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
+    let mut shown = if path.contains('\\') && path.contains("\\u{") {
+        let own = path.replace("\\u{", "\\u{5c}u{");
+        Cow::Owned(crate::text::printable_name(&own).into_owned())
+    } else if path.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
         crate::text::printable_name(path)
     } else {
         Cow::Borrowed(path)

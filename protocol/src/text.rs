@@ -74,27 +74,19 @@ enum Escape {
     HiddenAndTabs,
 }
 
-/// In one line ([`printable`], [`printable_name`]), a text's own `\u{` has its backslash
-/// shown as `\u{5c}`, so that every `\u{..}` there is an escape: `echo ok\u{a}rm -rf ~` typed
-/// as text and the same with a real line break read the same in an approval prompt. Text of
-/// many lines ([`printable_lines`]: a file, a command's output) keeps its own, which source
-/// code is full of.
 fn escape_with(text: &str, escape: Escape) -> Cow<'_, str> {
     let hidden = |c: char| match c {
         '\n' if escape == Escape::HiddenButNewlines => false,
         '\t' => escape == Escape::HiddenAndTabs,
         c => is_hidden(c),
     };
-    let own_escapes = escape != Escape::HiddenButNewlines && text.contains("\\u{");
-    if !own_escapes && !text.chars().any(hidden) {
+    if !text.chars().any(hidden) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
-    for (i, c) in text.char_indices() {
+    for c in text.chars() {
         if hidden(c) {
             out.extend(c.escape_unicode());
-        } else if own_escapes && c == '\\' && text[i + 1..].starts_with("u{") {
-            out.push_str("\\u{5c}");
         } else {
             out.push(c);
         }
@@ -220,28 +212,6 @@ pub fn tail(text: &str, max_bytes: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Regression: a literal `\u{a}` typed as text and a real line break were shown the same
-    /// (`sh -c 'echo ok\u{a}rm -rf ~'`) in an approval prompt. In one line a text's own `\u{`
-    /// shows its backslash escaped; text of many lines keeps its own.
-    #[test]
-    fn a_texts_own_escape_is_not_taken_for_one_in_a_line() {
-        let typed = "echo ok\\u{a}rm -rf ~";
-        let real = "echo ok\nrm -rf ~";
-        assert_eq!(printable(real), "echo ok\\u{a}rm -rf ~");
-        assert_eq!(printable(typed), "echo ok\\u{5c}u{a}rm -rf ~");
-        assert_ne!(
-            shell_words(&["sh", "-c", typed]),
-            shell_words(&["sh", "-c", real])
-        );
-        assert_eq!(printable_name("a\\u{40}"), "a\\u{5c}u{40}");
-        // A backslash of anything else, and text of many lines, as they are.
-        assert_eq!(printable("C:\\dir\\x"), "C:\\dir\\x");
-        assert_eq!(
-            printable_lines("let nbsp = '\\u{a0}';"),
-            "let nbsp = '\\u{a0}';"
-        );
-    }
 
     #[test]
     fn shortened_marks_a_cut_and_never_cuts_a_character() {
