@@ -820,10 +820,13 @@ pub async fn attach(
             Some(host) => vec![host.clone()],
             None => crate::connect::order(&config.addresses(), lost.as_deref()),
         };
-        let tried = std::time::Instant::now();
         let reason = match serve_once(config, &servers, &folder).await {
-            Ok(Served::Lost { server, reason }) => {
-                wait = wait_after_lost(wait, tried.elapsed(), first_wait);
+            Ok(Served::Lost {
+                server,
+                reason,
+                attached_for,
+            }) => {
+                wait = wait_after_lost(wait, attached_for, first_wait);
                 sent_elsewhere = false;
                 lost = Some(server);
                 reason
@@ -906,6 +909,8 @@ enum Served {
         server: String,
         /// Why the connection ended.
         reason: String,
+        /// How long it was attached (from the server's answer to the attach).
+        attached_for: Duration,
     },
     /// [`AttachOptions::stop`] turned true: detached, and the server told.
     Stopped,
@@ -1119,6 +1124,7 @@ async fn serve_once(
         None
     };
     let mut requests = tokio::task::JoinSet::new();
+    let attached_at = std::time::Instant::now();
     let end = {
         // One reader for the whole attachment: a message is never cut by another branch.
         let notice = next_notice(&mut recv, folder);
@@ -1168,6 +1174,7 @@ async fn serve_once(
             Ok(Served::Lost {
                 server: connection.server.clone(),
                 reason,
+                attached_for: attached_at.elapsed(),
             })
         }
     }

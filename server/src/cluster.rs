@@ -482,14 +482,19 @@ impl Cluster {
             let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
             // Slots of connections closed (a host gone, an idle time-out) go as new ones come,
             // each time their number reaches a power of two, rather than staying for every
-            // address and user ever forwarded for. A slot being connected stays.
+            // address and user ever forwarded for.
             if !links.contains_key(&key)
                 && links.len() >= LINKS_SWEPT_PAST
                 && links.len().is_power_of_two()
             {
-                links.retain(|_, slot| match slot.try_lock() {
-                    Ok(conn) => conn.as_ref().is_some_and(|c| c.close_reason().is_none()),
-                    Err(_) => true,
+                // A slot another call holds (looked up, about to be locked) stays too: swept,
+                // that call would connect into a slot no later call finds.
+                links.retain(|_, slot| {
+                    Arc::strong_count(slot) > 1
+                        || match slot.try_lock() {
+                            Ok(conn) => conn.as_ref().is_some_and(|c| c.close_reason().is_none()),
+                            Err(_) => true,
+                        }
                 });
             }
             links.entry(key).or_default().clone()

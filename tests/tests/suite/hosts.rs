@@ -735,17 +735,16 @@ async fn a_host_that_does_not_answer_holds_up_no_call_forwarded_to_another() {
                 .await
         })
     };
-    // Its connect under way (it waits up to 3 s), a call for the session host B serves.
+    // Its connect under way (it waits 3 s), a call for the session host B serves: it waited
+    // for the end of that connect (about 2.7 s from here) before.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let started = std::time::Instant::now();
     ok(within(
-        Duration::from_millis(1500),
+        Duration::from_millis(2_200),
         "a call forwarded to host B while another waits on a silent host",
         agent.call(Some(SESSION), "workspaces", json!({}), |_| {}),
     )
     .await
     .unwrap());
-    assert!(started.elapsed() < Duration::from_millis(1500));
     let dark = within(STEP, "the call for the silent host's session", waiting)
         .await
         .unwrap();

@@ -11,7 +11,9 @@
 //! lease row, that this host still holds the lease at the epoch it took ([`may_write`]): a
 //! former owner that was paused past its expiry, or whose lease was taken over, is refused with
 //! [`StoreError::Fenced`] and writes nothing, until it takes the lease again (a lease found
-//! lost stays remembered as lost, so the former owner never writes as a bystander). A take-over
+//! lost stays remembered as lost, so the former owner never writes as a bystander). A lease that
+//! expired while nobody took it (a database outage, a pause) is renewed at its epoch: its row
+//! unchanged means no other host wrote under another. A take-over
 //! waits for the writes in flight under the old epoch (the row's lock), so no write of the old
 //! owner lands after it.
 //!
@@ -289,6 +291,15 @@ impl Held {
 
     /// Notes that the lease of `session` at `epoch` was renewed: held until `until`, unless it
     /// was taken again (at another epoch) or lost meanwhile.
+    /// Whether `session`'s lease is still taken here at `epoch` (not given up, lost or taken
+    /// again), however long memory vouches for it.
+    fn taken_at(&self, session: &str, epoch: i64) -> bool {
+        matches!(
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).get(session),
+            Some(Taken::Held { epoch: e, .. }) if *e == epoch
+        )
+    }
+
     fn renewed(&self, session: &str, epoch: i64, until: Instant) {
         let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(Taken::Held {
@@ -487,6 +498,31 @@ impl PgStore {
             self.held
                 .renewed(session, *epoch, held_until(asked, self.host.ttl));
         }
+        // A lease given up while this renewal ran (the session left memory, the server is
+        // stopping) may have been renewed after its release expired it: it would stay held for
+        // another lease time, by nobody, keeping an attaching host waiting. Given up again.
+        let given_up: Vec<(String, i64)> = held
+            .iter()
+            .filter(|(s, epoch)| renewed.contains(s) && !self.held.taken_at(s, *epoch))
+            .cloned()
+            .collect();
+        if !given_up.is_empty() {
+            let holder = self.host.id.clone();
+            let (sessions, epochs): (Vec<String>, Vec<i64>) = given_up.into_iter().unzip();
+            let expired = self.with_renewal(move |c| async move {
+                c.execute(
+                    "UPDATE leases AS l SET expires_at = now()
+                     FROM unnest($2::text[], $3::bigint[]) AS h(session_id, epoch)
+                     WHERE l.session_id = h.session_id AND l.epoch = h.epoch AND l.holder = $1",
+                    &[&holder, &sessions, &epochs],
+                )
+                .await
+                .map_err(db)
+            });
+            if let Err(e) = expired {
+                tracing::warn!("leases given up during a renewal stay until they expire: {e}");
+            }
+        }
         let lost: Vec<String> = held
             .into_iter()
             .filter(|(s, _)| !renewed.contains(s))
@@ -601,8 +637,8 @@ pub fn spawn_renewal(store: Weak<PgStore>) {
                     Ok(lost) => {
                         for session in lost {
                             tracing::warn!(
-                                "lost the lease of session {session} (expired or taken over by \
-                                 another host): this host no longer writes it"
+                                "lost the lease of session {session} (taken over by another \
+                                 host, or gone): this host no longer writes it"
                             );
                         }
                     }
