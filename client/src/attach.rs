@@ -1593,19 +1593,13 @@ async fn run(
         && reached_through_link(folder, tool, &args).await != read_place
     {
         folder.emit(ran(false, Basis::Invalid));
-        let decided = Message::Decided {
+        return changed_while_asked(
             id,
-            allowed: false,
-            by: Basis::Invalid.decider(),
-        };
-        let outcome = error(
-            ErrorCode::Denied,
             "the folder changed while the call waited for approval: its path no longer leads \
              where its user was shown; nothing was read (call again to be asked about what it \
              reads now)"
                 .into(),
         );
-        return (outcome, Some(decided));
     }
     // A command runs where, and as what, its owner was shown it would: a link on its
     // directory's way swapped while they were asked (by a command already running) would take
@@ -1641,21 +1635,14 @@ async fn run(
         };
         if let Some(changed) = changed {
             folder.emit(ran(false, Basis::Invalid));
-            // On record as refused by the client, which it was: nothing ran.
-            let decided = Message::Decided {
+            return changed_while_asked(
                 id,
-                allowed: false,
-                by: Basis::Invalid.decider(),
-            };
-            let outcome = error(
-                ErrorCode::Denied,
                 format!(
                     "the folder changed while the command waited for approval: {changed} as its \
                      user was shown; nothing was run (call again to be asked about what it \
                      would run now)"
                 ),
             );
-            return (outcome, Some(decided));
         }
     }
     // A command may run long, and a user's answer deserves to be on record: the decision goes
@@ -1768,6 +1755,17 @@ async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInf
 /// names it runs are found ([`lookup`], for a command whose rule keeps it: not one of the inert
 /// programs, which run nothing else); for other tools, none of it. On the blocking pool: the
 /// lookup reads directories.
+/// The answer to call `id`, approved, that the folder changed under while its owner was asked
+/// (`why`): denied, and on record as refused by the client, which it was: nothing ran.
+fn changed_while_asked(id: u64, why: String) -> (Outcome, Option<Message>) {
+    let decided = Message::Decided {
+        id,
+        allowed: false,
+        by: Basis::Invalid.decider(),
+    };
+    (error(ErrorCode::Denied, why), Some(decided))
+}
+
 /// Where a read-only call's `path` really is, relative to the folder, when a symbolic link on
 /// the way makes it another place than the path says; `None` when it is where it says, cannot
 /// be found, or the tool reads no path.

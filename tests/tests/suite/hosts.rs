@@ -318,13 +318,7 @@ async fn a_hosts_renewal_does_not_wait_behind_its_users_work() {
     let (_dir, one, _two) = two_stores(&url);
     let one = Arc::new(one);
     assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
-    let database = url.rsplit('/').next().unwrap().to_owned();
-    let holder = {
-        let database = database.clone();
-        tokio::task::spawn_blocking(move || super::pg_store::hold_table(&database, "sessions", 4))
-            .await
-            .unwrap()
-    };
+    let (database, holder) = super::pg_store::holding(&url, "sessions", 4).await;
     // Every connection of the pool (8) waits on the table.
     let mut loads = tokio::task::JoinSet::new();
     for i in 0..8 {

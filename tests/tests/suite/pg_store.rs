@@ -988,6 +988,23 @@ pub async fn steadily_waiting_on_locks(database: &str, n: usize, why: &str) {
     assert_eq!(cluster.psql(database, blocked).unwrap(), n, "{why}");
 }
 
+/// The database of `url`, and another client of it holding `table` for `secs` seconds (from an
+/// async test: the wait for the lock runs on the blocking pool); returns once it holds it.
+pub async fn holding(
+    url: &str,
+    table: &'static str,
+    secs: u32,
+) -> (String, std::thread::JoinHandle<Result<String, String>>) {
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    let holder = {
+        let database = database.clone();
+        tokio::task::spawn_blocking(move || hold_table(&database, table, secs))
+            .await
+            .unwrap()
+    };
+    (database, holder)
+}
+
 /// Another client of `database` holding `table` for `secs` seconds; returns once it holds it.
 pub fn hold_table(
     database: &str,
@@ -1547,13 +1564,7 @@ async fn a_users_session_lookups_take_turns_at_the_store() {
     .await;
     let agent = Arc::new(server.agent().await);
     agent.workspaces(None).await.unwrap();
-    let database = pg.url.rsplit('/').next().unwrap().to_owned();
-    let holder = {
-        let database = database.clone();
-        tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 4))
-            .await
-            .unwrap()
-    };
+    let (database, holder) = holding(&pg.url, "sessions", 4).await;
     // Three lookups of sessions not in memory: one runs (and waits on the table), the others
     // wait for their turn, none is refused.
     let mut lookups = tokio::task::JoinSet::new();
@@ -1603,13 +1614,7 @@ async fn a_session_given_up_to_another_host_saves_without_holding_up_other_sessi
     assert!(leaving.touch().is_none());
     let id = leaving.id.clone();
     drop(leaving);
-    let database = pg.url.rsplit('/').next().unwrap().to_owned();
-    let holder = {
-        let database = database.clone();
-        tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 4))
-            .await
-            .unwrap()
-    };
+    let (database, holder) = holding(&pg.url, "sessions", 4).await;
     let given = {
         let registry = registry.clone();
         tokio::task::spawn_blocking(move || registry.give_up(&id, "ana"))
@@ -1661,10 +1666,7 @@ async fn a_session_listing_the_store_cannot_answer_is_an_error_not_an_empty_list
     ));
     let id = registry.create("ana").unwrap().id.clone();
     assert_eq!(registry.list("ana").unwrap().len(), 1);
-    let database = pg.url.rsplit('/').next().unwrap().to_owned();
-    let holder = tokio::task::spawn_blocking(move || hold_table(&database, "sessions", 4))
-        .await
-        .unwrap();
+    let (_database, holder) = holding(&pg.url, "sessions", 4).await;
     let listed = {
         let registry = registry.clone();
         tokio::task::spawn_blocking(move || registry.list("ana"))
