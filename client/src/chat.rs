@@ -256,7 +256,7 @@ pub fn render_end(result: &TurnResult) -> Option<String> {
 pub struct Transcript {
     /// Whether the last text printed ended a line (or nothing was printed).
     mid_line: bool,
-    started: HashMap<String, Instant>,
+    started: HashMap<String, (Instant, String)>,
 }
 
 impl Transcript {
@@ -291,8 +291,10 @@ impl Transcript {
                 tool,
                 args,
             } => {
-                self.started.insert(call_id.clone(), now);
-                self.line(&format!("⚙ {}", describe_call(tool, args)))
+                let described = describe_call(tool, args);
+                let line = self.line(&format!("⚙ {described}"));
+                self.started.insert(call_id.clone(), (now, described));
+                line
             }
             AgentEvent::ToolCallProgress { message, .. } => {
                 self.line(&format!("  … {}", printable(message)))
@@ -308,7 +310,9 @@ impl Transcript {
                 let took = self
                     .started
                     .remove(call_id)
-                    .map(|t| format!(" ({:.1} s)", now.saturating_duration_since(t).as_secs_f64()))
+                    .map(|(t, _)| {
+                        format!(" ({:.1} s)", now.saturating_duration_since(t).as_secs_f64())
+                    })
                     .unwrap_or_default();
                 let place = workspace
                     .as_ref()
@@ -350,6 +354,15 @@ impl Transcript {
         if self.mid_line {
             out.push('\n');
             self.mid_line = false;
+        }
+        // A call whose end the turn did not see (cancelled, a time limit, a lost connection)
+        // is said to be unfinished: its `⚙` line stood alone, as if it still ran.
+        let mut unfinished: Vec<String> = self.started.drain().map(|(_, (_, d))| d).collect();
+        unfinished.sort();
+        for described in unfinished {
+            out.push_str(&format!(
+                "✗ {described}: not finished, the turn ended first\n"
+            ));
         }
         if let Some(line) = result.and_then(render_end) {
             out.push_str(&format!("({line})\n"));
@@ -1197,6 +1210,22 @@ mod tests {
         assert_eq!(
             t.end(Some(&result(StopReason::Cancelled))),
             "\n(cancelled)\n"
+        );
+        // Regression: a call running when the turn was cancelled kept its `⚙` line alone.
+        let mut t = Transcript::new();
+        t.event(
+            &AgentEvent::ToolCallStarted {
+                call_id: "c1".into(),
+                tool: "run_command".into(),
+                args: json!({"argv": ["sleep", "30"]}),
+            },
+            Instant::now(),
+        );
+        let end = t.end(Some(&result(StopReason::Cancelled)));
+        assert!(
+            end.starts_with("✗ run_command")
+                && end.contains("not finished, the turn ended first\n(cancelled)"),
+            "{end:?}"
         );
     }
 
