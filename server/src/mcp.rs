@@ -346,7 +346,6 @@ pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken)
         local,
         &state.config.http_limits.allowed_origins,
     ));
-    let state_origins = configured_origins(&state.config.http_limits.allowed_origins);
     let app = axum::Router::new()
         .route_service(PATH, service)
         .layer(middleware::from_fn(delete_answers_no_content))
@@ -358,36 +357,21 @@ pub fn router(state: Arc<State>, local: SocketAddr, shutdown: CancellationToken)
     if local.ip().is_loopback() {
         // The API and the web view too, not only `/mcp`: a page on another site whose name
         // was made to resolve to 127.0.0.1 reaches them under its own name.
-        let named = Arc::new(origin_hosts(&state_origins));
-        app.layer(middleware::from_fn_with_state(named, loopback_host))
+        app.layer(middleware::from_fn(loopback_host))
     } else {
         app
     }
 }
 
-/// The hosts (`name[:port]`) of the origins the operator allowed: a proxy in front of a server
-/// on a loopback address passes the site's name as `Host`.
-fn origin_hosts(origins: &HashSet<String>) -> HashSet<String> {
-    origins
-        .iter()
-        .filter_map(|o| o.split_once("://").map(|(_, host)| host.to_owned()))
-        .collect()
-}
-
-/// Refuses a request whose `Host` (or HTTP/2 authority) is not a loopback name, nor the host of
-/// an origin the operator allowed (`named`: a proxy's site), with 403: for a server served on a
-/// loopback address, against DNS rebinding.
-async fn loopback_host(
-    Shared(named): Shared<Arc<HashSet<String>>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Refuses a request whose `Host` (or HTTP/2 authority) is not a loopback name, with 403: for a
+/// server served on a loopback address, against DNS rebinding.
+async fn loopback_host(request: Request, next: Next) -> Response {
     let host = request
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()));
-    if host.is_some_and(|h| is_loopback_host(h) || named.contains(&h.to_ascii_lowercase())) {
+    if host.is_some_and(is_loopback_host) {
         next.run(request).await
     } else {
         (
@@ -417,7 +401,10 @@ fn is_loopback_host(host: &str) -> bool {
 /// The origins `/mcp` accepts: the server's own loopback origins when it is served on a
 /// loopback address, and the configured ones; compared in lowercase, without a final `/`.
 pub fn allowed_origins(local: SocketAddr, configured: &[String]) -> HashSet<String> {
-    let mut allowed = configured_origins(configured);
+    let mut allowed: HashSet<String> = configured
+        .iter()
+        .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+        .collect();
     if local.ip().is_loopback() {
         let port = local.port();
         for host in ["127.0.0.1", "localhost", "[::1]"] {
@@ -425,15 +412,6 @@ pub fn allowed_origins(local: SocketAddr, configured: &[String]) -> HashSet<Stri
         }
     }
     allowed
-}
-
-/// The origins the operator allowed (`server.http_allowed_origins`), as [`origin_allowed`]
-/// compares them (lowercase, no final `/`).
-pub fn configured_origins(configured: &[String]) -> HashSet<String> {
-    configured
-        .iter()
-        .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
-        .collect()
 }
 
 /// Whether a request with this `Origin` header (if any) may reach `/mcp`. No header (a program,

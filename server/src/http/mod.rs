@@ -36,12 +36,9 @@ use crate::store::{SessionMeta, StoreError};
 pub struct Web {
     /// The server's state.
     pub state: Arc<State>,
-    /// Signs page tokens (a key per server process, or the hosts' key from their secret: a
-    /// token does not outlive its listing's meaning).
+    /// Signs page tokens (a key per server process: a token outlives neither a restart nor
+    /// its listing's meaning).
     pub signer: token::Signer,
-    /// The origins the operator allowed besides the site's own (`server.http_allowed_origins`):
-    /// a form sent from one is the site's (behind a proxy, the `Host` is another).
-    pub origins: std::collections::HashSet<String>,
     /// Signed-in browsers.
     pub signins: signin::Signins,
     /// Cancelled when the server shuts down: event streams end.
@@ -64,11 +61,9 @@ pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) 
         Some(secret) => token::Signer::from_secret(secret.expose().as_bytes()),
         None => token::Signer::random(),
     };
-    let origins = crate::mcp::configured_origins(&state.config.http_limits.allowed_origins);
     let web = Arc::new(Web {
         state,
         signer,
-        origins,
         signins: signin::Signins::default(),
         shutdown,
         uploads: Arc::new(tokio::sync::Semaphore::new(api::UPLOADS_AT_ONCE)),

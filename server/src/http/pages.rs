@@ -206,7 +206,7 @@ async fn login(
     headers: HeaderMap,
     form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
-    if !same_site(&headers, &web.origins) {
+    if !same_site(&headers) {
         return cross_site();
     }
     let form = match form {
@@ -264,7 +264,7 @@ async fn logout(
     let token_ok = form
         .as_ref()
         .is_ok_and(|Form(f)| user.form_token_ok(&web, &f.form_token));
-    if !same_site(&headers, &web.origins) || !token_ok {
+    if !same_site(&headers) || !token_ok {
         return cross_site();
     }
     web.signins.sign_out(&user.signin);

@@ -200,12 +200,9 @@ pub fn clear_cookie(headers: &HeaderMap) -> String {
 /// the host the request was sent to (scheme and port included), or, without an `Origin`, the
 /// browser says `Sec-Fetch-Site: same-origin`. Anything else (another site's form, a request
 /// with neither header) is refused.
-pub fn same_site(headers: &HeaderMap, allowed: &std::collections::HashSet<String>) -> bool {
+pub fn same_site(headers: &HeaderMap) -> bool {
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
     match headers.get(header::ORIGIN).map(|v| v.to_str()) {
-        // An origin the operator allowed (`server.http_allowed_origins`): the site's own
-        // behind a proxy that gives this server another `Host` (`127.0.0.1:4480`).
-        Some(Ok(origin)) if crate::mcp::origin_allowed(Some(origin.as_bytes()), allowed) => true,
         Some(Ok(origin)) => {
             let Some(host) = host else {
                 return false;
@@ -361,57 +358,32 @@ mod tests {
         h
     }
 
-    /// [`same_site`] with no origin allowed besides the site's own.
-    fn same_site_of(headers: &HeaderMap) -> bool {
-        same_site(headers, &std::collections::HashSet::new())
-    }
-
-    /// Regression: behind a proxy that gives the server its own loopback `Host`, the site's
-    /// origin (`https://monad.example.com`) never matched it, and every sign-in was refused as
-    /// cross-site. An origin the operator allowed counts as the site's.
-    #[test]
-    fn an_origin_the_operator_allowed_counts_as_the_sites_own() {
-        let allowed: std::collections::HashSet<String> =
-            ["https://monad.example.com".to_owned()].into();
-        let proxied = headers(&[
-            ("host", "127.0.0.1:4480"),
-            ("origin", "https://monad.example.com"),
-        ]);
-        assert!(same_site(&proxied, &allowed));
-        assert!(!same_site_of(&proxied));
-        let other = headers(&[
-            ("host", "127.0.0.1:4480"),
-            ("origin", "https://evil.example"),
-        ]);
-        assert!(!same_site(&other, &allowed));
-    }
-
     #[test]
     fn only_requests_from_the_same_origin_count_as_same_site() {
         let host = ("host", "127.0.0.1:8080");
-        assert!(same_site_of(&headers(&[
+        assert!(same_site(&headers(&[
             host,
             ("origin", "http://127.0.0.1:8080")
         ])));
-        assert!(!same_site_of(&headers(&[
+        assert!(!same_site(&headers(&[
             host,
             ("origin", "http://evil.example")
         ])));
-        assert!(!same_site_of(&headers(&[
+        assert!(!same_site(&headers(&[
             host,
             ("origin", "http://127.0.0.1:8081")
         ])));
-        assert!(!same_site_of(&headers(&[host, ("origin", "null")])));
-        assert!(!same_site_of(&headers(&[host])));
-        assert!(same_site_of(&headers(&[
+        assert!(!same_site(&headers(&[host, ("origin", "null")])));
+        assert!(!same_site(&headers(&[host])));
+        assert!(same_site(&headers(&[
             host,
             ("sec-fetch-site", "same-origin")
         ])));
-        assert!(!same_site_of(&headers(&[
+        assert!(!same_site(&headers(&[
             host,
             ("sec-fetch-site", "cross-site")
         ])));
-        assert!(!same_site_of(&headers(&[
+        assert!(!same_site(&headers(&[
             host,
             ("sec-fetch-site", "same-site")
         ])));
