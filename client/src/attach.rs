@@ -1586,10 +1586,10 @@ async fn run(
         };
         return (outcome, Some(decided));
     }
-    // A read reads what its owner was shown: a link swapped while they were asked would have
-    // it read another file.
+    // A read reads what its owner was shown: a link made or swapped while they were asked
+    // would have it read another file.
     if basis == Basis::User
-        && read_place.is_some()
+        && tool.class() == monad_protocol::tools::ToolClass::Read
         && reached_through_link(folder, tool, &args).await != read_place
     {
         folder.emit(ran(false, Basis::Invalid));
@@ -1750,11 +1750,6 @@ async fn process_info(sandbox: &Arc<Sandbox>, args: &Value) -> Option<ProcessInf
     list.processes.into_iter().find(|p| p.process == id)
 }
 
-/// Where a call's command finds its program, where it really runs when a link on its `cwd`'s
-/// way makes that another place than `cwd` says ([`Sandbox::directory_elsewhere`]), and how the
-/// names it runs are found ([`lookup`], for a command whose rule keeps it: not one of the inert
-/// programs, which run nothing else); for other tools, none of it. On the blocking pool: the
-/// lookup reads directories.
 /// The answer to call `id`, approved, that the folder changed under while its owner was asked
 /// (`why`): denied, and on record as refused by the client, which it was: nothing ran.
 fn changed_while_asked(id: u64, why: String) -> (Outcome, Option<Message>) {
@@ -1781,6 +1776,11 @@ async fn reached_through_link(folder: &Folder, tool: ToolName, args: &Value) -> 
         .flatten()
 }
 
+/// Where a call's command finds its program, where it really runs when a link on its `cwd`'s
+/// way makes that another place than `cwd` says ([`Sandbox::directory_elsewhere`]), and how the
+/// names it runs are found ([`lookup`], for a command whose rule keeps it: not one of the inert
+/// programs, which run nothing else); for other tools, none of it. On the blocking pool: the
+/// lookup reads directories.
 async fn command_place(folder: &Folder, tool: ToolName, args: &Value) -> CommandPlace {
     if tool != ToolName::RunCommand {
         return CommandPlace::default();

@@ -128,6 +128,15 @@ async fn an_approved_read_whose_link_was_swapped_while_it_waited_reads_nothing()
         ErrorCode::Denied,
     );
     assert!(message.contains("no longer leads"), "{message}");
+    // A plain file when its owner was asked, a link when the read would come: refused too.
+    let plain = dir.path().join("CONTRIBUTING.md");
+    std::fs::remove_file(&plain).unwrap();
+    std::fs::write(&plain, "how to help\n").unwrap();
+    let message = expect_code(
+        call(&agent, "read_file", read("CONTRIBUTING.md")).await,
+        ErrorCode::Denied,
+    );
+    assert!(message.contains("no longer leads"), "{message}");
 }
 
 /// A second folder asking for a name the session already has is listed under another: its/// A second folder asking for a name the session already has is listed under another: its

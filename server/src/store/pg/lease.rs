@@ -291,15 +291,6 @@ impl Held {
 
     /// Notes that the lease of `session` at `epoch` was renewed: held until `until`, unless it
     /// was taken again (at another epoch) or lost meanwhile.
-    /// Whether `session`'s lease is still taken here at `epoch` (not given up, lost or taken
-    /// again), however long memory vouches for it.
-    fn taken_at(&self, session: &str, epoch: i64) -> bool {
-        matches!(
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).get(session),
-            Some(Taken::Held { epoch: e, .. }) if *e == epoch
-        )
-    }
-
     fn renewed(&self, session: &str, epoch: i64, until: Instant) {
         let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(Taken::Held {
@@ -498,31 +489,6 @@ impl PgStore {
             self.held
                 .renewed(session, *epoch, held_until(asked, self.host.ttl));
         }
-        // A lease given up while this renewal ran (the session left memory, the server is
-        // stopping) may have been renewed after its release expired it: it would stay held for
-        // another lease time, by nobody, keeping an attaching host waiting. Given up again.
-        let given_up: Vec<(String, i64)> = held
-            .iter()
-            .filter(|(s, epoch)| renewed.contains(s) && !self.held.taken_at(s, *epoch))
-            .cloned()
-            .collect();
-        if !given_up.is_empty() {
-            let holder = self.host.id.clone();
-            let (sessions, epochs): (Vec<String>, Vec<i64>) = given_up.into_iter().unzip();
-            let expired = self.with_renewal(move |c| async move {
-                c.execute(
-                    "UPDATE leases AS l SET expires_at = now()
-                     FROM unnest($2::text[], $3::bigint[]) AS h(session_id, epoch)
-                     WHERE l.session_id = h.session_id AND l.epoch = h.epoch AND l.holder = $1",
-                    &[&holder, &sessions, &epochs],
-                )
-                .await
-                .map_err(db)
-            });
-            if let Err(e) = expired {
-                tracing::warn!("leases given up during a renewal stay until they expire: {e}");
-            }
-        }
         let lost: Vec<String> = held
             .into_iter()
             .filter(|(s, _)| !renewed.contains(s))
@@ -583,7 +549,9 @@ impl PgStore {
     }
 
     /// Gives up the lease of `session` (it expires now; the epoch stays, so the next holder's
-    /// is higher).
+    /// is higher). The row no longer names this host as its holder (its id, marked released):
+    /// a renewal running meanwhile, which renews an expired lease whose row still names this
+    /// host, cannot renew it for nobody; a take by this host later goes up an epoch, as any.
     pub fn release_lease(&self, session: &str) -> Result<(), StoreError> {
         let Some(Taken::Held { epoch, .. }) = self.held.forget(session) else {
             return Ok(());
@@ -591,8 +559,8 @@ impl PgStore {
         let (session, holder) = (session.to_owned(), self.host.id.clone());
         self.with(move |c| async move {
             c.execute(
-                "UPDATE leases SET expires_at = now()
-                 WHERE session_id = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()",
+                "UPDATE leases SET expires_at = now(), holder = holder || ' (released)'
+                 WHERE session_id = $1 AND holder = $2 AND epoch = $3",
                 &[&session, &holder, &epoch],
             )
             .await
