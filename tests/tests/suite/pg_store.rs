@@ -1501,6 +1501,12 @@ async fn a_store_that_stops_answering_does_not_hold_a_shutdown() {
     let data = tempfile::tempdir().unwrap();
     let mut env = pg.env();
     env.push(("MONAD_SERVER_SHUTDOWN_GRACE_SECS".into(), "0".into()));
+    // Leases that outlast the test: a record waiting on the held table holds its session's
+    // lease row (the write's fencing reads it `FOR SHARE`), so the renewal waits too, and with
+    // the default 10 s the lease expired during the shutdown's 10 s wait for the records on a
+    // busy machine: the saves were then refused at once as fenced, not left waiting, and the
+    // shutdown went another way than the one this test is about.
+    env.push(("MONAD_CLUSTER_LEASE_SECS".into(), "600".into()));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let server = monad_tests::ServerProcess::start(data.path(), &env).await;
     let token = server.first_token.clone().expect("a first start");
