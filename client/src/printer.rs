@@ -342,41 +342,53 @@ fn write_out(out: &mut impl Write, batch: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::Ordering;
     use std::sync::{Arc, Condvar, Mutex};
 
-    /// An output that takes nothing until it is opened (saying when a write waits for that),
-    /// then keeps what it is given.
+    /// An output that lets through as many writes as it was allowed (all once it is opened),
+    /// the others waiting; counts the writes that waited, and keeps what it is given.
     #[derive(Clone, Default)]
     struct Gate {
-        open: Arc<(Mutex<bool>, Condvar)>,
-        waiting: Arc<AtomicBool>,
+        allowed: Arc<(Mutex<usize>, Condvar)>,
+        waited: Arc<std::sync::atomic::AtomicUsize>,
         taken: Arc<Mutex<Vec<u8>>>,
     }
 
     impl Gate {
+        fn allow(&self, n: usize) {
+            let mut allowed = self.allowed.0.lock().unwrap();
+            *allowed = allowed.saturating_add(n);
+            self.allowed.1.notify_all();
+        }
+
         fn open(&self) {
-            *self.open.0.lock().unwrap() = true;
-            self.open.1.notify_all();
+            self.allow(usize::MAX);
+        }
+
+        fn waiting(&self) -> bool {
+            self.waited.load(Ordering::SeqCst) > 0
+        }
+
+        fn text(&self) -> String {
+            String::from_utf8(self.taken.lock().unwrap().clone()).unwrap()
         }
 
         fn lines(&self) -> Vec<String> {
-            String::from_utf8(self.taken.lock().unwrap().clone())
-                .unwrap()
-                .lines()
-                .map(str::to_owned)
-                .collect()
+            self.text().lines().map(str::to_owned).collect()
         }
     }
 
     impl Write for Gate {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let (open, opened) = &*self.open;
-            let mut is_open = open.lock().unwrap();
-            while !*is_open {
-                self.waiting.store(true, Ordering::SeqCst);
-                is_open = opened.wait(is_open).unwrap();
+            let (allowed, changed) = &*self.allowed;
+            let mut left = allowed.lock().unwrap();
+            if *left == 0 {
+                self.waited.fetch_add(1, Ordering::SeqCst);
             }
+            while *left == 0 {
+                left = changed.wait(left).unwrap();
+            }
+            *left -= 1;
             self.taken.lock().unwrap().extend_from_slice(buf);
             Ok(buf.len())
         }
@@ -418,55 +430,12 @@ mod tests {
         let gate = Gate::default();
         let (printer, events) = LinesPrinter::start(gate.clone(), 4).unwrap();
         events.send(event(0)).unwrap();
-        until("the first write waits", || {
-            gate.waiting.load(Ordering::SeqCst)
-        })
-        .await;
+        until("the first write waits", || gate.waiting()).await;
         for n in 1..lines {
             events.send(event(n)).unwrap();
         }
         relayed().await;
         (gate, printer, events)
-    }
-
-    /// An output that lets through as many writes as it was allowed, the others waiting;
-    /// counts the writes that waited.
-    #[derive(Clone, Default)]
-    struct Turnstile {
-        allowed: Arc<(Mutex<usize>, Condvar)>,
-        waited: Arc<std::sync::atomic::AtomicUsize>,
-        taken: Arc<Mutex<Vec<u8>>>,
-    }
-
-    impl Turnstile {
-        fn allow(&self, n: usize) {
-            *self.allowed.0.lock().unwrap() += n;
-            self.allowed.1.notify_all();
-        }
-
-        fn text(&self) -> String {
-            String::from_utf8(self.taken.lock().unwrap().clone()).unwrap()
-        }
-    }
-
-    impl Write for Turnstile {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let (allowed, changed) = &*self.allowed;
-            let mut left = allowed.lock().unwrap();
-            if *left == 0 {
-                self.waited.fetch_add(1, Ordering::SeqCst);
-            }
-            while *left == 0 {
-                left = changed.wait(left).unwrap();
-            }
-            *left -= 1;
-            self.taken.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
     }
 
     /// Regression: the printer looked at the pause once per batch, then wrote the batch's
@@ -475,7 +444,7 @@ mod tests {
     /// piece is written while a prompt holds the lines.
     #[tokio::test]
     async fn no_piece_of_a_batch_is_written_under_a_prompt() {
-        let out = Turnstile::default();
+        let out = Gate::default();
         let (printer, events) = LinesPrinter::start(out.clone(), 16).unwrap();
         let big = |n: u64| AttachEvent::Disconnected {
             reason: format!("{n}:{}", "x".repeat(3_000)),

@@ -15,6 +15,17 @@ pub const VALUE_BYTES: usize = 48;
 /// folder's client the server's): its tree is made only then.
 pub const MAX_REQUEST_VALUES: usize = 1_000_000;
 
+/// How many arrays and objects deep `value` nests (at most serde_json's 128 when parsed): what
+/// a reader that keeps a tree bounds, for whoever reads it after (the same 128).
+pub fn nesting(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match value {
+        Value::Array(items) => 1 + items.iter().map(nesting).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(nesting).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// What the tree of `json` would take in memory ([`VALUE_BYTES`] a value), counted without
 /// making it; an error past `max` values, or when it is not JSON ([`count`]).
 pub fn tree_bytes(json: &[u8], max: usize) -> Result<usize, serde_json::Error> {

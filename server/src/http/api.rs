@@ -1165,14 +1165,12 @@ pub const MAX_METADATA_DEPTH: usize = 32;
 /// 20 MiB, uncounted, made every listing hold gigabytes) and past [`MAX_METADATA_DEPTH`] (nested
 /// 125 deep, it was stored and answered `201`, then never read back).
 fn check_metadata(metadata: &Map<String, Value>) -> Result<(), HttpError> {
-    fn depth(value: &Value) -> usize {
-        match value {
-            Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
-            Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
-            _ => 0,
-        }
-    }
-    let deepest = 1 + metadata.values().map(depth).max().unwrap_or(0);
+    // The map itself is one level.
+    let deepest = 1 + metadata
+        .values()
+        .map(monad_protocol::values::nesting)
+        .max()
+        .unwrap_or(0);
     if deepest > MAX_METADATA_DEPTH {
         return Err(HttpError::bad(format!(
             "`metadata` is nested {deepest} levels deep; at most {MAX_METADATA_DEPTH}"

@@ -582,7 +582,7 @@ pub(crate) fn check_call(calls: usize, name: &str, arguments: usize) -> Result<(
 /// them inside an event two levels deeper, and past serde_json's 127 levels its reader failed
 /// and the turn's stream was dropped.
 pub fn parse_arguments(raw: &str) -> Value {
-    use monad_protocol::values::{MAX_REQUEST_VALUES, count};
+    use monad_protocol::values::{MAX_REQUEST_VALUES, count, nesting};
     if raw.trim().is_empty() {
         return Value::Object(Default::default());
     }
@@ -602,15 +602,6 @@ pub fn parse_arguments(raw: &str) -> Value {
 
 /// How deep a tool call's arguments may nest (a tool's arguments nest two or three levels).
 pub const MAX_ARGUMENT_NESTING: usize = 64;
-
-/// How many arrays and objects deep `value` nests (at most serde_json's 128 when parsed).
-fn nesting(value: &Value) -> usize {
-    match value {
-        Value::Array(items) => 1 + items.iter().map(nesting).max().unwrap_or(0),
-        Value::Object(map) => 1 + map.values().map(nesting).max().unwrap_or(0),
-        _ => 0,
-    }
-}
 
 #[cfg(test)]
 mod tests {

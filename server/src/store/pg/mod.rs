@@ -303,8 +303,7 @@ impl PgStore {
         F: FnOnce(pool::Conn) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        let pool = self.renewal.clone();
-        self.driver.run(async move { pool.with_conn(f).await })
+        self.on(&self.renewal, f)
     }
 
     /// Runs `f` with a pooled connection on the driver thread.
@@ -314,7 +313,17 @@ impl PgStore {
         F: FnOnce(pool::Conn) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        let pool = self.pool.clone();
+        self.on(&self.pool, f)
+    }
+
+    /// Runs `f` with a connection of `pool`, on the driver thread.
+    fn on<T, F, Fut>(&self, pool: &Arc<Pool>, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(pool::Conn) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let pool = pool.clone();
         self.driver.run(async move { pool.with_conn(f).await })
     }
 
