@@ -771,14 +771,7 @@ pub trait ArtifactStore: Send + Sync {
     /// artifact's metadata in memory at once (an upload's may hold 64 KiB, a tree many times
     /// that): a stream of the index, or a query of the ids named.
     fn uploaded_bytes_in(&self, session: &str, ids: Option<&[String]>) -> Result<u64, StoreError> {
-        let mut charged = 0u64;
-        each_artifact(self, session, |m| {
-            if ids.is_none_or(|ids| ids.contains(&m.id)) {
-                charged = charged.saturating_add(m.charged_bytes());
-            }
-            Ok(())
-        })?;
-        Ok(charged)
+        uploaded_bytes_by_pages(self, session, ids)
     }
     /// One artifact with its content.
     fn artifact(&self, session: &str, id: &str) -> Result<(ArtifactMeta, Vec<u8>), StoreError>;
@@ -834,6 +827,23 @@ pub fn session_uploaded_bytes(
 /// How many artifacts' metadata a walk over a session's artifacts holds at once
 /// ([`each_artifact`]): each may be a tree of about 1 MiB.
 pub const ARTIFACTS_READ_AT_ONCE: usize = 32;
+
+/// [`ArtifactStore::uploaded_bytes_in`] by walking the session's artifacts a page at a time
+/// ([`each_artifact`]): what a store without a better way answers it with.
+pub fn uploaded_bytes_by_pages<S: ArtifactStore + ?Sized>(
+    store: &S,
+    session: &str,
+    ids: Option<&[String]>,
+) -> Result<u64, StoreError> {
+    let mut charged = 0u64;
+    each_artifact(store, session, |m| {
+        if ids.is_none_or(|ids| ids.contains(&m.id)) {
+            charged = charged.saturating_add(m.charged_bytes());
+        }
+        Ok(())
+    })?;
+    Ok(charged)
+}
 
 /// Calls `each` with every artifact of `session`, oldest first, reading them a page of
 /// [`ARTIFACTS_READ_AT_ONCE`] at a time ([`Store::artifact_page`]) rather than all at once;

@@ -1641,12 +1641,7 @@ impl ArtifactStore for PgStore {
     fn uploaded_bytes_in(&self, session: &str, ids: Option<&[String]>) -> Result<u64, StoreError> {
         check_id(session)?;
         let Some(ids) = ids else {
-            let mut charged = 0u64;
-            super::each_artifact(self, session, |m| {
-                charged = charged.saturating_add(m.charged_bytes());
-                Ok(())
-            })?;
-            return Ok(charged);
+            return super::uploaded_bytes_by_pages(self, session, None);
         };
         let (session, ids) = (session.to_owned(), ids.to_vec());
         self.with(move |c| async move {
