@@ -5,9 +5,6 @@
 //! input: its first line when it is not a terminal, or a prompt that does not echo when it is.
 
 use std::io::{BufRead, Write};
-use std::os::fd::AsFd;
-
-use nix::sys::termios::{self, LocalFlags, SetArg};
 
 /// Where the token comes from, decided from what is there ([`source`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,18 +42,12 @@ pub fn read(source: TokenSource) -> std::io::Result<Option<String>> {
             line
         }
         TokenSource::Prompt => {
-            let stdin = std::io::stdin();
-            let saved = termios::tcgetattr(stdin.as_fd()).map_err(std::io::Error::from)?;
-            let mut quiet = saved.clone();
-            quiet.local_flags.remove(LocalFlags::ECHO);
-            quiet.local_flags.insert(LocalFlags::ICANON);
-            termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &quiet)
-                .map_err(std::io::Error::from)?;
+            let quiet = crate::terminal::Unechoed::enter()?;
             monad_protocol::output::err("token (not shown as you type): ");
             let _ = std::io::stderr().flush();
             let mut line = String::new();
-            let read = stdin.lock().read_line(&mut line);
-            let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &saved);
+            let read = std::io::stdin().lock().read_line(&mut line);
+            drop(quiet);
             monad_protocol::output::err("\n");
             read?;
             line

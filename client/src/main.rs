@@ -475,6 +475,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// `login`'s token ([`login::read`]), with SIGINT, SIGTERM and SIGHUP watched meanwhile: one
+/// that ends the process at the token prompt, which does not echo, gives the terminal its echo
+/// back first (it was left off, and the shell after showed nothing typed).
+async fn read_token(source: login::TokenSource) -> std::io::Result<Option<String>> {
+    let mut interrupts = Interrupts::watch()?;
+    let read = tokio::task::spawn_blocking(move || login::read(source));
+    tokio::select! {
+        read = read => {
+            interrupts.stop();
+            read.map_err(std::io::Error::other)?
+        }
+        signal = interrupts.next() => {
+            monad_client::terminal::restore();
+            end_by(signal)
+        }
+    }
+}
+
 /// `chat --base-url`: an `http://` or `https://` URL with a host, checked before the chat
 /// starts rather than refused by the server at the first message.
 fn base_url_arg(raw: &str) -> Result<String, String> {
@@ -579,7 +597,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 std::env::var("MONAD_TOKEN").ok(),
                 std::io::stdin().is_terminal(),
             );
-            let Some(token) = login::read(source).context("cannot read the token")? else {
+            let Some(token) = read_token(source).await.context("cannot read the token")? else {
                 bail!("{}", login::MISSING);
             };
             let mut config = ClientConfig::with_servers(&servers, &token, &fingerprint)?;

@@ -160,34 +160,71 @@ impl Approver for TerminalApprover {
 /// Restores the terminal's mode when dropped.
 struct RawMode(Option<termios::Termios>);
 
-/// The terminal's modes from before a [`RawMode`] that is still on, for [`restore`]: the process
-/// may exit (Ctrl-C, SIGTERM, a take-over) while the prompt's thread still holds it.
+/// The terminal's modes from before a [`RawMode`] or [`Unechoed`] that is still on, for
+/// [`restore`]: the process may exit (Ctrl-C, SIGTERM, a take-over) while it is on.
 static BEFORE_RAW: std::sync::Mutex<Option<termios::Termios>> = std::sync::Mutex::new(None);
 
 impl RawMode {
     fn enter() -> RawMode {
-        let stdin = std::io::stdin();
-        let Ok(saved) = termios::tcgetattr(stdin.as_fd()) else {
-            return RawMode(None);
-        };
-        *BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner()) = Some(saved.clone());
-        let _ = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw_of(&saved));
+        let mode = RawMode(set_modes(raw_of).ok());
         discard_typed_keys();
-        RawMode(Some(saved))
+        mode
     }
 }
 
 impl Drop for RawMode {
     fn drop(&mut self) {
-        if let Some(saved) = &self.0 {
-            let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
-            // From the background the terminal is another job's (the shell put its own modes
-            // back when this one stopped): it is left as it is.
-            if in_the_foreground() {
-                let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
-            }
-            *before = None;
+        give_back(self.0.as_ref());
+    }
+}
+
+/// The terminal without echo, lines still edited, for a secret typed on it (`login`'s token);
+/// its modes come back when this drops, or from [`restore`] when the process ends on a signal
+/// meanwhile.
+pub struct Unechoed(Option<termios::Termios>);
+
+impl Unechoed {
+    /// Turns echo off on standard input's terminal; fails when it is not one.
+    pub fn enter() -> std::io::Result<Unechoed> {
+        set_modes(|saved| {
+            let mut quiet = saved.clone();
+            quiet.local_flags.remove(LocalFlags::ECHO);
+            quiet.local_flags.insert(LocalFlags::ICANON);
+            quiet
+        })
+        .map(|saved| Unechoed(Some(saved)))
+    }
+}
+
+impl Drop for Unechoed {
+    fn drop(&mut self) {
+        give_back(self.0.as_ref());
+    }
+}
+
+/// Sets standard input's terminal to `mode` of its current modes, which it returns and keeps
+/// for [`restore`].
+fn set_modes(
+    mode: impl FnOnce(&termios::Termios) -> termios::Termios,
+) -> std::io::Result<termios::Termios> {
+    let stdin = std::io::stdin();
+    let saved = termios::tcgetattr(stdin.as_fd()).map_err(std::io::Error::from)?;
+    *BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner()) = Some(saved.clone());
+    termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &mode(&saved))
+        .map_err(std::io::Error::from)?;
+    Ok(saved)
+}
+
+/// Gives the terminal back its `saved` modes, as a [`set_modes`] guard drops.
+fn give_back(saved: Option<&termios::Termios>) {
+    if let Some(saved) = saved {
+        let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
+        // From the background the terminal is another job's (the shell put its own modes
+        // back when this one stopped): it is left as it is.
+        if in_the_foreground() {
+            let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
         }
+        *before = None;
     }
 }
 

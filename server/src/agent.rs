@@ -717,16 +717,22 @@ impl Turn<'_> {
                 call.id = self.front_id(&call.id);
             }
             // An answer cut at the output limit ends inside its last call's arguments, which
-            // do not parse: run, it would only be refused, and the model not know why.
+            // do not parse, or before any of them came (read as `{}`: run, a call would do what
+            // the model never asked): such a call runs nothing, and the model is told why.
             let cut_short = matches!(step.finish, FinishReason::Length);
+            let last = calls.len().saturating_sub(1);
             current.push(Message::Assistant {
                 text: step.text,
                 tool_calls: calls.clone(),
             });
-            for call in &calls[..allowed] {
+            for (i, call) in calls[..allowed].iter().enumerate() {
                 lock(self.tally).tool_calls += 1;
-                let refused = (cut_short && !call.arguments.is_object())
-                    .then(|| cut_short_call(self.llm.max_output_tokens));
+                let whole = match &call.arguments {
+                    Value::Object(fields) => i < last || !fields.is_empty(),
+                    _ => false,
+                };
+                let refused =
+                    (cut_short && !whole).then(|| cut_short_call(self.llm.max_output_tokens));
                 let (text, is_error) = self.run_call(call, refused).await;
                 if !turn_memory.take(text.len()) {
                     return too_large(tally());

@@ -660,6 +660,46 @@ async fn a_call_cut_off_at_the_output_limit_runs_nothing_and_the_model_is_told_w
     );
 }
 
+/// Regression: a call cut at the output limit before any of its arguments came read as `{}` and
+/// ran (a `list_dir` of the root here, where the model may have meant any folder); it runs
+/// nothing now, as a call cut inside its arguments, while an earlier whole call of `{}` runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cut_off_before_any_arguments_runs_nothing() {
+    let provider = ScriptedProvider::start(vec![
+        Reply::Events(vec![
+            openai_chunk(
+                json!({"tool_calls": [{"index": 0, "id": "whole", "type": "function",
+                        "function": {"name": "workspaces", "arguments": "{}"}}]}),
+                Value::Null,
+            ),
+            openai_chunk(
+                json!({"tool_calls": [{"index": 1, "id": "cut", "type": "function",
+                        "function": {"name": "list_dir", "arguments": ""}}]}),
+                Value::Null,
+            ),
+            openai_chunk(json!({}), json!("length")),
+            (None, "[DONE]".into()),
+        ]),
+        Reply::text(["Noted."]),
+    ])
+    .await;
+    let server = server_for(&provider, ProviderKind::Openai, "max_output_tokens = 300\n").await;
+    let agent = server.agent().await;
+    let (reply, events) = prompt(&agent, "look around").await;
+    assert_eq!(reply.result.stop, StopReason::Answered, "{events:?}");
+    let requests = provider.wait_for_requests(2).await;
+    let results = tool_results(&requests[1].body, ProviderKind::Openai);
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(
+        results[0].contains("workspace"),
+        "the whole call ran: {results:?}"
+    );
+    assert!(
+        results[1].contains("cut off") && results[1].contains("300 tokens"),
+        "the cut call ran: {results:?}"
+    );
+}
+
 /// Regression: a call without an id (some OpenAI-compatible servers send none), or with an id
 /// another call of the answer used, went back to the provider so, which refuses the next
 /// request over it. Each call goes by one id of its own, in the model's message and its result.

@@ -1898,6 +1898,40 @@ async fn a_snapshot_that_cannot_be_used_and_paths_that_are_not_utf8_are_said_cle
     drop(server);
 }
 
+/// Regression: Ctrl-C at `login`'s token prompt (which does not echo) ended the process with
+/// the terminal's echo still off, so the shell after it showed nothing typed. The terminal gets
+/// its echo back, the process ends by the signal as before, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_at_the_token_prompt_gives_the_terminal_its_echo_back() {
+    let config = tempfile::tempdir().unwrap();
+    let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let server = free.local_addr().unwrap().to_string();
+    let mut cmd = command("monad-client");
+    cmd.args([
+        "login",
+        "--server",
+        &server,
+        "--fingerprint",
+        &"ab".repeat(32),
+    ])
+    .env("MONAD_CONFIG_DIR", config.path())
+    .env_remove("MONAD_TOKEN");
+    let mut pty = Pty::spawn(cmd);
+    pty.wait_for("not shown as you type", 0).await;
+    assert!(!pty.echoes_lines(), "the prompt turned echo off");
+    pty.send(b"mnd_par");
+    // Ctrl-C (the terminal is not the child's controlling one: the signal is sent as it would).
+    let pid = nix::unistd::Pid::from_raw(pty.child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = within(STEP, "login to end on Ctrl-C", pty.child.wait())
+        .await
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(2), "ended by SIGINT: {status:?}");
+    assert!(pty.echoes_lines(), "echo is back: {}", pty.text());
+    assert!(!config.path().join("config.toml").exists());
+}
+
 /// A malformed `login --server` or `--fingerprint` is a usage error (status 2, and where help
 /// is), like any other bad flag; nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
