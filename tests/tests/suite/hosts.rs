@@ -97,6 +97,75 @@ fn fenced<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>) {
     }
 }
 
+/// Regression: a host that never took a session's lease (it forwards the session's calls to its
+/// holder, and answers its history requests itself) kept a copy of the session loaded, and its
+/// saves replaced the whole record: the focus folder the holder had kept since was lost, and a
+/// copy saved after the session was deleted made the session again. Such a host's save now
+/// leaves the holder's focus and folders as they are (it moves the last activity forward, and
+/// sets the name and model), and a deleted session stays deleted.
+#[test]
+fn a_bystanders_copy_keeps_the_holders_folders_and_does_not_bring_a_deleted_session_back() {
+    let Some(url) = pg_url("a_bystanders_copy_keeps_the_holders_folders") else {
+        return;
+    };
+    let (_dir, one, two) = two_stores(&url);
+    one.create(&SessionMeta {
+        id: "s1".into(),
+        name: None,
+        owner: "ana".into(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_active: "2026-01-01T00:00:00Z".into(),
+        provider: None,
+        model: None,
+        focus: None,
+        folders: Vec::new(),
+    })
+    .unwrap();
+    assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
+    let stale = two.load("s1").unwrap().unwrap();
+
+    // The holder keeps a focus; the bystander's copy, loaded before, has none.
+    let mut kept = one.load("s1").unwrap().unwrap();
+    kept.focus = Some("lap".into());
+    kept.last_active = "2026-01-01T00:00:05Z".into();
+    one.save(&kept).unwrap();
+    let mut touched = stale.clone();
+    touched.last_active = "2026-01-01T00:00:09Z".into();
+    touched.model = Some("m2".into());
+    two.save(&touched).unwrap();
+    let now = one.load("s1").unwrap().unwrap();
+    assert_eq!(
+        now.focus.as_deref(),
+        Some("lap"),
+        "the holder's focus stays"
+    );
+    assert_eq!(now.last_active, "2026-01-01T00:00:09Z");
+    assert_eq!(now.model.as_deref(), Some("m2"));
+    // An older activity does not move it back.
+    two.save(&stale).unwrap();
+    assert_eq!(
+        one.load("s1").unwrap().unwrap().last_active,
+        "2026-01-01T00:00:09Z"
+    );
+    // A host that released the lease is a bystander too: another may have taken it since.
+    one.release_lease("s1").unwrap();
+    two.save(&touched).unwrap();
+    assert_eq!(
+        one.load("s1").unwrap().unwrap().focus.as_deref(),
+        Some("lap")
+    );
+
+    // Deleted, the session is not made again by a copy's save, by either host.
+    one.delete("s1").unwrap();
+    for (host, store) in [("the bystander", &two), ("the deleting host", &one)] {
+        match store.save(&touched) {
+            Err(StoreError::NotFound(_)) => {}
+            other => panic!("{host}'s save of a deleted session: {other:?}"),
+        }
+    }
+    assert!(one.load("s1").unwrap().is_none());
+}
+
 #[test]
 fn a_stale_owners_late_writes_are_refused_after_another_host_took_its_lease_over() {
     let Some(url) = pg_url("a_stale_owners_late_writes_are_refused") else {

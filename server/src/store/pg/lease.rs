@@ -200,6 +200,28 @@ impl Fencing {
         c: &impl GenericClient,
         session: &str,
     ) -> Result<(), StoreError> {
+        self.check_row(c, session).await.map(|_| ())
+    }
+
+    /// [`Fencing::check`], and whether a save of the session's record replaces all of it: when
+    /// this host holds the lease, or no host ever took it. Otherwise this host is a bystander
+    /// (it forwards the session's calls to its holder, answers its history requests, or let
+    /// the lease go), whose copy of the record was read before the holder's later changes.
+    pub(super) async fn check_whole_record(
+        &self,
+        c: &impl GenericClient,
+        session: &str,
+    ) -> Result<bool, StoreError> {
+        let row = self.check_row(c, session).await?;
+        Ok(self.held.is_some() || row.is_none())
+    }
+
+    /// The lease row of `session`, locked (shared), once [`may_write`] allowed the write.
+    async fn check_row(
+        &self,
+        c: &impl GenericClient,
+        session: &str,
+    ) -> Result<Option<LeaseRow>, StoreError> {
         let row = c
             .query_opt(
                 "SELECT holder, epoch, expires_at > now() FROM leases WHERE session_id = $1
@@ -218,7 +240,8 @@ impl Fencing {
                 session: session.to_owned(),
                 why: fence.to_string(),
             }
-        })
+        })?;
+        Ok(row)
     }
 }
 

@@ -600,32 +600,46 @@ impl SessionStore for PgStore {
         })
     }
 
+    /// Replaces the record of a session that exists (a deleted one is not made again by a copy
+    /// a host still had loaded). A host that does not hold the session's lease, while another
+    /// took it, sets only what its own requests change (the name, the model) and moves the last
+    /// activity forward: its copy was read before the holder's later changes, and replacing
+    /// the whole record lost the focus folder the holder had kept since.
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         let m = meta.clone();
         let fencing = self.fencing(&meta.id, lease::Write::Record);
         self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
-            fencing.check(&tx, &m.id).await?;
-            tx.execute(
-                "INSERT INTO sessions (id, name, owner, created_at, last_active, provider, model,
-                     history_created_at, history_provider, history_model, kept)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7, $8)
-                 ON CONFLICT (id) DO UPDATE SET name = $2, owner = $3, created_at = $4,
-                     last_active = $5, provider = $6, model = $7, kept = $8",
-                &[
-                    &m.id,
-                    &m.name,
-                    &m.owner,
-                    &m.created_at,
-                    &m.last_active,
-                    &m.provider,
-                    &m.model,
-                    &kept_of(&m),
-                ],
-            )
-            .await
+            let changed = if fencing.check_whole_record(&tx, &m.id).await? {
+                tx.execute(
+                    "UPDATE sessions SET name = $2, owner = $3, created_at = $4, last_active = $5,
+                         provider = $6, model = $7, kept = $8
+                     WHERE id = $1",
+                    &[
+                        &m.id,
+                        &m.name,
+                        &m.owner,
+                        &m.created_at,
+                        &m.last_active,
+                        &m.provider,
+                        &m.model,
+                        &kept_of(&m),
+                    ],
+                )
+                .await
+            } else {
+                // RFC 3339 times in UTC, as the server writes them, compare as text.
+                tx.execute(
+                    "UPDATE sessions SET name = $2, provider = $3, model = $4,
+                         last_active = GREATEST(last_active, $5)
+                     WHERE id = $1",
+                    &[&m.id, &m.name, &m.provider, &m.model, &m.last_active],
+                )
+                .await
+            }
             .map_err(db)?;
+            session_changed(changed, &m.id)?;
             tx.commit().await.map_err(db)
         })
     }
