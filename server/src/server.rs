@@ -1638,8 +1638,8 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             };
             // With several hosts, a conversation runs only where its session is served: its
             // calls reach the folders attached there, and one host writes its history.
-            if let Some(cluster) = &ctx.state.cluster {
-                match cluster.route(&session.id, ctx.origin).await {
+            if ctx.state.cluster.is_some() {
+                match ctx.state.route(&session, ctx.origin).await {
                     Ok(crate::cluster::Route::Local) => {}
                     Ok(crate::cluster::Route::Forward { address }) => {
                         let error = ToolError::new(
@@ -1892,7 +1892,14 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     };
     // Several hosts on one store: the host a folder attaches to serves its session live.
     if let Some(cluster) = &ctx.state.cluster {
+        let held = cluster.store().held_epoch(&session.id).is_some();
         match cluster.take_for_attach(&session.id, &ctx.user).await {
+            // Taken just now: the host that held the session may have changed it.
+            Ok(AttachAt::Here) if !held => {
+                if let Err(e) = ctx.state.taken(&session).await {
+                    return send_error(&mut send, id, e).await;
+                }
+            }
             Ok(AttachAt::Here) => {}
             Ok(AttachAt::Elsewhere { address, why }) => {
                 let reason = format!(

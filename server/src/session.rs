@@ -444,6 +444,38 @@ impl Session {
         }
     }
 
+    /// Takes `stored`, the session's record read again once this host took its lease (several
+    /// hosts on one store): what the host that held it changed meanwhile (the name, the model,
+    /// the folder and focus it kept) replaces this host's older copy, which would otherwise be
+    /// worked on and saved over it. Folders online here (none, unless one attached in a race)
+    /// keep the session's folders and focus as they are; the later of the two activities stays.
+    pub fn refresh(&self, stored: SessionMeta) {
+        let mut meta = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        let (folders, focus) = if attached.iter().any(|a| a.link.is_some()) {
+            (meta.folders.clone(), meta.focus.clone())
+        } else {
+            let (kept, focus) = kept_folders(&stored);
+            *attached = kept;
+            self.focus.send_if_modified(|now| {
+                let moved = *now != focus;
+                now.clone_from(&focus);
+                moved
+            });
+            (stored.folders.clone(), stored.focus.clone())
+        };
+        drop(attached);
+        let last_active = std::cmp::max(&meta.last_active, &stored.last_active).clone();
+        *meta = SessionMeta {
+            last_active,
+            folders,
+            focus,
+            ..stored
+        };
+        drop(meta);
+        self.changes.send_modify(|n| *n += 1);
+    }
+
     /// The metadata to save when memory holds activity the disk does not; `None` when the disk
     /// is up to date. Either way the session counts as saved afterwards.
     fn unsaved(&self) -> Option<SessionMeta> {
@@ -2654,6 +2686,36 @@ impl Registry {
             .into_iter()
             .filter(|l| links.live.get(&l.generation).is_some_and(|x| x.home == id))
             .collect()
+    }
+
+    /// Reads the record of `session` again after this host took its lease (several hosts):
+    /// [`Session::refresh`]. A session deleted meanwhile leaves memory unsaved (its copy saved
+    /// would make it again) and is not found.
+    pub fn refresh(&self, session: &Arc<Session>) -> Result<(), ToolError> {
+        match self.store.load(&session.id) {
+            Ok(Some(stored)) => {
+                session.refresh(stored);
+                Ok(())
+            }
+            Ok(None) => {
+                let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+                if sessions
+                    .get(&session.id)
+                    .is_some_and(|loaded| Arc::ptr_eq(loaded, session))
+                {
+                    sessions.remove(&session.id);
+                }
+                drop(sessions);
+                if let Some(cluster) = &self.cluster {
+                    cluster.release(&session.id);
+                }
+                Err(ToolError::new(
+                    ErrorCode::NotFound,
+                    format!("there is no session {}: it was deleted", session.id),
+                ))
+            }
+            Err(e) => Err(store_error(e)),
+        }
     }
 
     /// Saves the metadata of every loaded session with unsaved activity (on shutdown).

@@ -481,6 +481,35 @@ impl State {
         .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))
     }
 
+    /// Where a call for `session` runs ([`crate::cluster::Cluster::route`]: always here with
+    /// one host). When this host took the session's lease just now, the session's record is
+    /// read again first ([`State::taken`]).
+    pub(crate) async fn route(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        origin: Origin,
+    ) -> Result<Route, ToolError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(Route::Local);
+        };
+        let held = cluster.store().held_epoch(&session.id).is_some();
+        let route = cluster.route(&session.id, origin).await?;
+        if !held && matches!(route, Route::Local) {
+            self.taken(session).await?;
+        }
+        Ok(route)
+    }
+
+    /// After this host took the lease of `session`, which another host may have held and
+    /// changed meanwhile: its record read again ([`Registry::refresh`]), so that this host
+    /// neither works on nor saves the copy it had loaded before.
+    pub(crate) async fn taken(self: &Arc<Self>, session: &Arc<Session>) -> Result<(), ToolError> {
+        let (state, session) = (self.clone(), session.clone());
+        tokio::task::spawn_blocking(move || state.registry.refresh(&session))
+            .await
+            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))
+    }
+
     /// An agent's tool call, as both fronts make it: one of `user`'s call slots, the session
     /// `lookup` means, counted in flight, then [`Executor::call`]. The guard goes with the
     /// answer: drop it once the answer (and its body) is sent.
@@ -518,10 +547,7 @@ impl State {
         let memory = memory.unwrap_or_else(|| Arc::new(self.call_bytes.holder(user)));
         let session = self.session(user, lookup).await?;
         let in_flight = self.call_in_flight();
-        let route = match &self.cluster {
-            None => Route::Local,
-            Some(cluster) => cluster.route(&session.id, origin).await?,
-        };
+        let route = self.route(&session, origin).await?;
         let output = match (route, &self.cluster) {
             (Route::Forward { address }, Some(cluster)) => {
                 let id = session.id.clone();

@@ -15,8 +15,8 @@ use monad_server::store::{
     FsBlobs, History, PgStore, SessionMeta, SessionStore, StoreError,
 };
 use monad_tests::{
-    Attachment, STEP, ServerProcess, attach_options, call_in, connect_agent, folder, next_picked,
-    ok, pg, within,
+    Attachment, STEP, ServerProcess, attach_options, call_in, connect_agent, err, folder,
+    next_picked, ok, pg, within,
 };
 use serde_json::json;
 
@@ -1093,6 +1093,78 @@ async fn when_the_owner_host_is_killed_another_takes_its_sessions_over_with_noth
         ),
     )
     .await;
+}
+
+/// Regression: a host that took a session over (its holder died) worked on the copy it had
+/// loaded before, while it only forwarded the session's calls: the focus folder the holder had
+/// kept since was not there, so a write that names no workspace ran in the primary workspace
+/// rather than being refused while the focus is offline, and the copy was saved over the
+/// record. The host reads the record again when it takes the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_taking_a_session_over_works_on_its_record_not_on_an_older_copy() {
+    let Some(pg) = Pg::alone("a_host_taking_a_session_over_works_on_its_record") else {
+        return;
+    };
+    let (a, b, token, dirs) = two_hosts(&pg, 1).await;
+    let agent_a = connect_agent(&a.client_config(&token)).await;
+    let agent_b = connect_agent(&b.client_config(&token)).await;
+    // Host A serves the session; host B forwards a call there, and keeps a copy loaded.
+    ok(call_in(&agent_a, Some(SESSION), "workspaces", json!({})).await);
+    ok(call_in(&agent_b, Some(SESSION), "workspaces", json!({})).await);
+
+    // A folder attached at host A becomes the focus, kept in the record; then goes offline.
+    let laptop = folder(&[("notes.txt", "on the laptop\n")]);
+    let mut options = attach_options(laptop.path(), "lap");
+    options.session = Some(SESSION.into());
+    options.focus = true;
+    let attached = within(
+        STEP,
+        "the laptop's attach",
+        Attachment::start(&a.client_config(&token), options, None),
+    )
+    .await;
+    until_true(
+        &pg,
+        "the focus to be kept",
+        &format!("SELECT kept LIKE '%lap%' FROM sessions WHERE id = '{SESSION}'"),
+    )
+    .await;
+    drop(attached);
+
+    // Host A dies; once its lease expired, host B takes the session over.
+    a.kill().await;
+    until_true(
+        &pg,
+        "host A's lease to expire",
+        &format!("SELECT expires_at <= now() FROM leases WHERE session_id = '{SESSION}'"),
+    )
+    .await;
+    let error = err(call_in(
+        &agent_b,
+        Some(SESSION),
+        "write_file",
+        json!({"path": "new.txt", "content": "x"}),
+    )
+    .await);
+    assert!(
+        error.message.contains("lap"),
+        "refused while the focus is offline: {error}"
+    );
+    assert!(
+        !dirs[1]
+            .path()
+            .join(format!("sessions/{SESSION}/workspace/new.txt"))
+            .exists()
+    );
+    b.stop().await;
+    assert_eq!(
+        psql(
+            &pg.url,
+            &format!("SELECT kept LIKE '%lap%' FROM sessions WHERE id = '{SESSION}'")
+        ),
+        "t",
+        "the record keeps its focus"
+    );
 }
 
 /// The live lease of `SESSION`, as `holder epoch`.
