@@ -232,23 +232,34 @@ impl Front {
         let turn_no = 1 + self
             .turns
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Which of the session's workspaces are folders of this device, for the locations an
+        // editor follows (none when the list cannot be had: the calls run all the same).
+        let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+        let mut places = translate::Places::new(&self.config.client_name, home);
+        match agent.workspaces(Some(&id)).await {
+            Ok((_, workspaces)) => places.learn(&workspaces),
+            Err(e) => debug!("no workspaces for the calls' locations: {e}"),
+        }
         // Each call's arguments from its start to its end: its permission question shows them.
         let started: Arc<Mutex<HashMap<String, serde_json::Value>>> = Arc::default();
         let events = {
             let cx = cx.clone();
             let id = id.clone();
             let started = started.clone();
+            let places = places.clone();
             move |event: AgentEvent| {
-                match &event {
+                let args = match &event {
                     AgentEvent::ToolCallStarted { call_id, args, .. } => {
                         lock(&started).insert(call_id.clone(), args.clone());
+                        None
                     }
-                    AgentEvent::ToolCallEnded { call_id, .. } => {
-                        lock(&started).remove(call_id);
-                    }
-                    _ => {}
-                }
-                for update in translate::updates(&translate::in_turn(&event, turn_no)) {
+                    AgentEvent::ToolCallEnded { call_id, .. } => lock(&started).remove(call_id),
+                    _ => None,
+                };
+                let event = translate::in_turn(&event, turn_no);
+                let mut updates = translate::updates(&event);
+                places.locate(&mut updates, &event, args.as_ref());
+                for update in updates {
                     if let Err(e) =
                         cx.send_notification(SessionNotification::new(id.clone(), update))
                     {
@@ -267,7 +278,7 @@ impl Front {
                     _ => None,
                 };
                 let event = translate::in_turn(event, turn_no);
-                let asked = translate::permission_request(&id, &event, args.as_ref());
+                let asked = translate::permission_request(&id, &event, args.as_ref(), &places);
                 let cx = cx.clone();
                 async move {
                     let Some(asked) = asked else { return false };

@@ -292,7 +292,9 @@ async fn an_editor_prompt_streams_text_and_tool_calls_and_its_approval_goes_on_t
     );
     assert_eq!(calls[0].kind, ToolKind::Read);
     assert!(calls[0].title.contains("notes.txt"), "{}", calls[0].title);
-    assert_eq!(calls[0].locations[0].path, Path::new("notes.txt"));
+    // ACP's locations are absolute: the folder of this device the call named, with its path.
+    let notes = dir.path().canonicalize().unwrap().join("notes.txt");
+    assert_eq!(calls[0].locations[0].path, notes);
     assert_eq!(calls[1].kind, ToolKind::Edit);
     let ends: Vec<_> = updates
         .iter()

@@ -110,7 +110,12 @@ async fn the_typescript_sdk_drives_sessions_prompts_permissions_and_errors() {
     let calls = of("prompt", "tool_call");
     assert_eq!(calls.len(), 2, "{seen}");
     assert_eq!(calls[0]["kind"], "read");
-    assert_eq!(calls[0]["locations"][0]["path"], "notes.txt");
+    let notes = dir.path().canonicalize().unwrap().join("notes.txt");
+    assert_eq!(
+        calls[0]["locations"][0]["path"],
+        notes.to_str().unwrap(),
+        "absolute, in this device's folder"
+    );
     assert_eq!(calls[1]["kind"], "edit");
     let ends: Vec<Value> = of("prompt", "tool_call_update")
         .into_iter()
