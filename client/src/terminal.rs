@@ -209,9 +209,13 @@ fn set_modes(
 ) -> std::io::Result<termios::Termios> {
     let stdin = std::io::stdin();
     let saved = termios::tcgetattr(stdin.as_fd()).map_err(std::io::Error::from)?;
-    *BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner()) = Some(saved.clone());
-    termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &mode(&saved))
-        .map_err(std::io::Error::from)?;
+    // Kept before the modes change, under the lock: a process ending meanwhile restores them.
+    let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
+    *before = Some(saved.clone());
+    if let Err(e) = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &mode(&saved)) {
+        *before = None;
+        return Err(e.into());
+    }
     Ok(saved)
 }
 

@@ -162,6 +162,17 @@ impl Recorder {
         let _ = self.jobs.send((Job::SaveMeta(id), None));
     }
 
+    /// Takes back the snapshot of session `id`'s metadata the recorder has not saved yet, if
+    /// any: for a caller that saves the session's newest state itself (a session leaving this
+    /// host), or whose snapshot is older than the record (a lease just taken, several hosts).
+    pub fn take_meta(&self, id: &str) -> Option<SessionMeta> {
+        self.metas
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+    }
+
     /// Stops the recorder from saving sessions' metadata from now on, and hands over the
     /// snapshots it has not saved yet: for a shutdown that gave up waiting for the recorder and
     /// saves them itself, over which an older one the recorder still held must not be written

@@ -1892,15 +1892,13 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
     };
     // Several hosts on one store: the host a folder attaches to serves its session live.
     if let Some(cluster) = &ctx.state.cluster {
-        let held = cluster.store().held_epoch(&session.id).is_some();
         match cluster.take_for_attach(&session.id, &ctx.user).await {
-            // Taken just now: the host that held the session may have changed it.
-            Ok(AttachAt::Here) if !held => {
-                if let Err(e) = ctx.state.taken(&session).await {
+            // Taken since this copy was read: the host that held it may have changed it.
+            Ok(AttachAt::Here) => {
+                if let Err(e) = ctx.state.fresh(&session).await {
                     return send_error(&mut send, id, e).await;
                 }
             }
-            Ok(AttachAt::Here) => {}
             Ok(AttachAt::Elsewhere { address, why }) => {
                 let reason = format!(
                     "session {} is served by another host ({}), {why}",

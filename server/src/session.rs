@@ -289,6 +289,11 @@ pub struct Session {
     hosts: Mutex<Vec<(DeviceId, String)>>,
     /// Saves the metadata when the folders or the focus change ([`Session::keep`]).
     recorder: Option<crate::recorder::Recorder>,
+    /// Several hosts: the lease epoch at which this copy was last read from the store
+    /// ([`Registry::refresh`]); a lease taken at another epoch means another host may have
+    /// changed the session since. Held while it is read again, so that calls after a take wait
+    /// for the fresh copy.
+    read_at_epoch: tokio::sync::Mutex<Option<i64>>,
 }
 
 /// An MCP host working in a session on the folder it landed on ([`Session::hold_for_host`]),
@@ -442,6 +447,12 @@ impl Session {
             activity.dirty = true;
             None
         }
+    }
+
+    /// The lease epoch this copy was last read from the store at ([`Session::read_at_epoch`]),
+    /// locked: see [`crate::state::State::route`].
+    pub(crate) async fn read_at_epoch(&self) -> tokio::sync::MutexGuard<'_, Option<i64>> {
+        self.read_at_epoch.lock().await
     }
 
     /// Takes `stored`, the session's record read again once this host took its lease (several
@@ -1929,6 +1940,7 @@ impl Registry {
             focus: tokio::sync::watch::Sender::new(focus),
             hosts: Mutex::new(Vec::new()),
             recorder: self.recorder.clone(),
+            read_at_epoch: tokio::sync::Mutex::new(None),
         });
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if self.being_deleted(&id) {
@@ -2637,6 +2649,19 @@ impl Registry {
     /// it at once rather than after this host renewed the lease of a session it no longer has,
     /// for as long as it runs. Then an open of it may load it again.
     fn let_go(&self, session: &Session) {
+        // The newest state saved here, while the lease is still this host's: a snapshot the
+        // recorder still held (a focus just changed) saved after the release would be a
+        // bystander's, which does not write the session's folders and focus.
+        let queued = self
+            .recorder
+            .as_ref()
+            .and_then(|recorder| recorder.take_meta(&session.id));
+        if queued.is_some() {
+            let _ = session.unsaved();
+            if let Err(e) = self.store.save(&session.meta()) {
+                warn!("cannot save session {}: {e}", session.id);
+            }
+        }
         self.save_unsaved(session);
         if let Some(cluster) = &self.cluster {
             cluster.release(&session.id);
@@ -2692,6 +2717,11 @@ impl Registry {
     /// [`Session::refresh`]. A session deleted meanwhile leaves memory unsaved (its copy saved
     /// would make it again) and is not found.
     pub fn refresh(&self, session: &Arc<Session>) -> Result<(), ToolError> {
+        // A snapshot queued before the take is this host's older copy: written now, as the
+        // holder's, it would replace the record read below.
+        if let Some(recorder) = &self.recorder {
+            recorder.take_meta(&session.id);
+        }
         match self.store.load(&session.id) {
             Ok(Some(stored)) => {
                 session.refresh(stored);

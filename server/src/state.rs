@@ -482,8 +482,8 @@ impl State {
     }
 
     /// Where a call for `session` runs ([`crate::cluster::Cluster::route`]: always here with
-    /// one host). When this host took the session's lease just now, the session's record is
-    /// read again first ([`State::taken`]).
+    /// one host). Run here, the session is first read again from the store when this host took
+    /// its lease since its copy was read ([`State::fresh`]).
     pub(crate) async fn route(
         self: &Arc<Self>,
         session: &Arc<Session>,
@@ -492,22 +492,35 @@ impl State {
         let Some(cluster) = &self.cluster else {
             return Ok(Route::Local);
         };
-        let held = cluster.store().held_epoch(&session.id).is_some();
         let route = cluster.route(&session.id, origin).await?;
-        if !held && matches!(route, Route::Local) {
-            self.taken(session).await?;
+        if matches!(route, Route::Local) {
+            self.fresh(session).await?;
         }
         Ok(route)
     }
 
-    /// After this host took the lease of `session`, which another host may have held and
-    /// changed meanwhile: its record read again ([`Registry::refresh`]), so that this host
-    /// neither works on nor saves the copy it had loaded before.
-    pub(crate) async fn taken(self: &Arc<Self>, session: &Arc<Session>) -> Result<(), ToolError> {
-        let (state, session) = (self.clone(), session.clone());
-        tokio::task::spawn_blocking(move || state.registry.refresh(&session))
+    /// Once this host holds the lease of `session`: when the lease's epoch is not the one its
+    /// copy was read at (the lease was taken since: another host may have held the session and
+    /// changed it), the record is read again ([`Registry::refresh`]), so that this host neither
+    /// works on nor saves an older copy. Calls meanwhile wait for it; one that fails is tried
+    /// again by the next call.
+    pub(crate) async fn fresh(self: &Arc<Self>, session: &Arc<Session>) -> Result<(), ToolError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        let Some(epoch) = cluster.store().held_epoch(&session.id) else {
+            return Ok(());
+        };
+        let mut read_at = session.read_at_epoch().await;
+        if *read_at == Some(epoch) {
+            return Ok(());
+        }
+        let (state, copy) = (self.clone(), session.clone());
+        tokio::task::spawn_blocking(move || state.registry.refresh(&copy))
             .await
-            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))
+            .unwrap_or_else(|e| Err(ToolError::new(ErrorCode::Internal, e.to_string())))?;
+        *read_at = Some(epoch);
+        Ok(())
     }
 
     /// An agent's tool call, as both fronts make it: one of `user`'s call slots, the session

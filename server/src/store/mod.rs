@@ -478,7 +478,11 @@ pub trait SessionStore: Send + Sync {
     /// Loads a session's metadata; `None` when there is no such session. A corrupt record is
     /// kept aside (renamed) and reported as [`StoreError::Invalid`].
     fn load(&self, id: &str) -> Result<Option<SessionMeta>, StoreError>;
-    /// Replaces a session's metadata (atomically).
+    /// Replaces a session's metadata (atomically). PostgreSQL replaces only a session that
+    /// exists (`NotFound` otherwise: a copy a host still had loaded does not make a deleted
+    /// session again), and from a host that does not hold the session's lease only moves its
+    /// last activity forward ([`PgStore`]'s `save`); the filesystem store, on its one host,
+    /// writes what it is given.
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError>;
     /// Every session's metadata (unreadable ones are skipped with a warning).
     fn all_sessions(&self) -> Result<Vec<SessionMeta>, StoreError>;
@@ -944,8 +948,9 @@ pub fn blobs_for(
     })
 }
 
-/// Sweeps `store`'s orphaned artifact content ([`PgStore::sweep_orphans`] with `grace`) on a
-/// thread of its own: at once, then every `interval` (never again when it is zero), until the
+/// Sweeps `store`'s orphaned artifact content ([`PgStore::sweep_orphans`] with `grace`), and
+/// this host's directories of sessions deleted on another host ([`PgStore::sweep_session_dirs`]),
+/// on a thread of its own: at once, then every `interval` (never again when it is zero), until the
 /// store is dropped. A failed sweep is logged and tried again at the next interval.
 pub fn spawn_sweeper(
     store: std::sync::Weak<PgStore>,
@@ -964,6 +969,14 @@ pub fn spawn_sweeper(
             ),
             Ok(_) => tracing::debug!("orphan sweep: nothing to remove"),
             Err(e) => tracing::warn!("orphan sweep failed (tried again later): {e}"),
+        }
+        match store.sweep_session_dirs(grace) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(
+                "orphan sweep: removed the directories of {removed} sessions deleted on another \
+                 host"
+            ),
+            Err(e) => tracing::warn!("the sweep of deleted sessions' directories failed: {e}"),
         }
         true
     };

@@ -101,8 +101,7 @@ fn fenced<T: std::fmt::Debug>(what: &str, result: Result<T, StoreError>) {
 /// holder, and answers its history requests itself) kept a copy of the session loaded, and its
 /// saves replaced the whole record: the focus folder the holder had kept since was lost, and a
 /// copy saved after the session was deleted made the session again. Such a host's save now
-/// leaves the holder's focus and folders as they are (it moves the last activity forward, and
-/// sets the name and model), and a deleted session stays deleted.
+/// only moves the last activity forward, and a deleted session stays deleted.
 #[test]
 fn a_bystanders_copy_keeps_the_holders_folders_and_does_not_bring_a_deleted_session_back() {
     let Some(url) = pg_url("a_bystanders_copy_keeps_the_holders_folders") else {
@@ -131,7 +130,7 @@ fn a_bystanders_copy_keeps_the_holders_folders_and_does_not_bring_a_deleted_sess
     one.save(&kept).unwrap();
     let mut touched = stale.clone();
     touched.last_active = "2026-01-01T00:00:09Z".into();
-    touched.model = Some("m2".into());
+    touched.model = Some("stale".into());
     two.save(&touched).unwrap();
     let now = one.load("s1").unwrap().unwrap();
     assert_eq!(
@@ -140,7 +139,7 @@ fn a_bystanders_copy_keeps_the_holders_folders_and_does_not_bring_a_deleted_sess
         "the holder's focus stays"
     );
     assert_eq!(now.last_active, "2026-01-01T00:00:09Z");
-    assert_eq!(now.model.as_deref(), Some("m2"));
+    assert_eq!(now.model, None, "the holder's model stays");
     // An older activity does not move it back.
     two.save(&stale).unwrap();
     assert_eq!(
@@ -164,6 +163,65 @@ fn a_bystanders_copy_keeps_the_holders_folders_and_does_not_bring_a_deleted_sess
         }
     }
     assert!(one.load("s1").unwrap().is_none());
+}
+
+/// Regression: a session deleted on one host left its directory (its primary workspace, with
+/// its files) on every other host that had served it, for good, and a session made again with
+/// its id there (seed 001's `default`, by whichever user comes first) found the deleted one's
+/// files in its workspace. A create starts from an empty directory, and each host's sweep
+/// removes the directories of sessions that no longer exist.
+#[test]
+fn a_session_deleted_on_one_host_leaves_no_files_on_another() {
+    let Some(url) = pg_url("a_session_deleted_on_one_host_leaves_no_files") else {
+        return;
+    };
+    let (dir, one, two) = two_stores(&url);
+    let session = |id: &str, owner: &str| SessionMeta {
+        id: id.into(),
+        name: None,
+        owner: owner.into(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_active: "2026-01-01T00:00:00Z".into(),
+        provider: None,
+        model: None,
+        focus: None,
+        folders: Vec::new(),
+    };
+    one.create(&session("s1", "ana")).unwrap();
+    one.create(&session("s2", "ana")).unwrap();
+    // Host two served both sessions: their primary workspaces there hold files.
+    for id in ["s1", "s2"] {
+        let workspace = dir.path().join(format!("two/sessions/{id}/workspace"));
+        std::fs::create_dir_all(&workspace).unwrap();
+        std::fs::write(workspace.join("secret.txt"), "ana's\n").unwrap();
+    }
+    one.delete("s1").unwrap();
+
+    // Made again by another user at host two: an empty workspace.
+    two.create(&session("s1", "bob")).unwrap();
+    let workspace = dir.path().join("two/sessions/s1/workspace");
+    assert!(workspace.is_dir());
+    assert!(
+        !workspace.join("secret.txt").exists(),
+        "the deleted session's file is in the new one's workspace"
+    );
+    two.delete("s1").unwrap();
+
+    // Deleted on host one again: host two's sweep removes its directory, and only that one.
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("secret.txt"), "bob's\n").unwrap();
+    assert_eq!(
+        two.sweep_session_dirs(Duration::from_secs(3600)).unwrap(),
+        0,
+        "too recent"
+    );
+    assert_eq!(two.sweep_session_dirs(Duration::ZERO).unwrap(), 1);
+    assert!(!dir.path().join("two/sessions/s1").exists());
+    assert!(
+        dir.path()
+            .join("two/sessions/s2/workspace/secret.txt")
+            .exists()
+    );
 }
 
 #[test]

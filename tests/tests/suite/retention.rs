@@ -316,12 +316,24 @@ impl Backend {
         ids
     }
 
-    /// Sets a session's last activity in the store (the server stopped).
+    /// Sets a session's last activity in the store (the server stopped). In PostgreSQL by SQL:
+    /// a store that holds no lease of a session a server has served only moves its activity
+    /// forward.
     fn age_session(&self, id: &str, last_active: &str) {
-        let store = self.store();
-        let mut meta = store.load(id).unwrap().expect("the session exists");
-        meta.last_active = last_active.to_owned();
-        store.save(&meta).unwrap();
+        match &self.pg {
+            None => {
+                let store = self.store();
+                let mut meta = store.load(id).unwrap().expect("the session exists");
+                meta.last_active = last_active.to_owned();
+                store.save(&meta).unwrap();
+            }
+            Some(url) => {
+                psql(
+                    url,
+                    &format!("UPDATE sessions SET last_active = '{last_active}' WHERE id = '{id}'"),
+                );
+            }
+        }
     }
 
     /// Sets a workspace record's last activity, under the store (no store instance open).

@@ -281,6 +281,58 @@ impl PgStore {
         })
     }
 
+    /// Removes this host's directories of sessions deleted on another host (`sessions/<id>`,
+    /// the primary workspace with its files): a delete removes the directory of the host it runs
+    /// on only, and every other host that served the session kept its files, for good. A
+    /// directory changed within `grace` stays (a create makes it before its row), and so does
+    /// that of a session this host holds. Returns how many went.
+    pub fn sweep_session_dirs(&self, grace: Duration) -> Result<usize, StoreError> {
+        let sessions = self.data_dir.join("sessions");
+        let entries = match std::fs::read_dir(&sessions) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(StoreError::io("list", &sessions, e)),
+        };
+        let now = std::time::SystemTime::now();
+        let old: Vec<String> = entries
+            .flatten()
+            .filter_map(|entry| {
+                let id = entry.file_name().into_string().ok()?;
+                // The entry's own type and time (a link is not followed).
+                let kind = entry.metadata().ok()?;
+                let age = now.duration_since(kind.modified().ok()?).ok()?;
+                (kind.is_dir()
+                    && age >= grace
+                    && check_id(&id).is_ok()
+                    && self.held_epoch(&id).is_none())
+                .then_some(id)
+            })
+            .collect();
+        if old.is_empty() {
+            return Ok(0);
+        }
+        let ids = old.clone();
+        let existing: std::collections::HashSet<String> = self.with(move |c| async move {
+            let rows = c
+                .query("SELECT id FROM sessions WHERE id = ANY($1)", &[&ids])
+                .await
+                .map_err(db)?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })?;
+        let mut removed = 0;
+        for id in old.iter().filter(|id| !existing.contains(*id)) {
+            let dir = sessions.join(id);
+            match crate::fsutil::remove_dir_by_rename(&dir) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(
+                    "the directory of deleted session {id} stays until the next sweep: {e}"
+                ),
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes the content of `keys`, `session`'s, whose rows are gone. A failure is logged, not
     /// returned: nothing names the content any more, and the orphan sweep takes it later. An
     /// upload's key of the layout before the session was in it may be another session's too,
@@ -556,6 +608,18 @@ impl SessionStore for PgStore {
     fn create(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.id);
+        let exists = self.load(&meta.id)?.is_some();
+        if exists {
+            return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
+        }
+        // No session has this id: a directory of it here is a deleted one's, which another host
+        // deleted (a delete removes the directory of the host it runs on only). Its files are
+        // not the new session's, whoever owns it (seed 001's `default` is made again by the
+        // first user to come).
+        if dir.exists() {
+            crate::fsutil::remove_dir_by_rename(&dir)
+                .map_err(|e| StoreError::io("remove a deleted session's directory", &dir, e))?;
+        }
         create_workspace_root(&dir.join("workspace"))
             .map_err(|e| StoreError::io("create", &dir, e))?;
         let m = meta.clone();
@@ -601,10 +665,12 @@ impl SessionStore for PgStore {
     }
 
     /// Replaces the record of a session that exists (a deleted one is not made again by a copy
-    /// a host still had loaded). A host that does not hold the session's lease, while another
-    /// took it, sets only what its own requests change (the name, the model) and moves the last
-    /// activity forward: its copy was read before the holder's later changes, and replacing
-    /// the whole record lost the focus folder the holder had kept since.
+    /// a host still had loaded). A host that does not hold the session's lease, while a host
+    /// took it, only moves the last activity forward: its copy was read before the holder's
+    /// later changes (replacing the whole record lost the focus folder the holder had kept
+    /// since), and what else it could change runs where the session is served (the built-in
+    /// agent's model) or writes its own column (a history's model, `replace`); a session's
+    /// name is given as it is made, before any host takes it.
     fn save(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         let m = meta.clone();
@@ -631,10 +697,8 @@ impl SessionStore for PgStore {
             } else {
                 // RFC 3339 times in UTC, as the server writes them, compare as text.
                 tx.execute(
-                    "UPDATE sessions SET name = $2, provider = $3, model = $4,
-                         last_active = GREATEST(last_active, $5)
-                     WHERE id = $1",
-                    &[&m.id, &m.name, &m.provider, &m.model, &m.last_active],
+                    "UPDATE sessions SET last_active = GREATEST(last_active, $2) WHERE id = $1",
+                    &[&m.id, &m.last_active],
                 )
                 .await
             }
