@@ -224,6 +224,77 @@ fn a_session_deleted_on_one_host_leaves_no_files_on_another() {
     );
 }
 
+/// Regression: a write of a session that waited on a lock (here a table another client held)
+/// held its lease row `FOR SHARE` from its fencing check on, and the renewal of that lease, an
+/// `UPDATE` of the row, waited behind it: the lease expired while the host was alive and
+/// renewing, and the host's other writes of the session were refused as fenced. The check now
+/// takes the weaker `FOR KEY SHARE`, which a renewal does not wait for; a take-over still waits
+/// for the writes in flight (it locks the row `FOR UPDATE` first).
+#[test]
+fn a_write_waiting_on_a_lock_holds_up_neither_the_lease_renewal_nor_other_writes() {
+    let Some(url) = pg_url("a_write_waiting_on_a_lock_holds_up_neither") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = Duration::from_secs(2);
+    let store = Arc::new(host(
+        &url,
+        &dir.path().join("one"),
+        &dir.path().join("objects"),
+        ttl,
+    ));
+    store
+        .create(&SessionMeta {
+            id: "s1".into(),
+            name: None,
+            owner: "ana".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_active: "2026-01-01T00:00:00Z".into(),
+            provider: None,
+            model: None,
+            focus: None,
+            folders: Vec::new(),
+        })
+        .unwrap();
+    assert_eq!(store.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    let holder = super::pg_store::hold_table(&database, "messages", 6);
+    // A history append checks its lease, then waits on the table.
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || store.append("s1", &message("waits")))
+    };
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                   AND query LIKE '%FROM messages%'";
+    let start = std::time::Instant::now();
+    while psql(&url, waiting) != "1" {
+        assert!(
+            start.elapsed() < STEP,
+            "the append never waited on the table"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The host renews its leases meanwhile, past the lease time.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let renewals = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                store.renew_leases().unwrap();
+                std::thread::sleep(Duration::from_millis(400));
+            }
+        })
+    };
+    std::thread::sleep(ttl + Duration::from_secs(1));
+    // The session's other writes go on (this one after the append: both lock the session).
+    store.audit("s1", &[audit("meanwhile")]).unwrap();
+    assert_eq!(store.held_epoch("s1"), Some(1));
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    renewals.join().unwrap();
+    holder.join().unwrap().unwrap();
+    writer.join().unwrap().unwrap();
+}
+
 #[test]
 fn a_stale_owners_late_writes_are_refused_after_another_host_took_its_lease_over() {
     let Some(url) = pg_url("a_stale_owners_late_writes_are_refused") else {

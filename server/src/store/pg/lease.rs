@@ -7,14 +7,15 @@
 //! or the server stops. Expiry is decided by the database's clock (`now()`), never a host's.
 //!
 //! A lease that expired may be taken by any host, and that take-over bumps the epoch. Every
-//! durable write for a session checks, in its own transaction and under a share lock on the
-//! lease row, that this host still holds the lease at the epoch it took ([`may_write`]): a
+//! durable write for a session checks, in its own transaction and under a key-share lock on the
+//! lease row (`FOR KEY SHARE`, which the renewal's `UPDATE` of the expiry does not wait for),
+//! that this host still holds the lease at the epoch it took ([`may_write`]): a
 //! former owner that was paused past its expiry, or whose lease was taken over, is refused with
 //! [`StoreError::Fenced`] and writes nothing, until it takes the lease again (a lease found
 //! lost stays remembered as lost, so the former owner never writes as a bystander). A lease that
 //! expired while nobody took it (a database outage, a pause) is renewed at its epoch: its row
-//! unchanged means no other host wrote under another. A take-over
-//! waits for the writes in flight under the old epoch (the row's lock), so no write of the old
+//! unchanged means no other host wrote under another. A take-over locks the row `FOR UPDATE`
+//! first, so it waits for the writes in flight under the old epoch, and no write of the old
 //! owner lands after it.
 //!
 //! A host that never held the session's lease is a bystander: it records what reaches it
@@ -216,7 +217,8 @@ impl Fencing {
         Ok(self.held.is_some() || row.is_none())
     }
 
-    /// The lease row of `session`, locked (shared), once [`may_write`] allowed the write.
+    /// The lease row of `session`, locked (`FOR KEY SHARE`), once [`may_write`] allowed the
+    /// write.
     async fn check_row(
         &self,
         c: &impl GenericClient,
@@ -225,7 +227,7 @@ impl Fencing {
         let row = c
             .query_opt(
                 "SELECT holder, epoch, expires_at > now() FROM leases WHERE session_id = $1
-                 FOR SHARE",
+                 FOR KEY SHARE",
                 &[&session],
             )
             .await
@@ -417,8 +419,19 @@ impl PgStore {
         let (session, host) = (session.to_owned(), self.host.clone());
         let key = session.clone();
         let asked = Instant::now();
-        let lease = self.with(move |c| async move {
-            let taken = c
+        let lease = self.with(move |mut c| async move {
+            let tx = c.transaction().await.map_err(db)?;
+            // The row locked first, `FOR UPDATE`: a take waits for the writes in flight under
+            // the lease as it is (each holds the row `FOR KEY SHARE` from its check to its
+            // commit), so none lands after a take-over. The renewal's `UPDATE` of `expires_at`
+            // alone does not wait for them.
+            tx.query_opt(
+                "SELECT 1 FROM leases WHERE session_id = $1 FOR UPDATE",
+                &[&session],
+            )
+            .await
+            .map_err(db)?;
+            let taken = tx
                 .query_opt(
                     "INSERT INTO leases AS l (session_id, holder, address, epoch, expires_at)
                      VALUES ($1, $2, $3, 1, now() + $4::float8 * interval '1 millisecond')
@@ -436,15 +449,17 @@ impl PgStore {
                 .await
                 .map_err(db)?;
             if let Some(row) = taken {
+                tx.commit().await.map_err(db)?;
                 return Ok(Lease::Held { epoch: row.get(0) });
             }
-            let row = c
+            let row = tx
                 .query_one(
                     "SELECT holder, address, epoch FROM leases WHERE session_id = $1",
                     &[&session],
                 )
                 .await
                 .map_err(db)?;
+            tx.commit().await.map_err(db)?;
             Ok(Lease::Elsewhere {
                 holder: row.get(0),
                 address: row.get(1),

@@ -36,7 +36,7 @@ const STATEMENT_AFTER_OPERATION: Duration = Duration::from_millis(500);
 /// A transaction's statements follow each other at once (no object is written inside one), so
 /// only a host that stopped mid-transaction (a paused VM, a stopped process) reaches it. Its
 /// locks went with it before only when it woke: a write of a session reads the lease row
-/// `FOR SHARE`, so another host's take-over of the session waited on the sleeper, its calls
+/// `FOR KEY SHARE`, so another host's take-over of the session waited on the sleeper, its calls
 /// with it.
 const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
 
