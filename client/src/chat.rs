@@ -775,8 +775,10 @@ impl Chat {
             )
             .map(|a| Arc::new(a) as Arc<dyn Approver>);
             if self.approver.is_none() {
-                self.screen
-                    .err("no terminal: the folder's actions will be denied (nobody to ask)".into());
+                let why = crate::terminal::why_no_prompts().unwrap_or("no terminal");
+                self.screen.err(format!(
+                    "{why}: the folder's actions will be denied (nobody to ask)"
+                ));
             }
         }
         let mut options = AttachOptions::new(canonical.clone());

@@ -759,9 +759,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                     None => {
                         // With full trust nothing is asked: nothing to say.
                         if options.trust != Trust::Full {
+                            let why =
+                                monad_client::terminal::why_no_prompts().unwrap_or("no terminal");
                             errln!(
-                                "no terminal: actions that are not pre-approved (--allow) will \
-                                 be denied"
+                                "{why}: actions that are not pre-approved (--allow) will be \
+                                 denied"
                             );
                         }
                         None

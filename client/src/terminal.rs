@@ -64,9 +64,24 @@ impl std::fmt::Debug for Job {
     }
 }
 
+/// Why no approval prompt can be asked here, if none can: its keys are read from standard
+/// input and its question drawn on standard error, and both must be a terminal. A question
+/// drawn where its owner cannot see it (`2>attach.log`) would be answered by keys typed for
+/// something else.
+pub fn why_no_prompts() -> Option<&'static str> {
+    let terminal = |fd: std::os::fd::BorrowedFd<'_>| nix::unistd::isatty(fd).unwrap_or(false);
+    if !terminal(std::io::stdin().as_fd()) {
+        Some("no terminal")
+    } else if !terminal(std::io::stderr().as_fd()) {
+        Some("standard error is not a terminal, so an approval prompt could not be seen")
+    } else {
+        None
+    }
+}
+
 impl TerminalApprover {
     /// Starts the prompt thread, with `guard` as each prompt's guard time (see
-    /// [`PROMPT_GUARD`]). `None` when stdin is not a terminal.
+    /// [`PROMPT_GUARD`]). `None` when no prompt can be asked here ([`why_no_prompts`]).
     pub fn start(timeout: Duration, guard: Duration) -> Option<TerminalApprover> {
         TerminalApprover::start_with(timeout, guard, None, None, None)
     }
@@ -104,7 +119,7 @@ impl TerminalApprover {
         lines: Option<crate::printer::LinesPause>,
         stopping: Option<tokio::sync::watch::Receiver<bool>>,
     ) -> Option<TerminalApprover> {
-        if !nix::unistd::isatty(std::io::stdin()).unwrap_or(false) {
+        if why_no_prompts().is_some() {
             return None;
         }
         let (jobs, rx) = mpsc::channel::<Job>();

@@ -615,6 +615,49 @@ async fn a_folder_whose_path_is_not_utf8_is_refused_not_confused_with_another() 
     assert_eq!(now.len(), 1, "only the primary: {now:?}");
 }
 
+/// Regression: with standard input on a terminal and standard error elsewhere (`2>attach.log`),
+/// the approval prompt was drawn where its owner could not see it, and keys typed on the
+/// terminal answered a question nobody read. A prompt needs both on a terminal: otherwise what
+/// is not pre-approved is denied at once, as without a terminal, and the attach says why as it
+/// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_prompt_is_asked_where_its_question_cannot_be_seen() {
+    let (_server, _data, config) = ServerProcess::logged_in().await;
+    let laptop = folder(&[("notes.txt", "hi\n")]);
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let mut attach = command("monad-client")
+        .arg("attach")
+        .arg(laptop.path())
+        .args(["--name", "lap", "--prompt-timeout", "600"])
+        .env("MONAD_CONFIG_DIR", config.path())
+        .stdin(std::process::Stdio::from(pty.slave.try_clone().unwrap()))
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(attach.stderr.take().unwrap()).lines();
+    let said = wait_for_line(&mut lines, STEP, "the attach's warning", |l| {
+        l.contains("not a terminal")
+    })
+    .await;
+    assert!(said.contains("will be denied"), "{said}");
+    wait_for_line(&mut lines, STEP, "the attach", |l| l.contains("attached ")).await;
+    let out = client(
+        config.path(),
+        &[
+            "call",
+            "read_file",
+            "--workspace",
+            "lap",
+            "--args",
+            r#"{"path": "notes.txt"}"#,
+        ],
+    )
+    .await;
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("denied"), "denied at once, not asked: {err}");
+    drop(pty);
+}
+
 /// `monad-client attach` of `laptop` as `lap`, on a terminal so that a call that needs
 /// approval waits for its prompt (for 10 minutes, unanswered); once attached, with where its
 /// screen is.
