@@ -236,6 +236,26 @@ impl TokenStore {
             .and_then(|(_, users)| users.get(presented).cloned()))
     }
 
+    /// [`TokenStore::verify_hash`] from async code (every connection's hello and every HTTP
+    /// request checks its token): a PostgreSQL store answers with a query, run on the blocking
+    /// pool so that it holds up no async worker (on a small machine, two requests at once held
+    /// up every connection of the server for the query's time); the file's tokens are answered
+    /// from memory at once.
+    pub async fn verify_hash_off(&self, presented: String) -> Result<Option<String>, ServerError> {
+        if self.db.is_none() {
+            return self.verify_hash(&presented);
+        }
+        let tokens = self.clone();
+        tokio::task::spawn_blocking(move || tokens.verify_hash(&presented))
+            .await
+            .map_err(|e| ServerError::Invalid(format!("the token check stopped: {e}")))?
+    }
+
+    /// [`TokenStore::verify`] from async code ([`TokenStore::verify_hash_off`]).
+    pub async fn verify_off(&self, token: &str) -> Result<Option<String>, ServerError> {
+        self.verify_hash_off(token_hash(token)).await
+    }
+
     /// The hash of every token there is now: what the server looks for each connection's token
     /// in, to close those of revoked ones. From memory while the file is unchanged.
     pub fn hashes(&self) -> Result<std::collections::HashSet<String>, ServerError> {

@@ -212,7 +212,7 @@ async fn authenticate(
     };
     // Hashed once: what the store looks up, and what a running call is checked against.
     let hash = crate::auth::token_hash(token);
-    match state.tokens.verify_hash(&hash) {
+    match state.tokens.verify_hash_off(hash.clone()).await {
         Ok(Some(user)) => {
             if let Some(connection) = request.extensions().get::<HttpConnection>()
                 && !connection.authenticated(&user)

@@ -991,8 +991,8 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
     let hello = read_message(&mut *recv, MAX_HELLO).await;
     // The hello is the stream's one message; its end may still be on its way.
     recv.let_go();
-    let checked =
-        check_hello(state, hello).and_then(|who| match state.connections.try_acquire(&who.1) {
+    let checked = check_hello(state, hello).await.and_then(|who| {
+        match state.connections.try_acquire(&who.1) {
             Some(slot) => Ok((who, slot)),
             None => Err(ToolError::new(
                 ErrorCode::LimitExceeded,
@@ -1003,7 +1003,8 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
                     state.connections.limit()
                 ),
             )),
-        });
+        }
+    });
     // Before the welcome, so that the peer's next stream never waits for the credit.
     if let Ok(((role, ..), _)) = &checked {
         conn.set_max_concurrent_bi_streams(state.config.transport.streams_for(*role).into());
@@ -1055,7 +1056,7 @@ async fn accept_hello(state: &State, conn: &quinn::Connection) -> Result<(Who, S
 /// a host forwarding its agent's calls), checked again while the connection lasts.
 type Who = (Role, String, DeviceId, String, u32, Origin, Option<String>);
 
-fn check_hello(
+async fn check_hello(
     state: &State,
     hello: Result<Option<Message>, monad_protocol::io::ReadError>,
 ) -> Result<Who, ToolError> {
@@ -1126,7 +1127,7 @@ fn check_hello(
     }
     // Hashed once: what the store looks up, and what the connection checks again at each sweep.
     let presented = crate::auth::token_hash(&token);
-    let user = match state.tokens.verify_hash(&presented) {
+    let user = match state.tokens.verify_hash_off(presented.clone()).await {
         Ok(Some(user)) => user,
         Ok(None) => {
             return Err(ToolError::new(

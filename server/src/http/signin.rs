@@ -240,7 +240,7 @@ impl FromRequestParts<Arc<Web>> for ApiUser {
                 "missing `Authorization: Bearer <token>`; create a token with `monad-server token create`",
             ));
         };
-        match web.state.tokens.verify(token) {
+        match web.state.tokens.verify_off(token).await {
             Ok(Some(user)) => {
                 if !crate::mcp::connection_counts_for(&parts.extensions, &user) {
                     return Err(too_many());
@@ -327,7 +327,7 @@ impl FromRequestParts<Arc<Web>> for PageUser {
             return Err(to_signin());
         };
         // The token it was made from must still be valid: revoking it signs the browser out.
-        match web.state.tokens.verify(&signin.token) {
+        match web.state.tokens.verify_off(&signin.token).await {
             Ok(Some(user)) if user == signin.user => {
                 if !crate::mcp::connection_counts_for(&parts.extensions, &user) {
                     return Err(too_many());
