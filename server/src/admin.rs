@@ -523,32 +523,47 @@ impl Admin {
             .filter(|a| !a.is_empty())
     }
 
-    /// A session's tool calls from its audit log, from byte `offset` on (0: all of them), and
-    /// the offset after the last whole line read (for `session audit --follow`).
+    /// Some of a session's tool calls from its audit log, from byte `offset` on (0: the first),
+    /// and the offset after the last whole line read: at most [`AUDIT_PAGE_BYTES`] of the file
+    /// (more only for a single longer line) or [`AUDIT_PAGE_RECORDS`] rows, so that a log of
+    /// any size is printed a page at a time rather than read whole into memory. The same offset
+    /// back means the log holds nothing more yet (`session audit` pages on, and `--follow`
+    /// polls, from the offset returned).
     ///
     /// In PostgreSQL, `offset` is a position in the log (records, not bytes).
     pub fn audit_from(&self, id: &str, offset: u64) -> Result<(Vec<AuditRecord>, u64), String> {
         use std::io::{Read, Seek};
         if self.in_database {
             let from = usize::try_from(offset).unwrap_or(usize::MAX);
-            // To the end of one snapshot of the log: the next read starts after what it held
-            // (records that cannot be read are skipped, and not read again).
+            // Records that cannot be read are skipped, and not read again.
             let (records, total) = self
                 .store
-                .audit_page(id, from, usize::MAX)
+                .audit_page(id, from, AUDIT_PAGE_RECORDS)
                 .map_err(|e| e.to_string())?;
-            return Ok((records, (total as u64).max(offset)));
+            let next = from.saturating_add(AUDIT_PAGE_RECORDS).min(total);
+            return Ok((records, (next as u64).max(offset)));
         }
         let path = self.data_dir.join("sessions").join(id).join("audit.jsonl");
-        let mut file = match File::open(&path) {
+        let file = match File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
-        let mut bytes = Vec::new();
+        let failed = |e: std::io::Error| format!("{}: {e}", path.display());
+        let mut file = std::io::BufReader::new(file);
         file.seek(std::io::SeekFrom::Start(offset))
-            .and_then(|_| file.read_to_end(&mut bytes))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(failed)?;
+        let mut bytes = Vec::new();
+        file.by_ref()
+            .take(AUDIT_PAGE_BYTES)
+            .read_to_end(&mut bytes)
+            .map_err(failed)?;
+        // A line longer than a page is read to its end.
+        if bytes.len() as u64 == AUDIT_PAGE_BYTES && !bytes.contains(&b'\n') {
+            let mut rest = Vec::new();
+            std::io::BufRead::read_until(&mut file, b'\n', &mut rest).map_err(failed)?;
+            bytes.extend_from_slice(&rest);
+        }
         // Only whole lines: a line being written is read on the next turn.
         let end = bytes
             .iter()
@@ -567,6 +582,12 @@ impl Admin {
         Ok(self.store.load(id)?.is_some())
     }
 }
+
+/// How much of a session's audit file [`Admin::audit_from`] reads at once.
+pub const AUDIT_PAGE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// How many audit rows [`Admin::audit_from`] reads at once from PostgreSQL.
+pub const AUDIT_PAGE_RECORDS: usize = 10_000;
 
 /// The running server's administration socket, in the data directory (mode 0600 in a 0700
 /// directory; the server also checks that a peer runs as its own user).

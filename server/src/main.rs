@@ -419,14 +419,40 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
         SessionCommand::Audit { id, follow, json } => {
             let id = resolve(&id)?;
             let terminal = stdout_terminal();
-            let (records, mut offset) = admin.audit_from(&id, 0).map_err(anyhow::Error::msg)?;
-            print_audit(&records, json && !follow, json, terminal, true)?;
+            // A page at a time (a log of any size is never read whole into memory): one JSON
+            // array over every page without --follow, else JSON lines or the table's rows.
+            let array = json && !follow;
+            let (mut offset, mut first) = (0, true);
+            if array {
+                output::out("[")?;
+            }
+            loop {
+                let (records, next) = admin.audit_from(&id, offset).map_err(anyhow::Error::msg)?;
+                if array {
+                    for r in &records {
+                        let item =
+                            json_safe(&serde_json::to_string_pretty(r)?).replace('\n', "\n  ");
+                        output::out(&format!("{}\n  {item}", if first { "" } else { "," }))?;
+                        first = false;
+                    }
+                } else {
+                    print_audit(&records, json, terminal, first)?;
+                    first = false;
+                }
+                if next == offset {
+                    break;
+                }
+                offset = next;
+            }
+            if array {
+                outln!("{}]", if first { "" } else { "\n" })?;
+            }
             // Polled like `tail -f`; ends with Ctrl-C, or when the reader of the output leaves.
             while follow && !output::stdout_closed() && !reader_gone() {
                 std::thread::sleep(Duration::from_millis(300));
                 let (records, next) = admin.audit_from(&id, offset).map_err(anyhow::Error::msg)?;
                 offset = next;
-                print_audit(&records, false, json, terminal, false)?;
+                print_audit(&records, json, terminal, false)?;
             }
         }
         SessionCommand::Artifacts { id, json } => {
@@ -464,18 +490,14 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
     Ok(())
 }
 
-/// Prints audit records: a JSON array (`array`), JSON lines (`json`), or a table (with its
-/// header on a terminal, the first time only).
+/// Prints audit records: JSON lines (`json`), or a table (with its header on a terminal, the
+/// first time only).
 fn print_audit(
     records: &[monad_server::store::AuditRecord],
-    array: bool,
     json: bool,
     terminal: bool,
     first: bool,
 ) -> Result<()> {
-    if array {
-        return print_json(&records);
-    }
     if json {
         for r in records {
             outln!("{}", json_safe(&serde_json::to_string(r)?))?;

@@ -1121,6 +1121,94 @@ async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
     pty.wait_for("notes", at).await;
 }
 
+/// `session audit` of a log of several pages: read and printed a page at a time (it read the
+/// whole log into memory first), every record once and in order, as one JSON array with
+/// `--json` and one row each in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_audit_prints_a_long_log_whole_a_page_at_a_time() {
+    session_audit_of_a_long_log(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_audit_prints_a_long_log_whole_a_page_at_a_time_on_postgresql() {
+    let Some(url) = super::pg_store::pg_url("session_audit_prints_a_long_log_on_postgresql") else {
+        return;
+    };
+    session_audit_of_a_long_log(Some(&url)).await;
+}
+
+/// [`session_audit_prints_a_long_log_whole_a_page_at_a_time`] on a backend: past a page of the
+/// file (4 MiB), or of the database (10,000 rows).
+async fn session_audit_of_a_long_log(url: Option<&str>) {
+    let (_server, data, config) = logged_in_on(url).await;
+    let out = client(config.path(), &["call", "list_dir"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let first = within(STEP, "the call in the audit log", async {
+        loop {
+            let out = server_cmd(data.path(), &["session", "audit", "default", "--json"]).await;
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            let all: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            if let Some(first) = all.get(0) {
+                return first.clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Records numbered by their call id.
+    let numbered = |i: usize| {
+        let mut r = first.clone();
+        r["call_id"] = json!(format!("c{i}"));
+        r.to_string()
+    };
+    let count = match url {
+        None => {
+            let (mut more, mut count) = (String::new(), 0);
+            while more.len() < 5 * 1024 * 1024 {
+                more.push_str(&numbered(count));
+                more.push('\n');
+                count += 1;
+            }
+            use std::io::Write;
+            let log = data.path().join("sessions/default/audit.jsonl");
+            let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+            file.write_all(more.as_bytes()).unwrap();
+            count
+        }
+        Some(url) => {
+            let count = 10_050;
+            let template = numbered(0)
+                .replace("\"c0\"", "\"CALL\"")
+                .replace('\'', "''");
+            let database = url.rsplit('/').next().unwrap();
+            monad_tests::pg::cluster()
+                .unwrap()
+                .psql(
+                    database,
+                    &format!(
+                        "INSERT INTO audit (session_id, record) SELECT 'default', \
+                         replace('{template}', '\"CALL\"', '\"c' || g || '\"') \
+                         FROM generate_series(0, {}) AS g ORDER BY g",
+                        count - 1
+                    ),
+                )
+                .unwrap();
+            count
+        }
+    };
+    let out = server_cmd(data.path(), &["session", "audit", "default", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let all: Value = serde_json::from_slice(&out.stdout).expect("one JSON array");
+    let all = all.as_array().unwrap();
+    assert_eq!(all.len(), count + 1);
+    for (i, r) in all[1..].iter().enumerate() {
+        assert_eq!(r["call_id"], format!("c{i}"), "in order, each once");
+    }
+    let out = server_cmd(data.path(), &["session", "audit", "default"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).lines().count(), count + 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_audit_shows_the_calls_and_follow_prints_new_ones() {
     let (_server, data, config) = ServerProcess::logged_in().await;
