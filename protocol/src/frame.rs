@@ -115,18 +115,26 @@ impl Decoder {
     }
 
     /// Decodes from the start of `buf`. On [`Decoded::Message`], the caller drops the used bytes
-    /// and may call again with the rest.
+    /// and may call again with the rest; on [`Decoded::Incomplete`] it keeps them, and calls
+    /// again with more after them: what this call assembled of the message is let go (it read
+    /// the same frames again, and repeated them in the message).
     pub fn decode(&mut self, buf: &[u8]) -> Result<Decoded, FrameError> {
+        let before = self.partial.len();
         let mut used = 0;
         loop {
             let rest = &buf[used..];
-            if rest.len() < HEADER_LEN {
-                return Ok(Decoded::Incomplete(HEADER_LEN - rest.len()));
-            }
-            let header = decode_header(rest[..HEADER_LEN].try_into().expect("5 bytes"))?;
-            if rest.len() < HEADER_LEN + header.len {
-                return Ok(Decoded::Incomplete(HEADER_LEN + header.len - rest.len()));
-            }
+            let header = match rest.first_chunk::<HEADER_LEN>() {
+                Some(header) => Some(decode_header(*header)?),
+                None => None,
+            };
+            let wanted = match &header {
+                Some(header) => (HEADER_LEN + header.len).saturating_sub(rest.len()),
+                None => HEADER_LEN - rest.len(),
+            };
+            let Some(header) = header.filter(|_| wanted == 0) else {
+                self.partial.truncate(before);
+                return Ok(Decoded::Incomplete(wanted));
+            };
             self.push(&rest[HEADER_LEN..HEADER_LEN + header.len])?;
             used += HEADER_LEN + header.len;
             if header.fin {
@@ -201,6 +209,27 @@ mod tests {
         let mut d = Decoder::new(1024);
         assert_eq!(d.decode(&bytes[..3]).unwrap(), Decoded::Incomplete(2));
         assert_eq!(d.decode(&bytes[..7]).unwrap(), Decoded::Incomplete(3));
+    }
+
+    /// Regression: a message of several frames, given a few bytes more at each call (the caller
+    /// keeps what an incomplete call did not use), came out with its first frames repeated.
+    #[test]
+    fn a_message_of_several_frames_fed_a_little_at_a_time_comes_out_once() {
+        let message: Vec<u8> = (0..MAX_FRAME_PAYLOAD * 2 + 100).map(|i| i as u8).collect();
+        let bytes = encode(&message);
+        let mut d = Decoder::new(DEFAULT_MAX_MESSAGE);
+        let mut got = None;
+        for end in (1..=bytes.len()).step_by(4099).chain([bytes.len()]) {
+            match d.decode(&bytes[..end]).unwrap() {
+                Decoded::Incomplete(n) => assert!(n > 0),
+                Decoded::Message(m, used) => {
+                    assert_eq!(used, bytes.len());
+                    got = Some(m);
+                    break;
+                }
+            }
+        }
+        assert_eq!(got.as_deref(), Some(&message[..]));
     }
 
     #[test]
