@@ -1286,12 +1286,11 @@ fn store_upload(
     owned_record(state, user, id)?;
     checked.upload.workspace_id = record.id.clone();
     check_quota(state, user, &checked, new_default)?;
-    // The check below and the write that adds the session to the record are one step: two
-    // uploads naming different sessions to one `general` workspace at once cannot both pass.
-    static GENERAL_UPLOADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let general = WorkspaceScope::of(&record) == WorkspaceScope::General;
-    let _one_at_a_time = general.then(|| GENERAL_UPLOADS.lock().unwrap_or_else(|p| p.into_inner()));
-    if general {
+    // The check below and the write that adds the session to the record are one step under
+    // the same STORING, the record's user's (a record is one user's): two uploads naming
+    // different sessions to one `general` workspace at once cannot both pass. (A lock of every
+    // user's `general` uploads held each user's upload up behind any other's.)
+    if WorkspaceScope::of(&record) == WorkspaceScope::General {
         let page = store
             .record_sessions(&record.id, 1, None)
             .map_err(HttpError::store)?;
