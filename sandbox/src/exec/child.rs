@@ -991,7 +991,9 @@ unsafe fn mount_view(ns: &Namespaces) -> std::io::Result<()> {
             // The bind's own root (what it binds is the directory the parent found): the
             // kernel refuses a place that is not the root of a mount.
             let bound = open_place(&bind.target, Some(bind.id))?;
-            // Mounts inside it that were read-only before stay so (their flag is locked).
+            // Mounts inside it that were read-only before stay so: in a user namespace of its
+            // own their flag is locked; without one (as root) the parent listed them, bound
+            // over themselves below (`read_only_mounts_within`), and made read-only again.
             let done = set_bound_attr(bound, AT_RECURSIVE, set, clear)
                 .or_else(|_| set_bound_attr(bound, 0, set, clear));
             libc::close(bound);

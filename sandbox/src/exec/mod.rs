@@ -29,6 +29,7 @@ mod shared;
 pub(crate) mod users;
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -965,6 +966,18 @@ fn spawn(
         };
         // Looked at for each command: a repository may be made or cloned between two.
         binds.extend(git_protections(jail));
+        // And the mounts a writable bind holds: they may come and go too.
+        let read_only = read_only_mounts_within(&binds, &mounts_of_this_process());
+        if binds.len() + read_only.len() > child::MAX_BINDS {
+            return Err(SandboxError::SandboxUnavailable(format!(
+                "the workspace holds {} read-only mounts: a command's view keeps at most {} \
+                 read-only within what it may write",
+                read_only.len(),
+                child::MAX_BINDS.saturating_sub(binds.len())
+            ))
+            .into());
+        }
+        binds.extend(read_only);
         (binds, masks)
     } else {
         (Vec::new(), Vec::new())
@@ -1254,6 +1267,94 @@ fn view(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| SandboxError::InvalidArguments("a path holds a NUL".into()))?;
     Ok((binds.into_iter().map(|(_, b)| b).collect(), masks))
+}
+
+/// The mount points of this process's mount namespace whose own flags make them read-only
+/// (`/proc/self/mountinfo`); none when it cannot be read.
+fn mounts_of_this_process() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|table| read_only_mount_points(&table))
+        .unwrap_or_default()
+}
+
+/// The read-only mount points a `/proc/<pid>/mountinfo` table lists: each line's fifth field (the
+/// mount point, spaces and the like written as `\ooo`), when its sixth (the mount's own
+/// options) holds `ro`.
+fn read_only_mount_points(table: &str) -> Vec<PathBuf> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let point = fields.nth(4)?;
+            let options = fields.next()?;
+            options
+                .split(',')
+                .any(|o| o == "ro")
+                .then(|| PathBuf::from(std::ffi::OsString::from_vec(unescape_octal(point))))
+        })
+        .collect()
+}
+
+/// A mountinfo field with its `\ooo` escapes undone.
+fn unescape_octal(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = bytes
+            .get(i + 1..i + 4)
+            .filter(|_| bytes[i] == b'\\')
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
+        match code {
+            Some(b) => {
+                out.push(b);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The read-only mounts (of `read_only`, this namespace's) strictly inside a writable bind,
+/// each bound over itself to be made read-only again in the command's view: a writable bind is
+/// made writable with every mount under it, and where the command's view is made without a
+/// user namespace of its own (a server or client running as root) the mounts' own read-only
+/// flags are not locked, so a folder mounted read-only inside the workspace (`mount --bind -o
+/// ro`, a container's `:ro` volume) became writable to its commands. Each is checked in the
+/// child to be the mount found here.
+fn read_only_mounts_within(binds: &[child::Bind], read_only: &[PathBuf]) -> Vec<child::Bind> {
+    use std::os::unix::fs::MetadataExt;
+    let writable: Vec<&std::path::Path> = binds
+        .iter()
+        .filter(|b| b.writable)
+        .map(|b| std::path::Path::new(std::ffi::OsStr::from_bytes(b.target.as_bytes())))
+        .collect();
+    let mut within: Vec<&PathBuf> = read_only
+        .iter()
+        .filter(|point| writable.iter().any(|w| point.starts_with(w) && point != w))
+        .collect();
+    // Outer mounts before the ones inside them; each once.
+    within.sort_by_key(|p| p.components().count());
+    within.dedup();
+    within
+        .into_iter()
+        .filter_map(|point| {
+            let meta = std::fs::metadata(point).ok()?;
+            Some(child::Bind {
+                target: std::ffi::CString::new(point.as_os_str().as_bytes()).ok()?,
+                from: point.clone(),
+                id: (meta.dev(), meta.ino()),
+                writable: false,
+                dir: meta.is_dir(),
+                masked: false,
+            })
+        })
+        .collect()
 }
 
 /// How many paths [`git_protections`] may bind.
@@ -1550,6 +1651,53 @@ pub(crate) type c_signal = libc::c_int;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_only_mounts_are_read_from_mountinfo_and_kept_only_inside_writable_binds() {
+        let table = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 8:1 /ref /work/proj/ref ro,relatime shared:2 - ext4 /dev/sda1 rw
+41 22 8:1 /x /work/proj/my\\040docs ro shared:3 - ext4 /dev/sda1 rw
+42 22 8:1 /y /work/proj/data rw,nosuid shared:4 - ext4 /dev/sda1 ro
+43 22 0:5 / /usr ro,nodev - overlay overlay rw
+bad line
+";
+        assert_eq!(
+            read_only_mount_points(table),
+            [
+                PathBuf::from("/work/proj/ref"),
+                PathBuf::from("/work/proj/my docs"),
+                PathBuf::from("/usr"),
+            ],
+            "the mount's own options decide, not the file system's"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("proj");
+        std::fs::create_dir_all(root.join("ref/deeper")).unwrap();
+        std::fs::create_dir_all(dir.path().join("other")).unwrap();
+        let bind = |path: &std::path::Path, writable| child::Bind {
+            target: std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap(),
+            from: path.to_path_buf(),
+            id: (0, 0),
+            writable,
+            dir: true,
+            masked: false,
+        };
+        let binds = [bind(&root, true), bind(&dir.path().join("other"), false)];
+        let found = read_only_mounts_within(
+            &binds,
+            &[
+                root.join("ref/deeper"),
+                root.clone(),
+                dir.path().join("other"),
+                root.join("ref"),
+                root.join("gone"),
+            ],
+        );
+        let targets: Vec<&std::path::Path> = found.iter().map(|b| b.from.as_path()).collect();
+        assert_eq!(targets, [root.join("ref"), root.join("ref/deeper")]);
+        assert!(found.iter().all(|b| !b.writable && !b.masked && b.dir));
+    }
 
     fn plan(policy: &ExecPolicy, namespaced: bool) -> Result<SandboxPlan, SandboxError> {
         let tmp = tempfile::tempdir().unwrap();

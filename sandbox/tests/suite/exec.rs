@@ -1048,3 +1048,60 @@ fn the_process_limit_holds_without_namespaces() {
         .collect();
     assert!(counts[0] < 16 && counts[1] > 0, "{out:?}");
 }
+
+/// Unmounts its mount point when dropped (a test's own mount, on this machine's mount table).
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Regression (a server or client running as root): a folder mounted read-only inside the
+/// workspace (`mount --bind -o ro`, a container's `:ro` volume) became writable to commands:
+/// the workspace's own bind in the command's view was made writable with every mount under
+/// it, and as root those mounts' read-only flags are not locked. It stays read-only.
+#[test]
+fn a_read_only_mount_inside_the_workspace_stays_read_only_for_commands() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED a_read_only_mount_inside_the_workspace_stays_read_only_for_commands: \
+             needs root to mount (as CI runs)"
+        );
+        return;
+    }
+    let fx = Fixture::new();
+    let reference = fx.outside().join("reference");
+    std::fs::create_dir(&reference).unwrap();
+    std::fs::write(reference.join("kept.txt"), "as it was\n").unwrap();
+    // The command's user could write there, but for the mount.
+    super::support::give_to_command_user(&reference);
+    super::support::give_to_command_user(&reference.join("kept.txt"));
+    fx.put("ref/.placeholder", "");
+    std::fs::remove_file(fx.root().join("ref/.placeholder")).unwrap();
+    let place = fx.root().join("ref");
+    let mount = |args: &[&std::ffi::OsStr]| {
+        let status = std::process::Command::new("mount")
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount {args:?}");
+    };
+    mount(&[reference.as_os_str(), place.as_os_str(), "--bind".as_ref()]);
+    let _mounted = Mounted(place.clone());
+    mount(&["-o".as_ref(), "remount,bind,ro".as_ref(), place.as_os_str()]);
+
+    let out = sh(&fx, "echo changed > ref/kept.txt; echo new > ref/new.txt");
+    assert_eq!(
+        std::fs::read_to_string(reference.join("kept.txt")).unwrap(),
+        "as it was\n",
+        "{out:?}"
+    );
+    assert!(!reference.join("new.txt").exists(), "{out:?}");
+    assert!(out.stderr.contains("Read-only file system"), "{out:?}");
+    // The rest of the workspace is as writable as ever.
+    let out = sh(&fx, "echo made > made.txt");
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert_eq!(fx.read("made.txt"), "made\n");
+}
