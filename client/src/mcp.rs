@@ -87,6 +87,21 @@ struct Landed {
     focus: Option<String>,
 }
 
+/// Puts back the landing a new one took out ([`Landed`]) unless that one ended landed: when it
+/// failed, or was dropped unfinished (the front gives a landing up after a bounded time).
+struct RestoreLanded<'a> {
+    landed: &'a std::sync::Mutex<Option<Landed>>,
+    earlier: Option<Option<Landed>>,
+}
+
+impl Drop for RestoreLanded<'_> {
+    fn drop(&mut self) {
+        if let Some(earlier) = self.earlier.take() {
+            *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = earlier;
+        }
+    }
+}
+
 /// Lands `agent` again where the host landed (`landed`), in the same session: the hold on the
 /// focus came with the connection that landed, and went with it. When the focus has moved
 /// meanwhile (another host landed on another folder while this one had no connection), the
@@ -258,23 +273,25 @@ impl Backend for AgentBackend {
         session: Option<&str>,
     ) -> Result<Option<Landing>, ToolError> {
         // Landing anew: a connection made for it does not land on the old roots first. A
-        // landing that fails leaves the host where it was, and so what to land on again.
+        // landing that fails, or is given up (the front waits for it a bounded time), leaves
+        // the host where it was, and so what to land on again.
         let earlier = self.landed.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let restore = |e: ToolError| {
-            *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = earlier.clone();
-            e
+        let mut restore = RestoreLanded {
+            landed: &self.landed,
+            earlier: Some(earlier),
         };
-        let agent = self.agent().await.map_err(restore)?;
+        let agent = self.agent().await?;
         // As the folders were attached: resolved on this device, symlinks and all.
         let roots: Vec<String> = tokio::task::spawn_blocking(move || {
             roots.into_iter().map(|r| canonical_root(&r)).collect()
         })
         .await
-        .map_err(|e| restore(ToolError::new(ErrorCode::Internal, e.to_string())))?;
+        .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?;
         let landed = agent
             .land(roots.clone(), session)
             .await
-            .map_err(|e| restore(to_tool_error(&self.config, e)))?;
+            .map_err(|e| to_tool_error(&self.config, e))?;
+        restore.earlier = None;
         *self.landed.lock().unwrap_or_else(|p| p.into_inner()) = landed.as_ref().map(|l| Landed {
             roots: roots.clone(),
             session: l.session.clone(),

@@ -372,12 +372,33 @@ const MCP_REQUESTS: [&str; 13] = [
 pub fn session_from_meta(meta: &JsonObject) -> Result<Option<String>, ErrorData> {
     match meta.get(SESSION_META_KEY) {
         None | Some(Value::Null) => Ok(None),
+        // A host names a session by its id alone: over stdio a prefix or a session's name
+        // reached one too (the server resolves those for people's `--session`), where HTTP
+        // refused them.
+        Some(Value::String(id)) if !is_session_id(id) => Err(ErrorData::invalid_params(
+            format!(
+                "`_meta.{SESSION_META_KEY}` must be `default` or a session's UUID, not `{}`",
+                crate::text::printable(id)
+            ),
+            None,
+        )),
         Some(Value::String(id)) => Ok(Some(id.clone())),
         Some(other) => Err(ErrorData::invalid_params(
             format!("`_meta.{SESSION_META_KEY}` must be a string (a session id), not {other}"),
             None,
         )),
     }
+}
+
+/// Whether `id` is `default` or a UUID (32 hexadecimal digits, with or without its hyphens):
+/// what a session's id is.
+fn is_session_id(id: &str) -> bool {
+    if id == "default" {
+        return true;
+    }
+    let digits = id.bytes().filter(u8::is_ascii_hexdigit).count();
+    let hyphens = id.bytes().filter(|&b| b == b'-').count();
+    digits == 32 && digits + hyphens == id.len() && (hyphens == 0 || hyphens == 4)
 }
 
 /// Lines of progress a backend reports while a call waits (for an approval, say): at most
@@ -664,7 +685,20 @@ impl<B: Backend> McpFront<B> {
         }
         let given = roots.clone();
         let pinned = self.state().pinned.clone();
-        let landing = match self.backend.land(caller, roots, pinned.as_deref()).await {
+        // Bounded: a root on a mount that does not answer (its path is resolved on the device)
+        // or a server that does not answer left every later call waiting for this landing.
+        let asked = tokio::time::timeout(
+            LANDING_WAIT,
+            self.backend.land(caller, roots, pinned.as_deref()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(ToolError::new(
+                ErrorCode::Timeout,
+                format!("it took longer than {} s", LANDING_WAIT.as_secs()),
+            ))
+        });
+        let landing = match asked {
             // Roots that match no attached folder leave the host where it works: the server
             // answers with the device's session, which another host on this device may have
             // moved since (every call binds it), and following it took this host into that
@@ -1501,6 +1535,31 @@ mod tests {
             "{}",
             refused.message
         );
+        // A session's id alone: a prefix or a name is refused over both transports alike.
+        for id in [
+            "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f",
+            "4B7F3D2E9C1A4E5B8F6D2A3B4C5D6E7F",
+        ] {
+            meta.insert("sessionId".into(), id.into());
+            assert_eq!(session_from_meta(&meta).unwrap().as_deref(), Some(id));
+        }
+        for id in [
+            "4b",
+            "notes",
+            "",
+            "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7",
+            "default2",
+        ] {
+            meta.insert("sessionId".into(), id.into());
+            let refused = session_from_meta(&meta).unwrap_err();
+            assert!(
+                refused
+                    .message
+                    .contains("must be `default` or a session's UUID"),
+                "{id}: {}",
+                refused.message
+            );
+        }
     }
 }
 
@@ -1531,6 +1590,8 @@ mod landing_tests {
         unwatchable: std::sync::Mutex<Option<String>>,
         /// The sessions watched, in order.
         watched: std::sync::Mutex<Vec<String>>,
+        /// Landings never end (a root on a mount that does not answer, a server that does not).
+        hangs: std::sync::atomic::AtomicBool,
     }
 
     impl Backend for Counting {
@@ -1585,7 +1646,14 @@ mod landing_tests {
             _session: Option<&str>,
         ) -> impl Future<Output = Result<Option<Landing>, ToolError>> + Send {
             self.landings.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Ok(self.lands.lock().unwrap().clone()))
+            let hangs = self.hangs.load(Ordering::SeqCst);
+            let lands = self.lands.lock().unwrap().clone();
+            async move {
+                if hangs {
+                    std::future::pending::<()>().await;
+                }
+                Ok(lands)
+            }
         }
     }
 
@@ -1691,6 +1759,32 @@ mod landing_tests {
                 .await;
             self.answer_to(id).await;
         }
+    }
+
+    /// Regression: a landing that never ended (a root on a mount that does not answer, which
+    /// the device resolves; a server that does not answer) kept every later call and listing
+    /// waiting [`LANDING_WAIT`] for it, for good. It is given up after that long, said in the
+    /// host's log, and the calls go on at once in the session the host works in.
+    #[tokio::test(start_paused = true)]
+    async fn a_landing_that_never_ends_is_given_up_and_holds_up_no_call() {
+        let (mut host, backend) = Host::start().await;
+        backend.hangs.store(true, Ordering::SeqCst);
+        host.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        let asked = host.roots_asked().await;
+        host.answer_roots(&asked).await;
+        let said = host.logged("cannot land by the host's roots").await;
+        assert!(said.to_string().contains("took longer than 8 s"), "{said}");
+        for id in [30, 31] {
+            let start = Instant::now();
+            host.call(id).await;
+            assert!(
+                start.elapsed() < LANDING_WAIT,
+                "call {id} waited {:?} for the landing",
+                start.elapsed()
+            );
+        }
+        assert_eq!(backend.calls.load(Ordering::SeqCst), 2);
     }
 
     /// A `tools/call` whose params do not fit was answered "method not found" (-32601, with

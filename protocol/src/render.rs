@@ -567,7 +567,11 @@ fn search(ws: &Where<'_>, r: SearchResult) -> String {
             out.push_str(&heading(&group[0].path));
         }
         for (j, m) in group.iter().enumerate() {
-            if with_context && j > 0 && m.line_number != group[j - 1].line_number + 1 {
+            // Checked: the numbers come from a peer (a client that lies sends any).
+            if with_context
+                && j > 0
+                && group[j - 1].line_number.checked_add(1) != Some(m.line_number)
+            {
                 out.push_str("\n--");
             }
             let mark = if m.context { '-' } else { ':' };
@@ -1817,6 +1821,21 @@ mod tests {
             "d/ in workspace laptop: empty (1 entry whose name starts with `.` not listed: \
              include_hidden lists it)"
         );
+    }
+
+    /// Regression: context lines whose numbers a peer sent at the top of the range overflowed
+    /// (a panic in a debug build) when the gap between two was looked for.
+    #[test]
+    fn context_lines_numbered_at_the_end_of_the_range_are_shown() {
+        let shown = render(
+            ToolName::Search,
+            json!({"files_searched": 1, "truncated": false, "matches": [
+                {"path": "a.rs", "line_number": u64::MAX, "line": "x", "context": true},
+                {"path": "a.rs", "line_number": 1, "line": "y"},
+            ]}),
+        );
+        assert!(shown.contains(&format!("{}- x", u64::MAX)), "{shown}");
+        assert!(shown.contains("\n--\n"), "not consecutive: {shown}");
     }
 
     #[test]

@@ -888,8 +888,13 @@ async fn session_meta_resumes_the_session(via: Via) {
     let notes = &recalled.structured_content.clone().unwrap()["result"]["notes"];
     assert_eq!(notes, &json!([]));
 
-    // A session id that is neither `default` nor a UUID fails initialize.
+    // A session id that is neither `default` nor a UUID fails initialize; so does a prefix of
+    // an existing session's id (over stdio it opened that session, where HTTP refused it).
     assert!(connect(&server, http, via, Some("../etc")).await.is_err());
+    assert!(
+        connect(&server, http, via, Some(&id[..8])).await.is_err(),
+        "a prefix names no session"
+    );
     let _ = again.client.cancel().await;
     let _ = other.client.cancel().await;
 }
