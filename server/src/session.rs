@@ -1208,6 +1208,38 @@ fn kept_folders(meta: &SessionMeta) -> (Vec<Attached>, Option<String>) {
     (folders, focus)
 }
 
+/// One user's turn at the MCP roots registry ([`Registry::folders_lock`]): a lock whose guard
+/// owns it, as the per-user lock's `Arc` must live as long as the guard.
+#[derive(Debug, Default)]
+pub(crate) struct FoldersTurn {
+    taken: Mutex<bool>,
+    freed: std::sync::Condvar,
+}
+
+impl FoldersTurn {
+    /// Waits until the turn is free, and takes it.
+    fn take(turn: Arc<FoldersTurn>) -> FoldersHeld {
+        let mut taken = turn.taken.lock().unwrap_or_else(|p| p.into_inner());
+        while *taken {
+            taken = turn.freed.wait(taken).unwrap_or_else(|p| p.into_inner());
+        }
+        *taken = true;
+        drop(taken);
+        FoldersHeld(turn)
+    }
+}
+
+/// A [`FoldersTurn`] taken; it is given back when this drops.
+#[derive(Debug)]
+pub(crate) struct FoldersHeld(Arc<FoldersTurn>);
+
+impl Drop for FoldersHeld {
+    fn drop(&mut self) {
+        *self.0.taken.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.0.freed.notify_one();
+    }
+}
+
 /// A short workspace name from a folder name: no slashes, no control, format or invisible
 /// characters ([`monad_protocol::text::is_hidden`]: bidi controls, zero-width characters,
 /// variation selectors, tags, ...; they are dropped), at most 64 characters, never empty.
@@ -1360,10 +1392,12 @@ pub struct Registry {
     leaving: Leaving,
     /// Several hosts on one store: a session that leaves memory gives up its lease.
     cluster: Option<Arc<crate::cluster::Cluster>>,
-    /// Held across a read-modify-write of the MCP roots registry ([`crate::landing`]): two
-    /// landings, or a landing and `sessions --new`, would otherwise each save the entry as they
-    /// read it, and one's sessions would be lost.
-    folders: Mutex<()>,
+    /// Held across a read-modify-write of a user's entries in the MCP roots registry
+    /// ([`crate::landing`]): two landings, or a landing and `sessions --new`, would otherwise
+    /// each save the entry as they read it, and one's sessions would be lost. One per user (the
+    /// entries are each one user's): a lock of every user's held each landing and attach up
+    /// behind another user's store reads and writes.
+    folders: crate::quota::UserLocks<FoldersTurn>,
     /// The recorder of the sessions' calls, flushed before a session's rows go: a call's
     /// records (its metadata's last use among them) written after the delete would put the
     /// session back.
@@ -1462,7 +1496,7 @@ impl Registry {
             leaving: Leaving::default(),
             cluster: None,
             recorder: None,
-            folders: Mutex::new(()),
+            folders: crate::quota::UserLocks::new(),
             groups: None,
             connections: None,
         }
@@ -1482,9 +1516,10 @@ impl Registry {
         self
     }
 
-    /// Held while the MCP roots registry is read, changed and saved ([`crate::landing`]).
-    pub(crate) fn folders_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.folders.lock().unwrap_or_else(|p| p.into_inner())
+    /// Held while `user`'s entries in the MCP roots registry are read, changed and saved
+    /// ([`crate::landing`], which runs on the blocking pool: this waits there).
+    pub(crate) fn folders_lock(&self, user: &str) -> FoldersHeld {
+        FoldersTurn::take(self.folders.of(user))
     }
 
     /// Flushes `recorder` before a session is deleted ([`Registry::delete`]).
@@ -3485,6 +3520,34 @@ pub(crate) mod tests {
             session.attach(offline(i), None);
         }
         assert_eq!(session.workspaces().len(), MAX_FOLDERS + 1);
+    }
+
+    /// The roots registry's lock is one user's: another user's landing does not wait behind
+    /// it (one lock of every user's held all of them up behind one user's store work), the same
+    /// user's does.
+    #[test]
+    fn the_roots_registry_is_locked_per_user() {
+        let locks: Arc<crate::quota::UserLocks<FoldersTurn>> = Arc::default();
+        let ana = FoldersTurn::take(locks.of("ana"));
+        let ben = FoldersTurn::take(locks.of("ben"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = {
+            let locks = locks.clone();
+            std::thread::spawn(move || {
+                let held = FoldersTurn::take(locks.of("ana"));
+                tx.send(()).unwrap();
+                drop(held);
+            })
+        };
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "ana's second turn came while her first was held"
+        );
+        drop(ben);
+        drop(ana);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("ana's second turn once her first ended");
+        waiting.join().unwrap();
     }
 
     #[test]
