@@ -423,11 +423,12 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             // array over every page without --follow, else JSON lines or the table's rows.
             let array = json && !follow;
             let (mut offset, mut first) = (0, true);
-            if array {
-                output::out("[")?;
-            }
             loop {
                 let (records, next) = admin.audit_from(&id, offset).map_err(anyhow::Error::msg)?;
+                // Opened once the first page is read: a log that cannot be read prints nothing.
+                if array && offset == 0 {
+                    output::out("[")?;
+                }
                 if array {
                     for r in &records {
                         let item =

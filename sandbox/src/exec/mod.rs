@@ -966,8 +966,13 @@ fn spawn(
         };
         // Looked at for each command: a repository may be made or cloned between two.
         binds.extend(git_protections(jail));
-        // And the mounts a writable bind holds: they may come and go too.
-        let read_only = read_only_mounts_within(&binds, &mounts_of_this_process());
+        // And the read-only mounts a writable bind holds or lies in: they may come and go too.
+        // Only as root: in a user namespace of the view's own their flags are locked already.
+        let read_only = if nix::unistd::geteuid().is_root() {
+            read_only_mounts_within(&mut binds, &masks, &mounts_of_this_process())
+        } else {
+            Vec::new()
+        };
         if binds.len() + read_only.len() > child::MAX_BINDS {
             return Err(SandboxError::SandboxUnavailable(format!(
                 "the workspace holds {} read-only mounts: a command's view keeps at most {} \
@@ -1269,28 +1274,35 @@ fn view(
     Ok((binds.into_iter().map(|(_, b)| b).collect(), masks))
 }
 
-/// The mount points of this process's mount namespace whose own flags make them read-only
-/// (`/proc/self/mountinfo`); none when it cannot be read.
-fn mounts_of_this_process() -> Vec<PathBuf> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|table| read_only_mount_points(&table))
-        .unwrap_or_default()
+/// The mount points of this process's mount namespace, each with whether its own flags make it
+/// read-only (`/proc/self/mountinfo`; none when it cannot be read, as where `/proc` is not
+/// mounted).
+fn mounts_of_this_process() -> Vec<(PathBuf, bool)> {
+    match std::fs::read_to_string("/proc/self/mountinfo") {
+        Ok(table) => mount_points(&table),
+        Err(e) => {
+            tracing::warn!(
+                "cannot read /proc/self/mountinfo ({e}): read-only mounts in a workspace may be \
+                 writable to its commands"
+            );
+            Vec::new()
+        }
+    }
 }
 
-/// The read-only mount points a `/proc/<pid>/mountinfo` table lists: each line's fifth field (the
-/// mount point, spaces and the like written as `\ooo`), when its sixth (the mount's own
-/// options) holds `ro`.
-fn read_only_mount_points(table: &str) -> Vec<PathBuf> {
+/// The mount points a `/proc/<pid>/mountinfo` table lists, in its order (a mount stacked on
+/// another at one place comes after it), each with whether it is read-only: each line's fifth
+/// field (the mount point, spaces and the like written as `\ooo`), and whether its sixth (the
+/// mount's own options) holds `ro`.
+fn mount_points(table: &str) -> Vec<(PathBuf, bool)> {
     table
         .lines()
         .filter_map(|line| {
             let mut fields = line.split(' ');
             let point = fields.nth(4)?;
             let options = fields.next()?;
-            options
-                .split(',')
-                .any(|o| o == "ro")
-                .then(|| PathBuf::from(std::ffi::OsString::from_vec(unescape_octal(point))))
+            let point = PathBuf::from(std::ffi::OsString::from_vec(unescape_octal(point)));
+            Some((point, options.split(',').any(|o| o == "ro")))
         })
         .collect()
 }
@@ -1320,34 +1332,59 @@ fn unescape_octal(field: &str) -> Vec<u8> {
     out
 }
 
-/// The read-only mounts (of `read_only`, this namespace's) strictly inside a writable bind,
-/// each bound over itself to be made read-only again in the command's view: a writable bind is
-/// made writable with every mount under it, and where the command's view is made without a
-/// user namespace of its own (a server or client running as root) the mounts' own read-only
-/// flags are not locked, so a folder mounted read-only inside the workspace (`mount --bind -o
-/// ro`, a container's `:ro` volume) became writable to its commands. Each is checked in the
-/// child to be the mount found here.
-fn read_only_mounts_within(binds: &[child::Bind], read_only: &[PathBuf]) -> Vec<child::Bind> {
+/// What must stay read-only in the command's view of what it may write. A writable bind is made
+/// writable with every mount under it, and where the view is made without a user namespace of
+/// its own (a server or client running as root) the mounts' own read-only flags are not locked:
+/// a folder mounted read-only became writable to commands. So a writable bind that lies in a
+/// read-only mount (a workspace on a container's `:ro` volume) is made read-only itself, and the
+/// read-only mounts strictly inside one (of `mounts`, this namespace's, the top one at each
+/// place) are returned, each to be bound over itself and made read-only again. Each is checked
+/// in the child to be the mount found here; one under a mask is left out (the mask hides the
+/// way to it).
+fn read_only_mounts_within(
+    binds: &mut [child::Bind],
+    masks: &[std::ffi::CString],
+    mounts: &[(PathBuf, bool)],
+) -> Vec<child::Bind> {
     use std::os::unix::fs::MetadataExt;
-    let writable: Vec<&std::path::Path> = binds
-        .iter()
-        .filter(|b| b.writable)
-        .map(|b| std::path::Path::new(std::ffi::OsStr::from_bytes(b.target.as_bytes())))
-        .collect();
-    let mut within: Vec<&PathBuf> = read_only
-        .iter()
-        .filter(|point| writable.iter().any(|w| point.starts_with(w) && point != w))
-        .collect();
+    let as_path = |c: &std::ffi::CString| PathBuf::from(std::ffi::OsStr::from_bytes(c.as_bytes()));
+    let masks: Vec<PathBuf> = masks.iter().map(as_path).collect();
+    // The top mount at each place: the last listed there.
+    let mut top: Vec<(&PathBuf, bool)> = Vec::new();
+    for (point, ro) in mounts {
+        match top.iter_mut().find(|(p, _)| *p == point) {
+            Some(entry) => entry.1 = *ro,
+            None => top.push((point, *ro)),
+        }
+    }
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for bind in binds.iter_mut().filter(|b| b.writable) {
+        let writable = as_path(&bind.target);
+        let lies_in = top
+            .iter()
+            .filter(|(point, _)| writable.starts_with(point))
+            .max_by_key(|(point, _)| point.components().count());
+        if lies_in.is_some_and(|(_, ro)| *ro) {
+            bind.writable = false;
+            continue;
+        }
+        kept.extend(
+            top.iter()
+                .filter(|(point, ro)| *ro && point.starts_with(&writable) && **point != writable)
+                .map(|(point, _)| (*point).clone()),
+        );
+    }
+    kept.retain(|point| !masks.iter().any(|m| point.starts_with(m)));
     // Outer mounts before the ones inside them; each once.
-    within.sort_by_key(|p| p.components().count());
-    within.dedup();
-    within
-        .into_iter()
+    kept.sort_by_key(|p| p.components().count());
+    let mut seen = std::collections::HashSet::new();
+    kept.retain(|p| seen.insert(p.clone()));
+    kept.into_iter()
         .filter_map(|point| {
-            let meta = std::fs::metadata(point).ok()?;
+            let meta = std::fs::metadata(&point).ok()?;
             Some(child::Bind {
                 target: std::ffi::CString::new(point.as_os_str().as_bytes()).ok()?,
-                from: point.clone(),
+                from: point,
                 id: (meta.dev(), meta.ino()),
                 writable: false,
                 dir: meta.is_dir(),
@@ -1659,22 +1696,31 @@ mod tests {
 40 22 8:1 /ref /work/proj/ref ro,relatime shared:2 - ext4 /dev/sda1 rw
 41 22 8:1 /x /work/proj/my\\040docs ro shared:3 - ext4 /dev/sda1 rw
 42 22 8:1 /y /work/proj/data rw,nosuid shared:4 - ext4 /dev/sda1 ro
-43 22 0:5 / /usr ro,nodev - overlay overlay rw
 bad line
 ";
         assert_eq!(
-            read_only_mount_points(table),
+            mount_points(table),
             [
-                PathBuf::from("/work/proj/ref"),
-                PathBuf::from("/work/proj/my docs"),
-                PathBuf::from("/usr"),
+                (PathBuf::from("/"), false),
+                (PathBuf::from("/work/proj/ref"), true),
+                (PathBuf::from("/work/proj/my docs"), true),
+                (PathBuf::from("/work/proj/data"), false),
             ],
             "the mount's own options decide, not the file system's"
         );
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("proj");
-        std::fs::create_dir_all(root.join("ref/deeper")).unwrap();
-        std::fs::create_dir_all(dir.path().join("other")).unwrap();
+        let other = dir.path().join("other");
+        let volume = dir.path().join("volume");
+        for made in [
+            root.join("ref/deeper"),
+            root.join("hidden/ro"),
+            other.clone(),
+            volume.join("ws"),
+            root.join("stacked"),
+        ] {
+            std::fs::create_dir_all(made).unwrap();
+        }
         let bind = |path: &std::path::Path, writable| child::Bind {
             target: std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap(),
             from: path.to_path_buf(),
@@ -1683,20 +1729,38 @@ bad line
             dir: true,
             masked: false,
         };
-        let binds = [bind(&root, true), bind(&dir.path().join("other"), false)];
+        let mut binds = [
+            bind(&root, true),
+            bind(&other, false),
+            bind(&volume.join("ws"), true),
+        ];
+        let mask = std::ffi::CString::new(root.join("hidden").as_os_str().as_bytes()).unwrap();
         let found = read_only_mounts_within(
-            &binds,
+            &mut binds,
+            &[mask],
             &[
-                root.join("ref/deeper"),
-                root.clone(),
-                dir.path().join("other"),
-                root.join("ref"),
-                root.join("gone"),
+                (PathBuf::from("/"), false),
+                (root.join("ref/deeper"), true),
+                (root.clone(), false),
+                (other.clone(), true),
+                (root.join("ref"), true),
+                (root.join("gone"), true),
+                (root.join("hidden/ro"), true),
+                // Read-only, then covered by a writable mount: the top one decides.
+                (root.join("stacked"), true),
+                (root.join("stacked"), false),
+                // A workspace lying in a read-only mount stays read-only itself.
+                (volume.clone(), true),
             ],
         );
         let targets: Vec<&std::path::Path> = found.iter().map(|b| b.from.as_path()).collect();
         assert_eq!(targets, [root.join("ref"), root.join("ref/deeper")]);
         assert!(found.iter().all(|b| !b.writable && !b.masked && b.dir));
+        assert_eq!(
+            binds.map(|b| b.writable),
+            [true, false, false],
+            "a workspace lying in a read-only mount is read-only itself"
+        );
     }
 
     fn plan(policy: &ExecPolicy, namespaced: bool) -> Result<SandboxPlan, SandboxError> {

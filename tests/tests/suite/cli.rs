@@ -1180,19 +1180,15 @@ async fn session_audit_of_a_long_log(url: Option<&str>) {
             let template = numbered(0)
                 .replace("\"c0\"", "\"CALL\"")
                 .replace('\'', "''");
-            let database = url.rsplit('/').next().unwrap();
-            monad_tests::pg::cluster()
-                .unwrap()
-                .psql(
-                    database,
-                    &format!(
-                        "INSERT INTO audit (session_id, record) SELECT 'default', \
-                         replace('{template}', '\"CALL\"', '\"c' || g || '\"') \
-                         FROM generate_series(0, {}) AS g ORDER BY g",
-                        count - 1
-                    ),
-                )
-                .unwrap();
+            super::pg_store::psql(
+                url,
+                &format!(
+                    "INSERT INTO audit (session_id, record) SELECT 'default', \
+                     replace('{template}', '\"CALL\"', '\"c' || g || '\"') \
+                     FROM generate_series(0, {}) AS g ORDER BY g",
+                    count - 1
+                ),
+            );
             count
         }
     };

@@ -16,11 +16,11 @@ use monad_server::store::{
 };
 use monad_tests::{
     Attachment, STEP, ServerProcess, attach_options, call_in, connect_agent, err, folder,
-    next_picked, ok, pg, within,
+    next_picked, ok, within,
 };
 use serde_json::json;
 
-use super::pg_store::{Pg, pg_url};
+use super::pg_store::{Pg, pg_url, psql};
 
 /// A host on the database at `url`: its own data dir, artifact content in `blobs` (shared by
 /// the hosts, as an object store would be), leases of `ttl`.
@@ -46,10 +46,19 @@ fn two_stores(url: &str) -> (tempfile::TempDir, PgStore, PgStore) {
     (dir, one, two)
 }
 
-/// Runs SQL in the database of `url` (the tests' cluster).
-fn psql(url: &str, sql: &str) -> String {
-    let database = url.rsplit('/').next().unwrap();
-    pg::cluster().unwrap().psql(database, sql).unwrap()
+/// A session `id` of `owner`, made at the start of 2026, never used since.
+fn fresh_meta(id: &str, owner: &str) -> SessionMeta {
+    SessionMeta {
+        id: id.into(),
+        name: None,
+        owner: owner.into(),
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_active: "2026-01-01T00:00:00Z".into(),
+        provider: None,
+        model: None,
+        focus: None,
+        folders: Vec::new(),
+    }
 }
 
 fn message(text: &str) -> HistoryMessage {
@@ -108,18 +117,7 @@ fn a_bystanders_copy_keeps_the_holders_folders_and_does_not_bring_a_deleted_sess
         return;
     };
     let (_dir, one, two) = two_stores(&url);
-    one.create(&SessionMeta {
-        id: "s1".into(),
-        name: None,
-        owner: "ana".into(),
-        created_at: "2026-01-01T00:00:00Z".into(),
-        last_active: "2026-01-01T00:00:00Z".into(),
-        provider: None,
-        model: None,
-        focus: None,
-        folders: Vec::new(),
-    })
-    .unwrap();
+    one.create(&fresh_meta("s1", "ana")).unwrap();
     assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
     let stale = two.load("s1").unwrap().unwrap();
 
@@ -176,19 +174,8 @@ fn a_session_deleted_on_one_host_leaves_no_files_on_another() {
         return;
     };
     let (dir, one, two) = two_stores(&url);
-    let session = |id: &str, owner: &str| SessionMeta {
-        id: id.into(),
-        name: None,
-        owner: owner.into(),
-        created_at: "2026-01-01T00:00:00Z".into(),
-        last_active: "2026-01-01T00:00:00Z".into(),
-        provider: None,
-        model: None,
-        focus: None,
-        folders: Vec::new(),
-    };
-    one.create(&session("s1", "ana")).unwrap();
-    one.create(&session("s2", "ana")).unwrap();
+    one.create(&fresh_meta("s1", "ana")).unwrap();
+    one.create(&fresh_meta("s2", "ana")).unwrap();
     // Host two served both sessions: their primary workspaces there hold files.
     for id in ["s1", "s2"] {
         let workspace = dir.path().join(format!("two/sessions/{id}/workspace"));
@@ -198,7 +185,7 @@ fn a_session_deleted_on_one_host_leaves_no_files_on_another() {
     one.delete("s1").unwrap();
 
     // Made again by another user at host two: an empty workspace.
-    two.create(&session("s1", "bob")).unwrap();
+    two.create(&fresh_meta("s1", "bob")).unwrap();
     let workspace = dir.path().join("two/sessions/s1/workspace");
     assert!(workspace.is_dir());
     assert!(
@@ -243,19 +230,7 @@ fn a_write_waiting_on_a_lock_holds_up_neither_the_lease_renewal_nor_other_writes
         &dir.path().join("objects"),
         ttl,
     ));
-    store
-        .create(&SessionMeta {
-            id: "s1".into(),
-            name: None,
-            owner: "ana".into(),
-            created_at: "2026-01-01T00:00:00Z".into(),
-            last_active: "2026-01-01T00:00:00Z".into(),
-            provider: None,
-            model: None,
-            focus: None,
-            folders: Vec::new(),
-        })
-        .unwrap();
+    store.create(&fresh_meta("s1", "ana")).unwrap();
     assert_eq!(store.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
     let database = url.rsplit('/').next().unwrap().to_owned();
     let holder = super::pg_store::hold_table(&database, "messages", 6);
@@ -301,18 +276,7 @@ fn a_stale_owners_late_writes_are_refused_after_another_host_took_its_lease_over
         return;
     };
     let (_dir, one, two) = two_stores(&url);
-    one.create(&SessionMeta {
-        id: "s1".into(),
-        name: None,
-        owner: "ana".into(),
-        created_at: "2026-01-01T00:00:00Z".into(),
-        last_active: "2026-01-01T00:00:00Z".into(),
-        provider: None,
-        model: None,
-        focus: None,
-        folders: Vec::new(),
-    })
-    .unwrap();
+    one.create(&fresh_meta("s1", "ana")).unwrap();
 
     assert_eq!(one.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
     match two.take_lease("s1").unwrap() {
@@ -573,19 +537,7 @@ fn a_restarted_server_takes_its_own_live_leases_over_at_once_and_fences_its_form
         &dir.path().join("objects"),
         Duration::from_secs(600),
     );
-    before
-        .create(&SessionMeta {
-            id: "s1".into(),
-            name: None,
-            owner: "ana".into(),
-            created_at: "2026-01-01T00:00:00Z".into(),
-            last_active: "2026-01-01T00:00:00Z".into(),
-            provider: None,
-            model: None,
-            focus: None,
-            folders: Vec::new(),
-        })
-        .unwrap();
+    before.create(&fresh_meta("s1", "ana")).unwrap();
     assert_eq!(before.take_lease("s1").unwrap(), Lease::Held { epoch: 1 });
     assert!(matches!(
         other.take_lease("s1").unwrap(),

@@ -95,6 +95,25 @@ fn kept_of(meta: &SessionMeta) -> Option<String> {
     .ok()
 }
 
+/// A session's record as the parameters `$1` to `$8` of a statement of the `sessions` table:
+/// id, name, owner, created, last active, provider, model, and `kept` (the session's focus
+/// and kept folders, [`kept_of`]).
+fn session_row<'a>(
+    m: &'a SessionMeta,
+    kept: &'a Option<String>,
+) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 8] {
+    [
+        &m.id,
+        &m.name,
+        &m.owner,
+        &m.created_at,
+        &m.last_active,
+        &m.provider,
+        &m.model,
+        kept,
+    ]
+}
+
 /// The store on PostgreSQL.
 pub struct PgStore {
     driver: Driver,
@@ -624,21 +643,13 @@ impl SessionStore for PgStore {
             .map_err(|e| StoreError::io("create", &dir, e))?;
         let m = meta.clone();
         let created = self.with(move |c| async move {
+            let kept = kept_of(&m);
             c.execute(
                 "INSERT INTO sessions (id, name, owner, created_at, last_active, provider, model,
                      history_created_at, history_provider, history_model, kept)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $4, $6, $7, $8)
                  ON CONFLICT (id) DO NOTHING",
-                &[
-                    &m.id,
-                    &m.name,
-                    &m.owner,
-                    &m.created_at,
-                    &m.last_active,
-                    &m.provider,
-                    &m.model,
-                    &kept_of(&m),
-                ],
+                &session_row(&m, &kept),
             )
             .await
             .map_err(db)
@@ -677,21 +688,13 @@ impl SessionStore for PgStore {
         let fencing = self.fencing(&meta.id, lease::Write::Record);
         self.with(move |mut c| async move {
             let tx = c.transaction().await.map_err(db)?;
+            let kept = kept_of(&m);
             let changed = if fencing.check_whole_record(&tx, &m.id).await? {
                 tx.execute(
                     "UPDATE sessions SET name = $2, owner = $3, created_at = $4, last_active = $5,
                          provider = $6, model = $7, kept = $8
                      WHERE id = $1",
-                    &[
-                        &m.id,
-                        &m.name,
-                        &m.owner,
-                        &m.created_at,
-                        &m.last_active,
-                        &m.provider,
-                        &m.model,
-                        &kept_of(&m),
-                    ],
+                    &session_row(&m, &kept),
                 )
                 .await
             } else {
