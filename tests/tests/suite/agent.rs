@@ -618,40 +618,9 @@ fn openai_chunk(delta: Value, finish: Value) -> (Option<&'static str>, String) {
 /// runs nothing and its answer says why; a whole call before it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_cut_off_at_the_output_limit_runs_nothing_and_the_model_is_told_why() {
-    let provider = ScriptedProvider::start(vec![
-        Reply::Events(vec![
-            openai_chunk(
-                json!({"tool_calls": [{"index": 0, "id": "whole", "type": "function",
-                        "function": {"name": "workspaces", "arguments": "{}"}}]}),
-                Value::Null,
-            ),
-            openai_chunk(
-                json!({"tool_calls": [{"index": 1, "id": "cut", "type": "function",
-                        "function": {"name": "write_file",
-                                     "arguments": "{\"path\": \"big.txt\", \"content\": \"aaaa"}}]}),
-                Value::Null,
-            ),
-            openai_chunk(json!({}), json!("length")),
-            (None, "[DONE]".into()),
-        ]),
-        Reply::text(["I will write it in parts."]),
-    ])
-    .await;
-    let server = server_for(&provider, ProviderKind::Openai, "max_output_tokens = 300\n").await;
-    let agent = server.agent().await;
-    let (reply, events) = prompt(&agent, "write a big file").await;
-    assert_eq!(reply.result.stop, StopReason::Answered, "{events:?}");
-    let requests = provider.wait_for_requests(2).await;
-    let results = tool_results(&requests[1].body, ProviderKind::Openai);
-    assert_eq!(results.len(), 2, "{results:?}");
-    assert!(
-        results[0].contains("workspace"),
-        "the whole call ran: {results:?}"
-    );
-    assert!(
-        results[1].contains("cut off") && results[1].contains("300 tokens, llm.max_output_tokens"),
-        "{results:?}"
-    );
+    let server =
+        cut_off_after_a_whole_call("write_file", "{\"path\": \"big.txt\", \"content\": \"aaaa")
+            .await;
     assert!(
         !server
             .data_dir()
@@ -665,6 +634,14 @@ async fn a_call_cut_off_at_the_output_limit_runs_nothing_and_the_model_is_told_w
 /// nothing now, as a call cut inside its arguments, while an earlier whole call of `{}` runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_cut_off_before_any_arguments_runs_nothing() {
+    cut_off_after_a_whole_call("list_dir", "").await;
+}
+
+/// A turn whose answer (at `max_output_tokens = 300`) holds a whole `workspaces` call of `{}`,
+/// then a call of `tool` whose arguments so far are `arguments` when the answer stops at the
+/// limit: the whole call ran, the cut one ran nothing and its answer says why. Returns the
+/// server, for what the cut call would have changed.
+async fn cut_off_after_a_whole_call(tool: &str, arguments: &str) -> TestServer {
     let provider = ScriptedProvider::start(vec![
         Reply::Events(vec![
             openai_chunk(
@@ -674,18 +651,18 @@ async fn a_call_cut_off_before_any_arguments_runs_nothing() {
             ),
             openai_chunk(
                 json!({"tool_calls": [{"index": 1, "id": "cut", "type": "function",
-                        "function": {"name": "list_dir", "arguments": ""}}]}),
+                        "function": {"name": tool, "arguments": arguments}}]}),
                 Value::Null,
             ),
             openai_chunk(json!({}), json!("length")),
             (None, "[DONE]".into()),
         ]),
-        Reply::text(["Noted."]),
+        Reply::text(["I will send less at once."]),
     ])
     .await;
     let server = server_for(&provider, ProviderKind::Openai, "max_output_tokens = 300\n").await;
     let agent = server.agent().await;
-    let (reply, events) = prompt(&agent, "look around").await;
+    let (reply, events) = prompt(&agent, "go on").await;
     assert_eq!(reply.result.stop, StopReason::Answered, "{events:?}");
     let requests = provider.wait_for_requests(2).await;
     let results = tool_results(&requests[1].body, ProviderKind::Openai);
@@ -695,9 +672,10 @@ async fn a_call_cut_off_before_any_arguments_runs_nothing() {
         "the whole call ran: {results:?}"
     );
     assert!(
-        results[1].contains("cut off") && results[1].contains("300 tokens"),
+        results[1].contains("cut off") && results[1].contains("300 tokens, llm.max_output_tokens"),
         "the cut call ran: {results:?}"
     );
+    server
 }
 
 /// Regression: a call without an id (some OpenAI-compatible servers send none), or with an id
