@@ -267,7 +267,20 @@ impl Admin {
     pub fn show(&self, id: &str) -> Result<SessionReport, StoreError> {
         let meta = self.meta(id)?;
         let history = self.store.history(id)?;
-        let audit = self.store.audit_log(id)?;
+        // Counted a page at a time: a log of any size is never held whole.
+        let (mut calls, mut denied, mut offset) = (0, 0, 0);
+        loop {
+            let (page, next) = self.audit_from(id, offset).map_err(StoreError::Invalid)?;
+            calls += page.len();
+            denied += page
+                .iter()
+                .filter(|a| a.decision == crate::store::AuditDecision::Denied)
+                .count();
+            if next == offset {
+                break;
+            }
+            offset = next;
+        }
         let mut workspaces = Vec::new();
         for record in self.store.records(None)? {
             if self
@@ -280,11 +293,8 @@ impl Admin {
         }
         Ok(SessionReport {
             messages: history.messages.len(),
-            calls: audit.len(),
-            denied: audit
-                .iter()
-                .filter(|a| a.decision == crate::store::AuditDecision::Denied)
-                .count(),
+            calls,
+            denied,
             artifacts: self.store.artifacts(id)?.len(),
             workspaces,
             bound_devices: self.store.devices_bound_to(id)?,

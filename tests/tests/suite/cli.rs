@@ -1203,6 +1203,12 @@ async fn session_audit_of_a_long_log(url: Option<&str>) {
     let out = server_cmd(data.path(), &["session", "audit", "default"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).lines().count(), count + 1);
+    // `session show` counts them the same way, a page at a time.
+    let out = server_cmd(data.path(), &["session", "show", "default", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(shown["calls"], count + 1, "{shown}");
+    assert_eq!(shown["denied"], 0, "{shown}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
