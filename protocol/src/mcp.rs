@@ -390,15 +390,20 @@ pub fn session_from_meta(meta: &JsonObject) -> Result<Option<String>, ErrorData>
     }
 }
 
-/// Whether `id` is `default` or a UUID (32 hexadecimal digits, with or without its hyphens):
-/// what a session's id is.
+/// Whether `id` is `default` or a UUID (32 hexadecimal digits, in their five groups or without
+/// hyphens): what a session's id is.
 fn is_session_id(id: &str) -> bool {
     if id == "default" {
         return true;
     }
-    let digits = id.bytes().filter(u8::is_ascii_hexdigit).count();
-    let hyphens = id.bytes().filter(|&b| b == b'-').count();
-    digits == 32 && digits + hyphens == id.len() && (hyphens == 0 || hyphens == 4)
+    let hex =
+        |part: &str, len: usize| part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit());
+    let groups: Vec<&str> = id.split('-').collect();
+    match groups[..] {
+        [whole] => hex(whole, 32),
+        [a, b, c, d, e] => hex(a, 8) && hex(b, 4) && hex(c, 4) && hex(d, 4) && hex(e, 12),
+        _ => false,
+    }
 }
 
 /// Lines of progress a backend reports while a call waits (for an approval, say): at most
