@@ -42,7 +42,7 @@ pub fn read(source: TokenSource) -> std::io::Result<Option<String>> {
             line
         }
         TokenSource::Prompt => {
-            let quiet = crate::terminal::Unechoed::enter()?;
+            let quiet = crate::terminal::Modes::unechoed()?;
             monad_protocol::output::err("token (not shown as you type): ");
             let _ = std::io::stderr().flush();
             let mut line = String::new();

@@ -172,78 +172,66 @@ impl Approver for TerminalApprover {
     }
 }
 
-/// Restores the terminal's mode when dropped.
-struct RawMode(Option<termios::Termios>);
+/// The terminal in other modes than its own, which it gets back when this drops (unless the job
+/// is in the background then: the terminal is another job's), or from [`restore`] when the
+/// process ends on a signal meanwhile. `None` inside: the modes were never changed.
+pub struct Modes(Option<termios::Termios>);
 
-/// The terminal's modes from before a [`RawMode`] or [`Unechoed`] that is still on, for
-/// [`restore`]: the process may exit (Ctrl-C, SIGTERM, a take-over) while it is on.
+/// The terminal's modes from before a [`Modes`] that is still on, for [`restore`]: the process
+/// may exit (Ctrl-C, SIGTERM, a take-over) while it is on.
 static BEFORE_RAW: std::sync::Mutex<Option<termios::Termios>> = std::sync::Mutex::new(None);
 
-impl RawMode {
-    fn enter() -> RawMode {
-        let mode = RawMode(set_modes(raw_of).ok());
+impl Modes {
+    /// The prompt's mode ([`raw_of`]), with the keys typed before it discarded; the terminal
+    /// left as it is when its modes cannot be changed.
+    fn raw() -> Modes {
+        let modes = Modes(Modes::set(raw_of).ok());
         discard_typed_keys();
-        mode
+        modes
     }
-}
 
-impl Drop for RawMode {
-    fn drop(&mut self) {
-        give_back(self.0.as_ref());
-    }
-}
-
-/// The terminal without echo, lines still edited, for a secret typed on it (`login`'s token);
-/// its modes come back when this drops, or from [`restore`] when the process ends on a signal
-/// meanwhile.
-pub struct Unechoed(Option<termios::Termios>);
-
-impl Unechoed {
-    /// Turns echo off on standard input's terminal; fails when it is not one.
-    pub fn enter() -> std::io::Result<Unechoed> {
-        set_modes(|saved| {
+    /// Echo off, lines still edited, for a secret typed on it (`login`'s token); fails when
+    /// standard input is not a terminal.
+    pub fn unechoed() -> std::io::Result<Modes> {
+        Modes::set(|saved| {
             let mut quiet = saved.clone();
             quiet.local_flags.remove(LocalFlags::ECHO);
             quiet.local_flags.insert(LocalFlags::ICANON);
             quiet
         })
-        .map(|saved| Unechoed(Some(saved)))
+        .map(|saved| Modes(Some(saved)))
     }
-}
 
-impl Drop for Unechoed {
-    fn drop(&mut self) {
-        give_back(self.0.as_ref());
-    }
-}
-
-/// Sets standard input's terminal to `mode` of its current modes, which it returns and keeps
-/// for [`restore`].
-fn set_modes(
-    mode: impl FnOnce(&termios::Termios) -> termios::Termios,
-) -> std::io::Result<termios::Termios> {
-    let stdin = std::io::stdin();
-    let saved = termios::tcgetattr(stdin.as_fd()).map_err(std::io::Error::from)?;
-    // Kept before the modes change, under the lock: a process ending meanwhile restores them.
-    let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
-    *before = Some(saved.clone());
-    if let Err(e) = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &mode(&saved)) {
-        *before = None;
-        return Err(e.into());
-    }
-    Ok(saved)
-}
-
-/// Gives the terminal back its `saved` modes, as a [`set_modes`] guard drops.
-fn give_back(saved: Option<&termios::Termios>) {
-    if let Some(saved) = saved {
+    /// Sets standard input's terminal to `mode` of its current modes, which it returns and
+    /// keeps for [`restore`].
+    fn set(
+        mode: impl FnOnce(&termios::Termios) -> termios::Termios,
+    ) -> std::io::Result<termios::Termios> {
+        let stdin = std::io::stdin();
+        let saved = termios::tcgetattr(stdin.as_fd()).map_err(std::io::Error::from)?;
+        // Kept before the modes change, under the lock: a process ending meanwhile restores
+        // them.
         let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
-        // From the background the terminal is another job's (the shell put its own modes
-        // back when this one stopped): it is left as it is.
-        if in_the_foreground() {
-            let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
+        *before = Some(saved.clone());
+        if let Err(e) = termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &mode(&saved)) {
+            *before = None;
+            return Err(e.into());
         }
-        *before = None;
+        Ok(saved)
+    }
+}
+
+impl Drop for Modes {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            let mut before = BEFORE_RAW.lock().unwrap_or_else(|p| p.into_inner());
+            // From the background the terminal is another job's (the shell put its own modes
+            // back when this one stopped): it is left as it is.
+            if in_the_foreground() {
+                let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, saved);
+            }
+            *before = None;
+        }
     }
 }
 
@@ -540,7 +528,7 @@ fn prompt(
     );
     let _ = out.flush();
     drop(out);
-    let _raw = RawMode::enter();
+    let _raw = Modes::raw();
     let answer = ask(job, &text, &shown, deadline, guard);
     let said = match answer {
         Ok(Decision::AllowOnce) => "allowed once",

@@ -268,19 +268,15 @@ impl Admin {
         let meta = self.meta(id)?;
         let history = self.store.history(id)?;
         // Counted a page at a time: a log of any size is never held whole.
-        let (mut calls, mut denied, mut offset) = (0, 0, 0);
-        loop {
-            let (page, next) = self.audit_from(id, offset).map_err(StoreError::Invalid)?;
+        let (mut calls, mut denied) = (0, 0);
+        self.each_audit_page(id, |page| -> Result<(), StoreError> {
             calls += page.len();
             denied += page
                 .iter()
                 .filter(|a| a.decision == crate::store::AuditDecision::Denied)
                 .count();
-            if next == offset {
-                break;
-            }
-            offset = next;
-        }
+            Ok(())
+        })?;
         let mut workspaces = Vec::new();
         for record in self.store.records(None)? {
             if self
@@ -585,6 +581,27 @@ impl Admin {
             .filter_map(|l| serde_json::from_slice(l).ok())
             .collect();
         Ok((records, offset + end as u64))
+    }
+
+    /// Every page of a session's audit log from its start ([`Admin::audit_from`]), given to
+    /// `each` in order; returns the offset after the last (where `session audit --follow` goes
+    /// on).
+    pub fn each_audit_page<E: From<StoreError>>(
+        &self,
+        id: &str,
+        mut each: impl FnMut(Vec<AuditRecord>) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        let mut offset = 0;
+        loop {
+            let (page, next) = self
+                .audit_from(id, offset)
+                .map_err(|why| E::from(StoreError::Invalid(why)))?;
+            each(page)?;
+            if next == offset {
+                return Ok(offset);
+            }
+            offset = next;
+        }
     }
 
     /// Whether session `id` exists.

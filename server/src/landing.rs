@@ -247,7 +247,8 @@ pub(crate) fn land(
                 .ok()
         })
         .collect();
-    let _held = registry.folders_lock(user);
+    let folders = registry.folders_of(user);
+    let _held = folders.lock().unwrap_or_else(|p| p.into_inner());
     let entries = entries(registry, user, device, now).map_err(store_error)?;
     let live = live(registry, user, device);
     let matched = pick(&parsed, &entries, &live);
@@ -334,7 +335,8 @@ pub(crate) fn attach_target(
     folder: &str,
     now: u64,
 ) -> Result<Option<String>, ToolError> {
-    let _held = registry.folders_lock(user);
+    let folders = registry.folders_of(user);
+    let _held = folders.lock().unwrap_or_else(|p| p.into_inner());
     let Some(mut entry) = entries(registry, user, device, now)
         .map_err(store_error)?
         .into_iter()
@@ -368,7 +370,8 @@ pub(crate) fn start_in_folder(
     {
         return None;
     }
-    let _held = registry.folders_lock(user);
+    let folders = registry.folders_of(user);
+    let _held = folders.lock().unwrap_or_else(|p| p.into_inner());
     let entries = entries(registry, user, device, now)
         .inspect_err(|e| warn!("folder registry: {e}: the new session is not its folder's"))
         .ok()?;

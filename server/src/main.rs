@@ -422,29 +422,25 @@ fn session_command(admin: &Admin, cmd: SessionCommand) -> Result<()> {
             // A page at a time (a log of any size is never read whole into memory): one JSON
             // array over every page without --follow, else JSON lines or the table's rows.
             let array = json && !follow;
-            let (mut offset, mut first) = (0, true);
-            loop {
-                let (records, next) = admin.audit_from(&id, offset).map_err(anyhow::Error::msg)?;
-                // Opened once the first page is read: a log that cannot be read prints nothing.
-                if array && offset == 0 {
-                    output::out("[")?;
-                }
-                if array {
-                    for r in &records {
-                        let item =
-                            json_safe(&serde_json::to_string_pretty(r)?).replace('\n', "\n  ");
-                        output::out(&format!("{}\n  {item}", if first { "" } else { "," }))?;
-                        first = false;
-                    }
-                } else {
+            let (mut first, mut opened) = (true, false);
+            let mut offset = admin.each_audit_page(&id, |records| -> Result<()> {
+                if !array {
                     print_audit(&records, json, terminal, first)?;
                     first = false;
+                    return Ok(());
                 }
-                if next == offset {
-                    break;
+                // Opened once the first page is read: a log that cannot be read prints nothing.
+                if !opened {
+                    output::out("[")?;
+                    opened = true;
                 }
-                offset = next;
-            }
+                for r in &records {
+                    let item = json_safe(&serde_json::to_string_pretty(r)?).replace('\n', "\n  ");
+                    output::out(&format!("{}\n  {item}", if first { "" } else { "," }))?;
+                    first = false;
+                }
+                Ok(())
+            })?;
             if array {
                 outln!("{}]", if first { "" } else { "\n" })?;
             }

@@ -53,15 +53,13 @@ pub(crate) const TOKEN_RECHECK: std::time::Duration = std::time::Duration::from_
 /// (the failure is logged): a store that cannot be reached for a moment does not cut everyone
 /// off.
 pub(crate) async fn token_still_valid(state: &Arc<State>, token: String, user: &str) -> bool {
-    let tokens = state.tokens.clone();
-    match tokio::task::spawn_blocking(move || tokens.verify_hash(&token)).await {
-        Ok(Ok(Some(holder))) => holder == user,
-        Ok(Ok(None)) => false,
-        Ok(Err(e)) => {
+    match state.tokens.verify_hash_off(token).await {
+        Ok(Some(holder)) => holder == user,
+        Ok(None) => false,
+        Err(e) => {
             warn!("cannot read tokens to check a connection's again: {e}");
             true
         }
-        Err(_) => true,
     }
 }
 
@@ -1639,24 +1637,22 @@ async fn agent_request(ctx: &Ctx, mut send: quinn::SendStream, recv: quinn::Recv
             };
             // With several hosts, a conversation runs only where its session is served: its
             // calls reach the folders attached there, and one host writes its history.
-            if ctx.state.cluster.is_some() {
-                match ctx.state.route(&session, ctx.origin).await {
-                    Ok(crate::cluster::Route::Local) => {}
-                    Ok(crate::cluster::Route::Forward { address }) => {
-                        let error = ToolError::new(
-                            ErrorCode::WorkspaceDisconnected,
-                            format!(
-                                "session {} is served by the host at {}: a conversation runs \
-                                 where its session is served; connect to that host, or prompt \
-                                 again once it has let the session go",
-                                session.id,
-                                crate::cluster::shown(&address)
-                            ),
-                        );
-                        return send_error(&mut send, id, error).await;
-                    }
-                    Err(e) => return send_error(&mut send, id, e).await,
+            match ctx.state.route(&session, ctx.origin).await {
+                Ok(crate::cluster::Route::Local) => {}
+                Ok(crate::cluster::Route::Forward { address }) => {
+                    let error = ToolError::new(
+                        ErrorCode::WorkspaceDisconnected,
+                        format!(
+                            "session {} is served by the host at {}: a conversation runs \
+                             where its session is served; connect to that host, or prompt \
+                             again once it has let the session go",
+                            session.id,
+                            crate::cluster::shown(&address)
+                        ),
+                    );
+                    return send_error(&mut send, id, error).await;
                 }
+                Err(e) => return send_error(&mut send, id, e).await,
             }
             let overrides = PromptOverrides { model, base_url };
             prompt(ctx, id, session, text, overrides, send, answers).await;

@@ -1208,38 +1208,6 @@ fn kept_folders(meta: &SessionMeta) -> (Vec<Attached>, Option<String>) {
     (folders, focus)
 }
 
-/// One user's turn at the MCP roots registry ([`Registry::folders_lock`]): a lock whose guard
-/// owns it, as the per-user lock's `Arc` must live as long as the guard.
-#[derive(Debug, Default)]
-pub(crate) struct FoldersTurn {
-    taken: Mutex<bool>,
-    freed: std::sync::Condvar,
-}
-
-impl FoldersTurn {
-    /// Waits until the turn is free, and takes it.
-    fn take(turn: Arc<FoldersTurn>) -> FoldersHeld {
-        let mut taken = turn.taken.lock().unwrap_or_else(|p| p.into_inner());
-        while *taken {
-            taken = turn.freed.wait(taken).unwrap_or_else(|p| p.into_inner());
-        }
-        *taken = true;
-        drop(taken);
-        FoldersHeld(turn)
-    }
-}
-
-/// A [`FoldersTurn`] taken; it is given back when this drops.
-#[derive(Debug)]
-pub(crate) struct FoldersHeld(Arc<FoldersTurn>);
-
-impl Drop for FoldersHeld {
-    fn drop(&mut self) {
-        *self.0.taken.lock().unwrap_or_else(|p| p.into_inner()) = false;
-        self.0.freed.notify_one();
-    }
-}
-
 /// A short workspace name from a folder name: no slashes, no control, format or invisible
 /// characters ([`monad_protocol::text::is_hidden`]: bidi controls, zero-width characters,
 /// variation selectors, tags, ...; they are dropped), at most 64 characters, never empty.
@@ -1397,7 +1365,7 @@ pub struct Registry {
     /// each save the entry as they read it, and one's sessions would be lost. One per user (the
     /// entries are each one user's): a lock of every user's held each landing and attach up
     /// behind another user's store reads and writes.
-    folders: crate::quota::UserLocks<FoldersTurn>,
+    folders: crate::quota::UserLocks<Mutex<()>>,
     /// The recorder of the sessions' calls, flushed before a session's rows go: a call's
     /// records (its metadata's last use among them) written after the delete would put the
     /// session back.
@@ -1516,10 +1484,10 @@ impl Registry {
         self
     }
 
-    /// Held while `user`'s entries in the MCP roots registry are read, changed and saved
-    /// ([`crate::landing`], which runs on the blocking pool: this waits there).
-    pub(crate) fn folders_lock(&self, user: &str) -> FoldersHeld {
-        FoldersTurn::take(self.folders.of(user))
+    /// The lock held while `user`'s entries in the MCP roots registry are read, changed and
+    /// saved ([`crate::landing`], which runs on the blocking pool: it waits there).
+    pub(crate) fn folders_of(&self, user: &str) -> Arc<Mutex<()>> {
+        self.folders.of(user)
     }
 
     /// Flushes `recorder` before a session is deleted ([`Registry::delete`]).
@@ -2691,13 +2659,12 @@ impl Registry {
             .recorder
             .as_ref()
             .and_then(|recorder| recorder.take_meta(&session.id));
-        if queued.is_some() {
-            let _ = session.unsaved();
-            if let Err(e) = self.store.save(&session.meta()) {
-                warn!("cannot save session {}: {e}", session.id);
-            }
+        let newest = session.unsaved().or_else(|| queued.map(|_| session.meta()));
+        if let Some(meta) = newest
+            && let Err(e) = self.store.save(&meta)
+        {
+            warn!("cannot save session {}: {e}", session.id);
         }
-        self.save_unsaved(session);
         if let Some(cluster) = &self.cluster {
             cluster.release(&session.id);
         }
@@ -3527,27 +3494,19 @@ pub(crate) mod tests {
     /// user's does.
     #[test]
     fn the_roots_registry_is_locked_per_user() {
-        let locks: Arc<crate::quota::UserLocks<FoldersTurn>> = Arc::default();
-        let ana = FoldersTurn::take(locks.of("ana"));
-        let ben = FoldersTurn::take(locks.of("ben"));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let waiting = {
-            let locks = locks.clone();
-            std::thread::spawn(move || {
-                let held = FoldersTurn::take(locks.of("ana"));
-                tx.send(()).unwrap();
-                drop(held);
-            })
-        };
+        let dir = tempfile::tempdir().unwrap();
+        let reg = registry(dir.path());
+        let ana = reg.folders_of("ana");
+        let _held = ana.lock().unwrap();
         assert!(
-            rx.recv_timeout(Duration::from_millis(200)).is_err(),
-            "ana's second turn came while her first was held"
+            Arc::ptr_eq(&ana, &reg.folders_of("ana")),
+            "one lock per user"
         );
-        drop(ben);
-        drop(ana);
-        rx.recv_timeout(Duration::from_secs(10))
-            .expect("ana's second turn once her first ended");
-        waiting.join().unwrap();
+        assert!(
+            reg.folders_of("ben").try_lock().is_ok(),
+            "another user's is free while ana's is held"
+        );
+        assert!(reg.folders_of("ana").try_lock().is_err());
     }
 
     #[test]

@@ -803,28 +803,9 @@ fn mount_of(mountinfo: &str, path: &str, wanted: impl Fn(&str, &str) -> bool) ->
     }
 }
 
-/// `mountinfo`'s octal escapes (`\040` for a space) decoded.
+/// `mountinfo`'s octal escapes (`\040` for a space) decoded ([`super::unescape_octal`]).
 fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|digits| {
-            let text = std::str::from_utf8(digits).ok()?;
-            u8::from_str_radix(text, 8).ok()
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8_lossy(&super::unescape_octal(field)).into_owned()
 }
 
 /// The directory of cgroup `path` (as `/proc/self/cgroup` names it) under `mount`.

@@ -1281,10 +1281,14 @@ fn mounts_of_this_process() -> Vec<(PathBuf, bool)> {
     match std::fs::read_to_string("/proc/self/mountinfo") {
         Ok(table) => mount_points(&table),
         Err(e) => {
-            tracing::warn!(
-                "cannot read /proc/self/mountinfo ({e}): read-only mounts in a workspace may be \
-                 writable to its commands"
-            );
+            // Once: it is read for every command.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "cannot read /proc/self/mountinfo ({e}): read-only mounts in a workspace \
+                     may be writable to its commands"
+                )
+            });
             Vec::new()
         }
     }
@@ -1307,7 +1311,7 @@ fn mount_points(table: &str) -> Vec<(PathBuf, bool)> {
         .collect()
 }
 
-/// A mountinfo field with its `\ooo` escapes undone.
+/// A `/proc/<pid>/mountinfo` field with its octal escapes (`\040` for a space) undone.
 fn unescape_octal(field: &str) -> Vec<u8> {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -1350,13 +1354,8 @@ fn read_only_mounts_within(
     let as_path = |c: &std::ffi::CString| PathBuf::from(std::ffi::OsStr::from_bytes(c.as_bytes()));
     let masks: Vec<PathBuf> = masks.iter().map(as_path).collect();
     // The top mount at each place: the last listed there.
-    let mut top: Vec<(&PathBuf, bool)> = Vec::new();
-    for (point, ro) in mounts {
-        match top.iter_mut().find(|(p, _)| *p == point) {
-            Some(entry) => entry.1 = *ro,
-            None => top.push((point, *ro)),
-        }
-    }
+    let top: std::collections::HashMap<&PathBuf, bool> =
+        mounts.iter().map(|(point, ro)| (point, *ro)).collect();
     let mut kept: Vec<PathBuf> = Vec::new();
     for bind in binds.iter_mut().filter(|b| b.writable) {
         let writable = as_path(&bind.target);
@@ -1370,15 +1369,14 @@ fn read_only_mounts_within(
         }
         kept.extend(
             top.iter()
-                .filter(|(point, ro)| *ro && point.starts_with(&writable) && **point != writable)
+                .filter(|&(point, &ro)| ro && point.starts_with(&writable) && **point != writable)
                 .map(|(point, _)| (*point).clone()),
         );
     }
     kept.retain(|point| !masks.iter().any(|m| point.starts_with(m)));
     // Outer mounts before the ones inside them; each once.
-    kept.sort_by_key(|p| p.components().count());
-    let mut seen = std::collections::HashSet::new();
-    kept.retain(|p| seen.insert(p.clone()));
+    kept.sort_by(|a, b| (a.components().count(), a).cmp(&(b.components().count(), b)));
+    kept.dedup();
     kept.into_iter()
         .filter_map(|point| {
             let meta = std::fs::metadata(&point).ok()?;
