@@ -236,7 +236,13 @@ impl Front {
         // editor follows (none when the list cannot be had: the calls run all the same).
         let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
         let mut places = translate::Places::new(&self.config.client_name, home);
-        match agent.workspaces(Some(&id)).await {
+        // A cancel meanwhile is answered at once, as above.
+        let listed = tokio::select! {
+            biased;
+            Ok(()) = &mut cancel_rx => return cancelled(),
+            listed = agent.workspaces(Some(&id)) => listed,
+        };
+        match listed {
             Ok((_, workspaces)) => places.learn(&workspaces),
             Err(e) => debug!("no workspaces for the calls' locations: {e}"),
         }

@@ -390,20 +390,10 @@ pub fn session_from_meta(meta: &JsonObject) -> Result<Option<String>, ErrorData>
     }
 }
 
-/// Whether `id` is `default` or a UUID (32 hexadecimal digits, in their five groups or without
-/// hyphens): what a session's id is.
+/// Whether `id` is `default` or a UUID in any form the server takes for one (hyphenated, 32
+/// digits, braced, `urn:uuid:`): what a session's id is.
 fn is_session_id(id: &str) -> bool {
-    if id == "default" {
-        return true;
-    }
-    let hex =
-        |part: &str, len: usize| part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit());
-    let groups: Vec<&str> = id.split('-').collect();
-    match groups[..] {
-        [whole] => hex(whole, 32),
-        [a, b, c, d, e] => hex(a, 8) && hex(b, 4) && hex(c, 4) && hex(d, 4) && hex(e, 12),
-        _ => false,
-    }
+    id == "default" || uuid::Uuid::try_parse(id).is_ok()
 }
 
 /// Lines of progress a backend reports while a call waits (for an approval, say): at most
@@ -1544,6 +1534,7 @@ mod tests {
         for id in [
             "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f",
             "4B7F3D2E9C1A4E5B8F6D2A3B4C5D6E7F",
+            "{4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7f}",
         ] {
             meta.insert("sessionId".into(), id.into());
             assert_eq!(session_from_meta(&meta).unwrap().as_deref(), Some(id));
@@ -1553,6 +1544,7 @@ mod tests {
             "notes",
             "",
             "4b7f3d2e-9c1a-4e5b-8f6d-2a3b4c5d6e7",
+            "4b7f3d2e9c1a-4e5b-8f6d-2a3b-4c5d6e7f",
             "default2",
         ] {
             meta.insert("sessionId".into(), id.into());

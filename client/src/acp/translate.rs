@@ -170,6 +170,14 @@ impl Places {
     fn location(folder: &Path, args: &Value) -> Option<ToolCallLocation> {
         let path = args.get("path")?.as_str().filter(|p| !p.is_empty())?;
         let path = Path::new(path);
+        // One that climbs (`../../.ssh/id_rsa`, which the jail refuses, or `/folder/../x`) is not
+        // shown as a place in the folder: the editor would open what is outside it.
+        if path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return None;
+        }
         let at = if path.is_absolute() {
             path.starts_with(folder).then(|| path.to_path_buf())?
         } else {
@@ -707,10 +715,17 @@ mod tests {
             places.location_in("lap:~/proj", &json!({"path": inside})),
             Some(ToolCallLocation::new(inside.clone()))
         );
-        assert_eq!(
-            places.location_in("lap:~/proj", &json!({"path": "/etc/passwd"})),
-            None
-        );
+        for outside in [
+            "/etc/passwd".to_owned(),
+            "../../.ssh/id_rsa".to_owned(),
+            format!("{}/../x", proj.display()),
+        ] {
+            assert_eq!(
+                places.location_in("lap:~/proj", &json!({ "path": outside })),
+                None,
+                "{outside}"
+            );
+        }
         assert_eq!(
             places.location_in("lap:~/proj", &json!({"argv": ["ls"]})),
             None

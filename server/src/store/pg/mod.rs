@@ -627,9 +627,16 @@ impl SessionStore for PgStore {
     fn create(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         check_id(&meta.id)?;
         let dir = self.session_dir(&meta.id);
-        let exists = self.load(&meta.id)?.is_some();
-        if exists {
-            return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
+        let exists = || StoreError::Invalid(format!("session {} exists", meta.id));
+        // Creates of one id on this host one at a time: one that found no row must not clear
+        // the directory another has just made for its session (the directories are each
+        // host's own).
+        static CREATING: crate::quota::UserLocks<std::sync::Mutex<()>> =
+            crate::quota::UserLocks::new();
+        let creating = CREATING.of(&meta.id);
+        let _one = creating.lock().unwrap_or_else(|p| p.into_inner());
+        if self.load(&meta.id)?.is_some() {
+            return Err(exists());
         }
         // No session has this id: a directory of it here is a deleted one's, which another host
         // deleted (a delete removes the directory of the host it runs on only). Its files are
@@ -655,7 +662,7 @@ impl SessionStore for PgStore {
             .map_err(db)
         })?;
         if created == 0 {
-            return Err(StoreError::Invalid(format!("session {} exists", meta.id)));
+            return Err(exists());
         }
         Ok(())
     }
