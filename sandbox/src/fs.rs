@@ -1107,21 +1107,13 @@ pub(crate) fn write_file(
         std::mem::take(&mut target.new_dirs).undo();
         return Err(e);
     }
-    // A file in another encoding than UTF-8 stays in it, when it can hold the new text.
-    let held = target.held();
-    let (bytes, encoding, reencoded_from) = match crate::decode::encode(&content, held) {
-        Ok(bytes) => (bytes, held.map(|h| h.encoding.as_str()), None),
-        Err(held) => (
-            content.as_bytes().into(),
-            None,
-            Some(held.encoding.as_str()),
-        ),
+    let (bytes, encoding, reencoded_from) = match target.encoded(&content, limits) {
+        Ok(encoded) => encoded,
+        Err(e) => {
+            std::mem::take(&mut target.new_dirs).undo();
+            return Err(e);
+        }
     };
-    // The limit counts the bytes written: in UTF-16 they are about twice the text's.
-    if let Err(e) = check_size(limits, bytes.len()) {
-        std::mem::take(&mut target.new_dirs).undo();
-        return Err(e);
-    }
     match target.replace(&bytes) {
         Ok(stamp) => target.note_in(seen, stamp),
         Err(e) => {
@@ -1164,9 +1156,15 @@ fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), Sandbox
 /// Content of `len` bytes is within the write limit (with a CRLF file's line endings, as
 /// written: [`in_its_line_endings`]).
 fn check_size(limits: &Limits, len: usize) -> Result<(), SandboxError> {
+    check_written(limits, len, "content is")
+}
+
+/// `len` bytes, which `what` says of (`content is`, `the edited file would be`), are within the
+/// write limit.
+fn check_written(limits: &Limits, len: usize, what: &str) -> Result<(), SandboxError> {
     if len as u64 > limits.write_max_bytes {
         return Err(SandboxError::LimitExceeded(format!(
-            "content is {len} bytes, over the {}-byte write limit",
+            "{what} {len} bytes, over the {}-byte write limit",
             limits.write_max_bytes
         )));
     }
@@ -1333,7 +1331,13 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
         })?
         .into_owned();
     // The limit counts the bytes written (UTF-16's are about twice the text's).
-    check_size(limits, new_bytes.len())?;
+    let what = match held.map(|h| h.encoding.as_str()) {
+        Some(encoding) if encoding != "utf-8" => {
+            format!("written as {encoding} (the file's encoding), the edited file would be")
+        }
+        _ => "the edited file would be".to_owned(),
+    };
+    check_written(limits, new_bytes.len(), &what)?;
     let old_text = old_text.to_owned();
     Ok(Edit {
         given: path,
@@ -1744,6 +1748,43 @@ impl Target {
     /// How the file it replaces holds its text, when in an encoding a write keeps.
     fn held(&self) -> Option<crate::decode::Held> {
         self.old.as_ref().and_then(|old| old.held)
+    }
+
+    /// `content` as the file will hold it, within the write limit, which counts the bytes
+    /// written (in UTF-16 about twice the text's): a file in another encoding than UTF-8 stays
+    /// in it when it can hold the new text (its encoding), else it is written anew as UTF-8 (the
+    /// encoding it had).
+    #[allow(clippy::type_complexity)]
+    fn encoded<'a>(
+        &self,
+        content: &'a str,
+        limits: &Limits,
+    ) -> Result<
+        (
+            std::borrow::Cow<'a, [u8]>,
+            Option<&'static str>,
+            Option<&'static str>,
+        ),
+        SandboxError,
+    > {
+        let held = self.held();
+        let encoded = match crate::decode::encode(content, held) {
+            Ok(bytes) => (bytes, held.map(|h| h.encoding.as_str()), None),
+            Err(held) => (
+                content.as_bytes().into(),
+                None,
+                Some(held.encoding.as_str()),
+            ),
+        };
+        match encoded.1 {
+            Some(encoding) if encoding != "utf-8" => check_written(
+                limits,
+                encoded.0.len(),
+                &format!("written as {encoding} (the file's encoding), the content is"),
+            )?,
+            _ => check_size(limits, encoded.0.len())?,
+        }
+        Ok(encoded)
     }
 
     /// Writes `content` to a new temporary file beside the target, syncs it, and renames it over
@@ -2536,6 +2577,8 @@ pub(crate) fn preview(
                     target.check_seen(seen)?;
                     let old = target.old_text();
                     let content = in_its_line_endings(old.as_deref(), &args.content);
+                    // Refused before its owner is asked when its bytes pass the limit.
+                    target.encoded(&content, limits)?;
                     Ok(Some(Preview {
                         diff: full_diff(&target.path.display(), old.as_deref(), &content),
                         creates: Vec::new(),

@@ -2413,15 +2413,33 @@ fn a_write_in_utf16_counts_the_bytes_it_writes_against_the_limit() {
     std::fs::write(fx.root().join("w.txt"), &before).unwrap();
     fx.sandbox.read_file(&read("w.txt")).unwrap();
     let text = format!("{}\n", "a".repeat(599));
+    // Refused before its owner would be asked too (the preview an approval shows).
+    let previewed = fx
+        .sandbox
+        .preview(
+            ToolName::WriteFile,
+            &serde_json::json!({"path": "w.txt", "content": text}),
+        )
+        .unwrap_err();
+    assert!(previewed.to_string().contains("write limit"), "{previewed}");
     let refused = fx.sandbox.write_file(&write("w.txt", &text)).unwrap_err();
-    assert!(refused.to_string().contains("write limit"), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("written as utf-16le (the file's encoding), the content is 1202 bytes"),
+        "says why the text counts twice: {refused}"
+    );
     assert_eq!(std::fs::read(fx.root().join("w.txt")).unwrap(), before);
     // An edit that would take it past the limit in UTF-16 too.
     let refused = fx
         .sandbox
         .edit_file(&edit("w.txt", "small", &"b".repeat(590)))
         .unwrap_err();
-    assert!(refused.to_string().contains("write limit"), "{refused}");
+    assert!(
+        refused.to_string().contains("the edited file would be")
+            && refused.to_string().contains("write limit"),
+        "{refused}"
+    );
     assert_eq!(std::fs::read(fx.root().join("w.txt")).unwrap(), before);
     // What fits is written.
     fx.sandbox.write_file(&write("w.txt", "ok\n")).unwrap();
