@@ -294,6 +294,11 @@ impl Rule {
                              covers whatever that file holds when it runs"
                         )
                     }
+                    ProgramSite::Shared(path, who) => format!(
+                        "{exactly}, `{program}` being {}; others can change that file ({who}), \
+                         so this covers whatever it holds when it runs",
+                        printable_name(path)
+                    ),
                     ProgramSite::Other => exactly,
                 };
                 format!("{exactly}; {}", looked_up(lookup))

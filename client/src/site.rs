@@ -14,7 +14,8 @@
 //!   [`ProgramSite::Workspace`]; a directory commands may write that holds it makes it
 //!   [`ProgramSite::Other`]; the first directory commands may only read that holds an executable
 //!   file by that name (its links followed, and the file they end at also neither in the
-//!   workspace nor writable) makes it [`ProgramSite::Outside`].
+//!   workspace nor writable) makes it [`ProgramSite::Outside`], or [`ProgramSite::Shared`] when
+//!   a user other than this one and root can change it or a directory on its way.
 //!
 //! Directories outside the workspace come from the operator (`path_env`, `extra_read_paths`,
 //! `extra_write_paths`) and are opened with [`Dir::open_ambient_dir`]; the name is looked up
@@ -29,8 +30,8 @@ use monad_sandbox::Sandbox;
 use monad_sandbox::exec::{SYSTEM_READ_DIRS, command_path};
 
 /// What the names a command runs are found among, as far as a call can change it: the `PATH`
-/// commands get, and every entry of its directories in the workspace or where commands may
-/// write (its name, and the inode, size, times and mode of what it is or, through a link
+/// commands get, and every entry of its directories in the workspace, where commands may write
+/// or where other users may ([`changeable_by`]) (its name, and the inode, size, times and mode of what it is or, through a link
 /// wherever it leads, of the file it leads to). A rule for one command keeps it
 /// ([`crate::approval::Rule::Command`]): "always" on `sh -c 'make test'` does not cover a `make`
 /// an agent put first in the `PATH` later, nor a program of `node_modules/.bin` written over
@@ -69,6 +70,7 @@ impl Lookup {
 pub fn lookup(sandbox: &Sandbox) -> Lookup {
     use ring::digest::{Context, SHA256};
     let places = Places::of(sandbox);
+    let me = nix::unistd::geteuid().as_raw();
     let (path_env, _) = command_path(sandbox.jail(), sandbox.exec_policy());
     let mut digest = Context::new(&SHA256);
     digest.update(path_env.as_bytes());
@@ -90,7 +92,7 @@ pub fn lookup(sandbox: &Sandbox) -> Lookup {
                 rel
             };
             entries_of(sandbox.jail().dir(), rel, dir, &mut entries)
-        } else if places.writable(dir) {
+        } else if places.writable(dir) || changeable_by(dir, me).is_some() {
             changeable.push(dir.to_string_lossy().into_owned());
             Dir::open_ambient_dir(dir, ambient_authority()).map_or(Listed::Missing, |handle| {
                 entries_of(&handle, Path::new("."), dir, &mut entries)
@@ -196,6 +198,11 @@ pub enum ProgramSite {
     /// directories, `.venv/bin`, `node_modules/.bin`, ..., relative to the root). A call that
     /// writes files can change what it does.
     Workspace(String),
+    /// Found at this path (the first field), outside the workspace in a directory commands may
+    /// read but not write, where someone other than this user and root can change what it is
+    /// (the second field says who and where, escaped): no call can, but "always" covers
+    /// whatever it holds when it runs.
+    Shared(String, String),
     /// Anywhere else, or not known: a directory commands may write, a path the sandbox cannot
     /// run, a program not found.
     #[default]
@@ -271,6 +278,10 @@ impl ProgramSite {
                  holds then",
                 printable_name(path)
             ),
+            ProgramSite::Shared(path, who) => format!(
+                "{}, which others can change ({who}), so it runs whatever that file holds then",
+                printable_name(path)
+            ),
             ProgramSite::Other => "not from a system directory commands can only read (a \
                                    directory they may write, or not found)"
                 .into(),
@@ -312,7 +323,8 @@ impl Places {
     }
 
     /// `path` (absolute, outside the workspace) as a site: [`ProgramSite::Outside`] when it
-    /// and the file its links end at are beneath directories commands may read and not write.
+    /// and the file its links end at are beneath directories commands may read and not write,
+    /// [`ProgramSite::Shared`] when another user can change one of them ([`changeable_by`]).
     fn outside(&self, path: &Path) -> ProgramSite {
         if self.writable(path) || !self.readable(path) {
             return ProgramSite::Other;
@@ -321,10 +333,39 @@ impl Places {
         // system, as `exec` would.
         match std::fs::canonicalize(path) {
             Ok(real) if !self.writable(&real) && self.readable(&real) => {
-                ProgramSite::Outside(path.to_string_lossy().into_owned())
+                let shown = path.to_string_lossy().into_owned();
+                let me = nix::unistd::geteuid().as_raw();
+                let places = real.ancestors().chain(path.ancestors().skip(1));
+                match places.filter_map(|p| changeable_by(p, me)).next() {
+                    Some(who) => ProgramSite::Shared(shown, who),
+                    None => ProgramSite::Outside(shown),
+                }
             }
             _ => ProgramSite::Other,
         }
+    }
+}
+
+/// Who other than the user `me` and root can change what `place` is, in words (escaped), or
+/// `None`: its owner, when another user; every user, when it is writable by all, or its group
+/// (but root's), when by its group, and it is a file or a directory without the sticky bit (in
+/// one with it, only an entry's owner may replace it, and the entry is looked at in turn). A
+/// program found so can be rewritten by someone the folder's owner never approved, so "always"
+/// on it is said to cover whatever it holds ([`ProgramSite::Shared`]). Followed through links:
+/// `place` is the file a program's path leads to, or a directory on its way.
+fn changeable_by(place: &Path, me: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(place).ok()?;
+    let shown = printable_name(&place.to_string_lossy()).into_owned();
+    let sticky = meta.is_dir() && meta.mode() & 0o1000 != 0;
+    if meta.uid() != 0 && meta.uid() != me {
+        Some(format!("`{shown}` belongs to user {}", meta.uid()))
+    } else if meta.mode() & 0o002 != 0 && !sticky {
+        Some(format!("every user may write `{shown}`"))
+    } else if meta.mode() & 0o020 != 0 && !sticky && meta.gid() != 0 {
+        Some(format!("group {} may write `{shown}`", meta.gid()))
+    } else {
+        None
     }
 }
 
@@ -421,5 +462,93 @@ mod tests {
         assert_eq!(locate(&sb, &absolute), ProgramSite::Other);
         // Not there: the next directory decides.
         assert!(matches!(locate(&sb, "cat"), ProgramSite::Outside(_)));
+    }
+
+    /// Regression: a program in a directory commands may only read, but that another user may
+    /// write (or that belongs to one), was [`ProgramSite::Outside`]: "always" on it covered
+    /// whatever that user put there next, and said nothing of it. Now it is
+    /// [`ProgramSite::Shared`], the prompt says who can change it, and such a `PATH` directory
+    /// is pinned as the workspace's are.
+    #[test]
+    fn a_program_another_user_can_change_is_said_to_be_so() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let tools = tempfile::tempdir().unwrap();
+        let tool = tools.path().join("tool");
+        executable(&tool);
+        let exec = ExecPolicy {
+            extra_read_paths: vec![tools.path().to_path_buf()],
+            path_env: format!("{}:/usr/bin:/bin", tools.path().display()),
+            ..ExecPolicy::default()
+        };
+        let sb = sandbox(dir.path(), exec);
+        let mode = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let absolute = tool.to_string_lossy().into_owned();
+        assert_eq!(locate(&sb, "tool"), ProgramSite::Outside(absolute.clone()));
+        assert!(lookup(&sb).changeable.is_empty());
+
+        // Anyone may write its directory.
+        mode(tools.path(), 0o777);
+        let site = locate(&sb, "tool");
+        let ProgramSite::Shared(path, who) = &site else {
+            panic!("{site:?}")
+        };
+        assert_eq!(path, &absolute);
+        assert!(who.starts_with("every user may write `"), "{who}");
+        assert!(
+            site.shown().contains("which others can change"),
+            "{}",
+            site.shown()
+        );
+        assert_eq!(locate(&sb, &absolute), site, "by its path too");
+        let pinned = lookup(&sb);
+        assert_eq!(pinned.changeable, [tools.path().to_string_lossy()]);
+        std::fs::write(tools.path().join("cat"), "").unwrap();
+        assert_ne!(
+            lookup(&sb),
+            pinned,
+            "a program put first in the PATH is a new lookup"
+        );
+        std::fs::remove_file(tools.path().join("cat")).unwrap();
+
+        // With the sticky bit, only the entry's owner (root here) may replace it.
+        mode(tools.path(), 0o1777);
+        assert_eq!(locate(&sb, "tool"), ProgramSite::Outside(absolute.clone()));
+        // Its group may write it (not root's group).
+        mode(tools.path(), 0o755);
+        mode(&tool, 0o775);
+        std::os::unix::fs::chown(&tool, None, Some(4_321)).unwrap();
+        let site = locate(&sb, "tool");
+        assert!(
+            matches!(&site, ProgramSite::Shared(_, who) if who.starts_with("group 4321 may write")),
+            "{site:?}"
+        );
+        // Another user owns it.
+        mode(&tool, 0o755);
+        std::os::unix::fs::chown(&tool, Some(4_321), Some(0)).unwrap();
+        let site = locate(&sb, "tool");
+        assert!(
+            matches!(&site, ProgramSite::Shared(_, who) if who.ends_with("belongs to user 4321")),
+            "{site:?}"
+        );
+        // "always" on it is one command, said to cover whatever the file holds.
+        let rule = crate::approval::Rule::of(
+            monad_protocol::tools::ToolName::RunCommand,
+            &serde_json::json!({"argv": ["tool"]}),
+            &CommandPlace {
+                site,
+                runs_in: None,
+                lookup: lookup(&sb),
+            },
+        );
+        let said = rule.describe();
+        assert!(
+            said.starts_with("exactly this command")
+                && said.contains("others can change that file")
+                && said.contains("covers whatever it holds when it runs"),
+            "{said}"
+        );
     }
 }
