@@ -71,6 +71,17 @@ pub(crate) struct Budget {
     max: usize,
 }
 
+/// A connection's place in its proxy's bound of [`MAX_CONNECTIONS`] and in its user's
+/// [`Budget`], given back when the last of the connection and the name lookup it started ends:
+/// a lookup that outlives its connection (a slow name server: the connection gave up after
+/// [`CONNECT_TIMEOUT`], the system's resolver has not) keeps its blocking thread, and so its
+/// place, so that commands opening and dropping connections to such names cannot pile up
+/// threads on the host's blocking pool, which every workspace's file tools share.
+pub(crate) struct Slot {
+    _proxy: tokio::sync::OwnedSemaphorePermit,
+    _user: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 /// Why a connection was closed as soon as it was accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Over {
@@ -102,9 +113,9 @@ pub(crate) async fn serve(
     let over = sink.clone();
     accept_loop(
         || async { listener.accept().await.map(|(stream, _)| stream) },
-        move |stream| {
+        move |stream, slot| {
             let (policy, sink) = (policy.clone(), sink.clone());
-            async move { handle(stream, &policy, &sink).await }
+            async move { handle(stream, &policy, &sink, slot).await }
         },
         budget,
         // Closed at once, and recorded: a connection is never made without a trace.
@@ -129,12 +140,12 @@ pub(crate) async fn serve(
     .await
 }
 
-/// Takes connections from `accept` and runs `handle` on each, at most [`MAX_CONNECTIONS`] at
-/// once, and with a `budget` only while it has room (more are closed at once, each told to
-/// `over` with why).
+/// Takes connections from `accept` and runs `handle` on each with its [`Slot`], at most
+/// [`MAX_CONNECTIONS`] at once, and with a `budget` only while it has room (more are closed at
+/// once, each told to `over` with why).
 async fn accept_loop<S, A, H>(
     mut accept: impl FnMut() -> A,
-    mut handle: impl FnMut(S) -> H,
+    mut handle: impl FnMut(S, Arc<Slot>) -> H,
     budget: Option<Budget>,
     mut over: impl FnMut(Over),
 ) where
@@ -142,6 +153,7 @@ async fn accept_loop<S, A, H>(
     H: std::future::Future<Output = ()> + Send + 'static,
 {
     let mut connections = tokio::task::JoinSet::new();
+    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             accepted = accept() => {
@@ -154,11 +166,11 @@ async fn accept_loop<S, A, H>(
                         continue;
                     }
                 };
-                if connections.len() >= MAX_CONNECTIONS {
+                let Ok(place) = places.clone().try_acquire_owned() else {
                     drop(stream);
                     over(Over::Workspace);
                     continue;
-                }
+                };
                 let permit = match &budget {
                     None => None,
                     Some(budget) => match budget.sem.clone().try_acquire_owned() {
@@ -170,11 +182,7 @@ async fn accept_loop<S, A, H>(
                         }
                     },
                 };
-                let handled = handle(stream);
-                connections.spawn(async move {
-                    handled.await;
-                    drop(permit);
-                });
+                connections.spawn(handle(stream, Arc::new(Slot { _proxy: place, _user: permit })));
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
@@ -198,7 +206,8 @@ enum Kind {
     Http(Vec<u8>, u64),
 }
 
-async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
+/// Serves one connection, holding its `slot` until it ends.
+async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink, slot: Arc<Slot>) {
     let _ = client.set_nodelay(true);
     let request = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut client)).await {
         Ok(Ok(request)) => request,
@@ -242,7 +251,7 @@ async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
         reason,
     };
     let tunnel = matches!(request.kind, Kind::Socks | Kind::Connect(_));
-    let upstream = match connect(policy, &request.host, request.port, tunnel).await {
+    let upstream = match connect(policy, &request.host, request.port, tunnel, &slot).await {
         Ok(upstream) => upstream,
         Err(reason) => {
             sink(event(false, None, Some(reason.clone())));
@@ -293,13 +302,14 @@ async fn handle(mut client: TcpStream, policy: &NetPolicy, sink: &Sink) {
     }
 }
 
-/// Resolves (for a name), checks (as a `tunnel` when it is one), and connects to the first
-/// address that answers.
+/// Resolves (for a name, the lookup holding the connection's `slot`), checks (as a `tunnel`
+/// when it is one), and connects to the first address that answers.
 async fn connect(
     policy: &NetPolicy,
     host: &Host,
     port: u16,
     tunnel: bool,
+    slot: &Arc<Slot>,
 ) -> Result<(TcpStream, SocketAddr), String> {
     if tunnel {
         policy.check_tunnel(host, port)?;
@@ -309,13 +319,10 @@ async fn connect(
     let addresses: Vec<IpAddr> = match host {
         Host::Address(ip) => vec![*ip],
         Host::Name(name) => {
-            let resolved = tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                tokio::net::lookup_host((name.as_str(), port)),
-            )
-            .await
-            .map_err(|_| format!("{name} did not resolve in time"))?
-            .map_err(|e| format!("{name} does not resolve: {e}"))?;
+            let resolved = resolve(name, port, slot.clone(), CONNECT_TIMEOUT, |name, port| {
+                std::net::ToSocketAddrs::to_socket_addrs(&(name, port)).map(Iterator::collect)
+            })
+            .await?;
             let mut ips: Vec<IpAddr> = Vec::new();
             for address in resolved {
                 if !ips.contains(&address.ip()) {
@@ -339,6 +346,29 @@ async fn connect(
         }
     }
     Err(format!("cannot connect to {host}:{port} ({last})"))
+}
+
+/// `name`'s addresses by `lookup` (the system's resolver, which blocks) on the blocking pool,
+/// waited for `within`; the lookup holds `slot` until it returns, however long after the wait
+/// ([`Slot`]). What tokio's own `lookup_host` does, but for the slot.
+async fn resolve(
+    name: &str,
+    port: u16,
+    slot: Arc<Slot>,
+    within: Duration,
+    lookup: impl FnOnce(&str, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+) -> Result<Vec<SocketAddr>, String> {
+    let owned = name.to_owned();
+    let looked_up = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        lookup(&owned, port)
+    });
+    match tokio::time::timeout(within, looked_up).await {
+        Err(_) => Err(format!("{name} did not resolve in time")),
+        Ok(Err(e)) => Err(format!("{name} could not be looked up: {e}")),
+        Ok(Ok(Err(e))) => Err(format!("{name} does not resolve: {e}")),
+        Ok(Ok(Ok(addresses))) => Ok(addresses),
+    }
 }
 
 /// A request refused before any connection was tried.
@@ -722,7 +752,7 @@ mod tests {
                     Err::<TcpStream, _>(std::io::Error::from_raw_os_error(nix::libc::EMFILE))
                 }
             },
-            |_: TcpStream| async {},
+            |_: TcpStream, _| async {},
             None,
             |_| {},
         );
@@ -748,7 +778,10 @@ mod tests {
                 }
             },
             // Each connection stays open.
-            |()| std::future::pending::<()>(),
+            |(), slot| async move {
+                let _slot = slot;
+                std::future::pending::<()>().await
+            },
             None,
             |why| {
                 assert_eq!(why, Over::Workspace);
@@ -787,10 +820,11 @@ mod tests {
                         }
                     },
                     // Each connection stays open until released.
-                    move |()| {
+                    move |(), slot| {
                         let mut released = released.clone();
                         async move {
                             let _ = released.wait_for(|r| *r).await;
+                            drop(slot);
                         }
                     },
                     budget,
@@ -816,6 +850,62 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), whole)
             .await
             .expect("the budget is whole again");
+    }
+
+    /// Regression: a name lookup outlived its connection (a slow name server: the connection
+    /// gave up after its time-out, the system's resolver had not) while the connection gave its
+    /// places back, so a command that opened and dropped connections to such a name piled up
+    /// blocked threads on the host's blocking pool, which every workspace's file tools share.
+    /// The lookup now keeps the connection's places (its proxy's and its user's) until it
+    /// returns.
+    #[tokio::test]
+    async fn a_lookup_that_outlives_its_connection_keeps_its_places() {
+        let budget = ConnectionBudgets::new(2).of("ana");
+        let proxy = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let slot = Arc::new(Slot {
+            _proxy: proxy.clone().try_acquire_owned().unwrap(),
+            _user: Some(budget.sem.clone().try_acquire_owned().unwrap()),
+        });
+        let (answer, answered) = std::sync::mpsc::channel::<()>();
+        let slow = move |_: &str, _: u16| {
+            let _ = answered.recv();
+            Ok(vec![SocketAddr::from(([192, 0, 2, 1], 443))])
+        };
+        let resolved = resolve("slow.example", 443, slot, Duration::from_millis(50), slow).await;
+        assert_eq!(
+            resolved.unwrap_err(),
+            "slow.example did not resolve in time"
+        );
+        // The connection is gone; its lookup is not.
+        assert_eq!(budget.sem.available_permits(), 1);
+        assert_eq!(proxy.available_permits(), MAX_CONNECTIONS - 1);
+        answer.send(()).unwrap();
+        let whole = async {
+            while budget.sem.available_permits() < 2 || proxy.available_permits() < MAX_CONNECTIONS
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), whole)
+            .await
+            .expect("its places are given back when it returns");
+
+        // A lookup in time gives its addresses, and a failed one says why.
+        let slot = || {
+            Arc::new(Slot {
+                _proxy: proxy.clone().try_acquire_owned().unwrap(),
+                _user: None,
+            })
+        };
+        let quick = |_: &str, port: u16| Ok(vec![SocketAddr::from(([192, 0, 2, 1], port))]);
+        let found = resolve("a.example", 80, slot(), Duration::from_secs(5), quick).await;
+        assert_eq!(found.unwrap(), [SocketAddr::from(([192, 0, 2, 1], 80))]);
+        let none = |_: &str, _: u16| Err(std::io::Error::other("no such name"));
+        let failed = resolve("b.example", 80, slot(), Duration::from_secs(5), none).await;
+        assert_eq!(
+            failed.unwrap_err(),
+            "b.example does not resolve: no such name"
+        );
     }
 
     /// Regression: the client's `Host` header went to the origin unchanged, so a shared front
