@@ -2004,10 +2004,31 @@ fn refuse_git_internals(jail: &Jail, path: &JailPath) -> Result<(), SandboxError
     Ok(())
 }
 
-/// Whether `path` (relative to the root) is in or of a `.git`.
+/// Whether `path` (relative to the root) is in or of a `.git`, under any name a filesystem a
+/// folder may be on takes for it ([`names_git`]).
 fn in_git(path: &Path) -> bool {
-    path.components()
-        .any(|c| c.as_os_str().eq_ignore_ascii_case(".git"))
+    path.components().any(|c| names_git(c.as_os_str()))
+}
+
+/// Whether some filesystem takes `name` for `.git`, as git's own `verify_path` refuses such
+/// names in a checkout: `.git` in any ASCII case (case-insensitive filesystems: macOS's, vfat,
+/// NTFS, ext4 with casefold), with characters HFS+ and some casefolding ignore left out (joiners,
+/// bidi marks, the byte order mark: every character [`monad_protocol::text::is_hidden`] finds),
+/// with trailing dots and spaces (vfat and NTFS drop them), before an NTFS stream's `:`
+/// (`.git::$INDEX_ALLOCATION`), or as its 8.3 short name `git~1` (vfat and NTFS look names up
+/// by it too). A folder on such a filesystem would otherwise take `write_file .git./config`
+/// into its `.git/config`.
+fn names_git(name: &std::ffi::OsStr) -> bool {
+    let Some(name) = name.to_str() else {
+        return name.eq_ignore_ascii_case(".git");
+    };
+    let stream = name.split(':').next().unwrap_or(name);
+    let seen: String = stream
+        .chars()
+        .filter(|&c| !monad_protocol::text::is_hidden(c))
+        .collect();
+    let trimmed = seen.trim_end_matches(['.', ' ']);
+    trimmed.eq_ignore_ascii_case(".git") || trimmed.eq_ignore_ascii_case("git~1")
 }
 
 /// The refusal of a write to git's own files, `shown` as the path is shown.

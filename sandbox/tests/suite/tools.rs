@@ -1978,6 +1978,44 @@ fn git_s_own_files_are_never_written_by_the_file_tools() {
     }
 }
 
+/// Regression: only `.git` in ASCII case was taken for git's directory, where filesystems a
+/// laptop's folder may be on take other names for it too: vfat and NTFS drop trailing dots and
+/// spaces and look names up by their 8.3 short name, NTFS reads `name::$INDEX_ALLOCATION` as the
+/// directory, HFS+ ignores joiners and bidi marks. On such a folder each of these was
+/// `.git/config`. They are refused as git itself refuses them in a checkout; names that only
+/// look alike stay the project's own.
+#[test]
+fn names_a_filesystem_takes_for_git_are_git_s_own_too() {
+    let fx = Fixture::new();
+    for path in [
+        ".git./config",
+        ".git . ./hooks/pre-commit",
+        "GIT~1/config",
+        "git~1/hooks/x",
+        ".git::$INDEX_ALLOCATION/config",
+        ".git:stream",
+        ".g\u{200c}it/config",
+        ".git\u{feff}/config",
+        "\u{200e}.GIT/hooks/x",
+        "sub/.git.",
+    ] {
+        let refused = fx.sandbox.write_file(&write(path, "x\n")).unwrap_err();
+        assert_eq!(refused.code(), ErrorCode::Denied, "{path}: {refused}");
+        assert!(refused.to_string().contains("git's own files"), "{refused}");
+    }
+    for path in [
+        ".git-x/config",
+        "git~2/x",
+        "x.git/config",
+        ".gi t/x",
+        "git~1x/y",
+    ] {
+        fx.sandbox
+            .write_file(&write(path, "x\n"))
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+}
+
 /// Edits `path` (replacing `old` with `new`, which must succeed) and reads the file back.
 fn edited(fx: &Fixture, path: &str, old: &str, new: &str) -> String {
     let done = fx
