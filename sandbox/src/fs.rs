@@ -1103,10 +1103,6 @@ pub(crate) fn write_file(
     target.check_seen(seen)?;
     let old = target.old_text();
     let content = in_its_line_endings(old.as_deref(), &args.content);
-    if let Err(e) = check_size(limits, content.len()) {
-        std::mem::take(&mut target.new_dirs).undo();
-        return Err(e);
-    }
     let (bytes, encoding, reencoded_from) = match target.encoded(&content, limits) {
         Ok(encoded) => encoded,
         Err(e) => {
@@ -1149,12 +1145,27 @@ fn in_its_line_endings<'a>(old: Option<&str>, content: &'a str) -> std::borrow::
     }
 }
 
+/// The most bytes of UTF-8 one byte of an encoding a write keeps holds: a windows-1252 byte
+/// can be a character of three (`€`); UTF-16's two bytes hold at most three.
+const UTF8_BYTES_PER_BYTE: u64 = 3;
+
+/// Content no file could hold within the write limit, whatever its encoding, is refused before
+/// anything is looked at; the limit itself counts the bytes written, once the file's encoding
+/// is known ([`Target::encoded`]): text in UTF-8 over it may fit in windows-1252.
 fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), SandboxError> {
-    check_size(limits, args.content.len())
+    let bound = limits.write_max_bytes.saturating_mul(UTF8_BYTES_PER_BYTE);
+    if args.content.len() as u64 > bound {
+        return Err(SandboxError::LimitExceeded(format!(
+            "content is {} bytes, over the {}-byte write limit",
+            args.content.len(),
+            limits.write_max_bytes
+        )));
+    }
+    Ok(())
 }
 
-/// Content of `len` bytes is within the write limit (with a CRLF file's line endings, as
-/// written: [`in_its_line_endings`]).
+/// Text of `len` bytes, written as UTF-8 (with a CRLF file's line endings, as written:
+/// [`in_its_line_endings`]), is within the write limit.
 fn check_size(limits: &Limits, len: usize) -> Result<(), SandboxError> {
     check_written(limits, len, "content is")
 }
@@ -1309,7 +1320,14 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
     let replaced = if replace_all { count as u128 } else { 1 };
     let new_len = old_text.len() as u128 - replaced * old_string.len() as u128
         + replaced * new_string.len() as u128;
-    if new_len > u128::from(limits.write_max_bytes) {
+    // As text; what it takes in the file's own encoding is counted once it is made, below.
+    let bound = match held {
+        Some(held) if held.encoding.as_str() != "utf-8" => {
+            limits.write_max_bytes.saturating_mul(UTF8_BYTES_PER_BYTE)
+        }
+        _ => limits.write_max_bytes,
+    };
+    if new_len > u128::from(bound) {
         return Err(SandboxError::LimitExceeded(format!(
             "the edited file would be {new_len} bytes, over the {}-byte write limit",
             limits.write_max_bytes
@@ -2482,8 +2500,13 @@ pub(crate) fn check_write(
             check_write_size(limits, &args)?;
             let path = resolve_file(jail, &args.path)?;
             match Target::locate(jail, &path, Parents::Require, limits) {
-                Ok(_) => Ok(()),
+                Ok(target) => {
+                    let old = target.old_text();
+                    let content = in_its_line_endings(old.as_deref(), &args.content);
+                    target.encoded(&content, limits).map(drop)
+                }
                 Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
+                    check_size(limits, args.content.len())?;
                     let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
                         path: path.given().to_owned(),
                         what: "is a directory, not a file to write",
@@ -2611,6 +2634,7 @@ pub(crate) fn preview(
                 // A new file in directories the write will create (each checked again as it is
                 // made).
                 Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
+                    check_size(limits, args.content.len())?;
                     let (parent, _) = path.split().ok_or_else(|| SandboxError::WrongFileType {
                         path: path.given().to_owned(),
                         what: "is a directory, not a file to write",

@@ -2483,6 +2483,61 @@ fn a_write_in_utf16_counts_the_bytes_it_writes_against_the_limit() {
     fx.sandbox.write_file(&write("w.txt", "ok\n")).unwrap();
 }
 
+/// Regression: a write or an edit of a windows-1252 file was refused when its text, in UTF-8,
+/// was over the write limit, though the bytes it writes in the file's encoding (one a
+/// character) were within it. The limit counts the bytes written; content no encoding could
+/// bring under it is still refused before anything is looked at.
+#[test]
+fn a_write_in_windows_1252_that_fits_in_its_bytes_is_written() {
+    let fx = Fixture::with_limits(Limits {
+        write_max_bytes: 1_000,
+        ..Limits::default()
+    });
+    // "café" in windows-1252: é is one byte there, two in UTF-8.
+    std::fs::write(fx.root().join("l.txt"), b"caf\xe9\n").unwrap();
+    fx.sandbox.read_file(&read("l.txt")).unwrap();
+    let text = format!("{}\n", "\u{e9}".repeat(700)); // 1,401 bytes of UTF-8, 701 written
+    let args = serde_json::json!({"path": "l.txt", "content": text});
+    fx.sandbox.check(ToolName::WriteFile, &args).unwrap();
+    fx.sandbox.preview(ToolName::WriteFile, &args).unwrap();
+    let written = fx.sandbox.write_file(&write("l.txt", &text)).unwrap();
+    assert_eq!(written.bytes_written, 701);
+    assert_eq!(written.encoding.as_deref(), Some("windows-1252"));
+    assert_eq!(std::fs::read(fx.root().join("l.txt")).unwrap().len(), 701);
+    // An edit to 950 bytes in the file (1,649 of UTF-8).
+    let edited = fx
+        .sandbox
+        .edit_file(&edit("l.txt", "\n", &format!("{}\n", "\u{e9}".repeat(249))))
+        .unwrap();
+    assert_eq!(edited.bytes_written, 950);
+    // Past the limit in its own bytes, refused, and the file kept.
+    let over = format!("{}\n", "\u{e9}".repeat(1_000));
+    let refused = fx.sandbox.write_file(&write("l.txt", &over)).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("written as windows-1252 (the file's encoding), the content is 1001 bytes"),
+        "{refused}"
+    );
+    assert_eq!(std::fs::read(fx.root().join("l.txt")).unwrap().len(), 950);
+    // A new file is UTF-8: the same text is over the limit there, refused before asking.
+    let new = serde_json::json!({"path": "new.txt", "content": text});
+    let refused = fx.sandbox.check(ToolName::WriteFile, &new).unwrap_err();
+    assert!(
+        refused.to_string().contains("content is 1401 bytes"),
+        "{refused}"
+    );
+    assert!(fx.sandbox.write_file(&write("new.txt", &text)).is_err());
+    assert!(!fx.root().join("new.txt").exists());
+    // And content no encoding could bring under it, before anything is looked at.
+    let huge = "a".repeat(3_001);
+    let refused = fx.sandbox.write_file(&write("l.txt", &huge)).unwrap_err();
+    assert!(
+        refused.to_string().contains("content is 3001 bytes"),
+        "{refused}"
+    );
+}
+
 /// A `write_file` replaces a file with what the agent made of what it read. When something else
 /// changed the file since (a command the agent ran, an editor, the folder's owner), that change
 /// would be lost unseen: the write is refused, before anyone is asked, until the file is read
