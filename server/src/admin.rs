@@ -536,18 +536,16 @@ impl Admin {
     /// back means the log holds nothing more yet (`session audit` pages on, and `--follow`
     /// polls, from the offset returned).
     ///
-    /// In PostgreSQL, `offset` is a position in the log (records, not bytes).
+    /// In PostgreSQL, `offset` is the log's cursor ([`SessionStore::audit_after`]: the
+    /// sequence number of the last row read), not bytes.
     pub fn audit_from(&self, id: &str, offset: u64) -> Result<(Vec<AuditRecord>, u64), String> {
         use std::io::{Read, Seek};
         if self.in_database {
-            let from = usize::try_from(offset).unwrap_or(usize::MAX);
             // Records that cannot be read are skipped, and not read again.
-            let (records, total) = self
+            return self
                 .store
-                .audit_page(id, from, AUDIT_PAGE_RECORDS)
-                .map_err(|e| e.to_string())?;
-            let next = from.saturating_add(AUDIT_PAGE_RECORDS).min(total);
-            return Ok((records, (next as u64).max(offset)));
+                .audit_after(id, offset, AUDIT_PAGE_RECORDS)
+                .map_err(|e| e.to_string());
         }
         let path = self.data_dir.join("sessions").join(id).join("audit.jsonl");
         let file = match File::open(&path) {

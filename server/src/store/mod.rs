@@ -547,6 +547,22 @@ pub trait SessionStore: Send + Sync {
         let total = all.len();
         Ok((all.into_iter().skip(offset).take(limit).collect(), total))
     }
+    /// Up to `limit` audit records after `cursor` (0: from the oldest), and the cursor after the
+    /// last of them (`cursor` itself when there are none yet): how a log is read through and
+    /// followed. The default's cursor is a position ([`SessionStore::audit_page`]); a database
+    /// pages on its own sequence, each page found by its index rather than by counting the
+    /// rows before it.
+    fn audit_after(
+        &self,
+        id: &str,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<(Vec<AuditRecord>, u64), StoreError> {
+        let from = usize::try_from(cursor).unwrap_or(usize::MAX);
+        let (records, total) = self.audit_page(id, from, limit)?;
+        let next = from.saturating_add(limit).min(total);
+        Ok((records, (next as u64).max(cursor)))
+    }
     /// The ids of `owner`'s sessions whose conversation contains every word of `query`
     /// (case-insensitive), most recently active first (a database answers it with one query
     /// over the messages; the default reads each conversation).

@@ -206,6 +206,14 @@ impl SessionStore for Observed {
     fn audit_count(&self, id: &str) -> Result<usize, StoreError> {
         self.inner.audit_count(id)
     }
+    fn audit_after(
+        &self,
+        id: &str,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<(Vec<AuditRecord>, u64), StoreError> {
+        self.inner.audit_after(id, cursor, limit)
+    }
     fn audit_page(
         &self,
         id: &str,

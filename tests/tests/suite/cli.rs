@@ -1213,7 +1213,22 @@ async fn session_audit_of_a_long_log(url: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_audit_shows_the_calls_and_follow_prints_new_ones() {
-    let (_server, data, config) = ServerProcess::logged_in().await;
+    session_audit_and_follow(None).await;
+}
+
+/// On PostgreSQL, `--follow` goes on from the log's cursor (the sequence number of its last row
+/// read), each page found by the index rather than by counting the rows before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_audit_shows_the_calls_and_follow_prints_new_ones_on_postgresql() {
+    let Some(url) = super::pg_store::pg_url("session_audit_follow_on_postgresql") else {
+        return;
+    };
+    session_audit_and_follow(Some(&url)).await;
+}
+
+/// [`session_audit_shows_the_calls_and_follow_prints_new_ones`] on a backend.
+async fn session_audit_and_follow(url: Option<&str>) {
+    let (_server, data, config) = logged_in_on(url).await;
     let out = client(config.path(), &["call", "list_dir"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     // The audit log is written just after the answer: wait (bounded) for its line.

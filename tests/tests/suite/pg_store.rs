@@ -336,6 +336,29 @@ fn exercise(store: &dyn Store) {
     let (page, total) = store.audit_page("s2", 1, 1).unwrap();
     assert_eq!((calls(page), total), (vec!["c2".to_owned()], 3));
     assert_eq!(store.audit_log("s3").unwrap(), []);
+    // Read through, and followed, by a cursor: with another session's records between its
+    // own, every record once and in order; the cursor stays where it is when nothing is new.
+    store.audit("default", &[audit("other")]).unwrap();
+    store.audit("s2", &[audit("c4")]).unwrap();
+    let (mut read, mut cursor) = (Vec::new(), 0);
+    loop {
+        let (page, next) = store.audit_after("s2", cursor, 2).unwrap();
+        assert!(page.len() <= 2);
+        read.extend(calls(page));
+        if next == cursor {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(read, ["c1", "c2", "c3", "c4"]);
+    assert_eq!(
+        store.audit_after("s2", cursor, 2).unwrap(),
+        (vec![], cursor)
+    );
+    store.audit("s2", &[audit("c5")]).unwrap();
+    let (page, next) = store.audit_after("s2", cursor, 2).unwrap();
+    assert_eq!((calls(page), next > cursor), (vec!["c5".to_owned()], true));
+    assert_eq!(store.audit_after("s3", 0, 2).unwrap(), (vec![], 0));
 
     // Workspace records: the resolve is idempotent (the URI follows), sessions page by cursor.
     let r = store
@@ -1428,6 +1451,11 @@ fn corrupt_rows_are_a_clear_error_or_skipped_and_never_serve_another_sessions_da
         .map(|r| r.call_id)
         .collect();
     assert_eq!(calls, ["c1", "c2"]);
+    // And passed by a cursor, which goes on after it.
+    let (records, cursor) = store.audit_after("s1", 0, 2).unwrap();
+    assert_eq!(records.len(), 1, "c1, then the unreadable one");
+    let (records, _) = store.audit_after("s1", cursor, 2).unwrap();
+    assert_eq!(records[0].call_id, "c2");
 
     // A session row whose owner is empty: refused as corrupt, never listed as anyone's.
     psql(&url, "UPDATE sessions SET owner = '' WHERE id = 's3'");

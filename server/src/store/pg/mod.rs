@@ -52,6 +52,19 @@ fn readable_artifacts<'a>(
     })
 }
 
+/// The audit records of session `id` that rows of `record` (first) hold, in their order; one
+/// that cannot be read is skipped with a warning (and not read again: a cursor passes it).
+fn readable_audit<'a>(
+    id: &'a str,
+    rows: &'a [tokio_postgres::Row],
+) -> impl Iterator<Item = AuditRecord> + 'a {
+    rows.iter().filter_map(move |r| {
+        serde_json::from_str(r.get::<_, &str>(0))
+            .map_err(|e| tracing::warn!("session {id}: skipping an unreadable audit record: {e}"))
+            .ok()
+    })
+}
+
 /// In one read-only snapshot: how many rows `count` counts for session `id`, and the rows
 /// `page` gives for it at (`OFFSET`, `LIMIT`) `at`, so that the total and the page agree.
 async fn counted_page(
@@ -1018,22 +1031,39 @@ impl SessionStore for PgStore {
                 (offset, limit),
             )
             .await?;
-            let records = rows
-                .iter()
-                .filter_map(|r| {
-                    let text: &str = r.get(0);
-                    match serde_json::from_str(text) {
-                        Ok(record) => Some(record),
-                        Err(e) => {
-                            tracing::warn!(
-                                "session {id}: skipping an unreadable audit record: {e}"
-                            );
-                            None
-                        }
-                    }
-                })
-                .collect();
+            let records = readable_audit(&id, &rows).collect();
             Ok((records, usize::try_from(total).unwrap_or(0)))
+        })
+    }
+
+    /// On the rows' sequence numbers (`seq`), through the `(session_id, seq)` index: a page far
+    /// into a long log costs what the first does, where `OFFSET` counted every row before it
+    /// (and a count of the whole log came with each page), so reading a log through took time
+    /// in the square of its length. One session's records are appended by one writer at a
+    /// time (the host that holds its lease), each in a transaction of its own, so their
+    /// sequence numbers are committed in order and a cursor never passes one still to come.
+    fn audit_after(
+        &self,
+        id: &str,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<(Vec<AuditRecord>, u64), StoreError> {
+        check_id(id)?;
+        let id = id.to_owned();
+        let after = i64::try_from(cursor).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |c| async move {
+            let rows = c
+                .query(
+                    "SELECT record, seq FROM audit WHERE session_id = $1 AND seq > $2 \
+                     ORDER BY seq LIMIT $3",
+                    &[&id, &after, &limit],
+                )
+                .await
+                .map_err(db)?;
+            let last = rows.last().map_or(after, |r| r.get::<_, i64>(1));
+            let records = readable_audit(&id, &rows).collect();
+            Ok((records, u64::try_from(last).unwrap_or(cursor).max(cursor)))
         })
     }
 
