@@ -22,9 +22,35 @@ pub trait Blobs: Send + Sync {
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Removes the content under `key` (none there is not an error).
     fn delete(&self, key: &str) -> Result<(), StoreError>;
-    /// Every key held, with when its content was last written (for the orphan sweep).
-    fn list(&self) -> Result<Vec<BlobEntry>, StoreError>;
+    /// Keys held after `cursor` (from the first with `None`), in the store's order of keys,
+    /// each with when its content was last written (for the orphan sweep): at most `limit`
+    /// entries looked at (what is no key is looked at and skipped, so a page may hold fewer),
+    /// and the cursor to go on from, `None` once the end was reached. A page at a time, so that
+    /// a store of millions of keys is never held in memory whole, nor listed in one operation
+    /// that must end within one time-out.
+    fn list_page(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<BlobEntry>, Option<String>), StoreError>;
+
+    /// Every key held ([`Blobs::list_page`], page after page).
+    fn list(&self) -> Result<Vec<BlobEntry>, StoreError> {
+        let (mut all, mut cursor) = (Vec::new(), None);
+        loop {
+            let (page, next) = self.list_page(cursor.as_deref(), LIST_PAGE)?;
+            all.extend(page);
+            match next {
+                Some(next) => cursor = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
 }
+
+/// How many entries a listing looks at per page ([`Blobs::list_page`]): an S3 listing's own
+/// page.
+pub const LIST_PAGE: usize = 1_000;
 
 /// One key a blob store holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,46 +158,63 @@ impl Blobs for FsBlobs {
         }
     }
 
-    fn list(&self) -> Result<Vec<BlobEntry>, StoreError> {
-        let entries = |dir: &Path| match std::fs::read_dir(dir) {
-            Ok(entries) => Ok(Some(entries)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(StoreError::io("list", dir, e)),
+    /// In the order of (scope, file name), each directory's names read and sorted for the
+    /// page (a scope holds one session's or workspace's artifacts, bounded by its quota).
+    fn list_page(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<BlobEntry>, Option<String>), StoreError> {
+        // The names of a directory's entries that are directories (`dirs`) or not, sorted; a
+        // name that is not UTF-8 is no key's part.
+        let names = |dir: &Path, dirs: bool| -> Result<Vec<String>, StoreError> {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(StoreError::io("list", dir, e)),
+            };
+            let mut names: Vec<String> = entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir() == dirs))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect();
+            names.sort_unstable();
+            Ok(names)
         };
-        let mut out = Vec::new();
-        let Some(scopes) = entries(&self.root)? else {
-            return Ok(out);
-        };
-        for scope in scopes.flatten() {
-            // A stray file beside the scopes is no scope (its listing failed, and with it every
-            // sweep after).
-            if !scope.file_type().is_ok_and(|t| t.is_dir()) {
+        let after = cursor.and_then(|c| c.split_once('/'));
+        let (mut out, mut looked) = (Vec::new(), 0);
+        // A stray file beside the scopes is no scope (its listing failed, and with it every
+        // sweep after).
+        for scope in names(&self.root, true)? {
+            if after.is_some_and(|(s, _)| scope.as_str() < s) {
                 continue;
             }
-            let Some(files) = entries(&scope.path())? else {
-                continue;
-            };
-            for file in files.flatten() {
-                let key = format!(
-                    "{}/{}",
-                    scope.file_name().to_string_lossy(),
-                    file.file_name().to_string_lossy()
-                );
+            let dir = self.root.join(&scope);
+            for file in names(&dir, false)? {
+                if after.is_some_and(|(s, f)| (scope.as_str(), file.as_str()) <= (s, f)) {
+                    continue;
+                }
+                let key = format!("{scope}/{file}");
+                looked += 1;
                 // Temporary files of a write in flight, and anything else, are no key.
-                if check_key(&key).is_err() {
-                    continue;
+                if check_key(&key).is_ok()
+                    && let Ok(meta) = std::fs::symlink_metadata(dir.join(&file))
+                    && meta.is_file()
+                {
+                    let modified = meta
+                        .modified()
+                        .map_err(|e| StoreError::io("stat", &dir.join(&file), e))?;
+                    out.push(BlobEntry {
+                        key: key.clone(),
+                        modified,
+                    });
                 }
-                let Ok(meta) = file.metadata() else { continue };
-                if !meta.is_file() {
-                    continue;
+                if looked >= limit {
+                    return Ok((out, Some(key)));
                 }
-                let modified = meta
-                    .modified()
-                    .map_err(|e| StoreError::io("stat", &file.path(), e))?;
-                out.push(BlobEntry { key, modified });
             }
         }
-        Ok(out)
+        Ok((out, None))
     }
 }
 
@@ -227,6 +270,38 @@ mod tests {
         let mut keys: Vec<String> = blobs.list().unwrap().into_iter().map(|e| e.key).collect();
         keys.sort();
         assert_eq!(keys, ["s1/a1", "w1/a2"]);
+    }
+
+    /// A listing a page at a time: every key once, in the order of (scope, name) whatever the
+    /// page's size, what is no key looked at and skipped, and the end said.
+    #[test]
+    fn blobs_are_listed_a_page_at_a_time_each_key_once_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("blobs");
+        let blobs = FsBlobs::new(&root);
+        assert_eq!(blobs.list_page(None, 2).unwrap(), (vec![], None));
+        // `a-b/...` sorts before `a/...` as one string, after it as (scope, name).
+        let keys = ["a/x", "a/y", "a-b/z", "b/1", "b/2", "b/3", "c_/q"];
+        for key in keys {
+            blobs.put(key, b"1").unwrap();
+        }
+        std::fs::write(root.join("b/.2a.tmp"), b"partial").unwrap();
+        for limit in 1..=9 {
+            let (mut all, mut cursor, mut pages) = (Vec::new(), None, 0);
+            loop {
+                let (page, next) = blobs.list_page(cursor.as_deref(), limit).unwrap();
+                assert!(page.len() <= limit);
+                all.extend(page.into_iter().map(|e| e.key));
+                pages += 1;
+                assert!(pages <= 9, "ends");
+                match next {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            assert_eq!(all, keys, "pages of {limit}");
+        }
+        assert_eq!(blobs.list().unwrap().len(), keys.len());
     }
 
     #[test]

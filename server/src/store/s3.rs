@@ -348,15 +348,30 @@ impl Blobs for S3Blobs {
         })
     }
 
-    fn list(&self) -> Result<Vec<BlobEntry>, StoreError> {
+    /// In the bucket's order of object names (S3 lists them so); the cursor is the last
+    /// object's whole name, listed on from with `start-after`, each page one operation.
+    fn list_page(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<BlobEntry>, Option<String>), StoreError> {
         let store = self.store.clone();
-        let prefix = self.prefix.clone();
+        let root = self.prefix.clone().map(ObjectPath::from);
+        let offset = cursor
+            .map(ObjectPath::parse)
+            .transpose()
+            .map_err(|e| StoreError::Invalid(format!("a listing's cursor: {e}")))?;
+        let limit = limit.max(1);
         let listed: Vec<(String, SystemTime)> =
             self.run("listing the objects".into(), async move {
-                let root = prefix.clone().map(ObjectPath::from);
-                let mut stream = store.list(root.as_ref());
+                let mut stream = match &offset {
+                    Some(offset) => store.list_with_offset(root.as_ref(), offset),
+                    None => store.list(root.as_ref()),
+                };
                 let mut out = Vec::new();
-                while let Some(meta) = stream.next().await {
+                while out.len() < limit
+                    && let Some(meta) = stream.next().await
+                {
                     let meta = meta?;
                     out.push((
                         meta.location.to_string(),
@@ -365,8 +380,11 @@ impl Blobs for S3Blobs {
                 }
                 Ok(out)
             })?;
+        let next = (listed.len() == limit)
+            .then(|| listed.last().map(|(location, _)| location.clone()))
+            .flatten();
         let strip = self.prefix.as_ref().map(|p| format!("{p}/"));
-        Ok(listed
+        let entries = listed
             .into_iter()
             .filter_map(|(location, modified)| {
                 let key = match &strip {
@@ -377,7 +395,8 @@ impl Blobs for S3Blobs {
                 check_key(&key).ok()?;
                 Some(BlobEntry { key, modified })
             })
-            .collect())
+            .collect();
+        Ok((entries, next))
     }
 }
 

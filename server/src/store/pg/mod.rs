@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "artifacts by session",
         include_str!("0004_artifacts_by_session.sql"),
     ),
+    (
+        5,
+        "artifacts by blob key",
+        include_str!("0005_artifacts_by_blob_key.sql"),
+    ),
 ];
 
 /// The artifacts of `session` that rows of `id, meta, blob_key` hold, in their order; one that
@@ -289,28 +294,50 @@ impl PgStore {
 
     /// Removes the artifact content no row names that was written at least `grace` ago (see
     /// [`super::blobs::orphans`]): what a crash between a content write and its row left, or a
-    /// delete whose content removal failed after its rows were gone. The content is listed
-    /// before the rows are read, so a row committed meanwhile is seen.
+    /// delete whose content removal failed after its rows were gone. A page of
+    /// [`super::blobs::LIST_PAGE`] keys at a time ([`PgStore::sweep_orphans_paged`]).
     pub fn sweep_orphans(&self, grace: Duration) -> Result<super::blobs::Swept, StoreError> {
-        let listed = self.blobs.list()?;
-        let now = std::time::SystemTime::now();
-        let named: std::collections::HashSet<String> = self.with(move |c| async move {
-            let rows = c
-                .query("SELECT blob_key FROM artifacts", &[])
-                .await
-                .map_err(db)?;
-            Ok(rows.iter().map(|r| r.get(0)).collect())
-        })?;
-        let orphans = super::blobs::orphans(&listed, &named, now, grace);
-        let mut removed = 0;
-        for key in &orphans {
-            self.blobs.delete(key)?;
-            removed += 1;
+        self.sweep_orphans_paged(grace, super::blobs::LIST_PAGE)
+    }
+
+    /// [`PgStore::sweep_orphans`] in pages of `page` keys: each page of content is listed, then
+    /// the rows that name its keys are read (by the `blob_key` index), so a row committed
+    /// meanwhile is seen; neither the bucket's keys nor the rows are ever held whole (the sweep
+    /// read every row, and listed the whole bucket in one operation bound by one time-out).
+    pub fn sweep_orphans_paged(
+        &self,
+        grace: Duration,
+        page: usize,
+    ) -> Result<super::blobs::Swept, StoreError> {
+        let (mut swept, mut cursor) = (super::blobs::Swept::default(), None);
+        loop {
+            let (listed, next) = self.blobs.list_page(cursor.as_deref(), page)?;
+            let now = std::time::SystemTime::now();
+            let keys: Vec<String> = listed.iter().map(|e| e.key.clone()).collect();
+            let named: std::collections::HashSet<String> = if keys.is_empty() {
+                Default::default()
+            } else {
+                self.with(move |c| async move {
+                    let rows = c
+                        .query(
+                            "SELECT blob_key FROM artifacts WHERE blob_key = ANY($1)",
+                            &[&keys],
+                        )
+                        .await
+                        .map_err(db)?;
+                    Ok(rows.iter().map(|r| r.get(0)).collect())
+                })?
+            };
+            for key in super::blobs::orphans(&listed, &named, now, grace) {
+                self.blobs.delete(&key)?;
+                swept.removed += 1;
+            }
+            swept.listed += listed.len();
+            match next {
+                Some(next) => cursor = Some(next),
+                None => return Ok(swept),
+            }
         }
-        Ok(super::blobs::Swept {
-            listed: listed.len(),
-            removed,
-        })
     }
 
     /// Removes this host's directories of sessions deleted on another host (`sessions/<id>`,
