@@ -234,7 +234,7 @@ impl Front {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Which of the session's workspaces are folders of this device, for the locations an
         // editor follows (none when the list cannot be had: the calls run all the same).
-        let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+        let home = crate::config::canonical_home();
         let mut places = translate::Places::new(&self.config.client_name, home);
         // A cancel meanwhile is answered at once, as above.
         let listed = tokio::select! {

@@ -246,7 +246,7 @@ impl AttachOptions {
 /// `path` (absolute, resolved) as `~/...` when it is under the home directory, else as it is:
 /// as DESIGN.md's URIs show a folder (one user's `~` is one place), never the words typed.
 fn home_relative(path: &Path) -> String {
-    let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+    let home = crate::config::canonical_home();
     relative_to(path, home.as_deref())
 }
 
@@ -2042,7 +2042,7 @@ mod tests {
             assert_eq!(relative_to(Path::new(path), home), path, "{home:?}");
         }
         // The options of every attach (the command's, chat's `/attach`) start from the user's.
-        let user = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+        let user = crate::config::canonical_home();
         match user.filter(|home| home.parent().is_some()) {
             Some(home) => assert_eq!(
                 AttachOptions::new(home.join("dev/monad")).shown_path,

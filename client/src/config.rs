@@ -301,6 +301,13 @@ pub fn default_config_dir() -> Option<PathBuf> {
     directories::BaseDirs::new().map(|d| d.config_dir().join("monad"))
 }
 
+/// The user's home directory with its links resolved, as the folders it holds are named
+/// (`~/...` in a workspace's URI, an editor's locations, the warning of attaching it whole);
+/// `None` when there is none or it cannot be resolved.
+pub fn canonical_home() -> Option<PathBuf> {
+    directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok())
+}
+
 /// Accepts `sha256:AB:CD...`, `AB CD ...` or plain hex; returns 64 lowercase hex digits.
 pub fn normalize_fingerprint(raw: &str) -> Result<String, ClientError> {
     let trimmed = raw.trim();

@@ -684,7 +684,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             // Allowed (a user may mean it), but said: every file of the machine, or of the
             // user, is then within the agents' reach.
-            let home = directories::BaseDirs::new().and_then(|d| d.home_dir().canonicalize().ok());
+            let home = monad_client::config::canonical_home();
             if canonical.parent().is_none() || home.as_deref() == Some(canonical.as_path()) {
                 errln!(
                     "warning: {} is {}: every file in it that you can read is within reach of \
