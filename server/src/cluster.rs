@@ -186,12 +186,13 @@ impl std::fmt::Debug for Cluster {
 
 impl Cluster {
     /// This host on `store` (named by its [`crate::store::pg::Host`]), forwarding with
-    /// `secret` (none, or a blank one: it neither forwards nor accepts forwarded calls), pinning
+    /// `secret` (none: it neither forwards nor accepts forwarded calls; a blank one is none, as
+    /// [`crate::settings::ClusterSettings::secret`] gives it), pinning
     /// `fingerprint` (its own certificate's) when it reaches other hosts.
     pub fn new(store: Arc<PgStore>, secret: Option<Secret>, fingerprint: &str) -> Cluster {
         Cluster {
             store,
-            secret: secret.filter(|s| !s.is_blank()),
+            secret,
             fingerprint: fingerprint.to_owned(),
             device: uuid::Uuid::new_v4().hyphenated().to_string(),
             endpoint: Mutex::new([None, None]),

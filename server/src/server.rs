@@ -215,7 +215,7 @@ impl Server {
         let cluster = pg.map(|pg| {
             Arc::new(crate::cluster::Cluster::new(
                 pg,
-                config.cluster.secret.clone(),
+                config.cluster.secret().cloned(),
                 &identity.fingerprint,
             ))
         });

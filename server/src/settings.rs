@@ -68,10 +68,17 @@ impl ClusterSettings {
         Duration::from_secs(self.lease_secs.max(1))
     }
 
+    /// The hosts' shared secret, when there is one: a blank one is none (a key derived from it
+    /// anyone could make), so that this host neither forwards nor accepts forwarded calls, and
+    /// the web's page tokens are signed with a key of its own.
+    pub fn secret(&self) -> Option<&Secret> {
+        self.secret.as_ref().filter(|s| !s.is_blank())
+    }
+
     /// Checks `advertise`: `HOST:PORT` (a name or an address, `[v6]:PORT`); and the secret, if
     /// any: at least [`MIN_SECRET_CHARS`] characters (never repeated in the error).
     pub fn check(&self) -> Result<(), String> {
-        if let Some(secret) = self.secret.as_ref().filter(|s| !s.is_blank())
+        if let Some(secret) = self.secret()
             && secret.expose().trim().chars().count() < MIN_SECRET_CHARS
         {
             return Err(format!(

@@ -50,14 +50,7 @@ pub struct Web {
 /// The HTTP routes of this module, to merge beside `/mcp`.
 pub fn router(state: Arc<State>, shutdown: tokio_util::sync::CancellationToken) -> axum::Router {
     // With several hosts, one key for all of them (from their shared secret).
-    // A blank secret is none (as the hosts take it): a key derived from it anyone could make.
-    let signer = match state
-        .config
-        .cluster
-        .secret
-        .as_ref()
-        .filter(|s| !s.is_blank())
-    {
+    let signer = match state.config.cluster.secret() {
         Some(secret) => token::Signer::from_secret(secret.expose().as_bytes()),
         None => token::Signer::random(),
     };
