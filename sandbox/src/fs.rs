@@ -1306,6 +1306,11 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
             )));
         }
         n if n > 1 && !replace_all => {
+            let n = if n > OCCURRENCES_COUNTED {
+                format!("more than {OCCURRENCES_COUNTED}")
+            } else {
+                n.to_string()
+            };
             return Err(SandboxError::NoMatch(format!(
                 "`old_string` occurs {n} times in `{}` ({}); add surrounding text to make it \
                  unique, or set `replace_all` to replace every occurrence",
@@ -1369,9 +1374,20 @@ fn plan_edit(jail: &Jail, limits: &Limits, args: &EditFileArgs) -> Result<Edit, 
 }
 
 /// How many times `needle` (not empty) starts in `text`, counting occurrences that overlap.
+///
+/// Counted up to one past [`OCCURRENCES_COUNTED`]: each occurrence that overlaps the last costs
+/// a comparison of the whole needle, so a file of 16 MiB of one repeated character and a needle
+/// of 64 KiB of it, every position an occurrence, was 10^12 comparisons (tens of minutes of a
+/// core, before the owner was asked, in the check of the call).
 fn occurrences(text: &str, needle: &str) -> usize {
-    occurrence_starts(text, needle).count()
+    occurrence_starts(text, needle)
+        .take(OCCURRENCES_COUNTED + 1)
+        .count()
 }
+
+/// The most occurrences of one `old_string` counted ([`occurrences`]) or placed on lines
+/// ([`occurrence_lines`]).
+const OCCURRENCES_COUNTED: usize = 1_000;
 
 /// Where `needle` (not empty) starts in `text`, in order, occurrences that overlap included.
 fn occurrence_starts<'a>(text: &'a str, needle: &'a str) -> impl Iterator<Item = usize> + 'a {
@@ -1393,7 +1409,7 @@ const PLACES_NAMED: usize = 10;
 fn occurrence_lines(text: &str, needle: &str) -> String {
     let mut lines = Vec::new();
     let (mut line, mut counted_to) = (1, 0);
-    for at in occurrence_starts(text, needle) {
+    for at in occurrence_starts(text, needle).take(OCCURRENCES_COUNTED) {
         line += text.as_bytes()[counted_to..at]
             .iter()
             .filter(|&&b| b == b'\n')
@@ -1450,7 +1466,9 @@ fn near_miss(text: &str, old_string: &str) -> String {
     let (trimmed, lowered) = (first.trim(), first.trim().to_lowercase());
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
-        if line.contains(first) {
+        // A search is made ready in the needle's length: only where it can fit, so that 8
+        // million empty lines and a first line of 64 KiB are not 8 million of them.
+        if line.len() >= first.len() && line.contains(first) {
             exact.push(n + 1);
         } else if line.trim() == trimmed {
             spaced.push(n + 1);

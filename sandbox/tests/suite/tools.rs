@@ -1532,6 +1532,48 @@ fn edit_file_changes_nothing_when_old_string_is_missing_or_ambiguous() {
     );
 }
 
+/// Regression: an edit's `old_string` was placed at every position it occurs, overlapping ones
+/// included, each found by a comparison of the whole string: a file of one repeated character
+/// and a long `old_string` of it (every position an occurrence) took time in the product of
+/// the two lengths, tens of minutes of a core for 16 MiB and 64 KiB, in the check made before
+/// the owner is asked. Occurrences are counted up to a bound, and said as more than it; the
+/// same file with `replace_all` replaces what does not overlap, as before.
+#[test]
+fn an_old_string_that_occurs_everywhere_is_counted_to_a_bound() {
+    let fx = Fixture::new();
+    fx.put("zeros.txt", &"0".repeat(1 << 20));
+    let old = "0".repeat(16 * 1024);
+    let args = serde_json::json!({"path": "zeros.txt", "old_string": old, "new_string": "x"});
+    for refused in [
+        fx.sandbox.check(ToolName::EditFile, &args).unwrap_err(),
+        fx.sandbox
+            .edit_file(&edit("zeros.txt", &old, "x"))
+            .unwrap_err(),
+    ] {
+        assert_eq!(refused.code(), ErrorCode::NoMatch, "{refused}");
+        assert!(
+            refused
+                .to_string()
+                .contains("occurs more than 1000 times in `zeros.txt` (at line 1)"),
+            "{refused}"
+        );
+    }
+    let all = EditFileArgs {
+        replace_all: Some(true),
+        ..edit("zeros.txt", &old, "x")
+    };
+    let done = fx.sandbox.edit_file(&all).unwrap();
+    assert_eq!(done.replacements, Some(64));
+    assert_eq!(fx.read("zeros.txt"), "x".repeat(64));
+    // Not found among a million empty lines: the near miss is looked for where it can fit.
+    fx.put("empty.txt", &"\n".repeat(1 << 20));
+    let missing = fx
+        .sandbox
+        .edit_file(&edit("empty.txt", &old, "x"))
+        .unwrap_err();
+    assert_eq!(missing.code(), ErrorCode::NoMatch, "{missing}");
+}
+
 /// A failed edit says where a model's `old_string` went wrong: the places of an ambiguous one,
 /// read_file's line numbers copied with it, a first line found but for white space or case.
 #[test]
