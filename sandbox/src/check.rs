@@ -122,15 +122,22 @@ impl Sandbox {
     /// [`Sandbox::check`] from async code. On a root on a local disk the check runs right here:
     /// it is a few `stat`s and opens, which take microseconds, less than the two thread
     /// hand-offs of tokio's blocking pool (see [`Sandbox::call`] on small reads). Writes and
-    /// edits (which read the file they replace), and every check of a root elsewhere (NFS,
-    /// SMB, FUSE, ...), run on the blocking pool.
+    /// edits (which read the file they replace), checks of a call whose `path` or `cwd` goes
+    /// into a mount inside the root ([`Sandbox::beyond_a_mount`]), and every check of a root
+    /// elsewhere (NFS, SMB, FUSE, ...), run on the blocking pool.
     pub async fn check_async(
         self: &Arc<Self>,
         tool: ToolName,
         args: &serde_json::Value,
     ) -> Result<(), SandboxError> {
         let reads_files = matches!(tool, ToolName::WriteFile | ToolName::EditFile);
-        if self.local_device.is_some() && !reads_files {
+        let beyond = || {
+            ["path", "cwd"]
+                .iter()
+                .filter_map(|key| args.get(*key).and_then(serde_json::Value::as_str))
+                .any(|path| self.beyond_a_mount(path))
+        };
+        if self.local_device.is_some() && !reads_files && !beyond() {
             return self.check(tool, args);
         }
         let this = Arc::clone(self);

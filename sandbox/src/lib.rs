@@ -338,17 +338,52 @@ impl Sandbox {
     }
 
     /// [`Sandbox::exists`] from async code: right here on a root on a local disk (the lookup's
-    /// `stat`s take less than the two thread hand-offs of tokio's blocking pool), else on the
+    /// `stat`s take less than the two thread hand-offs of tokio's blocking pool), else, or
+    /// when the path goes into a mount inside the root ([`Sandbox::beyond_a_mount`]), on the
     /// blocking pool, as [`Sandbox::check_async`] does. An error only when the pool's task
-    /// failed: the answer is then unknown, not "no". Known limit, as for reads: the lookup
-    /// crosses into a mount inside a local root on the calling task.
+    /// failed: the answer is then unknown, not "no".
     pub async fn exists_async(self: &Arc<Self>, path: &str) -> Result<bool, SandboxError> {
-        if self.local_device.is_some() {
+        if self.local_device.is_some() && !self.beyond_a_mount(path) {
             return Ok(self.exists(path));
         }
         let path = path.to_owned();
         self.on_blocking_pool(move |this| Ok(this.exists(&path)))
             .await
+    }
+
+    /// Whether `path` (as a tool names it) is looked up across a mount inside the root: an
+    /// NFS share, a FUSE or autofs mount in a folder on a local disk, whose lookups block for
+    /// as long as its server does not answer. A call on such a path runs on the blocking pool,
+    /// never on the calling task (an attached client has one thread: a share whose server went
+    /// away froze its prompts, its other calls and its Ctrl-C). Asked of the kernel without
+    /// entering the mount (`openat2` with `RESOLVE_NO_XDEV` stops at its edge, one system call);
+    /// a path that cannot be resolved so for another reason is left to the call, which says
+    /// why.
+    pub fn beyond_a_mount(&self, path: &str) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            use rustix::fs::{Mode, OFlags, ResolveFlags, openat2};
+            let Ok(resolved) = self.jail.resolve(path) else {
+                return false;
+            };
+            let rel = match resolved.rel() {
+                rel if rel.as_os_str().is_empty() => Path::new("."),
+                rel => rel,
+            };
+            let looked_up = openat2(
+                self.jail.dir(),
+                rel,
+                OFlags::PATH | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_XDEV | ResolveFlags::NO_MAGICLINKS,
+            );
+            matches!(looked_up, Err(rustix::io::Errno::XDEV))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = path;
+            false
+        }
     }
 
     /// The command policy in force.
@@ -527,14 +562,17 @@ impl Sandbox {
     /// own filesystem (not on a mount inside the root): from the page cache that takes a few
     /// microseconds, less than the two thread hand-offs of tokio's blocking pool (about 40 µs of
     /// a 270 µs remote read, `docs/benchmarks.md`); a cold read holds the task for one disk
-    /// access. Other reads, and every read of a root elsewhere (NFS, SMB, FUSE, ...), run on the
-    /// blocking pool. Known limit: the open itself crosses into a mount inside a local root on
-    /// the calling task.
+    /// access. Other reads, reads of a path in a mount inside the root
+    /// ([`Sandbox::beyond_a_mount`]), and every read of a root elsewhere (NFS, SMB, FUSE, ...),
+    /// run on the blocking pool.
     async fn read_file_async(
         self: &Arc<Self>,
         args: ReadFileArgs,
     ) -> Result<ReadFileResult, SandboxError> {
-        let Some(root_device) = self.local_device else {
+        let local = self
+            .local_device
+            .filter(|_| !self.beyond_a_mount(&args.path));
+        let Some(root_device) = local else {
             return self
                 .on_blocking_pool(move |this| this.read_file(&args))
                 .await;
@@ -557,13 +595,15 @@ impl Sandbox {
     /// starts again on the pool, where each such entry is looked at. Deeper listings, larger
     /// directories, and every listing of a root elsewhere (overlayfs, whose size counts only
     /// its upper layer; btrfs and ZFS, where it allows far more entries; NFS, FUSE, ...) run
-    /// on the pool. Known limit, as for reads: the open itself crosses into a mount inside a
-    /// local root on the calling task.
+    /// on the pool, as does a listing of a path in a mount inside the root
+    /// ([`Sandbox::beyond_a_mount`]).
     async fn list_dir_async(
         self: &Arc<Self>,
         args: ListDirArgs,
     ) -> Result<ListDirResult, SandboxError> {
-        let inline = self.lists_inline && args.depth.unwrap_or(1) == 1;
+        let inline = self.lists_inline
+            && args.depth.unwrap_or(1) == 1
+            && !self.beyond_a_mount(args.path.as_deref().unwrap_or("."));
         let Some(root_device) = self.local_device.filter(|_| inline) else {
             return self
                 .on_blocking_pool(move |this| this.list_dir(&args))

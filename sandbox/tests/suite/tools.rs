@@ -1574,6 +1574,91 @@ fn an_old_string_that_occurs_everywhere_is_counted_to_a_bound() {
     assert_eq!(missing.code(), ErrorCode::NoMatch, "{missing}");
 }
 
+/// Regression: a path into a mount inside a folder on a local disk (an NFS share, a FUSE or
+/// autofs mount) was looked up, opened and listed on the calling task, where a share whose
+/// server went away blocks in the kernel: an attached client, whose runtime has one thread,
+/// froze whole (its prompts, its other calls, its Ctrl-C). Such a path is found at the mount's
+/// edge without entering it ([`monad_sandbox::Sandbox::beyond_a_mount`], which the async entry
+/// points ask before any lookup), and its calls go to the blocking pool. A tmpfs mounted
+/// inside the fixture stands for the share (it does not block, so what is checked is where
+/// the edge is found, and that calls through it answer as everywhere else).
+#[test]
+fn a_path_into_a_mount_inside_the_folder_is_never_looked_up_on_the_calling_task() {
+    let fx = Fixture::new();
+    fx.put("here/a.txt", "a\n");
+    std::fs::create_dir(fx.root().join("share")).unwrap();
+    fx.symlink("share", "to-share");
+    let share = fx.root().join("share");
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "monad-test", share.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount a tmpfs (the tests run as root)");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(share.clone());
+    std::fs::write(share.join("b.txt"), "b\n").unwrap();
+    for (path, beyond) in [
+        ("share", true),
+        ("share/b.txt", true),
+        ("share/none/x", true),
+        ("to-share/b.txt", true),
+        ("here/../share", true),
+        (".", false),
+        ("here", false),
+        ("here/a.txt", false),
+        ("missing/x", false),
+        ("../outside", false),
+    ] {
+        assert_eq!(fx.sandbox.beyond_a_mount(path), beyond, "{path}");
+    }
+    // Its listing is not made on the calling task; the root's is (where the root's filesystem
+    // lists inline at all).
+    let rt = runtime();
+    let list = |path: &str| {
+        let before = fx.sandbox.inline_listings();
+        let listed = rt
+            .block_on(fx.sandbox.call(ToolName::ListDir, json!({ "path": path })))
+            .unwrap();
+        (listed, fx.sandbox.inline_listings() > before)
+    };
+    let (listed, inline) = list("share");
+    assert!(!inline, "listed on the calling task");
+    assert_eq!(listed["entries"], json!(["share/b.txt"]), "{listed}");
+    let (_, root_inline) = list(".");
+    use nix::sys::statfs::{EXT4_SUPER_MAGIC, F2FS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC};
+    let kind = nix::sys::statfs::statfs(&fx.root())
+        .unwrap()
+        .filesystem_type();
+    assert_eq!(
+        root_inline,
+        [
+            EXT4_SUPER_MAGIC,
+            XFS_SUPER_MAGIC,
+            F2FS_SUPER_MAGIC,
+            TMPFS_MAGIC
+        ]
+        .contains(&kind)
+    );
+    // And its reads and checks answer as everywhere else.
+    let read = rt
+        .block_on(
+            fx.sandbox
+                .call(ToolName::ReadFile, json!({"path": "share/b.txt"})),
+        )
+        .unwrap();
+    assert_eq!(read["content"], "b\n");
+    rt.block_on(
+        fx.sandbox
+            .check_async(ToolName::ReadFile, &json!({"path": "to-share/b.txt"})),
+    )
+    .unwrap();
+}
+
 /// A failed edit says where a model's `old_string` went wrong: the places of an ambiguous one,
 /// read_file's line numbers copied with it, a first line found but for white space or case.
 #[test]
