@@ -211,7 +211,9 @@ fn decode_other(
 ) -> std::io::Result<()> {
     let max_bytes = limits.read_max_bytes as usize;
     let first = read_start(file, result.size, limits.read_max_bytes)?;
-    let first_ascii = first.is_ascii();
+    // Plain ASCII holds no NUL: UTF-16 without a byte-order mark of characters in ASCII's
+    // range is all ASCII bytes too, half of them NULs, and its head tells its encoding.
+    let first_ascii = first.is_ascii() && !first.contains(&0);
     let encoding = match crate::decode::guess(&first) {
         crate::decode::Guess::Binary(why) => {
             result.binary_reason = Some(why);

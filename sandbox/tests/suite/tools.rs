@@ -2665,6 +2665,31 @@ fn a_write_in_windows_1252_that_fits_in_its_bytes_is_written() {
     );
 }
 
+/// Regression: UTF-16 without a byte-order mark, of characters in ASCII's range (a log, a CSV
+/// export), read from its first line, was UTF-16; read on from any other line, its part was
+/// guessed again as if the head were plain ASCII, and its NULs made it binary. Its head tells
+/// its encoding, from any line.
+#[test]
+fn utf16_without_a_byte_order_mark_reads_on_from_any_line() {
+    let fx = Fixture::new();
+    let text: String = (1..=50).map(|i| format!("line {i}\r\n")).collect();
+    let le: Vec<u8> = text.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    std::fs::write(fx.root().join("log.txt"), &le).unwrap();
+    let whole = fx.sandbox.read_file(&read("log.txt")).unwrap();
+    assert_eq!(whole.encoding.as_deref(), Some("utf-16le"));
+    let on = fx
+        .sandbox
+        .read_file(&ReadFileArgs {
+            offset: Some(49),
+            ..read("log.txt")
+        })
+        .unwrap();
+    assert!(!on.binary, "{:?}", on.binary_reason);
+    assert_eq!(on.encoding.as_deref(), Some("utf-16le"));
+    assert_eq!(on.content, "line 49\r\nline 50\r\n");
+    assert_eq!(on.start_line, 49);
+}
+
 /// A `write_file` replaces a file with what the agent made of what it read. When something else
 /// changed the file since (a command the agent ran, an editor, the folder's owner), that change
 /// would be lost unseen: the write is refused, before anyone is asked, until the file is read
