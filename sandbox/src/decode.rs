@@ -241,6 +241,26 @@ pub(crate) fn decode(bytes: &[u8], encoding: Encoding) -> String {
     decode_part(bytes, encoding, true)
 }
 
+/// How many of `bytes` (a whole file in UTF-16) are no UTF-16 text: each unit of a lone
+/// surrogate, and an odd last byte. [`decode`] shows each as U+FFFD, and a write of the text
+/// back writes U+FFFD's bytes in their place.
+pub(crate) fn not_utf16(bytes: &[u8], encoding: Encoding) -> usize {
+    let big = match encoding {
+        Encoding::Utf16Le => false,
+        Encoding::Utf16Be => true,
+        Encoding::Utf8 | Encoding::Latin1 => return 0,
+    };
+    let units = bytes.chunks_exact(2).map(|p| {
+        if big {
+            u16::from_be_bytes([p[0], p[1]])
+        } else {
+            u16::from_le_bytes([p[0], p[1]])
+        }
+    });
+    let lone = char::decode_utf16(units).filter(Result::is_err).count();
+    2 * lone + bytes.len() % 2
+}
+
 /// [`decode`] for bytes that may not be the start of the file (`at_start` false): a UTF-16 byte
 /// order mark there is the character U+FEFF, kept, not a mark.
 pub(crate) fn decode_part(bytes: &[u8], encoding: Encoding, at_start: bool) -> String {

@@ -2574,8 +2574,18 @@ fn bytes_note(target: &Target, new_text: &str) -> Option<String> {
     let old = target.old.as_ref()?;
     if let Some(held) = old.held {
         let encoding = held.encoding.as_str();
+        // What is no UTF-16 in it (an odd last byte, as `echo >> file` leaves; a lone
+        // surrogate) reads as U+FFFD, in the old text and the new alike: the diff cannot show
+        // that its bytes change.
+        let lost = match crate::decode::not_utf16(&old.bytes, held.encoding) {
+            0 => String::new(),
+            n => format!(
+                "; {n} of its bytes are not {encoding} (shown as U+FFFD) and are written as \
+                 U+FFFD's bytes"
+            ),
+        };
         return Some(match crate::decode::encode(new_text, Some(held)) {
-            Ok(_) => format!("the file is {encoding} text, and is written as {encoding}"),
+            Ok(_) => format!("the file is {encoding} text, and is written as {encoding}{lost}"),
             Err(_) => format!(
                 "the file is {encoding} text; the new text has characters {encoding} cannot \
                  hold, so the whole file is written as UTF-8 (every character that is not \

@@ -2387,6 +2387,70 @@ fn own_process_read_only_file() {
     assert_eq!(edited(&fx, "open.txt", "change", "changed"), "changed\n");
 }
 
+/// Regression: a UTF-16 file with bytes that are no UTF-16 (the odd `\n` byte `echo >> file`
+/// appends, a lone surrogate) read as U+FFFD there, in the old text and the new alike, so an
+/// edit elsewhere wrote U+FFFD's bytes in their place while the diff showed no change there and
+/// the note said only that the file stays UTF-16. The note says how many bytes change.
+#[test]
+fn a_preview_says_which_bytes_of_a_utf16_file_are_no_utf16() {
+    let fx = Fixture::new();
+    let mut bytes: Vec<u8> = vec![0xFF, 0xFE];
+    bytes.extend("one\ntwo\n".encode_utf16().flat_map(u16::to_le_bytes));
+    bytes.push(b'\n');
+    std::fs::write(fx.root().join("w.txt"), &bytes).unwrap();
+    let preview = fx
+        .sandbox
+        .preview(
+            ToolName::EditFile,
+            &serde_json::json!({"path": "w.txt", "old_string": "one", "new_string": "1"}),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        preview.bytes_note.as_deref(),
+        Some(
+            "the file is utf-16le text, and is written as utf-16le; 1 of its bytes are not \
+             utf-16le (shown as U+FFFD) and are written as U+FFFD's bytes"
+        )
+    );
+    // A lone surrogate: two bytes.
+    let mut lone: Vec<u8> = vec![0xFF, 0xFE];
+    lone.extend("a".encode_utf16().flat_map(u16::to_le_bytes));
+    lone.extend([0x00, 0xD8]);
+    std::fs::write(fx.root().join("s.txt"), &lone).unwrap();
+    let note = fx
+        .sandbox
+        .preview(
+            ToolName::WriteFile,
+            &serde_json::json!({"path": "s.txt", "content": "b"}),
+        )
+        .unwrap()
+        .unwrap()
+        .bytes_note
+        .unwrap();
+    assert!(note.contains("; 2 of its bytes are not utf-16le"), "{note}");
+    // Whole UTF-16 says nothing of it.
+    let whole: Vec<u8> = "x\n".encode_utf16().flat_map(u16::to_le_bytes).collect();
+    std::fs::write(
+        fx.root().join("ok.txt"),
+        [&[0xFF, 0xFE][..], &whole].concat(),
+    )
+    .unwrap();
+    let note = fx
+        .sandbox
+        .preview(
+            ToolName::WriteFile,
+            &serde_json::json!({"path": "ok.txt", "content": "y\n"}),
+        )
+        .unwrap()
+        .unwrap()
+        .bytes_note;
+    assert_eq!(
+        note.as_deref(),
+        Some("the file is utf-16le text, and is written as utf-16le")
+    );
+}
+
 /// The preview an owner approves says what its diff, made of decoded text, cannot show: a
 /// file kept in its encoding or written anew as UTF-8, and bytes that are not text replaced.
 /// (Before, a write of `é é \u{fffd}` over `é é \xff` showed an empty diff, and one that turned
