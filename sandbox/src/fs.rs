@@ -210,6 +210,11 @@ fn decode_other(
     args: &ReadFileArgs,
 ) -> std::io::Result<()> {
     let max_bytes = limits.read_max_bytes as usize;
+    // As it is now: a file written to since it was opened (a log a command writes) was read
+    // by its size then, which, for one empty then, read nothing and called that text.
+    if let Ok(now) = file.metadata() {
+        result.size = result.size.max(now.len());
+    }
     let first = read_start(file, result.size, limits.read_max_bytes)?;
     // Plain ASCII holds no NUL: UTF-16 without a byte-order mark of characters in ASCII's
     // range is all ASCII bytes too, half of them NULs, and its head tells its encoding.
@@ -369,9 +374,11 @@ fn read_serially(
 ) -> Result<ReadFileResult, SandboxError> {
     let given = path.given().to_owned();
     let io_err = |e| SandboxError::from_io("read", &given, e);
+    // By the size at the open, but at least a page: a file empty then and written to since (a
+    // log a command writes) was read a byte per system call.
     let capacity = usize::try_from(size)
         .unwrap_or(usize::MAX)
-        .clamp(1, 64 * 1024);
+        .clamp(4 * 1024, 64 * 1024);
     let mut reader = BufReader::with_capacity(capacity, file);
 
     let head = reader.fill_buf().map_err(io_err)?;
@@ -2932,6 +2939,28 @@ mod tests {
         let result = read_file(&jail, &limits, &all).unwrap();
         assert_eq!(result.content, big);
         assert_eq!(result.total_lines, Some(1024 * 1024));
+    }
+
+    /// Regression: a file empty when it was opened, written to since with text that is not
+    /// UTF-8 (a log a command writes), was decoded by its size at the open: nothing read, and
+    /// called empty windows-1252 text. It is read as it is now.
+    #[test]
+    fn a_file_written_to_since_it_was_opened_is_decoded_as_it_is_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let jail = Jail::open_ambient(dir.path()).unwrap();
+        std::fs::write(dir.path().join("log.txt"), "").unwrap();
+        let args = ReadFileArgs {
+            path: "log.txt".into(),
+            offset: None,
+            limit: None,
+            workspace: None,
+        };
+        let opened = open_for_read(&jail, &args).unwrap();
+        std::fs::write(dir.path().join("log.txt"), b"caf\xe9\nnext\n").unwrap();
+        let read = read_opened(opened, &Limits::default(), &args).unwrap();
+        assert_eq!(read.encoding.as_deref(), Some("windows-1252"));
+        assert_eq!(read.content, "caf\u{e9}\nnext\n");
+        assert_eq!(read.size, 10);
     }
 
     #[test]
