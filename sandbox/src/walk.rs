@@ -200,11 +200,22 @@ fn load_ignore(dir: &Dir, rel: &str) -> Option<Gitignore> {
     builder.and_then(|b| b.build().ok())
 }
 
+/// Largest compiled pattern a search takes, in bytes (`grep-regex` allows 100 MiB: a few
+/// hundred repeats of a Unicode class, `\w{2000}`, reach it).
+const PATTERN_MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// Largest cache of the lazy DFA one search keeps, in bytes (`grep-regex` allows 1 GiB, a
+/// thread): past it the cache starts again, slower, rather than grow. On a shared server every
+/// user's searches run on the same machine.
+const PATTERN_CACHE_MAX_BYTES: usize = 64 * 1024 * 1024;
+
 /// The search's matcher for `args.pattern`, or why the pattern is not one.
 pub(crate) fn matcher(args: &SearchArgs) -> Result<grep_regex::RegexMatcher, SandboxError> {
     let case_insensitive = args.case_insensitive.unwrap_or(false);
     RegexMatcherBuilder::new()
         .case_insensitive(case_insensitive)
+        .size_limit(PATTERN_MAX_BYTES)
+        .dfa_size_limit(PATTERN_CACHE_MAX_BYTES)
         .line_terminator(Some(b'\n'))
         .build(&args.pattern)
         .map_err(|e| {

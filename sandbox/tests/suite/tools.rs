@@ -676,6 +676,13 @@ fn search_filters_by_glob_caps_results_and_rejects_bad_patterns() {
         assert!(out.truncated && out.at_cap, "{asked:?}");
     }
 
+    // A pattern whose compiled program passes 16 MiB is refused (it was compiled up to 100
+    // MiB, with a lazy DFA cache of up to 1 GiB, a search, on a server every user shares).
+    let large = fx.sandbox.search(&search("\\w{400}")).unwrap_err();
+    assert_eq!(large.code(), ErrorCode::InvalidArguments, "{large}");
+    assert!(large.to_string().contains("size limit"), "{large}");
+    fx.sandbox.search(&search("\\w{20}")).unwrap();
+
     let err = fx.sandbox.search(&search("(unclosed")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArguments);
     assert!(err.to_string().contains("regular expression"), "{err}");
