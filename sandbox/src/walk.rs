@@ -58,7 +58,12 @@ impl Walk<'_> {
             // A file named explicitly is searched even when an ignore file would skip it; named
             // through a link, the file it leads to inside the root (never followed out of it).
             let start = jail.through_final_link(start)?;
-            let (parent, name) = start.split().expect("a file is never the root");
+            // The root, when a link put there since the look above leads to it: a directory
+            // now, said as the search of a file would say it.
+            let (parent, name) = start.split().ok_or_else(|| SandboxError::WrongFileType {
+                path: start.given().to_owned(),
+                what: "was changed into a directory while the search started; search again",
+            })?;
             let dir = jail.open_dir(&parent)?;
             (self.visit)(&dir, name, &start.display());
             return Ok(());
