@@ -1653,6 +1653,48 @@ async fn a_users_session_lookups_take_turns_at_the_store() {
     server.stop().await;
 }
 
+/// Regression: an attach's own store work (where its folder lands, its workspace record) ran
+/// on the blocking pool without one of the user's turns at the store, so one user's attaches
+/// (512 in flight over 64 connections, or dropped with their connections while the work went
+/// on) took every thread of the pool all users share, each waiting on the store. With one turn,
+/// three attaches of folders new to a slow table: one works on it, the others wait for their
+/// turn off the pool (they waited on the table, three threads), and all three attach once it is
+/// free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_attaches_take_turns_at_the_store() {
+    use monad_protocol::wire::Message;
+    let Some(pg) = Pg::alone("a_users_attaches_take_turns_at_the_store") else {
+        return;
+    };
+    let server = monad_tests::TestServer::start_with(|c| {
+        pg.configure(c);
+        c.quotas.max_store_work_per_user = 1;
+    })
+    .await;
+    let config = server.client_config();
+    let (first, _connection, _stream) =
+        monad_tests::FakeClient::ask_attach(&config, Some("w0"), "/fake/w0", vec![]).await;
+    assert!(matches!(first, Message::Attached { .. }), "{first:?}");
+    let (database, holder) = holding(&pg.url, "workspaces", 4).await;
+    let mut attaches = tokio::task::JoinSet::new();
+    for i in 1..=3 {
+        let config = config.clone();
+        attaches.spawn(async move {
+            let (name, path) = (format!("w{i}"), format!("/fake/w{i}"));
+            monad_tests::FakeClient::ask_attach(&config, Some(&name), &path, vec![])
+                .await
+                .0
+        });
+    }
+    steadily_waiting_on_locks(&database, 1, "one attach at a time works on the table").await;
+    while let Some(answer) = within(STEP, "the attaches' answers", attaches.join_next()).await {
+        let answer = answer.unwrap();
+        assert!(matches!(answer, Message::Attached { .. }), "{answer:?}");
+    }
+    let _ = tokio::task::spawn_blocking(move || holder.join()).await;
+    server.stop().await;
+}
+
 /// Regression: a session given up to another host (a folder attaching there) saved its
 /// activity with the registry's lock held, so every lookup of every session on the host, each a
 /// quick look into memory, waited for the database (up to its time-out), and the host stopped
