@@ -703,7 +703,9 @@ fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), Ser
     };
     let layers = Layers::new(
         text.as_deref().map(|t| (name.as_str(), t)),
-        crate::settings::with_aliases(std::env::vars()),
+        crate::settings::with_aliases(
+            crate::settings::environment().map_err(ServerError::Invalid)?,
+        ),
     )
     .and_then(|layers| layers.with_base(&base))
     // The error names its own source (this file, an environment variable, or the layers

@@ -225,10 +225,28 @@ pub fn store_settings(data_dir: &std::path::Path) -> Result<StoreSettings, crate
     let name = path.display().to_string();
     let layers = Layers::new(
         text.as_deref().map(|t| (name.as_str(), t)),
-        std::env::vars(),
+        environment().map_err(crate::ServerError::Invalid)?,
     )
     .map_err(|e| crate::ServerError::Invalid(e.to_string()))?;
     Ok(layers.global().store)
+}
+
+/// The process's environment as the settings read it: `std::env::vars` panics on a name or a
+/// value that is not UTF-8 (`env X=$(printf '\377') monad-server` died so, whatever the
+/// command); such a variable is left out, and one Monad reads (`MONAD_*`, `AWS_*`) is an error
+/// naming it.
+pub fn environment() -> Result<Vec<(String, String)>, String> {
+    let mut vars = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => vars.push((name, value)),
+            (Ok(name), Err(_)) if name.starts_with("MONAD_") || name.starts_with("AWS_") => {
+                return Err(format!("the environment variable {name} is not UTF-8 text"));
+            }
+            _ => {}
+        }
+    }
+    Ok(vars)
 }
 
 impl StoreSettings {
@@ -248,7 +266,9 @@ impl StoreSettings {
     /// The `AWS_*` variables the object store reads: the process environment's, then
     /// [`StoreSettings::object_vars`] over them.
     pub fn aws_vars(&self) -> Vec<(String, String)> {
-        let mut vars: Vec<(String, String)> = std::env::vars()
+        let mut vars: Vec<(String, String)> = environment()
+            .unwrap_or_default()
+            .into_iter()
             .filter(|(k, _)| k.starts_with("AWS_"))
             .collect();
         vars.extend(self.object_vars.iter().cloned());

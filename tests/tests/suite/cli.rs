@@ -58,6 +58,39 @@ async fn server_cmd(data: &Path, args: &[&str]) -> Output {
     monad_tests::server_command(&all).await
 }
 
+/// Regression: any variable of the environment whose name or value is not UTF-8 made every
+/// `monad-server` command panic (`std::env::vars`), whatever it was. One Monad does not read is
+/// left alone; one it reads is an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_variable_that_is_not_utf8_is_no_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let data = tempfile::tempdir().unwrap();
+    let odd = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let run = |var: &'static str| {
+        let mut cmd = command("monad-server");
+        cmd.arg("--data-dir")
+            .arg(data.path())
+            .args(["session", "list", "--json"])
+            .env(var, odd);
+        async move { cmd.output().await.unwrap() }
+    };
+    let out = run("SOME_TOOL_SETTING").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+    let out = run("MONAD_STORE_URL").await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("the environment variable MONAD_STORE_URL is not UTF-8 text"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !text(&out.stderr).contains("panicked"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// A `monad-client attach` running without a terminal, its standard error read line by line.
 struct Attaching {
     child: tokio::process::Child,
