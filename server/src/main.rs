@@ -25,12 +25,22 @@ use monad_server::{Server, ServerConfig};
 struct Cli {
     /// Where tokens, certificates and sessions live (default: the platform data dir + monad;
     /// also MONAD_DATA_DIR).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, value_parser = data_dir_arg)]
     data_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]
     serve: ServeArgs,
+}
+
+/// `--data-dir`: not empty. `--data-dir "$DATA"` with `DATA` unset made the current directory
+/// the data directory (its lock, key, tokens and sessions written there), where an empty
+/// `MONAD_DATA_DIR` is unset.
+fn data_dir_arg(raw: &str) -> Result<PathBuf, String> {
+    if raw.trim().is_empty() {
+        return Err("the data directory is empty (a variable that was not set?)".into());
+    }
+    Ok(PathBuf::from(raw))
 }
 
 /// `--listen` and `--http`: an IP address and port, or a host name and port (`localhost:4433`)

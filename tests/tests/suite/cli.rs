@@ -91,6 +91,40 @@ async fn a_variable_that_is_not_utf8_is_no_panic() {
     );
 }
 
+/// Regression: `--data-dir ""` (`--data-dir "$DATA"` with `DATA` unset) made the current
+/// directory the data directory; it is a usage error, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_data_dir_is_a_usage_error() {
+    let here = tempfile::tempdir().unwrap();
+    for args in [
+        &["--data-dir", "", "token", "create", "--user", "ana"][..],
+        &["session", "list", "--data-dir", " "],
+    ] {
+        let out = command("monad-server")
+            .current_dir(here.path())
+            .args(args)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("the data directory is empty"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_dir(here.path()).unwrap().count(),
+            0,
+            "{args:?}"
+        );
+    }
+}
+
 /// A `monad-client attach` running without a terminal, its standard error read line by line.
 struct Attaching {
     child: tokio::process::Child,
