@@ -33,9 +33,8 @@ struct Cli {
     serve: ServeArgs,
 }
 
-/// `--data-dir`: not empty. `--data-dir "$DATA"` with `DATA` unset made the current directory
-/// the data directory (its lock, key, tokens and sessions written there), where an empty
-/// `MONAD_DATA_DIR` is unset.
+/// `--data-dir`: not blank, and said so (`--data-dir "$DATA"` with `DATA` unset), where an
+/// empty `MONAD_DATA_DIR` is unset; blanks made a data directory named by them.
 fn data_dir_arg(raw: &str) -> Result<PathBuf, String> {
     if raw.trim().is_empty() {
         return Err("the data directory is empty (a variable that was not set?)".into());

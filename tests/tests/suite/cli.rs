@@ -91,8 +91,8 @@ async fn a_variable_that_is_not_utf8_is_no_panic() {
     );
 }
 
-/// Regression: `--data-dir ""` (`--data-dir "$DATA"` with `DATA` unset) made the current
-/// directory the data directory; it is a usage error, and nothing is written.
+/// Regression: `--data-dir " "` made a data directory named by a space (and `""` was refused
+/// without saying why); a blank one is a usage error that says so, and nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_data_dir_is_a_usage_error() {
     let here = tempfile::tempdir().unwrap();
