@@ -1,5 +1,6 @@
 //! The server's TLS identity: a self-signed certificate made on first start, and its fingerprint.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,40 +24,77 @@ pub struct Identity {
 /// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits: what clients pin.
 pub use monad_protocol::pin::fingerprint;
 
-/// Loads `tls/cert.pem` and `tls/key.pem`, creating them (key mode 0600) when absent.
+/// Loads `tls/cert.pem` and `tls/key.pem`, creating them (key mode 0600) when both are absent,
+/// under a lock (`tls/.lock`), so that two processes starting on a new data dir (a server and a
+/// `token create`) make one identity. One of the two without the other is an error naming the
+/// missing one: a new identity there changed the fingerprint every client and host pinned,
+/// silently (one file copied to another host, a key behind a link not mounted yet).
 /// Returns the identity and whether it was just created.
 pub fn load_or_create(tls_dir: &Path) -> Result<(Identity, bool), ServerError> {
     let cert_path = tls_dir.join("cert.pem");
     let key_path = tls_dir.join("key.pem");
-    let created = if cert_path.exists() && key_path.exists() {
-        false
+    // A link counts as there, wherever it leads: reading it then says what is wrong.
+    let there = |path: &Path| path.symlink_metadata().is_ok();
+    let _lock = if there(&cert_path) && there(&key_path) {
+        None
     } else {
         crate::fsutil::create_private_dir(tls_dir)
             .map_err(|e| ServerError::io("create", tls_dir, e))?;
-        let mut names = vec![
-            "localhost".to_owned(),
-            "127.0.0.1".to_owned(),
-            "::1".to_owned(),
-        ];
-        if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
-            let host = host.trim();
-            if !host.is_empty() {
-                names.push(host.to_owned());
-            }
+        let lock_path = tls_dir.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(crate::fsutil::PRIVATE_FILE)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&lock_path)
+            .map_err(|e| ServerError::io("open", &lock_path, e))?;
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| ServerError::io("lock", &lock_path, e.into()))?;
+        Some(lock)
+    };
+    let created = match (there(&cert_path), there(&key_path)) {
+        (true, true) => false,
+        (true, false) | (false, true) => {
+            let (found, missing) = if there(&cert_path) {
+                (&cert_path, &key_path)
+            } else {
+                (&key_path, &cert_path)
+            };
+            return Err(ServerError::Tls(format!(
+                "{} is there but {} is not: the server's identity is the two together; put \
+                 the missing one back (copy both to another host), or remove both to make a \
+                 new identity, whose new fingerprint every client must then pin again",
+                found.display(),
+                missing.display()
+            )));
         }
-        let generated = rcgen::generate_simple_self_signed(names)
-            .map_err(|e| ServerError::Tls(format!("cannot generate a certificate: {e}")))?;
-        write_atomic(
-            &key_path,
-            generated.signing_key.serialize_pem().as_bytes(),
-            0o600,
-        )?;
-        write_atomic(
-            &cert_path,
-            generated.cert.pem().as_bytes(),
-            crate::fsutil::PRIVATE_FILE,
-        )?;
-        true
+        (false, false) => {
+            let mut names = vec![
+                "localhost".to_owned(),
+                "127.0.0.1".to_owned(),
+                "::1".to_owned(),
+            ];
+            if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
+                let host = host.trim();
+                if !host.is_empty() {
+                    names.push(host.to_owned());
+                }
+            }
+            let generated = rcgen::generate_simple_self_signed(names)
+                .map_err(|e| ServerError::Tls(format!("cannot generate a certificate: {e}")))?;
+            write_atomic(
+                &key_path,
+                generated.signing_key.serialize_pem().as_bytes(),
+                0o600,
+            )?;
+            write_atomic(
+                &cert_path,
+                generated.cert.pem().as_bytes(),
+                crate::fsutil::PRIVATE_FILE,
+            )?;
+            true
+        }
     };
     let cert = CertificateDer::from_pem_file(&cert_path)
         .map_err(|e| ServerError::Tls(format!("{}: {e}", cert_path.display())))?;
@@ -91,4 +129,44 @@ pub fn quic_config(
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(Arc::new(transport.quinn()));
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: one of the two files without the other (a key behind a link not mounted
+    /// yet, a certificate copied alone to another host) made a new identity over both,
+    /// silently changing the fingerprint every client pinned; and two processes starting on a
+    /// new data dir could each make one, a key of one beside a certificate of the other.
+    #[test]
+    fn one_half_of_the_identity_is_an_error_and_two_starts_make_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = dir.path().join("tls");
+        let made: Vec<String> = std::thread::scope(|s| {
+            let starts: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| load_or_create(&tls).unwrap().0.fingerprint))
+                .collect();
+            starts.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert!(made.iter().all(|f| f == &made[0]), "{made:?}");
+        let (again, created) = load_or_create(&tls).unwrap();
+        assert!(!created);
+        assert_eq!(again.fingerprint, made[0]);
+
+        let key = std::fs::read(tls.join("key.pem")).unwrap();
+        std::fs::remove_file(tls.join("key.pem")).unwrap();
+        let e = load_or_create(&tls).unwrap_err().to_string();
+        assert!(e.contains("key.pem is not"), "{e}");
+        assert!(!tls.join("key.pem").exists(), "nothing made");
+        // A link that leads nowhere is there: reading it says so, and nothing is made.
+        std::os::unix::fs::symlink(dir.path().join("not-mounted/key.pem"), tls.join("key.pem"))
+            .unwrap();
+        let e = load_or_create(&tls).unwrap_err().to_string();
+        assert!(e.contains("key.pem"), "{e}");
+        assert!(tls.join("key.pem").symlink_metadata().unwrap().is_symlink());
+        std::fs::remove_file(tls.join("key.pem")).unwrap();
+        std::fs::write(tls.join("key.pem"), key).unwrap();
+        assert_eq!(load_or_create(&tls).unwrap().0.fingerprint, made[0]);
+    }
 }
