@@ -839,12 +839,25 @@ async fn handle_connection(
                 };
                 let Ok(permit) = limit.clone().try_acquire_owned() else {
                     // Over the per-connection bound: refuse this request, keep the connection.
+                    // Written on a task of its own, within a bound: a peer that gives the
+                    // stream no credit held this loop, so that a revoked token's connection
+                    // went on serving.
                     let mut send = send;
-                    let _ = write_message(&mut send, &Message::Error {
-                        id: 0,
-                        error: ToolError::new(ErrorCode::LimitExceeded, "too many requests in flight on this connection"),
-                    }).await;
-                    let _ = send.finish();
+                    streams.spawn(async move {
+                        let refusal = Message::Error {
+                            id: 0,
+                            error: ToolError::new(
+                                ErrorCode::LimitExceeded,
+                                "too many requests in flight on this connection",
+                            ),
+                        };
+                        let written =
+                            tokio::time::timeout(REFUSAL_WRITE, write_message(&mut send, &refusal));
+                        match written.await {
+                            Ok(Ok(())) => drop(send.finish()),
+                            _ => drop(send.reset(0u32.into())),
+                        }
+                    });
                     continue;
                 };
                 let ctx = Ctx {
@@ -1800,6 +1813,9 @@ fn workspaces_message(id: u64, session: &Session, minor: u32) -> Message {
     }
     .for_minor(minor)
 }
+
+/// Longest a refusal of a request over the per-connection bound may take to write.
+const REFUSAL_WRITE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The longest path an attached folder may have, in bytes: Linux's `PATH_MAX`.
 const MAX_FOLDER_PATH: usize = 4096;

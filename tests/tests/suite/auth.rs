@@ -59,6 +59,43 @@ async fn revoked_token_is_refused() {
     assert_eq!(server.agent().await.user(), "admin");
 }
 
+/// Regression: a request over the connection's bound was refused by writing the refusal in the
+/// loop that accepts the connection's streams, so a peer that gave that stream no room (it
+/// never reads it) held the loop for good, and with it the check of its token: a revoked
+/// token's connection went on. The refusal is written on its own, within a bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_the_peer_never_reads_does_not_keep_a_revoked_token_connected() {
+    use monad_protocol::wire::{PROTOCOL_MINOR, Role};
+    let server = TestServer::start_with(|c| c.max_calls_per_connection = 1).await;
+    let token = server.create_token("dan");
+    let mut transport = quinn::TransportConfig::default();
+    // Room for the welcome, read a piece at a time; none for a refusal nobody reads.
+    transport.stream_receive_window(16u32.into());
+    let (_endpoint, conn, _) = monad_tests::connect_speaking_over(
+        &server.client_config_with(&token),
+        Role::Agent,
+        PROTOCOL_MINOR,
+        Some(transport),
+    )
+    .await;
+    // The one request in flight: a frame begun, never ended.
+    let (mut first, _first_recv) = conn.open_bi().await.unwrap();
+    first.write_all(&[0]).await.unwrap();
+    // Over the bound: refused, and never read.
+    let (mut second, _second_recv) = conn.open_bi().await.unwrap();
+    second.write_all(&[0]).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let id = token.split('_').nth(1).expect("mnd_ID_SECRET");
+    assert!(server.state().tokens.revoke(id).unwrap());
+    // Checked every 5 s.
+    within(
+        std::time::Duration::from_secs(20),
+        "the revoked token's connection to close",
+        conn.closed(),
+    )
+    .await;
+}
+
 /// Revoking a token cuts off what is connected with it, not only new connections: an attached
 /// folder kept serving calls (the user's other tokens reached it) and an agent kept calling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
