@@ -2251,6 +2251,7 @@ async fn attach_reports(
     let take = |now| state.network_line(user, now);
     // Connections not recorded and not yet said.
     let mut unsaid: u64 = 0;
+    let mut ignored_said = false;
     loop {
         // A report is held in memory as it arrives: counted with the user's calls, never
         // refused (one stream holds at most one), so that the user's next calls are, and no
@@ -2290,13 +2291,18 @@ async fn attach_reports(
                     );
                 }
             }
+            // Said once a stream: a client sending them at line speed wrote a line each to the
+            // log, whose writer blocks the async workers when stderr is slow.
             Ok(Some(other)) => {
-                warn!(
-                    session,
-                    workspace,
-                    "ignored `{}` on an attach stream",
-                    other.kind()
-                );
+                if !ignored_said {
+                    ignored_said = true;
+                    warn!(
+                        session,
+                        workspace,
+                        "ignored `{}` on an attach stream (others after it are ignored unsaid)",
+                        other.kind()
+                    );
+                }
             }
             Ok(None) => break,
             // The client went away (killed, its network lost): the attachment's own end is
