@@ -1353,6 +1353,8 @@ pub struct Registry {
     /// that session again is answered from memory ([`Registry::resolve_in_memory`]). The weak
     /// reference is to the session as loaded then: one reloaded or re-created is bound afresh.
     recent_binds: Mutex<HashMap<(String, String), RecentBind>>,
+    /// The most entries of `recent_binds` ([`RECENT_BINDS_MAX`]; fewer in tests).
+    recent_binds_max: usize,
     /// Sessions being deleted: an open that read one from the store before its rows went
     /// must not put it in memory (it would write the deleted session back).
     deleting: Mutex<std::collections::HashSet<String>>,
@@ -1460,6 +1462,7 @@ impl Registry {
             creating: Mutex::new(HashMap::new()),
             links: Mutex::new(Links::default()),
             recent_binds: Mutex::new(HashMap::new()),
+            recent_binds_max: RECENT_BINDS_MAX,
             deleting: Mutex::new(std::collections::HashSet::new()),
             leaving: Leaving::default(),
             cluster: None,
@@ -2050,13 +2053,24 @@ impl Registry {
                 if let Some(device) = device {
                     self.bind(user, device, &session.id);
                     let mut recent = self.recent_binds.lock().unwrap_or_else(|p| p.into_inner());
-                    if recent.len() >= RECENT_BINDS_MAX {
-                        recent.clear();
+                    // Full: what no longer answers goes first, then this user's own; others'
+                    // stay (a user reconnecting with ever new device ids emptied it for every
+                    // user, whose next calls all went to the store). Still full, this one is
+                    // not kept: its next lookup asks the store, as it would have.
+                    if recent.len() >= self.recent_binds_max {
+                        recent.retain(|_, (bound, at)| {
+                            bound.strong_count() > 0 && at.elapsed() < RECENT_BIND
+                        });
                     }
-                    recent.insert(
-                        (user.to_owned(), device.as_str().to_owned()),
-                        (Arc::downgrade(&session), Instant::now()),
-                    );
+                    if recent.len() >= self.recent_binds_max {
+                        recent.retain(|(owner, _), _| owner != user);
+                    }
+                    if recent.len() < self.recent_binds_max {
+                        recent.insert(
+                            (user.to_owned(), device.as_str().to_owned()),
+                            (Arc::downgrade(&session), Instant::now()),
+                        );
+                    }
                 }
                 Ok(session)
             }
@@ -3507,6 +3521,35 @@ pub(crate) mod tests {
             "another user's is free while ana's is held"
         );
         assert!(reg.folders_of("ana").try_lock().is_err());
+    }
+
+    /// Regression: the bindings answered from memory were all forgotten once 65,536 were kept,
+    /// so one user reconnecting with ever new device ids sent every user's next calls to the
+    /// store. Full, what no longer answers goes first, then the binding user's own.
+    #[test]
+    fn one_users_many_devices_do_not_empty_the_others_bindings_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut reg = registry(dir.path());
+        reg.recent_binds_max = 3;
+        let device = |n: u32| DeviceId::parse(&format!("00000000-0000-4000-8000-{n:012}")).unwrap();
+        let ana = "00000000-0000-4000-8000-00000000a001";
+        let ben = "00000000-0000-4000-8000-00000000b001";
+        let _ana_session = reg.resolve(Some(ana), "ana", Some(&device(1))).unwrap();
+        let _ben_session = reg.resolve(Some(ben), "ben", Some(&device(2))).unwrap();
+        for n in 10..20 {
+            reg.resolve(Some(ben), "ben", Some(&device(n))).unwrap();
+        }
+        assert!(
+            reg.resolve_in_memory(Some(ana), "ana", Some(&device(1)))
+                .is_some(),
+            "ana's binding is still answered from memory"
+        );
+        assert!(reg.recent_binds.lock().unwrap().len() <= 3);
+        // Ben's latest is kept.
+        assert!(
+            reg.resolve_in_memory(Some(ben), "ben", Some(&device(19)))
+                .is_some()
+        );
     }
 
     #[test]
