@@ -261,6 +261,9 @@ impl Default for Transport {
     }
 }
 
+/// The most bytes a connection's peer may have the server hold unread, over all its streams.
+pub const CONNECTION_RECEIVE_WINDOW: u32 = 16 * 1024 * 1024;
+
 impl Transport {
     /// As quinn's transport configuration.
     pub fn quinn(&self) -> quinn::TransportConfig {
@@ -275,6 +278,12 @@ impl Transport {
         // Monad speaks on streams only: no datagrams are taken, where quinn would otherwise
         // keep up to 1.25 MiB of them per connection (that has said hello or not) unread.
         t.datagram_receive_buffer_size(None);
+        // What a peer may have this side hold unread, over all its streams at once: quinn's
+        // default is no bound but each stream's window (1.25 MB), so a peer that withheld each
+        // stream's first byte had 128 streams' windows of the rest kept for it (160 MB a
+        // connection, uncounted by any per-user bound). 16 MiB a connection still fills a
+        // 50 ms path at 300 MB/s.
+        t.receive_window(CONNECTION_RECEIVE_WINDOW.into());
         t
     }
 
