@@ -1874,11 +1874,13 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
             return send_error(&mut send, id, error).await;
         }
     }
-    // The attach's own store work (where the folder lands, its workspace record) takes one of
-    // the user's turns at the store each, held by the work on the blocking pool to its end, as
-    // a listing's is: attaches in flight, or dropped with their connections while their work
-    // went on, took every thread of the pool all users share. One at a time: the lookup of the
-    // session between them waits for a turn of its own.
+    // The attach's own store work (where the folder lands, its workspace record) waits for one
+    // of the user's turns at the store each, held by the work on the blocking pool to its end:
+    // attaches in flight, or dropped with their connections while their work went on, took
+    // every thread of the pool all users share. Waited for, never refused, as the session's
+    // lookup is (a refused attach is one its client gives up on; the waiting is bounded by the
+    // user's connections and their streams). One at a time: the lookup of the session between
+    // them waits for a turn of its own.
     // Without a session named, a folder with an active session (an MCP host's, or one
     // `sessions --new` started in it) attaches there, so that host and folder meet.
     let folder = folder.filter(|f| std::path::Path::new(f).is_absolute());
@@ -1886,10 +1888,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         (None, Some(folder)) => {
             let state = ctx.state.clone();
             let (user, device, folder) = (ctx.user.clone(), ctx.device_id.clone(), folder.clone());
-            let turn = match ctx.state.store_turn(&ctx.user).await {
-                Ok(turn) => turn,
-                Err(e) => return send_error(&mut send, id, e).await,
-            };
+            let turn = ctx.state.store_work.wait_for(&ctx.user).await;
             let target = tokio::task::spawn_blocking(move || {
                 let _turn = turn;
                 crate::landing::attach_target(
@@ -1986,10 +1985,7 @@ async fn client_request(ctx: &Ctx, mut send: quinn::SendStream, mut recv: quinn:
         );
         let session_id = session.id.clone();
         let max = ctx.state.config.quotas.max_workspaces_per_user;
-        let turn = match ctx.state.store_turn(&ctx.user).await {
-            Ok(turn) => turn,
-            Err(e) => return send_error(&mut send, id, e).await,
-        };
+        let turn = ctx.state.store_work.wait_for(&ctx.user).await;
         let resolved = tokio::task::spawn_blocking(move || {
             let _turn = turn;
             // A folder never attached before makes a record within the user's records, as one

@@ -1658,7 +1658,7 @@ async fn a_users_session_lookups_take_turns_at_the_store() {
 /// (512 in flight over 64 connections, or dropped with their connections while the work went
 /// on) took every thread of the pool all users share, each waiting on the store. With one turn,
 /// three attaches of folders new to a slow table: one works on it, the others wait for their
-/// turn off the pool or are refused (they waited on the table, three threads).
+/// turn off the pool (they waited on the table, three threads), and all three attach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_attaches_take_turns_at_the_store() {
     use monad_protocol::wire::Message;
@@ -1686,28 +1686,12 @@ async fn a_users_attaches_take_turns_at_the_store() {
         });
     }
     steadily_waiting_on_locks(&database, 1, "one attach at a time works on the table").await;
-    // Each attaches once the table is free, or, when it came to the store with one working
-    // and one waiting, is refused naming the limit (whether it waited for the session's
-    // lookup first depends on timing); the first one attaches.
-    let mut attached = 0;
+    // Waited for, never refused (a refused attach is one its client gives up on): all three
+    // attach once the table is free.
     while let Some(answer) = within(STEP, "the attaches' answers", attaches.join_next()).await {
-        match answer.unwrap() {
-            Message::Attached { .. } => attached += 1,
-            Message::Error { error, .. } => {
-                assert_eq!(
-                    error.code,
-                    monad_protocol::ErrorCode::LimitExceeded,
-                    "{error:?}"
-                );
-                assert!(
-                    error.message.contains("max_store_work_per_user"),
-                    "{error:?}"
-                );
-            }
-            other => panic!("{other:?}"),
-        }
+        let answer = answer.unwrap();
+        assert!(matches!(answer, Message::Attached { .. }), "{answer:?}");
     }
-    assert!(attached >= 1);
     let _ = tokio::task::spawn_blocking(move || holder.join()).await;
     server.stop().await;
 }
