@@ -92,7 +92,7 @@ pub fn lookup(sandbox: &Sandbox) -> Lookup {
                 rel
             };
             entries_of(sandbox.jail().dir(), rel, dir, &mut entries)
-        } else if places.writable(dir) || changeable_by(dir, me).is_some() {
+        } else if places.writable(dir) || dir.ancestors().any(|d| changeable_by(d, me).is_some()) {
             changeable.push(dir.to_string_lossy().into_owned());
             Dir::open_ambient_dir(dir, ambient_authority()).map_or(Listed::Missing, |handle| {
                 entries_of(&handle, Path::new("."), dir, &mut entries)
@@ -549,6 +549,28 @@ mod tests {
                 && said.contains("others can change that file")
                 && said.contains("covers whatever it holds when it runs"),
             "{said}"
+        );
+
+        // A PATH directory whose parent others may write (they can put another in its place)
+        // is pinned too, even while it does not exist.
+        let parent = tempfile::tempdir().unwrap();
+        mode(parent.path(), 0o777);
+        let exec = ExecPolicy {
+            extra_read_paths: vec![parent.path().to_path_buf()],
+            path_env: format!("{}/bin:/usr/bin:/bin", parent.path().display()),
+            ..ExecPolicy::default()
+        };
+        let sb = sandbox(dir.path(), exec);
+        let before = lookup(&sb);
+        assert_eq!(
+            before.changeable,
+            [parent.path().join("bin").to_string_lossy()]
+        );
+        executable(&parent.path().join("bin/make"));
+        assert_ne!(
+            lookup(&sb),
+            before,
+            "a make put first in the PATH is a new lookup"
         );
     }
 }

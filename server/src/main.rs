@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use clap::builder::{OsStringValueParser, TypedValueParser};
 use clap::{Parser, Subcommand};
 use monad_protocol::output::{Table, count};
 use monad_protocol::text::{json_safe, printable, printable_lines};
@@ -25,7 +26,7 @@ use monad_server::{Server, ServerConfig};
 struct Cli {
     /// Where tokens, certificates and sessions live (default: the platform data dir + monad;
     /// also MONAD_DATA_DIR).
-    #[arg(long, global = true, value_parser = data_dir_arg)]
+    #[arg(long, global = true, value_parser = OsStringValueParser::new().try_map(data_dir_arg))]
     data_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
@@ -35,8 +36,8 @@ struct Cli {
 
 /// `--data-dir`: not blank, and said so (`--data-dir "$DATA"` with `DATA` unset), where an
 /// empty `MONAD_DATA_DIR` is unset; blanks made a data directory named by them.
-fn data_dir_arg(raw: &str) -> Result<PathBuf, String> {
-    if raw.trim().is_empty() {
+fn data_dir_arg(raw: std::ffi::OsString) -> Result<PathBuf, String> {
+    if raw.as_encoded_bytes().trim_ascii().is_empty() {
         return Err("the data directory is empty (a variable that was not set?)".into());
     }
     Ok(PathBuf::from(raw))
