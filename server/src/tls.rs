@@ -24,8 +24,8 @@ pub struct Identity {
 /// SHA-256 of a certificate's DER bytes, as 64 lowercase hex digits: what clients pin.
 pub use monad_protocol::pin::fingerprint;
 
-/// Loads `tls/cert.pem` and `tls/key.pem`, creating them (key mode 0600) when both are absent,
-/// under a lock (`tls/.lock`), so that two processes starting on a new data dir (a server and a
+/// Loads `tls/cert.pem` and `tls/key.pem`, creating them (key mode 0600) when both are absent
+/// (or a start that made them was cut short: `tls/.making`), under a lock (`tls/.lock`), so that two processes starting on a new data dir (a server and a
 /// `token create`) make one identity. One of the two without the other is an error naming the
 /// missing one: a new identity there changed the fingerprint every client and host pinned,
 /// silently (one file copied to another host, a key behind a link not mounted yet).
@@ -35,7 +35,7 @@ pub fn load_or_create(tls_dir: &Path) -> Result<(Identity, bool), ServerError> {
     let key_path = tls_dir.join("key.pem");
     // A link counts as there, wherever it leads: reading it then says what is wrong.
     let there = |path: &Path| path.symlink_metadata().is_ok();
-    let _lock = if there(&cert_path) && there(&key_path) {
+    let _lock = if there(&cert_path) && there(&key_path) && !there(&tls_dir.join(".making")) {
         None
     } else {
         crate::fsutil::create_private_dir(tls_dir)
@@ -53,9 +53,13 @@ pub fn load_or_create(tls_dir: &Path) -> Result<(Identity, bool), ServerError> {
             .map_err(|(_, e)| ServerError::io("lock", &lock_path, e.into()))?;
         Some(lock)
     };
+    // Made while the identity is being made: a start cut short between its two files (the
+    // key is written first) made no identity anyone pinned, and the next start makes it anew.
+    let making = tls_dir.join(".making");
+    let cut_short = there(&making);
     let created = match (there(&cert_path), there(&key_path)) {
-        (true, true) => false,
-        (true, false) | (false, true) => {
+        (true, true) if !cut_short => false,
+        (true, false) | (false, true) if !cut_short => {
             let (found, missing) = if there(&cert_path) {
                 (&cert_path, &key_path)
             } else {
@@ -69,7 +73,8 @@ pub fn load_or_create(tls_dir: &Path) -> Result<(Identity, bool), ServerError> {
                 missing.display()
             )));
         }
-        (false, false) => {
+        _ => {
+            std::fs::write(&making, b"").map_err(|e| ServerError::io("write", &making, e))?;
             let mut names = vec![
                 "localhost".to_owned(),
                 "127.0.0.1".to_owned(),
@@ -93,6 +98,7 @@ pub fn load_or_create(tls_dir: &Path) -> Result<(Identity, bool), ServerError> {
                 generated.cert.pem().as_bytes(),
                 crate::fsutil::PRIVATE_FILE,
             )?;
+            std::fs::remove_file(&making).map_err(|e| ServerError::io("remove", &making, e))?;
             true
         }
     };
@@ -168,5 +174,18 @@ mod tests {
         std::fs::remove_file(tls.join("key.pem")).unwrap();
         std::fs::write(tls.join("key.pem"), key).unwrap();
         assert_eq!(load_or_create(&tls).unwrap().0.fingerprint, made[0]);
+
+        // A first start cut short between the two files: the next makes the identity anew.
+        let fresh = dir.path().join("fresh");
+        std::fs::create_dir(&fresh).unwrap();
+        std::fs::write(fresh.join(".making"), b"").unwrap();
+        std::fs::write(fresh.join("key.pem"), b"half").unwrap();
+        let (made, created) = load_or_create(&fresh).unwrap();
+        assert!(created);
+        assert!(!fresh.join(".making").exists());
+        assert_eq!(
+            load_or_create(&fresh).unwrap().0.fingerprint,
+            made.fingerprint
+        );
     }
 }
