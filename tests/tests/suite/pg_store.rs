@@ -1386,6 +1386,58 @@ pub fn psql(url: &str, sql: &str) -> String {
     pg::cluster().unwrap().psql(database, sql).unwrap()
 }
 
+/// Regression (from a review): a session's audit rows are appended by the host that holds its
+/// lease and by a bystander recording (a network report that reached it), and a row whose
+/// sequence number was taken before another's but committed after it was passed for good by a
+/// reader's cursor (`session audit --follow`). Appends of one session wait for each other to
+/// their commits: a second append waits while another holds the session's append lock in an
+/// open transaction, and a cursor that follows the log reads every row once, in order.
+#[test]
+fn a_followed_audit_log_misses_no_row_committed_late() {
+    let Some(url) = pg_url("a_followed_audit_log_misses_no_row_committed_late") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let store = pg_store(&url, data.path());
+    store.create(&meta("s1", "ana", "t")).unwrap();
+    store.audit("s1", &[audit("c1")]).unwrap();
+    let (_, mut cursor) = store.audit_after("s1", 0, 10).unwrap();
+    let template = serde_json::to_string(&audit("late"))
+        .unwrap()
+        .replace('\'', "''");
+    // Another writer's append, in a transaction held open for two seconds.
+    let late = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            psql(
+                &url,
+                &format!(
+                    "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('audit:' || 's1', 0)); \
+                     INSERT INTO audit (session_id, record) VALUES ('s1', '{template}'); \
+                     SELECT pg_sleep(2); COMMIT;"
+                ),
+            )
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // This append waits for it, and its row comes after; the log is followed as soon as it
+    // returns, and again once the other has ended.
+    store.audit("s1", &[audit("next")]).unwrap();
+    let mut read = Vec::new();
+    let mut follow = |read: &mut Vec<String>| loop {
+        let (page, next) = store.audit_after("s1", cursor, 10).unwrap();
+        read.extend(page.into_iter().map(|r| r.call_id));
+        if next == cursor {
+            break;
+        }
+        cursor = next;
+    };
+    follow(&mut read);
+    late.join().unwrap();
+    follow(&mut read);
+    assert_eq!(read, ["late", "next"]);
+}
+
 #[test]
 fn corrupt_rows_are_a_clear_error_or_skipped_and_never_serve_another_sessions_data() {
     let Some(url) =

@@ -1011,6 +1011,11 @@ impl SessionStore for PgStore {
             let tx = c.transaction().await.map_err(db)?;
             fencing.check(&tx, &id).await?;
             session_exists(&tx, &id).await?;
+            // One session's appends one at a time, to their commits: a bystander host records
+            // too (a network report that reached it), and a sequence number taken before
+            // another's but committed after it was passed for good by a reader's cursor
+            // (`audit_after`).
+            tx.execute(LOCK_AUDIT, &[&id]).await.map_err(db)?;
             tx.execute(
                 "INSERT INTO audit (session_id, record)
                  SELECT $1, r FROM unnest($2::text[]) WITH ORDINALITY AS a(r, n) ORDER BY n",
@@ -1066,9 +1071,10 @@ impl SessionStore for PgStore {
     /// On the rows' sequence numbers (`seq`), through the `(session_id, seq)` index: a page far
     /// into a long log costs what the first does, where `OFFSET` counted every row before it
     /// (and a count of the whole log came with each page), so reading a log through took time
-    /// in the square of its length. One session's records are appended by one writer at a
-    /// time (the host that holds its lease), each in a transaction of its own, so their
-    /// sequence numbers are committed in order and a cursor never passes one still to come.
+    /// in the square of its length. One session's appends go one at a time to their commits
+    /// ([`LOCK_AUDIT`]; the host that holds its lease and a bystander recording alike), so
+    /// their sequence numbers are committed in order and a cursor never passes one still to
+    /// come.
     fn audit_after(
         &self,
         id: &str,
@@ -1412,6 +1418,11 @@ fn unix_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
+
+/// Serializes the audit appends of one session, to their commits (an advisory lock on a hash
+/// of its id, held by the transaction), so that its rows' sequence numbers are committed in
+/// order ([`PgStore::audit_after`]).
+const LOCK_AUDIT: &str = "SELECT pg_advisory_xact_lock(hashtextextended('audit:' || $1, 0))";
 
 /// Serializes the binding changes of one user (an advisory lock on a hash of the name, held
 /// until the transaction ends).
