@@ -148,6 +148,12 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
         // A page: `edit_file` decides from the whole file, which may end lines both ways.
         out.push_str(", the lines shown end with CRLF (the CR not shown)");
     }
+    // A byte order mark is not text: it is not shown, as an editor does not show it, and a
+    // whole-file write keeps it (`WriteResult::bom_kept`).
+    let bom = first == 1 && r.content.starts_with('\u{feff}');
+    if bom {
+        out.push_str(", starts with a byte order mark (not shown; a write keeps it)");
+    }
     // A line longer than the byte cap: its head alone is shown, without its line ending.
     let line_cut =
         r.lines > 0 && r.truncation == Some(Truncation::Bytes) && !r.content.ends_with('\n');
@@ -179,6 +185,10 @@ fn read_file(ws: &Where<'_>, r: ReadFileResult) -> String {
             Some(ended) if crlf => ended.strip_suffix('\r').unwrap_or(ended),
             Some(ended) => ended,
             None => line,
+        };
+        let line = match line.strip_prefix('\u{feff}') {
+            Some(rest) if bom && n == 1 => rest,
+            _ => line,
         };
         out.push('\n');
         push_right_aligned(&mut out, n, width);
@@ -669,6 +679,9 @@ fn write(ws: &Where<'_>, r: WriteResult) -> String {
     }
     if r.crlf_kept {
         out.push_str(", its lines ending with CRLF as the file's did");
+    }
+    if r.bom_kept {
+        out.push_str(", its byte order mark kept as the file had it");
     }
     // A new file's diff is the content the model just sent, every line of it again: said
     // only in the JSON.

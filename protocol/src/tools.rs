@@ -1070,6 +1070,11 @@ pub struct WriteResult {
     /// Absent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub crlf_kept: bool,
+    /// True when `write_file` kept the byte order mark the file it replaced started with (a
+    /// UTF-8 file's U+FEFF, which `read_file` does not show) before content that had none.
+    /// Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bom_kept: bool,
 }
 
 /// Arguments of `edit_file`.

@@ -1111,7 +1111,7 @@ pub(crate) fn write_file(
     }
     target.check_seen(seen)?;
     let old = target.old_text();
-    let content = in_its_line_endings(old.as_deref(), &args.content);
+    let (content, kept) = as_the_file_has_it(old.as_deref(), &args.content);
     let (bytes, encoding, reencoded_from) = match target.encoded(&content, limits) {
         Ok(encoded) => encoded,
         Err(e) => {
@@ -1138,20 +1138,54 @@ pub(crate) fn write_file(
         created_dirs: target.new_dirs.shown(),
         encoding: encoding.map(str::to_owned),
         reencoded_from: reencoded_from.map(str::to_owned),
-        crlf_kept: matches!(content, std::borrow::Cow::Owned(_)),
+        crlf_kept: kept.crlf,
+        bom_kept: kept.bom,
     })
 }
 
-/// `content` as a `write_file` of a file whose text is `old` writes it: in a file whose every
-/// line ends with CRLF, content with LF line breaks only (what an agent writes, and what
-/// read_file showed it) gets CRLF ones, as `edit_file` writes them, so that a whole-file
-/// rewrite does not change every line of a Windows file. Content with a CR of its own is
-/// written as given.
-fn in_its_line_endings<'a>(old: Option<&str>, content: &'a str) -> std::borrow::Cow<'a, str> {
-    match old {
-        Some(old) if ends_lines_with_crlf(old) && !content.contains('\r') => with_crlf(content),
-        _ => content.into(),
+/// `content` as a `write_file` of a file whose text is `old` writes it, and what of the file's
+/// ways it kept that the content did not have:
+///
+/// - In a file whose every line ends with CRLF, content with LF line breaks only (what an agent
+///   writes, and what read_file showed it) gets CRLF ones, as `edit_file` writes them, so that
+///   a whole-file rewrite does not change every line of a Windows file. Content with a CR of
+///   its own is written as given.
+/// - A file whose text starts with a byte order mark (a UTF-8 file's U+FEFF: a UTF-16 file's
+///   own mark is kept by its encoding, [`crate::decode::encode`]) keeps it before content that
+///   has none: read_file does not show it, Windows editors write it and PowerShell 5 needs it
+///   to read a script's text as UTF-8. Content that starts with one is written as given.
+fn as_the_file_has_it<'a>(
+    old: Option<&str>,
+    content: &'a str,
+) -> (std::borrow::Cow<'a, str>, FileWays) {
+    let Some(old) = old else {
+        return (content.into(), FileWays::default());
+    };
+    let crlf = ends_lines_with_crlf(old) && !content.contains('\r');
+    let bom = old.starts_with(BOM) && !content.starts_with(BOM);
+    let kept = FileWays { crlf, bom };
+    let content = if crlf {
+        with_crlf(content)
+    } else {
+        content.into()
+    };
+    if bom {
+        (format!("{BOM}{content}").into(), kept)
+    } else {
+        (content, kept)
     }
+}
+
+/// The byte order mark, as text.
+const BOM: char = '\u{feff}';
+
+/// What [`as_the_file_has_it`] kept of the file's ways.
+#[derive(Debug, Default, Clone, Copy)]
+struct FileWays {
+    /// Its CRLF line endings.
+    crlf: bool,
+    /// Its byte order mark.
+    bom: bool,
 }
 
 /// The most bytes of UTF-8 one byte of an encoding a write keeps holds: a windows-1252 byte
@@ -1174,7 +1208,7 @@ fn check_write_size(limits: &Limits, args: &WriteFileArgs) -> Result<(), Sandbox
 }
 
 /// Text of `len` bytes, written as UTF-8 (with a CRLF file's line endings, as written:
-/// [`in_its_line_endings`]), is within the write limit.
+/// [`as_the_file_has_it`]), is within the write limit.
 fn check_size(limits: &Limits, len: usize) -> Result<(), SandboxError> {
     check_written(limits, len, "content is")
 }
@@ -1223,6 +1257,7 @@ pub(crate) fn edit_file(
         encoding: edit.encoding.map(str::to_owned),
         reencoded_from: None,
         crlf_kept: false,
+        bom_kept: false,
     })
 }
 
@@ -2529,7 +2564,7 @@ pub(crate) fn check_write(
             match Target::locate(jail, &path, Parents::Require, limits) {
                 Ok(target) => {
                     let old = target.old_text();
-                    let content = in_its_line_endings(old.as_deref(), &args.content);
+                    let (content, _) = as_the_file_has_it(old.as_deref(), &args.content);
                     target.encoded(&content, limits).map(drop)
                 }
                 Err(SandboxError::NotFound(_)) if args.create_parents.unwrap_or(true) => {
@@ -2657,7 +2692,7 @@ pub(crate) fn preview(
                     // Refused before its owner is asked, as the write itself would be.
                     target.check_seen(seen)?;
                     let old = target.old_text();
-                    let content = in_its_line_endings(old.as_deref(), &args.content);
+                    let (content, _) = as_the_file_has_it(old.as_deref(), &args.content);
                     // Refused before its owner is asked when its bytes pass the limit.
                     target.encoded(&content, limits)?;
                     Ok(Some(Preview {

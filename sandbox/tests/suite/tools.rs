@@ -2210,6 +2210,81 @@ fn a_write_of_a_crlf_file_keeps_its_line_endings() {
     assert!(!wrote.crlf_kept);
 }
 
+/// A UTF-8 file that starts with a byte order mark (what Windows editors and PowerShell write,
+/// and what PowerShell 5 needs to read a script's non-ASCII text as UTF-8) keeps it through a
+/// whole-file write of content without one, as a UTF-16 file keeps its own: the model never
+/// saw it (`read_file` does not show it) and its diff shows only the lines it changed. Content
+/// that starts with one is written as given, never with two; a new file gets none.
+#[test]
+fn a_write_of_a_utf8_file_with_a_byte_order_mark_keeps_it() {
+    let fx = Fixture::new();
+    let bom = "\u{feff}";
+    fx.put(
+        "script.ps1",
+        &format!("{bom}Write-Host 'h\u{e9}'\nexit 0\n"),
+    );
+    let read = fx.sandbox.read_file(&read("script.ps1")).unwrap();
+    let text = rendered(ToolName::ReadFile, &read);
+    assert!(!text.contains(bom), "{text:?}");
+    assert!(text.contains("byte order mark"), "{text}");
+    assert!(text.contains("1\tWrite-Host"), "{text}");
+
+    let content = "Write-Host 'h\u{e9}'\nexit 1\n";
+    let args = json!({"path": "script.ps1", "content": content});
+    let preview = fx
+        .sandbox
+        .preview(ToolName::WriteFile, &args)
+        .unwrap()
+        .unwrap();
+    let changed = |diff: &str| {
+        diff.lines()
+            .filter(|l| l.starts_with(['+', '-']) && !l.starts_with("+++") && !l.starts_with("---"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        changed(&preview.diff),
+        ["-exit 0", "+exit 1"],
+        "{}",
+        preview.diff
+    );
+    let wrote = fx
+        .sandbox
+        .write_file(&write("script.ps1", content))
+        .unwrap();
+    assert_eq!(fx.read("script.ps1"), format!("{bom}{content}"));
+    assert_eq!(wrote.bytes_written, (bom.len() + content.len()) as u64);
+    assert_eq!(
+        changed(&wrote.diff),
+        ["-exit 0", "+exit 1"],
+        "{}",
+        wrote.diff
+    );
+    assert!(wrote.bom_kept);
+    let text = rendered(ToolName::WriteFile, &wrote);
+    assert!(text.contains("its byte order mark kept"), "{text}");
+
+    // Content with a mark of its own: one mark, and nothing said.
+    let wrote = fx
+        .sandbox
+        .write_file(&write("script.ps1", &format!("{bom}exit 2\n")))
+        .unwrap();
+    assert_eq!(fx.read("script.ps1"), format!("{bom}exit 2\n"));
+    assert!(!wrote.bom_kept);
+    // A file without a mark, and a new file, are written as given.
+    fx.put("plain.txt", "a\n");
+    for file in ["plain.txt", "new.txt"] {
+        let wrote = fx.sandbox.write_file(&write(file, "b\n")).unwrap();
+        assert_eq!(fx.read(file), "b\n", "{file}");
+        assert!(!wrote.bom_kept, "{file}");
+    }
+    // With CRLF line endings too: both kept.
+    fx.put("both.txt", &format!("{bom}a\r\nb\r\n"));
+    let wrote = fx.sandbox.write_file(&write("both.txt", "a\nc\n")).unwrap();
+    assert_eq!(fx.read("both.txt"), format!("{bom}a\r\nc\r\n"));
+    assert!(wrote.bom_kept && wrote.crlf_kept);
+}
+
 /// Agents read and write LF; in a file whose lines all end with CRLF, an edit's LF means the
 /// file's line break, and the file keeps one kind of line ending.
 #[test]
