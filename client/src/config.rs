@@ -126,13 +126,9 @@ impl ClientConfig {
     /// Loads `<dir>/config.toml`, also when logged out (its token empty).
     pub fn load_any(dir: &Path) -> Result<ClientConfig, ClientError> {
         let path = dir.join("config.toml");
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                ClientError::NotLoggedIn(path.clone())
-            } else {
-                ClientError::Config(format!("{}: {e}", path.display()))
-            }
-        })?;
+        let text = monad_protocol::settings_file::read(&path)
+            .map_err(|e| ClientError::Config(format!("{}: {e}", path.display())))?
+            .ok_or_else(|| ClientError::NotLoggedIn(path.clone()))?;
         check_owner(&path)?;
         // `PATH:LINE: what`, the line of a TOML mistake from its span, on one line.
         let in_file = |line: Option<usize>, message: &str| {
@@ -191,8 +187,10 @@ impl ClientConfig {
         let fresh = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
         // What the file there says is kept only when it is the user's own (else it is written
         // anew: another user's `[exec]` would otherwise be taken on).
-        let text = match std::fs::read_to_string(&path) {
-            Ok(old) if check_owner(&path).is_ok() => Self::merged(&old, &fresh).unwrap_or(fresh),
+        let text = match monad_protocol::settings_file::read(&path) {
+            Ok(Some(old)) if check_owner(&path).is_ok() => {
+                Self::merged(&old, &fresh).unwrap_or(fresh)
+            }
             _ => fresh,
         };
         let write = || -> std::io::Result<()> {

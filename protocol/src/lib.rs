@@ -44,6 +44,8 @@ pub mod output;
 pub mod pin;
 pub mod render;
 pub mod roots;
+#[cfg(feature = "cli")]
+pub mod settings_file;
 #[cfg(feature = "quic")]
 pub mod stream;
 pub mod text;

@@ -652,11 +652,8 @@ const RECORDS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// `config.toml` into.
 fn load_settings(mut config: ServerConfig) -> Result<(ServerConfig, Layers), ServerError> {
     let path = config.data_dir.join("config.toml");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(ServerError::io("read", &path, e)),
-    };
+    let text = monad_protocol::settings_file::read(&path)
+        .map_err(|e| ServerError::io("read", &path, e))?;
     let name = path.display().to_string();
     let base = Settings {
         limits: config.limits.clone(),

@@ -217,11 +217,8 @@ impl StoreFlags {
 /// variables of this process, for the commands that run beside (or without) a server.
 pub fn store_settings(data_dir: &std::path::Path) -> Result<StoreSettings, crate::ServerError> {
     let path = data_dir.join("config.toml");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(crate::ServerError::io("read", &path, e)),
-    };
+    let text = monad_protocol::settings_file::read(&path)
+        .map_err(|e| crate::ServerError::io("read", &path, e))?;
     let name = path.display().to_string();
     let layers = Layers::new(
         text.as_deref().map(|t| (name.as_str(), t)),

@@ -1282,9 +1282,8 @@ impl SessionStore for FsStore {
     fn config_text(&self, id: &str) -> Result<Option<(String, String)>, StoreError> {
         check_id(id)?;
         let path = self.session_dir(id).join("config.toml");
-        match std::fs::read_to_string(&path) {
-            Ok(text) => Ok(Some((path.display().to_string(), text))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        match monad_protocol::settings_file::read(&path) {
+            Ok(text) => Ok(text.map(|text| (path.display().to_string(), text))),
             Err(e) => Err(StoreError::io("read", &path, e)),
         }
     }

@@ -498,6 +498,69 @@ async fn an_empty_monad_data_dir_is_unset_not_the_current_directory() {
     );
 }
 
+/// A settings file that is a FIFO (or a device, or too large) is an error naming it, at once:
+/// the server's start and its commands read `config.toml` to its end, and a FIFO there held
+/// them for ever (a link to `/dev/zero`, until memory ran out); so did the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settings_file_that_is_a_fifo_is_an_error_not_a_wait() {
+    let fifo = |path: &Path| {
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    };
+    let data = tempfile::tempdir().unwrap();
+    fifo(&data.path().join("config.toml"));
+    let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let listen = free.local_addr().unwrap().to_string();
+    drop(free);
+    for args in [
+        &["serve", "--listen", &listen, "--no-http"][..],
+        &["session", "list"],
+        &["token", "list"],
+    ] {
+        let mut cmd = command("monad-server");
+        cmd.arg("--data-dir").arg(data.path()).args(args);
+        let out = within(
+            STEP,
+            "monad-server with a FIFO for config.toml",
+            cmd.output(),
+        )
+        .await
+        .unwrap();
+        let said = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {said}");
+        assert!(
+            said.contains("config.toml") && said.contains("not a regular file"),
+            "{args:?}: {said}"
+        );
+    }
+    // Too large: said so, nothing read past the bound.
+    std::fs::remove_file(data.path().join("config.toml")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", data.path().join("config.toml")).unwrap();
+    let mut cmd = command("monad-server");
+    cmd.arg("--data-dir")
+        .arg(data.path())
+        .args(["session", "list"]);
+    let out = within(
+        STEP,
+        "monad-server with /dev/zero for config.toml",
+        cmd.output(),
+    )
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not a regular file"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let config = tempfile::tempdir().unwrap();
+    fifo(&config.path().join("config.toml"));
+    let out = client(config.path(), &["status"]).await;
+    let said = text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("not a regular file"), "{said}");
+}
+
 /// Runs `cmd` in an empty directory: it succeeds and makes nothing there.
 async fn leaves_the_current_directory_alone(
     mut cmd: tokio::process::Command,
