@@ -112,15 +112,63 @@ impl ClientConfig {
     /// Forgets the token (`logout`); the servers, fingerprint, device id and settings stay, so
     /// that the next login keeps this device's bindings. Returns the servers it was logged in
     /// to (in one line), `None` when it was not.
+    ///
+    /// A config with a mistake elsewhere (a setting out of range, a bad fingerprint) forgets
+    /// its token all the same, in place, the rest left as written for its person to fix: a
+    /// logout is what someone does when a token leaked, and it must not wait for that.
     pub fn logout(dir: &Path) -> Result<Option<String>, ClientError> {
         let mut config = match ClientConfig::load_any(dir) {
             Ok(config) if !config.token.is_empty() => config,
             Ok(_) | Err(ClientError::NotLoggedIn(_)) => return Ok(None),
+            Err(e @ ClientError::Config(_)) => {
+                return match Self::forget_token_in_place(dir)? {
+                    Some(servers) => Ok(Some(servers)),
+                    None => Err(e),
+                };
+            }
             Err(e) => return Err(e),
         };
         config.token.clear();
         config.save(dir)?;
         Ok(Some(config.shown_servers()))
+    }
+
+    /// Sets `token` to empty in the file as it is, which does not load as a config: the
+    /// servers it was logged in to, `None` (nothing written) when it is not its user's own,
+    /// is not TOML or holds no token.
+    fn forget_token_in_place(dir: &Path) -> Result<Option<String>, ClientError> {
+        let path = dir.join("config.toml");
+        if check_owner(&path).is_err() {
+            return Ok(None);
+        }
+        let Ok(Some(text)) = monad_protocol::settings_file::read(&path) else {
+            return Ok(None);
+        };
+        let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else {
+            return Ok(None);
+        };
+        if doc
+            .get("token")
+            .and_then(|t| t.as_str())
+            .is_none_or(str::is_empty)
+        {
+            return Ok(None);
+        }
+        doc["token"] = toml_edit::value("");
+        let servers: Vec<&str> = match doc.get("servers").and_then(|s| s.as_array()) {
+            Some(list) => list.iter().filter_map(|s| s.as_str()).collect(),
+            None => doc
+                .get("server")
+                .and_then(|s| s.as_str())
+                .into_iter()
+                .collect(),
+        };
+        let servers = match servers.join(", ") {
+            none if none.is_empty() => "its server".to_owned(),
+            some => some,
+        };
+        Self::write_config(dir, |_| Ok(doc.to_string()))?;
+        Ok(Some(servers))
     }
 
     /// Loads `<dir>/config.toml`, also when logged out (its token empty).
@@ -166,6 +214,22 @@ impl ClientConfig {
     /// ([`ClientConfig::OWN_KEYS`], set or removed in place): its comments, its order, and its
     /// `[limits]` and `[exec]` as written, absent keys left to their defaults.
     pub fn save(&self, dir: &Path) -> Result<(), ClientError> {
+        let fresh = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
+        Self::write_config(dir, |old| {
+            Ok(old
+                .and_then(|old| Self::merged(old, &fresh))
+                .unwrap_or(fresh))
+        })
+    }
+
+    /// Writes `<dir>/config.toml` atomically, mode 0600, as [`ClientConfig::save`] says, with
+    /// the text `make` gives from what the file there says when it is its user's own (`None`
+    /// otherwise: another user's `[exec]` would be taken on). The directory is synced after
+    /// the rename, so that a crash does not bring back the old token.
+    fn write_config(
+        dir: &Path,
+        make: impl FnOnce(Option<&str>) -> Result<String, ClientError>,
+    ) -> Result<(), ClientError> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -184,15 +248,11 @@ impl ClientConfig {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let tmp = path.with_file_name(format!(".{file_name}.{}.{nanos}.tmp", std::process::id()));
-        let fresh = toml::to_string(self).map_err(|e| ClientError::Config(e.to_string()))?;
-        // What the file there says is kept only when it is the user's own (else it is written
-        // anew: another user's `[exec]` would otherwise be taken on).
-        let text = match monad_protocol::settings_file::read(&path) {
-            Ok(Some(old)) if check_owner(&path).is_ok() => {
-                Self::merged(&old, &fresh).unwrap_or(fresh)
-            }
-            _ => fresh,
+        let old = match monad_protocol::settings_file::read(&path) {
+            Ok(Some(old)) if check_owner(&path).is_ok() => Some(old),
+            _ => None,
         };
+        let text = make(old.as_deref())?;
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -202,7 +262,11 @@ impl ClientConfig {
                 .open(&tmp)?;
             f.write_all(text.as_bytes())?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, &path)?;
+            match path.parent() {
+                Some(parent) => std::fs::File::open(parent)?.sync_all(),
+                None => Ok(()),
+            }
         };
         write().map_err(|e| {
             // Leave no half-written copy beside the config (it may hold the token).
@@ -634,6 +698,39 @@ mod tests {
         // No temporary copy is left, here or beside the file the link leads to.
         assert_eq!(std::fs::read_dir(&config_dir).unwrap().count(), 1);
         assert_eq!(std::fs::read_dir(&dotfiles).unwrap().count(), 1);
+    }
+
+    /// A config with a mistake beside the token (a limit out of range) would not load, and
+    /// `logout` failed on it: the token stayed on disk. Now it is forgotten in place, the rest
+    /// as written; a file that is not TOML, or holds no token, is left alone with its error.
+    #[test]
+    fn logout_forgets_the_token_of_a_config_with_a_mistake_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let old = format!(
+            "# mine\nserver = \"10.0.0.2:4433\"\ntoken = \"mnd_leaked\"\nfingerprint = \"{}\"\n\
+             device_id = \"6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f60\"\nclient_name = \"laptop\"\n\
+             [limits]\nread_max_bytes = 0\n",
+            "ab".repeat(32)
+        );
+        std::fs::write(&path, &old).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        assert!(matches!(
+            ClientConfig::load_any(dir.path()),
+            Err(ClientError::Config(_))
+        ));
+        let servers = ClientConfig::logout(dir.path()).unwrap();
+        assert_eq!(servers.as_deref(), Some("10.0.0.2:4433"));
+        let after = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(after, old.replace("mnd_leaked", ""));
+        // Again: nothing to forget, the mistake is said.
+        let e = ClientConfig::logout(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("read_max_bytes"), "{e}");
+        // Not TOML: left as it is.
+        std::fs::write(&path, "token = \"mnd_x\"\n[limits\n").unwrap();
+        assert!(ClientConfig::logout(dir.path()).is_err());
+        assert!(std::fs::read_to_string(&path).unwrap().contains("mnd_x"));
     }
 
     #[test]
