@@ -354,6 +354,12 @@ impl Places {
 /// on it is said to cover whatever it holds ([`ProgramSite::Shared`]). Followed through links:
 /// `place` is the file a program's path leads to, or a directory on its way.
 fn changeable_by(place: &Path, me: u32) -> Option<String> {
+    changeable_by_any_but(place, me, private_group(me))
+}
+
+/// [`changeable_by`], with `own_group` (the user's private group: [`private_group`]) taken as
+/// the user's own, as root's group is.
+fn changeable_by_any_but(place: &Path, me: u32, own_group: Option<u32>) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(place).ok()?;
     let shown = printable_name(&place.to_string_lossy()).into_owned();
@@ -362,10 +368,33 @@ fn changeable_by(place: &Path, me: u32) -> Option<String> {
         Some(format!("`{shown}` belongs to user {}", meta.uid()))
     } else if meta.mode() & 0o002 != 0 && !sticky {
         Some(format!("every user may write `{shown}`"))
-    } else if meta.mode() & 0o020 != 0 && !sticky && meta.gid() != 0 {
+    } else if meta.mode() & 0o020 != 0
+        && !sticky
+        && meta.gid() != 0
+        && Some(meta.gid()) != own_group
+    {
         Some(format!("group {} may write `{shown}`", meta.gid()))
     } else {
         None
+    }
+}
+
+/// The group of user `uid` alone, when it has one: its primary group, named as the user, with
+/// no other member listed. Debian, Ubuntu and Fedora make one for every user (user private
+/// groups) with a umask of 002, so that a user's own programs are writable by their group:
+/// a group no one else is in, which gives no one else anything. Looked up once per process.
+fn private_group(uid: u32) -> Option<u32> {
+    use nix::unistd::{Group, Uid, User};
+    static FOUND: std::sync::OnceLock<(u32, Option<u32>)> = std::sync::OnceLock::new();
+    let look_up = || {
+        let user = User::from_uid(Uid::from_raw(uid)).ok()??;
+        let group = Group::from_gid(user.gid).ok()??;
+        let alone = group.name == user.name && group.mem.iter().all(|m| *m == user.name);
+        alone.then_some(group.gid.as_raw())
+    };
+    match FOUND.get_or_init(|| (uid, look_up())) {
+        (found_for, group) if *found_for == uid => *group,
+        _ => look_up(),
     }
 }
 
@@ -383,6 +412,25 @@ mod tests {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, "#!/bin/sh\n").unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Under user private groups (a umask of 002), a user's own programs are writable by a
+    /// group only they are in: that said "group 1000 may write" of every one, and narrowed
+    /// "always" on them for nothing. Another group's write bit still counts.
+    #[test]
+    fn a_users_own_private_group_is_not_others() {
+        // root's group is named as root and has no other member.
+        assert_eq!(private_group(0), Some(0));
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("tool");
+        executable(&tool);
+        std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o775))
+            .unwrap();
+        std::os::unix::fs::chown(&tool, Some(0), Some(4_321)).unwrap();
+        assert_eq!(changeable_by_any_but(&tool, 0, Some(4_321)), None);
+        let said = changeable_by_any_but(&tool, 0, Some(4_322)).unwrap();
+        assert!(said.starts_with("group 4321 may write"), "{said}");
+        assert!(changeable_by_any_but(&tool, 0, None).is_some());
     }
 
     #[test]
