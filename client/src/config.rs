@@ -186,7 +186,7 @@ impl ClientConfig {
             };
             ClientError::Config(format!("{at}: {}", message.trim()))
         };
-        let config: ClientConfig = toml::from_str(&text).map_err(|e: toml::de::Error| {
+        let mut config: ClientConfig = toml::from_str(&text).map_err(|e: toml::de::Error| {
             let line = e
                 .span()
                 .map(|span| monad_protocol::text::line_at(&text, span.start));
@@ -198,6 +198,17 @@ impl ClientConfig {
             other => other,
         };
         normalize_fingerprint(&config.fingerprint).map_err(checked)?;
+        // Every server refuses a hello with such a name: said here, where it can be fixed. An
+        // empty one is unset: the machine's name, as a first login gives.
+        if config.client_name.is_empty() {
+            config.client_name = machine_name();
+        }
+        monad_protocol::wire::check_client_name(&config.client_name).map_err(|why| {
+            in_file(
+                None,
+                &format!("client_name: {why}; set client_name to another name"),
+            )
+        })?;
         check_addresses(&config.addresses()).map_err(checked)?;
         if let Some(limits) = &config.limits {
             limits.check().map_err(|message| in_file(None, &message))?;
@@ -731,6 +742,38 @@ mod tests {
         std::fs::write(&path, "token = \"mnd_x\"\n[limits\n").unwrap();
         assert!(ClientConfig::logout(dir.path()).is_err());
         assert!(std::fs::read_to_string(&path).unwrap().contains("mnd_x"));
+    }
+
+    /// A client name every server refuses (`:` in it, a control character) failed each
+    /// attach with the server's word only, and login kept it: the config's load says so,
+    /// naming the file and the key. An empty one is the machine's name.
+    #[test]
+    fn a_client_name_no_server_takes_is_an_error_where_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let with = |name: &str| {
+            format!(
+                "server = \"10.0.0.2:4433\"\ntoken = \"mnd_x\"\nfingerprint = \"{}\"\n\
+                 device_id = \"6f1c3b9e-2d4a-4c8e-9f1a-0b2c3d4e5f60\"\nclient_name = {}\n",
+                "ab".repeat(32),
+                toml::Value::String(name.to_owned())
+            )
+        };
+        for bad in ["my:laptop", "a/b", "bell\u{7}", &"x".repeat(65)] {
+            std::fs::write(&path, with(bad)).unwrap();
+            let e = ClientConfig::load(dir.path()).unwrap_err().to_string();
+            assert!(
+                e.contains("config.toml") && e.contains("client_name"),
+                "{bad:?}: {e}"
+            );
+        }
+        std::fs::write(&path, with("")).unwrap();
+        let loaded = ClientConfig::load(dir.path()).unwrap();
+        assert!(
+            monad_protocol::wire::check_client_name(&loaded.client_name).is_ok(),
+            "{:?}",
+            loaded.client_name
+        );
     }
 
     #[test]

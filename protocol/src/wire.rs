@@ -159,6 +159,28 @@ pub fn is_device_id(id: &str) -> bool {
         })
 }
 
+/// Checks a client name, as the server does a hello's and the client its config's: it goes into workspace URIs (`<client-name>:<path>`) and
+/// onto terminals, so 1 to 64 characters, none of them `:`, `/`, or a character
+/// [`crate::text::is_hidden`] finds (controls, bidi and other format characters,
+/// line and paragraph separators, default-ignorable code points such as zero-width characters,
+/// variation selectors and tags).
+pub fn check_client_name(name: &str) -> Result<(), String> {
+    let count = name.chars().count();
+    let bad = name
+        .chars()
+        .find(|&c| crate::text::is_hidden(c) || matches!(c, ':' | '/'));
+    match (count, bad) {
+        (1..=64, None) => Ok(()),
+        (1..=64, Some(c)) => Err(format!(
+            "the client name {name:?} contains {c:?}; a client name has no control, format or \
+             invisible characters, `:` or `/`"
+        )),
+        _ => Err(format!(
+            "the client name {name:?} must be 1 to 64 characters ({count} given)"
+        )),
+    }
+}
+
 /// The minor version both sides speak: the lower of the two.
 pub fn negotiate_minor(peer: u32) -> u32 {
     peer.min(PROTOCOL_MINOR)

@@ -4,7 +4,6 @@
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use monad_protocol::text::is_hidden;
 use serde::{Deserialize, Serialize};
 
 use crate::ServerError;
@@ -328,27 +327,8 @@ impl std::fmt::Display for DeviceId {
     }
 }
 
-/// Checks a client name from a hello: it goes into workspace URIs (`<client-name>:<path>`) and
-/// onto terminals, so 1 to 64 characters, none of them `:`, `/`, or a character
-/// [`monad_protocol::text::is_hidden`] finds (controls, bidi and other format characters,
-/// line and paragraph separators, default-ignorable code points such as zero-width characters,
-/// variation selectors and tags).
-pub fn validate_client_name(name: &str) -> Result<(), String> {
-    let count = name.chars().count();
-    let bad = name
-        .chars()
-        .find(|&c| is_hidden(c) || matches!(c, ':' | '/'));
-    match (count, bad) {
-        (1..=64, None) => Ok(()),
-        (1..=64, Some(c)) => Err(format!(
-            "the client name {name:?} contains {c:?}; a client name has no control, format or \
-             invisible characters, `:` or `/`"
-        )),
-        _ => Err(format!(
-            "the client name {name:?} must be 1 to 64 characters ({count} given)"
-        )),
-    }
-}
+/// Checks a client name from a hello ([`monad_protocol::wire::check_client_name`]).
+pub use monad_protocol::wire::check_client_name as validate_client_name;
 
 /// A user name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
 pub fn validate_user(user: &str) -> Result<(), ServerError> {
