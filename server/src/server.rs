@@ -104,6 +104,20 @@ async fn sweep_tokens(state: Arc<State>) {
     }
 }
 
+/// The file in the data dir that says its first token was made (then every start finds a token,
+/// or none because every one was revoked, and makes none).
+const FIRST_TOKEN_MADE: &str = "first-token-made";
+
+/// Writes [`FIRST_TOKEN_MADE`]; a failure is said, not fatal: the next start that finds no
+/// token would make one, as before the mark.
+fn mark_first_token_made(path: &std::path::Path) {
+    let note = b"The first start of this data dir made its first token: a start that finds no \
+token (every one revoked) makes none; `monad-server token create --user NAME` does.\n";
+    if let Err(e) = crate::fsutil::write_atomic(path, note, 0o600) {
+        warn!("cannot mark that the first token was made: {e}");
+    }
+}
+
 /// What the first start made: the first token, shown once.
 #[derive(Debug, Clone)]
 pub struct FirstStart {
@@ -235,14 +249,34 @@ impl Server {
         // Only once it listens, its settings are read and its store is open: a start that fails
         // (a port in use, an unreachable database) leaves no token that was never shown, and the
         // next start is still the first one and prints the login line.
-        let first = if tokens.list()?.is_empty() {
-            let (record, token) = tokens.create("admin")?;
-            Some(FirstStart {
-                user: record.user,
-                token,
-            })
-        } else {
-            None
+        //
+        // Once per data dir: a restart after every token was revoked makes none (it made a
+        // token no one asked for and printed it, to a log others may read, where the operator
+        // had just locked everyone out); `token create` makes one.
+        let made = config.data_dir.join(FIRST_TOKEN_MADE);
+        let first = match (tokens.list()?.is_empty(), made.exists()) {
+            (true, false) => {
+                let (record, token) = tokens.create("admin")?;
+                mark_first_token_made(&made);
+                Some(FirstStart {
+                    user: record.user,
+                    token,
+                })
+            }
+            (true, true) => {
+                warn!(
+                    "no token is valid (every one was revoked): no client or agent can connect \
+                     until `monad-server token create --user NAME` makes one"
+                );
+                None
+            }
+            (false, marked) => {
+                // A data dir from before the mark: its first token was made.
+                if !marked {
+                    mark_first_token_made(&made);
+                }
+                None
+            }
         };
         // Off the start-up path: remove what writes cut short by a crash left behind, and read
         // every session's metadata now, so that the first listing does not read thousands of

@@ -1078,6 +1078,39 @@ async fn a_first_start_that_cannot_listen_keeps_the_next_start_first_and_says_th
     );
 }
 
+/// The first token is made once per data dir: a restart after every token was revoked made a
+/// new `admin` token and printed it (a token no one asked for, in a log others may read, just
+/// after the operator locked everyone out). Now it says that no token is valid, and `token
+/// create` makes one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_every_token_was_revoked_makes_no_new_one() {
+    let data = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(data.path(), &[]).await;
+    assert!(server.first_token.is_some(), "{}", server.stderr());
+    server.kill().await;
+    let out = server_cmd(data.path(), &["token", "list", "--json"]).await;
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
+    let out = server_cmd(data.path(), &["token", "revoke", &id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let server = ServerProcess::start(data.path(), &[]).await;
+    assert!(
+        server.first_token.is_none(),
+        "no new token:\n{}",
+        server.stderr()
+    );
+    assert!(
+        server.stderr().contains("no token is valid"),
+        "{}",
+        server.stderr()
+    );
+    server.kill().await;
+    let out = server_cmd(data.path(), &["token", "list", "--json"]).await;
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed, serde_json::json!([]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_are_tables_on_a_terminal_tsv_when_piped_and_json_everywhere() {
     let (server, data, config) = ServerProcess::logged_in().await;
