@@ -882,7 +882,7 @@ impl ListWalk<'_> {
             return Ok(false);
         };
         out.hidden += hidden;
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        sort_by_name(&mut entries);
         out.entries.reserve(
             entries
                 .len()
@@ -927,6 +927,28 @@ impl ListWalk<'_> {
         out.truncated |= dropped;
         Ok(true)
     }
+}
+
+/// Sorts entries by their names' bytes, as comparing the names would: by the first eight bytes
+/// of each as one number first (names hold no NUL, so one padded with zeros sorts before any
+/// longer one it starts), then by the whole name where those are equal. Comparing the names
+/// themselves called `memcmp` for each comparison: a tenth of the attached client's time for
+/// a listing of 1,000 files (`docs/benchmarks.md`).
+fn sort_by_name(entries: &mut Vec<(OsString, EntryKind)>) {
+    use std::os::unix::ffi::OsStrExt;
+    let head = |name: &OsString| {
+        let mut first = [0u8; 8];
+        let bytes = name.as_bytes();
+        let n = bytes.len().min(8);
+        first[..n].copy_from_slice(&bytes[..n]);
+        u64::from_be_bytes(first)
+    };
+    let mut keyed: Vec<(u64, (OsString, EntryKind))> = entries
+        .drain(..)
+        .map(|entry| (head(&entry.0), entry))
+        .collect();
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.0.cmp(&b.1.0)));
+    entries.extend(keyed.into_iter().map(|(_, entry)| entry));
 }
 
 /// Whether `e` says the directory may not be read (its mode, or a security module).
@@ -2747,6 +2769,33 @@ pub(crate) fn preview(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Names of any bytes but NUL and `/`, of any length around the eight compared as a
+        /// number (short ones, one the start of another, equal heads): the order of the
+        /// names' bytes.
+        #[test]
+        fn names_sort_as_their_bytes(
+            names in proptest::collection::btree_set(
+                proptest::collection::vec(
+                    proptest::sample::select(vec![1u8, b'a', b'b', b'.', 0x7f, 0x80, 0xff]),
+                    1..12,
+                ),
+                0..40,
+            ),
+        ) {
+            use std::os::unix::ffi::OsStringExt;
+            let mut entries: Vec<(OsString, EntryKind)> = names
+                .iter()
+                .rev()
+                .map(|n| (OsString::from_vec(n.clone()), EntryKind::File))
+                .collect();
+            sort_by_name(&mut entries);
+            let sorted: Vec<Vec<u8>> = entries.into_iter().map(|(n, _)| n.into_vec()).collect();
+            let expected: Vec<Vec<u8>> = names.into_iter().collect();
+            proptest::prop_assert_eq!(sorted, expected);
+        }
+    }
 
     /// The directories the jail opens are `O_PATH` descriptors, which `fsync` refuses (EBADF):
     /// a write's rename was never synced, and every write warned so. It is opened again.
