@@ -2160,6 +2160,14 @@ fn edited(fx: &Fixture, path: &str, old: &str, new: &str) -> String {
     fx.read(path)
 }
 
+/// The lines a unified diff removes and adds, without its headers.
+fn changed_lines(diff: &str) -> Vec<String> {
+    diff.lines()
+        .filter(|l| l.starts_with(['+', '-']) && !l.starts_with("+++") && !l.starts_with("---"))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A whole-file write of a file whose lines all end with CRLF keeps them, as an edit does:
 /// the agent writes the LF lines read_file showed it, and its diff (and its owner's prompt)
 /// shows the one line it changed, not every line. Content with a CR of its own, and a file of
@@ -2174,11 +2182,7 @@ fn a_write_of_a_crlf_file_keeps_its_line_endings() {
         .preview(ToolName::WriteFile, &args)
         .unwrap()
         .unwrap();
-    let changed = |diff: &str| {
-        diff.lines()
-            .filter(|l| l.starts_with(['+', '-']) && !l.starts_with("+++") && !l.starts_with("---"))
-            .count()
-    };
+    let changed = |diff: &str| changed_lines(diff).len();
     assert_eq!(changed(&preview.diff), 2, "{}", preview.diff);
     let wrote = fx
         .sandbox
@@ -2236,12 +2240,7 @@ fn a_write_of_a_utf8_file_with_a_byte_order_mark_keeps_it() {
         .preview(ToolName::WriteFile, &args)
         .unwrap()
         .unwrap();
-    let changed = |diff: &str| {
-        diff.lines()
-            .filter(|l| l.starts_with(['+', '-']) && !l.starts_with("+++") && !l.starts_with("---"))
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
+    let changed = changed_lines;
     assert_eq!(
         changed(&preview.diff),
         ["-exit 0", "+exit 1"],
