@@ -389,13 +389,31 @@ fn private_group(uid: u32) -> Option<u32> {
     let look_up = || {
         let user = User::from_uid(Uid::from_raw(uid)).ok()??;
         let group = Group::from_gid(user.gid).ok()??;
-        let alone = group.name == user.name && group.mem.iter().all(|m| *m == user.name);
-        alone.then_some(group.gid.as_raw())
+        let listed_alone = group.name == user.name && group.mem.iter().all(|m| *m == user.name);
+        // `/etc/group` lists a group's secondary members only: a user whose primary group it
+        // is (`useradd -g alice bob`) is in it too. Only the passwd file can say so; names a
+        // directory service adds are not enumerated, and are not looked for.
+        (listed_alone && !primary_of_another(group.gid.as_raw(), uid)).then_some(group.gid.as_raw())
     };
     match FOUND.get_or_init(|| (uid, look_up())) {
         (found_for, group) if *found_for == uid => *group,
         _ => look_up(),
     }
+}
+
+/// Whether `/etc/passwd` names a user other than `uid` whose primary group is `gid`; true
+/// when it cannot be read (the group is then not taken as the user's alone).
+fn primary_of_another(gid: u32, uid: u32) -> bool {
+    let Ok(passwd) = std::fs::read_to_string("/etc/passwd") else {
+        return true;
+    };
+    passwd.lines().any(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        matches!(
+            (fields.get(2).and_then(|u| u.parse::<u32>().ok()), fields.get(3).and_then(|g| g.parse::<u32>().ok())),
+            (Some(u), Some(g)) if g == gid && u != uid
+        )
+    })
 }
 
 #[cfg(test)]
@@ -421,6 +439,10 @@ mod tests {
     fn a_users_own_private_group_is_not_others() {
         // root's group is named as root and has no other member.
         assert_eq!(private_group(0), Some(0));
+        // A group another user has as primary (in /etc/passwd, not in /etc/group's member
+        // list) is not one's own: root's group, seen from another uid.
+        assert!(primary_of_another(0, 54_321));
+        assert!(!primary_of_another(0, 0));
         let dir = tempfile::tempdir().unwrap();
         let tool = dir.path().join("tool");
         executable(&tool);

@@ -1183,7 +1183,7 @@ fn as_the_file_has_it<'a>(
     let Some(old) = old else {
         return (content.into(), FileWays::default());
     };
-    let crlf = ends_lines_with_crlf(old) && !content.contains('\r');
+    let crlf = ends_lines_with_crlf(old) && !content.contains('\r') && content.contains('\n');
     let bom = old.starts_with(BOM) && !content.starts_with(BOM);
     let kept = FileWays { crlf, bom };
     let content = if crlf {

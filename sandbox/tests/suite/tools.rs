@@ -2199,6 +2199,8 @@ fn a_write_of_a_crlf_file_keeps_its_line_endings() {
 
     for (file, before, content) in [
         ("dos2.txt", "a\r\nb\r\n", "a\r\nb\nc"),
+        // No line break to keep: nothing said kept.
+        ("dos3.txt", "a\r\nb\r\n", "x"),
         ("mixed.txt", "a\r\nb\n", "a\nb\n"),
         ("unix.txt", "a\nb\n", "a\nc\n"),
         ("one.txt", "no break", "x\ny\n"),

@@ -244,6 +244,8 @@ fn check_data_dir(dir: &Path, rel: &str, checked: &mut usize) {
                     .unwrap_or_else(|e| panic!("{what}: {e}: {text:?}"));
             }
             // The data dir's id in session leases (PostgreSQL).
+            // The note that the first token was made (text, whole).
+            "first-token-made" => assert!(read().ends_with('\n'), "{what}"),
             "host_id" => {
                 let text = read();
                 assert!(
