@@ -19,6 +19,14 @@ pub const MAX_SETTINGS_FILE_BYTES: u64 = 1 << 20;
 /// An error of kind `InvalidInput` when it is not a regular file or holds more than
 /// [`MAX_SETTINGS_FILE_BYTES`], `InvalidData` when it is not UTF-8; its message says which.
 pub fn read(path: &Path) -> io::Result<Option<String>> {
+    // Looked at before it is opened, so that a device (whose open may act) or a socket (whose
+    // open fails with "No such device or address") is named for what it is; and again once
+    // open, for what was swapped in between.
+    match std::fs::metadata(path) {
+        Ok(meta) => not_regular(&meta)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    }
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits() | nix::fcntl::OFlag::O_NOCTTY.bits())
@@ -29,17 +37,7 @@ pub fn read(path: &Path) -> io::Result<Option<String>> {
         Err(e) => return Err(e),
     };
     let meta = file.metadata()?;
-    if !meta.is_file() {
-        let what = if meta.is_dir() {
-            "a directory"
-        } else {
-            "a FIFO, a socket or a device"
-        };
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("is {what}, not a regular file"),
-        ));
-    }
+    not_regular(&meta)?;
     let too_big = || {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -58,6 +56,28 @@ pub fn read(path: &Path) -> io::Result<Option<String>> {
     String::from_utf8(bytes)
         .map(Some)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "is not UTF-8 text"))
+}
+
+/// An error saying what `meta` is, unless it is a regular file.
+fn not_regular(meta: &std::fs::Metadata) -> io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    if meta.is_file() {
+        return Ok(());
+    }
+    let kind = meta.file_type();
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "a device"
+    };
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("is {what}, not a regular file"),
+    ))
 }
 
 #[cfg(test)]
@@ -86,7 +106,14 @@ mod tests {
         let e = read(dir.path()).unwrap_err();
         assert!(e.to_string().contains("a directory"), "{e}");
         let e = read(Path::new("/dev/zero")).unwrap_err();
-        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(
+            e.to_string().contains("is a device, not a regular file"),
+            "{e}"
+        );
+        let socket = dir.path().join("socket.toml");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let e = read(&socket).unwrap_err();
+        assert!(e.to_string().contains("is a socket"), "{e}");
         let big = dir.path().join("big.toml");
         std::fs::write(&big, vec![b'#'; MAX_SETTINGS_FILE_BYTES as usize + 1]).unwrap();
         let e = read(&big).unwrap_err();

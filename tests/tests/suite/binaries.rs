@@ -532,7 +532,7 @@ async fn a_settings_file_that_is_a_fifo_is_an_error_not_a_wait() {
             "{args:?}: {said}"
         );
     }
-    // Too large: said so, nothing read past the bound.
+    // A link to a device (/dev/zero read until memory ran out): named, nothing read.
     std::fs::remove_file(data.path().join("config.toml")).unwrap();
     std::os::unix::fs::symlink("/dev/zero", data.path().join("config.toml")).unwrap();
     let mut cmd = command("monad-server");
