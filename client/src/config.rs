@@ -273,17 +273,21 @@ impl ClientConfig {
                 .open(&tmp)?;
             f.write_all(text.as_bytes())?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            match path.parent() {
-                Some(parent) => std::fs::File::open(parent)?.sync_all(),
-                None => Ok(()),
-            }
+            std::fs::rename(&tmp, &path)
         };
         write().map_err(|e| {
             // Leave no half-written copy beside the config (it may hold the token).
             let _ = std::fs::remove_file(&tmp);
             ClientError::Config(format!("{}: {e}", given.display()))
-        })
+        })?;
+        // The file is in place: a directory that cannot be synced (some FUSE and 9p mounts
+        // refuse) is said, and the save stands.
+        if let Some(parent) = path.parent()
+            && let Err(e) = std::fs::File::open(parent).and_then(|d| d.sync_all())
+        {
+            tracing::warn!("cannot sync {}: {e}", parent.display());
+        }
+        Ok(())
     }
 
     /// The keys `login` and `logout` write: the connection's. Everything else in the file is
